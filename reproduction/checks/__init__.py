@@ -1,0 +1,1 @@
+"""Control plane: accelerator, compile toolchain and hazard probes behind `portable check`."""

@@ -1,0 +1,47 @@
+"""SHA-256 of files and trees with hashlib, in parallel threads (hashlib releases the GIL).
+
+Never shell out to `sha256sum`: it is ~7x slower than hashlib with SHA-NI on these machines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Iterable
+
+CHUNK = 1 << 20
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path, *, on_bytes: Callable[[int], None] | None = None) -> str:
+    """Hex SHA-256 of a file's bytes, read in 1 MiB chunks; `on_bytes(n)` reports progress."""
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as fh:
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        while True:
+            n = fh.readinto(buf)
+            if not n:
+                break
+            h.update(view[:n])
+            if on_bytes is not None:
+                on_bytes(n)
+    return h.hexdigest()
+
+
+def default_jobs() -> int:
+    return max(2, min(16, (os.cpu_count() or 2)))
+
+
+def sha256_files(paths: Iterable[Path], *, jobs: int | None = None,
+                 on_bytes: Callable[[int], None] | None = None) -> dict[Path, str]:
+    """Hash many files concurrently; returns {path: hexdigest}. Raises the first OSError met."""
+    paths = list(paths)
+    with ThreadPoolExecutor(max_workers=jobs or default_jobs()) as pool:
+        digests = pool.map(lambda p: sha256_file(p, on_bytes=on_bytes), paths)
+        return dict(zip(paths, digests))

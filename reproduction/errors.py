@@ -1,0 +1,168 @@
+"""The one error tree: every failure the tool reports to a user is a `PortableError`.
+
+Each subclass also inherits the matching builtin (so `except FileNotFoundError` still works),
+carries the fields a user needs (path, field, expected, actual), a `hint` with the next thing to
+do, and an `exit_code` the CLI returns. The library raises; only `portable.py` renders.
+
+Exit codes (documented in `portable --help`):
+
+    1   a bug (an unexpected exception; rerun with --debug for the traceback)
+    2   usage: bad command-line arguments
+    3   input not found (bundle, spec, dataset, file)
+    4   invalid input: malformed spec, manifest or config; unknown format version
+    5   bundle integrity: verify found missing/extra/size/digest mismatches
+    6   unsafe archive: a layer member would escape its target or is forbidden
+    7   busy: another process holds the lock
+    8   out of space or a write failed
+    9   relocation impossible (a binary rewrite does not fit)
+    10  missing dependency (zstandard / zstd CLI / an extra not installed)
+    20-29 `portable check` failure classes (see reproduction.checks)
+    30-39 Hub transfer failures
+    40-49 data plane: dataset/sidecar problems
+    50-59 training and run failures
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+class PortableError(Exception):
+    """Root of every error the CLI renders as `error: ...` / `hint: ...`."""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str, *, hint: str | None = None, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.fields = fields
+        for key, value in fields.items():
+            setattr(self, key, value)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# -- inputs -------------------------------------------------------------------------------------
+
+
+class InputNotFoundError(PortableError, FileNotFoundError):
+    """A file or folder the user named (or that a manifest names) does not exist."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, path: Path | str | None = None, hint: str | None = None, **fields: Any) -> None:
+        super().__init__(message, hint=hint, path=path, **fields)
+
+
+class InvalidInputError(PortableError, ValueError):
+    """A spec, manifest or config is malformed; `field` names the offending key."""
+
+    exit_code = 4
+
+    def __init__(self, message: str, *, path: Path | str | None = None, field: str | None = None, hint: str | None = None, **fields: Any) -> None:
+        super().__init__(message, hint=hint, path=path, field=field, **fields)
+
+
+class UnsupportedFormatError(InvalidInputError):
+    """A format version this build does not understand (newer major, or unknown)."""
+
+
+class MissingDependencyError(PortableError, ImportError):
+    """An optional dependency the command needs is not installed."""
+
+    exit_code = 10
+
+
+# -- bundles ------------------------------------------------------------------------------------
+
+
+class IntegrityError(PortableError):
+    """The bytes on disk are not the bytes the manifest pins.
+
+    `problems` is the full list (verify collects, then raises once). The exit code is 5; the
+    per-kind codes of `portable verify` are computed from `problems` by the verifier.
+    """
+
+    exit_code = 5
+
+    def __init__(self, message: str, *, problems: list[Any] | None = None, hint: str | None = None, **fields: Any) -> None:
+        super().__init__(message, hint=hint, problems=list(problems or []), **fields)
+
+
+class UnsafeArchiveError(PortableError, ValueError):
+    """A layer member would be written outside its target, or is a forbidden kind of file."""
+
+    exit_code = 6
+
+    def __init__(self, message: str, *, archive: str | None = None, member: str | None = None, hint: str | None = None, **fields: Any) -> None:
+        super().__init__(message, hint=hint, archive=archive, member=member, **fields)
+
+
+class LockHeldError(PortableError, BlockingIOError):
+    """Another process is working on the same target."""
+
+    exit_code = 7
+
+
+class WriteFailedError(PortableError, OSError):
+    """A write failed (disk full, file too large, read-only); the previous state is kept."""
+
+    exit_code = 8
+
+
+class RelocationError(PortableError, ValueError):
+    """A file cannot be rewritten for the new prefix (a binary string that does not fit)."""
+
+    exit_code = 9
+
+
+# -- hub ----------------------------------------------------------------------------------------
+
+
+class HubError(PortableError, ConnectionError):
+    """The Hub refused or failed a request; `status` and the server's message are kept."""
+
+    exit_code = 30
+
+
+# -- data plane ---------------------------------------------------------------------------------
+
+
+class DatasetError(PortableError, ValueError):
+    """A dataset is unreadable or lacks what a stage needs."""
+
+    exit_code = 40
+
+
+class FingerprintMismatchError(DatasetError):
+    """A sidecar was computed from another version of the dataset (or another tag)."""
+
+    exit_code = 41
+
+
+# -- training and runs --------------------------------------------------------------------------
+
+
+class ConfigError(InvalidInputError):
+    """A run or training config violates a rule (names the field and the rule)."""
+
+
+class CheckpointError(PortableError, RuntimeError):
+    """A checkpoint is incomplete, corrupt, or does not match the model or config."""
+
+    exit_code = 50
+
+
+class WorkerFailedError(PortableError, RuntimeError):
+    """A distributed worker died or raised; carries its traceback text."""
+
+    exit_code = 51
+
+
+class StageKeyChangedError(PortableError, RuntimeError):
+    """`run --resume` found a stage whose inputs changed since its outputs were written."""
+
+    exit_code = 52

@@ -1,0 +1,1 @@
+"""Control plane: manifest, digests, archives, relocation, pack, verify, restore, hub."""

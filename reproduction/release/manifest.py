@@ -1,0 +1,252 @@
+"""`bundle.json`: the typed manifest of a release bundle, and its (de)serialisation.
+
+On disk::
+
+    <bundle>/
+      bundle.json          written LAST by pack/fetch: its presence means the bundle is complete
+      reproduction/ runtime/*.tar.zst source/*.tar.zst weights/ data/ config/ evidence/ LICENSES/
+
+`bundle.json` lists every other file of the bundle (path relative to the bundle, size, sha256),
+every layer (archive, target, kind, order, the prefix it was built at and the files in which that
+prefix occurs), the entry config and the format version. `FORMAT_VERSION` is "MAJOR.MINOR": a
+reader accepts any minor of its major and refuses other majors with the fix named.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from reproduction.fsio import atomic_write_text
+from reproduction.errors import InputNotFoundError, InvalidInputError, UnsupportedFormatError
+
+FORMAT = "recap-portable-bundle"
+FORMAT_VERSION = "1.0"
+MANIFEST_NAME = "bundle.json"
+LAYER_KINDS = ("runtime", "source")
+PREFIX_MODES = ("text", "binary", "elf-runpath")
+
+
+def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str, path: Path | None) -> Any:
+    if key not in data:
+        raise InvalidInputError(f"{where}: missing field '{key}'", path=path, field=f"{where}.{key}",
+                                hint="the manifest is damaged; fetch or pack the bundle again")
+    value = data[key]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+        raise InvalidInputError(
+            f"{where}: field '{key}' should be {getattr(kind, '__name__', kind)}, got {type(value).__name__} {value!r:.60}",
+            path=path, field=f"{where}.{key}", hint="the manifest is damaged; fetch or pack the bundle again")
+    return value
+
+
+def check_relative_path(rel: str, *, where: str, path: Path | None = None) -> str:
+    """Return `rel` if it is a clean relative POSIX path inside its root, else raise InvalidInputError."""
+    p = PurePosixPath(rel)
+    if not rel or p.is_absolute() or ".." in p.parts or rel.startswith("~") or "\\" in rel or str(p) != rel:
+        raise InvalidInputError(f"{where}: path {rel!r} is not a clean relative path inside the bundle",
+                                path=path, field=where, hint="the manifest is damaged or hostile; do not use this bundle")
+    return rel
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class FileEntry:
+    """One file of the bundle, pinned by size and SHA-256."""
+
+    path: str
+    """POSIX path relative to the bundle root."""
+    size: int
+    """Size in bytes."""
+    sha256: str
+    """Lower-case hex digest of the file's bytes."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "sha256": self.sha256}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, where: str = "files[]", path: Path | None = None) -> "FileEntry":
+        rel = check_relative_path(_require(data, "path", str, where, path), where=f"{where}.path", path=path)
+        size = _require(data, "size", int, where, path)
+        digest = _require(data, "sha256", str, where, path)
+        if size < 0 or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise InvalidInputError(f"{where}: bad size or sha256 for {rel!r}", path=path, field=f"{where}.sha256")
+        return cls(path=rel, size=size, sha256=digest)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class PrefixOccurrence:
+    """A file inside a layer that contains the layer's build prefix and must be rewritten on restore."""
+
+    path: str
+    """Member path relative to the layer's target."""
+    mode: str
+    """'text' (any-length replace), 'binary' (same-length, NUL-padded) or 'elf-runpath'."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "mode": self.mode}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, where: str, path: Path | None = None) -> "PrefixOccurrence":
+        rel = check_relative_path(_require(data, "path", str, where, path), where=f"{where}.path", path=path)
+        mode = _require(data, "mode", str, where, path)
+        if mode not in PREFIX_MODES:
+            raise InvalidInputError(f"{where}: mode {mode!r} is not one of {', '.join(PREFIX_MODES)}", path=path, field=f"{where}.mode")
+        return cls(path=rel, mode=mode)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class LayerEntry:
+    """A `.tar.zst` archive extracted into `target` at restore, in `order`."""
+
+    archive: str
+    """Path of the archive relative to the bundle (also listed in `files`)."""
+    target: str
+    """Folder relative to the bundle that the layer becomes."""
+    kind: str
+    """'runtime' (interpreter, venv) or 'source' (project overlays, upstream snapshots)."""
+    order: int
+    """Extraction order; later layers may add files to an earlier layer's target only if declared."""
+    build_prefix: str | None = None
+    """Absolute path the tree lived at when packed (None for a layer that needs no relocation)."""
+    prefix_files: tuple[PrefixOccurrence, ...] = ()
+    """Files that contain `build_prefix`, with how to rewrite them."""
+    members: int = 0
+    """Number of archive members (files, dirs, links)."""
+    unpacked_size: int = 0
+    """Sum of regular file sizes once extracted."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "archive": self.archive, "target": self.target, "kind": self.kind, "order": self.order,
+            "build_prefix": self.build_prefix, "prefix_files": [o.to_dict() for o in self.prefix_files],
+            "members": self.members, "unpacked_size": self.unpacked_size,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, where: str = "layers[]", path: Path | None = None) -> "LayerEntry":
+        kind = _require(data, "kind", str, where, path)
+        if kind not in LAYER_KINDS:
+            raise InvalidInputError(f"{where}: kind {kind!r} is not one of {', '.join(LAYER_KINDS)}", path=path, field=f"{where}.kind")
+        prefix = data.get("build_prefix")
+        if prefix is not None and (not isinstance(prefix, str) or not prefix.startswith("/")):
+            raise InvalidInputError(f"{where}: build_prefix must be an absolute path or null", path=path, field=f"{where}.build_prefix")
+        occurrences = data.get("prefix_files", [])
+        if not isinstance(occurrences, list):
+            raise InvalidInputError(f"{where}: prefix_files must be a list", path=path, field=f"{where}.prefix_files")
+        return cls(
+            archive=check_relative_path(_require(data, "archive", str, where, path), where=f"{where}.archive", path=path),
+            target=check_relative_path(_require(data, "target", str, where, path), where=f"{where}.target", path=path),
+            kind=kind,
+            order=_require(data, "order", int, where, path),
+            build_prefix=prefix,
+            prefix_files=tuple(PrefixOccurrence.from_dict(o, where=f"{where}.prefix_files[{i}]", path=path) for i, o in enumerate(occurrences)),
+            members=int(data.get("members", 0)),
+            unpacked_size=int(data.get("unpacked_size", 0)),
+        )
+
+
+@dataclass(kw_only=True, slots=True)
+class Manifest:
+    """The whole `bundle.json`."""
+
+    name: str
+    """Bundle name (from the spec)."""
+    files: list[FileEntry]
+    """Every file of the bundle except bundle.json itself, sorted by path."""
+    layers: list[LayerEntry] = field(default_factory=list)
+    """Archives to extract at restore, sorted by order."""
+    entry_config: str | None = None
+    """The run config a plain `portable run` uses, relative to the bundle."""
+    created: str = ""
+    """ISO-8601 UTC time of packing (informational; not part of any digest)."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Free-form information: description, upstream repos and revisions, licenses."""
+    format_version: str = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for entry in self.files:
+            if entry.path in seen:
+                raise InvalidInputError(f"files: {entry.path!r} is listed twice", field="files")
+            seen.add(entry.path)
+        for layer in self.layers:
+            if layer.archive not in seen:
+                raise InvalidInputError(f"layers: archive {layer.archive!r} is not in files", field="layers.archive")
+        self.files.sort(key=lambda e: e.path)
+        self.layers.sort(key=lambda layer: layer.order)
+
+    def file(self, rel: str) -> FileEntry | None:
+        for entry in self.files:
+            if entry.path == rel:
+                return entry
+        return None
+
+    @property
+    def total_size(self) -> int:
+        return sum(e.size for e in self.files)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "format_version": self.format_version, "name": self.name, "created": self.created,
+            "entry_config": self.entry_config, "metadata": self.metadata,
+            "layers": [layer.to_dict() for layer in self.layers], "files": [e.to_dict() for e in self.files],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, *, path: Path | None = None) -> "Manifest":
+        if not isinstance(data, dict):
+            raise InvalidInputError("manifest: top level must be a JSON object", path=path, field="(root)")
+        fmt = data.get("format")
+        if fmt != FORMAT:
+            raise InvalidInputError(f"manifest: field 'format' is {fmt!r}, expected {FORMAT!r}", path=path, field="format",
+                                    hint="this is not a recap-portable bundle manifest")
+        version = _require(data, "format_version", str, "manifest", path)
+        major = version.split(".", 1)[0]
+        if major != FORMAT_VERSION.split(".", 1)[0] or not major.isdigit():
+            raise UnsupportedFormatError(
+                f"manifest: format_version {version!r} is not supported (this portable reads {FORMAT_VERSION.split('.')[0]}.x)",
+                path=path, field="format_version",
+                hint="use the runner shipped inside the bundle: python3 <bundle>/reproduction/portable.py ...")
+        files = _require(data, "files", list, "manifest", path)
+        layers = data.get("layers", [])
+        if not isinstance(layers, list):
+            raise InvalidInputError("manifest: field 'layers' must be a list", path=path, field="layers")
+        return cls(
+            name=_require(data, "name", str, "manifest", path),
+            files=[FileEntry.from_dict(f, where=f"files[{i}]", path=path) for i, f in enumerate(files)],
+            layers=[LayerEntry.from_dict(layer, where=f"layers[{i}]", path=path) for i, layer in enumerate(layers)],
+            entry_config=data.get("entry_config"),
+            created=str(data.get("created", "")),
+            metadata=dict(data.get("metadata") or {}),
+            format_version=version,
+        )
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n"
+
+
+def load_manifest(bundle: Path) -> Manifest:
+    """Read `<bundle>/bundle.json`. Raises InputNotFoundError, InvalidInputError, UnsupportedFormatError."""
+    path = Path(bundle) / MANIFEST_NAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputNotFoundError(f"{path}: no bundle manifest (bundle.json)", path=path,
+                                 hint="a bundle is complete only once bundle.json exists: pack or fetch it again") from None
+    except UnicodeDecodeError:
+        raise InvalidInputError(f"{path}: not UTF-8 text", path=path, field="(root)",
+                                hint="the manifest is damaged; fetch or pack the bundle again") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", path=path,
+                                field="(root)", hint="the manifest is damaged; fetch or pack the bundle again") from None
+    return Manifest.from_dict(data, path=path)
+
+
+def write_manifest(bundle: Path, manifest: Manifest) -> Path:
+    """Atomically write `<bundle>/bundle.json` (temp file, fsync, rename). Returns its path."""
+    path = Path(bundle) / MANIFEST_NAME
+    atomic_write_text(path, manifest.dumps())
+    return path

@@ -1,0 +1,1 @@
+"""Runs: stage graph, resume, evidence, lineage, plots, the demo."""

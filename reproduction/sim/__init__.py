@@ -1,0 +1,1 @@
+"""The embedded default: MuJoCo Fetch tasks, scripted experts, data generation, policy eval."""

@@ -1,0 +1,133 @@
+"""Talk to the person at the terminal: messages and progress on stderr, never stdout.
+
+`rich` is used when it is importable (it is not on a bare server's Python before restore); the
+plain fallback prints one line per finished task so logs stay readable. `NO_COLOR`, `-q` and
+`--no-progress` are honoured. stdout is reserved for data (`--json`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol
+
+
+@dataclass(kw_only=True, slots=True)
+class UiOptions:
+    """How chatty the CLI is; built once in `portable.py` from the global flags."""
+
+    quiet: bool = False
+    """Only errors and final results."""
+    progress: bool = True
+    """Show progress bars (off with --no-progress, or when stderr is not a terminal and rich is absent)."""
+
+
+class Task(Protocol):
+    """One progress line: `advance(n)` by units done; `total` may be updated later."""
+
+    def advance(self, n: float = 1) -> None: ...
+
+    def set_total(self, total: float) -> None: ...
+
+
+@dataclass(slots=True)
+class _NullTask:
+    def advance(self, n: float = 1) -> None:
+        pass
+
+    def set_total(self, total: float) -> None:
+        pass
+
+
+@dataclass(slots=True)
+class _RichTask:
+    progress: object
+    task_id: int
+
+    def advance(self, n: float = 1) -> None:
+        self.progress.advance(self.task_id, n)  # type: ignore[attr-defined]
+
+    def set_total(self, total: float) -> None:
+        self.progress.update(self.task_id, total=total)  # type: ignore[attr-defined]
+
+
+@dataclass(slots=True)
+class Progress:
+    """A group of progress tasks; use `ui.progress(options)` as a context manager."""
+
+    _rich: object | None = None
+    _tasks: list = field(default_factory=list)
+
+    def task(self, description: str, total: float | None = None, *, bytes_unit: bool = False) -> Task:
+        if self._rich is None:
+            return _NullTask()
+        task_id = self._rich.add_task(description, total=total)  # type: ignore[attr-defined]
+        return _RichTask(self._rich, task_id)
+
+
+def _rich_available() -> bool:
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@contextmanager
+def progress(options: UiOptions | None = None, *, transient: bool = True) -> Iterator[Progress]:
+    """Yield a `Progress`; bars render on stderr with rate and ETA when rich is present."""
+    options = options or UiOptions()
+    if options.quiet or not options.progress or not _rich_available() or os.environ.get("PORTABLE_NO_PROGRESS"):
+        yield Progress()
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress as RichProgress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    console = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")))
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        MofNCompleteColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    with RichProgress(*columns, console=console, transient=transient, disable=not console.is_terminal) as bar:
+        yield Progress(bar)
+
+
+def say(message: str, *, options: UiOptions | None = None) -> None:
+    """A line of talk on stderr (suppressed by -q)."""
+    if options is not None and options.quiet:
+        return
+    print(message, file=sys.stderr, flush=True)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+@contextmanager
+def timed() -> Iterator[list[float]]:
+    """`with timed() as t: ...` then `t[0]` holds elapsed seconds."""
+    holder = [0.0]
+    start = time.perf_counter()
+    try:
+        yield holder
+    finally:
+        holder[0] = time.perf_counter() - start
