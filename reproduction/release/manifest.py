@@ -5,11 +5,16 @@ On disk::
     <bundle>/
       bundle.json          written LAST by pack/fetch: its presence means the bundle is complete
       reproduction/ runtime/*.tar.zst source/*.tar.zst weights/ data/ config/ evidence/ LICENSES/
+      <layer targets>/     what restore extracts (e.g. runtime/python/ from runtime/python.tar.zst)
+      .portable/           local state, never part of the bundle: receipt.json (what restore wrote),
+                           lock (fcntl), staging/ and trash/ (restore's temporary folders)
 
 `bundle.json` lists every other file of the bundle (path relative to the bundle, size, sha256),
 every layer (archive, target, kind, order, the prefix it was built at and the files in which that
 prefix occurs), the entry config and the format version. `FORMAT_VERSION` is "MAJOR.MINOR": a
-reader accepts any minor of its major and refuses other majors with the fix named.
+reader accepts any minor of its major and refuses other majors with the fix named. `verify` reports
+as "extra" any file not listed, except bundle.json, `.portable/`, the layers' targets and
+`reproduction/**/__pycache__/`.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from reproduction.errors import InputNotFoundError, InvalidInputError, Unsupport
 FORMAT = "recap-portable-bundle"
 FORMAT_VERSION = "1.0"
 MANIFEST_NAME = "bundle.json"
+STATE_DIR = ".portable"
 LAYER_KINDS = ("runtime", "source")
 PREFIX_MODES = ("text", "binary", "elf-runpath")
 

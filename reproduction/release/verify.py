@@ -1,0 +1,201 @@
+"""Check a bundle's files against `bundle.json`: missing, extra, size and digest mismatches.
+
+Verify collects every problem, then reports (or raises) once, so a user fixes everything in one
+pass. Sizes are checked by a stat pass first (cheap, catches truncation); only files whose size
+matches are hashed, in a thread pool (hashlib releases the GIL). What counts as "extra" excludes
+the bundle's own bookkeeping, listed in `ignored_paths` (see reproduction/release/manifest.py).
+"""
+
+from __future__ import annotations
+
+import os
+import stat as stat_mod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from reproduction.digests import default_jobs, sha256_file
+from reproduction.errors import IntegrityError
+from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, FileEntry, Manifest, load_manifest
+from reproduction.ui import UiOptions, human_bytes, progress
+
+PROBLEM_KINDS = ("missing", "extra", "size", "digest")
+EXIT_BY_KIND = {"missing": 11, "extra": 12, "size": 13, "digest": 14}
+_SUMMARY_LINES = 40
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Problem:
+    """One mismatch between the bundle on disk and its manifest."""
+
+    kind: str
+    """'missing', 'extra', 'size' or 'digest'."""
+    path: str
+    """Path relative to the bundle."""
+    expected: str | int | None = None
+    """What the manifest pins (size in bytes or hex sha256); None for extra files."""
+    actual: str | int | None = None
+    """What is on disk; None for missing files."""
+
+    def describe(self) -> str:
+        if self.kind == "missing":
+            return f"missing  {self.path}"
+        if self.kind == "extra":
+            return f"extra    {self.path}"
+        if self.kind == "size":
+            return f"size     {self.path}: expected {self.expected} bytes, found {self.actual}"
+        return f"digest   {self.path}: expected sha256 {str(self.expected)[:16]}..., found {str(self.actual)[:16]}..."
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": self.path, "expected": self.expected, "actual": self.actual}
+
+
+@dataclass(kw_only=True, slots=True)
+class VerifyReport:
+    """The outcome of `verify_bundle`; `exit_code` is what `portable verify` returns."""
+
+    bundle: Path
+    """The bundle folder that was checked."""
+    files: int = 0
+    """Number of files the manifest lists."""
+    bytes_checked: int = 0
+    """Bytes hashed (or confirmed by a trusted stat)."""
+    problems: list[Problem] = field(default_factory=list)
+    """Every mismatch found, sorted by kind then path."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def exit_code(self) -> int:
+        """0 when ok; else the lowest of 11 missing, 12 extra, 13 size, 14 digest present."""
+        return min((EXIT_BY_KIND[p.kind] for p in self.problems), default=0)
+
+    def counts(self) -> dict[str, int]:
+        return {kind: sum(1 for p in self.problems if p.kind == kind) for kind in PROBLEM_KINDS}
+
+    def summary(self) -> str:
+        """A human summary: one line when ok, else a count line plus one line per problem (capped)."""
+        if self.ok:
+            return f"verified {self.bundle}: {self.files} files, {human_bytes(self.bytes_checked)}, all match bundle.json"
+        counts = ", ".join(f"{n} {kind}" for kind, n in self.counts().items() if n)
+        lines = [f"verify {self.bundle}: {len(self.problems)} problem(s): {counts}"]
+        lines += ["  " + p.describe() for p in self.problems[:_SUMMARY_LINES]]
+        if len(self.problems) > _SUMMARY_LINES:
+            lines.append(f"  ... and {len(self.problems) - _SUMMARY_LINES} more (see `portable verify --json`)")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bundle": str(self.bundle), "ok": self.ok, "exit_code": self.exit_code, "files": self.files,
+                "bytes_checked": self.bytes_checked, "counts": self.counts(),
+                "problems": [p.to_dict() for p in self.problems]}
+
+
+def ignored_paths(manifest: Manifest) -> tuple[set[str], set[str]]:
+    """(ignored files, ignored folders) relative to the bundle: never reported as extra.
+
+    bundle.json itself, the state folder (receipt, lock, staging), and every layer's target (its
+    contents are checked by restore's receipt, not by the manifest). `__pycache__` folders under
+    `reproduction/` are ignored by name in `find_extras`.
+    """
+    return {MANIFEST_NAME}, {STATE_DIR} | {layer.target for layer in manifest.layers}
+
+
+def find_extras(bundle: Path, manifest: Manifest) -> list[str]:
+    """Files under `bundle` that the manifest does not list (ignoring `ignored_paths`)."""
+    listed = {e.path for e in manifest.files}
+    skip_files, skip_dirs = ignored_paths(manifest)
+    extras: list[str] = []
+    for root, dirs, names in os.walk(bundle):
+        rel_root = os.path.relpath(root, bundle)
+        rel_root = "" if rel_root == "." else rel_root + "/"
+        keep = []
+        for d in dirs:
+            rel = rel_root + d
+            if rel in skip_dirs or (d == "__pycache__" and rel.startswith("reproduction/")):
+                continue
+            if os.path.islink(os.path.join(root, d)):
+                extras.append(rel)  # a symlinked folder is never part of a bundle
+                continue
+            keep.append(d)
+        dirs[:] = keep
+        for name in names:
+            rel = rel_root + name
+            if rel not in listed and rel not in skip_files:
+                extras.append(rel)
+    return sorted(extras)
+
+
+def stat_pass(bundle: Path, entries: Iterable[FileEntry]) -> tuple[list[Problem], list[tuple[FileEntry, os.stat_result]]]:
+    """Stat every entry: (missing/size problems, [(entry, stat)] of files whose size matches)."""
+    problems: list[Problem] = []
+    present: list[tuple[FileEntry, os.stat_result]] = []
+    for entry in entries:
+        try:
+            st = os.stat(bundle / entry.path)
+        except (FileNotFoundError, NotADirectoryError):
+            problems.append(Problem(kind="missing", path=entry.path, expected=entry.size))
+            continue
+        if not stat_mod.S_ISREG(st.st_mode):
+            problems.append(Problem(kind="missing", path=entry.path, expected=entry.size, actual="not a regular file"))
+        elif st.st_size != entry.size:
+            problems.append(Problem(kind="size", path=entry.path, expected=entry.size, actual=st.st_size))
+        else:
+            present.append((entry, st))
+    return problems, present
+
+
+def hash_entries(bundle: Path, entries: list[FileEntry], *, jobs: int | None = None,
+                 on_bytes: Callable[[int], None] | None = None) -> list[Problem]:
+    """Hash `entries` in a thread pool, largest first (so the tail is short); digest problems only."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    order = sorted(entries, key=lambda e: -e.size)
+    with ThreadPoolExecutor(max_workers=jobs or default_jobs()) as pool:
+        digests = list(pool.map(lambda e: sha256_file(bundle / e.path, on_bytes=on_bytes), order))
+    return [Problem(kind="digest", path=e.path, expected=e.sha256, actual=d) for e, d in zip(order, digests) if d != e.sha256]
+
+
+def sort_problems(problems: list[Problem]) -> list[Problem]:
+    return sorted(problems, key=lambda p: (PROBLEM_KINDS.index(p.kind), p.path))
+
+
+def verify_bundle(bundle: Path, *, jobs: int | None = None, ui: UiOptions | None = None,
+                  manifest: Manifest | None = None,
+                  trusted: Callable[[FileEntry, os.stat_result], bool] | None = None,
+                  skip: Iterable[str] = ()) -> VerifyReport:
+    """Check every file of `bundle` against its manifest (read from `bundle.json` unless given).
+
+    `trusted(entry, stat)` lets a caller (restore's receipt) vouch for a file without rehashing;
+    `skip` names files the caller hashes itself (restore hashes archives while reading them).
+    Reads only; never modifies the bundle. Raises InputNotFoundError / InvalidInputError /
+    UnsupportedFormatError for a missing or malformed bundle.json; mismatches go in the report.
+    """
+    bundle = Path(bundle)
+    manifest = manifest or load_manifest(bundle)
+    skip = set(skip)
+    problems, present = stat_pass(bundle, (e for e in manifest.files if e.path not in skip))
+    problems += [Problem(kind="extra", path=rel) for rel in find_extras(bundle, manifest)]
+    to_hash = [e for e, st in present if not (trusted and trusted(e, st))]
+    total = sum(e.size for e, _ in present)
+    with progress(ui) as bars:
+        task = bars.task("verify", total=sum(e.size for e in to_hash), bytes_unit=True)
+        problems += hash_entries(bundle, to_hash, jobs=jobs, on_bytes=task.advance)
+    return VerifyReport(bundle=bundle, files=len(manifest.files), bytes_checked=total, problems=sort_problems(problems))
+
+
+def raise_for_report(report: VerifyReport) -> None:
+    """Raise one IntegrityError carrying every problem of a failed report (no-op when ok)."""
+    if report.ok:
+        return
+    raise IntegrityError(report.summary(), problems=report.problems, bundle=report.bundle,
+                         hint="fetch the bundle again (or re-pack it); `portable verify --json` lists every problem")
+
+
+def verify_or_raise(bundle: Path, *, jobs: int | None = None, ui: UiOptions | None = None,
+                    manifest: Manifest | None = None) -> VerifyReport:
+    """`verify_bundle`, then raise IntegrityError (exit 5) listing every problem if any."""
+    report = verify_bundle(bundle, jobs=jobs, ui=ui, manifest=manifest)
+    raise_for_report(report)
+    return report
