@@ -1,0 +1,61 @@
+"""One writer per bundle: an exclusive `fcntl.flock` on `<bundle>/.portable/lock`.
+
+flock locks die with their process (kill -9 included), so a stale lock never needs cleaning up.
+The holder writes its pid and command into the lock file so a refused process can name it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from reproduction.errors import LockHeldError
+from reproduction.release.manifest import STATE_DIR
+
+LOCK_NAME = "lock"
+
+
+def _holder(fd: int) -> str:
+    try:
+        text = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+    return f" ({text})" if text else ""
+
+
+@contextmanager
+def bundle_lock(bundle: Path, *, what: str, wait_s: float = 0.0) -> Iterator[None]:
+    """Hold the bundle's lock for the `with` body.
+
+    Waits up to `wait_s` seconds for another holder (polling every 50 ms), then raises
+    LockHeldError (exit 7) naming the holder. Creates `<bundle>/.portable/` if needed.
+    """
+    state = Path(bundle) / STATE_DIR
+    state.mkdir(parents=True, exist_ok=True)
+    path = state / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        deadline = time.monotonic() + max(0.0, wait_s)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise LockHeldError(
+                        f"{bundle}: another portable process{_holder(fd)} is working on this bundle; "
+                        f"refusing to {what} at the same time", path=path,
+                        hint="wait for it to finish and run the command again") from None
+                time.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}: {what}".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)  # closing releases the flock

@@ -1,0 +1,144 @@
+"""The restore receipt: what restore wrote into a bundle, so a second restore can skip it.
+
+On disk (local state, never published)::
+
+    <bundle>/.portable/
+      receipt.json     {"format": "recap-portable-receipt", "format_version": "1.0",
+                        "bundle_path": "/abs/bundle/at/last/restore",
+                        "manifest_sha256": "<sha256 of bundle.json when restored>",
+                        "plain": {"weights/x.safetensors": [size, mtime_ns], ...},
+                        "layers": {"runtime/python.tar.zst": {
+                            "sha256": "<archive digest>", "target": "runtime/python",
+                            "prefix": "/abs/bundle/runtime/python",   # where it now lives
+                            "files": {"bin/python3.11": [size, mtime_ns], ...},
+                            "links": {"bin/python3": "python3.11", ...}}},
+                        "fetch": {"repo": ..., "repo_type": ..., "revision": ..., "commit": ..., "time": ...}}
+      lock             see reproduction/release/lock.py
+
+Written atomically (temp file + rename); a missing or unreadable receipt just means "trust
+nothing", so a damaged one costs a full restore, never a wrong tree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat as stat_mod
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reproduction.fsio import atomic_write_text
+from reproduction.release.manifest import STATE_DIR
+
+RECEIPT_NAME = "receipt.json"
+FORMAT = "recap-portable-receipt"
+FORMAT_VERSION = "1.0"
+
+
+@dataclass(kw_only=True, slots=True)
+class LayerReceipt:
+    """What restore wrote for one layer."""
+
+    sha256: str
+    """Digest of the archive the layer was extracted from."""
+    target: str
+    """Folder relative to the bundle."""
+    prefix: str
+    """Absolute path the layer was relocated to (its target's path at the time)."""
+    files: dict[str, list[int]] = field(default_factory=dict)
+    """Regular files written: relative path -> [size, mtime_ns]."""
+    links: dict[str, str] = field(default_factory=dict)
+    """Symlinks written: relative path -> link text."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sha256": self.sha256, "target": self.target, "prefix": self.prefix, "files": self.files, "links": self.links}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "LayerReceipt":
+        return cls(sha256=str(data["sha256"]), target=str(data["target"]), prefix=str(data["prefix"]),
+                   files={str(k): [int(v[0]), int(v[1])] for k, v in data.get("files", {}).items()},
+                   links={str(k): str(v) for k, v in data.get("links", {}).items()})
+
+    def changed_files(self, root: Path) -> list[str]:
+        """Recorded paths under `root` whose lstat (size, mtime) or link text no longer matches."""
+        changed = []
+        for rel, (size, mtime_ns) in self.files.items():
+            try:
+                st = os.lstat(os.path.join(root, rel))
+            except OSError:
+                changed.append(rel)
+                continue
+            if not stat_mod.S_ISREG(st.st_mode) or st.st_size != size or st.st_mtime_ns != mtime_ns:
+                changed.append(rel)
+        for rel, text in self.links.items():
+            try:
+                if os.readlink(os.path.join(root, rel)) != text:
+                    changed.append(rel)
+            except OSError:
+                changed.append(rel)
+        return sorted(changed)
+
+
+@dataclass(kw_only=True, slots=True)
+class Receipt:
+    """The whole receipt.json."""
+
+    bundle_path: str = ""
+    """Absolute bundle path at the last restore (a different path means the bundle moved)."""
+    manifest_sha256: str = ""
+    """Digest of bundle.json at the last restore."""
+    plain: dict[str, list[int]] = field(default_factory=dict)
+    """Plain files verified by hash at the last restore: path -> [size, mtime_ns]."""
+    layers: dict[str, LayerReceipt] = field(default_factory=dict)
+    """Restored layers by archive path."""
+    fetch: dict[str, str] = field(default_factory=dict)
+    """Provenance recorded by `portable fetch`: repo, repo_type, revision, commit, time."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "format_version": FORMAT_VERSION, "bundle_path": self.bundle_path,
+                "manifest_sha256": self.manifest_sha256, "plain": self.plain,
+                "layers": {k: v.to_dict() for k, v in sorted(self.layers.items())}, "fetch": self.fetch}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Receipt":
+        if data.get("format") != FORMAT or str(data.get("format_version", "")).split(".")[0] != FORMAT_VERSION.split(".")[0]:
+            raise ValueError("not a receipt this version understands")
+        return cls(bundle_path=str(data.get("bundle_path", "")), manifest_sha256=str(data.get("manifest_sha256", "")),
+                   plain={str(k): [int(v[0]), int(v[1])] for k, v in data.get("plain", {}).items()},
+                   layers={str(k): LayerReceipt.from_dict(v) for k, v in data.get("layers", {}).items()},
+                   fetch={str(k): str(v) for k, v in data.get("fetch", {}).items()})
+
+
+def receipt_path(bundle: Path) -> Path:
+    return Path(bundle) / STATE_DIR / RECEIPT_NAME
+
+
+def load_receipt(bundle: Path) -> Receipt:
+    """The bundle's receipt, or an empty one when absent, unreadable or of another format."""
+    try:
+        data = json.loads(receipt_path(bundle).read_text(encoding="utf-8"))
+        return Receipt.from_dict(data)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return Receipt()
+
+
+def save_receipt(bundle: Path, receipt: Receipt) -> None:
+    """Atomically replace the bundle's receipt (the old one stays if this fails)."""
+    atomic_write_text(receipt_path(bundle), json.dumps(receipt.to_dict(), separators=(",", ":")) + "\n")
+
+
+def record_fetch(bundle: Path, *, repo: str, repo_type: str, revision: str, commit: str) -> None:
+    """Record where `bundle` was fetched from in its receipt (keeps everything else in it).
+
+    Takes the bundle's lock (waiting up to 30 s for a running restore). Raises LockHeldError if it
+    cannot get it, OSError if the state folder cannot be written.
+    """
+    from reproduction.release.lock import bundle_lock
+
+    with bundle_lock(bundle, what="record the fetch", wait_s=30.0):
+        receipt = load_receipt(bundle)
+        receipt.fetch = {"repo": repo, "repo_type": repo_type, "revision": revision or "", "commit": commit,
+                         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        save_receipt(bundle, receipt)
