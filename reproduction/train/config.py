@@ -1,0 +1,145 @@
+"""`TrainConfig`: every knob of the training core, checked up front (cross-field rules name their fields)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from reproduction.errors import ConfigError
+
+DEVICES = ("auto", "cpu", "cuda", "npu")
+LAUNCHERS = ("ray", "inprocess")
+PRECISIONS = ("fp32", "bf16")
+
+# Fields that change the numbers a run produces: a resume whose config differs in any of these is
+# refused (naming them). World size, micro batch, intervals and timeouts may change across a resume.
+RESUME_KEY_FIELDS = ("seed", "global_batch", "lr", "betas", "eps", "weight_decay", "warmup_steps",
+                     "grad_clip", "mixed_precision", "shuffle", "canary_samples")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    """How to train; the task (model, data, loss) comes separately as a `TrainTask`."""
+
+    max_steps: int
+    """Optimizer steps to run in total (a resumed run continues up to this)."""
+    global_batch: int = 8
+    """Samples per optimizer step over all workers; gradient accumulation = global/(micro x world)."""
+    micro_batch: int = 2
+    """Samples per forward/backward on one worker."""
+    world_size: int = 1
+    """Number of workers (one per device: a GPU, an NPU or a CPU slot)."""
+    device: str = "auto"
+    """cpu, cuda, npu, or auto (npu if torch_npu imports and sees a device, else cuda, else cpu)."""
+    launcher: str = "ray"
+    """ray (a placement group of one worker per device) or inprocess (world_size 1 only, no Ray)."""
+    seed: int = 0
+    """Seeds the data order, per-sample augmentation RNGs and each rank's RNGs at a fresh start."""
+    shuffle: bool = True
+    """Shuffle the data order each epoch (a function of seed and epoch); False = dataset order."""
+    lr: float = 5e-5
+    """AdamW learning rate for groups that do not set their own."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    weight_decay: float = 1e-10
+    """AdamW weight decay for groups that do not set their own."""
+    warmup_steps: int = 0
+    """Linear warmup from 0 over this many steps, then constant (upstream's `constant` schedule)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this; 0 disables clipping (non-finite norms still skip)."""
+    mixed_precision: str = "fp32"
+    """fp32, or bf16 (FSDP2 MixedPrecisionPolicy: bf16 params/compute, fp32 gradient reduction)."""
+    eval_interval: int = 0
+    """Evaluate every N steps (0 = only at the last step, which always evaluates)."""
+    save_interval: int = 0
+    """Checkpoint every N steps (0 = only at the last step, which always saves); a multiple of eval_interval."""
+    keep_last: int = 2
+    """Complete checkpoints to keep (older ones are deleted after a newer one commits)."""
+    log_interval: int = 1
+    """Log train metrics every N steps (and at the last step)."""
+    canary_samples: int = 2
+    """Samples in the default canary batch (the first ones of the dataset, no augmentation)."""
+    canary_rtol: float = 1e-4
+    """Relative tolerance of the canary loss check after a load (plus 1e-6 absolute)."""
+    cpus_per_worker: float = 1.0
+    """Ray CPU slots each worker reserves."""
+    start_timeout_s: float = 120.0
+    """Bound on waiting for Ray resources and for all workers to join the process group."""
+    collective_timeout_s: float = 300.0
+    """torch.distributed timeout: a rank stuck in a collective (peer dead) errors after this."""
+
+    def __post_init__(self) -> None:
+        _check_choices(self)
+        _check_positive(self)
+        per_pass = self.micro_batch * self.world_size
+        if self.global_batch % per_pass:
+            raise ConfigError(
+                f"global_batch={self.global_batch} is not divisible by micro_batch x world_size = "
+                f"{self.micro_batch} x {self.world_size} = {per_pass}",
+                field="global_batch", hint="pick global_batch as a multiple of micro_batch * world_size")
+        if self.save_interval and self.eval_interval and self.save_interval % self.eval_interval:
+            raise ConfigError(
+                f"save_interval={self.save_interval} is not a multiple of eval_interval={self.eval_interval}",
+                field="save_interval", hint="every checkpoint should carry an evaluation: make save_interval a multiple")
+        if self.launcher == "inprocess" and self.world_size != 1:
+            raise ConfigError(f"launcher='inprocess' runs one worker, but world_size={self.world_size}",
+                              field="launcher", hint="use launcher='ray' for more than one worker")
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro batches each worker runs per optimizer step."""
+        return self.global_batch // (self.micro_batch * self.world_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        """Build from a dict (e.g. a run config section); unknown keys are refused by name."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown training config field(s): {', '.join(unknown)}", field=unknown[0],
+                              hint=f"known fields: {', '.join(sorted(known))}")
+        data = dict(data)
+        if "betas" in data:
+            data["betas"] = tuple(data["betas"])
+        return cls(**data)
+
+    def resume_key(self) -> dict[str, Any]:
+        """The fields a checkpoint must share with this config to be resumed (JSON-able)."""
+        return {name: list(v) if isinstance(v := getattr(self, name), tuple) else v for name in RESUME_KEY_FIELDS}
+
+    def digest(self) -> str:
+        """SHA-256 of `resume_key()` as canonical JSON (stored in every checkpoint manifest)."""
+        return hashlib.sha256(json.dumps(self.resume_key(), sort_keys=True).encode()).hexdigest()
+
+
+def _check_choices(cfg: TrainConfig) -> None:
+    for name, choices in (("device", DEVICES), ("launcher", LAUNCHERS), ("mixed_precision", PRECISIONS)):
+        value = getattr(cfg, name)
+        if value not in choices:
+            raise ConfigError(f"{name}={value!r} is not one of {', '.join(choices)}", field=name,
+                              hint=f"set {name} to one of: {', '.join(choices)}")
+
+
+def _check_positive(cfg: TrainConfig) -> None:
+    for name in ("max_steps", "global_batch", "micro_batch", "world_size", "keep_last", "log_interval"):
+        if int(getattr(cfg, name)) < 1:
+            raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 1", field=name)
+    for name in ("warmup_steps", "eval_interval", "save_interval", "canary_samples"):
+        if int(getattr(cfg, name)) < 0:
+            raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 0", field=name)
+    for name in ("lr", "cpus_per_worker", "start_timeout_s", "collective_timeout_s"):
+        if not float(getattr(cfg, name)) > 0:
+            raise ConfigError(f"{name}={getattr(cfg, name)} must be > 0", field=name)
+    for name in ("grad_clip", "weight_decay", "canary_rtol", "eps"):
+        if not float(getattr(cfg, name)) >= 0:
+            raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 0", field=name)
+    if len(cfg.betas) != 2 or not all(0 <= b < 1 for b in cfg.betas):
+        raise ConfigError(f"betas={cfg.betas} must be two numbers in [0, 1)", field="betas")
