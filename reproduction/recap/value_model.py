@@ -1,0 +1,250 @@
+"""The RECAP value model: SigLIP images + Gemma3 text, bidirectional prefix, a query token, 201 bins.
+
+    images per camera (B,3,S,S) --SigLIP (present cameras only)--> (n_present, N, Dv)
+        --Linear(Dv -> Dt)--> image tokens, scattered back into (B, N, Dt) per camera
+    prompt ids (B,T), T = the batch's longest prompt --Gemma3 embed (already x sqrt(Dt))--> text tokens
+    prefix = [camera tokens in sorted key order] + [text tokens] + [value query]
+    Gemma3 text model over the prefix: prefix tokens attend bidirectionally to every valid prefix
+    token (never to the query); the query attends to all valid prefix tokens and itself.
+    value_head: dropout -> Linear(Dt -> num_bins) on the query's final state;
+    atoms z = linspace(v_min, v_max, num_bins); V = sum softmax(logits) * z.
+
+Readout choice: a learned query token (`value_head.query`) rather than a pooled state. Upstream reads
+the value from a learned CLS embedding too (through a separate Gemma1 "expert" that re-reads Gemma3's
+K/V cache); putting the query into the same Gemma3 pass keeps that behaviour (the readout learns
+which tokens matter, e.g. the few image patches that show the object and the goal) at the cost of
+one extra token instead of a second transformer. Mean pooling would weight every token equally, so
+the value would drift with prompt length and the number of present cameras, and the 256 patch
+tokens of a camera would swamp the handful that carry progress. Because the prefix never attends to
+the query, prefix states are the same as upstream's stage A and the query lives in `value_head`
+(the head's learning-rate group, as upstream's CLS does).
+
+Fixes over upstream (RECAP.md 7 item 14): SigLIP runs only on cameras that are present (a dummy
+camera costs nothing), prompts are padded to the batch's longest (not to 200), there is no unused
+`lm_head`, and every Gemma3 layer that runs feeds the readout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+PRESETS = ("tiny", "recap")
+NUM_BINS = 201
+V_MIN = -1.0
+V_MAX = 0.0
+
+
+@dataclass(kw_only=True, slots=True)
+class ValueModelConfig:
+    """Everything needed to rebuild the value model; stored with every checkpoint and export."""
+
+    preset: str = "tiny"
+    """Name of the preset this config came from (`tiny`, `recap`), for humans and logs."""
+    vision: dict[str, Any] = field(default_factory=dict)
+    """SiglipVisionConfig keyword arguments."""
+    text: dict[str, Any] = field(default_factory=dict)
+    """Gemma3TextConfig keyword arguments (vocab_size must match the tokenizer)."""
+    cameras: tuple[str, ...] = ("base_0_rgb",)
+    """Camera slots in the order their tokens enter the prefix (sorted, as upstream)."""
+    num_bins: int = NUM_BINS
+    """Atoms of the distributional head."""
+    v_min: float = V_MIN
+    """Lowest atom (value of the worst normalised return)."""
+    v_max: float = V_MAX
+    """Highest atom (value of a success at its last step)."""
+    value_dropout: float = 0.0
+    """Dropout before the head's linear layer (upstream default 0)."""
+    attn_implementation: str = "sdpa"
+    """transformers attention kernel for both towers (`sdpa` or `eager`)."""
+
+    def __post_init__(self) -> None:
+        from reproduction.errors import ConfigError
+
+        if self.num_bins < 2:
+            raise ConfigError(f"value model: num_bins={self.num_bins} must be >= 2", field="num_bins")
+        if not self.v_max > self.v_min:
+            raise ConfigError(f"value model: v_min={self.v_min} must be below v_max={self.v_max}", field="v_min/v_max")
+        self.cameras = tuple(sorted(self.cameras))
+        if not self.cameras or len(set(self.cameras)) != len(self.cameras):
+            raise ConfigError(f"value model: cameras {list(self.cameras)} must be non-empty and distinct", field="cameras")
+
+    @property
+    def image_size(self) -> int:
+        return int(self.vision.get("image_size", 224))
+
+    @property
+    def width(self) -> int:
+        return int(self.text["hidden_size"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"preset": self.preset, "vision": dict(self.vision), "text": dict(self.text),
+                "cameras": list(self.cameras), "num_bins": self.num_bins, "v_min": self.v_min,
+                "v_max": self.v_max, "value_dropout": self.value_dropout,
+                "attn_implementation": self.attn_implementation}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ValueModelConfig":
+        from reproduction.errors import ConfigError
+
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"value model config: unknown fields {unknown}", field=unknown[0],
+                              hint=f"known fields: {sorted(known)}")
+        kwargs = dict(data)
+        if "cameras" in kwargs:
+            kwargs["cameras"] = tuple(kwargs["cameras"])
+        return cls(**kwargs)
+
+
+def preset_config(name: str, *, vocab_size: int | None = None, cameras: tuple[str, ...] = ("base_0_rgb",),
+                  image_size: int | None = None) -> ValueModelConfig:
+    """The `tiny` (CPU minutes) or `recap` (SigLIP2-so400m/14 @224 + Gemma3-270M) architecture.
+
+    `vocab_size` defaults to Gemma3's 262,144 for `recap`; `tiny` needs the trained tokenizer's size.
+    Raises ConfigError for an unknown preset.
+    """
+    from reproduction.errors import ConfigError
+
+    if name == "tiny":
+        size = image_size or 64
+        vision = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                      image_size=size, patch_size=8, vision_use_head=False)
+        text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                    num_key_value_heads=1, head_dim=32, vocab_size=vocab_size or 512, max_position_embeddings=1024,
+                    sliding_window=512, query_pre_attn_scalar=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                    layer_types=["sliding_attention", "full_attention"])
+    elif name == "recap":
+        # google/siglip2-so400m-patch14-224 vision tower and google/gemma-3-270m (config.json values).
+        vision = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
+                      image_size=image_size or 224, patch_size=14, vision_use_head=False)
+        text = dict(hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
+                    num_key_value_heads=1, head_dim=256, vocab_size=vocab_size or 262_144,
+                    max_position_embeddings=32_768, sliding_window=512, query_pre_attn_scalar=256,
+                    pad_token_id=0, bos_token_id=2, eos_token_id=1)
+    else:
+        raise ConfigError(f"value model: unknown preset {name!r}", field="preset", hint=f"use one of {list(PRESETS)}")
+    return ValueModelConfig(preset=name, vision=vision, text=text, cameras=cameras)
+
+
+class ValueHead(nn.Module):
+    """The learned query embedding and the distributional projection (one lr group, as upstream)."""
+
+    def __init__(self, width: int, num_bins: int, dropout: float) -> None:
+        super().__init__()
+        self.query = nn.Parameter(torch.zeros(1, width))
+        self.dropout = nn.Dropout(dropout)
+        self.proj = nn.Linear(width, num_bins)
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.query, std=0.02)
+        nn.init.normal_(self.proj.weight, std=0.02)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, state: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.dropout(state))
+
+
+class ValueModel(nn.Module):
+    """VLM value critic; `forward` returns (B, num_bins) logits. See the module docstring."""
+
+    def __init__(self, config: ValueModelConfig) -> None:
+        super().__init__()
+        from transformers import Gemma3TextConfig, Gemma3TextModel, SiglipVisionConfig, SiglipVisionModel
+
+        self.config = config
+        vcfg = SiglipVisionConfig(**config.vision)
+        tcfg = Gemma3TextConfig(**config.text)
+        vcfg._attn_implementation = config.attn_implementation
+        tcfg._attn_implementation = config.attn_implementation
+        self.vision = SiglipVisionModel(vcfg)
+        self.projector = nn.Linear(vcfg.hidden_size, tcfg.hidden_size)
+        self.language = Gemma3TextModel(tcfg)
+        self.value_head = ValueHead(tcfg.hidden_size, config.num_bins, config.value_dropout)
+        self.register_buffer("atoms", torch.linspace(config.v_min, config.v_max, config.num_bins), persistent=False)
+        self._init_fresh()
+
+    def _init_fresh(self) -> None:
+        # Upstream: the new projection is N(0, 0.02) with zero bias; same for the head.
+        if self.projector.weight.device.type == "meta":
+            return
+        nn.init.normal_(self.projector.weight, std=0.02)
+        nn.init.zeros_(self.projector.bias)
+        self.value_head.reset_parameters()
+
+    @property
+    def tokens_per_image(self) -> int:
+        vc = self.vision.config
+        return (vc.image_size // vc.patch_size) ** 2
+
+    def encode_images(self, images: dict[str, torch.Tensor], masks: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Image tokens (B, C*N, Dt) and their validity (B, C*N); absent cameras are never encoded.
+
+        All present images of all cameras go through SigLIP in one batch; absent slots stay zero
+        and are masked out of attention.
+        """
+        cams = self.config.cameras
+        ref = images[cams[0]]
+        batch, n = ref.shape[0], self.tokens_per_image
+        width = self.projector.out_features
+        present = torch.stack([masks[c].to(torch.bool) for c in cams], dim=1)  # (B, C)
+        tokens = ref.new_zeros(batch, len(cams), n, width, dtype=self.projector.weight.dtype)
+        if bool(present.any()):
+            pixels = torch.stack([images[c] for c in cams], dim=1)[present]  # (P, 3, S, S)
+            dtype = self.vision.embeddings.patch_embedding.weight.dtype
+            feats = self.vision(pixel_values=pixels.to(dtype)).last_hidden_state
+            tokens = tokens.index_put((present,), self.projector(feats).to(tokens.dtype))
+        valid = present.unsqueeze(-1).expand(batch, len(cams), n)
+        return tokens.reshape(batch, len(cams) * n, width), valid.reshape(batch, len(cams) * n)
+
+    def forward(self, *, images: dict[str, torch.Tensor], image_masks: dict[str, torch.Tensor],
+                input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Logits (B, num_bins) for a batch; `input_ids`/`attention_mask` are (B, T) with T the
+        batch's longest prompt. Image tensors are (B, 3, S, S) in [-1, 1]; masks are (B,) bool."""
+        img_tok, img_valid = self.encode_images(images, image_masks)
+        txt_tok = self.language.embed_tokens(input_ids).to(img_tok.dtype)  # Gemma3 scales by sqrt(d) itself
+        query = self.value_head.query.to(img_tok.dtype).expand(input_ids.shape[0], 1, -1)
+        embeds = torch.cat([img_tok, txt_tok, query], dim=1)
+        valid = torch.cat([img_valid, attention_mask.to(torch.bool),
+                           torch.ones_like(attention_mask[:, :1], dtype=torch.bool)], dim=1)
+        positions = (torch.cumsum(valid.long(), dim=1) - 1).clamp(min=0)
+        masks = prefix_attention_masks(valid, positions, self.language.config.sliding_window, embeds.dtype)
+        out = self.language(inputs_embeds=embeds, attention_mask=masks, position_ids=positions, use_cache=False)
+        return self.value_head(out.last_hidden_state[:, -1])
+
+    def expected_value(self, logits: torch.Tensor) -> torch.Tensor:
+        """E[V] = sum softmax(logits) * atoms, in float32."""
+        return torch.softmax(logits.float(), dim=-1) @ self.atoms.float()
+
+
+def prefix_attention_masks(valid: torch.Tensor, positions: torch.Tensor, sliding_window: int | None,
+                           dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Additive (B, 1, L, L) masks for Gemma3's full and sliding layers; the last token is the query.
+
+    allowed[b, q, k] = valid[b, k] and (k is not the query or q is the query); sliding layers also
+    need |pos_q - pos_k| < window. Rows of padding tokens see the valid keys too (never an all-masked
+    row, so no NaN); nothing valid attends to them, so they cannot change the value.
+    """
+    seq = valid.shape[1]
+    is_query = torch.zeros(seq, dtype=torch.bool, device=valid.device)
+    is_query[-1] = True
+    allowed = valid[:, None, :] & (~is_query[None, None, :] | is_query[None, :, None])  # (B, L, L)
+    neg = torch.finfo(dtype).min
+    full = torch.zeros(allowed.shape, dtype=dtype, device=valid.device).masked_fill(~allowed, neg)
+    sliding = full
+    if sliding_window is not None and sliding_window < seq:
+        near = (positions[:, :, None] - positions[:, None, :]).abs() < sliding_window
+        sliding = full.masked_fill(~near, neg)
+    return {"full_attention": full[:, None], "sliding_attention": sliding[:, None]}
+
+
+def build_value_model(config: ValueModelConfig, *, device: str | torch.device = "cpu", seed: int | None = None) -> ValueModel:
+    """A randomly initialised model (no download). `device="meta"` builds shapes only (no memory)."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    with torch.device(device):
+        return ValueModel(config)
