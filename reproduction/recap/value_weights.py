@@ -1,0 +1,136 @@
+"""Strict weight loading for the value model: exports, and pretrained SigLIP/Gemma3 files from a manifest.
+
+Upstream loads with `strict=False`, so a wrong path trains from an untrained head (RECAP.md 7 item
+3). Here every load compares key sets and shapes first and raises one `CheckpointError` naming every
+missing, unexpected and mis-shaped key. A weights manifest (`weights_manifest/*.json`) lists the
+upstream files a preset starts from:
+
+    {"format_version": 1, "name": ..., "preset": "recap",
+     "components": [{"role": "vision" | "language", "repo": "google/...", "revision": ...,
+                     "license": ..., "source_prefix": "vision_model.", "target_prefix": "vision.vision_model.",
+                     "ignore_prefixes": [...], "files": [{"path": "model.safetensors", "size": N|null,
+                     "sha256": "<hex>" | "to-be-pinned"}]}],
+     "fresh_prefixes": ["projector.", "value_head."]}
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from reproduction.errors import CheckpointError, InputNotFoundError, IntegrityError, UnsupportedFormatError
+
+FORMAT_VERSION = 1
+UNPINNED = "to-be-pinned"
+_SHOW = 12
+
+
+def _names(keys: list[str]) -> str:
+    shown = ", ".join(keys[:_SHOW])
+    return shown + (f" (and {len(keys) - _SHOW} more)" if len(keys) > _SHOW else "")
+
+
+def check_state_keys(model: torch.nn.Module, state: Mapping[str, torch.Tensor], *, source: str,
+                     allow_missing_prefixes: tuple[str, ...] = ()) -> None:
+    """Raise CheckpointError naming every missing/unexpected/mis-shaped key; nothing is loaded.
+
+    Keys of `model` starting with one of `allow_missing_prefixes` may be absent (fresh parameters).
+    """
+    expected = model.state_dict()
+    missing = sorted(k for k in expected if k not in state and not k.startswith(allow_missing_prefixes))
+    unexpected = sorted(k for k in state if k not in expected)
+    shapes = sorted(f"{k} {tuple(state[k].shape)} != {tuple(expected[k].shape)}" for k in state
+                    if k in expected and tuple(state[k].shape) != tuple(expected[k].shape))
+    problems = []
+    if missing:
+        problems.append(f"missing keys: {_names(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys: {_names(unexpected)}")
+    if shapes:
+        problems.append(f"shape mismatches (file != model): {_names(shapes)}")
+    if problems:
+        raise CheckpointError(f"{source}: weights do not match the value model; " + "; ".join(problems),
+                              missing=missing, unexpected=unexpected, shapes=shapes,
+                              hint="the file belongs to another architecture/preset, or the path is wrong")
+
+
+def load_state_strict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], *, source: str,
+                      allow_missing_prefixes: tuple[str, ...] = ()) -> None:
+    """`check_state_keys`, then copy the tensors into `model` (which is untouched if the check fails)."""
+    check_state_keys(model, state, source=source, allow_missing_prefixes=allow_missing_prefixes)
+    model.load_state_dict(dict(state), strict=not allow_missing_prefixes)
+
+
+def load_safetensors_strict(model: torch.nn.Module, path: Path) -> None:
+    """Load `path` (a safetensors file written from this architecture) into `model`, strictly."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputNotFoundError(f"value model weights {path} do not exist", path=path,
+                                 hint="point at the value stage's export folder (it holds model.safetensors)")
+    load_state_strict(model, load_file(str(path)), source=str(path))
+
+
+def read_weights_manifest(path: Path) -> dict[str, Any]:
+    """Parse a weights manifest; UnsupportedFormatError for another format_version."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputNotFoundError(f"weights manifest {path} does not exist", path=path)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if data.get("format_version") != FORMAT_VERSION:
+        raise UnsupportedFormatError(f"{path}: format_version {data.get('format_version')!r} is not {FORMAT_VERSION}",
+                                     path=path, field="format_version", hint="upgrade recap-portable")
+    return data
+
+
+def _verify_file(path: Path, entry: Mapping[str, Any], *, allow_unpinned: bool) -> None:
+    from reproduction.digests import sha256_file
+
+    if not path.is_file():
+        raise InputNotFoundError(f"pretrained weights {path} do not exist", path=path,
+                                 hint="restore the bundle (its weights/ folder holds the files the manifest lists)")
+    want = entry.get("sha256")
+    if want in (None, UNPINNED):
+        if not allow_unpinned:
+            raise IntegrityError(f"{path}: the weights manifest does not pin its sha256 yet ({want!r})",
+                                 hint="pin it (sha256 and size from the downloaded file) or pass allow_unpinned=True")
+        return
+    got = sha256_file(path)
+    if got != want:
+        raise IntegrityError(f"{path}: sha256 {got} != manifest {want}", problems=[str(path)],
+                             hint="the file is not the pinned upstream file; fetch it again")
+
+
+def pretrained_state(manifest: Mapping[str, Any], weights_dir: Path, *, allow_unpinned: bool = False) -> dict[str, torch.Tensor]:
+    """Read every component's files and rename their keys into the value model's namespace.
+
+    Keys outside `source_prefix` or under an `ignore_prefixes` entry (SigLIP's text tower and
+    pooling head, Gemma's tied lm_head) are dropped on purpose; everything else is kept, so an
+    unknown key surfaces as `unexpected` in the strict check.
+    """
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for comp in manifest["components"]:
+        src, dst = comp["source_prefix"], comp["target_prefix"]
+        ignore = tuple(comp.get("ignore_prefixes", ()))
+        for entry in comp["files"]:
+            path = Path(weights_dir) / entry["path"]
+            _verify_file(path, entry, allow_unpinned=allow_unpinned)
+            for key, tensor in load_file(str(path)).items():
+                if key.startswith(ignore):
+                    continue
+                state[dst + key[len(src):] if key.startswith(src) else f"{comp['role']}:{key}"] = tensor
+    return state
+
+
+def load_pretrained(model: torch.nn.Module, manifest_path: Path, weights_dir: Path, *, allow_unpinned: bool = False) -> None:
+    """Initialise the backbones from the manifest's files; only `fresh_prefixes` may stay random."""
+    manifest = read_weights_manifest(manifest_path)
+    state = pretrained_state(manifest, weights_dir, allow_unpinned=allow_unpinned)
+    fresh = tuple(manifest.get("fresh_prefixes", ("projector.", "value_head.")))
+    load_state_strict(model, state, source=str(manifest_path), allow_missing_prefixes=fresh)
