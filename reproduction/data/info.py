@@ -1,0 +1,128 @@
+"""LeRobot `meta/info.json`: the typed header of a dataset and the two on-disk layouts it names.
+
+LeRobot v3.0 (lerobot >= 0.4; what `write_dataset` writes by default)::
+
+    <root>/
+      meta/info.json                                   this header (codebase_version "v3.0")
+      meta/stats.json                                  per-feature mean/std/min/max/count
+      meta/tasks.parquet                               task_index; the task string is the pandas index
+      meta/episodes/chunk-000/file-000.parquet         one row per episode: episode_index, tasks, length,
+                                                       data/chunk_index, data/file_index,
+                                                       dataset_from_index, dataset_to_index,
+                                                       videos/<key>/{chunk_index,file_index,from_timestamp,to_timestamp}
+      data/chunk-000/file-000.parquet                  many episodes per file, rows in (episode, frame) order
+      videos/<key>/chunk-000/file-000.mp4              many episodes per file, back to back in time
+
+LeRobot v2.1 (RLinf's LIBERO data)::
+
+    <root>/
+      meta/info.json                                   codebase_version "v2.1"
+      meta/episodes.jsonl                              {"episode_index", "tasks", "length"} per line
+      meta/tasks.jsonl                                 {"task_index", "task"} per line
+      meta/episodes_stats.jsonl                        per-episode stats
+      data/chunk-000/episode_000000.parquet            one file per episode
+      videos/chunk-000/<key>/episode_000000.mp4        one file per episode and camera
+
+Per-frame columns always include `timestamp` (float32), `frame_index`, `episode_index`, `index`,
+`task_index` (int64). Image features (`dtype: image`) are `struct<bytes: binary, path: string>`
+columns holding PNG bytes; video features (`dtype: video`) live only in the mp4 files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reproduction.errors import DatasetError, InputNotFoundError, UnsupportedFormatError
+
+INFO_PATH = "meta/info.json"
+STATS_PATH = "meta/stats.json"
+SUPPORTED_VERSIONS = ("v2.1", "v3.0")
+KEY_COLUMNS = ("episode_index", "frame_index", "index", "task_index", "timestamp")
+"""The per-frame bookkeeping columns every LeRobot dataset has."""
+DEFAULT_FEATURES: dict[str, dict[str, Any]] = {
+    "timestamp": {"dtype": "float32", "shape": [1], "names": None},
+    "frame_index": {"dtype": "int64", "shape": [1], "names": None},
+    "episode_index": {"dtype": "int64", "shape": [1], "names": None},
+    "index": {"dtype": "int64", "shape": [1], "names": None},
+    "task_index": {"dtype": "int64", "shape": [1], "names": None},
+}
+V30_DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+V30_VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+V30_EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+V30_TASKS_PATH = "meta/tasks.parquet"
+V21_DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
+V21_VIDEO_PATH = "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
+V21_EPISODES_PATH = "meta/episodes.jsonl"
+V21_TASKS_PATH = "meta/tasks.jsonl"
+V21_EPISODES_STATS_PATH = "meta/episodes_stats.jsonl"
+
+
+@dataclass(kw_only=True, slots=True)
+class DatasetInfo:
+    """The fields of `meta/info.json` the project uses; `raw` keeps the whole document."""
+
+    codebase_version: str
+    """"v2.1" or "v3.0"."""
+    fps: int
+    """Frames per second of every episode."""
+    features: dict[str, dict[str, Any]]
+    """Feature name -> {"dtype", "shape", "names", ...} as LeRobot writes it."""
+    robot_type: str | None = None
+    total_episodes: int = 0
+    total_frames: int = 0
+    chunks_size: int = 1000
+    data_path: str = V30_DATA_PATH
+    video_path: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def video_keys(self) -> list[str]:
+        return [k for k, ft in self.features.items() if ft.get("dtype") == "video"]
+
+    @property
+    def image_keys(self) -> list[str]:
+        return [k for k, ft in self.features.items() if ft.get("dtype") == "image"]
+
+    @property
+    def camera_keys(self) -> list[str]:
+        return [k for k, ft in self.features.items() if ft.get("dtype") in ("image", "video")]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.raw)
+
+
+def load_info(root: Path) -> DatasetInfo:
+    """Read and check `<root>/meta/info.json`; raises InputNotFoundError / UnsupportedFormatError."""
+    path = Path(root) / INFO_PATH
+    if not path.is_file():
+        raise InputNotFoundError(f"{path}: no LeRobot info.json here", path=path,
+                                 hint="pass the dataset root (the folder that holds meta/ and data/)")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DatasetError(f"{path}: unreadable info.json ({exc})", path=path) from None
+    return info_from_dict(raw, path=path)
+
+
+def info_from_dict(raw: dict[str, Any], *, path: Path | None = None) -> DatasetInfo:
+    """Validate an info.json document (version, fps, features) into a DatasetInfo."""
+    version = raw.get("codebase_version")
+    if version not in SUPPORTED_VERSIONS:
+        raise UnsupportedFormatError(
+            f"{path or 'info.json'}: codebase_version {version!r} is not supported (supported: {', '.join(SUPPORTED_VERSIONS)})",
+            path=path, field="codebase_version", hint="convert the dataset with lerobot's converter to v3.0")
+    for key in ("fps", "features"):
+        if key not in raw:
+            raise DatasetError(f"{path or 'info.json'}: missing field {key!r}", path=path, field=key)
+    features = {k: dict(v) for k, v in raw["features"].items()}
+    default_data = V30_DATA_PATH if version == "v3.0" else V21_DATA_PATH
+    default_video = V30_VIDEO_PATH if version == "v3.0" else V21_VIDEO_PATH
+    has_video = any(ft.get("dtype") == "video" for ft in features.values())
+    return DatasetInfo(
+        codebase_version=version, fps=int(raw["fps"]), features=features, robot_type=raw.get("robot_type"),
+        total_episodes=int(raw.get("total_episodes", 0)), total_frames=int(raw.get("total_frames", 0)),
+        chunks_size=int(raw.get("chunks_size", 1000)), data_path=raw.get("data_path") or default_data,
+        video_path=(raw.get("video_path") or default_video) if has_video else raw.get("video_path"), raw=raw)

@@ -1,0 +1,310 @@
+"""Read LeRobot v2.1 and v3.0 datasets with pyarrow (and PyAV for video): offline, no lerobot import.
+
+Public API (stable; other stages build on it)::
+
+    ds = open_dataset(root)                 # Dataset; raises InputNotFoundError / DatasetError / UnsupportedFormatError
+    ds.root, ds.info                        # Path, DatasetInfo (features, fps, codebase_version, ...)
+    ds.num_frames, ds.num_episodes          # ints
+    ds.camera_keys, ds.video_keys, ds.image_keys
+    ds.tasks                                # {task_index: task string}
+    ds.episodes                             # pyarrow.Table: episode_index, length (+ v3.0 file pointers)
+    ds.frame_table(columns=None)            # pyarrow.Table of per-frame key columns, all files, in row order
+    ds.iter_frame_tables(columns=None)      # the same, one table per data file (bounded memory)
+    ds.read_frames(rows, keys)              # {key: np.ndarray}; images uint8 (n, H, W, 3)
+    ds.fingerprint                          # hex digest binding sidecars to this exact dataset version
+
+A *row* is a position in `frame_table()`: data files in path order, rows in file order (for datasets
+written by lerobot or by `write_dataset` it equals the `index` column). `read_frames` groups rows by
+data file and video episodes by episode: each episode's video is decoded once, sequentially, and the
+last few decoded episodes are cached, so iterating rows in dataset order decodes each frame once.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import OrderedDict
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from reproduction.data.info import (
+    KEY_COLUMNS,
+    V21_EPISODES_PATH,
+    V21_TASKS_PATH,
+    V30_TASKS_PATH,
+    DatasetInfo,
+    load_info,
+)
+from reproduction.errors import DatasetError, InputNotFoundError
+
+OPTIONAL_KEY_COLUMNS = ("is_success",)
+
+
+def open_dataset(root: Path | str, *, video_cache_episodes: int = 4) -> "Dataset":
+    """Open the LeRobot dataset at `root` (metadata only; frames are read on demand)."""
+    return Dataset(Path(root), video_cache_episodes=video_cache_episodes)
+
+
+class Dataset:
+    """One LeRobot dataset on disk, read-only. See the module docstring for the API."""
+
+    def __init__(self, root: Path, *, video_cache_episodes: int = 4) -> None:
+        self.root = Path(root)
+        self.info: DatasetInfo = load_info(self.root)
+        self.data_files: list[Path] = sorted((self.root / "data").glob("*/*.parquet"))
+        if not self.data_files:
+            raise DatasetError(f"{self.root / 'data'}: no parquet files", path=self.root / "data",
+                               hint="the dataset is incomplete; copy its data/ folder too")
+        self._file_rows = np.array([pq.ParquetFile(p).metadata.num_rows for p in self.data_files], dtype=np.int64)
+        self._file_offsets = np.concatenate([[0], np.cumsum(self._file_rows)])
+        self.tasks: dict[int, str] = _load_tasks(self.root, self.info.codebase_version)
+        self.episodes: pa.Table = _load_episodes(self.root, self.info.codebase_version)
+        self._episode_pos = {int(e): i for i, e in enumerate(self.episodes.column("episode_index").to_pylist())}
+        self._video_cache: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        self._video_cache_size = max(1, video_cache_episodes)
+        self._table_cache: tuple[int, tuple[str, ...], pa.Table] | None = None
+        self._locator: dict[str, np.ndarray] | None = None
+        self._fingerprint: str | None = None
+        schema_names = set(pq.ParquetFile(self.data_files[0]).schema_arrow.names)
+        self.key_columns: tuple[str, ...] = tuple(c for c in KEY_COLUMNS + OPTIONAL_KEY_COLUMNS if c in schema_names)
+
+    # -- metadata -------------------------------------------------------------------------------
+
+    @property
+    def num_frames(self) -> int:
+        return int(self._file_offsets[-1])
+
+    @property
+    def num_episodes(self) -> int:
+        return self.episodes.num_rows
+
+    @property
+    def camera_keys(self) -> list[str]:
+        return self.info.camera_keys
+
+    @property
+    def video_keys(self) -> list[str]:
+        return self.info.video_keys
+
+    @property
+    def image_keys(self) -> list[str]:
+        return self.info.image_keys
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    @property
+    def fingerprint(self) -> str:
+        """Digest of info.json, the episode index and the per-frame key columns (stat-cached per file)."""
+        if self._fingerprint is None:
+            from reproduction.data.fingerprint import dataset_fingerprint
+
+            self._fingerprint = dataset_fingerprint(self)
+        return self._fingerprint
+
+    # -- per-frame key columns ------------------------------------------------------------------
+
+    def _columns(self, columns: Sequence[str] | None) -> list[str]:
+        cols = list(columns) if columns is not None else list(self.key_columns)
+        names = set(pq.ParquetFile(self.data_files[0]).schema_arrow.names)
+        missing = [c for c in cols if c not in names]
+        if missing:
+            raise DatasetError(f"{self.root}: data parquets have no column(s) {', '.join(missing)}",
+                               path=self.root, field=missing[0],
+                               hint=f"columns present: {', '.join(sorted(names))}")
+        return cols
+
+    def iter_frame_tables(self, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
+        """Yield one table per data file (in row order) with `columns` (default: the key columns)."""
+        cols = self._columns(columns)
+        for path in self.data_files:
+            yield pq.read_table(path, columns=cols)
+
+    def frame_table(self, columns: Sequence[str] | None = None) -> pa.Table:
+        """All rows' `columns` (default: key columns present among episode_index, frame_index, index,
+        task_index, timestamp, is_success) as one table, row i = dataset row i."""
+        tables = list(self.iter_frame_tables(columns))
+        return pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
+
+    # -- frames ---------------------------------------------------------------------------------
+
+    def read_frames(self, rows: np.ndarray | Sequence[int], keys: Iterable[str]) -> dict[str, np.ndarray]:
+        """Values of `keys` at dataset `rows`, in the order given.
+
+        Camera keys give uint8 (n, H, W, 3); numeric features give arrays (n, *shape) of their dtype
+        (shape (1,) features give (n,)). Raises DatasetError for an unknown key or a row out of range.
+        """
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.num_frames):
+            bad = int(rows[(rows < 0) | (rows >= self.num_frames)][0])
+            raise DatasetError(f"{self.root}: row {bad} out of range [0, {self.num_frames})", path=self.root)
+        keys = list(keys)
+        unknown = [k for k in keys if k not in self.info.features]
+        if unknown:
+            raise DatasetError(f"{self.root}: unknown feature {unknown[0]!r}", path=self.root, field=unknown[0],
+                               hint=f"features: {', '.join(self.info.features)}")
+        out: dict[str, np.ndarray] = {}
+        parquet_keys = [k for k in keys if k not in self.video_keys]
+        if parquet_keys:
+            out.update(self._read_parquet_rows(rows, parquet_keys))
+        for key in keys:
+            if key in self.video_keys:
+                out[key] = self._read_video_rows(rows, key)
+        return {k: out[k] for k in keys}
+
+    def _file_table(self, file_id: int, columns: tuple[str, ...]) -> pa.Table:
+        cached = self._table_cache
+        if cached is not None and cached[0] == file_id and set(columns) <= set(cached[1]):
+            return cached[2]
+        table = pq.read_table(self.data_files[file_id], columns=list(columns))
+        self._table_cache = (file_id, columns, table)
+        return table
+
+    def _read_parquet_rows(self, rows: np.ndarray, keys: list[str]) -> dict[str, np.ndarray]:
+        file_ids = np.searchsorted(self._file_offsets, rows, side="right") - 1
+        order = np.argsort(file_ids, kind="stable")
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
+        for fid in np.unique(file_ids):
+            sel = order[file_ids[order] == fid]
+            table = self._file_table(int(fid), tuple(keys)).take(pa.array(rows[sel] - self._file_offsets[fid]))
+            for key in keys:
+                parts[key].append(self._to_numpy(table.column(key), key))
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(order.size)
+        return {k: (np.concatenate(v)[inverse] if v else np.empty((0,))) for k, v in parts.items()}
+
+    def _to_numpy(self, column: pa.ChunkedArray, key: str) -> np.ndarray:
+        feature = self.info.features[key]
+        if feature.get("dtype") == "image":
+            return _decode_images(column.combine_chunks(), self.root)
+        return column_to_numpy(column, feature)
+
+    def _locate(self) -> dict[str, np.ndarray]:
+        if self._locator is None:
+            table = self.frame_table(["episode_index", "timestamp"])
+            self._locator = {c: table.column(c).to_numpy() for c in ("episode_index", "timestamp")}
+        return self._locator
+
+    def _read_video_rows(self, rows: np.ndarray, key: str) -> np.ndarray:
+        loc = self._locate()
+        episodes = loc["episode_index"][rows]
+        frame_pos = np.rint(loc["timestamp"][rows].astype(np.float64) * self.info.fps).astype(np.int64)
+        out: np.ndarray | None = None
+        for ep in dict.fromkeys(episodes.tolist()):  # first-seen order keeps the cache warm
+            sel = np.nonzero(episodes == ep)[0]
+            frames = self._episode_video(key, int(ep))
+            if frame_pos[sel].max() >= len(frames):
+                raise DatasetError(f"{self.root}: episode {ep} frame {int(frame_pos[sel].max())} beyond its video "
+                                   f"({len(frames)} frames) for {key}", path=self.root, field=key)
+            if out is None:
+                out = np.empty((rows.size, *frames.shape[1:]), dtype=np.uint8)
+            out[sel] = frames[frame_pos[sel]]
+        return out if out is not None else np.empty((0, 0, 0, 3), dtype=np.uint8)
+
+    def _episode_video(self, key: str, episode_index: int) -> np.ndarray:
+        from reproduction.data.video import decode_episode
+
+        cache_key = (key, episode_index)
+        if cache_key in self._video_cache:
+            self._video_cache.move_to_end(cache_key)
+            return self._video_cache[cache_key]
+        path, from_ts, length = self.video_location(key, episode_index)
+        frames = decode_episode(path, from_timestamp=from_ts, num_frames=length, fps=self.info.fps)
+        self._video_cache[cache_key] = frames
+        while len(self._video_cache) > self._video_cache_size:
+            self._video_cache.popitem(last=False)
+        return frames
+
+    def video_location(self, key: str, episode_index: int) -> tuple[Path, float, int]:
+        """(mp4 path, start time in it, number of frames) of one episode's camera `key`."""
+        pos = self._episode_pos.get(episode_index)
+        if pos is None:
+            raise DatasetError(f"{self.root}: episode {episode_index} is not in the episode index", path=self.root)
+        ep = {c: self.episodes.column(c)[pos].as_py() for c in self.episodes.column_names}
+        length = int(ep["length"])
+        if self.info.codebase_version == "v2.1":
+            rel = self.info.video_path.format(episode_chunk=episode_index // self.info.chunks_size,
+                                              video_key=key, episode_index=episode_index)
+            return self.root / rel, 0.0, length
+        rel = self.info.video_path.format(video_key=key, chunk_index=ep[f"videos/{key}/chunk_index"],
+                                          file_index=ep[f"videos/{key}/file_index"])
+        return self.root / rel, float(ep[f"videos/{key}/from_timestamp"]), length
+
+
+def column_to_numpy(column: pa.ChunkedArray | pa.Array, feature: dict | None = None) -> np.ndarray:
+    """A parquet column as numpy: list columns become (n, *shape) arrays, scalars (n,)."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_list(arr.type) or pa.types.is_fixed_size_list(arr.type) or pa.types.is_large_list(arr.type):
+        flat = arr.flatten()
+        values = flat.to_numpy(zero_copy_only=False)
+        shape = tuple(feature["shape"]) if feature and feature.get("shape") else (-1,)
+        return values.reshape((len(arr), *shape)) if len(arr) else values.reshape((0, *shape))
+    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+        return np.asarray(arr.to_pylist(), dtype=object)
+    return arr.to_numpy(zero_copy_only=False)
+
+
+def _decode_images(arr: pa.Array, root: Path) -> np.ndarray:
+    from PIL import Image
+
+    images = []
+    for item in arr.to_pylist():
+        data = item.get("bytes") if isinstance(item, dict) else item
+        if data is None and isinstance(item, dict) and item.get("path"):
+            data = (root / item["path"]).read_bytes()
+        if data is None:
+            raise DatasetError(f"{root}: an image cell has neither bytes nor path", path=root)
+        images.append(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
+    return np.stack(images) if images else np.empty((0, 0, 0, 3), dtype=np.uint8)
+
+
+def _load_tasks(root: Path, version: str) -> dict[int, str]:
+    if version == "v2.1":
+        path = root / V21_TASKS_PATH
+        if not path.is_file():
+            raise InputNotFoundError(f"{path}: missing", path=path, hint="copy the dataset's meta/ folder")
+        return {int(d["task_index"]): str(d["task"]) for d in _read_jsonl(path)}
+    path = root / V30_TASKS_PATH
+    if not path.is_file():
+        raise InputNotFoundError(f"{path}: missing", path=path, hint="copy the dataset's meta/ folder")
+    table = pq.read_table(path)
+    text_cols = [n for n in table.column_names if pa.types.is_string(table.schema.field(n).type)
+                 or pa.types.is_large_string(table.schema.field(n).type)]
+    if "task_index" not in table.column_names or not text_cols:
+        raise DatasetError(f"{path}: expected a task_index column and the task strings", path=path)
+    col = "task" if "task" in text_cols else text_cols[0]  # pandas writes its index as __index_level_0__
+    return dict(zip(table.column("task_index").to_pylist(), table.column(col).to_pylist()))
+
+
+def _load_episodes(root: Path, version: str) -> pa.Table:
+    if version == "v2.1":
+        path = root / V21_EPISODES_PATH
+        if not path.is_file():
+            raise InputNotFoundError(f"{path}: missing", path=path, hint="copy the dataset's meta/ folder")
+        recs = list(_read_jsonl(path))
+        return pa.table({"episode_index": pa.array([int(r["episode_index"]) for r in recs], pa.int64()),
+                         "length": pa.array([int(r["length"]) for r in recs], pa.int64())})
+    files = sorted((root / "meta" / "episodes").glob("*/*.parquet"))
+    if not files:
+        raise InputNotFoundError(f"{root / 'meta/episodes'}: no episode parquet files", path=root / "meta/episodes",
+                                 hint="copy the dataset's meta/ folder")
+    tables = []
+    for f in files:
+        names = [n for n in pq.ParquetFile(f).schema_arrow.names if not n.startswith("stats/")]
+        tables.append(pq.read_table(f, columns=names))
+    return pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
+
+
+def _read_jsonl(path: Path) -> Iterator[dict]:
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DatasetError(f"{path}:{n}: not JSON ({exc.msg})", path=path) from None

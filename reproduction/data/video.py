@@ -1,0 +1,95 @@
+"""Camera streams in mp4 files: decode one episode's frames sequentially, encode episodes back to back.
+
+Decoding seeks once to the episode's first keyframe and then reads forward (never frame-by-frame
+seeks, which re-decode a whole GOP per frame). Frames are placed by their presentation time, so
+a file holding many episodes (LeRobot v3.0) and a file per episode (v2.1) read the same way.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+from reproduction.errors import DatasetError, InputNotFoundError
+
+
+def decode_episode(path: Path, *, from_timestamp: float, num_frames: int, fps: int) -> np.ndarray:
+    """Frames [from_timestamp, from_timestamp + num_frames/fps) of `path` as uint8 (num_frames, H, W, 3).
+
+    Raises InputNotFoundError when the file is missing and DatasetError when the file holds fewer
+    frames than the episode needs (a truncated or mismatched video).
+    """
+    import av
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputNotFoundError(f"{path}: video file missing", path=path,
+                                 hint="the dataset is incomplete; copy its videos/ folder too")
+    out: np.ndarray | None = None
+    filled = np.zeros(num_frames, dtype=bool)
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        if from_timestamp > 0:
+            container.seek(int(from_timestamp / stream.time_base), stream=stream, backward=True, any_frame=False)
+        for frame in container.decode(stream):
+            if frame.time is None:
+                continue
+            k = int(round((frame.time - from_timestamp) * fps))
+            if k < 0:
+                continue
+            if k >= num_frames:
+                break
+            rgb = frame.to_ndarray(format="rgb24")
+            if out is None:
+                out = np.empty((num_frames, *rgb.shape), dtype=np.uint8)
+            out[k] = rgb
+            filled[k] = True
+    if out is None or not filled.all():
+        missing = int((~filled).sum())
+        raise DatasetError(f"{path}: {missing} of {num_frames} frames from t={from_timestamp:.3f}s are not in the video",
+                           path=path, hint="the video does not match the episode metadata; re-encode or re-copy it")
+    return out
+
+
+class VideoEncoder:
+    """Append episodes' frames to one mp4 at `fps`; `close()` finishes the file.
+
+    `codec` is "libx264" (fast, default), "libsvtav1" (what lerobot writes) or any PyAV encoder;
+    `crf` trades size for fidelity (0 is lossless in luma for x264).
+    """
+
+    def __init__(self, path: Path, *, fps: int, width: int, height: int, codec: str = "libx264",
+                 crf: int = 18, pix_fmt: str = "yuv420p") -> None:
+        import av
+
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._container = av.open(str(self.path), mode="w")
+        options = {"crf": str(crf)}
+        if codec == "libx264":
+            options.update({"preset": "veryfast", "g": "16"})
+        self._stream = self._container.add_stream(codec, rate=fps, options=options)
+        self._stream.width, self._stream.height, self._stream.pix_fmt = width, height, pix_fmt
+        self._stream.codec_context.time_base = Fraction(1, fps)
+        self._fps = fps
+        self.frames_written = 0
+
+    def write(self, frames: np.ndarray) -> None:
+        """Append uint8 (n, H, W, 3) frames; their timestamps continue from the previous call."""
+        import av
+
+        for rgb in frames:
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb, dtype=np.uint8), format="rgb24")
+            frame.pts = self.frames_written
+            frame.time_base = Fraction(1, self._fps)
+            for packet in self._stream.encode(frame):
+                self._container.mux(packet)
+            self.frames_written += 1
+
+    def close(self) -> None:
+        for packet in self._stream.encode():
+            self._container.mux(packet)
+        self._container.close()
