@@ -128,6 +128,36 @@ class HubError(PortableError, ConnectionError):
     exit_code = 30
 
 
+class HubAuthError(HubError, PermissionError):
+    """401/403: no token, a token the Hub rejects, or no permission on the repo or namespace."""
+
+    exit_code = 31
+
+
+class HubNotFoundError(HubError, FileNotFoundError):
+    """The repo, revision or a file in it does not exist (or is private and the token cannot see it)."""
+
+    exit_code = 32
+
+
+class HubTransferError(HubError):
+    """A transfer kept failing (timeouts, stalls, 429/5xx) after the bounded retries."""
+
+    exit_code = 33
+
+
+class HubIntegrityError(HubError):
+    """Downloaded bytes kept disagreeing with the sha256 the remote bundle.json pins."""
+
+    exit_code = 34
+
+
+class HubConflictError(HubError):
+    """The branch moved during a publish, or a tag already names another commit."""
+
+    exit_code = 35
+
+
 # -- data plane ---------------------------------------------------------------------------------
 
 
