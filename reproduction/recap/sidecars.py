@@ -1,0 +1,171 @@
+"""Sidecar files bound to a dataset version: RLinf's names and columns plus a fingerprint.
+
+    <out>/<dataset name>/                  default: the run folder (the bundle's data stays read-only)
+      returns_{tag}.parquet                stage 1 (no tag -> returns.parquet)
+      advantages_{tag}.parquet             stage 3 (no tag -> advantages.parquet)
+      stats.json                           {"return": {...}, "reward": {...}} (RLinf keeps these in meta/stats.json)
+      mixture_config.yaml                  stage 3 / relabel
+    <dataset>/meta/                        the same files, with `in_dataset=True` (RLinf interop)
+
+Each parquet carries, in its schema metadata under `recap_portable`, a JSON document:
+{"format": 1, "kind", "tag", "dataset", "dataset_fingerprint", "params", ...}. Reading with
+`expect_fingerprint` refuses (FingerprintMismatchError, exit 41) a sidecar computed from another
+version of the dataset or stored under another tag, naming both values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from reproduction.errors import DatasetError, FingerprintMismatchError, InputNotFoundError
+from reproduction.fsio import atomic_write_text
+
+META_KEY = b"recap_portable"
+FORMAT = 1
+MIXTURE_CONFIG = "mixture_config.yaml"
+
+
+def sidecar_name(kind: str, tag: str | None) -> str:
+    """RLinf's file name: `returns_{tag}.parquet`, or `returns.parquet` without a tag."""
+    return f"{kind}_{tag}.parquet" if tag else f"{kind}.parquet"
+
+
+def sidecar_dir(location: Path, dataset_name: str | None = None) -> Path:
+    """Where a dataset's sidecars are: `<dataset>/meta` for a dataset root, `<location>/<dataset_name>`
+    when that folder exists, else `location` itself (a folder holding one dataset's sidecars)."""
+    location = Path(location)
+    if (location / "meta" / "info.json").is_file():
+        return location / "meta"
+    if dataset_name and (location / dataset_name).is_dir():
+        return location / dataset_name
+    return location
+
+
+def write_sidecar(path: Path, table: pa.Table, meta: dict[str, Any]) -> Path:
+    """Write `table` with `meta` (plus the format number) to `path` atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"format": FORMAT, **meta}
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), META_KEY: json.dumps(doc).encode()})
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def sidecar_meta(path: Path) -> dict[str, Any]:
+    """The `recap_portable` document of a sidecar ({} for one RLinf wrote)."""
+    raw = (pq.read_schema(path).metadata or {}).get(META_KEY)
+    return json.loads(raw) if raw else {}
+
+
+def _available(folder: Path, kind: str) -> str:
+    found = sorted(p.name for p in folder.glob(f"{kind}*.parquet")) if folder.is_dir() else []
+    return ", ".join(found) or "none"
+
+
+def read_sidecar(location: Path, kind: str, tag: str | None, *, expect_fingerprint: str | None,
+                 dataset_name: str | None = None, columns: list[str] | None = None,
+                 allow_unfingerprinted: bool = False) -> tuple[pa.Table, dict[str, Any]]:
+    """Read `<kind>_{tag}.parquet` from a dataset root or a run folder; check fingerprint and tag.
+
+    Raises InputNotFoundError (listing the sidecars present) when missing, FingerprintMismatchError
+    when the stored dataset fingerprint or tag differ from what the caller expects, or when the
+    file has no fingerprint (an RLinf-written file) unless `allow_unfingerprinted`.
+    """
+    folder = sidecar_dir(Path(location), dataset_name)
+    path = folder / sidecar_name(kind, tag)
+    if not path.is_file():
+        raise InputNotFoundError(f"{path}: no {kind} sidecar for tag {tag!r} (present: {_available(folder, kind)})",
+                                 path=path, hint=f"compute stage '{kind}' with --tag {tag or ''} first, or pass the tag it was written with")
+    meta = sidecar_meta(path)
+    if meta.get("tag", tag) != tag:
+        raise FingerprintMismatchError(f"{path}: written for tag {meta.get('tag')!r}, asked for tag {tag!r}",
+                                       path=path, expected=tag, actual=meta.get("tag"))
+    stored = meta.get("dataset_fingerprint")
+    if expect_fingerprint is not None:
+        if stored is None and not allow_unfingerprinted:
+            raise FingerprintMismatchError(
+                f"{path}: has no dataset fingerprint (written by another tool); expected dataset {expect_fingerprint}",
+                path=path, expected=expect_fingerprint, actual=None,
+                hint="recompute it with this tool, or allow unfingerprinted sidecars explicitly")
+        if stored is not None and stored != expect_fingerprint:
+            raise FingerprintMismatchError(
+                f"{path}: computed from dataset fingerprint {stored}, but the dataset now has fingerprint "
+                f"{expect_fingerprint}", path=path, expected=expect_fingerprint, actual=stored,
+                hint="the dataset changed since (refiltered or edited): recompute this sidecar")
+    try:
+        table = pq.read_table(path, columns=columns)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DatasetError(f"{path}: unreadable parquet ({exc})", path=path) from None
+    return table, meta
+
+
+def read_returns(location: Path, tag: str | None, *, expect_fingerprint: str | None,
+                 dataset_name: str | None = None, columns: list[str] | None = None,
+                 allow_unfingerprinted: bool = False) -> pa.Table:
+    """The stage-1 returns table (episode_index, frame_index, return, reward, prompt), checked."""
+    return read_sidecar(location, "returns", tag, expect_fingerprint=expect_fingerprint, dataset_name=dataset_name,
+                        columns=columns, allow_unfingerprinted=allow_unfingerprinted)[0]
+
+
+def read_advantages(location: Path, tag: str | None, *, expect_fingerprint: str | None,
+                    dataset_name: str | None = None, columns: list[str] | None = None,
+                    allow_unfingerprinted: bool = False) -> pa.Table:
+    """The stage-3 advantages table (RLinf's columns), checked like `read_returns`."""
+    return read_sidecar(location, "advantages", tag, expect_fingerprint=expect_fingerprint,
+                        dataset_name=dataset_name, columns=columns, allow_unfingerprinted=allow_unfingerprinted)[0]
+
+
+def update_stats_json(path: Path, stats: dict[str, Any]) -> None:
+    """Read-modify-write `stats.json`, setting only the given keys (RLinf's `return`/`reward`)."""
+    doc: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise DatasetError(f"{path}: not JSON ({exc})", path=path) from None
+    doc.update(stats)
+    atomic_write_text(path, json.dumps(doc, indent=4))
+
+
+def read_mixture_config(folder: Path) -> dict[str, Any]:
+    """`mixture_config.yaml` in `folder` as a dict ({} when absent)."""
+    import yaml
+
+    path = Path(folder) / MIXTURE_CONFIG
+    if not path.is_file():
+        return {}
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise DatasetError(f"{path}: not YAML ({exc})", path=path) from None
+
+
+def write_mixture_config(folder: Path, *, return_range: tuple[float, float], datasets: list[dict[str, Any]],
+                         tag: str | None, threshold: float, positive_quantile: float,
+                         extra: dict[str, Any] | None = None) -> Path:
+    """Read-modify-write `mixture_config.yaml` as RLinf does: global range, datasets, tags[tag]."""
+    import yaml
+
+    doc = read_mixture_config(folder)
+    doc["global_return_min"], doc["global_return_max"] = float(return_range[0]), float(return_range[1])
+    doc["datasets"] = datasets
+    entry = {"unified_threshold": float(threshold), "positive_quantile": float(positive_quantile), **(extra or {})}
+    if tag:
+        doc.setdefault("tags", {})[tag] = entry
+    else:
+        doc.update(entry)
+    path = Path(folder) / MIXTURE_CONFIG
+    atomic_write_text(path, yaml.safe_dump(doc, sort_keys=False))
+    return path
