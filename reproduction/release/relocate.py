@@ -1,0 +1,311 @@
+"""Find where a tree embeds its build prefix, and rewrite those files for a new prefix, repeatably.
+
+Three kinds of occurrence (`PrefixOccurrence.mode`):
+
+- ``text``: a file without NUL bytes (shebangs, pyvenv.cfg, _sysconfigdata*.py, *.pc, Makefile,
+  activate scripts): every occurrence is replaced, whatever the lengths. A shebang that would grow
+  past 127 bytes (or hold a space) becomes the `#!/bin/sh` + `exec` trampoline pip/distlib use.
+- ``binary``: the prefix inside a NUL-terminated C string: replaced in place, the string keeps its
+  slot and is NUL-padded after its new end. A new prefix longer than the one the tree was *built*
+  at cannot fit and is refused (RelocationError, exit 9) before any file is touched.
+- ``elf-runpath``: an ELF file whose DT_RUNPATH/DT_RPATH names the prefix. The search path becomes
+  `$ORIGIN/<relative>` (it then stays right wherever the bundle moves, so later relocations leave it
+  alone), or the new absolute path when only that fits the string slot. Other C strings of the same
+  file are handled as ``binary``.
+
+A prefix matches only as a whole path: `/opt/py` matches `/opt/py`, `/opt/py/lib` and `/opt/py"`
+but not `/opt/python` or `/opt/py-old`. Files are rewritten atomically (temp file + rename, mode
+kept). Relocation is repeatable: call it with the prefix the tree was last relocated to (the
+receipt's) as `old_prefix` and the layer's original `build_prefix`; files that no longer contain
+`old_prefix` (already relocated, or turned into `$ORIGIN`) are left as they are, so a relocation cut
+short by a kill can simply be run again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import stat
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from reproduction.errors import RelocationError, WriteFailedError
+from reproduction.release import elf
+from reproduction.release.manifest import PrefixOccurrence
+
+SHEBANG_MAX = 127
+"""Longest shebang line (without the newline) every Linux kernel reads whole (BINPRM_BUF_SIZE was 128)."""
+SKIP_SUFFIXES = (".pyc", ".pyo")
+"""Bytecode holds source paths only for tracebacks and is rebuilt by Python: never recorded, never rewritten."""
+_MODE_RANK = {"text": 0, "binary": 1, "elf-runpath": 2}
+_PATH_CHAR = rb"A-Za-z0-9_.+\-"
+
+
+def normalize_prefix(prefix: str, *, what: str = "prefix") -> str:
+    """`prefix` without trailing slashes; raises RelocationError unless it is an absolute path below /."""
+    value = str(prefix).rstrip("/")
+    if not str(prefix).startswith("/") or not value or "\0" in value or "\n" in value:
+        raise RelocationError(f"{what} {prefix!r} must be an absolute path other than '/'",
+                              hint="pass the folder the tree lives at, e.g. /opt/bundle/runtime/python")
+    return value
+
+
+def prefix_pattern(prefix: str) -> re.Pattern[bytes]:
+    """Bytes regex matching `prefix` as a whole path (not followed by another path-name character)."""
+    return re.compile(re.escape(os.fsencode(prefix)) + rb"(?![" + _PATH_CHAR + rb"])")
+
+
+# -- scanning ---------------------------------------------------------------------------------------
+
+
+def _iter_files(root: Path) -> Iterable[tuple[str, str]]:
+    """(relative posix path, absolute path) of every regular file below root; symlinks are not followed."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            full = os.path.join(dirpath, name)
+            if name.endswith(SKIP_SUFFIXES) or not stat.S_ISREG(os.lstat(full).st_mode):
+                continue
+            yield os.path.relpath(full, root).replace(os.sep, "/"), full
+
+
+def _classify(data: bytes, prefix: str, pattern: re.Pattern[bytes]) -> str | None:
+    """The mode for a file's bytes, or None when they do not contain `prefix` as a path."""
+    if data.find(os.fsencode(prefix)) < 0 or pattern.search(data) is None:
+        return None
+    if elf.is_elf(data):
+        try:
+            paths = elf.search_paths(data)
+        except elf.ElfError:
+            return "binary"
+        if any(pattern.search(os.fsencode(p.value)) for p in paths):
+            return "elf-runpath"
+        return "binary"
+    return "binary" if b"\0" in data else "text"
+
+
+def scan_prefixes(root: Path, prefixes: Sequence[str], *, workers: int | None = None) -> dict[str, list[PrefixOccurrence]]:
+    """Occurrences of each prefix in the regular files below `root`, reading each file once.
+
+    Returns {prefix: occurrences sorted by path}, prefixes normalised (no trailing slash). Symlinks,
+    `*.pyc`/`*.pyo` and unreadable special files are skipped. Reads in a few threads (I/O bound).
+    """
+    root = Path(root)
+    clean = [normalize_prefix(p) for p in prefixes]
+    patterns = [prefix_pattern(p) for p in clean]
+
+    def one(item: tuple[str, str]) -> list[tuple[str, PrefixOccurrence]]:
+        rel, full = item
+        with open(full, "rb") as fh:
+            data = fh.read()
+        found = []
+        for prefix, pattern in zip(clean, patterns):
+            mode = _classify(data, prefix, pattern)
+            if mode:
+                found.append((prefix, PrefixOccurrence(path=rel, mode=mode)))
+        return found
+
+    result: dict[str, list[PrefixOccurrence]] = {p: [] for p in clean}
+    workers = workers or min(4, (os.cpu_count() or 1) + 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for found in pool.map(one, _iter_files(root), chunksize=16):
+            for prefix, occurrence in found:
+                result[prefix].append(occurrence)
+    return result
+
+
+def scan_tree(root: Path, prefix: str) -> list[PrefixOccurrence]:
+    """Every regular file below `root` that contains `prefix` as a path, with how to rewrite it.
+
+    Modes: 'elf-runpath' (an ELF whose RUNPATH/RPATH names the prefix), 'binary' (any other file
+    holding a NUL byte), 'text'. Sorted by path. See `scan_prefixes` for what is skipped.
+    """
+    return scan_prefixes(Path(root), [prefix])[normalize_prefix(prefix)]
+
+
+# -- rewriting --------------------------------------------------------------------------------------
+
+
+def _shebang_fix(data: bytes, new_prefix: str, rel: str) -> bytes:
+    """Turn a too-long (or spaced) shebang that names `new_prefix` into the sh + exec trampoline."""
+    if not data.startswith(b"#!"):
+        return data
+    end = data.find(b"\n")
+    end = len(data) if end < 0 else end
+    line = data[:end]
+    if os.fsencode(new_prefix) not in line:
+        return data
+    # The interpreter path itself may hold spaces only when the prefix does; split the rest as args.
+    body = line[2:].strip()
+    raw_prefix = os.fsencode(new_prefix)
+    cut = body.find(b" ", body.find(raw_prefix) + len(raw_prefix)) if body.startswith(raw_prefix) else body.find(b" ")
+    interp, args = (body, b"") if cut < 0 else (body[:cut], body[cut:].strip())
+    if len(line) <= SHEBANG_MAX and b" " not in interp:
+        return data
+    if not os.path.basename(interp).startswith(b"python"):
+        raise RelocationError(
+            f"{rel}: shebang would be {len(line)} bytes (limit {SHEBANG_MAX}) and its interpreter "
+            f"{os.fsdecode(interp)!r} is not Python, so the sh trampoline cannot be used",
+            path=rel, new_prefix=new_prefix, hint="restore the bundle to a shorter path")
+    words = [shlex.quote(os.fsdecode(interp))] + [shlex.quote(a) for a in os.fsdecode(args).split()]
+    # Valid as sh (exec re-runs the file under Python) and as Python (a string statement); distlib's form.
+    tramp = "#!/bin/sh\n'''exec' " + " ".join(words) + ' "$0" "$@"\n' + "' '''"
+    return tramp.encode() + data[end:]
+
+
+def _rewrite_cstrings(data: bytearray, pattern: re.Pattern[bytes], old: str, new: str, build: str,
+                      skip: Sequence[tuple[int, int]], rel: str, problems: list[str]) -> None:
+    """Replace `old` with `new` inside each C string of `data`, in place, keeping every string's slot.
+
+    A slot is the string plus the NUL padding earlier relocations left after it: the string was
+    built with `build`, so each occurrence may hold up to len(build) bytes. Appends to `problems`.
+    """
+    new_b, grow = os.fsencode(new), len(build) - len(old)
+    pos = 0
+    while True:
+        m = pattern.search(data, pos)
+        if m is None:
+            return
+        start = m.start()
+        if any(a <= start < b for a, b in skip):
+            pos = start + 1
+            continue
+        nul = data.find(b"\0", start)
+        nul = len(data) if nul < 0 else nul
+        segment = bytes(data[start:nul])
+        count = len(pattern.findall(segment))
+        pad = count * grow if grow > 0 and data[nul:nul + count * grow + 1].count(0) == count * grow + 1 else 0
+        replaced = pattern.sub(lambda _m: new_b, segment)
+        room = len(segment) + pad
+        if len(replaced) > room:
+            problems.append(f"{rel}: a {len(segment)}-byte C string at offset {start} needs {len(replaced)} bytes "
+                            f"for {new!r} (room {room}: {count} x the {len(build)}-character build prefix {build!r})")
+            pos = nul + 1
+            continue
+        end = min(len(data), start + room + 1)
+        data[start:end] = (replaced + b"\0" * (room + 1 - len(replaced)))[: end - start]
+        pos = end
+
+
+def _origin_form(entry_abs: str, root: Path, rel: str) -> str:
+    """`$ORIGIN/...` naming `entry_abs` from the folder of `root/rel` (real paths, as ld.so sees them)."""
+    here = os.path.realpath(os.path.join(root, os.path.dirname(rel)))
+    relative = os.path.relpath(os.path.realpath(entry_abs), here)
+    return "$ORIGIN" if relative == "." else "$ORIGIN/" + relative
+
+
+def _rewrite_runpaths(data: bytearray, pattern: re.Pattern[bytes], old: str, new: str, root: Path, rel: str,
+                      problems: list[str]) -> list[tuple[int, int]]:
+    """Rewrite each search path naming `old`; returns the byte ranges of all search-path slots."""
+    try:
+        entries = elf.search_paths(data)
+    except elf.ElfError as exc:
+        problems.append(f"{rel}: cannot read its ELF dynamic section ({exc})")
+        return []
+    for sp in entries:
+        parts = sp.value.split(":")
+        hits = [bool(pattern.match(os.fsencode(p))) for p in parts]
+        if not any(hits) and not pattern.search(os.fsencode(sp.value)):
+            continue
+        mapped = [new + p[len(old):] if hit else pattern.sub(lambda _m: os.fsencode(new), os.fsencode(p)).decode("utf-8", "surrogateescape")
+                  for p, hit in zip(parts, hits)]
+        relative = ":".join(_origin_form(m, root, rel) if hit else m for m, hit in zip(mapped, hits))
+        for candidate in (relative, ":".join(mapped)):
+            if len(os.fsencode(candidate)) <= sp.capacity:
+                elf.set_search_path(data, sp, candidate)
+                break
+        else:
+            why = "it shares bytes with another name" if sp.capacity < 0 else f"the slot holds {sp.capacity} bytes"
+            problems.append(f"{rel}: RUNPATH {sp.value!r} cannot be rewritten as {relative!r} nor {':'.join(mapped)!r} ({why})")
+    return [(sp.offset, sp.offset + max(sp.capacity, len(sp.value)) + 1) for sp in entries]
+
+
+def rewrite_bytes(data: bytes, mode: str, *, rel: str, root: Path, old: str, new: str, build: str,
+                  problems: list[str]) -> bytes:
+    """The relocated bytes of one file (unchanged bytes when it no longer holds `old`).
+
+    Appends a message to `problems` for each part that cannot be rewritten; pure otherwise.
+    """
+    pattern = prefix_pattern(old)
+    if pattern.search(data) is None:
+        return data
+    if mode == "text":
+        out = pattern.sub(lambda _m: os.fsencode(new), data)
+        try:
+            return _shebang_fix(out, new, rel)
+        except RelocationError as exc:
+            problems.append(str(exc))
+            return data
+    buf = bytearray(data)
+    skip = _rewrite_runpaths(buf, pattern, old, new, root, rel, problems) if mode == "elf-runpath" else []
+    _rewrite_cstrings(buf, pattern, old, new, build, skip, rel, problems)
+    return bytes(buf)
+
+
+def _write_keeping_mode(path: Path, data: bytes, st: os.stat_result, fsync: bool) -> None:
+    """Replace `path` atomically with `data`, keeping its permission bits."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".reloc", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            os.fchmod(fh.fileno(), stat.S_IMODE(st.st_mode))
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise WriteFailedError(f"{path}: could not rewrite it for the new prefix ({exc.strerror or exc})",
+                               hint="free space or fix permissions, then run restore again (it resumes)") from exc
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def relocate_tree(root: Path, occurrences: Sequence[PrefixOccurrence], old_prefix: str, new_prefix: str,
+                  *, build_prefix: str | None = None, fsync: bool = True) -> list[str]:
+    """Rewrite the listed files below `root` from `old_prefix` to `new_prefix`; returns the paths changed.
+
+    `root` must be where the tree now lives for good ($ORIGIN paths are computed from it).
+    `old_prefix` is the prefix the tree was last relocated to (its build prefix the first time);
+    `build_prefix` (default `old_prefix`) is the one it was packed at, which sizes binary slots.
+    Every file is rewritten in memory first; if any cannot be (a binary string or RUNPATH that does
+    not fit, a missing file, a long non-Python shebang) RelocationError lists them all and no file
+    was modified. Then each changed file is replaced atomically, mode kept. Same prefix: no-op.
+    """
+    root = Path(root)
+    old, new = normalize_prefix(old_prefix, what="old prefix"), normalize_prefix(new_prefix, what="new prefix")
+    build = normalize_prefix(build_prefix, what="build prefix") if build_prefix else old
+    if old == new:
+        return []
+    modes: dict[str, str] = {}
+    for occ in occurrences:
+        if _MODE_RANK[occ.mode] >= _MODE_RANK.get(modes.get(occ.path, "text"), 0):
+            modes[occ.path] = occ.mode
+    problems: list[str] = []
+    planned: list[tuple[str, bytes, os.stat_result]] = []
+    for rel, mode in sorted(modes.items()):
+        path = root / rel
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode):
+                raise FileNotFoundError(path)
+            data = path.read_bytes()
+        except OSError:
+            problems.append(f"{rel}: recorded as holding the prefix but missing (or not a regular file) under {root}")
+            continue
+        new_data = rewrite_bytes(data, mode, rel=rel, root=root, old=old, new=new, build=build, problems=problems)
+        if new_data != data:
+            planned.append((rel, new_data, st))
+    if problems:
+        shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+        raise RelocationError(
+            f"cannot relocate {root} from {old!r} to {new!r}: {len(problems)} problem(s), nothing was changed: {shown}",
+            path=str(root), old_prefix=old, new_prefix=new, problems=problems,
+            hint=f"restore to a folder whose layer path is at most {len(build)} characters long "
+                 f"(the build prefix {build!r}), or pack from a tree built at a longer prefix")
+    for rel, new_data, st in planned:
+        _write_keeping_mode(root / rel, new_data, st, fsync)
+    return [rel for rel, _, _ in planned]

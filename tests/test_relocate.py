@@ -1,0 +1,231 @@
+"""relocate.py and elf.py: scanning a tree for its build prefix and rewriting it, repeatably."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reproduction.errors import RelocationError
+from reproduction.release import elf
+from reproduction.release.manifest import PrefixOccurrence
+from reproduction.release.relocate import SHEBANG_MAX, relocate_tree, scan_prefixes, scan_tree
+
+GCC = shutil.which("gcc")
+needs_gcc = pytest.mark.skipif(GCC is None, reason="gcc not installed")
+
+
+def _tree(root: Path, prefix: str) -> None:
+    """A small tree built 'at' prefix: text with and without the prefix, a binary C string, bytecode."""
+    (root / "bin").mkdir(parents=True)
+    (root / "lib").mkdir()
+    (root / "bin" / "tool").write_text(f"#!{prefix}/bin/python3\nimport sys\nHOME = '{prefix}'\n")
+    (root / "bin" / "tool").chmod(0o755)
+    (root / "lib" / "conf.pc").write_text(f"prefix={prefix}\nlibdir={prefix}/lib\nother={prefix}x/lib\n")
+    (root / "lib" / "data.bin").write_bytes(b"\x01\x02\0" + f"{prefix}/lib/python3.11\0".encode() + b"\xffTAIL\0")
+    (root / "lib" / "plain.txt").write_text("nothing to see\n")
+    (root / "lib" / "mod.cpython-311.pyc").write_bytes(b"\x00\x01" + prefix.encode() + b"\0")
+    os.symlink("tool", root / "bin" / "tool-link")
+
+
+def test_scan_finds_each_kind_and_skips_the_rest(tmp_path: Path) -> None:
+    prefix = str(tmp_path / "build")
+    _tree(tmp_path / "build", prefix)
+    found = scan_tree(tmp_path / "build", prefix + "/")
+    assert found == [PrefixOccurrence(path="bin/tool", mode="text"),
+                     PrefixOccurrence(path="lib/conf.pc", mode="text"),
+                     PrefixOccurrence(path="lib/data.bin", mode="binary")]
+
+
+def test_prefix_matches_whole_paths_only(tmp_path: Path) -> None:
+    root = tmp_path / "t"
+    root.mkdir()
+    (root / "a.txt").write_text("/opt/python/lib /opt/py-old /opt/pyz\n")
+    (root / "b.txt").write_text("x=/opt/py\n")
+    assert scan_tree(root, "/opt/py") == [PrefixOccurrence(path="b.txt", mode="text")]
+
+
+def test_text_any_length_keeps_mode_and_other_paths(tmp_path: Path) -> None:
+    old = str(tmp_path / "build")
+    _tree(tmp_path / "build", old)
+    occ = [o for o in scan_tree(tmp_path / "build", old) if o.mode == "text"]
+    new = "/srv/a/much/longer/place/than/the/build/prefix/ever/was"
+    changed = relocate_tree(tmp_path / "build", occ, old, new, fsync=False)
+    assert changed == ["bin/tool", "lib/conf.pc"]
+    pc = (tmp_path / "build" / "lib" / "conf.pc").read_text()
+    assert pc == f"prefix={new}\nlibdir={new}/lib\nother={old}x/lib\n"
+    assert (tmp_path / "build" / "bin" / "tool").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "build" / "bin" / "tool").read_text().startswith(f"#!{new}/bin/python3\n")
+
+
+def test_binary_shorter_is_nul_padded_and_longer_is_refused_untouched(tmp_path: Path) -> None:
+    old = str(tmp_path / "build")
+    _tree(tmp_path / "build", old)
+    root = tmp_path / "build"
+    occ = scan_tree(root, old)
+    before = {p: (root / p).read_bytes() for p in ("bin/tool", "lib/conf.pc", "lib/data.bin")}
+    too_long = old + "/and/more"
+    with pytest.raises(RelocationError) as info:
+        relocate_tree(root, occ, old, too_long)
+    err = info.value
+    assert err.exit_code == 9
+    assert "lib/data.bin" in str(err) and repr(old) in str(err) and repr(too_long) in str(err)
+    assert "nothing was changed" in str(err)
+    assert {p: (root / p).read_bytes() for p in before} == before  # text files were not rewritten either
+    short = "/s"
+    relocate_tree(root, occ, old, short, fsync=False)
+    data = (root / "lib" / "data.bin").read_bytes()
+    assert len(data) == len(before["lib/data.bin"])
+    pad = len(old) - len(short)
+    assert data == b"\x01\x02\0" + b"/s/lib/python3.11" + b"\0" * (pad + 1) + b"\xffTAIL\0"
+
+
+def test_repeated_relocation_matches_direct_and_uses_the_build_slot(tmp_path: Path) -> None:
+    a = str(tmp_path / "aaaaaaaaaaaaaaaaaaaa")
+    _tree(tmp_path / "one", a)
+    _tree(tmp_path / "two", a)
+    occ = scan_tree(tmp_path / "one", a)
+    b, c = "/b", a[:-3] + "ccc"  # B much shorter than A, C as long as A: only fits with the build slot
+    relocate_tree(tmp_path / "one", occ, a, b, build_prefix=a, fsync=False)
+    relocate_tree(tmp_path / "one", occ, b, c, build_prefix=a, fsync=False)
+    relocate_tree(tmp_path / "two", occ, a, c, build_prefix=a, fsync=False)
+    for rel in ("bin/tool", "lib/conf.pc", "lib/data.bin"):
+        assert (tmp_path / "one" / rel).read_bytes() == (tmp_path / "two" / rel).read_bytes(), rel
+    # Without the build prefix B's slot is only as long as B: refused, nothing changed.
+    with pytest.raises(RelocationError):
+        relocate_tree(tmp_path / "one", occ, c, c + "x", build_prefix=a)
+    assert relocate_tree(tmp_path / "one", occ, c, c) == []
+
+
+def test_relocation_cut_short_can_be_run_again(tmp_path: Path) -> None:
+    old = str(tmp_path / "build")
+    _tree(tmp_path / "build", old)
+    _tree(tmp_path / "ref", old)
+    occ = scan_tree(tmp_path / "build", old)
+    relocate_tree(tmp_path / "build", occ[:1], old, "/new/p", fsync=False)  # as if killed after one file
+    relocate_tree(tmp_path / "build", occ, old, "/new/p", fsync=False)
+    relocate_tree(tmp_path / "ref", occ, old, "/new/p", fsync=False)
+    for o in occ:
+        assert (tmp_path / "build" / o.path).read_bytes() == (tmp_path / "ref" / o.path).read_bytes()
+
+
+def test_missing_recorded_file_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    root.mkdir()
+    (root / "a.txt").write_text("/old/p\n")
+    occ = [PrefixOccurrence(path="a.txt", mode="text"), PrefixOccurrence(path="gone.txt", mode="text")]
+    with pytest.raises(RelocationError, match="gone.txt"):
+        relocate_tree(root, occ, "/old/p", "/new/p")
+    assert (root / "a.txt").read_text() == "/old/p\n"
+
+
+def test_long_python_shebang_becomes_sh_trampoline_that_runs(tmp_path: Path) -> None:
+    old = "/old/prefix"
+    root = tmp_path / "r"
+    (root / "bin").mkdir(parents=True)
+    script = root / "bin" / "hello"
+    script.write_text(f"#!{old}/bin/python -s\nimport sys\nprint('hello', sys.flags.no_user_site)\n")
+    script.chmod(0o755)
+    new = str(tmp_path / ("d" * 60) / ("e" * 60))
+    (Path(new) / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, Path(new) / "bin" / "python")
+    assert len(f"#!{new}/bin/python -s") > SHEBANG_MAX
+    assert relocate_tree(root, scan_tree(root, old), old, new, fsync=False) == ["bin/hello"]
+    text = script.read_text()
+    assert text.startswith("#!/bin/sh\n'''exec' ") and f"{new}/bin/python" in text
+    out = subprocess.run([str(script)], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "hello 1\n"
+
+
+def test_long_non_python_shebang_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    root.mkdir()
+    (root / "run.sh").write_text("#!/old/p/bin/bash\necho hi\n")
+    with pytest.raises(RelocationError, match="run.sh.*not Python"):
+        relocate_tree(root, scan_tree(root, "/old/p"), "/old/p", "/" + "x" * 130)
+    assert (root / "run.sh").read_text() == "#!/old/p/bin/bash\necho hi\n"
+
+
+def _build_elf_tree(root: Path, prefix: str, src: Path) -> None:
+    """prefix/lib/libgreet.so and prefix/bin/greet, both with RUNPATH prefix/lib (absolute, new dtags)."""
+    (root / "lib").mkdir(parents=True)
+    (root / "bin").mkdir()
+    src.mkdir(exist_ok=True)
+    (src / "greet.c").write_text('const char *where = "%s/share";\nconst char *greet(void) { return "hi"; }\n' % prefix)
+    (src / "main.c").write_text('#include <stdio.h>\nconst char *greet(void);\nint main(void) { puts(greet()); return 0; }\n')
+    flags = [f"-Wl,-rpath,{prefix}/lib", "-Wl,--enable-new-dtags"]
+    subprocess.run([GCC, "-shared", "-fPIC", "-o", str(root / "lib" / "libgreet.so"), str(src / "greet.c"), *flags],
+                   check=True, timeout=120)
+    subprocess.run([GCC, "-o", str(root / "bin" / "greet"), str(src / "main.c"), f"-L{root / 'lib'}", "-lgreet", *flags],
+                   check=True, timeout=120)
+
+
+@needs_gcc
+def test_elf_runpath_becomes_origin_relative_and_survives_moves(tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    _build_elf_tree(build, str(build), tmp_path / "src")
+    occ = scan_tree(build, str(build))
+    assert occ == [PrefixOccurrence(path="bin/greet", mode="elf-runpath"),
+                   PrefixOccurrence(path="lib/libgreet.so", mode="elf-runpath")]
+    exe_runpath = elf.search_paths((build / "bin" / "greet").read_bytes())
+    assert [(p.tag, p.value) for p in exe_runpath] == [(elf.DT_RUNPATH, f"{build}/lib")]
+
+    moved = tmp_path / ("somewhere-much-longer-than-the-build-prefix-" * 2) / "tree"
+    moved.parent.mkdir()
+    shutil.move(build, moved)
+    env = {"PATH": "/usr/bin:/bin"}
+    broken = subprocess.run([str(moved / "bin" / "greet")], capture_output=True, timeout=60, env=env)
+    assert broken.returncode != 0  # proves the absolute RUNPATH is what the loader used
+    with pytest.raises(RelocationError, match="libgreet.so.*C string"):  # "<prefix>/share" cannot grow
+        relocate_tree(moved, occ, str(build), str(moved))
+    assert elf.search_paths((moved / "bin" / "greet").read_bytes())[0].value == f"{build}/lib"  # untouched
+
+    short = tmp_path / "s"
+    shutil.move(moved, short)
+    assert sorted(relocate_tree(short, occ, str(build), str(short), fsync=False)) == ["bin/greet", "lib/libgreet.so"]
+    assert elf.search_paths((short / "bin" / "greet").read_bytes())[0].value == "$ORIGIN/../lib"
+    assert elf.search_paths((short / "lib" / "libgreet.so").read_bytes())[0].value == "$ORIGIN"
+    assert str(build).encode() not in (short / "lib" / "libgreet.so").read_bytes()
+    ok = subprocess.run([str(short / "bin" / "greet")], capture_output=True, text=True, timeout=60, env=env)
+    assert (ok.returncode, ok.stdout) == (0, "hi\n")
+    if shutil.which("readelf"):
+        dyn = subprocess.run(["readelf", "-d", str(short / "bin" / "greet")], capture_output=True, text=True, timeout=60)
+        assert "Library runpath: [$ORIGIN/../lib]" in dyn.stdout
+
+    again = tmp_path / "t"
+    shutil.move(short, again)
+    # Only the C string still names a prefix; the RUNPATH is $ORIGIN and is left alone.
+    assert relocate_tree(again, occ, str(short), str(again), build_prefix=str(build), fsync=False) == ["lib/libgreet.so"]
+    ok = subprocess.run([str(again / "bin" / "greet")], capture_output=True, text=True, timeout=60, env=env)
+    assert (ok.returncode, ok.stdout) == (0, "hi\n")
+
+
+@needs_gcc
+def test_runpath_into_another_tree_is_made_relative_to_it(tmp_path: Path) -> None:
+    """A venv's copied python names the interpreter's lib/: the RUNPATH points across trees."""
+    interp_old = tmp_path / "interp"
+    _build_elf_tree(interp_old, str(interp_old), tmp_path / "src")
+    venv = tmp_path / "b" / "venv"
+    (venv / "bin").mkdir(parents=True)
+    shutil.copy2(interp_old / "bin" / "greet", venv / "bin" / "greet")
+    found = scan_prefixes(venv, [str(interp_old)])
+    occ = found[str(interp_old)]
+    assert occ == [PrefixOccurrence(path="bin/greet", mode="elf-runpath")]
+    interp_new = tmp_path / "b" / "in"  # shorter than interp_old: libgreet's C string must fit
+    shutil.move(interp_old, interp_new)
+    relocate_tree(interp_new, scan_tree(interp_new, str(interp_old)), str(interp_old), str(interp_new), fsync=False)
+    assert relocate_tree(venv, occ, str(interp_old), str(interp_new), fsync=False) == ["bin/greet"]
+    assert elf.search_paths((venv / "bin" / "greet").read_bytes())[0].value == "$ORIGIN/../../in/lib"
+    ok = subprocess.run([str(venv / "bin" / "greet")], capture_output=True, text=True, timeout=60, env={"PATH": "/bin"})
+    assert (ok.returncode, ok.stdout) == (0, "hi\n")
+
+
+def test_elf_reader_rejects_garbage() -> None:
+    with pytest.raises(elf.ElfError):
+        elf.search_paths(b"\x7fELF" + b"\x02\x01" + b"\0" * 10)
+    assert elf.search_paths(Path("/bin/sh").resolve().read_bytes()) == []  # no RUNPATH at all
