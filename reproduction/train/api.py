@@ -1,0 +1,78 @@
+"""`train()`: the one entry point stages call (see reproduction/train/task.py for the contract)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from reproduction import ui as ui_mod
+from reproduction.train import device as device_mod
+from reproduction.train import launcher
+from reproduction.train.config import TrainConfig
+from reproduction.train.metrics import LOG_NAME
+from reproduction.train.task import TrainResult, TrainTask
+
+
+def train(make_task: Callable[[int, int], TrainTask], config: TrainConfig, *, out_dir: Path, resume: bool,
+          ray_address: str | None = None, ui: ui_mod.UiOptions | None = None) -> TrainResult:
+    """Train `make_task`'s model under `config`, writing checkpoints, logs and an export to `out_dir`.
+
+    `resume=True` continues from the newest complete checkpoint in `out_dir/checkpoints/` (stale
+    `.partial` folders are removed; none found = a fresh start); `resume=False` refuses an out_dir
+    that already holds checkpoints. Raises ConfigError (bad config, exit 4), CheckpointError (corrupt
+    checkpoint, changed config, canary mismatch: exit 50) and WorkerFailedError (a worker raised or
+    died: exit 51, with its traceback). Progress goes to stderr via reproduction.ui.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec = device_mod.resolve(config.device)
+    payload = launcher.Payload(make_task=make_task, config=config, out_dir=out_dir.resolve(), resume=resume, spec=spec)
+    with ui_mod.progress(ui) as prog:
+        view = _ProgressView(prog.task("train", total=config.max_steps), out_dir / LOG_NAME, config)
+        if config.launcher == "inprocess":
+            result = launcher.run_inprocess(payload, on_record=view.record)
+        else:
+            result = launcher.run_ray(payload, ray_address=ray_address, on_poll=view.poll)
+        view.poll()
+    if result.resumed_from is not None:
+        ui_mod.say(f"resumed from step {result.resumed_from}", options=ui)
+    return result
+
+
+class _ProgressView:
+    """Drives a progress bar from metrics records (in-process callback, or by tailing the JSONL)."""
+
+    def __init__(self, task: ui_mod.Task, log_path: Path, config: TrainConfig) -> None:
+        self.task, self.log_path, self.config = task, log_path, config
+        self.shown = 0
+        self.offset = 0
+        self.started = time.time()
+
+    def record(self, record: dict) -> None:
+        if record.get("split") == "train":
+            step = int(record["step"])
+            if self.shown == 0 and step > 1:  # a resumed run: start the bar where it continues
+                self.shown = step - 1
+            self.task.advance(max(0, step - self.shown))
+            self.shown = max(self.shown, step)
+
+    def poll(self) -> None:
+        """Read records appended to the JSONL since the last poll (only records newer than start)."""
+        import json
+
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return
+        end = chunk.rfind(b"\n") + 1
+        self.offset += end
+        for line in chunk[:end].splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if record.get("time", 0) >= self.started:
+                self.record(record)

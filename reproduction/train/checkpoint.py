@@ -1,0 +1,298 @@
+"""All checkpoint logic: the commit protocol, resume discovery, DCP load with resharding, exports.
+
+    <out_dir>/checkpoints/
+      LATEST                 "step_12\\n" (a hint for people and tools; resume scans for the newest)
+      step_8/                complete: DCP files (.metadata, __<rank>_0.distcp) + manifest.json
+      step_12/
+      step_16.partial/       being written, or left by a kill: removed on resume, never loaded
+    <out_dir>/export/        model-only: model.safetensors, model_config.json, train_config.json, extras
+
+Commit protocol: every rank writes its DCP shard into `step_N.partial/` -> barrier -> rank 0 hashes
+the files and writes manifest.json (file digests, world size, versions, config digest, data cursor,
+RNG states per rank, canary loss) -> rename to `step_N/` -> atomic `LATEST` -> keep-last-k -> barrier.
+A directory is a checkpoint only when it is named `step_N` and holds manifest.json; a kill at any
+moment leaves the previous complete checkpoint untouched.
+
+Test hook: `PORTABLE_TEST_SAVE_SLEEP_S=<s>` makes rank 0 sleep between writing the manifest and the
+rename, so tests can kill a run in the middle of a save.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from reproduction import __version__
+from reproduction.digests import sha256_files
+from reproduction.errors import CheckpointError
+from reproduction.fsio import atomic_write_text, fsync_dir
+from reproduction.train import dist
+
+FORMAT = "recap-portable/train-checkpoint"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+STEP_RE = re.compile(r"^step_(\d+)$")
+SLEEP_HOOK = "PORTABLE_TEST_SAVE_SLEEP_S"
+
+
+# -- discovery ----------------------------------------------------------------------------------
+
+
+def complete_steps(root: Path) -> list[int]:
+    """Steps with a complete checkpoint under `root`, ascending."""
+    if not Path(root).is_dir():
+        return []
+    steps = []
+    for child in Path(root).iterdir():
+        m = STEP_RE.match(child.name)
+        if m and (child / MANIFEST).is_file():
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return Path(root) / f"step_{step}"
+
+
+def clean_stale(root: Path) -> list[Path]:
+    """Remove `step_*.partial/` left by a killed save (rank 0 only); returns what was removed."""
+    removed = []
+    if Path(root).is_dir():
+        for child in sorted(Path(root).glob("step_*.partial")):
+            shutil.rmtree(child, ignore_errors=True)
+            removed.append(child)
+    return removed
+
+
+# -- RNG ----------------------------------------------------------------------------------------
+
+
+def capture_rng(accel=None) -> dict[str, Any]:
+    """This process's torch/numpy/python (and accelerator) RNG states as JSON-able values."""
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    state = {
+        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "python": [py_state[0], list(py_state[1]), py_state[2]],
+    }
+    if accel is not None:
+        state["accel"] = base64.b64encode(accel.get_rng_state().cpu().numpy().tobytes()).decode()
+    return state
+
+
+def restore_rng(state: dict[str, Any], accel=None) -> None:
+    """Inverse of `capture_rng`."""
+    raw = np.frombuffer(base64.b64decode(state["torch"]), dtype=np.uint8).copy()
+    torch.set_rng_state(torch.from_numpy(raw))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if accel is not None and "accel" in state:
+        accel.set_rng_state(torch.from_numpy(np.frombuffer(base64.b64decode(state["accel"]), dtype=np.uint8).copy()))
+
+
+# -- save ---------------------------------------------------------------------------------------
+
+
+def save(root: Path, step: int, model: torch.nn.Module, optim: torch.optim.Optimizer, *,
+         config_digest: str, resume_key: dict, cursor: dict, trainer: dict, canary_loss: float,
+         keep_last: int, accel=None) -> Path:
+    """Commit a checkpoint of `step` (collective: every rank calls it); returns `step_N/`.
+
+    On failure before the rename the previous checkpoints are untouched and `step_N.partial/` is
+    left for the next resume to clean.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    root = Path(root)
+    partial = root / f"step_{step}.partial"
+    if dist.is_main():
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    dist.barrier()
+    model_sd, optim_sd = get_state_dict(model, optim)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(partial))
+    rng = dist.all_gather_object(capture_rng(accel))
+    dist.barrier()
+    final = step_dir(root, step)
+    if dist.is_main():
+        manifest = _manifest(partial, step=step, config_digest=config_digest, resume_key=resume_key,
+                             cursor=cursor, trainer=trainer, canary_loss=canary_loss, rng=rng)
+        atomic_write_text(partial / MANIFEST, json.dumps(manifest, indent=1))
+        if os.environ.get(SLEEP_HOOK):
+            time.sleep(float(os.environ[SLEEP_HOOK]))
+        shutil.rmtree(final, ignore_errors=True)  # only when re-saving a step after resuming before it
+        os.replace(partial, final)
+        fsync_dir(root)
+        atomic_write_text(root / "LATEST", f"{final.name}\n")
+        for old in complete_steps(root)[:-keep_last]:
+            shutil.rmtree(step_dir(root, old), ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+def _manifest(folder: Path, *, step: int, rng: list, **fields: Any) -> dict[str, Any]:
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+    digests = sha256_files(files)
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "step": step,
+        "world_size": dist.world_size(),
+        "files": {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": digests[p]} for p in files},
+        "versions": {"reproduction": __version__, "torch": torch.__version__, "numpy": np.__version__,
+                     "python": platform.python_version()},
+        "rng": rng,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **fields,
+    }
+
+
+# -- load ---------------------------------------------------------------------------------------
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The manifest of a complete checkpoint; CheckpointError when absent, torn or of another format."""
+    path = Path(folder) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{folder} is not a complete checkpoint: {MANIFEST} is missing", path=folder,
+                              hint="resume from the newest complete step_N/ (incomplete ones end in .partial)") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}", path=path) from None
+    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: format {manifest.get('format')!r} version {manifest.get('format_version')!r} is not "
+            f"{FORMAT!r} version {FORMAT_VERSION}", path=path, hint="use the reproduction version that wrote it")
+    return manifest
+
+
+def verify_files(folder: Path, manifest: dict[str, Any]) -> list[str]:
+    """Every mismatch between the folder's files and the manifest (missing, size, digest)."""
+    folder = Path(folder)
+    problems, present = [], []
+    for rel, entry in sorted(manifest["files"].items()):
+        path = folder / rel
+        if not path.is_file():
+            problems.append(f"missing {rel}")
+        elif path.stat().st_size != entry["size"]:
+            problems.append(f"size {rel}: {path.stat().st_size} != {entry['size']}")
+        else:
+            present.append(path)
+    for path, digest in sha256_files(present).items():
+        rel = path.relative_to(folder).as_posix()
+        if digest != manifest["files"][rel]["sha256"]:
+            problems.append(f"digest {rel}")
+    return problems
+
+
+def load(folder: Path, model: torch.nn.Module, optim: torch.optim.Optimizer, *,
+         resume_key: dict, accel=None) -> dict[str, Any]:
+    """Load a checkpoint into the sharded `model` and `optim` (collective); returns its manifest.
+
+    Raises CheckpointError when the files do not match the manifest or the config's resume key
+    differs (naming the fields). DCP reshards when the world size changed; RNG states are restored
+    only when it did not (the caller reseeds otherwise).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    problems = dist.broadcast_object(verify_files(folder, manifest) if dist.is_main() else None)
+    if problems:
+        raise CheckpointError(f"checkpoint {folder} does not match its manifest: {'; '.join(problems[:5])}"
+                              + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""),
+                              path=folder, problems=problems, hint="delete this step_N/ to resume from an older one")
+    saved_key = manifest.get("resume_key", {})
+    changed = sorted(k for k in set(saved_key) | set(resume_key) if saved_key.get(k) != resume_key.get(k))
+    if changed:
+        diff = ", ".join(f"{k}: {saved_key.get(k)!r} -> {resume_key.get(k)!r}" for k in changed)
+        raise CheckpointError(f"cannot resume {folder}: the config changed ({diff})", path=folder, fields_changed=changed,
+                              hint="restore those settings, or start over in a new out_dir (resume=False)")
+    model_sd, optim_sd = get_state_dict(model, optim)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(folder))
+    set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if manifest["world_size"] == dist.world_size():
+        restore_rng(manifest["rng"][dist.rank()], accel)
+    return manifest
+
+
+def check_canary(expected: float, actual: float, *, rtol: float, folder: Path) -> None:
+    """Raise CheckpointError when the canary loss after a load differs from the saved one."""
+    if not np.isfinite(actual) or abs(actual - expected) > 1e-6 + rtol * abs(expected):
+        raise CheckpointError(
+            f"canary loss after loading {folder} is {actual!r}, the checkpoint recorded {expected!r} "
+            f"(rtol {rtol}): the weights or the model code do not match what was saved",
+            path=folder, expected=expected, actual=actual,
+            hint="resume with the model code/config that wrote the checkpoint, or start over (resume=False)")
+
+
+# -- model-only export --------------------------------------------------------------------------
+
+
+def export(model: torch.nn.Module, out: Path, *, model_config: dict, train_config: dict,
+           extras=None) -> Path | None:
+    """Write `out/` (model.safetensors + configs + task extras) atomically via `out.partial/`.
+
+    Collective (gathers the full state dict); rank 0 writes and returns `out`, others return None.
+    """
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not dist.is_main():
+        return None
+    out = Path(out)
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in full.items()}, str(tmp / "model.safetensors"))
+    atomic_write_text(tmp / "model_config.json", json.dumps(model_config, indent=1, sort_keys=True))
+    atomic_write_text(tmp / "train_config.json", json.dumps(train_config, indent=1, sort_keys=True))
+    if extras is not None:
+        extras(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def load_export(folder: Path) -> dict[str, torch.Tensor]:
+    """The state dict of a model-only export; InputNotFound-style CheckpointError when absent."""
+    from safetensors.torch import load_file
+
+    path = Path(folder) / "model.safetensors"
+    if not path.is_file():
+        raise CheckpointError(f"{path} does not exist: not a model export", path=path,
+                              hint="point at the export/ folder a training run wrote")
+    return load_file(str(path))
+
+
+def load_strict(model: torch.nn.Module, state: dict[str, torch.Tensor], *, source: str = "state dict") -> None:
+    """`model.load_state_dict(state)` that names every missing/unexpected key (upstream used strict=False
+    and silently trained from an untrained head when a path was wrong)."""
+    expected = set(model.state_dict())
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{source} does not fit the model: missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
+            f"unexpected {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}",
+            missing=missing, unexpected=unexpected, hint="check the checkpoint path and the model preset")
+    model.load_state_dict(state, strict=True)
+

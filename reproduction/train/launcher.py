@@ -1,0 +1,192 @@
+"""Start the workers: a Ray placement group of one worker per device, or one in-process worker.
+
+The driver picks the rendezvous (MASTER_ADDR/MASTER_PORT), starts a local Ray by itself (and stops
+it) unless given `ray_address` or an already-initialised Ray, and waits with bounds: a worker that
+raises or dies fails the run at once with its traceback (`WorkerFailedError`, exit 51) and the other
+workers are killed; a `PortableError` raised in a worker (bad checkpoint, bad config) is re-raised
+as itself. Ray is imported only here and only when used.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from reproduction.errors import PortableError, WorkerFailedError
+from reproduction.train.config import TrainConfig
+from reproduction.train.device import DeviceSpec
+from reproduction.train.dist import free_port
+
+POLL_S = 0.5
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@dataclass(kw_only=True)
+class Payload:
+    """Everything a worker needs; pickled once per worker by Ray (make_task by cloudpickle)."""
+
+    make_task: Callable
+    config: TrainConfig
+    out_dir: Path
+    resume: bool
+    spec: DeviceSpec
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+
+
+def run_inprocess(payload: Payload, *, on_record: Callable[[dict], None] | None = None) -> Any:
+    """World size 1 in this process (tests, bench): the same worker code, no Ray."""
+    return _worker_body(payload, rank=0, world_size=1, local_rank=0, on_record=on_record)
+
+
+def _worker_body(payload: Payload, *, rank: int, world_size: int, local_rank: int,
+                 on_record: Callable[[dict], None] | None = None) -> Any:
+    from reproduction.train import device as device_mod, dist, loop
+
+    device = device_mod.local_device(payload.spec, local_rank)
+    dist.init(backend=payload.spec.backend, master_addr=payload.master_addr, master_port=payload.master_port,
+              rank=rank, world_size=world_size, timeout_s=payload.config.collective_timeout_s, device=device)
+    ok = False
+    try:
+        result = loop.run_worker(payload.make_task, payload.config, out_dir=payload.out_dir, resume=payload.resume,
+                                 spec=payload.spec, device=device, on_record=on_record)
+        ok = True
+        return result
+    finally:
+        dist.destroy(clean=ok)
+
+
+def _ray_worker(payload: Payload, rank: int) -> Any:
+    """Ray task body: PortableErrors come back as values (their fields survive), bugs as tracebacks."""
+    try:
+        local_rank = rank if payload.spec.kind == "cpu" else 0  # Ray narrows the visible devices to one
+        return ("ok", _worker_body(payload, rank=rank, world_size=payload.config.world_size, local_rank=local_rank))
+    except PortableError as exc:
+        return ("portable_error", type(exc), exc.message, exc.hint, exc.fields, traceback.format_exc())
+
+
+def run_ray(payload: Payload, *, ray_address: str | None, on_poll: Callable[[], None] | None = None) -> Any:
+    """Run `config.world_size` workers under Ray; returns rank 0's result."""
+    import ray
+
+    started = _connect(ray_address, payload.config)
+    pg = None
+    try:
+        pg = _placement_group(payload.config, payload.spec)
+        single_node = sum(1 for node in ray.nodes() if node.get("Alive")) == 1
+        # One machine: rendezvous on loopback only. A cluster: rank 0's bundle shares the driver's
+        # node under PACK; multi-node clusters need MASTER_ADDR reachable from every node.
+        payload.master_addr = "127.0.0.1" if single_node else ray.util.get_node_ip_address()
+        payload.master_port = free_port()
+        refs = _submit(payload, pg, local=single_node)
+        return _wait(refs, payload.config, on_poll)
+    finally:
+        if pg is not None:
+            ray.util.remove_placement_group(pg)
+        if started:
+            ray.shutdown()
+
+
+def _connect(ray_address: str | None, config: TrainConfig) -> bool:
+    """Make sure Ray is initialised; True when this call started it (and must shut it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if ray_address:
+        ray.init(address=ray_address, log_to_driver=True)
+        return True
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 token auth: off for a private local cluster
+    for key, value in WORKER_ENV.items():  # the raylet's env is inherited by every worker it starts
+        os.environ.setdefault(key, value)
+    cpus = max(int(config.world_size * config.cpus_per_worker + 0.999), 1)
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, object_store_memory=200 * 1024 * 1024,
+             log_to_driver=True)
+    return True
+
+
+def _placement_group(config: TrainConfig, spec: DeviceSpec):
+    import ray
+    from ray.util.placement_group import placement_group
+
+    bundle: dict[str, float] = {"CPU": config.cpus_per_worker}
+    if spec.ray_resource:
+        bundle[spec.ray_resource] = 1
+    pg = placement_group([dict(bundle) for _ in range(config.world_size)], strategy="PACK")
+    try:
+        ray.get(pg.ready(), timeout=config.start_timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        ray.util.remove_placement_group(pg)
+        raise WorkerFailedError(
+            f"Ray could not place {config.world_size} workers of {bundle} within {config.start_timeout_s:.0f} s "
+            f"(cluster has {ray.cluster_resources()})",
+            hint="lower world_size, free the cluster, or raise start_timeout_s") from None
+    return pg
+
+
+def _submit(payload: Payload, pg, *, local: bool) -> list:
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    env = dict(WORKER_ENV)
+    env.update({k: v for k, v in os.environ.items() if k.startswith("PORTABLE_")})
+    if local:  # workers import what the driver imports (tests, scripts next to the driver)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    remote = ray.remote(max_calls=1)(_ray_worker)  # a fresh process per run: no leftover group or RNG
+    refs = []
+    for rank in range(payload.config.world_size):
+        strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank)
+        options = {"num_cpus": payload.config.cpus_per_worker, "max_retries": 0,
+                   "scheduling_strategy": strategy, "runtime_env": {"env_vars": env}}
+        if payload.spec.ray_resource == "GPU":
+            options["num_gpus"] = 1
+        elif payload.spec.ray_resource:
+            options["resources"] = {payload.spec.ray_resource: 1}
+        refs.append(remote.options(**options).remote(payload, rank))
+    return refs
+
+
+def _wait(refs: list, config: TrainConfig, on_poll: Callable[[], None] | None) -> Any:
+    """Wait for every rank; the first failure kills the rest and raises. Each wait is bounded."""
+    import ray
+
+    rank_of = {ref: rank for rank, ref in enumerate(refs)}
+    pending, results = list(refs), {}
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
+            for ref in done:
+                results[rank_of[ref]] = _outcome(ref, rank_of[ref])
+            if on_poll is not None:
+                on_poll()
+    finally:
+        for ref in pending:  # peers of a failed rank sit in a collective: kill them now
+            ray.cancel(ref, force=True)
+    return results[0]
+
+
+def _outcome(ref, rank: int) -> Any:
+    import ray
+
+    try:
+        value = ray.get(ref, timeout=60)
+    except ray.exceptions.RayTaskError as exc:
+        raise WorkerFailedError(f"worker rank {rank} raised:\n{exc}", rank=rank, traceback=str(exc),
+                                hint="the traceback above is the worker's; fix the cause and rerun with resume") from None
+    except (ray.exceptions.WorkerCrashedError, ray.exceptions.ActorDiedError, ray.exceptions.NodeDiedError,
+            ray.exceptions.ObjectLostError, ray.exceptions.TaskCancelledError) as exc:
+        raise WorkerFailedError(f"worker rank {rank} died: {type(exc).__name__}: {exc}", rank=rank,
+                                traceback=str(exc), hint="a worker process was killed (out of memory? kill -9?); "
+                                "rerun with resume to continue from the last checkpoint") from None
+    if value[0] == "portable_error":
+        _, cls, message, hint, fields, tb = value
+        err = cls.__new__(cls)
+        PortableError.__init__(err, message, hint=hint, **fields)
+        err.worker_traceback = tb
+        raise err
+    return value[1]
+

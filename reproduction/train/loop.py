@@ -1,0 +1,266 @@
+"""The explicit training loop one worker runs: resume, steps with accumulation, eval, save, export.
+
+Every rank runs `run_worker` with the same arguments; collectives happen at the same points on all
+ranks (metrics at log steps, eval, checkpoints, export), decided by the step number alone.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from reproduction.errors import CheckpointError
+from reproduction.train import checkpoint, data_order, dist, fsdp
+from reproduction.train.config import TrainConfig
+from reproduction.train.device import DeviceSpec, rng_module
+from reproduction.train.metrics import MetricsLog, read_records
+from reproduction.train.task import EvalContext, TrainResult, TrainTask
+
+
+@dataclass(kw_only=True)
+class _State:
+    """What a worker carries between steps."""
+
+    task: TrainTask
+    model: torch.nn.Module
+    optim: torch.optim.Optimizer
+    canary: Any
+    device: torch.device
+    accel: Any
+    step: int = 0
+    resumed_from: int | None = None
+    trainer: dict[str, int] = field(default_factory=lambda: {"skipped_steps": 0, "samples_seen": 0})
+    train_metrics: dict[str, float] = field(default_factory=dict)
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+    checkpoint_dir: Path | None = None
+    train_seconds: float = 0.0
+    train_samples: int = 0
+    load_seconds: float = 0.0
+
+
+def run_worker(make_task: Callable[[int, int], TrainTask], config: TrainConfig, *, out_dir: Path,
+               resume: bool, spec: DeviceSpec, device: torch.device,
+               on_record: Callable[[dict], None] | None = None) -> TrainResult | None:
+    """Train inside an initialised process group; rank 0 returns the TrainResult, others None."""
+    rank, world = dist.rank(), dist.world_size()
+    task = make_task(rank, world)
+    model = fsdp.shard(task.model, device=device, mixed_precision=config.mixed_precision, units=task.fsdp_units)
+    st = _State(task=task, model=model, optim=_optimizer(model, task, config, device), device=device,
+                canary=_canary_batch(task, config), accel=rng_module(spec))
+    _seed(config.seed, rank, 0)
+    root = Path(out_dir) / "checkpoints"
+    if resume:
+        _resume(st, root, config)
+    elif dist.broadcast_object(checkpoint.complete_steps(root) if dist.is_main() else None):
+        raise CheckpointError(f"{root} already holds checkpoints and resume is off", path=root,
+                              hint="pass resume=True (--resume) to continue, or use a new out_dir")
+    log = MetricsLog(out_dir, resume_step=st.resumed_from) if dist.is_main() else None
+
+    def emit(split: str, metrics: dict[str, float]) -> None:
+        if log is not None:
+            record = log.log(st.step, split, metrics)
+            if on_record is not None:
+                on_record(record)
+
+    try:
+        if st.resumed_from is not None:
+            emit("resume", {"load_s": st.load_seconds})
+        _loop(st, config, root, emit)
+        export_dir = Path(out_dir) / "export"
+        checkpoint.export(st.model, export_dir, model_config=task.model_config,
+                          train_config=config.to_dict(), extras=task.export_extras)
+    finally:
+        if log is not None:
+            log.close()
+    if not dist.is_main():
+        return None
+    if st.checkpoint_dir is None:  # the run was already complete: report what the log says
+        st.checkpoint_dir = checkpoint.step_dir(root, st.step)
+        _metrics_from_log(st, Path(out_dir))
+    return TrainResult(step=st.step, resumed_from=st.resumed_from, train_metrics=st.train_metrics,
+                       eval_metrics=st.eval_metrics, skipped_steps=st.trainer["skipped_steps"],
+                       checkpoint_dir=st.checkpoint_dir, export_dir=export_dir,
+                       samples_per_s=st.train_samples / st.train_seconds if st.train_seconds else 0.0)
+
+
+def _loop(st: _State, config: TrainConfig, root: Path, emit: Callable[[str, dict], None]) -> None:
+    n = len(st.task.train_dataset)
+    data_order.steps_per_epoch(n, config.global_batch)
+    window_t, window_samples = 0.0, 0
+    for step in range(st.step + 1, config.max_steps + 1):
+        t0 = time.perf_counter()
+        finite, raw = _train_step(st, config, step, n)
+        elapsed = time.perf_counter() - t0
+        st.step = step
+        st.trainer["samples_seen"] += config.global_batch
+        st.trainer["skipped_steps"] += 0 if finite else 1
+        st.train_seconds += elapsed
+        st.train_samples += config.global_batch
+        window_t, window_samples = window_t + elapsed, window_samples + config.global_batch
+        last = step == config.max_steps
+        if step % config.log_interval == 0 or last:
+            values = {k: float(v) for k, v in raw.items()}
+            st.train_metrics = dist.mean_dict(values)
+            emit("train", {**st.train_metrics, "lr_factor": _lr_factor(step, config),
+                           "skipped_steps": st.trainer["skipped_steps"],
+                           "samples_per_s": window_samples / window_t if window_t else 0.0})
+            window_t, window_samples = 0.0, 0
+        if (config.eval_interval and step % config.eval_interval == 0) or last:
+            _evaluate(st, emit)
+        if (config.save_interval and step % config.save_interval == 0) or last:
+            _save(st, config, root, emit, n)
+
+
+def _train_step(st: _State, config: TrainConfig, step: int, n: int) -> tuple[bool, dict[str, Any]]:
+    """One optimizer step (0-based data step `step - 1`); returns (gradients finite, raw metrics)."""
+    factor = _lr_factor(step, config)
+    for group in st.optim.param_groups:
+        group["lr"] = group["base_lr"] * factor
+    rank, world = dist.rank(), dist.world_size()
+    batches = data_order.micro_batches(step - 1, seed=config.seed, n=n, global_batch=config.global_batch,
+                                       micro_batch=config.micro_batch, rank=rank, world_size=world,
+                                       shuffle=config.shuffle)
+    epoch = data_order.cursor(step - 1, n=n, global_batch=config.global_batch).epoch
+    accum = len(batches)
+    total = torch.zeros((), dtype=torch.float32, device=st.device)
+    sums: dict[str, float] = {}
+    for a, (indices, positions) in enumerate(batches):
+        samples = [st.task.train_dataset[int(i)] for i in indices]
+        if st.task.augment is not None:
+            samples = [st.task.augment(s, data_order.sample_rng(config.seed, epoch, int(p)))
+                       for s, p in zip(samples, positions)]
+        batch = to_device(st.task.collate(samples), st.device)
+        if accum > 1:  # reduce-scatter gradients once per step, not once per micro batch
+            st.model.set_requires_gradient_sync(a == accum - 1)
+        loss, metrics = st.task.loss(st.model, batch)
+        (loss / accum).backward()
+        total += loss.detach().float()
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+    norm = torch.nn.utils.clip_grad_norm_(st.model.parameters(), config.grad_clip or math.inf)
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    finite = bool(torch.isfinite(norm).item())  # same on every rank: the norm is global
+    if finite:
+        st.optim.step()
+    st.optim.zero_grad(set_to_none=True)
+    return finite, {"loss": total / accum, "grad_norm": norm, **{k: v / accum for k, v in sums.items()}}
+
+
+def _lr_factor(step: int, config: TrainConfig) -> float:
+    """Linear warmup from 0 (step 1 gets 1/warmup) then constant, as upstream's `constant` schedule."""
+    return min(1.0, step / config.warmup_steps) if config.warmup_steps else 1.0
+
+
+def _optimizer(model: torch.nn.Module, task: TrainTask, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    groups = task.param_groups(model) if task.param_groups else [
+        {"params": [p for p in model.parameters() if p.requires_grad]}]
+    for group in groups:
+        group.setdefault("lr", config.lr)
+        group.setdefault("weight_decay", config.weight_decay)
+        group["base_lr"] = group["lr"]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps,
+                             weight_decay=config.weight_decay, fused=device.type == "cuda" or None)
+
+
+def _canary_batch(task: TrainTask, config: TrainConfig) -> Any:
+    if task.canary_batch is not None:
+        return task.canary_batch
+    k = min(max(1, config.canary_samples), len(task.train_dataset))
+    return task.collate([task.train_dataset[i] for i in range(k)])
+
+
+def _resume(st: _State, root: Path, config: TrainConfig) -> None:
+    steps = dist.broadcast_object(_discover(root) if dist.is_main() else None)
+    if not steps:
+        return
+    folder = checkpoint.step_dir(root, steps[-1])
+    t0 = time.perf_counter()
+    manifest = checkpoint.load(folder, st.model, st.optim, resume_key=config.resume_key(), accel=st.accel)
+    if manifest["world_size"] != dist.world_size():  # per-rank streams cannot carry over: derive new ones
+        _seed(config.seed, dist.rank(), manifest["step"])
+    checkpoint.check_canary(manifest["canary_loss"], canary_loss(st), rtol=config.canary_rtol, folder=folder)
+    st.step = st.resumed_from = manifest["step"]
+    st.trainer = dict(manifest["trainer"])
+    st.load_seconds = time.perf_counter() - t0
+
+
+def _discover(root: Path) -> list[int]:
+    checkpoint.clean_stale(root)
+    return checkpoint.complete_steps(root)
+
+
+def _save(st: _State, config: TrainConfig, root: Path, emit: Callable, n: int) -> None:
+    t0 = time.perf_counter()
+    cur = data_order.cursor(st.step, n=n, global_batch=config.global_batch)
+    st.checkpoint_dir = checkpoint.save(
+        root, st.step, st.model, st.optim, config_digest=config.digest(), resume_key=config.resume_key(),
+        cursor={"next_step": st.step, "epoch": cur.epoch, "position": cur.position,
+                "samples_seen": st.trainer["samples_seen"]},
+        trainer=st.trainer, canary_loss=canary_loss(st), keep_last=config.keep_last, accel=st.accel)
+    emit("checkpoint", {"save_s": time.perf_counter() - t0})
+
+
+def _evaluate(st: _State, emit: Callable) -> None:
+    if st.task.evaluate is None:
+        return
+    ctx = EvalContext(rank=dist.rank(), world_size=dist.world_size(), device=st.device, step=st.step,
+                      all_gather=dist.all_gather_array)
+    with _eval_mode(st):
+        result = st.task.evaluate(st.model, ctx)
+    st.eval_metrics = {k: float(v) for k, v in result.items()}
+    emit("eval", st.eval_metrics)
+
+
+def canary_loss(st: _State) -> float:
+    """Loss of the canary batch, computed without disturbing any RNG stream or the train mode."""
+    with _eval_mode(st):
+        loss, _ = st.task.loss(st.model, to_device(st.canary, st.device))
+    return float(loss)
+
+
+@contextmanager
+def _eval_mode(st: _State) -> Iterator[None]:
+    """Eval mode, no grad, and every RNG restored afterwards (so eval never shifts training)."""
+    saved = checkpoint.capture_rng(st.accel)
+    st.model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        st.model.train()
+        checkpoint.restore_rng(saved, st.accel)
+
+
+def _seed(seed: int, rank: int, step: int) -> None:
+    import random
+
+    words = np.random.SeedSequence([seed, rank, step, 0x7A1]).generate_state(2)
+    torch.manual_seed(int(words[0]))
+    np.random.seed(int(words[1]))
+    random.seed(int(words[0]) ^ int(words[1]))
+
+
+def _metrics_from_log(st: _State, out_dir: Path) -> None:
+    for record in read_records(out_dir / "metrics.jsonl"):
+        if record["split"] == "train":
+            st.train_metrics = {k: v for k, v in record["metrics"].items()}
+        elif record["split"] == "eval":
+            st.eval_metrics = dict(record["metrics"])
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move every tensor in a (nested dict/list/tuple) batch to `device`; other values unchanged."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=device.type != "cpu")
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch

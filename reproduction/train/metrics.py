@@ -1,0 +1,68 @@
+"""Training metrics: one JSONL record per logged event plus TensorBoard scalars, written by rank 0.
+
+    <out_dir>/metrics.jsonl   {"step": 12, "split": "train", "time": 1730000000.1, "metrics": {"loss": ...}}
+    <out_dir>/tensorboard/    scalars `<split>/<name>`
+
+On resume the log is cut back to the checkpoint's step (records of steps the killed run took after
+its last checkpoint are dropped, a half-written last line too) and TensorBoard purges the same
+steps, so an interrupted run's log reads exactly like an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from reproduction.fsio import atomic_write_text
+
+LOG_NAME = "metrics.jsonl"
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """All complete records of a metrics.jsonl (a torn last line is skipped); [] if absent."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "step" in record:
+            out.append(record)
+    return out
+
+
+class MetricsLog:
+    """Append-only JSONL + TensorBoard writer; construct on rank 0 only."""
+
+    def __init__(self, out_dir: Path, *, resume_step: int | None, tensorboard: bool = True) -> None:
+        self.path = Path(out_dir) / LOG_NAME
+        kept = [r for r in read_records(self.path) if r["step"] <= resume_step] if resume_step is not None else []
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        self._fh = open(self.path, "a", encoding="utf-8")
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            purge = None if resume_step is None else resume_step + 1
+            self._tb = SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"), purge_step=purge)
+
+    def log(self, step: int, split: str, metrics: dict[str, float]) -> dict[str, Any]:
+        """Write one record (flushed, so a kill loses at most the line being written); returns it."""
+        record = {"step": step, "split": split, "time": time.time(), "metrics": metrics}
+        self._fh.write(json.dumps(record) + "\n")
+        self._fh.flush()
+        if self._tb is not None:
+            for name, value in metrics.items():
+                self._tb.add_scalar(f"{split}/{name}", value, step)
+        return record
+
+    def close(self) -> None:
+        self._fh.close()
+        if self._tb is not None:
+            self._tb.close()
