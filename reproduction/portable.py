@@ -170,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jit-smoke", action="store_true", help="also compile and run a kernel (Triton on CUDA, hccl on Ascend)")
     p.add_argument("--json", metavar="FILE", help="write the JSON report here ('-' for stdout)")
     p.add_argument("--device", choices=("auto", "cuda", "npu", "cpu"), default="auto")
+    from reproduction.checks.probe import EXIT_HELP as CHECK_EXIT_HELP  # stdlib-only, keeps --help fast
+
+    p.epilog = CHECK_EXIT_HELP + "\n\n" + EXIT_CODES
 
     p = add("publish", cmd_publish, "upload a verified bundle to a Hugging Face Hub repo")
     p.add_argument("bundle", metavar="BUNDLE")

@@ -1,0 +1,99 @@
+"""Bundle probes: BUNDLE is a bundle, it is restored where it now lives, and its run fits on the disk.
+
+"Restored" is read from the receipt (`<bundle>/.portable/receipt.json`, reproduction/release/receipt.py,
+imported lazily): every layer of the manifest must be recorded with the archive digest the manifest
+pins, relocated to the layer's current path. Free disk needed for a run: the manifest's
+`metadata.run_disk_bytes` when the bundle declares it, else twice the size of weights/ (checkpoints of
+each stage) plus 1 GiB (datasets' sidecars, logs, evidence).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from reproduction.checks.probe import BUNDLE, ProbeResult, fail, ok, warn
+from reproduction.errors import PortableError
+
+GIB = 1024 ** 3
+
+
+def bundle_interpreter(bundle: Path, manifest: Any) -> Path | None:
+    """The restored runtime's interpreter: bin/python3 (else bin/python) of the last runtime layer that has one."""
+    for layer in reversed([layer for layer in manifest.layers if layer.kind == "runtime"]):
+        for name in ("python3", "python"):
+            candidate = Path(bundle) / layer.target / "bin" / name
+            if candidate.exists():
+                return candidate
+    return None
+
+
+def load_bundle(bundle: Path) -> tuple[Any | None, ProbeResult]:
+    """(manifest or None, the `bundle` row)."""
+    from reproduction.release.manifest import load_manifest
+
+    if not Path(bundle).is_dir():
+        return None, fail("bundle", BUNDLE, f"{bundle} is not a folder", "pass the bundle folder (the one holding bundle.json)")
+    try:
+        manifest = load_manifest(Path(bundle))
+    except PortableError as exc:
+        return None, fail("bundle", BUNDLE, f"{bundle} is not a usable bundle: {exc.message}",
+                          exc.hint or "fetch or pack the bundle again", path=str(bundle))
+    return manifest, ok("bundle", f"{manifest.name}: {len(manifest.files)} files, {len(manifest.layers)} layers, "
+                        f"format {manifest.format_version}", name=manifest.name, path=str(Path(bundle).resolve()))
+
+
+def probe_restored(bundle: Path, manifest: Any) -> ProbeResult:
+    """The `bundle.restore` row: every layer recorded in the receipt, with the pinned digest, at this path."""
+    if not manifest.layers:
+        return ok("bundle.restore", "no layers to restore (the bundle runs with the current interpreter)")
+    fix = f"portable restore {bundle}"
+    try:
+        from reproduction.release import receipt as receipt_mod
+    except ImportError as exc:
+        return warn("bundle.restore", f"cannot read restore receipts in this version ({exc})", f"run `{fix}` to be sure")
+    path = receipt_mod.receipt_path(bundle)
+    if not path.is_file():
+        return fail("bundle.restore", BUNDLE, f"not restored: no receipt at {path}", f"run `{fix}`")
+    receipt = receipt_mod.load_receipt(bundle)
+    problems = []
+    for layer in manifest.layers:
+        entry = manifest.file(layer.archive)
+        got = receipt.layers.get(layer.archive)
+        here = str((Path(bundle) / layer.target).resolve())
+        if got is None:
+            problems.append(f"{layer.archive} not restored")
+        elif entry is not None and got.sha256 != entry.sha256:
+            problems.append(f"{layer.archive} restored from another archive (sha256 {got.sha256[:12]}..., manifest {entry.sha256[:12]}...)")
+        elif os.path.realpath(got.prefix) != here:
+            problems.append(f"{layer.target} was relocated to {got.prefix}, the bundle is now at {Path(bundle).resolve()}")
+        elif not (Path(bundle) / layer.target).is_dir():
+            problems.append(f"{layer.target} is missing")
+    if problems:
+        return fail("bundle.restore", BUNDLE, "restore incomplete: " + "; ".join(problems), f"run `{fix}`", problems=problems)
+    return ok("bundle.restore", f"{len(manifest.layers)} layers restored and relocated here", receipt=str(path))
+
+
+def run_disk_need(bundle: Path, manifest: Any) -> tuple[int, str]:
+    """(bytes a run needs, how it was computed)."""
+    declared = manifest.metadata.get("run_disk_bytes")
+    if isinstance(declared, int) and declared >= 0:
+        return declared, "metadata.run_disk_bytes"
+    weights = sum(e.size for e in manifest.files if e.path.startswith("weights/"))
+    return 2 * weights + GIB, f"2 x weights ({weights / GIB:.1f} GiB) + 1 GiB"
+
+
+def probe_disk(bundle: Path, manifest: Any, work_dir: Path) -> ProbeResult:
+    """The `bundle.disk` row: free space where runs/ will be written against what the run needs."""
+    need, how = run_disk_need(bundle, manifest)
+    where = Path(work_dir)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    details = {"need": need, "free": free, "path": str(work_dir), "rule": how}
+    if free < need:
+        return fail("bundle.disk", BUNDLE, f"{free / GIB:.1f} GiB free at {work_dir}, the run needs {need / GIB:.1f} GiB ({how})",
+                    "free space or run from a folder on a bigger disk", **details)
+    return ok("bundle.disk", f"{free / GIB:.1f} GiB free at {work_dir} >= {need / GIB:.1f} GiB needed ({how})", **details)
