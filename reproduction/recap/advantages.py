@@ -1,0 +1,456 @@
+"""Stage 3 math: N-step advantages from per-frame values, thresholds and labels, RLinf's sidecar.
+
+For rows sorted by (episode, frame), t a row, E its episode's end (exclusive), N the lookahead:
+    k = min(N, E - t); pad = t + N >= E; V_next = 0 if pad else V[t + N]
+    gamma == 1:  R = G_t if pad else G_t - G_{t+N}          (sidecar returns)
+    otherwise:   R = sum_{j<k} gamma^j r_{t+j}              (sidecar rewards)
+    A = rr.scale_rewards(R) + g * V_next - V_t,  g = gamma^k (1 if not discount_next_value)
+V is in value space; `rr` is the ReturnRange stored with the value checkpoint (never recomputed).
+Labels: A >= tau, tau = percentile(A, (1 - positive_quantile) * 100) over all datasets (global) or
+per task (`threshold_scope="per_task"`); sft datasets are labelled positive (their A still count).
+
+    python -m reproduction.recap.advantages compute --dataset P --values V.parquet [...] --returns-dir DIR \\
+        --value-checkpoint DIR --out DIR [--tag T] [--lookahead N] [--gamma G] [--type sft|rollout]
+    python -m reproduction.recap.advantages relabel --dataset P [...] --source DIR --source-tag T \\
+        --new-tag T2 --out DIR [--positive-quantile Q] [--lookahead N --gamma G]   (recompute from stored values)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from reproduction.errors import CheckpointError, ConfigError, DatasetError, InputNotFoundError
+from reproduction.recap.normalize import ReturnRange
+from reproduction.recap.returns import discounted_reverse_cumsum, episode_ends, sort_frames
+
+VALUE_META_NAMES = ("value_meta.json", "meta.json", "manifest.json", "config.json")
+THRESHOLD_SCOPES = ("global", "per_task")
+
+
+@dataclass(kw_only=True, slots=True)
+class AdvantageConfig:
+    """Stage-3 parameters (RLinf's recap_compute_advantages.yaml `advantage.*`)."""
+
+    lookahead: int = 10
+    """N, `advantage_lookahead_step`: frames between V_t and V_{t+N}."""
+    gamma: float = 1.0
+    """Discount of the reward window and of V_{t+N}."""
+    discount_next_value: bool = True
+    """Multiply V_{t+N} by gamma^k (k = frames actually summed)."""
+    positive_quantile: float = 0.3
+    """Fraction of frames labelled positive (the threshold is the (1-q) percentile)."""
+    threshold_scope: str = "global"
+    """"global" (one threshold across datasets, RLinf's rule) or "per_task"."""
+    tag: str | None = None
+    """Output tag: advantages_{tag}.parquet."""
+    returns_tag: str | None = None
+    """Tag of the returns sidecar to read."""
+
+    def __post_init__(self) -> None:
+        if self.lookahead < 1:
+            raise ConfigError(f"lookahead {self.lookahead} must be >= 1", field="lookahead")
+        if not (0.0 < self.gamma <= 1.0):
+            raise ConfigError(f"gamma {self.gamma} is outside (0, 1]", field="gamma")
+        if not (0.0 < self.positive_quantile < 1.0):
+            raise ConfigError(f"positive_quantile {self.positive_quantile} is outside (0, 1)", field="positive_quantile")
+        if self.threshold_scope not in THRESHOLD_SCOPES:
+            raise ConfigError(f"threshold_scope {self.threshold_scope!r} is not one of {', '.join(THRESHOLD_SCOPES)}",
+                              field="threshold_scope")
+
+
+def nstep_advantages(row_end: np.ndarray, returns: np.ndarray, rewards: np.ndarray, values: np.ndarray, *,
+                     lookahead: int, gamma: float, discount_next_value: bool, return_range: ReturnRange,
+                     use_return_shortcut: bool = True) -> dict[str, np.ndarray]:
+    """The N-step advantage of every row (rows sorted by episode, frame; see the module docstring).
+
+    `row_end[t]` is the exclusive end of row t's episode. Returns float64 arrays
+    advantage_continuous, value_next, reward_sum, reward_sum_raw and int64 num_valid_rewards.
+    """
+    n = row_end.size
+    idx = np.arange(n, dtype=np.int64)
+    k = np.minimum(lookahead, row_end - idx)
+    pad = idx + lookahead >= row_end
+    nxt = np.minimum(idx + lookahead, max(n - 1, 0))
+    v = np.asarray(values, dtype=np.float64)
+    v_next = np.where(pad, 0.0, v[nxt] if n else v)
+    if gamma == 1.0 and use_return_shortcut:
+        g = np.asarray(returns, dtype=np.float64)
+        r_raw = np.where(pad, g, g - (g[nxt] if n else g))
+    else:
+        # Window sum from discounted tails: D_t - gamma^k D_{t+k}; every factor <= 1, so stable.
+        d = discounted_reverse_cumsum(rewards, row_end, gamma)
+        d_after = np.where(idx + k < row_end, d[np.minimum(idx + k, max(n - 1, 0))] if n else d, 0.0)
+        r_raw = d - np.power(gamma, k) * d_after
+    g_k = np.power(gamma, k) if discount_next_value else np.ones(n)
+    r_norm = return_range.scale_rewards(r_raw)
+    return {"advantage_continuous": r_norm + g_k * v_next - v, "value_next": v_next, "reward_sum": r_norm,
+            "reward_sum_raw": r_raw, "num_valid_rewards": k.astype(np.int64)}
+
+
+def quantile_threshold(advantages: np.ndarray, positive_quantile: float) -> float:
+    """tau such that about `positive_quantile` of the frames have A >= tau (numpy's linear percentile)."""
+    if advantages.size == 0:
+        raise DatasetError("no advantages to threshold (all datasets are empty)")
+    return float(np.percentile(advantages, (1.0 - positive_quantile) * 100.0))
+
+
+def thresholds_by_task(advantages: np.ndarray, task_keys: np.ndarray | None, positive_quantile: float,
+                       scope: str) -> tuple[np.ndarray, dict[str, float]]:
+    """Per-row threshold and the table of thresholds ({"*": tau} when global, {task: tau} per task)."""
+    if scope == "global" or task_keys is None:
+        tau = quantile_threshold(advantages, positive_quantile)
+        return np.full(advantages.size, tau), {"*": tau}
+    uniq, inv = np.unique(task_keys, return_inverse=True)
+    taus = np.array([quantile_threshold(advantages[inv == i], positive_quantile) for i in range(uniq.size)])
+    return taus[inv], {str(u): float(t) for u, t in zip(uniq, taus)}
+
+
+def label(advantages: np.ndarray, row_threshold: np.ndarray, dataset_type: str) -> np.ndarray:
+    """A >= tau, except sft datasets which are all positive (RLinf's rule, kept in relabel too)."""
+    if dataset_type == "sft":
+        return np.ones(advantages.size, dtype=bool)
+    return advantages >= row_threshold
+
+
+def positive_fractions(labels: np.ndarray, tasks: np.ndarray) -> dict[str, Any]:
+    """{"all": fraction, "per_task": {task: fraction}} of positive labels."""
+    out: dict[str, Any] = {"all": float(labels.mean()) if labels.size else 0.0, "per_task": {}}
+    if labels.size:
+        uniq, inv = np.unique(tasks, return_inverse=True)
+        pos = np.bincount(inv, weights=labels.astype(np.float64))
+        cnt = np.bincount(inv)
+        out["per_task"] = {str(u): float(p / c) for u, p, c in zip(uniq, pos, cnt)}
+    return out
+
+
+# -- value checkpoint metadata ------------------------------------------------------------------------
+
+
+def load_return_range(source: ReturnRange | Path | str) -> tuple[ReturnRange, str | None]:
+    """(ReturnRange, value-checkpoint fingerprint) from a ReturnRange or a value checkpoint folder.
+
+    The folder's metadata JSON (value_meta.json, meta.json, manifest.json or config.json) must hold
+    `return_range: {return_min, return_max}` (or the two keys at top level). The fingerprint is the
+    sha256 of that file. Raises CheckpointError when no file holds a range.
+    """
+    if isinstance(source, ReturnRange):
+        return source, None
+    folder = Path(source)
+    if not folder.exists():
+        raise InputNotFoundError(f"{folder}: value checkpoint not found", path=folder)
+    candidates = [folder] if folder.is_file() else [folder / n for n in VALUE_META_NAMES]
+    for path in candidates:
+        if not path.is_file():
+            continue
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            continue
+        data = doc.get("return_range", doc) if isinstance(doc, dict) else {}
+        if isinstance(data, dict) and "return_min" in data and "return_max" in data:
+            return ReturnRange.from_dict(data), hashlib.sha256(path.read_bytes()).hexdigest()
+    raise CheckpointError(f"{folder}: no return range in {', '.join(VALUE_META_NAMES)}", path=folder,
+                          hint="the value checkpoint must store the return range it was trained with")
+
+
+# -- joining values onto the returns sidecar ------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True)
+class DatasetArrays:
+    """One dataset's sorted per-frame inputs to stage 3."""
+
+    name: str
+    dataset_type: str
+    episode_index: np.ndarray
+    frame_index: np.ndarray
+    returns: np.ndarray
+    rewards: np.ndarray
+    values: np.ndarray
+    prompts: np.ndarray
+    fingerprints: dict[str, str | None] = field(default_factory=dict)
+    returns_gamma: float | None = None
+
+    @property
+    def row_end(self) -> np.ndarray:
+        return episode_ends(self.episode_index)[1]
+
+
+def align_values(returns: pa.Table, values: pa.Table, *, source: str) -> np.ndarray:
+    """Per-frame values ordered like the (sorted) returns table, matched by (episode, frame).
+
+    Raises DatasetError naming the first frame that is missing from, or extra in, the values.
+    """
+    ve = values.column("episode_index").to_numpy().astype(np.int64)
+    vf = values.column("frame_index").to_numpy().astype(np.int64)
+    order = sort_frames(ve, vf)
+    re_, rf = returns.column("episode_index").to_numpy(), returns.column("frame_index").to_numpy()
+    ve, vf = ve[order], vf[order]
+    if ve.size != re_.size or not (np.array_equal(ve, re_) and np.array_equal(vf, rf)):
+        a = set(zip(re_.tolist(), rf.tolist()))
+        b = set(zip(ve.tolist(), vf.tolist()))
+        missing, extra = sorted(a - b)[:1], sorted(b - a)[:1]
+        what = f"frame {missing[0]} has no value" if missing else f"value for unknown frame {extra[0]}"
+        raise DatasetError(f"{source}: values do not match the returns sidecar: {what} "
+                           f"({ve.size} values, {re_.size} frames)", hint="rerun value inference on this dataset version")
+    return values.column("value").to_numpy().astype(np.float64)[order]
+
+
+def load_dataset_arrays(dataset: Path, returns_location: Path, values: pa.Table, *, dataset_type: str,
+                        returns_tag: str | None) -> DatasetArrays:
+    """Open a dataset, read its returns sidecar (fingerprint-checked) and align `values` to it."""
+    from reproduction.data.reader import open_dataset
+    from reproduction.digests import sha256_file
+    from reproduction.recap.sidecars import read_sidecar, sidecar_dir, sidecar_name
+
+    ds = open_dataset(dataset)
+    table, meta = read_sidecar(returns_location, "returns", returns_tag, expect_fingerprint=ds.fingerprint,
+                               dataset_name=ds.name)
+    path = sidecar_dir(returns_location, ds.name) / sidecar_name("returns", returns_tag)
+    return DatasetArrays(
+        name=ds.name, dataset_type=dataset_type,
+        episode_index=table.column("episode_index").to_numpy(), frame_index=table.column("frame_index").to_numpy(),
+        returns=table.column("return").to_numpy().astype(np.float64),
+        rewards=table.column("reward").to_numpy().astype(np.float64),
+        values=align_values(table, values, source=str(ds.root)),
+        prompts=np.asarray(table.column("prompt").to_pylist(), dtype=object),
+        fingerprints={"dataset": ds.fingerprint, "returns": sha256_file(path)},
+        returns_gamma=(meta.get("params") or {}).get("gamma"))
+
+
+@dataclass(kw_only=True, slots=True)
+class AdvantageReport:
+    """What stage 3 (or relabel) wrote, with the figures a person checks."""
+
+    thresholds: dict[str, float]
+    positive_fraction: dict[str, dict[str, Any]]
+    sidecars: list[Path]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"thresholds": self.thresholds, "positive_fraction": self.positive_fraction,
+                "sidecars": [str(p) for p in self.sidecars]}
+
+
+def label_and_write(inputs: Sequence[DatasetArrays], results: Sequence[dict[str, np.ndarray]], *,
+                    config: AdvantageConfig, return_range: ReturnRange, value_fingerprint: str | None,
+                    out_dirs: Sequence[Path]) -> AdvantageReport:
+    """Threshold all datasets together, label, and write advantages_{tag}.parquet + mixture_config.yaml."""
+    from reproduction.recap.sidecars import sidecar_name, write_mixture_config, write_sidecar
+
+    all_a = np.concatenate([r["advantage_continuous"] for r in results])
+    all_t = np.concatenate([d.prompts for d in inputs])
+    row_tau, taus = thresholds_by_task(all_a, all_t, config.positive_quantile, config.threshold_scope)
+    bounds = np.cumsum([0] + [d.episode_index.size for d in inputs])
+    mixture = [{"name": d.name, "weight": 1.0, "return_min": float(d.returns.min()), "return_max": float(d.returns.max())}
+               for d in inputs if d.returns.size]
+    fractions, written = {}, []
+    for i, (d, r) in enumerate(zip(inputs, results)):
+        labels = label(r["advantage_continuous"], row_tau[bounds[i]:bounds[i + 1]], d.dataset_type)
+        fractions[d.name] = positive_fractions(labels, d.prompts)
+        table = pa.table({
+            "episode_index": pa.array(d.episode_index, pa.int64()), "frame_index": pa.array(d.frame_index, pa.int64()),
+            "advantage_continuous": pa.array(r["advantage_continuous"]), "return": pa.array(d.returns),
+            "value_current": pa.array(d.values), "value_next": pa.array(r["value_next"]),
+            "reward_sum": pa.array(r["reward_sum"]), "reward_sum_raw": pa.array(r["reward_sum_raw"]),
+            "num_valid_rewards": pa.array(r["num_valid_rewards"]),
+            "dataset_name": pa.array(np.full(d.episode_index.size, d.name, dtype=object), pa.string()),
+            "advantage": pa.array(labels)})
+        meta = {"kind": "advantages", "tag": config.tag, "dataset": d.name, "dataset_type": d.dataset_type,
+                "dataset_fingerprint": d.fingerprints.get("dataset"),
+                "returns_fingerprint": d.fingerprints.get("returns"), "value_checkpoint_fingerprint": value_fingerprint,
+                "return_range": return_range.to_dict(), "params": asdict(config), "thresholds": taus,
+                "positive_fraction": fractions[d.name]}
+        written.append(write_sidecar(Path(out_dirs[i]) / sidecar_name("advantages", config.tag), table, meta))
+        write_mixture_config(Path(out_dirs[i]), return_range=(return_range.return_min, return_range.return_max),
+                             datasets=mixture, tag=config.tag, threshold=taus.get("*", float("nan")),
+                             positive_quantile=config.positive_quantile,
+                             extra=None if config.threshold_scope == "global" else {"per_task_thresholds": taus})
+    return AdvantageReport(thresholds=taus, positive_fraction=fractions, sidecars=written)
+
+
+def compute_advantages(inputs: Sequence[DatasetArrays], config: AdvantageConfig,
+                       return_range: ReturnRange | Path | str, *, out_dirs: Sequence[Path]) -> AdvantageReport:
+    """Stage 3 from given per-frame values: advantages, thresholds, labels, sidecars.
+
+    `return_range` is the ReturnRange from the value checkpoint (or the checkpoint folder holding
+    it); `out_dirs[i]` receives dataset i's files. The gamma == 1 shortcut through returns is used
+    only when the returns sidecar was itself computed with gamma 1.
+    """
+    rr, value_fp = load_return_range(return_range)
+    results = [nstep_advantages(d.row_end, d.returns, d.rewards, d.values, lookahead=config.lookahead,
+                                gamma=config.gamma, discount_next_value=config.discount_next_value, return_range=rr,
+                                use_return_shortcut=d.returns_gamma in (None, 1.0))
+               for d in inputs]
+    return label_and_write(inputs, results, config=config, return_range=rr, value_fingerprint=value_fp,
+                           out_dirs=out_dirs)
+
+
+def _dataset_prompts(ds: Any, episode_index: np.ndarray, frame_index: np.ndarray) -> np.ndarray:
+    """Task strings for sorted (episode, frame) rows, from the dataset's own task_index column."""
+    t = ds.frame_table(["episode_index", "frame_index", "task_index"])
+    e, f = t.column("episode_index").to_numpy(), t.column("frame_index").to_numpy()
+    order = sort_frames(e, f)
+    if not (np.array_equal(e[order], episode_index) and np.array_equal(f[order], frame_index)):
+        raise DatasetError(f"{ds.root}: the advantages sidecar's frames differ from the dataset's")
+    names = np.asarray([ds.tasks.get(int(i), "perform the task") for i in range(max(ds.tasks, default=-1) + 1)] or [""],
+                       dtype=object)
+    return names[t.column("task_index").to_numpy()[order]]
+
+
+def relabel(datasets: Sequence[Path], source: Path, *, source_tag: str | None, config: AdvantageConfig,
+            recompute: bool, out: Path | None, in_dataset: bool = False, types: Sequence[str] | None = None,
+            returns_location: Path | None = None) -> AdvantageReport:
+    """Re-threshold (or, with `recompute`, recompute from stored values) existing advantage sidecars.
+
+    Reads `advantages_{source_tag}.parquet` of each dataset under `source` (fingerprint-checked
+    against the dataset), keeps the sft-positive rule (type from the sidecar unless `types` says),
+    and writes `advantages_{config.tag}` to `out/<name>/` (or `<dataset>/meta/`). Recompute uses
+    the stored value_current and return range plus the returns sidecar's rewards (from
+    `returns_location`, default `source`); no model, and no data parquet is ever rewritten.
+    """
+    from reproduction.data.reader import open_dataset
+    from reproduction.recap.sidecars import read_sidecar
+
+    if not in_dataset and out is None:
+        raise ConfigError("relabel: no output folder given", field="out", hint="pass --out DIR (or --in-dataset)")
+    if config.tag == source_tag and not in_dataset and out is not None and Path(out).resolve() == Path(source).resolve():
+        raise ConfigError(f"relabel would overwrite its source tag {source_tag!r}", field="new_tag",
+                          hint="pass a --new-tag different from --source-tag")
+    inputs, results, value_fps, ranges, out_dirs = [], [], set(), set(), []
+    for i, path in enumerate(datasets):
+        ds = open_dataset(path)
+        table, meta = read_sidecar(source, "advantages", source_tag, expect_fingerprint=ds.fingerprint,
+                                   dataset_name=ds.name)
+        dtype = types[i] if types else meta.get("dataset_type", "rollout")
+        rr_doc = meta.get("return_range")
+        if rr_doc is None:
+            raise DatasetError(f"{ds.name}: the source advantages sidecar stores no return range",
+                               hint="recompute stage 3 with this tool first")
+        ranges.add((rr_doc["return_min"], rr_doc["return_max"]))
+        value_fps.add(meta.get("value_checkpoint_fingerprint"))
+        ep, fr = table.column("episode_index").to_numpy(), table.column("frame_index").to_numpy()
+        d = DatasetArrays(name=ds.name, dataset_type=dtype, episode_index=ep, frame_index=fr,
+                          returns=table.column("return").to_numpy().astype(np.float64),
+                          rewards=np.zeros(ep.size), values=table.column("value_current").to_numpy(),
+                          prompts=_dataset_prompts(ds, ep, fr), fingerprints={"dataset": ds.fingerprint})
+        if recompute:
+            rtable, rmeta = read_sidecar(returns_location or source, "returns", config.returns_tag,
+                                         expect_fingerprint=ds.fingerprint, dataset_name=ds.name)
+            if not (np.array_equal(rtable.column("episode_index").to_numpy(), ep)
+                    and np.array_equal(rtable.column("frame_index").to_numpy(), fr)):
+                raise DatasetError(f"{ds.name}: returns and advantages sidecars cover different frames")
+            d.rewards = rtable.column("reward").to_numpy().astype(np.float64)
+            d.returns = rtable.column("return").to_numpy().astype(np.float64)
+            d.returns_gamma = (rmeta.get("params") or {}).get("gamma")
+            results.append(nstep_advantages(d.row_end, d.returns, d.rewards, d.values, lookahead=config.lookahead,
+                                            gamma=config.gamma, discount_next_value=config.discount_next_value,
+                                            return_range=ReturnRange.from_dict(rr_doc),
+                                            use_return_shortcut=d.returns_gamma in (None, 1.0)))
+        else:
+            results.append({c: table.column(c).to_numpy() for c in
+                            ("advantage_continuous", "value_next", "reward_sum", "reward_sum_raw", "num_valid_rewards")})
+        inputs.append(d)
+        out_dirs.append(ds.root / "meta" if in_dataset else Path(out) / ds.name)
+    if len(ranges) != 1:
+        raise DatasetError(f"source sidecars were computed with different return ranges: {sorted(ranges)}",
+                           hint="relabel datasets of one stage-3 run together")
+    rr = ReturnRange.from_dict(rr_doc)  # all datasets share it (checked above)
+    return label_and_write(inputs, results, config=config, return_range=rr,
+                           value_fingerprint=next(iter(value_fps)) if len(value_fps) == 1 else None, out_dirs=out_dirs)
+
+
+# -- command line ---------------------------------------------------------------------------------------
+
+
+def _common_args(p: Any) -> None:
+    p.add_argument("--dataset", action="append", required=True, metavar="PATH", help="LeRobot dataset root (repeatable)")
+    p.add_argument("--out", default=None, metavar="DIR", help="output folder (files go to DIR/<dataset name>/)")
+    p.add_argument("--in-dataset", action="store_true", help="write into <dataset>/meta/ instead (RLinf interop)")
+    p.add_argument("--type", action="append", choices=("sft", "rollout"), default=None,
+                   help="sft or rollout, once per --dataset (relabel default: as stored)")
+    p.add_argument("--tag", "--new-tag", dest="tag", default=None, help="output tag")
+    p.add_argument("--returns-tag", default=None)
+    p.add_argument("--lookahead", type=int, default=None, help="N (advantage_lookahead_step); default 10")
+    p.add_argument("--gamma", type=float, default=1.0)
+    p.add_argument("--no-discount-next-value", action="store_true")
+    p.add_argument("--positive-quantile", type=float, default=0.3)
+    p.add_argument("--threshold-scope", choices=THRESHOLD_SCOPES, default="global")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+
+
+def _parser() -> Any:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m reproduction.recap.advantages", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("compute", help="advantages from per-frame values (episode_index, frame_index, value parquet)")
+    _common_args(c)
+    c.add_argument("--values", action="append", required=True, metavar="PARQUET", help="one per --dataset")
+    c.add_argument("--returns-dir", required=True, metavar="DIR", help="stage-1 output folder (or dataset root)")
+    c.add_argument("--value-checkpoint", required=True, metavar="DIR", help="holds the stored return range")
+    r = sub.add_parser("relabel", help="re-threshold, or recompute (with --lookahead) from stored values")
+    _common_args(r)
+    r.add_argument("--source", required=True, metavar="DIR", help="folder holding the source advantages (or dataset root)")
+    r.add_argument("--source-tag", default=None)
+    r.add_argument("--returns-dir", default=None, metavar="DIR", help="returns sidecars for recompute (default --source)")
+    return p
+
+
+def _types(args: Any, n: int, default: str | None) -> list[str] | None:
+    if not args.type:
+        return [default] * n if default else None
+    if len(args.type) not in (1, n):
+        raise ConfigError(f"{len(args.type)} --type values for {n} datasets", field="type")
+    return args.type * n if len(args.type) == 1 else args.type
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import sys
+
+    import pyarrow.parquet as pq
+
+    from reproduction.errors import PortableError
+    from reproduction.recap.returns import render_error
+
+    args = _parser().parse_args(argv)
+    try:
+        config = AdvantageConfig(lookahead=args.lookahead or 10, gamma=args.gamma,
+                                 discount_next_value=not args.no_discount_next_value,
+                                 positive_quantile=args.positive_quantile, threshold_scope=args.threshold_scope,
+                                 tag=args.tag, returns_tag=args.returns_tag)
+        paths = [Path(d) for d in args.dataset]
+        if args.out is None and not args.in_dataset:
+            raise ConfigError("no output folder given", field="out", hint="pass --out DIR (or --in-dataset)")
+        if args.command == "compute":
+            if len(args.values) != len(paths):
+                raise ConfigError(f"{len(args.values)} --values for {len(paths)} datasets", field="values")
+            types = _types(args, len(paths), "rollout")
+            inputs = [load_dataset_arrays(p, Path(args.returns_dir), pq.read_table(v), dataset_type=t,
+                                          returns_tag=args.returns_tag) for p, v, t in zip(paths, args.values, types)]
+            outs = [p / "meta" if args.in_dataset else Path(args.out) / d.name for p, d in zip(paths, inputs)]
+            report = compute_advantages(inputs, config, Path(args.value_checkpoint), out_dirs=outs)
+        else:
+            report = relabel(paths, Path(args.source), source_tag=args.source_tag, config=config,
+                             recompute=args.lookahead is not None, out=Path(args.out) if args.out else None,
+                             in_dataset=args.in_dataset, types=_types(args, len(paths), None),
+                             returns_location=Path(args.returns_dir) if args.returns_dir else None)
+    except PortableError as exc:
+        return render_error(exc)
+    for name, frac in report.positive_fraction.items():
+        print(f"{name}: {frac['all']:.1%} positive", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
