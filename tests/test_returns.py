@@ -1,0 +1,159 @@
+"""Stage 1: vectorised returns against a plain per-frame loop; ordering, refusals, CLI, sidecar binding."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reproduction.data.reader import open_dataset
+from reproduction.data.writer import EpisodeData, write_dataset
+from reproduction.errors import DatasetError, FingerprintMismatchError, InputNotFoundError
+from reproduction.recap.returns import ReturnsConfig, compute_returns, compute_returns_table, discounted_reverse_cumsum
+from reproduction.recap.sidecars import read_returns, sidecar_meta
+
+FEATURES = {"observation.state": {"dtype": "float32", "shape": [2]}, "is_success": {"dtype": "bool", "shape": [1]}}
+
+
+def reference_returns(lengths: dict[int, int], success: dict[int, bool], gamma: float, failure_reward: float):
+    """Plain loops, as upstream: {(episode, frame): (return, reward)}."""
+    out = {}
+    for ep, length in lengths.items():
+        rewards = []
+        for t in range(length):
+            if t < length - 1:
+                rewards.append(-1.0)
+            else:
+                rewards.append(0.0 if success[ep] else failure_reward)
+        g = 0.0
+        for t in reversed(range(length)):
+            g = rewards[t] + gamma * g
+            out[(ep, t)] = (g, rewards[t])
+    return out
+
+
+def frames_table(lengths, success, rng, *, shuffle=True):
+    ep = np.concatenate([np.full(n, e) for e, n in lengths.items()]).astype(np.int64)
+    fr = np.concatenate([np.arange(n) for n in lengths.values()]).astype(np.int64)
+    ok = np.concatenate([np.full(n, success[e]) for e, n in lengths.items()])
+    order = rng.permutation(ep.size) if shuffle else np.arange(ep.size)
+    return pa.table({"episode_index": ep[order], "frame_index": fr[order], "is_success": ok[order],
+                     "task_index": (ep[order] % 3)})
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=12),
+       ids=st.lists(st.integers(0, 10_000), min_size=12, max_size=12, unique=True),
+       successes=st.lists(st.booleans(), min_size=12, max_size=12),
+       gamma=st.sampled_from([1.0, 0.99, 0.9, 0.5]),
+       failure=st.sampled_from([-300.0, -50.0, -1.0]),
+       kind=st.sampled_from(["sft", "rollout"]), seed=st.integers(0, 2**16))
+def test_returns_match_plain_loop(lengths, ids, successes, gamma, failure, kind, seed):
+    lens = {ids[i]: n for i, n in enumerate(lengths)}
+    succ = {ids[i]: (successes[i] or kind == "sft") for i in range(len(lengths))}
+    table = frames_table(lens, {e: successes[i] for i, e in enumerate(ids[:len(lengths)])}, np.random.default_rng(seed))
+    out = compute_returns_table(table, ReturnsConfig(gamma=gamma, failure_reward=failure, dataset_type=kind),
+                                tasks={0: "a", 1: "b", 2: "c"})
+    ref = reference_returns(lens, succ, gamma, failure)
+    ep, fr = out.column("episode_index").to_numpy(), out.column("frame_index").to_numpy()
+    assert list(zip(ep.tolist(), fr.tolist())) == sorted(ref)  # sorted by (episode, frame)
+    np.testing.assert_allclose(out.column("return").to_numpy(), [ref[k][0] for k in sorted(ref)], rtol=1e-6, atol=1e-4)
+    np.testing.assert_array_equal(out.column("reward").to_numpy(), [ref[k][1] for k in sorted(ref)])
+    assert out.column("prompt").to_pylist() == [["a", "b", "c"][e % 3] for e in ep.tolist()]
+    assert out.schema.field("return").type == pa.float32() and out.schema.field("episode_index").type == pa.int64()
+
+
+def test_long_episode_small_gamma_is_stable():
+    n = 5000
+    rewards = np.full(n, -1.0)
+    rewards[-1] = -300.0
+    ends = np.full(n, n)
+    got = discounted_reverse_cumsum(rewards, ends, 0.9)
+    want, g = np.empty(n), 0.0
+    for t in reversed(range(n)):
+        g = rewards[t] + 0.9 * g
+        want[t] = g
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert np.isfinite(got).all() and got[0] == pytest.approx(-10.0, abs=1e-9)
+
+
+def test_duplicate_frames_and_missing_success_are_refused():
+    dup = pa.table({"episode_index": [0, 0], "frame_index": [1, 1], "is_success": [True, True]})
+    with pytest.raises(DatasetError, match="episode 0 frame 1 appears more than once"):
+        compute_returns_table(dup, ReturnsConfig())
+    no_success = pa.table({"episode_index": [0, 0], "frame_index": [0, 1]})
+    with pytest.raises(DatasetError, match="rollout data needs an is_success column") as info:
+        compute_returns_table(no_success, ReturnsConfig(dataset_type="rollout"))
+    assert info.value.exit_code == 40 and "--type sft" in info.value.hint
+    sft = compute_returns_table(no_success, ReturnsConfig(dataset_type="sft"))
+    assert sft.column("return").to_pylist() == [-1.0, 0.0]
+    assert sft.column("prompt").to_pylist() == ["perform the task"] * 2
+
+
+def _episodes(spec):
+    rng = np.random.default_rng(1)
+    for ep, n, ok in spec:
+        yield EpisodeData(episode_index=ep, task=f"task {ep % 2}",
+                          frames={"observation.state": rng.normal(size=(n, 2)).astype(np.float32),
+                                  "is_success": np.full(n, ok)})
+
+
+def test_cli_writes_rlinf_sidecar_and_refuses_a_refiltered_dataset(tmp_path):
+    spec = [(2, 5, True), (7, 3, False), (9, 4, True)]
+    root = write_dataset(tmp_path / "libero", _episodes(spec), fps=10, features=FEATURES)
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "reproduction.recap.returns", "--dataset", str(root), "--out", str(run),
+           "--tag", "fail300", "--type", "rollout", "--failure-reward", "-300", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report[0]["num_frames"] == 12 and report[0]["stats"]["return"]["min"] == -302.0
+    path = run / "libero" / "returns_fail300.parquet"
+    table = pq.read_table(path)
+    assert table.column_names == ["episode_index", "frame_index", "return", "reward", "prompt"]
+    assert table.column("return").to_pylist()[:5] == [-4.0, -3.0, -2.0, -1.0, 0.0]
+    assert table.column("return").to_pylist()[5:8] == [-302.0, -301.0, -300.0]
+    meta = sidecar_meta(path)
+    ds = open_dataset(root)
+    assert meta["dataset_fingerprint"] == ds.fingerprint and meta["params"]["failure_reward"] == -300.0
+    assert json.loads((run / "libero" / "stats.json").read_text())["reward"]["min"] == -300.0
+    assert not (root / "meta" / "returns_fail300.parquet").exists()  # the dataset stays untouched
+    # The same sidecar against a refiltered dataset (episode 7 dropped) is refused, naming both fingerprints.
+    refiltered = write_dataset(tmp_path / "refiltered", _episodes([s for s in spec if s[0] != 7]), fps=10,
+                               features=FEATURES)
+    other = open_dataset(refiltered).fingerprint
+    with pytest.raises(FingerprintMismatchError) as info:
+        read_returns(run, "fail300", expect_fingerprint=other, dataset_name="libero")
+    assert ds.fingerprint in str(info.value) and other in str(info.value) and info.value.exit_code == 41
+    with pytest.raises(InputNotFoundError, match="present: returns_fail300.parquet"):
+        read_returns(run, "wrongtag", expect_fingerprint=ds.fingerprint, dataset_name="libero")
+    ok = read_returns(run, "fail300", expect_fingerprint=ds.fingerprint, dataset_name="libero")
+    assert ok.num_rows == 12
+
+
+def test_cli_refuses_rollout_without_success_column(tmp_path):
+    feats = {"observation.state": {"dtype": "float32", "shape": [2]}}
+    eps = [EpisodeData(episode_index=0, task="t", frames={"observation.state": np.zeros((3, 2), np.float32)})]
+    root = write_dataset(tmp_path / "demo", eps, fps=10, features=feats)
+    proc = subprocess.run([sys.executable, "-m", "reproduction.recap.returns", "--dataset", str(root), "--out",
+                           str(tmp_path / "run"), "--type", "rollout"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 40
+    assert "rollout data needs an is_success column" in proc.stderr and "hint: pass --type sft" in proc.stderr
+    assert not (tmp_path / "run" / "demo" / "returns.parquet").exists()
+
+
+def test_in_dataset_mode_writes_meta_for_rlinf(tmp_path):
+    root = write_dataset(tmp_path / "ds", _episodes([(0, 4, True)]), fps=10, features=FEATURES)
+    before = (root / "meta" / "info.json").read_bytes()
+    compute_returns([root], None, ReturnsConfig(tag=None), in_dataset=True)
+    assert (root / "meta" / "returns.parquet").is_file()
+    stats = json.loads((root / "meta" / "stats.json").read_text())
+    assert stats["return"]["min"] == -3.0 and "observation.state" in stats  # read-modify-write keeps the rest
+    assert (root / "meta" / "info.json").read_bytes() == before  # upstream's phantom features are not added
