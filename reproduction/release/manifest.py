@@ -47,6 +47,25 @@ def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], wher
     return value
 
 
+def _count(data: dict[str, Any], key: str, where: str, path: Path | None) -> int:
+    """An optional non-negative integer field (0 when absent)."""
+    value = data.get(key, 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInputError(f"{where}: field '{key}' should be a non-negative integer, got {value!r:.60}",
+                                path=path, field=f"{where}.{key}", hint="the manifest is damaged; fetch or pack the bundle again")
+    return value
+
+
+def _foreign(data: dict[str, Any], where: str, path: Path | None) -> dict[str, tuple[PrefixOccurrence, ...]]:
+    value = data.get("foreign_prefix_files", {})
+    if not isinstance(value, dict) or not all(isinstance(v, list) for v in value.values()):
+        raise InvalidInputError(f"{where}: foreign_prefix_files must map archives to lists", path=path,
+                                field=f"{where}.foreign_prefix_files", hint="the manifest is damaged; fetch or pack the bundle again")
+    return {check_relative_path(k, where=f"{where}.foreign_prefix_files", path=path):
+            tuple(PrefixOccurrence.from_dict(o, where=f"{where}.foreign_prefix_files[{k!r}][{i}]", path=path) for i, o in enumerate(v))
+            for k, v in value.items()}
+
+
 def check_relative_path(rel: str, *, where: str, path: Path | None = None) -> str:
     """Return `rel` if it is a clean relative POSIX path inside its root, else raise InvalidInputError."""
     p = PurePosixPath(rel)
@@ -117,16 +136,21 @@ class LayerEntry:
     """Absolute path the tree lived at when packed (None for a layer that needs no relocation)."""
     prefix_files: tuple[PrefixOccurrence, ...] = ()
     """Files that contain `build_prefix`, with how to rewrite them."""
+    foreign_prefix_files: dict[str, tuple[PrefixOccurrence, ...]] = field(default_factory=dict)
+    """Files that contain ANOTHER layer's build prefix (a venv naming its interpreter), by that layer's archive."""
     members: int = 0
     """Number of archive members (files, dirs, links)."""
     unpacked_size: int = 0
     """Sum of regular file sizes once extracted."""
+    tar_size: int = 0
+    """Size of the decompressed tar stream (a hint for preallocation; 0 when unknown)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "archive": self.archive, "target": self.target, "kind": self.kind, "order": self.order,
             "build_prefix": self.build_prefix, "prefix_files": [o.to_dict() for o in self.prefix_files],
-            "members": self.members, "unpacked_size": self.unpacked_size,
+            "foreign_prefix_files": {k: [o.to_dict() for o in v] for k, v in sorted(self.foreign_prefix_files.items())},
+            "members": self.members, "unpacked_size": self.unpacked_size, "tar_size": self.tar_size,
         }
 
     @classmethod
@@ -147,8 +171,10 @@ class LayerEntry:
             order=_require(data, "order", int, where, path),
             build_prefix=prefix,
             prefix_files=tuple(PrefixOccurrence.from_dict(o, where=f"{where}.prefix_files[{i}]", path=path) for i, o in enumerate(occurrences)),
-            members=int(data.get("members", 0)),
-            unpacked_size=int(data.get("unpacked_size", 0)),
+            foreign_prefix_files=_foreign(data, where, path),
+            members=_count(data, "members", where, path),
+            unpacked_size=_count(data, "unpacked_size", where, path),
+            tar_size=_count(data, "tar_size", where, path),
         )
 
 
@@ -176,9 +202,14 @@ class Manifest:
             if entry.path in seen:
                 raise InvalidInputError(f"files: {entry.path!r} is listed twice", field="files")
             seen.add(entry.path)
+        archives = {layer.archive for layer in self.layers}
         for layer in self.layers:
             if layer.archive not in seen:
                 raise InvalidInputError(f"layers: archive {layer.archive!r} is not in files", field="layers.archive")
+            for other in layer.foreign_prefix_files:
+                if other not in archives:
+                    raise InvalidInputError(f"layers: {layer.archive!r} names unknown layer {other!r} in foreign_prefix_files",
+                                            field="layers.foreign_prefix_files")
         self.files.sort(key=lambda e: e.path)
         self.layers.sort(key=lambda layer: layer.order)
 

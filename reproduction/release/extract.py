@@ -1,0 +1,167 @@
+"""Write validated tar members into a fresh staging folder, fast (threads for files, raw os calls).
+
+Only members that reproduction/release/safety.py accepted reach here, and the destination is a
+private staging folder, so the writer can be simple; it still opens with O_NOFOLLOW|O_EXCL as a
+second line of defence. Buffer mode writes straight from the decompressed tar in memory with
+several threads (os.write releases the GIL); stream mode writes one member at a time and checks
+each header against the validated list, so an archive swapped between the two reads is refused.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Callable
+
+from reproduction.errors import UnsafeArchiveError, WriteFailedError
+from reproduction.release.tarscan import Member, StreamSource, iter_members
+
+_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_SPACE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()  # read once: os.umask is process-wide, so reading it from threads would race
+
+
+@dataclass(kw_only=True, slots=True)
+class Written:
+    """What an extraction created, for the receipt (paths relative to the layer target)."""
+
+    files: dict[str, list[int]] = field(default_factory=dict)
+    """path -> [size, mtime_ns] exactly as written."""
+    links: dict[str, str] = field(default_factory=dict)
+    """path -> symlink text."""
+
+
+def write_failed(exc: OSError, what: str) -> WriteFailedError:
+    """A clear one-line error for a failed write (disk full, file too large, read-only)."""
+    reason = {errno.ENOSPC: "the disk is full", errno.EFBIG: "a file is larger than allowed (file size limit)",
+              errno.EDQUOT: "the disk quota is exceeded", errno.EROFS: "the filesystem is read-only"}.get(exc.errno, exc.strerror)
+    return WriteFailedError(f"cannot write {what}: {reason} ({exc.filename or exc})", path=exc.filename,
+                            hint="free some space (or raise the limit) and run `portable restore` again; the previous state is kept")
+
+
+def _open_new(path: str, mode: int) -> int:
+    try:
+        return os.open(path, _FLAGS, mode)
+    except FileExistsError:  # a later overlay layer replaces an earlier layer's file
+        os.unlink(path)
+        return os.open(path, _FLAGS, mode)
+
+
+def _write_file(root: str, m: Member, chunks: Callable[[], bytes | memoryview] | memoryview, umask: int) -> None:
+    mode = m.mode & 0o777
+    fd = _open_new(f"{root}/{m.name}", mode)
+    try:
+        if isinstance(chunks, memoryview):
+            view, done = chunks, 0
+            while done < len(view):
+                done += os.write(fd, view[done:done + (64 << 20)])
+        else:
+            while True:
+                data = chunks()
+                if not data:
+                    break
+                view, done = memoryview(data), 0
+                while done < len(view):
+                    done += os.write(fd, view[done:])
+        if mode & ~umask != mode:
+            os.fchmod(fd, mode)
+        os.utime(fd, ns=(m.mtime * 1_000_000_000, m.mtime * 1_000_000_000))
+    finally:
+        os.close(fd)
+
+
+def _make_dirs(root: str, members: list[Member]) -> None:
+    for m in members:
+        if m.kind == "dir" and m.name:
+            os.makedirs(f"{root}/{m.name}", mode=0o755, exist_ok=True)
+        elif m.kind != "dir":
+            parent = os.path.dirname(m.name)
+            if parent:
+                os.makedirs(f"{root}/{parent}", mode=0o755, exist_ok=True)
+
+
+def _finish(root: str, members: list[Member], written: Written) -> None:
+    """Symlinks, then folder modes (last, so a read-only folder does not block its own contents)."""
+    for m in members:
+        if m.kind == "symlink":
+            path = f"{root}/{m.name}"
+            if os.path.lexists(path):
+                os.unlink(path)
+            os.symlink(m.linkname, path)
+            written.links[m.name] = m.linkname
+    for m in members:
+        if m.kind == "dir" and m.name and (m.mode & 0o777) != 0o755:
+            os.chmod(f"{root}/{m.name}", m.mode & 0o777)
+
+
+def extract_buffer(buf: bytes | bytearray | memoryview, members: list[Member], dest: Path, *, jobs: int = 2,
+                   on_bytes: Callable[[int], None] | None = None) -> Written:
+    """Write `members` (validated, with offsets into `buf`) under `dest`. Raises WriteFailedError."""
+    root, umask, written = str(dest), _UMASK, Written()
+    view = memoryview(buf)
+    files = [m for m in members if m.kind == "file"]
+
+    def work(batch: list[Member]) -> None:
+        for m in batch:
+            _write_file(root, m, view[m.offset:m.offset + m.size], umask)
+            if on_bytes is not None:
+                on_bytes(m.size)
+
+    try:
+        os.makedirs(root, exist_ok=True)
+        _make_dirs(root, members)
+        batches = [files[i::max(1, jobs)] for i in range(max(1, jobs))]
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            for future in [pool.submit(work, b) for b in batches if b]:
+                future.result()
+        _finish(root, members, written)
+    except OSError as exc:
+        if exc.errno in _SPACE_ERRORS:
+            raise write_failed(exc, str(dest)) from None
+        raise
+    finally:
+        view.release()
+    for m in files:
+        written.files[m.name] = [m.size, m.mtime * 1_000_000_000]
+    return written
+
+
+def extract_stream(stream: IO[bytes], expected: list[Member], dest: Path, *, archive: str,
+                   on_bytes: Callable[[int], None] | None = None) -> Written:
+    """Stream the tar in `stream` into `dest`, refusing any member that differs from `expected`."""
+    root, umask, written = str(dest), _UMASK, Written()
+    source = StreamSource(stream)
+    try:
+        os.makedirs(root, exist_ok=True)
+        _make_dirs(root, expected)
+        seen = 0
+        for m in iter_members(source, archive=archive):
+            if seen >= len(expected) or m.key() != expected[seen].key():
+                raise UnsafeArchiveError(f"{archive}: member {m.raw_name!r} changed since it was validated",
+                                         archive=archive, member=m.raw_name, hint="the archive changed during restore; run restore again")
+            seen += 1
+            if m.kind == "file":
+                _write_file(root, m, lambda: source.read_data(8 << 20), umask)
+                written.files[m.name] = [m.size, m.mtime * 1_000_000_000]
+                if on_bytes is not None:
+                    on_bytes(m.size)
+        if seen != len(expected):
+            raise UnsafeArchiveError(f"{archive}: ended after {seen} of {len(expected)} members", archive=archive,
+                                     hint="the archive changed during restore; run restore again")
+        _finish(root, expected, written)
+    except OSError as exc:
+        if exc.errno in _SPACE_ERRORS:
+            raise write_failed(exc, str(dest)) from None
+        raise
+    return written

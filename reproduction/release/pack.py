@@ -1,0 +1,186 @@
+"""`portable pack`: build a release bundle from a spec, reproducibly, with bundle.json written last.
+
+The bundle is assembled in `<out>.partial/` and renamed to `<out>` only once complete, so a
+failed or killed pack never leaves something that looks like a bundle. Layers are vetted with the
+same safety rules restore applies, so an unsafe tree fails here rather than on the user's server.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from reproduction.digests import default_jobs, sha256_file
+from reproduction.errors import InvalidInputError, MissingDependencyError, PortableError, WriteFailedError
+from reproduction.fsio import fsync_dir
+from reproduction.release.archive import LayerContents, walk_tree, write_layer
+from reproduction.release.manifest import FileEntry, LayerEntry, Manifest, PrefixOccurrence, write_manifest
+from reproduction.release.safety import check_targets, validate_layers
+from reproduction.release.spec import BundleSpec, FileSpec, LayerSpec, excluded, load_spec
+from reproduction.release.zstdio import backend
+from reproduction.ui import UiOptions, human_bytes, say
+
+RUNNER_EXCLUDE = ("__pycache__", "*.pyc", "*.pyo", ".*")
+PLACEHOLDER = "${BUNDLE}"
+
+
+def runner_source() -> Path:
+    """The `reproduction/` package folder this process runs from (copied into every bundle)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def placeholder_map(spec: BundleSpec) -> dict[str, str]:
+    """Absolute prefix -> '${BUNDLE}/<bundle path>' for every layer, file and [paths] entry."""
+    mapping = {str(layer.source): layer.target for layer in spec.layers}
+    mapping.update({layer.build_prefix: layer.target for layer in spec.layers if layer.build_prefix})
+    mapping.update({str(f.source): f.dest for f in spec.files})
+    mapping.update(spec.paths)
+    return {k.rstrip("/"): f"{PLACEHOLDER}/{v}".rstrip("/") for k, v in mapping.items() if k.rstrip("/")}
+
+
+def rewrite_config(text: str, mapping: dict[str, str]) -> str:
+    """Replace each absolute prefix (a whole path component, longest first) with its placeholder."""
+    if not mapping:
+        return text
+    alternatives = "|".join(re.escape(k) for k in sorted(mapping, key=len, reverse=True))
+    pattern = re.compile(rf"(?<![\w.-])({alternatives})(?=$|[^\w.-])")
+    return pattern.sub(lambda m: mapping[m.group(1)], text)
+
+
+def _plain_sources(spec: BundleSpec) -> list[tuple[Path, str, FileSpec]]:
+    """(source file, bundle path, its spec) for every plain file, folders expanded, excludes applied."""
+    out: list[tuple[Path, str, FileSpec]] = []
+    for f in spec.files:
+        if f.source.is_file():
+            out.append((f.source, f.dest, f))
+            continue
+        for rel, st in walk_tree(f.source, f.exclude):
+            if os.path.isfile(f.source / rel) and not os.path.islink(f.source / rel):
+                out.append((f.source / rel, f"{f.dest}/{rel}", f))
+    runner = runner_source()
+    for rel, st in walk_tree(runner, RUNNER_EXCLUDE):
+        if os.path.isfile(runner / rel) and not os.path.islink(runner / rel):
+            out.append((runner / rel, f"reproduction/{rel}", FileSpec(source=runner, dest="reproduction")))
+    return out
+
+
+def _copy_plain(stage: Path, items: list[tuple[Path, str, FileSpec]], mapping: dict[str, str], jobs: int) -> None:
+    def copy(item: tuple[Path, str, FileSpec]) -> None:
+        src, rel, fspec = item
+        dst = stage / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if fspec.config:
+            try:
+                text = src.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                raise InvalidInputError(f"config {src} is not UTF-8 text", path=src, field="config.source",
+                                        hint="list binary files under [[file]], not [[config]]") from None
+            dst.write_text(rewrite_config(text, mapping), encoding="utf-8")
+        else:
+            shutil.copyfile(src, dst)
+        os.chmod(dst, src.stat().st_mode & 0o755 | 0o644)
+
+    seen: set[str] = set()
+    for _, rel, _ in items:
+        if rel in seen:
+            raise InvalidInputError(f"two spec entries both write {rel!r}", field="file.dest", hint="give each a different dest")
+        seen.add(rel)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(copy, items))
+
+
+def _scan_prefixes(layer: LayerSpec, spec: BundleSpec) -> tuple[tuple[PrefixOccurrence, ...], dict[str, tuple[PrefixOccurrence, ...]]]:
+    """(files holding this layer's build prefix, {other layer's archive: files holding its prefix})."""
+    others = [x for x in spec.layers if x.relocatable and x.build_prefix]
+    if not layer.relocatable or not layer.build_prefix:
+        return (), {}
+    try:
+        from reproduction.release.relocate import normalize_prefix, scan_prefixes
+    except ImportError as exc:
+        raise MissingDependencyError(f"layer {layer.name} is relocatable but relocation is not available ({exc})",
+                                     hint="this build of portable cannot pack relocatable layers") from None
+    found = scan_prefixes(layer.source, [x.build_prefix for x in others])
+
+    def keep(x: LayerSpec) -> tuple[PrefixOccurrence, ...]:
+        return tuple(o for o in found.get(normalize_prefix(x.build_prefix), []) if not excluded(o.path, layer.exclude))
+
+    foreign = {x.archive: keep(x) for x in others if x is not layer}
+    return keep(layer), {k: v for k, v in foreign.items() if v}
+
+
+def _pack_layers(spec: BundleSpec, stage: Path, jobs: int, ui: UiOptions | None) -> list[LayerEntry]:
+    link_roots = {str(layer.source): layer.target for layer in spec.layers}
+    link_roots.update({layer.build_prefix: layer.target for layer in spec.layers if layer.build_prefix})
+    entries: list[LayerEntry] = []
+    contents: list[tuple[str, str, LayerContents]] = []
+    for layer in sorted(spec.layers, key=lambda x: x.order):
+        out = stage / layer.archive
+        out.parent.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        content = write_layer(layer, out, link_roots=link_roots, threads=jobs)
+        say(f"  layer {layer.archive}: {len(content.members)} members, {human_bytes(content.unpacked_size)} -> "
+            f"{human_bytes(out.stat().st_size)} in {time.perf_counter() - started:.1f}s", options=ui)
+        contents.append((layer.archive, layer.target, content))
+        own, foreign = _scan_prefixes(layer, spec)
+        entries.append(LayerEntry(archive=layer.archive, target=layer.target, kind=layer.kind, order=layer.order,
+                                  build_prefix=layer.build_prefix, prefix_files=own, foreign_prefix_files=foreign,
+                                  members=len(content.members), unpacked_size=content.unpacked_size,
+                                  tar_size=content.tar_size))
+    validate_layers([(a, t, c.members) for a, t, c in contents])
+    return entries
+
+
+def _hash_all(stage: Path, jobs: int) -> list[FileEntry]:
+    rels = sorted(str(p.relative_to(stage)) for p in stage.rglob("*") if p.is_file() and not p.is_symlink())
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        digests = list(pool.map(lambda r: sha256_file(stage / r), rels))
+    return [FileEntry(path=r, size=(stage / r).stat().st_size, sha256=d) for r, d in zip(rels, digests)]
+
+
+def pack_bundle(spec_path: Path, out: Path, *, jobs: int | None = None, ui: UiOptions | None = None,
+                root: Path | None = None) -> Manifest:
+    """Build the bundle `spec_path` describes at `out` (which must not exist or be empty).
+
+    `root` overrides where the spec's relative sources start. On success `out` holds the complete
+    bundle with bundle.json written last; on failure `out` is untouched and the partial build is
+    removed. Raises InputNotFoundError / InvalidInputError (spec), UnsafeArchiveError (a layer
+    restore would refuse), WriteFailedError (disk), MissingDependencyError (no zstd).
+    """
+    spec = load_spec(Path(spec_path), root=root)
+    out = Path(out).absolute()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InvalidInputError(f"{out} already exists and is not empty", path=out, field="--out",
+                                hint="pack into a new folder (or remove the old bundle first)")
+    jobs = jobs or default_jobs()
+    stage = out.with_name(out.name + ".partial")
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    try:
+        _copy_plain(stage, _plain_sources(spec), placeholder_map(spec), jobs)
+        layers = _pack_layers(spec, stage, jobs, ui)
+        manifest = Manifest(name=spec.name, files=_hash_all(stage, jobs), layers=layers, entry_config=spec.entry_config,
+                            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                            metadata={"description": spec.description, "packed_with": {
+                                "python": sys.version.split()[0], "zstd": backend(), "spec": spec.path.name}})
+        check_targets(manifest)
+        if manifest.entry_config and manifest.file(manifest.entry_config) is None:
+            raise InvalidInputError(f"entry_config {manifest.entry_config!r} is not a file of the bundle", path=spec.path,
+                                    field="entry_config", hint="point it at a [[config]] dest")
+        os.chmod(write_manifest(stage, manifest), 0o644)  # mkstemp made it 0600; a bundle is for sharing
+        fsync_dir(stage)
+        if out.exists():
+            out.rmdir()
+        os.rename(stage, out)
+        fsync_dir(out.parent)
+    except BaseException as exc:
+        shutil.rmtree(stage, ignore_errors=True)
+        if isinstance(exc, OSError) and not isinstance(exc, PortableError):
+            raise WriteFailedError(f"cannot write the bundle at {stage}: {exc}", path=stage,
+                                   hint="check free space and permissions, then pack again") from None
+        raise
+    return manifest

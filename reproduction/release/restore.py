@@ -1,0 +1,367 @@
+"""`portable restore`: verify -> validate every layer -> extract to staging -> swap in -> relocate -> receipt.
+
+Under the bundle's lock: plain files are hashed in a thread pool while the layer archives are read
+(hashed and listed in the same pass); all layers are validated against one union view before any
+is extracted; each target folder is built in `.portable/staging/` and swapped into place with one
+atomic rename (renameat2 RENAME_EXCHANGE where the kernel has it), then relocated for where it now
+lives, then recorded in the receipt. A second restore trusts the receipt plus a stat pass (`deep`
+rehashes); a kill at any moment leaves each target either as it was or complete, and the next
+restore finishes the job.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reproduction.digests import default_jobs, sha256_file
+from reproduction.errors import InvalidInputError, WriteFailedError
+from reproduction.fsio import fsync_dir
+from reproduction.release import layers as layer_io
+from reproduction.release.extract import write_failed
+from reproduction.release.lock import bundle_lock
+from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, LayerEntry, Manifest, load_manifest
+from reproduction.release.receipt import LayerReceipt, Receipt, load_receipt, save_receipt
+from reproduction.release.safety import check_targets, validate_layers
+from reproduction.release.verify import Problem, VerifyReport, raise_for_report, sort_problems, verify_bundle
+from reproduction.ui import UiOptions, human_bytes, progress, say
+
+
+@dataclass(kw_only=True, slots=True)
+class RestoreReport:
+    """What a restore did; `summary()` is what `portable restore` prints."""
+
+    bundle: Path
+    files: int = 0
+    """Files of the bundle verified (hashed or confirmed by the receipt)."""
+    extracted: list[str] = field(default_factory=list)
+    """Targets extracted from their archives."""
+    relocated: list[str] = field(default_factory=list)
+    """Targets relocated in place because the bundle moved."""
+    unchanged: list[str] = field(default_factory=list)
+    """Targets the receipt and a stat pass confirmed."""
+    overwritten: dict[str, list[str]] = field(default_factory=dict)
+    """Target -> locally edited files that --refresh-source overwrote (or removed)."""
+    kept_edits: dict[str, list[str]] = field(default_factory=dict)
+    """Source target -> locally edited files kept (no --refresh-source)."""
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        parts = [f"restored {self.bundle} in {self.seconds:.1f}s: {self.files} files verified"]
+        for label, items in (("extracted", self.extracted), ("relocated", self.relocated), ("unchanged", self.unchanged)):
+            if items:
+                parts.append(f"{label} {', '.join(items)}")
+        lines = ["; ".join(parts)]
+        for target, files in self.overwritten.items():
+            lines.append(f"--refresh-source overwrote {len(files)} locally edited file(s) in {target}: {_few(files)}")
+        for target, files in self.kept_edits.items():
+            lines.append(f"kept {len(files)} locally edited file(s) in {target}: {_few(files)} "
+                         f"(`portable restore --refresh-source` overwrites them)")
+        return "\n".join(lines)
+
+
+def _few(items: list[str], n: int = 8) -> str:
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+@dataclass(kw_only=True, slots=True)
+class Group:
+    """The layers that share one target folder (usually one), and what restore will do with it."""
+
+    target: str
+    layers: list[LayerEntry]
+    action: str = "keep"
+    """'extract', 'relocate' or 'keep'."""
+    changed: list[str] = field(default_factory=list)
+    """Files whose stat differs from the receipt (local edits or damage)."""
+
+
+def _groups(manifest: Manifest) -> list[Group]:
+    by_target: dict[str, Group] = {}
+    for layer in manifest.layers:  # already sorted by order
+        by_target.setdefault(layer.target, Group(target=layer.target, layers=[])).layers.append(layer)
+    return list(by_target.values())
+
+
+def _plan(bundle: Path, manifest: Manifest, receipt: Receipt, *, deep: bool, refresh_source: bool) -> list[Group]:
+    """Decide per target: extract, relocate in place, or keep. Raises InvalidInputError when a new
+    source archive would silently discard local edits (the user must pass --refresh-source)."""
+    groups = _groups(manifest)
+    for g in groups:
+        root = bundle / g.target
+        recs = [receipt.layers.get(layer.archive) for layer in g.layers]
+        fresh = all(r is not None and r.sha256 == manifest.file(layer.archive).sha256 for r, layer in zip(recs, g.layers))
+        if recs and all(r is not None for r in recs) and root.is_dir():
+            g.changed = sorted({p for r in recs for p in r.changed_files(root)})
+        if not fresh or not root.is_dir():
+            g.action = "extract"
+            if g.changed and g.layers[0].kind == "source" and not refresh_source and all(recs):
+                raise InvalidInputError(
+                    f"{g.target}: the bundle has a new version of this source layer, and {len(g.changed)} file(s) "
+                    f"were edited locally ({_few(g.changed, 3)})", field="--refresh-source",
+                    hint="save your edits elsewhere, then run `portable restore --refresh-source`")
+        elif g.layers[0].kind == "runtime" and (deep or g.changed):
+            g.action = "extract"
+        elif g.layers[0].kind == "source" and refresh_source:
+            g.action = "extract"
+        elif any(r.prefix != str(root) for r in recs) and any(_has_prefixes(layer) for layer in g.layers):
+            g.action = "relocate"
+    return groups
+
+
+def _has_prefixes(layer: LayerEntry) -> bool:
+    return bool(layer.prefix_files or layer.foreign_prefix_files)
+
+
+def _cleanup_state(bundle: Path) -> None:
+    """Remove what a killed restore left in `.portable/` (never anything at a final path)."""
+    for name in ("staging", "trash"):
+        shutil.rmtree(bundle / STATE_DIR / name, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (renameat2 RENAME_EXCHANGE); False where the kernel or libc lacks it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: fall back to two renames
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _swap_into_place(staging: Path, final: Path, trash: Path) -> None:
+    """Put `staging` at `final`; an existing `final` goes to `trash`. Readers see old or new, whole."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if not os.path.lexists(final):
+        os.rename(staging, final)
+    elif _exchange(staging, final):
+        os.rename(staging, trash)  # staging now holds the old tree
+    else:
+        os.rename(final, trash)
+        os.rename(staging, final)
+    fsync_dir(final.parent)
+
+
+def _relocate(bundle: Path, manifest: Manifest, layer: LayerEntry, old_bundle: Path | None) -> list[str]:
+    """Rewrite `layer`'s own and foreign prefix occurrences for where the bundle now is.
+
+    `old_bundle` is where the tree was last relocated for (None: fresh from the archive, so the
+    build prefixes are what the files hold). Returns the changed paths (relative to the target).
+    """
+    if not _has_prefixes(layer):
+        return []
+    from reproduction.release.relocate import relocate_tree
+
+    root = bundle / layer.target
+    by_archive = {x.archive: x for x in manifest.layers}
+    changed: list[str] = []
+    jobs = [(layer, layer.prefix_files)] if layer.prefix_files and layer.build_prefix else []
+    jobs += [(by_archive[a], occ) for a, occ in sorted(layer.foreign_prefix_files.items()) if by_archive[a].build_prefix]
+    for owner, occurrences in jobs:
+        old = str(old_bundle / owner.target) if old_bundle is not None else owner.build_prefix
+        changed += relocate_tree(root, occurrences, old, str(bundle / owner.target), build_prefix=owner.build_prefix)
+    return sorted(set(changed))
+
+
+def _old_bundle(rec: LayerReceipt) -> Path:
+    """The bundle folder a layer was last relocated for (its recorded prefix minus its target)."""
+    prefix = rec.prefix
+    return Path(prefix[: len(prefix) - len(rec.target)].rstrip("/") or "/")
+
+
+def _restat(root: Path, rec: LayerReceipt, paths: list[str]) -> None:
+    for rel in paths:
+        st = os.lstat(root / rel)
+        rec.files[rel] = [st.st_size, st.st_mtime_ns]
+
+
+def _load_all(bundle: Path, manifest: Manifest, groups: list[Group], pool: ThreadPoolExecutor) -> list[layer_io.LoadedLayer]:
+    entries = [layer for g in groups if g.action == "extract" for layer in g.layers]
+    plan = layer_io.in_memory_plan(entries)
+    futures = []
+    for entry in entries:
+        pinned = manifest.file(entry.archive)
+        try:
+            size = os.stat(bundle / entry.archive).st_size
+        except OSError:
+            size = -1
+        if size != pinned.size:  # missing or truncated: verify reports it; do not read it
+            futures.append(None)
+            continue
+        futures.append(pool.submit(layer_io.load_layer, bundle, entry, pinned.sha256, in_memory=plan[entry.archive]))
+    return [f.result() if f is not None else None for f in futures]
+
+
+def _extract_groups(bundle: Path, groups: list[Group], loaded: dict[str, layer_io.LoadedLayer], *, jobs: int,
+                    ui: UiOptions | None) -> dict[str, dict[str, LayerReceipt]]:
+    """Extract every 'extract' group into `.portable/staging/`, groups concurrently. Returns receipts."""
+    staging = bundle / STATE_DIR / "staging"
+    todo = [g for g in groups if g.action == "extract"]
+    total = sum(x.entry.unpacked_size for x in loaded.values())
+
+    def one(i: int, g: Group, on_bytes) -> dict[str, LayerReceipt]:
+        dest = staging / f"{i}"
+        recs: dict[str, LayerReceipt] = {}
+        for layer in g.layers:
+            written = layer_io.extract_layer(bundle, loaded[layer.archive], dest, jobs=jobs, on_bytes=on_bytes)
+            for earlier in recs.values():  # an overlay's later file supersedes the earlier record
+                for rel in written.files.keys() | written.links.keys():
+                    earlier.files.pop(rel, None)
+                    earlier.links.pop(rel, None)
+            recs[layer.archive] = LayerReceipt(sha256=loaded[layer.archive].digest, target=g.target,
+                                               prefix=str(bundle / g.target), files=written.files, links=written.links)
+        return recs
+
+    with progress(ui) as bars:
+        task = bars.task("extract", total=total, bytes_unit=True)
+        with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
+            futures = [pool.submit(one, i, g, task.advance) for i, g in enumerate(todo)]
+            return {g.target: f.result() for g, f in zip(todo, futures)}
+
+
+def _verify_and_extract(bundle: Path, manifest: Manifest, receipt: Receipt, groups: list[Group], *, deep: bool,
+                        same_manifest: bool, jobs: int, ui: UiOptions | None) -> tuple[VerifyReport, dict[str, dict[str, LayerReceipt]]]:
+    """Hash plain files while reading and validating layers, then extract; raise once on any mismatch."""
+    extract_archives = {layer.archive for g in groups if g.action == "extract" for layer in g.layers}
+
+    def trusted(entry, st) -> bool:
+        return not deep and same_manifest and receipt.plain.get(entry.path) == [st.st_size, st.st_mtime_ns]
+
+    with ThreadPoolExecutor(max_workers=1 + max(1, len(extract_archives))) as pool:
+        plain = pool.submit(verify_bundle, bundle, manifest=manifest, jobs=jobs, trusted=trusted, skip=extract_archives,
+                            ui=UiOptions(progress=False))
+        loaded = _load_all(bundle, manifest, groups, pool)
+        bad = [Problem(kind="digest", path=x.entry.archive, expected=manifest.file(x.entry.archive).sha256, actual=x.digest)
+               for x in loaded if x is not None and not x.members]
+        missing = [layer.archive for g in groups if g.action == "extract" for layer in g.layers]
+        if bad or any(x is None for x in loaded):
+            report = plain.result()
+            stat_problems = [p for p in _archive_stat_problems(bundle, manifest, missing)]
+            report.problems = sort_problems(report.problems + bad + stat_problems)
+            raise_for_report(report)
+        good = {x.entry.archive: x for x in loaded}
+        validate_layers([(x.entry.archive, x.entry.target, x.members) for x in loaded])
+        try:
+            recs = _extract_groups(bundle, groups, good, jobs=jobs, ui=ui)
+        except BaseException:
+            plain.cancel()
+            raise
+        report = plain.result()
+    raise_for_report(report)
+    report.files = len(manifest.files)
+    return report, recs
+
+
+def _archive_stat_problems(bundle: Path, manifest: Manifest, archives: list[str]) -> list[Problem]:
+    from reproduction.release.verify import stat_pass
+
+    problems, _ = stat_pass(bundle, [manifest.file(a) for a in archives])
+    return problems
+
+
+def _free_space_check(bundle: Path, groups: list[Group]) -> None:
+    need = sum(layer.unpacked_size for g in groups if g.action == "extract" for layer in g.layers)
+    free = shutil.disk_usage(bundle).free
+    if need > free:
+        raise WriteFailedError(f"not enough space to restore {bundle}: the layers need {human_bytes(need)}, "
+                               f"{human_bytes(free)} is free", path=bundle,
+                               hint="free some space and run `portable restore` again; nothing was changed")
+
+
+def _finish(bundle: Path, manifest: Manifest, receipt: Receipt, groups: list[Group],
+            recs: dict[str, dict[str, LayerReceipt]], report: RestoreReport) -> None:
+    """Swap extracted targets into place, relocate, and record everything in the receipt."""
+    trash = bundle / STATE_DIR / "trash"
+    trash.mkdir(parents=True, exist_ok=True)
+    staged = [g for g in groups if g.action == "extract"]
+    for i, g in enumerate(staged):
+        _swap_into_place(bundle / STATE_DIR / "staging" / f"{i}", bundle / g.target, trash / f"{i}")
+        for layer in g.layers:
+            receipt.layers.pop(layer.archive, None)  # until relocated, the receipt must not vouch for it
+    if staged:
+        save_receipt(bundle, receipt)
+    for g in groups:
+        root = bundle / g.target
+        for layer in g.layers:
+            if g.action == "extract":
+                rec = recs[g.target][layer.archive]
+                _restat(root, rec, _relocate(bundle, manifest, layer, None))
+            else:
+                rec = receipt.layers[layer.archive]
+                if g.action == "relocate":
+                    _restat(root, rec, _relocate(bundle, manifest, layer, _old_bundle(rec)))
+                rec.prefix = str(root)
+            receipt.layers[layer.archive] = rec
+        {"extract": report.extracted, "relocate": report.relocated, "keep": report.unchanged}[g.action].append(g.target)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _plain_receipt(bundle: Path, manifest: Manifest) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for entry in manifest.files:
+        st = os.stat(bundle / entry.path)
+        out[entry.path] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def restore_bundle(bundle: Path, *, deep: bool = False, refresh_source: bool = False, jobs: int | None = None,
+                   ui: UiOptions | None = None, wait_s: float = 0.0) -> RestoreReport:
+    """Restore `bundle` in place: every layer extracted at its target, relocated, and recorded.
+
+    Holds the bundle's lock throughout (LockHeldError, exit 7, if another restore holds it past
+    `wait_s`). Raises IntegrityError (5) listing every bad file, UnsafeArchiveError (6) naming the
+    member, WriteFailedError (8) when the disk fills, RelocationError (9), MissingDependencyError
+    (10) without zstd, InvalidInputError (4) for a malformed manifest; in every case the targets
+    hold what they held before (a kill may also leave a target complete but not yet recorded,
+    which the next restore redoes).
+    """
+    started = time.perf_counter()
+    bundle = Path(bundle).resolve()
+    manifest = load_manifest(bundle)
+    check_targets(manifest)
+    jobs = jobs or default_jobs()
+    report = RestoreReport(bundle=bundle)
+    with bundle_lock(bundle, what="restore", wait_s=wait_s):
+        _cleanup_state(bundle)
+        receipt = load_receipt(bundle)
+        manifest_sha = sha256_file(bundle / MANIFEST_NAME)
+        groups = _plan(bundle, manifest, receipt, deep=deep, refresh_source=refresh_source)
+        _free_space_check(bundle, groups)
+        for g in groups:
+            if g.changed and g.layers[0].kind == "source":
+                (report.overwritten if g.action == "extract" else report.kept_edits)[g.target] = g.changed
+            if g.action == "extract" and g.layers[0].kind == "source" and refresh_source and (bundle / g.target).is_dir():
+                known = {p for layer in g.layers if layer.archive in receipt.layers
+                         for p in receipt.layers[layer.archive].files.keys() | receipt.layers[layer.archive].links.keys()}
+                extra = sorted(layer_io.tree_files(bundle / g.target) - known)
+                if extra or g.changed:
+                    report.overwritten[g.target] = sorted(set(g.changed) | set(extra))
+        try:
+            verified, recs = _verify_and_extract(bundle, manifest, receipt, groups, deep=deep,
+                                                 same_manifest=receipt.manifest_sha256 == manifest_sha, jobs=jobs, ui=ui)
+            report.files = verified.files
+            _finish(bundle, manifest, receipt, groups, recs, report)
+            plain = _plain_receipt(bundle, manifest)
+            if report.extracted or report.relocated or (receipt.bundle_path, receipt.manifest_sha256, receipt.plain) != (str(bundle), manifest_sha, plain):
+                receipt.bundle_path, receipt.manifest_sha256, receipt.plain = str(bundle), manifest_sha, plain
+                save_receipt(bundle, receipt)
+        except OSError as exc:
+            if getattr(exc, "exit_code", None) is None and exc.errno in (28, 27, 122, 30):  # ENOSPC EFBIG EDQUOT EROFS
+                raise write_failed(exc, f"the restored bundle at {bundle}") from None
+            raise
+        finally:
+            _cleanup_state(bundle)
+    report.seconds = time.perf_counter() - started
+    return report

@@ -1,0 +1,140 @@
+"""Decide, before any byte is written, that every member of every layer stays inside its target.
+
+All layers are checked together against one union view of the paths they would create (paths
+relative to the bundle), so a symlink planted by one layer and written through by a later one (the
+two-archive attack) is caught as well as the single-archive attacks. Refused: absolute names,
+`..` in names, hard links, device files and fifos, setuid/setgid bits, writing through or
+replacing a symlink, a file where a folder is (or the reverse), absolute symlink text, and symlinks
+whose target leaves the union of the bundle's layer targets. Relative symlinks may only climb
+(`../`) at their start, so a lexical check is exact: the climb walks real folders (their parents
+are checked not to be symlinks) and every later hop lands on a path this same rule vetted.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+
+from reproduction.errors import InvalidInputError, UnsafeArchiveError
+from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, Manifest
+from reproduction.release.tarscan import Member
+
+_MAX_LISTED = 10
+
+
+@dataclass(slots=True)
+class UnionView:
+    """What the layers would create, by bundle-relative path: kind and the archive that made it."""
+
+    targets: tuple[str, ...]
+    entries: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def inside_targets(self, rel: str) -> bool:
+        return any(rel == t or rel.startswith(t + "/") for t in self.targets)
+
+
+def check_targets(manifest: Manifest) -> None:
+    """Layer targets are equal (an overlay) or disjoint, and never hold a plain file or the runner.
+
+    Raises InvalidInputError naming the layer field at fault.
+    """
+    plain = [e.path for e in manifest.files]
+    reserved = (MANIFEST_NAME, STATE_DIR, "reproduction")
+    targets = sorted({layer.target for layer in manifest.layers})
+    for i, layer in enumerate(manifest.layers):
+        t = layer.target
+        if t.split("/")[0] in reserved:
+            raise InvalidInputError(f"layers[{i}].target {t!r} would overwrite {t.split('/')[0]}", field=f"layers[{i}].target",
+                                    hint="choose a target folder such as runtime/<name> or source/<name>")
+        for other in targets:
+            if other != t and (other.startswith(t + "/") or t.startswith(other + "/")):
+                raise InvalidInputError(f"layers[{i}].target {t!r} nests with layer target {other!r}", field=f"layers[{i}].target",
+                                        hint="layer targets must be the same folder (an overlay) or disjoint folders")
+        for rel in plain:
+            if rel == t or rel.startswith(t + "/") or t.startswith(rel + "/"):
+                raise InvalidInputError(f"layers[{i}].target {t!r} overlaps the bundle file {rel!r}", field=f"layers[{i}].target",
+                                        hint="keep plain files outside the layers' target folders")
+
+
+def _member_problem(m: Member, path: str, view: UnionView) -> str | None:
+    """Why member `m` (to be created at bundle-relative `path`) is unsafe, or None."""
+    raw = m.raw_name
+    if raw.startswith("/") or m.name.startswith("/"):
+        return "has an absolute path"
+    if ".." in m.name.split("/"):
+        return "contains '..'"
+    if m.kind == "hardlink":
+        return f"is a hard link (to {m.linkname!r}); layers may not contain hard links"
+    if m.kind in ("chardev", "blockdev", "fifo"):
+        return f"is a {m.kind} (device and special files are refused)"
+    if m.mode & 0o6000:
+        return f"has the setuid/setgid bit set (mode {m.mode:o})"
+    parts = path.split("/")
+    for depth in range(1, len(parts)):
+        ancestor = "/".join(parts[:depth])
+        kind, origin = view.entries.get(ancestor, ("", ""))
+        if kind == "symlink":
+            return f"would be written through the symlink {ancestor!r} planted by {origin}"
+        if kind == "file":
+            return f"would be written under {ancestor!r}, which is a file from {origin}"
+    kind, origin = view.entries.get(path, ("", ""))
+    if kind == "symlink":
+        return f"would replace (and write through) the symlink {path!r} planted by {origin}"
+    if kind and (kind == "dir") != (m.kind == "dir"):
+        return f"would turn the {kind} {path!r} from {origin} into a {m.kind}"
+    if m.kind == "symlink":
+        return _symlink_problem(m.linkname, path, view)
+    return None
+
+
+def _symlink_problem(linkname: str, path: str, view: UnionView) -> str | None:
+    if not linkname:
+        return "is a symlink with an empty target"
+    if linkname.startswith("/"):
+        return f"is a symlink to the absolute path {linkname!r}"
+    parts = [p for p in linkname.split("/") if p not in ("", ".")]
+    climb = 0
+    while climb < len(parts) and parts[climb] == "..":
+        climb += 1
+    if ".." in parts[climb:]:
+        return f"is a symlink to {linkname!r}, which has '..' after a folder name"
+    base = path.split("/")[:-1]
+    if climb > len(base):
+        return f"is a symlink to {linkname!r}, which leaves the bundle"
+    resolved = "/".join(base[:len(base) - climb] + parts[climb:])
+    if not view.inside_targets(resolved):
+        return f"is a symlink to {linkname!r}, which leaves the layer targets (resolves to {resolved!r})"
+    return None
+
+
+def validate_layers(layers: list[tuple[str, str, list[Member]]]) -> UnionView:
+    """Check every member of every layer, in restore order, against one union view.
+
+    `layers` is [(archive, target, members)]. Collects every refusal, then raises one
+    UnsafeArchiveError (exit 6) naming each archive and member. Writes nothing.
+    """
+    view = UnionView(targets=tuple(sorted({t for _, t, _ in layers})))
+    problems: list[tuple[str, str, str]] = []
+    for archive, target, members in layers:
+        for m in members:
+            if m.name == "" and not m.raw_name.startswith("/"):
+                if m.kind != "dir":
+                    problems.append((archive, m.raw_name, "is the archive root but not a folder"))
+                continue
+            path = posixpath.join(target, m.name)
+            why = _member_problem(m, path, view)
+            if why:
+                problems.append((archive, m.raw_name, why))
+                continue
+            parts = path.split("/")
+            for depth in range(len(target.split("/")) + 1, len(parts)):
+                view.entries.setdefault("/".join(parts[:depth]), ("dir", archive))
+            view.entries[path] = (m.kind, archive)
+    if problems:
+        archive, member, why = problems[0]
+        lines = [f"{a}: member {mm!r} {w}" for a, mm, w in problems[:_MAX_LISTED]]
+        more = f" (and {len(problems) - _MAX_LISTED} more)" if len(problems) > _MAX_LISTED else ""
+        raise UnsafeArchiveError("unsafe layer archive, nothing was extracted: " + "; ".join(lines) + more,
+                                 archive=archive, member=member, problems=problems,
+                                 hint="do not use this bundle; ask its publisher to re-pack it with `portable pack`")
+    return view
