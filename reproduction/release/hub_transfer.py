@@ -1,0 +1,394 @@
+"""Hub transfers: settings, bounded retries with backoff, and resumable downloads hashed while written.
+
+Downloads use the `huggingface_hub` HTTP session (its proxies, offline mode and headers, including
+the token from the standard places, which is sent but never printed, logged or written) with our own
+streaming GET: a partial file resumes with `Range`, every byte is hashed as it is written, a
+transfer that receives nothing for `stall_timeout_s` is aborted and retried from where it stopped,
+and the finished file must match the sha256 the manifest pins (not just its size) before it is
+renamed into place. Files are renamed, not fsynced one by one: `bundle.json`, written last with an
+fsync, is what marks the bundle complete, and `portable verify` checks the rest.
+
+`huggingface_hub` is imported inside functions so the control plane's `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from reproduction.errors import (
+    HubAuthError,
+    HubConflictError,
+    HubError,
+    HubIntegrityError,
+    HubNotFoundError,
+    HubTransferError,
+    InvalidInputError,
+)
+from reproduction.ui import UiOptions, human_bytes, progress, say
+
+T = TypeVar("T")
+_ENV = "PORTABLE_HUB_"
+
+
+@dataclass(kw_only=True, slots=True)
+class HubSettings:
+    """Transfer tunables; `from_env()` reads `PORTABLE_HUB_<FIELD>` (e.g. PORTABLE_HUB_STALL_TIMEOUT_S=2)."""
+
+    endpoint: str | None = None
+    """Hub URL; None means huggingface_hub's (HF_ENDPOINT or https://huggingface.co)."""
+    jobs: int = 8
+    """Parallel file transfers."""
+    retries: int = 5
+    """Retries per request after the first try (429, 5xx, timeouts, stalls, digest mismatches)."""
+    backoff_s: float = 1.0
+    """First retry delay; doubles each retry, with jitter (x0.5-1.0), capped by `backoff_max_s`."""
+    backoff_max_s: float = 30.0
+    """Longest wait between retries (also caps a server's Retry-After)."""
+    stall_timeout_s: float = 60.0
+    """Abort a transfer (then retry it, resuming) when no byte arrives for this long."""
+    connect_timeout_s: float = 20.0
+    """Give up connecting after this long (then retry)."""
+    batch_files: int = 200
+    """Most files per publish commit."""
+    batch_bytes: int = 16 * 1024**3
+    """Most bytes per publish commit."""
+
+    def __post_init__(self) -> None:
+        for name in ("jobs", "batch_files", "batch_bytes"):
+            if getattr(self, name) < 1:
+                raise InvalidInputError(f"hub setting {name}={getattr(self, name)} must be at least 1", field=name,
+                                        hint=f"set {_ENV}{name.upper()} to a positive number")
+        for name in ("retries", "backoff_s", "backoff_max_s"):
+            if getattr(self, name) < 0:
+                raise InvalidInputError(f"hub setting {name}={getattr(self, name)} must not be negative", field=name)
+        for name in ("stall_timeout_s", "connect_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise InvalidInputError(f"hub setting {name}={getattr(self, name)} must be positive", field=name)
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> "HubSettings":
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name, kind in (("jobs", int), ("retries", int), ("backoff_s", float), ("backoff_max_s", float),
+                           ("stall_timeout_s", float), ("connect_timeout_s", float), ("batch_files", int),
+                           ("batch_bytes", int)):
+            raw = env.get(_ENV + name.upper())
+            if raw is None or raw == "":
+                continue
+            try:
+                values[name] = kind(raw)
+            except ValueError:
+                raise InvalidInputError(f"{_ENV}{name.upper()}={raw!r} is not a valid {kind.__name__}",
+                                        field=_ENV + name.upper(), hint=f"unset it or give a number") from None
+        return cls(**values)
+
+    def resolved_endpoint(self) -> str:
+        from huggingface_hub import constants
+
+        return (self.endpoint or constants.ENDPOINT).rstrip("/")
+
+
+# -- errors and retries -----------------------------------------------------------------------------
+
+
+class DigestMismatch(Exception):
+    """A downloaded file's bytes do not hash to the pinned sha256 (retryable: the next copy may be fine)."""
+
+    def __init__(self, path: str, expected: str, actual: str) -> None:
+        got = f"sha256 {actual[:16]}..." if re.fullmatch(r"[0-9a-f]{64}", actual) else actual
+        super().__init__(f"{path}: downloaded bytes do not match bundle.json (expected sha256 {expected[:16]}..., got {got})")
+        self.path, self.expected, self.actual = path, expected, actual
+
+
+class TransferInterrupted(Exception):
+    """The server closed a transfer early or answered a range we did not ask for (retryable)."""
+
+
+def _status(exc: BaseException) -> int | None:
+    response = getattr(exc, "response", None)
+    return getattr(response, "status_code", None)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """429, 5xx, timeouts/stalls, dropped connections, short reads and digest mismatches."""
+    import httpx
+
+    if isinstance(exc, (DigestMismatch, TransferInterrupted, httpx.TransportError)):
+        return True
+    status = _status(exc)
+    return status is not None and (status == 429 or status >= 500)
+
+
+def hub_error(exc: BaseException, *, what: str) -> HubError:
+    """Translate a huggingface_hub / httpx exception into our error tree (the server's message kept)."""
+    import httpx
+    from huggingface_hub import errors as hf
+
+    if isinstance(exc, DigestMismatch):
+        return HubIntegrityError(f"{what}: {exc}", path=exc.path, expected=exc.expected, actual=exc.actual,
+                                 hint="the server or a proxy keeps sending corrupted bytes; run fetch again later")
+    if isinstance(exc, (TransferInterrupted, httpx.TransportError)):
+        kind = "stalled (no data)" if isinstance(exc, httpx.TimeoutException) else "failed"
+        return HubTransferError(f"{what}: transfer {kind}: {exc or type(exc).__name__}",
+                                hint="check the network; rerunning resumes where this stopped")
+    if isinstance(exc, hf.OfflineModeIsEnabled):
+        return HubError(f"{what}: offline mode is enabled (HF_HUB_OFFLINE)", hint="unset HF_HUB_OFFLINE to reach the Hub")
+    status = _status(exc)
+    server = getattr(exc, "server_message", None) or ""
+    detail = f"HTTP {status}" + (f": {server.strip()}" if server.strip() else "")
+    if isinstance(exc, hf.RevisionNotFoundError):
+        return HubNotFoundError(f"{what}: revision not found ({detail})", status=status,
+                                hint="check --revision: a branch, tag or full commit SHA of that repo")
+    if isinstance(exc, hf.RemoteEntryNotFoundError):
+        return HubNotFoundError(f"{what}: file not found ({detail})", status=status,
+                                hint="the repo is not a complete published bundle; publish it again")
+    if isinstance(exc, hf.RepositoryNotFoundError):
+        return HubNotFoundError(f"{what}: repository not found ({detail})", status=status,
+                                hint="check OWNER/NAME and --repo-type; a private repo needs a token "
+                                     "(`hf auth login` or HF_TOKEN) that can read it")
+    if status in (401, 403):
+        return HubAuthError(f"{what}: permission denied ({detail})", status=status,
+                            hint="log in with `hf auth login` or set HF_TOKEN to a token with write access to that namespace")
+    if status in (409, 412):
+        return HubConflictError(f"{what}: conflict ({detail})", status=status,
+                                hint="someone else changed the repo meanwhile; run the command again")
+    if status is not None and (status == 429 or status >= 500):
+        return HubTransferError(f"{what}: the Hub kept failing ({detail})", status=status,
+                                hint="the Hub is busy or down; run the command again later (it resumes)")
+    if status is not None:
+        return HubError(f"{what}: the Hub refused the request ({detail})", status=status,
+                        hint="see the server's message above")
+    raise exc
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    response = getattr(exc, "response", None)
+    value = getattr(response, "headers", {}).get("Retry-After") if response is not None else None
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def backoff_delay(attempt: int, settings: HubSettings, retry_after: float | None = None) -> float:
+    """Exponential backoff with jitter for retry number `attempt` (0-based), at least `retry_after`."""
+    delay = min(settings.backoff_max_s, settings.backoff_s * (2 ** attempt)) * random.uniform(0.5, 1.0)
+    if retry_after is not None:
+        delay = max(delay, min(retry_after, settings.backoff_max_s))
+    return delay
+
+
+def with_retries(fn: Callable[[], T], *, what: str, settings: HubSettings, ui: UiOptions | None = None) -> T:
+    """Call `fn`, retrying retryable failures up to `settings.retries` times with backoff.
+
+    Other failures (4xx but 429) stop at once. Raises a HubError subclass carrying the server's
+    message; exceptions that are not transfer errors (bugs) propagate unchanged.
+    """
+    for attempt in range(settings.retries + 1):
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - sorted into retry / our error tree / bug below
+            if not _is_hub_exception(exc):
+                raise
+            if not is_retryable(exc) or attempt == settings.retries:
+                raise hub_error(exc, what=what) from None
+            delay = backoff_delay(attempt, settings, _retry_after(exc))
+            reason = _status(exc) or type(exc).__name__
+            say(f"retry {attempt + 1}/{settings.retries}: {what} ({reason}); waiting {delay:.1f} s", options=ui)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def _is_hub_exception(exc: BaseException) -> bool:
+    import httpx
+    from huggingface_hub import errors as hf
+
+    return isinstance(exc, (DigestMismatch, TransferInterrupted, httpx.HTTPError, hf.HfHubHTTPError, hf.OfflineModeIsEnabled))
+
+
+# -- downloads ---------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Download:
+    """One file to fetch: where from, where to, and what its bytes must hash to."""
+
+    rel: str
+    """Path relative to the bundle (for messages)."""
+    url: str
+    """The resolve URL, pinned to a commit SHA."""
+    dest: Path
+    """Final location; written only once the bytes match."""
+    partial: Path
+    """Where the bytes accumulate until then (kept across runs for resume)."""
+    size: int
+    sha256: str
+
+
+def http_headers() -> dict[str, str]:
+    """huggingface_hub's headers (user agent, token from HF_TOKEN or the stored login), identity encoding."""
+    from huggingface_hub.utils import build_hf_headers
+
+    headers = build_hf_headers()
+    headers["Accept-Encoding"] = "identity"
+    return headers
+
+
+def _timeout(settings: HubSettings) -> Any:
+    import httpx
+
+    return httpx.Timeout(settings.stall_timeout_s, connect=settings.connect_timeout_s)
+
+
+def fetch_small(url: str, *, what: str, settings: HubSettings, ui: UiOptions | None = None, limit: int = 256 << 20) -> bytes:
+    """GET a small file into memory with retries (used for the remote bundle.json)."""
+    from huggingface_hub.utils import get_session, hf_raise_for_status
+
+    def once() -> bytes:
+        response = get_session().get(url, headers=http_headers(), timeout=_timeout(settings), follow_redirects=True)
+        hf_raise_for_status(response)
+        if len(response.content) > limit:
+            raise HubError(f"{what}: {len(response.content)} bytes is larger than expected ({limit})")
+        return response.content
+
+    return with_retries(once, what=what, settings=settings, ui=ui)
+
+
+def _hash_existing(path: Path, size: int) -> tuple[int, Any]:
+    """(bytes already there, sha256 object fed with them); a partial larger than `size` is discarded."""
+    h = hashlib.sha256()
+    try:
+        have = path.stat().st_size
+    except FileNotFoundError:
+        return 0, h
+    if have > size:
+        path.unlink()
+        return 0, h
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return have, h
+
+
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+
+
+def _get_into(job: Download, headers: dict[str, str], settings: HubSettings, on_bytes: Callable[[int], None]) -> str:
+    """One GET attempt: append to `job.partial` from where it stopped; returns the whole file's sha256."""
+    from huggingface_hub.utils import get_session, hf_raise_for_status
+
+    have, h = _hash_existing(job.partial, job.size)
+    if have == job.size:
+        if job.size == 0:  # nothing to transfer for an empty file
+            job.partial.parent.mkdir(parents=True, exist_ok=True)
+            job.partial.touch()
+        return h.hexdigest()
+    request_headers = dict(headers)
+    if have:
+        request_headers["Range"] = f"bytes={have}-"
+    with get_session().stream("GET", job.url, headers=request_headers, timeout=_timeout(settings), follow_redirects=True) as r:
+        if r.status_code >= 400:
+            r.read()
+            if r.status_code == 416:
+                job.partial.unlink(missing_ok=True)
+                on_bytes(-have)
+                raise TransferInterrupted(f"{job.rel}: server refused the resume range; restarting the file")
+            hf_raise_for_status(r)
+        if have and r.status_code == 206:
+            m = _CONTENT_RANGE.match(r.headers.get("Content-Range", ""))
+            if not m or int(m.group(1)) != have:
+                job.partial.unlink(missing_ok=True)
+                on_bytes(-have)
+                raise TransferInterrupted(f"{job.rel}: server answered another range ({r.headers.get('Content-Range')})")
+        elif have:  # a 200 to a Range request: the server sends the whole file again
+            on_bytes(-have)
+            have, h = 0, hashlib.sha256()
+        job.partial.parent.mkdir(parents=True, exist_ok=True)
+        got = have
+        with open(job.partial, "ab" if have else "wb") as fh:
+            for chunk in r.iter_raw():
+                if got + len(chunk) > job.size:
+                    break
+                got += len(chunk)
+                fh.write(chunk)
+                h.update(chunk)
+                on_bytes(len(chunk))
+            else:
+                chunk = b""
+        if chunk:
+            job.partial.unlink(missing_ok=True)
+            on_bytes(-got)
+            raise DigestMismatch(job.rel, job.sha256, f"more than the {job.size} bytes it pins")
+    if got != job.size:
+        raise TransferInterrupted(f"{job.rel}: connection closed after {got} of {job.size} bytes")
+    return h.hexdigest()
+
+
+def download(job: Download, *, settings: HubSettings, headers: dict[str, str], on_bytes: Callable[[int], None],
+             ui: UiOptions | None = None) -> os.stat_result:
+    """Fetch `job` (resuming its partial), check its sha256, rename it to `job.dest`; returns its stat.
+
+    After a failure the partial file stays for the next run (unless its bytes were wrong, then it is
+    removed). Raises HubIntegrityError, HubTransferError, HubNotFoundError, HubAuthError, HubError.
+    """
+
+    try:  # progress counts the bytes in the partial file: what an earlier run left there, then new ones
+        on_bytes(job.partial.stat().st_size)
+    except FileNotFoundError:
+        pass
+
+    def attempt() -> None:
+        digest = _get_into(job, headers, settings, on_bytes)
+        if digest != job.sha256:
+            job.partial.unlink(missing_ok=True)
+            on_bytes(-job.size)
+            raise DigestMismatch(job.rel, job.sha256, digest)
+
+    with_retries(attempt, what=f"download {job.rel}", settings=settings, ui=ui)
+    job.dest.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(job.partial, job.dest)
+    return job.dest.stat()
+
+
+def download_all(jobs: list[Download], *, settings: HubSettings, ui: UiOptions | None = None) -> dict[str, os.stat_result]:
+    """Download `jobs` in `settings.jobs` threads, largest first, with a byte progress bar (rate, ETA).
+
+    Every job runs even if another fails; then one error names every failed file (the worst kind
+    wins: integrity, then auth, not found, transfer). Returns {rel: stat} of the files written.
+    """
+    headers = http_headers()
+    done: dict[str, os.stat_result] = {}
+    failed: list[tuple[Download, HubError]] = []
+    order = sorted(jobs, key=lambda j: -j.size)
+    with progress(ui) as bars, ThreadPoolExecutor(max_workers=settings.jobs) as pool:
+        task = bars.task(f"fetch {len(jobs)} files", total=sum(j.size for j in jobs), bytes_unit=True)
+        futures = {pool.submit(download, job, settings=settings, headers=headers, on_bytes=task.advance, ui=ui): job
+                   for job in order}
+        for future in as_completed(futures):
+            job = futures[future]
+            try:
+                done[job.rel] = future.result()
+            except HubError as exc:
+                failed.append((job, exc))
+    if failed:
+        raise _combine(failed)
+    return done
+
+
+def _combine(failed: list[tuple[Download, HubError]]) -> HubError:
+    rank = (HubIntegrityError, HubAuthError, HubNotFoundError, HubTransferError, HubError)
+    failed.sort(key=lambda f: (next(i for i, k in enumerate(rank) if isinstance(f[1], k)), f[0].rel))
+    first = failed[0][1]
+    lines = [f"{len(failed)} file(s) could not be fetched:"] + [f"  {e.message}" for _, e in failed[:20]]
+    if len(failed) > 20:
+        lines.append(f"  ... and {len(failed) - 20} more")
+    return type(first)("\n".join(lines), hint=first.hint, files=[j.rel for j, _ in failed],
+                       bytes=human_bytes(sum(j.size for j, _ in failed)))
