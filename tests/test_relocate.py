@@ -229,3 +229,40 @@ def test_elf_reader_rejects_garbage() -> None:
     with pytest.raises(elf.ElfError):
         elf.search_paths(b"\x7fELF" + b"\x02\x01" + b"\0" * 10)
     assert elf.search_paths(Path("/bin/sh").resolve().read_bytes()) == []  # no RUNPATH at all
+
+
+def test_scan_skip_prunes_folders_and_files(tmp_path: Path) -> None:
+    old = str(tmp_path / "build")
+    _tree(tmp_path / "build", old)
+    seen: list[str] = []
+
+    def skip(rel: str) -> bool:
+        seen.append(rel)
+        return rel == "lib" or rel.endswith(".pc")
+
+    assert scan_tree(tmp_path / "build", old, skip=skip) == [PrefixOccurrence(path="bin/tool", mode="text")]
+    assert "lib/conf.pc" not in seen  # the folder was pruned, its files never looked at
+
+
+@needs_gcc
+def test_debug_info_strings_fit_or_are_kept_but_loaded_strings_must_fit(tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    (build / "include").mkdir(parents=True)
+    (build / "lib").mkdir()
+    (build / "include" / "k.h").write_text("static inline int k(void) { return 7; }\n")
+    (build / "k.c").write_text('#include "k.h"\nint kk(void) { return k(); }\n')
+    so = build / "lib" / "libk.so"
+    subprocess.run([GCC, "-g", "-shared", "-fPIC", f"-I{build}/include", "-o", str(so), str(build / "k.c")],
+                   check=True, timeout=120, cwd=build)
+    assert scan_tree(build, str(build)) == [PrefixOccurrence(path="lib/libk.so", mode="binary")]
+    occ = [PrefixOccurrence(path="lib/libk.so", mode="binary")]
+    original = so.read_bytes()
+    notes: list[str] = []
+    longer = str(build) + "/much/longer"
+    assert relocate_tree(build, occ, str(build), longer, notes=notes) == []
+    assert notes and all("never maps (debug info)" in n for n in notes)
+    assert so.read_bytes() == original
+    shorter = str(tmp_path / "s")
+    assert relocate_tree(build, occ, str(build), shorter, fsync=False) == ["lib/libk.so"]
+    data = so.read_bytes()
+    assert len(data) == len(original) and str(build).encode() not in data and shorter.encode() in data

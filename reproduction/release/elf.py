@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 ELF_MAGIC = b"\x7fELF"
 PT_LOAD, PT_DYNAMIC = 1, 2
-SHT_DYNSYM = 11
+SHT_NULL, SHT_NOBITS, SHT_DYNSYM = 0, 8, 11
+SHF_ALLOC = 2
 DT_NULL, DT_NEEDED, DT_STRTAB, DT_STRSZ, DT_SONAME, DT_RPATH, DT_RUNPATH = 0, 1, 5, 10, 14, 15, 29
 DT_VERDEF, DT_VERDEFNUM, DT_VERNEED, DT_VERNEEDNUM = 0x6FFFFFFC, 0x6FFFFFFD, 0x6FFFFFFE, 0x6FFFFFFF
 # Dynamic tags whose value is an offset into the dynamic string table.
@@ -104,16 +105,30 @@ class _Reader:
         return []
 
 
-def _referenced_offsets(r: _Reader, dyn: list[tuple[int, int]], strtab: int, strsz: int) -> set[int]:
-    """Offsets into .dynstr used by anything but the search paths themselves."""
-    refs = {val for tag, val in dyn if tag in _STRING_TAGS and tag not in (DT_RPATH, DT_RUNPATH)}
+def _sections(r: _Reader) -> list[tuple[int, int, int, int, int]]:
+    """(sh_type, sh_flags, sh_offset, sh_size, sh_entsize) of every section header (none when stripped of them)."""
     h = r.header()
+    out = []
     for i in range(h["shnum"] if h["shoff"] else 0):
         at = h["shoff"] + i * h["shentsize"]
         if r.is64:
-            _name, sh_type, _fl, _addr, sh_offset, sh_size, _link, _info, _align, sh_entsize = r.unpack("IIQQQQIIQQ", at)
+            _name, sh_type, flags, _addr, offset, size, _link, _info, _align, entsize = r.unpack("IIQQQQIIQQ", at)
         else:
-            _name, sh_type, _fl, _addr, sh_offset, sh_size, _link, _info, _align, sh_entsize = r.unpack("IIIIIIIIII", at)
+            _name, sh_type, flags, _addr, offset, size, _link, _info, _align, entsize = r.unpack("IIIIIIIIII", at)
+        out.append((sh_type, flags, offset, size, entsize))
+    return out
+
+
+def unmapped_ranges(data: bytes | bytearray) -> list[tuple[int, int]]:
+    """File byte ranges of sections the loader never maps (debug info, .symtab/.strtab, .comment)."""
+    return [(offset, offset + size) for sh_type, flags, offset, size, _ in _sections(_Reader(data))
+            if sh_type not in (SHT_NULL, SHT_NOBITS) and not flags & SHF_ALLOC]
+
+
+def _referenced_offsets(r: _Reader, dyn: list[tuple[int, int]], strtab: int, strsz: int) -> set[int]:
+    """Offsets into .dynstr used by anything but the search paths themselves."""
+    refs = {val for tag, val in dyn if tag in _STRING_TAGS and tag not in (DT_RPATH, DT_RUNPATH)}
+    for sh_type, _flags, sh_offset, sh_size, sh_entsize in _sections(r):
         if sh_type == SHT_DYNSYM and sh_entsize:
             for sym in range(sh_offset, sh_offset + sh_size, sh_entsize):
                 refs.add(r.unpack("I", sym)[0])  # st_name is the first field in both classes

@@ -7,7 +7,11 @@ Three kinds of occurrence (`PrefixOccurrence.mode`):
   past 127 bytes (or hold a space) becomes the `#!/bin/sh` + `exec` trampoline pip/distlib use.
 - ``binary``: the prefix inside a NUL-terminated C string: replaced in place, the string keeps its
   slot and is NUL-padded after its new end. A new prefix longer than the one the tree was *built*
-  at cannot fit and is refused (RelocationError, exit 9) before any file is touched.
+  at cannot fit and is refused (RelocationError, exit 9) before any file is touched. One exception,
+  `FALLBACK_GLOBS`: in CPython's libpython (or a static interpreter) a C string that is exactly the
+  prefix is PREFIX/EXEC_PREFIX, which getpath uses only when it finds no lib/pythonX.Y/os.py above
+  the executable; a relocated tree always has it, so such a string that does not fit is left as it
+  is and reported in `notes` instead of refused.
 - ``elf-runpath``: an ELF file whose DT_RUNPATH/DT_RPATH names the prefix. The search path becomes
   `$ORIGIN/<relative>` (it then stays right wherever the bundle moves, so later relocations leave it
   alone), or the new absolute path when only that fits the string slot. Other C strings of the same
@@ -23,14 +27,16 @@ short by a kill can simply be run again.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import shlex
 import stat
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from reproduction.errors import RelocationError, WriteFailedError
 from reproduction.release import elf
@@ -40,6 +46,8 @@ SHEBANG_MAX = 127
 """Longest shebang line (without the newline) every Linux kernel reads whole (BINPRM_BUF_SIZE was 128)."""
 SKIP_SUFFIXES = (".pyc", ".pyo")
 """Bytecode holds source paths only for tracebacks and is rebuilt by Python: never recorded, never rewritten."""
+FALLBACK_GLOBS = ("lib/libpython3*.so*", "bin/python3*")
+"""Files where a C string equal to the prefix is CPython's compiled-in fallback (see the module doc)."""
 _MODE_RANK = {"text": 0, "binary": 1, "elf-runpath": 2}
 _PATH_CHAR = rb"A-Za-z0-9_.+\-"
 
@@ -61,15 +69,21 @@ def prefix_pattern(prefix: str) -> re.Pattern[bytes]:
 # -- scanning ---------------------------------------------------------------------------------------
 
 
-def _iter_files(root: Path) -> Iterable[tuple[str, str]]:
-    """(relative posix path, absolute path) of every regular file below root; symlinks are not followed."""
+def _iter_files(root: Path, skip: Callable[[str], bool] | None) -> Iterable[tuple[str, str]]:
+    """(relative posix path, absolute path) of every regular file below root; symlinks are not followed.
+
+    `skip(rel)` prunes a folder (and all below it) or a file.
+    """
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
+        base = os.path.relpath(dirpath, root).replace(os.sep, "/")
+        base = "" if base == "." else base + "/"
+        dirnames[:] = sorted(d for d in dirnames if skip is None or not skip(base + d))
         for name in sorted(filenames):
             full = os.path.join(dirpath, name)
-            if name.endswith(SKIP_SUFFIXES) or not stat.S_ISREG(os.lstat(full).st_mode):
+            if name.endswith(SKIP_SUFFIXES) or (skip is not None and skip(base + name)):
                 continue
-            yield os.path.relpath(full, root).replace(os.sep, "/"), full
+            if stat.S_ISREG(os.lstat(full).st_mode):
+                yield base + name, full
 
 
 def _classify(data: bytes, prefix: str, pattern: re.Pattern[bytes]) -> str | None:
@@ -87,11 +101,13 @@ def _classify(data: bytes, prefix: str, pattern: re.Pattern[bytes]) -> str | Non
     return "binary" if b"\0" in data else "text"
 
 
-def scan_prefixes(root: Path, prefixes: Sequence[str], *, workers: int | None = None) -> dict[str, list[PrefixOccurrence]]:
+def scan_prefixes(root: Path, prefixes: Sequence[str], *, skip: Callable[[str], bool] | None = None,
+                  workers: int | None = None) -> dict[str, list[PrefixOccurrence]]:
     """Occurrences of each prefix in the regular files below `root`, reading each file once.
 
     Returns {prefix: occurrences sorted by path}, prefixes normalised (no trailing slash). Symlinks,
-    `*.pyc`/`*.pyo` and unreadable special files are skipped. Reads in a few threads (I/O bound).
+    `*.pyc`/`*.pyo`, special files and whatever `skip(relative path)` is true for (a folder: all
+    below it) are skipped, so excluded bulk is never read. Reads in a few threads (I/O bound).
     """
     root = Path(root)
     clean = [normalize_prefix(p) for p in prefixes]
@@ -111,19 +127,19 @@ def scan_prefixes(root: Path, prefixes: Sequence[str], *, workers: int | None = 
     result: dict[str, list[PrefixOccurrence]] = {p: [] for p in clean}
     workers = workers or min(4, (os.cpu_count() or 1) + 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for found in pool.map(one, _iter_files(root), chunksize=16):
+        for found in pool.map(one, _iter_files(root, skip), chunksize=16):
             for prefix, occurrence in found:
                 result[prefix].append(occurrence)
     return result
 
 
-def scan_tree(root: Path, prefix: str) -> list[PrefixOccurrence]:
+def scan_tree(root: Path, prefix: str, *, skip: Callable[[str], bool] | None = None) -> list[PrefixOccurrence]:
     """Every regular file below `root` that contains `prefix` as a path, with how to rewrite it.
 
     Modes: 'elf-runpath' (an ELF whose RUNPATH/RPATH names the prefix), 'binary' (any other file
     holding a NUL byte), 'text'. Sorted by path. See `scan_prefixes` for what is skipped.
     """
-    return scan_prefixes(Path(root), [prefix])[normalize_prefix(prefix)]
+    return scan_prefixes(Path(root), [prefix], skip=skip)[normalize_prefix(prefix)]
 
 
 # -- rewriting --------------------------------------------------------------------------------------
@@ -156,13 +172,30 @@ def _shebang_fix(data: bytes, new_prefix: str, rel: str) -> bytes:
     return tramp.encode() + data[end:]
 
 
-def _rewrite_cstrings(data: bytearray, pattern: re.Pattern[bytes], old: str, new: str, build: str,
-                      skip: Sequence[tuple[int, int]], rel: str, problems: list[str]) -> None:
+@dataclass(kw_only=True, slots=True)
+class _FileCtx:
+    """What rewriting one file's C strings needs to know besides its bytes."""
+
+    rel: str
+    old: str
+    new: str
+    build: str
+    skip: Sequence[tuple[int, int]] = ()
+    """Byte ranges handled elsewhere (RUNPATH slots)."""
+    soft: Sequence[tuple[int, int]] = ()
+    """Byte ranges never mapped at run time (ELF debug info, symbol tables): kept when too short."""
+    fallback: bool = False
+    """The file matches FALLBACK_GLOBS: a string equal to the prefix is kept when too short."""
+
+
+def _rewrite_cstrings(data: bytearray, pattern: re.Pattern[bytes], ctx: _FileCtx, problems: list[str], notes: list[str]) -> None:
     """Replace `old` with `new` inside each C string of `data`, in place, keeping every string's slot.
 
     A slot is the string plus the NUL padding earlier relocations left after it: the string was
-    built with `build`, so each occurrence may hold up to len(build) bytes. Appends to `problems`.
+    built with `build`, so each occurrence may hold up to len(build) bytes. A string that does
+    not fit goes to `problems`, unless it is harmless to keep (ctx.soft, ctx.fallback): `notes`.
     """
+    old, new, build, rel = ctx.old, ctx.new, ctx.build, ctx.rel
     new_b, grow = os.fsencode(new), len(build) - len(old)
     pos = 0
     while True:
@@ -170,7 +203,7 @@ def _rewrite_cstrings(data: bytearray, pattern: re.Pattern[bytes], old: str, new
         if m is None:
             return
         start = m.start()
-        if any(a <= start < b for a, b in skip):
+        if any(a <= start < b for a, b in ctx.skip):
             pos = start + 1
             continue
         nul = data.find(b"\0", start)
@@ -180,6 +213,16 @@ def _rewrite_cstrings(data: bytearray, pattern: re.Pattern[bytes], old: str, new
         pad = count * grow if grow > 0 and data[nul:nul + count * grow + 1].count(0) == count * grow + 1 else 0
         replaced = pattern.sub(lambda _m: new_b, segment)
         room = len(segment) + pad
+        if len(replaced) > room and any(a <= start < b for a, b in ctx.soft):
+            notes.append(f"{rel}: kept {old!r} in a section the loader never maps (debug info) at offset {start}: "
+                         f"{new!r} is longer")
+            pos = nul + 1
+            continue
+        if len(replaced) > room and ctx.fallback and segment == os.fsencode(old) and (start == 0 or data[start - 1] == 0):
+            notes.append(f"{rel}: kept the compiled-in fallback prefix {old!r} at offset {start} ({new!r} is longer; "
+                         "the interpreter finds its own lib/ and never reads it)")
+            pos = nul + 1
+            continue
         if len(replaced) > room:
             problems.append(f"{rel}: a {len(segment)}-byte C string at offset {start} needs {len(replaced)} bytes "
                             f"for {new!r} (room {room}: {count} x the {len(build)}-character build prefix {build!r})")
@@ -224,13 +267,15 @@ def _rewrite_runpaths(data: bytearray, pattern: re.Pattern[bytes], old: str, new
 
 
 def rewrite_bytes(data: bytes, mode: str, *, rel: str, root: Path, old: str, new: str, build: str,
-                  problems: list[str]) -> bytes:
+                  problems: list[str], notes: list[str], fallback: bool = False) -> bytes:
     """The relocated bytes of one file (unchanged bytes when it no longer holds `old`).
 
-    Appends a message to `problems` for each part that cannot be rewritten; pure otherwise.
+    Appends a message to `problems` for each part that cannot be rewritten, and to `notes` for each
+    part kept as it is because it is harmless (see `_rewrite_cstrings`); pure otherwise.
     """
     pattern = prefix_pattern(old)
-    if pattern.search(data) is None:
+    stale_fallback = fallback and build != old and prefix_pattern(build).search(data) is not None
+    if pattern.search(data) is None and not stale_fallback:
         return data
     if mode == "text":
         out = pattern.sub(lambda _m: os.fsencode(new), data)
@@ -240,9 +285,32 @@ def rewrite_bytes(data: bytes, mode: str, *, rel: str, root: Path, old: str, new
             problems.append(str(exc))
             return data
     buf = bytearray(data)
-    skip = _rewrite_runpaths(buf, pattern, old, new, root, rel, problems) if mode == "elf-runpath" else []
-    _rewrite_cstrings(buf, pattern, old, new, build, skip, rel, problems)
+    ctx = _FileCtx(rel=rel, old=old, new=new, build=build, fallback=fallback)
+    if elf.is_elf(buf):
+        try:
+            ctx.soft = elf.unmapped_ranges(buf)
+        except elf.ElfError:
+            pass
+    if mode == "elf-runpath":
+        ctx.skip = _rewrite_runpaths(buf, pattern, old, new, root, rel, problems)
+    _rewrite_cstrings(buf, pattern, ctx, problems, notes)
+    if stale_fallback:
+        # A fallback kept at an earlier relocation still names the build prefix: update it if it fits now.
+        _rewrite_fallbacks(buf, build, new, rel, notes)
     return bytes(buf)
+
+
+def _rewrite_fallbacks(buf: bytearray, build: str, new: str, rel: str, notes: list[str]) -> None:
+    """Rewrite the C strings of `buf` that are exactly `build` to `new` when it fits, else note them."""
+    raw, new_b = os.fsencode(build), os.fsencode(new)
+    pos = buf.find(b"\0" + raw + b"\0")
+    while pos >= 0:
+        if len(new_b) <= len(raw):
+            buf[pos + 1:pos + 1 + len(raw)] = new_b + b"\0" * (len(raw) - len(new_b))
+        else:
+            notes.append(f"{rel}: kept the compiled-in fallback prefix {build!r} at offset {pos + 1} ({new!r} is longer; "
+                         "the interpreter finds its own lib/ and never reads it)")
+        pos = buf.find(b"\0" + raw + b"\0", pos + 1 + len(raw))
 
 
 def _write_keeping_mode(path: Path, data: bytes, st: os.stat_result, fsync: bool) -> None:
@@ -265,7 +333,8 @@ def _write_keeping_mode(path: Path, data: bytes, st: os.stat_result, fsync: bool
 
 
 def relocate_tree(root: Path, occurrences: Sequence[PrefixOccurrence], old_prefix: str, new_prefix: str,
-                  *, build_prefix: str | None = None, fsync: bool = True) -> list[str]:
+                  *, build_prefix: str | None = None, fsync: bool = True,
+                  fallback_globs: Sequence[str] = FALLBACK_GLOBS, notes: list[str] | None = None) -> list[str]:
     """Rewrite the listed files below `root` from `old_prefix` to `new_prefix`; returns the paths changed.
 
     `root` must be where the tree now lives for good ($ORIGIN paths are computed from it).
@@ -274,6 +343,8 @@ def relocate_tree(root: Path, occurrences: Sequence[PrefixOccurrence], old_prefi
     Every file is rewritten in memory first; if any cannot be (a binary string or RUNPATH that does
     not fit, a missing file, a long non-Python shebang) RelocationError lists them all and no file
     was modified. Then each changed file is replaced atomically, mode kept. Same prefix: no-op.
+    Files matching `fallback_globs` may keep a compiled-in fallback prefix that does not fit; each
+    such case is appended to `notes` (when given) for the caller to show.
     """
     root = Path(root)
     old, new = normalize_prefix(old_prefix, what="old prefix"), normalize_prefix(new_prefix, what="new prefix")
@@ -285,6 +356,7 @@ def relocate_tree(root: Path, occurrences: Sequence[PrefixOccurrence], old_prefi
         if _MODE_RANK[occ.mode] >= _MODE_RANK.get(modes.get(occ.path, "text"), 0):
             modes[occ.path] = occ.mode
     problems: list[str] = []
+    kept: list[str] = []
     planned: list[tuple[str, bytes, os.stat_result]] = []
     for rel, mode in sorted(modes.items()):
         path = root / rel
@@ -296,7 +368,9 @@ def relocate_tree(root: Path, occurrences: Sequence[PrefixOccurrence], old_prefi
         except OSError:
             problems.append(f"{rel}: recorded as holding the prefix but missing (or not a regular file) under {root}")
             continue
-        new_data = rewrite_bytes(data, mode, rel=rel, root=root, old=old, new=new, build=build, problems=problems)
+        fallback = any(fnmatch.fnmatchcase(rel, g) for g in fallback_globs)
+        new_data = rewrite_bytes(data, mode, rel=rel, root=root, old=old, new=new, build=build, problems=problems,
+                                 notes=kept, fallback=fallback)
         if new_data != data:
             planned.append((rel, new_data, st))
     if problems:
@@ -308,4 +382,6 @@ def relocate_tree(root: Path, occurrences: Sequence[PrefixOccurrence], old_prefi
                  f"(the build prefix {build!r}), or pack from a tree built at a longer prefix")
     for rel, new_data, st in planned:
         _write_keeping_mode(root / rel, new_data, st, fsync)
+    if notes is not None:
+        notes.extend(kept)
     return [rel for rel, _, _ in planned]
