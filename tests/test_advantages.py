@@ -1,0 +1,242 @@
+"""Stage 3: N-step advantages against a plain per-frame loop; thresholds, sft rule, relabel, sharding."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reproduction.data.reader import open_dataset
+from reproduction.data.writer import EpisodeData, write_dataset
+from reproduction.errors import CheckpointError, DatasetError, FingerprintMismatchError
+from reproduction.recap.advantages import (
+    AdvantageConfig,
+    DatasetArrays,
+    compute_advantages,
+    load_return_range,
+    nstep_advantages,
+    relabel,
+)
+from reproduction.recap.normalize import ReturnRange
+from reproduction.recap.returns import ReturnsConfig, compute_returns, episode_ends
+from reproduction.recap.sharding import merge_values, plan_shards, shard_values_table
+
+
+def reference_episode(G, r, V, N, gamma, discount_next_value, width):
+    """Upstream's Phase 2 for one episode, frame by frame."""
+    L = len(G)
+    out = []
+    for t in range(L):
+        pad = t + N >= L
+        k = min(N, L - t)
+        v_next = 0.0 if pad else V[t + N]
+        if gamma == 1.0:
+            R = G[t] if pad else G[t] - G[t + N]
+        else:
+            R = sum(gamma ** j * r[t + j] for j in range(k))
+        g = gamma ** k if discount_next_value else 1.0
+        out.append((R / width + g * v_next - V[t], R, v_next, k))
+    return out
+
+
+def episode_data(lengths, successes, gamma, failure, rng):
+    G, r, V = [], [], []
+    for n, ok in zip(lengths, successes):
+        rew = [-1.0] * (n - 1) + [0.0 if ok else failure]
+        g, ret = 0.0, [0.0] * n
+        for t in reversed(range(n)):
+            g = rew[t] + gamma * g
+            ret[t] = g
+        G.append(ret), r.append(rew), V.append(list(rng.uniform(-1, 0, n)))
+    return G, r, V
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 30), min_size=1, max_size=10), data=st.data(),
+       N=st.integers(1, 12), gamma=st.sampled_from([1.0, 0.98, 0.9, 0.6]), discount=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_advantages_match_plain_loop(lengths, data, N, gamma, discount, seed):
+    successes = data.draw(st.lists(st.booleans(), min_size=len(lengths), max_size=len(lengths)))
+    rng = np.random.default_rng(seed)
+    G, r, V = episode_data(lengths, successes, gamma, -300.0, rng)
+    rr = ReturnRange(return_min=-350.0, return_max=0.0)
+    row_end = episode_ends(np.repeat(np.arange(len(lengths)) * 7 + 3, lengths))[1]  # non-contiguous ids
+    got = nstep_advantages(row_end, np.concatenate(G), np.concatenate(r), np.concatenate(V), lookahead=N, gamma=gamma,
+                           discount_next_value=discount, return_range=rr)
+    want = [x for g_, r_, v_ in zip(G, r, V) for x in reference_episode(g_, r_, v_, N, gamma, discount, rr.width)]
+    np.testing.assert_allclose(got["advantage_continuous"], [w[0] for w in want], rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(got["reward_sum_raw"], [w[1] for w in want], rtol=1e-9, atol=1e-9)
+    np.testing.assert_array_equal(got["value_next"], [w[2] for w in want])
+    np.testing.assert_array_equal(got["num_valid_rewards"], [w[3] for w in want])
+
+
+def test_shortcut_equals_general_case_at_gamma_one():
+    rng = np.random.default_rng(0)
+    G, r, V = episode_data([40, 7, 1], [True, False, True], 1.0, -300.0, rng)
+    row_end = episode_ends(np.repeat([0, 1, 2], [40, 7, 1]))[1]
+    args = dict(lookahead=5, gamma=1.0, discount_next_value=True, return_range=ReturnRange(return_min=-340, return_max=0))
+    a = nstep_advantages(row_end, np.concatenate(G), np.concatenate(r), np.concatenate(V), **args)
+    b = nstep_advantages(row_end, np.concatenate(G), np.concatenate(r), np.concatenate(V), use_return_shortcut=False, **args)
+    np.testing.assert_allclose(a["advantage_continuous"], b["advantage_continuous"], atol=1e-12)
+
+
+def _arrays(name, kind, lengths, successes, rng, prompts=None):
+    G, r, V = episode_data(lengths, successes, 1.0, -300.0, rng)
+    ep = np.repeat(np.arange(len(lengths)), lengths)
+    return DatasetArrays(name=name, dataset_type=kind, episode_index=ep,
+                         frame_index=np.concatenate([np.arange(n) for n in lengths]),
+                         returns=np.concatenate(G), rewards=np.concatenate(r), values=np.concatenate(V),
+                         prompts=np.asarray(prompts if prompts is not None else [f"task {e % 2}" for e in ep], dtype=object),
+                         fingerprints={"dataset": name * 4, "returns": "r" * 8})
+
+
+def test_global_threshold_across_datasets_and_sft_forced_positive(tmp_path):
+    rng = np.random.default_rng(3)
+    demo = _arrays("demo", "sft", [30, 25], [True, True], rng)
+    roll = _arrays("roll", "rollout", [40, 35, 20], [True, False, False], rng)
+    cfg = AdvantageConfig(lookahead=5, positive_quantile=0.3, tag="q30")
+    report = compute_advantages([demo, roll], cfg, ReturnRange(return_min=-340, return_max=0),
+                                out_dirs=[tmp_path / "demo", tmp_path / "roll"])
+    a_demo = pq.read_table(tmp_path / "demo" / "advantages_q30.parquet")
+    a_roll = pq.read_table(tmp_path / "roll" / "advantages_q30.parquet")
+    both = np.concatenate([a_demo.column("advantage_continuous").to_numpy(), a_roll.column("advantage_continuous").to_numpy()])
+    tau = np.percentile(both, 70)
+    assert report.thresholds == {"*": pytest.approx(tau)}
+    assert a_demo.column("advantage").to_numpy().all()  # sft: forced positive
+    np.testing.assert_array_equal(a_roll.column("advantage").to_numpy(), a_roll.column("advantage_continuous").to_numpy() >= tau)
+    assert report.positive_fraction["demo"]["all"] == 1.0
+    assert report.positive_fraction["roll"]["all"] == pytest.approx(a_roll.column("advantage").to_numpy().mean())
+    assert a_roll.column_names == ["episode_index", "frame_index", "advantage_continuous", "return", "value_current",
+                                   "value_next", "reward_sum", "reward_sum_raw", "num_valid_rewards", "dataset_name",
+                                   "advantage"]
+    assert a_roll.schema.field("advantage_continuous").type == pa.float64()
+    meta = json.loads(pq.read_schema(tmp_path / "roll" / "advantages_q30.parquet").metadata[b"recap_portable"])
+    assert meta["dataset_fingerprint"] == "roll" * 4 and meta["returns_fingerprint"] == "r" * 8
+    assert meta["return_range"] == {"return_min": -340.0, "return_max": 0.0}
+    import yaml
+    mix = yaml.safe_load((tmp_path / "roll" / "mixture_config.yaml").read_text())
+    assert mix["tags"]["q30"]["unified_threshold"] == pytest.approx(tau) and mix["global_return_min"] == -340.0
+    assert [d["name"] for d in mix["datasets"]] == ["demo", "roll"]
+
+
+def test_per_task_threshold(tmp_path):
+    rng = np.random.default_rng(5)
+    roll = _arrays("roll", "rollout", [40, 35, 30, 20], [True, False, True, False], rng)
+    cfg = AdvantageConfig(lookahead=3, positive_quantile=0.25, threshold_scope="per_task")
+    report = compute_advantages([roll], cfg, ReturnRange(return_min=-340, return_max=0), out_dirs=[tmp_path / "o"])
+    table = pq.read_table(tmp_path / "o" / "advantages.parquet")
+    a = table.column("advantage_continuous").to_numpy()
+    for task in ("task 0", "task 1"):
+        sel = roll.prompts == task
+        assert report.thresholds[task] == pytest.approx(np.percentile(a[sel], 75))
+        np.testing.assert_array_equal(table.column("advantage").to_numpy()[sel], a[sel] >= np.percentile(a[sel], 75))
+
+
+def test_return_range_comes_from_the_value_checkpoint(tmp_path):
+    (tmp_path / "value_meta.json").write_text(json.dumps({"return_range": {"return_min": -120.0, "return_max": 0.0}}))
+    rr, fp = load_return_range(tmp_path)
+    assert rr == ReturnRange(return_min=-120.0, return_max=0.0) and len(fp) == 64
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no return range"):
+        load_return_range(tmp_path / "empty")
+
+
+def test_sharding_infers_every_frame_once_and_merges(tmp_path):
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(1, 60, size=40)
+    ep = np.repeat(np.sort(rng.choice(10_000, size=40, replace=False)), lengths)
+    fr = np.concatenate([np.arange(n) for n in lengths])
+    row_end = episode_ends(ep)[1]
+    values = rng.uniform(-1, 0, ep.size)
+    N = 8
+    for world in (1, 2, 3, 7):
+        plan = plan_shards(row_end, world, N)
+        owned = np.zeros(ep.size, int)
+        parts = []
+        for shard in plan:
+            calls = np.zeros(ep.size, int)
+            np.add.at(calls, np.arange(shard.start, shard.infer_stop), 1)  # one forward per inferred frame
+            assert calls.max(initial=0) <= 1
+            owned[shard.owned] += 1
+            local = values[shard.inferred]  # the shard's own inference
+            idx = np.arange(shard.start, shard.stop)
+            need = idx[idx + N < row_end[idx]] + N  # every V(t+N) an owned row needs is local
+            assert (need < shard.infer_stop).all()
+            assert shard.infer_stop <= max(shard.stop, row_end[shard.stop - 1] if shard.stop > shard.start else 0)
+            parts.append(shard_values_table(ep, fr, local, shard))
+        assert (owned == 1).all()
+        merged = merge_values(parts[::-1])  # order of arrival does not matter
+        np.testing.assert_array_equal(merged.column("value").to_numpy(), values)
+    with pytest.raises(DatasetError, match="merging value shards: episode .* appears more than once") as info:
+        merge_values([parts[0], parts[0]])
+    assert info.value.hint == "two shards inferred the same frame"
+
+
+FEATURES = {"observation.state": {"dtype": "float32", "shape": [2]}, "is_success": {"dtype": "bool", "shape": [1]}}
+
+
+def _dataset(tmp_path, name, spec):
+    rng = np.random.default_rng(11)
+    eps = [EpisodeData(episode_index=e, task=f"task {e % 2}", frames={"observation.state": rng.normal(size=(n, 2)).astype(np.float32),
+                                                                       "is_success": np.full(n, ok)}) for e, n, ok in spec]
+    return write_dataset(tmp_path / name, eps, fps=10, features=FEATURES)
+
+
+def test_cli_compute_then_relabel_both_modes(tmp_path):
+    root = _dataset(tmp_path, "roll", [(1, 30, True), (4, 25, False), (6, 33, True)])
+    run = tmp_path / "run"
+    compute_returns([root], run, ReturnsConfig(dataset_type="rollout", tag="f300"))
+    frames = open_dataset(root).frame_table(["episode_index", "frame_index"])
+    rng = np.random.default_rng(0)
+    values = frames.append_column("value", pa.array(rng.uniform(-1, 0, frames.num_rows)))
+    pq.write_table(values.take(pa.array(rng.permutation(frames.num_rows))), tmp_path / "values.parquet")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "value_meta.json").write_text(json.dumps({"return_range": {"return_min": -340.0, "return_max": 0.0}}))
+    base = [sys.executable, "-m", "reproduction.recap.advantages"]
+    proc = subprocess.run(base + ["compute", "--dataset", str(root), "--values", str(tmp_path / "values.parquet"),
+                                  "--returns-dir", str(run), "--returns-tag", "f300", "--value-checkpoint", str(ckpt),
+                                  "--out", str(run), "--tag", "n5", "--lookahead", "5", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    first = pq.read_table(run / "roll" / "advantages_n5.parquet")
+    assert abs(first.column("advantage").to_numpy().mean() - 0.3) < 0.02
+    # threshold-only relabel keeps the continuous scores, changes the labels
+    rel = relabel([root], run, source_tag="n5", config=AdvantageConfig(tag="q50", positive_quantile=0.5),
+                  recompute=False, out=run)
+    q50 = pq.read_table(run / "roll" / "advantages_q50.parquet")
+    np.testing.assert_array_equal(q50.column("advantage_continuous").to_numpy(), first.column("advantage_continuous").to_numpy())
+    assert rel.thresholds["*"] == pytest.approx(np.median(first.column("advantage_continuous").to_numpy()))
+    # recompute with the same N from stored values reproduces stage 3 exactly; a new N differs
+    relabel([root], run, source_tag="n5", config=AdvantageConfig(tag="again", lookahead=5, returns_tag="f300"),
+            recompute=True, out=run)
+    again = pq.read_table(run / "roll" / "advantages_again.parquet")
+    np.testing.assert_allclose(again.column("advantage_continuous").to_numpy(), first.column("advantage_continuous").to_numpy())
+    relabel([root], run, source_tag="n5", config=AdvantageConfig(tag="n2", lookahead=2, returns_tag="f300"),
+            recompute=True, out=run)
+    assert pq.read_table(run / "roll" / "advantages_n2.parquet").column("num_valid_rewards").to_numpy().max() == 2
+    # sft rule survives relabel; data parquets are never rewritten
+    before = sorted((p, p.stat().st_mtime_ns) for p in (root / "data").rglob("*.parquet"))
+    relabel([root], run, source_tag="n5", config=AdvantageConfig(tag="sft"), recompute=False, out=run, types=["sft"])
+    assert pq.read_table(run / "roll" / "advantages_sft.parquet").column("advantage").to_numpy().all()
+    assert sorted((p, p.stat().st_mtime_ns) for p in (root / "data").rglob("*.parquet")) == before
+    # a refiltered dataset under the same name is refused
+    other = _dataset(tmp_path / "x", "roll", [(1, 30, True), (6, 33, True)])
+    with pytest.raises(FingerprintMismatchError, match=open_dataset(other).fingerprint):
+        relabel([other], run, source_tag="n5", config=AdvantageConfig(tag="z"), recompute=False, out=run)
+
+
+def test_values_that_do_not_cover_the_sidecar_are_refused(tmp_path):
+    root = _dataset(tmp_path, "roll", [(0, 5, True)])
+    compute_returns([root], tmp_path / "run", ReturnsConfig(dataset_type="rollout"))
+    from reproduction.recap.advantages import load_dataset_arrays
+    short = pa.table({"episode_index": [0] * 4, "frame_index": [0, 1, 2, 3], "value": [0.0] * 4})
+    with pytest.raises(DatasetError, match=r"frame \(0, 4\) has no value"):
+        load_dataset_arrays(root, tmp_path / "run", short, dataset_type="rollout", returns_tag=None)
