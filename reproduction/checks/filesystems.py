@@ -2,7 +2,7 @@
 
 Triton writes and renames many small files per kernel and every rank reads the cache at start; on
 NFS/Lustre/CIFS that hung whole jobs. The type comes from the mount table (/proc/mounts): the mount
-whose mount point is the longest prefix of the path's nearest existing ancestor, resolved.
+whose mount point is the longest prefix of the path with its symbolic links resolved.
 """
 
 from __future__ import annotations
@@ -53,11 +53,8 @@ def parse_mounts(text: str) -> list[Mount]:
 
 
 def mount_for(path: Path, mounts: list[Mount]) -> Mount | None:
-    """The mount holding `path` (or its nearest existing ancestor); the last of equal mount points wins."""
-    probe = Path(os.path.abspath(path))
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    real = os.path.realpath(probe)
+    """The mount holding `path` (links resolved); the longest mount point wins, the last of equal ones."""
+    real = os.path.realpath(path)  # resolves the links that exist, keeps the not-yet-created rest
     best: Mount | None = None
     for mount in mounts:
         point = mount.mountpoint.rstrip("/") or "/"
