@@ -266,3 +266,20 @@ def test_debug_info_strings_fit_or_are_kept_but_loaded_strings_must_fit(tmp_path
     assert relocate_tree(build, occ, str(build), shorter, fsync=False) == ["lib/libk.so"]
     data = so.read_bytes()
     assert len(data) == len(original) and str(build).encode() not in data and shorter.encode() in data
+
+
+@needs_gcc
+def test_kept_debug_strings_catch_up_when_a_later_prefix_fits(tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    (build / "lib").mkdir(parents=True)
+    (build / "k.c").write_text("int kk(void) { return 7; }\n")
+    so = build / "lib" / "libk.so"
+    subprocess.run([GCC, "-g", "-shared", "-fPIC", "-o", str(so), str(build / "k.c")], check=True, timeout=120, cwd=build)
+    occ = scan_tree(build, str(build))
+    longer = str(tmp_path / ("x" * 80))
+    relocate_tree(build, occ, str(build), longer, build_prefix=str(build), fsync=False)
+    assert str(build).encode() in so.read_bytes()  # kept: the loader never maps debug info
+    shorter = str(tmp_path / "s")
+    assert relocate_tree(build, occ, longer, shorter, build_prefix=str(build), fsync=False) == ["lib/libk.so"]
+    data = so.read_bytes()
+    assert str(build).encode() not in data and shorter.encode() in data

@@ -274,8 +274,9 @@ def rewrite_bytes(data: bytes, mode: str, *, rel: str, root: Path, old: str, new
     part kept as it is because it is harmless (see `_rewrite_cstrings`); pure otherwise.
     """
     pattern = prefix_pattern(old)
-    stale_fallback = fallback and build != old and prefix_pattern(build).search(data) is not None
-    if pattern.search(data) is None and not stale_fallback:
+    # Strings kept at an earlier relocation (fallback, debug info) still name the build prefix.
+    stale = mode != "text" and build != old and prefix_pattern(build).search(data) is not None
+    if pattern.search(data) is None and not stale:
         return data
     if mode == "text":
         out = pattern.sub(lambda _m: os.fsencode(new), data)
@@ -294,23 +295,11 @@ def rewrite_bytes(data: bytes, mode: str, *, rel: str, root: Path, old: str, new
     if mode == "elf-runpath":
         ctx.skip = _rewrite_runpaths(buf, pattern, old, new, root, rel, problems)
     _rewrite_cstrings(buf, pattern, ctx, problems, notes)
-    if stale_fallback:
-        # A fallback kept at an earlier relocation still names the build prefix: update it if it fits now.
-        _rewrite_fallbacks(buf, build, new, rel, notes)
+    if stale:
+        # Those kept strings get the new prefix as soon as it fits their (build-sized) slot.
+        ctx.old = build
+        _rewrite_cstrings(buf, prefix_pattern(build), ctx, problems, notes)
     return bytes(buf)
-
-
-def _rewrite_fallbacks(buf: bytearray, build: str, new: str, rel: str, notes: list[str]) -> None:
-    """Rewrite the C strings of `buf` that are exactly `build` to `new` when it fits, else note them."""
-    raw, new_b = os.fsencode(build), os.fsencode(new)
-    pos = buf.find(b"\0" + raw + b"\0")
-    while pos >= 0:
-        if len(new_b) <= len(raw):
-            buf[pos + 1:pos + 1 + len(raw)] = new_b + b"\0" * (len(raw) - len(new_b))
-        else:
-            notes.append(f"{rel}: kept the compiled-in fallback prefix {build!r} at offset {pos + 1} ({new!r} is longer; "
-                         "the interpreter finds its own lib/ and never reads it)")
-        pos = buf.find(b"\0" + raw + b"\0", pos + 1 + len(raw))
 
 
 def _write_keeping_mode(path: Path, data: bytes, st: os.stat_result, fsync: bool) -> None:
