@@ -71,19 +71,19 @@ class ProbeResult:
                 "details": self.details}
 
 
-def ok(name: str, finding: str, **details: Any) -> ProbeResult:
+def ok(name: str, finding: str, /, **details: Any) -> ProbeResult:
     return ProbeResult(name=name, status=OK, finding=finding, details=details)
 
 
-def warn(name: str, finding: str, fix: str, **details: Any) -> ProbeResult:
+def warn(name: str, finding: str, fix: str, /, **details: Any) -> ProbeResult:
     return ProbeResult(name=name, status=WARN, finding=finding, fix=fix, details=details)
 
 
-def fail(name: str, failure: str, finding: str, fix: str, **details: Any) -> ProbeResult:
+def fail(name: str, failure: str, finding: str, fix: str, /, **details: Any) -> ProbeResult:
     return ProbeResult(name=name, status=FAIL, finding=finding, fix=fix, failure=failure, details=details)
 
 
-def skip(name: str, finding: str, **details: Any) -> ProbeResult:
+def skip(name: str, finding: str, /, **details: Any) -> ProbeResult:
     return ProbeResult(name=name, status=SKIP, finding=finding, details=details)
 
 
