@@ -1,0 +1,158 @@
+"""Interoperability with lerobot 0.4.4: it loads datasets we write, and we read datasets it writes.
+
+lerobot runs in its own virtual environment (lerobot is never a runtime dependency): created once
+with `--system-site-packages` (reusing the system torch, numpy, pyarrow, huggingface_hub, av) and
+lerobot plus the runtime packages it actually imports installed with `--no-deps` at the pins below
+(its declared ranges, torch<2.11 and huggingface_hub<0.36, exclude this machine's stack). The venv
+is cached under ~/.cache/recap-portable/lerobot-venv-<hash of the pins> so CI reuses it. PyPI's
+torchvision next to the CPU torch fails at import (`operator torchvision::nms does not exist`);
+the driver defines those two operator schemas before lerobot imports torchvision.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reproduction.data.reader import open_dataset
+from reproduction.data.writer import EpisodeData, write_dataset
+
+pytestmark = pytest.mark.slow
+
+PINS = ["lerobot==0.4.4", "accelerate==1.15.0", "datasets==4.8.5", "deepdiff==9.1.0", "dill==0.4.1",
+        "draccus==0.10.0", "einops==0.8.2", "jsonlines==4.0.0", "mergedeep==1.3.4", "multiprocess==0.70.19",
+        "orderly-set==5.5.0", "pandas==3.1.1", "psutil==7.2.2", "pytz==2026.6", "pyyaml-include==2.2",
+        "termcolor==3.3.0", "toml==0.10.2", "torchvision==0.29.1", "tzdata==2026.6", "xxhash==4.1.0",
+        "typing-inspect", "mypy-extensions", "imageio", "python-dateutil", "fsspec", "requests"]
+
+SHIM = """
+import torch
+_lib = torch.library.Library("torchvision", "DEF")
+_lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+_lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+"""
+
+READ_DRIVER = SHIM + """
+import sys, numpy as np
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+ds = LeRobotDataset("local/ours", root=sys.argv[1])
+items = [ds[i] for i in range(len(ds))]
+np.savez(sys.argv[2],
+         state=np.stack([it["observation.state"].numpy() for it in items]),
+         image=np.stack([(it["observation.images.front"].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8) for it in items]),
+         success=np.array([bool(it["is_success"]) for it in items]),
+         episode_index=np.array([int(it["episode_index"]) for it in items]),
+         frame_index=np.array([int(it["frame_index"]) for it in items]),
+         index=np.array([int(it["index"]) for it in items]),
+         task=np.array([it["task"] for it in items]))
+"""
+
+WRITE_DRIVER = SHIM + """
+import sys, numpy as np
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+src = np.load(sys.argv[2])
+features = {"observation.state": {"dtype": "float32", "shape": (3,), "names": None},
+            "observation.images.front": {"dtype": "image", "shape": (32, 48, 3), "names": ["height", "width", "channel"]},
+            "is_success": {"dtype": "bool", "shape": (1,), "names": None}}
+ds = LeRobotDataset.create("local/theirs", fps=10, root=sys.argv[1], features=features, use_videos=False)
+starts = np.flatnonzero(np.r_[True, src["episode"][1:] != src["episode"][:-1]])
+for s, e in zip(starts, list(starts[1:]) + [len(src["episode"])]):
+    for i in range(s, e):
+        ds.add_frame({"observation.state": src["state"][i], "observation.images.front": src["image"][i],
+                      "is_success": src["success"][i:i + 1], "task": str(src["task"][i])})
+    ds.save_episode()
+ds.finalize()
+"""
+
+
+def _venv() -> Path:
+    key = hashlib.sha256(("\n".join(PINS) + sys.version).encode()).hexdigest()[:12]
+    venv = Path.home() / ".cache" / "recap-portable" / f"lerobot-venv-{key}"
+    python = venv / "bin" / "python"
+    if (venv / ".complete").is_file():
+        return python
+    tmp = venv.with_name(venv.name + f".partial-{os.getpid()}")
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(tmp)], check=True, timeout=120)
+    proc = subprocess.run([str(tmp / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", *PINS],
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"building the lerobot test venv failed (pip could not install the pins): {proc.stderr[-2000:]}")
+    # venvs are not relocatable: rebuild in place by renaming only after the scripts point at the final path
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--upgrade", str(tmp)], check=True, timeout=120)
+    if venv.exists():
+        import shutil
+        shutil.rmtree(venv)
+    os.replace(tmp, venv)
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--upgrade", str(venv)], check=True, timeout=120)
+    (venv / ".complete").write_text("\n".join(PINS))
+    return python
+
+
+def _run(python: Path, script: str, *args: str) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run([str(python), "-c", textwrap.dedent(script), *args], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _source(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:32, 0:48]
+    specs = [(0, 6, "pick the cube"), (1, 4, "push the cube"), (2, 5, "pick the cube")]
+    eps = []
+    for ep, n, task in specs:
+        img = np.stack([np.stack([(xx * 3 + i * 11 + ep) % 256, (yy * 5 + ep * 40) % 256, rng.integers(0, 256, (32, 48))],
+                                 -1) for i in range(n)]).astype(np.uint8)
+        eps.append(EpisodeData(episode_index=ep, task=task, frames={
+            "observation.state": rng.normal(size=(n, 3)).astype(np.float32), "observation.images.front": img,
+            "is_success": np.arange(n) == n - 1}))
+    return eps
+
+
+FEATURES = {"observation.state": {"dtype": "float32", "shape": [3]},
+            "observation.images.front": {"dtype": "image", "shape": [32, 48, 3]},
+            "is_success": {"dtype": "bool", "shape": [1]}}
+
+
+def test_lerobot_loads_our_v30_dataset_frame_for_frame(tmp_path):
+    python = _venv()
+    eps = _source()
+    root = write_dataset(tmp_path / "ours", eps, fps=10, features=FEATURES)
+    _run(python, READ_DRIVER, str(root), str(tmp_path / "seen.npz"))
+    seen = np.load(tmp_path / "seen.npz")
+    np.testing.assert_array_equal(seen["state"], np.concatenate([e.frames["observation.state"] for e in eps]))
+    np.testing.assert_array_equal(seen["image"], np.concatenate([e.frames["observation.images.front"] for e in eps]))
+    np.testing.assert_array_equal(seen["success"], np.concatenate([e.frames["is_success"] for e in eps]))
+    np.testing.assert_array_equal(seen["episode_index"], np.repeat([0, 1, 2], [6, 4, 5]))
+    np.testing.assert_array_equal(seen["index"], np.arange(15))
+    assert list(seen["task"]) == ["pick the cube"] * 6 + ["push the cube"] * 4 + ["pick the cube"] * 5
+
+
+def test_we_read_a_dataset_lerobot_wrote_frame_for_frame(tmp_path):
+    python = _venv()
+    eps = _source(1)
+    src = {"state": np.concatenate([e.frames["observation.state"] for e in eps]),
+           "image": np.concatenate([e.frames["observation.images.front"] for e in eps]),
+           "success": np.concatenate([e.frames["is_success"] for e in eps]),
+           "episode": np.repeat([e.episode_index for e in eps], [e.length for e in eps]),
+           "task": np.repeat([e.task for e in eps], [e.length for e in eps])}
+    np.savez(tmp_path / "src.npz", **src)
+    _run(python, WRITE_DRIVER, str(tmp_path / "theirs"), str(tmp_path / "src.npz"))
+    ds = open_dataset(tmp_path / "theirs")
+    assert ds.info.codebase_version == "v3.0" and ds.num_frames == 15 and ds.num_episodes == 3
+    rows = np.arange(ds.num_frames)[::-1]  # any order
+    got = ds.read_frames(rows, ["observation.state", "observation.images.front", "is_success"])
+    np.testing.assert_array_equal(got["observation.state"], src["state"][rows])
+    np.testing.assert_array_equal(got["observation.images.front"], src["image"][rows])
+    np.testing.assert_array_equal(got["is_success"].reshape(-1), src["success"][rows])
+    table = ds.frame_table()
+    np.testing.assert_array_equal(table.column("episode_index").to_numpy(), src["episode"])
+    assert [ds.tasks[i] for i in table.column("task_index").to_pylist()] == list(src["task"])
+    assert len(ds.fingerprint) == 64
