@@ -9,6 +9,7 @@ each stage) plus 1 GiB (datasets' sidecars, logs, evidence).
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 from pathlib import Path
@@ -51,7 +52,8 @@ def probe_restored(bundle: Path, manifest: Any) -> ProbeResult:
         return ok("bundle.restore", "no layers to restore (the bundle runs with the current interpreter)")
     fix = f"portable restore {bundle}"
     try:
-        from reproduction.release import receipt as receipt_mod
+        # Looked up lazily (restore owns the format); a runner without it still checks everything else.
+        receipt_mod = importlib.import_module("reproduction.release.receipt")
     except ImportError as exc:
         return warn("bundle.restore", f"cannot read restore receipts in this version ({exc})", f"run `{fix}` to be sure")
     path = receipt_mod.receipt_path(bundle)
