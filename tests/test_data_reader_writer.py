@@ -1,0 +1,126 @@
+"""LeRobot v2.1/v3.0 write -> read round trips (PNG and video), row addressing, fingerprints, refusals."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from reproduction.data.reader import open_dataset
+from reproduction.data.writer import EpisodeData, write_dataset
+from reproduction.errors import DatasetError, InputNotFoundError, InvalidInputError, UnsupportedFormatError
+
+FEATURES = {"observation.state": {"dtype": "float32", "shape": [3]},
+            "observation.images.front": {"dtype": "image", "shape": [32, 48, 3]},
+            "is_success": {"dtype": "bool", "shape": [1]}}
+SPEC = [(3, 9), (10, 5), (11, 12), (40, 1)]  # non-contiguous ids, one 1-frame episode
+
+
+def _episodes():
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[0:32, 0:48]
+    for ep, n in SPEC:
+        img = np.stack([np.stack([(xx * 2 + i * 5 + ep) % 256, (yy * 3 + ep * 9) % 256, np.full_like(xx, (i * 17) % 256)], -1)
+                        for i in range(n)]).astype(np.uint8)
+        yield EpisodeData(episode_index=ep, task=f"task {ep % 2}", frames={
+            "observation.state": rng.normal(size=(n, 3)).astype(np.float32), "observation.images.front": img,
+            "is_success": np.arange(n) == n - 1})
+
+
+ALL = list(_episodes())
+STATE = np.concatenate([e.frames["observation.state"] for e in ALL])
+IMAGES = np.concatenate([e.frames["observation.images.front"] for e in ALL])
+
+
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+@pytest.mark.parametrize("storage", ["png", "video"])
+def test_round_trip(tmp_path, version, storage):
+    root = write_dataset(tmp_path / "ds", _episodes(), fps=10, features=FEATURES, version=version,
+                         image_storage=storage, data_file_mb=0.00001)  # tiny: one file per episode in v3.0 too
+    ds = open_dataset(root)
+    assert ds.info.codebase_version == version and ds.info.fps == 10
+    assert ds.num_frames == 27 and ds.num_episodes == 4 and ds.tasks == {0: "task 1", 1: "task 0"}
+    assert ds.camera_keys == ["observation.images.front"]
+    assert (ds.video_keys == ["observation.images.front"]) == (storage == "video")
+    table = ds.frame_table()
+    assert table.column_names == ["episode_index", "frame_index", "index", "task_index", "timestamp", "is_success"]
+    np.testing.assert_array_equal(table.column("episode_index").to_numpy(), np.repeat([e for e, _ in SPEC], [n for _, n in SPEC]))
+    np.testing.assert_array_equal(table.column("index").to_numpy(), np.arange(27))
+    assert len(ds.data_files) == 4
+    rows = np.array([26, 0, 13, 14, 8, 9, 25, 13])  # unsorted, repeated, across files and episodes
+    got = ds.read_frames(rows, ["observation.state", "observation.images.front", "is_success"])
+    np.testing.assert_array_equal(got["observation.state"], STATE[rows])
+    assert got["is_success"].tolist() == [True, False, True, False, True, False, True, True]
+    err = np.abs(got["observation.images.front"].astype(int) - IMAGES[rows])
+    if storage == "png":
+        assert err.max() == 0
+    else:
+        assert got["observation.images.front"].dtype == np.uint8 and err.mean() < 6  # lossy codec, frames aligned
+
+
+def test_video_decodes_each_episode_once_in_order(tmp_path, monkeypatch):
+    root = write_dataset(tmp_path / "ds", _episodes(), fps=10, features=FEATURES, image_storage="video")
+    import reproduction.data.video as video
+
+    calls = []
+    real = video.decode_episode
+    monkeypatch.setattr(video, "decode_episode", lambda *a, **k: calls.append(k["from_timestamp"]) or real(*a, **k))
+    ds = open_dataset(root, video_cache_episodes=1)
+    for start in range(0, 27, 4):  # a sequential sweep in batches
+        ds.read_frames(np.arange(start, min(start + 4, 27)), ["observation.images.front"])
+    assert calls == [0.0, 0.9, 1.4, 2.6]  # one sequential decode per episode, from its start in the shared mp4
+
+
+def test_fingerprint_changes_with_frames_not_with_unrelated_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("RECAP_PORTABLE_CACHE", str(tmp_path / "cache"))
+    root = write_dataset(tmp_path / "ds", _episodes(), fps=10, features=FEATURES)
+    fp = open_dataset(root).fingerprint
+    assert open_dataset(root).fingerprint == fp  # second call from the stat cache
+    assert list((tmp_path / "cache" / "fingerprints").glob("*.json"))
+    (root / "meta" / "returns.parquet").write_bytes(b"sidecar")  # sidecars in meta/ do not change it
+    assert open_dataset(root).fingerprint == fp
+    refiltered = write_dataset(tmp_path / "re", [e for e in _episodes() if e.episode_index != 10], fps=10, features=FEATURES)
+    assert open_dataset(refiltered).fingerprint != fp
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    assert open_dataset(copy).fingerprint == fp  # content, not location
+
+
+def test_refusals(tmp_path):
+    with pytest.raises(InputNotFoundError, match="no LeRobot info.json"):
+        open_dataset(tmp_path)
+    root = write_dataset(tmp_path / "ds", _episodes(), fps=10, features=FEATURES)
+    with pytest.raises(InvalidInputError, match="already exists"):
+        write_dataset(root, _episodes(), fps=10, features=FEATURES)
+    ds = open_dataset(root)
+    with pytest.raises(DatasetError, match="row 27 out of range"):
+        ds.read_frames([27], ["observation.state"])
+    with pytest.raises(DatasetError, match="unknown feature 'action'"):
+        ds.read_frames([0], ["action"])
+    info = json.loads((root / "meta" / "info.json").read_text())
+    info["codebase_version"] = "v2.0"
+    (root / "meta" / "info.json").write_text(json.dumps(info))
+    with pytest.raises(UnsupportedFormatError, match="codebase_version 'v2.0' is not supported") as err:
+        open_dataset(root)
+    assert err.value.exit_code == 4
+    bad = [EpisodeData(episode_index=1, task="t", frames={"observation.state": np.zeros((2, 3), np.float32),
+                                                          "observation.images.front": np.zeros((3, 32, 48, 3), np.uint8),
+                                                          "is_success": np.zeros(2, bool)})]
+    with pytest.raises(DatasetError, match="has 3 frames, expected 2"):
+        write_dataset(tmp_path / "bad", bad, fps=10, features=FEATURES)
+    assert not (tmp_path / "bad").exists() and not list(tmp_path.glob(".bad.partial-*"))  # nothing half-written
+
+
+def test_v30_files_are_what_lerobot_expects(tmp_path):
+    root = write_dataset(tmp_path / "ds", _episodes(), fps=10, features=FEATURES, image_storage="video")
+    ep = pq.read_table(root / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    assert [e["dataset_from_index"] for e in ep] == [0, 9, 14, 26]
+    assert ep[1]["videos/observation.images.front/from_timestamp"] == pytest.approx(0.9)
+    tasks = pq.read_table(root / "meta/tasks.parquet")
+    assert b"pandas" in tasks.schema.metadata and tasks.column("task_index").to_pylist() == [0, 1]
+    info = json.loads((root / "meta/info.json").read_text())
+    assert info["features"]["observation.images.front"]["dtype"] == "video" and info["total_frames"] == 27
+    assert info["data_path"] == "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
