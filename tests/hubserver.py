@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, quote, unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 LFS_THRESHOLD = 10 * 1024 * 1024
 """Files larger than this are LFS even when their first bytes look like text (the Hub's rule)."""
@@ -55,6 +55,7 @@ class Fault:
     kind: "status" (answer `status` with `message`), "corrupt" (serve the file with one byte
     flipped, same size), "stall" (send `after_bytes` of the body then hang `seconds`, then drop the
     connection), "stall_upload" (hang `seconds` before reading an upload's body, then drop it).
+    The first `after` matching requests pass untouched.
     """
 
     method: str
@@ -66,6 +67,7 @@ class Fault:
     after_bytes: int = 0
     seconds: float = 30.0
     retry_after: str | None = None
+    after: int = 0
     hits: int = 0
 
 
@@ -113,7 +115,8 @@ class HubServer:
         self.log_path = self.root / "requests.jsonl"
         self.uploads = 0
         """LFS objects fully received and stored (PUT bodies)."""
-        self.upload_started = threading.Event()
+        self.stalled = threading.Event()
+        """Set when a stall fault starts hanging a request."""
         self.served_bytes: dict[str, int] = {}
         """Body bytes sent per resolve path (sum over requests)."""
         self._load()
@@ -167,6 +170,9 @@ class HubServer:
         with self.lock:
             for fault in self.faults:
                 if fault.times > 0 and fault.method == method and re.search(fault.path, path):
+                    if fault.after > 0:
+                        fault.after -= 1
+                        return None
                     fault.times -= 1
                     fault.hits += 1
                     return fault
@@ -340,7 +346,7 @@ class _HubHandler(BaseHTTPRequestHandler):
         try:
             if fault is not None and fault.kind == "stall_upload":
                 self._record(b"")
-                hub.upload_started.set()
+                hub.stalled.set()
                 self._sleep(fault.seconds)
                 self.close_connection = True
                 return
@@ -524,7 +530,6 @@ class _HubHandler(BaseHTTPRequestHandler):
 
     def _lfs_put(self, oid: str) -> None:
         hub = self.server_hub
-        hub.upload_started.set()
         data = self._body()
         if hashlib.sha256(data).hexdigest() != oid:
             raise _Reply(400, f"uploaded bytes do not match oid {oid}")
@@ -627,15 +632,17 @@ class _HubHandler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command == "HEAD":
             return
-        sent = self._send_body(blob, start, end, fault)
-        with hub.lock:
-            hub.served_bytes[key] = hub.served_bytes.get(key, 0) + sent
+        self._send_body(blob, start, end, fault, key)
 
-    def _send_body(self, blob: Blob, start: int, end: int, fault: Fault | None) -> int:
+    def _count(self, key: str, sent: int) -> None:
+        with self.server_hub.lock:
+            self.server_hub.served_bytes[key] = self.server_hub.served_bytes.get(key, 0) + sent
+
+    def _send_body(self, blob: Blob, start: int, end: int, fault: Fault | None, key: str) -> None:
         with open(self.server_hub.blob_path(blob.sha256), "rb") as fh:
             if fault is None:
                 self.wfile.flush()
-                return self.connection.sendfile(fh, start, end - start)
+                return self._count(key, self.connection.sendfile(fh, start, end - start))
             fh.seek(start)
             data = bytearray(fh.read(end - start))
         if fault.kind == "corrupt" and data:
@@ -644,8 +651,49 @@ class _HubHandler(BaseHTTPRequestHandler):
             cut = min(len(data), fault.after_bytes)
             self.wfile.write(data[:cut])
             self.wfile.flush()
+            self._count(key, cut)
+            self.server_hub.stalled.set()
             self._sleep(fault.seconds)
             self.close_connection = True
-            return cut
+            return None
         self.wfile.write(data)
-        return len(data)
+        return self._count(key, len(data))
+
+
+# -- helpers for the tests that drive `portable` against this server ---------------------------------
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def make_bundle(root: Path, files: dict[str, bytes], *, name: str = "test-bundle") -> Path:
+    """Write `files` under `root` plus a bundle.json listing them (what `portable pack` would write)."""
+    import sys
+
+    sys.path.insert(0, str(REPO_ROOT))
+    from reproduction.release.manifest import FileEntry, Manifest, write_manifest
+
+    root.mkdir(parents=True, exist_ok=True)
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    entries = [FileEntry(path=rel, size=len(data), sha256=hashlib.sha256(data).hexdigest()) for rel, data in files.items()]
+    write_manifest(root, Manifest(name=name, files=entries, metadata={"license": "apache-2.0"}))
+    return root
+
+
+def portable_env(hub: HubServer, home: Path, *, token: str | None, **extra: str) -> dict[str, str]:
+    """A clean environment pointing huggingface_hub at `hub` (Xet off, online, private HF_HOME)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING", "PORTABLE_HUB_"))}
+    env.update({"HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1", "HF_HUB_OFFLINE": "0", "HF_HOME": str(home),
+                "HF_HUB_DISABLE_TELEMETRY": "1", "NO_COLOR": "1", "OMP_NUM_THREADS": "1",
+                "PORTABLE_HUB_BACKOFF_S": "0.05", "PORTABLE_HUB_BACKOFF_MAX_S": "0.5", "PORTABLE_HUB_RETRIES": "3"})
+    if token is not None:
+        env["HF_TOKEN"] = token
+    env.update(extra)
+    return env
+
+
+def portable_cmd(*args: str) -> list[str]:
+    import sys
+
+    return [sys.executable, str(REPO_ROOT / "reproduction" / "portable.py"), *args]
