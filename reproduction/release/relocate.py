@@ -193,7 +193,9 @@ def _rewrite_cstrings(data: bytearray, pattern: re.Pattern[bytes], ctx: _FileCtx
 
     A slot is the string plus the NUL padding earlier relocations left after it: the string was
     built with `build`, so each occurrence may hold up to len(build) bytes. A string that does
-    not fit goes to `problems`, unless it is harmless to keep (ctx.soft, ctx.fallback): `notes`.
+    not fit goes to `problems`, unless it is harmless (ctx.soft, ctx.fallback): then it gets its
+    build-time value back (which always fits, and is the one stale value a later relocation looks
+    for) and a line goes to `notes`.
     """
     old, new, build, rel = ctx.old, ctx.new, ctx.build, ctx.rel
     new_b, grow = os.fsencode(new), len(build) - len(old)
@@ -213,16 +215,14 @@ def _rewrite_cstrings(data: bytearray, pattern: re.Pattern[bytes], ctx: _FileCtx
         pad = count * grow if grow > 0 and data[nul:nul + count * grow + 1].count(0) == count * grow + 1 else 0
         replaced = pattern.sub(lambda _m: new_b, segment)
         room = len(segment) + pad
+        harmless = ""
         if len(replaced) > room and any(a <= start < b for a, b in ctx.soft):
-            notes.append(f"{rel}: kept {old!r} in a section the loader never maps (debug info) at offset {start}: "
-                         f"{new!r} is longer")
-            pos = nul + 1
-            continue
-        if len(replaced) > room and ctx.fallback and segment == os.fsencode(old) and (start == 0 or data[start - 1] == 0):
-            notes.append(f"{rel}: kept the compiled-in fallback prefix {old!r} at offset {start} ({new!r} is longer; "
-                         "the interpreter finds its own lib/ and never reads it)")
-            pos = nul + 1
-            continue
+            harmless = "in a section the loader never maps (debug info)"
+        elif len(replaced) > room and ctx.fallback and segment == os.fsencode(old) and (start == 0 or data[start - 1] == 0):
+            harmless = "as CPython's compiled-in PREFIX fallback (the interpreter finds its own lib/ and never reads it)"
+        if harmless:
+            replaced = pattern.sub(lambda _m: os.fsencode(build), segment)
+            notes.append(f"{rel}: left the build prefix {build!r} at offset {start} {harmless}: {new!r} is longer")
         if len(replaced) > room:
             problems.append(f"{rel}: a {len(segment)}-byte C string at offset {start} needs {len(replaced)} bytes "
                             f"for {new!r} (room {room}: {count} x the {len(build)}-character build prefix {build!r})")
@@ -372,5 +372,5 @@ def relocate_tree(root: Path, occurrences: Sequence[PrefixOccurrence], old_prefi
     for rel, new_data, st in planned:
         _write_keeping_mode(root / rel, new_data, st, fsync)
     if notes is not None:
-        notes.extend(kept)
+        notes.extend(dict.fromkeys(kept))  # a string may be noted by both passes
     return [rel for rel, _, _ in planned]
