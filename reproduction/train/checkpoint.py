@@ -108,7 +108,7 @@ def restore_rng(state: dict[str, Any], accel=None) -> None:
 
 
 def save(root: Path, step: int, model: torch.nn.Module, optim: torch.optim.Optimizer, *,
-         config_digest: str, resume_key: dict, cursor: dict, trainer: dict, canary_loss: float,
+         config_digest: str, resume_key: dict, data_cursor: dict, trainer: dict, canary_loss: float,
          keep_last: int, accel=None) -> Path:
     """Commit a checkpoint of `step` (collective: every rank calls it); returns `step_N/`.
 
@@ -131,7 +131,7 @@ def save(root: Path, step: int, model: torch.nn.Module, optim: torch.optim.Optim
     final = step_dir(root, step)
     if dist.is_main():
         manifest = _manifest(partial, step=step, config_digest=config_digest, resume_key=resume_key,
-                             cursor=cursor, trainer=trainer, canary_loss=canary_loss, rng=rng)
+                             data_cursor=data_cursor, trainer=trainer, canary_loss=canary_loss, rng=rng)
         atomic_write_text(partial / MANIFEST, json.dumps(manifest, indent=1))
         if os.environ.get(SLEEP_HOOK):
             time.sleep(float(os.environ[SLEEP_HOOK]))

@@ -10,6 +10,7 @@ as itself. Ray is imported only here and only when used.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from reproduction.train.device import DeviceSpec
 from reproduction.train.dist import free_port
 
 POLL_S = 0.5
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -175,7 +177,8 @@ def _outcome(ref, rank: int) -> Any:
     try:
         value = ray.get(ref, timeout=60)
     except ray.exceptions.RayTaskError as exc:
-        raise WorkerFailedError(f"worker rank {rank} raised:\n{exc}", rank=rank, traceback=str(exc),
+        text = ANSI.sub("", str(exc))
+        raise WorkerFailedError(f"worker rank {rank} raised:\n{text}", rank=rank, traceback=text,
                                 hint="the traceback above is the worker's; fix the cause and rerun with resume") from None
     except (ray.exceptions.WorkerCrashedError, ray.exceptions.ActorDiedError, ray.exceptions.NodeDiedError,
             ray.exceptions.ObjectLostError, ray.exceptions.TaskCancelledError) as exc:

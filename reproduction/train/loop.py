@@ -201,7 +201,7 @@ def _save(st: _State, config: TrainConfig, root: Path, emit: Callable, n: int) -
     cur = data_order.cursor(st.step, n=n, global_batch=config.global_batch)
     st.checkpoint_dir = checkpoint.save(
         root, st.step, st.model, st.optim, config_digest=config.digest(), resume_key=config.resume_key(),
-        cursor={"next_step": st.step, "epoch": cur.epoch, "position": cur.position,
+        data_cursor={"next_step": st.step, "epoch": cur.epoch, "position": cur.position,
                 "samples_seen": st.trainer["samples_seen"]},
         trainer=st.trainer, canary_loss=canary_loss(st), keep_last=config.keep_last, accel=st.accel)
     emit("checkpoint", {"save_s": time.perf_counter() - t0})

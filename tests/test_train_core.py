@@ -1,0 +1,170 @@
+"""Training core, in one process (world size 1, gloo): config rules, data order, loop, checkpoints."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import train_tiny
+from reproduction.errors import CheckpointError, ConfigError
+from reproduction.train import checkpoint, data_order
+from reproduction.train.api import train
+from reproduction.train.config import TrainConfig
+from reproduction.train.metrics import read_records
+
+
+def _inproc(**kw) -> TrainConfig:
+    return train_tiny.config(world_size=1, launcher="inprocess", **kw)
+
+
+def _losses(out: Path) -> dict[int, float]:
+    return {r["step"]: r["metrics"]["loss"] for r in read_records(out / "metrics.jsonl") if r["split"] == "train"}
+
+
+def _weights(out: Path) -> dict[str, torch.Tensor]:
+    return checkpoint.load_export(out / "export")
+
+
+# -- config ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kw, field, words", [
+    (dict(global_batch=6, micro_batch=2, world_size=2), "global_batch", "2 x 2 = 4"),
+    (dict(save_interval=3, eval_interval=2), "save_interval", "not a multiple of eval_interval=2"),
+    (dict(launcher="inprocess", world_size=2), "launcher", "world_size=2"),
+    (dict(device="tpu"), "device", "'tpu'"),
+    (dict(mixed_precision="fp16"), "mixed_precision", "'fp16'"),
+    (dict(micro_batch=0), "micro_batch", "micro_batch=0"),
+])
+def test_config_rejects_and_names_the_field(kw, field, words):
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(max_steps=1, **kw)
+    assert info.value.field == field and words in str(info.value)
+    assert info.value.exit_code == 4
+
+
+def test_config_round_trip_and_unknown_field():
+    cfg = TrainConfig(max_steps=5, global_batch=16, micro_batch=4, world_size=2, betas=(0.8, 0.9))
+    assert cfg.grad_accum == 2
+    assert TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    with pytest.raises(ConfigError, match="unknown training config field.*: lr_max"):
+        TrainConfig.from_dict({"max_steps": 1, "lr_max": 1.0})
+
+
+# -- data order -----------------------------------------------------------------------------------
+
+
+def test_data_order_is_world_size_invariant_and_covers_each_epoch_once():
+    n, gb = 50, 8
+    per_epoch = data_order.steps_per_epoch(n, gb)
+    assert per_epoch == 6
+    for step in (0, 5, 6, 13):
+        one = np.concatenate([i for i, _ in data_order.micro_batches(step, seed=1, n=n, global_batch=gb, micro_batch=2,
+                                                                     rank=0, world_size=1)])
+        ranks = [data_order.micro_batches(step, seed=1, n=n, global_batch=gb, micro_batch=2, rank=r, world_size=2)
+                 for r in range(2)]
+        two = np.concatenate([ranks[r][a][0] for a in range(2) for r in range(2)])
+        assert np.array_equal(one, two), step  # the same global batch in the same order
+    epoch0 = np.concatenate([i for s in range(per_epoch) for i, _ in data_order.micro_batches(
+        s, seed=1, n=n, global_batch=gb, micro_batch=4, rank=0, world_size=1)])
+    assert len(set(epoch0.tolist())) == per_epoch * gb  # no sample twice within an epoch
+    assert not np.array_equal(data_order.epoch_order(1, 0, n), data_order.epoch_order(1, 1, n))
+    assert np.array_equal(data_order.epoch_order(1, 0, n, shuffle=False), np.arange(n))
+    a = data_order.sample_rng(1, 2, 3).normal(size=4)
+    assert np.array_equal(a, data_order.sample_rng(1, 2, 3).normal(size=4))
+    assert not np.array_equal(a, data_order.sample_rng(1, 2, 4).normal(size=4))
+    with pytest.raises(ConfigError, match="fewer than global_batch=8"):
+        data_order.steps_per_epoch(5, 8)
+
+
+# -- the loop, in process --------------------------------------------------------------------------
+
+
+def test_run_logs_evaluates_saves_exports(tmp_path):
+    result = train(functools.partial(train_tiny.make_task, dropout=0.1), _inproc(max_steps=10, keep_last=2),
+                   out_dir=tmp_path, resume=False)
+    assert result.step == 10 and result.resumed_from is None and result.skipped_steps == 0
+    root = tmp_path / "checkpoints"
+    assert checkpoint.complete_steps(root) == [8, 10]  # save_interval 4 + the last step; keep_last 2
+    assert (root / "LATEST").read_text() == "step_10\n"
+    manifest = checkpoint.read_manifest(root / "step_10")
+    assert manifest["world_size"] == 1 and manifest["step"] == 10
+    assert manifest["data_cursor"] == {"next_step": 10, "epoch": 0, "position": 80, "samples_seen": 80}
+    assert manifest["config_digest"] == _inproc().digest() and len(manifest["rng"]) == 1
+    assert set(manifest["files"]) >= {".metadata", "__0_0.distcp"}
+    records = read_records(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records if r["split"] == "eval"] == [2, 4, 6, 8, 10]
+    assert [r["step"] for r in records if r["split"] == "checkpoint"] == [4, 8, 10]
+    assert result.eval_metrics["count"] == train_tiny.N_EVAL
+    warm = [r["metrics"]["lr_factor"] for r in records if r["split"] == "train"][:4]
+    assert warm == pytest.approx([1 / 3, 2 / 3, 1.0, 1.0])
+    export = sorted(p.name for p in result.export_dir.iterdir())
+    assert export == ["model.safetensors", "model_config.json", "task.json", "train_config.json"]
+    weights = _weights(tmp_path)
+    assert set(weights) == {"body.0.weight", "body.0.bias", "body.3.weight", "body.3.bias",
+                            "value_head.weight", "value_head.bias"}
+    model = train_tiny.MLP(0.0, 1.0)
+    checkpoint.load_strict(model, weights)
+    with pytest.raises(CheckpointError, match=r"missing \['value_head.bias'\].*unexpected \['extra'\]"):
+        checkpoint.load_strict(model, {**{k: v for k, v in weights.items() if k != "value_head.bias"},
+                                       "extra": torch.zeros(1)})
+
+
+def test_resume_continues_bit_identically_in_process(tmp_path):
+    task = functools.partial(train_tiny.make_task, dropout=0.2)  # dropout: the torch RNG must carry over
+    train(task, _inproc(max_steps=12), out_dir=tmp_path / "straight", resume=False)
+    train(task, _inproc(max_steps=12, save_interval=0), out_dir=tmp_path / "cut", resume=False)  # saves only at 12
+    shutil.rmtree(tmp_path / "cut")
+    first = train(task, _inproc(max_steps=6, save_interval=2), out_dir=tmp_path / "cut", resume=True)
+    assert first.resumed_from is None
+    # drop step 6 so the resume starts from step 4 and must cut steps 5-6 out of the log
+    shutil.rmtree(tmp_path / "cut" / "checkpoints" / "step_6")
+    (tmp_path / "cut" / "checkpoints" / "step_8.partial").mkdir()  # a stale partial from "a kill"
+    second = train(task, _inproc(max_steps=12), out_dir=tmp_path / "cut", resume=True)
+    assert second.resumed_from == 4 and second.step == 12
+    assert not (tmp_path / "cut" / "checkpoints" / "step_8.partial").exists()
+    assert _losses(tmp_path / "cut") == _losses(tmp_path / "straight")
+    assert list(_losses(tmp_path / "cut")) == list(range(1, 13))
+    a, b = _weights(tmp_path / "straight"), _weights(tmp_path / "cut")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_non_finite_gradients_skip_the_step_and_are_counted(tmp_path):
+    task = functools.partial(train_tiny.make_task, nan_at_call=9, fault_rank=0)  # 4 micro batches/step: step 3
+    result = train(task, _inproc(max_steps=4, save_interval=0, eval_interval=0), out_dir=tmp_path, resume=False)
+    assert result.skipped_steps == 1
+    records = [r for r in read_records(tmp_path / "metrics.jsonl") if r["split"] == "train"]
+    assert [r["metrics"]["skipped_steps"] for r in records] == [0, 0, 1, 1]
+    assert np.isnan(records[2]["metrics"]["loss"]) and np.isfinite(records[3]["metrics"]["loss"])
+
+
+def test_resume_refusals_name_the_problem(tmp_path):
+    task = train_tiny.make_task
+    train(task, _inproc(max_steps=4, save_interval=0), out_dir=tmp_path, resume=False)
+    with pytest.raises(CheckpointError, match="already holds checkpoints and resume is off"):
+        train(task, _inproc(max_steps=4), out_dir=tmp_path, resume=False)
+    with pytest.raises(CheckpointError, match=r"config changed \(lr: 0.001 -> 0.002\)") as info:
+        train(task, _inproc(max_steps=6, lr=2e-3), out_dir=tmp_path, resume=True)
+    assert info.value.exit_code == 50
+    with pytest.raises(CheckpointError, match="canary loss after loading .*step_4"):
+        train(functools.partial(task, scale=1.5), _inproc(max_steps=6), out_dir=tmp_path, resume=True)
+    blob = tmp_path / "checkpoints" / "step_4" / "__0_0.distcp"
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"does not match its manifest: digest __0_0.distcp"):
+        train(task, _inproc(max_steps=6), out_dir=tmp_path, resume=True)
+
+
+def test_canary_check_tolerance():
+    checkpoint.check_canary(1.0, 1.0 + 5e-5, rtol=1e-4, folder=Path("x"))
+    with pytest.raises(CheckpointError, match="canary loss after loading x is 1.001"):
+        checkpoint.check_canary(1.0, 1.001, rtol=1e-4, folder=Path("x"))
+    with pytest.raises(CheckpointError):
+        checkpoint.check_canary(1.0, float("nan"), rtol=1e-4, folder=Path("x"))
