@@ -54,6 +54,9 @@ class ReturnsConfig:
 
 def sort_frames(episode_index: np.ndarray, frame_index: np.ndarray) -> np.ndarray:
     """Permutation sorting rows by (episode, frame); raises DatasetError on a duplicate pair."""
+    de = np.diff(episode_index)
+    if bool(np.all((de > 0) | ((de == 0) & (np.diff(frame_index) > 0)))):
+        return np.arange(episode_index.size)  # already sorted with no duplicates: the usual case, O(n)
     order = np.lexsort((frame_index, episode_index))
     ep, fr = episode_index[order], frame_index[order]
     dup = np.nonzero((ep[1:] == ep[:-1]) & (fr[1:] == fr[:-1]))[0]
@@ -101,9 +104,8 @@ def discounted_reverse_cumsum(values: np.ndarray, row_end: np.ndarray, gamma: fl
 
 def episode_rewards(row_end: np.ndarray, success_at_end: np.ndarray, failure_reward: float) -> np.ndarray:
     """Rewards for sorted rows: -1, and 0 / failure_reward on each episode's last row."""
-    n = row_end.size
-    rewards = np.full(n, -1.0, dtype=np.float64)
-    last = np.arange(n) == row_end - 1
+    rewards = np.full(row_end.size, -1.0, dtype=np.float64)
+    last = np.unique(row_end) - 1 if row_end.size else row_end
     rewards[last] = np.where(success_at_end[last], 0.0, failure_reward)
     return rewards
 
@@ -123,7 +125,10 @@ def compute_returns_table(frames: pa.Table, config: ReturnsConfig, *, tasks: dic
     ep = frames.column("episode_index").to_numpy().astype(np.int64, copy=False)
     fr = frames.column("frame_index").to_numpy().astype(np.int64, copy=False)
     order = sort_frames(ep, fr)
-    ep, fr = ep[order], fr[order]
+    if np.array_equal(order, np.arange(order.size)):
+        order = None  # already sorted: skip every gather below
+    else:
+        ep, fr = ep[order], fr[order]
     _, row_end = episode_ends(ep)
     if config.dataset_type == "sft":
         success = np.ones(ep.size, dtype=bool)
@@ -131,7 +136,8 @@ def compute_returns_table(frames: pa.Table, config: ReturnsConfig, *, tasks: dic
         col = frames.column("is_success")
         if col.null_count:
             raise DatasetError(f"{source}: is_success has {col.null_count} missing values", field="is_success")
-        success = col.to_numpy(zero_copy_only=False).astype(bool)[order]
+        success = col.to_numpy(zero_copy_only=False).astype(bool)
+        success = success if order is None else success[order]
     rewards = episode_rewards(row_end, success, config.failure_reward)
     returns = discounted_reverse_cumsum(rewards, row_end, config.gamma)
     return pa.table({"episode_index": pa.array(ep, pa.int64()), "frame_index": pa.array(fr, pa.int64()),
@@ -139,19 +145,23 @@ def compute_returns_table(frames: pa.Table, config: ReturnsConfig, *, tasks: dic
                      "prompt": _prompts(frames, order, tasks)})
 
 
-def _prompts(frames: pa.Table, order: np.ndarray, tasks: dict[int, str] | None) -> pa.Array:
+def _prompts(frames: pa.Table, order: np.ndarray | None, tasks: dict[int, str] | None) -> pa.Array:
     """RLinf's prompt: the `task` column, else tasks[task_index], else "perform the task"."""
     if "task" in frames.column_names:
-        return frames.column("task").combine_chunks().take(pa.array(order)).cast(pa.string())
+        col = frames.column("task").combine_chunks()
+        return (col if order is None else col.take(pa.array(order))).cast(pa.string())
     if "task_index" in frames.column_names and tasks:
-        ti = frames.column("task_index").to_numpy()[order]
+        ti = frames.column("task_index").to_numpy()
+        ti = ti if order is None else ti[order]
         keys = np.array(sorted(tasks), dtype=np.int64)
-        pos = np.searchsorted(keys, ti)
-        bad = (pos >= keys.size) | (keys[np.minimum(pos, keys.size - 1)] != ti)
+        lut = np.full(int(max(keys.max(), ti.max(initial=0))) + 1, -1, dtype=np.int64)
+        lut[keys] = np.arange(keys.size)
+        pos = lut[np.clip(ti, 0, None)]
+        bad = (ti < 0) | (pos < 0)
         if bad.any():
             raise DatasetError(f"task_index {int(ti[bad][0])} is not in the dataset's task list", field="task_index")
         return pa.array([tasks[int(k)] for k in keys], pa.string()).take(pa.array(pos))
-    return pa.array(np.full(order.size, "perform the task", dtype=object), pa.string())
+    return pa.array(np.full(frames.num_rows, "perform the task", dtype=object), pa.string())
 
 
 def column_stats(values: np.ndarray) -> dict[str, float]:
