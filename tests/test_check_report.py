@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from reproduction.checks.jit import TRITON_SCRIPT
 from reproduction.checks.probe import EXIT_CODES, EXIT_HELP, FAIL, ProbeResult, fail, ok, warn
 from reproduction.checks.report import CheckReport, collect_report, render_table
@@ -31,6 +33,13 @@ def _portable(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), "check", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
+NO_ACCELERATOR = not any(Path("/dev").glob("nvidia[0-9]*")) and not Path("/dev/nvidiactl").exists() \
+    and not any(Path("/dev").glob("davinci*"))
+cpu_machine = pytest.mark.skipif(not NO_ACCELERATOR, reason="asserts the CPU machine's report")
+
+
+@pytest.mark.e2e
+@cpu_machine
 def test_real_check_on_this_machine_writes_table_and_json_and_exits_0(tmp_path):
     report_path = tmp_path / "check.json"
     proc = _portable("--json", str(report_path), cwd=tmp_path)
@@ -51,12 +60,16 @@ def test_real_check_on_this_machine_writes_table_and_json_and_exits_0(tmp_path):
     assert lines[-1].startswith(f"check: {data['status']} (exit 0) in ") and "device cpu" in lines[-1]
 
 
+@pytest.mark.e2e
+@cpu_machine
 def test_json_to_stdout_is_only_json(tmp_path):
     proc = _portable("--json", "-", "-q", cwd=tmp_path)
     assert proc.returncode == 0
     assert json.loads(proc.stdout)["exit_code"] == 0
 
 
+@pytest.mark.e2e
+@cpu_machine
 def test_jit_smoke_on_cpu_says_what_it_skipped_and_why(tmp_path):
     proc = _portable("--jit-smoke", "--json", "-", cwd=tmp_path)
     assert proc.returncode == 0
@@ -67,10 +80,21 @@ def test_jit_smoke_on_cpu_says_what_it_skipped_and_why(tmp_path):
     assert "jit " in proc.stderr and "skipped on CPU" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_check_on_a_missing_bundle_exits_24_on_the_cli(tmp_path):
     proc = _portable(str(tmp_path / "nope"), cwd=tmp_path)
     assert proc.returncode == 24
     assert f"{tmp_path / 'nope'} is not a folder" in proc.stderr and "FAIL" in proc.stderr
+
+
+@pytest.mark.e2e
+def test_unwritable_json_path_is_a_one_line_error_exit_8(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    proc = _portable("--json", str(blocker / "report.json"), "-q", cwd=tmp_path)
+    assert proc.returncode == 8
+    assert f"error: cannot write the check report to {blocker / 'report.json'}" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_help_documents_every_exit_code():

@@ -124,7 +124,8 @@ def probe_cuda(ctx: CheckContext, selected: str) -> list[ProbeResult]:
     if selected != "cuda":
         reason = "nvidia-smi not on PATH" if not shutil.which("nvidia-smi", path=ctx.env.get("PATH")) else "nvidia-smi present"
         torch = ctx.dist_version("torch")
-        return [skip("cuda", f"not selected (device {selected}; {reason}; torch {torch or 'absent'} not imported)")]
+        torch_note = f"torch {torch} not imported" if torch else "torch not installed"
+        return [skip("cuda", f"not selected (device {selected}; {reason}; {torch_note})")]
     gpus, apps, smi_error = _nvidia_smi(ctx)
     info = _torch_cuda(ctx)
     details = {"nvidia_smi": gpus, "torch": info, "nvidia_smi_error": smi_error or None}

@@ -29,7 +29,10 @@ _SHOWN = 5
 
 def probe_hazards(ctx: CheckContext, manifest: Any | None) -> list[ProbeResult]:
     """All hazard rows; bundle-based ones are skipped without a bundle."""
-    results = [tensorflow_numpy(ctx), torch_npu_without_cann(ctx)]
+    if ctx.facts_error:
+        results = [skip(n, f"interpreter not probed: {ctx.facts_error}") for n in ("hazard.tensorflow", "hazard.torch_npu")]
+    else:
+        results = [tensorflow_numpy(ctx), torch_npu_without_cann(ctx)]
     if ctx.bundle is None or manifest is None:
         why = "no bundle given" if ctx.bundle is None else "the bundle could not be read"
         return results + [skip(name, why) for name in ("hazard.transfer_to_npu", "hazard.hub_offline", "hazard.placeholders",

@@ -26,6 +26,7 @@ from reproduction.checks import accelerator_ascend, accelerator_cuda, bundle as 
 from reproduction.checks.context import CheckContext, load_facts, select_device
 from reproduction.checks.probe import FAIL, OK, WARN, ProbeResult, RunCommand, run_command
 from reproduction.checks.toolchain import probe_toolchain
+from reproduction.errors import WriteFailedError
 from reproduction.fsio import atomic_write_text
 from reproduction.ui import UiOptions
 
@@ -81,8 +82,10 @@ def collect_report(bundle: Path | None = None, *, jit_smoke: bool = False, devic
                    ctx: CheckContext | None = None) -> CheckReport:
     """Run every probe and return the report; never raises for what it finds (findings are rows).
 
-    `ctx` overrides the host paths and the command seam (tests); otherwise the live machine is probed
-    with `env` (default: os.environ). Raises only for a bug.
+    `ctx` overrides the host paths and the command seam (tests; its bundle, device and jit_smoke are
+    set from the arguments); otherwise the live machine is probed with `env` (default: os.environ).
+    Probes run subprocesses and a C compile in a temporary folder; nothing else is written. Raises only
+    for a bug.
     """
     start = time.perf_counter()
     if ctx is None:
@@ -151,13 +154,17 @@ def render_table(report: CheckReport, *, options: UiOptions | None = None, strea
 
 
 def write_json(report: CheckReport, json_path: Path) -> None:
-    """Write the JSON report to `json_path` atomically, or to stdout when it is '-'."""
+    """Write the JSON report to `json_path` atomically, or to stdout when it is '-'. Raises WriteFailedError (exit 8)."""
     text = json.dumps(report.to_dict(), indent=1) + "\n"
     if str(json_path) == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        atomic_write_text(Path(json_path), text)
+        try:
+            atomic_write_text(Path(json_path), text)
+        except OSError as exc:
+            raise WriteFailedError(f"cannot write the check report to {json_path}: {exc.strerror or exc}", path=str(json_path),
+                                   hint="pass --json a writable file, or '-' for stdout") from None
 
 
 def run_checks(*, bundle: Path | None, jit_smoke: bool, json_path: Path | None, device: str,
