@@ -283,3 +283,14 @@ def test_kept_debug_strings_catch_up_when_a_later_prefix_fits(tmp_path: Path) ->
     assert relocate_tree(build, occ, longer, shorter, build_prefix=str(build), fsync=False) == ["lib/libk.so"]
     data = so.read_bytes()
     assert str(build).encode() not in data and shorter.encode() in data
+
+
+def test_big_files_are_scanned_through_mmap_with_the_same_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from reproduction.release import relocate
+
+    old = str(tmp_path / "build")
+    _tree(tmp_path / "build", old)
+    expected = scan_tree(tmp_path / "build", old)
+    monkeypatch.setattr(relocate, "MMAP_OVER", 0)
+    assert scan_tree(tmp_path / "build", old) == expected
+

@@ -67,7 +67,8 @@ PyMODINIT_FUNC PyInit_%s(void) { return PyModule_Create(&mod); }
 FACTS = """\
 import json, sys, sysconfig
 import purepkg, cextpkg
-print(json.dumps({"prefix": sys.prefix, "base_prefix": sys.base_prefix, "path": [p for p in sys.path if p],
+maps = sorted({line.split()[-1] for line in open("/proc/self/maps") if "/" in line.split()[-1]})
+print(json.dumps({"maps": maps, "prefix": sys.prefix, "base_prefix": sys.base_prefix, "path": [p for p in sys.path if p],
                   "include": sysconfig.get_paths()["include"], "suffix": sysconfig.get_config_var("EXT_SUFFIX"),
                   "libdir": sysconfig.get_config_var("LIBDIR"), "pure": purepkg.__file__, "cext": cextpkg.__file__,
                   "sum": cextpkg.add(40, 2)}))
@@ -140,6 +141,9 @@ def _check_runtime(bundle: Path, tmp: Path) -> None:
     assert (got["prefix"], got["base_prefix"], got["sum"]) == (str(venv), str(py), 42)
     assert got["pure"].startswith(f"{venv}/lib/") and got["cext"].startswith(f"{venv}/lib/")
     assert all(p.startswith((str(venv) + "/", str(py) + "/")) for p in got["path"]), got["path"]
+    # What the loader really mapped: libpython and every extension module come from the bundle.
+    assert not [m for m in got["maps"] if m.startswith(PY_PREFIX + "/")], got["maps"]
+    assert f"{py}/lib/libpython{PY_VER}.so.1.0" in got["maps"] and got["cext"] in got["maps"]
 
     script = _run([venv / "bin" / "pure-hello"], env=env)
     assert (script.returncode, script.stdout) == (0, f"pure-hello from {venv}\n"), script.stderr
@@ -273,5 +277,33 @@ def test_restore_longer_then_move_shorter(packed: dict[str, Path], tmp_path: Pat
         _restore(short)
         _check_runtime(short, tmp_path)
         assert _leftovers(short) == {}  # strings kept while the path was too long caught up
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def test_a_binary_string_that_cannot_fit_is_refused_with_exit_9(tmp_path: Path) -> None:
+    """A layer whose loaded bytes embed the build prefix: restoring at a longer path is refused."""
+    src = tmp_path / "build-location-of-the-layer" / "rtx"
+    (src / "lib").mkdir(parents=True)
+    (src / "k.c").write_text('const char *data_dir(void) { return "%s/share/k"; }\n' % src)
+    built = _run([GCC, "-shared", "-fPIC", "-o", src / "lib" / "libk.so", src / "k.c"])
+    assert built.returncode == 0, built.stderr
+    spec = tmp_path / "rtx.toml"
+    spec.write_text(f'name = "rtx"\n[[layer]]\nsource = "{src}"\nkind = "runtime"\nrelocatable = true\n')
+    packed = _portable("pack", spec, "--out", tmp_path / "packed")
+    assert packed.returncode == 0, packed.stderr
+    longer = tmp_path / ("y" * 80)
+    shutil.copytree(tmp_path / "packed", longer)
+    refused = _portable("restore", longer)
+    assert refused.returncode == 9, refused.stderr
+    assert "lib/libk.so" in refused.stderr and repr(str(src)) in refused.stderr
+    assert repr(str(longer / "runtime" / "rtx")) in refused.stderr
+    short = Path(tempfile.mkdtemp(prefix="rp", dir="/tmp"))
+    try:
+        short.rmdir()
+        shutil.move(longer, short)
+        _restore(short)
+        data = (short / "runtime" / "rtx" / "lib" / "libk.so").read_bytes()
+        assert str(src).encode() not in data and f"{short}/runtime/rtx/share/k".encode() + b"\0" in data
     finally:
         shutil.rmtree(short, ignore_errors=True)

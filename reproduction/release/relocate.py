@@ -28,6 +28,7 @@ short by a kill can simply be run again.
 from __future__ import annotations
 
 import fnmatch
+import mmap
 import os
 import re
 import shlex
@@ -38,12 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from reproduction.errors import RelocationError, WriteFailedError
+from reproduction.errors import InputNotFoundError, RelocationError, WriteFailedError
 from reproduction.release import elf
 from reproduction.release.manifest import PrefixOccurrence
 
 SHEBANG_MAX = 127
 """Longest shebang line (without the newline) every Linux kernel reads whole (BINPRM_BUF_SIZE was 128)."""
+MMAP_OVER = 8 << 20
+"""Files larger than this are scanned through mmap instead of being read into memory."""
 SKIP_SUFFIXES = (".pyc", ".pyo")
 """Bytecode holds source paths only for tracebacks and is rebuilt by Python: never recorded, never rewritten."""
 FALLBACK_GLOBS = ("lib/libpython3*.so*", "bin/python3*")
@@ -86,7 +89,7 @@ def _iter_files(root: Path, skip: Callable[[str], bool] | None) -> Iterable[tupl
                 yield base + name, full
 
 
-def _classify(data: bytes, prefix: str, pattern: re.Pattern[bytes]) -> str | None:
+def _classify(data: bytes | mmap.mmap, prefix: str, pattern: re.Pattern[bytes]) -> str | None:
     """The mode for a file's bytes, or None when they do not contain `prefix` as a path."""
     if data.find(os.fsencode(prefix)) < 0 or pattern.search(data) is None:
         return None
@@ -98,7 +101,7 @@ def _classify(data: bytes, prefix: str, pattern: re.Pattern[bytes]) -> str | Non
         if any(pattern.search(os.fsencode(p.value)) for p in paths):
             return "elf-runpath"
         return "binary"
-    return "binary" if b"\0" in data else "text"
+    return "binary" if data.find(b"\0") >= 0 else "text"
 
 
 def scan_prefixes(root: Path, prefixes: Sequence[str], *, skip: Callable[[str], bool] | None = None,
@@ -115,14 +118,20 @@ def scan_prefixes(root: Path, prefixes: Sequence[str], *, skip: Callable[[str], 
 
     def one(item: tuple[str, str]) -> list[tuple[str, PrefixOccurrence]]:
         rel, full = item
-        with open(full, "rb") as fh:
-            data = fh.read()
-        found = []
-        for prefix, pattern in zip(clean, patterns):
-            mode = _classify(data, prefix, pattern)
-            if mode:
-                found.append((prefix, PrefixOccurrence(path=rel, mode=mode)))
-        return found
+        try:
+            with open(full, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                # Big shared libraries are searched through a mapping: no copy, pages read once.
+                data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if 0 < size and size > MMAP_OVER else fh.read()
+        except OSError as exc:
+            raise InputNotFoundError(f"{full}: cannot read it to look for the build prefix ({exc.strerror or exc})",
+                                     path=full, hint="make it readable, or exclude it from the layer in the spec") from None
+        try:
+            return [(prefix, PrefixOccurrence(path=rel, mode=mode)) for prefix, pattern in zip(clean, patterns)
+                    if (mode := _classify(data, prefix, pattern))]
+        finally:
+            if isinstance(data, mmap.mmap):
+                data.close()
 
     result: dict[str, list[PrefixOccurrence]] = {p: [] for p in clean}
     workers = workers or min(4, (os.cpu_count() or 1) + 1)
