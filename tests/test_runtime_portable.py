@@ -34,8 +34,12 @@ BASE_PY = Path(PY_PREFIX) / "bin" / f"python{PY_VER}"
 GCC = shutil.which("gcc")
 CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
 
+SHORT_LEN = len("/tmp/rpXXXXXXXX/runtime/py")  # where the "shorter" cases restore
+
 if GCC is None or not BASE_PY.is_file() or not sysconfig.get_config_var("Py_ENABLE_SHARED"):
     pytest.skip("needs gcc and a shared-library CPython at sys.base_prefix", allow_module_level=True)
+if PY_PREFIX in ("/usr", "/usr/local") or len(PY_PREFIX) <= SHORT_LEN:
+    pytest.skip(f"sys.base_prefix {PY_PREFIX} is a system prefix or too short to restore shorter", allow_module_level=True)
 
 PURE_PYPROJECT = """\
 [build-system]

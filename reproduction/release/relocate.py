@@ -6,23 +6,25 @@ Three kinds of occurrence (`PrefixOccurrence.mode`):
   activate scripts): every occurrence is replaced, whatever the lengths. A shebang that would grow
   past 127 bytes (or hold a space) becomes the `#!/bin/sh` + `exec` trampoline pip/distlib use.
 - ``binary``: the prefix inside a NUL-terminated C string: replaced in place, the string keeps its
-  slot and is NUL-padded after its new end. A new prefix longer than the one the tree was *built*
-  at cannot fit and is refused (RelocationError, exit 9) before any file is touched. One exception,
-  `FALLBACK_GLOBS`: in CPython's libpython (or a static interpreter) a C string that is exactly the
-  prefix is PREFIX/EXEC_PREFIX, which getpath uses only when it finds no lib/pythonX.Y/os.py above
-  the executable; a relocated tree always has it, so such a string that does not fit is left as it
-  is and reported in `notes` instead of refused.
+  slot and is NUL-padded after its new end. The slot was sized by the prefix the tree was *built*
+  at, so a longer new prefix cannot fit and is refused (RelocationError, exit 9) before any file
+  is touched. Two harmless cases are not refused; the string gets its build-time value back (it
+  always fits, and a later relocation that fits updates it) and a line goes to `notes`:
+  bytes the loader never maps (ELF debug info, .symtab), and, in `FALLBACK_GLOBS` files, a C
+  string that is exactly the prefix: CPython's compiled-in PREFIX/EXEC_PREFIX, which getpath only
+  uses when it finds no lib/pythonX.Y/os.py above the executable (a relocated tree always has it).
 - ``elf-runpath``: an ELF file whose DT_RUNPATH/DT_RPATH names the prefix. The search path becomes
-  `$ORIGIN/<relative>` (it then stays right wherever the bundle moves, so later relocations leave it
-  alone), or the new absolute path when only that fits the string slot. Other C strings of the same
-  file are handled as ``binary``.
+  `$ORIGIN/<relative>` (right wherever the bundle moves as a whole, so later relocations find no
+  prefix in it and leave it alone), or the new absolute path when only that fits the string slot.
+  Other C strings of the same file are handled as ``binary``.
 
 A prefix matches only as a whole path: `/opt/py` matches `/opt/py`, `/opt/py/lib` and `/opt/py"`
 but not `/opt/python` or `/opt/py-old`. Files are rewritten atomically (temp file + rename, mode
-kept). Relocation is repeatable: call it with the prefix the tree was last relocated to (the
-receipt's) as `old_prefix` and the layer's original `build_prefix`; files that no longer contain
-`old_prefix` (already relocated, or turned into `$ORIGIN`) are left as they are, so a relocation cut
-short by a kill can simply be run again.
+kept, new mtime). Relocation is repeatable: the caller records one value per layer, where the tree
+now lives, and passes it next time as `old_prefix`, with the layer's original `build_prefix`
+(which sizes binary slots and finds kept strings). Files that no longer hold `old_prefix` (already
+relocated, or turned into `$ORIGIN`) are left as they are, so a relocation cut short by a kill can
+simply be run again (unless the new prefix is a path below the old one: then record first).
 """
 
 from __future__ import annotations
