@@ -50,6 +50,7 @@ def test_real_check_on_this_machine_writes_table_and_json_and_exits_0(tmp_path):
     assert data["status"] in ("ok", "warn") and data["exit_code"] == 0
     assert data["device"]["selected"] == "cpu" and data["python"] == sys.executable and data["bundle"] is None
     assert {r["name"] for r in data["results"]} == EXPECTED_ROWS
+    assert data["interpreter"]["version"] == "%d.%d.%d" % sys.version_info[:3]
     for row in data["results"]:
         assert set(row) == {"name", "status", "finding", "fix", "failure", "exit_code", "seconds", "details"}
         assert row["status"] in ("ok", "warn", "skip"), row

@@ -129,7 +129,7 @@ def probe_cuda(ctx: CheckContext, selected: str) -> list[ProbeResult]:
     gpus, apps, smi_error = _nvidia_smi(ctx)
     info = _torch_cuda(ctx)
     details = {"nvidia_smi": gpus, "torch": info, "nvidia_smi_error": smi_error or None}
-    results = [_device_row(ctx, gpus, info, smi_error, details)]
+    results = [_device_row(gpus, info, smi_error, details)]
     if info.get("available") and info.get("cuda_runtime"):
         results.append(_skew_row(info, gpus))
     if gpus:
@@ -137,7 +137,7 @@ def probe_cuda(ctx: CheckContext, selected: str) -> list[ProbeResult]:
     return results
 
 
-def _device_row(ctx: CheckContext, gpus: list, info: dict, smi_error: str, details: dict) -> ProbeResult:
+def _device_row(gpus: list, info: dict, smi_error: str, details: dict) -> ProbeResult:
     torch = info.get("torch")
     seen = f"nvidia-smi sees {len(gpus)} GPU(s)" if gpus else f"nvidia-smi {smi_error or 'lists no GPU'}"
     if info.get("error"):

@@ -8,6 +8,7 @@ not race the GPU process census. JSON report (format "recap-portable-check" 1.0)
 
     {"format", "format_version", "created", "seconds", "status": ok|warn|fail, "exit_code",
      "python", "bundle", "device": {"requested", "selected", "why"}, "jit_smoke",
+     "interpreter": {"version", "dists": {"torch": "2.13.0+cpu", "numpy": ...}},
      "results": [{"name", "status", "finding", "fix", "failure", "exit_code", "seconds", "details"}]}
 """
 
@@ -48,6 +49,8 @@ class CheckReport:
     """requested, selected and why."""
     jit_smoke: bool
     seconds: float
+    interpreter: dict[str, Any] = field(default_factory=dict)
+    """The target interpreter: Python version and installed versions of torch, torch-npu, numpy, ..."""
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
     @property
@@ -64,7 +67,7 @@ class CheckReport:
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "format_version": FORMAT_VERSION, "created": self.created, "seconds": round(self.seconds, 3),
                 "status": self.status, "exit_code": self.exit_code, "python": self.python, "bundle": self.bundle,
-                "device": self.device, "jit_smoke": self.jit_smoke, "results": [r.to_dict() for r in self.results]}
+                "device": self.device, "jit_smoke": self.jit_smoke, "interpreter": self.interpreter, "results": [r.to_dict() for r in self.results]}
 
 
 def _timed(fn: Callable[[], list[ProbeResult] | ProbeResult]) -> list[ProbeResult]:
@@ -111,6 +114,8 @@ def collect_report(bundle: Path | None = None, *, jit_smoke: bool = False, devic
         rows += _timed(lambda: jit.probe_jit(ctx, selected))
     return CheckReport(results=rows, python=str(ctx.python), bundle=str(ctx.bundle) if ctx.bundle else None,
                        device={"requested": device, "selected": selected, "why": why}, jit_smoke=jit_smoke,
+                       interpreter={"version": ctx.facts.get("version"),
+                                    "dists": {k: v for k, v in (ctx.facts.get("dists") or {}).items() if v}},
                        seconds=time.perf_counter() - start)
 
 
@@ -133,7 +138,7 @@ def render_table(report: CheckReport, *, options: UiOptions | None = None, strea
         from rich.table import Table
     except ImportError:
         Console = None  # noqa: N806
-    if Console is not None and not os.environ.get("PORTABLE_PLAIN"):
+    if Console is not None and not os.environ.get("PORTABLE_PLAIN") and rows:
         console = Console(file=stream, no_color=bool(os.environ.get("NO_COLOR")), width=None if stream.isatty() else 160,
                           soft_wrap=False)
         table = Table(show_lines=False, expand=False)
