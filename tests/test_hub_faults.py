@@ -118,7 +118,7 @@ def test_forbidden_stops_at_once_with_the_server_message(hub: HubServer, tmp_pat
     other = run(hub, tmp_path, "publish", str(bundle), "--repo", "bob/r")
     assert other.returncode == 31, other.stderr
     assert 'You don\'t have the rights to create a model under the namespace "bob"' in other.stderr
-    assert "hint: log in with `hf auth login` or set HF_TOKEN" in other.stderr
+    assert "hint: log in with `hf auth login` or set HF_TOKEN to a token that may read" in other.stderr
     assert len(hub.requests("POST", r"/api/repos/create")) == 1 and not hub.requests("POST", r"/preupload/")
 
     hub.add_fault(Fault(method="POST", path=r"/commit/", status=403, message="this branch is protected", times=100))

@@ -312,7 +312,12 @@ def _remote_manifest(url: str, repo: str, commit: str, settings: HubSettings, ui
     except ValueError as exc:
         raise InvalidInputError(f"{where}: not valid JSON ({exc})", path=where, field="(root)",
                                 hint="the published manifest is damaged; publish the bundle again") from None
-    return data, Manifest.from_dict(parsed, path=Path(where))
+    manifest = Manifest.from_dict(parsed, path=Path(where))
+    for entry in manifest.files:  # these names are the bundle's own bookkeeping; a manifest may not claim them
+        if entry.path == MANIFEST_NAME or entry.path.split("/", 1)[0] == STATE_DIR:
+            raise InvalidInputError(f"{where}: lists {entry.path!r}, which is reserved for bookkeeping", path=where,
+                                    field="files", hint="the published manifest is damaged or hostile; do not use it")
+    return data, manifest
 
 
 def _prepare_dest(dest: Path, manifest: Manifest) -> None:

@@ -156,7 +156,8 @@ def hub_error(exc: BaseException, *, what: str) -> HubError:
                                      "(`hf auth login` or HF_TOKEN) that can read it")
     if status in (401, 403):
         return HubAuthError(f"{what}: permission denied ({detail})", status=status,
-                            hint="log in with `hf auth login` or set HF_TOKEN to a token with write access to that namespace")
+                            hint="log in with `hf auth login` or set HF_TOKEN to a token that may read the repo "
+                                 "(and write to its namespace, to publish)")
     if status in (409, 412):
         return HubConflictError(f"{what}: conflict ({detail})", status=status,
                                 hint="someone else changed the repo meanwhile; run the command again")
