@@ -7,38 +7,11 @@ script find it, and the torch_npu subprocess's JSON answer is injected at the co
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 from reproduction.checks.accelerator_ascend import TORCH_NPU_SCRIPT, cann_key, cann_version_from, find_cann, parse_npu_smi
 from reproduction.checks.report import collect_report
-from tests.fixtures.checks.fakes import FIXTURES, FakeRun, fake_package, fixture, make_context, out
-
-NPU_OK = {"torch": "2.3.1", "torch_npu": "2.3.1.post2", "available": True,
-          "devices": [{"index": i, "name": "Ascend910B2"} for i in range(4)]}
-
-
-def _cann(root: Path, info: str = "ascend_toolkit_install.info") -> Path:
-    """A CANN layout as the installer leaves it: <root>/ascend-toolkit/latest/{set_env.sh, aarch64-linux/<info>}."""
-    home = root / "ascend-toolkit" / "latest"
-    (home / "aarch64-linux").mkdir(parents=True)
-    target = home / "aarch64-linux" / info if info.endswith(".info") else home / info
-    shutil.copy(FIXTURES / info, target)
-    (home / "set_env.sh").write_text("export ASCEND_HOME_PATH=...\n")
-    (home / "lib64").mkdir()
-    return home
-
-
-def _ctx(tmp_path, *, smi="npu_smi_info_910b_idle.txt", torch_npu=None, env_set=True, info="ascend_toolkit_install.info"):
-    home = _cann(tmp_path / "Ascend", info)
-    pkgs = tmp_path / "site"
-    fake_package(pkgs, "torch_npu", "2.3.1.post2")
-    env = {"PYTHONPATH": str(pkgs)}
-    if env_set:
-        env |= {"ASCEND_HOME_PATH": str(home), "LD_LIBRARY_PATH": f"{home}/lib64:{home}/lib64/plugin/opskernel"}
-    run = FakeRun({"npu-smi info": out(fixture(smi)), "probe:torch-npu": out(torch_npu or NPU_OK)})
-    return make_context(tmp_path, run=run, env=env, dev_nodes=["davinci_manager", "davinci0"]), run, home
-
+from tests.fixtures.checks.fakes import FIXTURES, TORCH_NPU_OK as NPU_OK, ascend_context as _ctx, fixture
 
 def _rows(report):
     return {r.name: r for r in report.results}

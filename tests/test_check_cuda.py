@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from reproduction.checks.accelerator_cuda import parse_compute_apps, parse_query_gpu
 from reproduction.checks.report import collect_report
-from tests.fixtures.checks.fakes import FakeRun, fixture, make_context, out
-
-TORCH_OK = {"torch": "2.5.1+cu124", "cuda_runtime": "12.4", "available": True, "driver_cuda": "12.4",
-            "devices": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81079, "capability": "9.0"} for i in range(8)]}
+from tests.fixtures.checks.fakes import TORCH_OK, FakeRun, fixture, make_context, out
 
 
 def _run(apps: str = "nvidia_smi_compute_apps_none.csv", gpus: str = "nvidia_smi_query_gpu_h100x8.csv", torch=None) -> FakeRun:

@@ -16,9 +16,7 @@ from reproduction.checks.jit import TRITON_SCRIPT
 from reproduction.checks.probe import EXIT_CODES, EXIT_HELP, FAIL, ProbeResult, fail, ok, warn
 from reproduction.checks.report import CheckReport, collect_report, render_table
 from reproduction.ui import UiOptions
-from tests.fixtures.checks.fakes import FakeRun, fake_package, fixture, make_context, out
-from tests.test_check_ascend import _ctx as ascend_ctx
-from tests.test_check_cuda import TORCH_OK
+from tests.fixtures.checks.fakes import TORCH_OK, FakeRun, ascend_context as ascend_ctx, fake_package, fixture, make_context, out
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "reproduction" / "portable.py"
