@@ -151,14 +151,14 @@ def test_long_non_python_shebang_is_refused(tmp_path: Path) -> None:
     assert (root / "run.sh").read_text() == "#!/old/p/bin/bash\necho hi\n"
 
 
-def _build_elf_tree(root: Path, prefix: str, src: Path) -> None:
-    """prefix/lib/libgreet.so and prefix/bin/greet, both with RUNPATH prefix/lib (absolute, new dtags)."""
+def _build_elf_tree(root: Path, prefix: str, src: Path, dtags: str = "--enable-new-dtags") -> None:
+    """prefix/lib/libgreet.so and prefix/bin/greet, both with RUNPATH (or RPATH) prefix/lib, absolute."""
     (root / "lib").mkdir(parents=True)
     (root / "bin").mkdir()
     src.mkdir(exist_ok=True)
     (src / "greet.c").write_text('const char *where = "%s/share";\nconst char *greet(void) { return "hi"; }\n' % prefix)
     (src / "main.c").write_text('#include <stdio.h>\nconst char *greet(void);\nint main(void) { puts(greet()); return 0; }\n')
-    flags = [f"-Wl,-rpath,{prefix}/lib", "-Wl,--enable-new-dtags"]
+    flags = [f"-Wl,-rpath,{prefix}/lib", f"-Wl,{dtags}"]
     subprocess.run([GCC, "-shared", "-fPIC", "-o", str(root / "lib" / "libgreet.so"), str(src / "greet.c"), *flags],
                    check=True, timeout=120)
     subprocess.run([GCC, "-o", str(root / "bin" / "greet"), str(src / "main.c"), f"-L{root / 'lib'}", "-lgreet", *flags],
@@ -294,3 +294,40 @@ def test_big_files_are_scanned_through_mmap_with_the_same_result(tmp_path: Path,
     monkeypatch.setattr(relocate, "MMAP_OVER", 0)
     assert scan_tree(tmp_path / "build", old) == expected
 
+
+
+@needs_gcc
+def test_old_style_rpath_is_rewritten_too(tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    _build_elf_tree(build, str(build), tmp_path / "src", dtags="--disable-new-dtags")
+    (build / "lib" / "libgreet.so").unlink()  # keep only the executable; rebuild the lib without the C string
+    (tmp_path / "src" / "plain.c").write_text('const char *greet(void) { return "hi"; }\n')
+    subprocess.run([GCC, "-shared", "-fPIC", "-o", str(build / "lib" / "libgreet.so"), str(tmp_path / "src" / "plain.c")],
+                   check=True, timeout=120)
+    occ = scan_tree(build, str(build))
+    assert occ == [PrefixOccurrence(path="bin/greet", mode="elf-runpath")]
+    moved = tmp_path / "m"
+    shutil.move(build, moved)
+    assert relocate_tree(moved, occ, str(build), str(moved), fsync=False) == ["bin/greet"]
+    assert [(p.tag, p.value) for p in elf.search_paths((moved / "bin" / "greet").read_bytes())] == [(elf.DT_RPATH, "$ORIGIN/../lib")]
+    ok = subprocess.run([str(moved / "bin" / "greet")], capture_output=True, text=True, timeout=60, env={"PATH": "/bin"})
+    assert (ok.returncode, ok.stdout) == (0, "hi\n")
+
+
+@needs_gcc
+def test_runpath_falls_back_to_absolute_then_refuses_when_nothing_fits(tmp_path: Path) -> None:
+    interp = tmp_path / "interp"
+    _build_elf_tree(interp, str(interp), tmp_path / "src")
+    capacity = elf.search_paths((interp / "bin" / "greet").read_bytes())[0].capacity
+    assert capacity >= len(f"{interp}/lib")
+    deep = tmp_path.joinpath(*["d"] * (capacity // 3 + 1))  # so deep that "../" x depth overflows the slot
+    deep.mkdir(parents=True)
+    shutil.copy2(interp / "bin" / "greet", deep / "greet")
+    occ = [PrefixOccurrence(path="greet", mode="elf-runpath")]
+    # "$ORIGIN/../../.../opt/x/lib" is longer than the slot; "/opt/x/lib" fits: the absolute form is used.
+    assert relocate_tree(deep, occ, str(interp), "/opt/x", fsync=False) == ["greet"]
+    assert elf.search_paths((deep / "greet").read_bytes())[0].value == "/opt/x/lib"
+    before = (deep / "greet").read_bytes()
+    with pytest.raises(RelocationError, match="RUNPATH '/opt/x/lib' cannot be rewritten"):
+        relocate_tree(deep, occ, "/opt/x", "/" + "z" * capacity, build_prefix=str(interp))
+    assert (deep / "greet").read_bytes() == before
