@@ -56,6 +56,12 @@ def test_moved_bundle_fails_24_until_restored_again(tmp_path):
     assert _rows(_check(tmp_path, bundle))["bundle.restore"].status == "ok"
 
 
+def test_moving_a_bundle_without_prefixes_needs_no_restore(tmp_path):
+    bundle = make_bundle(tmp_path / "b", runtime_python=True, restored=False)  # runtime layer without prefix files
+    write_receipt(bundle, load_manifest(bundle), prefix_root=tmp_path / "old-place")
+    assert _rows(_check(tmp_path, bundle))["bundle.restore"].status == "ok"
+
+
 def test_receipt_module_absent_is_a_clear_warning(tmp_path, monkeypatch):
     bundle = make_bundle(tmp_path / "b", sources={"x.py": "print(1)\n"})
     monkeypatch.setitem(sys.modules, "reproduction.release.receipt", None)  # import now raises ImportError
@@ -87,3 +93,24 @@ def test_restored_runtime_interpreter_is_the_target(tmp_path):
     assert rows["toolchain"].status == "ok" and rows["toolchain"].details["python"] == report.python
     assert rows["bundle.restore"].status == "ok" and report.exit_code == 0
     assert os.path.islink(report.python)
+
+
+def test_real_pack_and_restore_then_check(tmp_path):
+    """The receipt restore really writes is what the check reads: unrestored -> 24, restored -> 0."""
+    from reproduction.release.pack import pack_bundle
+    from reproduction.release.restore import restore_bundle
+    from reproduction.ui import UiOptions
+
+    (tmp_path / "src/up").mkdir(parents=True)
+    (tmp_path / "src/up/train.py").write_text("import torch\n")
+    (tmp_path / "run.yaml").write_text("runner:\n  save_interval: 200\n  val_check_interval: 100\n")
+    (tmp_path / "spec.toml").write_text('name = "itest"\n[[layer]]\nsource = "src/up"\nkind = "source"\n'
+                                        '[[config]]\nsource = "run.yaml"\ndest = "config/run.yaml"\n')
+    quiet = UiOptions(quiet=True, progress=False)
+    pack_bundle(tmp_path / "spec.toml", tmp_path / "b", ui=quiet)
+    report = _check(tmp_path, tmp_path / "b")
+    assert _rows(report)["bundle.restore"].finding.startswith("not restored: no receipt at") and report.exit_code == 24
+    restore_bundle(tmp_path / "b", ui=quiet)
+    report = _check(tmp_path, tmp_path / "b")
+    assert _rows(report)["bundle.restore"].status == "ok" and _rows(report)["hazard.intervals"].status == "ok"
+    assert report.exit_code == 0

@@ -2,7 +2,7 @@
 
 "Restored" is read from the receipt (`<bundle>/.portable/receipt.json`, reproduction/release/receipt.py,
 imported lazily): every layer of the manifest must be recorded with the archive digest the manifest
-pins, relocated to the layer's current path. Free disk needed for a run: the manifest's
+pins, and (for layers whose files hold a build prefix) relocated to the layer's current path. Free disk needed for a run: the manifest's
 `metadata.run_disk_bytes` when the bundle declares it, else twice the size of weights/ (checkpoints of
 each stage) plus 1 GiB (datasets' sidecars, logs, evidence).
 """
@@ -69,13 +69,18 @@ def probe_restored(bundle: Path, manifest: Any) -> ProbeResult:
             problems.append(f"{layer.archive} not restored")
         elif entry is not None and got.sha256 != entry.sha256:
             problems.append(f"{layer.archive} restored from another archive (sha256 {got.sha256[:12]}..., manifest {entry.sha256[:12]}...)")
-        elif os.path.realpath(got.prefix) != here:
+        elif _needs_relocation(layer) and os.path.realpath(got.prefix) != here:
             problems.append(f"{layer.target} was relocated to {got.prefix}, the bundle is now at {Path(bundle).resolve()}")
         elif not (Path(bundle) / layer.target).is_dir():
             problems.append(f"{layer.target} is missing")
     if problems:
         return fail("bundle.restore", BUNDLE, "restore incomplete: " + "; ".join(problems), f"run `{fix}`", problems=problems)
     return ok("bundle.restore", f"{len(manifest.layers)} layers restored and relocated here", receipt=str(path))
+
+
+def _needs_relocation(layer: Any) -> bool:
+    # Same rule as restore: only layers whose files hold a build prefix care where they live.
+    return bool(getattr(layer, "prefix_files", ()) or getattr(layer, "foreign_prefix_files", None))
 
 
 def run_disk_need(bundle: Path, manifest: Any) -> tuple[int, str]:
