@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -331,3 +332,22 @@ def test_runpath_falls_back_to_absolute_then_refuses_when_nothing_fits(tmp_path:
     with pytest.raises(RelocationError, match="RUNPATH '/opt/x/lib' cannot be rewritten"):
         relocate_tree(deep, occ, "/opt/x", "/" + "z" * capacity, build_prefix=str(interp))
     assert (deep / "greet").read_bytes() == before
+
+
+@needs_gcc
+def test_runpath_sharing_its_tail_with_a_symbol_name_is_never_rewritten(tmp_path: Path) -> None:
+    """Linkers merge string tails: if any name points inside the RUNPATH string, rewriting it would rename that."""
+    build = tmp_path / "build"
+    _build_elf_tree(build, str(build), tmp_path / "src")
+    exe = build / "bin" / "greet"
+    data = bytearray(exe.read_bytes())
+    reader = elf._Reader(data)
+    strtab = reader.to_offset(dict(reader.dynamic())[elf.DT_STRTAB])
+    runpath = elf.search_paths(data)[0]
+    dynsym = next(s for s in elf._sections(reader) if s[0] == elf.SHT_DYNSYM)
+    struct.pack_into("<I", data, dynsym[2] + dynsym[4], runpath.offset - strtab + 5)  # symbol 1's name -> inside
+    exe.write_bytes(bytes(data))
+    assert elf.search_paths(data)[0].capacity == -1
+    with pytest.raises(RelocationError, match="shares bytes with another name"):
+        relocate_tree(build, [PrefixOccurrence(path="bin/greet", mode="elf-runpath")], str(build), "/s")
+    assert exe.read_bytes() == bytes(data)
