@@ -57,8 +57,11 @@ def test_interrupted_publish_resumes_and_uploads_only_the_rest(hub: HubServer, t
     assert "bundle.json" not in hub.files_at("model/alice/r"), "an interrupted publish leaves no manifest"
     hub.faults.clear()
 
+    commits = len(hub.requests("POST", r"/commit/"))
+    assert commits == 1, "the first batch of 2 files was committed before the kill"
     resumed = run(hub, tmp_path, "publish", str(bundle), "--repo", "alice/r", PORTABLE_HUB_BATCH_FILES="2")
     assert resumed.returncode == 0, resumed.stderr
+    assert len(hub.requests("POST", r"/commit/")) - commits == 3, "2 batches of 2 files, then bundle.json"
     assert hub.uploads == 6, "the rerun uploads only the 3 files the server lacks"
     assert "4 of 6 files to send" in resumed.stderr  # 2 were committed before the kill; 1 more was uploaded
     out = tmp_path / "fetched"

@@ -190,3 +190,10 @@ def test_unknown_repo_revision_or_missing_manifest_are_clear_errors(hub: HubServ
 
     bad = run(hub, tmp_path, "fetch", "not-a-repo-id", str(tmp_path / "d"))
     assert bad.returncode == 4 and "is not OWNER/NAME" in bad.stderr
+
+    # a manifest may not claim the bundle's bookkeeping (receipt, lock): refused before any download
+    hostile = make_bundle(tmp_path / "hostile", {".portable/receipt.json": b"{}", "a.txt": b"a\n"})
+    hub.seed_repo("model/alice/hostile", hostile, owner="alice")
+    refused = run(hub, tmp_path, "fetch", "alice/hostile", str(tmp_path / "e"))
+    assert refused.returncode == 4 and "lists '.portable/receipt.json', which is reserved" in refused.stderr
+    assert not hub.requests("GET", r"/hostile/resolve/[0-9a-f]+/a\.txt")
