@@ -30,7 +30,9 @@ EXIT_CODES = """exit codes:
   5 integrity (verify: 11 missing, 12 extra, 13 size mismatch, 14 digest mismatch; lowest wins)
   6 unsafe archive    7 busy (locked)    8 write failed / disk full    9 relocation impossible
   10 missing dependency    20-29 check failure classes (see `portable check --help`)
-  30-39 Hub transfer    40-49 dataset/sidecar    50-59 training and runs"""
+  30-39 Hub (30 refused, 31 auth/permission, 32 not found, 33 transfer kept failing,
+         34 downloaded bytes kept failing sha256, 35 conflict: branch moved or tag taken)
+  40-49 dataset/sidecar    50-59 training and runs"""
 
 
 def _default_bundle() -> Path:

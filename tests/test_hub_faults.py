@@ -165,3 +165,24 @@ def test_token_never_appears_in_output_logs_or_files(hub: HubServer, tmp_path: P
             assert TOKEN.encode() not in path.read_bytes(), f"token written to {path}"
             scanned += 1
     assert scanned > 10 and (hub.root / "requests.jsonl").stat().st_size > 0
+
+
+def test_failed_fetch_keeps_its_partial_file_and_the_rerun_resumes_it(hub: HubServer, tmp_path: Path) -> None:
+    files = lfs_files(2, 1_500_000)
+    published(hub, tmp_path, files)
+    hub.add_fault(Fault(method="GET", path=r"/weights/shard-1\.bin$", kind="stall", after_bytes=1_000_000, seconds=60))
+    out = tmp_path / "fetched"
+    first = run(hub, tmp_path, "fetch", "alice/r", str(out), PORTABLE_HUB_STALL_TIMEOUT_S="1", PORTABLE_HUB_RETRIES="0")
+    assert first.returncode == 33 and "download weights/shard-1.bin: transfer stalled (no data)" in first.stderr
+    assert "hint: check the network; rerunning resumes where this stopped" in first.stderr
+    assert not (out / "bundle.json").exists() and (out / "weights/shard-0.bin").exists()
+    partials = list((out / ".portable/partial").iterdir())
+    assert len(partials) == 1 and partials[0].stat().st_size == 1_000_000
+
+    second = run(hub, tmp_path, "fetch", "alice/r", str(out))
+    assert second.returncode == 0, second.stderr
+    gets = hub.requests("GET", r"/weights/shard-1\.bin$")
+    assert [g["headers"].get("Range") for g in gets] == [None, "bytes=1000000-"]
+    assert len(hub.requests("GET", r"/weights/shard-0\.bin$")) == 1, "the finished file is not fetched again"
+    assert (out / "weights/shard-1.bin").read_bytes() == files["weights/shard-1.bin"]
+    assert verify_bundle(out).ok

@@ -94,13 +94,16 @@ def repo_web_url(endpoint: str, repo: str, repo_type: str, revision: str | None 
     return f"{endpoint}/{prefix}{repo}" + (f"/tree/{revision}" if revision and revision != "main" else "")
 
 
-def _client(settings: HubSettings) -> Any:
-    """An HfApi on `settings`' endpoint; huggingface_hub's own bars off (ours show progress)."""
+def _client(settings: HubSettings, ui: UiOptions | None) -> Any:
+    """An HfApi on `settings`' endpoint; huggingface_hub's upload bars follow -q / --no-progress."""
     import httpx
     from huggingface_hub import HfApi
-    from huggingface_hub.utils import disable_progress_bars, get_session
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars, get_session
 
-    disable_progress_bars()
+    if ui is None or ui.quiet or not ui.progress or os.environ.get("PORTABLE_NO_PROGRESS"):
+        disable_progress_bars()
+    else:
+        enable_progress_bars()
     # The shared session has no timeout by default: a stalled upload or listing would hang forever.
     get_session().timeout = httpx.Timeout(settings.stall_timeout_s, connect=settings.connect_timeout_s)
     return HfApi(endpoint=settings.resolved_endpoint())
@@ -177,7 +180,7 @@ def publish_bundle(bundle: Path, repo: str, *, repo_type: str = "model", revisio
     manifest = load_manifest(bundle)
     verify_or_raise(bundle, manifest=manifest, ui=ui)
     manifest_bytes = (bundle / MANIFEST_NAME).read_bytes()
-    api = _client(settings)
+    api = _client(settings, ui)
 
     def retried(what: str, fn: Callable[[], T]) -> T:
         return with_retries(fn, what=what, settings=settings, ui=ui)
@@ -271,7 +274,7 @@ def fetch_bundle(repo: str, dest: Path, *, revision: str | None = None, repo_typ
     settings = settings or HubSettings.from_env()
     check_repo_id(repo)
     dest, rev = Path(dest), revision or "main"
-    api = _client(settings)
+    api = _client(settings, ui)
     endpoint = settings.resolved_endpoint()
     commit = with_retries(lambda: api.repo_info(repo, repo_type=repo_type, revision=rev).sha,
                           what=f"resolve {repo}@{rev}", settings=settings, ui=ui)
