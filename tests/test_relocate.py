@@ -351,3 +351,20 @@ def test_runpath_sharing_its_tail_with_a_symbol_name_is_never_rewritten(tmp_path
     with pytest.raises(RelocationError, match="shares bytes with another name"):
         relocate_tree(build, [PrefixOccurrence(path="bin/greet", mode="elf-runpath")], str(build), "/s")
     assert exe.read_bytes() == bytes(data)
+
+
+@needs_gcc
+def test_runpath_of_a_file_without_section_headers_is_not_rewritten(tmp_path: Path) -> None:
+    """sstrip-ed files: no .dynsym header, so tail sharing cannot be ruled out; refuse rather than guess."""
+    build = tmp_path / "build"
+    _build_elf_tree(build, str(build), tmp_path / "src")
+    exe = build / "bin" / "greet"
+    data = bytearray(exe.read_bytes())
+    struct.pack_into("<Q", data, 40, 0)  # e_shoff
+    struct.pack_into("<H", data, 60, 0)  # e_shnum
+    exe.write_bytes(bytes(data))
+    sp = elf.search_paths(data)[0]
+    assert (sp.value, sp.capacity) == (f"{build}/lib", -1)
+    assert elf.unmapped_ranges(data) == []
+    with pytest.raises(RelocationError, match="no section headers"):
+        relocate_tree(build, [PrefixOccurrence(path="bin/greet", mode="elf-runpath")], str(build), "/s")

@@ -15,7 +15,7 @@ ELF_MAGIC = b"\x7fELF"
 PT_LOAD, PT_DYNAMIC = 1, 2
 SHT_NULL, SHT_NOBITS, SHT_DYNSYM = 0, 8, 11
 SHF_ALLOC = 2
-DT_NULL, DT_NEEDED, DT_STRTAB, DT_STRSZ, DT_SONAME, DT_RPATH, DT_RUNPATH = 0, 1, 5, 10, 14, 15, 29
+DT_NULL, DT_NEEDED, DT_STRTAB, DT_SYMTAB, DT_STRSZ, DT_SONAME, DT_RPATH, DT_RUNPATH = 0, 1, 5, 6, 10, 14, 15, 29
 DT_VERDEF, DT_VERDEFNUM, DT_VERNEED, DT_VERNEEDNUM = 0x6FFFFFFC, 0x6FFFFFFD, 0x6FFFFFFE, 0x6FFFFFFF
 # Dynamic tags whose value is an offset into the dynamic string table.
 _STRING_TAGS = {DT_NEEDED, DT_SONAME, DT_RPATH, DT_RUNPATH, 0x7FFFFFFD, 0x7FFFFFFF, 0x6FFFFEFA, 0x6FFFFEFB, 0x6FFFFEFC}
@@ -36,7 +36,8 @@ class SearchPath:
     offset: int
     """File offset of the string's first byte."""
     capacity: int
-    """Longest value (in bytes, without its NUL) that can be written in place."""
+    """Longest value (in bytes, without its NUL) that can be written in place; -1: never rewrite
+    (another name shares its bytes, or the file lacks the section headers to tell)."""
 
 
 def is_elf(head: bytes) -> bool:
@@ -125,12 +126,20 @@ def unmapped_ranges(data: bytes | bytearray) -> list[tuple[int, int]]:
             if sh_type not in (SHT_NULL, SHT_NOBITS) and not flags & SHF_ALLOC]
 
 
-def _referenced_offsets(r: _Reader, dyn: list[tuple[int, int]], strtab: int, strsz: int) -> set[int]:
-    """Offsets into .dynstr used by anything but the search paths themselves."""
+def _referenced_offsets(r: _Reader, dyn: list[tuple[int, int]], strsz: int) -> set[int] | None:
+    """Offsets into .dynstr used by anything but the search paths themselves.
+
+    None when the file has dynamic symbols but no section header saying where they are (sstrip):
+    then nobody can tell which bytes other names share.
+    """
     refs = {val for tag, val in dyn if tag in _STRING_TAGS and tag not in (DT_RPATH, DT_RUNPATH)}
-    for sh_type, _flags, sh_offset, sh_size, sh_entsize in _sections(r):
-        if sh_type == SHT_DYNSYM and sh_entsize:
-            for sym in range(sh_offset, sh_offset + sh_size, sh_entsize):
+    symtabs = [s for s in _sections(r) if s[0] == SHT_DYNSYM]
+    if not symtabs and any(tag == DT_SYMTAB for tag, _ in dyn):
+        return None
+    for _type, _flags, sh_offset, sh_size, sh_entsize in symtabs:
+        if sh_entsize < 16 or sh_offset + sh_size > len(r.data):
+            raise ElfError(f"dynamic symbol table at {sh_offset} (size {sh_size}, entry {sh_entsize}) is malformed")
+        for sym in range(sh_offset, sh_offset + sh_size - sh_entsize + 1, sh_entsize):
                 refs.add(r.unpack("I", sym)[0])  # st_name is the first field in both classes
     tags = dict(dyn)
     if DT_VERNEED in tags:
@@ -175,17 +184,17 @@ def search_paths(data: bytes | bytearray) -> list[SearchPath]:
     strsz = tags.get(DT_STRSZ, len(data) - strtab)
     if strtab + strsz > len(data):
         raise ElfError("dynamic string table runs past the end of the file")
-    refs = _referenced_offsets(r, dyn, strtab, strsz)
+    refs = _referenced_offsets(r, dyn, strsz)
     out = []
     for tag, val in dyn:
         if tag not in (DT_RPATH, DT_RUNPATH):
             continue
         start = strtab + val
-        nul = data.find(b"\0", start, strtab + strsz)
+        nul = data.find(b"\0", start, strtab + strsz) if val < strsz else -1
         if nul < 0:
-            raise ElfError("search path string is not NUL-terminated")
-        if any(val < ref <= val + (nul - start) for ref in refs):
-            capacity = -1  # another name shares this string's tail: never rewrite it
+            raise ElfError("search path string lies outside the string table or is not NUL-terminated")
+        if refs is None or any(val < ref <= val + (nul - start) for ref in refs):
+            capacity = -1  # another name shares (or may share) this string's tail: never rewrite it
         else:
             end = nul
             while end + 1 < strtab + strsz and data[end + 1] == 0 and (end + 1 - strtab) not in refs:

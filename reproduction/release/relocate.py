@@ -272,7 +272,8 @@ def _rewrite_runpaths(data: bytearray, pattern: re.Pattern[bytes], old: str, new
                 elf.set_search_path(data, sp, candidate)
                 break
         else:
-            why = "it shares bytes with another name" if sp.capacity < 0 else f"the slot holds {sp.capacity} bytes"
+            why = ("it shares bytes with another name, or the file has no section headers to rule that out"
+                   if sp.capacity < 0 else f"the slot holds {sp.capacity} bytes")
             problems.append(f"{rel}: RUNPATH {sp.value!r} cannot be rewritten as {relative!r} nor {':'.join(mapped)!r} ({why})")
     return [(sp.offset, sp.offset + max(sp.capacity, len(sp.value)) + 1) for sp in entries]
 
