@@ -368,3 +368,22 @@ def test_runpath_of_a_file_without_section_headers_is_not_rewritten(tmp_path: Pa
     assert elf.unmapped_ranges(data) == []
     with pytest.raises(RelocationError, match="no section headers"):
         relocate_tree(build, [PrefixOccurrence(path="bin/greet", mode="elf-runpath")], str(build), "/s")
+
+
+def test_elf_reader_on_damaged_files_raises_only_elf_error() -> None:
+    """scan_tree reads arbitrary files: truncated or bit-flipped ELF must give ElfError or a result, nothing else."""
+    import random
+
+    original = Path(sys.executable).resolve().read_bytes()
+    rng = random.Random(1234)
+    for trial in range(300):
+        data = bytearray(original[: rng.randrange(16, len(original))] if trial % 3 == 0 else original)
+        for _ in range(rng.randrange(1, 8)):
+            at = rng.randrange(0, min(len(data), 4096) if trial % 2 else len(data))
+            data[at] = rng.randrange(256)
+        data[:4] = elf.ELF_MAGIC
+        for probe in (elf.search_paths, elf.unmapped_ranges):
+            try:
+                probe(bytes(data))
+            except elf.ElfError:
+                pass
