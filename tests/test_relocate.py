@@ -119,8 +119,9 @@ def test_missing_recorded_file_is_refused(tmp_path: Path) -> None:
     root.mkdir()
     (root / "a.txt").write_text("/old/p\n")
     occ = [PrefixOccurrence(path="a.txt", mode="text"), PrefixOccurrence(path="gone.txt", mode="text")]
-    with pytest.raises(RelocationError, match="gone.txt"):
+    with pytest.raises(RelocationError, match="gone.txt") as info:
         relocate_tree(root, occ, "/old/p", "/new/p")
+    assert "restore --deep" in info.value.hint
     assert (root / "a.txt").read_text() == "/old/p\n"
 
 

@@ -376,11 +376,13 @@ def relocate_tree(root: Path, occurrences: Sequence[PrefixOccurrence], old_prefi
             planned.append((rel, new_data, st))
     if problems:
         shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+        hint = (f"restore to a folder whose layer path is at most {len(build)} characters long "
+                f"(the build prefix {build!r}), or pack from a tree built at a longer prefix")
+        if any("recorded as holding the prefix but missing" in p for p in problems):
+            hint = "the tree no longer matches the bundle: run `portable restore --deep` to re-extract it"
         raise RelocationError(
             f"cannot relocate {root} from {old!r} to {new!r}: {len(problems)} problem(s), nothing was changed: {shown}",
-            path=str(root), old_prefix=old, new_prefix=new, problems=problems,
-            hint=f"restore to a folder whose layer path is at most {len(build)} characters long "
-                 f"(the build prefix {build!r}), or pack from a tree built at a longer prefix")
+            path=str(root), old_prefix=old, new_prefix=new, problems=problems, hint=hint)
     for rel, new_data, st in planned:
         _write_keeping_mode(root / rel, new_data, st, fsync)
     if notes is not None:
