@@ -53,6 +53,7 @@ def test_publish_then_fetch_is_byte_identical_and_verifies(hub: HubServer, tmp_p
     head = hub.head("model/alice/recap-demo")
     assert pub.stdout.strip() == head and re.fullmatch(r"[0-9a-f]{40}", head)
     assert f"{hub.url}/alice/recap-demo" in pub.stderr
+    assert "Warning" not in pub.stderr and "Traceback" not in pub.stderr, pub.stderr
 
     # bundle.json arrives last, in a commit of its own: the commit before it has every file but no manifest.
     repo = hub.repos["model/alice/recap-demo"]

@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -100,6 +101,8 @@ def _client(settings: HubSettings, ui: UiOptions | None) -> Any:
     from huggingface_hub import HfApi
     from huggingface_hub.utils import disable_progress_bars, enable_progress_bars, get_session
 
+    # A bundle carries its datasets (parquet) even in a model repo: that is intended, not a mistake.
+    warnings.filterwarnings("ignore", message="It seems that you are about to commit a data file")
     if ui is None or ui.quiet or not ui.progress or os.environ.get("PORTABLE_NO_PROGRESS"):
         disable_progress_bars()
     else:
