@@ -118,6 +118,7 @@ def test_republish_sends_only_what_changed_and_refetch_downloads_only_that(hub: 
     assert verify_bundle(out).ok
 
 
+@pytest.mark.slow
 def test_dataset_repo_branch_and_tag(hub: HubServer, tmp_path: Path) -> None:
     bundle = make_bundle(tmp_path / "bundle", bundle_files(1))
     pub = run(hub, tmp_path, "publish", str(bundle), "--repo", "alice/ds", "--repo-type", "dataset",
@@ -163,6 +164,7 @@ def test_publish_refuses_a_bundle_that_does_not_verify(hub: HubServer, tmp_path:
     assert hub.log == [] or all(r["method"] == "GET" for r in hub.log), "nothing is sent before verify passes"
 
 
+@pytest.mark.slow
 def test_unknown_repo_revision_or_missing_manifest_are_clear_errors(hub: HubServer, tmp_path: Path) -> None:
     missing = run(hub, tmp_path, "fetch", "alice/nothing-here", str(tmp_path / "a"))
     assert missing.returncode == 32
