@@ -102,8 +102,11 @@ class ValueModelConfig:
 
 
 def preset_config(name: str, *, vocab_size: int | None = None, cameras: tuple[str, ...] = ("base_0_rgb",),
-                  image_size: int | None = None) -> ValueModelConfig:
+                  image_size: int | None = None, patch_size: int | None = None) -> ValueModelConfig:
     """The `tiny` (CPU minutes) or `recap` (SigLIP2-so400m/14 @224 + Gemma3-270M) architecture.
+
+    `tiny` defaults to 64 px images in 16 px patches (16 tokens per camera: a 64 px scene's objects
+    still span a patch, and a step costs a third of 8 px patches on CPU); `recap` is 224/14.
 
     `vocab_size` defaults to Gemma3's 262,144 for `recap`; `tiny` needs the trained tokenizer's size.
     Raises ConfigError for an unknown preset.
@@ -113,7 +116,7 @@ def preset_config(name: str, *, vocab_size: int | None = None, cameras: tuple[st
     if name == "tiny":
         size = image_size or 64
         vision = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                      image_size=size, patch_size=8, vision_use_head=False)
+                      image_size=size, patch_size=patch_size or 16, vision_use_head=False)
         text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                     num_key_value_heads=1, head_dim=32, vocab_size=vocab_size or 512, max_position_embeddings=1024,
                     sliding_window=512, query_pre_attn_scalar=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
@@ -121,7 +124,7 @@ def preset_config(name: str, *, vocab_size: int | None = None, cameras: tuple[st
     elif name == "recap":
         # google/siglip2-so400m-patch14-224 vision tower and google/gemma-3-270m (config.json values).
         vision = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
-                      image_size=image_size or 224, patch_size=14, vision_use_head=False)
+                      image_size=image_size or 224, patch_size=patch_size or 14, vision_use_head=False)
         text = dict(hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
                     num_key_value_heads=1, head_dim=256, vocab_size=vocab_size or 262_144,
                     max_position_embeddings=32_768, sliding_window=512, query_pre_attn_scalar=256,
@@ -185,7 +188,8 @@ class ValueModel(nn.Module):
         """Image tokens (B, C*N, Dt) and their validity (B, C*N); absent cameras are never encoded.
 
         All present images of all cameras go through SigLIP in one batch; absent slots stay zero
-        and are masked out of attention.
+        and are masked out of attention. Every forward calls SigLIP exactly once (FSDP needs the
+        same collectives on all ranks), on one blank image if the batch has no camera at all.
         """
         cams = self.config.cameras
         ref = images[cams[0]]
@@ -193,11 +197,16 @@ class ValueModel(nn.Module):
         width = self.projector.out_features
         present = torch.stack([masks[c].to(torch.bool) for c in cams], dim=1)  # (B, C)
         tokens = ref.new_zeros(batch, len(cams), n, width, dtype=self.projector.weight.dtype)
+        dtype = self.vision.embeddings.patch_embedding.weight.dtype
         if bool(present.any()):
             pixels = torch.stack([images[c] for c in cams], dim=1)[present]  # (P, 3, S, S)
-            dtype = self.vision.embeddings.patch_embedding.weight.dtype
             feats = self.vision(pixel_values=pixels.to(dtype)).last_hidden_state
             tokens = tokens.index_put((present,), self.projector(feats).to(tokens.dtype))
+        else:
+            # No camera at all in this batch. Sharded (FSDP) towers still need the same calls on
+            # every rank, so run one blank image and add it times zero: one image, not B x C.
+            blank = ref.new_zeros(1, *ref.shape[1:], dtype=dtype)
+            tokens = tokens + 0.0 * self.projector(self.vision(pixel_values=blank).last_hidden_state).sum()
         valid = present.unsqueeze(-1).expand(batch, len(cams), n)
         return tokens.reshape(batch, len(cams) * n, width), valid.reshape(batch, len(cams) * n)
 

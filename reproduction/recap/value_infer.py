@@ -1,0 +1,174 @@
+"""Stage-3 value inference: load the value exports strictly, infer V per frame over the sharding plan.
+
+    <value stage out>/crossfit.json              which model labels which episode
+    <value stage out>/model_<k>/export/          model.safetensors, value_head.json, tokenizer/
+
+Everything the model needs (architecture, bins, v_min/v_max, return range, camera map, tokenizer)
+is read from the export; nothing is retyped in stage 3's config. Each frame of a shard's inferred
+range goes through exactly one forward of exactly one model: the one that did not train on its
+episode (cross-fitting), or the single model when folds == 1. Values are keyed by
+(episode_index, frame_index), never by position.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from reproduction.errors import CheckpointError, InputNotFoundError, UnsupportedFormatError
+from reproduction.recap.crossfit import CrossFitPlan
+from reproduction.recap.normalize import ReturnRange
+
+
+@dataclass(kw_only=True)
+class ValueExport:
+    """One trained value model, ready for inference (eval mode, on its device)."""
+
+    folder: Path
+    model: Any
+    tokenizer: Any
+    head: dict[str, Any]
+    """The export's value_head.json."""
+    return_range: ReturnRange
+
+    @property
+    def cameras(self) -> dict[str, str]:
+        return dict(self.head["cameras"])
+
+
+def load_value_export(folder: Path, *, device: str = "cpu") -> ValueExport:
+    """Rebuild the model from `value_head.json` and load `model.safetensors` strictly.
+
+    Raises InputNotFoundError (no export there), UnsupportedFormatError (newer export format),
+    CheckpointError (weights that do not fit the stored architecture, naming the keys).
+    """
+    from reproduction.recap.tokenizer import load_tokenizer
+    from reproduction.recap.value_model import ValueModelConfig, build_value_model
+    from reproduction.recap.value_task import EXPORT_FORMAT, HEAD_NAME
+    from reproduction.recap.value_weights import load_safetensors_strict
+
+    folder = Path(folder)
+    head_path = folder / HEAD_NAME
+    if not head_path.is_file():
+        raise InputNotFoundError(f"{head_path} does not exist: not a value-model export", path=head_path,
+                                 hint="point at <value stage out>/model_<k>/export (written when value training finishes)")
+    head = json.loads(head_path.read_text(encoding="utf-8"))
+    if head.get("format_version") != EXPORT_FORMAT:
+        raise UnsupportedFormatError(f"{head_path}: format_version {head.get('format_version')!r} is not {EXPORT_FORMAT}",
+                                     path=head_path, field="format_version", hint="upgrade recap-portable")
+    model = build_value_model(ValueModelConfig.from_dict(head["model_config"]))
+    load_safetensors_strict(model, folder / "model.safetensors")
+    model.to(device).eval()
+    return ValueExport(folder=folder, model=model, tokenizer=load_tokenizer(folder / head.get("tokenizer", "tokenizer")),
+                       head=head, return_range=ReturnRange.from_dict(head["return_range"]))
+
+
+def load_value_stage(stage_dir: Path, *, device: str = "cpu") -> tuple[list[ValueExport], CrossFitPlan]:
+    """All fold models of a value stage and its fold plan; CheckpointError if they disagree
+    (different folds count, return range or bins between models)."""
+    stage_dir = Path(stage_dir)
+    plan_path = stage_dir / "crossfit.json"
+    if not plan_path.is_file():
+        raise InputNotFoundError(f"{plan_path} does not exist: not a value stage folder", path=plan_path)
+    plan = CrossFitPlan.from_dict(json.loads(plan_path.read_text(encoding="utf-8")))
+    models = [load_value_export(stage_dir / f"model_{k}" / "export", device=device) for k in range(plan.folds)]
+    ref = models[0].head
+    for m in models[1:]:
+        for key in ("return_range", "num_bins", "v_min", "v_max", "folds", "cameras"):
+            if m.head[key] != ref[key]:
+                raise CheckpointError(f"{m.folder}: {key} {m.head[key]!r} differs from {models[0].folder}'s {ref[key]!r}",
+                                      path=m.folder, hint="all folds must come from one value-stage run; retrain stage 2")
+    if ref["folds"] != plan.folds:
+        raise CheckpointError(f"{plan_path}: {plan.folds} folds, but the exports were trained with {ref['folds']}",
+                              path=plan_path)
+    return models, plan
+
+
+def infer_rows(models: Sequence[ValueExport], plan: CrossFitPlan, dataset: Any, dataset_name: str,
+               rows: np.ndarray, *, batch_size: int = 64) -> np.ndarray:
+    """V (float64, value space) for dataset `rows` (reader positions), one forward per frame.
+
+    `dataset` is an opened reader (reproduction.data.reader.Dataset). Rows are grouped by the
+    model that labels their episode, then cut into batches in the given order.
+    """
+    import torch
+
+    from reproduction.recap.value_data import ValueCollator, to_pixels
+    from reproduction.recap.tokenizer import format_prompt
+
+    rows = np.asarray(rows, dtype=np.int64)
+    meta = dataset.read_frames(rows, ["episode_index", "frame_index", "task_index"]) if rows.size else {}
+    which = plan.models_for(dataset_name, meta["episode_index"]) if rows.size else np.zeros(0, np.int64)
+    out = np.full(rows.size, np.nan, dtype=np.float64)
+    for k in np.unique(which):
+        vm = models[int(k)]
+        cfg = vm.model.config
+        present = {slot: key for slot, key in vm.cameras.items() if key in dataset.camera_keys}
+        collate = ValueCollator(tokenizer=vm.tokenizer, slots=cfg.cameras, image_size=cfg.image_size,
+                                max_token_len=int(vm.head["max_token_len"]))
+        device = next(vm.model.parameters()).device
+        idx = np.flatnonzero(which == k)
+        for lo in range(0, idx.size, batch_size):
+            sel = idx[lo:lo + batch_size]
+            frames = dataset.read_frames(rows[sel], list(present.values())) if present else {}
+            samples = [{"images": {s: to_pixels(frames[key][i], cfg.image_size) for s, key in present.items()},
+                        "prompt": format_prompt(dataset.tasks.get(int(meta["task_index"][j]), "perform the task")),
+                        "target": 0.0, "episode_index": 0, "frame_index": 0, "source": 0}
+                       for i, j in enumerate(sel)]
+            batch = collate(samples)
+            with torch.no_grad():
+                logits = vm.model(images={s: t.to(device) for s, t in batch["images"].items()},
+                                  image_masks={s: t.to(device) for s, t in batch["image_masks"].items()},
+                                  input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
+            out[sel] = vm.model.expected_value(logits).double().cpu().numpy()
+    return out
+
+
+def sorted_frames(dataset: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dataset rows, episode_index, frame_index) in (episode, frame) order: the sharding plan's rows."""
+    from reproduction.recap.returns import sort_frames
+
+    table = dataset.frame_table(["episode_index", "frame_index"])
+    ep = table.column("episode_index").to_numpy().astype(np.int64)
+    fr = table.column("frame_index").to_numpy().astype(np.int64)
+    order = sort_frames(ep, fr)
+    order = np.arange(ep.size, dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
+    return order, ep[order], fr[order]
+
+
+def infer_shard(models: Sequence[ValueExport], plan: CrossFitPlan, dataset: Any, shard: Any, *,
+                dataset_name: str | None = None, batch_size: int = 64,
+                frames: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> pa.Table:
+    """Values of a shard's inferred range [start, infer_stop) of the (episode, frame)-sorted rows:
+    a table (episode_index, frame_index, value, owned); `owned` marks the rows this shard reports.
+    `frames` is `sorted_frames(dataset)` when the caller already has it."""
+    order, ep, fr = frames if frames is not None else sorted_frames(dataset)
+    part = slice(shard.start, shard.infer_stop)
+    values = infer_rows(models, plan, dataset, dataset_name or dataset.name, order[part], batch_size=batch_size)
+    owned = np.arange(shard.infer_stop - shard.start) < (shard.stop - shard.start)
+    return pa.table({"episode_index": pa.array(ep[part], pa.int64()), "frame_index": pa.array(fr[part], pa.int64()),
+                     "value": pa.array(values), "owned": pa.array(owned)})
+
+
+def infer_dataset(stage_dir: Path, dataset_root: Path, *, world_size: int = 1, lookahead: int = 0,
+                  batch_size: int = 64, device: str = "cpu", dataset_name: str | None = None) -> pa.Table:
+    """Every frame's value, sorted by (episode, frame): run each shard of the plan in turn (the
+    single-process form of what stage 3's workers do one shard each) and merge their owned rows."""
+    from reproduction.data.reader import open_dataset
+    from reproduction.recap.sharding import merge_values, plan_shards
+
+    models, plan = load_value_stage(stage_dir, device=device)
+    ds = open_dataset(dataset_root)
+    frames = sorted_frames(ds)
+    ep = frames[1]
+    row_end = np.searchsorted(ep, ep, side="right").astype(np.int64)  # each row's episode end (exclusive)
+    parts = []
+    for shard in plan_shards(row_end, world_size, lookahead):
+        t = infer_shard(models, plan, ds, shard, dataset_name=dataset_name, batch_size=batch_size, frames=frames)
+        parts.append(t.filter(t.column("owned")).drop_columns(["owned"]))
+    return merge_values(parts)

@@ -1,0 +1,330 @@
+"""Stage 2 wiring: the value-SFT config, the per-run setup, and `make_value_task` for the trainer.
+
+    <out>/value_setup.json       resolved sources, model config, return range, tokenizer dir, fold plan
+    <out>/tokenizer/             the tokenizer every fold uses (trained in-process for `tiny`)
+    <out>/crossfit.json          the fold plan stage 3 reads to pick each episode's model
+    <out>/model_<k>/             one trainer out_dir per fold (checkpoints/, metrics.jsonl, export/)
+    <out>/model_<k>/export/      model.safetensors, model_config.json, value_head.json, tokenizer/
+
+The driver (`prepare_value_setup`) computes the tokenizer, the return range and the fold plan once;
+workers only read them, so every rank and every fold shares one value scale. The return range comes
+from the whole training datasets (not per fold), so stage 3 has a single normalisation.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from reproduction.errors import ConfigError
+from reproduction.fsio import atomic_write_text
+from reproduction.recap.crossfit import CrossFitPlan, split_folds
+from reproduction.recap.normalize import ReturnRange
+from reproduction.recap.value_data import ValueSource, load_source, return_range_of
+
+SETUP_NAME = "value_setup.json"
+HEAD_NAME = "value_head.json"
+EXPORT_FORMAT = 1
+
+
+@dataclass(kw_only=True, slots=True)
+class ValueStageConfig:
+    """What the value stage trains on and how (the trainer's knobs live in TrainConfig)."""
+
+    train: list[ValueSource]
+    """Training datasets (a weighted mixture when more than one)."""
+    eval: list[ValueSource] = field(default_factory=list)
+    """Extra evaluation datasets (all their episodes); held-out folds are always evaluated."""
+    preset: str = "tiny"
+    """Model preset: tiny or recap."""
+    cameras: dict[str, str] = field(default_factory=lambda: {"base_0_rgb": "observation.images.image"})
+    """Model camera slot -> dataset feature key; a key a dataset lacks is an absent camera."""
+    tokenizer: str | None = None
+    """Folder with tokenizer.json (required for recap); None with tiny = train one in-process."""
+    pretrained_manifest: str | None = None
+    """weights_manifest/*.json to initialise the backbones from (recap); None = random init."""
+    weights_dir: str | None = None
+    """Folder the manifest's file paths are relative to (the bundle's weights/)."""
+    allow_unpinned: bool = False
+    """Accept manifest files whose sha256 is still `to-be-pinned`."""
+    return_min: float | None = None
+    """Explicit return range (both or neither); default: from the training datasets' returns."""
+    return_max: float | None = None
+    folds: int = 1
+    """Cross-fitting folds K (1 = off)."""
+    fold_seed: int = 0
+    """Seed of the fold split."""
+    value_lr: float = 1e-4
+    """Learning rate of the head group (`value_head`: projection + query); the rest uses TrainConfig.lr."""
+    balance_weights: bool = True
+    """Mixture shares proportional to weight x dataset size (else to weight)."""
+    augment: bool = True
+    """Per-sample image augmentation during training."""
+    eval_max_samples: int = 10_000
+    """Cap per evaluation set (an evenly strided subset beyond it)."""
+    eval_micro_batch: int = 32
+    """Frames per evaluation forward."""
+    max_token_len: int = 200
+    """Prompt truncation length (padding is to the batch's longest)."""
+    value_dropout: float = 0.0
+    """Dropout before the head."""
+    model_seed: int = 0
+    """Seed of the model's random initialisation."""
+
+    def __post_init__(self) -> None:
+        if not self.train:
+            raise ConfigError("value stage: no training datasets", field="train")
+        if (self.return_min is None) != (self.return_max is None):
+            raise ConfigError("value stage: set both return_min and return_max, or neither", field="return_min")
+        if self.preset == "recap" and not self.tokenizer:
+            raise ConfigError("value stage: the recap preset needs `tokenizer` (the bundle's Gemma3 tokenizer folder)",
+                              field="tokenizer")
+        if self.folds < 1:
+            raise ConfigError(f"value stage: folds={self.folds} must be >= 1", field="folds")
+        if not self.cameras:
+            raise ConfigError("value stage: cameras maps no slot to a dataset key", field="cameras")
+        names = [s.name for s in self.train] + [s.name for s in self.eval]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"value stage: dataset names {names} are not unique", field="name",
+                              hint="give entries distinct `name`s")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ValueStageConfig":
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"value config: unknown fields {unknown}", field=unknown[0], hint=f"known: {sorted(known)}")
+        kwargs = dict(data)
+        kwargs["train"] = [ValueSource.from_dict(s) for s in data.get("train", [])]
+        kwargs["eval"] = [ValueSource.from_dict(s) for s in data.get("eval", [])]
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        out["train"] = [s.to_dict() for s in self.train]
+        out["eval"] = [s.to_dict() for s in self.eval]
+        return out
+
+
+@dataclass(kw_only=True, slots=True)
+class ValueSetup:
+    """Resolved once by the driver; read by every worker and fold."""
+
+    stage: ValueStageConfig
+    model_config: dict[str, Any]
+    return_range: ReturnRange
+    tokenizer_dir: str
+    plan: CrossFitPlan
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage.to_dict(), "model_config": self.model_config,
+                "return_range": self.return_range.to_dict(), "tokenizer_dir": self.tokenizer_dir,
+                "plan": self.plan.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ValueSetup":
+        return cls(stage=ValueStageConfig.from_dict(data["stage"]), model_config=dict(data["model_config"]),
+                   return_range=ReturnRange.from_dict(data["return_range"]), tokenizer_dir=data["tokenizer_dir"],
+                   plan=CrossFitPlan.from_dict(data["plan"]))
+
+
+def prepare_value_setup(stage: ValueStageConfig, out_dir: Path) -> ValueSetup:
+    """Tokenizer, model config, return range and fold plan; written to `out_dir` (idempotent).
+
+    Raises the data plane's errors for unreadable datasets or sidecars (fingerprints checked).
+    """
+    from reproduction.data.reader import open_dataset
+    from reproduction.recap.tokenizer import load_tokenizer, train_tokenizer
+    from reproduction.recap.value_model import preset_config
+
+    out_dir = Path(out_dir)
+    frames = [load_source(s) for s in stage.train]
+    if stage.return_min is not None:
+        rr = ReturnRange(return_min=float(stage.return_min), return_max=float(stage.return_max))
+    else:
+        rr = return_range_of(frames)
+    tok_dir = out_dir / "tokenizer"
+    if stage.tokenizer:
+        tok = load_tokenizer(Path(stage.tokenizer))
+        shutil.rmtree(tok_dir, ignore_errors=True)
+        tok.save_pretrained(str(tok_dir))
+    else:
+        tasks = [t for s in stage.train + stage.eval for t in open_dataset(s.path).tasks.values()]
+        tok = train_tokenizer(tasks, tok_dir)
+    mcfg = preset_config(stage.preset, vocab_size=len(tok), cameras=tuple(stage.cameras))
+    mcfg.value_dropout = stage.value_dropout
+    plan = split_folds({f.source.name: np.unique(f.episode) for f in frames}, folds=stage.folds, seed=stage.fold_seed)
+    setup = ValueSetup(stage=stage, model_config=mcfg.to_dict(), return_range=rr, tokenizer_dir=str(tok_dir.resolve()),
+                       plan=plan)
+    atomic_write_text(out_dir / SETUP_NAME, json.dumps(setup.to_dict(), indent=1, sort_keys=True))
+    atomic_write_text(out_dir / "crossfit.json", json.dumps(plan.to_dict(), indent=1, sort_keys=True))
+    return setup
+
+
+def read_setup(path: Path) -> ValueSetup:
+    return ValueSetup.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def head_metadata(setup: ValueSetup, fold: int) -> dict[str, Any]:
+    """`value_head.json` of an export: everything stage 3 needs besides the weights."""
+    cfg = setup.model_config
+    return {"format_version": EXPORT_FORMAT, "model_config": cfg, "return_range": setup.return_range.to_dict(),
+            "num_bins": cfg["num_bins"], "v_min": cfg["v_min"], "v_max": cfg["v_max"],
+            "cameras": dict(setup.stage.cameras), "max_token_len": setup.stage.max_token_len,
+            "fold": fold, "folds": setup.plan.folds, "tokenizer": "tokenizer"}
+
+
+def write_export_extras(folder: Path, *, setup: ValueSetup, fold: int) -> None:
+    """Writes value_head.json and a copy of the tokenizer next to the trainer's model export."""
+    atomic_write_text(Path(folder) / HEAD_NAME, json.dumps(head_metadata(setup, fold), indent=1, sort_keys=True))
+    shutil.copytree(setup.tokenizer_dir, Path(folder) / "tokenizer", dirs_exist_ok=True)
+
+
+# -- inside each worker ---------------------------------------------------------------------------
+
+
+def make_value_task(rank: int, world_size: int, *, setup_path: str, fold: int = 0) -> Any:
+    """The trainer's factory (bind with functools.partial): a TrainTask for fold `fold` of the setup."""
+    import functools
+
+    import torch
+
+    from reproduction.recap.tokenizer import load_tokenizer
+    from reproduction.recap.value_data import ValueCollator, ValueFrames, augment_sample
+    from reproduction.recap.value_model import ValueModelConfig, build_value_model
+    from reproduction.recap.value_weights import load_pretrained
+    from reproduction.train.task import TrainTask
+
+    setup = read_setup(Path(setup_path))
+    stage, rr = setup.stage, setup.return_range
+    mcfg = ValueModelConfig.from_dict(setup.model_config)
+    model = build_value_model(mcfg, seed=stage.model_seed)
+    if stage.pretrained_manifest:
+        load_pretrained(model, Path(stage.pretrained_manifest), Path(stage.weights_dir or "."),
+                        allow_unpinned=stage.allow_unpinned)
+    frames = [load_source(s, episodes=setup.plan.train_episodes(fold, s.name)) for s in stage.train]
+    train_set = ValueFrames(frames, cameras=stage.cameras, image_size=mcfg.image_size, return_range=rr,
+                            balance_weights=stage.balance_weights, seed=stage.fold_seed)
+    collate = ValueCollator(tokenizer=load_tokenizer(Path(setup.tokenizer_dir)), slots=mcfg.cameras,
+                            image_size=mcfg.image_size, max_token_len=stage.max_token_len)
+    eval_sets = _eval_sets(setup, fold, mcfg.image_size)
+    return TrainTask(
+        model=model, train_dataset=train_set, collate=collate,
+        loss=functools.partial(value_batch_loss, v_min=mcfg.v_min, v_max=mcfg.v_max),
+        evaluate=functools.partial(evaluate_value, sets=eval_sets, collate=collate, micro_batch=stage.eval_micro_batch,
+                                   v_min=mcfg.v_min, v_max=mcfg.v_max) if eval_sets else None,
+        param_groups=functools.partial(value_param_groups, value_lr=stage.value_lr),
+        augment=augment_sample if stage.augment else None,
+        fsdp_units=transformer_blocks,
+        export_extras=functools.partial(write_export_extras, setup=setup, fold=fold),
+        model_config=mcfg.to_dict())
+
+
+def _eval_sets(setup: ValueSetup, fold: int, image_size: int) -> dict[str, Any]:
+    """name -> ValueFrames: the held-out fold of each train dataset (folds > 1) and every eval dataset."""
+    from reproduction.recap.value_data import ValueFrames
+
+    stage = setup.stage
+    sources = []
+    if setup.plan.folds > 1:
+        sources += [(f"{s.name}.heldout", s, setup.plan.heldout_episodes(fold, s.name)) for s in stage.train]
+    sources += [(s.name, s, None) for s in stage.eval]
+    out = {}
+    for name, src, episodes in sources:
+        frames = load_source(src, episodes=episodes)
+        if len(frames) > stage.eval_max_samples:  # an evenly strided, deterministic subset
+            keep = np.linspace(0, len(frames) - 1, stage.eval_max_samples).round().astype(np.int64)
+            for attr in ("rows", "episode", "frame", "returns", "prompt_id"):
+                setattr(frames, attr, getattr(frames, attr)[keep])
+        out[name] = ValueFrames([frames], cameras=stage.cameras, image_size=image_size, return_range=setup.return_range)
+    return out
+
+
+def transformer_blocks(model: Any) -> list[Any]:
+    """FSDP2 units: every SigLIP encoder layer and every Gemma3 decoder layer (then the root)."""
+    return list(model.vision.encoder.layers) + list(model.language.layers)
+
+
+def value_param_groups(model: Any, *, value_lr: float) -> list[dict[str, Any]]:
+    """RECAP.md 2.4: parameters named `value_head` (projection + query) at value_lr; everything
+    else (towers, image projector) at the trainer's lr. Groups are never empty-named silently."""
+    head = [p for n, p in model.named_parameters() if "value_head" in n and p.requires_grad]
+    rest = [p for n, p in model.named_parameters() if "value_head" not in n and p.requires_grad]
+    return [{"params": head, "lr": value_lr, "name": "value_head"}, {"params": rest, "name": "backbone"}]
+
+
+def _forward(model: Any, batch: Mapping[str, Any]) -> Any:
+    return model(images=batch["images"], image_masks=batch["image_masks"], input_ids=batch["input_ids"],
+                 attention_mask=batch["attention_mask"])
+
+
+def value_batch_loss(model: Any, batch: Mapping[str, Any], *, v_min: float, v_max: float) -> tuple[Any, dict[str, float]]:
+    """Two-hot cross-entropy (mean over the micro batch) and upstream's per-batch metrics.
+
+    No per-batch Spearman: over a micro batch it is noise (RECAP.md 7 item 10); eval has the real one.
+    """
+    from reproduction.recap.value_loss import batch_metrics, expected_value, value_loss
+
+    logits = _forward(model, batch)
+    loss = value_loss(logits, batch["target"], v_min=v_min, v_max=v_max)
+    metrics = batch_metrics(logits.detach(), batch["target"], v_min=v_min, v_max=v_max)
+    pred = expected_value(logits.detach(), v_min=v_min, v_max=v_max)
+    metrics["predicted_value_mean"] = float(pred.mean())
+    metrics["target_value_mean"] = float(batch["target"].float().mean())
+    return loss, metrics
+
+
+def evaluate_value(model: Any, ctx: Any, *, sets: Mapping[str, Any], collate: Any, micro_batch: int,
+                   v_min: float, v_max: float) -> dict[str, float]:
+    """Per eval set: loss and batch metrics averaged over frames, Spearman (tie-averaged) and
+    mean/std over the WHOLE set (arrays gathered from all ranks), keys `<set>/<metric>`; plus the
+    unprefixed mean over sets. Every rank runs the same number of forwards (FSDP needs it): ranks
+    with fewer frames repeat their first frame and drop the result. No frame is counted twice.
+    """
+    import torch
+
+    from reproduction.recap.value_loss import batch_metrics, expected_value, set_metrics, two_hot
+    from reproduction.train.loop import to_device
+
+    out: dict[str, float] = {}
+    for name in sorted(sets):
+        data = sets[name]
+        mine = ctx.shard(len(data))
+        longest = -(-len(data) // ctx.world_size)
+        steps = -(-longest // micro_batch)
+        preds, targets, losses, per = [], [], [], {}
+        for b in range(steps):
+            idx = list(mine[b * micro_batch:(b + 1) * micro_batch])
+            real = len(idx)
+            batch = collate([data[i] for i in (idx or [0])])
+            batch = to_device(batch, ctx.device)
+            logits = _forward(model, batch)[:real]
+            if not real:
+                continue
+            target = batch["target"][:real]
+            probs, _, _, _ = two_hot(target, num_bins=logits.shape[-1], v_min=v_min, v_max=v_max)
+            nll = -(probs.float() * torch.log_softmax(logits.float(), -1)).sum(-1)
+            losses.append(nll.cpu().numpy())
+            for k, v in batch_metrics(logits, target, v_min=v_min, v_max=v_max).items():
+                per[k] = per.get(k, 0.0) + v * real
+            preds.append(expected_value(logits, v_min=v_min, v_max=v_max).cpu().numpy())
+            targets.append(target.float().cpu().numpy())
+        n_mine = len(mine)
+        sums = np.array([[per.get(k, 0.0) for k in ("cat_acc_best", "cat_acc_neighbor", "bin_distance", "value_error")]
+                         + [float(np.concatenate(losses).sum()) if losses else 0.0, n_mine]], dtype=np.float64)
+        total = ctx.all_gather(sums).sum(axis=0)
+        pred = ctx.all_gather(np.concatenate(preds).astype(np.float64) if preds else np.zeros(0))
+        target = ctx.all_gather(np.concatenate(targets).astype(np.float64) if targets else np.zeros(0))
+        count = max(total[-1], 1.0)
+        metrics = dict(zip(("cat_acc_best", "cat_acc_neighbor", "bin_distance", "value_error", "loss"), total[:5] / count))
+        metrics.update(set_metrics(pred, target, v_min=v_min, v_max=v_max))
+        metrics["num_frames"] = float(total[-1])
+        out.update({f"{name}/{k}": float(v) for k, v in metrics.items()})
+    for key in sorted({k.split("/", 1)[1] for k in out}):
+        out[key] = float(np.mean([out[f"{n}/{key}"] for n in sets]))
+    return out
