@@ -156,9 +156,13 @@ def test_resume_on_another_world_size_reshards(tmp_path, ray_address):
     assert all(torch.allclose(a[k], b[k], rtol=0, atol=1e-5) for k in a)
     manifest = checkpoint.read_manifest(one / "checkpoints" / "step_16")
     assert manifest["world_size"] == 1 and len(manifest["rng"]) == 1
+    # and back: the world-size-1 checkpoint (an unsharded model) loads into 2 FSDP2 workers
+    back = train(task, train_tiny.config(max_steps=20), out_dir=one, resume=True)
+    assert back.resumed_from == 16 and checkpoint.read_manifest(one / "checkpoints" / "step_20")["world_size"] == 2
+    assert np.isfinite(_log(one, "train")[20]["loss"])
     # through Ray, a worker's CheckpointError arrives as itself (exit 50), not as a worker failure
-    with pytest.raises(CheckpointError, match="canary loss after loading .*step_16") as info:
-        train(functools.partial(task, scale=1.5), train_tiny.config(max_steps=20), out_dir=two, resume=True)
+    with pytest.raises(CheckpointError, match="canary loss after loading .*step_20") as info:
+        train(functools.partial(task, scale=1.5), train_tiny.config(max_steps=24), out_dir=one, resume=True)
     assert info.value.exit_code == 50
 
 

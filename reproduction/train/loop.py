@@ -138,7 +138,7 @@ def _train_step(st: _State, config: TrainConfig, step: int, n: int) -> tuple[boo
                        for s, p in zip(samples, positions)]
         batch = to_device(st.task.collate(samples), st.device)
         if accum > 1:  # reduce-scatter gradients once per step, not once per micro batch
-            st.model.set_requires_gradient_sync(a == accum - 1)
+            fsdp.set_gradient_sync(st.model, a == accum - 1)
         loss, metrics = st.task.loss(st.model, batch)
         (loss / accum).backward()
         total += loss.detach().float()
@@ -166,7 +166,13 @@ def _optimizer(model: torch.nn.Module, task: TrainTask, config: TrainConfig, dev
         group.setdefault("weight_decay", config.weight_decay)
         group["base_lr"] = group["lr"]
     return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps,
-                             weight_decay=config.weight_decay, fused=device.type == "cuda" or None)
+                             weight_decay=config.weight_decay, **_adamw_impl(device))
+
+
+def _adamw_impl(device: torch.device) -> dict[str, bool]:
+    """Fused AdamW where torch has it (cpu, cuda): one kernel for all tensors instead of a Python loop
+    of small ops, which on CPU cost more than forward+backward of a small model. NPU: torch's default."""
+    return {"fused": True} if device.type in ("cpu", "cuda") else {}
 
 
 def _canary_batch(task: TrainTask, config: TrainConfig) -> Any:
@@ -264,3 +270,4 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(to_device(v, device) for v in batch)
     return batch
+
