@@ -1,17 +1,16 @@
-"""Write validated tar members into a fresh staging folder, fast (threads for files, raw os calls).
+"""Write validated tar members into a fresh staging folder, fast (raw os calls, no tarfile).
 
 Only members that reproduction/release/safety.py accepted reach here, and the destination is a
 private staging folder, so the writer can be simple; it still opens with O_NOFOLLOW|O_EXCL as a
-second line of defence. Buffer mode writes straight from the decompressed tar in memory with
-several threads (os.write releases the GIL); stream mode writes one member at a time and checks
-each header against the validated list, so an archive swapped between the two reads is refused.
+second line of defence. Data goes from the decompressor's window straight to os.write, and each
+header is checked against the validated list, so an archive swapped between the two reads (list,
+then extract) is refused.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable
@@ -58,22 +57,17 @@ def _open_new(path: str, mode: int) -> int:
         return os.open(path, _FLAGS, mode)
 
 
-def _write_file(root: str, m: Member, chunks: Callable[[], bytes | memoryview] | memoryview, umask: int) -> None:
+def _write_file(root: str, m: Member, source: StreamSource, umask: int) -> None:
     mode = m.mode & 0o777
     fd = _open_new(f"{root}/{m.name}", mode)
     try:
-        if isinstance(chunks, memoryview):
-            view, done = chunks, 0
+        while True:
+            view = source.read_data(1 << 30)
+            if not view:
+                break
+            done = 0
             while done < len(view):
-                done += os.write(fd, view[done:done + (64 << 20)])
-        else:
-            while True:
-                data = chunks()
-                if not data:
-                    break
-                view, done = memoryview(data), 0
-                while done < len(view):
-                    done += os.write(fd, view[done:])
+                done += os.write(fd, view[done:])
         if mode & ~umask != mode:
             os.fchmod(fd, mode)
         os.utime(fd, ns=(m.mtime * 1_000_000_000, m.mtime * 1_000_000_000))
@@ -105,38 +99,6 @@ def _finish(root: str, members: list[Member], written: Written) -> None:
             os.chmod(f"{root}/{m.name}", m.mode & 0o777)
 
 
-def extract_buffer(buf: bytes | bytearray | memoryview, members: list[Member], dest: Path, *, jobs: int = 2,
-                   on_bytes: Callable[[int], None] | None = None) -> Written:
-    """Write `members` (validated, with offsets into `buf`) under `dest`. Raises WriteFailedError."""
-    root, umask, written = str(dest), _UMASK, Written()
-    view = memoryview(buf)
-    files = [m for m in members if m.kind == "file"]
-
-    def work(batch: list[Member]) -> None:
-        for m in batch:
-            _write_file(root, m, view[m.offset:m.offset + m.size], umask)
-            if on_bytes is not None:
-                on_bytes(m.size)
-
-    try:
-        os.makedirs(root, exist_ok=True)
-        _make_dirs(root, members)
-        batches = [files[i::max(1, jobs)] for i in range(max(1, jobs))]
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for future in [pool.submit(work, b) for b in batches if b]:
-                future.result()
-        _finish(root, members, written)
-    except OSError as exc:
-        if exc.errno in _SPACE_ERRORS:
-            raise write_failed(exc, str(dest)) from None
-        raise
-    finally:
-        view.release()
-    for m in files:
-        written.files[m.name] = [m.size, m.mtime * 1_000_000_000]
-    return written
-
-
 def extract_stream(stream: IO[bytes], expected: list[Member], dest: Path, *, archive: str,
                    on_bytes: Callable[[int], None] | None = None) -> Written:
     """Stream the tar in `stream` into `dest`, refusing any member that differs from `expected`."""
@@ -152,10 +114,11 @@ def extract_stream(stream: IO[bytes], expected: list[Member], dest: Path, *, arc
                                          archive=archive, member=m.raw_name, hint="the archive changed during restore; run restore again")
             seen += 1
             if m.kind == "file":
-                _write_file(root, m, lambda: source.read_data(8 << 20), umask)
+                _write_file(root, m, source, umask)
                 written.files[m.name] = [m.size, m.mtime * 1_000_000_000]
                 if on_bytes is not None:
                     on_bytes(m.size)
+        source.drain()
         if seen != len(expected):
             raise UnsafeArchiveError(f"{archive}: ended after {seen} of {len(expected)} members", archive=archive,
                                      hint="the archive changed during restore; run restore again")

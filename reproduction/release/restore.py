@@ -189,7 +189,6 @@ def _restat(root: Path, rec: LayerReceipt, paths: list[str]) -> None:
 
 def _load_all(bundle: Path, manifest: Manifest, groups: list[Group], pool: ThreadPoolExecutor) -> list[layer_io.LoadedLayer]:
     entries = [layer for g in groups if g.action == "extract" for layer in g.layers]
-    plan = layer_io.in_memory_plan(entries)
     futures = []
     for entry in entries:
         pinned = manifest.file(entry.archive)
@@ -200,7 +199,7 @@ def _load_all(bundle: Path, manifest: Manifest, groups: list[Group], pool: Threa
         if size != pinned.size:  # missing or truncated: verify reports it; do not read it
             futures.append(None)
             continue
-        futures.append(pool.submit(layer_io.load_layer, bundle, entry, pinned.sha256, in_memory=plan[entry.archive]))
+        futures.append(pool.submit(layer_io.load_layer, bundle, entry, pinned.sha256))
     return [f.result() if f is not None else None for f in futures]
 
 
@@ -215,7 +214,7 @@ def _extract_groups(bundle: Path, groups: list[Group], loaded: dict[str, layer_i
         dest = staging / f"{i}"
         recs: dict[str, LayerReceipt] = {}
         for layer in g.layers:
-            written = layer_io.extract_layer(bundle, loaded[layer.archive], dest, jobs=jobs, on_bytes=on_bytes)
+            written = layer_io.extract_layer(bundle, loaded[layer.archive], dest, on_bytes=on_bytes)
             for earlier in recs.values():  # an overlay's later file supersedes the earlier record
                 for rel in written.files.keys() | written.links.keys():
                     earlier.files.pop(rel, None)

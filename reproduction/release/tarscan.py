@@ -1,4 +1,4 @@
-"""Read tar headers (ustar, pax, GNU long names) from a buffer or a stream, fast and strictly.
+"""Read tar members (ustar, pax, GNU long names) from a decompressing stream, fast and strictly.
 
 Python's `tarfile` costs ~10x `tar -x` per member and its extraction filters differ between patch
 releases (3.10.12 / 3.11.4 / 3.12 changed them), so restore parses headers itself and decides what
@@ -7,7 +7,6 @@ is safe in reproduction/release/safety.py. Unknown member types are reported, ne
 
 from __future__ import annotations
 
-import posixpath
 from dataclasses import dataclass
 from typing import IO, Iterator
 
@@ -36,8 +35,6 @@ class Member:
     """Modification time, seconds since the epoch."""
     linkname: str = ""
     """Link text for symlinks and hard links."""
-    offset: int = 0
-    """Offset of the data in the decompressed tar (buffer sources)."""
 
     def key(self) -> tuple:
         return (self.name, self.kind, self.mode, self.size, self.linkname)
@@ -80,84 +77,89 @@ def normalise(name: str) -> str:
     return lead + "/".join(parts)
 
 
-class BufferSource:
-    """Members of a tar held in memory; data stays in place (`Member.offset`)."""
-
-    def __init__(self, buf: bytes | bytearray | memoryview) -> None:
-        self.buf = memoryview(buf)
-        self.pos = 0
-
-    def header(self) -> bytes | None:
-        block = bytes(self.buf[self.pos:self.pos + BLOCK])
-        self.pos += BLOCK
-        return block if len(block) == BLOCK else None
-
-    def data(self, size: int) -> bytes:
-        out = bytes(self.buf[self.pos:self.pos + size])
-        self.pos += -(-size // BLOCK) * BLOCK
-        return out
-
-    def skip(self, size: int) -> int:
-        start = self.pos
-        self.pos += -(-size // BLOCK) * BLOCK
-        if self.pos > len(self.buf) + BLOCK:  # allow a missing final padding block
-            raise UnsafeArchiveError("tar archive is truncated (member data runs past the end)", hint="the archive is damaged")
-        return start
-
-
 class StreamSource:
-    """Members of a tar read from a stream; the caller consumes each file's data (or it is skipped)."""
+    """Members of a tar read from a stream through one reusable window (no per-member allocation).
 
-    def __init__(self, stream: IO[bytes]) -> None:
+    `read_data` returns memoryviews into the window: use each before asking for more.
+    """
+
+    def __init__(self, stream: IO[bytes], window: int = 4 << 20) -> None:
         self.stream = stream
+        self.buf = bytearray(window)
+        self.view = memoryview(self.buf)
+        self.start = self.end = 0
         self.left = 0  # bytes of the current member's data not yet consumed
         self.pad = 0  # padding after it
 
-    def _read(self, n: int) -> bytes:
-        chunks, left = [], n
-        while left:
-            chunk = self.stream.read(left)
-            if not chunk:
+    def _fill(self, need: int) -> int:
+        """Make at least `need` bytes available (fewer only at EOF); returns how many are."""
+        avail = self.end - self.start
+        if avail >= need:
+            return avail
+        if self.start:
+            self.buf[:avail] = self.buf[self.start:self.end]
+            self.start, self.end = 0, avail
+        while self.end < need:
+            n = self.stream.readinto(self.view[self.end:])
+            if not n:
                 break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
+            self.end += n
+        return self.end - self.start
+
+    def _take(self, n: int) -> bytes:
+        if self._fill(n) < n:
+            raise UnsafeArchiveError("tar archive is truncated", hint="the archive is damaged")
+        out = bytes(self.view[self.start:self.start + n])
+        self.start += n
+        return out
 
     def header(self) -> bytes | None:
         self.discard()
-        block = self._read(BLOCK)
-        return block if len(block) == BLOCK else None
+        if self._fill(BLOCK) < BLOCK:
+            return None
+        return self._take(BLOCK)
 
     def data(self, size: int) -> bytes:
-        out = self._read(size)
-        if len(out) != size:
-            raise UnsafeArchiveError("tar archive is truncated", hint="the archive is damaged")
-        self._read(-size % BLOCK)
+        out = b"".join(self._take(min(size - done, len(self.buf) // 2)) for done in range(0, size, len(self.buf) // 2))
+        self.left, self.pad = 0, -size % BLOCK
+        self.discard()
         return out
 
     def skip(self, size: int) -> int:
         self.left, self.pad = size, -size % BLOCK
         return -1
 
-    def read_data(self, n: int) -> bytes:
-        """Read up to `n` bytes of the current member's data (for extraction)."""
-        chunk = self._read(min(n, self.left))
-        if not chunk and self.left:
+    def read_data(self, n: int) -> memoryview:
+        """Up to `n` bytes of the current member's data (empty at its end)."""
+        if not self.left:
+            return self.view[0:0]
+        avail = self._fill(1)
+        if not avail:
             raise UnsafeArchiveError("tar archive is truncated", hint="the archive is damaged")
-        self.left -= len(chunk)
-        return chunk
+        take = min(avail, self.left, n)
+        out = self.view[self.start:self.start + take]
+        self.start += take
+        self.left -= take
+        return out
 
     def discard(self) -> None:
-        self.left += self.pad
-        self.pad = 0
-        while self.left:
-            chunk = self._read(min(self.left, 1 << 20))
-            if not chunk:
+        total, self.left, self.pad = self.left + self.pad, 0, 0
+        while total:
+            avail = self._fill(1)
+            if not avail:
                 raise UnsafeArchiveError("tar archive is truncated", hint="the archive is damaged")
-            self.left -= len(chunk)
+            take = min(avail, total)
+            self.start += take
+            total -= take
+
+    def drain(self) -> None:
+        """Read the stream to its end (so a hash of the compressed bytes is complete)."""
+        self.start = self.end = 0
+        while self.stream.readinto(self.view):
+            pass
 
 
-def iter_members(source: BufferSource | StreamSource, *, archive: str = "") -> Iterator[Member]:
+def iter_members(source: StreamSource, *, archive: str = "") -> Iterator[Member]:
     """Yield every member in order. Raises UnsafeArchiveError for corrupt or unsupported headers."""
     pax_global: dict[str, str] = {}
     pending: dict[str, str] = {}
@@ -194,14 +196,5 @@ def iter_members(source: BufferSource | StreamSource, *, archive: str = "") -> I
         member = Member(name=normalise(name), raw_name=name, kind=kind, mode=_number(block[100:108], "mode") & 0o7777,
                         size=size if kind == "file" else 0, mtime=int(float(fields.get("mtime", _number(block[136:148], "mtime")))),
                         linkname=fields.get("linkpath", _text(block[157:257])))
-        member.offset = source.skip(member.size) if member.size else 0
+        source.skip(member.size)
         yield member
-
-
-def list_members(buf: bytes | bytearray | memoryview, *, archive: str = "") -> list[Member]:
-    """All members of an in-memory tar, with data offsets."""
-    return list(iter_members(BufferSource(buf), archive=archive))
-
-
-def member_dirname(name: str) -> str:
-    return posixpath.dirname(name)

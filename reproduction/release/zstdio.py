@@ -162,25 +162,6 @@ def zstd_error() -> type[Exception]:
     return getattr(module, "ZstdError", ValueError) if module is not None else ValueError
 
 
-def read_all(stream: IO[bytes], size_hint: int = 0) -> bytearray:
-    """Read `stream` to EOF into one bytearray, preallocated from `size_hint` when given."""
-    buf = bytearray(max(size_hint, CHUNK))
-    view = memoryview(buf)
-    pos = 0
-    while True:
-        if pos == len(buf):
-            view.release()
-            buf.extend(bytes(len(buf)))
-            view = memoryview(buf)
-        n = stream.readinto(view[pos:pos + 8 * CHUNK])
-        if not n:
-            break
-        pos += n
-    view.release()
-    del buf[pos:]
-    return buf
-
-
 @contextmanager
 def open_compressor(out: Path, *, level: int = 3, threads: int = 2) -> Iterator[IO[bytes]]:
     """A writable stream that compresses into `out` (multi-threaded; output is deterministic).
