@@ -1,0 +1,133 @@
+"""`portable pack`: reproducible layers, excludes, ${BUNDLE} configs, the runner copy, bundle.json last."""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+
+import pytest
+import zstandard
+
+from bundlekit import QUIET, SMALL_SPEC, run_cli, small_bundle, small_sources
+from reproduction.errors import InputNotFoundError, InvalidInputError
+from reproduction.release.archive import FIXED_MTIME
+from reproduction.release.manifest import load_manifest
+from reproduction.release.pack import pack_bundle, rewrite_config
+
+
+def _members(archive):
+    with open(archive, "rb") as fh, zstandard.ZstdDecompressor().stream_reader(fh) as stream:
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
+            return [(m.name, m.type, m.mode, m.mtime, m.uid, m.gid, m.uname, m.gname, m.linkname) for m in tar]
+
+
+def test_packing_the_same_tree_twice_gives_identical_archives(tmp_path):
+    first = small_bundle(tmp_path, name="one")
+    os.utime(tmp_path / "src" / "project" / "README.md", (1, 1))  # mtimes and owners must not matter
+    second = small_bundle(tmp_path, name="two")
+    a, b = load_manifest(first), load_manifest(second)
+    assert [(e.path, e.size, e.sha256) for e in a.files] == [(e.path, e.size, e.sha256) for e in b.files]
+    assert [x.to_dict() for x in a.layers] == [x.to_dict() for x in b.layers]
+
+
+def test_layer_members_are_sorted_with_fixed_owner_and_time(tmp_path):
+    bundle = small_bundle(tmp_path)
+    members = _members(bundle / "source" / "project.tar.zst")
+    names = [m[0] for m in members]
+    assert names == sorted(names, key=lambda n: n.encode())
+    assert names == ["README.md", "recap", "recap/__init__.py", "recap/latest.py", "recap/stages",
+                     "recap/stages/returns.py", "recap/stages/value.py"]  # __pycache__ and *.pyc excluded
+    assert {(m[3], m[4], m[5], m[6], m[7]) for m in members} == {(FIXED_MTIME, 0, 0, "", "")}
+    link = [m for m in members if m[0] == "recap/latest.py"][0]
+    assert (link[1], link[8]) == (tarfile.SYMTYPE, "stages/returns.py")
+    rt = {m[0]: m[2] for m in _members(bundle / "runtime" / "rt.tar.zst")}
+    assert rt["bin/tool"] == 0o755 and rt["share/data.txt"] == 0o644
+
+
+def test_manifest_lists_every_file_and_is_written_last(tmp_path):
+    bundle = small_bundle(tmp_path)
+    manifest = load_manifest(bundle)
+    on_disk = sorted(str(p.relative_to(bundle)) for p in bundle.rglob("*") if p.is_file())
+    assert on_disk == sorted([e.path for e in manifest.files] + ["bundle.json"])
+    assert not (tmp_path / "bundle.partial").exists()
+    assert {"weights/model.safetensors", "weights/tokenizer.json", "data/episodes.parquet", "config/run.json",
+            "reproduction/portable.py", "reproduction/release/restore.py"} <= {e.path for e in manifest.files}
+    assert not any("__pycache__" in e.path for e in manifest.files)
+    assert [(x.archive, x.target, x.kind, x.members) for x in manifest.layers] == [
+        ("source/project.tar.zst", "source/project", "source", 7), ("runtime/rt.tar.zst", "runtime/rt", "runtime", 9)]
+    assert manifest.layers[1].unpacked_size == sum(len(v) for v in __import__("bundlekit").RUNTIME_FILES.values())
+    assert manifest.entry_config == "config/run.json"
+    assert oct(os.stat(bundle / "bundle.json").st_mode & 0o777) == oct(0o644)
+
+
+def test_configs_get_bundle_placeholders_for_packed_paths_only(tmp_path):
+    bundle = small_bundle(tmp_path)
+    config = json.loads((bundle / "config" / "run.json").read_text())
+    assert config == {"weights": "${BUNDLE}/weights/model.safetensors", "data": "${BUNDLE}/data",
+                      "elsewhere": "/usr/share/dict"}
+
+
+def test_rewrite_config_matches_whole_path_components_longest_first():
+    mapping = {"/a/b": "${BUNDLE}/x", "/a/b/c": "${BUNDLE}/y"}
+    assert rewrite_config("p=/a/b/c/d q=/a/b r=/a/bc s=/a/b/e", mapping) == "p=${BUNDLE}/y/d q=${BUNDLE}/x r=/a/bc s=${BUNDLE}/x/e"
+
+
+def test_absolute_symlink_into_a_layer_becomes_relative(tmp_path):
+    src = tmp_path / "tree"
+    (src / "lib").mkdir(parents=True)
+    (src / "lib" / "real.so").write_bytes(b"so")
+    os.symlink(src / "lib" / "real.so", src / "lib" / "alias.so")
+    (tmp_path / "s.toml").write_text(f'name = "s"\n[[layer]]\nsource = "{src}"\nkind = "runtime"\nname = "t"\n')
+    pack_bundle(tmp_path / "s.toml", tmp_path / "b", ui=QUIET)
+    assert ("lib/alias.so", tarfile.SYMTYPE) in [(m[0], m[1]) for m in _members(tmp_path / "b" / "runtime" / "t.tar.zst")]
+    link = [m for m in _members(tmp_path / "b" / "runtime" / "t.tar.zst") if m[0] == "lib/alias.so"][0]
+    assert link[8] == "real.so"
+
+
+def test_absolute_symlink_out_of_every_layer_is_refused(tmp_path):
+    src = tmp_path / "tree"
+    src.mkdir()
+    os.symlink("/etc/hostname", src / "host")
+    (tmp_path / "s.toml").write_text(f'name = "s"\n[[layer]]\nsource = "{src}"\n')
+    with pytest.raises(InvalidInputError, match="points to '/etc/hostname', outside every packed layer"):
+        pack_bundle(tmp_path / "s.toml", tmp_path / "b", ui=QUIET)
+    assert not (tmp_path / "b").exists() and not (tmp_path / "b.partial").exists()
+
+
+def test_fifo_in_a_layer_is_refused_naming_it(tmp_path):
+    src = tmp_path / "tree"
+    src.mkdir()
+    os.mkfifo(src / "pipe")
+    (tmp_path / "s.toml").write_text(f'name = "s"\n[[layer]]\nsource = "{src}"\n')
+    with pytest.raises(InvalidInputError, match="pipe is a special file"):
+        pack_bundle(tmp_path / "s.toml", tmp_path / "b", ui=QUIET)
+
+
+@pytest.mark.parametrize("spec, field", [
+    ('[[layer]]\nsource = "x"\n', "spec.name"),
+    ('name = "n"\n[[layer]]\nkind = "runtime"\n', "layer[0].source"),
+    ('name = "n"\n[[layer]]\nsource = "."\nkind = "weird"\n', "layer[0].kind"),
+    ('name = "n"\n[[file]]\nsource = "."\ndest = "../up"\n', "file[0].dest"),
+    ('name = 3\n', "spec.name"),
+])
+def test_spec_errors_name_the_field(tmp_path, spec, field):
+    (tmp_path / "s.toml").write_text(spec)
+    with pytest.raises(InvalidInputError) as info:
+        pack_bundle(tmp_path / "s.toml", tmp_path / "b", ui=QUIET)
+    assert info.value.field == field
+
+
+def test_cli_pack_errors_are_one_line_with_exit_codes(tmp_path):
+    missing = run_cli("pack", tmp_path / "nope.toml", "--out", tmp_path / "b")
+    assert missing.returncode == InputNotFoundError.exit_code == 3
+    assert missing.stderr.startswith(f"error: {tmp_path / 'nope.toml'}: spec not found\nhint: ")
+    small_sources(tmp_path)
+    (tmp_path / "small.toml").write_text(SMALL_SPEC)
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "f").write_text("x")
+    taken = run_cli("pack", tmp_path / "small.toml", "--out", tmp_path / "taken")
+    assert taken.returncode == 4 and "already exists and is not empty" in taken.stderr
+    ok = run_cli("pack", tmp_path / "small.toml", "--out", tmp_path / "fresh")
+    assert ok.returncode == 0, ok.stderr
+    assert "packed small: " in ok.stderr and ok.stdout == ""
