@@ -83,6 +83,15 @@ def test_data_order_is_world_size_invariant_and_covers_each_epoch_once():
         data_order.steps_per_epoch(5, 8)
 
 
+def test_eval_shards_partition_the_eval_set_without_padding():
+    from reproduction.train.task import EvalContext
+
+    for world in (1, 2, 3, 7):
+        parts = [list(EvalContext(rank=r, world_size=world, device=torch.device("cpu"), step=0,
+                                  all_gather=lambda a: a).shard(20)) for r in range(world)]
+        assert sum(parts, []) == list(range(20)), world
+
+
 # -- the loop, in process --------------------------------------------------------------------------
 
 

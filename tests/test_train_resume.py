@@ -148,6 +148,7 @@ def test_resume_on_another_world_size_reshards(tmp_path, ray_address):
     assert result.resumed_from == 8
     got, ref = _log(one, "train"), _log(two, "train")
     assert list(got) == list(range(1, 17))
+    assert _log(two, "eval")[16]["count"] == train_tiny.N_EVAL  # all_gather over 2 ranks: no padding
     # Stated tolerance: the same global batches; only the gradient summation order differs
     # (2 ranks x 2 micro batches vs 1 rank x 4), so losses agree to 1e-5 relative, weights to 1e-5.
     for step in range(9, 17):

@@ -29,12 +29,12 @@ def train(make_task: Callable[[int, int], TrainTask], config: TrainConfig, *, ou
     spec = device_mod.resolve(config.device)
     payload = launcher.Payload(make_task=make_task, config=config, out_dir=out_dir.resolve(), resume=resume, spec=spec)
     with ui_mod.progress(ui) as prog:
-        view = _ProgressView(prog.task("train", total=config.max_steps), out_dir / LOG_NAME, config)
+        view = _ProgressView(prog.task("train", total=config.max_steps), out_dir / LOG_NAME, config, ui)
         if config.launcher == "inprocess":
             result = launcher.run_inprocess(payload, on_record=view.record)
         else:
             result = launcher.run_ray(payload, ray_address=ray_address, on_poll=view.poll)
-        view.poll()
+            view.poll()  # the records written since the last poll
     if result.resumed_from is not None:
         ui_mod.say(f"resumed from step {result.resumed_from}", options=ui)
     return result
@@ -43,19 +43,34 @@ def train(make_task: Callable[[int, int], TrainTask], config: TrainConfig, *, ou
 class _ProgressView:
     """Drives a progress bar from metrics records (in-process callback, or by tailing the JSONL)."""
 
-    def __init__(self, task: ui_mod.Task, log_path: Path, config: TrainConfig) -> None:
-        self.task, self.log_path, self.config = task, log_path, config
+    def __init__(self, task: ui_mod.Task, log_path: Path, config: TrainConfig, ui: ui_mod.UiOptions | None) -> None:
+        self.task, self.log_path, self.config, self.ui = task, log_path, config, ui
         self.shown = 0
         self.offset = 0
         self.started = time.time()
+        self.first: tuple[int, float] | None = None  # (step, time) of the first train record seen
+        self.last_train: dict = {}
 
     def record(self, record: dict) -> None:
-        if record.get("split") == "train":
-            step = int(record["step"])
-            if self.shown == 0 and step > 1:  # a resumed run: start the bar where it continues
-                self.shown = step - 1
+        """Advance the bar on train records; say a line (loss, samples/s, ETA) at each eval."""
+        step, split = int(record["step"]), record.get("split")
+        if split == "train":
+            if self.first is None:
+                self.first = (step, float(record["time"]))
+                self.shown = step - 1  # a resumed run starts the bar where it continues
             self.task.advance(max(0, step - self.shown))
             self.shown = max(self.shown, step)
+            self.last_train = record["metrics"]
+        elif split == "checkpoint":
+            ui_mod.say(f"step {step}: checkpoint saved in {record['metrics']['save_s']:.2f} s", options=self.ui)
+        elif split == "eval" and self.first is not None:
+            done = step - self.first[0]
+            rate = done / max(float(record["time"]) - self.first[1], 1e-9) if done else 0.0
+            eta = (self.config.max_steps - step) / rate if rate else float("nan")
+            evals = ", ".join(f"{k} {v:.4g}" for k, v in list(record["metrics"].items())[:4])
+            ui_mod.say(f"step {step}/{self.config.max_steps}: loss {self.last_train.get('loss', float('nan')):.4g}, "
+                       f"{self.last_train.get('samples_per_s', 0.0):.0f} samples/s, eta {eta:.0f} s; eval {evals}",
+                       options=self.ui)
 
     def poll(self) -> None:
         """Read records appended to the JSONL since the last poll (only records newer than start)."""

@@ -80,10 +80,7 @@ def run_ray(payload: Payload, *, ray_address: str | None, on_poll: Callable[[], 
     try:
         pg = _placement_group(payload.config, payload.spec)
         single_node = sum(1 for node in ray.nodes() if node.get("Alive")) == 1
-        # One machine: rendezvous on loopback only. A cluster: rank 0's bundle shares the driver's
-        # node under PACK; multi-node clusters need MASTER_ADDR reachable from every node.
-        payload.master_addr = "127.0.0.1" if single_node else ray.util.get_node_ip_address()
-        payload.master_port = free_port()
+        payload.master_addr, payload.master_port = _rendezvous(pg, payload.config, single_node)
         refs = _submit(payload, pg, local=single_node)
         return _wait(refs, payload.config, on_poll)
     finally:
@@ -128,6 +125,29 @@ def _placement_group(config: TrainConfig, spec: DeviceSpec):
             f"(cluster has {ray.cluster_resources()})",
             hint="lower world_size, free the cluster, or raise start_timeout_s") from None
     return pg
+
+
+def _rendezvous(pg, config: TrainConfig, single_node: bool) -> tuple[str, int]:
+    """MASTER_ADDR/MASTER_PORT: loopback on one machine; on a cluster, the node of rank 0's bundle
+    (asked by a tiny probe task placed there, since it need not be the driver's node)."""
+    if single_node:
+        return "127.0.0.1", free_port()
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0)
+    probe = ray.remote(_probe_address).options(num_cpus=0, scheduling_strategy=strategy, max_retries=0)
+    try:
+        return ray.get(probe.remote(), timeout=config.start_timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise WorkerFailedError(f"rank 0's node did not answer within {config.start_timeout_s:.0f} s",
+                                hint="check the Ray cluster's health (`ray status`)") from None
+
+
+def _probe_address() -> tuple[str, int]:
+    import ray
+
+    return ray.util.get_node_ip_address(), free_port()
 
 
 def _submit(payload: Payload, pg, *, local: bool) -> list:
