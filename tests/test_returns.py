@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 from reproduction.data.reader import open_dataset
 from reproduction.data.writer import EpisodeData, write_dataset
 from reproduction.errors import DatasetError, FingerprintMismatchError, InputNotFoundError
-from reproduction.recap.returns import ReturnsConfig, compute_returns, compute_returns_table, discounted_reverse_cumsum
+from reproduction.recap.returns import (
+    ReturnsConfig,
+    compute_returns,
+    compute_returns_table,
+    discounted_reverse_cumsum,
+    sort_frames,
+    sorted_bounds,
+)
 from reproduction.recap.sidecars import read_returns, sidecar_meta
 
 FEATURES = {"observation.state": {"dtype": "float32", "shape": [2]}, "is_success": {"dtype": "bool", "shape": [1]}}
@@ -82,6 +89,25 @@ def test_long_episode_small_gamma_is_stable():
         want[t] = g
     np.testing.assert_allclose(got, want, rtol=1e-12)
     assert np.isfinite(got).all() and got[0] == pytest.approx(-10.0, abs=1e-9)
+
+
+def test_sort_frames_says_none_for_sorted_rows_and_sorts_the_rest():
+    ep = np.array([3, 3, 3, 8, 8, 20], np.int64)
+    fr = np.array([0, 2, 9, 0, 1, 4], np.int64)  # non-contiguous ids and frames, sorted
+    order, starts, ends = sorted_bounds(ep, fr)
+    assert order is None and starts.tolist() == [0, 3, 5] and ends.tolist() == [3, 5, 6]
+    assert sort_frames(ep[:1], fr[:1]) is None and sort_frames(ep[:0], fr[:0]) is None
+    for e, f in [([0, 0, 0], [0, 2, 1]),  # a frame goes back inside an episode
+                 ([1, 1, 0], [0, 1, 0]),  # episodes out of order
+                 ([0, 1, 0], [0, 0, 1])]:  # an episode split in two runs
+        e, f = np.array(e, np.int64), np.array(f, np.int64)
+        order, starts, ends = sorted_bounds(e, f)
+        keys = list(zip(e[order].tolist(), f[order].tolist()))
+        assert keys == sorted(zip(e.tolist(), f.tolist()))
+        assert np.array_equal(np.diff(np.concatenate([starts, [e.size]])) > 0, np.ones(starts.size, bool))
+        assert (e[order][starts] != np.concatenate([[-1], e[order][starts[:-1]]])).all() and ends[-1] == e.size
+    with pytest.raises(DatasetError, match="episode 0 frame 1 appears more than once"):
+        sort_frames(np.array([0, 0, 1], np.int64), np.array([1, 1, 0], np.int64))  # sorted-looking duplicate
 
 
 def test_duplicate_frames_and_missing_success_are_refused():

@@ -52,26 +52,63 @@ class ReturnsConfig:
 # -- vectorised math ------------------------------------------------------------------------------
 
 
-def sort_frames(episode_index: np.ndarray, frame_index: np.ndarray) -> np.ndarray:
-    """Permutation sorting rows by (episode, frame); raises DatasetError on a duplicate pair."""
-    de = np.diff(episode_index)
-    if bool(np.all((de > 0) | ((de == 0) & (np.diff(frame_index) > 0)))):
-        return np.arange(episode_index.size)  # already sorted with no duplicates: the usual case, O(n)
+def sort_frames(episode_index: np.ndarray, frame_index: np.ndarray) -> np.ndarray | None:
+    """Permutation sorting rows by (episode, frame), or None when they already are (the usual case).
+
+    Raises DatasetError on a duplicate (episode, frame) pair.
+    """
+    return sorted_bounds(episode_index, frame_index)[0]
+
+
+def sorted_bounds(episode_index: np.ndarray, frame_index: np.ndarray
+                  ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """(order or None, starts, ends): sort_frames plus episode_bounds of the sorted rows, in one pass
+    over already-sorted input (the usual case). Raises DatasetError on a duplicate pair."""
+    starts, ends = episode_bounds(episode_index)
+    if _is_sorted(episode_index, frame_index, starts):
+        return None, starts, ends
     order = np.lexsort((frame_index, episode_index))
     ep, fr = episode_index[order], frame_index[order]
     dup = np.nonzero((ep[1:] == ep[:-1]) & (fr[1:] == fr[:-1]))[0]
     if dup.size:
         raise DatasetError(f"episode {int(ep[dup[0]])} frame {int(fr[dup[0]])} appears more than once",
                            field="frame_index", hint="the data parquets hold duplicated rows; deduplicate the dataset")
-    return order
+    return (order, *episode_bounds(ep))
+
+
+def _is_sorted(ep: np.ndarray, fr: np.ndarray, starts: np.ndarray) -> bool:
+    """Rows strictly increasing in (episode, frame), given the starts of ep's runs of equal values:
+    the episode rises at every run start, and the frame rises everywhere else."""
+    if ep.size < 2:
+        return True
+    change = starts[1:]
+    if change.size and not bool((ep[change] > ep[change - 1]).all()):
+        return False
+    back = np.flatnonzero(fr[1:] <= fr[:-1]) + 1  # frame did not rise: allowed only at a run start
+    if back.size > change.size:
+        return False
+    pos = np.searchsorted(change, back)
+    return bool((pos < change.size).all() and (change[np.minimum(pos, max(change.size - 1, 0))] == back).all())
+
+
+def episode_bounds(sorted_episode_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For rows sorted by episode: (starts, ends) of each episode as int64 arrays (end exclusive).
+
+    On unsorted rows: the runs of equal episode_index."""
+    n = sorted_episode_index.size
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    change = np.flatnonzero(sorted_episode_index[1:] != sorted_episode_index[:-1]) + 1
+    starts = np.empty(change.size + 1, np.int64)
+    starts[0], starts[1:] = 0, change
+    ends = np.empty(change.size + 1, np.int64)
+    ends[:-1], ends[-1] = change, n
+    return starts, ends
 
 
 def episode_ends(sorted_episode_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For rows sorted by episode: (start, end) of each row's episode (end exclusive), per row."""
-    n = sorted_episode_index.size
-    change = np.nonzero(sorted_episode_index[1:] != sorted_episode_index[:-1])[0] + 1
-    starts = np.concatenate([[0], change]).astype(np.int64)
-    ends = np.concatenate([change, [n]]).astype(np.int64)
+    starts, ends = episode_bounds(sorted_episode_index)
     lengths = ends - starts
     return np.repeat(starts, lengths), np.repeat(ends, lengths)
 
@@ -102,12 +139,35 @@ def discounted_reverse_cumsum(values: np.ndarray, row_end: np.ndarray, gamma: fl
     return out
 
 
-def episode_rewards(row_end: np.ndarray, success_at_end: np.ndarray, failure_reward: float) -> np.ndarray:
-    """Rewards for sorted rows: -1, and 0 / failure_reward on each episode's last row."""
-    rewards = np.full(row_end.size, -1.0, dtype=np.float64)
-    last = np.unique(row_end) - 1 if row_end.size else row_end
-    rewards[last] = np.where(success_at_end[last], 0.0, failure_reward)
-    return rewards
+def episode_returns(starts: np.ndarray, ends: np.ndarray, success: np.ndarray, failure_reward: float,
+                    gamma: float) -> tuple[np.ndarray, np.ndarray]:
+    """(returns, rewards) as float32 per row for sorted rows, from per-episode bounds and success.
+
+    The reward rule (-1, then 0 or failure_reward on the last frame) makes the return closed-form:
+    with m = end - 1 - t frames left and r_last the last reward,
+    G_t = r_last - m when gamma == 1, else gamma^m r_last - (1 - gamma^m) / (1 - gamma).
+    Computed in float64 and rounded once; every factor is <= 1, so long episodes stay exact.
+    """
+    n = int(ends[-1]) if ends.size else 0
+    lengths = ends - starts
+    last = np.where(np.asarray(success, dtype=bool), 0.0, float(failure_reward))
+    rewards = np.full(n, -1.0, dtype=np.float32)
+    rewards[ends - 1] = last
+    if gamma == 1.0:
+        first = last - (ends - 1)  # G_t = first + t: r_last - (end - 1) + t
+        # Integers below 2^24 are exact in float32, so the sum can skip float64 and still be bit-equal.
+        exact32 = float(failure_reward).is_integer() and abs(failure_reward) + n < 2**24
+        dtype = np.float32 if exact32 else np.float64
+        returns = np.repeat(first.astype(dtype), lengths)
+        returns += np.arange(n, dtype=dtype)
+        return returns.astype(np.float32, copy=False), rewards
+    pos = np.arange(n, dtype=np.float64)
+    m = np.repeat((ends - 1).astype(np.float64), lengths)
+    m -= pos
+    gm = np.power(gamma, m, out=m)
+    returns = gm * np.repeat(last + 1.0 / (1.0 - gamma), lengths)
+    returns -= 1.0 / (1.0 - gamma)
+    return returns.astype(np.float32), rewards
 
 
 def compute_returns_table(frames: pa.Table, config: ReturnsConfig, *, tasks: dict[int, str] | None = None,
@@ -122,46 +182,55 @@ def compute_returns_table(frames: pa.Table, config: ReturnsConfig, *, tasks: dic
     if config.dataset_type == "rollout" and "is_success" not in names:
         raise DatasetError(f"{source}: rollout data needs an is_success column, and there is none",
                            field="is_success", hint="pass --type sft if every episode is a successful demonstration")
-    ep = frames.column("episode_index").to_numpy().astype(np.int64, copy=False)
-    fr = frames.column("frame_index").to_numpy().astype(np.int64, copy=False)
-    order = sort_frames(ep, fr)
-    if np.array_equal(order, np.arange(order.size)):
-        order = None  # already sorted: skip every gather below
-    else:
+    ep = _int64(frames.column("episode_index"))
+    fr = _int64(frames.column("frame_index"))
+    order, starts, ends = sorted_bounds(ep, fr)
+    if order is not None:
         ep, fr = ep[order], fr[order]
-    _, row_end = episode_ends(ep)
     if config.dataset_type == "sft":
-        success = np.ones(ep.size, dtype=bool)
+        success = np.ones(ends.size, dtype=bool)
     else:
         col = frames.column("is_success")
         if col.null_count:
             raise DatasetError(f"{source}: is_success has {col.null_count} missing values", field="is_success")
-        success = col.to_numpy(zero_copy_only=False).astype(bool)
-        success = success if order is None else success[order]
-    rewards = episode_rewards(row_end, success, config.failure_reward)
-    returns = discounted_reverse_cumsum(rewards, row_end, config.gamma)
+        last_rows = ends - 1 if order is None else order[ends - 1]  # only each episode's last frame matters
+        success = col.take(pa.array(last_rows)).to_numpy(zero_copy_only=False).astype(bool)
+    returns, rewards = episode_returns(starts, ends, success, config.failure_reward, config.gamma)
     return pa.table({"episode_index": pa.array(ep, pa.int64()), "frame_index": pa.array(fr, pa.int64()),
-                     "return": pa.array(returns.astype(np.float32)), "reward": pa.array(rewards.astype(np.float32)),
+                     "return": pa.array(returns), "reward": pa.array(rewards),
                      "prompt": _prompts(frames, order, tasks)})
+
+
+def _int64(column: pa.ChunkedArray) -> np.ndarray:
+    """A key column as int64 numpy (zero-copy when it already is one chunk of int64)."""
+    return column.to_numpy().astype(np.int64, copy=False)
 
 
 def _prompts(frames: pa.Table, order: np.ndarray | None, tasks: dict[int, str] | None) -> pa.Array:
     """RLinf's prompt: the `task` column, else tasks[task_index], else "perform the task"."""
+    n = frames.num_rows
     if "task" in frames.column_names:
         col = frames.column("task").combine_chunks()
         return (col if order is None else col.take(pa.array(order))).cast(pa.string())
     if "task_index" in frames.column_names and tasks:
-        ti = frames.column("task_index").to_numpy()
+        ti = _int64(frames.column("task_index"))
         ti = ti if order is None else ti[order]
         keys = np.array(sorted(tasks), dtype=np.int64)
-        lut = np.full(int(max(keys.max(), ti.max(initial=0))) + 1, -1, dtype=np.int64)
-        lut[keys] = np.arange(keys.size)
-        pos = lut[np.clip(ti, 0, None)]
-        bad = (ti < 0) | (pos < 0)
-        if bad.any():
-            raise DatasetError(f"task_index {int(ti[bad][0])} is not in the dataset's task list", field="task_index")
+        lo, hi = (int(ti.min()), int(ti.max())) if n else (0, 0)
+        if lo < 0 or hi > keys[-1] or hi < 0:
+            bad = lo if lo < 0 else hi
+            raise DatasetError(f"task_index {bad} is not in the dataset's task list", field="task_index")
+        if keys[0] == 0 and keys.size == keys[-1] + 1:
+            pos = ti  # ids 0..K-1 (the usual case): task_index is already the position
+        else:
+            lut = np.full(int(keys[-1]) + 1, -1, dtype=np.int64)
+            lut[keys] = np.arange(keys.size, dtype=np.int64)
+            pos = lut[ti]  # a small lookup table: cache-resident gather
+            if (pos < 0).any():
+                raise DatasetError(f"task_index {int(ti[pos < 0][0])} is not in the dataset's task list",
+                                   field="task_index")
         return pa.array([tasks[int(k)] for k in keys], pa.string()).take(pa.array(pos))
-    return pa.array(np.full(frames.num_rows, "perform the task", dtype=object), pa.string())
+    return pa.array(["perform the task"], pa.string()).take(pa.array(np.zeros(n, np.int64)))
 
 
 def column_stats(values: np.ndarray) -> dict[str, float]:

@@ -72,4 +72,4 @@ def merge_values(parts: Sequence[pa.Table]) -> pa.Table:
         order = sort_frames(table.column("episode_index").to_numpy(), table.column("frame_index").to_numpy())
     except DatasetError as exc:
         raise DatasetError(f"merging value shards: {exc.message}", hint="two shards inferred the same frame") from None
-    return table.take(pa.array(order))
+    return table if order is None else table.take(pa.array(order))
