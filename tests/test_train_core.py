@@ -125,17 +125,17 @@ def test_run_logs_evaluates_saves_exports(tmp_path):
                                        "extra": torch.zeros(1)})
 
 
-def test_resume_continues_bit_identically_in_process(tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])  # bf16 goes through FSDP2's MixedPrecisionPolicy
+def test_resume_continues_bit_identically_in_process(tmp_path, precision):
     task = functools.partial(train_tiny.make_task, dropout=0.2)  # dropout: the torch RNG must carry over
-    train(task, _inproc(max_steps=12), out_dir=tmp_path / "straight", resume=False)
-    train(task, _inproc(max_steps=12, save_interval=0), out_dir=tmp_path / "cut", resume=False)  # saves only at 12
-    shutil.rmtree(tmp_path / "cut")
-    first = train(task, _inproc(max_steps=6, save_interval=2), out_dir=tmp_path / "cut", resume=True)
+    train(task, _inproc(max_steps=12, mixed_precision=precision), out_dir=tmp_path / "straight", resume=False)
+    first = train(task, _inproc(max_steps=6, save_interval=2, mixed_precision=precision), out_dir=tmp_path / "cut",
+                  resume=True)
     assert first.resumed_from is None
     # drop step 6 so the resume starts from step 4 and must cut steps 5-6 out of the log
     shutil.rmtree(tmp_path / "cut" / "checkpoints" / "step_6")
     (tmp_path / "cut" / "checkpoints" / "step_8.partial").mkdir()  # a stale partial from "a kill"
-    second = train(task, _inproc(max_steps=12), out_dir=tmp_path / "cut", resume=True)
+    second = train(task, _inproc(max_steps=12, mixed_precision=precision), out_dir=tmp_path / "cut", resume=True)
     assert second.resumed_from == 4 and second.step == 12
     assert not (tmp_path / "cut" / "checkpoints" / "step_8.partial").exists()
     assert _losses(tmp_path / "cut") == _losses(tmp_path / "straight")
