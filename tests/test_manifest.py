@@ -1,0 +1,113 @@
+"""bundle.json: round trip, and every malformed or unknown manifest refused with the field named (exit 4)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from bundlekit import flip_bit, run_cli, small_bundle
+from reproduction.errors import InputNotFoundError, InvalidInputError, UnsupportedFormatError
+from reproduction.release.manifest import (FileEntry, LayerEntry, Manifest, PrefixOccurrence, load_manifest,
+                                           write_manifest)
+
+SHA = "ab" * 32
+
+
+def _manifest() -> Manifest:
+    return Manifest(name="m", files=[FileEntry(path="runtime/py.tar.zst", size=10, sha256=SHA),
+                                     FileEntry(path="a/b.bin", size=0, sha256=SHA)],
+                    layers=[LayerEntry(archive="runtime/py.tar.zst", target="runtime/py", kind="runtime", order=0,
+                                       build_prefix="/opt/py", prefix_files=(PrefixOccurrence(path="bin/x", mode="text"),),
+                                       members=3, unpacked_size=7, tar_size=10240)],
+                    entry_config="a/b.bin", metadata={"description": "d"})
+
+
+def test_round_trip_and_sorted_files(tmp_path):
+    write_manifest(tmp_path, _manifest())
+    back = load_manifest(tmp_path)
+    assert back.to_dict() == _manifest().to_dict()
+    assert [e.path for e in back.files] == ["a/b.bin", "runtime/py.tar.zst"]
+    assert back.layers[0].prefix_files == (PrefixOccurrence(path="bin/x", mode="text"),)
+
+
+def _write(tmp_path, mutate) -> None:
+    data = _manifest().to_dict()
+    mutate(data)
+    (tmp_path / "bundle.json").write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("mutate, field, text", [
+    (lambda d: d.update(format_version="2.0"), "format_version", "format_version '2.0' is not supported"),
+    (lambda d: d.update(format_version="banana"), "format_version", "is not supported"),
+    (lambda d: d.update(format="something-else"), "format", "field 'format' is 'something-else'"),
+    (lambda d: d.pop("files"), "manifest.files", "missing field 'files'"),
+    (lambda d: d.pop("name"), "manifest.name", "missing field 'name'"),
+    (lambda d: d["files"][0].update(size="10"), "files[0].size", "should be int"),
+    (lambda d: d["files"][0].update(sha256="xyz"), "files[0].sha256", "bad size or sha256"),
+    (lambda d: d["files"][1].update(path="../../etc/passwd"), "files[1].path", "not a clean relative path"),
+    (lambda d: d["files"][1].update(path="/etc/passwd"), "files[1].path", "not a clean relative path"),
+    (lambda d: d["layers"][0].update(kind="kernel"), "layers[0].kind", "kind 'kernel'"),
+    (lambda d: d["layers"][0].update(target="../out"), "layers[0].target", "not a clean relative path"),
+    (lambda d: d["layers"][0].update(build_prefix="relative"), "layers[0].build_prefix", "absolute path"),
+    (lambda d: d["layers"][0].update(members=-1), "layers[0].members", "non-negative integer"),
+    (lambda d: d["layers"][0]["prefix_files"][0].update(mode="magic"), "layers[0].prefix_files[0].mode", "mode 'magic'"),
+    (lambda d: d["layers"][0].update(archive="not/listed.tar.zst"), "layers.archive", "is not in files"),
+])
+def test_malformed_manifest_names_the_field(tmp_path, mutate, field, text):
+    _write(tmp_path, mutate)
+    with pytest.raises(InvalidInputError) as info:
+        load_manifest(tmp_path)
+    assert info.value.field == field and info.value.exit_code == 4
+    assert text in str(info.value)
+
+
+def test_newer_major_is_an_unsupported_format_with_the_fix(tmp_path):
+    _write(tmp_path, lambda d: d.update(format_version="2.0"))
+    with pytest.raises(UnsupportedFormatError) as info:
+        load_manifest(tmp_path)
+    assert "reproduction/portable.py" in info.value.hint
+    _write(tmp_path, lambda d: d.update(format_version="1.7"))  # a newer minor of our major is fine
+    assert load_manifest(tmp_path).format_version == "1.7"
+
+
+def test_not_json_and_missing(tmp_path):
+    with pytest.raises(InputNotFoundError):
+        load_manifest(tmp_path)
+    (tmp_path / "bundle.json").write_text('{"format": ')
+    with pytest.raises(InvalidInputError, match="not valid JSON \\(line 1, column 12"):
+        load_manifest(tmp_path)
+
+
+@pytest.mark.parametrize("command", ["verify", "restore"])
+def test_cli_refuses_unknown_version_with_exit_4_naming_the_field(tmp_path, command):
+    bundle = small_bundle(tmp_path)
+    data = json.loads((bundle / "bundle.json").read_text())
+    data["format_version"] = "9.1"
+    (bundle / "bundle.json").write_text(json.dumps(data))
+    done = run_cli(command, bundle)
+    assert done.returncode == 4, done.stderr
+    first = done.stderr.splitlines()[0]
+    assert first == f"error: manifest: format_version '9.1' is not supported (this portable reads 1.x)"
+    assert done.stderr.splitlines()[1].startswith("hint: use the runner shipped inside the bundle")
+    assert not (bundle / "source" / "project").exists()
+
+
+def test_flipped_bit_in_bundle_json_is_detected(tmp_path):
+    bundle = small_bundle(tmp_path)
+    text = (bundle / "bundle.json").read_text()
+    pristine = tmp_path / "pristine.json"
+    shutil.copy(bundle / "bundle.json", pristine)
+    # A digit of a size field: the manifest still parses, the file no longer matches it.
+    at = text.index(",", text.index('"size": ')) - 1  # its last digit: flipping bit 0 keeps it a digit
+    flip_bit(bundle / "bundle.json", at, 0)
+    done = run_cli("restore", bundle)
+    assert done.returncode == 5 and "size" in done.stderr, done.stderr
+    assert not (bundle / "source" / "project").exists() and not (bundle / "runtime" / "rt").exists()
+    # A structural character: the manifest no longer parses.
+    shutil.copy(pristine, bundle / "bundle.json")
+    flip_bit(bundle / "bundle.json", text.index("{"), 1)
+    done = run_cli("restore", bundle)
+    assert done.returncode == 4 and "bundle.json: not valid JSON" in done.stderr
+    assert not (bundle / "runtime" / "rt").exists()
