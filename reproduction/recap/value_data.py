@@ -128,7 +128,11 @@ def load_source(source: ValueSource, *, episodes: np.ndarray | None = None) -> S
         ti = table.column("task_index").to_numpy().astype(np.int64)
         names = sorted(ds.tasks)
         prompts = [format_prompt(ds.tasks[k]) for k in names]
-        prompt_id = np.searchsorted(np.array(names, dtype=np.int64), ti)
+        prompt_id = np.searchsorted(np.array(names, dtype=np.int64), ti).clip(0, len(names) - 1)
+        unknown = np.array(names, dtype=np.int64)[prompt_id] != ti
+        if unknown.any():
+            raise DatasetError(f"{source.path}: task_index {int(ti[unknown][0])} is not in the dataset's task list",
+                               path=source.path, field="task_index", hint="the dataset's meta/tasks file is incomplete")
     else:
         raw = rets.column("prompt").to_pylist()
         prompts = sorted({format_prompt(p or "perform the task") for p in raw})

@@ -1,0 +1,143 @@
+"""Value task wiring: config checks, param groups, whole-set evaluation, exports and stage-3 inference."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from reproduction.errors import CheckpointError, ConfigError
+from reproduction.recap.value_data import ValueSource
+from reproduction.recap.value_infer import infer_dataset, infer_shard, load_value_export, load_value_stage, sorted_frames
+from reproduction.recap.value_loss import expected_value, spearman, value_loss
+from reproduction.recap.value_model import ValueModelConfig, build_value_model, preset_config
+from reproduction.recap.value_task import (
+    ValueStageConfig, evaluate_value, make_value_task, prepare_value_setup, value_param_groups, write_export_extras)
+from reproduction.train.task import EvalContext
+from value_synth import CAMERA, write_value_dataset
+
+CAMS = {"base_0_rgb": CAMERA, "left_wrist_0_rgb": "observation.images.wrist"}
+
+
+@pytest.fixture(scope="module")
+def stage_dir(tmp_path_factory):
+    """A 2-fold value stage with untrained exports written exactly as the trainer's export does."""
+    from safetensors.torch import save_file
+
+    root = tmp_path_factory.mktemp("vtask")
+    runs = write_value_dataset(root / "ds", episodes=8, seed=2)
+    stage = ValueStageConfig(train=[ValueSource(path=str(root / "ds"), type="rollout", returns=str(runs))],
+                             cameras=CAMS, folds=2, fold_seed=1)
+    setup = prepare_value_setup(stage, root / "value")
+    for k in range(2):
+        model = build_value_model(ValueModelConfig.from_dict(setup.model_config), seed=k)
+        export = root / "value" / f"model_{k}" / "export"
+        export.mkdir(parents=True)
+        save_file({n: t.contiguous() for n, t in model.state_dict().items()}, str(export / "model.safetensors"))
+        write_export_extras(export, setup=setup, fold=k)
+    return root
+
+
+def test_stage_config_rules_name_their_fields():
+    src = ValueSource(path="/x/ds")
+    with pytest.raises(ConfigError, match="both return_min and return_max"):
+        ValueStageConfig(train=[src], return_min=-3.0)
+    with pytest.raises(ConfigError, match="recap preset needs `tokenizer`"):
+        ValueStageConfig(train=[src], preset="recap")
+    with pytest.raises(ConfigError, match="names .* are not unique"):
+        ValueStageConfig(train=[src], eval=[ValueSource(path="/y/ds")])
+    with pytest.raises(ConfigError, match="unknown fields \\['fold'\\]"):
+        ValueStageConfig.from_dict({"train": [{"path": "/x/ds"}], "fold": 2})
+    with pytest.raises(ConfigError, match="type 'expert' is not sft or rollout"):
+        ValueSource(path="/x/ds", type="expert")
+    cfg = ValueStageConfig(train=[src], folds=3)
+    assert ValueStageConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))).to_dict() == cfg.to_dict()
+
+
+def test_param_groups_put_exactly_the_head_at_value_lr():
+    model = build_value_model(preset_config("tiny", vocab_size=300))
+    head, rest = value_param_groups(model, value_lr=3e-4)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert head["lr"] == 3e-4 and "lr" not in rest
+    assert sorted(names[id(p)] for p in head["params"]) == ["value_head.proj.bias", "value_head.proj.weight", "value_head.query"]
+    assert len(head["params"]) + len(rest["params"]) == len(list(model.parameters()))
+
+
+def test_export_holds_range_bins_and_config_and_loads_strictly(stage_dir):
+    setup = json.loads((stage_dir / "value" / "value_setup.json").read_text())
+    vm = load_value_export(stage_dir / "value" / "model_1" / "export")
+    assert vm.head["return_range"] == setup["return_range"] and vm.head["return_range"]["return_max"] == 0.0
+    assert (vm.head["num_bins"], vm.head["v_min"], vm.head["v_max"], vm.head["fold"], vm.head["folds"]) == (201, -1.0, 0.0, 1, 2)
+    assert vm.head["model_config"] == setup["model_config"] and vm.cameras == CAMS
+    assert vm.return_range.return_min == setup["return_range"]["return_min"]
+    bad = stage_dir / "bad_export"
+    import shutil
+
+    shutil.copytree(stage_dir / "value" / "model_0" / "export", bad)
+    head = json.loads((bad / "value_head.json").read_text())
+    head["model_config"]["text"]["vocab_size"] += 7
+    (bad / "value_head.json").write_text(json.dumps(head))
+    with pytest.raises(CheckpointError, match=r"language.embed_tokens.weight \(\d+, 64\) != \(\d+, 64\)"):
+        load_value_export(bad)
+
+
+def test_evaluate_uses_the_whole_set_and_every_rank_runs_the_same_forwards(stage_dir):
+    task = make_value_task(0, 1, setup_path=str(stage_dir / "value" / "value_setup.json"), fold=0)
+    model = task.model.eval()
+    sets = task.evaluate.keywords["sets"]
+    assert list(sets) == ["ds.heldout"]
+    data = sets["ds.heldout"]
+    plan = json.loads((stage_dir / "value" / "crossfit.json").read_text())
+    held = sorted(int(e) for e, f in plan["assignment"]["ds"].items() if f == 0)
+    assert sorted({data[i]["episode_index"] for i in range(len(data))}) == held
+    calls = []
+    model.register_forward_hook(lambda m, a, kw, out: calls.append(out.shape[0]), with_kwargs=True)
+    ctx = EvalContext(rank=0, world_size=1, device=torch.device("cpu"), step=0, all_gather=lambda a: a)
+    with torch.no_grad():
+        got = task.evaluate.func(model, ctx, **{**task.evaluate.keywords, "micro_batch": 7})
+        full = task.collate([data[i] for i in range(len(data))])
+        logits = model(images=full["images"], image_masks=full["image_masks"], input_ids=full["input_ids"],
+                       attention_mask=full["attention_mask"])
+    pred = expected_value(logits, v_min=-1.0, v_max=0.0).numpy()
+    assert got["ds.heldout/num_frames"] == len(data) and sum(calls[:-1]) == len(data)
+    assert got["ds.heldout/value_spearman"] == pytest.approx(spearman(pred, full["target"].numpy()), abs=1e-6)
+    assert got["ds.heldout/loss"] == pytest.approx(float(value_loss(logits, full["target"], v_min=-1.0, v_max=0.0)), rel=1e-5)
+    assert got["value_spearman"] == got["ds.heldout/value_spearman"]
+    counts = []
+    for rank in (0, 1):  # uneven shards: both ranks still run ceil(ceil(n/2)/mb) forwards
+        calls.clear()
+        ctx = EvalContext(rank=rank, world_size=2, device=torch.device("cpu"), step=0, all_gather=lambda a: a)
+        with torch.no_grad():
+            task.evaluate.func(model, ctx, **{**task.evaluate.keywords, "micro_batch": 4})
+        counts.append(len(calls))
+    assert counts[0] == counts[1] == -(-(-(-len(data) // 2)) // 4)
+
+
+def test_inference_runs_each_frame_once_through_the_model_that_did_not_train_on_it(stage_dir):
+    from reproduction.data.reader import open_dataset
+    from reproduction.recap.sharding import plan_shards
+
+    models, plan = load_value_stage(stage_dir / "value")
+    seen: list[Counter] = [Counter(), Counter()]
+    for k, vm in enumerate(models):
+        vm.model.register_forward_hook(lambda m, a, kw, out, k=k: seen[k].update(kw["input_ids"].shape[:1]), with_kwargs=True)
+    ds = open_dataset(stage_dir / "ds")
+    rows, ep, fr = sorted_frames(ds)
+    row_end = np.searchsorted(ep, ep, side="right")
+    shards = plan_shards(row_end, 3, 4)
+    tables = [infer_shard(models, plan, ds, s, batch_size=5, frames=(rows, ep, fr)) for s in shards]
+    inferred = sum(s.infer_stop - s.start for s in shards)
+    assert sum(t.num_rows for t in tables) == inferred > ds.num_frames  # lookahead rows are inferred by two shards
+    for k in range(2):  # frames counted per model: exactly the frames of its held-out episodes, once per shard
+        expect = sum(int(np.isin(ep[s.start:s.infer_stop], plan.heldout_episodes(k, "ds")).sum()) for s in shards)
+        assert sum(n * c for n, c in seen[k].items()) == expect and max(seen[k]) <= 5
+    merged = infer_dataset(stage_dir / "value", stage_dir / "ds", world_size=3, lookahead=4, batch_size=5)
+    single = infer_dataset(stage_dir / "value", stage_dir / "ds", world_size=1, batch_size=64)
+    assert merged.column("episode_index").to_pylist() == ep.tolist() and merged.column("frame_index").to_pylist() == fr.tolist()
+    np.testing.assert_allclose(merged.column("value").to_numpy(), single.column("value").to_numpy(), atol=1e-6)
+    vals = merged.column("value").to_numpy()
+    assert np.all((vals >= -1) & (vals <= 0)) and not np.isnan(vals).any()
