@@ -22,12 +22,20 @@ CHUNK = 1 << 20
 INSTALL_HINT = "install one of them: `python3 -m pip install zstandard` or `apt-get install zstd` (dnf/yum: zstd)"
 
 
+_LOCK = threading.Lock()
+_CACHE: list[Any] = []
+
+
 def _module() -> Any | None:
-    try:
-        import zstandard
-    except ImportError:
-        return None
-    return zstandard
+    """The zstandard module or None, decided once per process (restore imports it from threads)."""
+    with _LOCK:
+        if not _CACHE:
+            try:
+                import zstandard
+            except ImportError:
+                zstandard = None
+            _CACHE.append(zstandard)
+        return _CACHE[0]
 
 
 def backend() -> str:
