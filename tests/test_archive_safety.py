@@ -1,0 +1,120 @@
+"""Hostile layer archives are refused before any byte is written, naming the member; nothing lands outside."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bundlekit import QUIET, forge_bundle, member, run_cli, tree_snapshot
+from reproduction.errors import UnsafeArchiveError
+from reproduction.release import layers as layer_io
+from reproduction.release.restore import restore_bundle
+
+OK = [member("pkg", "dir", mode=0o755), member("pkg/a.py", data=b"a = 1\n")]
+
+ATTACKS = {
+    "absolute path": ([member("/tmp/portable-evil-abs", data=b"x")], "/tmp/portable-evil-abs", "has an absolute path"),
+    "dot-dot": ([member("../escape.txt", data=b"x")], "../escape.txt", "contains '..'"),
+    "dot-dot inside": ([member("pkg/../../escape.txt", data=b"x")], "pkg/../../escape.txt", "contains '..'"),
+    "symlink escaping": ([member("out", "symlink", linkname="../../../outside")], "out", "which leaves the bundle"),
+    "symlink climbing out of the targets": ([member("out", "symlink", linkname="../../weights")], "out", "leaves the layer targets"),
+    "absolute symlink": ([member("etc", "symlink", linkname="/etc")], "etc", "symlink to the absolute path '/etc'"),
+    "dot-dot after a name": ([member("sneaky", "symlink", linkname="pkg/../../..")], "sneaky", "'..' after a folder name"),
+    "hard link": ([member("hl", "hardlink", linkname="/etc/passwd")], "hl", "is a hard link"),
+    "hard link inside": (OK + [member("pkg/b.py", "hardlink", linkname="pkg/a.py")], "pkg/b.py", "is a hard link"),
+    "char device": ([member("null", "chardev", devmajor=1)], "null", "is a chardev"),
+    "block device": ([member("disk", "blockdev", devmajor=8)], "disk", "is a blockdev"),
+    "fifo": ([member("pipe", "fifo")], "pipe", "is a fifo"),
+    "setuid": ([member("suid", data=b"#!/bin/sh\n", mode=0o4755)], "suid", "setuid/setgid bit set (mode 4755)"),
+    "setgid": ([member("sgid", data=b"#!/bin/sh\n", mode=0o2755)], "sgid", "setuid/setgid bit set (mode 2755)"),
+    "write through own symlink": ([member("sub", "dir"), member("d", "symlink", linkname="sub"), member("d/f", data=b"x")],
+                                  "d/f", "written through the symlink 'source/app/d'"),
+    "replace own symlink": ([member("d", "symlink", linkname="pkg"), member("d", data=b"x")], "d", "would replace (and write through) the symlink"),
+}
+
+
+def _outside_snapshot(root):
+    return {k: v for k, v in tree_snapshot(root).items() if not k.startswith("bundle")}
+
+
+@pytest.fixture
+def no_extraction(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("extraction started although validation should have refused the archive")
+
+    monkeypatch.setattr(layer_io, "extract_stream", refuse)
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_each_attack_is_refused_before_writing(tmp_path, name, no_extraction):
+    members, bad, why = ATTACKS[name]
+    bundle = forge_bundle(tmp_path / "bundle", [("source/app.tar.zst", "source/app", "source", OK + members)])
+    before = _outside_snapshot(tmp_path)
+    with pytest.raises(UnsafeArchiveError) as info:
+        restore_bundle(bundle, ui=QUIET)
+    assert info.value.exit_code == 6
+    assert (info.value.archive, info.value.member) == ("source/app.tar.zst", bad)
+    message = str(info.value)
+    assert message.startswith(f"unsafe layer archive, nothing was extracted: source/app.tar.zst: member {bad!r} ")
+    assert why in message
+    assert not (bundle / "source" / "app").exists()
+    assert sorted(os.listdir(bundle / ".portable")) == ["lock"]  # no receipt, no staging
+    assert _outside_snapshot(tmp_path) == before
+    assert not os.path.lexists("/tmp/portable-evil-abs")
+
+
+def test_two_archive_attack_is_refused_naming_both_layers(tmp_path, no_extraction):
+    """Layer 1 plants a symlink (legal on its own); layer 2, same target, writes through it."""
+    first = [member("lnk", "symlink", linkname="../victim")]
+    second = [member("lnk/pwned.txt", data=b"gotcha")]
+    bundle = forge_bundle(tmp_path / "bundle", [("source/a1.tar.zst", "source/app", "source", first),
+                                                ("source/a2.tar.zst", "source/app", "source", second),
+                                                ("source/victim.tar.zst", "source/victim", "source", OK)])
+    with pytest.raises(UnsafeArchiveError) as info:
+        restore_bundle(bundle, ui=QUIET)
+    assert (info.value.archive, info.value.member) == ("source/a2.tar.zst", "lnk/pwned.txt")
+    assert "written through the symlink 'source/app/lnk' planted by source/a1.tar.zst" in str(info.value)
+    assert not any((bundle / "source" / t).exists() for t in ("app", "victim"))
+
+
+def test_every_refusal_is_listed_once_and_the_cli_exits_6(tmp_path):
+    members = [member("../a", data=b"x"), member("/b", data=b"y"), member("c", "fifo")]
+    bundle = forge_bundle(tmp_path / "bundle", [("runtime/r.tar.zst", "runtime/r", "runtime", members)])
+    done = run_cli("restore", bundle)
+    assert done.returncode == 6
+    first = done.stderr.splitlines()[0]
+    assert first.startswith("error: unsafe layer archive, nothing was extracted: runtime/r.tar.zst: member '../a' contains '..'")
+    assert "member '/b' has an absolute path" in first and "member 'c' is a fifo" in first
+    assert done.stderr.splitlines()[1].startswith("hint: do not use this bundle")
+    assert not (bundle / "runtime" / "r").exists()
+
+
+def test_legitimate_links_inside_and_across_layers_are_restored(tmp_path):
+    lib = [member("lib", "dir", mode=0o755), member("lib/libz.so.1", data=b"ELF"),
+           member("lib/libz.so", "symlink", linkname="libz.so.1")]
+    venv = [member("bin", "dir", mode=0o755), member("bin/python", "symlink", linkname="../../py/bin/python3"),
+            member("lib64", "symlink", linkname="lib"), member("lib", "dir", mode=0o700)]
+    py = [member("bin", "dir"), member("bin/python3", data=b"#!", mode=0o755)]
+    bundle = forge_bundle(tmp_path / "bundle", [("runtime/z.tar.zst", "runtime/z", "runtime", lib),
+                                                ("runtime/py.tar.zst", "runtime/py", "runtime", py),
+                                                ("runtime/venv.tar.zst", "runtime/venv", "runtime", venv)])
+    report = restore_bundle(bundle, ui=QUIET)
+    assert report.extracted == ["runtime/z", "runtime/py", "runtime/venv"]
+    assert os.readlink(bundle / "runtime" / "venv" / "bin" / "python") == "../../py/bin/python3"
+    assert (bundle / "runtime" / "venv" / "bin" / "python").read_bytes() == b"#!"
+    assert (bundle / "runtime" / "z" / "lib" / "libz.so").read_bytes() == b"ELF"
+    assert os.stat(bundle / "runtime" / "venv" / "lib").st_mode & 0o777 == 0o700
+
+
+def test_overlapping_layer_targets_are_refused_by_field(tmp_path):
+    from reproduction.errors import InvalidInputError
+
+    bundle = forge_bundle(tmp_path / "bundle", [("runtime/a.tar.zst", "runtime/a", "runtime", OK),
+                                                ("runtime/b.tar.zst", "runtime/a/inner", "runtime", OK)])
+    with pytest.raises(InvalidInputError) as info:
+        restore_bundle(bundle, ui=QUIET)
+    assert info.value.field == "layers[0].target" and "nests with layer target 'runtime/a/inner'" in str(info.value)
+    bundle = forge_bundle(tmp_path / "b2", [("runtime/a.tar.zst", "reproduction", "runtime", OK)])
+    with pytest.raises(InvalidInputError, match="would overwrite reproduction"):
+        restore_bundle(bundle, ui=QUIET)
