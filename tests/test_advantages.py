@@ -20,6 +20,7 @@ from reproduction.recap.advantages import (
     AdvantageConfig,
     DatasetArrays,
     compute_advantages,
+    exact_percentile,
     load_return_range,
     nstep_advantages,
     relabel,
@@ -75,6 +76,42 @@ def test_advantages_match_plain_loop(lengths, data, N, gamma, discount, seed):
     np.testing.assert_allclose(got["reward_sum_raw"], [w[1] for w in want], rtol=1e-9, atol=1e-9)
     np.testing.assert_array_equal(got["value_next"], [w[2] for w in want])
     np.testing.assert_array_equal(got["num_valid_rewards"], [w[3] for w in want])
+
+
+@settings(max_examples=15, deadline=None)
+@given(lengths=st.lists(st.integers(60, 140), min_size=1, max_size=4), N=st.integers(65, 150),
+       gamma=st.sampled_from([0.99, 0.9]), seed=st.integers(0, 2**16))
+def test_long_lookahead_uses_tails_and_matches_plain_loop(lengths, N, gamma, seed):
+    successes = [bool(i % 2) for i in range(len(lengths))]
+    G, r, V = episode_data(lengths, successes, gamma, -300.0, np.random.default_rng(seed))
+    rr = ReturnRange(return_min=-350.0, return_max=0.0)
+    row_end = episode_ends(np.repeat(np.arange(len(lengths)), lengths))[1]
+    got = nstep_advantages(row_end, np.concatenate(G), np.concatenate(r), np.concatenate(V), lookahead=N, gamma=gamma,
+                           discount_next_value=True, return_range=rr)
+    want = [x for g_, r_, v_ in zip(G, r, V) for x in reference_episode(g_, r_, v_, N, gamma, True, rr.width)]
+    np.testing.assert_allclose(got["reward_sum_raw"], [w[1] for w in want], rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(got["advantage_continuous"], [w[0] for w in want], rtol=1e-9, atol=1e-9)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(65_536, 120_000), kind=st.sampled_from(["normal", "ties", "sorted", "reversed", "constant", "inf"]),
+       q=st.floats(0.5, 99.5), seed=st.integers(0, 2**16))
+def test_exact_percentile_is_numpy_percentile_bit_for_bit(n, kind, q, seed):
+    rng = np.random.default_rng(seed)
+    a = {"normal": lambda: rng.normal(size=n), "ties": lambda: rng.integers(0, 7, n).astype(float),
+         "sorted": lambda: np.sort(rng.normal(size=n)), "reversed": lambda: np.sort(rng.normal(size=n))[::-1].copy(),
+         "constant": lambda: np.full(n, -0.25), "inf": lambda: np.where(rng.random(n) < 0.1, -np.inf, rng.normal(size=n))}[kind]()
+    before = a.copy()
+    with np.errstate(invalid="ignore"):  # -inf - -inf: numpy says nan, and so must we
+        got, want = exact_percentile(a, q), np.percentile(a, q)
+    assert got == want or (np.isnan(got) and np.isnan(want))
+    np.testing.assert_array_equal(a, before)  # the input is not reordered
+
+
+def test_exact_percentile_with_nan_is_nan():
+    a = np.random.default_rng(0).normal(size=100_000)
+    a[5] = np.nan
+    assert np.isnan(exact_percentile(a, 70.0))
 
 
 def test_shortcut_equals_general_case_at_gamma_one():

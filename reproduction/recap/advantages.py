@@ -73,32 +73,110 @@ def nstep_advantages(row_end: np.ndarray, returns: np.ndarray, rewards: np.ndarr
     `row_end[t]` is the exclusive end of row t's episode. Returns float64 arrays
     advantage_continuous, value_next, reward_sum, reward_sum_raw and int64 num_valid_rewards.
     """
-    n = row_end.size
-    idx = np.arange(n, dtype=np.int64)
-    k = np.minimum(lookahead, row_end - idx)
-    pad = idx + lookahead >= row_end
-    nxt = np.minimum(idx + lookahead, max(n - 1, 0))
+    n, N = row_end.size, lookahead
+    # Few, reused full-size buffers: at 1M rows, fresh 8 MB arrays cost more than the arithmetic.
+    k = np.arange(n, dtype=np.int64)
+    np.subtract(row_end, k, out=k)  # frames from t to the episode's end, >= 1
+    inside = k > N  # t + N < end: V(t+N) lies in the episode (else padded with 0)
+    np.minimum(k, N, out=k)  # frames in the window
     v = np.asarray(values, dtype=np.float64)
-    v_next = np.where(pad, 0.0, v[nxt] if n else v)
+    v_next = _ahead(v, N, inside)
     if gamma == 1.0 and use_return_shortcut:
         g = np.asarray(returns, dtype=np.float64)
-        r_raw = np.where(pad, g, g - (g[nxt] if n else g))
+        r_raw = _ahead(g, N, inside)
+        np.subtract(g, r_raw, out=r_raw)  # G_t - G_{t+N}, or G_t when padded
     else:
-        # Window sum from discounted tails: D_t - gamma^k D_{t+k}; every factor <= 1, so stable.
-        d = discounted_reverse_cumsum(rewards, row_end, gamma)
-        d_after = np.where(idx + k < row_end, d[np.minimum(idx + k, max(n - 1, 0))] if n else d, 0.0)
-        r_raw = d - np.power(gamma, k) * d_after
-    g_k = np.power(gamma, k) if discount_next_value else np.ones(n)
+        r_raw = window_sums(np.asarray(rewards, dtype=np.float64), k, inside, gamma, row_end)
     r_norm = return_range.scale_rewards(r_raw)
-    return {"advantage_continuous": r_norm + g_k * v_next - v, "value_next": v_next, "reward_sum": r_norm,
-            "reward_sum_raw": r_raw, "num_valid_rewards": k.astype(np.int64)}
+    if gamma == 1.0 or not discount_next_value:
+        adv = r_norm + v_next  # g = 1
+    else:
+        adv = np.array([gamma ** j for j in range(N + 1)])[k]  # gamma^k from a table
+        adv *= v_next
+        np.add(r_norm, adv, out=adv)
+    adv -= v
+    return {"advantage_continuous": adv, "value_next": v_next, "reward_sum": r_norm,
+            "reward_sum_raw": r_raw, "num_valid_rewards": k}
+
+
+def _ahead(x: np.ndarray, n_ahead: int, inside: np.ndarray) -> np.ndarray:
+    """x[t + n_ahead] where `inside` (then t + n_ahead < n), else 0: a shifted slice, not a gather."""
+    out = np.zeros_like(x)
+    if n_ahead < x.size:
+        np.copyto(out[:x.size - n_ahead], x[n_ahead:], where=inside[:x.size - n_ahead])
+    return out
+
+
+WINDOW_ADDS_MAX = 64
+"""Up to this N the window sum is N shifted adds (the loop's own order); beyond, a log-depth scan."""
+
+
+def window_sums(rewards: np.ndarray, k: np.ndarray, inside: np.ndarray, gamma: float,
+                row_end: np.ndarray) -> np.ndarray:
+    """R_t = sum_{j < k_t} gamma^j r_{t+j} for every row; k_t = min(N, frames to the episode's end),
+    `inside` = the window stops before the episode's end (k_t == N and t + N < end).
+
+    For N <= WINDOW_ADDS_MAX: term j is added in order j = 0, 1, ... with gamma ** j, the exact
+    arithmetic of a per-frame loop. Beyond: discounted tails, D_t - gamma^k D_{t+k} (stable: every
+    factor <= 1).
+    """
+    n = rewards.size
+    lookahead = int(k.max(initial=0))
+    if lookahead > WINDOW_ADDS_MAX:
+        d = discounted_reverse_cumsum(rewards, row_end, gamma)
+        idx = np.arange(n, dtype=np.int64)
+        d_after = np.where(inside, d[np.minimum(idx + k, max(n - 1, 0))] if n else d, 0.0)
+        return d - np.power(gamma, k) * d_after
+    out = rewards.copy()
+    for j in range(1, lookahead):
+        term = rewards[j:] * (gamma ** j)
+        term[k[:n - j] <= j] = 0.0  # r_{t+j} lies past t's episode
+        out[:n - j] += term
+    return out
 
 
 def quantile_threshold(advantages: np.ndarray, positive_quantile: float) -> float:
-    """tau such that about `positive_quantile` of the frames have A >= tau (numpy's linear percentile)."""
+    """tau such that about `positive_quantile` of the frames have A >= tau: numpy's linear percentile
+    at (1 - positive_quantile) * 100, bit for bit (see exact_percentile)."""
     if advantages.size == 0:
         raise DatasetError("no advantages to threshold (all datasets are empty)")
-    return float(np.percentile(advantages, (1.0 - positive_quantile) * 100.0))
+    return exact_percentile(advantages, (1.0 - positive_quantile) * 100.0)
+
+
+def exact_percentile(a: np.ndarray, q: float, *, sample: int = 4096) -> float:
+    """np.percentile(a, q) (linear method), without partitioning all of `a`.
+
+    The two order statistics it interpolates are bracketed by a strided sample; only the values
+    inside the bracket are partitioned. Falls back to np.percentile for small arrays, NaNs, or a
+    bracket that misses (then the result is the same, only slower).
+    """
+    a = np.asarray(a, dtype=np.float64)
+    n = a.size
+    if n < 16 * sample:
+        return float(np.percentile(a, q))
+    quantile = np.true_divide(q, 100)
+    virtual = (n - 1) * quantile  # numpy's linear method, computed the same way
+    lo = int(np.floor(virtual))
+    hi = min(lo + 1, n - 1)
+    picks = np.sort(a[::n // sample])
+    m = picks.size
+    margin = int(4 * np.sqrt(m * quantile * (1 - quantile))) + 2  # many binomial sigmas of slack
+    j = int(quantile * (m - 1))
+    low = picks[j - margin] if j - margin >= 0 else -np.inf
+    high = picks[j + margin] if j + margin < m else np.inf
+    if np.isnan(a.max()):
+        return float(np.percentile(a, q))  # numpy's answer is nan; let it say so
+    keep = a >= low
+    below = n - int(np.count_nonzero(keep))
+    keep &= a <= high
+    inside = a[keep]
+    if not (below <= lo and hi < below + inside.size):
+        return float(np.percentile(a, q))
+    inside.partition([lo - below, hi - below])
+    v_lo, v_hi = inside[lo - below], inside[hi - below]
+    t = virtual - np.floor(virtual)
+    diff = np.subtract(v_hi, v_lo)
+    return float(v_hi - diff * (1 - t) if t >= 0.5 else v_lo + diff * t)  # numpy's _lerp
 
 
 def thresholds_by_task(advantages: np.ndarray, task_keys: np.ndarray | None, positive_quantile: float,
@@ -106,10 +184,23 @@ def thresholds_by_task(advantages: np.ndarray, task_keys: np.ndarray | None, pos
     """Per-row threshold and the table of thresholds ({"*": tau} when global, {task: tau} per task)."""
     if scope == "global" or task_keys is None:
         tau = quantile_threshold(advantages, positive_quantile)
-        return np.full(advantages.size, tau), {"*": tau}
-    uniq, inv = np.unique(task_keys, return_inverse=True)
+        return np.broadcast_to(np.float64(tau), advantages.shape), {"*": tau}  # a read-only view, no 8 MB fill
+    uniq, inv = factorize(task_keys)
     taus = np.array([quantile_threshold(advantages[inv == i], positive_quantile) for i in range(uniq.size)])
     return taus[inv], {str(u): float(t) for u, t in zip(uniq, taus)}
+
+
+def factorize(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(keys, return_inverse=True) for string keys, hashed by pyarrow instead of sorting
+    a million Python strings: (sorted unique keys as an object array, int64 code per row)."""
+    if keys.dtype != object:
+        return np.unique(keys, return_inverse=True)
+    enc = pa.array(keys, pa.string()).dictionary_encode()
+    names = np.asarray(enc.dictionary.to_pylist(), dtype=object)
+    order = np.argsort(names)
+    rank = np.empty(order.size, np.int64)
+    rank[order] = np.arange(order.size)
+    return names[order], rank[enc.indices.to_numpy(zero_copy_only=False)]
 
 
 def label(advantages: np.ndarray, row_threshold: np.ndarray, dataset_type: str) -> np.ndarray:
@@ -123,7 +214,7 @@ def positive_fractions(labels: np.ndarray, tasks: np.ndarray) -> dict[str, Any]:
     """{"all": fraction, "per_task": {task: fraction}} of positive labels."""
     out: dict[str, Any] = {"all": float(labels.mean()) if labels.size else 0.0, "per_task": {}}
     if labels.size:
-        uniq, inv = np.unique(tasks, return_inverse=True)
+        uniq, inv = factorize(tasks)
         pos = np.bincount(inv, weights=labels.astype(np.float64))
         cnt = np.bincount(inv)
         out["per_task"] = {str(u): float(p / c) for u, p, c in zip(uniq, pos, cnt)}
@@ -192,7 +283,8 @@ def align_values(returns: pa.Table, values: pa.Table, *, source: str) -> np.ndar
     vf = values.column("frame_index").to_numpy().astype(np.int64)
     order = sort_frames(ve, vf)
     re_, rf = returns.column("episode_index").to_numpy(), returns.column("frame_index").to_numpy()
-    ve, vf = ve[order], vf[order]
+    if order is not None:
+        ve, vf = ve[order], vf[order]
     if ve.size != re_.size or not (np.array_equal(ve, re_) and np.array_equal(vf, rf)):
         a = set(zip(re_.tolist(), rf.tolist()))
         b = set(zip(ve.tolist(), vf.tolist()))
@@ -200,7 +292,8 @@ def align_values(returns: pa.Table, values: pa.Table, *, source: str) -> np.ndar
         what = f"frame {missing[0]} has no value" if missing else f"value for unknown frame {extra[0]}"
         raise DatasetError(f"{source}: values do not match the returns sidecar: {what} "
                            f"({ve.size} values, {re_.size} frames)", hint="rerun value inference on this dataset version")
-    return values.column("value").to_numpy().astype(np.float64)[order]
+    v = values.column("value").to_numpy().astype(np.float64)
+    return v if order is None else v[order]
 
 
 def load_dataset_arrays(dataset: Path, returns_location: Path, values: pa.Table, *, dataset_type: str,
@@ -220,9 +313,15 @@ def load_dataset_arrays(dataset: Path, returns_location: Path, values: pa.Table,
         returns=table.column("return").to_numpy().astype(np.float64),
         rewards=table.column("reward").to_numpy().astype(np.float64),
         values=align_values(table, values, source=str(ds.root)),
-        prompts=np.asarray(table.column("prompt").to_pylist(), dtype=object),
+        prompts=_strings(table.column("prompt")),
         fingerprints={"dataset": ds.fingerprint, "returns": sha256_file(path)},
         returns_gamma=(meta.get("params") or {}).get("gamma"))
+
+
+def _strings(column: pa.ChunkedArray) -> np.ndarray:
+    """A string column as an object array sharing one Python str per distinct value."""
+    enc = column.combine_chunks().dictionary_encode()
+    return np.asarray(enc.dictionary.to_pylist(), dtype=object)[enc.indices.to_numpy(zero_copy_only=False)]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -260,7 +359,7 @@ def label_and_write(inputs: Sequence[DatasetArrays], results: Sequence[dict[str,
             "value_current": pa.array(d.values), "value_next": pa.array(r["value_next"]),
             "reward_sum": pa.array(r["reward_sum"]), "reward_sum_raw": pa.array(r["reward_sum_raw"]),
             "num_valid_rewards": pa.array(r["num_valid_rewards"]),
-            "dataset_name": pa.array(np.full(d.episode_index.size, d.name, dtype=object), pa.string()),
+            "dataset_name": pa.array([d.name], pa.string()).take(pa.array(np.zeros(d.episode_index.size, np.int64))),
             "advantage": pa.array(labels)})
         meta = {"kind": "advantages", "tag": config.tag, "dataset": d.name, "dataset_type": d.dataset_type,
                 "dataset_fingerprint": d.fingerprints.get("dataset"),
@@ -297,6 +396,8 @@ def _dataset_prompts(ds: Any, episode_index: np.ndarray, frame_index: np.ndarray
     t = ds.frame_table(["episode_index", "frame_index", "task_index"])
     e, f = t.column("episode_index").to_numpy(), t.column("frame_index").to_numpy()
     order = sort_frames(e, f)
+    if order is None:
+        order = slice(None)
     if not (np.array_equal(e[order], episode_index) and np.array_equal(f[order], frame_index)):
         raise DatasetError(f"{ds.root}: the advantages sidecar's frames differ from the dataset's")
     names = np.asarray([ds.tasks.get(int(i), "perform the task") for i in range(max(ds.tasks, default=-1) + 1)] or [""],
