@@ -24,6 +24,9 @@ from reproduction.train.metrics import MetricsLog, read_records
 from reproduction.train.task import EvalContext, TrainResult, TrainTask
 
 
+_LOOP_KEYS = ("lr_factor", "skipped_steps", "samples_per_s")  # what the loop adds to a task's train metrics
+
+
 @dataclass(kw_only=True)
 class _State:
     """What a worker carries between steps."""
@@ -256,7 +259,7 @@ def _seed(seed: int, rank: int, step: int) -> None:
 def _metrics_from_log(st: _State, out_dir: Path) -> None:
     for record in read_records(out_dir / "metrics.jsonl"):
         if record["split"] == "train":
-            st.train_metrics = {k: v for k, v in record["metrics"].items()}
+            st.train_metrics = {k: v for k, v in record["metrics"].items() if k not in _LOOP_KEYS}
         elif record["split"] == "eval":
             st.eval_metrics = dict(record["metrics"])
 

@@ -10,7 +10,9 @@ A stage (value SFT, CFG policy) describes its job as a `TrainTask` and calls
 so models and datasets are never pickled across processes. Rules a task must keep:
 
 - `model` is built the same way on every rank (seed it: `torch.manual_seed(...)` before building);
-  the trainer shards it with FSDP2 (`fsdp_units` first, then the root) and moves it to the device.
+  the trainer moves it to the device and shards it with FSDP2 (`fsdp_units` first, then the root);
+  one fp32 worker keeps it unsharded (nothing to shard; see train/fsdp.py). Parameter names are
+  the same either way, and checkpoints move between world sizes.
 - `train_dataset` is map-style: `len()` and `[i] -> sample`. The trainer decides the order
   (reproduction/train/data_order.py: a function of (seed, epoch, position), sharded by rank) and
   calls `augment(sample, rng)` with a per-sample `numpy.random.Generator` derived from
@@ -18,7 +20,9 @@ so models and datasets are never pickled across processes. Rules a task must kee
 - `collate(samples) -> batch` builds CPU tensors (a tensor, or dict/list/tuple of them); the trainer
   moves every tensor in the batch to the device before calling `loss`.
 - `loss(model, batch) -> (loss, metrics)`: `loss` is the MEAN over the micro batch (a 0-d tensor
-  with grad); `metrics` are floats, averaged over micro batches and ranks and logged as `train/<k>`.
+  with grad); `metrics` are floats with the SAME keys on every rank and call, averaged over micro
+  batches and ranks and logged as `train/<k>` (the loop adds loss, grad_norm, lr_factor,
+  skipped_steps and samples_per_s). `loss` is also called (eval mode, no grad) on the canary batch.
 - `evaluate(model, ctx) -> metrics` runs on ALL ranks at once (FSDP forward needs every rank); use
   `ctx.shard(n)` to split an eval set, `ctx.all_gather(array)` to collect per-rank numpy arrays in
   rank order, and return the same dict on every rank (rank 0's is logged as `eval/<k>`). The model
