@@ -149,3 +149,14 @@ def test_return_range_rejects_an_empty_training_set(synth):
     with pytest.raises(DatasetError, match="hold no frames"):
         return_range_of([frames])
     assert isinstance(return_range_of([load_source(_source(synth))]), ReturnRange)
+
+
+def test_a_two_dataset_mixture_draws_every_row_of_both(synth):
+    a = load_source(_source(synth, name="a", weight=1.0))
+    b = load_source(_source(synth, name="b", weight=2.0), episodes=np.array([1, 3]))
+    data = ValueFrames([a, b], cameras=CAMS, image_size=64, return_range=return_range_of([a, b]), seed=4)
+    ids, idx = data.table
+    assert len(data) == ids.size and set(idx[ids == 0].tolist()) == set(range(len(a)))
+    assert np.bincount(idx[ids == 1]).tolist() == [2] * len(b)  # weight 2 x size share -> every row twice
+    s = data[int(np.flatnonzero(ids == 1)[0])]
+    assert s["source"] == 1 and s["episode_index"] in (1, 3)

@@ -76,6 +76,9 @@ def test_padding_and_absent_camera_pixels_do_not_change_the_value_and_are_not_en
     batch["image_masks"]["left_wrist_0_rgb"][:] = False
     model(**batch)
     assert sizes[-1] == 4
+    batch["image_masks"]["base_0_rgb"][:] = False  # no camera at all: one blank image keeps FSDP ranks in step
+    logits = model(**batch)
+    assert sizes[-1] == 1 and logits.shape == (4, 201) and torch.isfinite(logits).all()
 
 
 def test_text_embeddings_are_scaled_once_by_sqrt_width():

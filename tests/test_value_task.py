@@ -141,3 +141,55 @@ def test_inference_runs_each_frame_once_through_the_model_that_did_not_train_on_
     np.testing.assert_allclose(merged.column("value").to_numpy(), single.column("value").to_numpy(), atol=1e-6)
     vals = merged.column("value").to_numpy()
     assert np.all((vals >= -1) & (vals <= 0)) and not np.isnan(vals).any()
+
+
+def test_value_training_resumes_to_identical_weights(stage_dir, tmp_path):
+    """Augmentation and the data order come from (seed, epoch, position): stop at 3 + resume == 6 straight."""
+    import functools
+
+    from safetensors.torch import load_file
+
+    from reproduction.train.api import train
+    from reproduction.train.config import TrainConfig
+
+    make = functools.partial(make_value_task, setup_path=str(stage_dir / "value" / "value_setup.json"), fold=1)
+
+    def cfg(steps: int) -> TrainConfig:
+        return TrainConfig(max_steps=steps, global_batch=8, micro_batch=4, launcher="inprocess", device="cpu",
+                           lr=1e-3, save_interval=3, eval_interval=3, log_interval=1)
+
+    straight = train(make, cfg(6), out_dir=tmp_path / "a", resume=False)
+    train(make, cfg(3), out_dir=tmp_path / "b", resume=False)
+    resumed = train(make, cfg(6), out_dir=tmp_path / "b", resume=True)
+    assert resumed.resumed_from == 3 and straight.step == resumed.step == 6
+    a = load_file(str(straight.export_dir / "model.safetensors"))
+    b = load_file(str(resumed.export_dir / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert straight.train_metrics["loss"] == resumed.train_metrics["loss"]
+    assert straight.eval_metrics["ds.heldout/value_spearman"] == resumed.eval_metrics["ds.heldout/value_spearman"]
+    assert (resumed.export_dir / "value_head.json").is_file() and (resumed.export_dir / "tokenizer" / "tokenizer.json").is_file()
+
+
+def test_pretrained_manifest_initialises_the_backbones_inside_the_task(stage_dir, tmp_path):
+    """make_value_task loads the manifest's files (keys renamed from upstream's layout) strictly."""
+    from safetensors.torch import save_file
+
+    setup = json.loads((stage_dir / "value" / "value_setup.json").read_text())
+    src = build_value_model(ValueModelConfig.from_dict(setup["model_config"]), seed=9)
+    sd = src.state_dict()
+    (tmp_path / "w").mkdir()
+    save_file({"vision_model." + k[7:]: v.contiguous() for k, v in sd.items() if k.startswith("vision.")},
+              str(tmp_path / "w" / "siglip.safetensors"))
+    save_file({"model." + k[9:]: v.contiguous() for k, v in sd.items() if k.startswith("language.")},
+              str(tmp_path / "w" / "gemma.safetensors"))
+    manifest = json.loads(Path("weights_manifest/recap_value_siglip2_gemma3_270m.json").read_text())
+    manifest["components"][0]["files"][0]["path"] = "siglip.safetensors"
+    manifest["components"][1]["files"][0]["path"] = "gemma.safetensors"
+    (tmp_path / "m.json").write_text(json.dumps(manifest))
+    setup["stage"].update(pretrained_manifest=str(tmp_path / "m.json"), weights_dir=str(tmp_path / "w"), allow_unpinned=True)
+    (tmp_path / "setup.json").write_text(json.dumps(setup))
+    task = make_value_task(0, 1, setup_path=str(tmp_path / "setup.json"), fold=0)
+    got = task.model.state_dict()
+    assert torch.equal(got["language.layers.0.self_attn.q_proj.weight"], sd["language.layers.0.self_attn.q_proj.weight"])
+    assert torch.equal(got["vision.embeddings.patch_embedding.weight"], sd["vision.embeddings.patch_embedding.weight"])
+    assert not torch.equal(got["value_head.proj.weight"], sd["value_head.proj.weight"])  # fresh head
