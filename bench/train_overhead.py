@@ -14,7 +14,6 @@ Last line: `ratio: X.XX (goal >= 0.90)` = trainer world size 1 / bare loop.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 import tempfile
