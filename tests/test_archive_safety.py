@@ -118,3 +118,67 @@ def test_overlapping_layer_targets_are_refused_by_field(tmp_path):
     bundle = forge_bundle(tmp_path / "b2", [("runtime/a.tar.zst", "reproduction", "runtime", OK)])
     with pytest.raises(InvalidInputError, match="would overwrite reproduction"):
         restore_bundle(bundle, ui=QUIET)
+
+
+# -- layers with a member index: validated from the index, extracted in one pass ---------------------
+
+
+def _packed_with_index(tmp_path):
+    from bundlekit import small_bundle
+
+    return small_bundle(tmp_path)
+
+
+def _repin(bundle, rel):
+    """Make bundle.json pin the current bytes of `rel` (what an attacker who controls both would do)."""
+    import hashlib
+    import json
+
+    data = json.loads((bundle / "bundle.json").read_text())
+    blob = (bundle / rel).read_bytes()
+    for entry in data["files"]:
+        if entry["path"] == rel:
+            entry["size"], entry["sha256"] = len(blob), hashlib.sha256(blob).hexdigest()
+    (bundle / "bundle.json").write_text(json.dumps(data))
+
+
+def test_hostile_member_index_is_refused_before_extraction(tmp_path, no_extraction):
+    import json
+
+    bundle = _packed_with_index(tmp_path)
+    index = bundle / "runtime" / "rt.members.json"
+    data = json.loads(index.read_text())
+    data["members"].append(["../../evil", "file", 0o644, 1, ""])
+    index.write_text(json.dumps(data))
+    _repin(bundle, "runtime/rt.members.json")
+    with pytest.raises(UnsafeArchiveError) as info:
+        restore_bundle(bundle, ui=QUIET)
+    assert (info.value.archive, info.value.member) == ("runtime/rt.tar.zst", "../../evil")
+    assert not (bundle / "runtime" / "rt").exists() and not (bundle / "source" / "project").exists()
+
+
+def test_archive_that_differs_from_its_validated_index_stops_before_the_member(tmp_path):
+    """The archive is swapped for a hostile one (re-pinned), the index left as validated: the first
+    header that differs from the index is refused before it is written, and staging is discarded."""
+    from bundlekit import tar_zst
+
+    bundle = _packed_with_index(tmp_path)
+    (bundle / "runtime" / "rt.tar.zst").write_bytes(tar_zst([member("bin", "dir", mode=0o755),
+                                                           member("bin/../../../escape", data=b"x")]))
+    _repin(bundle, "runtime/rt.tar.zst")
+    with pytest.raises(UnsafeArchiveError) as info:
+        restore_bundle(bundle, ui=QUIET)
+    assert "changed since it was validated" in str(info.value) and info.value.archive == "runtime/rt.tar.zst"
+    assert not (bundle / "runtime" / "rt").exists() and not (bundle / "source" / "project").exists()
+    assert not (tmp_path / "escape").exists() and not (bundle / "escape").exists()
+    assert sorted(os.listdir(bundle / ".portable")) == ["lock"]
+
+
+def test_corrupt_archive_with_index_is_a_digest_problem(tmp_path):
+    from bundlekit import flip_bit
+
+    bundle = _packed_with_index(tmp_path)
+    flip_bit(bundle / "runtime" / "rt.tar.zst", 200, 4)
+    done = run_cli("restore", bundle)
+    assert done.returncode == 5 and "digest   runtime/rt.tar.zst" in done.stderr
+    assert not (bundle / "runtime" / "rt").exists() and sorted(os.listdir(bundle / ".portable")) == ["lock"]

@@ -1,20 +1,28 @@
-"""Read layer archives for restore: hash the compressed bytes and list the members in one pass.
+"""Read layer archives for restore: member lists (from the index or a first pass), then one extracting pass.
 
-Each archive is streamed twice: once to hash it and list its members (verify + validate, nothing
-written), once to extract. Decompressing into memory instead was measured slower here: page
-faults on a buffer of the tar's size cost more than a second zstd pass through a 4 MiB window.
+A layer packed by this tool has a member index (`<target>.members.json`, a bundle file pinned by
+its sha256 like any other): restore validates that list, then extracts in ONE pass that hashes the
+archive as it goes and refuses any header that differs from the validated list before writing it;
+a digest mismatch at the end discards the staging folder. A layer without an index is read twice:
+once to hash it and list its members (nothing written), once to extract. Decompressing into
+memory instead was measured slower here: page faults on a tar-sized buffer cost more than a second
+zstd pass through a 4 MiB window.
+
+    <target>.members.json   {"format": "recap-portable-members", "format_version": "1.0",
+                             "members": [[name, kind, mode, size, linkname], ...]}   (archive order)
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from reproduction.digests import sha256_file
-from reproduction.errors import UnsafeArchiveError
+from reproduction.errors import InvalidInputError, UnsafeArchiveError
 from reproduction.release.extract import Written, extract_stream
 from reproduction.release.manifest import LayerEntry
 from reproduction.release.tarscan import Member, StreamSource, iter_members
@@ -31,6 +39,43 @@ class LoadedLayer:
     """SHA-256 of the archive bytes as read."""
     members: list[Member]
     """Its members (empty when the digest did not match: never trust unverified bytes)."""
+    ok: bool = True
+    """False when the digest did not match the manifest."""
+
+
+class DigestMismatch(Exception):
+    """An archive's bytes did not hash to the manifest's digest (found while extracting)."""
+
+    def __init__(self, archive: str, actual: str) -> None:
+        super().__init__(archive)
+        self.archive, self.actual = archive, actual
+
+
+INDEX_FORMAT = "recap-portable-members"
+
+
+def index_path(target: str) -> str:
+    return f"{target}.members.json"
+
+
+def write_index(path: Path, members: list[Member]) -> None:
+    """Write a member index (compact JSON, archive order)."""
+    rows = [[m.name, m.kind, m.mode, m.size, m.linkname] for m in members]
+    path.write_text(json.dumps({"format": INDEX_FORMAT, "format_version": "1.0", "members": rows},
+                               separators=(",", ":")) + "\n", encoding="utf-8")
+
+
+def read_index(path: Path, *, rel: str) -> list[Member]:
+    """Members from an index the caller has verified by digest. InvalidInputError names a bad row."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("format") != INDEX_FORMAT or str(data.get("format_version", "")).split(".")[0] != "1":
+            raise ValueError(f"format {data.get('format')!r} {data.get('format_version')!r}")
+        return [Member(name=str(n), raw_name=str(n), kind=str(k), mode=int(mo), size=int(sz), mtime=0, linkname=str(ln))
+                for n, k, mo, sz, ln in data["members"]]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InvalidInputError(f"{rel}: not a member index this portable reads ({exc})", path=rel, field=rel,
+                                hint="the bundle is damaged or from a newer portable; use its own runner") from None
 
 
 def load_layer(bundle: Path, entry: LayerEntry, expected_sha: str) -> LoadedLayer:
@@ -49,25 +94,33 @@ def load_layer(bundle: Path, entry: LayerEntry, expected_sha: str) -> LoadedLaye
     except (zstd_error(), UnsafeArchiveError, EOFError, ValueError) as exc:
         digest = sha256_file(path)
         if digest != expected_sha:
-            return LoadedLayer(entry=entry, digest=digest, members=[])
+            return LoadedLayer(entry=entry, digest=digest, members=[], ok=False)
         raise UnsafeArchiveError(f"{entry.archive}: cannot be read although its digest matches bundle.json ({exc})",
                                  archive=entry.archive, hint="the publisher packed a broken archive; ask for a re-pack") from None
     digest = hasher.hexdigest()
-    return LoadedLayer(entry=entry, digest=digest, members=members if digest == expected_sha else [])
+    ok = digest == expected_sha
+    return LoadedLayer(entry=entry, digest=digest, members=members if ok else [], ok=ok)
 
 
 def extract_layer(bundle: Path, layer: LoadedLayer, dest: Path, *, on_bytes: Callable[[int], None] | None = None) -> Written:
-    """Write a validated layer into `dest` by streaming its archive again.
+    """Write a validated layer into `dest` in one pass over its archive, hashing it as it goes.
 
-    The second read is hashed too and must give the same digest (and the same members), so an
-    archive replaced between the two reads is refused (UnsafeArchiveError), never half-trusted.
+    `layer.digest` is the digest the bytes must have (the manifest's). Raises DigestMismatch when
+    they do not (corrupt, truncated, or replaced since it was listed: the caller discards `dest`);
+    UnsafeArchiveError when a header differs from `layer.members` although the digest matches.
     """
+    path = bundle / layer.entry.archive
     hasher = hashlib.sha256()
-    with open_decompressed(bundle / layer.entry.archive, hasher=hasher) as stream:
-        written = extract_stream(stream, layer.members, dest, archive=layer.entry.archive, on_bytes=on_bytes)
+    try:
+        with open_decompressed(path, hasher=hasher) as stream:
+            written = extract_stream(stream, layer.members, dest, archive=layer.entry.archive, on_bytes=on_bytes)
+    except (zstd_error(), UnsafeArchiveError, EOFError, ValueError):
+        actual = sha256_file(path)
+        if actual != layer.digest:
+            raise DigestMismatch(layer.entry.archive, actual) from None
+        raise
     if hasher.hexdigest() != layer.digest:
-        raise UnsafeArchiveError(f"{layer.entry.archive}: changed while it was being restored", archive=layer.entry.archive,
-                                 hint="make sure nothing else writes the bundle, then run restore again")
+        raise DigestMismatch(layer.entry.archive, hasher.hexdigest())
     return written
 
 

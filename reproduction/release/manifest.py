@@ -56,6 +56,15 @@ def _count(data: dict[str, Any], key: str, where: str, path: Path | None) -> int
     return value
 
 
+def _optional_path(data: dict[str, Any], key: str, where: str, path: Path | None) -> str | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{where}: field '{key}' should be a path or null", path=path, field=f"{where}.{key}")
+    return check_relative_path(value, where=f"{where}.{key}", path=path)
+
+
 def _foreign(data: dict[str, Any], where: str, path: Path | None) -> dict[str, tuple[PrefixOccurrence, ...]]:
     value = data.get("foreign_prefix_files", {})
     if not isinstance(value, dict) or not all(isinstance(v, list) for v in value.values()):
@@ -143,7 +152,9 @@ class LayerEntry:
     unpacked_size: int = 0
     """Sum of regular file sizes once extracted."""
     tar_size: int = 0
-    """Size of the decompressed tar stream (a hint for preallocation; 0 when unknown)."""
+    """Size of the decompressed tar stream (informational; 0 when unknown)."""
+    members_index: str | None = None
+    """Bundle file listing the archive's members (see release/layers.py); lets restore extract in one pass."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -151,6 +162,7 @@ class LayerEntry:
             "build_prefix": self.build_prefix, "prefix_files": [o.to_dict() for o in self.prefix_files],
             "foreign_prefix_files": {k: [o.to_dict() for o in v] for k, v in sorted(self.foreign_prefix_files.items())},
             "members": self.members, "unpacked_size": self.unpacked_size, "tar_size": self.tar_size,
+            "members_index": self.members_index,
         }
 
     @classmethod
@@ -175,6 +187,7 @@ class LayerEntry:
             members=_count(data, "members", where, path),
             unpacked_size=_count(data, "unpacked_size", where, path),
             tar_size=_count(data, "tar_size", where, path),
+            members_index=_optional_path(data, "members_index", where, path),
         )
 
 
@@ -206,6 +219,8 @@ class Manifest:
         for layer in self.layers:
             if layer.archive not in seen:
                 raise InvalidInputError(f"layers: archive {layer.archive!r} is not in files", field="layers.archive")
+            if layer.members_index is not None and layer.members_index not in seen:
+                raise InvalidInputError(f"layers: members_index {layer.members_index!r} is not in files", field="layers.members_index")
             for other in layer.foreign_prefix_files:
                 if other not in archives:
                     raise InvalidInputError(f"layers: {layer.archive!r} names unknown layer {other!r} in foreign_prefix_files",

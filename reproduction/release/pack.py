@@ -19,6 +19,7 @@ from reproduction.digests import default_jobs, sha256_file
 from reproduction.errors import InvalidInputError, MissingDependencyError, PortableError, WriteFailedError
 from reproduction.fsio import fsync_dir
 from reproduction.release.archive import LayerContents, walk_tree, write_layer
+from reproduction.release.layers import index_path, write_index
 from reproduction.release.manifest import FileEntry, LayerEntry, Manifest, PrefixOccurrence, write_manifest
 from reproduction.release.safety import check_targets, validate_layers
 from reproduction.release.spec import BundleSpec, FileSpec, LayerSpec, excluded, load_spec
@@ -127,7 +128,10 @@ def _pack_layers(spec: BundleSpec, stage: Path, jobs: int, ui: UiOptions | None)
             f"{human_bytes(out.stat().st_size)} in {time.perf_counter() - started:.1f}s", options=ui)
         contents.append((layer.archive, layer.target, content))
         own, foreign = _scan_prefixes(layer, spec)
+        index = index_path(layer.target)
+        write_index(stage / index, content.members)
         entries.append(LayerEntry(archive=layer.archive, target=layer.target, kind=layer.kind, order=layer.order,
+                                  members_index=index,
                                   build_prefix=layer.build_prefix, prefix_files=own, foreign_prefix_files=foreign,
                                   members=len(content.members), unpacked_size=content.unpacked_size,
                                   tar_size=content.tar_size))

@@ -27,7 +27,8 @@ from reproduction.release.lock import bundle_lock
 from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, LayerEntry, Manifest, load_manifest
 from reproduction.release.receipt import LayerReceipt, Receipt, load_receipt, save_receipt
 from reproduction.release.safety import check_targets, validate_layers
-from reproduction.release.verify import Problem, VerifyReport, raise_for_report, sort_problems, verify_bundle
+from reproduction.release.verify import (Problem, VerifyReport, hash_entries, raise_for_report, sort_problems, stat_pass,
+                                         verify_bundle)
 from reproduction.ui import UiOptions, human_bytes, progress, say
 
 
@@ -187,25 +188,41 @@ def _restat(root: Path, rec: LayerReceipt, paths: list[str]) -> None:
         rec.files[rel] = [st.st_size, st.st_mtime_ns]
 
 
-def _load_all(bundle: Path, manifest: Manifest, groups: list[Group], pool: ThreadPoolExecutor) -> list[layer_io.LoadedLayer]:
-    entries = [layer for g in groups if g.action == "extract" for layer in g.layers]
-    futures = []
-    for entry in entries:
-        pinned = manifest.file(entry.archive)
-        try:
-            size = os.stat(bundle / entry.archive).st_size
-        except OSError:
-            size = -1
-        if size != pinned.size:  # missing or truncated: verify reports it; do not read it
-            futures.append(None)
+def _member_lists(bundle: Path, manifest: Manifest, entries: list[LayerEntry],
+                  pool: ThreadPoolExecutor) -> tuple[list[layer_io.LoadedLayer], list[Problem], set[str]]:
+    """Member lists for `entries`: from verified indexes, else from a first (hashing) pass.
+
+    Returns (loaded layers, problems found, index files hashed here). Archives whose size is wrong
+    are not read (their stat problem is returned), nor are layers whose index does not verify.
+    """
+    problems, _ = stat_pass(bundle, [manifest.file(e.archive) for e in entries])
+    bad = {p.path for p in problems}
+    indexes = [manifest.file(e.members_index) for e in entries if e.members_index and e.archive not in bad]
+    index_problems, present = stat_pass(bundle, indexes)
+    index_problems += hash_entries(bundle, [f for f, _ in present], jobs=1)
+    problems += index_problems
+    bad |= {p.path for p in index_problems}
+    futures = {}
+    for e in entries:
+        sha = manifest.file(e.archive).sha256
+        if e.archive in bad or (e.members_index and e.members_index in bad):
             continue
-        futures.append(pool.submit(layer_io.load_layer, bundle, entry, pinned.sha256))
-    return [f.result() if f is not None else None for f in futures]
+        if e.members_index:
+            members = layer_io.read_index(bundle / e.members_index, rel=e.members_index)
+            futures[e.archive] = layer_io.LoadedLayer(entry=e, digest=sha, members=members)
+        else:
+            futures[e.archive] = pool.submit(layer_io.load_layer, bundle, e, sha)
+    loaded = [f if isinstance(f, layer_io.LoadedLayer) else f.result() for f in futures.values()]
+    problems += [Problem(kind="digest", path=x.entry.archive, expected=manifest.file(x.entry.archive).sha256, actual=x.digest)
+                 for x in loaded if not x.ok]
+    return loaded, problems, {f.path for f in indexes}
 
 
-def _extract_groups(bundle: Path, groups: list[Group], loaded: dict[str, layer_io.LoadedLayer], *, jobs: int,
-                    ui: UiOptions | None) -> dict[str, dict[str, LayerReceipt]]:
-    """Extract every 'extract' group into `.portable/staging/`, groups concurrently. Returns receipts."""
+def _extract_groups(bundle: Path, groups: list[Group], loaded: dict[str, layer_io.LoadedLayer], *,
+                    ui: UiOptions | None) -> tuple[dict[str, dict[str, LayerReceipt]], list[Problem]]:
+    """Extract every 'extract' group into `.portable/staging/`, groups concurrently.
+
+    Returns (receipts by target, digest problems found while extracting)."""
     staging = bundle / STATE_DIR / "staging"
     todo = [g for g in groups if g.action == "extract"]
     total = sum(x.entry.unpacked_size for x in loaded.values())
@@ -223,51 +240,49 @@ def _extract_groups(bundle: Path, groups: list[Group], loaded: dict[str, layer_i
                                                prefix=str(bundle / g.target), files=written.files, links=written.links)
         return recs
 
+    recs: dict[str, dict[str, LayerReceipt]] = {}
+    problems: list[Problem] = []
     with progress(ui) as bars:
         task = bars.task("extract", total=total, bytes_unit=True)
         with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
             futures = [pool.submit(one, i, g, task.advance) for i, g in enumerate(todo)]
-            return {g.target: f.result() for g, f in zip(todo, futures)}
+            for g, f in zip(todo, futures):
+                try:
+                    recs[g.target] = f.result()
+                except layer_io.DigestMismatch as exc:
+                    problems.append(Problem(kind="digest", path=exc.archive, expected=loaded[exc.archive].digest, actual=exc.actual))
+    return recs, problems
 
 
 def _verify_and_extract(bundle: Path, manifest: Manifest, receipt: Receipt, groups: list[Group], *, deep: bool,
                         same_manifest: bool, jobs: int, ui: UiOptions | None) -> tuple[VerifyReport, dict[str, dict[str, LayerReceipt]]]:
-    """Hash plain files while reading and validating layers, then extract; raise once on any mismatch."""
-    extract_archives = {layer.archive for g in groups if g.action == "extract" for layer in g.layers}
+    """Hash plain files while layers are validated and extracted; raise once with every problem.
+
+    Extraction goes to staging only, so when verification fails nothing visible has changed.
+    """
+    entries = [layer for g in groups if g.action == "extract" for layer in g.layers]
+    extracting = sum(1 for g in groups if g.action == "extract")
 
     def trusted(entry, st) -> bool:
         return not deep and same_manifest and receipt.plain.get(entry.path) == [st.st_size, st.st_mtime_ns]
 
-    with ThreadPoolExecutor(max_workers=1 + max(1, len(extract_archives))) as pool:
-        plain = pool.submit(verify_bundle, bundle, manifest=manifest, jobs=jobs, trusted=trusted, skip=extract_archives,
-                            ui=UiOptions(progress=False))
-        loaded = _load_all(bundle, manifest, groups, pool)
-        bad = [Problem(kind="digest", path=x.entry.archive, expected=manifest.file(x.entry.archive).sha256, actual=x.digest)
-               for x in loaded if x is not None and not x.members]
-        missing = [layer.archive for g in groups if g.action == "extract" for layer in g.layers]
-        if bad or any(x is None for x in loaded):
+    with ThreadPoolExecutor(max_workers=1 + max(1, len(entries))) as pool:
+        loaded, problems, hashed = _member_lists(bundle, manifest, entries, pool)
+        skip = {e.archive for e in entries} | hashed
+        # Hashing gets the cores extraction leaves free (extraction is the critical path).
+        plain = pool.submit(verify_bundle, bundle, manifest=manifest, jobs=max(1, jobs - extracting), trusted=trusted,
+                            skip=skip, ui=UiOptions(progress=False))
+        if problems:
             report = plain.result()
-            stat_problems = [p for p in _archive_stat_problems(bundle, manifest, missing)]
-            report.problems = sort_problems(report.problems + bad + stat_problems)
+            report.problems = sort_problems(report.problems + problems)
             raise_for_report(report)
-        good = {x.entry.archive: x for x in loaded}
         validate_layers([(x.entry.archive, x.entry.target, x.members) for x in loaded])
-        try:
-            recs = _extract_groups(bundle, groups, good, jobs=jobs, ui=ui)
-        except BaseException:
-            plain.cancel()
-            raise
+        recs, problems = _extract_groups(bundle, groups, {x.entry.archive: x for x in loaded}, ui=ui)
         report = plain.result()
+    report.problems = sort_problems(report.problems + problems)
     raise_for_report(report)
     report.files = len(manifest.files)
     return report, recs
-
-
-def _archive_stat_problems(bundle: Path, manifest: Manifest, archives: list[str]) -> list[Problem]:
-    from reproduction.release.verify import stat_pass
-
-    problems, _ = stat_pass(bundle, [manifest.file(a) for a in archives])
-    return problems
 
 
 def _free_space_check(bundle: Path, groups: list[Group]) -> None:
