@@ -104,10 +104,9 @@ if stage == "returns":
     from reproduction.recap.returns import ReturnsConfig, compute_returns
     compute_returns([root], run, ReturnsConfig(dataset_type="rollout"))
 else:
-    import pyarrow.parquet as pq
     from reproduction.recap.advantages import AdvantageConfig, compute_advantages, load_dataset_arrays
     from reproduction.recap.normalize import ReturnRange
-    inputs = [load_dataset_arrays(root, run, pq.read_table(values), dataset_type="rollout", returns_tag=None)]
+    inputs = [load_dataset_arrays(root, run, values, dataset_type="rollout", returns_tag=None)]  # as the CLI
     compute_advantages(inputs, AdvantageConfig(lookahead=10), ReturnRange(return_min=-600.0, return_max=0.0),
                        out_dirs=[run / root.name])
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, time.perf_counter() - t0)

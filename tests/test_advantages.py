@@ -21,6 +21,7 @@ from reproduction.recap.advantages import (
     DatasetArrays,
     compute_advantages,
     exact_percentile,
+    load_dataset_arrays,
     load_return_range,
     nstep_advantages,
     relabel,
@@ -275,5 +276,44 @@ def test_values_that_do_not_cover_the_sidecar_are_refused(tmp_path):
     compute_returns([root], tmp_path / "run", ReturnsConfig(dataset_type="rollout"))
     from reproduction.recap.advantages import load_dataset_arrays
     short = pa.table({"episode_index": [0] * 4, "frame_index": [0, 1, 2, 3], "value": [0.0] * 4})
-    with pytest.raises(DatasetError, match=r"frame \(0, 4\) has no value"):
+    with pytest.raises(DatasetError, match=r"frame \(0, 4\) has no value \(4 values, 5 frames\)"):
         load_dataset_arrays(root, tmp_path / "run", short, dataset_type="rollout", returns_tag=None)
+    extra = pa.table({"episode_index": [0] * 6, "frame_index": [5, 0, 1, 2, 3, 4], "value": [0.0] * 6})
+    with pytest.raises(DatasetError, match=r"value for unknown frame \(0, 5\) \(6 values, 5 frames\)"):
+        load_dataset_arrays(root, tmp_path / "run", extra, dataset_type="rollout", returns_tag=None)
+    other = pa.table({"episode_index": [0] * 4 + [3], "frame_index": [0, 1, 2, 3, 0], "value": [0.0] * 5})
+    with pytest.raises(DatasetError, match=r"frame \(0, 4\) has no value"):
+        load_dataset_arrays(root, tmp_path / "run", other, dataset_type="rollout", returns_tag=None)
+
+
+def test_streamed_inputs_chunk_at_episode_ends_and_equal_the_in_memory_path(tmp_path):
+    from reproduction.recap.advantage_inputs import DatasetArrays as Arrays
+    from reproduction.recap.advantage_inputs import strings
+
+    root = _dataset(tmp_path, "roll", [(1, 30, True), (4, 25, False), (6, 3, True), (9, 41, False), (12, 8, True)])
+    run = tmp_path / "run"
+    compute_returns([root], run, ReturnsConfig(dataset_type="rollout"))
+    frames = open_dataset(root).frame_table(["episode_index", "frame_index"])
+    rng = np.random.default_rng(2)
+    values = frames.append_column("value", pa.array(rng.uniform(-1, 0, frames.num_rows)))
+    pq.write_table(values.take(pa.array(rng.permutation(frames.num_rows))), tmp_path / "values.parquet")
+    streamed = load_dataset_arrays(root, run, tmp_path / "values.parquet", dataset_type="rollout", returns_tag=None)
+    streamed.chunk_rows = 20  # smaller than two of the episodes
+    chunks = list(streamed.chunks())
+    assert [c.num_rows for c in chunks] == [30, 25 + 3, 41, 8]  # whole episodes; a long one comes whole
+    assert [np.unique(c.episode_index).tolist() for c in chunks] == [[1], [4, 6], [9], [12]]
+    ret = pq.read_table(run / "roll" / "returns.parquet")
+    whole = Arrays(name="roll", dataset_type="rollout", episode_index=ret.column("episode_index").to_numpy(),
+                   frame_index=ret.column("frame_index").to_numpy(), returns=ret.column("return").to_numpy().astype(float),
+                   rewards=ret.column("reward").to_numpy().astype(float), values=streamed.values,
+                   prompts=strings(ret.column("prompt")), fingerprints=streamed.fingerprints, returns_gamma=1.0)
+    np.testing.assert_array_equal(np.concatenate([c.values for c in chunks]), values.sort_by(
+        [("episode_index", "ascending"), ("frame_index", "ascending")]).column("value").to_numpy())
+    cfg = AdvantageConfig(lookahead=7, threshold_scope="per_task", tag="s")
+    rr = ReturnRange(return_min=-340, return_max=0)
+    a = compute_advantages([streamed], cfg, rr, out_dirs=[tmp_path / "streamed"])
+    b = compute_advantages([whole], cfg, rr, out_dirs=[tmp_path / "memory"])
+    assert a.thresholds == b.thresholds and a.positive_fraction == b.positive_fraction
+    ta, tb = pq.read_table(tmp_path / "streamed" / "advantages_s.parquet"), pq.read_table(tmp_path / "memory" / "advantages_s.parquet")
+    assert ta.equals(tb) and ta.num_rows == 107
+    assert pq.ParquetFile(tmp_path / "streamed" / "advantages_s.parquet").metadata.num_row_groups == 4  # one per chunk

@@ -183,3 +183,66 @@ def test_in_dataset_mode_writes_meta_for_rlinf(tmp_path):
     stats = json.loads((root / "meta" / "stats.json").read_text())
     assert stats["return"]["min"] == -3.0 and "observation.state" in stats  # read-modify-write keeps the rest
     assert (root / "meta" / "info.json").read_bytes() == before  # upstream's phantom features are not added
+
+
+def _split_data_file(root, groups):
+    """Rewrite a one-file v3.0 dataset's rows as one data file per group of episode ids."""
+    data = sorted((root / "data").rglob("*.parquet"))
+    table = pa.concat_tables([pq.read_table(p) for p in data])
+    for p in data:
+        p.unlink()
+    ep = table.column("episode_index").to_numpy()
+    for i, group in enumerate(groups):
+        pq.write_table(table.filter(pa.array(np.isin(ep, group))), root / "data" / "chunk-000" / f"file-{i:03d}.parquet")
+
+
+def test_returns_stream_file_by_file_and_equal_the_whole_table(tmp_path, monkeypatch):
+    import reproduction.recap.returns as returns_mod
+
+    spec = [(e, n, e % 3 != 0) for e, n in zip(range(0, 24, 2), [5, 9, 1, 14, 3, 8, 2, 11, 6, 4, 7, 10])]
+    root = write_dataset(tmp_path / "multi", _episodes(spec), fps=10, features=FEATURES)
+    _split_data_file(root, [[0, 2, 4], [6, 8], [10, 12, 14, 16], [18, 20, 22]])  # increasing ranges
+    whole = compute_returns_table(open_dataset(root).frame_table(["episode_index", "frame_index", "task_index",
+                                                                   "is_success"]),
+                                  ReturnsConfig(dataset_type="rollout"), tasks=open_dataset(root).tasks)
+    seen = []
+    real = returns_mod.compute_returns_table
+    monkeypatch.setattr(returns_mod, "compute_returns_table", lambda t, *a, **k: seen.append(t.num_rows) or real(t, *a, **k))
+    [result] = compute_returns([root], tmp_path / "run", ReturnsConfig(dataset_type="rollout"))
+    assert seen == [5 + 9 + 1, 14 + 3, 8 + 2 + 11 + 6, 4 + 7 + 10]  # one data file at a time
+    streamed = pq.read_table(result.sidecar)
+    assert streamed.cast(whole.schema).equals(whole)
+    meta = sidecar_meta(result.sidecar)
+    assert meta["num_frames"] == whole.num_rows == result.num_frames
+    assert meta["stats"]["return"]["min"] == float(whole.column("return").to_numpy().min())
+    assert meta["stats"] == result.stats and meta["dataset_fingerprint"] == open_dataset(root).fingerprint
+
+
+def test_returns_fall_back_to_one_sort_when_files_interleave_episodes(tmp_path, monkeypatch):
+    import reproduction.recap.returns as returns_mod
+
+    spec = [(e, n, True) for e, n in zip(range(6), [4, 6, 3, 5, 2, 7])]
+    root = write_dataset(tmp_path / "mixed", _episodes(spec), fps=10, features=FEATURES)
+    _split_data_file(root, [[0, 2, 4], [1, 3, 5]])  # episode 1 sits between file 0's episodes
+    assert not returns_mod.files_in_episode_order(open_dataset(root).data_files)
+    seen = []
+    real = returns_mod.compute_returns_table
+    monkeypatch.setattr(returns_mod, "compute_returns_table", lambda t, *a, **k: seen.append(t.num_rows) or real(t, *a, **k))
+    [result] = compute_returns([root], tmp_path / "run", ReturnsConfig())
+    assert seen == [27]
+    table = pq.read_table(result.sidecar)
+    assert table.column("episode_index").to_pylist() == sorted(table.column("episode_index").to_pylist())
+    assert table.column("return").to_pylist()[:4] == [-3.0, -2.0, -1.0, 0.0]
+
+
+def test_a_failing_chunk_leaves_no_sidecar(tmp_path):
+    spec = [(0, 4, True), (1, 3, False)]
+    root = write_dataset(tmp_path / "bad", _episodes(spec), fps=10, features=FEATURES)
+    _split_data_file(root, [[0], [1]])
+    second = root / "data" / "chunk-000" / "file-001.parquet"
+    t = pq.read_table(second)
+    pq.write_table(t.set_column(t.schema.get_field_index("is_success"), "is_success",
+                                pa.array([True, None, False], pa.bool_())), second)
+    with pytest.raises(DatasetError, match="is_success has 1 missing values"):
+        compute_returns([root], tmp_path / "run", ReturnsConfig(dataset_type="rollout"))
+    assert not list((tmp_path / "run").rglob("*.parquet"))  # neither the sidecar nor a temporary file

@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from reproduction.errors import CheckpointError, ConfigError, DatasetError, InputNotFoundError
+from reproduction.recap.advantage_inputs import DatasetArrays, SidecarInputs, load_dataset_arrays
 from reproduction.recap.normalize import ReturnRange
-from reproduction.recap.returns import discounted_reverse_cumsum, episode_ends, sort_frames
+from reproduction.recap.returns import discounted_reverse_cumsum, sort_frames
 
 VALUE_META_NAMES = ("value_meta.json", "meta.json", "manifest.json", "config.json")
 THRESHOLD_SCOPES = ("global", "per_task")
@@ -183,11 +184,22 @@ def thresholds_by_task(advantages: np.ndarray, task_keys: np.ndarray | None, pos
                        scope: str) -> tuple[np.ndarray, dict[str, float]]:
     """Per-row threshold and the table of thresholds ({"*": tau} when global, {task: tau} per task)."""
     if scope == "global" or task_keys is None:
+        return _thresholds(advantages, None, None, positive_quantile, "global")
+    uniq, inv = factorize(task_keys)
+    return _thresholds(advantages, inv, uniq, positive_quantile, scope)
+
+
+def _thresholds(advantages: np.ndarray, codes: np.ndarray | None, names: np.ndarray | None, positive_quantile: float,
+                scope: str) -> tuple[np.ndarray, dict[str, float]]:
+    """thresholds_by_task with the task keys given as codes into `names`; tables keyed by name, sorted."""
+    if scope == "global" or codes is None:
         tau = quantile_threshold(advantages, positive_quantile)
         return np.broadcast_to(np.float64(tau), advantages.shape), {"*": tau}  # a read-only view, no 8 MB fill
-    uniq, inv = factorize(task_keys)
-    taus = np.array([quantile_threshold(advantages[inv == i], positive_quantile) for i in range(uniq.size)])
-    return taus[inv], {str(u): float(t) for u, t in zip(uniq, taus)}
+    taus = np.full(len(names), np.nan)
+    for i in np.unique(codes):
+        taus[i] = quantile_threshold(advantages[codes == i], positive_quantile)
+    present = sorted((str(names[i]), float(taus[i])) for i in np.unique(codes))
+    return taus[codes], dict(present)
 
 
 def factorize(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -212,12 +224,17 @@ def label(advantages: np.ndarray, row_threshold: np.ndarray, dataset_type: str) 
 
 def positive_fractions(labels: np.ndarray, tasks: np.ndarray) -> dict[str, Any]:
     """{"all": fraction, "per_task": {task: fraction}} of positive labels."""
+    uniq, inv = factorize(tasks) if labels.size else (np.zeros(0, object), np.zeros(0, np.int64))
+    return _fractions(labels, inv, uniq)
+
+
+def _fractions(labels: np.ndarray, codes: np.ndarray, names: np.ndarray) -> dict[str, Any]:
+    """positive_fractions with the tasks given as codes into `names`; per_task sorted by name."""
     out: dict[str, Any] = {"all": float(labels.mean()) if labels.size else 0.0, "per_task": {}}
     if labels.size:
-        uniq, inv = factorize(tasks)
-        pos = np.bincount(inv, weights=labels.astype(np.float64))
-        cnt = np.bincount(inv)
-        out["per_task"] = {str(u): float(p / c) for u, p, c in zip(uniq, pos, cnt)}
+        pos = np.bincount(codes, weights=labels.astype(np.float64), minlength=len(names))
+        cnt = np.bincount(codes, minlength=len(names))
+        out["per_task"] = dict(sorted((str(names[i]), float(pos[i] / cnt[i])) for i in np.flatnonzero(cnt)))
     return out
 
 
@@ -255,76 +272,6 @@ def load_return_range(source: ReturnRange | Path | str) -> tuple[ReturnRange, st
 
 
 @dataclass(kw_only=True, slots=True)
-class DatasetArrays:
-    """One dataset's sorted per-frame inputs to stage 3."""
-
-    name: str
-    dataset_type: str
-    episode_index: np.ndarray
-    frame_index: np.ndarray
-    returns: np.ndarray
-    rewards: np.ndarray
-    values: np.ndarray
-    prompts: np.ndarray
-    fingerprints: dict[str, str | None] = field(default_factory=dict)
-    returns_gamma: float | None = None
-
-    @property
-    def row_end(self) -> np.ndarray:
-        return episode_ends(self.episode_index)[1]
-
-
-def align_values(returns: pa.Table, values: pa.Table, *, source: str) -> np.ndarray:
-    """Per-frame values ordered like the (sorted) returns table, matched by (episode, frame).
-
-    Raises DatasetError naming the first frame that is missing from, or extra in, the values.
-    """
-    ve = values.column("episode_index").to_numpy().astype(np.int64)
-    vf = values.column("frame_index").to_numpy().astype(np.int64)
-    order = sort_frames(ve, vf)
-    re_, rf = returns.column("episode_index").to_numpy(), returns.column("frame_index").to_numpy()
-    if order is not None:
-        ve, vf = ve[order], vf[order]
-    if ve.size != re_.size or not (np.array_equal(ve, re_) and np.array_equal(vf, rf)):
-        a = set(zip(re_.tolist(), rf.tolist()))
-        b = set(zip(ve.tolist(), vf.tolist()))
-        missing, extra = sorted(a - b)[:1], sorted(b - a)[:1]
-        what = f"frame {missing[0]} has no value" if missing else f"value for unknown frame {extra[0]}"
-        raise DatasetError(f"{source}: values do not match the returns sidecar: {what} "
-                           f"({ve.size} values, {re_.size} frames)", hint="rerun value inference on this dataset version")
-    v = values.column("value").to_numpy().astype(np.float64)
-    return v if order is None else v[order]
-
-
-def load_dataset_arrays(dataset: Path, returns_location: Path, values: pa.Table, *, dataset_type: str,
-                        returns_tag: str | None) -> DatasetArrays:
-    """Open a dataset, read its returns sidecar (fingerprint-checked) and align `values` to it."""
-    from reproduction.data.reader import open_dataset
-    from reproduction.digests import sha256_file
-    from reproduction.recap.sidecars import read_sidecar, sidecar_dir, sidecar_name
-
-    ds = open_dataset(dataset)
-    table, meta = read_sidecar(returns_location, "returns", returns_tag, expect_fingerprint=ds.fingerprint,
-                               dataset_name=ds.name)
-    path = sidecar_dir(returns_location, ds.name) / sidecar_name("returns", returns_tag)
-    return DatasetArrays(
-        name=ds.name, dataset_type=dataset_type,
-        episode_index=table.column("episode_index").to_numpy(), frame_index=table.column("frame_index").to_numpy(),
-        returns=table.column("return").to_numpy().astype(np.float64),
-        rewards=table.column("reward").to_numpy().astype(np.float64),
-        values=align_values(table, values, source=str(ds.root)),
-        prompts=_strings(table.column("prompt")),
-        fingerprints={"dataset": ds.fingerprint, "returns": sha256_file(path)},
-        returns_gamma=(meta.get("params") or {}).get("gamma"))
-
-
-def _strings(column: pa.ChunkedArray) -> np.ndarray:
-    """A string column as an object array sharing one Python str per distinct value."""
-    enc = column.combine_chunks().dictionary_encode()
-    return np.asarray(enc.dictionary.to_pylist(), dtype=object)[enc.indices.to_numpy(zero_copy_only=False)]
-
-
-@dataclass(kw_only=True, slots=True)
 class AdvantageReport:
     """What stage 3 (or relabel) wrote, with the figures a person checks."""
 
@@ -337,36 +284,49 @@ class AdvantageReport:
                 "sidecars": [str(p) for p in self.sidecars]}
 
 
-def label_and_write(inputs: Sequence[DatasetArrays], results: Sequence[dict[str, np.ndarray]], *,
+Results = Callable[[Any], Iterator[tuple[DatasetArrays, dict[str, np.ndarray]]]]
+"""results(d) -> (chunk, nstep outputs) for each chunk of dataset input d, the same on every call."""
+
+
+def label_and_write(inputs: Sequence[DatasetArrays | SidecarInputs], results: Results, *,
                     config: AdvantageConfig, return_range: ReturnRange, value_fingerprint: str | None,
                     out_dirs: Sequence[Path]) -> AdvantageReport:
-    """Threshold all datasets together, label, and write advantages_{tag}.parquet + mixture_config.yaml."""
+    """Threshold all datasets together, label, and write advantages_{tag}.parquet + mixture_config.yaml.
+
+    Two passes over each input's chunks: continuous advantages and task keys first (held whole,
+    8 + 4 bytes a frame), then labels and the sidecar, written chunk by chunk.
+    """
     from reproduction.recap.sidecars import sidecar_name, write_mixture_config, write_sidecar
 
-    all_a = np.concatenate([r["advantage_continuous"] for r in results])
-    all_t = np.concatenate([d.prompts for d in inputs])
-    row_tau, taus = thresholds_by_task(all_a, all_t, config.positive_quantile, config.threshold_scope)
-    bounds = np.cumsum([0] + [d.episode_index.size for d in inputs])
-    mixture = [{"name": d.name, "weight": 1.0, "return_min": float(d.returns.min()), "return_max": float(d.returns.max())}
-               for d in inputs if d.returns.size]
+    parts, keys, names, sizes, mixture = [], [], {}, [], []
+    for d in inputs:
+        lo, hi, n = np.inf, -np.inf, 0
+        for chunk, r in results(d):
+            parts.append(r["advantage_continuous"])
+            keys.append(_codes(chunk.prompts, names))
+            n += chunk.num_rows
+            if chunk.num_rows:
+                lo, hi = min(lo, float(chunk.returns.min())), max(hi, float(chunk.returns.max()))
+        sizes.append(n)
+        if n:
+            mixture.append({"name": d.name, "weight": 1.0, "return_min": lo, "return_max": hi})
+    all_a = np.concatenate(parts) if len(parts) != 1 else parts[0]
+    all_k = np.concatenate(keys) if len(keys) != 1 else keys[0]
+    del parts, keys
+    task_names = np.array(sorted(names, key=names.get), dtype=object)
+    row_tau, taus = _thresholds(all_a, all_k, task_names, config.positive_quantile, config.threshold_scope)
+    bounds = np.cumsum([0] + sizes)
     fractions, written = {}, []
-    for i, (d, r) in enumerate(zip(inputs, results)):
-        labels = label(r["advantage_continuous"], row_tau[bounds[i]:bounds[i + 1]], d.dataset_type)
-        fractions[d.name] = positive_fractions(labels, d.prompts)
-        table = pa.table({
-            "episode_index": pa.array(d.episode_index, pa.int64()), "frame_index": pa.array(d.frame_index, pa.int64()),
-            "advantage_continuous": pa.array(r["advantage_continuous"]), "return": pa.array(d.returns),
-            "value_current": pa.array(d.values), "value_next": pa.array(r["value_next"]),
-            "reward_sum": pa.array(r["reward_sum"]), "reward_sum_raw": pa.array(r["reward_sum_raw"]),
-            "num_valid_rewards": pa.array(r["num_valid_rewards"]),
-            "dataset_name": pa.array([d.name], pa.string()).take(pa.array(np.zeros(d.episode_index.size, np.int64))),
-            "advantage": pa.array(labels)})
+    for i, d in enumerate(inputs):
+        rows = slice(bounds[i], bounds[i + 1])
+        fractions[d.name] = _fractions(label(all_a[rows], row_tau[rows], d.dataset_type), all_k[rows], task_names)
         meta = {"kind": "advantages", "tag": config.tag, "dataset": d.name, "dataset_type": d.dataset_type,
                 "dataset_fingerprint": d.fingerprints.get("dataset"),
                 "returns_fingerprint": d.fingerprints.get("returns"), "value_checkpoint_fingerprint": value_fingerprint,
                 "return_range": return_range.to_dict(), "params": asdict(config), "thresholds": taus,
                 "positive_fraction": fractions[d.name]}
-        written.append(write_sidecar(Path(out_dirs[i]) / sidecar_name("advantages", config.tag), table, meta))
+        tables = _advantage_tables(results(d), row_tau[rows])
+        written.append(write_sidecar(Path(out_dirs[i]) / sidecar_name("advantages", config.tag), tables, meta))
         write_mixture_config(Path(out_dirs[i]), return_range=(return_range.return_min, return_range.return_max),
                              datasets=mixture, tag=config.tag, threshold=taus.get("*", float("nan")),
                              positive_quantile=config.positive_quantile,
@@ -374,19 +334,48 @@ def label_and_write(inputs: Sequence[DatasetArrays], results: Sequence[dict[str,
     return AdvantageReport(thresholds=taus, positive_fraction=fractions, sidecars=written)
 
 
-def compute_advantages(inputs: Sequence[DatasetArrays], config: AdvantageConfig,
+def _advantage_tables(chunks: Iterator[tuple[DatasetArrays, dict[str, np.ndarray]]],
+                      row_tau: np.ndarray) -> Iterator[pa.Table]:
+    """RLinf's advantages table, one per chunk, labelled against the rows' thresholds."""
+    offset = 0
+    for d, r in chunks:
+        n = d.num_rows
+        labels = label(r["advantage_continuous"], row_tau[offset:offset + n], d.dataset_type)
+        offset += n
+        yield pa.table({
+            "episode_index": pa.array(d.episode_index, pa.int64()), "frame_index": pa.array(d.frame_index, pa.int64()),
+            "advantage_continuous": pa.array(r["advantage_continuous"]), "return": pa.array(d.returns),
+            "value_current": pa.array(d.values), "value_next": pa.array(r["value_next"]),
+            "reward_sum": pa.array(r["reward_sum"]), "reward_sum_raw": pa.array(r["reward_sum_raw"]),
+            "num_valid_rewards": pa.array(r["num_valid_rewards"]),
+            "dataset_name": pa.array([d.name], pa.string()).take(pa.array(np.zeros(n, np.int64))),
+            "advantage": pa.array(labels)})
+
+
+def _codes(prompts: np.ndarray, names: dict[str, int]) -> np.ndarray:
+    """int32 task codes for `prompts`, numbering new task strings into `names` as they appear."""
+    uniq, inv = factorize(prompts)
+    ids = np.array([names.setdefault(str(u), len(names)) for u in uniq], dtype=np.int32)
+    return ids[inv] if ids.size else np.zeros(0, np.int32)
+
+
+def compute_advantages(inputs: Sequence[DatasetArrays | SidecarInputs], config: AdvantageConfig,
                        return_range: ReturnRange | Path | str, *, out_dirs: Sequence[Path]) -> AdvantageReport:
     """Stage 3 from given per-frame values: advantages, thresholds, labels, sidecars.
 
-    `return_range` is the ReturnRange from the value checkpoint (or the checkpoint folder holding
-    it); `out_dirs[i]` receives dataset i's files. The gamma == 1 shortcut through returns is used
-    only when the returns sidecar was itself computed with gamma 1.
+    `inputs` are in memory (DatasetArrays) or streamed from the returns sidecar (SidecarInputs,
+    from `load_dataset_arrays`). `return_range` is the ReturnRange from the value checkpoint (or
+    the checkpoint folder holding it); `out_dirs[i]` receives dataset i's files. The gamma == 1
+    shortcut through returns is used only when the returns sidecar was itself computed with gamma 1.
     """
     rr, value_fp = load_return_range(return_range)
-    results = [nstep_advantages(d.row_end, d.returns, d.rewards, d.values, lookahead=config.lookahead,
-                                gamma=config.gamma, discount_next_value=config.discount_next_value, return_range=rr,
-                                use_return_shortcut=d.returns_gamma in (None, 1.0))
-               for d in inputs]
+
+    def results(d: DatasetArrays | SidecarInputs) -> Iterator[tuple[DatasetArrays, dict[str, np.ndarray]]]:
+        for c in d.chunks():
+            yield c, nstep_advantages(c.row_end, c.returns, c.rewards, c.values, lookahead=config.lookahead,
+                                      gamma=config.gamma, discount_next_value=config.discount_next_value,
+                                      return_range=rr, use_return_shortcut=c.returns_gamma in (None, 1.0))
+
     return label_and_write(inputs, results, config=config, return_range=rr, value_fingerprint=value_fp,
                            out_dirs=out_dirs)
 
@@ -463,7 +452,8 @@ def relabel(datasets: Sequence[Path], source: Path, *, source_tag: str | None, c
         raise DatasetError(f"source sidecars were computed with different return ranges: {sorted(ranges)}",
                            hint="relabel datasets of one stage-3 run together")
     rr = ReturnRange.from_dict(rr_doc)  # all datasets share it (checked above)
-    return label_and_write(inputs, results, config=config, return_range=rr,
+    by_input = {id(d): r for d, r in zip(inputs, results)}  # relabel holds each dataset in memory: one chunk
+    return label_and_write(inputs, lambda d: iter([(d, by_input[id(d)])]), config=config, return_range=rr,
                            value_fingerprint=next(iter(value_fps)) if len(value_fps) == 1 else None, out_dirs=out_dirs)
 
 
@@ -515,8 +505,6 @@ def _types(args: Any, n: int, default: str | None) -> list[str] | None:
 def main(argv: Sequence[str] | None = None) -> int:
     import sys
 
-    import pyarrow.parquet as pq
-
     from reproduction.errors import PortableError
     from reproduction.recap.returns import render_error
 
@@ -533,7 +521,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if len(args.values) != len(paths):
                 raise ConfigError(f"{len(args.values)} --values for {len(paths)} datasets", field="values")
             types = _types(args, len(paths), "rollout")
-            inputs = [load_dataset_arrays(p, Path(args.returns_dir), pq.read_table(v), dataset_type=t,
+            inputs = [load_dataset_arrays(p, Path(args.returns_dir), Path(v), dataset_type=t,
                                           returns_tag=args.returns_tag) for p, v, t in zip(paths, args.values, types)]
             outs = [p / "meta" if args.in_dataset else Path(args.out) / d.name for p, d in zip(paths, inputs)]
             report = compute_advantages(inputs, config, Path(args.value_checkpoint), out_dirs=outs)

@@ -278,18 +278,56 @@ def compute_returns(datasets: Sequence[Path], out: Path | None, config: ReturnsC
         cfg = ReturnsConfig(**{**asdict(config), "dataset_type": types[i] if types else config.dataset_type})
         ds = open_dataset(path)
         cols = [c for c in ("episode_index", "frame_index", "task_index", "is_success") if c in ds.key_columns]
-        table = compute_returns_table(ds.frame_table(cols), cfg, tasks=ds.tasks, source=str(ds.root))
-        stats = {"return": column_stats(table.column("return").to_numpy()),
-                 "reward": column_stats(table.column("reward").to_numpy())}
+        # Stream file by file when files hold disjoint, increasing episode ranges (lerobot's layouts):
+        # then per-file outputs, in file order, are the sorted whole. Else sort everything at once.
+        frames = ds.iter_frame_tables(cols) if files_in_episode_order(ds.data_files) else [ds.frame_table(cols)]
+        kept: dict[str, list[np.ndarray]] = {"return": [], "reward": []}
+
+        def tables() -> Any:
+            for t in frames:
+                table = compute_returns_table(t, cfg, tasks=ds.tasks, source=str(ds.root))
+                for name, parts in kept.items():
+                    parts.append(table.column(name).to_numpy())  # float32: 8 bytes a frame kept for the stats
+                yield table
+
+        def meta() -> dict[str, Any]:
+            stats = {name: column_stats(np.concatenate(parts)) for name, parts in kept.items()}
+            return {"kind": "returns", "tag": cfg.tag, "dataset": ds.name, "dataset_path": str(ds.root),
+                    "dataset_fingerprint": ds.fingerprint, "params": asdict(cfg), "stats": stats,
+                    "num_frames": int(sum(p.size for p in kept["return"])), "num_episodes": ds.num_episodes}
+
         folder = ds.root / "meta" if in_dataset else Path(out) / ds.name
-        meta = {"kind": "returns", "tag": cfg.tag, "dataset": ds.name, "dataset_path": str(ds.root),
-                "dataset_fingerprint": ds.fingerprint, "params": asdict(cfg), "stats": stats,
-                "num_frames": table.num_rows, "num_episodes": ds.num_episodes}
-        sidecar = write_sidecar(folder / sidecar_name("returns", cfg.tag), table, meta)
-        update_stats_json(folder / "stats.json", stats)
+        sidecar = write_sidecar(folder / sidecar_name("returns", cfg.tag), tables(), meta)
+        doc = meta()
+        update_stats_json(folder / "stats.json", doc["stats"])
         results.append(ReturnsResult(dataset=ds.root, sidecar=sidecar, fingerprint=ds.fingerprint,
-                                     num_frames=table.num_rows, num_episodes=ds.num_episodes, stats=stats))
+                                     num_frames=doc["num_frames"], num_episodes=ds.num_episodes, stats=doc["stats"]))
     return results
+
+
+def files_in_episode_order(files: Sequence[Path]) -> bool:
+    """True when each data file's episode_index range lies strictly above the previous file's
+    (from parquet statistics, else the column itself): no episode spans two files."""
+    import pyarrow.parquet as pq
+
+    prev = None
+    for path in files:
+        pf = pq.ParquetFile(path)
+        if pf.metadata.num_rows == 0:
+            continue
+        md = pf.metadata
+        leaf = [md.row_group(0).column(j).path_in_schema for j in range(md.num_columns)]
+        stats = ([md.row_group(g).column(leaf.index("episode_index")).statistics for g in range(md.num_row_groups)]
+                 if "episode_index" in leaf else [None])
+        if all(st is not None and st.has_min_max for st in stats):
+            lo, hi = min(st.min for st in stats), max(st.max for st in stats)
+        else:
+            ep = pq.read_table(path, columns=["episode_index"]).column("episode_index").to_numpy()
+            lo, hi = int(ep.min()), int(ep.max())
+        if prev is not None and lo <= prev:
+            return False
+        prev = hi
+    return True
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -7,7 +7,8 @@
       mixture_config.yaml                  stage 3 / relabel
     <dataset>/meta/                        the same files, with `in_dataset=True` (RLinf interop)
 
-Each parquet carries, in its schema metadata under `recap_portable`, a JSON document:
+Each parquet carries, in its key-value metadata under `recap_portable` (also in the Arrow schema's
+metadata when known before the rows are written), a JSON document:
 {"format": 1, "kind", "tag", "dataset", "dataset_fingerprint", "params", ...}. Reading with
 `expect_fingerprint` refuses (FingerprintMismatchError, exit 41) a sidecar computed from another
 version of the dataset or stored under another tag, naming both values.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -47,17 +48,34 @@ def sidecar_dir(location: Path, dataset_name: str | None = None) -> Path:
     return location
 
 
-def write_sidecar(path: Path, table: pa.Table, meta: dict[str, Any]) -> Path:
-    """Write `table` with `meta` (plus the format number) to `path` atomically."""
+def write_sidecar(path: Path, table: pa.Table | Iterable[pa.Table],
+                  meta: dict[str, Any] | Callable[[], dict[str, Any]]) -> Path:
+    """Write `table` (or chunks of one, streamed: same schema each) with `meta` (plus the format
+    number) to `path` atomically: nothing appears at `path` unless every chunk was written.
+
+    `meta` may be a function called after the last chunk (for figures known only then); its
+    document goes to the file's key-value metadata only, where `sidecar_meta` reads it.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"format": FORMAT, **meta}
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), META_KEY: json.dumps(doc).encode()})
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    writer, schema_meta = None, {} if callable(meta) else {META_KEY: json.dumps({"format": FORMAT, **meta}).encode()}
     try:
-        pq.write_table(table, tmp, compression="zstd")
+        for part in [table] if isinstance(table, pa.Table) else table:
+            if writer is None:
+                schema = part.schema.with_metadata({**(part.schema.metadata or {}), **schema_meta})
+                writer = pq.ParquetWriter(tmp, schema, compression="zstd")
+            writer.write_table(part.replace_schema_metadata(schema.metadata))
+        if writer is None:
+            raise DatasetError(f"{path}: nothing to write (no chunks)", path=path)
+        if callable(meta):
+            writer.add_key_value_metadata({META_KEY.decode(): json.dumps({"format": FORMAT, **meta()})})
+        writer.close()
+        writer = None
         os.replace(tmp, path)
     finally:
+        if writer is not None:
+            writer.close()
         if tmp.exists():
             tmp.unlink()
     return path
@@ -65,7 +83,7 @@ def write_sidecar(path: Path, table: pa.Table, meta: dict[str, Any]) -> Path:
 
 def sidecar_meta(path: Path) -> dict[str, Any]:
     """The `recap_portable` document of a sidecar ({} for one RLinf wrote)."""
-    raw = (pq.read_schema(path).metadata or {}).get(META_KEY)
+    raw = (pq.ParquetFile(path).metadata.metadata or {}).get(META_KEY)
     return json.loads(raw) if raw else {}
 
 
