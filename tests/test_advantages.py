@@ -177,13 +177,43 @@ def test_per_task_threshold(tmp_path):
         np.testing.assert_array_equal(table.column("advantage").to_numpy()[sel], a[sel] >= np.percentile(a[sel], 75))
 
 
-def test_return_range_comes_from_the_value_checkpoint(tmp_path):
-    (tmp_path / "value_meta.json").write_text(json.dumps({"return_range": {"return_min": -120.0, "return_max": 0.0}}))
-    rr, fp = load_return_range(tmp_path)
-    assert rr == ReturnRange(return_min=-120.0, return_max=0.0) and len(fp) == 64
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(CheckpointError, match="no return range"):
-        load_return_range(tmp_path / "empty")
+HEAD = {"format_version": 1, "return_range": {"return_min": -120.0, "return_max": 0.0}, "num_bins": 201,
+        "v_min": -1.0, "v_max": 0.0, "model_config": {}, "fold": 0}
+
+
+def test_return_range_comes_from_the_value_export_head(tmp_path):
+    from reproduction.errors import InputNotFoundError, UnsupportedFormatError
+    from reproduction.recap import advantages
+
+    export = tmp_path / "model_0" / "export"
+    export.mkdir(parents=True)
+    (export / "value_head.json").write_text(json.dumps(HEAD))
+    rr, fp = load_return_range(export)
+    assert rr == ReturnRange(return_min=-120.0, return_max=0.0)
+    assert fp == __import__("hashlib").sha256((export / "value_head.json").read_bytes()).hexdigest()
+    with pytest.raises(InputNotFoundError, match=r"value checkpoint .*model_0 holds no value_head.json") as info:
+        load_return_range(tmp_path / "model_0")  # the fold folder, not its export
+    assert "model_<k>/export" in info.value.hint
+    with pytest.raises(InputNotFoundError, match="does not exist"):
+        load_return_range(tmp_path / "nowhere")
+    no_v_max = {k: v for k, v in HEAD.items() if k != "v_max"}
+    for doc, error, message in [
+        ({**HEAD, "format_version": 2}, UnsupportedFormatError, "format_version 2 is not 1"),
+        ({**HEAD, "return_range": {"return_min": -120.0}}, CheckpointError, r"field return_range.return_max is None"),
+        ({**HEAD, "return_range": {"return_min": "x", "return_max": 0}}, CheckpointError, "return_range.return_min is 'x'"),
+        ({**HEAD, "return_range": {"return_min": 0.0, "return_max": 0.0}}, CheckpointError, "return range .* is empty"),
+        (no_v_max, CheckpointError, "field v_max is missing"),
+    ]:
+        (export / "value_head.json").write_text(json.dumps(doc))
+        with pytest.raises(error, match=message) as info:
+            load_return_range(export)
+        assert str(export / "value_head.json") in str(info.value)
+    (export / "value_head.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="value_head.json: not JSON"):
+        load_return_range(export)
+    # the names mirror the value stage's writer (kept apart only so stage 3 does not import torch)
+    from reproduction.recap.value_task import EXPORT_FORMAT, HEAD_NAME
+    assert (advantages.VALUE_HEAD_NAME, advantages.VALUE_HEAD_FORMAT) == (HEAD_NAME, EXPORT_FORMAT)
 
 
 def test_sharding_infers_every_frame_once_and_merges(tmp_path):
@@ -237,7 +267,7 @@ def test_cli_compute_then_relabel_both_modes(tmp_path):
     pq.write_table(values.take(pa.array(rng.permutation(frames.num_rows))), tmp_path / "values.parquet")
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    (ckpt / "value_meta.json").write_text(json.dumps({"return_range": {"return_min": -340.0, "return_max": 0.0}}))
+    (ckpt / "value_head.json").write_text(json.dumps({**HEAD, "return_range": {"return_min": -340.0, "return_max": 0.0}}))
     base = [sys.executable, "-m", "reproduction.recap.advantages"]
     proc = subprocess.run(base + ["compute", "--dataset", str(root), "--values", str(tmp_path / "values.parquet"),
                                   "--returns-dir", str(run), "--returns-tag", "f300", "--value-checkpoint", str(ckpt),

@@ -26,12 +26,15 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from reproduction.errors import CheckpointError, ConfigError, DatasetError, InputNotFoundError
+from reproduction.errors import CheckpointError, ConfigError, DatasetError, InputNotFoundError, UnsupportedFormatError
 from reproduction.recap.advantage_inputs import DatasetArrays, SidecarInputs, load_dataset_arrays
 from reproduction.recap.normalize import ReturnRange
 from reproduction.recap.returns import discounted_reverse_cumsum, sort_frames
 
-VALUE_META_NAMES = ("value_meta.json", "meta.json", "manifest.json", "config.json")
+VALUE_HEAD_NAME = "value_head.json"
+"""The value export's metadata file (value_task.HEAD_NAME; not imported: value_task loads torch)."""
+VALUE_HEAD_FORMAT = 1
+"""Its format_version (value_task.EXPORT_FORMAT)."""
 THRESHOLD_SCOPES = ("global", "per_task")
 
 
@@ -242,33 +245,51 @@ def _fractions(labels: np.ndarray, codes: np.ndarray, names: np.ndarray) -> dict
 
 
 def load_return_range(source: ReturnRange | Path | str) -> tuple[ReturnRange, str | None]:
-    """(ReturnRange, value-checkpoint fingerprint) from a ReturnRange or a value checkpoint folder.
+    """(ReturnRange, value-checkpoint fingerprint) from a ReturnRange or a value-model export folder.
 
-    The folder's metadata JSON (value_meta.json, meta.json, manifest.json or config.json) must hold
-    `return_range: {return_min, return_max}` (or the two keys at top level). The fingerprint is the
-    sha256 of that file. Raises CheckpointError when no file holds a range.
+    The export folder (`<value stage out>/model_<k>/export`, written by value_task) holds
+    `value_head.json`: {"format_version": 1, "return_range": {"return_min", "return_max"},
+    "num_bins", "v_min", "v_max", ...}. The fingerprint is that file's sha256. Raises
+    InputNotFoundError (no folder / no value_head.json), UnsupportedFormatError (another
+    format_version) or CheckpointError (unreadable file, a missing or invalid field), each naming the path.
     """
     if isinstance(source, ReturnRange):
         return source, None
     folder = Path(source)
-    if not folder.exists():
-        raise InputNotFoundError(f"{folder}: value checkpoint not found", path=folder)
-    candidates = [folder] if folder.is_file() else [folder / n for n in VALUE_META_NAMES]
-    for path in candidates:
-        if not path.is_file():
-            continue
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError):
-            continue
-        data = doc.get("return_range", doc) if isinstance(doc, dict) else {}
-        if isinstance(data, dict) and "return_min" in data and "return_max" in data:
-            return ReturnRange.from_dict(data), hashlib.sha256(path.read_bytes()).hexdigest()
-    raise CheckpointError(f"{folder}: no return range in {', '.join(VALUE_META_NAMES)}", path=folder,
-                          hint="the value checkpoint must store the return range it was trained with")
+    path = folder / VALUE_HEAD_NAME
+    if not path.is_file():
+        what = "does not exist" if not folder.exists() else f"holds no {VALUE_HEAD_NAME}"
+        raise InputNotFoundError(f"value checkpoint {folder} {what}: it is not a value-model export", path=path,
+                                 hint="pass <value stage out>/model_<k>/export (it holds model.safetensors and "
+                                      f"{VALUE_HEAD_NAME})")
+    raw = path.read_bytes()
+    try:
+        head = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: not JSON ({exc})", path=path) from None
+    if not isinstance(head, dict) or head.get("format_version") != VALUE_HEAD_FORMAT:
+        version = head.get("format_version") if isinstance(head, dict) else None
+        raise UnsupportedFormatError(f"{path}: format_version {version!r} is not {VALUE_HEAD_FORMAT}", path=path,
+                                     field="format_version", hint="export the value model with this version of the tool")
+    rr_doc = head.get("return_range")
+    for name in ("return_min", "return_max"):
+        value = rr_doc.get(name) if isinstance(rr_doc, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+            raise CheckpointError(f"{path}: field return_range.{name} is {value!r}, not a finite number", path=path,
+                                  field=f"return_range.{name}", hint="re-export the value model; stage 3 reads the "
+                                  "return range it was trained with from here")
+    missing = [k for k in ("num_bins", "v_min", "v_max") if k not in head]
+    if missing:
+        raise CheckpointError(f"{path}: field {missing[0]} is missing", path=path, field=missing[0],
+                              hint="re-export the value model with this version of the tool")
+    try:
+        rr = ReturnRange.from_dict(rr_doc)
+    except ConfigError as exc:
+        raise CheckpointError(f"{path}: {exc.message}", path=path, field="return_range") from None
+    return rr, hashlib.sha256(raw).hexdigest()
 
 
-# -- joining values onto the returns sidecar ------------------------------------------------------------
+# -- thresholds, labels and sidecars --------------------------------------------------------------------
 
 
 @dataclass(kw_only=True, slots=True)
@@ -485,7 +506,8 @@ def _parser() -> Any:
     _common_args(c)
     c.add_argument("--values", action="append", required=True, metavar="PARQUET", help="one per --dataset")
     c.add_argument("--returns-dir", required=True, metavar="DIR", help="stage-1 output folder (or dataset root)")
-    c.add_argument("--value-checkpoint", required=True, metavar="DIR", help="holds the stored return range")
+    c.add_argument("--value-checkpoint", required=True, metavar="DIR",
+                   help="value-model export folder (model_<k>/export); its value_head.json stores the return range")
     r = sub.add_parser("relabel", help="re-threshold, or recompute (with --lookahead) from stored values")
     _common_args(r)
     r.add_argument("--source", required=True, metavar="DIR", help="folder holding the source advantages (or dataset root)")
