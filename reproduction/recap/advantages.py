@@ -82,12 +82,13 @@ def nstep_advantages(row_end: np.ndarray, returns: np.ndarray, rewards: np.ndarr
     k = np.arange(n, dtype=np.int64)
     np.subtract(row_end, k, out=k)  # frames from t to the episode's end, >= 1
     inside = k > N  # t + N < end: V(t+N) lies in the episode (else padded with 0)
+    padded = np.flatnonzero(~inside)  # the last N rows of each episode: few
     np.minimum(k, N, out=k)  # frames in the window
     v = np.asarray(values, dtype=np.float64)
-    v_next = _ahead(v, N, inside)
+    v_next = _ahead(v, N, padded)
     if gamma == 1.0 and use_return_shortcut:
         g = np.asarray(returns, dtype=np.float64)
-        r_raw = _ahead(g, N, inside)
+        r_raw = _ahead(g, N, padded)
         np.subtract(g, r_raw, out=r_raw)  # G_t - G_{t+N}, or G_t when padded
     else:
         r_raw = window_sums(np.asarray(rewards, dtype=np.float64), k, inside, gamma, row_end)
@@ -103,11 +104,14 @@ def nstep_advantages(row_end: np.ndarray, returns: np.ndarray, rewards: np.ndarr
             "reward_sum_raw": r_raw, "num_valid_rewards": k}
 
 
-def _ahead(x: np.ndarray, n_ahead: int, inside: np.ndarray) -> np.ndarray:
-    """x[t + n_ahead] where `inside` (then t + n_ahead < n), else 0: a shifted slice, not a gather."""
-    out = np.zeros_like(x)
-    if n_ahead < x.size:
-        np.copyto(out[:x.size - n_ahead], x[n_ahead:], where=inside[:x.size - n_ahead])
+def _ahead(x: np.ndarray, n_ahead: int, padded: np.ndarray) -> np.ndarray:
+    """x[t + n_ahead] per row, 0 at the `padded` rows (where t + n_ahead is past t's episode):
+    a shifted copy plus a small scatter, not a gather."""
+    out = np.empty_like(x)
+    m = max(x.size - n_ahead, 0)
+    out[:m] = x[n_ahead:]
+    out[m:] = 0.0  # always padded rows: past the last episode's end
+    out[padded] = 0.0
     return out
 
 
