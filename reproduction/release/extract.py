@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable
@@ -20,6 +22,7 @@ from reproduction.release.tarscan import Member, StreamSource, iter_members
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _SPACE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS)
+SMALL = 4 << 20
 
 
 def _umask() -> int:
@@ -57,7 +60,21 @@ def _open_new(path: str, mode: int) -> int:
         return os.open(path, _FLAGS, mode)
 
 
-def _write_file(root: str, m: Member, source: StreamSource, umask: int) -> None:
+def _write_bytes(path: str, mode: int, mtime_ns: int, data: bytes | memoryview, umask: int) -> None:
+    fd = _open_new(path, mode)
+    try:
+        view, done = memoryview(data), 0
+        while done < len(view):
+            done += os.write(fd, view[done:])
+        if mode & ~umask != mode:
+            os.fchmod(fd, mode)
+        os.utime(fd, ns=(mtime_ns, mtime_ns))
+    finally:
+        os.close(fd)
+
+
+def _write_streamed(root: str, m: Member, source: StreamSource, umask: int) -> None:
+    """A large file: written chunk by chunk from the decompressor's window, in this thread."""
     mode = m.mode & 0o777
     fd = _open_new(f"{root}/{m.name}", mode)
     try:
@@ -75,14 +92,61 @@ def _write_file(root: str, m: Member, source: StreamSource, umask: int) -> None:
         os.close(fd)
 
 
+class _Writers:
+    """Small files written by a few threads (file creation is kernel time, and syscalls release the GIL).
+
+    At most `budget` bytes wait in memory; the first error a writer meets is raised by the next
+    `submit` or by `close`.
+    """
+
+    def __init__(self, threads: int, umask: int, budget: int = 64 << 20) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
+        self.umask, self.budget, self.inflight = umask, budget, 0
+        self.cond = threading.Condition()
+        self.error: BaseException | None = None
+
+    def _job(self, path: str, mode: int, mtime_ns: int, data: bytes) -> None:
+        try:
+            _write_bytes(path, mode, mtime_ns, data, self.umask)
+        except BaseException as exc:  # handed to the submitting thread
+            self.error = self.error or exc
+        finally:
+            with self.cond:
+                self.inflight -= len(data)
+                self.cond.notify_all()
+
+    def submit(self, path: str, mode: int, mtime_ns: int, data: bytes) -> None:
+        if self.error is not None:
+            raise self.error
+        if self.pool is None:
+            _write_bytes(path, mode, mtime_ns, data, self.umask)
+            return
+        with self.cond:
+            while self.inflight and self.inflight + len(data) > self.budget:
+                self.cond.wait(timeout=1.0)
+            self.inflight += len(data)
+        self.pool.submit(self._job, path, mode, mtime_ns, data)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+        if self.error is not None:
+            raise self.error
+
+
 def _make_dirs(root: str, members: list[Member]) -> None:
+    """Every folder the members need, each created once, parents first."""
+    dirs: set[str] = set()
     for m in members:
-        if m.kind == "dir" and m.name:
-            os.makedirs(f"{root}/{m.name}", mode=0o755, exist_ok=True)
-        elif m.kind != "dir":
-            parent = os.path.dirname(m.name)
-            if parent:
-                os.makedirs(f"{root}/{parent}", mode=0o755, exist_ok=True)
+        parts = m.name.split("/")
+        for depth in range(1, len(parts) + (m.kind == "dir")):
+            dirs.add("/".join(parts[:depth]))
+    dirs.discard("")
+    for rel in sorted(dirs, key=lambda d: (d.count("/"), d)):
+        try:
+            os.mkdir(f"{root}/{rel}", 0o755)
+        except FileExistsError:
+            pass
 
 
 def _finish(root: str, members: list[Member], written: Written) -> None:
@@ -99,11 +163,17 @@ def _finish(root: str, members: list[Member], written: Written) -> None:
             os.chmod(f"{root}/{m.name}", m.mode & 0o777)
 
 
-def extract_stream(stream: IO[bytes], expected: list[Member], dest: Path, *, archive: str,
+def extract_stream(stream: IO[bytes], expected: list[Member], dest: Path, *, archive: str, threads: int = 2,
                    on_bytes: Callable[[int], None] | None = None) -> Written:
-    """Stream the tar in `stream` into `dest`, refusing any member that differs from `expected`."""
+    """Stream the tar in `stream` into `dest`, refusing any member that differs from `expected`.
+
+    Files up to SMALL bytes are copied out of the stream and written by `threads` writer threads
+    (one writer when a name repeats, so the later copy reliably wins); bigger ones are streamed.
+    """
     root, umask, written = str(dest), _UMASK, Written()
     source = StreamSource(stream)
+    names = [m.name for m in expected if m.kind == "file"]
+    writers = _Writers(threads if len(set(names)) == len(names) else 1, umask)
     try:
         os.makedirs(root, exist_ok=True)
         _make_dirs(root, expected)
@@ -113,12 +183,19 @@ def extract_stream(stream: IO[bytes], expected: list[Member], dest: Path, *, arc
                 raise UnsafeArchiveError(f"{archive}: member {m.raw_name!r} changed since it was validated",
                                          archive=archive, member=m.raw_name, hint="the archive changed during restore; run restore again")
             seen += 1
+            if m.kind == "file" and m.size <= SMALL:
+                data = bytes(source.read_data(m.size)) if m.size else b""
+                while len(data) < m.size:  # the window wrapped: gather the rest
+                    data += bytes(source.read_data(m.size - len(data)))
+                writers.submit(f"{root}/{m.name}", m.mode & 0o777, m.mtime * 1_000_000_000, data)
+            elif m.kind == "file":
+                _write_streamed(root, m, source, umask)
             if m.kind == "file":
-                _write_file(root, m, source, umask)
                 written.files[m.name] = [m.size, m.mtime * 1_000_000_000]
                 if on_bytes is not None:
                     on_bytes(m.size)
         source.drain()
+        writers.close()
         if seen != len(expected):
             raise UnsafeArchiveError(f"{archive}: ended after {seen} of {len(expected)} members", archive=archive,
                                      hint="the archive changed during restore; run restore again")
@@ -127,4 +204,7 @@ def extract_stream(stream: IO[bytes], expected: list[Member], dest: Path, *, arc
         if exc.errno in _SPACE_ERRORS:
             raise write_failed(exc, str(dest)) from None
         raise
+    finally:
+        if writers.pool is not None:
+            writers.pool.shutdown(wait=True)
     return written
