@@ -39,7 +39,7 @@ def test_two_worker_value_sft_with_two_folds_beats_chance_on_held_out_episodes(t
     config = {"value": {"train": [{"path": str(tmp_path / "ds"), "type": "rollout", "returns": str(runs)}],
                         "cameras": {"base_0_rgb": CAMERA, "left_wrist_0_rgb": "observation.images.wrist"},
                         "folds": 2, "value_lr": 1e-3, "eval_micro_batch": 64},
-              "train": {"max_steps": 150, "global_batch": 16, "micro_batch": 8, "world_size": 2, "launcher": "ray",
+              "train": {"max_steps": 150, "global_batch": 32, "micro_batch": 16, "world_size": 2, "launcher": "ray",
                         "device": "cpu", "lr": 1e-3, "warmup_steps": 10, "log_interval": 25}}
     (tmp_path / "value.json").write_text(json.dumps(config))
     proc = _run(["train", "--config", str(tmp_path / "value.json"), "--out", str(tmp_path / "value")], timeout=600)
