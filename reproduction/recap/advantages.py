@@ -5,12 +5,14 @@ For rows sorted by (episode, frame), t a row, E its episode's end (exclusive), N
     gamma == 1:  R = G_t if pad else G_t - G_{t+N}          (sidecar returns)
     otherwise:   R = sum_{j<k} gamma^j r_{t+j}              (sidecar rewards)
     A = rr.scale_rewards(R) + g * V_next - V_t,  g = gamma^k (1 if not discount_next_value)
-V is in value space; `rr` is the ReturnRange stored with the value checkpoint (never recomputed).
+V is in value space; `rr` is the ReturnRange stored with the value checkpoint (the export folder's
+value_head.json; never recomputed). Inputs stream from the returns sidecar in chunks of whole
+episodes (advantage_inputs.py); only the aligned values and the advantages are held whole.
 Labels: A >= tau, tau = percentile(A, (1 - positive_quantile) * 100) over all datasets (global) or
 per task (`threshold_scope="per_task"`); sft datasets are labelled positive (their A still count).
 
     python -m reproduction.recap.advantages compute --dataset P --values V.parquet [...] --returns-dir DIR \\
-        --value-checkpoint DIR --out DIR [--tag T] [--lookahead N] [--gamma G] [--type sft|rollout]
+        --value-checkpoint EXPORT_DIR --out DIR [--tag T] [--lookahead N] [--gamma G] [--type sft|rollout]
     python -m reproduction.recap.advantages relabel --dataset P [...] --source DIR --source-tag T \\
         --new-tag T2 --out DIR [--positive-quantile Q] [--lookahead N --gamma G]   (recompute from stored values)
 """

@@ -4,7 +4,9 @@ Reward rule (RECAP.md section 1), per episode of L frames ordered by frame_index
 r_t = -1 for t < L-1; r_{L-1} = 0 on success, else `failure_reward`. G_t = sum_j gamma^(j-t) r_j.
 `sft` datasets count every episode as a success; `rollout` datasets need an `is_success` column
 and use its value at the episode's last frame. Episodes are found by episode_index (ids need not
-be contiguous, rows need not be sorted); duplicate (episode, frame) pairs are refused.
+be contiguous, rows need not be sorted); duplicate (episode, frame) pairs are refused. Datasets whose
+data files hold disjoint, increasing episode ranges (lerobot's v2.1 and v3.0 layouts) are processed
+one data file at a time, so memory follows the largest file, not the dataset.
 
     python -m reproduction.recap.returns --dataset PATH [--dataset PATH ...] --out DIR \\
         [--tag T] [--gamma 1.0] [--failure-reward -300] [--type sft|rollout] [--in-dataset]
@@ -13,6 +15,7 @@ be contiguous, rows need not be sorted); duplicate (episode, frame) pairs are re
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -290,6 +293,7 @@ def compute_returns(datasets: Sequence[Path], out: Path | None, config: ReturnsC
                     parts.append(table.column(name).to_numpy())  # float32: 8 bytes a frame kept for the stats
                 yield table
 
+        @functools.cache  # called by the writer after the last chunk, then read again below
         def meta() -> dict[str, Any]:
             stats = {name: column_stats(np.concatenate(parts)) for name, parts in kept.items()}
             return {"kind": "returns", "tag": cfg.tag, "dataset": ds.name, "dataset_path": str(ds.root),
