@@ -193,3 +193,16 @@ def test_pretrained_manifest_initialises_the_backbones_inside_the_task(stage_dir
     assert torch.equal(got["language.layers.0.self_attn.q_proj.weight"], sd["language.layers.0.self_attn.q_proj.weight"])
     assert torch.equal(got["vision.embeddings.patch_embedding.weight"], sd["vision.embeddings.patch_embedding.weight"])
     assert not torch.equal(got["value_head.proj.weight"], sd["value_head.proj.weight"])  # fresh head
+
+
+def test_a_bundle_tokenizer_is_used_as_is_and_sizes_the_embedding(stage_dir, tmp_path):
+    from reproduction.recap.tokenizer import train_tokenizer
+
+    bundle_tok = tmp_path / "bundle_tokenizer"
+    tok = train_tokenizer(["a completely different vocabulary source", "zebra"], bundle_tok, vocab_size=300)
+    stage = ValueStageConfig.from_dict({**json.loads((stage_dir / "value" / "value_setup.json").read_text())["stage"],
+                                        "tokenizer": str(bundle_tok)})
+    setup = prepare_value_setup(stage, tmp_path / "value")
+    copied = json.loads((tmp_path / "value" / "tokenizer" / "tokenizer.json").read_text())
+    assert copied["model"]["vocab"] == json.loads((bundle_tok / "tokenizer.json").read_text())["model"]["vocab"]
+    assert setup.model_config["text"]["vocab_size"] == len(tok)

@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from reproduction.errors import ConfigError
+
 PRESETS = ("tiny", "recap")
 NUM_BINS = 201
 V_MIN = -1.0
@@ -62,8 +64,6 @@ class ValueModelConfig:
     """transformers attention kernel for both towers (`sdpa` or `eager`)."""
 
     def __post_init__(self) -> None:
-        from reproduction.errors import ConfigError
-
         if self.num_bins < 2:
             raise ConfigError(f"value model: num_bins={self.num_bins} must be >= 2", field="num_bins")
         if not self.v_max > self.v_min:
@@ -88,8 +88,6 @@ class ValueModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ValueModelConfig":
-        from reproduction.errors import ConfigError
-
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -111,8 +109,6 @@ def preset_config(name: str, *, vocab_size: int | None = None, cameras: tuple[st
     `vocab_size` defaults to Gemma3's 262,144 for `recap`; `tiny` needs the trained tokenizer's size.
     Raises ConfigError for an unknown preset.
     """
-    from reproduction.errors import ConfigError
-
     if name == "tiny":
         size = image_size or 64
         vision = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
