@@ -16,7 +16,7 @@ from reproduction.recap.value_infer import infer_dataset, infer_shard, load_valu
 from reproduction.recap.value_loss import expected_value, spearman, value_loss
 from reproduction.recap.value_model import ValueModelConfig, build_value_model, preset_config
 from reproduction.recap.value_task import (
-    ValueStageConfig, evaluate_value, make_value_task, prepare_value_setup, value_param_groups, write_export_extras)
+    ValueStageConfig, make_value_task, prepare_value_setup, value_param_groups, write_export_extras)
 from reproduction.train.task import EvalContext
 from value_synth import CAMERA, write_value_dataset
 
