@@ -192,8 +192,6 @@ def make_value_task(rank: int, world_size: int, *, setup_path: str, fold: int = 
     """The trainer's factory (bind with functools.partial): a TrainTask for fold `fold` of the setup."""
     import functools
 
-    import torch
-
     from reproduction.recap.tokenizer import load_tokenizer
     from reproduction.recap.value_data import ValueCollator, ValueFrames, augment_sample
     from reproduction.recap.value_model import ValueModelConfig, build_value_model
