@@ -81,11 +81,9 @@ def nstep_advantages(row_end: np.ndarray, returns: np.ndarray, rewards: np.ndarr
     """
     n, N = row_end.size, lookahead
     # Few, reused full-size buffers: at 1M rows, fresh 8 MB arrays cost more than the arithmetic.
-    k = np.arange(n, dtype=np.int64)
-    np.subtract(row_end, k, out=k)  # frames from t to the episode's end, >= 1
-    inside = k > N  # t + N < end: V(t+N) lies in the episode (else padded with 0)
-    padded = np.flatnonzero(~inside)  # the last N rows of each episode: few
-    np.minimum(k, N, out=k)  # frames in the window
+    padded = _last_rows(row_end, N)  # t + N >= end: V(t+N) is past the episode (padded with 0)
+    k = np.full(n, N, dtype=np.int64)  # frames in the window: N, fewer only on padded rows
+    k[padded] = row_end[padded] - padded
     v = np.asarray(values, dtype=np.float64)
     v_next = _ahead(v, N, padded)
     if gamma == 1.0 and use_return_shortcut:
@@ -93,7 +91,7 @@ def nstep_advantages(row_end: np.ndarray, returns: np.ndarray, rewards: np.ndarr
         r_raw = _ahead(g, N, padded)
         np.subtract(g, r_raw, out=r_raw)  # G_t - G_{t+N}, or G_t when padded
     else:
-        r_raw = window_sums(np.asarray(rewards, dtype=np.float64), k, inside, gamma, row_end)
+        r_raw = window_sums(np.asarray(rewards, dtype=np.float64), k, gamma, row_end)
     r_norm = return_range.scale_rewards(r_raw)
     if gamma == 1.0 or not discount_next_value:
         adv = r_norm + v_next  # g = 1
@@ -104,6 +102,19 @@ def nstep_advantages(row_end: np.ndarray, returns: np.ndarray, rewards: np.ndarr
     adv -= v
     return {"advantage_continuous": adv, "value_next": v_next, "reward_sum": r_norm,
             "reward_sum_raw": r_raw, "num_valid_rewards": k}
+
+
+def _last_rows(row_end: np.ndarray, count: int) -> np.ndarray:
+    """Sorted indices of the last `count` rows of every episode (all rows of shorter ones), from
+    the per-row episode ends: one pass to find the episodes, then work per episode only."""
+    n = row_end.size
+    if n == 0:
+        return np.zeros(0, np.int64)
+    ends = row_end[np.append(np.flatnonzero(row_end[1:] != row_end[:-1]), n - 1)].astype(np.int64)
+    starts = np.concatenate([[0], ends[:-1]])
+    first = np.maximum(ends - count, starts)
+    sizes = ends - first
+    return np.repeat(first - (np.cumsum(sizes) - sizes), sizes) + np.arange(int(sizes.sum()), dtype=np.int64)
 
 
 def _ahead(x: np.ndarray, n_ahead: int, padded: np.ndarray) -> np.ndarray:
@@ -121,10 +132,8 @@ WINDOW_ADDS_MAX = 64
 """Up to this N the window sum is N shifted adds (the loop's own order); beyond, a log-depth scan."""
 
 
-def window_sums(rewards: np.ndarray, k: np.ndarray, inside: np.ndarray, gamma: float,
-                row_end: np.ndarray) -> np.ndarray:
-    """R_t = sum_{j < k_t} gamma^j r_{t+j} for every row; k_t = min(N, frames to the episode's end),
-    `inside` = the window stops before the episode's end (k_t == N and t + N < end).
+def window_sums(rewards: np.ndarray, k: np.ndarray, gamma: float, row_end: np.ndarray) -> np.ndarray:
+    """R_t = sum_{j < k_t} gamma^j r_{t+j} for every row; k_t = min(N, frames to the episode's end).
 
     For N <= WINDOW_ADDS_MAX: term j is added in order j = 0, 1, ... with gamma ** j, the exact
     arithmetic of a per-frame loop. Beyond: discounted tails, D_t - gamma^k D_{t+k} (stable: every
@@ -135,6 +144,7 @@ def window_sums(rewards: np.ndarray, k: np.ndarray, inside: np.ndarray, gamma: f
     if lookahead > WINDOW_ADDS_MAX:
         d = discounted_reverse_cumsum(rewards, row_end, gamma)
         idx = np.arange(n, dtype=np.int64)
+        inside = idx + k < row_end  # the window stops before the episode's end
         d_after = np.where(inside, d[np.minimum(idx + k, max(n - 1, 0))] if n else d, 0.0)
         return d - np.power(gamma, k) * d_after
     out = rewards.copy()
