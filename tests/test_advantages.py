@@ -347,3 +347,20 @@ def test_streamed_inputs_chunk_at_episode_ends_and_equal_the_in_memory_path(tmp_
     ta, tb = pq.read_table(tmp_path / "streamed" / "advantages_s.parquet"), pq.read_table(tmp_path / "memory" / "advantages_s.parquet")
     assert ta.equals(tb) and ta.num_rows == 107
     assert pq.ParquetFile(tmp_path / "streamed" / "advantages_s.parquet").metadata.num_row_groups == 4  # one per chunk
+
+
+def test_return_range_reads_what_the_value_stage_exports(tmp_path):
+    from value_synth import CAMERA, write_value_dataset
+
+    from reproduction.recap.value_data import ValueSource
+    from reproduction.recap.value_task import ValueStageConfig, prepare_value_setup, write_export_extras
+
+    runs = write_value_dataset(tmp_path / "ds", episodes=4, seed=2)
+    stage = ValueStageConfig(train=[ValueSource(path=str(tmp_path / "ds"), type="rollout", returns=str(runs))],
+                             cameras={"base_0_rgb": CAMERA}, folds=2, fold_seed=1)
+    setup = prepare_value_setup(stage, tmp_path / "value")
+    export = tmp_path / "value" / "model_1" / "export"
+    export.mkdir(parents=True)
+    write_export_extras(export, setup=setup, fold=1)  # value_head.json exactly as value training writes it
+    rr, fp = load_return_range(export)
+    assert rr == setup.return_range and rr.return_max == 0.0 and len(fp) == 64
