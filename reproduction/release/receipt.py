@@ -57,20 +57,23 @@ class LayerReceipt:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "LayerReceipt":
-        return cls(sha256=str(data["sha256"]), target=str(data["target"]), prefix=str(data["prefix"]),
-                   files={str(k): [int(v[0]), int(v[1])] for k, v in data.get("files", {}).items()},
-                   links={str(k): str(v) for k, v in data.get("links", {}).items()})
+        files, links = data.get("files", {}), data.get("links", {})
+        if not isinstance(files, dict) or not isinstance(links, dict):
+            raise ValueError("files and links must be objects")
+        # Taken as loaded (tens of thousands of entries): `changed_files` treats a malformed value as changed.
+        return cls(sha256=str(data["sha256"]), target=str(data["target"]), prefix=str(data["prefix"]), files=files, links=links)
 
     def changed_files(self, root: Path) -> list[str]:
         """Recorded paths under `root` whose lstat (size, mtime) or link text no longer matches."""
         changed = []
-        for rel, (size, mtime_ns) in self.files.items():
+        base = f"{root}/"
+        for rel, recorded in self.files.items():
             try:
-                st = os.lstat(os.path.join(root, rel))
-            except OSError:
+                st = os.lstat(base + rel)
+            except (OSError, TypeError, ValueError):
                 changed.append(rel)
                 continue
-            if not stat_mod.S_ISREG(st.st_mode) or st.st_size != size or st.st_mtime_ns != mtime_ns:
+            if not stat_mod.S_ISREG(st.st_mode) or [st.st_size, st.st_mtime_ns] != recorded:
                 changed.append(rel)
         for rel, text in self.links.items():
             try:

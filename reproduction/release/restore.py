@@ -277,7 +277,7 @@ def _verify_and_extract(bundle: Path, manifest: Manifest, receipt: Receipt, grou
             report.problems = sort_problems(report.problems + problems)
             raise_for_report(report)
         validate_layers([(x.entry.archive, x.entry.target, x.members) for x in loaded])
-        recs, problems = _extract_groups(bundle, groups, {x.entry.archive: x for x in loaded}, ui=ui)
+        recs, problems = _extract_groups(bundle, groups, {x.entry.archive: x for x in loaded}, ui=ui) if loaded else ({}, [])
         report = plain.result()
     report.problems = sort_problems(report.problems + problems)
     raise_for_report(report)
