@@ -199,3 +199,17 @@ def test_demo_round_trip_without_torch(tmp_path):
                               cwd=Path(__file__).resolve().parent.parent)
     assert imported.returncode == 0, imported.stderr
     assert imported.stdout.splitlines()[-1] == ""
+
+
+def test_deep_finds_source_edits_that_kept_size_and_mtime(bundle):
+    restore_bundle(bundle, ui=QUIET)
+    readme = bundle / "source" / "project" / "README.md"
+    st = os.stat(readme)
+    readme.write_bytes(readme.read_bytes().upper())
+    os.utime(readme, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert restore_bundle(bundle, ui=QUIET).kept_edits == {}  # the stat pass cannot see it
+    deep = restore_bundle(bundle, deep=True, ui=QUIET)
+    assert deep.kept_edits == {"source/project": ["README.md"]}
+    assert readme.read_bytes() == b"# THE PROJECT\n"
+    receipt = load_receipt(bundle).layers["source/project.tar.zst"]
+    assert set(receipt.digests) == set(receipt.files) and len(receipt.digests) == 4

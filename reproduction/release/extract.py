@@ -10,6 +10,7 @@ then extract) is refused.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,8 @@ class Written:
     """path -> [size, mtime_ns] exactly as written."""
     links: dict[str, str] = field(default_factory=dict)
     """path -> symlink text."""
+    digests: dict[str, str] = field(default_factory=dict)
+    """path -> sha256 of what was written (only when asked for: source layers, for `restore --deep`)."""
 
 
 def write_failed(exc: OSError, what: str) -> WriteFailedError:
@@ -73,7 +76,7 @@ def _write_bytes(path: str, mode: int, mtime_ns: int, data: bytes | memoryview, 
         os.close(fd)
 
 
-def _write_streamed(root: str, m: Member, source: StreamSource, umask: int) -> None:
+def _write_streamed(root: str, m: Member, source: StreamSource, umask: int, hasher=None) -> None:
     """A large file: written chunk by chunk from the decompressor's window, in this thread."""
     mode = m.mode & 0o777
     fd = _open_new(f"{root}/{m.name}", mode)
@@ -82,6 +85,8 @@ def _write_streamed(root: str, m: Member, source: StreamSource, umask: int) -> N
             view = source.read_data(1 << 30)
             if not view:
                 break
+            if hasher is not None:
+                hasher.update(view)
             done = 0
             while done < len(view):
                 done += os.write(fd, view[done:])
@@ -99,15 +104,17 @@ class _Writers:
     `submit` or by `close`.
     """
 
-    def __init__(self, threads: int, umask: int, budget: int = 64 << 20) -> None:
+    def __init__(self, threads: int, umask: int, budget: int = 64 << 20, digests: dict[str, str] | None = None) -> None:
         self.pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
-        self.umask, self.budget, self.inflight = umask, budget, 0
+        self.umask, self.budget, self.inflight, self.digests = umask, budget, 0, digests
         self.cond = threading.Condition()
         self.error: BaseException | None = None
 
-    def _job(self, path: str, mode: int, mtime_ns: int, data: bytes) -> None:
+    def _job(self, path: str, mode: int, mtime_ns: int, data: bytes, rel: str = "") -> None:
         try:
             _write_bytes(path, mode, mtime_ns, data, self.umask)
+            if self.digests is not None:
+                self.digests[rel] = hashlib.sha256(data).hexdigest()
         except BaseException as exc:  # handed to the submitting thread
             self.error = self.error or exc
         finally:
@@ -115,17 +122,19 @@ class _Writers:
                 self.inflight -= len(data)
                 self.cond.notify_all()
 
-    def submit(self, path: str, mode: int, mtime_ns: int, data: bytes) -> None:
+    def submit(self, path: str, mode: int, mtime_ns: int, data: bytes, rel: str) -> None:
         if self.error is not None:
             raise self.error
         if self.pool is None:
-            _write_bytes(path, mode, mtime_ns, data, self.umask)
+            self._job(path, mode, mtime_ns, data, rel)
+            if self.error is not None:
+                raise self.error
             return
         with self.cond:
             while self.inflight and self.inflight + len(data) > self.budget:
                 self.cond.wait(timeout=1.0)
             self.inflight += len(data)
-        self.pool.submit(self._job, path, mode, mtime_ns, data)
+        self.pool.submit(self._job, path, mode, mtime_ns, data, rel)
 
     def close(self) -> None:
         if self.pool is not None:
@@ -164,16 +173,17 @@ def _finish(root: str, members: list[Member], written: Written) -> None:
 
 
 def extract_stream(stream: IO[bytes], expected: list[Member], dest: Path, *, archive: str, threads: int = 2,
-                   on_bytes: Callable[[int], None] | None = None) -> Written:
+                   digests: bool = False, on_bytes: Callable[[int], None] | None = None) -> Written:
     """Stream the tar in `stream` into `dest`, refusing any member that differs from `expected`.
 
     Files up to SMALL bytes are copied out of the stream and written by `threads` writer threads
     (one writer when a name repeats, so the later copy reliably wins); bigger ones are streamed.
+    `digests` also records the sha256 of every file written (cheap for small source layers).
     """
     root, umask, written = str(dest), _UMASK, Written()
     source = StreamSource(stream)
     names = [m.name for m in expected if m.kind == "file"]
-    writers = _Writers(threads if len(set(names)) == len(names) else 1, umask)
+    writers = _Writers(threads if len(set(names)) == len(names) else 1, umask, digests=written.digests if digests else None)
     try:
         os.makedirs(root, exist_ok=True)
         _make_dirs(root, expected)
@@ -187,9 +197,12 @@ def extract_stream(stream: IO[bytes], expected: list[Member], dest: Path, *, arc
                 data = bytes(source.read_data(m.size)) if m.size else b""
                 while len(data) < m.size:  # the window wrapped: gather the rest
                     data += bytes(source.read_data(m.size - len(data)))
-                writers.submit(f"{root}/{m.name}", m.mode & 0o777, m.mtime * 1_000_000_000, data)
+                writers.submit(f"{root}/{m.name}", m.mode & 0o777, m.mtime * 1_000_000_000, data, m.name)
             elif m.kind == "file":
-                _write_streamed(root, m, source, umask)
+                hasher = hashlib.sha256() if digests else None
+                _write_streamed(root, m, source, umask, hasher)
+                if hasher is not None:
+                    written.digests[m.name] = hasher.hexdigest()
             if m.kind == "file":
                 written.files[m.name] = [m.size, m.mtime * 1_000_000_000]
                 if on_bytes is not None:

@@ -102,7 +102,8 @@ def load_layer(bundle: Path, entry: LayerEntry, expected_sha: str) -> LoadedLaye
     return LoadedLayer(entry=entry, digest=digest, members=members if ok else [], ok=ok)
 
 
-def extract_layer(bundle: Path, layer: LoadedLayer, dest: Path, *, on_bytes: Callable[[int], None] | None = None) -> Written:
+def extract_layer(bundle: Path, layer: LoadedLayer, dest: Path, *, digests: bool = False,
+                  on_bytes: Callable[[int], None] | None = None) -> Written:
     """Write a validated layer into `dest` in one pass over its archive, hashing it as it goes.
 
     `layer.digest` is the digest the bytes must have (the manifest's). Raises DigestMismatch when
@@ -113,7 +114,8 @@ def extract_layer(bundle: Path, layer: LoadedLayer, dest: Path, *, on_bytes: Cal
     hasher = hashlib.sha256()
     try:
         with open_decompressed(path, hasher=hasher) as stream:
-            written = extract_stream(stream, layer.members, dest, archive=layer.entry.archive, on_bytes=on_bytes)
+            written = extract_stream(stream, layer.members, dest, archive=layer.entry.archive, digests=digests,
+                                     on_bytes=on_bytes)
     except (zstd_error(), UnsafeArchiveError, EOFError, ValueError):
         actual = sha256_file(path)
         if actual != layer.digest:

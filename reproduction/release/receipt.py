@@ -51,17 +51,21 @@ class LayerReceipt:
     """Regular files written: relative path -> [size, mtime_ns]."""
     links: dict[str, str] = field(default_factory=dict)
     """Symlinks written: relative path -> link text."""
+    digests: dict[str, str] = field(default_factory=dict)
+    """Source layers only: relative path -> sha256 written (what `restore --deep` compares)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sha256": self.sha256, "target": self.target, "prefix": self.prefix, "files": self.files, "links": self.links}
+        return {"sha256": self.sha256, "target": self.target, "prefix": self.prefix, "files": self.files, "links": self.links,
+                "digests": self.digests}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "LayerReceipt":
-        files, links = data.get("files", {}), data.get("links", {})
-        if not isinstance(files, dict) or not isinstance(links, dict):
-            raise ValueError("files and links must be objects")
+        files, links, digests = data.get("files", {}), data.get("links", {}), data.get("digests", {})
+        if not all(isinstance(x, dict) for x in (files, links, digests)):
+            raise ValueError("files, links and digests must be objects")
         # Taken as loaded (tens of thousands of entries): `changed_files` treats a malformed value as changed.
-        return cls(sha256=str(data["sha256"]), target=str(data["target"]), prefix=str(data["prefix"]), files=files, links=links)
+        return cls(sha256=str(data["sha256"]), target=str(data["target"]), prefix=str(data["prefix"]), files=files,
+                   links=links, digests=digests)
 
     def changed_files(self, root: Path) -> list[str]:
         """Recorded paths under `root` whose lstat (size, mtime) or link text no longer matches."""
@@ -78,6 +82,20 @@ class LayerReceipt:
         for rel, text in self.links.items():
             try:
                 if os.readlink(os.path.join(root, rel)) != text:
+                    changed.append(rel)
+            except OSError:
+                changed.append(rel)
+        return sorted(changed)
+
+
+    def changed_contents(self, root: Path) -> list[str]:
+        """Recorded files whose bytes no longer hash to what was written (needs `digests`)."""
+        from reproduction.digests import sha256_file
+
+        changed = []
+        for rel, digest in self.digests.items():
+            try:
+                if sha256_file(Path(root) / rel) != digest:
                     changed.append(rel)
             except OSError:
                 changed.append(rel)

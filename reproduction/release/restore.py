@@ -98,6 +98,8 @@ def _plan(bundle: Path, manifest: Manifest, receipt: Receipt, *, deep: bool, ref
         fresh = all(r is not None and r.sha256 == manifest.file(layer.archive).sha256 for r, layer in zip(recs, g.layers))
         if recs and all(r is not None for r in recs) and root.is_dir():
             g.changed = sorted({p for r in recs for p in r.changed_files(root)})
+            if deep and g.layers[0].kind == "source":  # rehash: catches edits that kept size and mtime
+                g.changed = sorted(set(g.changed) | {p for r in recs for p in r.changed_contents(root)})
         if not fresh or not root.is_dir():
             g.action = "extract"
             if g.changed and g.layers[0].kind == "source" and not refresh_source and all(recs):
@@ -231,13 +233,16 @@ def _extract_groups(bundle: Path, groups: list[Group], loaded: dict[str, layer_i
         dest = staging / f"{i}"
         recs: dict[str, LayerReceipt] = {}
         for layer in g.layers:
-            written = layer_io.extract_layer(bundle, loaded[layer.archive], dest, on_bytes=on_bytes)
+            written = layer_io.extract_layer(bundle, loaded[layer.archive], dest, digests=layer.kind == "source",
+                                             on_bytes=on_bytes)
             for earlier in recs.values():  # an overlay's later file supersedes the earlier record
                 for rel in written.files.keys() | written.links.keys():
                     earlier.files.pop(rel, None)
                     earlier.links.pop(rel, None)
+                    earlier.digests.pop(rel, None)
             recs[layer.archive] = LayerReceipt(sha256=loaded[layer.archive].digest, target=g.target,
-                                               prefix=str(bundle / g.target), files=written.files, links=written.links)
+                                               prefix=str(bundle / g.target), files=written.files, links=written.links,
+                                               digests=written.digests)
         return recs
 
     recs: dict[str, dict[str, LayerReceipt]] = {}
