@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from reproduction.errors import LockHeldError
+from reproduction.errors import LockHeldError, WriteFailedError
 from reproduction.release.manifest import STATE_DIR
 
 LOCK_NAME = "lock"
@@ -32,12 +32,17 @@ def bundle_lock(bundle: Path, *, what: str, wait_s: float = 0.0) -> Iterator[Non
     """Hold the bundle's lock for the `with` body.
 
     Waits up to `wait_s` seconds for another holder (polling every 50 ms), then raises
-    LockHeldError (exit 7) naming the holder. Creates `<bundle>/.portable/` if needed.
+    LockHeldError (exit 7) naming the holder. Creates `<bundle>/.portable/` if needed
+    (WriteFailedError, exit 8, when the bundle folder is not writable).
     """
     state = Path(bundle) / STATE_DIR
-    state.mkdir(parents=True, exist_ok=True)
     path = state / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise WriteFailedError(f"cannot create {path}: {exc.strerror or exc}", path=path,
+                               hint=f"{what} needs write access to the bundle folder; copy the bundle somewhere writable") from None
     try:
         deadline = time.monotonic() + max(0.0, wait_s)
         while True:
