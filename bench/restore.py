@@ -1,7 +1,7 @@
 """Benchmark `portable restore` against the by-hand anchor, in one run.
 
 Builds a bundle of >= 1 GB in a temp folder (a runtime-like layer of many small files plus large
-weight files), then times, alternating and keeping each one's best of --rounds:
+weight files), then times, alternating which goes first and keeping each one's best of --rounds:
 
   (a) `python3 <bundle>/reproduction/portable.py restore` (verify + validate + extract + receipt)
   (b) the anchor: `zstd -dc layer | tar -x` for the layer, then hashlib sha256 of every bundle file,
@@ -89,6 +89,7 @@ def reset(bundle: Path, anchor: Path) -> None:
     shutil.rmtree(bundle / ".portable", ignore_errors=True)
     shutil.rmtree(anchor, ignore_errors=True)
     subprocess.run(["sync"], check=False)
+    time.sleep(3)  # let the filesystem finish freeing (this disk is mounted with `discard`)
 
 
 def main() -> int:
@@ -110,11 +111,13 @@ def main() -> int:
               f"{manifest.file(layer.archive).size / 1e6:.0f} MB compressed); built in {time.perf_counter() - t0:.0f}s")
         restores, anchors, again = [], [], []
         for r in range(args.rounds):
-            reset(bundle, anchor)
-            anchors.append(run_anchor(bundle, anchor))
-            reset(bundle, anchor)
-            restores.append(run_restore(bundle))
-            again.append(run_restore(bundle))
+            for which in ("anchor", "restore") if r % 2 == 0 else ("restore", "anchor"):  # alternate the order
+                reset(bundle, anchor)
+                if which == "anchor":
+                    anchors.append(run_anchor(bundle, anchor))
+                else:
+                    restores.append(run_restore(bundle))
+                    again.append(run_restore(bundle))
             print(f"round {r + 1}: restore {restores[-1]:.2f}s, anchor {anchors[-1]:.2f}s, no-change re-restore {again[-1]:.3f}s")
         best_restore, best_anchor, best_again = min(restores), min(anchors), min(again)
         print(f"no-change re-restore: {best_again:.3f}s = {best_again / best_restore:.3f} of a full restore (goal <= 0.02)")

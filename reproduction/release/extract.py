@@ -12,8 +12,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable
@@ -23,7 +21,6 @@ from reproduction.release.tarscan import Member, StreamSource, iter_members
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _SPACE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS)
-SMALL = 4 << 20
 
 
 def _umask() -> int:
@@ -63,21 +60,8 @@ def _open_new(path: str, mode: int) -> int:
         return os.open(path, _FLAGS, mode)
 
 
-def _write_bytes(path: str, mode: int, mtime_ns: int, data: bytes | memoryview, umask: int) -> None:
-    fd = _open_new(path, mode)
-    try:
-        view, done = memoryview(data), 0
-        while done < len(view):
-            done += os.write(fd, view[done:])
-        if mode & ~umask != mode:
-            os.fchmod(fd, mode)
-        os.utime(fd, ns=(mtime_ns, mtime_ns))
-    finally:
-        os.close(fd)
-
-
-def _write_streamed(root: str, m: Member, source: StreamSource, umask: int, hasher=None) -> None:
-    """A large file: written chunk by chunk from the decompressor's window, in this thread."""
+def _write_file(root: str, m: Member, source: StreamSource, umask: int, hasher=None) -> None:
+    """Write one file straight from the decompressor's window (no copy), then its mode and mtime."""
     mode = m.mode & 0o777
     fd = _open_new(f"{root}/{m.name}", mode)
     try:
@@ -95,52 +79,6 @@ def _write_streamed(root: str, m: Member, source: StreamSource, umask: int, hash
         os.utime(fd, ns=(m.mtime * 1_000_000_000, m.mtime * 1_000_000_000))
     finally:
         os.close(fd)
-
-
-class _Writers:
-    """Small files written by a few threads (file creation is kernel time, and syscalls release the GIL).
-
-    At most `budget` bytes wait in memory; the first error a writer meets is raised by the next
-    `submit` or by `close`.
-    """
-
-    def __init__(self, threads: int, umask: int, budget: int = 64 << 20, digests: dict[str, str] | None = None) -> None:
-        self.pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
-        self.umask, self.budget, self.inflight, self.digests = umask, budget, 0, digests
-        self.cond = threading.Condition()
-        self.error: BaseException | None = None
-
-    def _job(self, path: str, mode: int, mtime_ns: int, data: bytes, rel: str = "") -> None:
-        try:
-            _write_bytes(path, mode, mtime_ns, data, self.umask)
-            if self.digests is not None:
-                self.digests[rel] = hashlib.sha256(data).hexdigest()
-        except BaseException as exc:  # handed to the submitting thread
-            self.error = self.error or exc
-        finally:
-            with self.cond:
-                self.inflight -= len(data)
-                self.cond.notify_all()
-
-    def submit(self, path: str, mode: int, mtime_ns: int, data: bytes, rel: str) -> None:
-        if self.error is not None:
-            raise self.error
-        if self.pool is None:
-            self._job(path, mode, mtime_ns, data, rel)
-            if self.error is not None:
-                raise self.error
-            return
-        with self.cond:
-            while self.inflight and self.inflight + len(data) > self.budget:
-                self.cond.wait(timeout=1.0)
-            self.inflight += len(data)
-        self.pool.submit(self._job, path, mode, mtime_ns, data, rel)
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
-        if self.error is not None:
-            raise self.error
 
 
 def _make_dirs(root: str, members: list[Member]) -> None:
@@ -172,18 +110,16 @@ def _finish(root: str, members: list[Member], written: Written) -> None:
             os.chmod(f"{root}/{m.name}", m.mode & 0o777)
 
 
-def extract_stream(stream: IO[bytes], expected: list[Member], dest: Path, *, archive: str, threads: int = 2,
+def extract_stream(stream: IO[bytes], expected: list[Member], dest: Path, *, archive: str,
                    digests: bool = False, on_bytes: Callable[[int], None] | None = None) -> Written:
     """Stream the tar in `stream` into `dest`, refusing any member that differs from `expected`.
 
-    Files up to SMALL bytes are copied out of the stream and written by `threads` writer threads
-    (one writer when a name repeats, so the later copy reliably wins); bigger ones are streamed.
+    One thread writes: writer threads were measured here and did not help (file creation is kernel
+    time that serialises in ext4) while they took CPU from the hashing that overlaps extraction.
     `digests` also records the sha256 of every file written (cheap for small source layers).
     """
     root, umask, written = str(dest), _UMASK, Written()
     source = StreamSource(stream)
-    names = [m.name for m in expected if m.kind == "file"]
-    writers = _Writers(threads if len(set(names)) == len(names) else 1, umask, digests=written.digests if digests else None)
     try:
         os.makedirs(root, exist_ok=True)
         _make_dirs(root, expected)
@@ -193,22 +129,15 @@ def extract_stream(stream: IO[bytes], expected: list[Member], dest: Path, *, arc
                 raise UnsafeArchiveError(f"{archive}: member {m.raw_name!r} changed since it was validated",
                                          archive=archive, member=m.raw_name, hint="the archive changed during restore; run restore again")
             seen += 1
-            if m.kind == "file" and m.size <= SMALL:
-                data = bytes(source.read_data(m.size)) if m.size else b""
-                while len(data) < m.size:  # the window wrapped: gather the rest
-                    data += bytes(source.read_data(m.size - len(data)))
-                writers.submit(f"{root}/{m.name}", m.mode & 0o777, m.mtime * 1_000_000_000, data, m.name)
-            elif m.kind == "file":
+            if m.kind == "file":
                 hasher = hashlib.sha256() if digests else None
-                _write_streamed(root, m, source, umask, hasher)
+                _write_file(root, m, source, umask, hasher)
                 if hasher is not None:
                     written.digests[m.name] = hasher.hexdigest()
-            if m.kind == "file":
                 written.files[m.name] = [m.size, m.mtime * 1_000_000_000]
                 if on_bytes is not None:
                     on_bytes(m.size)
         source.drain()
-        writers.close()
         if seen != len(expected):
             raise UnsafeArchiveError(f"{archive}: ended after {seen} of {len(expected)} members", archive=archive,
                                      hint="the archive changed during restore; run restore again")
@@ -217,7 +146,4 @@ def extract_stream(stream: IO[bytes], expected: list[Member], dest: Path, *, arc
         if exc.errno in _SPACE_ERRORS:
             raise write_failed(exc, str(dest)) from None
         raise
-    finally:
-        if writers.pool is not None:
-            writers.pool.shutdown(wait=True)
     return written
