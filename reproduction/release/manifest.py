@@ -5,6 +5,7 @@ On disk::
     <bundle>/
       bundle.json          written LAST by pack/fetch: its presence means the bundle is complete
       reproduction/ runtime/*.tar.zst source/*.tar.zst weights/ data/ config/ evidence/ LICENSES/
+      <target>.members.json  each layer's member index (see release/layers.py), a pinned file like the others
       <layer targets>/     what restore extracts (e.g. runtime/python/ from runtime/python.tar.zst)
       .portable/           local state, never part of the bundle: receipt.json (what restore wrote),
                            lock (fcntl), staging/ and trash/ (restore's temporary folders)
