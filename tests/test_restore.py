@@ -213,3 +213,16 @@ def test_deep_finds_source_edits_that_kept_size_and_mtime(bundle):
     assert readme.read_bytes() == b"# THE PROJECT\n"
     receipt = load_receipt(bundle).layers["source/project.tar.zst"]
     assert set(receipt.digests) == set(receipt.files) and len(receipt.digests) == 4
+
+
+def test_fetch_provenance_survives_restores(bundle):
+    from reproduction.release.receipt import record_fetch
+
+    record_fetch(bundle, repo="lab/recap-demo", repo_type="model", revision="v1", commit="c0ffee" * 6 + "abcd")
+    restore_bundle(bundle, ui=QUIET)
+    restore_bundle(bundle, deep=True, ui=QUIET)
+    fetch = load_receipt(bundle).fetch
+    assert {k: fetch[k] for k in ("repo", "repo_type", "revision", "commit")} == {
+        "repo": "lab/recap-demo", "repo_type": "model", "revision": "v1", "commit": "c0ffee" * 6 + "abcd"}
+    assert fetch["time"].endswith("Z")
+    assert run_cli("verify", bundle).returncode == 0  # .portable/ is local state, never "extra"
