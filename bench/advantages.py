@@ -1,6 +1,7 @@
 """Bench stage-3 labelling from given values on a 1M-frame, 5,000-episode table vs a per-frame Python loop.
 
-The loop is upstream's Phase 2 shape (per frame: episode end, pad, window, normalise) plus its
+The loop is upstream's Phase 2 shape (per frame: episode end, pad, window, normalise, and the same
+output columns ours writes: value_next, reward_sum, reward_sum_raw, num_valid_rewards) plus its
 percentile threshold. Both sides are timed as the best of REPEAT runs (the machine is shared; the
 minimum is the least disturbed run), and a CPU-time (time.process_time) ratio is printed as a second
 view. Last line: `ratio: X.XX (goal >= 100x vs per-frame loop)` from best-of-REPEAT wall times.
@@ -38,9 +39,11 @@ def make_inputs(seed: int = 0):
 
 
 def loop_advantages(lengths, returns, rewards, values, rr, gamma=1.0):
+    """Upstream's Phase 2 per frame, producing the same columns ours does (RECAP.md section 3)."""
     ends = list(np.cumsum(lengths))
     episode_of = np.repeat(np.arange(len(lengths)), lengths)
-    out = np.empty(FRAMES)
+    out = {"advantage_continuous": np.empty(FRAMES), "value_next": np.empty(FRAMES), "reward_sum": np.empty(FRAMES),
+           "reward_sum_raw": np.empty(FRAMES), "num_valid_rewards": np.empty(FRAMES, dtype=np.int64)}
     for g in range(FRAMES):
         end = ends[episode_of[g]]
         pad = g + N >= end
@@ -50,9 +53,15 @@ def loop_advantages(lengths, returns, rewards, values, rr, gamma=1.0):
             r = float(returns[g]) if pad else float(returns[g]) - float(returns[g + N])
         else:
             r = sum(gamma ** j * float(rewards[g + j]) for j in range(k))
-        out[g] = r / rr.width + (gamma ** k) * v_next - float(values[g])
-    tau = np.percentile(out, 70)
-    return out, out >= tau
+        r_norm = r / rr.width
+        out["advantage_continuous"][g] = r_norm + (gamma ** k) * v_next - float(values[g])
+        out["value_next"][g] = v_next
+        out["reward_sum"][g] = r_norm
+        out["reward_sum_raw"][g] = r
+        out["num_valid_rewards"][g] = k
+    a = out["advantage_continuous"]
+    tau = np.percentile(a, 70)
+    return a, a >= tau
 
 
 REPEAT = int(os.environ.get("BENCH_REPEAT", "5"))
