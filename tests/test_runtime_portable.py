@@ -266,8 +266,9 @@ def test_restore_longer_then_move_shorter(packed: dict[str, Path], tmp_path: Pat
     long_ = tmp_path / ("x" * 100) / "bundle"
     long_.parent.mkdir()
     shutil.copytree(packed["bundle"], long_)
-    _restore(long_)
+    talk = _restore(long_)
     _check_runtime(long_, tmp_path)
+    assert "relocation kept the build prefix in" in talk and f"libpython{PY_VER}.so.1.0" in talk  # said, not silent
     leftovers = _leftovers(long_)
     assert f"runtime/py/lib/libpython{PY_VER}.so.1.0" in leftovers  # PREFIX fallback: longer than its slot
     _assert_only_harmless_leftovers(long_, leftovers)
@@ -279,7 +280,7 @@ def test_restore_longer_then_move_shorter(packed: dict[str, Path], tmp_path: Pat
     try:
         short.rmdir()
         shutil.move(long_, short)
-        _restore(short)
+        assert "relocation kept the build prefix" not in _restore(short)
         _check_runtime(short, tmp_path)
         assert _leftovers(short) == {}  # strings kept while the path was too long caught up
     finally:

@@ -105,7 +105,9 @@ def _scan_prefixes(layer: LayerSpec, spec: BundleSpec) -> tuple[tuple[PrefixOccu
     except ImportError as exc:
         raise MissingDependencyError(f"layer {layer.name} is relocatable but relocation is not available ({exc})",
                                      hint="this build of portable cannot pack relocatable layers") from None
-    found = scan_prefixes(layer.source, [x.build_prefix for x in others])
+    # Skipping excluded folders here means their bulk is never read (9 s -> 0.06 s for a Python prefix).
+    found = scan_prefixes(layer.source, [x.build_prefix for x in others],
+                          skip=lambda rel: excluded(rel, layer.exclude))
 
     def keep(x: LayerSpec) -> tuple[PrefixOccurrence, ...]:
         return tuple(o for o in found.get(normalize_prefix(x.build_prefix), []) if not excluded(o.path, layer.exclude))

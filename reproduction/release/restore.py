@@ -49,6 +49,8 @@ class RestoreReport:
     """Target -> locally edited files that --refresh-source overwrote (or removed)."""
     kept_edits: dict[str, list[str]] = field(default_factory=dict)
     """Source target -> locally edited files kept (no --refresh-source)."""
+    relocation_notes: list[str] = field(default_factory=list)
+    """Strings relocation left at the build prefix because the new one is longer (harmless ones only)."""
     seconds: float = 0.0
 
     def summary(self) -> str:
@@ -62,6 +64,9 @@ class RestoreReport:
         for target, files in self.kept_edits.items():
             lines.append(f"kept {len(files)} locally edited file(s) in {target}: {_few(files)} "
                          f"(`portable restore --refresh-source` overwrites them)")
+        if self.relocation_notes:
+            lines.append(f"relocation kept the build prefix in {len(self.relocation_notes)} place(s) the loader never "
+                         f"uses (a shorter bundle path removes them): {_few(self.relocation_notes)}")
         return "\n".join(lines)
 
 
@@ -157,11 +162,13 @@ def _swap_into_place(staging: Path, final: Path, trash: Path) -> None:
     fsync_dir(final.parent)
 
 
-def _relocate(bundle: Path, manifest: Manifest, layer: LayerEntry, old_bundle: Path | None) -> list[str]:
+def _relocate(bundle: Path, manifest: Manifest, layer: LayerEntry, old_bundle: Path | None,
+              notes: list[str]) -> list[str]:
     """Rewrite `layer`'s own and foreign prefix occurrences for where the bundle now is.
 
     `old_bundle` is where the tree was last relocated for (None: fresh from the archive, so the
-    build prefixes are what the files hold). Returns the changed paths (relative to the target).
+    build prefixes are what the files hold). Returns the changed paths (relative to the target);
+    appends to `notes` the harmless strings that kept a build prefix because the new one is longer.
     """
     if not _has_prefixes(layer):
         return []
@@ -174,7 +181,8 @@ def _relocate(bundle: Path, manifest: Manifest, layer: LayerEntry, old_bundle: P
     jobs += [(by_archive[a], occ) for a, occ in sorted(layer.foreign_prefix_files.items()) if by_archive[a].build_prefix]
     for owner, occurrences in jobs:
         old = str(old_bundle / owner.target) if old_bundle is not None else owner.build_prefix
-        changed += relocate_tree(root, occurrences, old, str(bundle / owner.target), build_prefix=owner.build_prefix)
+        changed += relocate_tree(root, occurrences, old, str(bundle / owner.target), build_prefix=owner.build_prefix,
+                                 notes=notes)
     return sorted(set(changed))
 
 
@@ -316,11 +324,11 @@ def _finish(bundle: Path, manifest: Manifest, receipt: Receipt, groups: list[Gro
         for layer in g.layers:
             if g.action == "extract":
                 rec = recs[g.target][layer.archive]
-                _restat(root, rec, _relocate(bundle, manifest, layer, None))
+                _restat(root, rec, _relocate(bundle, manifest, layer, None, report.relocation_notes))
             else:
                 rec = receipt.layers[layer.archive]
                 if g.action == "relocate":
-                    _restat(root, rec, _relocate(bundle, manifest, layer, _old_bundle(rec)))
+                    _restat(root, rec, _relocate(bundle, manifest, layer, _old_bundle(rec), report.relocation_notes))
                 rec.prefix = str(root)
             receipt.layers[layer.archive] = rec
         {"extract": report.extracted, "relocate": report.relocated, "keep": report.unchanged}[g.action].append(g.target)
