@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,11 @@ def test_interrupted_publish_resumes_and_uploads_only_the_rest(hub: HubServer, t
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert hub.stalled.wait(60), "the publish never reached the stalled upload"
+        # Uploads run in parallel: the 3rd may still be in flight when the 4th stalls. Kill only once
+        # it has landed, so the server holds exactly 3 blobs (bounded wait).
+        deadline = time.monotonic() + 30
+        while hub.uploads < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         proc.kill()
         proc.communicate(timeout=30)
