@@ -113,7 +113,8 @@ def run_demo(workdir: Path | None, *, ui: UiOptions | None = None) -> int:
     config = (restored / "config" / "demo.json").read_text(encoding="utf-8")
     say(f"config/demo.json refers to the bundle as ${{BUNDLE}}: {'${BUNDLE}/data/fetch_pick' in config}", options=ui)
     say(f"round trip done in {time.perf_counter() - started:.1f}s; the restored bundle is at {restored}", options=ui)
-    say("the RECAP pipeline stages (returns, value, advantages, policy) are not built yet in this version of "
-        "recap-portable; the demo stops after the bundle round trip", options=ui)
+    say("stages 1-3 run as modules for now (python -m reproduction.recap.returns / .value / .advantages); "
+        "`portable run`, the policy stage and the simulator are not built yet in this version of recap-portable, "
+        "so the demo stops after the bundle round trip", options=ui)
     print(restored)
     return 0
