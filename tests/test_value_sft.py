@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from value_synth import CAMERA, write_value_dataset
@@ -60,6 +61,26 @@ def test_two_worker_value_sft_with_two_folds_beats_chance_on_held_out_episodes(t
     print(f"cross-fitted labels vs returns, Spearman: {crossfit:.3f}")
     assert crossfit > HELDOUT_SPEARMAN_MIN
     assert np.isfinite(values.column("value").to_numpy()).all()
+
+    # Stage 2 -> 3 through the entry points: values parquet, then advantage labels from it.
+    proc = _run(["infer", "--stage", str(tmp_path / "value"), "--dataset", str(tmp_path / "ds"),
+                 "--out", str(tmp_path / "values.parquet"), "--lookahead", "3", "--workers", "2"], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["frames"] == 804
+    written = pq.read_table(tmp_path / "values.parquet")
+    assert written.column("value").to_pylist() == values.column("value").to_pylist()  # same plan, same numbers
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "reproduction.recap.advantages", "compute", "--dataset",
+                           str(tmp_path / "ds"), "--type", "rollout", "--values", str(tmp_path / "values.parquet"),
+                           "--returns-dir", str(runs), "--value-checkpoint", summary["models"][0]["export"],
+                           "--lookahead", "3", "--tag", "e2e", "--out", str(tmp_path / "adv"), "--json"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    adv = pq.read_table(tmp_path / "adv" / "ds" / "advantages_e2e.parquet")
+    assert adv.num_rows == 804
+    positive = adv.column("advantage").to_numpy(zero_copy_only=False).mean()
+    assert abs(positive - 0.3) < 0.02, positive  # positive_quantile 0.3 of a global threshold
+    assert adv.column("value_current").to_pylist() == values.column("value").to_pylist()
 
 
 def test_cli_reports_bad_configs_with_exit_codes(tmp_path):

@@ -1,10 +1,13 @@
 """Stage 2 entry: train the value model(s), one per cross-fitting fold, through the project's trainer.
 
     python -m reproduction.recap.value train --config value.yaml --out runs/x/value [--resume] [--ray-address A]
+    python -m reproduction.recap.value infer --stage runs/x/value --dataset DATA --out values.parquet [--lookahead N]
 
 The config file (YAML or JSON) has two sections: `value` (ValueStageConfig: datasets, preset,
 cameras, folds, ...) and `train` (TrainConfig: steps, batches, lr, world size, ...). stdout gets one
-JSON summary (per-fold eval metrics and export folders); talk and errors go to stderr.
+JSON summary (per-fold eval metrics and export folders); talk and errors go to stderr. `infer`
+writes every frame's value (episode_index, frame_index, value), each episode labelled by the model
+that did not train on it, as the parquet stage 3 reads with `--values`.
 """
 
 from __future__ import annotations
@@ -86,17 +89,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", required=True, type=Path, help="stage output folder")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoints")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
+    p = sub.add_parser("infer", help="write every frame's value for stage 3 (cross-fitted)")
+    p.add_argument("--stage", required=True, type=Path, help="the stage-2 output folder (--out of train)")
+    p.add_argument("--dataset", required=True, type=Path, help="LeRobot dataset root")
+    p.add_argument("--out", required=True, type=Path, help="values parquet to write")
+    p.add_argument("--lookahead", type=int, default=10, help="N of stage 3: shards are extended by N frames")
+    p.add_argument("--workers", type=int, default=1, help="shards of the inference plan")
+    p.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args(argv)
     try:
-        stage, tcfg = load_config(args.config)
-        result = train_value(stage, tcfg, args.out, resume=args.resume, ray_address=args.ray_address)
+        if args.command == "infer":
+            summary = infer_values(args.stage, args.dataset, args.out, lookahead=args.lookahead,
+                                   workers=args.workers, batch_size=args.batch_size)
+        else:
+            stage, tcfg = load_config(args.config)
+            summary = train_value(stage, tcfg, args.out, resume=args.resume, ray_address=args.ray_address).summary()
     except PortableError as exc:
         print(f"error: {exc}", file=sys.stderr)
         if exc.hint:
             print(f"hint: {exc.hint}", file=sys.stderr)
         return exc.exit_code
-    print(json.dumps(result.summary(), indent=1, sort_keys=True))
+    print(json.dumps(summary, indent=1, sort_keys=True))
     return 0
+
+
+def infer_values(stage_dir: Path, dataset: Path, out: Path, *, lookahead: int = 10, workers: int = 1,
+                 batch_size: int = 64) -> dict[str, Any]:
+    """Infer every frame of `dataset` with the stage's models (cross-fitted) and write `out` atomically.
+
+    The parquet holds episode_index, frame_index (int64) and value (float64), sorted by (episode,
+    frame), with the dataset fingerprint in its metadata. Returns a small summary.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from reproduction.data.reader import open_dataset
+    from reproduction.fsio import atomic_write_bytes
+    from reproduction.recap.value_infer import infer_dataset
+
+    if not (Path(stage_dir) / SETUP_NAME).is_file():
+        raise InputNotFoundError(f"{stage_dir}: no {SETUP_NAME}; not a stage-2 output folder", path=stage_dir,
+                                 hint="pass the folder given to `value train --out`")
+    table = infer_dataset(Path(stage_dir), Path(dataset), world_size=workers, lookahead=lookahead,
+                          batch_size=batch_size)
+    fingerprint = open_dataset(Path(dataset)).fingerprint
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                           b"recap_portable.dataset_fingerprint": fingerprint.encode()})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    atomic_write_bytes(Path(out), sink.getvalue().to_pybytes())
+    values = table.column("value").to_numpy()
+    return {"values": str(out), "frames": table.num_rows, "dataset_fingerprint": fingerprint,
+            "value_mean": float(values.mean()) if values.size else None}
 
 
 if __name__ == "__main__":
