@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from reproduction.errors import DatasetError
-from reproduction.recap.returns import episode_ends, sort_frames
+from reproduction.recap.returns import episode_bounds, episode_ends, sort_frames
 
 CHUNK_ROWS = 1 << 20
 """Rows read from a returns sidecar per batch (a chunk ends at the last whole episode in it)."""
@@ -41,7 +41,13 @@ class DatasetArrays:
 
     @property
     def row_end(self) -> np.ndarray:
+        """The exclusive end of each row's episode, per row."""
         return episode_ends(self.episode_index)[1]
+
+    @property
+    def episode_end(self) -> np.ndarray:
+        """The exclusive end of each episode, in order (what nstep_advantages needs; per episode)."""
+        return episode_bounds(self.episode_index)[1]
 
     @property
     def num_rows(self) -> int:

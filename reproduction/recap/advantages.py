@@ -71,30 +71,36 @@ class AdvantageConfig:
                               field="threshold_scope")
 
 
-def nstep_advantages(row_end: np.ndarray, returns: np.ndarray, rewards: np.ndarray, values: np.ndarray, *,
+def nstep_advantages(row_end: np.ndarray | None, returns: np.ndarray, rewards: np.ndarray, values: np.ndarray, *,
                      lookahead: int, gamma: float, discount_next_value: bool, return_range: ReturnRange,
-                     use_return_shortcut: bool = True) -> dict[str, np.ndarray]:
+                     use_return_shortcut: bool = True, episode_end: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The N-step advantage of every row (rows sorted by episode, frame; see the module docstring).
 
-    `row_end[t]` is the exclusive end of row t's episode. Returns float64 arrays
-    advantage_continuous, value_next, reward_sum, reward_sum_raw and int64 num_valid_rewards.
+    `row_end[t]` is the exclusive end of row t's episode; or pass `episode_end`, the exclusive end
+    of each episode in order (then `row_end` may be None: it is built only where gamma != 1 needs it).
+    Returns float64 arrays advantage_continuous, value_next, reward_sum, reward_sum_raw and int64
+    num_valid_rewards.
     """
-    n, N = row_end.size, lookahead
-    # Few, reused full-size buffers: at 1M rows, fresh 8 MB arrays cost more than the arithmetic.
-    padded = _last_rows(row_end, N)  # t + N >= end: V(t+N) is past the episode (padded with 0)
-    k = np.full(n, N, dtype=np.int64)  # frames in the window: N, fewer only on padded rows
-    k[padded] = row_end[padded] - padded
+    N = lookahead
     v = np.asarray(values, dtype=np.float64)
+    n = v.size
+    ends = _episode_ends_of(row_end) if episode_end is None else np.asarray(episode_end, dtype=np.int64)
+    # Work per episode, not per row: only the last N rows of each episode are special (padded).
+    padded, padded_end = _last_rows(ends, N)  # t + N >= end: V(t+N) is past the episode (padded with 0)
+    # Each full-size output is allocated once and written once (at 1M rows, fresh 8 MB arrays and
+    # extra passes cost more than the arithmetic).
+    k = np.full(n, N, dtype=np.int64)  # frames in the window: N, fewer only on padded rows
+    k[padded] = padded_end - padded
     v_next = _ahead(v, N, padded)
     if gamma == 1.0 and use_return_shortcut:
-        g = np.asarray(returns, dtype=np.float64)
-        r_raw = _ahead(g, N, padded)
-        np.subtract(g, r_raw, out=r_raw)  # G_t - G_{t+N}, or G_t when padded
+        r_raw = _return_differences(np.asarray(returns, dtype=np.float64), N, padded)
     else:
+        if row_end is None:
+            row_end = np.repeat(ends, np.diff(ends, prepend=0))
         r_raw = window_sums(np.asarray(rewards, dtype=np.float64), k, gamma, row_end)
     r_norm = return_range.scale_rewards(r_raw)
     if gamma == 1.0 or not discount_next_value:
-        adv = r_norm + v_next  # g = 1
+        adv = np.add(r_norm, v_next)  # g = 1
     else:
         adv = np.array([gamma ** j for j in range(N + 1)])[k]  # gamma^k from a table
         adv *= v_next
@@ -104,17 +110,24 @@ def nstep_advantages(row_end: np.ndarray, returns: np.ndarray, rewards: np.ndarr
             "reward_sum_raw": r_raw, "num_valid_rewards": k}
 
 
-def _last_rows(row_end: np.ndarray, count: int) -> np.ndarray:
-    """Sorted indices of the last `count` rows of every episode (all rows of shorter ones), from
-    the per-row episode ends: one pass to find the episodes, then work per episode only."""
+def _episode_ends_of(row_end: np.ndarray) -> np.ndarray:
+    """The exclusive end of each episode, in order, from the per-row ends (sorted rows)."""
     n = row_end.size
     if n == 0:
         return np.zeros(0, np.int64)
-    ends = row_end[np.append(np.flatnonzero(row_end[1:] != row_end[:-1]), n - 1)].astype(np.int64)
+    return row_end[np.append(np.flatnonzero(row_end[1:] != row_end[:-1]), n - 1)].astype(np.int64)
+
+
+def _last_rows(ends: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted indices of the last `count` rows of every episode (all rows of shorter ones), the
+    end of each one's episode), from the per-episode ends: work per episode only."""
+    if ends.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
     starts = np.concatenate([[0], ends[:-1]])
     first = np.maximum(ends - count, starts)
     sizes = ends - first
-    return np.repeat(first - (np.cumsum(sizes) - sizes), sizes) + np.arange(int(sizes.sum()), dtype=np.int64)
+    rows = np.repeat(first - (np.cumsum(sizes) - sizes), sizes) + np.arange(int(sizes.sum()), dtype=np.int64)
+    return rows, np.repeat(ends, sizes)
 
 
 def _ahead(x: np.ndarray, n_ahead: int, padded: np.ndarray) -> np.ndarray:
@@ -125,6 +138,17 @@ def _ahead(x: np.ndarray, n_ahead: int, padded: np.ndarray) -> np.ndarray:
     out[:m] = x[n_ahead:]
     out[m:] = 0.0  # always padded rows: past the last episode's end
     out[padded] = 0.0
+    return out
+
+
+def _return_differences(g: np.ndarray, n_ahead: int, padded: np.ndarray) -> np.ndarray:
+    """G_t - G_{t+n_ahead} per row, G_t itself at the `padded` rows: one subtraction pass into the
+    output, then the padded rows (past the episode's end) overwritten."""
+    out = np.empty_like(g)
+    m = max(g.size - n_ahead, 0)
+    np.subtract(g[:m], g[n_ahead:], out=out[:m])
+    out[m:] = g[m:]  # always padded rows: past the last episode's end
+    out[padded] = g[padded]
     return out
 
 
@@ -163,22 +187,25 @@ def quantile_threshold(advantages: np.ndarray, positive_quantile: float) -> floa
     return exact_percentile(advantages, (1.0 - positive_quantile) * 100.0)
 
 
-def exact_percentile(a: np.ndarray, q: float, *, sample: int = 4096) -> float:
+EXACT_PERCENTILE_MIN = 65_536
+"""Below this many values exact_percentile is plain np.percentile (the bracket would not pay off)."""
+
+
+def exact_percentile(a: np.ndarray, q: float, *, sample: int = 16_384) -> float:
     """np.percentile(a, q) (linear method), without partitioning all of `a`.
 
-    The two order statistics it interpolates are bracketed by a strided sample; only the values
-    inside the bracket are partitioned. Falls back to np.percentile for small arrays, NaNs, or a
-    bracket that misses (then the result is the same, only slower).
+    The two order statistics it interpolates are bracketed by a strided sample of about `sample`
+    values; only the values inside the bracket are partitioned. Falls back to np.percentile for
+    small arrays, NaNs, or a bracket that misses (then the result is the same, only slower).
     """
     a = np.asarray(a, dtype=np.float64)
     n = a.size
-    if n < 16 * sample:
+    if n < EXACT_PERCENTILE_MIN:
         return float(np.percentile(a, q))
     quantile = np.true_divide(q, 100)
     virtual = (n - 1) * quantile  # numpy's linear method, computed the same way
     lo = int(np.floor(virtual))
-    hi = min(lo + 1, n - 1)
-    picks = np.sort(a[::n // sample])
+    picks = np.sort(a[::max(n // sample, 1)])
     m = picks.size
     margin = int(4 * np.sqrt(m * quantile * (1 - quantile))) + 2  # many binomial sigmas of slack
     j = int(quantile * (m - 1))
@@ -190,10 +217,14 @@ def exact_percentile(a: np.ndarray, q: float, *, sample: int = 4096) -> float:
     below = n - int(np.count_nonzero(keep))
     keep &= a <= high
     inside = a[keep]
+    hi = min(lo + 1, n - 1)
     if not (below <= lo and hi < below + inside.size):
         return float(np.percentile(a, q))
-    inside.partition([lo - below, hi - below])
-    v_lo, v_hi = inside[lo - below], inside[hi - below]
+    # One kth, then the next order statistic is the smallest value after it: partitioning for two
+    # kths at once costs several times more.
+    inside.partition(lo - below)
+    v_lo = inside[lo - below]
+    v_hi = inside[lo - below + 1:].min() if hi > lo else v_lo
     t = virtual - np.floor(virtual)
     diff = np.subtract(v_hi, v_lo)
     return float(v_hi - diff * (1 - t) if t >= 0.5 else v_lo + diff * t)  # numpy's _lerp
@@ -409,9 +440,10 @@ def compute_advantages(inputs: Sequence[DatasetArrays | SidecarInputs], config: 
 
     def results(d: DatasetArrays | SidecarInputs) -> Iterator[tuple[DatasetArrays, dict[str, np.ndarray]]]:
         for c in d.chunks():
-            yield c, nstep_advantages(c.row_end, c.returns, c.rewards, c.values, lookahead=config.lookahead,
+            yield c, nstep_advantages(None, c.returns, c.rewards, c.values, lookahead=config.lookahead,
                                       gamma=config.gamma, discount_next_value=config.discount_next_value,
-                                      return_range=rr, use_return_shortcut=c.returns_gamma in (None, 1.0))
+                                      return_range=rr, use_return_shortcut=c.returns_gamma in (None, 1.0),
+                                      episode_end=c.episode_end)
 
     return label_and_write(inputs, results, config=config, return_range=rr, value_fingerprint=value_fp,
                            out_dirs=out_dirs)
@@ -476,10 +508,11 @@ def relabel(datasets: Sequence[Path], source: Path, *, source_tag: str | None, c
             d.rewards = rtable.column("reward").to_numpy().astype(np.float64)
             d.returns = rtable.column("return").to_numpy().astype(np.float64)
             d.returns_gamma = (rmeta.get("params") or {}).get("gamma")
-            results.append(nstep_advantages(d.row_end, d.returns, d.rewards, d.values, lookahead=config.lookahead,
+            results.append(nstep_advantages(None, d.returns, d.rewards, d.values, lookahead=config.lookahead,
                                             gamma=config.gamma, discount_next_value=config.discount_next_value,
                                             return_range=ReturnRange.from_dict(rr_doc),
-                                            use_return_shortcut=d.returns_gamma in (None, 1.0)))
+                                            use_return_shortcut=d.returns_gamma in (None, 1.0),
+                                            episode_end=d.episode_end))
         else:
             results.append({c: table.column(c).to_numpy() for c in
                             ("advantage_continuous", "value_next", "reward_sum", "reward_sum_raw", "num_valid_rewards")})
