@@ -63,15 +63,18 @@ def episode_data(lengths, successes, gamma, failure, rng):
 @settings(max_examples=60, deadline=None)
 @given(lengths=st.lists(st.integers(1, 30), min_size=1, max_size=10), data=st.data(),
        N=st.integers(1, 12), gamma=st.sampled_from([1.0, 0.98, 0.9, 0.6]), discount=st.booleans(),
-       seed=st.integers(0, 2**16))
-def test_advantages_match_plain_loop(lengths, data, N, gamma, discount, seed):
+       seed=st.integers(0, 2**16), by_episode_end=st.booleans())
+def test_advantages_match_plain_loop(lengths, data, N, gamma, discount, seed, by_episode_end):
     successes = data.draw(st.lists(st.booleans(), min_size=len(lengths), max_size=len(lengths)))
     rng = np.random.default_rng(seed)
     G, r, V = episode_data(lengths, successes, gamma, -300.0, rng)
     rr = ReturnRange(return_min=-350.0, return_max=0.0)
     row_end = episode_ends(np.repeat(np.arange(len(lengths)) * 7 + 3, lengths))[1]  # non-contiguous ids
-    got = nstep_advantages(row_end, np.concatenate(G), np.concatenate(r), np.concatenate(V), lookahead=N, gamma=gamma,
-                           discount_next_value=discount, return_range=rr)
+    # Either the per-row ends or only the per-episode ends (the fast path stage 3 uses).
+    ends = {"episode_end": np.cumsum(lengths)} if by_episode_end else {}
+    got = nstep_advantages(None if by_episode_end else row_end, np.concatenate(G), np.concatenate(r),
+                           np.concatenate(V), lookahead=N, gamma=gamma, discount_next_value=discount,
+                           return_range=rr, **ends)
     want = [x for g_, r_, v_ in zip(G, r, V) for x in reference_episode(g_, r_, v_, N, gamma, discount, rr.width)]
     np.testing.assert_allclose(got["advantage_continuous"], [w[0] for w in want], rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(got["reward_sum_raw"], [w[1] for w in want], rtol=1e-9, atol=1e-9)
