@@ -1,8 +1,8 @@
 """Ascend probe: `npu-smi info`, the CANN toolkit (version files, env), and torch_npu in a guarded subprocess.
 
-torch_npu is imported only in a subprocess with TORCH_DEVICE_BACKEND_AUTOLOAD=0 and never through
-`torch_npu.contrib.transfer_to_npu` (it patches torch globally). Rows: `npu` (devices usable by
-torch_npu), `npu.cann` (toolkit found and on the library path), `npu.skew` (torch_npu vs CANN and vs
+torch_npu is imported only in a subprocess with TORCH_DEVICE_BACKEND_AUTOLOAD=0, and never through
+the `torch_npu.contrib.transfer_to_npu` hazard (it patches torch globally).
+Rows: `npu` (devices usable by torch_npu), `npu.cann` (toolkit found and on the library path), `npu.skew` (torch_npu vs CANN and vs
 torch), `npu.processes` (NPUs already in use, same rule as CUDA).
 
 CANN is looked for at $ASCEND_TOOLKIT_HOME, $ASCEND_HOME_PATH, then <root>/ascend-toolkit/latest,

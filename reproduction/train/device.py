@@ -1,8 +1,8 @@
 """Device abstraction: pick cpu / cuda / npu and its collective backend (gloo / nccl / hccl).
 
-Ascend is reached through an explicit, guarded `import torch_npu`; never through
-`torch_npu.contrib.transfer_to_npu`, which patches torch globally (replaces torch.cuda, forces
-hccl, disables torch.jit.script).
+Ascend is reached through an explicit, guarded `import torch_npu`. The hazard
+`torch_npu.contrib.transfer_to_npu` is never used: it patches torch globally (replaces torch.cuda,
+forces hccl, disables torch.jit.script).
 """
 
 from __future__ import annotations
