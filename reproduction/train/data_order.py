@@ -9,6 +9,7 @@ resume needs only the step number, and the same global batch is seen for any wor
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,11 +40,18 @@ def cursor(step: int, *, n: int, global_batch: int) -> Cursor:
     return Cursor(epoch=step // per, position=(step % per) * global_batch)
 
 
+@functools.lru_cache(maxsize=2)
 def epoch_order(seed: int, epoch: int, n: int, *, shuffle: bool = True) -> np.ndarray:
-    """Dataset indices in the order epoch `epoch` visits them (int64, a permutation of range(n))."""
+    """Dataset indices in the order epoch `epoch` visits them (int64, a permutation of range(n)).
+
+    Cached (read-only) for the current and the previous epoch: a step needs a few dozen entries,
+    and drawing a permutation of a million-frame dataset on every step would cost ~15 ms each."""
     if not shuffle:
-        return np.arange(n, dtype=np.int64)
-    return np.random.default_rng(np.random.SeedSequence([seed, epoch, 0x5EED])).permutation(n)
+        order = np.arange(n, dtype=np.int64)
+    else:
+        order = np.random.default_rng(np.random.SeedSequence([seed, epoch, 0x5EED])).permutation(n)
+    order.flags.writeable = False
+    return order
 
 
 def micro_batches(step: int, *, seed: int, n: int, global_batch: int, micro_batch: int,
