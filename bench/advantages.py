@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -19,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
+from _timing import REPEAT, best  # noqa: E402
 from reproduction.recap.advantages import label, nstep_advantages, thresholds_by_task  # noqa: E402
 from reproduction.recap.normalize import ReturnRange  # noqa: E402
 from reproduction.recap.returns import episode_bounds, episode_ends, episode_returns  # noqa: E402
@@ -62,20 +62,6 @@ def loop_advantages(lengths, returns, rewards, values, rr, gamma=1.0):
     a = out["advantage_continuous"]
     tau = np.percentile(a, 70)
     return a, a >= tau
-
-
-REPEAT = int(os.environ.get("BENCH_REPEAT", "5"))
-
-
-def best(fn, repeat: int = REPEAT) -> tuple[float, float]:
-    """(best wall seconds, best CPU seconds) over `repeat` runs of fn()."""
-    wall, cpu = [], []
-    for _ in range(repeat):
-        w0, c0 = time.perf_counter(), time.process_time()
-        fn()
-        cpu.append(time.process_time() - c0)
-        wall.append(time.perf_counter() - w0)
-    return min(wall), min(cpu)
 
 
 def main() -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -22,6 +21,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from _timing import REPEAT, best  # noqa: E402
 from reproduction.recap.returns import ReturnsConfig, compute_returns_table  # noqa: E402
 
 FRAMES, EPISODES = 1_000_000, 5_000
@@ -66,20 +66,6 @@ def loop_returns(table: pa.Table, gamma: float, failure_reward: float, tasks: di
         out["prompt"].extend(tasks[int(t)] for t in ti[start:end])
         start = end
     return out
-
-
-REPEAT = int(os.environ.get("BENCH_REPEAT", "5"))
-
-
-def best(fn, repeat: int = REPEAT) -> tuple[float, float]:
-    """(best wall seconds, best CPU seconds) over `repeat` runs of fn()."""
-    wall, cpu = [], []
-    for _ in range(repeat):
-        w0, c0 = time.perf_counter(), time.process_time()
-        fn()
-        cpu.append(time.process_time() - c0)
-        wall.append(time.perf_counter() - w0)
-    return min(wall), min(cpu)
 
 
 def main() -> None:

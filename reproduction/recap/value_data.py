@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from reproduction.config_fields import reject_unknown_fields
 from reproduction.errors import ConfigError, DatasetError
 from reproduction.recap.normalize import ReturnRange
 from reproduction.recap.tokenizer import MAX_TOKEN_LEN, encode_prompts, format_prompt
@@ -61,10 +62,7 @@ class ValueSource:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ValueSource":
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"dataset entry: unknown fields {unknown}", field=unknown[0], hint=f"known: {sorted(known)}")
+        reject_unknown_fields(cls, data, what="dataset entry")
         return cls(**dict(data))
 
     def to_dict(self) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from reproduction.config_fields import reject_unknown_fields
 from reproduction.errors import ConfigError
 
 PRESETS = ("tiny", "recap")
@@ -88,11 +89,7 @@ class ValueModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ValueModelConfig":
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"value model config: unknown fields {unknown}", field=unknown[0],
-                              hint=f"known fields: {sorted(known)}")
+        reject_unknown_fields(cls, data, what="value model config")
         kwargs = dict(data)
         if "cameras" in kwargs:
             kwargs["cameras"] = tuple(kwargs["cameras"])

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from reproduction.config_fields import reject_unknown_fields
 from reproduction.errors import ConfigError
 from reproduction.fsio import atomic_write_text
 from reproduction.recap.crossfit import CrossFitPlan, split_folds
@@ -95,10 +96,7 @@ class ValueStageConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ValueStageConfig":
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"value config: unknown fields {unknown}", field=unknown[0], hint=f"known: {sorted(known)}")
+        reject_unknown_fields(cls, data, what="value config")
         kwargs = dict(data)
         kwargs["train"] = [ValueSource.from_dict(s) for s in data.get("train", [])]
         kwargs["eval"] = [ValueSource.from_dict(s) for s in data.get("eval", [])]
