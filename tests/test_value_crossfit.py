@@ -52,3 +52,25 @@ def test_bad_fold_counts_and_unknown_episodes_are_refused():
         plan.models_for("rollout", np.array([40, 5]))
     with pytest.raises(ConfigError, match="model 2 is outside 0..1"):
         plan.train_episodes(2, "sft")
+
+
+def test_a_dataset_no_model_trained_on_is_labelled_by_every_model_in_turn():
+    """Upstream's flow: train on sft, label rollouts. folds=1: model 0; folds>1: a per-episode pick."""
+    eps = np.arange(1, 401, 2)
+    one = split_folds({"sft": EPISODES["sft"]}, folds=1)
+    assert one.models_for("rollout", eps).tolist() == [0] * eps.size and one.model_for("rollout", 7) == 0
+    plan = split_folds({"sft": EPISODES["sft"]}, folds=2, seed=3)
+    assert not plan.covers("rollout") and plan.covers("sft")
+    got = plan.models_for("rollout", eps)
+    assert set(got.tolist()) == {0, 1} and 70 <= int((got == 0).sum()) <= 130  # spread over both models
+    # a pure function of the episode: any subset, order or shard gives each episode the same model
+    np.testing.assert_array_equal(plan.models_for("rollout", eps[::-1][:37]), got[::-1][:37])
+    assert [plan.model_for("rollout", int(e)) for e in eps[:20]] == got[:20].tolist()
+    assert split_folds({"sft": EPISODES["sft"]}, folds=2, seed=3).models_for("rollout", eps).tolist() == got.tolist()
+    assert plan.models_for("other", eps).tolist() != got.tolist()  # the dataset name enters the pick
+    three = split_folds({"sft": EPISODES["sft"]}, folds=3).models_for("rollout", eps)
+    assert set(three.tolist()) == {0, 1, 2}
+    with pytest.raises(DatasetError, match="episode 23 of dataset 'sft' is not in the fold plan"):
+        plan.models_for("sft", np.array([0, 23]))  # a dataset that WAS split: a new episode is still an error
+    with pytest.raises(DatasetError, match="episode 99 of dataset 'sft'"):
+        plan.model_for("sft", 99)

@@ -23,22 +23,32 @@ from value_synth import CAMERA, write_value_dataset
 CAMS = {"base_0_rgb": CAMERA, "left_wrist_0_rgb": "observation.images.wrist"}
 
 
-@pytest.fixture(scope="module")
-def stage_dir(tmp_path_factory):
-    """A 2-fold value stage with untrained exports written exactly as the trainer's export does."""
+def _write_stage(value_dir: Path, stage: ValueStageConfig):
+    """prepare_value_setup + untrained exports written exactly as the trainer's export does."""
     from safetensors.torch import save_file
 
+    setup = prepare_value_setup(stage, value_dir)
+    for k in range(stage.folds):
+        model = build_value_model(ValueModelConfig.from_dict(setup.model_config), seed=k)
+        export = value_dir / f"model_{k}" / "export"
+        export.mkdir(parents=True)
+        save_file({n: t.contiguous() for n, t in model.state_dict().items()}, str(export / "model.safetensors"))
+        write_export_extras(export, setup=setup, fold=k)
+    return setup
+
+
+@pytest.fixture(scope="module")
+def stage_dir(tmp_path_factory):
+    """A 2-fold value stage (value/) and a 1-fold one (value1/) trained on `ds`, plus `unseen`, a
+    dataset neither trained on, and `changed/ds`, the same dataset name with two more episodes."""
     root = tmp_path_factory.mktemp("vtask")
     runs = write_value_dataset(root / "ds", episodes=8, seed=2)
     stage = ValueStageConfig(train=[ValueSource(path=str(root / "ds"), type="rollout", returns=str(runs))],
                              cameras=CAMS, folds=2, fold_seed=1)
-    setup = prepare_value_setup(stage, root / "value")
-    for k in range(2):
-        model = build_value_model(ValueModelConfig.from_dict(setup.model_config), seed=k)
-        export = root / "value" / f"model_{k}" / "export"
-        export.mkdir(parents=True)
-        save_file({n: t.contiguous() for n, t in model.state_dict().items()}, str(export / "model.safetensors"))
-        write_export_extras(export, setup=setup, fold=k)
+    _write_stage(root / "value", stage)
+    _write_stage(root / "value1", ValueStageConfig.from_dict({**stage.to_dict(), "folds": 1}))
+    write_value_dataset(root / "unseen", episodes=7, seed=7, runs=root / "returns_unseen")
+    write_value_dataset(root / "changed" / "ds", episodes=10, seed=2, runs=root / "returns_changed")
     return root
 
 
@@ -117,7 +127,25 @@ def test_evaluate_uses_the_whole_set_and_every_rank_runs_the_same_forwards(stage
     assert counts[0] == counts[1] == -(-(-(-len(data) // 2)) // 4)
 
 
-def test_inference_runs_each_frame_once_through_the_model_that_did_not_train_on_it(stage_dir):
+def _count_forwards(monkeypatch) -> Counter:
+    """Frames each model of the next `load_value_stage` runs forward (model index -> frames)."""
+    from reproduction.recap import value_infer
+
+    counts: Counter = Counter()
+    real = value_infer.load_value_stage
+
+    def spy(*args, **kwargs):
+        models, plan = real(*args, **kwargs)
+        for k, vm in enumerate(models):
+            vm.model.register_forward_hook(lambda m, a, kw, out, k=k: counts.update({k: kw["input_ids"].shape[0]}),
+                                           with_kwargs=True)
+        return models, plan
+
+    monkeypatch.setattr(value_infer, "load_value_stage", spy)
+    return counts
+
+
+def test_inference_runs_each_frame_once_through_the_model_that_did_not_train_on_it(stage_dir, monkeypatch):
     from reproduction.data.reader import open_dataset
     from reproduction.recap.sharding import plan_shards
 
@@ -135,12 +163,64 @@ def test_inference_runs_each_frame_once_through_the_model_that_did_not_train_on_
     for k in range(2):  # frames counted per model: exactly the frames of its held-out episodes, once per shard
         expect = sum(int(np.isin(ep[s.start:s.infer_stop], plan.heldout_episodes(k, "ds")).sum()) for s in shards)
         assert sum(n * c for n, c in seen[k].items()) == expect and max(seen[k]) <= 5
+    frames_per_model = _count_forwards(monkeypatch)
     merged = infer_dataset(stage_dir / "value", stage_dir / "ds", world_size=3, lookahead=4, batch_size=5)
+    for k in range(2):  # the merged path: exactly one forward per frame, lookahead rows included
+        assert frames_per_model[k] == int(np.isin(ep, plan.heldout_episodes(k, "ds")).sum())
+    assert sum(frames_per_model.values()) == ds.num_frames
     single = infer_dataset(stage_dir / "value", stage_dir / "ds", world_size=1, batch_size=64)
     assert merged.column("episode_index").to_pylist() == ep.tolist() and merged.column("frame_index").to_pylist() == fr.tolist()
     np.testing.assert_allclose(merged.column("value").to_numpy(), single.column("value").to_numpy(), atol=1e-6)
     vals = merged.column("value").to_numpy()
     assert np.all((vals >= -1) & (vals <= 0)) and not np.isnan(vals).any()
+
+
+@pytest.mark.parametrize("stage_name, folds", [("value1", 1), ("value", 2)])
+def test_infer_cli_labels_a_dataset_the_models_never_trained_on(stage_dir, tmp_path, monkeypatch, capsys,
+                                                                 stage_name, folds):
+    """Upstream's flow (train on one dataset, label another): every model is held out for it, each
+    episode goes to one model, each frame gets one forward, and the summary says who labelled what."""
+    import pyarrow.parquet as pq
+
+    from reproduction.data.reader import open_dataset
+    from reproduction.recap import value as value_cli
+    from reproduction.recap.crossfit import split_folds
+    from reproduction.recap.value_infer import infer_rows
+
+    frames_per_model = _count_forwards(monkeypatch)
+    out = tmp_path / "values.parquet"
+    rc = value_cli.main(["infer", "--stage", str(stage_dir / stage_name), "--dataset", str(stage_dir / "unseen"),
+                         "--out", str(out), "--lookahead", "4", "--workers", "3", "--batch-size", "5"])
+    assert rc == 0, capsys.readouterr().err
+    summary = json.loads(capsys.readouterr().out)
+    ds = open_dataset(stage_dir / "unseen")
+    rows, ep, fr = sorted_frames(ds)
+    table = pq.read_table(out)
+    assert table.column("episode_index").to_pylist() == ep.tolist() and table.column("frame_index").to_pylist() == fr.tolist()
+    models, plan = load_value_stage(stage_dir / stage_name)
+    which = plan.models_for("unseen", ep)
+    expect = np.bincount(which, minlength=folds).tolist()
+    assert summary["frames"] == ds.num_frames and summary["frames_per_model"] == expect
+    assert summary["dataset_in_fold_plan"] is False
+    assert [frames_per_model[k] for k in range(folds)] == expect and sum(expect) == ds.num_frames  # one forward each
+    if folds == 2:
+        assert min(expect) > 0  # both held-out models share the work
+    for k in range(folds):  # each frame's value is its labelling model's
+        alone = infer_rows([models[k]], split_folds({}, folds=1), ds, "unseen", rows[which == k])
+        np.testing.assert_allclose(table.column("value").to_numpy()[which == k], alone, atol=1e-6)
+
+
+def test_infer_cli_refuses_an_episode_the_fold_plan_split_without(stage_dir, tmp_path, capsys):
+    """`changed/ds` is the training dataset's name with two more episodes: no model is known to be held out."""
+    from reproduction.recap import value as value_cli
+
+    out = tmp_path / "values.parquet"
+    rc = value_cli.main(["infer", "--stage", str(stage_dir / "value"), "--dataset", str(stage_dir / "changed" / "ds"),
+                         "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 40 and err.startswith("error: cross-fitting: episode 17 of dataset 'ds' is not in the fold plan\n")
+    assert "hint: the dataset changed after the value models were trained; retrain stage 2" in err
+    assert not out.exists() and not list(tmp_path.iterdir())  # nothing half-written
 
 
 def test_value_training_resumes_to_identical_weights(stage_dir, tmp_path):

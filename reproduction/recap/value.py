@@ -118,12 +118,16 @@ def infer_values(stage_dir: Path, dataset: Path, out: Path, *, lookahead: int = 
     """Infer every frame of `dataset` with the stage's models (cross-fitted) and write `out` atomically.
 
     The parquet holds episode_index, frame_index (int64) and value (float64), sorted by (episode,
-    frame), with the dataset fingerprint in its metadata. Returns a small summary.
+    frame), with the dataset fingerprint in its metadata. Returns a small summary, including how
+    many frames each fold's model labelled and whether the models trained on folds of this dataset
+    (False: every model is held out for it, e.g. trained on sft data, labelling rollouts).
     """
+    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from reproduction.data.reader import open_dataset
+    from reproduction.recap.crossfit import CrossFitPlan
     from reproduction.fsio import atomic_write_bytes
     from reproduction.recap.value_infer import infer_dataset
 
@@ -132,7 +136,10 @@ def infer_values(stage_dir: Path, dataset: Path, out: Path, *, lookahead: int = 
                                  hint="pass the folder given to `value train --out`")
     table = infer_dataset(Path(stage_dir), Path(dataset), world_size=workers, lookahead=lookahead,
                           batch_size=batch_size)
-    fingerprint = open_dataset(Path(dataset)).fingerprint
+    ds = open_dataset(Path(dataset))
+    fingerprint = ds.fingerprint
+    plan = CrossFitPlan.from_dict(json.loads((Path(stage_dir) / "crossfit.json").read_text(encoding="utf-8")))
+    which = plan.models_for(ds.name, table.column("episode_index").to_numpy())
     table = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                            b"recap_portable.dataset_fingerprint": fingerprint.encode()})
     sink = pa.BufferOutputStream()
@@ -140,7 +147,9 @@ def infer_values(stage_dir: Path, dataset: Path, out: Path, *, lookahead: int = 
     atomic_write_bytes(Path(out), sink.getvalue().to_pybytes())
     values = table.column("value").to_numpy()
     return {"values": str(out), "frames": table.num_rows, "dataset_fingerprint": fingerprint,
-            "value_mean": float(values.mean()) if values.size else None}
+            "value_mean": float(values.mean()) if values.size else None,
+            "frames_per_model": np.bincount(which, minlength=plan.folds).tolist(),
+            "dataset_in_fold_plan": plan.covers(ds.name)}
 
 
 if __name__ == "__main__":

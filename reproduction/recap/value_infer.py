@@ -12,6 +12,7 @@ episode (cross-fitting), or the single model when folds == 1. Values are keyed b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,7 +159,13 @@ def infer_shard(models: Sequence[ValueExport], plan: CrossFitPlan, dataset: Any,
 def infer_dataset(stage_dir: Path, dataset_root: Path, *, world_size: int = 1, lookahead: int = 0,
                   batch_size: int = 64, device: str = "cpu", dataset_name: str | None = None) -> pa.Table:
     """Every frame's value, sorted by (episode, frame): run each shard of the plan in turn (the
-    single-process form of what stage 3's workers do one shard each) and merge their owned rows."""
+    single-process form of what stage 3's workers do one shard each) and merge them.
+
+    Each frame goes through exactly one forward: a worker infers `lookahead` rows past its owned
+    range because it cannot see the next worker's values, but here every shard's owned rows are
+    merged anyway, so each shard infers only what it owns (`lookahead` shapes the plan, nothing
+    more). A dataset the models never trained on is labelled per `CrossFitPlan.models_for`.
+    """
     from reproduction.data.reader import open_dataset
     from reproduction.recap.sharding import merge_values, plan_shards
 
@@ -169,6 +176,7 @@ def infer_dataset(stage_dir: Path, dataset_root: Path, *, world_size: int = 1, l
     row_end = np.searchsorted(ep, ep, side="right").astype(np.int64)  # each row's episode end (exclusive)
     parts = []
     for shard in plan_shards(row_end, world_size, lookahead):
-        t = infer_shard(models, plan, ds, shard, dataset_name=dataset_name, batch_size=batch_size, frames=frames)
-        parts.append(t.filter(t.column("owned")).drop_columns(["owned"]))
+        owned_only = dataclasses.replace(shard, infer_stop=shard.stop)
+        t = infer_shard(models, plan, ds, owned_only, dataset_name=dataset_name, batch_size=batch_size, frames=frames)
+        parts.append(t.drop_columns(["owned"]))
     return merge_values(parts)
