@@ -26,11 +26,16 @@ class UiOptions:
 
 
 class Task(Protocol):
-    """One progress line: `advance(n)` by units done; `total` may be updated later."""
+    """One progress line: `advance(n)` by units done; `total` may be updated later.
+
+    `show(rate=..., eta=...)` replaces the bar's own rate (bytes/s) and time-remaining columns with
+    texts the caller computes (a trainer shows samples/s and an ETA from its step times)."""
 
     def advance(self, n: float = 1) -> None: ...
 
     def set_total(self, total: float) -> None: ...
+
+    def show(self, **fields: str) -> None: ...
 
 
 @dataclass(slots=True)
@@ -39,6 +44,9 @@ class _NullTask:
         pass
 
     def set_total(self, total: float) -> None:
+        pass
+
+    def show(self, **fields: str) -> None:
         pass
 
 
@@ -52,6 +60,9 @@ class _RichTask:
 
     def set_total(self, total: float) -> None:
         self.progress.update(self.task_id, total=total)  # type: ignore[attr-defined]
+
+    def show(self, **fields: str) -> None:
+        self.progress.update(self.task_id, **fields)  # type: ignore[attr-defined]
 
 
 @dataclass(slots=True)
@@ -100,11 +111,24 @@ def progress(options: UiOptions | None = None, *, transient: bool = True) -> Ite
         BarColumn(),
         TaskProgressColumn(),
         MofNCompleteColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
+        _field_or(TransferSpeedColumn, "rate", "progress.data.speed")(),
+        _field_or(TimeRemainingColumn, "eta", "progress.remaining")(),
     )
     with RichProgress(*columns, console=console, transient=transient, disable=not console.is_terminal) as bar:
         yield Progress(bar)
+
+
+def _field_or(column: type, name: str, style: str) -> type:
+    """A subclass of the rich `column` that renders the task's `name` field when a caller set one
+    (`Task.show`), else what `column` itself computes (restore/verify/fetch keep bytes/s)."""
+    from rich.text import Text
+
+    class FieldOr(column):  # type: ignore[misc, valid-type]
+        def render(self, task):  # noqa: ANN001, ANN202 - rich's signature
+            text = task.fields.get(name)
+            return Text(str(text), style=style) if text is not None else super().render(task)
+
+    return FieldOr
 
 
 def say(message: str, *, options: UiOptions | None = None) -> None:

@@ -112,6 +112,12 @@ def test_run_logs_evaluates_saves_exports(tmp_path):
     assert [r["step"] for r in records if r["split"] == "eval"] == [2, 4, 6, 8, 10]
     assert [r["step"] for r in records if r["split"] == "checkpoint"] == [4, 8, 10]
     assert result.eval_metrics["count"] == train_tiny.N_EVAL
+    tb_loss = train_tiny.tb_scalars(tmp_path, "train/loss")  # TensorBoard's own reader: every logged step once
+    assert [s for s, _ in tb_loss] == list(range(1, 11))
+    assert [v for _, v in tb_loss] == pytest.approx([r["metrics"]["loss"] for r in records if r["split"] == "train"],
+                                                     rel=1e-6)  # stored as float32
+    assert [s for s, _ in train_tiny.tb_scalars(tmp_path, "eval/mse")] == [2, 4, 6, 8, 10]
+    assert [s for s, _ in train_tiny.tb_scalars(tmp_path, "checkpoint/save_s")] == [4, 8, 10]
     warm = [r["metrics"]["lr_factor"] for r in records if r["split"] == "train"][:4]
     assert warm == pytest.approx([1 / 3, 2 / 3, 1.0, 1.0])
     export = sorted(p.name for p in result.export_dir.iterdir())
@@ -141,6 +147,9 @@ def test_resume_continues_bit_identically_in_process(tmp_path, precision):
     assert not (tmp_path / "cut" / "checkpoints" / "step_8.partial").exists()
     assert _losses(tmp_path / "cut") == _losses(tmp_path / "straight")
     assert list(_losses(tmp_path / "cut")) == list(range(1, 13))
+    # TensorBoard: the first run's steps 5-6 are purged by the resume, not shown twice
+    cut_tb, straight_tb = (train_tiny.tb_scalars(tmp_path / d, "train/loss") for d in ("cut", "straight"))
+    assert [s for s, _ in cut_tb] == list(range(1, 13)) and cut_tb == straight_tb
     a, b = _weights(tmp_path / "straight"), _weights(tmp_path / "cut")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -204,3 +213,85 @@ def test_canary_check_tolerance():
         checkpoint.check_canary(1.0, 1.001, rtol=1e-4, folder=Path("x"))
     with pytest.raises(CheckpointError):
         checkpoint.check_canary(1.0, float("nan"), rtol=1e-4, folder=Path("x"))
+
+
+# -- progress: samples/s and ETA on the training bar ----------------------------------------------
+
+
+class _FakeBar:
+    """A ui.Task that remembers what the view told it."""
+
+    def __init__(self) -> None:
+        self.completed, self.fields = 0.0, {}
+
+    def advance(self, n: float = 1) -> None:
+        self.completed += n
+
+    def set_total(self, total: float) -> None:
+        pass
+
+    def show(self, **fields: str) -> None:
+        self.fields.update(fields)
+
+
+def _train_record(step: int, t: float, **metrics) -> dict:
+    return {"step": step, "split": "train", "time": t, "metrics": {"loss": 0.5, **metrics}}
+
+
+def test_progress_bar_shows_samples_per_s_and_eta_from_records(tmp_path, capsys):
+    from reproduction.train.api import _ProgressView
+    from reproduction.ui import UiOptions
+
+    bar = _FakeBar()
+    view = _ProgressView(bar, tmp_path / "metrics.jsonl", _inproc(max_steps=10), UiOptions())
+    assert bar.fields == {"rate": "? samples/s", "eta": "-:--:--"}
+    view.record(_train_record(2, 100.0, samples_per_s=40.0))  # one record: ETA from its own speed, 8 steps / 5 per s
+    assert (bar.completed, bar.fields) == (2, {"rate": "40 samples/s", "eta": "0:00:02"})
+    view.record(_train_record(4, 104.0, samples_per_s=32.0))  # 2 steps in 4 s of wall time: 6 left -> 12 s
+    assert (bar.completed, bar.fields) == (4, {"rate": "32 samples/s", "eta": "0:00:12"})
+    view.record({"step": 4, "split": "eval", "time": 104.5, "metrics": {"mse": 0.25, "count": 20.0}})
+    # the eval line's ETA is as of the eval record: 2 steps in 4.5 s, 6 left -> 13.5 s
+    assert capsys.readouterr().err == "step 4/10: loss 0.5, 32 samples/s, eta 0:00:14; eval mse 0.25, count 20\n"
+    view.record(_train_record(6, 108.0))  # no samples_per_s (an older log): from record times, 4 steps in 8 s x 8
+    assert bar.fields == {"rate": "4.0 samples/s", "eta": "0:00:08"}
+    view.record(_train_record(10, 116.0, samples_per_s=30.0))
+    assert (bar.completed, bar.fields) == (10, {"rate": "30 samples/s", "eta": "0:00:00"})
+
+
+def test_progress_view_tails_the_jsonl_of_a_ray_run(tmp_path):
+    """The Ray path polls the log: only complete lines written after the view started count, and a
+    resumed run's bar starts at the step it continues from."""
+    from reproduction.train.api import _ProgressView
+
+    log = tmp_path / "metrics.jsonl"
+    log.write_text(json.dumps(_train_record(7, 1.0, samples_per_s=99.0)) + "\n")  # the killed run's record
+    bar = _FakeBar()
+    view = _ProgressView(bar, log, _inproc(max_steps=24), None)
+    t = view.started
+    lines = [json.dumps(_train_record(9, t + 1, samples_per_s=16.0)), json.dumps(_train_record(10, t + 3, samples_per_s=8.0))]
+    with open(log, "a") as fh:
+        fh.write(lines[0] + "\n" + lines[1][:25])  # the second record is half-written
+    view.poll()
+    assert (bar.completed, bar.fields) == (9, {"rate": "16 samples/s", "eta": "0:00:08"})  # 15 left at 2 steps/s
+    with open(log, "a") as fh:
+        fh.write(lines[1][25:] + "\n")
+    view.poll()
+    assert (bar.completed, bar.fields) == (10, {"rate": "8.0 samples/s", "eta": "0:00:28"})  # 14 left at 1 step per 2 s
+    view.poll()
+    assert bar.completed == 10
+
+
+def test_progress_columns_prefer_the_task_fields_and_keep_bytes_otherwise():
+    from rich.progress import Task as RichTask, TimeRemainingColumn, TransferSpeedColumn
+
+    from reproduction.ui import _field_or
+
+    def task(**fields) -> RichTask:
+        return RichTask(0, "t", 100.0, 50.0, _get_time=lambda: 0.0, fields=fields)
+
+    rate, eta = _field_or(TransferSpeedColumn, "rate", "x")(), _field_or(TimeRemainingColumn, "eta", "x")()
+    trained = task(rate="32 samples/s", eta="0:00:12")
+    assert (rate.render(trained).plain, eta.render(trained).plain) == ("32 samples/s", "0:00:12")
+    plain = task()  # restore/verify/fetch set no fields: rich's own bytes/s and time remaining
+    assert rate.render(plain).plain == TransferSpeedColumn().render(plain).plain
+    assert eta.render(plain).plain == TimeRemainingColumn().render(plain).plain

@@ -3,7 +3,9 @@
 `python3 tests/train_tiny.py OUT --world-size 2 --max-steps 24 [--ray-address A]` trains with
 resume=True and prints the result as JSON on stdout (the kill/resume tests run it and kill -9 it).
 Fault knobs (all picklable through functools.partial): `raise_at_step` / `die_at_step` on one
-rank, `step_sleep` to slow steps down, `pid_dir` to record each worker's pid.
+rank, `die_in_save` (SIGKILL on one rank right after it wrote its DCP shard of `step_N.partial/`),
+`step_sleep` to slow steps down, `pid_dir` to record each worker's pid (`rank<r>.pid`) and the
+environment it runs under (`rank<r>.env.json`).
 """
 
 from __future__ import annotations
@@ -92,6 +94,23 @@ class _Faults:
         return loss, {"abs_err": float((pred - batch["y"]).abs().mean().detach())}
 
 
+def _die_after_shard_write(step: int) -> None:
+    """Make this process SIGKILL itself inside the DCP save of `step_<step>.partial/`, after its shard
+    file is on disk and before any .metadata or manifest.json exists (a kill mid-checkpoint-write)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    original = FileSystemWriter.write_data
+
+    def write_data(self, plan, planner):
+        future = original(self, plan, planner)
+        if Path(str(self.path)).name == f"step_{step}.partial":
+            future.wait()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return future
+
+    FileSystemWriter.write_data = write_data
+
+
 def evaluate(model: nn.Module, ctx: EvalContext) -> dict[str, float]:
     data = Regression(N_EVAL, seed=99)
     idx = list(ctx.shard(len(data)))
@@ -103,11 +122,15 @@ def evaluate(model: nn.Module, ctx: EvalContext) -> dict[str, float]:
 
 def make_task(rank: int, world_size: int, *, dropout: float = 0.0, scale: float = 1.0, pid_dir: str | None = None,
               fault_rank: int = 1, raise_at_step: int | None = None, die_at_step: int | None = None,
-              step_sleep: float = 0.0, nan_at_call: int | None = None) -> TrainTask:
+              step_sleep: float = 0.0, nan_at_call: int | None = None, die_in_save: int | None = None) -> TrainTask:
     """The tiny task; `*_at_step` count loss calls on `fault_rank` (one per micro batch)."""
     if pid_dir:
         Path(pid_dir).mkdir(parents=True, exist_ok=True)
         (Path(pid_dir) / f"rank{rank}.pid").write_text(str(os.getpid()))
+        env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM")}
+        (Path(pid_dir) / f"rank{rank}.env.json").write_text(json.dumps(env))
+    if die_in_save is not None and rank == fault_rank:
+        _die_after_shard_write(die_in_save)
     torch.manual_seed(7)
     model = MLP(dropout, scale)
 
@@ -126,6 +149,16 @@ def make_task(rank: int, world_size: int, *, dropout: float = 0.0, scale: float 
                      model_config={"kind": "tiny-mlp", "dim": DIM})
 
 
+def tb_scalars(out_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of one TensorBoard scalar as TensorBoard itself reads the run's event files
+    (purges on a restart included), in the order it keeps them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(Path(out_dir) / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
 def config(**overrides) -> TrainConfig:
     base = dict(max_steps=24, global_batch=8, micro_batch=2, world_size=2, device="cpu", lr=1e-3,
                 warmup_steps=3, eval_interval=2, save_interval=4, keep_last=10, seed=3,
@@ -142,11 +175,12 @@ def main() -> None:
     parser.add_argument("--ray-address", default=None)
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--die-in-save", type=int, default=None, help="SIGKILL rank 1 inside the save of this step")
     args = parser.parse_args()
     from reproduction.train.api import train
 
     task = functools.partial(make_task, dropout=args.dropout, step_sleep=args.step_sleep,
-                             pid_dir=str(Path(args.out) / "pids"))
+                             pid_dir=str(Path(args.out) / "pids"), die_in_save=args.die_in_save)
     result = train(task, config(world_size=args.world_size, max_steps=args.max_steps), out_dir=Path(args.out),
                    resume=True, ray_address=args.ray_address)
     print(json.dumps({"step": result.step, "resumed_from": result.resumed_from}))

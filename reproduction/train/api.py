@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import time
 from pathlib import Path
 from typing import Callable
@@ -41,7 +42,11 @@ def train(make_task: Callable[[int, int], TrainTask], config: TrainConfig, *, ou
 
 
 class _ProgressView:
-    """Drives a progress bar from metrics records (in-process callback, or by tailing the JSONL)."""
+    """Drives a progress bar from metrics records (in-process callback, or by tailing the JSONL).
+
+    The bar shows samples/s (the latest train record's `samples_per_s`, else derived from record
+    times) and an ETA from the wall time between train records (which includes eval and saves);
+    the same figures go into the line said at each eval."""
 
     def __init__(self, task: ui_mod.Task, log_path: Path, config: TrainConfig, ui: ui_mod.UiOptions | None) -> None:
         self.task, self.log_path, self.config, self.ui = task, log_path, config, ui
@@ -50,27 +55,42 @@ class _ProgressView:
         self.started = time.time()
         self.first: tuple[int, float] | None = None  # (step, time) of the first train record seen
         self.last_train: dict = {}
+        self.task.show(rate="? samples/s", eta="-:--:--")
 
     def record(self, record: dict) -> None:
         """Advance the bar on train records; say a line (loss, samples/s, ETA) at each eval."""
         step, split = int(record["step"]), record.get("split")
         if split == "train":
-            if self.first is None:
+            if self.first is None:  # a resumed run's bar jumps to the step it continues from
                 self.first = (step, float(record["time"]))
-                self.shown = step - 1  # a resumed run starts the bar where it continues
             self.task.advance(max(0, step - self.shown))
             self.shown = max(self.shown, step)
             self.last_train = record["metrics"]
+            self.task.show(**self.figures(step, float(record["time"])))
         elif split == "checkpoint":
             ui_mod.say(f"step {step}: checkpoint saved in {record['metrics']['save_s']:.2f} s", options=self.ui)
         elif split == "eval" and self.first is not None:
-            done = step - self.first[0]
-            rate = done / max(float(record["time"]) - self.first[1], 1e-9) if done else 0.0
-            eta = (self.config.max_steps - step) / rate if rate else float("nan")
+            shown = self.figures(step, float(record["time"]))
             evals = ", ".join(f"{k} {v:.4g}" for k, v in list(record["metrics"].items())[:4])
             ui_mod.say(f"step {step}/{self.config.max_steps}: loss {self.last_train.get('loss', float('nan')):.4g}, "
-                       f"{self.last_train.get('samples_per_s', 0.0):.0f} samples/s, eta {eta:.0f} s; eval {evals}",
-                       options=self.ui)
+                       f"{shown['rate']}, eta {shown['eta']}; eval {evals}", options=self.ui)
+
+    def figures(self, step: int, now: float) -> dict[str, str]:
+        """{'rate': '<n> samples/s', 'eta': 'H:MM:SS'} at `step` reached at time `now`."""
+        assert self.first is not None
+        first_step, first_time = self.first
+        steps_per_s = (step - first_step) / (now - first_time) if step > first_step and now > first_time else 0.0
+        samples_per_s = float(self.last_train.get("samples_per_s") or 0.0) or steps_per_s * self.config.global_batch
+        steps_per_s = steps_per_s or samples_per_s / self.config.global_batch  # one record so far: the step's own speed
+        remaining = max(0, self.config.max_steps - step)
+        if remaining == 0:
+            eta = "0:00:00"
+        elif steps_per_s > 0:
+            eta = str(datetime.timedelta(seconds=round(remaining / steps_per_s)))
+        else:
+            eta = "-:--:--"
+        rate = f"{samples_per_s:.1f} samples/s" if 0 < samples_per_s < 10 else f"{samples_per_s:.0f} samples/s"
+        return {"rate": rate if samples_per_s > 0 else "? samples/s", "eta": eta}
 
     def poll(self) -> None:
         """Read records appended to the JSONL since the last poll (only records newer than start)."""
