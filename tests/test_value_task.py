@@ -286,3 +286,62 @@ def test_a_bundle_tokenizer_is_used_as_is_and_sizes_the_embedding(stage_dir, tmp
     copied = json.loads((tmp_path / "value" / "tokenizer" / "tokenizer.json").read_text())
     assert copied["model"]["vocab"] == json.loads((bundle_tok / "tokenizer.json").read_text())["model"]["vocab"]
     assert setup.model_config["text"]["vocab_size"] == len(tok)
+
+
+def test_the_recap_preset_keeps_the_checkpoints_vocab_size_and_tiny_sizes_from_the_tokenizer(stage_dir, tmp_path):
+    """Gemma3's tokenizer has specials past the checkpoint's 262,144 embedding rows; len(tok) must not size recap."""
+    from reproduction.recap.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(["a bundle tokenizer"], tmp_path / "tok", vocab_size=300)
+    base = json.loads((stage_dir / "value" / "value_setup.json").read_text())["stage"]
+    recap = prepare_value_setup(ValueStageConfig.from_dict({**base, "preset": "recap", "tokenizer": str(tmp_path / "tok")}),
+                                tmp_path / "recap")
+    assert recap.model_config["text"]["vocab_size"] == 262_144 != len(tok)
+    assert recap.model_config["text"]["hidden_size"] == 640 and recap.model_config["vision"]["hidden_size"] == 1152
+    tiny = prepare_value_setup(ValueStageConfig.from_dict({**base, "tokenizer": str(tmp_path / "tok")}), tmp_path / "tiny")
+    assert tiny.model_config["text"]["vocab_size"] == len(tok)
+
+
+def _expected_bad_id(tokenizer, prompt: str, vocab_size: int) -> tuple[int, str]:
+    ids = tokenizer([prompt], add_special_tokens=True)["input_ids"][0]
+    assert max(ids) >= vocab_size  # the fixture really does overflow
+    return max(ids), tokenizer.convert_ids_to_tokens(max(ids))
+
+
+def test_a_token_id_past_the_embedding_is_a_one_line_error_naming_tokenizer_id_and_vocab(stage_dir, tmp_path, capsys):
+    """Training, evaluation and inference batches all go through the guard (not an IndexError in the embedding)."""
+    setup = json.loads((stage_dir / "value" / "value_setup.json").read_text())
+    setup["model_config"]["text"]["vocab_size"] = 200  # smaller than the tokenizer's len
+    (tmp_path / "setup.json").write_text(json.dumps(setup))
+    task = make_value_task(0, 1, setup_path=str(tmp_path / "setup.json"), fold=0)
+    assert len(task.collate.tokenizer) > 200 and task.evaluate.keywords["collate"] is task.collate  # eval is guarded too
+    sample = task.train_dataset[0]
+    bad, token = _expected_bad_id(task.collate.tokenizer, sample["prompt"], 200)
+    tok_file = Path(setup["tokenizer_dir"]) / "tokenizer.json"
+    with pytest.raises(ConfigError) as err:
+        task.collate([sample])
+    assert str(err.value) == (f"tokenizer {tok_file}: a prompt encodes to token id {bad} ({token!r}), "
+                              "outside the value model's vocab_size 200")
+    assert err.value.exit_code == 4 and "\n" not in str(err.value)
+
+    # inference: an export whose embedding is smaller than its tokenizer, through the CLI
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from reproduction.recap import value as value_cli
+
+    stage = tmp_path / "stage"
+    shutil.copytree(stage_dir / "value1", stage)
+    export = stage / "model_0" / "export"
+    head = json.loads((export / "value_head.json").read_text())
+    head["model_config"]["text"]["vocab_size"] = 200
+    (export / "value_head.json").write_text(json.dumps(head))
+    model = build_value_model(ValueModelConfig.from_dict(head["model_config"]), seed=0)
+    save_file({n: t.contiguous() for n, t in model.state_dict().items()}, str(export / "model.safetensors"))
+    rc = value_cli.main(["infer", "--stage", str(stage), "--dataset", str(stage_dir / "ds"), "--out", str(tmp_path / "v.parquet")])
+    assert rc == 4 and not (tmp_path / "v.parquet").exists()
+    err_text = capsys.readouterr().err
+    first = err_text.splitlines()[0]
+    assert first.startswith(f"error: tokenizer {export / 'tokenizer' / 'tokenizer.json'}: a prompt encodes to token id ")
+    assert first.endswith("outside the value model's vocab_size 200")

@@ -100,6 +100,7 @@ def infer_rows(models: Sequence[ValueExport], plan: CrossFitPlan, dataset: Any, 
     import torch
 
     from reproduction.recap.value_data import ValueCollator, to_pixels
+    from reproduction.recap.value_task import VocabGuard
     from reproduction.recap.tokenizer import format_prompt
 
     rows = np.asarray(rows, dtype=np.int64)
@@ -110,8 +111,10 @@ def infer_rows(models: Sequence[ValueExport], plan: CrossFitPlan, dataset: Any, 
         vm = models[int(k)]
         cfg = vm.model.config
         present = {slot: key for slot, key in vm.cameras.items() if key in dataset.camera_keys}
-        collate = ValueCollator(tokenizer=vm.tokenizer, slots=cfg.cameras, image_size=cfg.image_size,
-                                max_token_len=int(vm.head["max_token_len"]))
+        collate = VocabGuard(collate=ValueCollator(tokenizer=vm.tokenizer, slots=cfg.cameras, image_size=cfg.image_size,
+                                                   max_token_len=int(vm.head["max_token_len"])),
+                             vocab_size=int(cfg.text["vocab_size"]),
+                             tokenizer_file=str(vm.folder / vm.head.get("tokenizer", "tokenizer") / "tokenizer.json"))
         device = next(vm.model.parameters()).device
         idx = np.flatnonzero(which == k)
         for lo in range(0, idx.size, batch_size):

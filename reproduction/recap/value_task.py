@@ -154,7 +154,11 @@ def prepare_value_setup(stage: ValueStageConfig, out_dir: Path) -> ValueSetup:
     else:
         tasks = [t for s in stage.train + stage.eval for t in open_dataset(s.path).tasks.values()]
         tok = train_tokenizer(tasks, tok_dir)
-    mcfg = preset_config(stage.preset, vocab_size=len(tok), cameras=tuple(stage.cameras))
+    # Only `tiny` sizes its embedding from the tokenizer. `recap` keeps the checkpoint's 262,144 rows:
+    # Gemma3's tokenizer.json adds specials past them (<image_soft_token> is id 262144), so len(tok)
+    # would make strict loading of the real weights fail; prompts never use those ids (VocabGuard).
+    mcfg = preset_config(stage.preset, vocab_size=len(tok) if stage.preset == "tiny" else None,
+                         cameras=tuple(stage.cameras))
     mcfg.value_dropout = stage.value_dropout
     plan = split_folds({f.source.name: np.unique(f.episode) for f in frames}, folds=stage.folds, seed=stage.fold_seed)
     setup = ValueSetup(stage=stage, model_config=mcfg.to_dict(), return_range=rr, tokenizer_dir=str(tok_dir.resolve()),
@@ -183,6 +187,40 @@ def write_export_extras(folder: Path, *, setup: ValueSetup, fold: int) -> None:
     shutil.copytree(setup.tokenizer_dir, Path(folder) / "tokenizer", dirs_exist_ok=True)
 
 
+@dataclass(kw_only=True, slots=True)
+class VocabGuard:
+    """Wraps a ValueCollator: its batches never hold a token id the embedding has no row for.
+
+    A tokenizer with more tokens than the model's vocab_size (Gemma3's adds specials past the
+    checkpoint's rows) is fine until a prompt encodes to one of them; then this raises a one-line
+    ConfigError naming the tokenizer file, the id, its token and the vocab size, instead of an
+    IndexError from inside the embedding. Checked on the CPU batch, before any device work.
+    """
+
+    collate: Any
+    """The ValueCollator (has `.tokenizer`)."""
+    vocab_size: int
+    """Rows of the model's token embedding."""
+    tokenizer_file: str
+    """The tokenizer.json the ids came from (for the message)."""
+
+    def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = self.collate(samples)
+        ids = batch["input_ids"]
+        if ids.numel() and int(ids.max()) >= self.vocab_size:
+            bad = int(ids.max())
+            token = self.collate.tokenizer.convert_ids_to_tokens(bad)
+            raise ConfigError(f"tokenizer {self.tokenizer_file}: a prompt encodes to token id {bad} ({token!r}), "
+                              f"outside the value model's vocab_size {self.vocab_size}",
+                              path=self.tokenizer_file, field="vocab_size",
+                              hint="use the tokenizer the model was trained with, or keep that token out of the prompts")
+        return batch
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.collate.tokenizer
+
+
 # -- inside each worker ---------------------------------------------------------------------------
 
 
@@ -206,8 +244,9 @@ def make_value_task(rank: int, world_size: int, *, setup_path: str, fold: int = 
     frames = [load_source(s, episodes=setup.plan.train_episodes(fold, s.name)) for s in stage.train]
     train_set = ValueFrames(frames, cameras=stage.cameras, image_size=mcfg.image_size, return_range=rr,
                             balance_weights=stage.balance_weights, seed=stage.fold_seed)
-    collate = ValueCollator(tokenizer=load_tokenizer(Path(setup.tokenizer_dir)), slots=mcfg.cameras,
-                            image_size=mcfg.image_size, max_token_len=stage.max_token_len)
+    collate = VocabGuard(collate=ValueCollator(tokenizer=load_tokenizer(Path(setup.tokenizer_dir)), slots=mcfg.cameras,
+                                               image_size=mcfg.image_size, max_token_len=stage.max_token_len),
+                         vocab_size=int(mcfg.text["vocab_size"]), tokenizer_file=str(Path(setup.tokenizer_dir) / "tokenizer.json"))
     eval_sets = _eval_sets(setup, fold, mcfg.image_size)
     return TrainTask(
         model=model, train_dataset=train_set, collate=collate,
