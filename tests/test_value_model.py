@@ -125,6 +125,40 @@ def test_recap_preset_builds_on_meta_with_upstream_sizes():
     assert model.tokens_per_image == 256
 
 
+def test_recap_preset_forward_with_random_weights_two_cameras_at_224():
+    """The recap architecture at its real widths (only depth and vocab cut): 2 cameras x 256 patches
+    + a 3-prompt batch through one Gemma3 pass; logits come from the query's state via the value head."""
+    cfg = preset_config("recap", vocab_size=1000, cameras=CAMS)
+    cfg.vision["num_hidden_layers"], cfg.text["num_hidden_layers"] = 1, 2
+    full = preset_config("recap", cameras=CAMS)
+    for part in ("vision", "text"):  # every other size is the preset's
+        assert {k: v for k, v in getattr(cfg, part).items() if k not in ("num_hidden_layers", "vocab_size")} == \
+            {k: v for k, v in getattr(full, part).items() if k not in ("num_hidden_layers", "vocab_size")}
+    model = build_value_model(cfg, seed=0).eval()
+    assert model.tokens_per_image == 256 and model.config.image_size == 224
+    assert (model.projector.in_features, model.projector.out_features, model.language.config.head_dim) == (1152, 640, 256)
+    gen = torch.Generator().manual_seed(0)
+    images = {c: torch.rand(3, 3, 224, 224, generator=gen) * 2 - 1 for c in CAMS}
+    masks = {c: torch.ones(3, dtype=torch.bool) for c in CAMS}
+    ids = torch.randint(3, 1000, (3, 9), generator=gen)
+    ids[:, 0] = 2  # Gemma3's <bos>
+    att = torch.ones(3, 9, dtype=torch.bool)
+    att[2, 6:] = False  # prompts padded to the longest
+    seen = {}
+    model.language.register_forward_pre_hook(lambda m, a, kw: seen.__setitem__("embeds", kw["inputs_embeds"]), with_kwargs=True)
+    model.value_head.register_forward_hook(lambda m, a, out: seen.__setitem__("head", (a[0], out)))
+    with torch.no_grad():
+        logits = model(images=images, image_masks=masks, input_ids=ids, attention_mask=att)
+    assert logits.shape == (3, 201) and bool(torch.isfinite(logits).all())
+    assert seen["embeds"].shape == (3, 2 * 256 + 9 + 1, 640)  # cameras, prompt, value query
+    torch.testing.assert_close(seen["embeds"][:, -1], model.value_head.query.expand(3, -1))
+    state, out = seen["head"]
+    assert state.shape == (3, 640) and torch.equal(out, logits)
+    torch.testing.assert_close(logits, model.value_head.proj(state))
+    v = model.expected_value(logits)
+    assert bool(((v >= -1) & (v <= 0)).all()) and float(logits.std()) > 0
+
+
 def test_strict_load_names_missing_unexpected_and_misshaped_keys(tmp_path):
     model = _model()
     state = dict(model.state_dict())
