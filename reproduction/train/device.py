@@ -1,6 +1,8 @@
 """Device abstraction: pick cpu / cuda / npu and its collective backend (gloo / nccl / hccl).
 
-Ascend is reached through an explicit, guarded `import torch_npu`. The hazard
+The choice reuses `portable check`'s probes (reproduction.checks: stdlib only, so the pipeline may
+import it; checks never imports the pipeline). Workers reach Ascend through an explicit
+`import torch_npu`; the driver only probes it in a subprocess. The hazard
 `torch_npu.contrib.transfer_to_npu` is never used: it patches torch globally (replaces torch.cuda,
 forces hccl, disables torch.jit.script).
 """
@@ -9,8 +11,13 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from reproduction.errors import ConfigError
+
+if TYPE_CHECKING:
+    from reproduction.checks.context import CheckContext
+    from reproduction.checks.probe import ProbeResult
 
 BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 RAY_RESOURCE = {"cpu": None, "cuda": "GPU", "npu": "NPU"}  # Ray does not detect NPUs: declare `NPU`
@@ -28,31 +35,61 @@ class DeviceSpec:
     """The Ray resource one worker reserves besides CPU (GPU, NPU) or None on CPU."""
 
 
-def _npu_available() -> bool:
-    try:
-        importlib.import_module("torch_npu")  # registers torch.npu; explicit, never transfer_to_npu
-    except Exception:  # noqa: BLE001 - missing package, missing CANN libs, version skew: all mean "no npu"
-        return False
-    import torch
+def resolve(kind: str, *, ctx: "CheckContext | None" = None) -> DeviceSpec:
+    """Turn `auto|cpu|cuda|npu` into a DeviceSpec with the probes `portable check` runs.
 
-    return bool(getattr(torch, "npu", None) and torch.npu.is_available())
+    `auto` picks what `portable check --device auto` selects (device nodes: /dev/nvidia* -> cuda,
+    /dev/davinci* -> npu, else cpu); an accelerator, picked or asked for, must then pass check's
+    device probe (`cuda` / `npu` row: torch, or torch_npu, in a subprocess of this interpreter with
+    this environment, as the workers will start). A failing probe is a ConfigError (field 'device',
+    exit 4) carrying the probe's finding and fix: a machine whose GPU is broken does not silently
+    train on CPU. `cpu` probes nothing. `ctx` is the check context (tests pass fake hosts);
+    the default is the live machine. Nothing is imported into this process (no torch_npu).
+    """
+    if kind not in (*BACKENDS, "auto"):
+        raise ConfigError(f"device={kind!r} is not one of cpu, cuda, npu, auto", field="device",
+                          hint="set device to one of: auto, cpu, cuda, npu")
+    if kind == "cpu":
+        return _spec("cpu")
+    from reproduction.checks.context import CheckContext, load_facts, select_device
+
+    ctx = ctx or CheckContext.live(device=kind)
+    chosen, why = select_device(ctx) if kind == "auto" else (kind, "requested")
+    if chosen == "cpu":
+        return _spec("cpu")
+    if not ctx.facts and not ctx.facts_error:
+        load_facts(ctx)
+    row = _device_row(ctx, chosen)
+    if row.status == "fail":
+        asked = f"device='auto' chose {chosen} ({why})" if kind == "auto" else f"device={kind!r}"
+        raise ConfigError(f"{asked}, but `portable check`'s {row.name} probe fails: {row.finding}", field="device",
+                          value=kind, hint=f"{row.fix or 'run `portable check`'}; or set device to cpu")
+    return _spec(chosen)
 
 
-def resolve(kind: str) -> DeviceSpec:
-    """Turn `auto|cpu|cuda|npu` into a DeviceSpec; asking for an absent accelerator is a ConfigError."""
-    import torch
+def _device_row(ctx: "CheckContext", kind: str) -> "ProbeResult":
+    """Check's device row for `kind` ('cuda' or 'npu'): the first row of its accelerator probe."""
+    if kind == "cuda":
+        from reproduction.checks.accelerator_cuda import probe_cuda
 
-    if kind == "auto":
-        kind = "npu" if _npu_available() else "cuda" if torch.cuda.is_available() else "cpu"
-    elif kind == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device='cuda' but torch sees no CUDA device", field="device",
-                          hint="run `portable check`, or set device to cpu")
-    elif kind == "npu" and not _npu_available():
-        raise ConfigError("device='npu' but torch_npu is not importable or sees no NPU", field="device",
-                          hint="source CANN's set_env.sh and install the matching torch_npu, or set device to cpu")
-    if kind not in BACKENDS:
-        raise ConfigError(f"device={kind!r} is not one of cpu, cuda, npu, auto", field="device")
+        rows = probe_cuda(ctx, "cuda")
+    else:
+        from reproduction.checks.accelerator_ascend import probe_ascend
+
+        rows = probe_ascend(ctx, "npu")
+    return next(r for r in rows if r.name == kind)
+
+
+def _spec(kind: str) -> DeviceSpec:
     return DeviceSpec(kind=kind, backend=BACKENDS[kind], ray_resource=RAY_RESOURCE[kind])
+
+
+def _torch_npu():
+    """`torch.npu`, registered by importing torch_npu explicitly (never transfer_to_npu)."""
+    importlib.import_module("torch_npu")
+    import torch
+
+    return torch.npu  # type: ignore[attr-defined]
 
 
 def local_device(spec: DeviceSpec, local_rank: int):
@@ -61,7 +98,7 @@ def local_device(spec: DeviceSpec, local_rank: int):
 
     if spec.kind == "cpu":
         return torch.device("cpu")
-    module = torch.cuda if spec.kind == "cuda" else torch.npu  # type: ignore[attr-defined]
+    module = torch.cuda if spec.kind == "cuda" else _torch_npu()
     index = local_rank % max(1, module.device_count())
     module.set_device(index)
     return torch.device(spec.kind, index)
@@ -71,4 +108,4 @@ def rng_module(spec: DeviceSpec):
     """The accelerator RNG module (torch.cuda / torch.npu) whose state resume must restore, or None."""
     import torch
 
-    return {"cpu": None, "cuda": torch.cuda, "npu": getattr(torch, "npu", None)}[spec.kind]
+    return {"cpu": None, "cuda": torch.cuda, "npu": _torch_npu() if spec.kind == "npu" else None}[spec.kind]
