@@ -345,3 +345,59 @@ def test_a_token_id_past_the_embedding_is_a_one_line_error_naming_tokenizer_id_a
     first = err_text.splitlines()[0]
     assert first.startswith(f"error: tokenizer {export / 'tokenizer' / 'tokenizer.json'}: a prompt encodes to token id ")
     assert first.endswith("outside the value model's vocab_size 200")
+
+
+def test_resume_refuses_a_changed_value_setup_and_continues_an_unchanged_one(stage_dir, tmp_path, capsys):
+    """Return range, folds, tokenizer: each named in a one-line CheckpointError (exit 50), nothing overwritten."""
+    from reproduction.recap import value as value_cli
+    from reproduction.recap.tokenizer import train_tokenizer
+
+    value = {"train": [{"path": str(stage_dir / "ds"), "type": "rollout", "returns": str(stage_dir / "returns")}],
+             "cameras": CAMS, "augment": False}
+    train_cfg = {"max_steps": 2, "global_batch": 4, "micro_batch": 4, "launcher": "inprocess", "device": "cpu", "lr": 1e-3}
+    out = tmp_path / "value"
+
+    def run(value_over: dict, *, steps: int = 2, resume: bool = True) -> tuple[int, str, str]:
+        cfg = tmp_path / "value.json"
+        cfg.write_text(json.dumps({"value": {**value, **value_over}, "train": {**train_cfg, "max_steps": steps}}))
+        rc = value_cli.main(["train", "--config", str(cfg), "--out", str(out)] + (["--resume"] if resume else []))
+        got = capsys.readouterr()
+        return rc, got.out, got.err
+
+    rc, stdout, _ = run({}, resume=False)
+    assert rc == 0 and json.loads(stdout)["models"][0]["step"] == 2
+    before = {p: p.read_bytes() for p in [out / "value_setup.json", out / "crossfit.json", out / "tokenizer" / "tokenizer.json"]}
+    old_range = json.loads(before[out / "value_setup.json"])["return_range"]
+
+    rc, stdout, err = run({"return_min": -123.0, "return_max": 0.0})
+    assert rc == 50 and stdout == "" and err.splitlines()[0] == (
+        f"error: cannot resume {out}: the value setup changed since its checkpoints were written "
+        f"(return_range {{'return_min': {old_range['return_min']}, 'return_max': {old_range['return_max']}}} -> "
+        "{'return_min': -123.0, 'return_max': 0.0})")
+    rc, _, err = run({"folds": 2})
+    assert rc == 50 and err.splitlines()[0].endswith("(folds 1 -> 2)")
+    train_tokenizer(["some other words entirely"], tmp_path / "tok", vocab_size=280)
+    rc, _, err = run({"tokenizer": str(tmp_path / "tok")})
+    assert rc == 50 and "tokenizer tokenizer.json sha256 " in err and "model_config.text.vocab_size " in err
+    rc, _, err = run({}, resume=False)
+    assert rc == 50 and err.startswith(f"error: {out / 'model_0' / 'checkpoints'} already holds checkpoints and resume is off")
+    assert {p: p.read_bytes() for p in before} == before  # every refusal left the setup it guards untouched
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # no staging left behind
+
+    rc, stdout, err = run({"eval_micro_batch": 7}, steps=3)  # eval-only settings may change
+    assert rc == 0, err
+    assert json.loads(stdout)["models"][0]["step"] == 3 and "resumed from step 2" in err
+
+
+def test_setup_changes_names_bins_and_fold_plan_moves(stage_dir):
+    from reproduction.recap.crossfit import split_folds
+    from reproduction.recap.value_task import read_setup, setup_changes
+
+    old = read_setup(stage_dir / "value" / "value_setup.json")
+    tok = stage_dir / "value" / "tokenizer"
+    new = read_setup(stage_dir / "value" / "value_setup.json")
+    assert setup_changes(old, new, old_tokenizer=tok, new_tokenizer=tok) == []
+    new.model_config = {**new.model_config, "num_bins": 101, "v_min": -2.0}
+    new.plan = split_folds({"ds": np.arange(1, 16, 2)[:-1]}, folds=2, seed=old.plan.seed)
+    assert setup_changes(old, new, old_tokenizer=tok, new_tokenizer=tok) == [
+        "model_config.num_bins 201 -> 101", "model_config.v_min -1.0 -> -2.0", "fold_plan: the episodes of ['ds'] differ"]

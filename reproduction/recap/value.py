@@ -47,13 +47,16 @@ def train_value(stage: ValueStageConfig, train_config: Any, out_dir: Path, *, re
     """Prepare the setup (tokenizer, return range, folds) and train one model per fold into
     `out_dir/model_<k>/`. Fold k trains without fold k's episodes and evaluates on them.
 
+    `resume=True` continues each fold from its newest complete checkpoint, and raises
+    CheckpointError (exit 50) naming what changed when the return range, bins, model config, fold
+    plan, tokenizer or training datasets differ from what those checkpoints were trained with.
     Raises what the data plane and the trainer raise (ConfigError, DatasetError,
     FingerprintMismatchError, CheckpointError, WorkerFailedError), all PortableErrors.
     """
     from reproduction.train.api import train
 
     out_dir = Path(out_dir)
-    setup = prepare_value_setup(stage, out_dir)
+    setup = prepare_value_setup(stage, out_dir, resume=resume)  # refuses a resume whose setup changed
     results = []
     for fold in range(setup.plan.folds):
         make = functools.partial(make_value_task, setup_path=str((out_dir / SETUP_NAME).resolve()), fold=fold)

@@ -14,6 +14,7 @@ from the whole training datasets (not per fold), so stage 3 has a single normali
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from reproduction.config_fields import reject_unknown_fields
-from reproduction.errors import ConfigError
+from reproduction.errors import CheckpointError, ConfigError
 from reproduction.fsio import atomic_write_text
 from reproduction.recap.crossfit import CrossFitPlan, split_folds
 from reproduction.recap.normalize import ReturnRange
@@ -118,38 +119,67 @@ class ValueSetup:
     return_range: ReturnRange
     tokenizer_dir: str
     plan: CrossFitPlan
+    fingerprints: dict[str, str] = field(default_factory=dict)
+    """Training dataset name -> the fingerprint its frames and returns were read at (empty in older setups)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"stage": self.stage.to_dict(), "model_config": self.model_config,
                 "return_range": self.return_range.to_dict(), "tokenizer_dir": self.tokenizer_dir,
-                "plan": self.plan.to_dict()}
+                "plan": self.plan.to_dict(), "fingerprints": dict(self.fingerprints)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ValueSetup":
         return cls(stage=ValueStageConfig.from_dict(data["stage"]), model_config=dict(data["model_config"]),
                    return_range=ReturnRange.from_dict(data["return_range"]), tokenizer_dir=data["tokenizer_dir"],
-                   plan=CrossFitPlan.from_dict(data["plan"]))
+                   plan=CrossFitPlan.from_dict(data["plan"]), fingerprints=dict(data.get("fingerprints", {})))
 
 
-def prepare_value_setup(stage: ValueStageConfig, out_dir: Path) -> ValueSetup:
+def prepare_value_setup(stage: ValueStageConfig, out_dir: Path, *, resume: bool = False) -> ValueSetup:
     """Tokenizer, model config, return range and fold plan; written to `out_dir` (idempotent).
 
-    Raises the data plane's errors for unreadable datasets or sidecars (fingerprints checked).
+    When a fold under `out_dir` already holds a complete checkpoint, the setup it was trained with
+    is the one on disk: `resume=False` raises CheckpointError (as the trainer would, but before
+    anything here is overwritten), and `resume=True` raises CheckpointError naming every setting
+    that changed (return range, bins and model config, folds and fold plan, tokenizer, training
+    datasets and their fingerprints, training knobs; eval-only settings may change). On any error
+    the previous setup and tokenizer are left as they were. Also raises the data plane's errors
+    for unreadable datasets or sidecars (fingerprints checked).
     """
+    out_dir = Path(out_dir)
+    trained = _trained_folds(out_dir)
+    if trained and not resume:
+        raise CheckpointError(f"{trained[0]} already holds checkpoints and resume is off", path=trained[0],
+                              hint="pass --resume to continue, or train into a new --out")
+    frames = [load_source(s) for s in stage.train]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = out_dir / f".tokenizer.{os.getpid()}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        setup = _resolve_setup(stage, frames, staging, final_tokenizer_dir=out_dir / "tokenizer")
+        if trained:
+            _refuse_changed_setup(out_dir, setup, staging)
+        tok_dir = out_dir / "tokenizer"
+        shutil.rmtree(tok_dir, ignore_errors=True)
+        os.replace(staging, tok_dir)
+        atomic_write_text(out_dir / SETUP_NAME, json.dumps(setup.to_dict(), indent=1, sort_keys=True))
+        atomic_write_text(out_dir / "crossfit.json", json.dumps(setup.plan.to_dict(), indent=1, sort_keys=True))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return setup
+
+
+def _resolve_setup(stage: ValueStageConfig, frames: list[Any], tok_dir: Path, *, final_tokenizer_dir: Path) -> ValueSetup:
+    """The setup of `stage` over the loaded training `frames`; the tokenizer is written to `tok_dir`."""
     from reproduction.data.reader import open_dataset
     from reproduction.recap.tokenizer import load_tokenizer, train_tokenizer
     from reproduction.recap.value_model import preset_config
 
-    out_dir = Path(out_dir)
-    frames = [load_source(s) for s in stage.train]
     if stage.return_min is not None:
         rr = ReturnRange(return_min=float(stage.return_min), return_max=float(stage.return_max))
     else:
         rr = return_range_of(frames)
-    tok_dir = out_dir / "tokenizer"
     if stage.tokenizer:
         tok = load_tokenizer(Path(stage.tokenizer))
-        shutil.rmtree(tok_dir, ignore_errors=True)
         tok.save_pretrained(str(tok_dir))
     else:
         tasks = [t for s in stage.train + stage.eval for t in open_dataset(s.path).tasks.values()]
@@ -161,11 +191,87 @@ def prepare_value_setup(stage: ValueStageConfig, out_dir: Path) -> ValueSetup:
                          cameras=tuple(stage.cameras))
     mcfg.value_dropout = stage.value_dropout
     plan = split_folds({f.source.name: np.unique(f.episode) for f in frames}, folds=stage.folds, seed=stage.fold_seed)
-    setup = ValueSetup(stage=stage, model_config=mcfg.to_dict(), return_range=rr, tokenizer_dir=str(tok_dir.resolve()),
-                       plan=plan)
-    atomic_write_text(out_dir / SETUP_NAME, json.dumps(setup.to_dict(), indent=1, sort_keys=True))
-    atomic_write_text(out_dir / "crossfit.json", json.dumps(plan.to_dict(), indent=1, sort_keys=True))
-    return setup
+    return ValueSetup(stage=stage, model_config=mcfg.to_dict(), return_range=rr,
+                      tokenizer_dir=str(Path(final_tokenizer_dir).resolve()), plan=plan,
+                      fingerprints={f.source.name: f.fingerprint for f in frames})
+
+
+def _trained_folds(out_dir: Path) -> list[Path]:
+    """`model_<k>/checkpoints` folders under `out_dir` that hold a complete checkpoint."""
+    from reproduction.train.checkpoint import complete_steps
+
+    return [p for p in sorted(Path(out_dir).glob("model_*/checkpoints")) if complete_steps(p)]
+
+
+def _refuse_changed_setup(out_dir: Path, new: ValueSetup, new_tokenizer: Path) -> None:
+    """CheckpointError naming what differs between the setup on disk and `new` (nothing if equal)."""
+    path = Path(out_dir) / SETUP_NAME
+    if not path.is_file():
+        raise CheckpointError(f"cannot resume {out_dir}: it holds checkpoints but no {SETUP_NAME} says what they were "
+                              "trained with", path=path, hint="train into a new --out (without --resume)")
+    old = read_setup(path)
+    changes = setup_changes(old, new, old_tokenizer=Path(out_dir) / "tokenizer", new_tokenizer=new_tokenizer)
+    if changes:
+        raise CheckpointError(f"cannot resume {out_dir}: the value setup changed since its checkpoints were written "
+                              f"({'; '.join(changes)})", path=path, fields_changed=[c.split(" ", 1)[0] for c in changes],
+                              hint="restore those settings, or train into a new --out (without --resume)")
+
+
+# Settings that only shape evaluation, or only a fresh start's initialisation (a resume loads the
+# weights), or name where things are (contents are compared instead): they may change on resume.
+_NOT_IN_RESUME_KEY = ("eval", "eval_max_samples", "eval_micro_batch", "tokenizer", "pretrained_manifest",
+                      "weights_dir", "allow_unpinned", "model_seed", "return_min", "return_max", "folds", "fold_seed")
+
+
+def setup_changes(old: ValueSetup, new: ValueSetup, *, old_tokenizer: Path, new_tokenizer: Path) -> list[str]:
+    """`what old -> new` for every training-relevant difference between two setups, in a fixed order.
+
+    Return range, model config (bins, v_min/v_max, sizes, vocab, cameras), folds and fold plan, the
+    tokenizer's tokenizer.json bytes, the training datasets (name, type, weight, tag; not paths)
+    and their fingerprints, and the remaining stage knobs outside `_NOT_IN_RESUME_KEY`.
+    """
+    from reproduction.digests import sha256_file
+
+    changes = []
+    if old.return_range != new.return_range:
+        changes.append(f"return_range {old.return_range.to_dict()} -> {new.return_range.to_dict()}")
+    changes += _dict_changes("model_config", old.model_config, new.model_config)
+    if old.plan.folds != new.plan.folds:
+        changes.append(f"folds {old.plan.folds} -> {new.plan.folds}")
+    elif old.plan.seed != new.plan.seed:
+        changes.append(f"fold_seed {old.plan.seed} -> {new.plan.seed}")
+    else:
+        moved = sorted(n for n in set(old.plan.assignment) | set(new.plan.assignment)
+                       if old.plan.assignment.get(n) != new.plan.assignment.get(n))
+        if moved:
+            changes.append(f"fold_plan: the episodes of {moved} differ")
+    digests = [sha256_file(Path(d) / "tokenizer.json") if (Path(d) / "tokenizer.json").is_file() else "missing"
+               for d in (old_tokenizer, new_tokenizer)]
+    if digests[0] != digests[1]:
+        changes.append(f"tokenizer tokenizer.json sha256 {digests[0][:12]} -> {digests[1][:12]}")
+    for name in sorted(set(old.fingerprints) & set(new.fingerprints)):
+        if old.fingerprints[name] != new.fingerprints[name]:
+            changes.append(f"fingerprint of dataset {name!r} {old.fingerprints[name][:12]} -> {new.fingerprints[name][:12]}")
+    changes += _dict_changes("value", _resume_fields(old.stage), _resume_fields(new.stage))
+    return changes
+
+
+def _resume_fields(stage: ValueStageConfig) -> dict[str, Any]:
+    out = {k: v for k, v in stage.to_dict().items() if k not in _NOT_IN_RESUME_KEY}
+    out["train"] = [{k: s[k] for k in ("name", "type", "weight", "tag")} for s in out["train"]]
+    return out
+
+
+def _dict_changes(prefix: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """`prefix.key old -> new` per differing key, recursing into nested dicts."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out += _dict_changes(f"{prefix}.{key}", a, b)
+        elif a != b:
+            out.append(f"{prefix}.{key} {a!r} -> {b!r}")
+    return out
 
 
 def read_setup(path: Path) -> ValueSetup:
