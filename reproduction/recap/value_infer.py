@@ -6,8 +6,10 @@
 Everything the model needs (architecture, bins, v_min/v_max, return range, camera map, tokenizer)
 is read from the export; nothing is retyped in stage 3's config. Each frame of a shard's inferred
 range goes through exactly one forward of exactly one model: the one that did not train on its
-episode (cross-fitting), or the single model when folds == 1. Values are keyed by
-(episode_index, frame_index), never by position.
+episode (cross-fitting), the single model when folds == 1, and for a dataset no model trained on
+(e.g. rollouts after training on sft data) a per-episode pick among the K models, all of which are
+held out for it (CrossFitPlan.models_for). A token id past the model's embedding is a one-line
+ConfigError (value_task.VocabGuard). Values are keyed by (episode_index, frame_index), never by position.
 """
 
 from __future__ import annotations
