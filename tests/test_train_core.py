@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import gc
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -295,3 +296,28 @@ def test_progress_columns_prefer_the_task_fields_and_keep_bytes_otherwise():
     plain = task()  # restore/verify/fetch set no fields: rich's own bytes/s and time remaining
     assert rate.render(plain).plain == TransferSpeedColumn().render(plain).plain
     assert eta.render(plain).plain == TimeRemainingColumn().render(plain).plain
+
+
+_KILLED_LOGGER = """
+import os, signal, sys
+from pathlib import Path
+from reproduction.train.metrics import MetricsLog
+log = MetricsLog(Path(sys.argv[1]), resume_step=None)
+for step in range(1, 301):
+    log.log(step, "train", {"loss": step / 8})
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_kill_right_after_logging_loses_no_tensorboard_scalar(tmp_path):
+    """kill -9 straight after the last record: TensorBoard holds every step the JSONL holds (the
+    writer's queue is flushed per record, as the JSONL is)."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-c", _KILLED_LOGGER, str(tmp_path)], cwd=repo, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert [r["step"] for r in read_records(tmp_path / "metrics.jsonl")] == list(range(1, 301))
+    assert train_tiny.tb_scalars(tmp_path, "train/loss") == [(s, s / 8) for s in range(1, 301)]

@@ -69,9 +69,11 @@ class TrainConfig:
     cpus_per_worker: float = 1.0
     """Ray CPU slots each worker reserves."""
     start_timeout_s: float = 120.0
-    """Bound on waiting for Ray resources and for all workers to join the process group."""
+    """Bound on waiting for Ray to place the workers (placement group) and, on a cluster, for rank 0's
+    node to report the rendezvous address. Joining the process group is bounded by collective_timeout_s."""
     collective_timeout_s: float = 300.0
-    """torch.distributed timeout: a rank stuck in a collective (peer dead) errors after this."""
+    """torch.distributed timeout (init_process_group's one timeout): bounds the rendezvous (all ranks
+    joining) and every collective; a rank whose peer is dead errors after this."""
 
     def __post_init__(self) -> None:
         _check_choices(self)
