@@ -11,8 +11,9 @@ held out for every model. With folds = 1 model 0 labels it; with K >= 2 each epi
 model `unseen_models` picks: a hash of (seed, dataset name, episode id) mod K. It depends on the
 episode alone, never on which other episodes a call sees, so every inference shard (and the
 lookahead rows two shards share) labels an episode with the same model, and the episodes spread
-evenly over the models in expectation. An episode missing from a dataset that WAS split is an
-error: the dataset changed after stage 2.
+evenly over the models in expectation. With K >= 2, an episode missing from a dataset that WAS
+split is an error (the dataset changed after stage 2, so which model saw it is unknown); with
+folds = 1 the one model labels every episode of every dataset.
 
 The split is a pure function of (dataset name, sorted episode ids, K, seed): within each dataset
 the episode ids are permuted by a generator seeded from (seed, crc32(name)) and dealt round-robin,
