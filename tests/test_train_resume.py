@@ -7,6 +7,7 @@ run starts and stops its own local Ray in a child process, as a user's run would
 from __future__ import annotations
 
 import functools
+import json
 import os
 import random
 import shutil
@@ -43,8 +44,8 @@ def ray_address():
         ray.shutdown()
 
 
-def _child(out: Path, *, ray_address: str | None, env: dict | None = None) -> subprocess.Popen:
-    cmd = [sys.executable, str(TINY), str(out), "--dropout", str(DROPOUT), "--step-sleep", str(SLEEP)]
+def _child(out: Path, *, ray_address: str | None, env: dict | None = None, args: tuple = ()) -> subprocess.Popen:
+    cmd = [sys.executable, str(TINY), str(out), "--dropout", str(DROPOUT), "--step-sleep", str(SLEEP), *args]
     if ray_address:
         cmd += ["--ray-address", ray_address]
     out.mkdir(parents=True, exist_ok=True)
@@ -70,7 +71,10 @@ def _kill_run(proc: subprocess.Popen, out: Path) -> None:
         except ProcessLookupError:
             pass
     proc.wait(timeout=30)
+    _wait_gone(pids)
 
+
+def _wait_gone(pids: list[int]) -> None:
     def gone() -> bool:
         return all(not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
                    for pid in pids)
@@ -88,12 +92,17 @@ def _log(out: Path, split: str) -> dict[int, dict]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, ray_address) -> Path:
-    """The uninterrupted 2-worker run; its child starts and stops a local Ray of its own."""
+    """The uninterrupted 2-worker run; its child starts and stops a local Ray of its own.
+
+    The driver's shell asks for 3 OpenMP threads: the launcher must still give every worker 1."""
     out = tmp_path_factory.mktemp("reference")
-    proc = _child(out, ray_address=None)
+    proc = _child(out, ray_address=None, env={"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3"})
     assert proc.wait(timeout=240) == 0, (out / "child.err").read_text()[-3000:]
     assert '"step": 24' in (out / "child.out").read_text()
     assert "Started a local Ray instance" in (out / "child.err").read_text()
+    for rank in (0, 1):
+        env = json.loads((out / "pids" / f"rank{rank}.env.json").read_text())
+        assert env == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}, rank
     return out
 
 
@@ -108,6 +117,12 @@ def _resume_and_compare(out: Path, reference: Path) -> None:
     assert _log(out, "eval") == _log(reference, "eval")
     a, b = checkpoint.load_export(reference / "export"), checkpoint.load_export(out / "export")
     assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    # TensorBoard, as it reads the killed run's and the resumed run's event files together: every
+    # step once (the steps after the checkpoint purged), none lost to an unflushed writer.
+    for tag in ("train/loss", "eval/mse"):
+        got, ref = train_tiny.tb_scalars(out, tag), train_tiny.tb_scalars(reference, tag)
+        assert [s for s, _ in ref] == (list(range(1, 25)) if tag == "train/loss" else list(range(2, 25, 2)))
+        assert got == ref, tag
 
 
 @pytest.mark.timeout(240)
@@ -131,6 +146,24 @@ def test_kill_during_a_save_then_resume_is_bit_identical(tmp_path, ray_address, 
     _wait_until(lambda: partial.exists() or proc.poll() is not None, 180, "the save of step 12")
     _kill_run(proc, tmp_path)
     assert partial.exists() and checkpoint.complete_steps(tmp_path / "checkpoints") == [4, 8]
+    _resume_and_compare(tmp_path, reference)
+    assert sorted(_log(tmp_path, "resume")) == [8]
+
+
+@pytest.mark.timeout(240)
+def test_kill_during_the_shard_write_then_resume_is_bit_identical(tmp_path, ray_address, reference):
+    """Rank 1 is SIGKILLed inside DCP's write of step 12, right after its shard hit the disk."""
+    proc = _child(tmp_path, ray_address=ray_address, args=("--die-in-save", "12"))
+    assert proc.wait(timeout=180) == 1
+    err = (tmp_path / "child.err").read_text()
+    assert "WorkerFailedError" in err and ("worker rank 1 died" in err or "worker rank 0 raised" in err), err[-2000:]
+    _wait_gone([int(p.read_text()) for p in (tmp_path / "pids").glob("rank*.pid")])
+    partial = tmp_path / "checkpoints" / "step_12.partial"
+    names = sorted(p.name for p in partial.iterdir())
+    assert "__1_0.distcp" in names and (partial / "__1_0.distcp").stat().st_size > 0
+    assert "manifest.json" not in names and ".metadata" not in names
+    assert checkpoint.complete_steps(tmp_path / "checkpoints") == [4, 8]
+    assert _train_steps(tmp_path) == 12  # the killed run had logged step 12 before saving it
     _resume_and_compare(tmp_path, reference)
     assert sorted(_log(tmp_path, "resume")) == [8]
 
@@ -181,3 +214,14 @@ def test_a_failing_worker_fails_the_run_promptly(tmp_path, ray_address, fault):
     else:
         assert "worker rank 1 died" in str(info.value)
     assert not checkpoint.complete_steps(tmp_path / "checkpoints")
+
+
+@pytest.mark.timeout(60)
+def test_workers_ray_cannot_place_fail_within_start_timeout(tmp_path, ray_address):
+    """start_timeout_s bounds the wait for Ray's placement (the module's cluster has 2 CPUs, 3 asked)."""
+    # collective_timeout_s is far above this test's 60 s limit: only start_timeout_s can end the wait
+    cfg = train_tiny.config(world_size=3, global_batch=12, start_timeout_s=2, collective_timeout_s=600)
+    with pytest.raises(WorkerFailedError, match=r"Ray could not place 3 workers of \{'CPU': 1.0\} within 2 s") as info:
+        train(train_tiny.make_task, cfg, out_dir=tmp_path, resume=False)
+    assert info.value.exit_code == 51 and "raise start_timeout_s" in info.value.hint
+    assert not (tmp_path / "checkpoints").exists()
