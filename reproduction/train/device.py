@@ -85,7 +85,7 @@ def _spec(kind: str) -> DeviceSpec:
 
 
 def _torch_npu():
-    """`torch.npu`, registered by importing torch_npu explicitly (never transfer_to_npu)."""
+    """`torch.npu`, registered by an explicit `import torch_npu` (the transfer_to_npu hazard is never used)."""
     importlib.import_module("torch_npu")
     import torch
 
