@@ -223,6 +223,21 @@ def test_infer_cli_refuses_an_episode_the_fold_plan_split_without(stage_dir, tmp
     assert not out.exists() and not list(tmp_path.iterdir())  # nothing half-written
 
 
+@pytest.mark.parametrize("device, words", [
+    ("tpu", "device='tpu' is not one of cpu, cuda, npu, auto"),
+    ("cuda", "device='cuda', but `portable check`'s cuda probe fails"),  # no GPU on this machine
+])
+def test_infer_cli_refuses_a_device_it_cannot_use_before_loading_anything(stage_dir, tmp_path, capsys, device, words):
+    from reproduction.recap import value as value_cli
+
+    out = tmp_path / "values.parquet"
+    rc = value_cli.main(["infer", "--stage", str(stage_dir / "value"), "--dataset", str(stage_dir / "ds"),
+                         "--out", str(out), "--device", device])
+    err = capsys.readouterr().err
+    assert rc == 4 and err.startswith(f"error: {words}")
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
 def test_value_training_resumes_to_identical_weights(stage_dir, tmp_path):
     """Augmentation and the data order come from (seed, epoch, position): stop at 3 + resume == 6 straight."""
     import functools

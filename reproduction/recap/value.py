@@ -99,11 +99,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--lookahead", type=int, default=10, help="N of stage 3: shards are extended by N frames")
     p.add_argument("--workers", type=int, default=1, help="shards of the inference plan")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or npu (auto: what `portable check` selects)")
     args = parser.parse_args(argv)
     try:
         if args.command == "infer":
             summary = infer_values(args.stage, args.dataset, args.out, lookahead=args.lookahead,
-                                   workers=args.workers, batch_size=args.batch_size)
+                                   workers=args.workers, batch_size=args.batch_size, device=args.device)
         else:
             stage, tcfg = load_config(args.config)
             summary = train_value(stage, tcfg, args.out, resume=args.resume, ray_address=args.ray_address).summary()
@@ -117,8 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def infer_values(stage_dir: Path, dataset: Path, out: Path, *, lookahead: int = 10, workers: int = 1,
-                 batch_size: int = 64) -> dict[str, Any]:
+                 batch_size: int = 64, device: str = "auto") -> dict[str, Any]:
     """Infer every frame of `dataset` with the stage's models (cross-fitted) and write `out` atomically.
+
+    `device` is resolved as training resolves it (`reproduction.train.device.resolve`: an absent or
+    broken accelerator is a ConfigError naming it, before any model is loaded).
 
     The parquet holds episode_index, frame_index (int64) and value (float64), sorted by (episode,
     frame), with the dataset fingerprint in its metadata. Returns a small summary, including how
@@ -133,12 +137,14 @@ def infer_values(stage_dir: Path, dataset: Path, out: Path, *, lookahead: int = 
     from reproduction.recap.crossfit import CrossFitPlan
     from reproduction.fsio import atomic_write_bytes
     from reproduction.recap.value_infer import infer_dataset
+    from reproduction.train.device import local_device, resolve
 
     if not (Path(stage_dir) / SETUP_NAME).is_file():
         raise InputNotFoundError(f"{stage_dir}: no {SETUP_NAME}; not a stage-2 output folder", path=stage_dir,
                                  hint="pass the folder given to `value train --out`")
+    torch_device = local_device(resolve(device), 0)
     table = infer_dataset(Path(stage_dir), Path(dataset), world_size=workers, lookahead=lookahead,
-                          batch_size=batch_size)
+                          batch_size=batch_size, device=str(torch_device))
     ds = open_dataset(Path(dataset))
     fingerprint = ds.fingerprint
     plan = CrossFitPlan.from_dict(json.loads((Path(stage_dir) / "crossfit.json").read_text(encoding="utf-8")))
