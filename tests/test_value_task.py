@@ -190,7 +190,7 @@ def test_infer_cli_labels_a_dataset_the_models_never_trained_on(stage_dir, tmp_p
     frames_per_model = _count_forwards(monkeypatch)
     out = tmp_path / "values.parquet"
     rc = value_cli.main(["infer", "--stage", str(stage_dir / stage_name), "--dataset", str(stage_dir / "unseen"),
-                         "--out", str(out), "--lookahead", "4", "--workers", "3", "--batch-size", "5"])
+                         "--out", str(out), "--lookahead", "4", "--workers", "1", "--batch-size", "5"])
     assert rc == 0, capsys.readouterr().err
     summary = json.loads(capsys.readouterr().out)
     ds = open_dataset(stage_dir / "unseen")
@@ -416,3 +416,106 @@ def test_setup_changes_names_bins_and_fold_plan_moves(stage_dir):
     new.plan = split_folds({"ds": np.arange(1, 16, 2)[:-1]}, folds=2, seed=old.plan.seed)
     assert setup_changes(old, new, old_tokenizer=tok, new_tokenizer=tok) == [
         "model_config.num_bins 201 -> 101", "model_config.v_min -1.0 -> -2.0", "fold_plan: the episodes of ['ds'] differ"]
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """One local Ray for this module's Ray tests, on 127.0.0.1, stopped at the end."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024,
+             log_to_driver=False, _node_ip_address="127.0.0.1")
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+def _infer_args(stage_dir: Path, out: Path, workers: int, *extra: str) -> list[str]:
+    return ["infer", "--stage", str(stage_dir / "value"), "--dataset", str(stage_dir / "ds"), "--out", str(out),
+            "--lookahead", "4", "--batch-size", "5", "--device", "cpu", "--workers", str(workers), *extra]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_infer_cli_runs_the_shards_on_ray_workers_with_the_in_process_values(stage_dir, ray_local, tmp_path,
+                                                                            monkeypatch, capsys):
+    """--workers 2: two Ray workers infer their owned rows (the driver runs no forward); the parquet
+    equals --workers 1's: the same keys, values to 1e-6, fingerprint metadata, frames per model."""
+    import pyarrow.parquet as pq
+    import ray
+
+    from reproduction.recap import value as value_cli
+
+    forwards = _count_forwards(monkeypatch)  # spies on this process's models only
+    one, two = tmp_path / "one.parquet", tmp_path / "two.parquet"
+    assert value_cli.main(_infer_args(stage_dir, one, 1)) == 0
+    alone = json.loads(capsys.readouterr().out)
+    in_driver = sum(forwards.values())
+    assert in_driver == alone["frames"] > 0
+    rc = value_cli.main(_infer_args(stage_dir, two, 2, "--ray-address", ray_local))
+    got = capsys.readouterr()
+    assert rc == 0, got.err
+    shared = json.loads(got.out)
+    assert sum(forwards.values()) == in_driver  # no forward in the driver: the workers ran them all
+    assert ray.is_initialized()  # a cluster it joined is left running
+    a, b = pq.read_table(one), pq.read_table(two)
+    for key in ("episode_index", "frame_index"):
+        assert b.column(key).to_pylist() == a.column(key).to_pylist()
+    np.testing.assert_allclose(b.column("value").to_numpy(), a.column("value").to_numpy(), atol=1e-6, rtol=0)
+    assert b.schema.metadata[b"recap_portable.dataset_fingerprint"] == a.schema.metadata[b"recap_portable.dataset_fingerprint"]
+    assert b.schema == a.schema
+    for key in ("frames", "frames_per_model", "dataset_fingerprint", "dataset_in_fold_plan"):
+        assert shared[key] == alone[key], key
+    assert shared["value_mean"] == pytest.approx(alone["value_mean"], abs=1e-6)
+    assert min(alone["frames_per_model"]) > 0  # both fold models labelled frames
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fault, words", [
+    ("raise", "error: value inference shard 1 raised RuntimeError: injected failure in value inference shard 1 "
+              "(PORTABLE_TEST_INFER_FAULT=raise:1)"),
+    ("die", "error: value inference shard 1 died: WorkerCrashedError: "),
+])
+def test_a_failing_inference_worker_is_exit_51_and_writes_nothing(stage_dir, ray_local, tmp_path, monkeypatch, capsys,
+                                                                   fault, words):
+    from reproduction.recap import value as value_cli
+    from reproduction.recap.value_infer import FAULT_HOOK
+
+    monkeypatch.setenv(FAULT_HOOK, f"{fault}:1")  # PORTABLE_* reaches the workers; only a worker reads it
+    out = tmp_path / "values.parquet"
+    rc = value_cli.main(_infer_args(stage_dir, out, 2, "--ray-address", ray_local))
+    got = capsys.readouterr()
+    lines = got.err.splitlines()
+    # stdout: no summary. Ray's driver prints the raylet's own "a worker died" notice on stdout,
+    # from a background thread (ray._private.worker.listen_error_messages), so only the raise case is empty
+    assert rc == 51 and '"frames"' not in got.out and (fault == "die" or got.out == "")
+    assert lines[0].startswith(words) and len(lines) == 2 and lines[1].startswith("hint: "), got.err
+    assert not out.exists() and list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_an_inference_worker_refuses_a_dataset_other_than_the_planned_one(stage_dir):
+    """A worker opens the dataset by path; a copy that differs from the driver's (edited meanwhile,
+    another node's copy) is a FingerprintMismatchError naming both fingerprints, before any model loads."""
+    import dataclasses
+
+    from reproduction.data.reader import open_dataset
+    from reproduction.errors import FingerprintMismatchError
+    from reproduction.recap.sharding import Shard
+    from reproduction.recap.value_infer import ShardJob, infer_job
+    from reproduction.train.device import resolve
+
+    planned = open_dataset(stage_dir / "changed" / "ds").fingerprint
+    job = ShardJob(stage_dir=str(stage_dir / "value"), dataset_root=str(stage_dir / "ds"), fingerprint=planned,
+                   shard=Shard(rank=0, start=0, stop=4, infer_stop=4), spec=resolve("cpu"), batch_size=4)
+    actual = open_dataset(stage_dir / "ds").fingerprint
+    with pytest.raises(FingerprintMismatchError) as info:
+        infer_job(job)
+    assert str(info.value) == (f"{stage_dir / 'ds'}: fingerprint {actual} on this worker, {planned} when stage 3 "
+                               "planned its shards")
+    assert info.value.exit_code == 41
+    table = infer_job(dataclasses.replace(job, fingerprint=actual))  # the right copy: only its owned rows
+    _, ep, fr = sorted_frames(open_dataset(stage_dir / "ds"))
+    assert table.column_names == ["episode_index", "frame_index", "value"]
+    assert table.column("episode_index").to_pylist() == ep[:4].tolist() and table.column("frame_index").to_pylist() == fr[:4].tolist()

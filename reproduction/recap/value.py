@@ -2,12 +2,14 @@
 
     python -m reproduction.recap.value train --config value.yaml --out runs/x/value [--resume] [--ray-address A]
     python -m reproduction.recap.value infer --stage runs/x/value --dataset DATA --out values.parquet [--lookahead N]
+                                             [--workers W] [--ray-address A]
 
 The config file (YAML or JSON) has two sections: `value` (ValueStageConfig: datasets, preset,
 cameras, folds, ...) and `train` (TrainConfig: steps, batches, lr, world size, ...). stdout gets one
 JSON summary (per-fold eval metrics and export folders); talk and errors go to stderr. `infer`
 writes every frame's value (episode_index, frame_index, value), each episode labelled by the model
-that did not train on it, as the parquet stage 3 reads with `--values`.
+that did not train on it, as the parquet stage 3 reads with `--values`; `--workers W` > 1 runs the
+W shards concurrently, one Ray worker (one device) each.
 """
 
 from __future__ import annotations
@@ -97,14 +99,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dataset", required=True, type=Path, help="LeRobot dataset root")
     p.add_argument("--out", required=True, type=Path, help="values parquet to write")
     p.add_argument("--lookahead", type=int, default=10, help="N of stage 3: shards are extended by N frames")
-    p.add_argument("--workers", type=int, default=1, help="shards of the inference plan")
+    p.add_argument("--workers", type=int, default=1,
+                   help="shards of the inference plan; > 1: one Ray worker (one device) per shard, concurrently")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or npu (auto: what `portable check` selects)")
+    p.add_argument("--ray-address", default=None, help="(--workers > 1) join this Ray cluster instead of starting a local one")
     args = parser.parse_args(argv)
     try:
         if args.command == "infer":
-            summary = infer_values(args.stage, args.dataset, args.out, lookahead=args.lookahead,
-                                   workers=args.workers, batch_size=args.batch_size, device=args.device)
+            summary = infer_values(args.stage, args.dataset, args.out, lookahead=args.lookahead, workers=args.workers,
+                                   batch_size=args.batch_size, device=args.device, ray_address=args.ray_address)
         else:
             stage, tcfg = load_config(args.config)
             summary = train_value(stage, tcfg, args.out, resume=args.resume, ray_address=args.ray_address).summary()
@@ -118,11 +122,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def infer_values(stage_dir: Path, dataset: Path, out: Path, *, lookahead: int = 10, workers: int = 1,
-                 batch_size: int = 64, device: str = "auto") -> dict[str, Any]:
+                 batch_size: int = 64, device: str = "auto", ray_address: str | None = None,
+                 ui: Any = None) -> dict[str, Any]:
     """Infer every frame of `dataset` with the stage's models (cross-fitted) and write `out` atomically.
 
     `device` is resolved as training resolves it (`reproduction.train.device.resolve`: an absent or
-    broken accelerator is a ConfigError naming it, before any model is loaded).
+    broken accelerator is a ConfigError naming it, before any model is loaded). `workers` == 1 runs
+    in this process; > 1 runs the plan's shards concurrently on Ray workers, one device each
+    (`ray_address` joins a cluster, else a local Ray is started and stopped), with the same values
+    up to float noise. A worker that raises or dies is a WorkerFailedError (exit 51); on any error
+    `out` is not written. A progress line over shards goes to stderr (reproduction.ui options `ui`).
 
     The parquet holds episode_index, frame_index (int64) and value (float64), sorted by (episode,
     frame), with the dataset fingerprint in its metadata. Returns a small summary, including how
@@ -133,18 +142,29 @@ def infer_values(stage_dir: Path, dataset: Path, out: Path, *, lookahead: int = 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from reproduction import ui as ui_mod
     from reproduction.data.reader import open_dataset
     from reproduction.recap.crossfit import CrossFitPlan
     from reproduction.fsio import atomic_write_bytes
-    from reproduction.recap.value_infer import infer_dataset
+    from reproduction.recap.value_infer import infer_dataset, infer_dataset_ray
     from reproduction.train.device import local_device, resolve
 
     if not (Path(stage_dir) / SETUP_NAME).is_file():
         raise InputNotFoundError(f"{stage_dir}: no {SETUP_NAME}; not a stage-2 output folder", path=stage_dir,
                                  hint="pass the folder given to `value train --out`")
-    torch_device = local_device(resolve(device), 0)
-    table = infer_dataset(Path(stage_dir), Path(dataset), world_size=workers, lookahead=lookahead,
-                          batch_size=batch_size, device=str(torch_device))
+    if workers < 1:
+        raise ConfigError(f"--workers {workers}: needs at least one worker", field="workers", value=workers,
+                          hint="pass --workers 1 (in this process) or the number of devices to use")
+    spec = resolve(device)
+    with ui_mod.progress(ui) as prog:
+        shards = prog.task("value infer (shards)", total=workers)
+        if workers == 1:
+            table = infer_dataset(Path(stage_dir), Path(dataset), world_size=1, lookahead=lookahead,
+                                  batch_size=batch_size, device=str(local_device(spec, 0)))
+            shards.advance(1)
+        else:
+            table = infer_dataset_ray(Path(stage_dir), Path(dataset), spec=spec, world_size=workers, lookahead=lookahead,
+                                      batch_size=batch_size, ray_address=ray_address, on_done=lambda _: shards.advance(1))
     ds = open_dataset(Path(dataset))
     fingerprint = ds.fingerprint
     plan = CrossFitPlan.from_dict(json.loads((Path(stage_dir) / "crossfit.json").read_text(encoding="utf-8")))

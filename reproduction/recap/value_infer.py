@@ -10,12 +10,20 @@ episode (cross-fitting), the single model when folds == 1, and for a dataset no 
 (e.g. rollouts after training on sft data) a per-episode pick among the K models, all of which are
 held out for it (CrossFitPlan.models_for). A token id past the model's embedding is a one-line
 ConfigError (value_task.VocabGuard). Values are keyed by (episode_index, frame_index), never by position.
+
+`infer_dataset` runs the plan's shards one after another in this process; `infer_dataset_ray` runs
+them concurrently, one Ray worker (one device) per shard (`reproduction.train.launcher.run_tasks`):
+each worker loads the models on its device, opens the dataset by path, checks its fingerprint and
+returns only its owned rows' (episode_index, frame_index, value). Test hook, read in Ray workers
+only: `PORTABLE_TEST_INFER_FAULT=raise:<rank>` / `die:<rank>` makes shard <rank>'s worker raise a
+RuntimeError / SIGKILL itself before loading anything.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,9 +31,12 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from reproduction.errors import CheckpointError, InputNotFoundError, UnsupportedFormatError
+from reproduction.errors import CheckpointError, FingerprintMismatchError, InputNotFoundError, UnsupportedFormatError
 from reproduction.recap.crossfit import CrossFitPlan
 from reproduction.recap.normalize import ReturnRange
+from reproduction.recap.sharding import Shard
+
+FAULT_HOOK = "PORTABLE_TEST_INFER_FAULT"
 
 
 @dataclass(kw_only=True)
@@ -177,11 +188,91 @@ def infer_dataset(stage_dir: Path, dataset_root: Path, *, world_size: int = 1, l
     models, plan = load_value_stage(stage_dir, device=device)
     ds = open_dataset(dataset_root)
     frames = sorted_frames(ds)
-    ep = frames[1]
-    row_end = np.searchsorted(ep, ep, side="right").astype(np.int64)  # each row's episode end (exclusive)
-    parts = []
-    for shard in plan_shards(row_end, world_size, lookahead):
-        owned_only = dataclasses.replace(shard, infer_stop=shard.stop)
-        t = infer_shard(models, plan, ds, owned_only, dataset_name=dataset_name, batch_size=batch_size, frames=frames)
-        parts.append(t.drop_columns(["owned"]))
+    parts = [_infer_owned(models, plan, ds, shard, dataset_name=dataset_name, batch_size=batch_size, frames=frames)
+             for shard in plan_shards(_row_ends(frames[1]), world_size, lookahead)]
+    return merge_values(parts)
+
+
+def _row_ends(ep: np.ndarray) -> np.ndarray:
+    """Each sorted row's episode end (exclusive): what `plan_shards` cuts by."""
+    return np.searchsorted(ep, ep, side="right").astype(np.int64)
+
+
+def _infer_owned(models: Sequence[ValueExport], plan: CrossFitPlan, dataset: Any, shard: Shard, *,
+                 dataset_name: str | None, batch_size: int, frames: tuple[np.ndarray, np.ndarray, np.ndarray]) -> pa.Table:
+    """(episode_index, frame_index, value) of the shard's owned rows only: the merge has every shard's
+    owned rows, so the lookahead rows would be a second forward of a frame another shard labels."""
+    owned_only = dataclasses.replace(shard, infer_stop=shard.stop)
+    t = infer_shard(models, plan, dataset, owned_only, dataset_name=dataset_name, batch_size=batch_size, frames=frames)
+    return t.drop_columns(["owned"])
+
+
+@dataclass(kw_only=True, frozen=True)
+class ShardJob:
+    """One Ray worker's share of stage 3, all by path (pickled to the worker; no model, no frames)."""
+
+    stage_dir: str
+    dataset_root: str
+    fingerprint: str
+    """The dataset fingerprint the driver planned with; the worker's copy must match."""
+    shard: Shard
+    spec: Any
+    """reproduction.train.device.DeviceSpec: the worker takes its one visible device of this kind."""
+    batch_size: int
+    dataset_name: str | None = None
+
+
+def infer_job(job: ShardJob) -> pa.Table:
+    """Ray worker body: the job's owned rows' values, computed on this worker's device.
+
+    Raises FingerprintMismatchError when the dataset at `dataset_root` is not the one the driver
+    planned with (edited meanwhile, or another copy on this node), and what `load_value_stage`
+    and `infer_rows` raise.
+    """
+    from reproduction.data.reader import open_dataset
+    from reproduction.train.device import local_device
+
+    _fault_hook(job.shard.rank)
+    ds = open_dataset(Path(job.dataset_root))
+    if ds.fingerprint != job.fingerprint:
+        raise FingerprintMismatchError(
+            f"{job.dataset_root}: fingerprint {ds.fingerprint} on this worker, {job.fingerprint} when stage 3 planned "
+            f"its shards", path=job.dataset_root, hint="the dataset changed (or differs on this node); rerun stage 3")
+    models, plan = load_value_stage(Path(job.stage_dir), device=str(local_device(job.spec, 0)))
+    return _infer_owned(models, plan, ds, job.shard, dataset_name=job.dataset_name, batch_size=job.batch_size,
+                        frames=sorted_frames(ds))
+
+
+def _fault_hook(rank: int) -> None:
+    """`PORTABLE_TEST_INFER_FAULT=raise:<rank>|die:<rank>`: the fault tests' way into a worker."""
+    action, _, target = os.environ.get(FAULT_HOOK, "").partition(":")
+    if action and target == str(rank):
+        if action == "die":
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"injected failure in value inference shard {rank} ({FAULT_HOOK}={action}:{target})")
+
+
+def infer_dataset_ray(stage_dir: Path, dataset_root: Path, *, spec: Any, world_size: int, lookahead: int = 0,
+                      batch_size: int = 64, dataset_name: str | None = None, ray_address: str | None = None,
+                      on_done: Any = None) -> pa.Table:
+    """What `infer_dataset` returns, with the plan's `world_size` shards run concurrently on Ray
+    workers, one device (`spec`: cpu slot, GPU or NPU) each; `on_done(rank)` as each finishes.
+
+    Ray is started locally and stopped unless `ray_address` (or an initialised Ray) is given. A
+    worker that raises or dies is a one-line WorkerFailedError (exit 51, its traceback in
+    `.traceback`); a PortableError in a worker (bad export, changed dataset) arrives as itself.
+    """
+    from reproduction.data.reader import open_dataset
+    from reproduction.recap.sharding import merge_values, plan_shards
+    from reproduction.train.launcher import run_tasks
+
+    ds = open_dataset(Path(dataset_root))
+    _, ep, _ = sorted_frames(ds)
+    jobs = [ShardJob(stage_dir=str(Path(stage_dir).resolve()), dataset_root=str(Path(dataset_root).resolve()),
+                     fingerprint=ds.fingerprint, shard=shard, spec=spec, batch_size=batch_size, dataset_name=dataset_name)
+            for shard in plan_shards(_row_ends(ep), world_size, lookahead)]
+    parts = run_tasks(infer_job, jobs, spec=spec, ray_address=ray_address, on_done=on_done,
+                      label="value inference shard")
     return merge_values(parts)

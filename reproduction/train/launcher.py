@@ -5,6 +5,9 @@ it) unless given `ray_address` or an already-initialised Ray, and waits with bou
 raises or dies fails the run at once with its traceback (`WorkerFailedError`, exit 51) and the other
 workers are killed; a `PortableError` raised in a worker (bad checkpoint, bad config) is re-raised
 as itself. Ray is imported only here and only when used.
+
+`run_tasks` serves inference stages with the same machinery: N independent payloads, one Ray task
+(one device) each, no process group, results in payload order.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from reproduction.errors import PortableError, WorkerFailedError
 from reproduction.train.config import TrainConfig
@@ -68,7 +71,12 @@ def _ray_worker(payload: Payload, rank: int) -> Any:
         local_rank = rank if payload.spec.kind == "cpu" else 0  # Ray narrows the visible devices to one
         return ("ok", _worker_body(payload, rank=rank, world_size=payload.config.world_size, local_rank=local_rank))
     except PortableError as exc:
-        return ("portable_error", type(exc), exc.message, exc.hint, exc.fields, traceback.format_exc())
+        return _error_value(exc)
+
+
+def _error_value(exc: PortableError) -> tuple:
+    """A worker's PortableError as a picklable value `_outcome` re-raises as itself."""
+    return ("portable_error", type(exc), exc.message, exc.hint, exc.fields, traceback.format_exc())
 
 
 def run_ray(payload: Payload, *, ray_address: str | None, on_poll: Callable[[], None] | None = None) -> Any:
@@ -90,7 +98,77 @@ def run_ray(payload: Payload, *, ray_address: str | None, on_poll: Callable[[], 
             ray.shutdown()
 
 
-def _connect(ray_address: str | None, config: TrainConfig) -> bool:
+@dataclass(kw_only=True, slots=True)
+class _Fleet:
+    """What `_connect` and `_placement_group` read of a TrainConfig, for `run_tasks`."""
+
+    world_size: int
+    cpus_per_worker: float
+    start_timeout_s: float
+
+
+def _task_body(fn: Callable[[Any], Any], payload: Any) -> Any:
+    """`run_tasks`' Ray task body: the `_ray_worker` protocol without a process group."""
+    try:
+        return ("ok", fn(payload))
+    except PortableError as exc:
+        return _error_value(exc)
+
+
+def run_tasks(fn: Callable[[Any], Any], payloads: Sequence[Any], *, spec: DeviceSpec, ray_address: str | None,
+              cpus_per_worker: float = 1.0, start_timeout_s: float = 120.0,
+              on_done: Callable[[int], None] | None = None, label: str = "task") -> list[Any]:
+    """`fn(payload)` for each payload, each as its own Ray task on one device; results in payload order.
+
+    `fn` must be importable by the workers (a module-level function) and should return something
+    small. Ray is started locally (and stopped) unless given `ray_address` or already initialised;
+    each task is a fresh process (max_calls=1) with WORKER_ENV and the driver's PORTABLE_* variables,
+    reserving `cpus_per_worker` CPUs and one GPU/NPU when `spec` has one. Placement is bounded by
+    `start_timeout_s`; `on_done(i)` is called as payload i finishes. The first task that raises or
+    dies kills the others and raises a one-line WorkerFailedError (exit 51) naming `label` and the
+    payload's index (`rank`), with the worker's text in `traceback`; a PortableError raised in a task
+    is re-raised as itself.
+    """
+    import ray
+
+    fleet = _Fleet(world_size=len(payloads), cpus_per_worker=cpus_per_worker, start_timeout_s=start_timeout_s)
+    if not payloads:
+        return []
+    started = _connect(ray_address, fleet)
+    pg = None
+    try:
+        pg = _placement_group(fleet, spec)
+        env = _worker_env(local=sum(1 for node in ray.nodes() if node.get("Alive")) == 1)
+        remote = ray.remote(max_calls=1)(_task_body)  # a fresh process per task: its device, nothing left over
+        refs = [remote.options(**_task_options(spec, cpus_per_worker, pg, i, env)).remote(fn, payload)
+                for i, payload in enumerate(payloads)]
+        try:
+            results = _wait_all(refs, None, on_done)
+        except WorkerFailedError as exc:
+            raise _one_line(exc, label) from None
+        return [results[i] for i in range(len(payloads))]
+    finally:
+        if pg is not None:
+            ray.util.remove_placement_group(pg)
+        if started:
+            ray.shutdown()
+
+
+def _one_line(exc: WorkerFailedError, label: str) -> WorkerFailedError:
+    """`_outcome`'s failure as one line naming `label` and the payload index: the worker's exception
+    (the traceback's last line) or how it died; the whole text stays in the error's `traceback`."""
+    text = str(exc.fields.get("traceback") or "")
+    first = exc.message.splitlines()[0]
+    if first.endswith(" raised:"):
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return WorkerFailedError(f"{label} {exc.rank} raised {lines[-1] if lines else 'an exception'}", rank=exc.rank,
+                                 traceback=text, hint="a bug in the worker (its traceback is the error's "
+                                 "`traceback`); rerun with one worker to see it in this process")
+    return WorkerFailedError(first.replace(f"worker rank {exc.rank}", f"{label} {exc.rank}", 1), rank=exc.rank,
+                             traceback=text, hint="a worker process was killed (out of memory? kill -9?); rerun")
+
+
+def _connect(ray_address: str | None, config: "TrainConfig | _Fleet") -> bool:
     """Make sure Ray is initialised; True when this call started it (and must shut it down)."""
     import ray
 
@@ -108,7 +186,7 @@ def _connect(ray_address: str | None, config: TrainConfig) -> bool:
     return True
 
 
-def _placement_group(config: TrainConfig, spec: DeviceSpec):
+def _placement_group(config: "TrainConfig | _Fleet", spec: DeviceSpec):
     import ray
     from ray.util.placement_group import placement_group
 
@@ -152,28 +230,46 @@ def _probe_address() -> tuple[str, int]:
 
 def _submit(payload: Payload, pg, *, local: bool) -> list:
     import ray
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    env = dict(WORKER_ENV)
-    env.update({k: v for k, v in os.environ.items() if k.startswith("PORTABLE_")})
-    if local:  # workers import what the driver imports (tests, scripts next to the driver)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    env = _worker_env(local=local)
     remote = ray.remote(max_calls=1)(_ray_worker)  # a fresh process per run: no leftover group or RNG
     refs = []
     for rank in range(payload.config.world_size):
-        strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank)
-        options = {"num_cpus": payload.config.cpus_per_worker, "max_retries": 0,
-                   "scheduling_strategy": strategy, "runtime_env": {"env_vars": env}}
-        if payload.spec.ray_resource == "GPU":
-            options["num_gpus"] = 1
-        elif payload.spec.ray_resource:
-            options["resources"] = {payload.spec.ray_resource: 1}
+        options = _task_options(payload.spec, payload.config.cpus_per_worker, pg, rank, env)
         refs.append(remote.options(**options).remote(payload, rank))
     return refs
 
 
+def _worker_env(*, local: bool) -> dict[str, str]:
+    """Workers' environment: WORKER_ENV, the driver's PORTABLE_* knobs, and on one machine its sys.path."""
+    env = dict(WORKER_ENV)
+    env.update({k: v for k, v in os.environ.items() if k.startswith("PORTABLE_")})
+    if local:  # workers import what the driver imports (tests, scripts next to the driver)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    return env
+
+
+def _task_options(spec: DeviceSpec, cpus: float, pg, index: int, env: dict[str, str]) -> dict[str, Any]:
+    """Ray options of the worker in bundle `index`: its CPUs, its device (GPU or a declared NPU), no retries."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index)
+    options = {"num_cpus": cpus, "max_retries": 0, "scheduling_strategy": strategy, "runtime_env": {"env_vars": env}}
+    if spec.ray_resource == "GPU":
+        options["num_gpus"] = 1
+    elif spec.ray_resource:
+        options["resources"] = {spec.ray_resource: 1}
+    return options
+
+
 def _wait(refs: list, config: TrainConfig, on_poll: Callable[[], None] | None) -> Any:
     """Wait for every rank; the first failure kills the rest and raises. Each wait is bounded."""
+    return _wait_all(refs, on_poll)[0]
+
+
+def _wait_all(refs: list, on_poll: Callable[[], None] | None,
+              on_done: Callable[[int], None] | None = None) -> dict[int, Any]:
+    """Every ref's result by index; the first failure cancels the rest and raises. Each wait is bounded."""
     import ray
 
     rank_of = {ref: rank for rank, ref in enumerate(refs)}
@@ -183,12 +279,14 @@ def _wait(refs: list, config: TrainConfig, on_poll: Callable[[], None] | None) -
             done, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
             for ref in done:
                 results[rank_of[ref]] = _outcome(ref, rank_of[ref])
+                if on_done is not None:
+                    on_done(rank_of[ref])
             if on_poll is not None:
                 on_poll()
     finally:
         for ref in pending:  # peers of a failed rank sit in a collective: kill them now
             ray.cancel(ref, force=True)
-    return results[0]
+    return results
 
 
 def _outcome(ref, rank: int) -> Any:
