@@ -158,6 +158,7 @@ def infer_values(stage_dir: Path, dataset: Path, out: Path, *, lookahead: int = 
     spec = resolve(device)
     with ui_mod.progress(ui) as prog:
         shards = prog.task("value infer (shards)", total=workers)
+        shards.show(rate="")  # units are shards, not the bar's default bytes/s
         if workers == 1:
             table = infer_dataset(Path(stage_dir), Path(dataset), world_size=1, lookahead=lookahead,
                                   batch_size=batch_size, device=str(local_device(spec, 0)))
