@@ -463,7 +463,8 @@ def test_infer_cli_runs_the_shards_on_ray_workers_with_the_in_process_values(sta
     for key in ("episode_index", "frame_index"):
         assert b.column(key).to_pylist() == a.column(key).to_pylist()
     np.testing.assert_allclose(b.column("value").to_numpy(), a.column("value").to_numpy(), atol=1e-6, rtol=0)
-    assert b.schema.metadata[b"recap_portable.dataset_fingerprint"] == a.schema.metadata[b"recap_portable.dataset_fingerprint"]
+    fp = b"recap_portable.dataset_fingerprint"
+    assert b.schema.metadata[fp] == a.schema.metadata[fp] == alone["dataset_fingerprint"].encode()
     assert b.schema == a.schema
     for key in ("frames", "frames_per_model", "dataset_fingerprint", "dataset_in_fold_plan"):
         assert shared[key] == alone[key], key
@@ -518,4 +519,5 @@ def test_an_inference_worker_refuses_a_dataset_other_than_the_planned_one(stage_
     table = infer_job(dataclasses.replace(job, fingerprint=actual))  # the right copy: only its owned rows
     _, ep, fr = sorted_frames(open_dataset(stage_dir / "ds"))
     assert table.column_names == ["episode_index", "frame_index", "value"]
-    assert table.column("episode_index").to_pylist() == ep[:4].tolist() and table.column("frame_index").to_pylist() == fr[:4].tolist()
+    assert table.column("episode_index").to_pylist() == ep[:4].tolist()
+    assert table.column("frame_index").to_pylist() == fr[:4].tolist()

@@ -103,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="shards of the inference plan; > 1: one Ray worker (one device) per shard, concurrently")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or npu (auto: what `portable check` selects)")
-    p.add_argument("--ray-address", default=None, help="(--workers > 1) join this Ray cluster instead of starting a local one")
+    p.add_argument("--ray-address", default=None,
+                   help="(--workers > 1) join this Ray cluster instead of starting a local one")
     args = parser.parse_args(argv)
     try:
         if args.command == "infer":
@@ -164,8 +165,9 @@ def infer_values(stage_dir: Path, dataset: Path, out: Path, *, lookahead: int = 
                                   batch_size=batch_size, device=str(local_device(spec, 0)))
             shards.advance(1)
         else:
-            table = infer_dataset_ray(Path(stage_dir), Path(dataset), spec=spec, world_size=workers, lookahead=lookahead,
-                                      batch_size=batch_size, ray_address=ray_address, on_done=lambda _: shards.advance(1))
+            table = infer_dataset_ray(Path(stage_dir), Path(dataset), spec=spec, world_size=workers,
+                                      lookahead=lookahead, batch_size=batch_size, ray_address=ray_address,
+                                      on_done=lambda _: shards.advance(1))
     ds = open_dataset(Path(dataset))
     fingerprint = ds.fingerprint
     plan = CrossFitPlan.from_dict(json.loads((Path(stage_dir) / "crossfit.json").read_text(encoding="utf-8")))

@@ -26,7 +26,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +35,7 @@ from reproduction.errors import CheckpointError, FingerprintMismatchError, Input
 from reproduction.recap.crossfit import CrossFitPlan
 from reproduction.recap.normalize import ReturnRange
 from reproduction.recap.sharding import Shard
+from reproduction.train.device import DeviceSpec
 
 FAULT_HOOK = "PORTABLE_TEST_INFER_FAULT"
 
@@ -199,7 +200,8 @@ def _row_ends(ep: np.ndarray) -> np.ndarray:
 
 
 def _infer_owned(models: Sequence[ValueExport], plan: CrossFitPlan, dataset: Any, shard: Shard, *,
-                 dataset_name: str | None, batch_size: int, frames: tuple[np.ndarray, np.ndarray, np.ndarray]) -> pa.Table:
+                 dataset_name: str | None, batch_size: int,
+                 frames: tuple[np.ndarray, np.ndarray, np.ndarray]) -> pa.Table:
     """(episode_index, frame_index, value) of the shard's owned rows only: the merge has every shard's
     owned rows, so the lookahead rows would be a second forward of a frame another shard labels."""
     owned_only = dataclasses.replace(shard, infer_stop=shard.stop)
@@ -216,8 +218,8 @@ class ShardJob:
     fingerprint: str
     """The dataset fingerprint the driver planned with; the worker's copy must match."""
     shard: Shard
-    spec: Any
-    """reproduction.train.device.DeviceSpec: the worker takes its one visible device of this kind."""
+    spec: DeviceSpec
+    """The worker computes on its one visible device of this kind (Ray narrows GPUs/NPUs to one)."""
     batch_size: int
     dataset_name: str | None = None
 
@@ -254,9 +256,9 @@ def _fault_hook(rank: int) -> None:
         raise RuntimeError(f"injected failure in value inference shard {rank} ({FAULT_HOOK}={action}:{target})")
 
 
-def infer_dataset_ray(stage_dir: Path, dataset_root: Path, *, spec: Any, world_size: int, lookahead: int = 0,
-                      batch_size: int = 64, dataset_name: str | None = None, ray_address: str | None = None,
-                      on_done: Any = None) -> pa.Table:
+def infer_dataset_ray(stage_dir: Path, dataset_root: Path, *, spec: DeviceSpec, world_size: int,
+                      lookahead: int = 0, batch_size: int = 64, dataset_name: str | None = None,
+                      ray_address: str | None = None, on_done: Callable[[int], None] | None = None) -> pa.Table:
     """What `infer_dataset` returns, with the plan's `world_size` shards run concurrently on Ray
     workers, one device (`spec`: cpu slot, GPU or NPU) each; `on_done(rank)` as each finishes.
 
@@ -271,7 +273,8 @@ def infer_dataset_ray(stage_dir: Path, dataset_root: Path, *, spec: Any, world_s
     ds = open_dataset(Path(dataset_root))
     _, ep, _ = sorted_frames(ds)
     jobs = [ShardJob(stage_dir=str(Path(stage_dir).resolve()), dataset_root=str(Path(dataset_root).resolve()),
-                     fingerprint=ds.fingerprint, shard=shard, spec=spec, batch_size=batch_size, dataset_name=dataset_name)
+                     fingerprint=ds.fingerprint, shard=shard, spec=spec, batch_size=batch_size,
+                     dataset_name=dataset_name)
             for shard in plan_shards(_row_ends(ep), world_size, lookahead)]
     parts = run_tasks(infer_job, jobs, spec=spec, ray_address=ray_address, on_done=on_done,
                       label="value inference shard")
