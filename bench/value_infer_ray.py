@@ -1,0 +1,89 @@
+"""Stage-3 value inference: `--workers 2` on Ray workers vs `--workers 1` in this process (CPU).
+
+The same untrained 2-fold value stage (the tiny preset widened to 256 and 8 px patches, so a frame
+costs a few ms as on a real model, not a fraction of one) and the same synthetic rollout dataset
+(tests/value_synth) go through `reproduction.recap.value.infer_values` twice; the Ray run's wall time includes starting
+and stopping the local Ray and each worker's imports and model loads, as a user's run would. The
+anchor (workers 1) loads the models once in this process. Both runs must give the same values.
+
+    OMP_NUM_THREADS=1 python3 bench/value_infer_ray.py [--episodes 160]
+
+Last line: `ratio: X.XX (goal ...)` = wall(workers 1) / wall(workers 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("PORTABLE_NO_PROGRESS", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+import numpy as np  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from reproduction.recap.value import infer_values  # noqa: E402
+
+CAMS = {"base_0_rgb": "observation.images.front", "left_wrist_0_rgb": "observation.images.wrist"}
+
+
+def write_stage(root: Path, episodes: int) -> None:
+    """`root/ds` (synthetic rollouts) and `root/value`: a 2-fold stage with untrained tiny exports."""
+    from safetensors.torch import save_file
+
+    from reproduction.recap.value_data import ValueSource
+    from reproduction.recap.value_model import ValueModelConfig, build_value_model
+    from reproduction.recap.value_task import ValueStageConfig, prepare_value_setup, write_export_extras
+    from value_synth import write_value_dataset
+
+    runs = write_value_dataset(root / "ds", episodes=episodes, seed=2)
+    stage = ValueStageConfig(train=[ValueSource(path=str(root / "ds"), type="rollout", returns=str(runs))],
+                             cameras=CAMS, folds=2, fold_seed=1)
+    setup = prepare_value_setup(stage, root / "value")
+    for part in ("vision", "text"):  # heavier than tiny: compute, not Ray's start, should dominate
+        setup.model_config[part].update(hidden_size=256, intermediate_size=1024, num_hidden_layers=4)
+    setup.model_config["text"]["layer_types"] = ["sliding_attention", "full_attention"] * 2
+    setup.model_config["vision"]["patch_size"] = 8
+    for k in range(stage.folds):
+        model = build_value_model(ValueModelConfig.from_dict(setup.model_config), seed=k)
+        export = root / "value" / f"model_{k}" / "export"
+        export.mkdir(parents=True)
+        save_file({n: t.contiguous() for n, t in model.state_dict().items()}, str(export / "model.safetensors"))
+        write_export_extras(export, setup=setup, fold=k)
+
+
+def timed_infer(root: Path, workers: int) -> tuple[float, dict]:
+    start = time.perf_counter()
+    summary = infer_values(root / "value", root / "ds", root / f"values_{workers}.parquet", workers=workers,
+                           device="cpu", lookahead=10)
+    return time.perf_counter() - start, summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=120)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        write_stage(root, args.episodes)
+        one_s, one = timed_infer(root, 1)
+        two_s, two = timed_infer(root, 2)
+        a, b = pq.read_table(root / "values_1.parquet"), pq.read_table(root / "values_2.parquet")
+        assert a.column("frame_index").equals(b.column("frame_index")) and one["frames"] == two["frames"]
+        gap = float(np.abs(a.column("value").to_numpy() - b.column("value").to_numpy()).max())
+    print(json.dumps({"frames": one["frames"], "workers_1_s": round(one_s, 2), "workers_2_ray_s": round(two_s, 2),
+                      "frames_per_s_1": round(one["frames"] / one_s, 1), "frames_per_s_2": round(two["frames"] / two_s, 1),
+                      "max_abs_value_gap": gap}))
+    print(f"ratio: {one_s / two_s:.2f} (goal >= 1.3 on 2 free cores, Ray start included; near 2 at scale)")
+
+
+if __name__ == "__main__":
+    main()
