@@ -181,8 +181,9 @@ def _connect(ray_address: str | None, config: "TrainConfig | _Fleet") -> bool:
     for key, value in WORKER_ENV.items():  # the raylet's env is inherited by every worker it starts
         os.environ.setdefault(key, value)
     cpus = max(int(config.world_size * config.cpus_per_worker + 0.999), 1)
+    # A private one-node cluster: advertise loopback, so nothing it tells its workers points off-host.
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, object_store_memory=200 * 1024 * 1024,
-             log_to_driver=True)
+             log_to_driver=True, _node_ip_address="127.0.0.1")
     return True
 
 
