@@ -90,7 +90,7 @@ def run_ray(payload: Payload, *, ray_address: str | None, on_poll: Callable[[], 
         single_node = sum(1 for node in ray.nodes() if node.get("Alive")) == 1
         payload.master_addr, payload.master_port = _rendezvous(pg, payload.config, single_node)
         refs = _submit(payload, pg, local=single_node)
-        return _wait(refs, payload.config, on_poll)
+        return _wait_all(refs, on_poll)[0]
     finally:
         if pg is not None:
             ray.util.remove_placement_group(pg)
@@ -261,11 +261,6 @@ def _task_options(spec: DeviceSpec, cpus: float, pg, index: int, env: dict[str, 
     elif spec.ray_resource:
         options["resources"] = {spec.ray_resource: 1}
     return options
-
-
-def _wait(refs: list, config: TrainConfig, on_poll: Callable[[], None] | None) -> Any:
-    """Wait for every rank; the first failure kills the rest and raises. Each wait is bounded."""
-    return _wait_all(refs, on_poll)[0]
 
 
 def _wait_all(refs: list, on_poll: Callable[[], None] | None,
