@@ -16,9 +16,10 @@ import os
 import re
 import sys
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from reproduction.errors import PortableError, WorkerFailedError
 from reproduction.train.config import TrainConfig
@@ -81,30 +82,12 @@ def _error_value(exc: PortableError) -> tuple:
 
 def run_ray(payload: Payload, *, ray_address: str | None, on_poll: Callable[[], None] | None = None) -> Any:
     """Run `config.world_size` workers under Ray; returns rank 0's result."""
-    import ray
-
-    started = _connect(ray_address, payload.config)
-    pg = None
-    try:
-        pg = _placement_group(payload.config, payload.spec)
-        single_node = sum(1 for node in ray.nodes() if node.get("Alive")) == 1
-        payload.master_addr, payload.master_port = _rendezvous(pg, payload.config, single_node)
+    cfg = payload.config
+    with _placed(ray_address, payload.spec, workers=cfg.world_size, cpus_per_worker=cfg.cpus_per_worker,
+                 start_timeout_s=cfg.start_timeout_s) as (pg, single_node):
+        payload.master_addr, payload.master_port = _rendezvous(pg, cfg, single_node)
         refs = _submit(payload, pg, local=single_node)
         return _wait_all(refs, on_poll)[0]
-    finally:
-        if pg is not None:
-            ray.util.remove_placement_group(pg)
-        if started:
-            ray.shutdown()
-
-
-@dataclass(kw_only=True, slots=True)
-class _Fleet:
-    """What `_connect` and `_placement_group` read of a TrainConfig, for `run_tasks`."""
-
-    world_size: int
-    cpus_per_worker: float
-    start_timeout_s: float
 
 
 def _task_body(fn: Callable[[Any], Any], payload: Any) -> Any:
@@ -131,14 +114,11 @@ def run_tasks(fn: Callable[[Any], Any], payloads: Sequence[Any], *, spec: Device
     """
     import ray
 
-    fleet = _Fleet(world_size=len(payloads), cpus_per_worker=cpus_per_worker, start_timeout_s=start_timeout_s)
     if not payloads:
         return []
-    started = _connect(ray_address, fleet)
-    pg = None
-    try:
-        pg = _placement_group(fleet, spec)
-        env = _worker_env(local=sum(1 for node in ray.nodes() if node.get("Alive")) == 1)
+    with _placed(ray_address, spec, workers=len(payloads), cpus_per_worker=cpus_per_worker,
+                 start_timeout_s=start_timeout_s) as (pg, single_node):
+        env = _worker_env(local=single_node)
         remote = ray.remote(max_calls=1)(_task_body)  # a fresh process per task: its device, nothing left over
         refs = [remote.options(**_task_options(spec, cpus_per_worker, pg, i, env)).remote(fn, payload)
                 for i, payload in enumerate(payloads)]
@@ -147,6 +127,21 @@ def run_tasks(fn: Callable[[Any], Any], payloads: Sequence[Any], *, spec: Device
         except WorkerFailedError as exc:
             raise _one_line(exc, label) from None
         return [results[i] for i in range(len(payloads))]
+
+
+@contextmanager
+def _placed(ray_address: str | None, spec: DeviceSpec, *, workers: int, cpus_per_worker: float,
+            start_timeout_s: float) -> Iterator[tuple[Any, bool]]:
+    """Ray connected (a local one started if needed) and a placement group of `workers` bundles,
+    yielded with whether the cluster is one node; the group is removed, and a Ray this call started
+    is shut down, on the way out."""
+    import ray
+
+    started = _connect(ray_address, cpus=max(int(workers * cpus_per_worker + 0.999), 1))
+    pg = None
+    try:
+        pg = _placement_group(spec, workers=workers, cpus_per_worker=cpus_per_worker, start_timeout_s=start_timeout_s)
+        yield pg, sum(1 for node in ray.nodes() if node.get("Alive")) == 1
     finally:
         if pg is not None:
             ray.util.remove_placement_group(pg)
@@ -168,8 +163,9 @@ def _one_line(exc: WorkerFailedError, label: str) -> WorkerFailedError:
                              traceback=text, hint="a worker process was killed (out of memory? kill -9?); rerun")
 
 
-def _connect(ray_address: str | None, config: "TrainConfig | _Fleet") -> bool:
-    """Make sure Ray is initialised; True when this call started it (and must shut it down)."""
+def _connect(ray_address: str | None, *, cpus: int) -> bool:
+    """Make sure Ray is initialised (a local one gets `cpus` CPUs); True when this call started it
+    (and must shut it down)."""
     import ray
 
     if ray.is_initialized():
@@ -180,27 +176,26 @@ def _connect(ray_address: str | None, config: "TrainConfig | _Fleet") -> bool:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 token auth: off for a private local cluster
     for key, value in WORKER_ENV.items():  # the raylet's env is inherited by every worker it starts
         os.environ.setdefault(key, value)
-    cpus = max(int(config.world_size * config.cpus_per_worker + 0.999), 1)
     # A private one-node cluster: advertise loopback, so nothing it tells its workers points off-host.
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, object_store_memory=200 * 1024 * 1024,
              log_to_driver=True, _node_ip_address="127.0.0.1")
     return True
 
 
-def _placement_group(config: "TrainConfig | _Fleet", spec: DeviceSpec):
+def _placement_group(spec: DeviceSpec, *, workers: int, cpus_per_worker: float, start_timeout_s: float):
     import ray
     from ray.util.placement_group import placement_group
 
-    bundle: dict[str, float] = {"CPU": config.cpus_per_worker}
+    bundle: dict[str, float] = {"CPU": cpus_per_worker}
     if spec.ray_resource:
         bundle[spec.ray_resource] = 1
-    pg = placement_group([dict(bundle) for _ in range(config.world_size)], strategy="PACK")
+    pg = placement_group([dict(bundle) for _ in range(workers)], strategy="PACK")
     try:
-        ray.get(pg.ready(), timeout=config.start_timeout_s)
+        ray.get(pg.ready(), timeout=start_timeout_s)
     except ray.exceptions.GetTimeoutError:
         ray.util.remove_placement_group(pg)
         raise WorkerFailedError(
-            f"Ray could not place {config.world_size} workers of {bundle} within {config.start_timeout_s:.0f} s "
+            f"Ray could not place {workers} workers of {bundle} within {start_timeout_s:.0f} s "
             f"(cluster has {ray.cluster_resources()})",
             hint="lower world_size, free the cluster, or raise start_timeout_s") from None
     return pg
