@@ -157,6 +157,10 @@ def infer_values(stage_dir: Path, dataset: Path, out: Path, *, lookahead: int = 
         raise ConfigError(f"--workers {workers}: needs at least one worker", field="workers", value=workers,
                           hint="pass --workers 1 (in this process) or the number of devices to use")
     spec = resolve(device)
+    # Read before inference: the parquet is stamped with the version the shards were planned on.
+    ds = open_dataset(Path(dataset))
+    fingerprint = ds.fingerprint
+    plan = CrossFitPlan.from_dict(json.loads((Path(stage_dir) / "crossfit.json").read_text(encoding="utf-8")))
     with ui_mod.progress(ui) as prog:
         shards = prog.task("value infer (shards)", total=workers)
         shards.show(rate="")  # units are shards, not the bar's default bytes/s
@@ -168,9 +172,6 @@ def infer_values(stage_dir: Path, dataset: Path, out: Path, *, lookahead: int = 
             table = infer_dataset_ray(Path(stage_dir), Path(dataset), spec=spec, world_size=workers,
                                       lookahead=lookahead, batch_size=batch_size, ray_address=ray_address,
                                       on_done=lambda _: shards.advance(1))
-    ds = open_dataset(Path(dataset))
-    fingerprint = ds.fingerprint
-    plan = CrossFitPlan.from_dict(json.loads((Path(stage_dir) / "crossfit.json").read_text(encoding="utf-8")))
     which = plan.models_for(ds.name, table.column("episode_index").to_numpy())
     table = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                            b"recap_portable.dataset_fingerprint": fingerprint.encode()})
