@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 REPEAT = int(os.environ.get("BENCH_REPEAT", "5"))
 

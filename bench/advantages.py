@@ -17,8 +17,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
-
 from _timing import REPEAT, best  # noqa: E402
+
 from reproduction.recap.advantages import label, nstep_advantages, thresholds_by_task  # noqa: E402
 from reproduction.recap.normalize import ReturnRange  # noqa: E402
 from reproduction.recap.returns import episode_bounds, episode_ends, episode_returns  # noqa: E402
@@ -42,8 +42,13 @@ def loop_advantages(lengths, returns, rewards, values, rr, gamma=1.0):
     """Upstream's Phase 2 per frame, producing the same columns ours does (RECAP.md section 3)."""
     ends = list(np.cumsum(lengths))
     episode_of = np.repeat(np.arange(len(lengths)), lengths)
-    out = {"advantage_continuous": np.empty(FRAMES), "value_next": np.empty(FRAMES), "reward_sum": np.empty(FRAMES),
-           "reward_sum_raw": np.empty(FRAMES), "num_valid_rewards": np.empty(FRAMES, dtype=np.int64)}
+    out = {
+        "advantage_continuous": np.empty(FRAMES),
+        "value_next": np.empty(FRAMES),
+        "reward_sum": np.empty(FRAMES),
+        "reward_sum_raw": np.empty(FRAMES),
+        "num_valid_rewards": np.empty(FRAMES, dtype=np.int64),
+    }
     for g in range(FRAMES):
         end = ends[episode_of[g]]
         pad = g + N >= end
@@ -52,9 +57,9 @@ def loop_advantages(lengths, returns, rewards, values, rr, gamma=1.0):
         if gamma == 1.0:
             r = float(returns[g]) if pad else float(returns[g]) - float(returns[g + N])
         else:
-            r = sum(gamma ** j * float(rewards[g + j]) for j in range(k))
+            r = sum(gamma**j * float(rewards[g + j]) for j in range(k))
         r_norm = r / rr.width
-        out["advantage_continuous"][g] = r_norm + (gamma ** k) * v_next - float(values[g])
+        out["advantage_continuous"][g] = r_norm + (gamma**k) * v_next - float(values[g])
         out["value_next"][g] = v_next
         out["reward_sum"][g] = r_norm
         out["reward_sum_raw"][g] = r
@@ -69,8 +74,17 @@ def main() -> None:
     rr = ReturnRange(return_min=float(returns.min()), return_max=0.0)
 
     def ours():  # like the loop, from the episode lengths (the per-row ends are not needed at gamma 1)
-        a = nstep_advantages(row_end, returns, rewards, values, lookahead=N, gamma=1.0, discount_next_value=True,
-                             return_range=rr, episode_end=np.cumsum(lengths))["advantage_continuous"]
+        a = nstep_advantages(
+            row_end,
+            returns,
+            rewards,
+            values,
+            lookahead=N,
+            gamma=1.0,
+            discount_next_value=True,
+            return_range=rr,
+            episode_end=np.cumsum(lengths),
+        )["advantage_continuous"]
         tau, _ = thresholds_by_task(a, None, 0.3, "global")
         return a, label(a, tau, "rollout")
 
@@ -79,11 +93,16 @@ def main() -> None:
     assert np.allclose(a, ref_a) and (lab == ref_l).all()
     t_loop, c_loop = best(lambda: loop_advantages(lengths, returns, rewards, values, rr))
     t_ours, c_ours = best(ours)
-    t_g, _ = best(lambda: nstep_advantages(row_end, returns, rewards, values, lookahead=N, gamma=0.99,
-                                           discount_next_value=True, return_range=rr))
+    t_g, _ = best(
+        lambda: nstep_advantages(
+            row_end, returns, rewards, values, lookahead=N, gamma=0.99, discount_next_value=True, return_range=rr
+        )
+    )
     print(f"frames {FRAMES:,}, episodes {EPISODES:,}, N {N}")
-    print(f"per-frame loop: {t_loop:.3f} s; vectorised: {t_ours:.4f} s (gamma 0.99 general case: {t_g:.4f} s), "
-          f"best of {REPEAT}")
+    print(
+        f"per-frame loop: {t_loop:.3f} s; vectorised: {t_ours:.4f} s (gamma 0.99 general case: {t_g:.4f} s), "
+        f"best of {REPEAT}"
+    )
     print(f"cpu time: loop {c_loop:.3f} s, ours {c_ours:.4f} s, speedup {c_loop / max(c_ours, 1e-9):.2f}x")
     print(f"ratio: {t_loop / t_ours:.2f} (goal >= 100x vs per-frame loop)")
 

@@ -46,8 +46,14 @@ def bundle_files(total_mb: int) -> dict[str, bytes]:
     """A release-shaped bundle: a few large weight shards and layers, and 200 small config/data files."""
     block = os.urandom(64 << 20)
     mb = 1 << 20
-    big = {"weights/policy.safetensors": 0.30, "weights/value.safetensors": 0.25, "runtime/python.tar.zst": 0.12,
-           "runtime/venv.tar.zst": 0.18, "source/recap.tar.zst": 0.05, "data/libero_10/chunk-000.parquet": 0.09}
+    big = {
+        "weights/policy.safetensors": 0.30,
+        "weights/value.safetensors": 0.25,
+        "runtime/python.tar.zst": 0.12,
+        "runtime/venv.tar.zst": 0.18,
+        "source/recap.tar.zst": 0.05,
+        "data/libero_10/chunk-000.parquet": 0.09,
+    }
     files: dict[str, bytes] = {}
     for i, (rel, share) in enumerate(big.items()):
         size = int(total_mb * mb * share)
@@ -90,7 +96,9 @@ def main() -> None:
                 out = work / f"fetch-{r}"
                 best["fetch"] = min(best["fetch"], timed(portable_cmd("fetch", "alice/bench", str(out), "-q"), env))
                 shutil.rmtree(out)
-                print(f"round {r + 1}: best so far anchor {best['anchor']:.2f} s, fetch {best['fetch']:.2f} s", flush=True)
+                print(
+                    f"round {r + 1}: best so far anchor {best['anchor']:.2f} s, fetch {best['fetch']:.2f} s", flush=True
+                )
         gb = total / 1e9
         print(f"bundle: {n_files} files, {gb:.2f} GB, {args.rounds} rounds, best of each")
         print(f"anchor (snapshot_download + sha256 pass): {best['anchor']:.2f} s ({gb / best['anchor']:.2f} GB/s)")

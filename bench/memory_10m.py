@@ -50,9 +50,17 @@ def write_metadata_dataset(root: Path, frames: int, files: int, seed: int = 0) -
     n_ep = lengths.size
     ends = np.cumsum(lengths)
     file_of = np.minimum((ends - 1) * files // frames, files - 1)  # whole episodes per file
-    ep_rows = {"episode_index": [], "tasks": [], "length": [], "data/chunk_index": [], "data/file_index": [],
-               "dataset_from_index": [], "dataset_to_index": [], "meta/episodes/chunk_index": [],
-               "meta/episodes/file_index": []}
+    ep_rows = {
+        "episode_index": [],
+        "tasks": [],
+        "length": [],
+        "data/chunk_index": [],
+        "data/file_index": [],
+        "dataset_from_index": [],
+        "dataset_to_index": [],
+        "meta/episodes/chunk_index": [],
+        "meta/episodes/file_index": [],
+    }
     for f in range(files):
         eps = np.flatnonzero(file_of == f)
         if not eps.size:
@@ -62,8 +70,16 @@ def write_metadata_dataset(root: Path, frames: int, files: int, seed: int = 0) -
         fr = np.arange(hi - lo, dtype=np.int64) - np.repeat(ends[eps] - lengths[eps] - lo, lengths[eps])
         task = ep_col % len(TASKS)
         ok = np.repeat(rng.random(eps.size) < 0.6, lengths[eps])
-        table = pa.table({"is_success": ok, "timestamp": (fr / 10).astype(np.float32), "frame_index": fr,
-                          "episode_index": ep_col, "index": np.arange(lo, hi, dtype=np.int64), "task_index": task})
+        table = pa.table(
+            {
+                "is_success": ok,
+                "timestamp": (fr / 10).astype(np.float32),
+                "frame_index": fr,
+                "episode_index": ep_col,
+                "index": np.arange(lo, hi, dtype=np.int64),
+                "task_index": task,
+            }
+        )
         path = root / "data" / "chunk-000" / f"file-{f:03d}.parquet"
         pq.write_table(table, path, row_group_size=1 << 20)
         ep_rows["episode_index"] += eps.tolist()
@@ -115,8 +131,13 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, time.perf_count
 
 def run_stage(stage: str, root: Path, run: Path, values: Path, env: dict) -> tuple[int, float]:
     """(peak RSS bytes, seconds) of one stage in a fresh interpreter."""
-    proc = subprocess.run([sys.executable, "-c", CHILD.format(repo=str(REPO)), stage, str(root), str(run), str(values)],
-                          capture_output=True, text=True, env=env, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD.format(repo=str(REPO)), stage, str(root), str(run), str(values)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
     if proc.returncode:
         raise SystemExit(f"{stage} failed:\n{proc.stderr}")
     peak, secs = proc.stdout.split()

@@ -46,7 +46,7 @@ def build_sources(root: Path, small_files: int, weights_mb: int, seed: int = 0) 
             d.mkdir(parents=True, exist_ok=True)
         size = min(int(rng.lognormvariate(9.3, 1.1)), 1 << 20)
         start = rng.randrange(0, len(pool) - size)
-        (d / f"m{i}.py").write_bytes(pool[start:start + size])
+        (d / f"m{i}.py").write_bytes(pool[start : start + size])
     weights = root / "weights"
     weights.mkdir(parents=True)
     per = 250
@@ -56,20 +56,30 @@ def build_sources(root: Path, small_files: int, weights_mb: int, seed: int = 0) 
                 fh.write(os.urandom(1 << 20))
     (root / "spec.toml").write_text(
         'name = "bench"\n\n[[layer]]\nsource = "runtime"\nkind = "runtime"\nname = "python"\n\n'
-        '[[file]]\nsource = "weights"\ndest = "weights"\n', encoding="utf-8")
+        '[[file]]\nsource = "weights"\ndest = "weights"\n',
+        encoding="utf-8",
+    )
 
 
 def run_restore(bundle: Path) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, str(bundle / "reproduction" / "portable.py"), "restore", "-q", str(bundle)],
-                   check=True, env={**os.environ, "PORTABLE_NO_PROGRESS": "1"}, timeout=3600)
+    subprocess.run(
+        [sys.executable, str(bundle / "reproduction" / "portable.py"), "restore", "-q", str(bundle)],
+        check=True,
+        env={**os.environ, "PORTABLE_NO_PROGRESS": "1"},
+        timeout=3600,
+    )
     return time.perf_counter() - start
 
 
 def _cli_start(bundle: Path) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, str(bundle / "reproduction" / "portable.py"), "--help"], check=True,
-                   stdout=subprocess.DEVNULL, timeout=60)
+    subprocess.run(
+        [sys.executable, str(bundle / "reproduction" / "portable.py"), "--help"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        timeout=60,
+    )
     return time.perf_counter() - start
 
 
@@ -79,7 +89,9 @@ def run_anchor(bundle: Path, dest: Path) -> float:
     for layer in manifest["layers"]:
         out = dest / layer["target"]
         out.mkdir(parents=True)
-        subprocess.run(f"zstd -dcq '{bundle / layer['archive']}' | tar -x -C '{out}'", shell=True, check=True, timeout=3600)
+        subprocess.run(
+            f"zstd -dcq '{bundle / layer['archive']}' | tar -x -C '{out}'", shell=True, check=True, timeout=3600
+        )
     for entry in manifest["files"]:
         h = hashlib.sha256()
         with open(bundle / entry["path"], "rb", buffering=0) as fh:
@@ -116,8 +128,10 @@ def main() -> int:
         manifest = pack_bundle(work / "src" / "spec.toml", bundle)
         size = sum(e.size for e in manifest.files)
         layer = manifest.layers[0]
-        print(f"bundle: {size / 1e9:.2f} GB ({layer.members} layer members, {layer.unpacked_size / 1e6:.0f} MB unpacked, "
-              f"{manifest.file(layer.archive).size / 1e6:.0f} MB compressed); built in {time.perf_counter() - t0:.0f}s")
+        print(
+            f"bundle: {size / 1e9:.2f} GB ({layer.members} layer members, {layer.unpacked_size / 1e6:.0f} MB unpacked, "
+            f"{manifest.file(layer.archive).size / 1e6:.0f} MB compressed); built in {time.perf_counter() - t0:.0f}s"
+        )
         restores, anchors, again = [], [], []
         for r in range(args.rounds):
             for which in ("anchor", "restore") if r % 2 == 0 else ("restore", "anchor"):  # alternate the order
@@ -127,11 +141,15 @@ def main() -> int:
                 else:
                     restores.append(run_restore(bundle))
                     again.append(run_restore(bundle))
-            print(f"round {r + 1}: restore {restores[-1]:.2f}s, anchor {anchors[-1]:.2f}s, no-change re-restore {again[-1]:.3f}s")
+            print(
+                f"round {r + 1}: restore {restores[-1]:.2f}s, anchor {anchors[-1]:.2f}s, no-change re-restore {again[-1]:.3f}s"
+            )
         best_restore, best_anchor, best_again = min(restores), min(anchors), min(again)
         start = min(_cli_start(bundle) for _ in range(3))
-        print(f"no-change re-restore: {best_again:.3f}s = {best_again / best_restore:.3f} of a full restore (goal <= 0.02); "
-              f"the CLI's own start (`portable.py --help`) is {start:.3f}s of it")
+        print(
+            f"no-change re-restore: {best_again:.3f}s = {best_again / best_restore:.3f} of a full restore (goal <= 0.02); "
+            f"the CLI's own start (`portable.py --help`) is {start:.3f}s of it"
+        )
         print(f"ratio: {best_restore / best_anchor:.2f} (goal <= 0.80)")
     finally:
         if not args.keep:

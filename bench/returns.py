@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-
 from _timing import REPEAT, best  # noqa: E402
+
 from reproduction.recap.returns import ReturnsConfig, compute_returns_table  # noqa: E402
 
 FRAMES, EPISODES = 1_000_000, 5_000
@@ -75,8 +75,10 @@ def main() -> None:
     ours = compute_returns_table(table, cfg, tasks=tasks)
     ref = loop_returns(table, 1.0, -300.0, tasks)
     assert np.allclose(ours.column("return").to_numpy(), np.asarray(ref["return"]), atol=1e-3)
-    (t_loop, c_loop), (t_ours, c_ours) = best(lambda: loop_returns(table, 1.0, -300.0, tasks)), \
-        best(lambda: compute_returns_table(table, cfg, tasks=tasks))
+    (t_loop, c_loop), (t_ours, c_ours) = (
+        best(lambda: loop_returns(table, 1.0, -300.0, tasks)),
+        best(lambda: compute_returns_table(table, cfg, tasks=tasks)),
+    )
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "data.parquet", Path(tmp) / "returns.parquet"
         pq.write_table(table, src)
@@ -95,10 +97,14 @@ def main() -> None:
     t_g, _ = best(lambda: compute_returns_table(table, g, tasks=tasks))
     print(f"frames {FRAMES:,}, episodes {EPISODES:,}, best of {REPEAT}")
     print(f"per-episode loop: {t_loop:.3f} s; vectorised: {t_ours:.4f} s (gamma 0.99: {t_g:.4f} s)")
-    print(f"io anchor (read + write same columns): {t_io:.3f} s; full stage: {t_full:.3f} s; "
-          f"stage/io: {t_full / t_io:.2f}x (goal <= 2x)")
-    print(f"cpu time: loop {c_loop:.3f} s, ours {c_ours:.4f} s, speedup {c_loop / max(c_ours, 1e-9):.2f}x; "
-          f"io {c_io:.3f} s, stage {c_full:.3f} s, stage/io {c_full / max(c_io, 1e-9):.2f}x")
+    print(
+        f"io anchor (read + write same columns): {t_io:.3f} s; full stage: {t_full:.3f} s; "
+        f"stage/io: {t_full / t_io:.2f}x (goal <= 2x)"
+    )
+    print(
+        f"cpu time: loop {c_loop:.3f} s, ours {c_ours:.4f} s, speedup {c_loop / max(c_ours, 1e-9):.2f}x; "
+        f"io {c_io:.3f} s, stage {c_full:.3f} s, stage/io {c_full / max(c_io, 1e-9):.2f}x"
+    )
     print(f"ratio: {t_loop / t_ours:.2f} (goal >= 50x vs per-episode loop)")
 
 

@@ -81,14 +81,15 @@ def make_task(rank: int, world_size: int) -> TrainTask:
 def bare_loop(steps: int) -> float:
     """samples/s of the plain single-process loop over steps WARMUP..steps."""
     model, data = build_model(), Data()
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=1e-10,
-                              fused=True)  # the trainer's AdamW: measure overhead, not kernels
+    optim = torch.optim.AdamW(
+        model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=1e-10, fused=True
+    )  # the trainer's AdamW: measure overhead, not kernels
     order = np.random.default_rng(0).permutation(N)
     start = 0.0
     for step in range(steps):
         if step == WARMUP:
             start = time.perf_counter()
-        idx = order[(step * BATCH) % N:(step * BATCH) % N + BATCH]
+        idx = order[(step * BATCH) % N : (step * BATCH) % N + BATCH]
         loss, _ = mse(model, collate([data[int(i)] for i in idx]))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -100,8 +101,16 @@ def bare_loop(steps: int) -> float:
 def trainer(out: Path, *, world_size: int, steps: int, resume: bool = False) -> list[dict]:
     from reproduction.train.api import train
 
-    cfg = TrainConfig(max_steps=steps, world_size=world_size, global_batch=BATCH * world_size, micro_batch=BATCH,
-                      device="cpu", lr=1e-4, log_interval=WARMUP, keep_last=1)
+    cfg = TrainConfig(
+        max_steps=steps,
+        world_size=world_size,
+        global_batch=BATCH * world_size,
+        micro_batch=BATCH,
+        device="cpu",
+        lr=1e-4,
+        log_interval=WARMUP,
+        keep_last=1,
+    )
     train(make_task, cfg, out_dir=out, resume=resume)
     return read_records(out / "metrics.jsonl")
 
@@ -118,8 +127,9 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024,
-             log_to_driver=False)
+    ray.init(
+        address="local", num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False
+    )
     try:
         with tempfile.TemporaryDirectory(prefix="train_overhead_") as tmp:
             bare_a = bare_loop(args.steps)
@@ -136,8 +146,12 @@ def main() -> None:
     params = sum(p.numel() for p in build_model().parameters())
     print(f"model: {params / 1e6:.2f} M params, batch {BATCH} x {DIM}, {args.steps} steps (first {WARMUP} not timed)")
     print(f"bare loop:             {bare:8.1f} samples/s (runs before/after: {bare_a:.1f}, {bare_b:.1f})")
-    print(f"trainer world size 1:  {ws1:8.1f} samples/s (one Ray worker, gloo group; unsharded in fp32, see train/fsdp.py)")
-    print(f"trainer world size 2:  {ws2:8.1f} samples/s ({ws2 / bare:.2f}x bare; Ray + FSDP2, 2 workers on a shared 2-core machine)")
+    print(
+        f"trainer world size 1:  {ws1:8.1f} samples/s (one Ray worker, gloo group; unsharded in fp32, see train/fsdp.py)"
+    )
+    print(
+        f"trainer world size 2:  {ws2:8.1f} samples/s ({ws2 / bare:.2f}x bare; Ray + FSDP2, 2 workers on a shared 2-core machine)"
+    )
     print(f"checkpoint save: {save_s:.3f} s, load (incl. digest check + canary): {load_s:.3f} s")
     print(f"ratio: {ws1 / bare:.2f} (goal >= 0.90)")
 

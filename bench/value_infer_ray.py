@@ -30,7 +30,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from reproduction.recap.value import infer_values  # noqa: E402
+from reproduction.recap.value.cli import infer_values  # noqa: E402
 
 CAMS = {"base_0_rgb": "observation.images.front", "left_wrist_0_rgb": "observation.images.wrist"}
 
@@ -38,15 +38,19 @@ CAMS = {"base_0_rgb": "observation.images.front", "left_wrist_0_rgb": "observati
 def write_stage(root: Path, episodes: int) -> None:
     """`root/ds` (synthetic rollouts) and `root/value`: a 2-fold stage with untrained tiny exports."""
     from safetensors.torch import save_file
-
-    from reproduction.recap.value_data import ValueSource
-    from reproduction.recap.value_model import ValueModelConfig, build_value_model
-    from reproduction.recap.value_task import ValueStageConfig, prepare_value_setup, write_export_extras
     from value_synth import write_value_dataset
 
+    from reproduction.recap.value.data import ValueSource
+    from reproduction.recap.value.model import ValueModelConfig, build_value_model
+    from reproduction.recap.value.task import ValueStageConfig, prepare_value_setup, write_export_extras
+
     runs = write_value_dataset(root / "ds", episodes=episodes, seed=2)
-    stage = ValueStageConfig(train=[ValueSource(path=str(root / "ds"), type="rollout", returns=str(runs))],
-                             cameras=CAMS, folds=2, fold_seed=1)
+    stage = ValueStageConfig(
+        train=[ValueSource(path=str(root / "ds"), type="rollout", returns=str(runs))],
+        cameras=CAMS,
+        folds=2,
+        fold_seed=1,
+    )
     setup = prepare_value_setup(stage, root / "value")
     for part in ("vision", "text"):  # heavier than tiny: compute, not Ray's start, should dominate
         setup.model_config[part].update(hidden_size=256, intermediate_size=1024, num_hidden_layers=4)
@@ -62,8 +66,9 @@ def write_stage(root: Path, episodes: int) -> None:
 
 def timed_infer(root: Path, workers: int) -> tuple[float, dict]:
     start = time.perf_counter()
-    summary = infer_values(root / "value", root / "ds", root / f"values_{workers}.parquet", workers=workers,
-                           device="cpu", lookahead=10)
+    summary = infer_values(
+        root / "value", root / "ds", root / f"values_{workers}.parquet", workers=workers, device="cpu", lookahead=10
+    )
     return time.perf_counter() - start, summary
 
 
@@ -79,9 +84,18 @@ def main() -> None:
         a, b = pq.read_table(root / "values_1.parquet"), pq.read_table(root / "values_2.parquet")
         assert a.column("frame_index").equals(b.column("frame_index")) and one["frames"] == two["frames"]
         gap = float(np.abs(a.column("value").to_numpy() - b.column("value").to_numpy()).max())
-    print(json.dumps({"frames": one["frames"], "workers_1_s": round(one_s, 2), "workers_2_ray_s": round(two_s, 2),
-                      "frames_per_s_1": round(one["frames"] / one_s, 1), "frames_per_s_2": round(two["frames"] / two_s, 1),
-                      "max_abs_value_gap": gap}))
+    print(
+        json.dumps(
+            {
+                "frames": one["frames"],
+                "workers_1_s": round(one_s, 2),
+                "workers_2_ray_s": round(two_s, 2),
+                "frames_per_s_1": round(one["frames"] / one_s, 1),
+                "frames_per_s_2": round(two["frames"] / two_s, 1),
+                "max_abs_value_gap": gap,
+            }
+        )
+    )
     print(f"ratio: {one_s / two_s:.2f} (goal >= 1.3 on 2 free cores, Ray start included; near 2 at scale)")
 
 

@@ -30,12 +30,15 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from reproduction.recap.tokenizer import format_prompt, train_tokenizer  # noqa: E402
-from reproduction.recap.value_data import ValueCollator  # noqa: E402
-from reproduction.recap.value_model import build_value_model, preset_config  # noqa: E402
-from reproduction.recap.value_task import transformer_blocks, value_batch_loss, value_param_groups  # noqa: E402
+from reproduction.recap.value.data import ValueCollator  # noqa: E402
+from reproduction.recap.value.model import build_value_model, preset_config  # noqa: E402
+from reproduction.recap.value.task import transformer_blocks, value_batch_loss, value_param_groups  # noqa: E402
 
-TASKS = ["put both the alphabet soup and the tomato sauce in the basket",
-         "turn on the stove and put the moka pot on it", "pick up the book and place it in the back compartment"]
+TASKS = [
+    "put both the alphabet soup and the tomato sauce in the basket",
+    "turn on the stove and put the moka pot on it",
+    "pick up the book and place it in the back compartment",
+]
 CAMS = ("base_0_rgb", "left_wrist_0_rgb")
 WARMUP = 3
 
@@ -54,8 +57,14 @@ class Synthetic:
         images = {"base_0_rgb": torch.rand(3, self.size, self.size, generator=g) * 2 - 1}
         if i % 2 == 0:
             images["left_wrist_0_rgb"] = torch.rand(3, self.size, self.size, generator=g) * 2 - 1
-        return {"images": images, "prompt": format_prompt(TASKS[i % 3]), "target": -float(i % 97) / 97,
-                "episode_index": i // 50, "frame_index": i % 50, "source": 0}
+        return {
+            "images": images,
+            "prompt": format_prompt(TASKS[i % 3]),
+            "target": -float(i % 97) / 97,
+            "episode_index": i // 50,
+            "frame_index": i % 50,
+            "source": 0,
+        }
 
 
 def make_task(rank: int, world: int, *, preset: str, tok_dir: str, n: int):
@@ -65,10 +74,15 @@ def make_task(rank: int, world: int, *, preset: str, tok_dir: str, n: int):
     cfg = preset_config(preset, cameras=CAMS, vocab_size=None if preset == "recap" else 512)
     model = build_value_model(cfg, seed=0)
     collate = ValueCollator(tokenizer=load_tokenizer(Path(tok_dir)), slots=cfg.cameras, image_size=cfg.image_size)
-    return TrainTask(model=model, train_dataset=Synthetic(n, cfg.image_size), collate=collate,
-                     loss=functools.partial(value_batch_loss, v_min=-1.0, v_max=0.0),
-                     param_groups=functools.partial(value_param_groups, value_lr=1e-4),
-                     fsdp_units=transformer_blocks, model_config=cfg.to_dict())
+    return TrainTask(
+        model=model,
+        train_dataset=Synthetic(n, cfg.image_size),
+        collate=collate,
+        loss=functools.partial(value_batch_loss, v_min=-1.0, v_max=0.0),
+        param_groups=functools.partial(value_param_groups, value_lr=1e-4),
+        fsdp_units=transformer_blocks,
+        model_config=cfg.to_dict(),
+    )
 
 
 def bare_loop(task, *, device: torch.device, steps: int, micro: int, bf16: bool) -> float:
@@ -81,8 +95,10 @@ def bare_loop(task, *, device: torch.device, steps: int, micro: int, bf16: bool)
         if step == WARMUP:
             _sync(device)
             t0 = time.perf_counter()
-        batch = to_device(task.collate([task.train_dataset[(step * micro + j) % len(task.train_dataset)]
-                                        for j in range(micro)]), device)
+        batch = to_device(
+            task.collate([task.train_dataset[(step * micro + j) % len(task.train_dataset)] for j in range(micro)]),
+            device,
+        )
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss, _ = task.loss(model, batch)
         loss.backward()
@@ -123,20 +139,33 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         train_tokenizer(TASKS, Path(tmp) / "tok")
         make = functools.partial(make_task, preset=args.preset, tok_dir=str(Path(tmp) / "tok"), n=64 * args.micro)
-        cfg = TrainConfig(max_steps=args.steps, global_batch=args.micro, micro_batch=args.micro, world_size=1,
-                          launcher="inprocess", device=args.device, mixed_precision=args.precision,
-                          log_interval=max(1, args.steps // 5), lr=5e-5)
+        cfg = TrainConfig(
+            max_steps=args.steps,
+            global_batch=args.micro,
+            micro_batch=args.micro,
+            world_size=1,
+            launcher="inprocess",
+            device=args.device,
+            mixed_precision=args.precision,
+            log_interval=max(1, args.steps // 5),
+            lr=5e-5,
+        )
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         result = train(make, cfg, out_dir=Path(tmp) / "run", resume=False)
         ours = trainer_rate(Path(tmp) / "run")
         mem = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
-        saves = [r["metrics"]["save_s"] for r in read_records(Path(tmp) / "run" / "metrics.jsonl")
-                 if r["split"] == "checkpoint"]
+        saves = [
+            r["metrics"]["save_s"]
+            for r in read_records(Path(tmp) / "run" / "metrics.jsonl")
+            if r["split"] == "checkpoint"
+        ]
         bare = bare_loop(make(0, 1), device=device, steps=args.steps, micro=args.micro, bf16=args.precision == "bf16")
     print(f"preset {args.preset} on {args.device} ({args.precision}), micro batch {args.micro}, {args.steps} steps")
     print(f"trainer: {ours:.1f} samples/s (run total {result.samples_per_s:.1f}); bare loop: {bare:.1f} samples/s")
-    print(f"peak accelerator memory (trainer run): {mem:.2f} GiB; checkpoint save: {saves[-1] if saves else float('nan'):.2f} s")
+    print(
+        f"peak accelerator memory (trainer run): {mem:.2f} GiB; checkpoint save: {saves[-1] if saves else float('nan'):.2f} s"
+    )
     print(f"ratio: {ours / bare:.2f} (goal >= 0.90)")
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from reproduction.errors import ConfigError
 
@@ -13,5 +14,6 @@ def reject_unknown_fields(cls: type, data: Mapping[str, Any], *, what: str) -> N
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ConfigError(f"{what}: unknown fields {unknown}", field=unknown[0],
-                          hint=f"known fields: {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"{what}: unknown fields {unknown}", field=unknown[0], hint=f"known fields: {', '.join(sorted(known))}"
+        )

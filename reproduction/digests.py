@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterable
 
 CHUNK = 1 << 20
 
@@ -38,8 +38,9 @@ def default_jobs() -> int:
     return max(2, min(16, (os.cpu_count() or 2)))
 
 
-def sha256_files(paths: Iterable[Path], *, jobs: int | None = None,
-                 on_bytes: Callable[[int], None] | None = None) -> dict[Path, str]:
+def sha256_files(
+    paths: Iterable[Path], *, jobs: int | None = None, on_bytes: Callable[[int], None] | None = None
+) -> dict[Path, str]:
     """Hash many files concurrently; returns {path: hexdigest}. Raises the first OSError met."""
     paths = list(paths)
     with ThreadPoolExecutor(max_workers=jobs or default_jobs()) as pool:

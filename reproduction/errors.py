@@ -62,7 +62,15 @@ class InvalidInputError(PortableError, ValueError):
 
     exit_code = 4
 
-    def __init__(self, message: str, *, path: Path | str | None = None, field: str | None = None, hint: str | None = None, **fields: Any) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: Path | str | None = None,
+        field: str | None = None,
+        hint: str | None = None,
+        **fields: Any,
+    ) -> None:
         super().__init__(message, hint=hint, path=path, field=field, **fields)
 
 
@@ -88,7 +96,9 @@ class IntegrityError(PortableError):
 
     exit_code = 5
 
-    def __init__(self, message: str, *, problems: list[Any] | None = None, hint: str | None = None, **fields: Any) -> None:
+    def __init__(
+        self, message: str, *, problems: list[Any] | None = None, hint: str | None = None, **fields: Any
+    ) -> None:
         super().__init__(message, hint=hint, problems=list(problems or []), **fields)
 
 
@@ -97,7 +107,15 @@ class UnsafeArchiveError(PortableError, ValueError):
 
     exit_code = 6
 
-    def __init__(self, message: str, *, archive: str | None = None, member: str | None = None, hint: str | None = None, **fields: Any) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        archive: str | None = None,
+        member: str | None = None,
+        hint: str | None = None,
+        **fields: Any,
+    ) -> None:
         super().__init__(message, hint=hint, archive=archive, member=member, **fields)
 
 

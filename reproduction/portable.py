@@ -55,7 +55,10 @@ def cmd_pack(args: argparse.Namespace) -> int:
     from reproduction.release.pack import pack_bundle
 
     manifest = pack_bundle(Path(args.spec), Path(args.out), jobs=args.jobs, ui=_ui(args))
-    say(f"packed {manifest.name}: {len(manifest.files)} files, {len(manifest.layers)} layers -> {args.out}", options=_ui(args))
+    say(
+        f"packed {manifest.name}: {len(manifest.files)} files, {len(manifest.layers)} layers -> {args.out}",
+        options=_ui(args),
+    )
     return 0
 
 
@@ -73,8 +76,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_restore(args: argparse.Namespace) -> int:
     from reproduction.release.restore import restore_bundle
 
-    report = restore_bundle(Path(args.bundle or _default_bundle()), deep=args.deep,
-                            refresh_source=args.refresh_source, jobs=args.jobs, ui=_ui(args))
+    report = restore_bundle(
+        Path(args.bundle or _default_bundle()),
+        deep=args.deep,
+        refresh_source=args.refresh_source,
+        jobs=args.jobs,
+        ui=_ui(args),
+    )
     say(report.summary(), options=_ui(args))
     return 0
 
@@ -82,15 +90,27 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from reproduction.checks.report import run_checks
 
-    return run_checks(bundle=Path(args.bundle) if args.bundle else None, jit_smoke=args.jit_smoke,
-                      json_path=Path(args.json) if args.json else None, device=args.device, ui=_ui(args))
+    return run_checks(
+        bundle=Path(args.bundle) if args.bundle else None,
+        jit_smoke=args.jit_smoke,
+        json_path=Path(args.json) if args.json else None,
+        device=args.device,
+        ui=_ui(args),
+    )
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
     from reproduction.release.hub import publish_bundle
 
-    result = publish_bundle(Path(args.bundle), args.repo, repo_type=args.repo_type, revision=args.revision,
-                            private=args.private, tag=args.tag, ui=_ui(args))
+    result = publish_bundle(
+        Path(args.bundle),
+        args.repo,
+        repo_type=args.repo_type,
+        revision=args.revision,
+        private=args.private,
+        tag=args.tag,
+        ui=_ui(args),
+    )
     print(result.commit_sha)
     say(result.url, options=_ui(args))
     return 0
@@ -140,14 +160,23 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", help="show tracebacks")
 
     parser = argparse.ArgumentParser(
-        prog="portable", parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="portable",
+        parents=[common],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Pack, move, restore, check and run RECAP release bundles on any Linux server.",
-        epilog=EXIT_CODES)
+        epilog=EXIT_CODES,
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def add(name: str, handler, help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text,
-                           formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_CODES)
+        p = sub.add_parser(
+            name,
+            parents=[common],
+            help=help_text,
+            description=help_text,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            epilog=EXIT_CODES,
+        )
         p.set_defaults(handler=handler)
         return p
 
@@ -169,7 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("check", cmd_check, "probe the accelerator, compile toolchain and known hazards")
     p.add_argument("bundle", nargs="?", metavar="BUNDLE")
-    p.add_argument("--jit-smoke", action="store_true", help="also compile and run a kernel (Triton on CUDA, hccl on Ascend)")
+    p.add_argument(
+        "--jit-smoke", action="store_true", help="also compile and run a kernel (Triton on CUDA, hccl on Ascend)"
+    )
     p.add_argument("--json", metavar="FILE", help="write the JSON report here ('-' for stdout)")
     p.add_argument("--device", choices=("auto", "cuda", "npu", "cpu"), default="auto")
     from reproduction.checks.probe import EXIT_HELP as CHECK_EXIT_HELP  # stdlib-only, keeps --help fast

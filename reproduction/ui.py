@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from typing import Protocol
 
 
 @dataclass(kw_only=True, slots=True)
@@ -98,11 +99,13 @@ def progress(options: UiOptions | None = None, *, transient: bool = True) -> Ite
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
-        Progress as RichProgress,
         TaskProgressColumn,
         TextColumn,
         TimeRemainingColumn,
         TransferSpeedColumn,
+    )
+    from rich.progress import (
+        Progress as RichProgress,
     )
 
     console = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")))

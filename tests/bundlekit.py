@@ -34,7 +34,9 @@ RUNTIME_FILES = {
 }
 
 
-def write_tree(root: Path, files: dict[str, bytes], links: dict[str, str] | None = None, modes: dict[str, int] | None = None) -> Path:
+def write_tree(
+    root: Path, files: dict[str, bytes], links: dict[str, str] | None = None, modes: dict[str, int] | None = None
+) -> Path:
     """Create `files` (and symlinks `links`) under `root`."""
     for rel, data in files.items():
         path = root / rel
@@ -64,8 +66,9 @@ def small_sources(root: Path, *, weights_kb: int = 64) -> Path:
     cfg = root / "src" / "configs"
     cfg.mkdir()
     (cfg / "run.json").write_text(
-        '{"weights": "%s/model.safetensors", "data": "%s", "elsewhere": "/usr/share/dict"}\n'
-        % (weights, data), encoding="utf-8")
+        '{"weights": "%s/model.safetensors", "data": "%s", "elsewhere": "/usr/share/dict"}\n' % (weights, data),
+        encoding="utf-8",
+    )
     return root
 
 
@@ -110,12 +113,19 @@ def small_bundle(root: Path, *, name: str = "bundle", weights_kb: int = 64) -> P
     return out
 
 
-def run_cli(*args: str | Path, python: str = sys.executable, script: Path = SCRIPT, env: dict | None = None,
-            timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str | Path,
+    python: str = sys.executable,
+    script: Path = SCRIPT,
+    env: dict | None = None,
+    timeout: float = 120,
+    **kwargs,
+) -> subprocess.CompletedProcess:
     """Run `python script ARGS` (the `portable` CLI) and capture text output."""
     full_env = {**os.environ, "PORTABLE_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([python, str(script), *map(str, args)], capture_output=True, text=True,
-                          env=full_env, timeout=timeout, **kwargs)
+    return subprocess.run(
+        [python, str(script), *map(str, args)], capture_output=True, text=True, env=full_env, timeout=timeout, **kwargs
+    )
 
 
 def tree_snapshot(root: Path) -> dict[str, object]:
@@ -137,15 +147,23 @@ def tree_snapshot(root: Path) -> dict[str, object]:
 # -- forged archives (hostile or not), built with tarfile directly -------------------------------
 
 
-def member(name: str, kind: str = "file", data: bytes = b"", *, mode: int = 0o644, linkname: str = "",
-           devmajor: int = 0) -> tuple:
+def member(
+    name: str, kind: str = "file", data: bytes = b"", *, mode: int = 0o644, linkname: str = "", devmajor: int = 0
+) -> tuple:
     return (name, kind, data, mode, linkname, devmajor)
 
 
 def tar_zst(members: list[tuple]) -> bytes:
     """A .tar.zst holding `members` exactly as given (no checks: this is how attacks are built)."""
-    kinds = {"file": tarfile.REGTYPE, "dir": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE, "hardlink": tarfile.LNKTYPE,
-             "chardev": tarfile.CHRTYPE, "blockdev": tarfile.BLKTYPE, "fifo": tarfile.FIFOTYPE}
+    kinds = {
+        "file": tarfile.REGTYPE,
+        "dir": tarfile.DIRTYPE,
+        "symlink": tarfile.SYMTYPE,
+        "hardlink": tarfile.LNKTYPE,
+        "chardev": tarfile.CHRTYPE,
+        "blockdev": tarfile.BLKTYPE,
+        "fifo": tarfile.FIFOTYPE,
+    }
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, kind, data, mode, linkname, devmajor in members:
@@ -160,7 +178,9 @@ def tar_zst(members: list[tuple]) -> bytes:
     return zstandard.ZstdCompressor(level=3).compress(raw.getvalue())
 
 
-def forge_bundle(root: Path, layers: list[tuple[str, str, str, list[tuple]]], plain: dict[str, bytes] | None = None) -> Path:
+def forge_bundle(
+    root: Path, layers: list[tuple[str, str, str, list[tuple]]], plain: dict[str, bytes] | None = None
+) -> Path:
     """A bundle whose manifest pins the given archives: layers = [(archive, target, kind, members)]."""
     root.mkdir(parents=True, exist_ok=True)
     entries, layer_entries = [], []

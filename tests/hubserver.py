@@ -98,8 +98,15 @@ class Repo:
 class HubServer:
     """Start with `HubServer(root, tokens=...).start()`; `url` is the endpoint; `stop()` ends it."""
 
-    def __init__(self, root: Path, *, tokens: dict[str, tuple[str, str]] | None = None,
-                 lfs_threshold: int = LFS_THRESHOLD, tree_page_size: int = 1000, log_bodies: bool = True) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        tokens: dict[str, tuple[str, str]] | None = None,
+        lfs_threshold: int = LFS_THRESHOLD,
+        tree_page_size: int = 1000,
+        log_bodies: bool = True,
+    ) -> None:
         self.root = Path(root)
         (self.root / "blobs").mkdir(parents=True, exist_ok=True)
         self.tokens = dict(tokens or {})
@@ -127,7 +134,7 @@ class HubServer:
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
-    def start(self) -> "HubServer":
+    def start(self) -> HubServer:
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
         self._thread.start()
         return self
@@ -139,7 +146,7 @@ class HubServer:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def __enter__(self) -> "HubServer":
+    def __enter__(self) -> HubServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -156,7 +163,10 @@ class HubServer:
         self.repos = {k: Repo(**v) for k, v in data["repos"].items()}
 
     def _save(self) -> None:
-        data = {"blobs": {k: vars(b) for k, b in self.blobs.items()}, "repos": {k: vars(r) for k, r in self.repos.items()}}
+        data = {
+            "blobs": {k: vars(b) for k, b in self.blobs.items()},
+            "repos": {k: vars(r) for k, r in self.repos.items()},
+        }
         tmp = self.root / "state.json.tmp"
         tmp.write_text(json.dumps(data))
         os.replace(tmp, self.root / "state.json")
@@ -297,8 +307,12 @@ class _HubHandler(BaseHTTPRequestHandler):
     def _record(self, body: bytes) -> None:
         hub = self.server_hub
         headers = {k: v for k, v in self.headers.items() if k.lower() != "authorization"}
-        entry = {"method": self.command, "path": self.path, "headers": headers,
-                 "authenticated": "authorization" in {k.lower() for k in self.headers.keys()}}
+        entry = {
+            "method": self.command,
+            "path": self.path,
+            "headers": headers,
+            "authenticated": "authorization" in {k.lower() for k in self.headers.keys()},
+        }
         if hub.log_bodies and body and len(body) <= 65536:
             entry["body"] = body.decode("utf-8", "replace")
         with hub.lock:
@@ -306,8 +320,14 @@ class _HubHandler(BaseHTTPRequestHandler):
             with open(hub.log_path, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(entry) + "\n")
 
-    def _send(self, status: int, payload: Any = None, *, headers: dict[str, str] | None = None,
-              content_type: str = "application/json") -> None:
+    def _send(
+        self,
+        status: int,
+        payload: Any = None,
+        *,
+        headers: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> None:
         body = b"" if payload is None else (payload if isinstance(payload, bytes) else json.dumps(payload).encode())
         self.send_response(status)
         self.send_header("Content-Type", content_type)
@@ -342,7 +362,10 @@ class _HubHandler(BaseHTTPRequestHandler):
             if user is None:
                 raise _Reply(401, "You must be authenticated to write to a repo")
             if user != repo.owner or scope != "write":
-                raise _Reply(403, f"You don't have the rights to write to {repo_id}: your token is not allowed to push to this repo")
+                raise _Reply(
+                    403,
+                    f"You don't have the rights to write to {repo_id}: your token is not allowed to push to this repo",
+                )
         return repo
 
     def _rev(self, repo: Repo, rev: str) -> str:
@@ -459,8 +482,11 @@ class _HubHandler(BaseHTTPRequestHandler):
         with hub.lock:
             key = f"{kind}/{repo_id}"
             if key in hub.repos:
-                return self._send(409, {"error": "You already created this repo", "url": url},
-                                  headers={"X-Error-Message": "You already created this repo"})
+                return self._send(
+                    409,
+                    {"error": "You already created this repo", "url": url},
+                    headers={"X-Error-Message": "You already created this repo"},
+                )
             repo = Repo(owner=owner, private=payload.get("visibility") == "private")
             blob = hub.store_blob(GITATTRIBUTES.encode(), lfs=False)
             repo.branches["main"] = hub.new_commit(repo, None, {".gitattributes": blob.sha256}, "initial commit")
@@ -474,9 +500,18 @@ class _HubHandler(BaseHTTPRequestHandler):
             repo = self._repo(kind, repo_id)
             sha = self._rev(repo, rev)
             files = repo.commits[sha]["files"]
-            data = {"id": repo_id, "_id": repo_id, "author": repo.owner, "sha": sha, "private": repo.private,
-                    "lastModified": "2026-01-01T00:00:00.000Z", "tags": [], "downloads": 0, "likes": 0,
-                    "siblings": [{"rfilename": p} for p in sorted(files)]}
+            data = {
+                "id": repo_id,
+                "_id": repo_id,
+                "author": repo.owner,
+                "sha": sha,
+                "private": repo.private,
+                "lastModified": "2026-01-01T00:00:00.000Z",
+                "tags": [],
+                "downloads": 0,
+                "likes": 0,
+                "siblings": [{"rfilename": p} for p in sorted(files)],
+            }
         self._send(200, data)
 
     def _tree_entries(self, repo: Repo, sha: str, prefix: str, recursive: bool) -> list[dict[str, Any]]:
@@ -487,11 +522,13 @@ class _HubHandler(BaseHTTPRequestHandler):
         for path in sorted(files):
             if not path.startswith(base):
                 continue
-            rest = path[len(base):].split("/")
+            rest = path[len(base) :].split("/")
             for depth in range(1, len(rest)):
                 folder = base + "/".join(rest[:depth])
                 if recursive or depth == 1:
-                    entries.setdefault(folder, {"type": "directory", "path": folder, "oid": hashlib.sha1(folder.encode()).hexdigest()})
+                    entries.setdefault(
+                        folder, {"type": "directory", "path": folder, "oid": hashlib.sha1(folder.encode()).hexdigest()}
+                    )
                 if not recursive:
                     break
             if recursive or len(rest) == 1:
@@ -507,7 +544,7 @@ class _HubHandler(BaseHTTPRequestHandler):
             sha = self._rev(repo, rev)
             entries = self._tree_entries(repo, sha, prefix, query.get("recursive", "").lower() in ("1", "true"))
         start = int(query.get("cursor", "0"))
-        page = entries[start:start + hub.tree_page_size]
+        page = entries[start : start + hub.tree_page_size]
         headers = {}
         if start + hub.tree_page_size < len(entries):
             nxt = f"{hub.url}{urlsplit(self.path).path}?recursive={query.get('recursive', 'False')}&cursor={start + hub.tree_page_size}"
@@ -534,11 +571,16 @@ class _HubHandler(BaseHTTPRequestHandler):
             out = []
             for item in payload["files"]:
                 sample = base64.b64decode(item["sample"])
-                lfs = item["size"] > hub.lfs_threshold or b"\0" in sample or any(
-                    fnmatch.fnmatch(item["path"].rsplit("/", 1)[-1], pat) for pat in lfs_patterns)
+                lfs = (
+                    item["size"] > hub.lfs_threshold
+                    or b"\0" in sample
+                    or any(fnmatch.fnmatch(item["path"].rsplit("/", 1)[-1], pat) for pat in lfs_patterns)
+                )
                 remote = hub.blobs.get(files.get(item["path"], ""))
                 oid = None if remote is None else (remote.sha256 if remote.lfs else remote.sha1)
-                out.append({"path": item["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False, "oid": oid})
+                out.append(
+                    {"path": item["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False, "oid": oid}
+                )
         self._send(200, {"files": out, "commitOid": files and repo.branches.get(rev)})
 
     def _lfs_batch(self, kind: str, repo_id: str, body: bytes) -> None:
@@ -551,8 +593,10 @@ class _HubHandler(BaseHTTPRequestHandler):
                 item: dict[str, Any] = {"oid": obj["oid"], "size": obj["size"]}
                 if obj["oid"] not in hub.blobs:
                     item["authenticated"] = True
-                    item["actions"] = {"upload": {"href": f"{hub.url}/_lfs/upload/{obj['oid']}"},
-                                       "verify": {"href": f"{hub.url}/_lfs/verify"}}
+                    item["actions"] = {
+                        "upload": {"href": f"{hub.url}/_lfs/upload/{obj['oid']}"},
+                        "verify": {"href": f"{hub.url}/_lfs/verify"},
+                    }
                 objects.append(item)
         self._send(200, {"transfer": "basic", "objects": objects}, content_type="application/vnd.git-lfs+json")
 
@@ -576,7 +620,9 @@ class _HubHandler(BaseHTTPRequestHandler):
             head = repo.branches[rev]
             header = lines[0]["value"] if lines and lines[0]["key"] == "header" else {}
             if header.get("parentCommit") and header["parentCommit"] != head:
-                raise _Reply(412, f"A commit has happened since {header['parentCommit']}. Please refresh and try again.")
+                raise _Reply(
+                    412, f"A commit has happened since {header['parentCommit']}. Please refresh and try again."
+                )
             files = dict(repo.commits[head]["files"])
             for line in lines[1:]:
                 key, value = line["key"], line["value"]
@@ -597,8 +643,15 @@ class _HubHandler(BaseHTTPRequestHandler):
             repo.branches[rev] = sha
             hub._save()
         prefix = "" if kind == "model" else f"{kind}s/"
-        self._send(200, {"success": True, "commitOid": sha, "commitUrl": f"{hub.url}/{prefix}{repo_id}/commit/{sha}",
-                         "pullRequestUrl": None})
+        self._send(
+            200,
+            {
+                "success": True,
+                "commitOid": sha,
+                "commitUrl": f"{hub.url}/{prefix}{repo_id}/commit/{sha}",
+                "pullRequestUrl": None,
+            },
+        )
 
     def _branch(self, kind: str, repo_id: str, branch: str, payload: dict[str, Any]) -> None:
         hub = self.server_hub
@@ -704,7 +757,9 @@ def make_bundle(root: Path, files: dict[str, bytes], *, name: str = "test-bundle
     for rel, data in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(data)
-    entries = [FileEntry(path=rel, size=len(data), sha256=hashlib.sha256(data).hexdigest()) for rel, data in files.items()]
+    entries = [
+        FileEntry(path=rel, size=len(data), sha256=hashlib.sha256(data).hexdigest()) for rel, data in files.items()
+    ]
     write_manifest(root, Manifest(name=name, files=entries, metadata={"license": "apache-2.0"}))
     return root
 
@@ -712,9 +767,20 @@ def make_bundle(root: Path, files: dict[str, bytes], *, name: str = "test-bundle
 def portable_env(hub: HubServer, home: Path, *, token: str | None, **extra: str) -> dict[str, str]:
     """A clean environment pointing huggingface_hub at `hub` (Xet off, online, private HF_HOME)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING", "PORTABLE_HUB_"))}
-    env.update({"HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1", "HF_HUB_OFFLINE": "0", "HF_HOME": str(home),
-                "HF_HUB_DISABLE_TELEMETRY": "1", "NO_COLOR": "1", "OMP_NUM_THREADS": "1",
-                "PORTABLE_HUB_BACKOFF_S": "0.05", "PORTABLE_HUB_BACKOFF_MAX_S": "0.5", "PORTABLE_HUB_RETRIES": "3"})
+    env.update(
+        {
+            "HF_ENDPOINT": hub.url,
+            "HF_HUB_DISABLE_XET": "1",
+            "HF_HUB_OFFLINE": "0",
+            "HF_HOME": str(home),
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "NO_COLOR": "1",
+            "OMP_NUM_THREADS": "1",
+            "PORTABLE_HUB_BACKOFF_S": "0.05",
+            "PORTABLE_HUB_BACKOFF_MAX_S": "0.5",
+            "PORTABLE_HUB_RETRIES": "3",
+        }
+    )
     if token is not None:
         env["HF_TOKEN"] = token
     env.update(extra)

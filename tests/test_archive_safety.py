@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from bundlekit import QUIET, forge_bundle, member, run_cli, tree_snapshot
+
 from reproduction.errors import UnsafeArchiveError
 from reproduction.release import layers as layer_io
 from reproduction.release.restore import restore_bundle
@@ -18,9 +18,17 @@ ATTACKS = {
     "dot-dot": ([member("../escape.txt", data=b"x")], "../escape.txt", "contains '..'"),
     "dot-dot inside": ([member("pkg/../../escape.txt", data=b"x")], "pkg/../../escape.txt", "contains '..'"),
     "symlink escaping": ([member("out", "symlink", linkname="../../../outside")], "out", "which leaves the bundle"),
-    "symlink climbing out of the targets": ([member("out", "symlink", linkname="../../weights")], "out", "leaves the layer targets"),
+    "symlink climbing out of the targets": (
+        [member("out", "symlink", linkname="../../weights")],
+        "out",
+        "leaves the layer targets",
+    ),
     "absolute symlink": ([member("etc", "symlink", linkname="/etc")], "etc", "symlink to the absolute path '/etc'"),
-    "dot-dot after a name": ([member("sneaky", "symlink", linkname="pkg/../../..")], "sneaky", "'..' after a folder name"),
+    "dot-dot after a name": (
+        [member("sneaky", "symlink", linkname="pkg/../../..")],
+        "sneaky",
+        "'..' after a folder name",
+    ),
     "hard link": ([member("hl", "hardlink", linkname="/etc/passwd")], "hl", "is a hard link"),
     "hard link inside": (OK + [member("pkg/b.py", "hardlink", linkname="pkg/a.py")], "pkg/b.py", "is a hard link"),
     "char device": ([member("null", "chardev", devmajor=1)], "null", "is a chardev"),
@@ -28,9 +36,16 @@ ATTACKS = {
     "fifo": ([member("pipe", "fifo")], "pipe", "is a fifo"),
     "setuid": ([member("suid", data=b"#!/bin/sh\n", mode=0o4755)], "suid", "setuid/setgid bit set (mode 4755)"),
     "setgid": ([member("sgid", data=b"#!/bin/sh\n", mode=0o2755)], "sgid", "setuid/setgid bit set (mode 2755)"),
-    "write through own symlink": ([member("sub", "dir"), member("d", "symlink", linkname="sub"), member("d/f", data=b"x")],
-                                  "d/f", "written through the symlink 'source/app/d'"),
-    "replace own symlink": ([member("d", "symlink", linkname="pkg"), member("d", data=b"x")], "d", "would replace (and write through) the symlink"),
+    "write through own symlink": (
+        [member("sub", "dir"), member("d", "symlink", linkname="sub"), member("d/f", data=b"x")],
+        "d/f",
+        "written through the symlink 'source/app/d'",
+    ),
+    "replace own symlink": (
+        [member("d", "symlink", linkname="pkg"), member("d", data=b"x")],
+        "d",
+        "would replace (and write through) the symlink",
+    ),
 }
 
 
@@ -68,9 +83,14 @@ def test_two_archive_attack_is_refused_naming_both_layers(tmp_path, no_extractio
     """Layer 1 plants a symlink (legal on its own); layer 2, same target, writes through it."""
     first = [member("lnk", "symlink", linkname="../victim")]
     second = [member("lnk/pwned.txt", data=b"gotcha")]
-    bundle = forge_bundle(tmp_path / "bundle", [("source/a1.tar.zst", "source/app", "source", first),
-                                                ("source/a2.tar.zst", "source/app", "source", second),
-                                                ("source/victim.tar.zst", "source/victim", "source", OK)])
+    bundle = forge_bundle(
+        tmp_path / "bundle",
+        [
+            ("source/a1.tar.zst", "source/app", "source", first),
+            ("source/a2.tar.zst", "source/app", "source", second),
+            ("source/victim.tar.zst", "source/victim", "source", OK),
+        ],
+    )
     with pytest.raises(UnsafeArchiveError) as info:
         restore_bundle(bundle, ui=QUIET)
     assert (info.value.archive, info.value.member) == ("source/a2.tar.zst", "lnk/pwned.txt")
@@ -84,21 +104,35 @@ def test_every_refusal_is_listed_once_and_the_cli_exits_6(tmp_path):
     done = run_cli("restore", bundle)
     assert done.returncode == 6
     first = done.stderr.splitlines()[0]
-    assert first.startswith("error: unsafe layer archive, nothing was extracted: runtime/r.tar.zst: member '../a' contains '..'")
+    assert first.startswith(
+        "error: unsafe layer archive, nothing was extracted: runtime/r.tar.zst: member '../a' contains '..'"
+    )
     assert "member '/b' has an absolute path" in first and "member 'c' is a fifo" in first
     assert done.stderr.splitlines()[1].startswith("hint: do not use this bundle")
     assert not (bundle / "runtime" / "r").exists()
 
 
 def test_legitimate_links_inside_and_across_layers_are_restored(tmp_path):
-    lib = [member("lib", "dir", mode=0o755), member("lib/libz.so.1", data=b"ELF"),
-           member("lib/libz.so", "symlink", linkname="libz.so.1")]
-    venv = [member("bin", "dir", mode=0o755), member("bin/python", "symlink", linkname="../../py/bin/python3"),
-            member("lib64", "symlink", linkname="lib"), member("lib", "dir", mode=0o700)]
+    lib = [
+        member("lib", "dir", mode=0o755),
+        member("lib/libz.so.1", data=b"ELF"),
+        member("lib/libz.so", "symlink", linkname="libz.so.1"),
+    ]
+    venv = [
+        member("bin", "dir", mode=0o755),
+        member("bin/python", "symlink", linkname="../../py/bin/python3"),
+        member("lib64", "symlink", linkname="lib"),
+        member("lib", "dir", mode=0o700),
+    ]
     py = [member("bin", "dir"), member("bin/python3", data=b"#!", mode=0o755)]
-    bundle = forge_bundle(tmp_path / "bundle", [("runtime/z.tar.zst", "runtime/z", "runtime", lib),
-                                                ("runtime/py.tar.zst", "runtime/py", "runtime", py),
-                                                ("runtime/venv.tar.zst", "runtime/venv", "runtime", venv)])
+    bundle = forge_bundle(
+        tmp_path / "bundle",
+        [
+            ("runtime/z.tar.zst", "runtime/z", "runtime", lib),
+            ("runtime/py.tar.zst", "runtime/py", "runtime", py),
+            ("runtime/venv.tar.zst", "runtime/venv", "runtime", venv),
+        ],
+    )
     report = restore_bundle(bundle, ui=QUIET)
     assert report.extracted == ["runtime/z", "runtime/py", "runtime/venv"]
     assert os.readlink(bundle / "runtime" / "venv" / "bin" / "python") == "../../py/bin/python3"
@@ -110,8 +144,10 @@ def test_legitimate_links_inside_and_across_layers_are_restored(tmp_path):
 def test_overlapping_layer_targets_are_refused_by_field(tmp_path):
     from reproduction.errors import InvalidInputError
 
-    bundle = forge_bundle(tmp_path / "bundle", [("runtime/a.tar.zst", "runtime/a", "runtime", OK),
-                                                ("runtime/b.tar.zst", "runtime/a/inner", "runtime", OK)])
+    bundle = forge_bundle(
+        tmp_path / "bundle",
+        [("runtime/a.tar.zst", "runtime/a", "runtime", OK), ("runtime/b.tar.zst", "runtime/a/inner", "runtime", OK)],
+    )
     with pytest.raises(InvalidInputError) as info:
         restore_bundle(bundle, ui=QUIET)
     assert info.value.field == "layers[0].target" and "nests with layer target 'runtime/a/inner'" in str(info.value)
@@ -163,8 +199,9 @@ def test_archive_that_differs_from_its_validated_index_stops_before_the_member(t
     from bundlekit import tar_zst
 
     bundle = _packed_with_index(tmp_path)
-    (bundle / "runtime" / "rt.tar.zst").write_bytes(tar_zst([member("bin", "dir", mode=0o755),
-                                                           member("bin/../../../escape", data=b"x")]))
+    (bundle / "runtime" / "rt.tar.zst").write_bytes(
+        tar_zst([member("bin", "dir", mode=0o755), member("bin/../../../escape", data=b"x")])
+    )
     _repin(bundle, "runtime/rt.tar.zst")
     with pytest.raises(UnsafeArchiveError) as info:
         restore_bundle(bundle, ui=QUIET)

@@ -9,9 +9,18 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from reproduction.checks.accelerator_ascend import TORCH_NPU_SCRIPT, cann_key, cann_version_from, find_cann, parse_npu_smi
+from reproduction.checks.accelerator_ascend import (
+    TORCH_NPU_SCRIPT,
+    cann_key,
+    cann_version_from,
+    find_cann,
+    parse_npu_smi,
+)
 from reproduction.checks.report import collect_report
-from tests.fixtures.checks.fakes import FIXTURES, TORCH_NPU_OK as NPU_OK, ascend_context as _ctx, fixture
+from tests.fixtures.checks.fakes import FIXTURES, fixture
+from tests.fixtures.checks.fakes import TORCH_NPU_OK as NPU_OK
+from tests.fixtures.checks.fakes import ascend_context as _ctx
+
 
 def _rows(report):
     return {r.name: r for r in report.results}
@@ -21,7 +30,11 @@ def test_npu_smi_info_idle_parses_npus_and_hbm():
     smi = parse_npu_smi(fixture("npu_smi_info_910b_idle.txt"))
     assert smi["version"] == "24.1.0.3"
     assert [(n["npu"], n["name"], n["health"], n["hbm_used_mb"], n["hbm_total_mb"]) for n in smi["npus"]] == [
-        (0, "910B2", "OK", 3407, 65536), (1, "910B2", "OK", 3399, 65536), (2, "910B2", "OK", 3396, 65536), (3, "910B2", "OK", 3395, 65536)]
+        (0, "910B2", "OK", 3407, 65536),
+        (1, "910B2", "OK", 3399, 65536),
+        (2, "910B2", "OK", 3396, 65536),
+        (3, "910B2", "OK", 3395, 65536),
+    ]
     assert smi["processes"] == []
 
 
@@ -50,7 +63,11 @@ def test_all_good_ascend_host(tmp_path):
     report = collect_report(ctx=ctx)
     rows = _rows(report)
     assert report.device["selected"] == "npu"
-    assert rows["npu"].status == "ok" and "4 x Ascend910B2" in rows["npu"].finding and "npu-smi 24.1.0.3 sees 4 NPU(s)" in rows["npu"].finding
+    assert (
+        rows["npu"].status == "ok"
+        and "4 x Ascend910B2" in rows["npu"].finding
+        and "npu-smi 24.1.0.3 sees 4 NPU(s)" in rows["npu"].finding
+    )
     assert rows["npu.cann"].status == "ok" and "CANN 8.0.RC2" in rows["npu.cann"].finding
     assert rows["npu.skew"].status == "ok" and rows["npu.processes"].status == "ok"
     assert rows["hazard.torch_npu"].status == "ok"
@@ -60,7 +77,10 @@ def test_all_good_ascend_host(tmp_path):
 
 
 def test_probe_scripts_never_import_transfer_to_npu():
-    sources = [TORCH_NPU_SCRIPT, *(p.read_text() for p in (Path(__file__).parent.parent / "reproduction" / "checks").glob("*.py"))]
+    sources = [
+        TORCH_NPU_SCRIPT,
+        *(p.read_text() for p in (Path(__file__).parent.parent / "reproduction" / "checks").glob("*.py")),
+    ]
     pattern = re.compile(r"^\s*(from\s+torch_npu\.contrib\s+import|import\s+torch_npu\.contrib)", re.MULTILINE)
     assert not [s for s in sources if pattern.search(s)]
 
@@ -80,7 +100,9 @@ def test_torch_npu_newer_than_cann_is_skew_21(tmp_path):
     report = collect_report(ctx=ctx)
     row = _rows(report)["npu.skew"]
     assert row.status == "fail" and row.failure == "skew"
-    assert row.finding == "torch_npu 2.4.0.post2 needs CANN >= 8.0.RC3, found CANN 8.0.RC2 (undefined symbols at import)"
+    assert (
+        row.finding == "torch_npu 2.4.0.post2 needs CANN >= 8.0.RC3, found CANN 8.0.RC2 (undefined symbols at import)"
+    )
     assert report.exit_code == 21
 
 
@@ -108,7 +130,10 @@ def test_busy_npu_fails_20(tmp_path):
 
 
 def test_torch_npu_import_error_is_reported(tmp_path):
-    error = {"torch": "2.4.0", "error": "ImportError: libhccl.so: cannot open shared object file: No such file or directory"}
+    error = {
+        "torch": "2.4.0",
+        "error": "ImportError: libhccl.so: cannot open shared object file: No such file or directory",
+    }
     ctx, _, _ = _ctx(tmp_path, torch_npu=error)
     row = _rows(collect_report(ctx=ctx))["npu"]
     assert row.failure == "accelerator" and "libhccl.so: cannot open shared object file" in row.finding

@@ -7,9 +7,9 @@ import shutil
 import sys
 
 from reproduction.checks.report import collect_report
+from reproduction.release.manifest import load_manifest
 from tests.fixtures.checks.bundles import make_bundle, write_receipt
 from tests.fixtures.checks.fakes import make_context
-from reproduction.release.manifest import load_manifest
 
 
 def _rows(report):
@@ -26,7 +26,10 @@ def test_folder_without_bundle_json_fails_24(tmp_path):
     report = _check(tmp_path, tmp_path / "notabundle")
     row = _rows(report)["bundle"]
     assert row.failure == "bundle"
-    assert f"{tmp_path / 'notabundle'} is not a usable bundle: {tmp_path / 'notabundle' / 'bundle.json'}: no bundle manifest" in row.finding
+    assert (
+        f"{tmp_path / 'notabundle'} is not a usable bundle: {tmp_path / 'notabundle' / 'bundle.json'}: no bundle manifest"
+        in row.finding
+    )
     assert _rows(report)["hazard.placeholders"].finding == "the bundle could not be read"
     assert report.exit_code == 24
 
@@ -81,7 +84,7 @@ def test_not_enough_disk_for_the_run_fails_24(tmp_path):
 def test_disk_rule_defaults_to_twice_the_weights(tmp_path):
     bundle = make_bundle(tmp_path / "b")
     row = _rows(_check(tmp_path, bundle))["bundle.disk"]
-    assert row.status == "ok" and row.details["need"] == 2 * 1024 + 1024 ** 3
+    assert row.status == "ok" and row.details["need"] == 2 * 1024 + 1024**3
     assert "2 x weights (0.0 GiB) + 1 GiB" in row.finding
 
 
@@ -104,8 +107,10 @@ def test_real_pack_and_restore_then_check(tmp_path):
     (tmp_path / "src/up").mkdir(parents=True)
     (tmp_path / "src/up/train.py").write_text("import torch\n")
     (tmp_path / "run.yaml").write_text("runner:\n  save_interval: 200\n  val_check_interval: 100\n")
-    (tmp_path / "spec.toml").write_text('name = "itest"\n[[layer]]\nsource = "src/up"\nkind = "source"\n'
-                                        '[[config]]\nsource = "run.yaml"\ndest = "config/run.yaml"\n')
+    (tmp_path / "spec.toml").write_text(
+        'name = "itest"\n[[layer]]\nsource = "src/up"\nkind = "source"\n'
+        '[[config]]\nsource = "run.yaml"\ndest = "config/run.yaml"\n'
+    )
     quiet = UiOptions(quiet=True, progress=False)
     pack_bundle(tmp_path / "spec.toml", tmp_path / "b", ui=quiet)
     report = _check(tmp_path, tmp_path / "b")

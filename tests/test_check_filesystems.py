@@ -21,8 +21,9 @@ def test_parse_mounts_unescapes_octal_and_picks_longest_prefix():
     assert mount_for(Path("/opt/x"), mounts).fstype == "ext4"
 
 
-@pytest.mark.parametrize("triton,fstype", [("/lustre/proj/u1/triton", "lustre"), ("/mnt/team share/triton", "cifs"),
-                                           ("/home/u1/tc", "nfs4")])
+@pytest.mark.parametrize(
+    "triton,fstype", [("/lustre/proj/u1/triton", "lustre"), ("/mnt/team share/triton", "cifs"), ("/home/u1/tc", "nfs4")]
+)
 def test_triton_cache_on_network_filesystem_warns(tmp_path, triton, fstype):
     ctx = make_context(tmp_path, env={"TRITON_CACHE_DIR": triton}, mounts_file=MOUNTS, home=Path("/scratch/u1"))
     rows = {r.name: r for r in probe_filesystems(ctx)}
@@ -36,7 +37,10 @@ def test_triton_cache_on_network_filesystem_warns(tmp_path, triton, fstype):
 def test_home_on_nfs_warns_for_default_triton_and_home_cache(tmp_path):
     ctx = make_context(tmp_path, mounts_file=MOUNTS, home=Path("/home/u1"))
     rows = {r.name: r for r in probe_filesystems(ctx)}
-    assert rows["fs.triton_cache"].status == "warn" and "/home/u1/.triton/cache is on nfs4 (/home)" in rows["fs.triton_cache"].finding
+    assert (
+        rows["fs.triton_cache"].status == "warn"
+        and "/home/u1/.triton/cache is on nfs4 (/home)" in rows["fs.triton_cache"].finding
+    )
     assert rows["fs.home_cache"].status == "warn" and "XDG_CACHE_HOME" in rows["fs.home_cache"].fix
 
 

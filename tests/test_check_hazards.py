@@ -49,8 +49,10 @@ def test_fake_tensorflow_next_to_numpy2_fails_23(tmp_path):
     report = _check(tmp_path, env={"PYTHONPATH": str(tmp_path / "site")})
     row = _rows(report)["hazard.tensorflow"]
     assert row.status == "fail" and row.failure == "hazard"
-    assert row.finding.startswith(f"TensorFlow (unknown version) at {tmp_path / 'site' / 'tensorflow' / '__init__.py'} "
-                                  f"importable next to NumPy {numpy.__version__}")
+    assert row.finding.startswith(
+        f"TensorFlow (unknown version) at {tmp_path / 'site' / 'tensorflow' / '__init__.py'} "
+        f"importable next to NumPy {numpy.__version__}"
+    )
     assert "pip uninstall tensorflow" in row.fix
     assert report.exit_code == 23
 
@@ -80,8 +82,11 @@ def test_torch_npu_without_cann_fails_23(tmp_path):
 
 def test_transfer_to_npu_in_sources_fails_23_with_file_and_line(tmp_path):
     src = "import torch\nimport torch_npu\nfrom torch_npu.contrib import transfer_to_npu  # noqa\n"
-    bundle = make_bundle(tmp_path / "b", sources={"rlinf/train.py": src, "rlinf/ok.py": "# transfer_to_npu is banned\n"},
-                         configs={"run.yaml": GOOD_YAML})
+    bundle = make_bundle(
+        tmp_path / "b",
+        sources={"rlinf/train.py": src, "rlinf/ok.py": "# transfer_to_npu is banned\n"},
+        configs={"run.yaml": GOOD_YAML},
+    )
     report = _check(tmp_path, bundle)
     row = _rows(report)["hazard.transfer_to_npu"]
     assert row.failure == "hazard"
@@ -91,7 +96,9 @@ def test_transfer_to_npu_in_sources_fails_23_with_file_and_line(tmp_path):
 
 
 def test_transfer_to_npu_in_a_config_is_found(tmp_path):
-    bundle = make_bundle(tmp_path / "b", configs={"npu.yaml": "runtime:\n  patches: [torch_npu.contrib.transfer_to_npu]\n"})
+    bundle = make_bundle(
+        tmp_path / "b", configs={"npu.yaml": "runtime:\n  patches: [torch_npu.contrib.transfer_to_npu]\n"}
+    )
     row = _rows(_check(tmp_path, bundle))["hazard.transfer_to_npu"]
     assert row.status == "fail" and "config/npu.yaml:2" in row.finding
 
@@ -100,7 +107,11 @@ def test_hub_online_with_local_datasets_warns(tmp_path):
     bundle = make_bundle(tmp_path / "b", data=True, configs={"run.yaml": GOOD_YAML})
     report = collect_report(bundle, ctx=_online_ctx(tmp_path))
     row = _rows(report)["hazard.hub_offline"]
-    assert row.status == "warn" and "HF_HUB_OFFLINE unset" in row.finding and row.fix == "export HF_HUB_OFFLINE=1 before the run"
+    assert (
+        row.status == "warn"
+        and "HF_HUB_OFFLINE unset" in row.finding
+        and row.fix == "export HF_HUB_OFFLINE=1 before the run"
+    )
     assert report.exit_code == 0
     assert _rows(_check(tmp_path, bundle))["hazard.hub_offline"].status == "ok"
 
@@ -120,11 +131,14 @@ def test_path_to_placeholder_fails_23(tmp_path):
     assert report.exit_code == 23
 
 
-@pytest.mark.parametrize("name,text", [
-    ("run.yaml", GOOD_YAML.replace("save_interval: 200", "save_interval: 250")),
-    ("run.toml", "[runner]\nsave_interval = 250\nval_check_interval = 100\n"),
-    ("run.json", json.dumps({"runner": {"save_interval": 250, "val_check_interval": 100}})),
-])
+@pytest.mark.parametrize(
+    "name,text",
+    [
+        ("run.yaml", GOOD_YAML.replace("save_interval: 200", "save_interval: 250")),
+        ("run.toml", "[runner]\nsave_interval = 250\nval_check_interval = 100\n"),
+        ("run.json", json.dumps({"runner": {"save_interval": 250, "val_check_interval": 100}})),
+    ],
+)
 def test_save_interval_not_multiple_of_val_fails_23(tmp_path, name, text):
     bundle = make_bundle(tmp_path / "b", configs={name: text})
     report = _check(tmp_path, bundle)
@@ -136,13 +150,21 @@ def test_save_interval_not_multiple_of_val_fails_23(tmp_path, name, text):
 
 def test_batch_not_dividing_across_workers_fails_23(tmp_path):
     bad = GOOD_YAML.replace("global_batch_size: 64", "global_batch_size: 48")  # 48 % (4 x 16) != 0
-    bundle = make_bundle(tmp_path / "b", configs={"run.yaml": bad, "w.toml": "workers = 3\nmicro_batch_size = 2\nglobal_batch_size = 8\n"})
+    bundle = make_bundle(
+        tmp_path / "b",
+        configs={"run.yaml": bad, "w.toml": "workers = 3\nmicro_batch_size = 2\nglobal_batch_size = 8\n"},
+    )
     report = _check(tmp_path, bundle)
     row = _rows(report)["hazard.batch"]
     assert row.failure == "hazard"
-    assert ("config/run.yaml: actor.global_batch_size=48 does not divide into actor.micro_batch_size=4 x 16 workers "
-            "(cluster.num_nodes x cluster.num_gpus_per_node)") in row.finding
-    assert "config/w.toml: global_batch_size=8 does not divide into micro_batch_size=2 x 3 workers (workers)" in row.finding
+    assert (
+        "config/run.yaml: actor.global_batch_size=48 does not divide into actor.micro_batch_size=4 x 16 workers "
+        "(cluster.num_nodes x cluster.num_gpus_per_node)"
+    ) in row.finding
+    assert (
+        "config/w.toml: global_batch_size=8 does not divide into micro_batch_size=2 x 3 workers (workers)"
+        in row.finding
+    )
     assert report.exit_code == 23
 
 
@@ -150,7 +172,13 @@ def test_good_configs_pass_every_hazard(tmp_path):
     bundle = make_bundle(tmp_path / "b", configs={"run.yaml": GOOD_YAML, "bad.yaml": "runner: [unclosed\n"}, sources={})
     report = _check(tmp_path, bundle)
     rows = _rows(report)
-    for name in ("hazard.transfer_to_npu", "hazard.placeholders", "hazard.intervals", "hazard.batch", "hazard.tensorflow"):
+    for name in (
+        "hazard.transfer_to_npu",
+        "hazard.placeholders",
+        "hazard.intervals",
+        "hazard.batch",
+        "hazard.tensorflow",
+    ):
         assert rows[name].status == "ok", rows[name]
     assert "in 1 config(s); not read: bad.yaml (malformed" in rows["hazard.intervals"].finding
     assert report.exit_code == 0

@@ -16,23 +16,53 @@ from reproduction.checks.jit import TRITON_SCRIPT
 from reproduction.checks.probe import EXIT_CODES, EXIT_HELP, FAIL, ProbeResult, fail, ok, warn
 from reproduction.checks.report import CheckReport, collect_report, render_table
 from reproduction.ui import UiOptions
-from tests.fixtures.checks.fakes import TORCH_OK, FakeRun, ascend_context as ascend_ctx, fake_package, fixture, make_context, out
+from tests.fixtures.checks.fakes import (
+    TORCH_OK,
+    FakeRun,
+    fake_package,
+    fixture,
+    make_context,
+    out,
+)
+from tests.fixtures.checks.fakes import (
+    ascend_context as ascend_ctx,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "reproduction" / "portable.py"
-EXPECTED_ROWS = {"toolchain", "cuda", "npu", "host.cpu", "host.memory", "host.shm", "host.disk", "fs.triton_cache",
-                 "fs.home_cache", "hazard.tensorflow", "hazard.torch_npu", "hazard.transfer_to_npu", "hazard.hub_offline",
-                 "hazard.placeholders", "hazard.intervals", "hazard.batch"}
+EXPECTED_ROWS = {
+    "toolchain",
+    "cuda",
+    "npu",
+    "host.cpu",
+    "host.memory",
+    "host.shm",
+    "host.disk",
+    "fs.triton_cache",
+    "fs.home_cache",
+    "hazard.tensorflow",
+    "hazard.torch_npu",
+    "hazard.transfer_to_npu",
+    "hazard.hub_offline",
+    "hazard.placeholders",
+    "hazard.intervals",
+    "hazard.batch",
+}
 
 
 def _portable(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env |= {"PORTABLE_PLAIN": "1", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, str(SCRIPT), "check", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "check", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
-NO_ACCELERATOR = not any(Path("/dev").glob("nvidia[0-9]*")) and not Path("/dev/nvidiactl").exists() \
+NO_ACCELERATOR = (
+    not any(Path("/dev").glob("nvidia[0-9]*"))
+    and not Path("/dev/nvidiactl").exists()
     and not any(Path("/dev").glob("davinci*"))
+)
 cpu_machine = pytest.mark.skipif(not NO_ACCELERATOR, reason="asserts the CPU machine's report")
 
 
@@ -74,7 +104,9 @@ def test_jit_smoke_on_cpu_says_what_it_skipped_and_why(tmp_path):
     assert proc.returncode == 0
     row = next(r for r in json.loads(proc.stdout)["results"] if r["name"] == "jit")
     assert row["status"] == "skip"
-    assert row["finding"].startswith("skipped on CPU: the Triton vector-add needs a CUDA GPU and the hccl all_reduce an Ascend NPU")
+    assert row["finding"].startswith(
+        "skipped on CPU: the Triton vector-add needs a CUDA GPU and the hccl all_reduce an Ascend NPU"
+    )
     assert row["details"]["skipped"] == ["triton-vector-add", "hccl-all-reduce"]
     assert "jit " in proc.stderr and "skipped on CPU" in proc.stderr
 
@@ -105,14 +137,24 @@ def test_help_documents_every_exit_code():
 
 
 def test_lowest_failing_code_wins_and_warnings_do_not_fail():
-    rows = [ok("a", "fine"), warn("b", "meh", "fix"), fail("c", "hazard", "bad", "fix"), fail("d", "skew", "worse", "fix")]
+    rows = [
+        ok("a", "fine"),
+        warn("b", "meh", "fix"),
+        fail("c", "hazard", "bad", "fix"),
+        fail("d", "skew", "worse", "fix"),
+    ]
     report = CheckReport(results=rows, python="p", bundle=None, device={}, jit_smoke=False, seconds=0.1)
     assert report.exit_code == 21 and report.status == FAIL
     assert CheckReport(results=rows[:2], python="p", bundle=None, device={}, jit_smoke=False, seconds=0).exit_code == 0
 
 
 def test_probe_result_rejects_inconsistent_status():
-    for bad in (dict(status="fail"), dict(status="ok", failure="hazard"), dict(status="fail", failure="nope"), dict(status="bad")):
+    for bad in (
+        dict(status="fail"),
+        dict(status="ok", failure="hazard"),
+        dict(status="fail", failure="nope"),
+        dict(status="bad"),
+    ):
         try:
             ProbeResult(name="x", finding="y", **bad)
         except ValueError as exc:
@@ -124,7 +166,9 @@ def test_probe_result_rejects_inconsistent_status():
 def test_quiet_table_shows_only_problems_and_plain_has_fix_lines(monkeypatch):
     monkeypatch.setenv("PORTABLE_PLAIN", "1")
     rows = [ok("good.row", "fine"), fail("bad.row", "hazard", "broken thing", "do the fix")]
-    report = CheckReport(results=rows, python="p", bundle=None, device={"selected": "cpu", "why": "w"}, jit_smoke=False, seconds=0)
+    report = CheckReport(
+        results=rows, python="p", bundle=None, device={"selected": "cpu", "why": "w"}, jit_smoke=False, seconds=0
+    )
     stream = io.StringIO()
     render_table(report, options=UiOptions(quiet=True), stream=stream)
     text = stream.getvalue()
@@ -138,9 +182,11 @@ def test_collect_report_is_json_serialisable_for_run_evidence(tmp_path):
 
 
 def test_checks_import_no_pipeline_library():
-    code = ("import sys, pkgutil, importlib, reproduction.checks as c\n"
-            "[importlib.import_module('reproduction.checks.' + m.name) for m in pkgutil.iter_modules(c.__path__)]\n"
-            "print(','.join(m for m in ('torch', 'numpy', 'ray', 'transformers', 'pyarrow', 'torch_npu', 'yaml') if m in sys.modules))")
+    code = (
+        "import sys, pkgutil, importlib, reproduction.checks as c\n"
+        "[importlib.import_module('reproduction.checks.' + m.name) for m in pkgutil.iter_modules(c.__path__)]\n"
+        "print(','.join(m for m in ('torch', 'numpy', 'ray', 'transformers', 'pyarrow', 'torch_npu', 'yaml') if m in sys.modules))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == ""
 
@@ -150,9 +196,14 @@ def test_checks_import_no_pipeline_library():
 
 def _cuda_ctx(tmp_path, triton_answer):
     fake_package(tmp_path / "site", "triton", "3.2.0")
-    run = FakeRun({"nvidia-smi --query-gpu": out(fixture("nvidia_smi_query_gpu_h100x8.csv")),
-                   "nvidia-smi --query-compute-apps": out(fixture("nvidia_smi_compute_apps_none.csv")),
-                   "probe:torch-cuda": out(TORCH_OK), "probe:triton-vector-add": triton_answer})
+    run = FakeRun(
+        {
+            "nvidia-smi --query-gpu": out(fixture("nvidia_smi_query_gpu_h100x8.csv")),
+            "nvidia-smi --query-compute-apps": out(fixture("nvidia_smi_compute_apps_none.csv")),
+            "probe:torch-cuda": out(TORCH_OK),
+            "probe:triton-vector-add": triton_answer,
+        }
+    )
     return make_context(tmp_path, run=run, env={"PYTHONPATH": str(tmp_path / "site")}, dev_nodes=["nvidiactl"]), run
 
 
@@ -160,14 +211,20 @@ def test_triton_smoke_reports_cold_compile_with_a_fresh_cache(tmp_path):
     ctx, run = _cuda_ctx(tmp_path, out({"triton": "3.2.0", "compile_s": 1.84, "warm_s": 0.00004, "max_abs_error": 0.0}))
     report = collect_report(jit_smoke=True, ctx=ctx)
     row = {r.name: r for r in report.results}["jit"]
-    assert row.status == "ok" and row.finding == "Triton 3.2.0 vector-add: cold compile + run 1.84 s, warm 0.0 ms, exact"
+    assert (
+        row.status == "ok" and row.finding == "Triton 3.2.0 vector-add: cold compile + run 1.84 s, warm 0.0 ms, exact"
+    )
     cache = Path(run.env_of("probe:triton-vector-add")["TRITON_CACHE_DIR"])
     assert cache.name.startswith("portable-triton-cache-") and not cache.exists()  # fresh, node-local, removed
     assert "@triton.jit" in TRITON_SCRIPT and report.exit_code == 0
 
 
 def test_triton_compile_failure_is_toolchain_22(tmp_path):
-    error = {"triton": "3.2.0", "stage": "compile", "error": "CalledProcessError: gcc ... fatal error: Python.h: No such file or directory"}
+    error = {
+        "triton": "3.2.0",
+        "stage": "compile",
+        "error": "CalledProcessError: gcc ... fatal error: Python.h: No such file or directory",
+    }
     ctx, _ = _cuda_ctx(tmp_path, out(error))
     report = collect_report(jit_smoke=True, ctx=ctx)
     row = {r.name: r for r in report.results}["jit"]

@@ -16,8 +16,11 @@ from reproduction.checks.report import collect_report
 from reproduction.checks.toolchain import probe_toolchain, resolve_compiler
 from tests.fixtures.checks.fakes import FakeRun, make_context
 
-OTHER_PYTHONS = [p for p in (Path.home() / ".pyenv/versions/3.10.13/bin/python3", Path.home() / ".pyenv/versions/3.13.0/bin/python3")
-                 if p.exists()]
+OTHER_PYTHONS = [
+    p
+    for p in (Path.home() / ".pyenv/versions/3.10.13/bin/python3", Path.home() / ".pyenv/versions/3.13.0/bin/python3")
+    if p.exists()
+]
 
 
 def _script(path: Path, body: str) -> Path:
@@ -45,7 +48,10 @@ def test_no_compiler_on_path_fails_22(tmp_path):
     env = {"PATH": str(tmp_path), "HOME": str(tmp_path)}
     row = probe_toolchain(Path(sys.executable), env=env)
     assert row.status == "fail" and row.failure == "toolchain" and row.exit_code == 22
-    assert row.finding.startswith("no C compiler found (tried ") and "'gcc' (PATH), 'clang' (PATH), 'cc' (PATH))" in row.finding
+    assert (
+        row.finding.startswith("no C compiler found (tried ")
+        and "'gcc' (PATH), 'clang' (PATH), 'cc' (PATH))" in row.finding
+    )
 
 
 def test_cc_env_wins_and_a_broken_compiler_fails_22(tmp_path):
@@ -68,13 +74,16 @@ def _edited_facts(edit):
         facts = json.loads(real.stdout)
         edit(facts)
         return type(real)(argv=real.argv, returncode=0, stdout=json.dumps(facts))
+
     return answer
 
 
 def test_missing_python_h_fails_22_with_dev_headers_fix(tmp_path):
     empty = tmp_path / "include"
     empty.mkdir()
-    run = FakeRun({"probe:facts": _edited_facts(lambda f: f["paths"].update(include=str(empty), platinclude=str(empty)))})
+    run = FakeRun(
+        {"probe:facts": _edited_facts(lambda f: f["paths"].update(include=str(empty), platinclude=str(empty)))}
+    )
     report = collect_report(ctx=make_context(tmp_path, run=run))
     row = {r.name: r for r in report.results}["toolchain"]
     assert row.finding == f"Python.h not found in {empty} (Triton's first kernel compile will fail)"
@@ -90,7 +99,9 @@ def test_moved_interpreter_with_dangling_sysconfig_paths_fails_22(tmp_path):
 
 def test_interpreter_that_does_not_start_fails_22(tmp_path):
     row = probe_toolchain(tmp_path / "bin" / "python3")
-    assert row.failure == "toolchain" and row.finding.startswith(f"{tmp_path / 'bin' / 'python3'} did not run (exit 127)")
+    assert row.failure == "toolchain" and row.finding.startswith(
+        f"{tmp_path / 'bin' / 'python3'} did not run (exit 127)"
+    )
 
 
 def test_resolve_compiler_order():

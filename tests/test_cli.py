@@ -51,7 +51,10 @@ def test_script_and_console_entry_are_the_same_program():
     from reproduction import portable
 
     out = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=True)
-    assert out.stdout == portable.build_parser().format_help().replace("portable.py", "portable") or "usage: portable" in out.stdout
+    assert (
+        out.stdout == portable.build_parser().format_help().replace("portable.py", "portable")
+        or "usage: portable" in out.stdout
+    )
 
 
 def test_usage_error_exit_code_is_2():

@@ -13,9 +13,11 @@ from reproduction.data.reader import open_dataset
 from reproduction.data.writer import EpisodeData, write_dataset
 from reproduction.errors import DatasetError, InputNotFoundError, InvalidInputError, UnsupportedFormatError
 
-FEATURES = {"observation.state": {"dtype": "float32", "shape": [3]},
-            "observation.images.front": {"dtype": "image", "shape": [32, 48, 3]},
-            "is_success": {"dtype": "bool", "shape": [1]}}
+FEATURES = {
+    "observation.state": {"dtype": "float32", "shape": [3]},
+    "observation.images.front": {"dtype": "image", "shape": [32, 48, 3]},
+    "is_success": {"dtype": "bool", "shape": [1]},
+}
 SPEC = [(3, 9), (10, 5), (11, 12), (40, 1)]  # non-contiguous ids, one 1-frame episode
 
 
@@ -23,11 +25,21 @@ def _episodes():
     rng = np.random.default_rng(0)
     yy, xx = np.mgrid[0:32, 0:48]
     for ep, n in SPEC:
-        img = np.stack([np.stack([(xx * 2 + i * 5 + ep) % 256, (yy * 3 + ep * 9) % 256, np.full_like(xx, (i * 17) % 256)], -1)
-                        for i in range(n)]).astype(np.uint8)
-        yield EpisodeData(episode_index=ep, task=f"task {ep % 2}", frames={
-            "observation.state": rng.normal(size=(n, 3)).astype(np.float32), "observation.images.front": img,
-            "is_success": np.arange(n) == n - 1})
+        img = np.stack(
+            [
+                np.stack([(xx * 2 + i * 5 + ep) % 256, (yy * 3 + ep * 9) % 256, np.full_like(xx, (i * 17) % 256)], -1)
+                for i in range(n)
+            ]
+        ).astype(np.uint8)
+        yield EpisodeData(
+            episode_index=ep,
+            task=f"task {ep % 2}",
+            frames={
+                "observation.state": rng.normal(size=(n, 3)).astype(np.float32),
+                "observation.images.front": img,
+                "is_success": np.arange(n) == n - 1,
+            },
+        )
 
 
 ALL = list(_episodes())
@@ -38,8 +50,15 @@ IMAGES = np.concatenate([e.frames["observation.images.front"] for e in ALL])
 @pytest.mark.parametrize("version", ["v3.0", "v2.1"])
 @pytest.mark.parametrize("storage", ["png", "video"])
 def test_round_trip(tmp_path, version, storage):
-    root = write_dataset(tmp_path / "ds", _episodes(), fps=10, features=FEATURES, version=version,
-                         image_storage=storage, data_file_mb=0.00001)  # tiny: one file per episode in v3.0 too
+    root = write_dataset(
+        tmp_path / "ds",
+        _episodes(),
+        fps=10,
+        features=FEATURES,
+        version=version,
+        image_storage=storage,
+        data_file_mb=0.00001,
+    )  # tiny: one file per episode in v3.0 too
     ds = open_dataset(root)
     assert ds.info.codebase_version == version and ds.info.fps == 10
     assert ds.num_frames == 27 and ds.num_episodes == 4 and ds.tasks == {0: "task 1", 1: "task 0"}
@@ -47,7 +66,9 @@ def test_round_trip(tmp_path, version, storage):
     assert (ds.video_keys == ["observation.images.front"]) == (storage == "video")
     table = ds.frame_table()
     assert table.column_names == ["episode_index", "frame_index", "index", "task_index", "timestamp", "is_success"]
-    np.testing.assert_array_equal(table.column("episode_index").to_numpy(), np.repeat([e for e, _ in SPEC], [n for _, n in SPEC]))
+    np.testing.assert_array_equal(
+        table.column("episode_index").to_numpy(), np.repeat([e for e, _ in SPEC], [n for _, n in SPEC])
+    )
     np.testing.assert_array_equal(table.column("index").to_numpy(), np.arange(27))
     assert len(ds.data_files) == 4
     rows = np.array([26, 0, 13, 14, 8, 9, 25, 13])  # unsorted, repeated, across files and episodes
@@ -82,7 +103,9 @@ def test_fingerprint_changes_with_frames_not_with_unrelated_files(tmp_path, monk
     assert list((tmp_path / "cache" / "fingerprints").glob("*.json"))
     (root / "meta" / "returns.parquet").write_bytes(b"sidecar")  # sidecars in meta/ do not change it
     assert open_dataset(root).fingerprint == fp
-    refiltered = write_dataset(tmp_path / "re", [e for e in _episodes() if e.episode_index != 10], fps=10, features=FEATURES)
+    refiltered = write_dataset(
+        tmp_path / "re", [e for e in _episodes() if e.episode_index != 10], fps=10, features=FEATURES
+    )
     assert open_dataset(refiltered).fingerprint != fp
     copy = tmp_path / "copy"
     shutil.copytree(root, copy)
@@ -106,9 +129,17 @@ def test_refusals(tmp_path):
     with pytest.raises(UnsupportedFormatError, match="codebase_version 'v2.0' is not supported") as err:
         open_dataset(root)
     assert err.value.exit_code == 4
-    bad = [EpisodeData(episode_index=1, task="t", frames={"observation.state": np.zeros((2, 3), np.float32),
-                                                          "observation.images.front": np.zeros((3, 32, 48, 3), np.uint8),
-                                                          "is_success": np.zeros(2, bool)})]
+    bad = [
+        EpisodeData(
+            episode_index=1,
+            task="t",
+            frames={
+                "observation.state": np.zeros((2, 3), np.float32),
+                "observation.images.front": np.zeros((3, 32, 48, 3), np.uint8),
+                "is_success": np.zeros(2, bool),
+            },
+        )
+    ]
     with pytest.raises(DatasetError, match="has 3 frames, expected 2"):
         write_dataset(tmp_path / "bad", bad, fps=10, features=FEATURES)
     assert not (tmp_path / "bad").exists() and not list(tmp_path.glob(".bad.partial-*"))  # nothing half-written

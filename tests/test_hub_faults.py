@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from hubserver import Fault, HubServer, make_bundle, portable_cmd, portable_env
+
 from reproduction.release.verify import verify_bundle
 
 TOKEN = "hf_portableFaultsSecret_7c41d2"
@@ -26,8 +26,13 @@ def hub(tmp_path: Path):
 
 
 def run(hub: HubServer, tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(portable_cmd(*args), env=portable_env(hub, tmp_path / "hfhome", token=TOKEN, **env),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        portable_cmd(*args),
+        env=portable_env(hub, tmp_path / "hfhome", token=TOKEN, **env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def lfs_files(n: int, size: int, seed: int = 0) -> dict[str, bytes]:
@@ -47,8 +52,12 @@ def test_interrupted_publish_resumes_and_uploads_only_the_rest(hub: HubServer, t
     # the 4th upload hangs; the publish is killed while it waits (3 files are on the server by then)
     hub.add_fault(Fault(method="PUT", path=r"^/_lfs/upload/", kind="stall_upload", after=3, seconds=60))
     env = portable_env(hub, tmp_path / "hfhome", token=TOKEN, PORTABLE_HUB_BATCH_FILES="2")
-    proc = subprocess.Popen(portable_cmd("publish", str(bundle), "--repo", "alice/r"), env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        portable_cmd("publish", str(bundle), "--repo", "alice/r"),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert hub.stalled.wait(60), "the publish never reached the stalled upload"
         # Uploads run in parallel: the 3rd may still be in flight when the 4th stalls. Kill only once
@@ -101,7 +110,9 @@ def test_download_corrupted_every_time_fails_with_integrity_code(hub: HubServer,
 
 
 def test_rate_limited_requests_are_retried(hub: HubServer, tmp_path: Path) -> None:
-    hub.add_fault(Fault(method="POST", path=r"/api/models/alice/r/commit/", status=429, message="slow down", retry_after="0"))
+    hub.add_fault(
+        Fault(method="POST", path=r"/api/models/alice/r/commit/", status=429, message="slow down", retry_after="0")
+    )
     published(hub, tmp_path, lfs_files(2, 50_000))
     assert len(hub.requests("POST", r"/commit/")) == 3  # 429, then the batch, then bundle.json
 

@@ -12,8 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from hubserver import HubServer, make_bundle, portable_cmd, portable_env
+
 from reproduction.release.manifest import load_manifest
 from reproduction.release.verify import verify_bundle
 
@@ -27,7 +27,9 @@ def bundle_files(seed: int = 0) -> dict[str, bytes]:
         "weights/value.safetensors": rnd.randbytes(300_000),
         "weights/policy/shard-0.bin": rnd.randbytes(120_000),
         "data/episodes.parquet": rnd.randbytes(50_000),
-        "evidence/eval_policy_1000.json": json.dumps({"metrics": {"success_rate": 0.772, "successes": "386/500"}}).encode(),
+        "evidence/eval_policy_1000.json": json.dumps(
+            {"metrics": {"success_rate": 0.772, "successes": "386/500"}}
+        ).encode(),
         "LICENSES/Apache-2.0.txt": b"Apache License 2.0\n",
         "reproduction/__init__.py": b"",
         "notes/empty.txt": b"",
@@ -41,9 +43,16 @@ def hub(tmp_path: Path):
     server.stop()
 
 
-def run(hub: HubServer, tmp_path: Path, *args: str, token: str | None = TOKEN, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(portable_cmd(*args), env=portable_env(hub, tmp_path / "hfhome", token=token, **env),
-                          capture_output=True, text=True, timeout=120)
+def run(
+    hub: HubServer, tmp_path: Path, *args: str, token: str | None = TOKEN, **env: str
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        portable_cmd(*args),
+        env=portable_env(hub, tmp_path / "hfhome", token=token, **env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_publish_then_fetch_is_byte_identical_and_verifies(hub: HubServer, tmp_path: Path) -> None:
@@ -63,7 +72,11 @@ def test_publish_then_fetch_is_byte_identical_and_verifies(hub: HubServer, tmp_p
     assert {e.path for e in manifest.files} <= set(before) and "bundle.json" not in before
     assert set(at_head) - set(before) == {"bundle.json", "README.md"}
     card = hub.blob_path(at_head["README.md"]).read_text()
-    assert "portable fetch alice/recap-demo" in card and "success_rate = 0.772" in card and "LICENSES/Apache-2.0.txt" in card
+    assert (
+        "portable fetch alice/recap-demo" in card
+        and "success_rate = 0.772" in card
+        and "LICENSES/Apache-2.0.txt" in card
+    )
     assert "license: apache-2.0" in card
 
     out = tmp_path / "fetched"
@@ -107,7 +120,10 @@ def test_republish_sends_only_what_changed_and_refetch_downloads_only_that(hub: 
     assert len(new_commits) == 2
     batch = [json.loads(line) for line in new_commits[0]["body"].splitlines()][1:]
     assert sorted((x["key"], x["value"]["path"]) for x in batch) == [
-        ("deletedFile", "bundle.json"), ("file", "config/run.yaml"), ("lfsFile", "weights/value.safetensors")]
+        ("deletedFile", "bundle.json"),
+        ("file", "config/run.yaml"),
+        ("lfsFile", "weights/value.safetensors"),
+    ]
 
     gets_before = len(hub.requests("GET", r"/resolve/"))
     refetch = run(hub, tmp_path, "fetch", "alice/r", str(out))
@@ -121,8 +137,21 @@ def test_republish_sends_only_what_changed_and_refetch_downloads_only_that(hub: 
 @pytest.mark.slow
 def test_dataset_repo_branch_and_tag(hub: HubServer, tmp_path: Path) -> None:
     bundle = make_bundle(tmp_path / "bundle", bundle_files(1))
-    pub = run(hub, tmp_path, "publish", str(bundle), "--repo", "alice/ds", "--repo-type", "dataset",
-              "--revision", "release", "--tag", "v1.0", "--private")
+    pub = run(
+        hub,
+        tmp_path,
+        "publish",
+        str(bundle),
+        "--repo",
+        "alice/ds",
+        "--repo-type",
+        "dataset",
+        "--revision",
+        "release",
+        "--tag",
+        "v1.0",
+        "--private",
+    )
     assert pub.returncode == 0, pub.stderr
     repo = hub.repos["dataset/alice/ds"]
     assert repo.private and repo.tags["v1.0"] == repo.branches["release"] == pub.stdout.strip()
@@ -142,15 +171,37 @@ def test_dataset_repo_branch_and_tag(hub: HubServer, tmp_path: Path) -> None:
     # the token from `hf auth login`'s store works as well as HF_TOKEN
     (tmp_path / "hfhome").mkdir(exist_ok=True)
     (tmp_path / "hfhome" / "token").write_text(TOKEN)
-    stored = run(hub, tmp_path, "fetch", "alice/ds", str(tmp_path / "stored"), "--repo-type", "dataset",
-                 "--revision", "release", token=None)
+    stored = run(
+        hub,
+        tmp_path,
+        "fetch",
+        "alice/ds",
+        str(tmp_path / "stored"),
+        "--repo-type",
+        "dataset",
+        "--revision",
+        "release",
+        token=None,
+    )
     assert stored.returncode == 0, stored.stderr
 
     # a tag is immutable: publishing other content under the same tag is a conflict (exit 35)
     changed = bundle_files(2)
     make_bundle(bundle, changed)
-    clash = run(hub, tmp_path, "publish", str(bundle), "--repo", "alice/ds", "--repo-type", "dataset",
-                "--revision", "release", "--tag", "v1.0")
+    clash = run(
+        hub,
+        tmp_path,
+        "publish",
+        str(bundle),
+        "--repo",
+        "alice/ds",
+        "--repo-type",
+        "dataset",
+        "--revision",
+        "release",
+        "--tag",
+        "v1.0",
+    )
     assert clash.returncode == 35 and "tag 'v1.0'" in clash.stderr and "already names commit" in clash.stderr
 
 
@@ -178,8 +229,11 @@ def test_unknown_repo_revision_or_missing_manifest_are_clear_errors(hub: HubServ
 
     import urllib.request
 
-    req = urllib.request.Request(f"{hub.url}/api/repos/create", data=json.dumps({"name": "empty"}).encode(),
-                                 headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{hub.url}/api/repos/create",
+        data=json.dumps({"name": "empty"}).encode(),
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+    )
     urllib.request.urlopen(req, timeout=10).read()
     empty = run(hub, tmp_path, "fetch", "alice/empty", str(tmp_path / "c"))
     assert empty.returncode == 32 and "has no bundle.json: it is not a published bundle" in empty.stderr

@@ -7,8 +7,8 @@ import random
 from pathlib import Path
 
 import pytest
-
 from hubserver import make_bundle
+
 from reproduction.errors import HubIntegrityError, HubTransferError, InvalidInputError
 from reproduction.release.hub import check_repo_id, git_blob_sha1, plan_batches, repo_web_url
 from reproduction.release.hub_transfer import DigestMismatch, HubSettings, backoff_delay, with_retries
@@ -36,7 +36,9 @@ def test_git_blob_sha1_matches_git(tmp_path: Path) -> None:
 
 
 def test_settings_from_env_and_their_errors() -> None:
-    s = HubSettings.from_env({"PORTABLE_HUB_JOBS": "3", "PORTABLE_HUB_STALL_TIMEOUT_S": "0.5", "PORTABLE_HUB_BATCH_BYTES": "1000"})
+    s = HubSettings.from_env(
+        {"PORTABLE_HUB_JOBS": "3", "PORTABLE_HUB_STALL_TIMEOUT_S": "0.5", "PORTABLE_HUB_BATCH_BYTES": "1000"}
+    )
     assert (s.jobs, s.stall_timeout_s, s.batch_bytes, s.retries) == (3, 0.5, 1000, 5)
     with pytest.raises(InvalidInputError, match=r"PORTABLE_HUB_RETRIES='many' is not a valid int"):
         HubSettings.from_env({"PORTABLE_HUB_RETRIES": "many"})
@@ -95,10 +97,19 @@ def test_repo_ids_and_urls() -> None:
 
 
 def test_model_card_describes_contents_evidence_and_licenses(tmp_path: Path) -> None:
-    bundle = make_bundle(tmp_path / "b", {
-        "weights/policy.safetensors": b"w" * 3000, "weights/value.safetensors": b"v" * 1000,
-        "evidence/eval_policy.json": json.dumps({"metrics": {"success_rate": 0.772, "episodes": 500, "curve": [1, 2]}}).encode(),
-        "evidence/broken.json": b"{not json", "LICENSES/Gemma.txt": b"terms\n", "config/run.yaml": b"a: 1\n"})
+    bundle = make_bundle(
+        tmp_path / "b",
+        {
+            "weights/policy.safetensors": b"w" * 3000,
+            "weights/value.safetensors": b"v" * 1000,
+            "evidence/eval_policy.json": json.dumps(
+                {"metrics": {"success_rate": 0.772, "episodes": 500, "curve": [1, 2]}}
+            ).encode(),
+            "evidence/broken.json": b"{not json",
+            "LICENSES/Gemma.txt": b"terms\n",
+            "config/run.yaml": b"a: 1\n",
+        },
+    )
     card = render_model_card(load_manifest(bundle), bundle, repo_id="lab/recap", repo_type="dataset")
     assert card.startswith("---\nlicense: apache-2.0\n")
     assert "| `weights/` | 2 | 3.9 KiB |" in card and "6 files" in card

@@ -26,11 +26,34 @@ from reproduction.data.writer import EpisodeData, write_dataset
 
 pytestmark = pytest.mark.slow
 
-PINS = ["lerobot==0.4.4", "accelerate==1.15.0", "datasets==4.8.5", "deepdiff==9.1.0", "dill==0.4.1",
-        "draccus==0.10.0", "einops==0.8.2", "jsonlines==4.0.0", "mergedeep==1.3.4", "multiprocess==0.70.19",
-        "orderly-set==5.5.0", "pandas==3.1.1", "psutil==7.2.2", "pytz==2026.6", "pyyaml-include==2.2",
-        "termcolor==3.3.0", "toml==0.10.2", "torchvision==0.29.1", "tzdata==2026.6", "xxhash==4.1.0",
-        "typing-inspect", "mypy-extensions", "imageio", "python-dateutil", "fsspec", "requests"]
+PINS = [
+    "lerobot==0.4.4",
+    "accelerate==1.15.0",
+    "datasets==4.8.5",
+    "deepdiff==9.1.0",
+    "dill==0.4.1",
+    "draccus==0.10.0",
+    "einops==0.8.2",
+    "jsonlines==4.0.0",
+    "mergedeep==1.3.4",
+    "multiprocess==0.70.19",
+    "orderly-set==5.5.0",
+    "pandas==3.1.1",
+    "psutil==7.2.2",
+    "pytz==2026.6",
+    "pyyaml-include==2.2",
+    "termcolor==3.3.0",
+    "toml==0.10.2",
+    "torchvision==0.29.1",
+    "tzdata==2026.6",
+    "xxhash==4.1.0",
+    "typing-inspect",
+    "mypy-extensions",
+    "imageio",
+    "python-dateutil",
+    "fsspec",
+    "requests",
+]
 
 SHIM = """
 import torch
@@ -39,7 +62,9 @@ _lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
 _lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
 """
 
-READ_DRIVER = SHIM + """
+READ_DRIVER = (
+    SHIM
+    + """
 import sys, numpy as np
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 ds = LeRobotDataset("local/ours", root=sys.argv[1])
@@ -53,8 +78,11 @@ np.savez(sys.argv[2],
          index=np.array([int(it["index"]) for it in items]),
          task=np.array([it["task"] for it in items]))
 """
+)
 
-WRITE_DRIVER = SHIM + """
+WRITE_DRIVER = (
+    SHIM
+    + """
 import sys, numpy as np
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 src = np.load(sys.argv[2])
@@ -70,6 +98,7 @@ for s, e in zip(starts, list(starts[1:]) + [len(src["episode"])]):
     ds.save_episode()
 ds.finalize()
 """
+)
 
 
 def _venv() -> Path:
@@ -80,25 +109,35 @@ def _venv() -> Path:
         return python
     tmp = venv.with_name(venv.name + f".partial-{os.getpid()}")
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(tmp)], check=True, timeout=120)
-    proc = subprocess.run([str(tmp / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", *PINS],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [str(tmp / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", *PINS],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if proc.returncode != 0:
         pytest.fail(f"building the lerobot test venv failed (pip could not install the pins): {proc.stderr[-2000:]}")
     # venvs are not relocatable: rebuild in place by renaming only after the scripts point at the final path
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--upgrade", str(tmp)], check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--upgrade", str(tmp)], check=True, timeout=120
+    )
     if venv.exists():
         import shutil
+
         shutil.rmtree(venv)
     os.replace(tmp, venv)
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--upgrade", str(venv)], check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--upgrade", str(venv)], check=True, timeout=120
+    )
     (venv / ".complete").write_text("\n".join(PINS))
     return python
 
 
 def _run(python: Path, script: str, *args: str) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.run([str(python), "-c", textwrap.dedent(script), *args], capture_output=True, text=True,
-                          timeout=300, env=env)
+    proc = subprocess.run(
+        [str(python), "-c", textwrap.dedent(script), *args], capture_output=True, text=True, timeout=300, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -108,17 +147,31 @@ def _source(seed: int = 0):
     specs = [(0, 6, "pick the cube"), (1, 4, "push the cube"), (2, 5, "pick the cube")]
     eps = []
     for ep, n, task in specs:
-        img = np.stack([np.stack([(xx * 3 + i * 11 + ep) % 256, (yy * 5 + ep * 40) % 256, rng.integers(0, 256, (32, 48))],
-                                 -1) for i in range(n)]).astype(np.uint8)
-        eps.append(EpisodeData(episode_index=ep, task=task, frames={
-            "observation.state": rng.normal(size=(n, 3)).astype(np.float32), "observation.images.front": img,
-            "is_success": np.arange(n) == n - 1}))
+        img = np.stack(
+            [
+                np.stack([(xx * 3 + i * 11 + ep) % 256, (yy * 5 + ep * 40) % 256, rng.integers(0, 256, (32, 48))], -1)
+                for i in range(n)
+            ]
+        ).astype(np.uint8)
+        eps.append(
+            EpisodeData(
+                episode_index=ep,
+                task=task,
+                frames={
+                    "observation.state": rng.normal(size=(n, 3)).astype(np.float32),
+                    "observation.images.front": img,
+                    "is_success": np.arange(n) == n - 1,
+                },
+            )
+        )
     return eps
 
 
-FEATURES = {"observation.state": {"dtype": "float32", "shape": [3]},
-            "observation.images.front": {"dtype": "image", "shape": [32, 48, 3]},
-            "is_success": {"dtype": "bool", "shape": [1]}}
+FEATURES = {
+    "observation.state": {"dtype": "float32", "shape": [3]},
+    "observation.images.front": {"dtype": "image", "shape": [32, 48, 3]},
+    "is_success": {"dtype": "bool", "shape": [1]},
+}
 
 
 def test_lerobot_loads_our_v30_dataset_frame_for_frame(tmp_path):
@@ -138,11 +191,13 @@ def test_lerobot_loads_our_v30_dataset_frame_for_frame(tmp_path):
 def test_we_read_a_dataset_lerobot_wrote_frame_for_frame(tmp_path):
     python = _venv()
     eps = _source(1)
-    src = {"state": np.concatenate([e.frames["observation.state"] for e in eps]),
-           "image": np.concatenate([e.frames["observation.images.front"] for e in eps]),
-           "success": np.concatenate([e.frames["is_success"] for e in eps]),
-           "episode": np.repeat([e.episode_index for e in eps], [e.length for e in eps]),
-           "task": np.repeat([e.task for e in eps], [e.length for e in eps])}
+    src = {
+        "state": np.concatenate([e.frames["observation.state"] for e in eps]),
+        "image": np.concatenate([e.frames["observation.images.front"] for e in eps]),
+        "success": np.concatenate([e.frames["is_success"] for e in eps]),
+        "episode": np.repeat([e.episode_index for e in eps], [e.length for e in eps]),
+        "task": np.repeat([e.task for e in eps], [e.length for e in eps]),
+    }
     np.savez(tmp_path / "src.npz", **src)
     _run(python, WRITE_DRIVER, str(tmp_path / "theirs"), str(tmp_path / "src.npz"))
     ds = open_dataset(tmp_path / "theirs")

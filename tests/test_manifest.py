@@ -6,22 +6,44 @@ import json
 import shutil
 
 import pytest
-
 from bundlekit import flip_bit, run_cli, small_bundle
+
 from reproduction.errors import InputNotFoundError, InvalidInputError, UnsupportedFormatError
-from reproduction.release.manifest import (FileEntry, LayerEntry, Manifest, PrefixOccurrence, load_manifest,
-                                           write_manifest)
+from reproduction.release.manifest import (
+    FileEntry,
+    LayerEntry,
+    Manifest,
+    PrefixOccurrence,
+    load_manifest,
+    write_manifest,
+)
 
 SHA = "ab" * 32
 
 
 def _manifest() -> Manifest:
-    return Manifest(name="m", files=[FileEntry(path="runtime/py.tar.zst", size=10, sha256=SHA),
-                                     FileEntry(path="a/b.bin", size=0, sha256=SHA)],
-                    layers=[LayerEntry(archive="runtime/py.tar.zst", target="runtime/py", kind="runtime", order=0,
-                                       build_prefix="/opt/py", prefix_files=(PrefixOccurrence(path="bin/x", mode="text"),),
-                                       members=3, unpacked_size=7, tar_size=10240)],
-                    entry_config="a/b.bin", metadata={"description": "d"})
+    return Manifest(
+        name="m",
+        files=[
+            FileEntry(path="runtime/py.tar.zst", size=10, sha256=SHA),
+            FileEntry(path="a/b.bin", size=0, sha256=SHA),
+        ],
+        layers=[
+            LayerEntry(
+                archive="runtime/py.tar.zst",
+                target="runtime/py",
+                kind="runtime",
+                order=0,
+                build_prefix="/opt/py",
+                prefix_files=(PrefixOccurrence(path="bin/x", mode="text"),),
+                members=3,
+                unpacked_size=7,
+                tar_size=10240,
+            )
+        ],
+        entry_config="a/b.bin",
+        metadata={"description": "d"},
+    )
 
 
 def test_round_trip_and_sorted_files(tmp_path):
@@ -38,23 +60,30 @@ def _write(tmp_path, mutate) -> None:
     (tmp_path / "bundle.json").write_text(json.dumps(data))
 
 
-@pytest.mark.parametrize("mutate, field, text", [
-    (lambda d: d.update(format_version="2.0"), "format_version", "format_version '2.0' is not supported"),
-    (lambda d: d.update(format_version="banana"), "format_version", "is not supported"),
-    (lambda d: d.update(format="something-else"), "format", "field 'format' is 'something-else'"),
-    (lambda d: d.pop("files"), "manifest.files", "missing field 'files'"),
-    (lambda d: d.pop("name"), "manifest.name", "missing field 'name'"),
-    (lambda d: d["files"][0].update(size="10"), "files[0].size", "should be int"),
-    (lambda d: d["files"][0].update(sha256="xyz"), "files[0].sha256", "bad size or sha256"),
-    (lambda d: d["files"][1].update(path="../../etc/passwd"), "files[1].path", "not a clean relative path"),
-    (lambda d: d["files"][1].update(path="/etc/passwd"), "files[1].path", "not a clean relative path"),
-    (lambda d: d["layers"][0].update(kind="kernel"), "layers[0].kind", "kind 'kernel'"),
-    (lambda d: d["layers"][0].update(target="../out"), "layers[0].target", "not a clean relative path"),
-    (lambda d: d["layers"][0].update(build_prefix="relative"), "layers[0].build_prefix", "absolute path"),
-    (lambda d: d["layers"][0].update(members=-1), "layers[0].members", "non-negative integer"),
-    (lambda d: d["layers"][0]["prefix_files"][0].update(mode="magic"), "layers[0].prefix_files[0].mode", "mode 'magic'"),
-    (lambda d: d["layers"][0].update(archive="not/listed.tar.zst"), "layers.archive", "is not in files"),
-])
+@pytest.mark.parametrize(
+    "mutate, field, text",
+    [
+        (lambda d: d.update(format_version="2.0"), "format_version", "format_version '2.0' is not supported"),
+        (lambda d: d.update(format_version="banana"), "format_version", "is not supported"),
+        (lambda d: d.update(format="something-else"), "format", "field 'format' is 'something-else'"),
+        (lambda d: d.pop("files"), "manifest.files", "missing field 'files'"),
+        (lambda d: d.pop("name"), "manifest.name", "missing field 'name'"),
+        (lambda d: d["files"][0].update(size="10"), "files[0].size", "should be int"),
+        (lambda d: d["files"][0].update(sha256="xyz"), "files[0].sha256", "bad size or sha256"),
+        (lambda d: d["files"][1].update(path="../../etc/passwd"), "files[1].path", "not a clean relative path"),
+        (lambda d: d["files"][1].update(path="/etc/passwd"), "files[1].path", "not a clean relative path"),
+        (lambda d: d["layers"][0].update(kind="kernel"), "layers[0].kind", "kind 'kernel'"),
+        (lambda d: d["layers"][0].update(target="../out"), "layers[0].target", "not a clean relative path"),
+        (lambda d: d["layers"][0].update(build_prefix="relative"), "layers[0].build_prefix", "absolute path"),
+        (lambda d: d["layers"][0].update(members=-1), "layers[0].members", "non-negative integer"),
+        (
+            lambda d: d["layers"][0]["prefix_files"][0].update(mode="magic"),
+            "layers[0].prefix_files[0].mode",
+            "mode 'magic'",
+        ),
+        (lambda d: d["layers"][0].update(archive="not/listed.tar.zst"), "layers.archive", "is not in files"),
+    ],
+)
 def test_malformed_manifest_names_the_field(tmp_path, mutate, field, text):
     _write(tmp_path, mutate)
     with pytest.raises(InvalidInputError) as info:
@@ -89,7 +118,7 @@ def test_cli_refuses_unknown_version_with_exit_4_naming_the_field(tmp_path, comm
     done = run_cli(command, bundle)
     assert done.returncode == 4, done.stderr
     first = done.stderr.splitlines()[0]
-    assert first == f"error: manifest: format_version '9.1' is not supported (this portable reads 1.x)"
+    assert first == "error: manifest: format_version '9.1' is not supported (this portable reads 1.x)"
     assert done.stderr.splitlines()[1].startswith("hint: use the runner shipped inside the bundle")
     assert not (bundle / "source" / "project").exists()
 

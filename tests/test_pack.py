@@ -8,8 +8,8 @@ import tarfile
 
 import pytest
 import zstandard
-
 from bundlekit import QUIET, SMALL_SPEC, run_cli, small_bundle, small_sources
+
 from reproduction.errors import InputNotFoundError, InvalidInputError
 from reproduction.release.archive import FIXED_MTIME
 from reproduction.release.manifest import load_manifest
@@ -36,8 +36,15 @@ def test_layer_members_are_sorted_with_fixed_owner_and_time(tmp_path):
     members = _members(bundle / "source" / "project.tar.zst")
     names = [m[0] for m in members]
     assert names == sorted(names, key=lambda n: n.encode())
-    assert names == ["README.md", "recap", "recap/__init__.py", "recap/latest.py", "recap/stages",
-                     "recap/stages/returns.py", "recap/stages/value.py"]  # __pycache__ and *.pyc excluded
+    assert names == [
+        "README.md",
+        "recap",
+        "recap/__init__.py",
+        "recap/latest.py",
+        "recap/stages",
+        "recap/stages/returns.py",
+        "recap/stages/value.py",
+    ]  # __pycache__ and *.pyc excluded
     assert {(m[3], m[4], m[5], m[6], m[7]) for m in members} == {(FIXED_MTIME, 0, 0, "", "")}
     link = [m for m in members if m[0] == "recap/latest.py"][0]
     assert (link[1], link[8]) == (tarfile.SYMTYPE, "stages/returns.py")
@@ -51,11 +58,19 @@ def test_manifest_lists_every_file_and_is_written_last(tmp_path):
     on_disk = sorted(str(p.relative_to(bundle)) for p in bundle.rglob("*") if p.is_file())
     assert on_disk == sorted([e.path for e in manifest.files] + ["bundle.json"])
     assert not (tmp_path / "bundle.partial").exists()
-    assert {"weights/model.safetensors", "weights/tokenizer.json", "data/episodes.parquet", "config/run.json",
-            "reproduction/portable.py", "reproduction/release/restore.py"} <= {e.path for e in manifest.files}
+    assert {
+        "weights/model.safetensors",
+        "weights/tokenizer.json",
+        "data/episodes.parquet",
+        "config/run.json",
+        "reproduction/portable.py",
+        "reproduction/release/restore.py",
+    } <= {e.path for e in manifest.files}
     assert not any("__pycache__" in e.path for e in manifest.files)
     assert [(x.archive, x.target, x.kind, x.members) for x in manifest.layers] == [
-        ("source/project.tar.zst", "source/project", "source", 7), ("runtime/rt.tar.zst", "runtime/rt", "runtime", 9)]
+        ("source/project.tar.zst", "source/project", "source", 7),
+        ("runtime/rt.tar.zst", "runtime/rt", "runtime", 9),
+    ]
     assert manifest.layers[1].unpacked_size == sum(len(v) for v in __import__("bundlekit").RUNTIME_FILES.values())
     assert manifest.entry_config == "config/run.json"
     assert oct(os.stat(bundle / "bundle.json").st_mode & 0o777) == oct(0o644)
@@ -64,13 +79,19 @@ def test_manifest_lists_every_file_and_is_written_last(tmp_path):
 def test_configs_get_bundle_placeholders_for_packed_paths_only(tmp_path):
     bundle = small_bundle(tmp_path)
     config = json.loads((bundle / "config" / "run.json").read_text())
-    assert config == {"weights": "${BUNDLE}/weights/model.safetensors", "data": "${BUNDLE}/data",
-                      "elsewhere": "/usr/share/dict"}
+    assert config == {
+        "weights": "${BUNDLE}/weights/model.safetensors",
+        "data": "${BUNDLE}/data",
+        "elsewhere": "/usr/share/dict",
+    }
 
 
 def test_rewrite_config_matches_whole_path_components_longest_first():
     mapping = {"/a/b": "${BUNDLE}/x", "/a/b/c": "${BUNDLE}/y"}
-    assert rewrite_config("p=/a/b/c/d q=/a/b r=/a/bc s=/a/b/e", mapping) == "p=${BUNDLE}/y/d q=${BUNDLE}/x r=/a/bc s=${BUNDLE}/x/e"
+    assert (
+        rewrite_config("p=/a/b/c/d q=/a/b r=/a/bc s=/a/b/e", mapping)
+        == "p=${BUNDLE}/y/d q=${BUNDLE}/x r=/a/bc s=${BUNDLE}/x/e"
+    )
 
 
 def test_absolute_symlink_into_a_layer_becomes_relative(tmp_path):
@@ -80,7 +101,9 @@ def test_absolute_symlink_into_a_layer_becomes_relative(tmp_path):
     os.symlink(src / "lib" / "real.so", src / "lib" / "alias.so")
     (tmp_path / "s.toml").write_text(f'name = "s"\n[[layer]]\nsource = "{src}"\nkind = "runtime"\nname = "t"\n')
     pack_bundle(tmp_path / "s.toml", tmp_path / "b", ui=QUIET)
-    assert ("lib/alias.so", tarfile.SYMTYPE) in [(m[0], m[1]) for m in _members(tmp_path / "b" / "runtime" / "t.tar.zst")]
+    assert ("lib/alias.so", tarfile.SYMTYPE) in [
+        (m[0], m[1]) for m in _members(tmp_path / "b" / "runtime" / "t.tar.zst")
+    ]
     link = [m for m in _members(tmp_path / "b" / "runtime" / "t.tar.zst") if m[0] == "lib/alias.so"][0]
     assert link[8] == "real.so"
 
@@ -104,13 +127,16 @@ def test_fifo_in_a_layer_is_refused_naming_it(tmp_path):
         pack_bundle(tmp_path / "s.toml", tmp_path / "b", ui=QUIET)
 
 
-@pytest.mark.parametrize("spec, field", [
-    ('[[layer]]\nsource = "x"\n', "spec.name"),
-    ('name = "n"\n[[layer]]\nkind = "runtime"\n', "layer[0].source"),
-    ('name = "n"\n[[layer]]\nsource = "."\nkind = "weird"\n', "layer[0].kind"),
-    ('name = "n"\n[[file]]\nsource = "."\ndest = "../up"\n', "file[0].dest"),
-    ('name = 3\n', "spec.name"),
-])
+@pytest.mark.parametrize(
+    "spec, field",
+    [
+        ('[[layer]]\nsource = "x"\n', "spec.name"),
+        ('name = "n"\n[[layer]]\nkind = "runtime"\n', "layer[0].source"),
+        ('name = "n"\n[[layer]]\nsource = "."\nkind = "weird"\n', "layer[0].kind"),
+        ('name = "n"\n[[file]]\nsource = "."\ndest = "../up"\n', "file[0].dest"),
+        ("name = 3\n", "spec.name"),
+    ],
+)
 def test_spec_errors_name_the_field(tmp_path, spec, field):
     (tmp_path / "s.toml").write_text(spec)
     with pytest.raises(InvalidInputError) as info:

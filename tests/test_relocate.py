@@ -37,9 +37,11 @@ def test_scan_finds_each_kind_and_skips_the_rest(tmp_path: Path) -> None:
     prefix = str(tmp_path / "build")
     _tree(tmp_path / "build", prefix)
     found = scan_tree(tmp_path / "build", prefix + "/")
-    assert found == [PrefixOccurrence(path="bin/tool", mode="text"),
-                     PrefixOccurrence(path="lib/conf.pc", mode="text"),
-                     PrefixOccurrence(path="lib/data.bin", mode="binary")]
+    assert found == [
+        PrefixOccurrence(path="bin/tool", mode="text"),
+        PrefixOccurrence(path="lib/conf.pc", mode="text"),
+        PrefixOccurrence(path="lib/data.bin", mode="binary"),
+    ]
 
 
 def test_prefix_matches_whole_paths_only(tmp_path: Path) -> None:
@@ -159,12 +161,20 @@ def _build_elf_tree(root: Path, prefix: str, src: Path, dtags: str = "--enable-n
     (root / "bin").mkdir()
     src.mkdir(exist_ok=True)
     (src / "greet.c").write_text('const char *where = "%s/share";\nconst char *greet(void) { return "hi"; }\n' % prefix)
-    (src / "main.c").write_text('#include <stdio.h>\nconst char *greet(void);\nint main(void) { puts(greet()); return 0; }\n')
+    (src / "main.c").write_text(
+        "#include <stdio.h>\nconst char *greet(void);\nint main(void) { puts(greet()); return 0; }\n"
+    )
     flags = [f"-Wl,-rpath,{prefix}/lib", f"-Wl,{dtags}"]
-    subprocess.run([GCC, "-shared", "-fPIC", "-o", str(root / "lib" / "libgreet.so"), str(src / "greet.c"), *flags],
-                   check=True, timeout=120)
-    subprocess.run([GCC, "-o", str(root / "bin" / "greet"), str(src / "main.c"), f"-L{root / 'lib'}", "-lgreet", *flags],
-                   check=True, timeout=120)
+    subprocess.run(
+        [GCC, "-shared", "-fPIC", "-o", str(root / "lib" / "libgreet.so"), str(src / "greet.c"), *flags],
+        check=True,
+        timeout=120,
+    )
+    subprocess.run(
+        [GCC, "-o", str(root / "bin" / "greet"), str(src / "main.c"), f"-L{root / 'lib'}", "-lgreet", *flags],
+        check=True,
+        timeout=120,
+    )
 
 
 @needs_gcc
@@ -172,8 +182,10 @@ def test_elf_runpath_becomes_origin_relative_and_survives_moves(tmp_path: Path) 
     build = tmp_path / "build"
     _build_elf_tree(build, str(build), tmp_path / "src")
     occ = scan_tree(build, str(build))
-    assert occ == [PrefixOccurrence(path="bin/greet", mode="elf-runpath"),
-                   PrefixOccurrence(path="lib/libgreet.so", mode="elf-runpath")]
+    assert occ == [
+        PrefixOccurrence(path="bin/greet", mode="elf-runpath"),
+        PrefixOccurrence(path="lib/libgreet.so", mode="elf-runpath"),
+    ]
     exe_runpath = elf.search_paths((build / "bin" / "greet").read_bytes())
     assert [(p.tag, p.value) for p in exe_runpath] == [(elf.DT_RUNPATH, f"{build}/lib")]
 
@@ -196,13 +208,17 @@ def test_elf_runpath_becomes_origin_relative_and_survives_moves(tmp_path: Path) 
     ok = subprocess.run([str(short / "bin" / "greet")], capture_output=True, text=True, timeout=60, env=env)
     assert (ok.returncode, ok.stdout) == (0, "hi\n")
     if shutil.which("readelf"):
-        dyn = subprocess.run(["readelf", "-d", str(short / "bin" / "greet")], capture_output=True, text=True, timeout=60)
+        dyn = subprocess.run(
+            ["readelf", "-d", str(short / "bin" / "greet")], capture_output=True, text=True, timeout=60
+        )
         assert "Library runpath: [$ORIGIN/../lib]" in dyn.stdout
 
     again = tmp_path / "t"
     shutil.move(short, again)
     # Only the C string still names a prefix; the RUNPATH is $ORIGIN and is left alone.
-    assert relocate_tree(again, occ, str(short), str(again), build_prefix=str(build), fsync=False) == ["lib/libgreet.so"]
+    assert relocate_tree(again, occ, str(short), str(again), build_prefix=str(build), fsync=False) == [
+        "lib/libgreet.so"
+    ]
     ok = subprocess.run([str(again / "bin" / "greet")], capture_output=True, text=True, timeout=60, env=env)
     assert (ok.returncode, ok.stdout) == (0, "hi\n")
 
@@ -254,8 +270,12 @@ def test_debug_info_strings_fit_or_are_kept_but_loaded_strings_must_fit(tmp_path
     (build / "include" / "k.h").write_text("static inline int k(void) { return 7; }\n")
     (build / "k.c").write_text('#include "k.h"\nint kk(void) { return k(); }\n')
     so = build / "lib" / "libk.so"
-    subprocess.run([GCC, "-g", "-shared", "-fPIC", f"-I{build}/include", "-o", str(so), str(build / "k.c")],
-                   check=True, timeout=120, cwd=build)
+    subprocess.run(
+        [GCC, "-g", "-shared", "-fPIC", f"-I{build}/include", "-o", str(so), str(build / "k.c")],
+        check=True,
+        timeout=120,
+        cwd=build,
+    )
     assert scan_tree(build, str(build)) == [PrefixOccurrence(path="lib/libk.so", mode="binary")]
     occ = [PrefixOccurrence(path="lib/libk.so", mode="binary")]
     original = so.read_bytes()
@@ -276,7 +296,9 @@ def test_kept_debug_strings_catch_up_when_a_later_prefix_fits(tmp_path: Path) ->
     (build / "lib").mkdir(parents=True)
     (build / "k.c").write_text("int kk(void) { return 7; }\n")
     so = build / "lib" / "libk.so"
-    subprocess.run([GCC, "-g", "-shared", "-fPIC", "-o", str(so), str(build / "k.c")], check=True, timeout=120, cwd=build)
+    subprocess.run(
+        [GCC, "-g", "-shared", "-fPIC", "-o", str(so), str(build / "k.c")], check=True, timeout=120, cwd=build
+    )
     occ = scan_tree(build, str(build))
     longer = str(tmp_path / ("x" * 80))
     relocate_tree(build, occ, str(build), longer, build_prefix=str(build), fsync=False)
@@ -287,7 +309,9 @@ def test_kept_debug_strings_catch_up_when_a_later_prefix_fits(tmp_path: Path) ->
     assert str(build).encode() not in data and shorter.encode() in data
 
 
-def test_big_files_are_scanned_through_mmap_with_the_same_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_big_files_are_scanned_through_mmap_with_the_same_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from reproduction.release import relocate
 
     old = str(tmp_path / "build")
@@ -297,22 +321,28 @@ def test_big_files_are_scanned_through_mmap_with_the_same_result(tmp_path: Path,
     assert scan_tree(tmp_path / "build", old) == expected
 
 
-
 @needs_gcc
 def test_old_style_rpath_is_rewritten_too(tmp_path: Path) -> None:
     build = tmp_path / "build"
     _build_elf_tree(build, str(build), tmp_path / "src", dtags="--disable-new-dtags")
     (build / "lib" / "libgreet.so").unlink()  # keep only the executable; rebuild the lib without the C string
     (tmp_path / "src" / "plain.c").write_text('const char *greet(void) { return "hi"; }\n')
-    subprocess.run([GCC, "-shared", "-fPIC", "-o", str(build / "lib" / "libgreet.so"), str(tmp_path / "src" / "plain.c")],
-                   check=True, timeout=120)
+    subprocess.run(
+        [GCC, "-shared", "-fPIC", "-o", str(build / "lib" / "libgreet.so"), str(tmp_path / "src" / "plain.c")],
+        check=True,
+        timeout=120,
+    )
     occ = scan_tree(build, str(build))
     assert occ == [PrefixOccurrence(path="bin/greet", mode="elf-runpath")]
     moved = tmp_path / "m"
     shutil.move(build, moved)
     assert relocate_tree(moved, occ, str(build), str(moved), fsync=False) == ["bin/greet"]
-    assert [(p.tag, p.value) for p in elf.search_paths((moved / "bin" / "greet").read_bytes())] == [(elf.DT_RPATH, "$ORIGIN/../lib")]
-    ok = subprocess.run([str(moved / "bin" / "greet")], capture_output=True, text=True, timeout=60, env={"PATH": "/bin"})
+    assert [(p.tag, p.value) for p in elf.search_paths((moved / "bin" / "greet").read_bytes())] == [
+        (elf.DT_RPATH, "$ORIGIN/../lib")
+    ]
+    ok = subprocess.run(
+        [str(moved / "bin" / "greet")], capture_output=True, text=True, timeout=60, env={"PATH": "/bin"}
+    )
     assert (ok.returncode, ok.stdout) == (0, "hi\n")
 
 

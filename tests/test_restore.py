@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from bundlekit import QUIET, RUNTIME_FILES, flip_bit, run_cli, small_bundle, tree_snapshot
 
-from bundlekit import RUNTIME_FILES, QUIET, flip_bit, run_cli, small_bundle, tree_snapshot
 from reproduction.errors import InvalidInputError
 from reproduction.release.receipt import load_receipt
 from reproduction.release.restore import restore_bundle
@@ -68,7 +68,9 @@ def test_damaged_runtime_file_is_extracted_again(bundle):
     report = restore_bundle(bundle, ui=QUIET)
     assert (report.extracted, report.unchanged) == (["runtime/rt"], ["source/project"])
     assert (bundle / "runtime" / "rt" / "share" / "data.txt").read_bytes() == RUNTIME_FILES["share/data.txt"]
-    assert (bundle / "runtime" / "rt" / "lib" / "python" / "site.py").read_bytes() == RUNTIME_FILES["lib/python/site.py"]
+    assert (bundle / "runtime" / "rt" / "lib" / "python" / "site.py").read_bytes() == RUNTIME_FILES[
+        "lib/python/site.py"
+    ]
 
 
 def test_source_edits_are_kept_then_refresh_source_overwrites_and_names_them(bundle, packed):
@@ -83,8 +85,10 @@ def test_source_edits_are_kept_then_refresh_source_overwrites_and_names_them(bun
     assert edited.read_text() == "# my experiment\n"
     refreshed = run_cli("restore", "--refresh-source", bundle)
     assert refreshed.returncode == 0, refreshed.stderr
-    assert ("--refresh-source overwrote 2 locally edited file(s) in source/project: recap/stages/value.py, scratch.py"
-            in refreshed.stderr)
+    assert (
+        "--refresh-source overwrote 2 locally edited file(s) in source/project: recap/stages/value.py, scratch.py"
+        in refreshed.stderr
+    )
     assert tree_snapshot(bundle / "source" / "project") == _expected_source(packed)
     again = run_cli("restore", bundle)
     assert "locally edited" not in again.stderr and "unchanged source/project, runtime/rt" in again.stderr
@@ -117,7 +121,10 @@ def test_restore_after_moving_the_bundle(bundle, tmp_path):
     assert done.returncode == 0, done.stderr
     receipt = load_receipt(moved)
     assert receipt.bundle_path == str(moved.resolve())
-    assert {r.prefix for r in receipt.layers.values()} == {str(moved.resolve() / "source/project"), str(moved.resolve() / "runtime/rt")}
+    assert {r.prefix for r in receipt.layers.values()} == {
+        str(moved.resolve() / "source/project"),
+        str(moved.resolve() / "runtime/rt"),
+    }
     assert run_cli("verify", moved).returncode == 0
 
 
@@ -159,7 +166,9 @@ def test_without_any_zstd_the_error_says_what_to_install(packed, tmp_path):
     empty.mkdir()
     done = run_cli("restore", bundle, python=str(python), env={"PATH": str(empty)})
     assert done.returncode == 10
-    assert done.stderr.splitlines()[0].endswith("neither the Python module 'zstandard' nor the 'zstd' command is available")
+    assert done.stderr.splitlines()[0].endswith(
+        "neither the Python module 'zstandard' nor the 'zstd' command is available"
+    )
     assert "pip install zstandard" in done.stderr and "apt-get install zstd" in done.stderr
     assert not (bundle / "runtime" / "rt").exists() and not (bundle / "source" / "project").exists()
 
@@ -192,11 +201,18 @@ def test_demo_round_trip_without_torch(tmp_path):
     config = json.loads((restored / "config" / "demo.json").read_text())
     assert config["dataset"] == "${BUNDLE}/data/fetch_pick" and config["code"] == "${BUNDLE}/source/recap-demo"
     assert (restored / "source" / "recap-demo" / "recap_demo" / "stages.py").is_file()
-    code = ("import sys; from pathlib import Path; from reproduction.run.demo import run_demo; "
-            f"run_demo(Path({str(tmp_path / 'again')!r})); "
-            "print(','.join(m for m in ('torch', 'ray', 'transformers', 'pyarrow', 'numpy') if m in sys.modules))")
-    imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                              cwd=Path(__file__).resolve().parent.parent)
+    code = (
+        "import sys; from pathlib import Path; from reproduction.run.demo import run_demo; "
+        f"run_demo(Path({str(tmp_path / 'again')!r})); "
+        "print(','.join(m for m in ('torch', 'ray', 'transformers', 'pyarrow', 'numpy') if m in sys.modules))"
+    )
+    imported = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert imported.returncode == 0, imported.stderr
     assert imported.stdout.splitlines()[-1] == ""
 
@@ -223,6 +239,10 @@ def test_fetch_provenance_survives_restores(bundle):
     restore_bundle(bundle, deep=True, ui=QUIET)
     fetch = load_receipt(bundle).fetch
     assert {k: fetch[k] for k in ("repo", "repo_type", "revision", "commit")} == {
-        "repo": "lab/recap-demo", "repo_type": "model", "revision": "v1", "commit": "c0ffee" * 6 + "abcd"}
+        "repo": "lab/recap-demo",
+        "repo_type": "model",
+        "revision": "v1",
+        "commit": "c0ffee" * 6 + "abcd",
+    }
     assert fetch["time"].endswith("Z")
     assert run_cli("verify", bundle).returncode == 0  # .portable/ is local state, never "extra"

@@ -12,8 +12,8 @@ import sys
 import time
 
 import pytest
-
 from bundlekit import QUIET, SCRIPT, flip_bit, run_cli, small_bundle, tree_snapshot, write_tree
+
 from reproduction.release.lock import bundle_lock
 from reproduction.release.pack import pack_bundle
 from reproduction.release.receipt import load_receipt
@@ -38,13 +38,16 @@ def _targets(bundle):
     return {t: tree_snapshot(bundle / t) if (bundle / t).exists() else None for t in TARGETS}
 
 
-@pytest.mark.parametrize("damage, shown", [
-    (lambda b: flip_bit(b / "runtime" / "rt.tar.zst", 40, 5), "digest   runtime/rt.tar.zst"),
-    (lambda b: flip_bit(b / "weights" / "model.safetensors", 777, 0), "digest   weights/model.safetensors"),
-    (lambda b: os.truncate(b / "source" / "project.tar.zst", 100), "size     source/project.tar.zst"),
-    (lambda b: (b / "data" / "episodes.parquet").unlink(), "missing  data/episodes.parquet"),
-    (lambda b: (b / "weights" / "extra.bin").write_bytes(b"?"), "extra    weights/extra.bin"),
-])
+@pytest.mark.parametrize(
+    "damage, shown",
+    [
+        (lambda b: flip_bit(b / "runtime" / "rt.tar.zst", 40, 5), "digest   runtime/rt.tar.zst"),
+        (lambda b: flip_bit(b / "weights" / "model.safetensors", 777, 0), "digest   weights/model.safetensors"),
+        (lambda b: os.truncate(b / "source" / "project.tar.zst", 100), "size     source/project.tar.zst"),
+        (lambda b: (b / "data" / "episodes.parquet").unlink(), "missing  data/episodes.parquet"),
+        (lambda b: (b / "weights" / "extra.bin").write_bytes(b"?"), "extra    weights/extra.bin"),
+    ],
+)
 def test_bad_bytes_are_named_and_nothing_is_extracted(bundle, damage, shown):
     damage(bundle)
     done = run_cli("restore", bundle)
@@ -78,8 +81,10 @@ def killable(tmp_path_factory):
     files = {f"lib/p{i % 30}/m{i}.py": rng.randbytes(rng.randrange(200, 3000)) for i in range(1500)}
     write_tree(root / "src" / "rt", files)
     write_tree(root / "src" / "app", {"main.py": b"print('hi')\n", "pkg/util.py": b"x = 1\n"})
-    (root / "k.toml").write_text('name = "k"\nroot = "src"\n[[layer]]\nsource = "rt"\nkind = "runtime"\n'
-                                 '[[layer]]\nsource = "app"\nkind = "source"\n')
+    (root / "k.toml").write_text(
+        'name = "k"\nroot = "src"\n[[layer]]\nsource = "rt"\nkind = "runtime"\n'
+        '[[layer]]\nsource = "app"\nkind = "source"\n'
+    )
     pack_bundle(root / "k.toml", root / "bundle", ui=QUIET)
     reference = root / "reference"
     shutil.copytree(root / "bundle", reference, symlinks=True)
@@ -105,8 +110,12 @@ def test_kill_9_at_random_moments_never_exposes_a_partial_layer(killable, tmp_pa
         else:  # over an existing tree that must be replaced (a damaged runtime file forces re-extraction)
             (bundle / "runtime" / "rt" / "lib" / "p3" / "m3.py").write_bytes(b"damaged")
         old = {t: tree_snapshot(bundle / t) if (bundle / t).exists() else None for t in reference}
-        proc = subprocess.Popen([sys.executable, str(SCRIPT), "restore", str(bundle)], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, env={**os.environ, "PORTABLE_NO_PROGRESS": "1"})
+        proc = subprocess.Popen(
+            [sys.executable, str(SCRIPT), "restore", str(bundle)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "PORTABLE_NO_PROGRESS": "1"},
+        )
         time.sleep(rng.uniform(0.0, full * 1.1))
         proc.send_signal(signal.SIGKILL)
         outcomes["finished" if proc.wait(timeout=60) == 0 else "killed"] += 1
@@ -131,20 +140,35 @@ def _limited(limit: int):
 
 
 def test_file_size_limit_fails_cleanly_and_keeps_the_previous_state(bundle):
-    first = subprocess.run([sys.executable, str(SCRIPT), "restore", str(bundle)], capture_output=True, text=True,
-                           preexec_fn=_limited(8192), timeout=120, env={**os.environ, "PORTABLE_NO_PROGRESS": "1"})
+    first = subprocess.run(
+        [sys.executable, str(SCRIPT), "restore", str(bundle)],
+        capture_output=True,
+        text=True,
+        preexec_fn=_limited(8192),
+        timeout=120,
+        env={**os.environ, "PORTABLE_NO_PROGRESS": "1"},
+    )
     assert first.returncode == 8, first.stderr
     lines = first.stderr.splitlines()
     assert len(lines) == 2 and lines[0].startswith("error: cannot write ") and "file size limit" in lines[0]
-    assert lines[1] == "hint: free some space (or raise the limit) and run `portable restore` again; the previous state is kept"
+    assert (
+        lines[1]
+        == "hint: free some space (or raise the limit) and run `portable restore` again; the previous state is kept"
+    )
     assert _targets(bundle) == {t: None for t in TARGETS}
     assert not (bundle / ".portable" / "staging").exists()
 
     restore_bundle(bundle, ui=QUIET)
     (bundle / "runtime" / "rt" / "share" / "data.txt").unlink()  # forces the runtime layer to be extracted again
     before, receipt = _targets(bundle), (bundle / ".portable" / "receipt.json").read_bytes()
-    again = subprocess.run([sys.executable, str(SCRIPT), "restore", str(bundle)], capture_output=True, text=True,
-                           preexec_fn=_limited(8192), timeout=120, env={**os.environ, "PORTABLE_NO_PROGRESS": "1"})
+    again = subprocess.run(
+        [sys.executable, str(SCRIPT), "restore", str(bundle)],
+        capture_output=True,
+        text=True,
+        preexec_fn=_limited(8192),
+        timeout=120,
+        env={**os.environ, "PORTABLE_NO_PROGRESS": "1"},
+    )
     assert again.returncode == 8, again.stderr
     assert _targets(bundle) == before
     assert (bundle / ".portable" / "receipt.json").read_bytes() == receipt
@@ -171,8 +195,10 @@ def test_a_second_restore_exits_7_while_the_lock_is_held(bundle):
     with bundle_lock(bundle, what="test holding the lock"):
         done = run_cli("restore", bundle)
     assert done.returncode == 7
-    assert done.stderr.splitlines()[0] == (f"error: {bundle}: another portable process (pid {os.getpid()}: test holding the lock) "
-                                           "is working on this bundle; refusing to restore at the same time")
+    assert done.stderr.splitlines()[0] == (
+        f"error: {bundle}: another portable process (pid {os.getpid()}: test holding the lock) "
+        "is working on this bundle; refusing to restore at the same time"
+    )
     assert _targets(bundle) == {t: None for t in TARGETS}
     assert run_cli("restore", bundle).returncode == 0  # released with the holder
 
@@ -182,9 +208,16 @@ def test_two_concurrent_restores_never_interleave(killable, tmp_path):
     for attempt in range(3):
         bundle = tmp_path / f"b{attempt}"
         shutil.copytree(packed, bundle, symlinks=True)
-        procs = [subprocess.Popen([sys.executable, str(SCRIPT), "restore", str(bundle)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env={**os.environ, "PORTABLE_NO_PROGRESS": "1"})
-                 for _ in range(2)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(SCRIPT), "restore", str(bundle)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "PORTABLE_NO_PROGRESS": "1"},
+            )
+            for _ in range(2)
+        ]
         results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
         for p in procs:
             p.stdout.close()

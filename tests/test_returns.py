@@ -51,23 +51,30 @@ def frames_table(lengths, success, rng, *, shuffle=True):
     fr = np.concatenate([np.arange(n) for n in lengths.values()]).astype(np.int64)
     ok = np.concatenate([np.full(n, success[e]) for e, n in lengths.items()])
     order = rng.permutation(ep.size) if shuffle else np.arange(ep.size)
-    return pa.table({"episode_index": ep[order], "frame_index": fr[order], "is_success": ok[order],
-                     "task_index": (ep[order] % 3)})
+    return pa.table(
+        {"episode_index": ep[order], "frame_index": fr[order], "is_success": ok[order], "task_index": (ep[order] % 3)}
+    )
 
 
 @settings(max_examples=60, deadline=None)
-@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=12),
-       ids=st.lists(st.integers(0, 10_000), min_size=12, max_size=12, unique=True),
-       successes=st.lists(st.booleans(), min_size=12, max_size=12),
-       gamma=st.sampled_from([1.0, 0.99, 0.9, 0.5]),
-       failure=st.sampled_from([-300.0, -50.0, -1.0]),
-       kind=st.sampled_from(["sft", "rollout"]), seed=st.integers(0, 2**16))
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=12),
+    ids=st.lists(st.integers(0, 10_000), min_size=12, max_size=12, unique=True),
+    successes=st.lists(st.booleans(), min_size=12, max_size=12),
+    gamma=st.sampled_from([1.0, 0.99, 0.9, 0.5]),
+    failure=st.sampled_from([-300.0, -50.0, -1.0]),
+    kind=st.sampled_from(["sft", "rollout"]),
+    seed=st.integers(0, 2**16),
+)
 def test_returns_match_plain_loop(lengths, ids, successes, gamma, failure, kind, seed):
     lens = {ids[i]: n for i, n in enumerate(lengths)}
     succ = {ids[i]: (successes[i] or kind == "sft") for i in range(len(lengths))}
-    table = frames_table(lens, {e: successes[i] for i, e in enumerate(ids[:len(lengths)])}, np.random.default_rng(seed))
-    out = compute_returns_table(table, ReturnsConfig(gamma=gamma, failure_reward=failure, dataset_type=kind),
-                                tasks={0: "a", 1: "b", 2: "c"})
+    table = frames_table(
+        lens, {e: successes[i] for i, e in enumerate(ids[: len(lengths)])}, np.random.default_rng(seed)
+    )
+    out = compute_returns_table(
+        table, ReturnsConfig(gamma=gamma, failure_reward=failure, dataset_type=kind), tasks={0: "a", 1: "b", 2: "c"}
+    )
     ref = reference_returns(lens, succ, gamma, failure)
     ep, fr = out.column("episode_index").to_numpy(), out.column("frame_index").to_numpy()
     assert list(zip(ep.tolist(), fr.tolist())) == sorted(ref)  # sorted by (episode, frame)
@@ -97,9 +104,11 @@ def test_sort_frames_says_none_for_sorted_rows_and_sorts_the_rest():
     order, starts, ends = sorted_bounds(ep, fr)
     assert order is None and starts.tolist() == [0, 3, 5] and ends.tolist() == [3, 5, 6]
     assert sort_frames(ep[:1], fr[:1]) is None and sort_frames(ep[:0], fr[:0]) is None
-    for e, f in [([0, 0, 0], [0, 2, 1]),  # a frame goes back inside an episode
-                 ([1, 1, 0], [0, 1, 0]),  # episodes out of order
-                 ([0, 1, 0], [0, 0, 1])]:  # an episode split in two runs
+    for e, f in [
+        ([0, 0, 0], [0, 2, 1]),  # a frame goes back inside an episode
+        ([1, 1, 0], [0, 1, 0]),  # episodes out of order
+        ([0, 1, 0], [0, 0, 1]),
+    ]:  # an episode split in two runs
         e, f = np.array(e, np.int64), np.array(f, np.int64)
         order, starts, ends = sorted_bounds(e, f)
         keys = list(zip(e[order].tolist(), f[order].tolist()))
@@ -126,17 +135,33 @@ def test_duplicate_frames_and_missing_success_are_refused():
 def _episodes(spec):
     rng = np.random.default_rng(1)
     for ep, n, ok in spec:
-        yield EpisodeData(episode_index=ep, task=f"task {ep % 2}",
-                          frames={"observation.state": rng.normal(size=(n, 2)).astype(np.float32),
-                                  "is_success": np.full(n, ok)})
+        yield EpisodeData(
+            episode_index=ep,
+            task=f"task {ep % 2}",
+            frames={"observation.state": rng.normal(size=(n, 2)).astype(np.float32), "is_success": np.full(n, ok)},
+        )
 
 
 def test_cli_writes_rlinf_sidecar_and_refuses_a_refiltered_dataset(tmp_path):
     spec = [(2, 5, True), (7, 3, False), (9, 4, True)]
     root = write_dataset(tmp_path / "libero", _episodes(spec), fps=10, features=FEATURES)
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "reproduction.recap.returns", "--dataset", str(root), "--out", str(run),
-           "--tag", "fail300", "--type", "rollout", "--failure-reward", "-300", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "reproduction.recap.returns",
+        "--dataset",
+        str(root),
+        "--out",
+        str(run),
+        "--tag",
+        "fail300",
+        "--type",
+        "rollout",
+        "--failure-reward",
+        "-300",
+        "--json",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
@@ -152,8 +177,9 @@ def test_cli_writes_rlinf_sidecar_and_refuses_a_refiltered_dataset(tmp_path):
     assert json.loads((run / "libero" / "stats.json").read_text())["reward"]["min"] == -300.0
     assert not (root / "meta" / "returns_fail300.parquet").exists()  # the dataset stays untouched
     # The same sidecar against a refiltered dataset (episode 7 dropped) is refused, naming both fingerprints.
-    refiltered = write_dataset(tmp_path / "refiltered", _episodes([s for s in spec if s[0] != 7]), fps=10,
-                               features=FEATURES)
+    refiltered = write_dataset(
+        tmp_path / "refiltered", _episodes([s for s in spec if s[0] != 7]), fps=10, features=FEATURES
+    )
     other = open_dataset(refiltered).fingerprint
     with pytest.raises(FingerprintMismatchError) as info:
         read_returns(run, "fail300", expect_fingerprint=other, dataset_name="libero")
@@ -168,8 +194,22 @@ def test_cli_refuses_rollout_without_success_column(tmp_path):
     feats = {"observation.state": {"dtype": "float32", "shape": [2]}}
     eps = [EpisodeData(episode_index=0, task="t", frames={"observation.state": np.zeros((3, 2), np.float32)})]
     root = write_dataset(tmp_path / "demo", eps, fps=10, features=feats)
-    proc = subprocess.run([sys.executable, "-m", "reproduction.recap.returns", "--dataset", str(root), "--out",
-                           str(tmp_path / "run"), "--type", "rollout"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reproduction.recap.returns",
+            "--dataset",
+            str(root),
+            "--out",
+            str(tmp_path / "run"),
+            "--type",
+            "rollout",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 40
     assert "rollout data needs an is_success column" in proc.stderr and "hint: pass --type sft" in proc.stderr
     assert not (tmp_path / "run" / "demo" / "returns.parquet").exists()
@@ -193,7 +233,9 @@ def _split_data_file(root, groups):
         p.unlink()
     ep = table.column("episode_index").to_numpy()
     for i, group in enumerate(groups):
-        pq.write_table(table.filter(pa.array(np.isin(ep, group))), root / "data" / "chunk-000" / f"file-{i:03d}.parquet")
+        pq.write_table(
+            table.filter(pa.array(np.isin(ep, group))), root / "data" / "chunk-000" / f"file-{i:03d}.parquet"
+        )
 
 
 def test_returns_stream_file_by_file_and_equal_the_whole_table(tmp_path, monkeypatch):
@@ -202,12 +244,16 @@ def test_returns_stream_file_by_file_and_equal_the_whole_table(tmp_path, monkeyp
     spec = [(e, n, e % 3 != 0) for e, n in zip(range(0, 24, 2), [5, 9, 1, 14, 3, 8, 2, 11, 6, 4, 7, 10])]
     root = write_dataset(tmp_path / "multi", _episodes(spec), fps=10, features=FEATURES)
     _split_data_file(root, [[0, 2, 4], [6, 8], [10, 12, 14, 16], [18, 20, 22]])  # increasing ranges
-    whole = compute_returns_table(open_dataset(root).frame_table(["episode_index", "frame_index", "task_index",
-                                                                   "is_success"]),
-                                  ReturnsConfig(dataset_type="rollout"), tasks=open_dataset(root).tasks)
+    whole = compute_returns_table(
+        open_dataset(root).frame_table(["episode_index", "frame_index", "task_index", "is_success"]),
+        ReturnsConfig(dataset_type="rollout"),
+        tasks=open_dataset(root).tasks,
+    )
     seen = []
     real = returns_mod.compute_returns_table
-    monkeypatch.setattr(returns_mod, "compute_returns_table", lambda t, *a, **k: seen.append(t.num_rows) or real(t, *a, **k))
+    monkeypatch.setattr(
+        returns_mod, "compute_returns_table", lambda t, *a, **k: seen.append(t.num_rows) or real(t, *a, **k)
+    )
     [result] = compute_returns([root], tmp_path / "run", ReturnsConfig(dataset_type="rollout"))
     assert seen == [5 + 9 + 1, 14 + 3, 8 + 2 + 11 + 6, 4 + 7 + 10]  # one data file at a time
     streamed = pq.read_table(result.sidecar)
@@ -227,7 +273,9 @@ def test_returns_fall_back_to_one_sort_when_files_interleave_episodes(tmp_path, 
     assert not returns_mod.files_in_episode_order(open_dataset(root).data_files)
     seen = []
     real = returns_mod.compute_returns_table
-    monkeypatch.setattr(returns_mod, "compute_returns_table", lambda t, *a, **k: seen.append(t.num_rows) or real(t, *a, **k))
+    monkeypatch.setattr(
+        returns_mod, "compute_returns_table", lambda t, *a, **k: seen.append(t.num_rows) or real(t, *a, **k)
+    )
     [result] = compute_returns([root], tmp_path / "run", ReturnsConfig())
     assert seen == [27]
     table = pq.read_table(result.sidecar)
@@ -241,8 +289,10 @@ def test_a_failing_chunk_leaves_no_sidecar(tmp_path):
     _split_data_file(root, [[0], [1]])
     second = root / "data" / "chunk-000" / "file-001.parquet"
     t = pq.read_table(second)
-    pq.write_table(t.set_column(t.schema.get_field_index("is_success"), "is_success",
-                                pa.array([True, None, False], pa.bool_())), second)
+    pq.write_table(
+        t.set_column(t.schema.get_field_index("is_success"), "is_success", pa.array([True, None, False], pa.bool_())),
+        second,
+    )
     with pytest.raises(DatasetError, match="is_success has 1 missing values"):
         compute_returns([root], tmp_path / "run", ReturnsConfig(dataset_type="rollout"))
     assert not list((tmp_path / "run").rglob("*.parquet"))  # neither the sidecar nor a temporary file

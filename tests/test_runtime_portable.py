@@ -39,7 +39,9 @@ SHORT_LEN = len("/tmp/rpXXXXXXXX/runtime/py")  # where the "shorter" cases resto
 if GCC is None or not BASE_PY.is_file() or not sysconfig.get_config_var("Py_ENABLE_SHARED"):
     pytest.skip("needs gcc and a shared-library CPython at sys.base_prefix", allow_module_level=True)
 if PY_PREFIX in ("/usr", "/usr/local") or len(PY_PREFIX) <= SHORT_LEN:
-    pytest.skip(f"sys.base_prefix {PY_PREFIX} is a system prefix or too short to restore shorter", allow_module_level=True)
+    pytest.skip(
+        f"sys.base_prefix {PY_PREFIX} is a system prefix or too short to restore shorter", allow_module_level=True
+    )
 
 PURE_PYPROJECT = """\
 [build-system]
@@ -79,7 +81,9 @@ print(json.dumps({"maps": maps, "prefix": sys.prefix, "base_prefix": sys.base_pr
 """
 
 
-def _run(cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def _run(
+    cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
 
 
@@ -97,14 +101,34 @@ def _build_venv(work: Path) -> Path:
     (work / "src" / "cextpkg" / "setup.py").write_text(CEXT_SETUP)
     (work / "src" / "cextpkg" / "cextpkg.c").write_text(CEXT_C % ("cextpkg", "cextpkg"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    wheels = _run([*pip, "wheel", "--no-index", "--no-build-isolation", "--no-deps", "-w", work / "wheels",
-                   work / "src" / "purepkg", work / "src" / "cextpkg"])
+    wheels = _run(
+        [
+            *pip,
+            "wheel",
+            "--no-index",
+            "--no-build-isolation",
+            "--no-deps",
+            "-w",
+            work / "wheels",
+            work / "src" / "purepkg",
+            work / "src" / "cextpkg",
+        ]
+    )
     assert wheels.returncode == 0, wheels.stderr
     venv = work / "venv"
     made = _run([BASE_PY, "-m", "venv", "--copies", "--without-pip", venv], env=CLEAN_ENV)
     assert made.returncode == 0, made.stderr
-    installed = _run([*pip, "--python", venv / "bin" / "python", "install", "--no-index", "--no-deps",
-                      *sorted((work / "wheels").glob("*.whl"))])
+    installed = _run(
+        [
+            *pip,
+            "--python",
+            venv / "bin" / "python",
+            "install",
+            "--no-index",
+            "--no-deps",
+            *sorted((work / "wheels").glob("*.whl")),
+        ]
+    )
     assert installed.returncode == 0, installed.stderr
     return venv
 
@@ -131,8 +155,15 @@ def _check_runtime(bundle: Path, tmp: Path) -> None:
     """The restored runtime works from `bundle` alone, in an environment that knows nothing else."""
     py, venv = bundle / "runtime" / "py", bundle / "runtime" / "venv"
     env = {**CLEAN_ENV, "HOME": str(tmp)}
-    base = _run([py / "bin" / "python3", "-c", "import sys, sysconfig, json; print(json.dumps([sys.prefix, sys.path, "
-                 "sysconfig.get_paths()['include'], sysconfig.get_config_var('LIBDIR')]))"], env=env)
+    base = _run(
+        [
+            py / "bin" / "python3",
+            "-c",
+            "import sys, sysconfig, json; print(json.dumps([sys.prefix, sys.path, "
+            "sysconfig.get_paths()['include'], sysconfig.get_config_var('LIBDIR')]))",
+        ],
+        env=env,
+    )
     assert base.returncode == 0, base.stderr
     prefix, path, include, libdir = json.loads(base.stdout)
     assert (prefix, include, libdir) == (str(py), f"{py}/include/python{PY_VER}", f"{py}/lib")
@@ -157,15 +188,23 @@ def _check_runtime(bundle: Path, tmp: Path) -> None:
     fresh = tmp / "fresh"
     fresh.mkdir(exist_ok=True)
     (fresh / "freshext.c").write_text(CEXT_C % ("freshext", "freshext"))
-    built = _run([GCC, "-shared", "-fPIC", f"-I{got['include']}", "-o", fresh / f"freshext{got['suffix']}", fresh / "freshext.c"])
+    built = _run(
+        [GCC, "-shared", "-fPIC", f"-I{got['include']}", "-o", fresh / f"freshext{got['suffix']}", fresh / "freshext.c"]
+    )
     assert built.returncode == 0, built.stderr
-    loaded = _run([venv / "bin" / "python", "-c", "import freshext; print(freshext.add(2, 3), freshext.__file__)"], env=env, cwd=fresh)
+    loaded = _run(
+        [venv / "bin" / "python", "-c", "import freshext; print(freshext.add(2, 3), freshext.__file__)"],
+        env=env,
+        cwd=fresh,
+    )
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout == f"5 {fresh}/freshext{got['suffix']}\n"
 
     runpath = elf.search_paths((py / "bin" / f"python{PY_VER}").read_bytes())
     assert [p.value for p in runpath] == ["$ORIGIN/../lib"]
-    assert [p.value for p in elf.search_paths((venv / "bin" / f"python{PY_VER}").read_bytes())] == ["$ORIGIN/../../py/lib"]
+    assert [p.value for p in elf.search_paths((venv / "bin" / f"python{PY_VER}").read_bytes())] == [
+        "$ORIGIN/../../py/lib"
+    ]
     _probe_toolchain(venv / "bin" / "python", env)
 
 
@@ -183,7 +222,12 @@ def _recorded_files(bundle: Path) -> list[str]:
     """Bundle-relative paths of every file a layer records as holding a build prefix."""
     manifest = load_manifest(bundle)
     rels = {f"{layer.target}/{o.path}" for layer in manifest.layers for o in layer.prefix_files}
-    rels |= {f"{layer.target}/{o.path}" for layer in manifest.layers for occ in layer.foreign_prefix_files.values() for o in occ}
+    rels |= {
+        f"{layer.target}/{o.path}"
+        for layer in manifest.layers
+        for occ in layer.foreign_prefix_files.values()
+        for o in occ
+    }
     return sorted(rels)
 
 
@@ -224,7 +268,12 @@ def _assert_only_harmless_leftovers(bundle: Path, leftovers: dict[str, list[int]
 def test_manifest_records_where_each_build_prefix_occurs(packed: dict[str, Path]) -> None:
     manifest = load_manifest(packed["bundle"])
     py, venv = manifest.layers
-    assert (py.target, py.build_prefix, venv.target, venv.build_prefix) == ("runtime/py", PY_PREFIX, "runtime/venv", str(packed["venv"]))
+    assert (py.target, py.build_prefix, venv.target, venv.build_prefix) == (
+        "runtime/py",
+        PY_PREFIX,
+        "runtime/venv",
+        str(packed["venv"]),
+    )
     modes = {o.path: o.mode for o in py.prefix_files}
     stdlib = f"lib/python{PY_VER}"
     assert modes[f"bin/python{PY_VER}"] == "elf-runpath"

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 import train_tiny
+
 from reproduction.errors import CheckpointError, ConfigError
 from reproduction.train import checkpoint, data_order
 from reproduction.train.api import train
@@ -36,14 +36,17 @@ def _weights(out: Path) -> dict[str, torch.Tensor]:
 # -- config ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kw, field, words", [
-    (dict(global_batch=6, micro_batch=2, world_size=2), "global_batch", "2 x 2 = 4"),
-    (dict(save_interval=3, eval_interval=2), "save_interval", "not a multiple of eval_interval=2"),
-    (dict(launcher="inprocess", world_size=2), "launcher", "world_size=2"),
-    (dict(device="tpu"), "device", "'tpu'"),
-    (dict(mixed_precision="fp16"), "mixed_precision", "'fp16'"),
-    (dict(micro_batch=0), "micro_batch", "micro_batch=0"),
-])
+@pytest.mark.parametrize(
+    "kw, field, words",
+    [
+        (dict(global_batch=6, micro_batch=2, world_size=2), "global_batch", "2 x 2 = 4"),
+        (dict(save_interval=3, eval_interval=2), "save_interval", "not a multiple of eval_interval=2"),
+        (dict(launcher="inprocess", world_size=2), "launcher", "world_size=2"),
+        (dict(device="tpu"), "device", "'tpu'"),
+        (dict(mixed_precision="fp16"), "mixed_precision", "'fp16'"),
+        (dict(micro_batch=0), "micro_batch", "micro_batch=0"),
+    ],
+)
 def test_config_rejects_and_names_the_field(kw, field, words):
     with pytest.raises(ConfigError) as info:
         TrainConfig(max_steps=1, **kw)
@@ -67,14 +70,27 @@ def test_data_order_is_world_size_invariant_and_covers_each_epoch_once():
     per_epoch = data_order.steps_per_epoch(n, gb)
     assert per_epoch == 6
     for step in (0, 5, 6, 13):
-        one = np.concatenate([i for i, _ in data_order.micro_batches(step, seed=1, n=n, global_batch=gb, micro_batch=2,
-                                                                     rank=0, world_size=1)])
-        ranks = [data_order.micro_batches(step, seed=1, n=n, global_batch=gb, micro_batch=2, rank=r, world_size=2)
-                 for r in range(2)]
+        one = np.concatenate(
+            [
+                i
+                for i, _ in data_order.micro_batches(
+                    step, seed=1, n=n, global_batch=gb, micro_batch=2, rank=0, world_size=1
+                )
+            ]
+        )
+        ranks = [
+            data_order.micro_batches(step, seed=1, n=n, global_batch=gb, micro_batch=2, rank=r, world_size=2)
+            for r in range(2)
+        ]
         two = np.concatenate([ranks[r][a][0] for a in range(2) for r in range(2)])
         assert np.array_equal(one, two), step  # the same global batch in the same order
-    epoch0 = np.concatenate([i for s in range(per_epoch) for i, _ in data_order.micro_batches(
-        s, seed=1, n=n, global_batch=gb, micro_batch=4, rank=0, world_size=1)])
+    epoch0 = np.concatenate(
+        [
+            i
+            for s in range(per_epoch)
+            for i, _ in data_order.micro_batches(s, seed=1, n=n, global_batch=gb, micro_batch=4, rank=0, world_size=1)
+        ]
+    )
     assert len(set(epoch0.tolist())) == per_epoch * gb  # no sample twice within an epoch
     assert not np.array_equal(data_order.epoch_order(1, 0, n), data_order.epoch_order(1, 1, n))
     assert np.array_equal(data_order.epoch_order(1, 0, n, shuffle=False), np.arange(n))
@@ -89,8 +105,14 @@ def test_eval_shards_partition_the_eval_set_without_padding():
     from reproduction.train.task import EvalContext
 
     for world in (1, 2, 3, 7):
-        parts = [list(EvalContext(rank=r, world_size=world, device=torch.device("cpu"), step=0,
-                                  all_gather=lambda a: a).shard(20)) for r in range(world)]
+        parts = [
+            list(
+                EvalContext(rank=r, world_size=world, device=torch.device("cpu"), step=0, all_gather=lambda a: a).shard(
+                    20
+                )
+            )
+            for r in range(world)
+        ]
         assert sum(parts, []) == list(range(20)), world
 
 
@@ -98,8 +120,12 @@ def test_eval_shards_partition_the_eval_set_without_padding():
 
 
 def test_run_logs_evaluates_saves_exports(tmp_path):
-    result = train(functools.partial(train_tiny.make_task, dropout=0.1), _inproc(max_steps=10, keep_last=2),
-                   out_dir=tmp_path, resume=False)
+    result = train(
+        functools.partial(train_tiny.make_task, dropout=0.1),
+        _inproc(max_steps=10, keep_last=2),
+        out_dir=tmp_path,
+        resume=False,
+    )
     assert result.step == 10 and result.resumed_from is None and result.skipped_steps == 0
     root = tmp_path / "checkpoints"
     assert checkpoint.complete_steps(root) == [8, 10]  # save_interval 4 + the last step; keep_last 2
@@ -115,8 +141,9 @@ def test_run_logs_evaluates_saves_exports(tmp_path):
     assert result.eval_metrics["count"] == train_tiny.N_EVAL
     tb_loss = train_tiny.tb_scalars(tmp_path, "train/loss")  # TensorBoard's own reader: every logged step once
     assert [s for s, _ in tb_loss] == list(range(1, 11))
-    assert [v for _, v in tb_loss] == pytest.approx([r["metrics"]["loss"] for r in records if r["split"] == "train"],
-                                                     rel=1e-6)  # stored as float32
+    assert [v for _, v in tb_loss] == pytest.approx(
+        [r["metrics"]["loss"] for r in records if r["split"] == "train"], rel=1e-6
+    )  # stored as float32
     assert [s for s, _ in train_tiny.tb_scalars(tmp_path, "eval/mse")] == [2, 4, 6, 8, 10]
     assert [s for s, _ in train_tiny.tb_scalars(tmp_path, "checkpoint/save_s")] == [4, 8, 10]
     warm = [r["metrics"]["lr_factor"] for r in records if r["split"] == "train"][:4]
@@ -124,21 +151,29 @@ def test_run_logs_evaluates_saves_exports(tmp_path):
     export = sorted(p.name for p in result.export_dir.iterdir())
     assert export == ["model.safetensors", "model_config.json", "task.json", "train_config.json"]
     weights = _weights(tmp_path)
-    assert set(weights) == {"body.0.weight", "body.0.bias", "body.3.weight", "body.3.bias",
-                            "value_head.weight", "value_head.bias"}
+    assert set(weights) == {
+        "body.0.weight",
+        "body.0.bias",
+        "body.3.weight",
+        "body.3.bias",
+        "value_head.weight",
+        "value_head.bias",
+    }
     model = train_tiny.MLP(0.0, 1.0)
     checkpoint.load_strict(model, weights)
     with pytest.raises(CheckpointError, match=r"missing \['value_head.bias'\].*unexpected \['extra'\]"):
-        checkpoint.load_strict(model, {**{k: v for k, v in weights.items() if k != "value_head.bias"},
-                                       "extra": torch.zeros(1)})
+        checkpoint.load_strict(
+            model, {**{k: v for k, v in weights.items() if k != "value_head.bias"}, "extra": torch.zeros(1)}
+        )
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])  # bf16 goes through FSDP2's MixedPrecisionPolicy
 def test_resume_continues_bit_identically_in_process(tmp_path, precision):
     task = functools.partial(train_tiny.make_task, dropout=0.2)  # dropout: the torch RNG must carry over
     train(task, _inproc(max_steps=12, mixed_precision=precision), out_dir=tmp_path / "straight", resume=False)
-    first = train(task, _inproc(max_steps=6, save_interval=2, mixed_precision=precision), out_dir=tmp_path / "cut",
-                  resume=True)
+    first = train(
+        task, _inproc(max_steps=6, save_interval=2, mixed_precision=precision), out_dir=tmp_path / "cut", resume=True
+    )
     assert first.resumed_from is None
     # drop step 6 so the resume starts from step 4 and must cut steps 5-6 out of the log
     shutil.rmtree(tmp_path / "cut" / "checkpoints" / "step_6")
@@ -182,8 +217,12 @@ def test_setup_heap_is_frozen_during_the_loop_and_released_after(tmp_path):
     loop keeps that heap out of the collector while it runs, and hands the caller's heap back."""
     before = gc.get_freeze_count()
     frozen: list[int] = []
-    train(functools.partial(_freeze_probe, frozen), _inproc(max_steps=3, save_interval=0, eval_interval=0),
-          out_dir=tmp_path, resume=False)
+    train(
+        functools.partial(_freeze_probe, frozen),
+        _inproc(max_steps=3, save_interval=0, eval_interval=0),
+        out_dir=tmp_path,
+        resume=False,
+    )
     assert len(frozen) == 12  # 3 steps x 4 micro batches
     assert min(frozen) > 10_000  # torch alone leaves far more long-lived objects than this
     assert gc.get_freeze_count() == before
@@ -269,7 +308,10 @@ def test_progress_view_tails_the_jsonl_of_a_ray_run(tmp_path):
     bar = _FakeBar()
     view = _ProgressView(bar, log, _inproc(max_steps=24), None)
     t = view.started
-    lines = [json.dumps(_train_record(9, t + 1, samples_per_s=16.0)), json.dumps(_train_record(10, t + 3, samples_per_s=8.0))]
+    lines = [
+        json.dumps(_train_record(9, t + 1, samples_per_s=16.0)),
+        json.dumps(_train_record(10, t + 3, samples_per_s=8.0)),
+    ]
     with open(log, "a") as fh:
         fh.write(lines[0] + "\n" + lines[1][:25])  # the second record is half-written
     view.poll()
@@ -283,7 +325,8 @@ def test_progress_view_tails_the_jsonl_of_a_ray_run(tmp_path):
 
 
 def test_progress_columns_prefer_the_task_fields_and_keep_bytes_otherwise():
-    from rich.progress import Task as RichTask, TimeRemainingColumn, TransferSpeedColumn
+    from rich.progress import Task as RichTask
+    from rich.progress import TimeRemainingColumn, TransferSpeedColumn
 
     from reproduction.ui import _field_or
 
@@ -316,8 +359,14 @@ def test_a_kill_right_after_logging_loses_no_tensorboard_scalar(tmp_path):
     import sys
 
     repo = Path(__file__).resolve().parent.parent
-    proc = subprocess.run([sys.executable, "-c", _KILLED_LOGGER, str(tmp_path)], cwd=repo, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_LOGGER, str(tmp_path)],
+        cwd=repo,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert [r["step"] for r in read_records(tmp_path / "metrics.jsonl")] == list(range(1, 301))
     assert train_tiny.tb_scalars(tmp_path, "train/loss") == [(s, s / 8) for s in range(1, 301)]

@@ -20,15 +20,24 @@ NO_CUDA_TORCH = {"torch": "2.13.0+cpu", "cuda_runtime": None, "available": False
 
 
 def _gpu_host(tmp_path: Path, torch: dict = TORCH_OK):
-    run = FakeRun({"nvidia-smi --query-gpu": out(fixture("nvidia_smi_query_gpu_h100x8.csv")),
-                   "nvidia-smi --query-compute-apps": out(fixture("nvidia_smi_compute_apps_none.csv")),
-                   "probe:torch-cuda": out(torch)})
+    run = FakeRun(
+        {
+            "nvidia-smi --query-gpu": out(fixture("nvidia_smi_query_gpu_h100x8.csv")),
+            "nvidia-smi --query-compute-apps": out(fixture("nvidia_smi_compute_apps_none.csv")),
+            "probe:torch-cuda": out(torch),
+        }
+    )
     return make_context(tmp_path, run=run, dev_nodes=["nvidiactl", "nvidia0"]), run
 
 
 def _cpu_host(tmp_path: Path):
-    run = FakeRun({"nvidia-smi --query-gpu": out("", returncode=127), "npu-smi info": out("", returncode=127),
-                   "probe:torch-cuda": out(NO_CUDA_TORCH)})
+    run = FakeRun(
+        {
+            "nvidia-smi --query-gpu": out("", returncode=127),
+            "npu-smi info": out("", returncode=127),
+            "probe:torch-cuda": out(NO_CUDA_TORCH),
+        }
+    )
     return make_context(tmp_path, run=run), run
 
 
@@ -84,8 +93,10 @@ def test_auto_refuses_a_gpu_host_whose_torch_cannot_use_the_gpus(tmp_path):
     ctx, _ = _gpu_host(tmp_path, torch=dict(TORCH_OK, available=False, devices=[]))
     with pytest.raises(ConfigError) as info:
         resolve("auto", ctx=ctx)
-    assert str(info.value).startswith(f"device='auto' chose cuda ({ctx.dev_dir}/nvidia* present), but `portable "
-                                      "check`'s cuda probe fails: nvidia-smi sees 8 GPU(s) but torch")
+    assert str(info.value).startswith(
+        f"device='auto' chose cuda ({ctx.dev_dir}/nvidia* present), but `portable "
+        "check`'s cuda probe fails: nvidia-smi sees 8 GPU(s) but torch"
+    )
     assert "torch.cuda.is_available() is False" in str(info.value) and info.value.field == "device"
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 import train_tiny
+
 from reproduction.errors import CheckpointError, WorkerFailedError
 from reproduction.train import checkpoint
 from reproduction.train.api import train
@@ -36,8 +36,9 @@ DROPOUT, SLEEP = 0.1, 0.03
 def ray_address():
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024,
-             log_to_driver=False)
+    ray.init(
+        address="local", num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False
+    )
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
@@ -49,8 +50,13 @@ def _child(out: Path, *, ray_address: str | None, env: dict | None = None, args:
     if ray_address:
         cmd += ["--ray-address", ray_address]
     out.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(cmd, stdout=open(out / "child.out", "w"), stderr=open(out / "child.err", "w"),
-                            env={**os.environ, **(env or {})}, start_new_session=True)
+    return subprocess.Popen(
+        cmd,
+        stdout=open(out / "child.out", "w"),
+        stderr=open(out / "child.err", "w"),
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
 
 
 def _wait_until(predicate, timeout_s: float, what: str) -> None:
@@ -76,8 +82,10 @@ def _kill_run(proc: subprocess.Popen, out: Path) -> None:
 
 def _wait_gone(pids: list[int]) -> None:
     def gone() -> bool:
-        return all(not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
-                   for pid in pids)
+        return all(
+            not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+            for pid in pids
+        )
 
     _wait_until(gone, 30, f"workers {pids} to exit")
 
@@ -107,8 +115,9 @@ def reference(tmp_path_factory, ray_address) -> Path:
 
 
 def _resume_and_compare(out: Path, reference: Path) -> None:
-    result = train(functools.partial(train_tiny.make_task, dropout=DROPOUT), train_tiny.config(),
-                   out_dir=out, resume=True)
+    result = train(
+        functools.partial(train_tiny.make_task, dropout=DROPOUT), train_tiny.config(), out_dir=out, resume=True
+    )
     assert result.step == 24
     assert not list((out / "checkpoints").glob("*.partial"))
     ref_loss, got_loss = _log(reference, "train"), _log(out, "train")
@@ -205,8 +214,12 @@ def test_resume_on_another_world_size_reshards(tmp_path, ray_address):
 def test_a_failing_worker_fails_the_run_promptly(tmp_path, ray_address, fault):
     kw = {"raise_at_step": 5} if fault == "raise" else {"die_at_step": 5}
     with pytest.raises(WorkerFailedError) as info:
-        train(functools.partial(train_tiny.make_task, **kw), train_tiny.config(collective_timeout_s=300),
-              out_dir=tmp_path, resume=False)
+        train(
+            functools.partial(train_tiny.make_task, **kw),
+            train_tiny.config(collective_timeout_s=300),
+            out_dir=tmp_path,
+            resume=False,
+        )
     assert info.value.exit_code == 51 and info.value.rank == 1
     if fault == "raise":
         assert "injected failure on rank 1 at call 5" in str(info.value)

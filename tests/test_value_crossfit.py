@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from reproduction.errors import ConfigError, DatasetError
-from reproduction.recap.crossfit import CrossFitPlan, split_folds
+from reproduction.recap.value.crossfit import CrossFitPlan, split_folds
 
 EPISODES = {"sft": np.arange(0, 23), "rollout": np.array([40, 7, 99, 3, 12, 15, 61, 8, 9])}
 

@@ -8,12 +8,20 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from value_synth import CAMERA, write_value_dataset
 
 from reproduction.errors import DatasetError, FingerprintMismatchError
 from reproduction.recap.normalize import ReturnRange
-from reproduction.recap.value_data import (
-    ValueCollator, ValueFrames, ValueSource, augment_sample, load_source, mixture_table, return_range_of, to_pixels)
-from value_synth import CAMERA, write_value_dataset
+from reproduction.recap.value.data import (
+    ValueCollator,
+    ValueFrames,
+    ValueSource,
+    augment_sample,
+    load_source,
+    mixture_table,
+    return_range_of,
+    to_pixels,
+)
 
 CAMS = {"base_0_rgb": CAMERA, "left_wrist_0_rgb": "observation.images.wrist"}
 
@@ -47,7 +55,10 @@ def test_targets_are_the_sidecar_returns_joined_by_episode_and_frame(synth):
     s = data[7]
     assert s["target"] == pytest.approx(float(rr.to_value(expected[(s["episode_index"], s["frame_index"])])))
     assert set(s["images"]) == {"base_0_rgb"} and s["images"]["base_0_rgb"].shape == (3, 64, 64)
-    assert s["prompt"] in ("Task: push the red block to the green goal.", "Task: move the red cube onto the green marker.")
+    assert s["prompt"] in (
+        "Task: push the red block to the green goal.",
+        "Task: move the red cube onto the green marker.",
+    )
 
 
 def test_episode_filter_keeps_only_those_episodes(synth):
@@ -122,7 +133,11 @@ def test_to_pixels_scales_and_pads_non_square_images():
     img = np.full((32, 64, 3), 255, dtype=np.uint8)
     x = to_pixels(img, 64)
     assert x.shape == (3, 64, 64)
-    assert torch.allclose(x[:, 16:48], torch.ones(3, 32, 64)) and torch.all(x[:, :16] == -1.0) and torch.all(x[:, 48:] == -1.0)
+    assert (
+        torch.allclose(x[:, 16:48], torch.ones(3, 32, 64))
+        and torch.all(x[:, :16] == -1.0)
+        and torch.all(x[:, 48:] == -1.0)
+    )
     assert torch.equal(to_pixels(np.zeros((8, 8, 3), np.uint8), 8), torch.full((3, 8, 8), -1.0))
 
 
@@ -131,15 +146,35 @@ def test_collate_masks_absent_cameras_and_pads_prompts_to_the_longest(tmp_path):
 
     tok = train_tokenizer(["a b c d e f", "x"], tmp_path / "tok")
     img = torch.zeros(3, 8, 8)
-    samples = [{"images": {"base_0_rgb": img}, "prompt": "Task: a b c d e f.", "target": -0.1, "episode_index": 3,
-                "frame_index": 0, "source": 0},
-               {"images": {"base_0_rgb": img + 1, "left_wrist_0_rgb": img}, "prompt": "Task: x.", "target": -0.9,
-                "episode_index": 5, "frame_index": 2, "source": 1}]
+    samples = [
+        {
+            "images": {"base_0_rgb": img},
+            "prompt": "Task: a b c d e f.",
+            "target": -0.1,
+            "episode_index": 3,
+            "frame_index": 0,
+            "source": 0,
+        },
+        {
+            "images": {"base_0_rgb": img + 1, "left_wrist_0_rgb": img},
+            "prompt": "Task: x.",
+            "target": -0.9,
+            "episode_index": 5,
+            "frame_index": 2,
+            "source": 1,
+        },
+    ]
     batch = ValueCollator(tokenizer=tok, slots=("base_0_rgb", "left_wrist_0_rgb"), image_size=8)(samples)
     assert batch["image_masks"]["left_wrist_0_rgb"].tolist() == [False, True]
-    assert batch["images"]["left_wrist_0_rgb"].shape == (2, 3, 8, 8) and float(batch["images"]["left_wrist_0_rgb"][0].abs().sum()) == 0
+    assert (
+        batch["images"]["left_wrist_0_rgb"].shape == (2, 3, 8, 8)
+        and float(batch["images"]["left_wrist_0_rgb"][0].abs().sum()) == 0
+    )
     n0 = len(tok("Task: a b c d e f.")["input_ids"])
-    assert batch["input_ids"].shape == (2, n0) and batch["attention_mask"].sum(1).tolist() == [n0, len(tok("Task: x.")["input_ids"])]
+    assert batch["input_ids"].shape == (2, n0) and batch["attention_mask"].sum(1).tolist() == [
+        n0,
+        len(tok("Task: x.")["input_ids"]),
+    ]
     assert batch["target"].tolist() == pytest.approx([-0.1, -0.9]) and batch["episode_index"].tolist() == [3, 5]
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from reproduction.recap.value_loss import average_ranks, batch_metrics, set_metrics, spearman, two_hot, value_loss
+from reproduction.recap.value.loss import average_ranks, batch_metrics, set_metrics, spearman, two_hot, value_loss
 
 
 def test_two_hot_between_bins_splits_mass_linearly():
@@ -134,12 +134,14 @@ def test_spearman_degenerate_cases_are_zero_and_perfect_orders_are_one():
     assert spearman(np.array([0.5]), np.array([0.1])) == 0.0
     assert spearman(np.array([1.0, 1.0, 1.0]), np.array([1.0, 2.0, 3.0])) == 0.0
     x = np.linspace(-1, 0, 50)
-    assert spearman(x, x ** 3) == pytest.approx(1.0)
+    assert spearman(x, x**3) == pytest.approx(1.0)
     assert spearman(x, -x) == pytest.approx(-1.0)
 
 
 def test_set_metrics_means_and_population_std():
     m = set_metrics(np.array([-0.2, -0.4]), np.array([-0.1, -1.5]), v_min=-1.0, v_max=0.0)
     assert m["predicted_value_mean"] == pytest.approx(-0.3) and m["predicted_value_std"] == pytest.approx(0.1)
-    assert m["target_value_mean"] == pytest.approx(-0.55) and m["target_value_std"] == pytest.approx(0.45)  # clamped -1.5 -> -1
+    assert m["target_value_mean"] == pytest.approx(-0.55) and m["target_value_std"] == pytest.approx(
+        0.45
+    )  # clamped -1.5 -> -1
     assert m["value_spearman"] == pytest.approx(1.0)

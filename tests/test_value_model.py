@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from reproduction.errors import CheckpointError, ConfigError, IntegrityError
-from reproduction.recap.value_model import ValueModelConfig, build_value_model, prefix_attention_masks, preset_config
-from reproduction.recap.value_weights import load_pretrained, load_safetensors_strict, load_state_strict
+from reproduction.recap.value.model import ValueModelConfig, build_value_model, prefix_attention_masks, preset_config
+from reproduction.recap.value.weights import load_pretrained, load_safetensors_strict, load_state_strict
 
 CAMS = ("base_0_rgb", "left_wrist_0_rgb")
 
@@ -23,7 +23,10 @@ def _model(seed: int = 0):
 def _batch(b: int = 4, t: int = 7, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     images = {c: torch.rand(b, 3, 64, 64, generator=gen) * 2 - 1 for c in CAMS}
-    masks = {"base_0_rgb": torch.ones(b, dtype=torch.bool), "left_wrist_0_rgb": torch.tensor([True, False, False, True])[:b]}
+    masks = {
+        "base_0_rgb": torch.ones(b, dtype=torch.bool),
+        "left_wrist_0_rgb": torch.tensor([True, False, False, True])[:b],
+    }
     ids = torch.randint(4, 300, (b, t), generator=gen)
     att = torch.ones(b, t, dtype=torch.bool)
     att[1, 5:] = False
@@ -54,7 +57,9 @@ def test_attention_mask_is_bidirectional_over_the_prefix_and_hides_the_query():
 def test_early_prefix_states_depend_on_later_text_tokens():
     model = _model()
     seen = {}
-    model.language.register_forward_hook(lambda m, a, kw, out: seen.__setitem__("h", out.last_hidden_state), with_kwargs=True)
+    model.language.register_forward_hook(
+        lambda m, a, kw, out: seen.__setitem__("h", out.last_hidden_state), with_kwargs=True
+    )
     batch = _batch()
     model(**batch)
     first = seen["h"][:, 0].clone()
@@ -66,7 +71,9 @@ def test_early_prefix_states_depend_on_later_text_tokens():
 def test_padding_and_absent_camera_pixels_do_not_change_the_value_and_are_not_encoded():
     model = _model()
     sizes = []
-    model.vision.register_forward_hook(lambda m, a, kw, out: sizes.append(kw["pixel_values"].shape[0]), with_kwargs=True)
+    model.vision.register_forward_hook(
+        lambda m, a, kw, out: sizes.append(kw["pixel_values"].shape[0]), with_kwargs=True
+    )
     batch = _batch()
     ref = model(**batch)
     batch["input_ids"][1, 5:] = 99  # padded positions of row 1
@@ -84,12 +91,14 @@ def test_padding_and_absent_camera_pixels_do_not_change_the_value_and_are_not_en
 def test_text_embeddings_are_scaled_once_by_sqrt_width():
     model = _model()
     seen = {}
-    model.language.register_forward_pre_hook(lambda m, a, kw: seen.__setitem__("e", kw["inputs_embeds"]), with_kwargs=True)
+    model.language.register_forward_pre_hook(
+        lambda m, a, kw: seen.__setitem__("e", kw["inputs_embeds"]), with_kwargs=True
+    )
     batch = _batch()
     model(**batch)
     n_img = 2 * model.tokens_per_image
     raw = model.language.embed_tokens.weight[batch["input_ids"][0]]
-    torch.testing.assert_close(seen["e"][0, n_img:n_img + 7], raw * math.sqrt(64))
+    torch.testing.assert_close(seen["e"][0, n_img : n_img + 7], raw * math.sqrt(64))
 
 
 def test_config_round_trip_and_bad_fields():
@@ -132,11 +141,16 @@ def test_recap_preset_forward_with_random_weights_two_cameras_at_224():
     cfg.vision["num_hidden_layers"], cfg.text["num_hidden_layers"] = 1, 2
     full = preset_config("recap", cameras=CAMS)
     for part in ("vision", "text"):  # every other size is the preset's
-        assert {k: v for k, v in getattr(cfg, part).items() if k not in ("num_hidden_layers", "vocab_size")} == \
-            {k: v for k, v in getattr(full, part).items() if k not in ("num_hidden_layers", "vocab_size")}
+        assert {k: v for k, v in getattr(cfg, part).items() if k not in ("num_hidden_layers", "vocab_size")} == {
+            k: v for k, v in getattr(full, part).items() if k not in ("num_hidden_layers", "vocab_size")
+        }
     model = build_value_model(cfg, seed=0).eval()
     assert model.tokens_per_image == 256 and model.config.image_size == 224
-    assert (model.projector.in_features, model.projector.out_features, model.language.config.head_dim) == (1152, 640, 256)
+    assert (model.projector.in_features, model.projector.out_features, model.language.config.head_dim) == (
+        1152,
+        640,
+        256,
+    )
     gen = torch.Generator().manual_seed(0)
     images = {c: torch.rand(3, 3, 224, 224, generator=gen) * 2 - 1 for c in CAMS}
     masks = {c: torch.ones(3, dtype=torch.bool) for c in CAMS}
@@ -145,7 +159,9 @@ def test_recap_preset_forward_with_random_weights_two_cameras_at_224():
     att = torch.ones(3, 9, dtype=torch.bool)
     att[2, 6:] = False  # prompts padded to the longest
     seen = {}
-    model.language.register_forward_pre_hook(lambda m, a, kw: seen.__setitem__("embeds", kw["inputs_embeds"]), with_kwargs=True)
+    model.language.register_forward_pre_hook(
+        lambda m, a, kw: seen.__setitem__("embeds", kw["inputs_embeds"]), with_kwargs=True
+    )
     model.value_head.register_forward_hook(lambda m, a, out: seen.__setitem__("head", (a[0], out)))
     with torch.no_grad():
         logits = model(images=images, image_masks=masks, input_ids=ids, attention_mask=att)
@@ -190,10 +206,10 @@ def _fake_upstream_files(tmp_path: Path, model) -> Path:
     from safetensors.torch import save_file
 
     sd = model.state_dict()
-    vision = {"vision_model." + k[len("vision."):]: v.contiguous() for k, v in sd.items() if k.startswith("vision.")}
+    vision = {"vision_model." + k[len("vision.") :]: v.contiguous() for k, v in sd.items() if k.startswith("vision.")}
     vision["text_model.embeddings.token_embedding.weight"] = torch.zeros(2, 2)
     vision["logit_scale"] = torch.zeros(1)
-    lang = {"model." + k[len("language."):]: v.contiguous() for k, v in sd.items() if k.startswith("language.")}
+    lang = {"model." + k[len("language.") :]: v.contiguous() for k, v in sd.items() if k.startswith("language.")}
     (tmp_path / "w" / "siglip").mkdir(parents=True)
     (tmp_path / "w" / "gemma").mkdir(parents=True)
     save_file(vision, str(tmp_path / "w/siglip/model.safetensors"))

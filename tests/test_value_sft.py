@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
 from value_synth import CAMERA, write_value_dataset
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,22 +25,43 @@ HELDOUT_SPEARMAN_MIN = 0.3
 
 def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "reproduction.recap.value", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "reproduction.recap.value", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.slow
 def test_two_worker_value_sft_with_two_folds_beats_chance_on_held_out_episodes(tmp_path):
     from reproduction.recap.sidecars import read_returns
-    from reproduction.recap.value_infer import infer_dataset
-    from reproduction.recap.value_loss import spearman
+    from reproduction.recap.value.infer import infer_dataset
+    from reproduction.recap.value.loss import spearman
 
     runs = write_value_dataset(tmp_path / "ds", episodes=48, seed=0)
-    config = {"value": {"train": [{"path": str(tmp_path / "ds"), "type": "rollout", "returns": str(runs)}],
-                        "cameras": {"base_0_rgb": CAMERA, "left_wrist_0_rgb": "observation.images.wrist"},
-                        "folds": 2, "value_lr": 1e-3, "eval_micro_batch": 64},
-              "train": {"max_steps": 150, "global_batch": 32, "micro_batch": 16, "world_size": 2, "launcher": "ray",
-                        "device": "cpu", "lr": 1e-3, "warmup_steps": 10, "log_interval": 25}}
+    config = {
+        "value": {
+            "train": [{"path": str(tmp_path / "ds"), "type": "rollout", "returns": str(runs)}],
+            "cameras": {"base_0_rgb": CAMERA, "left_wrist_0_rgb": "observation.images.wrist"},
+            "folds": 2,
+            "value_lr": 1e-3,
+            "eval_micro_batch": 64,
+        },
+        "train": {
+            "max_steps": 150,
+            "global_batch": 32,
+            "micro_batch": 16,
+            "world_size": 2,
+            "launcher": "ray",
+            "device": "cpu",
+            "lr": 1e-3,
+            "warmup_steps": 10,
+            "log_interval": 25,
+        },
+    }
     (tmp_path / "value.json").write_text(json.dumps(config))
     proc = _run(["train", "--config", str(tmp_path / "value.json"), "--out", str(tmp_path / "value")], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -63,18 +83,57 @@ def test_two_worker_value_sft_with_two_folds_beats_chance_on_held_out_episodes(t
     assert np.isfinite(values.column("value").to_numpy()).all()
 
     # Stage 2 -> 3 through the entry points: values parquet, then advantage labels from it.
-    proc = _run(["infer", "--stage", str(tmp_path / "value"), "--dataset", str(tmp_path / "ds"),
-                 "--out", str(tmp_path / "values.parquet"), "--lookahead", "3", "--workers", "2"], timeout=300)
+    proc = _run(
+        [
+            "infer",
+            "--stage",
+            str(tmp_path / "value"),
+            "--dataset",
+            str(tmp_path / "ds"),
+            "--out",
+            str(tmp_path / "values.parquet"),
+            "--lookahead",
+            "3",
+            "--workers",
+            "2",
+        ],
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["frames"] == 804
     written = pq.read_table(tmp_path / "values.parquet")
     assert written.column("value").to_pylist() == values.column("value").to_pylist()  # same plan, same numbers
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "reproduction.recap.advantages", "compute", "--dataset",
-                           str(tmp_path / "ds"), "--type", "rollout", "--values", str(tmp_path / "values.parquet"),
-                           "--returns-dir", str(runs), "--value-checkpoint", summary["models"][0]["export"],
-                           "--lookahead", "3", "--tag", "e2e", "--out", str(tmp_path / "adv"), "--json"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reproduction.recap.advantages",
+            "compute",
+            "--dataset",
+            str(tmp_path / "ds"),
+            "--type",
+            "rollout",
+            "--values",
+            str(tmp_path / "values.parquet"),
+            "--returns-dir",
+            str(runs),
+            "--value-checkpoint",
+            summary["models"][0]["export"],
+            "--lookahead",
+            "3",
+            "--tag",
+            "e2e",
+            "--out",
+            str(tmp_path / "adv"),
+            "--json",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     adv = pq.read_table(tmp_path / "adv" / "ds" / "advantages_e2e.parquet")
     assert adv.num_rows == 804

@@ -9,16 +9,27 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from value_synth import CAMERA, write_value_dataset
 
 from reproduction.errors import CheckpointError, ConfigError
-from reproduction.recap.value_data import ValueSource
-from reproduction.recap.value_infer import infer_dataset, infer_shard, load_value_export, load_value_stage, sorted_frames
-from reproduction.recap.value_loss import expected_value, spearman, value_loss
-from reproduction.recap.value_model import ValueModelConfig, build_value_model, preset_config
-from reproduction.recap.value_task import (
-    ValueStageConfig, make_value_task, prepare_value_setup, value_param_groups, write_export_extras)
+from reproduction.recap.value.data import ValueSource
+from reproduction.recap.value.infer import (
+    infer_dataset,
+    infer_shard,
+    load_value_export,
+    load_value_stage,
+    sorted_frames,
+)
+from reproduction.recap.value.loss import expected_value, spearman, value_loss
+from reproduction.recap.value.model import ValueModelConfig, build_value_model, preset_config
+from reproduction.recap.value.task import (
+    ValueStageConfig,
+    make_value_task,
+    prepare_value_setup,
+    value_param_groups,
+    write_export_extras,
+)
 from reproduction.train.task import EvalContext
-from value_synth import CAMERA, write_value_dataset
 
 CAMS = {"base_0_rgb": CAMERA, "left_wrist_0_rgb": "observation.images.wrist"}
 
@@ -43,8 +54,12 @@ def stage_dir(tmp_path_factory):
     dataset neither trained on, and `changed/ds`, the same dataset name with two more episodes."""
     root = tmp_path_factory.mktemp("vtask")
     runs = write_value_dataset(root / "ds", episodes=8, seed=2)
-    stage = ValueStageConfig(train=[ValueSource(path=str(root / "ds"), type="rollout", returns=str(runs))],
-                             cameras=CAMS, folds=2, fold_seed=1)
+    stage = ValueStageConfig(
+        train=[ValueSource(path=str(root / "ds"), type="rollout", returns=str(runs))],
+        cameras=CAMS,
+        folds=2,
+        fold_seed=1,
+    )
     _write_stage(root / "value", stage)
     _write_stage(root / "value1", ValueStageConfig.from_dict({**stage.to_dict(), "folds": 1}))
     write_value_dataset(root / "unseen", episodes=7, seed=7, runs=root / "returns_unseen")
@@ -73,7 +88,11 @@ def test_param_groups_put_exactly_the_head_at_value_lr():
     head, rest = value_param_groups(model, value_lr=3e-4)
     names = {id(p): n for n, p in model.named_parameters()}
     assert head["lr"] == 3e-4 and "lr" not in rest
-    assert sorted(names[id(p)] for p in head["params"]) == ["value_head.proj.bias", "value_head.proj.weight", "value_head.query"]
+    assert sorted(names[id(p)] for p in head["params"]) == [
+        "value_head.proj.bias",
+        "value_head.proj.weight",
+        "value_head.query",
+    ]
     assert len(head["params"]) + len(rest["params"]) == len(list(model.parameters()))
 
 
@@ -81,7 +100,13 @@ def test_export_holds_range_bins_and_config_and_loads_strictly(stage_dir):
     setup = json.loads((stage_dir / "value" / "value_setup.json").read_text())
     vm = load_value_export(stage_dir / "value" / "model_1" / "export")
     assert vm.head["return_range"] == setup["return_range"] and vm.head["return_range"]["return_max"] == 0.0
-    assert (vm.head["num_bins"], vm.head["v_min"], vm.head["v_max"], vm.head["fold"], vm.head["folds"]) == (201, -1.0, 0.0, 1, 2)
+    assert (vm.head["num_bins"], vm.head["v_min"], vm.head["v_max"], vm.head["fold"], vm.head["folds"]) == (
+        201,
+        -1.0,
+        0.0,
+        1,
+        2,
+    )
     assert vm.head["model_config"] == setup["model_config"] and vm.cameras == CAMS
     assert vm.return_range.return_min == setup["return_range"]["return_min"]
     bad = stage_dir / "bad_export"
@@ -110,12 +135,18 @@ def test_evaluate_uses_the_whole_set_and_every_rank_runs_the_same_forwards(stage
     with torch.no_grad():
         got = task.evaluate.func(model, ctx, **{**task.evaluate.keywords, "micro_batch": 7})
         full = task.collate([data[i] for i in range(len(data))])
-        logits = model(images=full["images"], image_masks=full["image_masks"], input_ids=full["input_ids"],
-                       attention_mask=full["attention_mask"])
+        logits = model(
+            images=full["images"],
+            image_masks=full["image_masks"],
+            input_ids=full["input_ids"],
+            attention_mask=full["attention_mask"],
+        )
     pred = expected_value(logits, v_min=-1.0, v_max=0.0).numpy()
     assert got["ds.heldout/num_frames"] == len(data) and sum(calls[:-1]) == len(data)
     assert got["ds.heldout/value_spearman"] == pytest.approx(spearman(pred, full["target"].numpy()), abs=1e-6)
-    assert got["ds.heldout/loss"] == pytest.approx(float(value_loss(logits, full["target"], v_min=-1.0, v_max=0.0)), rel=1e-5)
+    assert got["ds.heldout/loss"] == pytest.approx(
+        float(value_loss(logits, full["target"], v_min=-1.0, v_max=0.0)), rel=1e-5
+    )
     assert got["value_spearman"] == got["ds.heldout/value_spearman"]
     counts = []
     for rank in (0, 1):  # uneven shards: both ranks still run ceil(ceil(n/2)/mb) forwards
@@ -129,7 +160,7 @@ def test_evaluate_uses_the_whole_set_and_every_rank_runs_the_same_forwards(stage
 
 def _count_forwards(monkeypatch) -> Counter:
     """Frames each model of the next `load_value_stage` runs forward (model index -> frames)."""
-    from reproduction.recap import value_infer
+    from reproduction.recap.value import infer as value_infer
 
     counts: Counter = Counter()
     real = value_infer.load_value_stage
@@ -137,8 +168,9 @@ def _count_forwards(monkeypatch) -> Counter:
     def spy(*args, **kwargs):
         models, plan = real(*args, **kwargs)
         for k, vm in enumerate(models):
-            vm.model.register_forward_hook(lambda m, a, kw, out, k=k: counts.update({k: kw["input_ids"].shape[0]}),
-                                           with_kwargs=True)
+            vm.model.register_forward_hook(
+                lambda m, a, kw, out, k=k: counts.update({k: kw["input_ids"].shape[0]}), with_kwargs=True
+            )
         return models, plan
 
     monkeypatch.setattr(value_infer, "load_value_stage", spy)
@@ -152,7 +184,9 @@ def test_inference_runs_each_frame_once_through_the_model_that_did_not_train_on_
     models, plan = load_value_stage(stage_dir / "value")
     seen: list[Counter] = [Counter(), Counter()]
     for k, vm in enumerate(models):
-        vm.model.register_forward_hook(lambda m, a, kw, out, k=k: seen[k].update(kw["input_ids"].shape[:1]), with_kwargs=True)
+        vm.model.register_forward_hook(
+            lambda m, a, kw, out, k=k: seen[k].update(kw["input_ids"].shape[:1]), with_kwargs=True
+        )
     ds = open_dataset(stage_dir / "ds")
     rows, ep, fr = sorted_frames(ds)
     row_end = np.searchsorted(ep, ep, side="right")
@@ -161,7 +195,7 @@ def test_inference_runs_each_frame_once_through_the_model_that_did_not_train_on_
     inferred = sum(s.infer_stop - s.start for s in shards)
     assert sum(t.num_rows for t in tables) == inferred > ds.num_frames  # lookahead rows are inferred by two shards
     for k in range(2):  # frames counted per model: exactly the frames of its held-out episodes, once per shard
-        expect = sum(int(np.isin(ep[s.start:s.infer_stop], plan.heldout_episodes(k, "ds")).sum()) for s in shards)
+        expect = sum(int(np.isin(ep[s.start : s.infer_stop], plan.heldout_episodes(k, "ds")).sum()) for s in shards)
         assert sum(n * c for n, c in seen[k].items()) == expect and max(seen[k]) <= 5
     frames_per_model = _count_forwards(monkeypatch)
     merged = infer_dataset(stage_dir / "value", stage_dir / "ds", world_size=3, lookahead=4, batch_size=5)
@@ -169,34 +203,56 @@ def test_inference_runs_each_frame_once_through_the_model_that_did_not_train_on_
         assert frames_per_model[k] == int(np.isin(ep, plan.heldout_episodes(k, "ds")).sum())
     assert sum(frames_per_model.values()) == ds.num_frames
     single = infer_dataset(stage_dir / "value", stage_dir / "ds", world_size=1, batch_size=64)
-    assert merged.column("episode_index").to_pylist() == ep.tolist() and merged.column("frame_index").to_pylist() == fr.tolist()
+    assert (
+        merged.column("episode_index").to_pylist() == ep.tolist()
+        and merged.column("frame_index").to_pylist() == fr.tolist()
+    )
     np.testing.assert_allclose(merged.column("value").to_numpy(), single.column("value").to_numpy(), atol=1e-6)
     vals = merged.column("value").to_numpy()
     assert np.all((vals >= -1) & (vals <= 0)) and not np.isnan(vals).any()
 
 
 @pytest.mark.parametrize("stage_name, folds", [("value1", 1), ("value", 2)])
-def test_infer_cli_labels_a_dataset_the_models_never_trained_on(stage_dir, tmp_path, monkeypatch, capsys,
-                                                                 stage_name, folds):
+def test_infer_cli_labels_a_dataset_the_models_never_trained_on(
+    stage_dir, tmp_path, monkeypatch, capsys, stage_name, folds
+):
     """Upstream's flow (train on one dataset, label another): every model is held out for it, each
     episode goes to one model, each frame gets one forward, and the summary says who labelled what."""
     import pyarrow.parquet as pq
 
     from reproduction.data.reader import open_dataset
-    from reproduction.recap import value as value_cli
-    from reproduction.recap.crossfit import split_folds
-    from reproduction.recap.value_infer import infer_rows
+    from reproduction.recap.value import cli as value_cli
+    from reproduction.recap.value.crossfit import split_folds
+    from reproduction.recap.value.infer import infer_rows
 
     frames_per_model = _count_forwards(monkeypatch)
     out = tmp_path / "values.parquet"
-    rc = value_cli.main(["infer", "--stage", str(stage_dir / stage_name), "--dataset", str(stage_dir / "unseen"),
-                         "--out", str(out), "--lookahead", "4", "--workers", "1", "--batch-size", "5"])
+    rc = value_cli.main(
+        [
+            "infer",
+            "--stage",
+            str(stage_dir / stage_name),
+            "--dataset",
+            str(stage_dir / "unseen"),
+            "--out",
+            str(out),
+            "--lookahead",
+            "4",
+            "--workers",
+            "1",
+            "--batch-size",
+            "5",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     summary = json.loads(capsys.readouterr().out)
     ds = open_dataset(stage_dir / "unseen")
     rows, ep, fr = sorted_frames(ds)
     table = pq.read_table(out)
-    assert table.column("episode_index").to_pylist() == ep.tolist() and table.column("frame_index").to_pylist() == fr.tolist()
+    assert (
+        table.column("episode_index").to_pylist() == ep.tolist()
+        and table.column("frame_index").to_pylist() == fr.tolist()
+    )
     models, plan = load_value_stage(stage_dir / stage_name)
     which = plan.models_for("unseen", ep)
     expect = np.bincount(which, minlength=folds).tolist()
@@ -212,27 +268,50 @@ def test_infer_cli_labels_a_dataset_the_models_never_trained_on(stage_dir, tmp_p
 
 def test_infer_cli_refuses_an_episode_the_fold_plan_split_without(stage_dir, tmp_path, capsys):
     """`changed/ds` is the training dataset's name with two more episodes: no model is known to be held out."""
-    from reproduction.recap import value as value_cli
+    from reproduction.recap.value import cli as value_cli
 
     out = tmp_path / "values.parquet"
-    rc = value_cli.main(["infer", "--stage", str(stage_dir / "value"), "--dataset", str(stage_dir / "changed" / "ds"),
-                         "--out", str(out)])
+    rc = value_cli.main(
+        [
+            "infer",
+            "--stage",
+            str(stage_dir / "value"),
+            "--dataset",
+            str(stage_dir / "changed" / "ds"),
+            "--out",
+            str(out),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 40 and err.startswith("error: cross-fitting: episode 17 of dataset 'ds' is not in the fold plan\n")
     assert "hint: the dataset changed after the value models were trained; retrain stage 2" in err
     assert not out.exists() and not list(tmp_path.iterdir())  # nothing half-written
 
 
-@pytest.mark.parametrize("device, words", [
-    ("tpu", "device='tpu' is not one of cpu, cuda, npu, auto"),
-    ("cuda", "device='cuda', but `portable check`'s cuda probe fails"),  # no GPU on this machine
-])
+@pytest.mark.parametrize(
+    "device, words",
+    [
+        ("tpu", "device='tpu' is not one of cpu, cuda, npu, auto"),
+        ("cuda", "device='cuda', but `portable check`'s cuda probe fails"),  # no GPU on this machine
+    ],
+)
 def test_infer_cli_refuses_a_device_it_cannot_use_before_loading_anything(stage_dir, tmp_path, capsys, device, words):
-    from reproduction.recap import value as value_cli
+    from reproduction.recap.value import cli as value_cli
 
     out = tmp_path / "values.parquet"
-    rc = value_cli.main(["infer", "--stage", str(stage_dir / "value"), "--dataset", str(stage_dir / "ds"),
-                         "--out", str(out), "--device", device])
+    rc = value_cli.main(
+        [
+            "infer",
+            "--stage",
+            str(stage_dir / "value"),
+            "--dataset",
+            str(stage_dir / "ds"),
+            "--out",
+            str(out),
+            "--device",
+            device,
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 4 and err.startswith(f"error: {words}")
     assert not list(tmp_path.iterdir())  # nothing written
@@ -250,8 +329,17 @@ def test_value_training_resumes_to_identical_weights(stage_dir, tmp_path):
     make = functools.partial(make_value_task, setup_path=str(stage_dir / "value" / "value_setup.json"), fold=1)
 
     def cfg(steps: int) -> TrainConfig:
-        return TrainConfig(max_steps=steps, global_batch=8, micro_batch=4, launcher="inprocess", device="cpu",
-                           lr=1e-3, save_interval=3, eval_interval=3, log_interval=1)
+        return TrainConfig(
+            max_steps=steps,
+            global_batch=8,
+            micro_batch=4,
+            launcher="inprocess",
+            device="cpu",
+            lr=1e-3,
+            save_interval=3,
+            eval_interval=3,
+            log_interval=1,
+        )
 
     straight = train(make, cfg(6), out_dir=tmp_path / "a", resume=False)
     train(make, cfg(3), out_dir=tmp_path / "b", resume=False)
@@ -262,7 +350,9 @@ def test_value_training_resumes_to_identical_weights(stage_dir, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert straight.train_metrics["loss"] == resumed.train_metrics["loss"]
     assert straight.eval_metrics["ds.heldout/value_spearman"] == resumed.eval_metrics["ds.heldout/value_spearman"]
-    assert (resumed.export_dir / "value_head.json").is_file() and (resumed.export_dir / "tokenizer" / "tokenizer.json").is_file()
+    assert (resumed.export_dir / "value_head.json").is_file() and (
+        resumed.export_dir / "tokenizer" / "tokenizer.json"
+    ).is_file()
 
 
 def test_pretrained_manifest_initialises_the_backbones_inside_the_task(stage_dir, tmp_path):
@@ -273,19 +363,27 @@ def test_pretrained_manifest_initialises_the_backbones_inside_the_task(stage_dir
     src = build_value_model(ValueModelConfig.from_dict(setup["model_config"]), seed=9)
     sd = src.state_dict()
     (tmp_path / "w").mkdir()
-    save_file({"vision_model." + k[7:]: v.contiguous() for k, v in sd.items() if k.startswith("vision.")},
-              str(tmp_path / "w" / "siglip.safetensors"))
-    save_file({"model." + k[9:]: v.contiguous() for k, v in sd.items() if k.startswith("language.")},
-              str(tmp_path / "w" / "gemma.safetensors"))
+    save_file(
+        {"vision_model." + k[7:]: v.contiguous() for k, v in sd.items() if k.startswith("vision.")},
+        str(tmp_path / "w" / "siglip.safetensors"),
+    )
+    save_file(
+        {"model." + k[9:]: v.contiguous() for k, v in sd.items() if k.startswith("language.")},
+        str(tmp_path / "w" / "gemma.safetensors"),
+    )
     manifest = json.loads(Path("weights_manifest/recap_value_siglip2_gemma3_270m.json").read_text())
     manifest["components"][0]["files"][0]["path"] = "siglip.safetensors"
     manifest["components"][1]["files"][0]["path"] = "gemma.safetensors"
     (tmp_path / "m.json").write_text(json.dumps(manifest))
-    setup["stage"].update(pretrained_manifest=str(tmp_path / "m.json"), weights_dir=str(tmp_path / "w"), allow_unpinned=True)
+    setup["stage"].update(
+        pretrained_manifest=str(tmp_path / "m.json"), weights_dir=str(tmp_path / "w"), allow_unpinned=True
+    )
     (tmp_path / "setup.json").write_text(json.dumps(setup))
     task = make_value_task(0, 1, setup_path=str(tmp_path / "setup.json"), fold=0)
     got = task.model.state_dict()
-    assert torch.equal(got["language.layers.0.self_attn.q_proj.weight"], sd["language.layers.0.self_attn.q_proj.weight"])
+    assert torch.equal(
+        got["language.layers.0.self_attn.q_proj.weight"], sd["language.layers.0.self_attn.q_proj.weight"]
+    )
     assert torch.equal(got["vision.embeddings.patch_embedding.weight"], sd["vision.embeddings.patch_embedding.weight"])
     assert not torch.equal(got["value_head.proj.weight"], sd["value_head.proj.weight"])  # fresh head
 
@@ -295,8 +393,9 @@ def test_a_bundle_tokenizer_is_used_as_is_and_sizes_the_embedding(stage_dir, tmp
 
     bundle_tok = tmp_path / "bundle_tokenizer"
     tok = train_tokenizer(["a completely different vocabulary source", "zebra"], bundle_tok, vocab_size=300)
-    stage = ValueStageConfig.from_dict({**json.loads((stage_dir / "value" / "value_setup.json").read_text())["stage"],
-                                        "tokenizer": str(bundle_tok)})
+    stage = ValueStageConfig.from_dict(
+        {**json.loads((stage_dir / "value" / "value_setup.json").read_text())["stage"], "tokenizer": str(bundle_tok)}
+    )
     setup = prepare_value_setup(stage, tmp_path / "value")
     copied = json.loads((tmp_path / "value" / "tokenizer" / "tokenizer.json").read_text())
     assert copied["model"]["vocab"] == json.loads((bundle_tok / "tokenizer.json").read_text())["model"]["vocab"]
@@ -309,11 +408,14 @@ def test_the_recap_preset_keeps_the_checkpoints_vocab_size_and_tiny_sizes_from_t
 
     tok = train_tokenizer(["a bundle tokenizer"], tmp_path / "tok", vocab_size=300)
     base = json.loads((stage_dir / "value" / "value_setup.json").read_text())["stage"]
-    recap = prepare_value_setup(ValueStageConfig.from_dict({**base, "preset": "recap", "tokenizer": str(tmp_path / "tok")}),
-                                tmp_path / "recap")
+    recap = prepare_value_setup(
+        ValueStageConfig.from_dict({**base, "preset": "recap", "tokenizer": str(tmp_path / "tok")}), tmp_path / "recap"
+    )
     assert recap.model_config["text"]["vocab_size"] == 262_144 != len(tok)
     assert recap.model_config["text"]["hidden_size"] == 640 and recap.model_config["vision"]["hidden_size"] == 1152
-    tiny = prepare_value_setup(ValueStageConfig.from_dict({**base, "tokenizer": str(tmp_path / "tok")}), tmp_path / "tiny")
+    tiny = prepare_value_setup(
+        ValueStageConfig.from_dict({**base, "tokenizer": str(tmp_path / "tok")}), tmp_path / "tiny"
+    )
     assert tiny.model_config["text"]["vocab_size"] == len(tok)
 
 
@@ -329,14 +431,18 @@ def test_a_token_id_past_the_embedding_is_a_one_line_error_naming_tokenizer_id_a
     setup["model_config"]["text"]["vocab_size"] = 200  # smaller than the tokenizer's len
     (tmp_path / "setup.json").write_text(json.dumps(setup))
     task = make_value_task(0, 1, setup_path=str(tmp_path / "setup.json"), fold=0)
-    assert len(task.collate.tokenizer) > 200 and task.evaluate.keywords["collate"] is task.collate  # eval is guarded too
+    assert (
+        len(task.collate.tokenizer) > 200 and task.evaluate.keywords["collate"] is task.collate
+    )  # eval is guarded too
     sample = task.train_dataset[0]
     bad, token = _expected_bad_id(task.collate.tokenizer, sample["prompt"], 200)
     tok_file = Path(setup["tokenizer_dir"]) / "tokenizer.json"
     with pytest.raises(ConfigError) as err:
         task.collate([sample])
-    assert str(err.value) == (f"tokenizer {tok_file}: a prompt encodes to token id {bad} ({token!r}), "
-                              "outside the value model's vocab_size 200")
+    assert str(err.value) == (
+        f"tokenizer {tok_file}: a prompt encodes to token id {bad} ({token!r}), "
+        "outside the value model's vocab_size 200"
+    )
     assert err.value.exit_code == 4 and "\n" not in str(err.value)
 
     # inference: an export whose embedding is smaller than its tokenizer, through the CLI
@@ -344,7 +450,7 @@ def test_a_token_id_past_the_embedding_is_a_one_line_error_naming_tokenizer_id_a
 
     from safetensors.torch import save_file
 
-    from reproduction.recap import value as value_cli
+    from reproduction.recap.value import cli as value_cli
 
     stage = tmp_path / "stage"
     shutil.copytree(stage_dir / "value1", stage)
@@ -354,22 +460,36 @@ def test_a_token_id_past_the_embedding_is_a_one_line_error_naming_tokenizer_id_a
     (export / "value_head.json").write_text(json.dumps(head))
     model = build_value_model(ValueModelConfig.from_dict(head["model_config"]), seed=0)
     save_file({n: t.contiguous() for n, t in model.state_dict().items()}, str(export / "model.safetensors"))
-    rc = value_cli.main(["infer", "--stage", str(stage), "--dataset", str(stage_dir / "ds"), "--out", str(tmp_path / "v.parquet")])
+    rc = value_cli.main(
+        ["infer", "--stage", str(stage), "--dataset", str(stage_dir / "ds"), "--out", str(tmp_path / "v.parquet")]
+    )
     assert rc == 4 and not (tmp_path / "v.parquet").exists()
     err_text = capsys.readouterr().err
     first = err_text.splitlines()[0]
-    assert first.startswith(f"error: tokenizer {export / 'tokenizer' / 'tokenizer.json'}: a prompt encodes to token id ")
+    assert first.startswith(
+        f"error: tokenizer {export / 'tokenizer' / 'tokenizer.json'}: a prompt encodes to token id "
+    )
     assert first.endswith("outside the value model's vocab_size 200")
 
 
 def test_resume_refuses_a_changed_value_setup_and_continues_an_unchanged_one(stage_dir, tmp_path, capsys):
     """Return range, folds, tokenizer: each named in a one-line CheckpointError (exit 50), nothing overwritten."""
-    from reproduction.recap import value as value_cli
     from reproduction.recap.tokenizer import train_tokenizer
+    from reproduction.recap.value import cli as value_cli
 
-    value = {"train": [{"path": str(stage_dir / "ds"), "type": "rollout", "returns": str(stage_dir / "returns")}],
-             "cameras": CAMS, "augment": False}
-    train_cfg = {"max_steps": 2, "global_batch": 4, "micro_batch": 4, "launcher": "inprocess", "device": "cpu", "lr": 1e-3}
+    value = {
+        "train": [{"path": str(stage_dir / "ds"), "type": "rollout", "returns": str(stage_dir / "returns")}],
+        "cameras": CAMS,
+        "augment": False,
+    }
+    train_cfg = {
+        "max_steps": 2,
+        "global_batch": 4,
+        "micro_batch": 4,
+        "launcher": "inprocess",
+        "device": "cpu",
+        "lr": 1e-3,
+    }
     out = tmp_path / "value"
 
     def run(value_over: dict, *, steps: int = 2, resume: bool = True) -> tuple[int, str, str]:
@@ -381,21 +501,32 @@ def test_resume_refuses_a_changed_value_setup_and_continues_an_unchanged_one(sta
 
     rc, stdout, _ = run({}, resume=False)
     assert rc == 0 and json.loads(stdout)["models"][0]["step"] == 2
-    before = {p: p.read_bytes() for p in [out / "value_setup.json", out / "crossfit.json", out / "tokenizer" / "tokenizer.json"]}
+    before = {
+        p: p.read_bytes()
+        for p in [out / "value_setup.json", out / "crossfit.json", out / "tokenizer" / "tokenizer.json"]
+    }
     old_range = json.loads(before[out / "value_setup.json"])["return_range"]
 
     rc, stdout, err = run({"return_min": -123.0, "return_max": 0.0})
-    assert rc == 50 and stdout == "" and err.splitlines()[0] == (
-        f"error: cannot resume {out}: the value setup changed since its checkpoints were written "
-        f"(return_range {{'return_min': {old_range['return_min']}, 'return_max': {old_range['return_max']}}} -> "
-        "{'return_min': -123.0, 'return_max': 0.0})")
+    assert (
+        rc == 50
+        and stdout == ""
+        and err.splitlines()[0]
+        == (
+            f"error: cannot resume {out}: the value setup changed since its checkpoints were written "
+            f"(return_range {{'return_min': {old_range['return_min']}, 'return_max': {old_range['return_max']}}} -> "
+            "{'return_min': -123.0, 'return_max': 0.0})"
+        )
+    )
     rc, _, err = run({"folds": 2})
     assert rc == 50 and err.splitlines()[0].endswith("(folds 1 -> 2)")
     train_tokenizer(["some other words entirely"], tmp_path / "tok", vocab_size=280)
     rc, _, err = run({"tokenizer": str(tmp_path / "tok")})
     assert rc == 50 and "tokenizer tokenizer.json sha256 " in err and "model_config.text.vocab_size " in err
     rc, _, err = run({}, resume=False)
-    assert rc == 50 and err.startswith(f"error: {out / 'model_0' / 'checkpoints'} already holds checkpoints and resume is off")
+    assert rc == 50 and err.startswith(
+        f"error: {out / 'model_0' / 'checkpoints'} already holds checkpoints and resume is off"
+    )
     assert {p: p.read_bytes() for p in before} == before  # every refusal left the setup it guards untouched
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # no staging left behind
 
@@ -405,8 +536,8 @@ def test_resume_refuses_a_changed_value_setup_and_continues_an_unchanged_one(sta
 
 
 def test_setup_changes_names_bins_and_fold_plan_moves(stage_dir):
-    from reproduction.recap.crossfit import split_folds
-    from reproduction.recap.value_task import read_setup, setup_changes
+    from reproduction.recap.value.crossfit import split_folds
+    from reproduction.recap.value.task import read_setup, setup_changes
 
     old = read_setup(stage_dir / "value" / "value_setup.json")
     tok = stage_dir / "value" / "tokenizer"
@@ -415,7 +546,10 @@ def test_setup_changes_names_bins_and_fold_plan_moves(stage_dir):
     new.model_config = {**new.model_config, "num_bins": 101, "v_min": -2.0}
     new.plan = split_folds({"ds": np.arange(1, 16, 2)[:-1]}, folds=2, seed=old.plan.seed)
     assert setup_changes(old, new, old_tokenizer=tok, new_tokenizer=tok) == [
-        "model_config.num_bins 201 -> 101", "model_config.v_min -1.0 -> -2.0", "fold_plan: the episodes of ['ds'] differ"]
+        "model_config.num_bins 201 -> 101",
+        "model_config.v_min -1.0 -> -2.0",
+        "fold_plan: the episodes of ['ds'] differ",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -423,8 +557,14 @@ def ray_local():
     """One local Ray for this module's Ray tests, on 127.0.0.1, stopped at the end."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024,
-             log_to_driver=False, _node_ip_address="127.0.0.1")
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=200 * 1024 * 1024,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+    )
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
@@ -432,20 +572,37 @@ def ray_local():
 
 
 def _infer_args(stage_dir: Path, out: Path, workers: int, *extra: str) -> list[str]:
-    return ["infer", "--stage", str(stage_dir / "value"), "--dataset", str(stage_dir / "ds"), "--out", str(out),
-            "--lookahead", "4", "--batch-size", "5", "--device", "cpu", "--workers", str(workers), *extra]
+    return [
+        "infer",
+        "--stage",
+        str(stage_dir / "value"),
+        "--dataset",
+        str(stage_dir / "ds"),
+        "--out",
+        str(out),
+        "--lookahead",
+        "4",
+        "--batch-size",
+        "5",
+        "--device",
+        "cpu",
+        "--workers",
+        str(workers),
+        *extra,
+    ]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_infer_cli_runs_the_shards_on_ray_workers_with_the_in_process_values(stage_dir, ray_local, tmp_path,
-                                                                            monkeypatch, capsys):
+def test_infer_cli_runs_the_shards_on_ray_workers_with_the_in_process_values(
+    stage_dir, ray_local, tmp_path, monkeypatch, capsys
+):
     """--workers 2: two Ray workers infer their owned rows (the driver runs no forward); the parquet
     equals --workers 1's: the same keys, values to 1e-6, fingerprint metadata, frames per model."""
     import pyarrow.parquet as pq
     import ray
 
-    from reproduction.recap import value as value_cli
+    from reproduction.recap.value import cli as value_cli
 
     forwards = _count_forwards(monkeypatch)  # spies on this process's models only
     one, two = tmp_path / "one.parquet", tmp_path / "two.parquet"
@@ -474,15 +631,22 @@ def test_infer_cli_runs_the_shards_on_ray_workers_with_the_in_process_values(sta
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("fault, words", [
-    ("raise", "error: value inference shard 1 raised RuntimeError: injected failure in value inference shard 1 "
-              "(PORTABLE_TEST_INFER_FAULT=raise:1)"),
-    ("die", "error: value inference shard 1 died: WorkerCrashedError: "),
-])
-def test_a_failing_inference_worker_is_exit_51_and_writes_nothing(stage_dir, ray_local, tmp_path, monkeypatch, capsys,
-                                                                   fault, words):
-    from reproduction.recap import value as value_cli
-    from reproduction.recap.value_infer import FAULT_HOOK
+@pytest.mark.parametrize(
+    "fault, words",
+    [
+        (
+            "raise",
+            "error: value inference shard 1 raised RuntimeError: injected failure in value inference shard 1 "
+            "(PORTABLE_TEST_INFER_FAULT=raise:1)",
+        ),
+        ("die", "error: value inference shard 1 died: WorkerCrashedError: "),
+    ],
+)
+def test_a_failing_inference_worker_is_exit_51_and_writes_nothing(
+    stage_dir, ray_local, tmp_path, monkeypatch, capsys, fault, words
+):
+    from reproduction.recap.value import cli as value_cli
+    from reproduction.recap.value.infer import FAULT_HOOK
 
     monkeypatch.setenv(FAULT_HOOK, f"{fault}:1")  # PORTABLE_* reaches the workers; only a worker reads it
     out = tmp_path / "values.parquet"
@@ -504,17 +668,24 @@ def test_an_inference_worker_refuses_a_dataset_other_than_the_planned_one(stage_
     from reproduction.data.reader import open_dataset
     from reproduction.errors import FingerprintMismatchError
     from reproduction.recap.sharding import Shard
-    from reproduction.recap.value_infer import ShardJob, infer_job
+    from reproduction.recap.value.infer import ShardJob, infer_job
     from reproduction.train.device import resolve
 
     planned = open_dataset(stage_dir / "changed" / "ds").fingerprint
-    job = ShardJob(stage_dir=str(stage_dir / "value"), dataset_root=str(stage_dir / "ds"), fingerprint=planned,
-                   shard=Shard(rank=0, start=0, stop=4, infer_stop=4), spec=resolve("cpu"), batch_size=4)
+    job = ShardJob(
+        stage_dir=str(stage_dir / "value"),
+        dataset_root=str(stage_dir / "ds"),
+        fingerprint=planned,
+        shard=Shard(rank=0, start=0, stop=4, infer_stop=4),
+        spec=resolve("cpu"),
+        batch_size=4,
+    )
     actual = open_dataset(stage_dir / "ds").fingerprint
     with pytest.raises(FingerprintMismatchError) as info:
         infer_job(job)
-    assert str(info.value) == (f"{stage_dir / 'ds'}: fingerprint {actual} on this worker, {planned} when stage 3 "
-                               "planned its shards")
+    assert str(info.value) == (
+        f"{stage_dir / 'ds'}: fingerprint {actual} on this worker, {planned} when stage 3 planned its shards"
+    )
     assert info.value.exit_code == 41
     table = infer_job(dataclasses.replace(job, fingerprint=actual))  # the right copy: only its owned rows
     _, ep, fr = sorted_frames(open_dataset(stage_dir / "ds"))

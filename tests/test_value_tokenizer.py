@@ -43,7 +43,7 @@ def test_prompts_are_padded_to_the_longest_in_the_batch_not_to_200(tmp_path):
     lengths = [len(tok(p)["input_ids"]) for p in prompts]
     assert ids.shape == mask.shape == (2, max(lengths)) and max(lengths) < 40
     assert mask.sum(1).tolist() == lengths
-    assert ids[1, lengths[1]:].eq(0).all() and ids[0].tolist() == tok(prompts[0])["input_ids"]
+    assert ids[1, lengths[1] :].eq(0).all() and ids[0].tolist() == tok(prompts[0])["input_ids"]
     ids, _ = encode_prompts(tok, prompts, max_len=5)
     assert ids.shape == (2, 5)
 

@@ -6,8 +6,8 @@ import json
 import os
 
 import pytest
-
 from bundlekit import flip_bit, run_cli, small_bundle
+
 from reproduction.errors import IntegrityError
 from reproduction.release.manifest import load_manifest
 from reproduction.release.verify import verify_bundle, verify_or_raise
@@ -38,15 +38,19 @@ def test_clean_bundle_verifies_with_exit_0(bundle):
 
 
 def test_each_problem_kind_is_reported_with_its_code(bundle):
-    (bundle / "data" / "episodes.parquet").unlink()                       # missing
-    (bundle / "weights" / "stray.bin").write_bytes(b"?")                  # extra
-    with open(bundle / "weights" / "tokenizer.json", "ab") as fh:          # size
+    (bundle / "data" / "episodes.parquet").unlink()  # missing
+    (bundle / "weights" / "stray.bin").write_bytes(b"?")  # extra
+    with open(bundle / "weights" / "tokenizer.json", "ab") as fh:  # size
         fh.write(b" ")
-    flip_bit(bundle / "weights" / "model.safetensors", 1000, 3)           # digest
+    flip_bit(bundle / "weights" / "model.safetensors", 1000, 3)  # digest
     report = verify_bundle(bundle)
     got = [(p.kind, p.path) for p in report.problems]
-    assert got == [("missing", "data/episodes.parquet"), ("extra", "weights/stray.bin"),
-                   ("size", "weights/tokenizer.json"), ("digest", "weights/model.safetensors")]
+    assert got == [
+        ("missing", "data/episodes.parquet"),
+        ("extra", "weights/stray.bin"),
+        ("size", "weights/tokenizer.json"),
+        ("digest", "weights/model.safetensors"),
+    ]
     size = report.problems[2]
     assert size.actual == size.expected + 1
     assert report.exit_code == 11  # the lowest code present wins
@@ -57,8 +61,10 @@ def test_each_problem_kind_is_reported_with_its_code(bundle):
     assert "weights/model.safetensors" in str(info.value)
 
 
-@pytest.mark.parametrize("damage, code, kind", [
-    ("unlink", 11, "missing"), ("extra", 12, "extra"), ("append", 13, "size"), ("flip", 14, "digest")])
+@pytest.mark.parametrize(
+    "damage, code, kind",
+    [("unlink", 11, "missing"), ("extra", 12, "extra"), ("append", 13, "size"), ("flip", 14, "digest")],
+)
 def test_cli_exit_code_per_kind_and_json(bundle, damage, code, kind):
     target = bundle / "weights" / "model.safetensors"
     if damage == "unlink":
@@ -97,7 +103,9 @@ def test_a_file_replaced_by_a_folder_is_missing(bundle):
     os.unlink(bundle / "weights" / "tokenizer.json")
     (bundle / "weights" / "tokenizer.json").mkdir()
     report = verify_bundle(bundle)
-    assert [(p.kind, p.path, p.actual) for p in report.problems] == [("missing", "weights/tokenizer.json", "not a regular file")]
+    assert [(p.kind, p.path, p.actual) for p in report.problems] == [
+        ("missing", "weights/tokenizer.json", "not a regular file")
+    ]
 
 
 def test_verify_from_the_bundles_own_runner_by_default(bundle):

@@ -60,8 +60,10 @@ class MLP(nn.Module):
 
 
 def collate(samples: list) -> dict[str, torch.Tensor]:
-    return {"x": torch.from_numpy(np.stack([s[0] for s in samples])),
-            "y": torch.from_numpy(np.stack([s[1] for s in samples]))}
+    return {
+        "x": torch.from_numpy(np.stack([s[0] for s in samples])),
+        "y": torch.from_numpy(np.stack([s[1] for s in samples])),
+    }
 
 
 def augment(sample, rng: np.random.Generator):
@@ -72,11 +74,23 @@ def augment(sample, rng: np.random.Generator):
 class _Faults:
     """Counts loss calls on this rank and fires the configured fault."""
 
-    def __init__(self, *, rank: int, fault_rank: int, raise_at_step: int | None, die_at_step: int | None,
-                 step_sleep: float, nan_at_call: int | None) -> None:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        fault_rank: int,
+        raise_at_step: int | None,
+        die_at_step: int | None,
+        step_sleep: float,
+        nan_at_call: int | None,
+    ) -> None:
         self.rank, self.fault_rank, self.calls = rank, fault_rank, 0
         self.raise_at_step, self.die_at_step, self.step_sleep, self.nan_at_call = (
-            raise_at_step, die_at_step, step_sleep, nan_at_call)
+            raise_at_step,
+            die_at_step,
+            step_sleep,
+            nan_at_call,
+        )
 
     def __call__(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
         self.calls += 1
@@ -120,9 +134,20 @@ def evaluate(model: nn.Module, ctx: EvalContext) -> dict[str, float]:
     return {"mse": float(every.mean()), "count": float(len(every))}
 
 
-def make_task(rank: int, world_size: int, *, dropout: float = 0.0, scale: float = 1.0, pid_dir: str | None = None,
-              fault_rank: int = 1, raise_at_step: int | None = None, die_at_step: int | None = None,
-              step_sleep: float = 0.0, nan_at_call: int | None = None, die_in_save: int | None = None) -> TrainTask:
+def make_task(
+    rank: int,
+    world_size: int,
+    *,
+    dropout: float = 0.0,
+    scale: float = 1.0,
+    pid_dir: str | None = None,
+    fault_rank: int = 1,
+    raise_at_step: int | None = None,
+    die_at_step: int | None = None,
+    step_sleep: float = 0.0,
+    nan_at_call: int | None = None,
+    die_in_save: int | None = None,
+) -> TrainTask:
     """The tiny task; `*_at_step` count loss calls on `fault_rank` (one per micro batch)."""
     if pid_dir:
         Path(pid_dir).mkdir(parents=True, exist_ok=True)
@@ -142,11 +167,25 @@ def make_task(rank: int, world_size: int, *, dropout: float = 0.0, scale: float 
     def extras(folder: Path) -> None:
         (folder / "task.json").write_text(json.dumps({"dim": DIM}))
 
-    faults = _Faults(rank=rank, fault_rank=fault_rank, raise_at_step=raise_at_step, die_at_step=die_at_step,
-                     step_sleep=step_sleep, nan_at_call=nan_at_call)
-    return TrainTask(model=model, train_dataset=Regression(N_TRAIN, seed=5), collate=collate, loss=faults,
-                     evaluate=evaluate, param_groups=groups, augment=augment, export_extras=extras,
-                     model_config={"kind": "tiny-mlp", "dim": DIM})
+    faults = _Faults(
+        rank=rank,
+        fault_rank=fault_rank,
+        raise_at_step=raise_at_step,
+        die_at_step=die_at_step,
+        step_sleep=step_sleep,
+        nan_at_call=nan_at_call,
+    )
+    return TrainTask(
+        model=model,
+        train_dataset=Regression(N_TRAIN, seed=5),
+        collate=collate,
+        loss=faults,
+        evaluate=evaluate,
+        param_groups=groups,
+        augment=augment,
+        export_extras=extras,
+        model_config={"kind": "tiny-mlp", "dim": DIM},
+    )
 
 
 def tb_scalars(out_dir: Path, tag: str) -> list[tuple[int, float]]:
@@ -160,9 +199,21 @@ def tb_scalars(out_dir: Path, tag: str) -> list[tuple[int, float]]:
 
 
 def config(**overrides) -> TrainConfig:
-    base = dict(max_steps=24, global_batch=8, micro_batch=2, world_size=2, device="cpu", lr=1e-3,
-                warmup_steps=3, eval_interval=2, save_interval=4, keep_last=10, seed=3,
-                start_timeout_s=60, collective_timeout_s=60)
+    base = dict(
+        max_steps=24,
+        global_batch=8,
+        micro_batch=2,
+        world_size=2,
+        device="cpu",
+        lr=1e-3,
+        warmup_steps=3,
+        eval_interval=2,
+        save_interval=4,
+        keep_last=10,
+        seed=3,
+        start_timeout_s=60,
+        collective_timeout_s=60,
+    )
     base.update(overrides)
     return TrainConfig(**base)
 
@@ -179,10 +230,20 @@ def main() -> None:
     args = parser.parse_args()
     from reproduction.train.api import train
 
-    task = functools.partial(make_task, dropout=args.dropout, step_sleep=args.step_sleep,
-                             pid_dir=str(Path(args.out) / "pids"), die_in_save=args.die_in_save)
-    result = train(task, config(world_size=args.world_size, max_steps=args.max_steps), out_dir=Path(args.out),
-                   resume=True, ray_address=args.ray_address)
+    task = functools.partial(
+        make_task,
+        dropout=args.dropout,
+        step_sleep=args.step_sleep,
+        pid_dir=str(Path(args.out) / "pids"),
+        die_in_save=args.die_in_save,
+    )
+    result = train(
+        task,
+        config(world_size=args.world_size, max_steps=args.max_steps),
+        out_dir=Path(args.out),
+        resume=True,
+        ray_address=args.ray_address,
+    )
     print(json.dumps({"step": result.step, "resumed_from": result.resumed_from}))
 
 

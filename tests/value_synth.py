@@ -18,15 +18,17 @@ CAMERA = "observation.images.front"
 TASKS = ["push the red block to the green goal", "Move the red cube onto the green marker."]
 
 
-def _frame(rng: np.random.Generator, block: np.ndarray, goal: np.ndarray, wall: tuple[int, int, int, int] | None) -> np.ndarray:
+def _frame(
+    rng: np.random.Generator, block: np.ndarray, goal: np.ndarray, wall: tuple[int, int, int, int] | None
+) -> np.ndarray:
     img = (rng.integers(20, 60, size=(64, 64, 3))).astype(np.uint8)
     gy, gx = np.round(goal).astype(int)
-    img[max(gy - 5, 0):gy + 5, max(gx - 5, 0):gx + 5] = (30, 200, 40)
+    img[max(gy - 5, 0) : gy + 5, max(gx - 5, 0) : gx + 5] = (30, 200, 40)
     if wall is not None:
         y0, y1, x0, x1 = wall
         img[y0:y1, x0:x1] = (170, 170, 170)
     by, bx = np.round(block).astype(int)
-    img[max(by - 4, 0):by + 4, max(bx - 4, 0):bx + 4] = (220, 30, 30)
+    img[max(by - 4, 0) : by + 4, max(bx - 4, 0) : bx + 4] = (220, 30, 30)
     return img
 
 
@@ -49,8 +51,9 @@ def _episode(rng: np.random.Generator, idx: int) -> tuple[np.ndarray, bool]:
     return np.stack(frames), success
 
 
-def write_value_dataset(root: Path, *, episodes: int = 48, seed: int = 0, runs: Path | None = None,
-                        failure_reward: float = -30.0) -> Path:
+def write_value_dataset(
+    root: Path, *, episodes: int = 48, seed: int = 0, runs: Path | None = None, failure_reward: float = -30.0
+) -> Path:
     """Write the dataset at `root` and its returns sidecar into `runs` (default root.parent/'returns').
 
     Returns the folder holding the sidecar (pass it as the source's `returns`). Episode ids are
@@ -64,8 +67,13 @@ def write_value_dataset(root: Path, *, episodes: int = 48, seed: int = 0, runs: 
     for i in range(episodes):
         images, ok = _episode(rng, i)
         n = images.shape[0]
-        eps.append(EpisodeData(episode_index=2 * i + 1, task=TASKS[i % len(TASKS)],
-                               frames={CAMERA: images, "is_success": np.full(n, ok, dtype=bool)}))
+        eps.append(
+            EpisodeData(
+                episode_index=2 * i + 1,
+                task=TASKS[i % len(TASKS)],
+                frames={CAMERA: images, "is_success": np.full(n, ok, dtype=bool)},
+            )
+        )
     features = {CAMERA: {"dtype": "image", "shape": [64, 64, 3]}, "is_success": {"dtype": "bool", "shape": [1]}}
     write_dataset(root, eps, fps=10, features=features, tasks=TASKS)
     runs = Path(runs) if runs is not None else Path(root).parent / "returns"

@@ -28,10 +28,19 @@ from reproduction.checks.probe import ACCELERATOR, SKEW, ProbeResult, fail, ok, 
 # Oldest CANN each torch_npu release line supports, from the version table of Ascend/pytorch's README
 # and docs/zh/release_notes/related_product_version_compatibility_notes.md. Older CANN gives undefined
 # symbols at `import torch_npu`.
-MIN_CANN = {(2, 1): "7.0.0", (2, 2): "8.0.RC1", (2, 3): "8.0.RC2", (2, 4): "8.0.RC3", (2, 5): "8.0.0",
-            (2, 6): "8.1.RC1", (2, 7): "8.2.RC1", (2, 8): "8.3.RC1", (2, 9): "8.5.0"}
+MIN_CANN = {
+    (2, 1): "7.0.0",
+    (2, 2): "8.0.RC1",
+    (2, 3): "8.0.RC2",
+    (2, 4): "8.0.RC3",
+    (2, 5): "8.0.0",
+    (2, 6): "8.1.RC1",
+    (2, 7): "8.2.RC1",
+    (2, 8): "8.3.RC1",
+    (2, 9): "8.5.0",
+}
 
-TORCH_NPU_SCRIPT = r'''# portable-probe: torch-npu
+TORCH_NPU_SCRIPT = r"""# portable-probe: torch-npu
 import json, os
 os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
 out = {}
@@ -45,7 +54,7 @@ try:
 except BaseException as exc:
     out["error"] = "%s: %s" % (type(exc).__name__, exc)
 print(json.dumps(out))
-'''
+"""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -103,8 +112,11 @@ def find_cann(ctx: CheckContext) -> CannInstall | None:
     """The first CANN toolkit found (see the module docstring for the search order), or None."""
     arch = platform.machine()
     for home in _candidate_homes(ctx):
-        files = [home / f"{arch}-linux" / "ascend_toolkit_install.info", *sorted(home.glob("*-linux/ascend_toolkit_install.info")),
-                 home / "version.cfg"]
+        files = [
+            home / f"{arch}-linux" / "ascend_toolkit_install.info",
+            *sorted(home.glob("*-linux/ascend_toolkit_install.info")),
+            home / "version.cfg",
+        ]
         found = next((f for f in files if f.is_file()), None)
         if found is None:
             continue
@@ -137,12 +149,26 @@ def parse_npu_smi(text: str) -> dict[str, Any]:
         if in_processes:
             if len(cells) == 4 and cells[1].isdigit():
                 mem = cells[3].split()[0] if cells[3] else ""
-                processes.append({"npu": int(cells[0].split()[0]), "pid": int(cells[1]), "process": cells[2],
-                                  "memory_mb": int(mem) if mem.isdigit() else None})
+                processes.append(
+                    {
+                        "npu": int(cells[0].split()[0]),
+                        "pid": int(cells[1]),
+                        "process": cells[2],
+                        "memory_mb": int(mem) if mem.isdigit() else None,
+                    }
+                )
             continue
         if len(cells) >= 3 and _HEALTH.match(cells[1]) and cells[0].split()[:1] and cells[0].split()[0].isdigit():
             npu_id, _, name = cells[0].partition(" ")
-            npus.append({"npu": int(npu_id), "name": name.strip(), "health": cells[1], "hbm_used_mb": None, "hbm_total_mb": None})
+            npus.append(
+                {
+                    "npu": int(npu_id),
+                    "name": name.strip(),
+                    "health": cells[1],
+                    "hbm_used_mb": None,
+                    "hbm_total_mb": None,
+                }
+            )
         elif len(cells) >= 3 and _BUS.match(cells[1]) and npus:
             pairs = re.findall(r"(\d+)\s*/\s*(\d+)", cells[2])
             if pairs:
@@ -172,10 +198,20 @@ def probe_ascend(ctx: CheckContext, selected: str) -> list[ProbeResult]:
     if selected != "npu":
         return [skip("npu", f"not selected (device {selected})")]
     smi_result = ctx.run(["npu-smi", "info"], timeout=30, env=ctx.env)
-    smi = parse_npu_smi(smi_result.stdout) if smi_result.returncode == 0 else {"version": None, "npus": [], "processes": []}
-    smi_note = "npu-smi not found" if not smi_result.found else (
-        f"npu-smi failed (exit {smi_result.returncode}): {smi_result.tail(150)}" if smi_result.returncode else
-        f"npu-smi {smi['version']} sees {len(smi['npus'])} NPU(s)")
+    smi = (
+        parse_npu_smi(smi_result.stdout)
+        if smi_result.returncode == 0
+        else {"version": None, "npus": [], "processes": []}
+    )
+    smi_note = (
+        "npu-smi not found"
+        if not smi_result.found
+        else (
+            f"npu-smi failed (exit {smi_result.returncode}): {smi_result.tail(150)}"
+            if smi_result.returncode
+            else f"npu-smi {smi['version']} sees {len(smi['npus'])} NPU(s)"
+        )
+    )
     cann = find_cann(ctx)
     info = _torch_npu(ctx)
     results = [_cann_row(ctx, cann), _device_row(info, smi_note, smi)]
@@ -188,44 +224,93 @@ def probe_ascend(ctx: CheckContext, selected: str) -> list[ProbeResult]:
 
 def _cann_row(ctx: CheckContext, cann: CannInstall | None) -> ProbeResult:
     if cann is None:
-        return fail("npu.cann", ACCELERATOR, "no CANN toolkit found (ASCEND_TOOLKIT_HOME/ASCEND_HOME_PATH unset, nothing under "
-                    f"{', '.join(map(str, ctx.ascend_roots))})", "install the CANN toolkit, then `source <toolkit>/set_env.sh`")
-    details = {"home": str(cann.home), "version": cann.version, "version_file": str(cann.version_file),
-               "set_env": str(cann.set_env) if cann.set_env else None}
+        return fail(
+            "npu.cann",
+            ACCELERATOR,
+            "no CANN toolkit found (ASCEND_TOOLKIT_HOME/ASCEND_HOME_PATH unset, nothing under "
+            f"{', '.join(map(str, ctx.ascend_roots))})",
+            "install the CANN toolkit, then `source <toolkit>/set_env.sh`",
+        )
+    details = {
+        "home": str(cann.home),
+        "version": cann.version,
+        "version_file": str(cann.version_file),
+        "set_env": str(cann.set_env) if cann.set_env else None,
+    }
     source = f"source {cann.set_env or cann.home / 'set_env.sh'}"
-    if not (ctx.env.get("ASCEND_HOME_PATH") or ctx.env.get("ASCEND_TOOLKIT_HOME")) or not _on_library_path(ctx, cann.home):
-        return fail("npu.cann", ACCELERATOR, f"CANN {cann.version} at {cann.home} is not set up in this shell "
-                    "(ASCEND_HOME_PATH unset or LD_LIBRARY_PATH lacks the toolkit): torch_npu fails with "
-                    "`ImportError: libhccl.so`", f"{source} before the run", **details)
-    return ok("npu.cann", f"CANN {cann.version} at {cann.home} (from {cann.version_file.name if cann.version_file else '?'}), on LD_LIBRARY_PATH", **details)
+    if not (ctx.env.get("ASCEND_HOME_PATH") or ctx.env.get("ASCEND_TOOLKIT_HOME")) or not _on_library_path(
+        ctx, cann.home
+    ):
+        return fail(
+            "npu.cann",
+            ACCELERATOR,
+            f"CANN {cann.version} at {cann.home} is not set up in this shell "
+            "(ASCEND_HOME_PATH unset or LD_LIBRARY_PATH lacks the toolkit): torch_npu fails with "
+            "`ImportError: libhccl.so`",
+            f"{source} before the run",
+            **details,
+        )
+    return ok(
+        "npu.cann",
+        f"CANN {cann.version} at {cann.home} (from {cann.version_file.name if cann.version_file else '?'}), on LD_LIBRARY_PATH",
+        **details,
+    )
 
 
 def _device_row(info: dict, smi_note: str, smi: dict) -> ProbeResult:
     details = {"torch_npu": info, "npu_smi": smi}
     if info.get("error"):
-        return fail("npu", ACCELERATOR, f"{smi_note}; {info['error']}",
-                    "install torch_npu matching torch and CANN in the runtime, and source CANN's set_env.sh", **details)
+        return fail(
+            "npu",
+            ACCELERATOR,
+            f"{smi_note}; {info['error']}",
+            "install torch_npu matching torch and CANN in the runtime, and source CANN's set_env.sh",
+            **details,
+        )
     if not info.get("available") or not info.get("devices"):
-        return fail("npu", ACCELERATOR, f"{smi_note}; torch_npu {info.get('torch_npu')} sees no NPU (torch.npu.is_available() is False)",
-                    "check the driver (npu-smi info), ASCEND_RT_VISIBLE_DEVICES and the container's /dev/davinci* mounts", **details)
+        return fail(
+            "npu",
+            ACCELERATOR,
+            f"{smi_note}; torch_npu {info.get('torch_npu')} sees no NPU (torch.npu.is_available() is False)",
+            "check the driver (npu-smi info), ASCEND_RT_VISIBLE_DEVICES and the container's /dev/davinci* mounts",
+            **details,
+        )
     names = sorted({d["name"] for d in info["devices"]})
-    return ok("npu", f"{len(info['devices'])} x {', '.join(names)}; {smi_note}; torch {info.get('torch')}, torch_npu {info['torch_npu']}", **details)
+    return ok(
+        "npu",
+        f"{len(info['devices'])} x {', '.join(names)}; {smi_note}; torch {info.get('torch')}, torch_npu {info['torch_npu']}",
+        **details,
+    )
 
 
 def _skew_row(info: dict, cann: CannInstall | None) -> ProbeResult:
     torch, npu = info.get("torch", ""), info["torch_npu"]
     details = {"torch": torch, "torch_npu": npu, "cann": cann.version if cann else None}
     if version_tuple(torch)[:3] != version_tuple(npu)[:3]:
-        return fail("npu.skew", SKEW, f"torch {torch} with torch_npu {npu}: torch_npu X.Y.Z needs torch X.Y.Z",
-                    f"install torch=={'.'.join(map(str, version_tuple(npu)[:3]))} (or the torch_npu matching torch {torch})", **details)
+        return fail(
+            "npu.skew",
+            SKEW,
+            f"torch {torch} with torch_npu {npu}: torch_npu X.Y.Z needs torch X.Y.Z",
+            f"install torch=={'.'.join(map(str, version_tuple(npu)[:3]))} (or the torch_npu matching torch {torch})",
+            **details,
+        )
     needed = MIN_CANN.get(version_tuple(npu)[:2])
     have = cann_key(cann.version) if cann and cann.version else None
     if needed is None or have is None:
-        return warn("npu.skew", f"torch_npu {npu} with CANN {cann.version if cann else '?'}: pair not in the known table",
-                    "check Ascend/pytorch's version table for this pair", **details)
+        return warn(
+            "npu.skew",
+            f"torch_npu {npu} with CANN {cann.version if cann else '?'}: pair not in the known table",
+            "check Ascend/pytorch's version table for this pair",
+            **details,
+        )
     if have < cann_key(needed):
-        return fail("npu.skew", SKEW, f"torch_npu {npu} needs CANN >= {needed}, found CANN {cann.version} (undefined symbols at import)",
-                    f"install CANN {needed} or newer, or a torch_npu release line built for CANN {cann.version}", **details)
+        return fail(
+            "npu.skew",
+            SKEW,
+            f"torch_npu {npu} needs CANN >= {needed}, found CANN {cann.version} (undefined symbols at import)",
+            f"install CANN {needed} or newer, or a torch_npu release line built for CANN {cann.version}",
+            **details,
+        )
     return ok("npu.skew", f"torch {torch} / torch_npu {npu} / CANN {cann.version} (>= {needed})", **details)
 
 
@@ -236,6 +321,16 @@ def _processes_row(smi: dict) -> ProbeResult:
         return ok("npu.processes", f"no other process on the {len(smi['npus'])} NPU(s)", **details)
     desc = "; ".join(f"NPU {p['npu']}: pid {p['pid']} {p['process']} {p['memory_mb']} MB" for p in procs)
     if any(p["memory_mb"] is None or p["memory_mb"] >= BUSY_MIB for p in procs):
-        return fail("npu.processes", ACCELERATOR, f"NPU(s) already in use: {desc}",
-                    "wait for those jobs or pick free NPUs with ASCEND_RT_VISIBLE_DEVICES", **details)
-    return warn("npu.processes", f"small processes on NPU(s): {desc}", "fine unless they grow; check with npu-smi info", **details)
+        return fail(
+            "npu.processes",
+            ACCELERATOR,
+            f"NPU(s) already in use: {desc}",
+            "wait for those jobs or pick free NPUs with ASCEND_RT_VISIBLE_DEVICES",
+            **details,
+        )
+    return warn(
+        "npu.processes",
+        f"small processes on NPU(s): {desc}",
+        "fine unless they grow; check with npu-smi info",
+        **details,
+    )

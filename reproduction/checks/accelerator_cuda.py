@@ -22,7 +22,7 @@ QUERY_GPU = ("index", "uuid", "name", "memory.total", "memory.used", "driver_ver
 QUERY_APPS = ("gpu_uuid", "pid", "process_name", "used_memory")
 BUSY_MIB = 1024
 
-TORCH_CUDA_SCRIPT = r'''# portable-probe: torch-cuda
+TORCH_CUDA_SCRIPT = r"""# portable-probe: torch-cuda
 import json, os
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")  # a torch_npu without CANN must not break this probe
 out = {}
@@ -46,7 +46,7 @@ try:
 except Exception as exc:
     out["error"] = "%s: %s" % (type(exc).__name__, exc)
 print(json.dumps(out))
-'''
+"""
 
 
 def _mib(value: str) -> int | None:
@@ -69,9 +69,17 @@ def parse_query_gpu(text: str) -> list[dict[str, Any]]:
     """Rows of `nvidia-smi --query-gpu=<QUERY_GPU> --format=csv` as typed dicts."""
     gpus = []
     for row in _csv_rows(text):
-        gpus.append({"index": int(row.get("index", len(gpus))), "uuid": row.get("uuid", ""), "name": row.get("name", ""),
-                     "memory_total_mib": _mib(row.get("memory.total", "")), "memory_used_mib": _mib(row.get("memory.used", "")),
-                     "driver": row.get("driver_version", ""), "capability": row.get("compute_cap", "")})
+        gpus.append(
+            {
+                "index": int(row.get("index", len(gpus))),
+                "uuid": row.get("uuid", ""),
+                "name": row.get("name", ""),
+                "memory_total_mib": _mib(row.get("memory.total", "")),
+                "memory_used_mib": _mib(row.get("memory.used", "")),
+                "driver": row.get("driver_version", ""),
+                "capability": row.get("compute_cap", ""),
+            }
+        )
     return gpus
 
 
@@ -82,8 +90,14 @@ def parse_compute_apps(text: str) -> list[dict[str, Any]]:
         pid = row.get("pid", "")
         if pid.isdigit():
             # The header of used_memory is 'used_gpu_memory [MiB]'.
-            apps.append({"gpu_uuid": row.get("gpu_uuid", ""), "pid": int(pid), "process": row.get("process_name", ""),
-                         "memory_mib": _mib(row.get("used_gpu_memory", row.get("used_memory", "")))})
+            apps.append(
+                {
+                    "gpu_uuid": row.get("gpu_uuid", ""),
+                    "pid": int(pid),
+                    "process": row.get("process_name", ""),
+                    "memory_mib": _mib(row.get("used_gpu_memory", row.get("used_memory", ""))),
+                }
+            )
     return apps
 
 
@@ -94,7 +108,11 @@ def visible(gpus: list[dict[str, Any]], env: dict[str, str]) -> list[dict[str, A
         return gpus
     keep = []
     for item in (s.strip() for s in spec.split(",") if s.strip()):
-        keep += [g for g in gpus if (item.isdigit() and g["index"] == int(item)) or (item.startswith("GPU-") and g["uuid"].startswith(item))]
+        keep += [
+            g
+            for g in gpus
+            if (item.isdigit() and g["index"] == int(item)) or (item.startswith("GPU-") and g["uuid"].startswith(item))
+        ]
     return keep
 
 
@@ -105,7 +123,9 @@ def _nvidia_smi(ctx: CheckContext) -> tuple[list[dict[str, Any]], list[dict[str,
         return [], [], "not found"
     if gpu_out.returncode != 0:
         return [], [], f"nvidia-smi failed (exit {gpu_out.returncode}): {gpu_out.tail(200)}"
-    apps_out = ctx.run(["nvidia-smi", f"--query-compute-apps={','.join(QUERY_APPS)}", "--format=csv"], timeout=30, env=ctx.env)
+    apps_out = ctx.run(
+        ["nvidia-smi", f"--query-compute-apps={','.join(QUERY_APPS)}", "--format=csv"], timeout=30, env=ctx.env
+    )
     return parse_query_gpu(gpu_out.stdout), parse_compute_apps(apps_out.stdout) if apps_out.returncode == 0 else [], ""
 
 
@@ -122,7 +142,11 @@ def _torch_cuda(ctx: CheckContext) -> dict[str, Any]:
 def probe_cuda(ctx: CheckContext, selected: str) -> list[ProbeResult]:
     """CUDA rows; skipped without a torch import when CUDA is neither requested nor present."""
     if selected != "cuda":
-        reason = "nvidia-smi not on PATH" if not shutil.which("nvidia-smi", path=ctx.env.get("PATH")) else "nvidia-smi present"
+        reason = (
+            "nvidia-smi not on PATH"
+            if not shutil.which("nvidia-smi", path=ctx.env.get("PATH"))
+            else "nvidia-smi present"
+        )
         torch = ctx.dist_version("torch")
         torch_note = f"torch {torch} not imported" if torch else "torch not installed"
         return [skip("cuda", f"not selected (device {selected}; {reason}; {torch_note})")]
@@ -141,37 +165,76 @@ def _device_row(gpus: list, info: dict, smi_error: str, details: dict) -> ProbeR
     torch = info.get("torch")
     seen = f"nvidia-smi sees {len(gpus)} GPU(s)" if gpus else f"nvidia-smi {smi_error or 'lists no GPU'}"
     if info.get("error"):
-        return fail("cuda", ACCELERATOR, f"{seen}; {info['error']}",
-                    "install torch with CUDA in the runtime (restore the bundle), or use --device cpu", **details)
+        return fail(
+            "cuda",
+            ACCELERATOR,
+            f"{seen}; {info['error']}",
+            "install torch with CUDA in the runtime (restore the bundle), or use --device cpu",
+            **details,
+        )
     if not info.get("cuda_runtime"):
         if gpus:
-            return fail("cuda", SKEW, f"{seen} but torch {torch} is a CPU-only build",
-                        "install the torch CUDA build the bundle pins (restore the bundle's runtime)", **details)
-        return fail("cuda", ACCELERATOR, f"no CUDA device: {seen}; torch {torch} is built without CUDA",
-                    "run on a GPU machine, or use --device cpu (or auto)", **details)
+            return fail(
+                "cuda",
+                SKEW,
+                f"{seen} but torch {torch} is a CPU-only build",
+                "install the torch CUDA build the bundle pins (restore the bundle's runtime)",
+                **details,
+            )
+        return fail(
+            "cuda",
+            ACCELERATOR,
+            f"no CUDA device: {seen}; torch {torch} is built without CUDA",
+            "run on a GPU machine, or use --device cpu (or auto)",
+            **details,
+        )
     if not info.get("available") or not info.get("devices"):
-        return fail("cuda", ACCELERATOR, f"{seen} but torch {torch} (CUDA {info['cuda_runtime']}) cannot use any: "
-                    "torch.cuda.is_available() is False", "check the driver (nvidia-smi), CUDA_VISIBLE_DEVICES and "
-                    "the container's GPU access (--gpus all)", **details)
+        return fail(
+            "cuda",
+            ACCELERATOR,
+            f"{seen} but torch {torch} (CUDA {info['cuda_runtime']}) cannot use any: "
+            "torch.cuda.is_available() is False",
+            "check the driver (nvidia-smi), CUDA_VISIBLE_DEVICES and the container's GPU access (--gpus all)",
+            **details,
+        )
     devs = info["devices"]
     names = sorted({d["name"] for d in devs})
     driver = gpus[0]["driver"] if gpus else "?"
-    return ok("cuda", f"{len(devs)} x {', '.join(names)} ({devs[0]['memory_mib'] / 1024:.0f} GiB, sm_{devs[0]['capability'].replace('.', '')}); "
-              f"driver {driver} (CUDA {info.get('driver_cuda') or '?'}); torch {torch} (CUDA {info['cuda_runtime']})", **details)
+    return ok(
+        "cuda",
+        f"{len(devs)} x {', '.join(names)} ({devs[0]['memory_mib'] / 1024:.0f} GiB, sm_{devs[0]['capability'].replace('.', '')}); "
+        f"driver {driver} (CUDA {info.get('driver_cuda') or '?'}); torch {torch} (CUDA {info['cuda_runtime']})",
+        **details,
+    )
 
 
 def _skew_row(info: dict, gpus: list) -> ProbeResult:
     runtime, driver = info["cuda_runtime"], info.get("driver_cuda")
     details = {"cuda_runtime": runtime, "driver_cuda": driver, "driver": gpus[0]["driver"] if gpus else None}
     if not driver:
-        return warn("cuda.skew", f"driver CUDA version unknown; torch needs CUDA {runtime}", "check `nvidia-smi` (CUDA Version)", **details)
+        return warn(
+            "cuda.skew",
+            f"driver CUDA version unknown; torch needs CUDA {runtime}",
+            "check `nvidia-smi` (CUDA Version)",
+            **details,
+        )
     rt, dv = tuple(int(x) for x in runtime.split(".")[:2]), tuple(int(x) for x in driver.split(".")[:2])
     if rt[0] > dv[0]:
-        return fail("cuda.skew", SKEW, f"driver supports CUDA {driver} but torch was built for CUDA {runtime}",
-                    f"upgrade the NVIDIA driver to one supporting CUDA {runtime}, or use a torch build for CUDA {dv[0]}.x", **details)
+        return fail(
+            "cuda.skew",
+            SKEW,
+            f"driver supports CUDA {driver} but torch was built for CUDA {runtime}",
+            f"upgrade the NVIDIA driver to one supporting CUDA {runtime}, or use a torch build for CUDA {dv[0]}.x",
+            **details,
+        )
     if rt > dv:
-        return warn("cuda.skew", f"driver supports CUDA {driver}, torch uses CUDA {runtime} (minor-version compatibility: "
-                    "kernels JIT-compiled from newer PTX will fail)", f"upgrade the driver to CUDA {runtime} or newer", **details)
+        return warn(
+            "cuda.skew",
+            f"driver supports CUDA {driver}, torch uses CUDA {runtime} (minor-version compatibility: "
+            "kernels JIT-compiled from newer PTX will fail)",
+            f"upgrade the driver to CUDA {runtime} or newer",
+            **details,
+        )
     return ok("cuda.skew", f"driver CUDA {driver} >= torch CUDA {runtime}", **details)
 
 
@@ -182,10 +245,25 @@ def _processes_row(gpus: list[dict[str, Any]], apps: list[dict[str, Any]]) -> Pr
     if not held:
         return ok("cuda.processes", f"no other process on the {len(gpus)} visible GPU(s)", **details)
     index = {g["uuid"]: g["index"] for g in gpus}
-    desc = "; ".join(f"GPU {index[u]}: " + ", ".join(f"pid {a['pid']} {a['process']} {a['memory_mib'] if a['memory_mib'] is not None else '?'} MiB"
-                                                     for a in ps) for u, ps in sorted(held.items(), key=lambda kv: index[kv[0]]))
+    desc = "; ".join(
+        f"GPU {index[u]}: "
+        + ", ".join(
+            f"pid {a['pid']} {a['process']} {a['memory_mib'] if a['memory_mib'] is not None else '?'} MiB" for a in ps
+        )
+        for u, ps in sorted(held.items(), key=lambda kv: index[kv[0]])
+    )
     busy = any((a["memory_mib"] or 0) >= BUSY_MIB or a["memory_mib"] is None for ps in held.values() for a in ps)
     if busy:
-        return fail("cuda.processes", ACCELERATOR, f"GPU(s) already in use: {desc}",
-                    "wait for those jobs or pick free GPUs with CUDA_VISIBLE_DEVICES", **details)
-    return warn("cuda.processes", f"small processes on GPU(s): {desc}", "fine unless they grow; check with nvidia-smi", **details)
+        return fail(
+            "cuda.processes",
+            ACCELERATOR,
+            f"GPU(s) already in use: {desc}",
+            "wait for those jobs or pick free GPUs with CUDA_VISIBLE_DEVICES",
+            **details,
+        )
+    return warn(
+        "cuda.processes",
+        f"small processes on GPU(s): {desc}",
+        "fine unless they grow; check with nvidia-smi",
+        **details,
+    )

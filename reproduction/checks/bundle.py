@@ -18,7 +18,7 @@ from typing import Any
 from reproduction.checks.probe import BUNDLE, ProbeResult, fail, ok, warn
 from reproduction.errors import PortableError
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def bundle_interpreter(bundle: Path, manifest: Any) -> Path | None:
@@ -36,14 +36,26 @@ def load_bundle(bundle: Path) -> tuple[Any | None, ProbeResult]:
     from reproduction.release.manifest import load_manifest
 
     if not Path(bundle).is_dir():
-        return None, fail("bundle", BUNDLE, f"{bundle} is not a folder", "pass the bundle folder (the one holding bundle.json)")
+        return None, fail(
+            "bundle", BUNDLE, f"{bundle} is not a folder", "pass the bundle folder (the one holding bundle.json)"
+        )
     try:
         manifest = load_manifest(Path(bundle))
     except PortableError as exc:
-        return None, fail("bundle", BUNDLE, f"{bundle} is not a usable bundle: {exc.message}",
-                          exc.hint or "fetch or pack the bundle again", path=str(bundle))
-    return manifest, ok("bundle", f"{manifest.name}: {len(manifest.files)} files, {len(manifest.layers)} layers, "
-                        f"format {manifest.format_version}", name=manifest.name, path=str(Path(bundle).resolve()))
+        return None, fail(
+            "bundle",
+            BUNDLE,
+            f"{bundle} is not a usable bundle: {exc.message}",
+            exc.hint or "fetch or pack the bundle again",
+            path=str(bundle),
+        )
+    return manifest, ok(
+        "bundle",
+        f"{manifest.name}: {len(manifest.files)} files, {len(manifest.layers)} layers, "
+        f"format {manifest.format_version}",
+        name=manifest.name,
+        path=str(Path(bundle).resolve()),
+    )
 
 
 def probe_restored(bundle: Path, manifest: Any) -> ProbeResult:
@@ -55,7 +67,9 @@ def probe_restored(bundle: Path, manifest: Any) -> ProbeResult:
         # Looked up lazily (restore owns the format); a runner without it still checks everything else.
         receipt_mod = importlib.import_module("reproduction.release.receipt")
     except ImportError as exc:
-        return warn("bundle.restore", f"cannot read restore receipts in this version ({exc})", f"run `{fix}` to be sure")
+        return warn(
+            "bundle.restore", f"cannot read restore receipts in this version ({exc})", f"run `{fix}` to be sure"
+        )
     path = receipt_mod.receipt_path(bundle)
     if not path.is_file():
         return fail("bundle.restore", BUNDLE, f"not restored: no receipt at {path}", f"run `{fix}`")
@@ -68,13 +82,19 @@ def probe_restored(bundle: Path, manifest: Any) -> ProbeResult:
         if got is None:
             problems.append(f"{layer.archive} not restored")
         elif entry is not None and got.sha256 != entry.sha256:
-            problems.append(f"{layer.archive} restored from another archive (sha256 {got.sha256[:12]}..., manifest {entry.sha256[:12]}...)")
+            problems.append(
+                f"{layer.archive} restored from another archive (sha256 {got.sha256[:12]}..., manifest {entry.sha256[:12]}...)"
+            )
         elif _needs_relocation(layer) and os.path.realpath(got.prefix) != here:
-            problems.append(f"{layer.target} was relocated to {got.prefix}, the bundle is now at {Path(bundle).resolve()}")
+            problems.append(
+                f"{layer.target} was relocated to {got.prefix}, the bundle is now at {Path(bundle).resolve()}"
+            )
         elif not (Path(bundle) / layer.target).is_dir():
             problems.append(f"{layer.target} is missing")
     if problems:
-        return fail("bundle.restore", BUNDLE, "restore incomplete: " + "; ".join(problems), f"run `{fix}`", problems=problems)
+        return fail(
+            "bundle.restore", BUNDLE, "restore incomplete: " + "; ".join(problems), f"run `{fix}`", problems=problems
+        )
     return ok("bundle.restore", f"{len(manifest.layers)} layers restored and relocated here", receipt=str(path))
 
 
@@ -101,6 +121,13 @@ def probe_disk(bundle: Path, manifest: Any, work_dir: Path) -> ProbeResult:
     free = shutil.disk_usage(where).free
     details = {"need": need, "free": free, "path": str(work_dir), "rule": how}
     if free < need:
-        return fail("bundle.disk", BUNDLE, f"{free / GIB:.1f} GiB free at {work_dir}, the run needs {need / GIB:.1f} GiB ({how})",
-                    "free space or run from a folder on a bigger disk", **details)
-    return ok("bundle.disk", f"{free / GIB:.1f} GiB free at {work_dir} >= {need / GIB:.1f} GiB needed ({how})", **details)
+        return fail(
+            "bundle.disk",
+            BUNDLE,
+            f"{free / GIB:.1f} GiB free at {work_dir}, the run needs {need / GIB:.1f} GiB ({how})",
+            "free space or run from a folder on a bigger disk",
+            **details,
+        )
+    return ok(
+        "bundle.disk", f"{free / GIB:.1f} GiB free at {work_dir} >= {need / GIB:.1f} GiB needed ({how})", **details
+    )

@@ -22,7 +22,12 @@ CONFIG_SUFFIXES = (".toml", ".yaml", ".yml", ".json")
 SAVE_KEYS = ("runner.save_interval", "trainer.save_interval", "save_interval")
 VAL_KEYS = ("runner.val_check_interval", "trainer.val_check_interval", "val_check_interval")
 MICRO_KEYS = ("actor.micro_batch_size", "actor.train.micro_batch_size", "train.micro_batch_size", "micro_batch_size")
-GLOBAL_KEYS = ("actor.global_batch_size", "actor.train.global_batch_size", "train.global_batch_size", "global_batch_size")
+GLOBAL_KEYS = (
+    "actor.global_batch_size",
+    "actor.train.global_batch_size",
+    "train.global_batch_size",
+    "global_batch_size",
+)
 WORKER_KEYS = ("cluster.num_workers", "train.workers", "workers", "num_workers", "world_size")
 NODE_KEYS = ("cluster.num_nodes", "cluster.num_gpus_per_node")
 

@@ -21,7 +21,7 @@ DEVICES = ("auto", "cuda", "npu", "cpu")
 
 # Runs inside the target interpreter (Python 3.10-3.13, stdlib only). find_spec on a top-level name
 # does not import the package, so a broken torch_npu or TensorFlow cannot crash this probe.
-FACTS_SCRIPT = r'''# portable-probe: facts
+FACTS_SCRIPT = r"""# portable-probe: facts
 import importlib.util, json, sys, sysconfig
 try:
     import importlib.metadata as md
@@ -49,7 +49,7 @@ print(json.dumps({
     "modules": {m: origin(m) for m in ("torch", "torch_npu", "tensorflow", "numpy", "triton")},
     "dists": {d: version(d) for d in ("torch", "torch-npu", "torch_npu", "tensorflow", "tensorflow-cpu", "numpy", "triton")},
 }))
-'''
+"""
 
 
 def version_tuple(text: str | None) -> tuple[int, ...]:
@@ -98,7 +98,7 @@ class CheckContext:
             raise ValueError(f"device {self.device!r} is not one of {', '.join(DEVICES)}")
 
     @classmethod
-    def live(cls, *, python: Path | None = None, **kwargs: Any) -> "CheckContext":
+    def live(cls, *, python: Path | None = None, **kwargs: Any) -> CheckContext:
         return cls(python=Path(python or sys.executable), env=dict(os.environ), **kwargs)
 
     def module(self, name: str) -> str | None:

@@ -14,10 +14,28 @@ from pathlib import Path
 from reproduction.checks.context import CheckContext
 from reproduction.checks.probe import ProbeResult, ok, warn
 
-NETWORK_FS = frozenset({
-    "nfs", "nfs4", "lustre", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "fuse.glusterfs", "gpfs",
-    "beegfs", "fuse.sshfs", "afs", "9p", "fuse.s3fs", "fuse.gcsfuse", "fuse.juicefs", "wekafs",
-})
+NETWORK_FS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "lustre",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "ceph",
+        "glusterfs",
+        "fuse.glusterfs",
+        "gpfs",
+        "beegfs",
+        "fuse.sshfs",
+        "afs",
+        "9p",
+        "fuse.s3fs",
+        "fuse.gcsfuse",
+        "fuse.juicefs",
+        "wekafs",
+    }
+)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -33,8 +51,8 @@ def _unescape(field: str) -> str:
     # The kernel writes space, tab, newline and backslash in mount fields as octal escapes (\040 ...).
     out, i = [], 0
     while i < len(field):
-        if field[i] == "\\" and field[i + 1:i + 4].isdigit():
-            out.append(chr(int(field[i + 1:i + 4], 8)))
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
             i += 4
         else:
             out.append(field[i])
@@ -70,7 +88,10 @@ def cache_paths(ctx: CheckContext) -> list[tuple[str, str, Path]]:
     triton = Path(env["TRITON_CACHE_DIR"]) if env.get("TRITON_CACHE_DIR") else ctx.home / ".triton" / "cache"
     what = "TRITON_CACHE_DIR" if env.get("TRITON_CACHE_DIR") else "Triton cache (~/.triton/cache)"
     home_cache = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else ctx.home / ".cache"
-    return [("fs.triton_cache", what, triton), ("fs.home_cache", "home cache (~/.cache: HF, torch, inductor)", home_cache)]
+    return [
+        ("fs.triton_cache", what, triton),
+        ("fs.home_cache", "home cache (~/.cache: HF, torch, inductor)", home_cache),
+    ]
 
 
 def probe_filesystems(ctx: CheckContext) -> list[ProbeResult]:
@@ -78,18 +99,33 @@ def probe_filesystems(ctx: CheckContext) -> list[ProbeResult]:
     try:
         mounts = parse_mounts(ctx.mounts_file.read_text(encoding="utf-8", errors="replace"))
     except OSError as exc:
-        return [warn("fs.triton_cache", f"cannot read {ctx.mounts_file}: {exc.strerror}", "check the cache filesystems by hand")]
+        return [
+            warn(
+                "fs.triton_cache",
+                f"cannot read {ctx.mounts_file}: {exc.strerror}",
+                "check the cache filesystems by hand",
+            )
+        ]
     results = []
     for name, what, path in cache_paths(ctx):
         mount = mount_for(path, mounts)
         fstype = mount.fstype if mount else "unknown"
         details = {"path": str(path), "fstype": fstype, "mountpoint": mount.mountpoint if mount else None}
         if fstype in NETWORK_FS:
-            fix = ("export TRITON_CACHE_DIR=/tmp/triton-$USER (a node-local disk) before the run"
-                   if name == "fs.triton_cache" else
-                   "export XDG_CACHE_HOME=/tmp/cache-$USER (and TRITON_CACHE_DIR, HF_HOME) to node-local disk")
-            results.append(warn(name, f"{what} {path} is on {fstype} ({mount.mountpoint}): compile caches on network "
-                                "filesystems have hung all ranks", fix, **details))
+            fix = (
+                "export TRITON_CACHE_DIR=/tmp/triton-$USER (a node-local disk) before the run"
+                if name == "fs.triton_cache"
+                else "export XDG_CACHE_HOME=/tmp/cache-$USER (and TRITON_CACHE_DIR, HF_HOME) to node-local disk"
+            )
+            results.append(
+                warn(
+                    name,
+                    f"{what} {path} is on {fstype} ({mount.mountpoint}): compile caches on network "
+                    "filesystems have hung all ranks",
+                    fix,
+                    **details,
+                )
+            )
         else:
             results.append(ok(name, f"{what} {path} is on {fstype} (local)", **details))
     return results

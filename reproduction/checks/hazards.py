@@ -30,16 +30,30 @@ _SHOWN = 5
 def probe_hazards(ctx: CheckContext, manifest: Any | None) -> list[ProbeResult]:
     """All hazard rows; bundle-based ones are skipped without a bundle."""
     if ctx.facts_error:
-        results = [skip(n, f"interpreter not probed: {ctx.facts_error}") for n in ("hazard.tensorflow", "hazard.torch_npu")]
+        results = [
+            skip(n, f"interpreter not probed: {ctx.facts_error}") for n in ("hazard.tensorflow", "hazard.torch_npu")
+        ]
     else:
         results = [tensorflow_numpy(ctx), torch_npu_without_cann(ctx)]
     if ctx.bundle is None or manifest is None:
         why = "no bundle given" if ctx.bundle is None else "the bundle could not be read"
-        return results + [skip(name, why) for name in ("hazard.transfer_to_npu", "hazard.hub_offline", "hazard.placeholders",
-                                                         "hazard.intervals", "hazard.batch")]
+        return results + [
+            skip(name, why)
+            for name in (
+                "hazard.transfer_to_npu",
+                "hazard.hub_offline",
+                "hazard.placeholders",
+                "hazard.intervals",
+                "hazard.batch",
+            )
+        ]
     files = configs.config_files(ctx.bundle)
-    return results + [transfer_to_npu(ctx.bundle, manifest), hub_offline(ctx), placeholders(ctx.bundle, files),
-                      *config_rules(ctx.bundle, files)]
+    return results + [
+        transfer_to_npu(ctx.bundle, manifest),
+        hub_offline(ctx),
+        placeholders(ctx.bundle, files),
+        *config_rules(ctx.bundle, files),
+    ]
 
 
 def tensorflow_numpy(ctx: CheckContext) -> ProbeResult:
@@ -54,10 +68,21 @@ def tensorflow_numpy(ctx: CheckContext) -> ProbeResult:
         return ok(name, f"TensorFlow {tf or '(unknown version)'} with NumPy {numpy or 'absent'} (< 2)", **details)
     fix = "remove TensorFlow from the runtime (pip uninstall tensorflow; the pipeline does not use it) or pin numpy<2"
     if tf and version_tuple(tf) >= TF_NUMPY2:
-        return warn(name, f"TensorFlow {tf} importable next to NumPy {numpy}: supported, but transfer_to_npu-style module "
-                    "walks import it (slow start)", fix, **details)
-    return fail(name, HAZARD, f"TensorFlow {tf or '(unknown version)'} at {tf_at} importable next to NumPy {numpy}: "
-                "anything that imports it (transfer_to_npu's module walk did) segfaults", fix, **details)
+        return warn(
+            name,
+            f"TensorFlow {tf} importable next to NumPy {numpy}: supported, but transfer_to_npu-style module "
+            "walks import it (slow start)",
+            fix,
+            **details,
+        )
+    return fail(
+        name,
+        HAZARD,
+        f"TensorFlow {tf or '(unknown version)'} at {tf_at} importable next to NumPy {numpy}: "
+        "anything that imports it (transfer_to_npu's module walk did) segfaults",
+        fix,
+        **details,
+    )
 
 
 def torch_npu_without_cann(ctx: CheckContext) -> ProbeResult:
@@ -67,11 +92,18 @@ def torch_npu_without_cann(ctx: CheckContext) -> ProbeResult:
         return ok(name, "torch-npu not installed")
     cann = find_cann(ctx)
     if cann is None:
-        return fail(name, HAZARD, f"torch-npu installed ({at}) but no CANN toolkit: plain `import torch` fails "
-                    "(Failed to load the backend extension: torch_npu)",
-                    "pip uninstall torch-npu on machines without Ascend NPUs (or set TORCH_DEVICE_BACKEND_AUTOLOAD=0); "
-                    "on Ascend, install CANN and source its set_env.sh", torch_npu_at=at)
-    return ok(name, f"torch-npu installed with CANN {cann.version} at {cann.home}", torch_npu_at=at, cann=str(cann.home))
+        return fail(
+            name,
+            HAZARD,
+            f"torch-npu installed ({at}) but no CANN toolkit: plain `import torch` fails "
+            "(Failed to load the backend extension: torch_npu)",
+            "pip uninstall torch-npu on machines without Ascend NPUs (or set TORCH_DEVICE_BACKEND_AUTOLOAD=0); "
+            "on Ascend, install CANN and source its set_env.sh",
+            torch_npu_at=at,
+        )
+    return ok(
+        name, f"torch-npu installed with CANN {cann.version} at {cann.home}", torch_npu_at=at, cann=str(cann.home)
+    )
 
 
 def _scan_roots(bundle: Path, manifest: Any) -> list[Path]:
@@ -102,10 +134,15 @@ def transfer_to_npu(bundle: Path, manifest: Any) -> ProbeResult:
     roots = _scan_roots(bundle, manifest)
     hits = _matching_lines(roots, re.compile(r"transfer_to_npu"), SCAN_SUFFIXES)
     if hits:
-        return fail(name, HAZARD, f"transfer_to_npu used in {len(hits)} place(s): {', '.join(hits[:_SHOWN])}"
-                    + (" ..." if len(hits) > _SHOWN else "") + " (it patches torch globally and walked into TensorFlow)",
-                    "import torch_npu explicitly and use device 'npu' (the runner does); delete the transfer_to_npu import",
-                    hits=hits)
+        return fail(
+            name,
+            HAZARD,
+            f"transfer_to_npu used in {len(hits)} place(s): {', '.join(hits[:_SHOWN])}"
+            + (" ..." if len(hits) > _SHOWN else "")
+            + " (it patches torch globally and walked into TensorFlow)",
+            "import torch_npu explicitly and use device 'npu' (the runner does); delete the transfer_to_npu import",
+            hits=hits,
+        )
     return ok(name, f"no transfer_to_npu in {len(roots)} source/config folder(s)", scanned=[str(r) for r in roots])
 
 
@@ -118,17 +155,27 @@ def hub_offline(ctx: CheckContext) -> ProbeResult:
         return ok(name, "the bundle carries no datasets")
     if offline:
         return ok(name, "HF_HUB_OFFLINE=1 and the datasets are local")
-    return warn(name, f"the bundle carries its datasets ({data}) but Hub access is on (HF_HUB_OFFLINE unset): "
-                "libraries that ask the Hub for dataset versions hang or fail on offline servers",
-                "export HF_HUB_OFFLINE=1 before the run", data=str(data))
+    return warn(
+        name,
+        f"the bundle carries its datasets ({data}) but Hub access is on (HF_HUB_OFFLINE unset): "
+        "libraries that ask the Hub for dataset versions hang or fail on offline servers",
+        "export HF_HUB_OFFLINE=1 before the run",
+        data=str(data),
+    )
 
 
 def placeholders(bundle: Path, files: list[Path]) -> ProbeResult:
     name = "hazard.placeholders"
     hits = _matching_lines([Path(bundle) / "config"], PLACEHOLDER, set(configs.CONFIG_SUFFIXES)) if files else []
     if hits:
-        return fail(name, HAZARD, f"placeholder paths (/path/to/) left in configs: {', '.join(hits[:_SHOWN])}"
-                    + (" ..." if len(hits) > _SHOWN else ""), "replace them with real paths or ${BUNDLE}/... placeholders", hits=hits)
+        return fail(
+            name,
+            HAZARD,
+            f"placeholder paths (/path/to/) left in configs: {', '.join(hits[:_SHOWN])}"
+            + (" ..." if len(hits) > _SHOWN else ""),
+            "replace them with real paths or ${BUNDLE}/... placeholders",
+            hits=hits,
+        )
     return ok(name, f"no /path/to/ placeholders in {len(files)} config file(s)")
 
 
@@ -151,19 +198,34 @@ def config_rules(bundle: Path, files: list[Path]) -> list[ProbeResult]:
         if micro and total and micro[1] > 0 and workers[1] > 0:
             seen["batch"] += 1
             if total[1] % (micro[1] * workers[1]):
-                batch_bad.append(f"{rel}: {total[0]}={total[1]} does not divide into {micro[0]}={micro[1]} x "
-                                 f"{workers[1]} workers ({workers[0]})")
+                batch_bad.append(
+                    f"{rel}: {total[0]}={total[1]} does not divide into {micro[0]}={micro[1]} x "
+                    f"{workers[1]} workers ({workers[0]})"
+                )
     note = f"; not read: {', '.join(unread)}" if unread else ""
     rows = []
     if interval_bad:
-        rows.append(fail("hazard.intervals", HAZARD, "; ".join(interval_bad) + note,
-                         "make save_interval a multiple of val_check_interval so every checkpoint has a validation",
-                         problems=interval_bad))
+        rows.append(
+            fail(
+                "hazard.intervals",
+                HAZARD,
+                "; ".join(interval_bad) + note,
+                "make save_interval a multiple of val_check_interval so every checkpoint has a validation",
+                problems=interval_bad,
+            )
+        )
     else:
         rows.append(ok("hazard.intervals", f"save/val intervals consistent in {seen['intervals']} config(s){note}"))
     if batch_bad:
-        rows.append(fail("hazard.batch", HAZARD, "; ".join(batch_bad) + note,
-                         "set global_batch_size to a multiple of micro_batch_size x workers", problems=batch_bad))
+        rows.append(
+            fail(
+                "hazard.batch",
+                HAZARD,
+                "; ".join(batch_bad) + note,
+                "set global_batch_size to a multiple of micro_batch_size x workers",
+                problems=batch_bad,
+            )
+        )
     else:
         rows.append(ok("hazard.batch", f"batch sizes divide across workers in {seen['batch']} config(s){note}"))
     return rows

@@ -9,7 +9,7 @@ from pathlib import Path
 from reproduction.checks.context import CheckContext
 from reproduction.checks.probe import ProbeResult, ok, warn
 
-GIB = 1024 ** 3
+GIB = 1024**3
 MIN_SHM = 2 * GIB
 """Below this Ray's object store spills to /tmp (Docker's default is 64 MiB)."""
 MIN_AVAILABLE_MEMORY = 4 * GIB
@@ -41,23 +41,38 @@ def probe_host(ctx: CheckContext) -> list[ProbeResult]:
         total, avail = mem.get("MemTotal", 0), mem.get("MemAvailable", mem.get("MemFree", 0))
         row = ok if avail >= MIN_AVAILABLE_MEMORY else warn
         args = () if row is ok else ("free memory (stop other jobs) or run fewer workers",)
-        results.append(row("host.memory", f"{_gib(avail)} available of {_gib(total)}", *args, total=total, available=avail))
+        results.append(
+            row("host.memory", f"{_gib(avail)} available of {_gib(total)}", *args, total=total, available=avail)
+        )
     except OSError as exc:
         results.append(warn("host.memory", f"cannot read {ctx.meminfo_file}: {exc.strerror}", "check memory by hand"))
     try:
         st = os.statvfs(ctx.shm_dir)
         size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
         if size < MIN_SHM:
-            results.append(warn("host.shm", f"{ctx.shm_dir} is {_gib(size)}: Ray's object store will fall back to "
-                                "/tmp (slow)", "give the container more shared memory: docker run --shm-size=16g",
-                                size=size, free=free))
+            results.append(
+                warn(
+                    "host.shm",
+                    f"{ctx.shm_dir} is {_gib(size)}: Ray's object store will fall back to /tmp (slow)",
+                    "give the container more shared memory: docker run --shm-size=16g",
+                    size=size,
+                    free=free,
+                )
+            )
         else:
             results.append(ok("host.shm", f"{ctx.shm_dir} {_gib(free)} free of {_gib(size)}", size=size, free=free))
     except OSError as exc:
         results.append(warn("host.shm", f"{ctx.shm_dir} unusable: {exc.strerror}", "mount a tmpfs at /dev/shm"))
     usage = shutil.disk_usage(_existing(ctx.work_dir))
-    results.append(ok("host.disk", f"{_gib(usage.free)} free at {ctx.work_dir} (where runs/ is written)",
-                      free=usage.free, total=usage.total, path=str(ctx.work_dir)))
+    results.append(
+        ok(
+            "host.disk",
+            f"{_gib(usage.free)} free at {ctx.work_dir} (where runs/ is written)",
+            free=usage.free,
+            total=usage.total,
+            path=str(ctx.work_dir),
+        )
+    )
     return results
 
 

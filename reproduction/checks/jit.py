@@ -19,7 +19,7 @@ from reproduction.checks.probe import ACCELERATOR, TOOLCHAIN, ProbeResult, fail,
 TRITON_TIMEOUT_S = 300.0
 HCCL_TIMEOUT_S = 120.0
 
-TRITON_SCRIPT = r'''# portable-probe: triton-vector-add
+TRITON_SCRIPT = r"""# portable-probe: triton-vector-add
 import json, time
 out = {}
 try:
@@ -48,9 +48,9 @@ except BaseException as exc:
     out.setdefault("stage", "setup")
     out["error"] = "%s: %s" % (type(exc).__name__, str(exc)[-600:])
 print(json.dumps(out))
-'''
+"""
 
-HCCL_SCRIPT = r'''# portable-probe: hccl-all-reduce
+HCCL_SCRIPT = r"""# portable-probe: hccl-all-reduce
 import json, os, sys, time
 os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
 out = {}
@@ -70,7 +70,7 @@ try:
 except BaseException as exc:
     out["error"] = "%s: %s" % (type(exc).__name__, str(exc)[-600:])
 print(json.dumps(out))
-'''
+"""
 
 
 def _last_json(stdout: str) -> dict[str, Any] | None:
@@ -92,49 +92,97 @@ def probe_jit(ctx: CheckContext, selected: str) -> ProbeResult:
         return triton_smoke(ctx)
     if selected == "npu":
         return hccl_smoke(ctx)
-    return skip("jit", "skipped on CPU: the Triton vector-add needs a CUDA GPU and the hccl all_reduce an Ascend NPU; "
-                "the C compiler Triton would use was checked by the toolchain probe",
-                skipped=["triton-vector-add", "hccl-all-reduce"], device=selected)
+    return skip(
+        "jit",
+        "skipped on CPU: the Triton vector-add needs a CUDA GPU and the hccl all_reduce an Ascend NPU; "
+        "the C compiler Triton would use was checked by the toolchain probe",
+        skipped=["triton-vector-add", "hccl-all-reduce"],
+        device=selected,
+    )
 
 
 def triton_smoke(ctx: CheckContext) -> ProbeResult:
     if not ctx.module("triton"):
-        return fail("jit", TOOLCHAIN, f"triton is not installed in {ctx.python}", "install the triton the bundle pins (restore the runtime)")
+        return fail(
+            "jit",
+            TOOLCHAIN,
+            f"triton is not installed in {ctx.python}",
+            "install the triton the bundle pins (restore the runtime)",
+        )
     with tempfile.TemporaryDirectory(prefix="portable-triton-cache-") as cache:
         env = dict(ctx.env, TRITON_CACHE_DIR=cache)
         result = ctx.run(python_script_argv(ctx.python, TRITON_SCRIPT), timeout=TRITON_TIMEOUT_S, env=env)
     info = _last_json(result.stdout) or {}
     details = {**info, "cache_dir": "fresh temporary folder (removed)", "exit": result.returncode}
     if result.timed_out:
-        return fail("jit", TOOLCHAIN, f"Triton vector-add did not finish in {TRITON_TIMEOUT_S:.0f} s (compile hung)",
-                    "check TRITON_CACHE_DIR/home cache filesystems (fs rows) and the CUDA toolkit's ptxas", **details)
+        return fail(
+            "jit",
+            TOOLCHAIN,
+            f"Triton vector-add did not finish in {TRITON_TIMEOUT_S:.0f} s (compile hung)",
+            "check TRITON_CACHE_DIR/home cache filesystems (fs rows) and the CUDA toolkit's ptxas",
+            **details,
+        )
     if not info or info.get("error"):
         stage = info.get("stage", "setup")
         failure = TOOLCHAIN if stage == "compile" else ACCELERATOR
-        return fail("jit", failure, f"Triton vector-add failed at {stage}: {info.get('error') or result.tail()}",
-                    "see the toolchain row (Python.h, CC); then the CUDA rows", **details)
+        return fail(
+            "jit",
+            failure,
+            f"Triton vector-add failed at {stage}: {info.get('error') or result.tail()}",
+            "see the toolchain row (Python.h, CC); then the CUDA rows",
+            **details,
+        )
     if info.get("max_abs_error", 1.0) > 1e-6:
-        return fail("jit", ACCELERATOR, f"Triton vector-add gave wrong results (max error {info['max_abs_error']:.3g})",
-                    "the GPU or driver is faulty: check nvidia-smi -q for ECC errors", **details)
-    return ok("jit", f"Triton {info.get('triton')} vector-add: cold compile + run {info['compile_s']:.2f} s, "
-              f"warm {info['warm_s'] * 1e3:.1f} ms, exact", **details)
+        return fail(
+            "jit",
+            ACCELERATOR,
+            f"Triton vector-add gave wrong results (max error {info['max_abs_error']:.3g})",
+            "the GPU or driver is faulty: check nvidia-smi -q for ECC errors",
+            **details,
+        )
+    return ok(
+        "jit",
+        f"Triton {info.get('triton')} vector-add: cold compile + run {info['compile_s']:.2f} s, "
+        f"warm {info['warm_s'] * 1e3:.1f} ms, exact",
+        **details,
+    )
 
 
 def hccl_smoke(ctx: CheckContext) -> ProbeResult:
     if not ctx.module("torch_npu"):
-        return fail("jit", ACCELERATOR, f"torch_npu is not installed in {ctx.python}", "install torch_npu matching torch and CANN")
+        return fail(
+            "jit",
+            ACCELERATOR,
+            f"torch_npu is not installed in {ctx.python}",
+            "install torch_npu matching torch and CANN",
+        )
     env = dict(ctx.env, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     argv = [*python_script_argv(ctx.python, HCCL_SCRIPT), str(_free_port())]
     result = ctx.run(argv, timeout=HCCL_TIMEOUT_S, env=env)
     info = _last_json(result.stdout) or {}
     details = {**info, "exit": result.returncode}
     if result.timed_out:
-        return fail("jit", ACCELERATOR, f"hccl all_reduce did not finish in {HCCL_TIMEOUT_S:.0f} s",
-                    "check HCCL_* settings, the NPU's network (hccn_tool) and that no other job holds the NPU", **details)
+        return fail(
+            "jit",
+            ACCELERATOR,
+            f"hccl all_reduce did not finish in {HCCL_TIMEOUT_S:.0f} s",
+            "check HCCL_* settings, the NPU's network (hccn_tool) and that no other job holds the NPU",
+            **details,
+        )
     if not info or info.get("error"):
-        return fail("jit", ACCELERATOR, f"hccl all_reduce failed: {info.get('error') or result.tail()}",
-                    "source CANN's set_env.sh (libhccl.so) and check the npu rows", **details)
+        return fail(
+            "jit",
+            ACCELERATOR,
+            f"hccl all_reduce failed: {info.get('error') or result.tail()}",
+            "source CANN's set_env.sh (libhccl.so) and check the npu rows",
+            **details,
+        )
     if abs(info.get("value", 0.0) - 6144.0) > 1e-3:
-        return fail("jit", ACCELERATOR, f"hccl all_reduce + NPU op gave {info.get('value')} instead of 6144.0",
-                    "the NPU or CANN install is faulty", **details)
+        return fail(
+            "jit",
+            ACCELERATOR,
+            f"hccl all_reduce + NPU op gave {info.get('value')} instead of 6144.0",
+            "the NPU or CANN install is faulty",
+            **details,
+        )
     return ok("jit", f"hccl all_reduce (1 process) + one NPU op in {info['seconds']:.2f} s, correct", **details)

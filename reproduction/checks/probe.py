@@ -17,9 +17,10 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 STATUSES = (OK, WARN, FAIL, SKIP)
@@ -66,9 +67,16 @@ class ProbeResult:
         return EXIT_CODES[self.failure] if self.failure else 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "status": self.status, "finding": self.finding, "fix": self.fix,
-                "failure": self.failure, "exit_code": self.exit_code, "seconds": round(self.seconds, 3),
-                "details": self.details}
+        return {
+            "name": self.name,
+            "status": self.status,
+            "finding": self.finding,
+            "fix": self.fix,
+            "failure": self.failure,
+            "exit_code": self.exit_code,
+            "seconds": round(self.seconds, 3),
+            "details": self.details,
+        }
 
 
 def ok(name: str, finding: str, /, **details: Any) -> ProbeResult:
@@ -117,19 +125,29 @@ class CommandResult:
 class RunCommand(Protocol):
     """Run `argv` with a timeout (seconds); never raises for a missing program or a timeout."""
 
-    def __call__(self, argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
-                 cwd: Path | None = None) -> CommandResult: ...
+    def __call__(
+        self, argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None, cwd: Path | None = None
+    ) -> CommandResult: ...
 
 
-def run_command(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
-                cwd: Path | None = None) -> CommandResult:
+def run_command(
+    argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> CommandResult:
     """The live `RunCommand`: its own process group, killed whole at the timeout (rc 124)."""
     argv = tuple(str(a) for a in argv)
     start = time.perf_counter()
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                text=True, errors="replace", env=dict(env) if env is not None else None,
-                                cwd=cwd, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
+        )
     except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
         return CommandResult(argv=argv, returncode=127, stderr=f"{argv[0]}: {exc.strerror or exc}")
     try:
@@ -143,8 +161,9 @@ def run_command(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] |
             pass
         out, err = proc.communicate()
         code, err = 124, (err or "") + f"\n(killed after {timeout:.0f} s)"
-    return CommandResult(argv=argv, returncode=code, stdout=out or "", stderr=err or "",
-                         seconds=time.perf_counter() - start)
+    return CommandResult(
+        argv=argv, returncode=code, stdout=out or "", stderr=err or "", seconds=time.perf_counter() - start
+    )
 
 
 def python_script_argv(python: Path | str, script: str) -> list[str]:

@@ -18,12 +18,23 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from reproduction.checks import accelerator_ascend, accelerator_cuda, bundle as bundle_probes, filesystems, hazards, host, jit
+from reproduction.checks import (
+    accelerator_ascend,
+    accelerator_cuda,
+    filesystems,
+    hazards,
+    host,
+    jit,
+)
+from reproduction.checks import (
+    bundle as bundle_probes,
+)
 from reproduction.checks.context import CheckContext, load_facts, select_device
 from reproduction.checks.probe import FAIL, OK, WARN, ProbeResult, RunCommand, run_command
 from reproduction.checks.toolchain import probe_toolchain
@@ -65,9 +76,20 @@ class CheckReport:
         return FAIL if FAIL in statuses else WARN if WARN in statuses else OK
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "format_version": FORMAT_VERSION, "created": self.created, "seconds": round(self.seconds, 3),
-                "status": self.status, "exit_code": self.exit_code, "python": self.python, "bundle": self.bundle,
-                "device": self.device, "jit_smoke": self.jit_smoke, "interpreter": self.interpreter, "results": [r.to_dict() for r in self.results]}
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "created": self.created,
+            "seconds": round(self.seconds, 3),
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "python": self.python,
+            "bundle": self.bundle,
+            "device": self.device,
+            "jit_smoke": self.jit_smoke,
+            "interpreter": self.interpreter,
+            "results": [r.to_dict() for r in self.results],
+        }
 
 
 def _timed(fn: Callable[[], list[ProbeResult] | ProbeResult]) -> list[ProbeResult]:
@@ -80,9 +102,15 @@ def _timed(fn: Callable[[], list[ProbeResult] | ProbeResult]) -> list[ProbeResul
     return rows
 
 
-def collect_report(bundle: Path | None = None, *, jit_smoke: bool = False, device: str = "auto",
-                   run: RunCommand = run_command, env: dict[str, str] | None = None,
-                   ctx: CheckContext | None = None) -> CheckReport:
+def collect_report(
+    bundle: Path | None = None,
+    *,
+    jit_smoke: bool = False,
+    device: str = "auto",
+    run: RunCommand = run_command,
+    env: dict[str, str] | None = None,
+    ctx: CheckContext | None = None,
+) -> CheckReport:
     """Run every probe and return the report; never raises for what it finds (findings are rows).
 
     `ctx` overrides the host paths and the command seam (tests; its bundle, device and jit_smoke are
@@ -100,23 +128,38 @@ def collect_report(bundle: Path | None = None, *, jit_smoke: bool = False, devic
         manifest, row = bundle_probes.load_bundle(ctx.bundle)
         rows.append(row)
         if manifest is not None:
-            rows += [bundle_probes.probe_restored(ctx.bundle, manifest), bundle_probes.probe_disk(ctx.bundle, manifest, ctx.work_dir)]
+            rows += [
+                bundle_probes.probe_restored(ctx.bundle, manifest),
+                bundle_probes.probe_disk(ctx.bundle, manifest, ctx.work_dir),
+            ]
             ctx.python = bundle_probes.bundle_interpreter(ctx.bundle, manifest) or ctx.python
     load_facts(ctx)
     selected, why = select_device(ctx)
-    tasks = [lambda: probe_toolchain(ctx.python, ctx=ctx), lambda: accelerator_cuda.probe_cuda(ctx, selected),
-             lambda: accelerator_ascend.probe_ascend(ctx, selected), lambda: host.probe_host(ctx),
-             lambda: filesystems.probe_filesystems(ctx), lambda: hazards.probe_hazards(ctx, manifest)]
+    tasks = [
+        lambda: probe_toolchain(ctx.python, ctx=ctx),
+        lambda: accelerator_cuda.probe_cuda(ctx, selected),
+        lambda: accelerator_ascend.probe_ascend(ctx, selected),
+        lambda: host.probe_host(ctx),
+        lambda: filesystems.probe_filesystems(ctx),
+        lambda: hazards.probe_hazards(ctx, manifest),
+    ]
     with ThreadPoolExecutor(max_workers=len(tasks), thread_name_prefix="portable-check") as pool:
         for group in pool.map(_timed, tasks):
             rows += group
     if jit_smoke:
         rows += _timed(lambda: jit.probe_jit(ctx, selected))
-    return CheckReport(results=rows, python=str(ctx.python), bundle=str(ctx.bundle) if ctx.bundle else None,
-                       device={"requested": device, "selected": selected, "why": why}, jit_smoke=jit_smoke,
-                       interpreter={"version": ctx.facts.get("version"),
-                                    "dists": {k: v for k, v in (ctx.facts.get("dists") or {}).items() if v}},
-                       seconds=time.perf_counter() - start)
+    return CheckReport(
+        results=rows,
+        python=str(ctx.python),
+        bundle=str(ctx.bundle) if ctx.bundle else None,
+        device={"requested": device, "selected": selected, "why": why},
+        jit_smoke=jit_smoke,
+        interpreter={
+            "version": ctx.facts.get("version"),
+            "dists": {k: v for k, v in (ctx.facts.get("dists") or {}).items() if v},
+        },
+        seconds=time.perf_counter() - start,
+    )
 
 
 _MARK = {OK: "ok", WARN: "WARN", FAIL: "FAIL", "skip": "skip"}
@@ -131,16 +174,22 @@ def render_table(report: CheckReport, *, options: UiOptions | None = None, strea
     options = options or UiOptions()
     stream = stream or sys.stderr
     rows = [r for r in report.results if not options.quiet or r.status in (WARN, FAIL)]
-    summary = (f"check: {report.status} (exit {report.exit_code}) in {report.seconds:.1f} s; device "
-               f"{report.device['selected']} ({report.device['why']}); python {report.python}")
+    summary = (
+        f"check: {report.status} (exit {report.exit_code}) in {report.seconds:.1f} s; device "
+        f"{report.device['selected']} ({report.device['why']}); python {report.python}"
+    )
     try:
         from rich.console import Console
         from rich.table import Table
     except ImportError:
         Console = None  # noqa: N806
     if Console is not None and not os.environ.get("PORTABLE_PLAIN") and rows:
-        console = Console(file=stream, no_color=bool(os.environ.get("NO_COLOR")), width=None if stream.isatty() else 160,
-                          soft_wrap=False)
+        console = Console(
+            file=stream,
+            no_color=bool(os.environ.get("NO_COLOR")),
+            width=None if stream.isatty() else 160,
+            soft_wrap=False,
+        )
         table = Table(show_lines=False, expand=False)
         for column in ("probe", "status", "finding", "fix"):
             table.add_column(column, overflow="fold")
@@ -168,12 +217,16 @@ def write_json(report: CheckReport, json_path: Path) -> None:
         try:
             atomic_write_text(Path(json_path), text)
         except OSError as exc:
-            raise WriteFailedError(f"cannot write the check report to {json_path}: {exc.strerror or exc}", path=str(json_path),
-                                   hint="pass --json a writable file, or '-' for stdout") from None
+            raise WriteFailedError(
+                f"cannot write the check report to {json_path}: {exc.strerror or exc}",
+                path=str(json_path),
+                hint="pass --json a writable file, or '-' for stdout",
+            ) from None
 
 
-def run_checks(*, bundle: Path | None, jit_smoke: bool, json_path: Path | None, device: str,
-               ui: UiOptions | None = None) -> int:
+def run_checks(
+    *, bundle: Path | None, jit_smoke: bool, json_path: Path | None, device: str, ui: UiOptions | None = None
+) -> int:
     """The CLI's `portable check`: collect, render on stderr, write JSON if asked; returns the exit code."""
     report = collect_report(bundle, jit_smoke=jit_smoke, device=device)
     render_table(report, options=ui)

@@ -13,8 +13,8 @@ import shlex
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from reproduction.checks.context import CheckContext, load_facts
 from reproduction.checks.probe import TOOLCHAIN, ProbeResult, RunCommand, fail, ok, python_script_argv, run_command
@@ -32,9 +32,11 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "portable_probe_ext",
 PyMODINIT_FUNC PyInit_portable_probe_ext(void) { return PyModule_Create(&module); }
 """
 IMPORT_SCRIPT = "# portable-probe: import-ext\nimport portable_probe_ext as m; print(m.add(40, 2))"
-_FIX_HEADERS = ("install the Python development headers for this interpreter "
-                "(Debian/Ubuntu: apt-get install python3-dev; RHEL: dnf install python3-devel), "
-                "or restore the bundle's runtime, which carries them")
+_FIX_HEADERS = (
+    "install the Python development headers for this interpreter "
+    "(Debian/Ubuntu: apt-get install python3-dev; RHEL: dnf install python3-devel), "
+    "or restore the bundle's runtime, which carries them"
+)
 
 
 def resolve_compiler(cc_config: str | None, env: Mapping[str, str]) -> tuple[list[str] | None, str]:
@@ -54,8 +56,13 @@ def resolve_compiler(cc_config: str | None, env: Mapping[str, str]) -> tuple[lis
     return None, "tried " + ", ".join(f"{c!r} ({o})" for c, o in candidates)
 
 
-def probe_toolchain(python: Path, *, run: RunCommand = run_command, env: Mapping[str, str] | None = None,
-                    ctx: CheckContext | None = None) -> ProbeResult:
+def probe_toolchain(
+    python: Path,
+    *,
+    run: RunCommand = run_command,
+    env: Mapping[str, str] | None = None,
+    ctx: CheckContext | None = None,
+) -> ProbeResult:
     """Check that `python` can build and import a C extension; never raises for a broken toolchain.
 
     Runs `python` (for its sysconfig), the C compiler, and `python` again to import the result, all
@@ -73,29 +80,55 @@ def probe_toolchain(python: Path, *, run: RunCommand = run_command, env: Mapping
 
 def _probe(ctx: CheckContext) -> ProbeResult:
     if ctx.facts_error:
-        return fail(NAME, TOOLCHAIN, ctx.facts_error, "restore the bundle again (portable restore --deep) or fix the interpreter")
+        return fail(
+            NAME,
+            TOOLCHAIN,
+            ctx.facts_error,
+            "restore the bundle again (portable restore --deep) or fix the interpreter",
+        )
     facts = ctx.facts
     paths = {k: v for k, v in (facts.get("paths") or {}).items() if v}
     missing = sorted(f"{k}={v}" for k, v in paths.items() if not Path(v).is_dir())
     if missing:
-        return fail(NAME, TOOLCHAIN, f"sysconfig paths of {ctx.python} do not exist: {', '.join(missing)}",
-                    "the interpreter was moved without relocation: run `portable restore` on the bundle again",
-                    python=str(ctx.python), missing=missing)
+        return fail(
+            NAME,
+            TOOLCHAIN,
+            f"sysconfig paths of {ctx.python} do not exist: {', '.join(missing)}",
+            "the interpreter was moved without relocation: run `portable restore` on the bundle again",
+            python=str(ctx.python),
+            missing=missing,
+        )
     include = Path(paths.get("include", ""))
     if not (include / "Python.h").is_file():
-        return fail(NAME, TOOLCHAIN, f"Python.h not found in {include} (Triton's first kernel compile will fail)",
-                    _FIX_HEADERS, python=str(ctx.python), include=str(include))
+        return fail(
+            NAME,
+            TOOLCHAIN,
+            f"Python.h not found in {include} (Triton's first kernel compile will fail)",
+            _FIX_HEADERS,
+            python=str(ctx.python),
+            include=str(include),
+        )
     compiler, origin = resolve_compiler(facts.get("cc"), ctx.env)
     if compiler is None:
-        return fail(NAME, TOOLCHAIN, f"no C compiler found ({origin})",
-                    "install gcc (apt-get install gcc) or set CC to a working compiler", python=str(ctx.python))
+        return fail(
+            NAME,
+            TOOLCHAIN,
+            f"no C compiler found ({origin})",
+            "install gcc (apt-get install gcc) or set CC to a working compiler",
+            python=str(ctx.python),
+        )
     return _build_and_import(ctx, compiler, origin, include)
 
 
 def _build_and_import(ctx: CheckContext, compiler: list[str], origin: str, include: Path) -> ProbeResult:
     facts = ctx.facts
-    details = {"python": str(ctx.python), "python_version": facts.get("version"), "compiler": compiler[0],
-               "compiler_from": origin, "include": str(include)}
+    details = {
+        "python": str(ctx.python),
+        "python_version": facts.get("version"),
+        "compiler": compiler[0],
+        "compiler_from": origin,
+        "include": str(include),
+    }
     with tempfile.TemporaryDirectory(prefix="portable-check-cext-") as tmp:
         src = Path(tmp) / "portable_probe_ext.c"
         src.write_text(EXT_SOURCE, encoding="utf-8")
@@ -105,19 +138,31 @@ def _build_and_import(ctx: CheckContext, compiler: list[str], origin: str, inclu
         built = ctx.run(argv, timeout=120, env=ctx.env, cwd=Path(tmp))
         details["compile_s"] = round(built.seconds, 3)
         if built.returncode != 0 or not out.is_file():
-            return fail(NAME, TOOLCHAIN, f"{Path(compiler[0]).name} failed to build a C extension "
-                        f"(exit {built.returncode}): {built.tail()}",
-                        "fix the compiler install (or set CC to one that works); Triton needs it for every kernel", **details)
+            return fail(
+                NAME,
+                TOOLCHAIN,
+                f"{Path(compiler[0]).name} failed to build a C extension (exit {built.returncode}): {built.tail()}",
+                "fix the compiler install (or set CC to one that works); Triton needs it for every kernel",
+                **details,
+            )
         env = dict(ctx.env, PYTHONPATH=tmp + os.pathsep + ctx.env.get("PYTHONPATH", ""))
         loaded = ctx.run(python_script_argv(ctx.python, IMPORT_SCRIPT), timeout=60, env=env, cwd=Path(tmp))
         if loaded.returncode != 0 or loaded.stdout.strip() != "42":
-            return fail(NAME, TOOLCHAIN, f"the built extension does not import in {ctx.python} "
-                        f"(exit {loaded.returncode}): {loaded.tail()}",
-                        "the compiler targets another ABI than the interpreter: use the compiler Python was built with", **details)
+            return fail(
+                NAME,
+                TOOLCHAIN,
+                f"the built extension does not import in {ctx.python} (exit {loaded.returncode}): {loaded.tail()}",
+                "the compiler targets another ABI than the interpreter: use the compiler Python was built with",
+                **details,
+            )
     version = _compiler_version(ctx, compiler)
     details["compiler_version"] = version
-    return ok(NAME, f"{version or compiler[0]} (from {origin}) built and imported a C extension "
-              f"for Python {facts.get('version')} in {details['compile_s']:.2f} s", **details)
+    return ok(
+        NAME,
+        f"{version or compiler[0]} (from {origin}) built and imported a C extension "
+        f"for Python {facts.get('version')} in {details['compile_s']:.2f} s",
+        **details,
+    )
 
 
 def _compiler_version(ctx: CheckContext, compiler: list[str]) -> str:

@@ -58,7 +58,7 @@ def _load_cache(path: Path) -> dict:
         return {}
 
 
-def dataset_fingerprint(ds: "Dataset") -> str:
+def dataset_fingerprint(ds: Dataset) -> str:
     """Hex fingerprint of `ds` (see the module docstring)."""
     root = ds.root.resolve()
     cache_path = cache_dir() / (hashlib.sha256(str(root).encode()).hexdigest()[:32] + ".json")

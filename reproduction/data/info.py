@@ -98,8 +98,11 @@ def load_info(root: Path) -> DatasetInfo:
     """Read and check `<root>/meta/info.json`; raises InputNotFoundError / UnsupportedFormatError."""
     path = Path(root) / INFO_PATH
     if not path.is_file():
-        raise InputNotFoundError(f"{path}: no LeRobot info.json here", path=path,
-                                 hint="pass the dataset root (the folder that holds meta/ and data/)")
+        raise InputNotFoundError(
+            f"{path}: no LeRobot info.json here",
+            path=path,
+            hint="pass the dataset root (the folder that holds meta/ and data/)",
+        )
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -113,7 +116,10 @@ def info_from_dict(raw: dict[str, Any], *, path: Path | None = None) -> DatasetI
     if version not in SUPPORTED_VERSIONS:
         raise UnsupportedFormatError(
             f"{path or 'info.json'}: codebase_version {version!r} is not supported (supported: {', '.join(SUPPORTED_VERSIONS)})",
-            path=path, field="codebase_version", hint="convert the dataset with lerobot's converter to v3.0")
+            path=path,
+            field="codebase_version",
+            hint="convert the dataset with lerobot's converter to v3.0",
+        )
     for key in ("fps", "features"):
         if key not in raw:
             raise DatasetError(f"{path or 'info.json'}: missing field {key!r}", path=path, field=key)
@@ -122,7 +128,14 @@ def info_from_dict(raw: dict[str, Any], *, path: Path | None = None) -> DatasetI
     default_video = V30_VIDEO_PATH if version == "v3.0" else V21_VIDEO_PATH
     has_video = any(ft.get("dtype") == "video" for ft in features.values())
     return DatasetInfo(
-        codebase_version=version, fps=int(raw["fps"]), features=features, robot_type=raw.get("robot_type"),
-        total_episodes=int(raw.get("total_episodes", 0)), total_frames=int(raw.get("total_frames", 0)),
-        chunks_size=int(raw.get("chunks_size", 1000)), data_path=raw.get("data_path") or default_data,
-        video_path=(raw.get("video_path") or default_video) if has_video else raw.get("video_path"), raw=raw)
+        codebase_version=version,
+        fps=int(raw["fps"]),
+        features=features,
+        robot_type=raw.get("robot_type"),
+        total_episodes=int(raw.get("total_episodes", 0)),
+        total_frames=int(raw.get("total_frames", 0)),
+        chunks_size=int(raw.get("chunks_size", 1000)),
+        data_path=raw.get("data_path") or default_data,
+        video_path=(raw.get("video_path") or default_video) if has_video else raw.get("video_path"),
+        raw=raw,
+    )

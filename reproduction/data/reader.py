@@ -24,8 +24,8 @@ from __future__ import annotations
 import io
 import json
 from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -44,7 +44,7 @@ from reproduction.errors import DatasetError, InputNotFoundError
 OPTIONAL_KEY_COLUMNS = ("is_success",)
 
 
-def open_dataset(root: Path | str, *, video_cache_episodes: int = 4) -> "Dataset":
+def open_dataset(root: Path | str, *, video_cache_episodes: int = 4) -> Dataset:
     """Open the LeRobot dataset at `root` (metadata only; frames are read on demand)."""
     return Dataset(Path(root), video_cache_episodes=video_cache_episodes)
 
@@ -57,8 +57,11 @@ class Dataset:
         self.info: DatasetInfo = load_info(self.root)
         self.data_files: list[Path] = sorted((self.root / "data").glob("*/*.parquet"))
         if not self.data_files:
-            raise DatasetError(f"{self.root / 'data'}: no parquet files", path=self.root / "data",
-                               hint="the dataset is incomplete; copy its data/ folder too")
+            raise DatasetError(
+                f"{self.root / 'data'}: no parquet files",
+                path=self.root / "data",
+                hint="the dataset is incomplete; copy its data/ folder too",
+            )
         self._file_rows = np.array([pq.ParquetFile(p).metadata.num_rows for p in self.data_files], dtype=np.int64)
         self._file_offsets = np.concatenate([[0], np.cumsum(self._file_rows)])
         self.tasks: dict[int, str] = _load_tasks(self.root, self.info.codebase_version)
@@ -114,9 +117,12 @@ class Dataset:
         names = set(pq.ParquetFile(self.data_files[0]).schema_arrow.names)
         missing = [c for c in cols if c not in names]
         if missing:
-            raise DatasetError(f"{self.root}: data parquets have no column(s) {', '.join(missing)}",
-                               path=self.root, field=missing[0],
-                               hint=f"columns present: {', '.join(sorted(names))}")
+            raise DatasetError(
+                f"{self.root}: data parquets have no column(s) {', '.join(missing)}",
+                path=self.root,
+                field=missing[0],
+                hint=f"columns present: {', '.join(sorted(names))}",
+            )
         return cols
 
     def iter_frame_tables(self, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
@@ -146,8 +152,12 @@ class Dataset:
         keys = list(keys)
         unknown = [k for k in keys if k not in self.info.features]
         if unknown:
-            raise DatasetError(f"{self.root}: unknown feature {unknown[0]!r}", path=self.root, field=unknown[0],
-                               hint=f"features: {', '.join(self.info.features)}")
+            raise DatasetError(
+                f"{self.root}: unknown feature {unknown[0]!r}",
+                path=self.root,
+                field=unknown[0],
+                hint=f"features: {', '.join(self.info.features)}",
+            )
         out: dict[str, np.ndarray] = {}
         parquet_keys = [k for k in keys if k not in self.video_keys]
         if parquet_keys:
@@ -199,8 +209,12 @@ class Dataset:
             sel = np.nonzero(episodes == ep)[0]
             frames = self._episode_video(key, int(ep))
             if frame_pos[sel].max() >= len(frames):
-                raise DatasetError(f"{self.root}: episode {ep} frame {int(frame_pos[sel].max())} beyond its video "
-                                   f"({len(frames)} frames) for {key}", path=self.root, field=key)
+                raise DatasetError(
+                    f"{self.root}: episode {ep} frame {int(frame_pos[sel].max())} beyond its video "
+                    f"({len(frames)} frames) for {key}",
+                    path=self.root,
+                    field=key,
+                )
             if out is None:
                 out = np.empty((rows.size, *frames.shape[1:]), dtype=np.uint8)
             out[sel] = frames[frame_pos[sel]]
@@ -228,11 +242,13 @@ class Dataset:
         ep = {c: self.episodes.column(c)[pos].as_py() for c in self.episodes.column_names}
         length = int(ep["length"])
         if self.info.codebase_version == "v2.1":
-            rel = self.info.video_path.format(episode_chunk=episode_index // self.info.chunks_size,
-                                              video_key=key, episode_index=episode_index)
+            rel = self.info.video_path.format(
+                episode_chunk=episode_index // self.info.chunks_size, video_key=key, episode_index=episode_index
+            )
             return self.root / rel, 0.0, length
-        rel = self.info.video_path.format(video_key=key, chunk_index=ep[f"videos/{key}/chunk_index"],
-                                          file_index=ep[f"videos/{key}/file_index"])
+        rel = self.info.video_path.format(
+            video_key=key, chunk_index=ep[f"videos/{key}/chunk_index"], file_index=ep[f"videos/{key}/file_index"]
+        )
         return self.root / rel, float(ep[f"videos/{key}/from_timestamp"]), length
 
 
@@ -273,8 +289,11 @@ def _load_tasks(root: Path, version: str) -> dict[int, str]:
     if not path.is_file():
         raise InputNotFoundError(f"{path}: missing", path=path, hint="copy the dataset's meta/ folder")
     table = pq.read_table(path)
-    text_cols = [n for n in table.column_names if pa.types.is_string(table.schema.field(n).type)
-                 or pa.types.is_large_string(table.schema.field(n).type)]
+    text_cols = [
+        n
+        for n in table.column_names
+        if pa.types.is_string(table.schema.field(n).type) or pa.types.is_large_string(table.schema.field(n).type)
+    ]
     if "task_index" not in table.column_names or not text_cols:
         raise DatasetError(f"{path}: expected a task_index column and the task strings", path=path)
     col = "task" if "task" in text_cols else text_cols[0]  # pandas writes its index as __index_level_0__
@@ -287,12 +306,19 @@ def _load_episodes(root: Path, version: str) -> pa.Table:
         if not path.is_file():
             raise InputNotFoundError(f"{path}: missing", path=path, hint="copy the dataset's meta/ folder")
         recs = list(_read_jsonl(path))
-        return pa.table({"episode_index": pa.array([int(r["episode_index"]) for r in recs], pa.int64()),
-                         "length": pa.array([int(r["length"]) for r in recs], pa.int64())})
+        return pa.table(
+            {
+                "episode_index": pa.array([int(r["episode_index"]) for r in recs], pa.int64()),
+                "length": pa.array([int(r["length"]) for r in recs], pa.int64()),
+            }
+        )
     files = sorted((root / "meta" / "episodes").glob("*/*.parquet"))
     if not files:
-        raise InputNotFoundError(f"{root / 'meta/episodes'}: no episode parquet files", path=root / "meta/episodes",
-                                 hint="copy the dataset's meta/ folder")
+        raise InputNotFoundError(
+            f"{root / 'meta/episodes'}: no episode parquet files",
+            path=root / "meta/episodes",
+            hint="copy the dataset's meta/ folder",
+        )
     tables = []
     for f in files:
         names = [n for n in pq.ParquetFile(f).schema_arrow.names if not n.startswith("stats/")]

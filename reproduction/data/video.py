@@ -25,8 +25,9 @@ def decode_episode(path: Path, *, from_timestamp: float, num_frames: int, fps: i
 
     path = Path(path)
     if not path.is_file():
-        raise InputNotFoundError(f"{path}: video file missing", path=path,
-                                 hint="the dataset is incomplete; copy its videos/ folder too")
+        raise InputNotFoundError(
+            f"{path}: video file missing", path=path, hint="the dataset is incomplete; copy its videos/ folder too"
+        )
     out: np.ndarray | None = None
     filled = np.zeros(num_frames, dtype=bool)
     with av.open(str(path)) as container:
@@ -49,8 +50,11 @@ def decode_episode(path: Path, *, from_timestamp: float, num_frames: int, fps: i
             filled[k] = True
     if out is None or not filled.all():
         missing = int((~filled).sum())
-        raise DatasetError(f"{path}: {missing} of {num_frames} frames from t={from_timestamp:.3f}s are not in the video",
-                           path=path, hint="the video does not match the episode metadata; re-encode or re-copy it")
+        raise DatasetError(
+            f"{path}: {missing} of {num_frames} frames from t={from_timestamp:.3f}s are not in the video",
+            path=path,
+            hint="the video does not match the episode metadata; re-encode or re-copy it",
+        )
     return out
 
 
@@ -61,8 +65,17 @@ class VideoEncoder:
     `crf` trades size for fidelity (0 is lossless in luma for x264).
     """
 
-    def __init__(self, path: Path, *, fps: int, width: int, height: int, codec: str = "libx264",
-                 crf: int = 18, pix_fmt: str = "yuv420p") -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        fps: int,
+        width: int,
+        height: int,
+        codec: str = "libx264",
+        crf: int = 18,
+        pix_fmt: str = "yuv420p",
+    ) -> None:
         import av
 
         self.path = Path(path)

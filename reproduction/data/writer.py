@@ -17,9 +17,10 @@ import io
 import json
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -69,8 +70,10 @@ class _Stats:
 
     def add(self, key: str, values: np.ndarray) -> None:
         v = values.reshape(len(values), -1).astype(np.float64)
-        s = self.acc.setdefault(key, [0, np.zeros(v.shape[1]), np.zeros(v.shape[1]),
-                                      np.full(v.shape[1], np.inf), np.full(v.shape[1], -np.inf)])
+        s = self.acc.setdefault(
+            key,
+            [0, np.zeros(v.shape[1]), np.zeros(v.shape[1]), np.full(v.shape[1], np.inf), np.full(v.shape[1], -np.inf)],
+        )
         s[0] += len(v)
         s[1] += v.sum(0)
         s[2] += (v * v).sum(0)
@@ -82,7 +85,13 @@ class _Stats:
         for key, (n, s, ss, lo, hi) in self.acc.items():
             mean = s / max(n, 1)
             std = np.sqrt(np.maximum(ss / max(n, 1) - mean * mean, 0))
-            out[key] = {"mean": mean.tolist(), "std": std.tolist(), "min": lo.tolist(), "max": hi.tolist(), "count": [n]}
+            out[key] = {
+                "mean": mean.tolist(),
+                "std": std.tolist(),
+                "min": lo.tolist(),
+                "max": hi.tolist(),
+                "count": [n],
+            }
         return out
 
 
@@ -115,8 +124,9 @@ def _check_features(features: dict[str, dict], image_storage: str) -> dict[str, 
     return {**out, **{k: dict(v) for k, v in DEFAULT_FEATURES.items()}}
 
 
-def _episode_table(ep: EpisodeData, features: dict[str, dict], *, fps: int, task_index: int,
-                   start_index: int) -> pa.Table:
+def _episode_table(
+    ep: EpisodeData, features: dict[str, dict], *, fps: int, task_index: int, start_index: int
+) -> pa.Table:
     n = ep.length
     cols: dict[str, pa.Array] = {}
     for key, ft in features.items():
@@ -126,10 +136,14 @@ def _episode_table(ep: EpisodeData, features: dict[str, dict], *, fps: int, task
             raise DatasetError(f"episode {ep.episode_index}: feature {key!r} missing", field=key)
         values = np.asarray(ep.frames[key])
         if len(values) != n:
-            raise DatasetError(f"episode {ep.episode_index}: feature {key!r} has {len(values)} frames, expected {n}", field=key)
+            raise DatasetError(
+                f"episode {ep.episode_index}: feature {key!r} has {len(values)} frames, expected {n}", field=key
+            )
         if ft["dtype"] == "image":
-            cols[key] = pa.array([{"bytes": _png(img), "path": None} for img in values],
-                                 pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+            cols[key] = pa.array(
+                [{"bytes": _png(img), "path": None} for img in values],
+                pa.struct([("bytes", pa.binary()), ("path", pa.string())]),
+            )
         elif list(ft["shape"]) == [1]:
             cols[key] = pa.array(values.reshape(n), _arrow_type(ft["dtype"]))
         else:
@@ -146,16 +160,22 @@ def _episode_table(ep: EpisodeData, features: dict[str, dict], *, fps: int, task
 
 def _video_info(ft: dict, fps: int, codec: str) -> dict:
     h, w, c = ft["shape"]
-    return {"video.height": h, "video.width": w, "video.codec": {"libx264": "h264", "libsvtav1": "av1"}.get(codec, codec),
-            "video.pix_fmt": "yuv420p", "video.is_depth_map": False, "video.fps": fps, "video.channels": c,
-            "has_audio": False}
+    return {
+        "video.height": h,
+        "video.width": w,
+        "video.codec": {"libx264": "h264", "libsvtav1": "av1"}.get(codec, codec),
+        "video.pix_fmt": "yuv420p",
+        "video.is_depth_map": False,
+        "video.fps": fps,
+        "video.channels": c,
+        "has_audio": False,
+    }
 
 
 class _Common:
     """What both layouts share: task registry, running index, stats, the episode list."""
 
-    def __init__(self, tmp: Path, *, fps: int, features: dict[str, dict], tasks: list[str] | None,
-                 codec: str) -> None:
+    def __init__(self, tmp: Path, *, fps: int, features: dict[str, dict], tasks: list[str] | None, codec: str) -> None:
         self.tmp, self.fps, self.features, self.codec = tmp, fps, features, codec
         self.task_ids: dict[str, int] = {t: i for i, t in enumerate(dict.fromkeys(tasks or []))}
         self.stats = _Stats()
@@ -172,9 +192,12 @@ class _Common:
         table = _episode_table(ep, self.features, fps=self.fps, task_index=task_index, start_index=self.index)
         for key, ft in self.features.items():
             if ft["dtype"] not in ("image", "video", "string"):
-                self.stats.add(key, table.column(key).combine_chunks().flatten().to_numpy(zero_copy_only=False)
-                               .reshape(len(table), -1) if list(ft["shape"]) != [1]
-                               else table.column(key).to_numpy())
+                self.stats.add(
+                    key,
+                    table.column(key).combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(len(table), -1)
+                    if list(ft["shape"]) != [1]
+                    else table.column(key).to_numpy(),
+                )
         self.index += ep.length
         return table
 
@@ -184,11 +207,19 @@ class _Common:
             feats[key] = dict(ft)
             if ft["dtype"] == "video":
                 feats[key]["info"] = _video_info(ft, self.fps, self.codec)
-        return {"codebase_version": version, "robot_type": extra.pop("robot_type", None),
-                "total_episodes": len(self.episodes), "total_frames": self.index,
-                "total_tasks": len(self.task_ids), **extra, "fps": self.fps,
-                "splits": {"train": f"0:{len(self.episodes)}"}, "data_path": data_path,
-                "video_path": video_path if self.video_keys else None, "features": feats}
+        return {
+            "codebase_version": version,
+            "robot_type": extra.pop("robot_type", None),
+            "total_episodes": len(self.episodes),
+            "total_frames": self.index,
+            "total_tasks": len(self.task_ids),
+            **extra,
+            "fps": self.fps,
+            "splits": {"train": f"0:{len(self.episodes)}"},
+            "data_path": data_path,
+            "video_path": video_path if self.video_keys else None,
+            "features": feats,
+        }
 
     def write_json(self, rel: str, doc: Any) -> None:
         path = self.tmp / rel
@@ -213,9 +244,15 @@ class _V30(_Common):
         self.buffer.append(table)
         if sum(t.num_rows for t in self.buffer) >= ROW_GROUP_ROWS:
             self._flush()
-        rec = {"episode_index": ep.episode_index, "tasks": [ep.task], "length": ep.length,
-               "data/chunk_index": self.chunk, "data/file_index": self.file,
-               "dataset_from_index": self.index - ep.length, "dataset_to_index": self.index}
+        rec = {
+            "episode_index": ep.episode_index,
+            "tasks": [ep.task],
+            "length": ep.length,
+            "data/chunk_index": self.chunk,
+            "data/file_index": self.file,
+            "dataset_from_index": self.index - ep.length,
+            "dataset_to_index": self.index,
+        }
         for key in self.video_keys:
             enc = self._encoder(key, ep.frames[key])
             rec[f"videos/{key}/chunk_index"], rec[f"videos/{key}/file_index"] = self.chunk, self.file
@@ -264,15 +301,27 @@ class _V30(_Common):
     def finish(self, robot_type: str | None) -> None:
         self._close_file()
         ep_table = pa.Table.from_pylist(self.episodes)
-        ep_table = ep_table.set_column(ep_table.schema.get_field_index("tasks"), "tasks",
-                                       pa.array([r["tasks"] for r in self.episodes], pa.list_(pa.string())))
+        ep_table = ep_table.set_column(
+            ep_table.schema.get_field_index("tasks"),
+            "tasks",
+            pa.array([r["tasks"] for r in self.episodes], pa.list_(pa.string())),
+        )
         path = self.tmp / V30_EPISODES_PATH.format(chunk_index=0, file_index=0)
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(ep_table, path)
         pq.write_table(_tasks_table(self.task_ids), self.tmp / V30_TASKS_PATH)
-        self.write_json("meta/info.json", self.info("v3.0", V30_DATA_PATH, V30_VIDEO_PATH, robot_type=robot_type,
-                                                   chunks_size=1000, data_files_size_in_mb=100,
-                                                   video_files_size_in_mb=200))
+        self.write_json(
+            "meta/info.json",
+            self.info(
+                "v3.0",
+                V30_DATA_PATH,
+                V30_VIDEO_PATH,
+                robot_type=robot_type,
+                chunks_size=1000,
+                data_files_size_in_mb=100,
+                video_files_size_in_mb=200,
+            ),
+        )
         self.write_json(STATS_PATH, self.stats.to_dict())
 
 
@@ -287,9 +336,13 @@ class _V21(_Common):
         pq.write_table(table, path)
         for key in self.video_keys:
             frames = np.asarray(ep.frames[key])
-            enc = VideoEncoder(self.tmp / V21_VIDEO_PATH.format(episode_chunk=chunk, video_key=key,
-                                                                 episode_index=ep.episode_index),
-                               fps=self.fps, width=frames.shape[2], height=frames.shape[1], codec=self.codec)
+            enc = VideoEncoder(
+                self.tmp / V21_VIDEO_PATH.format(episode_chunk=chunk, video_key=key, episode_index=ep.episode_index),
+                fps=self.fps,
+                width=frames.shape[2],
+                height=frames.shape[1],
+                codec=self.codec,
+            )
             enc.write(frames)
             enc.close()
         self.episodes.append({"episode_index": ep.episode_index, "tasks": [ep.task], "length": ep.length})
@@ -298,38 +351,84 @@ class _V21(_Common):
         lines = lambda rows: "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)  # noqa: E731
         (self.tmp / "meta").mkdir(parents=True, exist_ok=True)
         (self.tmp / V21_EPISODES_PATH).write_text(lines(self.episodes), encoding="utf-8")
-        (self.tmp / V21_TASKS_PATH).write_text(lines({"task_index": i, "task": t} for t, i in self.task_ids.items()),
-                                               encoding="utf-8")
+        (self.tmp / V21_TASKS_PATH).write_text(
+            lines({"task_index": i, "task": t} for t, i in self.task_ids.items()), encoding="utf-8"
+        )
         (self.tmp / V21_EPISODES_STATS_PATH).write_text(
-            lines({"episode_index": r["episode_index"], "stats": {}} for r in self.episodes), encoding="utf-8")
+            lines({"episode_index": r["episode_index"], "stats": {}} for r in self.episodes), encoding="utf-8"
+        )
         chunks = len({r["episode_index"] // 1000 for r in self.episodes})
-        self.write_json("meta/info.json", self.info("v2.1", V21_DATA_PATH, V21_VIDEO_PATH, robot_type=robot_type,
-                                                   total_chunks=chunks, chunks_size=1000,
-                                                   total_videos=len(self.episodes) * len(self.video_keys)))
+        self.write_json(
+            "meta/info.json",
+            self.info(
+                "v2.1",
+                V21_DATA_PATH,
+                V21_VIDEO_PATH,
+                robot_type=robot_type,
+                total_chunks=chunks,
+                chunks_size=1000,
+                total_videos=len(self.episodes) * len(self.video_keys),
+            ),
+        )
         self.write_json(STATS_PATH, self.stats.to_dict())
 
 
 def _tasks_table(task_ids: dict[str, int]) -> pa.Table:
     """meta/tasks.parquet as pandas writes it: task_index column, task strings as the (unnamed) index."""
     items = sorted(task_ids.items(), key=lambda kv: kv[1])
-    table = pa.table({"task_index": pa.array([i for _, i in items], pa.int64()),
-                      "__index_level_0__": pa.array([t for t, _ in items], pa.string())})
+    table = pa.table(
+        {
+            "task_index": pa.array([i for _, i in items], pa.int64()),
+            "__index_level_0__": pa.array([t for t, _ in items], pa.string()),
+        }
+    )
     pandas_meta = {
         "index_columns": ["__index_level_0__"],
-        "column_indexes": [{"name": None, "field_name": None, "pandas_type": "unicode", "numpy_type": "object",
-                            "metadata": {"encoding": "UTF-8"}}],
-        "columns": [{"name": "task_index", "field_name": "task_index", "pandas_type": "int64", "numpy_type": "int64",
-                     "metadata": None},
-                    {"name": None, "field_name": "__index_level_0__", "pandas_type": "unicode", "numpy_type": "object",
-                     "metadata": None}],
-        "creator": {"library": "pyarrow", "version": pa.__version__}, "pandas_version": "2.2.3"}
+        "column_indexes": [
+            {
+                "name": None,
+                "field_name": None,
+                "pandas_type": "unicode",
+                "numpy_type": "object",
+                "metadata": {"encoding": "UTF-8"},
+            }
+        ],
+        "columns": [
+            {
+                "name": "task_index",
+                "field_name": "task_index",
+                "pandas_type": "int64",
+                "numpy_type": "int64",
+                "metadata": None,
+            },
+            {
+                "name": None,
+                "field_name": "__index_level_0__",
+                "pandas_type": "unicode",
+                "numpy_type": "object",
+                "metadata": None,
+            },
+        ],
+        "creator": {"library": "pyarrow", "version": pa.__version__},
+        "pandas_version": "2.2.3",
+    }
     return table.replace_schema_metadata({b"pandas": json.dumps(pandas_meta).encode()})
 
 
-def write_dataset(root: Path | str, episodes: Iterable[EpisodeData], *, fps: int, features: dict[str, dict],
-                  version: str = "v3.0", image_storage: str = "png", tasks: list[str] | None = None,
-                  robot_type: str | None = None, video_codec: str = "libx264", data_file_mb: float = 100.0,
-                  overwrite: bool = False) -> Path:
+def write_dataset(
+    root: Path | str,
+    episodes: Iterable[EpisodeData],
+    *,
+    fps: int,
+    features: dict[str, dict],
+    version: str = "v3.0",
+    image_storage: str = "png",
+    tasks: list[str] | None = None,
+    robot_type: str | None = None,
+    video_codec: str = "libx264",
+    data_file_mb: float = 100.0,
+    overwrite: bool = False,
+) -> Path:
     """Write `episodes` (streamed, one at a time) as a LeRobot dataset at `root`; returns `root`.
 
     `features` are the non-default features (name -> {"dtype", "shape"}); camera features use dtype

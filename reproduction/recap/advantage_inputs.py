@@ -8,9 +8,9 @@ each) plus one chunk at a time.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -53,7 +53,7 @@ class DatasetArrays:
     def num_rows(self) -> int:
         return int(self.episode_index.size)
 
-    def chunks(self) -> Iterator["DatasetArrays"]:
+    def chunks(self) -> Iterator[DatasetArrays]:
         """The whole dataset as one chunk."""
         yield self
 
@@ -81,11 +81,17 @@ class SidecarInputs:
         for t in episode_aligned_tables(pq.ParquetFile(self.sidecar), RETURNS_COLUMNS, self.chunk_rows):
             n = t.num_rows
             yield DatasetArrays(
-                name=self.name, dataset_type=self.dataset_type,
-                episode_index=_numpy(t, "episode_index", np.int64), frame_index=_numpy(t, "frame_index", np.int64),
-                returns=_numpy(t, "return", np.float64), rewards=_numpy(t, "reward", np.float64),
-                values=self.values[offset:offset + n], prompts=strings(t.column("prompt")),
-                fingerprints=self.fingerprints, returns_gamma=self.returns_gamma)
+                name=self.name,
+                dataset_type=self.dataset_type,
+                episode_index=_numpy(t, "episode_index", np.int64),
+                frame_index=_numpy(t, "frame_index", np.int64),
+                returns=_numpy(t, "return", np.float64),
+                rewards=_numpy(t, "reward", np.float64),
+                values=self.values[offset : offset + n],
+                prompts=strings(t.column("prompt")),
+                fingerprints=self.fingerprints,
+                returns_gamma=self.returns_gamma,
+            )
             offset += n
 
 
@@ -120,8 +126,10 @@ def aligned_values(sidecar: Path, values: pa.Table | Path, *, source: str) -> np
         ve, vf = _numpy(values, "episode_index", np.int64), _numpy(values, "frame_index", np.int64)
         v = _numpy(values, "value", np.float64)
     else:  # one column at a time: the parquet's chunks and their numpy copy never all coexist
-        ve, vf, v = (_numpy(pq.read_table(values, columns=[c]), c, t)
-                     for c, t in (("episode_index", np.int64), ("frame_index", np.int64), ("value", np.float64)))
+        ve, vf, v = (
+            _numpy(pq.read_table(values, columns=[c]), c, t)
+            for c, t in (("episode_index", np.int64), ("frame_index", np.int64), ("value", np.float64))
+        )
     order = sort_frames(ve, vf)
     if order is not None:
         ve, vf, v = ve[order], vf[order], v[order]
@@ -131,18 +139,25 @@ def aligned_values(sidecar: Path, values: pa.Table | Path, *, source: str) -> np
     for t in episode_aligned_tables(pq.ParquetFile(sidecar), ["episode_index", "frame_index"], CHUNK_ROWS):
         re_, rf = t.column("episode_index").to_numpy(), t.column("frame_index").to_numpy()
         n = re_.size
-        got_e, got_f = ve[offset:offset + n], vf[offset:offset + n]
+        got_e, got_f = ve[offset : offset + n], vf[offset : offset + n]
         if got_e.size != n or not (np.array_equal(got_e, re_) and np.array_equal(got_f, rf)):
             _mismatch(re_, rf, got_e, got_f, source=source, counts=(ve.size, total))
         offset += n
     if offset != ve.size:
-        _mismatch(np.zeros(0, np.int64), np.zeros(0, np.int64), ve[offset:], vf[offset:], source=source,
-                  counts=(ve.size, total))
+        _mismatch(
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
+            ve[offset:],
+            vf[offset:],
+            source=source,
+            counts=(ve.size, total),
+        )
     return v
 
 
-def _mismatch(re_: np.ndarray, rf: np.ndarray, ve: np.ndarray, vf: np.ndarray, *, source: str,
-              counts: tuple[int, int]) -> None:
+def _mismatch(
+    re_: np.ndarray, rf: np.ndarray, ve: np.ndarray, vf: np.ndarray, *, source: str, counts: tuple[int, int]
+) -> None:
     """Raise for the first position where sorted sidecar keys and sorted value keys differ."""
     m = min(re_.size, ve.size)
     diff = np.flatnonzero((re_[:m] != ve[:m]) | (rf[:m] != vf[:m]))
@@ -153,12 +168,15 @@ def _mismatch(re_: np.ndarray, rf: np.ndarray, ve: np.ndarray, vf: np.ndarray, *
         what = f"frame {frame} has no value"
     else:
         what = f"value for unknown frame {value}"
-    raise DatasetError(f"{source}: values do not match the returns sidecar: {what} "
-                       f"({counts[0]} values, {counts[1]} frames)", hint="rerun value inference on this dataset version")
+    raise DatasetError(
+        f"{source}: values do not match the returns sidecar: {what} ({counts[0]} values, {counts[1]} frames)",
+        hint="rerun value inference on this dataset version",
+    )
 
 
-def load_dataset_arrays(dataset: Path, returns_location: Path, values: pa.Table | Path, *, dataset_type: str,
-                        returns_tag: str | None) -> SidecarInputs:
+def load_dataset_arrays(
+    dataset: Path, returns_location: Path, values: pa.Table | Path, *, dataset_type: str, returns_tag: str | None
+) -> SidecarInputs:
     """Open a dataset, check its returns sidecar (fingerprint) and align `values` to it; the sidecar's
     other columns are read later, chunk by chunk."""
     from reproduction.data.reader import open_dataset
@@ -166,13 +184,18 @@ def load_dataset_arrays(dataset: Path, returns_location: Path, values: pa.Table 
     from reproduction.recap.sidecars import read_sidecar, sidecar_dir, sidecar_name
 
     ds = open_dataset(dataset)
-    _, meta = read_sidecar(returns_location, "returns", returns_tag, expect_fingerprint=ds.fingerprint,
-                           dataset_name=ds.name, columns=[])
+    _, meta = read_sidecar(
+        returns_location, "returns", returns_tag, expect_fingerprint=ds.fingerprint, dataset_name=ds.name, columns=[]
+    )
     path = sidecar_dir(returns_location, ds.name) / sidecar_name("returns", returns_tag)
-    return SidecarInputs(name=ds.name, dataset_type=dataset_type, sidecar=path,
-                         values=aligned_values(path, values, source=str(ds.root)),
-                         fingerprints={"dataset": ds.fingerprint, "returns": sha256_file(path)},
-                         returns_gamma=(meta.get("params") or {}).get("gamma"))
+    return SidecarInputs(
+        name=ds.name,
+        dataset_type=dataset_type,
+        sidecar=path,
+        values=aligned_values(path, values, source=str(ds.root)),
+        fingerprints={"dataset": ds.fingerprint, "returns": sha256_file(path)},
+        returns_gamma=(meta.get("params") or {}).get("gamma"),
+    )
 
 
 def strings(column: pa.ChunkedArray) -> np.ndarray:

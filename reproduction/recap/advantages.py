@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -65,15 +66,29 @@ class AdvantageConfig:
         if not (0.0 < self.gamma <= 1.0):
             raise ConfigError(f"gamma {self.gamma} is outside (0, 1]", field="gamma")
         if not (0.0 < self.positive_quantile < 1.0):
-            raise ConfigError(f"positive_quantile {self.positive_quantile} is outside (0, 1)", field="positive_quantile")
+            raise ConfigError(
+                f"positive_quantile {self.positive_quantile} is outside (0, 1)", field="positive_quantile"
+            )
         if self.threshold_scope not in THRESHOLD_SCOPES:
-            raise ConfigError(f"threshold_scope {self.threshold_scope!r} is not one of {', '.join(THRESHOLD_SCOPES)}",
-                              field="threshold_scope")
+            raise ConfigError(
+                f"threshold_scope {self.threshold_scope!r} is not one of {', '.join(THRESHOLD_SCOPES)}",
+                field="threshold_scope",
+            )
 
 
-def nstep_advantages(row_end: np.ndarray | None, returns: np.ndarray, rewards: np.ndarray, values: np.ndarray, *,
-                     lookahead: int, gamma: float, discount_next_value: bool, return_range: ReturnRange,
-                     use_return_shortcut: bool = True, episode_end: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def nstep_advantages(
+    row_end: np.ndarray | None,
+    returns: np.ndarray,
+    rewards: np.ndarray,
+    values: np.ndarray,
+    *,
+    lookahead: int,
+    gamma: float,
+    discount_next_value: bool,
+    return_range: ReturnRange,
+    use_return_shortcut: bool = True,
+    episode_end: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
     """The N-step advantage of every row (rows sorted by episode, frame; see the module docstring).
 
     `row_end[t]` is the exclusive end of row t's episode; or pass `episode_end`, the exclusive end
@@ -102,12 +117,17 @@ def nstep_advantages(row_end: np.ndarray | None, returns: np.ndarray, rewards: n
     if gamma == 1.0 or not discount_next_value:
         adv = np.add(r_norm, v_next)  # g = 1
     else:
-        adv = np.array([gamma ** j for j in range(N + 1)])[k]  # gamma^k from a table
+        adv = np.array([gamma**j for j in range(N + 1)])[k]  # gamma^k from a table
         adv *= v_next
         np.add(r_norm, adv, out=adv)
     adv -= v
-    return {"advantage_continuous": adv, "value_next": v_next, "reward_sum": r_norm,
-            "reward_sum_raw": r_raw, "num_valid_rewards": k}
+    return {
+        "advantage_continuous": adv,
+        "value_next": v_next,
+        "reward_sum": r_norm,
+        "reward_sum_raw": r_raw,
+        "num_valid_rewards": k,
+    }
 
 
 def _episode_ends_of(row_end: np.ndarray) -> np.ndarray:
@@ -173,9 +193,9 @@ def window_sums(rewards: np.ndarray, k: np.ndarray, gamma: float, row_end: np.nd
         return d - np.power(gamma, k) * d_after
     out = rewards.copy()
     for j in range(1, lookahead):
-        term = rewards[j:] * (gamma ** j)
-        term[k[:n - j] <= j] = 0.0  # r_{t+j} lies past t's episode
-        out[:n - j] += term
+        term = rewards[j:] * (gamma**j)
+        term[k[: n - j] <= j] = 0.0  # r_{t+j} lies past t's episode
+        out[: n - j] += term
     return out
 
 
@@ -205,7 +225,7 @@ def exact_percentile(a: np.ndarray, q: float, *, sample: int = 16_384) -> float:
     quantile = np.true_divide(q, 100)
     virtual = (n - 1) * quantile  # numpy's linear method, computed the same way
     lo = int(np.floor(virtual))
-    picks = np.sort(a[::max(n // sample, 1)])
+    picks = np.sort(a[:: max(n // sample, 1)])
     m = picks.size
     margin = int(4 * np.sqrt(m * quantile * (1 - quantile))) + 2  # many binomial sigmas of slack
     j = int(quantile * (m - 1))
@@ -224,14 +244,15 @@ def exact_percentile(a: np.ndarray, q: float, *, sample: int = 16_384) -> float:
     # kths at once costs several times more.
     inside.partition(lo - below)
     v_lo = inside[lo - below]
-    v_hi = inside[lo - below + 1:].min() if hi > lo else v_lo
+    v_hi = inside[lo - below + 1 :].min() if hi > lo else v_lo
     t = virtual - np.floor(virtual)
     diff = np.subtract(v_hi, v_lo)
     return float(v_hi - diff * (1 - t) if t >= 0.5 else v_lo + diff * t)  # numpy's _lerp
 
 
-def thresholds_by_task(advantages: np.ndarray, task_keys: np.ndarray | None, positive_quantile: float,
-                       scope: str) -> tuple[np.ndarray, dict[str, float]]:
+def thresholds_by_task(
+    advantages: np.ndarray, task_keys: np.ndarray | None, positive_quantile: float, scope: str
+) -> tuple[np.ndarray, dict[str, float]]:
     """Per-row threshold and the table of thresholds ({"*": tau} when global, {task: tau} per task)."""
     if scope == "global" or task_keys is None:
         return _thresholds(advantages, None, None, positive_quantile, "global")
@@ -239,8 +260,9 @@ def thresholds_by_task(advantages: np.ndarray, task_keys: np.ndarray | None, pos
     return _thresholds(advantages, inv, uniq, positive_quantile, scope)
 
 
-def _thresholds(advantages: np.ndarray, codes: np.ndarray | None, names: np.ndarray | None, positive_quantile: float,
-                scope: str) -> tuple[np.ndarray, dict[str, float]]:
+def _thresholds(
+    advantages: np.ndarray, codes: np.ndarray | None, names: np.ndarray | None, positive_quantile: float, scope: str
+) -> tuple[np.ndarray, dict[str, float]]:
     """thresholds_by_task with the task keys given as codes into `names`; tables keyed by name, sorted."""
     if scope == "global" or codes is None:
         tau = quantile_threshold(advantages, positive_quantile)
@@ -306,9 +328,11 @@ def load_return_range(source: ReturnRange | Path | str) -> tuple[ReturnRange, st
     path = folder / VALUE_HEAD_NAME
     if not path.is_file():
         what = "does not exist" if not folder.exists() else f"holds no {VALUE_HEAD_NAME}"
-        raise InputNotFoundError(f"value checkpoint {folder} {what}: it is not a value-model export", path=path,
-                                 hint="pass <value stage out>/model_<k>/export (it holds model.safetensors and "
-                                      f"{VALUE_HEAD_NAME})")
+        raise InputNotFoundError(
+            f"value checkpoint {folder} {what}: it is not a value-model export",
+            path=path,
+            hint=f"pass <value stage out>/model_<k>/export (it holds model.safetensors and {VALUE_HEAD_NAME})",
+        )
     raw = path.read_bytes()
     try:
         head = json.loads(raw)
@@ -316,19 +340,30 @@ def load_return_range(source: ReturnRange | Path | str) -> tuple[ReturnRange, st
         raise CheckpointError(f"{path}: not JSON ({exc})", path=path) from None
     if not isinstance(head, dict) or head.get("format_version") != VALUE_HEAD_FORMAT:
         version = head.get("format_version") if isinstance(head, dict) else None
-        raise UnsupportedFormatError(f"{path}: format_version {version!r} is not {VALUE_HEAD_FORMAT}", path=path,
-                                     field="format_version", hint="export the value model with this version of the tool")
+        raise UnsupportedFormatError(
+            f"{path}: format_version {version!r} is not {VALUE_HEAD_FORMAT}",
+            path=path,
+            field="format_version",
+            hint="export the value model with this version of the tool",
+        )
     rr_doc = head.get("return_range")
     for name in ("return_min", "return_max"):
         value = rr_doc.get(name) if isinstance(rr_doc, dict) else None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
-            raise CheckpointError(f"{path}: field return_range.{name} is {value!r}, not a finite number", path=path,
-                                  field=f"return_range.{name}", hint="re-export the value model; stage 3 reads the "
-                                  "return range it was trained with from here")
+            raise CheckpointError(
+                f"{path}: field return_range.{name} is {value!r}, not a finite number",
+                path=path,
+                field=f"return_range.{name}",
+                hint="re-export the value model; stage 3 reads the return range it was trained with from here",
+            )
     missing = [k for k in ("num_bins", "v_min", "v_max") if k not in head]
     if missing:
-        raise CheckpointError(f"{path}: field {missing[0]} is missing", path=path, field=missing[0],
-                              hint="re-export the value model with this version of the tool")
+        raise CheckpointError(
+            f"{path}: field {missing[0]} is missing",
+            path=path,
+            field=missing[0],
+            hint="re-export the value model with this version of the tool",
+        )
     try:
         rr = ReturnRange.from_dict(rr_doc)
     except ConfigError as exc:
@@ -348,17 +383,26 @@ class AdvantageReport:
     sidecars: list[Path]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"thresholds": self.thresholds, "positive_fraction": self.positive_fraction,
-                "sidecars": [str(p) for p in self.sidecars]}
+        return {
+            "thresholds": self.thresholds,
+            "positive_fraction": self.positive_fraction,
+            "sidecars": [str(p) for p in self.sidecars],
+        }
 
 
 Results = Callable[[Any], Iterator[tuple[DatasetArrays, dict[str, np.ndarray]]]]
 """results(d) -> (chunk, nstep outputs) for each chunk of dataset input d, the same on every call."""
 
 
-def label_and_write(inputs: Sequence[DatasetArrays | SidecarInputs], results: Results, *,
-                    config: AdvantageConfig, return_range: ReturnRange, value_fingerprint: str | None,
-                    out_dirs: Sequence[Path]) -> AdvantageReport:
+def label_and_write(
+    inputs: Sequence[DatasetArrays | SidecarInputs],
+    results: Results,
+    *,
+    config: AdvantageConfig,
+    return_range: ReturnRange,
+    value_fingerprint: str | None,
+    out_dirs: Sequence[Path],
+) -> AdvantageReport:
     """Threshold all datasets together, label, and write advantages_{tag}.parquet + mixture_config.yaml.
 
     Two passes over each input's chunks: continuous advantages and task keys first (held whole,
@@ -388,36 +432,57 @@ def label_and_write(inputs: Sequence[DatasetArrays | SidecarInputs], results: Re
     for i, d in enumerate(inputs):
         rows = slice(bounds[i], bounds[i + 1])
         fractions[d.name] = _fractions(label(all_a[rows], row_tau[rows], d.dataset_type), all_k[rows], task_names)
-        meta = {"kind": "advantages", "tag": config.tag, "dataset": d.name, "dataset_type": d.dataset_type,
-                "dataset_fingerprint": d.fingerprints.get("dataset"),
-                "returns_fingerprint": d.fingerprints.get("returns"), "value_checkpoint_fingerprint": value_fingerprint,
-                "return_range": return_range.to_dict(), "params": asdict(config), "thresholds": taus,
-                "positive_fraction": fractions[d.name]}
+        meta = {
+            "kind": "advantages",
+            "tag": config.tag,
+            "dataset": d.name,
+            "dataset_type": d.dataset_type,
+            "dataset_fingerprint": d.fingerprints.get("dataset"),
+            "returns_fingerprint": d.fingerprints.get("returns"),
+            "value_checkpoint_fingerprint": value_fingerprint,
+            "return_range": return_range.to_dict(),
+            "params": asdict(config),
+            "thresholds": taus,
+            "positive_fraction": fractions[d.name],
+        }
         tables = _advantage_tables(results(d), row_tau[rows])
         written.append(write_sidecar(Path(out_dirs[i]) / sidecar_name("advantages", config.tag), tables, meta))
-        write_mixture_config(Path(out_dirs[i]), return_range=(return_range.return_min, return_range.return_max),
-                             datasets=mixture, tag=config.tag, threshold=taus.get("*", float("nan")),
-                             positive_quantile=config.positive_quantile,
-                             extra=None if config.threshold_scope == "global" else {"per_task_thresholds": taus})
+        write_mixture_config(
+            Path(out_dirs[i]),
+            return_range=(return_range.return_min, return_range.return_max),
+            datasets=mixture,
+            tag=config.tag,
+            threshold=taus.get("*", float("nan")),
+            positive_quantile=config.positive_quantile,
+            extra=None if config.threshold_scope == "global" else {"per_task_thresholds": taus},
+        )
     return AdvantageReport(thresholds=taus, positive_fraction=fractions, sidecars=written)
 
 
-def _advantage_tables(chunks: Iterator[tuple[DatasetArrays, dict[str, np.ndarray]]],
-                      row_tau: np.ndarray) -> Iterator[pa.Table]:
+def _advantage_tables(
+    chunks: Iterator[tuple[DatasetArrays, dict[str, np.ndarray]]], row_tau: np.ndarray
+) -> Iterator[pa.Table]:
     """RLinf's advantages table, one per chunk, labelled against the rows' thresholds."""
     offset = 0
     for d, r in chunks:
         n = d.num_rows
-        labels = label(r["advantage_continuous"], row_tau[offset:offset + n], d.dataset_type)
+        labels = label(r["advantage_continuous"], row_tau[offset : offset + n], d.dataset_type)
         offset += n
-        yield pa.table({
-            "episode_index": pa.array(d.episode_index, pa.int64()), "frame_index": pa.array(d.frame_index, pa.int64()),
-            "advantage_continuous": pa.array(r["advantage_continuous"]), "return": pa.array(d.returns),
-            "value_current": pa.array(d.values), "value_next": pa.array(r["value_next"]),
-            "reward_sum": pa.array(r["reward_sum"]), "reward_sum_raw": pa.array(r["reward_sum_raw"]),
-            "num_valid_rewards": pa.array(r["num_valid_rewards"]),
-            "dataset_name": pa.array([d.name], pa.string()).take(pa.array(np.zeros(n, np.int64))),
-            "advantage": pa.array(labels)})
+        yield pa.table(
+            {
+                "episode_index": pa.array(d.episode_index, pa.int64()),
+                "frame_index": pa.array(d.frame_index, pa.int64()),
+                "advantage_continuous": pa.array(r["advantage_continuous"]),
+                "return": pa.array(d.returns),
+                "value_current": pa.array(d.values),
+                "value_next": pa.array(r["value_next"]),
+                "reward_sum": pa.array(r["reward_sum"]),
+                "reward_sum_raw": pa.array(r["reward_sum_raw"]),
+                "num_valid_rewards": pa.array(r["num_valid_rewards"]),
+                "dataset_name": pa.array([d.name], pa.string()).take(pa.array(np.zeros(n, np.int64))),
+                "advantage": pa.array(labels),
+            }
+        )
 
 
 def _codes(prompts: np.ndarray, names: dict[str, int]) -> np.ndarray:
@@ -427,8 +492,13 @@ def _codes(prompts: np.ndarray, names: dict[str, int]) -> np.ndarray:
     return ids[inv] if ids.size else np.zeros(0, np.int32)
 
 
-def compute_advantages(inputs: Sequence[DatasetArrays | SidecarInputs], config: AdvantageConfig,
-                       return_range: ReturnRange | Path | str, *, out_dirs: Sequence[Path]) -> AdvantageReport:
+def compute_advantages(
+    inputs: Sequence[DatasetArrays | SidecarInputs],
+    config: AdvantageConfig,
+    return_range: ReturnRange | Path | str,
+    *,
+    out_dirs: Sequence[Path],
+) -> AdvantageReport:
     """Stage 3 from given per-frame values: advantages, thresholds, labels, sidecars.
 
     `inputs` are in memory (DatasetArrays) or streamed from the returns sidecar (SidecarInputs,
@@ -440,13 +510,25 @@ def compute_advantages(inputs: Sequence[DatasetArrays | SidecarInputs], config: 
 
     def results(d: DatasetArrays | SidecarInputs) -> Iterator[tuple[DatasetArrays, dict[str, np.ndarray]]]:
         for c in d.chunks():
-            yield c, nstep_advantages(None, c.returns, c.rewards, c.values, lookahead=config.lookahead,
-                                      gamma=config.gamma, discount_next_value=config.discount_next_value,
-                                      return_range=rr, use_return_shortcut=c.returns_gamma in (None, 1.0),
-                                      episode_end=c.episode_end)
+            yield (
+                c,
+                nstep_advantages(
+                    None,
+                    c.returns,
+                    c.rewards,
+                    c.values,
+                    lookahead=config.lookahead,
+                    gamma=config.gamma,
+                    discount_next_value=config.discount_next_value,
+                    return_range=rr,
+                    use_return_shortcut=c.returns_gamma in (None, 1.0),
+                    episode_end=c.episode_end,
+                ),
+            )
 
-    return label_and_write(inputs, results, config=config, return_range=rr, value_fingerprint=value_fp,
-                           out_dirs=out_dirs)
+    return label_and_write(
+        inputs, results, config=config, return_range=rr, value_fingerprint=value_fp, out_dirs=out_dirs
+    )
 
 
 def _dataset_prompts(ds: Any, episode_index: np.ndarray, frame_index: np.ndarray) -> np.ndarray:
@@ -458,14 +540,24 @@ def _dataset_prompts(ds: Any, episode_index: np.ndarray, frame_index: np.ndarray
         order = slice(None)
     if not (np.array_equal(e[order], episode_index) and np.array_equal(f[order], frame_index)):
         raise DatasetError(f"{ds.root}: the advantages sidecar's frames differ from the dataset's")
-    names = np.asarray([ds.tasks.get(int(i), "perform the task") for i in range(max(ds.tasks, default=-1) + 1)] or [""],
-                       dtype=object)
+    names = np.asarray(
+        [ds.tasks.get(int(i), "perform the task") for i in range(max(ds.tasks, default=-1) + 1)] or [""], dtype=object
+    )
     return names[t.column("task_index").to_numpy()[order]]
 
 
-def relabel(datasets: Sequence[Path], source: Path, *, source_tag: str | None, config: AdvantageConfig,
-            recompute: bool, out: Path | None, in_dataset: bool = False, types: Sequence[str] | None = None,
-            returns_location: Path | None = None) -> AdvantageReport:
+def relabel(
+    datasets: Sequence[Path],
+    source: Path,
+    *,
+    source_tag: str | None,
+    config: AdvantageConfig,
+    recompute: bool,
+    out: Path | None,
+    in_dataset: bool = False,
+    types: Sequence[str] | None = None,
+    returns_location: Path | None = None,
+) -> AdvantageReport:
     """Re-threshold (or, with `recompute`, recompute from stored values) existing advantage sidecars.
 
     Reads `advantages_{source_tag}.parquet` of each dataset under `source` (fingerprint-checked
@@ -479,63 +571,116 @@ def relabel(datasets: Sequence[Path], source: Path, *, source_tag: str | None, c
 
     if not in_dataset and out is None:
         raise ConfigError("relabel: no output folder given", field="out", hint="pass --out DIR (or --in-dataset)")
-    if config.tag == source_tag and not in_dataset and out is not None and Path(out).resolve() == Path(source).resolve():
-        raise ConfigError(f"relabel would overwrite its source tag {source_tag!r}", field="new_tag",
-                          hint="pass a --new-tag different from --source-tag")
+    if (
+        config.tag == source_tag
+        and not in_dataset
+        and out is not None
+        and Path(out).resolve() == Path(source).resolve()
+    ):
+        raise ConfigError(
+            f"relabel would overwrite its source tag {source_tag!r}",
+            field="new_tag",
+            hint="pass a --new-tag different from --source-tag",
+        )
     inputs, results, value_fps, ranges, out_dirs = [], [], set(), set(), []
     for i, path in enumerate(datasets):
         ds = open_dataset(path)
-        table, meta = read_sidecar(source, "advantages", source_tag, expect_fingerprint=ds.fingerprint,
-                                   dataset_name=ds.name)
+        table, meta = read_sidecar(
+            source, "advantages", source_tag, expect_fingerprint=ds.fingerprint, dataset_name=ds.name
+        )
         dtype = types[i] if types else meta.get("dataset_type", "rollout")
         rr_doc = meta.get("return_range")
         if rr_doc is None:
-            raise DatasetError(f"{ds.name}: the source advantages sidecar stores no return range",
-                               hint="recompute stage 3 with this tool first")
+            raise DatasetError(
+                f"{ds.name}: the source advantages sidecar stores no return range",
+                hint="recompute stage 3 with this tool first",
+            )
         ranges.add((rr_doc["return_min"], rr_doc["return_max"]))
         value_fps.add(meta.get("value_checkpoint_fingerprint"))
         ep, fr = table.column("episode_index").to_numpy(), table.column("frame_index").to_numpy()
-        d = DatasetArrays(name=ds.name, dataset_type=dtype, episode_index=ep, frame_index=fr,
-                          returns=table.column("return").to_numpy().astype(np.float64),
-                          rewards=np.zeros(ep.size), values=table.column("value_current").to_numpy(),
-                          prompts=_dataset_prompts(ds, ep, fr), fingerprints={"dataset": ds.fingerprint})
+        d = DatasetArrays(
+            name=ds.name,
+            dataset_type=dtype,
+            episode_index=ep,
+            frame_index=fr,
+            returns=table.column("return").to_numpy().astype(np.float64),
+            rewards=np.zeros(ep.size),
+            values=table.column("value_current").to_numpy(),
+            prompts=_dataset_prompts(ds, ep, fr),
+            fingerprints={"dataset": ds.fingerprint},
+        )
         if recompute:
-            rtable, rmeta = read_sidecar(returns_location or source, "returns", config.returns_tag,
-                                         expect_fingerprint=ds.fingerprint, dataset_name=ds.name)
-            if not (np.array_equal(rtable.column("episode_index").to_numpy(), ep)
-                    and np.array_equal(rtable.column("frame_index").to_numpy(), fr)):
+            rtable, rmeta = read_sidecar(
+                returns_location or source,
+                "returns",
+                config.returns_tag,
+                expect_fingerprint=ds.fingerprint,
+                dataset_name=ds.name,
+            )
+            if not (
+                np.array_equal(rtable.column("episode_index").to_numpy(), ep)
+                and np.array_equal(rtable.column("frame_index").to_numpy(), fr)
+            ):
                 raise DatasetError(f"{ds.name}: returns and advantages sidecars cover different frames")
             d.rewards = rtable.column("reward").to_numpy().astype(np.float64)
             d.returns = rtable.column("return").to_numpy().astype(np.float64)
             d.returns_gamma = (rmeta.get("params") or {}).get("gamma")
-            results.append(nstep_advantages(None, d.returns, d.rewards, d.values, lookahead=config.lookahead,
-                                            gamma=config.gamma, discount_next_value=config.discount_next_value,
-                                            return_range=ReturnRange.from_dict(rr_doc),
-                                            use_return_shortcut=d.returns_gamma in (None, 1.0),
-                                            episode_end=d.episode_end))
+            results.append(
+                nstep_advantages(
+                    None,
+                    d.returns,
+                    d.rewards,
+                    d.values,
+                    lookahead=config.lookahead,
+                    gamma=config.gamma,
+                    discount_next_value=config.discount_next_value,
+                    return_range=ReturnRange.from_dict(rr_doc),
+                    use_return_shortcut=d.returns_gamma in (None, 1.0),
+                    episode_end=d.episode_end,
+                )
+            )
         else:
-            results.append({c: table.column(c).to_numpy() for c in
-                            ("advantage_continuous", "value_next", "reward_sum", "reward_sum_raw", "num_valid_rewards")})
+            results.append(
+                {
+                    c: table.column(c).to_numpy()
+                    for c in ("advantage_continuous", "value_next", "reward_sum", "reward_sum_raw", "num_valid_rewards")
+                }
+            )
         inputs.append(d)
         out_dirs.append(ds.root / "meta" if in_dataset else Path(out) / ds.name)
     if len(ranges) != 1:
-        raise DatasetError(f"source sidecars were computed with different return ranges: {sorted(ranges)}",
-                           hint="relabel datasets of one stage-3 run together")
+        raise DatasetError(
+            f"source sidecars were computed with different return ranges: {sorted(ranges)}",
+            hint="relabel datasets of one stage-3 run together",
+        )
     rr = ReturnRange.from_dict(rr_doc)  # all datasets share it (checked above)
     by_input = {id(d): r for d, r in zip(inputs, results)}  # relabel holds each dataset in memory: one chunk
-    return label_and_write(inputs, lambda d: iter([(d, by_input[id(d)])]), config=config, return_range=rr,
-                           value_fingerprint=next(iter(value_fps)) if len(value_fps) == 1 else None, out_dirs=out_dirs)
+    return label_and_write(
+        inputs,
+        lambda d: iter([(d, by_input[id(d)])]),
+        config=config,
+        return_range=rr,
+        value_fingerprint=next(iter(value_fps)) if len(value_fps) == 1 else None,
+        out_dirs=out_dirs,
+    )
 
 
 # -- command line ---------------------------------------------------------------------------------------
 
 
 def _common_args(p: Any) -> None:
-    p.add_argument("--dataset", action="append", required=True, metavar="PATH", help="LeRobot dataset root (repeatable)")
+    p.add_argument(
+        "--dataset", action="append", required=True, metavar="PATH", help="LeRobot dataset root (repeatable)"
+    )
     p.add_argument("--out", default=None, metavar="DIR", help="output folder (files go to DIR/<dataset name>/)")
     p.add_argument("--in-dataset", action="store_true", help="write into <dataset>/meta/ instead (RLinf interop)")
-    p.add_argument("--type", action="append", choices=("sft", "rollout"), default=None,
-                   help="sft or rollout, once per --dataset (relabel default: as stored)")
+    p.add_argument(
+        "--type",
+        action="append",
+        choices=("sft", "rollout"),
+        default=None,
+        help="sft or rollout, once per --dataset (relabel default: as stored)",
+    )
     p.add_argument("--tag", "--new-tag", dest="tag", default=None, help="output tag")
     p.add_argument("--returns-tag", default=None)
     p.add_argument("--lookahead", type=int, default=None, help="N (advantage_lookahead_step); default 10")
@@ -555,13 +700,21 @@ def _parser() -> Any:
     _common_args(c)
     c.add_argument("--values", action="append", required=True, metavar="PARQUET", help="one per --dataset")
     c.add_argument("--returns-dir", required=True, metavar="DIR", help="stage-1 output folder (or dataset root)")
-    c.add_argument("--value-checkpoint", required=True, metavar="DIR",
-                   help="value-model export folder (model_<k>/export); its value_head.json stores the return range")
+    c.add_argument(
+        "--value-checkpoint",
+        required=True,
+        metavar="DIR",
+        help="value-model export folder (model_<k>/export); its value_head.json stores the return range",
+    )
     r = sub.add_parser("relabel", help="re-threshold, or recompute (with --lookahead) from stored values")
     _common_args(r)
-    r.add_argument("--source", required=True, metavar="DIR", help="folder holding the source advantages (or dataset root)")
+    r.add_argument(
+        "--source", required=True, metavar="DIR", help="folder holding the source advantages (or dataset root)"
+    )
     r.add_argument("--source-tag", default=None)
-    r.add_argument("--returns-dir", default=None, metavar="DIR", help="returns sidecars for recompute (default --source)")
+    r.add_argument(
+        "--returns-dir", default=None, metavar="DIR", help="returns sidecars for recompute (default --source)"
+    )
     return p
 
 
@@ -581,10 +734,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     try:
-        config = AdvantageConfig(lookahead=args.lookahead or 10, gamma=args.gamma,
-                                 discount_next_value=not args.no_discount_next_value,
-                                 positive_quantile=args.positive_quantile, threshold_scope=args.threshold_scope,
-                                 tag=args.tag, returns_tag=args.returns_tag)
+        config = AdvantageConfig(
+            lookahead=args.lookahead or 10,
+            gamma=args.gamma,
+            discount_next_value=not args.no_discount_next_value,
+            positive_quantile=args.positive_quantile,
+            threshold_scope=args.threshold_scope,
+            tag=args.tag,
+            returns_tag=args.returns_tag,
+        )
         paths = [Path(d) for d in args.dataset]
         if args.out is None and not args.in_dataset:
             raise ConfigError("no output folder given", field="out", hint="pass --out DIR (or --in-dataset)")
@@ -592,15 +750,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             if len(args.values) != len(paths):
                 raise ConfigError(f"{len(args.values)} --values for {len(paths)} datasets", field="values")
             types = _types(args, len(paths), "rollout")
-            inputs = [load_dataset_arrays(p, Path(args.returns_dir), Path(v), dataset_type=t,
-                                          returns_tag=args.returns_tag) for p, v, t in zip(paths, args.values, types)]
+            inputs = [
+                load_dataset_arrays(p, Path(args.returns_dir), Path(v), dataset_type=t, returns_tag=args.returns_tag)
+                for p, v, t in zip(paths, args.values, types)
+            ]
             outs = [p / "meta" if args.in_dataset else Path(args.out) / d.name for p, d in zip(paths, inputs)]
             report = compute_advantages(inputs, config, Path(args.value_checkpoint), out_dirs=outs)
         else:
-            report = relabel(paths, Path(args.source), source_tag=args.source_tag, config=config,
-                             recompute=args.lookahead is not None, out=Path(args.out) if args.out else None,
-                             in_dataset=args.in_dataset, types=_types(args, len(paths), None),
-                             returns_location=Path(args.returns_dir) if args.returns_dir else None)
+            report = relabel(
+                paths,
+                Path(args.source),
+                source_tag=args.source_tag,
+                config=config,
+                recompute=args.lookahead is not None,
+                out=Path(args.out) if args.out else None,
+                in_dataset=args.in_dataset,
+                types=_types(args, len(paths), None),
+                returns_location=Path(args.returns_dir) if args.returns_dir else None,
+            )
     except PortableError as exc:
         return render_error(exc)
     for name, frac in report.positive_fraction.items():

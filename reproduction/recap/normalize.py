@@ -33,7 +33,9 @@ class ReturnRange:
         if not (self.return_max > self.return_min):
             raise ConfigError(
                 f"return range [{self.return_min}, {self.return_max}] is empty: return_max must exceed return_min",
-                field="return_min/return_max", hint="compute returns first, or set both explicitly in the config")
+                field="return_min/return_max",
+                hint="compute returns first, or set both explicitly in the config",
+            )
 
     @property
     def width(self) -> float:
@@ -55,7 +57,7 @@ class ReturnRange:
         return {"return_min": float(self.return_min), "return_max": float(self.return_max)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ReturnRange":
+    def from_dict(cls, data: dict[str, Any]) -> ReturnRange:
         try:
             return cls(return_min=float(data["return_min"]), return_max=float(data["return_max"]))
         except KeyError as exc:

@@ -18,9 +18,10 @@ import argparse
 import functools
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -63,8 +64,9 @@ def sort_frames(episode_index: np.ndarray, frame_index: np.ndarray) -> np.ndarra
     return sorted_bounds(episode_index, frame_index)[0]
 
 
-def sorted_bounds(episode_index: np.ndarray, frame_index: np.ndarray
-                  ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+def sorted_bounds(
+    episode_index: np.ndarray, frame_index: np.ndarray
+) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
     """(order or None, starts, ends): sort_frames plus episode_bounds of the sorted rows, in one pass
     over already-sorted input (the usual case). Raises DatasetError on a duplicate pair."""
     starts, ends = episode_bounds(episode_index)
@@ -74,8 +76,11 @@ def sorted_bounds(episode_index: np.ndarray, frame_index: np.ndarray
     ep, fr = episode_index[order], frame_index[order]
     dup = np.nonzero((ep[1:] == ep[:-1]) & (fr[1:] == fr[:-1]))[0]
     if dup.size:
-        raise DatasetError(f"episode {int(ep[dup[0]])} frame {int(fr[dup[0]])} appears more than once",
-                           field="frame_index", hint="the data parquets hold duplicated rows; deduplicate the dataset")
+        raise DatasetError(
+            f"episode {int(ep[dup[0]])} frame {int(fr[dup[0]])} appears more than once",
+            field="frame_index",
+            hint="the data parquets hold duplicated rows; deduplicate the dataset",
+        )
     return (order, *episode_bounds(ep))
 
 
@@ -137,13 +142,14 @@ def discounted_reverse_cumsum(values: np.ndarray, row_end: np.ndarray, gamma: fl
     while s < span:
         take = np.nonzero(idx + s < row_end)[0]
         shifted = out[take + s]
-        out[take] += (gamma ** s) * shifted
+        out[take] += (gamma**s) * shifted
         s *= 2
     return out
 
 
-def episode_returns(starts: np.ndarray, ends: np.ndarray, success: np.ndarray, failure_reward: float,
-                    gamma: float) -> tuple[np.ndarray, np.ndarray]:
+def episode_returns(
+    starts: np.ndarray, ends: np.ndarray, success: np.ndarray, failure_reward: float, gamma: float
+) -> tuple[np.ndarray, np.ndarray]:
     """(returns, rewards) as float32 per row for sorted rows, from per-episode bounds and success.
 
     The reward rule (-1, then 0 or failure_reward on the last frame) makes the return closed-form:
@@ -173,8 +179,9 @@ def episode_returns(starts: np.ndarray, ends: np.ndarray, success: np.ndarray, f
     return returns.astype(np.float32), rewards
 
 
-def compute_returns_table(frames: pa.Table, config: ReturnsConfig, *, tasks: dict[int, str] | None = None,
-                          source: str = "dataset") -> pa.Table:
+def compute_returns_table(
+    frames: pa.Table, config: ReturnsConfig, *, tasks: dict[int, str] | None = None, source: str = "dataset"
+) -> pa.Table:
     """RLinf's returns table for one dataset's key columns, sorted by (episode, frame).
 
     `frames` needs episode_index and frame_index, plus is_success for rollout data and task_index
@@ -183,8 +190,11 @@ def compute_returns_table(frames: pa.Table, config: ReturnsConfig, *, tasks: dic
     """
     names = set(frames.column_names)
     if config.dataset_type == "rollout" and "is_success" not in names:
-        raise DatasetError(f"{source}: rollout data needs an is_success column, and there is none",
-                           field="is_success", hint="pass --type sft if every episode is a successful demonstration")
+        raise DatasetError(
+            f"{source}: rollout data needs an is_success column, and there is none",
+            field="is_success",
+            hint="pass --type sft if every episode is a successful demonstration",
+        )
     ep = _int64(frames.column("episode_index"))
     fr = _int64(frames.column("frame_index"))
     order, starts, ends = sorted_bounds(ep, fr)
@@ -199,9 +209,15 @@ def compute_returns_table(frames: pa.Table, config: ReturnsConfig, *, tasks: dic
         last_rows = ends - 1 if order is None else order[ends - 1]  # only each episode's last frame matters
         success = col.take(pa.array(last_rows)).to_numpy(zero_copy_only=False).astype(bool)
     returns, rewards = episode_returns(starts, ends, success, config.failure_reward, config.gamma)
-    return pa.table({"episode_index": pa.array(ep, pa.int64()), "frame_index": pa.array(fr, pa.int64()),
-                     "return": pa.array(returns), "reward": pa.array(rewards),
-                     "prompt": _prompts(frames, order, tasks)})
+    return pa.table(
+        {
+            "episode_index": pa.array(ep, pa.int64()),
+            "frame_index": pa.array(fr, pa.int64()),
+            "return": pa.array(returns),
+            "reward": pa.array(rewards),
+            "prompt": _prompts(frames, order, tasks),
+        }
+    )
 
 
 def _int64(column: pa.ChunkedArray) -> np.ndarray:
@@ -230,8 +246,9 @@ def _prompts(frames: pa.Table, order: np.ndarray | None, tasks: dict[int, str] |
             lut[keys] = np.arange(keys.size, dtype=np.int64)
             pos = lut[ti]  # a small lookup table: cache-resident gather
             if (pos < 0).any():
-                raise DatasetError(f"task_index {int(ti[pos < 0][0])} is not in the dataset's task list",
-                                   field="task_index")
+                raise DatasetError(
+                    f"task_index {int(ti[pos < 0][0])} is not in the dataset's task list", field="task_index"
+                )
         return pa.array([tasks[int(k)] for k in keys], pa.string()).take(pa.array(pos))
     return pa.array(["perform the task"], pa.string()).take(pa.array(np.zeros(n, np.int64)))
 
@@ -257,8 +274,14 @@ class ReturnsResult:
     stats: dict[str, dict[str, float]]
 
 
-def compute_returns(datasets: Sequence[Path], out: Path | None, config: ReturnsConfig, *,
-                    types: Sequence[str] | None = None, in_dataset: bool = False) -> list[ReturnsResult]:
+def compute_returns(
+    datasets: Sequence[Path],
+    out: Path | None,
+    config: ReturnsConfig,
+    *,
+    types: Sequence[str] | None = None,
+    in_dataset: bool = False,
+) -> list[ReturnsResult]:
     """Write `returns_{tag}.parquet` (+ stats.json) for each dataset; returns what was written.
 
     Sidecars go to `<out>/<dataset folder name>/`, or into `<dataset>/meta/` with `in_dataset`
@@ -274,8 +297,11 @@ def compute_returns(datasets: Sequence[Path], out: Path | None, config: ReturnsC
     names = [Path(d).resolve().name for d in datasets]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
-        raise ConfigError(f"two datasets share the folder name {dup!r}; their sidecars would collide in {out}",
-                          field="dataset", hint="rename one of the dataset folders")
+        raise ConfigError(
+            f"two datasets share the folder name {dup!r}; their sidecars would collide in {out}",
+            field="dataset",
+            hint="rename one of the dataset folders",
+        )
     results = []
     for i, path in enumerate(datasets):
         cfg = ReturnsConfig(**{**asdict(config), "dataset_type": types[i] if types else config.dataset_type})
@@ -296,16 +322,32 @@ def compute_returns(datasets: Sequence[Path], out: Path | None, config: ReturnsC
         @functools.cache  # called by the writer after the last chunk, then read again below
         def meta() -> dict[str, Any]:
             stats = {name: column_stats(np.concatenate(parts)) for name, parts in kept.items()}
-            return {"kind": "returns", "tag": cfg.tag, "dataset": ds.name, "dataset_path": str(ds.root),
-                    "dataset_fingerprint": ds.fingerprint, "params": asdict(cfg), "stats": stats,
-                    "num_frames": int(sum(p.size for p in kept["return"])), "num_episodes": ds.num_episodes}
+            return {
+                "kind": "returns",
+                "tag": cfg.tag,
+                "dataset": ds.name,
+                "dataset_path": str(ds.root),
+                "dataset_fingerprint": ds.fingerprint,
+                "params": asdict(cfg),
+                "stats": stats,
+                "num_frames": int(sum(p.size for p in kept["return"])),
+                "num_episodes": ds.num_episodes,
+            }
 
         folder = ds.root / "meta" if in_dataset else Path(out) / ds.name
         sidecar = write_sidecar(folder / sidecar_name("returns", cfg.tag), tables(), meta)
         doc = meta()
         update_stats_json(folder / "stats.json", doc["stats"])
-        results.append(ReturnsResult(dataset=ds.root, sidecar=sidecar, fingerprint=ds.fingerprint,
-                                     num_frames=doc["num_frames"], num_episodes=ds.num_episodes, stats=doc["stats"]))
+        results.append(
+            ReturnsResult(
+                dataset=ds.root,
+                sidecar=sidecar,
+                fingerprint=ds.fingerprint,
+                num_frames=doc["num_frames"],
+                num_episodes=ds.num_episodes,
+                stats=doc["stats"],
+            )
+        )
     return results
 
 
@@ -321,8 +363,11 @@ def files_in_episode_order(files: Sequence[Path]) -> bool:
             continue
         md = pf.metadata
         leaf = [md.row_group(0).column(j).path_in_schema for j in range(md.num_columns)]
-        stats = ([md.row_group(g).column(leaf.index("episode_index")).statistics for g in range(md.num_row_groups)]
-                 if "episode_index" in leaf else [None])
+        stats = (
+            [md.row_group(g).column(leaf.index("episode_index")).statistics for g in range(md.num_row_groups)]
+            if "episode_index" in leaf
+            else [None]
+        )
         if all(st is not None and st.has_min_max for st in stats):
             lo, hi = min(st.min for st in stats), max(st.max for st in stats)
         else:
@@ -336,14 +381,21 @@ def files_in_episode_order(files: Sequence[Path]) -> bool:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m reproduction.recap.returns", description=__doc__.splitlines()[0])
-    p.add_argument("--dataset", action="append", required=True, metavar="PATH", help="LeRobot dataset root (repeatable)")
+    p.add_argument(
+        "--dataset", action="append", required=True, metavar="PATH", help="LeRobot dataset root (repeatable)"
+    )
     p.add_argument("--out", default=None, metavar="DIR", help="output folder (sidecars go to DIR/<dataset name>/)")
     p.add_argument("--in-dataset", action="store_true", help="write into <dataset>/meta/ instead (RLinf interop)")
     p.add_argument("--tag", default=None)
     p.add_argument("--gamma", type=float, default=1.0)
     p.add_argument("--failure-reward", type=float, default=-300.0)
-    p.add_argument("--type", action="append", choices=DATASET_TYPES, default=None,
-                   help="sft or rollout; once for all datasets or once per --dataset (default sft)")
+    p.add_argument(
+        "--type",
+        action="append",
+        choices=DATASET_TYPES,
+        default=None,
+        help="sft or rollout; once for all datasets or once per --dataset (default sft)",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     return p
 
@@ -353,20 +405,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         types = args.type or ["sft"]
         if len(types) not in (1, len(args.dataset)):
-            raise ConfigError(f"{len(types)} --type values for {len(args.dataset)} datasets", field="type",
-                              hint="give --type once, or once per --dataset")
+            raise ConfigError(
+                f"{len(types)} --type values for {len(args.dataset)} datasets",
+                field="type",
+                hint="give --type once, or once per --dataset",
+            )
         types = types * len(args.dataset) if len(types) == 1 else types
-        config = ReturnsConfig(gamma=args.gamma, failure_reward=args.failure_reward, dataset_type=types[0], tag=args.tag)
-        results = compute_returns([Path(d) for d in args.dataset], Path(args.out) if args.out else None, config,
-                                  types=types, in_dataset=args.in_dataset)
+        config = ReturnsConfig(
+            gamma=args.gamma, failure_reward=args.failure_reward, dataset_type=types[0], tag=args.tag
+        )
+        results = compute_returns(
+            [Path(d) for d in args.dataset],
+            Path(args.out) if args.out else None,
+            config,
+            types=types,
+            in_dataset=args.in_dataset,
+        )
     except PortableError as exc:
         return render_error(exc)
     for r in results:
-        print(f"{r.dataset.name}: {r.num_frames} frames, {r.num_episodes} episodes, return "
-              f"[{r.stats['return']['min']:g}, {r.stats['return']['max']:g}] -> {r.sidecar}", file=sys.stderr)
+        print(
+            f"{r.dataset.name}: {r.num_frames} frames, {r.num_episodes} episodes, return "
+            f"[{r.stats['return']['min']:g}, {r.stats['return']['max']:g}] -> {r.sidecar}",
+            file=sys.stderr,
+        )
     if args.json:
-        print(json.dumps([{"dataset": str(r.dataset), "sidecar": str(r.sidecar), "fingerprint": r.fingerprint,
-                           "num_frames": r.num_frames, "stats": r.stats} for r in results], indent=1))
+        print(
+            json.dumps(
+                [
+                    {
+                        "dataset": str(r.dataset),
+                        "sidecar": str(r.sidecar),
+                        "fingerprint": r.fingerprint,
+                        "num_frames": r.num_frames,
+                        "stats": r.stats,
+                    }
+                    for r in results
+                ],
+                indent=1,
+            )
+        )
     return 0
 
 

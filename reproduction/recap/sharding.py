@@ -10,8 +10,8 @@ nothing is pickled to every worker and no row order is assumed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -52,22 +52,35 @@ def plan_shards(row_end: np.ndarray, world_size: int, lookahead: int) -> list[Sh
     return shards
 
 
-def shard_values_table(episode_index: np.ndarray, frame_index: np.ndarray, values: np.ndarray,
-                       shard: Shard) -> pa.Table:
+def shard_values_table(
+    episode_index: np.ndarray, frame_index: np.ndarray, values: np.ndarray, shard: Shard
+) -> pa.Table:
     """A worker's result: its owned rows' (episode_index, frame_index, value); `values` cover `inferred`."""
     own = slice(0, shard.stop - shard.start)
-    return pa.table({"episode_index": pa.array(episode_index[shard.owned], pa.int64()),
-                     "frame_index": pa.array(frame_index[shard.owned], pa.int64()),
-                     "value": pa.array(np.asarray(values, dtype=np.float64)[own])})
+    return pa.table(
+        {
+            "episode_index": pa.array(episode_index[shard.owned], pa.int64()),
+            "frame_index": pa.array(frame_index[shard.owned], pa.int64()),
+            "value": pa.array(np.asarray(values, dtype=np.float64)[own]),
+        }
+    )
 
 
 def merge_values(parts: Sequence[pa.Table]) -> pa.Table:
     """Concatenate workers' value tables and sort by (episode, frame); a frame twice is an error."""
     from reproduction.recap.returns import sort_frames
 
-    table = pa.concat_tables(parts) if parts else pa.table({"episode_index": pa.array([], pa.int64()),
-                                                             "frame_index": pa.array([], pa.int64()),
-                                                             "value": pa.array([], pa.float64())})
+    table = (
+        pa.concat_tables(parts)
+        if parts
+        else pa.table(
+            {
+                "episode_index": pa.array([], pa.int64()),
+                "frame_index": pa.array([], pa.int64()),
+                "value": pa.array([], pa.float64()),
+            }
+        )
+    )
     try:
         order = sort_frames(table.column("episode_index").to_numpy(), table.column("frame_index").to_numpy())
     except DatasetError as exc:

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -48,8 +49,9 @@ def sidecar_dir(location: Path, dataset_name: str | None = None) -> Path:
     return location
 
 
-def write_sidecar(path: Path, table: pa.Table | Iterable[pa.Table],
-                  meta: dict[str, Any] | Callable[[], dict[str, Any]]) -> Path:
+def write_sidecar(
+    path: Path, table: pa.Table | Iterable[pa.Table], meta: dict[str, Any] | Callable[[], dict[str, Any]]
+) -> Path:
     """Write `table` (or chunks of one, streamed: same schema each) with `meta` (plus the format
     number) to `path` atomically: nothing appears at `path` unless every chunk was written.
 
@@ -92,9 +94,16 @@ def _available(folder: Path, kind: str) -> str:
     return ", ".join(found) or "none"
 
 
-def read_sidecar(location: Path, kind: str, tag: str | None, *, expect_fingerprint: str | None,
-                 dataset_name: str | None = None, columns: list[str] | None = None,
-                 allow_unfingerprinted: bool = False) -> tuple[pa.Table, dict[str, Any]]:
+def read_sidecar(
+    location: Path,
+    kind: str,
+    tag: str | None,
+    *,
+    expect_fingerprint: str | None,
+    dataset_name: str | None = None,
+    columns: list[str] | None = None,
+    allow_unfingerprinted: bool = False,
+) -> tuple[pa.Table, dict[str, Any]]:
     """Read `<kind>_{tag}.parquet` from a dataset root or a run folder; check fingerprint and tag.
 
     Raises InputNotFoundError (listing the sidecars present) when missing, FingerprintMismatchError
@@ -104,24 +113,38 @@ def read_sidecar(location: Path, kind: str, tag: str | None, *, expect_fingerpri
     folder = sidecar_dir(Path(location), dataset_name)
     path = folder / sidecar_name(kind, tag)
     if not path.is_file():
-        raise InputNotFoundError(f"{path}: no {kind} sidecar for tag {tag!r} (present: {_available(folder, kind)})",
-                                 path=path, hint=f"compute stage '{kind}' with --tag {tag or ''} first, or pass the tag it was written with")
+        raise InputNotFoundError(
+            f"{path}: no {kind} sidecar for tag {tag!r} (present: {_available(folder, kind)})",
+            path=path,
+            hint=f"compute stage '{kind}' with --tag {tag or ''} first, or pass the tag it was written with",
+        )
     meta = sidecar_meta(path)
     if meta.get("tag", tag) != tag:
-        raise FingerprintMismatchError(f"{path}: written for tag {meta.get('tag')!r}, asked for tag {tag!r}",
-                                       path=path, expected=tag, actual=meta.get("tag"))
+        raise FingerprintMismatchError(
+            f"{path}: written for tag {meta.get('tag')!r}, asked for tag {tag!r}",
+            path=path,
+            expected=tag,
+            actual=meta.get("tag"),
+        )
     stored = meta.get("dataset_fingerprint")
     if expect_fingerprint is not None:
         if stored is None and not allow_unfingerprinted:
             raise FingerprintMismatchError(
                 f"{path}: has no dataset fingerprint (written by another tool); expected dataset {expect_fingerprint}",
-                path=path, expected=expect_fingerprint, actual=None,
-                hint="recompute it with this tool, or allow unfingerprinted sidecars explicitly")
+                path=path,
+                expected=expect_fingerprint,
+                actual=None,
+                hint="recompute it with this tool, or allow unfingerprinted sidecars explicitly",
+            )
         if stored is not None and stored != expect_fingerprint:
             raise FingerprintMismatchError(
                 f"{path}: computed from dataset fingerprint {stored}, but the dataset now has fingerprint "
-                f"{expect_fingerprint}", path=path, expected=expect_fingerprint, actual=stored,
-                hint="the dataset changed since (refiltered or edited): recompute this sidecar")
+                f"{expect_fingerprint}",
+                path=path,
+                expected=expect_fingerprint,
+                actual=stored,
+                hint="the dataset changed since (refiltered or edited): recompute this sidecar",
+            )
     try:
         table = pq.read_table(path, columns=columns)
     except (pa.ArrowInvalid, OSError) as exc:
@@ -129,20 +152,46 @@ def read_sidecar(location: Path, kind: str, tag: str | None, *, expect_fingerpri
     return table, meta
 
 
-def read_returns(location: Path, tag: str | None, *, expect_fingerprint: str | None,
-                 dataset_name: str | None = None, columns: list[str] | None = None,
-                 allow_unfingerprinted: bool = False) -> pa.Table:
+def read_returns(
+    location: Path,
+    tag: str | None,
+    *,
+    expect_fingerprint: str | None,
+    dataset_name: str | None = None,
+    columns: list[str] | None = None,
+    allow_unfingerprinted: bool = False,
+) -> pa.Table:
     """The stage-1 returns table (episode_index, frame_index, return, reward, prompt), checked."""
-    return read_sidecar(location, "returns", tag, expect_fingerprint=expect_fingerprint, dataset_name=dataset_name,
-                        columns=columns, allow_unfingerprinted=allow_unfingerprinted)[0]
+    return read_sidecar(
+        location,
+        "returns",
+        tag,
+        expect_fingerprint=expect_fingerprint,
+        dataset_name=dataset_name,
+        columns=columns,
+        allow_unfingerprinted=allow_unfingerprinted,
+    )[0]
 
 
-def read_advantages(location: Path, tag: str | None, *, expect_fingerprint: str | None,
-                    dataset_name: str | None = None, columns: list[str] | None = None,
-                    allow_unfingerprinted: bool = False) -> pa.Table:
+def read_advantages(
+    location: Path,
+    tag: str | None,
+    *,
+    expect_fingerprint: str | None,
+    dataset_name: str | None = None,
+    columns: list[str] | None = None,
+    allow_unfingerprinted: bool = False,
+) -> pa.Table:
     """The stage-3 advantages table (RLinf's columns), checked like `read_returns`."""
-    return read_sidecar(location, "advantages", tag, expect_fingerprint=expect_fingerprint,
-                        dataset_name=dataset_name, columns=columns, allow_unfingerprinted=allow_unfingerprinted)[0]
+    return read_sidecar(
+        location,
+        "advantages",
+        tag,
+        expect_fingerprint=expect_fingerprint,
+        dataset_name=dataset_name,
+        columns=columns,
+        allow_unfingerprinted=allow_unfingerprinted,
+    )[0]
 
 
 def update_stats_json(path: Path, stats: dict[str, Any]) -> None:
@@ -170,9 +219,16 @@ def read_mixture_config(folder: Path) -> dict[str, Any]:
         raise DatasetError(f"{path}: not YAML ({exc})", path=path) from None
 
 
-def write_mixture_config(folder: Path, *, return_range: tuple[float, float], datasets: list[dict[str, Any]],
-                         tag: str | None, threshold: float, positive_quantile: float,
-                         extra: dict[str, Any] | None = None) -> Path:
+def write_mixture_config(
+    folder: Path,
+    *,
+    return_range: tuple[float, float],
+    datasets: list[dict[str, Any]],
+    tag: str | None,
+    threshold: float,
+    positive_quantile: float,
+    extra: dict[str, Any] | None = None,
+) -> Path:
     """Read-modify-write `mixture_config.yaml` as RLinf does: global range, datasets, tags[tag]."""
     import yaml
 

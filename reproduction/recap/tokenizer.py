@@ -11,8 +11,9 @@ from the dataset's task strings (milliseconds) and saves it with the checkpoint.
 from __future__ import annotations
 
 import string
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -48,13 +49,19 @@ def train_tokenizer(tasks: Iterable[str], out_dir: Path, *, vocab_size: int = 51
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIALS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer=trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A $B",
-                                                       special_tokens=[("<bos>", tok.token_to_id("<bos>"))])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>",
-                                   eos_token="<eos>", unk_token="<unk>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", tok.token_to_id("<bos>"))]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(out_dir))
@@ -67,13 +74,18 @@ def load_tokenizer(path: Path) -> Any:
 
     path = Path(path)
     if not (path / "tokenizer.json").is_file():
-        raise InputNotFoundError(f"tokenizer: {path / 'tokenizer.json'} does not exist", path=path / "tokenizer.json",
-                                 hint="point the value config's tokenizer at the bundle's tokenizer folder, "
-                                      "or use the tiny preset, which trains one from the dataset's tasks")
+        raise InputNotFoundError(
+            f"tokenizer: {path / 'tokenizer.json'} does not exist",
+            path=path / "tokenizer.json",
+            hint="point the value config's tokenizer at the bundle's tokenizer folder, "
+            "or use the tiny preset, which trains one from the dataset's tasks",
+        )
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
-def encode_prompts(tokenizer: Any, prompts: list[str], *, max_len: int = MAX_TOKEN_LEN) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_prompts(
+    tokenizer: Any, prompts: list[str], *, max_len: int = MAX_TOKEN_LEN
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids and mask (B, T), right-padded with the pad id to the batch's longest prompt (<= max_len)."""
     encoded = tokenizer(prompts, add_special_tokens=True, truncation=True, max_length=max_len)["input_ids"]
     longest = max((len(e) for e in encoded), default=1)
@@ -81,6 +93,6 @@ def encode_prompts(tokenizer: Any, prompts: list[str], *, max_len: int = MAX_TOK
     ids = torch.full((len(encoded), longest), pad, dtype=torch.long)
     mask = torch.zeros((len(encoded), longest), dtype=torch.bool)
     for row, seq in enumerate(encoded):
-        ids[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-        mask[row, :len(seq)] = True
+        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        mask[row, : len(seq)] = True
     return ids, mask

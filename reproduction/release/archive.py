@@ -67,10 +67,13 @@ def relink(link: str, member_path: str, link_roots: dict[str, str], *, layer: st
         return link
     for root in sorted(link_roots, key=len, reverse=True):
         if link == root or link.startswith(root.rstrip("/") + "/"):
-            dest = link_roots[root] + link[len(root.rstrip("/")):]
+            dest = link_roots[root] + link[len(root.rstrip("/")) :]
             return posixpath.relpath(dest, posixpath.dirname(member_path))
-    raise InvalidInputError(f"layer {layer}: symlink {member_path!r} points to {link!r}, outside every packed layer",
-                            field="layer.source", hint="pack what it points to as a layer too, or exclude the link")
+    raise InvalidInputError(
+        f"layer {layer}: symlink {member_path!r} points to {link!r}, outside every packed layer",
+        field="layer.source",
+        hint="pack what it points to as a layer too, or exclude the link",
+    )
 
 
 def _tarinfo(rel: str, st: os.stat_result, *, kind: bytes, size: int = 0, linkname: str = "") -> tarfile.TarInfo:
@@ -91,7 +94,9 @@ def write_layer(layer: LayerSpec, out: Path, *, link_roots: dict[str, str], thre
     entries = walk_tree(layer.source, layer.exclude)
     with open_compressor(out, level=LEVEL, threads=threads) as zfh:
         counter = _CountingWriter(zfh)
-        with tarfile.open(fileobj=counter, mode="w|", format=tarfile.PAX_FORMAT, encoding="utf-8", errors="surrogateescape") as tar:
+        with tarfile.open(
+            fileobj=counter, mode="w|", format=tarfile.PAX_FORMAT, encoding="utf-8", errors="surrogateescape"
+        ) as tar:
             for rel, st in entries:
                 info = _member_info(layer, rel, st, link_roots)
                 if info.type == tarfile.REGTYPE:
@@ -100,8 +105,17 @@ def write_layer(layer: LayerSpec, out: Path, *, link_roots: dict[str, str], thre
                 else:
                     tar.addfile(info)
                 kind = {tarfile.REGTYPE: "file", tarfile.DIRTYPE: "dir", tarfile.SYMTYPE: "symlink"}[info.type]
-                contents.members.append(Member(name=rel, raw_name=rel, kind=kind, mode=info.mode, size=info.size,
-                                               mtime=FIXED_MTIME, linkname=info.linkname))
+                contents.members.append(
+                    Member(
+                        name=rel,
+                        raw_name=rel,
+                        kind=kind,
+                        mode=info.mode,
+                        size=info.size,
+                        mtime=FIXED_MTIME,
+                        linkname=info.linkname,
+                    )
+                )
                 contents.unpacked_size += info.size
         contents.tar_size = counter.count
     return contents
@@ -114,10 +128,15 @@ def _member_info(layer: LayerSpec, rel: str, st: os.stat_result, link_roots: dic
         return _tarinfo(rel, st, kind=tarfile.DIRTYPE)
     if stat_mod.S_ISLNK(st.st_mode):
         link = os.readlink(layer.source / rel)
-        return _tarinfo(rel, st, kind=tarfile.SYMTYPE,
-                        linkname=relink(link, f"{layer.target}/{rel}", link_roots, layer=layer.name))
-    raise InvalidInputError(f"layer {layer.name}: {layer.source / rel} is a special file (device, fifo or socket)",
-                            path=layer.source / rel, field="layer.source", hint="exclude it in the spec (exclude = [...])")
+        return _tarinfo(
+            rel, st, kind=tarfile.SYMTYPE, linkname=relink(link, f"{layer.target}/{rel}", link_roots, layer=layer.name)
+        )
+    raise InvalidInputError(
+        f"layer {layer.name}: {layer.source / rel} is a special file (device, fifo or socket)",
+        path=layer.source / rel,
+        field="layer.source",
+        hint="exclude it in the spec (exclude = [...])",
+    )
 
 
 class _CountingWriter:

@@ -69,8 +69,14 @@ class _Reader:
         phoff, shoff = self.unpack("WW", 32 if self.is64 else 28)
         base = 54 if self.is64 else 42
         phentsize, phnum, shentsize, shnum = self.unpack("HHHH", base)
-        return {"phoff": phoff, "shoff": shoff, "phentsize": phentsize, "phnum": phnum,
-                "shentsize": shentsize, "shnum": shnum}
+        return {
+            "phoff": phoff,
+            "shoff": shoff,
+            "phentsize": phentsize,
+            "phnum": phnum,
+            "shentsize": shentsize,
+            "shnum": shnum,
+        }
 
     def program_headers(self) -> list[tuple[int, int, int, int]]:
         """(p_type, p_offset, p_vaddr, p_filesz) of every program header."""
@@ -122,8 +128,11 @@ def _sections(r: _Reader) -> list[tuple[int, int, int, int, int]]:
 
 def unmapped_ranges(data: bytes | bytearray) -> list[tuple[int, int]]:
     """File byte ranges of sections the loader never maps (debug info, .symtab/.strtab, .comment)."""
-    return [(offset, offset + size) for sh_type, flags, offset, size, _ in _sections(_Reader(data))
-            if sh_type not in (SHT_NULL, SHT_NOBITS) and not flags & SHF_ALLOC]
+    return [
+        (offset, offset + size)
+        for sh_type, flags, offset, size, _ in _sections(_Reader(data))
+        if sh_type not in (SHT_NULL, SHT_NOBITS) and not flags & SHF_ALLOC
+    ]
 
 
 def _referenced_offsets(r: _Reader, dyn: list[tuple[int, int]], strsz: int) -> set[int] | None:
@@ -140,7 +149,7 @@ def _referenced_offsets(r: _Reader, dyn: list[tuple[int, int]], strsz: int) -> s
         if sh_entsize < 16 or sh_offset + sh_size > len(r.data):
             raise ElfError(f"dynamic symbol table at {sh_offset} (size {sh_size}, entry {sh_entsize}) is malformed")
         for sym in range(sh_offset, sh_offset + sh_size - sh_entsize + 1, sh_entsize):
-                refs.add(r.unpack("I", sym)[0])  # st_name is the first field in both classes
+            refs.add(r.unpack("I", sym)[0])  # st_name is the first field in both classes
     tags = dict(dyn)
     if DT_VERNEED in tags:
         at = r.to_offset(tags[DT_VERNEED])
@@ -200,8 +209,14 @@ def search_paths(data: bytes | bytearray) -> list[SearchPath]:
             while end + 1 < strtab + strsz and data[end + 1] == 0 and (end + 1 - strtab) not in refs:
                 end += 1
             capacity = end - start
-        out.append(SearchPath(tag=tag, value=bytes(data[start:nul]).decode("utf-8", "surrogateescape"),
-                              offset=start, capacity=capacity))
+        out.append(
+            SearchPath(
+                tag=tag,
+                value=bytes(data[start:nul]).decode("utf-8", "surrogateescape"),
+                offset=start,
+                capacity=capacity,
+            )
+        )
     return out
 
 
@@ -215,4 +230,4 @@ def set_search_path(data: bytearray, entry: SearchPath, value: str) -> None:
         raise ElfError("the search path shares bytes with another name in .dynstr")
     if len(raw) > entry.capacity or b"\0" in raw:
         raise ElfError(f"new search path is {len(raw)} bytes, the slot holds {entry.capacity}")
-    data[entry.offset:entry.offset + entry.capacity + 1] = raw + b"\0" * (entry.capacity + 1 - len(raw))
+    data[entry.offset : entry.offset + entry.capacity + 1] = raw + b"\0" * (entry.capacity + 1 - len(raw))

@@ -12,9 +12,10 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 from reproduction.errors import UnsafeArchiveError, WriteFailedError
 from reproduction.release.tarscan import Member, StreamSource, iter_members
@@ -46,10 +47,17 @@ class Written:
 
 def write_failed(exc: OSError, what: str) -> WriteFailedError:
     """A clear one-line error for a failed write (disk full, file too large, read-only)."""
-    reason = {errno.ENOSPC: "the disk is full", errno.EFBIG: "a file is larger than allowed (file size limit)",
-              errno.EDQUOT: "the disk quota is exceeded", errno.EROFS: "the filesystem is read-only"}.get(exc.errno, exc.strerror)
-    return WriteFailedError(f"cannot write {what}: {reason} ({exc.filename or exc})", path=exc.filename,
-                            hint="free some space (or raise the limit) and run `portable restore` again; the previous state is kept")
+    reason = {
+        errno.ENOSPC: "the disk is full",
+        errno.EFBIG: "a file is larger than allowed (file size limit)",
+        errno.EDQUOT: "the disk quota is exceeded",
+        errno.EROFS: "the filesystem is read-only",
+    }.get(exc.errno, exc.strerror)
+    return WriteFailedError(
+        f"cannot write {what}: {reason} ({exc.filename or exc})",
+        path=exc.filename,
+        hint="free some space (or raise the limit) and run `portable restore` again; the previous state is kept",
+    )
 
 
 def _open_new(path: str, mode: int) -> int:
@@ -110,8 +118,15 @@ def _finish(root: str, members: list[Member], written: Written) -> None:
             os.chmod(f"{root}/{m.name}", m.mode & 0o777)
 
 
-def extract_stream(stream: IO[bytes], expected: list[Member], dest: Path, *, archive: str,
-                   digests: bool = False, on_bytes: Callable[[int], None] | None = None) -> Written:
+def extract_stream(
+    stream: IO[bytes],
+    expected: list[Member],
+    dest: Path,
+    *,
+    archive: str,
+    digests: bool = False,
+    on_bytes: Callable[[int], None] | None = None,
+) -> Written:
     """Stream the tar in `stream` into `dest`, refusing any member that differs from `expected`.
 
     One thread writes: writer threads were measured here and did not help (file creation is kernel
@@ -126,8 +141,12 @@ def extract_stream(stream: IO[bytes], expected: list[Member], dest: Path, *, arc
         seen = 0
         for m in iter_members(source, archive=archive):
             if seen >= len(expected) or m.key() != expected[seen].key():
-                raise UnsafeArchiveError(f"{archive}: member {m.raw_name!r} changed since it was validated",
-                                         archive=archive, member=m.raw_name, hint="the archive changed during restore; run restore again")
+                raise UnsafeArchiveError(
+                    f"{archive}: member {m.raw_name!r} changed since it was validated",
+                    archive=archive,
+                    member=m.raw_name,
+                    hint="the archive changed during restore; run restore again",
+                )
             seen += 1
             if m.kind == "file":
                 hasher = hashlib.sha256() if digests else None
@@ -139,8 +158,11 @@ def extract_stream(stream: IO[bytes], expected: list[Member], dest: Path, *, arc
                     on_bytes(m.size)
         source.drain()
         if seen != len(expected):
-            raise UnsafeArchiveError(f"{archive}: ended after {seen} of {len(expected)} members", archive=archive,
-                                     hint="the archive changed during restore; run restore again")
+            raise UnsafeArchiveError(
+                f"{archive}: ended after {seen} of {len(expected)} members",
+                archive=archive,
+                hint="the archive changed during restore; run restore again",
+            )
         _finish(root, expected, written)
     except OSError as exc:
         if exc.errno in _SPACE_ERRORS:

@@ -35,9 +35,10 @@ import os
 import re
 import shutil
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from reproduction.digests import sha256_files
 from reproduction.errors import HubConflictError, HubNotFoundError, InvalidInputError
@@ -85,8 +86,11 @@ class FetchResult:
 def check_repo_id(repo: str) -> str:
     """Return `repo` if it looks like OWNER/NAME, else raise InvalidInputError naming it."""
     if not _REPO_ID.fullmatch(repo or "") or ".." in repo or repo.endswith((".git", ".")):
-        raise InvalidInputError(f"repo {repo!r} is not OWNER/NAME", field="repo",
-                                hint="name the Hub repo as owner/name, e.g. my-lab/recap-libero10")
+        raise InvalidInputError(
+            f"repo {repo!r} is not OWNER/NAME",
+            field="repo",
+            hint="name the Hub repo as owner/name, e.g. my-lab/recap-libero10",
+        )
     return repo
 
 
@@ -158,15 +162,25 @@ def plan_batches(entries: list[FileEntry], *, max_files: int, max_bytes: int) ->
 def _add(path_in_repo: str, source: Path | bytes, sha256: str | None = None) -> Any:
     from huggingface_hub import CommitOperationAdd
 
-    op = CommitOperationAdd(path_in_repo=path_in_repo, path_or_fileobj=source if isinstance(source, bytes) else str(source))
+    op = CommitOperationAdd(
+        path_in_repo=path_in_repo, path_or_fileobj=source if isinstance(source, bytes) else str(source)
+    )
     if sha256 is not None:  # verified moments ago: spare huggingface_hub a second read of the file
         op.upload_info.sha256 = bytes.fromhex(sha256)
     return op
 
 
-def publish_bundle(bundle: Path, repo: str, *, repo_type: str = "model", revision: str | None = None,
-                   private: bool = False, tag: str | None = None, ui: UiOptions | None = None,
-                   settings: HubSettings | None = None) -> PublishResult:
+def publish_bundle(
+    bundle: Path,
+    repo: str,
+    *,
+    repo_type: str = "model",
+    revision: str | None = None,
+    private: bool = False,
+    tag: str | None = None,
+    ui: UiOptions | None = None,
+    settings: HubSettings | None = None,
+) -> PublishResult:
     """Verify `bundle`, then make branch `revision` (default main) of Hub repo `repo` hold it.
 
     Creates the repo (and branch) if needed; commits only what differs; bundle.json last; tags the
@@ -190,10 +204,19 @@ def publish_bundle(bundle: Path, repo: str, *, repo_type: str = "model", revisio
 
     retried(f"create {repo}", lambda: api.create_repo(repo, repo_type=repo_type, private=private, exist_ok=True))
     if branch != "main":
-        retried(f"create branch {branch}", lambda: api.create_branch(repo, branch=branch, repo_type=repo_type, exist_ok=True))
+        retried(
+            f"create branch {branch}",
+            lambda: api.create_branch(repo, branch=branch, repo_type=repo_type, exist_ok=True),
+        )
     head = retried(f"resolve {repo}@{branch}", lambda: api.repo_info(repo, repo_type=repo_type, revision=branch).sha)
-    remote = retried(f"list {repo}@{head[:12]}", lambda: {
-        f.path: f for f in api.list_repo_tree(repo, repo_type=repo_type, revision=head, recursive=True) if hasattr(f, "size")})
+    remote = retried(
+        f"list {repo}@{head[:12]}",
+        lambda: {
+            f.path: f
+            for f in api.list_repo_tree(repo, repo_type=repo_type, revision=head, recursive=True)
+            if hasattr(f, "size")
+        },
+    )
     todo = [e for e in manifest.files if not remote_matches(remote.get(e.path), e, bundle)]
     final = [] if _bytes_match(remote.get(MANIFEST_NAME), manifest_bytes) else [_add(MANIFEST_NAME, manifest_bytes)]
     if manifest.file(README) is None:
@@ -201,29 +224,51 @@ def publish_bundle(bundle: Path, repo: str, *, repo_type: str = "model", revisio
         if not _bytes_match(remote.get(README), card):
             final.append(_add(README, card))
     batches = plan_batches(todo, max_files=settings.batch_files, max_bytes=settings.batch_bytes)
-    say(f"publish {manifest.name} -> {repo}@{branch}: {len(todo)} of {len(manifest.files)} files to send "
-        f"({human_bytes(sum(e.size for e in todo))}) in {len(batches) + bool(final)} commit(s)", options=ui)
+    say(
+        f"publish {manifest.name} -> {repo}@{branch}: {len(todo)} of {len(manifest.files)} files to send "
+        f"({human_bytes(sum(e.size for e in todo))}) in {len(batches) + bool(final)} commit(s)",
+        options=ui,
+    )
 
     commits, parent = 0, head
     for i, batch in enumerate(batches, 1):
         ops = [_add(e.path, bundle / e.path, e.sha256) for e in batch]
         if i == 1 and MANIFEST_NAME in remote:
             ops.append(_delete(MANIFEST_NAME))  # the old manifest must not describe a half-updated repo
-        parent = _commit(api, repo, repo_type, branch, parent, ops, f"portable publish {manifest.name}: files {i}/{len(batches)}",
-                         retried)
+        parent = _commit(
+            api,
+            repo,
+            repo_type,
+            branch,
+            parent,
+            ops,
+            f"portable publish {manifest.name}: files {i}/{len(batches)}",
+            retried,
+        )
         commits += 1
-        say(f"  commit {i}/{len(batches)}: {len(batch)} files, {human_bytes(sum(e.size for e in batch))} -> {parent[:12]}", options=ui)
+        say(
+            f"  commit {i}/{len(batches)}: {len(batch)} files, {human_bytes(sum(e.size for e in batch))} -> {parent[:12]}",
+            options=ui,
+        )
     if final or (batches and MANIFEST_NAME in remote):
         if not any(op.path_in_repo == MANIFEST_NAME for op in final):
             final.insert(0, _add(MANIFEST_NAME, manifest_bytes))
-        parent = _commit(api, repo, repo_type, branch, parent, final, f"portable publish {manifest.name}: bundle.json", retried)
+        parent = _commit(
+            api, repo, repo_type, branch, parent, final, f"portable publish {manifest.name}: bundle.json", retried
+        )
         commits += 1
     if tag:
         _tag(api, repo, repo_type, tag, parent, retried)
     url = repo_web_url(settings.resolved_endpoint(), repo, repo_type, branch)
     say(f"published {manifest.name}: {commits} commit(s), head {parent}", options=ui)
-    return PublishResult(repo=repo, commit_sha=parent, url=url, files_sent=len(todo),
-                         bytes_sent=sum(e.size for e in todo), commits=commits)
+    return PublishResult(
+        repo=repo,
+        commit_sha=parent,
+        url=url,
+        files_sent=len(todo),
+        bytes_sent=sum(e.size for e in todo),
+        commits=commits,
+    )
 
 
 def _delete(path: str) -> Any:
@@ -232,33 +277,59 @@ def _delete(path: str) -> Any:
     return CommitOperationDelete(path_in_repo=path)
 
 
-def _commit(api: Any, repo: str, repo_type: str, branch: str, parent: str, ops: list[Any], message: str,
-            retried: Callable[[str, Callable[[], Any]], Any]) -> str:
+def _commit(
+    api: Any,
+    repo: str,
+    repo_type: str,
+    branch: str,
+    parent: str,
+    ops: list[Any],
+    message: str,
+    retried: Callable[[str, Callable[[], Any]], Any],
+) -> str:
     """Upload the LFS content of `ops`, then commit them on top of `parent`; returns the new head."""
     from huggingface_hub import CommitOperationAdd
 
     adds = [op for op in ops if isinstance(op, CommitOperationAdd)]
-    retried(f"upload ({message})", lambda: api.preupload_lfs_files(repo, additions=adds, repo_type=repo_type, revision=branch))
-    info = retried(f"commit ({message})", lambda: api.create_commit(
-        repo, operations=ops, commit_message=message, repo_type=repo_type, revision=branch, parent_commit=parent))
+    retried(
+        f"upload ({message})",
+        lambda: api.preupload_lfs_files(repo, additions=adds, repo_type=repo_type, revision=branch),
+    )
+    info = retried(
+        f"commit ({message})",
+        lambda: api.create_commit(
+            repo, operations=ops, commit_message=message, repo_type=repo_type, revision=branch, parent_commit=parent
+        ),
+    )
     return info.oid
 
 
-def _tag(api: Any, repo: str, repo_type: str, tag: str, commit: str, retried: Callable[[str, Callable[[], Any]], Any]) -> None:
+def _tag(
+    api: Any, repo: str, repo_type: str, tag: str, commit: str, retried: Callable[[str, Callable[[], Any]], Any]
+) -> None:
     try:
         retried(f"tag {tag}", lambda: api.create_tag(repo, tag=tag, revision=commit, repo_type=repo_type))
     except HubConflictError:
         existing = retried(f"resolve tag {tag}", lambda: api.repo_info(repo, repo_type=repo_type, revision=tag).sha)
         if existing != commit:
-            raise HubConflictError(f"tag {tag!r} of {repo} already names commit {existing}, not {commit}",
-                                   hint="tags are immutable: publish with a new --tag") from None
+            raise HubConflictError(
+                f"tag {tag!r} of {repo} already names commit {existing}, not {commit}",
+                hint="tags are immutable: publish with a new --tag",
+            ) from None
 
 
 # -- fetch --------------------------------------------------------------------------------------------
 
 
-def fetch_bundle(repo: str, dest: Path, *, revision: str | None = None, repo_type: str = "model",
-                 ui: UiOptions | None = None, settings: HubSettings | None = None) -> FetchResult:
+def fetch_bundle(
+    repo: str,
+    dest: Path,
+    *,
+    revision: str | None = None,
+    repo_type: str = "model",
+    ui: UiOptions | None = None,
+    settings: HubSettings | None = None,
+) -> FetchResult:
     """Download the bundle published at `repo`@`revision` (default main) into folder `dest`.
 
     `dest` must be new, empty, or an earlier (partial or complete) fetch. Every file is checked
@@ -279,65 +350,103 @@ def fetch_bundle(repo: str, dest: Path, *, revision: str | None = None, repo_typ
     dest, rev = Path(dest), revision or "main"
     api = _client(settings, ui)
     endpoint = settings.resolved_endpoint()
-    commit = with_retries(lambda: api.repo_info(repo, repo_type=repo_type, revision=rev).sha,
-                          what=f"resolve {repo}@{rev}", settings=settings, ui=ui)
+    commit = with_retries(
+        lambda: api.repo_info(repo, repo_type=repo_type, revision=rev).sha,
+        what=f"resolve {repo}@{rev}",
+        settings=settings,
+        ui=ui,
+    )
 
     def url(rel: str) -> str:
         return hf_hub_url(repo, rel, repo_type=repo_type, revision=commit, endpoint=endpoint)
 
     manifest_bytes, manifest = _remote_manifest(url(MANIFEST_NAME), repo, commit, settings, ui)
-    say(f"fetch {repo}@{commit[:12]} ({rev}): {len(manifest.files)} files, {human_bytes(manifest.total_size)}", options=ui)
+    say(
+        f"fetch {repo}@{commit[:12]} ({rev}): {len(manifest.files)} files, {human_bytes(manifest.total_size)}",
+        options=ui,
+    )
     _prepare_dest(dest, manifest)
     with bundle_lock(dest, what="fetch", wait_s=0.0):
         (dest / MANIFEST_NAME).unlink(missing_ok=True)  # incomplete from here until the end
         present = _already_present(dest, manifest)
         partial = dest / STATE_DIR / PARTIAL_DIR
-        jobs = [Download(rel=e.path, url=url(e.path), dest=dest / e.path, size=e.size, sha256=e.sha256,
-                         partial=partial / f"{hashlib.sha256(e.path.encode()).hexdigest()[:20]}.{e.sha256[:20]}.part")
-                for e in manifest.files if e.path not in present]
+        jobs = [
+            Download(
+                rel=e.path,
+                url=url(e.path),
+                dest=dest / e.path,
+                size=e.size,
+                sha256=e.sha256,
+                partial=partial / f"{hashlib.sha256(e.path.encode()).hexdigest()[:20]}.{e.sha256[:20]}.part",
+            )
+            for e in manifest.files
+            if e.path not in present
+        ]
         stats = {**present, **download_all(jobs, settings=settings, ui=ui)}
         report = verify_bundle(dest, manifest=manifest, ui=ui, trusted=lambda e, st: _same_stat(stats.get(e.path), st))
         raise_for_report(report)
         shutil.rmtree(partial, ignore_errors=True)
     record_fetch(dest, repo=repo, repo_type=repo_type, revision=rev, commit=commit)
     atomic_write_bytes(dest / MANIFEST_NAME, manifest_bytes)
-    return FetchResult(repo=repo, commit_sha=commit, path=dest, files=len(manifest.files), downloaded=len(jobs),
-                       bytes_downloaded=sum(j.size for j in jobs))
+    return FetchResult(
+        repo=repo,
+        commit_sha=commit,
+        path=dest,
+        files=len(manifest.files),
+        downloaded=len(jobs),
+        bytes_downloaded=sum(j.size for j in jobs),
+    )
 
 
-def _remote_manifest(url: str, repo: str, commit: str, settings: HubSettings, ui: UiOptions | None) -> tuple[bytes, Manifest]:
+def _remote_manifest(
+    url: str, repo: str, commit: str, settings: HubSettings, ui: UiOptions | None
+) -> tuple[bytes, Manifest]:
     where = f"{repo}@{commit[:12]}/{MANIFEST_NAME}"
     try:
         data = fetch_small(url, what=f"download {where}", settings=settings, ui=ui)
     except HubNotFoundError:
-        raise HubNotFoundError(f"{repo}@{commit} has no {MANIFEST_NAME}: it is not a published bundle, or its publish "
-                               "did not finish", hint="publish it (again) with `portable publish`, or pass the --revision "
-                               "of a complete publish") from None
+        raise HubNotFoundError(
+            f"{repo}@{commit} has no {MANIFEST_NAME}: it is not a published bundle, or its publish did not finish",
+            hint="publish it (again) with `portable publish`, or pass the --revision of a complete publish",
+        ) from None
     try:
         parsed = json.loads(data)
     except ValueError as exc:
-        raise InvalidInputError(f"{where}: not valid JSON ({exc})", path=where, field="(root)",
-                                hint="the published manifest is damaged; publish the bundle again") from None
+        raise InvalidInputError(
+            f"{where}: not valid JSON ({exc})",
+            path=where,
+            field="(root)",
+            hint="the published manifest is damaged; publish the bundle again",
+        ) from None
     manifest = Manifest.from_dict(parsed, path=Path(where))
     for entry in manifest.files:  # these names are the bundle's own bookkeeping; a manifest may not claim them
         if entry.path == MANIFEST_NAME or entry.path.split("/", 1)[0] == STATE_DIR:
-            raise InvalidInputError(f"{where}: lists {entry.path!r}, which is reserved for bookkeeping", path=where,
-                                    field="files", hint="the published manifest is damaged or hostile; do not use it")
+            raise InvalidInputError(
+                f"{where}: lists {entry.path!r}, which is reserved for bookkeeping",
+                path=where,
+                field="files",
+                hint="the published manifest is damaged or hostile; do not use it",
+            )
     return data, manifest
 
 
 def _prepare_dest(dest: Path, manifest: Manifest) -> None:
     """Create `dest`, or accept an earlier fetch there (dropping files its old manifest listed but the new one does not)."""
     if dest.exists() and not dest.is_dir():
-        raise InvalidInputError(f"{dest} exists and is not a folder", path=dest, hint="fetch into a new or empty folder")
+        raise InvalidInputError(
+            f"{dest} exists and is not a folder", path=dest, hint="fetch into a new or empty folder"
+        )
     dest.mkdir(parents=True, exist_ok=True)
     entries = [p.name for p in dest.iterdir() if p.name != STATE_DIR]
     if not entries:
         return
     old_path = dest / MANIFEST_NAME
     if not old_path.exists() and not (dest / STATE_DIR / PARTIAL_DIR).exists():
-        raise InvalidInputError(f"{dest} is not empty and holds no bundle ({len(entries)} entries, e.g. {sorted(entries)[0]!r})",
-                                path=dest, hint="fetch into a new or empty folder")
+        raise InvalidInputError(
+            f"{dest} is not empty and holds no bundle ({len(entries)} entries, e.g. {sorted(entries)[0]!r})",
+            path=dest,
+            hint="fetch into a new or empty folder",
+        )
     if old_path.exists():
         try:
             old = load_manifest(dest)
@@ -366,4 +475,8 @@ def _already_present(dest: Path, manifest: Manifest) -> dict[str, os.stat_result
 
 
 def _same_stat(recorded: os.stat_result | None, now: os.stat_result) -> bool:
-    return recorded is not None and (recorded.st_size, recorded.st_mtime_ns, recorded.st_ino) == (now.st_size, now.st_mtime_ns, now.st_ino)
+    return recorded is not None and (recorded.st_size, recorded.st_mtime_ns, recorded.st_ino) == (
+        now.st_size,
+        now.st_mtime_ns,
+        now.st_ino,
+    )

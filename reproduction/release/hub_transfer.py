@@ -18,10 +18,11 @@ import os
 import random
 import re
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from reproduction.errors import (
     HubAuthError,
@@ -64,8 +65,11 @@ class HubSettings:
     def __post_init__(self) -> None:
         for name in ("jobs", "batch_files", "batch_bytes"):
             if getattr(self, name) < 1:
-                raise InvalidInputError(f"hub setting {name}={getattr(self, name)} must be at least 1", field=name,
-                                        hint=f"set {_ENV}{name.upper()} to a positive number")
+                raise InvalidInputError(
+                    f"hub setting {name}={getattr(self, name)} must be at least 1",
+                    field=name,
+                    hint=f"set {_ENV}{name.upper()} to a positive number",
+                )
         for name in ("retries", "backoff_s", "backoff_max_s"):
             if getattr(self, name) < 0:
                 raise InvalidInputError(f"hub setting {name}={getattr(self, name)} must not be negative", field=name)
@@ -74,20 +78,30 @@ class HubSettings:
                 raise InvalidInputError(f"hub setting {name}={getattr(self, name)} must be positive", field=name)
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> "HubSettings":
+    def from_env(cls, environ: dict[str, str] | None = None) -> HubSettings:
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
-        for name, kind in (("jobs", int), ("retries", int), ("backoff_s", float), ("backoff_max_s", float),
-                           ("stall_timeout_s", float), ("connect_timeout_s", float), ("batch_files", int),
-                           ("batch_bytes", int)):
+        for name, kind in (
+            ("jobs", int),
+            ("retries", int),
+            ("backoff_s", float),
+            ("backoff_max_s", float),
+            ("stall_timeout_s", float),
+            ("connect_timeout_s", float),
+            ("batch_files", int),
+            ("batch_bytes", int),
+        ):
             raw = env.get(_ENV + name.upper())
             if raw is None or raw == "":
                 continue
             try:
                 values[name] = kind(raw)
             except ValueError:
-                raise InvalidInputError(f"{_ENV}{name.upper()}={raw!r} is not a valid {kind.__name__}",
-                                        field=_ENV + name.upper(), hint=f"unset it or give a number") from None
+                raise InvalidInputError(
+                    f"{_ENV}{name.upper()}={raw!r} is not a valid {kind.__name__}",
+                    field=_ENV + name.upper(),
+                    hint="unset it or give a number",
+                ) from None
         return cls(**values)
 
     def resolved_endpoint(self) -> str:
@@ -104,7 +118,9 @@ class DigestMismatch(Exception):
 
     def __init__(self, path: str, expected: str, actual: str) -> None:
         got = f"sha256 {actual[:16]}..." if re.fullmatch(r"[0-9a-f]{64}", actual) else actual
-        super().__init__(f"{path}: downloaded bytes do not match bundle.json (expected sha256 {expected[:16]}..., got {got})")
+        super().__init__(
+            f"{path}: downloaded bytes do not match bundle.json (expected sha256 {expected[:16]}..., got {got})"
+        )
         self.path, self.expected, self.actual = path, expected, actual
 
 
@@ -133,40 +149,68 @@ def hub_error(exc: BaseException, *, what: str) -> HubError:
     from huggingface_hub import errors as hf
 
     if isinstance(exc, DigestMismatch):
-        return HubIntegrityError(f"{what}: {exc}", path=exc.path, expected=exc.expected, actual=exc.actual,
-                                 hint="the server or a proxy keeps sending corrupted bytes; run fetch again later")
+        return HubIntegrityError(
+            f"{what}: {exc}",
+            path=exc.path,
+            expected=exc.expected,
+            actual=exc.actual,
+            hint="the server or a proxy keeps sending corrupted bytes; run fetch again later",
+        )
     if isinstance(exc, (TransferInterrupted, httpx.TransportError)):
         kind = "stalled (no data)" if isinstance(exc, httpx.TimeoutException) else "failed"
-        return HubTransferError(f"{what}: transfer {kind}: {exc or type(exc).__name__}",
-                                hint="check the network; rerunning resumes where this stopped")
+        return HubTransferError(
+            f"{what}: transfer {kind}: {exc or type(exc).__name__}",
+            hint="check the network; rerunning resumes where this stopped",
+        )
     if isinstance(exc, hf.OfflineModeIsEnabled):
-        return HubError(f"{what}: offline mode is enabled (HF_HUB_OFFLINE)", hint="unset HF_HUB_OFFLINE to reach the Hub")
+        return HubError(
+            f"{what}: offline mode is enabled (HF_HUB_OFFLINE)", hint="unset HF_HUB_OFFLINE to reach the Hub"
+        )
     status = _status(exc)
     server = getattr(exc, "server_message", None) or ""
     detail = f"HTTP {status}" + (f": {server.strip()}" if server.strip() else "")
     if isinstance(exc, hf.RevisionNotFoundError):
-        return HubNotFoundError(f"{what}: revision not found ({detail})", status=status,
-                                hint="check --revision: a branch, tag or full commit SHA of that repo")
+        return HubNotFoundError(
+            f"{what}: revision not found ({detail})",
+            status=status,
+            hint="check --revision: a branch, tag or full commit SHA of that repo",
+        )
     if isinstance(exc, hf.RemoteEntryNotFoundError):
-        return HubNotFoundError(f"{what}: file not found ({detail})", status=status,
-                                hint="the repo is not a complete published bundle; publish it again")
+        return HubNotFoundError(
+            f"{what}: file not found ({detail})",
+            status=status,
+            hint="the repo is not a complete published bundle; publish it again",
+        )
     if isinstance(exc, hf.RepositoryNotFoundError):
-        return HubNotFoundError(f"{what}: repository not found ({detail})", status=status,
-                                hint="check OWNER/NAME and --repo-type; a private repo needs a token "
-                                     "(`hf auth login` or HF_TOKEN) that can read it")
+        return HubNotFoundError(
+            f"{what}: repository not found ({detail})",
+            status=status,
+            hint="check OWNER/NAME and --repo-type; a private repo needs a token "
+            "(`hf auth login` or HF_TOKEN) that can read it",
+        )
     if status in (401, 403):
-        return HubAuthError(f"{what}: permission denied ({detail})", status=status,
-                            hint="log in with `hf auth login` or set HF_TOKEN to a token that may read the repo "
-                                 "(and write to its namespace, to publish)")
+        return HubAuthError(
+            f"{what}: permission denied ({detail})",
+            status=status,
+            hint="log in with `hf auth login` or set HF_TOKEN to a token that may read the repo "
+            "(and write to its namespace, to publish)",
+        )
     if status in (409, 412):
-        return HubConflictError(f"{what}: conflict ({detail})", status=status,
-                                hint="someone else changed the repo meanwhile; run the command again")
+        return HubConflictError(
+            f"{what}: conflict ({detail})",
+            status=status,
+            hint="someone else changed the repo meanwhile; run the command again",
+        )
     if status is not None and (status == 429 or status >= 500):
-        return HubTransferError(f"{what}: the Hub kept failing ({detail})", status=status,
-                                hint="the Hub is busy or down; run the command again later (it resumes)")
+        return HubTransferError(
+            f"{what}: the Hub kept failing ({detail})",
+            status=status,
+            hint="the Hub is busy or down; run the command again later (it resumes)",
+        )
     if status is not None:
-        return HubError(f"{what}: the Hub refused the request ({detail})", status=status,
-                        hint="see the server's message above")
+        return HubError(
+            f"{what}: the Hub refused the request ({detail})", status=status, hint="see the server's message above"
+        )
     raise exc
 
 
@@ -181,7 +225,7 @@ def _retry_after(exc: BaseException) -> float | None:
 
 def backoff_delay(attempt: int, settings: HubSettings, retry_after: float | None = None) -> float:
     """Exponential backoff with jitter for retry number `attempt` (0-based), at least `retry_after`."""
-    delay = min(settings.backoff_max_s, settings.backoff_s * (2 ** attempt)) * random.uniform(0.5, 1.0)
+    delay = min(settings.backoff_max_s, settings.backoff_s * (2**attempt)) * random.uniform(0.5, 1.0)
     if retry_after is not None:
         delay = max(delay, min(retry_after, settings.backoff_max_s))
     return delay
@@ -212,7 +256,9 @@ def _is_hub_exception(exc: BaseException) -> bool:
     import httpx
     from huggingface_hub import errors as hf
 
-    return isinstance(exc, (DigestMismatch, TransferInterrupted, httpx.HTTPError, hf.HfHubHTTPError, hf.OfflineModeIsEnabled))
+    return isinstance(
+        exc, (DigestMismatch, TransferInterrupted, httpx.HTTPError, hf.HfHubHTTPError, hf.OfflineModeIsEnabled)
+    )
 
 
 # -- downloads ---------------------------------------------------------------------------------------
@@ -249,7 +295,9 @@ def _timeout(settings: HubSettings) -> Any:
     return httpx.Timeout(settings.stall_timeout_s, connect=settings.connect_timeout_s)
 
 
-def fetch_small(url: str, *, what: str, settings: HubSettings, ui: UiOptions | None = None, limit: int = 256 << 20) -> bytes:
+def fetch_small(
+    url: str, *, what: str, settings: HubSettings, ui: UiOptions | None = None, limit: int = 256 << 20
+) -> bytes:
     """GET a small file into memory with retries (used for the remote bundle.json)."""
     from huggingface_hub.utils import get_session, hf_raise_for_status
 
@@ -295,7 +343,9 @@ def _get_into(job: Download, headers: dict[str, str], settings: HubSettings, on_
     request_headers = dict(headers)
     if have:
         request_headers["Range"] = f"bytes={have}-"
-    with get_session().stream("GET", job.url, headers=request_headers, timeout=_timeout(settings), follow_redirects=True) as r:
+    with get_session().stream(
+        "GET", job.url, headers=request_headers, timeout=_timeout(settings), follow_redirects=True
+    ) as r:
         if r.status_code >= 400:
             r.read()
             if r.status_code == 416:
@@ -308,7 +358,9 @@ def _get_into(job: Download, headers: dict[str, str], settings: HubSettings, on_
             if not m or int(m.group(1)) != have:
                 job.partial.unlink(missing_ok=True)
                 on_bytes(-have)
-                raise TransferInterrupted(f"{job.rel}: server answered another range ({r.headers.get('Content-Range')})")
+                raise TransferInterrupted(
+                    f"{job.rel}: server answered another range ({r.headers.get('Content-Range')})"
+                )
         elif have:  # a 200 to a Range request: the server sends the whole file again
             on_bytes(-have)
             have, h = 0, hashlib.sha256()
@@ -333,8 +385,14 @@ def _get_into(job: Download, headers: dict[str, str], settings: HubSettings, on_
     return h.hexdigest()
 
 
-def download(job: Download, *, settings: HubSettings, headers: dict[str, str], on_bytes: Callable[[int], None],
-             ui: UiOptions | None = None) -> os.stat_result:
+def download(
+    job: Download,
+    *,
+    settings: HubSettings,
+    headers: dict[str, str],
+    on_bytes: Callable[[int], None],
+    ui: UiOptions | None = None,
+) -> os.stat_result:
     """Fetch `job` (resuming its partial), check its sha256, rename it to `job.dest`; returns its stat.
 
     After a failure the partial file stays for the next run (unless its bytes were wrong, then it is
@@ -359,7 +417,9 @@ def download(job: Download, *, settings: HubSettings, headers: dict[str, str], o
     return job.dest.stat()
 
 
-def download_all(jobs: list[Download], *, settings: HubSettings, ui: UiOptions | None = None) -> dict[str, os.stat_result]:
+def download_all(
+    jobs: list[Download], *, settings: HubSettings, ui: UiOptions | None = None
+) -> dict[str, os.stat_result]:
     """Download `jobs` in `settings.jobs` threads, largest first, with a byte progress bar (rate, ETA).
 
     Every job runs even if another fails; then one error names every failed file (the worst kind
@@ -371,8 +431,10 @@ def download_all(jobs: list[Download], *, settings: HubSettings, ui: UiOptions |
     order = sorted(jobs, key=lambda j: -j.size)
     with progress(ui) as bars, ThreadPoolExecutor(max_workers=settings.jobs) as pool:
         task = bars.task(f"fetch {len(jobs)} files", total=sum(j.size for j in jobs), bytes_unit=True)
-        futures = {pool.submit(download, job, settings=settings, headers=headers, on_bytes=task.advance, ui=ui): job
-                   for job in order}
+        futures = {
+            pool.submit(download, job, settings=settings, headers=headers, on_bytes=task.advance, ui=ui): job
+            for job in order
+        }
         for future in as_completed(futures):
             job = futures[future]
             try:
@@ -391,5 +453,9 @@ def _combine(failed: list[tuple[Download, HubError]]) -> HubError:
     lines = [f"{len(failed)} file(s) could not be fetched:"] + [f"  {e.message}" for _, e in failed[:20]]
     if len(failed) > 20:
         lines.append(f"  ... and {len(failed) - 20} more")
-    return type(first)("\n".join(lines), hint=first.hint, files=[j.rel for j, _ in failed],
-                       bytes=human_bytes(sum(j.size for j, _ in failed)))
+    return type(first)(
+        "\n".join(lines),
+        hint=first.hint,
+        files=[j.rel for j, _ in failed],
+        bytes=human_bytes(sum(j.size for j, _ in failed)),
+    )

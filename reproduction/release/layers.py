@@ -17,9 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from reproduction.digests import sha256_file
 from reproduction.errors import InvalidInputError, UnsafeArchiveError
@@ -61,8 +61,10 @@ def index_path(target: str) -> str:
 def write_index(path: Path, members: list[Member]) -> None:
     """Write a member index (compact JSON, archive order)."""
     rows = [[m.name, m.kind, m.mode, m.size, m.linkname] for m in members]
-    path.write_text(json.dumps({"format": INDEX_FORMAT, "format_version": "1.0", "members": rows},
-                               separators=(",", ":")) + "\n", encoding="utf-8")
+    path.write_text(
+        json.dumps({"format": INDEX_FORMAT, "format_version": "1.0", "members": rows}, separators=(",", ":")) + "\n",
+        encoding="utf-8",
+    )
 
 
 def read_index(path: Path, *, rel: str) -> list[Member]:
@@ -71,11 +73,17 @@ def read_index(path: Path, *, rel: str) -> list[Member]:
         data = json.loads(path.read_text(encoding="utf-8"))
         if data.get("format") != INDEX_FORMAT or str(data.get("format_version", "")).split(".")[0] != "1":
             raise ValueError(f"format {data.get('format')!r} {data.get('format_version')!r}")
-        return [Member(name=str(n), raw_name=str(n), kind=str(k), mode=int(mo), size=int(sz), mtime=0, linkname=str(ln))
-                for n, k, mo, sz, ln in data["members"]]
+        return [
+            Member(name=str(n), raw_name=str(n), kind=str(k), mode=int(mo), size=int(sz), mtime=0, linkname=str(ln))
+            for n, k, mo, sz, ln in data["members"]
+        ]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise InvalidInputError(f"{rel}: not a member index this portable reads ({exc})", path=rel, field=rel,
-                                hint="the bundle is damaged or from a newer portable; use its own runner") from None
+        raise InvalidInputError(
+            f"{rel}: not a member index this portable reads ({exc})",
+            path=rel,
+            field=rel,
+            hint="the bundle is damaged or from a newer portable; use its own runner",
+        ) from None
 
 
 def load_layer(bundle: Path, entry: LayerEntry, expected_sha: str) -> LoadedLayer:
@@ -95,15 +103,24 @@ def load_layer(bundle: Path, entry: LayerEntry, expected_sha: str) -> LoadedLaye
         digest = sha256_file(path)
         if digest != expected_sha:
             return LoadedLayer(entry=entry, digest=digest, members=[], ok=False)
-        raise UnsafeArchiveError(f"{entry.archive}: cannot be read although its digest matches bundle.json ({exc})",
-                                 archive=entry.archive, hint="the publisher packed a broken archive; ask for a re-pack") from None
+        raise UnsafeArchiveError(
+            f"{entry.archive}: cannot be read although its digest matches bundle.json ({exc})",
+            archive=entry.archive,
+            hint="the publisher packed a broken archive; ask for a re-pack",
+        ) from None
     digest = hasher.hexdigest()
     ok = digest == expected_sha
     return LoadedLayer(entry=entry, digest=digest, members=members if ok else [], ok=ok)
 
 
-def extract_layer(bundle: Path, layer: LoadedLayer, dest: Path, *, digests: bool = False,
-                  on_bytes: Callable[[int], None] | None = None) -> Written:
+def extract_layer(
+    bundle: Path,
+    layer: LoadedLayer,
+    dest: Path,
+    *,
+    digests: bool = False,
+    on_bytes: Callable[[int], None] | None = None,
+) -> Written:
     """Write a validated layer into `dest` in one pass over its archive, hashing it as it goes.
 
     `layer.digest` is the digest the bytes must have (the manifest's). Raises DigestMismatch when
@@ -114,8 +131,9 @@ def extract_layer(bundle: Path, layer: LoadedLayer, dest: Path, *, digests: bool
     hasher = hashlib.sha256()
     try:
         with open_decompressed(path, hasher=hasher) as stream:
-            written = extract_stream(stream, layer.members, dest, archive=layer.entry.archive, digests=digests,
-                                     on_bytes=on_bytes)
+            written = extract_stream(
+                stream, layer.members, dest, archive=layer.entry.archive, digests=digests, on_bytes=on_bytes
+            )
     except (zstd_error(), UnsafeArchiveError, EOFError, ValueError):
         actual = sha256_file(path)
         if actual != layer.digest:

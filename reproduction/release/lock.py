@@ -9,9 +9,9 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from reproduction.errors import LockHeldError, WriteFailedError
 from reproduction.release.manifest import STATE_DIR
@@ -41,8 +41,11 @@ def bundle_lock(bundle: Path, *, what: str, wait_s: float = 0.0) -> Iterator[Non
         state.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as exc:
-        raise WriteFailedError(f"cannot create {path}: {exc.strerror or exc}", path=path,
-                               hint=f"{what} needs write access to the bundle folder; copy the bundle somewhere writable") from None
+        raise WriteFailedError(
+            f"cannot create {path}: {exc.strerror or exc}",
+            path=path,
+            hint=f"{what} needs write access to the bundle folder; copy the bundle somewhere writable",
+        ) from None
     try:
         deadline = time.monotonic() + max(0.0, wait_s)
         while True:
@@ -53,8 +56,10 @@ def bundle_lock(bundle: Path, *, what: str, wait_s: float = 0.0) -> Iterator[Non
                 if time.monotonic() >= deadline:
                     raise LockHeldError(
                         f"{bundle}: another portable process{_holder(fd)} is working on this bundle; "
-                        f"refusing to {what} at the same time", path=path,
-                        hint="wait for it to finish and run the command again") from None
+                        f"refusing to {what} at the same time",
+                        path=path,
+                        hint="wait for it to finish and run the command again",
+                    ) from None
                 time.sleep(0.05)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}: {what}".encode(), 0)

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from reproduction.fsio import atomic_write_text
 from reproduction.errors import InputNotFoundError, InvalidInputError, UnsupportedFormatError
+from reproduction.fsio import atomic_write_text
 
 FORMAT = "recap-portable-bundle"
 FORMAT_VERSION = "1.0"
@@ -38,13 +38,20 @@ PREFIX_MODES = ("text", "binary", "elf-runpath")
 
 def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str, path: Path | None) -> Any:
     if key not in data:
-        raise InvalidInputError(f"{where}: missing field '{key}'", path=path, field=f"{where}.{key}",
-                                hint="the manifest is damaged; fetch or pack the bundle again")
+        raise InvalidInputError(
+            f"{where}: missing field '{key}'",
+            path=path,
+            field=f"{where}.{key}",
+            hint="the manifest is damaged; fetch or pack the bundle again",
+        )
     value = data[key]
     if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
         raise InvalidInputError(
             f"{where}: field '{key}' should be {getattr(kind, '__name__', kind)}, got {type(value).__name__} {value!r:.60}",
-            path=path, field=f"{where}.{key}", hint="the manifest is damaged; fetch or pack the bundle again")
+            path=path,
+            field=f"{where}.{key}",
+            hint="the manifest is damaged; fetch or pack the bundle again",
+        )
     return value
 
 
@@ -52,8 +59,12 @@ def _count(data: dict[str, Any], key: str, where: str, path: Path | None) -> int
     """An optional non-negative integer field (0 when absent)."""
     value = data.get(key, 0)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidInputError(f"{where}: field '{key}' should be a non-negative integer, got {value!r:.60}",
-                                path=path, field=f"{where}.{key}", hint="the manifest is damaged; fetch or pack the bundle again")
+        raise InvalidInputError(
+            f"{where}: field '{key}' should be a non-negative integer, got {value!r:.60}",
+            path=path,
+            field=f"{where}.{key}",
+            hint="the manifest is damaged; fetch or pack the bundle again",
+        )
     return value
 
 
@@ -69,19 +80,31 @@ def _optional_path(data: dict[str, Any], key: str, where: str, path: Path | None
 def _foreign(data: dict[str, Any], where: str, path: Path | None) -> dict[str, tuple[PrefixOccurrence, ...]]:
     value = data.get("foreign_prefix_files", {})
     if not isinstance(value, dict) or not all(isinstance(v, list) for v in value.values()):
-        raise InvalidInputError(f"{where}: foreign_prefix_files must map archives to lists", path=path,
-                                field=f"{where}.foreign_prefix_files", hint="the manifest is damaged; fetch or pack the bundle again")
-    return {check_relative_path(k, where=f"{where}.foreign_prefix_files", path=path):
-            tuple(PrefixOccurrence.from_dict(o, where=f"{where}.foreign_prefix_files[{k!r}][{i}]", path=path) for i, o in enumerate(v))
-            for k, v in value.items()}
+        raise InvalidInputError(
+            f"{where}: foreign_prefix_files must map archives to lists",
+            path=path,
+            field=f"{where}.foreign_prefix_files",
+            hint="the manifest is damaged; fetch or pack the bundle again",
+        )
+    return {
+        check_relative_path(k, where=f"{where}.foreign_prefix_files", path=path): tuple(
+            PrefixOccurrence.from_dict(o, where=f"{where}.foreign_prefix_files[{k!r}][{i}]", path=path)
+            for i, o in enumerate(v)
+        )
+        for k, v in value.items()
+    }
 
 
 def check_relative_path(rel: str, *, where: str, path: Path | None = None) -> str:
     """Return `rel` if it is a clean relative POSIX path inside its root, else raise InvalidInputError."""
     p = PurePosixPath(rel)
     if not rel or p.is_absolute() or ".." in p.parts or rel.startswith("~") or "\\" in rel or str(p) != rel:
-        raise InvalidInputError(f"{where}: path {rel!r} is not a clean relative path inside the bundle",
-                                path=path, field=where, hint="the manifest is damaged or hostile; do not use this bundle")
+        raise InvalidInputError(
+            f"{where}: path {rel!r} is not a clean relative path inside the bundle",
+            path=path,
+            field=where,
+            hint="the manifest is damaged or hostile; do not use this bundle",
+        )
     return rel
 
 
@@ -100,7 +123,7 @@ class FileEntry:
         return {"path": self.path, "size": self.size, "sha256": self.sha256}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, where: str = "files[]", path: Path | None = None) -> "FileEntry":
+    def from_dict(cls, data: dict[str, Any], *, where: str = "files[]", path: Path | None = None) -> FileEntry:
         rel = check_relative_path(_require(data, "path", str, where, path), where=f"{where}.path", path=path)
         size = _require(data, "size", int, where, path)
         digest = _require(data, "sha256", str, where, path)
@@ -122,11 +145,13 @@ class PrefixOccurrence:
         return {"path": self.path, "mode": self.mode}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, where: str, path: Path | None = None) -> "PrefixOccurrence":
+    def from_dict(cls, data: dict[str, Any], *, where: str, path: Path | None = None) -> PrefixOccurrence:
         rel = check_relative_path(_require(data, "path", str, where, path), where=f"{where}.path", path=path)
         mode = _require(data, "mode", str, where, path)
         if mode not in PREFIX_MODES:
-            raise InvalidInputError(f"{where}: mode {mode!r} is not one of {', '.join(PREFIX_MODES)}", path=path, field=f"{where}.mode")
+            raise InvalidInputError(
+                f"{where}: mode {mode!r} is not one of {', '.join(PREFIX_MODES)}", path=path, field=f"{where}.mode"
+            )
         return cls(path=rel, mode=mode)
 
 
@@ -159,31 +184,46 @@ class LayerEntry:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "archive": self.archive, "target": self.target, "kind": self.kind, "order": self.order,
-            "build_prefix": self.build_prefix, "prefix_files": [o.to_dict() for o in self.prefix_files],
+            "archive": self.archive,
+            "target": self.target,
+            "kind": self.kind,
+            "order": self.order,
+            "build_prefix": self.build_prefix,
+            "prefix_files": [o.to_dict() for o in self.prefix_files],
             "foreign_prefix_files": {k: [o.to_dict() for o in v] for k, v in sorted(self.foreign_prefix_files.items())},
-            "members": self.members, "unpacked_size": self.unpacked_size, "tar_size": self.tar_size,
+            "members": self.members,
+            "unpacked_size": self.unpacked_size,
+            "tar_size": self.tar_size,
             "members_index": self.members_index,
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, where: str = "layers[]", path: Path | None = None) -> "LayerEntry":
+    def from_dict(cls, data: dict[str, Any], *, where: str = "layers[]", path: Path | None = None) -> LayerEntry:
         kind = _require(data, "kind", str, where, path)
         if kind not in LAYER_KINDS:
-            raise InvalidInputError(f"{where}: kind {kind!r} is not one of {', '.join(LAYER_KINDS)}", path=path, field=f"{where}.kind")
+            raise InvalidInputError(
+                f"{where}: kind {kind!r} is not one of {', '.join(LAYER_KINDS)}", path=path, field=f"{where}.kind"
+            )
         prefix = data.get("build_prefix")
         if prefix is not None and (not isinstance(prefix, str) or not prefix.startswith("/")):
-            raise InvalidInputError(f"{where}: build_prefix must be an absolute path or null", path=path, field=f"{where}.build_prefix")
+            raise InvalidInputError(
+                f"{where}: build_prefix must be an absolute path or null", path=path, field=f"{where}.build_prefix"
+            )
         occurrences = data.get("prefix_files", [])
         if not isinstance(occurrences, list):
             raise InvalidInputError(f"{where}: prefix_files must be a list", path=path, field=f"{where}.prefix_files")
         return cls(
-            archive=check_relative_path(_require(data, "archive", str, where, path), where=f"{where}.archive", path=path),
+            archive=check_relative_path(
+                _require(data, "archive", str, where, path), where=f"{where}.archive", path=path
+            ),
             target=check_relative_path(_require(data, "target", str, where, path), where=f"{where}.target", path=path),
             kind=kind,
             order=_require(data, "order", int, where, path),
             build_prefix=prefix,
-            prefix_files=tuple(PrefixOccurrence.from_dict(o, where=f"{where}.prefix_files[{i}]", path=path) for i, o in enumerate(occurrences)),
+            prefix_files=tuple(
+                PrefixOccurrence.from_dict(o, where=f"{where}.prefix_files[{i}]", path=path)
+                for i, o in enumerate(occurrences)
+            ),
             foreign_prefix_files=_foreign(data, where, path),
             members=_count(data, "members", where, path),
             unpacked_size=_count(data, "unpacked_size", where, path),
@@ -221,11 +261,15 @@ class Manifest:
             if layer.archive not in seen:
                 raise InvalidInputError(f"layers: archive {layer.archive!r} is not in files", field="layers.archive")
             if layer.members_index is not None and layer.members_index not in seen:
-                raise InvalidInputError(f"layers: members_index {layer.members_index!r} is not in files", field="layers.members_index")
+                raise InvalidInputError(
+                    f"layers: members_index {layer.members_index!r} is not in files", field="layers.members_index"
+                )
             for other in layer.foreign_prefix_files:
                 if other not in archives:
-                    raise InvalidInputError(f"layers: {layer.archive!r} names unknown layer {other!r} in foreign_prefix_files",
-                                            field="layers.foreign_prefix_files")
+                    raise InvalidInputError(
+                        f"layers: {layer.archive!r} names unknown layer {other!r} in foreign_prefix_files",
+                        field="layers.foreign_prefix_files",
+                    )
         self.files.sort(key=lambda e: e.path)
         self.layers.sort(key=lambda layer: layer.order)
 
@@ -241,26 +285,37 @@ class Manifest:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "format": FORMAT, "format_version": self.format_version, "name": self.name, "created": self.created,
-            "entry_config": self.entry_config, "metadata": self.metadata,
-            "layers": [layer.to_dict() for layer in self.layers], "files": [e.to_dict() for e in self.files],
+            "format": FORMAT,
+            "format_version": self.format_version,
+            "name": self.name,
+            "created": self.created,
+            "entry_config": self.entry_config,
+            "metadata": self.metadata,
+            "layers": [layer.to_dict() for layer in self.layers],
+            "files": [e.to_dict() for e in self.files],
         }
 
     @classmethod
-    def from_dict(cls, data: Any, *, path: Path | None = None) -> "Manifest":
+    def from_dict(cls, data: Any, *, path: Path | None = None) -> Manifest:
         if not isinstance(data, dict):
             raise InvalidInputError("manifest: top level must be a JSON object", path=path, field="(root)")
         fmt = data.get("format")
         if fmt != FORMAT:
-            raise InvalidInputError(f"manifest: field 'format' is {fmt!r}, expected {FORMAT!r}", path=path, field="format",
-                                    hint="this is not a recap-portable bundle manifest")
+            raise InvalidInputError(
+                f"manifest: field 'format' is {fmt!r}, expected {FORMAT!r}",
+                path=path,
+                field="format",
+                hint="this is not a recap-portable bundle manifest",
+            )
         version = _require(data, "format_version", str, "manifest", path)
         major = version.split(".", 1)[0]
         if major != FORMAT_VERSION.split(".", 1)[0] or not major.isdigit():
             raise UnsupportedFormatError(
                 f"manifest: format_version {version!r} is not supported (this portable reads {FORMAT_VERSION.split('.')[0]}.x)",
-                path=path, field="format_version",
-                hint="use the runner shipped inside the bundle: python3 <bundle>/reproduction/portable.py ...")
+                path=path,
+                field="format_version",
+                hint="use the runner shipped inside the bundle: python3 <bundle>/reproduction/portable.py ...",
+            )
         files = _require(data, "files", list, "manifest", path)
         layers = data.get("layers", [])
         if not isinstance(layers, list):
@@ -285,16 +340,27 @@ def load_manifest(bundle: Path) -> Manifest:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InputNotFoundError(f"{path}: no bundle manifest (bundle.json)", path=path,
-                                 hint="a bundle is complete only once bundle.json exists: pack or fetch it again") from None
+        raise InputNotFoundError(
+            f"{path}: no bundle manifest (bundle.json)",
+            path=path,
+            hint="a bundle is complete only once bundle.json exists: pack or fetch it again",
+        ) from None
     except UnicodeDecodeError:
-        raise InvalidInputError(f"{path}: not UTF-8 text", path=path, field="(root)",
-                                hint="the manifest is damaged; fetch or pack the bundle again") from None
+        raise InvalidInputError(
+            f"{path}: not UTF-8 text",
+            path=path,
+            field="(root)",
+            hint="the manifest is damaged; fetch or pack the bundle again",
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InvalidInputError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", path=path,
-                                field="(root)", hint="the manifest is damaged; fetch or pack the bundle again") from None
+        raise InvalidInputError(
+            f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
+            path=path,
+            field="(root)",
+            hint="the manifest is damaged; fetch or pack the bundle again",
+        ) from None
     return Manifest.from_dict(data, path=path)
 
 

@@ -24,25 +24,40 @@ def render_model_card(manifest: Manifest, bundle: Path, *, repo_id: str, repo_ty
     license_id = str(manifest.metadata.get("license") or "other")
     type_flag = "" if repo_type == "model" else f" --repo-type {repo_type}"
     lines = [
-        "---", f"license: {license_id}", "tags:", "- recap-portable", "- robotics", "- reinforcement-learning", "---", "",
-        f"# {manifest.name}", "",
-        str(manifest.metadata.get("description") or "A RECAP release bundle packed by recap-portable."), "",
-        "## What this bundle holds", "",
-        f"{len(manifest.files)} files, {human_bytes(manifest.total_size)} in all, each pinned by SHA-256 in `bundle.json`.", "",
-        "| folder | files | size |", "|---|---:|---:|",
+        "---",
+        f"license: {license_id}",
+        "tags:",
+        "- recap-portable",
+        "- robotics",
+        "- reinforcement-learning",
+        "---",
+        "",
+        f"# {manifest.name}",
+        "",
+        str(manifest.metadata.get("description") or "A RECAP release bundle packed by recap-portable."),
+        "",
+        "## What this bundle holds",
+        "",
+        f"{len(manifest.files)} files, {human_bytes(manifest.total_size)} in all, each pinned by SHA-256 in `bundle.json`.",
+        "",
+        "| folder | files | size |",
+        "|---|---:|---:|",
     ]
     lines += [f"| `{folder}` | {n} | {human_bytes(size)} |" for folder, (n, size) in _folders(manifest).items()]
     if manifest.layers:
         lines += ["", "Layers restored in order:", ""]
         lines += [f"{layer.order}. `{layer.archive}` ({layer.kind}) -> `{layer.target}/`" for layer in manifest.layers]
     lines += [
-        "", "## Restore and run", "",
+        "",
+        "## Restore and run",
+        "",
         "```bash",
         f"portable fetch {repo_id} BUNDLE{type_flag} --revision <commit>   # every file checked against its sha256",
         "python3 BUNDLE/reproduction/portable.py restore BUNDLE    # extract and relocate the runtimes",
         "python3 BUNDLE/reproduction/portable.py check BUNDLE      # accelerator and toolchain probes",
         "python3 BUNDLE/reproduction/portable.py run BUNDLE        # the four RECAP stages, resumable",
-        "```", "",
+        "```",
+        "",
         "`portable fetch` downloads exactly the files `bundle.json` lists, pinned to one commit, and writes",
         "`bundle.json` last; `portable verify BUNDLE` re-checks a copy at any time.",
     ]

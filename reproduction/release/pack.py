@@ -79,8 +79,12 @@ def _copy_plain(stage: Path, items: list[tuple[Path, str, FileSpec]], mapping: d
             try:
                 text = src.read_text(encoding="utf-8")
             except UnicodeDecodeError:
-                raise InvalidInputError(f"config {src} is not UTF-8 text", path=src, field="config.source",
-                                        hint="list binary files under [[file]], not [[config]]") from None
+                raise InvalidInputError(
+                    f"config {src} is not UTF-8 text",
+                    path=src,
+                    field="config.source",
+                    hint="list binary files under [[file]], not [[config]]",
+                ) from None
             dst.write_text(rewrite_config(text, mapping), encoding="utf-8")
         else:
             shutil.copyfile(src, dst)
@@ -89,13 +93,17 @@ def _copy_plain(stage: Path, items: list[tuple[Path, str, FileSpec]], mapping: d
     seen: set[str] = set()
     for _, rel, _ in items:
         if rel in seen:
-            raise InvalidInputError(f"two spec entries both write {rel!r}", field="file.dest", hint="give each a different dest")
+            raise InvalidInputError(
+                f"two spec entries both write {rel!r}", field="file.dest", hint="give each a different dest"
+            )
         seen.add(rel)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(copy, items))
 
 
-def _scan_prefixes(layer: LayerSpec, spec: BundleSpec) -> tuple[tuple[PrefixOccurrence, ...], dict[str, tuple[PrefixOccurrence, ...]]]:
+def _scan_prefixes(
+    layer: LayerSpec, spec: BundleSpec
+) -> tuple[tuple[PrefixOccurrence, ...], dict[str, tuple[PrefixOccurrence, ...]]]:
     """(files holding this layer's build prefix, {other layer's archive: files holding its prefix})."""
     others = [x for x in spec.layers if x.relocatable and x.build_prefix]
     if not layer.relocatable or not layer.build_prefix:
@@ -103,11 +111,12 @@ def _scan_prefixes(layer: LayerSpec, spec: BundleSpec) -> tuple[tuple[PrefixOccu
     try:
         from reproduction.release.relocate import normalize_prefix, scan_prefixes
     except ImportError as exc:
-        raise MissingDependencyError(f"layer {layer.name} is relocatable but relocation is not available ({exc})",
-                                     hint="this build of portable cannot pack relocatable layers") from None
+        raise MissingDependencyError(
+            f"layer {layer.name} is relocatable but relocation is not available ({exc})",
+            hint="this build of portable cannot pack relocatable layers",
+        ) from None
     # Skipping excluded folders here means their bulk is never read (9 s -> 0.06 s for a Python prefix).
-    found = scan_prefixes(layer.source, [x.build_prefix for x in others],
-                          skip=lambda rel: excluded(rel, layer.exclude))
+    found = scan_prefixes(layer.source, [x.build_prefix for x in others], skip=lambda rel: excluded(rel, layer.exclude))
 
     def keep(x: LayerSpec) -> tuple[PrefixOccurrence, ...]:
         return tuple(o for o in found.get(normalize_prefix(x.build_prefix), []) if not excluded(o.path, layer.exclude))
@@ -126,17 +135,30 @@ def _pack_layers(spec: BundleSpec, stage: Path, jobs: int, ui: UiOptions | None)
         out.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         content = write_layer(layer, out, link_roots=link_roots, threads=jobs)
-        say(f"  layer {layer.archive}: {len(content.members)} members, {human_bytes(content.unpacked_size)} -> "
-            f"{human_bytes(out.stat().st_size)} in {time.perf_counter() - started:.1f}s", options=ui)
+        say(
+            f"  layer {layer.archive}: {len(content.members)} members, {human_bytes(content.unpacked_size)} -> "
+            f"{human_bytes(out.stat().st_size)} in {time.perf_counter() - started:.1f}s",
+            options=ui,
+        )
         contents.append((layer.archive, layer.target, content))
         own, foreign = _scan_prefixes(layer, spec)
         index = index_path(layer.target)
         write_index(stage / index, content.members)
-        entries.append(LayerEntry(archive=layer.archive, target=layer.target, kind=layer.kind, order=layer.order,
-                                  members_index=index,
-                                  build_prefix=layer.build_prefix, prefix_files=own, foreign_prefix_files=foreign,
-                                  members=len(content.members), unpacked_size=content.unpacked_size,
-                                  tar_size=content.tar_size))
+        entries.append(
+            LayerEntry(
+                archive=layer.archive,
+                target=layer.target,
+                kind=layer.kind,
+                order=layer.order,
+                members_index=index,
+                build_prefix=layer.build_prefix,
+                prefix_files=own,
+                foreign_prefix_files=foreign,
+                members=len(content.members),
+                unpacked_size=content.unpacked_size,
+                tar_size=content.tar_size,
+            )
+        )
     validate_layers([(a, t, c.members) for a, t, c in contents])
     return entries
 
@@ -148,8 +170,9 @@ def _hash_all(stage: Path, jobs: int) -> list[FileEntry]:
     return [FileEntry(path=r, size=(stage / r).stat().st_size, sha256=d) for r, d in zip(rels, digests)]
 
 
-def pack_bundle(spec_path: Path, out: Path, *, jobs: int | None = None, ui: UiOptions | None = None,
-                root: Path | None = None) -> Manifest:
+def pack_bundle(
+    spec_path: Path, out: Path, *, jobs: int | None = None, ui: UiOptions | None = None, root: Path | None = None
+) -> Manifest:
     """Build the bundle `spec_path` describes at `out` (which must not exist or be empty).
 
     `root` overrides where the spec's relative sources start. On success `out` holds the complete
@@ -160,8 +183,12 @@ def pack_bundle(spec_path: Path, out: Path, *, jobs: int | None = None, ui: UiOp
     spec = load_spec(Path(spec_path), root=root)
     out = Path(out).absolute()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise InvalidInputError(f"{out} already exists and is not empty", path=out, field="--out",
-                                hint="pack into a new folder (or remove the old bundle first)")
+        raise InvalidInputError(
+            f"{out} already exists and is not empty",
+            path=out,
+            field="--out",
+            hint="pack into a new folder (or remove the old bundle first)",
+        )
     jobs = jobs or default_jobs()
     stage = out.with_name(out.name + ".partial")
     shutil.rmtree(stage, ignore_errors=True)
@@ -169,14 +196,25 @@ def pack_bundle(spec_path: Path, out: Path, *, jobs: int | None = None, ui: UiOp
     try:
         _copy_plain(stage, _plain_sources(spec), placeholder_map(spec), jobs)
         layers = _pack_layers(spec, stage, jobs, ui)
-        manifest = Manifest(name=spec.name, files=_hash_all(stage, jobs), layers=layers, entry_config=spec.entry_config,
-                            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                            metadata={"description": spec.description, "packed_with": {
-                                "python": sys.version.split()[0], "zstd": backend(), "spec": spec.path.name}})
+        manifest = Manifest(
+            name=spec.name,
+            files=_hash_all(stage, jobs),
+            layers=layers,
+            entry_config=spec.entry_config,
+            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            metadata={
+                "description": spec.description,
+                "packed_with": {"python": sys.version.split()[0], "zstd": backend(), "spec": spec.path.name},
+            },
+        )
         check_targets(manifest)
         if manifest.entry_config and manifest.file(manifest.entry_config) is None:
-            raise InvalidInputError(f"entry_config {manifest.entry_config!r} is not a file of the bundle", path=spec.path,
-                                    field="entry_config", hint="point it at a [[config]] dest")
+            raise InvalidInputError(
+                f"entry_config {manifest.entry_config!r} is not a file of the bundle",
+                path=spec.path,
+                field="entry_config",
+                hint="point it at a [[config]] dest",
+            )
         os.chmod(write_manifest(stage, manifest), 0o644)  # mkstemp made it 0600; a bundle is for sharing
         fsync_dir(stage)
         if out.exists():
@@ -186,7 +224,10 @@ def pack_bundle(spec_path: Path, out: Path, *, jobs: int | None = None, ui: UiOp
     except BaseException as exc:
         shutil.rmtree(stage, ignore_errors=True)
         if isinstance(exc, OSError) and not isinstance(exc, PortableError):
-            raise WriteFailedError(f"cannot write the bundle at {stage}: {exc}", path=stage,
-                                   hint="check free space and permissions, then pack again") from None
+            raise WriteFailedError(
+                f"cannot write the bundle at {stage}: {exc}",
+                path=stage,
+                hint="check free space and permissions, then pack again",
+            ) from None
         raise
     return manifest

@@ -55,17 +55,29 @@ class LayerReceipt:
     """Source layers only: relative path -> sha256 written (what `restore --deep` compares)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sha256": self.sha256, "target": self.target, "prefix": self.prefix, "files": self.files, "links": self.links,
-                "digests": self.digests}
+        return {
+            "sha256": self.sha256,
+            "target": self.target,
+            "prefix": self.prefix,
+            "files": self.files,
+            "links": self.links,
+            "digests": self.digests,
+        }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "LayerReceipt":
+    def from_dict(cls, data: dict[str, Any]) -> LayerReceipt:
         files, links, digests = data.get("files", {}), data.get("links", {}), data.get("digests", {})
         if not all(isinstance(x, dict) for x in (files, links, digests)):
             raise ValueError("files, links and digests must be objects")
         # Taken as loaded (tens of thousands of entries): `changed_files` treats a malformed value as changed.
-        return cls(sha256=str(data["sha256"]), target=str(data["target"]), prefix=str(data["prefix"]), files=files,
-                   links=links, digests=digests)
+        return cls(
+            sha256=str(data["sha256"]),
+            target=str(data["target"]),
+            prefix=str(data["prefix"]),
+            files=files,
+            links=links,
+            digests=digests,
+        )
 
     def changed_files(self, root: Path) -> list[str]:
         """Recorded paths under `root` whose lstat (size, mtime) or link text no longer matches."""
@@ -86,7 +98,6 @@ class LayerReceipt:
             except OSError:
                 changed.append(rel)
         return sorted(changed)
-
 
     def changed_contents(self, root: Path) -> list[str]:
         """Recorded files whose bytes no longer hash to what was written (needs `digests`)."""
@@ -118,18 +129,30 @@ class Receipt:
     """Provenance recorded by `portable fetch`: repo, repo_type, revision, commit, time."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "format_version": FORMAT_VERSION, "bundle_path": self.bundle_path,
-                "manifest_sha256": self.manifest_sha256, "plain": self.plain,
-                "layers": {k: v.to_dict() for k, v in sorted(self.layers.items())}, "fetch": self.fetch}
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "bundle_path": self.bundle_path,
+            "manifest_sha256": self.manifest_sha256,
+            "plain": self.plain,
+            "layers": {k: v.to_dict() for k, v in sorted(self.layers.items())},
+            "fetch": self.fetch,
+        }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Receipt":
-        if data.get("format") != FORMAT or str(data.get("format_version", "")).split(".")[0] != FORMAT_VERSION.split(".")[0]:
+    def from_dict(cls, data: dict[str, Any]) -> Receipt:
+        if (
+            data.get("format") != FORMAT
+            or str(data.get("format_version", "")).split(".")[0] != FORMAT_VERSION.split(".")[0]
+        ):
             raise ValueError("not a receipt this version understands")
-        return cls(bundle_path=str(data.get("bundle_path", "")), manifest_sha256=str(data.get("manifest_sha256", "")),
-                   plain={str(k): [int(v[0]), int(v[1])] for k, v in data.get("plain", {}).items()},
-                   layers={str(k): LayerReceipt.from_dict(v) for k, v in data.get("layers", {}).items()},
-                   fetch={str(k): str(v) for k, v in data.get("fetch", {}).items()})
+        return cls(
+            bundle_path=str(data.get("bundle_path", "")),
+            manifest_sha256=str(data.get("manifest_sha256", "")),
+            plain={str(k): [int(v[0]), int(v[1])] for k, v in data.get("plain", {}).items()},
+            layers={str(k): LayerReceipt.from_dict(v) for k, v in data.get("layers", {}).items()},
+            fetch={str(k): str(v) for k, v in data.get("fetch", {}).items()},
+        )
 
 
 def receipt_path(bundle: Path) -> Path:
@@ -160,6 +183,11 @@ def record_fetch(bundle: Path, *, repo: str, repo_type: str, revision: str, comm
 
     with bundle_lock(bundle, what="record the fetch", wait_s=30.0):
         receipt = load_receipt(bundle)
-        receipt.fetch = {"repo": repo, "repo_type": repo_type, "revision": revision or "", "commit": commit,
-                         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        receipt.fetch = {
+            "repo": repo,
+            "repo_type": repo_type,
+            "revision": revision or "",
+            "commit": commit,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         save_receipt(bundle, receipt)

@@ -36,10 +36,10 @@ import re
 import shlex
 import stat
 import tempfile
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 from reproduction.errors import InputNotFoundError, RelocationError, WriteFailedError
 from reproduction.release import elf
@@ -61,8 +61,10 @@ def normalize_prefix(prefix: str, *, what: str = "prefix") -> str:
     """`prefix` without trailing slashes; raises RelocationError unless it is an absolute path below /."""
     value = str(prefix).rstrip("/")
     if not str(prefix).startswith("/") or not value or "\0" in value or "\n" in value:
-        raise RelocationError(f"{what} {prefix!r} must be an absolute path other than '/'",
-                              hint="pass the folder the tree lives at, e.g. /opt/bundle/runtime/python")
+        raise RelocationError(
+            f"{what} {prefix!r} must be an absolute path other than '/'",
+            hint="pass the folder the tree lives at, e.g. /opt/bundle/runtime/python",
+        )
     return value
 
 
@@ -106,8 +108,9 @@ def _classify(data: bytes | mmap.mmap, prefix: str, pattern: re.Pattern[bytes]) 
     return "binary" if data.find(b"\0") >= 0 else "text"
 
 
-def scan_prefixes(root: Path, prefixes: Sequence[str], *, skip: Callable[[str], bool] | None = None,
-                  workers: int | None = None) -> dict[str, list[PrefixOccurrence]]:
+def scan_prefixes(
+    root: Path, prefixes: Sequence[str], *, skip: Callable[[str], bool] | None = None, workers: int | None = None
+) -> dict[str, list[PrefixOccurrence]]:
     """Occurrences of each prefix in the regular files below `root`, reading each file once.
 
     Returns {prefix: occurrences sorted by path}, prefixes normalised (no trailing slash). Symlinks,
@@ -124,13 +127,21 @@ def scan_prefixes(root: Path, prefixes: Sequence[str], *, skip: Callable[[str], 
             with open(full, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
                 # Big shared libraries are searched through a mapping: no copy, pages read once.
-                data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if 0 < size and size > MMAP_OVER else fh.read()
+                data = (
+                    mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if 0 < size and size > MMAP_OVER else fh.read()
+                )
         except OSError as exc:
-            raise InputNotFoundError(f"{full}: cannot read it to look for the build prefix ({exc.strerror or exc})",
-                                     path=full, hint="make it readable, or exclude it from the layer in the spec") from None
+            raise InputNotFoundError(
+                f"{full}: cannot read it to look for the build prefix ({exc.strerror or exc})",
+                path=full,
+                hint="make it readable, or exclude it from the layer in the spec",
+            ) from None
         try:
-            return [(prefix, PrefixOccurrence(path=rel, mode=mode)) for prefix, pattern in zip(clean, patterns)
-                    if (mode := _classify(data, prefix, pattern))]
+            return [
+                (prefix, PrefixOccurrence(path=rel, mode=mode))
+                for prefix, pattern in zip(clean, patterns)
+                if (mode := _classify(data, prefix, pattern))
+            ]
         finally:
             if isinstance(data, mmap.mmap):
                 data.close()
@@ -176,7 +187,10 @@ def _shebang_fix(data: bytes, new_prefix: str, rel: str) -> bytes:
         raise RelocationError(
             f"{rel}: shebang would be {len(line)} bytes (limit {SHEBANG_MAX}) and its interpreter "
             f"{os.fsdecode(interp)!r} is not Python, so the sh trampoline cannot be used",
-            path=rel, new_prefix=new_prefix, hint="restore the bundle to a shorter path")
+            path=rel,
+            new_prefix=new_prefix,
+            hint="restore the bundle to a shorter path",
+        )
     words = [shlex.quote(os.fsdecode(interp))] + [shlex.quote(a) for a in os.fsdecode(args).split()]
     # Valid as sh (exec re-runs the file under Python) and as Python (a string statement); distlib's form.
     tramp = "#!/bin/sh\n'''exec' " + " ".join(words) + ' "$0" "$@"\n' + "' '''"
@@ -199,7 +213,9 @@ class _FileCtx:
     """The file matches FALLBACK_GLOBS: a string equal to the prefix is kept when too short."""
 
 
-def _rewrite_cstrings(data: bytearray, pattern: re.Pattern[bytes], ctx: _FileCtx, problems: list[str], notes: list[str]) -> None:
+def _rewrite_cstrings(
+    data: bytearray, pattern: re.Pattern[bytes], ctx: _FileCtx, problems: list[str], notes: list[str]
+) -> None:
     """Replace `old` with `new` inside each C string of `data`, in place, keeping every string's slot.
 
     A slot is the string plus the NUL padding earlier relocations left after it: the string was
@@ -223,20 +239,29 @@ def _rewrite_cstrings(data: bytearray, pattern: re.Pattern[bytes], ctx: _FileCtx
         nul = len(data) if nul < 0 else nul
         segment = bytes(data[start:nul])
         count = len(pattern.findall(segment))
-        pad = count * grow if grow > 0 and data[nul:nul + count * grow + 1].count(0) == count * grow + 1 else 0
+        pad = count * grow if grow > 0 and data[nul : nul + count * grow + 1].count(0) == count * grow + 1 else 0
         replaced = pattern.sub(lambda _m: new_b, segment)
         room = len(segment) + pad
         harmless = ""
         if len(replaced) > room and any(a <= start < b for a, b in ctx.soft):
             harmless = "in a section the loader never maps (debug info)"
-        elif len(replaced) > room and ctx.fallback and segment == os.fsencode(old) and (start == 0 or data[start - 1] == 0):
-            harmless = "as CPython's compiled-in PREFIX fallback (the interpreter finds its own lib/ and never reads it)"
+        elif (
+            len(replaced) > room
+            and ctx.fallback
+            and segment == os.fsencode(old)
+            and (start == 0 or data[start - 1] == 0)
+        ):
+            harmless = (
+                "as CPython's compiled-in PREFIX fallback (the interpreter finds its own lib/ and never reads it)"
+            )
         if harmless:
             replaced = pattern.sub(lambda _m: os.fsencode(build), segment)
             notes.append(f"{rel}: left the build prefix {build!r} at offset {start} {harmless}: {new!r} is longer")
         if len(replaced) > room:
-            problems.append(f"{rel}: a {len(segment)}-byte C string at offset {start} needs {len(replaced)} bytes "
-                            f"for {new!r} (room {room}: {count} x the {len(build)}-character build prefix {build!r})")
+            problems.append(
+                f"{rel}: a {len(segment)}-byte C string at offset {start} needs {len(replaced)} bytes "
+                f"for {new!r} (room {room}: {count} x the {len(build)}-character build prefix {build!r})"
+            )
             pos = nul + 1
             continue
         end = min(len(data), start + room + 1)
@@ -251,8 +276,9 @@ def _origin_form(entry_abs: str, root: Path, rel: str) -> str:
     return "$ORIGIN" if relative == "." else "$ORIGIN/" + relative
 
 
-def _rewrite_runpaths(data: bytearray, pattern: re.Pattern[bytes], old: str, new: str, root: Path, rel: str,
-                      problems: list[str]) -> list[tuple[int, int]]:
+def _rewrite_runpaths(
+    data: bytearray, pattern: re.Pattern[bytes], old: str, new: str, root: Path, rel: str, problems: list[str]
+) -> list[tuple[int, int]]:
     """Rewrite each search path naming `old`; returns the byte ranges of all search-path slots."""
     try:
         entries = elf.search_paths(data)
@@ -264,22 +290,42 @@ def _rewrite_runpaths(data: bytearray, pattern: re.Pattern[bytes], old: str, new
         hits = [bool(pattern.match(os.fsencode(p))) for p in parts]
         if not any(hits) and not pattern.search(os.fsencode(sp.value)):
             continue
-        mapped = [new + p[len(old):] if hit else pattern.sub(lambda _m: os.fsencode(new), os.fsencode(p)).decode("utf-8", "surrogateescape")
-                  for p, hit in zip(parts, hits)]
+        mapped = [
+            new + p[len(old) :]
+            if hit
+            else pattern.sub(lambda _m: os.fsencode(new), os.fsencode(p)).decode("utf-8", "surrogateescape")
+            for p, hit in zip(parts, hits)
+        ]
         relative = ":".join(_origin_form(m, root, rel) if hit else m for m, hit in zip(mapped, hits))
         for candidate in (relative, ":".join(mapped)):
             if len(os.fsencode(candidate)) <= sp.capacity:
                 elf.set_search_path(data, sp, candidate)
                 break
         else:
-            why = ("it shares bytes with another name, or the file has no section headers to rule that out"
-                   if sp.capacity < 0 else f"the slot holds {sp.capacity} bytes")
-            problems.append(f"{rel}: RUNPATH {sp.value!r} cannot be rewritten as {relative!r} nor {':'.join(mapped)!r} ({why})")
+            why = (
+                "it shares bytes with another name, or the file has no section headers to rule that out"
+                if sp.capacity < 0
+                else f"the slot holds {sp.capacity} bytes"
+            )
+            problems.append(
+                f"{rel}: RUNPATH {sp.value!r} cannot be rewritten as {relative!r} nor {':'.join(mapped)!r} ({why})"
+            )
     return [(sp.offset, sp.offset + max(sp.capacity, len(sp.value)) + 1) for sp in entries]
 
 
-def rewrite_bytes(data: bytes, mode: str, *, rel: str, root: Path, old: str, new: str, build: str,
-                  problems: list[str], notes: list[str], fallback: bool = False) -> bytes:
+def rewrite_bytes(
+    data: bytes,
+    mode: str,
+    *,
+    rel: str,
+    root: Path,
+    old: str,
+    new: str,
+    build: str,
+    problems: list[str],
+    notes: list[str],
+    fallback: bool = False,
+) -> bytes:
     """The relocated bytes of one file (unchanged bytes when it no longer holds `old`).
 
     Appends a message to `problems` for each part that cannot be rewritten, and to `notes` for each
@@ -326,16 +372,26 @@ def _write_keeping_mode(path: Path, data: bytes, st: os.stat_result, fsync: bool
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
     except OSError as exc:
-        raise WriteFailedError(f"{path}: could not rewrite it for the new prefix ({exc.strerror or exc})",
-                               hint="free space or fix permissions, then run restore again (it resumes)") from exc
+        raise WriteFailedError(
+            f"{path}: could not rewrite it for the new prefix ({exc.strerror or exc})",
+            hint="free space or fix permissions, then run restore again (it resumes)",
+        ) from exc
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
-def relocate_tree(root: Path, occurrences: Sequence[PrefixOccurrence], old_prefix: str, new_prefix: str,
-                  *, build_prefix: str | None = None, fsync: bool = True,
-                  fallback_globs: Sequence[str] = FALLBACK_GLOBS, notes: list[str] | None = None) -> list[str]:
+def relocate_tree(
+    root: Path,
+    occurrences: Sequence[PrefixOccurrence],
+    old_prefix: str,
+    new_prefix: str,
+    *,
+    build_prefix: str | None = None,
+    fsync: bool = True,
+    fallback_globs: Sequence[str] = FALLBACK_GLOBS,
+    notes: list[str] | None = None,
+) -> list[str]:
     """Rewrite the listed files below `root` from `old_prefix` to `new_prefix`; returns the paths changed.
 
     `root` must be where the tree now lives for good ($ORIGIN paths are computed from it).
@@ -370,19 +426,36 @@ def relocate_tree(root: Path, occurrences: Sequence[PrefixOccurrence], old_prefi
             problems.append(f"{rel}: recorded as holding the prefix but missing (or not a regular file) under {root}")
             continue
         fallback = any(fnmatch.fnmatchcase(rel, g) for g in fallback_globs)
-        new_data = rewrite_bytes(data, mode, rel=rel, root=root, old=old, new=new, build=build, problems=problems,
-                                 notes=kept, fallback=fallback)
+        new_data = rewrite_bytes(
+            data,
+            mode,
+            rel=rel,
+            root=root,
+            old=old,
+            new=new,
+            build=build,
+            problems=problems,
+            notes=kept,
+            fallback=fallback,
+        )
         if new_data != data:
             planned.append((rel, new_data, st))
     if problems:
         shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
-        hint = (f"restore to a folder whose layer path is at most {len(build)} characters long "
-                f"(the build prefix {build!r}), or pack from a tree built at a longer prefix")
+        hint = (
+            f"restore to a folder whose layer path is at most {len(build)} characters long "
+            f"(the build prefix {build!r}), or pack from a tree built at a longer prefix"
+        )
         if any("recorded as holding the prefix but missing" in p for p in problems):
             hint = "the tree no longer matches the bundle: run `portable restore --deep` to re-extract it"
         raise RelocationError(
             f"cannot relocate {root} from {old!r} to {new!r}: {len(problems)} problem(s), nothing was changed: {shown}",
-            path=str(root), old_prefix=old, new_prefix=new, problems=problems, hint=hint)
+            path=str(root),
+            old_prefix=old,
+            new_prefix=new,
+            problems=problems,
+            hint=hint,
+        )
     for rel, new_data, st in planned:
         _write_keeping_mode(root / rel, new_data, st, fsync)
     if notes is not None:

@@ -27,9 +27,16 @@ from reproduction.release.lock import bundle_lock
 from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, LayerEntry, Manifest, load_manifest
 from reproduction.release.receipt import LayerReceipt, Receipt, load_receipt, save_receipt
 from reproduction.release.safety import check_targets, validate_layers
-from reproduction.release.verify import (Problem, VerifyReport, hash_entries, raise_for_report, sort_problems, stat_pass,
-                                         verify_bundle)
-from reproduction.ui import UiOptions, human_bytes, progress, say
+from reproduction.release.verify import (
+    Problem,
+    VerifyReport,
+    hash_entries,
+    raise_for_report,
+    sort_problems,
+    stat_pass,
+    verify_bundle,
+)
+from reproduction.ui import UiOptions, human_bytes, progress
 
 
 @dataclass(kw_only=True, slots=True)
@@ -55,18 +62,26 @@ class RestoreReport:
 
     def summary(self) -> str:
         parts = [f"restored {self.bundle} in {self.seconds:.1f}s: {self.files} files verified"]
-        for label, items in (("extracted", self.extracted), ("relocated", self.relocated), ("unchanged", self.unchanged)):
+        for label, items in (
+            ("extracted", self.extracted),
+            ("relocated", self.relocated),
+            ("unchanged", self.unchanged),
+        ):
             if items:
                 parts.append(f"{label} {', '.join(items)}")
         lines = ["; ".join(parts)]
         for target, files in self.overwritten.items():
             lines.append(f"--refresh-source overwrote {len(files)} locally edited file(s) in {target}: {_few(files)}")
         for target, files in self.kept_edits.items():
-            lines.append(f"kept {len(files)} locally edited file(s) in {target}: {_few(files)} "
-                         f"(`portable restore --refresh-source` overwrites them)")
+            lines.append(
+                f"kept {len(files)} locally edited file(s) in {target}: {_few(files)} "
+                f"(`portable restore --refresh-source` overwrites them)"
+            )
         if self.relocation_notes:
-            lines.append(f"relocation kept the build prefix in {len(self.relocation_notes)} place(s) the loader never "
-                         f"uses (a shorter bundle path removes them): {_few(self.relocation_notes)}")
+            lines.append(
+                f"relocation kept the build prefix in {len(self.relocation_notes)} place(s) the loader never "
+                f"uses (a shorter bundle path removes them): {_few(self.relocation_notes)}"
+            )
         return "\n".join(lines)
 
 
@@ -100,7 +115,9 @@ def _plan(bundle: Path, manifest: Manifest, receipt: Receipt, *, deep: bool, ref
     for g in groups:
         root = bundle / g.target
         recs = [receipt.layers.get(layer.archive) for layer in g.layers]
-        fresh = all(r is not None and r.sha256 == manifest.file(layer.archive).sha256 for r, layer in zip(recs, g.layers))
+        fresh = all(
+            r is not None and r.sha256 == manifest.file(layer.archive).sha256 for r, layer in zip(recs, g.layers)
+        )
         if recs and all(r is not None for r in recs) and root.is_dir():
             g.changed = sorted({p for r in recs for p in r.changed_files(root)})
             if deep and g.layers[0].kind == "source":  # rehash: catches edits that kept size and mtime
@@ -110,8 +127,10 @@ def _plan(bundle: Path, manifest: Manifest, receipt: Receipt, *, deep: bool, ref
             if g.changed and g.layers[0].kind == "source" and not refresh_source and all(recs):
                 raise InvalidInputError(
                     f"{g.target}: the bundle has a new version of this source layer, and {len(g.changed)} file(s) "
-                    f"were edited locally ({_few(g.changed, 3)})", field="--refresh-source",
-                    hint="save your edits elsewhere, then run `portable restore --refresh-source`")
+                    f"were edited locally ({_few(g.changed, 3)})",
+                    field="--refresh-source",
+                    hint="save your edits elsewhere, then run `portable restore --refresh-source`",
+                )
         elif g.layers[0].kind == "runtime" and (deep or g.changed):
             g.action = "extract"
         elif g.layers[0].kind == "source" and refresh_source:
@@ -162,8 +181,9 @@ def _swap_into_place(staging: Path, final: Path, trash: Path) -> None:
     fsync_dir(final.parent)
 
 
-def _relocate(bundle: Path, manifest: Manifest, layer: LayerEntry, old_bundle: Path | None,
-              notes: list[str]) -> list[str]:
+def _relocate(
+    bundle: Path, manifest: Manifest, layer: LayerEntry, old_bundle: Path | None, notes: list[str]
+) -> list[str]:
     """Rewrite `layer`'s own and foreign prefix occurrences for where the bundle now is.
 
     `old_bundle` is where the tree was last relocated for (None: fresh from the archive, so the
@@ -178,11 +198,14 @@ def _relocate(bundle: Path, manifest: Manifest, layer: LayerEntry, old_bundle: P
     by_archive = {x.archive: x for x in manifest.layers}
     changed: list[str] = []
     jobs = [(layer, layer.prefix_files)] if layer.prefix_files and layer.build_prefix else []
-    jobs += [(by_archive[a], occ) for a, occ in sorted(layer.foreign_prefix_files.items()) if by_archive[a].build_prefix]
+    jobs += [
+        (by_archive[a], occ) for a, occ in sorted(layer.foreign_prefix_files.items()) if by_archive[a].build_prefix
+    ]
     for owner, occurrences in jobs:
         old = str(old_bundle / owner.target) if old_bundle is not None else owner.build_prefix
-        changed += relocate_tree(root, occurrences, old, str(bundle / owner.target), build_prefix=owner.build_prefix,
-                                 notes=notes)
+        changed += relocate_tree(
+            root, occurrences, old, str(bundle / owner.target), build_prefix=owner.build_prefix, notes=notes
+        )
     return sorted(set(changed))
 
 
@@ -198,8 +221,9 @@ def _restat(root: Path, rec: LayerReceipt, paths: list[str]) -> None:
         rec.files[rel] = [st.st_size, st.st_mtime_ns]
 
 
-def _member_lists(bundle: Path, manifest: Manifest, entries: list[LayerEntry],
-                  pool: ThreadPoolExecutor) -> tuple[list[layer_io.LoadedLayer], list[Problem], set[str]]:
+def _member_lists(
+    bundle: Path, manifest: Manifest, entries: list[LayerEntry], pool: ThreadPoolExecutor
+) -> tuple[list[layer_io.LoadedLayer], list[Problem], set[str]]:
     """Member lists for `entries`: from verified indexes, else from a first (hashing) pass.
 
     Returns (loaded layers, problems found, index files hashed here). Archives whose size is wrong
@@ -223,13 +247,17 @@ def _member_lists(bundle: Path, manifest: Manifest, entries: list[LayerEntry],
         else:
             futures[e.archive] = pool.submit(layer_io.load_layer, bundle, e, sha)
     loaded = [f if isinstance(f, layer_io.LoadedLayer) else f.result() for f in futures.values()]
-    problems += [Problem(kind="digest", path=x.entry.archive, expected=manifest.file(x.entry.archive).sha256, actual=x.digest)
-                 for x in loaded if not x.ok]
+    problems += [
+        Problem(kind="digest", path=x.entry.archive, expected=manifest.file(x.entry.archive).sha256, actual=x.digest)
+        for x in loaded
+        if not x.ok
+    ]
     return loaded, problems, {f.path for f in indexes}
 
 
-def _extract_groups(bundle: Path, groups: list[Group], loaded: dict[str, layer_io.LoadedLayer], *,
-                    ui: UiOptions | None) -> tuple[dict[str, dict[str, LayerReceipt]], list[Problem]]:
+def _extract_groups(
+    bundle: Path, groups: list[Group], loaded: dict[str, layer_io.LoadedLayer], *, ui: UiOptions | None
+) -> tuple[dict[str, dict[str, LayerReceipt]], list[Problem]]:
     """Extract every 'extract' group into `.portable/staging/`, groups concurrently.
 
     Returns (receipts by target, digest problems found while extracting)."""
@@ -241,16 +269,22 @@ def _extract_groups(bundle: Path, groups: list[Group], loaded: dict[str, layer_i
         dest = staging / f"{i}"
         recs: dict[str, LayerReceipt] = {}
         for layer in g.layers:
-            written = layer_io.extract_layer(bundle, loaded[layer.archive], dest, digests=layer.kind == "source",
-                                             on_bytes=on_bytes)
+            written = layer_io.extract_layer(
+                bundle, loaded[layer.archive], dest, digests=layer.kind == "source", on_bytes=on_bytes
+            )
             for earlier in recs.values():  # an overlay's later file supersedes the earlier record
                 for rel in written.files.keys() | written.links.keys():
                     earlier.files.pop(rel, None)
                     earlier.links.pop(rel, None)
                     earlier.digests.pop(rel, None)
-            recs[layer.archive] = LayerReceipt(sha256=loaded[layer.archive].digest, target=g.target,
-                                               prefix=str(bundle / g.target), files=written.files, links=written.links,
-                                               digests=written.digests)
+            recs[layer.archive] = LayerReceipt(
+                sha256=loaded[layer.archive].digest,
+                target=g.target,
+                prefix=str(bundle / g.target),
+                files=written.files,
+                links=written.links,
+                digests=written.digests,
+            )
         return recs
 
     recs: dict[str, dict[str, LayerReceipt]] = {}
@@ -263,12 +297,23 @@ def _extract_groups(bundle: Path, groups: list[Group], loaded: dict[str, layer_i
                 try:
                     recs[g.target] = f.result()
                 except layer_io.DigestMismatch as exc:
-                    problems.append(Problem(kind="digest", path=exc.archive, expected=loaded[exc.archive].digest, actual=exc.actual))
+                    problems.append(
+                        Problem(kind="digest", path=exc.archive, expected=loaded[exc.archive].digest, actual=exc.actual)
+                    )
     return recs, problems
 
 
-def _verify_and_extract(bundle: Path, manifest: Manifest, receipt: Receipt, groups: list[Group], *, deep: bool,
-                        same_manifest: bool, jobs: int, ui: UiOptions | None) -> tuple[VerifyReport, dict[str, dict[str, LayerReceipt]]]:
+def _verify_and_extract(
+    bundle: Path,
+    manifest: Manifest,
+    receipt: Receipt,
+    groups: list[Group],
+    *,
+    deep: bool,
+    same_manifest: bool,
+    jobs: int,
+    ui: UiOptions | None,
+) -> tuple[VerifyReport, dict[str, dict[str, LayerReceipt]]]:
     """Hash plain files while layers are validated and extracted; raise once with every problem.
 
     Extraction goes to staging only, so when verification fails nothing visible has changed.
@@ -283,14 +328,23 @@ def _verify_and_extract(bundle: Path, manifest: Manifest, receipt: Receipt, grou
         loaded, problems, hashed = _member_lists(bundle, manifest, entries, pool)
         skip = {e.archive for e in entries} | hashed
         # Hashing gets the cores extraction leaves free (extraction is the critical path).
-        plain = pool.submit(verify_bundle, bundle, manifest=manifest, jobs=max(1, jobs - extracting), trusted=trusted,
-                            skip=skip, ui=UiOptions(progress=False))
+        plain = pool.submit(
+            verify_bundle,
+            bundle,
+            manifest=manifest,
+            jobs=max(1, jobs - extracting),
+            trusted=trusted,
+            skip=skip,
+            ui=UiOptions(progress=False),
+        )
         if problems:
             report = plain.result()
             report.problems = sort_problems(report.problems + problems)
             raise_for_report(report)
         validate_layers([(x.entry.archive, x.entry.target, x.members) for x in loaded])
-        recs, problems = _extract_groups(bundle, groups, {x.entry.archive: x for x in loaded}, ui=ui) if loaded else ({}, [])
+        recs, problems = (
+            _extract_groups(bundle, groups, {x.entry.archive: x for x in loaded}, ui=ui) if loaded else ({}, [])
+        )
         report = plain.result()
     report.problems = sort_problems(report.problems + problems)
     raise_for_report(report)
@@ -302,13 +356,21 @@ def _free_space_check(bundle: Path, groups: list[Group]) -> None:
     need = sum(layer.unpacked_size for g in groups if g.action == "extract" for layer in g.layers)
     free = shutil.disk_usage(bundle).free
     if need > free:
-        raise WriteFailedError(f"not enough space to restore {bundle}: the layers need {human_bytes(need)}, "
-                               f"{human_bytes(free)} is free", path=bundle,
-                               hint="free some space and run `portable restore` again; nothing was changed")
+        raise WriteFailedError(
+            f"not enough space to restore {bundle}: the layers need {human_bytes(need)}, {human_bytes(free)} is free",
+            path=bundle,
+            hint="free some space and run `portable restore` again; nothing was changed",
+        )
 
 
-def _finish(bundle: Path, manifest: Manifest, receipt: Receipt, groups: list[Group],
-            recs: dict[str, dict[str, LayerReceipt]], report: RestoreReport) -> None:
+def _finish(
+    bundle: Path,
+    manifest: Manifest,
+    receipt: Receipt,
+    groups: list[Group],
+    recs: dict[str, dict[str, LayerReceipt]],
+    report: RestoreReport,
+) -> None:
     """Swap extracted targets into place, relocate, and record everything in the receipt."""
     trash = bundle / STATE_DIR / "trash"
     trash.mkdir(parents=True, exist_ok=True)
@@ -343,8 +405,15 @@ def _plain_receipt(bundle: Path, manifest: Manifest) -> dict[str, list[int]]:
     return out
 
 
-def restore_bundle(bundle: Path, *, deep: bool = False, refresh_source: bool = False, jobs: int | None = None,
-                   ui: UiOptions | None = None, wait_s: float = 0.0) -> RestoreReport:
+def restore_bundle(
+    bundle: Path,
+    *,
+    deep: bool = False,
+    refresh_source: bool = False,
+    jobs: int | None = None,
+    ui: UiOptions | None = None,
+    wait_s: float = 0.0,
+) -> RestoreReport:
     """Restore `bundle` in place: every layer extracted at its target, relocated, and recorded.
 
     Holds the bundle's lock throughout (LockHeldError, exit 7, if another restore holds it past
@@ -369,19 +438,40 @@ def restore_bundle(bundle: Path, *, deep: bool = False, refresh_source: bool = F
         for g in groups:
             if g.changed and g.layers[0].kind == "source":
                 (report.overwritten if g.action == "extract" else report.kept_edits)[g.target] = g.changed
-            if g.action == "extract" and g.layers[0].kind == "source" and refresh_source and (bundle / g.target).is_dir():
-                known = {p for layer in g.layers if layer.archive in receipt.layers
-                         for p in receipt.layers[layer.archive].files.keys() | receipt.layers[layer.archive].links.keys()}
+            if (
+                g.action == "extract"
+                and g.layers[0].kind == "source"
+                and refresh_source
+                and (bundle / g.target).is_dir()
+            ):
+                known = {
+                    p
+                    for layer in g.layers
+                    if layer.archive in receipt.layers
+                    for p in receipt.layers[layer.archive].files.keys() | receipt.layers[layer.archive].links.keys()
+                }
                 extra = sorted(layer_io.tree_files(bundle / g.target) - known)
                 if extra or g.changed:
                     report.overwritten[g.target] = sorted(set(g.changed) | set(extra))
         try:
-            verified, recs = _verify_and_extract(bundle, manifest, receipt, groups, deep=deep,
-                                                 same_manifest=receipt.manifest_sha256 == manifest_sha, jobs=jobs, ui=ui)
+            verified, recs = _verify_and_extract(
+                bundle,
+                manifest,
+                receipt,
+                groups,
+                deep=deep,
+                same_manifest=receipt.manifest_sha256 == manifest_sha,
+                jobs=jobs,
+                ui=ui,
+            )
             report.files = verified.files
             _finish(bundle, manifest, receipt, groups, recs, report)
             plain = _plain_receipt(bundle, manifest)
-            if report.extracted or report.relocated or (receipt.bundle_path, receipt.manifest_sha256, receipt.plain) != (str(bundle), manifest_sha, plain):
+            if (
+                report.extracted
+                or report.relocated
+                or (receipt.bundle_path, receipt.manifest_sha256, receipt.plain) != (str(bundle), manifest_sha, plain)
+            ):
                 receipt.bundle_path, receipt.manifest_sha256, receipt.plain = str(bundle), manifest_sha, plain
                 save_receipt(bundle, receipt)
         except OSError as exc:

@@ -44,16 +44,25 @@ def check_targets(manifest: Manifest) -> None:
     for i, layer in enumerate(manifest.layers):
         t = layer.target
         if t.split("/")[0] in reserved:
-            raise InvalidInputError(f"layers[{i}].target {t!r} would overwrite {t.split('/')[0]}", field=f"layers[{i}].target",
-                                    hint="choose a target folder such as runtime/<name> or source/<name>")
+            raise InvalidInputError(
+                f"layers[{i}].target {t!r} would overwrite {t.split('/')[0]}",
+                field=f"layers[{i}].target",
+                hint="choose a target folder such as runtime/<name> or source/<name>",
+            )
         for other in targets:
             if other != t and (other.startswith(t + "/") or t.startswith(other + "/")):
-                raise InvalidInputError(f"layers[{i}].target {t!r} nests with layer target {other!r}", field=f"layers[{i}].target",
-                                        hint="layer targets must be the same folder (an overlay) or disjoint folders")
+                raise InvalidInputError(
+                    f"layers[{i}].target {t!r} nests with layer target {other!r}",
+                    field=f"layers[{i}].target",
+                    hint="layer targets must be the same folder (an overlay) or disjoint folders",
+                )
         for rel in plain:
             if rel == t or rel.startswith(t + "/") or t.startswith(rel + "/"):
-                raise InvalidInputError(f"layers[{i}].target {t!r} overlaps the bundle file {rel!r}", field=f"layers[{i}].target",
-                                        hint="keep plain files outside the layers' target folders")
+                raise InvalidInputError(
+                    f"layers[{i}].target {t!r} overlaps the bundle file {rel!r}",
+                    field=f"layers[{i}].target",
+                    hint="keep plain files outside the layers' target folders",
+                )
 
 
 def _member_problem(m: Member, path: str, view: UnionView) -> str | None:
@@ -101,7 +110,7 @@ def _symlink_problem(linkname: str, path: str, view: UnionView) -> str | None:
     base = path.split("/")[:-1]
     if climb > len(base):
         return f"is a symlink to {linkname!r}, which leaves the bundle"
-    resolved = "/".join(base[:len(base) - climb] + parts[climb:])
+    resolved = "/".join(base[: len(base) - climb] + parts[climb:])
     if not view.inside_targets(resolved):
         return f"is a symlink to {linkname!r}, which leaves the layer targets (resolves to {resolved!r})"
     return None
@@ -134,7 +143,11 @@ def validate_layers(layers: list[tuple[str, str, list[Member]]]) -> UnionView:
         archive, member, why = problems[0]
         lines = [f"{a}: member {mm!r} {w}" for a, mm, w in problems[:_MAX_LISTED]]
         more = f" (and {len(problems) - _MAX_LISTED} more)" if len(problems) > _MAX_LISTED else ""
-        raise UnsafeArchiveError("unsafe layer archive, nothing was extracted: " + "; ".join(lines) + more,
-                                 archive=archive, member=member, problems=problems,
-                                 hint="do not use this bundle; ask its publisher to re-pack it with `portable pack`")
+        raise UnsafeArchiveError(
+            "unsafe layer archive, nothing was extracted: " + "; ".join(lines) + more,
+            archive=archive,
+            member=member,
+            problems=problems,
+            hint="do not use this bundle; ask its publisher to re-pack it with `portable pack`",
+        )
     return view

@@ -1,30 +1,30 @@
 """Bundle specs: the TOML file `portable pack` reads (see bundle/demo.toml), as typed values.
 
-    name = "demo"                      # bundle name
-    description = "..."                # optional, copied into bundle.json metadata
-    root = "."                         # folder that relative `source` paths start from (default: the spec's folder)
-    entry_config = "config/run.json"   # optional: the config `portable run` uses, relative to the bundle
+name = "demo"                      # bundle name
+description = "..."                # optional, copied into bundle.json metadata
+root = "."                         # folder that relative `source` paths start from (default: the spec's folder)
+entry_config = "config/run.json"   # optional: the config `portable run` uses, relative to the bundle
 
-    [[layer]]                          # a folder packed as <target>.tar.zst, extracted by restore
-    source = "src/recap"               # the folder to pack
-    kind = "source"                    # "source" or "runtime"
-    name = "recap"                     # default: the source folder's name
-    target = "source/recap"            # default: "<kind>/<name>"
-    exclude = ["__pycache__", "*.pyc"] # globs; without '/' they match any name, with '/' the relative path
-    relocatable = false                # runtime layers built at an absolute prefix: record where it occurs
-    build_prefix = "/opt/py"           # default: the source folder's absolute path
+[[layer]]                          # a folder packed as <target>.tar.zst, extracted by restore
+source = "src/recap"               # the folder to pack
+kind = "source"                    # "source" or "runtime"
+name = "recap"                     # default: the source folder's name
+target = "source/recap"            # default: "<kind>/<name>"
+exclude = ["__pycache__", "*.pyc"] # globs; without '/' they match any name, with '/' the relative path
+relocatable = false                # runtime layers built at an absolute prefix: record where it occurs
+build_prefix = "/opt/py"           # default: the source folder's absolute path
 
-    [[file]]                           # plain files (weights, data, evidence): a file or a whole folder
-    source = "weights"
-    dest = "weights"
-    exclude = []
+[[file]]                           # plain files (weights, data, evidence): a file or a whole folder
+source = "weights"
+dest = "weights"
+exclude = []
 
-    [[config]]                         # like [[file]], but absolute paths inside become ${BUNDLE}/...
-    source = "configs/run.json"
-    dest = "config/run.json"
+[[config]]                         # like [[file]], but absolute paths inside become ${BUNDLE}/...
+source = "configs/run.json"
+dest = "config/run.json"
 
-    [paths]                            # extra absolute prefixes to write as ${BUNDLE}/<value> in configs
-    "/home/me/recap" = "source/recap"
+[paths]                            # extra absolute prefixes to write as ${BUNDLE}/<value> in configs
+"/home/me/recap" = "source/recap"
 """
 
 from __future__ import annotations
@@ -110,13 +110,17 @@ def _load_toml(path: Path) -> dict[str, Any]:
         try:
             import tomli as tomllib
         except ImportError:
-            raise MissingDependencyError("reading a TOML spec on Python 3.10 needs the 'tomli' package",
-                                         hint="python3 -m pip install tomli (or pack with Python 3.11+)") from None
+            raise MissingDependencyError(
+                "reading a TOML spec on Python 3.10 needs the 'tomli' package",
+                hint="python3 -m pip install tomli (or pack with Python 3.11+)",
+            ) from None
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)
     except FileNotFoundError:
-        raise InputNotFoundError(f"{path}: spec not found", path=path, hint="name a spec file such as bundle/demo.toml") from None
+        raise InputNotFoundError(
+            f"{path}: spec not found", path=path, hint="name a spec file such as bundle/demo.toml"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise InvalidInputError(f"{path}: not valid TOML ({exc})", path=path, field="(root)") from None
 
@@ -128,22 +132,30 @@ def _get(data: dict[str, Any], key: str, kind: type, where: str, path: Path, def
         return default
     value = data[key]
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise InvalidInputError(f"{path}: {where}.{key} should be {kind.__name__}, got {value!r:.60}", path=path, field=f"{where}.{key}")
+        raise InvalidInputError(
+            f"{path}: {where}.{key} should be {kind.__name__}, got {value!r:.60}", path=path, field=f"{where}.{key}"
+        )
     return value
 
 
 def _source(root: Path, value: str, where: str, path: Path) -> Path:
     src = (root / value).resolve() if not Path(value).is_absolute() else Path(value)
     if not src.exists():
-        raise InputNotFoundError(f"{path}: {where}.source {str(src)!r} does not exist", path=src, field=f"{where}.source",
-                                 hint="fix the path in the spec (relative paths start at the spec's `root`)")
+        raise InputNotFoundError(
+            f"{path}: {where}.source {str(src)!r} does not exist",
+            path=src,
+            field=f"{where}.source",
+            hint="fix the path in the spec (relative paths start at the spec's `root`)",
+        )
     return src
 
 
 def _exclude(data: dict[str, Any], where: str, path: Path) -> tuple[str, ...]:
     globs = _get(data, "exclude", list, where, path, [])
     if not all(isinstance(g, str) for g in globs):
-        raise InvalidInputError(f"{path}: {where}.exclude must be a list of strings", path=path, field=f"{where}.exclude")
+        raise InvalidInputError(
+            f"{path}: {where}.exclude must be a list of strings", path=path, field=f"{where}.exclude"
+        )
     return tuple(globs)
 
 
@@ -151,18 +163,34 @@ def _layer(data: dict[str, Any], i: int, root: Path, path: Path) -> LayerSpec:
     where = f"layer[{i}]"
     src = _source(root, _get(data, "source", str, where, path), where, path)
     if not src.is_dir():
-        raise InvalidInputError(f"{path}: {where}.source {str(src)!r} is not a folder", path=path, field=f"{where}.source")
+        raise InvalidInputError(
+            f"{path}: {where}.source {str(src)!r} is not a folder", path=path, field=f"{where}.source"
+        )
     kind = _get(data, "kind", str, where, path, "source")
     if kind not in LAYER_KINDS:
-        raise InvalidInputError(f"{path}: {where}.kind {kind!r} is not one of {', '.join(LAYER_KINDS)}", path=path, field=f"{where}.kind")
+        raise InvalidInputError(
+            f"{path}: {where}.kind {kind!r} is not one of {', '.join(LAYER_KINDS)}", path=path, field=f"{where}.kind"
+        )
     name = _get(data, "name", str, where, path, src.name)
-    target = check_relative_path(_get(data, "target", str, where, path, f"{kind}/{name}"), where=f"{where}.target", path=path)
+    target = check_relative_path(
+        _get(data, "target", str, where, path, f"{kind}/{name}"), where=f"{where}.target", path=path
+    )
     relocatable = _get(data, "relocatable", bool, where, path, False)
     prefix = _get(data, "build_prefix", str, where, path, str(src) if relocatable else None) if relocatable else None
     if prefix is not None and not prefix.startswith("/"):
-        raise InvalidInputError(f"{path}: {where}.build_prefix must be absolute", path=path, field=f"{where}.build_prefix")
-    return LayerSpec(source=src, kind=kind, name=name, target=target, exclude=_exclude(data, where, path),
-                     relocatable=relocatable, build_prefix=prefix, order=_get(data, "order", int, where, path, i))
+        raise InvalidInputError(
+            f"{path}: {where}.build_prefix must be absolute", path=path, field=f"{where}.build_prefix"
+        )
+    return LayerSpec(
+        source=src,
+        kind=kind,
+        name=name,
+        target=target,
+        exclude=_exclude(data, where, path),
+        relocatable=relocatable,
+        build_prefix=prefix,
+        order=_get(data, "order", int, where, path, i),
+    )
 
 
 def _file(data: dict[str, Any], i: int, root: Path, path: Path, *, config: bool) -> FileSpec:
@@ -180,16 +208,27 @@ def load_spec(path: Path, *, root: Path | None = None) -> BundleSpec:
     path = Path(path)
     data = _load_toml(path)
     base = Path(root) if root is not None else (path.parent / _get(data, "root", str, "spec", path, ".")).resolve()
-    spec = BundleSpec(path=path, name=_get(data, "name", str, "spec", path),
-                      description=_get(data, "description", str, "spec", path, ""),
-                      entry_config=_get(data, "entry_config", str, "spec", path, None) if "entry_config" in data else None)
+    spec = BundleSpec(
+        path=path,
+        name=_get(data, "name", str, "spec", path),
+        description=_get(data, "description", str, "spec", path, ""),
+        entry_config=_get(data, "entry_config", str, "spec", path, None) if "entry_config" in data else None,
+    )
     spec.layers = [_layer(d, i, base, path) for i, d in enumerate(_get(data, "layer", list, "spec", path, []))]
-    spec.files = [_file(d, i, base, path, config=False) for i, d in enumerate(_get(data, "file", list, "spec", path, []))]
-    spec.files += [_file(d, i, base, path, config=True) for i, d in enumerate(_get(data, "config", list, "spec", path, []))]
+    spec.files = [
+        _file(d, i, base, path, config=False) for i, d in enumerate(_get(data, "file", list, "spec", path, []))
+    ]
+    spec.files += [
+        _file(d, i, base, path, config=True) for i, d in enumerate(_get(data, "config", list, "spec", path, []))
+    ]
     paths = _get(data, "paths", dict, "spec", path, {})
     for prefix, rel in paths.items():
         if not prefix.startswith("/") or not isinstance(rel, str):
-            raise InvalidInputError(f"{path}: paths.{prefix!r} must map an absolute prefix to a bundle path", path=path, field=f"paths.{prefix}")
+            raise InvalidInputError(
+                f"{path}: paths.{prefix!r} must map an absolute prefix to a bundle path",
+                path=path,
+                field=f"paths.{prefix}",
+            )
         spec.paths[prefix.rstrip("/")] = rel.strip("/")
     _check_unique(spec)
     return spec
@@ -197,10 +236,14 @@ def load_spec(path: Path, *, root: Path | None = None) -> BundleSpec:
 
 def _check_unique(spec: BundleSpec) -> None:
     seen: dict[str, str] = {}
-    for what, rel in [("layer target", layer.target) for layer in spec.layers] + [("file dest", f.dest) for f in spec.files]:
+    for what, rel in [("layer target", layer.target) for layer in spec.layers] + [
+        ("file dest", f.dest) for f in spec.files
+    ]:
         top = PurePosixPath(rel).parts[0]
         if top in ("bundle.json", ".portable", "reproduction"):
-            raise InvalidInputError(f"{spec.path}: {what} {rel!r} is reserved by the bundle format", path=spec.path, field=what)
+            raise InvalidInputError(
+                f"{spec.path}: {what} {rel!r} is reserved by the bundle format", path=spec.path, field=what
+            )
         if rel in seen and not (what == "layer target" and seen[rel] == what):
             raise InvalidInputError(f"{spec.path}: {what} {rel!r} is used twice", path=spec.path, field=what)
         seen[rel] = what

@@ -7,14 +7,24 @@ is safe in reproduction/release/safety.py. Unknown member types are reported, ne
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, Iterator
+from typing import IO
 
 from reproduction.errors import UnsafeArchiveError
 
 BLOCK = 512
-KINDS = {b"0": "file", b"\0": "file", b"7": "file", b"1": "hardlink", b"2": "symlink", b"3": "chardev",
-         b"4": "blockdev", b"5": "dir", b"6": "fifo"}
+KINDS = {
+    b"0": "file",
+    b"\0": "file",
+    b"7": "file",
+    b"1": "hardlink",
+    b"2": "symlink",
+    b"3": "chardev",
+    b"4": "blockdev",
+    b"5": "dir",
+    b"6": "fifo",
+}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -48,7 +58,9 @@ def _number(field: bytes, where: str) -> int:
     try:
         return int(text, 8) if text else 0
     except ValueError:
-        raise UnsafeArchiveError(f"corrupt tar header field {where}: {field!r}", hint="the archive is damaged") from None
+        raise UnsafeArchiveError(
+            f"corrupt tar header field {where}: {field!r}", hint="the archive is damaged"
+        ) from None
 
 
 def _text(field: bytes) -> str:
@@ -58,10 +70,10 @@ def _text(field: bytes) -> str:
 def _parse_pax(data: bytes) -> dict[str, str]:
     out: dict[str, str] = {}
     pos = 0
-    while pos < len(data) and data[pos:pos + 1] not in (b"\0", b""):
+    while pos < len(data) and data[pos : pos + 1] not in (b"\0", b""):
         space = data.index(b" ", pos)
         length = int(data[pos:space])
-        record = data[space + 1:pos + length - 1]  # drop the trailing newline
+        record = data[space + 1 : pos + length - 1]  # drop the trailing newline
         key, _, value = record.partition(b"=")
         out[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
         pos += length
@@ -97,10 +109,10 @@ class StreamSource:
         if avail >= need:
             return avail
         if self.start:
-            self.buf[:avail] = self.buf[self.start:self.end]
+            self.buf[:avail] = self.buf[self.start : self.end]
             self.start, self.end = 0, avail
         while self.end < need:
-            n = self.stream.readinto(self.view[self.end:])
+            n = self.stream.readinto(self.view[self.end :])
             if not n:
                 break
             self.end += n
@@ -109,7 +121,7 @@ class StreamSource:
     def _take(self, n: int) -> bytes:
         if self._fill(n) < n:
             raise UnsafeArchiveError("tar archive is truncated", hint="the archive is damaged")
-        out = bytes(self.view[self.start:self.start + n])
+        out = bytes(self.view[self.start : self.start + n])
         self.start += n
         return out
 
@@ -137,7 +149,7 @@ class StreamSource:
         if not avail:
             raise UnsafeArchiveError("tar archive is truncated", hint="the archive is damaged")
         take = min(avail, self.left, n)
-        out = self.view[self.start:self.start + take]
+        out = self.view[self.start : self.start + take]
         self.start += take
         self.left -= take
         return out
@@ -169,8 +181,11 @@ def iter_members(source: StreamSource, *, archive: str = "") -> Iterator[Member]
             return
         stored, unsigned = _number(block[148:156], "chksum"), sum(block[:148]) + 256 + sum(block[156:])
         if stored != unsigned and stored != unsigned - 256 * sum(1 for b in block[:148] + block[156:] if b > 127):
-            raise UnsafeArchiveError(f"{archive}: corrupt tar header (checksum mismatch)", archive=archive,
-                                     hint="the archive is damaged; fetch the bundle again")
+            raise UnsafeArchiveError(
+                f"{archive}: corrupt tar header (checksum mismatch)",
+                archive=archive,
+                hint="the archive is damaged; fetch the bundle again",
+            )
         typeflag = block[156:157]
         size = _number(block[124:136], "size")
         if typeflag in (b"x", b"g", b"L", b"K"):
@@ -180,7 +195,9 @@ def iter_members(source: StreamSource, *, archive: str = "") -> Iterator[Member]
             elif typeflag == b"g":
                 pax_global.update(_parse_pax(payload))
             else:
-                pending["path" if typeflag == b"L" else "linkpath"] = payload.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                pending["path" if typeflag == b"L" else "linkpath"] = payload.split(b"\0", 1)[0].decode(
+                    "utf-8", "surrogateescape"
+                )
             continue
         fields = {**pax_global, **pending}
         pending = {}
@@ -191,10 +208,20 @@ def iter_members(source: StreamSource, *, archive: str = "") -> Iterator[Member]
         size = int(fields.get("size", size))
         kind = KINDS.get(typeflag)
         if kind is None:
-            raise UnsafeArchiveError(f"{archive}: member {name!r} has unsupported tar type {typeflag!r}",
-                                     archive=archive, member=name, hint="layers may hold only files, folders and symlinks")
-        member = Member(name=normalise(name), raw_name=name, kind=kind, mode=_number(block[100:108], "mode") & 0o7777,
-                        size=size if kind == "file" else 0, mtime=int(float(fields.get("mtime", _number(block[136:148], "mtime")))),
-                        linkname=fields.get("linkpath", _text(block[157:257])))
+            raise UnsafeArchiveError(
+                f"{archive}: member {name!r} has unsupported tar type {typeflag!r}",
+                archive=archive,
+                member=name,
+                hint="layers may hold only files, folders and symlinks",
+            )
+        member = Member(
+            name=normalise(name),
+            raw_name=name,
+            kind=kind,
+            mode=_number(block[100:108], "mode") & 0o7777,
+            size=size if kind == "file" else 0,
+            mtime=int(float(fields.get("mtime", _number(block[136:148], "mtime")))),
+            linkname=fields.get("linkpath", _text(block[157:257])),
+        )
         source.skip(member.size)
         yield member

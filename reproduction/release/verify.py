@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from reproduction.digests import default_jobs, sha256_file
 from reproduction.errors import IntegrityError
@@ -78,7 +79,9 @@ class VerifyReport:
     def summary(self) -> str:
         """A human summary: one line when ok, else a count line plus one line per problem (capped)."""
         if self.ok:
-            return f"verified {self.bundle}: {self.files} files, {human_bytes(self.bytes_checked)}, all match bundle.json"
+            return (
+                f"verified {self.bundle}: {self.files} files, {human_bytes(self.bytes_checked)}, all match bundle.json"
+            )
         counts = ", ".join(f"{n} {kind}" for kind, n in self.counts().items() if n)
         lines = [f"verify {self.bundle}: {len(self.problems)} problem(s): {counts}"]
         lines += ["  " + p.describe() for p in self.problems[:_SUMMARY_LINES]]
@@ -87,9 +90,15 @@ class VerifyReport:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"bundle": str(self.bundle), "ok": self.ok, "exit_code": self.exit_code, "files": self.files,
-                "bytes_checked": self.bytes_checked, "counts": self.counts(),
-                "problems": [p.to_dict() for p in self.problems]}
+        return {
+            "bundle": str(self.bundle),
+            "ok": self.ok,
+            "exit_code": self.exit_code,
+            "files": self.files,
+            "bytes_checked": self.bytes_checked,
+            "counts": self.counts(),
+            "problems": [p.to_dict() for p in self.problems],
+        }
 
 
 def ignored_paths(manifest: Manifest) -> tuple[set[str], set[str]]:
@@ -127,7 +136,9 @@ def find_extras(bundle: Path, manifest: Manifest) -> list[str]:
     return sorted(extras)
 
 
-def stat_pass(bundle: Path, entries: Iterable[FileEntry]) -> tuple[list[Problem], list[tuple[FileEntry, os.stat_result]]]:
+def stat_pass(
+    bundle: Path, entries: Iterable[FileEntry]
+) -> tuple[list[Problem], list[tuple[FileEntry, os.stat_result]]]:
     """Stat every entry: (missing/size problems, [(entry, stat)] of files whose size matches)."""
     problems: list[Problem] = []
     present: list[tuple[FileEntry, os.stat_result]] = []
@@ -146,25 +157,35 @@ def stat_pass(bundle: Path, entries: Iterable[FileEntry]) -> tuple[list[Problem]
     return problems, present
 
 
-def hash_entries(bundle: Path, entries: list[FileEntry], *, jobs: int | None = None,
-                 on_bytes: Callable[[int], None] | None = None) -> list[Problem]:
+def hash_entries(
+    bundle: Path, entries: list[FileEntry], *, jobs: int | None = None, on_bytes: Callable[[int], None] | None = None
+) -> list[Problem]:
     """Hash `entries` in a thread pool, largest first (so the tail is short); digest problems only."""
     from concurrent.futures import ThreadPoolExecutor
 
     order = sorted(entries, key=lambda e: -e.size)
     with ThreadPoolExecutor(max_workers=jobs or default_jobs()) as pool:
         digests = list(pool.map(lambda e: sha256_file(bundle / e.path, on_bytes=on_bytes), order))
-    return [Problem(kind="digest", path=e.path, expected=e.sha256, actual=d) for e, d in zip(order, digests) if d != e.sha256]
+    return [
+        Problem(kind="digest", path=e.path, expected=e.sha256, actual=d)
+        for e, d in zip(order, digests)
+        if d != e.sha256
+    ]
 
 
 def sort_problems(problems: list[Problem]) -> list[Problem]:
     return sorted(problems, key=lambda p: (PROBLEM_KINDS.index(p.kind), p.path))
 
 
-def verify_bundle(bundle: Path, *, jobs: int | None = None, ui: UiOptions | None = None,
-                  manifest: Manifest | None = None,
-                  trusted: Callable[[FileEntry, os.stat_result], bool] | None = None,
-                  skip: Iterable[str] = ()) -> VerifyReport:
+def verify_bundle(
+    bundle: Path,
+    *,
+    jobs: int | None = None,
+    ui: UiOptions | None = None,
+    manifest: Manifest | None = None,
+    trusted: Callable[[FileEntry, os.stat_result], bool] | None = None,
+    skip: Iterable[str] = (),
+) -> VerifyReport:
     """Check every file of `bundle` against its manifest (read from `bundle.json` unless given).
 
     `trusted(entry, stat)` lets a caller (restore's receipt) vouch for a file without rehashing;
@@ -189,12 +210,17 @@ def raise_for_report(report: VerifyReport) -> None:
     """Raise one IntegrityError carrying every problem of a failed report (no-op when ok)."""
     if report.ok:
         return
-    raise IntegrityError(report.summary(), problems=report.problems, bundle=report.bundle,
-                         hint="fetch the bundle again (or re-pack it); `portable verify --json` lists every problem")
+    raise IntegrityError(
+        report.summary(),
+        problems=report.problems,
+        bundle=report.bundle,
+        hint="fetch the bundle again (or re-pack it); `portable verify --json` lists every problem",
+    )
 
 
-def verify_or_raise(bundle: Path, *, jobs: int | None = None, ui: UiOptions | None = None,
-                    manifest: Manifest | None = None) -> VerifyReport:
+def verify_or_raise(
+    bundle: Path, *, jobs: int | None = None, ui: UiOptions | None = None, manifest: Manifest | None = None
+) -> VerifyReport:
     """`verify_bundle`, then raise IntegrityError (exit 5) listing every problem if any."""
     report = verify_bundle(bundle, jobs=jobs, ui=ui, manifest=manifest)
     raise_for_report(report)

@@ -12,9 +12,10 @@ import io
 import shutil
 import subprocess
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any
 
 from reproduction.errors import MissingDependencyError, WriteFailedError
 
@@ -53,7 +54,8 @@ def require_backend(what: str) -> str:
     if name == "none":
         raise MissingDependencyError(
             f"cannot {what}: neither the Python module 'zstandard' nor the 'zstd' command is available",
-            hint=INSTALL_HINT)
+            hint=INSTALL_HINT,
+        )
     return name
 
 
@@ -112,8 +114,13 @@ def open_decompressed(path: Path, *, hasher: Any | None = None) -> Iterator[IO[b
 @contextmanager
 def _cli_decompress(reader: _HashingReader) -> Iterator[IO[bytes]]:
     """Pipe `reader` through `zstd -dc`; a feeder thread writes stdin so stdout never deadlocks."""
-    proc = subprocess.Popen(["zstd", "-dcq", "--no-progress"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, bufsize=0)
+    proc = subprocess.Popen(
+        ["zstd", "-dcq", "--no-progress"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        bufsize=0,
+    )
     errors: list[BaseException] = []
 
     def feed() -> None:
@@ -186,8 +193,12 @@ def open_compressor(out: Path, *, level: int = 3, threads: int = 2) -> Iterator[
             with cctx.stream_writer(fh, closefd=False) as writer:
                 yield writer
             return
-        proc = subprocess.Popen(["zstd", "-q", f"-{level}", f"-T{max(1, threads)}", "--check", "-c"],
-                                stdin=subprocess.PIPE, stdout=fh, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            ["zstd", "-q", f"-{level}", f"-T{max(1, threads)}", "--check", "-c"],
+            stdin=subprocess.PIPE,
+            stdout=fh,
+            stderr=subprocess.PIPE,
+        )
         try:
             yield proc.stdin
         finally:

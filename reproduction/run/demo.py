@@ -62,16 +62,20 @@ def generate_sources(src: Path) -> None:
     """Write the demo's sources: deterministic bytes, so two demos pack identical bundles."""
     project = src / "project"
     (project / "recap_demo").mkdir(parents=True)
-    (project / "recap_demo" / "__init__.py").write_text('"""The demo release\'s project snapshot."""\nVERSION = "0.1"\n')
-    (project / "recap_demo" / "stages.py").write_text(
-        "STAGES = ('returns', 'value', 'advantages', 'policy')\n")
+    (project / "recap_demo" / "__init__.py").write_text(
+        '"""The demo release\'s project snapshot."""\nVERSION = "0.1"\n'
+    )
+    (project / "recap_demo" / "stages.py").write_text("STAGES = ('returns', 'value', 'advantages', 'policy')\n")
     (project / "README.md").write_text("# recap-demo\nA tiny release used by `portable demo`.\n")
     weights = src / "weights"
     (weights / "value").mkdir(parents=True)
     ramp = struct.pack("<256f", *[i / 256 for i in range(256)])
     (weights / "value" / "model.safetensors").write_bytes(
-        _safetensors({"head.weight": ("F32", [16, 16], ramp), "head.bias": ("F32", [16], ramp[:64])}))
-    (weights / "value" / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": {"<pad>": 0, "a": 1}}}))
+        _safetensors({"head.weight": ("F32", [16, 16], ramp), "head.bias": ("F32", [16], ramp[:64])})
+    )
+    (weights / "value" / "tokenizer.json").write_text(
+        json.dumps({"model": {"type": "BPE", "vocab": {"<pad>": 0, "a": 1}}})
+    )
     data = src / "data" / "fetch_pick"
     (data / "meta").mkdir(parents=True)
     (data / "meta" / "info.json").write_text(json.dumps({"codebase_version": "v3.0", "fps": 25, "total_episodes": 2}))
@@ -79,9 +83,19 @@ def generate_sources(src: Path) -> None:
     (data / "data" / "chunk-000" / "file-000.parquet").write_bytes(b"PAR1" + bytes(range(256)) * 8 + b"PAR1")
     configs = src / "configs"
     configs.mkdir()
-    (configs / "demo.json").write_text(json.dumps({
-        "dataset": str(data), "value_checkpoint": str(weights / "value" / "model.safetensors"),
-        "tokenizer": str(weights / "value"), "code": str(project), "seed": 0}, indent=1) + "\n")
+    (configs / "demo.json").write_text(
+        json.dumps(
+            {
+                "dataset": str(data),
+                "value_checkpoint": str(weights / "value" / "model.safetensors"),
+                "tokenizer": str(weights / "value"),
+                "code": str(project),
+                "seed": 0,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 def run_demo(workdir: Path | None, *, ui: UiOptions | None = None) -> int:
@@ -94,8 +108,12 @@ def run_demo(workdir: Path | None, *, ui: UiOptions | None = None) -> int:
     if workdir.exists() and any(workdir.iterdir()):
         from reproduction.errors import InvalidInputError
 
-        raise InvalidInputError(f"{workdir} already exists and is not empty", path=workdir, field="--workdir",
-                                hint="pass a new folder with --workdir, or leave it out for a fresh one under ./runs")
+        raise InvalidInputError(
+            f"{workdir} already exists and is not empty",
+            path=workdir,
+            field="--workdir",
+            hint="pass a new folder with --workdir, or leave it out for a fresh one under ./runs",
+        )
     src = workdir / "src"
     generate_sources(src)
     spec = SPEC if SPEC.is_file() else src / "demo.toml"
@@ -103,7 +121,10 @@ def run_demo(workdir: Path | None, *, ui: UiOptions | None = None) -> int:
         spec.write_text(FALLBACK_SPEC, encoding="utf-8")
     started = time.perf_counter()
     manifest = pack_bundle(spec, workdir / "bundle", root=src, ui=ui)
-    say(f"packed {manifest.name}: {len(manifest.files)} files, {human_bytes(manifest.total_size)} -> {workdir / 'bundle'}", options=ui)
+    say(
+        f"packed {manifest.name}: {len(manifest.files)} files, {human_bytes(manifest.total_size)} -> {workdir / 'bundle'}",
+        options=ui,
+    )
     restored = workdir / "restored" / manifest.name
     shutil.copytree(workdir / "bundle", restored, symlinks=True)
     report = restore_bundle(restored, ui=ui)
@@ -113,8 +134,11 @@ def run_demo(workdir: Path | None, *, ui: UiOptions | None = None) -> int:
     config = (restored / "config" / "demo.json").read_text(encoding="utf-8")
     say(f"config/demo.json refers to the bundle as ${{BUNDLE}}: {'${BUNDLE}/data/fetch_pick' in config}", options=ui)
     say(f"round trip done in {time.perf_counter() - started:.1f}s; the restored bundle is at {restored}", options=ui)
-    say("stages 1-3 run as modules for now (python -m reproduction.recap.returns / .value / .advantages); "
+    say(
+        "stages 1-3 run as modules for now (python -m reproduction.recap.returns / .value / .advantages); "
         "`portable run`, the policy stage and the simulator are not built yet in this version of recap-portable, "
-        "so the demo stops after the bundle round trip", options=ui)
+        "so the demo stops after the bundle round trip",
+        options=ui,
+    )
     print(restored)
     return 0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from reproduction import ui as ui_mod
 from reproduction.train import device as device_mod
@@ -15,8 +15,15 @@ from reproduction.train.metrics import LOG_NAME
 from reproduction.train.task import TrainResult, TrainTask
 
 
-def train(make_task: Callable[[int, int], TrainTask], config: TrainConfig, *, out_dir: Path, resume: bool,
-          ray_address: str | None = None, ui: ui_mod.UiOptions | None = None) -> TrainResult:
+def train(
+    make_task: Callable[[int, int], TrainTask],
+    config: TrainConfig,
+    *,
+    out_dir: Path,
+    resume: bool,
+    ray_address: str | None = None,
+    ui: ui_mod.UiOptions | None = None,
+) -> TrainResult:
     """Train `make_task`'s model under `config`, writing checkpoints, logs and an export to `out_dir`.
 
     `resume=True` continues from the newest complete checkpoint in `out_dir/checkpoints/` (stale
@@ -72,8 +79,11 @@ class _ProgressView:
         elif split == "eval" and self.first is not None:
             shown = self.figures(step, float(record["time"]))
             evals = ", ".join(f"{k} {v:.4g}" for k, v in list(record["metrics"].items())[:4])
-            ui_mod.say(f"step {step}/{self.config.max_steps}: loss {self.last_train.get('loss', float('nan')):.4g}, "
-                       f"{shown['rate']}, eta {shown['eta']}; eval {evals}", options=self.ui)
+            ui_mod.say(
+                f"step {step}/{self.config.max_steps}: loss {self.last_train.get('loss', float('nan')):.4g}, "
+                f"{shown['rate']}, eta {shown['eta']}; eval {evals}",
+                options=self.ui,
+            )
 
     def figures(self, step: int, now: float) -> dict[str, str]:
         """{'rate': '<n> samples/s', 'eta': 'H:MM:SS'} at `step` reached at time `now`."""

@@ -107,9 +107,20 @@ def restore_rng(state: dict[str, Any], accel=None) -> None:
 # -- save ---------------------------------------------------------------------------------------
 
 
-def save(root: Path, step: int, model: torch.nn.Module, optim: torch.optim.Optimizer, *,
-         config_digest: str, resume_key: dict, data_cursor: dict, trainer: dict, canary_loss: float,
-         keep_last: int, accel=None) -> Path:
+def save(
+    root: Path,
+    step: int,
+    model: torch.nn.Module,
+    optim: torch.optim.Optimizer,
+    *,
+    config_digest: str,
+    resume_key: dict,
+    data_cursor: dict,
+    trainer: dict,
+    canary_loss: float,
+    keep_last: int,
+    accel=None,
+) -> Path:
     """Commit a checkpoint of `step` (collective: every rank calls it); returns `step_N/`.
 
     On failure before the rename the previous checkpoints are untouched and `step_N.partial/` is
@@ -130,8 +141,16 @@ def save(root: Path, step: int, model: torch.nn.Module, optim: torch.optim.Optim
     dist.barrier()
     final = step_dir(root, step)
     if dist.is_main():
-        manifest = _manifest(partial, step=step, config_digest=config_digest, resume_key=resume_key,
-                             data_cursor=data_cursor, trainer=trainer, canary_loss=canary_loss, rng=rng)
+        manifest = _manifest(
+            partial,
+            step=step,
+            config_digest=config_digest,
+            resume_key=resume_key,
+            data_cursor=data_cursor,
+            trainer=trainer,
+            canary_loss=canary_loss,
+            rng=rng,
+        )
         atomic_write_text(partial / MANIFEST, json.dumps(manifest, indent=1))
         if os.environ.get(SLEEP_HOOK):
             time.sleep(float(os.environ[SLEEP_HOOK]))
@@ -154,8 +173,12 @@ def _manifest(folder: Path, *, step: int, rng: list, **fields: Any) -> dict[str,
         "step": step,
         "world_size": dist.world_size(),
         "files": {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": digests[p]} for p in files},
-        "versions": {"reproduction": __version__, "torch": torch.__version__, "numpy": np.__version__,
-                     "python": platform.python_version()},
+        "versions": {
+            "reproduction": __version__,
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "python": platform.python_version(),
+        },
         "rng": rng,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **fields,
@@ -171,14 +194,20 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise CheckpointError(f"{folder} is not a complete checkpoint: {MANIFEST} is missing", path=folder,
-                              hint="resume from the newest complete step_N/ (incomplete ones end in .partial)") from None
+        raise CheckpointError(
+            f"{folder} is not a complete checkpoint: {MANIFEST} is missing",
+            path=folder,
+            hint="resume from the newest complete step_N/ (incomplete ones end in .partial)",
+        ) from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path} is not valid JSON: {exc}", path=path) from None
     if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(
             f"{path}: format {manifest.get('format')!r} version {manifest.get('format_version')!r} is not "
-            f"{FORMAT!r} version {FORMAT_VERSION}", path=path, hint="use the reproduction version that wrote it")
+            f"{FORMAT!r} version {FORMAT_VERSION}",
+            path=path,
+            hint="use the reproduction version that wrote it",
+        )
     return manifest
 
 
@@ -201,8 +230,9 @@ def verify_files(folder: Path, manifest: dict[str, Any]) -> list[str]:
     return problems
 
 
-def load(folder: Path, model: torch.nn.Module, optim: torch.optim.Optimizer, *,
-         resume_key: dict, accel=None) -> dict[str, Any]:
+def load(
+    folder: Path, model: torch.nn.Module, optim: torch.optim.Optimizer, *, resume_key: dict, accel=None
+) -> dict[str, Any]:
     """Load a checkpoint into the sharded `model` and `optim` (collective); returns its manifest.
 
     Raises CheckpointError when the files do not match the manifest or the config's resume key
@@ -216,15 +246,23 @@ def load(folder: Path, model: torch.nn.Module, optim: torch.optim.Optimizer, *,
     manifest = read_manifest(folder)
     problems = dist.broadcast_object(verify_files(folder, manifest) if dist.is_main() else None)
     if problems:
-        raise CheckpointError(f"checkpoint {folder} does not match its manifest: {'; '.join(problems[:5])}"
-                              + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""),
-                              path=folder, problems=problems, hint="delete this step_N/ to resume from an older one")
+        raise CheckpointError(
+            f"checkpoint {folder} does not match its manifest: {'; '.join(problems[:5])}"
+            + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""),
+            path=folder,
+            problems=problems,
+            hint="delete this step_N/ to resume from an older one",
+        )
     saved_key = manifest.get("resume_key", {})
     changed = sorted(k for k in set(saved_key) | set(resume_key) if saved_key.get(k) != resume_key.get(k))
     if changed:
         diff = ", ".join(f"{k}: {saved_key.get(k)!r} -> {resume_key.get(k)!r}" for k in changed)
-        raise CheckpointError(f"cannot resume {folder}: the config changed ({diff})", path=folder, fields_changed=changed,
-                              hint="restore those settings, or start over in a new out_dir (resume=False)")
+        raise CheckpointError(
+            f"cannot resume {folder}: the config changed ({diff})",
+            path=folder,
+            fields_changed=changed,
+            hint="restore those settings, or start over in a new out_dir (resume=False)",
+        )
     model_sd, optim_sd = get_state_dict(model, optim)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(folder))
@@ -240,15 +278,17 @@ def check_canary(expected: float, actual: float, *, rtol: float, folder: Path) -
         raise CheckpointError(
             f"canary loss after loading {folder} is {actual!r}, the checkpoint recorded {expected!r} "
             f"(rtol {rtol}): the weights or the model code do not match what was saved",
-            path=folder, expected=expected, actual=actual,
-            hint="resume with the model code/config that wrote the checkpoint, or start over (resume=False)")
+            path=folder,
+            expected=expected,
+            actual=actual,
+            hint="resume with the model code/config that wrote the checkpoint, or start over (resume=False)",
+        )
 
 
 # -- model-only export --------------------------------------------------------------------------
 
 
-def export(model: torch.nn.Module, out: Path, *, model_config: dict, train_config: dict,
-           extras=None) -> Path | None:
+def export(model: torch.nn.Module, out: Path, *, model_config: dict, train_config: dict, extras=None) -> Path | None:
     """Write `out/` (model.safetensors + configs + task extras) atomically via `out.partial/`.
 
     Collective (gathers the full state dict); rank 0 writes and returns `out`, others return None.
@@ -279,8 +319,11 @@ def load_export(folder: Path) -> dict[str, torch.Tensor]:
 
     path = Path(folder) / "model.safetensors"
     if not path.is_file():
-        raise CheckpointError(f"{path} does not exist: not a model export", path=path,
-                              hint="point at the export/ folder a training run wrote")
+        raise CheckpointError(
+            f"{path} does not exist: not a model export",
+            path=path,
+            hint="point at the export/ folder a training run wrote",
+        )
     return load_file(str(path))
 
 
@@ -293,6 +336,8 @@ def load_strict(model: torch.nn.Module, state: dict[str, torch.Tensor], *, sourc
         raise CheckpointError(
             f"{source} does not fit the model: missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
             f"unexpected {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}",
-            missing=missing, unexpected=unexpected, hint="check the checkpoint path and the model preset")
+            missing=missing,
+            unexpected=unexpected,
+            hint="check the checkpoint path and the model preset",
+        )
     model.load_state_dict(state, strict=True)
-

@@ -16,8 +16,19 @@ PRECISIONS = ("fp32", "bf16")
 
 # Fields that change the numbers a run produces: a resume whose config differs in any of these is
 # refused (naming them). World size, micro batch, intervals and timeouts may change across a resume.
-RESUME_KEY_FIELDS = ("seed", "global_batch", "lr", "betas", "eps", "weight_decay", "warmup_steps",
-                     "grad_clip", "mixed_precision", "shuffle", "canary_samples")
+RESUME_KEY_FIELDS = (
+    "seed",
+    "global_batch",
+    "lr",
+    "betas",
+    "eps",
+    "weight_decay",
+    "warmup_steps",
+    "grad_clip",
+    "mixed_precision",
+    "shuffle",
+    "canary_samples",
+)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -83,14 +94,21 @@ class TrainConfig:
             raise ConfigError(
                 f"global_batch={self.global_batch} is not divisible by micro_batch x world_size = "
                 f"{self.micro_batch} x {self.world_size} = {per_pass}",
-                field="global_batch", hint="pick global_batch as a multiple of micro_batch * world_size")
+                field="global_batch",
+                hint="pick global_batch as a multiple of micro_batch * world_size",
+            )
         if self.save_interval and self.eval_interval and self.save_interval % self.eval_interval:
             raise ConfigError(
                 f"save_interval={self.save_interval} is not a multiple of eval_interval={self.eval_interval}",
-                field="save_interval", hint="every checkpoint should carry an evaluation: make save_interval a multiple")
+                field="save_interval",
+                hint="every checkpoint should carry an evaluation: make save_interval a multiple",
+            )
         if self.launcher == "inprocess" and self.world_size != 1:
-            raise ConfigError(f"launcher='inprocess' runs one worker, but world_size={self.world_size}",
-                              field="launcher", hint="use launcher='ray' for more than one worker")
+            raise ConfigError(
+                f"launcher='inprocess' runs one worker, but world_size={self.world_size}",
+                field="launcher",
+                hint="use launcher='ray' for more than one worker",
+            )
 
     @property
     def grad_accum(self) -> int:
@@ -101,13 +119,16 @@ class TrainConfig:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         """Build from a dict (e.g. a run config section); unknown keys are refused by name."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(f"unknown training config field(s): {', '.join(unknown)}", field=unknown[0],
-                              hint=f"known fields: {', '.join(sorted(known))}")
+            raise ConfigError(
+                f"unknown training config field(s): {', '.join(unknown)}",
+                field=unknown[0],
+                hint=f"known fields: {', '.join(sorted(known))}",
+            )
         data = dict(data)
         if "betas" in data:
             data["betas"] = tuple(data["betas"])
@@ -126,8 +147,11 @@ def _check_choices(cfg: TrainConfig) -> None:
     for name, choices in (("device", DEVICES), ("launcher", LAUNCHERS), ("mixed_precision", PRECISIONS)):
         value = getattr(cfg, name)
         if value not in choices:
-            raise ConfigError(f"{name}={value!r} is not one of {', '.join(choices)}", field=name,
-                              hint=f"set {name} to one of: {', '.join(choices)}")
+            raise ConfigError(
+                f"{name}={value!r} is not one of {', '.join(choices)}",
+                field=name,
+                hint=f"set {name} to one of: {', '.join(choices)}",
+            )
 
 
 def _check_positive(cfg: TrainConfig) -> None:

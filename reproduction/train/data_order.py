@@ -29,8 +29,11 @@ class Cursor:
 def steps_per_epoch(n: int, global_batch: int) -> int:
     """Optimizer steps per epoch; a dataset smaller than one global batch is a ConfigError."""
     if n < global_batch:
-        raise ConfigError(f"the training set has {n} samples, fewer than global_batch={global_batch}",
-                          field="global_batch", hint="lower global_batch or add data")
+        raise ConfigError(
+            f"the training set has {n} samples, fewer than global_batch={global_batch}",
+            field="global_batch",
+            hint="lower global_batch or add data",
+        )
     return n // global_batch
 
 
@@ -54,8 +57,17 @@ def epoch_order(seed: int, epoch: int, n: int, *, shuffle: bool = True) -> np.nd
     return order
 
 
-def micro_batches(step: int, *, seed: int, n: int, global_batch: int, micro_batch: int,
-                  rank: int, world_size: int, shuffle: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
+def micro_batches(
+    step: int,
+    *,
+    seed: int,
+    n: int,
+    global_batch: int,
+    micro_batch: int,
+    rank: int,
+    world_size: int,
+    shuffle: bool = True,
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """This rank's micro batches for `step`: a list (one per accumulation pass) of
     (dataset indices, positions within the epoch), each of length micro_batch."""
     cur = cursor(step, n=n, global_batch=global_batch)

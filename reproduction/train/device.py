@@ -35,7 +35,7 @@ class DeviceSpec:
     """The Ray resource one worker reserves besides CPU (GPU, NPU) or None on CPU."""
 
 
-def resolve(kind: str, *, ctx: "CheckContext | None" = None) -> DeviceSpec:
+def resolve(kind: str, *, ctx: CheckContext | None = None) -> DeviceSpec:
     """Turn `auto|cpu|cuda|npu` into a DeviceSpec with the probes `portable check` runs.
 
     `auto` picks what `portable check --device auto` selects (device nodes: /dev/nvidia* -> cuda,
@@ -47,8 +47,11 @@ def resolve(kind: str, *, ctx: "CheckContext | None" = None) -> DeviceSpec:
     the default is the live machine. Nothing is imported into this process (no torch_npu).
     """
     if kind not in (*BACKENDS, "auto"):
-        raise ConfigError(f"device={kind!r} is not one of cpu, cuda, npu, auto", field="device",
-                          hint="set device to one of: auto, cpu, cuda, npu")
+        raise ConfigError(
+            f"device={kind!r} is not one of cpu, cuda, npu, auto",
+            field="device",
+            hint="set device to one of: auto, cpu, cuda, npu",
+        )
     if kind == "cpu":
         return _spec("cpu")
     from reproduction.checks.context import CheckContext, load_facts, select_device
@@ -62,12 +65,16 @@ def resolve(kind: str, *, ctx: "CheckContext | None" = None) -> DeviceSpec:
     row = _device_row(ctx, chosen)
     if row.status == "fail":
         asked = f"device='auto' chose {chosen} ({why})" if kind == "auto" else f"device={kind!r}"
-        raise ConfigError(f"{asked}, but `portable check`'s {row.name} probe fails: {row.finding}", field="device",
-                          value=kind, hint=f"{row.fix or 'run `portable check`'}; or set device to cpu")
+        raise ConfigError(
+            f"{asked}, but `portable check`'s {row.name} probe fails: {row.finding}",
+            field="device",
+            value=kind,
+            hint=f"{row.fix or 'run `portable check`'}; or set device to cpu",
+        )
     return _spec(chosen)
 
 
-def _device_row(ctx: "CheckContext", kind: str) -> "ProbeResult":
+def _device_row(ctx: CheckContext, kind: str) -> ProbeResult:
     """Check's device row for `kind` ('cuda' or 'npu'): the first row of its accelerator probe."""
     if kind == "cuda":
         from reproduction.checks.accelerator_cuda import probe_cuda

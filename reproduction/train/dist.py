@@ -24,14 +24,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def init(*, backend: str, master_addr: str, master_port: int, rank: int, world_size: int,
-         timeout_s: float, device: torch.device) -> None:
+def init(
+    *,
+    backend: str,
+    master_addr: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    timeout_s: float,
+    device: torch.device,
+) -> None:
     """Join the process group; every rank blocks here until all joined (or `timeout_s` passes)."""
     global _DEVICE
     _DEVICE = device
-    tdist.init_process_group(backend=backend, init_method=f"tcp://{master_addr}:{master_port}",
-                             rank=rank, world_size=world_size,
-                             timeout=datetime.timedelta(seconds=timeout_s))
+    tdist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://{master_addr}:{master_port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
 
 
 def destroy(*, clean: bool = True) -> None:

@@ -10,7 +10,7 @@ code path at every world size.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -18,8 +18,13 @@ from torch import nn
 from reproduction.train import dist
 
 
-def shard(model: nn.Module, *, device: torch.device, mixed_precision: str,
-          units: Callable[[nn.Module], list[nn.Module]] | None = None) -> nn.Module:
+def shard(
+    model: nn.Module,
+    *,
+    device: torch.device,
+    mixed_precision: str,
+    units: Callable[[nn.Module], list[nn.Module]] | None = None,
+) -> nn.Module:
     """Move `model` to `device` and shard it in place over all ranks; returns the same module
     (unsharded for one fp32 worker, see the module doc).
 
@@ -34,7 +39,7 @@ def shard(model: nn.Module, *, device: torch.device, mixed_precision: str,
     kwargs = {"mesh": dist.mesh(device.type)}
     if mixed_precision == "bf16":
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for unit in (units(model) if units else []):
+    for unit in units(model) if units else []:
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
     return model

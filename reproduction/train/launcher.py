@@ -16,10 +16,11 @@ import os
 import re
 import sys
 import traceback
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from reproduction.errors import PortableError, WorkerFailedError
 from reproduction.train.config import TrainConfig
@@ -49,17 +50,33 @@ def run_inprocess(payload: Payload, *, on_record: Callable[[dict], None] | None 
     return _worker_body(payload, rank=0, world_size=1, local_rank=0, on_record=on_record)
 
 
-def _worker_body(payload: Payload, *, rank: int, world_size: int, local_rank: int,
-                 on_record: Callable[[dict], None] | None = None) -> Any:
-    from reproduction.train import device as device_mod, dist, loop
+def _worker_body(
+    payload: Payload, *, rank: int, world_size: int, local_rank: int, on_record: Callable[[dict], None] | None = None
+) -> Any:
+    from reproduction.train import device as device_mod
+    from reproduction.train import dist, loop
 
     device = device_mod.local_device(payload.spec, local_rank)
-    dist.init(backend=payload.spec.backend, master_addr=payload.master_addr, master_port=payload.master_port,
-              rank=rank, world_size=world_size, timeout_s=payload.config.collective_timeout_s, device=device)
+    dist.init(
+        backend=payload.spec.backend,
+        master_addr=payload.master_addr,
+        master_port=payload.master_port,
+        rank=rank,
+        world_size=world_size,
+        timeout_s=payload.config.collective_timeout_s,
+        device=device,
+    )
     ok = False
     try:
-        result = loop.run_worker(payload.make_task, payload.config, out_dir=payload.out_dir, resume=payload.resume,
-                                 spec=payload.spec, device=device, on_record=on_record)
+        result = loop.run_worker(
+            payload.make_task,
+            payload.config,
+            out_dir=payload.out_dir,
+            resume=payload.resume,
+            spec=payload.spec,
+            device=device,
+            on_record=on_record,
+        )
         ok = True
         return result
     finally:
@@ -83,8 +100,13 @@ def _error_value(exc: PortableError) -> tuple:
 def run_ray(payload: Payload, *, ray_address: str | None, on_poll: Callable[[], None] | None = None) -> Any:
     """Run `config.world_size` workers under Ray; returns rank 0's result."""
     cfg = payload.config
-    with _placed(ray_address, payload.spec, workers=cfg.world_size, cpus_per_worker=cfg.cpus_per_worker,
-                 start_timeout_s=cfg.start_timeout_s) as (pg, single_node):
+    with _placed(
+        ray_address,
+        payload.spec,
+        workers=cfg.world_size,
+        cpus_per_worker=cfg.cpus_per_worker,
+        start_timeout_s=cfg.start_timeout_s,
+    ) as (pg, single_node):
         payload.master_addr, payload.master_port = _rendezvous(pg, cfg, single_node)
         refs = _submit(payload, pg, local=single_node)
         return _wait_all(refs, on_poll)[0]
@@ -98,9 +120,17 @@ def _task_body(fn: Callable[[Any], Any], payload: Any) -> Any:
         return _error_value(exc)
 
 
-def run_tasks(fn: Callable[[Any], Any], payloads: Sequence[Any], *, spec: DeviceSpec, ray_address: str | None,
-              cpus_per_worker: float = 1.0, start_timeout_s: float = 120.0,
-              on_done: Callable[[int], None] | None = None, label: str = "task") -> list[Any]:
+def run_tasks(
+    fn: Callable[[Any], Any],
+    payloads: Sequence[Any],
+    *,
+    spec: DeviceSpec,
+    ray_address: str | None,
+    cpus_per_worker: float = 1.0,
+    start_timeout_s: float = 120.0,
+    on_done: Callable[[int], None] | None = None,
+    label: str = "task",
+) -> list[Any]:
     """`fn(payload)` for each payload, each as its own Ray task on one device; results in payload order.
 
     `fn` must be importable by the workers (a module-level function) and should return something
@@ -116,12 +146,15 @@ def run_tasks(fn: Callable[[Any], Any], payloads: Sequence[Any], *, spec: Device
 
     if not payloads:
         return []
-    with _placed(ray_address, spec, workers=len(payloads), cpus_per_worker=cpus_per_worker,
-                 start_timeout_s=start_timeout_s) as (pg, single_node):
+    with _placed(
+        ray_address, spec, workers=len(payloads), cpus_per_worker=cpus_per_worker, start_timeout_s=start_timeout_s
+    ) as (pg, single_node):
         env = _worker_env(local=single_node)
         remote = ray.remote(max_calls=1)(_task_body)  # a fresh process per task: its device, nothing left over
-        refs = [remote.options(**_task_options(spec, cpus_per_worker, pg, i, env)).remote(fn, payload)
-                for i, payload in enumerate(payloads)]
+        refs = [
+            remote.options(**_task_options(spec, cpus_per_worker, pg, i, env)).remote(fn, payload)
+            for i, payload in enumerate(payloads)
+        ]
         try:
             results = _wait_all(refs, None, on_done)
         except WorkerFailedError as exc:
@@ -130,8 +163,9 @@ def run_tasks(fn: Callable[[Any], Any], payloads: Sequence[Any], *, spec: Device
 
 
 @contextmanager
-def _placed(ray_address: str | None, spec: DeviceSpec, *, workers: int, cpus_per_worker: float,
-            start_timeout_s: float) -> Iterator[tuple[Any, bool]]:
+def _placed(
+    ray_address: str | None, spec: DeviceSpec, *, workers: int, cpus_per_worker: float, start_timeout_s: float
+) -> Iterator[tuple[Any, bool]]:
     """Ray connected (a local one started if needed) and a placement group of `workers` bundles,
     yielded with whether the cluster is one node; the group is removed, and a Ray this call started
     is shut down, on the way out."""
@@ -156,11 +190,19 @@ def _one_line(exc: WorkerFailedError, label: str) -> WorkerFailedError:
     first = exc.message.splitlines()[0]
     if first.endswith(" raised:"):
         lines = [line.strip() for line in text.splitlines() if line.strip()]
-        return WorkerFailedError(f"{label} {exc.rank} raised {lines[-1] if lines else 'an exception'}", rank=exc.rank,
-                                 traceback=text, hint="a bug in the worker (its traceback is the error's "
-                                 "`traceback`); rerun with one worker to see it in this process")
-    return WorkerFailedError(first.replace(f"worker rank {exc.rank}", f"{label} {exc.rank}", 1), rank=exc.rank,
-                             traceback=text, hint="a worker process was killed (out of memory? kill -9?); rerun")
+        return WorkerFailedError(
+            f"{label} {exc.rank} raised {lines[-1] if lines else 'an exception'}",
+            rank=exc.rank,
+            traceback=text,
+            hint="a bug in the worker (its traceback is the error's "
+            "`traceback`); rerun with one worker to see it in this process",
+        )
+    return WorkerFailedError(
+        first.replace(f"worker rank {exc.rank}", f"{label} {exc.rank}", 1),
+        rank=exc.rank,
+        traceback=text,
+        hint="a worker process was killed (out of memory? kill -9?); rerun",
+    )
 
 
 def _connect(ray_address: str | None, *, cpus: int) -> bool:
@@ -177,8 +219,14 @@ def _connect(ray_address: str | None, *, cpus: int) -> bool:
     for key, value in WORKER_ENV.items():  # the raylet's env is inherited by every worker it starts
         os.environ.setdefault(key, value)
     # A private one-node cluster: advertise loopback, so nothing it tells its workers points off-host.
-    ray.init(address="local", num_cpus=cpus, include_dashboard=False, object_store_memory=200 * 1024 * 1024,
-             log_to_driver=True, _node_ip_address="127.0.0.1")
+    ray.init(
+        address="local",
+        num_cpus=cpus,
+        include_dashboard=False,
+        object_store_memory=200 * 1024 * 1024,
+        log_to_driver=True,
+        _node_ip_address="127.0.0.1",
+    )
     return True
 
 
@@ -197,7 +245,8 @@ def _placement_group(spec: DeviceSpec, *, workers: int, cpus_per_worker: float, 
         raise WorkerFailedError(
             f"Ray could not place {workers} workers of {bundle} within {start_timeout_s:.0f} s "
             f"(cluster has {ray.cluster_resources()})",
-            hint="lower world_size, free the cluster, or raise start_timeout_s") from None
+            hint="lower world_size, free the cluster, or raise start_timeout_s",
+        ) from None
     return pg
 
 
@@ -214,8 +263,10 @@ def _rendezvous(pg, config: TrainConfig, single_node: bool) -> tuple[str, int]:
     try:
         return ray.get(probe.remote(), timeout=config.start_timeout_s)
     except ray.exceptions.GetTimeoutError:
-        raise WorkerFailedError(f"rank 0's node did not answer within {config.start_timeout_s:.0f} s",
-                                hint="check the Ray cluster's health (`ray status`)") from None
+        raise WorkerFailedError(
+            f"rank 0's node did not answer within {config.start_timeout_s:.0f} s",
+            hint="check the Ray cluster's health (`ray status`)",
+        ) from None
 
 
 def _probe_address() -> tuple[str, int]:
@@ -258,8 +309,9 @@ def _task_options(spec: DeviceSpec, cpus: float, pg, index: int, env: dict[str, 
     return options
 
 
-def _wait_all(refs: list, on_poll: Callable[[], None] | None,
-              on_done: Callable[[int], None] | None = None) -> dict[int, Any]:
+def _wait_all(
+    refs: list, on_poll: Callable[[], None] | None, on_done: Callable[[int], None] | None = None
+) -> dict[int, Any]:
     """Every ref's result by index; the first failure cancels the rest and raises. Each wait is bounded."""
     import ray
 
@@ -287,13 +339,26 @@ def _outcome(ref, rank: int) -> Any:
         value = ray.get(ref, timeout=60)
     except ray.exceptions.RayTaskError as exc:
         text = ANSI.sub("", str(exc))
-        raise WorkerFailedError(f"worker rank {rank} raised:\n{text}", rank=rank, traceback=text,
-                                hint="the traceback above is the worker's; fix the cause and rerun with resume") from None
-    except (ray.exceptions.WorkerCrashedError, ray.exceptions.ActorDiedError, ray.exceptions.NodeDiedError,
-            ray.exceptions.ObjectLostError, ray.exceptions.TaskCancelledError) as exc:
-        raise WorkerFailedError(f"worker rank {rank} died: {type(exc).__name__}: {exc}", rank=rank,
-                                traceback=str(exc), hint="a worker process was killed (out of memory? kill -9?); "
-                                "rerun with resume to continue from the last checkpoint") from None
+        raise WorkerFailedError(
+            f"worker rank {rank} raised:\n{text}",
+            rank=rank,
+            traceback=text,
+            hint="the traceback above is the worker's; fix the cause and rerun with resume",
+        ) from None
+    except (
+        ray.exceptions.WorkerCrashedError,
+        ray.exceptions.ActorDiedError,
+        ray.exceptions.NodeDiedError,
+        ray.exceptions.ObjectLostError,
+        ray.exceptions.TaskCancelledError,
+    ) as exc:
+        raise WorkerFailedError(
+            f"worker rank {rank} died: {type(exc).__name__}: {exc}",
+            rank=rank,
+            traceback=str(exc),
+            hint="a worker process was killed (out of memory? kill -9?); "
+            "rerun with resume to continue from the last checkpoint",
+        ) from None
     if value[0] == "portable_error":
         _, cls, message, hint, fields, tb = value
         err = cls.__new__(cls)
@@ -301,4 +366,3 @@ def _outcome(ref, rank: int) -> Any:
         err.worker_traceback = tb
         raise err
     return value[1]
-

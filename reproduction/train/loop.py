@@ -9,10 +9,11 @@ from __future__ import annotations
 import gc
 import math
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,7 +24,6 @@ from reproduction.train.config import TrainConfig
 from reproduction.train.device import DeviceSpec, rng_module
 from reproduction.train.metrics import MetricsLog, read_records
 from reproduction.train.task import EvalContext, TrainResult, TrainTask
-
 
 _LOOP_KEYS = ("lr_factor", "skipped_steps", "samples_per_s")  # what the loop adds to a task's train metrics
 
@@ -49,22 +49,38 @@ class _State:
     load_seconds: float = 0.0
 
 
-def run_worker(make_task: Callable[[int, int], TrainTask], config: TrainConfig, *, out_dir: Path,
-               resume: bool, spec: DeviceSpec, device: torch.device,
-               on_record: Callable[[dict], None] | None = None) -> TrainResult | None:
+def run_worker(
+    make_task: Callable[[int, int], TrainTask],
+    config: TrainConfig,
+    *,
+    out_dir: Path,
+    resume: bool,
+    spec: DeviceSpec,
+    device: torch.device,
+    on_record: Callable[[dict], None] | None = None,
+) -> TrainResult | None:
     """Train inside an initialised process group; rank 0 returns the TrainResult, others None."""
     rank, world = dist.rank(), dist.world_size()
     task = make_task(rank, world)
     model = fsdp.shard(task.model, device=device, mixed_precision=config.mixed_precision, units=task.fsdp_units)
-    st = _State(task=task, model=model, optim=_optimizer(model, task, config, device), device=device,
-                canary=_canary_batch(task, config), accel=rng_module(spec))
+    st = _State(
+        task=task,
+        model=model,
+        optim=_optimizer(model, task, config, device),
+        device=device,
+        canary=_canary_batch(task, config),
+        accel=rng_module(spec),
+    )
     _seed(config.seed, rank, 0)
     root = Path(out_dir) / "checkpoints"
     if resume:
         _resume(st, root, config)
     elif dist.broadcast_object(checkpoint.complete_steps(root) if dist.is_main() else None):
-        raise CheckpointError(f"{root} already holds checkpoints and resume is off", path=root,
-                              hint="pass resume=True (--resume) to continue, or use a new out_dir")
+        raise CheckpointError(
+            f"{root} already holds checkpoints and resume is off",
+            path=root,
+            hint="pass resume=True (--resume) to continue, or use a new out_dir",
+        )
     log = MetricsLog(out_dir, resume_step=st.resumed_from) if dist.is_main() else None
 
     def emit(split: str, metrics: dict[str, float]) -> None:
@@ -79,8 +95,13 @@ def run_worker(make_task: Callable[[int, int], TrainTask], config: TrainConfig, 
         with _setup_heap_frozen():
             _loop(st, config, root, emit)
         export_dir = Path(out_dir) / "export"
-        checkpoint.export(st.model, export_dir, model_config=task.model_config,
-                          train_config=config.to_dict(), extras=task.export_extras)
+        checkpoint.export(
+            st.model,
+            export_dir,
+            model_config=task.model_config,
+            train_config=config.to_dict(),
+            extras=task.export_extras,
+        )
     finally:
         if log is not None:
             log.close()
@@ -89,10 +110,16 @@ def run_worker(make_task: Callable[[int, int], TrainTask], config: TrainConfig, 
     if st.checkpoint_dir is None:  # the run was already complete: report what the log says
         st.checkpoint_dir = checkpoint.step_dir(root, st.step)
         _metrics_from_log(st, Path(out_dir))
-    return TrainResult(step=st.step, resumed_from=st.resumed_from, train_metrics=st.train_metrics,
-                       eval_metrics=st.eval_metrics, skipped_steps=st.trainer["skipped_steps"],
-                       checkpoint_dir=st.checkpoint_dir, export_dir=export_dir,
-                       samples_per_s=st.train_samples / st.train_seconds if st.train_seconds else 0.0)
+    return TrainResult(
+        step=st.step,
+        resumed_from=st.resumed_from,
+        train_metrics=st.train_metrics,
+        eval_metrics=st.eval_metrics,
+        skipped_steps=st.trainer["skipped_steps"],
+        checkpoint_dir=st.checkpoint_dir,
+        export_dir=export_dir,
+        samples_per_s=st.train_samples / st.train_seconds if st.train_seconds else 0.0,
+    )
 
 
 def _loop(st: _State, config: TrainConfig, root: Path, emit: Callable[[str, dict], None]) -> None:
@@ -113,9 +140,15 @@ def _loop(st: _State, config: TrainConfig, root: Path, emit: Callable[[str, dict
         if step % config.log_interval == 0 or last:
             values = {k: float(v) for k, v in raw.items()}
             st.train_metrics = dist.mean_dict(values)
-            emit("train", {**st.train_metrics, "lr_factor": _lr_factor(step, config),
-                           "skipped_steps": st.trainer["skipped_steps"],
-                           "samples_per_s": window_samples / window_t if window_t else 0.0})
+            emit(
+                "train",
+                {
+                    **st.train_metrics,
+                    "lr_factor": _lr_factor(step, config),
+                    "skipped_steps": st.trainer["skipped_steps"],
+                    "samples_per_s": window_samples / window_t if window_t else 0.0,
+                },
+            )
             window_t, window_samples = 0.0, 0
         if (config.eval_interval and step % config.eval_interval == 0) or last:
             _evaluate(st, emit)
@@ -147,9 +180,16 @@ def _train_step(st: _State, config: TrainConfig, step: int, n: int) -> tuple[boo
     for group in st.optim.param_groups:
         group["lr"] = group["base_lr"] * factor
     rank, world = dist.rank(), dist.world_size()
-    batches = data_order.micro_batches(step - 1, seed=config.seed, n=n, global_batch=config.global_batch,
-                                       micro_batch=config.micro_batch, rank=rank, world_size=world,
-                                       shuffle=config.shuffle)
+    batches = data_order.micro_batches(
+        step - 1,
+        seed=config.seed,
+        n=n,
+        global_batch=config.global_batch,
+        micro_batch=config.micro_batch,
+        rank=rank,
+        world_size=world,
+        shuffle=config.shuffle,
+    )
     epoch = data_order.cursor(step - 1, n=n, global_batch=config.global_batch).epoch
     accum = len(batches)
     total = torch.zeros((), dtype=torch.float32, device=st.device)
@@ -157,8 +197,10 @@ def _train_step(st: _State, config: TrainConfig, step: int, n: int) -> tuple[boo
     for a, (indices, positions) in enumerate(batches):
         samples = [st.task.train_dataset[int(i)] for i in indices]
         if st.task.augment is not None:
-            samples = [st.task.augment(s, data_order.sample_rng(config.seed, epoch, int(p)))
-                       for s, p in zip(samples, positions)]
+            samples = [
+                st.task.augment(s, data_order.sample_rng(config.seed, epoch, int(p)))
+                for s, p in zip(samples, positions)
+            ]
         batch = to_device(st.task.collate(samples), st.device)
         if accum > 1:  # reduce-scatter gradients once per step, not once per micro batch
             fsdp.set_gradient_sync(st.model, a == accum - 1)
@@ -182,14 +224,23 @@ def _lr_factor(step: int, config: TrainConfig) -> float:
 
 
 def _optimizer(model: torch.nn.Module, task: TrainTask, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    groups = task.param_groups(model) if task.param_groups else [
-        {"params": [p for p in model.parameters() if p.requires_grad]}]
+    groups = (
+        task.param_groups(model)
+        if task.param_groups
+        else [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    )
     for group in groups:
         group.setdefault("lr", config.lr)
         group.setdefault("weight_decay", config.weight_decay)
         group["base_lr"] = group["lr"]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps,
-                             weight_decay=config.weight_decay, **_adamw_impl(device))
+    return torch.optim.AdamW(
+        groups,
+        lr=config.lr,
+        betas=tuple(config.betas),
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+        **_adamw_impl(device),
+    )
 
 
 def _adamw_impl(device: torch.device) -> dict[str, bool]:
@@ -229,18 +280,32 @@ def _save(st: _State, config: TrainConfig, root: Path, emit: Callable, n: int) -
     t0 = time.perf_counter()
     cur = data_order.cursor(st.step, n=n, global_batch=config.global_batch)
     st.checkpoint_dir = checkpoint.save(
-        root, st.step, st.model, st.optim, config_digest=config.digest(), resume_key=config.resume_key(),
-        data_cursor={"next_step": st.step, "epoch": cur.epoch, "position": cur.position,
-                "samples_seen": st.trainer["samples_seen"]},
-        trainer=st.trainer, canary_loss=canary_loss(st), keep_last=config.keep_last, accel=st.accel)
+        root,
+        st.step,
+        st.model,
+        st.optim,
+        config_digest=config.digest(),
+        resume_key=config.resume_key(),
+        data_cursor={
+            "next_step": st.step,
+            "epoch": cur.epoch,
+            "position": cur.position,
+            "samples_seen": st.trainer["samples_seen"],
+        },
+        trainer=st.trainer,
+        canary_loss=canary_loss(st),
+        keep_last=config.keep_last,
+        accel=st.accel,
+    )
     emit("checkpoint", {"save_s": time.perf_counter() - t0})
 
 
 def _evaluate(st: _State, emit: Callable) -> None:
     if st.task.evaluate is None:
         return
-    ctx = EvalContext(rank=dist.rank(), world_size=dist.world_size(), device=st.device, step=st.step,
-                      all_gather=dist.all_gather_array)
+    ctx = EvalContext(
+        rank=dist.rank(), world_size=dist.world_size(), device=st.device, step=st.step, all_gather=dist.all_gather_array
+    )
     with _eval_mode(st):
         result = st.task.evaluate(st.model, ctx)
     st.eval_metrics = {k: float(v) for k, v in result.items()}
@@ -293,4 +358,3 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(to_device(v, device) for v in batch)
     return batch
-

@@ -44,9 +44,10 @@ training. Tasks that need randomness in `loss` (dropout, noise) get exact resume
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch/numpy stay out of import time: Ray helper processes import this module
     import numpy as np
@@ -62,11 +63,11 @@ class EvalContext:
     """This worker's rank in [0, world_size)."""
     world_size: int
     """Number of workers evaluating together."""
-    device: "torch.device"
+    device: torch.device
     """Where the model lives; move eval batches here."""
     step: int
     """The optimizer step just finished (the one being evaluated)."""
-    all_gather: Callable[["np.ndarray"], "np.ndarray"]
+    all_gather: Callable[[np.ndarray], np.ndarray]
     """Concatenate a per-rank numpy array (any first-axis length, same trailing shape and dtype)
     along axis 0 in rank order; every rank gets the whole array."""
 
@@ -82,23 +83,23 @@ class EvalContext:
 class TrainTask:
     """One training job, built inside each worker by `make_task(rank, world_size)`."""
 
-    model: "nn.Module"
+    model: nn.Module
     """The model, same init on every rank (seeded)."""
     train_dataset: Sequence
     """Map-style training set: `len()` and `[i] -> sample`."""
     collate: Callable[[list], Any]
     """List of samples -> batch of CPU tensors (tensor or dict/list/tuple of tensors)."""
-    loss: Callable[["nn.Module", Any], "tuple[torch.Tensor, dict[str, float]]"]
+    loss: Callable[[nn.Module, Any], tuple[torch.Tensor, dict[str, float]]]
     """(model, batch on device) -> (mean loss over the micro batch, float metrics)."""
-    evaluate: Callable[["nn.Module", EvalContext], dict[str, float]] | None = None
+    evaluate: Callable[[nn.Module, EvalContext], dict[str, float]] | None = None
     """Runs on all ranks at eval intervals and at the last step; returns the same dict everywhere."""
-    param_groups: Callable[["nn.Module"], list[dict]] | None = None
+    param_groups: Callable[[nn.Module], list[dict]] | None = None
     """AdamW param groups from the sharded model (e.g. a head at a higher lr); None = one group."""
-    augment: Callable[[Any, "np.random.Generator"], Any] | None = None
+    augment: Callable[[Any, np.random.Generator], Any] | None = None
     """Per-sample augmentation with an RNG derived from (seed, epoch, position); None = none."""
     canary_batch: Any | None = None
     """Fixed batch whose loss is checked after every checkpoint load; None = first samples."""
-    fsdp_units: Callable[["nn.Module"], list["nn.Module"]] | None = None
+    fsdp_units: Callable[[nn.Module], list[nn.Module]] | None = None
     """Submodules to shard as their own FSDP2 units (e.g. transformer blocks), before the root."""
     export_extras: Callable[[Path], None] | None = None
     """Writes task files next to the model-only export (rank 0 only)."""

@@ -12,7 +12,9 @@ import numpy as np
 import torch
 
 
-def two_hot(targets: torch.Tensor, *, num_bins: int, v_min: float, v_max: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def two_hot(
+    targets: torch.Tensor, *, num_bins: int, v_min: float, v_max: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Project scalar targets onto the atoms: returns (probs (B,K), b, lower, upper).
 
     y = clamp(target, v_min, v_max); b = (y - v_min)/dz; l = floor(b), u = ceil(b) clipped to

@@ -19,9 +19,10 @@ Augmentation (`augment_sample`) draws per sample from the trainer's RNG, which i
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -61,7 +62,7 @@ class ValueSource:
             self.name = Path(self.path).name
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ValueSource":
+    def from_dict(cls, data: Mapping[str, Any]) -> ValueSource:
         reject_unknown_fields(cls, data, what="dataset entry")
         return cls(**dict(data))
 
@@ -106,9 +107,13 @@ def load_source(source: ValueSource, *, episodes: np.ndarray | None = None) -> S
     table = ds.frame_table(columns)
     ep = table.column("episode_index").to_numpy().astype(np.int64)
     fr = table.column("frame_index").to_numpy().astype(np.int64)
-    rets = read_returns(Path(source.returns) if source.returns else Path(source.path), source.tag,
-                        expect_fingerprint=ds.fingerprint, dataset_name=ds.name,
-                        columns=["episode_index", "frame_index", "return", "prompt"])
+    rets = read_returns(
+        Path(source.returns) if source.returns else Path(source.path),
+        source.tag,
+        expect_fingerprint=ds.fingerprint,
+        dataset_name=ds.name,
+        columns=["episode_index", "frame_index", "return", "prompt"],
+    )
     r_ep = rets.column("episode_index").to_numpy().astype(np.int64)
     r_fr = rets.column("frame_index").to_numpy().astype(np.int64)
     width = int(max(fr.max(initial=0), r_fr.max(initial=0))) + 1
@@ -119,8 +124,12 @@ def load_source(source: ValueSource, *, episodes: np.ndarray | None = None) -> S
     found = (order.size > 0) & (r_key[order][pos] == key) if order.size else np.zeros(key.shape, bool)
     if not found.all():
         bad = int(np.flatnonzero(~found)[0])
-        raise DatasetError(f"{source.path}: episode {ep[bad]} frame {fr[bad]} has no return in the returns sidecar "
-                           f"(tag {source.tag!r})", path=source.path, hint="recompute stage 1 (returns) for this dataset")
+        raise DatasetError(
+            f"{source.path}: episode {ep[bad]} frame {fr[bad]} has no return in the returns sidecar "
+            f"(tag {source.tag!r})",
+            path=source.path,
+            hint="recompute stage 1 (returns) for this dataset",
+        )
     returns = rets.column("return").to_numpy().astype(np.float64)[order][pos]
     if "task_index" in columns and ds.tasks:
         ti = table.column("task_index").to_numpy().astype(np.int64)
@@ -129,8 +138,12 @@ def load_source(source: ValueSource, *, episodes: np.ndarray | None = None) -> S
         prompt_id = np.searchsorted(np.array(names, dtype=np.int64), ti).clip(0, len(names) - 1)
         unknown = np.array(names, dtype=np.int64)[prompt_id] != ti
         if unknown.any():
-            raise DatasetError(f"{source.path}: task_index {int(ti[unknown][0])} is not in the dataset's task list",
-                               path=source.path, field="task_index", hint="the dataset's meta/tasks file is incomplete")
+            raise DatasetError(
+                f"{source.path}: task_index {int(ti[unknown][0])} is not in the dataset's task list",
+                path=source.path,
+                field="task_index",
+                hint="the dataset's meta/tasks file is incomplete",
+            )
     else:
         raw = rets.column("prompt").to_pylist()
         prompts = sorted({format_prompt(p or "perform the task") for p in raw})
@@ -138,20 +151,31 @@ def load_source(source: ValueSource, *, episodes: np.ndarray | None = None) -> S
         prompt_id = np.array([lookup[format_prompt(raw[i] or "perform the task")] for i in order[pos]], dtype=np.int64)
     keep = np.isin(ep, episodes) if episodes is not None else np.ones(ep.size, bool)
     rows = np.flatnonzero(keep).astype(np.int64)
-    return SourceFrames(source=source, rows=rows, episode=ep[keep], frame=fr[keep], returns=returns[keep],
-                        prompt_id=prompt_id[keep], prompts=prompts, fingerprint=ds.fingerprint)
+    return SourceFrames(
+        source=source,
+        rows=rows,
+        episode=ep[keep],
+        frame=fr[keep],
+        returns=returns[keep],
+        prompt_id=prompt_id[keep],
+        prompts=prompts,
+        fingerprint=ds.fingerprint,
+    )
 
 
 def return_range_of(frames: Sequence[SourceFrames]) -> ReturnRange:
     """min of mins / max of maxes of the training datasets' returns (upstream's default range)."""
     values = [f.returns for f in frames if len(f)]
     if not values:
-        raise DatasetError("value stage: the training datasets hold no frames", hint="check the dataset paths and folds")
+        raise DatasetError(
+            "value stage: the training datasets hold no frames", hint="check the dataset paths and folds"
+        )
     return ReturnRange(return_min=float(min(v.min() for v in values)), return_max=float(max(v.max() for v in values)))
 
 
-def mixture_table(sizes: Sequence[int], weights: Sequence[float], *, balance_weights: bool = True,
-                  seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def mixture_table(
+    sizes: Sequence[int], weights: Sequence[float], *, balance_weights: bool = True, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """(dataset id, index within it) per mixture sample; see the module docstring for the rule."""
     sizes = np.asarray(sizes, dtype=np.int64)
     if (sizes <= 0).any():
@@ -178,8 +202,16 @@ class ValueFrames:
     from "images". Datasets are opened lazily in the process that reads (Ray workers), not pickled.
     """
 
-    def __init__(self, frames: Sequence[SourceFrames], *, cameras: Mapping[str, str], image_size: int,
-                 return_range: ReturnRange, balance_weights: bool = True, seed: int = 0) -> None:
+    def __init__(
+        self,
+        frames: Sequence[SourceFrames],
+        *,
+        cameras: Mapping[str, str],
+        image_size: int,
+        return_range: ReturnRange,
+        balance_weights: bool = True,
+        seed: int = 0,
+    ) -> None:
         self.frames = list(frames)
         self.cameras = dict(cameras)
         self.image_size = int(image_size)
@@ -187,8 +219,12 @@ class ValueFrames:
         if len(self.frames) == 1:
             self.table = (np.zeros(len(self.frames[0]), np.int64), np.arange(len(self.frames[0]), dtype=np.int64))
         else:
-            self.table = mixture_table([len(f) for f in self.frames], [f.source.weight for f in self.frames],
-                                       balance_weights=balance_weights, seed=seed)
+            self.table = mixture_table(
+                [len(f) for f in self.frames],
+                [f.source.weight for f in self.frames],
+                balance_weights=balance_weights,
+                seed=seed,
+            )
         self._datasets: dict[int, Any] = {}
 
     def __len__(self) -> int:
@@ -209,8 +245,14 @@ class ValueFrames:
         raw = ds.read_frames([int(src.rows[j])], list(present.values())) if present else {}
         images = {slot: to_pixels(raw[key][0], self.image_size) for slot, key in present.items()}
         target = float(self.return_range.to_value(src.returns[j]))
-        return {"images": images, "prompt": src.prompts[int(src.prompt_id[j])], "target": target,
-                "episode_index": int(src.episode[j]), "frame_index": int(src.frame[j]), "source": d}
+        return {
+            "images": images,
+            "prompt": src.prompts[int(src.prompt_id[j])],
+            "target": target,
+            "episode_index": int(src.episode[j]),
+            "frame_index": int(src.frame[j]),
+            "source": d,
+        }
 
 
 def to_pixels(image: np.ndarray, size: int) -> torch.Tensor:
@@ -245,8 +287,13 @@ def augment_sample(sample: dict[str, Any], rng: np.random.Generator) -> dict[str
 def _crop_rotate(x: torch.Tensor, *, scale: float, shift: np.ndarray, degrees: float) -> torch.Tensor:
     """Sample a `scale`-sized window (offset by `shift`, in half-image units) rotated by `degrees`."""
     t = math.radians(degrees)
-    theta = torch.tensor([[scale * math.cos(t), -scale * math.sin(t), float(shift[0])],
-                          [scale * math.sin(t), scale * math.cos(t), float(shift[1])]], dtype=torch.float32)
+    theta = torch.tensor(
+        [
+            [scale * math.cos(t), -scale * math.sin(t), float(shift[0])],
+            [scale * math.sin(t), scale * math.cos(t), float(shift[1])],
+        ],
+        dtype=torch.float32,
+    )
     grid = F.affine_grid(theta[None], [1, *x.shape], align_corners=False)
     return F.grid_sample(x[None], grid, mode="bilinear", padding_mode="border", align_corners=False)[0]
 
@@ -254,7 +301,7 @@ def _crop_rotate(x: torch.Tensor, *, scale: float, shift: np.ndarray, degrees: f
 def _color(x: torch.Tensor, *, brightness: float, contrast: float, saturation: float) -> torch.Tensor:
     y = (x + 1.0) / 2.0 * brightness
     y = y.clamp(0, 1)
-    gray = (0.299 * y[0] + 0.587 * y[1] + 0.114 * y[2])
+    gray = 0.299 * y[0] + 0.587 * y[1] + 0.114 * y[2]
     y = ((y - gray.mean()) * contrast + gray.mean()).clamp(0, 1)
     gray = (0.299 * y[0] + 0.587 * y[1] + 0.114 * y[2])[None]
     y = (gray + (y - gray) * saturation).clamp(0, 1)
@@ -281,8 +328,13 @@ class ValueCollator:
             masks[slot] = torch.tensor([g is not None for g in got], dtype=torch.bool)
             images[slot] = torch.stack([g if g is not None else self._zeros for g in got])
         ids, att = encode_prompts(self.tokenizer, [s["prompt"] for s in samples], max_len=self.max_token_len)
-        return {"images": images, "image_masks": masks, "input_ids": ids, "attention_mask": att,
-                "target": torch.tensor([s["target"] for s in samples], dtype=torch.float32),
-                "episode_index": torch.tensor([s["episode_index"] for s in samples], dtype=torch.int64),
-                "frame_index": torch.tensor([s["frame_index"] for s in samples], dtype=torch.int64),
-                "source": torch.tensor([s["source"] for s in samples], dtype=torch.int64)}
+        return {
+            "images": images,
+            "image_masks": masks,
+            "input_ids": ids,
+            "attention_mask": att,
+            "target": torch.tensor([s["target"] for s in samples], dtype=torch.float32),
+            "episode_index": torch.tensor([s["episode_index"] for s in samples], dtype=torch.int64),
+            "frame_index": torch.tensor([s["frame_index"] for s in samples], dtype=torch.int64),
+            "source": torch.tensor([s["source"] for s in samples], dtype=torch.int64),
+        }

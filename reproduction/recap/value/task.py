@@ -16,18 +16,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 from reproduction.config_fields import reject_unknown_fields
 from reproduction.errors import CheckpointError, ConfigError
 from reproduction.fsio import atomic_write_text
-from reproduction.recap.crossfit import CrossFitPlan, split_folds
 from reproduction.recap.normalize import ReturnRange
-from reproduction.recap.value_data import ValueSource, load_source, return_range_of
+from reproduction.recap.value.crossfit import CrossFitPlan, split_folds
+from reproduction.recap.value.data import ValueSource, load_source, return_range_of
 
 SETUP_NAME = "value_setup.json"
 HEAD_NAME = "value_head.json"
@@ -84,19 +85,22 @@ class ValueStageConfig:
         if (self.return_min is None) != (self.return_max is None):
             raise ConfigError("value stage: set both return_min and return_max, or neither", field="return_min")
         if self.preset == "recap" and not self.tokenizer:
-            raise ConfigError("value stage: the recap preset needs `tokenizer` (the bundle's Gemma3 tokenizer folder)",
-                              field="tokenizer")
+            raise ConfigError(
+                "value stage: the recap preset needs `tokenizer` (the bundle's Gemma3 tokenizer folder)",
+                field="tokenizer",
+            )
         if self.folds < 1:
             raise ConfigError(f"value stage: folds={self.folds} must be >= 1", field="folds")
         if not self.cameras:
             raise ConfigError("value stage: cameras maps no slot to a dataset key", field="cameras")
         names = [s.name for s in self.train] + [s.name for s in self.eval]
         if len(set(names)) != len(names):
-            raise ConfigError(f"value stage: dataset names {names} are not unique", field="name",
-                              hint="give entries distinct `name`s")
+            raise ConfigError(
+                f"value stage: dataset names {names} are not unique", field="name", hint="give entries distinct `name`s"
+            )
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ValueStageConfig":
+    def from_dict(cls, data: Mapping[str, Any]) -> ValueStageConfig:
         reject_unknown_fields(cls, data, what="value config")
         kwargs = dict(data)
         kwargs["train"] = [ValueSource.from_dict(s) for s in data.get("train", [])]
@@ -123,15 +127,25 @@ class ValueSetup:
     """Training dataset name -> the fingerprint its frames and returns were read at (empty in older setups)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage.to_dict(), "model_config": self.model_config,
-                "return_range": self.return_range.to_dict(), "tokenizer_dir": self.tokenizer_dir,
-                "plan": self.plan.to_dict(), "fingerprints": dict(self.fingerprints)}
+        return {
+            "stage": self.stage.to_dict(),
+            "model_config": self.model_config,
+            "return_range": self.return_range.to_dict(),
+            "tokenizer_dir": self.tokenizer_dir,
+            "plan": self.plan.to_dict(),
+            "fingerprints": dict(self.fingerprints),
+        }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ValueSetup":
-        return cls(stage=ValueStageConfig.from_dict(data["stage"]), model_config=dict(data["model_config"]),
-                   return_range=ReturnRange.from_dict(data["return_range"]), tokenizer_dir=data["tokenizer_dir"],
-                   plan=CrossFitPlan.from_dict(data["plan"]), fingerprints=dict(data.get("fingerprints", {})))
+    def from_dict(cls, data: Mapping[str, Any]) -> ValueSetup:
+        return cls(
+            stage=ValueStageConfig.from_dict(data["stage"]),
+            model_config=dict(data["model_config"]),
+            return_range=ReturnRange.from_dict(data["return_range"]),
+            tokenizer_dir=data["tokenizer_dir"],
+            plan=CrossFitPlan.from_dict(data["plan"]),
+            fingerprints=dict(data.get("fingerprints", {})),
+        )
 
 
 def prepare_value_setup(stage: ValueStageConfig, out_dir: Path, *, resume: bool = False) -> ValueSetup:
@@ -148,8 +162,11 @@ def prepare_value_setup(stage: ValueStageConfig, out_dir: Path, *, resume: bool 
     out_dir = Path(out_dir)
     trained = _trained_folds(out_dir)
     if trained and not resume:
-        raise CheckpointError(f"{trained[0]} already holds checkpoints and resume is off", path=trained[0],
-                              hint="pass --resume to continue, or train into a new --out")
+        raise CheckpointError(
+            f"{trained[0]} already holds checkpoints and resume is off",
+            path=trained[0],
+            hint="pass --resume to continue, or train into a new --out",
+        )
     frames = [load_source(s) for s in stage.train]
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = out_dir / f".tokenizer.{os.getpid()}.partial"
@@ -168,11 +185,13 @@ def prepare_value_setup(stage: ValueStageConfig, out_dir: Path, *, resume: bool 
     return setup
 
 
-def _resolve_setup(stage: ValueStageConfig, frames: list[Any], tok_dir: Path, *, final_tokenizer_dir: Path) -> ValueSetup:
+def _resolve_setup(
+    stage: ValueStageConfig, frames: list[Any], tok_dir: Path, *, final_tokenizer_dir: Path
+) -> ValueSetup:
     """The setup of `stage` over the loaded training `frames`; the tokenizer is written to `tok_dir`."""
     from reproduction.data.reader import open_dataset
     from reproduction.recap.tokenizer import load_tokenizer, train_tokenizer
-    from reproduction.recap.value_model import preset_config
+    from reproduction.recap.value.model import preset_config
 
     if stage.return_min is not None:
         rr = ReturnRange(return_min=float(stage.return_min), return_max=float(stage.return_max))
@@ -187,13 +206,19 @@ def _resolve_setup(stage: ValueStageConfig, frames: list[Any], tok_dir: Path, *,
     # Only `tiny` sizes its embedding from the tokenizer. `recap` keeps the checkpoint's 262,144 rows:
     # Gemma3's tokenizer.json adds specials past them (<image_soft_token> is id 262144), so len(tok)
     # would make strict loading of the real weights fail; prompts never use those ids (VocabGuard).
-    mcfg = preset_config(stage.preset, vocab_size=len(tok) if stage.preset == "tiny" else None,
-                         cameras=tuple(stage.cameras))
+    mcfg = preset_config(
+        stage.preset, vocab_size=len(tok) if stage.preset == "tiny" else None, cameras=tuple(stage.cameras)
+    )
     mcfg.value_dropout = stage.value_dropout
     plan = split_folds({f.source.name: np.unique(f.episode) for f in frames}, folds=stage.folds, seed=stage.fold_seed)
-    return ValueSetup(stage=stage, model_config=mcfg.to_dict(), return_range=rr,
-                      tokenizer_dir=str(Path(final_tokenizer_dir).resolve()), plan=plan,
-                      fingerprints={f.source.name: f.fingerprint for f in frames})
+    return ValueSetup(
+        stage=stage,
+        model_config=mcfg.to_dict(),
+        return_range=rr,
+        tokenizer_dir=str(Path(final_tokenizer_dir).resolve()),
+        plan=plan,
+        fingerprints={f.source.name: f.fingerprint for f in frames},
+    )
 
 
 def _trained_folds(out_dir: Path) -> list[Path]:
@@ -207,20 +232,39 @@ def _refuse_changed_setup(out_dir: Path, new: ValueSetup, new_tokenizer: Path) -
     """CheckpointError naming what differs between the setup on disk and `new` (nothing if equal)."""
     path = Path(out_dir) / SETUP_NAME
     if not path.is_file():
-        raise CheckpointError(f"cannot resume {out_dir}: it holds checkpoints but no {SETUP_NAME} says what they were "
-                              "trained with", path=path, hint="train into a new --out (without --resume)")
+        raise CheckpointError(
+            f"cannot resume {out_dir}: it holds checkpoints but no {SETUP_NAME} says what they were trained with",
+            path=path,
+            hint="train into a new --out (without --resume)",
+        )
     old = read_setup(path)
     changes = setup_changes(old, new, old_tokenizer=Path(out_dir) / "tokenizer", new_tokenizer=new_tokenizer)
     if changes:
-        raise CheckpointError(f"cannot resume {out_dir}: the value setup changed since its checkpoints were written "
-                              f"({'; '.join(changes)})", path=path, fields_changed=[c.split(" ", 1)[0] for c in changes],
-                              hint="restore those settings, or train into a new --out (without --resume)")
+        raise CheckpointError(
+            f"cannot resume {out_dir}: the value setup changed since its checkpoints were written "
+            f"({'; '.join(changes)})",
+            path=path,
+            fields_changed=[c.split(" ", 1)[0] for c in changes],
+            hint="restore those settings, or train into a new --out (without --resume)",
+        )
 
 
 # Settings that only shape evaluation, or only a fresh start's initialisation (a resume loads the
 # weights), or name where things are (contents are compared instead): they may change on resume.
-_NOT_IN_RESUME_KEY = ("eval", "eval_max_samples", "eval_micro_batch", "tokenizer", "pretrained_manifest",
-                      "weights_dir", "allow_unpinned", "model_seed", "return_min", "return_max", "folds", "fold_seed")
+_NOT_IN_RESUME_KEY = (
+    "eval",
+    "eval_max_samples",
+    "eval_micro_batch",
+    "tokenizer",
+    "pretrained_manifest",
+    "weights_dir",
+    "allow_unpinned",
+    "model_seed",
+    "return_min",
+    "return_max",
+    "folds",
+    "fold_seed",
+)
 
 
 def setup_changes(old: ValueSetup, new: ValueSetup, *, old_tokenizer: Path, new_tokenizer: Path) -> list[str]:
@@ -241,17 +285,24 @@ def setup_changes(old: ValueSetup, new: ValueSetup, *, old_tokenizer: Path, new_
     elif old.plan.seed != new.plan.seed:
         changes.append(f"fold_seed {old.plan.seed} -> {new.plan.seed}")
     else:
-        moved = sorted(n for n in set(old.plan.assignment) | set(new.plan.assignment)
-                       if old.plan.assignment.get(n) != new.plan.assignment.get(n))
+        moved = sorted(
+            n
+            for n in set(old.plan.assignment) | set(new.plan.assignment)
+            if old.plan.assignment.get(n) != new.plan.assignment.get(n)
+        )
         if moved:
             changes.append(f"fold_plan: the episodes of {moved} differ")
-    digests = [sha256_file(Path(d) / "tokenizer.json") if (Path(d) / "tokenizer.json").is_file() else "missing"
-               for d in (old_tokenizer, new_tokenizer)]
+    digests = [
+        sha256_file(Path(d) / "tokenizer.json") if (Path(d) / "tokenizer.json").is_file() else "missing"
+        for d in (old_tokenizer, new_tokenizer)
+    ]
     if digests[0] != digests[1]:
         changes.append(f"tokenizer tokenizer.json sha256 {digests[0][:12]} -> {digests[1][:12]}")
     for name in sorted(set(old.fingerprints) & set(new.fingerprints)):
         if old.fingerprints[name] != new.fingerprints[name]:
-            changes.append(f"fingerprint of dataset {name!r} {old.fingerprints[name][:12]} -> {new.fingerprints[name][:12]}")
+            changes.append(
+                f"fingerprint of dataset {name!r} {old.fingerprints[name][:12]} -> {new.fingerprints[name][:12]}"
+            )
     changes += _dict_changes("value", _resume_fields(old.stage), _resume_fields(new.stage))
     return changes
 
@@ -281,10 +332,19 @@ def read_setup(path: Path) -> ValueSetup:
 def head_metadata(setup: ValueSetup, fold: int) -> dict[str, Any]:
     """`value_head.json` of an export: everything stage 3 needs besides the weights."""
     cfg = setup.model_config
-    return {"format_version": EXPORT_FORMAT, "model_config": cfg, "return_range": setup.return_range.to_dict(),
-            "num_bins": cfg["num_bins"], "v_min": cfg["v_min"], "v_max": cfg["v_max"],
-            "cameras": dict(setup.stage.cameras), "max_token_len": setup.stage.max_token_len,
-            "fold": fold, "folds": setup.plan.folds, "tokenizer": "tokenizer"}
+    return {
+        "format_version": EXPORT_FORMAT,
+        "model_config": cfg,
+        "return_range": setup.return_range.to_dict(),
+        "num_bins": cfg["num_bins"],
+        "v_min": cfg["v_min"],
+        "v_max": cfg["v_max"],
+        "cameras": dict(setup.stage.cameras),
+        "max_token_len": setup.stage.max_token_len,
+        "fold": fold,
+        "folds": setup.plan.folds,
+        "tokenizer": "tokenizer",
+    }
 
 
 def write_export_extras(folder: Path, *, setup: ValueSetup, fold: int) -> None:
@@ -316,10 +376,13 @@ class VocabGuard:
         if ids.numel() and int(ids.max()) >= self.vocab_size:
             bad = int(ids.max())
             token = self.collate.tokenizer.convert_ids_to_tokens(bad)
-            raise ConfigError(f"tokenizer {self.tokenizer_file}: a prompt encodes to token id {bad} ({token!r}), "
-                              f"outside the value model's vocab_size {self.vocab_size}",
-                              path=self.tokenizer_file, field="vocab_size",
-                              hint="use the tokenizer the model was trained with, or keep that token out of the prompts")
+            raise ConfigError(
+                f"tokenizer {self.tokenizer_file}: a prompt encodes to token id {bad} ({token!r}), "
+                f"outside the value model's vocab_size {self.vocab_size}",
+                path=self.tokenizer_file,
+                field="vocab_size",
+                hint="use the tokenizer the model was trained with, or keep that token out of the prompts",
+            )
         return batch
 
     @property
@@ -335,9 +398,9 @@ def make_value_task(rank: int, world_size: int, *, setup_path: str, fold: int = 
     import functools
 
     from reproduction.recap.tokenizer import load_tokenizer
-    from reproduction.recap.value_data import ValueCollator, ValueFrames, augment_sample
-    from reproduction.recap.value_model import ValueModelConfig, build_value_model
-    from reproduction.recap.value_weights import load_pretrained
+    from reproduction.recap.value.data import ValueCollator, ValueFrames, augment_sample
+    from reproduction.recap.value.model import ValueModelConfig, build_value_model
+    from reproduction.recap.value.weights import load_pretrained
     from reproduction.train.task import TrainTask
 
     setup = read_setup(Path(setup_path))
@@ -345,30 +408,55 @@ def make_value_task(rank: int, world_size: int, *, setup_path: str, fold: int = 
     mcfg = ValueModelConfig.from_dict(setup.model_config)
     model = build_value_model(mcfg, seed=stage.model_seed)
     if stage.pretrained_manifest:
-        load_pretrained(model, Path(stage.pretrained_manifest), Path(stage.weights_dir or "."),
-                        allow_unpinned=stage.allow_unpinned)
+        load_pretrained(
+            model, Path(stage.pretrained_manifest), Path(stage.weights_dir or "."), allow_unpinned=stage.allow_unpinned
+        )
     frames = [load_source(s, episodes=setup.plan.train_episodes(fold, s.name)) for s in stage.train]
-    train_set = ValueFrames(frames, cameras=stage.cameras, image_size=mcfg.image_size, return_range=rr,
-                            balance_weights=stage.balance_weights, seed=stage.fold_seed)
-    collate = VocabGuard(collate=ValueCollator(tokenizer=load_tokenizer(Path(setup.tokenizer_dir)), slots=mcfg.cameras,
-                                               image_size=mcfg.image_size, max_token_len=stage.max_token_len),
-                         vocab_size=int(mcfg.text["vocab_size"]), tokenizer_file=str(Path(setup.tokenizer_dir) / "tokenizer.json"))
+    train_set = ValueFrames(
+        frames,
+        cameras=stage.cameras,
+        image_size=mcfg.image_size,
+        return_range=rr,
+        balance_weights=stage.balance_weights,
+        seed=stage.fold_seed,
+    )
+    collate = VocabGuard(
+        collate=ValueCollator(
+            tokenizer=load_tokenizer(Path(setup.tokenizer_dir)),
+            slots=mcfg.cameras,
+            image_size=mcfg.image_size,
+            max_token_len=stage.max_token_len,
+        ),
+        vocab_size=int(mcfg.text["vocab_size"]),
+        tokenizer_file=str(Path(setup.tokenizer_dir) / "tokenizer.json"),
+    )
     eval_sets = _eval_sets(setup, fold, mcfg.image_size)
     return TrainTask(
-        model=model, train_dataset=train_set, collate=collate,
+        model=model,
+        train_dataset=train_set,
+        collate=collate,
         loss=functools.partial(value_batch_loss, v_min=mcfg.v_min, v_max=mcfg.v_max),
-        evaluate=functools.partial(evaluate_value, sets=eval_sets, collate=collate, micro_batch=stage.eval_micro_batch,
-                                   v_min=mcfg.v_min, v_max=mcfg.v_max) if eval_sets else None,
+        evaluate=functools.partial(
+            evaluate_value,
+            sets=eval_sets,
+            collate=collate,
+            micro_batch=stage.eval_micro_batch,
+            v_min=mcfg.v_min,
+            v_max=mcfg.v_max,
+        )
+        if eval_sets
+        else None,
         param_groups=functools.partial(value_param_groups, value_lr=stage.value_lr),
         augment=augment_sample if stage.augment else None,
         fsdp_units=transformer_blocks,
         export_extras=functools.partial(write_export_extras, setup=setup, fold=fold),
-        model_config=mcfg.to_dict())
+        model_config=mcfg.to_dict(),
+    )
 
 
 def _eval_sets(setup: ValueSetup, fold: int, image_size: int) -> dict[str, Any]:
     """name -> ValueFrames: the held-out fold of each train dataset (folds > 1) and every eval dataset."""
-    from reproduction.recap.value_data import ValueFrames
+    from reproduction.recap.value.data import ValueFrames
 
     stage = setup.stage
     sources = []
@@ -400,16 +488,22 @@ def value_param_groups(model: Any, *, value_lr: float) -> list[dict[str, Any]]:
 
 
 def _forward(model: Any, batch: Mapping[str, Any]) -> Any:
-    return model(images=batch["images"], image_masks=batch["image_masks"], input_ids=batch["input_ids"],
-                 attention_mask=batch["attention_mask"])
+    return model(
+        images=batch["images"],
+        image_masks=batch["image_masks"],
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+    )
 
 
-def value_batch_loss(model: Any, batch: Mapping[str, Any], *, v_min: float, v_max: float) -> tuple[Any, dict[str, float]]:
+def value_batch_loss(
+    model: Any, batch: Mapping[str, Any], *, v_min: float, v_max: float
+) -> tuple[Any, dict[str, float]]:
     """Two-hot cross-entropy (mean over the micro batch) and upstream's per-batch metrics.
 
     No per-batch Spearman: over a micro batch it is noise (RECAP.md 7 item 10); eval has the real one.
     """
-    from reproduction.recap.value_loss import batch_metrics, expected_value, value_loss
+    from reproduction.recap.value.loss import batch_metrics, expected_value, value_loss
 
     logits = _forward(model, batch)
     loss = value_loss(logits, batch["target"], v_min=v_min, v_max=v_max)
@@ -420,8 +514,9 @@ def value_batch_loss(model: Any, batch: Mapping[str, Any], *, v_min: float, v_ma
     return loss, metrics
 
 
-def evaluate_value(model: Any, ctx: Any, *, sets: Mapping[str, Any], collate: Any, micro_batch: int,
-                   v_min: float, v_max: float) -> dict[str, float]:
+def evaluate_value(
+    model: Any, ctx: Any, *, sets: Mapping[str, Any], collate: Any, micro_batch: int, v_min: float, v_max: float
+) -> dict[str, float]:
     """Per eval set: loss and batch metrics averaged over frames, Spearman (tie-averaged) and
     mean/std over the WHOLE set (arrays gathered from all ranks), keys `<set>/<metric>`; plus the
     unprefixed mean over sets. Every rank runs the same number of forwards (FSDP needs it): ranks
@@ -429,7 +524,7 @@ def evaluate_value(model: Any, ctx: Any, *, sets: Mapping[str, Any], collate: An
     """
     import torch
 
-    from reproduction.recap.value_loss import batch_metrics, expected_value, set_metrics, two_hot
+    from reproduction.recap.value.loss import batch_metrics, expected_value, set_metrics, two_hot
     from reproduction.train.loop import to_device
 
     out: dict[str, float] = {}
@@ -440,7 +535,7 @@ def evaluate_value(model: Any, ctx: Any, *, sets: Mapping[str, Any], collate: An
         steps = -(-longest // micro_batch)
         preds, targets, losses, per = [], [], [], {}
         for b in range(steps):
-            idx = list(mine[b * micro_batch:(b + 1) * micro_batch])
+            idx = list(mine[b * micro_batch : (b + 1) * micro_batch])
             real = len(idx)
             batch = collate([data[i] for i in (idx or [0])])
             batch = to_device(batch, ctx.device)
@@ -456,13 +551,20 @@ def evaluate_value(model: Any, ctx: Any, *, sets: Mapping[str, Any], collate: An
             preds.append(expected_value(logits, v_min=v_min, v_max=v_max).cpu().numpy())
             targets.append(target.float().cpu().numpy())
         n_mine = len(mine)
-        sums = np.array([[per.get(k, 0.0) for k in ("cat_acc_best", "cat_acc_neighbor", "bin_distance", "value_error")]
-                         + [float(np.concatenate(losses).sum()) if losses else 0.0, n_mine]], dtype=np.float64)
+        sums = np.array(
+            [
+                [per.get(k, 0.0) for k in ("cat_acc_best", "cat_acc_neighbor", "bin_distance", "value_error")]
+                + [float(np.concatenate(losses).sum()) if losses else 0.0, n_mine]
+            ],
+            dtype=np.float64,
+        )
         total = ctx.all_gather(sums).sum(axis=0)
         pred = ctx.all_gather(np.concatenate(preds).astype(np.float64) if preds else np.zeros(0))
         target = ctx.all_gather(np.concatenate(targets).astype(np.float64) if targets else np.zeros(0))
         count = max(total[-1], 1.0)
-        metrics = dict(zip(("cat_acc_best", "cat_acc_neighbor", "bin_distance", "value_error", "loss"), total[:5] / count))
+        metrics = dict(
+            zip(("cat_acc_best", "cat_acc_neighbor", "bin_distance", "value_error", "loss"), total[:5] / count)
+        )
         metrics.update(set_metrics(pred, target, v_min=v_min, v_max=v_max))
         metrics["num_frames"] = float(total[-1])
         out.update({f"{name}/{k}": float(v) for k, v in metrics.items()})

@@ -71,7 +71,9 @@ class ValueModelConfig:
             raise ConfigError(f"value model: v_min={self.v_min} must be below v_max={self.v_max}", field="v_min/v_max")
         self.cameras = tuple(sorted(self.cameras))
         if not self.cameras or len(set(self.cameras)) != len(self.cameras):
-            raise ConfigError(f"value model: cameras {list(self.cameras)} must be non-empty and distinct", field="cameras")
+            raise ConfigError(
+                f"value model: cameras {list(self.cameras)} must be non-empty and distinct", field="cameras"
+            )
 
     @property
     def image_size(self) -> int:
@@ -82,13 +84,20 @@ class ValueModelConfig:
         return int(self.text["hidden_size"])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"preset": self.preset, "vision": dict(self.vision), "text": dict(self.text),
-                "cameras": list(self.cameras), "num_bins": self.num_bins, "v_min": self.v_min,
-                "v_max": self.v_max, "value_dropout": self.value_dropout,
-                "attn_implementation": self.attn_implementation}
+        return {
+            "preset": self.preset,
+            "vision": dict(self.vision),
+            "text": dict(self.text),
+            "cameras": list(self.cameras),
+            "num_bins": self.num_bins,
+            "v_min": self.v_min,
+            "v_max": self.v_max,
+            "value_dropout": self.value_dropout,
+            "attn_implementation": self.attn_implementation,
+        }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ValueModelConfig":
+    def from_dict(cls, data: dict[str, Any]) -> ValueModelConfig:
         reject_unknown_fields(cls, data, what="value model config")
         kwargs = dict(data)
         if "cameras" in kwargs:
@@ -96,8 +105,14 @@ class ValueModelConfig:
         return cls(**kwargs)
 
 
-def preset_config(name: str, *, vocab_size: int | None = None, cameras: tuple[str, ...] = ("base_0_rgb",),
-                  image_size: int | None = None, patch_size: int | None = None) -> ValueModelConfig:
+def preset_config(
+    name: str,
+    *,
+    vocab_size: int | None = None,
+    cameras: tuple[str, ...] = ("base_0_rgb",),
+    image_size: int | None = None,
+    patch_size: int | None = None,
+) -> ValueModelConfig:
     """The `tiny` (CPU minutes) or `recap` (SigLIP2-so400m/14 @224 + Gemma3-270M) architecture.
 
     `tiny` defaults to 64 px images in 16 px patches (16 tokens per camera: a 64 px scene's objects
@@ -108,20 +123,57 @@ def preset_config(name: str, *, vocab_size: int | None = None, cameras: tuple[st
     """
     if name == "tiny":
         size = image_size or 64
-        vision = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                      image_size=size, patch_size=patch_size or 16, vision_use_head=False)
-        text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                    num_key_value_heads=1, head_dim=32, vocab_size=vocab_size or 512, max_position_embeddings=1024,
-                    sliding_window=512, query_pre_attn_scalar=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                    layer_types=["sliding_attention", "full_attention"])
+        vision = dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=size,
+            patch_size=patch_size or 16,
+            vision_use_head=False,
+        )
+        text = dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=32,
+            vocab_size=vocab_size or 512,
+            max_position_embeddings=1024,
+            sliding_window=512,
+            query_pre_attn_scalar=32,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            layer_types=["sliding_attention", "full_attention"],
+        )
     elif name == "recap":
         # google/siglip2-so400m-patch14-224 vision tower and google/gemma-3-270m (config.json values).
-        vision = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
-                      image_size=image_size or 224, patch_size=patch_size or 14, vision_use_head=False)
-        text = dict(hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
-                    num_key_value_heads=1, head_dim=256, vocab_size=vocab_size or 262_144,
-                    max_position_embeddings=32_768, sliding_window=512, query_pre_attn_scalar=256,
-                    pad_token_id=0, bos_token_id=2, eos_token_id=1)
+        vision = dict(
+            hidden_size=1152,
+            intermediate_size=4304,
+            num_hidden_layers=27,
+            num_attention_heads=16,
+            image_size=image_size or 224,
+            patch_size=patch_size or 14,
+            vision_use_head=False,
+        )
+        text = dict(
+            hidden_size=640,
+            intermediate_size=2048,
+            num_hidden_layers=18,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=256,
+            vocab_size=vocab_size or 262_144,
+            max_position_embeddings=32_768,
+            sliding_window=512,
+            query_pre_attn_scalar=256,
+            pad_token_id=0,
+            bos_token_id=2,
+            eos_token_id=1,
+        )
     else:
         raise ConfigError(f"value model: unknown preset {name!r}", field="preset", hint=f"use one of {list(PRESETS)}")
     return ValueModelConfig(preset=name, vision=vision, text=text, cameras=cameras)
@@ -177,7 +229,9 @@ class ValueModel(nn.Module):
         vc = self.vision.config
         return (vc.image_size // vc.patch_size) ** 2
 
-    def encode_images(self, images: dict[str, torch.Tensor], masks: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode_images(
+        self, images: dict[str, torch.Tensor], masks: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Image tokens (B, C*N, Dt) and their validity (B, C*N); absent cameras are never encoded.
 
         All present images of all cameras go through SigLIP in one batch; absent slots stay zero
@@ -203,16 +257,23 @@ class ValueModel(nn.Module):
         valid = present.unsqueeze(-1).expand(batch, len(cams), n)
         return tokens.reshape(batch, len(cams) * n, width), valid.reshape(batch, len(cams) * n)
 
-    def forward(self, *, images: dict[str, torch.Tensor], image_masks: dict[str, torch.Tensor],
-                input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        *,
+        images: dict[str, torch.Tensor],
+        image_masks: dict[str, torch.Tensor],
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+    ) -> torch.Tensor:
         """Logits (B, num_bins) for a batch; `input_ids`/`attention_mask` are (B, T) with T the
         batch's longest prompt. Image tensors are (B, 3, S, S) in [-1, 1]; masks are (B,) bool."""
         img_tok, img_valid = self.encode_images(images, image_masks)
         txt_tok = self.language.embed_tokens(input_ids).to(img_tok.dtype)  # Gemma3 scales by sqrt(d) itself
         query = self.value_head.query.to(img_tok.dtype).expand(input_ids.shape[0], 1, -1)
         embeds = torch.cat([img_tok, txt_tok, query], dim=1)
-        valid = torch.cat([img_valid, attention_mask.to(torch.bool),
-                           torch.ones_like(attention_mask[:, :1], dtype=torch.bool)], dim=1)
+        valid = torch.cat(
+            [img_valid, attention_mask.to(torch.bool), torch.ones_like(attention_mask[:, :1], dtype=torch.bool)], dim=1
+        )
         positions = (torch.cumsum(valid.long(), dim=1) - 1).clamp(min=0)
         masks = prefix_attention_masks(valid, positions, self.language.config.sliding_window, embeds.dtype)
         out = self.language(inputs_embeds=embeds, attention_mask=masks, position_ids=positions, use_cache=False)
@@ -223,8 +284,9 @@ class ValueModel(nn.Module):
         return torch.softmax(logits.float(), dim=-1) @ self.atoms.float()
 
 
-def prefix_attention_masks(valid: torch.Tensor, positions: torch.Tensor, sliding_window: int | None,
-                           dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def prefix_attention_masks(
+    valid: torch.Tensor, positions: torch.Tensor, sliding_window: int | None, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
     """Additive (B, 1, L, L) masks for Gemma3's full and sliding layers; the last token is the query.
 
     allowed[b, q, k] = valid[b, k] and (k is not the query or q is the query); sliding layers also
@@ -244,7 +306,9 @@ def prefix_attention_masks(valid: torch.Tensor, positions: torch.Tensor, sliding
     return {"full_attention": full[:, None], "sliding_attention": sliding[:, None]}
 
 
-def build_value_model(config: ValueModelConfig, *, device: str | torch.device = "cpu", seed: int | None = None) -> ValueModel:
+def build_value_model(
+    config: ValueModelConfig, *, device: str | torch.device = "cpu", seed: int | None = None
+) -> ValueModel:
     """A randomly initialised model (no download). `device="meta"` builds shapes only (no memory)."""
     if seed is not None:
         torch.manual_seed(seed)

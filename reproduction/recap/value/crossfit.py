@@ -24,8 +24,9 @@ order, worker count or Python's hash seed.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -79,8 +80,10 @@ class CrossFitPlan:
         known = keys[pos] == episodes if keys.size else np.zeros(episodes.shape, bool)
         if not known.all():
             episode = int(episodes[~known][0])
-            raise DatasetError(f"cross-fitting: episode {episode} of dataset {dataset!r} is not in the fold plan",
-                               hint="the dataset changed after the value models were trained; retrain stage 2")
+            raise DatasetError(
+                f"cross-fitting: episode {episode} of dataset {dataset!r} is not in the fold plan",
+                hint="the dataset changed after the value models were trained; retrain stage 2",
+            )
         return folds[pos]
 
     def _check_model(self, model: int) -> None:
@@ -88,13 +91,21 @@ class CrossFitPlan:
             raise ConfigError(f"cross-fitting: model {model} is outside 0..{self.folds - 1}", field="fold")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"folds": self.folds, "seed": self.seed,
-                "assignment": {name: {str(e): f for e, f in sorted(eps.items())} for name, eps in sorted(self.assignment.items())}}
+        return {
+            "folds": self.folds,
+            "seed": self.seed,
+            "assignment": {
+                name: {str(e): f for e, f in sorted(eps.items())} for name, eps in sorted(self.assignment.items())
+            },
+        }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "CrossFitPlan":
-        return cls(folds=int(data["folds"]), seed=int(data["seed"]),
-                   assignment={n: {int(e): int(f) for e, f in eps.items()} for n, eps in data["assignment"].items()})
+    def from_dict(cls, data: Mapping[str, Any]) -> CrossFitPlan:
+        return cls(
+            folds=int(data["folds"]),
+            seed=int(data["seed"]),
+            assignment={n: {int(e): int(f) for e, f in eps.items()} for n, eps in data["assignment"].items()},
+        )
 
 
 def unseen_models(dataset: str, episodes: np.ndarray, *, folds: int, seed: int = 0) -> np.ndarray:
@@ -123,8 +134,11 @@ def split_folds(episodes: Mapping[str, Any], *, folds: int = 1, seed: int = 0) -
     for name in sorted(episodes):
         ids = np.unique(np.asarray(episodes[name], dtype=np.int64))
         if folds > 1 and ids.size < folds:
-            raise ConfigError(f"cross-fitting: dataset {name!r} has {ids.size} episodes, fewer than folds={folds}",
-                              field="folds", hint="lower folds or add episodes")
+            raise ConfigError(
+                f"cross-fitting: dataset {name!r} has {ids.size} episodes, fewer than folds={folds}",
+                field="folds",
+                hint="lower folds or add episodes",
+            )
         rng = np.random.default_rng([seed, zlib.crc32(name.encode("utf-8"))])
         perm = ids[rng.permutation(ids.size)]
         fold_of = np.arange(ids.size) % folds

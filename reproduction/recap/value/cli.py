@@ -18,12 +18,13 @@ import argparse
 import functools
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from reproduction.errors import ConfigError, InputNotFoundError, PortableError
-from reproduction.recap.value_task import SETUP_NAME, ValueSetup, ValueStageConfig, make_value_task, prepare_value_setup
+from reproduction.recap.value.task import SETUP_NAME, ValueSetup, ValueStageConfig, make_value_task, prepare_value_setup
 
 
 @dataclass(kw_only=True)
@@ -39,13 +40,31 @@ class ValueStageResult:
         return [r.export_dir for r in self.results]
 
     def summary(self) -> dict[str, Any]:
-        return {"folds": self.setup.plan.folds, "return_range": self.setup.return_range.to_dict(),
-                "models": [{"fold": k, "step": r.step, "export": str(r.export_dir), "eval": r.eval_metrics,
-                            "samples_per_s": r.samples_per_s} for k, r in enumerate(self.results)]}
+        return {
+            "folds": self.setup.plan.folds,
+            "return_range": self.setup.return_range.to_dict(),
+            "models": [
+                {
+                    "fold": k,
+                    "step": r.step,
+                    "export": str(r.export_dir),
+                    "eval": r.eval_metrics,
+                    "samples_per_s": r.samples_per_s,
+                }
+                for k, r in enumerate(self.results)
+            ],
+        }
 
 
-def train_value(stage: ValueStageConfig, train_config: Any, out_dir: Path, *, resume: bool = False,
-                ray_address: str | None = None, ui: Any = None) -> ValueStageResult:
+def train_value(
+    stage: ValueStageConfig,
+    train_config: Any,
+    out_dir: Path,
+    *,
+    resume: bool = False,
+    ray_address: str | None = None,
+    ui: Any = None,
+) -> ValueStageResult:
     """Prepare the setup (tokenizer, return range, folds) and train one model per fold into
     `out_dir/model_<k>/`. Fold k trains without fold k's episodes and evaluates on them.
 
@@ -62,8 +81,9 @@ def train_value(stage: ValueStageConfig, train_config: Any, out_dir: Path, *, re
     results = []
     for fold in range(setup.plan.folds):
         make = functools.partial(make_value_task, setup_path=str((out_dir / SETUP_NAME).resolve()), fold=fold)
-        results.append(train(make, train_config, out_dir=out_dir / f"model_{fold}", resume=resume,
-                             ray_address=ray_address, ui=ui))
+        results.append(
+            train(make, train_config, out_dir=out_dir / f"model_{fold}", resume=resume, ray_address=ray_address, ui=ui)
+        )
     return ValueStageResult(setup=setup, results=results)
 
 
@@ -99,17 +119,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dataset", required=True, type=Path, help="LeRobot dataset root")
     p.add_argument("--out", required=True, type=Path, help="values parquet to write")
     p.add_argument("--lookahead", type=int, default=10, help="N of stage 3: shards are extended by N frames")
-    p.add_argument("--workers", type=int, default=1,
-                   help="shards of the inference plan; > 1: one Ray worker (one device) per shard, concurrently")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="shards of the inference plan; > 1: one Ray worker (one device) per shard, concurrently",
+    )
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or npu (auto: what `portable check` selects)")
-    p.add_argument("--ray-address", default=None,
-                   help="(--workers > 1) join this Ray cluster instead of starting a local one")
+    p.add_argument(
+        "--ray-address", default=None, help="(--workers > 1) join this Ray cluster instead of starting a local one"
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "infer":
-            summary = infer_values(args.stage, args.dataset, args.out, lookahead=args.lookahead, workers=args.workers,
-                                   batch_size=args.batch_size, device=args.device, ray_address=args.ray_address)
+            summary = infer_values(
+                args.stage,
+                args.dataset,
+                args.out,
+                lookahead=args.lookahead,
+                workers=args.workers,
+                batch_size=args.batch_size,
+                device=args.device,
+                ray_address=args.ray_address,
+            )
         else:
             stage, tcfg = load_config(args.config)
             summary = train_value(stage, tcfg, args.out, resume=args.resume, ray_address=args.ray_address).summary()
@@ -122,9 +155,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def infer_values(stage_dir: Path, dataset: Path, out: Path, *, lookahead: int = 10, workers: int = 1,
-                 batch_size: int = 64, device: str = "auto", ray_address: str | None = None,
-                 ui: Any = None) -> dict[str, Any]:
+def infer_values(
+    stage_dir: Path,
+    dataset: Path,
+    out: Path,
+    *,
+    lookahead: int = 10,
+    workers: int = 1,
+    batch_size: int = 64,
+    device: str = "auto",
+    ray_address: str | None = None,
+    ui: Any = None,
+) -> dict[str, Any]:
     """Infer every frame of `dataset` with the stage's models (cross-fitted) and write `out` atomically.
 
     `device` is resolved as training resolves it (`reproduction.train.device.resolve`: an absent or
@@ -145,17 +187,24 @@ def infer_values(stage_dir: Path, dataset: Path, out: Path, *, lookahead: int = 
 
     from reproduction import ui as ui_mod
     from reproduction.data.reader import open_dataset
-    from reproduction.recap.crossfit import CrossFitPlan
     from reproduction.fsio import atomic_write_bytes
-    from reproduction.recap.value_infer import infer_dataset, infer_dataset_ray
+    from reproduction.recap.value.crossfit import CrossFitPlan
+    from reproduction.recap.value.infer import infer_dataset, infer_dataset_ray
     from reproduction.train.device import local_device, resolve
 
     if not (Path(stage_dir) / SETUP_NAME).is_file():
-        raise InputNotFoundError(f"{stage_dir}: no {SETUP_NAME}; not a stage-2 output folder", path=stage_dir,
-                                 hint="pass the folder given to `value train --out`")
+        raise InputNotFoundError(
+            f"{stage_dir}: no {SETUP_NAME}; not a stage-2 output folder",
+            path=stage_dir,
+            hint="pass the folder given to `value train --out`",
+        )
     if workers < 1:
-        raise ConfigError(f"--workers {workers}: needs at least one worker", field="workers", value=workers,
-                          hint="pass --workers 1 (in this process) or the number of devices to use")
+        raise ConfigError(
+            f"--workers {workers}: needs at least one worker",
+            field="workers",
+            value=workers,
+            hint="pass --workers 1 (in this process) or the number of devices to use",
+        )
     spec = resolve(device)
     # Read before inference: the parquet is stamped with the version the shards were planned on.
     ds = open_dataset(Path(dataset))
@@ -165,24 +214,42 @@ def infer_values(stage_dir: Path, dataset: Path, out: Path, *, lookahead: int = 
         shards = prog.task("value infer (shards)", total=workers)
         shards.show(rate="")  # units are shards, not the bar's default bytes/s
         if workers == 1:
-            table = infer_dataset(Path(stage_dir), Path(dataset), world_size=1, lookahead=lookahead,
-                                  batch_size=batch_size, device=str(local_device(spec, 0)))
+            table = infer_dataset(
+                Path(stage_dir),
+                Path(dataset),
+                world_size=1,
+                lookahead=lookahead,
+                batch_size=batch_size,
+                device=str(local_device(spec, 0)),
+            )
             shards.advance(1)
         else:
-            table = infer_dataset_ray(Path(stage_dir), Path(dataset), spec=spec, world_size=workers,
-                                      lookahead=lookahead, batch_size=batch_size, ray_address=ray_address,
-                                      on_done=lambda _: shards.advance(1))
+            table = infer_dataset_ray(
+                Path(stage_dir),
+                Path(dataset),
+                spec=spec,
+                world_size=workers,
+                lookahead=lookahead,
+                batch_size=batch_size,
+                ray_address=ray_address,
+                on_done=lambda _: shards.advance(1),
+            )
     which = plan.models_for(ds.name, table.column("episode_index").to_numpy())
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}),
-                                           b"recap_portable.dataset_fingerprint": fingerprint.encode()})
+    table = table.replace_schema_metadata(
+        {**(table.schema.metadata or {}), b"recap_portable.dataset_fingerprint": fingerprint.encode()}
+    )
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd")
     atomic_write_bytes(Path(out), sink.getvalue().to_pybytes())
     values = table.column("value").to_numpy()
-    return {"values": str(out), "frames": table.num_rows, "dataset_fingerprint": fingerprint,
-            "value_mean": float(values.mean()) if values.size else None,
-            "frames_per_model": np.bincount(which, minlength=plan.folds).tolist(),
-            "dataset_in_fold_plan": plan.covers(ds.name)}
+    return {
+        "values": str(out),
+        "frames": table.num_rows,
+        "dataset_fingerprint": fingerprint,
+        "value_mean": float(values.mean()) if values.size else None,
+        "frames_per_model": np.bincount(which, minlength=plan.folds).tolist(),
+        "dataset_in_fold_plan": plan.covers(ds.name),
+    }
 
 
 if __name__ == "__main__":

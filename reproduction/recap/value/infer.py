@@ -24,17 +24,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from reproduction.errors import CheckpointError, FingerprintMismatchError, InputNotFoundError, UnsupportedFormatError
-from reproduction.recap.crossfit import CrossFitPlan
 from reproduction.recap.normalize import ReturnRange
 from reproduction.recap.sharding import Shard
+from reproduction.recap.value.crossfit import CrossFitPlan
 from reproduction.train.device import DeviceSpec
 
 FAULT_HOOK = "PORTABLE_TEST_INFER_FAULT"
@@ -63,24 +64,36 @@ def load_value_export(folder: Path, *, device: str = "cpu") -> ValueExport:
     CheckpointError (weights that do not fit the stored architecture, naming the keys).
     """
     from reproduction.recap.tokenizer import load_tokenizer
-    from reproduction.recap.value_model import ValueModelConfig, build_value_model
-    from reproduction.recap.value_task import EXPORT_FORMAT, HEAD_NAME
-    from reproduction.recap.value_weights import load_safetensors_strict
+    from reproduction.recap.value.model import ValueModelConfig, build_value_model
+    from reproduction.recap.value.task import EXPORT_FORMAT, HEAD_NAME
+    from reproduction.recap.value.weights import load_safetensors_strict
 
     folder = Path(folder)
     head_path = folder / HEAD_NAME
     if not head_path.is_file():
-        raise InputNotFoundError(f"{head_path} does not exist: not a value-model export", path=head_path,
-                                 hint="point at <value stage out>/model_<k>/export (written when value training finishes)")
+        raise InputNotFoundError(
+            f"{head_path} does not exist: not a value-model export",
+            path=head_path,
+            hint="point at <value stage out>/model_<k>/export (written when value training finishes)",
+        )
     head = json.loads(head_path.read_text(encoding="utf-8"))
     if head.get("format_version") != EXPORT_FORMAT:
-        raise UnsupportedFormatError(f"{head_path}: format_version {head.get('format_version')!r} is not {EXPORT_FORMAT}",
-                                     path=head_path, field="format_version", hint="upgrade recap-portable")
+        raise UnsupportedFormatError(
+            f"{head_path}: format_version {head.get('format_version')!r} is not {EXPORT_FORMAT}",
+            path=head_path,
+            field="format_version",
+            hint="upgrade recap-portable",
+        )
     model = build_value_model(ValueModelConfig.from_dict(head["model_config"]))
     load_safetensors_strict(model, folder / "model.safetensors")
     model.to(device).eval()
-    return ValueExport(folder=folder, model=model, tokenizer=load_tokenizer(folder / head.get("tokenizer", "tokenizer")),
-                       head=head, return_range=ReturnRange.from_dict(head["return_range"]))
+    return ValueExport(
+        folder=folder,
+        model=model,
+        tokenizer=load_tokenizer(folder / head.get("tokenizer", "tokenizer")),
+        head=head,
+        return_range=ReturnRange.from_dict(head["return_range"]),
+    )
 
 
 def load_value_stage(stage_dir: Path, *, device: str = "cpu") -> tuple[list[ValueExport], CrossFitPlan]:
@@ -96,16 +109,27 @@ def load_value_stage(stage_dir: Path, *, device: str = "cpu") -> tuple[list[Valu
     for m in models[1:]:
         for key in ("return_range", "num_bins", "v_min", "v_max", "folds", "cameras"):
             if m.head[key] != ref[key]:
-                raise CheckpointError(f"{m.folder}: {key} {m.head[key]!r} differs from {models[0].folder}'s {ref[key]!r}",
-                                      path=m.folder, hint="all folds must come from one value-stage run; retrain stage 2")
+                raise CheckpointError(
+                    f"{m.folder}: {key} {m.head[key]!r} differs from {models[0].folder}'s {ref[key]!r}",
+                    path=m.folder,
+                    hint="all folds must come from one value-stage run; retrain stage 2",
+                )
     if ref["folds"] != plan.folds:
-        raise CheckpointError(f"{plan_path}: {plan.folds} folds, but the exports were trained with {ref['folds']}",
-                              path=plan_path)
+        raise CheckpointError(
+            f"{plan_path}: {plan.folds} folds, but the exports were trained with {ref['folds']}", path=plan_path
+        )
     return models, plan
 
 
-def infer_rows(models: Sequence[ValueExport], plan: CrossFitPlan, dataset: Any, dataset_name: str,
-               rows: np.ndarray, *, batch_size: int = 64) -> np.ndarray:
+def infer_rows(
+    models: Sequence[ValueExport],
+    plan: CrossFitPlan,
+    dataset: Any,
+    dataset_name: str,
+    rows: np.ndarray,
+    *,
+    batch_size: int = 64,
+) -> np.ndarray:
     """V (float64, value space) for dataset `rows` (reader positions), one forward per frame.
 
     `dataset` is an opened reader (reproduction.data.reader.Dataset). Rows are grouped by the
@@ -113,9 +137,9 @@ def infer_rows(models: Sequence[ValueExport], plan: CrossFitPlan, dataset: Any, 
     """
     import torch
 
-    from reproduction.recap.value_data import ValueCollator, to_pixels
-    from reproduction.recap.value_task import VocabGuard
     from reproduction.recap.tokenizer import format_prompt
+    from reproduction.recap.value.data import ValueCollator, to_pixels
+    from reproduction.recap.value.task import VocabGuard
 
     rows = np.asarray(rows, dtype=np.int64)
     meta = dataset.read_frames(rows, ["episode_index", "frame_index", "task_index"]) if rows.size else {}
@@ -125,24 +149,40 @@ def infer_rows(models: Sequence[ValueExport], plan: CrossFitPlan, dataset: Any, 
         vm = models[int(k)]
         cfg = vm.model.config
         present = {slot: key for slot, key in vm.cameras.items() if key in dataset.camera_keys}
-        collate = VocabGuard(collate=ValueCollator(tokenizer=vm.tokenizer, slots=cfg.cameras, image_size=cfg.image_size,
-                                                   max_token_len=int(vm.head["max_token_len"])),
-                             vocab_size=int(cfg.text["vocab_size"]),
-                             tokenizer_file=str(vm.folder / vm.head.get("tokenizer", "tokenizer") / "tokenizer.json"))
+        collate = VocabGuard(
+            collate=ValueCollator(
+                tokenizer=vm.tokenizer,
+                slots=cfg.cameras,
+                image_size=cfg.image_size,
+                max_token_len=int(vm.head["max_token_len"]),
+            ),
+            vocab_size=int(cfg.text["vocab_size"]),
+            tokenizer_file=str(vm.folder / vm.head.get("tokenizer", "tokenizer") / "tokenizer.json"),
+        )
         device = next(vm.model.parameters()).device
         idx = np.flatnonzero(which == k)
         for lo in range(0, idx.size, batch_size):
-            sel = idx[lo:lo + batch_size]
+            sel = idx[lo : lo + batch_size]
             frames = dataset.read_frames(rows[sel], list(present.values())) if present else {}
-            samples = [{"images": {s: to_pixels(frames[key][i], cfg.image_size) for s, key in present.items()},
-                        "prompt": format_prompt(dataset.tasks.get(int(meta["task_index"][j]), "perform the task")),
-                        "target": 0.0, "episode_index": 0, "frame_index": 0, "source": 0}
-                       for i, j in enumerate(sel)]
+            samples = [
+                {
+                    "images": {s: to_pixels(frames[key][i], cfg.image_size) for s, key in present.items()},
+                    "prompt": format_prompt(dataset.tasks.get(int(meta["task_index"][j]), "perform the task")),
+                    "target": 0.0,
+                    "episode_index": 0,
+                    "frame_index": 0,
+                    "source": 0,
+                }
+                for i, j in enumerate(sel)
+            ]
             batch = collate(samples)
             with torch.no_grad():
-                logits = vm.model(images={s: t.to(device) for s, t in batch["images"].items()},
-                                  image_masks={s: t.to(device) for s, t in batch["image_masks"].items()},
-                                  input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
+                logits = vm.model(
+                    images={s: t.to(device) for s, t in batch["images"].items()},
+                    image_masks={s: t.to(device) for s, t in batch["image_masks"].items()},
+                    input_ids=batch["input_ids"].to(device),
+                    attention_mask=batch["attention_mask"].to(device),
+                )
             out[sel] = vm.model.expected_value(logits).double().cpu().numpy()
     return out
 
@@ -159,9 +199,16 @@ def sorted_frames(dataset: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return order, ep[order], fr[order]
 
 
-def infer_shard(models: Sequence[ValueExport], plan: CrossFitPlan, dataset: Any, shard: Any, *,
-                dataset_name: str | None = None, batch_size: int = 64,
-                frames: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> pa.Table:
+def infer_shard(
+    models: Sequence[ValueExport],
+    plan: CrossFitPlan,
+    dataset: Any,
+    shard: Any,
+    *,
+    dataset_name: str | None = None,
+    batch_size: int = 64,
+    frames: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+) -> pa.Table:
     """Values of a shard's inferred range [start, infer_stop) of the (episode, frame)-sorted rows:
     a table (episode_index, frame_index, value, owned); `owned` marks the rows this shard reports.
     `frames` is `sorted_frames(dataset)` when the caller already has it."""
@@ -169,12 +216,26 @@ def infer_shard(models: Sequence[ValueExport], plan: CrossFitPlan, dataset: Any,
     part = slice(shard.start, shard.infer_stop)
     values = infer_rows(models, plan, dataset, dataset_name or dataset.name, order[part], batch_size=batch_size)
     owned = np.arange(shard.infer_stop - shard.start) < (shard.stop - shard.start)
-    return pa.table({"episode_index": pa.array(ep[part], pa.int64()), "frame_index": pa.array(fr[part], pa.int64()),
-                     "value": pa.array(values), "owned": pa.array(owned)})
+    return pa.table(
+        {
+            "episode_index": pa.array(ep[part], pa.int64()),
+            "frame_index": pa.array(fr[part], pa.int64()),
+            "value": pa.array(values),
+            "owned": pa.array(owned),
+        }
+    )
 
 
-def infer_dataset(stage_dir: Path, dataset_root: Path, *, world_size: int = 1, lookahead: int = 0,
-                  batch_size: int = 64, device: str = "cpu", dataset_name: str | None = None) -> pa.Table:
+def infer_dataset(
+    stage_dir: Path,
+    dataset_root: Path,
+    *,
+    world_size: int = 1,
+    lookahead: int = 0,
+    batch_size: int = 64,
+    device: str = "cpu",
+    dataset_name: str | None = None,
+) -> pa.Table:
     """Every frame's value, sorted by (episode, frame): run each shard of the plan in turn (the
     single-process form of what stage 3's workers do one shard each) and merge them.
 
@@ -189,8 +250,10 @@ def infer_dataset(stage_dir: Path, dataset_root: Path, *, world_size: int = 1, l
     models, plan = load_value_stage(stage_dir, device=device)
     ds = open_dataset(dataset_root)
     frames = sorted_frames(ds)
-    parts = [_infer_owned(models, plan, ds, shard, dataset_name=dataset_name, batch_size=batch_size, frames=frames)
-             for shard in plan_shards(_row_ends(frames[1]), world_size, lookahead)]
+    parts = [
+        _infer_owned(models, plan, ds, shard, dataset_name=dataset_name, batch_size=batch_size, frames=frames)
+        for shard in plan_shards(_row_ends(frames[1]), world_size, lookahead)
+    ]
     return merge_values(parts)
 
 
@@ -199,9 +262,16 @@ def _row_ends(ep: np.ndarray) -> np.ndarray:
     return np.searchsorted(ep, ep, side="right").astype(np.int64)
 
 
-def _infer_owned(models: Sequence[ValueExport], plan: CrossFitPlan, dataset: Any, shard: Shard, *,
-                 dataset_name: str | None, batch_size: int,
-                 frames: tuple[np.ndarray, np.ndarray, np.ndarray]) -> pa.Table:
+def _infer_owned(
+    models: Sequence[ValueExport],
+    plan: CrossFitPlan,
+    dataset: Any,
+    shard: Shard,
+    *,
+    dataset_name: str | None,
+    batch_size: int,
+    frames: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> pa.Table:
     """(episode_index, frame_index, value) of the shard's owned rows only: the merge has every shard's
     owned rows, so the lookahead rows would be a second forward of a frame another shard labels."""
     owned_only = dataclasses.replace(shard, infer_stop=shard.stop)
@@ -239,10 +309,14 @@ def infer_job(job: ShardJob) -> pa.Table:
     if ds.fingerprint != job.fingerprint:
         raise FingerprintMismatchError(
             f"{job.dataset_root}: fingerprint {ds.fingerprint} on this worker, {job.fingerprint} when stage 3 planned "
-            f"its shards", path=job.dataset_root, hint="the dataset changed (or differs on this node); rerun stage 3")
+            f"its shards",
+            path=job.dataset_root,
+            hint="the dataset changed (or differs on this node); rerun stage 3",
+        )
     models, plan = load_value_stage(Path(job.stage_dir), device=str(local_device(job.spec, 0)))
-    return _infer_owned(models, plan, ds, job.shard, dataset_name=job.dataset_name, batch_size=job.batch_size,
-                        frames=sorted_frames(ds))
+    return _infer_owned(
+        models, plan, ds, job.shard, dataset_name=job.dataset_name, batch_size=job.batch_size, frames=sorted_frames(ds)
+    )
 
 
 def _fault_hook(rank: int) -> None:
@@ -256,9 +330,18 @@ def _fault_hook(rank: int) -> None:
         raise RuntimeError(f"injected failure in value inference shard {rank} ({FAULT_HOOK}={action}:{target})")
 
 
-def infer_dataset_ray(stage_dir: Path, dataset_root: Path, *, spec: DeviceSpec, world_size: int,
-                      lookahead: int = 0, batch_size: int = 64, dataset_name: str | None = None,
-                      ray_address: str | None = None, on_done: Callable[[int], None] | None = None) -> pa.Table:
+def infer_dataset_ray(
+    stage_dir: Path,
+    dataset_root: Path,
+    *,
+    spec: DeviceSpec,
+    world_size: int,
+    lookahead: int = 0,
+    batch_size: int = 64,
+    dataset_name: str | None = None,
+    ray_address: str | None = None,
+    on_done: Callable[[int], None] | None = None,
+) -> pa.Table:
     """What `infer_dataset` returns, with the plan's `world_size` shards run concurrently on Ray
     workers, one device (`spec`: cpu slot, GPU or NPU) each; `on_done(rank)` as each finishes.
 
@@ -272,10 +355,19 @@ def infer_dataset_ray(stage_dir: Path, dataset_root: Path, *, spec: DeviceSpec, 
 
     ds = open_dataset(Path(dataset_root))
     _, ep, _ = sorted_frames(ds)
-    jobs = [ShardJob(stage_dir=str(Path(stage_dir).resolve()), dataset_root=str(Path(dataset_root).resolve()),
-                     fingerprint=ds.fingerprint, shard=shard, spec=spec, batch_size=batch_size,
-                     dataset_name=dataset_name)
-            for shard in plan_shards(_row_ends(ep), world_size, lookahead)]
-    parts = run_tasks(infer_job, jobs, spec=spec, ray_address=ray_address, on_done=on_done,
-                      label="value inference shard")
+    jobs = [
+        ShardJob(
+            stage_dir=str(Path(stage_dir).resolve()),
+            dataset_root=str(Path(dataset_root).resolve()),
+            fingerprint=ds.fingerprint,
+            shard=shard,
+            spec=spec,
+            batch_size=batch_size,
+            dataset_name=dataset_name,
+        )
+        for shard in plan_shards(_row_ends(ep), world_size, lookahead)
+    ]
+    parts = run_tasks(
+        infer_job, jobs, spec=spec, ray_address=ray_address, on_done=on_done, label="value inference shard"
+    )
     return merge_values(parts)

@@ -16,8 +16,9 @@ upstream files a preset starts from:
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -33,8 +34,13 @@ def _names(keys: list[str]) -> str:
     return shown + (f" (and {len(keys) - _SHOW} more)" if len(keys) > _SHOW else "")
 
 
-def check_state_keys(model: torch.nn.Module, state: Mapping[str, torch.Tensor], *, source: str,
-                     allow_missing_prefixes: tuple[str, ...] = ()) -> None:
+def check_state_keys(
+    model: torch.nn.Module,
+    state: Mapping[str, torch.Tensor],
+    *,
+    source: str,
+    allow_missing_prefixes: tuple[str, ...] = (),
+) -> None:
     """Raise CheckpointError naming every missing/unexpected/mis-shaped key; nothing is loaded.
 
     Keys of `model` starting with one of `allow_missing_prefixes` may be absent (fresh parameters).
@@ -42,8 +48,11 @@ def check_state_keys(model: torch.nn.Module, state: Mapping[str, torch.Tensor], 
     expected = model.state_dict()
     missing = sorted(k for k in expected if k not in state and not k.startswith(allow_missing_prefixes))
     unexpected = sorted(k for k in state if k not in expected)
-    shapes = sorted(f"{k} {tuple(state[k].shape)} != {tuple(expected[k].shape)}" for k in state
-                    if k in expected and tuple(state[k].shape) != tuple(expected[k].shape))
+    shapes = sorted(
+        f"{k} {tuple(state[k].shape)} != {tuple(expected[k].shape)}"
+        for k in state
+        if k in expected and tuple(state[k].shape) != tuple(expected[k].shape)
+    )
     problems = []
     if missing:
         problems.append(f"missing keys: {_names(missing)}")
@@ -52,13 +61,22 @@ def check_state_keys(model: torch.nn.Module, state: Mapping[str, torch.Tensor], 
     if shapes:
         problems.append(f"shape mismatches (file != model): {_names(shapes)}")
     if problems:
-        raise CheckpointError(f"{source}: weights do not match the value model; " + "; ".join(problems),
-                              missing=missing, unexpected=unexpected, shapes=shapes,
-                              hint="the file belongs to another architecture/preset, or the path is wrong")
+        raise CheckpointError(
+            f"{source}: weights do not match the value model; " + "; ".join(problems),
+            missing=missing,
+            unexpected=unexpected,
+            shapes=shapes,
+            hint="the file belongs to another architecture/preset, or the path is wrong",
+        )
 
 
-def load_state_strict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], *, source: str,
-                      allow_missing_prefixes: tuple[str, ...] = ()) -> None:
+def load_state_strict(
+    model: torch.nn.Module,
+    state: Mapping[str, torch.Tensor],
+    *,
+    source: str,
+    allow_missing_prefixes: tuple[str, ...] = (),
+) -> None:
     """`check_state_keys`, then copy the tensors into `model` (which is untouched if the check fails)."""
     check_state_keys(model, state, source=source, allow_missing_prefixes=allow_missing_prefixes)
     model.load_state_dict(dict(state), strict=not allow_missing_prefixes)
@@ -70,8 +88,11 @@ def load_safetensors_strict(model: torch.nn.Module, path: Path) -> None:
 
     path = Path(path)
     if not path.is_file():
-        raise InputNotFoundError(f"value model weights {path} do not exist", path=path,
-                                 hint="point at the value stage's export folder (it holds model.safetensors)")
+        raise InputNotFoundError(
+            f"value model weights {path} do not exist",
+            path=path,
+            hint="point at the value stage's export folder (it holds model.safetensors)",
+        )
     load_state_strict(model, load_file(str(path)), source=str(path))
 
 
@@ -82,8 +103,12 @@ def read_weights_manifest(path: Path) -> dict[str, Any]:
         raise InputNotFoundError(f"weights manifest {path} does not exist", path=path)
     data = json.loads(path.read_text(encoding="utf-8"))
     if data.get("format_version") != FORMAT_VERSION:
-        raise UnsupportedFormatError(f"{path}: format_version {data.get('format_version')!r} is not {FORMAT_VERSION}",
-                                     path=path, field="format_version", hint="upgrade recap-portable")
+        raise UnsupportedFormatError(
+            f"{path}: format_version {data.get('format_version')!r} is not {FORMAT_VERSION}",
+            path=path,
+            field="format_version",
+            hint="upgrade recap-portable",
+        )
     return data
 
 
@@ -91,21 +116,31 @@ def _verify_file(path: Path, entry: Mapping[str, Any], *, allow_unpinned: bool) 
     from reproduction.digests import sha256_file
 
     if not path.is_file():
-        raise InputNotFoundError(f"pretrained weights {path} do not exist", path=path,
-                                 hint="restore the bundle (its weights/ folder holds the files the manifest lists)")
+        raise InputNotFoundError(
+            f"pretrained weights {path} do not exist",
+            path=path,
+            hint="restore the bundle (its weights/ folder holds the files the manifest lists)",
+        )
     want = entry.get("sha256")
     if want in (None, UNPINNED):
         if not allow_unpinned:
-            raise IntegrityError(f"{path}: the weights manifest does not pin its sha256 yet ({want!r})",
-                                 hint="pin it (sha256 and size from the downloaded file) or pass allow_unpinned=True")
+            raise IntegrityError(
+                f"{path}: the weights manifest does not pin its sha256 yet ({want!r})",
+                hint="pin it (sha256 and size from the downloaded file) or pass allow_unpinned=True",
+            )
         return
     got = sha256_file(path)
     if got != want:
-        raise IntegrityError(f"{path}: sha256 {got} != manifest {want}", problems=[str(path)],
-                             hint="the file is not the pinned upstream file; fetch it again")
+        raise IntegrityError(
+            f"{path}: sha256 {got} != manifest {want}",
+            problems=[str(path)],
+            hint="the file is not the pinned upstream file; fetch it again",
+        )
 
 
-def pretrained_state(manifest: Mapping[str, Any], weights_dir: Path, *, allow_unpinned: bool = False) -> dict[str, torch.Tensor]:
+def pretrained_state(
+    manifest: Mapping[str, Any], weights_dir: Path, *, allow_unpinned: bool = False
+) -> dict[str, torch.Tensor]:
     """Read every component's files and rename their keys into the value model's namespace.
 
     Keys outside `source_prefix` or under an `ignore_prefixes` entry (SigLIP's text tower and
@@ -124,11 +159,13 @@ def pretrained_state(manifest: Mapping[str, Any], weights_dir: Path, *, allow_un
             for key, tensor in load_file(str(path)).items():
                 if key.startswith(ignore):
                     continue
-                state[dst + key[len(src):] if key.startswith(src) else f"{comp['role']}:{key}"] = tensor
+                state[dst + key[len(src) :] if key.startswith(src) else f"{comp['role']}:{key}"] = tensor
     return state
 
 
-def load_pretrained(model: torch.nn.Module, manifest_path: Path, weights_dir: Path, *, allow_unpinned: bool = False) -> None:
+def load_pretrained(
+    model: torch.nn.Module, manifest_path: Path, weights_dir: Path, *, allow_unpinned: bool = False
+) -> None:
     """Initialise the backbones from the manifest's files; only `fresh_prefixes` may stay random."""
     manifest = read_weights_manifest(manifest_path)
     state = pretrained_state(manifest, weights_dir, allow_unpinned=allow_unpinned)
