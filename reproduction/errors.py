@@ -214,3 +214,10 @@ class StageKeyChangedError(PortableError, RuntimeError):
     """`run --resume` found a stage whose inputs changed since its outputs were written."""
 
     exit_code = 52
+
+
+class GuidanceScaleError(InvalidInputError):
+    """A policy's guidance scale (or sampling setting) is invalid: w < 0, or w != 1 for a policy
+    trained without advantage conditioning."""
+
+    exit_code = 53

@@ -54,23 +54,31 @@ def tiny_text(*, vocab_size: int = 512, width: int = 64, layers: int = 2) -> dic
 
 
 class SiglipGemmaPrefix(nn.Module):
-    """`vision` (SiglipVisionModel), `projector` (Linear Dv -> Dt) and `language` (Gemma3TextModel)."""
+    """`vision` (SiglipVisionModel), `projector` (Linear Dv -> Dt) and `language` (Gemma3TextModel).
 
-    def __init__(self, vision: dict[str, Any], text: dict[str, Any], *, attn_implementation: str = "sdpa") -> None:
+    `vision=None` builds a text-only prefix (no `vision`/`projector` parameters): a state-only policy.
+    """
+
+    def __init__(
+        self, vision: dict[str, Any] | None, text: dict[str, Any], *, attn_implementation: str = "sdpa"
+    ) -> None:
         super().__init__()
         from transformers import Gemma3TextConfig, Gemma3TextModel, SiglipVisionConfig, SiglipVisionModel
 
-        vcfg = SiglipVisionConfig(**vision)
         tcfg = Gemma3TextConfig(**text)
-        vcfg._attn_implementation = attn_implementation
         tcfg._attn_implementation = attn_implementation
-        self.vision = SiglipVisionModel(vcfg)
-        self.projector = nn.Linear(vcfg.hidden_size, tcfg.hidden_size)
+        self.vision: nn.Module | None = None
+        self.projector: nn.Linear | None = None
+        if vision:
+            vcfg = SiglipVisionConfig(**vision)
+            vcfg._attn_implementation = attn_implementation
+            self.vision = SiglipVisionModel(vcfg)
+            self.projector = nn.Linear(vcfg.hidden_size, tcfg.hidden_size)
         self.language = Gemma3TextModel(tcfg)
 
     def init_projector(self) -> None:
         """Upstream: the new projection is N(0, 0.02) with zero bias (no-op on the meta device)."""
-        if self.projector.weight.device.type == "meta":
+        if self.projector is None or self.projector.weight.device.type == "meta":
             return
         nn.init.normal_(self.projector.weight, std=0.02)
         nn.init.zeros_(self.projector.bias)
@@ -82,7 +90,7 @@ class SiglipGemmaPrefix(nn.Module):
 
     @property
     def width(self) -> int:
-        return int(self.projector.out_features)
+        return int(self.language.config.hidden_size)
 
     def encode_images(
         self, images: dict[str, torch.Tensor], masks: dict[str, torch.Tensor], cameras: tuple[str, ...]
