@@ -135,7 +135,12 @@ class GuidedPolicy:
         )
         self.cameras = dict(meta["cameras"])
         self.collator = PolicyCollator(
-            tokenizer, [], cameras=tuple(self.cameras), image_size=getattr(model.config, "image_size", 64)
+            tokenizer,
+            [],
+            cameras=tuple(self.cameras),
+            image_size=model.config.image_size,
+            state_text=model.config.preset == "pi05",
+            action_dim=model.config.action_dim,
         )
         self.uses_guidance = meta["mode"] == "recap" and guidance_scale != 1.0
         self.forward_passes = 0
@@ -167,7 +172,7 @@ class GuidedPolicy:
         rows = []
         for row in state:
             g = torch.Generator().manual_seed((self.seed << 32) ^ zlib.crc32(np.ascontiguousarray(row).tobytes()))
-            rows.append(torch.randn(self.chunk, self.a_mean.size, generator=g))
+            rows.append(torch.randn(self.chunk, self.model.config.action_dim, generator=g))
         return torch.stack(rows)
 
     def batch(self, obs: dict[str, Any], kinds: list[int]) -> dict[str, Any]:
@@ -228,7 +233,8 @@ class GuidedPolicy:
                 return guide(v[:n], v[n:], w)
 
             actions = euler_sample(velocity, noise, self.num_steps)
-        return (actions.float().cpu().numpy() * self.a_std + self.a_mean).astype(np.float32)
+        actions = actions.float().cpu().numpy()[..., : self.a_mean.size]  # pi05 pads actions to 32 dims
+        return (actions * self.a_std + self.a_mean).astype(np.float32)
 
 
 @dataclass(frozen=True)

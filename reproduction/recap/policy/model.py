@@ -61,6 +61,10 @@ class PolicyModelConfig:
     expert_layers: int = 2
     expert_heads: int = 2
     expert_mlp: int = 128
+    expert_kv_heads: int | None = None
+    """pi05: key/value heads of the expert (grouped-query attention); tiny: unused."""
+    expert_head_dim: int | None = None
+    """pi05: head width of the expert; tiny: expert_width / expert_heads."""
     min_period: float = 4e-3
     """Sinusoidal time embedding periods (pi0's)."""
     max_period: float = 4.0

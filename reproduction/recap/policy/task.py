@@ -402,7 +402,11 @@ class RouteAugment:
 
 
 class PolicyCollator:
-    """Samples -> batch: state (B,S), actions (B,H,A), prompt tokens (B,T) by (task, kind), kinds, images."""
+    """Samples -> batch: state (B,S), actions (B,H,A'), prompt tokens (B,T) by (task, kind), kinds, images.
+
+    `state_text` (pi05) writes the state into the prompt as pi0.5's 256-bin text; `action_dim` pads
+    action chunks with zeros to the model's width (pi0.5's max_action_dim). Token ids of the few
+    distinct prompts are cached (the tokenizer is the slowest part of a tiny batch otherwise)."""
 
     def __init__(
         self,
@@ -412,31 +416,63 @@ class PolicyCollator:
         cameras: Sequence[str] = (),
         image_size: int = 64,
         max_token_len: int = 64,
+        state_text: bool = False,
+        action_dim: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.tasks = list(tasks)
         self.cameras = tuple(sorted(cameras))
         self.image_size = image_size
-        self.max_token_len = max_token_len
+        self.max_token_len = 200 if state_text else max_token_len
+        self.state_text = state_text
+        self.action_dim = action_dim
+        self._ids: dict[str, list[int]] = {}
 
-    def prompts(self, task_ids: Sequence[int], kinds: Sequence[int]) -> list[str]:
+    def prompts(self, task_ids: Sequence[int], kinds: Sequence[int], states: np.ndarray | None = None) -> list[str]:
         from reproduction.recap.policy.conditioning import prompt_text
         from reproduction.recap.tokenizer import format_prompt
 
+        if self.state_text:
+            from reproduction.recap.policy.pi05 import discretize_state, pi05_prompt
+
+            texts = discretize_state(states)
+            return [pi05_prompt(prompt_text(self.tasks[t], k), s) for t, k, s in zip(task_ids, kinds, texts)]
         return [format_prompt(prompt_text(self.tasks[t], k)) for t, k in zip(task_ids, kinds)]
+
+    def encode(self, prompts: list[str]) -> tuple[Any, Any]:
+        """(ids, mask) right-padded to the longest, through a per-prompt cache."""
+        import torch
+
+        todo = sorted({p for p in prompts if p not in self._ids})
+        if todo:
+            enc = self.tokenizer(todo, add_special_tokens=True, truncation=True, max_length=self.max_token_len)
+            self._ids.update(zip(todo, enc["input_ids"]))
+            if len(self._ids) > 4096:  # state text makes prompts distinct: keep the cache bounded
+                self._ids = {p: self._ids[p] for p in todo}
+        seqs = [self._ids[p] for p in prompts]
+        longest = max((len(q) for q in seqs), default=1)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.full((len(seqs), longest), pad, dtype=torch.long)
+        mask = torch.zeros((len(seqs), longest), dtype=torch.bool)
+        for row, q in enumerate(seqs):
+            ids[row, : len(q)] = torch.tensor(q, dtype=torch.long)
+            mask[row, : len(q)] = True
+        return ids, mask
 
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         import torch
 
-        from reproduction.recap.tokenizer import encode_prompts
-
         kinds = [int(s["kind"]) for s in samples]
-        ids, att = encode_prompts(
-            self.tokenizer, self.prompts([s["task_id"] for s in samples], kinds), max_len=self.max_token_len
-        )
+        states = np.stack([s["state"] for s in samples])
+        ids, att = self.encode(self.prompts([s["task_id"] for s in samples], kinds, states))
+        actions = np.stack([s["actions"] for s in samples])
+        if self.action_dim and actions.shape[-1] < self.action_dim:
+            actions = np.concatenate(
+                [actions, np.zeros((*actions.shape[:-1], self.action_dim - actions.shape[-1]), actions.dtype)], -1
+            )
         batch = {
-            "state": torch.from_numpy(np.stack([s["state"] for s in samples])),
-            "actions": torch.from_numpy(np.stack([s["actions"] for s in samples])),
+            "state": torch.from_numpy(states),
+            "actions": torch.from_numpy(actions),
             "input_ids": ids,
             "attention_mask": att,
             "kind": torch.tensor(kinds, dtype=torch.long),
@@ -494,7 +530,12 @@ def make_policy_task(rank: int, world_size: int, *, setup_path: str) -> Any:
         image_size=mcfg.image_size,
     )
     collate = PolicyCollator(
-        load_tokenizer(Path(setup["tokenizer_dir"])), setup["tasks"], cameras=mcfg.cameras, image_size=mcfg.image_size
+        load_tokenizer(Path(setup["tokenizer_dir"])),
+        setup["tasks"],
+        cameras=mcfg.cameras,
+        image_size=mcfg.image_size,
+        state_text=mcfg.preset == "pi05",
+        action_dim=mcfg.action_dim,
     )
     augment = (
         RouteAugment(mode=stage.mode, dropout=stage.condition_dropout, positive_only=stage.positive_only)
