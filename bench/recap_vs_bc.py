@@ -63,9 +63,8 @@ def phase_data(args: argparse.Namespace, out: Path) -> dict[str, Path]:
         )
         summary = {k: v.to_dict() for k, v in res.items()}
         (out / "data_summary.json").write_text(json.dumps(summary, indent=1))
-        log(
-            f"data: {time.time() - t:.1f} s, success sft {res['sft'].success_rate:.2f} rollout {res['rollout'].success_rate:.2f}"
-        )
+        rates_ = ", ".join(f"{k} {v.success_rate:.2f}" for k, v in res.items())
+        log(f"data: {time.time() - t:.1f} s, success {rates_}")
     return {"sft": root / "sft", "rollout": root / "rollout"}
 
 
@@ -103,12 +102,18 @@ def phase_value(args: argparse.Namespace, out: Path, data: dict[str, Path], rdir
             preset="tiny",
             cameras={"base_0_rgb": CAMERA_KEY},
             folds=args.folds,
-            value_lr=1e-3,
+            value_lr=args.value_lr,
             augment=False,
             eval_max_samples=2000,
         )
         tcfg = TrainConfig(
-            max_steps=args.value_steps, global_batch=32, micro_batch=32, launcher="inprocess", lr=3e-4, device="cpu"
+            max_steps=args.value_steps,
+            global_batch=32,
+            micro_batch=32,
+            launcher="inprocess",
+            lr=args.value_lr,
+            warmup_steps=20,
+            device="cpu",
         )
         res = train_value(stage, tcfg, vdir)
         t_train = time.time() - t
@@ -230,8 +235,9 @@ def train_one(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def evaluate_one(job: dict[str, Any]) -> dict[str, Any]:
-    from reproduction.recap.policy.export import PolicyFactory
     from reproduction.sim.evaluate import EvalConfig, evaluate
+
+    from reproduction.recap.policy.export import PolicyFactory
 
     out = Path(job["out"])
     done = out / "result.json"
@@ -285,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image-size", type=int, default=64)
     p.add_argument("--failure-reward", type=float, default=-50.0)
     p.add_argument("--folds", type=int, default=2)
-    p.add_argument("--value-steps", type=int, default=300)
+    p.add_argument("--value-steps", type=int, default=500)
+    p.add_argument("--value-lr", type=float, default=1e-3, help="value model lr (tiny preset trains from scratch)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--jobs", type=int, default=2, help="policy trainings run at once")
     args = p.parse_args(argv)

@@ -160,3 +160,13 @@ def test_expert_blocks_start_as_identity_and_the_config_round_trips():
     assert PolicyModelConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(Exception, match="cameras"):
         PolicyModelConfig(cameras=("a",), vision=None)
+
+
+def test_fsdp_units_cover_every_tower():
+    from reproduction.recap.policy.task import policy_blocks
+
+    cfg = tiny_config(vocab_size=64, state_dim=5, cameras=("agentview",), image_size=32)
+    model = build_policy_model(cfg, seed=0)
+    units = policy_blocks(model)
+    assert len(units) == 2 + 2 + 2  # SigLIP, Gemma3 prefix and expert layers
+    assert len(policy_blocks(build_policy_model(tiny_config(vocab_size=64, state_dim=5), seed=0))) == 4

@@ -93,6 +93,12 @@ class PolicyStageConfig:
             raise ConfigError(
                 f"policy stage: execute_steps={self.execute_steps} exceeds chunk={self.chunk}", field="execute_steps"
             )
+        if self.preset == "pi05" and not self.cameras:
+            raise ConfigError(
+                "policy stage: the pi05 preset reads cameras (PaliGemma's SigLIP); `cameras` maps none",
+                field="cameras",
+                hint="map at least one slot, e.g. {base_0_rgb: observation.images.agentview}",
+            )
         self.train_config()  # validates the trainer's fields now, naming the bad one
 
     def train_config(self) -> Any:
@@ -198,7 +204,12 @@ def prepare_policy_setup(inputs: Sequence[Any], config: PolicyStageConfig, out_d
         if config.preset == "pi05":
             from reproduction.recap.policy.pi05 import pi05_config
 
-            mcfg = pi05_config(state_dim=arrays.state.shape[1], action_dim=arrays.action.shape[1], chunk=config.chunk)
+            mcfg = pi05_config(
+                state_dim=arrays.state.shape[1],
+                action_dim=arrays.action.shape[1],
+                chunk=config.chunk,
+                cameras=tuple(config.cameras),
+            )
         else:
             mcfg = tiny_config(
                 vocab_size=len(tok),
@@ -560,7 +571,7 @@ def policy_blocks(model: Any) -> list[Any]:
         return model.fsdp_units()
     units = list(model.language.layers) + list(model.expert)
     if model.vision is not None:
-        units = list(model.vision.vision_model.encoder.layers) + units
+        units = list(model.vision.encoder.layers) + units
     return units
 
 
