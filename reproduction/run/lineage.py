@@ -1,0 +1,645 @@
+"""Lineage: one in-toto Statement v1 (SLSA provenance v1 predicate) per stage run, the chain, and its verification.
+
+On disk::
+
+    <run>/lineage/<stage>.intoto.json    the statement of the stage run that wrote the stage's current outputs
+
+A statement's `subject` lists the stage's outputs, `resolvedDependencies` the bytes it read (bundle
+manifest, runtime and source layers, datasets, upstream outputs, the checkpoint it resumed from), each
+as a ResourceDescriptor with `digest.sha256`. A folder (a dataset, a checkpoint) is pinned by its
+tree digest: sha256 over the sorted lines "<relative path>\\0<file sha256>\\n" of its files, which
+can also be recomputed from `bundle.json`'s entries, so a dataset links to the bundle manifest by
+digests alone. `annotations.root` says where `annotations.path` is relative to: "run" (the run folder,
+so a moved run still verifies), "bundle" (the bundle folder, `externalParameters.bundle`) or "file"
+(an absolute path, the `uri`).
+
+`lineage_chain(run)` walks from the last stage's outputs back to the bundle manifest by matching
+material digests to subject digests; `verify_lineage(run)` rehashes every subject and material and
+returns the differences (exit codes as `portable verify`: 11 missing, 14 digest mismatch, lowest wins).
+Stdlib only: the control plane's `portable lineage` imports this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from reproduction.digests import sha256_file, sha256_files
+from reproduction.errors import InputNotFoundError, InvalidInputError
+from reproduction.fsio import atomic_write_text
+from reproduction.run.secrets import redact, redact_argv, secret_values
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
+BUILD_TYPE = "urn:recap-portable:buildtype:stage:v1"
+BUILDER_ID = "urn:recap-portable:builder:portable-run"
+LINEAGE_DIR = "lineage"
+SUFFIX = ".intoto.json"
+ROLES = (
+    "bundle_manifest",
+    "runtime_layer",
+    "source",
+    "dataset",
+    "weights",
+    "config",
+    "upstream_output",
+    "checkpoint",
+    "other",
+)
+STATUSES = ("succeeded", "failed", "cancelled")
+EXIT_MISSING = 11
+EXIT_DIGEST = 14
+
+
+# -- digests ------------------------------------------------------------------------------------
+
+
+def tree_lines(entries: Mapping[str, str]) -> bytes:
+    """The bytes a tree digest hashes: "<relative posix path>\\0<sha256>\\n" per file, sorted by path."""
+    return b"".join(f"{rel}\0{entries[rel]}\n".encode() for rel in sorted(entries))
+
+
+def tree_files(root: Path) -> list[Path]:
+    """The regular files under `root` (links to files included, links to folders not followed), sorted."""
+    return sorted(p for p in Path(root).rglob("*") if p.is_file())
+
+
+def tree_sha256(root: Path) -> str:
+    """Tree digest of a folder (see the module docstring); files are hashed in parallel threads."""
+    root = Path(root)
+    digests = sha256_files(tree_files(root))
+    return hashlib.sha256(tree_lines({p.relative_to(root).as_posix(): d for p, d in digests.items()})).hexdigest()
+
+
+def path_sha256(path: Path) -> tuple[str, str]:
+    """(sha256, kind) of a file ("file") or a folder ("tree"); raises FileNotFoundError when absent."""
+    path = Path(path)
+    if path.is_dir():
+        return tree_sha256(path), "tree"
+    if path.is_file():
+        return sha256_file(path), "file"
+    raise FileNotFoundError(path)
+
+
+def manifest_tree_sha256(manifest: Mapping[str, Any], prefix: str) -> str | None:
+    """The tree digest of bundle folder `prefix` computed from bundle.json's file entries; None if none listed."""
+    prefix = prefix.rstrip("/") + "/"
+    entries = {
+        f["path"][len(prefix) :]: f["sha256"] for f in manifest.get("files", []) if f.get("path", "").startswith(prefix)
+    }
+    return hashlib.sha256(tree_lines(entries)).hexdigest() if entries else None
+
+
+# -- recording ----------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Artifact:
+    """A file or folder a stage read or wrote."""
+
+    path: Path
+    """The file or folder (absolute, or relative to the current directory)."""
+    role: str = "upstream_output"
+    """For inputs, one of ROLES; ignored for outputs."""
+    sha256: str | None = None
+    """A digest already computed by the caller (file digest, or tree digest for a folder); hashed when None."""
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"Artifact.role {self.role!r} is not one of {', '.join(ROLES)}")
+
+
+@dataclass(kw_only=True, slots=True)
+class StageRun:
+    """Everything one stage run's statement records; the runner fills it from what the stage returned."""
+
+    stage: str
+    """Stage name: returns, value, advantages, policy, eval (or a toy recipe's names)."""
+    run_id: str
+    """The run's id (runDetails.metadata.invocationId)."""
+    run_dir: Path
+    """The run folder; the statement goes to <run_dir>/lineage/<stage>.intoto.json."""
+    outputs: Sequence[Path | Artifact]
+    """The files and folders the stage wrote (at least one: a failed stage names its log)."""
+    inputs: Sequence[Artifact]
+    """What it read: bundle manifest, runtime layers, source, datasets, upstream outputs, weights."""
+    argv: Sequence[str]
+    """The command line (redacted before writing)."""
+    config: Mapping[str, Any]
+    """The resolved config (redacted before writing)."""
+    world_size: int
+    """Number of workers (ranks)."""
+    device: str
+    """Device kind the workers used: cpu, cuda, npu."""
+    started_on: datetime | float
+    """Start time (aware datetime or Unix seconds)."""
+    finished_on: datetime | float
+    """End time."""
+    status: str = "succeeded"
+    """One of STATUSES."""
+    resumed_from: Artifact | None = None
+    """The checkpoint the stage continued from (also recorded as a dependency with role "checkpoint")."""
+    bundle_dir: Path | None = None
+    """The restored bundle the run reads from; inputs inside it are recorded relative to it."""
+    versions: Mapping[str, str | None] | None = None
+    """torch / CUDA / CANN / driver / python versions; collected with `runtime_versions()` when None."""
+    environ: Mapping[str, str] | None = field(default=None, repr=False)
+    """The environment whose credential-named variables are redacted (default: os.environ)."""
+
+
+def runtime_versions() -> dict[str, str | None]:
+    """Versions the results may depend on: python, recap-portable, torch and its CUDA, torch_npu, CANN, driver.
+
+    Never imports torch_npu (it patches torch on import) and imports torch only if it is installed;
+    the driver comes from `nvidia-smi` when present (5 s bound).
+    """
+    out: dict[str, str | None] = {"python": platform.python_version(), "platform": platform.platform()}
+    for dist in ("recap-portable", "torch", "torch_npu", "numpy"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    out["cuda"] = None
+    if out["torch"] is not None:
+        try:
+            import torch  # noqa: PLC0415 (lazy: the control plane never reaches this branch at import)
+
+            out["cuda"] = torch.version.cuda
+        except Exception:  # a broken torch install must not stop the record
+            pass
+    out["cann"] = _cann_version()
+    out["driver"] = _nvidia_driver()
+    return out
+
+
+def _cann_version() -> str | None:
+    home = os.environ.get("ASCEND_TOOLKIT_HOME") or os.environ.get("ASCEND_HOME_PATH")
+    if not home:
+        return None
+    for name in ("version.cfg", "version.info"):
+        path = Path(home) / name
+        if path.is_file():
+            for line in path.read_text(errors="replace").splitlines():
+                key, _, value = line.partition("=")
+                if key.strip().lower() in ("version", "toolkit_installed_version", "runtime_running_version"):
+                    return value.strip().strip("[]").split(":")[-1] or None
+    return None
+
+
+def _nvidia_driver() -> str | None:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        done = subprocess.run(
+            [exe, "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = done.stdout.split()
+    return lines[0] if done.returncode == 0 and lines else None
+
+
+def _timestamp(value: datetime | float) -> str:
+    when = value if isinstance(value, datetime) else datetime.fromtimestamp(float(value), tz=timezone.utc)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _locate(path: Path, run_dir: Path, bundle_dir: Path | None) -> tuple[str, str]:
+    """(root, path relative to it): "run", "bundle" or "file" (absolute)."""
+    path = Path(os.path.abspath(path))
+    for root, base in (("run", run_dir), ("bundle", bundle_dir)):
+        if base is None:
+            continue
+        base = Path(os.path.abspath(base))
+        if path == base or base in path.parents:
+            return root, path.relative_to(base).as_posix() or "."
+    return "file", str(path)
+
+
+def _descriptor(item: Path | Artifact, run: StageRun, *, role: str | None) -> dict[str, Any]:
+    artifact = item if isinstance(item, Artifact) else Artifact(path=Path(item))
+    path = Path(artifact.path)
+    if artifact.sha256 is not None:
+        digest, kind = artifact.sha256, "tree" if path.is_dir() else "file"
+    else:
+        digest, kind = path_sha256(path)
+    root, rel = _locate(path, Path(run.run_dir), run.bundle_dir)
+    annotations = {"kind": kind, "root": root, "path": rel}
+    if role is not None:
+        annotations["role"] = role
+    return {
+        "name": rel,
+        "uri": Path(os.path.abspath(path)).as_uri(),
+        "digest": {"sha256": digest},
+        "annotations": annotations,
+    }
+
+
+def build_statement(run: StageRun) -> dict[str, Any]:
+    """The in-toto Statement (a JSON-ready dict) for one stage run; hashes every output and input not pre-hashed.
+
+    Raises ValueError for an unknown status or no outputs, FileNotFoundError for an output or input that
+    does not exist. Command line, config and environment-derived strings are redacted.
+    """
+    if run.status not in STATUSES:
+        raise ValueError(f"StageRun.status {run.status!r} is not one of {', '.join(STATUSES)}")
+    if not run.outputs:
+        raise ValueError(f"stage {run.stage!r}: a statement needs at least one output (a failed stage names its log)")
+    subjects = []
+    for item in run.outputs:
+        d = _descriptor(item, run, role=None)
+        subjects.append({"name": d["name"], "digest": d["digest"], "annotations": d["annotations"]})
+    inputs = list(run.inputs)
+    if run.resumed_from is not None:
+        inputs.append(Artifact(path=run.resumed_from.path, role="checkpoint", sha256=run.resumed_from.sha256))
+    dependencies = [_descriptor(a, run, role=a.role) for a in inputs]
+    resumed = None
+    if run.resumed_from is not None:
+        resumed = {k: dependencies[-1][k] for k in ("name", "uri", "digest")}
+    secrets = secret_values(run.environ)
+    versions = dict(run.versions) if run.versions is not None else runtime_versions()
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": subjects,
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {
+            "buildDefinition": {
+                "buildType": BUILD_TYPE,
+                "externalParameters": {
+                    "stage": run.stage,
+                    "argv": redact_argv(list(run.argv), secrets=secrets),
+                    "config": redact(dict(run.config), secrets=secrets),
+                    "bundle": str(Path(os.path.abspath(run.bundle_dir))) if run.bundle_dir else None,
+                },
+                "internalParameters": {
+                    "world_size": int(run.world_size),
+                    "device": run.device,
+                    "versions": versions,
+                    "status": run.status,
+                    "resumed_from": resumed,
+                },
+                "resolvedDependencies": dependencies,
+            },
+            "runDetails": {
+                "builder": {"id": BUILDER_ID, "version": {"recap-portable": versions.get("recap-portable") or "dev"}},
+                "metadata": {
+                    "invocationId": run.run_id,
+                    "startedOn": _timestamp(run.started_on),
+                    "finishedOn": _timestamp(run.finished_on),
+                },
+            },
+        },
+    }
+
+
+def statement_path(run_dir: Path, stage: str) -> Path:
+    return Path(run_dir) / LINEAGE_DIR / f"{stage}{SUFFIX}"
+
+
+def write_stage_statement(run: StageRun) -> Path:
+    """Build the statement and write it atomically to <run_dir>/lineage/<stage>.intoto.json (replacing an older one)."""
+    statement = build_statement(run)
+    path = statement_path(run.run_dir, run.stage)
+    atomic_write_text(path, json.dumps(statement, indent=1, sort_keys=False) + "\n")
+    return path
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class LoadedStatement:
+    """A statement read back from a run's lineage folder."""
+
+    file: Path
+    data: dict[str, Any]
+
+    @property
+    def stage(self) -> str:
+        return self.data["predicate"]["buildDefinition"]["externalParameters"]["stage"]
+
+    @property
+    def subjects(self) -> list[dict[str, Any]]:
+        return self.data["subject"]
+
+    @property
+    def dependencies(self) -> list[dict[str, Any]]:
+        return self.data["predicate"]["buildDefinition"]["resolvedDependencies"]
+
+    @property
+    def bundle(self) -> str | None:
+        return self.data["predicate"]["buildDefinition"]["externalParameters"].get("bundle")
+
+    @property
+    def internal(self) -> dict[str, Any]:
+        return self.data["predicate"]["buildDefinition"]["internalParameters"]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.data["predicate"]["runDetails"]["metadata"]
+
+
+def load_statements(run_dir: Path) -> list[LoadedStatement]:
+    """Every statement in <run_dir>/lineage/, sorted by start time; raises for a missing folder or a malformed file."""
+    folder = Path(run_dir) / LINEAGE_DIR
+    if not folder.is_dir():
+        raise InputNotFoundError(
+            f"no lineage in {run_dir}: {folder} does not exist",
+            path=folder,
+            hint="give the folder `portable run --output` wrote (it holds run.json and lineage/)",
+        )
+    out = []
+    for path in sorted(folder.glob(f"*{SUFFIX}")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            loaded = LoadedStatement(file=path, data=data)
+            ok = data.get("_type") == STATEMENT_TYPE and data.get("predicateType") == PREDICATE_TYPE
+            _ = (loaded.stage, loaded.subjects, loaded.dependencies, loaded.internal, loaded.metadata["startedOn"])
+            ok = ok and all("sha256" in d.get("digest", {}) for d in loaded.subjects + loaded.dependencies)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise InvalidInputError(
+                f"{path} is not a readable lineage statement ({type(exc).__name__}: {exc})",
+                path=path,
+                hint="the file is damaged; rerun the stage with `portable run --resume --restart-stage NAME`",
+            ) from exc
+        if not ok:
+            raise InvalidInputError(
+                f"{path} is not an in-toto Statement v1 with an SLSA provenance v1 predicate and sha256 digests",
+                path=path,
+                hint="the file is damaged; rerun the stage with `portable run --resume --restart-stage NAME`",
+            )
+        out.append(loaded)
+    if not out:
+        raise InputNotFoundError(f"no lineage statements (*{SUFFIX}) in {folder}", path=folder)
+    return sorted(out, key=lambda s: (s.metadata["startedOn"], s.stage))
+
+
+def resolve(descriptor: Mapping[str, Any], run_dir: Path, statement: LoadedStatement) -> Path:
+    """Where a subject or dependency lives now: under the run folder, the bundle, or its absolute uri."""
+    ann = descriptor.get("annotations", {})
+    root, rel = ann.get("root"), ann.get("path", descriptor.get("name", ""))
+    if root == "run":
+        return Path(run_dir) / rel
+    if root == "bundle" and statement.bundle:
+        return Path(statement.bundle) / rel
+    uri = descriptor.get("uri", "")
+    return Path(uri[len("file://") :]) if uri.startswith("file://") else Path(rel)
+
+
+# -- the chain ----------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True)
+class ChainNode:
+    """One line of the chain: a stage run (with the outputs it produced) or a leaf input."""
+
+    label: str
+    """Stage name, or the input's role (dataset, bundle_manifest, ...)."""
+    name: str
+    """Path of the artifact (relative to the run or the bundle)."""
+    sha256: str
+    note: str = ""
+    """Status, duration, resumed-from, "in bundle.json", "seen above"."""
+    children: list[ChainNode] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "name": self.name,
+            "sha256": self.sha256,
+            "note": self.note,
+            "children": [c.to_dict() for c in self.children],
+        }
+
+
+@dataclass(kw_only=True, slots=True)
+class Chain:
+    """The lineage of a run's final outputs, as trees rooted at the stage runs nothing else consumed."""
+
+    run_dir: Path
+    roots: list[ChainNode]
+
+    def lines(self) -> list[tuple[int, ChainNode]]:
+        """(depth, node) in print order."""
+        out: list[tuple[int, ChainNode]] = []
+
+        def walk(node: ChainNode, depth: int) -> None:
+            out.append((depth, node))
+            for child in node.children:
+                walk(child, depth + 1)
+
+        for root in self.roots:
+            walk(root, 0)
+        return out
+
+    def render(self) -> str:
+        text = []
+        for depth, node in self.lines():
+            lead = "  " * (depth - 1) + "<- " if depth else ""
+            note = f"  ({node.note})" if node.note else ""
+            text.append(f"{lead}{node.label}: {node.name}  sha256:{node.sha256[:12]}{note}")
+        return "\n".join(text)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_dir": str(self.run_dir), "roots": [r.to_dict() for r in self.roots]}
+
+
+def _stage_note(st: LoadedStatement) -> str:
+    meta, internal = st.metadata, st.internal
+    parts = [internal.get("status", "?"), f"run {meta.get('invocationId', '?')}"]
+    try:
+        start = datetime.fromisoformat(meta["startedOn"].replace("Z", "+00:00"))
+        end = datetime.fromisoformat(meta["finishedOn"].replace("Z", "+00:00"))
+        parts.append(f"{(end - start).total_seconds():.1f} s")
+    except (KeyError, ValueError):
+        pass
+    if internal.get("resumed_from"):
+        parts.append(f"resumed from {internal['resumed_from'].get('name')}")
+    return ", ".join(parts)
+
+
+def _bundle_manifest(st: LoadedStatement, run_dir: Path) -> dict[str, Any] | None:
+    for dep in st.dependencies:
+        if dep.get("annotations", {}).get("role") == "bundle_manifest":
+            try:
+                return json.loads(resolve(dep, run_dir, st).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return None
+    return None
+
+
+def _in_manifest(dep: Mapping[str, Any], manifest: Mapping[str, Any] | None) -> bool:
+    """True when bundle.json pins this dependency's digest (a file entry, or a folder's tree of entries)."""
+    if manifest is None:
+        return False
+    digest = dep["digest"]["sha256"]
+    ann = dep.get("annotations", {})
+    if ann.get("kind") == "tree" and ann.get("root") == "bundle":
+        return manifest_tree_sha256(manifest, ann.get("path", "")) == digest
+    return any(f.get("sha256") == digest for f in manifest.get("files", []))
+
+
+def lineage_chain(run_dir: Path) -> Chain:
+    """Walk the run's statements from the outputs nothing consumed back to the bundle manifest, by digests alone.
+
+    A dependency whose digest is a subject of another statement continues into that stage; other
+    dependencies are leaves, marked "in bundle.json" when the bundle manifest the stage read pins
+    their digest. A stage already printed is shown once more as "seen above", without its inputs.
+    """
+    statements = load_statements(run_dir)
+    producer: dict[str, LoadedStatement] = {}
+    for st in statements:
+        for subject in st.subjects:
+            producer[subject["digest"]["sha256"]] = st
+    consumed = {dep["digest"]["sha256"] for st in statements for dep in st.dependencies}
+    roots_st = [st for st in statements if not any(s["digest"]["sha256"] in consumed for s in st.subjects)]
+    if not roots_st:  # a cycle cannot be built from digests, but a hand-edited folder can hold one
+        roots_st = statements[-1:]
+    shown: set[Path] = set()
+    leaves_shown: set[str] = set()
+
+    def stage_node(st: LoadedStatement, via: Mapping[str, Any] | None) -> ChainNode:
+        subject = via or st.subjects[0]
+        node = ChainNode(label=st.stage, name=subject["name"], sha256=subject["digest"]["sha256"])
+        if st.file in shown:
+            node.note = "seen above"
+            return node
+        shown.add(st.file)
+        node.note = _stage_note(st)
+        leaves = []
+        # Upstream stages first (depth first), so shared inputs (bundle manifest, layers) print once, at the
+        # deepest stage that read them: the chain reads policy -> advantages -> value -> returns -> datasets -> bundle.
+        for dep in st.dependencies:
+            digest = dep["digest"]["sha256"]
+            upstream = producer.get(digest)
+            if upstream is not None and upstream.file != st.file:
+                match = next(s for s in upstream.subjects if s["digest"]["sha256"] == digest)
+                node.children.append(stage_node(upstream, match))
+            else:
+                leaves.append(dep)
+        manifest = _bundle_manifest(st, run_dir)
+        repeated = 0
+        for dep in sorted(leaves, key=lambda d: d.get("annotations", {}).get("role") == "bundle_manifest"):
+            digest = dep["digest"]["sha256"]
+            if digest in leaves_shown:
+                repeated += 1
+                continue
+            leaves_shown.add(digest)
+            role = dep.get("annotations", {}).get("role", "input")
+            note = "in bundle.json" if role != "bundle_manifest" and _in_manifest(dep, manifest) else ""
+            node.children.append(ChainNode(label=role, name=dep["name"], sha256=digest, note=note))
+        if repeated:
+            node.note += f", {repeated} more input{'s' if repeated > 1 else ''} shown below"
+        return node
+
+    return Chain(run_dir=Path(run_dir), roots=[stage_node(st, None) for st in reversed(roots_st)])
+
+
+# -- verification -------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class LineageProblem:
+    """A subject or dependency whose bytes are not the ones recorded."""
+
+    kind: str
+    """"missing" or "digest"."""
+    statement: str
+    """The statement file's name."""
+    what: str
+    """"subject" or the dependency's role."""
+    path: str
+    expected: str
+    actual: str | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "missing":
+            return f"missing: {self.path} ({self.what} of {self.statement}; expected sha256:{self.expected[:12]})"
+        return (
+            f"digest differs: {self.path} ({self.what} of {self.statement}): "
+            f"recorded sha256:{self.expected[:12]}, now sha256:{(self.actual or '')[:12]}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("kind", "statement", "what", "path", "expected", "actual")}
+
+
+@dataclass(kw_only=True, slots=True)
+class LineageReport:
+    """The result of `verify_lineage`: how many items were rehashed and what differs."""
+
+    statements: int
+    checked: int
+    problems: list[LineageProblem]
+
+    @property
+    def exit_code(self) -> int:
+        """0 when everything matches; else 11 (something missing) or 14 (a digest differs), lowest wins."""
+        kinds = {p.kind for p in self.problems}
+        return EXIT_MISSING if "missing" in kinds else EXIT_DIGEST if kinds else 0
+
+    def summary(self) -> str:
+        if not self.problems:
+            return f"lineage verified: {self.checked} subjects and materials of {self.statements} statements match"
+        head = f"lineage differs: {len(self.problems)} of {self.checked} subjects and materials"
+        return "\n".join([head, *(f"  {p}" for p in self.problems)])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "statements": self.statements,
+            "checked": self.checked,
+            "exit_code": self.exit_code,
+            "problems": [p.to_dict() for p in self.problems],
+        }
+
+
+def verify_lineage(run_dir: Path) -> LineageReport:
+    """Rehash every subject and resolved dependency of every statement (each path once); collect all differences.
+
+    Raises InputNotFoundError / InvalidInputError when the lineage folder is missing or a statement is
+    malformed; differences in the bytes are returned, not raised.
+    """
+    statements = load_statements(run_dir)
+    items: list[tuple[LoadedStatement, str, Mapping[str, Any]]] = []
+    for st in statements:
+        items += [(st, "subject", s) for s in st.subjects]
+        items += [(st, d.get("annotations", {}).get("role", "dependency"), d) for d in st.dependencies]
+    cache: dict[Path, str | None] = {}
+    problems = []
+    for st, what, desc in items:
+        path = resolve(desc, run_dir, st)
+        if path not in cache:
+            try:
+                cache[path] = path_sha256(path)[0]
+            except FileNotFoundError:
+                cache[path] = None
+        expected, actual = desc["digest"]["sha256"], cache[path]
+        shown = desc.get("name", str(path))
+        if actual is None:
+            problems.append(
+                LineageProblem(kind="missing", statement=st.file.name, what=what, path=shown, expected=expected)
+            )
+        elif actual != expected:
+            problems.append(
+                LineageProblem(
+                    kind="digest", statement=st.file.name, what=what, path=shown, expected=expected, actual=actual
+                )
+            )
+    return LineageReport(statements=len(statements), checked=len(items), problems=problems)
