@@ -255,6 +255,7 @@ def test_runtime_versions_names_torch_and_accelerator_stacks():
     assert {"python", "torch", "cuda", "cann", "driver", "torch_npu"} <= set(versions)
     assert versions["python"].count(".") == 2
     assert "torch_npu" not in sys.modules
+    assert "torch" not in sys.modules or versions["cuda"] == sys.modules["torch"].version.cuda
 
 
 def _portable(*args: str, cwd: Path) -> subprocess.CompletedProcess:

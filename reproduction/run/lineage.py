@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -160,8 +162,8 @@ class StageRun:
 def runtime_versions() -> dict[str, str | None]:
     """Versions the results may depend on: python, recap-portable, torch and its CUDA, torch_npu, CANN, driver.
 
-    Never imports torch_npu (it patches torch on import) and imports torch only if it is installed;
-    the driver comes from `nvidia-smi` when present (5 s bound).
+    Imports neither torch (its CUDA version is read from torch/version.py unless torch is loaded already)
+    nor torch_npu (it patches torch on import); the driver comes from `nvidia-smi` when present (5 s bound).
     """
     out: dict[str, str | None] = {"python": platform.python_version(), "platform": platform.platform()}
     for dist in ("recap-portable", "torch", "torch_npu", "numpy"):
@@ -169,17 +171,29 @@ def runtime_versions() -> dict[str, str | None]:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             out[dist] = None
-    out["cuda"] = None
-    if out["torch"] is not None:
-        try:
-            import torch  # noqa: PLC0415 (lazy: the control plane never reaches this branch at import)
-
-            out["cuda"] = torch.version.cuda
-        except Exception:  # a broken torch install must not stop the record
-            pass
+    out["cuda"] = _torch_cuda() if out["torch"] is not None else None
     out["cann"] = _cann_version()
     out["driver"] = _nvidia_driver()
     return out
+
+
+def _torch_cuda() -> str | None:
+    """torch.version.cuda, read from torch/version.py unless torch is already imported (importing costs seconds)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return getattr(getattr(torch, "version", None), "cuda", None)
+    spec = importlib.util.find_spec("torch")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            text = (Path(folder) / "version.py").read_text(encoding="utf-8")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            name, sep, value = line.partition("=")
+            if sep and name.split(":")[0].strip() == "cuda":
+                value = value.strip().strip("'\"")
+                return None if value == "None" else value
+    return None
 
 
 def _cann_version() -> str | None:

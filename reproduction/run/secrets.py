@@ -2,8 +2,10 @@
 
 What counts as a secret:
 - the value of a key (config key, environment variable, `--flag` or `key=value` argument) whose name
-  looks like a credential: it contains TOKEN, SECRET, PASSWORD, PASSWD, CREDENTIAL, API_KEY, AUTH
-  or PRIVATE_KEY (case-insensitive), e.g. `HF_TOKEN`, `hub.token`, `--token`;
+  looks like a credential: one of its words (split at `_ - . ` and case changes) is token (or ends in
+  it: `hftoken`), secret, password, passwd, credential(s), auth, authorization, or the pairs api key,
+  access key, private key; e.g. `HF_TOKEN`, `hub.token`, `--api-key`. Words such as `tokenizer`,
+  `max_tokens` or `author` are not credentials;
 - any string that looks like a Hugging Face token (`hf_` followed by 30 or more letters/digits);
 - any value, wherever it appears inside a longer string, of an environment variable whose name looks
   like a credential (so a token that leaked into a URL or a log line is replaced too).
@@ -22,7 +24,10 @@ from pathlib import Path
 from typing import Any
 
 REDACTED = "<redacted>"
-SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|AUTH|PRIVATE_?KEY)", re.IGNORECASE)
+SECRET_WORDS = frozenset(
+    {"token", "secret", "password", "passwd", "credential", "credentials", "auth", "authorization", "apikey"}
+)
+SECRET_PAIRS = frozenset({("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key")})
 HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")
 # Shorter values are too likely to be ordinary words ("1", "true") to replace inside other strings.
 MIN_SECRET_LEN = 8
@@ -30,7 +35,10 @@ MIN_SECRET_LEN = 8
 
 def is_secret_name(name: str) -> bool:
     """True if a key or variable name looks like it holds a credential (`HF_TOKEN`, `hub.token`, `--api-key`)."""
-    return bool(SECRET_NAME.search(name.replace("-", "_")))
+    words = [w.lower() for w in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+", name)]
+    if any(w in SECRET_WORDS or (w.endswith("token") and len(w) > 5) for w in words):
+        return True
+    return any(pair in SECRET_PAIRS for pair in zip(words, words[1:]))
 
 
 def secret_values(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
