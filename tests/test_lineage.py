@@ -127,6 +127,8 @@ def test_verify_passes_then_names_every_difference(tmp_path):
         "advantages.intoto.json",
     }
     assert "digest differs: data/sft (dataset of returns.intoto.json)" in report.summary()
+    # Which file inside the folder changed comes from bundle.json's entries.
+    assert all(p.files == ("changed: meta/info.json",) for p in report.problems)
 
     (fake.policy_ckpt / "model.safetensors").unlink()
     (fake.run / "value/export/value.safetensors").unlink()
@@ -136,6 +138,13 @@ def test_verify_passes_then_names_every_difference(tmp_path):
     assert ("missing", "value/export/value.safetensors") in kinds
     # A folder that lost a file is not missing: its tree digest differs.
     assert ("digest", "policy/checkpoints/step_4") in kinds
+    # ... and a small run folder lists its files in the statement, so the lost file is named.
+    ckpt = next(p for p in report.problems if p.path == "policy/checkpoints/step_4" and p.what == "subject")
+    assert ckpt.files == ("missing: model.safetensors",)
+    (fake.policy_ckpt / "extra.bin").write_bytes(b"new")
+    ckpt = next(p for p in verify_lineage(fake.run).problems if p.path == "policy/checkpoints/step_4")
+    assert ckpt.files == ("added: extra.bin", "missing: model.safetensors")
+    assert "added: extra.bin, missing: model.safetensors" in str(ckpt)
 
 
 def test_a_moved_run_folder_still_verifies(tmp_path):

@@ -59,6 +59,8 @@ ROLES = (
     "other",
 )
 STATUSES = ("succeeded", "failed", "cancelled")
+TREE_LISTED = 64
+"""A folder of at most this many files lists them in its annotations."""
 EXIT_MISSING = 11
 EXIT_DIGEST = 14
 
@@ -76,11 +78,28 @@ def tree_files(root: Path) -> list[Path]:
     return sorted(p for p in Path(root).rglob("*") if p.is_file())
 
 
-def tree_sha256(root: Path) -> str:
-    """Tree digest of a folder (see the module docstring); files are hashed in parallel threads."""
+def tree_digests(root: Path) -> dict[str, str]:
+    """{relative posix path: sha256} of every file under a folder, hashed in parallel threads."""
     root = Path(root)
-    digests = sha256_files(tree_files(root))
-    return hashlib.sha256(tree_lines({p.relative_to(root).as_posix(): d for p, d in digests.items()})).hexdigest()
+    return {p.relative_to(root).as_posix(): d for p, d in sha256_files(tree_files(root)).items()}
+
+
+def tree_sha256(root: Path, digests: Mapping[str, str] | None = None) -> str:
+    """Tree digest of a folder (see the module docstring), from `digests` when the caller has them."""
+    return hashlib.sha256(tree_lines(tree_digests(root) if digests is None else digests)).hexdigest()
+
+
+def tree_changes(recorded: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
+    """What differs between two {path: sha256} listings: "changed: a", "missing: b", "added: c", sorted by path."""
+    out = []
+    for rel in sorted(set(recorded) | set(current)):
+        if rel not in current:
+            out.append(f"missing: {rel}")
+        elif rel not in recorded:
+            out.append(f"added: {rel}")
+        elif recorded[rel] != current[rel]:
+            out.append(f"changed: {rel}")
+    return out
 
 
 def path_sha256(path: Path) -> tuple[str, str]:
@@ -250,12 +269,20 @@ def _locate(path: Path, run_dir: Path, bundle_dir: Path | None) -> tuple[str, st
 def _descriptor(item: Path | Artifact, run: StageRun, *, role: str | None) -> dict[str, Any]:
     artifact = item if isinstance(item, Artifact) else Artifact(path=Path(item))
     path = Path(artifact.path)
+    files = None
     if artifact.sha256 is not None:
         digest, kind = artifact.sha256, "tree" if path.is_dir() else "file"
+    elif path.is_dir():
+        files, kind = tree_digests(path), "tree"
+        digest = tree_sha256(path, files)
     else:
         digest, kind = path_sha256(path)
     root, rel = _locate(path, Path(run.run_dir), run.bundle_dir)
-    annotations = {"kind": kind, "root": root, "path": rel}
+    annotations: dict[str, Any] = {"kind": kind, "root": root, "path": rel}
+    if files is not None and len(files) <= TREE_LISTED and root != "bundle":
+        # Small folders (checkpoints, exports) list their files so --verify can name the one that changed;
+        # a bundle folder's files are already listed in bundle.json.
+        annotations["files"] = files
     if role is not None:
         annotations["role"] = role
     return {
@@ -582,17 +609,21 @@ class LineageProblem:
     path: str
     expected: str
     actual: str | None = None
+    files: tuple[str, ...] = ()
+    """For a folder, what changed inside it ("changed: meta/info.json"), when the record lists its files."""
 
     def __str__(self) -> str:
         if self.kind == "missing":
             return f"missing: {self.path} ({self.what} of {self.statement}; expected sha256:{self.expected[:12]})"
+        inside = f"; {', '.join(self.files[:8])}{' ...' if len(self.files) > 8 else ''}" if self.files else ""
         return (
             f"digest differs: {self.path} ({self.what} of {self.statement}): "
-            f"recorded sha256:{self.expected[:12]}, now sha256:{(self.actual or '')[:12]}"
+            f"recorded sha256:{self.expected[:12]}, now sha256:{(self.actual or '')[:12]}{inside}"
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("kind", "statement", "what", "path", "expected", "actual")}
+        keys = ("kind", "statement", "what", "path", "expected", "actual")
+        return {**{k: getattr(self, k) for k in keys}, "files": list(self.files)}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -635,25 +666,55 @@ def verify_lineage(run_dir: Path) -> LineageReport:
     for st in statements:
         items += [(st, "subject", s) for s in st.subjects]
         items += [(st, d.get("annotations", {}).get("role", "dependency"), d) for d in st.dependencies]
-    cache: dict[Path, str | None] = {}
+    cache: dict[Path, tuple[str, dict[str, str] | None] | None] = {}
     problems = []
     for st, what, desc in items:
         path = resolve(desc, run_dir, st)
         if path not in cache:
-            try:
-                cache[path] = path_sha256(path)[0]
-            except FileNotFoundError:
-                cache[path] = None
-        expected, actual = desc["digest"]["sha256"], cache[path]
-        shown = desc.get("name", str(path))
-        if actual is None:
+            cache[path] = _current(path)
+        expected, shown = desc["digest"]["sha256"], desc.get("name", str(path))
+        if cache[path] is None:
             problems.append(
                 LineageProblem(kind="missing", statement=st.file.name, what=what, path=shown, expected=expected)
             )
-        elif actual != expected:
+            continue
+        actual, files = cache[path]
+        if actual != expected:
+            recorded = _recorded_files(desc, st, run_dir)
+            changes = tuple(tree_changes(recorded, files)) if recorded is not None and files is not None else ()
             problems.append(
                 LineageProblem(
-                    kind="digest", statement=st.file.name, what=what, path=shown, expected=expected, actual=actual
+                    kind="digest",
+                    statement=st.file.name,
+                    what=what,
+                    path=shown,
+                    expected=expected,
+                    actual=actual,
+                    files=changes,
                 )
             )
     return LineageReport(statements=len(statements), checked=len(items), problems=problems)
+
+
+def _current(path: Path) -> tuple[str, dict[str, str] | None] | None:
+    """(sha256, per-file digests for a folder) of what is at `path` now; None when nothing is there."""
+    if path.is_dir():
+        files = tree_digests(path)
+        return tree_sha256(path, files), files
+    if path.is_file():
+        return sha256_file(path), None
+    return None
+
+
+def _recorded_files(desc: Mapping[str, Any], st: LoadedStatement, run_dir: Path) -> dict[str, str] | None:
+    """The per-file digests a folder had when recorded: its annotations' list, else bundle.json's entries."""
+    ann = desc.get("annotations", {})
+    if isinstance(ann.get("files"), dict):
+        return dict(ann["files"])
+    manifest = _bundle_manifest(st, run_dir)
+    if ann.get("root") == "bundle" and manifest is not None:
+        prefix = ann.get("path", "").rstrip("/") + "/"
+        return {
+            f["path"][len(prefix) :]: f["sha256"] for f in manifest.get("files", []) if f["path"].startswith(prefix)
+        }
+    return None
