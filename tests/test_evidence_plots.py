@@ -76,3 +76,30 @@ def test_success_rates_per_task_and_guidance_scale(tmp_path):
         rgb = np.array([int(colour[i : i + 2], 16) for i in (1, 3, 5)]) / 255
         assert _share(image, rgb) > 0.005, colour
     assert out.read_bytes() == plots.plot_success_rates([doc, other], tmp_path / "again.png").read_bytes()
+
+
+def test_pick_episodes_takes_successes_and_failures_in_frame_order():
+    episode_index = [0, 0, 0, 1, 1, 2, 2, 2, 3]
+    values = [0.1, 0.2, 0.3, -1.0, -0.9, 0.5, 0.6, 0.7, -0.5]
+    traces = plots.pick_episodes(
+        episode_index, values, {0: True, 1: False, 2: True, 3: False}, returns=[9.0] * 9, per_outcome=1
+    )
+    assert [(t.label, t.success, list(t.values)) for t in traces] == [
+        ("episode 0", True, [0.1, 0.2, 0.3]),
+        ("episode 1", False, [-1.0, -0.9]),
+    ]
+    assert list(traces[0].returns) == [9.0, 9.0, 9.0]
+    assert len(plots.pick_episodes(episode_index, values, {0: True, 1: False, 2: True, 3: False})) == 4
+    with pytest.raises(ValueError):
+        plots.pick_episodes([0, 1], [0.1], {0: True})
+
+
+def test_per_task_thresholds_use_the_stage_labels(tmp_path):
+    adv = np.random.default_rng(2).normal(size=400)
+    labels = adv >= np.where(np.arange(400) % 2 == 0, 0.0, 1.0)
+    out = plots.plot_advantage_histogram(
+        adv, {"pick": 0.0, "push": 1.0}, tmp_path / "per_task.png", positive=labels.tolist()
+    )
+    assert _share(_pixels(out), GREEN) > 0.001
+    with pytest.raises(ValueError, match="labels"):
+        plots.plot_advantage_histogram(adv, {"pick": 0.0, "push": 1.0}, tmp_path / "x.png")

@@ -176,6 +176,47 @@ class StageRun:
     """torch / CUDA / CANN / driver / python versions; collected with `runtime_versions()` when None."""
     environ: Mapping[str, str] | None = field(default=None, repr=False)
     """The environment whose credential-named variables are redacted (default: os.environ)."""
+    cache: DigestCache | None = field(default=None, repr=False)
+    """Digests already computed in this run (share one across the run's stages: a dataset is hashed once)."""
+
+
+class DigestCache:
+    """Digests of files and folders, reused while their stat signature (paths, sizes, mtimes) is unchanged.
+
+    The runner keeps one per run so a dataset four stages read is hashed once; a file rewritten in
+    between (new size or mtime) is hashed again. Not shared between processes.
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[tuple, tuple[str, str, dict[str, str] | None]]] = {}
+
+    @staticmethod
+    def _signature(path: Path) -> tuple:
+        if path.is_dir():
+            return tuple((p.relative_to(path).as_posix(), *_stat(p)) for p in tree_files(path))
+        return _stat(path)
+
+    def digest(self, path: Path) -> tuple[str, str, dict[str, str] | None]:
+        """(sha256, "file" or "tree", per-file digests of a folder or None); FileNotFoundError when absent."""
+        path = Path(os.path.abspath(path))
+        if not path.exists():
+            raise FileNotFoundError(path)
+        signature = self._signature(path)
+        known = self._known.get(str(path))
+        if known is not None and known[0] == signature:
+            return known[1]
+        if path.is_dir():
+            files = tree_digests(path)
+            value = (tree_sha256(path, files), "tree", files)
+        else:
+            value = (sha256_file(path), "file", None)
+        self._known[str(path)] = (signature, value)
+        return value
+
+
+def _stat(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
 
 
 def runtime_versions() -> dict[str, str | None]:
@@ -272,11 +313,8 @@ def _descriptor(item: Path | Artifact, run: StageRun, *, role: str | None) -> di
     files = None
     if artifact.sha256 is not None:
         digest, kind = artifact.sha256, "tree" if path.is_dir() else "file"
-    elif path.is_dir():
-        files, kind = tree_digests(path), "tree"
-        digest = tree_sha256(path, files)
     else:
-        digest, kind = path_sha256(path)
+        digest, kind, files = (run.cache or DigestCache()).digest(path)
     root, rel = _locate(path, Path(run.run_dir), run.bundle_dir)
     annotations: dict[str, Any] = {"kind": kind, "root": root, "path": rel}
     if files is not None and len(files) <= TREE_LISTED and root != "bundle":

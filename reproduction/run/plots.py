@@ -52,6 +52,37 @@ class EpisodeTrace:
     """The Monte-Carlo return per frame the value was trained on (drawn thin), when known."""
 
 
+def pick_episodes(
+    episode_index: Sequence[int],
+    values: Sequence[float],
+    success: Mapping[int, bool],
+    *,
+    returns: Sequence[float] | None = None,
+    per_outcome: int = 2,
+) -> list[EpisodeTrace]:
+    """Up to `per_outcome` successful and `per_outcome` failed episodes (lowest indices first) as traces.
+
+    `episode_index`, `values` (and `returns`) are per-frame columns in frame order (a value inference
+    output and a returns sidecar); `success` maps an episode to its outcome (its last row's is_success).
+    """
+    if len(episode_index) != len(values) or (returns is not None and len(returns) != len(values)):
+        raise ValueError("episode_index, values and returns must have one entry per frame")
+    rows: dict[int, list[int]] = {}
+    for row, ep in enumerate(episode_index):
+        rows.setdefault(int(ep), []).append(row)
+    chosen = [ep for ep in sorted(rows) if success.get(ep)][:per_outcome]
+    chosen += [ep for ep in sorted(rows) if ep in success and not success[ep]][:per_outcome]
+    return [
+        EpisodeTrace(
+            values=[float(values[r]) for r in rows[ep]],
+            success=bool(success[ep]),
+            label=f"episode {ep}",
+            returns=None if returns is None else [float(returns[r]) for r in rows[ep]],
+        )
+        for ep in chosen
+    ]
+
+
 def plot_value_episodes(episodes: Sequence[EpisodeTrace], out: Path, *, title: str = "Value along episodes") -> Path:
     """One line per episode over its frames; raises ValueError for no episodes or an empty one."""
     if not episodes or any(len(e.values) == 0 for e in episodes):
@@ -81,25 +112,55 @@ def plot_value_episodes(episodes: Sequence[EpisodeTrace], out: Path, *, title: s
 
 
 def plot_advantage_histogram(
-    advantages: Sequence[float], threshold: float, out: Path, *, bins: int = 60, title: str = "Advantages"
+    advantages: Sequence[float],
+    threshold: float | Mapping[str, float],
+    out: Path,
+    *,
+    positive: Sequence[bool] | None = None,
+    bins: int = 60,
+    title: str = "Advantages",
 ) -> Path:
-    """Histogram of the advantages, the frames at or above `threshold` (labelled positive) in green."""
-    values = [float(a) for a in advantages if not math.isnan(float(a))]
-    if not values:
+    """Histogram of the advantages, frames labelled positive in green, a dashed line per threshold.
+
+    `threshold`: one value, or the advantage stage's table ({"*": tau} or {task: tau}); `positive`:
+    the per-frame labels (needed to colour per-task thresholds; default: advantage >= the one threshold).
+    """
+    taus = (
+        {"*": float(threshold)} if isinstance(threshold, (int, float)) else {k: float(v) for k, v in threshold.items()}
+    )
+    if not taus:
+        raise ValueError("plot_advantage_histogram needs a threshold")
+    if positive is None:
+        if len(taus) != 1:
+            raise ValueError("per-task thresholds need the per-frame labels (positive=...)")
+        positive = [float(a) >= next(iter(taus.values())) for a in advantages]
+    if len(positive) != len(advantages):
+        raise ValueError("positive must have one label per advantage")
+    pairs = [(float(a), bool(p)) for a, p in zip(advantages, positive) if not math.isnan(float(a))]
+    if not pairs:
         raise ValueError("plot_advantage_histogram needs at least one finite advantage")
-    lo, hi = min(values + [threshold]), max(values + [threshold])
+    values = [v for v, _ in pairs]
+    lo, hi = min(values + list(taus.values())), max(values + list(taus.values()))
     if hi == lo:
         lo, hi = lo - 0.5, hi + 0.5
     edges = [lo + (hi - lo) * i / bins for i in range(bins + 1)]
-    positive = sum(v >= threshold for v in values)
+    positive_count = sum(p for _, p in pairs)
     fig = _figure(7.5, 4.0)
     ax = fig.add_subplot()
-    ax.hist([v for v in values if v < threshold], bins=edges, color="#8c959f", label="below threshold")
-    ax.hist([v for v in values if v >= threshold], bins=edges, color=SUCCESS, label="positive (>= threshold)")
-    ax.axvline(threshold, color="#24292f", lw=1.5, ls="--", label=f"threshold {threshold:.4g}")
+    ax.hist(  # stacked: with per-task thresholds a bin can hold both labels
+        [[v for v, p in pairs if not p], [v for v, p in pairs if p]],
+        bins=edges,
+        stacked=True,
+        color=["#8c959f", SUCCESS],
+        label=["below threshold", "positive (>= threshold)"],
+    )
+    for i, (task, tau) in enumerate(sorted(taus.items())):
+        name = f"threshold {tau:.4g}" if task == "*" else f"{_short(task, 24)}: {tau:.4g}"
+        ax.axvline(tau, color=PALETTE[i % len(PALETTE)] if len(taus) > 1 else "#24292f", lw=1.5, ls="--", label=name)
     ax.set_xlabel("advantage")
     ax.set_ylabel("frames")
-    ax.set_title(f"{title}: {positive}/{len(values)} frames positive ({100 * positive / len(values):.1f}%)")
+    share = 100 * positive_count / len(values)
+    ax.set_title(f"{title}: {positive_count}/{len(values)} frames positive ({share:.1f}%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, out)
