@@ -184,3 +184,19 @@ def test_files_round_trip_and_bad_files_are_refused(tmp_path):
     with pytest.raises(UnsupportedFormatError) as exc:
         load_evidence(tmp_path / "newer.json")
     assert exc.value.exit_code == 4 and exc.value.hint
+
+
+def test_evidence_is_deterministic_unless_stamped():
+    from datetime import datetime, timezone
+
+    assert json.dumps(make_evidence()) == json.dumps(make_evidence())
+    assert "created" not in make_evidence()
+    stamped = build_evidence(
+        EvalRecord(result=eval_result({PICK: (1, 2)}), label="bc", mode="bc"),
+        name="n",
+        run_id="r",
+        seeds={},
+        settings={},
+        created=datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc),
+    )
+    assert stamped["created"] == "2026-01-02T03:04:05Z" and schema_errors("evaluation", stamped) == []

@@ -3,7 +3,7 @@
 On disk (schema: evidence/evaluation.schema.json)::
 
     <run>/evidence/eval_<stage>_<step>.json
-      {"format": "recap-portable-evaluation", "format_version": "1.0", "name", "run_id", "created",
+      {"format": "recap-portable-evaluation", "format_version": "1.0", "name", "run_id", ["created",]
        "policy":   {"label", "mode", "guidance_scale", "checkpoint": {"path", "sha256", "step"}},
        "seeds", "settings",
        "metrics":  {"success_once": {"successes": 386, "episodes": 500, "rate": 0.772,
@@ -142,17 +142,18 @@ def build_evidence(
     tolerances: Mapping[str, float] | None = None,
     created: datetime | None = None,
 ) -> dict[str, Any]:
-    """The evidence document (a JSON-ready dict); `settings` (episodes per task, execute steps...) is redacted."""
+    """The evidence document (a JSON-ready dict); `settings` (episodes per task, execute steps...) is redacted.
+
+    Deterministic: the same results give the same bytes (an interrupted and resumed run's evidence equals an
+    uninterrupted one's), so no clock is read; pass `created` to stamp a time (reference evidence does).
+    """
     labels = [primary.label, *(b.label for b in baselines)]
     if len(set(labels)) != len(labels):
         raise ValueError(f"evaluation labels must be unique, got {labels}")
-    when = (created or datetime.now(timezone.utc)).astimezone(timezone.utc)
-    doc: dict[str, Any] = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "name": name,
-        "run_id": run_id,
-        "created": when.isoformat(timespec="seconds").replace("+00:00", "Z"),
+    doc: dict[str, Any] = {"format": FORMAT, "format_version": FORMAT_VERSION, "name": name, "run_id": run_id}
+    if created is not None:
+        doc["created"] = created.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    doc |= {
         **evaluation_entry(primary),
         "seeds": {k: int(v) for k, v in seeds.items()},
         "settings": redact(dict(settings)),
