@@ -184,3 +184,26 @@ def test_chromium_renders_the_report(report, tmp_path):
     assert share("#ffffff") < 0.95  # not a blank page
     rows_with_ink = np.mean(np.any(image < 0.5, axis=(1, 2)))
     assert rows_with_ink > 0.4  # content runs down most of the page, not just a header
+
+
+def test_run_report_collects_what_the_run_folder_holds(tmp_path):
+    from reproduction.run.evidence import Comparison, write_comparison
+    from reproduction.run.report import write_run_report
+
+    fake = make_run(tmp_path)
+    evidence = json.loads(fake.evidence.read_text())
+    comparison = compare_evidence(evidence, make_evidence(name="reference"))
+    write_comparison(fake.run / "evidence/comparison.json", comparison)
+    assert Comparison.from_dict(comparison.to_dict()).to_dict() == comparison.to_dict()
+    plots.plot_success_rates(evidence, fake.run / "plots/success_rates.png")
+    plots.plot_advantage_histogram([0.1, 0.5, 0.9], 0.5, fake.run / "plots/advantages.png")
+    out = write_run_report(fake.run, title="run", run_id="run-test", stages=[StageSummary(name="eval", status="ran")])
+    page = _parse(out.read_text())
+    alts = [a["alt"] for t, a in page.tags if t == "img"]
+    assert alts[0].startswith("Success rate per task") and alts[1].startswith("Advantages")
+    text = " ".join(page.text)
+    assert "Reproduced: all 12 metrics" in text and "bundle_manifest" in text and "eval" in text
+    empty = tmp_path / "empty_run"
+    empty.mkdir()
+    html = write_run_report(empty, title="nothing yet", run_id="r").read_text()
+    assert "No evaluation in this run." in html and "No lineage recorded." in html

@@ -278,6 +278,18 @@ class Comparison:
         lines.append(f"{self.actual_name} vs reference {self.reference_name}: {verdict}")
         return "\n".join(lines)
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Comparison:
+        """Read back `to_dict()` (comparison.json); raises InvalidInputError for another format."""
+        if not isinstance(data, Mapping) or data.get("format") != "recap-portable-comparison":
+            raise InvalidInputError("not a recap-portable comparison (comparison.json)", field="format")
+        keys = ("metric", "reference", "actual", "tolerance", "basis", "reference_display", "actual_display")
+        try:
+            rows = [MetricComparison(**{k: row[k] for k in keys}) for row in data["rows"]]
+        except (KeyError, TypeError) as exc:
+            raise InvalidInputError(f"comparison.json rows are malformed: {exc}", field="rows") from exc
+        return cls(actual_name=str(data.get("actual")), reference_name=str(data.get("reference")), rows=rows)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": "recap-portable-comparison",

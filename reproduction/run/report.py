@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import importlib.metadata
+import json
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,8 +18,8 @@ from typing import Any
 
 from reproduction.errors import InvalidInputError
 from reproduction.fsio import atomic_write_text
-from reproduction.run.evidence import Comparison
-from reproduction.run.lineage import Chain
+from reproduction.run.evidence import Comparison, load_evidence
+from reproduction.run.lineage import LINEAGE_DIR, Chain, lineage_chain
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 TEMPLATE = "report.html.j2"
@@ -111,3 +112,45 @@ def write_report(out: Path, **kwargs: Any) -> Path:
     """Render the report (see `render_report_html` for the arguments) and write it atomically to `out`."""
     atomic_write_text(Path(out), render_report_html(**kwargs))
     return Path(out)
+
+
+PLOT_CAPTIONS = {
+    "success_rates": "Success rate per task and guidance scale (error bars: one binomial standard error)",
+    "value_episodes": "Predicted value along episodes: successes solid green, failures dashed red",
+    "advantages": "Advantages and the threshold above which frames are labelled positive",
+    "training_curves": "Training curves (metrics.jsonl of each training stage)",
+}
+
+
+def write_run_report(
+    run_dir: Path,
+    *,
+    title: str,
+    run_id: str,
+    stages: Sequence[StageSummary] = (),
+    out: Path | None = None,
+) -> Path:
+    """The report of a run folder from what it holds: evidence/eval_*.json, evidence/comparison.json,
+    plots/*.png (known plots first, in PLOT_CAPTIONS order) and lineage/. Writes <run>/report.html
+    (or `out`) and returns its path; a part the run lacks is shown as absent, not an error."""
+    run_dir = Path(run_dir)
+    evidence = [load_evidence(p) for p in sorted((run_dir / "evidence").glob("eval_*.json"))]
+    comparison_file = run_dir / "evidence" / "comparison.json"
+    comparison = None
+    if comparison_file.is_file():
+        comparison = Comparison.from_dict(json.loads(comparison_file.read_text(encoding="utf-8")))
+    pngs = {p.stem: p for p in sorted((run_dir / "plots").glob("*.png"))}
+    order = [name for name in PLOT_CAPTIONS if name in pngs] + [n for n in pngs if n not in PLOT_CAPTIONS]
+    plots = {PLOT_CAPTIONS.get(name, name.replace("_", " ")): pngs[name] for name in order}
+    chain = lineage_chain(run_dir) if any((run_dir / LINEAGE_DIR).glob("*.intoto.json")) else None
+    return write_report(
+        out or run_dir / "report.html",
+        title=title,
+        run_id=run_id,
+        run_dir=run_dir,
+        evidence=evidence,
+        comparison=comparison,
+        stages=stages,
+        plots=plots,
+        chain=chain,
+    )
