@@ -326,3 +326,44 @@ def test_cli_prints_the_chain_and_verify_exits_with_documented_codes(tmp_path):
         timeout=60,
     ).stdout
     assert "RUN_DIR" in help_text and "lineage --verify: 11" in help_text
+
+
+def _other_pythons() -> list[str]:
+    """Python 3.10 and 3.13 found on PATH or under `pyenv root` (never at an assumed path)."""
+    found = []
+    root = None
+    pyenv = shutil.which("pyenv")
+    if pyenv:
+        done = subprocess.run([pyenv, "root"], capture_output=True, text=True, timeout=30, check=False)
+        root = Path(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else None
+    for minor in ("3.10", "3.13"):
+        exe = None
+        if root is not None:
+            exe = next((str(p) for p in sorted(root.glob(f"versions/{minor}.*/bin/python3")) if p.is_file()), None)
+        if exe is None:
+            exe = shutil.which(f"python{minor}")
+            exe = None if exe is None or "/shims/" in exe else exe  # a pyenv shim may point at nothing
+        if exe:
+            found.append(exe)
+    return found
+
+
+def test_bare_pythons_verify_lineage(tmp_path):
+    """`portable lineage --verify` is control plane: stdlib only, on a bare 3.10 and 3.13 with no site-packages."""
+    pythons = _other_pythons()
+    if not pythons:
+        pytest.skip("no python3.10 or python3.13 on PATH or under `pyenv root`")
+    fake = make_run(tmp_path)
+    (fake.run / "returns/meta/returns_sft.parquet").write_bytes(b"edited")
+    for exe in pythons:
+        done = subprocess.run(
+            [exe, "-S", str(REPO / "reproduction/portable.py"), "lineage", str(fake.run), "--verify"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)},
+            check=False,
+        )
+        assert done.returncode == 14, (exe, done.stderr)
+        assert "<- returns: returns/meta/returns_sft.parquet" in done.stdout
+        assert "digest differs: returns/meta/returns_sft.parquet" in done.stderr
