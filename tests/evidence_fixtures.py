@@ -8,7 +8,7 @@ from pathlib import Path
 
 from reproduction.digests import sha256_file
 from reproduction.run.evidence import EvalRecord, build_evidence
-from reproduction.run.lineage import Artifact, StageRun, write_stage_statement
+from reproduction.run.lineage import Artifact, StageRun, bundle_inputs, write_stage_statement
 
 VERSIONS = {
     "python": "3.11.7",
@@ -57,6 +57,10 @@ def make_bundle(root: Path) -> tuple[Path, dict[str, Path]]:
         "format": "recap-portable-bundle",
         "format_version": "1.0",
         "name": "recap-demo",
+        "layers": [
+            {"archive": "source/recap-demo.tar.zst", "target": "source/recap-demo", "kind": "source", "order": 1},
+            {"archive": "runtime/python.tar.zst", "target": "runtime/python", "kind": "runtime", "order": 0},
+        ],
         "files": [
             {"path": rel, "size": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)}
             for rel in sorted(files)
@@ -120,11 +124,7 @@ def make_run(tmp: Path, *, argv: tuple[str, ...] = ("portable", "run", "--output
     policy_resume = run / "policy/checkpoints/step_2"
     _write(policy_resume / "model.safetensors", b"policy weights at step 2" * 30)
     common = dict(run_id="run-test", run_dir=run, world_size=2, device="cpu", versions=VERSIONS, bundle_dir=bundle)
-    base_inputs = [
-        Artifact(path=bundle / "bundle.json", role="bundle_manifest"),
-        Artifact(path=bundle / "runtime/python.tar.zst", role="runtime_layer"),
-        Artifact(path=bundle / "source/recap-demo.tar.zst", role="source"),
-    ]
+    base_inputs = bundle_inputs(bundle)
     config = {"value": {"steps": 4}, "hub": {"token": "hf_" + "x" * 34}, "seed": 0}
     t = 1_780_000_000.0
     stages = [

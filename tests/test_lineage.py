@@ -19,6 +19,7 @@ from reproduction.run.lineage import (
     Artifact,
     StageRun,
     build_statement,
+    bundle_inputs,
     lineage_chain,
     load_statements,
     manifest_tree_sha256,
@@ -102,6 +103,21 @@ def test_chain_links_by_digest_not_by_name(tmp_path):
     nodes = [n for _, n in lineage_chain(fake.run).lines()]
     policy_inputs = [n.label for n in nodes[1].children]
     assert "advantages" not in policy_inputs and "upstream_output" in policy_inputs
+
+
+def test_bundle_inputs_take_layer_digests_from_the_manifest(tmp_path):
+    bundle, _ = make_bundle(tmp_path / "b")
+    inputs = bundle_inputs(bundle)
+    assert [(a.path.relative_to(bundle).as_posix(), a.role) for a in inputs] == [
+        ("bundle.json", "bundle_manifest"),
+        ("runtime/python.tar.zst", "runtime_layer"),
+        ("source/recap-demo.tar.zst", "source"),
+    ]
+    assert inputs[0].sha256 is None and inputs[1].sha256 == path_sha256(bundle / "runtime/python.tar.zst")[0]
+    assert bundle_inputs(tmp_path / "no-bundle") == []
+    (bundle / "bundle.json").write_text("{")
+    with pytest.raises(InvalidInputError):
+        bundle_inputs(bundle)
 
 
 def test_tree_digest_from_files_equals_the_one_from_bundle_json(tmp_path):

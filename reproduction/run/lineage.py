@@ -331,6 +331,31 @@ def _descriptor(item: Path | Artifact, run: StageRun, *, role: str | None) -> di
     }
 
 
+def bundle_inputs(bundle_dir: Path) -> list[Artifact]:
+    """The bundle manifest and its runtime and source layer archives, as inputs every stage of a run read.
+
+    Layer digests come from bundle.json (restore verified them; `lineage --verify` rehashes), so a
+    multi-GB runtime is not hashed again per stage. [] when `bundle_dir` holds no bundle.json;
+    InvalidInputError when bundle.json is not JSON.
+    """
+    manifest_path = Path(bundle_dir) / "bundle.json"
+    if not manifest_path.is_file():
+        return []
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InvalidInputError(f"{manifest_path} is not readable JSON: {exc}", path=manifest_path) from exc
+    pinned = {f.get("path"): f.get("sha256") for f in manifest.get("files", []) if isinstance(f, dict)}
+    out = [Artifact(path=manifest_path, role="bundle_manifest")]
+    layers = sorted(manifest.get("layers", []), key=lambda layer: layer.get("order", 0))
+    for layer in layers:
+        archive, kind = layer.get("archive"), layer.get("kind")
+        if archive in pinned and kind in ("runtime", "source") and (Path(bundle_dir) / archive).is_file():
+            role = "runtime_layer" if kind == "runtime" else "source"
+            out.append(Artifact(path=Path(bundle_dir) / archive, role=role, sha256=pinned[archive]))
+    return out
+
+
 def build_statement(run: StageRun) -> dict[str, Any]:
     """The in-toto Statement (a JSON-ready dict) for one stage run; hashes every output and input not pre-hashed.
 
