@@ -52,6 +52,10 @@ def test_config_values_under_credential_keys_and_token_shaped_strings_are_redact
     assert out["notes"] == [f"pushed with {REDACTED}", "fine"]
     assert out["seed"] == 3 and out["tokens_per_batch"] == ""
     assert config["hub"]["token"] == "plain-but-secret"  # the input is not mutated
+    nested = {"credentials": {"user": "me", "keys": ["k1", "k2"], "enabled": True, "note": None}}
+    assert redact(nested, environ={}) == {
+        "credentials": {"user": REDACTED, "keys": [REDACTED, REDACTED], "enabled": True, "note": None}
+    }
 
 
 def test_environment_secret_values_are_removed_wherever_they_appear():

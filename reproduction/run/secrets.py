@@ -66,17 +66,17 @@ def redact(value: Any, *, environ: Mapping[str, str] | None = None, secrets: Seq
     return _redact(value, known)
 
 
-def _redact(value: Any, known: Sequence[str]) -> Any:
+def _redact(value: Any, known: Sequence[str], *, under_secret: bool = False) -> Any:
+    """Recursive redaction; below a credential-named key every non-empty leaf is a secret."""
     if isinstance(value, Mapping):
-        out = {}
-        for key, item in value.items():
-            if is_secret_name(str(key)) and item not in (None, "") and not isinstance(item, (Mapping, list, tuple)):
-                out[key] = REDACTED
-            else:
-                out[key] = _redact(item, known)
-        return out
+        return {
+            key: _redact(item, known, under_secret=under_secret or is_secret_name(str(key)))
+            for key, item in value.items()
+        }
     if isinstance(value, (list, tuple)):
-        return [_redact(item, known) for item in value]
+        return [_redact(item, known, under_secret=under_secret) for item in value]
+    if under_secret and value not in (None, "") and not isinstance(value, bool):
+        return REDACTED
     if isinstance(value, str):
         return redact_text(value, secrets=known)
     return value
