@@ -147,6 +147,7 @@ window.addEventListener("load", function () {
 </script>"""
 
 
+@pytest.mark.slow  # two Chromium starts: 7-13 s on the shared 2 cores
 def test_chromium_renders_the_report(report, tmp_path):
     exe = _chromium()
     if exe is None:
