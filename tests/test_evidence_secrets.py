@@ -92,3 +92,23 @@ def test_find_secret_sees_plain_and_utf16_copies_and_nothing_else(tmp_path):
     assert find_secret(tmp_path / "clean.json", TOKEN) == []
     with pytest.raises(ValueError):
         find_secret(tmp_path, "short")
+
+
+def test_log_records_are_redacted_before_they_are_written(tmp_path):
+    import logging
+
+    from reproduction.run.secrets import RedactingFilter
+
+    log_file = tmp_path / "run.log"
+    handler = logging.FileHandler(log_file)
+    handler.addFilter(RedactingFilter(environ={"HF_TOKEN": "private-value-xyz"}))
+    logger = logging.getLogger("test_evidence_secrets.redaction")
+    logger.propagate = False
+    logger.addHandler(handler)
+    try:
+        logger.warning("connecting with %s and %s", "private-value-xyz", TOKEN)
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    assert log_file.read_text() == f"connecting with {REDACTED} and {REDACTED}\n"
+    assert find_secret(tmp_path, TOKEN) == [] and find_secret(tmp_path, "private-value-xyz") == []

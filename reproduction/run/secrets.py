@@ -16,6 +16,7 @@ it scans every file under a folder for the raw bytes of a planted token. Stdlib 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -110,6 +111,22 @@ def redact_environ(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """A copy of the environment with credential-named variables' values and embedded secrets replaced."""
     env = dict(os.environ if environ is None else environ)
     return redact(env, secrets=secret_values(env))
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that redacts every record's message (arguments merged in first) before any handler writes it.
+
+    Attach it to the handlers that write a run's log files: `handler.addFilter(RedactingFilter())`.
+    """
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        super().__init__()
+        self._secrets = secret_values(environ)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = redact_text(record.getMessage(), secrets=self._secrets)
+        record.args = None
+        return True
 
 
 @dataclass(frozen=True, slots=True)
