@@ -142,7 +142,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
-    from reproduction.run.lineage import lineage_chain, verify_lineage  # stdlib only
+    from reproduction.run.lineage_check import lineage_chain, verify_lineage  # stdlib only
 
     chain = lineage_chain(Path(args.run_dir))
     report = verify_lineage(Path(args.run_dir)) if args.verify else None

@@ -14,21 +14,17 @@ from evidence_fixtures import VERSIONS, make_bundle, make_run, schema_errors, va
 
 from reproduction.errors import InputNotFoundError, InvalidInputError
 from reproduction.run.lineage import (
-    EXIT_DIGEST,
-    EXIT_MISSING,
     Artifact,
     StageRun,
     build_statement,
     bundle_inputs,
-    lineage_chain,
-    load_statements,
     manifest_tree_sha256,
     path_sha256,
     runtime_versions,
     tree_sha256,
-    verify_lineage,
     write_stage_statement,
 )
+from reproduction.run.lineage_check import EXIT_DIGEST, EXIT_MISSING, lineage_chain, load_statements, verify_lineage
 from reproduction.run.secrets import find_secret
 
 REPO = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ from evidence_fixtures import PICK, make_evidence, make_run
 
 from reproduction.run import plots
 from reproduction.run.evidence import compare_evidence
-from reproduction.run.lineage import lineage_chain
+from reproduction.run.lineage_check import lineage_chain
 from reproduction.run.report import StageSummary, render_report_html, write_report
 
 EVIL_TASK = 'stack <script>alert("x")</script> & "quote" it'

@@ -19,7 +19,8 @@ from typing import Any
 from reproduction.errors import InvalidInputError
 from reproduction.fsio import atomic_write_text
 from reproduction.run.evidence import Comparison, load_evidence
-from reproduction.run.lineage import LINEAGE_DIR, Chain, lineage_chain
+from reproduction.run.lineage import LINEAGE_DIR
+from reproduction.run.lineage_check import Chain, lineage_chain
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 TEMPLATE = "report.html.j2"
