@@ -34,7 +34,21 @@ def test_credential_names_are_recognised(name):
 
 
 @pytest.mark.parametrize(
-    "name", ["seed", "HOME", "value.steps", "--output", "tokenizer", "max_tokens", "author", "PATH", "key_frames"]
+    "name",
+    [
+        "seed",
+        "HOME",
+        "value.steps",
+        "--output",
+        "tokenizer",
+        "max_tokens",
+        "author",
+        "PATH",
+        "key_frames",
+        "max_token_len",
+        "pad_token_id",
+        "token_budget",
+    ],
 )
 def test_ordinary_names_are_not(name):
     assert not is_secret_name(name)

@@ -84,6 +84,35 @@ def test_chain_walks_from_the_policy_to_the_bundle_manifest_by_digests(tmp_path)
     assert text.count("bundle_manifest: bundle.json") == 1
 
 
+def test_an_upstream_stage_read_through_many_files_is_one_node(tmp_path):
+    run = tmp_path / "run"
+    files = []
+    for i in range(3):
+        path = run / f"value/model_{i}/export/model.safetensors"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"weights %d" % i)
+        files.append(path)
+    (run / "advantages").mkdir()
+    (run / "advantages/advantages.parquet").write_bytes(b"adv")
+    common = dict(
+        run_id="r", run_dir=run, argv=[], config={}, world_size=1, device="cpu", versions=VERSIONS, environ={}
+    )
+    write_stage_statement(StageRun(stage="value", outputs=files, inputs=[], started_on=0.0, finished_on=1.0, **common))
+    write_stage_statement(
+        StageRun(
+            stage="advantages",
+            outputs=[run / "advantages/advantages.parquet"],
+            inputs=[Artifact(path=f) for f in files],
+            started_on=2.0,
+            finished_on=3.0,
+            **common,
+        )
+    )
+    lines = lineage_chain(run).render().splitlines()
+    assert len(lines) == 2
+    assert lines[1].startswith("<- value: value/model_0/export/model.safetensors") and "+2 more files" in lines[1]
+
+
 def test_chain_links_by_digest_not_by_name(tmp_path):
     """Rename the advantages file in the statements' view: the link still holds because the digest matches."""
     fake = make_run(tmp_path)

@@ -213,7 +213,8 @@ def lineage_chain(run_dir: Path) -> Chain:
 
     A dependency whose digest is a subject of another statement continues into that stage; other
     dependencies are leaves, marked "in bundle.json" when the bundle manifest the stage read pins
-    their digest. A stage already printed is shown once more as "seen above", without its inputs.
+    their digest. Each upstream stage is one node however many of its files were read ("+N more files");
+    a stage already printed is shown once more as "seen above", without its inputs.
     """
     statements = load_statements(run_dir)
     producer: dict[str, LoadedStatement] = {}
@@ -227,25 +228,33 @@ def lineage_chain(run_dir: Path) -> Chain:
     shown: set[Path] = set()
     leaves_shown: set[str] = set()
 
-    def stage_node(st: LoadedStatement, via: Mapping[str, Any] | None) -> ChainNode:
-        subject = via or st.subjects[0]
+    def stage_node(st: LoadedStatement, used: list[Mapping[str, Any]]) -> ChainNode:
+        """`used`: the subjects of `st` the consumer read (all of them for a root)."""
+        subject = used[0] if used else st.subjects[0]
         node = ChainNode(label=st.stage, name=subject["name"], sha256=subject["digest"]["sha256"])
+        more = f"+{len(used) - 1} more file{'s' if len(used) > 2 else ''}" if len(used) > 1 else ""
         if st.file in shown:
-            node.note = "seen above"
+            node.note = ", ".join(x for x in (more, "seen above") if x)
             return node
         shown.add(st.file)
-        node.note = _stage_note(st)
+        node.note = ", ".join(x for x in (more, _stage_note(st)) if x)
+        # One child per upstream stage (however many of its files were read), newest first and depth first,
+        # so the chain reads policy -> advantages -> value -> returns -> datasets -> bundle manifest and shared
+        # inputs (bundle manifest, layers) print once, under the deepest stage that read them.
+        upstreams: dict[Path, tuple[LoadedStatement, list[Mapping[str, Any]]]] = {}
         leaves = []
-        # Upstream stages first (depth first), so shared inputs (bundle manifest, layers) print once, at the
-        # deepest stage that read them: the chain reads policy -> advantages -> value -> returns -> datasets -> bundle.
         for dep in st.dependencies:
             digest = dep["digest"]["sha256"]
             upstream = producer.get(digest)
             if upstream is not None and upstream.file != st.file:
                 match = next(s for s in upstream.subjects if s["digest"]["sha256"] == digest)
-                node.children.append(stage_node(upstream, match))
+                matches = upstreams.setdefault(upstream.file, (upstream, []))[1]
+                if match not in matches:
+                    matches.append(match)
             else:
                 leaves.append(dep)
+        for upstream, matches in sorted(upstreams.values(), key=lambda g: g[0].metadata["startedOn"], reverse=True):
+            node.children.append(stage_node(upstream, matches))
         manifest = _bundle_manifest(st, run_dir)
         repeated = 0
         for dep in sorted(leaves, key=lambda d: d.get("annotations", {}).get("role") == "bundle_manifest"):
@@ -261,7 +270,7 @@ def lineage_chain(run_dir: Path) -> Chain:
             node.note += f", {repeated} more input{'s' if repeated > 1 else ''} shown below"
         return node
 
-    return Chain(run_dir=Path(run_dir), roots=[stage_node(st, None) for st in reversed(roots_st)])
+    return Chain(run_dir=Path(run_dir), roots=[stage_node(st, list(st.subjects)) for st in reversed(roots_st)])
 
 
 # -- verification -------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ What counts as a secret:
   looks like a credential: one of its words (split at `_ - . ` and case changes) is token (or ends in
   it: `hftoken`), secret, password, passwd, credential(s), auth, authorization, or the pairs api key,
   access key, private key; e.g. `HF_TOKEN`, `hub.token`, `--api-key`. Words such as `tokenizer`,
-  `max_tokens` or `author` are not credentials;
+  `max_tokens` or `author` are not credentials, nor is a name with a quantity word (`max_token_len`,
+  `token_budget`, `token_id`);
 - any string that looks like a Hugging Face token (`hf_` followed by 30 or more letters/digits);
 - any value, wherever it appears inside a longer string, of an environment variable whose name looks
   like a credential (so a token that leaked into a URL or a log line is replaced too).
@@ -28,6 +29,9 @@ REDACTED = "<redacted>"
 SECRET_WORDS = frozenset(
     {"token", "secret", "password", "passwd", "credential", "credentials", "auth", "authorization", "apikey"}
 )
+QUANTITY_WORDS = frozenset(
+    {"max", "min", "num", "len", "length", "count", "size", "limit", "budget", "per", "ids", "id", "type", "dim"}
+)
 SECRET_PAIRS = frozenset({("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key")})
 HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")
 # Shorter values are too likely to be ordinary words ("1", "true") to replace inside other strings.
@@ -37,6 +41,8 @@ MIN_SECRET_LEN = 8
 def is_secret_name(name: str) -> bool:
     """True if a key or variable name looks like it holds a credential (`HF_TOKEN`, `hub.token`, `--api-key`)."""
     words = [w.lower() for w in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+", name)]
+    if QUANTITY_WORDS.intersection(words):  # max_token_len, num_tokens, token_budget: sizes, not credentials
+        return False
     if any(w in SECRET_WORDS or (w.endswith("token") and len(w) > 5) for w in words):
         return True
     return any(pair in SECRET_PAIRS for pair in zip(words, words[1:]))
