@@ -9,7 +9,8 @@ Public API (stable; other stages build on it)::
     ds.tasks                                # {task_index: task string}
     ds.episodes                             # pyarrow.Table: episode_index, length (+ v3.0 file pointers)
     ds.frame_table(columns=None)            # pyarrow.Table of per-frame key columns, all files, in row order
-    ds.iter_frame_tables(columns=None)      # the same, one table per data file (bounded memory)
+    ds.iter_frame_tables(columns=None)      # the same, one table per data file (bounded memory; each
+                                            # file read once, in parallel; digests it for the fingerprint)
     ds.read_frames(rows, keys)              # {key: np.ndarray}; images uint8 (n, H, W, 3)
     ds.fingerprint                          # hex digest binding sidecars to this exact dataset version
 
@@ -29,7 +30,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from reproduction.data.info import (
     KEY_COLUMNS,
@@ -39,6 +39,7 @@ from reproduction.data.info import (
     DatasetInfo,
     load_info,
 )
+from reproduction.data.scan import FileRead, ordered_map, read_metadata, read_parquet, read_schema_names
 from reproduction.errors import DatasetError, InputNotFoundError
 
 OPTIONAL_KEY_COLUMNS = ("is_success",)
@@ -62,8 +63,7 @@ class Dataset:
                 path=self.root / "data",
                 hint="the dataset is incomplete; copy its data/ folder too",
             )
-        self._file_rows = np.array([pq.ParquetFile(p).metadata.num_rows for p in self.data_files], dtype=np.int64)
-        self._file_offsets = np.concatenate([[0], np.cumsum(self._file_rows)])
+        self._file_offsets_cache: np.ndarray | None = None  # from the footers, or from a scan
         self.tasks: dict[int, str] = _load_tasks(self.root, self.info.codebase_version)
         self.episodes: pa.Table = _load_episodes(self.root, self.info.codebase_version)
         self._episode_pos = {int(e): i for i, e in enumerate(self.episodes.column("episode_index").to_pylist())}
@@ -72,8 +72,20 @@ class Dataset:
         self._table_cache: tuple[int, tuple[str, ...], pa.Table] | None = None
         self._locator: dict[str, np.ndarray] | None = None
         self._fingerprint: str | None = None
-        schema_names = set(pq.ParquetFile(self.data_files[0]).schema_arrow.names)
-        self.key_columns: tuple[str, ...] = tuple(c for c in KEY_COLUMNS + OPTIONAL_KEY_COLUMNS if c in schema_names)
+        self._schema_names: list[str] = read_schema_names(self.data_files[0])
+        names = set(self._schema_names)
+        self.key_columns: tuple[str, ...] = tuple(c for c in KEY_COLUMNS + OPTIONAL_KEY_COLUMNS if c in names)
+
+    @property
+    def _file_offsets(self) -> np.ndarray:
+        """Row offset of each data file (and the total last): footers read on first use, in parallel,
+        unless a scan already counted the rows."""
+        if self._file_offsets_cache is None:
+            rows = np.fromiter(
+                ordered_map(lambda p: read_metadata(p).num_rows, self.data_files), dtype=np.int64, count=-1
+            )
+            self._file_offsets_cache = np.concatenate([[0], np.cumsum(rows)])
+        return self._file_offsets_cache
 
     # -- metadata -------------------------------------------------------------------------------
 
@@ -103,7 +115,8 @@ class Dataset:
 
     @property
     def fingerprint(self) -> str:
-        """Digest of info.json, the episode index and the per-frame key columns (stat-cached per file)."""
+        """Digest of info.json, the episode index and the per-frame key columns (stat-cached per file;
+        free after a complete `scan`, which digests the files it reads)."""
         if self._fingerprint is None:
             from reproduction.data.fingerprint import dataset_fingerprint
 
@@ -114,7 +127,7 @@ class Dataset:
 
     def _columns(self, columns: Sequence[str] | None) -> list[str]:
         cols = list(columns) if columns is not None else list(self.key_columns)
-        names = set(pq.ParquetFile(self.data_files[0]).schema_arrow.names)
+        names = set(self._schema_names)
         missing = [c for c in cols if c not in names]
         if missing:
             raise DatasetError(
@@ -126,10 +139,35 @@ class Dataset:
         return cols
 
     def iter_frame_tables(self, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
-        """Yield one table per data file (in row order) with `columns` (default: the key columns)."""
+        """Yield one table per data file (in row order) with `columns` (default: the key columns).
+
+        Each file is read once, on a small thread pool, a few files ahead of the consumer. The same
+        read digests the file's key columns, so once every table was consumed `fingerprint` and
+        `num_frames` cost no further read. A file pyarrow cannot read is a DatasetError naming it.
+        """
+        from reproduction.data.fingerprint import digest_columns, table_key_digest
+
         cols = self._columns(columns)
-        for path in self.data_files:
-            yield pq.read_table(path, columns=cols)
+        fp_cols = digest_columns(self.key_columns) if self._fingerprint is None else []
+        read_cols = cols + [c for c in fp_cols if c not in cols]
+
+        def read(path: Path) -> tuple[FileRead, str | None]:
+            got = read_parquet(path, read_cols)
+            return got, (table_key_digest(got.table.select(fp_cols)) if fp_cols else None)
+
+        known: dict[Path, tuple[int, int, str]] = {}
+        rows: list[int] = []
+        for got, digest in ordered_map(read, self.data_files):
+            if digest is not None:
+                known[got.path] = (got.size, got.mtime_ns, digest)
+            rows.append(got.table.num_rows)
+            yield got.table.select(cols) if read_cols != cols else got.table
+        if self._file_offsets_cache is None:
+            self._file_offsets_cache = np.concatenate([[0], np.cumsum(np.asarray(rows, dtype=np.int64))])
+        if fp_cols and self._fingerprint is None:
+            from reproduction.data.fingerprint import dataset_fingerprint
+
+            self._fingerprint = dataset_fingerprint(self, known)
 
     def frame_table(self, columns: Sequence[str] | None = None) -> pa.Table:
         """All rows' `columns` (default: key columns present among episode_index, frame_index, index,
@@ -171,7 +209,7 @@ class Dataset:
         cached = self._table_cache
         if cached is not None and cached[0] == file_id and set(columns) <= set(cached[1]):
             return cached[2]
-        table = pq.read_table(self.data_files[file_id], columns=list(columns))
+        table = read_parquet(self.data_files[file_id], list(columns)).table
         self._table_cache = (file_id, columns, table)
         return table
 
@@ -288,7 +326,7 @@ def _load_tasks(root: Path, version: str) -> dict[int, str]:
     path = root / V30_TASKS_PATH
     if not path.is_file():
         raise InputNotFoundError(f"{path}: missing", path=path, hint="copy the dataset's meta/ folder")
-    table = pq.read_table(path)
+    table = read_parquet(path).table
     text_cols = [
         n
         for n in table.column_names
@@ -321,8 +359,8 @@ def _load_episodes(root: Path, version: str) -> pa.Table:
         )
     tables = []
     for f in files:
-        names = [n for n in pq.ParquetFile(f).schema_arrow.names if not n.startswith("stats/")]
-        tables.append(pq.read_table(f, columns=names))
+        names = [n for n in read_schema_names(f) if not n.startswith("stats/")]
+        tables.append(read_parquet(f, names).table)
     return pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
 
 

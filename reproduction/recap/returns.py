@@ -6,7 +6,9 @@ r_t = -1 for t < L-1; r_{L-1} = 0 on success, else `failure_reward`. G_t = sum_j
 and use its value at the episode's last frame. Episodes are found by episode_index (ids need not
 be contiguous, rows need not be sorted); duplicate (episode, frame) pairs are refused. Datasets whose
 data files hold disjoint, increasing episode ranges (lerobot's v2.1 and v3.0 layouts) are processed
-one data file at a time, so memory follows the largest file, not the dataset.
+in batches of whole files (about STREAM_ROWS rows, one sidecar row group each), each file read once
+on a small thread pool, the dataset fingerprint digested from that same read; memory follows the
+batch, not the dataset.
 
     python -m reproduction.recap.returns --dataset PATH [--dataset PATH ...] --out DIR \\
         [--tag T] [--gamma 1.0] [--failure-reward -300] [--type sft|rollout] [--in-dataset]
@@ -18,7 +20,7 @@ import argparse
 import functools
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -307,12 +309,9 @@ def compute_returns(
         cfg = ReturnsConfig(**{**asdict(config), "dataset_type": types[i] if types else config.dataset_type})
         ds = open_dataset(path)
         cols = [c for c in ("episode_index", "frame_index", "task_index", "is_success") if c in ds.key_columns]
-        # Stream file by file when files hold disjoint, increasing episode ranges (lerobot's layouts):
-        # then per-file outputs, in file order, are the sorted whole. Else sort everything at once.
-        frames = ds.iter_frame_tables(cols) if files_in_episode_order(ds.data_files) else [ds.frame_table(cols)]
         kept: dict[str, list[np.ndarray]] = {"return": [], "reward": []}
 
-        def tables() -> Any:
+        def tables(frames: Iterable[pa.Table]) -> Iterator[pa.Table]:
             for t in frames:
                 table = compute_returns_table(t, cfg, tasks=ds.tasks, source=str(ds.root))
                 for name, parts in kept.items():
@@ -335,7 +334,13 @@ def compute_returns(
             }
 
         folder = ds.root / "meta" if in_dataset else Path(out) / ds.name
-        sidecar = write_sidecar(folder / sidecar_name("returns", cfg.tag), tables(), meta)
+        target = folder / sidecar_name("returns", cfg.tag)
+        try:  # the usual layouts: each data file read once, whole files at a time
+            sidecar = write_sidecar(target, tables(streamed_frames(ds, cols)), meta)
+        except FilesInterleaveError:  # an episode spans files: read everything, sort once
+            meta.cache_clear()
+            kept = {"return": [], "reward": []}
+            sidecar = write_sidecar(target, tables([ds.frame_table(cols)]), meta)
         doc = meta()
         update_stats_json(folder / "stats.json", doc["stats"])
         results.append(
@@ -351,32 +356,39 @@ def compute_returns(
     return results
 
 
-def files_in_episode_order(files: Sequence[Path]) -> bool:
-    """True when each data file's episode_index range lies strictly above the previous file's
-    (from parquet statistics, else the column itself): no episode spans two files."""
-    import pyarrow.parquet as pq
+STREAM_ROWS = 1 << 20
+"""Stage 1 computes (and writes, one row group each) whole data files in batches of about this many rows."""
 
-    prev = None
-    for path in files:
-        pf = pq.ParquetFile(path)
-        if pf.metadata.num_rows == 0:
+
+class FilesInterleaveError(Exception):
+    """A data file holds an episode at or below one of the previous file's: rows must be sorted whole."""
+
+
+def streamed_frames(ds: Any, columns: list[str]) -> Iterator[pa.Table]:
+    """The dataset's `columns` in batches of whole data files (about STREAM_ROWS rows each), each
+    file read once (`Dataset.iter_frame_tables`). Valid when each file's episode_index range lies
+    strictly above the previous file's (lerobot's v2.1 and v3.0 layouts): then each batch sorted is
+    the next part of the sorted whole. Raises FilesInterleaveError as soon as that fails."""
+    batch: list[pa.Table] = []
+    rows, prev, empty = 0, None, None
+    for t in ds.iter_frame_tables(columns):
+        if not t.num_rows:
+            empty = t
             continue
-        md = pf.metadata
-        leaf = [md.row_group(0).column(j).path_in_schema for j in range(md.num_columns)]
-        stats = (
-            [md.row_group(g).column(leaf.index("episode_index")).statistics for g in range(md.num_row_groups)]
-            if "episode_index" in leaf
-            else [None]
-        )
-        if all(st is not None and st.has_min_max for st in stats):
-            lo, hi = min(st.min for st in stats), max(st.max for st in stats)
-        else:
-            ep = pq.read_table(path, columns=["episode_index"]).column("episode_index").to_numpy()
-            lo, hi = int(ep.min()), int(ep.max())
+        ep = t.column("episode_index").to_numpy()
+        lo, hi = ep.min(), ep.max()
         if prev is not None and lo <= prev:
-            return False
+            raise FilesInterleaveError(str(ds.root))
         prev = hi
-    return True
+        batch.append(t)
+        rows += t.num_rows
+        if rows >= STREAM_ROWS:
+            yield pa.concat_tables(batch).combine_chunks() if len(batch) > 1 else batch[0]
+            batch, rows = [], 0
+    if batch:
+        yield pa.concat_tables(batch).combine_chunks() if len(batch) > 1 else batch[0]
+    elif prev is None and empty is not None:
+        yield empty  # every file is empty: one empty chunk keeps the sidecar's schema
 
 
 def _parser() -> argparse.ArgumentParser:
