@@ -95,10 +95,12 @@ def dataset_fingerprint(ds: Dataset, known: dict[Path, tuple[int, int, str]] | N
     cache_path = cache_dir() / (hashlib.sha256(str(root).encode()).hexdigest()[:32] + ".json")
     cache = _load_cache(cache_path)
     known = known or {}
+    prefix = len(str(ds.root)) + 1
+    rels = {path: str(path)[prefix:] for path in ds.data_files}  # data_files are root / "data" / ...
     fresh: dict[str, list] = {}
     missing: list[Path] = []
     for path in ds.data_files:
-        rel = str(path.relative_to(ds.root))
+        rel = rels[path]
         if path in known:
             fresh[rel] = list(known[path])
             continue
@@ -115,7 +117,7 @@ def dataset_fingerprint(ds: Dataset, known: dict[Path, tuple[int, int, str]] | N
         return path, [got.size, got.mtime_ns, table_key_digest(got.table)]
 
     for path, entry in ordered_map(digest, missing):
-        fresh[str(path.relative_to(ds.root))] = entry
+        fresh[rels[path]] = entry
     h = hashlib.sha256(FP_VERSION.encode())
     h.update(json.dumps(ds.info.raw, sort_keys=True, separators=(",", ":")).encode())
     ep = ds.episodes
@@ -125,7 +127,7 @@ def dataset_fingerprint(ds: Dataset, known: dict[Path, tuple[int, int, str]] | N
     h.update(idx[order].tobytes())
     h.update(lengths[order].tobytes())
     for path in ds.data_files:
-        rel = str(path.relative_to(ds.root))
+        rel = rels[path]
         h.update(rel.encode())
         h.update(fresh[rel][2].encode())
     if fresh != cache:
