@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from reproduction.data.scan import ordered_map, read_parquet, read_schema_names
 from reproduction.fsio import atomic_write_text
@@ -53,10 +52,13 @@ def table_key_digest(table: pa.Table) -> str:
     arrays = {}
     for name in cols:
         col = table.column(name)
-        nulls = col.is_null().to_numpy(zero_copy_only=False) if col.null_count else None
-        values = (
-            pc.fill_null(col, False if pa.types.is_boolean(col.type) else 0) if col.null_count else col
-        ).to_numpy()
+        nulls = None
+        if col.null_count:  # rare (stage 1 refuses it later): pyarrow.compute costs 0.2 s to import
+            import pyarrow.compute as pc
+
+            nulls = col.is_null().to_numpy(zero_copy_only=False)
+            col = pc.fill_null(col, False if pa.types.is_boolean(col.type) else 0)
+        values = col.to_numpy()
         values = values.astype("<u1" if values.dtype == np.bool_ else "<i8", copy=False)
         if nulls is not None:  # a missing value hashes apart from a present 0 (stage 1 then refuses it)
             values = np.where(nulls, np.iinfo(values.dtype).max, values).astype(values.dtype)
