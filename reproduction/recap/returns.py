@@ -265,14 +265,10 @@ def repeat_strings(names: list[str], codes: np.ndarray) -> pa.Array:
     np.cumsum(row_lens, out=offsets[1:])
     if offsets[-1] >= 2**31 - 1:  # beyond int32 offsets: let pyarrow split it
         return pa.array(names, pa.string()).take(pa.array(codes))
-    width = int(lens.max(initial=0))
-    table = np.zeros((len(encoded), max(width, 1)), dtype=np.uint8)
-    for i, b in enumerate(encoded):
-        table[i, : len(b)] = np.frombuffer(b, dtype=np.uint8)
-    cols = np.arange(max(width, 1))
-    step = 1 << 18  # bounded temporaries: a (step, width) block at a time
-    parts = [table[codes[i : i + step]][cols < row_lens[i : i + step, None]] for i in range(0, codes.size, step)]
-    data = np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+    starts = np.flatnonzero(codes[1:] != codes[:-1]) + 1 if codes.size else np.zeros(0, np.int64)
+    bounds = np.concatenate([[0], starts, [codes.size]]) if codes.size else np.zeros(1, np.int64)
+    runs = zip(codes[bounds[:-1]].tolist(), np.diff(bounds).tolist())  # a task's frames come in long runs
+    data = b"".join(encoded[k] * n for k, n in runs)
     return pa.Array.from_buffers(
         pa.string(), codes.size, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)]
     )
