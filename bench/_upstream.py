@@ -172,7 +172,7 @@ def upstream_advantages(
         out_cols["reward_sum_raw"][s:e] = r_raw
         k_out[s:e] = k
     a = out_cols["advantage_continuous"]
-    tau = np.percentile(a, 70.0)
+    tau = np.percentile(a, (1 - 0.3) * 100)
     table = pa.table(
         {
             "episode_index": ret.column("episode_index"),
