@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,29 +49,54 @@ DIGEST_ROWS = 1 << 20
 def table_key_digest(table: pa.Table) -> str:
     """sha256 of a data file's key columns (those of FP_COLUMNS present), values as little-endian
     int64 (bool as uint8), in slices of DIGEST_ROWS rows."""
-    cols = [c for c in FP_COLUMNS if c in table.column_names]
-    arrays = {}
-    for name in cols:
-        col = table.column(name)
-        nulls = None
-        if col.null_count:  # rare (stage 1 refuses it later): pyarrow.compute costs 0.2 s to import
-            import pyarrow.compute as pc
-
-            nulls = col.is_null().to_numpy(zero_copy_only=False)
-            col = pc.fill_null(col, False if pa.types.is_boolean(col.type) else 0)
-        values = col.to_numpy()
-        values = values.astype("<u1" if values.dtype == np.bool_ else "<i8", copy=False)
-        if nulls is not None:  # a missing value hashes apart from a present 0 (stage 1 then refuses it)
-            values = np.where(nulls, np.iinfo(values.dtype).max, values).astype(values.dtype)
-        arrays[name] = np.ascontiguousarray(values)
+    arrays = [(name.encode(), _le_values(table.column(name))) for name in FP_COLUMNS if name in table.column_names]
     h = hashlib.sha256()
-    for lo in range(0, max(table.num_rows, 1), DIGEST_ROWS):
-        if table.num_rows == 0:
-            break
-        for name in cols:
-            h.update(name.encode())
-            h.update(arrays[name][lo : lo + DIGEST_ROWS].tobytes())
+    n = table.num_rows
+    for lo in range(0, n, DIGEST_ROWS):
+        for name, values in arrays:
+            h.update(name)
+            h.update(values[lo : lo + DIGEST_ROWS] if n > DIGEST_ROWS else values)  # the buffer, no copy
     return h.hexdigest()
+
+
+def batch_key_digests(table: pa.Table, file_rows: np.ndarray) -> list[str]:
+    """table_key_digest of each file in a batch of whole files (`file_rows` rows each, in order),
+    from the batch's arrays: a few array slices and hash updates a file, not a pyarrow call."""
+    arrays = [(name.encode(), _le_values(table.column(name))) for name in FP_COLUMNS if name in table.column_names]
+    out = []
+    start = 0
+    for n in file_rows.tolist():
+        h = hashlib.sha256()
+        for lo in range(start, start + n, DIGEST_ROWS):
+            hi = min(lo + DIGEST_ROWS, start + n)
+            for name, values in arrays:
+                h.update(name)
+                h.update(values[lo:hi])
+        out.append(h.hexdigest())
+        start += n
+    return out
+
+
+def _le_values(col: pa.ChunkedArray) -> np.ndarray:
+    """A key column as little-endian int64 (bool: uint8 0/1); a missing value hashes as the dtype's max."""
+    if col.num_chunks == 1 and not col.null_count and sys.byteorder == "little":
+        arr = col.chunk(0)  # the fast path (every file of a dataset): straight from the Arrow buffer
+        if pa.types.is_int64(arr.type):
+            return np.frombuffer(arr.buffers()[1], dtype=np.int64, count=len(arr), offset=arr.offset * 8)
+        if pa.types.is_boolean(arr.type):
+            bits = np.frombuffer(arr.buffers()[1], dtype=np.uint8)
+            return np.unpackbits(bits, bitorder="little", count=arr.offset + len(arr))[arr.offset :]
+    nulls = None
+    if col.null_count:  # rare (stage 1 refuses it later): pyarrow.compute costs 0.2 s to import
+        import pyarrow.compute as pc
+
+        nulls = col.is_null().to_numpy(zero_copy_only=False)
+        col = pc.fill_null(col, False if pa.types.is_boolean(col.type) else 0)
+    values = col.to_numpy()
+    values = values.astype("<u1" if values.dtype == np.bool_ else "<i8", copy=False)
+    if nulls is not None:
+        values = np.where(nulls, np.iinfo(values.dtype).max, values).astype(values.dtype)
+    return np.ascontiguousarray(values)
 
 
 def digest_columns(names: list[str] | tuple[str, ...]) -> list[str]:

@@ -9,8 +9,10 @@ Public API (stable; other stages build on it)::
     ds.tasks                                # {task_index: task string}
     ds.episodes                             # pyarrow.Table: episode_index, length (+ v3.0 file pointers)
     ds.frame_table(columns=None)            # pyarrow.Table of per-frame key columns, all files, in row order
-    ds.iter_frame_tables(columns=None)      # the same, one table per data file (bounded memory; each
-                                            # file read once, in parallel; digests it for the fingerprint)
+    ds.iter_file_batches(columns=None)      # the same in batches of whole files, ~1M rows each (bounded
+                                            # memory; each file read once, in parallel, and digested for
+                                            # the fingerprint on the way), with each file's row count
+    ds.iter_frame_tables(columns=None)      # the same, one table per data file
     ds.read_frames(rows, keys)              # {key: np.ndarray}; images uint8 (n, H, W, 3)
     ds.fingerprint                          # hex digest binding sidecars to this exact dataset version
 
@@ -43,6 +45,8 @@ from reproduction.data.scan import FileRead, ordered_map, read_metadata, read_pa
 from reproduction.errors import DatasetError, InputNotFoundError
 
 OPTIONAL_KEY_COLUMNS = ("is_success",)
+BATCH_ROWS = 1 << 20
+"""Rows per batch of whole data files that `iter_file_batches` yields by default."""
 
 
 def open_dataset(root: Path | str, *, video_cache_episodes: int = 4) -> Dataset:
@@ -138,41 +142,65 @@ class Dataset:
             )
         return cols
 
-    def iter_frame_tables(self, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
-        """Yield one table per data file (in row order) with `columns` (default: the key columns).
+    def iter_file_batches(
+        self, columns: Sequence[str] | None = None, *, min_rows: int = BATCH_ROWS
+    ) -> Iterator[tuple[pa.Table, np.ndarray]]:
+        """(table, rows per file): whole data files' `columns` (default: the key columns) in file
+        order, concatenated into tables of at least `min_rows` rows (the last may hold fewer).
 
-        Each file is read once, on a small thread pool, a few files ahead of the consumer. The same
-        read digests the file's key columns, so once every table was consumed `fingerprint` and
-        `num_frames` cost no further read. A file pyarrow cannot read is a DatasetError naming it.
+        Each file is read once, on a small thread pool, a few files ahead of the consumer. The key
+        columns are digested from the same read (per file, from the batch's arrays), so once every
+        batch was consumed `fingerprint` and `num_frames` cost no further read. A file pyarrow
+        cannot read is a DatasetError naming it.
         """
-        from reproduction.data.fingerprint import digest_columns, table_key_digest
+        from reproduction.data.fingerprint import batch_key_digests, digest_columns
 
         cols = self._columns(columns)
         fp_cols = digest_columns(self.key_columns) if self._fingerprint is None else []
         read_cols = cols + [c for c in fp_cols if c not in cols]
-
-        def read(path: Path) -> tuple[FileRead, str | None]:
-            got = read_parquet(path, read_cols)
-            return got, (table_key_digest(got.table.select(fp_cols)) if fp_cols else None)
-
         known: dict[Path, tuple[int, int, str]] = {}
-        rows: list[int] = []
-        for got, digest in ordered_map(read, self.data_files):
-            if digest is not None:
-                known[got.path] = (got.size, got.mtime_ns, digest)
-            rows.append(got.table.num_rows)
-            yield got.table.select(cols) if read_cols != cols else got.table
+        counts: list[int] = []
+        pending: list[FileRead] = []
+        held = 0
+
+        def flush() -> tuple[pa.Table, np.ndarray]:
+            tables = [got.table for got in pending]
+            table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0].combine_chunks()
+            rows = np.array([t.num_rows for t in tables], dtype=np.int64)
+            if fp_cols:
+                for got, digest in zip(pending, batch_key_digests(table, rows)):
+                    known[got.path] = (got.size, got.mtime_ns, digest)
+            counts.extend(rows.tolist())
+            return (table.select(cols) if read_cols != cols else table), rows
+
+        for got in ordered_map(lambda path: read_parquet(path, read_cols), self.data_files):
+            pending.append(got)
+            held += got.table.num_rows
+            if held >= min_rows:
+                yield flush()
+                pending, held = [], 0
+        if pending:
+            yield flush()
         if self._file_offsets_cache is None:
-            self._file_offsets_cache = np.concatenate([[0], np.cumsum(np.asarray(rows, dtype=np.int64))])
+            self._file_offsets_cache = np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64))])
         if fp_cols and self._fingerprint is None:
             from reproduction.data.fingerprint import dataset_fingerprint
 
             self._fingerprint = dataset_fingerprint(self, known)
 
+    def iter_frame_tables(self, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
+        """Yield one table per data file (in row order) with `columns` (default: the key columns);
+        read as `iter_file_batches` reads (each file once, in parallel, digested on the way)."""
+        for table, rows in self.iter_file_batches(columns):
+            offset = 0
+            for n in rows.tolist():
+                yield table.slice(offset, n)
+                offset += n
+
     def frame_table(self, columns: Sequence[str] | None = None) -> pa.Table:
         """All rows' `columns` (default: key columns present among episode_index, frame_index, index,
         task_index, timestamp, is_success) as one table, row i = dataset row i."""
-        tables = list(self.iter_frame_tables(columns))
+        tables = [t for t, _ in self.iter_file_batches(columns)]
         return pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
 
     # -- frames ---------------------------------------------------------------------------------

@@ -385,29 +385,20 @@ class FilesInterleaveError(Exception):
 
 def streamed_frames(ds: Any, columns: list[str]) -> Iterator[pa.Table]:
     """The dataset's `columns` in batches of whole data files (about STREAM_ROWS rows each), each
-    file read once (`Dataset.iter_frame_tables`). Valid when each file's episode_index range lies
+    file read once (`Dataset.iter_file_batches`). Valid when each file's episode_index range lies
     strictly above the previous file's (lerobot's v2.1 and v3.0 layouts): then each batch sorted is
     the next part of the sorted whole. Raises FilesInterleaveError as soon as that fails."""
-    batch: list[pa.Table] = []
-    rows, prev, empty = 0, None, None
-    for t in ds.iter_frame_tables(columns):
-        if not t.num_rows:
-            empty = t
-            continue
-        ep = t.column("episode_index").to_numpy()
-        lo, hi = ep.min(), ep.max()
-        if prev is not None and lo <= prev:
-            raise FilesInterleaveError(str(ds.root))
-        prev = hi
-        batch.append(t)
-        rows += t.num_rows
-        if rows >= STREAM_ROWS:
-            yield pa.concat_tables(batch).combine_chunks() if len(batch) > 1 else batch[0]
-            batch, rows = [], 0
-    if batch:
-        yield pa.concat_tables(batch).combine_chunks() if len(batch) > 1 else batch[0]
-    elif prev is None and empty is not None:
-        yield empty  # every file is empty: one empty chunk keeps the sidecar's schema
+    prev = None
+    for table, rows in ds.iter_file_batches(columns, min_rows=STREAM_ROWS):
+        nonempty = rows > 0
+        if nonempty.any():
+            ep = table.column("episode_index").to_numpy()
+            starts = (np.cumsum(rows) - rows)[nonempty]
+            lo, hi = np.minimum.reduceat(ep, starts), np.maximum.reduceat(ep, starts)
+            if (lo[1:] <= hi[:-1]).any() or (prev is not None and lo[0] <= prev):
+                raise FilesInterleaveError(str(ds.root))
+            prev = hi[-1]
+        yield table
 
 
 def _parser() -> argparse.ArgumentParser:
