@@ -142,12 +142,14 @@ def main() -> int:
                     restores.append(run_restore(bundle))
                     again.append(run_restore(bundle))
             print(
-                f"round {r + 1}: restore {restores[-1]:.2f}s, anchor {anchors[-1]:.2f}s, no-change re-restore {again[-1]:.3f}s"
+                f"round {r + 1}: restore {restores[-1]:.2f}s, anchor {anchors[-1]:.2f}s, no-change "
+                f"re-restore {again[-1]:.3f}s"
             )
         best_restore, best_anchor, best_again = min(restores), min(anchors), min(again)
         start = min(_cli_start(bundle) for _ in range(3))
         print(
-            f"no-change re-restore: {best_again:.3f}s = {best_again / best_restore:.3f} of a full restore (goal <= 0.02); "
+            f"no-change re-restore: {best_again:.3f}s = {best_again / best_restore:.3f} of a full "
+            "restore (goal <= 0.02); "
             f"the CLI's own start (`portable.py --help`) is {start:.3f}s of it"
         )
         print(f"ratio: {best_restore / best_anchor:.2f} (goal <= 0.80)")

@@ -164,7 +164,8 @@ def main() -> None:
     print(f"preset {args.preset} on {args.device} ({args.precision}), micro batch {args.micro}, {args.steps} steps")
     print(f"trainer: {ours:.1f} samples/s (run total {result.samples_per_s:.1f}); bare loop: {bare:.1f} samples/s")
     print(
-        f"peak accelerator memory (trainer run): {mem:.2f} GiB; checkpoint save: {saves[-1] if saves else float('nan'):.2f} s"
+        f"peak accelerator memory (trainer run): {mem:.2f} GiB; "
+        f"checkpoint save: {saves[-1] if saves else float('nan'):.2f} s"
     )
     print(f"ratio: {ours / bare:.2f} (goal >= 0.90)")
 

@@ -32,7 +32,7 @@ def _script(path: Path, body: str) -> Path:
 def test_this_interpreter_builds_and_imports_an_extension():
     row = probe_toolchain(Path(sys.executable))
     assert row.status == "ok", row.finding
-    assert row.details["python_version"] == "%d.%d.%d" % sys.version_info[:3]
+    assert row.details["python_version"] == ".".join(map(str, sys.version_info[:3]))
     assert Path(row.details["compiler"]).is_file() and row.details["compile_s"] > 0
     assert "built and imported a C extension for Python" in row.finding
 

@@ -71,7 +71,8 @@ ds = LeRobotDataset("local/ours", root=sys.argv[1])
 items = [ds[i] for i in range(len(ds))]
 np.savez(sys.argv[2],
          state=np.stack([it["observation.state"].numpy() for it in items]),
-         image=np.stack([(it["observation.images.front"].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8) for it in items]),
+         image=np.stack([(it["observation.images.front"].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+                         for it in items]),
          success=np.array([bool(it["is_success"]) for it in items]),
          episode_index=np.array([int(it["episode_index"]) for it in items]),
          frame_index=np.array([int(it["frame_index"]) for it in items]),
@@ -87,7 +88,8 @@ import sys, numpy as np
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 src = np.load(sys.argv[2])
 features = {"observation.state": {"dtype": "float32", "shape": (3,), "names": None},
-            "observation.images.front": {"dtype": "image", "shape": (32, 48, 3), "names": ["height", "width", "channel"]},
+            "observation.images.front": {"dtype": "image", "shape": (32, 48, 3),
+                                         "names": ["height", "width", "channel"]},
             "is_success": {"dtype": "bool", "shape": (1,), "names": None}}
 ds = LeRobotDataset.create("local/theirs", fps=10, root=sys.argv[1], features=features, use_videos=False)
 starts = np.flatnonzero(np.r_[True, src["episode"][1:] != src["episode"][:-1]])

@@ -1,4 +1,5 @@
-"""`portable restore`: the round trip, skipping via the receipt, --deep, --refresh-source, moves, Pythons, zstd paths."""
+"""`portable restore`: the round trip, skipping via the receipt, --deep, --refresh-source, moves,
+Pythons, zstd paths."""
 
 from __future__ import annotations
 
