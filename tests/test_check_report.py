@@ -112,10 +112,18 @@ def test_jit_smoke_on_cpu_says_what_it_skipped_and_why(tmp_path):
 
 
 @pytest.mark.e2e
-def test_check_on_a_missing_bundle_exits_24_on_the_cli(tmp_path):
+def test_check_on_a_missing_bundle_exits_3_on_the_cli_like_verify_and_restore(tmp_path):
     proc = _portable(str(tmp_path / "nope"), cwd=tmp_path)
+    assert proc.returncode == 3
+    assert proc.stderr.startswith(f"error: {tmp_path / 'nope'} does not exist")
+
+
+@pytest.mark.e2e
+def test_check_on_a_file_that_is_not_a_bundle_exits_24_on_the_cli(tmp_path):
+    (tmp_path / "file").write_text("x")
+    proc = _portable(str(tmp_path / "file"), cwd=tmp_path)
     assert proc.returncode == 24
-    assert f"{tmp_path / 'nope'} is not a folder" in proc.stderr and "FAIL" in proc.stderr
+    assert f"{tmp_path / 'file'} is not a folder" in proc.stderr and "FAIL" in proc.stderr
 
 
 @pytest.mark.e2e
