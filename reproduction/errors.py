@@ -215,4 +215,3 @@ class WorkerFailedError(PortableError, RuntimeError):
     """A distributed worker died or raised; carries its traceback text."""
 
     exit_code = 51
-

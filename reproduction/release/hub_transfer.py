@@ -430,7 +430,7 @@ def download_all(
     failed: list[tuple[Download, HubError]] = []
     order = sorted(jobs, key=lambda j: -j.size)
     with progress(ui) as bars, ThreadPoolExecutor(max_workers=settings.jobs) as pool:
-        task = bars.task(f"fetch {len(jobs)} files", total=sum(j.size for j in jobs), bytes_unit=True)
+        task = bars.task(f"fetch {len(jobs)} files", total=sum(j.size for j in jobs))
         futures = {
             pool.submit(download, job, settings=settings, headers=headers, on_bytes=task.advance, ui=ui): job
             for job in order
