@@ -8,7 +8,7 @@
 
 Re-compressing files or touching stats leaves it unchanged; refiltering, reordering or editing
 episodes changes it. Per-file digests are cached by (path, size, mtime_ns) in
-`$RECAP_PORTABLE_CACHE` (default ~/.cache/recap-portable)/fingerprints/, so a second call on a
+`$PORTABLE_CACHE_DIR` (default ~/.cache/recap-portable)/fingerprints/, so a second call on a
 large dataset costs a stat per file. A cache that cannot be written is ignored.
 """
 
@@ -33,7 +33,9 @@ FP_COLUMNS = ("episode_index", "frame_index", "index", "task_index", "is_success
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("RECAP_PORTABLE_CACHE") or str(Path.home() / ".cache" / "recap-portable")
+    # RECAP_PORTABLE_CACHE: the variable's old name, still honoured
+    base = os.environ.get("PORTABLE_CACHE_DIR") or os.environ.get("RECAP_PORTABLE_CACHE")
+    base = base or str(Path.home() / ".cache" / "recap-portable")
     return Path(base) / "fingerprints"
 
 
