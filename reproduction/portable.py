@@ -33,7 +33,13 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     __package__ = "reproduction"
 
-from reproduction.errors import InputNotFoundError, PortableError, UsageError, WriteFailedError  # noqa: E402
+from reproduction.errors import (  # noqa: E402
+    InputNotFoundError,
+    InvalidInputError,
+    PortableError,
+    UsageError,
+    WriteFailedError,
+)
 from reproduction.ui import UiOptions, say  # noqa: E402
 
 EXIT_CODES = """exit codes:
@@ -65,6 +71,17 @@ def _bundle(args: argparse.Namespace, *, default: Path | None = None) -> Path | 
             hint="name a bundle folder (one holding bundle.json); `portable fetch OWNER/NAME DIR` downloads one",
         )
     return path
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (thread counts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return value
 
 
 def _ui(args: argparse.Namespace) -> UiOptions:
@@ -285,17 +302,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="where the spec's relative sources start (default: the spec's `root`, relative to the spec's folder)",
     )
-    p.add_argument("--jobs", type=int, default=None, help="compression/hash threads (default: all cores)")
+    p.add_argument("--jobs", type=_positive_int, default=None, help="compression/hash threads (default: all cores)")
 
     p = _command("verify", cmd_verify, "hash every file of a bundle against bundle.json")
     p.add_argument("bundle", nargs="?", metavar="BUNDLE", help="default: the folder holding reproduction/")
-    p.add_argument("--jobs", type=int, default=None)
+    p.add_argument("--jobs", type=_positive_int, default=None)
 
     p = _command("restore", cmd_restore, "verify, extract and relocate a bundle's layers in place")
     p.add_argument("bundle", nargs="?", metavar="BUNDLE", help="default: the folder holding reproduction/")
     p.add_argument("--deep", action="store_true", help="rehash everything instead of trusting the receipt")
     p.add_argument("--refresh-source", action="store_true", help="re-extract source layers over local edits")
-    p.add_argument("--jobs", type=int, default=None)
+    p.add_argument("--jobs", type=_positive_int, default=None)
 
     p = _command("check", cmd_check, "probe the accelerator, compile toolchain and known hazards", json_option=False)
     p.add_argument("bundle", nargs="?", metavar="BUNDLE")
@@ -371,8 +388,14 @@ def _from_os_error(exc: OSError) -> PortableError:
     so the user still gets one line, the path and a usage-class code rather than a traceback."""
     where = f": {exc.filename}" if exc.filename else ""
     message = f"{exc.strerror or exc}{where}"
-    if exc.errno == errno.ENOENT:
-        return InputNotFoundError(message, path=exc.filename, hint="check the path")
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return InputNotFoundError(
+            f"{message} (a path does not exist, or a part of it is a file, not a folder)",
+            path=exc.filename,
+            hint="check the path",
+        )
+    if exc.errno == errno.EISDIR:
+        return InvalidInputError(f"{message}: a folder where a file was expected", path=exc.filename)
     return WriteFailedError(
         message,
         path=exc.filename,
