@@ -83,6 +83,23 @@ def test_injected_runner_is_used():
         calls.append(len(payloads))
         return [fn(p) for p in payloads]
 
-    cfg = EvalConfig(tasks=("FetchPush-v4",), episodes_per_task=2, batch_size=1, videos=0, episode_steps=4)
+    cfg = EvalConfig(tasks=("FetchPush-v4",), episodes_per_task=3, batch_size=1, videos=0, episode_steps=4, workers=2)
     res = evaluate(functools.partial(RandomPolicy, seed=1), cfg, runner=runner)
-    assert calls == [2] and res.episodes == 2
+    assert calls == [2] and res.episodes == 3  # one runner task per worker, batches spread over them
+    assert [e["episode"] for e in res.tasks["FetchPush-v4"].episode_metrics] == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_ray_launcher_with_two_workers_matches_in_process():
+    """The caller injects Ray through the training launcher (the sim itself never imports train/)."""
+    from reproduction.train.device import resolve
+    from reproduction.train.launcher import run_tasks
+
+    factory = functools.partial(RandomPolicy, seed=3)
+    base = dict(tasks=BOTH, episodes_per_task=2, batch_size=1, videos=0, episode_steps=8)
+    local = evaluate(factory, EvalConfig(workers=1, **base)).to_dict()
+    runner = functools.partial(run_tasks, spec=resolve("cpu"), ray_address=None, label="sim worker")
+    ray = evaluate(factory, EvalConfig(workers=2, **base), runner=runner).to_dict()
+    for d in (local, ray):
+        d.pop("seconds"), d.pop("episodes_per_s"), d["config"].pop("workers")
+    assert local == ray

@@ -82,3 +82,26 @@ def test_mixes_match_demo_lab():
     sft2, rollout2 = MIXES["mix2"].configs(tasks=("FetchPickAndPlace-v4",))
     assert sft2.episodes_per_task == 20 and rollout2.episodes_per_task == 330
     assert rollout2.behaviour.detours == (1, 4)
+
+
+def test_cli_unknown_task_is_one_error_line_and_writes_nothing(tmp_path, capsys):
+    from reproduction.sim.__main__ import main
+
+    code = main(["generate", "--out", str(tmp_path / "mix"), "--tasks", "FetchSlide-v1", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 45 and err[0].startswith("error: unknown simulator task 'FetchSlide-v1'")
+    assert err[1].startswith("hint:") and len(err) == 2
+    assert not (tmp_path / "mix").exists()
+    assert main(["generate", "--out", str(tmp_path / "m2"), "--cameras", "head", "--no-progress"]) == 4
+    assert not (tmp_path / "m2").exists()
+
+
+def test_cli_eval_expert_json(capsys):
+    import json
+
+    from reproduction.sim.__main__ import main
+
+    code = main(["eval", "--policy", "expert", "--episodes", "2", "--tasks", "push", "--json", "--no-progress"])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["tasks"]["FetchPush-v4"]["success_at_end"] == "2/2"

@@ -66,8 +66,14 @@ def _free_camera(lookat: Sequence[float], distance: float, azimuth: float, eleva
 
 
 def _make_gym_env(env_id: str) -> Any:
+    import contextlib
+    import io
+
     import gymnasium as gym
-    import gymnasium_robotics
+
+    # Its import prints a notice about the Adroit envs' rewards (not used here) on stderr in every process.
+    with contextlib.redirect_stderr(io.StringIO()):
+        import gymnasium_robotics
 
     gym.register_envs(gymnasium_robotics)
     return gym.make(env_id, disable_env_checker=True).unwrapped
