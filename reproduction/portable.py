@@ -69,7 +69,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report.to_dict())
     else:
-        say(report.summary(), options=_ui(args))
+        say(report.summary() + ("" if report.ok else f"\nhint: {report.hint()}"), options=_ui(args))
     return report.exit_code
 
 
