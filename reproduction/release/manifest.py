@@ -84,7 +84,12 @@ def _optional_path(data: dict[str, Any], key: str, where: str, path: Path | None
     if value is None:
         return None
     if not isinstance(value, str):
-        raise InvalidInputError(f"{where}: field '{key}' should be a path or null", path=path, field=f"{where}.{key}")
+        raise InvalidInputError(
+            f"{where}: field '{key}' should be a path or null",
+            path=path,
+            field=f"{where}.{key}",
+            hint="the manifest is damaged or hostile; fetch or pack the bundle again",
+        )
     return check_relative_path(value, where=f"{where}.{key}", path=path)
 
 
@@ -294,7 +299,9 @@ class Manifest:
             )
         if self.entry_config is not None and self.entry_config not in seen:
             raise InvalidInputError(
-                f"entry_config {self.entry_config!r} is not a file of the bundle", field="entry_config"
+                f"entry_config {self.entry_config!r} is not a file of the bundle",
+                field="entry_config",
+                hint="the manifest is damaged or hostile; fetch or pack the bundle again",
             )
         for layer in self.layers:
             if layer.archive not in seen:
@@ -361,7 +368,12 @@ class Manifest:
             raise InvalidInputError("manifest: field 'layers' must be a list", path=path, field="layers")
         metadata = data.get("metadata") or {}
         if not isinstance(metadata, dict):
-            raise InvalidInputError("manifest: field 'metadata' must be an object", path=path, field="metadata")
+            raise InvalidInputError(
+                "manifest: field 'metadata' must be an object",
+                path=path,
+                field="metadata",
+                hint="the manifest is damaged or hostile; fetch or pack the bundle again",
+            )
         entry = _optional_path(data, "entry_config", "manifest", path)
         return cls(
             name=_require(data, "name", str, "manifest", path),
@@ -419,7 +431,11 @@ def load_manifest(bundle: Path) -> Manifest:
             field="(root)",
             hint="the manifest is damaged or hostile; fetch or pack the bundle again",
         ) from None
-    return Manifest.from_dict(data, path=path)
+    try:
+        return Manifest.from_dict(data, path=path)
+    except InvalidInputError as exc:
+        exc.hint = exc.hint or "the manifest is damaged or hostile; fetch or pack the bundle again"
+        raise
 
 
 def write_manifest(bundle: Path, manifest: Manifest) -> Path:
