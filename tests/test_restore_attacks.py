@@ -23,7 +23,6 @@ from bundlekit import (
     pax_record,
     raw_bundle,
     raw_member,
-    repin,
     run_cli,
     small_bundle,
     small_sources,

@@ -57,7 +57,8 @@ def write_failed(exc: OSError, what: str) -> PortableError:
     return os_error(
         exc,
         what,
-        hint="free some space (or raise the limit, or fix the permissions) and run `portable restore` again; the previous state is kept",
+        hint="free some space (or raise the limit, or fix the permissions) and run `portable restore` again; "
+        "the previous state is kept",
     )
 
 
