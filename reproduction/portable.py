@@ -26,7 +26,7 @@ from reproduction.errors import PortableError  # noqa: E402
 from reproduction.ui import UiOptions, say  # noqa: E402
 
 EXIT_CODES = """exit codes:
-  0 ok    1 bug    2 usage    3 not found    4 invalid input or format version
+  0 ok    1 bug    2 usage    3 not found or unreadable    4 invalid input or format version
   5 integrity (verify: 11 missing, 12 extra, 13 size mismatch, 14 digest mismatch; lowest wins)
   6 unsafe archive    7 busy (locked)    8 write failed / disk full    9 relocation impossible
   10 missing dependency    20-29 check failure classes (see `portable check --help`)

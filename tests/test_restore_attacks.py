@@ -282,7 +282,7 @@ def test_read_only_target_parent_fails_before_any_swap(bundle, monkeypatch):
 @pytest.mark.parametrize("err", [errno.EXDEV, errno.EACCES])
 def test_a_swap_failing_half_way_swaps_back_and_keeps_the_receipt(bundle, monkeypatch, err):
     before = _restored_then_damaged(bundle)
-    real, calls = restore_mod._swap_into_place, []
+    real, calls = restore_mod.swap_into_place, []
 
     def swap(staging, final, trash):
         calls.append(final)
@@ -290,7 +290,7 @@ def test_a_swap_failing_half_way_swaps_back_and_keeps_the_receipt(bundle, monkey
             raise OSError(err, os.strerror(err), str(final))
         real(staging, final, trash)
 
-    monkeypatch.setattr(restore_mod, "_swap_into_place", swap)
+    monkeypatch.setattr(restore_mod, "swap_into_place", swap)
     with pytest.raises(WriteFailedError) as info:
         restore_bundle(bundle, ui=QUIET, refresh_source=True)
     assert info.value.exit_code == 8 and len(calls) == 2

@@ -14,8 +14,12 @@ On disk::
 every layer (archive, target, kind, order, the prefix it was built at and the files in which that
 prefix occurs), the entry config and the format version. `FORMAT_VERSION` is "MAJOR.MINOR": a
 reader accepts any minor of its major and refuses other majors with the fix named. `verify` reports
-as "extra" any file not listed, except bundle.json, `.portable/`, the layers' targets and
-`reproduction/**/__pycache__/`.
+as "extra" any file not listed, except bundle.json, `.portable/`, the layers' targets, `runs/` (a
+user's run outputs) and `reproduction/**/__pycache__/`; `restore` leaves extra files alone unless one
+sits on a layer target's path. A manifest is refused (InvalidInputError, exit 4) when it lists a
+file under `.portable/` or bundle.json itself, an archive in two layers, a path that is not clean and
+relative (`.`, `..`, absolute, NUL), an entry_config that is not one of its files, or an integer
+beyond 2**63-1.
 """
 
 from __future__ import annotations

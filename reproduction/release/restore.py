@@ -11,7 +11,6 @@ restore finishes the job.
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import time
@@ -20,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reproduction.digests import default_jobs, sha256_file
-from reproduction.errors import InvalidInputError, UnsafeArchiveError, WriteFailedError, os_error
-from reproduction.fsio import fsync_dir
+from reproduction.errors import InvalidInputError, WriteFailedError, os_error
 from reproduction.release import layers as layer_io
 from reproduction.release.lock import bundle_lock
 from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, LayerEntry, Manifest, load_manifest
 from reproduction.release.receipt import LayerReceipt, Receipt, load_receipt, save_receipt
 from reproduction.release.safety import check_targets, validate_layers
+from reproduction.release.swap import preflight, swap_back, swap_into_place
 from reproduction.release.verify import (
     Problem,
     VerifyReport,
@@ -155,89 +154,6 @@ def _cleanup_state(bundle: Path) -> None:
     """Remove what a killed restore left in `.portable/` (never anything at a final path)."""
     for name in ("staging", "trash"):
         shutil.rmtree(bundle / STATE_DIR / name, ignore_errors=True)
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths (renameat2 RENAME_EXCHANGE); False where the kernel or libc lacks it."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # fall back to two renames
-        return False
-    raise OSError(err, os.strerror(err), str(b))
-
-
-def _swap_into_place(staging: Path, final: Path, trash: Path) -> None:
-    """Put `staging` at `final`; an existing `final` goes to `trash`. Readers see old or new, whole.
-
-    On failure `final` holds what it held before (the two-rename fallback puts it back).
-    """
-    if not os.path.lexists(final):
-        os.rename(staging, final)
-    elif _exchange(staging, final):
-        os.rename(staging, trash)  # staging now holds the old tree
-    else:
-        os.rename(final, trash)
-        try:
-            os.rename(staging, final)
-        except OSError:
-            os.rename(trash, final)
-            raise
-    fsync_dir(final.parent)
-
-
-def _swap_back(final: Path, trash: Path, spare: Path) -> bool:
-    """Undo `_swap_into_place`: the old tree from `trash` back at `final`, or no `final`. False if it failed."""
-    try:
-        if os.path.lexists(trash):
-            if not _exchange(trash, final):
-                os.rename(final, spare)
-                os.rename(trash, final)
-        elif os.path.lexists(final):
-            os.rename(final, spare)
-    except OSError:
-        return False
-    return True
-
-
-def _preflight(bundle: Path, staged: list[Group]) -> None:
-    """Before anything is swapped: every target's parent exists, is reached without a symlink, is
-    writable and on the state folder's filesystem (else a rename half-way through would fail with
-    EACCES or EXDEV). Raises WriteFailedError (8) or UnsafeArchiveError (6); changes nothing else."""
-    state_dev = os.stat(bundle / STATE_DIR).st_dev
-    for g in staged:
-        final = bundle / g.target
-        here = bundle
-        for part in Path(g.target).parts[:-1]:
-            here = here / part
-            if os.path.islink(here):
-                raise UnsafeArchiveError(
-                    f"{g.target}: the bundle folder {here.relative_to(bundle)} on its path is a symlink",
-                    member=str(here.relative_to(bundle)),
-                    hint=f"remove the symlink {here} (a bundle holds no symlinked folders) and restore again",
-                )
-        try:
-            final.parent.mkdir(parents=True, exist_ok=True)
-            for folder in (final.parent, final) if os.path.isdir(final) else (final.parent,):
-                if os.stat(folder).st_dev != state_dev:
-                    raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), str(folder))
-                if not os.access(folder, os.W_OK | os.X_OK):
-                    raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(folder))
-        except OSError as exc:
-            raise os_error(
-                exc,
-                f"the layer target {final}",
-                hint="make the target's folder writable and on the bundle's filesystem, then run "
-                "`portable restore` again; nothing was changed",
-            ) from None
 
 
 def _relocate(
@@ -475,7 +391,7 @@ def _finish(
     trash = state / "trash"
     trash.mkdir(parents=True, exist_ok=True)
     staged = [g for g in groups if g.action == "extract"]
-    _preflight(bundle, staged)
+    preflight(bundle, [g.target for g in staged])
     before = receipt.to_dict()
     if staged:
         for g in staged:
@@ -485,7 +401,7 @@ def _finish(
     swapped: list[int] = []
     try:
         for i, g in enumerate(staged):
-            _swap_into_place(state / "staging" / f"{i}", bundle / g.target, trash / f"{i}")
+            swap_into_place(state / "staging" / f"{i}", bundle / g.target, trash / f"{i}")
             swapped.append(i)
         for g in groups:
             root = bundle / g.target
@@ -517,7 +433,7 @@ def _finish(
         stuck = [
             x.archive
             for i in reversed(swapped)
-            if not _swap_back(bundle / staged[i].target, trash / f"{i}", trash / f"{i}.new")
+            if not swap_back(bundle / staged[i].target, trash / f"{i}", trash / f"{i}.new")
             for x in staged[i].layers
         ]
         if staged or report.relocated:

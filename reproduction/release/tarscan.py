@@ -58,15 +58,15 @@ def _corrupt(what: str, archive: str = "") -> UnsafeArchiveError:
     )
 
 
-def _number(field: bytes, where: str) -> int:
+def _number(field: bytes, where: str, archive: str = "") -> int:
     """A numeric header field (octal, or GNU base-256); a negative or unparsable value is corrupt."""
     if field[:1] in (b"\x80", b"\xff"):  # GNU base-256 (sizes over 8 GiB); 0xff marks a negative value
         if field[:1] == b"\xff":
-            raise _corrupt(f"field {where} is negative")
+            raise _corrupt(f"field {where} is negative", archive)
         return int.from_bytes(field[1:], "big")
     text = field.split(b"\0", 1)[0].strip(b" \0")
     if text.strip(b"01234567"):  # int(..., 8) would also take '-', '+', '_' and inner spaces
-        raise _corrupt(f"field {where} is {field!r}")
+        raise _corrupt(f"field {where} is {field!r}", archive)
     return int(text, 8) if text else 0
 
 
@@ -216,7 +216,7 @@ def iter_members(source: StreamSource, *, archive: str = "") -> Iterator[Member]
         block = source.header()
         if block is None or block == bytes(BLOCK):
             return
-        stored, unsigned = _number(block[148:156], "chksum"), sum(block[:148]) + 256 + sum(block[156:])
+        stored, unsigned = _number(block[148:156], "chksum", archive), sum(block[:148]) + 256 + sum(block[156:])
         if stored != unsigned and stored != unsigned - 256 * sum(1 for b in block[:148] + block[156:] if b > 127):
             raise UnsafeArchiveError(
                 f"{archive}: corrupt tar header (checksum mismatch)",
@@ -224,7 +224,7 @@ def iter_members(source: StreamSource, *, archive: str = "") -> Iterator[Member]
                 hint="the archive is damaged; fetch the bundle again",
             )
         typeflag = block[156:157]
-        size = _number(block[124:136], "size")
+        size = _number(block[124:136], "size", archive)
         if typeflag in (b"x", b"g", b"L", b"K"):
             if size > MAX_META:
                 raise _corrupt(f"a {typeflag.decode('latin-1')!r} header of {size} bytes", archive)
@@ -257,9 +257,11 @@ def iter_members(source: StreamSource, *, archive: str = "") -> Iterator[Member]
             name=normalise(name),
             raw_name=name,
             kind=kind,
-            mode=_number(block[100:108], "mode") & 0o7777,
+            mode=_number(block[100:108], "mode", archive) & 0o7777,
             size=size if kind == "file" else 0,
-            mtime=_pax_mtime(fields["mtime"] if "mtime" in fields else str(_number(block[136:148], "mtime")), archive),
+            mtime=_pax_mtime(
+                fields["mtime"] if "mtime" in fields else str(_number(block[136:148], "mtime", archive)), archive
+            ),
             linkname=fields.get("linkpath", _text(block[157:257])),
         )
         source.skip(member.size)
