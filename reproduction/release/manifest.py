@@ -285,15 +285,6 @@ class Manifest:
             if entry.path in seen:
                 raise InvalidInputError(f"files: {entry.path!r} is listed twice", field="files")
             seen.add(entry.path)
-        for rel in seen:
-            top = rel.split("/", 1)[0]
-            if top == STATE_DIR or rel == MANIFEST_NAME:
-                raise InvalidInputError(
-                    f"files: {rel!r} is reserved for {'restore' if top == STATE_DIR else 'the manifest'}; "
-                    f"a bundle cannot list it",
-                    field="files",
-                    hint="the manifest is damaged or hostile; do not use this bundle",
-                )
         archives = {layer.archive for layer in self.layers}
         if len(archives) != len(self.layers):
             twice = sorted({x.archive for x in self.layers if sum(y.archive == x.archive for y in self.layers) > 1})
@@ -381,6 +372,15 @@ class Manifest:
                 hint="the manifest is damaged or hostile; fetch or pack the bundle again",
             )
         entry = _optional_path(data, "entry_config", "manifest", path)
+        for i, f in enumerate(files):
+            rel = f.get("path") if isinstance(f, dict) else None
+            if isinstance(rel, str) and (rel == MANIFEST_NAME or rel.split("/", 1)[0] == STATE_DIR):
+                raise InvalidInputError(  # the bundle's own bookkeeping: a first restore works, every later one fails
+                    f"files[{i}]: lists {rel!r}, which is reserved for bookkeeping",
+                    path=path,
+                    field=f"files[{i}].path",
+                    hint="the manifest is damaged or hostile; do not use this bundle",
+                )
         return cls(
             name=_require(data, "name", str, "manifest", path),
             files=[FileEntry.from_dict(f, where=f"files[{i}]", path=path) for i, f in enumerate(files)],

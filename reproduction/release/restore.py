@@ -385,7 +385,8 @@ def _finish(
     a failure after that (a swap, RelocationError, a full disk at the final receipt write) swaps the
     old trees back and re-saves the old receipt, so the previous state is kept. The one exception is
     a `relocate`-only target (the bundle moved): its files are rewritten in place, so after a failure
-    the receipt no longer matches their stat and the next restore extracts them again.
+    the receipt no longer matches their stat and the next restore sees them as changed (a runtime
+    target is extracted again; a source target reports them as locally edited, never overwritten).
     """
     state = bundle / STATE_DIR
     trash = state / "trash"
