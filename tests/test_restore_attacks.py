@@ -413,3 +413,19 @@ def test_every_os_error_goes_through_one_mapping():
 def test_pax_record_helper_is_well_formed():
     assert pax_record("path", "x") == b"9 path=x\n" and pax_record("k", "v" * 6) == b"12 k=vvvvvv\n"
     assert zstandard  # the forged archives need it
+
+
+def test_many_folders_extract_with_a_bounded_number_of_open_folder_fds(tmp_path):
+    names = [f"d{i % 7}/e{i}/f.txt" for i in range(300)]
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in names:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = 2, 1577836800
+            tar.addfile(info, io.BytesIO(b"ok"))
+    expected = [Member(name=n, raw_name=n, kind="file", mode=0o644, size=2, mtime=0) for n in names]
+    open_before = len(os.listdir("/proc/self/fd"))
+    written = extract_stream(io.BytesIO(raw.getvalue()), expected, tmp_path / "out", archive="many.tar.zst")
+    assert len(os.listdir("/proc/self/fd")) == open_before  # every folder fd closed again
+    assert sorted(written.files) == sorted(names)
+    assert all((tmp_path / "out" / n).read_bytes() == b"ok" for n in names)

@@ -63,7 +63,7 @@ def write_failed(exc: OSError, what: str) -> PortableError:
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_MAX_OPEN_DIRS = 256
+_MAX_OPEN_DIRS = 64  # per extracting thread; several layers extract at once under one fd limit
 
 
 class DirFds:
