@@ -43,7 +43,8 @@ from reproduction.errors import (  # noqa: E402
 from reproduction.ui import UiOptions, say  # noqa: E402
 
 EXIT_CODES = """exit codes:
-  0 ok    1 bug    2 usage (also: a command not built yet)    3 not found    4 invalid input or format version
+  0 ok    1 bug    2 usage (also: a command not built yet)    3 not found or unreadable
+  4 invalid input or format version
   5 integrity (verify: 11 missing, 12 extra, 13 size mismatch, 14 digest mismatch; lowest wins;
                lineage --verify: 11 a subject or material missing, 14 its digest differs)
   6 unsafe archive    7 busy (locked)    8 write failed / disk full    9 relocation impossible
@@ -143,7 +144,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report.to_dict())
     else:
-        say(report.summary(), options=_ui(args))
+        say(report.summary() + ("" if report.ok else f"\nhint: {report.hint()}"), options=_ui(args))
     return report.exit_code
 
 
