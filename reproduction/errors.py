@@ -19,7 +19,8 @@ Exit codes (documented in `portable --help`):
     20-29 `portable check` failure classes (see reproduction.checks)
     30-39 Hub transfer failures
     40-49 data plane: dataset/sidecar problems
-    50-59 training and run failures
+    50-59 training and run failures (50 checkpoint, 51 worker failed, 52 a stage's inputs changed since it
+          completed, 53 the run folder cannot be used as asked, 54 the preflight found several problems)
 """
 
 from __future__ import annotations
@@ -214,3 +215,19 @@ class StageKeyChangedError(PortableError, RuntimeError):
     """`run --resume` found a stage whose inputs changed since its outputs were written."""
 
     exit_code = 52
+
+
+class RunStateError(PortableError, RuntimeError):
+    """The run folder cannot be used as asked: it is a file, holds another run (no --resume), or
+    lacks a stage the requested ones need."""
+
+    exit_code = 53
+
+
+class PreflightError(PortableError, ValueError):
+    """The preflight found problems before any worker started; `problems` lists every one of them."""
+
+    exit_code = 54
+
+    def __init__(self, message: str, *, problems: list[str] | None = None, hint: str | None = None, **fields: Any):
+        super().__init__(message, hint=hint, problems=list(problems or []), **fields)

@@ -133,7 +133,9 @@ def _not_built(what: str) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    return _not_built("run")
+    from reproduction.run.cli import cmd_run as run
+
+    return run(args)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -221,11 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--revision", default=None, metavar="REV")
     p.add_argument("--repo-type", choices=("model", "dataset"), default="model")
 
-    p = add("run", cmd_run, "run the four RECAP stages (resumable)")
-    p.add_argument("bundle", nargs="?", metavar="BUNDLE")
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--stages", default=None)
-    p.add_argument("--ray-address", default=None)
+    p = add("run", cmd_run, "run the RECAP stages from a bundle (resumable; config keys: docs/config.md)")
+    from reproduction.run.cli_args import add_run_arguments  # stdlib-only, keeps --help fast
+
+    add_run_arguments(p)
 
     p = add("eval", cmd_eval, "evaluate a policy checkpoint in the simulator")
     p = add("lineage", cmd_lineage, "show or verify the lineage of a run's outputs")
