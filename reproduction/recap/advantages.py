@@ -27,7 +27,11 @@ import numpy as np
 import pyarrow as pa
 
 from reproduction.errors import ConfigError, DatasetError
-from reproduction.recap.advantage_inputs import DatasetArrays, SidecarInputs
+from reproduction.recap.advantage_inputs import (  # noqa: F401 (load_dataset_arrays re-exported)
+    DatasetArrays,
+    SidecarInputs,
+    load_dataset_arrays,
+)
 from reproduction.recap.normalize import ReturnRange
 from reproduction.recap.returns import discounted_reverse_cumsum, sort_frames
 from reproduction.recap.value.export import EXPORT_FORMAT, HEAD_NAME, ValueHead, read_value_head

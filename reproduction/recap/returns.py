@@ -189,7 +189,7 @@ def compute_returns_table(
         raise DatasetError(
             f"{source}: rollout data needs an is_success column, and there is none",
             field="is_success",
-            hint="pass --type sft if every episode is a successful demonstration",
+            hint="set the dataset's type: sft if every episode is a successful demonstration (datasets[].type)",
         )
     ep = _int64(frames.column("episode_index"))
     fr = _int64(frames.column("frame_index"))

@@ -76,7 +76,21 @@ def _value_model_fields() -> list[tuple[str, Any, Any]]:
     return out
 
 
-ValueModelSection = dataclasses.make_dataclass("ValueModelSection", _value_model_fields(), kw_only=True, slots=True)
+def _check_value_model(self: Any) -> None:
+    """ValueStageConfig's own rules (folds >= 1, tokenizer for recap, ...), checked when the config loads."""
+    from reproduction.recap.value.config import ValueSource
+
+    fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    ValueStageConfig(train=[ValueSource(path="datasets")], **fields)
+
+
+ValueModelSection = dataclasses.make_dataclass(
+    "ValueModelSection",
+    _value_model_fields(),
+    kw_only=True,
+    slots=True,
+    namespace={"__post_init__": _check_value_model},
+)
 ValueModelSection.__module__ = __name__
 ValueModelSection.__doc__ = "Stage 2's model and data options (ValueStageConfig without the dataset lists)."
 ValueModelSection.__doc_source__ = ValueStageConfig  # field docs live on ValueStageConfig
@@ -330,19 +344,20 @@ def _type_name(tp: Any) -> str:
     return str(text).replace("typing.", "").replace("|", "\\|")
 
 
-def _walk(cls: type, prefix: str, lines: list[str]) -> None:
+def _walk(cls: type, prefix: str, lines: list[str], instance: Any = None) -> None:
     docs = field_docs(cls)
     hints = _resolved_types(cls)
-    try:
-        instance = cls()
-    except Exception:
-        instance = None
+    if instance is None:
+        try:
+            instance = cls()
+        except Exception:
+            instance = None
     for f in dataclasses.fields(cls):
         key = prefix + f.name
         tp = hints.get(f.name, f.type)
         if dataclasses.is_dataclass(tp):
             lines.append(f"| **{key}** | section | | {docs.get(f.name, '')} |")
-            _walk(tp, key + ".", lines)
+            _walk(tp, key + ".", lines, getattr(instance, f.name, None))
             continue
         default = getattr(instance, f.name, "") if instance is not None else ""
         shown = "" if default in ("???", "") else f"`{to_plain(default)!r}`"

@@ -47,11 +47,13 @@ def raise_problems(problems: list[str | PortableError]) -> None:
         return
     if len(problems) == 1 and isinstance(problems[0], PortableError):
         raise problems[0]
+    codes = {p.exit_code for p in problems if isinstance(p, PortableError)}
     lines = [p.message if isinstance(p, PortableError) else str(p) for p in problems]
     if len(lines) == 1:
         raise PreflightError(f"preflight: {lines[0]}", problems=lines)
     raise PreflightError(
         f"preflight found {len(lines)} problems: " + " | ".join(lines),
+        codes=sorted(codes),
         problems=lines,
         hint="fix them all, then run again (nothing was started or written)",
     )

@@ -189,56 +189,52 @@ def _jsonable(obj: Any) -> Any:
 
 
 def preflight(config: Any, run_dir: Path) -> list[Any]:
-    """Every problem with the run's inputs, collected (nothing is started or written)."""
+    """Every problem with the run's inputs, collected as errors (nothing is started or written)."""
     from reproduction.data.reader import open_dataset
-    from reproduction.errors import PortableError
+    from reproduction.errors import ConfigError, DatasetError, InputNotFoundError, PortableError
     from reproduction.run.config import to_plain
     from reproduction.run.preflight import disk_problems, placeholder_problems
 
-    problems: list[Any] = placeholder_problems(to_plain(config))
+    problems: list[Any] = [ConfigError(p) for p in placeholder_problems(to_plain(config))]
     if not config.datasets:
-        problems.append("datasets: the run names no dataset; add datasets: [{path: ..., type: sft|rollout}]")
+        problems.append(
+            ConfigError("datasets: the run names no dataset", field="datasets", hint="add datasets: [{path: ...}]")
+        )
     names: dict[str, str] = {}
     for i, entry in enumerate(config.datasets):
         key = f"datasets[{i}]"
         if entry.type not in ("sft", "rollout"):
-            problems.append(f"{key}.type: {entry.type!r} is not sft or rollout")
+            problems.append(ConfigError(f"{key}.type: {entry.type!r} is not sft or rollout", field=f"{key}.type"))
         if "/path/to/" in entry.path:
             continue
         path = Path(entry.path)
         if path.name in names:
-            problems.append(f"{key}.path: folder name {path.name!r} is also {names[path.name]}'s; rename one")
+            problems.append(
+                ConfigError(f"{key}.path: folder name {path.name!r} is also {names[path.name]}'s", field=key)
+            )
         names[path.name] = key
         if not path.exists():
-            problems.append(f"{key}.path: {path} does not exist")
+            problems.append(InputNotFoundError(f"{key}.path: dataset {path} does not exist", path=path))
             continue
         try:
             ds = open_dataset(path)
             if ds.num_frames == 0:
-                problems.append(f"{key}.path: {path} holds no frames")
+                problems.append(DatasetError(f"{key}.path: dataset {path} holds no frames", path=path))
         except PortableError as exc:
-            problems.append(exc if len(config.datasets) == 1 else f"{key}.path: {exc.message}")
+            problems.append(type(exc)(f"{key}.path: {exc.message}", hint=exc.hint))
         except OSError as exc:
-            problems.append(f"{key}.path: {path} is unreadable ({exc.strerror or exc})")
+            problems.append(DatasetError(f"{key}.path: dataset {path} is unreadable ({exc.strerror or exc})"))
     if config.datasets and not any(e.value for e in config.datasets):
-        problems.append("datasets: no dataset has value: true; the value model would train on nothing")
+        problems.append(ConfigError("datasets: no dataset has value: true; the value model would train on nothing"))
     model = config.value.model
     for name in ("tokenizer", "pretrained_manifest", "weights_dir"):
         value = getattr(model, name)
         if value and "/path/to/" not in value and not Path(value).exists():
-            problems.append(f"value.model.{name}: {value} does not exist")
-    if model.folds < 1:
-        problems.append(f"value.model.folds: {model.folds} must be >= 1")
+            problems.append(InputNotFoundError(f"value.model.{name}: {value} does not exist", path=value))
     inf = config.value.infer
     if inf.batch_size < 1 or inf.workers < 1:
-        problems.append(f"value.infer: batch_size {inf.batch_size} and workers {inf.workers} must be >= 1")
-    train = config.value.train
-    if train.save_interval and train.save_interval > train.max_steps:
-        problems.append(
-            f"value.train.save_interval {train.save_interval} > max_steps {train.max_steps}: no intermediate "
-            "checkpoint would be written; lower it"
-        )
-    problems += disk_problems(run_dir, config.min_free_gb)
+        problems.append(ConfigError(f"value.infer: batch_size {inf.batch_size} and workers {inf.workers} must be >= 1"))
+    problems += [ConfigError(p, field="min_free_gb") for p in disk_problems(run_dir, config.min_free_gb)]
     return problems
 
 

@@ -333,6 +333,8 @@ def _decide(
         upstream_only = all(c.startswith("upstream.") for c in changes)
         if upstream_only and any(c.split(":")[0][len("upstream.") :] in redone for c in changes):
             return "fresh"  # an upstream stage was redone here: its dependents follow
+        if rec.get("status") != "complete" and not spec.training:
+            return "fresh"  # killed before it completed, with nothing kept to continue from
         raise StageKeyChangedError(
             f"stage {spec.name}: its inputs changed since it ran: " + "; ".join(changes),
             stage=spec.name,
