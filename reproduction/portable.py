@@ -239,7 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # `run` takes key.path=value overrides anywhere after the command; nothing else is unknown
+        if getattr(args, "overrides", None) is None or any(e.startswith("-") or "=" not in e for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides += extra
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return 2

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.errors import ConfigError, InputNotFoundError
-from reproduction.recap.advantages import AdvantageConfig
+from reproduction.recap.advantage_config import AdvantageConfig
 from reproduction.recap.value.config import ValueStageConfig
 from reproduction.train.config import TrainConfig
 

@@ -188,8 +188,9 @@ def _jsonable(obj: Any) -> Any:
 # -- preflight ------------------------------------------------------------------------------------
 
 
-def preflight(config: Any, run_dir: Path) -> list[Any]:
-    """Every problem with the run's inputs, collected as errors (nothing is started or written)."""
+def preflight(config: Any, run_dir: Path, opened: dict[str, Any]) -> list[Any]:
+    """Every problem with the run's inputs, collected as errors (nothing is started or written).
+    The datasets it opens go into `opened` (RunDataset by name), so the run opens each once."""
     from reproduction.data.reader import open_dataset
     from reproduction.errors import ConfigError, DatasetError, InputNotFoundError, PortableError
     from reproduction.run.config import to_plain
@@ -220,6 +221,9 @@ def preflight(config: Any, run_dir: Path) -> list[Any]:
             ds = open_dataset(path)
             if ds.num_frames == 0:
                 problems.append(DatasetError(f"{key}.path: dataset {path} holds no frames", path=path))
+            opened[ds.name] = RunDataset(
+                dataset=ds, type=entry.type, weight=entry.weight, value=entry.value, policy=entry.policy
+            )
         except PortableError as exc:
             problems.append(type(exc)(f"{key}.path: {exc.message}", hint=exc.hint))
         except OSError as exc:

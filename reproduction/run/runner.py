@@ -259,10 +259,11 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
     for name in opts.restart:
         recipe.stage(name)
     plain = to_plain(config)
+    opened: dict[str, Any] = {}
     if opts.preflight and recipe.preflight:
         from reproduction.run.preflight import raise_problems
 
-        raise_problems(resolve_fn(recipe.preflight)(config, run_dir))
+        raise_problems(resolve_fn(recipe.preflight)(config, run_dir, opened))
     if state is None and run_dir.is_dir() and any(run_dir.iterdir()):
         raise RunStateError(
             f"{run_dir} is not empty and holds no run.json", path=run_dir, hint="choose a new or empty --output"
@@ -276,7 +277,10 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         "stages": {},
     }
     state["config"] = plain
-    inputs = opts.inputs if opts.inputs is not None else _open_inputs(recipe, config)
+    if opts.inputs is not None:
+        inputs = opts.inputs
+    else:
+        inputs = opened if opened else _open_inputs(recipe, config)
     recorder = opts.recorder if opts.recorder is not None else default_recorder()
     reports: list[StageReport] = []
     done: dict[str, StageOutput] = {}
