@@ -20,7 +20,7 @@ Exit codes (documented in `portable --help`):
     30-39 Hub transfer failures
     40-49 data plane: dataset/sidecar problems
     50-59 training and run failures (50 checkpoint, 51 worker failed, 52 a stage's inputs changed since it
-          completed, 53 the run folder cannot be used as asked, 54 the preflight found several problems)
+          completed, 55 the run folder cannot be used as asked, 56 the preflight found several problems)
 """
 
 from __future__ import annotations
@@ -221,13 +221,13 @@ class RunStateError(PortableError, RuntimeError):
     """The run folder cannot be used as asked: it is a file, holds another run (no --resume), or
     lacks a stage the requested ones need."""
 
-    exit_code = 53
+    exit_code = 55
 
 
 class PreflightError(PortableError, ValueError):
     """The preflight found problems before any worker started; `problems` lists every one of them."""
 
-    exit_code = 54
+    exit_code = 56
 
     def __init__(self, message: str, *, problems: list[str] | None = None, hint: str | None = None, **fields: Any):
         super().__init__(message, hint=hint, problems=list(problems or []), **fields)

@@ -137,7 +137,7 @@ def test_run_folder_refusals(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(RunStateError, match="is a file") as err:
         _run(tmp_path / "file")
-    assert err.value.exit_code == 53
+    assert err.value.exit_code == 55
     run = tmp_path / "run"
     _run(run)
     with pytest.raises(RunStateError, match="already holds a run"):

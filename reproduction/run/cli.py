@@ -68,6 +68,7 @@ def cmd_run(args: Any) -> int:
 def execute(config: Any, run_dir: Path, args: Any) -> Any:
     """Run the RECAP recipe with the parsed options."""
     from reproduction.run.recap_recipe import RECAP
+    from reproduction.run.record import make_recorder
     from reproduction.run.runner import RunOptions, run_recipe
 
     opts = RunOptions(
@@ -78,6 +79,7 @@ def execute(config: Any, run_dir: Path, args: Any) -> Any:
         argv=list(sys.argv),
         ray_address=args.ray_address or config.ray_address,
         ui=_ui(args),
+        recorder=make_recorder(Path(config.BUNDLE) if config.BUNDLE else None),
     )
     return run_recipe(RECAP, config, run_dir, opts)
 

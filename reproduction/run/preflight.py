@@ -42,7 +42,7 @@ def disk_problems(run_dir: Path, min_free_gb: float) -> list[str]:
 
 def raise_problems(problems: list[str | PortableError]) -> None:
     """Raise nothing for no problems; the error itself for one (its own exit code); PreflightError
-    (exit 54) listing all of them for several."""
+    (exit 56) listing all of them for several."""
     if not problems:
         return
     if len(problems) == 1 and isinstance(problems[0], PortableError):

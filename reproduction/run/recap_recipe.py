@@ -135,6 +135,9 @@ def value_stage(ctx: StageContext) -> StageOutput:
         result=result,
         step=min(r.step for r in result.results),
         resumed_from=min(resumed) if resumed else None,
+        resumed_from_path=ctx.out_dir / "model_0" / "checkpoints" if resumed else None,
+        world_size=train.world_size,
+        device=train.device,
     )
 
 

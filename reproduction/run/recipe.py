@@ -100,6 +100,10 @@ class StageOutput:
     step: int | None = None
     """For a training stage: the step it reached."""
     resumed_from: int | None = None
+    resumed_from_path: Path | None = None
+    """The checkpoint it continued from (a lineage material)."""
+    world_size: int = 1
+    device: str = "cpu"
 
 
 @dataclass(kw_only=True)

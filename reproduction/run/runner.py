@@ -56,6 +56,13 @@ class StageRecord:
     ended: float
     resumed_from: int | None
     summary: dict[str, Any]
+    inputs: dict[str, Any]
+    """The recipe's opened inputs (datasets: `.root`, `.fingerprint`)."""
+    upstream_files: dict[str, str]
+    """Upstream stages' output files (path relative to the run) -> sha256."""
+    world_size: int = 1
+    device: str = "cpu"
+    resumed_from_path: Path | None = None
 
 
 Recorder = Callable[[StageRecord], None]
@@ -73,7 +80,7 @@ class RunOptions:
     ray_address: str | None = None
     ui: Any = None
     recorder: Recorder | None = None
-    """Called after each stage (the evidence/lineage writer); default: the lineage module when present."""
+    """Called after each completed stage (the lineage writer, run/record.py); None: no lineage."""
     inputs: dict[str, Any] | None = None
     """Already-opened inputs (else the recipe's open_inputs is called)."""
     preflight: bool = True
@@ -281,7 +288,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         inputs = opts.inputs
     else:
         inputs = opened if opened else _open_inputs(recipe, config)
-    recorder = opts.recorder if opts.recorder is not None else default_recorder()
+    recorder = opts.recorder
     reports: list[StageReport] = []
     done: dict[str, StageOutput] = {}
     redone: set[str] = set()
@@ -441,18 +448,15 @@ def _run_stage(
                 ended=ended,
                 resumed_from=output.resumed_from,
                 summary=output.summary,
+                inputs=inputs if spec.inputs else {},
+                upstream_files={
+                    f"{n}/{rel}": v[2] for n in spec.needs for rel, v in state["stages"][n]["outputs"].items()
+                },
+                world_size=output.world_size,
+                device=output.device,
+                resumed_from_path=output.resumed_from_path,
             )
         )
     return StageReport(
         name=spec.name, action="continued" if action == "continue" else "ran", seconds=seconds, output=output
     )
-
-
-def default_recorder() -> Recorder | None:
-    """The evidence helper's lineage writer when it is installed (`reproduction.run.lineage.record_stage`),
-    else None: the runner works without it."""
-    try:
-        from reproduction.run import lineage  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return getattr(lineage, "record_stage", None)
