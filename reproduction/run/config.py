@@ -61,11 +61,11 @@ class ReturnsSection:
     """Sidecar tag: returns_{tag}.parquet (stage 3 reads the same tag)."""
 
 
-def _value_model_fields() -> list[tuple[str, Any, Any]]:
-    """ValueStageConfig's fields except its dataset lists (the run fills them from `datasets`)."""
+def _fields_except(cls: type, exclude: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
+    """A stage config's fields except those the run fills itself (datasets, trainer, mode)."""
     out = []
-    for f in dataclasses.fields(ValueStageConfig):
-        if f.name in ("train", "eval"):
+    for f in dataclasses.fields(cls):
+        if f.name in exclude:
             continue
         default = (
             field(default_factory=f.default_factory)
@@ -86,7 +86,7 @@ def _check_value_model(self: Any) -> None:
 
 ValueModelSection = dataclasses.make_dataclass(
     "ValueModelSection",
-    _value_model_fields(),
+    _fields_except(ValueStageConfig, ("train", "eval")),
     kw_only=True,
     slots=True,
     namespace={"__post_init__": _check_value_model},
@@ -124,6 +124,72 @@ class ValueSection:
     """How stage 3 infers every frame's value."""
 
 
+try:  # stage 4 (recap/policy) joins the schema where it is installed
+    from reproduction.recap.policy.task import PolicyStageConfig
+except ImportError:  # pragma: no cover - a build without the policy stage
+    PolicyStageConfig = None
+
+
+def _check_policy_model(self: Any) -> None:
+    """PolicyStageConfig's own rules, checked when the config loads (mode and trainer set by the run)."""
+    fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    PolicyStageConfig(mode="recap", train={"max_steps": 1}, **fields)
+
+
+if PolicyStageConfig is not None:
+    PolicyModelSection = dataclasses.make_dataclass(
+        "PolicyModelSection",
+        _fields_except(PolicyStageConfig, ("train", "mode")),
+        kw_only=True,
+        slots=True,
+        namespace={"__post_init__": _check_policy_model},
+    )
+    PolicyModelSection.__module__ = __name__
+    PolicyModelSection.__doc__ = "Stage 4's model options (PolicyStageConfig without mode and trainer)."
+    PolicyModelSection.__doc_source__ = PolicyStageConfig
+else:  # pragma: no cover
+
+    @dataclass(kw_only=True, slots=True)
+    class PolicyModelSection:
+        """Stage 4 is not installed in this build."""
+
+
+def _policy_train() -> TrainConfig:
+    return TrainConfig(max_steps=1000, global_batch=64, micro_batch=64, launcher="inprocess", device="cpu", lr=1e-3)
+
+
+@dataclass(kw_only=True, slots=True)
+class PolicySection:
+    """Stage 4: the flow-matching policy, one per mode (RECAP and its baselines, same model and steps)."""
+
+    modes: list[str] = field(default_factory=lambda: ["recap"])
+    """Policies to train: recap (advantage-conditioned), bc (all data), filtered_bc (successes only)."""
+    model: PolicyModelSection = field(default_factory=PolicyModelSection)
+    """What the policy is and reads."""
+    train: TrainConfig = field(default_factory=_policy_train)
+    """How each policy trains (the training core's config)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class EvalSection:
+    """Stage 5: closed-loop evaluation of the trained policies in the simulator, and the evidence."""
+
+    tasks: list[str] = field(default_factory=lambda: ["FetchPickAndPlace-v4"])
+    """Simulator tasks (environment ids) to evaluate on."""
+    episodes_per_task: int = 50
+    """Episodes per task and policy (fixed reset seeds from `seed`)."""
+    seed: int = 1000
+    """First reset seed (held out from the training data's seeds)."""
+    guidance_scales: list[float] = field(default_factory=lambda: [1.0, 2.0])
+    """Classifier-free guidance scales w evaluated for the recap policy (baselines run at w = 1)."""
+    workers: int = 1
+    """Evaluation processes (episodes split across them, no collectives)."""
+    videos: int = 0
+    """Episodes per policy saved as video."""
+    reference: str | None = None
+    """Reference evidence JSON to compare with (usually ${BUNDLE}/evidence/...); None = no comparison."""
+
+
 @dataclass(kw_only=True, slots=True)
 class RunConfig:
     """A whole RECAP run: datasets and one section per stage."""
@@ -140,6 +206,10 @@ class RunConfig:
     """Stage 2: the value model."""
     advantages: AdvantageConfig = field(default_factory=AdvantageConfig)
     """Stage 3: N-step advantages, thresholds and labels (returns_tag is set from returns.tag)."""
+    policy: PolicySection = field(default_factory=PolicySection)
+    """Stage 4: the policies."""
+    eval: EvalSection = field(default_factory=EvalSection)
+    """Evaluation in the simulator and the evidence it writes."""
     ray_address: str | None = None
     """Join this Ray cluster instead of starting a local one."""
     min_free_gb: float = 1.0

@@ -245,6 +245,39 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any]) -> list[Any]:
     return problems
 
 
+def _has(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+POLICY_STAGES = (
+    StageSpec(
+        name="policy",
+        fn="reproduction.run.recap_policy:policy_stage",
+        needs=("advantages",),
+        config=("datasets", "advantages.tag", "policy"),
+        key_exempt=tuple(f"policy.train.{k}" for k in _NOT_NUMERIC) + ("policy.model.execute_steps",),
+        outputs=("*/policy_setup.json", "*/export/**/*"),
+        training="policy.train.max_steps",
+        code=("reproduction.recap.policy.task", "reproduction.recap.policy.model", "reproduction.recap.policy.data"),
+    ),
+    StageSpec(
+        name="eval",
+        fn="reproduction.run.recap_policy:eval_stage",
+        needs=("policy",),
+        config=("eval", "policy.modes", "policy.model.execute_steps"),
+        key_exempt=("eval.workers",),
+        inputs=False,
+        outputs=("**/*.json",),
+        code=("reproduction.sim.evaluate", "reproduction.recap.policy.export"),
+    ),
+)
+"""Stages 4 and 5, present where the policy stage and the simulator are installed."""
+
 RECAP = Recipe(
     name="recap",
     open_inputs="reproduction.run.recap_recipe:open_datasets",
@@ -280,5 +313,6 @@ RECAP = Recipe(
             outputs=("values/*.parquet", "*/advantages*.parquet", "*/mixture_config.yaml"),
             code=("reproduction.recap.advantages", "reproduction.recap.value.infer"),
         ),
-    ),
+    )
+    + (POLICY_STAGES if _has("reproduction.recap.policy.task") and _has("reproduction.sim.evaluate") else ()),
 )

@@ -206,14 +206,15 @@ def collect_outputs(spec: StageSpec, stage_dir: Path, written: Sequence[Path]) -
     files: set[Path] = set()
     for pattern in spec.outputs:
         files.update(p for p in stage_dir.glob(pattern) if p.is_file())
+    run_dir = stage_dir.resolve().parent
     for p in written:
         p = Path(p)
-        if p.is_file() and stage_dir in p.resolve().parents:
+        if p.is_file() and run_dir in p.resolve().parents:  # e.g. eval writes run/evidence/
             files.add(p.resolve())
     out = {}
     for p in sorted({f.resolve() for f in files}):
         st = p.stat()
-        out[str(p.relative_to(stage_dir.resolve()))] = [st.st_size, st.st_mtime_ns, _sha256(p)]
+        out[os.path.relpath(p, stage_dir.resolve())] = [st.st_size, st.st_mtime_ns, _sha256(p)]
     return out
 
 
@@ -440,7 +441,7 @@ def _run_stage(
                 stage=spec.name,
                 status="complete",
                 action=action,
-                subjects={f"{spec.name}/{rel}": v[2] for rel, v in outputs.items()},
+                subjects={os.path.normpath(f"{spec.name}/{rel}"): v[2] for rel, v in outputs.items()},
                 materials=parts,
                 config=plain,
                 argv=list(opts.argv),
@@ -450,7 +451,9 @@ def _run_stage(
                 summary=output.summary,
                 inputs=inputs if spec.inputs else {},
                 upstream_files={
-                    f"{n}/{rel}": v[2] for n in spec.needs for rel, v in state["stages"][n]["outputs"].items()
+                    os.path.normpath(f"{n}/{rel}"): v[2]
+                    for n in spec.needs
+                    for rel, v in state["stages"][n]["outputs"].items()
                 },
                 world_size=output.world_size,
                 device=output.device,
