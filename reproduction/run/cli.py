@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reproduction.errors import ConfigError
+from reproduction.errors import ConfigError, InputNotFoundError
 from reproduction.ui import UiOptions, say
 
 DEFAULT_CONFIG = "config/run.yaml"
@@ -46,6 +46,12 @@ def cmd_run(args: Any) -> int:
         overrides.insert(0, args.bundle)  # `portable run --output D key=value`: no bundle given
         args.bundle = None
     bundle = Path(args.bundle).resolve() if args.bundle else None
+    if bundle is not None and not bundle.is_dir():
+        raise InputNotFoundError(
+            f"bundle {args.bundle} is not a folder",
+            path=bundle,
+            hint="pass a restored bundle folder (or omit it and give --config)",
+        )
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError(

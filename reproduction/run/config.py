@@ -60,6 +60,11 @@ class ReturnsSection:
     tag: str | None = None
     """Sidecar tag: returns_{tag}.parquet (stage 3 reads the same tag)."""
 
+    def __post_init__(self) -> None:
+        from reproduction.recap.returns import ReturnsConfig
+
+        ReturnsConfig(gamma=self.gamma, failure_reward=self.failure_reward, tag=self.tag)  # its rules, at load
+
 
 def _fields_except(cls: type, exclude: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
     """A stage config's fields except those the run fills itself (datasets, trainer, mode)."""
