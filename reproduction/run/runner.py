@@ -284,6 +284,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         "created": time.time(),
         "stages": {},
     }
+    config_changed = state.get("config") != plain
     state["config"] = plain
     if opts.inputs is not None:
         inputs = opts.inputs
@@ -312,7 +313,8 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         done[spec.name] = report.output
         if report.action != "skipped":
             redone.add(spec.name)
-    _write_state(run_dir, state)
+    if config_changed and not redone:  # every stage ran or skipped; record the config it was asked with
+        _write_state(run_dir, state)
     return RunReport(run_dir=run_dir, run_id=state["run_id"], stages=reports)
 
 
