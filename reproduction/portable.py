@@ -139,7 +139,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    return _not_built("eval")
+    from reproduction.run.cli import cmd_eval as evaluate
+
+    return evaluate(args)
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
@@ -228,7 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_run_arguments(p)
 
-    p = add("eval", cmd_eval, "evaluate a policy checkpoint in the simulator")
+    p = add("eval", cmd_eval, "evaluate a policy checkpoint in the simulator and write its evidence")
+    from reproduction.run.cli_args import add_eval_arguments
+
+    add_eval_arguments(p)
     p = add("lineage", cmd_lineage, "show or verify the lineage of a run's outputs")
     p.add_argument("--verify", action="store_true")
 

@@ -101,3 +101,76 @@ def print_report(report: Any, *, ui: UiOptions, as_json: bool = False) -> None:
     lines += [f"{r['stage']:<{width}}  {r['action']:<9}  {r['seconds']:>7.2f}" for r in rows]
     lines.append(f"run folder: {report.run_dir}")
     say("\n".join(lines), options=ui)
+
+
+def cmd_eval(args: Any) -> int:
+    """`portable eval --checkpoint STEP|PATH --output DIR`: evaluate one policy export, write its evidence.
+
+    With DIR a run folder, the run's resolved config is the base (overrides apply on top) and STEP
+    names its recap policy's step; a PATH is a policy export folder (export/ of a policy stage).
+    """
+    from reproduction.run.config import load_config
+    from reproduction.run.recap_policy import evaluate_exports
+    from reproduction.run.runner import read_state
+
+    run_dir = Path(args.output)
+    if run_dir.exists() and not run_dir.is_dir():
+        from reproduction.errors import RunStateError
+
+        raise RunStateError(f"output {run_dir} is a file, not a folder", path=run_dir)
+    state = read_state(run_dir) if run_dir.is_dir() else None
+    overrides = list(args.overrides or [])
+    files = [Path(c) for c in args.config or []]
+    if state is not None and not files:
+        files = [_state_config_file(run_dir, state)]
+    config = load_config(files, overrides, run_dir=run_dir)
+    export, step, mode = _resolve_checkpoint(args.checkpoint, run_dir, state)
+    config.policy.modes = [mode]
+    output = evaluate_exports(config, {mode: (export, step)}, run_dir / "eval", run_dir, ui=_ui(args))
+    say(f"evidence: {run_dir / output.summary['evidence']}", options=_ui(args))
+    if getattr(args, "json", False):
+        sys.stdout.write(json.dumps(output.summary, indent=1) + "\n")
+    return 0
+
+
+def _state_config_file(run_dir: Path, state: dict[str, Any]) -> Path:
+    """The run's resolved config, written as YAML beside run.json (eval's base config)."""
+    from reproduction.fsio import atomic_write_text
+
+    path = run_dir / "eval" / "run_config.json"
+    config = dict(state.get("config") or {})
+    atomic_write_text(path, json.dumps(config, indent=1) + "\n")  # JSON is YAML
+    return path
+
+
+def _resolve_checkpoint(text: str, run_dir: Path, state: dict[str, Any] | None) -> tuple[Path, int | None, str]:
+    """(export folder, step, mode) from --checkpoint STEP (the run's recap policy) or PATH (an export)."""
+    from reproduction.errors import CheckpointError, InputNotFoundError
+
+    if text.isdigit():
+        step = int(text)
+        rec = (state or {}).get("stages", {}).get("policy")
+        if not rec or rec.get("status") != "complete":
+            raise InputNotFoundError(
+                f"{run_dir} holds no completed policy stage to take step {step} from",
+                path=run_dir,
+                hint="run `portable run --output DIR` first, or pass --checkpoint PATH (a policy export folder)",
+            )
+        done = rec.get("step")
+        if done != step:
+            raise CheckpointError(
+                f"step {step}: the run's policy export is of step {done} (only the last step is exported)",
+                path=run_dir / "policy",
+                hint=f"pass --checkpoint {done}, or continue training with `portable run --target-step {step}`",
+            )
+        mode = "recap" if "recap" in rec.get("summary", {}) else next(iter(rec.get("summary", {"recap": 0})))
+        return run_dir / "policy" / mode / "export", step, mode
+    path = Path(text)
+    if not (path / "policy.json").is_file():
+        raise InputNotFoundError(
+            f"checkpoint {path} is not a policy export (no policy.json)",
+            path=path,
+            hint="pass a run's policy/<mode>/export folder, or a step number with --output RUN",
+        )
+    meta = json.loads((path / "policy.json").read_text(encoding="utf-8"))
+    return path, meta.get("step"), str(meta.get("mode", "recap"))

@@ -88,52 +88,65 @@ def evaluations(config: Any) -> list[tuple[str, str, float]]:
 
 def eval_stage(ctx: StageContext) -> StageOutput:
     """Stage 5: evaluate every policy in the simulator; write evidence (and the comparison with the reference)."""
+    exports = {
+        mode: (ctx.run_dir / "policy" / mode / "export", ctx.upstream["policy"].summary.get(mode, {}).get("step"))
+        for mode in ctx.config.policy.modes
+    }
+    return evaluate_exports(ctx.config, exports, ctx.out_dir, ctx.run_dir, ui=ctx.ui)
+
+
+def evaluate_exports(
+    config: Any, exports: dict[str, tuple[Path, int | None]], out_dir: Path, run_dir: Path, *, ui: Any = None
+) -> StageOutput:
+    """Evaluate the policy exports ({mode: (export folder, step)}) in the simulator into `out_dir`, and
+    write `run_dir`/evidence/eval_policy_<step>.json (+ comparison.json with `eval.reference`)."""
     from reproduction.recap.policy.export import PolicyFactory, read_export
     from reproduction.run import evidence
     from reproduction.sim.evaluate import EvalConfig, evaluate
 
-    cfg = ctx.config
-    ev = cfg.eval
-    policy_dir = ctx.run_dir / "policy"
+    ev = config.eval
     records, results = [], {}
-    for label, mode, w in evaluations(cfg):
-        export = policy_dir / mode / "export"
+    for label, mode, w in evaluations(config):
+        if mode not in exports:
+            continue
+        export, step = exports[mode]
         meta = read_export(export)
         sim_cfg = EvalConfig(
             tasks=list(ev.tasks),
             episodes_per_task=ev.episodes_per_task,
             seed=ev.seed,
-            execute_steps=int(meta.get("execute_steps", cfg.policy.model.execute_steps)),
+            execute_steps=int(meta.get("execute_steps", config.policy.model.execute_steps)),
             videos=ev.videos,
             workers=ev.workers,
         )
-        out = ctx.out_dir / label.replace(" ", "_").replace("=", "")
-        result = evaluate(PolicyFactory(export_dir=str(export), guidance_scale=w), sim_cfg, out, ui=ctx.ui)
+        out = Path(out_dir) / label.replace(" ", "_").replace("=", "")
+        result = evaluate(PolicyFactory(export_dir=str(export), guidance_scale=w), sim_cfg, out, ui=ui)
         doc = result.to_dict()
         results[label] = doc
+        inside = Path(export).resolve().is_relative_to(Path(run_dir).resolve())
         records.append(
             evidence.EvalRecord(
                 result=doc,
                 label=label,
                 mode=mode,
                 guidance_scale=w if mode == "recap" else None,
-                checkpoint=str(export.relative_to(ctx.run_dir)),
-                step=ctx.upstream["policy"].summary.get(mode, {}).get("step"),
+                checkpoint=str(Path(export).resolve().relative_to(Path(run_dir).resolve()) if inside else export),
+                step=step,
             )
         )
     primary = _best_recap(records) or records[0]
     step = primary.step or 0
-    ev_dir = ctx.run_dir / "evidence"
+    ev_dir = Path(run_dir) / "evidence"
     path = evidence.write_eval_evidence(
         ev_dir / f"eval_policy_{step}.json",
         primary,
         name=f"{primary.label} after {step} steps",
-        run_id=ctx.run_dir.name,
-        seeds={"eval": ev.seed, "policy": cfg.policy.train.seed, "value": cfg.value.train.seed},
+        run_id=Path(run_dir).name,
+        seeds={"eval": ev.seed, "policy": config.policy.train.seed, "value": config.value.train.seed},
         settings={"tasks": list(ev.tasks), "episodes_per_task": ev.episodes_per_task},
         baselines=[r for r in records if r is not primary],
     )
-    files, summary = [path], {"evidence": str(path.relative_to(ctx.run_dir)), "results": results}
+    files, summary = [path], {"evidence": str(path.relative_to(run_dir)), "results": results}
     if ev.reference:
         comparison = evidence.compare_files(path, Path(ev.reference), out=ev_dir / "comparison.json")
         files.append(ev_dir / "comparison.json")
