@@ -151,7 +151,9 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from reproduction.run.demo import run_demo
 
-    return run_demo(Path(args.workdir) if args.workdir else None, ui=_ui(args))
+    return run_demo(
+        Path(args.output) if args.output else None, quick=args.quick, overrides=args.overrides, ui=_ui(args)
+    )
 
 
 # -- parser -------------------------------------------------------------------------------------
@@ -237,8 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("lineage", cmd_lineage, "show or verify the lineage of a run's outputs")
     p.add_argument("--verify", action="store_true")
 
-    p = add("demo", cmd_demo, "the whole pipeline end to end on CPU, with no download")
-    p.add_argument("--workdir", default=None, metavar="DIR", help="where to build (default: a new folder under ./runs)")
+    p = add("demo", cmd_demo, "the whole pipeline end to end on CPU, with no download (rerun: reuses what is valid)")
+    from reproduction.run.cli_args import add_demo_arguments
+
+    add_demo_arguments(p)
     return parser
 
 

@@ -27,3 +27,12 @@ def add_eval_arguments(p: Any) -> None:
     p.add_argument("--config", action="append", metavar="FILE", help="YAML config (default: the run's own)")
     p.add_argument("--json", action="store_true", help="print the evaluation summary as JSON on stdout")
     p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides (eval.*, docs/config.md)")
+
+
+def add_demo_arguments(p: Any) -> None:
+    """The flags of `portable demo`."""
+    p.add_argument(
+        "--output", "--workdir", dest="output", default=None, metavar="DIR", help="where to build (default ./runs/demo)"
+    )
+    p.add_argument("--quick", action="store_true", help="the reduced demo CI runs (bundle/demo/quick.yaml)")
+    p.add_argument("overrides", nargs="*", metavar="key.path=value", help="run config overrides (docs/config.md)")
