@@ -8,7 +8,7 @@ step whose inputs are unchanged (generation and packing by stamps, restore by it
 by its stage keys).
 
     <output>/
-      src/                 generated sources: data/{sft,rollout} project/ configs/run.yaml evidence/
+      src/                 generated sources: data/{sft,rollout} project/ (recap, sim, data code) configs/ evidence/
       bundle/              the packed bundle
       restored/recap-demo/ the same bundle copied elsewhere and restored there
       check.json           `portable check` on the restored bundle
@@ -140,6 +140,8 @@ def _generate(root: Path, data: DemoData, *, ui: UiOptions | None) -> str:
     return f"{episodes} episodes, {frames} frames"
 
 
+SNAPSHOT = ("recap", "sim", "data")
+"""The algorithm code the demo release pins as its source layer (the bundle carries the runner at reproduction/)."""
 _SIM_MODULES = ("generate", "env", "experts", "behaviours", "episode", "tasks", "seeds")
 
 
@@ -152,7 +154,7 @@ def _write_sources(src: Path, *, quick: bool) -> None:
             atomic_write_bytes(path, data)
 
     project = src / "project"
-    wanted = {p.relative_to(REPO): p for p in sorted((REPO / "reproduction").rglob("*.py"))}
+    wanted = {p.relative_to(REPO): p for pkg in SNAPSHOT for p in sorted((REPO / "reproduction" / pkg).rglob("*.py"))}
     for rel, p in wanted.items():
         put(project / rel, p.read_bytes())
     for p in sorted(project.rglob("*.py")) if project.exists() else []:

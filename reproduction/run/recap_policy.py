@@ -121,8 +121,8 @@ def evaluate_exports(
         )
         out = Path(out_dir) / label.replace(" ", "_").replace("=", "")
         result = evaluate(PolicyFactory(export_dir=str(export), guidance_scale=w), sim_cfg, out, ui=ui)
-        doc = result.to_dict()
-        results[label] = doc
+        doc = _counts(result)
+        results[label] = {**doc, "summary": result.to_dict()["tasks"], "seconds": round(result.seconds, 3)}
         inside = Path(export).resolve().is_relative_to(Path(run_dir).resolve())
         records.append(
             evidence.EvalRecord(
@@ -132,6 +132,7 @@ def evaluate_exports(
                 guidance_scale=w if mode == "recap" else None,
                 checkpoint=str(Path(export).resolve().relative_to(Path(run_dir).resolve()) if inside else export),
                 step=step,
+                extra_metrics=_mechanism(result),
             )
         )
     primary = _best_recap(records) or records[0]
@@ -152,6 +153,27 @@ def evaluate_exports(
         files.append(ev_dir / "comparison.json")
         summary["comparison"] = comparison.to_dict()
     return StageOutput(files=files, summary=_jsonable(summary), device="cpu", world_size=ev.workers)
+
+
+def _counts(result: Any) -> dict[str, Any]:
+    """The evaluation's per-task counts as the evidence expects them (ints), from the simulator's EvalResult."""
+    return {
+        "tasks": {
+            name: {"episodes": t.episodes, "success_once": t.success_once, "success_at_end": t.success_at_end}
+            for name, t in result.tasks.items()
+        }
+    }
+
+
+def _mechanism(result: Any) -> dict[str, float]:
+    """Mechanism numbers beside the success rates (DEMO_LAB: detours, time to success), averaged over tasks."""
+    rows = [t.summary() for t in result.tasks.values()]
+    out = {}
+    for key in ("detours_per_episode", "mean_first_success_step", "stalls_per_episode", "drops_per_episode"):
+        vals = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+        if vals:
+            out[key] = sum(vals) / len(vals)
+    return out
 
 
 def _best_recap(records: list[Any]) -> Any:
