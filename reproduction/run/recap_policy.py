@@ -45,13 +45,13 @@ def policy_config(ctx: StageContext, mode: str) -> tuple[list[Any], Any]:
 def policy_stage(ctx: StageContext) -> StageOutput:
     """Stage 4: one policy per `policy.modes` into policy/<mode>/ (each continues from its checkpoints)."""
     from reproduction.recap.policy.task import train_policy
+    from reproduction.run.recap_recipe import stage_ray
 
     files, summary, steps, resumed = [], {}, [], []
+    ray_address = stage_ray(ctx, ctx.config.policy.train.launcher == "ray")
     for mode in ctx.config.policy.modes:
         inputs, stage = policy_config(ctx, mode)
-        result = train_policy(
-            inputs, stage, ctx.out_dir / mode, resume=ctx.resume, ray_address=ctx.ray_address, ui=ctx.ui
-        )
+        result = train_policy(inputs, stage, ctx.out_dir / mode, resume=ctx.resume, ray_address=ray_address, ui=ctx.ui)
         files += list(result.files)
         steps.append(result.step)
         if result.resumed_from is not None:

@@ -74,6 +74,40 @@ def open_datasets(config: Any) -> dict[str, RunDataset]:
 # -- stages ---------------------------------------------------------------------------------------
 
 
+def stage_ray(ctx: StageContext, needed: bool) -> str | None:
+    """The Ray cluster a stage's workers join: --ray-address, else one local Ray started once for the
+    whole run (stopped when the run ends), so folds, datasets and stages do not each start their own.
+    None when the stage needs no Ray or the runner gave no resources (the launcher then starts one)."""
+    if not needed or ctx.ray_address:
+        return ctx.ray_address
+    if "ray_address" in ctx.shared:
+        return ctx.shared["ray_address"]
+    if ctx.resources is None:
+        return None
+    import os
+
+    import ray
+
+    from reproduction.train.launcher import WORKER_ENV
+
+    if ray.is_initialized():
+        return None
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    for key, value in WORKER_ENV.items():  # inherited by every worker the raylet starts
+        os.environ.setdefault(key, value)
+    ray.init(
+        address="local",
+        num_cpus=os.cpu_count() or 1,
+        include_dashboard=False,
+        object_store_memory=200 * 1024 * 1024,
+        log_to_driver=True,
+        _node_ip_address="127.0.0.1",  # a private one-node cluster on loopback
+    )
+    ctx.resources.callback(ray.shutdown)
+    ctx.shared["ray_address"] = ray.get_runtime_context().gcs_address
+    return ctx.shared["ray_address"]
+
+
 def returns_stage(ctx: StageContext) -> StageOutput:
     """Stage 1: returns sidecars for every dataset into returns/<dataset>/."""
     from reproduction.recap.returns import ReturnsConfig, compute_returns
@@ -124,7 +158,8 @@ def value_stage(ctx: StageContext) -> StageOutput:
     from reproduction.recap.value.stage import train_value
 
     stage, train = value_config(ctx)
-    result = train_value(stage, train, ctx.out_dir, resume=ctx.resume, ray_address=ctx.ray_address, ui=ctx.ui)
+    ray_address = stage_ray(ctx, train.launcher == "ray")
+    result = train_value(stage, train, ctx.out_dir, resume=ctx.resume, ray_address=ray_address, ui=ctx.ui)
     files = [ctx.out_dir / "value_setup.json", ctx.out_dir / "crossfit.json"]
     for d in result.export_dirs:
         files += [p for p in Path(d).rglob("*") if p.is_file()]
@@ -157,6 +192,7 @@ def advantages_stage(ctx: StageContext) -> StageOutput:
     inf = cfg.value.infer
     values_dir = ctx.out_dir / "values"
     inputs, files, inferred = [], [], {}
+    ray_address = stage_ray(ctx, inf.workers > 1)
     for d in ctx.inputs.values():
         out = values_dir / f"{d.name}.parquet"
         inferred[d.name] = infer_values(
@@ -167,7 +203,7 @@ def advantages_stage(ctx: StageContext) -> StageOutput:
             workers=inf.workers,
             batch_size=inf.batch_size,
             device=inf.device,
-            ray_address=ctx.ray_address,
+            ray_address=ray_address,
             ui=ctx.ui,
         )
         files.append(out)

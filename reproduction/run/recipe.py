@@ -126,6 +126,11 @@ class StageContext:
     """Train up to this step instead of the configured one."""
     ray_address: str | None = None
     ui: Any = None
+    resources: Any = None
+    """A contextlib.ExitStack the runner closes when the run ends: stages share costly things through it
+    (one local Ray for the whole run) via `shared`."""
+    shared: dict[str, Any] = field(default_factory=dict)
+    """Values stages share within one invocation (e.g. the local Ray's address)."""
 
 
 def resolve_fn(ref: str) -> Callable[..., Any]:

@@ -15,6 +15,7 @@ run.json is written atomically after every state change, so a kill leaves a cons
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -295,6 +296,49 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
     done: dict[str, StageOutput] = {}
     redone: set[str] = set()
     chosen = {s.name for s in selected}
+    with contextlib.ExitStack() as resources:
+        shared: dict[str, Any] = {}
+        config_changed = _walk(
+            recipe,
+            selected,
+            chosen,
+            config,
+            plain,
+            run_dir,
+            state,
+            inputs,
+            done,
+            redone,
+            reports,
+            opts,
+            recorder,
+            resources,
+            shared,
+            config_changed,
+        )
+    if config_changed and not redone:  # every stage ran or skipped; record the config it was asked with
+        _write_state(run_dir, state)
+    return RunReport(run_dir=run_dir, run_id=state["run_id"], stages=reports)
+
+
+def _walk(
+    recipe,
+    selected,
+    chosen,
+    config,
+    plain,
+    run_dir,
+    state,
+    inputs,
+    done,
+    redone,
+    reports,
+    opts,
+    recorder,
+    resources,
+    shared,
+    config_changed,
+) -> bool:
     for spec in recipe.stages:
         if spec.name not in chosen:
             rec = state["stages"].get(spec.name)
@@ -308,14 +352,14 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
                     path=run_dir,
                     hint=f"run with --stages {need},{spec.name} (or without --stages)",
                 )
-        report = _run_stage(spec, recipe, config, plain, run_dir, state, inputs, done, redone, opts, recorder)
+        report = _run_stage(
+            spec, recipe, config, plain, run_dir, state, inputs, done, redone, opts, recorder, resources, shared
+        )
         reports.append(report)
         done[spec.name] = report.output
         if report.action != "skipped":
             redone.add(spec.name)
-    if config_changed and not redone:  # every stage ran or skipped; record the config it was asked with
-        _write_state(run_dir, state)
-    return RunReport(run_dir=run_dir, run_id=state["run_id"], stages=reports)
+    return config_changed
 
 
 def _open_inputs(recipe: Recipe, config: Any) -> dict[str, Any]:
@@ -382,6 +426,8 @@ def _run_stage(
     redone: set[str],
     opts: RunOptions,
     recorder: Recorder | None,
+    resources: Any,
+    shared: dict[str, Any],
 ) -> StageReport:
     stage_dir = run_dir / spec.name
     upstream_digests = {n: outputs_digest(state["stages"][n]["outputs"]) for n in spec.needs}
@@ -414,6 +460,8 @@ def _run_stage(
         target_step=opts.target_step if spec.training else None,
         ray_address=opts.ray_address,
         ui=opts.ui,
+        resources=resources,
+        shared=shared,
     )
     t0 = time.perf_counter()
     output = resolve_fn(spec.fn)(ctx)
