@@ -23,6 +23,7 @@ from reproduction.release.layers import index_path, write_index
 from reproduction.release.manifest import FileEntry, LayerEntry, Manifest, PrefixOccurrence, write_manifest
 from reproduction.release.safety import check_targets, validate_layers
 from reproduction.release.spec import BundleSpec, FileSpec, LayerSpec, excluded, load_spec
+from reproduction.release.weights import place_weights
 from reproduction.release.zstdio import backend
 from reproduction.ui import UiOptions, human_bytes, say
 
@@ -195,6 +196,7 @@ def pack_bundle(
     stage.mkdir(parents=True)
     try:
         _copy_plain(stage, _plain_sources(spec), placeholder_map(spec), jobs)
+        placed = place_weights(spec, stage, ui=ui)  # weights named by manifests, checked; their licenses
         layers = _pack_layers(spec, stage, jobs, ui)
         manifest = Manifest(
             name=spec.name,
@@ -205,6 +207,7 @@ def pack_bundle(
             metadata={
                 "description": spec.description,
                 "packed_with": {"python": sys.version.split()[0], "zstd": backend(), "spec": spec.path.name},
+                **placed,
             },
         )
         check_targets(manifest)
