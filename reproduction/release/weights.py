@@ -152,6 +152,8 @@ class WeightsPlan:
     """Bundle paths of built components pack builds (torch present)."""
     missing: list[str] = field(default_factory=list)
     """One line per file pack cannot place, saying why."""
+    differ: list[str] = field(default_factory=list)
+    """Those of `missing` that are present with other bytes than the pinned ones."""
     licenses: list[str] = field(default_factory=list)
     """License file names (in LICENSES/) the manifest needs."""
 
@@ -169,11 +171,13 @@ def plan_weights(spec: Any, *, licenses: LicenseIndex | None = None) -> list[Wei
             if comp.unpinned():
                 unpinned.add(i)
                 src = comp.source.get("repo") or comp.source.get("builder")
-                plan.missing += [
-                    f"{ws.dest}/{f.path}: not pinned yet ({', '.join(comp.unpinned()[:3])}); "
-                    f"pin: portable weights pin {ws.manifest}; then fetch from {src}"
-                    for f in comp.files
-                ]
+                commit = " commit," if comp.source.get("commit") == UNPINNED else ""
+                for f in comp.files:
+                    fields = ", ".join(k for k in ("size", "sha256") if getattr(f, k) == UNPINNED)
+                    plan.missing.append(
+                        f"{ws.dest}/{f.path}: not pinned ({commit} {fields or 'its component'}) [{src}]; "
+                        f"pin with: portable weights pin {ws.manifest}".replace("( ", "(")
+                    )
         candidates = {}
         for i, comp in enumerate(wm.components):
             if i in unpinned:
@@ -182,6 +186,10 @@ def plan_weights(spec: Any, *, licenses: LicenseIndex | None = None) -> list[Wei
                 path = (ws.source / f.path) if ws.source is not None else None
                 if path is not None and path.is_file() and path.stat().st_size == f.size:
                     candidates[path] = (comp, f)
+                elif path is not None and path.is_file():
+                    line = f"{ws.dest}/{f.path}: {path} has {path.stat().st_size} bytes, the manifest pins {f.size}"
+                    plan.missing.append(line)
+                    plan.differ.append(line)
                 elif comp.kind == "built" and can_build:
                     plan.build.append(f"{ws.dest}/{f.path}")
                 else:
@@ -197,7 +205,9 @@ def plan_weights(spec: Any, *, licenses: LicenseIndex | None = None) -> list[Wei
             if digest == f.sha256:
                 plan.found.append((path, f"{ws.dest}/{f.path}", int(f.size)))
             else:
-                plan.missing.append(f"{ws.dest}/{f.path}: {path} has sha256 {digest}, the manifest pins {f.sha256}")
+                line = f"{ws.dest}/{f.path}: {path} has sha256 {digest}, the manifest pins {f.sha256}"
+                plan.missing.append(line)
+                plan.differ.append(line)
         plans.append(plan)
     return plans
 
@@ -224,6 +234,13 @@ def place_weights(spec: Any, stage: Path, *, ui: UiOptions | None = None) -> dic
 
     index = load_license_index()
     plans = plan_weights(spec, licenses=index)
+    differ = [m for p in plans for m in p.differ]
+    if differ:
+        raise IntegrityError(
+            f"{len(differ)} weights file(s) are not the bytes their manifests pin:\n  " + "\n  ".join(differ),
+            problems=differ,
+            hint="fetch them again: portable weights fetch MANIFEST DIR (then point the spec's source at DIR)",
+        )
     missing = [m for p in plans for m in p.missing]
     if missing:
         raise InputNotFoundError(

@@ -88,7 +88,11 @@ def plan_pack(spec_path: Path, *, root: Path | None = None) -> PackPlan:
         plan.include += [f"{rel} <- {src} ({human_bytes(size)}, sha256 matches)" for src, rel, size in wp.found]
         plan.include += [f"{rel} (built from its manifest's config and seed)" for rel in wp.build]
         plan.missing += wp.missing
+    by_file: dict[str, list[str]] = {}
     for component, name in sorted(license_files(spec, plans, index).items()):
-        plan.include.append(f"LICENSES/{name} (for {component})")
+        by_file.setdefault(name, []).append(component)
+    for name, components in sorted(by_file.items()):
+        gated = " (GATED: users must accept these terms on the Hub)" if index.files[name].get("gated") else ""
+        plan.include.append(f"LICENSES/{name}{gated} for {', '.join(components)}")
     plan.include.append("reproduction/ (this runner) and bundle.json")
     return plan
