@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,8 +172,7 @@ def pin_hub(
                 sha256=_file_digest(url, tree[rp], settings, ui),
             )
         )
-    card = getattr(info, "card_data", None)
-    card_license = card.get("license") if card is not None and hasattr(card, "get") else None
+    card_license = _card_license(info, tree, repo, rtype, commit, settings, ui)
     comp = Component(
         role=existing.role if existing else repo.split("/", 1)[1].lower().replace(".", "-"),
         source={
@@ -195,6 +195,25 @@ def pin_hub(
         options=ui,
     )
     return comp
+
+
+def _card_license(
+    info: Any, tree: dict[str, Any], repo: str, rtype: str, commit: str, settings: HubSettings, ui: UiOptions | None
+) -> str | None:
+    """The `license:` of the repo's card: the Hub's parsed card data, else the README's YAML header."""
+    from huggingface_hub import hf_hub_url
+
+    card = getattr(info, "card_data", None)
+    if card is not None and hasattr(card, "get") and card.get("license"):
+        return str(card.get("license"))
+    readme = tree.get("README.md")
+    if readme is None or readme.lfs is not None:
+        return None
+    url = hf_hub_url(repo, "README.md", repo_type=rtype, revision=commit, endpoint=settings.resolved_endpoint())
+    text = fetch_small(url, what="read README.md", settings=settings, ui=ui, limit=4 << 20).decode("utf-8", "replace")
+    header = re.match(r"---\s*\n(.*?)\n---", text, re.S)
+    found = re.search(r"^license:\s*['\"]?([\w.+-]+)", header.group(1), re.M) if header else None
+    return found.group(1) if found else None
 
 
 def _folder(existing: Component | None, repo: str) -> str:
