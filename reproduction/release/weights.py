@@ -232,6 +232,10 @@ def place_weights(spec: Any, stage: Path, *, ui: UiOptions | None = None) -> dic
     """
     from reproduction.release.weights_build import build_component
 
+    if not spec.weights and not spec.licenses and not (project_root() / "LICENSES" / "index.json").is_file():
+        # A runner installed without its checkout (a wheel) has no LICENSES/; nothing here needs one.
+        say("  no LICENSES/ beside this runner: the bundle carries no license files", options=ui)
+        return {}
     index = load_license_index()
     plans = plan_weights(spec, licenses=index)
     differ = [m for p in plans for m in p.differ]
