@@ -400,7 +400,9 @@ def test_tiny_weights_build_deterministically_to_the_pinned_digest_and_load_stri
     data = json.loads(path.read_text())
     data["components"][0]["files"][0]["sha256"] = "f" * 64
     bad = load_weights_manifest(write_json(tmp_path / "bad.json", data))
-    with pytest.raises(IntegrityError, match=r"value-tiny/model.safetensors: built bytes have sha256 .*pinned with .*2.13"):
+    with pytest.raises(
+        IntegrityError, match=r"value-tiny/model.safetensors: built bytes have sha256 .*pinned with .*2.13"
+    ):
         fetch_weights(bad, tmp_path / "w2", ui=QUIET)
     assert not (tmp_path / "w2" / "value-tiny" / "model.safetensors").exists()
 
@@ -429,3 +431,42 @@ def test_cli_pack_dry_run_on_a_complete_spec_exits_zero(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "weights/up/model.safetensors <- " in proc.stdout and "sha256 matches" in proc.stdout
     assert "nothing is missing" in proc.stdout and not (tmp_path / "b").exists()
+
+
+def toy_state(config: dict, seed: int) -> dict:
+    """A builder for any model: `module:function(config, seed) -> state dict` (here this test module)."""
+    import torch
+
+    torch.manual_seed(seed)
+    return {"proj.weight": torch.randn(config["rows"], 3), "proj.bias": torch.zeros(config["rows"])}
+
+
+@pytest.mark.slow
+def test_any_model_built_from_a_config_and_a_seed_is_pinned_by_its_digest(tmp_path):
+    pytest.importorskip("torch")
+    from reproduction.release.weights_hub import fetch_weights, pin_manifest
+
+    data = json.loads((REPO / "weights_manifest" / "value_tiny.json").read_text())
+    comp = data["components"][0]
+    comp["source"] = {"kind": "built", "builder": f"{__name__}:toy_state", "seed": 3, "config": {"rows": 5}}
+    comp["model_config"] = {"sha256": UNPINNED}
+    comp["files"] = [{"path": "toy/model.safetensors", "size": UNPINNED, "sha256": UNPINNED}]
+    data.update(name="toy-tiny", model="policy", presets=["tiny"])
+    path = write_json(tmp_path / "toy.json", data)
+    with pytest.raises(InvalidInputError, match="cannot fetch: 3 field"):
+        fetch_weights(load_weights_manifest(path), tmp_path / "w", ui=QUIET)
+    pinned = pin_manifest(path, ui=QUIET).components[0]
+    assert pinned.files[0].sha256 != UNPINNED and pinned.source["built_with"]["torch"]
+    assert pinned.model_config == {"sha256": canonical_sha256({"rows": 5})}
+    assert fetch_weights(load_weights_manifest(path), tmp_path / "w", ui=QUIET).built == 1
+    assert verify_weights(load_weights_manifest(path), tmp_path / "w").exit_code == 0
+    first = (tmp_path / "w" / "toy" / "model.safetensors").read_bytes()
+    (tmp_path / "w" / "toy" / "model.safetensors").unlink()
+    fetch_weights(load_weights_manifest(path), tmp_path / "w", ui=QUIET)
+    assert (tmp_path / "w" / "toy" / "model.safetensors").read_bytes() == first  # same config + seed, same bytes
+
+    data = json.loads(path.read_text())
+    data["components"][0]["source"]["seed"] = 4  # another seed: other bytes than the pin
+    other = load_weights_manifest(write_json(tmp_path / "toy4.json", data))
+    with pytest.raises(IntegrityError, match="toy/model.safetensors: built bytes have sha256"):
+        fetch_weights(other, tmp_path / "w4", ui=QUIET)

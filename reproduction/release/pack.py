@@ -23,7 +23,7 @@ from reproduction.release.layers import index_path, write_index
 from reproduction.release.manifest import FileEntry, LayerEntry, Manifest, PrefixOccurrence, write_manifest
 from reproduction.release.safety import check_targets, validate_layers
 from reproduction.release.spec import BundleSpec, FileSpec, LayerSpec, excluded, load_spec
-from reproduction.release.weights import place_weights
+from reproduction.release.weights import check_bundle_weights, place_weights
 from reproduction.release.zstdio import backend
 from reproduction.ui import UiOptions, human_bytes, say
 
@@ -211,6 +211,7 @@ def pack_bundle(
             },
         )
         check_targets(manifest)
+        check_bundle_weights(stage, manifest)
         if manifest.entry_config and manifest.file(manifest.entry_config) is None:
             raise InvalidInputError(
                 f"entry_config {manifest.entry_config!r} is not a file of the bundle",
