@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -158,22 +159,29 @@ def test_an_unknown_license_id_is_an_error(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("edit", "message"),
+    ("edit", "message", "schema_too"),
     [
-        (lambda m: m["components"][0]["files"][0].update(sha256="abc"), r"files\[0\].sha256"),
-        (lambda m: m["components"][0]["source"].update(commit="main"), r"source.commit"),
-        (lambda m: m["components"][0]["files"][0].update(path="../escape"), "not a clean relative path"),
-        (lambda m: m["components"][0]["model_config"].update(path="up/other.json"), "not one of the component's files"),
-        (lambda m: m["components"][0]["model_config"].update(sha256="1" * 64), "is not the sha256 of up/config.json"),
-        (lambda m: m.update(format_version=3), "version 3"),
-        (lambda m: m["components"][0].pop("key_mapping"), "key_mapping: missing"),
+        (lambda m: m["components"][0]["files"][0].update(sha256="abc"), r"files\[0\].sha256", True),
+        (lambda m: m["components"][0]["source"].update(commit="main"), r"source.commit", True),
+        (lambda m: m["components"][0]["files"][0].update(path="../escape"), "not a clean relative path", True),
+        (lambda m: m["components"][0]["files"][0].update(size=-1), r"files\[0\].size", True),
+        (lambda m: m["components"][0]["source"].update(kind="ftp"), "is not 'hub' or 'built'", True),
+        (lambda m: m.update(format_version=3), "version 3", True),
+        (lambda m: m["components"][0].pop("key_mapping"), "key_mapping: missing", True),
+        (lambda m: m.update(model="critic"), "is not 'value' or 'policy'", True),
+        # rules JSON Schema cannot state; the reader enforces them
+        (lambda m: m["components"][0]["model_config"].update(path="up/other.json"), "not one of the component", False),
+        (lambda m: m["components"][0]["model_config"].update(sha256="1" * 64), "not the sha256 of up/config", False),
     ],
 )
-def test_malformed_manifests_name_the_field(tmp_path, edit, message):
+def test_malformed_manifests_name_the_field(tmp_path, edit, message, schema_too):
     data = hub_manifest(UPSTREAM)
+    jsonschema.Draft202012Validator(SCHEMA).validate(data)
     edit(data)
     with pytest.raises(InvalidInputError, match=message):
         WeightsManifest.from_dict(data, path=tmp_path / "m.json")
+    errors = list(jsonschema.Draft202012Validator(SCHEMA).iter_errors(data))
+    assert bool(errors) == schema_too
 
 
 def test_a_built_config_edited_after_pinning_is_refused():
@@ -264,6 +272,19 @@ def test_pack_places_pinned_weights_and_exactly_their_licenses_and_restore_check
     assert "`weights_manifest/m.json` -> `weights/`" in card and "license: other" in card
     assert check_bundle_weights(bundle, manifest) == 2
     restore_bundle(bundle, ui=QUIET)
+    # the bundle's own runner verifies its weights on a bare Python (stdlib only, its own LICENSES/index.json)
+    bare = Path.home() / ".pyenv" / "versions" / "3.10.13" / "bin" / "python3"
+    python = str(bare) if bare.exists() else sys.executable
+    proc = run_cli(
+        "weights",
+        "verify",
+        bundle / "weights_manifest" / "m.json",
+        bundle / "weights",
+        python=python,
+        script=bundle / "reproduction" / "portable.py",
+        env={"PYTHONPATH": "", "PYTHONNOUSERSITE": "1"},
+    )
+    assert proc.returncode == 0 and "2 of 2 files verified" in proc.stdout, proc.stderr
 
     # Someone swaps the weights and re-writes bundle.json to match: verify alone would pass; restore refuses.
     blob = bundle / "weights" / "up" / "model.safetensors"
