@@ -166,18 +166,8 @@ def plan_weights(spec: Any, *, licenses: LicenseIndex | None = None) -> list[Wei
     for ws in spec.weights:
         wm = load_weights_manifest(ws.manifest, licenses=index)
         plan = WeightsPlan(manifest=wm, dest=ws.dest, licenses=index.check(wm))
-        unpinned = set()
-        for i, comp in enumerate(wm.components):
-            if comp.unpinned():
-                unpinned.add(i)
-                src = comp.source.get("repo") or comp.source.get("builder")
-                commit = " commit," if comp.source.get("commit") == UNPINNED else ""
-                for f in comp.files:
-                    fields = ", ".join(k for k in ("size", "sha256") if getattr(f, k) == UNPINNED)
-                    plan.missing.append(
-                        f"{ws.dest}/{f.path}: not pinned ({commit} {fields or 'its component'}) [{src}]; "
-                        f"pin with: portable weights pin {ws.manifest}".replace("( ", "(")
-                    )
+        unpinned = {i for i, comp in enumerate(wm.components) if comp.unpinned()}
+        plan.missing += [line for i in sorted(unpinned) for line in _unpinned_lines(ws, wm.components[i])]
         candidates = {}
         for i, comp in enumerate(wm.components):
             if i in unpinned:
@@ -210,6 +200,21 @@ def plan_weights(spec: Any, *, licenses: LicenseIndex | None = None) -> list[Wei
                 plan.differ.append(line)
         plans.append(plan)
     return plans
+
+
+def _unpinned_lines(ws: Any, comp: Any) -> list[str]:
+    """One 'not pinned' line per file of a component with "to-be-pinned" fields."""
+    src = comp.source.get("repo") or comp.source.get("builder")
+    lines = []
+    for f in comp.files:
+        fields = [k for k in ("size", "sha256") if getattr(f, k) == UNPINNED]
+        if comp.source.get("commit") == UNPINNED:
+            fields.insert(0, "commit")
+        lines.append(
+            f"{ws.dest}/{f.path}: not pinned ({', '.join(fields) or 'model_config'}) [{src}]; "
+            f"pin with: portable weights pin {ws.manifest}"
+        )
+    return lines
 
 
 def license_files(spec: Any, plans: list[WeightsPlan], index: LicenseIndex) -> dict[str, str]:
