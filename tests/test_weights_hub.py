@@ -123,6 +123,9 @@ def test_pin_fetch_verify_round_trip_without_downloading_lfs_files_to_pin(hub: H
         "sha256": hashlib.sha256(want["config.json"]).hexdigest(),
     }
     assert comp.key_mapping == {"source_prefix": "model.", "target_prefix": "language."}  # kept from the manifest
+    first = manifest.read_bytes()
+    assert run(hub, tmp_path, "pin", str(manifest)).returncode == 0
+    assert manifest.read_bytes() == first  # the same commit pins to the same manifest, byte for byte
     # the LFS file's sha256 came from the tree metadata: pinning never downloaded it
     assert hub.requests("GET", r"/resolve/.*/model\.safetensors") == []
     assert hub.requests("GET", r"/resolve/.*/config\.json")  # small git files are read (and checked by sha1)

@@ -65,11 +65,12 @@ def _select(tree: dict[str, Any], globs: list[str], repo: str) -> list[str]:
     return chosen
 
 
-def _license_for(
-    lic_arg: str | None, existing: Component | None, card_license: str | None, index: LicenseIndex, repo: str
-) -> dict[str, Any]:
-    if lic_arg is None and existing is not None:
-        return dict(existing.license)
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _license_for(lic_arg: str | None, card_license: str | None, index: LicenseIndex, repo: str) -> dict[str, Any]:
+    """The license entry for `--license ID|LICENSES/<file>`, else the card's id; checked against the index."""
     lid = lic_arg or card_license
     if lid is None:
         raise InvalidInputError(
@@ -172,7 +173,12 @@ def pin_hub(
                 sha256=_file_digest(url, tree[rp], settings, ui),
             )
         )
-    card_license = _card_license(info, tree, repo, rtype, commit, settings, ui)
+    if license_arg is None and existing is not None:
+        lic = dict(existing.license)
+    else:
+        card_license = None if license_arg else _card_license(info, tree, repo, rtype, commit, settings, ui)
+        lic = _license_for(license_arg, card_license, index, repo)
+    same = existing is not None and existing.source.get("commit") == commit
     comp = Component(
         role=existing.role if existing else repo.split("/", 1)[1].lower().replace(".", "-"),
         source={
@@ -181,10 +187,11 @@ def pin_hub(
             "repo_type": rtype,
             "revision": rev,
             "commit": commit,
-            "pinned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            # re-pinning the same commit keeps the manifest byte for byte
+            "pinned_at": existing.source.get("pinned_at") if same and existing.source.get("pinned_at") else _now(),
         },
-        license=_license_for(license_arg, existing, card_license, index, repo),
-        model_config=_config_of(files),
+        license=lic,
+        model_config=_config_of(files, existing),
         files=files,
         key_mapping=existing.key_mapping if existing else None,
         presets=existing.presets if existing else (),
@@ -223,7 +230,12 @@ def _folder(existing: Component | None, repo: str) -> str:
     return repo.split("/", 1)[1] + "/"
 
 
-def _config_of(files: list[WeightFile]) -> dict[str, Any]:
+def _config_of(files: list[WeightFile], existing: Component | None = None) -> dict[str, Any]:
+    """The model config digest: the file the existing component names, else the first config-like file."""
+    by_path = {f.path: f for f in files}
+    old = existing.model_config.get("path") if existing is not None else None
+    if old in by_path:
+        return {"path": old, "sha256": by_path[old].sha256}
     for name in _CONFIG_NAMES:
         for f in files:
             if f.repo_path == name:
