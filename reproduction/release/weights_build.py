@@ -1,7 +1,9 @@
 """Built weights: components made from a config and a seed (the `tiny` presets), deterministically.
 
-A built component names `builder` ("module:function", called as `function(config, seed)` and
-returning a state dict of tensors), the `seed` and the model `config`. Building calls it under a
+A built component names `builder` ("module:function", called as `function(config, seed=seed)` and
+returning a state dict of tensors or a module with `state_dict()`), the `seed` and the model `config`
+(a dict, or with `config_class` = "module:Class" the value of `Class.from_dict(config)`), so any
+model factory such as `build_policy_model(config, *, seed)` serves without a wrapper. Building calls it under a
 forked RNG (the caller's RNG state is untouched), makes every tensor contiguous and unshared, and
 writes one safetensors file with no metadata beyond the format tag: the same torch release gives the
 same bytes, so the file is pinned by sha256 like a downloaded one. `built_with` records the torch and
@@ -23,7 +25,7 @@ from reproduction.errors import IntegrityError, InvalidInputError, MissingDepend
 from reproduction.release.weights_manifest import UNPINNED, Component, canonical_sha256
 
 
-def _builder(spec: str) -> Callable[[dict[str, Any], int], Any]:
+def _builder(spec: str) -> Callable[..., Any]:
     module, func = spec.split(":", 1)
     try:
         fn = getattr(importlib.import_module(module), func)
@@ -58,8 +60,13 @@ def build_bytes(comp: Component, out: Path) -> tuple[int, str]:
             hint="install the pipeline extra (pip install -e '.[pipeline]')",
         ) from None
     fn = _builder(str(comp.source["builder"]))
+    config: Any = dict(comp.source["config"])
+    if comp.source.get("config_class"):
+        config = _builder(str(comp.source["config_class"])).from_dict(config)
     with torch.random.fork_rng(devices=[]):
-        state = fn(dict(comp.source["config"]), int(comp.source["seed"]))
+        state = fn(config, seed=int(comp.source["seed"]))
+    if hasattr(state, "state_dict"):
+        state = state.state_dict()
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in sorted(state.items())}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -275,6 +275,9 @@ def _source(r: _Reader, data: Any, where: str) -> dict[str, Any]:
             raise r.fail(f"{where}.builder", f"{builder!r} is not 'module:function'")
         r.get(data, "seed", int, where)
         r.get(data, "config", dict, where)
+        config_class = r.get(data, "config_class", str, where, None)
+        if config_class is not None and not _BUILDER.fullmatch(config_class):
+            raise r.fail(f"{where}.config_class", f"{config_class!r} is not 'module:Class'")
         return dict(data)
     raise r.fail(f"{where}.kind", f"{kind!r} is not 'hub' or 'built'")
 

@@ -9,8 +9,9 @@ each component's `key_mapping` ({"source_prefix": "vision_model.", "target_prefi
 "ignore_prefixes": [...]}); parameters under `fresh_prefixes` may stay random. A file whose sha256
 is "to-be-pinned" is refused unless `allow_unpinned`; one whose bytes differ from its pin always is.
 
-`build_value_state` is the builder the `tiny` manifest names: the tiny preset's weights are a
-function of its config and seed, so they are pinned by the digest of the safetensors it yields.
+The `tiny` preset's manifest (weights_manifest/value_tiny.json) names `build_value_model` and
+`ValueModelConfig` as its builder: its weights are a function of the config and the seed, pinned by
+the digest of the safetensors they yield (reproduction/release/weights_build.py).
 """
 
 from __future__ import annotations
@@ -102,13 +103,6 @@ def read_weights_manifest(path: Path) -> dict[str, Any]:
     from reproduction.release.weights_manifest import load_weights_manifest
 
     return load_weights_manifest(Path(path)).to_dict()
-
-
-def build_value_state(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
-    """The state dict of a value model built from `config` (ValueModelConfig fields) with `seed`, on CPU."""
-    from reproduction.recap.value.model import ValueModelConfig, build_value_model
-
-    return build_value_model(ValueModelConfig.from_dict(config), seed=seed).state_dict()
 
 
 def _weights_files(comp: Mapping[str, Any]) -> list[Mapping[str, Any]]:
