@@ -491,3 +491,19 @@ def test_any_model_built_from_a_config_and_a_seed_is_pinned_by_its_digest(tmp_pa
     other = load_weights_manifest(write_json(tmp_path / "toy4.json", data))
     with pytest.raises(IntegrityError, match="toy/model.safetensors: built bytes have sha256"):
         fetch_weights(other, tmp_path / "w4", ui=QUIET)
+
+
+BUILT = [p for p in MANIFESTS if any(c["source"]["kind"] == "built" for c in json.loads(p.read_text())["components"])]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", BUILT, ids=[p.name for p in BUILT])
+def test_every_built_manifest_builds_to_its_pin(tmp_path, path):
+    """Covers every tiny preset's manifest (value now; the policy's once it is added): config + seed -> pinned bytes."""
+    pytest.importorskip("torch")
+    from reproduction.release.weights_hub import fetch_weights
+
+    manifest = load_weights_manifest(path)
+    assert manifest.unpinned() == [], f"{path.name}: pin it with `portable weights pin {path}`"
+    fetch_weights(manifest, tmp_path, ui=QUIET)
+    assert verify_weights(manifest, tmp_path).exit_code == 0
