@@ -368,14 +368,30 @@ def test_the_libero10_config_carries_upstreams_defaults():
     import yaml
 
     config = yaml.safe_load((REPO / "bundle" / "libero10" / "config.yaml").read_text())
+    assert set(config) == {"datasets", "returns", "value", "advantages", "policy", "eval"}  # `portable run`'s sections
     assert config["returns"] == {"gamma": 1.0, "failure_reward": -300.0, "tag": "fail300"}
-    train = config["value_train"]
+    train = config["value"]["train"]
     assert (train["micro_batch"], train["global_batch"], train["lr"], train["warmup_steps"]) == (32, 256, 5e-5, 500)
-    assert config["value"]["value_lr"] == 1e-4 and config["advantages"]["positive_quantile"] == 0.3
+    model = config["value"]["model"]
+    assert model["value_lr"] == 1e-4 and config["advantages"]["positive_quantile"] == 0.3
+    assert model["pretrained_manifest"] == "${BUNDLE}/weights_manifest/recap_value_siglip2_gemma3_270m.json"
     policy = config["policy"]
-    assert (policy["unconditional_prob"], policy["guidance_scale"], policy["num_steps"]) == (0.1, 1.0, 5)
+    assert (policy["model"]["condition_dropout"], policy["model"]["num_steps"], policy["model"]["chunk"]) == (
+        0.1,
+        5,
+        10,
+    )
     assert (policy["train"]["lr"], policy["train"]["global_batch"], policy["train"]["seed"]) == (1e-5, 512, 42)
-    assert config["value"]["pretrained_manifest"] == "${BUNDLE}/weights_manifest/recap_value_siglip2_gemma3_270m.json"
+    assert config["eval"]["guidance_scales"] == [1.0]
+
+
+def test_the_libero10_config_loads_with_the_runs_own_schema_where_run_is_installed():
+    """`run` reads the same keys for both bundles: once reproduction/run/config.py exists, it must accept this file."""
+    config_mod = pytest.importorskip("reproduction.run.config")
+    if not hasattr(config_mod, "load_config"):
+        pytest.skip("portable run's config loader is not in this build yet")
+    config = config_mod.load_config([REPO / "bundle" / "libero10" / "config.yaml"], bundle=Path("/srv/bundle"))
+    assert config.value.model.preset == "recap" and config.returns.failure_reward == -300.0
 
 
 # -- built (tiny) weights ------------------------------------------------------------------------------
