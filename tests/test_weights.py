@@ -523,3 +523,32 @@ def test_every_built_manifest_builds_to_its_pin(tmp_path, path):
     assert manifest.unpinned() == [], f"{path.name}: pin it with `portable weights pin {path}`"
     fetch_weights(manifest, tmp_path, ui=QUIET)
     assert verify_weights(manifest, tmp_path).exit_code == 0
+
+
+@pytest.mark.slow
+def test_a_demo_can_pin_weights_it_builds_on_the_spot(tmp_path):
+    """The demo's tiny models depend on a tokenizer trained in-process: it writes their manifest with
+    `built_manifest`, packs it, and restore checks the bytes like any pinned upstream file."""
+    pytest.importorskip("torch")
+    from reproduction.recap.value.model import preset_config
+    from reproduction.release.weights_build import built_manifest
+    from reproduction.release.weights_manifest import write_weights_manifest
+
+    manifest = built_manifest(
+        name="demo-value",
+        model="value",
+        presets=("tiny",),
+        builder="reproduction.recap.value.model:build_value_model",
+        config_class="reproduction.recap.value.model:ValueModelConfig",
+        config=preset_config("tiny", vocab_size=300).to_dict(),
+        seed=7,
+        path="value/model.safetensors",
+        scratch=tmp_path / "src" / "cache",
+    )
+    assert manifest.unpinned() == []
+    path = tmp_path / "demo_value.json"
+    write_weights_manifest(path, manifest)
+    jsonschema.Draft202012Validator(SCHEMA).validate(json.loads(path.read_text()))
+    packed = pack_bundle(_spec(tmp_path, path), tmp_path / "bundle", ui=QUIET)
+    assert packed.file("weights/value/model.safetensors").sha256 == manifest.components[0].files[0].sha256
+    restore_bundle(tmp_path / "bundle", ui=QUIET)

@@ -114,3 +114,38 @@ def pin_built(comp: Component, scratch: Path) -> None:
     entry.size, entry.sha256, entry.kind = size, digest, entry.kind or "weights"
     comp.model_config = {"sha256": canonical_sha256(comp.source["config"])}
     comp.source["built_with"] = built_with()
+
+
+def built_manifest(
+    *,
+    name: str,
+    model: str,
+    presets: tuple[str, ...],
+    builder: str,
+    config: dict[str, Any],
+    seed: int,
+    path: str,
+    config_class: str | None = None,
+    role: str = "model",
+    scratch: Path,
+) -> Any:
+    """A pinned manifest for weights built from `config` and `seed` (e.g. a demo's tiny models, whose
+    vocabulary comes from a tokenizer trained on the spot): builds once in `scratch`/<path> and records
+    the digest. The license is this runner's (Apache-2.0): built weights hold no upstream bytes."""
+    from reproduction.release.weights_manifest import Component, WeightFile, WeightsManifest
+
+    source: dict[str, Any] = {"kind": "built", "builder": builder, "seed": seed, "config": config}
+    if config_class:
+        source["config_class"] = config_class
+    comp = Component(
+        role=role,
+        source=source,
+        license={"id": "apache-2.0", "file": "LICENSES/Apache-2.0.txt", "source": "built by recap-portable"},
+        model_config={"sha256": UNPINNED},
+        files=[WeightFile(path=path, kind="weights", size=UNPINNED, sha256=UNPINNED)],
+        key_mapping={"source_prefix": "", "target_prefix": ""},
+        presets=tuple(presets),
+    )
+    pin_built(comp, Path(scratch))
+    manifest = WeightsManifest(name=name, model=model, presets=tuple(presets), components=[comp])
+    return WeightsManifest.from_dict(manifest.to_dict())
