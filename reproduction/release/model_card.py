@@ -129,7 +129,7 @@ def _weights_section(manifest: Manifest) -> list[str]:
         "",
         "## Pinned weights",
         "",
-        "Each weights file is checked against its manifest on restore and before a run:",
+        "Each weights file is checked against its manifest (upstream repo, commit, sha256) by `portable restore`:",
         "",
     ]
     lines += [f"- `{i.get('manifest')}` -> `{i.get('dest', 'weights')}/`" for i in items if isinstance(i, dict)]
