@@ -21,7 +21,7 @@ from reproduction.release.manifest import load_manifest, write_manifest
 from reproduction.release.model_card import render_model_card
 from reproduction.release.pack import pack_bundle
 from reproduction.release.restore import restore_bundle
-from reproduction.release.weights import check_bundle_weights, verify_weights
+from reproduction.release.weights import check_bundle_weights, verify_bundle_weights, verify_weights
 from reproduction.release.weights_manifest import (
     UNPINNED,
     WeightsManifest,
@@ -272,6 +272,7 @@ def test_pack_places_pinned_weights_and_exactly_their_licenses_and_restore_check
     assert "`weights_manifest/m.json` -> `weights/`" in card and "license: other" in card
     assert check_bundle_weights(bundle, manifest) == 2
     restore_bundle(bundle, ui=QUIET)
+    assert verify_bundle_weights(bundle) == 2  # what run's preflight calls: the bytes on disk, rehashed
     # the bundle's own runner verifies its weights on a bare Python (stdlib only, its own LICENSES/index.json)
     bare = Path.home() / ".pyenv" / "versions" / "3.10.13" / "bin" / "python3"
     python = str(bare) if bare.exists() else sys.executable
@@ -285,6 +286,12 @@ def test_pack_places_pinned_weights_and_exactly_their_licenses_and_restore_check
         env={"PYTHONPATH": "", "PYTHONNOUSERSITE": "1"},
     )
     assert proc.returncode == 0 and "2 of 2 files verified" in proc.stdout, proc.stderr
+
+    config = bundle / "weights" / "up" / "config.json"
+    config.write_bytes(b'{"hidden_size": 9}\n')  # edited after restore
+    with pytest.raises(IntegrityError, match=r"digest   up/config.json: sha256"):
+        verify_bundle_weights(bundle)
+    config.write_bytes(UPSTREAM["config.json"])
 
     # Someone swaps the weights and re-writes bundle.json to match: verify alone would pass; restore refuses.
     blob = bundle / "weights" / "up" / "model.safetensors"

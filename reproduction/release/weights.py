@@ -354,3 +354,26 @@ def check_bundle_weights(bundle: Path, manifest: Manifest) -> int:
 
 def default_manifest_dir() -> Path:
     return project_root() / MANIFEST_DIR
+
+
+def verify_bundle_weights(bundle: Path) -> int:
+    """For `run`'s preflight: rehash the weights a bundle's manifests name, on disk now; returns the files.
+
+    `check_bundle_weights` (restore) compares bundle.json with the manifests; this one reads the bytes,
+    so a weights file edited or replaced after restore is refused, naming it (IntegrityError). A folder
+    that is not a bundle (no bundle.json) or names no weight manifests checks nothing and returns 0.
+    """
+    from reproduction.release.manifest import MANIFEST_NAME, load_manifest
+
+    bundle = Path(bundle)
+    if not (bundle / MANIFEST_NAME).is_file():
+        return 0
+    manifest = load_manifest(bundle)
+    check_bundle_weights(bundle, manifest)
+    lic_root = bundle / "LICENSES"
+    index = load_license_index(lic_root if (lic_root / "index.json").is_file() else None)
+    count = 0
+    for item in manifest.metadata.get("weights") or []:
+        wm = load_weights_manifest(bundle / str(item["manifest"]), licenses=index)
+        count += verify_or_raise(wm, bundle / str(item.get("dest", "weights"))).ok
+    return count
