@@ -48,6 +48,13 @@ class PortableError(Exception):
 # -- inputs -------------------------------------------------------------------------------------
 
 
+class UsageError(PortableError, ValueError):
+    """The command line asks for something this build cannot do (a command not built yet, an
+    option the command does not take); exit 2 like argparse's own usage errors."""
+
+    exit_code = 2
+
+
 class InputNotFoundError(PortableError, FileNotFoundError):
     """A file or folder the user named (or that a manifest names) does not exist."""
 
@@ -215,9 +222,3 @@ class WorkerFailedError(PortableError, RuntimeError):
     """A distributed worker died or raised; carries its traceback text."""
 
     exit_code = 51
-
-
-class StageKeyChangedError(PortableError, RuntimeError):
-    """`run --resume` found a stage whose inputs changed since its outputs were written."""
-
-    exit_code = 52

@@ -201,7 +201,7 @@ def verify_bundle(
     to_hash = [e for e, st in present if not (trusted and trusted(e, st))]
     total = sum(e.size for e, _ in present)
     with progress(ui) as bars:
-        task = bars.task("verify", total=sum(e.size for e in to_hash), bytes_unit=True)
+        task = bars.task("verify", total=sum(e.size for e in to_hash))
         problems += hash_entries(bundle, to_hash, jobs=jobs, on_bytes=task.advance)
     return VerifyReport(bundle=bundle, files=len(manifest.files), bytes_checked=total, problems=sort_problems(problems))
 
