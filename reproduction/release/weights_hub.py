@@ -102,7 +102,14 @@ def _file_digest(api_url: str, entry: Any, settings: HubSettings, ui: UiOptions 
     """sha256 of one tree entry: its LFS oid, or (small regular file) the bytes, checked against the git blob id."""
     if entry.lfs is not None:
         return str(entry.lfs.sha256)
-    data = fetch_small(api_url, what=f"read {entry.path}", settings=settings, ui=ui, limit=64 << 20)
+    try:
+        data = fetch_small(api_url, what=f"read {entry.path}", settings=settings, ui=ui, limit=64 << 20)
+    except HubAuthError as exc:  # metadata of a gated repo is public, its files are not
+        raise HubAuthError(
+            exc.message,
+            hint="if the repo is gated (Gemma, PaliGemma), accept its terms on its Hub page with the account "
+            "whose token you use (`hf auth login` or HF_TOKEN), then pin again",
+        ) from None
     if hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() != entry.blob_id or len(data) != entry.size:
         raise HubIntegrityError(
             f"{entry.path}: the bytes served do not match the Hub's git blob id {entry.blob_id}",
