@@ -32,7 +32,7 @@ import pyarrow as pa
 from reproduction.errors import CheckpointError, ConfigError, DatasetError, InputNotFoundError, UnsupportedFormatError
 from reproduction.recap.advantage_inputs import DatasetArrays, SidecarInputs, load_dataset_arrays
 from reproduction.recap.normalize import ReturnRange
-from reproduction.recap.returns import discounted_reverse_cumsum, sort_frames
+from reproduction.recap.returns import discounted_reverse_cumsum, repeat_strings, sort_frames
 
 VALUE_HEAD_NAME = "value_head.json"
 """The value export's metadata file (value_task.HEAD_NAME; not imported: value_task loads torch)."""
@@ -415,7 +415,7 @@ def label_and_write(
         lo, hi, n = np.inf, -np.inf, 0
         for chunk, r in results(d):
             parts.append(r["advantage_continuous"])
-            keys.append(_codes(chunk.prompts, names))
+            keys.append(_codes(chunk, names))
             n += chunk.num_rows
             if chunk.num_rows:
                 lo, hi = min(lo, float(chunk.returns.min())), max(hi, float(chunk.returns.max()))
@@ -479,15 +479,15 @@ def _advantage_tables(
                 "reward_sum": pa.array(r["reward_sum"]),
                 "reward_sum_raw": pa.array(r["reward_sum_raw"]),
                 "num_valid_rewards": pa.array(r["num_valid_rewards"]),
-                "dataset_name": pa.array([d.name], pa.string()).take(pa.array(np.zeros(n, np.int64))),
+                "dataset_name": repeat_strings([d.name], np.zeros(n, np.int64)),
                 "advantage": pa.array(labels),
             }
         )
 
 
-def _codes(prompts: np.ndarray, names: dict[str, int]) -> np.ndarray:
-    """int32 task codes for `prompts`, numbering new task strings into `names` as they appear."""
-    uniq, inv = factorize(prompts)
+def _codes(chunk: DatasetArrays, names: dict[str, int]) -> np.ndarray:
+    """int32 task codes for the chunk's prompts, numbering new task strings into `names` as they appear."""
+    uniq, inv = chunk.prompt_codes if chunk.prompt_codes is not None else factorize(chunk.prompts)
     ids = np.array([names.setdefault(str(u), len(names)) for u in uniq], dtype=np.int32)
     return ids[inv] if ids.size else np.zeros(0, np.int32)
 

@@ -161,7 +161,7 @@ def read_sidecar(
                 hint="the dataset changed since (refiltered or edited): recompute this sidecar",
             )
     try:
-        table = pq.read_table(path, columns=columns)
+        table = pq.ParquetFile(path).read(columns=columns)  # not read_table: pyarrow.dataset costs 0.3 s to import
     except (pa.ArrowInvalid, OSError) as exc:
         raise DatasetError(f"{path}: unreadable parquet ({exc})", path=path) from None
     return table, meta
