@@ -151,7 +151,7 @@ def main() -> None:
         n_ep = write_metadata_dataset(root, FRAMES, FILES)
         write_values(root, values)
         t_gen = time.perf_counter() - t0
-        env = {**os.environ, "RECAP_PORTABLE_CACHE": str(Path(tmp) / "cache"), "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "PORTABLE_CACHE_DIR": str(Path(tmp) / "cache"), "OMP_NUM_THREADS": "1"}
         r_peak, r_secs = run_stage("returns", root, run, values, env)
         a_peak, a_secs = run_stage("advantages", root, run, values, env)
         rows = pq.ParquetFile(run / "ds10m" / "advantages.parquet").metadata.num_rows

@@ -18,7 +18,7 @@ Exit codes (documented in `portable --help`):
     10  missing dependency (zstandard / zstd CLI / an extra not installed)
     20-29 `portable check` failure classes (see reproduction.checks)
     30-39 Hub transfer failures
-    40-49 data plane: dataset/sidecar problems
+    40-49 data plane: dataset/sidecar problems (45: the simulator)
     50-59 training and run failures
 """
 
@@ -47,6 +47,13 @@ class PortableError(Exception):
 
 
 # -- inputs -------------------------------------------------------------------------------------
+
+
+class UsageError(PortableError, ValueError):
+    """The command line asks for something this build cannot do (a command not built yet, an
+    option the command does not take); exit 2 like argparse's own usage errors."""
+
+    exit_code = 2
 
 
 class InputNotFoundError(PortableError, FileNotFoundError):
@@ -249,6 +256,13 @@ class FingerprintMismatchError(DatasetError):
     exit_code = 41
 
 
+class SimError(PortableError, ValueError):
+    """The simulator was asked for something it cannot do: an unknown task, an action or observation
+    of the wrong shape, a policy that returned the wrong batch."""
+
+    exit_code = 45
+
+
 # -- training and runs --------------------------------------------------------------------------
 
 
@@ -266,9 +280,3 @@ class WorkerFailedError(PortableError, RuntimeError):
     """A distributed worker died or raised; carries its traceback text."""
 
     exit_code = 51
-
-
-class StageKeyChangedError(PortableError, RuntimeError):
-    """`run --resume` found a stage whose inputs changed since its outputs were written."""
-
-    exit_code = 52

@@ -66,7 +66,7 @@ def small_sources(root: Path, *, weights_kb: int = 64) -> Path:
     cfg = root / "src" / "configs"
     cfg.mkdir()
     (cfg / "run.json").write_text(
-        '{"weights": "%s/model.safetensors", "data": "%s", "elsewhere": "/usr/share/dict"}\n' % (weights, data),
+        f'{{"weights": "{weights}/model.safetensors", "data": "{data}", "elsewhere": "/usr/share/dict"}}\n',
         encoding="utf-8",
     )
     return root

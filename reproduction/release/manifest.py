@@ -62,8 +62,8 @@ def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], wher
     value = data[key]
     if not isinstance(value, kind) or isinstance(value, bool) and kind is int or kind is int and abs(value) > MAX_INT:
         raise InvalidInputError(
-            f"{where}: field '{key}' should be {getattr(kind, '__name__', kind)}, "
-            f"got {type(value).__name__} {value!r:.60}",
+            f"{where}: field '{key}' should be {getattr(kind, '__name__', kind)}, got "
+            f"{type(value).__name__} {value!r:.60}",
             path=path,
             field=f"{where}.{key}",
             hint="the manifest is damaged; fetch or pack the bundle again",
@@ -353,8 +353,8 @@ class Manifest:
         major = version.split(".", 1)[0]
         if major != FORMAT_VERSION.split(".", 1)[0] or not major.isdigit():
             raise UnsupportedFormatError(
-                f"manifest: format_version {version!r} is not supported "
-                f"(this portable reads {FORMAT_VERSION.split('.')[0]}.x)",
+                f"manifest: format_version {version!r} is not supported (this portable reads "
+                f"{FORMAT_VERSION.split('.')[0]}.x)",
                 path=path,
                 field="format_version",
                 hint="use the runner shipped inside the bundle: python3 <bundle>/reproduction/portable.py ...",

@@ -38,7 +38,8 @@ def render_model_card(manifest: Manifest, bundle: Path, *, repo_id: str, repo_ty
         "",
         "## What this bundle holds",
         "",
-        f"{len(manifest.files)} files, {human_bytes(manifest.total_size)} in all, each pinned by SHA-256 in `bundle.json`.",
+        f"{len(manifest.files)} files, {human_bytes(manifest.total_size)} in all, each pinned by "
+        "SHA-256 in `bundle.json`.",
         "",
         "| folder | files | size |",
         "|---|---:|---:|",

@@ -276,7 +276,7 @@ def _extract_groups(
     recs: dict[str, dict[str, LayerReceipt]] = {}
     problems: list[Problem] = []
     with progress(ui) as bars:
-        task = bars.task("extract", total=total, bytes_unit=True)
+        task = bars.task("extract", total=total)
         with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
             futures = [pool.submit(one, i, g, task.advance) for i, g in enumerate(todo)]
             for g, f in zip(todo, futures):

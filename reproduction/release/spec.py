@@ -119,8 +119,20 @@ def _load_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise InputNotFoundError(
-            f"{path}: spec not found", path=path, hint="name a spec file such as bundle/demo.toml"
+            f"{path}: spec not found",
+            path=path,
+            hint="name a bundle spec (TOML); bundle/demo.toml shows the format (see the README's `portable pack`)",
         ) from None
+    except IsADirectoryError:
+        raise InvalidInputError(
+            f"{path} is a folder, not a spec file", path=path, field="SPEC.toml", hint="name the spec's .toml file"
+        ) from None
+    except PermissionError:
+        raise InvalidInputError(
+            f"{path}: cannot read the spec (permission denied)", path=path, hint="make the file readable"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(f"{path}: not valid TOML ({exc})", path=path, field="(root)") from None
     except tomllib.TOMLDecodeError as exc:
         raise InvalidInputError(f"{path}: not valid TOML ({exc})", path=path, field="(root)") from None
 
@@ -145,7 +157,7 @@ def _source(root: Path, value: str, where: str, path: Path) -> Path:
             f"{path}: {where}.source {str(src)!r} does not exist",
             path=src,
             field=f"{where}.source",
-            hint="fix the path in the spec (relative paths start at the spec's `root`)",
+            hint=f"fix the path in the spec, or pass `portable pack --root DIR` (relative sources start at {root})",
         )
     return src
 

@@ -218,7 +218,7 @@ def verify_bundle(
     to_hash = [e for e, st in present if not (trusted and trusted(e, st))]
     total = sum(e.size for e, _ in present)
     with progress(ui) as bars:
-        task = bars.task("verify", total=sum(e.size for e in to_hash), bytes_unit=True)
+        task = bars.task("verify", total=sum(e.size for e in to_hash))
         try:
             problems += hash_entries(bundle, to_hash, jobs=jobs, on_bytes=task.advance)
         except OSError as exc:
