@@ -49,8 +49,12 @@ def _cmd(cfg: Path, out: Path, *extra: str) -> list[str]:
 
 
 def _outputs(run: Path) -> dict[str, dict[str, str]]:
+    """Each stage's output digests; value_setup.json names the run folder, so it is compared with that
+    folder written as RUN."""
     stages = json.loads((run / "run.json").read_text())["stages"]
-    return {n: {rel: v[2] for rel, v in s["outputs"].items()} for n, s in stages.items()}
+    out = {n: {rel: v[2] for rel, v in s["outputs"].items()} for n, s in stages.items()}
+    out["value"]["value_setup.json"] = (run / "value" / "value_setup.json").read_text().replace(str(run), "RUN")
+    return out
 
 
 # Kill points: a predicate over the run folder (checked every few ms), or a time fraction of a clean run.
@@ -125,6 +129,6 @@ def test_kill_nine_anywhere_then_resume_gives_identical_outputs(setup, tmp_path)
                 break
         assert done.returncode == 0, f"trial {i} ({point}): {done.stderr[-3000:]}"
         assert _outputs(run) == reference, f"trial {i} ({getattr(point, '__name__', point)}) differs"
-        outcomes.append((getattr(point, "__name__", f"t={point:.1f}s"), outcome))
+        outcomes.append((point.__name__ if callable(point) else f"t={point:.1f}s", outcome))
     print(f"{len(outcomes)} kill trials over a {seconds:.0f} s run: {outcomes}")
     assert sum(o == "killed" for _, o in outcomes) >= len(outcomes) * 0.7

@@ -115,7 +115,8 @@ def info_from_dict(raw: dict[str, Any], *, path: Path | None = None) -> DatasetI
     version = raw.get("codebase_version")
     if version not in SUPPORTED_VERSIONS:
         raise UnsupportedFormatError(
-            f"{path or 'info.json'}: codebase_version {version!r} is not supported (supported: {', '.join(SUPPORTED_VERSIONS)})",
+            f"{path or 'info.json'}: codebase_version {version!r} is not supported "
+            f"(supported: {', '.join(SUPPORTED_VERSIONS)})",
             path=path,
             field="codebase_version",
             hint="convert the dataset with lerobot's converter to v3.0",

@@ -16,7 +16,6 @@ def add_run_arguments(p: Any) -> None:
     p.add_argument("--target-step", type=int, default=None, metavar="N", help="train a finished stage on to step N")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
-    p.add_argument("--json", action="store_true", help="print the stage table as JSON on stdout")
     p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides (docs/config.md)")
 
 
@@ -25,7 +24,6 @@ def add_eval_arguments(p: Any) -> None:
     p.add_argument("--checkpoint", required=True, metavar="STEP|PATH", help="a step of the run's policy, or an export")
     p.add_argument("--output", required=True, metavar="DIR", help="the run folder (evidence goes to DIR/evidence/)")
     p.add_argument("--config", action="append", metavar="FILE", help="YAML config (default: the run's own)")
-    p.add_argument("--json", action="store_true", help="print the evaluation summary as JSON on stdout")
     p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides (eval.*, docs/config.md)")
 
 

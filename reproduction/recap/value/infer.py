@@ -14,16 +14,15 @@ ConfigError (value_task.VocabGuard). Values are keyed by (episode_index, frame_i
 `infer_dataset` runs the plan's shards one after another in this process; `infer_dataset_ray` runs
 them concurrently, one Ray worker (one device) per shard (`reproduction.train.launcher.run_tasks`):
 each worker loads the models on its device, opens the dataset by path, checks its fingerprint and
-returns only its owned rows' (episode_index, frame_index, value). Test hook, read in Ray workers
-only: `PORTABLE_TEST_INFER_FAULT=raise:<rank>` / `die:<rank>` makes shard <rank>'s worker raise a
-RuntimeError / SIGKILL itself before loading anything.
+returns only its owned rows' (episode_index, frame_index, value). The worker body is a seam:
+`infer_dataset_ray(task=...)` runs another picklable callable on each ShardJob (the fault tests
+pass one that raises or dies).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +36,6 @@ from reproduction.recap.normalize import ReturnRange
 from reproduction.recap.sharding import Shard
 from reproduction.recap.value.crossfit import CrossFitPlan
 from reproduction.train.device import DeviceSpec
-
-FAULT_HOOK = "PORTABLE_TEST_INFER_FAULT"
 
 
 @dataclass(kw_only=True)
@@ -132,8 +129,11 @@ def infer_rows(
 ) -> np.ndarray:
     """V (float64, value space) for dataset `rows` (reader positions), one forward per frame.
 
-    `dataset` is an opened reader (reproduction.data.reader.Dataset). Rows are grouped by the
-    model that labels their episode, then cut into batches in the given order.
+    `dataset` is an opened reader (reproduction.data.reader.Dataset). `rows` are cut into chunks of
+    `batch_size` in the given order; each chunk's rows go through the model that labels their
+    episode, one batch per model present. A chunk's frames alone decide its batches, so rows cut at
+    the same chunk boundaries get bit-identical values however the work was split between workers
+    (plan_shards(..., align=batch_size) puts shard starts on those boundaries).
     """
     import torch
 
@@ -145,24 +145,33 @@ def infer_rows(
     meta = dataset.read_frames(rows, ["episode_index", "frame_index", "task_index"]) if rows.size else {}
     which = plan.models_for(dataset_name, meta["episode_index"]) if rows.size else np.zeros(0, np.int64)
     out = np.full(rows.size, np.nan, dtype=np.float64)
-    for k in np.unique(which):
-        vm = models[int(k)]
-        cfg = vm.model.config
-        present = {slot: key for slot, key in vm.cameras.items() if key in dataset.camera_keys}
-        collate = VocabGuard(
-            collate=ValueCollator(
-                tokenizer=vm.tokenizer,
-                slots=cfg.cameras,
-                image_size=cfg.image_size,
-                max_token_len=int(vm.head["max_token_len"]),
-            ),
-            vocab_size=int(cfg.text["vocab_size"]),
-            tokenizer_file=str(vm.folder / vm.head.get("tokenizer", "tokenizer") / "tokenizer.json"),
-        )
-        device = next(vm.model.parameters()).device
-        idx = np.flatnonzero(which == k)
-        for lo in range(0, idx.size, batch_size):
-            sel = idx[lo : lo + batch_size]
+    prepared: dict[int, tuple[Any, dict[str, str], Any]] = {}
+
+    def prepare(k: int) -> tuple[Any, dict[str, str], Any]:
+        if k not in prepared:
+            vm = models[k]
+            cfg = vm.model.config
+            collate = VocabGuard(
+                collate=ValueCollator(
+                    tokenizer=vm.tokenizer,
+                    slots=cfg.cameras,
+                    image_size=cfg.image_size,
+                    max_token_len=int(vm.head["max_token_len"]),
+                ),
+                vocab_size=int(cfg.text["vocab_size"]),
+                tokenizer_file=str(vm.folder / vm.head.get("tokenizer", "tokenizer") / "tokenizer.json"),
+            )
+            present = {slot: key for slot, key in vm.cameras.items() if key in dataset.camera_keys}
+            prepared[k] = (vm, present, collate)
+        return prepared[k]
+
+    for lo in range(0, rows.size, batch_size):
+        chunk = np.arange(lo, min(lo + batch_size, rows.size))
+        for k in np.unique(which[chunk]):
+            vm, present, collate = prepare(int(k))
+            cfg = vm.model.config
+            device = next(vm.model.parameters()).device
+            sel = chunk[which[chunk] == k]
             frames = dataset.read_frames(rows[sel], list(present.values())) if present else {}
             samples = [
                 {
@@ -242,7 +251,9 @@ def infer_dataset(
     Each frame goes through exactly one forward: a worker infers `lookahead` rows past its owned
     range because it cannot see the next worker's values, but here every shard's owned rows are
     merged anyway, so each shard infers only what it owns (`lookahead` shapes the plan, nothing
-    more). A dataset the models never trained on is labelled per `CrossFitPlan.models_for`.
+    more). A dataset the models never trained on is labelled per `CrossFitPlan.models_for`. Shards
+    start on multiples of `batch_size`, so every inference batch, and with it every value, is the
+    same bit for bit whatever `world_size` (and in `infer_dataset_ray`).
     """
     from reproduction.data.reader import open_dataset
     from reproduction.recap.sharding import merge_values, plan_shards
@@ -252,7 +263,7 @@ def infer_dataset(
     frames = sorted_frames(ds)
     parts = [
         _infer_owned(models, plan, ds, shard, dataset_name=dataset_name, batch_size=batch_size, frames=frames)
-        for shard in plan_shards(_row_ends(frames[1]), world_size, lookahead)
+        for shard in plan_shards(_row_ends(frames[1]), world_size, lookahead, align=batch_size)
     ]
     return merge_values(parts)
 
@@ -304,7 +315,6 @@ def infer_job(job: ShardJob) -> pa.Table:
     from reproduction.data.reader import open_dataset
     from reproduction.train.device import local_device
 
-    _fault_hook(job.shard.rank)
     ds = open_dataset(Path(job.dataset_root))
     if ds.fingerprint != job.fingerprint:
         raise FingerprintMismatchError(
@@ -319,17 +329,6 @@ def infer_job(job: ShardJob) -> pa.Table:
     )
 
 
-def _fault_hook(rank: int) -> None:
-    """`PORTABLE_TEST_INFER_FAULT=raise:<rank>|die:<rank>`: the fault tests' way into a worker."""
-    action, _, target = os.environ.get(FAULT_HOOK, "").partition(":")
-    if action and target == str(rank):
-        if action == "die":
-            import signal
-
-            os.kill(os.getpid(), signal.SIGKILL)
-        raise RuntimeError(f"injected failure in value inference shard {rank} ({FAULT_HOOK}={action}:{target})")
-
-
 def infer_dataset_ray(
     stage_dir: Path,
     dataset_root: Path,
@@ -341,9 +340,11 @@ def infer_dataset_ray(
     dataset_name: str | None = None,
     ray_address: str | None = None,
     on_done: Callable[[int], None] | None = None,
+    task: Callable[[ShardJob], pa.Table] | None = None,
 ) -> pa.Table:
     """What `infer_dataset` returns, with the plan's `world_size` shards run concurrently on Ray
     workers, one device (`spec`: cpu slot, GPU or NPU) each; `on_done(rank)` as each finishes.
+    `task` replaces the worker body (default `infer_job`); it must be picklable by reference.
 
     Ray is started locally and stopped unless `ray_address` (or an initialised Ray) is given. A
     worker that raises or dies is a one-line WorkerFailedError (exit 51, its traceback in
@@ -365,9 +366,9 @@ def infer_dataset_ray(
             batch_size=batch_size,
             dataset_name=dataset_name,
         )
-        for shard in plan_shards(_row_ends(ep), world_size, lookahead)
+        for shard in plan_shards(_row_ends(ep), world_size, lookahead, align=batch_size)
     ]
     parts = run_tasks(
-        infer_job, jobs, spec=spec, ray_address=ray_address, on_done=on_done, label="value inference shard"
+        task or infer_job, jobs, spec=spec, ray_address=ray_address, on_done=on_done, label="value inference shard"
     )
     return merge_values(parts)
