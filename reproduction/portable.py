@@ -271,13 +271,6 @@ def cmd_weights(args: argparse.Namespace) -> int:
 # -- pipeline -----------------------------------------------------------------------------------
 
 
-def _not_built(what: str) -> int:
-    raise UsageError(
-        f"`portable {what}` is not built yet in this version of recap-portable",
-        hint="see the README's 'The stages today' for what runs now (python3 -m reproduction.recap.*)",
-    )
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from reproduction.run.cli import cmd_run as run
 
