@@ -18,3 +18,32 @@ def best(fn: Callable[[], object], repeat: int = REPEAT) -> tuple[float, float]:
         cpu.append(time.process_time() - c0)
         wall.append(time.perf_counter() - w0)
     return min(wall), min(cpu)
+
+
+def alternate(sides: dict[str, Callable[[], object]], rounds: int = REPEAT) -> dict[str, float]:
+    """Best wall seconds of each side over `rounds` rounds, the sides run in turn within a round and
+    the order rotated between rounds, so a burst of load from other processes hits all sides alike."""
+    names = list(sides)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            t0 = time.perf_counter()
+            sides[name]()
+            times[name].append(time.perf_counter() - t0)
+    return {n: min(v) for n, v in times.items()}
+
+
+def run_process(args: list[str], env: dict[str, str] | None = None, timeout: float = 1800) -> None:
+    """Run a child process to completion (its start included in whatever times this); raise on failure."""
+    import subprocess
+
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(args[:3])} ... failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def machine_note() -> str:
+    """Cores and load: the context every figure of a shared machine needs."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return f"{cores} cores, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min)"

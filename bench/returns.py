@@ -1,30 +1,48 @@
-"""Bench stage 1 on a 1M-frame, 5,000-episode metadata table against upstream's per-episode Python loop.
+"""Bench stage 1: the whole stage in fresh processes against RLinf's own per-file implementation.
 
-Prints: the loop and vectorised times, the I/O anchor (read the input columns + write the output
-columns) against the full stage (read + compute + write sidecar), and last the main speedup as
-`ratio: X.XX (goal >= 50x vs per-episode loop)`. Every figure, anchor and ours alike, is the best of
-REPEAT runs (the machine is shared, so the minimum is the least disturbed run); CPU-time
-(time.process_time) ratios are printed too, as a second view less sensitive to other processes.
+Layouts, 1M frames in 5,000 episodes each (BENCH_FRAMES / BENCH_EPISODES scale them down):
+  v2.1   one data parquet per episode (5,000 files, the layout LIBERO datasets use)
+  v3.0   all episodes in one data parquet
+On each, in fresh processes (interpreter start and imports included), the sides alternate over
+REPEAT rounds and each side's best round is kept (the machine is shared):
+  upstream   bench/_upstream.py returns: RLinf's compute_returns.py (per-file reads on a thread pool
+             of 8, the per-episode backward recursion, one concat + write)
+  ours       reproduction.recap.returns.compute_returns (sidecar + stats.json + the fingerprint)
+  io         bench/_upstream.py io: read the same input columns, write the same output columns
+The sidecars are asserted column for column equal to upstream's (rows sorted by episode, frame).
+Also printed: today's in-memory per-frame loop against the vectorised math. Last line:
+`ratio: X.XX (goal >= 3x vs upstream-style anchor, worse layout)`; the io ratio's goal is <= 1.2x.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-from _timing import REPEAT, best  # noqa: E402
+from _datasets import write_v21, write_v30  # noqa: E402
+from _timing import REPEAT, alternate, best, machine_note, run_process  # noqa: E402
 
 from reproduction.recap.returns import ReturnsConfig, compute_returns_table  # noqa: E402
 
-FRAMES, EPISODES = 1_000_000, 5_000
+FRAMES = int(os.environ.get("BENCH_FRAMES", 1_000_000))
+EPISODES = int(os.environ.get("BENCH_EPISODES", 5_000))
+OURS = """
+import sys
+from pathlib import Path
+from reproduction.recap.returns import ReturnsConfig, compute_returns
+compute_returns([Path(sys.argv[1])], Path(sys.argv[2]), ReturnsConfig(dataset_type="rollout"))
+"""
 
 
 def make_table(seed: int = 0) -> pa.Table:
@@ -68,44 +86,78 @@ def loop_returns(table: pa.Table, gamma: float, failure_reward: float, tasks: di
     return out
 
 
-def main() -> None:
+def in_memory() -> None:
+    """Today's in-memory figures: upstream's per-frame loop against the vectorised math (no I/O)."""
     table = make_table()
     tasks = {i: f"task number {i}" for i in range(10)}
     cfg = ReturnsConfig(dataset_type="rollout", gamma=1.0, failure_reward=-300.0)
     ours = compute_returns_table(table, cfg, tasks=tasks)
     ref = loop_returns(table, 1.0, -300.0, tasks)
-    assert np.allclose(ours.column("return").to_numpy(), np.asarray(ref["return"]), atol=1e-3)
-    (t_loop, c_loop), (t_ours, c_ours) = (
-        best(lambda: loop_returns(table, 1.0, -300.0, tasks)),
-        best(lambda: compute_returns_table(table, cfg, tasks=tasks)),
+    assert np.array_equal(ours.column("return").to_numpy(), np.asarray(ref["return"], np.float32))
+    t_loop, _ = best(lambda: loop_returns(table, 1.0, -300.0, tasks), repeat=min(REPEAT, 3))
+    t_ours, _ = best(lambda: compute_returns_table(table, cfg, tasks=tasks))
+    print(
+        f"in memory, {FRAMES:,} frames: per-episode loop {t_loop:.3f} s, vectorised {t_ours:.4f} s "
+        f"({t_loop / t_ours:.0f}x)"
     )
+
+
+def same_columns(ours: Path, upstream: Path) -> None:
+    """Our sidecar equals upstream's output column for column (upstream's rows come in thread order)."""
+    a = pq.read_table(ours).replace_schema_metadata(None)
+    b = pq.read_table(upstream).sort_by([("episode_index", "ascending"), ("frame_index", "ascending")])
+    assert a.column_names == b.column_names, (a.column_names, b.column_names)
+    for name in a.column_names:
+        assert (
+            a.column(name).combine_chunks().equals(b.column(name).combine_chunks().cast(a.schema.field(name).type))
+        ), name
+
+
+def layout(name: str, root: Path, tmp: Path) -> tuple[float, float]:
+    """(upstream / ours, ours / io) best-of-REPEAT wall times on one layout, printed."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PORTABLE_CACHE_DIR": str(tmp / "cache")}
+    py = sys.executable
+
+    def ours() -> None:
+        shutil.rmtree(tmp / "cache", ignore_errors=True)  # the fingerprint comes from the same read, not a cache
+        run_process([py, "-c", OURS, str(root), str(tmp / "ours")], env)
+
+    sides = {
+        "upstream": lambda: run_process(
+            [py, str(BENCH / "_upstream.py"), "returns", str(root), str(tmp / "up.parquet")], env
+        ),
+        "ours": ours,
+        "io": lambda: run_process([py, str(BENCH / "_upstream.py"), "io", str(root), str(tmp / "io.parquet")], env),
+    }
+    t = alternate(sides)
+    same_columns(tmp / "ours" / root.name / "returns.parquet", tmp / "up.parquet")
+    files = len(list((root / "data").glob("*/*.parquet")))
+    print(
+        f"{name} ({files:,} data files): upstream-style {t['upstream']:.2f} s, ours {t['ours']:.2f} s, "
+        f"io floor {t['io']:.2f} s; upstream/ours {t['upstream'] / t['ours']:.2f}x (goal >= 3x), "
+        f"ours/io {t['ours'] / t['io']:.2f}x (goal <= 1.2x); columns identical"
+    )
+    return t["upstream"] / t["ours"], t["ours"] / t["io"]
+
+
+def main() -> None:
+    print(f"machine: {machine_note()}; best of {REPEAT} alternated rounds, process start included")
+    in_memory()
+    ratios = {}
     with tempfile.TemporaryDirectory() as tmp:
-        src, dst = Path(tmp) / "data.parquet", Path(tmp) / "returns.parquet"
-        pq.write_table(table, src)
-
-        def io_only() -> None:
-            t = pq.read_table(src, columns=["episode_index", "frame_index", "task_index", "is_success"])
-            pq.write_table(ours, dst, compression="zstd")  # the same output columns, nothing computed
-            del t
-
-        def full_stage() -> None:
-            t = pq.read_table(src, columns=["episode_index", "frame_index", "task_index", "is_success"])
-            pq.write_table(compute_returns_table(t, cfg, tasks=tasks), dst, compression="zstd")
-
-        (t_io, c_io), (t_full, c_full) = best(io_only), best(full_stage)
-    g = ReturnsConfig(dataset_type="rollout", gamma=0.99)
-    t_g, _ = best(lambda: compute_returns_table(table, g, tasks=tasks))
-    print(f"frames {FRAMES:,}, episodes {EPISODES:,}, best of {REPEAT}")
-    print(f"per-episode loop: {t_loop:.3f} s; vectorised: {t_ours:.4f} s (gamma 0.99: {t_g:.4f} s)")
-    print(
-        f"io anchor (read + write same columns): {t_io:.3f} s; full stage: {t_full:.3f} s; "
-        f"stage/io: {t_full / t_io:.2f}x (goal <= 2x)"
-    )
-    print(
-        f"cpu time: loop {c_loop:.3f} s, ours {c_ours:.4f} s, speedup {c_loop / max(c_ours, 1e-9):.2f}x; "
-        f"io {c_io:.3f} s, stage {c_full:.3f} s, stage/io {c_full / max(c_io, 1e-9):.2f}x"
-    )
-    print(f"ratio: {t_loop / t_ours:.2f} (goal >= 50x vs per-episode loop)")
+        tmp = Path(tmp)
+        for name, make in (
+            ("v2.1", lambda r: write_v21(r, FRAMES, EPISODES)),
+            ("v3.0", lambda r: write_v30(r, FRAMES, EPISODES, files=1)),
+        ):
+            work = tmp / name
+            work.mkdir()
+            ratios[name] = layout(name, make(work / "ds"), work)
+    worst = min(r[0] for r in ratios.values())
+    io = max(r[1] for r in ratios.values())
+    print(f"machine after: {machine_note()}")
+    print(f"ours/io (worse layout): {io:.2f}x (goal <= 1.2x)")
+    print(f"ratio: {worst:.2f} (goal >= 3x vs upstream-style anchor, worse of v2.1 / v3.0)")
 
 
 if __name__ == "__main__":

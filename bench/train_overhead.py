@@ -147,12 +147,12 @@ def main() -> None:
     print(f"model: {params / 1e6:.2f} M params, batch {BATCH} x {DIM}, {args.steps} steps (first {WARMUP} not timed)")
     print(f"bare loop:             {bare:8.1f} samples/s (runs before/after: {bare_a:.1f}, {bare_b:.1f})")
     print(
-        f"trainer world size 1:  {ws1:8.1f} samples/s (one Ray worker, gloo group; unsharded in "
-        "fp32, see train/fsdp.py)"
+        f"trainer world size 1:  {ws1:8.1f} samples/s "
+        "(one Ray worker, gloo group; unsharded in fp32, see train/fsdp.py)"
     )
     print(
-        f"trainer world size 2:  {ws2:8.1f} samples/s ({ws2 / bare:.2f}x bare; Ray + FSDP2, 2 "
-        "workers on a shared 2-core machine)"
+        f"trainer world size 2:  {ws2:8.1f} samples/s "
+        f"({ws2 / bare:.2f}x bare; Ray + FSDP2, 2 workers on a shared 2-core machine)"
     )
     print(f"checkpoint save: {save_s:.3f} s, load (incl. digest check + canary): {load_s:.3f} s")
     print(f"ratio: {ws1 / bare:.2f} (goal >= 0.90)")

@@ -18,7 +18,7 @@ Exit codes (documented in `portable --help`):
     10  missing dependency (zstandard / zstd CLI / an extra not installed)
     20-29 `portable check` failure classes (see reproduction.checks)
     30-39 Hub transfer failures
-    40-49 data plane: dataset/sidecar problems
+    40-49 data plane: dataset/sidecar problems (45: the simulator)
     50-59 training and run failures
 """
 
@@ -196,6 +196,13 @@ class FingerprintMismatchError(DatasetError):
     """A sidecar was computed from another version of the dataset (or another tag)."""
 
     exit_code = 41
+
+
+class SimError(PortableError, ValueError):
+    """The simulator was asked for something it cannot do: an unknown task, an action or observation
+    of the wrong shape, a policy that returned the wrong batch."""
+
+    exit_code = 45
 
 
 # -- training and runs --------------------------------------------------------------------------

@@ -44,7 +44,8 @@ from reproduction.ui import UiOptions, say  # noqa: E402
 
 EXIT_CODES = """exit codes:
   0 ok    1 bug    2 usage (also: a command not built yet)    3 not found    4 invalid input or format version
-  5 integrity (verify: 11 missing, 12 extra, 13 size mismatch, 14 digest mismatch; lowest wins)
+  5 integrity (verify: 11 missing, 12 extra, 13 size mismatch, 14 digest mismatch; lowest wins;
+               lineage --verify: 11 a subject or material missing, 14 its digest differs)
   6 unsafe archive    7 busy (locked)    8 write failed / disk full    9 relocation impossible
   10 missing dependency    20-29 check failure classes (see `portable check --help`)
   30-39 Hub (30 refused, 31 auth/permission, 32 not found, 33 transfer kept failing,
@@ -228,7 +229,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
-    return _not_built("lineage")
+    from reproduction.run.lineage_check import lineage_chain, verify_lineage  # stdlib only
+
+    chain = lineage_chain(Path(args.run_dir))
+    report = verify_lineage(Path(args.run_dir)) if args.verify else None
+    if args.json:
+        _print_json({"chain": chain.to_dict(), "verify": report.to_dict() if report else None})
+    else:
+        print(chain.render())
+    if report is not None and report.problems:
+        print(report.summary(), file=sys.stderr)  # what differs is the result: shown even with -q
+    elif report is not None and not args.json:
+        say(report.summary(), options=_ui(args))
+    return report.exit_code if report is not None else 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -361,9 +374,14 @@ def build_parser() -> argparse.ArgumentParser:
         json_output=False,
     )
     p = _command(
-        "lineage", cmd_lineage, "not built yet (exits 2): will show or verify the lineage of a run", json_output=False
+        "lineage",
+        cmd_lineage,
+        "show the lineage chain of a run's outputs, back to the bundle; --verify rehashes it",
     )
-    p.add_argument("--verify", action="store_true")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a folder `portable run --output` wrote")
+    p.add_argument(
+        "--verify", action="store_true", help="rehash every subject and material (exit 11 missing, 14 differs)"
+    )
 
     p = _command(
         "demo",

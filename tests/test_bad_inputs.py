@@ -138,6 +138,15 @@ class Bench:
     def out(self) -> Path:
         return self.tmp / "out"
 
+    # -- runs -----------------------------------------------------------------------------------
+    def lineage(self, statement: bytes | None) -> Path:
+        """A run folder whose lineage/ holds one statement with these bytes (None: lineage/ empty)."""
+        run = self.tmp / "run"
+        (run / "lineage").mkdir(parents=True)
+        if statement is not None:
+            (run / "lineage" / "returns.intoto.json").write_bytes(statement)
+        return run
+
 
 def _half(raw: bytes) -> bytes:
     return raw[: len(raw) // 2]
@@ -300,8 +309,34 @@ CASES = [
     Case("demo", "--workdir under a file", lambda b: ["demo", "--workdir", b.under_file()]),
     Case("demo", "--workdir read-only", lambda b: ["demo", "--workdir", b.readonly()]),
     Case("demo", "--workdir not empty", lambda b: ["demo", "--workdir", b.bundle()]),
+    # lineage: the run folder and its statements, with and without --verify
+    *[
+        row
+        for extra in ([], ["--verify"])
+        for row in (
+            Case("lineage", f"missing run folder {extra}", lambda b, e=extra: ["lineage", b.missing(), *e]),
+            Case("lineage", f"file for folder {extra}", lambda b, e=extra: ["lineage", b.file(), *e]),
+            Case("lineage", f"empty folder {extra}", lambda b, e=extra: ["lineage", b.empty_dir(), *e]),
+            Case("lineage", f"lineage/ empty {extra}", lambda b, e=extra: ["lineage", b.lineage(None), *e]),
+            Case("lineage", f"statement empty {extra}", lambda b, e=extra: ["lineage", b.lineage(b""), *e]),
+            Case(
+                "lineage",
+                f"statement truncated {extra}",
+                lambda b, e=extra: ["lineage", b.lineage(b'{"_type": "ht'), *e],
+            ),
+            Case(
+                "lineage", f"statement binary {extra}", lambda b, e=extra: ["lineage", b.lineage(bytes(range(256))), *e]
+            ),
+            Case("lineage", f"statement a list {extra}", lambda b, e=extra: ["lineage", b.lineage(b"[1]"), *e]),
+            Case(
+                "lineage",
+                f"statement wrong types {extra}",
+                lambda b, e=extra: ["lineage", b.lineage(b'{"_type": 1, "subject": 2}'), *e],
+            ),
+        )
+    ],
     # commands not built yet: a usage error, whatever they are given
-    *[Case(cmd, "not built yet", lambda b, c=cmd: [c]) for cmd in ("run", "eval", "lineage")],
+    *[Case(cmd, "not built yet", lambda b, c=cmd: [c]) for cmd in ("run", "eval")],
 ]
 
 

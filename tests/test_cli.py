@@ -165,7 +165,7 @@ def test_check_json_file_is_still_accepted(tmp_path):
     assert done.stdout == "" and json.loads(report.read_text())["format"] == "recap-portable-check"
 
 
-@pytest.mark.parametrize("command", ["run", "eval", "lineage"])
+@pytest.mark.parametrize("command", ["run", "eval"])
 def test_a_command_not_built_yet_is_a_usage_error_not_a_bug(command):
     done = run_cli(command)
     assert done.returncode == 2

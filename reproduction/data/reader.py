@@ -9,7 +9,10 @@ Public API (stable; other stages build on it)::
     ds.tasks                                # {task_index: task string}
     ds.episodes                             # pyarrow.Table: episode_index, length (+ v3.0 file pointers)
     ds.frame_table(columns=None)            # pyarrow.Table of per-frame key columns, all files, in row order
-    ds.iter_frame_tables(columns=None)      # the same, one table per data file (bounded memory)
+    ds.iter_file_batches(columns=None)      # the same in batches of whole files, ~1M rows each (bounded
+                                            # memory; each file read once, in parallel, and digested for
+                                            # the fingerprint on the way), with each file's row count
+    ds.iter_frame_tables(columns=None)      # the same, one table per data file
     ds.read_frames(rows, keys)              # {key: np.ndarray}; images uint8 (n, H, W, 3)
     ds.fingerprint                          # hex digest binding sidecars to this exact dataset version
 
@@ -29,7 +32,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from reproduction.data.info import (
     KEY_COLUMNS,
@@ -39,9 +41,12 @@ from reproduction.data.info import (
     DatasetInfo,
     load_info,
 )
+from reproduction.data.scan import FileRead, ordered_map, read_metadata, read_parquet, read_schema_names
 from reproduction.errors import DatasetError, InputNotFoundError
 
 OPTIONAL_KEY_COLUMNS = ("is_success",)
+BATCH_ROWS = 1 << 20
+"""Rows per batch of whole data files that `iter_file_batches` yields by default."""
 
 
 def open_dataset(root: Path | str, *, video_cache_episodes: int = 4) -> Dataset:
@@ -62,8 +67,7 @@ class Dataset:
                 path=self.root / "data",
                 hint="the dataset is incomplete; copy its data/ folder too",
             )
-        self._file_rows = np.array([pq.ParquetFile(p).metadata.num_rows for p in self.data_files], dtype=np.int64)
-        self._file_offsets = np.concatenate([[0], np.cumsum(self._file_rows)])
+        self._file_offsets_cache: np.ndarray | None = None  # from the footers, or from a scan
         self.tasks: dict[int, str] = _load_tasks(self.root, self.info.codebase_version)
         self.episodes: pa.Table = _load_episodes(self.root, self.info.codebase_version)
         self._episode_pos = {int(e): i for i, e in enumerate(self.episodes.column("episode_index").to_pylist())}
@@ -72,8 +76,20 @@ class Dataset:
         self._table_cache: tuple[int, tuple[str, ...], pa.Table] | None = None
         self._locator: dict[str, np.ndarray] | None = None
         self._fingerprint: str | None = None
-        schema_names = set(pq.ParquetFile(self.data_files[0]).schema_arrow.names)
-        self.key_columns: tuple[str, ...] = tuple(c for c in KEY_COLUMNS + OPTIONAL_KEY_COLUMNS if c in schema_names)
+        self._schema_names: list[str] = read_schema_names(self.data_files[0])
+        names = set(self._schema_names)
+        self.key_columns: tuple[str, ...] = tuple(c for c in KEY_COLUMNS + OPTIONAL_KEY_COLUMNS if c in names)
+
+    @property
+    def _file_offsets(self) -> np.ndarray:
+        """Row offset of each data file (and the total last): footers read on first use, in parallel,
+        unless a scan already counted the rows."""
+        if self._file_offsets_cache is None:
+            rows = np.fromiter(
+                ordered_map(lambda p: read_metadata(p).num_rows, self.data_files), dtype=np.int64, count=-1
+            )
+            self._file_offsets_cache = np.concatenate([[0], np.cumsum(rows)])
+        return self._file_offsets_cache
 
     # -- metadata -------------------------------------------------------------------------------
 
@@ -103,7 +119,8 @@ class Dataset:
 
     @property
     def fingerprint(self) -> str:
-        """Digest of info.json, the episode index and the per-frame key columns (stat-cached per file)."""
+        """Digest of info.json, the episode index and the per-frame key columns (stat-cached per file;
+        free after a complete `scan`, which digests the files it reads)."""
         if self._fingerprint is None:
             from reproduction.data.fingerprint import dataset_fingerprint
 
@@ -114,7 +131,7 @@ class Dataset:
 
     def _columns(self, columns: Sequence[str] | None) -> list[str]:
         cols = list(columns) if columns is not None else list(self.key_columns)
-        names = set(pq.ParquetFile(self.data_files[0]).schema_arrow.names)
+        names = set(self._schema_names)
         missing = [c for c in cols if c not in names]
         if missing:
             raise DatasetError(
@@ -125,16 +142,65 @@ class Dataset:
             )
         return cols
 
-    def iter_frame_tables(self, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
-        """Yield one table per data file (in row order) with `columns` (default: the key columns)."""
+    def iter_file_batches(
+        self, columns: Sequence[str] | None = None, *, min_rows: int = BATCH_ROWS
+    ) -> Iterator[tuple[pa.Table, np.ndarray]]:
+        """(table, rows per file): whole data files' `columns` (default: the key columns) in file
+        order, concatenated into tables of at least `min_rows` rows (the last may hold fewer).
+
+        Each file is read once, on a small thread pool, a few files ahead of the consumer. The key
+        columns are digested from the same read (per file, from the batch's arrays), so once every
+        batch was consumed `fingerprint` and `num_frames` cost no further read. A file pyarrow
+        cannot read is a DatasetError naming it.
+        """
+        from reproduction.data.fingerprint import batch_key_digests, digest_columns
+
         cols = self._columns(columns)
-        for path in self.data_files:
-            yield pq.read_table(path, columns=cols)
+        fp_cols = digest_columns(self.key_columns) if self._fingerprint is None else []
+        read_cols = cols + [c for c in fp_cols if c not in cols]
+        known: dict[Path, tuple[int, int, str]] = {}
+        counts: list[int] = []
+        pending: list[FileRead] = []
+        held = 0
+
+        def flush() -> tuple[pa.Table, np.ndarray]:
+            tables = [got.table for got in pending]
+            table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0].combine_chunks()
+            rows = np.array([t.num_rows for t in tables], dtype=np.int64)
+            if fp_cols:
+                for got, digest in zip(pending, batch_key_digests(table, rows)):
+                    known[got.path] = (got.size, got.mtime_ns, digest)
+            counts.extend(rows.tolist())
+            return (table.select(cols) if read_cols != cols else table), rows
+
+        for got in ordered_map(lambda path: read_parquet(path, read_cols), self.data_files):
+            pending.append(got)
+            held += got.table.num_rows
+            if held >= min_rows:
+                yield flush()
+                pending, held = [], 0
+        if pending:
+            yield flush()
+        if self._file_offsets_cache is None:
+            self._file_offsets_cache = np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64))])
+        if fp_cols and self._fingerprint is None:
+            from reproduction.data.fingerprint import dataset_fingerprint
+
+            self._fingerprint = dataset_fingerprint(self, known)
+
+    def iter_frame_tables(self, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
+        """Yield one table per data file (in row order) with `columns` (default: the key columns);
+        read as `iter_file_batches` reads (each file once, in parallel, digested on the way)."""
+        for table, rows in self.iter_file_batches(columns):
+            offset = 0
+            for n in rows.tolist():
+                yield table.slice(offset, n)
+                offset += n
 
     def frame_table(self, columns: Sequence[str] | None = None) -> pa.Table:
         """All rows' `columns` (default: key columns present among episode_index, frame_index, index,
         task_index, timestamp, is_success) as one table, row i = dataset row i."""
-        tables = list(self.iter_frame_tables(columns))
+        tables = [t for t, _ in self.iter_file_batches(columns)]
         return pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
 
     # -- frames ---------------------------------------------------------------------------------
@@ -171,7 +237,7 @@ class Dataset:
         cached = self._table_cache
         if cached is not None and cached[0] == file_id and set(columns) <= set(cached[1]):
             return cached[2]
-        table = pq.read_table(self.data_files[file_id], columns=list(columns))
+        table = read_parquet(self.data_files[file_id], list(columns)).table
         self._table_cache = (file_id, columns, table)
         return table
 
@@ -288,7 +354,7 @@ def _load_tasks(root: Path, version: str) -> dict[int, str]:
     path = root / V30_TASKS_PATH
     if not path.is_file():
         raise InputNotFoundError(f"{path}: missing", path=path, hint="copy the dataset's meta/ folder")
-    table = pq.read_table(path)
+    table = read_parquet(path).table
     text_cols = [
         n
         for n in table.column_names
@@ -321,8 +387,8 @@ def _load_episodes(root: Path, version: str) -> pa.Table:
         )
     tables = []
     for f in files:
-        names = [n for n in pq.ParquetFile(f).schema_arrow.names if not n.startswith("stats/")]
-        tables.append(pq.read_table(f, columns=names))
+        names = [n for n in read_schema_names(f) if not n.startswith("stats/")]
+        tables.append(read_parquet(f, names).table)
     return pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
 
 

@@ -6,7 +6,9 @@ r_t = -1 for t < L-1; r_{L-1} = 0 on success, else `failure_reward`. G_t = sum_j
 and use its value at the episode's last frame. Episodes are found by episode_index (ids need not
 be contiguous, rows need not be sorted); duplicate (episode, frame) pairs are refused. Datasets whose
 data files hold disjoint, increasing episode ranges (lerobot's v2.1 and v3.0 layouts) are processed
-one data file at a time, so memory follows the largest file, not the dataset.
+in batches of whole files (about STREAM_ROWS rows, one sidecar row group each), each file read once
+on a small thread pool, the dataset fingerprint digested from that same read; memory follows the
+batch, not the dataset.
 
     python -m reproduction.recap.returns --dataset PATH [--dataset PATH ...] --out DIR \\
         [--tag T] [--gamma 1.0] [--failure-reward -300] [--type sft|rollout] [--in-dataset]
@@ -18,7 +20,7 @@ import argparse
 import functools
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -207,7 +209,7 @@ def compute_returns_table(
         if col.null_count:
             raise DatasetError(f"{source}: is_success has {col.null_count} missing values", field="is_success")
         last_rows = ends - 1 if order is None else order[ends - 1]  # only each episode's last frame matters
-        success = col.take(pa.array(last_rows)).to_numpy(zero_copy_only=False).astype(bool)
+        success = col.to_numpy()[last_rows].astype(bool, copy=False)
     returns, rewards = episode_returns(starts, ends, success, config.failure_reward, config.gamma)
     return pa.table(
         {
@@ -249,8 +251,27 @@ def _prompts(frames: pa.Table, order: np.ndarray | None, tasks: dict[int, str] |
                 raise DatasetError(
                     f"task_index {int(ti[pos < 0][0])} is not in the dataset's task list", field="task_index"
                 )
-        return pa.array([tasks[int(k)] for k in keys], pa.string()).take(pa.array(pos))
-    return pa.array(["perform the task"], pa.string()).take(pa.array(np.zeros(n, np.int64)))
+        return repeat_strings([tasks[int(k)] for k in keys], pos)
+    return repeat_strings(["perform the task"], np.zeros(n, np.int64))
+
+
+def repeat_strings(names: list[str], codes: np.ndarray) -> pa.Array:
+    """pa.array(names).take(codes) built with numpy: a string column from a few distinct values
+    without importing pyarrow.compute (a fifth of a second at every process start)."""
+    encoded = [name.encode() for name in names]
+    lens = np.array([len(b) for b in encoded], dtype=np.int64)
+    row_lens = lens[codes]
+    offsets = np.zeros(codes.size + 1, dtype=np.int64)
+    np.cumsum(row_lens, out=offsets[1:])
+    if offsets[-1] >= 2**31 - 1:  # beyond int32 offsets: let pyarrow split it
+        return pa.array(names, pa.string()).take(pa.array(codes))
+    starts = np.flatnonzero(codes[1:] != codes[:-1]) + 1 if codes.size else np.zeros(0, np.int64)
+    bounds = np.concatenate([[0], starts, [codes.size]]) if codes.size else np.zeros(1, np.int64)
+    runs = zip(codes[bounds[:-1]].tolist(), np.diff(bounds).tolist())  # a task's frames come in long runs
+    data = b"".join(encoded[k] * n for k, n in runs)
+    return pa.Array.from_buffers(
+        pa.string(), codes.size, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)]
+    )
 
 
 def column_stats(values: np.ndarray) -> dict[str, float]:
@@ -307,12 +328,9 @@ def compute_returns(
         cfg = ReturnsConfig(**{**asdict(config), "dataset_type": types[i] if types else config.dataset_type})
         ds = open_dataset(path)
         cols = [c for c in ("episode_index", "frame_index", "task_index", "is_success") if c in ds.key_columns]
-        # Stream file by file when files hold disjoint, increasing episode ranges (lerobot's layouts):
-        # then per-file outputs, in file order, are the sorted whole. Else sort everything at once.
-        frames = ds.iter_frame_tables(cols) if files_in_episode_order(ds.data_files) else [ds.frame_table(cols)]
         kept: dict[str, list[np.ndarray]] = {"return": [], "reward": []}
 
-        def tables() -> Any:
+        def tables(frames: Iterable[pa.Table]) -> Iterator[pa.Table]:
             for t in frames:
                 table = compute_returns_table(t, cfg, tasks=ds.tasks, source=str(ds.root))
                 for name, parts in kept.items():
@@ -335,7 +353,13 @@ def compute_returns(
             }
 
         folder = ds.root / "meta" if in_dataset else Path(out) / ds.name
-        sidecar = write_sidecar(folder / sidecar_name("returns", cfg.tag), tables(), meta)
+        target = folder / sidecar_name("returns", cfg.tag)
+        try:  # the usual layouts: each data file read once, whole files at a time
+            sidecar = write_sidecar(target, tables(streamed_frames(ds, cols)), meta)
+        except FilesInterleaveError:  # an episode spans files: read everything, sort once
+            meta.cache_clear()
+            kept = {"return": [], "reward": []}
+            sidecar = write_sidecar(target, tables([ds.frame_table(cols)]), meta)
         doc = meta()
         update_stats_json(folder / "stats.json", doc["stats"])
         results.append(
@@ -351,32 +375,30 @@ def compute_returns(
     return results
 
 
-def files_in_episode_order(files: Sequence[Path]) -> bool:
-    """True when each data file's episode_index range lies strictly above the previous file's
-    (from parquet statistics, else the column itself): no episode spans two files."""
-    import pyarrow.parquet as pq
+STREAM_ROWS = 1 << 20
+"""Stage 1 computes (and writes, one row group each) whole data files in batches of about this many rows."""
 
+
+class FilesInterleaveError(Exception):
+    """A data file holds an episode at or below one of the previous file's: rows must be sorted whole."""
+
+
+def streamed_frames(ds: Any, columns: list[str]) -> Iterator[pa.Table]:
+    """The dataset's `columns` in batches of whole data files (about STREAM_ROWS rows each), each
+    file read once (`Dataset.iter_file_batches`). Valid when each file's episode_index range lies
+    strictly above the previous file's (lerobot's v2.1 and v3.0 layouts): then each batch sorted is
+    the next part of the sorted whole. Raises FilesInterleaveError as soon as that fails."""
     prev = None
-    for path in files:
-        pf = pq.ParquetFile(path)
-        if pf.metadata.num_rows == 0:
-            continue
-        md = pf.metadata
-        leaf = [md.row_group(0).column(j).path_in_schema for j in range(md.num_columns)]
-        stats = (
-            [md.row_group(g).column(leaf.index("episode_index")).statistics for g in range(md.num_row_groups)]
-            if "episode_index" in leaf
-            else [None]
-        )
-        if all(st is not None and st.has_min_max for st in stats):
-            lo, hi = min(st.min for st in stats), max(st.max for st in stats)
-        else:
-            ep = pq.read_table(path, columns=["episode_index"]).column("episode_index").to_numpy()
-            lo, hi = int(ep.min()), int(ep.max())
-        if prev is not None and lo <= prev:
-            return False
-        prev = hi
-    return True
+    for table, rows in ds.iter_file_batches(columns, min_rows=STREAM_ROWS):
+        nonempty = rows > 0
+        if nonempty.any():
+            ep = table.column("episode_index").to_numpy()
+            starts = (np.cumsum(rows) - rows)[nonempty]
+            lo, hi = np.minimum.reduceat(ep, starts), np.maximum.reduceat(ep, starts)
+            if (lo[1:] <= hi[:-1]).any() or (prev is not None and lo[0] <= prev):
+                raise FilesInterleaveError(str(ds.root))
+            prev = hi[-1]
+        yield table
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -37,15 +37,24 @@ class Shard:
         return slice(self.start, self.infer_stop)
 
 
-def plan_shards(row_end: np.ndarray, world_size: int, lookahead: int) -> list[Shard]:
-    """Shards for `world_size` workers over rows whose episode ends are `row_end` (exclusive, per row)."""
-    if world_size < 1 or lookahead < 0:
-        raise ConfigError(f"world_size {world_size} / lookahead {lookahead} must be >= 1 / >= 0", field="world_size")
+def plan_shards(row_end: np.ndarray, world_size: int, lookahead: int, *, align: int = 1) -> list[Shard]:
+    """Shards for `world_size` workers over rows whose episode ends are `row_end` (exclusive, per row).
+
+    With `align` > 1 the rows are dealt out in blocks of `align` (earlier workers take the remainder
+    block), so every shard starts on a multiple of `align`: value inference cuts its batches there,
+    which makes each batch, and so each value, independent of the number of workers.
+    """
+    if world_size < 1 or lookahead < 0 or align < 1:
+        raise ConfigError(
+            f"world_size {world_size} / lookahead {lookahead} / align {align} must be >= 1 / >= 0 / >= 1",
+            field="world_size",
+        )
     n = int(row_end.size)
-    base, extra = divmod(n, world_size)
+    blocks = -(-n // align)
+    base, extra = divmod(blocks, world_size)
     shards, start = [], 0
     for rank in range(world_size):
-        stop = start + base + (1 if rank < extra else 0)
+        stop = min(start + (base + (1 if rank < extra else 0)) * align, n)
         infer_stop = stop if stop == start else int(min(stop + lookahead, row_end[stop - 1]))
         shards.append(Shard(rank=rank, start=start, stop=stop, infer_stop=max(infer_stop, stop)))
         start = stop

@@ -31,6 +31,8 @@ from reproduction.fsio import atomic_write_text
 META_KEY = b"recap_portable"
 FORMAT = 1
 MIXTURE_CONFIG = "mixture_config.yaml"
+ROW_GROUP_ROWS = 1 << 20
+"""Sidecar chunks are gathered into row groups of at least this many rows (one per chunk beyond)."""
 
 
 def sidecar_name(kind: str, tag: str | None) -> str:
@@ -56,18 +58,25 @@ def write_sidecar(
     number) to `path` atomically: nothing appears at `path` unless every chunk was written.
 
     `meta` may be a function called after the last chunk (for figures known only then); its
-    document goes to the file's key-value metadata only, where `sidecar_meta` reads it.
+    document goes to the file's key-value metadata only, where `sidecar_meta` reads it. Chunks are
+    gathered into row groups of at least ROW_GROUP_ROWS rows (a reader pays per row group).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     writer, schema_meta = None, {} if callable(meta) else {META_KEY: json.dumps({"format": FORMAT, **meta}).encode()}
+    pending: list[pa.Table] = []  # small chunks wait here, to be written as one large row group
     try:
         for part in [table] if isinstance(table, pa.Table) else table:
             if writer is None:
                 schema = part.schema.with_metadata({**(part.schema.metadata or {}), **schema_meta})
                 writer = pq.ParquetWriter(tmp, schema, compression="zstd")
-            writer.write_table(part.replace_schema_metadata(schema.metadata))
+            pending.append(part.replace_schema_metadata(schema.metadata))
+            if sum(t.num_rows for t in pending) >= ROW_GROUP_ROWS:
+                _write_group(writer, pending)
+                pending = []
+        if pending:
+            _write_group(writer, pending)
         if writer is None:
             raise DatasetError(f"{path}: nothing to write (no chunks)", path=path)
         if callable(meta):
@@ -81,6 +90,12 @@ def write_sidecar(
         if tmp.exists():
             tmp.unlink()
     return path
+
+
+def _write_group(writer: pq.ParquetWriter, parts: list[pa.Table]) -> None:
+    """Write `parts` as one row group (pyarrow writes each write_table call as its own)."""
+    table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+    writer.write_table(table, row_group_size=max(table.num_rows, 1))
 
 
 def sidecar_meta(path: Path) -> dict[str, Any]:

@@ -129,8 +129,11 @@ def infer_rows(
 ) -> np.ndarray:
     """V (float64, value space) for dataset `rows` (reader positions), one forward per frame.
 
-    `dataset` is an opened reader (reproduction.data.reader.Dataset). Rows are grouped by the
-    model that labels their episode, then cut into batches in the given order.
+    `dataset` is an opened reader (reproduction.data.reader.Dataset). `rows` are cut into chunks of
+    `batch_size` in the given order; each chunk's rows go through the model that labels their
+    episode, one batch per model present. A chunk's frames alone decide its batches, so rows cut at
+    the same chunk boundaries get bit-identical values however the work was split between workers
+    (plan_shards(..., align=batch_size) puts shard starts on those boundaries).
     """
     import torch
 
@@ -142,24 +145,33 @@ def infer_rows(
     meta = dataset.read_frames(rows, ["episode_index", "frame_index", "task_index"]) if rows.size else {}
     which = plan.models_for(dataset_name, meta["episode_index"]) if rows.size else np.zeros(0, np.int64)
     out = np.full(rows.size, np.nan, dtype=np.float64)
-    for k in np.unique(which):
-        vm = models[int(k)]
-        cfg = vm.model.config
-        present = {slot: key for slot, key in vm.cameras.items() if key in dataset.camera_keys}
-        collate = VocabGuard(
-            collate=ValueCollator(
-                tokenizer=vm.tokenizer,
-                slots=cfg.cameras,
-                image_size=cfg.image_size,
-                max_token_len=int(vm.head["max_token_len"]),
-            ),
-            vocab_size=int(cfg.text["vocab_size"]),
-            tokenizer_file=str(vm.folder / vm.head.get("tokenizer", "tokenizer") / "tokenizer.json"),
-        )
-        device = next(vm.model.parameters()).device
-        idx = np.flatnonzero(which == k)
-        for lo in range(0, idx.size, batch_size):
-            sel = idx[lo : lo + batch_size]
+    prepared: dict[int, tuple[Any, dict[str, str], Any]] = {}
+
+    def prepare(k: int) -> tuple[Any, dict[str, str], Any]:
+        if k not in prepared:
+            vm = models[k]
+            cfg = vm.model.config
+            collate = VocabGuard(
+                collate=ValueCollator(
+                    tokenizer=vm.tokenizer,
+                    slots=cfg.cameras,
+                    image_size=cfg.image_size,
+                    max_token_len=int(vm.head["max_token_len"]),
+                ),
+                vocab_size=int(cfg.text["vocab_size"]),
+                tokenizer_file=str(vm.folder / vm.head.get("tokenizer", "tokenizer") / "tokenizer.json"),
+            )
+            present = {slot: key for slot, key in vm.cameras.items() if key in dataset.camera_keys}
+            prepared[k] = (vm, present, collate)
+        return prepared[k]
+
+    for lo in range(0, rows.size, batch_size):
+        chunk = np.arange(lo, min(lo + batch_size, rows.size))
+        for k in np.unique(which[chunk]):
+            vm, present, collate = prepare(int(k))
+            cfg = vm.model.config
+            device = next(vm.model.parameters()).device
+            sel = chunk[which[chunk] == k]
             frames = dataset.read_frames(rows[sel], list(present.values())) if present else {}
             samples = [
                 {
@@ -239,7 +251,9 @@ def infer_dataset(
     Each frame goes through exactly one forward: a worker infers `lookahead` rows past its owned
     range because it cannot see the next worker's values, but here every shard's owned rows are
     merged anyway, so each shard infers only what it owns (`lookahead` shapes the plan, nothing
-    more). A dataset the models never trained on is labelled per `CrossFitPlan.models_for`.
+    more). A dataset the models never trained on is labelled per `CrossFitPlan.models_for`. Shards
+    start on multiples of `batch_size`, so every inference batch, and with it every value, is the
+    same bit for bit whatever `world_size` (and in `infer_dataset_ray`).
     """
     from reproduction.data.reader import open_dataset
     from reproduction.recap.sharding import merge_values, plan_shards
@@ -249,7 +263,7 @@ def infer_dataset(
     frames = sorted_frames(ds)
     parts = [
         _infer_owned(models, plan, ds, shard, dataset_name=dataset_name, batch_size=batch_size, frames=frames)
-        for shard in plan_shards(_row_ends(frames[1]), world_size, lookahead)
+        for shard in plan_shards(_row_ends(frames[1]), world_size, lookahead, align=batch_size)
     ]
     return merge_values(parts)
 
@@ -352,7 +366,7 @@ def infer_dataset_ray(
             batch_size=batch_size,
             dataset_name=dataset_name,
         )
-        for shard in plan_shards(_row_ends(ep), world_size, lookahead)
+        for shard in plan_shards(_row_ends(ep), world_size, lookahead, align=batch_size)
     ]
     parts = run_tasks(
         task or infer_job, jobs, spec=spec, ray_address=ray_address, on_done=on_done, label="value inference shard"

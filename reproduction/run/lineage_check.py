@@ -1,0 +1,400 @@
+"""Reading lineage back: the chain from a run's final outputs to the bundle manifest, and `--verify`.
+
+`lineage_chain(run)` walks from the outputs nothing else consumed back to the bundle manifest by
+matching dependency digests to subject digests; `verify_lineage(run)` rehashes every subject and
+dependency of every statement and returns the differences (exit codes as `portable verify`: 11
+missing, 14 digest mismatch, lowest wins). The statements are written by reproduction/run/lineage.py.
+Stdlib only: the control plane's `portable lineage` imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from reproduction.digests import sha256_file
+from reproduction.errors import InputNotFoundError, InvalidInputError
+from reproduction.run.lineage import (
+    LINEAGE_DIR,
+    PREDICATE_TYPE,
+    STATEMENT_TYPE,
+    SUFFIX,
+    manifest_tree_sha256,
+    tree_changes,
+    tree_digests,
+    tree_sha256,
+)
+
+EXIT_MISSING = 11
+EXIT_DIGEST = 14
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class LoadedStatement:
+    """A statement read back from a run's lineage folder."""
+
+    file: Path
+    data: dict[str, Any]
+
+    @property
+    def stage(self) -> str:
+        return self.data["predicate"]["buildDefinition"]["externalParameters"]["stage"]
+
+    @property
+    def subjects(self) -> list[dict[str, Any]]:
+        return self.data["subject"]
+
+    @property
+    def dependencies(self) -> list[dict[str, Any]]:
+        return self.data["predicate"]["buildDefinition"]["resolvedDependencies"]
+
+    @property
+    def bundle(self) -> str | None:
+        return self.data["predicate"]["buildDefinition"]["externalParameters"].get("bundle")
+
+    @property
+    def internal(self) -> dict[str, Any]:
+        return self.data["predicate"]["buildDefinition"]["internalParameters"]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.data["predicate"]["runDetails"]["metadata"]
+
+
+def load_statements(run_dir: Path) -> list[LoadedStatement]:
+    """Every statement in <run_dir>/lineage/, sorted by start time; raises for a missing folder or a malformed file."""
+    folder = Path(run_dir) / LINEAGE_DIR
+    if not folder.is_dir():
+        raise InputNotFoundError(
+            f"no lineage in {run_dir}: {folder} does not exist",
+            path=folder,
+            hint="give the folder `portable run --output` wrote (it holds run.json and lineage/)",
+        )
+    out = []
+    for path in sorted(folder.glob(f"*{SUFFIX}")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            loaded = LoadedStatement(file=path, data=data)
+            ok = data.get("_type") == STATEMENT_TYPE and data.get("predicateType") == PREDICATE_TYPE
+            _ = (loaded.stage, loaded.subjects, loaded.dependencies, loaded.internal, loaded.metadata["startedOn"])
+            ok = ok and all("sha256" in d.get("digest", {}) for d in loaded.subjects + loaded.dependencies)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise InvalidInputError(
+                f"{path} is not a readable lineage statement ({type(exc).__name__}: {exc})",
+                path=path,
+                hint="the file is damaged; rerun the stage with `portable run --resume --restart-stage NAME`",
+            ) from exc
+        if not ok:
+            raise InvalidInputError(
+                f"{path} is not an in-toto Statement v1 with an SLSA provenance v1 predicate and sha256 digests",
+                path=path,
+                hint="the file is damaged; rerun the stage with `portable run --resume --restart-stage NAME`",
+            )
+        out.append(loaded)
+    if not out:
+        raise InputNotFoundError(f"no lineage statements (*{SUFFIX}) in {folder}", path=folder)
+    return sorted(out, key=lambda s: (s.metadata["startedOn"], s.stage))
+
+
+def resolve(descriptor: Mapping[str, Any], run_dir: Path, statement: LoadedStatement) -> Path:
+    """Where a subject or dependency lives now: under the run folder, the bundle, or its absolute uri."""
+    ann = descriptor.get("annotations", {})
+    root, rel = ann.get("root"), ann.get("path", descriptor.get("name", ""))
+    if root == "run":
+        return Path(run_dir) / rel
+    if root == "bundle" and statement.bundle:
+        return Path(statement.bundle) / rel
+    uri = descriptor.get("uri", "")
+    return Path(uri[len("file://") :]) if uri.startswith("file://") else Path(rel)
+
+
+# -- the chain ----------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True)
+class ChainNode:
+    """One line of the chain: a stage run (with the outputs it produced) or a leaf input."""
+
+    label: str
+    """Stage name, or the input's role (dataset, bundle_manifest, ...)."""
+    name: str
+    """Path of the artifact (relative to the run or the bundle)."""
+    sha256: str
+    note: str = ""
+    """Status, duration, resumed-from, "in bundle.json", "seen above"."""
+    children: list[ChainNode] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "name": self.name,
+            "sha256": self.sha256,
+            "note": self.note,
+            "children": [c.to_dict() for c in self.children],
+        }
+
+
+@dataclass(kw_only=True, slots=True)
+class Chain:
+    """The lineage of a run's final outputs, as trees rooted at the stage runs nothing else consumed."""
+
+    run_dir: Path
+    roots: list[ChainNode]
+
+    def lines(self) -> list[tuple[int, ChainNode]]:
+        """(depth, node) in print order."""
+        out: list[tuple[int, ChainNode]] = []
+
+        def walk(node: ChainNode, depth: int) -> None:
+            out.append((depth, node))
+            for child in node.children:
+                walk(child, depth + 1)
+
+        for root in self.roots:
+            walk(root, 0)
+        return out
+
+    def render(self) -> str:
+        text = []
+        for depth, node in self.lines():
+            lead = "  " * (depth - 1) + "<- " if depth else ""
+            note = f"  ({node.note})" if node.note else ""
+            text.append(f"{lead}{node.label}: {node.name}  sha256:{node.sha256[:12]}{note}")
+        return "\n".join(text)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_dir": str(self.run_dir), "roots": [r.to_dict() for r in self.roots]}
+
+
+def _stage_note(st: LoadedStatement) -> str:
+    meta, internal = st.metadata, st.internal
+    parts = [internal.get("status", "?"), f"run {meta.get('invocationId', '?')}"]
+    try:
+        start = datetime.fromisoformat(meta["startedOn"].replace("Z", "+00:00"))
+        end = datetime.fromisoformat(meta["finishedOn"].replace("Z", "+00:00"))
+        parts.append(f"{(end - start).total_seconds():.1f} s")
+    except (KeyError, ValueError):
+        pass
+    if internal.get("resumed_from"):
+        parts.append(f"resumed from {internal['resumed_from'].get('name')}")
+    return ", ".join(parts)
+
+
+def _bundle_manifest(st: LoadedStatement, run_dir: Path) -> dict[str, Any] | None:
+    for dep in st.dependencies:
+        if dep.get("annotations", {}).get("role") == "bundle_manifest":
+            try:
+                return json.loads(resolve(dep, run_dir, st).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return None
+    return None
+
+
+def _in_manifest(dep: Mapping[str, Any], manifest: Mapping[str, Any] | None) -> bool:
+    """True when bundle.json pins this dependency's digest (a file entry, or a folder's tree of entries)."""
+    if manifest is None:
+        return False
+    digest = dep["digest"]["sha256"]
+    ann = dep.get("annotations", {})
+    if ann.get("kind") == "tree" and ann.get("root") == "bundle":
+        return manifest_tree_sha256(manifest, ann.get("path", "")) == digest
+    return any(f.get("sha256") == digest for f in manifest.get("files", []))
+
+
+def lineage_chain(run_dir: Path) -> Chain:
+    """Walk the run's statements from the outputs nothing consumed back to the bundle manifest, by digests alone.
+
+    A dependency whose digest is a subject of another statement continues into that stage; other
+    dependencies are leaves, marked "in bundle.json" when the bundle manifest the stage read pins
+    their digest. Each upstream stage is one node however many of its files were read ("+N more files");
+    a stage already printed is shown once more as "seen above", without its inputs.
+    """
+    statements = load_statements(run_dir)
+    producer: dict[str, LoadedStatement] = {}
+    for st in statements:
+        for subject in st.subjects:
+            producer[subject["digest"]["sha256"]] = st
+    consumed = {dep["digest"]["sha256"] for st in statements for dep in st.dependencies}
+    roots_st = [st for st in statements if not any(s["digest"]["sha256"] in consumed for s in st.subjects)]
+    if not roots_st:  # a cycle cannot be built from digests, but a hand-edited folder can hold one
+        roots_st = statements[-1:]
+    shown: set[Path] = set()
+    leaves_shown: set[str] = set()
+
+    def stage_node(st: LoadedStatement, used: list[Mapping[str, Any]]) -> ChainNode:
+        """`used`: the subjects of `st` the consumer read (all of them for a root)."""
+        subject = used[0] if used else st.subjects[0]
+        node = ChainNode(label=st.stage, name=subject["name"], sha256=subject["digest"]["sha256"])
+        more = f"+{len(used) - 1} more file{'s' if len(used) > 2 else ''}" if len(used) > 1 else ""
+        if st.file in shown:
+            node.note = ", ".join(x for x in (more, "seen above") if x)
+            return node
+        shown.add(st.file)
+        node.note = ", ".join(x for x in (more, _stage_note(st)) if x)
+        # One child per upstream stage (however many of its files were read), newest first and depth first,
+        # so the chain reads policy -> advantages -> value -> returns -> datasets -> bundle manifest and shared
+        # inputs (bundle manifest, layers) print once, under the deepest stage that read them.
+        upstreams: dict[Path, tuple[LoadedStatement, list[Mapping[str, Any]]]] = {}
+        leaves = []
+        for dep in st.dependencies:
+            digest = dep["digest"]["sha256"]
+            upstream = producer.get(digest)
+            if upstream is not None and upstream.file != st.file:
+                match = next(s for s in upstream.subjects if s["digest"]["sha256"] == digest)
+                matches = upstreams.setdefault(upstream.file, (upstream, []))[1]
+                if match not in matches:
+                    matches.append(match)
+            else:
+                leaves.append(dep)
+        for upstream, matches in sorted(upstreams.values(), key=lambda g: g[0].metadata["startedOn"], reverse=True):
+            node.children.append(stage_node(upstream, matches))
+        manifest = _bundle_manifest(st, run_dir)
+        repeated = 0
+        for dep in sorted(leaves, key=lambda d: d.get("annotations", {}).get("role") == "bundle_manifest"):
+            digest = dep["digest"]["sha256"]
+            if digest in leaves_shown:
+                repeated += 1
+                continue
+            leaves_shown.add(digest)
+            role = dep.get("annotations", {}).get("role", "input")
+            note = "in bundle.json" if role != "bundle_manifest" and _in_manifest(dep, manifest) else ""
+            node.children.append(ChainNode(label=role, name=dep["name"], sha256=digest, note=note))
+        if repeated:
+            node.note += f", {repeated} more input{'s' if repeated > 1 else ''} shown below"
+        return node
+
+    return Chain(run_dir=Path(run_dir), roots=[stage_node(st, list(st.subjects)) for st in reversed(roots_st)])
+
+
+# -- verification -------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class LineageProblem:
+    """A subject or dependency whose bytes are not the ones recorded."""
+
+    kind: str
+    """"missing" or "digest"."""
+    statement: str
+    """The statement file's name."""
+    what: str
+    """"subject" or the dependency's role."""
+    path: str
+    expected: str
+    actual: str | None = None
+    files: tuple[str, ...] = ()
+    """For a folder, what changed inside it ("changed: meta/info.json"), when the record lists its files."""
+
+    def __str__(self) -> str:
+        if self.kind == "missing":
+            return f"missing: {self.path} ({self.what} of {self.statement}; expected sha256:{self.expected[:12]})"
+        inside = f"; {', '.join(self.files[:8])}{' ...' if len(self.files) > 8 else ''}" if self.files else ""
+        return (
+            f"digest differs: {self.path} ({self.what} of {self.statement}): "
+            f"recorded sha256:{self.expected[:12]}, now sha256:{(self.actual or '')[:12]}{inside}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        keys = ("kind", "statement", "what", "path", "expected", "actual")
+        return {**{k: getattr(self, k) for k in keys}, "files": list(self.files)}
+
+
+@dataclass(kw_only=True, slots=True)
+class LineageReport:
+    """The result of `verify_lineage`: how many items were rehashed and what differs."""
+
+    statements: int
+    checked: int
+    problems: list[LineageProblem]
+
+    @property
+    def exit_code(self) -> int:
+        """0 when everything matches; else 11 (something missing) or 14 (a digest differs), lowest wins."""
+        kinds = {p.kind for p in self.problems}
+        return EXIT_MISSING if "missing" in kinds else EXIT_DIGEST if kinds else 0
+
+    def summary(self) -> str:
+        if not self.problems:
+            return f"lineage verified: {self.checked} subjects and materials of {self.statements} statements match"
+        head = f"lineage differs: {len(self.problems)} of {self.checked} subjects and materials"
+        return "\n".join([head, *(f"  {p}" for p in self.problems)])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "statements": self.statements,
+            "checked": self.checked,
+            "exit_code": self.exit_code,
+            "problems": [p.to_dict() for p in self.problems],
+        }
+
+
+def verify_lineage(run_dir: Path) -> LineageReport:
+    """Rehash every subject and resolved dependency of every statement (each path once); collect all differences.
+
+    Raises InputNotFoundError / InvalidInputError when the lineage folder is missing or a statement is
+    malformed; differences in the bytes are returned, not raised.
+    """
+    statements = load_statements(run_dir)
+    items: list[tuple[LoadedStatement, str, Mapping[str, Any]]] = []
+    for st in statements:
+        items += [(st, "subject", s) for s in st.subjects]
+        items += [(st, d.get("annotations", {}).get("role", "dependency"), d) for d in st.dependencies]
+    cache: dict[Path, tuple[str, dict[str, str] | None] | None] = {}
+    problems = []
+    for st, what, desc in items:
+        path = resolve(desc, run_dir, st)
+        if path not in cache:
+            cache[path] = _current(path)
+        expected, shown = desc["digest"]["sha256"], desc.get("name", str(path))
+        if cache[path] is None:
+            problems.append(
+                LineageProblem(kind="missing", statement=st.file.name, what=what, path=shown, expected=expected)
+            )
+            continue
+        actual, files = cache[path]
+        if actual != expected:
+            recorded = _recorded_files(desc, st, run_dir)
+            changes = tuple(tree_changes(recorded, files)) if recorded is not None and files is not None else ()
+            problems.append(
+                LineageProblem(
+                    kind="digest",
+                    statement=st.file.name,
+                    what=what,
+                    path=shown,
+                    expected=expected,
+                    actual=actual,
+                    files=changes,
+                )
+            )
+    return LineageReport(statements=len(statements), checked=len(items), problems=problems)
+
+
+def _current(path: Path) -> tuple[str, dict[str, str] | None] | None:
+    """(sha256, per-file digests for a folder) of what is at `path` now; None when nothing is there."""
+    if path.is_dir():
+        files = tree_digests(path)
+        return tree_sha256(path, files), files
+    if path.is_file():
+        return sha256_file(path), None
+    return None
+
+
+def _recorded_files(desc: Mapping[str, Any], st: LoadedStatement, run_dir: Path) -> dict[str, str] | None:
+    """The per-file digests a folder had when recorded: its annotations' list, else bundle.json's entries."""
+    ann = desc.get("annotations", {})
+    if isinstance(ann.get("files"), dict):
+        return dict(ann["files"])
+    manifest = _bundle_manifest(st, run_dir)
+    if ann.get("root") == "bundle" and manifest is not None:
+        prefix = ann.get("path", "").rstrip("/") + "/"
+        return {
+            f["path"][len(prefix) :]: f["sha256"] for f in manifest.get("files", []) if f["path"].startswith(prefix)
+        }
+    return None

@@ -1,0 +1,309 @@
+"""Evaluate a policy in the simulator: N held-out episodes per task, batched, in parallel, deterministic.
+
+Episodes are cut into fixed batches of `batch_size` consecutive episodes of one task; a batch's B
+envs step in lockstep and the policy gets (B, ...) observations, returns (B, H, 4) chunks, and the
+first `execute_steps` actions of each chunk run open-loop before it is asked again. Batches, not
+workers, are the unit of randomness: each batch starts with `policy.reset(seed=batch_seed)` when the
+policy accepts it, so the result is the same for 1 or N workers. Reset seeds are the odd "eval" seeds
+(disjoint from every generated episode's). Workers build their own policy from the picklable zero-arg
+`policy_factory`; batches run in this process, in a spawn pool, or through an injected `runner`
+(e.g. `functools.partial(reproduction.train.launcher.run_tasks, spec=..., ray_address=...)`).
+
+    result = evaluate(ExpertPolicy, EvalConfig(tasks=("FetchPush-v4",), episodes_per_task=50), out_dir)
+    result.to_dict()["tasks"]["FetchPush-v4"]["success_at_end"]   # "50/50"
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reproduction.errors import ConfigError, SimError
+from reproduction.sim.tasks import get_task
+from reproduction.sim.workers import Runner, run_units
+from reproduction.ui import UiOptions, progress
+
+CAMERA_NAMES = ("agentview", "wrist")
+
+
+@dataclass(kw_only=True, slots=True)
+class EvalConfig:
+    """How a policy is evaluated."""
+
+    tasks: tuple[str, ...] = ("FetchPickAndPlace-v4",)
+    episodes_per_task: int = 50
+    seed: int = 0
+    """Evaluation seed: episode i of a task always starts from the same held-out state for one seed."""
+    execute_steps: int = 2
+    """Actions of each chunk executed open-loop before the policy is asked again."""
+    videos: int = 2
+    """MP4s of the first `videos` episodes of each task (0: none)."""
+    workers: int = 1
+    batch_size: int = 25
+    """Episodes stepped together (the policy's B); fixed so results do not depend on `workers`."""
+    cameras: tuple[str, ...] = ()
+    """Cameras rendered into the policy's observations (match the training data); () for state only."""
+    image_size: int = 64
+    video_size: int = 128
+    episode_steps: int = 50
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise ConfigError("tasks is empty", field="tasks")
+        for task in self.tasks:
+            get_task(task)
+        for name in ("episodes_per_task", "execute_steps", "workers", "batch_size", "episode_steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} {getattr(self, name)} must be >= 1", field=name)
+        if self.videos < 0:
+            raise ConfigError(f"videos {self.videos} must be >= 0", field="videos")
+        unknown = [c for c in self.cameras if c not in CAMERA_NAMES]
+        if unknown:
+            raise ConfigError(f"unknown camera(s) {unknown}; known: {', '.join(CAMERA_NAMES)}", field="cameras")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["tasks"], d["cameras"] = list(self.tasks), list(self.cameras)
+        return d
+
+
+@dataclass(kw_only=True, slots=True)
+class TaskResult:
+    """One task's outcome over its episodes."""
+
+    task: str
+    episodes: int
+    success_once: int
+    success_at_end: int
+    episode_metrics: list[dict[str, Any]] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        m = self.episode_metrics
+        firsts = [e["first_success_step"] for e in m if e["first_success_step"] is not None]
+        mean = lambda key: round(float(np.mean([e[key] for e in m])), 4) if m else 0.0  # noqa: E731
+        return {
+            "episodes": self.episodes,
+            "success_once": f"{self.success_once}/{self.episodes}",
+            "success_at_end": f"{self.success_at_end}/{self.episodes}",
+            "success_once_rate": round(self.success_once / self.episodes, 4),
+            "success_at_end_rate": round(self.success_at_end / self.episodes, 4),
+            "mean_first_success_step": round(float(np.mean(firsts)), 3) if firsts else None,
+            "detours_per_episode": mean("detours"),
+            "stalls_per_episode": mean("stalls"),
+            "drops_per_episode": mean("drops"),
+        }
+
+
+@dataclass(kw_only=True, slots=True)
+class EvalResult:
+    """Per-task counts and mechanism metrics, the reset seeds used, and the videos written."""
+
+    config: EvalConfig
+    tasks: dict[str, TaskResult]
+    reset_seeds: dict[str, list[int]]
+    videos: list[Path]
+    seconds: float
+
+    @property
+    def episodes(self) -> int:
+        return sum(t.episodes for t in self.tasks.values())
+
+    @property
+    def success_at_end_rate(self) -> float:
+        return sum(t.success_at_end for t in self.tasks.values()) / max(self.episodes, 1)
+
+    @property
+    def success_once_rate(self) -> float:
+        return sum(t.success_once for t in self.tasks.values()) / max(self.episodes, 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict for the evaluation evidence."""
+        return {
+            "config": self.config.to_dict(),
+            "episodes": self.episodes,
+            "success_once_rate": round(self.success_once_rate, 4),
+            "success_at_end_rate": round(self.success_at_end_rate, 4),
+            "tasks": {name: t.summary() for name, t in self.tasks.items()},
+            "per_episode": {name: t.episode_metrics for name, t in self.tasks.items()},
+            "reset_seeds": self.reset_seeds,
+            "videos": [str(p) for p in self.videos],
+            "seconds": round(self.seconds, 3),
+            "episodes_per_s": round(self.episodes / max(self.seconds, 1e-9), 3),
+        }
+
+
+def _batches(config: EvalConfig, policy_factory: Callable[[], Any]) -> list[dict[str, Any]]:
+    from reproduction.sim.seeds import reset_seed
+
+    out = []
+    for task in config.tasks:
+        env_id = get_task(task).env_id
+        for start in range(0, config.episodes_per_task, config.batch_size):
+            idx = list(range(start, min(start + config.batch_size, config.episodes_per_task)))
+            out.append(
+                {
+                    "task": env_id,
+                    "indices": idx,
+                    "reset_seeds": [reset_seed(config.seed, "eval", env_id, i) for i in idx],
+                    "batch_seed": reset_seed(config.seed, "eval", env_id, 1_000_000 + start),
+                    "config": config,
+                    "factory": policy_factory,
+                }
+            )
+    return out
+
+
+def _reset_policy(policy: Any, seed: int) -> None:
+    reset = getattr(policy, "reset", None)
+    if reset is None:
+        return
+    try:
+        params = inspect.signature(reset).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "seed" in params or any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        reset(seed=seed)
+    else:
+        reset()
+
+
+def _check_actions(actions: Any, batch: int) -> np.ndarray:
+    a = np.asarray(actions, dtype=np.float32)
+    if a.ndim != 3 or a.shape[0] != batch or a.shape[2] != 4 or a.shape[1] < 1:
+        raise SimError(
+            f"policy returned actions of shape {tuple(a.shape)}, expected ({batch}, H, 4) with H >= 1",
+            field="action",
+            expected=[batch, "H", 4],
+            actual=list(a.shape),
+            hint="a Policy maps a batch of B observations to (B, H, 4) action chunks",
+        )
+    if not np.all(np.isfinite(a)):
+        raise SimError("policy returned non-finite actions", field="action")
+    return a
+
+
+def _encode_mp4(frames: np.ndarray, fps: int) -> bytes:
+    from reproduction.data.video import VideoEncoder
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "episode.mp4"
+        enc = VideoEncoder(path, fps=fps, width=frames.shape[2], height=frames.shape[1])
+        enc.write(frames)
+        enc.close()
+        return path.read_bytes()
+
+
+def eval_batch(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """Worker body: run one batch of episodes with a freshly built policy; per-episode metrics (+ mp4 bytes)."""
+    from reproduction.sim.env import FPS, FetchSim
+    from reproduction.sim.metrics import episode_metrics
+
+    config: EvalConfig = payload["config"]
+    policy = payload["factory"]()
+    _reset_policy(policy, payload["batch_seed"])
+    spec = get_task(payload["task"])
+    renderers: dict[int, Any] = {}  # size -> mujoco.Renderer, shared by the batch's envs
+    sims = [
+        FetchSim(spec, cameras=config.cameras, image_size=config.image_size, renderers=renderers)
+        for _ in payload["indices"]
+    ]
+    try:
+        obs = [sim.reset(seed) for sim, seed in zip(sims, payload["reset_seeds"])]
+        n = len(sims)
+        track = {k: [[] for _ in range(n)] for k in ("grip", "cube", "fingers")}
+        recorded = [i for i, idx in enumerate(payload["indices"]) if idx < config.videos]
+        video = {i: [] for i in recorded}
+
+        def record() -> None:
+            for i, sim in enumerate(sims):
+                track["grip"][i].append(sim.grip_pos)
+                track["cube"][i].append(sim.object_pos)
+                track["fingers"][i].append(float(sim.fingers.sum()))
+            for i in recorded:
+                views = [sims[i].render_frame(cam, config.video_size) for cam in CAMERA_NAMES]
+                video[i].append(np.concatenate(views, axis=1))
+
+        record()
+        step, chunk, used = 0, None, 0
+        while step < config.episode_steps:
+            if chunk is None or used >= min(config.execute_steps, chunk.shape[1]):
+                batch = {k: np.stack([o[k] for o in obs]) for k in obs[0]}
+                batch["task"] = [spec.language] * n
+                chunk, used = _check_actions(policy(batch), n), 0
+            obs = [sim.step(chunk[i, used])[0] for i, sim in enumerate(sims)]
+            used += 1
+            step += 1
+            record()
+        out = []
+        for i, sim in enumerate(sims):
+            metrics = episode_metrics(
+                np.asarray(track["grip"][i]),
+                np.asarray(track["cube"][i]),
+                np.asarray(track["fingers"][i]),
+                sim.goal,
+                lifts=spec.lifts,
+                table_z=sim.table_z,
+            )
+            metrics["success_at_end"] = sim.is_success()  # the env's own rule on the final state
+            metrics["episode"] = payload["indices"][i]
+            metrics["reset_seed"] = payload["reset_seeds"][i]
+            if i in video:
+                metrics["mp4"] = _encode_mp4(np.stack(video[i]), FPS)
+            out.append(metrics)
+        return out
+    finally:
+        for sim in sims:
+            sim.close()
+        for renderer in renderers.values():
+            renderer.close()
+
+
+def evaluate(
+    policy_factory: Callable[[], Any],
+    config: EvalConfig,
+    out_dir: Path | str | None = None,
+    *,
+    ui: UiOptions | None = None,
+    runner: Runner | None = None,
+) -> EvalResult:
+    """Evaluate the policy `policy_factory()` builds; videos go to `out_dir/videos/` (none without out_dir).
+
+    Raises ConfigError for a bad config and SimError when the policy returns a wrong-shaped or
+    non-finite batch. The result is identical for any `config.workers` and any `runner`.
+    """
+    start = time.perf_counter()
+    payloads = _batches(config, policy_factory)
+    tasks = {
+        get_task(t).env_id: TaskResult(task=get_task(t).env_id, episodes=0, success_once=0, success_at_end=0)
+        for t in config.tasks
+    }
+    videos: list[Path] = []
+    seeds: dict[str, list[int]] = {name: [] for name in tasks}
+    with progress(ui) as bar:
+        task_bar = bar.task("evaluate", total=len(config.tasks) * config.episodes_per_task)
+        for payload, episodes in zip(payloads, run_units(eval_batch, payloads, workers=config.workers, runner=runner)):
+            result = tasks[payload["task"]]
+            for ep in episodes:
+                mp4 = ep.pop("mp4", None)
+                if mp4 is not None and out_dir is not None:
+                    path = Path(out_dir) / "videos" / f"{get_task(payload['task']).short}_{ep['episode']:03d}.mp4"
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+                    tmp.write_bytes(mp4)
+                    os.replace(tmp, path)
+                    videos.append(path)
+                result.episodes += 1
+                result.success_once += int(ep["success_once"])
+                result.success_at_end += int(ep["success_at_end"])
+                result.episode_metrics.append(ep)
+                seeds[payload["task"]].append(ep["reset_seed"])
+            task_bar.advance(len(episodes))
+    return EvalResult(config=config, tasks=tasks, reset_seeds=seeds, videos=videos, seconds=time.perf_counter() - start)

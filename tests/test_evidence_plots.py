@@ -1,0 +1,105 @@
+"""The run's PNG plots: each is a real PNG whose pixels show what its caption says."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from evidence_fixtures import make_evidence
+
+from reproduction.run import plots
+
+GREEN = np.array([0x1A, 0x7F, 0x37]) / 255
+RED = np.array([0xCF, 0x22, 0x2E]) / 255
+
+
+def _pixels(path):
+    from matplotlib.image import imread
+
+    image = imread(path)
+    assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 400
+    return image[..., :3]
+
+
+def _share(image, colour, tol=0.06):
+    return float(np.mean(np.all(np.abs(image - colour) < tol, axis=-1)))
+
+
+def test_value_along_episodes_draws_successes_green_and_failures_red(tmp_path):
+    rng = np.random.default_rng(0)
+    episodes = [
+        plots.EpisodeTrace(values=np.linspace(-1, 0, 50) + rng.normal(0, 0.02, 50), success=True, label="ep 0"),
+        plots.EpisodeTrace(values=np.full(40, -0.9), success=False, label="ep 1", returns=np.full(40, -1.0)),
+    ]
+    out = plots.plot_value_episodes(episodes, tmp_path / "plots/value_episodes.png")
+    image = _pixels(out)
+    assert _share(image, GREEN) > 0.001 and _share(image, RED) > 0.001
+    only_success = _pixels(plots.plot_value_episodes(episodes[:1], tmp_path / "s.png"))
+    assert _share(only_success, RED) < 1e-4
+    with pytest.raises(ValueError):
+        plots.plot_value_episodes([], tmp_path / "x.png")
+
+
+def test_advantage_histogram_marks_the_positive_side(tmp_path):
+    adv = np.random.default_rng(1).normal(size=2000)
+    low = _share(_pixels(plots.plot_advantage_histogram(adv, 1.5, tmp_path / "a.png")), GREEN)
+    high = _share(_pixels(plots.plot_advantage_histogram(adv, -1.5, tmp_path / "b.png")), GREEN)
+    assert 0 < low < high  # more frames above a lower threshold: more green
+    assert _share(_pixels(plots.plot_advantage_histogram([0.0, 0.0], 0.0, tmp_path / "c.png")), GREEN) > 0
+    with pytest.raises(ValueError):
+        plots.plot_advantage_histogram([float("nan")], 0.0, tmp_path / "d.png")
+
+
+def test_training_curves_from_metrics_jsonl(tmp_path):
+    log = tmp_path / "value/metrics.jsonl"
+    log.parent.mkdir()
+    records = [{"step": s, "split": "train", "time": 0.0, "metrics": {"loss": 1 / s, "lr": 1e-3}} for s in range(1, 30)]
+    log.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 30, "spl')  # a torn last line
+    out = plots.plot_training_curves({"value": log, "policy": tmp_path / "absent.jsonl"}, tmp_path / "curves.png")
+    image = _pixels(out)
+    assert image.shape[0] > 500  # one panel per stage
+    blue = np.array([0x09, 0x69, 0xDA]) / 255
+    assert _share(image, blue) > 0.0005
+    with pytest.raises(ValueError):
+        plots.plot_training_curves({}, tmp_path / "none.png")
+
+
+def test_success_rates_per_task_and_guidance_scale(tmp_path):
+    doc = make_evidence(recap=(38, 40), bc=(20, 40))
+    other = make_evidence(recap=(30, 40))
+    other["policy"] = {**other["policy"], "label": "recap cfg=3", "guidance_scale": 3.0}
+    other["baselines"] = []
+    out = plots.plot_success_rates([doc, other], tmp_path / "plots/success_rates.png")
+    image = _pixels(out)
+    for colour in ("#0969da", "#8250df", "#bf8700"):  # three bars per group: recap, bc, recap cfg=3
+        rgb = np.array([int(colour[i : i + 2], 16) for i in (1, 3, 5)]) / 255
+        assert _share(image, rgb) > 0.005, colour
+    assert out.read_bytes() == plots.plot_success_rates([doc, other], tmp_path / "again.png").read_bytes()
+
+
+def test_pick_episodes_takes_successes_and_failures_in_frame_order():
+    episode_index = [0, 0, 0, 1, 1, 2, 2, 2, 3]
+    values = [0.1, 0.2, 0.3, -1.0, -0.9, 0.5, 0.6, 0.7, -0.5]
+    traces = plots.pick_episodes(
+        episode_index, values, {0: True, 1: False, 2: True, 3: False}, returns=[9.0] * 9, per_outcome=1
+    )
+    assert [(t.label, t.success, list(t.values)) for t in traces] == [
+        ("episode 0", True, [0.1, 0.2, 0.3]),
+        ("episode 1", False, [-1.0, -0.9]),
+    ]
+    assert list(traces[0].returns) == [9.0, 9.0, 9.0]
+    assert len(plots.pick_episodes(episode_index, values, {0: True, 1: False, 2: True, 3: False})) == 4
+    with pytest.raises(ValueError):
+        plots.pick_episodes([0, 1], [0.1], {0: True})
+
+
+def test_per_task_thresholds_use_the_stage_labels(tmp_path):
+    adv = np.random.default_rng(2).normal(size=400)
+    labels = adv >= np.where(np.arange(400) % 2 == 0, 0.0, 1.0)
+    out = plots.plot_advantage_histogram(
+        adv, {"pick": 0.0, "push": 1.0}, tmp_path / "per_task.png", positive=labels.tolist()
+    )
+    assert _share(_pixels(out), GREEN) > 0.001
+    with pytest.raises(ValueError, match="labels"):
+        plots.plot_advantage_histogram(adv, {"pick": 0.0, "push": 1.0}, tmp_path / "x.png")
