@@ -5,7 +5,7 @@ this module and the control plane use only the standard library at import time (
 than typer, because a bare server has neither typer nor click before `restore`), so `--help` is
 fast and `verify`/`restore` work before any runtime exists. Pipeline commands import lazily.
 
-Conventions every command follows (and a new one inherits by being added with `_command`):
+Conventions every command follows (a new one inherits them by being declared with `add` in build_parser):
 - Global options (`GLOBAL_OPTIONS`: -q, --no-progress, --debug, --json) are declared once and
   accepted before or after the command name (`portable -q verify B` == `portable verify B -q`).
 - stdout carries data only: with `--json` one JSON document; without it, only what a command
@@ -275,9 +275,9 @@ def _add_global_options(parser: argparse.ArgumentParser, *, top: bool, skip: tup
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The CLI. A new subcommand is one `_command(...)` call plus its own arguments: it inherits the
-    global options, the exit-code epilog and error rendering; `json_output=False` makes --json a usage
-    error for it, and `json_option=False` lets the command declare its own --json."""
+    """The CLI. A new subcommand is one `add(name, handler, help)` call plus its own arguments: it
+    inherits the global options, the exit-code epilog and error rendering; `json_output=False` makes
+    --json a usage error for it, and `json_option=False` lets the command declare its own --json."""
     parser = argparse.ArgumentParser(
         prog="portable",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    def _command(
+    def add(
         name: str,
         handler: Callable[[argparse.Namespace], int],
         help_text: str,
@@ -301,12 +301,13 @@ def build_parser() -> argparse.ArgumentParser:
             description=help_text,
             formatter_class=argparse.RawDescriptionHelpFormatter,
             epilog=EXIT_CODES,
+            conflict_handler="resolve",  # a command may redefine a global option (its own wins there)
         )
         _add_global_options(p, top=False, skip=() if json_option else ("--json",))
         p.set_defaults(handler=handler, json_output=json_output)
         return p
 
-    p = _command("pack", cmd_pack, "build a release bundle from a spec (TOML; bundle/demo.toml shows the format)")
+    p = add("pack", cmd_pack, "build a release bundle from a spec (TOML; bundle/demo.toml shows the format)")
     p.add_argument("spec", metavar="SPEC.toml")
     p.add_argument("--out", required=True, metavar="DIR", help="bundle folder to create (new or empty)")
     p.add_argument(
@@ -317,17 +318,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--jobs", type=_positive_int, default=None, help="compression/hash threads (default: all cores)")
 
-    p = _command("verify", cmd_verify, "hash every file of a bundle against bundle.json")
+    p = add("verify", cmd_verify, "hash every file of a bundle against bundle.json")
     p.add_argument("bundle", nargs="?", metavar="BUNDLE", help="default: the folder holding reproduction/")
     p.add_argument("--jobs", type=_positive_int, default=None)
 
-    p = _command("restore", cmd_restore, "verify, extract and relocate a bundle's layers in place")
+    p = add("restore", cmd_restore, "verify, extract and relocate a bundle's layers in place")
     p.add_argument("bundle", nargs="?", metavar="BUNDLE", help="default: the folder holding reproduction/")
     p.add_argument("--deep", action="store_true", help="rehash everything instead of trusting the receipt")
     p.add_argument("--refresh-source", action="store_true", help="re-extract source layers over local edits")
     p.add_argument("--jobs", type=_positive_int, default=None)
 
-    p = _command("check", cmd_check, "probe the accelerator, compile toolchain and known hazards", json_option=False)
+    p = add("check", cmd_check, "probe the accelerator, compile toolchain and known hazards", json_option=False)
     p.add_argument("bundle", nargs="?", metavar="BUNDLE")
     p.add_argument(
         "--jit-smoke", action="store_true", help="also compile and run a kernel (Triton on CUDA, hccl on Ascend)"
@@ -345,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.epilog = CHECK_EXIT_HELP + "\n\n" + EXIT_CODES
 
-    p = _command("publish", cmd_publish, "upload a verified bundle to a Hugging Face Hub repo; prints the commit SHA")
+    p = add("publish", cmd_publish, "upload a verified bundle to a Hugging Face Hub repo; prints the commit SHA")
     p.add_argument("bundle", metavar="BUNDLE")
     p.add_argument("--repo", required=True, metavar="OWNER/NAME")
     p.add_argument("--repo-type", choices=("model", "dataset"), default="model")
@@ -353,27 +354,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--private", action="store_true")
     p.add_argument("--tag", default=None)
 
-    p = _command("fetch", cmd_fetch, "download a published bundle, verified file by file")
+    p = add("fetch", cmd_fetch, "download a published bundle, verified file by file")
     p.add_argument("repo", metavar="OWNER/NAME")
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--revision", default=None, metavar="REV")
     p.add_argument("--repo-type", choices=("model", "dataset"), default="model")
 
-    p = _command(
-        "run", cmd_run, "not built yet (exits 2): will run the four RECAP stages, resumable", json_output=False
-    )
+    p = add("run", cmd_run, "not built yet (exits 2): will run the four RECAP stages, resumable", json_output=False)
     p.add_argument("bundle", nargs="?", metavar="BUNDLE")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--stages", default=None)
     p.add_argument("--ray-address", default=None)
 
-    _command(
+    add(
         "eval",
         cmd_eval,
         "not built yet (exits 2): will evaluate a policy checkpoint in the simulator",
         json_output=False,
     )
-    p = _command(
+    p = add(
         "lineage",
         cmd_lineage,
         "show the lineage chain of a run's outputs, back to the bundle; --verify rehashes it",
@@ -383,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--verify", action="store_true", help="rehash every subject and material (exit 11 missing, 14 differs)"
     )
 
-    p = _command(
+    p = add(
         "demo",
         cmd_demo,
         "today: generate a tiny release (no download), pack it, restore it in another folder and verify it; "
