@@ -5,7 +5,7 @@ this module and the control plane use only the standard library at import time (
 than typer, because a bare server has neither typer nor click before `restore`), so `--help` is
 fast and `verify`/`restore` work before any runtime exists. Pipeline commands import lazily.
 
-Conventions every command follows (a new one inherits them by being declared with `add` in build_parser):
+Conventions every command follows (and a new one inherits by being added with `_command`):
 - Global options (`GLOBAL_OPTIONS`: -q, --no-progress, --debug, --json) are declared once and
   accepted before or after the command name (`portable -q verify B` == `portable verify B -q`).
 - stdout carries data only: with `--json` one JSON document; without it, only what a command
@@ -43,13 +43,16 @@ from reproduction.errors import (  # noqa: E402
 from reproduction.ui import UiOptions, say  # noqa: E402
 
 EXIT_CODES = """exit codes:
-  0 ok    1 bug    2 usage (also: a command not built yet)    3 not found    4 invalid input or format version
+  0 ok    1 bug    2 usage (also: a command not built yet)    3 not found or unreadable
+  4 invalid input or format version
   5 integrity (verify: 11 missing, 12 extra, 13 size mismatch, 14 digest mismatch; lowest wins;
                lineage --verify: 11 a subject or material missing, 14 its digest differs)
   6 unsafe archive    7 busy (locked)    8 write failed / disk full    9 relocation impossible
   10 missing dependency    20-29 check failure classes (see `portable check --help`)
   30-39 Hub (30 refused, 31 auth/permission, 32 not found, 33 transfer kept failing,
          34 downloaded bytes kept failing sha256, 35 conflict: branch moved or tag taken)
+  weights verify: 5 bytes missing or different, 4 only fields still "to-be-pinned"
+  pack --dry-run: 3 something is missing on this machine
   40-49 dataset/sidecar    50-59 training and runs"""
 
 
@@ -118,6 +121,15 @@ def cmd_pack(args: argparse.Namespace) -> int:
         raise InputNotFoundError(
             f"--root {root} is not a folder", path=root, hint="pass the folder the spec's sources are in"
         )
+    if args.dry_run:
+        from reproduction.release.weights_plan import plan_pack
+
+        plan = plan_pack(Path(args.spec), root=root)
+        if args.json:
+            _print_json(plan.to_dict())
+        else:
+            print(plan.summary())
+        return plan.exit_code
     manifest = pack_bundle(Path(args.spec), Path(args.out), jobs=args.jobs, ui=_ui(args), root=root)
     if args.json:
         _print_json(
@@ -143,7 +155,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report.to_dict())
     else:
-        say(report.summary(), options=_ui(args))
+        say(report.summary() + ("" if report.ok else f"\nhint: {report.hint()}"), options=_ui(args))
     return report.exit_code
 
 
@@ -208,6 +220,52 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         _print_json(result)
     say(f"fetched {args.repo}@{result.commit_sha} -> {args.dir}", options=_ui(args))
     return 0
+
+
+def cmd_weights(args: argparse.Namespace) -> int:
+    from reproduction.release import weights, weights_hub
+    from reproduction.release.weights_manifest import load_weights_manifest
+
+    if args.weights_command == "pin":
+        if args.target.endswith(".json"):  # a manifest (a Hub repo id never ends in .json here)
+            manifest = weights_hub.pin_manifest(Path(args.target), ui=_ui(args))
+            if args.json:
+                _print_json(manifest.to_dict())
+            say(f"pinned {len(manifest.components)} component(s) -> {args.target}", options=_ui(args))
+            return 0
+        manifest_path = Path(args.manifest) if args.manifest else None
+        comp = weights_hub.pin_hub(
+            args.target,
+            revision=args.revision,
+            repo_type=args.repo_type,
+            globs=args.files,
+            license_arg=args.license,
+            existing=weights_hub.existing_component(manifest_path, args.target),
+            ui=_ui(args),
+        )
+        if manifest_path is not None:
+            weights_hub.pin_into(manifest_path, comp)
+            say(f"updated {manifest_path}", options=_ui(args))
+        if manifest_path is None or args.json:
+            _print_json(comp.to_dict())  # the result: a component to place into a manifest
+        return 0
+    manifest = load_weights_manifest(Path(args.manifest))
+    if args.weights_command == "fetch":
+        result = weights_hub.fetch_weights(manifest, Path(args.dir), ui=_ui(args))
+        report = weights.verify_or_raise(manifest, Path(args.dir))
+        if args.json:
+            _print_json({"fetch": result, "verify": report.to_dict()})
+        say(
+            f"fetched {manifest.name}: {result.downloaded} downloaded, {result.built} built; {report.summary()}",
+            options=_ui(args),
+        )
+        return 0
+    report = weights.verify_weights(manifest, Path(args.dir))
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        print(report.summary())
+    return report.exit_code
 
 
 # -- pipeline -----------------------------------------------------------------------------------
@@ -275,9 +333,9 @@ def _add_global_options(parser: argparse.ArgumentParser, *, top: bool, skip: tup
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The CLI. A new subcommand is one `add(name, handler, help)` call plus its own arguments: it
-    inherits the global options, the exit-code epilog and error rendering; `json_output=False` makes
-    --json a usage error for it, and `json_option=False` lets the command declare its own --json."""
+    """The CLI. A new subcommand is one `_command(...)` call plus its own arguments: it inherits the
+    global options, the exit-code epilog and error rendering; `json_output=False` makes --json a usage
+    error for it, and `json_option=False` lets the command declare its own --json."""
     parser = argparse.ArgumentParser(
         prog="portable",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -287,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    def add(
+    def _command(
         name: str,
         handler: Callable[[argparse.Namespace], int],
         help_text: str,
@@ -307,7 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler, json_output=json_output)
         return p
 
-    p = add("pack", cmd_pack, "build a release bundle from a spec (TOML; bundle/demo.toml shows the format)")
+    add = _command  # the name branches written before this helper use: `p = add(name, handler, help)`
+
+    p = _command("pack", cmd_pack, "build a release bundle from a spec (TOML; bundle/demo.toml shows the format)")
     p.add_argument("spec", metavar="SPEC.toml")
     p.add_argument("--out", required=True, metavar="DIR", help="bundle folder to create (new or empty)")
     p.add_argument(
@@ -317,18 +377,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the spec's relative sources start (default: the spec's `root`, relative to the spec's folder)",
     )
     p.add_argument("--jobs", type=_positive_int, default=None, help="compression/hash threads (default: all cores)")
+    p.add_argument(
+        "--dry-run", action="store_true", help="write nothing: list what would be included and what is missing here"
+    )
 
-    p = add("verify", cmd_verify, "hash every file of a bundle against bundle.json")
+    p = _command("verify", cmd_verify, "hash every file of a bundle against bundle.json")
     p.add_argument("bundle", nargs="?", metavar="BUNDLE", help="default: the folder holding reproduction/")
     p.add_argument("--jobs", type=_positive_int, default=None)
 
-    p = add("restore", cmd_restore, "verify, extract and relocate a bundle's layers in place")
+    p = _command("restore", cmd_restore, "verify, extract and relocate a bundle's layers in place")
     p.add_argument("bundle", nargs="?", metavar="BUNDLE", help="default: the folder holding reproduction/")
     p.add_argument("--deep", action="store_true", help="rehash everything instead of trusting the receipt")
     p.add_argument("--refresh-source", action="store_true", help="re-extract source layers over local edits")
     p.add_argument("--jobs", type=_positive_int, default=None)
 
-    p = add("check", cmd_check, "probe the accelerator, compile toolchain and known hazards", json_option=False)
+    p = _command("check", cmd_check, "probe the accelerator, compile toolchain and known hazards", json_option=False)
     p.add_argument("bundle", nargs="?", metavar="BUNDLE")
     p.add_argument(
         "--jit-smoke", action="store_true", help="also compile and run a kernel (Triton on CUDA, hccl on Ascend)"
@@ -346,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.epilog = CHECK_EXIT_HELP + "\n\n" + EXIT_CODES
 
-    p = add("publish", cmd_publish, "upload a verified bundle to a Hugging Face Hub repo; prints the commit SHA")
+    p = _command("publish", cmd_publish, "upload a verified bundle to a Hugging Face Hub repo; prints the commit SHA")
     p.add_argument("bundle", metavar="BUNDLE")
     p.add_argument("--repo", required=True, metavar="OWNER/NAME")
     p.add_argument("--repo-type", choices=("model", "dataset"), default="model")
@@ -354,35 +417,66 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--private", action="store_true")
     p.add_argument("--tag", default=None)
 
-    p = add("fetch", cmd_fetch, "download a published bundle, verified file by file")
+    p = _command("fetch", cmd_fetch, "download a published bundle, verified file by file")
     p.add_argument("repo", metavar="OWNER/NAME")
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--revision", default=None, metavar="REV")
     p.add_argument("--repo-type", choices=("model", "dataset"), default="model")
 
-    p = add("run", cmd_run, "not built yet (exits 2): will run the four RECAP stages, resumable", json_output=False)
+    p = _command("weights", cmd_weights, "pin, fetch and verify third-party weights (weights_manifest/*.json)")
+    wsub = p.add_subparsers(dest="weights_command", metavar="ACTION", required=True)
+
+    def _action(name: str, help_text: str, description: str | None = None) -> argparse.ArgumentParser:
+        w = wsub.add_parser(
+            name,
+            help=help_text,
+            description=description or help_text,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            epilog=EXIT_CODES,
+        )
+        _add_global_options(w, top=False)
+        return w
+
+    w = _action(
+        "pin",
+        "record a Hub repo's commit, file sizes and sha256 (LFS oids); no large download",
+        "REPO: print a pinned component as JSON (or update it in --manifest).\n"
+        "MANIFEST.json: pin every component of it in place (built ones by building).",
+    )
+    w.add_argument("target", metavar="REPO|MANIFEST.json")
+    w.add_argument("--revision", default=None, metavar="REV", help="branch, tag or commit (default: main)")
+    w.add_argument("--files", nargs="+", default=None, metavar="GLOB", help="files to pin (default: all)")
+    w.add_argument("--repo-type", choices=("model", "dataset"), default=None)
+    w.add_argument("--license", default=None, metavar="ID", help="license id or LICENSES/<file> (default: the card's)")
+    w.add_argument("--manifest", default=None, metavar="FILE", help="update this manifest's component for REPO")
+    w = _action("fetch", "download exactly the pinned files (or build built ones), hashed while written")
+    w.add_argument("manifest", metavar="MANIFEST")
+    w.add_argument("dir", metavar="DIR")
+    w = _action("verify", "hash a folder's files against a manifest; report unpinned fields")
+    w.add_argument("manifest", metavar="MANIFEST")
+    w.add_argument("dir", metavar="DIR")
+
+    p = _command(
+        "run", cmd_run, "not built yet (exits 2): will run the four RECAP stages, resumable", json_output=False
+    )
     p.add_argument("bundle", nargs="?", metavar="BUNDLE")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--stages", default=None)
     p.add_argument("--ray-address", default=None)
 
-    add(
+    _command(
         "eval",
         cmd_eval,
         "not built yet (exits 2): will evaluate a policy checkpoint in the simulator",
         json_output=False,
     )
-    p = add(
-        "lineage",
-        cmd_lineage,
-        "show the lineage chain of a run's outputs, back to the bundle; --verify rehashes it",
-    )
+    p = _command("lineage", cmd_lineage, "show or verify the lineage of a run's outputs (--json: the chain as JSON)")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a folder `portable run --output` wrote")
     p.add_argument(
         "--verify", action="store_true", help="rehash every subject and material (exit 11 missing, 14 differs)"
     )
 
-    p = add(
+    p = _command(
         "demo",
         cmd_demo,
         "today: generate a tiny release (no download), pack it, restore it in another folder and verify it; "

@@ -412,7 +412,7 @@ def _remote_manifest(
         ) from None
     try:
         parsed = json.loads(data)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise InvalidInputError(
             f"{where}: not valid JSON ({exc})",
             path=where,

@@ -164,6 +164,9 @@ def draw_plan(mode: Mode, cfg: BehaviourConfig, rng: np.random.Generator) -> Pla
     return plan
 
 
+REGRASP_WAIT = 12
+"""A regrasp fires at the first carrying step within this many steps of its drawn step, else never
+(one that fires in the last steps leaves no time to recover and would turn harm into failure)."""
 TABLE_XY = ((1.05, 1.55), (0.45, 1.05))
 """Where a wrong place may be (the table top the goals are drawn from, with margin)."""
 
@@ -241,11 +244,13 @@ class Behaviour:
         if self._active is None and step in plan.timed:
             self._start_event(*plan.timed[step], scene, expert)
         carrying = phase in ("carry", "push")
+        while self._regrasp_i < len(plan.regrasps) and step > plan.regrasps[self._regrasp_i] + REGRASP_WAIT:
+            self._regrasp_i += 1  # expired: the cube was not being carried in time
         if (
             self._active is None
             and carrying
             and self._regrasp_i < len(plan.regrasps)
-            and step >= plan.regrasps[self._regrasp_i]
+            and plan.regrasps[self._regrasp_i] <= step <= plan.regrasps[self._regrasp_i] + REGRASP_WAIT
         ):
             self._active = (Event.REGRASP, plan.regrasp_steps[self._regrasp_i])
             self._regrasp_i += 1

@@ -54,7 +54,10 @@ EPISODE_STEPS = 50
 """Fetch tasks never terminate; every episode is exactly this long (gymnasium's TimeLimit)."""
 
 AGENTVIEW = {"lookat": (1.30, 0.75, 0.55), "distance": 0.95, "azimuth": 180.0, "elevation": -30.0}
-WRIST = {"offset": (0.0, 0.0, -0.06), "distance": 0.45, "azimuth": 180.0, "elevation": -50.0}
+"""Fixed view from across the table towards the robot: the whole table, cube, target and arm."""
+WRIST = {"offset": (0.0, 0.0, -0.05), "distance": 0.30, "azimuth": 180.0, "elevation": -35.0}
+"""Follows the gripper: looks at a point 5 cm below it from 30 cm in front and above, so the fingers,
+the cube between them and (when near) the target are in view rather than the gripper's housing."""
 
 
 def _free_camera(lookat: Sequence[float], distance: float, azimuth: float, elevation: float) -> mujoco.MjvCamera:
@@ -66,8 +69,14 @@ def _free_camera(lookat: Sequence[float], distance: float, azimuth: float, eleva
 
 
 def _make_gym_env(env_id: str) -> Any:
+    import contextlib
+    import io
+
     import gymnasium as gym
-    import gymnasium_robotics
+
+    # Its import prints a notice about the Adroit envs' rewards (not used here) on stderr in every process.
+    with contextlib.redirect_stderr(io.StringIO()):
+        import gymnasium_robotics
 
     gym.register_envs(gymnasium_robotics)
     return gym.make(env_id, disable_env_checker=True).unwrapped
@@ -143,9 +152,19 @@ class FetchSim:
             )
         if not np.all(np.isfinite(a)):
             raise SimError(f"action {a.tolist()} is not finite", field="action")
-        self._env.step(a)
+        self._physics_step(a)
         self.steps += 1
         return self.observation(), self.is_success()
+
+    def _physics_step(self, action: np.ndarray) -> None:
+        """gymnasium-robotics' `step` without what it computes for its own observation and reward (a
+        third of the step's time, all name lookups): clip, set the mocap and finger targets, 20
+        substeps, the step callback. `test_lean_step_matches_gymnasium_step` pins the equivalence."""
+        env = self._env
+        action = np.clip(action, env.action_space.low, env.action_space.high)
+        env._set_action(action)
+        env._mujoco_step(action)
+        env._step_callback()
 
     def close(self) -> None:
         """Free the renderers (GL contexts) and the env; idempotent."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-GAIN = 10.0
+GAIN = 20.0
 """Action per metre of error: the mocap moves 0.05 * action per step, so 10 halves the gap each step."""
 HOVER = 0.05
 """Height above the cube at which the gripper lines up before descending."""

@@ -74,6 +74,8 @@ class GenConfig:
         unknown = [c for c in self.cameras if c not in CAMERA_NAMES]
         if unknown:
             raise ConfigError(f"unknown camera(s) {unknown}; known: {', '.join(CAMERA_NAMES)}", field="cameras")
+        if not 8 <= self.image_size <= 480:
+            raise ConfigError(f"image_size {self.image_size} is outside 8..480", field="image_size")
         if self.image_storage not in ("png", "video"):
             raise ConfigError(f"image_storage {self.image_storage!r} is not png or video", field="image_storage")
         if not 1 <= self.episode_steps <= 1000:
@@ -356,7 +358,14 @@ def generate_mix(
             raise ConfigError(f"unknown data mix {mix!r}; known: {', '.join(MIXES)}", field="mix")
         mix = MIXES[mix]
     root = Path(root)
-    sft, rollout = mix.configs(tasks=tasks, seed=seed, **common)
+    sft, rollout = mix.configs(tasks=tasks, seed=seed, **common)  # both validated before anything is written
+    for cfg in (sft, rollout):
+        if (root / cfg.kind).exists():
+            from reproduction.errors import InvalidInputError
+
+            raise InvalidInputError(
+                f"{root / cfg.kind}: already exists", path=root / cfg.kind, hint="choose a new folder"
+            )
     return {
         cfg.kind: generate_dataset(cfg, root / cfg.kind, workers=workers, ui=ui, runner=runner)
         for cfg in (sft, rollout)

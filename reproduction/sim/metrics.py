@@ -51,7 +51,7 @@ def episode_metrics(
         d = np.where(held, to_goal, np.linalg.norm(grip - cube, axis=1) + 1.0)
         switch = held[1:] != held[:-1]
     else:
-        d = np.linalg.norm(grip[:, :2] - cube[:, :2], axis=1) + to_goal
+        d = np.linalg.norm(grip - cube, axis=1) + to_goal
         switch = np.zeros(len(d) - 1, dtype=bool)
     away = (np.diff(d) > AWAY_M) & ~switch
     moved = np.linalg.norm(np.diff(grip, axis=0), axis=1)

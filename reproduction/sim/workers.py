@@ -26,16 +26,32 @@ def _init_worker() -> None:
     os.environ.setdefault("MUJOCO_GL", "egl")
 
 
+def _groups(payloads: list[Any], workers: int) -> list[list[Any]]:
+    """Contiguous, near-equal groups: one per worker (a Ray task each), order kept when flattened."""
+    n = max(1, min(workers, len(payloads)))
+    bounds = [round(i * len(payloads) / n) for i in range(n + 1)]
+    return [payloads[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def run_group(group: dict[str, Any]) -> list[Any]:
+    """A runner's task body: `fn` over a group of payloads, in one worker process."""
+    _init_worker()
+    return [group["fn"](payload) for payload in group["payloads"]]
+
+
 def run_units(
     fn: Callable[[Any], Any], payloads: Sequence[Any], *, workers: int, runner: Runner | None = None
 ) -> Iterator[Any]:
     """Yield fn(payload) for each payload, in payload order, as soon as each is ready.
 
-    With `runner` the results come back when all are done (Ray returns them together); otherwise
-    workers=1 runs here and workers>1 in a spawn pool, streaming results in order.
+    With `runner`, the payloads are cut into `workers` contiguous groups, one runner task each (so a
+    Ray launcher places exactly `workers` workers), and the results come back when all are done;
+    otherwise workers=1 runs here and workers>1 in a spawn pool, streaming results in order.
     """
     if runner is not None:
-        yield from runner(fn, list(payloads))
+        groups = _groups(list(payloads), workers)
+        for results in runner(run_group, [{"fn": fn, "payloads": g} for g in groups]):
+            yield from results
         return
     if workers <= 1 or len(payloads) <= 1:
         for payload in payloads:

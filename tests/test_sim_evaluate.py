@@ -1,0 +1,105 @@
+"""Policy evaluation: counts, metrics, videos, bad policies, and identical results for 1 or 2 workers."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from reproduction.errors import SimError
+from reproduction.sim.evaluate import EvalConfig, evaluate
+from reproduction.sim.policies import ExpertPolicy, RandomPolicy
+
+BOTH = ("FetchPickAndPlace-v4", "FetchPush-v4")
+
+
+class WrongShape:
+    def __call__(self, batch):
+        return np.zeros((len(batch["task"]), 3), dtype=np.float32)
+
+
+class Recorder:
+    """Checks what the evaluator hands a policy."""
+
+    def __call__(self, batch):
+        n = len(batch["task"])
+        assert batch["observation.state"].shape == (n, 11) and batch["observation.goal"].shape == (n, 3)
+        assert batch["observation.images.agentview"].shape == (n, 16, 16, 3)
+        assert batch["task"] == ["push the cube to the target"] * n
+        return np.zeros((n, 3, 4), dtype=np.float32)
+
+
+def test_expert_policy_scores_full_marks_with_counts_and_videos(tmp_path):
+    cfg = EvalConfig(tasks=BOTH, episodes_per_task=3, batch_size=2, execute_steps=1, videos=1, video_size=32)
+    res = evaluate(ExpertPolicy, cfg, tmp_path)
+    d = res.to_dict()
+    for task in BOTH:
+        assert d["tasks"][task]["success_at_end"] == "3/3" and d["tasks"][task]["success_once"] == "3/3"
+        assert d["tasks"][task]["mean_first_success_step"] < 25
+        assert d["tasks"][task]["detours_per_episode"] == 0
+    assert [p.name for p in res.videos] == ["pick_place_000.mp4", "push_000.mp4"]
+    assert all(p.stat().st_size > 1000 for p in res.videos)
+    seeds = [s for v in d["reset_seeds"].values() for s in v]
+    assert all(s % 2 == 1 for s in seeds) and len(set(seeds)) == 6
+
+
+def test_policy_gets_batches_with_images_and_task_strings():
+    cfg = EvalConfig(
+        tasks=("FetchPush-v4",),
+        episodes_per_task=3,
+        batch_size=3,
+        cameras=("agentview",),
+        image_size=16,
+        videos=0,
+        episode_steps=6,
+    )
+    res = evaluate(Recorder, cfg)
+    assert res.tasks["FetchPush-v4"].episodes == 3
+
+
+def test_wrong_policy_output_is_a_one_line_sim_error():
+    cfg = EvalConfig(tasks=("FetchPush-v4",), episodes_per_task=1, videos=0, episode_steps=3)
+    with pytest.raises(SimError) as err:
+        evaluate(WrongShape, cfg)
+    assert "\n" not in str(err.value) and "(1, H, 4)" in str(err.value)
+
+
+@pytest.mark.slow
+def test_results_identical_for_one_or_two_workers():
+    factory = functools.partial(RandomPolicy, seed=7)
+    base = dict(tasks=BOTH, episodes_per_task=4, batch_size=2, videos=0, episode_steps=15, execute_steps=2)
+    one = evaluate(factory, EvalConfig(workers=1, **base)).to_dict()
+    two = evaluate(factory, EvalConfig(workers=2, **base)).to_dict()
+    for d in (one, two):
+        d.pop("seconds"), d.pop("episodes_per_s"), d["config"].pop("workers")
+    assert one == two
+
+
+def test_injected_runner_is_used():
+    calls = []
+
+    def runner(fn, payloads):
+        calls.append(len(payloads))
+        return [fn(p) for p in payloads]
+
+    cfg = EvalConfig(tasks=("FetchPush-v4",), episodes_per_task=3, batch_size=1, videos=0, episode_steps=4, workers=2)
+    res = evaluate(functools.partial(RandomPolicy, seed=1), cfg, runner=runner)
+    assert calls == [2] and res.episodes == 3  # one runner task per worker, batches spread over them
+    assert [e["episode"] for e in res.tasks["FetchPush-v4"].episode_metrics] == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_ray_launcher_with_two_workers_matches_in_process():
+    """The caller injects Ray through the training launcher (the sim itself never imports train/)."""
+    from reproduction.train.device import resolve
+    from reproduction.train.launcher import run_tasks
+
+    factory = functools.partial(RandomPolicy, seed=3)
+    base = dict(tasks=BOTH, episodes_per_task=2, batch_size=1, videos=0, episode_steps=8)
+    local = evaluate(factory, EvalConfig(workers=1, **base)).to_dict()
+    runner = functools.partial(run_tasks, spec=resolve("cpu"), ray_address=None, label="sim worker")
+    ray = evaluate(factory, EvalConfig(workers=2, **base), runner=runner).to_dict()
+    for d in (local, ray):
+        d.pop("seconds"), d.pop("episodes_per_s"), d["config"].pop("workers")
+    assert local == ray
