@@ -365,8 +365,6 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler, json_output=json_output)
         return p
 
-    add = _command  # the name branches written before this helper use: `p = add(name, handler, help)`
-
     p = _command("pack", cmd_pack, "build a release bundle from a spec (TOML; bundle/demo.toml shows the format)")
     p.add_argument("spec", metavar="SPEC.toml")
     p.add_argument("--out", required=True, metavar="DIR", help="bundle folder to create (new or empty)")
