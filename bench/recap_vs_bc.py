@@ -235,9 +235,8 @@ def train_one(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def evaluate_one(job: dict[str, Any]) -> dict[str, Any]:
-    from reproduction.sim.evaluate import EvalConfig, evaluate
-
     from reproduction.recap.policy.export import PolicyFactory
+    from reproduction.sim.evaluate import EvalConfig, evaluate
 
     out = Path(job["out"])
     done = out / "result.json"
