@@ -86,7 +86,7 @@ def write_json(path: Path, data: dict) -> Path:
 def test_schema_is_valid_and_every_shipped_manifest_follows_it_and_loads():
     jsonschema.Draft202012Validator.check_schema(SCHEMA)
     names = {p.name for p in MANIFESTS}
-    assert {"recap_value_siglip2_gemma3_270m.json", "pi05_base.json", "value_tiny.json"} <= names
+    assert {"recap_value_siglip2_gemma3_270m.json", "pi05_base.json", "value_tiny.json", "policy_tiny.json"} <= names
     for path in MANIFESTS:
         data = json.loads(path.read_text())
         jsonschema.Draft202012Validator(SCHEMA).validate(data)
@@ -111,9 +111,11 @@ def test_what_the_shipped_manifests_say():
     assert pi05.model == "policy" and pi05.presets == ("pi05",)
     policy = [c for c in pi05.components if c.source["repo"] == "lerobot/pi05_base"][0]
     assert {f.repo_path for f in policy.files} >= {"model.safetensors", "config.json"}
-    tiny = load_weights_manifest(REPO / "weights_manifest" / "value_tiny.json")
-    assert tiny.unpinned() == [] and tiny.components[0].kind == "built"
-    assert tiny.components[0].model_config["sha256"] == canonical_sha256(tiny.components[0].source["config"])
+    for name, model in (("value_tiny.json", "value"), ("policy_tiny.json", "policy")):
+        tiny = load_weights_manifest(REPO / "weights_manifest" / name)
+        assert tiny.unpinned() == [] and tiny.components[0].kind == "built" and tiny.model == model
+        assert tiny.presets == ("tiny",)
+        assert tiny.components[0].model_config["sha256"] == canonical_sha256(tiny.components[0].source["config"])
 
 
 def test_verify_reports_unpinned_fields_and_missing_files(tmp_path):

@@ -192,6 +192,27 @@ def read_returns(
     )[0]
 
 
+def read_advantages(
+    location: Path,
+    tag: str | None,
+    *,
+    expect_fingerprint: str | None,
+    dataset_name: str | None = None,
+    columns: list[str] | None = None,
+    allow_unfingerprinted: bool = False,
+) -> pa.Table:
+    """The stage-3 advantages table (RLinf's columns), checked like `read_returns` (stage 4 reads it)."""
+    return read_sidecar(
+        location,
+        "advantages",
+        tag,
+        expect_fingerprint=expect_fingerprint,
+        dataset_name=dataset_name,
+        columns=columns,
+        allow_unfingerprinted=allow_unfingerprinted,
+    )[0]
+
+
 def update_stats_json(path: Path, stats: dict[str, Any]) -> None:
     """Read-modify-write `stats.json`, setting only the given keys (RLinf's `return`/`reward`)."""
     doc: dict[str, Any] = {}
