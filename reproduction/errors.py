@@ -280,3 +280,10 @@ class WorkerFailedError(PortableError, RuntimeError):
     """A distributed worker died or raised; carries its traceback text."""
 
     exit_code = 51
+
+
+class GuidanceScaleError(InvalidInputError):
+    """A policy's guidance scale (or sampling setting) is invalid: w < 0, or w != 1 for a policy
+    trained without advantage conditioning."""
+
+    exit_code = 53

@@ -51,6 +51,8 @@ EXIT_CODES = """exit codes:
   10 missing dependency    20-29 check failure classes (see `portable check --help`)
   30-39 Hub (30 refused, 31 auth/permission, 32 not found, 33 transfer kept failing,
          34 downloaded bytes kept failing sha256, 35 conflict: branch moved or tag taken)
+  weights verify: 5 bytes missing or different, 4 only fields still "to-be-pinned"
+  pack --dry-run: 3 something is missing on this machine
   40-49 dataset/sidecar    50-59 training and runs"""
 
 
@@ -119,6 +121,15 @@ def cmd_pack(args: argparse.Namespace) -> int:
         raise InputNotFoundError(
             f"--root {root} is not a folder", path=root, hint="pass the folder the spec's sources are in"
         )
+    if args.dry_run:
+        from reproduction.release.weights_plan import plan_pack
+
+        plan = plan_pack(Path(args.spec), root=root)
+        if args.json:
+            _print_json(plan.to_dict())
+        else:
+            print(plan.summary())
+        return plan.exit_code
     manifest = pack_bundle(Path(args.spec), Path(args.out), jobs=args.jobs, ui=_ui(args), root=root)
     if args.json:
         _print_json(
@@ -209,6 +220,52 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         _print_json(result)
     say(f"fetched {args.repo}@{result.commit_sha} -> {args.dir}", options=_ui(args))
     return 0
+
+
+def cmd_weights(args: argparse.Namespace) -> int:
+    from reproduction.release import weights, weights_hub
+    from reproduction.release.weights_manifest import load_weights_manifest
+
+    if args.weights_command == "pin":
+        if args.target.endswith(".json"):  # a manifest (a Hub repo id never ends in .json here)
+            manifest = weights_hub.pin_manifest(Path(args.target), ui=_ui(args))
+            if args.json:
+                _print_json(manifest.to_dict())
+            say(f"pinned {len(manifest.components)} component(s) -> {args.target}", options=_ui(args))
+            return 0
+        manifest_path = Path(args.manifest) if args.manifest else None
+        comp = weights_hub.pin_hub(
+            args.target,
+            revision=args.revision,
+            repo_type=args.repo_type,
+            globs=args.files,
+            license_arg=args.license,
+            existing=weights_hub.existing_component(manifest_path, args.target),
+            ui=_ui(args),
+        )
+        if manifest_path is not None:
+            weights_hub.pin_into(manifest_path, comp)
+            say(f"updated {manifest_path}", options=_ui(args))
+        if manifest_path is None or args.json:
+            _print_json(comp.to_dict())  # the result: a component to place into a manifest
+        return 0
+    manifest = load_weights_manifest(Path(args.manifest))
+    if args.weights_command == "fetch":
+        result = weights_hub.fetch_weights(manifest, Path(args.dir), ui=_ui(args))
+        report = weights.verify_or_raise(manifest, Path(args.dir))
+        if args.json:
+            _print_json({"fetch": result, "verify": report.to_dict()})
+        say(
+            f"fetched {manifest.name}: {result.downloaded} downloaded, {result.built} built; {report.summary()}",
+            options=_ui(args),
+        )
+        return 0
+    report = weights.verify_weights(manifest, Path(args.dir))
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        print(report.summary())
+    return report.exit_code
 
 
 # -- pipeline -----------------------------------------------------------------------------------
@@ -317,6 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the spec's relative sources start (default: the spec's `root`, relative to the spec's folder)",
     )
     p.add_argument("--jobs", type=_positive_int, default=None, help="compression/hash threads (default: all cores)")
+    p.add_argument(
+        "--dry-run", action="store_true", help="write nothing: list what would be included and what is missing here"
+    )
 
     p = _command("verify", cmd_verify, "hash every file of a bundle against bundle.json")
     p.add_argument("bundle", nargs="?", metavar="BUNDLE", help="default: the folder holding reproduction/")
@@ -359,6 +419,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--revision", default=None, metavar="REV")
     p.add_argument("--repo-type", choices=("model", "dataset"), default="model")
+
+    p = _command("weights", cmd_weights, "pin, fetch and verify third-party weights (weights_manifest/*.json)")
+    wsub = p.add_subparsers(dest="weights_command", metavar="ACTION", required=True)
+
+    def _action(name: str, help_text: str, description: str | None = None) -> argparse.ArgumentParser:
+        w = wsub.add_parser(
+            name,
+            help=help_text,
+            description=description or help_text,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            epilog=EXIT_CODES,
+        )
+        _add_global_options(w, top=False)
+        return w
+
+    w = _action(
+        "pin",
+        "record a Hub repo's commit, file sizes and sha256 (LFS oids); no large download",
+        "REPO: print a pinned component as JSON (or update it in --manifest).\n"
+        "MANIFEST.json: pin every component of it in place (built ones by building).",
+    )
+    w.add_argument("target", metavar="REPO|MANIFEST.json")
+    w.add_argument("--revision", default=None, metavar="REV", help="branch, tag or commit (default: main)")
+    w.add_argument("--files", nargs="+", default=None, metavar="GLOB", help="files to pin (default: all)")
+    w.add_argument("--repo-type", choices=("model", "dataset"), default=None)
+    w.add_argument("--license", default=None, metavar="ID", help="license id or LICENSES/<file> (default: the card's)")
+    w.add_argument("--manifest", default=None, metavar="FILE", help="update this manifest's component for REPO")
+    w = _action("fetch", "download exactly the pinned files (or build built ones), hashed while written")
+    w.add_argument("manifest", metavar="MANIFEST")
+    w.add_argument("dir", metavar="DIR")
+    w = _action("verify", "hash a folder's files against a manifest; report unpinned fields")
+    w.add_argument("manifest", metavar="MANIFEST")
+    w.add_argument("dir", metavar="DIR")
 
     p = _command(
         "run", cmd_run, "not built yet (exits 2): will run the four RECAP stages, resumable", json_output=False
