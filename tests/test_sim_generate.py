@@ -40,6 +40,7 @@ def test_rollout_dataset_columns_tasks_and_outcomes(tmp_path):
     ep_task = table.column("task_index").to_numpy().reshape(8, 12)[:, 0]
     assert ep_task.tolist() == [0] * 4 + [1] * 4  # task-major episode order
     assert res.per_task["FetchPush-v4"]["episodes"] == 4 and set(res.per_mode) == {"good", "give_up"}
+    assert all(res.success_events[k] <= res.events[k] for k in res.success_events)
     gave_up = table.column("sim.event").to_numpy() == 5
     assert gave_up.any() and not table.column("sim.harm").to_numpy()[gave_up].any()
 
