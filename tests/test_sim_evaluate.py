@@ -103,3 +103,15 @@ def test_ray_launcher_with_two_workers_matches_in_process():
     for d in (local, ray):
         d.pop("seconds"), d.pop("episodes_per_s"), d["config"].pop("workers")
     assert local == ray
+
+
+def test_env_reuse_does_not_change_episodes():
+    """Evaluation reuses envs across batches (and generation across a unit's episodes): a reused env
+    gives the same episode as a fresh one."""
+    factory = functools.partial(RandomPolicy, seed=2)
+    base = dict(tasks=("FetchPickAndPlace-v4",), episodes_per_task=4, videos=0, episode_steps=10)
+    reused = evaluate(factory, EvalConfig(batch_size=2, **base)).to_dict()["per_episode"]
+    # batch_size 1: every batch draws different actions, so compare env outcomes under a fixed policy
+    expert = lambda cfg: evaluate(ExpertPolicy, cfg).to_dict()["per_episode"]  # noqa: E731
+    assert expert(EvalConfig(batch_size=1, **base)) == expert(EvalConfig(batch_size=4, **base))
+    assert len(reused["FetchPickAndPlace-v4"]) == 4

@@ -106,3 +106,15 @@ def test_cli_eval_expert_json(capsys):
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["tasks"]["FetchPush-v4"]["success_at_end"] == "2/2"
+
+
+def test_unit_size_does_not_change_the_dataset(tmp_path):
+    """Units (how many episodes one env runs in a row) follow the worker count: they must not matter."""
+    a = generate_dataset(_cfg(tasks=("FetchPickAndPlace-v4",), unit_episodes=1), tmp_path / "a")
+    b = generate_dataset(_cfg(tasks=("FetchPickAndPlace-v4",), unit_episodes=4), tmp_path / "b")
+    da, db = open_dataset(a.path), open_dataset(b.path)
+    assert da.fingerprint == db.fingerprint
+    keys = ["observation.state", "action"]
+    ra, rb = da.read_frames(np.arange(da.num_frames), keys), db.read_frames(np.arange(db.num_frames), keys)
+    for key in keys:
+        np.testing.assert_array_equal(ra[key], rb[key])
