@@ -143,8 +143,8 @@ def layout(name: str, root: Path, tmp: Path) -> float:
     from reproduction.recap.returns import ReturnsConfig, compute_returns
 
     cache = tmp / "cache"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "RECAP_PORTABLE_CACHE": str(cache)}
-    os.environ["RECAP_PORTABLE_CACHE"] = str(cache)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PORTABLE_CACHE_DIR": str(cache)}
+    os.environ["PORTABLE_CACHE_DIR"] = str(cache)
     [res] = compute_returns([root], tmp / "run", ReturnsConfig(dataset_type="rollout"))  # stage 1, as a pipeline
     sidecar = pq.read_table(res.sidecar, columns=["episode_index", "frame_index"])
     values = tmp / "values.parquet"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
@@ -151,12 +151,15 @@ def main() -> None:
         n_ep = write_metadata_dataset(root, FRAMES, FILES)
         write_values(root, values)
         t_gen = time.perf_counter() - t0
-        env = {**os.environ, "RECAP_PORTABLE_CACHE": str(Path(tmp) / "cache"), "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "PORTABLE_CACHE_DIR": str(Path(tmp) / "cache"), "OMP_NUM_THREADS": "1"}
         r_peak, r_secs = run_stage("returns", root, run, values, env)
         a_peak, a_secs = run_stage("advantages", root, run, values, env)
         rows = pq.ParquetFile(run / "ds10m" / "advantages.parquet").metadata.num_rows
         assert rows == FRAMES, rows
     gib = 1024**3
+    from _timing import machine_note
+
+    print(f"machine: {machine_note()} (peak RSS does not depend on load; the seconds do)")
     print(f"frames {FRAMES:,} in {FILES} data files, {n_ep:,} episodes (generated in {t_gen:.1f} s)")
     print(f"returns:    peak RSS {r_peak / gib:.2f} GiB, {r_secs:.1f} s")
     print(f"advantages: peak RSS {a_peak / gib:.2f} GiB, {a_secs:.1f} s (from given values, N 10, global threshold)")

@@ -115,7 +115,7 @@ def same_columns(ours: Path, upstream: Path) -> None:
 
 def layout(name: str, root: Path, tmp: Path) -> tuple[float, float]:
     """(upstream / ours, ours / io) best-of-REPEAT wall times on one layout, printed."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "RECAP_PORTABLE_CACHE": str(tmp / "cache")}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PORTABLE_CACHE_DIR": str(tmp / "cache")}
     py = sys.executable
 
     def ours() -> None:

@@ -14,10 +14,6 @@ from pathlib import Path
 CHUNK = 1 << 20
 
 
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def sha256_file(path: Path, *, on_bytes: Callable[[int], None] | None = None) -> str:
     """Hex SHA-256 of a file's bytes, read in 1 MiB chunks; `on_bytes(n)` reports progress."""
     h = hashlib.sha256()

@@ -8,7 +8,7 @@ Exit codes (documented in `portable --help`):
 
     1   a bug (an unexpected exception; rerun with --debug for the traceback)
     2   usage: bad command-line arguments
-    3   input not found (bundle, spec, dataset, file)
+    3   input not found or unreadable (bundle, spec, dataset, file; a file where a folder is expected)
     4   invalid input: malformed spec, manifest or config; unknown format version
     5   bundle integrity: verify found missing/extra/size/digest mismatches
     6   unsafe archive: a layer member would escape its target or is forbidden
@@ -24,6 +24,7 @@ Exit codes (documented in `portable --help`):
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,24 @@ class PortableError(Exception):
 # -- inputs -------------------------------------------------------------------------------------
 
 
+class UsageError(PortableError, ValueError):
+    """The command line asks for something this build cannot do (a command not built yet, an
+    option the command does not take); exit 2 like argparse's own usage errors."""
+
+    exit_code = 2
+
+
 class InputNotFoundError(PortableError, FileNotFoundError):
     """A file or folder the user named (or that a manifest names) does not exist."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, path: Path | str | None = None, hint: str | None = None, **fields: Any) -> None:
+        super().__init__(message, hint=hint, path=path, **fields)
+
+
+class ReadFailedError(PortableError, OSError):
+    """A file the command must read exists but cannot be read (permission, I/O error); `path` names it."""
 
     exit_code = 3
 
@@ -137,6 +154,54 @@ class RelocationError(PortableError, ValueError):
     exit_code = 9
 
 
+_WRITE_REASONS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EFBIG: "a file is larger than allowed (file size limit)",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "the filesystem is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EXDEV: "it is on another filesystem than the bundle's state folder (a bind mount?), so it cannot be renamed "
+    "into place",
+    errno.ENAMETOOLONG: "a name is longer than this filesystem allows",
+    errno.ENOTDIR: "a path component is a file, not a folder",
+    errno.EISDIR: "a folder is where a file should be",
+}
+
+
+def os_error(exc: OSError, what: str, *, op: str = "write", hint: str | None = None) -> PortableError:
+    """THE mapping from an OSError to a one-line PortableError (every package goes through here).
+
+    `op` is 'write' (creating or replacing `what`: WriteFailedError, exit 8) or 'read' (reading the
+    named source file: InputNotFoundError when absent, ReadFailedError otherwise, exit 3). The
+    message names the file the OS names (`exc.filename`) and the reason in words. A PortableError
+    is returned unchanged.
+    """
+    if isinstance(exc, PortableError):
+        return exc
+    where = exc.filename if exc.filename is not None else what
+    if op == "read":
+        reason = exc.strerror or str(exc)
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return InputNotFoundError(
+                f"cannot read {what}: {where} does not exist (or a parent is not a folder)",
+                path=where,
+                hint=hint or "check the path and try again",
+            )
+        return ReadFailedError(
+            f"cannot read {what}: {reason} ({where})",
+            path=where,
+            hint=hint or "make the file readable (permissions, a healthy disk) and try again",
+        )
+    reason = _WRITE_REASONS.get(exc.errno, exc.strerror or str(exc))
+    return WriteFailedError(
+        f"cannot write {what}: {reason} ({where})",
+        path=where,
+        errno=exc.errno,
+        hint=hint or "free some space or fix the permissions, then try again",
+    )
+
+
 # -- hub ----------------------------------------------------------------------------------------
 
 
@@ -217,7 +282,8 @@ class WorkerFailedError(PortableError, RuntimeError):
     exit_code = 51
 
 
-class StageKeyChangedError(PortableError, RuntimeError):
-    """`run --resume` found a stage whose inputs changed since its outputs were written."""
+class GuidanceScaleError(InvalidInputError):
+    """A policy's guidance scale (or sampling setting) is invalid: w < 0, or w != 1 for a policy
+    trained without advantage conditioning."""
 
-    exit_code = 52
+    exit_code = 53

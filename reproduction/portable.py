@@ -5,34 +5,54 @@ this module and the control plane use only the standard library at import time (
 than typer, because a bare server has neither typer nor click before `restore`), so `--help` is
 fast and `verify`/`restore` work before any runtime exists. Pipeline commands import lazily.
 
-Errors: the library raises `PortableError`s; `main` renders them as `error: ...` and `hint: ...`
-on stderr and exits with the error's code (see reproduction/errors.py). `--debug` shows tracebacks.
+Conventions every command follows (and a new one inherits by being added with `_command`):
+- Global options (`GLOBAL_OPTIONS`: -q, --no-progress, --debug, --json) are declared once and
+  accepted before or after the command name (`portable -q verify B` == `portable verify B -q`).
+- stdout carries data only: with `--json` one JSON document; without it, only what a command
+  documents as its result (`publish` prints the commit SHA). Talk and progress go to stderr.
+- Errors: the library raises `PortableError`s; `main` renders them as `error: ...` and `hint: ...`
+  on stderr and exits with the error's code (see reproduction/errors.py). An unexpected exception
+  is exit 1 ("a bug") with a one-line message; `--debug` shows the traceback in both cases.
+- A bundle argument that does not exist is exit 3 in every command that takes one.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import errno
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):
     # Run as a script (`python3 reproduction/portable.py`): make the package importable.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     __package__ = "reproduction"
 
-from reproduction.errors import PortableError  # noqa: E402
+from reproduction.errors import (  # noqa: E402
+    InputNotFoundError,
+    InvalidInputError,
+    PortableError,
+    UsageError,
+    WriteFailedError,
+)
 from reproduction.ui import UiOptions, say  # noqa: E402
 
 EXIT_CODES = """exit codes:
-  0 ok    1 bug    2 usage    3 not found    4 invalid input or format version
+  0 ok    1 bug    2 usage (also: a command not built yet)    3 not found or unreadable
+  4 invalid input or format version
   5 integrity (verify: 11 missing, 12 extra, 13 size mismatch, 14 digest mismatch; lowest wins;
                lineage --verify: 11 a subject or material missing, 14 its digest differs)
   6 unsafe archive    7 busy (locked)    8 write failed / disk full    9 relocation impossible
   10 missing dependency    20-29 check failure classes (see `portable check --help`)
   30-39 Hub (30 refused, 31 auth/permission, 32 not found, 33 transfer kept failing,
          34 downloaded bytes kept failing sha256, 35 conflict: branch moved or tag taken)
+  weights verify: 5 bytes missing or different, 4 only fields still "to-be-pinned"
+  pack --dry-run: 3 something is missing on this machine
   40-49 dataset/sidecar    50-59 training and runs"""
 
 
@@ -41,12 +61,53 @@ def _default_bundle() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
+def _bundle(args: argparse.Namespace, *, default: Path | None = None) -> Path | None:
+    """The command's BUNDLE argument (or `default`); InputNotFoundError (exit 3) when it does not exist,
+    the same in every command (what a bundle that exists but is not one means is the command's business)."""
+    given = getattr(args, "bundle", None)
+    if given is None:
+        return default
+    path = Path(given)
+    if not os.path.lexists(path):
+        raise InputNotFoundError(
+            f"{path} does not exist",
+            path=path,
+            hint="name a bundle folder (one holding bundle.json); `portable fetch OWNER/NAME DIR` downloads one",
+        )
+    return path
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (thread counts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return value
+
+
 def _ui(args: argparse.Namespace) -> UiOptions:
     return UiOptions(quiet=args.quiet, progress=not args.no_progress)
 
 
+def _jsonable(value: object) -> object:
+    """Dataclasses, paths and containers as plain JSON values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
 def _print_json(data: object) -> None:
-    sys.stdout.write(json.dumps(data, indent=1) + "\n")
+    sys.stdout.write(json.dumps(_jsonable(data), indent=1) + "\n")
+    sys.stdout.flush()
 
 
 # -- control plane ------------------------------------------------------------------------------
@@ -55,7 +116,31 @@ def _print_json(data: object) -> None:
 def cmd_pack(args: argparse.Namespace) -> int:
     from reproduction.release.pack import pack_bundle
 
-    manifest = pack_bundle(Path(args.spec), Path(args.out), jobs=args.jobs, ui=_ui(args))
+    root = Path(args.root) if args.root else None
+    if root is not None and not root.is_dir():
+        raise InputNotFoundError(
+            f"--root {root} is not a folder", path=root, hint="pass the folder the spec's sources are in"
+        )
+    if args.dry_run:
+        from reproduction.release.weights_plan import plan_pack
+
+        plan = plan_pack(Path(args.spec), root=root)
+        if args.json:
+            _print_json(plan.to_dict())
+        else:
+            print(plan.summary())
+        return plan.exit_code
+    manifest = pack_bundle(Path(args.spec), Path(args.out), jobs=args.jobs, ui=_ui(args), root=root)
+    if args.json:
+        _print_json(
+            {
+                "name": manifest.name,
+                "out": str(Path(args.out).absolute()),
+                "files": len(manifest.files),
+                "layers": len(manifest.layers),
+                "bytes": manifest.total_size,
+            }
+        )
     say(
         f"packed {manifest.name}: {len(manifest.files)} files, {len(manifest.layers)} layers -> {args.out}",
         options=_ui(args),
@@ -66,11 +151,11 @@ def cmd_pack(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from reproduction.release.verify import verify_bundle
 
-    report = verify_bundle(Path(args.bundle or _default_bundle()), jobs=args.jobs, ui=_ui(args))
+    report = verify_bundle(_bundle(args, default=_default_bundle()), jobs=args.jobs, ui=_ui(args))
     if args.json:
         _print_json(report.to_dict())
     else:
-        say(report.summary(), options=_ui(args))
+        say(report.summary() + ("" if report.ok else f"\nhint: {report.hint()}"), options=_ui(args))
     return report.exit_code
 
 
@@ -78,12 +163,14 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from reproduction.release.restore import restore_bundle
 
     report = restore_bundle(
-        Path(args.bundle or _default_bundle()),
+        _bundle(args, default=_default_bundle()),
         deep=args.deep,
         refresh_source=args.refresh_source,
         jobs=args.jobs,
         ui=_ui(args),
     )
+    if args.json:
+        _print_json(report)
     say(report.summary(), options=_ui(args))
     return 0
 
@@ -91,10 +178,15 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from reproduction.checks.report import run_checks
 
+    target = args.json
+    if isinstance(target, str) and args.bundle is None and Path(target).is_dir():
+        # `check --json BUNDLE`: a report cannot be written to a folder, so the folder is the bundle
+        args.bundle, target = target, True
+    json_path = Path("-") if target is True else Path(target) if target else None
     return run_checks(
-        bundle=Path(args.bundle) if args.bundle else None,
+        bundle=_bundle(args),
         jit_smoke=args.jit_smoke,
-        json_path=Path(args.json) if args.json else None,
+        json_path=json_path,
         device=args.device,
         ui=_ui(args),
     )
@@ -104,7 +196,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from reproduction.release.hub import publish_bundle
 
     result = publish_bundle(
-        Path(args.bundle),
+        _bundle(args),
         args.repo,
         repo_type=args.repo_type,
         revision=args.revision,
@@ -112,7 +204,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
         tag=args.tag,
         ui=_ui(args),
     )
-    print(result.commit_sha)
+    if args.json:
+        _print_json(result)
+    else:
+        print(result.commit_sha, flush=True)
     say(result.url, options=_ui(args))
     return 0
 
@@ -121,16 +216,66 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     from reproduction.release.hub import fetch_bundle
 
     result = fetch_bundle(args.repo, Path(args.dir), revision=args.revision, repo_type=args.repo_type, ui=_ui(args))
+    if args.json:
+        _print_json(result)
     say(f"fetched {args.repo}@{result.commit_sha} -> {args.dir}", options=_ui(args))
     return 0
+
+
+def cmd_weights(args: argparse.Namespace) -> int:
+    from reproduction.release import weights, weights_hub
+    from reproduction.release.weights_manifest import load_weights_manifest
+
+    if args.weights_command == "pin":
+        if args.target.endswith(".json"):  # a manifest (a Hub repo id never ends in .json here)
+            manifest = weights_hub.pin_manifest(Path(args.target), ui=_ui(args))
+            if args.json:
+                _print_json(manifest.to_dict())
+            say(f"pinned {len(manifest.components)} component(s) -> {args.target}", options=_ui(args))
+            return 0
+        manifest_path = Path(args.manifest) if args.manifest else None
+        comp = weights_hub.pin_hub(
+            args.target,
+            revision=args.revision,
+            repo_type=args.repo_type,
+            globs=args.files,
+            license_arg=args.license,
+            existing=weights_hub.existing_component(manifest_path, args.target),
+            ui=_ui(args),
+        )
+        if manifest_path is not None:
+            weights_hub.pin_into(manifest_path, comp)
+            say(f"updated {manifest_path}", options=_ui(args))
+        if manifest_path is None or args.json:
+            _print_json(comp.to_dict())  # the result: a component to place into a manifest
+        return 0
+    manifest = load_weights_manifest(Path(args.manifest))
+    if args.weights_command == "fetch":
+        result = weights_hub.fetch_weights(manifest, Path(args.dir), ui=_ui(args))
+        report = weights.verify_or_raise(manifest, Path(args.dir))
+        if args.json:
+            _print_json({"fetch": result, "verify": report.to_dict()})
+        say(
+            f"fetched {manifest.name}: {result.downloaded} downloaded, {result.built} built; {report.summary()}",
+            options=_ui(args),
+        )
+        return 0
+    report = weights.verify_weights(manifest, Path(args.dir))
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        print(report.summary())
+    return report.exit_code
 
 
 # -- pipeline -----------------------------------------------------------------------------------
 
 
 def _not_built(what: str) -> int:
-    say(f"error: `portable {what}` is not built yet in this version of recap-portable")
-    return 1
+    raise UsageError(
+        f"`portable {what}` is not built yet in this version of recap-portable",
+        hint="see the README's 'The stages today' for what runs now (python3 -m reproduction.recap.*)",
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -165,62 +310,103 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # -- parser -------------------------------------------------------------------------------------
 
+GLOBAL_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
+    (("-q", "--quiet"), {"action": "store_true", "help": "only errors and results"}),
+    (("--no-progress",), {"action": "store_true", "help": "no progress bars"}),
+    (("--debug",), {"action": "store_true", "help": "show tracebacks"}),
+    (
+        ("--json",),
+        {"action": "store_true", "help": "print the command's result as JSON on stdout (talk stays on stderr)"},
+    ),
+)
+"""The options every command accepts, before or after its name. Declared once: the top-level parser
+gets them with real defaults, each subcommand with SUPPRESS defaults (so a flag given before the
+command is not reset by the subcommand's default)."""
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, top: bool, skip: tuple[str, ...] = ()) -> None:
+    group = parser.add_argument_group("global options (also accepted before the command)")
+    for flags, kwargs in GLOBAL_OPTIONS:
+        if flags[-1] in skip:
+            continue
+        group.add_argument(*flags, **kwargs, default=False if top else argparse.SUPPRESS)
+
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-q", "--quiet", action="store_true", help="only errors and results")
-    common.add_argument("--no-progress", action="store_true", help="no progress bars")
-    common.add_argument("--debug", action="store_true", help="show tracebacks")
-
+    """The CLI. A new subcommand is one `_command(...)` call plus its own arguments: it inherits the
+    global options, the exit-code epilog and error rendering; `json_output=False` makes --json a usage
+    error for it, and `json_option=False` lets the command declare its own --json."""
     parser = argparse.ArgumentParser(
         prog="portable",
-        parents=[common],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Pack, move, restore, check and run RECAP release bundles on any Linux server.",
         epilog=EXIT_CODES,
     )
+    _add_global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    def add(name: str, handler, help_text: str) -> argparse.ArgumentParser:
+    def _command(
+        name: str,
+        handler: Callable[[argparse.Namespace], int],
+        help_text: str,
+        *,
+        json_output: bool = True,
+        json_option: bool = True,
+    ) -> argparse.ArgumentParser:
         p = sub.add_parser(
             name,
-            parents=[common],
             help=help_text,
             description=help_text,
             formatter_class=argparse.RawDescriptionHelpFormatter,
             epilog=EXIT_CODES,
         )
-        p.set_defaults(handler=handler)
+        _add_global_options(p, top=False, skip=() if json_option else ("--json",))
+        p.set_defaults(handler=handler, json_output=json_output)
         return p
 
-    p = add("pack", cmd_pack, "build a release bundle from a spec (bundle/*.toml)")
+    p = _command("pack", cmd_pack, "build a release bundle from a spec (TOML; bundle/demo.toml shows the format)")
     p.add_argument("spec", metavar="SPEC.toml")
-    p.add_argument("--out", required=True, metavar="DIR", help="bundle folder to create")
-    p.add_argument("--jobs", type=int, default=None, help="compression/hash threads (default: all cores)")
+    p.add_argument("--out", required=True, metavar="DIR", help="bundle folder to create (new or empty)")
+    p.add_argument(
+        "--root",
+        default=None,
+        metavar="DIR",
+        help="where the spec's relative sources start (default: the spec's `root`, relative to the spec's folder)",
+    )
+    p.add_argument("--jobs", type=_positive_int, default=None, help="compression/hash threads (default: all cores)")
+    p.add_argument(
+        "--dry-run", action="store_true", help="write nothing: list what would be included and what is missing here"
+    )
 
-    p = add("verify", cmd_verify, "hash every file of a bundle against bundle.json")
+    p = _command("verify", cmd_verify, "hash every file of a bundle against bundle.json")
     p.add_argument("bundle", nargs="?", metavar="BUNDLE", help="default: the folder holding reproduction/")
-    p.add_argument("--jobs", type=int, default=None)
-    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    p.add_argument("--jobs", type=_positive_int, default=None)
 
-    p = add("restore", cmd_restore, "verify, extract and relocate a bundle's layers in place")
+    p = _command("restore", cmd_restore, "verify, extract and relocate a bundle's layers in place")
     p.add_argument("bundle", nargs="?", metavar="BUNDLE", help="default: the folder holding reproduction/")
     p.add_argument("--deep", action="store_true", help="rehash everything instead of trusting the receipt")
     p.add_argument("--refresh-source", action="store_true", help="re-extract source layers over local edits")
-    p.add_argument("--jobs", type=int, default=None)
+    p.add_argument("--jobs", type=_positive_int, default=None)
 
-    p = add("check", cmd_check, "probe the accelerator, compile toolchain and known hazards")
+    p = _command("check", cmd_check, "probe the accelerator, compile toolchain and known hazards", json_option=False)
     p.add_argument("bundle", nargs="?", metavar="BUNDLE")
     p.add_argument(
         "--jit-smoke", action="store_true", help="also compile and run a kernel (Triton on CUDA, hccl on Ascend)"
     )
-    p.add_argument("--json", metavar="FILE", help="write the JSON report here ('-' for stdout)")
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const=True,
+        default=argparse.SUPPRESS,
+        metavar="FILE",
+        help="the report as JSON on stdout; `--json FILE` writes it to FILE instead (kept for compatibility)",
+    )
     p.add_argument("--device", choices=("auto", "cuda", "npu", "cpu"), default="auto")
     from reproduction.checks.probe import EXIT_HELP as CHECK_EXIT_HELP  # stdlib-only, keeps --help fast
 
     p.epilog = CHECK_EXIT_HELP + "\n\n" + EXIT_CODES
 
-    p = add("publish", cmd_publish, "upload a verified bundle to a Hugging Face Hub repo")
+    p = _command("publish", cmd_publish, "upload a verified bundle to a Hugging Face Hub repo; prints the commit SHA")
     p.add_argument("bundle", metavar="BUNDLE")
     p.add_argument("--repo", required=True, metavar="OWNER/NAME")
     p.add_argument("--repo-type", choices=("model", "dataset"), default="model")
@@ -228,29 +414,101 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--private", action="store_true")
     p.add_argument("--tag", default=None)
 
-    p = add("fetch", cmd_fetch, "download a published bundle, verified file by file")
+    p = _command("fetch", cmd_fetch, "download a published bundle, verified file by file")
     p.add_argument("repo", metavar="OWNER/NAME")
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--revision", default=None, metavar="REV")
     p.add_argument("--repo-type", choices=("model", "dataset"), default="model")
 
-    p = add("run", cmd_run, "run the four RECAP stages (resumable)")
+    p = _command("weights", cmd_weights, "pin, fetch and verify third-party weights (weights_manifest/*.json)")
+    wsub = p.add_subparsers(dest="weights_command", metavar="ACTION", required=True)
+
+    def _action(name: str, help_text: str, description: str | None = None) -> argparse.ArgumentParser:
+        w = wsub.add_parser(
+            name,
+            help=help_text,
+            description=description or help_text,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            epilog=EXIT_CODES,
+        )
+        _add_global_options(w, top=False)
+        return w
+
+    w = _action(
+        "pin",
+        "record a Hub repo's commit, file sizes and sha256 (LFS oids); no large download",
+        "REPO: print a pinned component as JSON (or update it in --manifest).\n"
+        "MANIFEST.json: pin every component of it in place (built ones by building).",
+    )
+    w.add_argument("target", metavar="REPO|MANIFEST.json")
+    w.add_argument("--revision", default=None, metavar="REV", help="branch, tag or commit (default: main)")
+    w.add_argument("--files", nargs="+", default=None, metavar="GLOB", help="files to pin (default: all)")
+    w.add_argument("--repo-type", choices=("model", "dataset"), default=None)
+    w.add_argument("--license", default=None, metavar="ID", help="license id or LICENSES/<file> (default: the card's)")
+    w.add_argument("--manifest", default=None, metavar="FILE", help="update this manifest's component for REPO")
+    w = _action("fetch", "download exactly the pinned files (or build built ones), hashed while written")
+    w.add_argument("manifest", metavar="MANIFEST")
+    w.add_argument("dir", metavar="DIR")
+    w = _action("verify", "hash a folder's files against a manifest; report unpinned fields")
+    w.add_argument("manifest", metavar="MANIFEST")
+    w.add_argument("dir", metavar="DIR")
+
+    p = _command(
+        "run", cmd_run, "not built yet (exits 2): will run the four RECAP stages, resumable", json_output=False
+    )
     p.add_argument("bundle", nargs="?", metavar="BUNDLE")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--stages", default=None)
     p.add_argument("--ray-address", default=None)
 
-    p = add("eval", cmd_eval, "evaluate a policy checkpoint in the simulator")
-    p = add("lineage", cmd_lineage, "show or verify the lineage of a run's outputs")
+    _command(
+        "eval",
+        cmd_eval,
+        "not built yet (exits 2): will evaluate a policy checkpoint in the simulator",
+        json_output=False,
+    )
+    p = _command("lineage", cmd_lineage, "show or verify the lineage of a run's outputs (--json: the chain as JSON)")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a folder `portable run --output` wrote")
     p.add_argument(
         "--verify", action="store_true", help="rehash every subject and material (exit 11 missing, 14 differs)"
     )
-    p.add_argument("--json", action="store_true", help="print the chain (and the verification) as JSON on stdout")
 
-    p = add("demo", cmd_demo, "the whole pipeline end to end on CPU, with no download")
+    p = _command(
+        "demo",
+        cmd_demo,
+        "today: generate a tiny release (no download), pack it, restore it in another folder and verify it; "
+        "prints the restored bundle's path (the RECAP stages join later)",
+        json_output=False,
+    )
     p.add_argument("--workdir", default=None, metavar="DIR", help="where to build (default: a new folder under ./runs)")
     return parser
+
+
+def _render(exc: PortableError) -> int:
+    print(f"error: {exc.message}", file=sys.stderr)
+    if exc.hint:
+        print(f"hint: {exc.hint}", file=sys.stderr)
+    return exc.exit_code
+
+
+def _from_os_error(exc: OSError) -> PortableError:
+    """A raw OSError that reached the CLI (the library should have wrapped it) as a PortableError,
+    so the user still gets one line, the path and a usage-class code rather than a traceback."""
+    where = f": {exc.filename}" if exc.filename else ""
+    message = f"{exc.strerror or exc}{where}"
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return InputNotFoundError(
+            f"{message} (a path does not exist, or a part of it is a file, not a folder)",
+            path=exc.filename,
+            hint="check the path",
+        )
+    if exc.errno == errno.EISDIR:
+        return InvalidInputError(f"{message}: a folder where a file was expected", path=exc.filename)
+    return WriteFailedError(
+        message,
+        path=exc.filename,
+        hint="check the path's permissions and free space (rerun with --debug for where it happened)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,17 +519,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
+        if args.json and not args.json_output:
+            raise UsageError(f"`portable {args.command}` has no JSON output", hint="drop --json")
         return int(args.handler(args) or 0)
     except PortableError as exc:
         if args.debug:
             raise
-        print(f"error: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
-        return exc.exit_code
+        return _render(exc)
+    except OSError as exc:
+        if args.debug:
+            raise
+        return _render(_from_os_error(exc))
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"error: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(
+            "hint: this is a bug in recap-portable; rerun with --debug for the traceback and report it", file=sys.stderr
+        )
+        return 1
 
 
 if __name__ == "__main__":

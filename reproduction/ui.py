@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -73,7 +72,7 @@ class Progress:
     _rich: object | None = None
     _tasks: list = field(default_factory=list)
 
-    def task(self, description: str, total: float | None = None, *, bytes_unit: bool = False) -> Task:
+    def task(self, description: str, total: float | None = None) -> Task:
         if self._rich is None:
             return _NullTask()
         task_id = self._rich.add_task(description, total=total)  # type: ignore[attr-defined]
@@ -147,14 +146,3 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
-
-
-@contextmanager
-def timed() -> Iterator[list[float]]:
-    """`with timed() as t: ...` then `t[0]` holds elapsed seconds."""
-    holder = [0.0]
-    start = time.perf_counter()
-    try:
-        yield holder
-    finally:
-        holder[0] = time.perf_counter() - start

@@ -66,7 +66,7 @@ def small_sources(root: Path, *, weights_kb: int = 64) -> Path:
     cfg = root / "src" / "configs"
     cfg.mkdir()
     (cfg / "run.json").write_text(
-        '{"weights": "%s/model.safetensors", "data": "%s", "elsewhere": "/usr/share/dict"}\n' % (weights, data),
+        f'{{"weights": "{weights}/model.safetensors", "data": "{data}", "elsewhere": "/usr/share/dict"}}\n',
         encoding="utf-8",
     )
     return root
@@ -203,3 +203,68 @@ def flip_bit(path: Path, offset: int, bit: int = 0) -> None:
     data = bytearray(path.read_bytes())
     data[offset] ^= 1 << bit
     path.write_bytes(bytes(data))
+
+
+# -- raw tar bytes, for header-level attacks ---------------------------------------------------
+
+
+def pax_record(key: str, value: str) -> bytes:
+    """One well-formed pax record `LEN key=value\\n`."""
+    body = f" {key}={value}\n".encode()
+    n = len(body) + 1
+    while len(str(n)) + len(body) != n:
+        n += 1
+    return str(n).encode() + body
+
+
+def raw_member(
+    name: str,
+    data: bytes = b"",
+    *,
+    pax: bytes | None = None,
+    kind: bytes = tarfile.REGTYPE,
+    fmt: int = tarfile.USTAR_FORMAT,
+) -> bytes:
+    """Tar bytes of one member, preceded by a pax header holding exactly `pax` (no checks)."""
+    out = b""
+    if pax is not None:
+        head = tarfile.TarInfo("././@PaxHeader")
+        head.type, head.size = tarfile.XHDTYPE, len(pax)
+        out += head.tobuf(tarfile.USTAR_FORMAT) + pax + b"\0" * (-len(pax) % 512)
+    info = tarfile.TarInfo(name)
+    info.type, info.size, info.mode, info.mtime = kind, len(data), 0o644, 1577836800
+    out += info.tobuf(fmt, "utf-8", "surrogateescape") + data + b"\0" * (-len(data) % 512)
+    return out
+
+
+def raw_bundle(root: Path, tar: bytes, *, target: str = "source/app", index: list | None = None) -> Path:
+    """A one-layer bundle whose archive is `tar` (zstd-compressed as is); `index` rows give it a member index."""
+    root.mkdir(parents=True, exist_ok=True)
+    blob = zstandard.ZstdCompressor(level=3).compress(tar + b"\0" * 1024)
+    archive = f"{target}.tar.zst"
+    (root / archive).parent.mkdir(parents=True, exist_ok=True)
+    (root / archive).write_bytes(blob)
+    entries = [FileEntry(path=archive, size=len(blob), sha256=hashlib.sha256(blob).hexdigest())]
+    members_index = None
+    if index is not None:
+        import json
+
+        members_index = f"{target}.members.json"
+        text = json.dumps({"format": "recap-portable-members", "format_version": "1.0", "members": index}).encode()
+        (root / members_index).write_bytes(text)
+        entries.append(FileEntry(path=members_index, size=len(text), sha256=hashlib.sha256(text).hexdigest()))
+    layer = LayerEntry(archive=archive, target=target, kind="source", order=0, members_index=members_index)
+    write_manifest(root, Manifest(name="raw", files=entries, layers=[layer]))
+    return root
+
+
+def repin(bundle: Path, rel: str) -> None:
+    """Recompute `rel`'s size and sha256 in bundle.json as an attacker would (the JSON edited as text)."""
+    import json
+
+    data = json.loads((bundle / "bundle.json").read_text())
+    blob = (bundle / rel).read_bytes()
+    for entry in data["files"]:
+        if entry["path"] == rel:
+            entry["size"], entry["sha256"] = len(blob), hashlib.sha256(blob).hexdigest()
+    (bundle / "bundle.json").write_text(json.dumps(data, indent=1))

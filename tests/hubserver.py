@@ -40,7 +40,11 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 LFS_THRESHOLD = 10 * 1024 * 1024
 """Files larger than this are LFS even when their first bytes look like text (the Hub's rule)."""
-GITATTRIBUTES = "*.safetensors filter=lfs diff=lfs merge=lfs -text\n*.zst filter=lfs diff=lfs merge=lfs -text\n*.bin filter=lfs diff=lfs merge=lfs -text\n"
+GITATTRIBUTES = (
+    "*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
+    "*.zst filter=lfs diff=lfs merge=lfs -text\n"
+    "*.bin filter=lfs diff=lfs merge=lfs -text\n"
+)
 _CHUNK = 1 << 20
 
 
@@ -547,7 +551,8 @@ class _HubHandler(BaseHTTPRequestHandler):
         page = entries[start : start + hub.tree_page_size]
         headers = {}
         if start + hub.tree_page_size < len(entries):
-            nxt = f"{hub.url}{urlsplit(self.path).path}?recursive={query.get('recursive', 'False')}&cursor={start + hub.tree_page_size}"
+            recursive = query.get("recursive", "False")
+            nxt = f"{hub.url}{urlsplit(self.path).path}?recursive={recursive}&cursor={start + hub.tree_page_size}"
             headers["Link"] = f'<{nxt}>; rel="next"'
         self._send(200, page, headers=headers)
 
@@ -693,7 +698,6 @@ class _HubHandler(BaseHTTPRequestHandler):
         self._serve_blob(blob, path, headers, fault)
 
     def _serve_blob(self, blob: Blob, key: str, headers: dict[str, str], fault: Fault | None) -> None:
-        hub = self.server_hub
         start, end = 0, blob.size
         status = 200
         ranged = self.headers.get("Range")

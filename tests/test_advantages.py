@@ -483,7 +483,9 @@ def test_streamed_inputs_chunk_at_episode_ends_and_equal_the_in_memory_path(tmp_
         pq.read_table(tmp_path / "memory" / "advantages_s.parquet"),
     )
     assert ta.equals(tb) and ta.num_rows == 107
-    assert pq.ParquetFile(tmp_path / "streamed" / "advantages_s.parquet").metadata.num_row_groups == 1  # chunks gathered
+    assert (
+        pq.ParquetFile(tmp_path / "streamed" / "advantages_s.parquet").metadata.num_row_groups == 1
+    )  # chunks gathered
 
 
 def test_return_range_reads_what_the_value_stage_exports(tmp_path):
@@ -505,3 +507,29 @@ def test_return_range_reads_what_the_value_stage_exports(tmp_path):
     write_export_extras(export, setup=setup, fold=1)  # value_head.json exactly as value training writes it
     rr, fp = load_return_range(export)
     assert rr == setup.return_range and rr.return_max == 0.0 and len(fp) == 64
+
+
+def test_kept_and_streamed_second_pass_write_the_same_sidecar(tmp_path, monkeypatch):
+    """Small inputs keep the first pass's chunks for the second; large ones are read twice: same file."""
+    import reproduction.recap.advantages as adv
+
+    root = _dataset(tmp_path, "roll", [(1, 30, True), (4, 25, False), (6, 3, True), (9, 41, False), (12, 8, True)])
+    run = tmp_path / "run"
+    compute_returns([root], run, ReturnsConfig(dataset_type="rollout"))
+    frames = open_dataset(root).frame_table(["episode_index", "frame_index"])
+    values = frames.append_column("value", pa.array(np.random.default_rng(3).uniform(-1, 0, frames.num_rows)))
+    pq.write_table(values, tmp_path / "values.parquet")
+    cfg = AdvantageConfig(lookahead=5, tag="k")
+    rr = ReturnRange(return_min=-340, return_max=0)
+    out = {}
+    real = adv.nstep_advantages
+    for name, keep_rows in (("kept", 1 << 21), ("streamed", 0)):
+        monkeypatch.setattr(adv, "KEEP_ROWS", keep_rows)
+        inputs = load_dataset_arrays(root, run, tmp_path / "values.parquet", dataset_type="rollout", returns_tag=None)
+        inputs.chunk_rows = 20
+        calls = []
+        monkeypatch.setattr(adv, "nstep_advantages", lambda *a, **k: calls.append(1) or real(*a, **k))
+        compute_advantages([inputs], cfg, rr, out_dirs=[tmp_path / name])
+        out[name] = (pq.read_table(tmp_path / name / "advantages_k.parquet"), len(calls))
+    assert out["kept"][0].equals(out["streamed"][0])
+    assert out["streamed"][1] == 2 * out["kept"][1] == 8  # 4 chunks, computed once when kept

@@ -1,4 +1,5 @@
-"""Bundle probes: not a bundle, not restored, moved since restore, disk too small; the restored interpreter is the target."""
+"""Bundle probes: not a bundle, not restored, moved since restore, disk too small; the restored
+interpreter is the target."""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ def test_folder_without_bundle_json_fails_24(tmp_path):
     row = _rows(report)["bundle"]
     assert row.failure == "bundle"
     assert (
-        f"{tmp_path / 'notabundle'} is not a usable bundle: {tmp_path / 'notabundle' / 'bundle.json'}: no bundle manifest"
-        in row.finding
+        f"{tmp_path / 'notabundle'} is not a usable bundle: "
+        f"{tmp_path / 'notabundle' / 'bundle.json'}: no bundle manifest" in row.finding
     )
     assert _rows(report)["hazard.placeholders"].finding == "the bundle could not be read"
     assert report.exit_code == 24

@@ -78,7 +78,7 @@ def test_real_check_on_this_machine_writes_table_and_json_and_exits_0(tmp_path):
     assert data["status"] in ("ok", "warn") and data["exit_code"] == 0
     assert data["device"]["selected"] == "cpu" and data["python"] == sys.executable and data["bundle"] is None
     assert {r["name"] for r in data["results"]} == EXPECTED_ROWS
-    assert data["interpreter"]["version"] == "%d.%d.%d" % sys.version_info[:3]
+    assert data["interpreter"]["version"] == ".".join(map(str, sys.version_info[:3]))
     for row in data["results"]:
         assert set(row) == {"name", "status", "finding", "fix", "failure", "exit_code", "seconds", "details"}
         assert row["status"] in ("ok", "warn", "skip"), row
@@ -112,10 +112,18 @@ def test_jit_smoke_on_cpu_says_what_it_skipped_and_why(tmp_path):
 
 
 @pytest.mark.e2e
-def test_check_on_a_missing_bundle_exits_24_on_the_cli(tmp_path):
+def test_check_on_a_missing_bundle_exits_3_on_the_cli_like_verify_and_restore(tmp_path):
     proc = _portable(str(tmp_path / "nope"), cwd=tmp_path)
+    assert proc.returncode == 3
+    assert proc.stderr.startswith(f"error: {tmp_path / 'nope'} does not exist")
+
+
+@pytest.mark.e2e
+def test_check_on_a_file_that_is_not_a_bundle_exits_24_on_the_cli(tmp_path):
+    (tmp_path / "file").write_text("x")
+    proc = _portable(str(tmp_path / "file"), cwd=tmp_path)
     assert proc.returncode == 24
-    assert f"{tmp_path / 'nope'} is not a folder" in proc.stderr and "FAIL" in proc.stderr
+    assert f"{tmp_path / 'file'} is not a folder" in proc.stderr and "FAIL" in proc.stderr
 
 
 @pytest.mark.e2e
@@ -185,7 +193,8 @@ def test_checks_import_no_pipeline_library():
     code = (
         "import sys, pkgutil, importlib, reproduction.checks as c\n"
         "[importlib.import_module('reproduction.checks.' + m.name) for m in pkgutil.iter_modules(c.__path__)]\n"
-        "print(','.join(m for m in ('torch', 'numpy', 'ray', 'transformers', 'pyarrow', 'torch_npu', 'yaml') if m in sys.modules))"
+        "print(','.join(m for m in ('torch', 'numpy', 'ray', 'transformers', 'pyarrow', "
+        "'torch_npu', 'yaml') if m in sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == ""

@@ -1,11 +1,21 @@
-"""The CLI's contract: fast --help, no pipeline imports in the control plane, one-line errors."""
+"""The CLI's contract: fast --help, no pipeline imports in the control plane, one-line errors,
+global options before or after the command, one --json convention, one exit code per failure kind."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
+
+import pytest
+from bundlekit import run_cli, small_bundle
+
+from reproduction import portable
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "reproduction" / "portable.py"
@@ -20,19 +30,26 @@ CONTROL_MODULES = [
     "reproduction.checks.report",
 ]
 HEAVY = ["torch", "ray", "transformers", "pyarrow", "numpy"]
+GLOBAL_FLAGS = ["-q", "--no-progress", "--debug", "--json"]
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    return small_bundle(tmp_path_factory.mktemp("cli"))
 
 
 def test_control_plane_imports_no_pipeline_library():
+    """Every control-plane module imports (a missing one is a failure, not a skip) and pulls in no
+    pipeline library."""
     code = (
         "import importlib, sys\n"
         f"for m in {CONTROL_MODULES!r}:\n"
-        "    try:\n        importlib.import_module(m)\n"
-        "    except ModuleNotFoundError as e:\n"
-        "        if not e.name.startswith('reproduction'): raise\n"
+        "    importlib.import_module(m)\n"
         f"bad = [m for m in {HEAVY!r} if m in sys.modules]\n"
         "print(','.join(bad))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "", f"control plane imported {out.stdout.strip()}"
 
 
@@ -47,17 +64,127 @@ def test_help_is_fast_and_lists_commands():
     assert best < 0.5, f"portable --help took {best:.2f}s"
 
 
-def test_script_and_console_entry_are_the_same_program():
-    from reproduction import portable
+def _console_script() -> Path:
+    """The installed `portable` console script next to this interpreter (pip puts it there)."""
+    entry = [ep for ep in metadata.entry_points(group="console_scripts") if ep.name == "portable"]
+    assert entry, "the `portable` console script is not installed: pip install -e . (see the README)"
+    assert entry[0].value == "reproduction.portable:main", entry[0].value
+    found = Path(sys.executable).parent / "portable"
+    if not found.is_file():
+        found = Path(shutil.which("portable") or "portable")
+    assert found.is_file(), f"`portable` console script not found next to {sys.executable} or on PATH"
+    return found
 
-    out = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=True)
-    assert (
-        out.stdout == portable.build_parser().format_help().replace("portable.py", "portable")
-        or "usage: portable" in out.stdout
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["verify", "--help"], ["check", "--help"], ["verify", "/nonexistent/bundle"], ["run"]]
+)
+def test_script_and_console_entry_are_the_same_program(argv, tmp_path):
+    """`python3 reproduction/portable.py ARGS` and the console script print the same bytes and exit
+    with the same code (both run this checkout's `reproduction`, PYTHONPATH pointing here)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PORTABLE_NO_PROGRESS": "1"}
+    by_script = subprocess.run(
+        [sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, env=env, cwd=tmp_path
     )
+    by_entry = subprocess.run([str(_console_script()), *argv], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert by_entry.returncode == by_script.returncode
+    assert by_entry.stdout == by_script.stdout
+    assert by_entry.stderr == by_script.stderr
+    assert (by_script.stdout + by_script.stderr).strip(), "nothing printed: the comparison would prove nothing"
+    if argv[0] == "--help":
+        assert by_script.stdout.startswith("usage: portable ") and "pack" in by_script.stdout
 
 
 def test_usage_error_exit_code_is_2():
     out = subprocess.run([sys.executable, str(SCRIPT), "pack"], capture_output=True, text=True)
     assert out.returncode == 2
     assert "SPEC.toml" in out.stderr
+
+
+@pytest.mark.parametrize("flag", GLOBAL_FLAGS)
+def test_global_options_parse_the_same_before_and_after_the_command(flag):
+    parser = portable.build_parser()
+    before = vars(parser.parse_args([flag, "verify", "B"]))
+    after = vars(parser.parse_args(["verify", "B", flag]))
+    neither = vars(parser.parse_args(["verify", "B"]))
+    assert before == after != neither
+    dest = flag.lstrip("-").replace("-", "_") if flag != "-q" else "quiet"
+    assert before[dest] is True and neither[dest] is False
+
+
+def test_no_progress_before_the_command_turns_bars_off():
+    args = portable.build_parser().parse_args(["--no-progress", "restore", "B"])
+    assert portable._ui(args).progress is False
+    args = portable.build_parser().parse_args(["-q", "restore", "B"])
+    assert portable._ui(args).quiet is True
+
+
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_quiet_and_json_work_on_either_side(bundle, order):
+    args = ["-q", "--json", "verify", bundle] if order == "before" else ["verify", bundle, "-q", "--json"]
+    done = run_cli(*args)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # -q: no talk
+    report = json.loads(done.stdout)  # --json: stdout is one JSON document and nothing else
+    assert report["exit_code"] == 0
+
+
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_debug_shows_the_traceback_on_either_side(order):
+    args = ["--debug", "verify", "/nonexistent/b"] if order == "before" else ["verify", "/nonexistent/b", "--debug"]
+    done = run_cli(*args)
+    assert "Traceback (most recent call last)" in done.stderr and "InputNotFoundError" in done.stderr
+    plain = run_cli("verify", "/nonexistent/b")
+    assert "Traceback" not in plain.stderr and plain.stderr.startswith("error: /nonexistent/b does not exist")
+
+
+@pytest.mark.parametrize("command", ["verify", "restore", "check", "publish"])
+def test_a_missing_bundle_is_exit_3_in_every_command(command, tmp_path):
+    extra = ["--repo", "me/x"] if command == "publish" else []
+    done = run_cli(command, tmp_path / "nope", *extra, env={"HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.splitlines()[0] == f"error: {tmp_path / 'nope'} does not exist"
+    assert done.stderr.splitlines()[1].startswith("hint: ") and done.stdout == ""
+
+
+def test_json_is_data_on_stdout_for_every_command_that_has_data(bundle, tmp_path):
+    restored = tmp_path / "b"
+    shutil.copytree(bundle, restored, symlinks=True)
+    got = json.loads(run_cli("--json", "restore", restored, "-q").stdout)
+    assert got["bundle"] == str(restored) and got["files"] > 0
+    packed = run_cli("pack", bundle.parent / "small.toml", "--out", tmp_path / "again", "--json", "-q")
+    assert packed.returncode == 0, packed.stderr
+    assert json.loads(packed.stdout)["name"] == "small"
+    check = run_cli("check", "--device", "cpu", "--json", "-q")  # check's --json without FILE: stdout too
+    assert json.loads(check.stdout)["format"] == "recap-portable-check"
+
+
+def test_check_json_file_is_still_accepted(tmp_path):
+    report = tmp_path / "report.json"
+    done = run_cli("check", "--device", "cpu", "--json", report, "-q")
+    assert done.stdout == "" and json.loads(report.read_text())["format"] == "recap-portable-check"
+
+
+@pytest.mark.parametrize("command", ["run", "eval"])
+def test_a_command_not_built_yet_is_a_usage_error_not_a_bug(command):
+    done = run_cli(command)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"error: `portable {command}` is not built yet") and "Traceback" not in done.stderr
+    assert "not built yet" in run_cli(command, "--help").stdout  # the help says what it does today
+
+
+def test_json_on_a_command_without_data_is_refused():
+    done = run_cli("--json", "demo")
+    assert done.returncode == 2 and done.stderr.startswith("error: `portable demo` has no JSON output")
+
+
+def test_an_unexpected_exception_is_exit_1_in_one_line(monkeypatch, capsys):
+    def boom(args):
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(portable, "cmd_verify", boom)
+    assert portable.main(["verify", "/x"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == "error: internal error: RuntimeError: kaboom" and "Traceback" not in err
+    with pytest.raises(RuntimeError):
+        portable.main(["--debug", "verify", "/x"])

@@ -96,7 +96,7 @@ def test_video_decodes_each_episode_once_in_order(tmp_path, monkeypatch):
 
 
 def test_fingerprint_changes_with_frames_not_with_unrelated_files(tmp_path, monkeypatch):
-    monkeypatch.setenv("RECAP_PORTABLE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PORTABLE_CACHE_DIR", str(tmp_path / "cache"))
     root = write_dataset(tmp_path / "ds", _episodes(), fps=10, features=FEATURES)
     fp = open_dataset(root).fingerprint
     assert open_dataset(root).fingerprint == fp  # second call from the stat cache

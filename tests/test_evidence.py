@@ -78,6 +78,49 @@ def test_result_shapes_accepted_and_refused():
         )
 
 
+def test_the_simulators_summary_shape_is_read():
+    """reproduction.sim's EvalResult.to_dict(): per-task "k/n" texts, rates and mechanism metrics."""
+    result = {
+        "episodes": 40,
+        "success_once_rate": 0.9,
+        "seconds": 12.3,
+        "tasks": {
+            PICK: {
+                "episodes": 20,
+                "success_once": "19/20",
+                "success_at_end": "18/20",
+                "success_once_rate": 0.95,
+                "success_at_end_rate": 0.9,
+                "mean_first_success_step": 31.5,
+                "detours_per_episode": 0.1,
+                "stalls_per_episode": 0.0,
+                "drops_per_episode": None,
+            },
+            PUSH: {"episodes": 20, "success_once": "17/20", "success_at_end": "17/20"},
+        },
+    }
+    doc = build_evidence(
+        EvalRecord(result=result, label="recap", mode="recap"), name="n", run_id="r", seeds={}, settings={}
+    )
+    assert doc["metrics"]["success_once"]["display"] == "90.0% (36/40)"
+    assert doc["metrics"]["success_at_end"]["display"] == "87.5% (35/40)"
+    assert doc["tasks"][PICK]["details"] == {
+        "detours_per_episode": 0.1,
+        "drops_per_episode": None,
+        "mean_first_success_step": 31.5,
+        "stalls_per_episode": 0.0,
+    }
+    assert "details" not in doc["tasks"][PUSH] and "seconds" not in json.dumps(doc)  # timings are not evidence
+    assert schema_errors("evaluation", doc) == []
+    for bad in ("19/21", "x/20", 19.5):
+        broken = json.loads(json.dumps(result))
+        broken["tasks"][PICK]["success_once"] = bad
+        with pytest.raises(InvalidInputError, match="success count"):
+            build_evidence(
+                EvalRecord(result=broken, label="r", mode="recap"), name="n", run_id="r", seeds={}, settings={}
+            )
+
+
 def test_schema_catches_broken_evidence():
     good = make_evidence()
     for breaks in (

@@ -99,6 +99,7 @@ def test_find_secret_sees_plain_and_utf16_copies_and_nothing_else(tmp_path):
     (tmp_path / "a/log.txt").write_text(f"line\ntoken {TOKEN}\n")
     (tmp_path / "a/wide.bin").write_bytes(b"\x00" + TOKEN.encode("utf-16-le"))
     (tmp_path / "clean.json").write_text('{"token": "<redacted>"}')
+    (tmp_path / "empty.bin").write_bytes(b"")
     found = find_secret(tmp_path, TOKEN)
     assert sorted(f.path.name for f in found) == ["log.txt", "wide.bin"]
     assert found[0].offsets == (11,) and "log.txt" in str(found[0])

@@ -1,12 +1,16 @@
 """Interoperability with lerobot 0.4.4: it loads datasets we write, and we read datasets it writes.
 
-lerobot runs in its own virtual environment (lerobot is never a runtime dependency): created once
-with `--system-site-packages` (reusing the system torch, numpy, pyarrow, huggingface_hub, av) and
-lerobot plus the runtime packages it actually imports installed with `--no-deps` at the pins below
-(its declared ranges, torch<2.11 and huggingface_hub<0.36, exclude this machine's stack). The venv
-is cached under ~/.cache/recap-portable/lerobot-venv-<hash of the pins> so CI reuses it. PyPI's
-torchvision next to the CPU torch fails at import (`operator torchvision::nms does not exist`);
-the driver defines those two operator schemas before lerobot imports torchvision.
+lerobot runs in a helper virtual environment of its own (lerobot is never a runtime dependency),
+built once from the running interpreter: a plain venv, plus a `.pth` file that adds the running
+interpreter's site directories (so the helper sees this environment's torch, numpy, pyarrow,
+huggingface_hub and av, whether the tests run on a system Python or inside a venv), plus lerobot and
+the runtime packages it actually imports, installed with `--no-deps` at the pins below from the
+package index (its declared ranges, torch<2.11 and huggingface_hub<0.36, exclude this stack). Its
+own site-packages come first, so the pins win. The helper is marked complete only after lerobot
+imports in it, and is checked again on every use (rebuilt if the check fails). It lives under
+$PORTABLE_CACHE_DIR (default ~/.cache/recap-portable)/lerobot-venv-<hash of pins and interpreter>.
+PyPI's torchvision next to the CPU torch fails at import (`operator torchvision::nms does not
+exist`); the drivers define those two operator schemas before lerobot imports torchvision.
 """
 
 from __future__ import annotations
@@ -71,7 +75,8 @@ ds = LeRobotDataset("local/ours", root=sys.argv[1])
 items = [ds[i] for i in range(len(ds))]
 np.savez(sys.argv[2],
          state=np.stack([it["observation.state"].numpy() for it in items]),
-         image=np.stack([(it["observation.images.front"].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8) for it in items]),
+         image=np.stack([(it["observation.images.front"].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+                         for it in items]),
          success=np.array([bool(it["is_success"]) for it in items]),
          episode_index=np.array([int(it["episode_index"]) for it in items]),
          frame_index=np.array([int(it["frame_index"]) for it in items]),
@@ -87,7 +92,8 @@ import sys, numpy as np
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 src = np.load(sys.argv[2])
 features = {"observation.state": {"dtype": "float32", "shape": (3,), "names": None},
-            "observation.images.front": {"dtype": "image", "shape": (32, 48, 3), "names": ["height", "width", "channel"]},
+            "observation.images.front": {"dtype": "image", "shape": (32, 48, 3),
+                                         "names": ["height", "width", "channel"]},
             "is_success": {"dtype": "bool", "shape": (1,), "names": None}}
 ds = LeRobotDataset.create("local/theirs", fps=10, root=sys.argv[1], features=features, use_videos=False)
 starts = np.flatnonzero(np.r_[True, src["episode"][1:] != src["episode"][:-1]])
@@ -101,40 +107,90 @@ ds.finalize()
 )
 
 
-def _venv() -> Path:
-    key = hashlib.sha256(("\n".join(PINS) + sys.version).encode()).hexdigest()[:12]
-    venv = Path.home() / ".cache" / "recap-portable" / f"lerobot-venv-{key}"
-    python = venv / "bin" / "python"
-    if (venv / ".complete").is_file():
-        return python
-    tmp = venv.with_name(venv.name + f".partial-{os.getpid()}")
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(tmp)], check=True, timeout=120)
-    proc = subprocess.run(
-        [str(tmp / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", *PINS],
+CHECK = SHIM + "import torch, pyarrow, numpy\nimport lerobot.datasets.lerobot_dataset\n"
+
+
+def _site_dirs() -> list[str]:
+    """The running interpreter's site directories (where its packages live), in sys.path order."""
+    import site
+
+    dirs = [p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages"))]
+    dirs += [p for p in site.getsitepackages() if p not in dirs]
+    user = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+    if user and user not in dirs:
+        dirs.append(user)
+    return [d for d in dirs if os.path.isdir(d)]
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("PORTABLE_CACHE_DIR") or Path.home() / ".cache" / "recap-portable")
+
+
+def _helper_works(python: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(python), "-c", CHECK],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONNOUSERSITE": "1"},
     )
-    if proc.returncode != 0:
-        pytest.fail(f"building the lerobot test venv failed (pip could not install the pins): {proc.stderr[-2000:]}")
-    # venvs are not relocatable: rebuild in place by renaming only after the scripts point at the final path
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--upgrade", str(tmp)], check=True, timeout=120
-    )
-    if venv.exists():
-        import shutil
-
-        shutil.rmtree(venv)
-    os.replace(tmp, venv)
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--upgrade", str(venv)], check=True, timeout=120
-    )
-    (venv / ".complete").write_text("\n".join(PINS))
-    return python
 
 
-def _run(python: Path, script: str, *args: str) -> None:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1"}
+def _venv() -> Path:
+    """The helper's interpreter: built (under a lock) unless a complete one passes the check import."""
+    import fcntl
+    import shutil
+
+    dirs = _site_dirs()
+    key = hashlib.sha256("\n".join([*PINS, sys.version, sys.prefix, *dirs]).encode()).hexdigest()[:12]
+    root = _cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    venv = root / f"lerobot-venv-{key}"
+    python = venv / "bin" / "python"
+    with open(root / f"lerobot-venv-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (venv / ".complete").is_file() and _helper_works(python).returncode == 0:
+            return python
+        shutil.rmtree(venv, ignore_errors=True)  # partial, or complete once but broken now: rebuild
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+        site_packages = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        # `import site; site.addsitedir(d)` (not a bare path) so .pth files inside those dirs work too
+        lines = [f"import site; site.addsitedir({d!r})" for d in dirs]
+        Path(site_packages, "_portable_parent_env.pth").write_text("\n".join(lines) + "\n")
+        proc = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", *PINS],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        if proc.returncode != 0:
+            pytest.fail(
+                "building the lerobot helper venv failed: pip could not install the pins from the package "
+                f"index (this test needs it; see the README):\n{proc.stderr[-2000:]}"
+            )
+        check = _helper_works(python)
+        if check.returncode != 0:
+            pytest.fail(f"the lerobot helper venv at {venv} does not import lerobot:\n{check.stderr[-3000:]}")
+        (venv / ".complete").write_text("\n".join(PINS) + "\n")
+        return python
+
+
+def _run(python: Path, script: str, *args: str, home: Path) -> None:
+    """Run a driver in the helper; lerobot's and datasets' caches go to `home` (a test temp folder)."""
+    env = {
+        **os.environ,
+        "HF_HOME": str(home),
+        "HF_DATASETS_CACHE": str(home / "datasets"),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "PYTHONNOUSERSITE": "1",
+    }
     proc = subprocess.run(
         [str(python), "-c", textwrap.dedent(script), *args], capture_output=True, text=True, timeout=300, env=env
     )
@@ -178,7 +234,7 @@ def test_lerobot_loads_our_v30_dataset_frame_for_frame(tmp_path):
     python = _venv()
     eps = _source()
     root = write_dataset(tmp_path / "ours", eps, fps=10, features=FEATURES)
-    _run(python, READ_DRIVER, str(root), str(tmp_path / "seen.npz"))
+    _run(python, READ_DRIVER, str(root), str(tmp_path / "seen.npz"), home=tmp_path / "hf")
     seen = np.load(tmp_path / "seen.npz")
     np.testing.assert_array_equal(seen["state"], np.concatenate([e.frames["observation.state"] for e in eps]))
     np.testing.assert_array_equal(seen["image"], np.concatenate([e.frames["observation.images.front"] for e in eps]))
@@ -199,7 +255,7 @@ def test_we_read_a_dataset_lerobot_wrote_frame_for_frame(tmp_path):
         "task": np.repeat([e.task for e in eps], [e.length for e in eps]),
     }
     np.savez(tmp_path / "src.npz", **src)
-    _run(python, WRITE_DRIVER, str(tmp_path / "theirs"), str(tmp_path / "src.npz"))
+    _run(python, WRITE_DRIVER, str(tmp_path / "theirs"), str(tmp_path / "src.npz"), home=tmp_path / "hf")
     ds = open_dataset(tmp_path / "theirs")
     assert ds.info.codebase_version == "v3.0" and ds.num_frames == 15 and ds.num_episodes == 3
     rows = np.arange(ds.num_frames)[::-1]  # any order

@@ -160,7 +160,7 @@ def _build_elf_tree(root: Path, prefix: str, src: Path, dtags: str = "--enable-n
     (root / "lib").mkdir(parents=True)
     (root / "bin").mkdir()
     src.mkdir(exist_ok=True)
-    (src / "greet.c").write_text('const char *where = "%s/share";\nconst char *greet(void) { return "hi"; }\n' % prefix)
+    (src / "greet.c").write_text(f'const char *where = "{prefix}/share";\nconst char *greet(void) {{ return "hi"; }}\n')
     (src / "main.c").write_text(
         "#include <stdio.h>\nconst char *greet(void);\nint main(void) { puts(greet()); return 0; }\n"
     )

@@ -58,7 +58,10 @@ import sys
 def main():
     print("pure-hello from", sys.prefix)
 """
-CEXT_SETUP = 'from setuptools import setup, Extension\nsetup(name="cextpkg", version="0.1", ext_modules=[Extension("cextpkg", ["cextpkg.c"])])\n'
+CEXT_SETUP = (
+    "from setuptools import setup, Extension\n"
+    'setup(name="cextpkg", version="0.1", ext_modules=[Extension("cextpkg", ["cextpkg.c"])])\n'
+)
 CEXT_C = """\
 #include <Python.h>
 static PyObject *add(PyObject *self, PyObject *args) {
@@ -74,7 +77,8 @@ FACTS = """\
 import json, sys, sysconfig
 import purepkg, cextpkg
 maps = sorted({line.split()[-1] for line in open("/proc/self/maps") if "/" in line.split()[-1]})
-print(json.dumps({"maps": maps, "prefix": sys.prefix, "base_prefix": sys.base_prefix, "path": [p for p in sys.path if p],
+print(json.dumps({"maps": maps, "prefix": sys.prefix, "base_prefix": sys.base_prefix,
+                  "path": [p for p in sys.path if p],
                   "include": sysconfig.get_paths()["include"], "suffix": sysconfig.get_config_var("EXT_SUFFIX"),
                   "libdir": sysconfig.get_config_var("LIBDIR"), "pure": purepkg.__file__, "cext": cextpkg.__file__,
                   "sum": cextpkg.add(40, 2)}))
@@ -340,7 +344,7 @@ def test_a_binary_string_that_cannot_fit_is_refused_with_exit_9(tmp_path: Path) 
     """A layer whose loaded bytes embed the build prefix: restoring at a longer path is refused."""
     src = tmp_path / "build-location-of-the-layer" / "rtx"
     (src / "lib").mkdir(parents=True)
-    (src / "k.c").write_text('const char *data_dir(void) { return "%s/share/k"; }\n' % src)
+    (src / "k.c").write_text(f'const char *data_dir(void) {{ return "{src}/share/k"; }}\n')
     built = _run([GCC, "-shared", "-fPIC", "-o", src / "lib" / "libk.so", src / "k.c"])
     assert built.returncode == 0, built.stderr
     spec = tmp_path / "rtx.toml"

@@ -150,7 +150,7 @@ def test_kill_at_a_random_step_then_resume_is_bit_identical(tmp_path, ray_addres
 
 @pytest.mark.timeout(240)
 def test_kill_during_a_save_then_resume_is_bit_identical(tmp_path, ray_address, reference):
-    proc = _child(tmp_path, ray_address=ray_address, env={checkpoint.SLEEP_HOOK: "3"})
+    proc = _child(tmp_path, ray_address=ray_address, args=("--sleep-in-save", "3"))
     partial = tmp_path / "checkpoints" / "step_12.partial" / "manifest.json"
     _wait_until(lambda: partial.exists() or proc.poll() is not None, 180, "the save of step 12")
     _kill_run(proc, tmp_path)

@@ -654,8 +654,7 @@ def test_infer_cli_runs_the_shards_on_ray_workers_with_the_in_process_values(
     [
         (
             "raise",
-            "error: value inference shard 1 raised RuntimeError: injected failure in value inference shard 1 "
-            "(PORTABLE_TEST_INFER_FAULT=raise:1)",
+            "error: value inference shard 1 raised RuntimeError: injected failure in value inference shard 1",
         ),
         ("die", "error: value inference shard 1 died: WorkerCrashedError: "),
     ],
@@ -663,10 +662,13 @@ def test_infer_cli_runs_the_shards_on_ray_workers_with_the_in_process_values(
 def test_a_failing_inference_worker_is_exit_51_and_writes_nothing(
     stage_dir, ray_local, tmp_path, monkeypatch, capsys, fault, words
 ):
-    from reproduction.recap.value import cli as value_cli
-    from reproduction.recap.value.infer import FAULT_HOOK
+    from value_synth import FaultyShardTask
 
-    monkeypatch.setenv(FAULT_HOOK, f"{fault}:1")  # PORTABLE_* reaches the workers; only a worker reads it
+    from reproduction.recap.value import cli as value_cli
+    from reproduction.recap.value import infer
+
+    # the seam: the worker body run_tasks ships to each Ray worker (module-level, so picklable by reference)
+    monkeypatch.setattr(infer, "infer_job", FaultyShardTask(fault, 1))
     out = tmp_path / "values.parquet"
     rc = value_cli.main(_infer_args(stage_dir, out, 2, "--ray-address", ray_local))
     got = capsys.readouterr()

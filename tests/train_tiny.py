@@ -4,8 +4,10 @@
 resume=True and prints the result as JSON on stdout (the kill/resume tests run it and kill -9 it).
 Fault knobs (all picklable through functools.partial): `raise_at_step` / `die_at_step` on one
 rank, `die_in_save` (SIGKILL on one rank right after it wrote its DCP shard of `step_N.partial/`),
-`step_sleep` to slow steps down, `pid_dir` to record each worker's pid (`rank<r>.pid`) and the
-environment it runs under (`rank<r>.env.json`).
+`sleep_in_save` (rank 0 sleeps that many seconds right after writing each
+`step_N.partial/manifest.json`, before the rename: a window to kill a run mid-save), `step_sleep`
+to slow steps down, `pid_dir` to record each worker's pid (`rank<r>.pid`) and the environment it
+runs under (`rank<r>.env.json`).
 """
 
 from __future__ import annotations
@@ -125,6 +127,23 @@ def _die_after_shard_write(step: int) -> None:
     FileSystemWriter.write_data = write_data
 
 
+def _sleep_after_manifest_write(seconds: float) -> None:
+    """Make this worker process sleep right after the checkpoint commit writes a `manifest.json` into
+    `step_N.partial/` (rank 0 only writes it), before the rename to `step_N/`. Patched in this worker
+    process only (Ray gives every run fresh worker processes)."""
+    from reproduction.train import checkpoint
+
+    original = checkpoint.atomic_write_text
+
+    def atomic_write_text(path, text, *args, **kwargs):
+        result = original(path, text, *args, **kwargs)
+        if Path(path).name == checkpoint.MANIFEST and Path(path).parent.name.endswith(".partial"):
+            time.sleep(seconds)
+        return result
+
+    checkpoint.atomic_write_text = atomic_write_text
+
+
 def evaluate(model: nn.Module, ctx: EvalContext) -> dict[str, float]:
     data = Regression(N_EVAL, seed=99)
     idx = list(ctx.shard(len(data)))
@@ -147,6 +166,7 @@ def make_task(
     step_sleep: float = 0.0,
     nan_at_call: int | None = None,
     die_in_save: int | None = None,
+    sleep_in_save: float = 0.0,
 ) -> TrainTask:
     """The tiny task; `*_at_step` count loss calls on `fault_rank` (one per micro batch)."""
     if pid_dir:
@@ -156,6 +176,8 @@ def make_task(
         (Path(pid_dir) / f"rank{rank}.env.json").write_text(json.dumps(env))
     if die_in_save is not None and rank == fault_rank:
         _die_after_shard_write(die_in_save)
+    if sleep_in_save:
+        _sleep_after_manifest_write(sleep_in_save)
     torch.manual_seed(7)
     model = MLP(dropout, scale)
 
@@ -227,6 +249,7 @@ def main() -> None:
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--die-in-save", type=int, default=None, help="SIGKILL rank 1 inside the save of this step")
+    parser.add_argument("--sleep-in-save", type=float, default=0.0, help="rank 0 sleeps this long inside each save")
     args = parser.parse_args()
     from reproduction.train.api import train
 
@@ -236,6 +259,7 @@ def main() -> None:
         step_sleep=args.step_sleep,
         pid_dir=str(Path(args.out) / "pids"),
         die_in_save=args.die_in_save,
+        sleep_in_save=args.sleep_in_save,
     )
     result = train(
         task,

@@ -10,6 +10,9 @@ returns come from stage 1 (`compute_returns`), so the targets are the real pipel
 
 from __future__ import annotations
 
+import os
+import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -79,3 +82,22 @@ def write_value_dataset(
     runs = Path(runs) if runs is not None else Path(root).parent / "returns"
     compute_returns([Path(root)], runs, ReturnsConfig(failure_reward=failure_reward, dataset_type="rollout"))
     return runs
+
+
+@dataclass(frozen=True)
+class FaultyShardTask:
+    """A stage-3 worker body for fault tests (`infer_dataset_ray(task=...)`): shard `rank` raises a
+    RuntimeError (`action="raise"`) or SIGKILLs its own process (`action="die"`) before loading
+    anything; every other shard runs the real `infer_job`. Picklable by reference (module level)."""
+
+    action: str
+    rank: int
+
+    def __call__(self, job):
+        from reproduction.recap.value.infer import infer_job
+
+        if job.shard.rank == self.rank:
+            if self.action == "die":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"injected failure in value inference shard {self.rank}")
+        return infer_job(job)

@@ -2,8 +2,8 @@
 
 torch_npu is imported only in a subprocess with TORCH_DEVICE_BACKEND_AUTOLOAD=0, and never through
 the `torch_npu.contrib.transfer_to_npu` hazard (it patches torch globally).
-Rows: `npu` (devices usable by torch_npu), `npu.cann` (toolkit found and on the library path), `npu.skew` (torch_npu vs CANN and vs
-torch), `npu.processes` (NPUs already in use, same rule as CUDA).
+Rows: `npu` (devices usable by torch_npu), `npu.cann` (toolkit found and on the library path),
+`npu.skew` (torch_npu vs CANN and vs torch), `npu.processes` (NPUs already in use, same rule as CUDA).
 
 CANN is looked for at $ASCEND_TOOLKIT_HOME, $ASCEND_HOME_PATH, then <root>/ascend-toolkit/latest,
 <root>/cann and <root>/cann-* for each default root (/usr/local/Ascend). Its version comes from
@@ -50,7 +50,8 @@ try:
     import torch_npu  # explicit; never torch_npu.contrib.transfer_to_npu
     out["torch_npu"] = getattr(torch_npu, "__version__", None)
     out["available"] = bool(torch.npu.is_available())
-    out["devices"] = [{"index": i, "name": torch.npu.get_device_name(i)} for i in range(torch.npu.device_count())] if out["available"] else []
+    count = torch.npu.device_count() if out["available"] else 0
+    out["devices"] = [{"index": i, "name": torch.npu.get_device_name(i)} for i in range(count)]
 except BaseException as exc:
     out["error"] = "%s: %s" % (type(exc).__name__, exc)
 print(json.dumps(out))
@@ -252,7 +253,8 @@ def _cann_row(ctx: CheckContext, cann: CannInstall | None) -> ProbeResult:
         )
     return ok(
         "npu.cann",
-        f"CANN {cann.version} at {cann.home} (from {cann.version_file.name if cann.version_file else '?'}), on LD_LIBRARY_PATH",
+        f"CANN {cann.version} at {cann.home} "
+        f"(from {cann.version_file.name if cann.version_file else '?'}), on LD_LIBRARY_PATH",
         **details,
     )
 
@@ -278,7 +280,8 @@ def _device_row(info: dict, smi_note: str, smi: dict) -> ProbeResult:
     names = sorted({d["name"] for d in info["devices"]})
     return ok(
         "npu",
-        f"{len(info['devices'])} x {', '.join(names)}; {smi_note}; torch {info.get('torch')}, torch_npu {info['torch_npu']}",
+        f"{len(info['devices'])} x {', '.join(names)}; {smi_note}; "
+        f"torch {info.get('torch')}, torch_npu {info['torch_npu']}",
         **details,
     )
 

@@ -202,7 +202,8 @@ def _device_row(gpus: list, info: dict, smi_error: str, details: dict) -> ProbeR
     driver = gpus[0]["driver"] if gpus else "?"
     return ok(
         "cuda",
-        f"{len(devs)} x {', '.join(names)} ({devs[0]['memory_mib'] / 1024:.0f} GiB, sm_{devs[0]['capability'].replace('.', '')}); "
+        f"{len(devs)} x {', '.join(names)} ({devs[0]['memory_mib'] / 1024:.0f} GiB, "
+        f"sm_{devs[0]['capability'].replace('.', '')}); "
         f"driver {driver} (CUDA {info.get('driver_cuda') or '?'}); torch {torch} (CUDA {info['cuda_runtime']})",
         **details,
     )

@@ -2,9 +2,10 @@
 
 "Restored" is read from the receipt (`<bundle>/.portable/receipt.json`, reproduction/release/receipt.py,
 imported lazily): every layer of the manifest must be recorded with the archive digest the manifest
-pins, and (for layers whose files hold a build prefix) relocated to the layer's current path. Free disk needed for a run: the manifest's
-`metadata.run_disk_bytes` when the bundle declares it, else twice the size of weights/ (checkpoints of
-each stage) plus 1 GiB (datasets' sidecars, logs, evidence).
+pins, and (for layers whose files hold a build prefix) relocated to the layer's current path.
+Free disk needed for a run: the manifest's `metadata.run_disk_bytes` when the bundle declares it,
+else twice the size of weights/ (checkpoints of each stage) plus 1 GiB (datasets' sidecars, logs,
+evidence).
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def probe_restored(bundle: Path, manifest: Any) -> ProbeResult:
             problems.append(f"{layer.archive} not restored")
         elif entry is not None and got.sha256 != entry.sha256:
             problems.append(
-                f"{layer.archive} restored from another archive (sha256 {got.sha256[:12]}..., manifest {entry.sha256[:12]}...)"
+                f"{layer.archive} restored from another archive (sha256 {got.sha256[:12]}..., "
+                f"manifest {entry.sha256[:12]}...)"
             )
         elif _needs_relocation(layer) and os.path.realpath(got.prefix) != here:
             problems.append(

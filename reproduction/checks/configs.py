@@ -7,7 +7,8 @@ missing the file is reported as unread rather than guessed at. The keys read, fi
     save interval       runner.save_interval, trainer.save_interval, save_interval
     validation interval runner.val_check_interval, trainer.val_check_interval, val_check_interval
     micro batch         actor.micro_batch_size, actor.train.micro_batch_size, train.micro_batch_size, micro_batch_size
-    global batch        actor.global_batch_size, actor.train.global_batch_size, train.global_batch_size, global_batch_size
+    global batch        actor.global_batch_size, actor.train.global_batch_size, train.global_batch_size,
+                        global_batch_size
     workers             cluster.num_workers, train.workers, workers, num_workers, world_size;
                         else cluster.num_nodes x cluster.num_gpus_per_node (a missing factor counts 1)
 """

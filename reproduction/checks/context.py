@@ -47,7 +47,9 @@ print(json.dumps({
     "paths": {k: paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib", "include", "platinclude")},
     "cc": cv("CC"), "ext_suffix": cv("EXT_SUFFIX"), "libdir": cv("LIBDIR"),
     "modules": {m: origin(m) for m in ("torch", "torch_npu", "tensorflow", "numpy", "triton")},
-    "dists": {d: version(d) for d in ("torch", "torch-npu", "torch_npu", "tensorflow", "tensorflow-cpu", "numpy", "triton")},
+    "dists": {
+        d: version(d) for d in ("torch", "torch-npu", "torch_npu", "tensorflow", "tensorflow-cpu", "numpy", "triton")
+    },
 }))
 """
 

@@ -208,7 +208,9 @@ def render_table(report: CheckReport, *, options: UiOptions | None = None, strea
 
 
 def write_json(report: CheckReport, json_path: Path) -> None:
-    """Write the JSON report to `json_path` atomically, or to stdout when it is '-'. Raises WriteFailedError (exit 8)."""
+    """Write the JSON report to `json_path` atomically, or to stdout when it is '-'.
+
+    Raises WriteFailedError (exit 8)."""
     text = json.dumps(report.to_dict(), indent=1) + "\n"
     if str(json_path) == "-":
         sys.stdout.write(text)

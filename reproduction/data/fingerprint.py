@@ -9,7 +9,7 @@
 Re-compressing files or touching stats leaves it unchanged; refiltering, reordering or editing
 episodes changes it. A file's digest covers its rows in slices of 2^20 (for each slice, each
 column's name then its values). Per-file digests are cached by (path, size, mtime_ns) in
-`$RECAP_PORTABLE_CACHE` (default ~/.cache/recap-portable)/fingerprints/, so a second call on a
+`$PORTABLE_CACHE_DIR` (default ~/.cache/recap-portable)/fingerprints/, so a second call on a
 large dataset costs a stat per file; a reader that already read the key columns (stage 1's one
 pass) hands its digests in (`known`) and no file is read again. Files the cache misses are read on
 a small thread pool. A cache that cannot be written is ignored.
@@ -38,7 +38,9 @@ FP_COLUMNS = ("episode_index", "frame_index", "index", "task_index", "is_success
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("RECAP_PORTABLE_CACHE") or str(Path.home() / ".cache" / "recap-portable")
+    # RECAP_PORTABLE_CACHE: the variable's old name, still honoured
+    base = os.environ.get("PORTABLE_CACHE_DIR") or os.environ.get("RECAP_PORTABLE_CACHE")
+    base = base or str(Path.home() / ".cache" / "recap-portable")
     return Path(base) / "fingerprints"
 
 

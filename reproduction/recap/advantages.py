@@ -32,7 +32,7 @@ import pyarrow as pa
 from reproduction.errors import CheckpointError, ConfigError, DatasetError, InputNotFoundError, UnsupportedFormatError
 from reproduction.recap.advantage_inputs import DatasetArrays, SidecarInputs, load_dataset_arrays
 from reproduction.recap.normalize import ReturnRange
-from reproduction.recap.returns import discounted_reverse_cumsum, sort_frames
+from reproduction.recap.returns import discounted_reverse_cumsum, repeat_strings, sort_frames
 
 VALUE_HEAD_NAME = "value_head.json"
 """The value export's metadata file (value_task.HEAD_NAME; not imported: value_task loads torch)."""
@@ -390,6 +390,11 @@ class AdvantageReport:
         }
 
 
+KEEP_ROWS = 1 << 21
+"""Up to this many rows (all datasets together) stage 3 keeps its first pass's inputs and results for
+the second (about 150 bytes a row) instead of reading and computing them again; beyond, it streams
+twice so memory stays bounded (bench/memory_10m.py)."""
+
 Results = Callable[[Any], Iterator[tuple[DatasetArrays, dict[str, np.ndarray]]]]
 """results(d) -> (chunk, nstep outputs) for each chunk of dataset input d, the same on every call."""
 
@@ -406,16 +411,24 @@ def label_and_write(
     """Threshold all datasets together, label, and write advantages_{tag}.parquet + mixture_config.yaml.
 
     Two passes over each input's chunks: continuous advantages and task keys first (held whole,
-    8 + 4 bytes a frame), then labels and the sidecar, written chunk by chunk.
+    8 + 4 bytes a frame), then labels and the sidecar, written chunk by chunk. Inputs of up to
+    KEEP_ROWS rows in all are read and computed once, their chunks kept between the passes.
     """
     from reproduction.recap.sidecars import sidecar_name, write_mixture_config, write_sidecar
 
     parts, keys, names, sizes, mixture = [], [], {}, [], []
-    for d in inputs:
+    kept: dict[int, list[tuple[DatasetArrays, dict[str, np.ndarray]]]] = {}
+    budget = KEEP_ROWS
+    for i, d in enumerate(inputs):
         lo, hi, n = np.inf, -np.inf, 0
+        keep = d.num_rows <= budget  # small enough to hold: the second pass reuses the first's chunks
+        if keep:
+            kept[i], budget = [], budget - d.num_rows
         for chunk, r in results(d):
+            if keep:
+                kept[i].append((chunk, r))
             parts.append(r["advantage_continuous"])
-            keys.append(_codes(chunk.prompts, names))
+            keys.append(_codes(chunk, names))
             n += chunk.num_rows
             if chunk.num_rows:
                 lo, hi = min(lo, float(chunk.returns.min())), max(hi, float(chunk.returns.max()))
@@ -445,7 +458,7 @@ def label_and_write(
             "thresholds": taus,
             "positive_fraction": fractions[d.name],
         }
-        tables = _advantage_tables(results(d), row_tau[rows])
+        tables = _advantage_tables(iter(kept.pop(i)) if i in kept else results(d), row_tau[rows])
         written.append(write_sidecar(Path(out_dirs[i]) / sidecar_name("advantages", config.tag), tables, meta))
         write_mixture_config(
             Path(out_dirs[i]),
@@ -479,15 +492,15 @@ def _advantage_tables(
                 "reward_sum": pa.array(r["reward_sum"]),
                 "reward_sum_raw": pa.array(r["reward_sum_raw"]),
                 "num_valid_rewards": pa.array(r["num_valid_rewards"]),
-                "dataset_name": pa.array([d.name], pa.string()).take(pa.array(np.zeros(n, np.int64))),
+                "dataset_name": repeat_strings([d.name], np.zeros(n, np.int64)),
                 "advantage": pa.array(labels),
             }
         )
 
 
-def _codes(prompts: np.ndarray, names: dict[str, int]) -> np.ndarray:
-    """int32 task codes for `prompts`, numbering new task strings into `names` as they appear."""
-    uniq, inv = factorize(prompts)
+def _codes(chunk: DatasetArrays, names: dict[str, int]) -> np.ndarray:
+    """int32 task codes for the chunk's prompts, numbering new task strings into `names` as they appear."""
+    uniq, inv = chunk.prompt_codes if chunk.prompt_codes is not None else factorize(chunk.prompts)
     ids = np.array([names.setdefault(str(u), len(names)) for u in uniq], dtype=np.int32)
     return ids[inv] if ids.size else np.zeros(0, np.int32)
 

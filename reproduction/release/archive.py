@@ -34,6 +34,8 @@ class LayerContents:
     """Sum of file sizes."""
     tar_size: int = 0
     """Size of the uncompressed tar stream."""
+    newest_mtime: float = 0.0
+    """Newest mtime among the packed source entries (what `created` is derived from)."""
 
 
 def walk_tree(src: Path, exclude: tuple[str, ...]) -> list[tuple[str, os.stat_result]]:
@@ -98,6 +100,7 @@ def write_layer(layer: LayerSpec, out: Path, *, link_roots: dict[str, str], thre
             fileobj=counter, mode="w|", format=tarfile.PAX_FORMAT, encoding="utf-8", errors="surrogateescape"
         ) as tar:
             for rel, st in entries:
+                contents.newest_mtime = max(contents.newest_mtime, st.st_mtime)
                 info = _member_info(layer, rel, st, link_roots)
                 if info.type == tarfile.REGTYPE:
                     with open(layer.source / rel, "rb") as fh:

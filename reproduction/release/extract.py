@@ -1,10 +1,11 @@
 """Write validated tar members into a fresh staging folder, fast (raw os calls, no tarfile).
 
 Only members that reproduction/release/safety.py accepted reach here, and the destination is a
-private staging folder, so the writer can be simple; it still opens with O_NOFOLLOW|O_EXCL as a
-second line of defence. Data goes from the decompressor's window straight to os.write, and each
-header is checked against the validated list, so an archive swapped between the two reads (list,
-then extract) is refused.
+private staging folder; still, as a second line of defence every path is opened component by
+component from its folder's fd with O_NOFOLLOW (`DirFds`) and files with O_EXCL, so no member is
+ever written through a symlink, whatever validation missed. Data goes from the decompressor's
+window straight to os.write, and each header is checked against the validated list, so an archive
+swapped between the two reads (list, then extract) is refused.
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from reproduction.errors import UnsafeArchiveError, WriteFailedError
+from reproduction.errors import PortableError, UnsafeArchiveError, os_error
 from reproduction.release.tarscan import Member, StreamSource, iter_members
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_SPACE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS)
 
 
 def _umask() -> int:
@@ -45,33 +45,85 @@ class Written:
     """path -> sha256 of what was written (only when asked for: source layers, for `restore --deep`)."""
 
 
-def write_failed(exc: OSError, what: str) -> WriteFailedError:
-    """A clear one-line error for a failed write (disk full, file too large, read-only)."""
-    reason = {
-        errno.ENOSPC: "the disk is full",
-        errno.EFBIG: "a file is larger than allowed (file size limit)",
-        errno.EDQUOT: "the disk quota is exceeded",
-        errno.EROFS: "the filesystem is read-only",
-    }.get(exc.errno, exc.strerror)
-    return WriteFailedError(
-        f"cannot write {what}: {reason} ({exc.filename or exc})",
-        path=exc.filename,
-        hint="free some space (or raise the limit) and run `portable restore` again; the previous state is kept",
+def write_failed(exc: OSError, what: str) -> PortableError:
+    """A clear one-line error for a failed write into staging (through the one OSError mapping)."""
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a symlink or file where a folder must be: never followed
+        return UnsafeArchiveError(
+            f"cannot write {what}: a path component is a symlink or a file, not a folder ({exc.filename or exc})",
+            archive=None,
+            member=exc.filename,
+            hint="do not use this bundle; ask its publisher to re-pack it with `portable pack`",
+        )
+    return os_error(
+        exc,
+        what,
+        hint="free some space (or raise the limit, or fix the permissions) and run `portable restore` again; "
+        "the previous state is kept",
     )
 
 
-def _open_new(path: str, mode: int) -> int:
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_OPEN_DIRS = 64  # per extracting thread; several layers extract at once under one fd limit
+
+
+class DirFds:
+    """Folder fds below one root, each opened from its parent's fd with O_NOFOLLOW (openat-style).
+
+    Every member is created relative to its folder's fd, and every folder is reached component by
+    component without following a link, so no name in an archive is ever resolved through a
+    symlink: a validation gap cannot become a write outside the root (ELOOP/ENOTDIR instead).
+    """
+
+    def __init__(self, root: str) -> None:
+        self.fds: dict[str, int] = {"": os.open(root, _DIR_FLAGS)}
+
+    def fd(self, rel: str) -> int:
+        """The fd of folder `rel` ('' is the root), opening missing components without following links."""
+        fd = self.fds.get(rel)
+        if fd is not None:
+            return fd
+        if len(self.fds) > _MAX_OPEN_DIRS:
+            self._trim()
+        parts = rel.split("/")
+        depth = len(parts) - 1
+        while depth and "/".join(parts[:depth]) not in self.fds:
+            depth -= 1
+        fd = self.fds["/".join(parts[:depth])]
+        for i in range(depth, len(parts)):
+            fd = os.open(parts[i], _DIR_FLAGS, dir_fd=fd)
+            self.fds["/".join(parts[: i + 1])] = fd
+        return fd
+
+    def parent(self, rel: str) -> tuple[int, str]:
+        """(fd of the folder holding `rel`, the last component of `rel`)."""
+        head, _, base = rel.rpartition("/")
+        return self.fd(head), base
+
+    def _trim(self) -> None:
+        root = self.fds.pop("")
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds = {"": root}
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds = {}
+
+
+def _open_new(dirs: DirFds, rel: str, mode: int) -> int:
+    dir_fd, base = dirs.parent(rel)
     try:
-        return os.open(path, _FLAGS, mode)
+        return os.open(base, _FLAGS, mode, dir_fd=dir_fd)
     except FileExistsError:  # a later overlay layer replaces an earlier layer's file
-        os.unlink(path)
-        return os.open(path, _FLAGS, mode)
+        os.unlink(base, dir_fd=dir_fd)
+        return os.open(base, _FLAGS, mode, dir_fd=dir_fd)
 
 
-def _write_file(root: str, m: Member, source: StreamSource, umask: int, hasher=None) -> None:
+def _write_file(dirs: DirFds, m: Member, source: StreamSource, umask: int, hasher=None) -> None:
     """Write one file straight from the decompressor's window (no copy), then its mode and mtime."""
     mode = m.mode & 0o777
-    fd = _open_new(f"{root}/{m.name}", mode)
+    fd = _open_new(dirs, m.name, mode)
     try:
         while True:
             view = source.read_data(1 << 30)
@@ -89,33 +141,36 @@ def _write_file(root: str, m: Member, source: StreamSource, umask: int, hasher=N
         os.close(fd)
 
 
-def _make_dirs(root: str, members: list[Member]) -> None:
-    """Every folder the members need, each created once, parents first."""
-    dirs: set[str] = set()
+def _make_dirs(dirs: DirFds, members: list[Member]) -> None:
+    """Every folder the members need, each created once, parents first (never through a link)."""
+    needed: set[str] = set()
     for m in members:
         parts = m.name.split("/")
         for depth in range(1, len(parts) + (m.kind == "dir")):
-            dirs.add("/".join(parts[:depth]))
-    dirs.discard("")
-    for rel in sorted(dirs, key=lambda d: (d.count("/"), d)):
+            needed.add("/".join(parts[:depth]))
+    needed.discard("")
+    for rel in sorted(needed, key=lambda d: (d.count("/"), d)):
+        dir_fd, base = dirs.parent(rel)
         try:
-            os.mkdir(f"{root}/{rel}", 0o755)
+            os.mkdir(base, 0o755, dir_fd=dir_fd)
         except FileExistsError:
             pass
 
 
-def _finish(root: str, members: list[Member], written: Written) -> None:
-    """Symlinks, then folder modes (last, so a read-only folder does not block its own contents)."""
+def _finish(dirs: DirFds, members: list[Member], written: Written) -> None:
+    """Symlinks, then folder modes (last and deepest first, so a read-only folder blocks nothing)."""
     for m in members:
         if m.kind == "symlink":
-            path = f"{root}/{m.name}"
-            if os.path.lexists(path):
-                os.unlink(path)
-            os.symlink(m.linkname, path)
+            dir_fd, base = dirs.parent(m.name)
+            try:
+                os.unlink(base, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+            os.symlink(m.linkname, base, dir_fd=dir_fd)
             written.links[m.name] = m.linkname
-    for m in members:
-        if m.kind == "dir" and m.name and (m.mode & 0o777) != 0o755:
-            os.chmod(f"{root}/{m.name}", m.mode & 0o777)
+    modes = [m for m in members if m.kind == "dir" and m.name and (m.mode & 0o777) != 0o755]
+    for m in sorted(modes, key=lambda m: -m.name.count("/")):
+        os.fchmod(dirs.fd(m.name), m.mode & 0o777)
 
 
 def extract_stream(
@@ -133,11 +188,13 @@ def extract_stream(
     time that serialises in ext4) while they took CPU from the hashing that overlaps extraction.
     `digests` also records the sha256 of every file written (cheap for small source layers).
     """
-    root, umask, written = str(dest), _UMASK, Written()
+    umask, written = _UMASK, Written()
     source = StreamSource(stream)
+    dirs: DirFds | None = None
     try:
-        os.makedirs(root, exist_ok=True)
-        _make_dirs(root, expected)
+        os.makedirs(dest, exist_ok=True)
+        dirs = DirFds(str(dest))
+        _make_dirs(dirs, expected)
         seen = 0
         for m in iter_members(source, archive=archive):
             if seen >= len(expected) or m.key() != expected[seen].key():
@@ -150,7 +207,7 @@ def extract_stream(
             seen += 1
             if m.kind == "file":
                 hasher = hashlib.sha256() if digests else None
-                _write_file(root, m, source, umask, hasher)
+                _write_file(dirs, m, source, umask, hasher)
                 if hasher is not None:
                     written.digests[m.name] = hasher.hexdigest()
                 written.files[m.name] = [m.size, m.mtime * 1_000_000_000]
@@ -163,9 +220,10 @@ def extract_stream(
                 archive=archive,
                 hint="the archive changed during restore; run restore again",
             )
-        _finish(root, expected, written)
+        _finish(dirs, expected, written)
     except OSError as exc:
-        if exc.errno in _SPACE_ERRORS:
-            raise write_failed(exc, str(dest)) from None
-        raise
+        raise write_failed(exc, f"the staging folder {dest}") from None
+    finally:
+        if dirs is not None:
+            dirs.close()
     return written

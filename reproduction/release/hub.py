@@ -247,7 +247,8 @@ def publish_bundle(
         )
         commits += 1
         say(
-            f"  commit {i}/{len(batches)}: {len(batch)} files, {human_bytes(sum(e.size for e in batch))} -> {parent[:12]}",
+            f"  commit {i}/{len(batches)}: {len(batch)} files, "
+            f"{human_bytes(sum(e.size for e in batch))} -> {parent[:12]}",
             options=ui,
         )
     if final or (batches and MANIFEST_NAME in remote):
@@ -411,7 +412,7 @@ def _remote_manifest(
         ) from None
     try:
         parsed = json.loads(data)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise InvalidInputError(
             f"{where}: not valid JSON ({exc})",
             path=where,
@@ -431,7 +432,8 @@ def _remote_manifest(
 
 
 def _prepare_dest(dest: Path, manifest: Manifest) -> None:
-    """Create `dest`, or accept an earlier fetch there (dropping files its old manifest listed but the new one does not)."""
+    """Create `dest`, or accept an earlier fetch there (dropping files its old manifest listed but the
+    new one does not)."""
     if dest.exists() and not dest.is_dir():
         raise InvalidInputError(
             f"{dest} exists and is not a folder", path=dest, hint="fetch into a new or empty folder"

@@ -133,10 +133,29 @@ def _status(exc: BaseException) -> int | None:
     return getattr(response, "status_code", None)
 
 
+def unresolved_host(exc: BaseException) -> bool:
+    """True when `exc` (or what it wraps) is a failed DNS lookup: the endpoint's host name does not
+    resolve. Retrying cannot fix a wrong name or a machine without DNS, so it is not retried."""
+    import socket
+
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, socket.gaierror):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    text = str(exc)
+    return any(s in text for s in ("Name or service not known", "nodename nor servname", "No address associated"))
+
+
 def is_retryable(exc: BaseException) -> bool:
-    """429, 5xx, timeouts/stalls, dropped connections, short reads and digest mismatches."""
+    """429, 5xx, timeouts/stalls, dropped connections, short reads and digest mismatches; never a
+    host name that does not resolve, and never another 4xx (404, 401, 403, 409 ...)."""
     import httpx
 
+    if isinstance(exc, httpx.TransportError) and unresolved_host(exc):
+        return False
     if isinstance(exc, (DigestMismatch, TransferInterrupted, httpx.TransportError)):
         return True
     status = _status(exc)
@@ -155,6 +174,11 @@ def hub_error(exc: BaseException, *, what: str) -> HubError:
             expected=exc.expected,
             actual=exc.actual,
             hint="the server or a proxy keeps sending corrupted bytes; run fetch again later",
+        )
+    if isinstance(exc, httpx.TransportError) and unresolved_host(exc):
+        return HubTransferError(
+            f"{what}: cannot reach the Hub: its host name does not resolve ({exc or type(exc).__name__}); not retried",
+            hint="check HF_ENDPOINT (unset it for huggingface.co) and this machine's DNS / network access",
         )
     if isinstance(exc, (TransferInterrupted, httpx.TransportError)):
         kind = "stalled (no data)" if isinstance(exc, httpx.TimeoutException) else "failed"
@@ -430,7 +454,7 @@ def download_all(
     failed: list[tuple[Download, HubError]] = []
     order = sorted(jobs, key=lambda j: -j.size)
     with progress(ui) as bars, ThreadPoolExecutor(max_workers=settings.jobs) as pool:
-        task = bars.task(f"fetch {len(jobs)} files", total=sum(j.size for j in jobs), bytes_unit=True)
+        task = bars.task(f"fetch {len(jobs)} files", total=sum(j.size for j in jobs))
         futures = {
             pool.submit(download, job, settings=settings, headers=headers, on_bytes=task.advance, ui=ui): job
             for job in order

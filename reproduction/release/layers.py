@@ -25,7 +25,7 @@ from reproduction.digests import sha256_file
 from reproduction.errors import InvalidInputError, UnsafeArchiveError
 from reproduction.release.extract import Written, extract_stream
 from reproduction.release.manifest import LayerEntry
-from reproduction.release.tarscan import Member, StreamSource, iter_members
+from reproduction.release.tarscan import KINDS, Member, StreamSource, iter_members, normalise
 from reproduction.release.zstdio import open_decompressed, zstd_error
 
 
@@ -67,17 +67,28 @@ def write_index(path: Path, members: list[Member]) -> None:
     )
 
 
+_KINDS = frozenset(KINDS.values())
+
+
+def _row(row: list) -> Member:
+    name, kind, mode, size, link = row
+    if not (isinstance(name, str) and isinstance(kind, str) and isinstance(link, str)):
+        raise TypeError(f"row {row!r:.80}: name, kind and link must be strings")
+    if type(mode) is not int or type(size) is not int or not 0 <= mode <= 0o7777 or not 0 <= size < 1 << 63:
+        raise ValueError(f"row {row!r:.80}: mode and size must be small non-negative integers")
+    if kind not in _KINDS or normalise(name) != name:
+        raise ValueError(f"row {row!r:.80}: unknown kind or a name that is not normalised")
+    return Member(name=name, raw_name=name, kind=kind, mode=mode, size=size, mtime=0, linkname=link)
+
+
 def read_index(path: Path, *, rel: str) -> list[Member]:
-    """Members from an index the caller has verified by digest. InvalidInputError names a bad row."""
+    """Members from an index the caller has verified by digest. InvalidInputError (exit 4) names a bad row."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         if data.get("format") != INDEX_FORMAT or str(data.get("format_version", "")).split(".")[0] != "1":
-            raise ValueError(f"format {data.get('format')!r} {data.get('format_version')!r}")
-        return [
-            Member(name=str(n), raw_name=str(n), kind=str(k), mode=int(mo), size=int(sz), mtime=0, linkname=str(ln))
-            for n, k, mo, sz, ln in data["members"]
-        ]
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"format {data.get('format')!r:.40} {data.get('format_version')!r:.40}")
+        return [_row(row) for row in data["members"]]
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise InvalidInputError(
             f"{rel}: not a member index this portable reads ({exc})",
             path=rel,
@@ -134,11 +145,17 @@ def extract_layer(
             written = extract_stream(
                 stream, layer.members, dest, archive=layer.entry.archive, digests=digests, on_bytes=on_bytes
             )
-    except (zstd_error(), UnsafeArchiveError, EOFError, ValueError):
+    except (zstd_error(), UnsafeArchiveError, EOFError, ValueError) as exc:
         actual = sha256_file(path)
         if actual != layer.digest:
             raise DigestMismatch(layer.entry.archive, actual) from None
-        raise
+        if isinstance(exc, UnsafeArchiveError):
+            raise
+        raise UnsafeArchiveError(
+            f"{layer.entry.archive}: cannot be read although its digest matches bundle.json ({exc})",
+            archive=layer.entry.archive,
+            hint="the publisher packed a broken archive; ask for a re-pack",
+        ) from None
     if hasher.hexdigest() != layer.digest:
         raise DigestMismatch(layer.entry.archive, hasher.hexdigest())
     return written

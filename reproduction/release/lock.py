@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from reproduction.errors import LockHeldError, WriteFailedError
+from reproduction.errors import LockHeldError, os_error
 from reproduction.release.manifest import STATE_DIR
 
 LOCK_NAME = "lock"
@@ -41,9 +41,9 @@ def bundle_lock(bundle: Path, *, what: str, wait_s: float = 0.0) -> Iterator[Non
         state.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as exc:
-        raise WriteFailedError(
-            f"cannot create {path}: {exc.strerror or exc}",
-            path=path,
+        raise os_error(
+            exc,
+            f"the lock file {path}",
             hint=f"{what} needs write access to the bundle folder; copy the bundle somewhere writable",
         ) from None
     try:

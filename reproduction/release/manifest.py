@@ -14,8 +14,12 @@ On disk::
 every layer (archive, target, kind, order, the prefix it was built at and the files in which that
 prefix occurs), the entry config and the format version. `FORMAT_VERSION` is "MAJOR.MINOR": a
 reader accepts any minor of its major and refuses other majors with the fix named. `verify` reports
-as "extra" any file not listed, except bundle.json, `.portable/`, the layers' targets and
-`reproduction/**/__pycache__/`.
+as "extra" any file not listed, except bundle.json, `.portable/`, the layers' targets, `runs/` (a
+user's run outputs) and `reproduction/**/__pycache__/`; `restore` leaves extra files alone unless one
+sits on a layer target's path. A manifest is refused (InvalidInputError, exit 4) when it lists a
+file under `.portable/` or bundle.json itself, an archive in two layers, a path that is not clean and
+relative (`.`, `..`, absolute, NUL), an entry_config that is not one of its files, or an integer
+beyond 2**63-1.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from reproduction.errors import InputNotFoundError, InvalidInputError, UnsupportedFormatError
+from reproduction.errors import InputNotFoundError, InvalidInputError, UnsupportedFormatError, os_error
 from reproduction.fsio import atomic_write_text
 
 FORMAT = "recap-portable-bundle"
@@ -36,7 +40,18 @@ LAYER_KINDS = ("runtime", "source")
 PREFIX_MODES = ("text", "binary", "elf-runpath")
 
 
+MAX_INT = (1 << 63) - 1
+"""Largest integer a manifest field may hold (sizes, counts, order)."""
+
+
 def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str, path: Path | None) -> Any:
+    if not isinstance(data, dict):
+        raise InvalidInputError(
+            f"{where}: should be an object, got {type(data).__name__} {data!r:.60}",
+            path=path,
+            field=where,
+            hint="the manifest is damaged; fetch or pack the bundle again",
+        )
     if key not in data:
         raise InvalidInputError(
             f"{where}: missing field '{key}'",
@@ -45,9 +60,10 @@ def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], wher
             hint="the manifest is damaged; fetch or pack the bundle again",
         )
     value = data[key]
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is int or kind is int and abs(value) > MAX_INT:
         raise InvalidInputError(
-            f"{where}: field '{key}' should be {getattr(kind, '__name__', kind)}, got {type(value).__name__} {value!r:.60}",
+            f"{where}: field '{key}' should be {getattr(kind, '__name__', kind)}, got "
+            f"{type(value).__name__} {value!r:.60}",
             path=path,
             field=f"{where}.{key}",
             hint="the manifest is damaged; fetch or pack the bundle again",
@@ -58,7 +74,7 @@ def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], wher
 def _count(data: dict[str, Any], key: str, where: str, path: Path | None) -> int:
     """An optional non-negative integer field (0 when absent)."""
     value = data.get(key, 0)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_INT:
         raise InvalidInputError(
             f"{where}: field '{key}' should be a non-negative integer, got {value!r:.60}",
             path=path,
@@ -73,7 +89,12 @@ def _optional_path(data: dict[str, Any], key: str, where: str, path: Path | None
     if value is None:
         return None
     if not isinstance(value, str):
-        raise InvalidInputError(f"{where}: field '{key}' should be a path or null", path=path, field=f"{where}.{key}")
+        raise InvalidInputError(
+            f"{where}: field '{key}' should be a path or null",
+            path=path,
+            field=f"{where}.{key}",
+            hint="the manifest is damaged or hostile; fetch or pack the bundle again",
+        )
     return check_relative_path(value, where=f"{where}.{key}", path=path)
 
 
@@ -97,8 +118,16 @@ def _foreign(data: dict[str, Any], where: str, path: Path | None) -> dict[str, t
 
 def check_relative_path(rel: str, *, where: str, path: Path | None = None) -> str:
     """Return `rel` if it is a clean relative POSIX path inside its root, else raise InvalidInputError."""
-    p = PurePosixPath(rel)
-    if not rel or p.is_absolute() or ".." in p.parts or rel.startswith("~") or "\\" in rel or str(p) != rel:
+    p = PurePosixPath(rel) if isinstance(rel, str) and "\0" not in rel else PurePosixPath("/")
+    if (
+        not rel
+        or rel == "."
+        or p.is_absolute()
+        or ".." in p.parts
+        or rel.startswith("~")
+        or "\\" in rel
+        or str(p) != rel
+    ):
         raise InvalidInputError(
             f"{where}: path {rel!r} is not a clean relative path inside the bundle",
             path=path,
@@ -257,6 +286,19 @@ class Manifest:
                 raise InvalidInputError(f"files: {entry.path!r} is listed twice", field="files")
             seen.add(entry.path)
         archives = {layer.archive for layer in self.layers}
+        if len(archives) != len(self.layers):
+            twice = sorted({x.archive for x in self.layers if sum(y.archive == x.archive for y in self.layers) > 1})
+            raise InvalidInputError(
+                f"layers: archive {twice[0]!r} is listed in more than one layer",
+                field="layers.archive",
+                hint="each layer archive is extracted at one target; the manifest is damaged or hostile",
+            )
+        if self.entry_config is not None and self.entry_config not in seen:
+            raise InvalidInputError(
+                f"entry_config {self.entry_config!r} is not a file of the bundle",
+                field="entry_config",
+                hint="the manifest is damaged or hostile; fetch or pack the bundle again",
+            )
         for layer in self.layers:
             if layer.archive not in seen:
                 raise InvalidInputError(f"layers: archive {layer.archive!r} is not in files", field="layers.archive")
@@ -311,7 +353,8 @@ class Manifest:
         major = version.split(".", 1)[0]
         if major != FORMAT_VERSION.split(".", 1)[0] or not major.isdigit():
             raise UnsupportedFormatError(
-                f"manifest: format_version {version!r} is not supported (this portable reads {FORMAT_VERSION.split('.')[0]}.x)",
+                f"manifest: format_version {version!r} is not supported (this portable reads "
+                f"{FORMAT_VERSION.split('.')[0]}.x)",
                 path=path,
                 field="format_version",
                 hint="use the runner shipped inside the bundle: python3 <bundle>/reproduction/portable.py ...",
@@ -320,13 +363,31 @@ class Manifest:
         layers = data.get("layers", [])
         if not isinstance(layers, list):
             raise InvalidInputError("manifest: field 'layers' must be a list", path=path, field="layers")
+        metadata = data.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise InvalidInputError(
+                "manifest: field 'metadata' must be an object",
+                path=path,
+                field="metadata",
+                hint="the manifest is damaged or hostile; fetch or pack the bundle again",
+            )
+        entry = _optional_path(data, "entry_config", "manifest", path)
+        for i, f in enumerate(files):
+            rel = f.get("path") if isinstance(f, dict) else None
+            if isinstance(rel, str) and (rel == MANIFEST_NAME or rel.split("/", 1)[0] == STATE_DIR):
+                raise InvalidInputError(  # the bundle's own bookkeeping: a first restore works, every later one fails
+                    f"files[{i}]: lists {rel!r}, which is reserved for bookkeeping",
+                    path=path,
+                    field=f"files[{i}].path",
+                    hint="the manifest is damaged or hostile; do not use this bundle",
+                )
         return cls(
             name=_require(data, "name", str, "manifest", path),
             files=[FileEntry.from_dict(f, where=f"files[{i}]", path=path) for i, f in enumerate(files)],
             layers=[LayerEntry.from_dict(layer, where=f"layers[{i}]", path=path) for i, layer in enumerate(layers)],
-            entry_config=data.get("entry_config"),
-            created=str(data.get("created", "")),
-            metadata=dict(data.get("metadata") or {}),
+            entry_config=entry,
+            created=data["created"][:100] if isinstance(data.get("created"), str) else "",
+            metadata=metadata,
             format_version=version,
         )
 
@@ -337,6 +398,12 @@ class Manifest:
 def load_manifest(bundle: Path) -> Manifest:
     """Read `<bundle>/bundle.json`. Raises InputNotFoundError, InvalidInputError, UnsupportedFormatError."""
     path = Path(bundle) / MANIFEST_NAME
+    if Path(bundle).exists() and not Path(bundle).is_dir():
+        raise InputNotFoundError(
+            f"{bundle} is a file, not a bundle folder",
+            path=bundle,
+            hint="pass the folder that holds bundle.json (e.g. the folder `portable fetch` or `portable pack` made)",
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -345,6 +412,8 @@ def load_manifest(bundle: Path) -> Manifest:
             path=path,
             hint="a bundle is complete only once bundle.json exists: pack or fetch it again",
         ) from None
+    except OSError as exc:
+        raise os_error(exc, "the bundle manifest", op="read") from None
     except UnicodeDecodeError:
         raise InvalidInputError(
             f"{path}: not UTF-8 text",
@@ -361,7 +430,18 @@ def load_manifest(bundle: Path) -> Manifest:
             field="(root)",
             hint="the manifest is damaged; fetch or pack the bundle again",
         ) from None
-    return Manifest.from_dict(data, path=path)
+    except (ValueError, RecursionError) as exc:  # an integer of more than 4,300 digits; nesting too deep
+        raise InvalidInputError(
+            f"{path}: not a manifest this portable reads ({str(exc)[:80] or type(exc).__name__})",
+            path=path,
+            field="(root)",
+            hint="the manifest is damaged or hostile; fetch or pack the bundle again",
+        ) from None
+    try:
+        return Manifest.from_dict(data, path=path)
+    except InvalidInputError as exc:
+        exc.hint = exc.hint or "the manifest is damaged or hostile; fetch or pack the bundle again"
+        raise
 
 
 def write_manifest(bundle: Path, manifest: Manifest) -> Path:

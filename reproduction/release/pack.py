@@ -3,6 +3,9 @@
 The bundle is assembled in `<out>.partial/` and renamed to `<out>` only once complete, so a
 failed or killed pack never leaves something that looks like a bundle. Layers are vetted with the
 same safety rules restore applies, so an unsafe tree fails here rather than on the user's server.
+Packing the same sources twice gives byte-identical bundles: `created` in bundle.json is
+`SOURCE_DATE_EPOCH` when set (the reproducible-builds convention), else the newest mtime of any
+file packed, never the wall clock.
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from reproduction.digests import default_jobs, sha256_file
-from reproduction.errors import InvalidInputError, MissingDependencyError, PortableError, WriteFailedError
+from reproduction.errors import InvalidInputError, MissingDependencyError, PortableError, os_error
 from reproduction.fsio import fsync_dir
 from reproduction.release.archive import LayerContents, walk_tree, write_layer
 from reproduction.release.layers import index_path, write_index
 from reproduction.release.manifest import FileEntry, LayerEntry, Manifest, PrefixOccurrence, write_manifest
 from reproduction.release.safety import check_targets, validate_layers
 from reproduction.release.spec import BundleSpec, FileSpec, LayerSpec, excluded, load_spec
+from reproduction.release.weights import check_bundle_weights, place_weights
 from reproduction.release.zstdio import backend
 from reproduction.ui import UiOptions, human_bytes, say
 
@@ -70,8 +74,10 @@ def _plain_sources(spec: BundleSpec) -> list[tuple[Path, str, FileSpec]]:
     return out
 
 
-def _copy_plain(stage: Path, items: list[tuple[Path, str, FileSpec]], mapping: dict[str, str], jobs: int) -> None:
-    def copy(item: tuple[Path, str, FileSpec]) -> None:
+def _copy_plain(stage: Path, items: list[tuple[Path, str, FileSpec]], mapping: dict[str, str], jobs: int) -> float:
+    """Copy the plain files into `stage`; returns the newest source mtime."""
+
+    def copy(item: tuple[Path, str, FileSpec]) -> float:
         src, rel, fspec = item
         dst = stage / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -88,7 +94,9 @@ def _copy_plain(stage: Path, items: list[tuple[Path, str, FileSpec]], mapping: d
             dst.write_text(rewrite_config(text, mapping), encoding="utf-8")
         else:
             shutil.copyfile(src, dst)
-        os.chmod(dst, src.stat().st_mode & 0o755 | 0o644)
+        st = src.stat()
+        os.chmod(dst, st.st_mode & 0o755 | 0o644)
+        return st.st_mtime
 
     seen: set[str] = set()
     for _, rel, _ in items:
@@ -98,7 +106,7 @@ def _copy_plain(stage: Path, items: list[tuple[Path, str, FileSpec]], mapping: d
             )
         seen.add(rel)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(copy, items))
+        return max(pool.map(copy, items), default=0.0)
 
 
 def _scan_prefixes(
@@ -125,7 +133,21 @@ def _scan_prefixes(
     return keep(layer), {k: v for k, v in foreign.items() if v}
 
 
-def _pack_layers(spec: BundleSpec, stage: Path, jobs: int, ui: UiOptions | None) -> list[LayerEntry]:
+def created_stamp(newest_mtime: float) -> str:
+    """`created` for bundle.json: SOURCE_DATE_EPOCH if set, else `newest_mtime` (ISO-8601 UTC)."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    try:
+        seconds = int(epoch) if epoch else int(newest_mtime)
+    except ValueError:
+        raise InvalidInputError(
+            f"SOURCE_DATE_EPOCH={epoch!r} is not an integer number of seconds",
+            field="SOURCE_DATE_EPOCH",
+            hint="set it to a Unix time such as `git log -1 --format=%ct`, or unset it",
+        ) from None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(max(0, seconds)))
+
+
+def _pack_layers(spec: BundleSpec, stage: Path, jobs: int, ui: UiOptions | None) -> tuple[list[LayerEntry], float]:
     link_roots = {str(layer.source): layer.target for layer in spec.layers}
     link_roots.update({layer.build_prefix: layer.target for layer in spec.layers if layer.build_prefix})
     entries: list[LayerEntry] = []
@@ -160,7 +182,7 @@ def _pack_layers(spec: BundleSpec, stage: Path, jobs: int, ui: UiOptions | None)
             )
         )
     validate_layers([(a, t, c.members) for a, t, c in contents])
-    return entries
+    return entries, max((c.newest_mtime for _, _, c in contents), default=0.0)
 
 
 def _hash_all(stage: Path, jobs: int) -> list[FileEntry]:
@@ -194,27 +216,31 @@ def pack_bundle(
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True)
     try:
-        _copy_plain(stage, _plain_sources(spec), placeholder_map(spec), jobs)
-        layers = _pack_layers(spec, stage, jobs, ui)
-        manifest = Manifest(
-            name=spec.name,
-            files=_hash_all(stage, jobs),
-            layers=layers,
-            entry_config=spec.entry_config,
-            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            metadata={
-                "description": spec.description,
-                "packed_with": {"python": sys.version.split()[0], "zstd": backend(), "spec": spec.path.name},
-            },
-        )
-        check_targets(manifest)
-        if manifest.entry_config and manifest.file(manifest.entry_config) is None:
+        newest = _copy_plain(stage, _plain_sources(spec), placeholder_map(spec), jobs)
+        placed = place_weights(spec, stage, ui=ui)  # weights named by manifests, checked; their licenses
+        layers, newest_layer = _pack_layers(spec, stage, jobs, ui)
+        files = _hash_all(stage, jobs)
+        if spec.entry_config and spec.entry_config not in {f.path for f in files}:
             raise InvalidInputError(
-                f"entry_config {manifest.entry_config!r} is not a file of the bundle",
+                f"entry_config {spec.entry_config!r} is not a file of the bundle",
                 path=spec.path,
                 field="entry_config",
                 hint="point it at a [[config]] dest",
             )
+        manifest = Manifest(
+            name=spec.name,
+            files=files,
+            layers=layers,
+            entry_config=spec.entry_config,
+            created=created_stamp(max(newest, newest_layer)),
+            metadata={
+                "description": spec.description,
+                "packed_with": {"python": sys.version.split()[0], "zstd": backend(), "spec": spec.path.name},
+                **placed,
+            },
+        )
+        check_targets(manifest)
+        check_bundle_weights(stage, manifest)
         os.chmod(write_manifest(stage, manifest), 0o644)  # mkstemp made it 0600; a bundle is for sharing
         fsync_dir(stage)
         if out.exists():
@@ -224,10 +250,11 @@ def pack_bundle(
     except BaseException as exc:
         shutil.rmtree(stage, ignore_errors=True)
         if isinstance(exc, OSError) and not isinstance(exc, PortableError):
-            raise WriteFailedError(
-                f"cannot write the bundle at {stage}: {exc}",
-                path=stage,
-                hint="check free space and permissions, then pack again",
-            ) from None
+            writing = exc.filename is None or Path(os.fsdecode(exc.filename)).is_relative_to(stage)
+            if writing:
+                raise os_error(
+                    exc, f"the bundle at {stage}", hint="check free space and permissions, then pack again"
+                ) from None
+            raise os_error(exc, "a source file the spec names", op="read") from None
         raise
     return manifest

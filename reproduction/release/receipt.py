@@ -164,7 +164,7 @@ def load_receipt(bundle: Path) -> Receipt:
     try:
         data = json.loads(receipt_path(bundle).read_text(encoding="utf-8"))
         return Receipt.from_dict(data)
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
         return Receipt()
 
 

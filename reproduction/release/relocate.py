@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from reproduction.errors import InputNotFoundError, RelocationError, WriteFailedError
+from reproduction.errors import RelocationError, os_error
 from reproduction.release import elf
 from reproduction.release.manifest import PrefixOccurrence
 
@@ -131,9 +131,10 @@ def scan_prefixes(
                     mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if 0 < size and size > MMAP_OVER else fh.read()
                 )
         except OSError as exc:
-            raise InputNotFoundError(
-                f"{full}: cannot read it to look for the build prefix ({exc.strerror or exc})",
-                path=full,
+            raise os_error(
+                exc,
+                f"{full} to look for the build prefix",
+                op="read",
                 hint="make it readable, or exclude it from the layer in the spec",
             ) from None
         try:
@@ -372,10 +373,9 @@ def _write_keeping_mode(path: Path, data: bytes, st: os.stat_result, fsync: bool
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
     except OSError as exc:
-        raise WriteFailedError(
-            f"{path}: could not rewrite it for the new prefix ({exc.strerror or exc})",
-            hint="free space or fix permissions, then run restore again (it resumes)",
-        ) from exc
+        raise os_error(
+            exc, f"{path} for the new prefix", hint="free space or fix permissions, then run restore again (it resumes)"
+        ) from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -19,14 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reproduction.digests import default_jobs, sha256_file
-from reproduction.errors import InvalidInputError, WriteFailedError
-from reproduction.fsio import fsync_dir
+from reproduction.errors import InvalidInputError, WriteFailedError, os_error
 from reproduction.release import layers as layer_io
-from reproduction.release.extract import write_failed
 from reproduction.release.lock import bundle_lock
 from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, LayerEntry, Manifest, load_manifest
 from reproduction.release.receipt import LayerReceipt, Receipt, load_receipt, save_receipt
 from reproduction.release.safety import check_targets, validate_layers
+from reproduction.release.swap import preflight, swap_back, swap_into_place
 from reproduction.release.verify import (
     Problem,
     VerifyReport,
@@ -36,6 +35,7 @@ from reproduction.release.verify import (
     stat_pass,
     verify_bundle,
 )
+from reproduction.release.weights import check_bundle_weights
 from reproduction.ui import UiOptions, human_bytes, progress
 
 
@@ -58,6 +58,8 @@ class RestoreReport:
     """Source target -> locally edited files kept (no --refresh-source)."""
     relocation_notes: list[str] = field(default_factory=list)
     """Strings relocation left at the build prefix because the new one is longer (harmless ones only)."""
+    extras: list[str] = field(default_factory=list)
+    """Files the bundle does not list, outside every layer target: left alone, named in the summary."""
     seconds: float = 0.0
 
     def summary(self) -> str:
@@ -76,6 +78,11 @@ class RestoreReport:
             lines.append(
                 f"kept {len(files)} locally edited file(s) in {target}: {_few(files)} "
                 f"(`portable restore --refresh-source` overwrites them)"
+            )
+        if self.extras:
+            lines.append(
+                f"warning: left alone {len(self.extras)} file(s) bundle.json does not list: {_few(self.extras)} "
+                f"(`portable verify` reports them as extra; keep runs outside the bundle or under its runs/ folder)"
             )
         if self.relocation_notes:
             lines.append(
@@ -150,45 +157,17 @@ def _cleanup_state(bundle: Path) -> None:
         shutil.rmtree(bundle / STATE_DIR / name, ignore_errors=True)
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths (renameat2 RENAME_EXCHANGE); False where the kernel or libc lacks it."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: fall back to two renames
-        return False
-    raise OSError(err, os.strerror(err), str(b))
-
-
-def _swap_into_place(staging: Path, final: Path, trash: Path) -> None:
-    """Put `staging` at `final`; an existing `final` goes to `trash`. Readers see old or new, whole."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    if not os.path.lexists(final):
-        os.rename(staging, final)
-    elif _exchange(staging, final):
-        os.rename(staging, trash)  # staging now holds the old tree
-    else:
-        os.rename(final, trash)
-        os.rename(staging, final)
-    fsync_dir(final.parent)
-
-
 def _relocate(
-    bundle: Path, manifest: Manifest, layer: LayerEntry, old_bundle: Path | None, notes: list[str]
+    bundle: Path, manifest: Manifest, layer: LayerEntry, old_bundle: Path | None, notes: list[str], known: set[str]
 ) -> list[str]:
     """Rewrite `layer`'s own and foreign prefix occurrences for where the bundle now is.
 
     `old_bundle` is where the tree was last relocated for (None: fresh from the archive, so the
-    build prefixes are what the files hold). Returns the changed paths (relative to the target);
-    appends to `notes` the harmless strings that kept a build prefix because the new one is longer.
+    build prefixes are what the files hold). `known` is the regular files the target's layers
+    wrote (from the extraction or the receipt): an occurrence naming anything else (a symlink, a
+    path through one, a file restore never wrote) is refused, InvalidInputError (4), before any
+    file is touched. Returns the changed paths (relative to the target); appends to `notes` the
+    harmless strings that kept a build prefix because the new one is longer.
     """
     if not _has_prefixes(layer):
         return []
@@ -202,6 +181,14 @@ def _relocate(
         (by_archive[a], occ) for a, occ in sorted(layer.foreign_prefix_files.items()) if by_archive[a].build_prefix
     ]
     for owner, occurrences in jobs:
+        strays = sorted({o.path for o in occurrences} - known)
+        if strays:
+            raise InvalidInputError(
+                f"{layer.archive}: bundle.json names {strays[0]!r} as holding a prefix, but it is not a file the "
+                f"layer wrote",
+                field="layers.prefix_files",
+                hint="the manifest is damaged or hostile; do not use this bundle",
+            )
         old = str(old_bundle / owner.target) if old_bundle is not None else owner.build_prefix
         changed += relocate_tree(
             root, occurrences, old, str(bundle / owner.target), build_prefix=owner.build_prefix, notes=notes
@@ -236,17 +223,17 @@ def _member_lists(
     index_problems += hash_entries(bundle, [f for f, _ in present], jobs=1)
     problems += index_problems
     bad |= {p.path for p in index_problems}
-    futures = {}
+    futures = []  # one per layer entry (archive, target), never keyed by archive alone
     for e in entries:
         sha = manifest.file(e.archive).sha256
         if e.archive in bad or (e.members_index and e.members_index in bad):
             continue
         if e.members_index:
             members = layer_io.read_index(bundle / e.members_index, rel=e.members_index)
-            futures[e.archive] = layer_io.LoadedLayer(entry=e, digest=sha, members=members)
+            futures.append(layer_io.LoadedLayer(entry=e, digest=sha, members=members))
         else:
-            futures[e.archive] = pool.submit(layer_io.load_layer, bundle, e, sha)
-    loaded = [f if isinstance(f, layer_io.LoadedLayer) else f.result() for f in futures.values()]
+            futures.append(pool.submit(layer_io.load_layer, bundle, e, sha))
+    loaded = [f if isinstance(f, layer_io.LoadedLayer) else f.result() for f in futures]
     problems += [
         Problem(kind="digest", path=x.entry.archive, expected=manifest.file(x.entry.archive).sha256, actual=x.digest)
         for x in loaded
@@ -290,7 +277,7 @@ def _extract_groups(
     recs: dict[str, dict[str, LayerReceipt]] = {}
     problems: list[Problem] = []
     with progress(ui) as bars:
-        task = bars.task("extract", total=total, bytes_unit=True)
+        task = bars.task("extract", total=total)
         with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
             futures = [pool.submit(one, i, g, task.advance) for i, g in enumerate(todo)]
             for g, f in zip(todo, futures):
@@ -313,10 +300,12 @@ def _verify_and_extract(
     same_manifest: bool,
     jobs: int,
     ui: UiOptions | None,
-) -> tuple[VerifyReport, dict[str, dict[str, LayerReceipt]]]:
+) -> tuple[VerifyReport, dict[str, dict[str, LayerReceipt]], list[str]]:
     """Hash plain files while layers are validated and extracted; raise once with every problem.
 
-    Extraction goes to staging only, so when verification fails nothing visible has changed.
+    Extraction goes to staging only (every component opened without following links), so when
+    verification fails nothing visible has changed: no byte reaches a target before the whole
+    bundle verified. Returns (report, receipts by target, harmless extra files).
     """
     entries = [layer for g in groups if g.action == "extract" for layer in g.layers]
     extracting = sum(1 for g in groups if g.action == "extract")
@@ -339,6 +328,7 @@ def _verify_and_extract(
         )
         if problems:
             report = plain.result()
+            extras = _split_extras(report, manifest)
             report.problems = sort_problems(report.problems + problems)
             raise_for_report(report)
         validate_layers([(x.entry.archive, x.entry.target, x.members) for x in loaded])
@@ -346,10 +336,28 @@ def _verify_and_extract(
             _extract_groups(bundle, groups, {x.entry.archive: x for x in loaded}, ui=ui) if loaded else ({}, [])
         )
         report = plain.result()
+    extras = _split_extras(report, manifest)
     report.problems = sort_problems(report.problems + problems)
     raise_for_report(report)
     report.files = len(manifest.files)
-    return report, recs
+    return report, recs, extras
+
+
+def _split_extras(report: VerifyReport, manifest: Manifest) -> list[str]:
+    """Take out of `report` the extra files that cannot affect a restore and return them.
+
+    An extra file outside every layer target (a user's notes, a stray download) is harmless: restore
+    names it and goes on. One on a target's path (a file or symlink where a target's parent folder
+    must be) stays a problem: restore cannot put the target there without following or removing it.
+    """
+    targets = {layer.target for layer in manifest.layers}
+    harmless = [
+        p
+        for p in report.problems
+        if p.kind == "extra" and not any(t == p.path or t.startswith(p.path + "/") for t in targets)
+    ]
+    report.problems = [p for p in report.problems if p not in harmless]
+    return [p.path for p in harmless]
 
 
 def _free_space_check(bundle: Path, groups: list[Group]) -> None:
@@ -370,30 +378,75 @@ def _finish(
     groups: list[Group],
     recs: dict[str, dict[str, LayerReceipt]],
     report: RestoreReport,
+    manifest_sha: str,
 ) -> None:
-    """Swap extracted targets into place, relocate, and record everything in the receipt."""
-    trash = bundle / STATE_DIR / "trash"
+    """Swap extracted targets into place, relocate, and record everything in the receipt.
+
+    Before the first swap the receipt stops vouching for the targets being replaced (saved to disk);
+    a failure after that (a swap, RelocationError, a full disk at the final receipt write) swaps the
+    old trees back and re-saves the old receipt, so the previous state is kept. The one exception is
+    a `relocate`-only target (the bundle moved): its files are rewritten in place, so after a failure
+    the receipt no longer matches their stat and the next restore sees them as changed (a runtime
+    target is extracted again; a source target reports them as locally edited, never overwritten).
+    """
+    state = bundle / STATE_DIR
+    trash = state / "trash"
     trash.mkdir(parents=True, exist_ok=True)
     staged = [g for g in groups if g.action == "extract"]
-    for i, g in enumerate(staged):
-        _swap_into_place(bundle / STATE_DIR / "staging" / f"{i}", bundle / g.target, trash / f"{i}")
-        for layer in g.layers:
-            receipt.layers.pop(layer.archive, None)  # until relocated, the receipt must not vouch for it
+    preflight(bundle, [g.target for g in staged])
+    before = receipt.to_dict()
     if staged:
+        for g in staged:
+            for layer in g.layers:
+                receipt.layers.pop(layer.archive, None)  # until swapped and recorded, vouch for nothing there
         save_receipt(bundle, receipt)
-    for g in groups:
-        root = bundle / g.target
-        for layer in g.layers:
-            if g.action == "extract":
-                rec = recs[g.target][layer.archive]
-                _restat(root, rec, _relocate(bundle, manifest, layer, None, report.relocation_notes))
-            else:
-                rec = receipt.layers[layer.archive]
-                if g.action == "relocate":
-                    _restat(root, rec, _relocate(bundle, manifest, layer, _old_bundle(rec), report.relocation_notes))
-                rec.prefix = str(root)
-            receipt.layers[layer.archive] = rec
-        {"extract": report.extracted, "relocate": report.relocated, "keep": report.unchanged}[g.action].append(g.target)
+    swapped: list[int] = []
+    try:
+        for i, g in enumerate(staged):
+            swap_into_place(state / "staging" / f"{i}", bundle / g.target, trash / f"{i}")
+            swapped.append(i)
+        for g in groups:
+            root = bundle / g.target
+            for layer in g.layers:
+                if g.action == "extract":
+                    rec = recs[g.target][layer.archive]
+                    known = {p for r in recs[g.target].values() for p in r.files}
+                    _restat(root, rec, _relocate(bundle, manifest, layer, None, report.relocation_notes, known))
+                else:
+                    rec = receipt.layers[layer.archive]
+                    if g.action == "relocate":
+                        known = {p for x in g.layers for p in receipt.layers[x.archive].files}
+                        changed = _relocate(bundle, manifest, layer, _old_bundle(rec), report.relocation_notes, known)
+                        _restat(root, rec, changed)
+                    rec.prefix = str(root)
+                receipt.layers[layer.archive] = rec
+            {"extract": report.extracted, "relocate": report.relocated, "keep": report.unchanged}[g.action].append(
+                g.target
+            )
+        plain = _plain_receipt(bundle, manifest)
+        if (
+            report.extracted
+            or report.relocated
+            or (receipt.bundle_path, receipt.manifest_sha256, receipt.plain) != (str(bundle), manifest_sha, plain)
+        ):
+            receipt.bundle_path, receipt.manifest_sha256, receipt.plain = str(bundle), manifest_sha, plain
+            save_receipt(bundle, receipt)
+    except BaseException:
+        stuck = [
+            x.archive
+            for i in reversed(swapped)
+            if not swap_back(bundle / staged[i].target, trash / f"{i}", trash / f"{i}.new")
+            for x in staged[i].layers
+        ]
+        if staged or report.relocated:
+            old = Receipt.from_dict(before)
+            for archive in stuck:  # a target that could not be swapped back holds the new tree: vouch for nothing
+                old.layers.pop(archive, None)
+            try:
+                save_receipt(bundle, old)
+            except OSError:
+                pass  # the receipt on disk vouches for nothing that was being replaced: still consistent
+        raise
     shutil.rmtree(trash, ignore_errors=True)
 
 
@@ -417,16 +470,20 @@ def restore_bundle(
     """Restore `bundle` in place: every layer extracted at its target, relocated, and recorded.
 
     Holds the bundle's lock throughout (LockHeldError, exit 7, if another restore holds it past
-    `wait_s`). Raises IntegrityError (5) listing every bad file, UnsafeArchiveError (6) naming the
-    member, WriteFailedError (8) when the disk fills, RelocationError (9), MissingDependencyError
-    (10) without zstd, InvalidInputError (4) for a malformed manifest; in every case the targets
-    hold what they held before (a kill may also leave a target complete but not yet recorded,
-    which the next restore redoes).
+    `wait_s`). Raises InputNotFoundError (3) for a missing bundle or a file given as one,
+    InvalidInputError (4) for a malformed or hostile manifest or member index, IntegrityError (5)
+    listing every bad file, UnsafeArchiveError (6) naming the member, WriteFailedError (8) when the
+    disk fills or a target's folder is read-only or on another filesystem, RelocationError (9),
+    MissingDependencyError (10) without zstd. In every case the targets hold what they held before
+    and the receipt vouches only for complete targets (see `_finish` for the one in-place case); a
+    kill may also leave a target complete but not recorded, which the next restore redoes. Extra
+    files outside every layer target do not stop a restore: they are listed in `report.extras`.
     """
     started = time.perf_counter()
     bundle = Path(bundle).resolve()
     manifest = load_manifest(bundle)
     check_targets(manifest)
+    check_bundle_weights(bundle, manifest)  # weights must be the bytes their weight manifests pin
     jobs = jobs or default_jobs()
     report = RestoreReport(bundle=bundle)
     with bundle_lock(bundle, what="restore", wait_s=wait_s):
@@ -454,7 +511,7 @@ def restore_bundle(
                 if extra or g.changed:
                     report.overwritten[g.target] = sorted(set(g.changed) | set(extra))
         try:
-            verified, recs = _verify_and_extract(
+            verified, recs, report.extras = _verify_and_extract(
                 bundle,
                 manifest,
                 receipt,
@@ -465,19 +522,14 @@ def restore_bundle(
                 ui=ui,
             )
             report.files = verified.files
-            _finish(bundle, manifest, receipt, groups, recs, report)
-            plain = _plain_receipt(bundle, manifest)
-            if (
-                report.extracted
-                or report.relocated
-                or (receipt.bundle_path, receipt.manifest_sha256, receipt.plain) != (str(bundle), manifest_sha, plain)
-            ):
-                receipt.bundle_path, receipt.manifest_sha256, receipt.plain = str(bundle), manifest_sha, plain
-                save_receipt(bundle, receipt)
+            _finish(bundle, manifest, receipt, groups, recs, report, manifest_sha)
         except OSError as exc:
-            if getattr(exc, "exit_code", None) is None and exc.errno in (28, 27, 122, 30):  # ENOSPC EFBIG EDQUOT EROFS
-                raise write_failed(exc, f"the restored bundle at {bundle}") from None
-            raise
+            raise os_error(
+                exc,
+                f"the restored bundle at {bundle}",
+                hint="free some space (or raise the limit, or fix the permissions) and run `portable restore` again; "
+                "the previous state is kept",
+            ) from None
         finally:
             _cleanup_state(bundle)
     report.seconds = time.perf_counter() - started

@@ -20,6 +20,10 @@ from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, Manifest
 from reproduction.release.tarscan import Member
 
 _MAX_LISTED = 10
+NAME_MAX = 255
+"""Longest file name (one path component, in bytes) Linux filesystems take."""
+PATH_MAX = 4095
+"""Longest path (and symlink text) in bytes the kernel takes."""
 
 
 @dataclass(slots=True)
@@ -72,6 +76,13 @@ def _member_problem(m: Member, path: str, view: UnionView) -> str | None:
         return "has an absolute path"
     if ".." in m.name.split("/"):
         return "contains '..'"
+    if "\0" in path or "\0" in m.linkname:
+        return "has a NUL byte in its name or link text"
+    encoded = path.encode("utf-8", "surrogateescape")
+    if len(encoded) > PATH_MAX or any(len(part) > NAME_MAX for part in encoded.split(b"/")):
+        return f"has a name longer than filesystems allow ({NAME_MAX} bytes a component, {PATH_MAX} in all)"
+    if len(m.linkname.encode("utf-8", "surrogateescape")) > PATH_MAX:
+        return f"has link text longer than {PATH_MAX} bytes"
     if m.kind == "hardlink":
         return f"is a hard link (to {m.linkname!r}); layers may not contain hard links"
     if m.kind in ("chardev", "blockdev", "fifo"):

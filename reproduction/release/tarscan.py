@@ -50,34 +50,71 @@ class Member:
         return (self.name, self.kind, self.mode, self.size, self.linkname)
 
 
-def _number(field: bytes, where: str) -> int:
-    if field[:1] in (b"\x80", b"\xff"):  # GNU base-256 (sizes over 8 GiB)
-        value = int.from_bytes(field[1:], "big")
-        return -value if field[:1] == b"\xff" else value
+def _corrupt(what: str, archive: str = "") -> UnsafeArchiveError:
+    return UnsafeArchiveError(
+        f"{archive + ': ' if archive else ''}corrupt tar header: {what}",
+        archive=archive or None,
+        hint="the archive is damaged or hostile; fetch the bundle again, or ask its publisher to re-pack it",
+    )
+
+
+def _number(field: bytes, where: str, archive: str = "") -> int:
+    """A numeric header field (octal, or GNU base-256); a negative or unparsable value is corrupt."""
+    if field[:1] in (b"\x80", b"\xff"):  # GNU base-256 (sizes over 8 GiB); 0xff marks a negative value
+        if field[:1] == b"\xff":
+            raise _corrupt(f"field {where} is negative", archive)
+        return int.from_bytes(field[1:], "big")
     text = field.split(b"\0", 1)[0].strip(b" \0")
-    try:
-        return int(text, 8) if text else 0
-    except ValueError:
-        raise UnsafeArchiveError(
-            f"corrupt tar header field {where}: {field!r}", hint="the archive is damaged"
-        ) from None
+    if text.strip(b"01234567"):  # int(..., 8) would also take '-', '+', '_' and inner spaces
+        raise _corrupt(f"field {where} is {field!r}", archive)
+    return int(text, 8) if text else 0
 
 
 def _text(field: bytes) -> str:
     return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
 
-def _parse_pax(data: bytes) -> dict[str, str]:
+MAX_META = 1 << 20
+"""Largest pax header or GNU long name accepted (real ones are a few hundred bytes)."""
+MAX_MTIME = (1 << 62) // 1_000_000_000
+"""Largest |mtime| in seconds whose nanoseconds fit the int64 that utime takes."""
+
+
+def _parse_pax(data: bytes, archive: str = "") -> dict[str, str]:
+    """Records `LEN key=value\\n`; every record must advance (LEN covers at least its own text)."""
     out: dict[str, str] = {}
     pos = 0
-    while pos < len(data) and data[pos : pos + 1] not in (b"\0", b""):
-        space = data.index(b" ", pos)
-        length = int(data[pos:space])
-        record = data[space + 1 : pos + length - 1]  # drop the trailing newline
-        key, _, value = record.partition(b"=")
+    while pos < len(data) and data[pos] != 0:
+        space = data.find(b" ", pos, pos + 20)
+        digits = data[pos:space] if space > pos else b""
+        if not digits or not digits.isdigit():
+            raise _corrupt(f"pax record at offset {pos} has no length", archive)
+        length = int(digits)
+        end = pos + length
+        if length <= len(digits) + 1 or end > len(data) or data[end - 1 : end] != b"\n":
+            raise _corrupt(f"pax record at offset {pos} has a bad length {length}", archive)
+        key, eq, value = data[space + 1 : end - 1].partition(b"=")
+        if not eq or not key:
+            raise _corrupt(f"pax record at offset {pos} is not key=value", archive)
         out[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
-        pos += length
+        pos = end
     return out
+
+
+def _pax_size(value: str, archive: str) -> int:
+    if not value.isdigit() or not value.isascii():
+        raise _corrupt(f"pax size {value[:40]!r} is not a non-negative integer", archive)
+    return int(value)
+
+
+def _pax_mtime(value: str, archive: str) -> int:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise _corrupt(f"pax mtime {value[:40]!r} is not a number", archive) from None
+    if not (abs(seconds) <= MAX_MTIME):  # also refuses nan and inf
+        raise _corrupt(f"pax mtime {value[:40]!r} is out of range", archive)
+    return int(seconds)
 
 
 def normalise(name: str) -> str:
@@ -179,7 +216,7 @@ def iter_members(source: StreamSource, *, archive: str = "") -> Iterator[Member]
         block = source.header()
         if block is None or block == bytes(BLOCK):
             return
-        stored, unsigned = _number(block[148:156], "chksum"), sum(block[:148]) + 256 + sum(block[156:])
+        stored, unsigned = _number(block[148:156], "chksum", archive), sum(block[:148]) + 256 + sum(block[156:])
         if stored != unsigned and stored != unsigned - 256 * sum(1 for b in block[:148] + block[156:] if b > 127):
             raise UnsafeArchiveError(
                 f"{archive}: corrupt tar header (checksum mismatch)",
@@ -187,13 +224,15 @@ def iter_members(source: StreamSource, *, archive: str = "") -> Iterator[Member]
                 hint="the archive is damaged; fetch the bundle again",
             )
         typeflag = block[156:157]
-        size = _number(block[124:136], "size")
+        size = _number(block[124:136], "size", archive)
         if typeflag in (b"x", b"g", b"L", b"K"):
+            if size > MAX_META:
+                raise _corrupt(f"a {typeflag.decode('latin-1')!r} header of {size} bytes", archive)
             payload = source.data(size)
             if typeflag == b"x":
-                pending.update(_parse_pax(payload))
+                pending.update(_parse_pax(payload, archive))
             elif typeflag == b"g":
-                pax_global.update(_parse_pax(payload))
+                pax_global.update(_parse_pax(payload, archive))
             else:
                 pending["path" if typeflag == b"L" else "linkpath"] = payload.split(b"\0", 1)[0].decode(
                     "utf-8", "surrogateescape"
@@ -205,7 +244,7 @@ def iter_members(source: StreamSource, *, archive: str = "") -> Iterator[Member]
         if block[257:262] == b"ustar" and block[345:346] != b"\0":
             name = _text(block[345:500]) + "/" + name
         name = fields.get("path", name)
-        size = int(fields.get("size", size))
+        size = _pax_size(fields["size"], archive) if "size" in fields else size
         kind = KINDS.get(typeflag)
         if kind is None:
             raise UnsafeArchiveError(
@@ -218,9 +257,11 @@ def iter_members(source: StreamSource, *, archive: str = "") -> Iterator[Member]
             name=normalise(name),
             raw_name=name,
             kind=kind,
-            mode=_number(block[100:108], "mode") & 0o7777,
+            mode=_number(block[100:108], "mode", archive) & 0o7777,
             size=size if kind == "file" else 0,
-            mtime=int(float(fields.get("mtime", _number(block[136:148], "mtime")))),
+            mtime=_pax_mtime(
+                fields["mtime"] if "mtime" in fields else str(_number(block[136:148], "mtime", archive)), archive
+            ),
             linkname=fields.get("linkpath", _text(block[157:257])),
         )
         source.skip(member.size)

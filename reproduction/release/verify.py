@@ -16,11 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.digests import default_jobs, sha256_file
-from reproduction.errors import IntegrityError
+from reproduction.errors import IntegrityError, os_error
 from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, FileEntry, Manifest, load_manifest
 from reproduction.ui import UiOptions, human_bytes, progress
 
 PROBLEM_KINDS = ("missing", "extra", "size", "digest")
+RUNS_DIR = "runs"
+"""The one folder of a bundle where a user's own files (run outputs) may live: never reported as extra."""
+EXTRA_HINT = (
+    "remove the files bundle.json does not list, or move them out of the bundle (runs belong outside it or under "
+    f"its {RUNS_DIR}/ folder, which verify ignores); `portable restore` leaves extra files alone"
+)
+FETCH_HINT = "fetch the bundle again (or re-pack it); `portable verify --json` lists every problem"
 EXIT_BY_KIND = {"missing": 11, "extra": 12, "size": 13, "digest": 14}
 _SUMMARY_LINES = 40
 
@@ -89,6 +96,12 @@ class VerifyReport:
             lines.append(f"  ... and {len(self.problems) - _SUMMARY_LINES} more (see `portable verify --json`)")
         return "\n".join(lines)
 
+    def hint(self) -> str:
+        """What to do about the problems found (extra files alone need no new download)."""
+        if self.problems and all(p.kind == "extra" for p in self.problems):
+            return EXTRA_HINT
+        return FETCH_HINT
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "bundle": str(self.bundle),
@@ -104,11 +117,15 @@ class VerifyReport:
 def ignored_paths(manifest: Manifest) -> tuple[set[str], set[str]]:
     """(ignored files, ignored folders) relative to the bundle: never reported as extra.
 
-    bundle.json itself, the state folder (receipt, lock, staging), and every layer's target (its
-    contents are checked by restore's receipt, not by the manifest). `__pycache__` folders under
+    bundle.json itself, the state folder (receipt, lock, staging), every layer's target (its
+    contents are checked by restore's receipt, not by the manifest) and `runs/`, where a user's run
+    outputs may live (unless the bundle itself ships files there). `__pycache__` folders under
     `reproduction/` are ignored by name in `find_extras`.
     """
-    return {MANIFEST_NAME}, {STATE_DIR} | {layer.target for layer in manifest.layers}
+    dirs = {STATE_DIR} | {layer.target for layer in manifest.layers}
+    if not any(e.path.split("/", 1)[0] == RUNS_DIR for e in manifest.files):
+        dirs.add(RUNS_DIR)
+    return {MANIFEST_NAME}, dirs
 
 
 def find_extras(bundle: Path, manifest: Manifest) -> list[str]:
@@ -201,8 +218,11 @@ def verify_bundle(
     to_hash = [e for e, st in present if not (trusted and trusted(e, st))]
     total = sum(e.size for e, _ in present)
     with progress(ui) as bars:
-        task = bars.task("verify", total=sum(e.size for e in to_hash), bytes_unit=True)
-        problems += hash_entries(bundle, to_hash, jobs=jobs, on_bytes=task.advance)
+        task = bars.task("verify", total=sum(e.size for e in to_hash))
+        try:
+            problems += hash_entries(bundle, to_hash, jobs=jobs, on_bytes=task.advance)
+        except OSError as exc:
+            raise os_error(exc, "a file of the bundle", op="read") from None
     return VerifyReport(bundle=bundle, files=len(manifest.files), bytes_checked=total, problems=sort_problems(problems))
 
 
@@ -210,12 +230,7 @@ def raise_for_report(report: VerifyReport) -> None:
     """Raise one IntegrityError carrying every problem of a failed report (no-op when ok)."""
     if report.ok:
         return
-    raise IntegrityError(
-        report.summary(),
-        problems=report.problems,
-        bundle=report.bundle,
-        hint="fetch the bundle again (or re-pack it); `portable verify --json` lists every problem",
-    )
+    raise IntegrityError(report.summary(), problems=report.problems, bundle=report.bundle, hint=report.hint())
 
 
 def verify_or_raise(

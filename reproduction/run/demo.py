@@ -122,7 +122,8 @@ def run_demo(workdir: Path | None, *, ui: UiOptions | None = None) -> int:
     started = time.perf_counter()
     manifest = pack_bundle(spec, workdir / "bundle", root=src, ui=ui)
     say(
-        f"packed {manifest.name}: {len(manifest.files)} files, {human_bytes(manifest.total_size)} -> {workdir / 'bundle'}",
+        f"packed {manifest.name}: {len(manifest.files)} files, {human_bytes(manifest.total_size)} "
+        f"-> {workdir / 'bundle'}",
         options=ui,
     )
     restored = workdir / "restored" / manifest.name

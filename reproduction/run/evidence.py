@@ -57,11 +57,35 @@ def count_metric(successes: int, episodes: int) -> dict[str, Any]:
     }
 
 
-def _task_counts(result: Mapping[str, Any]) -> dict[str, dict[str, int]]:
-    """{task: {"episodes", "success_once", "success_at_end"}} from an EvalResult.to_dict() (several shapes accepted).
+COUNT_KEYS = frozenset({"task", "name", "episodes", "successes", *COUNT_METRICS, *(f"{m}_rate" for m in COUNT_METRICS)})
+
+
+def _successes(value: Any, episodes: int, where: str) -> int:
+    """A success count given as an int or as the text "k/n" (reproduction.sim's TaskResult.summary())."""
+    if isinstance(value, str):
+        k, sep, n = value.partition("/")
+        if not sep or not k.strip().isdigit() or not n.strip().isdigit() or int(n) != episodes:
+            raise InvalidInputError(f"{where}: success count {value!r} is not k/{episodes}", field=where)
+        return int(k)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInputError(f"{where}: success count {value!r} is not an integer", field=where)
+    return value
+
+
+def _task_details(row: Mapping[str, Any]) -> dict[str, float | None]:
+    """The per-task numbers besides the counts (detours per episode, mean first-success step, ...)."""
+    return {
+        str(k): (None if v is None else float(v))
+        for k, v in sorted(row.items())
+        if k not in COUNT_KEYS and (v is None or isinstance(v, (int, float)) and not isinstance(v, bool))
+    }
+
+
+def _task_counts(result: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """{task: {"episodes", "success_once", "success_at_end", "details"}} from an EvalResult.to_dict().
 
     Accepted: {"tasks": {task: counts}}, {"tasks": [{"task": ..., **counts}]}, {"per_task": ...} likewise,
-    or a bare {task: counts}. Counts are ints; "success_at_end" defaults to "success_once" when absent.
+    or a bare {task: counts}. Counts are ints or "k/n" texts; "success_at_end" defaults to "success_once".
     """
     raw = result.get("tasks", result.get("per_task", result))
     if isinstance(raw, Sequence) and not isinstance(raw, str):
@@ -73,10 +97,13 @@ def _task_counts(result: Mapping[str, Any]) -> dict[str, dict[str, int]]:
         once = row.get("success_once", row.get("successes"))
         if once is None:
             raise InvalidInputError(f"evaluation result for task {task!r} has no success_once count", field=str(task))
+        episodes = int(row["episodes"])
+        once = _successes(once, episodes, f"tasks[{task!r}].success_once")
         out[str(task)] = {
-            "episodes": int(row["episodes"]),
-            "success_once": int(once),
-            "success_at_end": int(row.get("success_at_end", once)),
+            "episodes": episodes,
+            "success_once": once,
+            "success_at_end": _successes(row.get("success_at_end", once), episodes, f"tasks[{task!r}].success_at_end"),
+            "details": _task_details(row),
         }
     if not out:
         raise InvalidInputError(
@@ -112,7 +139,11 @@ def evaluation_entry(record: EvalRecord) -> dict[str, Any]:
     """The {"policy", "metrics", "tasks"} block of one evaluated policy."""
     counts = _task_counts(record.result)
     tasks = {
-        task: {"episodes": c["episodes"], **{m: count_metric(c[m], c["episodes"]) for m in COUNT_METRICS}}
+        task: {
+            "episodes": c["episodes"],
+            **{m: count_metric(c[m], c["episodes"]) for m in COUNT_METRICS},
+            **({"details": c["details"]} if c["details"] else {}),
+        }
         for task, c in sorted(counts.items())
     }
     total = sum(c["episodes"] for c in counts.values())

@@ -18,6 +18,7 @@ it scans every file under a folder for the raw bytes of a planted token. Stdlib 
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -162,8 +163,22 @@ def find_secret(root: Path, token: str, *, skip: Iterable[str] = ()) -> list[Sec
     for path in files:
         if root.is_dir() and path.relative_to(root).as_posix() in skipped:
             continue
-        data = path.read_bytes()
-        offsets = [m.start() for needle in needles for m in re.finditer(re.escape(needle), data)]
+        offsets = _offsets(path, needles)
         if offsets:
-            found.append(SecretFinding(path, tuple(sorted(offsets))))
+            found.append(SecretFinding(path, offsets))
     return found
+
+
+def _offsets(path: Path, needles: Sequence[bytes]) -> tuple[int, ...]:
+    """Byte offsets of every needle in a file, searched through mmap (a multi-GB checkpoint is not read into memory)."""
+    with open(path, "rb") as fh:
+        if os.fstat(fh.fileno()).st_size == 0:
+            return ()
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            out = []
+            for needle in needles:
+                at = data.find(needle)
+                while at != -1:
+                    out.append(at)
+                    at = data.find(needle, at + 1)
+    return tuple(sorted(out))

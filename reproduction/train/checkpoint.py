@@ -12,9 +12,6 @@ the files and writes manifest.json (file digests, world size, versions, config d
 RNG states per rank, canary loss) -> rename to `step_N/` -> atomic `LATEST` -> keep-last-k -> barrier.
 A directory is a checkpoint only when it is named `step_N` and holds manifest.json; a kill at any
 moment leaves the previous complete checkpoint untouched.
-
-Test hook: `PORTABLE_TEST_SAVE_SLEEP_S=<s>` makes rank 0 sleep between writing the manifest and the
-rename, so tests can kill a run in the middle of a save.
 """
 
 from __future__ import annotations
@@ -43,7 +40,6 @@ FORMAT = "recap-portable/train-checkpoint"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 STEP_RE = re.compile(r"^step_(\d+)$")
-SLEEP_HOOK = "PORTABLE_TEST_SAVE_SLEEP_S"
 
 
 # -- discovery ----------------------------------------------------------------------------------
@@ -152,8 +148,6 @@ def save(
             rng=rng,
         )
         atomic_write_text(partial / MANIFEST, json.dumps(manifest, indent=1))
-        if os.environ.get(SLEEP_HOOK):
-            time.sleep(float(os.environ[SLEEP_HOOK]))
         shutil.rmtree(final, ignore_errors=True)  # only when re-saving a step after resuming before it
         os.replace(partial, final)
         fsync_dir(root)

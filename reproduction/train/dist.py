@@ -114,12 +114,3 @@ def broadcast_object(obj: Any) -> Any:
     box = [obj]
     tdist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def any_true(flag: bool) -> bool:
-    """True on every rank if `flag` is true on any rank."""
-    if world_size() == 1:
-        return bool(flag)
-    t = torch.tensor([1.0 if flag else 0.0], device=_DEVICE)
-    tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
-    return bool(t.item() > 0)

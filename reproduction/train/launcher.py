@@ -18,7 +18,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,18 +83,97 @@ def _worker_body(
         dist.destroy(clean=ok)
 
 
-def _ray_worker(payload: Payload, rank: int) -> Any:
+@dataclass(frozen=True, kw_only=True)
+class WorkerOutcome:
+    """What a worker hands back to the driver: its value, or the PortableError it raised, carried as
+    the error's type and constructor arguments (its fields survive pickling; the driver rebuilds it
+    through its own constructor, so subclass invariants hold). Bugs travel as Ray task errors."""
+
+    value: Any = None
+    error_type: type[PortableError] | None = None
+    message: str = ""
+    hint: str | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    traceback: str = ""
+    """The worker-side traceback of `error_type` (kept as the rebuilt error's `worker_traceback`)."""
+
+    @classmethod
+    def of_error(cls, exc: PortableError) -> WorkerOutcome:
+        return cls(
+            error_type=type(exc),
+            message=exc.message,
+            hint=exc.hint,
+            fields=dict(exc.fields),
+            traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        )
+
+    def unwrap(self) -> Any:
+        """The value, or raise the worker's error rebuilt in this process."""
+        if self.error_type is None:
+            return self.value
+        err = self.error_type(self.message, hint=self.hint, **self.fields)
+        err.worker_traceback = self.traceback
+        raise err
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerFailure:
+    """A worker that raised something other than a PortableError (a bug), or whose process died."""
+
+    rank: int
+    died: bool
+    """True when the process was lost (killed, crashed, node gone); False when it raised."""
+    summary: str
+    """One line: the exception (`RuntimeError: boom`) or how it died (`WorkerCrashedError: ...`)."""
+    traceback: str
+    """The worker's traceback (ANSI colours removed) or Ray's account of the death."""
+
+    def error(self, label: str | None = None) -> WorkerFailedError:
+        """As a WorkerFailedError: with `label` one line naming `label` and the index (run_tasks),
+        without it the training form naming `worker rank N` with the worker's traceback in the message."""
+        if label is not None:
+            verb = "died:" if self.died else "raised"
+            hint = (
+                "a worker process was killed (out of memory? kill -9?); rerun"
+                if self.died
+                else "a bug in the worker (its traceback is the error's `traceback`); "
+                "rerun with one worker to see it in this process"
+            )
+            return WorkerFailedError(
+                f"{label} {self.rank} {verb} {self.summary}", rank=self.rank, traceback=self.traceback, hint=hint
+            )
+        if self.died:
+            return WorkerFailedError(
+                f"worker rank {self.rank} died: {self.summary}",
+                rank=self.rank,
+                traceback=self.traceback,
+                hint="a worker process was killed (out of memory? kill -9?); "
+                "rerun with resume to continue from the last checkpoint",
+            )
+        return WorkerFailedError(
+            f"worker rank {self.rank} raised:\n{self.traceback}",
+            rank=self.rank,
+            traceback=self.traceback,
+            hint="the traceback above is the worker's; fix the cause and rerun with resume",
+        )
+
+
+class _WorkerFailed(Exception):
+    """Internal: `_wait_all` found a failed worker; the caller turns it into its WorkerFailedError."""
+
+    def __init__(self, failure: WorkerFailure) -> None:
+        super().__init__(failure.summary)
+        self.failure = failure
+
+
+def _ray_worker(payload: Payload, rank: int) -> WorkerOutcome:
     """Ray task body: PortableErrors come back as values (their fields survive), bugs as tracebacks."""
     try:
         local_rank = rank if payload.spec.kind == "cpu" else 0  # Ray narrows the visible devices to one
-        return ("ok", _worker_body(payload, rank=rank, world_size=payload.config.world_size, local_rank=local_rank))
+        world_size = payload.config.world_size
+        return WorkerOutcome(value=_worker_body(payload, rank=rank, world_size=world_size, local_rank=local_rank))
     except PortableError as exc:
-        return _error_value(exc)
-
-
-def _error_value(exc: PortableError) -> tuple:
-    """A worker's PortableError as a picklable value `_outcome` re-raises as itself."""
-    return ("portable_error", type(exc), exc.message, exc.hint, exc.fields, traceback.format_exc())
+        return WorkerOutcome.of_error(exc)
 
 
 def run_ray(payload: Payload, *, ray_address: str | None, on_poll: Callable[[], None] | None = None) -> Any:
@@ -109,15 +188,18 @@ def run_ray(payload: Payload, *, ray_address: str | None, on_poll: Callable[[], 
     ) as (pg, single_node):
         payload.master_addr, payload.master_port = _rendezvous(pg, cfg, single_node)
         refs = _submit(payload, pg, local=single_node)
-        return _wait_all(refs, on_poll)[0]
+        try:
+            return _wait_all(refs, on_poll)[0]
+        except _WorkerFailed as failed:
+            raise failed.failure.error() from None
 
 
-def _task_body(fn: Callable[[Any], Any], payload: Any) -> Any:
+def _task_body(fn: Callable[[Any], Any], payload: Any) -> WorkerOutcome:
     """`run_tasks`' Ray task body: the `_ray_worker` protocol without a process group."""
     try:
-        return ("ok", fn(payload))
+        return WorkerOutcome(value=fn(payload))
     except PortableError as exc:
-        return _error_value(exc)
+        return WorkerOutcome.of_error(exc)
 
 
 def run_tasks(
@@ -157,8 +239,8 @@ def run_tasks(
         ]
         try:
             results = _wait_all(refs, None, on_done)
-        except WorkerFailedError as exc:
-            raise _one_line(exc, label) from None
+        except _WorkerFailed as failed:
+            raise failed.failure.error(label) from None
         return [results[i] for i in range(len(payloads))]
 
 
@@ -181,28 +263,6 @@ def _placed(
             ray.util.remove_placement_group(pg)
         if started:
             ray.shutdown()
-
-
-def _one_line(exc: WorkerFailedError, label: str) -> WorkerFailedError:
-    """`_outcome`'s failure as one line naming `label` and the payload index: the worker's exception
-    (the traceback's last line) or how it died; the whole text stays in the error's `traceback`."""
-    text = str(exc.fields.get("traceback") or "")
-    first = exc.message.splitlines()[0]
-    if first.endswith(" raised:"):
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        return WorkerFailedError(
-            f"{label} {exc.rank} raised {lines[-1] if lines else 'an exception'}",
-            rank=exc.rank,
-            traceback=text,
-            hint="a bug in the worker (its traceback is the error's "
-            "`traceback`); rerun with one worker to see it in this process",
-        )
-    return WorkerFailedError(
-        first.replace(f"worker rank {exc.rank}", f"{label} {exc.rank}", 1),
-        rank=exc.rank,
-        traceback=text,
-        hint="a worker process was killed (out of memory? kill -9?); rerun",
-    )
 
 
 def _connect(ray_address: str | None, *, cpus: int) -> bool:
@@ -333,18 +393,15 @@ def _wait_all(
 
 
 def _outcome(ref, rank: int) -> Any:
+    """Rank `rank`'s value; its PortableError re-raised as itself; _WorkerFailed when it raised
+    anything else or died."""
     import ray
 
     try:
-        value = ray.get(ref, timeout=60)
+        outcome: WorkerOutcome = ray.get(ref, timeout=60)
     except ray.exceptions.RayTaskError as exc:
-        text = ANSI.sub("", str(exc))
-        raise WorkerFailedError(
-            f"worker rank {rank} raised:\n{text}",
-            rank=rank,
-            traceback=text,
-            hint="the traceback above is the worker's; fix the cause and rerun with resume",
-        ) from None
+        text = ANSI.sub("", str(exc))  # the traceback's last line is the worker's exception
+        raise _WorkerFailed(WorkerFailure(rank=rank, died=False, summary=_last_line(text), traceback=text)) from None
     except (
         ray.exceptions.WorkerCrashedError,
         ray.exceptions.ActorDiedError,
@@ -352,17 +409,11 @@ def _outcome(ref, rank: int) -> Any:
         ray.exceptions.ObjectLostError,
         ray.exceptions.TaskCancelledError,
     ) as exc:
-        raise WorkerFailedError(
-            f"worker rank {rank} died: {type(exc).__name__}: {exc}",
-            rank=rank,
-            traceback=str(exc),
-            hint="a worker process was killed (out of memory? kill -9?); "
-            "rerun with resume to continue from the last checkpoint",
-        ) from None
-    if value[0] == "portable_error":
-        _, cls, message, hint, fields, tb = value
-        err = cls.__new__(cls)
-        PortableError.__init__(err, message, hint=hint, **fields)
-        err.worker_traceback = tb
-        raise err
-    return value[1]
+        summary = f"{type(exc).__name__}: {exc}"
+        raise _WorkerFailed(WorkerFailure(rank=rank, died=True, summary=summary, traceback=str(exc))) from None
+    return outcome.unwrap()
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "an exception"

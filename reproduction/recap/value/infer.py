@@ -14,16 +14,15 @@ ConfigError (value_task.VocabGuard). Values are keyed by (episode_index, frame_i
 `infer_dataset` runs the plan's shards one after another in this process; `infer_dataset_ray` runs
 them concurrently, one Ray worker (one device) per shard (`reproduction.train.launcher.run_tasks`):
 each worker loads the models on its device, opens the dataset by path, checks its fingerprint and
-returns only its owned rows' (episode_index, frame_index, value). Test hook, read in Ray workers
-only: `PORTABLE_TEST_INFER_FAULT=raise:<rank>` / `die:<rank>` makes shard <rank>'s worker raise a
-RuntimeError / SIGKILL itself before loading anything.
+returns only its owned rows' (episode_index, frame_index, value). The worker body is a seam:
+`infer_dataset_ray(task=...)` runs another picklable callable on each ShardJob (the fault tests
+pass one that raises or dies).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +36,6 @@ from reproduction.recap.normalize import ReturnRange
 from reproduction.recap.sharding import Shard
 from reproduction.recap.value.crossfit import CrossFitPlan
 from reproduction.train.device import DeviceSpec
-
-FAULT_HOOK = "PORTABLE_TEST_INFER_FAULT"
 
 
 @dataclass(kw_only=True)
@@ -318,7 +315,6 @@ def infer_job(job: ShardJob) -> pa.Table:
     from reproduction.data.reader import open_dataset
     from reproduction.train.device import local_device
 
-    _fault_hook(job.shard.rank)
     ds = open_dataset(Path(job.dataset_root))
     if ds.fingerprint != job.fingerprint:
         raise FingerprintMismatchError(
@@ -333,17 +329,6 @@ def infer_job(job: ShardJob) -> pa.Table:
     )
 
 
-def _fault_hook(rank: int) -> None:
-    """`PORTABLE_TEST_INFER_FAULT=raise:<rank>|die:<rank>`: the fault tests' way into a worker."""
-    action, _, target = os.environ.get(FAULT_HOOK, "").partition(":")
-    if action and target == str(rank):
-        if action == "die":
-            import signal
-
-            os.kill(os.getpid(), signal.SIGKILL)
-        raise RuntimeError(f"injected failure in value inference shard {rank} ({FAULT_HOOK}={action}:{target})")
-
-
 def infer_dataset_ray(
     stage_dir: Path,
     dataset_root: Path,
@@ -355,9 +340,11 @@ def infer_dataset_ray(
     dataset_name: str | None = None,
     ray_address: str | None = None,
     on_done: Callable[[int], None] | None = None,
+    task: Callable[[ShardJob], pa.Table] | None = None,
 ) -> pa.Table:
     """What `infer_dataset` returns, with the plan's `world_size` shards run concurrently on Ray
     workers, one device (`spec`: cpu slot, GPU or NPU) each; `on_done(rank)` as each finishes.
+    `task` replaces the worker body (default `infer_job`); it must be picklable by reference.
 
     Ray is started locally and stopped unless `ray_address` (or an initialised Ray) is given. A
     worker that raises or dies is a one-line WorkerFailedError (exit 51, its traceback in
@@ -382,6 +369,6 @@ def infer_dataset_ray(
         for shard in plan_shards(_row_ends(ep), world_size, lookahead, align=batch_size)
     ]
     parts = run_tasks(
-        infer_job, jobs, spec=spec, ray_address=ray_address, on_done=on_done, label="value inference shard"
+        task or infer_job, jobs, spec=spec, ray_address=ray_address, on_done=on_done, label="value inference shard"
     )
     return merge_values(parts)

@@ -1,5 +1,7 @@
 """The RECAP value model: SigLIP images + Gemma3 text, bidirectional prefix, a query token, 201 bins.
 
+    (the prefix is recap/prefix.py, shared with the policy)
+
     images per camera (B,3,S,S) --SigLIP (present cameras only)--> (n_present, N, Dv)
         --Linear(Dv -> Dt)--> image tokens, scattered back into (B, N, Dt) per camera
     prompt ids (B,T), T = the batch's longest prompt --Gemma3 embed (already x sqrt(Dt))--> text tokens
@@ -34,6 +36,9 @@ from torch import nn
 
 from reproduction.config_fields import reject_unknown_fields
 from reproduction.errors import ConfigError
+from reproduction.recap.prefix import SiglipGemmaPrefix, prefix_attention_masks, tiny_text, tiny_vision
+
+__all__ = ["ValueModel", "ValueModelConfig", "build_value_model", "prefix_attention_masks", "preset_config"]
 
 PRESETS = ("tiny", "recap")
 NUM_BINS = 201
@@ -122,32 +127,8 @@ def preset_config(
     Raises ConfigError for an unknown preset.
     """
     if name == "tiny":
-        size = image_size or 64
-        vision = dict(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            image_size=size,
-            patch_size=patch_size or 16,
-            vision_use_head=False,
-        )
-        text = dict(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            head_dim=32,
-            vocab_size=vocab_size or 512,
-            max_position_embeddings=1024,
-            sliding_window=512,
-            query_pre_attn_scalar=32,
-            pad_token_id=0,
-            bos_token_id=1,
-            eos_token_id=2,
-            layer_types=["sliding_attention", "full_attention"],
-        )
+        vision = tiny_vision(image_size=image_size or 64, patch_size=patch_size or 16)
+        text = tiny_text(vocab_size=vocab_size or 512)
     elif name == "recap":
         # google/siglip2-so400m-patch14-224 vision tower and google/gemma-3-270m (config.json values).
         vision = dict(
@@ -197,22 +178,13 @@ class ValueHead(nn.Module):
         return self.proj(self.dropout(state))
 
 
-class ValueModel(nn.Module):
+class ValueModel(SiglipGemmaPrefix):
     """VLM value critic; `forward` returns (B, num_bins) logits. See the module docstring."""
 
     def __init__(self, config: ValueModelConfig) -> None:
-        super().__init__()
-        from transformers import Gemma3TextConfig, Gemma3TextModel, SiglipVisionConfig, SiglipVisionModel
-
+        super().__init__(config.vision, config.text, attn_implementation=config.attn_implementation)
         self.config = config
-        vcfg = SiglipVisionConfig(**config.vision)
-        tcfg = Gemma3TextConfig(**config.text)
-        vcfg._attn_implementation = config.attn_implementation
-        tcfg._attn_implementation = config.attn_implementation
-        self.vision = SiglipVisionModel(vcfg)
-        self.projector = nn.Linear(vcfg.hidden_size, tcfg.hidden_size)
-        self.language = Gemma3TextModel(tcfg)
-        self.value_head = ValueHead(tcfg.hidden_size, config.num_bins, config.value_dropout)
+        self.value_head = ValueHead(self.language.config.hidden_size, config.num_bins, config.value_dropout)
         self.register_buffer("atoms", torch.linspace(config.v_min, config.v_max, config.num_bins), persistent=False)
         self._init_fresh()
 
@@ -220,42 +192,8 @@ class ValueModel(nn.Module):
         # Upstream: the new projection is N(0, 0.02) with zero bias; same for the head.
         if self.projector.weight.device.type == "meta":
             return
-        nn.init.normal_(self.projector.weight, std=0.02)
-        nn.init.zeros_(self.projector.bias)
+        self.init_projector()
         self.value_head.reset_parameters()
-
-    @property
-    def tokens_per_image(self) -> int:
-        vc = self.vision.config
-        return (vc.image_size // vc.patch_size) ** 2
-
-    def encode_images(
-        self, images: dict[str, torch.Tensor], masks: dict[str, torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Image tokens (B, C*N, Dt) and their validity (B, C*N); absent cameras are never encoded.
-
-        All present images of all cameras go through SigLIP in one batch; absent slots stay zero
-        and are masked out of attention. Every forward calls SigLIP exactly once (FSDP needs the
-        same collectives on all ranks), on one blank image if the batch has no camera at all.
-        """
-        cams = self.config.cameras
-        ref = images[cams[0]]
-        batch, n = ref.shape[0], self.tokens_per_image
-        width = self.projector.out_features
-        present = torch.stack([masks[c].to(torch.bool) for c in cams], dim=1)  # (B, C)
-        tokens = ref.new_zeros(batch, len(cams), n, width, dtype=self.projector.weight.dtype)
-        dtype = self.vision.embeddings.patch_embedding.weight.dtype
-        if bool(present.any()):
-            pixels = torch.stack([images[c] for c in cams], dim=1)[present]  # (P, 3, S, S)
-            feats = self.vision(pixel_values=pixels.to(dtype)).last_hidden_state
-            tokens = tokens.index_put((present,), self.projector(feats).to(tokens.dtype))
-        else:
-            # No camera at all in this batch. Sharded (FSDP) towers still need the same calls on
-            # every rank, so run one blank image and add it times zero: one image, not B x C.
-            blank = ref.new_zeros(1, *ref.shape[1:], dtype=dtype)
-            tokens = tokens + 0.0 * self.projector(self.vision(pixel_values=blank).last_hidden_state).sum()
-        valid = present.unsqueeze(-1).expand(batch, len(cams), n)
-        return tokens.reshape(batch, len(cams) * n, width), valid.reshape(batch, len(cams) * n)
 
     def forward(
         self,
@@ -267,43 +205,18 @@ class ValueModel(nn.Module):
     ) -> torch.Tensor:
         """Logits (B, num_bins) for a batch; `input_ids`/`attention_mask` are (B, T) with T the
         batch's longest prompt. Image tensors are (B, 3, S, S) in [-1, 1]; masks are (B,) bool."""
-        img_tok, img_valid = self.encode_images(images, image_masks)
-        txt_tok = self.language.embed_tokens(input_ids).to(img_tok.dtype)  # Gemma3 scales by sqrt(d) itself
+        img_tok, img_valid = self.encode_images(images, image_masks, self.config.cameras)
+        txt_tok = self.embed_text(input_ids, img_tok.dtype)
         query = self.value_head.query.to(img_tok.dtype).expand(input_ids.shape[0], 1, -1)
         embeds = torch.cat([img_tok, txt_tok, query], dim=1)
         valid = torch.cat(
             [img_valid, attention_mask.to(torch.bool), torch.ones_like(attention_mask[:, :1], dtype=torch.bool)], dim=1
         )
-        positions = (torch.cumsum(valid.long(), dim=1) - 1).clamp(min=0)
-        masks = prefix_attention_masks(valid, positions, self.language.config.sliding_window, embeds.dtype)
-        out = self.language(inputs_embeds=embeds, attention_mask=masks, position_ids=positions, use_cache=False)
-        return self.value_head(out.last_hidden_state[:, -1])
+        return self.value_head(self.run_language(embeds, valid, num_queries=1)[:, -1])
 
     def expected_value(self, logits: torch.Tensor) -> torch.Tensor:
         """E[V] = sum softmax(logits) * atoms, in float32."""
         return torch.softmax(logits.float(), dim=-1) @ self.atoms.float()
-
-
-def prefix_attention_masks(
-    valid: torch.Tensor, positions: torch.Tensor, sliding_window: int | None, dtype: torch.dtype
-) -> dict[str, torch.Tensor]:
-    """Additive (B, 1, L, L) masks for Gemma3's full and sliding layers; the last token is the query.
-
-    allowed[b, q, k] = valid[b, k] and (k is not the query or q is the query); sliding layers also
-    need |pos_q - pos_k| < window. Rows of padding tokens see the valid keys too (never an all-masked
-    row, so no NaN); nothing valid attends to them, so they cannot change the value.
-    """
-    seq = valid.shape[1]
-    is_query = torch.zeros(seq, dtype=torch.bool, device=valid.device)
-    is_query[-1] = True
-    allowed = valid[:, None, :] & (~is_query[None, None, :] | is_query[None, :, None])  # (B, L, L)
-    neg = torch.finfo(dtype).min
-    full = torch.zeros(allowed.shape, dtype=dtype, device=valid.device).masked_fill(~allowed, neg)
-    sliding = full
-    if sliding_window is not None and sliding_window < seq:
-        near = (positions[:, :, None] - positions[:, None, :]).abs() < sliding_window
-        sliding = full.masked_fill(~near, neg)
-    return {"full_attention": full[:, None], "sliding_attention": sliding[:, None]}
 
 
 def build_value_model(

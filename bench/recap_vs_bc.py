@@ -1,0 +1,393 @@
+"""RECAP vs behaviour cloning in the embedded simulator: the issue-12 table, reproducible from one command.
+
+Pipeline (every stage the project's own code, CPU):
+  1. data        sim.generate_mix: sft demos + mixed-quality rollouts (DEMO_LAB mix1 by default), the
+                 agentview camera rendered for the value model (the policy reads state + goal + prompt)
+  2. returns     stage 1, failure reward -50 (DEMO_LAB 3)
+  3. value       stage 2, tiny preset on the agentview image + prompt, K-fold cross-fitted
+  4. advantages  stage 3, N = 10, top 30% positive (one global threshold; sft forced positive)
+  5. policies    stage 4, per training seed: bc (all data), filtered_bc (successful episodes only),
+                 recap (advantage-conditioned; hold labels; condition dropout); same model, same steps
+  6. evaluation  held-out reset seeds, success at the last step (and at any step), RECAP at each w
+
+Diagnostics printed beside the table: the value model's held-out Spearman, label quality (positive
+rate on harmful frames `sim.harm` vs clean frames of successful episodes), the data mix's success
+rates. Phase outputs are cached under --out: rerun with the same --out to skip finished phases.
+
+    OMP_NUM_THREADS=1 python3 bench/recap_vs_bc.py --out /tmp/rvb [--seeds 0 1 2] [--steps 1500]
+        [--eval-episodes 50] [--guidance 1 1.5 2 3] [--tasks FetchPickAndPlace-v4] [--jobs 2]
+
+Last lines: the table (mean +- std over training seeds) and `recap_minus_bc_all: ...` per seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("PORTABLE_NO_PROGRESS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+CAMERA_KEY = "observation.images.agentview"
+TAG = "bench"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def phase_data(args: argparse.Namespace, out: Path) -> dict[str, Path]:
+    from reproduction.sim.generate import generate_mix
+
+    root = out / "data"
+    if not (root / "rollout" / "meta" / "info.json").is_file():
+        t = time.time()
+        res = generate_mix(
+            args.mix,
+            root,
+            tasks=tuple(args.tasks),
+            seed=args.data_seed,
+            workers=args.workers,
+            cameras=("agentview",),
+            image_size=args.image_size,
+        )
+        summary = {k: v.to_dict() for k, v in res.items()}
+        (out / "data_summary.json").write_text(json.dumps(summary, indent=1))
+        rates_ = ", ".join(f"{k} {v.success_rate:.2f}" for k, v in res.items())
+        log(f"data: {time.time() - t:.1f} s, success {rates_}")
+    return {"sft": root / "sft", "rollout": root / "rollout"}
+
+
+def phase_returns(args: argparse.Namespace, out: Path, data: dict[str, Path]) -> Path:
+    from reproduction.recap.returns import ReturnsConfig, compute_returns
+
+    rdir = out / "returns"
+    if not (rdir / "rollout").is_dir():
+        t = time.time()
+        compute_returns(
+            [data["sft"], data["rollout"]],
+            rdir,
+            ReturnsConfig(failure_reward=args.failure_reward),
+            types=["sft", "rollout"],
+        )
+        log(f"returns: {time.time() - t:.1f} s")
+    return rdir
+
+
+def phase_value(args: argparse.Namespace, out: Path, data: dict[str, Path], rdir: Path) -> dict[str, Any]:
+    from reproduction.recap.value.cli import infer_values, train_value
+    from reproduction.recap.value.data import ValueSource
+    from reproduction.recap.value.task import ValueStageConfig
+    from reproduction.train.config import TrainConfig
+
+    vdir, values = out / "value", out / "values"
+    summary_path = out / "value_summary.json"
+    if not summary_path.is_file():
+        t = time.time()
+        stage = ValueStageConfig(
+            train=[
+                ValueSource(path=str(data["sft"]), type="sft", returns=str(rdir)),
+                ValueSource(path=str(data["rollout"]), type="rollout", returns=str(rdir)),
+            ],
+            preset="tiny",
+            cameras={"base_0_rgb": CAMERA_KEY},
+            folds=args.folds,
+            value_lr=args.value_lr,
+            augment=False,
+            eval_max_samples=2000,
+        )
+        tcfg = TrainConfig(
+            max_steps=args.value_steps,
+            global_batch=32,
+            micro_batch=32,
+            launcher="inprocess",
+            lr=args.value_lr,
+            warmup_steps=20,
+            device="cpu",
+        )
+        res = train_value(stage, tcfg, vdir)
+        t_train = time.time() - t
+        values.mkdir(exist_ok=True)
+        for name, path in data.items():
+            infer_values(vdir, path, values / f"{name}.parquet", lookahead=10, workers=1, device="cpu", batch_size=128)
+        summary = {**res.summary(), "train_s": t_train, "total_s": time.time() - t}
+        summary_path.write_text(json.dumps(summary, indent=1, default=str))
+        log(f"value: train {t_train:.1f} s, total {time.time() - t:.1f} s")
+    return json.loads(summary_path.read_text())
+
+
+def phase_advantages(args: argparse.Namespace, out: Path, data: dict[str, Path], rdir: Path) -> Path:
+    from reproduction.recap.advantage_inputs import load_dataset_arrays
+    from reproduction.recap.advantages import AdvantageConfig, compute_advantages
+
+    adir = out / "advantages"
+    if not (adir / "rollout").is_dir():
+        t = time.time()
+        inputs = [
+            load_dataset_arrays(data[n], rdir, out / "values" / f"{n}.parquet", dataset_type=n, returns_tag=None)
+            for n in ("sft", "rollout")
+        ]
+        cfg = AdvantageConfig(lookahead=10, positive_quantile=0.3, tag=TAG)
+        compute_advantages(inputs, cfg, out / "value" / "model_0" / "export", out_dirs=[adir / "sft", adir / "rollout"])
+        log(f"advantages: {time.time() - t:.1f} s")
+    return adir
+
+
+def label_quality(data: dict[str, Path], adir: Path, hold: bool = True) -> dict[str, Any]:
+    """Positive rate of the rollout frames by kind: harmful (sim.harm), clean frames of successful
+    episodes before their first success, frames of failed episodes; with and without hold labels."""
+    from reproduction.data.reader import open_dataset
+    from reproduction.recap.policy.data import PolicySource, build_arrays, open_policy_input
+
+    src = PolicySource(path=str(data["rollout"]), type="rollout", advantages=str(adir), tag=TAG)
+    inp = open_policy_input(src, need_labels=True)
+    ds = open_dataset(data["rollout"])
+    table = ds.frame_table(["episode_index", "frame_index", "sim.harm", "sim.mode"])
+    order = np.lexsort((inp.frame, inp.episode))
+    t_order = np.lexsort((table.column("frame_index").to_numpy(), table.column("episode_index").to_numpy()))
+    harm = table.column("sim.harm").to_numpy(zero_copy_only=False).astype(bool)[t_order]
+    raw = inp.labels[order]
+    arrays, _ = build_arrays([inp], mode="recap", chunk=1, hold_labels=hold)
+    held = arrays.label  # sorted by (episode, frame) as build_arrays sorts
+    ep = inp.episode[order]
+    succ = inp.is_success[order]
+    last = np.r_[ep[1:] != ep[:-1], True]
+    ep_ok = dict(zip(ep[last].tolist(), succ[last].tolist()))
+    ok = np.array([ep_ok[e] for e in ep.tolist()])
+    first = np.zeros(ep.size, bool)
+    seen: set[int] = set()
+    for i, (e, s) in enumerate(zip(ep.tolist(), succ.tolist())):
+        if s and e not in seen:
+            seen.add(e)
+        first[i] = e in seen
+    clean = ok & ~harm & ~first
+    out = {}
+    for name, lab in (("raw", raw), ("held", held)):
+        out[name] = {
+            "harm_frames_positive": float(lab[harm].mean()) if harm.any() else float("nan"),
+            "clean_success_frames_positive": float(lab[clean].mean()) if clean.any() else float("nan"),
+            "failed_episode_frames_positive": float(lab[~ok].mean()) if (~ok).any() else float("nan"),
+            "overall_positive": float(lab.mean()),
+        }
+    out["frames"] = {"harm": int(harm.sum()), "clean_success": int(clean.sum()), "failed": int((~ok).sum())}
+    return out
+
+
+def train_one(job: dict[str, Any]) -> dict[str, Any]:
+    """One policy training (runs in a worker process); returns its export dir and timing."""
+    from reproduction.recap.policy.data import PolicySource, open_policy_input
+    from reproduction.recap.policy.task import PolicyStageConfig, train_policy
+
+    out = Path(job["out"])
+    if (out / "export" / "policy.json").is_file():
+        return {"export": str(out / "export"), "seconds": 0.0, "cached": True}
+    t = time.time()
+    need = job["mode"] == "recap"
+    inputs = [
+        open_policy_input(
+            PolicySource(path=job["sft"], type="sft", advantages=job["adv"] + "/sft", tag=TAG), need_labels=need
+        ),
+        open_policy_input(
+            PolicySource(path=job["rollout"], type="rollout", advantages=job["adv"] + "/rollout", tag=TAG),
+            need_labels=need,
+        ),
+    ]
+    cfg = PolicyStageConfig(
+        mode=job["mode"],
+        chunk=4,
+        execute_steps=2,
+        num_steps=10,
+        condition_dropout=job["dropout"],
+        positive_only=True,
+        hold_labels=True,
+        model_seed=job["seed"],
+        train=dict(
+            max_steps=job["steps"],
+            global_batch=job["batch"],
+            micro_batch=job["batch"],
+            launcher="inprocess",
+            device="cpu",
+            lr=job["lr"],
+            warmup_steps=min(100, job["steps"] // 10),
+            seed=job["seed"],
+            log_interval=max(1, job["steps"] // 10),
+            save_interval=job["steps"],
+        ),
+    )
+    res = train_policy(inputs, cfg, out, resume=True)
+    return {
+        "export": str(res.export_dir),
+        "seconds": time.time() - t,
+        "samples_per_s": res.samples_per_s,
+        "loss": res.train_metrics.get("loss"),
+        "summary": res.summary,
+    }
+
+
+def evaluate_one(job: dict[str, Any]) -> dict[str, Any]:
+    from reproduction.recap.policy.export import PolicyFactory
+    from reproduction.sim.evaluate import EvalConfig, evaluate
+
+    out = Path(job["out"])
+    done = out / "result.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    t = time.time()
+    factory = PolicyFactory(job["export"], guidance_scale=job["w"], seed=job["seed"])
+    cfg = EvalConfig(
+        tasks=tuple(job["tasks"]),
+        episodes_per_task=job["episodes"],
+        seed=job["eval_seed"],
+        execute_steps=2,
+        videos=0,
+        workers=job["workers"],
+    )
+    res = evaluate(factory, cfg, out, ui=None)
+    doc = res.to_dict()
+    doc["seconds"] = time.time() - t
+    out.mkdir(parents=True, exist_ok=True)
+    done.write_text(json.dumps(doc, indent=1, default=str))
+    return doc
+
+
+def rates(doc: dict[str, Any]) -> tuple[float, float, dict[str, str]]:
+    """(success_at_end, success_once, per-task 'k/n') from an EvalResult dict."""
+    per = doc.get("per_task") or doc.get("tasks") or {}
+    end = once = n = 0
+    counts = {}
+    for task, c in per.items():
+        end += int(c["success_at_end"])
+        once += int(c["success_once"])
+        n += int(c["episodes"])
+        counts[task] = f"{c['success_at_end']}/{c['episodes']}"
+    return end / max(n, 1), once / max(n, 1), counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--mix", default="mix1")
+    p.add_argument("--tasks", nargs="+", default=["FetchPickAndPlace-v4"])
+    p.add_argument("--data-seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--dropout", type=float, default=0.2)
+    p.add_argument("--guidance", type=float, nargs="+", default=[1.0, 2.0, 3.0])
+    p.add_argument("--eval-episodes", type=int, default=50, help="per task")
+    p.add_argument("--eval-seed", type=int, default=10_000, help="held-out reset seeds start here")
+    p.add_argument("--image-size", type=int, default=64)
+    p.add_argument("--failure-reward", type=float, default=-50.0)
+    p.add_argument("--folds", type=int, default=2)
+    p.add_argument("--value-steps", type=int, default=500)
+    p.add_argument("--value-lr", type=float, default=1e-3, help="value model lr (tiny preset trains from scratch)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--jobs", type=int, default=2, help="policy trainings run at once")
+    args = p.parse_args(argv)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    data = phase_data(args, out)
+    rdir = phase_returns(args, out, data)
+    value = phase_value(args, out, data, rdir)
+    adir = phase_advantages(args, out, data, rdir)
+    quality = label_quality(data, adir)
+    log(f"labels: {json.dumps(quality)}")
+
+    jobs = [
+        dict(
+            out=str(out / "policy" / f"{mode}_s{seed}"),
+            mode=mode,
+            seed=seed,
+            sft=str(data["sft"]),
+            rollout=str(data["rollout"]),
+            adv=str(adir),
+            steps=args.steps,
+            batch=args.batch,
+            lr=args.lr,
+            dropout=args.dropout,
+        )
+        for seed in args.seeds
+        for mode in ("bc", "filtered_bc", "recap")
+    ]
+    t = time.time()
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        trained = list(pool.map(train_one, jobs))
+    t_train = time.time() - t
+    log(f"policies: {len(jobs)} trainings in {t_train:.1f} s")
+
+    evals = []
+    for job, res in zip(jobs, trained):
+        scales = args.guidance if job["mode"] == "recap" else [1.0]
+        for w in scales:
+            evals.append(
+                dict(
+                    out=str(out / "eval" / f"{job['mode']}_s{job['seed']}_w{w:g}"),
+                    export=res["export"],
+                    w=w,
+                    seed=job["seed"],
+                    mode=job["mode"],
+                    tasks=args.tasks,
+                    episodes=args.eval_episodes,
+                    eval_seed=args.eval_seed,
+                    workers=args.workers,
+                )
+            )
+    t = time.time()
+    results = [evaluate_one(e) for e in evals]
+    t_eval = time.time() - t
+    log(f"evaluation: {len(evals)} runs in {t_eval:.1f} s")
+
+    rows: dict[str, dict[int, dict[str, Any]]] = {}
+    for e, r in zip(evals, results):
+        name = e["mode"] if e["mode"] != "recap" else f"recap w={e['w']:g}"
+        end, once, counts = rates(r)
+        rows.setdefault(name, {})[e["seed"]] = {"end": end, "once": once, "counts": counts}
+    recap_names = [n for n in rows if n.startswith("recap")]
+    best = max(recap_names, key=lambda n: np.mean([v["end"] for v in rows[n].values()]))
+    report = {
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "rows": rows,
+        "best_w": best,
+        "value": {k: v for k, v in value.items() if k != "models"},
+        "value_eval": [m.get("eval", {}) for m in value.get("models", [])],
+        "label_quality": quality,
+        "train": trained,
+        "seconds": {"train": t_train, "eval": t_eval, "total": time.time() - t0},
+    }
+    (out / "results.json").write_text(json.dumps(report, indent=1, default=str))
+
+    print("| policy | success at end (mean +- std) | per seed | success once |")
+    print("|---|---|---|---|")
+    for name, per in rows.items():
+        ends = [per[s]["end"] for s in sorted(per)]
+        onces = [per[s]["once"] for s in sorted(per)]
+        seeds = ", ".join(f"{per[s]['end']:.2f}" for s in sorted(per))
+        print(f"| {name} | {np.mean(ends):.2f} +- {np.std(ends):.2f} | {seeds} | {np.mean(onces):.2f} |")
+    spear = [m.get("eval", {}).get("value_spearman") for m in value.get("models", [])]
+    print(f"value held-out spearman per fold: {spear}")
+    print(f"label quality: {json.dumps(quality)}")
+    for name in ("recap w=1", best):
+        if name in rows and "bc" in rows:
+            diffs = [rows[name][s]["end"] - rows["bc"][s]["end"] for s in sorted(rows["bc"])]
+            print(f"recap_minus_bc_all ({name}): " + ", ".join(f"{d:+.2f}" for d in diffs))
+        if name in rows and "filtered_bc" in rows:
+            diffs = [rows[name][s]["end"] - rows["filtered_bc"][s]["end"] for s in sorted(rows["filtered_bc"])]
+            print(f"recap_minus_filtered_bc ({name}): " + ", ".join(f"{d:+.2f}" for d in diffs))
+    print(f"seconds: train {t_train:.0f}, eval {t_eval:.0f}, total {time.time() - t0:.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""Load a trained policy export as the simulator's `Policy` callable, with classifier-free guidance.
+
+    export/ model.safetensors  model_config.json  policy.json  tokenizer/
+
+`load_policy(export_dir, guidance_scale=w)` -> GuidedPolicy: batch dict (observation.state (B,S),
+observation.goal (B,3), image keys (B,H,W,3) uint8 if the export reads cameras, task list[str]) ->
+actions (B, H, A) float32. With w != 1 the conditional ("{task}\\nAdvantage: positive") and the
+unconditional ("{task}") prompts go through ONE batched prefix pass and ONE batched expert pass per
+Euler step (batch concat 2B); w == 1 runs the conditional half only. The initial noise of each row
+is drawn from a generator seeded by (seed, the row's state and goal bytes), so an action depends on
+the observation alone, not on which other rows share the batch or which worker evaluates it.
+`PolicyFactory` is the picklable zero-argument factory the evaluator's workers call.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reproduction.errors import CheckpointError, GuidanceScaleError, InputNotFoundError, UnsupportedFormatError
+from reproduction.recap.policy.conditioning import PLAIN, POSITIVE
+from reproduction.recap.policy.data import GOAL_KEY, STATE_KEY
+
+
+def check_guidance(guidance_scale: float, mode: str | None = None) -> float:
+    """A valid guidance scale for an export of `mode` (GuidanceScaleError otherwise)."""
+    w = float(guidance_scale)
+    if not np.isfinite(w) or w < 0:
+        raise GuidanceScaleError(
+            f"guidance scale {guidance_scale} is below 0 (or not finite)",
+            field="guidance_scale",
+            hint="use w >= 0: 1 = conditional only, 0 = unconditional only, >1 = extrapolate toward 'positive'",
+        )
+    if mode is not None and mode != "recap" and w != 1.0:
+        raise GuidanceScaleError(
+            f"guidance scale {w} given for a policy trained with mode {mode!r}, which has no advantage conditioning",
+            field="guidance_scale",
+            hint="use guidance scale 1 for bc and filtered_bc policies",
+        )
+    return w
+
+
+def read_export(export_dir: Path) -> dict[str, Any]:
+    """policy.json of an export; InputNotFoundError / UnsupportedFormatError when missing or newer."""
+    from reproduction.recap.policy.task import EXPORT_FORMAT, EXPORT_META
+
+    path = Path(export_dir) / EXPORT_META
+    if not path.is_file():
+        raise InputNotFoundError(
+            f"{path}: no policy export here", path=path, hint="point at a policy stage's export/ folder"
+        )
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    if int(meta.get("format_version", 0)) != EXPORT_FORMAT:
+        raise UnsupportedFormatError(
+            f"{path}: export format {meta.get('format_version')} (this build reads {EXPORT_FORMAT})",
+            path=path,
+            hint="re-export with this version",
+        )
+    return meta
+
+
+def load_policy(
+    export_dir: Path | str,
+    *,
+    guidance_scale: float,
+    device: str = "cpu",
+    num_steps: int | None = None,
+    seed: int = 0,
+    expect_preset: str | None = None,
+) -> GuidedPolicy:
+    """The export's policy (module docstring). Checks everything before building anything.
+
+    Raises GuidanceScaleError (exit 53) for w < 0 or w != 1 on an unconditioned export,
+    CheckpointError (50) when the export is of another preset than `expect_preset` or its weights
+    do not match its config (strict load), InputNotFoundError / UnsupportedFormatError for a
+    missing or newer export.
+    """
+    from reproduction.recap.policy.model import PolicyModelConfig, build_policy_model
+    from reproduction.recap.tokenizer import load_tokenizer
+    from reproduction.recap.value.weights import load_safetensors_strict
+
+    export_dir = Path(export_dir)
+    meta = read_export(export_dir)
+    w = check_guidance(guidance_scale, meta["mode"])
+    if expect_preset is not None and meta["preset"] != expect_preset:
+        raise CheckpointError(
+            f"{export_dir}: a {meta['preset']!r} policy export, but the config asks for preset {expect_preset!r}",
+            path=export_dir,
+            expected=expect_preset,
+            actual=meta["preset"],
+            hint=f"set the policy preset to {meta['preset']!r}, or point at a {expect_preset!r} export",
+        )
+    cfg = json.loads((export_dir / "model_config.json").read_text(encoding="utf-8"))
+    mcfg = PolicyModelConfig.from_dict(cfg)
+    if mcfg.preset != meta["preset"]:
+        raise CheckpointError(f"{export_dir}: model_config preset {mcfg.preset!r} != policy.json {meta['preset']!r}")
+    # Built for real (not meta + to_empty): non-persistent buffers such as SigLIP's position ids are
+    # not in the state dict and must be initialised by the constructor.
+    model = build_policy_model(mcfg, device=device)
+    load_safetensors_strict(model, export_dir / "model.safetensors")
+    model.eval()
+    steps = int(num_steps or meta["num_steps"])
+    if steps < 1:
+        raise GuidanceScaleError(f"num_steps={steps} must be >= 1", field="num_steps")
+    tokenizer = load_tokenizer(export_dir / meta["tokenizer"])
+    return GuidedPolicy(model=model, meta=meta, tokenizer=tokenizer, guidance_scale=w, num_steps=steps, seed=seed)
+
+
+class GuidedPolicy:
+    """The `Policy` callable (module docstring); `reset()` is a no-op (the policy keeps no episode state)."""
+
+    def __init__(self, *, model: Any, meta: dict, tokenizer: Any, guidance_scale: float, num_steps: int, seed: int):
+        from reproduction.recap.policy.task import PolicyCollator
+
+        self.model, self.meta, self.guidance_scale, self.num_steps, self.seed = (
+            model,
+            meta,
+            guidance_scale,
+            num_steps,
+            seed,
+        )
+        stats = meta["stats"]
+        self.s_mean, self.s_std = (
+            np.asarray(stats["state_mean"], np.float32),
+            np.asarray(stats["state_std"], np.float32),
+        )
+        self.a_mean, self.a_std = (
+            np.asarray(stats["action_mean"], np.float32),
+            np.asarray(stats["action_std"], np.float32),
+        )
+        self.cameras = dict(meta["cameras"])
+        self.collator = PolicyCollator(
+            tokenizer,
+            [],
+            cameras=tuple(self.cameras),
+            image_size=model.config.image_size,
+            state_text=model.config.preset == "pi05",
+            action_dim=model.config.action_dim,
+        )
+        self.uses_guidance = meta["mode"] == "recap" and guidance_scale != 1.0
+        self.forward_passes = 0
+        """Prefix passes run so far (one per call, whatever w is): the evidence for 'one batched forward'."""
+
+    @property
+    def chunk(self) -> int:
+        return int(self.meta["chunk"])
+
+    @property
+    def execute_steps(self) -> int:
+        return int(self.meta["execute_steps"])
+
+    def reset(self) -> None:
+        """Nothing to reset: actions depend only on the observation (and the seed)."""
+
+    def _state(self, obs: dict[str, Any]) -> np.ndarray:
+        state = np.asarray(obs[STATE_KEY], np.float32).reshape(len(obs["task"]), -1)
+        if GOAL_KEY in obs:
+            state = np.concatenate([state, np.asarray(obs[GOAL_KEY], np.float32).reshape(len(state), -1)], axis=1)
+        if state.shape[1] != self.s_mean.size:
+            raise ValueError(f"policy expects state+goal of {self.s_mean.size} values, got {state.shape[1]}")
+        return state
+
+    def noise(self, state: np.ndarray) -> Any:
+        """(B, H, A) standard normal noise, each row seeded by (seed, its state bytes)."""
+        import torch
+
+        rows = []
+        for row in state:
+            g = torch.Generator().manual_seed((self.seed << 32) ^ zlib.crc32(np.ascontiguousarray(row).tobytes()))
+            rows.append(torch.randn(self.chunk, self.model.config.action_dim, generator=g))
+        return torch.stack(rows)
+
+    def batch(self, obs: dict[str, Any], kinds: list[int]) -> dict[str, Any]:
+        """The model batch for `obs` with one prompt kind per row (rows repeat when kinds is longer)."""
+        import torch
+
+        from reproduction.recap.value.data import to_pixels
+
+        tasks = list(obs["task"])
+        n = len(tasks)
+        reps = len(kinds) // n
+        state = (self._state(obs) - self.s_mean) / self.s_std
+        samples = []
+        for r in range(reps):
+            for i in range(n):
+                s = {
+                    "state": state[i].astype(np.float32),
+                    "actions": np.zeros((1, 1), np.float32),
+                    "task_id": i,
+                    "label": True,
+                    "kind": kinds[r * n + i],
+                }
+                if self.cameras:
+                    size = self.collator.image_size
+                    s["images"] = {
+                        slot: to_pixels(np.asarray(obs[key][i]), size)
+                        for slot, key in self.cameras.items()
+                        if key in obs
+                    }
+                samples.append(s)
+        self.collator.tasks = tasks
+        out = self.collator(samples)
+        out.pop("actions")
+        return {k: v for k, v in out.items() if isinstance(v, (torch.Tensor, dict))}
+
+    def __call__(self, obs: dict[str, Any]) -> np.ndarray:
+        import torch
+
+        from reproduction.recap.policy.flow import euler_sample, guide
+        from reproduction.train.loop import to_device
+
+        n = len(obs["task"])
+        device = next(self.model.parameters()).device
+        cond_kind = POSITIVE if self.meta["mode"] == "recap" else PLAIN
+        kinds = [cond_kind] * n + ([PLAIN] * n if self.uses_guidance else [])
+        noise = self.noise(self._state(obs)).to(device)
+        with torch.no_grad():
+            batch = to_device(self.batch(obs, kinds), device)
+            cache = self.model.prefix_cache(*self.model.encode_prefix(batch), batch["state"])
+            self.forward_passes += 1
+            w = self.guidance_scale
+
+            def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+                if not self.uses_guidance:
+                    return self.model.velocity(cache, x, t)
+                # rows [0, n) carry the conditional prompt, [n, 2n) the plain one: one expert pass
+                v = self.model.velocity(cache, torch.cat([x, x]), torch.cat([t, t]))
+                return guide(v[:n], v[n:], w)
+
+            actions = euler_sample(velocity, noise, self.num_steps)
+        actions = actions.float().cpu().numpy()[..., : self.a_mean.size]  # pi05 pads actions to 32 dims
+        return (actions * self.a_std + self.a_mean).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class PolicyFactory:
+    """Picklable zero-argument factory: each evaluator worker builds its own policy copy."""
+
+    export_dir: str
+    guidance_scale: float = 1.0
+    device: str = "cpu"
+    num_steps: int | None = None
+    seed: int = 0
+
+    def __call__(self) -> GuidedPolicy:
+        import torch
+
+        torch.set_num_threads(1)
+        return load_policy(
+            self.export_dir,
+            guidance_scale=self.guidance_scale,
+            device=self.device,
+            num_steps=self.num_steps,
+            seed=self.seed,
+        )
