@@ -19,7 +19,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
@@ -157,6 +157,9 @@ def main() -> None:
         rows = pq.ParquetFile(run / "ds10m" / "advantages.parquet").metadata.num_rows
         assert rows == FRAMES, rows
     gib = 1024**3
+    from _timing import machine_note
+
+    print(f"machine: {machine_note()} (peak RSS does not depend on load; the seconds do)")
     print(f"frames {FRAMES:,} in {FILES} data files, {n_ep:,} episodes (generated in {t_gen:.1f} s)")
     print(f"returns:    peak RSS {r_peak / gib:.2f} GiB, {r_secs:.1f} s")
     print(f"advantages: peak RSS {a_peak / gib:.2f} GiB, {a_secs:.1f} s (from given values, N 10, global threshold)")

@@ -35,10 +35,9 @@ if __package__ in (None, ""):
 
 from reproduction.errors import (  # noqa: E402
     InputNotFoundError,
-    InvalidInputError,
     PortableError,
     UsageError,
-    WriteFailedError,
+    os_error,
 )
 from reproduction.ui import UiOptions, say  # noqa: E402
 
@@ -51,6 +50,8 @@ EXIT_CODES = """exit codes:
   10 missing dependency    20-29 check failure classes (see `portable check --help`)
   30-39 Hub (30 refused, 31 auth/permission, 32 not found, 33 transfer kept failing,
          34 downloaded bytes kept failing sha256, 35 conflict: branch moved or tag taken)
+  weights verify: 5 bytes missing or different, 4 only fields still "to-be-pinned"
+  pack --dry-run: 3 something is missing on this machine
   40-49 dataset/sidecar    50-59 training and runs"""
 
 
@@ -119,6 +120,15 @@ def cmd_pack(args: argparse.Namespace) -> int:
         raise InputNotFoundError(
             f"--root {root} is not a folder", path=root, hint="pass the folder the spec's sources are in"
         )
+    if args.dry_run:
+        from reproduction.release.weights_plan import plan_pack
+
+        plan = plan_pack(Path(args.spec), root=root)
+        if args.json:
+            _print_json(plan.to_dict())
+        else:
+            print(plan.summary())
+        return plan.exit_code
     manifest = pack_bundle(Path(args.spec), Path(args.out), jobs=args.jobs, ui=_ui(args), root=root)
     if args.json:
         _print_json(
@@ -211,22 +221,65 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_weights(args: argparse.Namespace) -> int:
+    from reproduction.release import weights, weights_hub
+    from reproduction.release.weights_manifest import load_weights_manifest
+
+    if args.weights_command == "pin":
+        if args.target.endswith(".json"):  # a manifest (a Hub repo id never ends in .json here)
+            manifest = weights_hub.pin_manifest(Path(args.target), ui=_ui(args))
+            if args.json:
+                _print_json(manifest.to_dict())
+            say(f"pinned {len(manifest.components)} component(s) -> {args.target}", options=_ui(args))
+            return 0
+        manifest_path = Path(args.manifest) if args.manifest else None
+        comp = weights_hub.pin_hub(
+            args.target,
+            revision=args.revision,
+            repo_type=args.repo_type,
+            globs=args.files,
+            license_arg=args.license,
+            existing=weights_hub.existing_component(manifest_path, args.target),
+            ui=_ui(args),
+        )
+        if manifest_path is not None:
+            weights_hub.pin_into(manifest_path, comp)
+            say(f"updated {manifest_path}", options=_ui(args))
+        if manifest_path is None or args.json:
+            _print_json(comp.to_dict())  # the result: a component to place into a manifest
+        return 0
+    manifest = load_weights_manifest(Path(args.manifest))
+    if args.weights_command == "fetch":
+        result = weights_hub.fetch_weights(manifest, Path(args.dir), ui=_ui(args))
+        report = weights.verify_or_raise(manifest, Path(args.dir))
+        if args.json:
+            _print_json({"fetch": result, "verify": report.to_dict()})
+        say(
+            f"fetched {manifest.name}: {result.downloaded} downloaded, {result.built} built; {report.summary()}",
+            options=_ui(args),
+        )
+        return 0
+    report = weights.verify_weights(manifest, Path(args.dir))
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        print(report.summary())
+    return report.exit_code
+
+
 # -- pipeline -----------------------------------------------------------------------------------
 
 
-def _not_built(what: str) -> int:
-    raise UsageError(
-        f"`portable {what}` is not built yet in this version of recap-portable",
-        hint="see the README's 'The stages today' for what runs now (python3 -m reproduction.recap.*)",
-    )
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    return _not_built("run")
+    from reproduction.run.cli import cmd_run as run
+
+    return run(args)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    return _not_built("eval")
+    from reproduction.run.cli import cmd_eval as evaluate
+
+    return evaluate(args)
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
@@ -248,7 +301,9 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from reproduction.run.demo import run_demo
 
-    return run_demo(Path(args.workdir) if args.workdir else None, ui=_ui(args))
+    return run_demo(
+        Path(args.output) if args.output else None, quick=args.quick, overrides=args.overrides, ui=_ui(args)
+    )
 
 
 # -- parser -------------------------------------------------------------------------------------
@@ -302,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
             description=help_text,
             formatter_class=argparse.RawDescriptionHelpFormatter,
             epilog=EXIT_CODES,
+            conflict_handler="resolve",  # a command may redefine a global option (its own wins there)
         )
         _add_global_options(p, top=False, skip=() if json_option else ("--json",))
         p.set_defaults(handler=handler, json_output=json_output)
@@ -317,6 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the spec's relative sources start (default: the spec's `root`, relative to the spec's folder)",
     )
     p.add_argument("--jobs", type=_positive_int, default=None, help="compression/hash threads (default: all cores)")
+    p.add_argument(
+        "--dry-run", action="store_true", help="write nothing: list what would be included and what is missing here"
+    )
 
     p = _command("verify", cmd_verify, "hash every file of a bundle against bundle.json")
     p.add_argument("bundle", nargs="?", metavar="BUNDLE", help="default: the folder holding reproduction/")
@@ -360,20 +419,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--revision", default=None, metavar="REV")
     p.add_argument("--repo-type", choices=("model", "dataset"), default="model")
 
-    p = _command(
-        "run", cmd_run, "not built yet (exits 2): will run the four RECAP stages, resumable", json_output=False
-    )
-    p.add_argument("bundle", nargs="?", metavar="BUNDLE")
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--stages", default=None)
-    p.add_argument("--ray-address", default=None)
+    p = _command("weights", cmd_weights, "pin, fetch and verify third-party weights (weights_manifest/*.json)")
+    wsub = p.add_subparsers(dest="weights_command", metavar="ACTION", required=True)
 
-    _command(
-        "eval",
-        cmd_eval,
-        "not built yet (exits 2): will evaluate a policy checkpoint in the simulator",
-        json_output=False,
+    def _action(name: str, help_text: str, description: str | None = None) -> argparse.ArgumentParser:
+        w = wsub.add_parser(
+            name,
+            help=help_text,
+            description=description or help_text,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            epilog=EXIT_CODES,
+        )
+        _add_global_options(w, top=False)
+        return w
+
+    w = _action(
+        "pin",
+        "record a Hub repo's commit, file sizes and sha256 (LFS oids); no large download",
+        "REPO: print a pinned component as JSON (or update it in --manifest).\n"
+        "MANIFEST.json: pin every component of it in place (built ones by building).",
     )
+    w.add_argument("target", metavar="REPO|MANIFEST.json")
+    w.add_argument("--revision", default=None, metavar="REV", help="branch, tag or commit (default: main)")
+    w.add_argument("--files", nargs="+", default=None, metavar="GLOB", help="files to pin (default: all)")
+    w.add_argument("--repo-type", choices=("model", "dataset"), default=None)
+    w.add_argument("--license", default=None, metavar="ID", help="license id or LICENSES/<file> (default: the card's)")
+    w.add_argument("--manifest", default=None, metavar="FILE", help="update this manifest's component for REPO")
+    w = _action("fetch", "download exactly the pinned files (or build built ones), hashed while written")
+    w.add_argument("manifest", metavar="MANIFEST")
+    w.add_argument("dir", metavar="DIR")
+    w = _action("verify", "hash a folder's files against a manifest; report unpinned fields")
+    w.add_argument("manifest", metavar="MANIFEST")
+    w.add_argument("dir", metavar="DIR")
+
+    from reproduction.run.cli_args import add_demo_arguments, add_eval_arguments, add_run_arguments  # stdlib only
+
+    p = _command("run", cmd_run, "run the RECAP stages from a bundle (resumable; config keys: docs/config.md)")
+    add_run_arguments(p)
+    p = _command("eval", cmd_eval, "evaluate a policy checkpoint in the simulator and write its evidence")
+    add_eval_arguments(p)
     p = _command("lineage", cmd_lineage, "show or verify the lineage of a run's outputs (--json: the chain as JSON)")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a folder `portable run --output` wrote")
     p.add_argument(
@@ -383,11 +467,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(
         "demo",
         cmd_demo,
-        "today: generate a tiny release (no download), pack it, restore it in another folder and verify it; "
-        "prints the restored bundle's path (the RECAP stages join later)",
+        "the whole pipeline end to end on CPU, with no download: simulator data, bundle, restore, check, "
+        "four stages, evaluation, evidence (a rerun reuses what is valid)",
         json_output=False,
     )
-    p.add_argument("--workdir", default=None, metavar="DIR", help="where to build (default: a new folder under ./runs)")
+    add_demo_arguments(p)
     return parser
 
 
@@ -399,28 +483,19 @@ def _render(exc: PortableError) -> int:
 
 
 def _from_os_error(exc: OSError) -> PortableError:
-    """A raw OSError that reached the CLI (the library should have wrapped it) as a PortableError,
-    so the user still gets one line, the path and a usage-class code rather than a traceback."""
-    where = f": {exc.filename}" if exc.filename else ""
-    message = f"{exc.strerror or exc}{where}"
-    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-        return InputNotFoundError(
-            f"{message} (a path does not exist, or a part of it is a file, not a folder)",
-            path=exc.filename,
-            hint="check the path",
-        )
-    if exc.errno == errno.EISDIR:
-        return InvalidInputError(f"{message}: a folder where a file was expected", path=exc.filename)
-    return WriteFailedError(
-        message,
-        path=exc.filename,
-        hint="check the path's permissions and free space (rerun with --debug for where it happened)",
-    )
+    """A raw OSError that reached the CLI (the library should have wrapped it), through the one
+    mapping (errors.os_error), so the user still gets one line and a usage-class code, not a bug."""
+    op = "read" if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR) else "write"
+    return os_error(exc, "a file", op=op, hint="rerun with --debug to see where it happened")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # `run` takes key.path=value overrides anywhere after the command; nothing else is unknown
+        if getattr(args, "overrides", None) is None or any(e.startswith("-") or "=" not in e for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides += extra
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return 2

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow as pa
@@ -339,7 +337,7 @@ def _dataset(tmp_path, name, spec):
     return write_dataset(tmp_path / name, eps, fps=10, features=FEATURES)
 
 
-def test_cli_compute_then_relabel_both_modes(tmp_path):
+def test_compute_then_relabel_both_modes(tmp_path):
     root = _dataset(tmp_path, "roll", [(1, 30, True), (4, 25, False), (6, 33, True)])
     run = tmp_path / "run"
     compute_returns([root], run, ReturnsConfig(dataset_type="rollout", tag="f300"))
@@ -352,34 +350,10 @@ def test_cli_compute_then_relabel_both_modes(tmp_path):
     (ckpt / "value_head.json").write_text(
         json.dumps({**HEAD, "return_range": {"return_min": -340.0, "return_max": 0.0}})
     )
-    base = [sys.executable, "-m", "reproduction.recap.advantages"]
-    proc = subprocess.run(
-        base
-        + [
-            "compute",
-            "--dataset",
-            str(root),
-            "--values",
-            str(tmp_path / "values.parquet"),
-            "--returns-dir",
-            str(run),
-            "--returns-tag",
-            "f300",
-            "--value-checkpoint",
-            str(ckpt),
-            "--out",
-            str(run),
-            "--tag",
-            "n5",
-            "--lookahead",
-            "5",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    inputs = [load_dataset_arrays(root, run, tmp_path / "values.parquet", dataset_type="rollout", returns_tag="f300")]
+    compute_advantages(
+        inputs, AdvantageConfig(tag="n5", lookahead=5, returns_tag="f300"), ckpt, out_dirs=[run / "roll"]
     )
-    assert proc.returncode == 0, proc.stderr
     first = pq.read_table(run / "roll" / "advantages_n5.parquet")
     assert abs(first.column("advantage").to_numpy().mean() - 0.3) < 0.02
     # threshold-only relabel keeps the continuous scores, changes the labels
@@ -507,3 +481,29 @@ def test_return_range_reads_what_the_value_stage_exports(tmp_path):
     write_export_extras(export, setup=setup, fold=1)  # value_head.json exactly as value training writes it
     rr, fp = load_return_range(export)
     assert rr == setup.return_range and rr.return_max == 0.0 and len(fp) == 64
+
+
+def test_kept_and_streamed_second_pass_write_the_same_sidecar(tmp_path, monkeypatch):
+    """Small inputs keep the first pass's chunks for the second; large ones are read twice: same file."""
+    import reproduction.recap.advantages as adv
+
+    root = _dataset(tmp_path, "roll", [(1, 30, True), (4, 25, False), (6, 3, True), (9, 41, False), (12, 8, True)])
+    run = tmp_path / "run"
+    compute_returns([root], run, ReturnsConfig(dataset_type="rollout"))
+    frames = open_dataset(root).frame_table(["episode_index", "frame_index"])
+    values = frames.append_column("value", pa.array(np.random.default_rng(3).uniform(-1, 0, frames.num_rows)))
+    pq.write_table(values, tmp_path / "values.parquet")
+    cfg = AdvantageConfig(lookahead=5, tag="k")
+    rr = ReturnRange(return_min=-340, return_max=0)
+    out = {}
+    real = adv.nstep_advantages
+    for name, keep_rows in (("kept", 1 << 21), ("streamed", 0)):
+        monkeypatch.setattr(adv, "KEEP_ROWS", keep_rows)
+        inputs = load_dataset_arrays(root, run, tmp_path / "values.parquet", dataset_type="rollout", returns_tag=None)
+        inputs.chunk_rows = 20
+        calls = []
+        monkeypatch.setattr(adv, "nstep_advantages", lambda *a, **k: calls.append(1) or real(*a, **k))
+        compute_advantages([inputs], cfg, rr, out_dirs=[tmp_path / name])
+        out[name] = (pq.read_table(tmp_path / name / "advantages_k.parquet"), len(calls))
+    assert out["kept"][0].equals(out["streamed"][0])
+    assert out["streamed"][1] == 2 * out["kept"][1] == 8  # 4 chunks, computed once when kept

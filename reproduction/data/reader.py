@@ -60,7 +60,7 @@ class Dataset:
     def __init__(self, root: Path, *, video_cache_episodes: int = 4) -> None:
         self.root = Path(root)
         self.info: DatasetInfo = load_info(self.root)
-        self.data_files: list[Path] = sorted((self.root / "data").glob("*/*.parquet"))
+        self.data_files: list[Path] = _data_files(self.root / "data")
         if not self.data_files:
             raise DatasetError(
                 f"{self.root / 'data'}: no parquet files",
@@ -343,6 +343,23 @@ def _decode_images(arr: pa.Array, root: Path) -> np.ndarray:
             raise DatasetError(f"{root}: an image cell has neither bytes nor path", path=root)
         images.append(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
     return np.stack(images) if images else np.empty((0, 0, 0, 3), dtype=np.uint8)
+
+
+def _data_files(data: Path) -> list[Path]:
+    """`data/*/*.parquet` in path order (folder, then file name), listed with os.scandir: on 5,000
+    files, glob plus sorting Path objects costs a large part of a second."""
+    import os
+
+    def names(folder: Path, want_dir: bool) -> list[str]:
+        try:
+            with os.scandir(folder) as it:
+                return sorted(e.name for e in it if not e.name.startswith(".") and e.is_dir() == want_dir)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    return [
+        data / sub / name for sub in names(data, True) for name in names(data / sub, False) if name.endswith(".parquet")
+    ]
 
 
 def _load_tasks(root: Path, version: str) -> dict[int, str]:

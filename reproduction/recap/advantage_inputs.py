@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +39,8 @@ class DatasetArrays:
     prompts: np.ndarray
     fingerprints: dict[str, str | None] = field(default_factory=dict)
     returns_gamma: float | None = None
+    prompt_codes: tuple[np.ndarray, np.ndarray] | None = None
+    """(distinct prompts, int code per row) when known, so `prompts` need not be hashed again."""
 
     @property
     def row_end(self) -> np.ndarray:
@@ -78,8 +81,10 @@ class SidecarInputs:
     def chunks(self) -> Iterator[DatasetArrays]:
         """DatasetArrays of whole episodes, in sidecar order, about `chunk_rows` rows each."""
         offset = 0
-        for t in episode_aligned_tables(pq.ParquetFile(self.sidecar), RETURNS_COLUMNS, self.chunk_rows):
+        pf = pq.ParquetFile(self.sidecar, read_dictionary=["prompt"])  # prompts as codes, as stored
+        for t in episode_aligned_tables(pf, RETURNS_COLUMNS, self.chunk_rows):
             n = t.num_rows
+            names, codes = dictionary_codes(t.column("prompt"))
             yield DatasetArrays(
                 name=self.name,
                 dataset_type=self.dataset_type,
@@ -88,9 +93,10 @@ class SidecarInputs:
                 returns=_numpy(t, "return", np.float64),
                 rewards=_numpy(t, "reward", np.float64),
                 values=self.values[offset : offset + n],
-                prompts=strings(t.column("prompt")),
+                prompts=names[codes],
                 fingerprints=self.fingerprints,
                 returns_gamma=self.returns_gamma,
+                prompt_codes=(names, codes),
             )
             offset += n
 
@@ -127,7 +133,7 @@ def aligned_values(sidecar: Path, values: pa.Table | Path, *, source: str) -> np
         v = _numpy(values, "value", np.float64)
     else:  # one column at a time: the parquet's chunks and their numpy copy never all coexist
         ve, vf, v = (
-            _numpy(pq.read_table(values, columns=[c]), c, t)
+            _numpy(pq.ParquetFile(values).read(columns=[c]), c, t)
             for c, t in (("episode_index", np.int64), ("frame_index", np.int64), ("value", np.float64))
         )
     order = sort_frames(ve, vf)
@@ -175,15 +181,15 @@ def _mismatch(
 
 
 def load_dataset_arrays(
-    dataset: Path, returns_location: Path, values: pa.Table | Path, *, dataset_type: str, returns_tag: str | None
+    dataset: Any, returns_location: Path, values: pa.Table | Path, *, dataset_type: str, returns_tag: str | None
 ) -> SidecarInputs:
     """Open a dataset, check its returns sidecar (fingerprint) and align `values` to it; the sidecar's
-    other columns are read later, chunk by chunk."""
+    other columns are read later, chunk by chunk. `dataset` is an opened Dataset or a dataset root."""
     from reproduction.data.reader import open_dataset
     from reproduction.digests import sha256_file
     from reproduction.recap.sidecars import read_sidecar, sidecar_dir, sidecar_name
 
-    ds = open_dataset(dataset)
+    ds = dataset if hasattr(dataset, "fingerprint") else open_dataset(dataset)
     _, meta = read_sidecar(
         returns_location, "returns", returns_tag, expect_fingerprint=ds.fingerprint, dataset_name=ds.name, columns=[]
     )
@@ -196,6 +202,24 @@ def load_dataset_arrays(
         fingerprints={"dataset": ds.fingerprint, "returns": sha256_file(path)},
         returns_gamma=(meta.get("params") or {}).get("gamma"),
     )
+
+
+def dictionary_codes(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct values as an object array, int64 code per row) of a string column, read as a
+    dictionary column or encoded here."""
+    if not pa.types.is_dictionary(column.type):
+        enc = column.combine_chunks().dictionary_encode()
+        return np.asarray(enc.dictionary.to_pylist(), dtype=object), enc.indices.to_numpy(zero_copy_only=False)
+    chunks = (
+        pa.chunked_array(column.chunks, column.type).unify_dictionaries().chunks
+        if column.num_chunks > 1
+        else column.chunks
+    )
+    if not chunks:
+        return np.zeros(0, dtype=object), np.zeros(0, np.int64)
+    names = np.asarray(chunks[0].dictionary.to_pylist(), dtype=object)
+    codes = np.concatenate([c.indices.to_numpy(zero_copy_only=False).astype(np.int64, copy=False) for c in chunks])
+    return names, codes
 
 
 def strings(column: pa.ChunkedArray) -> np.ndarray:

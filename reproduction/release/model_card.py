@@ -21,7 +21,7 @@ _MAX_METRICS = 10
 
 def render_model_card(manifest: Manifest, bundle: Path, *, repo_id: str, repo_type: str = "model") -> str:
     """Markdown for `README.md`; reads only `evidence/*.json` and `LICENSES/` names from `bundle`."""
-    license_id = str(manifest.metadata.get("license") or "other")
+    license_id = str(manifest.metadata.get("license") or _single_license_id(manifest, bundle) or "other")
     type_flag = "" if repo_type == "model" else f" --repo-type {repo_type}"
     lines = [
         "---",
@@ -63,7 +63,8 @@ def render_model_card(manifest: Manifest, bundle: Path, *, repo_id: str, repo_ty
         "`bundle.json` last; `portable verify BUNDLE` re-checks a copy at any time.",
     ]
     lines += _evidence_section(manifest, bundle)
-    lines += _license_section(manifest)
+    lines += _weights_section(manifest)
+    lines += _license_section(manifest, bundle)
     return "\n".join(lines) + "\n"
 
 
@@ -102,13 +103,62 @@ def _evidence_section(manifest: Manifest, bundle: Path) -> list[str]:
     return lines
 
 
-def _license_section(manifest: Manifest) -> list[str]:
-    names = [e.path for e in manifest.files if e.path.startswith("LICENSES/")]
+def _license_index(bundle: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((bundle / "LICENSES" / "index.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data.get("licenses", {}) if isinstance(data, dict) else {}
+
+
+def _single_license_id(manifest: Manifest, bundle: Path) -> str | None:
+    """The one license id every carried license file has (then the Hub header can name it), else None."""
+    declared = manifest.metadata.get("licenses")
+    index = _license_index(bundle)
+    if not isinstance(declared, dict) or not declared:
+        return None
+    ids = {index.get(str(f).removeprefix("LICENSES/"), {}).get("id") for f in declared.values()}
+    return ids.pop() if len(ids) == 1 and None not in ids else None
+
+
+def _weights_section(manifest: Manifest) -> list[str]:
+    items = manifest.metadata.get("weights")
+    if not isinstance(items, list) or not items:
+        return []
+    lines = [
+        "",
+        "## Pinned weights",
+        "",
+        "Each weights file is checked against its manifest (upstream repo, commit, sha256) by `portable restore`:",
+        "",
+    ]
+    lines += [f"- `{i.get('manifest')}` -> `{i.get('dest', 'weights')}/`" for i in items if isinstance(i, dict)]
+    return lines
+
+
+def _license_section(manifest: Manifest, bundle: Path) -> list[str]:
+    """Every license the bundle carries, per component, with what a gated one asks the user to accept."""
+    names = [e.path for e in manifest.files if e.path.startswith("LICENSES/") and e.path != "LICENSES/index.json"]
     declared = manifest.metadata.get("licenses")
     if not names and not declared:
         return ["", "## Licenses", "", "No license files are bundled; see the upstream projects' terms."]
+    index = _license_index(bundle)
     lines = ["", "## Licenses", ""]
-    if isinstance(declared, dict):
-        lines += [f"- {component}: {lic}" for component, lic in declared.items()]
+    if isinstance(declared, dict) and declared:
+        lines += ["| component | license | file |", "|---|---|---|"]
+        for component, file in declared.items():
+            entry = index.get(str(file).removeprefix("LICENSES/"), {})
+            name = entry.get("name", "see the file") + (" (**gated**)" if entry.get("gated") else "")
+            lines.append(f"| {component} | {name} | `{file}` |")
+        gated = {
+            f: index[f]
+            for f in (str(v).removeprefix("LICENSES/") for v in declared.values())
+            if index.get(f, {}).get("gated")
+        }
+        for file, entry in sorted(gated.items()):
+            lines += ["", f"**{entry.get('name', file)} is gated.** {entry.get('accept', '')}".rstrip()]
+            if entry.get("url"):
+                lines.append(f"The terms: {entry['url']} (notice: `LICENSES/{file}`).")
+        lines.append("")
     lines += [f"- `{name}`" for name in names]
     return lines

@@ -26,6 +26,7 @@ from reproduction.release.layers import index_path, write_index
 from reproduction.release.manifest import FileEntry, LayerEntry, Manifest, PrefixOccurrence, write_manifest
 from reproduction.release.safety import check_targets, validate_layers
 from reproduction.release.spec import BundleSpec, FileSpec, LayerSpec, excluded, load_spec
+from reproduction.release.weights import check_bundle_weights, place_weights
 from reproduction.release.zstdio import backend
 from reproduction.ui import UiOptions, human_bytes, say
 
@@ -216,6 +217,7 @@ def pack_bundle(
     stage.mkdir(parents=True)
     try:
         newest = _copy_plain(stage, _plain_sources(spec), placeholder_map(spec), jobs)
+        placed = place_weights(spec, stage, ui=ui)  # weights named by manifests, checked; their licenses
         layers, newest_layer = _pack_layers(spec, stage, jobs, ui)
         files = _hash_all(stage, jobs)
         if spec.entry_config and spec.entry_config not in {f.path for f in files}:
@@ -234,9 +236,11 @@ def pack_bundle(
             metadata={
                 "description": spec.description,
                 "packed_with": {"python": sys.version.split()[0], "zstd": backend(), "spec": spec.path.name},
+                **placed,
             },
         )
         check_targets(manifest)
+        check_bundle_weights(stage, manifest)
         os.chmod(write_manifest(stage, manifest), 0o644)  # mkstemp made it 0600; a bundle is for sharing
         fsync_dir(stage)
         if out.exists():

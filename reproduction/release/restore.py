@@ -35,6 +35,7 @@ from reproduction.release.verify import (
     stat_pass,
     verify_bundle,
 )
+from reproduction.release.weights import check_bundle_weights
 from reproduction.ui import UiOptions, human_bytes, progress
 
 
@@ -482,6 +483,7 @@ def restore_bundle(
     bundle = Path(bundle).resolve()
     manifest = load_manifest(bundle)
     check_targets(manifest)
+    check_bundle_weights(bundle, manifest)  # weights must be the bytes their weight manifests pin
     jobs = jobs or default_jobs()
     report = RestoreReport(bundle=bundle)
     with bundle_lock(bundle, what="restore", wait_s=wait_s):

@@ -25,6 +25,17 @@ dest = "config/run.json"
 
 [paths]                            # extra absolute prefixes to write as ${BUNDLE}/<value> in configs
 "/home/me/recap" = "source/recap"
+
+[[weights]]                        # pinned weights (release/weights.py): files land in <dest>/<file path>
+manifest = "../weights_manifest/value_tiny.json"   # relative to the spec's folder
+source = "weights-cache"           # optional: a folder holding the files (else: built ones are built)
+dest = "weights"                   # default "weights"
+
+licenses = ["libero", "mujoco"]    # components (LICENSES/index.json) whose licenses the bundle carries
+                                   # besides its weights' and this runner's
+
+A [[file]] / [[config]] / [[layer]] may say `origin = "..."`: where to get a missing source (shown by
+`portable pack --dry-run`).
 """
 
 from __future__ import annotations
@@ -77,6 +88,20 @@ class FileSpec:
     """Globs of paths not to copy (folders only)."""
     config: bool = False
     """Rewrite absolute paths to ${BUNDLE} placeholders."""
+    origin: str | None = None
+    """Where to get the source when it is missing (for `pack --dry-run`)."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class WeightsSpec:
+    """Weights named by a manifest (weights_manifest/*.json), placed under `dest`."""
+
+    manifest: Path
+    """Absolute path of the weights manifest."""
+    source: Path | None = None
+    """Folder holding the manifest's files (their `path`s relative to it); None: build or report missing."""
+    dest: str = "weights"
+    """Folder of the bundle the files go to."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -95,6 +120,12 @@ class BundleSpec:
     files: list[FileSpec] = field(default_factory=list)
     paths: dict[str, str] = field(default_factory=dict)
     """Absolute prefix -> bundle-relative path, for ${BUNDLE} placeholders."""
+    weights: list[WeightsSpec] = field(default_factory=list)
+    """Pinned weights to place (see release/weights.py)."""
+    licenses: tuple[str, ...] = ()
+    """Components (LICENSES/index.json) whose licenses the bundle carries besides its weights'."""
+    origins: dict[str, str] = field(default_factory=dict)
+    """Source path -> where to get it when missing (the entries' `origin`)."""
 
 
 def excluded(rel: str, patterns: tuple[str, ...]) -> bool:
@@ -150,8 +181,11 @@ def _get(data: dict[str, Any], key: str, kind: type, where: str, path: Path, def
     return value
 
 
-def _source(root: Path, value: str, where: str, path: Path) -> Path:
+def _source(root: Path, value: str, where: str, path: Path, missing: list[str] | None = None) -> Path:
     src = (root / value).resolve() if not Path(value).is_absolute() else Path(value)
+    if not src.exists() and missing is not None:
+        missing.append(f"{where}.source {src}")
+        return src
     if not src.exists():
         raise InputNotFoundError(
             f"{path}: {where}.source {str(src)!r} does not exist",
@@ -171,10 +205,10 @@ def _exclude(data: dict[str, Any], where: str, path: Path) -> tuple[str, ...]:
     return tuple(globs)
 
 
-def _layer(data: dict[str, Any], i: int, root: Path, path: Path) -> LayerSpec:
+def _layer(data: dict[str, Any], i: int, root: Path, path: Path, missing: list[str] | None = None) -> LayerSpec:
     where = f"layer[{i}]"
-    src = _source(root, _get(data, "source", str, where, path), where, path)
-    if not src.is_dir():
+    src = _source(root, _get(data, "source", str, where, path), where, path, missing)
+    if src.exists() and not src.is_dir():
         raise InvalidInputError(
             f"{path}: {where}.source {str(src)!r} is not a folder", path=path, field=f"{where}.source"
         )
@@ -205,17 +239,31 @@ def _layer(data: dict[str, Any], i: int, root: Path, path: Path) -> LayerSpec:
     )
 
 
-def _file(data: dict[str, Any], i: int, root: Path, path: Path, *, config: bool) -> FileSpec:
+def _file(
+    data: dict[str, Any], i: int, root: Path, path: Path, *, config: bool, missing: list[str] | None = None
+) -> FileSpec:
     where = f"{'config' if config else 'file'}[{i}]"
-    src = _source(root, _get(data, "source", str, where, path), where, path)
+    src = _source(root, _get(data, "source", str, where, path), where, path, missing)
     dest = check_relative_path(_get(data, "dest", str, where, path, src.name), where=f"{where}.dest", path=path)
-    return FileSpec(source=src, dest=dest, exclude=_exclude(data, where, path), config=config)
+    origin = _get(data, "origin", str, where, path, None)
+    return FileSpec(source=src, dest=dest, exclude=_exclude(data, where, path), config=config, origin=origin)
 
 
-def load_spec(path: Path, *, root: Path | None = None) -> BundleSpec:
+def _weights(data: dict[str, Any], i: int, root: Path, path: Path) -> WeightsSpec:
+    where = f"weights[{i}]"
+    manifest = Path(_get(data, "manifest", str, where, path))
+    manifest = manifest if manifest.is_absolute() else (path.parent / manifest).resolve()
+    source = _get(data, "source", str, where, path, None)
+    dest = check_relative_path(_get(data, "dest", str, where, path, "weights"), where=f"{where}.dest", path=path)
+    src = None if source is None else (Path(source) if Path(source).is_absolute() else (root / source).resolve())
+    return WeightsSpec(manifest=manifest, source=src, dest=dest)
+
+
+def load_spec(path: Path, *, root: Path | None = None, missing: list[str] | None = None) -> BundleSpec:
     """Read and check a spec. `root` overrides the spec's own `root` (relative sources start there).
 
-    Raises InputNotFoundError for a missing spec or source, InvalidInputError naming the field.
+    Raises InputNotFoundError for a missing spec or source, InvalidInputError naming the field. With
+    a `missing` list, missing sources are appended to it (and kept in the spec) instead of raising.
     """
     path = Path(path)
     data = _load_toml(path)
@@ -226,13 +274,25 @@ def load_spec(path: Path, *, root: Path | None = None) -> BundleSpec:
         description=_get(data, "description", str, "spec", path, ""),
         entry_config=_get(data, "entry_config", str, "spec", path, None) if "entry_config" in data else None,
     )
-    spec.layers = [_layer(d, i, base, path) for i, d in enumerate(_get(data, "layer", list, "spec", path, []))]
+    layer_data = _get(data, "layer", list, "spec", path, [])
+    spec.layers = [_layer(d, i, base, path, missing) for i, d in enumerate(layer_data)]
     spec.files = [
-        _file(d, i, base, path, config=False) for i, d in enumerate(_get(data, "file", list, "spec", path, []))
+        _file(d, i, base, path, config=False, missing=missing)
+        for i, d in enumerate(_get(data, "file", list, "spec", path, []))
     ]
     spec.files += [
-        _file(d, i, base, path, config=True) for i, d in enumerate(_get(data, "config", list, "spec", path, []))
+        _file(d, i, base, path, config=True, missing=missing)
+        for i, d in enumerate(_get(data, "config", list, "spec", path, []))
     ]
+    spec.weights = [_weights(d, i, base, path) for i, d in enumerate(_get(data, "weights", list, "spec", path, []))]
+    licenses = _get(data, "licenses", list, "spec", path, [])
+    if not all(isinstance(x, str) for x in licenses):
+        raise InvalidInputError(f"{path}: licenses must be a list of component names", path=path, field="licenses")
+    spec.licenses = tuple(licenses)
+    for d, layer in zip(layer_data, spec.layers):
+        if isinstance(d.get("origin"), str):
+            spec.origins[str(layer.source)] = d["origin"]
+    spec.origins.update({str(f.source): f.origin for f in spec.files if f.origin})
     paths = _get(data, "paths", dict, "spec", path, {})
     for prefix, rel in paths.items():
         if not prefix.startswith("/") or not isinstance(rel, str):

@@ -54,7 +54,10 @@ EPISODE_STEPS = 50
 """Fetch tasks never terminate; every episode is exactly this long (gymnasium's TimeLimit)."""
 
 AGENTVIEW = {"lookat": (1.30, 0.75, 0.55), "distance": 0.95, "azimuth": 180.0, "elevation": -30.0}
-WRIST = {"offset": (0.0, 0.0, -0.06), "distance": 0.45, "azimuth": 180.0, "elevation": -50.0}
+"""Fixed view from across the table towards the robot: the whole table, cube, target and arm."""
+WRIST = {"offset": (0.0, 0.0, -0.05), "distance": 0.30, "azimuth": 180.0, "elevation": -35.0}
+"""Follows the gripper: looks at a point 5 cm below it from 30 cm in front and above, so the fingers,
+the cube between them and (when near) the target are in view rather than the gripper's housing."""
 
 
 def _free_camera(lookat: Sequence[float], distance: float, azimuth: float, elevation: float) -> mujoco.MjvCamera:

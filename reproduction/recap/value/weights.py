@@ -2,29 +2,28 @@
 
 Upstream loads with `strict=False`, so a wrong path trains from an untrained head (RECAP.md 7 item
 3). Here every load compares key sets and shapes first and raises one `CheckpointError` naming every
-missing, unexpected and mis-shaped key. A weights manifest (`weights_manifest/*.json`) lists the
-upstream files a preset starts from:
+missing, unexpected and mis-shaped key. A weights manifest (`weights_manifest/*.json`, format and
+schema in reproduction/release/weights_manifest.py and weights_manifest/schema.json) lists the files
+a preset starts from; this module reads its components' `weights` files and renames their keys with
+each component's `key_mapping` ({"source_prefix": "vision_model.", "target_prefix": "vision.",
+"ignore_prefixes": [...]}); parameters under `fresh_prefixes` may stay random. A file whose sha256
+is "to-be-pinned" is refused unless `allow_unpinned`; one whose bytes differ from its pin always is.
 
-    {"format_version": 1, "name": ..., "preset": "recap",
-     "components": [{"role": "vision" | "language", "repo": "google/...", "revision": ...,
-                     "license": ..., "source_prefix": "vision_model.", "target_prefix": "vision.vision_model.",
-                     "ignore_prefixes": [...], "files": [{"path": "model.safetensors", "size": N|null,
-                     "sha256": "<hex>" | "to-be-pinned"}]}],
-     "fresh_prefixes": ["projector.", "value_head."]}
+The `tiny` preset's manifest (weights_manifest/value_tiny.json) names `build_value_model` and
+`ValueModelConfig` as its builder: its weights are a function of the config and the seed, pinned by
+the digest of the safetensors they yield (reproduction/release/weights_build.py).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from reproduction.errors import CheckpointError, InputNotFoundError, IntegrityError, UnsupportedFormatError
+from reproduction.errors import CheckpointError, InputNotFoundError, IntegrityError
 
-FORMAT_VERSION = 1
 UNPINNED = "to-be-pinned"
 _SHOW = 12
 
@@ -97,19 +96,18 @@ def load_safetensors_strict(model: torch.nn.Module, path: Path) -> None:
 
 
 def read_weights_manifest(path: Path) -> dict[str, Any]:
-    """Parse a weights manifest; UnsupportedFormatError for another format_version."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputNotFoundError(f"weights manifest {path} does not exist", path=path)
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if data.get("format_version") != FORMAT_VERSION:
-        raise UnsupportedFormatError(
-            f"{path}: format_version {data.get('format_version')!r} is not {FORMAT_VERSION}",
-            path=path,
-            field="format_version",
-            hint="upgrade recap-portable",
-        )
-    return data
+    """Parse and check a weights manifest (schema, license ids); returns it as a dict.
+
+    Raises InputNotFoundError, InvalidInputError naming the field, UnsupportedFormatError for another format.
+    """
+    from reproduction.release.weights_manifest import load_weights_manifest
+
+    return load_weights_manifest(Path(path)).to_dict()
+
+
+def _weights_files(comp: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The component's files holding tensors (configs and tokenizers are not loaded here)."""
+    return [f for f in comp["files"] if f.get("kind", "weights") == "weights" and f["path"].endswith(".safetensors")]
 
 
 def _verify_file(path: Path, entry: Mapping[str, Any], *, allow_unpinned: bool) -> None:
@@ -126,7 +124,7 @@ def _verify_file(path: Path, entry: Mapping[str, Any], *, allow_unpinned: bool) 
         if not allow_unpinned:
             raise IntegrityError(
                 f"{path}: the weights manifest does not pin its sha256 yet ({want!r})",
-                hint="pin it (sha256 and size from the downloaded file) or pass allow_unpinned=True",
+                hint="pin it where the Hub is reachable (portable weights pin MANIFEST) or pass allow_unpinned=True",
             )
         return
     got = sha256_file(path)
@@ -134,7 +132,7 @@ def _verify_file(path: Path, entry: Mapping[str, Any], *, allow_unpinned: bool) 
         raise IntegrityError(
             f"{path}: sha256 {got} != manifest {want}",
             problems=[str(path)],
-            hint="the file is not the pinned upstream file; fetch it again",
+            hint="the file is not the pinned upstream file; fetch it again (portable weights fetch MANIFEST DIR)",
         )
 
 
@@ -151,9 +149,12 @@ def pretrained_state(
 
     state: dict[str, torch.Tensor] = {}
     for comp in manifest["components"]:
-        src, dst = comp["source_prefix"], comp["target_prefix"]
-        ignore = tuple(comp.get("ignore_prefixes", ()))
-        for entry in comp["files"]:
+        mapping = comp.get("key_mapping")
+        if mapping is None:  # a tokenizer or processor: nothing to load into the model
+            continue
+        src, dst = mapping["source_prefix"], mapping["target_prefix"]
+        ignore = tuple(mapping.get("ignore_prefixes", ()))
+        for entry in _weights_files(comp):
             path = Path(weights_dir) / entry["path"]
             _verify_file(path, entry, allow_unpinned=allow_unpinned)
             for key, tensor in load_file(str(path)).items():
