@@ -32,7 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from reproduction.recap.value.cli import infer_values  # noqa: E402
+from reproduction.recap.value.stage import infer_values  # noqa: E402
 
 CAMS = {"base_0_rgb": "observation.images.front", "left_wrist_0_rgb": "observation.images.wrist"}
 

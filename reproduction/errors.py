@@ -19,7 +19,9 @@ Exit codes (documented in `portable --help`):
     20-29 `portable check` failure classes (see reproduction.checks)
     30-39 Hub transfer failures
     40-49 data plane: dataset/sidecar problems (45: the simulator)
-    50-59 training and run failures
+    50-59 training and run failures (50 checkpoint, 51 worker failed, 52 a stage's inputs changed since it
+          completed, 53 guidance scale, 55 the run folder cannot be used as asked, 56 the preflight found
+          several problems)
 """
 
 from __future__ import annotations
@@ -287,3 +289,25 @@ class GuidanceScaleError(InvalidInputError):
     trained without advantage conditioning."""
 
     exit_code = 53
+
+
+class StageKeyChangedError(PortableError, RuntimeError):
+    """`run --resume` found a stage whose inputs (or outputs) changed since it completed; `changes` names them."""
+
+    exit_code = 52
+
+
+class RunStateError(PortableError, RuntimeError):
+    """The run folder cannot be used as asked: it is a file, holds another run (no --resume), or
+    lacks a stage the requested ones need."""
+
+    exit_code = 55
+
+
+class PreflightError(PortableError, ValueError):
+    """The preflight found problems before any worker started; `problems` lists every one of them."""
+
+    exit_code = 56
+
+    def __init__(self, message: str, *, problems: list[str] | None = None, hint: str | None = None, **fields: Any):
+        super().__init__(message, hint=hint, problems=list(problems or []), **fields)

@@ -35,10 +35,9 @@ if __package__ in (None, ""):
 
 from reproduction.errors import (  # noqa: E402
     InputNotFoundError,
-    InvalidInputError,
     PortableError,
     UsageError,
-    WriteFailedError,
+    os_error,
 )
 from reproduction.ui import UiOptions, say  # noqa: E402
 
@@ -271,19 +270,16 @@ def cmd_weights(args: argparse.Namespace) -> int:
 # -- pipeline -----------------------------------------------------------------------------------
 
 
-def _not_built(what: str) -> int:
-    raise UsageError(
-        f"`portable {what}` is not built yet in this version of recap-portable",
-        hint="see the README's 'The stages today' for what runs now (python3 -m reproduction.recap.*)",
-    )
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    return _not_built("run")
+    from reproduction.run.cli import cmd_run as run
+
+    return run(args)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    return _not_built("eval")
+    from reproduction.run.cli import cmd_eval as evaluate
+
+    return evaluate(args)
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
@@ -305,7 +301,9 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from reproduction.run.demo import run_demo
 
-    return run_demo(Path(args.workdir) if args.workdir else None, ui=_ui(args))
+    return run_demo(
+        Path(args.output) if args.output else None, quick=args.quick, overrides=args.overrides, ui=_ui(args)
+    )
 
 
 # -- parser -------------------------------------------------------------------------------------
@@ -359,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
             description=help_text,
             formatter_class=argparse.RawDescriptionHelpFormatter,
             epilog=EXIT_CODES,
+            conflict_handler="resolve",  # a command may redefine a global option (its own wins there)
         )
         _add_global_options(p, top=False, skip=() if json_option else ("--json",))
         p.set_defaults(handler=handler, json_output=json_output)
@@ -453,20 +452,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("manifest", metavar="MANIFEST")
     w.add_argument("dir", metavar="DIR")
 
-    p = _command(
-        "run", cmd_run, "not built yet (exits 2): will run the four RECAP stages, resumable", json_output=False
-    )
-    p.add_argument("bundle", nargs="?", metavar="BUNDLE")
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--stages", default=None)
-    p.add_argument("--ray-address", default=None)
+    from reproduction.run.cli_args import add_demo_arguments, add_eval_arguments, add_run_arguments  # stdlib only
 
-    _command(
-        "eval",
-        cmd_eval,
-        "not built yet (exits 2): will evaluate a policy checkpoint in the simulator",
-        json_output=False,
-    )
+    p = _command("run", cmd_run, "run the RECAP stages from a bundle (resumable; config keys: docs/config.md)")
+    add_run_arguments(p)
+    p = _command("eval", cmd_eval, "evaluate a policy checkpoint in the simulator and write its evidence")
+    add_eval_arguments(p)
     p = _command("lineage", cmd_lineage, "show or verify the lineage of a run's outputs (--json: the chain as JSON)")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a folder `portable run --output` wrote")
     p.add_argument(
@@ -476,11 +467,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(
         "demo",
         cmd_demo,
-        "today: generate a tiny release (no download), pack it, restore it in another folder and verify it; "
-        "prints the restored bundle's path (the RECAP stages join later)",
+        "the whole pipeline end to end on CPU, with no download: simulator data, bundle, restore, check, "
+        "four stages, evaluation, evidence (a rerun reuses what is valid)",
         json_output=False,
     )
-    p.add_argument("--workdir", default=None, metavar="DIR", help="where to build (default: a new folder under ./runs)")
+    add_demo_arguments(p)
     return parser
 
 
@@ -492,28 +483,19 @@ def _render(exc: PortableError) -> int:
 
 
 def _from_os_error(exc: OSError) -> PortableError:
-    """A raw OSError that reached the CLI (the library should have wrapped it) as a PortableError,
-    so the user still gets one line, the path and a usage-class code rather than a traceback."""
-    where = f": {exc.filename}" if exc.filename else ""
-    message = f"{exc.strerror or exc}{where}"
-    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-        return InputNotFoundError(
-            f"{message} (a path does not exist, or a part of it is a file, not a folder)",
-            path=exc.filename,
-            hint="check the path",
-        )
-    if exc.errno == errno.EISDIR:
-        return InvalidInputError(f"{message}: a folder where a file was expected", path=exc.filename)
-    return WriteFailedError(
-        message,
-        path=exc.filename,
-        hint="check the path's permissions and free space (rerun with --debug for where it happened)",
-    )
+    """A raw OSError that reached the CLI (the library should have wrapped it), through the one
+    mapping (errors.os_error), so the user still gets one line and a usage-class code, not a bug."""
+    op = "read" if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR) else "write"
+    return os_error(exc, "a file", op=op, hint="rerun with --debug to see where it happened")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # `run` takes key.path=value overrides anywhere after the command; nothing else is unknown
+        if getattr(args, "overrides", None) is None or any(e.startswith("-") or "=" not in e for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides += extra
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return 2

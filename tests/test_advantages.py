@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow as pa
@@ -339,7 +337,7 @@ def _dataset(tmp_path, name, spec):
     return write_dataset(tmp_path / name, eps, fps=10, features=FEATURES)
 
 
-def test_cli_compute_then_relabel_both_modes(tmp_path):
+def test_compute_then_relabel_both_modes(tmp_path):
     root = _dataset(tmp_path, "roll", [(1, 30, True), (4, 25, False), (6, 33, True)])
     run = tmp_path / "run"
     compute_returns([root], run, ReturnsConfig(dataset_type="rollout", tag="f300"))
@@ -352,34 +350,10 @@ def test_cli_compute_then_relabel_both_modes(tmp_path):
     (ckpt / "value_head.json").write_text(
         json.dumps({**HEAD, "return_range": {"return_min": -340.0, "return_max": 0.0}})
     )
-    base = [sys.executable, "-m", "reproduction.recap.advantages"]
-    proc = subprocess.run(
-        base
-        + [
-            "compute",
-            "--dataset",
-            str(root),
-            "--values",
-            str(tmp_path / "values.parquet"),
-            "--returns-dir",
-            str(run),
-            "--returns-tag",
-            "f300",
-            "--value-checkpoint",
-            str(ckpt),
-            "--out",
-            str(run),
-            "--tag",
-            "n5",
-            "--lookahead",
-            "5",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    inputs = [load_dataset_arrays(root, run, tmp_path / "values.parquet", dataset_type="rollout", returns_tag="f300")]
+    compute_advantages(
+        inputs, AdvantageConfig(tag="n5", lookahead=5, returns_tag="f300"), ckpt, out_dirs=[run / "roll"]
     )
-    assert proc.returncode == 0, proc.stderr
     first = pq.read_table(run / "roll" / "advantages_n5.parquet")
     assert abs(first.column("advantage").to_numpy().mean() - 0.3) < 0.02
     # threshold-only relabel keeps the continuous scores, changes the labels

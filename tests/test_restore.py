@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -199,32 +198,6 @@ def test_zstandard_module_and_zstd_command_restore_the_same_bytes(packed, tmp_pa
     assert done.returncode == 0, done.stderr
     for target in ("source/project", "runtime/rt"):
         assert tree_snapshot(with_module / target) == tree_snapshot(with_cli / target)
-
-
-def test_demo_round_trip_without_torch(tmp_path):
-    done = run_cli("demo", "--workdir", tmp_path / "demo")
-    assert done.returncode == 0, done.stderr
-    restored = tmp_path / "demo" / "restored" / "recap-demo"
-    assert done.stdout == f"{restored}\n"
-    assert "not built yet in this version" in done.stderr.splitlines()[-1]
-    assert run_cli("verify", restored).returncode == 0
-    config = json.loads((restored / "config" / "demo.json").read_text())
-    assert config["dataset"] == "${BUNDLE}/data/fetch_pick" and config["code"] == "${BUNDLE}/source/recap-demo"
-    assert (restored / "source" / "recap-demo" / "recap_demo" / "stages.py").is_file()
-    code = (
-        "import sys; from pathlib import Path; from reproduction.run.demo import run_demo; "
-        f"run_demo(Path({str(tmp_path / 'again')!r})); "
-        "print(','.join(m for m in ('torch', 'ray', 'transformers', 'pyarrow', 'numpy') if m in sys.modules))"
-    )
-    imported = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
-    assert imported.returncode == 0, imported.stderr
-    assert imported.stdout.splitlines()[-1] == ""
 
 
 def test_deep_finds_source_edits_that_kept_size_and_mtime(bundle):

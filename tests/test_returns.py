@@ -1,4 +1,4 @@
-"""Stage 1: vectorised returns against a plain per-frame loop; ordering, refusals, CLI, sidecar binding."""
+"""Stage 1: vectorised returns against a plain per-frame loop; ordering, refusals, `portable run`, sidecars."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def test_duplicate_frames_and_missing_success_are_refused():
     no_success = pa.table({"episode_index": [0, 0], "frame_index": [0, 1]})
     with pytest.raises(DatasetError, match="rollout data needs an is_success column") as info:
         compute_returns_table(no_success, ReturnsConfig(dataset_type="rollout"))
-    assert info.value.exit_code == 40 and "--type sft" in info.value.hint
+    assert info.value.exit_code == 40 and "datasets[].type" in info.value.hint
     sft = compute_returns_table(no_success, ReturnsConfig(dataset_type="sft"))
     assert sft.column("return").to_pylist() == [-1.0, 0.0]
     assert sft.column("prompt").to_pylist() == ["perform the task"] * 2
@@ -142,30 +142,23 @@ def _episodes(spec):
         )
 
 
-def test_cli_writes_rlinf_sidecar_and_refuses_a_refiltered_dataset(tmp_path):
+def _portable_run(out, *overrides):
+    """`portable run --stages returns --output OUT key=value ...` in a subprocess."""
+    cmd = [sys.executable, "-m", "reproduction.portable", "run", "--stages", "returns", "--output", str(out)]
+    return subprocess.run(cmd + list(overrides), capture_output=True, text=True, timeout=120)
+
+
+def test_portable_run_writes_rlinf_sidecar_and_refuses_a_refiltered_dataset(tmp_path):
     spec = [(2, 5, True), (7, 3, False), (9, 4, True)]
     root = write_dataset(tmp_path / "libero", _episodes(spec), fps=10, features=FEATURES)
-    run = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "reproduction.recap.returns",
-        "--dataset",
-        str(root),
-        "--out",
-        str(run),
-        "--tag",
-        "fail300",
-        "--type",
-        "rollout",
-        "--failure-reward",
-        "-300",
-        "--json",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    out = tmp_path / "out"
+    run = out / "returns"
+    proc = _portable_run(
+        out, f"datasets=[{{path: {root}, type: rollout}}]", "returns.tag=fail300", "returns.failure_reward=-300"
+    )
     assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
-    assert report[0]["num_frames"] == 12 and report[0]["stats"]["return"]["min"] == -302.0
+    report = json.loads((out / "run.json").read_text())["stages"]["returns"]["summary"]
+    assert report["libero"]["frames"] == 12 and report["libero"]["return_min"] == -302.0
     path = run / "libero" / "returns_fail300.parquet"
     table = pq.read_table(path)
     assert table.column_names == ["episode_index", "frame_index", "return", "reward", "prompt"]
@@ -190,29 +183,16 @@ def test_cli_writes_rlinf_sidecar_and_refuses_a_refiltered_dataset(tmp_path):
     assert ok.num_rows == 12
 
 
-def test_cli_refuses_rollout_without_success_column(tmp_path):
+def test_portable_run_refuses_rollout_without_success_column(tmp_path):
     feats = {"observation.state": {"dtype": "float32", "shape": [2]}}
     eps = [EpisodeData(episode_index=0, task="t", frames={"observation.state": np.zeros((3, 2), np.float32)})]
     root = write_dataset(tmp_path / "demo", eps, fps=10, features=feats)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "reproduction.recap.returns",
-            "--dataset",
-            str(root),
-            "--out",
-            str(tmp_path / "run"),
-            "--type",
-            "rollout",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _portable_run(tmp_path / "out", f"datasets=[{{path: {root}, type: rollout}}]")
     assert proc.returncode == 40
-    assert "rollout data needs an is_success column" in proc.stderr and "hint: pass --type sft" in proc.stderr
-    assert not (tmp_path / "run" / "demo" / "returns.parquet").exists()
+    assert (
+        "rollout data needs an is_success column" in proc.stderr and "hint: set the dataset's type: sft" in proc.stderr
+    )
+    assert not (tmp_path / "out" / "returns" / "demo" / "returns.parquet").exists()
 
 
 def test_in_dataset_mode_writes_meta_for_rlinf(tmp_path):

@@ -34,6 +34,56 @@ from reproduction.train.task import EvalContext
 CAMS = {"base_0_rgb": CAMERA, "left_wrist_0_rgb": "observation.images.wrist"}
 
 
+def stage_main(argv: list[str]) -> int:
+    """The stage functions behind `portable run` (train_value, infer_values) driven as the removed
+    module CLI drove them, with portable's error rendering: these tests keep their argv tables and
+    check the functions' errors, exit codes and summaries (the run itself: tests/test_run_*.py)."""
+    import argparse
+    import sys
+
+    from reproduction.errors import PortableError
+    from reproduction.recap.value.stage import infer_values, train_value
+    from reproduction.train.config import TrainConfig
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    t = sub.add_parser("train")
+    t.add_argument("--config")
+    t.add_argument("--out")
+    t.add_argument("--resume", action="store_true")
+    i = sub.add_parser("infer")
+    for flag in ("--stage", "--dataset", "--out", "--ray-address"):
+        i.add_argument(flag)
+    i.add_argument("--device", default="auto")
+    i.add_argument("--lookahead", type=int, default=10)
+    i.add_argument("--workers", type=int, default=1)
+    i.add_argument("--batch-size", type=int, default=64)
+    a = parser.parse_args(argv)
+    try:
+        if a.command == "infer":
+            summary = infer_values(
+                Path(a.stage),
+                Path(a.dataset),
+                Path(a.out),
+                lookahead=a.lookahead,
+                workers=a.workers,
+                batch_size=a.batch_size,
+                device=a.device,
+                ray_address=a.ray_address,
+            )
+        else:
+            doc = json.loads(Path(a.config).read_text())
+            stage, train = ValueStageConfig.from_dict(doc["value"]), TrainConfig.from_dict(doc["train"])
+            summary = train_value(stage, train, Path(a.out), resume=a.resume).summary()
+    except PortableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        return exc.exit_code
+    print(json.dumps(summary, indent=1, sort_keys=True))
+    return 0
+
+
 def _write_stage(value_dir: Path, stage: ValueStageConfig):
     """prepare_value_setup + untrained exports written exactly as the trainer's export does."""
     from safetensors.torch import save_file
@@ -231,7 +281,7 @@ def test_inference_values_are_bit_identical_for_any_number_of_workers(stage_dir)
 
 
 @pytest.mark.parametrize("stage_name, folds", [("value1", 1), ("value", 2)])
-def test_infer_cli_labels_a_dataset_the_models_never_trained_on(
+def test_infer_values_labels_a_dataset_the_models_never_trained_on(
     stage_dir, tmp_path, monkeypatch, capsys, stage_name, folds
 ):
     """Upstream's flow (train on one dataset, label another): every model is held out for it, each
@@ -239,13 +289,12 @@ def test_infer_cli_labels_a_dataset_the_models_never_trained_on(
     import pyarrow.parquet as pq
 
     from reproduction.data.reader import open_dataset
-    from reproduction.recap.value import cli as value_cli
     from reproduction.recap.value.crossfit import split_folds
     from reproduction.recap.value.infer import infer_rows
 
     frames_per_model = _count_forwards(monkeypatch)
     out = tmp_path / "values.parquet"
-    rc = value_cli.main(
+    rc = stage_main(
         [
             "infer",
             "--stage",
@@ -284,12 +333,11 @@ def test_infer_cli_labels_a_dataset_the_models_never_trained_on(
         np.testing.assert_allclose(table.column("value").to_numpy()[which == k], alone, atol=1e-6)
 
 
-def test_infer_cli_refuses_an_episode_the_fold_plan_split_without(stage_dir, tmp_path, capsys):
+def test_infer_values_refuses_an_episode_the_fold_plan_split_without(stage_dir, tmp_path, capsys):
     """`changed/ds` is the training dataset's name with two more episodes: no model is known to be held out."""
-    from reproduction.recap.value import cli as value_cli
 
     out = tmp_path / "values.parquet"
-    rc = value_cli.main(
+    rc = stage_main(
         [
             "infer",
             "--stage",
@@ -313,11 +361,12 @@ def test_infer_cli_refuses_an_episode_the_fold_plan_split_without(stage_dir, tmp
         ("cuda", "device='cuda', but `portable check`'s cuda probe fails"),  # no GPU on this machine
     ],
 )
-def test_infer_cli_refuses_a_device_it_cannot_use_before_loading_anything(stage_dir, tmp_path, capsys, device, words):
-    from reproduction.recap.value import cli as value_cli
+def test_infer_values_refuses_a_device_it_cannot_use_before_loading_anything(
+    stage_dir, tmp_path, capsys, device, words
+):
 
     out = tmp_path / "values.parquet"
-    rc = value_cli.main(
+    rc = stage_main(
         [
             "infer",
             "--stage",
@@ -468,8 +517,6 @@ def test_a_token_id_past_the_embedding_is_a_one_line_error_naming_tokenizer_id_a
 
     from safetensors.torch import save_file
 
-    from reproduction.recap.value import cli as value_cli
-
     stage = tmp_path / "stage"
     shutil.copytree(stage_dir / "value1", stage)
     export = stage / "model_0" / "export"
@@ -478,7 +525,7 @@ def test_a_token_id_past_the_embedding_is_a_one_line_error_naming_tokenizer_id_a
     (export / "value_head.json").write_text(json.dumps(head))
     model = build_value_model(ValueModelConfig.from_dict(head["model_config"]), seed=0)
     save_file({n: t.contiguous() for n, t in model.state_dict().items()}, str(export / "model.safetensors"))
-    rc = value_cli.main(
+    rc = stage_main(
         ["infer", "--stage", str(stage), "--dataset", str(stage_dir / "ds"), "--out", str(tmp_path / "v.parquet")]
     )
     assert rc == 4 and not (tmp_path / "v.parquet").exists()
@@ -493,7 +540,6 @@ def test_a_token_id_past_the_embedding_is_a_one_line_error_naming_tokenizer_id_a
 def test_resume_refuses_a_changed_value_setup_and_continues_an_unchanged_one(stage_dir, tmp_path, capsys):
     """Return range, folds, tokenizer: each named in a one-line CheckpointError (exit 50), nothing overwritten."""
     from reproduction.recap.tokenizer import train_tokenizer
-    from reproduction.recap.value import cli as value_cli
 
     value = {
         "train": [{"path": str(stage_dir / "ds"), "type": "rollout", "returns": str(stage_dir / "returns")}],
@@ -513,7 +559,7 @@ def test_resume_refuses_a_changed_value_setup_and_continues_an_unchanged_one(sta
     def run(value_over: dict, *, steps: int = 2, resume: bool = True) -> tuple[int, str, str]:
         cfg = tmp_path / "value.json"
         cfg.write_text(json.dumps({"value": {**value, **value_over}, "train": {**train_cfg, "max_steps": steps}}))
-        rc = value_cli.main(["train", "--config", str(cfg), "--out", str(out)] + (["--resume"] if resume else []))
+        rc = stage_main(["train", "--config", str(cfg), "--out", str(out)] + (["--resume"] if resume else []))
         got = capsys.readouterr()
         return rc, got.out, got.err
 
@@ -612,7 +658,7 @@ def _infer_args(stage_dir: Path, out: Path, workers: int, *extra: str) -> list[s
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_infer_cli_runs_the_shards_on_ray_workers_with_the_in_process_values(
+def test_infer_values_runs_the_shards_on_ray_workers_with_the_in_process_values(
     stage_dir, ray_local, tmp_path, monkeypatch, capsys
 ):
     """--workers 2: two Ray workers infer their owned rows (the driver runs no forward); the parquet
@@ -620,15 +666,13 @@ def test_infer_cli_runs_the_shards_on_ray_workers_with_the_in_process_values(
     import pyarrow.parquet as pq
     import ray
 
-    from reproduction.recap.value import cli as value_cli
-
     forwards = _count_forwards(monkeypatch)  # spies on this process's models only
     one, two = tmp_path / "one.parquet", tmp_path / "two.parquet"
-    assert value_cli.main(_infer_args(stage_dir, one, 1)) == 0
+    assert stage_main(_infer_args(stage_dir, one, 1)) == 0
     alone = json.loads(capsys.readouterr().out)
     in_driver = sum(forwards.values())
     assert in_driver == alone["frames"] > 0
-    rc = value_cli.main(_infer_args(stage_dir, two, 2, "--ray-address", ray_local))
+    rc = stage_main(_infer_args(stage_dir, two, 2, "--ray-address", ray_local))
     got = capsys.readouterr()
     assert rc == 0, got.err
     shared = json.loads(got.out)
@@ -664,13 +708,12 @@ def test_a_failing_inference_worker_is_exit_51_and_writes_nothing(
 ):
     from value_synth import FaultyShardTask
 
-    from reproduction.recap.value import cli as value_cli
     from reproduction.recap.value import infer
 
     # the seam: the worker body run_tasks ships to each Ray worker (module-level, so picklable by reference)
     monkeypatch.setattr(infer, "infer_job", FaultyShardTask(fault, 1))
     out = tmp_path / "values.parquet"
-    rc = value_cli.main(_infer_args(stage_dir, out, 2, "--ray-address", ray_local))
+    rc = stage_main(_infer_args(stage_dir, out, 2, "--ray-address", ray_local))
     got = capsys.readouterr()
     lines = got.err.splitlines()
     # stdout: no summary. Ray's driver prints the raylet's own "a worker died" notice on stdout,

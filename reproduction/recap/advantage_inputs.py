@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -180,15 +181,15 @@ def _mismatch(
 
 
 def load_dataset_arrays(
-    dataset: Path, returns_location: Path, values: pa.Table | Path, *, dataset_type: str, returns_tag: str | None
+    dataset: Any, returns_location: Path, values: pa.Table | Path, *, dataset_type: str, returns_tag: str | None
 ) -> SidecarInputs:
     """Open a dataset, check its returns sidecar (fingerprint) and align `values` to it; the sidecar's
-    other columns are read later, chunk by chunk."""
+    other columns are read later, chunk by chunk. `dataset` is an opened Dataset or a dataset root."""
     from reproduction.data.reader import open_dataset
     from reproduction.digests import sha256_file
     from reproduction.recap.sidecars import read_sidecar, sidecar_dir, sidecar_name
 
-    ds = open_dataset(dataset)
+    ds = dataset if hasattr(dataset, "fingerprint") else open_dataset(dataset)
     _, meta = read_sidecar(
         returns_location, "returns", returns_tag, expect_fingerprint=ds.fingerprint, dataset_name=ds.name, columns=[]
     )

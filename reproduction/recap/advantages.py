@@ -11,16 +11,13 @@ episodes (advantage_inputs.py); only the aligned values and the advantages are h
 Labels: A >= tau, tau = percentile(A, (1 - positive_quantile) * 100) over all datasets (global) or
 per task (`threshold_scope="per_task"`); sft datasets are labelled positive (their A still count).
 
-    python -m reproduction.recap.advantages compute --dataset P --values V.parquet [...] --returns-dir DIR \\
-        --value-checkpoint EXPORT_DIR --out DIR [--tag T] [--lookahead N] [--gamma G] [--type sft|rollout]
-    python -m reproduction.recap.advantages relabel --dataset P [...] --source DIR --source-tag T \\
-        --new-tag T2 --out DIR [--positive-quantile Q] [--lookahead N --gamma G]   (recompute from stored values)
+Run through `portable run --stages advantages` (reproduction/run/recap_recipe.py). N is
+`advantages.lookahead` (>= 1; 0 is refused, never replaced by a default); value inference extends
+its shards by the same N. `relabel` re-thresholds or recomputes existing sidecars (a function).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,51 +26,21 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from reproduction.errors import CheckpointError, ConfigError, DatasetError, InputNotFoundError, UnsupportedFormatError
-from reproduction.recap.advantage_inputs import DatasetArrays, SidecarInputs, load_dataset_arrays
+from reproduction.errors import ConfigError, DatasetError
+from reproduction.recap.advantage_config import THRESHOLD_SCOPES, AdvantageConfig  # noqa: F401 (re-exported)
+from reproduction.recap.advantage_inputs import (  # noqa: F401 (load_dataset_arrays re-exported)
+    DatasetArrays,
+    SidecarInputs,
+    load_dataset_arrays,
+)
 from reproduction.recap.normalize import ReturnRange
 from reproduction.recap.returns import discounted_reverse_cumsum, repeat_strings, sort_frames
+from reproduction.recap.value.export import EXPORT_FORMAT, HEAD_NAME, ValueHead, read_value_head
 
-VALUE_HEAD_NAME = "value_head.json"
-"""The value export's metadata file (value_task.HEAD_NAME; not imported: value_task loads torch)."""
-VALUE_HEAD_FORMAT = 1
-"""Its format_version (value_task.EXPORT_FORMAT)."""
-THRESHOLD_SCOPES = ("global", "per_task")
-
-
-@dataclass(kw_only=True, slots=True)
-class AdvantageConfig:
-    """Stage-3 parameters (RLinf's recap_compute_advantages.yaml `advantage.*`)."""
-
-    lookahead: int = 10
-    """N, `advantage_lookahead_step`: frames between V_t and V_{t+N}."""
-    gamma: float = 1.0
-    """Discount of the reward window and of V_{t+N}."""
-    discount_next_value: bool = True
-    """Multiply V_{t+N} by gamma^k (k = frames actually summed)."""
-    positive_quantile: float = 0.3
-    """Fraction of frames labelled positive (the threshold is the (1-q) percentile)."""
-    threshold_scope: str = "global"
-    """"global" (one threshold across datasets, RLinf's rule) or "per_task"."""
-    tag: str | None = None
-    """Output tag: advantages_{tag}.parquet."""
-    returns_tag: str | None = None
-    """Tag of the returns sidecar to read."""
-
-    def __post_init__(self) -> None:
-        if self.lookahead < 1:
-            raise ConfigError(f"lookahead {self.lookahead} must be >= 1", field="lookahead")
-        if not (0.0 < self.gamma <= 1.0):
-            raise ConfigError(f"gamma {self.gamma} is outside (0, 1]", field="gamma")
-        if not (0.0 < self.positive_quantile < 1.0):
-            raise ConfigError(
-                f"positive_quantile {self.positive_quantile} is outside (0, 1)", field="positive_quantile"
-            )
-        if self.threshold_scope not in THRESHOLD_SCOPES:
-            raise ConfigError(
-                f"threshold_scope {self.threshold_scope!r} is not one of {', '.join(THRESHOLD_SCOPES)}",
-                field="threshold_scope",
-            )
+VALUE_HEAD_NAME = HEAD_NAME
+"""The value export's metadata file (recap/value/export.py)."""
+VALUE_HEAD_FORMAT = EXPORT_FORMAT
+"""Its format_version."""
 
 
 def nstep_advantages(
@@ -313,62 +280,13 @@ def _fractions(labels: np.ndarray, codes: np.ndarray, names: np.ndarray) -> dict
 # -- value checkpoint metadata ------------------------------------------------------------------------
 
 
-def load_return_range(source: ReturnRange | Path | str) -> tuple[ReturnRange, str | None]:
-    """(ReturnRange, value-checkpoint fingerprint) from a ReturnRange or a value-model export folder.
-
-    The export folder (`<value stage out>/model_<k>/export`, written by value_task) holds
-    `value_head.json`: {"format_version": 1, "return_range": {"return_min", "return_max"},
-    "num_bins", "v_min", "v_max", ...}. The fingerprint is that file's sha256. Raises
-    InputNotFoundError (no folder / no value_head.json), UnsupportedFormatError (another
-    format_version) or CheckpointError (unreadable file, a missing or invalid field), each naming the path.
-    """
+def load_return_range(source: ReturnRange | ValueHead | Path | str) -> tuple[ReturnRange, str | None]:
+    """(ReturnRange, value-checkpoint fingerprint) from a ReturnRange, a read ValueHead, or a value
+    export folder (read with the one torch-free reader, recap/value/export.py)."""
     if isinstance(source, ReturnRange):
         return source, None
-    folder = Path(source)
-    path = folder / VALUE_HEAD_NAME
-    if not path.is_file():
-        what = "does not exist" if not folder.exists() else f"holds no {VALUE_HEAD_NAME}"
-        raise InputNotFoundError(
-            f"value checkpoint {folder} {what}: it is not a value-model export",
-            path=path,
-            hint=f"pass <value stage out>/model_<k>/export (it holds model.safetensors and {VALUE_HEAD_NAME})",
-        )
-    raw = path.read_bytes()
-    try:
-        head = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path}: not JSON ({exc})", path=path) from None
-    if not isinstance(head, dict) or head.get("format_version") != VALUE_HEAD_FORMAT:
-        version = head.get("format_version") if isinstance(head, dict) else None
-        raise UnsupportedFormatError(
-            f"{path}: format_version {version!r} is not {VALUE_HEAD_FORMAT}",
-            path=path,
-            field="format_version",
-            hint="export the value model with this version of the tool",
-        )
-    rr_doc = head.get("return_range")
-    for name in ("return_min", "return_max"):
-        value = rr_doc.get(name) if isinstance(rr_doc, dict) else None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
-            raise CheckpointError(
-                f"{path}: field return_range.{name} is {value!r}, not a finite number",
-                path=path,
-                field=f"return_range.{name}",
-                hint="re-export the value model; stage 3 reads the return range it was trained with from here",
-            )
-    missing = [k for k in ("num_bins", "v_min", "v_max") if k not in head]
-    if missing:
-        raise CheckpointError(
-            f"{path}: field {missing[0]} is missing",
-            path=path,
-            field=missing[0],
-            hint="re-export the value model with this version of the tool",
-        )
-    try:
-        rr = ReturnRange.from_dict(rr_doc)
-    except ConfigError as exc:
-        raise CheckpointError(f"{path}: {exc.message}", path=path, field="return_range") from None
-    return rr, hashlib.sha256(raw).hexdigest()
+    head = source if isinstance(source, ValueHead) else read_value_head(Path(source))
+    return head.return_range, head.fingerprint
 
 
 # -- thresholds, labels and sidecars --------------------------------------------------------------------
@@ -676,121 +594,3 @@ def relabel(
         value_fingerprint=next(iter(value_fps)) if len(value_fps) == 1 else None,
         out_dirs=out_dirs,
     )
-
-
-# -- command line ---------------------------------------------------------------------------------------
-
-
-def _common_args(p: Any) -> None:
-    p.add_argument(
-        "--dataset", action="append", required=True, metavar="PATH", help="LeRobot dataset root (repeatable)"
-    )
-    p.add_argument("--out", default=None, metavar="DIR", help="output folder (files go to DIR/<dataset name>/)")
-    p.add_argument("--in-dataset", action="store_true", help="write into <dataset>/meta/ instead (RLinf interop)")
-    p.add_argument(
-        "--type",
-        action="append",
-        choices=("sft", "rollout"),
-        default=None,
-        help="sft or rollout, once per --dataset (relabel default: as stored)",
-    )
-    p.add_argument("--tag", "--new-tag", dest="tag", default=None, help="output tag")
-    p.add_argument("--returns-tag", default=None)
-    p.add_argument("--lookahead", type=int, default=None, help="N (advantage_lookahead_step); default 10")
-    p.add_argument("--gamma", type=float, default=1.0)
-    p.add_argument("--no-discount-next-value", action="store_true")
-    p.add_argument("--positive-quantile", type=float, default=0.3)
-    p.add_argument("--threshold-scope", choices=THRESHOLD_SCOPES, default="global")
-    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-
-
-def _parser() -> Any:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m reproduction.recap.advantages", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("compute", help="advantages from per-frame values (episode_index, frame_index, value parquet)")
-    _common_args(c)
-    c.add_argument("--values", action="append", required=True, metavar="PARQUET", help="one per --dataset")
-    c.add_argument("--returns-dir", required=True, metavar="DIR", help="stage-1 output folder (or dataset root)")
-    c.add_argument(
-        "--value-checkpoint",
-        required=True,
-        metavar="DIR",
-        help="value-model export folder (model_<k>/export); its value_head.json stores the return range",
-    )
-    r = sub.add_parser("relabel", help="re-threshold, or recompute (with --lookahead) from stored values")
-    _common_args(r)
-    r.add_argument(
-        "--source", required=True, metavar="DIR", help="folder holding the source advantages (or dataset root)"
-    )
-    r.add_argument("--source-tag", default=None)
-    r.add_argument(
-        "--returns-dir", default=None, metavar="DIR", help="returns sidecars for recompute (default --source)"
-    )
-    return p
-
-
-def _types(args: Any, n: int, default: str | None) -> list[str] | None:
-    if not args.type:
-        return [default] * n if default else None
-    if len(args.type) not in (1, n):
-        raise ConfigError(f"{len(args.type)} --type values for {n} datasets", field="type")
-    return args.type * n if len(args.type) == 1 else args.type
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    import sys
-
-    from reproduction.errors import PortableError
-    from reproduction.recap.returns import render_error
-
-    args = _parser().parse_args(argv)
-    try:
-        config = AdvantageConfig(
-            lookahead=args.lookahead or 10,
-            gamma=args.gamma,
-            discount_next_value=not args.no_discount_next_value,
-            positive_quantile=args.positive_quantile,
-            threshold_scope=args.threshold_scope,
-            tag=args.tag,
-            returns_tag=args.returns_tag,
-        )
-        paths = [Path(d) for d in args.dataset]
-        if args.out is None and not args.in_dataset:
-            raise ConfigError("no output folder given", field="out", hint="pass --out DIR (or --in-dataset)")
-        if args.command == "compute":
-            if len(args.values) != len(paths):
-                raise ConfigError(f"{len(args.values)} --values for {len(paths)} datasets", field="values")
-            types = _types(args, len(paths), "rollout")
-            inputs = [
-                load_dataset_arrays(p, Path(args.returns_dir), Path(v), dataset_type=t, returns_tag=args.returns_tag)
-                for p, v, t in zip(paths, args.values, types)
-            ]
-            outs = [p / "meta" if args.in_dataset else Path(args.out) / d.name for p, d in zip(paths, inputs)]
-            report = compute_advantages(inputs, config, Path(args.value_checkpoint), out_dirs=outs)
-        else:
-            report = relabel(
-                paths,
-                Path(args.source),
-                source_tag=args.source_tag,
-                config=config,
-                recompute=args.lookahead is not None,
-                out=Path(args.out) if args.out else None,
-                in_dataset=args.in_dataset,
-                types=_types(args, len(paths), None),
-                returns_location=Path(args.returns_dir) if args.returns_dir else None,
-            )
-    except PortableError as exc:
-        return render_error(exc)
-    for name, frac in report.positive_fraction.items():
-        print(f"{name}: {frac['all']:.1%} positive", file=sys.stderr)
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main())

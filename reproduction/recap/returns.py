@@ -10,16 +10,12 @@ in batches of whole files (about STREAM_ROWS rows, one sidecar row group each), 
 on a small thread pool, the dataset fingerprint digested from that same read; memory follows the
 batch, not the dataset.
 
-    python -m reproduction.recap.returns --dataset PATH [--dataset PATH ...] --out DIR \\
-        [--tag T] [--gamma 1.0] [--failure-reward -300] [--type sft|rollout] [--in-dataset]
+Run through `portable run --stages returns` (reproduction/run/recap_recipe.py calls `compute_returns`).
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
-import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from reproduction.errors import ConfigError, DatasetError, PortableError
+from reproduction.errors import ConfigError, DatasetError
 
 DATASET_TYPES = ("sft", "rollout")
 
@@ -195,7 +191,7 @@ def compute_returns_table(
         raise DatasetError(
             f"{source}: rollout data needs an is_success column, and there is none",
             field="is_success",
-            hint="pass --type sft if every episode is a successful demonstration",
+            hint="set the dataset's type: sft if every episode is a successful demonstration (datasets[].type)",
         )
     ep = _int64(frames.column("episode_index"))
     fr = _int64(frames.column("frame_index"))
@@ -296,7 +292,7 @@ class ReturnsResult:
 
 
 def compute_returns(
-    datasets: Sequence[Path],
+    datasets: Sequence[Any],
     out: Path | None,
     config: ReturnsConfig,
     *,
@@ -307,15 +303,18 @@ def compute_returns(
 
     Sidecars go to `<out>/<dataset folder name>/`, or into `<dataset>/meta/` with `in_dataset`
     (RLinf interop; the data parquets and info.json are never touched). `types` gives a per-dataset
-    sft/rollout type (default: config.dataset_type for all). Each file is written atomically; a
-    failing dataset raises before its files are replaced.
+    sft/rollout type (default: config.dataset_type for all). `datasets` are opened datasets
+    (reproduction.data.reader.Dataset, as the runner passes them: read once, fingerprint included)
+    or dataset roots. Each file is written atomically; a failing dataset raises before its files are
+    replaced.
     """
     from reproduction.data.reader import open_dataset
     from reproduction.recap.sidecars import sidecar_name, update_stats_json, write_sidecar
 
     if out is None and not in_dataset:
         raise ConfigError("returns: no output folder given", field="out", hint="pass --out DIR (or --in-dataset)")
-    names = [Path(d).resolve().name for d in datasets]
+    opened = [d if hasattr(d, "fingerprint") else open_dataset(d) for d in datasets]
+    names = [d.name for d in opened]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise ConfigError(
@@ -324,9 +323,8 @@ def compute_returns(
             hint="rename one of the dataset folders",
         )
     results = []
-    for i, path in enumerate(datasets):
+    for i, ds in enumerate(opened):
         cfg = ReturnsConfig(**{**asdict(config), "dataset_type": types[i] if types else config.dataset_type})
-        ds = open_dataset(path)
         cols = [c for c in ("episode_index", "frame_index", "task_index", "is_success") if c in ds.key_columns]
         kept: dict[str, list[np.ndarray]] = {"return": [], "reward": []}
 
@@ -399,84 +397,3 @@ def streamed_frames(ds: Any, columns: list[str]) -> Iterator[pa.Table]:
                 raise FilesInterleaveError(str(ds.root))
             prev = hi[-1]
         yield table
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m reproduction.recap.returns", description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--dataset", action="append", required=True, metavar="PATH", help="LeRobot dataset root (repeatable)"
-    )
-    p.add_argument("--out", default=None, metavar="DIR", help="output folder (sidecars go to DIR/<dataset name>/)")
-    p.add_argument("--in-dataset", action="store_true", help="write into <dataset>/meta/ instead (RLinf interop)")
-    p.add_argument("--tag", default=None)
-    p.add_argument("--gamma", type=float, default=1.0)
-    p.add_argument("--failure-reward", type=float, default=-300.0)
-    p.add_argument(
-        "--type",
-        action="append",
-        choices=DATASET_TYPES,
-        default=None,
-        help="sft or rollout; once for all datasets or once per --dataset (default sft)",
-    )
-    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        types = args.type or ["sft"]
-        if len(types) not in (1, len(args.dataset)):
-            raise ConfigError(
-                f"{len(types)} --type values for {len(args.dataset)} datasets",
-                field="type",
-                hint="give --type once, or once per --dataset",
-            )
-        types = types * len(args.dataset) if len(types) == 1 else types
-        config = ReturnsConfig(
-            gamma=args.gamma, failure_reward=args.failure_reward, dataset_type=types[0], tag=args.tag
-        )
-        results = compute_returns(
-            [Path(d) for d in args.dataset],
-            Path(args.out) if args.out else None,
-            config,
-            types=types,
-            in_dataset=args.in_dataset,
-        )
-    except PortableError as exc:
-        return render_error(exc)
-    for r in results:
-        print(
-            f"{r.dataset.name}: {r.num_frames} frames, {r.num_episodes} episodes, return "
-            f"[{r.stats['return']['min']:g}, {r.stats['return']['max']:g}] -> {r.sidecar}",
-            file=sys.stderr,
-        )
-    if args.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "dataset": str(r.dataset),
-                        "sidecar": str(r.sidecar),
-                        "fingerprint": r.fingerprint,
-                        "num_frames": r.num_frames,
-                        "stats": r.stats,
-                    }
-                    for r in results
-                ],
-                indent=1,
-            )
-        )
-    return 0
-
-
-def render_error(exc: PortableError) -> int:
-    """The CLI's rendering of a library error: `error:` / `hint:` on stderr, the error's exit code."""
-    print(f"error: {exc.message}", file=sys.stderr)
-    if exc.hint:
-        print(f"hint: {exc.hint}", file=sys.stderr)
-    return exc.exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

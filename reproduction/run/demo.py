@@ -1,145 +1,290 @@
-"""`portable demo`: the embedded default, end to end. For now: the bundle round trip only.
+"""`portable demo`: the embedded default end to end, on CPU, with no download.
 
-Generates a tiny release (a source layer, weight-like and data-like files, a config holding
-absolute paths), packs it with bundle/demo.toml, restores it in a different folder, verifies it,
-and says where it is. The RECAP stages join here once they are built. Needs no torch.
+Generates the simulator datasets, packs the demo bundle (bundle/demo.toml), restores a copy
+elsewhere, runs `check` on it, runs every RECAP stage from the restored bundle (bundle/demo/run.yaml,
+or quick.yaml with `--quick`), evaluates RECAP against the BC baselines, compares with the bundle's
+reference evidence, and prints a table with the time of each step. Running it again reuses every
+step whose inputs are unchanged (generation and packing by stamps, restore by its receipt, the run
+by its stage keys).
 
-    <workdir>/
-      src/          generated sources: project/ weights/ data/ configs/
-      bundle/       the packed bundle
-      restored/recap-demo/   the same bundle copied elsewhere and restored there
+    <output>/
+      src/                 generated sources: data/{sft,rollout} project/ (recap, sim, data code) configs/ evidence/
+      bundle/              the packed bundle
+      restored/recap-demo/ the same bundle copied elsewhere and restored there
+      check.json           `portable check` on the restored bundle
+      run/                 the run: run.json, stage folders, evidence/, lineage/, plots/, report.html
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
-import struct
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-from reproduction.release.pack import pack_bundle
-from reproduction.release.restore import restore_bundle
-from reproduction.release.verify import verify_or_raise
-from reproduction.ui import UiOptions, human_bytes, say
+from reproduction.ui import UiOptions, say
 
-SPEC = Path(__file__).resolve().parent.parent.parent / "bundle" / "demo.toml"
-FALLBACK_SPEC = """\
-name = "recap-demo"
-description = "The embedded default: a tiny RECAP release bundle built on this machine"
-root = "."
-entry_config = "config/demo.json"
-[[layer]]
-source = "project"
-kind = "source"
-name = "recap-demo"
-exclude = ["__pycache__", "*.pyc", ".git"]
-[[file]]
-source = "weights"
-dest = "weights"
-[[file]]
-source = "data"
-dest = "data"
-[[config]]
-source = "configs/demo.json"
-dest = "config/demo.json"
-"""
+REPO = Path(__file__).resolve().parent.parent.parent
+SPEC = REPO / "bundle" / "demo.toml"
+CONFIGS = REPO / "bundle" / "demo"
+REFERENCE = REPO / "evidence" / "demo"
+"""The demo's reference evidence (a published demo run's eval JSON), packed into the bundle's evidence/."""
 
 
-def _safetensors(tensors: dict[str, tuple[str, list[int], bytes]]) -> bytes:
-    """A valid .safetensors file built with the stdlib: 8-byte header length, JSON header, raw data."""
-    header, offset, blobs = {}, 0, []
-    for name, (dtype, shape, data) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
-        offset += len(data)
-        blobs.append(data)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    return struct.pack("<Q", len(text)) + text + b"".join(blobs)
+@dataclass(kw_only=True, slots=True)
+class DemoData:
+    """What the simulator generates for the demo (DEMO_LAB.md mix1, scaled to the CPU budget)."""
+
+    sft_episodes: int = 30
+    rollout_episodes: int = 150
+    tasks: tuple[str, ...] = ("FetchPickAndPlace-v4",)
+    seed: int = 0
+    cameras: tuple[str, ...] = ("agentview",)
+    image_size: int = 64
+    workers: int = 2
 
 
-def generate_sources(src: Path) -> None:
-    """Write the demo's sources: deterministic bytes, so two demos pack identical bundles."""
-    project = src / "project"
-    (project / "recap_demo").mkdir(parents=True)
-    (project / "recap_demo" / "__init__.py").write_text(
-        '"""The demo release\'s project snapshot."""\nVERSION = "0.1"\n'
-    )
-    (project / "recap_demo" / "stages.py").write_text("STAGES = ('returns', 'value', 'advantages', 'policy')\n")
-    (project / "README.md").write_text("# recap-demo\nA tiny release used by `portable demo`.\n")
-    weights = src / "weights"
-    (weights / "value").mkdir(parents=True)
-    ramp = struct.pack("<256f", *[i / 256 for i in range(256)])
-    (weights / "value" / "model.safetensors").write_bytes(
-        _safetensors({"head.weight": ("F32", [16, 16], ramp), "head.bias": ("F32", [16], ramp[:64])})
-    )
-    (weights / "value" / "tokenizer.json").write_text(
-        json.dumps({"model": {"type": "BPE", "vocab": {"<pad>": 0, "a": 1}}})
-    )
-    data = src / "data" / "fetch_pick"
-    (data / "meta").mkdir(parents=True)
-    (data / "meta" / "info.json").write_text(json.dumps({"codebase_version": "v3.0", "fps": 25, "total_episodes": 2}))
-    (data / "data" / "chunk-000").mkdir(parents=True)
-    (data / "data" / "chunk-000" / "file-000.parquet").write_bytes(b"PAR1" + bytes(range(256)) * 8 + b"PAR1")
-    configs = src / "configs"
-    configs.mkdir()
-    (configs / "demo.json").write_text(
-        json.dumps(
-            {
-                "dataset": str(data),
-                "value_checkpoint": str(weights / "value" / "model.safetensors"),
-                "tokenizer": str(weights / "value"),
-                "code": str(project),
-                "seed": 0,
-            },
-            indent=1,
-        )
-        + "\n"
-    )
+FULL = DemoData()
+QUICK = DemoData(sft_episodes=4, rollout_episodes=12, workers=1)
 
 
-def run_demo(workdir: Path | None, *, ui: UiOptions | None = None) -> int:
-    """Build, pack, restore elsewhere and verify the demo bundle under `workdir` (default: ./runs/demo-<time>).
+@dataclass(kw_only=True)
+class DemoReport:
+    output: Path
+    steps: list[tuple[str, str, float]] = field(default_factory=list)
+    """(step, what happened, seconds)."""
+    run: Any = None
 
-    Prints the restored bundle's path on stdout; returns 0. Raises the release errors (exit codes
-    of reproduction/errors.py) if any step fails, e.g. WriteFailedError when the disk is full.
-    """
-    workdir = Path(workdir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")).absolute()
-    if workdir.exists() and any(workdir.iterdir()):
-        from reproduction.errors import InvalidInputError
 
-        raise InvalidInputError(
-            f"{workdir} already exists and is not empty",
-            path=workdir,
-            field="--workdir",
-            hint="pass a new folder with --workdir, or leave it out for a fresh one under ./runs",
-        )
-    src = workdir / "src"
-    generate_sources(src)
-    spec = SPEC if SPEC.is_file() else src / "demo.toml"
-    if spec != SPEC:
-        spec.write_text(FALLBACK_SPEC, encoding="utf-8")
-    started = time.perf_counter()
-    manifest = pack_bundle(spec, workdir / "bundle", root=src, ui=ui)
-    say(
-        f"packed {manifest.name}: {len(manifest.files)} files, {human_bytes(manifest.total_size)} "
-        f"-> {workdir / 'bundle'}",
-        options=ui,
-    )
-    restored = workdir / "restored" / manifest.name
-    shutil.copytree(workdir / "bundle", restored, symlinks=True)
-    report = restore_bundle(restored, ui=ui)
-    say(report.summary(), options=ui)
-    verified = verify_or_raise(restored, ui=ui, manifest=manifest)
-    say(verified.summary(), options=ui)
-    config = (restored / "config" / "demo.json").read_text(encoding="utf-8")
-    say(f"config/demo.json refers to the bundle as ${{BUNDLE}}: {'${BUNDLE}/data/fetch_pick' in config}", options=ui)
-    say(f"round trip done in {time.perf_counter() - started:.1f}s; the restored bundle is at {restored}", options=ui)
-    say(
-        "stages 1-3 run as modules for now (python -m reproduction.recap.returns / .value / .advantages); "
-        "`portable run`, the policy stage and the simulator are not built yet in this version of recap-portable, "
-        "so the demo stops after the bundle round trip",
-        options=ui,
-    )
-    print(restored)
+def run_demo(
+    output: Path | None,
+    *,
+    quick: bool = False,
+    overrides: list[str] | None = None,
+    ui: UiOptions | None = None,
+) -> int:
+    """Build and run the demo under `output` (default ./runs/demo, or ./runs/demo-quick); see the module
+    docstring. Prints the summary table on stderr and the run folder on stdout; returns 0. Raises what
+    the steps raise (release, check, config and run errors, each with its exit code)."""
+    from reproduction.errors import RunStateError
+
+    out = Path(output or Path("runs") / ("demo-quick" if quick else "demo")).absolute()
+    if out.exists() and not out.is_dir():
+        raise RunStateError(f"output {out} is a file, not a folder", path=out, hint="pass a folder with --output")
+    data = QUICK if quick else FULL
+    report = DemoReport(output=out)
+    t_all = time.perf_counter()
+
+    def step(name: str, fn: Callable[[], str]) -> None:
+        t0 = time.perf_counter()
+        what = fn()
+        report.steps.append((name, what, time.perf_counter() - t0))
+        say(f"demo: {name}: {what} ({time.perf_counter() - t0:.1f} s)", options=ui)
+
+    src, bundle, restored = out / "src", out / "bundle", out / "restored" / "recap-demo"
+    step("generate", lambda: _generate(src / "data", data, ui=ui))
+    _write_sources(src, quick=quick)
+    step("pack", lambda: _pack(src, bundle, ui=ui))
+    step("restore", lambda: _restore(bundle, restored, ui=ui))
+    step("check", lambda: _check(restored, out / "check.json", ui=ui))
+    run_dir = out / "run"
+    t0 = time.perf_counter()
+    report.run = _run(restored, run_dir, overrides or [], ui=ui)
+    for s in report.run.stages:
+        report.steps.append((f"run: {s.name}", s.action, s.seconds))
+    report.steps.append(("run (total)", "", time.perf_counter() - t0))
+    step("plots and report", lambda: _plots_and_report(run_dir, restored))
+    report.steps.append(("demo (total)", "", time.perf_counter() - t_all))
+    _summary(report, run_dir, ui=ui)
+    print(run_dir)
     return 0
+
+
+# -- steps ----------------------------------------------------------------------------------------
+
+
+def _stamp(doc: Any) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _generate(root: Path, data: DemoData, *, ui: UiOptions | None) -> str:
+    """Simulator datasets at root/sft and root/rollout; reused when the stamp (settings + simulator code) matches."""
+    from reproduction.run.runner import module_digest
+    from reproduction.sim.generate import DataMix, generate_mix
+
+    stamp = _stamp({"data": asdict(data), "code": [module_digest(f"reproduction.sim.{m}") for m in _SIM_MODULES]})
+    marker = root / "generated.json"
+    if marker.is_file() and json.loads(marker.read_text()).get("stamp") == stamp:
+        return "reused"
+    if root.exists():
+        shutil.rmtree(root)
+    results = generate_mix(
+        DataMix(sft_episodes=data.sft_episodes, rollout_episodes=data.rollout_episodes),
+        root,
+        tasks=data.tasks,
+        seed=data.seed,
+        workers=data.workers,
+        ui=ui,
+        cameras=data.cameras,
+        image_size=data.image_size,
+    )
+    frames = sum(r.frames for r in results.values())
+    episodes = sum(r.episodes for r in results.values())
+    from reproduction.fsio import atomic_write_text
+
+    atomic_write_text(marker, json.dumps({"stamp": stamp, "episodes": episodes, "frames": frames}) + "\n")
+    return f"{episodes} episodes, {frames} frames"
+
+
+SNAPSHOT = ("recap", "sim", "data")
+"""The algorithm code the demo release pins as its source layer (the bundle carries the runner at reproduction/)."""
+_SIM_MODULES = ("generate", "env", "experts", "behaviours", "episode", "tasks", "seeds")
+
+
+def _write_sources(src: Path, *, quick: bool) -> None:
+    """The bundle's other sources: the runner's source snapshot, the run config, the reference evidence."""
+    from reproduction.fsio import atomic_write_bytes
+
+    def put(path: Path, data: bytes) -> None:
+        if not path.is_file() or path.read_bytes() != data:  # unchanged files keep their mtime: pack is reused
+            atomic_write_bytes(path, data)
+
+    project = src / "project"
+    wanted = {p.relative_to(REPO): p for pkg in SNAPSHOT for p in sorted((REPO / "reproduction" / pkg).rglob("*.py"))}
+    for rel, p in wanted.items():
+        put(project / rel, p.read_bytes())
+    for p in sorted(project.rglob("*.py")) if project.exists() else []:
+        if p.relative_to(project) not in wanted:
+            p.unlink()
+    put(src / "configs" / "run.yaml", (CONFIGS / ("quick.yaml" if quick else "run.yaml")).read_bytes())
+    evidence = src / "evidence"
+    refs = sorted(REFERENCE.glob("*.json")) if REFERENCE.is_dir() else []
+    for p in refs:
+        put(evidence / p.name, p.read_bytes())
+    put(
+        evidence / "README.md",
+        b"Reference evidence of the published demo run; `portable demo` compares its evaluation with it.\n",
+    )
+
+
+def _tree_stamp(root: Path) -> str:
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != "generated.json")
+    return _stamp([(str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for p in files])
+
+
+def _pack(src: Path, bundle: Path, *, ui: UiOptions | None) -> str:
+    """Pack bundle/demo.toml from `src`; reused when the sources and the spec are unchanged."""
+    from reproduction.fsio import atomic_write_text
+    from reproduction.release.pack import pack_bundle
+
+    stamp = _stamp([_tree_stamp(src), SPEC.read_bytes().hex()])
+    marker = bundle.parent / "bundle.stamp"
+    if (bundle / "bundle.json").is_file() and marker.is_file() and marker.read_text().strip() == stamp:
+        return "reused"
+    if bundle.exists():
+        shutil.rmtree(bundle)
+    manifest = pack_bundle(SPEC, bundle, root=src, ui=ui)
+    atomic_write_text(marker, stamp + "\n")
+    return f"{len(manifest.files)} files, {len(manifest.layers)} layers"
+
+
+def _restore(bundle: Path, restored: Path, *, ui: UiOptions | None) -> str:
+    """Copy the bundle elsewhere and restore it there (its receipt makes a second restore a stat pass)."""
+    from reproduction.release.restore import restore_bundle
+
+    same = (restored / "bundle.json").is_file() and (restored / "bundle.json").read_bytes() == (
+        bundle / "bundle.json"
+    ).read_bytes()
+    if not same:
+        if restored.exists():
+            shutil.rmtree(restored)
+        shutil.copytree(bundle, restored, symlinks=True)
+    report = restore_bundle(restored, ui=ui)
+    return ("reused copy; " if same else "copied; ") + report.summary().splitlines()[0]
+
+
+def _check(restored: Path, json_path: Path, *, ui: UiOptions | None) -> str:
+    from reproduction.checks.report import run_checks
+
+    code = run_checks(bundle=restored, jit_smoke=False, json_path=json_path, device="cpu", ui=ui)
+    if code not in (0,):
+        from reproduction.errors import PortableError
+
+        err = PortableError(
+            f"`portable check` on the restored demo bundle failed (exit {code}); details in {json_path}",
+            hint=f"run `portable check {restored}` to see each finding",
+        )
+        err.exit_code = code
+        raise err
+    return "passed"
+
+
+def _run(restored: Path, run_dir: Path, overrides: list[str], *, ui: UiOptions | None) -> Any:
+    from reproduction.run.config import load_config
+    from reproduction.run.recap_recipe import RECAP
+    from reproduction.run.record import make_recorder
+    from reproduction.run.runner import RunOptions, read_state, run_recipe
+
+    overrides = list(overrides)
+    reference = sorted((restored / "evidence").glob("*.json"))
+    if reference and not any(o.startswith("eval.reference=") for o in overrides):
+        overrides.append(f"eval.reference={reference[0]}")
+    config = load_config([restored / "config" / "run.yaml"], overrides, bundle=restored, run_dir=run_dir)
+    resume = read_state(run_dir) is not None if run_dir.is_dir() else False
+    opts = RunOptions(resume=resume, argv=["portable", "demo"], ui=ui, recorder=make_recorder(restored))
+    return run_recipe(RECAP, config, run_dir, opts)
+
+
+def _plots_and_report(run_dir: Path, restored: Path) -> str:
+    """Plots and report.html through the evidence helper's functions, where they are installed."""
+    try:
+        from reproduction.run.report_run import write_run_report
+    except ImportError:
+        return "skipped (the report module is not installed in this build)"
+    path = write_run_report(run_dir, bundle=restored)
+    return f"-> {path}"
+
+
+def _summary(report: DemoReport, run_dir: Path, *, ui: UiOptions | None) -> None:
+    width = max(len(s[0]) for s in report.steps)
+    lines = ["", f"{'step':<{width}}  {'result':<40}  seconds"]
+    lines += [f"{name:<{width}}  {what[:40]:<40}  {sec:7.1f}" for name, what, sec in report.steps]
+    lines.append("")
+    lines += _results_lines(run_dir)
+    lines += [
+        f"run folder: {run_dir}",
+        f"evidence:   {run_dir / 'evidence'}",
+        f"lineage:    {run_dir / 'lineage'}  (portable lineage {run_dir} --verify)",
+        f"plots:      {run_dir / 'plots'}",
+        f"report:     {run_dir / 'report.html'}",
+    ]
+    say("\n".join(lines), options=ui)
+
+
+def _results_lines(run_dir: Path) -> list[str]:
+    """Success rates per policy, and the comparison with the reference, from the eval stage's summary."""
+    try:
+        state = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return []
+    ev = state.get("stages", {}).get("eval", {}).get("summary", {})
+    out = []
+    for label, doc in ev.get("results", {}).items():
+        tasks = doc.get("tasks", {})
+        rows = tasks.values() if isinstance(tasks, dict) else tasks
+        eps = sum(int(r.get("episodes", 0)) for r in rows)
+        end = sum(int(r.get("success_at_end", 0)) for r in rows)
+        once = sum(int(r.get("success_once", 0)) for r in rows)
+        if eps:
+            out.append(f"{label:<14} success at end {end / eps:6.1%} ({end}/{eps}), at any step {once / eps:6.1%}")
+    comp = ev.get("comparison")
+    if comp:
+        verdict = comp.get("verdict") or comp.get("status") or ("reproduced" if comp.get("reproduced") else "differs")
+        out.append(f"against the reference evidence: {verdict}")
+    elif ev:
+        out.append("no reference evidence in the bundle to compare with")
+    return out + ([""] if out else [])

@@ -28,46 +28,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from reproduction.config_fields import reject_unknown_fields
-from reproduction.errors import ConfigError, DatasetError
+from reproduction.errors import DatasetError
 from reproduction.recap.normalize import ReturnRange
 from reproduction.recap.tokenizer import MAX_TOKEN_LEN, encode_prompts, format_prompt
-
-DATASET_TYPES = ("sft", "rollout")
-
-
-@dataclass(kw_only=True, slots=True)
-class ValueSource:
-    """One dataset the value stage reads."""
-
-    path: str
-    """LeRobot dataset root."""
-    type: str = "sft"
-    """sft or rollout (validated; it matters in stages 1 and 3, not here, as upstream)."""
-    weight: float = 1.0
-    """Mixture weight (train sources only)."""
-    name: str | None = None
-    """Name in metrics and fold plans; default: the folder name."""
-    returns: str | None = None
-    """Folder holding the returns sidecar (a run folder); None = the dataset's meta/."""
-    tag: str | None = None
-    """Returns sidecar tag (returns_{tag}.parquet)."""
-
-    def __post_init__(self) -> None:
-        if self.type not in DATASET_TYPES:
-            raise ConfigError(f"dataset {self.path}: type {self.type!r} is not sft or rollout", field="type")
-        if not self.weight > 0:
-            raise ConfigError(f"dataset {self.path}: weight {self.weight} must be > 0", field="weight")
-        if self.name is None:
-            self.name = Path(self.path).name
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ValueSource:
-        reject_unknown_fields(cls, data, what="dataset entry")
-        return cls(**dict(data))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+from reproduction.recap.value.config import DATASET_TYPES, ValueSource  # noqa: F401 (re-exported)
 
 
 @dataclass(kw_only=True, slots=True)

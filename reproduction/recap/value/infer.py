@@ -61,8 +61,8 @@ def load_value_export(folder: Path, *, device: str = "cpu") -> ValueExport:
     CheckpointError (weights that do not fit the stored architecture, naming the keys).
     """
     from reproduction.recap.tokenizer import load_tokenizer
+    from reproduction.recap.value.export import EXPORT_FORMAT, HEAD_NAME
     from reproduction.recap.value.model import ValueModelConfig, build_value_model
-    from reproduction.recap.value.task import EXPORT_FORMAT, HEAD_NAME
     from reproduction.recap.value.weights import load_safetensors_strict
 
     folder = Path(folder)

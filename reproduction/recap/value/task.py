@@ -23,95 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from reproduction.config_fields import reject_unknown_fields
 from reproduction.errors import CheckpointError, ConfigError
 from reproduction.fsio import atomic_write_text
 from reproduction.recap.normalize import ReturnRange
+from reproduction.recap.value.config import ValueStageConfig  # noqa: F401 (re-exported)
 from reproduction.recap.value.crossfit import CrossFitPlan, split_folds
-from reproduction.recap.value.data import ValueSource, load_source, return_range_of
+from reproduction.recap.value.data import load_source, return_range_of
+from reproduction.recap.value.export import EXPORT_FORMAT, HEAD_NAME
 
 SETUP_NAME = "value_setup.json"
-HEAD_NAME = "value_head.json"
-EXPORT_FORMAT = 1
-
-
-@dataclass(kw_only=True, slots=True)
-class ValueStageConfig:
-    """What the value stage trains on and how (the trainer's knobs live in TrainConfig)."""
-
-    train: list[ValueSource]
-    """Training datasets (a weighted mixture when more than one)."""
-    eval: list[ValueSource] = field(default_factory=list)
-    """Extra evaluation datasets (all their episodes); held-out folds are always evaluated."""
-    preset: str = "tiny"
-    """Model preset: tiny or recap."""
-    cameras: dict[str, str] = field(default_factory=lambda: {"base_0_rgb": "observation.images.image"})
-    """Model camera slot -> dataset feature key; a key a dataset lacks is an absent camera."""
-    tokenizer: str | None = None
-    """Folder with tokenizer.json (required for recap); None with tiny = train one in-process."""
-    pretrained_manifest: str | None = None
-    """weights_manifest/*.json to initialise the backbones from (recap); None = random init."""
-    weights_dir: str | None = None
-    """Folder the manifest's file paths are relative to (the bundle's weights/)."""
-    allow_unpinned: bool = False
-    """Accept manifest files whose sha256 is still `to-be-pinned`."""
-    return_min: float | None = None
-    """Explicit return range (both or neither); default: from the training datasets' returns."""
-    return_max: float | None = None
-    folds: int = 1
-    """Cross-fitting folds K (1 = off)."""
-    fold_seed: int = 0
-    """Seed of the fold split."""
-    value_lr: float = 1e-4
-    """Learning rate of the head group (`value_head`: projection + query); the rest uses TrainConfig.lr."""
-    balance_weights: bool = True
-    """Mixture shares proportional to weight x dataset size (else to weight)."""
-    augment: bool = True
-    """Per-sample image augmentation during training."""
-    eval_max_samples: int = 10_000
-    """Cap per evaluation set (an evenly strided subset beyond it)."""
-    eval_micro_batch: int = 32
-    """Frames per evaluation forward."""
-    max_token_len: int = 200
-    """Prompt truncation length (padding is to the batch's longest)."""
-    value_dropout: float = 0.0
-    """Dropout before the head."""
-    model_seed: int = 0
-    """Seed of the model's random initialisation."""
-
-    def __post_init__(self) -> None:
-        if not self.train:
-            raise ConfigError("value stage: no training datasets", field="train")
-        if (self.return_min is None) != (self.return_max is None):
-            raise ConfigError("value stage: set both return_min and return_max, or neither", field="return_min")
-        if self.preset == "recap" and not self.tokenizer:
-            raise ConfigError(
-                "value stage: the recap preset needs `tokenizer` (the bundle's Gemma3 tokenizer folder)",
-                field="tokenizer",
-            )
-        if self.folds < 1:
-            raise ConfigError(f"value stage: folds={self.folds} must be >= 1", field="folds")
-        if not self.cameras:
-            raise ConfigError("value stage: cameras maps no slot to a dataset key", field="cameras")
-        names = [s.name for s in self.train] + [s.name for s in self.eval]
-        if len(set(names)) != len(names):
-            raise ConfigError(
-                f"value stage: dataset names {names} are not unique", field="name", hint="give entries distinct `name`s"
-            )
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ValueStageConfig:
-        reject_unknown_fields(cls, data, what="value config")
-        kwargs = dict(data)
-        kwargs["train"] = [ValueSource.from_dict(s) for s in data.get("train", [])]
-        kwargs["eval"] = [ValueSource.from_dict(s) for s in data.get("eval", [])]
-        return cls(**kwargs)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {f: getattr(self, f) for f in self.__dataclass_fields__}
-        out["train"] = [s.to_dict() for s in self.train]
-        out["eval"] = [s.to_dict() for s in self.eval]
-        return out
 
 
 @dataclass(kw_only=True, slots=True)

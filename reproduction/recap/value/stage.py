@@ -1,29 +1,20 @@
-"""Stage 2 entry: train the value model(s), one per cross-fitting fold, through the project's trainer.
+"""Stage 2's functions: train the value model(s), one per cross-fitting fold, and infer every frame's value.
 
-    python -m reproduction.recap.value train --config value.yaml --out runs/x/value [--resume] [--ray-address A]
-    python -m reproduction.recap.value infer --stage runs/x/value --dataset DATA --out values.parquet [--lookahead N]
-                                             [--workers W] [--ray-address A]
-
-The config file (YAML or JSON) has two sections: `value` (ValueStageConfig: datasets, preset,
-cameras, folds, ...) and `train` (TrainConfig: steps, batches, lr, world size, ...). stdout gets one
-JSON summary (per-fold eval metrics and export folders); talk and errors go to stderr. `infer`
+`train_value` trains through the project's trainer (ValueStageConfig + TrainConfig); `infer_values`
 writes every frame's value (episode_index, frame_index, value), each episode labelled by the model
-that did not train on it, as the parquet stage 3 reads with `--values`; `--workers W` > 1 runs the
-W shards concurrently, one Ray worker (one device) each.
+that did not train on it, as the parquet stage 3 reads; `workers` > 1 runs the shards concurrently,
+one Ray worker (one device) each. The runner (`portable run --stages value,advantages`) calls them.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
-import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reproduction.errors import ConfigError, InputNotFoundError, PortableError
+from reproduction.errors import ConfigError, InputNotFoundError
 from reproduction.recap.value.task import SETUP_NAME, ValueSetup, ValueStageConfig, make_value_task, prepare_value_setup
 
 
@@ -87,77 +78,9 @@ def train_value(
     return ValueStageResult(setup=setup, results=results)
 
 
-def load_config(path: Path) -> tuple[ValueStageConfig, Any]:
-    """(ValueStageConfig, TrainConfig) from a YAML/JSON file with `value` and `train` sections."""
-    from reproduction.train.config import TrainConfig
-
-    path = Path(path)
-    if not path.is_file():
-        raise InputNotFoundError(f"value config {path} does not exist", path=path)
-    text = path.read_text(encoding="utf-8")
-    if path.suffix in (".yaml", ".yml"):
-        import yaml
-
-        data = yaml.safe_load(text)
-    else:
-        data = json.loads(text)
-    if not isinstance(data, dict) or "value" not in data or "train" not in data:
-        raise ConfigError(f"{path}: needs top-level `value` and `train` sections", path=path, field="value")
-    return ValueStageConfig.from_dict(data["value"]), TrainConfig.from_dict(data["train"])
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reproduction.recap.value", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="train the value model(s) of stage 2")
-    p.add_argument("--config", required=True, type=Path, help="YAML/JSON with `value` and `train` sections")
-    p.add_argument("--out", required=True, type=Path, help="stage output folder")
-    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoints")
-    p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
-    p = sub.add_parser("infer", help="write every frame's value for stage 3 (cross-fitted)")
-    p.add_argument("--stage", required=True, type=Path, help="the stage-2 output folder (--out of train)")
-    p.add_argument("--dataset", required=True, type=Path, help="LeRobot dataset root")
-    p.add_argument("--out", required=True, type=Path, help="values parquet to write")
-    p.add_argument("--lookahead", type=int, default=10, help="N of stage 3: shards are extended by N frames")
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        help="shards of the inference plan; > 1: one Ray worker (one device) per shard, concurrently",
-    )
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or npu (auto: what `portable check` selects)")
-    p.add_argument(
-        "--ray-address", default=None, help="(--workers > 1) join this Ray cluster instead of starting a local one"
-    )
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "infer":
-            summary = infer_values(
-                args.stage,
-                args.dataset,
-                args.out,
-                lookahead=args.lookahead,
-                workers=args.workers,
-                batch_size=args.batch_size,
-                device=args.device,
-                ray_address=args.ray_address,
-            )
-        else:
-            stage, tcfg = load_config(args.config)
-            summary = train_value(stage, tcfg, args.out, resume=args.resume, ray_address=args.ray_address).summary()
-    except PortableError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
-        return exc.exit_code
-    print(json.dumps(summary, indent=1, sort_keys=True))
-    return 0
-
-
 def infer_values(
     stage_dir: Path,
-    dataset: Path,
+    dataset: Any,
     out: Path,
     *,
     lookahead: int = 10,
@@ -177,7 +100,8 @@ def infer_values(
     `out` is not written. A progress line over shards goes to stderr (reproduction.ui options `ui`).
 
     The parquet holds episode_index, frame_index (int64) and value (float64), sorted by (episode,
-    frame), with the dataset fingerprint in its metadata. Returns a small summary, including how
+    frame), with the fingerprint of the dataset the shards read in its metadata. `dataset` is an
+    opened Dataset (as the runner passes it) or a dataset root. Returns a small summary, including how
     many frames each fold's model labelled and whether the models trained on folds of this dataset
     (False: every model is held out for it, e.g. trained on sft data, labelling rollouts).
     """
@@ -207,7 +131,7 @@ def infer_values(
         )
     spec = resolve(device)
     # Read before inference: the parquet is stamped with the version the shards were planned on.
-    ds = open_dataset(Path(dataset))
+    ds = dataset if hasattr(dataset, "fingerprint") else open_dataset(Path(dataset))
     fingerprint = ds.fingerprint
     plan = CrossFitPlan.from_dict(json.loads((Path(stage_dir) / "crossfit.json").read_text(encoding="utf-8")))
     with ui_mod.progress(ui) as prog:
@@ -216,7 +140,7 @@ def infer_values(
         if workers == 1:
             table = infer_dataset(
                 Path(stage_dir),
-                Path(dataset),
+                ds.root,
                 world_size=1,
                 lookahead=lookahead,
                 batch_size=batch_size,
@@ -226,7 +150,7 @@ def infer_values(
         else:
             table = infer_dataset_ray(
                 Path(stage_dir),
-                Path(dataset),
+                ds.root,
                 spec=spec,
                 world_size=workers,
                 lookahead=lookahead,
@@ -250,7 +174,3 @@ def infer_values(
         "frames_per_model": np.bincount(which, minlength=plan.folds).tolist(),
         "dataset_in_fold_plan": plan.covers(ds.name),
     }
-
-
-if __name__ == "__main__":
-    sys.exit(main())

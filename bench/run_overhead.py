@@ -1,0 +1,84 @@
+"""Bench the runner's overhead: `run_recipe` over stage 1 against calling the stage function directly.
+
+The same LeRobot dataset (1,000,000 frames, 5,000 episodes, v3.0) goes through (a) open_dataset +
+compute_returns into a fresh folder, and (b) the RECAP recipe's returns stage through run_recipe into
+a fresh run folder: preflight, opening the dataset, the stage key (fingerprint, config, code digests),
+run.json writes, hashing the outputs. Stage 1 is the cheapest stage, so this is the runner's worst
+case; the training stages dwarf it. Prints both times (best of REPEAT, wall and CPU) and last
+`ratio: X.XX (goal <= 1.05)`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+from _timing import REPEAT, best  # noqa: E402
+
+FRAMES, EPISODES = 1_000_000, 5_000
+
+
+def make_dataset(root: Path) -> Path:
+    from reproduction.data.writer import EpisodeData, write_dataset
+
+    rng = np.random.default_rng(0)
+    lengths = rng.multinomial(FRAMES - 10 * EPISODES, np.full(EPISODES, 1 / EPISODES)) + 10
+    eps = (
+        EpisodeData(
+            episode_index=e,
+            task=f"task {e % 5}",
+            frames={
+                "observation.state": np.zeros((n, 2), np.float32),
+                "is_success": np.full(n, rng.random() < 0.6),
+            },
+        )
+        for e, n in enumerate(lengths)
+    )
+    feats = {"observation.state": {"dtype": "float32", "shape": [2]}, "is_success": {"dtype": "bool", "shape": [1]}}
+    return write_dataset(root, eps, fps=10, features=feats)
+
+
+def main() -> None:
+    from reproduction.data.reader import open_dataset
+    from reproduction.recap.returns import ReturnsConfig, compute_returns
+    from reproduction.run.config import load_config
+    from reproduction.run.recap_recipe import RECAP
+    from reproduction.run.runner import RunOptions, run_recipe
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        ds_path = make_dataset(tmp / "roll")
+        open_dataset(ds_path).fingerprint  # warm the fingerprint cache both paths share
+        config = load_config(None, [f"datasets=[{{path: {ds_path}, type: rollout}}]"])
+        counter = iter(range(10**6))
+
+        def direct() -> None:
+            out = tmp / f"direct{next(counter)}"
+            ds = open_dataset(ds_path)
+            compute_returns([ds], out, ReturnsConfig(), types=["rollout"])
+            shutil.rmtree(out)
+
+        def runner() -> None:
+            out = tmp / f"run{next(counter)}"
+            run_recipe(RECAP, config, out, RunOptions(stages=["returns"]))
+            shutil.rmtree(out)
+
+        direct()
+        runner()  # warm imports
+        d_wall, d_cpu = best(direct, REPEAT)
+        r_wall, r_cpu = best(runner, REPEAT)
+    print(f"stage 1 direct:  {d_wall * 1000:.0f} ms wall, {d_cpu * 1000:.0f} ms CPU ({FRAMES:,} frames)")
+    print(f"stage 1 runner:  {r_wall * 1000:.0f} ms wall, {r_cpu * 1000:.0f} ms CPU")
+    print(f"cpu ratio: {r_cpu / d_cpu:.2f}")
+    print(f"ratio: {r_wall / d_wall:.2f} (goal <= 1.05)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""The one reader of a value export's metadata (return range, bins, format version); torch-free.
+
+    <value stage>/model_<k>/export/value_head.json
+        {"format_version": 1, "return_range": {"return_min", "return_max"}, "num_bins", "v_min", "v_max",
+         "folds", "fold", "cameras", "model_config", "tokenizer", ...}
+
+Stage 3 reads the return range from here (never from a retyped config); the model loader
+(infer.py) and anything that only needs the metadata (preflight, check) use the same reader.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reproduction.errors import CheckpointError, ConfigError, InputNotFoundError, UnsupportedFormatError
+from reproduction.recap.normalize import ReturnRange
+
+HEAD_NAME = "value_head.json"
+EXPORT_FORMAT = 1
+
+
+@dataclass(kw_only=True, frozen=True)
+class ValueHead:
+    """A value export's metadata, checked."""
+
+    path: Path
+    """The value_head.json it was read from."""
+    return_range: ReturnRange
+    num_bins: int
+    v_min: float
+    v_max: float
+    fingerprint: str
+    """sha256 of value_head.json's bytes."""
+    doc: dict[str, Any] = field(default_factory=dict)
+    """The whole document (model_config, cameras, folds, ...)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "return_range": self.return_range.to_dict(),
+            "num_bins": self.num_bins,
+            "v_min": self.v_min,
+            "v_max": self.v_max,
+            "fingerprint": self.fingerprint,
+        }
+
+
+def read_value_head(folder: Path) -> ValueHead:
+    """Read and check `<folder>/value_head.json`.
+
+    Raises InputNotFoundError (no folder / no value_head.json), UnsupportedFormatError (another
+    format_version) or CheckpointError (unreadable file, a missing or invalid field), each naming the path.
+    """
+    folder = Path(folder)
+    path = folder / HEAD_NAME
+    if not path.is_file():
+        what = "does not exist" if not folder.exists() else f"holds no {HEAD_NAME}"
+        raise InputNotFoundError(
+            f"value checkpoint {folder} {what}: it is not a value-model export",
+            path=path,
+            hint=f"pass <value stage out>/model_<k>/export (it holds model.safetensors and {HEAD_NAME})",
+        )
+    raw = path.read_bytes()
+    try:
+        head = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: not JSON ({exc})", path=path) from None
+    if not isinstance(head, dict) or head.get("format_version") != EXPORT_FORMAT:
+        version = head.get("format_version") if isinstance(head, dict) else None
+        raise UnsupportedFormatError(
+            f"{path}: format_version {version!r} is not {EXPORT_FORMAT}",
+            path=path,
+            field="format_version",
+            hint="export the value model with this version of the tool",
+        )
+    rr_doc = head.get("return_range")
+    for name in ("return_min", "return_max"):
+        value = rr_doc.get(name) if isinstance(rr_doc, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise CheckpointError(
+                f"{path}: field return_range.{name} is {value!r}, not a finite number",
+                path=path,
+                field=f"return_range.{name}",
+                hint="re-export the value model; stage 3 reads the return range it was trained with from here",
+            )
+    missing = [k for k in ("num_bins", "v_min", "v_max") if k not in head]
+    if missing:
+        raise CheckpointError(
+            f"{path}: field {missing[0]} is missing",
+            path=path,
+            field=missing[0],
+            hint="re-export the value model with this version of the tool",
+        )
+    try:
+        rr = ReturnRange.from_dict(rr_doc)
+    except ConfigError as exc:
+        raise CheckpointError(f"{path}: {exc.message}", path=path, field="return_range") from None
+    return ValueHead(
+        path=path,
+        return_range=rr,
+        num_bins=int(head["num_bins"]),
+        v_min=float(head["v_min"]),
+        v_max=float(head["v_max"]),
+        fingerprint=hashlib.sha256(raw).hexdigest(),
+        doc=head,
+    )
+
+
+def read_value_stage_head(stage_dir: Path) -> ValueHead:
+    """The head every fold model of a value stage shares (fold 0's), after checking that all folds
+    agree on the return range, bins and fold count (CheckpointError naming the first difference)."""
+    stage_dir = Path(stage_dir)
+    plan_path = stage_dir / "crossfit.json"
+    if not plan_path.is_file():
+        raise InputNotFoundError(f"{plan_path} does not exist: not a value stage folder", path=plan_path)
+    folds = int(json.loads(plan_path.read_text(encoding="utf-8")).get("folds", 1))
+    heads = [read_value_head(stage_dir / f"model_{k}" / "export") for k in range(folds)]
+    for h in heads[1:]:
+        for key in ("return_range", "num_bins", "v_min", "v_max", "folds"):
+            if h.doc.get(key) != heads[0].doc.get(key):
+                raise CheckpointError(
+                    f"{h.path}: {key} {h.doc.get(key)!r} differs from {heads[0].path}'s {heads[0].doc.get(key)!r}",
+                    path=h.path,
+                    hint="all folds must come from one value-stage run; retrain stage 2",
+                )
+    return heads[0]

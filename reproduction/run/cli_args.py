@@ -1,0 +1,36 @@
+"""The flags of the pipeline commands, declared once (stdlib only: `portable --help` imports this)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def add_run_arguments(p: Any) -> None:
+    """The flags of `portable run` (declared once, here)."""
+    p.add_argument("bundle", nargs="?", metavar="BUNDLE", help="restored bundle (its config/run.yaml is the default)")
+    p.add_argument("--output", required=True, metavar="DIR", help="the run folder (created; ${RUN})")
+    p.add_argument("--config", action="append", metavar="FILE", help="YAML run config (repeatable, later wins)")
+    p.add_argument("--stages", default=None, metavar="A,B", help="run only these stages (comma-separated)")
+    p.add_argument("--resume", action="store_true", help="skip completed stages, continue killed ones")
+    p.add_argument("--restart-stage", action="append", metavar="NAME", help="redo this stage (and what depends on it)")
+    p.add_argument("--target-step", type=int, default=None, metavar="N", help="train a finished stage on to step N")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
+    p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides (docs/config.md)")
+
+
+def add_eval_arguments(p: Any) -> None:
+    """The flags of `portable eval`."""
+    p.add_argument("--checkpoint", required=True, metavar="STEP|PATH", help="a step of the run's policy, or an export")
+    p.add_argument("--output", required=True, metavar="DIR", help="the run folder (evidence goes to DIR/evidence/)")
+    p.add_argument("--config", action="append", metavar="FILE", help="YAML config (default: the run's own)")
+    p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides (eval.*, docs/config.md)")
+
+
+def add_demo_arguments(p: Any) -> None:
+    """The flags of `portable demo`."""
+    p.add_argument(
+        "--output", "--workdir", dest="output", default=None, metavar="DIR", help="where to build (default ./runs/demo)"
+    )
+    p.add_argument("--quick", action="store_true", help="the reduced demo CI runs (bundle/demo/quick.yaml)")
+    p.add_argument("overrides", nargs="*", metavar="key.path=value", help="run config overrides (docs/config.md)")

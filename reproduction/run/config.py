@@ -1,0 +1,467 @@
+"""The run config: OmegaConf structured configs whose schema is the config dataclasses themselves.
+
+A run config is YAML plus dotted overrides (`value.train.max_steps=50`), with `${BUNDLE}` and
+`${RUN}` placeholders (the restored bundle and the run folder) and `${...}` interpolation between
+keys. Unknown keys are refused with the nearest valid name; wrong types name the key. Every key
+and its one-line doc is listed in docs/config.md, generated from the dataclasses (`reference()`).
+
+    BUNDLE, RUN                 set by `portable run` (placeholders)
+    datasets[]                  path, type, weight, value, policy
+    returns                     stage 1 (ReturnsSection)
+    value.model / .train / .infer   stage 2: ValueStageConfig (minus datasets), TrainConfig, inference
+    advantages                  stage 3 (AdvantageConfig)
+    policy                      stage 4 (the policy stage's config), eval
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reproduction.errors import ConfigError, InputNotFoundError
+from reproduction.recap.advantage_config import AdvantageConfig
+from reproduction.recap.value.config import ValueStageConfig
+from reproduction.train.config import TrainConfig
+
+DATASET_TYPES = ("sft", "rollout")
+
+
+@dataclass(kw_only=True, slots=True)
+class DatasetConfig:
+    """One LeRobot dataset of the run."""
+
+    path: str = "???"
+    """Dataset root (usually ${BUNDLE}/data/<name>); its folder name names it in sidecars, fold plans and
+    metrics, so folder names must be unique within a run."""
+    type: str = "rollout"
+    """sft (every episode a success) or rollout (is_success decides)."""
+    weight: float = 1.0
+    """Mixture weight when training on several datasets."""
+    value: bool = True
+    """The value model (stage 2) trains on this dataset."""
+    policy: bool = True
+    """The policy (stage 4) trains on this dataset."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ReturnsSection:
+    """Stage 1 (RLinf's recap_compute_returns.yaml); each dataset's sft/rollout type comes from `datasets`."""
+
+    gamma: float = 1.0
+    """Discount in (0, 1]."""
+    failure_reward: float = -300.0
+    """Reward of a failed episode's last frame."""
+    tag: str | None = None
+    """Sidecar tag: returns_{tag}.parquet (stage 3 reads the same tag)."""
+
+    def __post_init__(self) -> None:
+        from reproduction.recap.returns import ReturnsConfig
+
+        ReturnsConfig(gamma=self.gamma, failure_reward=self.failure_reward, tag=self.tag)  # its rules, at load
+
+
+def _fields_except(cls: type, exclude: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
+    """A stage config's fields except those the run fills itself (datasets, trainer, mode)."""
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.name in exclude:
+            continue
+        default = (
+            field(default_factory=f.default_factory)
+            if f.default_factory is not dataclasses.MISSING
+            else field(default=f.default)
+        )
+        out.append((f.name, f.type, default))
+    return out
+
+
+def _check_value_model(self: Any) -> None:
+    """ValueStageConfig's own rules (folds >= 1, tokenizer for recap, ...), checked when the config loads."""
+    from reproduction.recap.value.config import ValueSource
+
+    fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    ValueStageConfig(train=[ValueSource(path="datasets")], **fields)
+
+
+ValueModelSection = dataclasses.make_dataclass(
+    "ValueModelSection",
+    _fields_except(ValueStageConfig, ("train", "eval")),
+    kw_only=True,
+    slots=True,
+    namespace={"__post_init__": _check_value_model},
+)
+ValueModelSection.__module__ = __name__
+ValueModelSection.__doc__ = "Stage 2's model and data options (ValueStageConfig without the dataset lists)."
+ValueModelSection.__doc_source__ = ValueStageConfig  # field docs live on ValueStageConfig
+
+
+@dataclass(kw_only=True, slots=True)
+class ValueInferSection:
+    """Stage 3's value inference (every frame labelled by the fold model that did not train on it)."""
+
+    batch_size: int = 64
+    """Frames per forward."""
+    workers: int = 1
+    """Shards run concurrently, one Ray worker (one device) each; 1 = in this process, no Ray."""
+    device: str = "auto"
+    """auto, cpu, cuda or npu (auto: what `portable check` selects)."""
+
+
+def _value_train() -> TrainConfig:
+    return TrainConfig(max_steps=300, global_batch=32, micro_batch=16, launcher="inprocess", device="cpu")
+
+
+@dataclass(kw_only=True, slots=True)
+class ValueSection:
+    """Stage 2: value-model SFT, one model per cross-fitting fold."""
+
+    model: ValueModelSection = field(default_factory=ValueModelSection)
+    """What the value model is and reads."""
+    train: TrainConfig = field(default_factory=_value_train)
+    """How it trains (the training core's config)."""
+    infer: ValueInferSection = field(default_factory=ValueInferSection)
+    """How stage 3 infers every frame's value."""
+
+
+try:  # stage 4 (recap/policy) joins the schema where it is installed
+    from reproduction.recap.policy.task import PolicyStageConfig
+except ImportError:  # pragma: no cover - a build without the policy stage
+    PolicyStageConfig = None
+
+
+def _check_policy_model(self: Any) -> None:
+    """PolicyStageConfig's own rules, checked when the config loads (mode and trainer set by the run)."""
+    fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    PolicyStageConfig(mode="recap", train={"max_steps": 1}, **fields)
+
+
+if PolicyStageConfig is not None:
+    PolicyModelSection = dataclasses.make_dataclass(
+        "PolicyModelSection",
+        _fields_except(PolicyStageConfig, ("train", "mode")),
+        kw_only=True,
+        slots=True,
+        namespace={"__post_init__": _check_policy_model},
+    )
+    PolicyModelSection.__module__ = __name__
+    PolicyModelSection.__doc__ = "Stage 4's model options (PolicyStageConfig without mode and trainer)."
+    PolicyModelSection.__doc_source__ = PolicyStageConfig
+else:  # pragma: no cover
+
+    @dataclass(kw_only=True, slots=True)
+    class PolicyModelSection:
+        """Stage 4 is not installed in this build."""
+
+
+def _policy_train() -> TrainConfig:
+    return TrainConfig(max_steps=1000, global_batch=64, micro_batch=64, launcher="inprocess", device="cpu", lr=1e-3)
+
+
+@dataclass(kw_only=True, slots=True)
+class PolicySection:
+    """Stage 4: the flow-matching policy, one per mode (RECAP and its baselines, same model and steps)."""
+
+    modes: list[str] = field(default_factory=lambda: ["recap"])
+    """Policies to train: recap (advantage-conditioned), bc (all data), filtered_bc (successes only)."""
+    model: PolicyModelSection = field(default_factory=PolicyModelSection)
+    """What the policy is and reads."""
+    train: TrainConfig = field(default_factory=_policy_train)
+    """How each policy trains (the training core's config)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class EvalSection:
+    """Stage 5: closed-loop evaluation of the trained policies in the simulator, and the evidence."""
+
+    tasks: list[str] = field(default_factory=lambda: ["FetchPickAndPlace-v4"])
+    """Simulator tasks (environment ids) to evaluate on."""
+    episodes_per_task: int = 50
+    """Episodes per task and policy (fixed reset seeds from `seed`)."""
+    seed: int = 1000
+    """First reset seed (held out from the training data's seeds)."""
+    guidance_scales: list[float] = field(default_factory=lambda: [1.0, 2.0])
+    """Classifier-free guidance scales w evaluated for the recap policy (baselines run at w = 1)."""
+    workers: int = 1
+    """Evaluation processes (episodes split across them, no collectives)."""
+    videos: int = 0
+    """Episodes per policy saved as video."""
+    reference: str | None = None
+    """Reference evidence JSON to compare with (usually ${BUNDLE}/evidence/...); None = no comparison."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    """A whole RECAP run: datasets and one section per stage."""
+
+    BUNDLE: str = ""
+    """The restored bundle's folder (set by `portable run`; write ${BUNDLE} in paths)."""
+    RUN: str = ""
+    """The run folder (set by `portable run --output`; write ${RUN} in paths)."""
+    datasets: list[DatasetConfig] = field(default_factory=list)
+    """The run's LeRobot datasets."""
+    returns: ReturnsSection = field(default_factory=ReturnsSection)
+    """Stage 1: rewards and returns."""
+    value: ValueSection = field(default_factory=ValueSection)
+    """Stage 2: the value model."""
+    advantages: AdvantageConfig = field(default_factory=AdvantageConfig)
+    """Stage 3: N-step advantages, thresholds and labels (returns_tag is set from returns.tag)."""
+    policy: PolicySection = field(default_factory=PolicySection)
+    """Stage 4: the policies."""
+    eval: EvalSection = field(default_factory=EvalSection)
+    """Evaluation in the simulator and the evidence it writes."""
+    ray_address: str | None = None
+    """Join this Ray cluster instead of starting a local one."""
+    min_free_gb: float = 1.0
+    """Preflight: free disk space the run folder needs (GiB)."""
+
+
+# -- loading --------------------------------------------------------------------------------------
+
+
+def load_config(
+    files: list[Path] | None = None,
+    overrides: list[str] | None = None,
+    *,
+    bundle: Path | None = None,
+    run_dir: Path | None = None,
+    schema: type = RunConfig,
+) -> Any:
+    """The merged, resolved config as a typed `schema` instance (RunConfig by default).
+
+    Order: the schema's defaults, each YAML file, the dotted overrides, then BUNDLE/RUN. Raises
+    InputNotFoundError (a file that is not there) or ConfigError (bad YAML, unknown key with the
+    nearest valid name, wrong type, a missing value, a rule a config dataclass checks), each naming
+    the key (and the file).
+    """
+    from omegaconf import OmegaConf
+
+    merged = merged_config(files, overrides, bundle=bundle, run_dir=run_dir, schema=schema)
+    try:
+        OmegaConf.resolve(merged)
+        return OmegaConf.to_object(merged)
+    except ConfigError:
+        raise
+    except Exception as exc:  # omegaconf's errors: one mapping, here
+        raise _config_error(exc, merged) from None
+
+
+def merged_config(
+    files: list[Path] | None,
+    overrides: list[str] | None,
+    *,
+    bundle: Path | None,
+    run_dir: Path | None,
+    schema: type = RunConfig,
+) -> Any:
+    """The merged OmegaConf node (unresolved): schema defaults <- files <- overrides <- BUNDLE/RUN."""
+    from omegaconf import OmegaConf
+
+    base = OmegaConf.structured(schema)
+    layers = []
+    for path in files or []:
+        layers.append((str(path), _load_yaml(Path(path))))
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(
+                f"override {item!r} is not key.path=value", field=item, hint="write overrides as key.path=value"
+            )
+    if overrides:
+        try:
+            layers.append(("command line", OmegaConf.from_dotlist(list(overrides))))
+        except Exception as exc:
+            raise ConfigError(f"command-line overrides: {_first_line(exc)}", field="overrides") from None
+    places = {}
+    if bundle is not None:
+        places["BUNDLE"] = str(Path(bundle).resolve())
+    if run_dir is not None:
+        places["RUN"] = str(Path(run_dir).resolve())
+    layers.append(("placeholders", OmegaConf.create(places)))
+    merged = base
+    for where, layer in layers:
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except Exception as exc:
+            raise _config_error(exc, merged, where=where) from None
+    return merged
+
+
+def _load_yaml(path: Path) -> Any:
+    from omegaconf import DictConfig, OmegaConf
+
+    if not path.is_file():
+        raise InputNotFoundError(f"config file {path} does not exist", path=path, hint="pass an existing --config FILE")
+    try:
+        node = OmegaConf.load(path)
+    except Exception as exc:
+        raise ConfigError(
+            f"{path}: not valid YAML: {_first_line(exc)}", path=path, hint="fix the YAML syntax"
+        ) from None
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"{path}: the top level is not a mapping of keys", path=path)
+    return node
+
+
+def _first_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split("\n")[0].split())
+
+
+def _config_error(exc: BaseException, merged: Any, *, where: str | None = None) -> ConfigError:
+    """An omegaconf error as a one-line ConfigError naming the key (nearest valid name when unknown)."""
+    from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
+
+    key = getattr(exc, "full_key", None) or ""
+    src = f"{where}: " if where and where != "placeholders" else ""
+    msg = _first_line(exc)
+    if isinstance(exc, ConfigKeyError) or "not in" in msg:
+        parent, _, leaf = key.rpartition(".")
+        leaf = leaf.split("[")[0]
+        valid = _keys_at(merged, parent)
+        near = difflib.get_close_matches(leaf, valid, n=1, cutoff=0.5)
+        hint = f"did you mean `{(parent + '.' if parent else '') + near[0]}`?" if near else None
+        hint = hint or (f"valid keys here: {', '.join(valid)}" if valid else None)
+        return ConfigError(f"{src}unknown config key `{key}`", field=key, hint=hint)
+    if isinstance(exc, MissingMandatoryValue):
+        return ConfigError(f"{src}config key `{key}` has no value", field=key, hint=f"set {key}=... ")
+    if isinstance(exc, ValidationError):
+        return ConfigError(f"{src}config key `{key}`: {msg}", field=key, hint="see docs/config.md for its type")
+    return ConfigError(f"{src}config: {msg}", field=key or None)
+
+
+def _keys_at(node: Any, dotted: str) -> list[str]:
+    from omegaconf import DictConfig, OmegaConf
+
+    try:
+        sub = OmegaConf.select(node, dotted) if dotted else node
+    except Exception:
+        return []
+    return sorted(str(k) for k in sub.keys()) if isinstance(sub, DictConfig) else []
+
+
+def to_yaml(config: Any) -> str:
+    """The resolved config as YAML (what --print-config shows)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def to_plain(config: Any) -> Any:
+    """A dataclass config as plain JSON-able dicts and lists (tuples become lists)."""
+    if dataclasses.is_dataclass(config):
+        return {f.name: to_plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
+    if isinstance(config, (list, tuple)):
+        return [to_plain(v) for v in config]
+    if isinstance(config, dict):
+        return {str(k): to_plain(v) for k, v in config.items()}
+    return config
+
+
+def select(plain: dict[str, Any], dotted: str) -> Any:
+    """plain[a][b] for "a.b" (None when absent)."""
+    node: Any = plain
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+# -- the reference doc ----------------------------------------------------------------------------
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """{field: one-line doc} from the attribute docstrings under each field of dataclass `cls`."""
+    docs: dict[str, str] = {}
+    for klass in reversed([getattr(cls, "__doc_source__", cls), *cls.__mro__]):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body
+        for i, stmt in enumerate(body[:-1]):
+            nxt = body[i + 1]
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(getattr(nxt, "value", None), ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
+                docs[stmt.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def reference(schema: type = RunConfig) -> str:
+    """docs/config.md: every key of the run config with its type, default and doc (generated)."""
+    lines = [
+        "# Run config reference",
+        "",
+        "Generated from the config dataclasses by `python -m reproduction.run.config > docs/config.md`;",
+        "a test fails when this file is out of date. Set keys in a YAML file (`portable run --config FILE`)",
+        "or on the command line as `key.path=value`; `${BUNDLE}` and `${RUN}` are the bundle and run folders.",
+        "",
+        "| key | type | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    _walk(schema, "", lines)
+    return "\n".join(lines) + "\n"
+
+
+def _type_name(tp: Any) -> str:
+    text = tp if isinstance(tp, str) else getattr(tp, "__name__", str(tp))
+    return str(text).replace("typing.", "").replace("|", "\\|")
+
+
+def _walk(cls: type, prefix: str, lines: list[str], instance: Any = None) -> None:
+    docs = field_docs(cls)
+    hints = _resolved_types(cls)
+    if instance is None:
+        try:
+            instance = cls()
+        except Exception:
+            instance = None
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        tp = hints.get(f.name, f.type)
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"| **{key}** | section | | {docs.get(f.name, '')} |")
+            _walk(tp, key + ".", lines, getattr(instance, f.name, None))
+            continue
+        default = getattr(instance, f.name, "") if instance is not None else ""
+        shown = "" if default in ("???", "") else f"`{to_plain(default)!r}`"
+        lines.append(f"| `{key}` | {_type_name(tp)} | {shown} | {docs.get(f.name, '').replace('|', '/')} |")
+        item = _list_item(tp)
+        if item is not None:
+            _walk(item, key + "[].", lines)
+
+
+def _resolved_types(cls: type) -> dict[str, Any]:
+    import typing
+
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:
+        return {}
+
+
+def _list_item(tp: Any) -> type | None:
+    import typing
+
+    if typing.get_origin(tp) is list:
+        (arg,) = typing.get_args(tp) or (None,)
+        if arg is not None and dataclasses.is_dataclass(arg):
+            return arg
+    return None
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(reference())

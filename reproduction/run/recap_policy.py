@@ -1,0 +1,197 @@
+"""RECAP stages 4 and 5: train the policies (RECAP and its baselines) and evaluate them in the simulator.
+
+policy/<mode>/            one training-core out_dir per mode (checkpoints/, export/, policy_setup.json)
+eval/<label>/             the simulator's per-policy output (episodes, videos)
+evidence/eval_policy_<step>.json    evaluation evidence (primary: recap at its best guidance scale)
+evidence/comparison.json           against the bundle's reference evidence (eval.reference)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from reproduction.run.recipe import StageContext, StageOutput
+
+
+def policy_config(ctx: StageContext, mode: str) -> tuple[list[Any], Any]:
+    """(opened policy inputs, PolicyStageConfig) of one mode, from the run config and the opened datasets."""
+    from reproduction.recap.policy.data import PolicySource, open_policy_input
+    from reproduction.recap.policy.task import PolicyStageConfig
+    from reproduction.run.config import to_plain
+
+    cfg = ctx.config
+    train = cfg.policy.train
+    if ctx.target_step is not None:
+        train = replace(train, max_steps=ctx.target_step)
+    stage = PolicyStageConfig(mode=mode, train=to_plain(train), **to_plain(cfg.policy.model))
+    inputs = []
+    for d in ctx.inputs.values():
+        if not d.policy:
+            continue
+        source = PolicySource(
+            path=str(d.root),
+            type=d.type,
+            weight=d.weight,
+            name=d.name,
+            advantages=str(ctx.run_dir / "advantages"),
+            tag=cfg.advantages.tag,
+        )
+        inputs.append(open_policy_input(source, need_labels=mode == "recap", dataset=d.dataset))
+    return inputs, stage
+
+
+def policy_stage(ctx: StageContext) -> StageOutput:
+    """Stage 4: one policy per `policy.modes` into policy/<mode>/ (each continues from its checkpoints)."""
+    from reproduction.recap.policy.task import train_policy
+    from reproduction.run.recap_recipe import stage_ray
+
+    files, summary, steps, resumed = [], {}, [], []
+    ray_address = stage_ray(ctx, ctx.config.policy.train.launcher == "ray")
+    for mode in ctx.config.policy.modes:
+        inputs, stage = policy_config(ctx, mode)
+        result = train_policy(inputs, stage, ctx.out_dir / mode, resume=ctx.resume, ray_address=ray_address, ui=ctx.ui)
+        files += list(result.files)
+        steps.append(result.step)
+        if result.resumed_from is not None:
+            resumed.append(result.resumed_from)
+        summary[mode] = {
+            "step": result.step,
+            "export": str(Path(result.export_dir).relative_to(ctx.run_dir)),
+            "train_metrics": result.train_metrics,
+            "samples_per_s": result.samples_per_s,
+            "data": result.summary,
+        }
+    train = ctx.config.policy.train
+    return StageOutput(
+        files=files,
+        summary=_jsonable(summary),
+        step=min(steps),
+        resumed_from=min(resumed) if resumed else None,
+        resumed_from_path=ctx.out_dir if resumed else None,
+        world_size=train.world_size,
+        device=train.device,
+    )
+
+
+def evaluations(config: Any) -> list[tuple[str, str, float]]:
+    """(label, mode, guidance scale) of every evaluation: recap at each scale, baselines at 1."""
+    out = []
+    for mode in config.policy.modes:
+        if mode == "recap":
+            out += [(f"recap w={w:g}", mode, float(w)) for w in config.eval.guidance_scales]
+        else:
+            out.append((mode, mode, 1.0))
+    return out
+
+
+def eval_stage(ctx: StageContext) -> StageOutput:
+    """Stage 5: evaluate every policy in the simulator; write evidence (and the comparison with the reference)."""
+    exports = {
+        mode: (ctx.run_dir / "policy" / mode / "export", ctx.upstream["policy"].summary.get(mode, {}).get("step"))
+        for mode in ctx.config.policy.modes
+    }
+    return evaluate_exports(ctx.config, exports, ctx.out_dir, ctx.run_dir, ui=ctx.ui)
+
+
+def evaluate_exports(
+    config: Any, exports: dict[str, tuple[Path, int | None]], out_dir: Path, run_dir: Path, *, ui: Any = None
+) -> StageOutput:
+    """Evaluate the policy exports ({mode: (export folder, step)}) in the simulator into `out_dir`, and
+    write `run_dir`/evidence/eval_policy_<step>.json (+ comparison.json with `eval.reference`)."""
+    from reproduction.recap.policy.export import PolicyFactory, read_export
+    from reproduction.run import evidence
+    from reproduction.sim.evaluate import EvalConfig, evaluate
+
+    ev = config.eval
+    records, results = [], {}
+    for label, mode, w in evaluations(config):
+        if mode not in exports:
+            continue
+        export, step = exports[mode]
+        meta = read_export(export)
+        sim_cfg = EvalConfig(
+            tasks=list(ev.tasks),
+            episodes_per_task=ev.episodes_per_task,
+            seed=ev.seed,
+            execute_steps=int(meta.get("execute_steps", config.policy.model.execute_steps)),
+            videos=ev.videos,
+            workers=ev.workers,
+        )
+        out = Path(out_dir) / label.replace(" ", "_").replace("=", "")
+        result = evaluate(PolicyFactory(export_dir=str(export), guidance_scale=w), sim_cfg, out, ui=ui)
+        doc = _counts(result)
+        results[label] = {**doc, "summary": result.to_dict()["tasks"], "seconds": round(result.seconds, 3)}
+        inside = Path(export).resolve().is_relative_to(Path(run_dir).resolve())
+        records.append(
+            evidence.EvalRecord(
+                result=doc,
+                label=label,
+                mode=mode,
+                guidance_scale=w if mode == "recap" else None,
+                checkpoint=str(Path(export).resolve().relative_to(Path(run_dir).resolve()) if inside else export),
+                step=step,
+                extra_metrics=_mechanism(result),
+            )
+        )
+    primary = _best_recap(records) or records[0]
+    step = primary.step or 0
+    ev_dir = Path(run_dir) / "evidence"
+    path = evidence.write_eval_evidence(
+        ev_dir / f"eval_policy_{step}.json",
+        primary,
+        name=f"{primary.label} after {step} steps",
+        run_id=Path(run_dir).name,
+        seeds={"eval": ev.seed, "policy": config.policy.train.seed, "value": config.value.train.seed},
+        settings={"tasks": list(ev.tasks), "episodes_per_task": ev.episodes_per_task},
+        baselines=[r for r in records if r is not primary],
+    )
+    files, summary = [path], {"evidence": str(path.relative_to(run_dir)), "results": results}
+    if ev.reference:
+        comparison = evidence.compare_files(path, Path(ev.reference), out=ev_dir / "comparison.json")
+        files.append(ev_dir / "comparison.json")
+        summary["comparison"] = comparison.to_dict()
+    return StageOutput(files=files, summary=_jsonable(summary), device="cpu", world_size=ev.workers)
+
+
+def _counts(result: Any) -> dict[str, Any]:
+    """The evaluation's per-task counts as the evidence expects them (ints), from the simulator's EvalResult."""
+    return {
+        "tasks": {
+            name: {"episodes": t.episodes, "success_once": t.success_once, "success_at_end": t.success_at_end}
+            for name, t in result.tasks.items()
+        }
+    }
+
+
+def _mechanism(result: Any) -> dict[str, float]:
+    """Mechanism numbers beside the success rates (DEMO_LAB: detours, time to success), averaged over tasks."""
+    rows = [t.summary() for t in result.tasks.values()]
+    out = {}
+    for key in ("detours_per_episode", "mean_first_success_step", "stalls_per_episode", "drops_per_episode"):
+        vals = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+        if vals:
+            out[key] = sum(vals) / len(vals)
+    return out
+
+
+def _best_recap(records: list[Any]) -> Any:
+    recap = [r for r in records if r.mode == "recap"]
+    if not recap:
+        return None
+    return max(recap, key=lambda r: (_rate(r.result), -(r.guidance_scale or 0)))
+
+
+def _rate(result: dict[str, Any]) -> float:
+    tasks = result.get("tasks", result.get("per_task", {}))
+    rows = tasks.values() if isinstance(tasks, dict) else tasks
+    eps = sum(int(r.get("episodes", 0)) for r in rows)
+    ok = sum(int(r.get("success_at_end", r.get("success_once", 0))) for r in rows)
+    return ok / eps if eps else 0.0
+
+
+def _jsonable(obj: Any) -> Any:
+    import json
+
+    return json.loads(json.dumps(obj, default=str))

@@ -1,0 +1,354 @@
+"""The RECAP recipe: the four stages as data, the inputs it opens once, and its preflight.
+
+    returns/<dataset>/returns_{tag}.parquet, stats.json            stage 1
+    value/value_setup.json, crossfit.json, model_<k>/export/       stage 2 (checkpoints under model_<k>/)
+    advantages/values/<dataset>.parquet                            stage 3: every frame's cross-fitted value
+    advantages/<dataset>/advantages_{tag}.parquet, mixture_config.yaml
+
+Each stage function takes the StageContext (typed config, opened datasets, upstream outputs) and
+calls the stage's library function; none parses arguments or renders errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reproduction.run.recipe import Recipe, StageContext, StageOutput, StageSpec
+
+_NOT_NUMERIC = (  # training knobs that do not change what a stage computes (the trainer's resume rule)
+    "world_size",
+    "micro_batch",
+    "device",
+    "launcher",
+    "eval_interval",
+    "save_interval",
+    "keep_last",
+    "log_interval",
+    "cpus_per_worker",
+    "start_timeout_s",
+    "collective_timeout_s",
+    "canary_rtol",
+)
+
+
+@dataclass(kw_only=True)
+class RunDataset:
+    """A dataset of the run, opened once: the reader, its fingerprint and its run entry."""
+
+    dataset: Any
+    """reproduction.data.reader.Dataset"""
+    type: str
+    weight: float
+    value: bool
+    policy: bool
+
+    @property
+    def name(self) -> str:
+        return self.dataset.name
+
+    @property
+    def root(self) -> Path:
+        return self.dataset.root
+
+    @property
+    def fingerprint(self) -> str:
+        return self.dataset.fingerprint
+
+
+def open_datasets(config: Any) -> dict[str, RunDataset]:
+    """Open every dataset of the run once (fingerprints computed here, cached by the data plane)."""
+    from reproduction.data.reader import open_dataset
+
+    out = {}
+    for entry in config.datasets:
+        ds = open_dataset(Path(entry.path))
+        out[ds.name] = RunDataset(
+            dataset=ds, type=entry.type, weight=entry.weight, value=entry.value, policy=entry.policy
+        )
+        _ = out[ds.name].fingerprint
+    return out
+
+
+# -- stages ---------------------------------------------------------------------------------------
+
+
+def stage_ray(ctx: StageContext, needed: bool) -> str | None:
+    """The Ray cluster a stage's workers join: --ray-address, else one local Ray started once for the
+    whole run (stopped when the run ends), so folds, datasets and stages do not each start their own.
+    None when the stage needs no Ray or the runner gave no resources (the launcher then starts one)."""
+    if not needed or ctx.ray_address:
+        return ctx.ray_address
+    if "ray_address" in ctx.shared:
+        return ctx.shared["ray_address"]
+    if ctx.resources is None:
+        return None
+    import os
+
+    import ray
+
+    from reproduction.train.launcher import WORKER_ENV
+
+    if ray.is_initialized():
+        return None
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    for key, value in WORKER_ENV.items():  # inherited by every worker the raylet starts
+        os.environ.setdefault(key, value)
+    ray.init(
+        address="local",
+        num_cpus=os.cpu_count() or 1,
+        include_dashboard=False,
+        object_store_memory=200 * 1024 * 1024,
+        log_to_driver=True,
+        _node_ip_address="127.0.0.1",  # a private one-node cluster on loopback
+    )
+    ctx.resources.callback(ray.shutdown)
+    ctx.shared["ray_address"] = ray.get_runtime_context().gcs_address
+    return ctx.shared["ray_address"]
+
+
+def returns_stage(ctx: StageContext) -> StageOutput:
+    """Stage 1: returns sidecars for every dataset into returns/<dataset>/."""
+    from reproduction.recap.returns import ReturnsConfig, compute_returns
+
+    sec = ctx.config.returns
+    datasets = list(ctx.inputs.values())
+    cfg = ReturnsConfig(gamma=sec.gamma, failure_reward=sec.failure_reward, tag=sec.tag)
+    results = compute_returns([d.dataset for d in datasets], ctx.out_dir, cfg, types=[d.type for d in datasets])
+    files = [r.sidecar for r in results] + [r.sidecar.parent / "stats.json" for r in results]
+    summary = {
+        r.dataset.name: {
+            "frames": r.num_frames,
+            "episodes": r.num_episodes,
+            "return_min": r.stats["return"]["min"],
+            "return_max": r.stats["return"]["max"],
+            "fingerprint": r.fingerprint,
+        }
+        for r in results
+    }
+    return StageOutput(files=files, summary=summary, result=results)
+
+
+def value_config(ctx: StageContext) -> tuple[Any, Any]:
+    """(ValueStageConfig, TrainConfig) of stage 2 from the run config and the opened datasets."""
+    from dataclasses import replace
+
+    from reproduction.recap.value.config import ValueSource, ValueStageConfig
+    from reproduction.run.config import to_plain
+
+    cfg = ctx.config
+    returns_dir = ctx.run_dir / "returns"
+    sources = [
+        ValueSource(
+            path=str(d.root), type=d.type, weight=d.weight, name=d.name, returns=str(returns_dir), tag=cfg.returns.tag
+        )
+        for d in ctx.inputs.values()
+        if d.value
+    ]
+    stage = ValueStageConfig(train=sources, **to_plain(cfg.value.model))
+    train = cfg.value.train
+    if ctx.target_step is not None:
+        train = replace(train, max_steps=ctx.target_step)
+    return stage, train
+
+
+def value_stage(ctx: StageContext) -> StageOutput:
+    """Stage 2: one value model per cross-fitting fold into value/model_<k>/ (continues from checkpoints)."""
+    from reproduction.recap.value.stage import train_value
+
+    stage, train = value_config(ctx)
+    ray_address = stage_ray(ctx, train.launcher == "ray")
+    result = train_value(stage, train, ctx.out_dir, resume=ctx.resume, ray_address=ray_address, ui=ctx.ui)
+    files = [ctx.out_dir / "value_setup.json", ctx.out_dir / "crossfit.json"]
+    for d in result.export_dirs:
+        files += [p for p in Path(d).rglob("*") if p.is_file()]
+    resumed = [r.resumed_from for r in result.results if r.resumed_from is not None]
+    return StageOutput(
+        files=files,
+        summary=_jsonable(result.summary()),
+        result=result,
+        step=min(r.step for r in result.results),
+        resumed_from=min(resumed) if resumed else None,
+        resumed_from_path=ctx.out_dir / "model_0" / "checkpoints" if resumed else None,
+        world_size=train.world_size,
+        device=train.device,
+    )
+
+
+def advantages_stage(ctx: StageContext) -> StageOutput:
+    """Stage 3: every frame's cross-fitted value, then N-step advantages, thresholds and labels."""
+    from dataclasses import replace
+
+    from reproduction.recap.advantage_inputs import load_dataset_arrays
+    from reproduction.recap.advantages import compute_advantages
+    from reproduction.recap.value.export import read_value_stage_head
+    from reproduction.recap.value.stage import infer_values
+
+    cfg = ctx.config
+    value_dir = ctx.run_dir / "value"
+    head = read_value_stage_head(value_dir)  # the return range and bins the value models were trained with
+    adv = replace(cfg.advantages, returns_tag=cfg.returns.tag)
+    inf = cfg.value.infer
+    values_dir = ctx.out_dir / "values"
+    inputs, files, inferred = [], [], {}
+    ray_address = stage_ray(ctx, inf.workers > 1)
+    for d in ctx.inputs.values():
+        out = values_dir / f"{d.name}.parquet"
+        inferred[d.name] = infer_values(
+            value_dir,
+            d.dataset,
+            out,
+            lookahead=adv.lookahead,
+            workers=inf.workers,
+            batch_size=inf.batch_size,
+            device=inf.device,
+            ray_address=ray_address,
+            ui=ctx.ui,
+        )
+        files.append(out)
+        inputs.append(
+            load_dataset_arrays(
+                d.dataset, ctx.run_dir / "returns", out, dataset_type=d.type, returns_tag=cfg.returns.tag
+            )
+        )
+    report = compute_advantages(inputs, adv, head, out_dirs=[ctx.out_dir / d.name for d in ctx.inputs.values()])
+    files += report.sidecars
+    summary = {**report.to_dict(), "inference": inferred, "value_head": head.to_dict()}
+    return StageOutput(files=files, summary=_jsonable(summary), result=report)
+
+
+def _jsonable(obj: Any) -> Any:
+    import json
+
+    return json.loads(json.dumps(obj, default=str))
+
+
+# -- preflight ------------------------------------------------------------------------------------
+
+
+def preflight(config: Any, run_dir: Path, opened: dict[str, Any]) -> list[Any]:
+    """Every problem with the run's inputs, collected as errors (nothing is started or written).
+    The datasets it opens go into `opened` (RunDataset by name), so the run opens each once."""
+    from reproduction.data.reader import open_dataset
+    from reproduction.errors import ConfigError, DatasetError, InputNotFoundError, PortableError
+    from reproduction.run.config import to_plain
+    from reproduction.run.preflight import disk_problems, placeholder_problems
+
+    problems: list[Any] = [ConfigError(p) for p in placeholder_problems(to_plain(config))]
+    if not config.datasets:
+        problems.append(
+            ConfigError("datasets: the run names no dataset", field="datasets", hint="add datasets: [{path: ...}]")
+        )
+    names: dict[str, str] = {}
+    for i, entry in enumerate(config.datasets):
+        key = f"datasets[{i}]"
+        if entry.type not in ("sft", "rollout"):
+            problems.append(ConfigError(f"{key}.type: {entry.type!r} is not sft or rollout", field=f"{key}.type"))
+        if "/path/to/" in entry.path:
+            continue
+        path = Path(entry.path)
+        if path.name in names:
+            problems.append(
+                ConfigError(f"{key}.path: folder name {path.name!r} is also {names[path.name]}'s", field=key)
+            )
+        names[path.name] = key
+        if not path.exists():
+            problems.append(InputNotFoundError(f"{key}.path: dataset {path} does not exist", path=path))
+            continue
+        try:
+            ds = open_dataset(path)
+            if ds.num_frames == 0:
+                problems.append(DatasetError(f"{key}.path: dataset {path} holds no frames", path=path))
+            opened[ds.name] = RunDataset(
+                dataset=ds, type=entry.type, weight=entry.weight, value=entry.value, policy=entry.policy
+            )
+        except PortableError as exc:
+            problems.append(type(exc)(f"{key}.path: {exc.message}", hint=exc.hint))
+        except OSError as exc:
+            problems.append(DatasetError(f"{key}.path: dataset {path} is unreadable ({exc.strerror or exc})"))
+    if config.datasets and not any(e.value for e in config.datasets):
+        problems.append(ConfigError("datasets: no dataset has value: true; the value model would train on nothing"))
+    model = config.value.model
+    for name in ("tokenizer", "pretrained_manifest", "weights_dir"):
+        value = getattr(model, name)
+        if value and "/path/to/" not in value and not Path(value).exists():
+            problems.append(InputNotFoundError(f"value.model.{name}: {value} does not exist", path=value))
+    inf = config.value.infer
+    if inf.batch_size < 1 or inf.workers < 1:
+        problems.append(ConfigError(f"value.infer: batch_size {inf.batch_size} and workers {inf.workers} must be >= 1"))
+    problems += [ConfigError(p, field="min_free_gb") for p in disk_problems(run_dir, config.min_free_gb)]
+    return problems
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+POLICY_STAGES = (
+    StageSpec(
+        name="policy",
+        fn="reproduction.run.recap_policy:policy_stage",
+        needs=("advantages",),
+        config=("datasets", "advantages.tag", "policy"),
+        key_exempt=tuple(f"policy.train.{k}" for k in _NOT_NUMERIC) + ("policy.model.execute_steps",),
+        outputs=("*/policy_setup.json", "*/export/**/*"),
+        training="policy.train.max_steps",
+        code=("reproduction.recap.policy.task", "reproduction.recap.policy.model", "reproduction.recap.policy.data"),
+    ),
+    StageSpec(
+        name="eval",
+        fn="reproduction.run.recap_policy:eval_stage",
+        needs=("policy",),
+        config=("eval", "policy.modes", "policy.model.execute_steps"),
+        key_exempt=("eval.workers",),
+        inputs=False,
+        outputs=("**/*.json",),
+        code=("reproduction.sim.evaluate", "reproduction.recap.policy.export"),
+    ),
+)
+"""Stages 4 and 5, present where the policy stage and the simulator are installed."""
+
+RECAP = Recipe(
+    name="recap",
+    open_inputs="reproduction.run.recap_recipe:open_datasets",
+    preflight="reproduction.run.recap_recipe:preflight",
+    stages=(
+        StageSpec(
+            name="returns",
+            fn="reproduction.run.recap_recipe:returns_stage",
+            config=("datasets", "returns"),
+            outputs=("*/returns*.parquet", "*/stats.json"),
+            code=("reproduction.recap.returns", "reproduction.recap.sidecars"),
+        ),
+        StageSpec(
+            name="value",
+            fn="reproduction.run.recap_recipe:value_stage",
+            needs=("returns",),
+            config=("datasets", "returns.tag", "value.model", "value.train"),
+            key_exempt=tuple(f"value.train.{k}" for k in _NOT_NUMERIC),
+            outputs=("value_setup.json", "crossfit.json", "model_*/export/**/*"),
+            training="value.train.max_steps",
+            code=(
+                "reproduction.recap.value.task",
+                "reproduction.recap.value.model",
+                "reproduction.recap.value.data",
+                "reproduction.recap.value.loss",
+            ),
+        ),
+        StageSpec(
+            name="advantages",
+            fn="reproduction.run.recap_recipe:advantages_stage",
+            needs=("returns", "value"),
+            config=("datasets", "returns.tag", "advantages", "value.infer.batch_size"),
+            outputs=("values/*.parquet", "*/advantages*.parquet", "*/mixture_config.yaml"),
+            code=("reproduction.recap.advantages", "reproduction.recap.value.infer"),
+        ),
+    )
+    + (POLICY_STAGES if _has("reproduction.recap.policy.task") and _has("reproduction.sim.evaluate") else ()),
+)

@@ -1,0 +1,142 @@
+"""A recipe is data: the stage graph (names, upstream stages, config subsets, outputs) the runner walks.
+
+The runner knows nothing of RECAP: a recipe names its stage functions as "module:function" strings
+(imported only when the stage runs, so a finished `--resume` imports no torch), the config subsets
+each stage reads (part of the stage's key), and where its outputs are. A second pipeline is a second
+Recipe value, with no change to run/.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reproduction.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageSpec:
+    """One node of the stage graph."""
+
+    name: str
+    """Stage name: also its folder in the run and its `--stages` / `--restart-stage` name."""
+    fn: str
+    """"module:function" called as fn(StageContext) -> StageOutput."""
+    needs: tuple[str, ...] = ()
+    """Upstream stages whose outputs it reads (their output digests are part of its key)."""
+    config: tuple[str, ...] = ()
+    """Dotted config subsets it reads (their resolved values are part of its key)."""
+    key_exempt: tuple[str, ...] = ()
+    """Dotted keys inside those subsets that do not change its outputs (world size, intervals, ...)."""
+    inputs: bool = True
+    """Its key includes the fingerprints of the recipe's opened inputs (datasets)."""
+    outputs: tuple[str, ...] = ("**/*",)
+    """Globs (relative to the stage folder) of the files that are its outputs (digested, verified on resume)."""
+    training: str | None = None
+    """For a training stage: the dotted key of its step count (`--target-step` raises it; a killed run
+    continues from the newest complete checkpoint). Exempt from the key."""
+    code: tuple[str, ...] = ()
+    """Modules whose source is part of its key (a code change is a changed input)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Recipe:
+    """A pipeline: its stages in order and how its inputs are opened."""
+
+    name: str
+    """Recipe name (stored in run.json; a run folder keeps one recipe)."""
+    stages: tuple[StageSpec, ...]
+    """Stages in dependency order."""
+    open_inputs: str | None = None
+    """"module:function" (config) -> {name: opened input with a `.fingerprint`}; opened once per run."""
+    preflight: str | None = None
+    """"module:function" (config, run_dir, opened) -> list of problems (errors or strings), checked before
+    anything runs; inputs it opens go into the dict `opened` and are used instead of open_inputs'."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Free-form recipe data its stage functions may read."""
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for st in self.stages:
+            if st.name in seen:
+                raise ConfigError(f"recipe {self.name}: stage {st.name!r} is declared twice", field="stages")
+            missing = [n for n in st.needs if n not in seen]
+            if missing:
+                raise ConfigError(
+                    f"recipe {self.name}: stage {st.name!r} needs {missing[0]!r}, which is not declared before it",
+                    field="stages",
+                )
+            seen.add(st.name)
+
+    def stage(self, name: str) -> StageSpec:
+        for st in self.stages:
+            if st.name == name:
+                return st
+        raise ConfigError(
+            f"no stage {name!r} in recipe {self.name}",
+            field="stages",
+            hint=f"stages: {', '.join(s.name for s in self.stages)}",
+        )
+
+    def select(self, names: list[str] | None) -> list[StageSpec]:
+        """The named stages (all when None) in recipe order; unknown names are refused."""
+        if not names:
+            return list(self.stages)
+        wanted = {self.stage(n).name for n in names}
+        return [st for st in self.stages if st.name in wanted]
+
+
+@dataclass(kw_only=True)
+class StageOutput:
+    """What a stage function returns: the files it wrote, a JSON-able summary, and (in memory only)
+    a typed result for the caller."""
+
+    files: list[Path]
+    summary: dict[str, Any] = field(default_factory=dict)
+    result: Any = None
+    step: int | None = None
+    """For a training stage: the step it reached."""
+    resumed_from: int | None = None
+    resumed_from_path: Path | None = None
+    """The checkpoint it continued from (a lineage material)."""
+    world_size: int = 1
+    device: str = "cpu"
+
+
+@dataclass(kw_only=True)
+class StageContext:
+    """What the runner hands a stage function: everything already opened and resolved."""
+
+    name: str
+    config: Any
+    """The typed, resolved run config."""
+    out_dir: Path
+    """The stage's folder (created by the runner)."""
+    run_dir: Path
+    inputs: dict[str, Any]
+    """The recipe's opened inputs (datasets with their fingerprints), opened once."""
+    upstream: dict[str, StageOutput]
+    """Outputs of the stages it needs (from this invocation, or rebuilt from run.json)."""
+    resume: bool = False
+    """Continue from the newest complete checkpoint in out_dir (training stages)."""
+    target_step: int | None = None
+    """Train up to this step instead of the configured one."""
+    ray_address: str | None = None
+    ui: Any = None
+    resources: Any = None
+    """A contextlib.ExitStack the runner closes when the run ends: stages share costly things through it
+    (one local Ray for the whole run) via `shared`."""
+    shared: dict[str, Any] = field(default_factory=dict)
+    """Values stages share within one invocation (e.g. the local Ray's address)."""
+
+
+def resolve_fn(ref: str) -> Callable[..., Any]:
+    """Import "module:function"."""
+    module, _, name = ref.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"recipe function {ref!r} cannot be loaded: {exc}", field="fn") from None

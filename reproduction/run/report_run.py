@@ -1,0 +1,110 @@
+"""A run's plots and report.html, from what its stages wrote (run.json, sidecars, values, metrics, evidence).
+
+    <run>/plots/value_episodes.png  advantages.png  training_curves.png  success_rates.png
+    <run>/report.html
+
+Uses the evidence package's plotting and report functions (plots.py, report.py, lineage_check.py);
+a plot whose inputs a run does not have (no eval stage yet, say) is left out.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def write_plots(run_dir: Path) -> dict[str, Path]:
+    """Write the plots the run's outputs allow; returns {plot name: path}."""
+    import pyarrow.parquet as pq
+
+    from reproduction.run import plots
+
+    run_dir = Path(run_dir)
+    out_dir = run_dir / "plots"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stages = json.loads((run_dir / "run.json").read_text())["stages"]
+    written: dict[str, Path] = {}
+    adv_files = sorted((run_dir / "advantages").glob("*/advantages*.parquet"))
+    rollout = [p for p in adv_files if "rollout" in p.parent.name] or adv_files
+    if rollout:
+        t = pq.read_table(rollout[0])
+        thresholds = stages.get("advantages", {}).get("summary", {}).get("thresholds", {"*": 0.0})
+        written["advantages"] = plots.plot_advantage_histogram(
+            t.column("advantage_continuous").to_numpy(),
+            thresholds,
+            out_dir / "advantages.png",
+            positive=t.column("advantage").to_numpy(zero_copy_only=False),
+        )
+        success = _episode_success(t)
+        traces = plots.pick_episodes(
+            t.column("episode_index").to_pylist(), t.column("value_current").to_pylist(), success
+        )
+        if traces:
+            written["value_episodes"] = plots.plot_value_episodes(traces, out_dir / "value_episodes.png")
+    logs = {
+        f"{stage}/{p.parent.name}": p
+        for stage in ("value", "policy")
+        for p in sorted((run_dir / stage).glob("*/metrics.jsonl"))
+    }
+    if logs:
+        written["training_curves"] = plots.plot_training_curves(logs, out_dir / "training_curves.png")
+    evidence = sorted((run_dir / "evidence").glob("eval_*.json"))
+    if evidence:
+        doc = json.loads(evidence[-1].read_text())
+        written["success_rates"] = plots.plot_success_rates(doc, out_dir / "success_rates.png", metric="success_at_end")
+    return written
+
+
+def _episode_success(table: Any) -> dict[int, bool]:
+    """An episode's outcome from the advantages sidecar: its last frame's raw reward sum is 0 on success
+    only where the return at the last frame is 0 (the reward rule: 0 on success, failure_reward else)."""
+    ep = table.column("episode_index").to_numpy()
+    ret = table.column("return").to_numpy()
+    out: dict[int, bool] = {}
+    for i in range(len(ep)):
+        if i + 1 == len(ep) or ep[i + 1] != ep[i]:
+            out[int(ep[i])] = bool(ret[i] == 0.0)
+    return out
+
+
+def write_run_report(run_dir: Path, *, bundle: Path | None = None) -> Path:
+    """Plots, then <run>/report.html (summary, stages table, plots inline, the lineage chain)."""
+    from reproduction.run import report
+    from reproduction.run.evidence import compare_evidence, load_evidence
+
+    run_dir = Path(run_dir)
+    state = json.loads((run_dir / "run.json").read_text())
+    written = write_plots(run_dir)
+    stages = [
+        report.StageSummary(name=name, status=rec.get("status", ""), seconds=rec.get("seconds"))
+        for name, rec in state["stages"].items()
+    ]
+    evidence_files = sorted((run_dir / "evidence").glob("eval_*.json"))
+    docs = [load_evidence(p) for p in evidence_files]
+    comparison = None
+    refs = sorted((Path(bundle) / "evidence").glob("*.json")) if bundle is not None else []
+    if docs and refs:
+        try:
+            comparison = compare_evidence(docs[-1], load_evidence(refs[0]))
+        except Exception:  # a reference of another shape: the report still renders, without it
+            comparison = None
+    chain = None
+    try:
+        from reproduction.run.lineage_check import lineage_chain
+
+        chain = lineage_chain(run_dir)
+    except Exception:
+        chain = None
+    captions = getattr(report, "PLOT_CAPTIONS", {})
+    return report.write_report(
+        run_dir / "report.html",
+        title="RECAP run",
+        run_id=state.get("run_id", ""),
+        run_dir=run_dir,
+        evidence=docs,
+        comparison=comparison,
+        stages=stages,
+        plots={captions.get(k, k): v for k, v in written.items()},
+        chain=chain,
+    )

@@ -1,0 +1,515 @@
+"""The one orchestrator: walk a recipe's stages, decide skip / continue / redo / refuse by stage keys.
+
+    <run>/run.json      format_version, recipe, run id, resolved config, and per stage: status,
+                        key, key_parts, outputs (path -> size, mtime_ns, sha256), summary, times
+    <run>/<stage>/      one folder per stage
+
+A stage's key is the sha256 of its key parts: the config subsets it reads (minus exempt keys), the
+fingerprints of the opened inputs, the output digests of the stages it needs, and the source digests
+of its code modules. With `resume`: a complete stage whose key and outputs match is skipped; one the
+run was killed in continues (training stages from their newest complete checkpoint, others redone);
+one whose key changed is refused with the differing parts named, unless the change comes from an
+upstream stage redone in this invocation (then it is redone). `restart` redoes named stages.
+run.json is written atomically after every state change, so a kill leaves a consistent record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reproduction.errors import CheckpointError, RunStateError, StageKeyChangedError
+from reproduction.fsio import atomic_write_text
+from reproduction.run.config import select, to_plain
+from reproduction.run.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
+
+RUN_JSON = "run.json"
+FORMAT_VERSION = 1
+
+
+@dataclass(kw_only=True, slots=True)
+class StageRecord:
+    """One stage run, as the runner hands it to the evidence/lineage writer."""
+
+    run_id: str
+    run_dir: Path
+    stage: str
+    status: str
+    action: str
+    """ran, continued, skipped."""
+    subjects: dict[str, str]
+    """Output path (relative to the run) -> sha256."""
+    materials: dict[str, Any]
+    """Key parts: inputs' fingerprints, upstream outputs, code digests."""
+    config: dict[str, Any]
+    argv: list[str]
+    started: float
+    ended: float
+    resumed_from: int | None
+    summary: dict[str, Any]
+    inputs: dict[str, Any]
+    """The recipe's opened inputs (datasets: `.root`, `.fingerprint`)."""
+    upstream_files: dict[str, str]
+    """Upstream stages' output files (path relative to the run) -> sha256."""
+    world_size: int = 1
+    device: str = "cpu"
+    resumed_from_path: Path | None = None
+
+
+Recorder = Callable[[StageRecord], None]
+
+
+@dataclass(kw_only=True)
+class RunOptions:
+    """How to run: which stages, resume policy, and the seams tests swap."""
+
+    stages: list[str] | None = None
+    resume: bool = False
+    restart: list[str] = field(default_factory=list)
+    target_step: int | None = None
+    argv: list[str] = field(default_factory=list)
+    ray_address: str | None = None
+    ui: Any = None
+    recorder: Recorder | None = None
+    """Called after each completed stage (the lineage writer, run/record.py); None: no lineage."""
+    inputs: dict[str, Any] | None = None
+    """Already-opened inputs (else the recipe's open_inputs is called)."""
+    preflight: bool = True
+
+
+@dataclass(kw_only=True)
+class StageReport:
+    name: str
+    action: str
+    """ran, continued, skipped."""
+    seconds: float
+    output: StageOutput
+
+
+@dataclass(kw_only=True)
+class RunReport:
+    run_dir: Path
+    run_id: str
+    stages: list[StageReport]
+
+    def table(self) -> list[dict[str, Any]]:
+        return [{"stage": s.name, "action": s.action, "seconds": round(s.seconds, 2)} for s in self.stages]
+
+
+# -- state ---------------------------------------------------------------------------------------
+
+
+def read_state(run_dir: Path) -> dict[str, Any] | None:
+    """run.json as a dict, None when absent; RunStateError when unreadable."""
+    path = Path(run_dir) / RUN_JSON
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise RunStateError(
+            f"{path} is unreadable ({exc})", path=path, hint="start a new run in a new --output"
+        ) from None
+    if not isinstance(doc, dict) or doc.get("format_version") != FORMAT_VERSION:
+        raise RunStateError(f"{path}: format_version is not {FORMAT_VERSION}", path=path)
+    return doc
+
+
+def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
+    atomic_write_text(Path(run_dir) / RUN_JSON, json.dumps(state, indent=1, sort_keys=True, default=str) + "\n")
+
+
+def canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def digest(obj: Any) -> str:
+    return hashlib.sha256(canonical(obj).encode()).hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def module_digest(name: str) -> str:
+    """sha256 of a module's source file, found without importing it."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+        return "absent"
+    return _sha256(Path(spec.origin))
+
+
+# -- keys and outputs -----------------------------------------------------------------------------
+
+
+def _drop(tree: Any, dotted: str) -> None:
+    head, _, rest = dotted.partition(".")
+    if isinstance(tree, dict) and head in tree:
+        if rest:
+            _drop(tree[head], rest)
+        else:
+            del tree[head]
+
+
+def key_parts(spec: StageSpec, plain_config: dict[str, Any], inputs: dict[str, Any], upstream: dict[str, str]) -> dict:
+    """The parts of a stage's key (JSON-able); the key is digest(key_parts)."""
+    config = {k: json.loads(canonical(select(plain_config, k))) for k in spec.config}
+    for dotted in (*spec.key_exempt, *((spec.training,) if spec.training else ())):
+        head, _, rest = dotted.partition(".")
+        for k in spec.config:
+            if dotted == k:
+                config[k] = None
+            elif dotted.startswith(k + "."):
+                _drop(config[k], dotted[len(k) + 1 :])
+    return {
+        "config": config,
+        "inputs": {n: getattr(v, "fingerprint", None) for n, v in sorted(inputs.items())} if spec.inputs else {},
+        "upstream": {n: upstream[n] for n in spec.needs},
+        "code": {m: module_digest(m) for m in spec.code},
+    }
+
+
+def describe_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Human lines naming each differing leaf of two key-part trees."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k, "<absent>"), new.get(k, "<absent>")
+        where = f"{prefix}{k}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += describe_changes(a, b, where + ".")
+        elif a != b:
+            out.append(f"{where}: {_short(a)} -> {_short(b)}")
+    return out
+
+
+def _short(v: Any) -> str:
+    text = json.dumps(v, default=str) if not isinstance(v, str) else v
+    return text[:16] + "..." if len(text) > 40 and len(text) == 64 else (text if len(text) <= 80 else text[:77] + "...")
+
+
+def collect_outputs(spec: StageSpec, stage_dir: Path, written: Sequence[Path]) -> dict[str, list]:
+    """{path relative to the stage folder: [size, mtime_ns, sha256]} of the stage's outputs: files it
+    returned plus files matching its globs."""
+    files: set[Path] = set()
+    for pattern in spec.outputs:
+        files.update(p for p in stage_dir.glob(pattern) if p.is_file())
+    run_dir = stage_dir.resolve().parent
+    for p in written:
+        p = Path(p)
+        if p.is_file() and run_dir in p.resolve().parents:  # e.g. eval writes run/evidence/
+            files.add(p.resolve())
+    out = {}
+    for p in sorted({f.resolve() for f in files}):
+        st = p.stat()
+        out[os.path.relpath(p, stage_dir.resolve())] = [st.st_size, st.st_mtime_ns, _sha256(p)]
+    return out
+
+
+def verify_outputs(stage_dir: Path, recorded: dict[str, list]) -> list[str]:
+    """Problems with a completed stage's recorded outputs (missing, changed); a stat match is trusted."""
+    problems = []
+    for rel, (size, mtime, sha) in recorded.items():
+        p = stage_dir / rel
+        try:
+            st = p.stat()
+        except OSError:
+            problems.append(f"{rel} is missing")
+            continue
+        if st.st_size != size or (st.st_mtime_ns != mtime and _sha256(p) != sha):
+            problems.append(f"{rel} was modified")
+    return problems
+
+
+def outputs_digest(recorded: dict[str, list]) -> str:
+    return digest({rel: v[2] for rel, v in recorded.items()})
+
+
+# -- the walk -------------------------------------------------------------------------------------
+
+
+def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions | None = None) -> RunReport:
+    """Run (or resume) `recipe` with the typed `config` into `run_dir`; see the module docstring.
+
+    Raises RunStateError (run_dir is a file; holds a run and resume is off; a needed stage is
+    neither selected nor complete), StageKeyChangedError (resume over changed inputs, each named),
+    PreflightError (every problem found before anything ran), and whatever a stage raises (the
+    stage stays `running` in run.json, so `--resume` continues it).
+    """
+    opts = options or RunOptions()
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunStateError(
+            f"output {run_dir} is a file, not a folder", path=run_dir, hint="pass a folder path as --output"
+        )
+    state = read_state(run_dir)
+    if state is not None and not (opts.resume or opts.restart or opts.target_step is not None):
+        raise RunStateError(
+            f"{run_dir} already holds a run",
+            path=run_dir,
+            hint="pass --resume to continue it (or --restart-stage NAME), or choose a new --output",
+        )
+    if state is not None and state.get("recipe") != recipe.name:
+        raise RunStateError(f"{run_dir} holds a {state.get('recipe')!r} run, not {recipe.name!r}", path=run_dir)
+    selected = recipe.select(opts.stages)
+    for name in opts.restart:
+        recipe.stage(name)
+    plain = to_plain(config)
+    opened: dict[str, Any] = {}
+    if opts.preflight and recipe.preflight:
+        from reproduction.run.preflight import raise_problems
+
+        raise_problems(resolve_fn(recipe.preflight)(config, run_dir, opened))
+    if state is None and run_dir.is_dir() and any(run_dir.iterdir()):
+        raise RunStateError(
+            f"{run_dir} is not empty and holds no run.json", path=run_dir, hint="choose a new or empty --output"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    state = state or {
+        "format_version": FORMAT_VERSION,
+        "recipe": recipe.name,
+        "run_id": uuid.uuid4().hex,
+        "created": time.time(),
+        "stages": {},
+    }
+    config_changed = state.get("config") != plain
+    state["config"] = plain
+    if opts.inputs is not None:
+        inputs = opts.inputs
+    else:
+        inputs = opened if opened else _open_inputs(recipe, config)
+    recorder = opts.recorder
+    reports: list[StageReport] = []
+    done: dict[str, StageOutput] = {}
+    redone: set[str] = set()
+    chosen = {s.name for s in selected}
+    with contextlib.ExitStack() as resources:
+        shared: dict[str, Any] = {}
+        config_changed = _walk(
+            recipe,
+            selected,
+            chosen,
+            config,
+            plain,
+            run_dir,
+            state,
+            inputs,
+            done,
+            redone,
+            reports,
+            opts,
+            recorder,
+            resources,
+            shared,
+            config_changed,
+        )
+    if config_changed and not redone:  # every stage ran or skipped; record the config it was asked with
+        _write_state(run_dir, state)
+    return RunReport(run_dir=run_dir, run_id=state["run_id"], stages=reports)
+
+
+def _walk(
+    recipe,
+    selected,
+    chosen,
+    config,
+    plain,
+    run_dir,
+    state,
+    inputs,
+    done,
+    redone,
+    reports,
+    opts,
+    recorder,
+    resources,
+    shared,
+    config_changed,
+) -> bool:
+    for spec in recipe.stages:
+        if spec.name not in chosen:
+            rec = state["stages"].get(spec.name)
+            if rec and rec.get("status") == "complete":
+                done[spec.name] = _output_from_record(run_dir / spec.name, rec)
+            continue
+        for need in spec.needs:
+            if need not in done:
+                raise RunStateError(
+                    f"stage {spec.name} needs stage {need}, which has not completed in {run_dir}",
+                    path=run_dir,
+                    hint=f"run with --stages {need},{spec.name} (or without --stages)",
+                )
+        report = _run_stage(
+            spec, recipe, config, plain, run_dir, state, inputs, done, redone, opts, recorder, resources, shared
+        )
+        reports.append(report)
+        done[spec.name] = report.output
+        if report.action != "skipped":
+            redone.add(spec.name)
+    return config_changed
+
+
+def _open_inputs(recipe: Recipe, config: Any) -> dict[str, Any]:
+    return dict(resolve_fn(recipe.open_inputs)(config)) if recipe.open_inputs else {}
+
+
+def _output_from_record(stage_dir: Path, rec: dict[str, Any]) -> StageOutput:
+    return StageOutput(
+        files=[stage_dir / rel for rel in rec.get("outputs", {})],
+        summary=rec.get("summary", {}),
+        step=rec.get("step"),
+    )
+
+
+def _decide(
+    spec: StageSpec,
+    rec: dict[str, Any] | None,
+    key: str,
+    parts: dict,
+    stage_dir: Path,
+    redone: set[str],
+    opts: RunOptions,
+) -> str:
+    """fresh, skip, continue (from checkpoints), or raise naming the difference."""
+    if spec.name in opts.restart or rec is None:
+        return "fresh"
+    if rec.get("key") != key:
+        changes = describe_changes(rec.get("key_parts", {}), parts)
+        upstream_only = all(c.startswith("upstream.") for c in changes)
+        if upstream_only and any(c.split(":")[0][len("upstream.") :] in redone for c in changes):
+            return "fresh"  # an upstream stage was redone here: its dependents follow
+        if rec.get("status") != "complete" and not spec.training:
+            return "fresh"  # killed before it completed, with nothing kept to continue from
+        raise StageKeyChangedError(
+            f"stage {spec.name}: its inputs changed since it ran: " + "; ".join(changes),
+            stage=spec.name,
+            changes=changes,
+            hint=f"put the inputs back, or pass --restart-stage {spec.name} to redo it (and what follows)",
+        )
+    if rec.get("status") == "complete":
+        problems = verify_outputs(stage_dir, rec.get("outputs", {}))
+        if problems:
+            raise StageKeyChangedError(
+                f"stage {spec.name}: its outputs changed after it completed: " + "; ".join(problems),
+                stage=spec.name,
+                changes=problems,
+                hint=f"pass --restart-stage {spec.name} to redo it",
+            )
+        if spec.training and opts.target_step is not None and (rec.get("step") or 0) < opts.target_step:
+            return "continue"
+        return "skip"
+    return "continue" if spec.training else "fresh"
+
+
+def _run_stage(
+    spec: StageSpec,
+    recipe: Recipe,
+    config: Any,
+    plain: dict[str, Any],
+    run_dir: Path,
+    state: dict[str, Any],
+    inputs: dict[str, Any],
+    done: dict[str, StageOutput],
+    redone: set[str],
+    opts: RunOptions,
+    recorder: Recorder | None,
+    resources: Any,
+    shared: dict[str, Any],
+) -> StageReport:
+    stage_dir = run_dir / spec.name
+    upstream_digests = {n: outputs_digest(state["stages"][n]["outputs"]) for n in spec.needs}
+    parts = key_parts(spec, plain, inputs, upstream_digests)
+    key = digest(parts)
+    rec = state["stages"].get(spec.name)
+    action = _decide(spec, rec, key, parts, stage_dir, redone, opts)
+    if action == "skip":
+        return StageReport(name=spec.name, action="skipped", seconds=0.0, output=_output_from_record(stage_dir, rec))
+    if action == "fresh" and stage_dir.exists():
+        shutil.rmtree(stage_dir)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    state["stages"][spec.name] = {
+        **(rec or {}),
+        "status": "running",
+        "key": key,
+        "key_parts": parts,
+        "started": started,
+    }
+    _write_state(run_dir, state)
+    ctx = StageContext(
+        name=spec.name,
+        config=config,
+        out_dir=stage_dir,
+        run_dir=run_dir,
+        inputs=inputs,
+        upstream={n: done[n] for n in spec.needs},
+        resume=action == "continue",
+        target_step=opts.target_step if spec.training else None,
+        ray_address=opts.ray_address,
+        ui=opts.ui,
+        resources=resources,
+        shared=shared,
+    )
+    t0 = time.perf_counter()
+    output = resolve_fn(spec.fn)(ctx)
+    seconds = time.perf_counter() - t0
+    outputs = collect_outputs(spec, stage_dir, output.files)
+    if not outputs:
+        raise CheckpointError(f"stage {spec.name} wrote no outputs into {stage_dir}", path=stage_dir)
+    ended = time.time()
+    state["stages"][spec.name] = {
+        "status": "complete",
+        "key": key,
+        "key_parts": parts,
+        "outputs": outputs,
+        "summary": output.summary,
+        "step": output.step,
+        "resumed_from": output.resumed_from,
+        "started": started,
+        "ended": ended,
+        "seconds": seconds,
+    }
+    _write_state(run_dir, state)
+    if recorder is not None:
+        recorder(
+            StageRecord(
+                run_id=state["run_id"],
+                run_dir=run_dir,
+                stage=spec.name,
+                status="complete",
+                action=action,
+                subjects={os.path.normpath(f"{spec.name}/{rel}"): v[2] for rel, v in outputs.items()},
+                materials=parts,
+                config=plain,
+                argv=list(opts.argv),
+                started=started,
+                ended=ended,
+                resumed_from=output.resumed_from,
+                summary=output.summary,
+                inputs=inputs if spec.inputs else {},
+                upstream_files={
+                    os.path.normpath(f"{n}/{rel}"): v[2]
+                    for n in spec.needs
+                    for rel, v in state["stages"][n]["outputs"].items()
+                },
+                world_size=output.world_size,
+                device=output.device,
+                resumed_from_path=output.resumed_from_path,
+            )
+        )
+    return StageReport(
+        name=spec.name, action="continued" if action == "continue" else "ran", seconds=seconds, output=output
+    )

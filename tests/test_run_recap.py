@@ -1,0 +1,137 @@
+"""`portable run` over RECAP stages 1-3 on a tiny dataset: outputs, run.json, resume, changed inputs named."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from value_synth import CAMERA, write_value_dataset
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = """\
+datasets:
+  - {path: "${BUNDLE}/data/rollouts", type: rollout}
+returns: {failure_reward: -30}
+value:
+  model: {cameras: {base_0_rgb: "CAMERA"}, folds: 2, eval_micro_batch: 16, augment: false}
+  train: {max_steps: 4, global_batch: 8, micro_batch: 8, save_interval: 2, lr: 0.001}
+advantages: {lookahead: 3}
+""".replace("CAMERA", CAMERA)
+
+
+def portable(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "reproduction.portable", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO,
+    )
+
+
+@pytest.fixture(scope="module")
+def done_run(tmp_path_factory):
+    """A bundle-like folder (data/, config/run.yaml) and one finished run of stages 1-3."""
+    root = tmp_path_factory.mktemp("recap_run")
+    bundle = root / "bundle"
+    write_value_dataset(bundle / "data" / "rollouts", episodes=8, seed=0, runs=root / "scratch")
+    (bundle / "config").mkdir()
+    (bundle / "config" / "run.yaml").write_text(CONFIG)
+    proc = portable("run", str(bundle), "--output", str(root / "run"), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return bundle, root / "run", json.loads(proc.stdout)
+
+
+@pytest.mark.slow
+def test_stages_one_to_three_write_their_outputs_and_record_them(done_run):
+    bundle, run, report = done_run
+    assert [(s["stage"], s["action"]) for s in report["stages"]] == [
+        ("returns", "ran"),
+        ("value", "ran"),
+        ("advantages", "ran"),
+    ]
+    state = json.loads((run / "run.json").read_text())
+    stages = state["stages"]
+    assert {n: s["status"] for n, s in stages.items()} == dict.fromkeys(("returns", "value", "advantages"), "complete")
+    assert stages["value"]["step"] == 4 and stages["value"]["summary"]["folds"] == 2
+    assert "model_0/export/model.safetensors" in stages["value"]["outputs"]
+    assert not any("checkpoints" in k for k in stages["value"]["outputs"])  # checkpoints are not outputs
+    fp = stages["returns"]["key_parts"]["inputs"]["rollouts"]
+    assert stages["advantages"]["key_parts"]["inputs"]["rollouts"] == fp
+    adv = pq.read_table(run / "advantages" / "rollouts" / "advantages.parquet")
+    values = pq.read_table(run / "advantages" / "values" / "rollouts.parquet")
+    assert adv.num_rows == values.num_rows == stages["returns"]["summary"]["rollouts"]["frames"]
+    assert adv.column("value_current").to_pylist() == values.column("value").to_pylist()
+    assert stages["advantages"]["summary"]["value_head"]["return_range"]["return_max"] == 0.0
+    assert state["config"]["datasets"][0]["path"] == str(bundle.resolve() / "data" / "rollouts")
+
+
+@pytest.mark.slow
+def test_resume_of_a_finished_run_is_a_no_op_without_ray_or_torch(done_run):
+    bundle, run, _ = done_run
+    before = (run / "run.json").read_text()
+    code = (
+        "import json, sys, time\n"
+        "t = time.perf_counter()\n"
+        "from reproduction.portable import main\n"
+        f"rc = main(['run', {str(bundle)!r}, '--output', {str(run)!r}, '--resume', '--json'])\n"
+        "print(json.dumps({'rc': rc, 's': time.perf_counter() - t, 'ray': 'ray' in sys.modules,"
+        " 'torch': 'torch' in sys.modules}))\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    wall = time.perf_counter() - t0
+    lines = proc.stdout.strip().splitlines()
+    got = json.loads(lines[-1])
+    print(f"finished --resume: {got['s']:.2f} s in main, {wall:.2f} s with interpreter start (shared 2 cores)")
+    assert got["rc"] == 0 and not got["ray"] and not got["torch"], proc.stderr
+    assert got["s"] < 2.0
+    table = json.loads("\n".join(lines[:-1]))["stages"]
+    assert [s["action"] for s in table] == ["skipped"] * 3
+    assert json.loads((run / "run.json").read_text())["stages"] == json.loads(before)["stages"]
+
+
+@pytest.mark.slow
+def test_changed_inputs_after_completion_are_named(done_run, tmp_path):
+    bundle, run, _ = done_run
+    proc = portable("run", str(bundle), "--output", str(run), "--resume", "advantages.lookahead=4")
+    assert proc.returncode == 52
+    assert proc.stderr.splitlines()[0] == (
+        "error: stage advantages: its inputs changed since it ran: config.advantages.lookahead: 3 -> 4"
+    )
+    # the dataset edited after stage 1 ran: every stage keyed on it names it
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle, copy)
+    runcopy = tmp_path / "run"
+    shutil.copytree(run, runcopy)
+    shutil.rmtree(copy / "data" / "rollouts")
+    write_value_dataset(copy / "data" / "rollouts", episodes=7, seed=1, runs=tmp_path / "scratch")
+    proc = portable("run", str(copy), "--output", str(runcopy), "--resume")
+    assert proc.returncode == 52, proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("error: stage returns: its inputs changed since it ran: ")
+    assert "config.datasets: " in first and "inputs.rollouts: " in first
+    assert "--restart-stage returns" in proc.stderr
+
+
+@pytest.mark.slow
+def test_target_step_continues_the_finished_value_stage(done_run, tmp_path):
+    bundle, run, _ = done_run
+    runcopy = tmp_path / "run"
+    shutil.copytree(run, runcopy)
+    proc = portable("run", str(bundle), "--output", str(runcopy), "--target-step", "6", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = {s["stage"]: s["action"] for s in json.loads(proc.stdout)["stages"]}
+    assert table == {"returns": "skipped", "value": "continued", "advantages": "ran"}
+    stages = json.loads((runcopy / "run.json").read_text())["stages"]
+    assert stages["value"]["step"] == 6 and stages["value"]["resumed_from"] == 4

@@ -1,0 +1,153 @@
+"""The runner over a toy two-stage recipe: recipe as data, stage keys, resume, restart, refusals."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from reproduction.errors import ConfigError, RunStateError, StageKeyChangedError
+from reproduction.run.recipe import Recipe, StageContext, StageOutput, StageSpec
+from reproduction.run.runner import RunOptions, read_state, run_recipe
+
+CALLS: list[str] = []
+
+
+@dataclass
+class ToySection:
+    words: list[str] = field(default_factory=lambda: ["a", "b"])
+    repeat: int = 2
+    workers: int = 1
+
+
+@dataclass
+class ToyConfig:
+    count: ToySection = field(default_factory=ToySection)
+    label: str = "x"
+
+
+@dataclass
+class FakeInput:
+    fingerprint: str
+
+
+def count_stage(ctx: StageContext) -> StageOutput:
+    CALLS.append("count")
+    sec = ctx.config.count
+    out = ctx.out_dir / "counts.json"
+    counts = {w: len(w) * sec.repeat for w in sec.words}
+    out.write_text(json.dumps(counts))
+    return StageOutput(files=[out], summary={"words": len(counts)})
+
+
+def label_stage(ctx: StageContext) -> StageOutput:
+    CALLS.append("label")
+    counts = json.loads((ctx.run_dir / "count" / "counts.json").read_text())
+    out = ctx.out_dir / "labels.txt"
+    out.write_text("".join(f"{ctx.config.label}:{k}={v}\n" for k, v in sorted(counts.items())))
+    assert ctx.upstream["count"].summary == {"words": len(counts)}
+    return StageOutput(files=[out], summary={"lines": len(counts)})
+
+
+def crash_stage(ctx: StageContext) -> StageOutput:
+    (ctx.out_dir / "half.txt").write_text("half")
+    raise KeyboardInterrupt  # a kill, as far as the run record is concerned
+
+
+TOY = Recipe(
+    name="toy",
+    stages=(
+        StageSpec(
+            name="count",
+            fn=f"{__name__}:count_stage",
+            config=("count",),
+            key_exempt=("count.workers",),
+            code=(__name__,),
+        ),
+        StageSpec(name="label", fn=f"{__name__}:label_stage", needs=("count",), config=("label",)),
+    ),
+)
+
+
+def _run(run_dir: Path, config: ToyConfig | None = None, **kw) -> list[tuple[str, str]]:
+    CALLS.clear()
+    opts = RunOptions(inputs=kw.pop("inputs", {"data": FakeInput("fp1")}), **kw)
+    report = run_recipe(TOY, config or ToyConfig(), run_dir, opts)
+    return [(s.name, s.action) for s in report.stages]
+
+
+def test_a_toy_recipe_runs_through_the_same_runner_and_resumes_as_a_no_op(tmp_path):
+    run = tmp_path / "run"
+    assert _run(run) == [("count", "ran"), ("label", "ran")]
+    assert (run / "label" / "labels.txt").read_text() == "x:a=2\nx:b=2\n"
+    state = read_state(run)
+    assert state["recipe"] == "toy" and state["stages"]["count"]["status"] == "complete"
+    assert set(state["stages"]["count"]["key_parts"]) == {"config", "inputs", "upstream", "code"}
+    assert _run(run, resume=True) == [("count", "skipped"), ("label", "skipped")] and CALLS == []
+    # an exempt key (workers) does not change the key
+    assert _run(run, ToyConfig(count=ToySection(workers=4)), resume=True)[0] == ("count", "skipped")
+
+
+def test_a_changed_config_value_or_input_is_refused_by_name(tmp_path):
+    run = tmp_path / "run"
+    _run(run)
+    with pytest.raises(StageKeyChangedError) as err:
+        _run(run, ToyConfig(count=ToySection(repeat=3)), resume=True)
+    assert err.value.exit_code == 52 and "config.count.repeat: 2 -> 3" in str(err.value)
+    assert "--restart-stage count" in err.value.hint
+    with pytest.raises(StageKeyChangedError, match=r"inputs.data: fp1 -> fp2"):
+        _run(run, resume=True, inputs={"data": FakeInput("fp2")})
+    with pytest.raises(StageKeyChangedError, match=r"config.label: x -> y"):
+        _run(run, ToyConfig(label="y"), resume=True)
+
+
+def test_restart_stage_redoes_it_and_its_dependents_follow(tmp_path):
+    run = tmp_path / "run"
+    _run(run)
+    got = _run(run, ToyConfig(count=ToySection(repeat=3)), restart=["count"])
+    assert got == [("count", "ran"), ("label", "ran")]  # label's upstream changed here: redone, not refused
+    assert (run / "label" / "labels.txt").read_text() == "x:a=3\nx:b=3\n"
+    assert _run(run, ToyConfig(count=ToySection(repeat=3)), resume=True) == [("count", "skipped"), ("label", "skipped")]
+
+
+def test_an_edited_output_is_named_and_a_missing_upstream_refused(tmp_path):
+    run = tmp_path / "run"
+    _run(run)
+    (run / "count" / "counts.json").write_text('{"a": 99}')
+    with pytest.raises(StageKeyChangedError, match=r"stage count: its outputs changed after it completed: counts.json"):
+        _run(run, resume=True)
+    with pytest.raises(RunStateError, match="stage label needs stage count"):
+        _run(tmp_path / "other", stages=["label"])
+
+
+def test_a_stage_killed_midway_is_redone_on_resume(tmp_path):
+    run = tmp_path / "run"
+    crashing = Recipe(name="toy", stages=(TOY.stages[0], StageSpec(name="label", fn=f"{__name__}:crash_stage")))
+    with pytest.raises(KeyboardInterrupt):
+        run_recipe(crashing, ToyConfig(), run, RunOptions(inputs={}))
+    state = read_state(run)
+    assert state["stages"]["count"]["status"] == "complete" and state["stages"]["label"]["status"] == "running"
+    got = [(s.name, s.action) for s in run_recipe(TOY, ToyConfig(), run, RunOptions(inputs={}, resume=True)).stages]
+    assert got == [("count", "skipped"), ("label", "ran")] and not (run / "label" / "half.txt").exists()
+
+
+def test_run_folder_refusals(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RunStateError, match="is a file") as err:
+        _run(tmp_path / "file")
+    assert err.value.exit_code == 55
+    run = tmp_path / "run"
+    _run(run)
+    with pytest.raises(RunStateError, match="already holds a run"):
+        _run(run)
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "mine.txt").write_text("keep")
+    with pytest.raises(RunStateError, match="not empty and holds no run.json"):
+        _run(tmp_path / "busy")
+    assert (tmp_path / "busy" / "mine.txt").read_text() == "keep"
+    with pytest.raises(ConfigError, match="no stage 'nope'"):
+        _run(tmp_path / "x", stages=["nope"])
+    with pytest.raises(ConfigError, match="needs 'missing'"):
+        Recipe(name="bad", stages=(StageSpec(name="a", fn="m:f", needs=("missing",)),))
