@@ -7,10 +7,13 @@
     metrics.py     detours / stalls / drops read off trajectories      policies.py  ExpertPolicy, RandomPolicy
     workers.py     in-process, spawn pool or injected runner (Ray)     __main__.py  python -m reproduction.sim
 
-Importing the package picks headless EGL rendering unless MUJOCO_GL is already set: mujoco reads the
-variable once, at its first import, so it is set here, before any submodule can import mujoco.
+Importing the package picks headless EGL rendering on Linux unless MUJOCO_GL is already set: mujoco
+reads the variable once, at its first import, so it is set here, before any submodule can import
+mujoco (elsewhere "egl" is an invalid value that mujoco's import refuses; its default is kept there).
 """
 
 import os
+import sys
 
-os.environ.setdefault("MUJOCO_GL", "egl")
+if sys.platform.startswith("linux"):
+    os.environ.setdefault("MUJOCO_GL", "egl")

@@ -1,7 +1,7 @@
 """One Fetch environment with the project's observation: position-only state, goal, two free cameras.
 
 The gymnasium-robotics env does the physics (mocap-driven arm, 20 substeps of 2 ms per step, no
-termination); this wrapper adds headless rendering (EGL unless MUJOCO_GL is already set, with
+termination); this wrapper adds headless rendering (EGL on Linux unless MUJOCO_GL is set: see the package, with
 `offsamples = 0` and `shadowsize = 0`: PLATFORM.md measured 25 -> 1,300 frames/s from these two) through
 two free `MjvCamera`s, since the model's own cameras are blocked or white: a fixed `agentview` of the
 table and a `wrist` view that follows the gripper. Observations (one frame, unbatched)::
@@ -16,17 +16,14 @@ under way and labels it positive). Call `close()` (or use `with`) to free the GL
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
-os.environ.setdefault("MUJOCO_GL", "egl")  # must precede the first mujoco import; a caller's choice wins
+import mujoco
+import numpy as np
 
-import mujoco  # noqa: E402
-import numpy as np  # noqa: E402
-
-from reproduction.errors import SimError  # noqa: E402
-from reproduction.sim.tasks import TaskSpec, get_task  # noqa: E402
+from reproduction.errors import SimError
+from reproduction.sim.tasks import TaskSpec, get_task
 
 CAMERAS = ("agentview", "wrist")
 """The cameras the simulator can render, in feature order."""

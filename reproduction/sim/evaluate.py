@@ -297,8 +297,8 @@ def run_batch(payload: dict[str, Any], pool: EnvPool) -> list[dict[str, Any]]:
 
 
 def _run(payloads: list[dict[str, Any]], config: EvalConfig, runner: Runner | None) -> Iterator[list[dict[str, Any]]]:
-    """Each batch's episodes, in batch order: in this process with one EnvPool, or in groups of
-    batches (two per worker, each with its own EnvPool) in a spawn pool or through `runner`."""
+    """Each batch's episodes, in batch order: in this process with one EnvPool, or in one group of
+    consecutive batches per worker (each with its own EnvPool) in a spawn pool or through `runner`."""
     if config.workers <= 1 and runner is None:
         pool = EnvPool(config)
         try:
@@ -307,7 +307,7 @@ def _run(payloads: list[dict[str, Any]], config: EvalConfig, runner: Runner | No
         finally:
             pool.close()
         return
-    k = max(1, min(config.workers if runner is not None else config.workers * 2, len(payloads)))
+    k = max(1, min(config.workers, len(payloads)))
     bounds = [round(i * len(payloads) / k) for i in range(k + 1)]
     groups = [{"batches": payloads[a:b]} for a, b in zip(bounds, bounds[1:])]
     for results in run_units(eval_group, groups, workers=config.workers, runner=runner):

@@ -23,7 +23,6 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THRE
 def _init_worker() -> None:
     for key, value in WORKER_ENV.items():
         os.environ[key] = value
-    os.environ.setdefault("MUJOCO_GL", "egl")
 
 
 def _groups(payloads: list[Any], workers: int) -> list[list[Any]]:
