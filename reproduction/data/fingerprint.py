@@ -140,14 +140,25 @@ def dataset_fingerprint(ds: Dataset, known: dict[Path, tuple[int, int, str]] | N
             fresh[rel] = entry
         else:
             missing.append(path)
-    names = list(ds.key_columns)
+    cols = digest_columns(list(ds.key_columns))
+    group: list = []
 
-    def digest(path: Path) -> tuple[Path, list]:
-        got = read_parquet(path, digest_columns(names))
-        return path, [got.size, got.mtime_ns, table_key_digest(got.table)]
+    def flush() -> None:  # digest a run of files from one concatenated table: no pyarrow call per file
+        table = pa.concat_tables([g.table for g in group]) if len(group) > 1 else group[0].table
+        rows = np.array([g.table.num_rows for g in group], dtype=np.int64)
+        for got, digest in zip(group, batch_key_digests(table.combine_chunks(), rows)):
+            fresh[rels[got.path]] = [got.size, got.mtime_ns, digest]
+        group.clear()
 
-    for path, entry in ordered_map(digest, missing):
-        fresh[rels[path]] = entry
+    held = 0
+    for got in ordered_map(lambda path: read_parquet(path, cols), missing):
+        group.append(got)
+        held += got.table.num_rows
+        if held >= DIGEST_ROWS:
+            flush()
+            held = 0
+    if group:
+        flush()
     h = hashlib.sha256(FP_VERSION.encode())
     h.update(json.dumps(ds.info.raw, sort_keys=True, separators=(",", ":")).encode())
     ep = ds.episodes
