@@ -26,10 +26,13 @@ advantages: {lookahead: 3}
 """.replace("CAMERA", CAMERA)
 
 
+STAGES = ("--stages", "returns,value,advantages")  # the dataset has no state/action for a policy
+
+
 def portable(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-m", "reproduction.portable", *args],
+        [sys.executable, "-m", "reproduction.portable", *args, *STAGES],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -83,7 +86,7 @@ def test_resume_of_a_finished_run_is_a_no_op_without_ray_or_torch(done_run):
         "import json, sys, time\n"
         "t = time.perf_counter()\n"
         "from reproduction.portable import main\n"
-        f"rc = main(['run', {str(bundle)!r}, '--output', {str(run)!r}, '--resume', '--json'])\n"
+        f"rc = main(['run', {str(bundle)!r}, '--output', {str(run)!r}, '--resume', '--json', *{STAGES!r}])\n"
         "print(json.dumps({'rc': rc, 's': time.perf_counter() - t, 'ray': 'ray' in sys.modules,"
         " 'torch': 'torch' in sys.modules}))\n"
     )
