@@ -85,8 +85,8 @@ def phase_returns(args: argparse.Namespace, out: Path, data: dict[str, Path]) ->
 
 
 def phase_value(args: argparse.Namespace, out: Path, data: dict[str, Path], rdir: Path) -> dict[str, Any]:
-    from reproduction.recap.value.stage import infer_values, train_value
     from reproduction.recap.value.data import ValueSource
+    from reproduction.recap.value.stage import infer_values, train_value
     from reproduction.recap.value.task import ValueStageConfig
     from reproduction.train.config import TrainConfig
 

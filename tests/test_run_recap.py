@@ -97,9 +97,7 @@ def test_resume_of_a_finished_run_is_a_no_op_without_ray_or_torch(done_run):
     wall = time.perf_counter() - t0
     lines = proc.stdout.strip().splitlines()
     got = json.loads(lines[-1])
-    print(
-        f"finished --resume: {got['s']:.2f} s wall ({got['cpu']:.2f} s CPU) in main, {wall:.2f} s with start"
-    )
+    print(f"finished --resume: {got['s']:.2f} s wall ({got['cpu']:.2f} s CPU) in main, {wall:.2f} s with start")
     assert got["rc"] == 0 and not got["ray"] and not got["torch"], proc.stderr
     # The goal is < 2 s of wall time; CPU time is what this process controls on a shared, loaded machine
     # (wall time here has measured 2-5x the CPU time while other jobs ran).
