@@ -35,10 +35,9 @@ if __package__ in (None, ""):
 
 from reproduction.errors import (  # noqa: E402
     InputNotFoundError,
-    InvalidInputError,
     PortableError,
     UsageError,
-    WriteFailedError,
+    os_error,
 )
 from reproduction.ui import UiOptions, say  # noqa: E402
 
@@ -358,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
             description=help_text,
             formatter_class=argparse.RawDescriptionHelpFormatter,
             epilog=EXIT_CODES,
+            conflict_handler="resolve",  # a command may redefine a global option (its own wins there)
         )
         _add_global_options(p, top=False, skip=() if json_option else ("--json",))
         p.set_defaults(handler=handler, json_output=json_output)
@@ -483,23 +483,10 @@ def _render(exc: PortableError) -> int:
 
 
 def _from_os_error(exc: OSError) -> PortableError:
-    """A raw OSError that reached the CLI (the library should have wrapped it) as a PortableError,
-    so the user still gets one line, the path and a usage-class code rather than a traceback."""
-    where = f": {exc.filename}" if exc.filename else ""
-    message = f"{exc.strerror or exc}{where}"
-    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-        return InputNotFoundError(
-            f"{message} (a path does not exist, or a part of it is a file, not a folder)",
-            path=exc.filename,
-            hint="check the path",
-        )
-    if exc.errno == errno.EISDIR:
-        return InvalidInputError(f"{message}: a folder where a file was expected", path=exc.filename)
-    return WriteFailedError(
-        message,
-        path=exc.filename,
-        hint="check the path's permissions and free space (rerun with --debug for where it happened)",
-    )
+    """A raw OSError that reached the CLI (the library should have wrapped it), through the one
+    mapping (errors.os_error), so the user still gets one line and a usage-class code, not a bug."""
+    op = "read" if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR) else "write"
+    return os_error(exc, "a file", op=op, hint="rerun with --debug to see where it happened")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ from bundlekit import SMALL_SPEC, run_cli, small_bundle, small_sources
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
+REPO = Path(__file__).resolve().parent.parent
 OFFLINE_HUB = {
     "HF_ENDPOINT": "http://127.0.0.1:9",  # a closed port: nothing here ever reaches a network
     "HF_HUB_OFFLINE": "0",
@@ -137,6 +138,25 @@ class Bench:
 
     def out(self) -> Path:
         return self.tmp / "out"
+
+    # -- weights manifests ----------------------------------------------------------------------
+    def weights_manifest(self, data: bytes | None = None) -> Path:
+        """A weights manifest: the repo's pinned one (`data` None) or these bytes."""
+        path = self.tmp / "weights.json"
+        if data is None:
+            shutil.copy(REPO / "weights_manifest" / "recap_value_siglip2_gemma3_270m.json", path)
+        else:
+            path.write_bytes(data)
+        return path
+
+    # -- runs -----------------------------------------------------------------------------------
+    def lineage(self, statement: bytes | None) -> Path:
+        """A run folder whose lineage/ holds one statement with these bytes (None: lineage/ empty)."""
+        run = self.tmp / "run"
+        (run / "lineage").mkdir(parents=True)
+        if statement is not None:
+            (run / "lineage" / "returns.intoto.json").write_bytes(statement)
+        return run
 
 
 def _half(raw: bytes) -> bytes:
@@ -300,8 +320,95 @@ CASES = [
     Case("demo", "--workdir under a file", lambda b: ["demo", "--workdir", b.under_file()]),
     Case("demo", "--workdir read-only", lambda b: ["demo", "--workdir", b.readonly()]),
     Case("demo", "--workdir not empty", lambda b: ["demo", "--workdir", b.bundle()]),
+    # lineage: the run folder and its statements, with and without --verify
+    *[
+        row
+        for extra in ([], ["--verify"])
+        for row in (
+            Case("lineage", f"missing run folder {extra}", lambda b, e=extra: ["lineage", b.missing(), *e]),
+            Case("lineage", f"file for folder {extra}", lambda b, e=extra: ["lineage", b.file(), *e]),
+            Case("lineage", f"empty folder {extra}", lambda b, e=extra: ["lineage", b.empty_dir(), *e]),
+            Case("lineage", f"lineage/ empty {extra}", lambda b, e=extra: ["lineage", b.lineage(None), *e]),
+            Case("lineage", f"statement empty {extra}", lambda b, e=extra: ["lineage", b.lineage(b""), *e]),
+            Case(
+                "lineage",
+                f"statement truncated {extra}",
+                lambda b, e=extra: ["lineage", b.lineage(b'{"_type": "ht'), *e],
+            ),
+            Case(
+                "lineage", f"statement binary {extra}", lambda b, e=extra: ["lineage", b.lineage(bytes(range(256))), *e]
+            ),
+            Case("lineage", f"statement a list {extra}", lambda b, e=extra: ["lineage", b.lineage(b"[1]"), *e]),
+            Case(
+                "lineage",
+                f"statement wrong types {extra}",
+                lambda b, e=extra: ["lineage", b.lineage(b'{"_type": 1, "subject": 2}'), *e],
+            ),
+        )
+    ],
+    # weights: manifests (JSON) of each kind of damage, the folder, the Hub (a closed port)
+    *[
+        row
+        for action in ("verify", "fetch")
+        for row in (
+            Case("weights", f"{action}: missing manifest", lambda b, a=action: ["weights", a, b.missing(), b.out()]),
+            Case(
+                "weights", f"{action}: manifest is a folder", lambda b, a=action: ["weights", a, b.empty_dir(), b.out()]
+            ),
+            Case(
+                "weights",
+                f"{action}: manifest empty",
+                lambda b, a=action: ["weights", a, b.weights_manifest(b""), b.out()],
+            ),
+            Case(
+                "weights",
+                f"{action}: manifest truncated",
+                lambda b, a=action: ["weights", a, b.weights_manifest(b'{"name": "x", "comp'), b.out()],
+            ),
+            Case(
+                "weights",
+                f"{action}: manifest binary",
+                lambda b, a=action: ["weights", a, b.weights_manifest(bytes(range(256))), b.out()],
+            ),
+            Case(
+                "weights",
+                f"{action}: manifest a list",
+                lambda b, a=action: ["weights", a, b.weights_manifest(b"[]"), b.out()],
+            ),
+            Case(
+                "weights",
+                f"{action}: manifest wrong types",
+                lambda b, a=action: ["weights", a, b.weights_manifest(b'{"name": 1, "components": 3}'), b.out()],
+            ),
+            Case(
+                "weights",
+                f"{action}: DIR is a file",
+                lambda b, a=action: ["weights", a, b.weights_manifest(), b.file()],
+                OFFLINE_HUB,
+            ),
+            Case(
+                "weights",
+                f"{action}: DIR under a file",
+                lambda b, a=action: ["weights", a, b.weights_manifest(), b.under_file()],
+                OFFLINE_HUB,
+            ),
+        )
+    ],
+    Case("weights", "verify: DIR missing", lambda b: ["weights", "verify", b.weights_manifest(), b.missing()]),
+    Case("weights", "verify: DIR empty", lambda b: ["weights", "verify", b.weights_manifest(), b.empty_dir()]),
+    Case(
+        "weights",
+        "fetch: DIR read-only",
+        lambda b: ["weights", "fetch", b.weights_manifest(), b.readonly()],
+        OFFLINE_HUB,
+    ),
+    Case(
+        "weights", "pin: manifest truncated", lambda b: ["weights", "pin", b.weights_manifest(b'{"comp')], OFFLINE_HUB
+    ),
+    Case("weights", "pin: repo id malformed", lambda b: ["weights", "pin", "not a repo"], OFFLINE_HUB),
+    Case("weights", "no action", lambda b: ["weights"]),
     # commands not built yet: a usage error, whatever they are given
-    *[Case(cmd, "not built yet", lambda b, c=cmd: [c]) for cmd in ("run", "eval", "lineage")],
+    *[Case(cmd, "not built yet", lambda b, c=cmd: [c]) for cmd in ("run", "eval")],
 ]
 
 
@@ -327,8 +434,8 @@ def test_bad_input_gets_an_error_not_a_traceback(case: Case, packed: Path, tmp_p
     assert done.returncode < 128, shown  # not killed by a signal
     if not case.ok_allowed:
         assert done.returncode != 0, shown
-    # argparse (2), verify's problem report (11-14) and check's table (20-29) have their own form
-    if done.returncode not in (0, 2) and not 11 <= done.returncode <= 14 and not 20 <= done.returncode <= 29:
+    # argparse (2), problem reports (verify 11-14, weights verify 5) and check's table (20-29) have their own form
+    if done.returncode not in (0, 2, 5) and not 11 <= done.returncode <= 14 and not 20 <= done.returncode <= 29:
         lines = done.stderr.strip().splitlines()
         assert lines and any(line.startswith("error: ") for line in lines), shown
     if sys.platform.startswith("linux"):

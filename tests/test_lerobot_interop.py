@@ -1,14 +1,15 @@
 """Interoperability with lerobot 0.4.4: it loads datasets we write, and we read datasets it writes.
 
-lerobot runs in a helper virtual environment of its own (lerobot is never a runtime dependency),
-built once from the running interpreter: a plain venv, plus a `.pth` file that adds the running
-interpreter's site directories (so the helper sees this environment's torch, numpy, pyarrow,
-huggingface_hub and av, whether the tests run on a system Python or inside a venv), plus lerobot and
-the runtime packages it actually imports, installed with `--no-deps` at the pins below from the
-package index (its declared ranges, torch<2.11 and huggingface_hub<0.36, exclude this stack). Its
-own site-packages come first, so the pins win. The helper is marked complete only after lerobot
-imports in it, and is checked again on every use (rebuilt if the check fails). It lives under
-$PORTABLE_CACHE_DIR (default ~/.cache/recap-portable)/lerobot-venv-<hash of pins and interpreter>.
+lerobot runs in a helper virtual environment of its own (lerobot is never a runtime dependency):
+a plain venv made by the running interpreter, holding only lerobot and the runtime packages it
+actually imports, installed with `--no-deps` at the pins below from the package index (its declared
+ranges, torch<2.11 and huggingface_hub<0.36, exclude this stack). Every script run in it starts by
+adding the running interpreter's site directories *after* the helper's own (`site.addsitedir`, from
+$PORTABLE_PARENT_SITE), so it sees this environment's torch, numpy, pyarrow, huggingface_hub and av
+whether the tests run on a system Python or inside a venv, while the pins win. The helper is marked
+complete only after lerobot imports in it, and is checked again on every use (rebuilt if that fails).
+It does not depend on which environment made it, so fresh CI venvs reuse it: it lives under
+$PORTABLE_CACHE_DIR (default ~/.cache/recap-portable)/lerobot-venv-<hash of pins and base Python>.
 PyPI's torchvision next to the CPU torch fails at import (`operator torchvision::nms does not
 exist`); the drivers define those two operator schemas before lerobot imports torchvision.
 """
@@ -60,6 +61,10 @@ PINS = [
 ]
 
 SHIM = """
+import os, site
+for _d in os.environ.get("PORTABLE_PARENT_SITE", "").split(os.pathsep):
+    if _d:
+        site.addsitedir(_d)  # after the helper's own site-packages: its pins win
 import torch
 _lib = torch.library.Library("torchvision", "DEF")
 _lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
@@ -126,14 +131,23 @@ def _cache_root() -> Path:
     return Path(os.environ.get("PORTABLE_CACHE_DIR") or Path.home() / ".cache" / "recap-portable")
 
 
-def _helper_works(python: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(python), "-c", CHECK],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONNOUSERSITE": "1"},
+def _helper_env() -> dict[str, str]:
+    """The environment every helper run gets: offline, one thread, this interpreter's site dirs."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(
+        {
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONNOUSERSITE": "1",
+            "PORTABLE_PARENT_SITE": os.pathsep.join(_site_dirs()),
+        }
     )
+    return env
+
+
+def _helper_works(python: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(python), "-c", CHECK], capture_output=True, text=True, timeout=300, env=_helper_env())
 
 
 def _venv() -> Path:
@@ -141,8 +155,8 @@ def _venv() -> Path:
     import fcntl
     import shutil
 
-    dirs = _site_dirs()
-    key = hashlib.sha256("\n".join([*PINS, sys.version, sys.prefix, *dirs]).encode()).hexdigest()[:12]
+    base = os.path.realpath(sys.base_prefix)
+    key = hashlib.sha256("\n".join([*PINS, sys.version, base]).encode()).hexdigest()[:12]
     root = _cache_root()
     root.mkdir(parents=True, exist_ok=True)
     venv = root / f"lerobot-venv-{key}"
@@ -153,15 +167,6 @@ def _venv() -> Path:
             return python
         shutil.rmtree(venv, ignore_errors=True)  # partial, or complete once but broken now: rebuild
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-        site_packages = subprocess.run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        # `import site; site.addsitedir(d)` (not a bare path) so .pth files inside those dirs work too
-        lines = [f"import site; site.addsitedir({d!r})" for d in dirs]
-        Path(site_packages, "_portable_parent_env.pth").write_text("\n".join(lines) + "\n")
         proc = subprocess.run(
             [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", *PINS],
             capture_output=True,
@@ -182,15 +187,7 @@ def _venv() -> Path:
 
 def _run(python: Path, script: str, *args: str, home: Path) -> None:
     """Run a driver in the helper; lerobot's and datasets' caches go to `home` (a test temp folder)."""
-    env = {
-        **os.environ,
-        "HF_HOME": str(home),
-        "HF_DATASETS_CACHE": str(home / "datasets"),
-        "HF_HUB_OFFLINE": "1",
-        "OMP_NUM_THREADS": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "PYTHONNOUSERSITE": "1",
-    }
+    env = {**_helper_env(), "HF_HOME": str(home), "HF_DATASETS_CACHE": str(home / "datasets")}
     proc = subprocess.run(
         [str(python), "-c", textwrap.dedent(script), *args], capture_output=True, text=True, timeout=300, env=env
     )

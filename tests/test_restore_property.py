@@ -268,20 +268,22 @@ def json_edit(data, bundle: Path) -> str:
     if not isinstance(doc, dict):
         return "json (unparsable, skipped)"
     how = data.draw(st.sampled_from(["layer field", "file field", "top field", "duplicate layer", "drop field"]))
-    if how == "layer field" and doc.get("layers"):
-        layer = data.draw(st.sampled_from(doc["layers"]))
+    layers = [x for x in doc.get("layers", []) if isinstance(x, dict)] if isinstance(doc.get("layers"), list) else []
+    files = [x for x in doc.get("files", []) if isinstance(x, dict)] if isinstance(doc.get("files"), list) else []
+    if how == "layer field" and layers:
+        layer = data.draw(st.sampled_from(layers))
         key = data.draw(
             st.sampled_from(["target", "archive", "kind", "order", "members_index", "prefix_files", "build_prefix"])
         )
         layer[key] = data.draw(st.sampled_from(HOSTILE_VALUES))
-    elif how == "file field" and doc.get("files"):
-        entry = data.draw(st.sampled_from(doc["files"]))
+    elif how == "file field" and files:
+        entry = data.draw(st.sampled_from(files))
         entry[data.draw(st.sampled_from(["path", "size", "sha256"]))] = data.draw(st.sampled_from(HOSTILE_VALUES))
     elif how == "top field":
         key = data.draw(st.sampled_from(["entry_config", "metadata", "name", "format_version", "layers", "files"]))
         doc[key] = data.draw(st.sampled_from(HOSTILE_VALUES))
-    elif how == "duplicate layer" and doc.get("layers"):
-        copy = dict(data.draw(st.sampled_from(doc["layers"])))
+    elif how == "duplicate layer" and layers:
+        copy = dict(data.draw(st.sampled_from(layers)))
         copy["target"] = data.draw(st.sampled_from(["deep/er/t", "s", "source/project", "runtime/rt", "x"]))
         copy["order"] = data.draw(st.integers(-1, 5))
         doc["layers"].append(copy)

@@ -40,6 +40,7 @@ def test_rollout_dataset_columns_tasks_and_outcomes(tmp_path):
     ep_task = table.column("task_index").to_numpy().reshape(8, 12)[:, 0]
     assert ep_task.tolist() == [0] * 4 + [1] * 4  # task-major episode order
     assert res.per_task["FetchPush-v4"]["episodes"] == 4 and set(res.per_mode) == {"good", "give_up"}
+    assert all(res.success_events[k] <= res.events[k] for k in res.success_events)
     gave_up = table.column("sim.event").to_numpy() == 5
     assert gave_up.any() and not table.column("sim.harm").to_numpy()[gave_up].any()
 
@@ -105,3 +106,15 @@ def test_cli_eval_expert_json(capsys):
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["tasks"]["FetchPush-v4"]["success_at_end"] == "2/2"
+
+
+def test_unit_size_does_not_change_the_dataset(tmp_path):
+    """Units (how many episodes one env runs in a row) follow the worker count: they must not matter."""
+    a = generate_dataset(_cfg(tasks=("FetchPickAndPlace-v4",), unit_episodes=1), tmp_path / "a")
+    b = generate_dataset(_cfg(tasks=("FetchPickAndPlace-v4",), unit_episodes=4), tmp_path / "b")
+    da, db = open_dataset(a.path), open_dataset(b.path)
+    assert da.fingerprint == db.fingerprint
+    keys = ["observation.state", "action"]
+    ra, rb = da.read_frames(np.arange(da.num_frames), keys), db.read_frames(np.arange(db.num_frames), keys)
+    for key in keys:
+        np.testing.assert_array_equal(ra[key], rb[key])

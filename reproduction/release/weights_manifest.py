@@ -329,14 +329,14 @@ def load_weights_manifest(path: Path, *, licenses: LicenseIndex | None = None) -
     project's LICENSES/index.json). Raises InputNotFoundError, InvalidInputError, UnsupportedFormatError."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise InputNotFoundError(
             f"weights manifest {path} does not exist", path=path, hint="name a file under weights_manifest/"
         ) from None
     try:
-        data = json.loads(text)
-    except ValueError as exc:
+        data = json.loads(raw.decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError included
         raise InvalidInputError(f"{path}: not valid JSON ({exc})", path=path, field="(root)") from None
     manifest = WeightsManifest.from_dict(data, path=path)
     (licenses or load_license_index()).check(manifest)

@@ -1,5 +1,12 @@
 """The embedded default: MuJoCo Fetch tasks, scripted experts, data generation, policy eval.
 
+    tasks.py       the two Fetch tasks, their language strings        env.py       FetchSim: observation, cameras
+    experts.py     closed-loop scripted experts                        behaviours.py  modes: failures, harm, noise
+    episode.py     one scripted episode as dataset frames              seeds.py     per-episode seeds (eval odd)
+    generate.py    GenConfig / DataMix -> LeRobot v3.0 datasets        evaluate.py  EvalConfig -> EvalResult
+    metrics.py     detours / stalls / drops read off trajectories      policies.py  ExpertPolicy, RandomPolicy
+    workers.py     in-process, spawn pool or injected runner (Ray)     __main__.py  python -m reproduction.sim
+
 Importing the package picks headless EGL rendering unless MUJOCO_GL is already set: mujoco reads the
 variable once, at its first import, so it is set here, before any submodule can import mujoco.
 """

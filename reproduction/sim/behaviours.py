@@ -95,8 +95,9 @@ class BehaviourConfig:
     """Distance from the goal of a wrong place (metres)."""
     pauses: tuple[int, int] = (1, 2)
     pause_steps: tuple[int, int] = (8, 15)
-    give_up_window: tuple[int, int] = (3, 25)
-    """Steps at which a give-up starts."""
+    give_up_window: tuple[int, int] = (2, 12)
+    """Steps at which a give-up starts: before the expert's usual success (about step 14), since one
+    that starts after it leaves the cube at the goal and the episode succeeds anyway."""
 
     def __post_init__(self) -> None:
         for name in ("detours", "detour_steps", "regrasps", "hesitations", "hesitation_steps", "pauses", "pause_steps"):

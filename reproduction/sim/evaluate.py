@@ -19,7 +19,7 @@ import inspect
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -201,69 +201,117 @@ def _encode_mp4(frames: np.ndarray, fps: int) -> bytes:
         return path.read_bytes()
 
 
-def eval_batch(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """Worker body: run one batch of episodes with a freshly built policy; per-episode metrics (+ mp4 bytes)."""
-    from reproduction.sim.env import FPS, FetchSim
+class EnvPool:
+    """FetchSims kept across batches in one worker (creating one costs about as much as 10 steps); each
+    task's envs share one renderer per image size. Every episode starts with `reset(seed)`, so reuse
+    never changes a trajectory (`test_env_reuse_does_not_change_episodes` pins it)."""
+
+    def __init__(self, config: EvalConfig) -> None:
+        self.config = config
+        self._sims: dict[str, list[Any]] = {}
+        self._renderers: dict[str, dict[int, Any]] = {}
+
+    def get(self, task: str, n: int) -> list[Any]:
+        from reproduction.sim.env import FetchSim
+
+        sims = self._sims.setdefault(task, [])
+        renderers = self._renderers.setdefault(task, {})  # size -> mujoco.Renderer
+        while len(sims) < n:
+            sims.append(
+                FetchSim(task, cameras=self.config.cameras, image_size=self.config.image_size, renderers=renderers)
+            )
+        return sims[:n]
+
+    def close(self) -> None:
+        for sims in self._sims.values():
+            for sim in sims:
+                sim.close()
+        for renderers in self._renderers.values():
+            for renderer in renderers.values():
+                renderer.close()
+        self._sims, self._renderers = {}, {}
+
+
+def eval_group(group: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """Worker body: a group of batches with one EnvPool; per batch, the episodes' metrics (+ mp4 bytes)."""
+    pool = EnvPool(group["batches"][0]["config"])
+    try:
+        return [run_batch(payload, pool) for payload in group["batches"]]
+    finally:
+        pool.close()
+
+
+def run_batch(payload: dict[str, Any], pool: EnvPool) -> list[dict[str, Any]]:
+    """One batch of episodes in lockstep with a freshly built policy; per-episode metrics (+ mp4 bytes)."""
+    from reproduction.sim.env import FPS
     from reproduction.sim.metrics import episode_metrics
 
     config: EvalConfig = payload["config"]
     policy = payload["factory"]()
     _reset_policy(policy, payload["batch_seed"])
     spec = get_task(payload["task"])
-    renderers: dict[int, Any] = {}  # size -> mujoco.Renderer, shared by the batch's envs
-    sims = [
-        FetchSim(spec, cameras=config.cameras, image_size=config.image_size, renderers=renderers)
-        for _ in payload["indices"]
-    ]
-    try:
-        obs = [sim.reset(seed) for sim, seed in zip(sims, payload["reset_seeds"])]
-        n = len(sims)
-        track = {k: [[] for _ in range(n)] for k in ("grip", "cube", "fingers")}
-        recorded = [i for i, idx in enumerate(payload["indices"]) if idx < config.videos]
-        video = {i: [] for i in recorded}
+    sims = pool.get(spec.env_id, len(payload["indices"]))
+    obs = [sim.reset(seed) for sim, seed in zip(sims, payload["reset_seeds"])]
+    n = len(sims)
+    track = {k: [[] for _ in range(n)] for k in ("grip", "cube", "fingers")}
+    recorded = [i for i, idx in enumerate(payload["indices"]) if idx < config.videos]
+    video = {i: [] for i in recorded}
 
-        def record() -> None:
-            for i, sim in enumerate(sims):
-                track["grip"][i].append(sim.grip_pos)
-                track["cube"][i].append(sim.object_pos)
-                track["fingers"][i].append(float(sim.fingers.sum()))
-            for i in recorded:
-                views = [sims[i].render_frame(cam, config.video_size) for cam in CAMERA_NAMES]
-                video[i].append(np.concatenate(views, axis=1))
-
-        record()
-        step, chunk, used = 0, None, 0
-        while step < config.episode_steps:
-            if chunk is None or used >= min(config.execute_steps, chunk.shape[1]):
-                batch = {k: np.stack([o[k] for o in obs]) for k in obs[0]}
-                batch["task"] = [spec.language] * n
-                chunk, used = _check_actions(policy(batch), n), 0
-            obs = [sim.step(chunk[i, used])[0] for i, sim in enumerate(sims)]
-            used += 1
-            step += 1
-            record()
-        out = []
+    def record() -> None:
         for i, sim in enumerate(sims):
-            metrics = episode_metrics(
-                np.asarray(track["grip"][i]),
-                np.asarray(track["cube"][i]),
-                np.asarray(track["fingers"][i]),
-                sim.goal,
-                lifts=spec.lifts,
-                table_z=sim.table_z,
-            )
-            metrics["success_at_end"] = sim.is_success()  # the env's own rule on the final state
-            metrics["episode"] = payload["indices"][i]
-            metrics["reset_seed"] = payload["reset_seeds"][i]
-            if i in video:
-                metrics["mp4"] = _encode_mp4(np.stack(video[i]), FPS)
-            out.append(metrics)
-        return out
-    finally:
-        for sim in sims:
-            sim.close()
-        for renderer in renderers.values():
-            renderer.close()
+            track["grip"][i].append(sim.grip_pos)
+            track["cube"][i].append(sim.object_pos)
+            track["fingers"][i].append(float(sim.fingers.sum()))
+        for i in recorded:
+            views = [sims[i].render_frame(cam, config.video_size) for cam in CAMERA_NAMES]
+            video[i].append(np.concatenate(views, axis=1))
+
+    record()
+    step, chunk, used = 0, None, 0
+    while step < config.episode_steps:
+        if chunk is None or used >= min(config.execute_steps, chunk.shape[1]):
+            batch = {k: np.stack([o[k] for o in obs]) for k in obs[0]}
+            batch["task"] = [spec.language] * n
+            chunk, used = _check_actions(policy(batch), n), 0
+        obs = [sim.step(chunk[i, used])[0] for i, sim in enumerate(sims)]
+        used += 1
+        step += 1
+        record()
+    out = []
+    for i, sim in enumerate(sims):
+        metrics = episode_metrics(
+            np.asarray(track["grip"][i]),
+            np.asarray(track["cube"][i]),
+            np.asarray(track["fingers"][i]),
+            sim.goal,
+            lifts=spec.lifts,
+            table_z=sim.table_z,
+        )
+        metrics["success_at_end"] = sim.is_success()  # the env's own rule on the final state
+        metrics["episode"] = payload["indices"][i]
+        metrics["reset_seed"] = payload["reset_seeds"][i]
+        if i in video:
+            metrics["mp4"] = _encode_mp4(np.stack(video[i]), FPS)
+        out.append(metrics)
+    return out
+
+
+def _run(payloads: list[dict[str, Any]], config: EvalConfig, runner: Runner | None) -> Iterator[list[dict[str, Any]]]:
+    """Each batch's episodes, in batch order: in this process with one EnvPool, or in groups of
+    batches (two per worker, each with its own EnvPool) in a spawn pool or through `runner`."""
+    if config.workers <= 1 and runner is None:
+        pool = EnvPool(config)
+        try:
+            for payload in payloads:
+                yield run_batch(payload, pool)
+        finally:
+            pool.close()
+        return
+    k = max(1, min(config.workers if runner is not None else config.workers * 2, len(payloads)))
+    bounds = [round(i * len(payloads) / k) for i in range(k + 1)]
+    groups = [{"batches": payloads[a:b]} for a, b in zip(bounds, bounds[1:])]
+    for results in run_units(eval_group, groups, workers=config.workers, runner=runner):
+        yield from results
 
 
 def evaluate(
@@ -289,7 +337,7 @@ def evaluate(
     seeds: dict[str, list[int]] = {name: [] for name in tasks}
     with progress(ui) as bar:
         task_bar = bar.task("evaluate", total=len(config.tasks) * config.episodes_per_task)
-        for payload, episodes in zip(payloads, run_units(eval_batch, payloads, workers=config.workers, runner=runner)):
+        for payload, episodes in zip(payloads, _run(payloads, config, runner)):
             result = tasks[payload["task"]]
             for ep in episodes:
                 mp4 = ep.pop("mp4", None)

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from reproduction.errors import ConfigError
+from reproduction.errors import ConfigError, InvalidInputError
 from reproduction.sim.behaviours import BehaviourConfig, Mode, mode_of
-from reproduction.sim.tasks import get_task
+from reproduction.sim.tasks import TASK_IDS, TASKS, get_task
 from reproduction.sim.workers import Runner, run_units
 from reproduction.ui import Progress, UiOptions, progress
 
@@ -138,6 +138,8 @@ class GenResult:
     """Mode name -> {"episodes", "success"}."""
     events: dict[str, int]
     """Event name -> occurrences over the dataset."""
+    success_events: dict[str, int]
+    """Event name -> occurrences inside successful episodes (the harm filtering keeps)."""
     harm_frames: int
     config: dict[str, Any]
 
@@ -160,6 +162,7 @@ class GenResult:
             "per_task": self.per_task,
             "per_mode": self.per_mode,
             "events": self.events,
+            "success_events": self.success_events,
             "harm_frames": self.harm_frames,
             "config": self.config,
         }
@@ -182,8 +185,6 @@ def episode_modes(config: GenConfig, task: str) -> list[Mode]:
     if config.kind == "sft":
         return [Mode.EXPERT] * n
     modes = [m for m, c in mode_counts(config.modes, n).items() for _ in range(c)]
-    from reproduction.sim.tasks import TASK_IDS
-
     rng = np.random.default_rng([config.seed & 0xFFFFFFFF, 7, TASK_IDS[get_task(task).env_id]])
     return [modes[i] for i in rng.permutation(n)]
 
@@ -282,18 +283,17 @@ def generate_dataset(
     InvalidInputError if `out_dir` exists (unless `overwrite`); on failure `out_dir` is untouched.
     """
     from reproduction.data.writer import EpisodeData, write_dataset
-    from reproduction.sim.tasks import TASKS
+    from reproduction.sim.env import FPS
 
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
-        from reproduction.errors import InvalidInputError
-
         raise InvalidInputError(f"{out_dir}: already exists", path=out_dir, hint="choose a new folder")
     units = _units(config, max(1, workers))
     total = config.episodes_per_task * len(config.tasks)
     per_task: dict[str, Counter] = {}
     per_mode: dict[str, Counter] = {}
     events: Counter = Counter()
+    success_events: Counter = Counter()
     harm = 0
     start = time.perf_counter()
 
@@ -308,14 +308,14 @@ def generate_dataset(
                     c["episodes"] += 1
                     c["success"] += int(outcome.success)
                 events.update(outcome.events)
+                if outcome.success:
+                    success_events.update(outcome.events)
                 harm += outcome.harm_frames
                 task.advance(1)
                 yield EpisodeData(episode_index=ep["episode_index"], task=ep["task"], frames=ep["frames"])
             elapsed = time.perf_counter() - start
             done = sum(c["episodes"] for c in per_task.values())
             task.show(rate=f"{done / max(elapsed, 1e-9):.1f} ep/s")
-
-    from reproduction.sim.env import FPS
 
     with progress(ui) as bar:
         write_dataset(
@@ -336,6 +336,7 @@ def generate_dataset(
         per_task={k: dict(v) for k, v in per_task.items()},
         per_mode={k: dict(v) for k, v in per_mode.items()},
         events=dict(events),
+        success_events=dict(success_events),
         harm_frames=harm,
         config=config.to_dict(),
     )
@@ -361,8 +362,6 @@ def generate_mix(
     sft, rollout = mix.configs(tasks=tasks, seed=seed, **common)  # both validated before anything is written
     for cfg in (sft, rollout):
         if (root / cfg.kind).exists():
-            from reproduction.errors import InvalidInputError
-
             raise InvalidInputError(
                 f"{root / cfg.kind}: already exists", path=root / cfg.kind, hint="choose a new folder"
             )

@@ -4,8 +4,8 @@ A policy's episodes carry no annotation, so harmful behaviour is detected from w
 the cube did. The detector is checked against the generator's own `sim.event` labels in the tests.
 
 - progress measure d_t: PickAndPlace, gripper-to-cube distance while the cube is not in hand, else
-  cube-to-goal distance (plus a constant so the switch never looks like a step away); Push, gripper-to-
-  cube plus cube-to-goal distance.
+  cube-to-goal distance (steps where the grasp starts or ends are not counted); Push, gripper-to-cube
+  (3-D) plus cube-to-goal distance.
 - detour: a run of >= DETOUR_MIN_STEPS steps each increasing d by more than AWAY_M.
 - stall: a run of >= STALL_MIN_STEPS steps with the gripper moving less than STILL_M, before success.
 - drop (PickAndPlace): the cube was lifted in hand, then lies on the table away from the goal.

@@ -144,10 +144,11 @@ def open_policy_input(source: PolicySource, *, need_labels: bool, dataset: Any =
 
 def read_labels(source: PolicySource, ds: Any, episode: np.ndarray, frame: np.ndarray) -> np.ndarray:
     """Each row's `advantage` from the sidecar, joined by (episode, frame); a missing key is an error."""
-    from reproduction.recap.sidecars import read_advantages
+    from reproduction.recap.sidecars import read_sidecar
 
-    table = read_advantages(
+    table, _ = read_sidecar(
         Path(source.advantages) if source.advantages else Path(source.path),
+        "advantages",
         source.tag,
         expect_fingerprint=ds.fingerprint,
         dataset_name=ds.name,
