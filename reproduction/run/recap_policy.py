@@ -118,7 +118,7 @@ def evaluate_exports(
         export, step = exports[mode]
         meta = read_export(export)
         sim_cfg = EvalConfig(
-            tasks=list(ev.tasks),
+            tasks=tuple(ev.tasks),
             episodes_per_task=ev.episodes_per_task,
             seed=ev.seed,
             execute_steps=int(meta.get("execute_steps", config.policy.model.execute_steps)),
