@@ -153,6 +153,12 @@ BAD_INPUTS = [
     ),
     ("NaN written into returns", lambda w, o: _run(_nan(w, o), "--config", str(w[2]), "--resume"), 52, "was modified"),
     (
+        "policy on data without actions",
+        lambda w, o: ["run", "--output", str(o), "--config", str(w[2])],
+        40,
+        "has no action, which the policy stage trains on",
+    ),
+    (
         "several problems at once",
         lambda w, o: _run(o, f"datasets=[{{path: {w[0]}/a}}, {{path: /path/to/b}}]"),
         56,

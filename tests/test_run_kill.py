@@ -44,6 +44,8 @@ def _cmd(cfg: Path, out: Path, *extra: str) -> list[str]:
         str(cfg),
         "--output",
         str(out),
+        "--stages",
+        "returns,value,advantages",  # the dataset has no state/action for a policy
         *extra,
     ]
 

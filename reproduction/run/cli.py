@@ -126,7 +126,10 @@ def cmd_eval(args: Any) -> int:
     config = load_config(files, overrides, run_dir=run_dir)
     export, step, mode = _resolve_checkpoint(args.checkpoint, run_dir, state)
     config.policy.modes = [mode]
-    output = evaluate_exports(config, {mode: (export, step)}, run_dir / "eval", run_dir, ui=_ui(args))
+    # Its own folder and evidence name: the eval stage's recorded outputs stay as the run wrote them.
+    output = evaluate_exports(
+        config, {mode: (export, step)}, run_dir / "eval_checkpoint", run_dir, name="checkpoint", ui=_ui(args)
+    )
     say(f"evidence: {run_dir / output.summary['evidence']}", options=_ui(args))
     if getattr(args, "json", False):
         sys.stdout.write(json.dumps(output.summary, indent=1) + "\n")
@@ -137,7 +140,7 @@ def _state_config_file(run_dir: Path, state: dict[str, Any]) -> Path:
     """The run's resolved config, written as YAML beside run.json (eval's base config)."""
     from reproduction.fsio import atomic_write_text
 
-    path = run_dir / "eval" / "run_config.json"
+    path = run_dir / "eval_checkpoint" / "run_config.json"
     config = dict(state.get("config") or {})
     atomic_write_text(path, json.dumps(config, indent=1) + "\n")  # JSON is YAML
     return path
@@ -161,7 +164,12 @@ def _resolve_checkpoint(text: str, run_dir: Path, state: dict[str, Any] | None) 
             raise CheckpointError(
                 f"step {step}: the run's policy export is of step {done} (only the last step is exported)",
                 path=run_dir / "policy",
-                hint=f"pass --checkpoint {done}, or continue training with `portable run --target-step {step}`",
+                hint=f"pass --checkpoint {done}"
+                + (
+                    f", or train on with `portable run --target-step {step} --stages policy`"
+                    if step > (done or 0)
+                    else ""
+                ),
             )
         mode = "recap" if "recap" in rec.get("summary", {}) else next(iter(rec.get("summary", {"recap": 0})))
         return run_dir / "policy" / mode / "export", step, mode

@@ -31,6 +31,8 @@ from reproduction.ui import UiOptions, say
 REPO = Path(__file__).resolve().parent.parent.parent
 SPEC = REPO / "bundle" / "demo.toml"
 CONFIGS = REPO / "bundle" / "demo"
+MARKER = "demo.json"
+"""Marks a folder `portable demo` built (a rerun may reuse it; another non-empty folder is refused)."""
 REFERENCE = REPO / "evidence" / "demo"
 """The demo's reference evidence (a published demo run's eval JSON), packed into the bundle's evidence/."""
 
@@ -75,6 +77,14 @@ def run_demo(
     out = Path(output or Path("runs") / ("demo-quick" if quick else "demo")).absolute()
     if out.exists() and not out.is_dir():
         raise RunStateError(f"output {out} is a file, not a folder", path=out, hint="pass a folder with --output")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
+        raise RunStateError(
+            f"{out} is not empty and is not a demo folder (no {MARKER})",
+            path=out,
+            hint="pass a new or empty folder with --output, or the folder of an earlier demo to reuse it",
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text(json.dumps({"quick": quick}) + "\n")
     data = QUICK if quick else FULL
     report = DemoReport(output=out)
     t_all = time.perf_counter()

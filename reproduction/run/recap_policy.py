@@ -96,10 +96,16 @@ def eval_stage(ctx: StageContext) -> StageOutput:
 
 
 def evaluate_exports(
-    config: Any, exports: dict[str, tuple[Path, int | None]], out_dir: Path, run_dir: Path, *, ui: Any = None
+    config: Any,
+    exports: dict[str, tuple[Path, int | None]],
+    out_dir: Path,
+    run_dir: Path,
+    *,
+    name: str = "policy",
+    ui: Any = None,
 ) -> StageOutput:
     """Evaluate the policy exports ({mode: (export folder, step)}) in the simulator into `out_dir`, and
-    write `run_dir`/evidence/eval_policy_<step>.json (+ comparison.json with `eval.reference`)."""
+    write `run_dir`/evidence/eval_<name>_<step>.json (+ comparison[_<name>].json with `eval.reference`)."""
     from reproduction.recap.policy.export import PolicyFactory, read_export
     from reproduction.run import evidence
     from reproduction.sim.evaluate import EvalConfig, evaluate
@@ -112,7 +118,7 @@ def evaluate_exports(
         export, step = exports[mode]
         meta = read_export(export)
         sim_cfg = EvalConfig(
-            tasks=list(ev.tasks),
+            tasks=tuple(ev.tasks),
             episodes_per_task=ev.episodes_per_task,
             seed=ev.seed,
             execute_steps=int(meta.get("execute_steps", config.policy.model.execute_steps)),
@@ -139,7 +145,7 @@ def evaluate_exports(
     step = primary.step or 0
     ev_dir = Path(run_dir) / "evidence"
     path = evidence.write_eval_evidence(
-        ev_dir / f"eval_policy_{step}.json",
+        ev_dir / f"eval_{name}_{step}.json",
         primary,
         name=f"{primary.label} after {step} steps",
         run_id=Path(run_dir).name,
@@ -149,8 +155,9 @@ def evaluate_exports(
     )
     files, summary = [path], {"evidence": str(path.relative_to(run_dir)), "results": results}
     if ev.reference:
-        comparison = evidence.compare_files(path, Path(ev.reference), out=ev_dir / "comparison.json")
-        files.append(ev_dir / "comparison.json")
+        cmp_path = ev_dir / ("comparison.json" if name == "policy" else f"comparison_{name}_{step}.json")
+        comparison = evidence.compare_files(path, Path(ev.reference), out=cmp_path)
+        files.append(cmp_path)
         summary["comparison"] = comparison.to_dict()
     return StageOutput(files=files, summary=_jsonable(summary), device="cpu", world_size=ev.workers)
 

@@ -227,7 +227,7 @@ def _jsonable(obj: Any) -> Any:
 # -- preflight ------------------------------------------------------------------------------------
 
 
-def preflight(config: Any, run_dir: Path, opened: dict[str, Any]) -> list[Any]:
+def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[str] | None = None) -> list[Any]:
     """Every problem with the run's inputs, collected as errors (nothing is started or written).
     The datasets it opens go into `opened` (RunDataset by name), so the run opens each once."""
     from reproduction.data.reader import open_dataset
@@ -263,6 +263,15 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any]) -> list[Any]:
             opened[ds.name] = RunDataset(
                 dataset=ds, type=entry.type, weight=entry.weight, value=entry.value, policy=entry.policy
             )
+            missing = [k for k in ("observation.state", "action") if k not in ds.info.features]
+            if entry.policy and "policy" in (stages or []) and missing:
+                problems.append(
+                    DatasetError(
+                        f"{key}.path: dataset {path} has no {' or '.join(missing)}, which the policy stage trains on",
+                        path=path,
+                        hint=f"set {key}.policy=false, or run only --stages returns,value,advantages",
+                    )
+                )
         except PortableError as exc:
             problems.append(type(exc)(f"{key}.path: {exc.message}", hint=exc.hint))
         except OSError as exc:

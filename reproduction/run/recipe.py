@@ -53,7 +53,7 @@ class Recipe:
     open_inputs: str | None = None
     """"module:function" (config) -> {name: opened input with a `.fingerprint`}; opened once per run."""
     preflight: str | None = None
-    """"module:function" (config, run_dir, opened) -> list of problems (errors or strings), checked before
+    """"module:function" (config, run_dir, opened, stage names) -> list of problems (errors or strings), checked before
     anything runs; inputs it opens go into the dict `opened` and are used instead of open_inputs'."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form recipe data its stage functions may read."""

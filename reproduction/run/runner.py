@@ -272,7 +272,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
     if opts.preflight and recipe.preflight:
         from reproduction.run.preflight import raise_problems
 
-        raise_problems(resolve_fn(recipe.preflight)(config, run_dir, opened))
+        raise_problems(resolve_fn(recipe.preflight)(config, run_dir, opened, [s.name for s in selected]))
     if state is None and run_dir.is_dir() and any(run_dir.iterdir()):
         raise RunStateError(
             f"{run_dir} is not empty and holds no run.json", path=run_dir, hint="choose a new or empty --output"
