@@ -11,6 +11,10 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("PORTABLE_NO_PROGRESS", "1")
+if sys.platform.startswith("linux"):
+    # Headless rendering for every test: mujoco reads MUJOCO_GL once, at its first import, and a test
+    # module that imports mujoco (through gymnasium) before reproduction.sim would otherwise get GLFW.
+    os.environ.setdefault("MUJOCO_GL", "egl")
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
