@@ -407,8 +407,17 @@ CASES = [
     ),
     Case("weights", "pin: repo id malformed", lambda b: ["weights", "pin", "not a repo"], OFFLINE_HUB),
     Case("weights", "no action", lambda b: ["weights"]),
-    # commands not built yet: a usage error, whatever they are given
-    *[Case(cmd, "not built yet", lambda b, c=cmd: [c]) for cmd in ("run", "eval")],
+    # run and eval (tests/test_run_faults.py holds the run's own table of 37 bad inputs)
+    Case("run", "no output", lambda b: ["run", "--config", b.file("run.yaml", b"datasets: []\n")]),
+    Case("run", "config missing", lambda b: ["run", "--config", b.missing(), "--output", b.out()]),
+    Case("run", "config is a folder", lambda b: ["run", "--config", b.empty_dir(), "--output", b.out()]),
+    Case(
+        "run", "config binary", lambda b: ["run", "--config", b.file("c.yaml", bytes(range(256))), "--output", b.out()]
+    ),
+    Case("run", "bundle is a file", lambda b: ["run", b.file(), "--output", b.out()]),
+    Case("eval", "no checkpoint", lambda b: ["eval", "--output", b.out()]),
+    Case("eval", "output missing", lambda b: ["eval", "--checkpoint", "1", "--output", b.missing()]),
+    Case("eval", "output is a file", lambda b: ["eval", "--checkpoint", "1", "--output", b.file()]),
 ]
 
 
