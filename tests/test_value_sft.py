@@ -69,7 +69,10 @@ def test_two_worker_value_sft_with_two_folds_beats_chance_on_held_out_episodes(t
     }
     (tmp_path / "run.json.yaml").write_text(json.dumps(config))  # JSON is YAML
     out = tmp_path / "run"
-    proc = _run(["--output", str(out), "--config", str(tmp_path / "run.json.yaml")], timeout=900)
+    proc = _run(
+        ["--output", str(out), "--config", str(tmp_path / "run.json.yaml"), "--stages", "returns,value,advantages"],
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     stages = json.loads((out / "run.json").read_text())["stages"]
     summary = stages["value"]["summary"]
