@@ -1,12 +1,25 @@
-"""kill -9 `portable run` at points spread over every stage (inside checkpoint saves, right after sidecar and
-values writes, at random times), then `--resume` until done: the outputs are byte-identical to an
-uninterrupted run's (CPU, same seeds). RUN_KILL_TRIALS sets the number of trials (default 10)."""
+"""kill -9 `portable run` in every stage, then `--resume`: the evidence equals an uninterrupted run's (CPU, same seeds).
+
+The smallest run that still has every stage: simulator datasets of 2 + 4 Fetch episodes (32 px), two
+value folds and two policies (recap, bc) of 4 steps each, saving every 2 steps, 2 evaluation episodes
+per policy. Kill points:
+- deterministic, planted through the seam in tests/kill_points.py (a library function wrapped before
+  `portable` runs): after a returns sidecar, inside a value DCP save (shards written, no manifest),
+  inside a value export, between folds, after the values parquet, before the mixture config, half-way
+  through policy_setup.json, inside a policy DCP save and export, between policies, between evaluation
+  batches, between evaluated policies, half-way through the evidence JSON;
+- random times over a clean run (from the start, and from a run whose stages 1-3 completed).
+Each trial is followed by one `portable run --resume`, which must complete; compared then: every
+stage's recorded outputs (sidecars, value and policy exports, setups with the run folder written as
+RUN) and the evaluation evidence JSON without its run id.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,123 +27,271 @@ import time
 from pathlib import Path
 
 import pytest
-from value_synth import CAMERA, write_value_dataset
 
 REPO = Path(__file__).resolve().parent.parent
-TRIALS = int(os.environ.get("RUN_KILL_TRIALS", "10"))
+HERE = Path(__file__).resolve().parent
+pytest.importorskip("reproduction.sim.generate")
+pytest.importorskip("reproduction.recap.policy.task")
+from kill_points import POINTS  # noqa: E402
+
 CONFIG = """\
 datasets:
-  - {path: "DATA", type: rollout}
-returns: {failure_reward: -30}
+  - {path: "DATA/sft", type: sft}
+  - {path: "DATA/rollout", type: rollout}
+returns: {failure_reward: -50.0}
 value:
-  model: {cameras: {base_0_rgb: "CAMERA"}, folds: 2, eval_micro_batch: 16, augment: false}
-  train: {max_steps: 6, global_batch: 8, micro_batch: 8, save_interval: 2, lr: 0.001}
-advantages: {lookahead: 3}
+  model: {preset: tiny, cameras: {base_0_rgb: observation.images.agentview}, folds: 2, augment: false,
+          eval_max_samples: 32, eval_micro_batch: 32}
+  train: {max_steps: 4, global_batch: 8, micro_batch: 8, world_size: 1, launcher: inprocess, device: cpu,
+          save_interval: 2, log_interval: 2}
+  infer: {batch_size: 128, workers: 1, device: cpu}
+advantages: {lookahead: 5}
+policy:
+  modes: [recap, bc]
+  model: {preset: tiny, chunk: 4, execute_steps: 2, num_steps: 2}
+  train: {max_steps: 4, global_batch: 16, micro_batch: 16, launcher: inprocess, device: cpu, lr: 0.001,
+          save_interval: 2, log_interval: 2}
+eval:
+  tasks: [FetchPickAndPlace-v4]
+  episodes_per_task: 2
+  seed: 100000
+  guidance_scales: [1.0, 2.0]
+  workers: 1
+  videos: 0
 """
+EARLY = ("returns", "value", "advantages")
+RANDOM_FROM_START = 2
+RANDOM_FROM_STAGE_4 = 2
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{HERE}"}
 
 
-def _cmd(cfg: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "reproduction.portable",
-        "-q",
-        "run",
-        "--config",
-        str(cfg),
-        "--output",
-        str(out),
-        "--stages",
-        "returns,value,advantages",  # the dataset has no state/action for a policy
-        *extra,
-    ]
+def _cmd(cfg: Path, out: Path, *extra: str, point: str | None = None) -> list[str]:
+    args = ["-q", "run", "--config", str(cfg), "--output", str(out), *extra]
+    if point is None:
+        return [sys.executable, "-m", "reproduction.portable", *args]
+    return [sys.executable, str(HERE / "kill_points.py"), point, "--", *args]
 
 
-def _outputs(run: Path) -> dict[str, dict[str, str]]:
-    """Each stage's output digests; value_setup.json names the run folder, so it is compared with that
-    folder written as RUN."""
+def evidence_of(run: Path, *copied_from: Path) -> dict:
+    """What must not depend on a kill: each stage's output digests (files naming the run folder, or the
+    folder a run was copied from, are compared with it written as RUN) and the evaluation evidence
+    without its run id."""
     stages = json.loads((run / "run.json").read_text())["stages"]
+    assert all(s["status"] == "complete" for s in stages.values()), {n: s["status"] for n, s in stages.items()}
     out = {n: {rel: v[2] for rel, v in s["outputs"].items()} for n, s in stages.items()}
-    out["value"]["value_setup.json"] = (run / "value" / "value_setup.json").read_text().replace(str(run), "RUN")
+    for name, rels in out.items():
+        for rel in rels:
+            path = run / name / rel
+            if path.name in ("value_setup.json", "policy_setup.json"):
+                text = path.read_text()
+                for folder in (run, *copied_from):
+                    text = text.replace(str(folder), "RUN")
+                rels[rel] = text
+            elif path.parent.name == "evidence":
+                doc = json.loads(path.read_text())
+                doc.pop("run_id")
+                rels[rel] = doc
     return out
 
 
-# Kill points: a predicate over the run folder (checked every few ms), or a time fraction of a clean run.
-def _in_value_save(run: Path) -> bool:
-    return any(run.glob("value/model_*/checkpoints/step_*.partial"))
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Datasets, the config, a clean uninterrupted run, and a run with stages 1-3 complete."""
+    from reproduction.sim.generate import DataMix, generate_mix
+
+    root = tmp_path_factory.mktemp("kill")
+    generate_mix(
+        DataMix(sft_episodes=2, rollout_episodes=4),
+        root / "data",
+        tasks=("FetchPickAndPlace-v4",),
+        seed=0,
+        cameras=("agentview",),
+        image_size=32,
+    )
+    cfg = root / "run.yaml"
+    cfg.write_text(CONFIG.replace("DATA", str(root / "data")))
+    t0 = time.perf_counter()
+    clean = subprocess.run(_cmd(cfg, root / "clean"), env=_env(), capture_output=True, text=True, timeout=900)
+    seconds = time.perf_counter() - t0
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    base = root / "stages123"
+    proc = subprocess.run(
+        _cmd(cfg, base, "--stages", ",".join(EARLY)), env=_env(), capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return cfg, root / "clean", base, seconds, time.perf_counter() - t0 - seconds
 
 
-def _returns_written(run: Path) -> bool:
-    return any(run.glob("returns/*/returns.parquet"))
+def _trials() -> list[tuple[str, str | float]]:
+    """(start: scratch or stage4, kill point name or seconds after start)."""
+    rng = random.Random(13)
+    out: list[tuple[str, str | float]] = [("scratch" if POINTS[p][0] in EARLY else "stage4", p) for p in POINTS]
+    out += [("scratch", rng.uniform(0.05, 0.95)) for _ in range(RANDOM_FROM_START)]
+    out += [("stage4", rng.uniform(0.1, 0.9)) for _ in range(RANDOM_FROM_STAGE_4)]
+    return out
 
 
-def _values_written(run: Path) -> bool:
-    return any(run.glob("advantages/values/*.parquet"))
-
-
-def _second_fold(run: Path) -> bool:
-    return (run / "value" / "model_1").is_dir()
-
-
-def _export_written(run: Path) -> bool:
-    return any(run.glob("value/model_0/export/value_head.json"))
-
-
-POINTS = [_returns_written, _in_value_save, _second_fold, _export_written, _values_written]
+def _kill_after(proc: subprocess.Popen, seconds: float) -> str:
+    try:
+        proc.wait(timeout=seconds)
+        return "finished first"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the run and any worker it started
+        proc.wait(timeout=60)
+        return "killed"
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("kill")
-    data = root / "data" / "rollouts"
-    write_value_dataset(data, episodes=6, seed=4, runs=root / "scratch")
-    cfg = root / "run.yaml"
-    cfg.write_text(CONFIG.replace("DATA", str(data)).replace("CAMERA", CAMERA))
-    t0 = time.perf_counter()
-    proc = subprocess.run(_cmd(cfg, root / "clean"), env=_env(), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return cfg, root / "clean", time.perf_counter() - t0
-
-
-def _kill_when(proc: subprocess.Popen, run: Path, point, deadline_s: float) -> str:
-    t0 = time.perf_counter()
-    while proc.poll() is None and time.perf_counter() - t0 < deadline_s:
-        if (callable(point) and point(run)) or (not callable(point) and time.perf_counter() - t0 >= point):
-            os.killpg(proc.pid, signal.SIGKILL)  # the run and any worker it started
-            proc.wait(timeout=60)
-            return "killed"
-        time.sleep(0.005)
-    proc.wait(timeout=600)
-    return "finished first"
+def reference(world):
+    return evidence_of(world[1])
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(7200)
-def test_kill_nine_anywhere_then_resume_gives_identical_outputs(setup, tmp_path):
-    cfg, clean, seconds = setup
-    reference = _outputs(clean)
-    rng = random.Random(13)
-    points = [POINTS[i % len(POINTS)] for i in range(TRIALS)]
-    points = [p if i < len(POINTS) else rng.uniform(0.05, 0.95) * seconds for i, p in enumerate(points)]
-    outcomes = []
-    for i, point in enumerate(points):
-        run = tmp_path / f"t{i}"
-        proc = subprocess.Popen(
-            _cmd(cfg, run), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("start,point", _trials(), ids=lambda v: v if isinstance(v, str) else f"t{v:.2f}")
+def test_kill_nine_then_resume_gives_the_same_evidence(world, reference, tmp_path, start, point):
+    cfg, clean, base, clean_s, base_s = world
+    run = tmp_path / "run"
+    if start == "stage4":
+        shutil.copytree(base, run, symlinks=True)
+    extra = ("--resume",) if start == "stage4" else ()
+    if isinstance(point, str):
+        proc = subprocess.run(
+            _cmd(cfg, run, *extra, point=point),
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=900,
+            start_new_session=True,
         )
-        outcome = _kill_when(proc, run, point, deadline_s=seconds * 4)
-        resumes = 0
-        while True:
-            done = subprocess.run(_cmd(cfg, run, "--resume"), env=_env(), capture_output=True, text=True, timeout=900)
-            resumes += 1
-            if done.returncode == 0 or resumes > 2:
-                break
-        assert done.returncode == 0, f"trial {i} ({point}): {done.stderr[-3000:]}"
-        assert _outputs(run) == reference, f"trial {i} ({getattr(point, '__name__', point)}) differs"
-        outcomes.append((point.__name__ if callable(point) else f"t={point:.1f}s", outcome))
-    print(f"{len(outcomes)} kill trials over a {seconds:.0f} s run: {outcomes}")
-    assert sum(o == "killed" for _, o in outcomes) >= len(outcomes) * 0.7
+        assert proc.returncode == -signal.SIGKILL, f"{point} was never reached: rc {proc.returncode}\n{proc.stderr}"
+        outcome = "killed"
+    else:
+        seconds = point * (clean_s if start == "scratch" else max(clean_s - base_s, 5.0))
+        proc = subprocess.Popen(
+            _cmd(cfg, run, *extra),
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        outcome = _kill_after(proc, seconds)
+    state = json.loads((run / "run.json").read_text()) if (run / "run.json").is_file() else {"stages": {}}
+    left = {n: s["status"] for n, s in state["stages"].items()}
+    done = subprocess.run(_cmd(cfg, run, "--resume"), env=_env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"resume after {point} ({left}): {done.stderr[-3000:]}"
+    got = evidence_of(run, *((base,) if start == "stage4" else ()))
+    for stage in reference:
+        assert got[stage] == reference[stage], f"after a kill at {point} ({left}), stage {stage} differs"
+    assert got == reference
+    print(f"{point}: {outcome} with stages {left}; resume ok")
+
+
+@pytest.mark.slow
+def test_the_evidence_pins_each_evaluated_export_by_its_digest_and_validates(world):
+    import jsonschema
+
+    from reproduction.run.lineage import path_sha256
+
+    clean = world[1]
+    doc = json.loads(next((clean / "evidence").glob("eval_policy_*.json")).read_text())
+    schema = json.loads((REPO / "evidence" / "evaluation.schema.json").read_text())
+    jsonschema.validate(doc, schema)
+    for entry in (doc, *doc["baselines"]):
+        ckpt = entry["policy"]["checkpoint"]
+        assert ckpt["path"] == f"policy/{entry['policy']['mode']}/export"
+        assert ckpt["sha256"] == path_sha256(clean / ckpt["path"])[0]
+    lineage = json.loads((clean / "lineage" / "policy.intoto.json").read_text())
+    subjects = {s["name"] for s in lineage["subject"]}
+    assert "policy/recap/export/model.safetensors" in subjects
+
+
+# -- changed inputs after a stage completed: detected and named (exit 52), for every stage ---------------
+
+
+def _resume_refused(world, tmp_path, *overrides: str) -> str:
+    cfg, clean = world[0], world[1]
+    run = tmp_path / "run"
+    if not run.exists():
+        shutil.copytree(clean, run, symlinks=True)
+    before = (run / "run.json").read_text()
+    proc = subprocess.run(
+        _cmd(cfg, run, "--resume", *overrides), env=_env(), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 52, proc.stderr[-3000:]
+    assert (run / "run.json").read_text() == before  # nothing redone, nothing recorded
+    return proc.stderr.splitlines()[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "override,line",
+    [
+        (
+            "policy.train.lr=0.002",
+            "stage policy: its inputs changed since it ran: config.policy.train.lr: 0.001 -> 0.002",
+        ),
+        (
+            "policy.model.chunk=5",
+            "stage policy: its inputs changed since it ran: config.policy.model.chunk: 4 -> 5",
+        ),
+        (
+            "eval.episodes_per_task=3",
+            "stage eval: its inputs changed since it ran: config.eval.episodes_per_task: 2 -> 3",
+        ),
+        (
+            "eval.guidance_scales=[1.0,3.0]",
+            "stage eval: its inputs changed since it ran: config.eval.guidance_scales: [1.0, 2.0] -> [1.0, 3.0]",
+        ),
+    ],
+)
+def test_a_changed_config_value_of_policy_or_eval_is_named(world, tmp_path, override, line):
+    assert _resume_refused(world, tmp_path, override) == f"error: {line}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "rel,named",
+    [
+        (
+            "policy/bc/export/model_config.json",
+            "stage policy: its outputs changed after it completed: bc/export/model_config.json was modified",
+        ),
+        (
+            "evidence/eval_policy_4.json",
+            "stage eval: its outputs changed after it completed: ../evidence/eval_policy_4.json was modified",
+        ),
+    ],
+)
+def test_an_edited_policy_export_or_evidence_file_is_named(world, tmp_path, rel, named):
+    run = tmp_path / "run"
+    shutil.copytree(world[1], run, symlinks=True)
+    path = run / rel
+    path.write_text(path.read_text().replace("\n", "\n ", 1))
+    assert _resume_refused(world, tmp_path) == f"error: {named}"
+
+
+@pytest.mark.slow
+def test_an_edited_dataset_file_is_named_by_every_stage_keyed_on_it(world, tmp_path):
+    """A data parquet's success flags edited in place (same path, same config): the first stage reading it
+    names the dataset; with that stage restarted, the dependents follow and the policy is retrained."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cfg = world[0]
+    data = next((cfg.parent / "data" / "rollout").glob("data/*/*.parquet"))
+    original, stat = data.read_bytes(), data.stat()
+    try:
+        table = pq.read_table(data)
+        flags = table.column("is_success").to_pylist()
+        flags[-1] = not flags[-1]
+        pq.write_table(table.set_column(table.column_names.index("is_success"), "is_success", pa.array(flags)), data)
+        first = _resume_refused(world, tmp_path)
+        assert first.startswith("error: stage returns: its inputs changed since it ran: inputs.rollout: "), first
+        assert "config." not in first
+    finally:
+        data.write_bytes(original)
+        os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))

@@ -108,15 +108,18 @@ def evaluate_exports(
     write `run_dir`/evidence/eval_<name>_<step>.json (+ comparison[_<name>].json with `eval.reference`)."""
     from reproduction.recap.policy.export import PolicyFactory, read_export
     from reproduction.run import evidence
+    from reproduction.run.lineage import path_sha256
     from reproduction.sim.evaluate import EvalConfig, evaluate
 
     ev = config.eval
-    records, results = [], {}
+    records, results, digests = [], {}, {}
     for label, mode, w in evaluations(config):
         if mode not in exports:
             continue
         export, step = exports[mode]
         meta = read_export(export)
+        if mode not in digests:  # the export's tree digest, as lineage pins it (one per export, not per scale)
+            digests[mode] = path_sha256(Path(export))[0]
         sim_cfg = EvalConfig(
             tasks=tuple(ev.tasks),
             episodes_per_task=ev.episodes_per_task,
@@ -137,6 +140,7 @@ def evaluate_exports(
                 mode=mode,
                 guidance_scale=w if mode == "recap" else None,
                 checkpoint=str(Path(export).resolve().relative_to(Path(run_dir).resolve()) if inside else export),
+                checkpoint_sha256=digests[mode],
                 step=step,
                 extra_metrics=_mechanism(result),
             )

@@ -32,6 +32,7 @@ from reproduction.errors import CheckpointError, RunStateError, StageKeyChangedE
 from reproduction.fsio import atomic_write_text
 from reproduction.run.config import select, to_plain
 from reproduction.run.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
+from reproduction.run.secrets import redact
 
 RUN_JSON = "run.json"
 FORMAT_VERSION = 1
@@ -126,7 +127,10 @@ def read_state(run_dir: Path) -> dict[str, Any] | None:
 
 
 def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
-    atomic_write_text(Path(run_dir) / RUN_JSON, json.dumps(state, indent=1, sort_keys=True, default=str) + "\n")
+    """run.json with secrets redacted (a token in the config or the environment never reaches the file;
+    keys are digests of the unredacted parts, so a resume still matches them)."""
+    text = json.dumps(redact(state), indent=1, sort_keys=True, default=str)
+    atomic_write_text(Path(run_dir) / RUN_JSON, text + "\n")
 
 
 def canonical(obj: Any) -> str:
