@@ -275,23 +275,24 @@ def test_an_edited_policy_export_or_evidence_file_is_named(world, tmp_path, rel,
 
 
 @pytest.mark.slow
-def test_an_edited_dataset_file_is_named_by_every_stage_keyed_on_it(world, tmp_path):
-    """A data parquet's success flags edited in place (same path, same config): the first stage reading it
-    names the dataset; with that stage restarted, the dependents follow and the policy is retrained."""
+@pytest.mark.parametrize("column", ["is_success", "action"])
+def test_an_edited_dataset_file_is_named(world, tmp_path, column):
+    """A data parquet edited in place (same path, same config): a success flag (a key column of the data
+    plane's fingerprint) or an action (only the content digest sees it) is named as the dataset's change."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    cfg = world[0]
-    data = next((cfg.parent / "data" / "rollout").glob("data/*/*.parquet"))
+    data = next((world[0].parent / "data" / "rollout").glob("data/*/*.parquet"))
     original, stat = data.read_bytes(), data.stat()
     try:
         table = pq.read_table(data)
-        flags = table.column("is_success").to_pylist()
-        flags[-1] = not flags[-1]
-        pq.write_table(table.set_column(table.column_names.index("is_success"), "is_success", pa.array(flags)), data)
+        values = table.column(column).to_pylist()
+        values[-1] = (not values[-1]) if column == "is_success" else [v + 0.5 for v in values[-1]]
+        edited = pa.array(values, type=table.schema.field(column).type)
+        pq.write_table(table.set_column(table.column_names.index(column), column, edited), data)
         first = _resume_refused(world, tmp_path)
         assert first.startswith("error: stage returns: its inputs changed since it ran: inputs.rollout: "), first
-        assert "config." not in first
+        assert "config." not in first and "inputs.sft" not in first
     finally:
         data.write_bytes(original)
         os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))

@@ -11,7 +11,8 @@ calls the stage's library function; none parses arguments or renders errors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +53,18 @@ class RunDataset:
     def root(self) -> Path:
         return self.dataset.root
 
+    _key: str | None = field(default=None, init=False, repr=False)
+
     @property
     def fingerprint(self) -> str:
-        return self.dataset.fingerprint
+        """What the stage keys pin: the data plane's fingerprint (info.json, episodes, key columns) and the
+        content of every file (run/content.py), so an edited action, state or image column is named too."""
+        if self._key is None:
+            from reproduction.run.content import content_digest
+
+            both = f"{self.dataset.fingerprint}\n{content_digest(self.root)}"
+            self._key = hashlib.sha256(both.encode()).hexdigest()
+        return self._key
 
 
 def open_datasets(config: Any) -> dict[str, RunDataset]:
