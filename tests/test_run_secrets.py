@@ -19,7 +19,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from evidence_fixtures import validate_run_folder
 
+from reproduction.run.lineage import path_sha256
 from reproduction.run.secrets import find_secret
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,6 +82,11 @@ def test_no_planted_token_in_any_file_a_demo_and_a_run_write(tmp_path):
     for must in ("run.json", "report.html", "check.json", "evidence", "lineage/eval.intoto.json"):
         assert (run / must).exists() or (out / must).exists(), must
     assert not any(token in proc.stdout + proc.stderr for token in PLANTED)
+    counts = validate_run_folder(run)  # every evidence and lineage file against evidence/*.schema.json
+    assert counts["evaluation"] >= 1 and counts["lineage"] == 5, counts
+    doc = json.loads(next((run / "evidence").glob("eval_policy_*.json")).read_text())
+    for entry in (doc, *doc["baselines"]):
+        assert entry["policy"]["checkpoint"]["sha256"] == path_sha256(run / entry["policy"]["checkpoint"]["path"])[0]
 
     # a token on the command line and one interpolated from the environment in a config file
     restored = out / "restored" / "recap-demo"
