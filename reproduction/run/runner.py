@@ -441,6 +441,8 @@ def _run_stage(
     action = _decide(spec, rec, key, parts, stage_dir, redone, opts)
     if action == "skip":
         return StageReport(name=spec.name, action="skipped", seconds=0.0, output=_output_from_record(stage_dir, rec))
+    if not (run_dir / RUN_JSON).is_file():  # before the first stage folder: a kill then leaves a run to --resume
+        _write_state(run_dir, state)
     if action == "fresh" and stage_dir.exists():
         shutil.rmtree(stage_dir)
     stage_dir.mkdir(parents=True, exist_ok=True)
