@@ -60,7 +60,9 @@ eval:
   videos: 0
 """
 EARLY = ("returns", "value", "advantages")
-RANDOM_FROM_START = 2
+RANDOM_STAGES = ("advantages", "policy", "eval")
+"""Random-time kills from the start, each at a random moment inside one of these stages of the clean run
+(the value stage, which takes most of a run, already gets uniform random kills below)."""
 RANDOM_FROM_STAGE_4 = 2
 
 
@@ -113,25 +115,31 @@ def world(tmp_path_factory):
     )
     cfg = root / "run.yaml"
     cfg.write_text(CONFIG.replace("DATA", str(root / "data")))
-    t0 = time.perf_counter()
+    t0, epoch = time.perf_counter(), time.time()
     clean = subprocess.run(_cmd(cfg, root / "clean"), env=_env(), capture_output=True, text=True, timeout=900)
     seconds = time.perf_counter() - t0
     assert clean.returncode == 0, clean.stderr[-3000:]
+    stages = json.loads((root / "clean" / "run.json").read_text())["stages"]
+    windows = {n: (s["started"] - epoch, s["ended"] - epoch) for n, s in stages.items()}  # seconds after launch
     base = root / "stages123"
     proc = subprocess.run(
         _cmd(cfg, base, "--stages", ",".join(EARLY)), env=_env(), capture_output=True, text=True, timeout=900
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return cfg, root / "clean", base, seconds, time.perf_counter() - t0 - seconds
+    return cfg, root / "clean", base, seconds, time.perf_counter() - t0 - seconds, windows
 
 
-def _trials() -> list[tuple[str, str | float]]:
-    """(start: scratch or stage4, kill point name or seconds after start)."""
+def _trials() -> list[tuple[str, str | tuple[str, float]]]:
+    """(start: scratch or stage4, a kill point's name or (stage or "any", fraction of its time))."""
     rng = random.Random(13)
-    out: list[tuple[str, str | float]] = [("scratch" if POINTS[p][0] in EARLY else "stage4", p) for p in POINTS]
-    out += [("scratch", rng.uniform(0.05, 0.95)) for _ in range(RANDOM_FROM_START)]
-    out += [("stage4", rng.uniform(0.1, 0.9)) for _ in range(RANDOM_FROM_STAGE_4)]
+    out: list = [("scratch" if POINTS[p][0] in EARLY else "stage4", p) for p in POINTS]
+    out += [("scratch", (stage, round(rng.uniform(0.05, 0.95), 3))) for stage in RANDOM_STAGES]
+    out += [("stage4", ("any", round(rng.uniform(0.1, 0.9), 3))) for _ in range(RANDOM_FROM_STAGE_4)]
     return out
+
+
+def _id(value) -> str:
+    return value if isinstance(value, str) else f"random-{value[0]}-{value[1]}"
 
 
 def _kill_after(proc: subprocess.Popen, seconds: float) -> str:
@@ -151,9 +159,9 @@ def reference(world):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("start,point", _trials(), ids=lambda v: v if isinstance(v, str) else f"t{v:.2f}")
+@pytest.mark.parametrize("start,point", _trials(), ids=_id)
 def test_kill_nine_then_resume_gives_the_same_evidence(world, reference, tmp_path, start, point):
-    cfg, clean, base, clean_s, base_s = world
+    cfg, clean, base, clean_s, base_s, windows = world
     run = tmp_path / "run"
     if start == "stage4":
         shutil.copytree(base, run, symlinks=True)
@@ -170,7 +178,12 @@ def test_kill_nine_then_resume_gives_the_same_evidence(world, reference, tmp_pat
         assert proc.returncode == -signal.SIGKILL, f"{point} was never reached: rc {proc.returncode}\n{proc.stderr}"
         outcome = "killed"
     else:
-        seconds = point * (clean_s if start == "scratch" else max(clean_s - base_s, 5.0))
+        stage, fraction = point
+        if stage == "any":  # from stage 4 on: anywhere in what is left of a clean run
+            seconds = fraction * max(clean_s - base_s, 5.0)
+        else:  # a moment inside that stage of the clean run, counted from launch
+            a, b = windows[stage]
+            seconds = a + fraction * (b - a)
         proc = subprocess.Popen(
             _cmd(cfg, run, *extra),
             env=_env(),
@@ -187,7 +200,7 @@ def test_kill_nine_then_resume_gives_the_same_evidence(world, reference, tmp_pat
     for stage in reference:
         assert got[stage] == reference[stage], f"after a kill at {point} ({left}), stage {stage} differs"
     assert got == reference
-    print(f"{point}: {outcome} with stages {left}; resume ok")
+    print(f"{_id(point)}: {outcome} with stages {left}; resume ok")
 
 
 @pytest.mark.slow
@@ -247,6 +260,7 @@ def _resume_refused(world, tmp_path, *overrides: str) -> str:
             "stage eval: its inputs changed since it ran: config.eval.guidance_scales: [1.0, 2.0] -> [1.0, 3.0]",
         ),
     ],
+    ids=["policy.train.lr", "policy.model.chunk", "eval.episodes_per_task", "eval.guidance_scales"],
 )
 def test_a_changed_config_value_of_policy_or_eval_is_named(world, tmp_path, override, line):
     assert _resume_refused(world, tmp_path, override) == f"error: {line}"
@@ -265,6 +279,7 @@ def test_a_changed_config_value_of_policy_or_eval_is_named(world, tmp_path, over
             "stage eval: its outputs changed after it completed: ../evidence/eval_policy_4.json was modified",
         ),
     ],
+    ids=["policy export", "evidence"],
 )
 def test_an_edited_policy_export_or_evidence_file_is_named(world, tmp_path, rel, named):
     run = tmp_path / "run"
