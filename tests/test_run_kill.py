@@ -311,3 +311,23 @@ def test_an_edited_dataset_file_is_named(world, tmp_path, column):
     finally:
         data.write_bytes(original)
         os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_the_content_digest_sees_every_byte_and_rehashes_only_changed_files(tmp_path, monkeypatch):
+    import reproduction.digests
+    from reproduction.run.content import content_digest
+    from reproduction.run.lineage import tree_sha256
+
+    monkeypatch.setenv("PORTABLE_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "ds"
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "a.parquet").write_bytes(b"a" * 100)
+    (root / "meta.json").write_text("{}")
+    hashed: list[int] = []
+    real = reproduction.digests.sha256_files
+    monkeypatch.setattr(reproduction.digests, "sha256_files", lambda paths: hashed.append(len(paths)) or real(paths))
+    first = content_digest(root)
+    assert first == tree_sha256(root) and hashed == [2]
+    assert content_digest(root) == first and hashed[-1] == 0  # unchanged: a stat per file
+    (root / "data" / "a.parquet").write_bytes(b"a" * 99 + b"b")
+    assert content_digest(root) != first and hashed[-1] == 1
