@@ -142,6 +142,14 @@ def _id(value) -> str:
     return value if isinstance(value, str) else f"random-{value[0]}-{value[1]}"
 
 
+def _kill_in_stage(proc: subprocess.Popen, stage_dir: Path, seconds: float) -> str:
+    """Kill `seconds` after the stage's folder appeared (the runner creates it as the stage starts)."""
+    t0 = time.perf_counter()
+    while proc.poll() is None and not stage_dir.is_dir() and time.perf_counter() - t0 < 900:
+        time.sleep(0.01)
+    return _kill_after(proc, seconds)
+
+
 def _kill_after(proc: subprocess.Popen, seconds: float) -> str:
     try:
         proc.wait(timeout=seconds)
@@ -179,26 +187,31 @@ def test_kill_nine_then_resume_gives_the_same_evidence(world, reference, tmp_pat
         outcome = "killed"
     else:
         stage, fraction = point
-        if stage == "any":  # from stage 4 on: anywhere in what is left of a clean run
-            seconds = fraction * max(clean_s - base_s, 5.0)
-        else:  # a moment inside that stage of the clean run, counted from launch
-            a, b = windows[stage]
-            seconds = a + fraction * (b - a)
-        proc = subprocess.Popen(
-            _cmd(cfg, run, *extra),
-            env=_env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        outcome = _kill_after(proc, seconds)
+        for attempt in range(3):  # a random moment that came after the run finished is tried again, earlier
+            proc = subprocess.Popen(
+                _cmd(cfg, run, *extra),
+                env=_env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            if stage == "any":  # from stage 4 on: anywhere in what is left of a clean run
+                outcome = _kill_after(proc, fraction * max(clean_s - base_s, 5.0) / 2**attempt)
+            else:  # a random moment inside that stage: its clean duration times the fraction, once it began
+                a, b = windows[stage]
+                outcome = _kill_in_stage(proc, run / stage, fraction * (b - a) / 2**attempt)
+            if outcome == "killed" or attempt == 2:
+                break
+            shutil.rmtree(run)
+            if start == "stage4":
+                shutil.copytree(base, run, symlinks=True)
     state = json.loads((run / "run.json").read_text()) if (run / "run.json").is_file() else {"stages": {}}
     left = {n: s["status"] for n, s in state["stages"].items()}
     done = subprocess.run(_cmd(cfg, run, "--resume"), env=_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"resume after {point} ({left}): {done.stderr[-3000:]}"
     got = evidence_of(run, *((base,) if start == "stage4" else ()))
-    for stage in reference:
-        assert got[stage] == reference[stage], f"after a kill at {point} ({left}), stage {stage} differs"
+    for name in reference:
+        assert got[name] == reference[name], f"after a kill at {point} ({left}), stage {name} differs"
     assert got == reference
     print(f"{_id(point)}: {outcome} with stages {left}; resume ok")
 
