@@ -14,7 +14,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from bundlekit import QUIET, REPO, run_cli
+from bundlekit import QUIET, REPO, hub_manifest, run_cli
 
 from reproduction.errors import IntegrityError, InvalidInputError
 from reproduction.release.manifest import load_manifest, write_manifest
@@ -36,39 +36,6 @@ SCHEMA = json.loads((REPO / "weights_manifest" / "schema.json").read_text())
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def hub_manifest(files: dict[str, bytes], *, license_id: str = "apache-2.0", license_file: str = "Apache-2.0.txt"):
-    """A manifest with one Hub component whose files are pinned to `files` (paths under `up/`)."""
-    return {
-        "$schema": "./schema.json",
-        "format": "recap-portable-weights",
-        "format_version": 2,
-        "name": "test-upstream",
-        "model": "value",
-        "presets": ["test"],
-        "components": [
-            {
-                "role": "backbone",
-                "source": {
-                    "kind": "hub",
-                    "repo": "alice/upstream",
-                    "repo_type": "model",
-                    "revision": "main",
-                    "commit": "0" * 40,
-                },
-                "license": {"id": license_id, "file": f"LICENSES/{license_file}"},
-                "model_config": {"path": "up/config.json", "sha256": _sha(files["config.json"])},
-                "files": [
-                    {"path": f"up/{name}", "repo_path": name, "size": len(data), "sha256": _sha(data)}
-                    for name, data in files.items()
-                ],
-                "key_mapping": {"source_prefix": "model.", "target_prefix": "language."},
-                "presets": ["test"],
-            }
-        ],
-        "fresh_prefixes": [],
-    }
 
 
 UPSTREAM = {"model.safetensors": b"\x00weights" * 4096, "config.json": b'{"hidden_size": 8}\n'}
@@ -291,7 +258,9 @@ def test_pack_places_pinned_weights_and_exactly_their_licenses_and_restore_check
 
     config = bundle / "weights" / "up" / "config.json"
     config.write_bytes(b'{"hidden_size": 9}\n')  # edited after restore
-    with pytest.raises(IntegrityError, match=r"digest   up/config.json: sha256"):
+    with pytest.raises(
+        IntegrityError, match=r"weights/up/config.json: sha256 \w+, pinned \w+ \(pinned by weights_manifest/m.json\)"
+    ):
         verify_bundle_weights(bundle)
     config.write_bytes(UPSTREAM["config.json"])
 

@@ -233,9 +233,10 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
     from reproduction.data.reader import open_dataset
     from reproduction.errors import ConfigError, DatasetError, InputNotFoundError, PortableError
     from reproduction.run.config import to_plain
-    from reproduction.run.preflight import disk_problems, placeholder_problems
+    from reproduction.run.preflight import bundle_weights_problems, disk_problems, placeholder_problems
 
     problems: list[Any] = [ConfigError(p) for p in placeholder_problems(to_plain(config))]
+    problems += bundle_weights_problems(config.BUNDLE)
     if not config.datasets:
         problems.append(
             ConfigError("datasets: the run names no dataset", field="datasets", hint="add datasets: [{path: ...}]")
