@@ -530,3 +530,76 @@ def test_a_demo_can_pin_weights_it_builds_on_the_spot(tmp_path):
     packed = pack_bundle(_spec(tmp_path, path), tmp_path / "bundle", ui=QUIET)
     assert packed.file("weights/value/model.safetensors").sha256 == manifest.components[0].files[0].sha256
     restore_bundle(tmp_path / "bundle", ui=QUIET)
+
+
+# -- the demo bundle -------------------------------------------------------------------------------
+
+
+def _demo_sources(root: Path) -> Path:
+    """The folder `portable demo` generates, in miniature (pack reads bytes, not datasets)."""
+    for rel, text in {
+        "project/recap/__init__.py": '"""stand-in"""\n',
+        "data/sft/meta/info.json": "{}\n",
+        "data/rollout/meta/info.json": "{}\n",
+        "evidence/eval_policy_reference.json": "{}\n",
+        "configs/run.yaml": 'datasets:\n  - {path: "${BUNDLE}/data/sft", type: sft}\n',
+    }.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+@pytest.mark.slow
+def test_the_demo_bundle_carries_its_tiny_weights_pinned_and_restore_refuses_other_bytes(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    spec = REPO / "bundle" / "demo.toml"
+    bundle = tmp_path / "bundle"
+    manifest = pack_bundle(spec, bundle, root=_demo_sources(tmp_path / "src"), ui=QUIET)
+    pins = {
+        name: load_weights_manifest(REPO / "weights_manifest" / f"{name}.json").components[0].files[0]
+        for name in ("value_tiny", "policy_tiny")
+    }
+    for name, pin in pins.items():  # built from config + seed by pack, to the manifest's digest
+        entry = manifest.file(f"weights/{pin.path}")
+        assert entry is not None and (entry.size, entry.sha256) == (pin.size, pin.sha256), name
+        assert (bundle / "weights_manifest" / f"{name}.json").is_file()
+    assert [w["manifest"] for w in manifest.metadata["weights"]] == [
+        "weights_manifest/value_tiny.json",
+        "weights_manifest/policy_tiny.json",
+    ]
+    assert manifest.metadata["licenses"]["value-tiny/value-model"] == "LICENSES/Apache-2.0.txt"
+    assert sorted(p.name for p in (bundle / "LICENSES").iterdir()) == ["Apache-2.0.txt", "index.json"]
+    card = render_model_card(manifest, bundle, repo_id="alice/recap-demo")  # what publish writes as README.md
+    assert "## Pinned weights" in card and "license: apache-2.0" in card
+    assert "`weights_manifest/value_tiny.json` -> `weights/`" in card
+    assert "`weights_manifest/policy_tiny.json` -> `weights/`" in card
+
+    restored = tmp_path / "restored"
+    shutil.copytree(bundle, restored)
+    restore_bundle(restored, ui=QUIET)
+    assert verify_bundle_weights(restored) == 2
+
+    # A copy whose value weights were swapped in transit: restore refuses it, naming the file.
+    tampered = tmp_path / "tampered"
+    shutil.copytree(bundle, tampered)
+    blob = tampered / "weights" / pins["value_tiny"].path
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 1
+    blob.write_bytes(bytes(data))
+    proc = run_cli("restore", str(tampered))
+    assert proc.returncode == 5, proc.stderr
+    assert proc.stderr.startswith("error: ") and f"digest   weights/{pins['value_tiny'].path}: " in proc.stderr
+
+    # The same swap with bundle.json rewritten to match it: the weight manifest still refuses it.
+    repinned = load_manifest(tampered)
+    repinned.files = [
+        type(e)(path=e.path, size=e.size, sha256=_sha(bytes(data)))
+        if e.path == f"weights/{pins['value_tiny'].path}"
+        else e
+        for e in repinned.files
+    ]
+    (tampered / "bundle.json").unlink()
+    write_manifest(tampered, repinned)
+    with pytest.raises(IntegrityError, match=rf"weights/{pins['value_tiny'].path}: sha256 \w+ differs from "):
+        restore_bundle(tampered, ui=QUIET)
