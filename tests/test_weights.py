@@ -603,3 +603,73 @@ def test_the_demo_bundle_carries_its_tiny_weights_pinned_and_restore_refuses_oth
     write_manifest(tampered, repinned)
     with pytest.raises(IntegrityError, match=rf"weights/{pins['value_tiny'].path}: sha256 \w+ differs from "):
         restore_bundle(tampered, ui=QUIET)
+
+
+@pytest.mark.slow
+def test_the_tiny_manifests_are_the_demos_presets_and_its_run_initialises_from_them(tmp_path):
+    """value_tiny/policy_tiny are exactly what the demo's stages build (vocab from the tokenizers they train on the
+    demo's task string, sizes from the stage defaults), so the demo's run loads the bundled weights strictly and
+    starts from the same numbers as the stages' own seed-0 init."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from reproduction.recap.policy.conditioning import KINDS, prompt_text
+    from reproduction.recap.policy.model import PolicyModelConfig, build_policy_model, tiny_config
+    from reproduction.recap.policy.task import PolicyStageConfig
+    from reproduction.recap.tokenizer import train_tokenizer
+    from reproduction.recap.value.model import preset_config
+    from reproduction.recap.value.weights import load_pretrained
+    from reproduction.release.weights_build import build_component
+    from reproduction.run.config import load_config
+    from reproduction.run.demo import CONFIGS, FULL, QUICK
+    from reproduction.sim.tasks import get_task
+
+    assert FULL.tasks == QUICK.tasks
+    tasks = [get_task(t).language for t in FULL.tasks]
+    value_vocab = len(train_tokenizer(tasks, tmp_path / "vt"))
+    policy_vocab = len(train_tokenizer([prompt_text(t, k) for t in tasks for k in range(len(KINDS))], tmp_path / "pt"))
+    value = load_weights_manifest(REPO / "weights_manifest" / "value_tiny.json").components[0]
+    policy = load_weights_manifest(REPO / "weights_manifest" / "policy_tiny.json").components[0]
+    for name in ("run.yaml", "quick.yaml"):
+        config = load_config([CONFIGS / name], [], bundle=tmp_path / "bundle", run_dir=tmp_path / "run")
+        vm, pm = config.value.model, config.policy.model
+        assert (vm.pretrained_manifest, vm.weights_dir) == (
+            str((tmp_path / "bundle" / "weights_manifest" / "value_tiny.json").resolve()),
+            str((tmp_path / "bundle" / "weights").resolve()),
+        ), name
+        assert pm.pretrained_manifest == str((tmp_path / "bundle" / "weights_manifest" / "policy_tiny.json").resolve())
+        assert (vm.model_seed, pm.model_seed) == (value.source["seed"], policy.source["seed"]), name
+        mcfg = preset_config(vm.preset, vocab_size=value_vocab, cameras=tuple(vm.cameras))  # as the stage does
+        mcfg.value_dropout = vm.value_dropout
+        assert mcfg.to_dict() == value.source["config"], name
+        pstage = PolicyStageConfig(mode="recap", train={"max_steps": 1}, **_plain(pm))
+        pcfg = tiny_config(
+            vocab_size=policy_vocab,
+            state_dim=policy.source["config"]["state_dim"],  # the simulator's 11 + the goal's 3 (checked below)
+            action_dim=4,
+            chunk=pstage.chunk,
+            cameras=tuple(pstage.cameras),
+            image_size=pstage.image_size,
+            width=pstage.width,
+            prefix_layers=pstage.prefix_layers,
+            expert_layers=pstage.expert_layers,
+        )
+        assert pcfg.to_dict() == policy.source["config"], name
+    try:
+        from reproduction.sim.env import STATE_DIM
+    except ImportError:  # pragma: no cover - a build without the simulator
+        STATE_DIM = 11
+    assert policy.source["config"]["state_dim"] == STATE_DIM + 3
+
+    # the policy loads its bundled weights strictly and then holds the seed-0 init the stage would have built
+    build_component(policy, tmp_path / "weights")
+    model = build_policy_model(PolicyModelConfig.from_dict(policy.source["config"]), seed=7)
+    load_pretrained(model, REPO / "weights_manifest" / "policy_tiny.json", tmp_path / "weights")
+    ref = build_policy_model(PolicyModelConfig.from_dict(policy.source["config"]), seed=0)
+    assert model.state_dict().keys() == ref.state_dict().keys()
+    assert all(torch.equal(x, y) for x, y in zip(model.state_dict().values(), ref.state_dict().values()))
+
+
+def _plain(section) -> dict:
+    from reproduction.run.config import to_plain
+
+    return dict(to_plain(section))
