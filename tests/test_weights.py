@@ -160,6 +160,24 @@ def test_a_built_config_edited_after_pinning_is_refused():
         WeightsManifest.from_dict(data)
 
 
+def test_pin_records_a_built_config_edited_since_its_last_pin(tmp_path):
+    """What the refusal's hint says to do works: `weights pin` rebuilds and records the new digests."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from reproduction.release.weights_hub import pin_manifest
+
+    data = json.loads((REPO / "weights_manifest" / "policy_tiny.json").read_text())
+    old = data["components"][0]["files"][0]["sha256"]
+    data["components"][0]["source"]["config"]["chunk"] = 8
+    path = write_json(tmp_path / "policy_tiny.json", data)
+    with pytest.raises(InvalidInputError, match="is not the digest of source.config"):
+        load_weights_manifest(path)
+    pin_manifest(path, ui=QUIET)
+    comp = load_weights_manifest(path).components[0]
+    assert comp.model_config["sha256"] == canonical_sha256(comp.source["config"])
+    assert comp.files[0].sha256 not in (old, UNPINNED)
+
+
 def test_license_index_covers_every_component_a_bundle_can_carry():
     index = load_license_index()
     assert set(index.components) >= {
