@@ -151,3 +151,67 @@ def test_run_folder_refusals(tmp_path):
         _run(tmp_path / "x", stages=["nope"])
     with pytest.raises(ConfigError, match="needs 'missing'"):
         Recipe(name="bad", stages=(StageSpec(name="a", fn="m:f", needs=("missing",)),))
+
+
+@dataclass
+class CheckedConfig(ToyConfig):
+    expected: str | None = None
+    """A file of expected labels (read by path: its content is part of the check stage's key)."""
+
+
+def check_stage(ctx: StageContext) -> StageOutput:
+    CALLS.append("check")
+    got = (ctx.run_dir / "label" / "labels.txt").read_text()
+    want = Path(ctx.config.expected).read_text() if ctx.config.expected else None
+    out = ctx.out_dir / "check.json"
+    out.write_text(json.dumps({"expected": ctx.config.expected, "same": got == want if want is not None else None}))
+    return StageOutput(files=[out], summary={"same": got == want if want is not None else None})
+
+
+def _checked(redo: bool) -> Recipe:
+    check = StageSpec(
+        name="check",
+        fn=f"{__name__}:check_stage",
+        needs=("label",),
+        config=("expected",),
+        files=("expected",),
+        inputs=False,
+        redo_on_change=redo,
+    )
+    return Recipe(name="toy", stages=(*TOY.stages, check))
+
+
+def test_a_cheap_stage_reading_a_file_by_path_is_redone_when_the_file_changes(tmp_path):
+    """Like the RECAP compare stage: a new reference recompares and reuses every stage before it."""
+    run, ref = tmp_path / "run", tmp_path / "expected.txt"
+    ref.write_text("x:a=2\nx:b=2\n")
+
+    def go(recipe: Recipe, config: CheckedConfig, **kw) -> list[tuple[str, str]]:
+        CALLS.clear()
+        report = run_recipe(recipe, config, run, RunOptions(inputs={"data": FakeInput("fp1")}, **kw))
+        return [(s.name, s.action) for s in report.stages]
+
+    cheap = _checked(redo=True)
+    assert go(cheap, CheckedConfig(expected=str(ref)))[-1] == ("check", "ran")
+    state = read_state(run)
+    assert state["stages"]["check"]["summary"] == {"same": True}
+    assert state["stages"]["check"]["key_parts"]["files"] == {"expected": _sha(ref)}
+    assert "files" not in state["stages"]["count"]["key_parts"]  # stages reading no file keep their keys
+    assert go(cheap, CheckedConfig(expected=str(ref)), resume=True)[-1] == ("check", "skipped") and CALLS == []
+    ref.write_text("x:a=9\n")  # same path, new content
+    got = go(cheap, CheckedConfig(expected=str(ref)), resume=True)
+    assert got == [("count", "skipped"), ("label", "skipped"), ("check", "ran")] and CALLS == ["check"]
+    assert read_state(run)["stages"]["check"]["summary"] == {"same": False}
+    # No file at all (None), then one again: each is a change, each only redoes the cheap stage.
+    assert go(cheap, CheckedConfig(expected=None), resume=True)[-1] == ("check", "ran")
+    assert go(cheap, CheckedConfig(expected=str(ref)), resume=True)[-1] == ("check", "ran")
+    # A stage that is not declared cheap is refused, naming the file's key.
+    ref.write_text("x:a=2\nx:b=2\n")
+    with pytest.raises(StageKeyChangedError, match=r"files.expected: "):
+        go(_checked(redo=False), CheckedConfig(expected=str(ref)), resume=True)
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()

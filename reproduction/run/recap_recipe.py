@@ -283,6 +283,9 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
         value = getattr(model, name)
         if value and "/path/to/" not in value and not Path(value).exists():
             problems.append(InputNotFoundError(f"value.model.{name}: {value} does not exist", path=value))
+    reference = config.eval.reference
+    if "compare" in (stages or []) and reference and "/path/to/" not in reference and not Path(reference).is_file():
+        problems.append(InputNotFoundError(f"eval.reference: {reference} is not a file", path=reference))
     inf = config.value.infer
     if inf.batch_size < 1 or inf.workers < 1:
         problems.append(ConfigError(f"value.infer: batch_size {inf.batch_size} and workers {inf.workers} must be >= 1"))
@@ -315,13 +318,24 @@ POLICY_STAGES = (
         fn="reproduction.run.recap_policy:eval_stage",
         needs=("policy",),
         config=("eval", "policy.modes", "policy.model.execute_steps"),
-        key_exempt=("eval.workers",),
+        key_exempt=("eval.workers", "eval.reference"),  # the reference is the compare stage's input
         inputs=False,
         outputs=("**/*.json",),
         code=("reproduction.sim.evaluate", "reproduction.recap.policy.export"),
     ),
+    StageSpec(
+        name="compare",
+        fn="reproduction.run.recap_policy:compare_stage",
+        needs=("eval",),
+        config=("eval.reference",),
+        files=("eval.reference",),
+        inputs=False,
+        outputs=("compare.json",),
+        code=("reproduction.run.evidence",),
+        redo_on_change=True,  # a new reference recompares (a second), never re-evaluates
+    ),
 )
-"""Stages 4 and 5, present where the policy stage and the simulator are installed."""
+"""Stages 4 to 6, present where the policy stage and the simulator are installed."""
 
 RECAP = Recipe(
     name="recap",
