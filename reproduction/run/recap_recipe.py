@@ -182,8 +182,8 @@ def advantages_stage(ctx: StageContext) -> StageOutput:
 
     from reproduction.recap.advantage_inputs import load_dataset_arrays
     from reproduction.recap.advantages import compute_advantages
-    from reproduction.recap.value.export import read_value_stage_head
     from reproduction.recap.value.stage import infer_values
+    from reproduction.value_export import read_value_stage_head
 
     cfg = ctx.config
     value_dir = ctx.run_dir / "value"
