@@ -11,25 +11,15 @@ calls the stage's library function; none parses arguments or renders errors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from reproduction.run.recipe import Recipe, StageContext, StageOutput, StageSpec
+from reproduction.train.config import RESUME_KEY_FIELDS, TrainConfig
 
-_NOT_NUMERIC = (  # training knobs that do not change what a stage computes (the trainer's resume rule)
-    "world_size",
-    "micro_batch",
-    "device",
-    "launcher",
-    "eval_interval",
-    "save_interval",
-    "keep_last",
-    "log_interval",
-    "cpus_per_worker",
-    "start_timeout_s",
-    "collective_timeout_s",
-    "canary_rtol",
+_NOT_NUMERIC = tuple(  # training knobs that do not change what a stage computes: the trainer's resume rule
+    sorted(f.name for f in fields(TrainConfig) if f.name not in RESUME_KEY_FIELDS and f.name != "max_steps")
 )
 
 
