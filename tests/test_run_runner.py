@@ -215,3 +215,47 @@ def _sha(path: Path) -> str:
     import hashlib
 
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_key_recorded_before_a_config_key_became_exempt_still_matches(tmp_path):
+    """Runs made before eval.reference left the eval stage's key are reused, not refused (exit 52)."""
+    run = tmp_path / "run"
+    count = TOY.stages[0]
+    before = Recipe(name="toy", stages=(StageSpec(name="count", fn=count.fn, config=count.config, code=count.code),))
+    run_recipe(before, ToyConfig(), run, RunOptions(inputs={"data": FakeInput("fp1")}))
+    old_key = read_state(run)["stages"]["count"]["key"]
+    # Today's recipe exempts count.workers: the old record (workers in its key) matches once it is dropped ...
+    assert _run(run, resume=True) == [("count", "skipped"), ("label", "ran")]
+    state = read_state(run)["stages"]["count"]
+    assert state["key"] != old_key and "workers" not in state["key_parts"]["config"]["count"]  # ... and is updated
+    assert _run(run, ToyConfig(count=ToySection(workers=8)), resume=True) == [
+        ("count", "skipped"),
+        ("label", "skipped"),
+    ]
+    # A value that was never exempt still refuses.
+    with pytest.raises(StageKeyChangedError, match=r"config.count.repeat: 2 -> 5"):
+        _run(run, ToyConfig(count=ToySection(repeat=5)), resume=True)
+
+
+def shared_writer(ctx: StageContext) -> StageOutput:
+    CALLS.append(ctx.name)
+    shared = ctx.run_dir / "evidence" / "comparison.json"
+    shared.parent.mkdir(exist_ok=True)
+    shared.write_text(json.dumps({"by": ctx.name, "label": ctx.config.label}))
+    own = ctx.out_dir / "own.txt"
+    own.write_text(ctx.name)
+    return StageOutput(files=[own, shared])
+
+
+def test_a_file_a_later_stage_writes_is_that_stages_output(tmp_path):
+    """An old eval record claims evidence/comparison.json; once compare writes it, eval no longer does."""
+    run = tmp_path / "run"
+    first = StageSpec(name="first", fn=f"{__name__}:shared_writer", inputs=False)
+    second = StageSpec(name="second", fn=f"{__name__}:shared_writer", needs=("first",), config=("label",))
+    recipe = Recipe(name="toy", stages=(first, second))
+    run_recipe(recipe, ToyConfig(), run, RunOptions(inputs={}))
+    stages = read_state(run)["stages"]
+    assert "../evidence/comparison.json" not in stages["first"]["outputs"]
+    assert "../evidence/comparison.json" in stages["second"]["outputs"]
+    got = run_recipe(recipe, ToyConfig(), run, RunOptions(inputs={}, resume=True))
+    assert [s.action for s in got.stages] == ["skipped", "skipped"]

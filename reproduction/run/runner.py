@@ -169,14 +169,7 @@ def _drop(tree: Any, dotted: str) -> None:
 
 def key_parts(spec: StageSpec, plain_config: dict[str, Any], inputs: dict[str, Any], upstream: dict[str, str]) -> dict:
     """The parts of a stage's key (JSON-able); the key is digest(key_parts)."""
-    config = {k: json.loads(canonical(select(plain_config, k))) for k in spec.config}
-    for dotted in (*spec.key_exempt, *((spec.training,) if spec.training else ())):
-        head, _, rest = dotted.partition(".")
-        for k in spec.config:
-            if dotted == k:
-                config[k] = None
-            elif dotted.startswith(k + "."):
-                _drop(config[k], dotted[len(k) + 1 :])
+    config = _exempt(spec, {k: json.loads(canonical(select(plain_config, k))) for k in spec.config})
     parts = {
         "config": config,
         "inputs": {n: getattr(v, "fingerprint", None) for n, v in sorted(inputs.items())} if spec.inputs else {},
@@ -186,6 +179,27 @@ def key_parts(spec: StageSpec, plain_config: dict[str, Any], inputs: dict[str, A
     if spec.files:  # only then: the keys of stages that read no file stay as they were
         parts["files"] = {k: _file_digest(v) for k, v in input_files(spec, plain_config).items()}
     return parts
+
+
+def _exempt(spec: StageSpec, config: dict[str, Any]) -> dict[str, Any]:
+    """`config` (the stage's config subsets, {subset: value}) without its exempt keys; mutated and returned."""
+    for dotted in (*spec.key_exempt, *((spec.training,) if spec.training else ())):
+        for k in list(config):
+            if dotted == k:
+                config[k] = None
+            elif dotted.startswith(k + "."):
+                _drop(config[k], dotted[len(k) + 1 :])
+    return config
+
+
+def recorded_key_still_matches(spec: StageSpec, recorded_parts: dict[str, Any], key: str) -> bool:
+    """True when key parts recorded before a config key became exempt (e.g. eval.reference, now the compare
+    stage's input) give `key` once today's exemptions apply: such a stage is reused, not refused."""
+    if not isinstance(recorded_parts.get("config"), dict):
+        return False
+    parts = json.loads(canonical(recorded_parts))
+    parts["config"] = _exempt(spec, parts["config"])
+    return digest(parts) == key
 
 
 def input_files(spec: StageSpec, plain_config: dict[str, Any]) -> dict[str, str | None]:
@@ -386,7 +400,7 @@ def _decide(
     """fresh, skip, continue (from checkpoints), or raise naming the difference."""
     if spec.name in opts.restart or rec is None:
         return "fresh"
-    if rec.get("key") != key:
+    if rec.get("key") != key and not recorded_key_still_matches(spec, rec.get("key_parts", {}), key):
         if spec.redo_on_change:
             return "fresh"
         changes = describe_changes(rec.get("key_parts", {}), parts)
@@ -425,6 +439,9 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     rec = state["stages"].get(spec.name)
     action = _decide(spec, rec, key, parts, stage_dir, walk.redone, opts)
     if action == "skip":
+        if rec.get("key") != key:  # recorded before a key became exempt: record today's key
+            rec.update(key=key, key_parts=parts)
+            _write_state(run_dir, state)
         return StageReport(name=spec.name, action="skipped", seconds=0.0, output=_output_from_record(stage_dir, rec))
     if action == "fresh" and stage_dir.exists():
         shutil.rmtree(stage_dir)
@@ -459,6 +476,10 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     if not outputs:
         raise CheckpointError(f"stage {spec.name} wrote no outputs into {stage_dir}", path=stage_dir)
     ended = time.time()
+    if _take_over(state, run_dir, spec.name, outputs) & set(spec.needs):  # its upstream records changed
+        upstream_digests = {n: outputs_digest(state["stages"][n]["outputs"]) for n in spec.needs}
+        parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests)
+        key = digest(parts)
     state["stages"][spec.name] = {
         "status": "complete",
         "key": key,
@@ -505,3 +526,19 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     return StageReport(
         name=spec.name, action="continued" if action == "continue" else "ran", seconds=seconds, output=output
     )
+
+
+def _take_over(state: dict[str, Any], run_dir: Path, stage: str, outputs: dict[str, list]) -> set[str]:
+    """A file this stage wrote is its output, no longer another stage's: drop it from the other records (a run
+    made before the comparison became its own stage recorded evidence/comparison.json as eval's). Returns the
+    stages whose records changed."""
+    mine = {os.path.normpath(run_dir / stage / rel) for rel in outputs}
+    changed = set()
+    for name, rec in state["stages"].items():
+        if name == stage or not isinstance(rec.get("outputs"), dict):
+            continue
+        kept = {rel: v for rel, v in rec["outputs"].items() if os.path.normpath(run_dir / name / rel) not in mine}
+        if len(kept) != len(rec["outputs"]):
+            rec["outputs"] = kept
+            changed.add(name)
+    return changed
