@@ -198,7 +198,8 @@ class EvalSection:
     videos: int = 0
     """Episodes per policy saved as video."""
     reference: str | None = None
-    """Reference evidence JSON to compare with (usually ${BUNDLE}/evidence/...); None = no comparison."""
+    """Reference evidence JSON the compare stage checks the evaluation against (usually ${BUNDLE}/evidence/...;
+    its sha256 keys that stage only, so a new reference recompares without evaluating again); None = none."""
 
 
 @dataclass(kw_only=True, slots=True)
