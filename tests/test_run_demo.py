@@ -74,6 +74,18 @@ def test_quick_demo_runs_every_stage_and_a_rerun_reuses_it(tmp_path):
     assert evidence["metrics"]["success_at_end"]["episodes"] == 4
     for name in ("returns", "value", "advantages", "policy", "eval", "compare"):
         assert (run / "lineage" / f"{name}.intoto.json").is_file() or not _has_lineage()
+    if _has_lineage():  # edges by producing stage and path: the policy's copy of the tokenizer is not the value's
+        from reproduction.run.lineage_check import lineage_chain, verify_lineage
+
+        lines = [(depth, node.label) for depth, node in lineage_chain(run).lines()]
+        assert lines[:3] == [(0, "compare"), (1, "eval"), (2, "policy")], lines
+        at = lines.index((3, "advantages"))
+        below = [
+            label
+            for depth, label in lines[at + 1 :][: next((i for i, (d, _) in enumerate(lines[at + 1 :]) if d <= 3), None)]
+        ]
+        assert "value" in below and "policy" not in below, lines
+        assert verify_lineage(run).exit_code == 0
     for line in ("run: eval", "demo (total)", f"lineage:    {run / 'lineage'}", f"report:     {run / 'report.html'}"):
         assert line in proc.stderr
     restored = out / "restored" / "recap-demo"
