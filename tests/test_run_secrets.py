@@ -83,7 +83,8 @@ def test_no_planted_token_in_any_file_a_demo_and_a_run_write(tmp_path):
         assert (run / must).exists() or (out / must).exists(), must
     assert not any(token in proc.stdout + proc.stderr for token in PLANTED)
     counts = validate_run_folder(run)  # every evidence and lineage file against evidence/*.schema.json
-    assert counts["evaluation"] >= 1 and counts["lineage"] == 5, counts
+    stages = json.loads((run / "run.json").read_text())["stages"]
+    assert counts["evaluation"] >= 1 and counts["lineage"] == len(stages) >= 5, counts
     doc = json.loads(next((run / "evidence").glob("eval_policy_*.json")).read_text())
     for entry in (doc, *doc["baselines"]):
         assert entry["policy"]["checkpoint"]["sha256"] == path_sha256(run / entry["policy"]["checkpoint"]["path"])[0]
