@@ -54,16 +54,17 @@ def _half_written(path: Path, text: str) -> None:
 def plant(point: str) -> None:
     """Wrap the point's function so that its nth call inside its stage kills the process group."""
     import reproduction.run.runner as runner
+    from reproduction.run.recipe import StageSpec
 
     stage, module, attr, nth, when = POINTS[point]
     current = {"stage": None, "calls": 0}
     run_stage = runner._run_stage
 
     @functools.wraps(run_stage)
-    def tracking(spec, *args, **kwargs):
-        current["stage"] = spec.name
+    def tracking(*args, **kwargs):
+        current["stage"] = next(a for a in (*args, *kwargs.values()) if isinstance(a, StageSpec)).name
         try:
-            return run_stage(spec, *args, **kwargs)
+            return run_stage(*args, **kwargs)
         finally:
             current["stage"] = None
 
