@@ -165,6 +165,9 @@ class AdaRMSNorm(nn.Module):
 class ExpertLayer(nn.Module):
     """One action-expert block (module docstring): attention over [prefix; chunk], gated MLP."""
 
+    fsdp_forward_methods = ("prefix_kv",)
+    """Called by the policy outside `forward` (train/fsdp.py gives it FSDP2's unshard hooks)."""
+
     def __init__(self, width: int, heads: int, mlp: int, prefix_width: int) -> None:
         super().__init__()
         self.heads = heads
