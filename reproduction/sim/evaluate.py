@@ -371,7 +371,8 @@ def evaluate_many(
     """Several evaluations through ONE set of workers (`jobs[0].config.workers` of them): their
     batches are concatenated and cut into one contiguous group per worker, so worker start-up
     (a fresh interpreter importing mujoco and torch) and env creation are paid once, not per
-    policy. Each result is identical to `evaluate` of that job alone, for any worker count."""
+    policy. Each result is identical to `evaluate` of that job alone, for any worker count; its
+    `seconds` is the wall time from the start until its last batch came back (the jobs share workers)."""
     if not jobs:
         return []
     workers = jobs[0].config.workers

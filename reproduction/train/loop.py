@@ -319,8 +319,13 @@ def _evaluate(st: _State, emit: Callable) -> None:
 
 
 def canary_loss(st: _State) -> float:
-    """Loss of the canary batch, computed without disturbing any RNG stream or the train mode."""
+    """Loss of the canary batch, computed without disturbing any RNG stream or the train mode.
+
+    The RNGs are seeded with a fixed canary seed first (inside the fork `_eval_mode` restores): a loss
+    that draws noise (flow matching) then gives the same canary on every rank and after any load,
+    where each rank's own stream would give each rank another value than the one rank 0 saved."""
     with _eval_mode(st):
+        _seed(0xCA7A, 0, 0)
         loss, _ = st.task.loss(st.model, to_device(st.canary, st.device))
     return float(loss)
 
