@@ -72,6 +72,16 @@ def test_quick_demo_runs_every_stage_and_a_rerun_reuses_it(tmp_path):
     restored = out / "restored" / "recap-demo"
     assert (restored / "bundle.json").is_file() and (restored / "data" / "rollout" / "meta" / "info.json").is_file()
     assert "${BUNDLE}/data/rollout" in (restored / "config" / "run.yaml").read_text()
+    # the tiny weights travel in the bundle, pinned by their manifests, and both models start from them
+    for rel in (
+        "weights/value-tiny/model.safetensors",
+        "weights/policy-tiny/model.safetensors",
+        "LICENSES/Apache-2.0.txt",
+    ):
+        assert (restored / rel).is_file(), rel
+    for section, name in (("value", "value_tiny"), ("policy", "policy_tiny")):
+        manifest = state["config"][section]["model"]["pretrained_manifest"]
+        assert manifest == str(restored.resolve() / "weights_manifest" / f"{name}.json"), manifest
 
     t0 = time.perf_counter()
     again = portable("demo", "--quick", "--output", str(out), timeout=600)

@@ -187,11 +187,14 @@ def _tree_stamp(root: Path) -> str:
 
 
 def _pack(src: Path, bundle: Path, *, ui: UiOptions | None) -> str:
-    """Pack bundle/demo.toml from `src`; reused when the sources and the spec are unchanged."""
+    """Pack bundle/demo.toml from `src` (pack builds the tiny weights its [[weights]] manifests pin, in
+    seconds); reused when the sources, the spec and those manifests are unchanged."""
     from reproduction.fsio import atomic_write_text
     from reproduction.release.pack import pack_bundle
+    from reproduction.release.spec import load_spec
 
-    stamp = _stamp([_tree_stamp(src), SPEC.read_bytes().hex()])
+    manifests = [w.manifest.read_bytes().hex() for w in load_spec(SPEC, root=src).weights]
+    stamp = _stamp([_tree_stamp(src), SPEC.read_bytes().hex(), manifests])
     marker = bundle.parent / "bundle.stamp"
     if (bundle / "bundle.json").is_file() and marker.is_file() and marker.read_text().strip() == stamp:
         return "reused"

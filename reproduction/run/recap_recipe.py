@@ -233,9 +233,10 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
     from reproduction.data.reader import open_dataset
     from reproduction.errors import ConfigError, DatasetError, InputNotFoundError, PortableError
     from reproduction.run.config import to_plain
-    from reproduction.run.preflight import disk_problems, placeholder_problems
+    from reproduction.run.preflight import bundle_weights_problems, disk_problems, placeholder_problems
 
     problems: list[Any] = [ConfigError(p) for p in placeholder_problems(to_plain(config))]
+    problems += bundle_weights_problems(config.BUNDLE)
     if not config.datasets:
         problems.append(
             ConfigError("datasets: the run names no dataset", field="datasets", hint="add datasets: [{path: ...}]")
@@ -278,11 +279,11 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
             problems.append(DatasetError(f"{key}.path: dataset {path} is unreadable ({exc.strerror or exc})"))
     if config.datasets and not any(e.value for e in config.datasets):
         problems.append(ConfigError("datasets: no dataset has value: true; the value model would train on nothing"))
-    model = config.value.model
-    for name in ("tokenizer", "pretrained_manifest", "weights_dir"):
-        value = getattr(model, name)
-        if value and "/path/to/" not in value and not Path(value).exists():
-            problems.append(InputNotFoundError(f"value.model.{name}: {value} does not exist", path=value))
+    for section, model in (("value", config.value.model), ("policy", config.policy.model)):
+        for name in ("tokenizer", "pretrained_manifest", "weights_dir"):
+            value = getattr(model, name, None)
+            if value and "/path/to/" not in value and not Path(value).exists():
+                problems.append(InputNotFoundError(f"{section}.model.{name}: {value} does not exist", path=value))
     inf = config.value.infer
     if inf.batch_size < 1 or inf.workers < 1:
         problems.append(ConfigError(f"value.infer: batch_size {inf.batch_size} and workers {inf.workers} must be >= 1"))

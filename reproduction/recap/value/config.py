@@ -62,7 +62,7 @@ class ValueStageConfig:
     tokenizer: str | None = None
     """Folder with tokenizer.json (required for recap); None with tiny = train one in-process."""
     pretrained_manifest: str | None = None
-    """weights_manifest/*.json to initialise the backbones from (recap); None = random init."""
+    """weights_manifest/*.json to initialise from (recap: the backbones; tiny: the whole model); None = random."""
     weights_dir: str | None = None
     """Folder the manifest's file paths are relative to (the bundle's weights/)."""
     allow_unpinned: bool = False
