@@ -59,13 +59,20 @@ def log(msg: str) -> None:
 
 
 def phase_data(args: argparse.Namespace, out: Path) -> dict[str, Path]:
-    from reproduction.sim.generate import generate_mix
+    from reproduction.sim.generate import MIXES, DataMix, generate_mix
 
     root = out / "data"
     if not (root / "rollout" / "meta" / "info.json").is_file():
         t = time.time()
+        base = MIXES[args.mix]
+        mix = DataMix(
+            sft_episodes=args.sft_episodes or base.sft_episodes,
+            rollout_episodes=args.rollout_episodes or base.rollout_episodes,
+            rollout_modes=dict(base.rollout_modes),
+            behaviour=base.behaviour,
+        )
         res = generate_mix(
-            args.mix,
+            mix,
             root,
             tasks=tuple(args.tasks),
             seed=args.data_seed,
@@ -297,10 +304,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--mix", default="mix1")
     p.add_argument("--tasks", nargs="+", default=["FetchPickAndPlace-v4"])
+    p.add_argument("--sft-episodes", type=int, default=30, help="per task (the demo's 30; 0 = the mix's)")
+    p.add_argument("--rollout-episodes", type=int, default=150, help="per task (the demo's 150; 0 = the mix's)")
     p.add_argument("--data-seed", type=int, default=0)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--batch", type=int, default=256)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--dropout", type=float, default=0.2)
     p.add_argument("--guidance", type=float, nargs="+", default=[1.0, 2.0])

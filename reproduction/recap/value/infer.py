@@ -61,7 +61,7 @@ def load_value_export(folder: Path, *, device: str = "cpu") -> ValueExport:
     CheckpointError (weights that do not fit the stored architecture, naming the keys).
     """
     from reproduction.recap.tokenizer import load_tokenizer
-    from reproduction.recap.value.export import EXPORT_FORMAT, HEAD_NAME
+    from reproduction.recap.value.export import HEAD_NAME, READABLE_FORMATS
     from reproduction.recap.value.model import ValueModelConfig, build_value_model
     from reproduction.recap.value.weights import load_safetensors_strict
 
@@ -74,9 +74,9 @@ def load_value_export(folder: Path, *, device: str = "cpu") -> ValueExport:
             hint="point at <value stage out>/model_<k>/export (written when value training finishes)",
         )
     head = json.loads(head_path.read_text(encoding="utf-8"))
-    if head.get("format_version") != EXPORT_FORMAT:
+    if head.get("format_version") not in READABLE_FORMATS:
         raise UnsupportedFormatError(
-            f"{head_path}: format_version {head.get('format_version')!r} is not {EXPORT_FORMAT}",
+            f"{head_path}: format_version {head.get('format_version')!r} is not one of {list(READABLE_FORMATS)}",
             path=head_path,
             field="format_version",
             hint="upgrade recap-portable",
@@ -104,10 +104,10 @@ def load_value_stage(stage_dir: Path, *, device: str = "cpu") -> tuple[list[Valu
     models = [load_value_export(stage_dir / f"model_{k}" / "export", device=device) for k in range(plan.folds)]
     ref = models[0].head
     for m in models[1:]:
-        for key in ("return_range", "num_bins", "v_min", "v_max", "folds", "cameras"):
-            if m.head[key] != ref[key]:
+        for key in ("return_range", "num_bins", "v_min", "v_max", "folds", "cameras", "state_keys", "state_dims"):
+            if m.head.get(key) != ref.get(key):
                 raise CheckpointError(
-                    f"{m.folder}: {key} {m.head[key]!r} differs from {models[0].folder}'s {ref[key]!r}",
+                    f"{m.folder}: {key} {m.head.get(key)!r} differs from {models[0].folder}'s {ref.get(key)!r}",
                     path=m.folder,
                     hint="all folds must come from one value-stage run; retrain stage 2",
                 )
@@ -165,6 +165,10 @@ def infer_rows(
             prepared[k] = (vm, present, collate)
         return prepared[k]
 
+    from reproduction.recap.value.data import read_state
+
+    keys = list(models[0].head.get("state_keys") or []) if models else []
+    state = read_state(dataset, keys, models[0].head.get("state_dims"), rows) if keys and rows.size else None
     for lo in range(0, rows.size, batch_size):
         chunk = np.arange(lo, min(lo + batch_size, rows.size))
         for k in np.unique(which[chunk]):
@@ -191,6 +195,7 @@ def infer_rows(
                     image_masks={s: t.to(device) for s, t in batch["image_masks"].items()},
                     input_ids=batch["input_ids"].to(device),
                     attention_mask=batch["attention_mask"].to(device),
+                    state=None if state is None else torch.from_numpy(state[sel]).to(device),
                 )
             out[sel] = vm.model.expected_value(logits).double().cpu().numpy()
     return out
