@@ -61,7 +61,7 @@ def log(msg: str) -> None:
 def phase_data(args: argparse.Namespace, out: Path) -> dict[str, Path]:
     from reproduction.sim.generate import MIXES, DataMix, generate_mix
 
-    root = out / "data"
+    root = args.data.resolve() if args.data else out / "data"
     if not (root / "rollout" / "meta" / "info.json").is_file():
         t = time.time()
         base = MIXES[args.mix]
@@ -124,6 +124,8 @@ def phase_value(args: argparse.Namespace, out: Path, data: dict[str, Path], rdir
             value_lr=args.value_lr,
             augment=False,
             eval_max_samples=2000,
+            state_keys=list(args.value_state),
+            model_seed=args.value_seed,
         )
         tcfg = TrainConfig(
             max_steps=args.value_steps,
@@ -133,6 +135,7 @@ def phase_value(args: argparse.Namespace, out: Path, data: dict[str, Path], rdir
             lr=args.value_lr,
             warmup_steps=20,
             device="cpu",
+            seed=args.value_seed,
         )
         res = train_value(stage, tcfg, vdir)
         t_train = time.time() - t
@@ -152,54 +155,40 @@ def phase_advantages(args: argparse.Namespace, out: Path, data: dict[str, Path],
     adir = out / "advantages"
     if not (adir / "rollout").is_dir():
         t = time.time()
-        inputs = [
-            load_dataset_arrays(data[n], rdir, out / "values" / f"{n}.parquet", dataset_type=n, returns_tag=None)
-            for n in ("sft", "rollout")
-        ]
-        cfg = AdvantageConfig(lookahead=10, positive_quantile=0.3, tag=TAG)
+        from reproduction.data.reader import open_dataset
+        from reproduction.run.recap_recipe import _hold_frames_of
+
+        inputs = []
+        for n in ("sft", "rollout"):
+            inp = load_dataset_arrays(data[n], rdir, out / "values" / f"{n}.parquet", dataset_type=n, returns_tag=None)
+            if args.hold_labels:
+                inp.hold = _hold_frames_of(open_dataset(data[n]), inp.sidecar)
+            inputs.append(inp)
+        cfg = AdvantageConfig(lookahead=10, positive_quantile=0.3, tag=TAG, hold_labels=args.hold_labels)
         compute_advantages(inputs, cfg, out / "value" / "model_0" / "export", out_dirs=[adir / "sft", adir / "rollout"])
         log(f"advantages: {time.time() - t:.1f} s")
     return adir
 
 
-def label_quality(data: dict[str, Path], adir: Path, hold: bool = True) -> dict[str, Any]:
-    """Positive rate of the rollout frames by kind: harmful (sim.harm), clean frames of successful
-    episodes before their first success, frames of failed episodes; with and without hold labels."""
-    from reproduction.data.reader import open_dataset
-    from reproduction.recap.policy.data import PolicySource, build_arrays, open_policy_input
+def label_quality(data: dict[str, Path], adir: Path, vdir: Path) -> dict[str, Any]:
+    """The advantages stage's label_quality.json figures for the rollout set: positive rate of
+    harmful (sim.harm), clean (successful episodes before their first success), hold and failed
+    frames, and the value Spearman per cross-fitting fold (recap/labels.py)."""
+    import pyarrow.parquet as pq
 
-    src = PolicySource(path=str(data["rollout"]), type="rollout", advantages=str(adir), tag=TAG)
-    inp = open_policy_input(src, need_labels=True)
+    from reproduction.data.reader import open_dataset
+    from reproduction.recap.labels import dataset_label_report, frame_flags
+    from reproduction.recap.value.crossfit import CrossFitPlan
+
+    plan = CrossFitPlan.from_dict(json.loads((vdir / "crossfit.json").read_text()))
     ds = open_dataset(data["rollout"])
-    table = ds.frame_table(["episode_index", "frame_index", "sim.harm", "sim.mode"])
-    order = np.lexsort((inp.frame, inp.episode))
-    t_order = np.lexsort((table.column("frame_index").to_numpy(), table.column("episode_index").to_numpy()))
-    harm = table.column("sim.harm").to_numpy(zero_copy_only=False).astype(bool)[t_order]
-    raw = inp.labels[order]
-    arrays, _ = build_arrays([inp], mode="recap", chunk=1, hold_labels=hold)
-    held = arrays.label  # sorted by (episode, frame) as build_arrays sorts
-    ep = inp.episode[order]
-    succ = inp.is_success[order]
-    last = np.r_[ep[1:] != ep[:-1], True]
-    ep_ok = dict(zip(ep[last].tolist(), succ[last].tolist()))
-    ok = np.array([ep_ok[e] for e in ep.tolist()])
-    first = np.zeros(ep.size, bool)
-    seen: set[int] = set()
-    for i, (e, s) in enumerate(zip(ep.tolist(), succ.tolist())):
-        if s and e not in seen:
-            seen.add(e)
-        first[i] = e in seen
-    clean = ok & ~harm & ~first
-    out = {}
-    for name, lab in (("raw", raw), ("held", held)):
-        out[name] = {
-            "harm_frames_positive": float(lab[harm].mean()) if harm.any() else float("nan"),
-            "clean_success_frames_positive": float(lab[clean].mean()) if clean.any() else float("nan"),
-            "failed_episode_frames_positive": float(lab[~ok].mean()) if (~ok).any() else float("nan"),
-            "overall_positive": float(lab.mean()),
-        }
-    out["frames"] = {"harm": int(harm.sum()), "clean_success": int(clean.sum()), "failed": int((~ok).sum())}
-    return out
+    t = pq.read_table(
+        adir / "rollout" / f"advantages_{TAG}.parquet",
+        columns=["episode_index", "frame_index", "advantage", "value_current", "return"],
+    )
+    ep, fr = t.column("episode_index").to_numpy(), t.column("frame_index").to_numpy()
+    ok, harm = frame_flags(ds, ep, fr)
+    return dataset_label_report(t, ok, harm, plan.models_for(ds.name, ep))
 
 
 def train_one(job: dict[str, Any]) -> dict[str, Any]:
@@ -318,8 +307,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image-size", type=int, default=64)
     p.add_argument("--failure-reward", type=float, default=-50.0)
     p.add_argument("--folds", type=int, default=2)
-    p.add_argument("--value-steps", type=int, default=400)
+    p.add_argument("--value-steps", type=int, default=300)
     p.add_argument("--value-lr", type=float, default=3e-4, help="value model lr (tiny preset trains from scratch)")
+    p.add_argument(
+        "--value-state",
+        nargs="*",
+        default=["observation.state", "observation.goal"],
+        help="dataset features the value model's state token reads (positions only: the sim's state has no "
+        "velocities); none = image + prompt only, upstream's input",
+    )
+    p.add_argument("--value-seed", type=int, default=0)
+    p.add_argument("--no-hold-labels", dest="hold_labels", action="store_false", help="stage 3 without hold labels")
+    p.add_argument("--value-only", action="store_true", help="stop after the label-quality figures (tuning)")
+    p.add_argument("--data", type=Path, default=None, help="reuse the sft/ and rollout/ datasets of this folder")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--jobs", type=int, default=2, help="policy trainings run at once")
     p.add_argument(
@@ -340,8 +340,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         value = phase_value(args, out, data, rdir)
         adir = phase_advantages(args, out, data, rdir)
-        quality = label_quality(data, adir)
-        log(f"labels: {json.dumps(quality)}")
+        quality = label_quality(data, adir, out / "value")
+        from reproduction.recap.labels import format_report
+
+        log(f"labels {format_report('rollout', quality)}")
+        if args.value_only:
+            print(json.dumps({"value": {k: v for k, v in value.items() if k != "models"}, "labels": quality}))
+            return 0
 
     jobs = [
         dict(

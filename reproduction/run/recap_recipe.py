@@ -316,6 +316,16 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
                         hint=f"set {key}.policy=false, or run only --stages returns,value,advantages",
                     )
                 )
+            lacking = [k for k in config.value.model.state_keys if k not in ds.info.features]
+            if entry.value and lacking and "value" in (stages or ["value"]):
+                problems.append(
+                    DatasetError(
+                        f"{key}.path: dataset {path} has no {lacking[0]!r}, which value.model.state_keys reads",
+                        path=path,
+                        field="value.model.state_keys",
+                        hint="set value.model.state_keys=[] (no state input) or name features the dataset has",
+                    )
+                )
         except PortableError as exc:
             problems.append(type(exc)(f"{key}.path: {exc.message}", hint=exc.hint))
         except OSError as exc:
