@@ -119,7 +119,7 @@ def phase_value(args: argparse.Namespace, out: Path, data: dict[str, Path], rdir
                 ValueSource(path=str(data["rollout"]), type="rollout", returns=str(rdir)),
             ],
             preset="tiny",
-            cameras={"base_0_rgb": CAMERA_KEY},
+            cameras={"base_0_rgb": args.value_camera},  # a key the data lacks = an absent camera (no pixels read)
             folds=args.folds,
             value_lr=args.value_lr,
             augment=False,
@@ -317,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
         "velocities); none = image + prompt only, upstream's input",
     )
     p.add_argument("--value-seed", type=int, default=0)
+    p.add_argument(
+        "--value-camera",
+        default=CAMERA_KEY,
+        help="dataset camera the value model sees; a key the data lacks (e.g. none) = state + prompt only",
+    )
     p.add_argument("--no-hold-labels", dest="hold_labels", action="store_false", help="stage 3 without hold labels")
     p.add_argument("--value-only", action="store_true", help="stop after the label-quality figures (tuning)")
     p.add_argument("--data", type=Path, default=None, help="reuse the sft/ and rollout/ datasets of this folder")

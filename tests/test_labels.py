@@ -188,3 +188,64 @@ def test_value_stage_config_checks_state_dims():
         ValueStageConfig(train=src, state_dims=[0])  # no state_keys
     with pytest.raises(ConfigError, match="state_dims"):
         ValueStageConfig(train=src, state_keys=["s"], state_dims=[1, 1])
+
+
+def _state_dataset(tmp_path):
+    from reproduction.data.writer import EpisodeData, write_dataset
+    from reproduction.recap.returns import ReturnsConfig, compute_returns
+
+    eps = []
+    for e, (n, ok) in enumerate([(6, True), (5, False), (7, True)]):
+        state = np.stack([np.arange(n) + 10 * e, -np.arange(n), np.full(n, e)], axis=1).astype(np.float32)
+        success = np.zeros(n, bool)
+        success[n - 3 :] = ok
+        frames = {
+            "observation.state": state,
+            "observation.goal": np.full((n, 2), e, np.float32),
+            "is_success": success,
+            "sim.harm": np.arange(n) == 1,
+        }
+        eps.append(EpisodeData(episode_index=e, task="pick", frames=frames))
+    features = {
+        "observation.state": {"dtype": "float32", "shape": [3]},
+        "observation.goal": {"dtype": "float32", "shape": [2]},
+        "is_success": {"dtype": "bool", "shape": [1]},
+        "sim.harm": {"dtype": "bool", "shape": [1]},
+    }
+    root = write_dataset(tmp_path / "ds", eps, fps=10, features=features)
+    compute_returns([tmp_path / "ds"], tmp_path / "r", ReturnsConfig(failure_reward=-50.0, dataset_type="rollout"))
+    return tmp_path / "ds", tmp_path / "r", root
+
+
+def test_value_frames_carry_the_selected_state_components_and_flags_align(tmp_path):
+    from reproduction.data.reader import open_dataset
+    from reproduction.errors import DatasetError
+    from reproduction.recap.labels import frame_flags
+    from reproduction.recap.value.data import ValueFrames, ValueSource, load_source, read_state, state_stats
+
+    path, returns, _ = _state_dataset(tmp_path)
+    src = ValueSource(path=str(path), type="rollout", returns=str(returns))
+    keys = ["observation.state", "observation.goal"]
+    frames = load_source(src, state_keys=keys, state_dims=[0, 3], episodes=np.array([0, 2]))
+    assert frames.state.shape == (13, 2)
+    np.testing.assert_array_equal(frames.state[:6, 0], np.arange(6))  # state[0] of episode 0
+    np.testing.assert_array_equal(frames.state[6:, 1], np.full(7, 2.0))  # goal[0] of episode 2
+    mean, std = state_stats([frames])
+    assert len(mean) == 2 and min(std) >= 1e-2
+    vf = ValueFrames([frames], cameras={"base_0_rgb": "observation.images.none"}, image_size=64, return_range=RR)
+    sample = vf[7]
+    assert sample["images"] == {} and sample["state"].tolist() == frames.state[7].tolist()
+    assert load_source(src).state is None  # no state_keys: upstream's samples
+    ds = open_dataset(path)
+    rows = read_state(ds, keys, None, np.array([6, 0]))
+    assert rows.shape == (2, 5) and rows[0, 0] == 10.0 and rows[1, 0] == 0.0  # rows in the order given
+    with pytest.raises(DatasetError, match="observation.velocity"):
+        read_state(ds, ["observation.velocity"], None)
+    with pytest.raises(DatasetError, match="state_dims"):
+        read_state(ds, keys, [5])
+    ep = np.repeat([0, 1, 2], [6, 5, 7])
+    fr = np.concatenate([np.arange(6), np.arange(5), np.arange(7)])
+    ok, harm = frame_flags(ds, ep, fr)
+    assert ok.sum() == 6 and harm.sum() == 3 and harm[1] and harm[7]
+    with pytest.raises(DatasetError, match="differ"):
+        frame_flags(ds, ep[:-1], fr[:-1])
