@@ -1,35 +1,36 @@
 """RECAP vs behaviour cloning in the embedded simulator: the issue-12 table, reproducible from one command.
 
-Pipeline (every stage the project's own code, CPU):
-  1. data        sim.generate_mix: sft demos + mixed-quality rollouts (DEMO_LAB mix1 by default), the
-                 agentview camera rendered for the value model (the policy reads state + goal + prompt)
+Pipeline (every stage the project's own code, CPU), the demo's recipe (bundle/demo/run.yaml):
+  1. data        sim.generate_mix: per task 30 sft demos + 150 mixed-quality rollouts (DEMO_LAB mix1
+                 modes, the demo's size), the agentview camera rendered for the value model
   2. returns     stage 1, failure reward -50 (DEMO_LAB 3)
-  3. value       stage 2, tiny preset on the agentview image + prompt, K-fold cross-fitted
-  4. advantages  stage 3, N = 10, top 30% positive (one global threshold; sft forced positive)
+  3. value       stage 2, tiny preset on the agentview image + prompt + a state token (observation.state
+                 ++ observation.goal, positions only), 2-fold cross-fitted (--value-state, --value-camera)
+  4. advantages  stage 3, N = 10, top 30% positive, hold labels (frames after a successful episode's
+                 first success positive and out of the threshold); sft forced positive
   5. policies    stage 4, per training seed: bc (all data), filtered_bc (successful episodes only),
-                 recap (advantage-conditioned; hold labels; condition dropout); same model, same steps
+                 recap (advantage-conditioned; condition dropout); same model, same steps, batch 256
   6. evaluation  held-out reset seeds, success at the last step (and at any step), RECAP at each w
 
-Diagnostics printed beside the table: the value model's held-out Spearman, label quality (positive
-rate on harmful frames `sim.harm` vs clean frames of successful episodes), the data mix's success
-rates. Phase outputs are cached under --out: rerun with the same --out to skip finished phases.
+Diagnostics printed beside the table: label quality from recap/labels.py (positive rate of harmful
+frames `sim.harm` vs clean frames of successful episodes, hold and failed frames) and the value
+Spearman per cross-fitting fold. Phase outputs are cached under --out: rerun with the same --out to
+skip finished phases; `--value-only` stops after the label figures (cheap value-recipe tuning);
+`--data DIR` reuses generated datasets.
 
-    OMP_NUM_THREADS=1 MUJOCO_GL=egl python3 bench/recap_vs_bc.py --out /tmp/rvb [--seeds 0 1 2] [--steps 1000]
-        [--eval-episodes 50] [--guidance 1 2 3] [--tasks FetchPickAndPlace-v4] [--jobs 2] [--modes bc filtered_bc]
+    OMP_NUM_THREADS=1 MUJOCO_GL=egl python3 bench/recap_vs_bc.py --out /tmp/rvb \
+        --tasks FetchPickAndPlace-v4 FetchPush-v4 [--seeds 0 1 2] [--steps 1000] [--eval-episodes 50]
+        [--guidance 1 2] [--jobs 2] [--modes bc filtered_bc] [--value-steps 300] [--value-lr 3e-4]
 
-The defaults are what fit a shared 2-core machine (about 45 minutes under load 12); DEMO_LAB's
-prototype needed about 12k policy steps for RECAP to pass filtered BC, and the value model gets
-about 1k steps to rank frames well: raise --steps / --value-steps where cores allow.
+Last lines: the table (mean +- std over training seeds), the value Spearman per fold, the label
+quality, and `recap_minus_bc_all` / `recap_minus_filtered_bc` per seed.
 
-Last lines: the table (mean +- std over training seeds) and `recap_minus_bc_all: ...` per seed.
+Measured 2026-12-01 (load average 13-28 on 2 cores, so 3-10x slower than a free machine): see
+the "measured" notes at the end of this docstring; each is one command's output.
 
-Measured 2026-12-01 with the defaults (mix1 on FetchPickAndPlace-v4, 50 held-out episodes, 3 training
-seeds; load average 12-15 on 2 cores, about 45 minutes): success at end bc 0.29 +- 0.09, filtered_bc
-0.73 +- 0.11, recap w=1 0.37 +- 0.22, recap w=2 0.44 +- 0.16; recap w=2 - bc +0.08/+0.10/+0.28. The
-value model ranked held-out rollout frames at Spearman 0.30/0.31 (predicted std 0.02-0.06 against a
-target std 0.29: underfit), and labelled 18% of harmful frames and 32% of clean successful frames
-positive: too weak a signal for RECAP to beat filtered BC (it stalls 0.7-1.8 times an episode like
-bc; filtered_bc 0.06-0.28).
+- The demo's value recipe (150 steps, lr 1e-3, image + state): the model did not learn at all
+  (held-out predicted std 0.000, Spearman -0.10/+0.11 per fold); labels are decided by the reward
+  window and ties: harm frames 0.54 positive vs clean 0.42 (failed 0.20, hold 1.00). 12 min.
 """
 
 from __future__ import annotations
