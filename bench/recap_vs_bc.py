@@ -31,6 +31,17 @@ the "measured" notes at the end of this docstring; each is one command's output.
 - The demo's value recipe (150 steps, lr 1e-3, image + state): the model did not learn at all
   (held-out predicted std 0.000, Spearman -0.10/+0.11 per fold); labels are decided by the reward
   window and ties: harm frames 0.54 positive vs clean 0.42 (failed 0.20, hold 1.00). 12 min.
+- Tuning (`--value-only --value-steps 400 --value-lr 1e-3 --value-camera none`: state + goal + prompt,
+  no image): Spearman 0.48/0.29 per fold, predicted std 0.12 (target 0.29); harm 0.38 vs clean 0.50
+  (failed 0.16): the sign is right now, the gap (-0.12) is far from DEMO_LAB's MLP (0.11 vs 0.40).
+  20 min (train 17 min: ~23 samples/s under load 23).
+- The table with the demo recipe's labels (the 150-step value above), 300 policy steps (not the
+  demo's 1000: CPU budget), both tasks, 50 held-out episodes per task, 3 seeds: success at end
+  bc 0.04 +- 0.02 (0.07, 0.02, 0.04), filtered_bc 0.10 +- 0.04 (0.16, 0.08, 0.06), recap w=1
+  0.08 +- 0.02 (0.10, 0.06, 0.07), w=2 0.08 +- 0.02 (0.11, 0.06, 0.06). Goal NOT met: every policy is
+  undertrained at 300 steps, and the labels are noise. Stalls per episode (PickAndPlace): bc 1.3-1.7,
+  recap 1.0-1.6, filtered_bc 0.08-0.38: labels that do not mark hesitation frames negative cannot
+  remove it. Training 9 policies 12 min (3 at once), 12 evaluations 3-7 min each, load 13-28.
 """
 
 from __future__ import annotations
@@ -429,7 +440,15 @@ def main(argv: list[str] | None = None) -> int:
     spear = [m.get("eval", {}).get("value_spearman") for m in value.get("models", [])]
     print(f"value held-out spearman per fold: {spear}")
     print(f"label quality: {json.dumps(quality)}")
-    for name in ("recap w=1", best):
+    print("| policy | seed | " + " | ".join(f"{t} (end, detours/ep, stalls/ep)" for t in args.tasks) + " |")
+    for name, per in rows.items():
+        for seed_, r in sorted(per.items()):
+            cells = [
+                f"{c.get('success_at_end')}, {c.get('detours_per_episode')}, {c.get('stalls_per_episode')}"
+                for c in (r["counts"].get(t, {}) for t in args.tasks)
+            ]
+            print(f"| {name} | {seed_} | " + " | ".join(cells) + " |")
+    for name in dict.fromkeys(("recap w=1", best)):
         if name in rows and "bc" in rows:
             diffs = [rows[name][s]["end"] - rows["bc"][s]["end"] for s in sorted(rows["bc"])]
             print(f"recap_minus_bc_all ({name}): " + ", ".join(f"{d:+.2f}" for d in diffs))
