@@ -3,6 +3,7 @@
     python bench/_upstream.py returns ROOT OUT_PARQUET      RLinf's compute_returns.py, per file
     python bench/_upstream.py advantages ROOT RETURNS VALUES OUT_PARQUET RETURN_MIN RETURN_MAX
     python bench/_upstream.py io ROOT OUT_PARQUET           read stage 1's input columns, write its output columns
+    python bench/_upstream.py advantages-io ROOT RETURNS VALUES OUT_PARQUET   the same floor for stage 3
 
 `returns` follows RLinf's `process/compute_returns.py` (commit a3816b5) step by step: per data file
 on a ThreadPoolExecutor of 8 (its code default; pyarrow releases the GIL), stat + ParquetFile open +
@@ -213,11 +214,46 @@ def io_floor(root: Path, out: Path) -> None:
     pq.write_table(table, out, compression="zstd")
 
 
+def advantages_io_floor(root: Path, returns: Path, values: Path, out: Path) -> None:
+    """The floor of stage 3: read what it reads (data keys, the returns sidecar, the values), write
+    a table of its output columns once (the writer settings of reproduction/recap/sidecars.py), with
+    only elementwise arithmetic in between: no alignment checks, no per-episode work, no threshold."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from reproduction.data.scan import ordered_map, read_parquet
+
+    files = sorted((root / "data").glob("*/*.parquet"))
+    keys = [r.table for r in ordered_map(lambda p: read_parquet(p, ["episode_index", "frame_index"]), files)]
+    n = sum(t.num_rows for t in keys)
+    ret = pq.read_table(returns, columns=["episode_index", "frame_index", "return"])
+    v = pq.read_table(values, columns=["value"]).column("value").to_numpy()
+    g = ret.column("return").to_numpy().astype(np.float64)
+    a = g - v
+    table = pa.table(
+        {
+            "episode_index": ret.column("episode_index"),
+            "frame_index": ret.column("frame_index"),
+            "advantage_continuous": a,
+            "return": g,
+            "value_current": v,
+            "value_next": v,
+            "reward_sum": g,
+            "reward_sum_raw": g,
+            "num_valid_rewards": np.full(n, 10, dtype=np.int64),
+            "dataset_name": pa.array([root.name] * n, pa.string()),
+            "advantage": a >= 0,
+        }
+    )
+    keyed = [f.name for f in table.schema if not pa.types.is_floating(f.type)]
+    pq.write_table(table, out, compression="zstd", use_dictionary=keyed)
+
+
 if __name__ == "__main__":
     kind, args = sys.argv[1], [Path(a) for a in sys.argv[2:]]
     if kind == "returns":
         upstream_returns(args[0], args[1])
     elif kind == "advantages":
         upstream_advantages(args[0], args[1], args[2], args[3], float(sys.argv[6]), float(sys.argv[7]))
+    elif kind == "advantages-io":
+        advantages_io_floor(args[0], args[1], args[2], args[3])
     else:
         io_floor(args[0], args[1])

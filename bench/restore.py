@@ -10,7 +10,10 @@ first and keeping each one's best of --rounds:
       multi-threaded CLI), then hashlib sha256 of every bundle file on a pool of one thread per core
       (hashlib releases the GIL), as a user would verify-and-extract with the best tools at hand
   (c) a no-change re-restore, against `python -S` that os.stat()s every restored file (the floor of
-      any check that the files are still there: an interpreter start and a stat pass)
+      any check that the files are still there: an interpreter start and a stat pass), alternated
+      NOOP_RUNS times each per round
+Each side's CPU seconds (user + system, its child processes and threads) are printed beside the
+wall figures: on a shared machine they move much less with other people's load.
 
 Prints the core count. Last line: `ratio: X.XX (goal <= 0.80, tmpfs)` = restore / anchor on tmpfs;
 the disk ratio and the re-restore ratio (goal <= 1.5x) are printed above it.
@@ -25,6 +28,7 @@ import hashlib
 import json
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -36,6 +40,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from reproduction.release.pack import pack_bundle  # noqa: E402
+
+NOOP_RUNS = 4
+"""No-change re-restores (and as many stat floors) per round, alternated: each takes well under a second."""
 
 
 def build_sources(root: Path, small_files: int, weights_mb: int, seed: int = 0) -> None:
@@ -67,15 +74,41 @@ def build_sources(root: Path, small_files: int, weights_mb: int, seed: int = 0) 
     )
 
 
+CPU: dict[str, list[float]] = {}
+"""CPU seconds (user + system, children and this process's threads) of each timed run, by side: on a
+shared machine the wall figures swing with other people's load, the CPU figures much less."""
+
+
+def _cpu() -> float:
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return kids.ru_utime + kids.ru_stime + time.process_time()
+
+
+def _timed(side: str, fn) -> float:
+    c0, start = _cpu(), time.perf_counter()
+    fn()
+    wall = time.perf_counter() - start
+    CPU.setdefault(side, []).append(_cpu() - c0)
+    return wall
+
+
 def run_restore(bundle: Path) -> float:
-    start = time.perf_counter()
-    subprocess.run(
-        [sys.executable, str(bundle / "reproduction" / "portable.py"), "restore", "-q", str(bundle)],
-        check=True,
-        env={**os.environ, "PORTABLE_NO_PROGRESS": "1"},
-        timeout=3600,
+    return _timed(
+        "restore",
+        lambda: subprocess.run(
+            [sys.executable, str(bundle / "reproduction" / "portable.py"), "restore", "-q", str(bundle)],
+            check=True,
+            env={**os.environ, "PORTABLE_NO_PROGRESS": "1"},
+            timeout=3600,
+        ),
     )
-    return time.perf_counter() - start
+
+
+def run_again(bundle: Path) -> float:
+    """A no-change re-restore (the receipt and a stat pass answer it)."""
+    wall = run_restore(bundle)
+    CPU.setdefault("again", []).append(CPU["restore"].pop())
+    return wall
 
 
 def _cli_start(bundle: Path) -> float:
@@ -103,7 +136,7 @@ def run_anchor(bundle: Path, dest: Path) -> float:
     from concurrent.futures import ThreadPoolExecutor
 
     manifest = json.loads((bundle / "bundle.json").read_text())
-    start = time.perf_counter()
+    c0, start = _cpu(), time.perf_counter()
     procs = []
     for layer in manifest["layers"]:
         out = dest / layer["target"]
@@ -116,8 +149,10 @@ def run_anchor(bundle: Path, dest: Path) -> float:
     files = manifest["files"]
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         digests = list(pool.map(lambda e: _sha256(bundle / e["path"]), files))
+    wall = time.perf_counter() - start
+    CPU.setdefault("anchor", []).append(_cpu() - c0)
     assert digests == [e["sha256"] for e in files]
-    return time.perf_counter() - start
+    return wall
 
 
 STAT_ALL = """
@@ -138,9 +173,12 @@ def run_stat_floor(bundle: Path) -> float:
     """`python -S` stat()ing every file of the restored layer targets: a re-restore's floor."""
     manifest = json.loads((bundle / "bundle.json").read_text())
     targets = [str(bundle / layer["target"]) for layer in manifest["layers"]]
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-S", "-c", STAT_ALL, *targets], check=True, stdout=subprocess.DEVNULL, timeout=600)
-    return time.perf_counter() - start
+    return _timed(
+        "floor",
+        lambda: subprocess.run(
+            [sys.executable, "-S", "-c", STAT_ALL, *targets], check=True, stdout=subprocess.DEVNULL, timeout=600
+        ),
+    )
 
 
 def reset(bundle: Path, anchor: Path, graveyard: Path) -> None:
@@ -170,6 +208,7 @@ def bench_on(work: Path, args: argparse.Namespace, label: str) -> tuple[float, f
         f"{unpacked / 1e6:.0f} MB unpacked, {packed / 1e6:.0f} MB compressed); built in {time.perf_counter() - t0:.0f}s"
     )
     restores, anchors, again, floors = [], [], [], []
+    CPU.clear()
     for r in range(args.rounds):
         for which in ("anchor", "restore") if r % 2 == 0 else ("restore", "anchor"):  # alternate the order
             reset(bundle, anchor, work / "graveyard")
@@ -177,9 +216,9 @@ def bench_on(work: Path, args: argparse.Namespace, label: str) -> tuple[float, f
                 anchors.append(run_anchor(bundle, anchor))
             else:
                 restores.append(run_restore(bundle))
-                for first in ("again", "floor") if r % 2 == 0 else ("floor", "again"):
-                    if first == "again":
-                        again.append(run_restore(bundle))
+                for k in range(2 * NOOP_RUNS):  # both are short: alternate them several times per round
+                    if (k + r) % 2 == 0:
+                        again.append(run_again(bundle))
                     else:
                         floors.append(run_stat_floor(bundle))
         print(
@@ -192,6 +231,12 @@ def bench_on(work: Path, args: argparse.Namespace, label: str) -> tuple[float, f
         f"[{label}] restore {best_restore:.2f}s vs anchor {best_anchor:.2f}s: {best_restore / best_anchor:.2f}x "
         f"(goal <= 0.80); no-change re-restore {best_again:.3f}s vs stat floor {best_floor:.3f}s: "
         f"{best_again / best_floor:.2f}x (goal <= 1.5x); `portable.py --help` alone {start:.3f}s"
+    )
+    cpu = {side: min(v) for side, v in CPU.items()}
+    print(
+        f"[{label}] CPU seconds (best run, user + system): restore {cpu['restore']:.2f} vs anchor {cpu['anchor']:.2f} "
+        f"({cpu['restore'] / cpu['anchor']:.2f}x); re-restore {cpu['again']:.3f} vs stat floor {cpu['floor']:.3f} "
+        f"({cpu['again'] / cpu['floor']:.2f}x); load now {os.getloadavg()[0]:.1f}"
     )
     return best_restore / best_anchor, best_again / best_floor
 

@@ -268,3 +268,41 @@ def repin(bundle: Path, rel: str) -> None:
         if entry["path"] == rel:
             entry["size"], entry["sha256"] = len(blob), hashlib.sha256(blob).hexdigest()
     (bundle / "bundle.json").write_text(json.dumps(data, indent=1))
+
+
+def hub_manifest(files: dict[str, bytes], *, license_id: str = "apache-2.0", license_file: str = "Apache-2.0.txt"):
+    """A manifest with one Hub component whose files are pinned to `files` (paths under `up/`)."""
+    return {
+        "$schema": "./schema.json",
+        "format": "recap-portable-weights",
+        "format_version": 2,
+        "name": "test-upstream",
+        "model": "value",
+        "presets": ["test"],
+        "components": [
+            {
+                "role": "backbone",
+                "source": {
+                    "kind": "hub",
+                    "repo": "alice/upstream",
+                    "repo_type": "model",
+                    "revision": "main",
+                    "commit": "0" * 40,
+                },
+                "license": {"id": license_id, "file": f"LICENSES/{license_file}"},
+                "model_config": {"path": "up/config.json", "sha256": hashlib.sha256(files["config.json"]).hexdigest()},
+                "files": [
+                    {
+                        "path": f"up/{name}",
+                        "repo_path": name,
+                        "size": len(data),
+                        "sha256": hashlib.sha256(data).hexdigest(),
+                    }
+                    for name, data in files.items()
+                ],
+                "key_mapping": {"source_prefix": "model.", "target_prefix": "language."},
+                "presets": ["test"],
+            }
+        ],
+        "fresh_prefixes": [],
+    }

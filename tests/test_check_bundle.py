@@ -120,3 +120,67 @@ def test_real_pack_and_restore_then_check(tmp_path):
     report = _check(tmp_path, tmp_path / "b")
     assert _rows(report)["bundle.restore"].status == "ok" and _rows(report)["hazard.intervals"].status == "ok"
     assert report.exit_code == 0
+
+
+# -- value exports: read with the one reader stage 3 uses (reproduction/value_export.py) --------------
+
+HEAD = {
+    "format_version": 1,
+    "return_range": {"return_min": -50.0, "return_max": 0.0},
+    "num_bins": 201,
+    "v_min": -1.0,
+    "v_max": 0.0,
+    "folds": 1,
+}
+
+
+def _with_export(tmp_path, head, *, where="weights/value/export", config=None):
+    import json
+
+    configs = {"run.yaml": config} if config else None
+    bundle = make_bundle(tmp_path / "b", configs=configs)
+    (bundle / where).mkdir(parents=True)
+    (bundle / where / "value_head.json").write_text(json.dumps(head))
+    return bundle
+
+
+def test_a_value_export_a_config_names_is_validated(tmp_path):
+    bundle = _with_export(tmp_path, HEAD, config="value:\n  export: ${BUNDLE}/weights/value/export\n")
+    row = _rows(_check(tmp_path, bundle))["bundle.value_export"]
+    assert row.status == "ok" and "config/run.yaml: value.export (201 bins, returns [-50, 0])" in row.finding
+
+
+def test_a_bad_value_export_fails_24_naming_the_file_and_field(tmp_path):
+    bad = {**HEAD, "return_range": {"return_min": -50.0}}
+    bundle = _with_export(tmp_path, bad, config="value:\n  export: weights/value/export\n")
+    report = _check(tmp_path, bundle)
+    row = _rows(report)["bundle.value_export"]
+    head = bundle / "weights/value/export/value_head.json"
+    assert row.failure == "bundle" and report.exit_code == 24
+    assert row.finding == (
+        f"value export named by config/run.yaml: value.export: {head}: field return_range.return_max is None, "
+        "not a finite number"
+    )
+    assert "\n" not in row.finding and row.details["field"] == "return_range.return_max"
+    future = _with_export(tmp_path / "v2", {**HEAD, "format_version": 3}, config="v: weights/value/export\n")
+    row = _rows(_check(tmp_path / "v2", future))["bundle.value_export"]
+    assert row.failure == "bundle" and "format_version 3 is not one of [1, 2]" in row.finding
+
+
+def test_no_value_export_no_row_and_unrelated_strings_are_ignored(tmp_path):
+    bundle = make_bundle(tmp_path / "b", configs={"run.yaml": "a: ${BUNDLE}/data\nb: '${RUN}/x'\nc: [1, two]\n"})
+    assert "bundle.value_export" not in _rows(_check(tmp_path, bundle))
+
+
+def test_check_imports_no_pipeline_package():
+    """The control plane reads the value export through the leaf module, never through recap (ARCHITECTURE)."""
+    import subprocess
+
+    code = (
+        "import sys; import reproduction.checks.report, reproduction.checks.bundle, reproduction.value_export; "
+        "bad = [m for m in sys.modules if m.split('.')[:2] in (['reproduction', p] for p in "
+        "('recap', 'run', 'train', 'sim', 'data')) or m.split('.')[0] in ('torch', 'ray', 'pyarrow', 'numpy')]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from importlib import metadata
 from pathlib import Path
 
@@ -54,14 +53,23 @@ def test_control_plane_imports_no_pipeline_library():
 
 
 def test_help_is_fast_and_lists_commands():
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        out = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=True)
-        best = min(best, time.perf_counter() - start)
+    """`--help` lists every command and loads no heavy library. Fast is asserted by what it imports, not by
+    a wall-clock limit (the machines are noisy; bench/ measures time)."""
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = [{str(SCRIPT)!r}, '--help']\n"
+        "try:\n"
+        f"    runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code in (0, None), exc.code\n"
+        f"bad = [m for m in {HEAVY!r} if m in sys.modules]\n"
+        "print('HEAVY=' + ','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
     for command in ("pack", "verify", "restore", "check", "publish", "fetch", "run", "demo"):
         assert command in out.stdout
-    assert best < 0.5, f"portable --help took {best:.2f}s"
+    assert out.stdout.strip().splitlines()[-1] == "HEAVY=", f"--help imported {out.stdout.strip().splitlines()[-1]}"
 
 
 def _console_script() -> Path:

@@ -65,6 +65,63 @@ def test_training_curves_from_metrics_jsonl(tmp_path):
         plots.plot_training_curves({}, tmp_path / "none.png")
 
 
+def _demo_like_logs() -> dict[str, list[dict]]:
+    """What a demo's value folds and policy modes log: many scalars of very different scales, eval per dataset."""
+    logs = {}
+    for k, run in enumerate(("model_0", "model_1")):
+        recs = []
+        for step in range(10, 110, 10):
+            train = {"loss": 5 - step / 50 - k / 10, "value_error": 0.3 - step / 1000, "grad_norm": 6.0 - step / 40}
+            train |= {"samples_per_s": 500.0 + step, "lr_factor": 1.0, "skipped_steps": 0}
+            recs.append({"step": step, "split": "train", "metrics": train})
+            recs.append({"step": step, "split": "checkpoint", "metrics": {"save_s": 1.5}})
+            if step % 50 == 0:
+                ev = {"loss": 5.1 - step / 60, "value_spearman": step / 200, "num_frames": 200}
+                ev |= {f"{d}.heldout/{m}": v for d in ("sft", "rollout") for m, v in ev.items()}
+                recs.append({"step": step, "split": "eval", "metrics": ev})
+        logs[f"value/{run}"] = recs
+    for mode in ("recap", "bc", "filtered_bc"):
+        logs[f"policy/{mode}"] = [
+            {"step": s, "split": "train", "metrics": {"loss": 2 - s / 100, "grad_norm": 2.0, "samples_per_s": 600.0}}
+            for s in range(10, 60, 10)
+        ]
+    return logs
+
+
+def test_training_curves_one_panel_per_stage_and_metric_with_the_legend_beside(tmp_path):
+    """The demo's logs (40-odd scalars per fold) give one row per stage, one panel per metric family with a few
+    lines each (a colour per fold / mode, train solid, eval dashed), and each row's legend in its own column."""
+    fig = plots.training_curves_figure(_demo_like_logs())
+    curves = [ax for ax in fig.axes if ax.lines]
+    titles = [ax.get_title() for ax in curves]
+    assert titles == [
+        "value: loss",
+        "value: value error",
+        "value: value spearman",
+        "value: grad norm",
+        "policy: loss",
+        "policy: grad norm",
+    ]
+    assert all(ax.get_legend() is None for ax in curves)  # no legend over a curve
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    assert [[t.get_text() for t in lg.get_texts()] for lg in legends] == [
+        ["model_0", "model_1", "eval", "train"],
+        ["recap", "bc", "filtered_bc", "train"],
+    ]
+    assert all(not ax.axison and not ax.lines for ax in fig.axes if ax.get_legend() is not None)
+    loss = curves[0]
+    assert len(loss.lines) == 4  # 2 folds x (train, eval): the per-dataset evals are left to the overall one
+    assert sorted(line.get_linestyle() for line in loss.lines) == ["-", "-", "--", "--"]
+    assert len({line.get_color() for line in loss.lines}) == 2
+    out = plots.plot_training_curves(_demo_like_logs(), tmp_path / "curves.png")
+    image = _pixels(out)
+    assert 1100 <= image.shape[1] <= 1400 and image.shape[0] <= 600  # legible at the report's 1100 px
+    purple = np.array([0x82, 0x50, 0xDF]) / 255  # the second fold / mode
+    assert _share(image, purple) > 0.0005
+    only = plots.training_curves_figure(_demo_like_logs(), metrics=["value_spearman"])
+    assert [ax.get_title() for ax in only.axes if ax.lines] == ["value: value spearman"]
+
+
 def test_success_rates_per_task_and_guidance_scale(tmp_path):
     doc = make_evidence(recap=(38, 40), bc=(20, 40))
     other = make_evidence(recap=(30, 40))

@@ -113,8 +113,8 @@ def test_an_upstream_stage_read_through_many_files_is_one_node(tmp_path):
     assert lines[1].startswith("<- value: value/model_0/export/model.safetensors") and "+2 more files" in lines[1]
 
 
-def test_chain_links_by_digest_not_by_name(tmp_path):
-    """Rename the advantages file in the statements' view: the link still holds because the digest matches."""
+def test_chain_links_by_place_and_digest_not_by_display_name(tmp_path):
+    """Rename the advantages subject's display name: the link holds (same run path, same digest)."""
     fake = make_run(tmp_path)
     path = fake.run / "lineage/advantages.intoto.json"
     st = json.loads(path.read_text())
@@ -128,6 +128,40 @@ def test_chain_links_by_digest_not_by_name(tmp_path):
     nodes = [n for _, n in lineage_chain(fake.run).lines()]
     policy_inputs = [n.label for n in nodes[1].children]
     assert "advantages" not in policy_inputs and "upstream_output" in policy_inputs
+
+
+def test_identical_bytes_of_two_stages_do_not_cross_link(tmp_path):
+    """The value and the policy exports hold the same tokenizer file (one digest): advantages read the value's,
+    so its edge goes to value, never to the later policy stage that wrote the same bytes elsewhere."""
+    run = tmp_path / "run"
+    tok_value = run / "value/model_0/export/tokenizer.json"
+    tok_policy = run / "policy/recap/export/tokenizer.json"
+    for path in (tok_value, tok_policy):
+        path.parent.mkdir(parents=True)
+        path.write_text('{"model": "bpe"}')
+    weights = tok_value.parent / "model.safetensors"
+    weights.write_bytes(b"value weights")
+    adv = run / "advantages/advantages.parquet"
+    adv.parent.mkdir()
+    adv.write_bytes(b"adv")
+    common = dict(
+        run_id="r", run_dir=run, argv=[], config={}, world_size=1, device="cpu", versions=VERSIONS, environ={}
+    )
+
+    def stage(name, outputs, inputs, t):
+        write_stage_statement(
+            StageRun(stage=name, outputs=outputs, inputs=inputs, started_on=t, finished_on=t + 1, **common)
+        )
+
+    stage("value", [weights, tok_value], [], 0.0)
+    stage("advantages", [adv], [Artifact(path=weights), Artifact(path=tok_value)], 2.0)
+    stage("policy", [tok_policy], [Artifact(path=adv)], 4.0)
+    lines = lineage_chain(run).render().splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("policy: policy/recap/export/tokenizer.json")
+    assert "advantages: advantages/advantages.parquet" in lines[1]
+    assert "value: value/model_0/export/" in lines[2] and "+1 more file" in lines[2]
+    assert not any("policy/recap" in ln for ln in lines[1:]), lines
 
 
 def test_bundle_inputs_take_layer_digests_from_the_manifest(tmp_path):

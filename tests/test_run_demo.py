@@ -1,4 +1,5 @@
-"""`portable demo --quick`: the embedded default end to end (CI's reduced demo), and a rerun that reuses it."""
+"""`portable demo --quick`: the embedded default end to end (CI's reduced demo), a rerun that reuses it, and a
+rerun after the reference evidence changed that only recompares."""
 
 from __future__ import annotations
 
@@ -31,9 +32,13 @@ pytestmark = pytest.mark.skipif(bool(_missing()), reason=f"the demo needs {', '.
 
 
 def portable(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    return _python("-m", "reproduction.portable", *args, timeout=timeout)
+
+
+def _python(*args: str, timeout: float) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled"}
     return subprocess.run(
-        [sys.executable, "-m", "reproduction.portable", *args],
+        [sys.executable, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -56,7 +61,9 @@ def test_quick_demo_runs_every_stage_and_a_rerun_reuses_it(tmp_path):
     print(f"quick demo: {first:.0f} s (shared 2 cores)")
     state = json.loads((run / "run.json").read_text())
     stages = state["stages"]
-    assert set(stages) == {"returns", "value", "advantages", "policy", "eval"}
+    assert set(stages) == {"returns", "value", "advantages", "policy", "eval", "compare"}
+    assert "reference" not in stages["eval"]["key_parts"]["config"]["eval"]  # the compare stage's input only
+    assert stages["compare"]["summary"]["reference"].endswith("evidence/eval_policy_1000.json")
     assert all(s["status"] == "complete" for s in stages.values())
     assert "world_size" not in stages["value"]["key_parts"]["config"]["value.train"]  # exempt from the key
     assert state["config"]["value"]["train"]["world_size"] == 2  # CI exercises world size 2
@@ -65,13 +72,35 @@ def test_quick_demo_runs_every_stage_and_a_rerun_reuses_it(tmp_path):
     labels = {evidence["policy"]["label"], *(b["policy"]["label"] for b in evidence["baselines"])}
     assert labels == {"recap w=1", "recap w=2", "bc", "filtered_bc"}
     assert evidence["metrics"]["success_at_end"]["episodes"] == 4
-    for name in ("returns", "value", "advantages", "policy", "eval"):
+    for name in ("returns", "value", "advantages", "policy", "eval", "compare"):
         assert (run / "lineage" / f"{name}.intoto.json").is_file() or not _has_lineage()
+    if _has_lineage():  # edges by producing stage and path: the policy's copy of the tokenizer is not the value's
+        from reproduction.run.lineage_check import lineage_chain, verify_lineage
+
+        lines = [(depth, node.label) for depth, node in lineage_chain(run).lines()]
+        assert lines[:3] == [(0, "compare"), (1, "eval"), (2, "policy")], lines
+        at = lines.index((3, "advantages"))
+        below = [
+            label
+            for depth, label in lines[at + 1 :][: next((i for i, (d, _) in enumerate(lines[at + 1 :]) if d <= 3), None)]
+        ]
+        assert "value" in below and "policy" not in below, lines
+        assert verify_lineage(run).exit_code == 0
     for line in ("run: eval", "demo (total)", f"lineage:    {run / 'lineage'}", f"report:     {run / 'report.html'}"):
         assert line in proc.stderr
     restored = out / "restored" / "recap-demo"
     assert (restored / "bundle.json").is_file() and (restored / "data" / "rollout" / "meta" / "info.json").is_file()
     assert "${BUNDLE}/data/rollout" in (restored / "config" / "run.yaml").read_text()
+    # the tiny weights travel in the bundle, pinned by their manifests, and both models start from them
+    for rel in (
+        "weights/value-tiny/model.safetensors",
+        "weights/policy-tiny/model.safetensors",
+        "LICENSES/Apache-2.0.txt",
+    ):
+        assert (restored / rel).is_file(), rel
+    for section, name in (("value", "value_tiny"), ("policy", "policy_tiny")):
+        manifest = state["config"][section]["model"]["pretrained_manifest"]
+        assert manifest == str(restored.resolve() / "weights_manifest" / f"{name}.json"), manifest
 
     t0 = time.perf_counter()
     again = portable("demo", "--quick", "--output", str(out), timeout=600)
@@ -81,8 +110,32 @@ def test_quick_demo_runs_every_stage_and_a_rerun_reuses_it(tmp_path):
     for name in ("generate", "pack"):
         assert f"demo: {name}: reused" in again.stderr
     table = [ln for ln in again.stderr.splitlines() if ln.startswith("run: ")]
-    assert len(table) == 5 and all("skipped" in ln for ln in table), table
+    assert len(table) == 6 and all("skipped" in ln for ln in table), table
     assert json.loads((run / "run.json").read_text())["stages"]["policy"] == stages["policy"]
+
+    # The reference evidence changes (a new published run; here: this run's own evidence): the bundle is
+    # packed and restored again, and the run reuses every stage and only recompares, now "reproduced".
+    refs = tmp_path / "new_reference"
+    refs.mkdir()
+    (refs / "eval_policy_reference.json").write_bytes(next((run / "evidence").glob("eval_policy_*.json")).read_bytes())
+    code = (
+        "import sys; from pathlib import Path; from reproduction.run.demo import run_demo; "
+        "sys.exit(run_demo(Path(sys.argv[1]), quick=True, reference=Path(sys.argv[2])))"
+    )
+    third = _python("-c", code, str(out), str(refs), timeout=600)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "demo: pack: reused" not in third.stderr  # the bundle now carries the new reference
+    table = [ln for ln in third.stderr.splitlines() if ln.startswith("run: ")]
+    assert [ln.split()[1:3] for ln in table] == [
+        *([name, "skipped"] for name in ("returns", "value", "advantages", "policy", "eval")),
+        ["compare", "ran"],
+    ], table
+    assert "against the reference evidence: reproduced" in third.stderr
+    after = json.loads((run / "run.json").read_text())["stages"]
+    assert after["eval"] == stages["eval"] and after["compare"]["summary"]["verdict"] == "reproduced"
+    assert after["compare"]["summary"]["reference"].endswith("evidence/eval_policy_reference.json")
+    cmp = json.loads((run / "evidence" / "comparison.json").read_text())
+    assert cmp["reproduced"] and cmp["rows"]
 
 
 def _has_lineage() -> bool:

@@ -1,8 +1,9 @@
 """Bad inputs to `portable run`: each a one-line error (plus a hint), a documented exit code, nothing half-written.
 
 The list (BAD_INPUTS) is the suite's record of what is refused and how. Exit codes: 3 not found,
-4 invalid config, 40 dataset, 52 a stage's inputs or outputs changed since it completed, 55 the run
-folder cannot be used as asked, 56 several preflight problems at once.
+4 invalid config, 5 a bundle's weights differ from their pinned manifest, 40 dataset, 52 a stage's
+inputs or outputs changed since it completed, 55 the run folder cannot be used as asked, 56 several
+preflight problems at once.
 """
 
 from __future__ import annotations
@@ -159,6 +160,12 @@ BAD_INPUTS = [
         "has no action, which the policy stage trains on",
     ),
     (
+        "bundle weights differ from their manifest",
+        lambda w, o: ["run", str(_tampered_weights(w)), "--output", str(o), "--stages", "returns"],
+        5,
+        "bundle weights: 1 weights file(s) of",
+    ),
+    (
         "several problems at once",
         lambda w, o: _run(o, f"datasets=[{{path: {w[0]}/a}}, {{path: /path/to/b}}]"),
         56,
@@ -189,6 +196,34 @@ def _busy(root: Path) -> Path:
     (root / "busy").mkdir(exist_ok=True)
     (root / "busy" / "notes.txt").write_text("mine")
     return root / "busy"
+
+
+def _tampered_weights(w) -> Path:
+    """A packed bundle (its run config, the dataset, pinned weights) whose weights file was replaced after packing."""
+    from bundlekit import QUIET, hub_manifest
+
+    from reproduction.release.pack import pack_bundle
+
+    bundle = w[0] / "wbundle"
+    if bundle.exists():
+        return bundle
+    files = {"model.safetensors": b"\x00weights" * 512, "config.json": b'{"hidden_size": 8}\n'}
+    src = w[0] / "wsrc"
+    (src / "cache" / "up").mkdir(parents=True)
+    for name, data in files.items():
+        (src / "cache" / "up" / name).write_bytes(data)
+    (src / "m.json").write_text(json.dumps(hub_manifest(files)))
+    (src / "run.yaml").write_text('datasets:\n  - {path: "${BUNDLE}/data/roll", type: rollout}\n')
+    spec = src / "spec.toml"
+    spec.write_text(
+        f'name = "w"\nroot = "."\nentry_config = "config/run.yaml"\n[[file]]\nsource = "{w[1]}"\ndest = "data/roll"\n'
+        '[[config]]\nsource = "run.yaml"\ndest = "config/run.yaml"\n'
+        '[[weights]]\nmanifest = "m.json"\nsource = "cache"\n'
+    )
+    pack_bundle(spec, bundle, ui=QUIET)
+    blob = bundle / "weights" / "up" / "model.safetensors"
+    blob.write_bytes(blob.read_bytes()[:-1] + b"!")  # same size, other bytes
+    return bundle
 
 
 def _copy(w, out: Path) -> Path:

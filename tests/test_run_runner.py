@@ -151,3 +151,111 @@ def test_run_folder_refusals(tmp_path):
         _run(tmp_path / "x", stages=["nope"])
     with pytest.raises(ConfigError, match="needs 'missing'"):
         Recipe(name="bad", stages=(StageSpec(name="a", fn="m:f", needs=("missing",)),))
+
+
+@dataclass
+class CheckedConfig(ToyConfig):
+    expected: str | None = None
+    """A file of expected labels (read by path: its content is part of the check stage's key)."""
+
+
+def check_stage(ctx: StageContext) -> StageOutput:
+    CALLS.append("check")
+    got = (ctx.run_dir / "label" / "labels.txt").read_text()
+    want = Path(ctx.config.expected).read_text() if ctx.config.expected else None
+    out = ctx.out_dir / "check.json"
+    out.write_text(json.dumps({"expected": ctx.config.expected, "same": got == want if want is not None else None}))
+    return StageOutput(files=[out], summary={"same": got == want if want is not None else None})
+
+
+def _checked(redo: bool) -> Recipe:
+    check = StageSpec(
+        name="check",
+        fn=f"{__name__}:check_stage",
+        needs=("label",),
+        config=("expected",),
+        files=("expected",),
+        inputs=False,
+        redo_on_change=redo,
+    )
+    return Recipe(name="toy", stages=(*TOY.stages, check))
+
+
+def test_a_cheap_stage_reading_a_file_by_path_is_redone_when_the_file_changes(tmp_path):
+    """Like the RECAP compare stage: a new reference recompares and reuses every stage before it."""
+    run, ref = tmp_path / "run", tmp_path / "expected.txt"
+    ref.write_text("x:a=2\nx:b=2\n")
+
+    def go(recipe: Recipe, config: CheckedConfig, **kw) -> list[tuple[str, str]]:
+        CALLS.clear()
+        report = run_recipe(recipe, config, run, RunOptions(inputs={"data": FakeInput("fp1")}, **kw))
+        return [(s.name, s.action) for s in report.stages]
+
+    cheap = _checked(redo=True)
+    assert go(cheap, CheckedConfig(expected=str(ref)))[-1] == ("check", "ran")
+    state = read_state(run)
+    assert state["stages"]["check"]["summary"] == {"same": True}
+    assert state["stages"]["check"]["key_parts"]["files"] == {"expected": _sha(ref)}
+    assert "files" not in state["stages"]["count"]["key_parts"]  # stages reading no file keep their keys
+    assert go(cheap, CheckedConfig(expected=str(ref)), resume=True)[-1] == ("check", "skipped") and CALLS == []
+    ref.write_text("x:a=9\n")  # same path, new content
+    got = go(cheap, CheckedConfig(expected=str(ref)), resume=True)
+    assert got == [("count", "skipped"), ("label", "skipped"), ("check", "ran")] and CALLS == ["check"]
+    assert read_state(run)["stages"]["check"]["summary"] == {"same": False}
+    # No file at all (None), then one again: each is a change, each only redoes the cheap stage.
+    assert go(cheap, CheckedConfig(expected=None), resume=True)[-1] == ("check", "ran")
+    assert go(cheap, CheckedConfig(expected=str(ref)), resume=True)[-1] == ("check", "ran")
+    # A stage that is not declared cheap is refused, naming the file's key.
+    ref.write_text("x:a=2\nx:b=2\n")
+    with pytest.raises(StageKeyChangedError, match=r"files.expected: "):
+        go(_checked(redo=False), CheckedConfig(expected=str(ref)), resume=True)
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_key_recorded_before_a_config_key_became_exempt_still_matches(tmp_path):
+    """Runs made before eval.reference left the eval stage's key are reused, not refused (exit 52)."""
+    run = tmp_path / "run"
+    count = TOY.stages[0]
+    before = Recipe(name="toy", stages=(StageSpec(name="count", fn=count.fn, config=count.config, code=count.code),))
+    run_recipe(before, ToyConfig(), run, RunOptions(inputs={"data": FakeInput("fp1")}))
+    old_key = read_state(run)["stages"]["count"]["key"]
+    # Today's recipe exempts count.workers: the old record (workers in its key) matches once it is dropped ...
+    assert _run(run, resume=True) == [("count", "skipped"), ("label", "ran")]
+    state = read_state(run)["stages"]["count"]
+    assert state["key"] != old_key and "workers" not in state["key_parts"]["config"]["count"]  # ... and is updated
+    assert _run(run, ToyConfig(count=ToySection(workers=8)), resume=True) == [
+        ("count", "skipped"),
+        ("label", "skipped"),
+    ]
+    # A value that was never exempt still refuses.
+    with pytest.raises(StageKeyChangedError, match=r"config.count.repeat: 2 -> 5"):
+        _run(run, ToyConfig(count=ToySection(repeat=5)), resume=True)
+
+
+def shared_writer(ctx: StageContext) -> StageOutput:
+    CALLS.append(ctx.name)
+    shared = ctx.run_dir / "evidence" / "comparison.json"
+    shared.parent.mkdir(exist_ok=True)
+    shared.write_text(json.dumps({"by": ctx.name, "label": ctx.config.label}))
+    own = ctx.out_dir / "own.txt"
+    own.write_text(ctx.name)
+    return StageOutput(files=[own, shared])
+
+
+def test_a_file_a_later_stage_writes_is_that_stages_output(tmp_path):
+    """An old eval record claims evidence/comparison.json; once compare writes it, eval no longer does."""
+    run = tmp_path / "run"
+    first = StageSpec(name="first", fn=f"{__name__}:shared_writer", inputs=False)
+    second = StageSpec(name="second", fn=f"{__name__}:shared_writer", needs=("first",), config=("label",))
+    recipe = Recipe(name="toy", stages=(first, second))
+    run_recipe(recipe, ToyConfig(), run, RunOptions(inputs={}))
+    stages = read_state(run)["stages"]
+    assert "../evidence/comparison.json" not in stages["first"]["outputs"]
+    assert "../evidence/comparison.json" in stages["second"]["outputs"]
+    got = run_recipe(recipe, ToyConfig(), run, RunOptions(inputs={}, resume=True))
+    assert [s.action for s in got.stages] == ["skipped", "skipped"]

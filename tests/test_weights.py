@@ -14,7 +14,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from bundlekit import QUIET, REPO, run_cli
+from bundlekit import QUIET, REPO, hub_manifest, run_cli
 
 from reproduction.errors import IntegrityError, InvalidInputError
 from reproduction.release.manifest import load_manifest, write_manifest
@@ -36,39 +36,6 @@ SCHEMA = json.loads((REPO / "weights_manifest" / "schema.json").read_text())
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def hub_manifest(files: dict[str, bytes], *, license_id: str = "apache-2.0", license_file: str = "Apache-2.0.txt"):
-    """A manifest with one Hub component whose files are pinned to `files` (paths under `up/`)."""
-    return {
-        "$schema": "./schema.json",
-        "format": "recap-portable-weights",
-        "format_version": 2,
-        "name": "test-upstream",
-        "model": "value",
-        "presets": ["test"],
-        "components": [
-            {
-                "role": "backbone",
-                "source": {
-                    "kind": "hub",
-                    "repo": "alice/upstream",
-                    "repo_type": "model",
-                    "revision": "main",
-                    "commit": "0" * 40,
-                },
-                "license": {"id": license_id, "file": f"LICENSES/{license_file}"},
-                "model_config": {"path": "up/config.json", "sha256": _sha(files["config.json"])},
-                "files": [
-                    {"path": f"up/{name}", "repo_path": name, "size": len(data), "sha256": _sha(data)}
-                    for name, data in files.items()
-                ],
-                "key_mapping": {"source_prefix": "model.", "target_prefix": "language."},
-                "presets": ["test"],
-            }
-        ],
-        "fresh_prefixes": [],
-    }
 
 
 UPSTREAM = {"model.safetensors": b"\x00weights" * 4096, "config.json": b'{"hidden_size": 8}\n'}
@@ -193,6 +160,24 @@ def test_a_built_config_edited_after_pinning_is_refused():
         WeightsManifest.from_dict(data)
 
 
+def test_pin_records_a_built_config_edited_since_its_last_pin(tmp_path):
+    """What the refusal's hint says to do works: `weights pin` rebuilds and records the new digests."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from reproduction.release.weights_hub import pin_manifest
+
+    data = json.loads((REPO / "weights_manifest" / "policy_tiny.json").read_text())
+    old = data["components"][0]["files"][0]["sha256"]
+    data["components"][0]["source"]["config"]["chunk"] = 8
+    path = write_json(tmp_path / "policy_tiny.json", data)
+    with pytest.raises(InvalidInputError, match="is not the digest of source.config"):
+        load_weights_manifest(path)
+    pin_manifest(path, ui=QUIET)
+    comp = load_weights_manifest(path).components[0]
+    assert comp.model_config["sha256"] == canonical_sha256(comp.source["config"])
+    assert comp.files[0].sha256 not in (old, UNPINNED)
+
+
 def test_license_index_covers_every_component_a_bundle_can_carry():
     index = load_license_index()
     assert set(index.components) >= {
@@ -291,7 +276,9 @@ def test_pack_places_pinned_weights_and_exactly_their_licenses_and_restore_check
 
     config = bundle / "weights" / "up" / "config.json"
     config.write_bytes(b'{"hidden_size": 9}\n')  # edited after restore
-    with pytest.raises(IntegrityError, match=r"digest   up/config.json: sha256"):
+    with pytest.raises(
+        IntegrityError, match=r"weights/up/config.json: sha256 \w+, pinned \w+ \(pinned by weights_manifest/m.json\)"
+    ):
         verify_bundle_weights(bundle)
     config.write_bytes(UPSTREAM["config.json"])
 
@@ -561,3 +548,146 @@ def test_a_demo_can_pin_weights_it_builds_on_the_spot(tmp_path):
     packed = pack_bundle(_spec(tmp_path, path), tmp_path / "bundle", ui=QUIET)
     assert packed.file("weights/value/model.safetensors").sha256 == manifest.components[0].files[0].sha256
     restore_bundle(tmp_path / "bundle", ui=QUIET)
+
+
+# -- the demo bundle -------------------------------------------------------------------------------
+
+
+def _demo_sources(root: Path) -> Path:
+    """The folder `portable demo` generates, in miniature (pack reads bytes, not datasets)."""
+    for rel, text in {
+        "project/recap/__init__.py": '"""stand-in"""\n',
+        "data/sft/meta/info.json": "{}\n",
+        "data/rollout/meta/info.json": "{}\n",
+        "evidence/eval_policy_reference.json": "{}\n",
+        "configs/run.yaml": 'datasets:\n  - {path: "${BUNDLE}/data/sft", type: sft}\n',
+    }.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+@pytest.mark.slow
+def test_the_demo_bundle_carries_its_tiny_weights_pinned_and_restore_refuses_other_bytes(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    spec = REPO / "bundle" / "demo.toml"
+    bundle = tmp_path / "bundle"
+    manifest = pack_bundle(spec, bundle, root=_demo_sources(tmp_path / "src"), ui=QUIET)
+    pins = {
+        name: load_weights_manifest(REPO / "weights_manifest" / f"{name}.json").components[0].files[0]
+        for name in ("value_tiny", "policy_tiny")
+    }
+    for name, pin in pins.items():  # built from config + seed by pack, to the manifest's digest
+        entry = manifest.file(f"weights/{pin.path}")
+        assert entry is not None and (entry.size, entry.sha256) == (pin.size, pin.sha256), name
+        assert (bundle / "weights_manifest" / f"{name}.json").is_file()
+    assert [w["manifest"] for w in manifest.metadata["weights"]] == [
+        "weights_manifest/value_tiny.json",
+        "weights_manifest/policy_tiny.json",
+    ]
+    assert manifest.metadata["licenses"]["value-tiny/value-model"] == "LICENSES/Apache-2.0.txt"
+    assert sorted(p.name for p in (bundle / "LICENSES").iterdir()) == ["Apache-2.0.txt", "index.json"]
+    card = render_model_card(manifest, bundle, repo_id="alice/recap-demo")  # what publish writes as README.md
+    assert "## Pinned weights" in card and "license: apache-2.0" in card
+    assert "`weights_manifest/value_tiny.json` -> `weights/`" in card
+    assert "`weights_manifest/policy_tiny.json` -> `weights/`" in card
+
+    restored = tmp_path / "restored"
+    shutil.copytree(bundle, restored)
+    restore_bundle(restored, ui=QUIET)
+    assert verify_bundle_weights(restored) == 2
+
+    # A copy whose value weights were swapped in transit: restore refuses it, naming the file.
+    tampered = tmp_path / "tampered"
+    shutil.copytree(bundle, tampered)
+    blob = tampered / "weights" / pins["value_tiny"].path
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 1
+    blob.write_bytes(bytes(data))
+    proc = run_cli("restore", str(tampered))
+    assert proc.returncode == 5, proc.stderr
+    assert proc.stderr.startswith("error: ") and f"digest   weights/{pins['value_tiny'].path}: " in proc.stderr
+
+    # The same swap with bundle.json rewritten to match it: the weight manifest still refuses it.
+    repinned = load_manifest(tampered)
+    repinned.files = [
+        type(e)(path=e.path, size=e.size, sha256=_sha(bytes(data)))
+        if e.path == f"weights/{pins['value_tiny'].path}"
+        else e
+        for e in repinned.files
+    ]
+    (tampered / "bundle.json").unlink()
+    write_manifest(tampered, repinned)
+    with pytest.raises(IntegrityError, match=rf"weights/{pins['value_tiny'].path}: sha256 \w+ differs from "):
+        restore_bundle(tampered, ui=QUIET)
+
+
+@pytest.mark.slow
+def test_the_tiny_manifests_are_the_demos_presets_and_its_run_initialises_from_them(tmp_path):
+    """value_tiny/policy_tiny are exactly what the demo's stages build (vocab from the tokenizers they train on the
+    demo's task string, sizes from the stage defaults), so the demo's run loads the bundled weights strictly and
+    starts from the same numbers as the stages' own seed-0 init."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from reproduction.recap.policy.conditioning import KINDS, prompt_text
+    from reproduction.recap.policy.model import PolicyModelConfig, build_policy_model, tiny_config
+    from reproduction.recap.policy.task import PolicyStageConfig
+    from reproduction.recap.tokenizer import train_tokenizer
+    from reproduction.recap.value.model import preset_config
+    from reproduction.recap.value.weights import load_pretrained
+    from reproduction.release.weights_build import build_component
+    from reproduction.run.config import load_config
+    from reproduction.run.demo import CONFIGS, FULL, QUICK
+    from reproduction.sim.tasks import get_task
+
+    assert FULL.tasks == QUICK.tasks
+    tasks = [get_task(t).language for t in FULL.tasks]
+    value_vocab = len(train_tokenizer(tasks, tmp_path / "vt"))
+    policy_vocab = len(train_tokenizer([prompt_text(t, k) for t in tasks for k in range(len(KINDS))], tmp_path / "pt"))
+    value = load_weights_manifest(REPO / "weights_manifest" / "value_tiny.json").components[0]
+    policy = load_weights_manifest(REPO / "weights_manifest" / "policy_tiny.json").components[0]
+    for name in ("run.yaml", "quick.yaml"):
+        config = load_config([CONFIGS / name], [], bundle=tmp_path / "bundle", run_dir=tmp_path / "run")
+        vm, pm = config.value.model, config.policy.model
+        assert (vm.pretrained_manifest, vm.weights_dir) == (
+            str((tmp_path / "bundle" / "weights_manifest" / "value_tiny.json").resolve()),
+            str((tmp_path / "bundle" / "weights").resolve()),
+        ), name
+        assert pm.pretrained_manifest == str((tmp_path / "bundle" / "weights_manifest" / "policy_tiny.json").resolve())
+        assert (vm.model_seed, pm.model_seed) == (value.source["seed"], policy.source["seed"]), name
+        mcfg = preset_config(vm.preset, vocab_size=value_vocab, cameras=tuple(vm.cameras))  # as the stage does
+        mcfg.value_dropout = vm.value_dropout
+        assert mcfg.to_dict() == value.source["config"], name
+        pstage = PolicyStageConfig(mode="recap", train={"max_steps": 1}, **_plain(pm))
+        pcfg = tiny_config(
+            vocab_size=policy_vocab,
+            state_dim=policy.source["config"]["state_dim"],  # the simulator's 11 + the goal's 3 (checked below)
+            action_dim=4,
+            chunk=pstage.chunk,
+            cameras=tuple(pstage.cameras),
+            image_size=pstage.image_size,
+            width=pstage.width,
+            prefix_layers=pstage.prefix_layers,
+            expert_layers=pstage.expert_layers,
+        )
+        assert pcfg.to_dict() == policy.source["config"], name
+    try:
+        from reproduction.sim.env import STATE_DIM
+    except ImportError:  # pragma: no cover - a build without the simulator
+        STATE_DIM = 11
+    assert policy.source["config"]["state_dim"] == STATE_DIM + 3
+
+    # the policy loads its bundled weights strictly and then holds the seed-0 init the stage would have built
+    build_component(policy, tmp_path / "weights")
+    model = build_policy_model(PolicyModelConfig.from_dict(policy.source["config"]), seed=7)
+    load_pretrained(model, REPO / "weights_manifest" / "policy_tiny.json", tmp_path / "weights")
+    ref = build_policy_model(PolicyModelConfig.from_dict(policy.source["config"]), seed=0)
+    assert model.state_dict().keys() == ref.state_dict().keys()
+    assert all(torch.equal(x, y) for x, y in zip(model.state_dict().values(), ref.state_dict().values()))
+
+
+def _plain(section) -> dict:
+    from reproduction.run.config import to_plain
+
+    return dict(to_plain(section))

@@ -6,6 +6,8 @@ pins, and (for layers whose files hold a build prefix) relocated to the layer's 
 Free disk needed for a run: the manifest's `metadata.run_disk_bytes` when the bundle declares it,
 else twice the size of weights/ (checkpoints of each stage) plus 1 GiB (datasets' sidecars, logs,
 evidence).
+A value export the bundle carries or its run configs name is read with the one reader stage 3 uses
+(reproduction/value_export.py: format version, return range, bins), so a bad one fails here, before a run.
 """
 
 from __future__ import annotations
@@ -133,3 +135,80 @@ def probe_disk(bundle: Path, manifest: Any, work_dir: Path) -> ProbeResult:
     return ok(
         "bundle.disk", f"{free / GIB:.1f} GiB free at {work_dir} >= {need / GIB:.1f} GiB needed ({how})", **details
     )
+
+
+# -- value exports --------------------------------------------------------------------------------
+
+
+def value_exports(bundle: Path, manifest: Any) -> dict[Path, str]:
+    """{value export folder (or value-stage folder): what names it} for every value export the bundle
+    carries or its run configs name: a value_head.json listed in bundle.json, and any config string
+    (with ${BUNDLE} replaced; relative paths are under the bundle) naming a value_head.json, a folder
+    holding one, or a value-stage folder (crossfit.json + model_<k>/export/)."""
+    from reproduction.checks import configs
+    from reproduction.value_export import HEAD_NAME
+
+    bundle = Path(bundle)
+    found: dict[Path, str] = {}
+    for entry in manifest.files:
+        if Path(entry.path).name == HEAD_NAME:
+            found.setdefault(bundle / Path(entry.path).parent, f"bundle.json: {entry.path}")
+    for path in configs.config_files(bundle):
+        data, _ = configs.load_config(path)
+        for key, text in _strings(data or {}):
+            if "${" in text.replace("${BUNDLE}", ""):
+                continue
+            target = Path(text.replace("${BUNDLE}", str(bundle)))
+            target = target if target.is_absolute() else bundle / target
+            try:
+                if target.name == HEAD_NAME and target.is_file():
+                    target = target.parent
+                elif not ((target / HEAD_NAME).is_file() or (target / "crossfit.json").is_file()):
+                    continue
+            except OSError:  # a string that is no path (too long, bad bytes)
+                continue
+            found.setdefault(target, f"{path.relative_to(bundle)}: {key}")
+    return found
+
+
+def _strings(node: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted key, value) of every string leaf of a parsed config."""
+    if isinstance(node, dict):
+        return [kv for k, v in node.items() for kv in _strings(v, f"{prefix}{k}.")]
+    if isinstance(node, list):
+        return [kv for i, v in enumerate(node) for kv in _strings(v, f"{prefix[:-1]}[{i}].")]
+    return [(prefix[:-1], node)] if isinstance(node, str) and node else []
+
+
+def probe_value_exports(bundle: Path, manifest: Any) -> list[ProbeResult]:
+    """The `bundle.value_export` row: every value export the bundle carries or its configs name, read with
+    the one reader stage 3 uses (format version, return range, bins); no row when there is none."""
+    from reproduction.value_export import read_value_head, read_value_stage_head
+
+    exports = value_exports(bundle, manifest)
+    if not exports:
+        return []
+    good, bad = [], []
+    for folder, named in sorted(exports.items()):
+        try:
+            is_stage = (folder / "crossfit.json").is_file()
+            head = read_value_stage_head(folder) if is_stage else read_value_head(folder)
+        except PortableError as exc:
+            bad.append((named, exc))
+            continue
+        rr = head.return_range
+        good.append(f"{named} ({head.num_bins} bins, returns [{rr.return_min:g}, {rr.return_max:g}])")
+    if bad:
+        named, exc = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        return [
+            fail(
+                "bundle.value_export",
+                BUNDLE,
+                f"value export named by {named}: {exc.message}{more}",
+                exc.hint or "export the value model again with this version (stage 2 writes value_head.json)",
+                problems=[f"{n}: {e.message}" for n, e in bad],
+                field=getattr(exc, "field", None),
+            )
+        ]
+    return [ok("bundle.value_export", f"{len(good)} value export(s) valid: " + "; ".join(good), exports=good)]

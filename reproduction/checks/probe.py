@@ -34,7 +34,7 @@ EXIT_HELP = """check exit codes (several failures: the lowest code wins):
   22 compile toolchain: Python.h, C compiler, C extension build/import (or Triton kernel) failed
   23 hazard: TensorFlow next to NumPy 2, transfer_to_npu, torch-npu without CANN, config placeholders,
      save/val intervals, batch sizes not dividing across workers
-  24 bundle: not a bundle, not restored or moved since restore, not enough free disk"""
+  24 bundle: not a bundle, not restored or moved since restore, not enough free disk, a bad value export"""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -131,6 +131,7 @@ def collect_report(
             rows += [
                 bundle_probes.probe_restored(ctx.bundle, manifest),
                 bundle_probes.probe_disk(ctx.bundle, manifest, ctx.work_dir),
+                *bundle_probes.probe_value_exports(ctx.bundle, manifest),
             ]
             ctx.python = bundle_probes.bundle_interpreter(ctx.bundle, manifest) or ctx.python
     load_facts(ctx)

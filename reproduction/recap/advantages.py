@@ -37,10 +37,10 @@ from reproduction.recap.advantage_inputs import (  # noqa: F401 (load_dataset_ar
 )
 from reproduction.recap.normalize import ReturnRange
 from reproduction.recap.returns import discounted_reverse_cumsum, repeat_strings, sort_frames
-from reproduction.recap.value.export import EXPORT_FORMAT, HEAD_NAME, ValueHead, read_value_head
+from reproduction.value_export import EXPORT_FORMAT, HEAD_NAME, ValueHead, read_value_head
 
 VALUE_HEAD_NAME = HEAD_NAME
-"""The value export's metadata file (recap/value/export.py)."""
+"""The value export's metadata file (reproduction/value_export.py)."""
 VALUE_HEAD_FORMAT = EXPORT_FORMAT
 """Its format_version."""
 
@@ -284,7 +284,7 @@ def _fractions(labels: np.ndarray, codes: np.ndarray, names: np.ndarray) -> dict
 
 def load_return_range(source: ReturnRange | ValueHead | Path | str) -> tuple[ReturnRange, str | None]:
     """(ReturnRange, value-checkpoint fingerprint) from a ReturnRange, a read ValueHead, or a value
-    export folder (read with the one torch-free reader, recap/value/export.py)."""
+    export folder (read with the one torch-free reader, reproduction/value_export.py)."""
     if isinstance(source, ReturnRange):
         return source, None
     head = source if isinstance(source, ValueHead) else read_value_head(Path(source))

@@ -171,46 +171,11 @@ def read_sidecar(
     return table, meta
 
 
-def read_returns(
-    location: Path,
-    tag: str | None,
-    *,
-    expect_fingerprint: str | None,
-    dataset_name: str | None = None,
-    columns: list[str] | None = None,
-    allow_unfingerprinted: bool = False,
-) -> pa.Table:
-    """The stage-1 returns table (episode_index, frame_index, return, reward, prompt), checked."""
-    return read_sidecar(
-        location,
-        "returns",
-        tag,
-        expect_fingerprint=expect_fingerprint,
-        dataset_name=dataset_name,
-        columns=columns,
-        allow_unfingerprinted=allow_unfingerprinted,
-    )[0]
-
-
-def read_advantages(
-    location: Path,
-    tag: str | None,
-    *,
-    expect_fingerprint: str | None,
-    dataset_name: str | None = None,
-    columns: list[str] | None = None,
-    allow_unfingerprinted: bool = False,
-) -> pa.Table:
-    """The stage-3 advantages table (RLinf's columns), checked like `read_returns` (stage 4 reads it)."""
-    return read_sidecar(
-        location,
-        "advantages",
-        tag,
-        expect_fingerprint=expect_fingerprint,
-        dataset_name=dataset_name,
-        columns=columns,
-        allow_unfingerprinted=allow_unfingerprinted,
-    )[0]
+def read_returns(location: Path, tag: str | None, **checks: Any) -> pa.Table:
+    """The stage-1 returns table (episode_index, frame_index, return, reward, prompt), checked by `read_sidecar`
+    (same keyword arguments: expect_fingerprint, dataset_name, columns, allow_unfingerprinted). Other sidecars
+    (advantages_{tag}.parquet: stage 4) are read with `read_sidecar` itself."""
+    return read_sidecar(location, "returns", tag, **checks)[0]
 
 
 def update_stats_json(path: Path, stats: dict[str, Any]) -> None:

@@ -125,10 +125,8 @@ def _write_file(dirs: DirFds, m: Member, source: StreamSource, umask: int, hashe
     mode = m.mode & 0o777
     fd = _open_new(dirs, m.name, mode)
     try:
-        while True:
+        while source.left:  # read_data hands out what the window holds, up to the member's end
             view = source.read_data(1 << 30)
-            if not view:
-                break
             if hasher is not None:
                 hasher.update(view)
             done = 0
@@ -145,10 +143,10 @@ def _make_dirs(dirs: DirFds, members: list[Member]) -> None:
     """Every folder the members need, each created once, parents first (never through a link)."""
     needed: set[str] = set()
     for m in members:
-        parts = m.name.split("/")
-        for depth in range(1, len(parts) + (m.kind == "dir")):
-            needed.add("/".join(parts[:depth]))
-    needed.discard("")
+        head = m.name if m.kind == "dir" else m.name.rpartition("/")[0]
+        while head and head not in needed:  # a folder already needed brought its parents with it
+            needed.add(head)
+            head = head.rpartition("/")[0]
     for rel in sorted(needed, key=lambda d: (d.count("/"), d)):
         dir_fd, base = dirs.parent(rel)
         try:

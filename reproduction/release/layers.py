@@ -72,11 +72,13 @@ _KINDS = frozenset(KINDS.values())
 
 def _row(row: list) -> Member:
     name, kind, mode, size, link = row
-    if not (isinstance(name, str) and isinstance(kind, str) and isinstance(link, str)):
-        raise TypeError(f"row {row!r:.80}: name, kind and link must be strings")
+    if type(name) is not str or type(link) is not str or kind not in _KINDS:
+        if not (isinstance(name, str) and isinstance(kind, str) and isinstance(link, str)):
+            raise TypeError(f"row {row!r:.80}: name, kind and link must be strings")
+        raise ValueError(f"row {row!r:.80}: unknown kind or a name that is not normalised")
     if type(mode) is not int or type(size) is not int or not 0 <= mode <= 0o7777 or not 0 <= size < 1 << 63:
         raise ValueError(f"row {row!r:.80}: mode and size must be small non-negative integers")
-    if kind not in _KINDS or normalise(name) != name:
+    if normalise(name) != name:
         raise ValueError(f"row {row!r:.80}: unknown kind or a name that is not normalised")
     return Member(name=name, raw_name=name, kind=kind, mode=mode, size=size, mtime=0, linkname=link)
 

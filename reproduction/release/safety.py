@@ -79,7 +79,9 @@ def _member_problem(m: Member, path: str, view: UnionView) -> str | None:
     if "\0" in path or "\0" in m.linkname:
         return "has a NUL byte in its name or link text"
     encoded = path.encode("utf-8", "surrogateescape")
-    if len(encoded) > PATH_MAX or any(len(part) > NAME_MAX for part in encoded.split(b"/")):
+    if len(encoded) > NAME_MAX and (
+        len(encoded) > PATH_MAX or any(len(part) > NAME_MAX for part in encoded.split(b"/"))
+    ):
         return f"has a name longer than filesystems allow ({NAME_MAX} bytes a component, {PATH_MAX} in all)"
     if len(m.linkname.encode("utf-8", "surrogateescape")) > PATH_MAX:
         return f"has link text longer than {PATH_MAX} bytes"
@@ -89,14 +91,8 @@ def _member_problem(m: Member, path: str, view: UnionView) -> str | None:
         return f"is a {m.kind} (device and special files are refused)"
     if m.mode & 0o6000:
         return f"has the setuid/setgid bit set (mode {m.mode:o})"
-    parts = path.split("/")
-    for depth in range(1, len(parts)):
-        ancestor = "/".join(parts[:depth])
-        kind, origin = view.entries.get(ancestor, ("", ""))
-        if kind == "symlink":
-            return f"would be written through the symlink {ancestor!r} planted by {origin}"
-        if kind == "file":
-            return f"would be written under {ancestor!r}, which is a file from {origin}"
+    if not _ancestors_are_dirs(path, view):
+        return _ancestor_problem(path, view)
     kind, origin = view.entries.get(path, ("", ""))
     if kind == "symlink":
         return f"would replace (and write through) the symlink {path!r} planted by {origin}"
@@ -105,6 +101,39 @@ def _member_problem(m: Member, path: str, view: UnionView) -> str | None:
     if m.kind == "symlink":
         return _symlink_problem(m.linkname, path, view)
     return None
+
+
+def _ancestors_are_dirs(path: str, view: UnionView) -> bool:
+    """No ancestor of `path` is a symlink or a file in the view, walking up from the parent.
+
+    A folder enters the view only after a member below it passed (its own ancestors then were
+    folders or unknown), and a folder's kind never changes afterwards (turning it into anything
+    else is refused), so the walk stops at the first known folder: O(1) for most members
+    instead of O(depth) joins.
+    """
+    entries = view.entries
+    head = path.rpartition("/")[0]
+    while head:
+        got = entries.get(head)
+        if got is not None:
+            if got[0] == "dir":
+                return True
+            return False
+        head = head.rpartition("/")[0]
+    return True
+
+
+def _ancestor_problem(path: str, view: UnionView) -> str:
+    """The shallowest ancestor of `path` that is a symlink or a file, described."""
+    parts = path.split("/")
+    for depth in range(1, len(parts)):
+        ancestor = "/".join(parts[:depth])
+        kind, origin = view.entries.get(ancestor, ("", ""))
+        if kind == "symlink":
+            return f"would be written through the symlink {ancestor!r} planted by {origin}"
+        if kind == "file":
+            return f"would be written under {ancestor!r}, which is a file from {origin}"
+    return "would be written under a path that is not a folder"
 
 
 def _symlink_problem(linkname: str, path: str, view: UnionView) -> str | None:
@@ -146,9 +175,12 @@ def validate_layers(layers: list[tuple[str, str, list[Member]]]) -> UnionView:
             if why:
                 problems.append((archive, m.raw_name, why))
                 continue
-            parts = path.split("/")
-            for depth in range(len(target.split("/")) + 1, len(parts)):
-                view.entries.setdefault("/".join(parts[:depth]), ("dir", archive))
+            # Register the folders above it inside the target, deepest first, up to the first one
+            # already known (its own ancestors were registered with it).
+            head = path.rpartition("/")[0]
+            while len(head) > len(target) and head not in view.entries:
+                view.entries[head] = ("dir", archive)
+                head = head.rpartition("/")[0]
             view.entries[path] = (m.kind, archive)
     if problems:
         archive, member, why = problems[0]

@@ -360,8 +360,10 @@ def verify_bundle_weights(bundle: Path) -> int:
     """For `run`'s preflight: rehash the weights a bundle's manifests name, on disk now; returns the files.
 
     `check_bundle_weights` (restore) compares bundle.json with the manifests; this one reads the bytes,
-    so a weights file edited or replaced after restore is refused, naming it (IntegrityError). A folder
-    that is not a bundle (no bundle.json) or names no weight manifests checks nothing and returns 0.
+    so a weights file edited or replaced after restore is refused. Collects every bad file, then raises
+    one IntegrityError (exit 5) whose message is one line naming each file by its bundle path, what
+    differs and the manifest that pins it. A folder that is not a bundle (no bundle.json) or names no
+    weight manifests checks nothing and returns 0.
     """
     from reproduction.release.manifest import MANIFEST_NAME, load_manifest
 
@@ -372,8 +374,19 @@ def verify_bundle_weights(bundle: Path) -> int:
     check_bundle_weights(bundle, manifest)
     lic_root = bundle / "LICENSES"
     index = load_license_index(lic_root if (lic_root / "index.json").is_file() else None)
-    count = 0
+    count, problems = 0, []
     for item in manifest.metadata.get("weights") or []:
-        wm = load_weights_manifest(bundle / str(item["manifest"]), licenses=index)
-        count += verify_or_raise(wm, bundle / str(item.get("dest", "weights"))).ok
+        rel, dest = str(item["manifest"]), str(item.get("dest", "weights"))
+        report = verify_weights(load_weights_manifest(bundle / rel, licenses=index), bundle / dest)
+        count += report.ok
+        problems += [
+            f"{dest}/{p.path}: {p.detail or p.kind} (pinned by {rel})" for p in report.problems if p.kind != "unpinned"
+        ]
+    if problems:
+        raise IntegrityError(
+            f"{len(problems)} weights file(s) of {bundle} differ from their manifests: " + "; ".join(problems),
+            problems=problems,
+            hint=f"they changed after restore: `portable verify {bundle}` lists every changed file; copy or fetch "
+            "the bundle again and restore it",
+        )
     return count

@@ -368,7 +368,7 @@ def pin_manifest(
     from reproduction.release.weights_build import pin_built
     from reproduction.release.weights_manifest import load_weights_manifest, write_weights_manifest
 
-    manifest = load_weights_manifest(path, licenses=licenses)
+    manifest = load_weights_manifest(path, licenses=licenses, repin=True)
     with tempfile.TemporaryDirectory(prefix="portable-pin-") as scratch:
         for i, comp in enumerate(manifest.components):
             if comp.kind == "built":

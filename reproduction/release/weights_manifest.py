@@ -324,9 +324,12 @@ def _component(r: _Reader, data: Any, where: str) -> Component:
     )
 
 
-def load_weights_manifest(path: Path, *, licenses: LicenseIndex | None = None) -> WeightsManifest:
+def load_weights_manifest(path: Path, *, licenses: LicenseIndex | None = None, repin: bool = False) -> WeightsManifest:
     """Read and check a manifest, its license ids and files included (against `licenses`, default the
-    project's LICENSES/index.json). Raises InputNotFoundError, InvalidInputError, UnsupportedFormatError."""
+    project's LICENSES/index.json). Raises InputNotFoundError, InvalidInputError, UnsupportedFormatError.
+
+    `repin` (for `portable weights pin`) accepts a built component whose config was edited since its
+    last pin: its config digest is read as unpinned, since pinning records it again."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -338,6 +341,11 @@ def load_weights_manifest(path: Path, *, licenses: LicenseIndex | None = None) -
         data = json.loads(raw.decode("utf-8"))
     except ValueError as exc:  # UnicodeDecodeError included
         raise InvalidInputError(f"{path}: not valid JSON ({exc})", path=path, field="(root)") from None
+    if repin and isinstance(data, dict) and isinstance(data.get("components"), list):
+        for comp in data["components"]:
+            built = isinstance(comp, dict) and isinstance(comp.get("source"), dict) and comp["source"].get("kind")
+            if built == "built" and isinstance(comp.get("model_config"), dict):
+                comp["model_config"]["sha256"] = UNPINNED
     manifest = WeightsManifest.from_dict(data, path=path)
     (licenses or load_license_index()).check(manifest)
     return manifest

@@ -131,6 +131,14 @@ def cmd_eval(args: Any) -> int:
         config, {mode: (export, step)}, run_dir / "eval_checkpoint", run_dir, name="checkpoint", ui=_ui(args)
     )
     say(f"evidence: {run_dir / output.summary['evidence']}", options=_ui(args))
+    if config.eval.reference:
+        from reproduction.run.recap_policy import compare_with_reference
+
+        evidence = run_dir / output.summary["evidence"]
+        out = evidence.with_name(evidence.name.replace("eval_", "comparison_", 1))
+        output.summary["comparison"] = compare_with_reference(evidence, Path(config.eval.reference), out)
+        verdict = "reproduced" if output.summary["comparison"]["reproduced"] else "differs"
+        say(f"against the reference evidence: {verdict} ({out})", options=_ui(args))
     if getattr(args, "json", False):
         sys.stdout.write(json.dumps(output.summary, indent=1) + "\n")
     return 0

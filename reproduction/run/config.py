@@ -89,16 +89,25 @@ def _check_value_model(self: Any) -> None:
     ValueStageConfig(train=[ValueSource(path="datasets")], **fields)
 
 
-ValueModelSection = dataclasses.make_dataclass(
+def _model_section(name: str, stage: type, exclude: tuple[str, ...], check: Any, doc: str) -> type:
+    """A run-config section holding a stage config's fields except `exclude` (what the run fills itself);
+    `check` (its __post_init__) applies the stage config's own rules; field docs stay on `stage`."""
+    section = dataclasses.make_dataclass(
+        name, _fields_except(stage, exclude), kw_only=True, slots=True, namespace={"__post_init__": check}
+    )
+    section.__module__ = __name__
+    section.__doc__ = doc
+    section.__doc_source__ = stage
+    return section
+
+
+ValueModelSection = _model_section(
     "ValueModelSection",
-    _fields_except(ValueStageConfig, ("train", "eval")),
-    kw_only=True,
-    slots=True,
-    namespace={"__post_init__": _check_value_model},
+    ValueStageConfig,
+    ("train", "eval"),
+    _check_value_model,
+    "Stage 2's model and data options (ValueStageConfig without the dataset lists).",
 )
-ValueModelSection.__module__ = __name__
-ValueModelSection.__doc__ = "Stage 2's model and data options (ValueStageConfig without the dataset lists)."
-ValueModelSection.__doc_source__ = ValueStageConfig  # field docs live on ValueStageConfig
 
 
 @dataclass(kw_only=True, slots=True)
@@ -142,16 +151,13 @@ def _check_policy_model(self: Any) -> None:
 
 
 if PolicyStageConfig is not None:
-    PolicyModelSection = dataclasses.make_dataclass(
+    PolicyModelSection = _model_section(
         "PolicyModelSection",
-        _fields_except(PolicyStageConfig, ("train", "mode")),
-        kw_only=True,
-        slots=True,
-        namespace={"__post_init__": _check_policy_model},
+        PolicyStageConfig,
+        ("train", "mode"),
+        _check_policy_model,
+        "Stage 4's model options (PolicyStageConfig without mode and trainer).",
     )
-    PolicyModelSection.__module__ = __name__
-    PolicyModelSection.__doc__ = "Stage 4's model options (PolicyStageConfig without mode and trainer)."
-    PolicyModelSection.__doc_source__ = PolicyStageConfig
 else:  # pragma: no cover
 
     @dataclass(kw_only=True, slots=True)
@@ -192,7 +198,8 @@ class EvalSection:
     videos: int = 0
     """Episodes per policy saved as video."""
     reference: str | None = None
-    """Reference evidence JSON to compare with (usually ${BUNDLE}/evidence/...); None = no comparison."""
+    """Reference evidence JSON the compare stage checks the evaluation against (usually ${BUNDLE}/evidence/...;
+    its sha256 keys that stage only, so a new reference recompares without evaluating again); None = none."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -68,10 +68,12 @@ def run_demo(
     quick: bool = False,
     overrides: list[str] | None = None,
     ui: UiOptions | None = None,
+    reference: Path = REFERENCE,
 ) -> int:
     """Build and run the demo under `output` (default ./runs/demo, or ./runs/demo-quick); see the module
-    docstring. Prints the summary table on stderr and the run folder on stdout; returns 0. Raises what
-    the steps raise (release, check, config and run errors, each with its exit code)."""
+    docstring. `reference`: the folder of reference evidence the bundle carries (the published demo run's).
+    Prints the summary table on stderr and the run folder on stdout; returns 0. Raises what the steps
+    raise (release, check, config and run errors, each with its exit code)."""
     from reproduction.errors import RunStateError
 
     out = Path(output or Path("runs") / ("demo-quick" if quick else "demo")).absolute()
@@ -97,7 +99,7 @@ def run_demo(
 
     src, bundle, restored = out / "src", out / "bundle", out / "restored" / "recap-demo"
     step("generate", lambda: _generate(src / "data", data, ui=ui))
-    _write_sources(src, quick=quick)
+    _write_sources(src, quick=quick, reference=reference)
     step("pack", lambda: _pack(src, bundle, ui=ui))
     step("restore", lambda: _restore(bundle, restored, ui=ui))
     step("check", lambda: _check(restored, out / "check.json", ui=ui))
@@ -155,8 +157,9 @@ SNAPSHOT = ("recap", "sim", "data")
 _SIM_MODULES = ("generate", "env", "experts", "behaviours", "episode", "tasks", "seeds")
 
 
-def _write_sources(src: Path, *, quick: bool) -> None:
-    """The bundle's other sources: the runner's source snapshot, the run config, the reference evidence."""
+def _write_sources(src: Path, *, quick: bool, reference: Path = REFERENCE) -> None:
+    """The bundle's other sources: the runner's source snapshot, the run config, the reference evidence
+    (exactly `reference`'s JSON files: one it no longer holds is removed)."""
     from reproduction.fsio import atomic_write_bytes
 
     def put(path: Path, data: bytes) -> None:
@@ -172,9 +175,12 @@ def _write_sources(src: Path, *, quick: bool) -> None:
             p.unlink()
     put(src / "configs" / "run.yaml", (CONFIGS / ("quick.yaml" if quick else "run.yaml")).read_bytes())
     evidence = src / "evidence"
-    refs = sorted(REFERENCE.glob("*.json")) if REFERENCE.is_dir() else []
+    refs = sorted(reference.glob("*.json")) if reference.is_dir() else []
     for p in refs:
         put(evidence / p.name, p.read_bytes())
+    for p in sorted(evidence.glob("*.json")) if evidence.is_dir() else []:
+        if p.name not in {r.name for r in refs}:
+            p.unlink()
     put(
         evidence / "README.md",
         b"Reference evidence of the published demo run; `portable demo` compares its evaluation with it.\n",
@@ -187,11 +193,14 @@ def _tree_stamp(root: Path) -> str:
 
 
 def _pack(src: Path, bundle: Path, *, ui: UiOptions | None) -> str:
-    """Pack bundle/demo.toml from `src`; reused when the sources and the spec are unchanged."""
+    """Pack bundle/demo.toml from `src` (pack builds the tiny weights its [[weights]] manifests pin, in
+    seconds); reused when the sources, the spec and those manifests are unchanged."""
     from reproduction.fsio import atomic_write_text
     from reproduction.release.pack import pack_bundle
+    from reproduction.release.spec import load_spec
 
-    stamp = _stamp([_tree_stamp(src), SPEC.read_bytes().hex()])
+    manifests = [w.manifest.read_bytes().hex() for w in load_spec(SPEC, root=src).weights]
+    stamp = _stamp([_tree_stamp(src), SPEC.read_bytes().hex(), manifests])
     marker = bundle.parent / "bundle.stamp"
     if (bundle / "bundle.json").is_file() and marker.is_file() and marker.read_text().strip() == stamp:
         return "reused"
@@ -276,12 +285,14 @@ def _summary(report: DemoReport, run_dir: Path, *, ui: UiOptions | None) -> None
 
 
 def _results_lines(run_dir: Path) -> list[str]:
-    """Success rates per policy, and the comparison with the reference, from the eval stage's summary."""
+    """Success rates per policy (the eval stage's summary), and the verdict against the reference (the
+    compare stage's)."""
     try:
         state = json.loads((run_dir / "run.json").read_text())
     except (OSError, ValueError):
         return []
     ev = state.get("stages", {}).get("eval", {}).get("summary", {})
+    compared = state.get("stages", {}).get("compare", {}).get("summary", {})
     out = []
     for label, doc in ev.get("results", {}).items():
         tasks = doc.get("tasks", {})
@@ -291,10 +302,8 @@ def _results_lines(run_dir: Path) -> list[str]:
         once = sum(int(r.get("success_once", 0)) for r in rows)
         if eps:
             out.append(f"{label:<14} success at end {end / eps:6.1%} ({end}/{eps}), at any step {once / eps:6.1%}")
-    comp = ev.get("comparison")
-    if comp:
-        verdict = comp.get("verdict") or comp.get("status") or ("reproduced" if comp.get("reproduced") else "differs")
-        out.append(f"against the reference evidence: {verdict}")
+    if compared.get("verdict"):
+        out.append(f"against the reference evidence: {compared['verdict']}")
     elif ev:
         out.append("no reference evidence in the bundle to compare with")
     return out + ([""] if out else [])

@@ -54,6 +54,7 @@ ROLES = (
     "config",
     "upstream_output",
     "checkpoint",
+    "input_file",
     "other",
 )
 STATUSES = ("succeeded", "failed", "cancelled")

@@ -1,7 +1,7 @@
 """Reading lineage back: the chain from a run's final outputs to the bundle manifest, and `--verify`.
 
 `lineage_chain(run)` walks from the outputs nothing else consumed back to the bundle manifest by
-matching dependency digests to subject digests; `verify_lineage(run)` rehashes every subject and
+matching each dependency to the subject with the same place and digest; `verify_lineage(run)` rehashes every subject and
 dependency of every statement and returns the differences (exit codes as `portable verify`: 11
 missing, 14 digest mismatch, lowest wins). The statements are written by reproduction/run/lineage.py.
 Stdlib only: the control plane's `portable lineage` imports this module.
@@ -208,21 +208,29 @@ def _in_manifest(dep: Mapping[str, Any], manifest: Mapping[str, Any] | None) -> 
     return any(f.get("sha256") == digest for f in manifest.get("files", []))
 
 
-def lineage_chain(run_dir: Path) -> Chain:
-    """Walk the run's statements from the outputs nothing consumed back to the bundle manifest, by digests alone.
+def edge_key(descriptor: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(root, path, sha256) of a subject or dependency: a dependency is a stage's output when all three match."""
+    ann = descriptor.get("annotations", {})
+    return (str(ann.get("root", "")), str(ann.get("path", descriptor.get("name", ""))), descriptor["digest"]["sha256"])
 
-    A dependency whose digest is a subject of another statement continues into that stage; other
+
+def lineage_chain(run_dir: Path) -> Chain:
+    """Walk the run's statements from the outputs nothing consumed back to the bundle manifest.
+
+    A dependency that is a subject of another statement (the same place, the run's or the bundle's
+    relative path, and the same digest) continues into the stage that produced it; a digest alone
+    draws no edge (two stages may write identical bytes, e.g. the same tokenizer file). Other
     dependencies are leaves, marked "in bundle.json" when the bundle manifest the stage read pins
     their digest. Each upstream stage is one node however many of its files were read ("+N more files");
     a stage already printed is shown once more as "seen above", without its inputs.
     """
     statements = load_statements(run_dir)
-    producer: dict[str, LoadedStatement] = {}
+    producer: dict[tuple[str, str, str], LoadedStatement] = {}
     for st in statements:
         for subject in st.subjects:
-            producer[subject["digest"]["sha256"]] = st
-    consumed = {dep["digest"]["sha256"] for st in statements for dep in st.dependencies}
-    roots_st = [st for st in statements if not any(s["digest"]["sha256"] in consumed for s in st.subjects)]
+            producer[edge_key(subject)] = st
+    consumed = {edge_key(dep) for st in statements for dep in st.dependencies}
+    roots_st = [st for st in statements if not any(edge_key(s) in consumed for s in st.subjects)]
     if not roots_st:  # a cycle cannot be built from digests, but a hand-edited folder can hold one
         roots_st = statements[-1:]
     shown: set[Path] = set()
@@ -244,10 +252,10 @@ def lineage_chain(run_dir: Path) -> Chain:
         upstreams: dict[Path, tuple[LoadedStatement, list[Mapping[str, Any]]]] = {}
         leaves = []
         for dep in st.dependencies:
-            digest = dep["digest"]["sha256"]
-            upstream = producer.get(digest)
+            key = edge_key(dep)
+            upstream = producer.get(key)
             if upstream is not None and upstream.file != st.file:
-                match = next(s for s in upstream.subjects if s["digest"]["sha256"] == digest)
+                match = next(s for s in upstream.subjects if edge_key(s) == key)
                 matches = upstreams.setdefault(upstream.file, (upstream, []))[1]
                 if match not in matches:
                     matches.append(match)

@@ -2,7 +2,7 @@
 
     value_episodes.png      predicted value along a few episodes, successes solid green, failures dashed red
     advantages.png          histogram of advantages with the positive-label threshold
-    training_curves.png     loss (and other logged scalars) per training stage from metrics.jsonl
+    training_curves.png     a row per training stage, a panel per metric (loss, value error, ...) from metrics.jsonl
     success_rates.png       success rate per task for each evaluated policy / guidance scale, with counts
 
 Each function takes plain arrays or dicts (no stage object), writes one PNG atomically and returns its path.
@@ -174,39 +174,102 @@ def _records(source: Path | Sequence[Mapping[str, Any]]) -> list[Mapping[str, An
     return list(source)
 
 
+CURVE_METRICS = ("loss", "value_error", "value_spearman", "grad_norm", "positive_label_fraction")
+"""The metric families a training-curves panel is drawn for by default (when a stage logs them)."""
+MAX_PANELS = 4
+"""Panels per stage row at most."""
+_SPLIT_STYLE = {"train": "-", "eval": "--"}
+
+
+def _curves(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
+    """{metric family: {split: (steps, values)}} of train/eval records. A family is the name after the last
+    "/": an eval's per-dataset "rollout.heldout/loss" counts only when no overall "loss" was logged."""
+    out: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
+    overall = {(r.get("split"), n) for r in records for n in r.get("metrics", {}) if "/" not in n}
+    for record in records:
+        split = record.get("split", "train")
+        if split not in _SPLIT_STYLE:
+            continue  # checkpoint timings and the like
+        for name, value in record.get("metrics", {}).items():
+            family = name.rsplit("/", 1)[-1]
+            if "/" in name and (split, family) in overall:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                continue
+            label = split if "/" not in name else f"{split} {name.rsplit('/', 1)[0]}"
+            xs, ys = out.setdefault(family, {}).setdefault(label, ([], []))
+            xs.append(int(record["step"]))
+            ys.append(float(value))
+    return out
+
+
 def plot_training_curves(
     logs: Mapping[str, Path | Sequence[Mapping[str, Any]]],
     out: Path,
     *,
     metrics: Sequence[str] | None = None,
 ) -> Path:
-    """One panel per training stage: every logged scalar (or only `metrics`) per split against the step.
+    """One row per training stage, one panel per metric family (loss, value error, ...), one line per run of
+    the stage (fold model, policy mode; the colour) and split (train solid, eval dashed); each row's legend
+    stands in a column of its own, right of its panels.
 
-    `logs` maps a stage name to its metrics.jsonl (reproduction/train/metrics.py) or to the records
-    themselves. Stages with no records are drawn as an empty panel saying so.
+    `logs` maps "stage" or "stage/run" (e.g. "value/model_0", "policy/recap") to its metrics.jsonl
+    (reproduction/train/metrics.py) or to the records themselves. `metrics`: the families to draw (default
+    CURVE_METRICS that the stage logged, else its first MAX_PANELS families). A stage with no records is
+    drawn as a panel saying so.
     """
+    return _save(training_curves_figure(logs, metrics=metrics), out)
+
+
+def training_curves_figure(
+    logs: Mapping[str, Path | Sequence[Mapping[str, Any]]], *, metrics: Sequence[str] | None = None
+) -> Any:
+    """The matplotlib Figure `plot_training_curves` saves (same arguments); ValueError without logs."""
     if not logs:
         raise ValueError("plot_training_curves needs at least one stage's metrics")
-    fig = _figure(7.5, 3.0 * len(logs))
-    axes = fig.subplots(len(logs), 1, squeeze=False)[:, 0]
-    for ax, (stage, source) in zip(axes, logs.items()):
-        series: dict[str, tuple[list[int], list[float]]] = {}
-        for record in _records(source):
-            for name, value in record.get("metrics", {}).items():
-                if (metrics is None or name in metrics) and isinstance(value, (int, float)) and math.isfinite(value):
-                    xs, ys = series.setdefault(f"{record.get('split', 'train')}/{name}", ([], []))
-                    xs.append(int(record["step"]))
-                    ys.append(float(value))
-        for i, (name, (xs, ys)) in enumerate(sorted(series.items())):
-            ax.plot(xs, ys, "-o" if len(xs) < 30 else "-", ms=3, color=PALETTE[i % len(PALETTE)], label=name)
-        if not series:
-            ax.text(0.5, 0.5, "no metrics logged", ha="center", va="center", transform=ax.transAxes)
-        ax.set_title(f"{stage} training")
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        if series:
-            ax.legend(fontsize=8)
-    return _save(fig, out)
+    from matplotlib.lines import Line2D
+
+    stages: dict[str, dict[str, dict[str, dict[str, tuple[list[int], list[float]]]]]] = {}
+    for key, source in logs.items():
+        stage, _, run = key.partition("/")
+        stages.setdefault(stage, {})[run] = _curves(_records(source))
+    rows = []
+    for stage, runs in stages.items():
+        logged = sorted({f for curves in runs.values() for f in curves})
+        wanted = list(metrics) if metrics is not None else [f for f in CURVE_METRICS if f in logged] or logged
+        rows.append((stage, runs, [f for f in wanted if f in logged][:MAX_PANELS]))
+    ncols = max(1, *(len(families) for _, _, families in rows))
+    fig = _figure(2.9 * ncols + 1.5, 2.6 * len(rows))  # ~1300 px for 4 panels: legible at the report's 1100
+    # A last, narrow column holds each row's legend, so no legend covers a curve and the panels align.
+    grid = fig.subplots(len(rows), ncols + 1, squeeze=False, gridspec_kw={"width_ratios": [1.0] * ncols + [0.5]})
+    axes = grid[:, :ncols]
+    for r, (stage, runs, families) in enumerate(rows):
+        colours = {run: PALETTE[i % len(PALETTE)] for i, run in enumerate(runs)}
+        splits: set[str] = set()
+        grid[r, ncols].set_axis_off()
+        for c, ax in enumerate(axes[r]):
+            if c >= max(1, len(families)):
+                ax.set_axis_off()
+                continue
+            if not families:
+                ax.text(0.5, 0.5, "no metrics logged", ha="center", va="center", transform=ax.transAxes)
+                ax.set_title(f"{stage} training", fontsize=10)
+                continue
+            family = families[c]
+            for run, curves in runs.items():
+                for label, (xs, ys) in sorted(curves.get(family, {}).items()):
+                    split = label.split()[0]
+                    splits.add(split)
+                    ax.plot(xs, ys, _SPLIT_STYLE[split], marker="o" if len(xs) < 30 else None, ms=3, color=colours[run])
+            ax.set_title(f"{stage}: {family.replace('_', ' ')}", fontsize=10)
+            ax.set_xlabel("step", fontsize=9)
+            ax.tick_params(labelsize=8)
+            ax.grid(alpha=0.3)
+        handles = [Line2D([], [], color=colours[run], lw=2, label=run or stage) for run in runs if len(runs) > 1]
+        handles += [Line2D([], [], color="#57606a", ls=_SPLIT_STYLE[s], label=s) for s in sorted(splits)]
+        if families and handles:
+            grid[r, ncols].legend(handles=handles, loc="upper left", fontsize=9, frameon=False, borderaxespad=0.0)
+    return fig
 
 
 def _short(task: str, width: int = 28) -> str:

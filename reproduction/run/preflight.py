@@ -1,7 +1,8 @@
 """Preflight: check everything a run needs before any worker starts, and report every problem at once.
 
-Generic checks live here (placeholder paths, disk space, collecting); each recipe adds its own
-(datasets, batch sizes) through its `preflight` function, which returns a list of problem lines.
+Generic checks live here (placeholder paths, disk space, the bundle's pinned weights, collecting);
+each recipe adds its own (datasets, batch sizes) through its `preflight` function, which returns a
+list of problem lines.
 """
 
 from __future__ import annotations
@@ -37,6 +38,27 @@ def disk_problems(run_dir: Path, min_free_gb: float) -> list[str]:
     free = shutil.disk_usage(probe).free / 2**30
     if free < min_free_gb:
         return [f"{probe}: {free:.2f} GiB free, the run needs min_free_gb={min_free_gb:g} GiB; free space or lower it"]
+    return []
+
+
+def bundle_weights_problems(bundle: str | Path | None) -> list[PortableError]:
+    """The restored bundle's weights files whose bytes are not the ones its weight manifests pin.
+
+    Rehashes every file the bundle's `weights_manifest/` copies name (release/weights.py), so a file
+    edited or replaced after restore is caught before any worker starts. Returns at most one
+    IntegrityError (exit 5) whose one-line message names every bad file by its bundle path; none for
+    no bundle, a folder without bundle.json, or a bundle that carries no weight manifests.
+    """
+    if not bundle:
+        return []
+    from reproduction.release.weights import verify_bundle_weights
+
+    try:
+        verify_bundle_weights(Path(bundle))
+    except PortableError as exc:
+        exc.message = "bundle weights: " + " ".join(exc.message.split())  # one line, whatever it quoted
+        exc.args = (exc.message,)
+        return [exc]
     return []
 
 

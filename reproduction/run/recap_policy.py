@@ -3,7 +3,11 @@
 policy/<mode>/            one training-core out_dir per mode (checkpoints/, export/, policy_setup.json)
 eval/<label>/             the simulator's per-policy output (episodes, videos)
 evidence/eval_policy_<step>.json    evaluation evidence (primary: recap at its best guidance scale)
-evidence/comparison.json           against the bundle's reference evidence (eval.reference)
+compare/compare.json      the compare stage: which evidence against which reference (path, sha256), verdict
+evidence/comparison.json  its comparison with the bundle's reference evidence (eval.reference), when one is set
+
+The comparison is its own cheap stage: the reference is no input of the evaluation, so a new reference
+evidence recompares without evaluating again.
 """
 
 from __future__ import annotations
@@ -87,7 +91,7 @@ def evaluations(config: Any) -> list[tuple[str, str, float]]:
 
 
 def eval_stage(ctx: StageContext) -> StageOutput:
-    """Stage 5: evaluate every policy in the simulator; write evidence (and the comparison with the reference)."""
+    """Stage 5: evaluate every policy in the simulator; write the evaluation evidence."""
     exports = {
         mode: (ctx.run_dir / "policy" / mode / "export", ctx.upstream["policy"].summary.get(mode, {}).get("step"))
         for mode in ctx.config.policy.modes
@@ -105,7 +109,7 @@ def evaluate_exports(
     ui: Any = None,
 ) -> StageOutput:
     """Evaluate the policy exports ({mode: (export folder, step)}) in the simulator into `out_dir`, and
-    write `run_dir`/evidence/eval_<name>_<step>.json (+ comparison[_<name>].json with `eval.reference`)."""
+    write `run_dir`/evidence/eval_<name>_<step>.json (compare it with `compare_with_reference`)."""
     from reproduction.recap.policy.export import PolicyFactory, read_export
     from reproduction.run import evidence
     from reproduction.sim.evaluate import EvalConfig, evaluate
@@ -153,13 +157,46 @@ def evaluate_exports(
         settings={"tasks": list(ev.tasks), "episodes_per_task": ev.episodes_per_task},
         baselines=[r for r in records if r is not primary],
     )
-    files, summary = [path], {"evidence": str(path.relative_to(run_dir)), "results": results}
-    if ev.reference:
-        cmp_path = ev_dir / ("comparison.json" if name == "policy" else f"comparison_{name}_{step}.json")
-        comparison = evidence.compare_files(path, Path(ev.reference), out=cmp_path)
+    summary = {"evidence": str(path.relative_to(run_dir)), "results": results}
+    return StageOutput(files=[path], summary=_jsonable(summary), device="cpu", world_size=ev.workers)
+
+
+def compare_with_reference(evidence_file: Path, reference: Path, out: Path) -> dict[str, Any]:
+    """Compare an evaluation's evidence with reference evidence, write the comparison JSON to `out`, and
+    return its dict (rows, verdict). Raises what loading either file raises (InvalidInputError, OSError)."""
+    from reproduction.run import evidence
+
+    return evidence.compare_files(Path(evidence_file), Path(reference), out=Path(out)).to_dict()
+
+
+def compare_stage(ctx: StageContext) -> StageOutput:
+    """Stage 6: the eval stage's evidence against `eval.reference` -> evidence/comparison.json, and
+    compare/compare.json saying what was compared (with no reference: that there was none, and no
+    comparison.json is left from an earlier reference)."""
+    import hashlib
+    import json
+
+    from reproduction.fsio import atomic_write_text
+
+    evidence_rel = ctx.upstream["eval"].summary["evidence"]
+    reference = ctx.config.eval.reference
+    cmp_path = ctx.run_dir / "evidence" / "comparison.json"
+    doc: dict[str, Any] = {"evidence": evidence_rel, "reference": reference or None}
+    files = []
+    if reference:
+        comparison = compare_with_reference(ctx.run_dir / evidence_rel, Path(reference), cmp_path)
+        doc["reference_sha256"] = hashlib.sha256(Path(reference).read_bytes()).hexdigest()
+        doc["comparison"] = str(cmp_path.relative_to(ctx.run_dir))
+        bad = sum(1 for row in comparison["rows"] if row["verdict"] != "reproduced")
+        doc["verdict"] = "reproduced" if not bad else f"differs ({bad} of {len(comparison['rows'])} metrics)"
         files.append(cmp_path)
-        summary["comparison"] = comparison.to_dict()
-    return StageOutput(files=files, summary=_jsonable(summary), device="cpu", world_size=ev.workers)
+    else:
+        cmp_path.unlink(missing_ok=True)
+        doc["verdict"] = None
+    record = ctx.out_dir / "compare.json"
+    atomic_write_text(record, json.dumps(doc, indent=1) + "\n")
+    summary = {**doc, **({"comparison": comparison} if reference else {})}
+    return StageOutput(files=[record, *files], summary=_jsonable(summary))
 
 
 def _counts(result: Any) -> dict[str, Any]:

@@ -11,25 +11,15 @@ calls the stage's library function; none parses arguments or renders errors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from reproduction.run.recipe import Recipe, StageContext, StageOutput, StageSpec
+from reproduction.train.config import RESUME_KEY_FIELDS, TrainConfig
 
-_NOT_NUMERIC = (  # training knobs that do not change what a stage computes (the trainer's resume rule)
-    "world_size",
-    "micro_batch",
-    "device",
-    "launcher",
-    "eval_interval",
-    "save_interval",
-    "keep_last",
-    "log_interval",
-    "cpus_per_worker",
-    "start_timeout_s",
-    "collective_timeout_s",
-    "canary_rtol",
+_NOT_NUMERIC = tuple(  # training knobs that do not change what a stage computes: the trainer's resume rule
+    sorted(f.name for f in fields(TrainConfig) if f.name not in RESUME_KEY_FIELDS and f.name != "max_steps")
 )
 
 
@@ -182,8 +172,8 @@ def advantages_stage(ctx: StageContext) -> StageOutput:
 
     from reproduction.recap.advantage_inputs import load_dataset_arrays
     from reproduction.recap.advantages import compute_advantages
-    from reproduction.recap.value.export import read_value_stage_head
     from reproduction.recap.value.stage import infer_values
+    from reproduction.value_export import read_value_stage_head
 
     cfg = ctx.config
     value_dir = ctx.run_dir / "value"
@@ -277,9 +267,10 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
     from reproduction.data.reader import open_dataset
     from reproduction.errors import ConfigError, DatasetError, InputNotFoundError, PortableError
     from reproduction.run.config import to_plain
-    from reproduction.run.preflight import disk_problems, placeholder_problems
+    from reproduction.run.preflight import bundle_weights_problems, disk_problems, placeholder_problems
 
     problems: list[Any] = [ConfigError(p) for p in placeholder_problems(to_plain(config))]
+    problems += bundle_weights_problems(config.BUNDLE)
     if not config.datasets:
         problems.append(
             ConfigError("datasets: the run names no dataset", field="datasets", hint="add datasets: [{path: ...}]")
@@ -332,11 +323,14 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
             problems.append(DatasetError(f"{key}.path: dataset {path} is unreadable ({exc.strerror or exc})"))
     if config.datasets and not any(e.value for e in config.datasets):
         problems.append(ConfigError("datasets: no dataset has value: true; the value model would train on nothing"))
-    model = config.value.model
-    for name in ("tokenizer", "pretrained_manifest", "weights_dir"):
-        value = getattr(model, name)
-        if value and "/path/to/" not in value and not Path(value).exists():
-            problems.append(InputNotFoundError(f"value.model.{name}: {value} does not exist", path=value))
+    for section, model in (("value", config.value.model), ("policy", config.policy.model)):
+        for name in ("tokenizer", "pretrained_manifest", "weights_dir"):
+            value = getattr(model, name, None)
+            if value and "/path/to/" not in value and not Path(value).exists():
+                problems.append(InputNotFoundError(f"{section}.model.{name}: {value} does not exist", path=value))
+    reference = config.eval.reference
+    if "compare" in (stages or []) and reference and "/path/to/" not in reference and not Path(reference).is_file():
+        problems.append(InputNotFoundError(f"eval.reference: {reference} is not a file", path=reference))
     inf = config.value.infer
     if inf.batch_size < 1 or inf.workers < 1:
         problems.append(ConfigError(f"value.infer: batch_size {inf.batch_size} and workers {inf.workers} must be >= 1"))
@@ -369,13 +363,24 @@ POLICY_STAGES = (
         fn="reproduction.run.recap_policy:eval_stage",
         needs=("policy",),
         config=("eval", "policy.modes", "policy.model.execute_steps"),
-        key_exempt=("eval.workers",),
+        key_exempt=("eval.workers", "eval.reference"),  # the reference is the compare stage's input
         inputs=False,
         outputs=("**/*.json",),
         code=("reproduction.sim.evaluate", "reproduction.recap.policy.export"),
     ),
+    StageSpec(
+        name="compare",
+        fn="reproduction.run.recap_policy:compare_stage",
+        needs=("eval",),
+        config=("eval.reference",),
+        files=("eval.reference",),
+        inputs=False,
+        outputs=("compare.json",),
+        code=("reproduction.run.evidence",),
+        redo_on_change=True,  # a new reference recompares (a second), never re-evaluates
+    ),
 )
-"""Stages 4 and 5, present where the policy stage and the simulator are installed."""
+"""Stages 4 to 6, present where the policy stage and the simulator are installed."""
 
 RECAP = Recipe(
     name="recap",

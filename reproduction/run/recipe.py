@@ -40,6 +40,12 @@ class StageSpec:
     continues from the newest complete checkpoint). Exempt from the key."""
     code: tuple[str, ...] = ()
     """Modules whose source is part of its key (a code change is a changed input)."""
+    files: tuple[str, ...] = ()
+    """Dotted config keys naming files it reads by path (not datasets): their sha256 is part of its key and
+    each is a lineage input. An unset key (None or "") counts as no file."""
+    redo_on_change: bool = False
+    """A changed key redoes it instead of refusing: for a cheap stage whose outputs only derive from its
+    inputs (a comparison), so there is nothing worth protecting from a rerun."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -34,6 +34,8 @@ def make_recorder(bundle: Path | None) -> Callable[[Any], None] | None:
                 inputs.append(A(path=Path(root), role="dataset"))
         for rel, sha in rec.upstream_files.items():
             inputs.append(A(path=rec.run_dir / rel, role="upstream_output", sha256=sha))
+        for path, sha in getattr(rec, "input_files", {}).items():  # files a stage reads by path (a reference)
+            inputs.append(A(path=Path(path), role="input_file", sha256=sha))
         resumed = None
         if rec.resumed_from_path is not None and Path(rec.resumed_from_path).exists():
             resumed = A(path=Path(rec.resumed_from_path), role="checkpoint")

@@ -71,7 +71,7 @@ def _episode_success(table: Any) -> dict[int, bool]:
 def write_run_report(run_dir: Path, *, bundle: Path | None = None) -> Path:
     """Plots, then <run>/report.html (summary, stages table, plots inline, the lineage chain)."""
     from reproduction.run import report
-    from reproduction.run.evidence import compare_evidence, load_evidence
+    from reproduction.run.evidence import Comparison, compare_evidence, load_evidence
 
     run_dir = Path(run_dir)
     state = json.loads((run_dir / "run.json").read_text())
@@ -83,8 +83,11 @@ def write_run_report(run_dir: Path, *, bundle: Path | None = None) -> Path:
     evidence_files = sorted((run_dir / "evidence").glob("eval_*.json"))
     docs = [load_evidence(p) for p in evidence_files]
     comparison = None
+    compared = run_dir / "evidence" / "comparison.json"  # the compare stage's, against eval.reference
     refs = sorted((Path(bundle) / "evidence").glob("*.json")) if bundle is not None else []
-    if docs and refs:
+    if compared.is_file():
+        comparison = Comparison.from_dict(json.loads(compared.read_text(encoding="utf-8")))
+    elif docs and refs:
         try:
             comparison = compare_evidence(docs[-1], load_evidence(refs[0]))
         except Exception:  # a reference of another shape: the report still renders, without it

@@ -61,6 +61,8 @@ class StageRecord:
     """The recipe's opened inputs (datasets: `.root`, `.fingerprint`)."""
     upstream_files: dict[str, str]
     """Upstream stages' output files (path relative to the run) -> sha256."""
+    input_files: dict[str, str] = field(default_factory=dict)
+    """Files the stage read by path (StageSpec.files; absolute or relative to the cwd) -> sha256."""
     world_size: int = 1
     device: str = "cpu"
     resumed_from_path: Path | None = None
@@ -167,20 +169,52 @@ def _drop(tree: Any, dotted: str) -> None:
 
 def key_parts(spec: StageSpec, plain_config: dict[str, Any], inputs: dict[str, Any], upstream: dict[str, str]) -> dict:
     """The parts of a stage's key (JSON-able); the key is digest(key_parts)."""
-    config = {k: json.loads(canonical(select(plain_config, k))) for k in spec.config}
-    for dotted in (*spec.key_exempt, *((spec.training,) if spec.training else ())):
-        head, _, rest = dotted.partition(".")
-        for k in spec.config:
-            if dotted == k:
-                config[k] = None
-            elif dotted.startswith(k + "."):
-                _drop(config[k], dotted[len(k) + 1 :])
-    return {
+    config = _exempt(spec, {k: json.loads(canonical(select(plain_config, k))) for k in spec.config})
+    parts = {
         "config": config,
         "inputs": {n: getattr(v, "fingerprint", None) for n, v in sorted(inputs.items())} if spec.inputs else {},
         "upstream": {n: upstream[n] for n in spec.needs},
         "code": {m: module_digest(m) for m in spec.code},
     }
+    if spec.files:  # only then: the keys of stages that read no file stay as they were
+        parts["files"] = {k: _file_digest(v) for k, v in input_files(spec, plain_config).items()}
+    return parts
+
+
+def _exempt(spec: StageSpec, config: dict[str, Any]) -> dict[str, Any]:
+    """`config` (the stage's config subsets, {subset: value}) without its exempt keys; mutated and returned."""
+    for dotted in (*spec.key_exempt, *((spec.training,) if spec.training else ())):
+        for k in list(config):
+            if dotted == k:
+                config[k] = None
+            elif dotted.startswith(k + "."):
+                _drop(config[k], dotted[len(k) + 1 :])
+    return config
+
+
+def recorded_key_still_matches(spec: StageSpec, recorded_parts: dict[str, Any], key: str) -> bool:
+    """True when key parts recorded before a config key became exempt (e.g. eval.reference, now the compare
+    stage's input) give `key` once today's exemptions apply: such a stage is reused, not refused."""
+    if not isinstance(recorded_parts.get("config"), dict):
+        return False
+    parts = json.loads(canonical(recorded_parts))
+    parts["config"] = _exempt(spec, parts["config"])
+    return digest(parts) == key
+
+
+def input_files(spec: StageSpec, plain_config: dict[str, Any]) -> dict[str, str | None]:
+    """{dotted key: path} of the files a stage reads by path (spec.files); None where the key is unset."""
+    out: dict[str, str | None] = {}
+    for k in spec.files:
+        value = select(plain_config, k)
+        out[k] = str(value) if value not in (None, "") else None
+    return out
+
+
+def _file_digest(path: str | None) -> str | None:
+    if path is None:
+        return None
+    return _sha256(Path(path)) if Path(path).is_file() else "absent"
 
 
 def describe_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -291,75 +325,55 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         inputs = opts.inputs
     else:
         inputs = opened if opened else _open_inputs(recipe, config)
-    recorder = opts.recorder
-    reports: list[StageReport] = []
-    done: dict[str, StageOutput] = {}
-    redone: set[str] = set()
-    chosen = {s.name for s in selected}
-    with contextlib.ExitStack() as resources:
-        shared: dict[str, Any] = {}
-        config_changed = _walk(
-            recipe,
-            selected,
-            chosen,
-            config,
-            plain,
-            run_dir,
-            state,
-            inputs,
-            done,
-            redone,
-            reports,
-            opts,
-            recorder,
-            resources,
-            shared,
-            config_changed,
-        )
-    if config_changed and not redone:  # every stage ran or skipped; record the config it was asked with
+    walk = _Walk(recipe=recipe, config=config, plain=plain, run_dir=run_dir, state=state, inputs=inputs, opts=opts)
+    with contextlib.ExitStack() as walk.resources:
+        _walk(walk, {s.name for s in selected})
+    if config_changed and not walk.redone:  # every stage ran or skipped; record the config it was asked with
         _write_state(run_dir, state)
-    return RunReport(run_dir=run_dir, run_id=state["run_id"], stages=reports)
+    return RunReport(run_dir=run_dir, run_id=state["run_id"], stages=walk.reports)
 
 
-def _walk(
-    recipe,
-    selected,
-    chosen,
-    config,
-    plain,
-    run_dir,
-    state,
-    inputs,
-    done,
-    redone,
-    reports,
-    opts,
-    recorder,
-    resources,
-    shared,
-    config_changed,
-) -> bool:
-    for spec in recipe.stages:
+@dataclass(kw_only=True)
+class _Walk:
+    """One invocation's walk over the recipe: what every stage decision reads, and what it accumulates."""
+
+    recipe: Recipe
+    config: Any
+    plain: dict[str, Any]
+    run_dir: Path
+    state: dict[str, Any]
+    """run.json, updated (and written) as stages start and complete."""
+    inputs: dict[str, Any]
+    opts: RunOptions
+    resources: Any = None
+    """The contextlib.ExitStack closed when the walk ends (one local Ray for the run)."""
+    shared: dict[str, Any] = field(default_factory=dict)
+    done: dict[str, StageOutput] = field(default_factory=dict)
+    redone: set[str] = field(default_factory=set)
+    """Stages that ran or continued in this invocation (their dependents follow them)."""
+    reports: list[StageReport] = field(default_factory=list)
+
+
+def _walk(walk: _Walk, chosen: set[str]) -> None:
+    run_dir, state = walk.run_dir, walk.state
+    for spec in walk.recipe.stages:
         if spec.name not in chosen:
             rec = state["stages"].get(spec.name)
             if rec and rec.get("status") == "complete":
-                done[spec.name] = _output_from_record(run_dir / spec.name, rec)
+                walk.done[spec.name] = _output_from_record(run_dir / spec.name, rec)
             continue
         for need in spec.needs:
-            if need not in done:
+            if need not in walk.done:
                 raise RunStateError(
                     f"stage {spec.name} needs stage {need}, which has not completed in {run_dir}",
                     path=run_dir,
                     hint=f"run with --stages {need},{spec.name} (or without --stages)",
                 )
-        report = _run_stage(
-            spec, recipe, config, plain, run_dir, state, inputs, done, redone, opts, recorder, resources, shared
-        )
-        reports.append(report)
-        done[spec.name] = report.output
+        report = _run_stage(walk, spec)
+        walk.reports.append(report)
+        walk.done[spec.name] = report.output
         if report.action != "skipped":
-            redone.add(spec.name)
-    return config_changed
+            walk.redone.add(spec.name)
 
 
 def _open_inputs(recipe: Recipe, config: Any) -> dict[str, Any]:
@@ -386,7 +400,9 @@ def _decide(
     """fresh, skip, continue (from checkpoints), or raise naming the difference."""
     if spec.name in opts.restart or rec is None:
         return "fresh"
-    if rec.get("key") != key:
+    if rec.get("key") != key and not recorded_key_still_matches(spec, rec.get("key_parts", {}), key):
+        if spec.redo_on_change:
+            return "fresh"
         changes = describe_changes(rec.get("key_parts", {}), parts)
         upstream_only = all(c.startswith("upstream.") for c in changes)
         if upstream_only and any(c.split(":")[0][len("upstream.") :] in redone for c in changes):
@@ -414,28 +430,18 @@ def _decide(
     return "continue" if spec.training else "fresh"
 
 
-def _run_stage(
-    spec: StageSpec,
-    recipe: Recipe,
-    config: Any,
-    plain: dict[str, Any],
-    run_dir: Path,
-    state: dict[str, Any],
-    inputs: dict[str, Any],
-    done: dict[str, StageOutput],
-    redone: set[str],
-    opts: RunOptions,
-    recorder: Recorder | None,
-    resources: Any,
-    shared: dict[str, Any],
-) -> StageReport:
+def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
+    run_dir, state, opts = walk.run_dir, walk.state, walk.opts
     stage_dir = run_dir / spec.name
     upstream_digests = {n: outputs_digest(state["stages"][n]["outputs"]) for n in spec.needs}
-    parts = key_parts(spec, plain, inputs, upstream_digests)
+    parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests)
     key = digest(parts)
     rec = state["stages"].get(spec.name)
-    action = _decide(spec, rec, key, parts, stage_dir, redone, opts)
+    action = _decide(spec, rec, key, parts, stage_dir, walk.redone, opts)
     if action == "skip":
+        if rec.get("key") != key:  # recorded before a key became exempt: record today's key
+            rec.update(key=key, key_parts=parts)
+            _write_state(run_dir, state)
         return StageReport(name=spec.name, action="skipped", seconds=0.0, output=_output_from_record(stage_dir, rec))
     if action == "fresh" and stage_dir.exists():
         shutil.rmtree(stage_dir)
@@ -451,17 +457,17 @@ def _run_stage(
     _write_state(run_dir, state)
     ctx = StageContext(
         name=spec.name,
-        config=config,
+        config=walk.config,
         out_dir=stage_dir,
         run_dir=run_dir,
-        inputs=inputs,
-        upstream={n: done[n] for n in spec.needs},
+        inputs=walk.inputs,
+        upstream={n: walk.done[n] for n in spec.needs},
         resume=action == "continue",
         target_step=opts.target_step if spec.training else None,
         ray_address=opts.ray_address,
         ui=opts.ui,
-        resources=resources,
-        shared=shared,
+        resources=walk.resources,
+        shared=walk.shared,
     )
     t0 = time.perf_counter()
     output = resolve_fn(spec.fn)(ctx)
@@ -470,6 +476,10 @@ def _run_stage(
     if not outputs:
         raise CheckpointError(f"stage {spec.name} wrote no outputs into {stage_dir}", path=stage_dir)
     ended = time.time()
+    if _take_over(state, run_dir, spec.name, outputs) & set(spec.needs):  # its upstream records changed
+        upstream_digests = {n: outputs_digest(state["stages"][n]["outputs"]) for n in spec.needs}
+        parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests)
+        key = digest(parts)
     state["stages"][spec.name] = {
         "status": "complete",
         "key": key,
@@ -483,8 +493,8 @@ def _run_stage(
         "seconds": seconds,
     }
     _write_state(run_dir, state)
-    if recorder is not None:
-        recorder(
+    if opts.recorder is not None:
+        opts.recorder(
             StageRecord(
                 run_id=state["run_id"],
                 run_dir=run_dir,
@@ -493,17 +503,20 @@ def _run_stage(
                 action=action,
                 subjects={os.path.normpath(f"{spec.name}/{rel}"): v[2] for rel, v in outputs.items()},
                 materials=parts,
-                config=plain,
+                config=walk.plain,
                 argv=list(opts.argv),
                 started=started,
                 ended=ended,
                 resumed_from=output.resumed_from,
                 summary=output.summary,
-                inputs=inputs if spec.inputs else {},
+                inputs=walk.inputs if spec.inputs else {},
                 upstream_files={
                     os.path.normpath(f"{n}/{rel}"): v[2]
                     for n in spec.needs
                     for rel, v in state["stages"][n]["outputs"].items()
+                },
+                input_files={
+                    path: parts["files"][k] for k, path in input_files(spec, walk.plain).items() if path is not None
                 },
                 world_size=output.world_size,
                 device=output.device,
@@ -513,3 +526,19 @@ def _run_stage(
     return StageReport(
         name=spec.name, action="continued" if action == "continue" else "ran", seconds=seconds, output=output
     )
+
+
+def _take_over(state: dict[str, Any], run_dir: Path, stage: str, outputs: dict[str, list]) -> set[str]:
+    """A file this stage wrote is its output, no longer another stage's: drop it from the other records (a run
+    made before the comparison became its own stage recorded evidence/comparison.json as eval's). Returns the
+    stages whose records changed."""
+    mine = {os.path.normpath(run_dir / stage / rel) for rel in outputs}
+    changed = set()
+    for name, rec in state["stages"].items():
+        if name == stage or not isinstance(rec.get("outputs"), dict):
+            continue
+        kept = {rel: v for rel, v in rec["outputs"].items() if os.path.normpath(run_dir / name / rel) not in mine}
+        if len(kept) != len(rec["outputs"]):
+            rec["outputs"] = kept
+            changed.add(name)
+    return changed

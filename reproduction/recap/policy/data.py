@@ -21,52 +21,29 @@ successes). A rollout set must have `is_success` in every mode (DatasetError oth
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from reproduction.config_fields import reject_unknown_fields
-from reproduction.errors import ConfigError, DatasetError
+from reproduction.errors import DatasetError
+from reproduction.recap.sources import DATASET_TYPES, DatasetSource  # noqa: F401 (DATASET_TYPES re-exported)
 
-DATASET_TYPES = ("sft", "rollout")
 STATE_KEY, GOAL_KEY, ACTION_KEY = "observation.state", "observation.goal", "action"
 
 
 @dataclass(kw_only=True, slots=True)
-class PolicySource:
-    """One dataset the policy stage trains on."""
+class PolicySource(DatasetSource):
+    """One dataset the policy stage trains on (sft: always labelled positive; rollout: labels from the advantage
+    sidecar, needs is_success)."""
 
-    path: str
-    """LeRobot dataset root."""
+    WHAT: ClassVar[str] = "policy dataset entry"
     type: str = "rollout"
-    """sft (always labelled positive) or rollout (labels from the advantage sidecar; needs is_success)."""
-    weight: float = 1.0
-    """Mixture weight (shares proportional to weight x size)."""
-    name: str | None = None
-    """Name in logs and sidecar folders; default: the folder name."""
+    """sft or rollout."""
     advantages: str | None = None
     """Folder holding the advantage sidecar (a run's advantages/ folder); None = the dataset's meta/."""
-    tag: str | None = None
-    """Advantage sidecar tag (advantages_{tag}.parquet)."""
-
-    def __post_init__(self) -> None:
-        if self.type not in DATASET_TYPES:
-            raise ConfigError(f"dataset {self.path}: type {self.type!r} is not sft or rollout", field="type")
-        if not self.weight > 0:
-            raise ConfigError(f"dataset {self.path}: weight {self.weight} must be > 0", field="weight")
-        if self.name is None:
-            self.name = Path(self.path).name
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> PolicySource:
-        reject_unknown_fields(cls, data, what="policy dataset entry")
-        return cls(**dict(data))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in self.__dataclass_fields__}
 
 
 @dataclass(kw_only=True)

@@ -73,6 +73,10 @@ class PolicyStageConfig:
     """Folder with tokenizer.json; None (tiny) = train one in-process from the tasks and prompt variants."""
     model_seed: int = 0
     """Seed of the model's random initialisation."""
+    pretrained_manifest: str | None = None
+    """weights_manifest/*.json whose files initialise the model (strict, sha256-checked); None = random init."""
+    weights_dir: str | None = None
+    """Folder the manifest's file paths are relative to (the bundle's weights/)."""
     train: dict[str, Any] = field(default_factory=lambda: {"max_steps": 1000})
     """TrainConfig fields (reproduction/train/config.py): steps, batches, lr, world size, launcher."""
 
@@ -269,7 +273,7 @@ def _arrays_digest(arrays: Any) -> str:
 
 
 # Fields that may change on resume: they shape neither the model nor the data stream.
-_FREE_ON_RESUME = ("execute_steps", "num_steps", "tokenizer", "model_seed")
+_FREE_ON_RESUME = ("execute_steps", "num_steps", "tokenizer", "model_seed", "pretrained_manifest", "weights_dir")
 _FREE_TRAIN = (
     "max_steps",
     "micro_batch",
@@ -532,6 +536,10 @@ def make_policy_task(rank: int, world_size: int, *, setup_path: str) -> Any:
     mcfg = PolicyModelConfig.from_dict(setup["model_config"])
     arrays = PolicyArrays.load(Path(setup_path).parent / ARRAYS_NAME)
     model = build_policy_model(mcfg, seed=stage.model_seed)
+    if stage.pretrained_manifest:  # e.g. the demo's bundled tiny weights; a resume then loads its checkpoint
+        from reproduction.recap.value.weights import load_pretrained
+
+        load_pretrained(model, Path(stage.pretrained_manifest), Path(stage.weights_dir or "."))
     data = PolicySamples(
         arrays,
         setup["stats"],

@@ -4,47 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from reproduction.config_fields import reject_unknown_fields
 from reproduction.errors import ConfigError
-
-DATASET_TYPES = ("sft", "rollout")
+from reproduction.recap.sources import DATASET_TYPES, DatasetSource  # noqa: F401 (DATASET_TYPES re-exported)
 
 
 @dataclass(kw_only=True, slots=True)
-class ValueSource:
-    """One dataset the value stage reads."""
+class ValueSource(DatasetSource):
+    """One dataset the value stage reads (type: sft or rollout, validated; it matters in stages 1 and 3, not
+    here, as upstream; weight: train sources only)."""
 
-    path: str
-    """LeRobot dataset root."""
-    type: str = "sft"
-    """sft or rollout (validated; it matters in stages 1 and 3, not here, as upstream)."""
-    weight: float = 1.0
-    """Mixture weight (train sources only)."""
-    name: str | None = None
-    """Name in metrics and fold plans; default: the folder name."""
     returns: str | None = None
     """Folder holding the returns sidecar (a run folder); None = the dataset's meta/."""
-    tag: str | None = None
-    """Returns sidecar tag (returns_{tag}.parquet)."""
-
-    def __post_init__(self) -> None:
-        if self.type not in DATASET_TYPES:
-            raise ConfigError(f"dataset {self.path}: type {self.type!r} is not sft or rollout", field="type")
-        if not self.weight > 0:
-            raise ConfigError(f"dataset {self.path}: weight {self.weight} must be > 0", field="weight")
-        if self.name is None:
-            self.name = Path(self.path).name
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ValueSource:
-        reject_unknown_fields(cls, data, what="dataset entry")
-        return cls(**dict(data))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in self.__dataclass_fields__}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -62,7 +35,7 @@ class ValueStageConfig:
     tokenizer: str | None = None
     """Folder with tokenizer.json (required for recap); None with tiny = train one in-process."""
     pretrained_manifest: str | None = None
-    """weights_manifest/*.json to initialise the backbones from (recap); None = random init."""
+    """weights_manifest/*.json to initialise from (recap: the backbones; tiny: the whole model); None = random."""
     weights_dir: str | None = None
     """Folder the manifest's file paths are relative to (the bundle's weights/)."""
     allow_unpinned: bool = False

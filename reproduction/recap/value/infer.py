@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from reproduction.errors import CheckpointError, FingerprintMismatchError, InputNotFoundError, UnsupportedFormatError
+from reproduction.errors import CheckpointError, FingerprintMismatchError, InputNotFoundError
 from reproduction.recap.normalize import ReturnRange
 from reproduction.recap.sharding import Shard
 from reproduction.recap.value.crossfit import CrossFitPlan
@@ -61,26 +61,13 @@ def load_value_export(folder: Path, *, device: str = "cpu") -> ValueExport:
     CheckpointError (weights that do not fit the stored architecture, naming the keys).
     """
     from reproduction.recap.tokenizer import load_tokenizer
-    from reproduction.recap.value.export import HEAD_NAME, READABLE_FORMATS
     from reproduction.recap.value.model import ValueModelConfig, build_value_model
     from reproduction.recap.value.weights import load_safetensors_strict
+    from reproduction.value_export import read_value_head
 
     folder = Path(folder)
-    head_path = folder / HEAD_NAME
-    if not head_path.is_file():
-        raise InputNotFoundError(
-            f"{head_path} does not exist: not a value-model export",
-            path=head_path,
-            hint="point at <value stage out>/model_<k>/export (written when value training finishes)",
-        )
-    head = json.loads(head_path.read_text(encoding="utf-8"))
-    if head.get("format_version") not in READABLE_FORMATS:
-        raise UnsupportedFormatError(
-            f"{head_path}: format_version {head.get('format_version')!r} is not one of {list(READABLE_FORMATS)}",
-            path=head_path,
-            field="format_version",
-            hint="upgrade recap-portable",
-        )
+    checked = read_value_head(folder)  # the one reader: format version, return range, bins
+    head = checked.doc
     model = build_value_model(ValueModelConfig.from_dict(head["model_config"]))
     load_safetensors_strict(model, folder / "model.safetensors")
     model.to(device).eval()
@@ -89,7 +76,7 @@ def load_value_export(folder: Path, *, device: str = "cpu") -> ValueExport:
         model=model,
         tokenizer=load_tokenizer(folder / head.get("tokenizer", "tokenizer")),
         head=head,
-        return_range=ReturnRange.from_dict(head["return_range"]),
+        return_range=checked.return_range,
     )
 
 

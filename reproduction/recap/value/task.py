@@ -29,7 +29,7 @@ from reproduction.recap.normalize import ReturnRange
 from reproduction.recap.value.config import ValueStageConfig  # noqa: F401 (re-exported)
 from reproduction.recap.value.crossfit import CrossFitPlan, split_folds
 from reproduction.recap.value.data import load_source, return_range_of, state_stats
-from reproduction.recap.value.export import EXPORT_FORMAT, HEAD_NAME
+from reproduction.value_export import EXPORT_FORMAT, HEAD_NAME
 
 SETUP_NAME = "value_setup.json"
 

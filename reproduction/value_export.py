@@ -1,4 +1,4 @@
-"""The one reader of a value export's metadata (return range, bins, format version); torch-free.
+"""The value export's format, torch-free: the return range, and the one reader of `value_head.json`.
 
     <value stage>/model_<k>/export/value_head.json
         {"format_version": 2, "return_range": {"return_min", "return_max"}, "num_bins", "v_min", "v_max",
@@ -7,8 +7,12 @@
 Format 2 added the state input (`state_keys`/`state_dims` here, `state_dim`/`state_mean`/`state_std`
 in model_config); format 1 exports (no state input) still read, as a state-free model.
 
-Stage 3 reads the return range from here (never from a retyped config); the model loader
-(infer.py) and anything that only needs the metadata (preflight, check) use the same reader.
+A leaf module (stdlib and reproduction.errors only), so both planes read it: stage 3 takes the
+return range and bins from here (never from a retyped config), the model loader
+(recap/value/infer.py) checks the export with it before it builds the model, and `portable check`
+(control plane, checks/value_export.py) validates a bundle's value export with it before any runtime is
+restored. The return-normalisation contract ReturnRange lives here for the same reason; its rules are
+in reproduction/recap/normalize.py's docstring.
 """
 
 from __future__ import annotations
@@ -21,7 +25,51 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.errors import CheckpointError, ConfigError, InputNotFoundError, UnsupportedFormatError
-from reproduction.recap.normalize import ReturnRange
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ReturnRange:
+    """The raw-return interval mapped onto the value head's [-1, 0]."""
+
+    return_min: float
+    """Smallest raw return over the training datasets (most negative)."""
+    return_max: float
+    """Largest raw return over the training datasets (0 whenever a success exists)."""
+
+    def __post_init__(self) -> None:
+        if not (self.return_max > self.return_min):
+            raise ConfigError(
+                f"return range [{self.return_min}, {self.return_max}] is empty: return_max must exceed return_min",
+                field="return_min/return_max",
+                hint="compute returns first, or set both explicitly in the config",
+            )
+
+    @property
+    def width(self) -> float:
+        return self.return_max - self.return_min
+
+    def to_value(self, returns: Any) -> Any:
+        """Raw returns (scalar or array) -> value-space targets in [-1, 0] (not clamped)."""
+        return (returns - self.return_max) / self.width
+
+    def from_value(self, values: Any) -> Any:
+        """Value-space numbers -> raw returns (inverse of `to_value`)."""
+        return values * self.width + self.return_max
+
+    def scale_rewards(self, reward_sums: Any) -> Any:
+        """Raw reward sums over a window -> value-space units (scale only, no offset)."""
+        return reward_sums / self.width
+
+    def to_dict(self) -> dict[str, float]:
+        return {"return_min": float(self.return_min), "return_max": float(self.return_max)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ReturnRange:
+        try:
+            return cls(return_min=float(data["return_min"]), return_max=float(data["return_max"]))
+        except KeyError as exc:
+            raise ConfigError(f"return range: missing field {exc.args[0]!r}", field=str(exc.args[0])) from None
+
 
 HEAD_NAME = "value_head.json"
 EXPORT_FORMAT = 2

@@ -1,0 +1,50 @@
+"""One dataset entry of a training stage (path, type, weight, name, sidecar tag): the fields and rules the
+value and policy stages share; each stage's entry adds the folder its sidecar is read from."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, ClassVar
+
+from reproduction.config_fields import reject_unknown_fields
+from reproduction.errors import ConfigError
+
+DATASET_TYPES = ("sft", "rollout")
+
+
+@dataclass(kw_only=True, slots=True)
+class DatasetSource:
+    """A dataset a stage reads; subclasses name their sidecar folder and may change `type`'s default."""
+
+    WHAT: ClassVar[str] = "dataset entry"
+    """How errors name an entry."""
+
+    path: str
+    """LeRobot dataset root."""
+    type: str = "sft"
+    """sft or rollout."""
+    weight: float = 1.0
+    """Mixture weight (shares proportional to weight x size)."""
+    name: str | None = None
+    """Name in logs, metrics and sidecar folders; default: the folder name."""
+    tag: str | None = None
+    """Sidecar tag (<kind>_{tag}.parquet)."""
+
+    def __post_init__(self) -> None:
+        if self.type not in DATASET_TYPES:
+            raise ConfigError(f"dataset {self.path}: type {self.type!r} is not sft or rollout", field="type")
+        if not self.weight > 0:
+            raise ConfigError(f"dataset {self.path}: weight {self.weight} must be > 0", field="weight")
+        if self.name is None:
+            self.name = Path(self.path).name
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Any:
+        """An entry from a mapping; unknown keys are refused with the nearest valid name."""
+        reject_unknown_fields(cls, data, what=cls.WHAT)
+        return cls(**dict(data))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,168 @@
+"""The no-change re-restore, answered from the receipt and one stat pass before the CLI loads.
+
+A second `portable restore` of an unchanged bundle is bounded by interpreter start and a stat
+pass; argparse, dataclasses and the restore machinery cost more than the stat pass itself. This
+module uses only os/json/hashlib/fcntl and answers one question: would `restore_bundle` do nothing
+at all (every target kept, nothing to hash, no receipt to rewrite, no warning to print)? It says
+yes only when every condition the full path checks holds, under the bundle's lock; at the first
+doubt (any difference, a flag it does not know, an error of any kind) it says no and the full
+path runs and reports. It never writes anything but the lock file's holder line.
+
+Conditions (mirroring restore.py's `_plan`, `_verify_and_extract` and `_finish`): bundle.json
+hashes to the receipt's digest and the bundle is where the receipt says; no staging or trash is
+left over; every plain file is a regular file whose (size, mtime_ns) is the receipt's; no file
+the manifest does not list lies outside the layer targets; every layer's receipt names the
+archive's digest and the target's current path, and every file and link it wrote still has its
+recorded stat or text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import sys
+import time
+
+# Duplicated from receipt.py / manifest.py / lock.py so this module imports none of them;
+# tests/test_restore.py checks that they agree.
+MANIFEST_NAME = "bundle.json"
+STATE_DIR = ".portable"
+RECEIPT_NAME = "receipt.json"
+RECEIPT_FORMAT = "recap-portable-receipt"
+RECEIPT_MAJOR = "1"
+LOCK_NAME = "lock"
+RUNS_DIR = "runs"
+
+_QUIET = frozenset({"-q", "--quiet"})
+_HARMLESS = _QUIET | {"--no-progress"}
+
+
+def parse_argv(argv: list[str]) -> tuple[str | None, bool] | None:
+    """(bundle argument or None, quiet) for `restore [BUNDLE]` with only -q/--no-progress, else None."""
+    words = [a for a in argv if a not in _HARMLESS]
+    if not words or words[0] != "restore" or len(words) > 2 or any(w.startswith("-") for w in words):
+        return None
+    return (words[1] if len(words) == 2 else None), any(a in _QUIET for a in argv)
+
+
+def _unchanged_layer(root: str, rec: dict) -> bool:
+    base = root + "/"
+    lstat, isreg = os.lstat, stat.S_ISREG
+    for rel, recorded in rec.get("files", {}).items():
+        st = lstat(base + rel)
+        if not isreg(st.st_mode) or [st.st_size, st.st_mtime_ns] != recorded:
+            return False
+    for rel, text in rec.get("links", {}).items():
+        if os.readlink(base + rel) != text:
+            return False
+    return True
+
+
+def _no_extras(bundle: str, listed: set[str], targets: set[str]) -> bool:
+    """Nothing under `bundle` that verify's `find_extras` would report (see verify.ignored_paths)."""
+    skip_dirs = {STATE_DIR} | targets
+    if not any(p.split("/", 1)[0] == RUNS_DIR for p in listed):
+        skip_dirs.add(RUNS_DIR)
+    for root, dirs, names in os.walk(bundle):
+        rel_root = os.path.relpath(root, bundle)
+        rel_root = "" if rel_root == "." else rel_root + "/"
+        keep = []
+        for d in dirs:
+            rel = rel_root + d
+            if rel in skip_dirs or (d == "__pycache__" and rel.startswith("reproduction/")):
+                continue
+            if os.path.islink(os.path.join(root, d)):
+                return False
+            keep.append(d)
+        dirs[:] = keep
+        for name in names:
+            rel = rel_root + name
+            if rel not in listed and rel != MANIFEST_NAME:
+                return False
+    return True
+
+
+def _check(bundle: str) -> tuple[int, list[str]] | None:
+    """(files verified, targets in restore order) when a restore of `bundle` would change nothing."""
+    with open(os.path.join(bundle, MANIFEST_NAME), "rb") as fh:
+        raw = fh.read()
+    state = os.path.join(bundle, STATE_DIR)
+    with open(os.path.join(state, RECEIPT_NAME), "rb") as fh:
+        receipt = json.loads(fh.read())
+    if (
+        receipt.get("format") != RECEIPT_FORMAT
+        or str(receipt.get("format_version", "")).split(".")[0] != RECEIPT_MAJOR
+        or receipt.get("manifest_sha256") != hashlib.sha256(raw).hexdigest()
+        or receipt.get("bundle_path") != bundle
+    ):
+        return None
+    if os.path.lexists(os.path.join(state, "staging")) or os.path.lexists(os.path.join(state, "trash")):
+        return None
+    manifest = json.loads(raw)
+    files = {e["path"]: e for e in manifest["files"]}
+    plain = receipt.get("plain", {})
+    if set(plain) != set(files):
+        return None
+    for rel, recorded in plain.items():
+        st = os.stat(os.path.join(bundle, rel))
+        if not stat.S_ISREG(st.st_mode) or [st.st_size, st.st_mtime_ns] != recorded:
+            return None
+    layers = sorted(manifest.get("layers", []), key=lambda x: x["order"])
+    targets = {x["target"] for x in layers}
+    if not _no_extras(bundle, set(files), targets):
+        return None
+    recs = receipt.get("layers", {})
+    order: list[str] = []
+    for layer in layers:
+        rec, root = recs.get(layer["archive"]), os.path.join(bundle, layer["target"])
+        if (
+            not isinstance(rec, dict)
+            or rec.get("sha256") != files[layer["archive"]]["sha256"]
+            or rec.get("prefix") != root
+            or not os.path.isdir(root)
+            or not _unchanged_layer(root, rec)
+        ):
+            return None
+        if layer["target"] not in order:
+            order.append(layer["target"])
+    return len(files), order
+
+
+def try_noop_restore(argv: list[str], default_bundle: str) -> int | None:
+    """Exit code 0 after printing restore's summary when `argv` asks for a restore that would change
+    nothing; None (having done nothing) whenever the full `portable restore` must run."""
+    started = time.perf_counter()
+    parsed = parse_argv(argv)
+    if parsed is None:
+        return None
+    given, quiet = parsed
+    try:
+        bundle = os.path.realpath(given if given is not None else default_bundle)
+        fd = os.open(os.path.join(bundle, STATE_DIR, LOCK_NAME), os.O_RDWR | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}: restore".encode(), 0)
+        try:
+            found = _check(bundle)
+        finally:
+            os.ftruncate(fd, 0)
+    except Exception:  # any doubt at all: the full path decides and reports
+        return None
+    finally:
+        os.close(fd)
+    if found is None:
+        return None
+    count, targets = found
+    if not quiet:
+        line = f"restored {bundle} in {time.perf_counter() - started:.1f}s: {count} files verified"
+        if targets:
+            line += f"; unchanged {', '.join(targets)}"
+        print(line, file=sys.stderr, flush=True)
+    return 0
