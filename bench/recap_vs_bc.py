@@ -42,6 +42,17 @@ the "measured" notes at the end of this docstring; each is one command's output.
   undertrained at 300 steps, and the labels are noise. Stalls per episode (PickAndPlace): bc 1.3-1.7,
   recap 1.0-1.6, filtered_bc 0.08-0.38: labels that do not mark hesitation frames negative cannot
   remove it. Training 9 policies 12 min (3 at once), 12 evaluations 3-7 min each, load 13-28.
+- The same table with the tuned labels (400-step state-only value above; same baselines, same 300
+  policy steps): recap w=1 0.05 +- 0.01 (0.07, 0.05, 0.04), w=2 0.07 +- 0.00 (0.07, 0.07, 0.07);
+  recap - bc +0.00/+0.05/+0.03 (w=2), recap - filtered_bc -0.09/-0.01/+0.01. Stalls per episode stay
+  at bc's level (1.3-1.9 PickAndPlace): clean 0.50 vs harm 0.38 positive is too small a contrast, and
+  300 steps too few, for guidance to remove hesitations. RECAP trainings 4.3 min (3 at once), 6
+  evaluations 1-1.5 min each (load fell to 3-6).
+
+What would change it: a policy trained to convergence first (bc/filtered_bc at 300 steps succeed
+2-16%; the demo's 1000 steps gave 56/71), then labels with a clear contrast (DEMO_LAB's MLP value:
+harm 0.11 vs clean 0.40): a value model that trains to fit in its step budget (state-only converged
+fastest here; at 150 steps the image + state model learned nothing), measured with --value-only.
 """
 
 from __future__ import annotations
