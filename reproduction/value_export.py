@@ -1,8 +1,11 @@
 """The value export's format, torch-free: the return range, and the one reader of `value_head.json`.
 
     <value stage>/model_<k>/export/value_head.json
-        {"format_version": 1, "return_range": {"return_min", "return_max"}, "num_bins", "v_min", "v_max",
-         "folds", "fold", "cameras", "model_config", "tokenizer", ...}
+        {"format_version": 2, "return_range": {"return_min", "return_max"}, "num_bins", "v_min", "v_max",
+         "folds", "fold", "cameras", "state_keys", "state_dims", "model_config", "tokenizer", ...}
+
+Format 2 added the state input (`state_keys`/`state_dims` here, `state_dim`/`state_mean`/`state_std`
+in model_config); format 1 exports (no state input) still read, as a state-free model.
 
 A leaf module (stdlib and reproduction.errors only), so both planes read it: stage 3 takes the
 return range and bins from here (never from a retyped config), the model loader
@@ -69,7 +72,9 @@ class ReturnRange:
 
 
 HEAD_NAME = "value_head.json"
-EXPORT_FORMAT = 1
+EXPORT_FORMAT = 2
+READABLE_FORMATS = (1, 2)
+"""Export formats this version reads (1: before the state input; read as state_keys = [])."""
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -118,10 +123,10 @@ def read_value_head(folder: Path) -> ValueHead:
         head = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path}: not JSON ({exc})", path=path) from None
-    if not isinstance(head, dict) or head.get("format_version") != EXPORT_FORMAT:
+    if not isinstance(head, dict) or head.get("format_version") not in READABLE_FORMATS:
         version = head.get("format_version") if isinstance(head, dict) else None
         raise UnsupportedFormatError(
-            f"{path}: format_version {version!r} is not {EXPORT_FORMAT}",
+            f"{path}: format_version {version!r} is not one of {list(READABLE_FORMATS)}",
             path=path,
             field="format_version",
             hint="export the value model with this version of the tool",

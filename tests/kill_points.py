@@ -33,7 +33,7 @@ POINTS: dict[str, tuple[str, str, str, int, str]] = {
     "policy_export": ("policy", "safetensors.torch", "save_file", 1, "after"),
     "policy_second_mode": ("policy", "reproduction.train.checkpoint", "_manifest", 3, "before"),
     "eval_episodes": ("eval", "reproduction.sim.evaluate", "run_batch", 1, "after"),
-    "eval_second_policy": ("eval", "reproduction.sim.evaluate", "evaluate", 2, "after"),
+    "eval_second_policy": ("eval", "reproduction.sim.evaluate", "run_batch", 2, "after"),
     "eval_evidence_write": ("eval", "reproduction.run.evidence", "atomic_write_text", 1, "half"),
 }
 

@@ -267,7 +267,7 @@ def test_return_range_comes_from_the_value_export_head(tmp_path):
         load_return_range(tmp_path / "nowhere")
     no_v_max = {k: v for k, v in HEAD.items() if k != "v_max"}
     for doc, error, message in [
-        ({**HEAD, "format_version": 2}, UnsupportedFormatError, "format_version 2 is not 1"),
+        ({**HEAD, "format_version": 3}, UnsupportedFormatError, r"format_version 3 is not one of \[1, 2\]"),
         ({**HEAD, "return_range": {"return_min": -120.0}}, CheckpointError, r"field return_range.return_max is None"),
         (
             {**HEAD, "return_range": {"return_min": "x", "return_max": 0}},

@@ -162,9 +162,9 @@ def test_a_bad_value_export_fails_24_naming_the_file_and_field(tmp_path):
         "not a finite number"
     )
     assert "\n" not in row.finding and row.details["field"] == "return_range.return_max"
-    future = _with_export(tmp_path / "v2", {**HEAD, "format_version": 2}, config="v: weights/value/export\n")
+    future = _with_export(tmp_path / "v2", {**HEAD, "format_version": 3}, config="v: weights/value/export\n")
     row = _rows(_check(tmp_path / "v2", future))["bundle.value_export"]
-    assert row.failure == "bundle" and "format_version 2 is not 1" in row.finding
+    assert row.failure == "bundle" and "format_version 3 is not one of [1, 2]" in row.finding
 
 
 def test_no_value_export_no_row_and_unrelated_strings_are_ignored(tmp_path):

@@ -101,6 +101,12 @@ def test_two_worker_value_sft_with_two_folds_beats_chance_on_held_out_episodes(t
     positive = adv.column("advantage").to_numpy(zero_copy_only=False).mean()
     assert abs(positive - 0.3) < 0.02, positive  # positive_quantile 0.3 of a global threshold
     assert adv.column("value_current").to_pylist() == written.column("value").to_pylist()
+    # label_quality.json: the per-fold Spearman of the cross-fitted values, positive rates by kind of frame.
+    quality = json.loads((out / "advantages" / "label_quality.json").read_text())["ds"]
+    assert set(quality["value_spearman_per_fold"]) == {"0", "1"}
+    assert all(s > HELDOUT_SPEARMAN_MIN for s in quality["value_spearman_per_fold"].values())
+    assert quality["positive_rate"]["all"] == pytest.approx(positive)
+    assert stages["advantages"]["summary"]["label_quality"]["ds"]["frames"] == quality["frames"]
 
 
 def test_portable_run_reports_bad_configs_with_exit_codes(tmp_path):

@@ -27,6 +27,9 @@ class AdvantageConfig:
     """Output tag: advantages_{tag}.parquet."""
     returns_tag: str | None = None
     """Tag of the returns sidecar to read."""
+    hold_labels: bool = False
+    """Label positive every frame from the first success on in successful episodes, and leave those
+    frames out of the threshold (recap/labels.py; DEMO_LAB 4). Off = upstream's rule."""
 
     def __post_init__(self) -> None:
         if self.lookahead < 1:

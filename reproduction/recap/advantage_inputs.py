@@ -41,6 +41,8 @@ class DatasetArrays:
     returns_gamma: float | None = None
     prompt_codes: tuple[np.ndarray, np.ndarray] | None = None
     """(distinct prompts, int code per row) when known, so `prompts` need not be hashed again."""
+    hold: np.ndarray | None = None
+    """bool per row: a hold frame (recap/labels.py hold_frames), used when hold labels are on; None = none."""
 
     @property
     def row_end(self) -> np.ndarray:
@@ -73,6 +75,8 @@ class SidecarInputs:
     fingerprints: dict[str, str | None] = field(default_factory=dict)
     returns_gamma: float | None = None
     chunk_rows: int = CHUNK_ROWS
+    hold: np.ndarray | None = None
+    """bool per sidecar row: a hold frame (aligned like `values`); None = none."""
 
     @property
     def num_rows(self) -> int:
@@ -97,6 +101,7 @@ class SidecarInputs:
                 fingerprints=self.fingerprints,
                 returns_gamma=self.returns_gamma,
                 prompt_codes=(names, codes),
+                hold=None if self.hold is None else self.hold[offset : offset + n],
             )
             offset += n
 

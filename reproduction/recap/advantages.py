@@ -10,6 +10,8 @@ value_head.json; never recomputed). Inputs stream from the returns sidecar in ch
 episodes (advantage_inputs.py); only the aligned values and the advantages are held whole.
 Labels: A >= tau, tau = percentile(A, (1 - positive_quantile) * 100) over all datasets (global) or
 per task (`threshold_scope="per_task"`); sft datasets are labelled positive (their A still count).
+With `hold_labels`, an input's hold frames (`hold`, recap/labels.py) are labelled positive and left
+out of the percentile.
 
 Run through `portable run --stages advantages` (reproduction/run/recap_recipe.py). N is
 `advantages.lookahead` (>= 1; 0 is refused, never replaced by a default); value inference extends
@@ -334,7 +336,7 @@ def label_and_write(
     """
     from reproduction.recap.sidecars import sidecar_name, write_mixture_config, write_sidecar
 
-    parts, keys, names, sizes, mixture = [], [], {}, [], []
+    parts, keys, holds, names, sizes, mixture = [], [], [], {}, [], []
     kept: dict[int, list[tuple[DatasetArrays, dict[str, np.ndarray]]]] = {}
     budget = KEEP_ROWS
     for i, d in enumerate(inputs):
@@ -347,6 +349,7 @@ def label_and_write(
                 kept[i].append((chunk, r))
             parts.append(r["advantage_continuous"])
             keys.append(_codes(chunk, names))
+            holds.append(_hold(chunk, config))
             n += chunk.num_rows
             if chunk.num_rows:
                 lo, hi = min(lo, float(chunk.returns.min())), max(hi, float(chunk.returns.max()))
@@ -355,14 +358,16 @@ def label_and_write(
             mixture.append({"name": d.name, "weight": 1.0, "return_min": lo, "return_max": hi})
     all_a = np.concatenate(parts) if len(parts) != 1 else parts[0]
     all_k = np.concatenate(keys) if len(keys) != 1 else keys[0]
-    del parts, keys
+    all_h = np.concatenate(holds) if holds else np.zeros(0, bool)
+    del parts, keys, holds
     task_names = np.array(sorted(names, key=names.get), dtype=object)
-    row_tau, taus = _thresholds(all_a, all_k, task_names, config.positive_quantile, config.threshold_scope)
+    row_tau, taus = _held_out_thresholds(all_a, all_k, all_h, task_names, config)
     bounds = np.cumsum([0] + sizes)
     fractions, written = {}, []
     for i, d in enumerate(inputs):
         rows = slice(bounds[i], bounds[i + 1])
-        fractions[d.name] = _fractions(label(all_a[rows], row_tau[rows], d.dataset_type), all_k[rows], task_names)
+        labels = label(all_a[rows], row_tau[rows], d.dataset_type) | all_h[rows]
+        fractions[d.name] = _fractions(labels, all_k[rows], task_names)
         meta = {
             "kind": "advantages",
             "tag": config.tag,
@@ -375,8 +380,9 @@ def label_and_write(
             "params": asdict(config),
             "thresholds": taus,
             "positive_fraction": fractions[d.name],
+            "hold_frames": int(all_h[rows].sum()),
         }
-        tables = _advantage_tables(iter(kept.pop(i)) if i in kept else results(d), row_tau[rows])
+        tables = _advantage_tables(iter(kept.pop(i)) if i in kept else results(d), row_tau[rows], config)
         written.append(write_sidecar(Path(out_dirs[i]) / sidecar_name("advantages", config.tag), tables, meta))
         write_mixture_config(
             Path(out_dirs[i]),
@@ -390,14 +396,38 @@ def label_and_write(
     return AdvantageReport(thresholds=taus, positive_fraction=fractions, sidecars=written)
 
 
+def _hold(chunk: DatasetArrays, config: AdvantageConfig) -> np.ndarray:
+    """The chunk's hold frames when hold labels are on (all False when off or not given)."""
+    if not config.hold_labels or chunk.hold is None:
+        return np.zeros(chunk.num_rows, bool)
+    return np.asarray(chunk.hold, dtype=bool)
+
+
+def _held_out_thresholds(
+    advantages: np.ndarray, codes: np.ndarray, hold: np.ndarray, names: np.ndarray, config: AdvantageConfig
+) -> tuple[np.ndarray, dict[str, float]]:
+    """_thresholds over the frames that are not hold frames; every row gets its task's threshold."""
+    if not hold.any():
+        return _thresholds(advantages, codes, names, config.positive_quantile, config.threshold_scope)
+    rest = ~hold
+    if not rest.any():
+        raise DatasetError("hold labels: every frame is a hold frame, nothing is left to threshold")
+    _, taus = _thresholds(advantages[rest], codes[rest], names, config.positive_quantile, config.threshold_scope)
+    if config.threshold_scope == "global":
+        return np.broadcast_to(np.float64(taus["*"]), advantages.shape), taus
+    # A task whose every frame holds has no threshold: its frames are all positive anyway.
+    table = np.array([taus.get(str(name), np.inf) for name in names], dtype=np.float64)
+    return table[codes], taus
+
+
 def _advantage_tables(
-    chunks: Iterator[tuple[DatasetArrays, dict[str, np.ndarray]]], row_tau: np.ndarray
+    chunks: Iterator[tuple[DatasetArrays, dict[str, np.ndarray]]], row_tau: np.ndarray, config: AdvantageConfig
 ) -> Iterator[pa.Table]:
-    """RLinf's advantages table, one per chunk, labelled against the rows' thresholds."""
+    """RLinf's advantages table, one per chunk, labelled against the rows' thresholds (hold frames positive)."""
     offset = 0
     for d, r in chunks:
         n = d.num_rows
-        labels = label(r["advantage_continuous"], row_tau[offset : offset + n], d.dataset_type)
+        labels = label(r["advantage_continuous"], row_tau[offset : offset + n], d.dataset_type) | _hold(d, config)
         offset += n
         yield pa.table(
             {

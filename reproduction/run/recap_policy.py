@@ -113,10 +113,11 @@ def evaluate_exports(
     from reproduction.recap.policy.export import PolicyFactory, read_export
     from reproduction.run import evidence
     from reproduction.run.lineage import path_sha256
-    from reproduction.sim.evaluate import EvalConfig, evaluate
+    from reproduction.sim.evaluate import EvalConfig, EvalJob, evaluate_many
 
     ev = config.eval
     records, results, digests = [], {}, {}
+    todo, jobs = [], []
     for label, mode, w in evaluations(config):
         if mode not in exports:
             continue
@@ -133,7 +134,12 @@ def evaluate_exports(
             workers=ev.workers,
         )
         out = Path(out_dir) / label.replace(" ", "_").replace("=", "")
-        result = evaluate(PolicyFactory(export_dir=str(export), guidance_scale=w), sim_cfg, out, ui=ui)
+        todo.append((label, mode, w, export, step))
+        jobs.append(
+            EvalJob(factory=PolicyFactory(export_dir=str(export), guidance_scale=w), config=sim_cfg, out_dir=out)
+        )
+    # one worker pool for every policy: worker start-up and env creation are paid once
+    for (label, mode, w, export, step), result in zip(todo, evaluate_many(jobs, ui=ui)):
         doc = _counts(result)
         results[label] = {**doc, "summary": result.to_dict()["tasks"], "seconds": round(result.seconds, 3)}
         inside = Path(export).resolve().is_relative_to(Path(run_dir).resolve())

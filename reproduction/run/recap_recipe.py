@@ -207,15 +207,59 @@ def advantages_stage(ctx: StageContext) -> StageOutput:
             ui=ctx.ui,
         )
         files.append(out)
-        inputs.append(
-            load_dataset_arrays(
-                d.dataset, ctx.run_dir / "returns", out, dataset_type=d.type, returns_tag=cfg.returns.tag
-            )
+        inp = load_dataset_arrays(
+            d.dataset, ctx.run_dir / "returns", out, dataset_type=d.type, returns_tag=cfg.returns.tag
         )
+        if adv.hold_labels:
+            inp.hold = _hold_frames_of(d.dataset, inp.sidecar)
+        inputs.append(inp)
     report = compute_advantages(inputs, adv, head, out_dirs=[ctx.out_dir / d.name for d in ctx.inputs.values()])
     files += report.sidecars
-    summary = {**report.to_dict(), "inference": inferred, "value_head": head.to_dict()}
+    quality = _label_quality(ctx, value_dir, report.sidecars)
+    files.append(ctx.out_dir / "label_quality.json")
+    summary = {
+        **report.to_dict(),
+        "label_quality": quality,
+        "inference": inferred,
+        "value_head": head.to_dict(),
+    }
     return StageOutput(files=files, summary=_jsonable(summary), result=report)
+
+
+def _hold_frames_of(dataset: Any, returns_sidecar: Path) -> Any:
+    """Hold frames (recap/labels.py) in the returns sidecar's row order; None without is_success."""
+    import pyarrow.parquet as pq
+
+    from reproduction.recap.labels import frame_flags, hold_frames
+
+    t = pq.read_table(returns_sidecar, columns=["episode_index", "frame_index"])
+    ep, fr = t.column("episode_index").to_numpy(), t.column("frame_index").to_numpy()
+    ok, _ = frame_flags(dataset, ep, fr)
+    return None if ok is None else hold_frames(ep, ok)
+
+
+def _label_quality(ctx: StageContext, value_dir: Path, sidecars: list[Path]) -> dict[str, Any]:
+    """label_quality.json: per dataset, positive rates by kind of frame (harm vs clean when the data
+    marks `sim.harm`) and the value model's Spearman per fold; one line per dataset on stderr."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from reproduction.fsio import atomic_write_text
+    from reproduction.recap.labels import dataset_label_report, format_report, frame_flags
+    from reproduction.recap.value.crossfit import CrossFitPlan
+    from reproduction.ui import say
+
+    plan = CrossFitPlan.from_dict(json.loads((value_dir / "crossfit.json").read_text(encoding="utf-8")))
+    out: dict[str, Any] = {}
+    for d, path in zip(ctx.inputs.values(), sidecars):
+        t = pq.read_table(path, columns=["episode_index", "frame_index", "advantage", "value_current", "return"])
+        ep, fr = t.column("episode_index").to_numpy(), t.column("frame_index").to_numpy()
+        ok, harm = frame_flags(d.dataset, ep, fr)
+        out[d.name] = dataset_label_report(t, ok, harm, plan.models_for(d.name, ep))
+        say(f"labels {format_report(d.name, out[d.name])}", options=ctx.ui)
+    atomic_write_text(ctx.out_dir / "label_quality.json", json.dumps(_jsonable(out), indent=1) + "\n")
+    return out
 
 
 def _jsonable(obj: Any) -> Any:
@@ -271,6 +315,16 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
                         f"{key}.path: dataset {path} has no {' or '.join(missing)}, which the policy stage trains on",
                         path=path,
                         hint=f"set {key}.policy=false, or run only --stages returns,value,advantages",
+                    )
+                )
+            lacking = [k for k in config.value.model.state_keys if k not in ds.info.features]
+            if entry.value and lacking and "value" in (stages or ["value"]):
+                problems.append(
+                    DatasetError(
+                        f"{key}.path: dataset {path} has no {lacking[0]!r}, which value.model.state_keys reads",
+                        path=path,
+                        field="value.model.state_keys",
+                        hint="set value.model.state_keys=[] (no state input) or name features the dataset has",
                     )
                 )
         except PortableError as exc:

@@ -232,23 +232,49 @@ class EnvPool:
         self._sims, self._renderers = {}, {}
 
 
+class PolicyCache:
+    """Policies built in one worker, one per factory (factories are frozen dataclasses, classes or
+    partials: hashable). A policy with `reset` is built once and reset with each batch's seed (the
+    Policy protocol: reset returns it to its start state); one without `reset` is built per batch.
+    Building a VLM policy (model, weights, tokenizer) costs more than stepping a batch of envs."""
+
+    def __init__(self) -> None:
+        self._built: dict[Any, Any] = {}
+
+    def get(self, factory: Callable[[], Any], seed: int) -> Any:
+        try:
+            policy = self._built.get(factory)
+        except TypeError:  # an unhashable factory: no reuse
+            policy = None
+        if policy is None:
+            policy = factory()
+            if getattr(policy, "reset", None) is not None:
+                try:
+                    self._built[factory] = policy
+                except TypeError:
+                    pass
+        _reset_policy(policy, seed)
+        return policy
+
+
 def eval_group(group: dict[str, Any]) -> list[list[dict[str, Any]]]:
-    """Worker body: a group of batches with one EnvPool; per batch, the episodes' metrics (+ mp4 bytes)."""
+    """Worker body: a group of batches with one EnvPool and one PolicyCache; per batch, the episodes'
+    metrics (+ mp4 bytes). The batches may belong to several evaluations (`evaluate_many`)."""
     pool = EnvPool(group["batches"][0]["config"])
+    policies = PolicyCache()
     try:
-        return [run_batch(payload, pool) for payload in group["batches"]]
+        return [run_batch(payload, pool, policies) for payload in group["batches"]]
     finally:
         pool.close()
 
 
-def run_batch(payload: dict[str, Any], pool: EnvPool) -> list[dict[str, Any]]:
-    """One batch of episodes in lockstep with a freshly built policy; per-episode metrics (+ mp4 bytes)."""
+def run_batch(payload: dict[str, Any], pool: EnvPool, policies: PolicyCache | None = None) -> list[dict[str, Any]]:
+    """One batch of episodes in lockstep, the policy reset with the batch seed; per-episode metrics (+ mp4 bytes)."""
     from reproduction.sim.env import FPS
     from reproduction.sim.metrics import episode_metrics
 
     config: EvalConfig = payload["config"]
-    policy = payload["factory"]()
-    _reset_policy(policy, payload["batch_seed"])
+    policy = (policies or PolicyCache()).get(payload["factory"], payload["batch_seed"])
     spec = get_task(payload["task"])
     sims = pool.get(spec.env_id, len(payload["indices"]))
     obs = [sim.reset(seed) for sim, seed in zip(sims, payload["reset_seeds"])]
@@ -296,22 +322,31 @@ def run_batch(payload: dict[str, Any], pool: EnvPool) -> list[dict[str, Any]]:
     return out
 
 
-def _run(payloads: list[dict[str, Any]], config: EvalConfig, runner: Runner | None) -> Iterator[list[dict[str, Any]]]:
+def _run(payloads: list[dict[str, Any]], workers: int, runner: Runner | None) -> Iterator[list[dict[str, Any]]]:
     """Each batch's episodes, in batch order: in this process with one EnvPool, or in one group of
     consecutive batches per worker (each with its own EnvPool) in a spawn pool or through `runner`."""
-    if config.workers <= 1 and runner is None:
-        pool = EnvPool(config)
+    if workers <= 1 and runner is None:
+        pool, policies = EnvPool(payloads[0]["config"]), PolicyCache()
         try:
             for payload in payloads:
-                yield run_batch(payload, pool)
+                yield run_batch(payload, pool, policies)
         finally:
             pool.close()
         return
-    k = max(1, min(config.workers, len(payloads)))
+    k = max(1, min(workers, len(payloads)))
     bounds = [round(i * len(payloads) / k) for i in range(k + 1)]
     groups = [{"batches": payloads[a:b]} for a, b in zip(bounds, bounds[1:])]
-    for results in run_units(eval_group, groups, workers=config.workers, runner=runner):
+    for results in run_units(eval_group, groups, workers=workers, runner=runner):
         yield from results
+
+
+@dataclass(kw_only=True)
+class EvalJob:
+    """One evaluation of `evaluate_many`: a policy factory, its config, and where its videos go."""
+
+    factory: Callable[[], Any]
+    config: EvalConfig
+    out_dir: Path | str | None = None
 
 
 def evaluate(
@@ -327,31 +362,70 @@ def evaluate(
     Raises ConfigError for a bad config and SimError when the policy returns a wrong-shaped or
     non-finite batch. The result is identical for any `config.workers` and any `runner`.
     """
+    return evaluate_many([EvalJob(factory=policy_factory, config=config, out_dir=out_dir)], ui=ui, runner=runner)[0]
+
+
+def evaluate_many(
+    jobs: list[EvalJob], *, ui: UiOptions | None = None, runner: Runner | None = None
+) -> list[EvalResult]:
+    """Several evaluations through ONE set of workers (`jobs[0].config.workers` of them): their
+    batches are concatenated and cut into one contiguous group per worker, so worker start-up
+    (a fresh interpreter importing mujoco and torch) and env creation are paid once, not per
+    policy. Each result is identical to `evaluate` of that job alone, for any worker count; its
+    `seconds` is the wall time from the start until its last batch came back (the jobs share workers)."""
+    if not jobs:
+        return []
+    workers = jobs[0].config.workers
     start = time.perf_counter()
-    payloads = _batches(config, policy_factory)
-    tasks = {
-        get_task(t).env_id: TaskResult(task=get_task(t).env_id, episodes=0, success_once=0, success_at_end=0)
-        for t in config.tasks
-    }
-    videos: list[Path] = []
-    seeds: dict[str, list[int]] = {name: [] for name in tasks}
+    per_job = [_batches(job.config, job.factory) for job in jobs]
+    payloads = [p for batch in per_job for p in batch]
+    owner = [j for j, batch in enumerate(per_job) for _ in batch]
+    states = [_Collect(job.config) for job in jobs]
+    total = sum(len(job.config.tasks) * job.config.episodes_per_task for job in jobs)
     with progress(ui) as bar:
-        task_bar = bar.task("evaluate", total=len(config.tasks) * config.episodes_per_task)
-        for payload, episodes in zip(payloads, _run(payloads, config, runner)):
-            result = tasks[payload["task"]]
-            for ep in episodes:
-                mp4 = ep.pop("mp4", None)
-                if mp4 is not None and out_dir is not None:
-                    path = Path(out_dir) / "videos" / f"{get_task(payload['task']).short}_{ep['episode']:03d}.mp4"
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-                    tmp.write_bytes(mp4)
-                    os.replace(tmp, path)
-                    videos.append(path)
-                result.episodes += 1
-                result.success_once += int(ep["success_once"])
-                result.success_at_end += int(ep["success_at_end"])
-                result.episode_metrics.append(ep)
-                seeds[payload["task"]].append(ep["reset_seed"])
+        task_bar = bar.task("evaluate", total=total)
+        for j, payload, episodes in zip(owner, payloads, _run(payloads, workers, runner)):
+            states[j].add(payload, episodes, jobs[j].out_dir)
             task_bar.advance(len(episodes))
-    return EvalResult(config=config, tasks=tasks, reset_seeds=seeds, videos=videos, seconds=time.perf_counter() - start)
+            if states[j].done() and not states[j].seconds:  # wall time until its last batch came back
+                states[j].seconds = time.perf_counter() - start
+    return [st.result(st.seconds or time.perf_counter() - start) for st in states]
+
+
+class _Collect:
+    """One job's results as its batches come back."""
+
+    def __init__(self, config: EvalConfig) -> None:
+        self.config = config
+        self.tasks = {
+            get_task(t).env_id: TaskResult(task=get_task(t).env_id, episodes=0, success_once=0, success_at_end=0)
+            for t in config.tasks
+        }
+        self.videos: list[Path] = []
+        self.seeds: dict[str, list[int]] = {name: [] for name in self.tasks}
+        self.seconds = 0.0
+
+    def done(self) -> bool:
+        return sum(t.episodes for t in self.tasks.values()) >= len(self.tasks) * self.config.episodes_per_task
+
+    def add(self, payload: dict[str, Any], episodes: list[dict[str, Any]], out_dir: Path | str | None) -> None:
+        result = self.tasks[payload["task"]]
+        for ep in episodes:
+            mp4 = ep.pop("mp4", None)
+            if mp4 is not None and out_dir is not None:
+                path = Path(out_dir) / "videos" / f"{get_task(payload['task']).short}_{ep['episode']:03d}.mp4"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f".{path.name}.{os.getpid()}")
+                tmp.write_bytes(mp4)
+                os.replace(tmp, path)
+                self.videos.append(path)
+            result.episodes += 1
+            result.success_once += int(ep["success_once"])
+            result.success_at_end += int(ep["success_at_end"])
+            result.episode_metrics.append(ep)
+            self.seeds[payload["task"]].append(ep["reset_seed"])
+
+    def result(self, seconds: float) -> EvalResult:
+        return EvalResult(
+            config=self.config, tasks=self.tasks, reset_seeds=self.seeds, videos=self.videos, seconds=seconds
+        )

@@ -84,3 +84,24 @@ def micro_batches(
 def sample_rng(seed: int, epoch: int, position: int) -> np.random.Generator:
     """The RNG a sample's augmentation uses: fixed by (seed, epoch, position), independent of rank."""
     return np.random.default_rng(np.random.SeedSequence([seed, epoch, position, 0xA06]))
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser over a uint64 array (wrapping arithmetic): a bijective 64-bit mix."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def sample_uniforms(seed: int, epoch: int, positions: np.ndarray, k: int = 1) -> np.ndarray:
+    """(len(positions), k) float64 draws in [0, 1), each fixed by (seed, epoch, position, j): the
+    batched counterpart of `sample_rng` (a counter-based hash, no Generator per sample, so a batch of
+    256 costs microseconds instead of ~15 ms), independent of rank and of the batch a position is in."""
+    key = _splitmix(np.array([seed & 0xFFFFFFFFFFFFFFFF], np.uint64) ^ np.uint64(0xA06B47C4))
+    key = _splitmix(key ^ np.array([epoch & 0xFFFFFFFFFFFFFFFF], np.uint64))
+    pos = np.asarray(positions, dtype=np.int64).astype(np.uint64)
+    counter = pos[:, None] * np.uint64(k) + np.arange(k, dtype=np.uint64)[None, :]
+    bits = _splitmix(_splitmix(counter ^ key) + key)
+    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))

@@ -41,8 +41,20 @@ def shard(
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for unit in units(model) if units else []:
         fully_shard(unit, **kwargs)
+        _register_methods(unit)
     fully_shard(model, **kwargs)
+    _register_methods(model)
     return model
+
+
+def _register_methods(module: nn.Module) -> None:
+    """Methods a unit declares in `fsdp_forward_methods` (called by its parent instead of `forward`,
+    e.g. a layer's projection of cached prefix states) get FSDP2's unshard/reshard hooks too; without
+    them such a call sees sharded DTensor weights and fails ("mixed torch.Tensor and DTensor")."""
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    for name in getattr(module, "fsdp_forward_methods", ()):
+        register_fsdp_forward_method(module, name)
 
 
 def set_gradient_sync(model: nn.Module, enabled: bool) -> None:

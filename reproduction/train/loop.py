@@ -23,7 +23,7 @@ from reproduction.train import checkpoint, data_order, dist, fsdp
 from reproduction.train.config import TrainConfig
 from reproduction.train.device import DeviceSpec, rng_module
 from reproduction.train.metrics import MetricsLog, read_records
-from reproduction.train.task import EvalContext, TrainResult, TrainTask
+from reproduction.train.task import BatchKeys, EvalContext, TrainResult, TrainTask
 
 _LOOP_KEYS = ("lr_factor", "skipped_steps", "samples_per_s")  # what the loop adds to a task's train metrics
 
@@ -195,13 +195,7 @@ def _train_step(st: _State, config: TrainConfig, step: int, n: int) -> tuple[boo
     total = torch.zeros((), dtype=torch.float32, device=st.device)
     sums: dict[str, float] = {}
     for a, (indices, positions) in enumerate(batches):
-        samples = [st.task.train_dataset[int(i)] for i in indices]
-        if st.task.augment is not None:
-            samples = [
-                st.task.augment(s, data_order.sample_rng(config.seed, epoch, int(p)))
-                for s, p in zip(samples, positions)
-            ]
-        batch = to_device(st.task.collate(samples), st.device)
+        batch = to_device(_micro_batch(st.task, config, indices, positions, epoch), st.device)
         if accum > 1:  # reduce-scatter gradients once per step, not once per micro batch
             fsdp.set_gradient_sync(st.model, a == accum - 1)
         loss, metrics = st.task.loss(st.model, batch)
@@ -216,6 +210,18 @@ def _train_step(st: _State, config: TrainConfig, step: int, n: int) -> tuple[boo
         st.optim.step()
     st.optim.zero_grad(set_to_none=True)
     return finite, {"loss": total / accum, "grad_norm": norm, **{k: v / accum for k, v in sums.items()}}
+
+
+def _micro_batch(task: TrainTask, config: TrainConfig, indices: Any, positions: Any, epoch: int) -> Any:
+    """The CPU batch of these samples: the task's batched `make_batch`, or getitem + augment + collate."""
+    if task.make_batch is not None:
+        return task.make_batch(BatchKeys(indices=indices, positions=positions, epoch=epoch, seed=config.seed))
+    samples = [task.train_dataset[int(i)] for i in indices]
+    if task.augment is not None:
+        samples = [
+            task.augment(s, data_order.sample_rng(config.seed, epoch, int(p))) for s, p in zip(samples, positions)
+        ]
+    return task.collate(samples)
 
 
 def _lr_factor(step: int, config: TrainConfig) -> float:
@@ -313,8 +319,13 @@ def _evaluate(st: _State, emit: Callable) -> None:
 
 
 def canary_loss(st: _State) -> float:
-    """Loss of the canary batch, computed without disturbing any RNG stream or the train mode."""
+    """Loss of the canary batch, computed without disturbing any RNG stream or the train mode.
+
+    The RNGs are seeded with a fixed canary seed first (inside the fork `_eval_mode` restores): a loss
+    that draws noise (flow matching) then gives the same canary on every rank and after any load,
+    where each rank's own stream would give each rank another value than the one rank 0 saved."""
     with _eval_mode(st):
+        _seed(0xCA7A, 0, 0)
         loss, _ = st.task.loss(st.model, to_device(st.canary, st.device))
     return float(loss)
 

@@ -17,6 +17,11 @@ so models and datasets are never pickled across processes. Rules a task must kee
   (reproduction/train/data_order.py: a function of (seed, epoch, position), sharded by rank) and
   calls `augment(sample, rng)` with a per-sample `numpy.random.Generator` derived from
   (seed, epoch, position), so augmentation is reproducible across kill/resume and world sizes.
+- `make_batch(keys) -> batch` (optional) replaces `train_dataset[i]`, `augment` and `collate` for a
+  training micro batch: `keys` (`BatchKeys`) holds the dataset indices, their epoch positions, the
+  epoch and the seed, and `keys.uniforms(k)` gives the per-sample draws (a function of (seed, epoch,
+  position), like `augment`'s RNG), so a task gathers a whole batch with array operations instead
+  of building hundreds of per-sample dicts and Generators per step. The canary still uses `collate`.
 - `collate(samples) -> batch` builds CPU tensors (a tensor, or dict/list/tuple of them); the trainer
   moves every tensor in the batch to the device before calling `loss`.
 - `loss(model, batch) -> (loss, metrics)`: `loss` is the MEAN over the micro batch (a 0-d tensor
@@ -79,6 +84,24 @@ class EvalContext:
         return range(lo, hi)
 
 
+@dataclass(frozen=True, kw_only=True)
+class BatchKeys:
+    """One training micro batch as `TrainTask.make_batch` receives it."""
+
+    indices: np.ndarray
+    """Dataset indices (int64), in batch order."""
+    positions: np.ndarray
+    """Their positions within the epoch's order (what fixes per-sample randomness)."""
+    epoch: int
+    seed: int
+
+    def uniforms(self, k: int = 1) -> np.ndarray:
+        """(len(indices), k) uniform draws in [0, 1), each a function of (seed, epoch, position, j)."""
+        from reproduction.train.data_order import sample_uniforms
+
+        return sample_uniforms(self.seed, self.epoch, self.positions, k)
+
+
 @dataclass(kw_only=True)
 class TrainTask:
     """One training job, built inside each worker by `make_task(rank, world_size)`."""
@@ -97,6 +120,8 @@ class TrainTask:
     """AdamW param groups from the sharded model (e.g. a head at a higher lr); None = one group."""
     augment: Callable[[Any, np.random.Generator], Any] | None = None
     """Per-sample augmentation with an RNG derived from (seed, epoch, position); None = none."""
+    make_batch: Callable[[BatchKeys], Any] | None = None
+    """Batched fast path for training micro batches (module docstring); None = getitem + augment + collate."""
     canary_batch: Any | None = None
     """Fixed batch whose loss is checked after every checkpoint load; None = first samples."""
     fsdp_units: Callable[[nn.Module], list[nn.Module]] | None = None

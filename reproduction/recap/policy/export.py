@@ -6,7 +6,9 @@
 observation.goal (B,3), image keys (B,H,W,3) uint8 if the export reads cameras, task list[str]) ->
 actions (B, H, A) float32. With w != 1 the conditional ("{task}\\nAdvantage: positive") and the
 unconditional ("{task}") prompts go through ONE batched prefix pass and ONE batched expert pass per
-Euler step (batch concat 2B); w == 1 runs the conditional half only. The initial noise of each row
+Euler step (batch concat 2B); w == 1 runs the conditional half only. Without cameras (the tiny CPU
+preset) the prefix depends on the prompts alone: its per-layer K/V are computed once per prompt set
+and reused by later calls (the weights of a loaded policy never change). The initial noise of each row
 is drawn from a generator seeded by (seed, the row's state and goal bytes), so an action depends on
 the observation alone, not on which other rows share the batch or which worker evaluates it.
 `PolicyFactory` is the picklable zero-argument factory the evaluator's workers call.
@@ -144,7 +146,12 @@ class GuidedPolicy:
         )
         self.uses_guidance = meta["mode"] == "recap" and guidance_scale != 1.0
         self.forward_passes = 0
-        """Prefix passes run so far (one per call, whatever w is): the evidence for 'one batched forward'."""
+        """Batched forwards run so far (one per call, whatever w is): the evidence for 'one batched forward'."""
+        self.prefix_runs = 0
+        """Prefix (Gemma3) passes run so far: without cameras the prefix depends on the prompts alone, so
+        its per-layer K/V are kept per prompt set and a call whose prompts were seen runs none."""
+        self._prompt_kv: dict[Any, Any] = {}
+        self._cache_prompts = not self.cameras and hasattr(model, "gather_cache") and model.config.preset == "tiny"
 
     @property
     def chunk(self) -> int:
@@ -170,10 +177,32 @@ class GuidedPolicy:
         import torch
 
         rows = []
+        g = torch.Generator()
         for row in state:
-            g = torch.Generator().manual_seed((self.seed << 32) ^ zlib.crc32(np.ascontiguousarray(row).tobytes()))
+            g.manual_seed((self.seed << 32) ^ zlib.crc32(np.ascontiguousarray(row).tobytes()))
             rows.append(torch.randn(self.chunk, self.model.config.action_dim, generator=g))
         return torch.stack(rows)
+
+    def _cached_prefix(self, tasks: list[str], kinds: list[int], state: Any) -> Any:
+        """The PrefixCache of a camera-free tiny batch, its prompts' K/V from (or into) the per-prompt cache."""
+
+        names = sorted(set(tasks))
+        self.collator.tasks = names
+        where = {t: i for i, t in enumerate(names)}
+        reps = len(kinds) // len(tasks)
+        task_ids = np.array([where[t] for t in tasks] * reps, np.int64)
+        ids, mask, index = self.collator.prompt_table(task_ids, np.asarray(kinds, np.int64))
+        key = (tuple(ids.shape), ids.numpy().tobytes(), mask.numpy().tobytes())
+        if key not in self._prompt_kv:
+            if len(self._prompt_kv) >= 64:  # bounded: evaluation sees a handful of prompt sets
+                self._prompt_kv.clear()
+            device = state.device
+            prompt = {"prompt_ids": ids.to(device), "prompt_mask": mask.to(device), "prompt_index": index}
+            states, valid, _ = self.model.encode_prefix(prompt)
+            self._prompt_kv[key] = (self.model.prompt_kv(states), valid)
+            self.prefix_runs += 1
+        kv, valid = self._prompt_kv[key]
+        return self.model.gather_cache(kv, valid, index.to(state.device), state)
 
     def batch(self, obs: dict[str, Any], kinds: list[int]) -> dict[str, Any]:
         """The model batch for `obs` with one prompt kind per row (rows repeat when kinds is longer)."""
@@ -220,8 +249,14 @@ class GuidedPolicy:
         kinds = [cond_kind] * n + ([PLAIN] * n if self.uses_guidance else [])
         noise = self.noise(self._state(obs)).to(device)
         with torch.no_grad():
-            batch = to_device(self.batch(obs, kinds), device)
-            cache = self.model.prefix_cache(*self.model.encode_prefix(batch), batch["state"])
+            if self._cache_prompts:
+                state = torch.from_numpy(((self._state(obs) - self.s_mean) / self.s_std).astype(np.float32))
+                state = state.repeat(len(kinds) // n, 1).to(device)
+                cache = self._cached_prefix(list(obs["task"]), kinds, state)
+            else:
+                batch = to_device(self.batch(obs, kinds), device)
+                cache = self.model.prefix_cache(*self.model.encode_prefix(batch), batch["state"])
+                self.prefix_runs += 1
             self.forward_passes += 1
             w = self.guidance_scale
 

@@ -165,6 +165,9 @@ class AdaRMSNorm(nn.Module):
 class ExpertLayer(nn.Module):
     """One action-expert block (module docstring): attention over [prefix; chunk], gated MLP."""
 
+    fsdp_forward_methods = ("prefix_kv",)
+    """Called by the policy outside `forward` (train/fsdp.py gives it FSDP2's unshard hooks)."""
+
     def __init__(self, width: int, heads: int, mlp: int, prefix_width: int) -> None:
         super().__init__()
         self.heads = heads
@@ -248,8 +251,12 @@ class TinyPolicy(SiglipGemmaPrefix):
 
         Without cameras the states are computed once per distinct prompt: (U, T, Dt), (U, T) and the
         (B,) index of each sample's prompt. With cameras: (B, C*N + T, Dt), (B, C*N + T), None."""
-        ids, att = batch["input_ids"], batch["attention_mask"].to(torch.bool)
         dtype = self.state_proj.weight.dtype
+        if self.vision is None and "prompt_index" in batch:  # the collator already de-duplicated the prompts
+            att = batch["prompt_mask"].to(torch.bool)
+            states = self.run_language(self.embed_text(batch["prompt_ids"], dtype), att, num_queries=0)
+            return states, att, batch["prompt_index"]
+        ids, att = batch["input_ids"], batch["attention_mask"].to(torch.bool)
         if self.vision is None:
             uniq, inverse = torch.unique(torch.cat([ids, att.long()], dim=1), dim=0, return_inverse=True)
             ids, att = uniq[:, : ids.shape[1]], uniq[:, ids.shape[1] :].to(torch.bool)
@@ -263,12 +270,25 @@ class TinyPolicy(SiglipGemmaPrefix):
         self, prefix: torch.Tensor, valid: torch.Tensor, index: torch.Tensor | None, state: torch.Tensor
     ) -> PrefixCache:
         """Per-layer prefix K/V (projected once per distinct prefix, then gathered per sample)."""
+        return self.gather_cache(self.prompt_kv(prefix), valid, index, state)
+
+    def prompt_kv(self, prefix: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per expert layer, the keys and values of prefix states (U, L, Dt): what an inference
+        caller may keep per prompt while the weights do not change (the policy export does)."""
+        return [layer.prefix_kv(prefix) for layer in self.expert]
+
+    def gather_cache(
+        self,
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        valid: torch.Tensor,
+        index: torch.Tensor | None,
+        state: torch.Tensor,
+    ) -> PrefixCache:
+        """The PrefixCache of a batch from per-prefix K/V (`prompt_kv`) and each row's prefix `index`."""
         if index is not None:
             valid = valid[index]
-        kv = []
-        for layer in self.expert:
-            k, v = layer.prefix_kv(prefix)
-            kv.append((k[index], v[index]) if index is not None else (k, v))
+            kv = [(k[index], v[index]) for k, v in kv]
+        prefix = kv[0][0]
         suffix = valid.new_ones(valid.shape[0], 1 + self.config.chunk)
         keys = torch.cat([valid, suffix], dim=1)
         bias = torch.zeros(keys.shape, dtype=prefix.dtype, device=prefix.device).masked_fill(

@@ -9,7 +9,7 @@
 The driver reads the opened inputs once (labels joined and checked there) and writes the arrays;
 workers only load them, so every rank trains on exactly what was checked. Camera frames (when the
 preset reads images) are read in the workers from the dataset paths, after checking the fingerprint.
-Prompt routing (conditioning.py) draws from the trainer's per-sample RNG (seed, epoch, position),
+Prompt routing (conditioning.py) draws from the trainer's per-sample uniforms (seed, epoch, position),
 flow-matching noise and time from torch's RNG, which checkpoints save: a resumed run is bit-identical.
 """
 
@@ -399,6 +399,36 @@ class PolicySamples:
 
 
 @dataclass(kw_only=True)
+class PolicyBatcher:
+    """The trainer's batched fast path (`TrainTask.make_batch`) for a camera-free, text-state-free
+    preset: gathers state and chunks by index, routes prompts with `route_batch` over the batch's
+    per-sample uniforms, and tokenises through the collator's prompt table (no per-sample objects)."""
+
+    samples: PolicySamples
+    collator: PolicyCollator
+    augment: RouteAugment | None
+
+    def __call__(self, keys: Any) -> dict[str, Any]:
+        from reproduction.recap.policy.conditioning import route_batch
+
+        a, idx = self.samples.arrays, np.asarray(keys.indices, np.int64)
+        label = np.asarray(a.label[idx], bool)
+        if self.augment is None:
+            kinds = np.zeros(len(idx), np.int64)
+        else:
+            aug = self.augment
+            u = keys.uniforms(1)[:, 0]
+            kinds = route_batch(label, u, mode=aug.mode, dropout=aug.dropout, positive_only=aug.positive_only)
+        return self.collator.collate_arrays(
+            state=self.samples.state[idx],
+            actions=self.samples.action[a.chunk[idx]],
+            task_ids=np.asarray(a.task_id[idx], np.int64),
+            kinds=np.asarray(kinds, np.int64),
+            labels=label,
+        )
+
+
+@dataclass(kw_only=True)
 class RouteAugment:
     """The trainer's per-sample hook: draws u ~ U(0,1) from the sample's RNG and routes its prompt."""
 
@@ -473,6 +503,45 @@ class PolicyCollator:
             ids[row, : len(q)] = torch.tensor(q, dtype=torch.long)
             mask[row, : len(q)] = True
         return ids, mask
+
+    def prompt_table(self, task_ids: np.ndarray, kinds: np.ndarray) -> tuple[Any, Any, Any]:
+        """The distinct prompts of a batch and each row's index into them: (ids (U,T), mask (U,T),
+        index (B,)), without a per-row Python loop (a prompt is fixed by its (task, kind) pair)."""
+        import torch
+
+        from reproduction.recap.policy.conditioning import KINDS
+
+        pair = np.asarray(task_ids, np.int64) * len(KINDS) + np.asarray(kinds, np.int64)
+        uniq, inverse = np.unique(pair, return_inverse=True)
+        ids, mask = self.encode(self.prompts((uniq // len(KINDS)).tolist(), (uniq % len(KINDS)).tolist()))
+        return ids, mask, torch.from_numpy(inverse.reshape(-1).astype(np.int64))
+
+    def collate_arrays(
+        self, *, state: np.ndarray, actions: np.ndarray, task_ids: np.ndarray, kinds: np.ndarray, labels: np.ndarray
+    ) -> dict[str, Any]:
+        """A camera-free, text-state-free batch from arrays: the prompts go in once each as
+        `prompt_ids`/`prompt_mask` with the per-row `prompt_index` (the model's prefix runs once per
+        distinct prompt), and `input_ids`/`attention_mask` are their per-row gathers."""
+        import torch
+
+        if self.cameras or self.state_text:
+            raise ValueError("collate_arrays serves camera-free, text-state-free presets only")
+        ids, mask, index = self.prompt_table(task_ids, kinds)
+        actions = np.ascontiguousarray(actions, np.float32)
+        if self.action_dim and actions.shape[-1] < self.action_dim:
+            pad = np.zeros((*actions.shape[:-1], self.action_dim - actions.shape[-1]), np.float32)
+            actions = np.concatenate([actions, pad], -1)
+        return {
+            "state": torch.from_numpy(np.ascontiguousarray(state, np.float32)),
+            "actions": torch.from_numpy(actions),
+            "input_ids": ids[index],
+            "attention_mask": mask[index],
+            "prompt_ids": ids,
+            "prompt_mask": mask,
+            "prompt_index": index,
+            "kind": torch.from_numpy(np.asarray(kinds, np.int64)),
+            "label": torch.from_numpy(np.asarray(labels, bool)),
+        }
 
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         import torch
@@ -561,12 +630,14 @@ def make_policy_task(rank: int, world_size: int, *, setup_path: str) -> Any:
         if stage.mode == "recap"
         else None
     )
+    fast = not mcfg.cameras and mcfg.preset != "pi05"
     return TrainTask(
         model=model,
         train_dataset=data,
         collate=collate,
         loss=policy_loss,
         augment=augment,
+        make_batch=PolicyBatcher(samples=data, collator=collate, augment=augment) if fast else None,
         fsdp_units=policy_blocks,
         export_extras=functools.partial(write_export_extras, setup=setup),
         model_config=mcfg.to_dict(),

@@ -63,6 +63,11 @@ class ValueStageConfig:
     """Dropout before the head."""
     model_seed: int = 0
     """Seed of the model's random initialisation."""
+    state_keys: list[str] = field(default_factory=list)
+    """Dataset features concatenated into the value model's state token, e.g. [observation.state,
+    observation.goal]; [] = no state input (upstream: image + prompt only)."""
+    state_dims: list[int] | None = None
+    """Components of the concatenated state to keep (e.g. positions only, no velocities); None = all."""
 
     def __post_init__(self) -> None:
         if not self.train:
@@ -78,6 +83,16 @@ class ValueStageConfig:
             raise ConfigError(f"value stage: folds={self.folds} must be >= 1", field="folds")
         if not self.cameras:
             raise ConfigError("value stage: cameras maps no slot to a dataset key", field="cameras")
+        if self.state_dims is not None and (
+            not self.state_keys or not self.state_dims or len(set(self.state_dims)) != len(self.state_dims)
+        ):
+            raise ConfigError(
+                f"value stage: state_dims {self.state_dims} must be distinct indices of the state_keys' vector",
+                field="state_dims",
+                hint="set state_keys too, or drop state_dims",
+            )
+        if self.state_dims is not None and min(self.state_dims) < 0:
+            raise ConfigError(f"value stage: state_dims {self.state_dims} has a negative index", field="state_dims")
         names = [s.name for s in self.train] + [s.name for s in self.eval]
         if len(set(names)) != len(names):
             raise ConfigError(

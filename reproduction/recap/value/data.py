@@ -51,15 +51,56 @@ class SourceFrames:
     """Formatted prompts (`Task: ... .`)."""
     fingerprint: str
     """The dataset fingerprint the sidecar was checked against."""
+    state: np.ndarray | None = None
+    """float32 (n, S): the state token's input per row (state_keys concatenated, state_dims kept); None = none."""
 
     def __len__(self) -> int:
         return int(self.rows.size)
 
 
-def load_source(source: ValueSource, *, episodes: np.ndarray | None = None) -> SourceFrames:
+def read_state(ds: Any, keys: Sequence[str], dims: Sequence[int] | None, rows: np.ndarray | None = None) -> np.ndarray:
+    """float32 (n, S): the features `keys` concatenated per frame (all frames in the reader's order,
+    or `rows`), then the components `dims`. DatasetError names a missing feature or a bad index."""
+    from reproduction.data.reader import column_to_numpy
+
+    missing = [k for k in keys if k not in ds.info.features]
+    if missing:
+        raise DatasetError(
+            f"{ds.root}: the value model's state feature {missing[0]!r} is not in the dataset",
+            path=ds.root,
+            field="state_keys",
+            hint=f"features: {', '.join(ds.info.features)}",
+        )
+    if rows is None:
+        table = ds.frame_table(list(keys))
+        cols = [column_to_numpy(table.column(k), ds.info.features.get(k)) for k in keys]
+    else:
+        got = ds.read_frames(rows, list(keys))
+        cols = [got[k] for k in keys]
+    parts = [np.asarray(c, dtype=np.float32).reshape(len(c), -1) for c in cols]
+    state = np.concatenate(parts, axis=1) if parts else np.zeros((0, 0), np.float32)
+    if dims is not None:
+        if max(dims) >= state.shape[1]:
+            raise DatasetError(
+                f"{ds.root}: state_dims {list(dims)} index past the state's {state.shape[1]} components",
+                path=ds.root,
+                field="state_dims",
+            )
+        state = state[:, list(dims)]
+    return np.ascontiguousarray(state)
+
+
+def load_source(
+    source: ValueSource,
+    *,
+    episodes: np.ndarray | None = None,
+    state_keys: Sequence[str] = (),
+    state_dims: Sequence[int] | None = None,
+) -> SourceFrames:
     """Join the dataset's frame table with its returns sidecar (fingerprint checked).
 
-    `episodes` keeps only those episode ids (cross-fitting). Raises FingerprintMismatchError when
+    `episodes` keeps only those episode ids (cross-fitting); `state_keys` (and `state_dims`) read
+    the state token's input per frame (read_state). Raises FingerprintMismatchError when
     the sidecar was computed from another version of the dataset, DatasetError when a frame has no
     return (naming the episode and frame), InputNotFoundError when the sidecar is missing.
     """
@@ -115,6 +156,7 @@ def load_source(source: ValueSource, *, episodes: np.ndarray | None = None) -> S
         prompt_id = np.array([lookup[format_prompt(raw[i] or "perform the task")] for i in order[pos]], dtype=np.int64)
     keep = np.isin(ep, episodes) if episodes is not None else np.ones(ep.size, bool)
     rows = np.flatnonzero(keep).astype(np.int64)
+    state = read_state(ds, state_keys, state_dims)[keep] if state_keys else None
     return SourceFrames(
         source=source,
         rows=rows,
@@ -124,7 +166,17 @@ def load_source(source: ValueSource, *, episodes: np.ndarray | None = None) -> S
         prompt_id=prompt_id[keep],
         prompts=prompts,
         fingerprint=ds.fingerprint,
+        state=state,
     )
+
+
+def state_stats(frames: Sequence[SourceFrames]) -> tuple[list[float], list[float]]:
+    """(mean, std) per state component over the frames' rows (std floored at 1e-2, as the policy's)."""
+    states = [f.state for f in frames if f.state is not None and len(f)]
+    if not states:
+        return [], []
+    x = np.concatenate(states).astype(np.float64)
+    return x.mean(0).tolist(), np.maximum(x.std(0), 1e-2).tolist()
 
 
 def return_range_of(frames: Sequence[SourceFrames]) -> ReturnRange:
@@ -162,7 +214,8 @@ class ValueFrames:
     """Map-style dataset of value samples over one or more `SourceFrames` (a mixture if several).
 
     `sample = frames[i]` -> {"images": {slot: float32 (3,S,S) in [-1,1]}, "prompt", "target" (value
-    space), "episode_index", "frame_index", "source"}; slots whose dataset key is absent are missing
+    space), "episode_index", "frame_index", "source", and "state" (float32 (S,)) when the frames
+    carry one}; slots whose dataset key is absent are missing
     from "images". Datasets are opened lazily in the process that reads (Ray workers), not pickled.
     """
 
@@ -209,7 +262,9 @@ class ValueFrames:
         raw = ds.read_frames([int(src.rows[j])], list(present.values())) if present else {}
         images = {slot: to_pixels(raw[key][0], self.image_size) for slot, key in present.items()}
         target = float(self.return_range.to_value(src.returns[j]))
+        extra = {"state": torch.from_numpy(src.state[j].copy())} if src.state is not None else {}
         return {
+            **extra,
             "images": images,
             "prompt": src.prompts[int(src.prompt_id[j])],
             "target": target,
@@ -275,7 +330,8 @@ def _color(x: torch.Tensor, *, brightness: float, contrast: float, saturation: f
 @dataclass(kw_only=True)
 class ValueCollator:
     """Samples -> batch: images and masks per model slot (absent -> zeros, mask False), prompts
-    tokenized and padded to the batch's longest, targets and ids as tensors."""
+    tokenized and padded to the batch's longest, targets and ids as tensors, "state" (B, S) when
+    the samples carry one."""
 
     tokenizer: Any
     slots: tuple[str, ...]
@@ -292,7 +348,9 @@ class ValueCollator:
             masks[slot] = torch.tensor([g is not None for g in got], dtype=torch.bool)
             images[slot] = torch.stack([g if g is not None else self._zeros for g in got])
         ids, att = encode_prompts(self.tokenizer, [s["prompt"] for s in samples], max_len=self.max_token_len)
+        extra = {"state": torch.stack([s["state"] for s in samples])} if "state" in samples[0] else {}
         return {
+            **extra,
             "images": images,
             "image_masks": masks,
             "input_ids": ids,

@@ -91,10 +91,10 @@ def load_value_stage(stage_dir: Path, *, device: str = "cpu") -> tuple[list[Valu
     models = [load_value_export(stage_dir / f"model_{k}" / "export", device=device) for k in range(plan.folds)]
     ref = models[0].head
     for m in models[1:]:
-        for key in ("return_range", "num_bins", "v_min", "v_max", "folds", "cameras"):
-            if m.head[key] != ref[key]:
+        for key in ("return_range", "num_bins", "v_min", "v_max", "folds", "cameras", "state_keys", "state_dims"):
+            if m.head.get(key) != ref.get(key):
                 raise CheckpointError(
-                    f"{m.folder}: {key} {m.head[key]!r} differs from {models[0].folder}'s {ref[key]!r}",
+                    f"{m.folder}: {key} {m.head.get(key)!r} differs from {models[0].folder}'s {ref.get(key)!r}",
                     path=m.folder,
                     hint="all folds must come from one value-stage run; retrain stage 2",
                 )
@@ -152,6 +152,10 @@ def infer_rows(
             prepared[k] = (vm, present, collate)
         return prepared[k]
 
+    from reproduction.recap.value.data import read_state
+
+    keys = list(models[0].head.get("state_keys") or []) if models else []
+    state = read_state(dataset, keys, models[0].head.get("state_dims"), rows) if keys and rows.size else None
     for lo in range(0, rows.size, batch_size):
         chunk = np.arange(lo, min(lo + batch_size, rows.size))
         for k in np.unique(which[chunk]):
@@ -178,6 +182,7 @@ def infer_rows(
                     image_masks={s: t.to(device) for s, t in batch["image_masks"].items()},
                     input_ids=batch["input_ids"].to(device),
                     attention_mask=batch["attention_mask"].to(device),
+                    state=None if state is None else torch.from_numpy(state[sel]).to(device),
                 )
             out[sel] = vm.model.expected_value(logits).double().cpu().numpy()
     return out

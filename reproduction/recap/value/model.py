@@ -5,7 +5,8 @@
     images per camera (B,3,S,S) --SigLIP (present cameras only)--> (n_present, N, Dv)
         --Linear(Dv -> Dt)--> image tokens, scattered back into (B, N, Dt) per camera
     prompt ids (B,T), T = the batch's longest prompt --Gemma3 embed (already x sqrt(Dt))--> text tokens
-    prefix = [camera tokens in sorted key order] + [text tokens] + [value query]
+    state (B,S) --(x - mean) / std--> Linear(S -> Dt) --> one state token (only when state_dim > 0)
+    prefix = [camera tokens in sorted key order] + [text tokens] + [state token] + [value query]
     Gemma3 text model over the prefix: prefix tokens attend bidirectionally to every valid prefix
     token (never to the query); the query attends to all valid prefix tokens and itself.
     value_head: dropout -> Linear(Dt -> num_bins) on the query's final state;
@@ -21,6 +22,13 @@ tokens of a camera would swamp the handful that carry progress. Because the pref
 the query, prefix states are the same as upstream's stage A and the query lives in `value_head`
 (the head's learning-rate group, as upstream's CLS does).
 
+State input (not upstream's: its value model sees images and the prompt only, RECAP.md 2.1). With
+`state_dim > 0` the proprioceptive state (and goal) enters as one continuous token, as the policy's
+state token does (pi0's `state_proj`), normalised by the training frames' mean/std stored in the
+config. Without it, a value model on small images learned each episode's outcome but not its
+progress (values flat along an episode), so the N-step advantage was mostly noise. `state_dim = 0`
+(the `recap` preset's default) keeps upstream's layout and state_dict keys exactly.
+
 Fixes over upstream (RECAP.md 7 item 14): SigLIP runs only on cameras that are present (a dummy
 camera costs nothing), prompts are padded to the batch's longest (not to 200), there is no unused
 `lm_head`, and every Gemma3 layer that runs feeds the readout.
@@ -35,7 +43,7 @@ import torch
 from torch import nn
 
 from reproduction.config_fields import reject_unknown_fields
-from reproduction.errors import ConfigError
+from reproduction.errors import ConfigError, InvalidInputError
 from reproduction.recap.prefix import SiglipGemmaPrefix, prefix_attention_masks, tiny_text, tiny_vision
 
 __all__ = ["ValueModel", "ValueModelConfig", "build_value_model", "prefix_attention_masks", "preset_config"]
@@ -68,8 +76,25 @@ class ValueModelConfig:
     """Dropout before the head's linear layer (upstream default 0)."""
     attn_implementation: str = "sdpa"
     """transformers attention kernel for both towers (`sdpa` or `eager`)."""
+    state_dim: int = 0
+    """Length of the state vector read by the state token; 0 = no state input (upstream's layout)."""
+    state_mean: tuple[float, ...] = ()
+    """Per-component mean subtracted from the state (the training frames'); () = zeros."""
+    state_std: tuple[float, ...] = ()
+    """Per-component std the state is divided by (floored); () = ones."""
 
     def __post_init__(self) -> None:
+        if self.state_dim < 0:
+            raise ConfigError(f"value model: state_dim={self.state_dim} must be >= 0", field="state_dim")
+        self.state_mean, self.state_std = tuple(map(float, self.state_mean)), tuple(map(float, self.state_std))
+        for name in ("state_mean", "state_std"):
+            if getattr(self, name) and len(getattr(self, name)) != self.state_dim:
+                raise ConfigError(
+                    f"value model: {name} has {len(getattr(self, name))} entries, state_dim is {self.state_dim}",
+                    field=name,
+                )
+        if any(not s > 0 for s in self.state_std):
+            raise ConfigError("value model: state_std entries must be > 0", field="state_std")
         if self.num_bins < 2:
             raise ConfigError(f"value model: num_bins={self.num_bins} must be >= 2", field="num_bins")
         if not self.v_max > self.v_min:
@@ -99,14 +124,18 @@ class ValueModelConfig:
             "v_max": self.v_max,
             "value_dropout": self.value_dropout,
             "attn_implementation": self.attn_implementation,
+            "state_dim": self.state_dim,
+            "state_mean": list(self.state_mean),
+            "state_std": list(self.state_std),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ValueModelConfig:
         reject_unknown_fields(cls, data, what="value model config")
         kwargs = dict(data)
-        if "cameras" in kwargs:
-            kwargs["cameras"] = tuple(kwargs["cameras"])
+        for key in ("cameras", "state_mean", "state_std"):
+            if key in kwargs:
+                kwargs[key] = tuple(kwargs[key])
         return cls(**kwargs)
 
 
@@ -186,6 +215,14 @@ class ValueModel(SiglipGemmaPrefix):
         self.config = config
         self.value_head = ValueHead(self.language.config.hidden_size, config.num_bins, config.value_dropout)
         self.register_buffer("atoms", torch.linspace(config.v_min, config.v_max, config.num_bins), persistent=False)
+        if config.state_dim:
+            s = config.state_dim
+            self.state_proj = nn.Linear(s, self.language.config.hidden_size)
+            mean = torch.tensor(config.state_mean or (0.0,) * s, dtype=torch.float32)
+            std = torch.tensor(config.state_std or (1.0,) * s, dtype=torch.float32)
+            # Not persistent: the config (stored with every export) is their one source.
+            self.register_buffer("state_mean", mean, persistent=False)
+            self.register_buffer("state_std", std, persistent=False)
         self._init_fresh()
 
     def _init_fresh(self) -> None:
@@ -194,6 +231,9 @@ class ValueModel(SiglipGemmaPrefix):
             return
         self.init_projector()
         self.value_head.reset_parameters()
+        if self.config.state_dim:
+            nn.init.normal_(self.state_proj.weight, std=0.02)
+            nn.init.zeros_(self.state_proj.bias)
 
     def forward(
         self,
@@ -202,16 +242,29 @@ class ValueModel(SiglipGemmaPrefix):
         image_masks: dict[str, torch.Tensor],
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
+        state: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits (B, num_bins) for a batch; `input_ids`/`attention_mask` are (B, T) with T the
-        batch's longest prompt. Image tensors are (B, 3, S, S) in [-1, 1]; masks are (B,) bool."""
+        batch's longest prompt. Image tensors are (B, 3, S, S) in [-1, 1]; masks are (B,) bool.
+        `state` (B, state_dim), raw (normalised here), is required exactly when state_dim > 0."""
         img_tok, img_valid = self.encode_images(images, image_masks, self.config.cameras)
         txt_tok = self.embed_text(input_ids, img_tok.dtype)
+        ones = torch.ones_like(attention_mask[:, :1], dtype=torch.bool)
+        parts, valid = [img_tok, txt_tok], [img_valid, attention_mask.to(torch.bool)]
+        if self.config.state_dim:
+            if state is None or state.shape[-1] != self.config.state_dim:
+                got = None if state is None else tuple(state.shape)
+                raise InvalidInputError(
+                    f"value model: expected a state of shape (B, {self.config.state_dim}), got {got}"
+                )
+            x = (state.float() - self.state_mean) / self.state_std
+            parts.append(self.state_proj(x.to(self.state_proj.weight.dtype)).to(img_tok.dtype)[:, None])
+            valid.append(ones)
+        elif state is not None:
+            raise InvalidInputError("value model: got a state input, but the model has none (state_dim = 0)")
         query = self.value_head.query.to(img_tok.dtype).expand(input_ids.shape[0], 1, -1)
-        embeds = torch.cat([img_tok, txt_tok, query], dim=1)
-        valid = torch.cat(
-            [img_valid, attention_mask.to(torch.bool), torch.ones_like(attention_mask[:, :1], dtype=torch.bool)], dim=1
-        )
+        embeds = torch.cat([*parts, query], dim=1)
+        valid = torch.cat([*valid, ones], dim=1)
         return self.value_head(self.run_language(embeds, valid, num_queries=1)[:, -1])
 
     def expected_value(self, logits: torch.Tensor) -> torch.Tensor:

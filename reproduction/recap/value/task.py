@@ -28,7 +28,7 @@ from reproduction.fsio import atomic_write_text
 from reproduction.recap.normalize import ReturnRange
 from reproduction.recap.value.config import ValueStageConfig  # noqa: F401 (re-exported)
 from reproduction.recap.value.crossfit import CrossFitPlan, split_folds
-from reproduction.recap.value.data import load_source, return_range_of
+from reproduction.recap.value.data import load_source, return_range_of, state_stats
 from reproduction.value_export import EXPORT_FORMAT, HEAD_NAME
 
 SETUP_NAME = "value_setup.json"
@@ -87,7 +87,7 @@ def prepare_value_setup(stage: ValueStageConfig, out_dir: Path, *, resume: bool 
             path=trained[0],
             hint="pass --resume to continue, or train into a new --out",
         )
-    frames = [load_source(s) for s in stage.train]
+    frames = [load_source(s, state_keys=stage.state_keys, state_dims=stage.state_dims) for s in stage.train]
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = out_dir / f".tokenizer.{os.getpid()}.partial"
     shutil.rmtree(staging, ignore_errors=True)
@@ -130,6 +130,9 @@ def _resolve_setup(
         stage.preset, vocab_size=len(tok) if stage.preset == "tiny" else None, cameras=tuple(stage.cameras)
     )
     mcfg.value_dropout = stage.value_dropout
+    if stage.state_keys:  # the state token's width and normalisation, from all training frames
+        mean, std = state_stats(frames)
+        mcfg.state_dim, mcfg.state_mean, mcfg.state_std = len(mean), tuple(mean), tuple(std)
     plan = split_folds({f.source.name: np.unique(f.episode) for f in frames}, folds=stage.folds, seed=stage.fold_seed)
     return ValueSetup(
         stage=stage,
@@ -260,6 +263,8 @@ def head_metadata(setup: ValueSetup, fold: int) -> dict[str, Any]:
         "v_min": cfg["v_min"],
         "v_max": cfg["v_max"],
         "cameras": dict(setup.stage.cameras),
+        "state_keys": list(setup.stage.state_keys),
+        "state_dims": None if setup.stage.state_dims is None else list(setup.stage.state_dims),
         "max_token_len": setup.stage.max_token_len,
         "fold": fold,
         "folds": setup.plan.folds,
@@ -331,7 +336,15 @@ def make_value_task(rank: int, world_size: int, *, setup_path: str, fold: int = 
         load_pretrained(
             model, Path(stage.pretrained_manifest), Path(stage.weights_dir or "."), allow_unpinned=stage.allow_unpinned
         )
-    frames = [load_source(s, episodes=setup.plan.train_episodes(fold, s.name)) for s in stage.train]
+    frames = [
+        load_source(
+            s,
+            episodes=setup.plan.train_episodes(fold, s.name),
+            state_keys=stage.state_keys,
+            state_dims=stage.state_dims,
+        )
+        for s in stage.train
+    ]
     train_set = ValueFrames(
         frames,
         cameras=stage.cameras,
@@ -385,11 +398,12 @@ def _eval_sets(setup: ValueSetup, fold: int, image_size: int) -> dict[str, Any]:
     sources += [(s.name, s, None) for s in stage.eval]
     out = {}
     for name, src, episodes in sources:
-        frames = load_source(src, episodes=episodes)
+        frames = load_source(src, episodes=episodes, state_keys=stage.state_keys, state_dims=stage.state_dims)
         if len(frames) > stage.eval_max_samples:  # an evenly strided, deterministic subset
             keep = np.linspace(0, len(frames) - 1, stage.eval_max_samples).round().astype(np.int64)
-            for attr in ("rows", "episode", "frame", "returns", "prompt_id"):
-                setattr(frames, attr, getattr(frames, attr)[keep])
+            for attr in ("rows", "episode", "frame", "returns", "prompt_id", "state"):
+                if getattr(frames, attr) is not None:
+                    setattr(frames, attr, getattr(frames, attr)[keep])
         out[name] = ValueFrames([frames], cameras=stage.cameras, image_size=image_size, return_range=setup.return_range)
     return out
 
@@ -413,6 +427,7 @@ def _forward(model: Any, batch: Mapping[str, Any]) -> Any:
         image_masks=batch["image_masks"],
         input_ids=batch["input_ids"],
         attention_mask=batch["attention_mask"],
+        state=batch.get("state"),
     )
 
 

@@ -171,4 +171,5 @@ def load_pretrained(
     manifest = read_weights_manifest(manifest_path)
     state = pretrained_state(manifest, weights_dir, allow_unpinned=allow_unpinned)
     fresh = tuple(manifest.get("fresh_prefixes", ("projector.", "value_head.")))
+    fresh += ("state_proj.",)  # the optional state token is never part of a pretrained checkpoint
     load_state_strict(model, state, source=str(manifest_path), allow_missing_prefixes=fresh)

@@ -1,0 +1,65 @@
+"""Several evaluations through one worker pool: each result equals its evaluation alone, and a policy
+with `reset` is built once per worker, not once per batch."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from reproduction.sim.evaluate import EvalConfig, EvalJob, PolicyCache, evaluate, evaluate_many
+from reproduction.sim.policies import ExpertPolicy, RandomPolicy
+
+BUILT: list[str] = []
+
+
+@dataclass(frozen=True)
+class Counted:
+    """A hashable factory that records every build (in this process)."""
+
+    seed: int
+
+    def __call__(self) -> RandomPolicy:
+        BUILT.append(f"seeded {self.seed}")
+        return RandomPolicy(seed=self.seed)
+
+
+class NoReset:
+    def __call__(self, batch):
+        return np.zeros((len(batch["task"]), 2, 4), np.float32)
+
+
+def test_evaluate_many_equals_each_evaluation_alone():
+    cfg = EvalConfig(tasks=("FetchPush-v4",), episodes_per_task=4, batch_size=2, execute_steps=2, videos=0)
+    jobs = [
+        EvalJob(factory=ExpertPolicy, config=cfg),
+        EvalJob(factory=functools.partial(RandomPolicy, seed=3), config=cfg),
+    ]
+    together = evaluate_many(jobs)
+    for job, got in zip(jobs, together):
+        alone = evaluate(job.factory, job.config).to_dict()
+        mine = got.to_dict()
+        assert mine["per_episode"] == alone["per_episode"] and mine["reset_seeds"] == alone["reset_seeds"]
+    assert together[0].success_at_end_rate == 1.0 and together[1].success_at_end_rate < 1.0
+
+
+class Unhashable:
+    """A factory the cache cannot key: its policy is built fresh for every batch."""
+
+    __hash__ = None
+
+    def __call__(self) -> RandomPolicy:
+        BUILT.append("fresh")
+        return RandomPolicy(seed=5)
+
+
+def test_a_policy_with_reset_is_built_once_per_worker_with_the_same_results_as_fresh_builds():
+    BUILT.clear()
+    cfg = EvalConfig(tasks=("FetchPush-v4",), episodes_per_task=6, batch_size=2, execute_steps=2, videos=0)
+    reused = evaluate(Counted(5), cfg).to_dict()["per_episode"]
+    assert BUILT == ["seeded 5"]  # three batches, one build: reset(seed=batch seed) restarts its RNG
+    fresh = evaluate(Unhashable(), cfg).to_dict()["per_episode"]
+    assert BUILT == ["seeded 5"] + ["fresh"] * 3 and fresh == reused
+    cache = PolicyCache()
+    assert cache.get(NoReset, 1) is not cache.get(NoReset, 2)  # no reset: rebuilt per batch
