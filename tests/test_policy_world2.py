@@ -20,7 +20,12 @@ def ray_address():
     import ray
 
     ray.init(
-        address="local", num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=200 * 1024 * 1024,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",  # loopback only
     )
     try:
         yield ray.get_runtime_context().gcs_address
