@@ -15,24 +15,6 @@ from tests.policy_synth import write_labels, write_policy_dataset
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def ray_address():
-    import ray
-
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=200 * 1024 * 1024,
-        log_to_driver=False,
-        _node_ip_address="127.0.0.1",  # loopback only
-    )
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
-
-
 def _inputs(root):
     ds = write_policy_dataset(root / "rollouts", episodes=8, length=10)
     adv = write_labels(ds, root / "adv", tag="t")

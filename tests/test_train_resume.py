@@ -32,24 +32,6 @@ TINY = Path(train_tiny.__file__)
 DROPOUT, SLEEP = 0.1, 0.03
 
 
-@pytest.fixture(scope="module")
-def ray_address():
-    import ray
-
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=200 * 1024 * 1024,
-        log_to_driver=False,
-        _node_ip_address="127.0.0.1",  # loopback only
-    )
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
-
-
 def _child(out: Path, *, ray_address: str | None, env: dict | None = None, args: tuple = ()) -> subprocess.Popen:
     cmd = [sys.executable, str(TINY), str(out), "--dropout", str(DROPOUT), "--step-sleep", str(SLEEP), *args]
     if ray_address:

@@ -616,25 +616,6 @@ def test_setup_changes_names_bins_and_fold_plan_moves(stage_dir):
     ]
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    """One local Ray for this module's Ray tests, on 127.0.0.1, stopped at the end."""
-    import ray
-
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=200 * 1024 * 1024,
-        log_to_driver=False,
-        _node_ip_address="127.0.0.1",
-    )
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
-
-
 def _infer_args(stage_dir: Path, out: Path, workers: int, *extra: str) -> list[str]:
     return [
         "infer",
@@ -659,7 +640,7 @@ def _infer_args(stage_dir: Path, out: Path, workers: int, *extra: str) -> list[s
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_infer_values_runs_the_shards_on_ray_workers_with_the_in_process_values(
-    stage_dir, ray_local, tmp_path, monkeypatch, capsys
+    stage_dir, ray_address, tmp_path, monkeypatch, capsys
 ):
     """--workers 2: two Ray workers infer their owned rows (the driver runs no forward); the parquet
     equals --workers 1's: the same keys, bit-identical values, fingerprint metadata, frames per model."""
@@ -672,7 +653,7 @@ def test_infer_values_runs_the_shards_on_ray_workers_with_the_in_process_values(
     alone = json.loads(capsys.readouterr().out)
     in_driver = sum(forwards.values())
     assert in_driver == alone["frames"] > 0
-    rc = stage_main(_infer_args(stage_dir, two, 2, "--ray-address", ray_local))
+    rc = stage_main(_infer_args(stage_dir, two, 2, "--ray-address", ray_address))
     got = capsys.readouterr()
     assert rc == 0, got.err
     shared = json.loads(got.out)
@@ -704,7 +685,7 @@ def test_infer_values_runs_the_shards_on_ray_workers_with_the_in_process_values(
     ],
 )
 def test_a_failing_inference_worker_is_exit_51_and_writes_nothing(
-    stage_dir, ray_local, tmp_path, monkeypatch, capsys, fault, words
+    stage_dir, ray_address, tmp_path, monkeypatch, capsys, fault, words
 ):
     from value_synth import FaultyShardTask
 
@@ -713,7 +694,7 @@ def test_a_failing_inference_worker_is_exit_51_and_writes_nothing(
     # the seam: the worker body run_tasks ships to each Ray worker (module-level, so picklable by reference)
     monkeypatch.setattr(infer, "infer_job", FaultyShardTask(fault, 1))
     out = tmp_path / "values.parquet"
-    rc = stage_main(_infer_args(stage_dir, out, 2, "--ray-address", ray_local))
+    rc = stage_main(_infer_args(stage_dir, out, 2, "--ray-address", ray_address))
     got = capsys.readouterr()
     lines = got.err.splitlines()
     # stdout: no summary. Ray's driver prints the raylet's own "a worker died" notice on stdout,
