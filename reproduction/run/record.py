@@ -3,7 +3,7 @@
 The runner calls `make_recorder(...)` once per run; it returns None when the lineage module
 (reproduction/run/lineage.py) is not installed, so the runner works without it. Each stage's
 statement lists its outputs (with the digests run.json holds), the datasets it read, the upstream
-outputs, the bundle manifest and the checkpoint it continued from.
+outputs, the bundle manifest with its runtime and source layers, and the checkpoint it continued from.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ def make_recorder(bundle: Path | None) -> Callable[[Any], None] | None:
 
     def record(rec: Any) -> None:
         A = lineage.Artifact
-        inputs = []
-        if bundle is not None and (Path(bundle) / "bundle.json").is_file():
-            inputs.append(A(path=Path(bundle) / "bundle.json", role="bundle_manifest"))
+        # The bundle manifest and its runtime/source layer archives (digests from bundle.json, which restore
+        # verified): every stage ran that code on that runtime.
+        inputs = list(lineage.bundle_inputs(Path(bundle))) if bundle is not None else []
         for item in rec.inputs.values():
             root = getattr(item, "root", None)
             if root is not None:
