@@ -17,6 +17,7 @@ it scans every file under a folder for the raw bytes of a planted token. Stdlib 
 
 from __future__ import annotations
 
+import functools
 import logging
 import mmap
 import os
@@ -39,6 +40,7 @@ HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")
 MIN_SECRET_LEN = 8
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of the name; run.json redaction asks for the same keys often
 def is_secret_name(name: str) -> bool:
     """True if a key or variable name looks like it holds a credential (`HF_TOKEN`, `hub.token`, `--api-key`)."""
     words = [w.lower() for w in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+", name)]
