@@ -3,7 +3,6 @@ rerun after the reference evidence changed that only recompares."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,21 +13,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-NEEDS = ("reproduction.sim.generate", "reproduction.sim.evaluate", "reproduction.recap.policy.task")
-
-
-def _missing() -> list[str]:
-    out = []
-    for name in NEEDS:
-        try:
-            if importlib.util.find_spec(name) is None:
-                out.append(name)
-        except ModuleNotFoundError:
-            out.append(name)
-    return out
-
-
-pytestmark = pytest.mark.skipif(bool(_missing()), reason=f"the demo needs {', '.join(_missing())}")
 
 
 def portable(*args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -73,23 +57,23 @@ def test_quick_demo_runs_every_stage_and_a_rerun_reuses_it(tmp_path):
     assert labels == {"recap w=1", "recap w=2", "bc", "filtered_bc"}
     assert evidence["metrics"]["success_at_end"]["episodes"] == 4
     for name in ("returns", "value", "advantages", "policy", "eval", "compare"):
-        assert (run / "lineage" / f"{name}.intoto.json").is_file() or not _has_lineage()
-    if _has_lineage():  # edges by producing stage and path: the policy's copy of the tokenizer is not the value's
-        from reproduction.run.lineage_check import lineage_chain, verify_lineage
+        assert (run / "lineage" / f"{name}.intoto.json").is_file()
+    # edges by producing stage and path: the policy's copy of the tokenizer is not the value's
+    from reproduction.run.lineage_check import lineage_chain, verify_lineage
 
-        lines = [(depth, node.label) for depth, node in lineage_chain(run).lines()]
-        assert lines[:3] == [(0, "compare"), (1, "eval"), (2, "policy")], lines
-        at = lines.index((3, "advantages"))
-        below = [
-            label
-            for depth, label in lines[at + 1 :][: next((i for i, (d, _) in enumerate(lines[at + 1 :]) if d <= 3), None)]
-        ]
-        assert "value" in below and "policy" not in below, lines
-        assert verify_lineage(run).exit_code == 0
-        statement = json.loads((run / "lineage" / "value.intoto.json").read_text())
-        deps = statement["predicate"]["buildDefinition"]["resolvedDependencies"]
-        roles = {d["annotations"].get("role") for d in deps}
-        assert {"bundle_manifest", "source", "dataset", "upstream_output"} <= roles, roles  # the code it ran too
+    lines = [(depth, node.label) for depth, node in lineage_chain(run).lines()]
+    assert lines[:3] == [(0, "compare"), (1, "eval"), (2, "policy")], lines
+    at = lines.index((3, "advantages"))
+    below = [
+        label
+        for depth, label in lines[at + 1 :][: next((i for i, (d, _) in enumerate(lines[at + 1 :]) if d <= 3), None)]
+    ]
+    assert "value" in below and "policy" not in below, lines
+    assert verify_lineage(run).exit_code == 0
+    statement = json.loads((run / "lineage" / "value.intoto.json").read_text())
+    deps = statement["predicate"]["buildDefinition"]["resolvedDependencies"]
+    roles = {d["annotations"].get("role") for d in deps}
+    assert {"bundle_manifest", "source", "dataset", "upstream_output"} <= roles, roles  # the code it ran too
     for line in ("run: eval", "demo (total)", f"lineage:    {run / 'lineage'}", f"report:     {run / 'report.html'}"):
         assert line in proc.stderr
     restored = out / "restored" / "recap-demo"
@@ -140,7 +124,3 @@ def test_quick_demo_runs_every_stage_and_a_rerun_reuses_it(tmp_path):
     assert after["compare"]["summary"]["reference"].endswith("evidence/eval_policy_reference.json")
     cmp = json.loads((run / "evidence" / "comparison.json").read_text())
     assert cmp["reproduced"] and cmp["rows"]
-
-
-def _has_lineage() -> bool:
-    return importlib.util.find_spec("reproduction.run.lineage") is not None

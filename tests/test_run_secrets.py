@@ -11,7 +11,6 @@ command line and through ${oc.env:...} in a config file; stage 1 needs no Ray, s
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -29,17 +28,6 @@ HF = "hf_PlantedFakeTokenAbCdEf0123456789xyz"
 UPLOAD = "planted-upload-secret-42"
 RAY = "planted-ray-secret-77"
 PLANTED = (HF, UPLOAD, RAY)
-
-
-def _missing() -> list[str]:
-    out = []
-    for name in ("reproduction.sim.generate", "reproduction.sim.evaluate", "reproduction.recap.policy.task"):
-        try:
-            if importlib.util.find_spec(name) is None:
-                out.append(name)
-        except ModuleNotFoundError:
-            out.append(name)
-    return out
 
 
 def _env() -> dict[str, str]:
@@ -73,7 +61,6 @@ def _leaks(root: Path) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.skipif(bool(_missing()), reason=f"the demo needs {', '.join(_missing())}")
 def test_no_planted_token_in_any_file_a_demo_and_a_run_write(tmp_path):
     out = tmp_path / "demo"
     proc = portable("demo", "--quick", "--output", str(out), timeout=1500, cwd=tmp_path)
