@@ -250,8 +250,8 @@ def _run(restored: Path, run_dir: Path, overrides: list[str], *, ui: UiOptions |
 
     overrides = list(overrides)
     reference = sorted((restored / "evidence").glob("*.json"))
-    if reference and not any(o.startswith("eval.reference=") for o in overrides):
-        overrides.append(f"eval.reference={reference[0]}")
+    if not any(o.startswith("eval.reference=") for o in overrides):
+        overrides.append(f"eval.reference={reference[0]}" if reference else "eval.reference=null")
     config = load_config([restored / "config" / "run.yaml"], overrides, bundle=restored, run_dir=run_dir)
     resume = read_state(run_dir) is not None if run_dir.is_dir() else False
     opts = RunOptions(resume=resume, argv=["portable", "demo"], ui=ui, recorder=make_recorder(restored))
