@@ -114,7 +114,9 @@ class ValueModelConfig:
         return int(self.text["hidden_size"])
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """JSON-ready fields; the state fields only when there is a state input, so a state-less config
+        (upstream's layout, the pinned tiny weights' manifests) reads as it did before they existed."""
+        out = {
             "preset": self.preset,
             "vision": dict(self.vision),
             "text": dict(self.text),
@@ -124,10 +126,10 @@ class ValueModelConfig:
             "v_max": self.v_max,
             "value_dropout": self.value_dropout,
             "attn_implementation": self.attn_implementation,
-            "state_dim": self.state_dim,
-            "state_mean": list(self.state_mean),
-            "state_std": list(self.state_std),
         }
+        if self.state_dim:
+            out.update(state_dim=self.state_dim, state_mean=list(self.state_mean), state_std=list(self.state_std))
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ValueModelConfig:
