@@ -152,7 +152,8 @@ def plot_advantage_histogram(
         bins=edges,
         stacked=True,
         color=["#8c959f", SUCCESS],
-        label=["below threshold", "positive (>= threshold)"],
+        # "labelled", not ">= threshold": stage 3 can force frames positive below it (sft, hold labels)
+        label=["labelled negative", "labelled positive"],
     )
     for i, (task, tau) in enumerate(sorted(taus.items())):
         name = f"threshold {tau:.4g}" if task == "*" else f"{_short(task, 24)}: {tau:.4g}"
