@@ -243,6 +243,7 @@ def _check(restored: Path, json_path: Path, *, ui: UiOptions | None) -> str:
 
 
 def _run(restored: Path, run_dir: Path, overrides: list[str], *, ui: UiOptions | None) -> Any:
+    from reproduction.errors import StageKeyChangedError
     from reproduction.run.config import load_config
     from reproduction.run.recap_recipe import RECAP
     from reproduction.run.record import make_recorder
@@ -254,8 +255,22 @@ def _run(restored: Path, run_dir: Path, overrides: list[str], *, ui: UiOptions |
         overrides.append(f"eval.reference={reference[0]}" if reference else "eval.reference=null")
     config = load_config([restored / "config" / "run.yaml"], overrides, bundle=restored, run_dir=run_dir)
     resume = read_state(run_dir) is not None if run_dir.is_dir() else False
-    opts = RunOptions(resume=resume, argv=["portable", "demo"], ui=ui, recorder=make_recorder(restored))
-    return run_recipe(RECAP, config, run_dir, opts)
+    # The demo's inputs are its own: a stage whose key changed (new code, config or data since the last
+    # demo in this folder) is redone with what follows, where `portable run --resume` would refuse.
+    restart: list[str] = []
+    for _ in range(len(RECAP.stages) + 1):
+        opts = RunOptions(
+            resume=resume, restart=list(restart), argv=["portable", "demo"], ui=ui, recorder=make_recorder(restored)
+        )
+        try:
+            return run_recipe(RECAP, config, run_dir, opts)
+        except StageKeyChangedError as exc:
+            stage = getattr(exc, "stage", None)
+            if not resume or stage is None or stage in restart:
+                raise
+            say(f"demo: {exc.message}; redoing {stage} and what follows", options=ui)
+            restart.append(stage)
+    raise AssertionError("unreachable: every stage restarted once")  # pragma: no cover
 
 
 def _plots_and_report(run_dir: Path, restored: Path) -> str:

@@ -1,0 +1,61 @@
+"""`portable demo` in a folder whose earlier demo ran other code or config: a stage whose key changed is
+redone with what follows (the demo's inputs are its own), where `portable run --resume` refuses (exit 52).
+The runner is replaced by a fake so the test is fast; tests/test_run_demo.py runs the real demo."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from reproduction.errors import StageKeyChangedError
+from reproduction.run import demo, runner
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _restored(tmp_path: Path) -> Path:
+    restored = tmp_path / "restored"
+    (restored / "config").mkdir(parents=True)
+    shutil.copy(REPO / "bundle" / "demo" / "quick.yaml", restored / "config" / "run.yaml")
+    return restored
+
+
+def _fake_runner(monkeypatch, fail_on: dict[str, int]) -> list[list[str]]:
+    """run_recipe raising StageKeyChangedError for each stage in `fail_on` (that many times) unless restarted."""
+    calls: list[list[str]] = []
+
+    def run_recipe(recipe, config, run_dir, opts):
+        calls.append(list(opts.restart))
+        for stage, times in fail_on.items():
+            if stage not in opts.restart and calls.count(list(opts.restart)) <= times:
+                raise StageKeyChangedError(
+                    f"stage {stage}: its inputs changed since it ran: x", stage=stage, changes=[]
+                )
+        return "ran"
+
+    monkeypatch.setattr(runner, "run_recipe", run_recipe)
+    monkeypatch.setattr(runner, "read_state", lambda run_dir: {"format_version": 1})
+    return calls
+
+
+def test_a_changed_stage_is_redone_with_what_follows(tmp_path, monkeypatch, capsys):
+    calls = _fake_runner(monkeypatch, {"value": 1, "policy": 1})
+    (tmp_path / "run").mkdir()
+    assert demo._run(_restored(tmp_path), tmp_path / "run", [], ui=None) == "ran"
+    assert calls == [[], ["value"], ["value", "policy"]]
+    err = capsys.readouterr().err
+    assert "demo: stage value: its inputs changed since it ran: x; redoing value and what follows" in err
+
+
+def test_a_stage_that_still_differs_after_its_redo_is_an_error(tmp_path, monkeypatch):
+    def run_recipe(recipe, config, run_dir, opts):
+        raise StageKeyChangedError("stage eval: its outputs changed after it completed: y", stage="eval", changes=[])
+
+    monkeypatch.setattr(runner, "run_recipe", run_recipe)
+    monkeypatch.setattr(runner, "read_state", lambda run_dir: {"format_version": 1})
+    (tmp_path / "run").mkdir()
+    with pytest.raises(StageKeyChangedError) as info:
+        demo._run(_restored(tmp_path), tmp_path / "run", [], ui=None)
+    assert info.value.exit_code == 52
