@@ -53,13 +53,58 @@ def bundle_weights_problems(bundle: str | Path | None) -> list[PortableError]:
         return []
     from reproduction.release.weights import verify_bundle_weights
 
+    stamp_path, stamp = _weights_stamp(Path(bundle))
+    if stamp_path is not None and _read_text(stamp_path) == stamp:
+        return []  # the same files, by size and mtime, as at this bundle's last clean check
     try:
         verify_bundle_weights(Path(bundle))
     except PortableError as exc:
         exc.message = "bundle weights: " + " ".join(exc.message.split())  # one line, whatever it quoted
         exc.args = (exc.message,)
         return [exc]
+    if stamp_path is not None:
+        from reproduction.fsio import atomic_write_text
+
+        try:
+            atomic_write_text(stamp_path, stamp)
+        except OSError:
+            pass  # a read-only cache only costs the rehash next time
     return []
+
+
+def _weights_stamp(bundle: Path) -> tuple[Path | None, str]:
+    """(cache file, stamp): size and mtime_ns of bundle.json, the LICENSES/ and weights_manifest/ copies and
+    every file under each weights `dest` the bundle names, so a finished `run --resume` does not rehash
+    gigabytes of unchanged weights (the stat rule run/content.py uses). (None, "") when the bundle names no
+    weights or its bundle.json is unreadable: then nothing is cached and the weights are always rehashed."""
+    import hashlib
+    import json
+
+    from reproduction.data.fingerprint import cache_dir
+
+    try:
+        items = json.loads((bundle / "bundle.json").read_text(encoding="utf-8")).get("metadata", {}).get("weights")
+        dests = sorted({str(item.get("dest", "weights")) for item in items or []})
+    except (OSError, ValueError, AttributeError):
+        return None, ""
+    if not dests:
+        return None, ""
+    lines = []
+    for top in ("bundle.json", "LICENSES", "weights_manifest", *dests):
+        root = bundle / top
+        for path in sorted([root] if root.is_file() else root.rglob("*")):
+            if path.is_file():
+                st = path.stat()
+                lines.append(f"{path.relative_to(bundle).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}")
+    key = hashlib.sha256(str(bundle.resolve()).encode()).hexdigest()[:32]
+    return cache_dir() / f"weights-{key}.txt", "\n".join(lines) + "\n"
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return None
 
 
 def raise_problems(problems: list[str | PortableError]) -> None:
