@@ -57,6 +57,7 @@ def _worker_body(
     from reproduction.train import dist, loop
 
     device = device_mod.local_device(payload.spec, local_rank)
+    threads = _set_cpu_threads(payload.config.cpu_threads if device.type == "cpu" else 0)
     dist.init(
         backend=payload.spec.backend,
         master_addr=payload.master_addr,
@@ -81,6 +82,18 @@ def _worker_body(
         return result
     finally:
         dist.destroy(clean=ok)
+        _set_cpu_threads(threads)
+
+
+def _set_cpu_threads(n: int) -> int:
+    """Set torch's intra-op threads to `n` (0 = leave them); returns the count before, so an
+    in-process run can put it back for whatever the process does next."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n and n != before:
+        torch.set_num_threads(n)
+    return before
 
 
 @dataclass(frozen=True, kw_only=True)

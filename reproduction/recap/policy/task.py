@@ -285,6 +285,7 @@ _FREE_TRAIN = (
     "keep_last",
     "log_interval",
     "cpus_per_worker",
+    "cpu_threads",
     "start_timeout_s",
     "collective_timeout_s",
 )
