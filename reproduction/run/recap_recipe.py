@@ -182,6 +182,7 @@ def advantages_stage(ctx: StageContext) -> StageOutput:
 
     from reproduction.recap.advantage_inputs import load_dataset_arrays
     from reproduction.recap.advantages import compute_advantages
+    from reproduction.recap.labels import hold_frames
     from reproduction.recap.value.stage import infer_values
     from reproduction.value_export import read_value_stage_head
 
@@ -191,7 +192,7 @@ def advantages_stage(ctx: StageContext) -> StageOutput:
     adv = replace(cfg.advantages, returns_tag=cfg.returns.tag)
     inf = cfg.value.infer
     values_dir = ctx.out_dir / "values"
-    inputs, files, inferred = [], [], {}
+    inputs, files, inferred, flags = [], [], {}, {}
     ray_address = stage_ray(ctx, inf.workers > 1)
     for d in ctx.inputs.values():
         out = values_dir / f"{d.name}.parquet"
@@ -210,12 +211,13 @@ def advantages_stage(ctx: StageContext) -> StageOutput:
         inp = load_dataset_arrays(
             d.dataset, ctx.run_dir / "returns", out, dataset_type=d.type, returns_tag=cfg.returns.tag
         )
-        if adv.hold_labels:
-            inp.hold = _hold_frames_of(d.dataset, inp.sidecar)
+        flags[d.name] = _frame_flags_of(d.dataset, inp.sidecar)
+        if adv.hold_labels and flags[d.name][2] is not None:
+            inp.hold = hold_frames(flags[d.name][0], flags[d.name][2])
         inputs.append(inp)
     report = compute_advantages(inputs, adv, head, out_dirs=[ctx.out_dir / d.name for d in ctx.inputs.values()])
     files += report.sidecars
-    quality = _label_quality(ctx, value_dir, report.sidecars)
+    quality = _label_quality(ctx, value_dir, report.sidecars, flags)
     files.append(ctx.out_dir / "label_quality.json")
     summary = {
         **report.to_dict(),
@@ -226,23 +228,27 @@ def advantages_stage(ctx: StageContext) -> StageOutput:
     return StageOutput(files=files, summary=_jsonable(summary), result=report)
 
 
-def _hold_frames_of(dataset: Any, returns_sidecar: Path) -> Any:
-    """Hold frames (recap/labels.py) in the returns sidecar's row order; None without is_success."""
+def _frame_flags_of(dataset: Any, returns_sidecar: Path) -> tuple[Any, Any, Any, Any]:
+    """(episode_index, frame_index, is_success, harm) in the returns sidecar's row order, read once
+    for hold labels and label quality; the flags None without `is_success` / `sim.harm`."""
     import pyarrow.parquet as pq
 
-    from reproduction.recap.labels import frame_flags, hold_frames
+    from reproduction.recap.labels import frame_flags
 
     t = pq.read_table(returns_sidecar, columns=["episode_index", "frame_index"])
     ep, fr = t.column("episode_index").to_numpy(), t.column("frame_index").to_numpy()
-    ok, _ = frame_flags(dataset, ep, fr)
-    return None if ok is None else hold_frames(ep, ok)
+    return (ep, fr, *frame_flags(dataset, ep, fr))
 
 
-def _label_quality(ctx: StageContext, value_dir: Path, sidecars: list[Path]) -> dict[str, Any]:
+def _label_quality(
+    ctx: StageContext, value_dir: Path, sidecars: list[Path], flags: dict[str, tuple[Any, Any, Any, Any]]
+) -> dict[str, Any]:
     """label_quality.json: per dataset, positive rates by kind of frame (harm vs clean when the data
-    marks `sim.harm`) and the value model's Spearman per fold; one line per dataset on stderr."""
+    marks `sim.harm`) and the value model's Spearman per fold; one line per dataset on stderr.
+    `flags` are `_frame_flags_of` per dataset, reused when the sidecar has the same rows."""
     import json
 
+    import numpy as np
     import pyarrow.parquet as pq
 
     from reproduction.fsio import atomic_write_text
@@ -255,7 +261,9 @@ def _label_quality(ctx: StageContext, value_dir: Path, sidecars: list[Path]) -> 
     for d, path in zip(ctx.inputs.values(), sidecars):
         t = pq.read_table(path, columns=["episode_index", "frame_index", "advantage", "value_current", "return"])
         ep, fr = t.column("episode_index").to_numpy(), t.column("frame_index").to_numpy()
-        ok, harm = frame_flags(d.dataset, ep, fr)
+        f_ep, f_fr, ok, harm = flags[d.name]
+        if not (np.array_equal(ep, f_ep) and np.array_equal(fr, f_fr)):
+            ok, harm = frame_flags(d.dataset, ep, fr)
         out[d.name] = dataset_label_report(t, ok, harm, plan.models_for(d.name, ep))
         say(f"labels {format_report(d.name, out[d.name])}", options=ctx.ui)
     atomic_write_text(ctx.out_dir / "label_quality.json", json.dumps(_jsonable(out), indent=1) + "\n")
