@@ -45,6 +45,7 @@ def _weights(out: Path) -> dict[str, torch.Tensor]:
         (dict(device="tpu"), "device", "'tpu'"),
         (dict(mixed_precision="fp16"), "mixed_precision", "'fp16'"),
         (dict(micro_batch=0), "micro_batch", "micro_batch=0"),
+        (dict(cpu_threads=-1), "cpu_threads", "cpu_threads=-1"),
     ],
 )
 def test_config_rejects_and_names_the_field(kw, field, words):
@@ -165,6 +166,32 @@ def test_run_logs_evaluates_saves_exports(tmp_path):
         checkpoint.load_strict(
             model, {**{k: v for k, v in weights.items() if k != "value_head.bias"}, "extra": torch.zeros(1)}
         )
+
+
+def test_cpu_threads_hold_inside_the_worker_and_are_put_back_after(tmp_path):
+    """`cpu_threads` sets torch's intra-op threads for the training only: every loss call sees the
+    count, and the in-process caller gets its own count back (0 leaves it alone)."""
+    seen: list[int] = []
+
+    def make(rank: int, world: int):
+        task = train_tiny.make_task(rank, world)
+        loss = task.loss
+
+        def counted(model, batch):
+            seen.append(torch.get_num_threads())
+            return loss(model, batch)
+
+        task.loss = counted
+        return task
+
+    before = torch.get_num_threads()
+    want = before + 1
+    train(make, _inproc(max_steps=2, cpu_threads=want), out_dir=tmp_path / "a", resume=False)
+    assert seen and set(seen) == {want}
+    assert torch.get_num_threads() == before
+    seen.clear()
+    train(make, _inproc(max_steps=2), out_dir=tmp_path / "b", resume=False)
+    assert set(seen) == {before}
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])  # bf16 goes through FSDP2's MixedPrecisionPolicy
