@@ -57,43 +57,47 @@ def _worker_body(
     from reproduction.train import dist, loop
 
     device = device_mod.local_device(payload.spec, local_rank)
-    threads = _set_cpu_threads(payload.config.cpu_threads if device.type == "cpu" else 0)
-    dist.init(
-        backend=payload.spec.backend,
-        master_addr=payload.master_addr,
-        master_port=payload.master_port,
-        rank=rank,
-        world_size=world_size,
-        timeout_s=payload.config.collective_timeout_s,
-        device=device,
-    )
-    ok = False
-    try:
-        result = loop.run_worker(
-            payload.make_task,
-            payload.config,
-            out_dir=payload.out_dir,
-            resume=payload.resume,
-            spec=payload.spec,
+    with _cpu_threads(payload.config.cpu_threads if device.type == "cpu" else 0):
+        dist.init(
+            backend=payload.spec.backend,
+            master_addr=payload.master_addr,
+            master_port=payload.master_port,
+            rank=rank,
+            world_size=world_size,
+            timeout_s=payload.config.collective_timeout_s,
             device=device,
-            on_record=on_record,
         )
-        ok = True
-        return result
-    finally:
-        dist.destroy(clean=ok)
-        _set_cpu_threads(threads)
+        ok = False
+        try:
+            result = loop.run_worker(
+                payload.make_task,
+                payload.config,
+                out_dir=payload.out_dir,
+                resume=payload.resume,
+                spec=payload.spec,
+                device=device,
+                on_record=on_record,
+            )
+            ok = True
+            return result
+        finally:
+            dist.destroy(clean=ok)
 
 
-def _set_cpu_threads(n: int) -> int:
-    """Set torch's intra-op threads to `n` (0 = leave them); returns the count before, so an
-    in-process run can put it back for whatever the process does next."""
+@contextmanager
+def _cpu_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to `n` inside (0 = left alone) and put back on the way out, even
+    when the process group fails to start, for whatever an in-process caller does next."""
     import torch
 
     before = torch.get_num_threads()
     if n and n != before:
         torch.set_num_threads(n)
-    return before
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 @dataclass(frozen=True, kw_only=True)
