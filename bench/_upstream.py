@@ -18,7 +18,8 @@ is: the episode boundaries from the data files (read per file on a thread pool o
 sidecar and the per-frame values; one percentile threshold; one write.
 
 `io` is the floor of stage 1: the same input columns read with the project's reader settings
-(each file once, on its small thread pool) and a table of the same output columns written once.
+(each file once, on its small thread pool) and a table of the same output columns written once
+with the project's writer settings (prompts as dictionary codes, as stage 1 builds them).
 """
 
 from __future__ import annotations
@@ -195,6 +196,7 @@ def upstream_advantages(
 def io_floor(root: Path, out: Path) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from reproduction.data.scan import ordered_map, read_parquet
+    from reproduction.recap.sidecars import writer_options
 
     files = sorted((root / "data").glob("*/*.parquet"))
     cols = ["episode_index", "frame_index", "task_index", "is_success"]
@@ -202,16 +204,17 @@ def io_floor(root: Path, out: Path) -> None:
     tasks = _tasks(root)
     names = pa.array([tasks[i] for i in sorted(tasks)], pa.string())
     fr = t.column("frame_index")
+    codes = t.column("task_index").to_numpy().astype(np.int32)
     table = pa.table(
         {
             "episode_index": t.column("episode_index"),
             "frame_index": fr,
             "return": fr.cast(pa.float32()),
             "reward": fr.cast(pa.float32()),
-            "prompt": names.take(t.column("task_index")),
+            "prompt": pa.DictionaryArray.from_arrays(pa.array(codes), names),
         }
     )
-    pq.write_table(table, out, compression="zstd")
+    pq.write_table(table, out, **writer_options(table.schema))
 
 
 def advantages_io_floor(root: Path, returns: Path, values: Path, out: Path) -> None:
@@ -220,6 +223,7 @@ def advantages_io_floor(root: Path, returns: Path, values: Path, out: Path) -> N
     only elementwise arithmetic in between: no alignment checks, no per-episode work, no threshold."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from reproduction.data.scan import ordered_map, read_parquet
+    from reproduction.recap.sidecars import writer_options
 
     files = sorted((root / "data").glob("*/*.parquet"))
     keys = [r.table for r in ordered_map(lambda p: read_parquet(p, ["episode_index", "frame_index"]), files)]
@@ -239,12 +243,11 @@ def advantages_io_floor(root: Path, returns: Path, values: Path, out: Path) -> N
             "reward_sum": g,
             "reward_sum_raw": g,
             "num_valid_rewards": np.full(n, 10, dtype=np.int64),
-            "dataset_name": pa.array([root.name] * n, pa.string()),
+            "dataset_name": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([root.name])),
             "advantage": a >= 0,
         }
     )
-    keyed = [f.name for f in table.schema if not pa.types.is_floating(f.type)]
-    pq.write_table(table, out, compression="zstd", use_dictionary=keyed)
+    pq.write_table(table, out, **writer_options(table.schema))
 
 
 if __name__ == "__main__":

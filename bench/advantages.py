@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from _datasets import write_v21, write_v30  # noqa: E402
-from _timing import REPEAT, alternate, best, machine_note, run_process  # noqa: E402
+from _timing import REPEAT, alternate, best, child_env, machine_note, run_process  # noqa: E402
 
 from reproduction.recap.advantages import label, nstep_advantages, thresholds_by_task  # noqa: E402
 from reproduction.recap.normalize import ReturnRange  # noqa: E402
@@ -145,7 +145,7 @@ def layout(name: str, root: Path, tmp: Path) -> float:
     from reproduction.recap.returns import ReturnsConfig, compute_returns
 
     cache = tmp / "cache"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PORTABLE_CACHE_DIR": str(cache)}
+    env = child_env(PORTABLE_CACHE_DIR=str(cache))
     os.environ["PORTABLE_CACHE_DIR"] = str(cache)
     [res] = compute_returns([root], tmp / "run", ReturnsConfig(dataset_type="rollout"))  # stage 1, as a pipeline
     sidecar = pq.read_table(res.sidecar, columns=["episode_index", "frame_index"])

@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from _datasets import write_v21, write_v30  # noqa: E402
-from _timing import REPEAT, alternate, best, machine_note, run_process  # noqa: E402
+from _timing import REPEAT, alternate, best, child_env, machine_note, run_process  # noqa: E402
 
 from reproduction.recap.returns import ReturnsConfig, compute_returns_table  # noqa: E402
 
@@ -115,7 +115,7 @@ def same_columns(ours: Path, upstream: Path) -> None:
 
 def layout(name: str, root: Path, tmp: Path) -> tuple[float, float]:
     """(upstream / ours, ours / io) best-of-REPEAT wall times on one layout, printed."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PORTABLE_CACHE_DIR": str(tmp / "cache")}
+    env = child_env(PORTABLE_CACHE_DIR=str(tmp / "cache"))
     py = sys.executable
 
     def ours() -> None:

@@ -243,7 +243,30 @@ def test_returns_stream_file_by_file_and_equal_the_whole_table(tmp_path, monkeyp
     meta = sidecar_meta(result.sidecar)
     assert meta["num_frames"] == whole.num_rows == result.num_frames
     assert meta["stats"]["return"]["min"] == float(whole.column("return").to_numpy().min())
-    assert meta["stats"] == result.stats and meta["dataset_fingerprint"] == open_dataset(root).fingerprint
+    assert meta["stats"] == result.stats
+    # the digests computed beside the stream (on their own thread) give the fingerprint a cold full read gives
+    monkeypatch.setenv("PORTABLE_CACHE_DIR", str(tmp_path / "cold-cache"))
+    assert meta["dataset_fingerprint"] == result.fingerprint == open_dataset(root).fingerprint
+
+
+def test_sidecar_prompts_are_written_as_dictionary_pages_and_read_back_as_plain_strings(tmp_path):
+    spec = [(0, 4, True), (1, 3, False), (2, 5, True)]
+    root = write_dataset(tmp_path / "ds", _episodes(spec), fps=10, features=FEATURES)
+    frames = open_dataset(root).frame_table(["episode_index", "frame_index", "task_index", "is_success"])
+    in_memory = compute_returns_table(frames, ReturnsConfig(), tasks=open_dataset(root).tasks)
+    assert pa.types.is_dictionary(in_memory.schema.field("prompt").type)  # codes, not a copy a row
+    [result] = compute_returns([root], tmp_path / "run", ReturnsConfig())
+    parquet = pq.ParquetFile(result.sidecar)
+    kv = parquet.metadata.metadata
+    assert b"ARROW:schema" not in kv and json.loads(kv[b"recap_portable"])["kind"] == "returns"
+    prompt = parquet.schema.column(4)
+    assert (prompt.name, prompt.physical_type, prompt.logical_type.type) == ("prompt", "BYTE_ARRAY", "STRING")
+    assert "RLE_DICTIONARY" in parquet.metadata.row_group(0).column(4).encodings
+    table = pq.read_table(result.sidecar)
+    assert [str(f.type) for f in table.schema] == ["int64", "int64", "float", "float", "string"]
+    assert table.column("prompt").to_pylist() == in_memory.column("prompt").to_pylist()
+    assert table.column("prompt").to_pylist() == ["task 0"] * 4 + ["task 1"] * 3 + ["task 0"] * 5
+    assert table.schema.metadata[b"recap_portable"] == kv[b"recap_portable"]  # readers see it as before
 
 
 def test_returns_fall_back_to_one_sort_when_files_interleave_episodes(tmp_path, monkeypatch):

@@ -24,10 +24,12 @@ last few decoded episodes are cached, so iterating rows in dataset order decodes
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +78,7 @@ class Dataset:
         self._table_cache: tuple[int, tuple[str, ...], pa.Table] | None = None
         self._locator: dict[str, np.ndarray] | None = None
         self._fingerprint: str | None = None
+        self._fingerprint_pending: Callable[[], str] | None = None  # set by a finished iter_file_batches
         self._schema_names: list[str] = read_schema_names(self.data_files[0])
         names = set(self._schema_names)
         self.key_columns: tuple[str, ...] = tuple(c for c in KEY_COLUMNS + OPTIONAL_KEY_COLUMNS if c in names)
@@ -124,7 +127,8 @@ class Dataset:
         if self._fingerprint is None:
             from reproduction.data.fingerprint import dataset_fingerprint
 
-            self._fingerprint = dataset_fingerprint(self)
+            pending, self._fingerprint_pending = self._fingerprint_pending, None
+            self._fingerprint = pending() if pending is not None else dataset_fingerprint(self)
         return self._fingerprint
 
     # -- per-frame key columns ------------------------------------------------------------------
@@ -156,9 +160,13 @@ class Dataset:
         from reproduction.data.fingerprint import batch_key_digests, digest_columns
 
         cols = self._columns(columns)
-        fp_cols = digest_columns(self.key_columns) if self._fingerprint is None else []
+        digesting = self._fingerprint is None and self._fingerprint_pending is None
+        fp_cols = digest_columns(self.key_columns) if digesting else []
         read_cols = cols + [c for c in fp_cols if c not in cols]
-        known: dict[Path, tuple[int, int, str]] = {}
+        # Digests run on one thread beside the consumer (sha256 releases the GIL), so a batch is
+        # hashed while it is computed and written; at most one batch waits for its digest.
+        hasher = ThreadPoolExecutor(1, thread_name_prefix="digest") if fp_cols else None
+        digests: list[tuple[list[tuple[Path, int, int]], Future[list[str]]]] = []
         counts: list[int] = []
         pending: list[FileRead] = []
         held = 0
@@ -167,26 +175,30 @@ class Dataset:
             tables = [got.table for got in pending]
             table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0].combine_chunks()
             rows = np.array([t.num_rows for t in tables], dtype=np.int64)
-            if fp_cols:
-                for got, digest in zip(pending, batch_key_digests(table, rows)):
-                    known[got.path] = (got.size, got.mtime_ns, digest)
+            if hasher is not None:
+                if digests:
+                    digests[-1][1].result()
+                stamps = [(got.path, got.size, got.mtime_ns) for got in pending]
+                digests.append((stamps, hasher.submit(batch_key_digests, table, rows)))
             counts.extend(rows.tolist())
             return (table.select(cols) if read_cols != cols else table), rows
 
-        for got in ordered_map(lambda path: read_parquet(path, read_cols), self.data_files):
-            pending.append(got)
-            held += got.table.num_rows
-            if held >= min_rows:
+        try:
+            for got in ordered_map(lambda path: read_parquet(path, read_cols), self.data_files):
+                pending.append(got)
+                held += got.table.num_rows
+                if held >= min_rows:
+                    yield flush()
+                    pending, held = [], 0
+            if pending:
                 yield flush()
-                pending, held = [], 0
-        if pending:
-            yield flush()
+        finally:
+            if hasher is not None:
+                hasher.shutdown(wait=False)
         if self._file_offsets_cache is None:
             self._file_offsets_cache = np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64))])
         if fp_cols and self._fingerprint is None:
-            from reproduction.data.fingerprint import dataset_fingerprint
-
-            self._fingerprint = dataset_fingerprint(self, known)
+            self._fingerprint_pending = functools.partial(_finish_fingerprint, self, digests)
 
     def iter_frame_tables(self, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
         """Yield one table per data file (in row order) with `columns` (default: the key columns);
@@ -343,6 +355,18 @@ def _decode_images(arr: pa.Array, root: Path) -> np.ndarray:
             raise DatasetError(f"{root}: an image cell has neither bytes nor path", path=root)
         images.append(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
     return np.stack(images) if images else np.empty((0, 0, 0, 3), dtype=np.uint8)
+
+
+def _finish_fingerprint(ds: Dataset, digests: list[tuple[list[tuple[Path, int, int]], Future[list[str]]]]) -> str:
+    """The fingerprint from the per-file digests `iter_file_batches` computed on its way."""
+    from reproduction.data.fingerprint import dataset_fingerprint
+
+    known = {
+        path: (size, mtime_ns, digest)
+        for stamps, future in digests
+        for (path, size, mtime_ns), digest in zip(stamps, future.result())
+    }
+    return dataset_fingerprint(ds, known)
 
 
 def _data_files(data: Path) -> list[Path]:

@@ -184,7 +184,8 @@ def compute_returns_table(
 
     `frames` needs episode_index and frame_index, plus is_success for rollout data and task_index
     (or task) for the prompt. Output: episode_index, frame_index int64; return, reward float32;
-    prompt string. Raises DatasetError for rollout data without is_success.
+    prompt string (dictionary-encoded when it comes from task_index). Raises DatasetError for
+    rollout data without is_success.
     """
     names = set(frames.column_names)
     if config.dataset_type == "rollout" and "is_success" not in names:
@@ -223,7 +224,7 @@ def _int64(column: pa.ChunkedArray) -> np.ndarray:
     return column.to_numpy().astype(np.int64, copy=False)
 
 
-def _prompts(frames: pa.Table, order: np.ndarray | None, tasks: dict[int, str] | None) -> pa.Array:
+def _prompts(frames: pa.Table, order: np.ndarray | None, tasks: dict[int, str] | None) -> pa.Array | pa.DictionaryArray:
     """RLinf's prompt: the `task` column, else tasks[task_index], else "perform the task"."""
     n = frames.num_rows
     if "task" in frames.column_names:
@@ -251,23 +252,11 @@ def _prompts(frames: pa.Table, order: np.ndarray | None, tasks: dict[int, str] |
     return repeat_strings(["perform the task"], np.zeros(n, np.int64))
 
 
-def repeat_strings(names: list[str], codes: np.ndarray) -> pa.Array:
-    """pa.array(names).take(codes) built with numpy: a string column from a few distinct values
-    without importing pyarrow.compute (a fifth of a second at every process start)."""
-    encoded = [name.encode() for name in names]
-    lens = np.array([len(b) for b in encoded], dtype=np.int64)
-    row_lens = lens[codes]
-    offsets = np.zeros(codes.size + 1, dtype=np.int64)
-    np.cumsum(row_lens, out=offsets[1:])
-    if offsets[-1] >= 2**31 - 1:  # beyond int32 offsets: let pyarrow split it
-        return pa.array(names, pa.string()).take(pa.array(codes))
-    starts = np.flatnonzero(codes[1:] != codes[:-1]) + 1 if codes.size else np.zeros(0, np.int64)
-    bounds = np.concatenate([[0], starts, [codes.size]]) if codes.size else np.zeros(1, np.int64)
-    runs = zip(codes[bounds[:-1]].tolist(), np.diff(bounds).tolist())  # a task's frames come in long runs
-    data = b"".join(encoded[k] * n for k, n in runs)
-    return pa.Array.from_buffers(
-        pa.string(), codes.size, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)]
-    )
+def repeat_strings(names: list[str], codes: np.ndarray) -> pa.DictionaryArray:
+    """`names[codes]` as a dictionary-encoded string column (int32 codes): a column of a few distinct
+    values costs its codes, not a million copies, and `write_sidecar` writes it as parquet dictionary
+    pages without hashing every row (it reads back as plain strings)."""
+    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32, copy=False)), pa.array(names, pa.string()))
 
 
 def column_stats(values: np.ndarray) -> dict[str, float]:
