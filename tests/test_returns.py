@@ -24,7 +24,7 @@ from reproduction.recap.returns import (
     sort_frames,
     sorted_bounds,
 )
-from reproduction.recap.sidecars import read_returns, sidecar_meta
+from reproduction.recap.sidecars import read_returns, sidecar_meta, writer_options
 
 FEATURES = {"observation.state": {"dtype": "float32", "shape": [2]}, "is_success": {"dtype": "bool", "shape": [1]}}
 
@@ -267,6 +267,8 @@ def test_sidecar_prompts_are_written_as_dictionary_pages_and_read_back_as_plain_
     assert table.column("prompt").to_pylist() == in_memory.column("prompt").to_pylist()
     assert table.column("prompt").to_pylist() == ["task 0"] * 4 + ["task 1"] * 3 + ["task 0"] * 5
     assert table.schema.metadata[b"recap_portable"] == kv[b"recap_portable"]  # readers see it as before
+    with pytest.raises(TypeError, match="'when' is timestamp"):  # no Arrow schema stored: such a type would change
+        writer_options(pa.schema([("episode_index", pa.int64()), ("when", pa.timestamp("ns", tz="UTC"))]))
 
 
 def test_returns_fall_back_to_one_sort_when_files_interleave_episodes(tmp_path, monkeypatch):
