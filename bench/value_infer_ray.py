@@ -10,14 +10,14 @@ values must equal the first run's bit for bit (inference batches do not depend o
 
     OMP_NUM_THREADS=1 python3 bench/value_infer_ray.py [--episodes 120] [--rounds 3] [--quick]
 
-Why 2 workers can lose to 1 (measured under load 20+, 2 cores; CPU seconds): the workers=2 side
-pays fixed costs the in-process anchor does not: a local Ray start (gcs, raylet and idle workers:
-about 4 s on a free machine), and in each Ray worker (a fresh process per task, max_calls=1) the
-torch + transformers + stage imports (3.6 s CPU each) and the two fold models' load (0.5 s CPU).
-Inference costs about 60 ms CPU a frame here (203 frames: 12.6 s CPU). So with two FREE cores
-workers=2 wins only once inference is well above the fixed part (>= 1.3x needs about 30 s of
-single-worker inference, about 1,000 frames); on a saturated machine the second worker brings no
-extra core, and the fixed CPU makes workers=2 slower (0.52x was measured at load 5-21).
+What `--workers 2` does here (a Ray the call starts itself, CPU): the driver infers at once while
+Ray comes up, and one Ray worker joins when it is ready; both claim batch-aligned chunks (8 per
+worker) as they are free, so who started late takes less. The Ray side still pays a local Ray start
+(gcs, raylet: about 4 s on a free machine) and the worker's torch + transformers + stage imports
+(3.6 s CPU) and model load (0.5 s CPU), on the same 2 cores the driver computes on. Inference costs
+about 60 ms CPU a frame here. Before the driver took part (two Ray workers, one equal shard each,
+the driver idle) this bench measured 1.17-1.22; on a saturated machine the second worker brings no
+extra core (0.52x was measured at load 5-21).
 
 Last line: `ratio: X.XX (goal ...)` = best wall(workers 1) / best wall(workers 2).
 """

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from reproduction.recap.value.infer import infer_job as REAL_INFER_JOB  # bound before a test patches the module's name
+
 CAMERA = "observation.images.front"
 TASKS = ["push the red block to the green goal", "Move the red cube onto the green marker."]
 
@@ -93,11 +95,9 @@ class FaultyShardTask:
     action: str
     rank: int
 
-    def __call__(self, job):
-        from reproduction.recap.value.infer import infer_job
-
+    def __call__(self, job, cancelled=None):
         if job.shard.rank == self.rank:
             if self.action == "die":
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"injected failure in value inference shard {self.rank}")
-        return infer_job(job)
+        return REAL_INFER_JOB(job, cancelled=cancelled)

@@ -117,7 +117,8 @@ class ValueInferSection:
     batch_size: int = 64
     """Frames per forward."""
     workers: int = 1
-    """Shards run concurrently, one Ray worker (one device) each; 1 = in this process, no Ray."""
+    """Shards run concurrently, one Ray worker (one device) each; 1 = in this process, no Ray. On CPU
+    with no Ray given, this process is one of them: it infers while the local Ray starts."""
     device: str = "auto"
     """auto, cpu, cuda or npu (auto: what `portable check` selects)."""
 

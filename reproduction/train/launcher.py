@@ -57,7 +57,7 @@ def _worker_body(
     from reproduction.train import dist, loop
 
     device = device_mod.local_device(payload.spec, local_rank)
-    with _cpu_threads(payload.config.cpu_threads if device.type == "cpu" else 0):
+    with cpu_threads(payload.config.cpu_threads if device.type == "cpu" else 0):
         dist.init(
             backend=payload.spec.backend,
             master_addr=payload.master_addr,
@@ -85,7 +85,7 @@ def _worker_body(
 
 
 @contextmanager
-def _cpu_threads(n: int) -> Iterator[None]:
+def cpu_threads(n: int) -> Iterator[None]:
     """torch's intra-op threads set to `n` inside (0 = left alone) and put back on the way out, even
     when the process group fails to start, for whatever an in-process caller does next."""
     import torch
@@ -228,6 +228,7 @@ def run_tasks(
     cpus_per_worker: float = 1.0,
     start_timeout_s: float = 120.0,
     on_done: Callable[[int], None] | None = None,
+    on_poll: Callable[[], None] | None = None,
     label: str = "task",
 ) -> list[Any]:
     """`fn(payload)` for each payload, each as its own Ray task on one device; results in payload order.
@@ -239,7 +240,8 @@ def run_tasks(
     `start_timeout_s`; `on_done(i)` is called as payload i finishes. The first task that raises or
     dies kills the others and raises a one-line WorkerFailedError (exit 51) naming `label` and the
     payload's index (`rank`), with the worker's text in `traceback`; a PortableError raised in a task
-    is re-raised as itself.
+    is re-raised as itself. `on_poll()` runs between bounded waits; whatever it raises cancels every
+    task and propagates (the caller's way to abort the run).
     """
     import ray
 
@@ -255,7 +257,7 @@ def run_tasks(
             for i, payload in enumerate(payloads)
         ]
         try:
-            results = _wait_all(refs, None, on_done)
+            results = _wait_all(refs, on_poll, on_done)
         except _WorkerFailed as failed:
             raise failed.failure.error(label) from None
         return [results[i] for i in range(len(payloads))]

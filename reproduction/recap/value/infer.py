@@ -14,7 +14,10 @@ ConfigError (value_task.VocabGuard). Values are keyed by (episode_index, frame_i
 `infer_dataset` runs the plan's shards one after another in this process; `infer_dataset_ray` runs
 them concurrently, one Ray worker (one device) per shard (`reproduction.train.launcher.run_tasks`):
 each worker loads the models on its device, opens the dataset by path, checks its fingerprint and
-returns only its owned rows' (episode_index, frame_index, value). The worker body is a seam:
+returns only its owned rows' (episode_index, frame_index, value). On CPU with a Ray the call starts
+itself, the driver is one of the workers: it infers while Ray comes up and its workers import, and
+all of them claim batch-aligned chunks as they are free (the same batches, so the same values). The
+worker body is a seam:
 `infer_dataset_ray(task=...)` runs another picklable callable on each ShardJob (the fault tests
 pass one that raises or dies).
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,6 +116,7 @@ def infer_rows(
     rows: np.ndarray,
     *,
     batch_size: int = 64,
+    cancelled: Callable[[], bool] | None = None,
 ) -> np.ndarray:
     """V (float64, value space) for dataset `rows` (reader positions), one forward per frame.
 
@@ -120,7 +124,8 @@ def infer_rows(
     `batch_size` in the given order; each chunk's rows go through the model that labels their
     episode, one batch per model present. A chunk's frames alone decide its batches, so rows cut at
     the same chunk boundaries get bit-identical values however the work was split between workers
-    (plan_shards(..., align=batch_size) puts shard starts on those boundaries).
+    (plan_shards(..., align=batch_size) puts shard starts on those boundaries). `cancelled()` is
+    asked before each chunk; True raises InferenceCancelled.
     """
     import torch
 
@@ -157,6 +162,8 @@ def infer_rows(
     keys = list(models[0].head.get("state_keys") or []) if models else []
     state = read_state(dataset, keys, models[0].head.get("state_dims"), rows) if keys and rows.size else None
     for lo in range(0, rows.size, batch_size):
+        if cancelled is not None and cancelled():
+            raise InferenceCancelled
         chunk = np.arange(lo, min(lo + batch_size, rows.size))
         for k in np.unique(which[chunk]):
             vm, present, collate = prepare(int(k))
@@ -209,13 +216,16 @@ def infer_shard(
     dataset_name: str | None = None,
     batch_size: int = 64,
     frames: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> pa.Table:
     """Values of a shard's inferred range [start, infer_stop) of the (episode, frame)-sorted rows:
     a table (episode_index, frame_index, value, owned); `owned` marks the rows this shard reports.
-    `frames` is `sorted_frames(dataset)` when the caller already has it."""
+    `frames` is `sorted_frames(dataset)` when the caller already has it; `cancelled` as in infer_rows."""
     order, ep, fr = frames if frames is not None else sorted_frames(dataset)
     part = slice(shard.start, shard.infer_stop)
-    values = infer_rows(models, plan, dataset, dataset_name or dataset.name, order[part], batch_size=batch_size)
+    values = infer_rows(
+        models, plan, dataset, dataset_name or dataset.name, order[part], batch_size=batch_size, cancelled=cancelled
+    )
     owned = np.arange(shard.infer_stop - shard.start) < (shard.stop - shard.start)
     return pa.table(
         {
@@ -274,11 +284,21 @@ def _infer_owned(
     dataset_name: str | None,
     batch_size: int,
     frames: tuple[np.ndarray, np.ndarray, np.ndarray],
+    cancelled: Callable[[], bool] | None = None,
 ) -> pa.Table:
     """(episode_index, frame_index, value) of the shard's owned rows only: the merge has every shard's
     owned rows, so the lookahead rows would be a second forward of a frame another shard labels."""
     owned_only = dataclasses.replace(shard, infer_stop=shard.stop)
-    t = infer_shard(models, plan, dataset, owned_only, dataset_name=dataset_name, batch_size=batch_size, frames=frames)
+    t = infer_shard(
+        models,
+        plan,
+        dataset,
+        owned_only,
+        dataset_name=dataset_name,
+        batch_size=batch_size,
+        frames=frames,
+        cancelled=cancelled,
+    )
     return t.drop_columns(["owned"])
 
 
@@ -295,16 +315,22 @@ class ShardJob:
     """The worker computes on its one visible device of this kind (Ray narrows GPUs/NPUs to one)."""
     batch_size: int
     dataset_name: str | None = None
+    claims: str | None = None
+    """A folder on this machine through which the driver and local workers share `chunks`: each
+    infers the chunks it claims there (None: the job infers `shard`, which then only names it)."""
+    chunks: tuple[Shard, ...] = ()
 
 
-def infer_job(job: ShardJob) -> pa.Table:
-    """Ray worker body: the job's owned rows' values, computed on this worker's device.
+def infer_job(job: ShardJob, cancelled: Callable[[], bool] | None = None) -> pa.Table:
+    """Ray worker body: the job's owned rows' values, computed on this worker's device: its shard's,
+    or with `claims` those of every chunk it claims (the models load once).
 
     Raises FingerprintMismatchError when the dataset at `dataset_root` is not the one the driver
     planned with (edited meanwhile, or another copy on this node), and what `load_value_stage`
-    and `infer_rows` raise.
+    and `infer_rows` raise (InferenceCancelled once `cancelled()`).
     """
     from reproduction.data.reader import open_dataset
+    from reproduction.recap.sharding import merge_values
     from reproduction.train.device import local_device
 
     ds = open_dataset(Path(job.dataset_root))
@@ -316,9 +342,35 @@ def infer_job(job: ShardJob) -> pa.Table:
             hint="the dataset changed (or differs on this node); rerun stage 3",
         )
     models, plan = load_value_stage(Path(job.stage_dir), device=str(local_device(job.spec, 0)))
-    return _infer_owned(
-        models, plan, ds, job.shard, dataset_name=job.dataset_name, batch_size=job.batch_size, frames=sorted_frames(ds)
-    )
+    frames = sorted_frames(ds)
+    shards = [job.shard] if job.claims is None else _claimed(Path(job.claims), job.chunks)
+    parts = [
+        _infer_owned(
+            models,
+            plan,
+            ds,
+            shard,
+            dataset_name=job.dataset_name,
+            batch_size=job.batch_size,
+            frames=frames,
+            cancelled=cancelled,
+        )
+        for shard in shards
+    ]
+    return parts[0] if job.claims is None else merge_values(parts)
+
+
+def _claimed(folder: Path, chunks: Sequence[Shard]) -> Iterator[Shard]:
+    """The chunks this process claims, each claimed just before it is inferred (so a faster process
+    takes more): a claim is a file created exclusively, which exactly one process can do."""
+    import os
+
+    for chunk in chunks:
+        try:
+            os.close(os.open(folder / str(chunk.rank), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            continue
+        yield chunk
 
 
 def infer_dataset_ray(
@@ -335,7 +387,9 @@ def infer_dataset_ray(
     task: Callable[[ShardJob], pa.Table] | None = None,
 ) -> pa.Table:
     """What `infer_dataset` returns, with the plan's `world_size` shards run concurrently on Ray
-    workers, one device (`spec`: cpu slot, GPU or NPU) each; `on_done(rank)` as each finishes.
+    workers, one device (`spec`: cpu slot, GPU or NPU) each; `on_done(rank)` as each finishes. On
+    CPU, when Ray is neither given nor running (a local one is started), this process is the last
+    worker, and the workers share the rows as chunks claimed as they are free (`_infer_beside_ray`).
     `task` replaces the worker body (default `infer_job`); it must be picklable by reference.
 
     Ray is started locally and stopped unless `ray_address` (or an initialised Ray) is given. A
@@ -360,7 +414,99 @@ def infer_dataset_ray(
         )
         for shard in plan_shards(_row_ends(ep), world_size, lookahead, align=batch_size)
     ]
-    parts = run_tasks(
-        task or infer_job, jobs, spec=spec, ray_address=ray_address, on_done=on_done, label="value inference shard"
-    )
+    if task is None and len(jobs) > 1 and _starts_local_cpu_ray(spec, ray_address):
+        chunks = plan_shards(
+            _row_ends(ep),
+            min(CHUNKS_PER_WORKER * world_size, -(-ep.size // batch_size) or 1),
+            lookahead,
+            align=batch_size,
+        )
+        parts = _infer_beside_ray(jobs, chunks, spec=spec, on_done=on_done)
+    else:
+        parts = run_tasks(task or infer_job, jobs, spec=spec, ray_address=ray_address, on_done=on_done, label=LABEL)
     return merge_values(parts)
+
+
+LABEL = "value inference shard"
+CHUNKS_PER_WORKER = 8
+"""With the driver inferring beside local Ray workers, the rows are cut into this many batch-aligned
+chunks per worker, claimed one at a time: fine enough that who started late takes less."""
+
+
+class InferenceCancelled(Exception):
+    """Raised inside a shard's inference when its caller cancelled it (another shard failed)."""
+
+
+def _starts_local_cpu_ray(spec: DeviceSpec, ray_address: str | None) -> bool:
+    """True when `run_tasks` would start a Ray of its own, on this machine, for CPU workers."""
+    if spec.kind != "cpu" or ray_address:
+        return False
+    import ray
+
+    return not ray.is_initialized()
+
+
+def _infer_beside_ray(
+    jobs: list[ShardJob], chunks: list[Shard], *, spec: DeviceSpec, on_done: Callable[[int], None] | None
+) -> list[pa.Table]:
+    """Every chunk's values, inferred by this process and Ray workers for the other jobs, each
+    claiming the next chunk as it is free (`ShardJob.claims`, in a temporary folder: a Ray this call
+    started runs on this machine).
+
+    A Ray started for the call needs seconds to come up, and each worker seconds more to import
+    torch and load the models (about 18 s of fixed cost measured on 2 cores), while the driver
+    would wait idle: here it infers meanwhile, and the workers take what is left when they are
+    ready. The driver runs at the workers' one intra-op thread and chunks start on multiples of the
+    batch size, so every batch, and with it every value, is the same bit for bit. A failure on
+    either side stops the other: the driver within a batch, the Ray tasks within a poll.
+    """
+    import shutil
+    import tempfile
+    import threading
+    import traceback
+    from concurrent.futures import ThreadPoolExecutor
+
+    from reproduction.errors import PortableError
+    from reproduction.train.launcher import WorkerFailure, cpu_threads, run_tasks
+
+    claims = tempfile.mkdtemp(prefix="recap-value-claims-")
+    jobs = [dataclasses.replace(job, claims=claims, chunks=tuple(chunks)) for job in jobs]
+    stop = threading.Event()
+
+    def here(job: ShardJob) -> pa.Table:
+        try:
+            with cpu_threads(1):
+                return infer_job(job, cancelled=stop.is_set)
+        except (PortableError, InferenceCancelled):
+            raise
+        except Exception as exc:  # as a Ray worker's would: one line naming the shard, exit 51
+            summary, text = f"{type(exc).__name__}: {exc}", traceback.format_exc()
+            raise WorkerFailure(rank=job.shard.rank, died=False, summary=summary, traceback=text).error(LABEL) from None
+
+    try:
+        with ThreadPoolExecutor(1, thread_name_prefix="driver-infer") as pool:
+            mine = pool.submit(here, jobs[-1])
+
+            def driver_failed() -> None:
+                if mine.done() and mine.exception() is not None:
+                    raise mine.exception()
+
+            try:
+                rest = run_tasks(
+                    infer_job,
+                    jobs[:-1],
+                    spec=spec,
+                    ray_address=None,
+                    on_done=on_done,
+                    on_poll=driver_failed,
+                    label=LABEL,
+                )
+            except BaseException:
+                stop.set()
+                raise
+            last = mine.result()
+    finally:
+        shutil.rmtree(claims, ignore_errors=True)
+    if on_done is not None:
+        on_done(len(jobs) - 1)
+    return [*rest, last]
