@@ -397,3 +397,23 @@ def test_a_kill_right_after_logging_loses_no_tensorboard_scalar(tmp_path):
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert [r["step"] for r in read_records(tmp_path / "metrics.jsonl")] == list(range(1, 301))
     assert train_tiny.tb_scalars(tmp_path, "train/loss") == [(s, s / 8) for s in range(1, 301)]
+
+
+def test_a_resumed_event_file_sorts_after_the_earlier_ones(tmp_path):
+    """TensorBoard reads event files in name order (`...<second>.<host>.<pid>.<counter>`, not zero-padded):
+    a resume's file made in the same second as one numbered 9 would sort before it, and its purge would
+    then hide the earlier steps. The new file waits for a later second instead (at most one)."""
+    import socket
+    import time
+
+    from reproduction.train.metrics import MetricsLog
+
+    tb = tmp_path / "tensorboard"
+    tb.mkdir()
+    earlier = tb / f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.9"
+    earlier.touch()
+    log = MetricsLog(tmp_path, resume_step=0)
+    log.log(1, "train", {"loss": 1.0})
+    log.close()
+    names = sorted(p.name for p in tb.iterdir())
+    assert len(names) == 2 and names[0] == earlier.name  # the resumed run's file is read last

@@ -52,6 +52,7 @@ class MetricsLog:
             from torch.utils.tensorboard import SummaryWriter
 
             purge = None if resume_step is None else resume_step + 1
+            _wait_to_sort_last(Path(out_dir) / "tensorboard")
             self._tb = SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"), purge_step=purge)
 
     def log(self, step: int, split: str, metrics: dict[str, float]) -> dict[str, Any]:
@@ -73,3 +74,25 @@ class MetricsLog:
         self._fh.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def _wait_to_sort_last(tb_dir: Path) -> None:
+    """Make a new event file sort after every one already in `tb_dir`: wait, at most a second, for
+    a later creation second than theirs.
+
+    TensorBoard reads a run's event files in name order, and the name is
+    `events.out.tfevents.<second>.<host>.<pid>.<per-process counter>`, the last two not zero-padded:
+    a writer made in the same second as an earlier one (a resume right after an interruption, runs
+    in one process) can sort before it ("...10" < "...9"), and the purge of the resumed steps then
+    hides the steps logged before them.
+    """
+    seconds = []
+    for path in tb_dir.glob("events.out.tfevents.*"):
+        try:
+            seconds.append(int(path.name.split(".")[3]))
+        except (IndexError, ValueError):
+            continue
+    if seconds:
+        delay = max(seconds) + 1 - time.time()
+        if 0 < delay <= 1:  # a file from the future (another machine's clock) is not waited for
+            time.sleep(delay)
