@@ -196,22 +196,21 @@ def upstream_advantages(
 def io_floor(root: Path, out: Path) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from reproduction.data.scan import ordered_map, read_parquet
+    from reproduction.recap.returns import repeat_strings
     from reproduction.recap.sidecars import writer_options
 
     files = sorted((root / "data").glob("*/*.parquet"))
     cols = ["episode_index", "frame_index", "task_index", "is_success"]
     t = pa.concat_tables([r.table for r in ordered_map(lambda p: read_parquet(p, cols), files)]).combine_chunks()
     tasks = _tasks(root)
-    names = pa.array([tasks[i] for i in sorted(tasks)], pa.string())
     fr = t.column("frame_index")
-    codes = t.column("task_index").to_numpy().astype(np.int32)
     table = pa.table(
         {
             "episode_index": t.column("episode_index"),
             "frame_index": fr,
             "return": fr.cast(pa.float32()),
             "reward": fr.cast(pa.float32()),
-            "prompt": pa.DictionaryArray.from_arrays(pa.array(codes), names),
+            "prompt": repeat_strings([tasks[i] for i in sorted(tasks)], t.column("task_index").to_numpy()),
         }
     )
     pq.write_table(table, out, **writer_options(table.schema))
@@ -223,6 +222,7 @@ def advantages_io_floor(root: Path, returns: Path, values: Path, out: Path) -> N
     only elementwise arithmetic in between: no alignment checks, no per-episode work, no threshold."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from reproduction.data.scan import ordered_map, read_parquet
+    from reproduction.recap.returns import repeat_strings
     from reproduction.recap.sidecars import writer_options
 
     files = sorted((root / "data").glob("*/*.parquet"))
@@ -243,7 +243,7 @@ def advantages_io_floor(root: Path, returns: Path, values: Path, out: Path) -> N
             "reward_sum": g,
             "reward_sum_raw": g,
             "num_valid_rewards": np.full(n, 10, dtype=np.int64),
-            "dataset_name": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([root.name])),
+            "dataset_name": repeat_strings([root.name], np.zeros(n, np.int64)),
             "advantage": a >= 0,
         }
     )
