@@ -89,14 +89,27 @@ def read_index(path: Path, *, rel: str) -> list[Member]:
         data = json.loads(path.read_text(encoding="utf-8"))
         if data.get("format") != INDEX_FORMAT or str(data.get("format_version", "")).split(".")[0] != "1":
             raise ValueError(f"format {data.get('format')!r:.40} {data.get('format_version')!r:.40}")
-        return [_row(row) for row in data["members"]]
+        rows = data["members"]
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        raise InvalidInputError(
-            f"{rel}: not a member index this portable reads ({exc})",
-            path=rel,
-            field=rel,
-            hint="the bundle is damaged or from a newer portable; use its own runner",
-        ) from None
+        raise _bad_index(rel, exc) from None
+    return members_from_rows(rows, rel=rel)
+
+
+def members_from_rows(rows: list, *, rel: str) -> list[Member]:
+    """Members from index rows `[name, kind, mode, size, linkname]`; InvalidInputError (exit 4) names a bad row."""
+    try:
+        return [_row(row) for row in rows]
+    except (ValueError, TypeError) as exc:
+        raise _bad_index(rel, exc) from None
+
+
+def _bad_index(rel: str, exc: Exception) -> InvalidInputError:
+    return InvalidInputError(
+        f"{rel}: not a member index this portable reads ({exc})",
+        path=rel,
+        field=rel,
+        hint="the bundle is damaged or from a newer portable; use its own runner",
+    )
 
 
 def load_layer(bundle: Path, entry: LayerEntry, expected_sha: str) -> LoadedLayer:

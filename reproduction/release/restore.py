@@ -2,7 +2,8 @@
 
 Under the bundle's lock: plain files are hashed in a thread pool while the layer archives are read
 (hashed and listed in the same pass); all layers are validated against one union view before any
-is extracted; each target folder is built in `.portable/staging/` and swapped into place with one
+is extracted; each target folder is built in `.portable/staging/` (target folders concurrently, a
+large layer beside others in a child process: release/extract_child.py) and swapped into place with one
 atomic rename (renameat2 RENAME_EXCHANGE where the kernel has it), then relocated for where it now
 lives, then recorded in the receipt. A second restore trusts the receipt plus a stat pass (`deep`
 rehashes); a kill at any moment leaves each target either as it was or complete, and the next
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from reproduction.digests import default_jobs, sha256_file
 from reproduction.errors import InvalidInputError, WriteFailedError, os_error
+from reproduction.release import extract_child
 from reproduction.release import layers as layer_io
 from reproduction.release.lock import bundle_lock
 from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, LayerEntry, Manifest, load_manifest
@@ -256,9 +258,10 @@ def _extract_groups(
         dest = staging / f"{i}"
         recs: dict[str, LayerReceipt] = {}
         for layer in g.layers:
-            written = layer_io.extract_layer(
-                bundle, loaded[layer.archive], dest, digests=layer.kind == "source", on_bytes=on_bytes
-            )
+            # Beside another group, a large layer extracts in a child: threads would take turns on the GIL.
+            alone = len(todo) == 1 or layer.members < extract_child.MIN_MEMBERS
+            extract = layer_io.extract_layer if alone else extract_child.extract_layer_in_child
+            written = extract(bundle, loaded[layer.archive], dest, digests=layer.kind == "source", on_bytes=on_bytes)
             for earlier in recs.values():  # an overlay's later file supersedes the earlier record
                 for rel in written.files.keys() | written.links.keys():
                     earlier.files.pop(rel, None)
