@@ -133,6 +133,31 @@ def test_a_stage_killed_midway_is_redone_on_resume(tmp_path):
     assert got == [("count", "skipped"), ("label", "ran")] and not (run / "label" / "half.txt").exists()
 
 
+def test_the_first_write_is_one_running_record_before_any_stage_folder(tmp_path, monkeypatch):
+    """A fresh run writes run.json once before its first stage folder (already saying `running`):
+    a kill right after it leaves a run that --resume completes."""
+    import reproduction.run.runner as runner_mod
+
+    run, writes = tmp_path / "run", []
+    real = runner_mod._write_state
+
+    def spy(run_dir, state):
+        writes.append((json.loads(json.dumps(state["stages"], default=str)), sorted(p.name for p in run_dir.iterdir())))
+        real(run_dir, state)
+        if len(writes) == 1:
+            raise KeyboardInterrupt  # killed right after the run's first write
+
+    monkeypatch.setattr(runner_mod, "_write_state", spy)
+    with pytest.raises(KeyboardInterrupt):
+        _run(run)
+    stages, present = writes[0]
+    assert stages["count"]["status"] == "running" and present == []  # nothing but run.json is written yet
+    assert sorted(p.name for p in run.iterdir()) == ["run.json"]
+    monkeypatch.setattr(runner_mod, "_write_state", real)
+    assert _run(run, resume=True) == [("count", "ran"), ("label", "ran")]
+    assert read_state(run)["stages"]["label"]["status"] == "complete"
+
+
 def test_run_folder_refusals(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(RunStateError, match="is a file") as err:

@@ -447,20 +447,20 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
             rec.update(key=key, key_parts=parts)
             _write_state(run_dir, state)
         return StageReport(name=spec.name, action="skipped", seconds=0.0, output=_output_from_record(stage_dir, rec))
-    if not (run_dir / RUN_JSON).is_file():  # before the first stage folder: a kill then leaves a run to --resume
-        _write_state(run_dir, state)
-    if action == "fresh" and stage_dir.exists():
-        shutil.rmtree(stage_dir)
-    stage_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    state["stages"][spec.name] = {
-        **(rec or {}),
-        "status": "running",
-        "key": key,
-        "key_parts": parts,
-        "started": started,
-    }
-    _write_state(run_dir, state)
+    running = {**(rec or {}), "status": "running", "key": key, "key_parts": parts, "started": started}
+    if not (run_dir / RUN_JSON).is_file():
+        # The run's first write comes before its first stage folder, so a kill then leaves a run to
+        # --resume. The folder was empty (run_recipe checked), so there is no old stage folder to clear.
+        state["stages"][spec.name] = running
+        _write_state(run_dir, state)
+        stage_dir.mkdir(parents=True, exist_ok=True)
+    else:  # the record says `running` only once the folder holds nothing from another key
+        if action == "fresh" and stage_dir.exists():
+            shutil.rmtree(stage_dir)
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        state["stages"][spec.name] = running
+        _write_state(run_dir, state)
     ctx = StageContext(
         name=spec.name,
         config=walk.config,
