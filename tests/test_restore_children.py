@@ -97,6 +97,17 @@ def test_children_write_what_threads_write(packed, tmp_path, children):
     assert _receipt(kids)["layers"]["source/project.tar.zst"]["digests"]  # source layers record digests
 
 
+def test_one_job_extracts_one_target_at_a_time_in_threads(bundle, children):
+    restore_bundle(bundle, ui=QUIET, jobs=1)
+    assert children == []  # nothing runs beside it, so there is no GIL to share
+    restore_bundle(bundle, ui=QUIET, jobs=2, deep=True)
+    assert children == []  # unchanged targets: nothing to extract
+    (bundle / "runtime" / "rt" / "share" / "data.txt").unlink()
+    (bundle / "source" / "project" / "README.md").write_text("edited")
+    restore_bundle(bundle, ui=QUIET, jobs=2, refresh_source=True)
+    assert sorted(children) == ["runtime/rt.tar.zst", "source/project.tar.zst"]
+
+
 def test_progress_is_relayed_and_the_result_matches_extract_layer(packed, tmp_path):
     manifest = load_manifest(packed)
     entry = next(e for e in manifest.layers if e.target == "runtime/rt")

@@ -245,21 +245,22 @@ def _member_lists(
 
 
 def _extract_groups(
-    bundle: Path, groups: list[Group], loaded: dict[str, layer_io.LoadedLayer], *, ui: UiOptions | None
+    bundle: Path, groups: list[Group], loaded: dict[str, layer_io.LoadedLayer], *, jobs: int, ui: UiOptions | None
 ) -> tuple[dict[str, dict[str, LayerReceipt]], list[Problem]]:
-    """Extract every 'extract' group into `.portable/staging/`, groups concurrently.
+    """Extract every 'extract' group into `.portable/staging/`, up to `jobs` groups at once.
 
     Returns (receipts by target, digest problems found while extracting)."""
     staging = bundle / STATE_DIR / "staging"
     todo = [g for g in groups if g.action == "extract"]
     total = sum(x.entry.unpacked_size for x in loaded.values())
+    workers = max(1, min(len(todo), jobs))  # a bundle of many targets never starts more extractions than cores
 
     def one(i: int, g: Group, on_bytes) -> dict[str, LayerReceipt]:
         dest = staging / f"{i}"
         recs: dict[str, LayerReceipt] = {}
         for layer in g.layers:
             # Beside another group, a large layer extracts in a child: threads would take turns on the GIL.
-            alone = len(todo) == 1 or layer.members < extract_child.MIN_MEMBERS
+            alone = workers == 1 or layer.members < extract_child.MIN_MEMBERS
             extract = layer_io.extract_layer if alone else extract_child.extract_layer_in_child
             written = extract(bundle, loaded[layer.archive], dest, digests=layer.kind == "source", on_bytes=on_bytes)
             for earlier in recs.values():  # an overlay's later file supersedes the earlier record
@@ -281,7 +282,7 @@ def _extract_groups(
     problems: list[Problem] = []
     with progress(ui) as bars:
         task = bars.task("extract", total=total)
-        with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
             futures = [pool.submit(one, i, g, task.advance) for i, g in enumerate(todo)]
             for g, f in zip(todo, futures):
                 try:
@@ -336,7 +337,9 @@ def _verify_and_extract(
             raise_for_report(report)
         validate_layers([(x.entry.archive, x.entry.target, x.members) for x in loaded])
         recs, problems = (
-            _extract_groups(bundle, groups, {x.entry.archive: x for x in loaded}, ui=ui) if loaded else ({}, [])
+            _extract_groups(bundle, groups, {x.entry.archive: x for x in loaded}, jobs=jobs, ui=ui)
+            if loaded
+            else ({}, [])
         )
         report = plain.result()
     extras = _split_extras(report, manifest)
