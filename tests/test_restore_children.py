@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from bundlekit import QUIET, REPO, flip_bit, member, repin, small_bundle, tar_zst, tree_snapshot
+from interpreters import find_python, missing_reason
 
 from reproduction.errors import IntegrityError, UnsafeArchiveError, WriteFailedError
 from reproduction.release import extract_child
@@ -35,13 +37,19 @@ from reproduction.ui import UiOptions
 extract_child.MIN_MEMBERS = 0
 if len(sys.argv) > 3:
     extract_child._BOOT = sys.argv[3]
+started = []
+real = extract_child.extract_layer_in_child
+extract_child.extract_layer_in_child = lambda *a, **k: (started.append(1), real(*a, **k))[1]
 try:
     restore_bundle(Path(sys.argv[2]), ui=UiOptions(quiet=True, progress=False))
 except PortableError as exc:
     print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
     sys.exit(exc.exit_code)
+finally:
+    print(f"children: {len(started)}")
 """
-"""Restore a bundle with every layer in a child (argv: repo, bundle[, the child's boot code])."""
+"""Restore a bundle with every layer in a child (argv: repo, bundle[, the child's boot code]); prints
+how many children it started."""
 
 
 @pytest.fixture(scope="module")
@@ -159,9 +167,35 @@ def test_a_full_disk_in_a_child_is_exit_8_and_keeps_the_previous_state(bundle):
         timeout=120,
     )
     assert done.returncode == 8, done.stderr
+    assert done.stdout == "children: 2\n"
     assert done.stderr.startswith("WriteFailedError: cannot write ") and "file size limit" in done.stderr
     assert not any((bundle / t).exists() for t in TARGETS)
     assert sorted(os.listdir(bundle / ".portable")) == ["lock"]
+
+
+def test_a_bare_python_3_10_extracts_in_children_with_the_zstd_command(bundle, packed, tmp_path):
+    """The oldest Python restore supports, with zstandard hidden: the children (which inherit the
+    environment) decompress with the `zstd` command and write the trees this Python's threads write."""
+    found = find_python("3.10")
+    if found is None:
+        pytest.skip(missing_reason("3.10"))
+    zstd = shutil.which("zstd")
+    if zstd is None:
+        pytest.skip("needs the zstd command")
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "zstandard.py").write_text("raise ImportError('hidden for the test')\n")
+    env = {"PATH": f"{Path(zstd).parent}:/usr/bin:/bin", "PYTHONNOUSERSITE": "1", "PYTHONPATH": str(hide)}
+    done = subprocess.run(
+        [str(found[0]), "-c", DRIVER, str(REPO), str(bundle)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "children: 2\n"
+    reference = tmp_path / "reference"
+    subprocess.run(["cp", "-a", str(packed), str(reference)], check=True)
+    restore_bundle(reference, ui=QUIET)
+    for t in TARGETS:
+        assert tree_snapshot(bundle / t) == tree_snapshot(reference / t)
 
 
 def test_a_killed_child_is_a_one_line_exit_8(bundle, monkeypatch, children):
