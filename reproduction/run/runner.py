@@ -447,20 +447,13 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
             rec.update(key=key, key_parts=parts)
             _write_state(run_dir, state)
         return StageReport(name=spec.name, action="skipped", seconds=0.0, output=_output_from_record(stage_dir, rec))
+    if action == "fresh" and stage_dir.exists():  # cleared first: a `running` record never sees another key's files
+        shutil.rmtree(stage_dir)
     started = time.time()
-    running = {**(rec or {}), "status": "running", "key": key, "key_parts": parts, "started": started}
-    if not (run_dir / RUN_JSON).is_file():
-        # The run's first write comes before its first stage folder, so a kill then leaves a run to
-        # --resume. The folder was empty (run_recipe checked), so there is no old stage folder to clear.
-        state["stages"][spec.name] = running
-        _write_state(run_dir, state)
-        stage_dir.mkdir(parents=True, exist_ok=True)
-    else:  # the record says `running` only once the folder holds nothing from another key
-        if action == "fresh" and stage_dir.exists():
-            shutil.rmtree(stage_dir)
-        stage_dir.mkdir(parents=True, exist_ok=True)
-        state["stages"][spec.name] = running
-        _write_state(run_dir, state)
+    running = {"status": "running", "key": key, "key_parts": parts, "started": started}
+    state["stages"][spec.name] = {**(rec or {}), **running}
+    _write_state(run_dir, state)  # before the stage folder: a kill from here on leaves a run to --resume
+    stage_dir.mkdir(parents=True, exist_ok=True)
     ctx = StageContext(
         name=spec.name,
         config=walk.config,
