@@ -156,7 +156,7 @@ def part_jit(out: Path, smoke: bool, work: Path) -> dict:
     rows = {r["name"]: r for r in report.get("results", [])}
     jit, tool = rows.get("jit", {}), rows.get("toolchain", {})
     details = {
-        "command": "portable " + " ".join(argv[4:]),
+        "command": "portable " + " ".join(argv[3:]),
         "exit": proc.returncode,
         "check_status": report.get("status"),
         "seconds": round(seconds, 3),
@@ -564,23 +564,23 @@ def part_resume(out: Path, smoke: bool, work: Path) -> dict:
     t0 = time.perf_counter()
     train(make, _resume_config(2 * n, n, device), out_dir=again, resume=False)
     timings["reference_repeat_s"] = round(time.perf_counter() - t0, 2)
-    # The run to kill: a child process (its own session), SIGKILLed once step_N is committed.
+    # The run to kill: a child process in this part's process group (a timeout of the part kills it
+    # too), SIGKILLed once step_N is committed; its output goes to a file (a pipe nobody reads can fill).
     run.mkdir(parents=True)
     t0 = time.perf_counter()
-    child = subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), "--resume-child", str(run), "--n", str(n), "--tok", str(tok),
-         "--device", device],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+    with open(work / "resume-child.log", "w") as log:
+        child = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--resume-child", str(run), "--n", str(n), "--tok",
+             str(tok), "--device", device],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     marker, deadline = run / "hanging", time.monotonic() + 90
     while not marker.is_file() and child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     hung = marker.is_file()
-    try:
-        os.killpg(child.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    tail = child.communicate(timeout=30)[0][-2000:]
+    child.kill()  # SIGKILL: the in-process launcher runs no other process
+    child.wait(timeout=30)
+    tail = (work / "resume-child.log").read_text(errors="replace")[-2000:]
     timings["killed_run_s"] = round(time.perf_counter() - t0, 2)
     if not hung:
         return record(
