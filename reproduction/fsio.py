@@ -56,3 +56,24 @@ def fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def user_path(text: str | os.PathLike[str], *, what: str = "path") -> Path:
+    """A path the user typed, made absolute and resolved once (`~` expanded, symlinks followed, `..` folded).
+
+    The CLI calls this for every path argument before anything uses it, so every path derived from it
+    (a run's stage folders, exports, evidence) is absolute too and `relative_to` between them cannot
+    mix a relative and an absolute path. A path that does not exist yet is resolved as far as it goes.
+    Raises InputNotFoundError (exit 3) for a symbolic-link loop, naming the path.
+    """
+    from reproduction.errors import InputNotFoundError
+
+    raw = os.fspath(text)
+    try:
+        return Path(raw).expanduser().resolve()
+    except (RuntimeError, OSError) as exc:  # Python < 3.13: RuntimeError "Symlink loop"; 3.13: OSError ELOOP
+        raise InputNotFoundError(
+            f"{what} {raw} cannot be resolved ({exc.__class__.__name__}: a symbolic-link loop?)",
+            path=raw,
+            hint=f"pass a {what} that is not a symbolic-link loop",
+        ) from None

@@ -294,8 +294,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
+    from reproduction.run.cli import normalise_paths
     from reproduction.run.lineage_check import lineage_chain, verify_lineage  # stdlib only
 
+    normalise_paths(args, "run_dir")
     chain = lineage_chain(Path(args.run_dir))
     report = verify_lineage(Path(args.run_dir)) if args.verify else None
     if args.json:
@@ -310,8 +312,10 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from reproduction.run.cli import normalise_paths
     from reproduction.run.demo import run_demo
 
+    normalise_paths(args, "output")
     return run_demo(
         Path(args.output) if args.output else None, quick=args.quick, overrides=args.overrides, ui=_ui(args)
     )

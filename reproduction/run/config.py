@@ -122,6 +122,9 @@ class ValueInferSection:
     device: str = "auto"
     """auto, cpu, cuda or npu (auto: what `portable check` selects)."""
 
+    def __post_init__(self) -> None:
+        _check_ranges("value.infer", (("batch_size", self.batch_size, 1), ("workers", self.workers, 1)))
+
 
 def _value_train() -> TrainConfig:
     return TrainConfig(max_steps=300, global_batch=32, micro_batch=16, launcher="inprocess", device="cpu")
@@ -201,6 +204,34 @@ class EvalSection:
     reference: str | None = None
     """Reference evidence JSON the compare stage checks the evaluation against (usually ${BUNDLE}/evidence/...;
     its sha256 keys that stage only, so a new reference recompares without evaluating again); None = none."""
+
+    def __post_init__(self) -> None:
+        _check_ranges(
+            "eval",
+            (
+                ("episodes_per_task", self.episodes_per_task, 1),
+                ("workers", self.workers, 1),
+                ("videos", self.videos, 0),
+                ("seed", self.seed, 0),
+            ),
+        )
+        if not self.tasks:
+            raise ConfigError("eval.tasks is empty; name at least one simulator task", field="eval.tasks")
+        if not self.guidance_scales or any(w < 0 for w in self.guidance_scales):
+            raise ConfigError(
+                f"eval.guidance_scales={list(self.guidance_scales)} must be a non-empty list of values >= 0",
+                field="eval.guidance_scales",
+            )
+
+
+def _check_ranges(section: str, values: tuple[tuple[str, Any, float], ...]) -> None:
+    """ConfigError naming the first `section.key` whose value is below its minimum (checked when the config
+    loads, so a run that could not finish is refused before any stage trains)."""
+    for key, value, least in values:
+        if value < least:
+            raise ConfigError(
+                f"{section}.{key}={value} must be >= {least:g}", field=f"{section}.{key}", hint=f"set {section}.{key}"
+            )
 
 
 @dataclass(kw_only=True, slots=True)
