@@ -23,6 +23,10 @@ def _ui(args: Any) -> UiOptions:
     return UiOptions(quiet=getattr(args, "quiet", False), progress=not getattr(args, "no_progress", False))
 
 
+POSITIONAL = ("bundle", "run_dir", "spec", "dir", "manifest")
+"""Path arguments named by their metavar (BUNDLE, RUN_DIR, ...) in errors, not as a --flag."""
+
+
 def normalise_paths(args: Any, *names: str) -> None:
     """Make each named path argument of `args` absolute and resolved, once, at the CLI boundary (fsio.user_path);
     a list argument (`--config` repeated) item by item, None left as None. Everything the command derives
@@ -33,7 +37,7 @@ def normalise_paths(args: Any, *names: str) -> None:
         value = getattr(args, name, None)
         if value is None:
             continue
-        flag = "--" + name.replace("_", "-")
+        flag = name.upper() if name in POSITIONAL else "--" + name.replace("_", "-")
         if isinstance(value, list):
             setattr(args, name, [str(user_path(v, what=flag)) for v in value])
         else:
@@ -76,6 +80,15 @@ def cmd_run(args: Any) -> int:
             f"{bad[0]!r} is neither an option nor a key.path=value override",
             field=bad[0],
             hint="write config overrides as key.path=value (see docs/config.md)",
+        )
+    if bundle is not None and (Path(args.output) == bundle or bundle in Path(args.output).parents):
+        from reproduction.errors import RunStateError
+
+        raise RunStateError(
+            f"--output {args.output} is inside the bundle {bundle}; a run would add files the bundle's manifest "
+            "does not list (`portable verify` then reports them)",
+            path=Path(args.output),
+            hint="pass an --output outside the bundle folder",
         )
     if args.target_step is not None and args.target_step < 1:
         raise ConfigError(f"--target-step {args.target_step} must be >= 1", field="target_step")

@@ -333,6 +333,8 @@ def merged_config(
 def _load_yaml(path: Path) -> Any:
     from omegaconf import DictConfig, OmegaConf
 
+    if path.is_dir():
+        raise InputNotFoundError(f"config file {path} is a folder, not a file", path=path, hint="pass a --config FILE")
     if not path.is_file():
         raise InputNotFoundError(f"config file {path} does not exist", path=path, hint="pass an existing --config FILE")
     try:
