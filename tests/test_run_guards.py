@@ -262,10 +262,15 @@ def test_resume_with_fewer_steps_than_trained_is_refused_naming_both(tmp_path):
         ("eval.videos=-1", "eval.videos=-1 must be >= 0"),
         ("eval.guidance_scales=[]", "eval.guidance_scales=[] must be a non-empty list"),
         ("value.infer.batch_size=0", "value.infer.batch_size=0 must be >= 1"),
+        ("policy.modes=[]", "policy.modes=[] must name each of recap, bc, filtered_bc"),
+        ("policy.modes=[recap,bc,bc]", "policy.modes=['recap', 'bc', 'bc'] must name each"),
+        ("eval.tasks=[Nope-v1]", "eval.tasks: unknown simulator task 'Nope-v1'"),
+        ("min_free_gb=-1", "min_free_gb=-1.0 must be >= 0"),
     ],
 )
-def test_a_value_no_stage_could_finish_with_is_refused_at_load(tmp_path, override, words):
+def test_a_value_no_stage_could_finish_with_is_refused_at_load(tmp_path, capsys, override, words):
     from reproduction.portable import main
 
     assert main(["-q", "run", "--output", str(tmp_path / "run"), override]) == 4
+    assert capsys.readouterr().err.splitlines()[0].startswith(f"error: {words}")
     assert not (tmp_path / "run").exists()

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reproduction.errors import ConfigError, InputNotFoundError
+from reproduction.errors import ConfigError, InputNotFoundError, PortableError
 from reproduction.recap.advantage_config import AdvantageConfig
 from reproduction.recap.value.config import ValueStageConfig
 from reproduction.train.config import TrainConfig
@@ -184,6 +184,16 @@ class PolicySection:
     train: TrainConfig = field(default_factory=_policy_train)
     """How each policy trains (the training core's config)."""
 
+    def __post_init__(self) -> None:
+        known = ("recap", "bc", "filtered_bc")
+        bad = [m for m in self.modes if m not in known]
+        if not self.modes or bad or len(set(self.modes)) != len(self.modes):
+            raise ConfigError(
+                f"policy.modes={list(self.modes)} must name each of {', '.join(known)} at most once, at least one",
+                field="policy.modes",
+                hint="e.g. policy.modes=[recap,bc]",
+            )
+
 
 @dataclass(kw_only=True, slots=True)
 class EvalSection:
@@ -217,6 +227,15 @@ class EvalSection:
         )
         if not self.tasks:
             raise ConfigError("eval.tasks is empty; name at least one simulator task", field="eval.tasks")
+        try:
+            from reproduction.sim.tasks import get_task
+        except ImportError:  # pragma: no cover - a build without the simulator
+            get_task = None
+        for task in self.tasks if get_task is not None else ():
+            try:
+                get_task(task)
+            except PortableError as exc:
+                raise ConfigError(f"eval.tasks: {exc.message}", field="eval.tasks", hint=exc.hint) from None
         if not self.guidance_scales or any(w < 0 for w in self.guidance_scales):
             raise ConfigError(
                 f"eval.guidance_scales={list(self.guidance_scales)} must be a non-empty list of values >= 0",
@@ -225,13 +244,12 @@ class EvalSection:
 
 
 def _check_ranges(section: str, values: tuple[tuple[str, Any, float], ...]) -> None:
-    """ConfigError naming the first `section.key` whose value is below its minimum (checked when the config
-    loads, so a run that could not finish is refused before any stage trains)."""
+    """ConfigError naming the first `section.key` (`key` at the top level) whose value is below its minimum
+    (checked when the config loads, so a run that could not finish is refused before any stage trains)."""
     for key, value, least in values:
+        name = f"{section}.{key}" if section else key
         if value < least:
-            raise ConfigError(
-                f"{section}.{key}={value} must be >= {least:g}", field=f"{section}.{key}", hint=f"set {section}.{key}"
-            )
+            raise ConfigError(f"{name}={value} must be >= {least:g}", field=name, hint=f"set {name}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -258,6 +276,9 @@ class RunConfig:
     """Join this Ray cluster instead of starting a local one."""
     min_free_gb: float = 1.0
     """Preflight: free disk space the run folder needs (GiB)."""
+
+    def __post_init__(self) -> None:
+        _check_ranges("", (("min_free_gb", self.min_free_gb, 0),))
 
 
 # -- loading --------------------------------------------------------------------------------------
