@@ -274,3 +274,39 @@ def test_a_value_no_stage_could_finish_with_is_refused_at_load(tmp_path, capsys,
     assert main(["-q", "run", "--output", str(tmp_path / "run"), override]) == 4
     assert capsys.readouterr().err.splitlines()[0].startswith(f"error: {words}")
     assert not (tmp_path / "run").exists()
+
+
+def sleeping_stage(ctx: StageContext) -> StageOutput:
+    (ctx.out_dir / "started").write_text("")
+    import time
+
+    time.sleep(60)
+    raise AssertionError("not stopped")
+
+
+def test_sigterm_to_a_running_process_records_the_stage_interrupted(tmp_path):
+    """A real SIGTERM from outside (what a scheduler or `kill` sends): the process exits 130 with one line and
+    run.json says `interrupted`, not `running`; --resume then redoes the stage."""
+    import time
+
+    run = tmp_path / "run"
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[2]); import test_run_guards as g; "
+        "from reproduction.run.runner import RunOptions, run_recipe; "
+        "label = g.StageSpec(name='label', fn='test_run_guards:sleeping_stage'); "
+        "r = g.Recipe(name='toy', stages=(g.TOY.stages[0], label)); "
+        "run_recipe(r, g.ToyConfig(), g.Path(sys.argv[1]), RunOptions(inputs={}))"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(run), str(Path(__file__).parent)], env=env, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while not (run / "label" / "started").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    rec = read_state(run)["stages"]["label"]
+    assert rec["status"] == "interrupted" and rec["error"] == "KeyboardInterrupt: SIGTERM"
+    assert _run(run, resume=True, inputs={}) == [("count", "skipped"), ("label", "ran")]
