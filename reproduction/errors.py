@@ -12,7 +12,7 @@ Exit codes (documented in `portable --help`):
     4   invalid input: malformed spec, manifest or config; unknown format version
     5   bundle integrity: verify found missing/extra/size/digest mismatches
     6   unsafe archive: a layer member would escape its target or is forbidden
-    7   busy: another process holds the lock
+    7   busy: another process holds the lock (a bundle's, or a run folder's)
     8   out of space or a write failed
     9   relocation impossible (a binary rewrite does not fit)
     10  missing dependency (zstandard / zstd CLI / an extra not installed)
@@ -298,8 +298,9 @@ class StageKeyChangedError(PortableError, RuntimeError):
 
 
 class RunStateError(PortableError, RuntimeError):
-    """The run folder cannot be used as asked: it is a file, holds another run (no --resume), or
-    lacks a stage the requested ones need."""
+    """The run folder cannot be used as asked: it is a file, holds another run (no --resume), its run.json
+    is not of the schema its format_version names (the field is named), a stage folder or evidence/ is a
+    symbolic link, it lies inside the bundle, or it lacks a stage the requested ones need."""
 
     exit_code = 55
 

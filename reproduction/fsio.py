@@ -56,3 +56,33 @@ def fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def user_path(text: str | os.PathLike[str], *, what: str = "path") -> Path:
+    """A path the user typed, made absolute and resolved once (`~` expanded, symlinks followed, `..` folded).
+
+    The CLI calls this for every path argument before anything uses it, so every path derived from it
+    (a run's stage folders, exports, evidence) is absolute too and `relative_to` between them cannot
+    mix a relative and an absolute path. A path that does not exist yet is resolved as far as it goes.
+    Raises InputNotFoundError (exit 3), naming `what` and the path, for a symbolic-link loop and for a
+    symbolic link to nothing (a dangling link is a mistyped path more often than a place to create).
+    """
+    from reproduction.errors import InputNotFoundError
+
+    raw = os.fspath(text)
+    path = Path(raw).expanduser()
+    try:
+        resolved = path.resolve()
+    except (RuntimeError, OSError):  # Python < 3.13: RuntimeError "Symlink loop"; 3.13: OSError ELOOP
+        raise InputNotFoundError(
+            f"{what} {raw} is a symbolic-link loop (it never reaches a file or folder)",
+            path=raw,
+            hint=f"point the link at a real file or folder, or pass another {what}",
+        ) from None
+    if path.is_symlink() and not path.exists():
+        raise InputNotFoundError(
+            f"{what} {raw} is a symbolic link to {os.readlink(path)}, which does not exist",
+            path=raw,
+            hint=f"point the link at a real file or folder, or pass another {what}",
+        )
+    return resolved

@@ -63,7 +63,9 @@ EXIT_CODES = """exit codes:
          34 downloaded bytes kept failing sha256, 35 conflict: branch moved or tag taken)
   weights verify: 5 bytes missing or different, 4 only fields still "to-be-pinned"
   pack --dry-run: 3 something is missing on this machine
-  40-49 dataset/sidecar    50-59 training and runs"""
+  40-49 dataset/sidecar    50-59 training and runs (52 a stage's inputs changed or its steps were lowered,
+         55 the run folder cannot be used: wrongly shaped run.json, a linked stage folder, --output in the bundle)
+  7 also: another `portable run` works in the run folder    130 interrupted (Ctrl-C, SIGTERM)"""
 
 
 def _default_bundle() -> Path:
@@ -289,13 +291,25 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from reproduction.run.cli import cmd_eval as evaluate
+    from reproduction.run.cli import normalise_paths
 
-    return evaluate(args)
+    normalise_paths(args, "output")
+    run_dir = Path(args.output)
+    if not (run_dir / "run.json").is_file():
+        return evaluate(args)
+    from reproduction.run.guards import refuse_links, run_lock
+    from reproduction.run.recap_recipe import RECAP
+
+    with run_lock(run_dir, what="eval"):  # one writer in a run folder: not beside a `portable run`
+        refuse_links(run_dir, [s.name for s in RECAP.stages])
+        return evaluate(args)
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
+    from reproduction.run.cli import normalise_paths
     from reproduction.run.lineage_check import lineage_chain, verify_lineage  # stdlib only
 
+    normalise_paths(args, "run_dir")
     chain = lineage_chain(Path(args.run_dir))
     report = verify_lineage(Path(args.run_dir)) if args.verify else None
     if args.json:
@@ -310,8 +324,10 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from reproduction.run.cli import normalise_paths
     from reproduction.run.demo import run_demo
 
+    normalise_paths(args, "output")
     return run_demo(
         Path(args.output) if args.output else None, quick=args.quick, overrides=args.overrides, ui=_ui(args)
     )
@@ -496,8 +512,25 @@ def _render(exc: PortableError) -> int:
 def _from_os_error(exc: OSError) -> PortableError:
     """A raw OSError that reached the CLI (the library should have wrapped it), through the one
     mapping (errors.os_error), so the user still gets one line and a usage-class code, not a bug."""
-    op = "read" if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR) else "write"
+    op = "read" if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ELOOP) else "write"
     return os_error(exc, "a file", op=op, hint="rerun with --debug to see where it happened")
+
+
+PATH_ARGUMENTS = ("bundle", "spec", "out", "root", "dir", "manifest", "run_dir", "output", "config", "checkpoint")
+"""The attributes of the parsed arguments that hold user paths (every command's)."""
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """Refuse a path argument that is a symbolic-link loop or a link to nothing (exit 3, one line naming it)
+    before any command reads it; run/eval/demo/lineage also use the resolved form (run/cli.py normalise_paths)."""
+    from reproduction.fsio import user_path
+    from reproduction.run.cli import POSITIONAL
+
+    for name in PATH_ARGUMENTS:
+        value = getattr(args, name, None)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and item and not (name == "checkpoint" and item.isdigit()):
+                user_path(item, what=name.upper() if name in POSITIONAL else "--" + name.replace("_", "-"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -520,6 +553,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.json and not args.json_output:
             raise UsageError(f"`portable {args.command}` has no JSON output", hint="drop --json")
+        _check_paths(args)
         return int(args.handler(args) or 0)
     except PortableError as exc:
         if args.debug:

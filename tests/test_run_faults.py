@@ -285,6 +285,6 @@ def test_bad_input_is_one_line_and_a_documented_code(world, tmp_path, capsys, na
     elif code != 40:
         changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
         assert not changed, f"{name} changed {sorted(changed)}"
-    if (out / "run.json").exists():  # a stage failed mid-run: recorded as running, no outputs claimed
+    if (out / "run.json").exists():  # a stage failed mid-run: recorded as failed, no outputs claimed
         stages = json.loads((out / "run.json").read_text())["stages"]
-        assert all(s["status"] == "running" for s in stages.values()) or code == 52
+        assert all(s["status"] == "failed" and "outputs" not in s for s in stages.values()) or code == 52

@@ -128,7 +128,7 @@ def test_a_stage_killed_midway_is_redone_on_resume(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         run_recipe(crashing, ToyConfig(), run, RunOptions(inputs={}))
     state = read_state(run)
-    assert state["stages"]["count"]["status"] == "complete" and state["stages"]["label"]["status"] == "running"
+    assert state["stages"]["count"]["status"] == "complete" and state["stages"]["label"]["status"] == "interrupted"
     got = [(s.name, s.action) for s in run_recipe(TOY, ToyConfig(), run, RunOptions(inputs={}, resume=True)).stages]
     assert got == [("count", "skipped"), ("label", "ran")] and not (run / "label" / "half.txt").exists()
 
@@ -151,8 +151,8 @@ def test_the_first_write_is_one_running_record_before_any_stage_folder(tmp_path,
     with pytest.raises(KeyboardInterrupt):
         _run(run)
     stages, present = writes[0]
-    assert stages["count"]["status"] == "running" and present == []  # nothing but run.json is written yet
-    assert sorted(p.name for p in run.iterdir()) == ["run.json"]
+    assert stages["count"]["status"] == "running" and present == [".lock"]  # nothing but the lock and run.json yet
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "run.json"]
     monkeypatch.setattr(runner_mod, "_write_state", real)
     assert _run(run, resume=True) == [("count", "ran"), ("label", "ran")]
     assert read_state(run)["stages"]["label"]["status"] == "complete"

@@ -36,15 +36,35 @@ def bundle_lock(bundle: Path, *, what: str, wait_s: float = 0.0) -> Iterator[Non
     (WriteFailedError, exit 8, when the bundle folder is not writable).
     """
     state = Path(bundle) / STATE_DIR
-    path = state / LOCK_NAME
     try:
         state.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise os_error(
+            exc,
+            f"the lock file {state / LOCK_NAME}",
+            hint=f"{what} needs write access to the bundle folder; copy the bundle somewhere writable",
+        ) from None
+    with folder_lock(bundle, state / LOCK_NAME, what=what, subject="this bundle", wait_s=wait_s):
+        yield
+
+
+@contextmanager
+def folder_lock(
+    folder: Path, path: Path, *, what: str, subject: str, wait_s: float = 0.0, lead: str = ""
+) -> Iterator[None]:
+    """Hold an exclusive flock on the file `path` (created, in an existing folder) for the `with` body.
+
+    LockHeldError (exit 7) names `folder`, the holder's pid and command, and `subject` ("this bundle",
+    "this run folder"), after `lead`, once `wait_s` seconds passed; WriteFailedError (exit 8) when the file
+    cannot be created.
+    """
+    try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         raise os_error(
             exc,
             f"the lock file {path}",
-            hint=f"{what} needs write access to the bundle folder; copy the bundle somewhere writable",
+            hint=f"{what} needs write access to {folder}; copy it somewhere writable",
         ) from None
     try:
         deadline = time.monotonic() + max(0.0, wait_s)
@@ -55,7 +75,7 @@ def bundle_lock(bundle: Path, *, what: str, wait_s: float = 0.0) -> Iterator[Non
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     raise LockHeldError(
-                        f"{bundle}: another portable process{_holder(fd)} is working on this bundle; "
+                        f"{folder}: {lead}another portable process{_holder(fd)} is working on {subject}; "
                         f"refusing to {what} at the same time",
                         path=path,
                         hint="wait for it to finish and run the command again",

@@ -23,6 +23,27 @@ def _ui(args: Any) -> UiOptions:
     return UiOptions(quiet=getattr(args, "quiet", False), progress=not getattr(args, "no_progress", False))
 
 
+POSITIONAL = ("bundle", "run_dir", "spec", "dir", "manifest")
+"""Path arguments named by their metavar (BUNDLE, RUN_DIR, ...) in errors, not as a --flag."""
+
+
+def normalise_paths(args: Any, *names: str) -> None:
+    """Make each named path argument of `args` absolute and resolved, once, at the CLI boundary (fsio.user_path);
+    a list argument (`--config` repeated) item by item, None left as None. Everything the command derives
+    from them (the run folder's stage folders, exports, evidence) is then absolute too."""
+    from reproduction.fsio import user_path
+
+    for name in names:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        flag = name.upper() if name in POSITIONAL else "--" + name.replace("_", "-")
+        if isinstance(value, list):
+            setattr(args, name, [str(user_path(v, what=flag)) for v in value])
+        else:
+            setattr(args, name, str(user_path(value, what=flag)))
+
+
 def _config_files(args: Any, bundle: Path | None) -> list[Path]:
     if args.config:
         return [Path(c) for c in args.config]
@@ -45,6 +66,7 @@ def cmd_run(args: Any) -> int:
     if args.bundle and "=" in args.bundle and not Path(args.bundle).exists():
         overrides.insert(0, args.bundle)  # `portable run --output D key=value`: no bundle given
         args.bundle = None
+    normalise_paths(args, "output", "config", "bundle")
     bundle = Path(args.bundle).resolve() if args.bundle else None
     if bundle is not None and not bundle.is_dir():
         raise InputNotFoundError(
@@ -58,6 +80,15 @@ def cmd_run(args: Any) -> int:
             f"{bad[0]!r} is neither an option nor a key.path=value override",
             field=bad[0],
             hint="write config overrides as key.path=value (see docs/config.md)",
+        )
+    if bundle is not None and (Path(args.output) == bundle or bundle in Path(args.output).parents):
+        from reproduction.errors import RunStateError
+
+        raise RunStateError(
+            f"--output {args.output} is inside the bundle {bundle}; a run would add files the bundle's manifest "
+            "does not list (`portable verify` then reports them)",
+            path=Path(args.output),
+            hint="pass an --output outside the bundle folder",
         )
     if args.target_step is not None and args.target_step < 1:
         raise ConfigError(f"--target-step {args.target_step} must be >= 1", field="target_step")
@@ -113,6 +144,9 @@ def cmd_eval(args: Any) -> int:
     from reproduction.run.recap_policy import evaluate_exports
     from reproduction.run.runner import read_state
 
+    normalise_paths(args, "output", "config")
+    if not args.checkpoint.isdigit():
+        normalise_paths(args, "checkpoint")
     run_dir = Path(args.output)
     if run_dir.exists() and not run_dir.is_dir():
         from reproduction.errors import RunStateError

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reproduction.errors import ConfigError, InputNotFoundError
+from reproduction.errors import ConfigError, InputNotFoundError, PortableError
 from reproduction.recap.advantage_config import AdvantageConfig
 from reproduction.recap.value.config import ValueStageConfig
 from reproduction.train.config import TrainConfig
@@ -122,6 +122,9 @@ class ValueInferSection:
     device: str = "auto"
     """auto, cpu, cuda or npu (auto: what `portable check` selects)."""
 
+    def __post_init__(self) -> None:
+        _check_ranges("value.infer", (("batch_size", self.batch_size, 1), ("workers", self.workers, 1)))
+
 
 def _value_train() -> TrainConfig:
     return TrainConfig(max_steps=300, global_batch=32, micro_batch=16, launcher="inprocess", device="cpu")
@@ -181,6 +184,16 @@ class PolicySection:
     train: TrainConfig = field(default_factory=_policy_train)
     """How each policy trains (the training core's config)."""
 
+    def __post_init__(self) -> None:
+        known = ("recap", "bc", "filtered_bc")
+        bad = [m for m in self.modes if m not in known]
+        if not self.modes or bad or len(set(self.modes)) != len(self.modes):
+            raise ConfigError(
+                f"policy.modes={list(self.modes)} must name each of {', '.join(known)} at most once, at least one",
+                field="policy.modes",
+                hint="e.g. policy.modes=[recap,bc]",
+            )
+
 
 @dataclass(kw_only=True, slots=True)
 class EvalSection:
@@ -201,6 +214,42 @@ class EvalSection:
     reference: str | None = None
     """Reference evidence JSON the compare stage checks the evaluation against (usually ${BUNDLE}/evidence/...;
     its sha256 keys that stage only, so a new reference recompares without evaluating again); None = none."""
+
+    def __post_init__(self) -> None:
+        _check_ranges(
+            "eval",
+            (
+                ("episodes_per_task", self.episodes_per_task, 1),
+                ("workers", self.workers, 1),
+                ("videos", self.videos, 0),
+                ("seed", self.seed, 0),
+            ),
+        )
+        if not self.tasks:
+            raise ConfigError("eval.tasks is empty; name at least one simulator task", field="eval.tasks")
+        try:
+            from reproduction.sim.tasks import get_task
+        except ImportError:  # pragma: no cover - a build without the simulator
+            get_task = None
+        for task in self.tasks if get_task is not None else ():
+            try:
+                get_task(task)
+            except PortableError as exc:
+                raise ConfigError(f"eval.tasks: {exc.message}", field="eval.tasks", hint=exc.hint) from None
+        if not self.guidance_scales or any(w < 0 for w in self.guidance_scales):
+            raise ConfigError(
+                f"eval.guidance_scales={list(self.guidance_scales)} must be a non-empty list of values >= 0",
+                field="eval.guidance_scales",
+            )
+
+
+def _check_ranges(section: str, values: tuple[tuple[str, Any, float], ...]) -> None:
+    """ConfigError naming the first `section.key` (`key` at the top level) whose value is below its minimum
+    (checked when the config loads, so a run that could not finish is refused before any stage trains)."""
+    for key, value, least in values:
+        name = f"{section}.{key}" if section else key
+        if value < least:
+            raise ConfigError(f"{name}={value} must be >= {least:g}", field=name, hint=f"set {name}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -227,6 +276,9 @@ class RunConfig:
     """Join this Ray cluster instead of starting a local one."""
     min_free_gb: float = 1.0
     """Preflight: free disk space the run folder needs (GiB)."""
+
+    def __post_init__(self) -> None:
+        _check_ranges("", (("min_free_gb", self.min_free_gb, 0),))
 
 
 # -- loading --------------------------------------------------------------------------------------
@@ -302,6 +354,8 @@ def merged_config(
 def _load_yaml(path: Path) -> Any:
     from omegaconf import DictConfig, OmegaConf
 
+    if path.is_dir():
+        raise InputNotFoundError(f"config file {path} is a folder, not a file", path=path, hint="pass a --config FILE")
     if not path.is_file():
         raise InputNotFoundError(f"config file {path} does not exist", path=path, hint="pass an existing --config FILE")
     try:

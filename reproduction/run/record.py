@@ -1,4 +1,9 @@
-"""The seam between the runner and the lineage writer: one StageRecord in, one in-toto Statement out.
+"""run.json's shape (checked on every load), and the seam between the runner and the lineage writer.
+
+`check_state` validates a parsed run.json against the schema its `format_version` names and raises
+RunStateError (exit 55) naming the first field that is wrong, so a hand-edited or damaged record is
+refused with one line instead of failing deep in the runner. `make_recorder`: one StageRecord in, one
+in-toto Statement out.
 
 The runner calls `make_recorder(...)` once per run; it returns None when the lineage module
 (reproduction/run/lineage.py) is not installed, so the runner works without it. Each stage's
@@ -8,9 +13,120 @@ outputs, the bundle manifest with its runtime and source layers, and the checkpo
 
 from __future__ import annotations
 
+import math
+import posixpath
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from reproduction.errors import RunStateError
+
+STATUSES = ("running", "complete", "failed", "interrupted")
+"""A stage record's states: `running` (started, or the process was killed -9), `complete`, `failed` (the
+stage raised), `interrupted` (Ctrl-C / SIGTERM). Every state but `complete` is continued or redone by --resume."""
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _kind(v: Any) -> str:
+    names = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(v), "a number" if _number(v) or isinstance(v, (int, float)) else type(v).__name__)
+
+
+def _output_problem(stage: str, rel: Any, value: Any) -> str | None:
+    inside = isinstance(rel, str) and rel and not rel.startswith("/")
+    if not inside or posixpath.normpath(f"{stage}/{rel}").split("/")[0] in ("..", "."):
+        return f"path {rel!r} is not a path inside the run folder"  # (eval's evidence is ../evidence/...)
+    ok = (
+        isinstance(value, list)
+        and len(value) == 3
+        and _int(value[0])
+        and value[0] >= 0
+        and _int(value[1])
+        and isinstance(value[2], str)
+        and len(value[2]) == 64
+    )
+    return None if ok else f"{rel!r} is {_kind(value)} {value!r:.60}, expected [size, mtime_ns, sha256]"
+
+
+# (field, test, expected) for a stage record's optional fields; `status` and `key` are required
+_STAGE_FIELDS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("key_parts", lambda v: isinstance(v, dict), "a mapping"),
+    ("summary", lambda v: isinstance(v, dict), "a mapping"),
+    ("step", lambda v: v is None or (_int(v) and v >= 0), "a step number >= 0 or null"),
+    ("resumed_from", lambda v: v is None or (_int(v) and v >= 0), "a step number >= 0 or null"),
+    ("started", _number, "a number (seconds since the epoch)"),
+    ("ended", _number, "a number (seconds since the epoch)"),
+    ("seconds", _number, "a number"),
+    ("error", lambda v: isinstance(v, str), "a string"),
+)
+
+
+def _stage_problem(name: str, rec: Any) -> str | None:
+    where = f"stages.{name}"
+    if not isinstance(rec, dict):
+        return f"{where} is {_kind(rec)}, expected a mapping (the stage's record)"
+    if rec.get("status") not in STATUSES:
+        return f"{where}.status is {rec.get('status')!r}, expected one of {', '.join(STATUSES)}"
+    if not isinstance(rec.get("key"), str):
+        return f"{where}.key is {_kind(rec.get('key'))}, expected a string (the stage key's sha256)"
+    for key, test, expected in _STAGE_FIELDS:
+        if key in rec and not test(rec[key]):
+            return f"{where}.{key} is {_kind(rec[key])}, expected {expected}"
+    outputs = rec.get("outputs")
+    if outputs is None and rec["status"] == "complete":
+        return f"{where}.outputs is missing (a complete stage records its outputs)"
+    if outputs is not None:
+        if not isinstance(outputs, dict):
+            return f"{where}.outputs is {_kind(outputs)}, expected a mapping of path -> [size, mtime_ns, sha256]"
+        for rel, value in outputs.items():
+            problem = _output_problem(name, rel, value)
+            if problem:
+                return f"{where}.outputs: {problem}"
+    return None
+
+
+def state_problem(doc: Any, format_version: int) -> str | None:
+    """The first field of a parsed run.json that does not fit schema `format_version` (1), or None."""
+    if not isinstance(doc, dict):
+        return f"the top level is {_kind(doc)}, expected a mapping"
+    if doc.get("format_version") != format_version or not _int(doc.get("format_version")):
+        return f"format_version is {doc.get('format_version')!r}, expected {format_version}"
+    for key, test, expected in (
+        ("recipe", lambda v: isinstance(v, str), "a string"),
+        ("run_id", lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+    ):
+        if not test(doc.get(key)):
+            return f"{key} is {_kind(doc.get(key))}, expected {expected}"
+    if "created" in doc and not _number(doc["created"]):
+        return f"created is {_kind(doc['created'])}, expected a number (seconds since the epoch)"
+    if "config" in doc and not isinstance(doc["config"], dict):
+        return f"config is {_kind(doc['config'])}, expected a mapping (the resolved config)"
+    if not isinstance(doc.get("stages"), dict):
+        return f"stages is {_kind(doc.get('stages'))}, expected a mapping of stage name -> record"
+    for name, rec in doc["stages"].items():
+        problem = _stage_problem(name, rec)
+        if problem:
+            return problem
+    return None
+
+
+def check_state(doc: Any, path: Path, format_version: int) -> dict[str, Any]:
+    """`doc` (a parsed run.json) when it fits the schema; RunStateError (exit 55) naming the field otherwise."""
+    problem = state_problem(doc, format_version)
+    if problem:
+        raise RunStateError(
+            f"{path}: {problem}",
+            path=path,
+            hint="put back the run.json the run wrote, or start a new run in a new --output",
+        )
+    return doc
 
 
 def make_recorder(bundle: Path | None) -> Callable[[Any], None] | None:

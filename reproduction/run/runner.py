@@ -31,6 +31,7 @@ from typing import Any
 from reproduction.errors import CheckpointError, RunStateError, StageKeyChangedError
 from reproduction.fsio import atomic_write_text
 from reproduction.run.config import select, to_plain
+from reproduction.run.guards import LOCK_FILE, refuse_links, run_lock, sigterm_as_interrupt
 from reproduction.run.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
 from reproduction.run.secrets import redact
 
@@ -113,7 +114,8 @@ class RunReport:
 
 
 def read_state(run_dir: Path) -> dict[str, Any] | None:
-    """run.json as a dict, None when absent; RunStateError when unreadable."""
+    """run.json as a dict, None when absent; RunStateError (exit 55) when unreadable or not of the schema its
+    format_version names (record.check_state: the field that is wrong is named)."""
     path = Path(run_dir) / RUN_JSON
     if not path.is_file():
         return None
@@ -123,9 +125,9 @@ def read_state(run_dir: Path) -> dict[str, Any] | None:
         raise RunStateError(
             f"{path} is unreadable ({exc})", path=path, hint="start a new run in a new --output"
         ) from None
-    if not isinstance(doc, dict) or doc.get("format_version") != FORMAT_VERSION:
-        raise RunStateError(f"{path}: format_version is not {FORMAT_VERSION}", path=path)
-    return doc
+    from reproduction.run.record import check_state
+
+    return check_state(doc, path, FORMAT_VERSION)
 
 
 def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
@@ -282,58 +284,73 @@ def outputs_digest(recorded: dict[str, list]) -> str:
 def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions | None = None) -> RunReport:
     """Run (or resume) `recipe` with the typed `config` into `run_dir`; see the module docstring.
 
-    Raises RunStateError (run_dir is a file; holds a run and resume is off; a needed stage is
-    neither selected nor complete), StageKeyChangedError (resume over changed inputs, each named),
-    PreflightError (every problem found before anything ran), and whatever a stage raises (the
-    stage stays `running` in run.json, so `--resume` continues it).
+    Holds the run folder's lock (run_lock) throughout. Raises LockHeldError (exit 7: another run works in
+    run_dir), RunStateError (run_dir is a file; holds a run and resume is off; run.json is not of its
+    schema; a stage folder or evidence/ is a symbolic link; a needed stage is neither selected nor complete),
+    StageKeyChangedError (resume over changed inputs, each named; a trained stage's max_steps lowered below
+    the steps it trained), PreflightError (every problem found before anything ran), and whatever a stage
+    raises: the stage is then recorded `failed` (or `interrupted` on Ctrl-C / SIGTERM) in run.json, so
+    `--resume` continues it; a complete stage that `--target-step` failed to train on keeps its record.
     """
     opts = options or RunOptions()
-    run_dir = Path(run_dir)
+    run_dir = Path(os.path.abspath(run_dir))  # every path derived from it is absolute (the CLI resolved it already)
     if run_dir.exists() and not run_dir.is_dir():
         raise RunStateError(
             f"output {run_dir} is a file, not a folder", path=run_dir, hint="pass a folder path as --output"
         )
-    state = read_state(run_dir)
-    if state is not None and not (opts.resume or opts.restart or opts.target_step is not None):
-        raise RunStateError(
-            f"{run_dir} already holds a run",
-            path=run_dir,
-            hint="pass --resume to continue it (or --restart-stage NAME), or choose a new --output",
-        )
-    if state is not None and state.get("recipe") != recipe.name:
-        raise RunStateError(f"{run_dir} holds a {state.get('recipe')!r} run, not {recipe.name!r}", path=run_dir)
-    selected = recipe.select(opts.stages)
-    for name in opts.restart:
-        recipe.stage(name)
-    plain = to_plain(config)
-    opened: dict[str, Any] = {}
-    if opts.preflight and recipe.preflight:
-        from reproduction.run.preflight import raise_problems
+    with contextlib.ExitStack() as guard:
+        locked = (run_dir / RUN_JSON).is_file()
+        if locked:  # before anything is read: a second run on this folder stops here (exit 7)
+            guard.enter_context(run_lock(run_dir))
+        refuse_links(run_dir, [s.name for s in recipe.stages])
+        state = read_state(run_dir)
+        if state is not None and not (opts.resume or opts.restart or opts.target_step is not None):
+            raise RunStateError(
+                f"{run_dir} already holds a run",
+                path=run_dir,
+                hint="pass --resume to continue it (or --restart-stage NAME), or choose a new --output",
+            )
+        if state is not None and state.get("recipe") != recipe.name:
+            raise RunStateError(f"{run_dir} holds a {state.get('recipe')!r} run, not {recipe.name!r}", path=run_dir)
+        selected = recipe.select(opts.stages)
+        for name in opts.restart:
+            recipe.stage(name)
+        plain = to_plain(config)
+        opened: dict[str, Any] = {}
+        if opts.preflight and recipe.preflight:
+            from reproduction.run.preflight import raise_problems
 
-        raise_problems(resolve_fn(recipe.preflight)(config, run_dir, opened, [s.name for s in selected]))
-    if state is None and run_dir.is_dir() and any(run_dir.iterdir()):
-        raise RunStateError(
-            f"{run_dir} is not empty and holds no run.json", path=run_dir, hint="choose a new or empty --output"
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    state = state or {
-        "format_version": FORMAT_VERSION,
-        "recipe": recipe.name,
-        "run_id": uuid.uuid4().hex,
-        "created": time.time(),
-        "stages": {},
-    }
-    config_changed = state.get("config") != plain
-    state["config"] = plain
-    if opts.inputs is not None:
-        inputs = opts.inputs
-    else:
-        inputs = opened if opened else _open_inputs(recipe, config)
-    walk = _Walk(recipe=recipe, config=config, plain=plain, run_dir=run_dir, state=state, inputs=inputs, opts=opts)
-    with contextlib.ExitStack() as walk.resources:
-        _walk(walk, {s.name for s in selected})
-    if config_changed and not walk.redone:  # every stage ran or skipped; record the config it was asked with
-        _write_state(run_dir, state)
+            raise_problems(resolve_fn(recipe.preflight)(config, run_dir, opened, [s.name for s in selected]))
+        if state is None and run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir()):
+            raise RunStateError(
+                f"{run_dir} is not empty and holds no run.json", path=run_dir, hint="choose a new or empty --output"
+            )
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not locked:  # a fresh folder: locked now, and a run another process started in it meanwhile refused
+            guard.enter_context(run_lock(run_dir))
+            if state is None and read_state(run_dir) is not None:
+                raise RunStateError(f"{run_dir} already holds a run", path=run_dir, hint="choose a new --output")
+        state = state or {
+            "format_version": FORMAT_VERSION,
+            "recipe": recipe.name,
+            "run_id": uuid.uuid4().hex,
+            "created": time.time(),
+            "stages": {},
+        }
+        recorded_config = state.get("config") if isinstance(state.get("config"), dict) else {}
+        config_changed = state.get("config") != plain
+        state["config"] = plain
+        if opts.inputs is not None:
+            inputs = opts.inputs
+        else:
+            inputs = opened if opened else _open_inputs(recipe, config)
+        walk = _Walk(recipe=recipe, config=config, plain=plain, run_dir=run_dir, state=state, inputs=inputs, opts=opts)
+        walk.recorded_config = recorded_config
+        guard.enter_context(sigterm_as_interrupt())
+        with contextlib.ExitStack() as walk.resources:
+            _walk(walk, {s.name for s in selected})
+        if config_changed and not walk.redone:  # every stage ran or skipped; record the config it was asked with
+            _write_state(run_dir, state)
     return RunReport(run_dir=run_dir, run_id=state["run_id"], stages=walk.reports)
 
 
@@ -349,6 +366,8 @@ class _Walk:
     """run.json, updated (and written) as stages start and complete."""
     inputs: dict[str, Any]
     opts: RunOptions
+    recorded_config: dict[str, Any] = field(default_factory=dict)
+    """run.json's config before this invocation (what the recorded stages were asked with)."""
     resources: Any = None
     """The contextlib.ExitStack closed when the walk ends (one local Ray for the run)."""
     shared: dict[str, Any] = field(default_factory=dict)
@@ -400,6 +419,8 @@ def _decide(
     stage_dir: Path,
     redone: set[str],
     opts: RunOptions,
+    plain: dict[str, Any],
+    recorded_config: dict[str, Any],
 ) -> str:
     """fresh, skip, continue (from checkpoints), or raise naming the difference."""
     if spec.name in opts.restart or rec is None:
@@ -420,6 +441,7 @@ def _decide(
             hint=f"put the inputs back, or pass --restart-stage {spec.name} to redo it (and what follows)",
         )
     if rec.get("status") == "complete":
+        _refuse_fewer_steps(spec, rec, plain, recorded_config)
         problems = verify_outputs(stage_dir, rec.get("outputs", {}))
         if problems:
             raise StageKeyChangedError(
@@ -434,6 +456,30 @@ def _decide(
     return "continue" if spec.training else "fresh"
 
 
+def _refuse_fewer_steps(spec: StageSpec, rec: dict[str, Any], plain: dict[str, Any], recorded: dict[str, Any]) -> None:
+    """StageKeyChangedError (exit 52) when a complete training stage's step count (`spec.training`, exempt from
+    its key so --target-step can train on) was lowered below both the value it ran with and the steps it
+    trained: skipping it would record results of more steps under a config claiming fewer. (After
+    `--target-step N` the stage holds N steps under the unchanged value: that is not a lowering.)"""
+    if not spec.training or not _is_int(rec.get("step")):
+        return
+    wanted, before = select(plain, spec.training), select(recorded, spec.training)
+    if not _is_int(wanted) or wanted >= rec["step"] or (_is_int(before) and wanted >= before):
+        return
+    raise StageKeyChangedError(
+        f"stage {spec.name}: {spec.training} is now {wanted}, but the stage trained {rec['step']} steps "
+        f"(it ran with {spec.training}={before if _is_int(before) else rec['step']})",
+        stage=spec.name,
+        changes=[f"{spec.training}: {before} -> {wanted}"],
+        hint=f"set {spec.training}={before if _is_int(before) else rec['step']} again (a trained stage is not "
+        f"cut back), or pass --restart-stage {spec.name} to train it anew for {wanted} steps",
+    )
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     run_dir, state, opts = walk.run_dir, walk.state, walk.opts
     stage_dir = run_dir / spec.name
@@ -441,7 +487,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests)
     key = digest(parts)
     rec = state["stages"].get(spec.name)
-    action = _decide(spec, rec, key, parts, stage_dir, walk.redone, opts)
+    action = _decide(spec, rec, key, parts, stage_dir, walk.redone, opts, walk.plain, walk.recorded_config)
     if action == "skip":
         if rec.get("key") != key:  # recorded before a key became exempt: record today's key
             rec.update(key=key, key_parts=parts)
@@ -469,11 +515,15 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         shared=walk.shared,
     )
     t0 = time.perf_counter()
-    output = resolve_fn(spec.fn)(ctx)
+    try:
+        output = resolve_fn(spec.fn)(ctx)
+        outputs = collect_outputs(spec, stage_dir, output.files)
+        if not outputs:
+            raise CheckpointError(f"stage {spec.name} wrote no outputs into {stage_dir}", path=stage_dir)
+    except BaseException as exc:
+        _record_stop(run_dir, state, spec.name, rec if action == "continue" else None, exc)
+        raise
     seconds = time.perf_counter() - t0
-    outputs = collect_outputs(spec, stage_dir, output.files)
-    if not outputs:
-        raise CheckpointError(f"stage {spec.name} wrote no outputs into {stage_dir}", path=stage_dir)
     ended = time.time()
     if _take_over(state, run_dir, spec.name, outputs) & set(spec.needs):  # its upstream records changed
         upstream_digests = {n: outputs_digest(state["stages"][n]["outputs"]) for n in spec.needs}
@@ -525,6 +575,21 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     return StageReport(
         name=spec.name, action="continued" if action == "continue" else "ran", seconds=seconds, output=output
     )
+
+
+def _record_stop(run_dir: Path, state: dict[str, Any], stage: str, before: dict | None, exc: BaseException) -> None:
+    """Record how a stage stopped: `interrupted` (Ctrl-C, SIGTERM) or `failed` with the error's first line; a
+    stage that was complete before this continuation (`--target-step`) keeps its complete record (its recorded
+    outputs are checked against the files on the next run). A write that fails here does not hide `exc`."""
+    if before is not None and before.get("status") == "complete":
+        state["stages"][stage] = before
+    else:
+        interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
+        line = " ".join(str(exc).split())[:300]
+        state["stages"][stage]["status"] = "interrupted" if interrupted else "failed"
+        state["stages"][stage]["error"] = f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+    with contextlib.suppress(OSError):
+        _write_state(run_dir, state)
 
 
 def _take_over(state: dict[str, Any], run_dir: Path, stage: str, outputs: dict[str, list]) -> set[str]:

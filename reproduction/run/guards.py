@@ -1,0 +1,66 @@
+"""What keeps a run folder honest while a run works in it: its lock, no links out, SIGTERM as an interrupt.
+
+<run>/.lock     an flock held by the `portable run` working in the folder (pid and command inside)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from reproduction.errors import RunStateError
+
+RUN_JSON = "run.json"
+
+LOCK_FILE = ".lock"
+"""The run folder's lock file (an flock held while a `portable run` works in it; release/lock.py)."""
+
+RUN_FOLDERS = ("evidence", "lineage", "eval_checkpoint", "plots")
+"""Entries of a run folder besides the stage folders that the run and `portable eval` write into."""
+
+
+def run_lock(run_dir: Path, what: str = "run") -> Any:
+    """The run folder's lock (context manager): LockHeldError (exit 7, "busy", naming the holder's pid) while
+    another `portable run` or `portable eval` works in `run_dir`; taken before run.json is read."""
+    from reproduction.release.lock import folder_lock
+
+    return folder_lock(run_dir, Path(run_dir) / LOCK_FILE, what=what, subject="this run folder", lead="busy: ")
+
+
+def refuse_links(run_dir: Path, stages: Sequence[str]) -> None:
+    """RunStateError (exit 55) naming the first stage folder, evidence/ (or another folder the run writes, or
+    run.json) that is a symbolic link: the run reads, clears and writes only real entries inside its folder, so
+    nothing is read or written through a link into another place. Checked before anything is read."""
+    for name in (*stages, *RUN_FOLDERS, RUN_JSON, "report.html"):
+        path = Path(run_dir) / name
+        if path.is_symlink():
+            raise RunStateError(
+                f"{path} is a symbolic link (to {os.readlink(path)}); a run only reads and writes real folders "
+                f"inside {run_dir}",
+                path=path,
+                hint=f"replace the link with a copy of what it points to (or remove it to redo {name}), then run again",
+            )
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Any:
+    """SIGTERM raises KeyboardInterrupt in the walk (like Ctrl-C), so the stage it stops is recorded
+    `interrupted`; a no-op off the main thread or where another handler is installed."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
