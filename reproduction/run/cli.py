@@ -137,7 +137,7 @@ def cmd_eval(args: Any) -> int:
         evidence = run_dir / output.summary["evidence"]
         out = evidence.with_name(evidence.name.replace("eval_", "comparison_", 1))
         output.summary["comparison"] = compare_with_reference(evidence, Path(config.eval.reference), out)
-        verdict = "reproduced" if output.summary["comparison"]["reproduced"] else "differs"
+        verdict = output.summary["comparison"]["verdict"]
         say(f"against the reference evidence: {verdict} ({out})", options=_ui(args))
     if getattr(args, "json", False):
         sys.stdout.write(json.dumps(output.summary, indent=1) + "\n")
