@@ -1,0 +1,139 @@
+"""`portable compare` (two evidence files, outside a run) and `portable eval --plan` (episodes a margin needs).
+
+Exit codes of `compare`: 0 reproduced, 60 differs, 61 inconclusive; a bad file is 3 (missing) or 4
+(not evidence, unknown format version), a bad flag 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from reproduction.errors import UsageError
+
+EXIT_DIFFERS = 60
+EXIT_INCONCLUSIVE = 61
+EXIT_OF = {"reproduced": 0, "differs": EXIT_DIFFERS, "inconclusive": EXIT_INCONCLUSIVE}
+
+
+def _check_level(name: str, value: float | None, low: float, high: float) -> None:
+    if value is not None and not low < value < high:
+        raise UsageError(
+            f"--{name} {value:g} must lie strictly between {low:g} and {high:g}", hint=f"e.g. --{name} 0.05"
+        )
+
+
+def cmd_compare(args: Any) -> int:
+    """Compare ACTUAL with REFERENCE; the table (or --json) on stdout; the exit code is the verdict's."""
+    from reproduction.run.evidence import compare_files, load_evidence
+
+    _check_level("margin", args.margin, 0, 1)
+    _check_level("alpha", args.alpha, 0, 0.5)
+    reference = _evidence_path(Path(args.reference))
+    load_evidence(reference)  # the reference's own errors first, named as such
+    comparison = compare_files(
+        Path(args.actual),
+        reference,
+        out=Path(args.out) if args.out else None,
+        margin=args.margin,
+        alpha=args.alpha,
+    )
+    if args.json:
+        sys.stdout.write(json.dumps(comparison.to_dict(), indent=1) + "\n")
+    else:
+        print(comparison.render())
+    return EXIT_OF[comparison.verdict]
+
+
+def _evidence_path(path: Path) -> Path:
+    """A file as given, or the one evidence JSON of a folder (a fetched bundle's evidence/ or the bundle itself,
+    whose model card's results `fetch` keeps as evidence/*.json)."""
+    if path.is_dir():
+        for folder in (path, path / "evidence"):
+            found = sorted(p for p in folder.glob("eval_*.json")) if folder.is_dir() else []
+            if len(found) == 1:
+                return found[0]
+            if len(found) > 1:
+                names = ", ".join(p.name for p in found)
+                raise UsageError(f"{folder} holds several evidence files ({names})", hint="name one of them")
+        raise UsageError(f"{path} holds no eval_*.json evidence", hint="pass an evidence file")
+    return path
+
+
+def plan_rows(
+    *,
+    reference: Path | None,
+    rates: list[float],
+    margin: float | None,
+    alpha: float | None,
+    power: float,
+    difference: float,
+) -> list[dict[str, Any]]:
+    """One row per rate to plan for: each rate metric of the reference's policies, or the rates given."""
+    from reproduction.run.evidence import COUNT_METRICS, load_evidence
+    from reproduction.run.stats import DEFAULT_ALPHA, DEFAULT_MARGIN, episodes_needed
+
+    targets: list[tuple[str, float, int | None, float | None]] = [(f"rate {p:g}", p, None, None) for p in rates]
+    doc: dict[str, Any] = {}
+    if reference is not None:
+        doc = load_evidence(reference)
+        declared = {**doc.get("tolerances", {}), **doc.get("margins", {})}
+        for entry in [doc, *doc.get("baselines", [])]:
+            for m in COUNT_METRICS:
+                count = entry["metrics"][m]
+                label = entry["policy"]["label"]
+                own = declared.get(f"{label}/{m}", declared.get(m))
+                targets.append((f"{label}/{m}", float(count["rate"]), int(count["episodes"]), own))
+    if not targets:
+        raise UsageError("--plan needs --reference FILE or --rate P", hint="e.g. portable eval --plan --rate 0.8")
+    alpha = float(alpha if alpha is not None else doc.get("alpha", DEFAULT_ALPHA))
+    rows = []
+    for name, p, n_ref, own in targets:
+        m = float(margin if margin is not None else own if own is not None else DEFAULT_MARGIN)
+        if abs(difference) >= m:
+            raise UsageError(f"--difference {difference:g} must be smaller than the margin {m:g}")
+        need = episodes_needed(p, margin=m, alpha=alpha, power=power, difference=difference)
+        rows.append(
+            {"metric": name, "rate": p, "margin": m, "alpha": alpha, "power": power, "difference": difference}
+            | {"episodes_per_side": need, "reference_episodes": n_ref}
+        )
+    return rows
+
+
+def cmd_plan(args: Any) -> int:
+    """`portable eval --plan`: episodes per side for `power` at alpha, per rate; --json for the rows."""
+    _check_level("margin", args.margin, 0, 1)
+    _check_level("alpha", args.alpha, 0, 0.5)
+    _check_level("power", args.power, 0, 1)
+    rows = plan_rows(
+        reference=Path(args.reference) if args.reference else None,
+        rates=list(args.rate or []),
+        margin=args.margin,
+        alpha=args.alpha,
+        power=args.power,
+        difference=args.difference,
+    )
+    if args.json:
+        sys.stdout.write(json.dumps(rows, indent=1) + "\n")
+        return 0
+    width = max(len(r["metric"]) for r in rows)
+    r0 = rows[0]
+    print(
+        f"episodes per side for {100 * r0['power']:g}% power to say `reproduced` (two one-sided tests at alpha "
+        f"{r0['alpha']:g}, unpaired, true difference {r0['difference']:g}):"
+    )
+    for r in rows:
+        ref = r["reference_episodes"]
+        short = (
+            "" if ref is None else f"   reference has {ref}" + (" (too few)" if ref < r["episodes_per_side"] else "")
+        )
+        print(
+            f"  {r['metric']:<{width}}  p={r['rate']:.3f}  margin ±{r['margin']:g}  {r['episodes_per_side']:>6}{short}"
+        )
+    print(
+        "paired by reset seed (evaluating the reference's own initial states) needs fewer: with no discordant "
+        "episode, n > z^2 (1 - m) / m, e.g. 52 at margin 0.05, alpha 0.05"
+    )
+    return 0
