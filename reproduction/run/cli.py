@@ -68,6 +68,12 @@ def cmd_run(args: Any) -> int:
         return 0
     report = execute(config, run_dir, args)
     print_report(report, ui=_ui(args), as_json=getattr(args, "json", False))
+    if not getattr(args, "json", False):  # the headline numbers and the verdict, last
+        from reproduction.run.compare_cmd import run_results_lines
+
+        lines = run_results_lines(run_dir)
+        if lines:
+            say("\n".join(lines).rstrip(), options=_ui(args))
     return 0
 
 

@@ -1,4 +1,5 @@
-"""`portable compare` (two evidence files, outside a run) and `portable eval --plan` (episodes a margin needs).
+"""`portable compare` (two evidence files, outside a run), `portable eval --plan` (episodes a margin needs), and
+the results a finished run prints (`run_results_lines`: headline rates with intervals, the verdict).
 
 Exit codes of `compare`: 0 reproduced, 60 differs, 61 inconclusive; a bad file is 3 (missing) or 4
 (not evidence, unknown format version), a bad flag 2.
@@ -137,3 +138,41 @@ def cmd_plan(args: Any) -> int:
         "episode, n > z^2 (1 - m) / m, e.g. 52 at margin 0.05, alpha 0.05"
     )
     return 0
+
+
+def run_results_lines(run_dir: Path, *, table: bool = False) -> list[str]:
+    """Success rates per policy (the eval stage's summary) with Wilson 95% intervals, then the verdict against
+    the reference (the compare stage's; `table`: the whole comparison table before it). [] before any eval."""
+    from reproduction.run.evidence import Comparison
+    from reproduction.run.stats import wilson
+
+    try:
+        state = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return []
+    ev = state.get("stages", {}).get("eval", {}).get("summary", {})
+    compared = state.get("stages", {}).get("compare", {}).get("summary", {})
+    out = []
+    for label, doc in ev.get("results", {}).items():
+        tasks = doc.get("tasks", {})
+        rows = tasks.values() if isinstance(tasks, dict) else tasks
+        eps = sum(int(r.get("episodes", 0)) for r in rows)
+        end = sum(int(r.get("success_at_end", 0)) for r in rows)
+        once = sum(int(r.get("success_once", 0)) for r in rows)
+        if eps:
+            lo, hi = wilson(end, eps)
+            out.append(
+                f"{label:<14} success at end {end / eps:6.1%} ({end}/{eps}, 95% CI {lo:.1%}-{hi:.1%}), "
+                f"at any step {once / eps:6.1%}"
+            )
+    cmp_file = run_dir / "evidence" / "comparison.json"
+    if table and compared.get("verdict") and cmp_file.is_file():
+        try:
+            out += ["", Comparison.from_dict(json.loads(cmp_file.read_text())).render(), ""]
+        except (OSError, ValueError):
+            pass  # the verdict line below still says what the compare stage found
+    if compared.get("verdict"):
+        out.append(f"against the reference evidence: {compared['verdict']}")
+    elif ev:
+        out.append("no reference evidence in the bundle to compare with")
+    return out + ([""] if out else [])
