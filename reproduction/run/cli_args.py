@@ -58,7 +58,11 @@ def add_test_arguments(p: Any) -> None:
 
 def add_compare_arguments(p: Any) -> None:
     """The flags of `portable compare`."""
-    p.add_argument("reference", metavar="REFERENCE.json", help="reference evidence (or a folder holding one)")
+    p.add_argument(
+        "reference",
+        metavar="REFERENCE.json",
+        help="reference evidence: a file, a folder holding one, a model card (*.md) or hub:OWNER/NAME[@REV]",
+    )
     p.add_argument("actual", metavar="ACTUAL.json", help="the evidence to check against it")
     add_test_arguments(p)
     p.add_argument("--out", default=None, metavar="FILE", help="also write the comparison JSON to FILE")

@@ -28,24 +28,55 @@ def _check_level(name: str, value: float | None, low: float, high: float) -> Non
 
 def cmd_compare(args: Any) -> int:
     """Compare ACTUAL with REFERENCE; the table (or --json) on stdout; the exit code is the verdict's."""
-    from reproduction.run.evidence import compare_files, load_evidence
+    from reproduction.run.evidence import compare_evidence, write_comparison
 
     _check_level("margin", args.margin, 0, 1)
     _check_level("alpha", args.alpha, 0, 0.5)
-    reference = _evidence_path(Path(args.reference))
-    load_evidence(reference)  # the reference's own errors first, named as such
-    comparison = compare_files(
-        Path(args.actual),
-        reference,
-        out=Path(args.out) if args.out else None,
-        margin=args.margin,
-        alpha=args.alpha,
-    )
+    reference = load_source(args.reference)  # the reference's own errors first, named as such
+    actual = load_source(args.actual)
+    comparison = compare_evidence(actual, reference, margin=args.margin, alpha=args.alpha)
+    if args.out:
+        write_comparison(Path(args.out), comparison)
     if args.json:
         sys.stdout.write(json.dumps(comparison.to_dict(), indent=1) + "\n")
     else:
         print(comparison.render())
     return EXIT_OF[comparison.verdict]
+
+
+def load_source(text: str) -> dict[str, Any]:
+    """Evidence from a file, a folder holding one eval_*.json, a model card (*.md: its model-index), or
+    `hub:OWNER/NAME[@REVISION]` (the published card's model-index, read through the Hub)."""
+    from reproduction.release.model_card import evidence_from_card
+    from reproduction.run.evidence import load_evidence
+
+    if text.startswith("hub:"):
+        return evidence_from_card(_hub_card(text[4:]), where=text)
+    path = _evidence_path(Path(text))
+    if path.suffix.lower() == ".md":
+        from reproduction.errors import os_error
+
+        try:
+            return evidence_from_card(path.read_text(encoding="utf-8"), where=str(path))
+        except OSError as exc:
+            raise os_error(exc, str(path), op="read") from exc
+    return load_evidence(path)
+
+
+def _hub_card(spec: str) -> str:
+    """The README.md (model card) of a Hub model repo at a revision (default main)."""
+    from huggingface_hub import hf_hub_url
+
+    from reproduction.release.hub_transfer import HubSettings, fetch_small
+
+    repo, _, revision = spec.partition("@")
+    if repo.count("/") != 1:
+        raise UsageError(f"hub:{spec} is not hub:OWNER/NAME[@REVISION]", hint="e.g. hub:alice/recap-demo")
+    settings = HubSettings.from_env()
+    url = hf_hub_url(repo, "README.md", revision=revision or "main", endpoint=settings.resolved_endpoint())
+    return fetch_small(url, what=f"read {repo}'s model card", settings=settings, limit=4 << 20).decode(
+        "utf-8", "replace"
+    )
 
 
 def _evidence_path(path: Path) -> Path:
