@@ -151,3 +151,28 @@ def test_eval_plan_prints_the_episodes_needed(tmp_path):
     ]
     assert portable("eval", "--plan").returncode == 2
     assert portable("eval").returncode == 2
+
+
+def test_sequential_rule_keeps_its_error_rates_and_saves_episodes():
+    from reproduction.run.sequential import SequentialRule, simulate_sequential
+
+    rule = SequentialRule()
+    assert sum(rule.spend()) == pytest.approx(0.05) and rule.spend()[0] < rule.spend()[-1]
+    rows = simulate_sequential(rule=rule, rates=(0.5, 0.9), ns=(500, 2000), shifts=(0.0, 1.0, 3.0), pairs=2000, seed=3)
+    cell = {(r["rate"], r["n"], r["shift"]): r for r in rows}
+    for r in rows:
+        if r["shift"] == 1.0:
+            assert r["reproduced"] <= 0.065 and r["differs"] <= 0.065, r  # at the margin: neither claim > alpha
+        if r["shift"] == 0.0:
+            assert r["differs"] <= 0.065, r
+        if r["shift"] == 3.0:
+            assert r["reproduced"] == 0.0, r
+    # >= 30% fewer episodes when the rates are far apart (3 margins) or equal where n_max has the power.
+    assert cell[(0.5, 500, 3.0)]["saving"] >= 0.3 and cell[(0.9, 2000, 3.0)]["saving"] >= 0.6
+    assert cell[(0.9, 2000, 0.0)]["saving"] >= 0.3 and cell[(0.9, 2000, 0.0)]["reproduced"] > 0.95
+    # Near the margin it rarely stops early: the saving there is small, and that is the price of the error rates.
+    assert cell[(0.9, 2000, 1.0)]["saving"] < 0.05
+    stop = rule.decide(1800, 2000, 450, 500, 0)
+    assert stop is None and rule.decide(1800, 2000, 900, 1000, 1) == "reproduced"
+    rec = rule.record("reproduced", 1, 1000, 2000)
+    assert rec["stopped_at_look"] == 2 and rec["episodes"] == 1000 and rec["looks"] == [500, 1000, 1500, 2000]

@@ -38,6 +38,7 @@ Power (`episodes_needed`): the normal approximation for TOST of two independent 
 take numpy arrays (used by `simulate`, the only part that imports numpy).
 
     python -m reproduction.run.stats simulate [--pairs 10000]     # the verdict-rate table
+    python -m reproduction.run.stats simulate --sequential        # the same for the sequential rule
 """
 
 from __future__ import annotations
@@ -295,7 +296,17 @@ def main(argv: list[str] | None = None) -> int:
     sim.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
     sim.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
     sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument(
+        "--sequential", action="store_true", help="the group-sequential rule (reproduction.run.sequential)"
+    )
+    sim.add_argument("--looks", type=int, default=4)
     args = parser.parse_args(argv)
+    if args.sequential:
+        from reproduction.run.sequential import SequentialRule, render_sequential, simulate_sequential
+
+        rule = SequentialRule(looks=args.looks, alpha=args.alpha, margin=args.margin)
+        print(render_sequential(simulate_sequential(rule=rule, pairs=args.pairs, seed=args.seed), rule))
+        return 0
     rows = simulate(margin=args.margin, alpha=args.alpha, pairs=args.pairs, seed=args.seed)
     print(render_simulation(rows, margin=args.margin, alpha=args.alpha))
     return 0
