@@ -259,7 +259,8 @@ def load_evidence(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise InvalidInputError(f"evidence file {path} is not JSON: {exc}", path=path) from exc
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise InvalidInputError(f"{path} is not {FORMAT} evidence (format: {doc.get('format')!r})", path=path)
+        found = doc.get("format") if isinstance(doc, dict) else f"a JSON {type(doc).__name__}"
+        raise InvalidInputError(f"{path} is not {FORMAT} evidence (format: {found!r})", path=path)
     version = str(doc.get("format_version", ""))
     if version.split(".")[0] not in READS:
         raise UnsupportedFormatError(
