@@ -353,7 +353,7 @@ def _power_note(rows: Sequence[MetricComparison], alpha: float) -> list[str]:
     """A warning when the reference's own episodes cannot support its margin in an unpaired comparison."""
     short = []
     for r in rows:
-        if r.kind != "rate" or r.method != "newcombe-10" or r.reference_counts is None:
+        if r.kind != "rate" or r.method != "newcombe-10" or r.reference_counts is None or r.actual is None:
             continue
         k, n = r.reference_counts
         need = episodes_needed(k / n if n else 0.5, margin=r.margin, alpha=alpha)
