@@ -22,6 +22,8 @@ Exit codes (documented in `portable --help`):
     50-59 training and run failures (50 checkpoint, 51 worker failed, 52 a stage's inputs changed since it
           completed, 53 guidance scale, 55 the run folder cannot be used as asked, 56 the preflight found
           several problems)
+    60  `portable compare`: a metric differs from the reference beyond its margin (a verdict, not an error)
+    61  `portable compare`: inconclusive (no metric differs, not every one is shown equivalent: more episodes)
 """
 
 from __future__ import annotations

@@ -65,7 +65,8 @@ EXIT_CODES = """exit codes:
   pack --dry-run: 3 something is missing on this machine
   40-49 dataset/sidecar    50-59 training and runs (52 a stage's inputs changed or its steps were lowered,
          55 the run folder cannot be used: wrongly shaped run.json, a linked stage folder, --output in the bundle)
-  7 also: another `portable run` works in the run folder    130 interrupted (Ctrl-C, SIGTERM)"""
+  7 also: another `portable run` works in the run folder    130 interrupted (Ctrl-C, SIGTERM)
+  compare: 60 differs (beyond the margin), 61 inconclusive (more episodes needed)"""
 
 
 def _default_bundle() -> Path:
@@ -290,6 +291,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    if args.plan:
+        from reproduction.run.compare_cmd import cmd_plan
+
+        return cmd_plan(args)
+    if not args.checkpoint or not args.output:
+        raise UsageError("`portable eval` needs --checkpoint and --output", hint="or --plan to plan episodes")
     from reproduction.run.cli import cmd_eval as evaluate
     from reproduction.run.cli import normalise_paths
 
@@ -303,6 +310,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     with run_lock(run_dir, what="eval"):  # one writer in a run folder: not beside a `portable run`
         refuse_links(run_dir, [s.name for s in RECAP.stages])
         return evaluate(args)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from reproduction.run.compare_cmd import cmd_compare as compare
+
+    return compare(args)
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
@@ -479,12 +492,24 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("manifest", metavar="MANIFEST")
     w.add_argument("dir", metavar="DIR")
 
-    from reproduction.run.cli_args import add_demo_arguments, add_eval_arguments, add_run_arguments  # stdlib only
+    from reproduction.run.cli_args import (  # stdlib only
+        add_compare_arguments,
+        add_demo_arguments,
+        add_eval_arguments,
+        add_run_arguments,
+    )
 
     p = _command("run", cmd_run, "run the RECAP stages from a bundle (resumable; config keys: docs/config.md)")
     add_run_arguments(p)
     p = _command("eval", cmd_eval, "evaluate a policy checkpoint in the simulator and write its evidence")
     add_eval_arguments(p)
+    p = _command(
+        "compare",
+        cmd_compare,
+        "compare two evaluation evidence files: equivalence within a margin (exit 0 reproduced, 60 differs, "
+        "61 inconclusive)",
+    )
+    add_compare_arguments(p)
     p = _command("lineage", cmd_lineage, "show or verify the lineage of a run's outputs (--json: the chain as JSON)")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a folder `portable run --output` wrote")
     p.add_argument(

@@ -418,7 +418,34 @@ CASES = [
     Case("eval", "no checkpoint", lambda b: ["eval", "--output", b.out()]),
     Case("eval", "output missing", lambda b: ["eval", "--checkpoint", "1", "--output", b.missing()]),
     Case("eval", "output is a file", lambda b: ["eval", "--checkpoint", "1", "--output", b.file()]),
+    Case("eval", "plan without a rate", lambda b: ["eval", "--plan"]),
+    Case("eval", "plan, rate not a number", lambda b: ["eval", "--plan", "--rate", "high"]),
+    Case("eval", "plan, margin 0", lambda b: ["eval", "--plan", "--rate", "0.5", "--margin", "0"]),
+    Case("eval", "plan, reference missing", lambda b: ["eval", "--plan", "--reference", b.missing()]),
+    Case("compare", "reference missing", lambda b: ["compare", b.missing(), DEMO_EVIDENCE]),
+    Case("compare", "actual missing", lambda b: ["compare", DEMO_EVIDENCE, b.missing()]),
+    Case("compare", "reference empty", lambda b: ["compare", b.file("e.json", b""), DEMO_EVIDENCE]),
+    Case("compare", "reference binary", lambda b: ["compare", b.file("b.json", bytes(range(256))), DEMO_EVIDENCE]),
+    Case("compare", "reference a list", lambda b: ["compare", b.file("l.json", b"[1]"), DEMO_EVIDENCE]),
+    Case(
+        "compare",
+        "reference of a newer format",
+        lambda b: ["compare", b.file("n.json", _newer_evidence()), DEMO_EVIDENCE],
+    ),
+    Case("compare", "folder without evidence", lambda b: ["compare", b.empty_dir(), DEMO_EVIDENCE]),
+    Case("compare", "card without results", lambda b: ["compare", b.file("c.md", b"# hi\n"), DEMO_EVIDENCE]),
+    Case("compare", "margin above 1", lambda b: ["compare", DEMO_EVIDENCE, DEMO_EVIDENCE, "--margin", "3"]),
+    Case("compare", "hub spec malformed", lambda b: ["compare", "hub:nobody", DEMO_EVIDENCE]),
 ]
+
+
+DEMO_EVIDENCE = str(REPO / "evidence" / "demo" / "eval_policy_1000.json")
+
+
+def _newer_evidence() -> bytes:
+    doc = json.loads(Path(DEMO_EVIDENCE).read_text())
+    doc["format_version"] = "9.0"
+    return json.dumps(doc).encode()
 
 
 def test_the_table_covers_every_command():

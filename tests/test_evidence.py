@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 from evidence_fixtures import PICK, PUSH, eval_result, make_evidence, schema_errors
 
 from reproduction.errors import InputNotFoundError, InvalidInputError, UnsupportedFormatError
 from reproduction.run.evidence import (
+    Comparison,
     EvalRecord,
-    binomial_tolerance,
     build_evidence,
     compare_evidence,
     compare_files,
@@ -22,7 +21,14 @@ from reproduction.run.evidence import (
 
 
 def test_counts_read_like_release_notes():
-    assert count_metric(386, 500) == {"successes": 386, "episodes": 500, "rate": 0.772, "display": "77.2% (386/500)"}
+    assert count_metric(386, 500) == {
+        "successes": 386,
+        "episodes": 500,
+        "rate": 0.772,
+        "display": "77.2% (386/500)",
+        "wilson95": [0.733234, 0.806618],  # Wilson 1927 score interval
+    }
+    assert count_metric(0, 10)["wilson95"] == [0.0, 0.277533] and count_metric(10, 10)["wilson95"][1] == 1.0
     assert count_metric(0, 0)["display"] == "0.0% (0/0)"
     with pytest.raises(ValueError):
         count_metric(501, 500)
@@ -124,7 +130,9 @@ def test_the_simulators_summary_shape_is_read():
 def test_schema_catches_broken_evidence():
     good = make_evidence()
     for breaks in (
-        lambda d: d.update(format_version="2.0"),
+        lambda d: d.update(format_version="3.0"),
+        lambda d: d["metrics"]["success_once"].update(wilson95=[0.1]),
+        lambda d: d.update(margins={"success_once": 0}),
         lambda d: d["metrics"].pop("success_once"),
         lambda d: d["metrics"]["success_once"].update(rate=1.5),
         lambda d: d["tasks"][PICK]["success_once"].update(display="lots"),
@@ -137,58 +145,156 @@ def test_schema_catches_broken_evidence():
         assert schema_errors("evaluation", broken), broken
 
 
-def test_identical_evidence_is_reproduced_on_every_metric():
-    doc = make_evidence()
-    result = compare_evidence(doc, make_evidence(name="reference"))
-    assert result.reproduced and result.differing == []
-    # 2 policies x (2 overall + 2 tasks x 2) metrics
-    assert len(result.rows) == 12
-    assert all(r.verdict == "reproduced" and r.difference == 0 for r in result.rows)
-    assert schema_errors("comparison", result.to_dict()) == []
-    table = result.render()
-    assert table.splitlines()[0].split() == ["metric", "reference", "this", "run", "diff", "tolerance", "verdict"]
-    assert table.count("reproduced") == 13 and "differs" not in table
-
-
-def test_binomial_tolerance_is_three_standard_errors_of_the_difference():
-    ref, act = count_metric(386, 500), count_metric(386, 500)
-    p = 773 / 1002
-    assert binomial_tolerance(ref, act) == pytest.approx(3 * math.sqrt(p * (1 - p) * (2 / 500)))
-    assert binomial_tolerance(ref, act) == pytest.approx(0.0797, abs=1e-4)
-    # More episodes, tighter tolerance; a perfect score still has a non-zero one (smoothed p).
-    assert binomial_tolerance(count_metric(50, 100), count_metric(50, 100)) > binomial_tolerance(
-        count_metric(500, 1000), count_metric(500, 1000)
+def test_identical_evidence_is_reproduced_only_with_enough_episodes():
+    # 38/40 against 38/40 unpaired: the 90% Newcombe interval is about +-0.09, wider than the 0.05 margin.
+    small = compare_evidence(make_evidence(), make_evidence(name="reference"))
+    assert small.verdict == "inconclusive" and not small.reproduced
+    assert len(small.rows) == 12  # 2 policies x (2 overall + 2 tasks x 2) metrics
+    assert {r.verdict for r in small.rows} == {"inconclusive"} and all(r.difference == 0 for r in small.rows)
+    assert schema_errors("comparison", small.to_dict()) == []
+    # 1900/2000 against 1900/2000 (p = 0.95): the interval is +-0.0114, inside +-0.05.
+    big = compare_evidence(
+        make_evidence(recap=(1900, 2000), bc=(1000, 2000)), make_evidence(recap=(1900, 2000), bc=(1000, 2000))
     )
-    assert binomial_tolerance(count_metric(20, 20), count_metric(20, 20)) > 0
+    rows = {r.metric: r for r in big.rows}
+    assert rows["recap/success_once"].verdict == "reproduced"
+    assert rows["recap/success_once"].high == pytest.approx(-rows["recap/success_once"].low, abs=1e-12)
+    assert rows["recap/success_once"].high == pytest.approx(0.0114, abs=5e-4)
+    assert rows["bc/success_once"].verdict == "reproduced"  # p = 0.5 on 2000: +-0.026
+    table = big.render()
+    assert table.splitlines()[0].split()[:6] == ["metric", "reference", "this", "run", "diff", "[90%"]
+    line = next(x for x in table.splitlines() if x.startswith("recap/success_once "))
+    assert "95.0% (1900/2000)" in line and "+0.000 [-0.011, +0.011]" in line and "±0.050 (newcombe-10)" in line
 
 
-def test_a_real_drop_differs_and_noise_is_reproduced():
-    reference = make_evidence(name="reference", recap=(386, 500), bc=(300, 500))
-    noisy = make_evidence(recap=(380, 500), bc=(310, 500))
-    assert compare_evidence(noisy, reference).reproduced
-    dropped = make_evidence(recap=(300, 500), bc=(300, 500))
-    result = compare_evidence(dropped, reference)
-    assert not result.reproduced
-    differing = {r.metric for r in result.differing}
-    assert "recap/success_once" in differing and not any(m.startswith("bc/") for m in differing)
-    line = next(x for x in result.render().splitlines() if x.startswith("recap/success_once "))
-    assert "77.2% (386/500)" in line and "60.0% (300/500)" in line and line.rstrip().endswith("differs")
-    assert result.render().splitlines()[-1].endswith("differs (6 of 12 metrics)")
+def test_three_verdicts_of_the_equivalence_test():
+    reference = make_evidence(name="reference", recap=(1800, 2000), bc=(1000, 2000))
+    rows = lambda actual: {r.metric: r for r in compare_evidence(actual, reference).rows}  # noqa: E731
+    far = rows(make_evidence(recap=(1500, 2000), bc=(1000, 2000)))  # -0.15: the whole interval below -0.05
+    assert far["recap/success_once"].verdict == "differs" and far["recap/success_once"].high < -0.05
+    assert far["recap/success_once"].reference_counts == (1800, 2000)
+    assert far["recap/success_once"].actual_counts == (1500, 2000)
+    near = rows(make_evidence(recap=(1730, 2000), bc=(1000, 2000)))  # -0.035 [-0.052, -0.018]: straddles -0.05
+    assert near["recap/success_once"].verdict == "inconclusive"
+    assert near["recap/success_once"].low < -0.05 < near["recap/success_once"].high
+    # The example: 36/40 against 45/50 passed the old rule's +-0.19 band; now it is "inconclusive".
+    from reproduction.run.stats import equivalence_independent
+
+    old_pass = equivalence_independent(45, 50, 36, 40, margin=0.05, alpha=0.05)
+    assert old_pass.verdict == "inconclusive" and old_pass.low < -0.1 and old_pass.high > 0.1
+    overall = compare_evidence(make_evidence(recap=(1500, 2000), bc=(1000, 2000)), reference)
+    assert overall.verdict == "differs" and overall.render().splitlines()[-1].endswith(
+        "differs (6 differ, 0 inconclusive of 12 metrics)"
+    )
 
 
-def test_declared_tolerances_override_the_binomial_one():
-    reference = make_evidence(name="reference", recap=(386, 500))
-    reference["tolerances"] = {"success_once": 0.001, "recap/success_at_end": 0.5}
-    near = make_evidence(recap=(384, 500))
-    result = compare_evidence(near, reference)
+def test_declared_margins_override_the_default_and_old_tolerances_read_as_margins():
+    reference = make_evidence(name="reference", recap=(1800, 2000))
+    reference["tolerances"] = {"success_once": 0.001, "recap/success_at_end": 0.3}  # 1.x field
+    result = compare_evidence(make_evidence(recap=(1790, 2000)), reference)
     rows = {r.metric: r for r in result.rows}
-    assert rows["recap/success_once"].basis == "declared" and rows["recap/success_once"].verdict == "differs"
-    assert rows["recap/success_at_end"].tolerance == 0.5 and rows["recap/success_at_end"].verdict == "reproduced"
-    assert rows["bc/success_once"].tolerance == 0.001  # "success_once" applies to every policy
-    assert rows[f"recap/{PICK}/success_once"].tolerance == 0.001
-    # The caller's tolerances win over the reference's.
-    assert compare_evidence(near, reference, tolerances={"success_once": 0.1}).rows[0].verdict == "reproduced"
+    assert rows["recap/success_once"].margin == 0.001 and rows["recap/success_once"].verdict == "inconclusive"
+    assert rows["recap/success_at_end"].margin == 0.3 and rows["recap/success_at_end"].verdict == "reproduced"
+    assert rows["bc/success_once"].margin == 0.001  # "success_once" applies to every policy
+    assert rows[f"recap/{PICK}/success_once"].margin == 0.001
+    assert rows["bc/success_at_end"].margin == 0.05  # the default
+    reference["margins"] = {"success_once": 0.2}  # 2.x field wins over 1.x tolerances
+    assert compare_evidence(make_evidence(recap=(1790, 2000)), reference).rows[0].margin == 0.2
+    # The caller's margin wins over the reference's.
+    assert compare_evidence(make_evidence(recap=(1790, 2000)), reference, margin=0.1).rows[0].margin == 0.1
     assert schema_errors("evaluation", reference) == []
+
+
+def test_paired_by_reset_seed_when_both_sides_carry_the_same_initial_states():
+    def with_outcomes(flips: int = 0, seed0: int = 0) -> dict:
+        per_episode = {
+            PICK: [
+                {
+                    "episode": i,
+                    "reset_seed": seed0 + 2 * i + 1,
+                    "success_once": (i % 10 != 0) != (i < flips),
+                    "success_at_end": i % 10 != 0,
+                }
+                for i in range(100)
+            ]
+        }
+        once = sum(e["success_once"] for e in per_episode[PICK])
+        result = {
+            "tasks": {PICK: {"episodes": 100, "success_once": once, "success_at_end": 90}},
+            "per_episode": per_episode,
+        }
+        return build_evidence(
+            EvalRecord(result=result, label="recap", mode="recap"),
+            name="n",
+            run_id="r",
+            seeds={"eval": seed0},
+            settings={},
+        )
+
+    reference = with_outcomes()
+    assert reference["tasks"][PICK]["outcomes"]["success_at_end"] == ("0" + "1" * 9) * 10
+    assert schema_errors("evaluation", reference) == []
+    same = compare_evidence(with_outcomes(), reference)
+    # 0 discordant of 100: Tango's 90% interval is +-0.0263 (n d / (1 - d) = z^2), inside +-0.05.
+    assert same.verdict == "reproduced", same.render()
+    row = same.rows[0]
+    assert row.method == "tango-paired" and row.high == pytest.approx(0.026343, abs=1e-5)
+    assert "paired by reset seed: 100 episodes, 0 succeeded only in the reference, 0 only here" in row.note
+    # Unpaired, the same 90/100 against 90/100 cannot say reproduced.
+    for o in (reference, same_ := with_outcomes()):
+        del o["tasks"][PICK]["outcomes"]
+    assert compare_evidence(same_, reference).rows[0].verdict == "inconclusive"
+    # Other initial states (another eval seed): unpaired, and the summary says why.
+    other = compare_evidence(with_outcomes(seed0=1000), with_outcomes())
+    assert other.rows[0].method == "newcombe-10" and other.verdict == "inconclusive"
+    assert any("evaluation seeds differ" in n for n in other.notes)
+    assert "note: seed 'eval' differs: reference 0, this run 1000" in other.render()
+
+
+def test_exact_match_values_keep_their_tolerance():
+    reference = make_evidence(name="reference", recap=(1800, 2000))
+    reference["metrics"]["detours_per_episode"] = {"value": 0.05}
+    actual = make_evidence(recap=(1800, 2000))
+    actual["metrics"]["detours_per_episode"] = {"value": 0.06}
+    row = next(r for r in compare_evidence(actual, reference).rows if r.metric == "recap/detours_per_episode")
+    assert (row.kind, row.method, row.verdict, row.interval_text()) == ("value", "exact", "differs", "")
+    reference["margins"] = {"detours_per_episode": 0.02}
+    row = next(r for r in compare_evidence(actual, reference, margin=0.3).rows if r.kind == "value")
+    assert (row.method, row.margin, row.verdict) == ("declared", 0.02, "reproduced")  # --margin is for rates only
+    assert "(value, declared)" in compare_evidence(actual, reference).render()
+
+
+def test_old_comparison_and_evidence_files_are_still_read(tmp_path):
+    old = {
+        "format": "recap-portable-comparison",
+        "format_version": "1.0",
+        "actual": "a",
+        "reference": "r",
+        "reproduced": False,
+        "rows": [
+            {
+                "metric": "recap/success_once",
+                "reference": 0.9,
+                "actual": 0.8,
+                "difference": -0.1,
+                "tolerance": 0.19,
+                "basis": "binomial 3 SE",
+                "reference_display": "90.0% (45/50)",
+                "actual_display": "80.0% (32/40)",
+                "verdict": "differs",
+            }
+        ],
+    }
+    back = Comparison.from_dict(old)
+    assert back.verdict == "differs" and back.rows[0].margin == 0.19 and back.rows[0].kind == "rate"
+    assert back.rows[0].method == "binomial 3 SE" and back.rows[0].low is None
+    v1 = make_evidence()
+    v1["format_version"] = "1.0"
+    for entry in (v1, *v1["baselines"]):
+        for m in entry["metrics"].values():
+            m.pop("wilson95", None)
+    (tmp_path / "v1.json").write_text(json.dumps(v1))
+    assert compare_files(tmp_path / "v1.json", tmp_path / "v1.json").verdict == "inconclusive"
 
 
 def test_missing_policy_task_or_metric_differs():
@@ -201,7 +307,7 @@ def test_missing_policy_task_or_metric_differs():
     rows = {r.metric: r for r in result.rows}
     assert rows["bc/success_once"].actual is None and rows["bc/success_once"].verdict == "differs"
     assert rows[f"recap/{PUSH}/success_once"].actual_display == "missing"
-    assert rows["recap/mean_steps"].verdict == "differs" and rows["recap/mean_steps"].basis == "exact"
+    assert rows["recap/mean_steps"].verdict == "differs" and rows["recap/mean_steps"].method == "exact"
     actual["metrics"]["mean_steps"] = {"value": 30.0}
     assert compare_evidence(actual, reference).rows[2].verdict == "reproduced"
     assert schema_errors("comparison", result.to_dict()) == []
@@ -212,7 +318,7 @@ def test_files_round_trip_and_bad_files_are_refused(tmp_path):
     (tmp_path / "ref.json").write_text(json.dumps(make_evidence(name="reference")))
     result = compare_files(tmp_path / "a.json", tmp_path / "ref.json", out=tmp_path / "comparison.json")
     saved = json.loads((tmp_path / "comparison.json").read_text())
-    assert saved["reproduced"] is True and saved == result.to_dict()
+    assert saved["verdict"] == "inconclusive" and saved["reproduced"] is False and saved == result.to_dict()
     with pytest.raises(InputNotFoundError):
         load_evidence(tmp_path / "absent.json")
     (tmp_path / "bad.json").write_text("{")
@@ -222,7 +328,7 @@ def test_files_round_trip_and_bad_files_are_refused(tmp_path):
     with pytest.raises(InvalidInputError, match="not recap-portable-evaluation"):
         load_evidence(tmp_path / "other.json")
     newer = make_evidence()
-    newer["format_version"] = "2.0"
+    newer["format_version"] = "3.0"
     (tmp_path / "newer.json").write_text(json.dumps(newer))
     with pytest.raises(UnsupportedFormatError) as exc:
         load_evidence(tmp_path / "newer.json")

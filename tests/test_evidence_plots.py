@@ -160,3 +160,51 @@ def test_per_task_thresholds_use_the_stage_labels(tmp_path):
     assert _share(_pixels(out), GREEN) > 0.001
     with pytest.raises(ValueError, match="labels"):
         plots.plot_advantage_histogram(adv, {"pick": 0.0, "push": 1.0}, tmp_path / "x.png")
+
+
+def test_forced_positive_frames_are_drawn_apart_from_the_threshold_side(tmp_path):
+    """No bar in the threshold-side green sits left of the dashed threshold: forced positives get their own shade."""
+    adv = np.linspace(-1, 1, 400)
+    positive = adv >= 0.5
+    positive[:100] = True  # forced positive far below the threshold (sft / hold labels)
+    image = _pixels(plots.plot_advantage_histogram(adv, 0.5, tmp_path / "forced.png", positive=list(positive)))
+    light = np.array([0xA5, 0xD6, 0xA7]) / 255
+    assert _share(image, light, tol=0.03) > 0.001
+    bars = image[int(0.80 * image.shape[0]) : int(0.86 * image.shape[0])]  # a strip just above the x axis
+    green_cols = np.where(np.any(np.all(np.abs(bars - GREEN) < 0.06, axis=-1), axis=0))[0]
+    light_cols = np.where(np.any(np.all(np.abs(bars - light) < 0.03, axis=-1), axis=0))[0]
+    assert light_cols.min() < green_cols.min()  # forced frames sit left; threshold-side green only to the right
+    plain = _pixels(plots.plot_advantage_histogram(adv, 0.5, tmp_path / "plain.png", positive=list(adv >= 0.5)))
+    assert _share(plain, light, tol=0.03) < 1e-4
+
+
+def test_a_nearly_flat_bounded_panel_keeps_a_least_span(tmp_path):
+    records = [{"step": s, "split": "eval", "metrics": {"value_spearman": 0.42 + 0.003 * (s == 2)}} for s in (1, 2)]
+    fig = plots.training_curves_figure({"value": records})
+    lo, hi = fig.axes[0].get_ylim()
+    assert hi - lo == pytest.approx(0.2) and lo < 0.42 < 0.423 < hi
+
+
+def test_success_bars_carry_wilson_intervals(tmp_path):
+    from matplotlib.image import imread  # noqa: F401 (matplotlib is needed to draw)
+
+    doc = make_evidence(recap=(40, 40), bc=(0, 40))  # a standard error is 0 at 0/n and n/n; Wilson's is not
+    fig_path = plots.plot_success_rates(doc, tmp_path / "s.png")
+    assert fig_path.stat().st_size > 10_000
+    from reproduction.run.stats import wilson
+
+    assert wilson(40, 40)[0] < 1.0 and wilson(0, 40)[1] > 0.0
+
+
+def test_report_lists_stages_in_pipeline_order(tmp_path):
+    import re
+
+    from reproduction.run.report_run import write_run_report
+
+    names = ["advantages", "compare", "eval", "policy", "returns", "value"]  # run.json's (sorted) order
+    state = {"run_id": "r", "stages": {n: {"status": "succeeded", "seconds": 1.0} for n in names}}
+    (tmp_path / "run.json").write_text(json.dumps(state, sort_keys=True))
+    html = write_run_report(tmp_path).read_text()
+    table = html[html.index('<table id="stages">') :]
+    shown = re.findall(r"<tr><td>(\w+)</td>", table[: table.index("</table>")])
+    assert shown == ["returns", "value", "advantages", "policy", "eval", "compare"]

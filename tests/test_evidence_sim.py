@@ -45,7 +45,11 @@ def test_simulator_results_become_schema_valid_evidence_that_reproduces_itself(t
     )
     assert first.read_bytes() == second.read_bytes()
     comparison = compare_files(second, first, out=tmp_path / "comparison.json")
-    assert comparison.reproduced and len(comparison.rows) == 2 * (2 + 2 * 2)
+    assert len(comparison.rows) == 2 * (2 + 2 * 2)
+    # Paired by reset seed with no discordant episode, but 4 episodes a task cannot show equivalence
+    # within 0.05 (Tango's 90% interval for 0 of 4 is +-0.40): inconclusive, until the margin is that wide.
+    assert comparison.verdict == "inconclusive" and {r.method for r in comparison.rows} == {"tango-paired"}
+    assert {r.verdict for r in compare_files(second, first, margin=0.45).rows} == {"reproduced"}
     assert schema_errors("comparison", json.loads((tmp_path / "comparison.json").read_text())) == []
     png = plots.plot_success_rates(doc, tmp_path / "success_rates.png")
     assert png.stat().st_size > 10_000

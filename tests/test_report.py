@@ -203,7 +203,7 @@ def test_run_report_collects_what_the_run_folder_holds(tmp_path):
     alts = [a["alt"] for t, a in page.tags if t == "img"]
     assert alts[0].startswith("Success rate per task") and alts[1].startswith("Advantages")
     text = " ".join(page.text)
-    assert "Reproduced: all 12 metrics" in text and "bundle_manifest" in text and "eval" in text
+    assert "Inconclusive: 12 of 12 metrics" in text and "bundle_manifest" in text and "eval" in text
     empty = tmp_path / "empty_run"
     empty.mkdir()
     html = write_run_report(empty, title="nothing yet", run_id="r").read_text()

@@ -3,6 +3,12 @@
 The card says what the bundle holds (folders, sizes, layers), how to fetch, restore, check and run
 it pinned to a commit, a summary of the reference evidence under `evidence/` (scalar metrics of each
 JSON file), and the licenses it carries. It is plain Markdown with a YAML header the Hub reads.
+
+The header's `model-index` holds the evaluation results of every recap-portable evidence file, one
+result per policy and task, each metric with its counts and Wilson 95% interval in `args` (the Hub
+shows `value`; n and the interval travel beside it), written as one JSON line (JSON is YAML).
+`evidence_from_card` reads them back as evidence (no per-episode outcomes: comparisons are unpaired),
+so `portable compare hub:OWNER/NAME ACTUAL.json` compares against what the Hub shows.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ def render_model_card(manifest: Manifest, bundle: Path, *, repo_id: str, repo_ty
         "- recap-portable",
         "- robotics",
         "- reinforcement-learning",
+        *_model_index_lines(manifest, bundle),
         "---",
         "",
         f"# {manifest.name}",
@@ -162,3 +169,127 @@ def _license_section(manifest: Manifest, bundle: Path) -> list[str]:
         lines.append("")
     lines += [f"- `{name}`" for name in names]
     return lines
+
+
+_COUNT_METRICS = ("success_once", "success_at_end")
+
+
+def _evaluations(manifest: Manifest, bundle: Path) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for entry in manifest.files:
+        if entry.path.startswith("evidence/") and entry.path.endswith(".json"):
+            try:
+                data = json.loads((bundle / entry.path).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict) and data.get("format") == "recap-portable-evaluation":
+                out.append((entry.path, data))
+    return out
+
+
+def model_index(name: str, evaluations: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The Hub's `model-index` of recap-portable evaluation evidence: one result per (policy, task)."""
+    results = []
+    for path, doc in evaluations:
+        for entry in [doc, *doc.get("baselines", [])]:
+            policy = entry["policy"]
+            for task, row in entry.get("tasks", {}).items():
+                metrics = []
+                for m in _COUNT_METRICS:
+                    c = row.get(m)
+                    if not isinstance(c, dict) or "rate" not in c:
+                        continue
+                    args = {"successes": c["successes"], "episodes": c["episodes"]}
+                    if "wilson95" in c:
+                        args["wilson95"] = c["wilson95"]
+                    metrics.append({"type": m, "name": f"{m} ({policy['label']})", "value": c["rate"], "args": args})
+                results.append(
+                    {
+                        "task": {"type": "robotics", "name": str(policy["label"])},
+                        "dataset": {"type": "simulation", "name": str(task)},
+                        "metrics": metrics,
+                        "source": {
+                            "name": f"recap-portable evidence {path}",
+                            "url": path,
+                        },
+                        "policy": {k: policy.get(k) for k in ("label", "mode", "guidance_scale")},
+                        "evidence": {"name": doc.get("name"), "seeds": doc.get("seeds", {})},
+                    }
+                )
+    return [{"name": name, "results": results}] if results else []
+
+
+def _model_index_lines(manifest: Manifest, bundle: Path) -> list[str]:
+    index = model_index(manifest.name, _evaluations(manifest, bundle))
+    return [f"model-index: {json.dumps(index, sort_keys=True)}"] if index else []
+
+
+def card_model_index(text: str) -> list[dict[str, Any]]:
+    """The `model-index` of a card's YAML header ([] when it has none): our one JSON line, else PyYAML."""
+    import re
+
+    header = re.match(r"---\s*\n(.*?)\n---", text, re.S)
+    if not header:
+        return []
+    line = re.search(r"^model-index:\s*(\[.*\])\s*$", header.group(1), re.M)
+    if line:
+        try:
+            return list(json.loads(line.group(1)))
+        except ValueError:
+            pass
+    try:
+        import yaml
+    except ImportError:
+        return []
+    try:
+        data = yaml.safe_load(header.group(1)) or {}
+    except yaml.YAMLError:
+        return []
+    return list(data.get("model-index") or []) if isinstance(data, dict) else []
+
+
+def evidence_from_card(text: str, *, where: str = "model card") -> dict[str, Any]:
+    """Evaluation evidence (format 2.0, one policy primary and the rest baselines) rebuilt from a card's
+    model-index; raises InvalidInputError when the card holds no recap-portable results."""
+    from reproduction.errors import InvalidInputError
+
+    entries: dict[str, dict[str, Any]] = {}
+    meta: dict[str, Any] = {}
+    for model in card_model_index(text):
+        for result in model.get("results", []):
+            label = str((result.get("policy") or {}).get("label") or result.get("task", {}).get("name"))
+            task = str(result.get("dataset", {}).get("name"))
+            policy = {"label": label, "mode": "other", "guidance_scale": None} | (result.get("policy") or {})
+            entry = entries.setdefault(label, {"policy": policy, "tasks": {}})
+            entry["policy"]["checkpoint"] = {"path": None, "sha256": None, "step": None}
+            row = entry["tasks"].setdefault(task, {})
+            for metric in result.get("metrics", []):
+                args = metric.get("args") or {}
+                if metric.get("type") in _COUNT_METRICS and {"successes", "episodes"} <= set(args):
+                    row["episodes"] = int(args["episodes"])
+                    row[metric["type"]] = int(args["successes"])
+            meta = meta or (result.get("evidence") or {})
+    if not entries:
+        raise InvalidInputError(
+            f"{where} has no recap-portable results in its model-index",
+            hint="publish the bundle with recap-portable (its evidence/*.json become the card's model-index)",
+        )
+    from reproduction.run.evidence import EvalRecord, build_evidence
+
+    records = [
+        EvalRecord(
+            result={"tasks": {t: r for t, r in e["tasks"].items() if "episodes" in r}},
+            label=label,
+            mode=str(e["policy"].get("mode") or "other"),
+            guidance_scale=e["policy"].get("guidance_scale"),
+        )
+        for label, e in entries.items()
+    ]
+    return build_evidence(
+        records[0],
+        baselines=records[1:],
+        name=str(meta.get("name") or where),
+        run_id="hub",
+        seeds=dict(meta.get("seeds") or {}),
+        settings={"source": where},
+    )

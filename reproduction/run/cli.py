@@ -99,6 +99,12 @@ def cmd_run(args: Any) -> int:
         return 0
     report = execute(config, run_dir, args)
     print_report(report, ui=_ui(args), as_json=getattr(args, "json", False))
+    if not getattr(args, "json", False):  # the headline numbers and the verdict, last
+        from reproduction.run.compare_cmd import run_results_lines
+
+        lines = run_results_lines(run_dir)
+        if lines:
+            say("\n".join(lines).rstrip(), options=_ui(args))
     return 0
 
 
@@ -171,7 +177,7 @@ def cmd_eval(args: Any) -> int:
         evidence = run_dir / output.summary["evidence"]
         out = evidence.with_name(evidence.name.replace("eval_", "comparison_", 1))
         output.summary["comparison"] = compare_with_reference(evidence, Path(config.eval.reference), out)
-        verdict = "reproduced" if output.summary["comparison"]["reproduced"] else "differs"
+        verdict = output.summary["comparison"]["verdict"]
         say(f"against the reference evidence: {verdict} ({out})", options=_ui(args))
     if getattr(args, "json", False):
         sys.stdout.write(json.dumps(output.summary, indent=1) + "\n")

@@ -21,10 +21,51 @@ def add_run_arguments(p: Any) -> None:
 
 def add_eval_arguments(p: Any) -> None:
     """The flags of `portable eval`."""
-    p.add_argument("--checkpoint", required=True, metavar="STEP|PATH", help="a step of the run's policy, or an export")
-    p.add_argument("--output", required=True, metavar="DIR", help="the run folder (evidence goes to DIR/evidence/)")
+    p.add_argument(
+        "--checkpoint", metavar="STEP|PATH", help="a step of the run's policy, or an export (required unless --plan)"
+    )
+    p.add_argument(
+        "--output", metavar="DIR", help="the run folder (evidence goes to DIR/evidence/; required unless --plan)"
+    )
     p.add_argument("--config", action="append", metavar="FILE", help="YAML config (default: the run's own)")
     p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides (eval.*, docs/config.md)")
+    plan = p.add_argument_group("planning (--plan: evaluate nothing, print the episodes a margin needs)")
+    plan.add_argument("--plan", action="store_true", help="print episodes per side for --power at --alpha, per rate")
+    plan.add_argument("--reference", metavar="FILE", help="plan for every rate of this reference evidence")
+    plan.add_argument(
+        "--rate", type=float, action="append", metavar="P", help="plan for this success rate (repeatable)"
+    )
+    add_test_arguments(plan)
+    plan.add_argument("--power", type=float, default=0.8, metavar="P", help="probability of `reproduced` (default 0.8)")
+    plan.add_argument(
+        "--difference", type=float, default=0.0, metavar="D", help="true difference to plan for (default 0)"
+    )
+
+
+def add_test_arguments(p: Any) -> None:
+    """--margin and --alpha of the equivalence test (compare, eval --plan)."""
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=None,
+        metavar="M",
+        help="equivalence margin on every rate, absolute (default: the reference's declared margins, else 0.05)",
+    )
+    p.add_argument(
+        "--alpha", type=float, default=None, metavar="A", help="test level (default: the reference's, else 0.05)"
+    )
+
+
+def add_compare_arguments(p: Any) -> None:
+    """The flags of `portable compare`."""
+    p.add_argument(
+        "reference",
+        metavar="REFERENCE.json",
+        help="reference evidence: a file, a folder holding one, a model card (*.md) or hub:OWNER/NAME[@REV]",
+    )
+    p.add_argument("actual", metavar="ACTUAL.json", help="the evidence to check against it")
+    add_test_arguments(p)
+    p.add_argument("--out", default=None, metavar="FILE", help="also write the comparison JSON to FILE")
 
 
 def add_demo_arguments(p: Any) -> None:

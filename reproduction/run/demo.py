@@ -300,25 +300,8 @@ def _summary(report: DemoReport, run_dir: Path, *, ui: UiOptions | None) -> None
 
 
 def _results_lines(run_dir: Path) -> list[str]:
-    """Success rates per policy (the eval stage's summary), and the verdict against the reference (the
-    compare stage's)."""
-    try:
-        state = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
-        return []
-    ev = state.get("stages", {}).get("eval", {}).get("summary", {})
-    compared = state.get("stages", {}).get("compare", {}).get("summary", {})
-    out = []
-    for label, doc in ev.get("results", {}).items():
-        tasks = doc.get("tasks", {})
-        rows = tasks.values() if isinstance(tasks, dict) else tasks
-        eps = sum(int(r.get("episodes", 0)) for r in rows)
-        end = sum(int(r.get("success_at_end", 0)) for r in rows)
-        once = sum(int(r.get("success_once", 0)) for r in rows)
-        if eps:
-            out.append(f"{label:<14} success at end {end / eps:6.1%} ({end}/{eps}), at any step {once / eps:6.1%}")
-    if compared.get("verdict"):
-        out.append(f"against the reference evidence: {compared['verdict']}")
-    elif ev:
-        out.append("no reference evidence in the bundle to compare with")
-    return out + ([""] if out else [])
+    """Success rates per policy with their Wilson intervals, and the comparison table and verdict against the
+    reference (reproduction.run.compare_cmd.run_results_lines)."""
+    from reproduction.run.compare_cmd import run_results_lines
+
+    return run_results_lines(run_dir, table=True)

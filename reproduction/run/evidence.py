@@ -3,27 +3,33 @@
 On disk (schema: evidence/evaluation.schema.json)::
 
     <run>/evidence/eval_<stage>_<step>.json
-      {"format": "recap-portable-evaluation", "format_version": "1.0", "name", "run_id", ["created",]
+      {"format": "recap-portable-evaluation", "format_version": "2.0", "name", "run_id", ["created",]
        "policy":   {"label", "mode", "guidance_scale", "checkpoint": {"path", "sha256", "step"}},
        "seeds", "settings",
        "metrics":  {"success_once": {"successes": 386, "episodes": 500, "rate": 0.772,
-                                     "display": "77.2% (386/500)"}, "success_at_end": {...}},
-       "tasks":    {"<task text>": {"episodes": 50, "success_once": {...}, "success_at_end": {...}}},
+                                     "display": "77.2% (386/500)", "wilson95": [0.733, 0.807]}, ...},
+       "tasks":    {"<task text>": {"episodes": 50, "success_once": {...}, "success_at_end": {...},
+                                    ["outcomes": {"reset_seeds": [...], "success_once": "0110...",
+                                                  "success_at_end": "0100..."}]}},
        "baselines": [{"policy", "metrics", "tasks"}, ...],      # e.g. plain BC, other guidance scales
-       "tolerances": {"success_once": 0.05}}                     # optional: declared by a reference
+       ["margins": {"success_once": 0.05}], ["alpha": 0.05]}     # optional: declared by a reference
     <run>/evidence/comparison.json   (schema: evidence/comparison.schema.json)
 
-A comparison matches the primary evaluation with the reference's primary and baselines by label, and
-compares each rate with a tolerance: the one the reference declares for the metric, else three
-standard errors of the difference of two binomial proportions (pooled, Laplace-smoothed), so a
-rate measured on 500 episodes is held tighter than one on 20. Plain-valued metrics need a declared
-tolerance (else they must match to 1e-9). Stdlib only.
+Format 2.0 added `wilson95`, per-episode `outcomes`, `margins` and `alpha`; 1.x files (no intervals, a
+`tolerances` field) are still read: their `tolerances` are read as margins.
+
+The comparison (reproduction.run.comparison; its names are also importable from here) matches the
+primary evaluation with the reference's primary and baselines by label and gives each rate one of
+`reproduced` / `differs` / `inconclusive` by an equivalence test against a margin
+(reproduction.run.stats: TOST with Newcombe's interval, or Tango's paired interval when both sides
+carry per-episode outcomes of the same initial states). Plain-valued metrics (detours per episode,
+...) are not binomial counts: they keep a declared tolerance, else must match to 1e-9, and are only
+ever `reproduced` or `differs`. Stdlib only.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -33,11 +39,13 @@ from typing import Any
 from reproduction.errors import InputNotFoundError, InvalidInputError, UnsupportedFormatError
 from reproduction.fsio import atomic_write_text
 from reproduction.run.secrets import redact
+from reproduction.run.stats import wilson
 
 FORMAT = "recap-portable-evaluation"
-FORMAT_VERSION = "1.0"
+FORMAT_VERSION = "2.0"
+READS = ("1", "2")
+"""Major format versions this build reads (1.x: no intervals, `tolerances` read as margins)."""
 COUNT_METRICS = ("success_once", "success_at_end")
-DEFAULT_Z = 3.0
 EXACT = 1e-9
 
 
@@ -45,15 +53,17 @@ EXACT = 1e-9
 
 
 def count_metric(successes: int, episodes: int) -> dict[str, Any]:
-    """A success count as evidence shows it: {"successes", "episodes", "rate", "display": "77.2% (386/500)"}."""
+    """A success count as evidence shows it: {"successes", "episodes", "rate", "display", "wilson95": [lo, hi]}."""
     if episodes < 0 or not 0 <= successes <= max(episodes, 0):
         raise ValueError(f"success count {successes}/{episodes} is impossible")
     rate = successes / episodes if episodes else 0.0
+    lo, hi = wilson(successes, episodes, 0.95)
     return {
         "successes": int(successes),
         "episodes": int(episodes),
         "rate": rate,
         "display": f"{100 * rate:.1f}% ({successes}/{episodes})",
+        "wilson95": [round(lo, 6), round(hi, 6)],
     }
 
 
@@ -105,11 +115,30 @@ def _task_counts(result: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             "success_at_end": _successes(row.get("success_at_end", once), episodes, f"tasks[{task!r}].success_at_end"),
             "details": _task_details(row),
         }
+    for task, episodes in dict(result.get("per_episode") or {}).items():
+        if str(task) in out and episodes:
+            out[str(task)]["outcomes"] = _outcomes(episodes, out[str(task)], str(task))
     if not out:
         raise InvalidInputError(
             "evaluation result holds no per-task counts (expected tasks: {task: {episodes, success_once, ...}})",
             hint="pass EvalResult.to_dict() from reproduction.sim.evaluate",
         )
+    return out
+
+
+def _outcomes(episodes: Sequence[Mapping[str, Any]], counts: Mapping[str, Any], task: str) -> dict[str, Any]:
+    """Per-episode outcomes (EvalResult.to_dict()["per_episode"][task]) as evidence keeps them: the reset seeds
+    in episode order and one "0"/"1" character per episode per metric, so a comparison can pair episodes."""
+    rows = sorted(episodes, key=lambda e: e.get("episode", 0))
+    out: dict[str, Any] = {"reset_seeds": [int(e["reset_seed"]) for e in rows]}
+    for m in COUNT_METRICS:
+        out[m] = "".join("1" if e[m] else "0" for e in rows)
+        if len(rows) != counts["episodes"] or out[m].count("1") != counts[m]:
+            raise InvalidInputError(
+                f"per-episode outcomes of task {task!r} do not add up to its {m} count "
+                f"{counts[m]}/{counts['episodes']}",
+                field=f"per_episode[{task!r}]",
+            )
     return out
 
 
@@ -143,6 +172,7 @@ def evaluation_entry(record: EvalRecord) -> dict[str, Any]:
             "episodes": c["episodes"],
             **{m: count_metric(c[m], c["episodes"]) for m in COUNT_METRICS},
             **({"details": c["details"]} if c["details"] else {}),
+            **({"outcomes": c["outcomes"]} if "outcomes" in c else {}),
         }
         for task, c in sorted(counts.items())
     }
@@ -171,9 +201,16 @@ def build_evidence(
     settings: Mapping[str, Any],
     baselines: Sequence[EvalRecord] = (),
     tolerances: Mapping[str, float] | None = None,
+    margins: Mapping[str, float] | None = None,
+    alpha: float | None = None,
+    sequential: Mapping[str, Any] | None = None,
     created: datetime | None = None,
 ) -> dict[str, Any]:
     """The evidence document (a JSON-ready dict); `settings` (episodes per task, execute steps...) is redacted.
+
+    `margins` (a reference's declared equivalence margins per "<label>/<metric>", "<metric>" or
+    "<task>/<metric>"), `alpha` (its test level) and `tolerances` (1.x: plain-value tolerances) are kept
+    only when given; `sequential` records a sequential evaluation's stop (reproduction.sim.evaluate).
 
     Deterministic: the same results give the same bytes (an interrupted and resumed run's evidence equals an
     uninterrupted one's), so no clock is read; pass `created` to stamp a time (reference evidence does).
@@ -192,6 +229,12 @@ def build_evidence(
     }
     if tolerances:
         doc["tolerances"] = {k: float(v) for k, v in tolerances.items()}
+    if margins:
+        doc["margins"] = {k: float(v) for k, v in margins.items()}
+    if alpha is not None:
+        doc["alpha"] = float(alpha)
+    if sequential:
+        doc["sequential"] = dict(sequential)
     return doc
 
 
@@ -216,11 +259,12 @@ def load_evidence(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise InvalidInputError(f"evidence file {path} is not JSON: {exc}", path=path) from exc
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise InvalidInputError(f"{path} is not {FORMAT} evidence (format: {doc.get('format')!r})", path=path)
+        found = doc.get("format") if isinstance(doc, dict) else f"a JSON {type(doc).__name__}"
+        raise InvalidInputError(f"{path} is not {FORMAT} evidence (format: {found!r})", path=path)
     version = str(doc.get("format_version", ""))
-    if version.split(".")[0] != FORMAT_VERSION.split(".")[0]:
+    if version.split(".")[0] not in READS:
         raise UnsupportedFormatError(
-            f"{path} has evidence format {version!r}; this build reads {FORMAT_VERSION.split('.')[0]}.x",
+            f"{path} has evidence format {version!r}; this build reads {', '.join(v + '.x' for v in READS)}",
             path=path,
             field="format_version",
             hint="use the recap-portable release that wrote it, or upgrade this one",
@@ -228,207 +272,24 @@ def load_evidence(path: Path) -> dict[str, Any]:
     return doc
 
 
-# -- comparing ----------------------------------------------------------------------------------
+_COMPARISON = frozenset(
+    {
+        "COMPARISON_FORMAT",
+        "Comparison",
+        "MetricComparison",
+        "compare_evidence",
+        "compare_files",
+        "overall_verdict",
+        "write_comparison",
+    }
+)
 
 
-@dataclass(kw_only=True, slots=True, frozen=True)
-class MetricComparison:
-    """One row: a metric of one evaluated policy (or one of its tasks) against the reference."""
+def __getattr__(name: str) -> Any:
+    """The comparison's names, which lived here before reproduction.run.comparison: imported on first use (the
+    comparison imports this module, so a top-level import here would be circular)."""
+    if name in _COMPARISON:
+        from reproduction.run import comparison
 
-    metric: str
-    """"<label>/<metric>" or "<label>/<task>/<metric>"."""
-    reference: float
-    actual: float | None
-    """None when this run has no such metric."""
-    tolerance: float
-    """Absolute tolerance on |actual - reference|."""
-    basis: str
-    """"binomial 3.0 SE", "declared" or "exact"."""
-    reference_display: str
-    actual_display: str
-
-    @property
-    def difference(self) -> float | None:
-        return None if self.actual is None else self.actual - self.reference
-
-    @property
-    def verdict(self) -> str:
-        """ "reproduced" when within tolerance, else "differs" (a missing metric differs)."""
-        if self.actual is None or math.isnan(self.actual):
-            return "differs"
-        return "reproduced" if abs(self.actual - self.reference) <= self.tolerance + EXACT else "differs"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "metric": self.metric,
-            "reference": self.reference,
-            "actual": self.actual,
-            "difference": self.difference,
-            "tolerance": self.tolerance,
-            "basis": self.basis,
-            "reference_display": self.reference_display,
-            "actual_display": self.actual_display,
-            "verdict": self.verdict,
-        }
-
-
-@dataclass(kw_only=True, slots=True)
-class Comparison:
-    """Every metric of a run's evidence against the reference evidence."""
-
-    actual_name: str
-    reference_name: str
-    rows: list[MetricComparison]
-
-    @property
-    def reproduced(self) -> bool:
-        return all(r.verdict == "reproduced" for r in self.rows)
-
-    @property
-    def differing(self) -> list[MetricComparison]:
-        return [r for r in self.rows if r.verdict != "reproduced"]
-
-    def render(self) -> str:
-        """A fixed-width table, one metric a line, and a last line with the overall verdict."""
-        head = ("metric", "reference", "this run", "diff", "tolerance", "verdict")
-        body = [
-            (
-                r.metric,
-                r.reference_display,
-                r.actual_display,
-                "-" if r.difference is None else f"{r.difference:+.3f}",
-                f"±{r.tolerance:.3f} ({r.basis})",
-                r.verdict,
-            )
-            for r in self.rows
-        ]
-        widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
-        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *body]]
-        n_bad = len(self.differing)
-        verdict = "reproduced" if not n_bad else f"differs ({n_bad} of {len(self.rows)} metrics)"
-        lines.append(f"{self.actual_name} vs reference {self.reference_name}: {verdict}")
-        return "\n".join(lines)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Comparison:
-        """Read back `to_dict()` (comparison.json); raises InvalidInputError for another format."""
-        if not isinstance(data, Mapping) or data.get("format") != "recap-portable-comparison":
-            raise InvalidInputError("not a recap-portable comparison (comparison.json)", field="format")
-        keys = ("metric", "reference", "actual", "tolerance", "basis", "reference_display", "actual_display")
-        try:
-            rows = [MetricComparison(**{k: row[k] for k in keys}) for row in data["rows"]]
-        except (KeyError, TypeError) as exc:
-            raise InvalidInputError(f"comparison.json rows are malformed: {exc}", field="rows") from exc
-        return cls(actual_name=str(data.get("actual")), reference_name=str(data.get("reference")), rows=rows)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": "recap-portable-comparison",
-            "format_version": FORMAT_VERSION,
-            "actual": self.actual_name,
-            "reference": self.reference_name,
-            "reproduced": self.reproduced,
-            "rows": [r.to_dict() for r in self.rows],
-        }
-
-
-def binomial_tolerance(ref: Mapping[str, Any], act: Mapping[str, Any], *, z: float = DEFAULT_Z) -> float:
-    """z standard errors of the difference of two independent binomial rates (pooled, Laplace-smoothed p)."""
-    n1, n2 = ref["episodes"], act["episodes"]
-    if n1 <= 0 or n2 <= 0:
-        return 0.0
-    p = (ref["successes"] + act["successes"] + 1) / (n1 + n2 + 2)
-    return z * math.sqrt(p * (1 - p) * (1 / n1 + 1 / n2))
-
-
-def _declared(tolerances: Mapping[str, float], label: str, key: str) -> float | None:
-    """The most specific declared tolerance: "<label>/<key>", then "<key>", then the metric name alone."""
-    for candidate in (f"{label}/{key}", key, key.rsplit("/", 1)[-1]):
-        if candidate in tolerances:
-            return float(tolerances[candidate])
-    return None
-
-
-def _metric_rows(
-    label: str,
-    key: str,
-    ref: Mapping[str, Any],
-    act: Mapping[str, Any] | None,
-    tolerances: Mapping[str, float],
-    z: float,
-) -> MetricComparison:
-    declared = _declared(tolerances, label, key)
-    if "rate" in ref:
-        reference, ref_display = float(ref["rate"]), ref["display"]
-        actual = None if act is None or "rate" not in act else float(act["rate"])
-        act_display = "missing" if actual is None else act["display"]
-        if declared is not None:
-            tol, basis = declared, "declared"
-        elif actual is not None:
-            tol, basis = binomial_tolerance(ref, act, z=z), f"binomial {z:g} SE"
-        else:
-            tol, basis = 0.0, "binomial"
-    else:
-        reference, ref_display = float(ref["value"]), f"{ref['value']:.4g}"
-        actual = None if act is None or "value" not in act else float(act["value"])
-        act_display = "missing" if actual is None else f"{actual:.4g}"
-        tol, basis = (declared, "declared") if declared is not None else (0.0, "exact")
-    return MetricComparison(
-        metric=f"{label}/{key}",
-        reference=reference,
-        actual=actual,
-        tolerance=tol,
-        basis=basis,
-        reference_display=ref_display,
-        actual_display=act_display,
-    )
-
-
-def _entries(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    out = {doc["policy"]["label"]: doc}
-    out.update({b["policy"]["label"]: b for b in doc.get("baselines", [])})
-    return out
-
-
-def compare_evidence(
-    actual: Mapping[str, Any],
-    reference: Mapping[str, Any],
-    *,
-    tolerances: Mapping[str, float] | None = None,
-    z: float = DEFAULT_Z,
-) -> Comparison:
-    """Compare every metric (overall and per task) of every policy the reference holds with this run's.
-
-    Tolerances: `tolerances` (the caller's), then the reference's own "tolerances", then binomial.
-    Policies are matched by label; a policy, task or metric the run lacks is a "differs" row.
-    """
-    declared = {**reference.get("tolerances", {}), **(tolerances or {})}
-    mine = _entries(actual)
-    rows = []
-    for label, ref_entry in _entries(reference).items():
-        act_entry = mine.get(label, {})
-        for metric, ref_value in ref_entry["metrics"].items():
-            act_value = act_entry.get("metrics", {}).get(metric)
-            rows.append(_metric_rows(label, metric, ref_value, act_value, declared, z))
-        for task, ref_task in ref_entry.get("tasks", {}).items():
-            act_task = act_entry.get("tasks", {}).get(task, {})
-            for metric in COUNT_METRICS:
-                if metric in ref_task:
-                    rows.append(
-                        _metric_rows(label, f"{task}/{metric}", ref_task[metric], act_task.get(metric), declared, z)
-                    )
-    return Comparison(actual_name=str(actual.get("name")), reference_name=str(reference.get("name")), rows=rows)
-
-
-def write_comparison(path: Path, comparison: Comparison) -> Path:
-    """Write comparison.json atomically; returns its path."""
-    atomic_write_text(Path(path), json.dumps(comparison.to_dict(), indent=1) + "\n")
-    return Path(path)
-
-
-def compare_files(actual: Path, reference: Path, *, out: Path | None = None, z: float = DEFAULT_Z) -> Comparison:
-    """Load both evidence files, compare, and write the comparison JSON to `out` when given."""
-    comparison = compare_evidence(load_evidence(actual), load_evidence(reference), z=z)
-    if out is not None:
-        write_comparison(out, comparison)
-    return comparison
+        return getattr(comparison, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

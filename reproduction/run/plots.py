@@ -147,14 +147,18 @@ def plot_advantage_histogram(
     positive_count = sum(p for _, p in pairs)
     fig = _figure(7.5, 4.0)
     ax = fig.add_subplot()
-    ax.hist(  # stacked: with per-task thresholds a bin can hold both labels
-        [[v for v, p in pairs if not p], [v for v, p in pairs if p]],
-        bins=edges,
-        stacked=True,
-        color=["#8c959f", SUCCESS],
-        # "labelled", not ">= threshold": stage 3 can force frames positive below it (sft, hold labels)
-        label=["labelled negative", "labelled positive"],
-    )
+    # Stage 3 forces some frames positive whatever their advantage (sft and hold labels): with one threshold
+    # they are drawn apart, so no "positive" bar sits left of the line the caption calls the threshold.
+    one = next(iter(taus.values())) if len(taus) == 1 else None
+    forced = [v for v, p in pairs if p and one is not None and v < one]
+    stacks = [[v for v, p in pairs if not p], [v for v, p in pairs if p and (one is None or v >= one)]]
+    names = ["labelled negative", "labelled positive" if one is None else "positive: at or above the threshold"]
+    colours = ["#8c959f", SUCCESS]
+    if forced:
+        stacks.append(forced)
+        names.append("positive below the threshold (forced: sft/hold labels)")
+        colours.append("#a5d6a7")
+    ax.hist(stacks, bins=edges, stacked=True, color=colours, label=names)  # stacked: a bin can hold several
     for i, (task, tau) in enumerate(sorted(taus.items())):
         name = f"threshold {tau:.4g}" if task == "*" else f"{_short(task, 24)}: {tau:.4g}"
         ax.axvline(tau, color=PALETTE[i % len(PALETTE)] if len(taus) > 1 else "#24292f", lw=1.5, ls="--", label=name)
@@ -262,6 +266,9 @@ def training_curves_figure(
                     split = label.split()[0]
                     splits.add(split)
                     ax.plot(xs, ys, _SPLIT_STYLE[split], marker="o" if len(xs) < 30 else None, ms=3, color=colours[run])
+            _min_span(
+                ax, [y for curves in runs.values() for _, ys in curves.get(family, {}).values() for y in ys], family
+            )
             ax.set_title(f"{stage}: {family.replace('_', ' ')}", fontsize=10)
             ax.set_xlabel("step", fontsize=9)
             ax.tick_params(labelsize=8)
@@ -271,6 +278,22 @@ def training_curves_figure(
         if families and handles:
             grid[r, ncols].legend(handles=handles, loc="upper left", fontsize=9, frameon=False, borderaxespad=0.0)
     return fig
+
+
+BOUNDED_FAMILIES = {"value_spearman": 0.2, "positive_label_fraction": 0.2, "cat_acc_best": 0.2}
+"""Families on a fixed scale ([-1, 1] or [0, 1]) and the least y-span their panel shows."""
+
+
+def _min_span(ax: Any, ys: list[float], family: str) -> None:
+    """Widen a panel whose values barely move (two Spearman points 0.003 apart) to a least span, so a tiny
+    difference does not fill the axis and look large; other families get 5% of their magnitude."""
+    if not ys:
+        return
+    lo, hi = min(ys), max(ys)
+    span = BOUNDED_FAMILIES.get(family, 0.05 * max(abs(lo), abs(hi), 1e-12))
+    if hi - lo < span:
+        mid = (lo + hi) / 2
+        ax.set_ylim(mid - span / 2, mid + span / 2)
 
 
 def _short(task: str, width: int = 28) -> str:
@@ -297,8 +320,11 @@ def plot_success_rates(
     """Grouped bars: per task (and overall), one bar per evaluated policy / guidance scale, labelled k/n.
 
     `evidence` is one evaluation evidence document (its primary and baselines are drawn) or several
-    (e.g. one per guidance scale). Error bars are one binomial standard error.
+    (e.g. one per guidance scale). Error bars are the Wilson 95% interval (reproduction.run.stats.wilson),
+    which stays inside [0, 1] at 0/n and n/n, where a standard error collapses to zero.
     """
+    from reproduction.run.stats import wilson
+
     docs = [evidence] if isinstance(evidence, Mapping) else list(evidence)
     entries = [e for d in docs for e in (d, *d.get("baselines", []))]
     if not entries:
@@ -312,11 +338,12 @@ def plot_success_rates(
         counts = [entry["tasks"].get(t, {}).get(metric) for t in tasks] + [entry["metrics"].get(metric)]
         xs = [g + (i - (len(entries) - 1) / 2) * width for g in range(len(groups))]
         rates = [c["rate"] if c else 0.0 for c in counts]
-        errs = [math.sqrt(c["rate"] * (1 - c["rate"]) / c["episodes"]) if c and c["episodes"] else 0 for c in counts]
+        cis = [wilson(c["successes"], c["episodes"]) if c and c["episodes"] else (r, r) for c, r in zip(counts, rates)]
+        errs = [[r - lo for r, (lo, _) in zip(rates, cis)], [hi - r for r, (_, hi) in zip(rates, cis)]]
         bars = ax.bar(
             xs, rates, width * 0.92, yerr=errs, capsize=3, color=PALETTE[i % len(PALETTE)], label=_entry_name(entry)
         )
-        for bar, c, err in zip(bars, counts, errs):
+        for bar, c, err in zip(bars, counts, errs[1]):
             text = f"{c['successes']}/{c['episodes']}" if c else "n/a"
             top = (bar.get_x() + bar.get_width() / 2, bar.get_height() + err)
             ax.annotate(text, top, xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=8)

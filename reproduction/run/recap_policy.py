@@ -141,7 +141,11 @@ def evaluate_exports(
     # one worker pool for every policy: worker start-up and env creation are paid once
     for (label, mode, w, export, step), result in zip(todo, evaluate_many(jobs, ui=ui)):
         doc = _counts(result)
-        results[label] = {**doc, "summary": result.to_dict()["tasks"], "seconds": round(result.seconds, 3)}
+        results[label] = {
+            "tasks": doc["tasks"],
+            "summary": result.to_dict()["tasks"],
+            "seconds": round(result.seconds, 3),
+        }
         inside = Path(export).resolve().is_relative_to(Path(run_dir).resolve())
         records.append(
             evidence.EvalRecord(
@@ -197,8 +201,12 @@ def compare_stage(ctx: StageContext) -> StageOutput:
         comparison = compare_with_reference(ctx.run_dir / evidence_rel, Path(reference), cmp_path)
         doc["reference_sha256"] = hashlib.sha256(Path(reference).read_bytes()).hexdigest()
         doc["comparison"] = str(cmp_path.relative_to(ctx.run_dir))
-        bad = sum(1 for row in comparison["rows"] if row["verdict"] != "reproduced")
-        doc["verdict"] = "reproduced" if not bad else f"differs ({bad} of {len(comparison['rows'])} metrics)"
+        bad = {v: sum(1 for row in comparison["rows"] if row["verdict"] == v) for v in ("differs", "inconclusive")}
+        doc["verdict"] = comparison["verdict"]
+        if comparison["verdict"] != "reproduced":
+            doc["verdict"] += (
+                f" ({bad['differs']} differ, {bad['inconclusive']} inconclusive of {len(comparison['rows'])} metrics)"
+            )
         files.append(cmp_path)
     else:
         cmp_path.unlink(missing_ok=True)
@@ -210,12 +218,17 @@ def compare_stage(ctx: StageContext) -> StageOutput:
 
 
 def _counts(result: Any) -> dict[str, Any]:
-    """The evaluation's per-task counts as the evidence expects them (ints), from the simulator's EvalResult."""
+    """The evaluation's per-task counts as the evidence expects them (ints), and each episode's outcome and reset
+    seed (so a comparison can pair episodes by initial state), from the simulator's EvalResult."""
+    keys = ("episode", "reset_seed", "success_once", "success_at_end")
     return {
         "tasks": {
             name: {"episodes": t.episodes, "success_once": t.success_once, "success_at_end": t.success_at_end}
             for name, t in result.tasks.items()
-        }
+        },
+        "per_episode": {
+            name: [{k: e[k] for k in keys if k in e} for e in t.episode_metrics] for name, t in result.tasks.items()
+        },
     }
 
 

@@ -394,7 +394,7 @@ POLICY_STAGES = (
         files=("eval.reference",),
         inputs=False,
         outputs=("compare.json",),
-        code=("reproduction.run.evidence",),
+        code=("reproduction.run.evidence", "reproduction.run.comparison", "reproduction.run.stats"),
         redo_on_change=True,  # a new reference recompares (a second), never re-evaluates
     ),
 )

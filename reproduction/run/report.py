@@ -116,9 +116,10 @@ def write_report(out: Path, **kwargs: Any) -> Path:
 
 
 PLOT_CAPTIONS = {
-    "success_rates": "Success rate per task and guidance scale (error bars: one binomial standard error)",
+    "success_rates": "Success rate per task and guidance scale, at the episode's last step (error bars: Wilson 95%)",
     "value_episodes": "Predicted value along episodes: successes solid green, failures dashed red",
-    "advantages": "Advantages and the threshold above which frames are labelled positive",
+    "advantages": "Advantages and the dashed threshold at or above which frames are labelled positive; frames "
+    "forced positive below it (sft and hold-out labels) are drawn apart in light green",
     "training_curves": "Training curves (metrics.jsonl of each training stage)",
 }
 

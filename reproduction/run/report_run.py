@@ -68,6 +68,10 @@ def _episode_success(table: Any) -> dict[int, bool]:
     return out
 
 
+PIPELINE = ("returns", "value", "advantages", "policy", "eval", "compare")
+"""The RECAP stages in the order they run (reproduction.run.recap_recipe.RECAP)."""
+
+
 def write_run_report(run_dir: Path, *, bundle: Path | None = None) -> Path:
     """Plots, then <run>/report.html (summary, stages table, plots inline, the lineage chain)."""
     from reproduction.run import report
@@ -76,9 +80,10 @@ def write_run_report(run_dir: Path, *, bundle: Path | None = None) -> Path:
     run_dir = Path(run_dir)
     state = json.loads((run_dir / "run.json").read_text())
     written = write_plots(run_dir)
+    order = {name: i for i, name in enumerate(PIPELINE)}  # pipeline order, not run.json's (alphabetical) one
     stages = [
         report.StageSummary(name=name, status=rec.get("status", ""), seconds=rec.get("seconds"))
-        for name, rec in state["stages"].items()
+        for name, rec in sorted(state["stages"].items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
     ]
     evidence_files = sorted((run_dir / "evidence").glob("eval_*.json"))
     docs = [load_evidence(p) for p in evidence_files]

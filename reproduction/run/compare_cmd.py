@@ -1,0 +1,209 @@
+"""`portable compare` (two evidence files, outside a run), `portable eval --plan` (episodes a margin needs), and
+the results a finished run prints (`run_results_lines`: headline rates with intervals, the verdict).
+
+Exit codes of `compare`: 0 reproduced, 60 differs, 61 inconclusive; a bad file is 3 (missing) or 4
+(not evidence, unknown format version), a bad flag 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from reproduction.errors import UsageError
+
+EXIT_DIFFERS = 60
+EXIT_INCONCLUSIVE = 61
+EXIT_OF = {"reproduced": 0, "differs": EXIT_DIFFERS, "inconclusive": EXIT_INCONCLUSIVE}
+
+
+def _check_level(name: str, value: float | None, low: float, high: float) -> None:
+    if value is not None and not low < value < high:
+        raise UsageError(
+            f"--{name} {value:g} must lie strictly between {low:g} and {high:g}", hint=f"e.g. --{name} 0.05"
+        )
+
+
+def cmd_compare(args: Any) -> int:
+    """Compare ACTUAL with REFERENCE; the table (or --json) on stdout; the exit code is the verdict's."""
+    from reproduction.run.evidence import compare_evidence, write_comparison
+
+    _check_level("margin", args.margin, 0, 1)
+    _check_level("alpha", args.alpha, 0, 0.5)
+    reference = load_source(args.reference)  # the reference's own errors first, named as such
+    actual = load_source(args.actual)
+    comparison = compare_evidence(actual, reference, margin=args.margin, alpha=args.alpha)
+    if args.out:
+        write_comparison(Path(args.out), comparison)
+    if args.json:
+        sys.stdout.write(json.dumps(comparison.to_dict(), indent=1) + "\n")
+    else:
+        print(comparison.render())
+    return EXIT_OF[comparison.verdict]
+
+
+def load_source(text: str) -> dict[str, Any]:
+    """Evidence from a file, a folder holding one eval_*.json, a model card (*.md: its model-index), or
+    `hub:OWNER/NAME[@REVISION]` (the published card's model-index, read through the Hub)."""
+    from reproduction.release.model_card import evidence_from_card
+    from reproduction.run.evidence import load_evidence
+
+    if text.startswith("hub:"):
+        return evidence_from_card(_hub_card(text[4:]), where=text)
+    path = _evidence_path(Path(text))
+    if path.suffix.lower() == ".md":
+        from reproduction.errors import os_error
+
+        try:
+            return evidence_from_card(path.read_text(encoding="utf-8"), where=str(path))
+        except OSError as exc:
+            raise os_error(exc, str(path), op="read") from exc
+    return load_evidence(path)
+
+
+def _hub_card(spec: str) -> str:
+    """The README.md (model card) of a Hub model repo at a revision (default main)."""
+    from huggingface_hub import hf_hub_url
+
+    from reproduction.release.hub_transfer import HubSettings, fetch_small
+
+    repo, _, revision = spec.partition("@")
+    if repo.count("/") != 1:
+        raise UsageError(f"hub:{spec} is not hub:OWNER/NAME[@REVISION]", hint="e.g. hub:alice/recap-demo")
+    settings = HubSettings.from_env()
+    url = hf_hub_url(repo, "README.md", revision=revision or "main", endpoint=settings.resolved_endpoint())
+    return fetch_small(url, what=f"read {repo}'s model card", settings=settings, limit=4 << 20).decode(
+        "utf-8", "replace"
+    )
+
+
+def _evidence_path(path: Path) -> Path:
+    """A file as given, or the one evidence JSON of a folder (a fetched bundle's evidence/ or the bundle itself,
+    whose model card's results `fetch` keeps as evidence/*.json)."""
+    if path.is_dir():
+        for folder in (path, path / "evidence"):
+            found = sorted(p for p in folder.glob("eval_*.json")) if folder.is_dir() else []
+            if len(found) == 1:
+                return found[0]
+            if len(found) > 1:
+                names = ", ".join(p.name for p in found)
+                raise UsageError(f"{folder} holds several evidence files ({names})", hint="name one of them")
+        raise UsageError(f"{path} holds no eval_*.json evidence", hint="pass an evidence file")
+    return path
+
+
+def plan_rows(
+    *,
+    reference: Path | None,
+    rates: list[float],
+    margin: float | None,
+    alpha: float | None,
+    power: float,
+    difference: float,
+) -> list[dict[str, Any]]:
+    """One row per rate to plan for: each rate metric of the reference's policies, or the rates given."""
+    from reproduction.run.evidence import COUNT_METRICS, load_evidence
+    from reproduction.run.stats import DEFAULT_ALPHA, DEFAULT_MARGIN, episodes_needed
+
+    targets: list[tuple[str, float, int | None, float | None]] = [(f"rate {p:g}", p, None, None) for p in rates]
+    doc: dict[str, Any] = {}
+    if reference is not None:
+        doc = load_evidence(reference)
+        declared = {**doc.get("tolerances", {}), **doc.get("margins", {})}
+        for entry in [doc, *doc.get("baselines", [])]:
+            for m in COUNT_METRICS:
+                count = entry["metrics"][m]
+                label = entry["policy"]["label"]
+                own = declared.get(f"{label}/{m}", declared.get(m))
+                targets.append((f"{label}/{m}", float(count["rate"]), int(count["episodes"]), own))
+    if not targets:
+        raise UsageError("--plan needs --reference FILE or --rate P", hint="e.g. portable eval --plan --rate 0.8")
+    alpha = float(alpha if alpha is not None else doc.get("alpha", DEFAULT_ALPHA))
+    rows = []
+    for name, p, n_ref, own in targets:
+        m = float(margin if margin is not None else own if own is not None else DEFAULT_MARGIN)
+        if abs(difference) >= m:
+            raise UsageError(f"--difference {difference:g} must be smaller than the margin {m:g}")
+        need = episodes_needed(p, margin=m, alpha=alpha, power=power, difference=difference)
+        rows.append(
+            {"metric": name, "rate": p, "margin": m, "alpha": alpha, "power": power, "difference": difference}
+            | {"episodes_per_side": need, "reference_episodes": n_ref}
+        )
+    return rows
+
+
+def cmd_plan(args: Any) -> int:
+    """`portable eval --plan`: episodes per side for `power` at alpha, per rate; --json for the rows."""
+    _check_level("margin", args.margin, 0, 1)
+    _check_level("alpha", args.alpha, 0, 0.5)
+    _check_level("power", args.power, 0, 1)
+    rows = plan_rows(
+        reference=Path(args.reference) if args.reference else None,
+        rates=list(args.rate or []),
+        margin=args.margin,
+        alpha=args.alpha,
+        power=args.power,
+        difference=args.difference,
+    )
+    if args.json:
+        sys.stdout.write(json.dumps(rows, indent=1) + "\n")
+        return 0
+    width = max(len(r["metric"]) for r in rows)
+    r0 = rows[0]
+    print(
+        f"episodes per side for {100 * r0['power']:g}% power to say `reproduced` (two one-sided tests at alpha "
+        f"{r0['alpha']:g}, unpaired, true difference {r0['difference']:g}):"
+    )
+    for r in rows:
+        ref = r["reference_episodes"]
+        short = (
+            "" if ref is None else f"   reference has {ref}" + (" (too few)" if ref < r["episodes_per_side"] else "")
+        )
+        print(
+            f"  {r['metric']:<{width}}  p={r['rate']:.3f}  margin ±{r['margin']:g}  {r['episodes_per_side']:>6}{short}"
+        )
+    print(
+        "paired by reset seed (evaluating the reference's own initial states) needs fewer: with no discordant "
+        "episode, n > z^2 (1 - m) / m, e.g. 52 at margin 0.05, alpha 0.05"
+    )
+    return 0
+
+
+def run_results_lines(run_dir: Path, *, table: bool = False) -> list[str]:
+    """Success rates per policy (the eval stage's summary) with Wilson 95% intervals, then the verdict against
+    the reference (the compare stage's; `table`: the whole comparison table before it). [] before any eval."""
+    from reproduction.run.evidence import Comparison
+    from reproduction.run.stats import wilson
+
+    try:
+        state = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return []
+    ev = state.get("stages", {}).get("eval", {}).get("summary", {})
+    compared = state.get("stages", {}).get("compare", {}).get("summary", {})
+    out = []
+    for label, doc in ev.get("results", {}).items():
+        tasks = doc.get("tasks", {})
+        rows = tasks.values() if isinstance(tasks, dict) else tasks
+        eps = sum(int(r.get("episodes", 0)) for r in rows)
+        end = sum(int(r.get("success_at_end", 0)) for r in rows)
+        once = sum(int(r.get("success_once", 0)) for r in rows)
+        if eps:
+            lo, hi = wilson(end, eps)
+            out.append(
+                f"{label:<14} success at end {end / eps:6.1%} ({end}/{eps}, 95% CI {lo:.1%}-{hi:.1%}), "
+                f"at any step {once / eps:6.1%}"
+            )
+    cmp_file = run_dir / "evidence" / "comparison.json"
+    if table and compared.get("verdict") and cmp_file.is_file():
+        try:
+            out += ["", Comparison.from_dict(json.loads(cmp_file.read_text())).render(), ""]
+        except (OSError, ValueError):
+            pass  # the verdict line below still says what the compare stage found
+    if compared.get("verdict"):
+        out.append(f"against the reference evidence: {compared['verdict']}")
+    elif ev:
+        out.append("no reference evidence in the bundle to compare with")
+    return out + ([""] if out else [])

@@ -1,0 +1,458 @@
+"""The comparison of a run's evaluation evidence with reference evidence: one row per metric, three verdicts.
+
+On disk (schema: evidence/comparison.schema.json)::
+
+    <run>/evidence/comparison.json
+      {"format": "recap-portable-comparison", "format_version": "2.0", "actual", "reference", "alpha",
+       "verdict": "reproduced"|"differs"|"inconclusive", "reproduced", "notes": [...],
+       "rows": [{"metric", "kind": "rate"|"value", "reference", "actual", "difference", "reference_counts",
+                 "actual_counts", "interval", "confidence", "margin", "method", "reference_display",
+                 "actual_display", "verdict", "note"}, ...]}
+
+Rates get the equivalence test of reproduction.run.stats (Newcombe, or Tango paired by reset seed);
+plain values a declared tolerance, else exact. 1.x comparison files are still read. Also importable
+from reproduction.run.evidence (its historical home).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reproduction.errors import InvalidInputError, UnsupportedFormatError
+from reproduction.fsio import atomic_write_text
+from reproduction.run.evidence import COUNT_METRICS, EXACT, FORMAT_VERSION, READS, load_evidence
+from reproduction.run.stats import DEFAULT_ALPHA, DEFAULT_MARGIN, episodes_needed
+
+COMPARISON_FORMAT = "recap-portable-comparison"
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class MetricComparison:
+    """One row: a metric of one evaluated policy (or one of its tasks) against the reference.
+
+    Rates (`kind` "rate") carry both counts, the difference's (1 - 2 alpha) interval and the margin; plain
+    values (`kind` "value": detours per episode, ...) are no binomial counts, so they carry a tolerance
+    (declared, else exact) in `margin` and no interval."""
+
+    metric: str
+    """"<label>/<metric>" or "<label>/<task>/<metric>"."""
+    kind: str
+    reference: float
+    actual: float | None
+    """None when this run has no such metric."""
+    margin: float
+    """Rates: the equivalence margin on |actual - reference|; values: the tolerance."""
+    method: str
+    """Rates: "newcombe-10" (independent) or "tango-paired" (same reset seeds); values: "declared" or "exact"."""
+    verdict: str
+    reference_display: str
+    actual_display: str
+    reference_counts: tuple[int, int] | None = None
+    actual_counts: tuple[int, int] | None = None
+    low: float | None = None
+    high: float | None = None
+    confidence: float | None = None
+    note: str = ""
+
+    @property
+    def difference(self) -> float | None:
+        return None if self.actual is None else self.actual - self.reference
+
+    @property
+    def tolerance(self) -> float:
+        """1.x name of `margin`."""
+        return self.margin
+
+    def interval_text(self) -> str:
+        if self.low is None or self.high is None:
+            return ""
+        return f"[{self.low:+.3f}, {self.high:+.3f}]"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "kind": self.kind,
+            "reference": self.reference,
+            "actual": self.actual,
+            "difference": self.difference,
+            "reference_counts": None if self.reference_counts is None else list(self.reference_counts),
+            "actual_counts": None if self.actual_counts is None else list(self.actual_counts),
+            "interval": None if self.low is None else [self.low, self.high],
+            "confidence": self.confidence,
+            "margin": self.margin,
+            "method": self.method,
+            "reference_display": self.reference_display,
+            "actual_display": self.actual_display,
+            "verdict": self.verdict,
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_dict(cls, row: Mapping[str, Any]) -> MetricComparison:
+        """A 2.x row, or a 1.x one ({tolerance, basis, verdict}: reproduced/differs, no interval)."""
+        if "margin" not in row:  # 1.x
+            return cls(
+                metric=row["metric"],
+                kind="rate" if str(row["basis"]).startswith("binomial") else "value",
+                reference=row["reference"],
+                actual=row["actual"],
+                margin=row["tolerance"],
+                method=str(row["basis"]),
+                verdict=row["verdict"],
+                reference_display=row.get("reference_display", str(row["reference"])),
+                actual_display=row.get("actual_display", str(row["actual"])),
+            )
+        interval = row.get("interval") or (None, None)
+        counts = lambda key: None if row.get(key) is None else tuple(row[key])  # noqa: E731
+        return cls(
+            metric=row["metric"],
+            kind=row["kind"],
+            reference=row["reference"],
+            actual=row["actual"],
+            margin=row["margin"],
+            method=row["method"],
+            verdict=row["verdict"],
+            reference_display=row["reference_display"],
+            actual_display=row["actual_display"],
+            reference_counts=counts("reference_counts"),
+            actual_counts=counts("actual_counts"),
+            low=interval[0],
+            high=interval[1],
+            confidence=row.get("confidence"),
+            note=row.get("note", ""),
+        )
+
+
+def overall_verdict(verdicts: Sequence[str]) -> str:
+    """`reproduced` only when every row is; `differs` when any row differs; else `inconclusive`."""
+    if verdicts and all(v == "reproduced" for v in verdicts):
+        return "reproduced"
+    return "differs" if "differs" in verdicts or not verdicts else "inconclusive"
+
+
+@dataclass(kw_only=True, slots=True)
+class Comparison:
+    """Every metric of a run's evidence against the reference evidence."""
+
+    actual_name: str
+    reference_name: str
+    rows: list[MetricComparison]
+    alpha: float = DEFAULT_ALPHA
+    notes: list[str] = field(default_factory=list)
+    """Why a verdict may not mean what it seems: seeds or settings that differ, a reference too small."""
+
+    @property
+    def verdict(self) -> str:
+        return overall_verdict([r.verdict for r in self.rows])
+
+    @property
+    def reproduced(self) -> bool:
+        return self.verdict == "reproduced"
+
+    @property
+    def differing(self) -> list[MetricComparison]:
+        return [r for r in self.rows if r.verdict != "reproduced"]
+
+    def render(self) -> str:
+        """A fixed-width table, one metric a line, the notes, and a last line with the overall verdict."""
+        level = f"{100 * (1 - 2 * self.alpha):g}%"
+        head = ("metric", "reference", "this run", f"diff [{level} interval]", "margin", "verdict")
+        body = []
+        for r in self.rows:
+            diff = "-" if r.difference is None else f"{r.difference:+.3f} {r.interval_text()}".rstrip()
+            kind = f"±{r.margin:.3f} ({r.method})" if r.kind == "rate" else f"±{r.margin:.3g} (value, {r.method})"
+            body.append((r.metric, r.reference_display, r.actual_display, diff, kind, r.verdict))
+        widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *body]]
+        lines.append(
+            f"rates: two one-sided tests at alpha {self.alpha:g} ({level} interval inside ±margin: reproduced; "
+            "wholly beyond it: differs; else inconclusive). values: not binomial, so a declared tolerance or exact."
+        )
+        lines += [f"note: {n}" for n in self.notes]
+        counts = {v: sum(r.verdict == v for r in self.rows) for v in ("differs", "inconclusive")}
+        verdict = self.verdict
+        if verdict != "reproduced":
+            verdict += (
+                f" ({counts['differs']} differ, {counts['inconclusive']} inconclusive of {len(self.rows)} metrics)"
+            )
+        lines.append(f"{self.actual_name} vs reference {self.reference_name}: {verdict}")
+        return "\n".join(lines)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Comparison:
+        """Read back `to_dict()` (comparison.json, 1.x or 2.x); raises InvalidInputError for another format."""
+        if not isinstance(data, Mapping) or data.get("format") != COMPARISON_FORMAT:
+            raise InvalidInputError("not a recap-portable comparison (comparison.json)", field="format")
+        if str(data.get("format_version", "")).split(".")[0] not in READS:
+            raise UnsupportedFormatError(
+                f"comparison format {data.get('format_version')!r}; this build reads 1.x and 2.x",
+                field="format_version",
+            )
+        try:
+            rows = [MetricComparison.from_dict(row) for row in data["rows"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidInputError(f"comparison.json rows are malformed: {exc}", field="rows") from exc
+        return cls(
+            actual_name=str(data.get("actual")),
+            reference_name=str(data.get("reference")),
+            rows=rows,
+            alpha=float(data.get("alpha", DEFAULT_ALPHA)),
+            notes=list(data.get("notes", [])),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": COMPARISON_FORMAT,
+            "format_version": FORMAT_VERSION,
+            "actual": self.actual_name,
+            "reference": self.reference_name,
+            "alpha": self.alpha,
+            "verdict": self.verdict,
+            "reproduced": self.reproduced,
+            "notes": list(self.notes),
+            "rows": [r.to_dict() for r in self.rows],
+        }
+
+
+def _declared(margins: Mapping[str, float], label: str, key: str) -> float | None:
+    """The most specific declared margin: "<label>/<key>", then "<key>", then the metric name alone."""
+    for candidate in (f"{label}/{key}", key, key.rsplit("/", 1)[-1]):
+        if candidate in margins:
+            return float(margins[candidate])
+    return None
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class _Side:
+    """One side of a row: the count (or value) and, for rates, the per-episode outcomes keyed by reset seed."""
+
+    metric: Mapping[str, Any] | None
+    outcomes: dict[tuple[str, int], bool] | None = None
+
+
+def _paired(ref: _Side, act: _Side) -> tuple[list[bool], list[bool]] | None:
+    """Both sides' outcomes in one order when both evaluated exactly the same initial states, else None."""
+    if ref.outcomes is None or act.outcomes is None or set(ref.outcomes) != set(act.outcomes):
+        return None
+    keys = sorted(ref.outcomes)
+    return [ref.outcomes[k] for k in keys], [act.outcomes[k] for k in keys]
+
+
+def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) -> MetricComparison:
+    from reproduction.run.stats import equivalence_independent, equivalence_paired
+
+    r = ref.metric
+    a = act.metric if act.metric is not None and "rate" in act.metric else None
+    common = {
+        "metric": name,
+        "kind": "rate",
+        "reference": float(r["rate"]),
+        "margin": margin,
+        "reference_display": r["display"],
+        "reference_counts": (int(r["successes"]), int(r["episodes"])),
+    }
+    if a is None or not a["episodes"] or not r["episodes"]:
+        return MetricComparison(
+            **common,
+            actual=None if a is None else float(a["rate"]),
+            method="newcombe-10",
+            verdict="differs",
+            actual_display="missing" if a is None else a["display"],
+            note="this run has no such metric" if a is None else "no episodes on one side",
+        )
+    pairs = _paired(ref, act)
+    if pairs is not None:
+        test = equivalence_paired(*pairs, margin=margin, alpha=alpha)
+        b, c = test.discordant or (0, 0)
+        note = f"paired by reset seed: {test.pairs} episodes, {b} succeeded only in the reference, {c} only here"
+    else:
+        test = equivalence_independent(
+            int(r["successes"]), int(r["episodes"]), int(a["successes"]), int(a["episodes"]), margin=margin, alpha=alpha
+        )
+        note = ""
+    return MetricComparison(
+        **common,
+        actual=float(a["rate"]),
+        method=test.method,
+        verdict=test.verdict,
+        actual_display=a["display"],
+        actual_counts=(int(a["successes"]), int(a["episodes"])),
+        low=float(test.low),
+        high=float(test.high),
+        confidence=test.confidence,
+        note=note,
+    )
+
+
+def _value_row(name: str, ref: Mapping[str, Any], act: Mapping[str, Any] | None, tol: float | None) -> MetricComparison:
+    actual = None if act is None or "value" not in act else float(act["value"])
+    reference = float(ref["value"])
+    method = "declared" if tol is not None else "exact"
+    tol = EXACT if tol is None else tol
+    ok = actual is not None and not math.isnan(actual) and abs(actual - reference) <= tol + EXACT
+    return MetricComparison(
+        metric=name,
+        kind="value",
+        reference=reference,
+        actual=actual,
+        margin=tol if method == "declared" else 0.0,
+        method=method,
+        verdict="reproduced" if ok else "differs",
+        reference_display=f"{reference:.4g}",
+        actual_display="missing" if actual is None else f"{actual:.4g}",
+        note="this run has no such metric" if actual is None else "",
+    )
+
+
+def _entries(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    out = {doc["policy"]["label"]: doc}
+    out.update({b["policy"]["label"]: b for b in doc.get("baselines", [])})
+    return out
+
+
+def _task_outcomes(entry: Mapping[str, Any], task: str, metric: str) -> dict[tuple[str, int], bool] | None:
+    o = entry.get("tasks", {}).get(task, {}).get("outcomes")
+    if not o or len(o.get("reset_seeds", [])) != len(o.get(metric, "")):
+        return None
+    return {(task, int(s)): ch == "1" for s, ch in zip(o["reset_seeds"], o[metric])}
+
+
+def _all_outcomes(entry: Mapping[str, Any], metric: str) -> dict[tuple[str, int], bool] | None:
+    """The policy's outcomes over all its tasks, or None unless every task carries them."""
+    out: dict[tuple[str, int], bool] = {}
+    for task in entry.get("tasks", {}):
+        one = _task_outcomes(entry, task, metric)
+        if one is None:
+            return None
+        out |= one
+    return out or None
+
+
+def _setting_notes(actual: Mapping[str, Any], reference: Mapping[str, Any]) -> list[str]:
+    """Seeds and settings that differ between the two sides: a rate then differs by sampling alone."""
+    notes = []
+    for what in ("seeds", "settings"):
+        mine, theirs = actual.get(what, {}) or {}, reference.get(what, {}) or {}
+        for key in sorted(set(mine) | set(theirs)):
+            if mine.get(key) != theirs.get(key):
+                notes.append(f"{what[:-1]} {key!r} differs: reference {theirs.get(key)!r}, this run {mine.get(key)!r}")
+    if any(n.startswith("seed 'eval'") for n in notes):
+        notes.append(
+            "the evaluation seeds differ, so the two sides evaluated different initial states: the rates are "
+            "compared unpaired and differ by sampling noise alone (see each row's interval)"
+        )
+    return notes
+
+
+def _power_note(rows: Sequence[MetricComparison], alpha: float) -> list[str]:
+    """A warning when the reference's own episodes cannot support its margin in an unpaired comparison."""
+    short = []
+    for r in rows:
+        if r.kind != "rate" or r.method != "newcombe-10" or r.reference_counts is None or r.actual is None:
+            continue
+        k, n = r.reference_counts
+        need = episodes_needed(k / n if n else 0.5, margin=r.margin, alpha=alpha)
+        if n < need:
+            short.append((need - n, r.metric, n, need))
+    if not short:
+        return []
+    _, metric, n, need = max(short)
+    return [
+        f"the reference is too small for its margins on {len(short)} of {len(rows)} rows: e.g. {metric} has "
+        f"{n} episodes, and 80% power at alpha {alpha:g} needs {need} per side unpaired "
+        "(`portable eval --plan`); evaluating the reference's reset seeds lets a paired test decide with fewer"
+    ]
+
+
+def compare_evidence(
+    actual: Mapping[str, Any],
+    reference: Mapping[str, Any],
+    *,
+    margin: float | None = None,
+    margins: Mapping[str, float] | None = None,
+    alpha: float | None = None,
+    tolerances: Mapping[str, float] | None = None,
+) -> Comparison:
+    """Compare every metric (overall and per task) of every policy the reference holds with this run's.
+
+    Margin of a rate, most specific first: `margins`/`tolerances` (the caller's, per key), `margin` (the
+    caller's, every rate), the reference's declared "margins", then its 1.x "tolerances" (read as margins),
+    then DEFAULT_MARGIN. A plain value's tolerance: the same keys, else exact. `alpha`: the caller's, the
+    reference's "alpha", else DEFAULT_ALPHA. Policies are matched by label; a policy, task or metric the run
+    lacks is a "differs" row. A row is paired (Tango) when both sides carry outcomes of the same reset seeds.
+    """
+    alpha = float(alpha if alpha is not None else reference.get("alpha", DEFAULT_ALPHA))
+    ref_declared = {**reference.get("tolerances", {}), **reference.get("margins", {})}
+    mine_declared = {**(tolerances or {}), **(margins or {})}
+    mine = _entries(actual)
+
+    def margin_of(label: str, key: str) -> float | None:
+        found = _declared(mine_declared, label, key)
+        if found is None and margin is not None:
+            return float(margin)
+        return found if found is not None else _declared(ref_declared, label, key)
+
+    rows = []
+    for label, ref_entry in _entries(reference).items():
+        act_entry = mine.get(label, {})
+        for metric, ref_value in ref_entry["metrics"].items():
+            act_value = act_entry.get("metrics", {}).get(metric)
+            name = f"{label}/{metric}"
+            if "rate" in ref_value:
+                ref_side = _Side(metric=ref_value, outcomes=_all_outcomes(ref_entry, metric))
+                act_side = _Side(metric=act_value, outcomes=_all_outcomes(act_entry, metric) if act_entry else None)
+                m = margin_of(label, metric)
+                rows.append(_rate_row(name, ref_side, act_side, DEFAULT_MARGIN if m is None else m, alpha))
+            else:
+                tol = _declared(mine_declared, label, metric)  # the caller's rate `margin` is no value tolerance
+                tol = tol if tol is not None else _declared(ref_declared, label, metric)
+                rows.append(_value_row(name, ref_value, act_value, tol))
+        for task, ref_task in ref_entry.get("tasks", {}).items():
+            act_task = act_entry.get("tasks", {}).get(task, {})
+            for metric in COUNT_METRICS:
+                if metric in ref_task:
+                    ref_side = _Side(metric=ref_task[metric], outcomes=_task_outcomes(ref_entry, task, metric))
+                    act_side = _Side(
+                        metric=act_task.get(metric),
+                        outcomes=_task_outcomes(act_entry, task, metric) if act_task else None,
+                    )
+                    m = margin_of(label, f"{task}/{metric}")
+                    rows.append(
+                        _rate_row(
+                            f"{label}/{task}/{metric}", ref_side, act_side, DEFAULT_MARGIN if m is None else m, alpha
+                        )
+                    )
+    notes = _setting_notes(actual, reference) + _power_note(rows, alpha)
+    return Comparison(
+        actual_name=str(actual.get("name")),
+        reference_name=str(reference.get("name")),
+        rows=rows,
+        alpha=alpha,
+        notes=notes,
+    )
+
+
+def write_comparison(path: Path, comparison: Comparison) -> Path:
+    """Write comparison.json atomically; returns its path."""
+    atomic_write_text(Path(path), json.dumps(comparison.to_dict(), indent=1) + "\n")
+    return Path(path)
+
+
+def compare_files(
+    actual: Path,
+    reference: Path,
+    *,
+    out: Path | None = None,
+    margin: float | None = None,
+    alpha: float | None = None,
+) -> Comparison:
+    """Load both evidence files, compare, and write the comparison JSON to `out` when given."""
+    comparison = compare_evidence(load_evidence(actual), load_evidence(reference), margin=margin, alpha=alpha)
+    if out is not None:
+        write_comparison(out, comparison)
+    return comparison

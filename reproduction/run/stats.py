@@ -1,0 +1,317 @@
+"""Statistics of a reproduction: intervals for success rates, equivalence tests against a margin, power.
+
+A reproduction claim is an *equivalence* claim: "this run's success rate is within a margin of the
+reference's". A difference test (the old "within three standard errors" rule) cannot make it: the fewer
+episodes, the wider its band, so a small evaluation passes large gaps and nothing ever says "we cannot
+tell". Here every rate comparison gets one of three verdicts from an interval on the difference
+d = p_actual - p_reference and a margin m (absolute, e.g. 0.05 = five percentage points):
+
+    reproduced    the (1 - 2 alpha) interval lies inside (-m, +m): two one-sided tests (TOST,
+                  Schuirmann 1987, J Pharmacokinet Biopharm 15:657) each reject at level alpha, so a
+                  true |d| >= m is called reproduced with probability <= alpha.
+    differs       the same (1 - 2 alpha) interval lies wholly beyond the margin (lower bound > +m or
+                  upper bound < -m): a one-sided test of H0 "d <= m" (resp. "d >= -m") rejects at level
+                  alpha. The two events exclude each other, so a true |d| <= m is called differs with
+                  probability <= alpha (up to the interval's approximation: 0.061 measured at |d| = m,
+                  p = 0.5, n = 50); at d = 0 far less. The (1 - 2 alpha) interval, not (1 - alpha),
+                  because each claim is one-sided, exactly as in TOST: it keeps both verdicts at the one
+                  stated alpha and leaves the smallest band of "inconclusive".
+    inconclusive  anything else: the interval straddles a margin, so more episodes are needed
+                  (`episodes_needed` says how many).
+
+Intervals (all behave at k = 0, k = n and small n, unlike the Wald interval):
+
+- one rate: Wilson score interval (Wilson 1927, JASA 22:209), 95% where a rate is shown;
+- two independent rates: Newcombe's hybrid score interval, method 10 of Newcombe 1998 (Stat Med
+  17:873), built from the two Wilson intervals at the same level;
+- two rates on the same episodes (both sides evaluated the same initial states, matched by reset
+  seed): Tango's score interval for paired proportions (Tango 1998, Stat Med 17:891), the inversion of
+  the score test on the discordant pairs that Tango derived for exactly this equivalence question. It
+  is used, rather than Newcombe's paired method 10 (Stat Med 17:2635), because with no discordant pairs
+  (identical deterministic reruns) Newcombe's paired interval collapses to nearly zero width, which
+  overstates what 100 episodes show; Tango's stays honest (0 discordant of 100: +-0.026 at 90%).
+
+Defaults: alpha = 0.05, margin = 0.05 absolute; a reference's declared margins (its "margins" field, or
+the older "tolerances" field read as margins) override the default per metric or task.
+
+Power (`episodes_needed`): the normal approximation for TOST of two independent proportions (Chow, Shao
+& Wang 2008, Sample Size Calculations in Clinical Research, sec. 4.2). Stdlib only; the functions also
+take numpy arrays (used by `simulate`, the only part that imports numpy).
+
+    python -m reproduction.run.stats simulate [--pairs 10000]     # the verdict-rate table
+    python -m reproduction.run.stats simulate --sequential        # the same for the sequential rule
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+DEFAULT_ALPHA = 0.05
+DEFAULT_MARGIN = 0.05
+VERDICTS = ("reproduced", "differs", "inconclusive")
+
+
+def z_value(confidence: float) -> float:
+    """The two-sided standard normal quantile of a `confidence` interval (0.95 -> 1.95996)."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence {confidence} must lie strictly between 0 and 1")
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+def _np(x: Any) -> Any:
+    """numpy when `x` is an array (simulation), else None (scalars: plain math)."""
+    if type(x).__module__ == "numpy":
+        import numpy
+
+        return numpy
+    return None
+
+
+def _sqrt(x: Any) -> Any:
+    np = _np(x)
+    return np.sqrt(np.maximum(x, 0.0)) if np is not None else math.sqrt(max(x, 0.0))
+
+
+def _where(cond: Any, a: Any, b: Any) -> Any:
+    np = _np(cond)
+    return np.where(cond, a, b) if np is not None else (a if cond else b)
+
+
+def wilson(k: Any, n: Any, confidence: float = 0.95) -> tuple[Any, Any]:
+    """Wilson's score interval (lo, hi) for a rate of k successes in n trials; (0, 1) when n is 0."""
+    z = z_value(confidence)
+    n_safe = _where(n > 0, n, 1)
+    p = k / n_safe
+    denom = 1 + z * z / n_safe
+    centre = (p + z * z / (2 * n_safe)) / denom
+    half = z * _sqrt(p * (1 - p) / n_safe + z * z / (4 * n_safe * n_safe)) / denom
+    lo = _where(n > 0, _where(k <= 0, 0.0, centre - half), 0.0)
+    hi = _where(n > 0, _where(k >= n, 1.0, centre + half), 1.0)
+    return lo, hi
+
+
+def newcombe_difference(k_ref: Any, n_ref: Any, k_act: Any, n_act: Any, confidence: float) -> tuple[Any, Any]:
+    """Newcombe's hybrid score interval (method 10) for p_act - p_ref of two independent binomials."""
+    p1, p2 = k_ref / _where(n_ref > 0, n_ref, 1), k_act / _where(n_act > 0, n_act, 1)
+    l1, u1 = wilson(k_ref, n_ref, confidence)
+    l2, u2 = wilson(k_act, n_act, confidence)
+    d = p2 - p1
+    return d - _sqrt((p2 - l2) ** 2 + (u1 - p1) ** 2), d + _sqrt((u2 - p2) ** 2 + (p1 - l1) ** 2)
+
+
+def _tango_z(b: Any, c: Any, n: Any, delta: Any) -> Any:
+    """Tango's score statistic for H0: p_act - p_ref = delta on n pairs, b = (ref yes, act no), c = (no, yes).
+
+    The variance uses the restricted maximum-likelihood discordance under H0 (a closed-form quadratic root);
+    for delta < 0 the roles of b and c swap, which keeps the root the non-negative one."""
+    neg = delta < 0
+    bb, cc, dd = _where(neg, c, b), _where(neg, b, c), _where(neg, -delta, delta)
+    r = n - bb - cc
+    big_b = bb * (1 - 3 * dd) + cc * (1 - dd) - 2 * r * dd
+    q = (big_b + _sqrt(big_b * big_b + 8 * n * bb * dd * (1 - dd))) / (4 * n)
+    var = n * (2 * q + dd - dd * dd)
+    num = c - b - n * delta
+    return _where(
+        var > 1e-300, num / _sqrt(_where(var > 1e-300, var, 1.0)), _where(num > 0, 1e300, -1e300) * (num != 0)
+    )
+
+
+def tango_difference(b: Any, c: Any, n: Any, confidence: float) -> tuple[Any, Any]:
+    """Tango's score interval for the paired difference (c - b) / n (bisection on the monotone statistic)."""
+    z = z_value(confidence)
+    d = (c - b) / n
+    lo_a, lo_b = d * 0 - 1.0, d  # Z(lower) = +z: search in [-1, d]
+    hi_a, hi_b = d, d * 0 + 1.0  # Z(upper) = -z: search in [d, 1]
+    for _ in range(60):
+        mid = (lo_a + lo_b) / 2
+        above = _tango_z(b, c, n, mid) > z  # still below the lower limit
+        lo_a, lo_b = _where(above, mid, lo_a), _where(above, lo_b, mid)
+        mid = (hi_a + hi_b) / 2
+        inside = _tango_z(b, c, n, mid) > -z
+        hi_a, hi_b = _where(inside, mid, hi_a), _where(inside, hi_b, mid)
+    return lo_b, hi_a
+
+
+def verdict_of(lo: Any, hi: Any, margin: Any) -> Any:
+    """The verdict of a (1 - 2 alpha) interval (lo, hi) on the difference against +-margin (see module doc)."""
+    if _np(lo) is not None:
+        np = _np(lo)
+        out = np.full(np.shape(lo), "inconclusive", dtype=object)
+        out[(lo > -margin) & (hi < margin)] = "reproduced"
+        out[(lo > margin) | (hi < -margin)] = "differs"
+        return out
+    if -margin < lo and hi < margin:
+        return "reproduced"
+    if lo > margin or hi < -margin:
+        return "differs"
+    return "inconclusive"
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class RateTest:
+    """The equivalence test of one rate against its reference."""
+
+    difference: float
+    """p_actual - p_reference (paired: the same, computed on the matched episodes)."""
+    low: float
+    high: float
+    """The (1 - 2 alpha) interval on the difference."""
+    confidence: float
+    margin: float
+    alpha: float
+    method: str
+    """"newcombe-10" (independent) or "tango-paired" (matched episodes)."""
+    pairs: int | None = None
+    """Matched episodes (paired only), with `discordant` = (reference only, actual only) successes."""
+    discordant: tuple[int, int] | None = None
+
+    @property
+    def verdict(self) -> str:
+        return verdict_of(self.low, self.high, self.margin)
+
+
+def _check(alpha: float, margin: float) -> None:
+    if not 0 < alpha < 0.5:
+        raise ValueError(f"alpha {alpha} must lie in (0, 0.5)")
+    if not 0 < margin < 1:
+        raise ValueError(f"margin {margin} must lie in (0, 1)")
+
+
+def equivalence_independent(k_ref: int, n_ref: int, k_act: int, n_act: int, *, margin: float, alpha: float) -> RateTest:
+    """TOST of two independent success counts with Newcombe's method-10 interval at 1 - 2 alpha."""
+    _check(alpha, margin)
+    confidence = 1 - 2 * alpha
+    lo, hi = newcombe_difference(k_ref, n_ref, k_act, n_act, confidence)
+    d = k_act / n_act - k_ref / n_ref if n_ref and n_act else 0.0
+    return RateTest(
+        difference=d, low=lo, high=hi, confidence=confidence, margin=margin, alpha=alpha, method="newcombe-10"
+    )
+
+
+def equivalence_paired(reference: list[bool], actual: list[bool], *, margin: float, alpha: float) -> RateTest:
+    """TOST of matched outcomes (episode i of both sides started from the same state) with Tango's interval."""
+    _check(alpha, margin)
+    if len(reference) != len(actual) or not reference:
+        raise ValueError(
+            f"paired outcomes must be two equally long non-empty lists, got {len(reference)}, {len(actual)}"
+        )
+    n = len(reference)
+    b = sum(1 for r, a in zip(reference, actual) if r and not a)
+    c = sum(1 for r, a in zip(reference, actual) if a and not r)
+    confidence = 1 - 2 * alpha
+    lo, hi = tango_difference(b, c, n, confidence)
+    return RateTest(
+        difference=(c - b) / n,
+        low=lo,
+        high=hi,
+        confidence=confidence,
+        margin=margin,
+        alpha=alpha,
+        method="tango-paired",
+        pairs=n,
+        discordant=(b, c),
+    )
+
+
+def episodes_needed(
+    p_ref: float, *, margin: float, alpha: float = DEFAULT_ALPHA, power: float = 0.8, difference: float = 0.0
+) -> int:
+    """Episodes per side for a TOST of two independent rates to say `reproduced` with probability `power`
+    when the true difference is `difference` (|difference| < margin) and the reference rate is p_ref.
+
+    Normal approximation (Chow, Shao & Wang 2008, sec. 4.2): n = (z_{1-alpha} + z_{1-beta'})^2 * v / (m - |d|)^2,
+    v = p1 (1 - p1) + p2 (1 - p2), beta' = beta / 2 at d = 0 (both one-sided tests can fail), else beta.
+    A rate at 0 or 1 is floored at 1/(2n)-like 0.01 so the answer stays finite and honest."""
+    _check(alpha, margin)
+    if not 0 < power < 1:
+        raise ValueError(f"power {power} must lie in (0, 1)")
+    if abs(difference) >= margin:
+        raise ValueError(f"true difference {difference} must be smaller than the margin {margin}")
+    p1 = min(max(p_ref, 0.01), 0.99)
+    p2 = min(max(p1 + difference, 0.01), 0.99)
+    beta = (1 - power) / 2 if difference == 0 else 1 - power
+    z = NormalDist().inv_cdf(1 - alpha) + NormalDist().inv_cdf(1 - beta)
+    return math.ceil(z * z * (p1 * (1 - p1) + p2 * (1 - p2)) / (margin - abs(difference)) ** 2)
+
+
+# -- simulation -----------------------------------------------------------------------------------
+
+
+def simulate(
+    *,
+    rates: tuple[float, ...] = (0.1, 0.5, 0.9),
+    ns: tuple[int, ...] = (50, 100, 500),
+    shifts: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0),
+    margin: float = DEFAULT_MARGIN,
+    alpha: float = DEFAULT_ALPHA,
+    pairs: int = 10_000,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Verdict rates of the independent test over `pairs` simulated (reference, actual) count pairs per cell.
+
+    A cell: reference rate p, n episodes each side, true difference shift * margin (the actual's rate is
+    p + d, or p - d when p + d would pass 1). Returns one dict per cell with the three verdicts' rates."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for p in rates:
+        for n in ns:
+            for s in shifts:
+                d = s * margin
+                q = p + d if p + d <= 1 else p - d
+                k_ref = rng.binomial(n, p, size=pairs).astype(float)
+                k_act = rng.binomial(n, q, size=pairs).astype(float)
+                nn = np.full(pairs, float(n))
+                lo, hi = newcombe_difference(k_ref, nn, k_act, nn, 1 - 2 * alpha)
+                v = verdict_of(lo, hi, margin)
+                out.append(
+                    {"rate": p, "n": n, "true_difference": round(q - p, 6), "shift": s, "pairs": pairs}
+                    | {name: float(np.mean(v == name)) for name in VERDICTS}
+                )
+    return out
+
+
+def render_simulation(rows: list[dict[str, Any]], *, margin: float, alpha: float) -> str:
+    head = f"{'rate':>5} {'n':>5} {'true d':>8}  {'reproduced':>10} {'differs':>8} {'inconclusive':>12}  expected"
+    lines = [f"margin {margin}, alpha {alpha}, {rows[0]['pairs']} pairs per cell", head]
+    for r in rows:
+        note = {0.0: "differs <= alpha", 1.0: "reproduced <= alpha", 2.0: "reproduced <= alpha"}.get(r["shift"], "")
+        lines.append(
+            f"{r['rate']:>5} {r['n']:>5} {r['true_difference']:>+8.3f}  {r['reproduced']:>10.4f} {r['differs']:>8.4f} "
+            f"{r['inconclusive']:>12.4f}  {note}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m reproduction.run.stats", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sim = sub.add_parser("simulate", help="the verdict-rate table of the equivalence test")
+    sim.add_argument("--pairs", type=int, default=10_000)
+    sim.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
+    sim.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument(
+        "--sequential", action="store_true", help="the group-sequential rule (reproduction.run.sequential)"
+    )
+    sim.add_argument("--looks", type=int, default=4)
+    args = parser.parse_args(argv)
+    if args.sequential:
+        from reproduction.run.sequential import SequentialRule, render_sequential, simulate_sequential
+
+        rule = SequentialRule(looks=args.looks, alpha=args.alpha, margin=args.margin)
+        print(render_sequential(simulate_sequential(rule=rule, pairs=args.pairs, seed=args.seed), rule))
+        return 0
+    rows = simulate(margin=args.margin, alpha=args.alpha, pairs=args.pairs, seed=args.seed)
+    print(render_simulation(rows, margin=args.margin, alpha=args.alpha))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,178 @@
+"""The equivalence statistics behind `compare` (intervals against published values, error rates by simulation,
+the power planner) and the `portable compare` / `portable eval --plan` commands' outputs and exit codes."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from evidence_fixtures import make_evidence, schema_errors
+
+from reproduction.run import stats
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_wilson_and_newcombe_match_the_published_examples():
+    # Newcombe 1998 (Stat Med 17:873) Table II, method 10: 56/70 - 48/80 -> [0.0524, 0.3339]; 0/10 - 0/20 ->
+    # [-0.1611, 0.2775]; 10/10 - 0/20... the 95% Wilson interval of 0/10 is [0, 0.2775] (Wilson 1927).
+    lo, hi = stats.newcombe_difference(48, 80, 56, 70, 0.95)
+    assert (round(lo, 4), round(hi, 4)) == (0.0524, 0.3339)
+    lo, hi = stats.newcombe_difference(0, 20, 0, 10, 0.95)
+    assert (round(lo, 4), round(hi, 4)) == (-0.1611, 0.2775)
+    assert [round(x, 4) for x in stats.wilson(0, 10)] == [0.0, 0.2775]
+    assert [round(x, 4) for x in stats.wilson(10, 10)] == [0.7225, 1.0]
+    assert stats.wilson(0, 0) == (0.0, 1.0)
+
+
+def test_tango_paired_interval():
+    # No discordant pair: the score interval solves n d / (1 - d) = z^2 in closed form.
+    z = stats.z_value(0.9)
+    lo, hi = stats.tango_difference(0, 0, 100, 0.9)
+    assert hi == pytest.approx(z * z / (100 + z * z), abs=1e-9) and lo == pytest.approx(-hi, abs=1e-9)
+    # Symmetric in the discordant counts, contains the estimate, narrows with more pairs.
+    lo1, hi1 = stats.tango_difference(5, 2, 50, 0.95)
+    lo2, hi2 = stats.tango_difference(2, 5, 50, 0.95)
+    assert (lo1, hi1) == pytest.approx((-hi2, -lo2), abs=1e-9) and lo1 < -3 / 50 < hi1
+    assert stats.tango_difference(50, 20, 500, 0.95)[1] - stats.tango_difference(50, 20, 500, 0.95)[0] < hi1 - lo1
+    test = stats.equivalence_paired([True] * 60, [True] * 60, margin=0.05, alpha=0.05)
+    assert test.verdict == "reproduced" and test.discordant == (0, 0)
+    assert stats.equivalence_paired([True] * 40, [True] * 40, margin=0.05, alpha=0.05).verdict == "inconclusive"
+
+
+def test_simulated_error_rates_stay_at_alpha():
+    """False `reproduced` at a true difference of one margin and false `differs` at equality stay <= alpha.
+
+    2,000 pairs a cell: the Monte Carlo standard error at 0.05 is 0.005, so 0.065 is three of them; the old
+    3-SE difference rule fails this at once (it calls most pairs at the margin reproduced)."""
+    rows = stats.simulate(pairs=2000, seed=1)
+    assert len(rows) == 3 * 3 * 4
+    for r in rows:
+        assert r["reproduced"] + r["differs"] + r["inconclusive"] == pytest.approx(1.0)
+        if r["shift"] == 1.0:
+            assert r["reproduced"] <= 0.065, r
+        if r["shift"] == 0.0:
+            assert r["differs"] <= 0.065, r
+        if r["shift"] == 2.0:
+            assert r["reproduced"] <= 0.01, r
+    # Equal rates at n = 500 and p = 0.9: the test decides most pairs (it has the power there).
+    cell = next(r for r in rows if (r["rate"], r["n"], r["shift"]) == (0.9, 500, 0.0))
+    assert cell["reproduced"] > 0.5
+    # The old rule on the same draws at the margin, for contrast.
+    rng = np.random.default_rng(1)
+    k1, k2 = rng.binomial(50, 0.5, 2000), rng.binomial(50, 0.55, 2000)
+    p = (k1 + k2 + 1) / 102
+    old = np.abs(k2 - k1) / 50 <= 3 * np.sqrt(p * (1 - p) * (2 / 50))
+    assert old.mean() > 0.9
+
+
+def test_planner_gives_the_power_it_promises():
+    n = stats.episodes_needed(0.5, margin=0.1, alpha=0.05, power=0.8)
+    z = stats.z_value(0.9) + stats.z_value(0.8)  # z_{1-alpha} + z_{1-beta/2}
+    assert n == math.ceil(z * z * 0.5 / 0.01) == 429
+    rng = np.random.default_rng(2)
+    k1, k2 = rng.binomial(n, 0.5, 4000).astype(float), rng.binomial(n, 0.5, 4000).astype(float)
+    nn = np.full(4000, float(n))
+    lo, hi = stats.newcombe_difference(k1, nn, k2, nn, 0.9)
+    power = np.mean(stats.verdict_of(lo, hi, 0.1) == "reproduced")
+    assert 0.76 < power < 0.86, power
+    assert stats.episodes_needed(0.88, margin=0.05) == 724
+    with pytest.raises(ValueError, match="smaller than the margin"):
+        stats.episodes_needed(0.5, margin=0.05, difference=0.05)
+
+
+def portable(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "reproduction/portable.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+    )
+
+
+def test_compare_command_exit_codes_and_json(tmp_path):
+    def write(name: str, **kw) -> str:
+        (tmp_path / name).write_text(json.dumps(make_evidence(name=name, **kw)))
+        return str(tmp_path / name)
+
+    ref = write("ref.json", recap=(1800, 2000), bc=(1000, 2000))
+    same = portable("compare", ref, write("same.json", recap=(1800, 2000), bc=(1000, 2000)))
+    assert same.returncode == 0, same.stderr
+    assert same.stdout.splitlines()[-1].endswith(": reproduced")
+    far = portable("compare", ref, write("far.json", recap=(1500, 2000), bc=(1000, 2000)), "--json")
+    assert far.returncode == 60, far.stderr
+    doc = json.loads(far.stdout)
+    assert doc["verdict"] == "differs" and schema_errors("comparison", doc) == []
+    row = doc["rows"][0]
+    assert row["reference_counts"] == [1800, 2000] and row["actual_counts"] == [1500, 2000]
+    assert row["margin"] == 0.05 and row["method"] == "newcombe-10" and row["interval"][1] < -0.05
+    small = portable("compare", write("r40.json"), write("a40.json"))
+    assert small.returncode == 61 and "inconclusive" in small.stdout.splitlines()[-1]
+    assert "the reference is too small for its margins" in small.stdout  # 40 episodes cannot support 0.05
+    assert portable("compare", write("r40b.json"), write("a40b.json"), "--margin", "0.3").returncode == 0
+    missing = portable("compare", ref, str(tmp_path / "absent.json"))
+    assert (
+        missing.returncode == 3
+        and missing.stderr.startswith("error: evidence file")
+        and "absent.json" in missing.stderr
+    )
+    (tmp_path / "junk.json").write_text("[1")
+    junk = portable("compare", str(tmp_path / "junk.json"), ref)
+    assert junk.returncode == 4 and len(junk.stderr.splitlines()) <= 2 and "junk.json" in junk.stderr
+    bad = portable("compare", ref, ref, "--margin", "1.5")
+    assert bad.returncode == 2 and "--margin 1.5" in bad.stderr
+
+
+def test_eval_plan_prints_the_episodes_needed(tmp_path):
+    ref = tmp_path / "ref.json"
+    ref.write_text(json.dumps(make_evidence(name="ref", recap=(88, 100), bc=(52, 100))))
+    out = portable("eval", "--plan", "--reference", str(ref))
+    assert out.returncode == 0, out.stderr
+    line = next(x for x in out.stdout.splitlines() if "recap/success_once" in x)
+    assert line.split()[1:5] == ["p=0.880", "margin", "±0.05", "724"] and "reference has 100 (too few)" in line
+    rows = json.loads(portable("eval", "--plan", "--rate", "0.5", "--margin", "0.1", "--json").stdout)
+    assert rows == [
+        {
+            "metric": "rate 0.5",
+            "rate": 0.5,
+            "margin": 0.1,
+            "alpha": 0.05,
+            "power": 0.8,
+            "difference": 0.0,
+            "episodes_per_side": 429,
+            "reference_episodes": None,
+        }
+    ]
+    assert portable("eval", "--plan").returncode == 2
+    assert portable("eval").returncode == 2
+
+
+def test_sequential_rule_keeps_its_error_rates_and_saves_episodes():
+    from reproduction.run.sequential import SequentialRule, simulate_sequential
+
+    rule = SequentialRule()
+    assert sum(rule.spend()) == pytest.approx(0.05) and rule.spend()[0] < rule.spend()[-1]
+    rows = simulate_sequential(rule=rule, rates=(0.5, 0.9), ns=(500, 2000), shifts=(0.0, 1.0, 3.0), pairs=2000, seed=3)
+    cell = {(r["rate"], r["n"], r["shift"]): r for r in rows}
+    for r in rows:
+        if r["shift"] == 1.0:
+            assert r["reproduced"] <= 0.065 and r["differs"] <= 0.065, r  # at the margin: neither claim > alpha
+        if r["shift"] == 0.0:
+            assert r["differs"] <= 0.065, r
+        if r["shift"] == 3.0:
+            assert r["reproduced"] == 0.0, r
+    # >= 30% fewer episodes when the rates are far apart (3 margins) or equal where n_max has the power.
+    assert cell[(0.5, 500, 3.0)]["saving"] >= 0.3 and cell[(0.9, 2000, 3.0)]["saving"] >= 0.6
+    assert cell[(0.9, 2000, 0.0)]["saving"] >= 0.3 and cell[(0.9, 2000, 0.0)]["reproduced"] > 0.95
+    # Near the margin it rarely stops early: the saving there is small, and that is the price of the error rates.
+    assert cell[(0.9, 2000, 1.0)]["saving"] < 0.05
+    stop = rule.decide(1800, 2000, 450, 500, 0)
+    assert stop is None and rule.decide(1800, 2000, 900, 1000, 1) == "reproduced"
+    rec = rule.record("reproduced", 1, 1000, 2000)
+    assert rec["stopped_at_look"] == 2 and rec["episodes"] == 1000 and rec["looks"] == [500, 1000, 1500, 2000]
