@@ -21,7 +21,7 @@ Exit codes (documented in `portable --help`):
     40-49 data plane: dataset/sidecar problems (45: the simulator)
     50-59 training and run failures (50 checkpoint, 51 worker failed, 52 a stage's inputs changed since it
           completed, 53 guidance scale, 55 the run folder cannot be used as asked, 56 the preflight found
-          several problems)
+          several problems, 57 the bundle's layers are not restored here)
 """
 
 from __future__ import annotations
@@ -302,6 +302,12 @@ class RunStateError(PortableError, RuntimeError):
     lacks a stage the requested ones need."""
 
     exit_code = 55
+
+
+class NotRestoredError(PortableError, RuntimeError):
+    """`run` on a bundle whose layers (runtimes, sources) were never restored, or were restored elsewhere."""
+
+    exit_code = 57
 
 
 class PreflightError(PortableError, ValueError):

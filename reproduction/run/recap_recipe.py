@@ -285,10 +285,20 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
     from reproduction.data.reader import open_dataset
     from reproduction.errors import ConfigError, DatasetError, InputNotFoundError, PortableError
     from reproduction.run.config import to_plain
-    from reproduction.run.preflight import bundle_weights_problems, disk_problems, placeholder_problems
+    from reproduction.run.preflight import (
+        bundle_files_problems,
+        bundle_restore_problems,
+        bundle_weights_problems,
+        disk_problems,
+        placeholder_problems,
+    )
 
     problems: list[Any] = [ConfigError(p) for p in placeholder_problems(to_plain(config))]
     problems += bundle_weights_problems(config.BUNDLE)
+    damaged = bundle_files_problems(config.BUNDLE, config)
+    if damaged:  # what the damaged files would make fail next (a dataset that no longer opens) is noise
+        return problems + damaged
+    problems += bundle_restore_problems(config.BUNDLE)
     if not config.datasets:
         problems.append(
             ConfigError("datasets: the run names no dataset", field="datasets", hint="add datasets: [{path: ...}]")
