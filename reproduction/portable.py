@@ -45,6 +45,7 @@ if __package__ in (None, ""):
     __package__ = "reproduction"
 
 from reproduction.errors import (  # noqa: E402
+    DISK_FULL_ERRNOS,
     InputNotFoundError,
     PortableError,
     UsageError,
@@ -497,6 +498,8 @@ def _from_os_error(exc: OSError) -> PortableError:
     """A raw OSError that reached the CLI (the library should have wrapped it), through the one
     mapping (errors.os_error), so the user still gets one line and a usage-class code, not a bug."""
     op = "read" if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR) else "write"
+    if exc.errno in DISK_FULL_ERRNOS and exc.filename is not None:  # where it happened is already named
+        return os_error(exc, "a file", op=op)
     return os_error(exc, "a file", op=op, hint="rerun with --debug to see where it happened")
 
 

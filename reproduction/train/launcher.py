@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reproduction.errors import PortableError, WorkerFailedError
+from reproduction.errors import DISK_FULL_ERRNOS, PortableError, WorkerFailedError, os_error
 from reproduction.train.config import TrainConfig
 from reproduction.train.device import DeviceSpec
 from reproduction.train.dist import free_port
@@ -191,6 +191,10 @@ def _ray_worker(payload: Payload, rank: int) -> WorkerOutcome:
         return WorkerOutcome(value=_worker_body(payload, rank=rank, world_size=world_size, local_rank=local_rank))
     except PortableError as exc:
         return WorkerOutcome.of_error(exc)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL_ERRNOS:
+            raise
+        return WorkerOutcome.of_error(os_error(exc, "a file of the run"))  # a full disk is not a bug (exit 8)
 
 
 def run_ray(payload: Payload, *, ray_address: str | None, on_poll: Callable[[], None] | None = None) -> Any:
@@ -217,6 +221,10 @@ def _task_body(fn: Callable[[Any], Any], payload: Any) -> WorkerOutcome:
         return WorkerOutcome(value=fn(payload))
     except PortableError as exc:
         return WorkerOutcome.of_error(exc)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL_ERRNOS:
+            raise
+        return WorkerOutcome.of_error(os_error(exc, "a file of the run"))
 
 
 def run_tasks(
