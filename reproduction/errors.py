@@ -21,7 +21,8 @@ Exit codes (documented in `portable --help`):
     40-49 data plane: dataset/sidecar problems (45: the simulator)
     50-59 training and run failures (50 checkpoint, 51 worker failed, 52 a stage's inputs changed since it
           completed, 53 guidance scale, 55 the run folder cannot be used as asked, 56 the preflight found
-          several problems, 57 the bundle's layers are not restored here)
+          several problems, 57 the bundle's layers are not restored here,
+          58 Ray did not start or the cluster did not answer)
 """
 
 from __future__ import annotations
@@ -364,6 +365,12 @@ class NotRestoredError(PortableError, RuntimeError):
     """`run` on a bundle whose layers (runtimes, sources) were never restored, or were restored elsewhere."""
 
     exit_code = 57
+
+
+class RayUnavailableError(PortableError, ConnectionError):
+    """A local Ray did not start, or the cluster at `address` did not answer within the bound."""
+
+    exit_code = 58
 
 
 class PreflightError(PortableError, ValueError):
