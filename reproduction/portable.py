@@ -64,7 +64,8 @@ EXIT_CODES = """exit codes:
          34 downloaded bytes kept failing sha256, 35 conflict: branch moved or tag taken)
   weights verify: 5 bytes missing or different, 4 only fields still "to-be-pinned"
   pack --dry-run: 3 something is missing on this machine
-  40-49 dataset/sidecar    50-59 training and runs"""
+  40-49 dataset/sidecar    50-59 training and runs (57 bundle layers not restored: run `portable restore`,
+         58 Ray did not start or the cluster did not answer); run: 11-14 a bundle file it reads differs"""
 
 
 def _default_bundle() -> Path:
