@@ -180,3 +180,15 @@ def test_a_packed_bundle_with_layers_must_be_restored_first(tmp_path, capsys, mo
     rc, err = _run(bundle, tmp_path / "out", capsys)
     assert rc == 0, err
     assert json.loads((tmp_path / "out" / "run.json").read_text())["stages"]["returns"]["status"] == "complete"
+
+
+def test_a_config_path_into_a_restored_layer_is_left_to_restores_receipt(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PORTABLE_CACHE_DIR", str(tmp_path / "cache"))
+    bundle = _pack(tmp_path, "layered", layer=True)
+    assert main(["-q", "restore", str(bundle)]) == 0
+    capsys.readouterr()
+    rc = main(
+        ["-q", "run", str(bundle), "--output", str(tmp_path / "out"), "--stages", "returns"]
+        + [f"policy.model.tokenizer={bundle}/runtime/rt/share", f"eval.reference={bundle}/runtime"]
+    )
+    assert rc == 0, capsys.readouterr().err  # the layer's files are not in bundle.json's file list: not "extra"

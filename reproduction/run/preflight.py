@@ -121,7 +121,7 @@ def bundle_files_problems(bundle: str | Path | None, config: Any) -> list[Portab
     if not bundle:
         return []
     from reproduction.errors import IntegrityError
-    from reproduction.release.manifest import MANIFEST_NAME, load_manifest
+    from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, load_manifest
     from reproduction.release.verify import EXIT_BY_KIND, Problem, hash_entries, sort_problems, stat_pass
 
     root = Path(bundle).resolve()
@@ -130,8 +130,10 @@ def bundle_files_problems(bundle: str | Path | None, config: Any) -> list[Portab
     manifest = load_manifest(root)
     weights = {str(item.get("dest", "weights")) for item in manifest.metadata.get("weights") or []}
     found = _bundle_prefixes(root, config) | ({manifest.entry_config} if manifest.entry_config else set())
-    # the weights' own check (bundle_weights_problems) rehashes their folders; not twice
-    prefixes = sorted(p for p in found if not any(p == w or p.startswith(w + "/") for w in weights))
+    # not twice: the weights' own check (bundle_weights_problems) rehashes their folders; layer targets are
+    # restore's (its receipt), and .portable/ is bookkeeping
+    skip = weights | {layer.target for layer in manifest.layers} | {STATE_DIR}
+    prefixes = sorted(p for p in found if not any(p == w or p.startswith(w + "/") for w in skip))
     if not prefixes:
         return []
 
@@ -144,7 +146,8 @@ def bundle_files_problems(bundle: str | Path | None, config: Any) -> list[Portab
         return []
     problems, present = stat_pass(root, entries)
     listed = {e.path for e in manifest.files}
-    problems += [Problem(kind="extra", path=rel) for rel in _files_under(root, prefixes) if rel not in listed]
+    extras = [rel for rel in _files_under(root, prefixes) if rel not in listed]
+    problems += [Problem(kind="extra", path=rel) for rel in extras if not any(rel.startswith(w + "/") for w in skip)]
     try:
         problems += hash_entries(root, [e for e, _ in present])
     except OSError as exc:
