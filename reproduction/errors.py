@@ -21,7 +21,9 @@ Exit codes (documented in `portable --help`):
     40-49 data plane: dataset/sidecar problems (45: the simulator)
     50-59 training and run failures (50 checkpoint, 51 worker failed, 52 a stage's inputs changed since it
           completed, 53 guidance scale, 55 the run folder cannot be used as asked, 56 the preflight found
-          several problems)
+          several problems, 57 the bundle's layers are not restored here,
+          58 Ray did not start or the cluster did not answer)
+
     60  `portable compare`: a metric differs from the reference beyond its margin (a verdict, not an error)
     61  `portable compare`: inconclusive (no metric differs, not every one is shown equivalent: more episodes)
 """
@@ -197,12 +199,68 @@ def os_error(exc: OSError, what: str, *, op: str = "write", hint: str | None = N
             path=where,
             hint=hint or "make the file readable (permissions, a healthy disk) and try again",
         )
+    if exc.errno in DISK_FULL_ERRNOS and exc.errno != errno.EFBIG and exc.filename is not None:
+        from reproduction.fsio import free_bytes
+
+        try:
+            free = free_bytes(Path(str(where)))
+        except OSError:
+            free = None
+        return disk_full_error(what, where, need=getattr(exc, "need_bytes", None), free=free, hint=hint)
     reason = _WRITE_REASONS.get(exc.errno, exc.strerror or str(exc))
     return WriteFailedError(
         f"cannot write {what}: {reason} ({where})",
         path=where,
         errno=exc.errno,
         hint=hint or "free some space or fix the permissions, then try again",
+    )
+
+
+RESUME_HINT = (
+    "then `portable run ... --resume` continues from the last complete checkpoint (nothing half-written is kept)"
+)
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_DISK_FULL_WORDS = ("no space left on device", "os error 28", "disk quota exceeded", "file too large")
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True when `exc` (or what it wraps: DCP's CheckpointException keeps each rank's error, safetensors
+    words the errno) says the disk, a quota or the file size limit ran out."""
+    seen: list[BaseException] = [exc]
+    for failure in (getattr(exc, "failures", None) or {}).values():  # torch DCP: {rank: (exc, frames)}
+        seen.append(failure[0] if isinstance(failure, tuple) else failure)
+    for item in seen:
+        while item is not None:
+            if isinstance(item, OSError) and item.errno in DISK_FULL_ERRNOS:
+                return True
+            if any(w in str(item).lower() for w in _DISK_FULL_WORDS):
+                return True
+            item = item.__cause__ or item.__context__
+    return False
+
+
+def disk_full_error(
+    what: str, path: Path | str, *, need: int | None = None, free: int | None = None, hint: str | None = None
+) -> WriteFailedError:
+    """The one-line WriteFailedError (exit 8) for `what` at `path` not fitting: names the path, the
+    space it needs (`need` bytes, when known) and what was free, and what to do."""
+    from reproduction.ui import human_bytes
+
+    sizes = []
+    if need is not None:
+        sizes.append(f"it needs about {human_bytes(need)}")
+    if free is not None:
+        sizes.append(f"{human_bytes(free)} were free")
+    detail = f" ({', '.join(sizes)})" if sizes else ""
+    more = f"free at least {human_bytes(need)} there" if need else "free some space there"
+    return WriteFailedError(
+        f"cannot write {what}: the disk is full at {path}{detail}",
+        path=str(path),
+        need=need,
+        free=free,
+        errno=errno.ENOSPC,
+        hint=hint
+        or f"{more} (or use a folder on a bigger disk), then run the command again: nothing half-written was kept",
     )
 
 
@@ -305,6 +363,18 @@ class RunStateError(PortableError, RuntimeError):
     symbolic link, it lies inside the bundle, or it lacks a stage the requested ones need."""
 
     exit_code = 55
+
+
+class NotRestoredError(PortableError, RuntimeError):
+    """`run` on a bundle whose layers (runtimes, sources) were never restored, or were restored elsewhere."""
+
+    exit_code = 57
+
+
+class RayUnavailableError(PortableError, ConnectionError):
+    """A local Ray did not start, or the cluster at `address` did not answer within the bound."""
+
+    exit_code = 58
 
 
 class PreflightError(PortableError, ValueError):

@@ -28,9 +28,21 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        raise annotate(exc, path, need=len(data))
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def annotate(exc: OSError, path: Path | str, *, need: int | None = None) -> OSError:
+    """Name `path` in `exc` when the OS did not (a write() that hit ENOSPC names no file) and keep the
+    bytes the write needed (`need_bytes`), so `errors.os_error` says where and how much; returns `exc`."""
+    if exc.filename is None:
+        exc.filename = str(path)
+    if need is not None and getattr(exc, "need_bytes", None) is None:
+        exc.need_bytes = need
+    return exc
 
 
 def _umask() -> int:
@@ -42,6 +54,16 @@ def _umask() -> int:
 def atomic_write_text(path: Path, text: str) -> None:
     """`atomic_write_bytes` for UTF-8 text."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes free to this user on the filesystem that holds `path` (or its nearest existing parent)."""
+    import shutil
+
+    probe = Path(path).absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
 
 
 def fsync_dir(path: Path) -> None:

@@ -45,6 +45,7 @@ if __package__ in (None, ""):
     __package__ = "reproduction"
 
 from reproduction.errors import (  # noqa: E402
+    DISK_FULL_ERRNOS,
     InputNotFoundError,
     PortableError,
     UsageError,
@@ -64,8 +65,10 @@ EXIT_CODES = """exit codes:
   weights verify: 5 bytes missing or different, 4 only fields still "to-be-pinned"
   pack --dry-run: 3 something is missing on this machine
   40-49 dataset/sidecar    50-59 training and runs (52 a stage's inputs changed or its steps were lowered,
-         55 the run folder cannot be used: wrongly shaped run.json, a linked stage folder, --output in the bundle)
-  7 also: another `portable run` works in the run folder    130 interrupted (Ctrl-C, SIGTERM)
+         55 the run folder cannot be used: wrongly shaped run.json, a linked stage folder, --output in the bundle,
+         57 bundle layers not restored: run `portable restore`, 58 Ray did not start or the cluster did not answer)
+  run: 11-14 a bundle file it reads differs    7 also: another `portable run` works in the run folder
+  130 interrupted (Ctrl-C, SIGTERM)
   compare: 60 differs (beyond the margin), 61 inconclusive (more episodes needed)"""
 
 
@@ -538,6 +541,8 @@ def _from_os_error(exc: OSError) -> PortableError:
     """A raw OSError that reached the CLI (the library should have wrapped it), through the one
     mapping (errors.os_error), so the user still gets one line and a usage-class code, not a bug."""
     op = "read" if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ELOOP) else "write"
+    if exc.errno in DISK_FULL_ERRNOS and exc.filename is not None:  # where it happened is already named
+        return os_error(exc, "a file", op=op)
     return os_error(exc, "a file", op=op, hint="rerun with --debug to see where it happened")
 
 

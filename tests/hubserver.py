@@ -110,8 +110,12 @@ class HubServer:
         lfs_threshold: int = LFS_THRESHOLD,
         tree_page_size: int = 1000,
         log_bodies: bool = True,
+        xet_tokens: bool = False,
     ) -> None:
         self.root = Path(root)
+        self.xet_tokens = xet_tokens
+        """False: `xet-write-token` answers 404 like a Hub without Xet; True: it hands out a token (like the
+        real Hub) for a Xet storage endpoint on this server that answers nothing (every CAS call 404s)."""
         (self.root / "blobs").mkdir(parents=True, exist_ok=True)
         self.tokens = dict(tokens or {})
         self.lfs_threshold = lfs_threshold
@@ -459,6 +463,8 @@ class _HubHandler(BaseHTTPRequestHandler):
             return self._tree(kind, repo_id, rest[1], "/".join(rest[2:]), query)
         if rest[:1] == ["paths-info"] and method == "POST":
             return self._paths_info(kind, repo_id, rest[1], body)
+        if rest[:1] == ["xet-write-token"] and method == "GET":
+            return self._xet_token(kind, repo_id)
         if rest[:1] == ["preupload"] and method == "POST":
             return self._preupload(kind, repo_id, rest[1], json.loads(body))
         if rest[:1] == ["commit"] and method == "POST":
@@ -468,6 +474,25 @@ class _HubHandler(BaseHTTPRequestHandler):
         if rest[:1] == ["tag"] and method == "POST":
             return self._tag(kind, repo_id, rest[1], json.loads(body or b"{}"))
         raise _Reply(404, f"no route for {method} {self.path}")
+
+    def _xet_token(self, kind: str, repo_id: str) -> None:
+        hub = self.server_hub
+        if not hub.xet_tokens:
+            raise _Reply(404, "Not Found")  # what a Hub without Xet storage answers
+        user, scope = self._user()
+        if user is None or scope != "write":
+            raise _Reply(401, "Invalid credentials in Authorization header")
+        with hub.lock:
+            self._repo(kind, repo_id)
+        self._send(
+            200,
+            {"accessToken": "xet-test-token", "exp": int(time.time()) + 3600, "casUrl": f"{hub.url}/xet-cas"},
+            headers={
+                "X-Xet-Endpoint": f"{hub.url}/xet-cas",
+                "X-Xet-Access-Token": "xet-test-token",
+                "X-Xet-Expiration": str(int(time.time()) + 3600),
+            },
+        )
 
     # -- repos, revisions, trees ----------------------------------------------------------------------
 

@@ -400,7 +400,10 @@ def test_every_os_error_goes_through_one_mapping():
     from reproduction.errors import os_error
 
     full = os_error(OSError(errno.ENOSPC, "No space left on device", "/b/x"), "the bundle")
-    assert isinstance(full, WriteFailedError) and full.message == "cannot write the bundle: the disk is full (/b/x)"
+    assert isinstance(full, WriteFailedError) and full.message.startswith(
+        "cannot write the bundle: the disk is full at /b/x ("
+    )
+    assert full.message.endswith(" were free)") and full.exit_code == 8  # where, and how much room there was
     exdev = os_error(OSError(errno.EXDEV, "Invalid cross-device link", "/b/t"), "the target")
     assert "another filesystem" in exdev.message and exdev.exit_code == 8
     gone = os_error(FileNotFoundError(errno.ENOENT, "No such file", "/s/a"), "a source", op="read")

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from reproduction.errors import DatasetError, FingerprintMismatchError, InputNotFoundError
-from reproduction.fsio import atomic_write_text
+from reproduction.fsio import annotate, atomic_write_text
 
 META_KEY = b"recap_portable"
 FORMAT = 1
@@ -84,6 +84,9 @@ def write_sidecar(
         writer.close()
         writer = None
         os.replace(tmp, path)
+    except OSError as exc:  # pyarrow's ENOSPC names no file: name the sidecar and what it held so far
+        written = sum(t.nbytes for t in pending) + (tmp.stat().st_size if tmp.exists() else 0)
+        raise annotate(exc, path, need=written or None)
     finally:
         if writer is not None:
             writer.close()

@@ -29,13 +29,14 @@ output, logs or files. Tunables: `HubSettings` (PORTABLE_HUB_* environment varia
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -229,6 +230,78 @@ def publish_bundle(
         f"({human_bytes(sum(e.size for e in todo))}) in {len(batches) + bool(final)} commit(s)",
         options=ui,
     )
+
+    xet = xet_supported(settings, repo, repo_type, branch)
+    say(f"upload through {'Xet' if xet else 'LFS'} ({_XET_WHY[xet]})", options=ui)
+    with _xet_enabled(xet):
+        return _publish_commits(
+            api, bundle, manifest, repo, repo_type, branch, head, remote, todo, final, batches, tag, settings, ui
+        )
+
+
+_XET_WHY = {
+    True: "hf_xet is installed and the Hub hands out Xet write tokens",
+    False: "hf_xet is not installed, HF_HUB_DISABLE_XET is set, or the Hub has no Xet write-token endpoint",
+}
+
+
+def xet_supported(settings: HubSettings, repo: str, repo_type: str, branch: str) -> bool:
+    """Whether publish uploads through Xet: hf_xet installed (and not disabled by HF_HUB_DISABLE_XET)
+    and the Hub answers `GET /api/{type}s/{repo}/xet-write-token/{branch}` with a token. Otherwise the
+    deliberate choice is the LFS path, which every Hub (and Xet-backed repos on the real one) accepts;
+    huggingface_hub would try Xet whenever hf_xet is installed and fail on a server without it."""
+    from huggingface_hub.utils._runtime import is_xet_available
+
+    if not is_xet_available():
+        return False
+    import httpx
+
+    from reproduction.release.hub_transfer import http_headers
+
+    url = f"{settings.resolved_endpoint()}/api/{repo_type}s/{repo}/xet-write-token/{branch}"
+    try:
+        timeout = httpx.Timeout(settings.stall_timeout_s, connect=settings.connect_timeout_s)
+        reply = httpx.get(url, headers=http_headers(), timeout=timeout)
+    except httpx.HTTPError:
+        return False
+    return reply.status_code == 200 and any(k.lower().startswith("x-xet-") for k in reply.headers)
+
+
+@contextlib.contextmanager
+def _xet_enabled(enabled: bool) -> Iterator[None]:
+    """huggingface_hub uploads through Xet whenever hf_xet is importable unless HF_HUB_DISABLE_XET, which
+    it reads from `constants` at call time; set for this publish only (the env var's runtime form)."""
+    from huggingface_hub import constants
+
+    before = constants.HF_HUB_DISABLE_XET
+    constants.HF_HUB_DISABLE_XET = before or not enabled
+    try:
+        yield
+    finally:
+        constants.HF_HUB_DISABLE_XET = before
+
+
+def _publish_commits(
+    api: Any,
+    bundle: Path,
+    manifest: Manifest,
+    repo: str,
+    repo_type: str,
+    branch: str,
+    head: str,
+    remote: dict[str, Any],
+    todo: list[FileEntry],
+    final: list[Any],
+    batches: list[list[FileEntry]],
+    tag: str | None,
+    settings: HubSettings,
+    ui: UiOptions | None,
+) -> PublishResult:
+    """The batches, then bundle.json and the card, then the tag (publish_bundle's second half)."""
+    manifest_bytes = (bundle / MANIFEST_NAME).read_bytes()
+
+    def retried(what: str, fn: Callable[[], T]) -> T:
+        return with_retries(fn, what=what, settings=settings, ui=ui)
 
     commits, parent = 0, head
     for i, batch in enumerate(batches, 1):

@@ -186,6 +186,12 @@ def hub_error(exc: BaseException, *, what: str) -> HubError:
             f"{what}: transfer {kind}: {exc or type(exc).__name__}",
             hint="check the network; rerunning resumes where this stopped",
         )
+    if is_xet_failure(exc):
+        return HubError(
+            f"{what}: the Hub's Xet storage failed: {' '.join(str(exc).split())[:300]}",
+            hint="publish through LFS instead: set HF_HUB_DISABLE_XET=1 and run the same command again (files "
+            "already uploaded are not sent twice)",
+        )
     if isinstance(exc, hf.OfflineModeIsEnabled):
         return HubError(
             f"{what}: offline mode is enabled (HF_HUB_OFFLINE)", hint="unset HF_HUB_OFFLINE to reach the Hub"
@@ -280,9 +286,19 @@ def _is_hub_exception(exc: BaseException) -> bool:
     import httpx
     from huggingface_hub import errors as hf
 
-    return isinstance(
+    return is_xet_failure(exc) or isinstance(
         exc, (DigestMismatch, TransferInterrupted, httpx.HTTPError, hf.HfHubHTTPError, hf.OfflineModeIsEnabled)
     )
+
+
+def is_xet_failure(exc: BaseException) -> bool:
+    """An error from an upload through Xet (hf_xet raises plain OSError/RuntimeError, e.g. "Network error ...
+    404 ... xet-write-token"): a Hub failure, not a local write failure, whatever builtin it is."""
+    from huggingface_hub import errors as hf
+
+    if isinstance(exc, hf.HfHubHTTPError):
+        return False
+    return isinstance(exc, (OSError, RuntimeError, ValueError)) and "xet" in str(exc).lower()
 
 
 # -- downloads ---------------------------------------------------------------------------------------

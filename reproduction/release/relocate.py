@@ -361,9 +361,12 @@ def rewrite_bytes(
     return bytes(buf)
 
 
-def _write_keeping_mode(path: Path, data: bytes, st: os.stat_result, fsync: bool) -> None:
-    """Replace `path` atomically with `data`, keeping its permission bits."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".reloc", dir=path.parent)
+def _write_keeping_mode(path: Path, data: bytes, st: os.stat_result, fsync: bool, tmp_dir: Path | None) -> None:
+    """Replace `path` atomically with `data`, keeping its permission bits; the temp file is made in
+    `tmp_dir` (same filesystem, outside the tree) when given, else beside `path`."""
+    if tmp_dir is not None:
+        Path(tmp_dir).mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".reloc", dir=tmp_dir or path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -391,6 +394,7 @@ def relocate_tree(
     fsync: bool = True,
     fallback_globs: Sequence[str] = FALLBACK_GLOBS,
     notes: list[str] | None = None,
+    tmp_dir: Path | None = None,
 ) -> list[str]:
     """Rewrite the listed files below `root` from `old_prefix` to `new_prefix`; returns the paths changed.
 
@@ -401,7 +405,8 @@ def relocate_tree(
     not fit, a missing file, a long non-Python shebang) RelocationError lists them all and no file
     was modified. Then each changed file is replaced atomically, mode kept. Same prefix: no-op.
     Files matching `fallback_globs` may keep a compiled-in fallback prefix that does not fit; each
-    such case is appended to `notes` (when given) for the caller to show.
+    such case is appended to `notes` (when given) for the caller to show. `tmp_dir` (same filesystem as
+    `root`, outside it) holds the temp files, so a kill mid-rewrite leaves no stray file in the tree.
     """
     root = Path(root)
     old, new = normalize_prefix(old_prefix, what="old prefix"), normalize_prefix(new_prefix, what="new prefix")
@@ -457,7 +462,7 @@ def relocate_tree(
             hint=hint,
         )
     for rel, new_data, st in planned:
-        _write_keeping_mode(root / rel, new_data, st, fsync)
+        _write_keeping_mode(root / rel, new_data, st, fsync, tmp_dir)
     if notes is not None:
         notes.extend(dict.fromkeys(kept))  # a string may be noted by both passes
     return [rel for rel, _, _ in planned]

@@ -155,8 +155,14 @@ def _has_prefixes(layer: LayerEntry) -> bool:
 
 def _cleanup_state(bundle: Path) -> None:
     """Remove what a killed restore left in `.portable/` (never anything at a final path)."""
-    for name in ("staging", "trash"):
+    for name in ("staging", "trash", RELOC_TMP):
         shutil.rmtree(bundle / STATE_DIR / name, ignore_errors=True)
+
+
+RELOC_TMP = "reloc"
+"""`.portable/reloc/`: relocation writes each rewritten file here, then renames it over the original, so a
+kill between the two leaves nothing inside a restored tree that bundle.json and the receipt do not know
+(the next restore removes the folder, like staging/ and trash/)."""
 
 
 def _relocate(
@@ -193,7 +199,13 @@ def _relocate(
             )
         old = str(old_bundle / owner.target) if old_bundle is not None else owner.build_prefix
         changed += relocate_tree(
-            root, occurrences, old, str(bundle / owner.target), build_prefix=owner.build_prefix, notes=notes
+            root,
+            occurrences,
+            old,
+            str(bundle / owner.target),
+            build_prefix=owner.build_prefix,
+            notes=notes,
+            tmp_dir=bundle / STATE_DIR / RELOC_TMP,  # a kill mid-rewrite leaves its temp here, not in the tree
         )
     return sorted(set(changed))
 

@@ -164,12 +164,13 @@ def cmd_eval(args: Any) -> int:
     if state is not None and not files:
         files = [_state_config_file(run_dir, state)]
     config = load_config(files, overrides, run_dir=run_dir)
-    export, step, mode = _resolve_checkpoint(args.checkpoint, run_dir, state)
-    config.policy.modes = [mode]
-    # Its own folder and evidence name: the eval stage's recorded outputs stay as the run wrote them.
-    output = evaluate_exports(
-        config, {mode: (export, step)}, run_dir / "eval_checkpoint", run_dir, name="checkpoint", ui=_ui(args)
-    )
+    exports, name = _resolve_checkpoint(args.checkpoint, run_dir, state)
+    config.policy.modes = list(exports)
+    shown = ", ".join(f"{mode} (step {step}, {path})" for mode, (path, step) in exports.items())
+    say(f"evaluating {len(exports)} policy export(s): {shown}", options=_ui(args))
+    # Its own folder and evidence name: the eval stage's recorded outputs stay as the run wrote them, and
+    # each export evaluated into one --output gets its own file.
+    output = evaluate_exports(config, exports, run_dir / "eval_checkpoint" / name, run_dir, name=name, ui=_ui(args))
     say(f"evidence: {run_dir / output.summary['evidence']}", options=_ui(args))
     if config.eval.reference:
         from reproduction.run.recap_policy import compare_with_reference
@@ -194,8 +195,15 @@ def _state_config_file(run_dir: Path, state: dict[str, Any]) -> Path:
     return path
 
 
-def _resolve_checkpoint(text: str, run_dir: Path, state: dict[str, Any] | None) -> tuple[Path, int | None, str]:
-    """(export folder, step, mode) from --checkpoint STEP (the run's recap policy) or PATH (an export)."""
+def _resolve_checkpoint(
+    text: str, run_dir: Path, state: dict[str, Any] | None
+) -> tuple[dict[str, tuple[Path, int | None]], str]:
+    """({mode: (export folder, step)}, evidence name) from --checkpoint STEP (every policy mode the run
+    trained, at that step: evidence/eval_checkpoint_STEP.json) or PATH (one export, its step read from its
+    own metadata: evidence/eval_checkpoint_<mode>_<key of its folder>_STEP.json, so two exports evaluated
+    into one --output never share a file)."""
+    import hashlib
+
     from reproduction.errors import CheckpointError, InputNotFoundError
 
     if text.isdigit():
@@ -219,8 +227,12 @@ def _resolve_checkpoint(text: str, run_dir: Path, state: dict[str, Any] | None) 
                     else ""
                 ),
             )
-        mode = "recap" if "recap" in rec.get("summary", {}) else next(iter(rec.get("summary", {"recap": 0})))
-        return run_dir / "policy" / mode / "export", step, mode
+        modes = list(rec.get("summary") or {"recap": {}})
+        exports = {
+            m: (run_dir / "policy" / m / "export", (rec.get("summary") or {}).get(m, {}).get("step", step))
+            for m in modes
+        }
+        return exports, "checkpoint"
     path = Path(text)
     if not (path / "policy.json").is_file():
         raise InputNotFoundError(
@@ -229,4 +241,18 @@ def _resolve_checkpoint(text: str, run_dir: Path, state: dict[str, Any] | None) 
             hint="pass a run's policy/<mode>/export folder, or a step number with --output RUN",
         )
     meta = json.loads((path / "policy.json").read_text(encoding="utf-8"))
-    return path, meta.get("step"), str(meta.get("mode", "recap"))
+    mode = str(meta.get("mode", "recap"))
+    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+    return {mode: (path, export_step(path, meta))}, f"checkpoint_{mode}_{key}"
+
+
+def export_step(path: Path, meta: dict[str, Any]) -> int | None:
+    """The step a policy export was written at: policy.json's `step` when it has one, else the step its
+    training ended at (train_config.json's `max_steps`: an export is written once training reached it)."""
+    if isinstance(meta.get("step"), int):
+        return meta["step"]
+    try:
+        steps = json.loads((Path(path) / "train_config.json").read_text(encoding="utf-8")).get("max_steps")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return steps if isinstance(steps, int) else None

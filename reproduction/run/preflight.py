@@ -107,6 +107,164 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
+def bundle_files_problems(bundle: str | Path | None, config: Any) -> list[PortableError]:
+    """The bundle files the run reads (datasets, tokenizers, references, configs: every config path inside
+    the bundle) whose bytes are not the ones `bundle.json` pins, checked like `portable verify` does.
+
+    A config string that names a path inside `bundle` selects every manifest file at or under it (plus
+    the files under it that bundle.json does not list, which the run would read too). Stat-stamped like
+    the weights (`_stamp`): a finished `--resume` over unchanged files rehashes nothing. Returns at most
+    one IntegrityError whose exit code is `portable verify`'s for the same problems (11 missing, 12 extra,
+    13 size, 14 digest; lowest wins) and whose one-line message names every bad file; none for no bundle,
+    a folder without bundle.json, or a config that reads nothing from the bundle.
+    """
+    if not bundle:
+        return []
+    from reproduction.errors import IntegrityError
+    from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, load_manifest
+    from reproduction.release.verify import EXIT_BY_KIND, Problem, hash_entries, sort_problems, stat_pass
+
+    root = Path(bundle).resolve()
+    if not (root / MANIFEST_NAME).is_file():
+        return []
+    manifest = load_manifest(root)
+    weights = {str(item.get("dest", "weights")) for item in manifest.metadata.get("weights") or []}
+    found = _bundle_prefixes(root, config) | ({manifest.entry_config} if manifest.entry_config else set())
+    # not twice: the weights' own check (bundle_weights_problems) rehashes their folders; layer targets are
+    # restore's (its receipt), and .portable/ is bookkeeping
+    skip = weights | {layer.target for layer in manifest.layers} | {STATE_DIR}
+    prefixes = sorted(p for p in found if not any(p == w or p.startswith(w + "/") for w in skip))
+    if not prefixes:
+        return []
+
+    def chosen(rel: str) -> bool:
+        return any(rel == p or rel.startswith(p + "/") for p in prefixes)
+
+    entries = [e for e in manifest.files if chosen(e.path)]
+    stamp_path, stamp = _stamp(root, "files", [MANIFEST_NAME, *prefixes])
+    if _read_text(stamp_path) == stamp:
+        return []
+    problems, present = stat_pass(root, entries)
+    listed = {e.path for e in manifest.files}
+    extras = [rel for rel in _files_under(root, prefixes) if rel not in listed]
+    problems += [Problem(kind="extra", path=rel) for rel in extras if not any(rel.startswith(w + "/") for w in skip)]
+    try:
+        problems += hash_entries(root, [e for e, _ in present])
+    except OSError as exc:
+        from reproduction.errors import os_error
+
+        return [os_error(exc, "a file of the bundle", op="read")]
+    if problems:
+        problems = sort_problems(problems)
+        err = IntegrityError(
+            f"bundle files: {len(problems)} file(s) the run reads differ from {root / MANIFEST_NAME}: "
+            + "; ".join(" ".join(p.describe().split()) for p in problems[:20])
+            + (f"; ... and {len(problems) - 20} more" if len(problems) > 20 else ""),
+            problems=problems,
+            bundle=root,
+            hint=f"`portable verify {root}` lists every problem; fetch or copy the bundle again, then restore it",
+        )
+        err.exit_code = min(EXIT_BY_KIND[p.kind] for p in problems)  # the code `portable verify` gives
+        return [err]
+    _save_stamp(stamp_path, stamp)
+    return []
+
+
+def bundle_restore_problems(bundle: str | Path | None) -> list[PortableError]:
+    """A bundle with layers (runtimes, sources) that was not restored here: one NotRestoredError (exit 57)
+    naming `portable restore BUNDLE` and what is missing (the `bundle.restore` row of `portable check`).
+    None for no bundle, a folder without bundle.json, or a bundle without layers (nothing to restore: the
+    run uses the current interpreter and the bundle's plain files, which `bundle_files_problems` checks)."""
+    if not bundle:
+        return []
+    from reproduction.checks.bundle import probe_restored
+    from reproduction.errors import NotRestoredError
+    from reproduction.release.manifest import MANIFEST_NAME, load_manifest
+
+    root = Path(bundle).resolve()
+    if not (root / MANIFEST_NAME).is_file():
+        return []
+    manifest = load_manifest(root)
+    if not manifest.layers:
+        return []
+    row = probe_restored(root, manifest)
+    if row.status != "fail":
+        return []
+    return [
+        NotRestoredError(
+            f"bundle {root} has {len(manifest.layers)} layer(s), {row.finding}",
+            path=root,
+            hint=f"run `portable restore {root}` first (it extracts and relocates the layers), then run again",
+        )
+    ]
+
+
+def _bundle_prefixes(bundle: Path, config: Any) -> set[str]:
+    """Bundle-relative paths of every config string that names an existing path inside `bundle`
+    (not the bundle itself, nor `runs/` where outputs go)."""
+    from reproduction.run.config import to_plain
+
+    out: set[str] = set()
+
+    def walk(value: Any, key: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(value, list):
+            for v in value:
+                walk(v, key)
+        elif isinstance(value, str) and key not in ("BUNDLE", "RUN") and value and "\0" not in value:
+            try:
+                path = Path(value)
+                if not path.is_absolute() or not path.exists():
+                    return
+                rel = path.resolve().relative_to(bundle).as_posix()
+            except (OSError, ValueError):
+                return
+            if rel not in (".", "") and rel.split("/", 1)[0] != "runs":
+                out.add(rel)
+
+    walk(to_plain(config), "")
+    return out
+
+
+def _files_under(bundle: Path, prefixes: list[str]) -> list[str]:
+    """Bundle-relative paths of the regular files at or under each prefix (no `__pycache__`)."""
+    out = []
+    for top in prefixes:
+        root = bundle / top
+        for path in [root] if root.is_file() else root.rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts:
+                out.append(path.relative_to(bundle).as_posix())
+    return sorted(set(out))
+
+
+def _stamp(bundle: Path, kind: str, tops: list[str]) -> tuple[Path, str]:
+    """(cache file, stamp): size and mtime_ns of every file at or under each of `tops` (bundle-relative)."""
+    import hashlib
+
+    from reproduction.data.fingerprint import cache_dir
+
+    lines = []
+    for top in tops:
+        root = bundle / top
+        for path in sorted([root] if root.is_file() else root.rglob("*")):
+            if path.is_file():
+                st = path.stat()
+                lines.append(f"{path.relative_to(bundle).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}")
+    key = hashlib.sha256(str(bundle.resolve()).encode()).hexdigest()[:32]
+    return cache_dir() / f"{kind}-{key}.txt", "\n".join(tops) + "\n--\n" + "\n".join(lines) + "\n"
+
+
+def _save_stamp(stamp_path: Path, stamp: str) -> None:
+    from reproduction.fsio import atomic_write_text
+
+    try:
+        atomic_write_text(stamp_path, stamp)
+    except OSError:
+        pass  # a read-only cache only costs the rehash next time
+
+
 def raise_problems(problems: list[str | PortableError]) -> None:
     """Raise nothing for no problems; the error itself for one (its own exit code); PreflightError
     (exit 56) listing all of them for several."""

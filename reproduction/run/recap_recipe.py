@@ -88,21 +88,11 @@ def stage_ray(ctx: StageContext, needed: bool) -> str | None:
 
     import ray
 
-    from reproduction.train.launcher import WORKER_ENV
+    from reproduction.train.ray_connect import start_local
 
     if ray.is_initialized():
         return None
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    for key, value in WORKER_ENV.items():  # inherited by every worker the raylet starts
-        os.environ.setdefault(key, value)
-    ray.init(
-        address="local",
-        num_cpus=os.cpu_count() or 1,
-        include_dashboard=False,
-        object_store_memory=200 * 1024 * 1024,
-        log_to_driver=True,
-        _node_ip_address="127.0.0.1",  # a private one-node cluster on loopback
-    )
+    start_local(cpus=os.cpu_count() or 1)  # bounded; RayUnavailableError (exit 58) when it does not start
     ctx.resources.callback(ray.shutdown)
     ctx.shared["ray_address"] = ray.get_runtime_context().gcs_address
     return ctx.shared["ray_address"]
@@ -285,10 +275,20 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
     from reproduction.data.reader import open_dataset
     from reproduction.errors import ConfigError, DatasetError, InputNotFoundError, PortableError
     from reproduction.run.config import to_plain
-    from reproduction.run.preflight import bundle_weights_problems, disk_problems, placeholder_problems
+    from reproduction.run.preflight import (
+        bundle_files_problems,
+        bundle_restore_problems,
+        bundle_weights_problems,
+        disk_problems,
+        placeholder_problems,
+    )
 
     problems: list[Any] = [ConfigError(p) for p in placeholder_problems(to_plain(config))]
     problems += bundle_weights_problems(config.BUNDLE)
+    damaged = bundle_files_problems(config.BUNDLE, config)
+    if damaged:  # what the damaged files would make fail next (a dataset that no longer opens) is noise
+        return problems + damaged
+    problems += bundle_restore_problems(config.BUNDLE)
     if not config.datasets:
         problems.append(
             ConfigError("datasets: the run names no dataset", field="datasets", hint="add datasets: [{path: ...}]")

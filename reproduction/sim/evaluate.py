@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from reproduction.errors import ConfigError, SimError
+from reproduction.fsio import annotate
 from reproduction.sim.tasks import get_task
 from reproduction.sim.workers import Runner, run_units
 from reproduction.ui import UiOptions, progress
@@ -416,8 +417,12 @@ class _Collect:
                 path = Path(out_dir) / "videos" / f"{get_task(payload['task']).short}_{ep['episode']:03d}.mp4"
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_name(f".{path.name}.{os.getpid()}")
-                tmp.write_bytes(mp4)
-                os.replace(tmp, path)
+                try:
+                    tmp.write_bytes(mp4)
+                    os.replace(tmp, path)
+                except OSError as exc:  # a full disk: no half-written video left, the path and size named
+                    tmp.unlink(missing_ok=True)
+                    raise annotate(exc, path, need=len(mp4)) from None
                 self.videos.append(path)
             result.episodes += 1
             result.success_once += int(ep["success_once"])

@@ -32,8 +32,8 @@ import torch
 
 from reproduction import __version__
 from reproduction.digests import sha256_files
-from reproduction.errors import CheckpointError
-from reproduction.fsio import atomic_write_text, fsync_dir
+from reproduction.errors import DISK_FULL_ERRNOS, RESUME_HINT, CheckpointError, disk_full_error, is_disk_full, os_error
+from reproduction.fsio import atomic_write_text, free_bytes, fsync_dir
 from reproduction.train import dist
 
 FORMAT = "recap-portable/train-checkpoint"
@@ -120,42 +120,99 @@ def save(
     """Commit a checkpoint of `step` (collective: every rank calls it); returns `step_N/`.
 
     On failure before the rename the previous checkpoints are untouched and `step_N.partial/` is
-    left for the next resume to clean.
+    left for the next resume to clean. A save that does not fit on the disk (DCP's CheckpointException
+    wrapping ENOSPC on any rank, or the manifest write) raises WriteFailedError (exit 8) on every rank,
+    naming the folder, the bytes the checkpoint needs and what was free; `step_N.partial/` is removed.
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     root = Path(root)
     partial = root / f"step_{step}.partial"
-    if dist.is_main():
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
+    try:
+        if dist.is_main():
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+    except OSError as exc:
+        raise os_error(exc, f"checkpoint folder {partial}") from None
     dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optim)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(partial))
+    need = _need_bytes(root, sum(dist.all_gather_object(_state_bytes((model_sd, optim_sd)))))
+    free = free_bytes(partial)
+    try:
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(partial))
+    except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
+        if not is_disk_full(exc) and free_bytes(partial) >= need:
+            raise
+        if dist.is_main():
+            shutil.rmtree(partial, ignore_errors=True)
+        raise disk_full_error(f"checkpoint step {step}", partial, need=need, free=free, hint=_room(need)) from None
     rng = dist.all_gather_object(capture_rng(accel))
     dist.barrier()
     final = step_dir(root, step)
     if dist.is_main():
-        manifest = _manifest(
-            partial,
-            step=step,
-            config_digest=config_digest,
-            resume_key=resume_key,
-            data_cursor=data_cursor,
-            trainer=trainer,
-            canary_loss=canary_loss,
-            rng=rng,
-        )
-        atomic_write_text(partial / MANIFEST, json.dumps(manifest, indent=1))
-        shutil.rmtree(final, ignore_errors=True)  # only when re-saving a step after resuming before it
-        os.replace(partial, final)
-        fsync_dir(root)
-        atomic_write_text(root / "LATEST", f"{final.name}\n")
-        for old in complete_steps(root)[:-keep_last]:
-            shutil.rmtree(step_dir(root, old), ignore_errors=True)
+        try:
+            fields = {
+                "config_digest": config_digest,
+                "resume_key": resume_key,
+                "data_cursor": data_cursor,
+                "trainer": trainer,
+                "canary_loss": canary_loss,
+            }
+            _commit(partial, final, root, step=step, rng=rng, keep_last=keep_last, fields=fields)
+        except OSError as exc:
+            shutil.rmtree(partial, ignore_errors=True)
+            if exc.errno in DISK_FULL_ERRNOS:
+                raise disk_full_error(
+                    f"checkpoint step {step}", partial, need=need, free=free, hint=_room(need)
+                ) from None
+            raise os_error(exc, f"checkpoint {final}") from None
     dist.barrier()
     return final
+
+
+def _need_bytes(root: Path, state_bytes: int) -> int:
+    """Bytes the next checkpoint takes: the newest complete one's size (the same model and optimizer), or
+    for a first one the tensors' bytes plus 64 KiB (DCP's per-tensor records, .metadata, manifest.json).
+    Rank 0 decides, so every rank names the same number."""
+    size = None
+    if dist.is_main():
+        steps = complete_steps(root)
+        if steps:
+            size = sum(p.stat().st_size for p in step_dir(root, steps[-1]).rglob("*") if p.is_file())
+    size = dist.broadcast_object(size)
+    return size if size is not None else state_bytes + (64 << 10)
+
+
+def _room(need: int) -> str:
+    from reproduction.ui import human_bytes
+
+    return f"free at least {human_bytes(need)} there (or lower keep_last), {RESUME_HINT}"
+
+
+def _state_bytes(obj: Any) -> int:
+    """Bytes of every tensor (this rank's local shard of a DTensor) in a nested state dict."""
+    if isinstance(obj, dict):
+        return sum(_state_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_state_bytes(v) for v in obj)
+    if isinstance(obj, torch.Tensor):
+        local = obj.to_local() if hasattr(obj, "to_local") else obj
+        return local.numel() * local.element_size()
+    return 0
+
+
+def _commit(partial: Path, final: Path, root: Path, *, step: int, rng: list, keep_last: int, fields: dict) -> None:
+    """Rank 0: manifest.json into `partial`, rename to `final`, LATEST, keep-last-k."""
+    manifest = _manifest(partial, step=step, rng=rng, **fields)
+    atomic_write_text(partial / MANIFEST, json.dumps(manifest, indent=1))
+    shutil.rmtree(final, ignore_errors=True)  # only when re-saving a step after resuming before it
+    os.replace(partial, final)
+    fsync_dir(root)
+    atomic_write_text(root / "LATEST", f"{final.name}\n")
+    for old in complete_steps(root)[:-keep_last]:
+        shutil.rmtree(step_dir(root, old), ignore_errors=True)
 
 
 def _manifest(folder: Path, *, step: int, rng: list, **fields: Any) -> dict[str, Any]:
@@ -286,6 +343,8 @@ def export(model: torch.nn.Module, out: Path, *, model_config: dict, train_confi
     """Write `out/` (model.safetensors + configs + task extras) atomically via `out.partial/`.
 
     Collective (gathers the full state dict); rank 0 writes and returns `out`, others return None.
+    A disk that fills raises WriteFailedError (exit 8, the bytes needed) and leaves no `out.partial/`;
+    the previous `out/`, if any, is untouched.
     """
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -295,13 +354,22 @@ def export(model: torch.nn.Module, out: Path, *, model_config: dict, train_confi
         return None
     out = Path(out)
     tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in full.items()}, str(tmp / "model.safetensors"))
-    atomic_write_text(tmp / "model_config.json", json.dumps(model_config, indent=1, sort_keys=True))
-    atomic_write_text(tmp / "train_config.json", json.dumps(train_config, indent=1, sort_keys=True))
-    if extras is not None:
-        extras(tmp)
+    need, free = _state_bytes(full), free_bytes(out.parent)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_file({k: v.contiguous() for k, v in full.items()}, str(tmp / "model.safetensors"))
+        atomic_write_text(tmp / "model_config.json", json.dumps(model_config, indent=1, sort_keys=True))
+        atomic_write_text(tmp / "train_config.json", json.dumps(train_config, indent=1, sort_keys=True))
+        if extras is not None:
+            extras(tmp)
+    except Exception as exc:  # safetensors words ENOSPC in a SafetensorError, not an OSError
+        shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(exc):
+            raise disk_full_error(f"the model export {out}", tmp, need=need, free=free, hint=_room(need)) from None
+        if isinstance(exc, OSError):
+            raise os_error(exc, f"the model export {out}") from None
+        raise
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out

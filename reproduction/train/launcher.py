@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reproduction.errors import PortableError, WorkerFailedError
+from reproduction.errors import DISK_FULL_ERRNOS, PortableError, WorkerFailedError, os_error
 from reproduction.train.config import TrainConfig
 from reproduction.train.device import DeviceSpec
 from reproduction.train.dist import free_port
+from reproduction.train.ray_connect import WORKER_ENV  # re-exported: the workers' environment
 
 POLL_S = 0.5
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 @dataclass(kw_only=True)
@@ -191,6 +191,10 @@ def _ray_worker(payload: Payload, rank: int) -> WorkerOutcome:
         return WorkerOutcome(value=_worker_body(payload, rank=rank, world_size=world_size, local_rank=local_rank))
     except PortableError as exc:
         return WorkerOutcome.of_error(exc)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL_ERRNOS:
+            raise
+        return WorkerOutcome.of_error(os_error(exc, "a file of the run"))  # a full disk is not a bug (exit 8)
 
 
 def run_ray(payload: Payload, *, ray_address: str | None, on_poll: Callable[[], None] | None = None) -> Any:
@@ -217,6 +221,10 @@ def _task_body(fn: Callable[[Any], Any], payload: Any) -> WorkerOutcome:
         return WorkerOutcome(value=fn(payload))
     except PortableError as exc:
         return WorkerOutcome.of_error(exc)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL_ERRNOS:
+            raise
+        return WorkerOutcome.of_error(os_error(exc, "a file of the run"))
 
 
 def run_tasks(
@@ -272,7 +280,7 @@ def _placed(
     is shut down, on the way out."""
     import ray
 
-    started = _connect(ray_address, cpus=max(int(workers * cpus_per_worker + 0.999), 1))
+    started = _connect(ray_address, cpus=max(int(workers * cpus_per_worker + 0.999), 1), timeout_s=start_timeout_s)
     pg = None
     try:
         pg = _placement_group(spec, workers=workers, cpus_per_worker=cpus_per_worker, start_timeout_s=start_timeout_s)
@@ -284,28 +292,19 @@ def _placed(
             ray.shutdown()
 
 
-def _connect(ray_address: str | None, *, cpus: int) -> bool:
-    """Make sure Ray is initialised (a local one gets `cpus` CPUs); True when this call started it
-    (and must shut it down)."""
+def _connect(ray_address: str | None, *, cpus: int, timeout_s: float) -> bool:
+    """Make sure Ray is initialised (a local one gets `cpus` CPUs), bounded (train/ray_connect.py); True
+    when this call started it (and must shut it down)."""
     import ray
+
+    from reproduction.train import ray_connect
 
     if ray.is_initialized():
         return False
     if ray_address:
-        ray.init(address=ray_address, log_to_driver=True)
-        return True
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 token auth: off for a private local cluster
-    for key, value in WORKER_ENV.items():  # the raylet's env is inherited by every worker it starts
-        os.environ.setdefault(key, value)
-    # A private one-node cluster: advertise loopback, so nothing it tells its workers points off-host.
-    ray.init(
-        address="local",
-        num_cpus=cpus,
-        include_dashboard=False,
-        object_store_memory=200 * 1024 * 1024,
-        log_to_driver=True,
-        _node_ip_address="127.0.0.1",
-    )
+        ray_connect.connect(ray_address, timeout_s=timeout_s)
+    else:
+        ray_connect.start_local(cpus=cpus)
     return True
 
 

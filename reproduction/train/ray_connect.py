@@ -1,0 +1,124 @@
+"""The one place that starts or joins Ray: every start and connect is bounded, and fails with one line
+naming the address and the fix (RayUnavailableError, exit 58), never an internal error.
+
+- `start_local(cpus)`: a private one-node Ray on 127.0.0.1 (no dashboard). Ray waits a fixed 30 s for
+  its raylet to register; on a busy machine that start can time out ("The current node timed out during
+  startup"), so it is tried twice before giving up.
+- `connect(address, timeout_s)`: join an existing cluster. `ray.init(address=...)` has no timeout (a
+  cluster started on 127.0.0.1, whose address Ray rewrites to the host's IP, hung it for 600 s), so a
+  child process joins first under `timeout_s`, then this process joins the cluster the child reached.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from reproduction.errors import RayUnavailableError
+
+START_TRIES = 2
+"""Local starts tried before giving up (each is bounded by Ray's own 30 s raylet wait)."""
+CONNECT_TIMEOUT_S = 60.0
+"""Default bound of a connect when the caller has no configured one (a stage's `start_timeout_s`)."""
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+"""Set in the driver before a local start: the raylet's env is inherited by every worker it starts."""
+_PROBE = "import os, sys, ray; ray.init(address=sys.argv[1], log_to_driver=False); os._exit(0)"
+_LOOPBACK = ("127.", "localhost", "[::1]", "::1")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return (text[:300] + "...") if len(text) > 300 else text or type(exc).__name__
+
+
+def start_local(*, cpus: int, init: Callable[..., Any] | None = None) -> None:
+    """Start a private local Ray with `cpus` CPUs in this process (`init` is ray.init; a seam for tests).
+
+    Tries START_TRIES times (shutting a half-started Ray down between tries); then raises
+    RayUnavailableError naming 127.0.0.1, what Ray said and what to do.
+    """
+    import ray
+
+    init = init or ray.init
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 token auth: off for a private local cluster
+    for key, value in WORKER_ENV.items():
+        os.environ.setdefault(key, value)
+    last: BaseException | None = None
+    for _ in range(START_TRIES):
+        try:
+            # A private one-node cluster: advertise loopback, so nothing it tells its workers points off-host.
+            init(
+                address="local",
+                num_cpus=cpus,
+                include_dashboard=False,
+                object_store_memory=200 * 1024 * 1024,
+                log_to_driver=True,
+                _node_ip_address="127.0.0.1",
+            )
+            return
+        except Exception as exc:  # Ray raises a bare Exception for a start that timed out
+            last = exc
+            try:
+                ray.shutdown()
+            except Exception:
+                pass
+    raise RayUnavailableError(
+        f"a local Ray on 127.0.0.1 ({cpus} CPUs) did not start in {START_TRIES} tries: {_one_line(last)}",
+        address="127.0.0.1",
+        hint="the machine is busy or short of memory (Ray waits 30 s for its raylet): run again when it is "
+        "quieter (--resume keeps every finished stage), or start Ray yourself with `ray start --head "
+        "--node-ip-address 127.0.0.1 --port 6379` and pass --ray-address 127.0.0.1:6379",
+    )
+
+
+def connect(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S, init: Callable[..., Any] | None = None) -> None:
+    """Join the Ray cluster at `address` in this process, bounded by `timeout_s`.
+
+    A child process joins first (killed at `timeout_s`); only when it reached the cluster does this
+    process call ray.init. Raises RayUnavailableError naming the address, the bound and the fix.
+    """
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    loopback = address.startswith(_LOOPBACK)
+    fix = (
+        "Ray rewrites a loopback address to this host's IP, where a cluster started on 127.0.0.1 may not answer: "
+        "start the cluster with `ray start --head --node-ip-address <this host's IP>` and pass that address, or "
+        "leave --ray-address out (run then starts a private Ray on 127.0.0.1 itself)"
+        if loopback
+        else "check the address (`ray status` on the head node prints it) and that this host can reach it, "
+        "or leave --ray-address out to let run start a private local Ray"
+    )
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-c", _PROBE, address],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise RayUnavailableError(f"cannot start a Ray probe for {address}: {exc}", address=address) from None
+    try:
+        _, err = child.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        child.communicate()
+        raise RayUnavailableError(
+            f"cannot join the Ray cluster at {address}: no answer within {timeout_s:.0f} s",
+            address=address,
+            hint=fix,
+        ) from None
+    if child.returncode != 0:
+        last = [line for line in (err or "").splitlines() if line.strip()][-1:] or [f"exit {child.returncode}"]
+        raise RayUnavailableError(
+            f"cannot join the Ray cluster at {address}: {' '.join(last[0].split())[:300]}", address=address, hint=fix
+        )
+    (init or ray.init)(address=address, log_to_driver=True)

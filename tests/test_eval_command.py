@@ -1,0 +1,82 @@
+"""`portable eval --checkpoint`: which exports it evaluates, at which step, into which evidence file.
+
+Regressions: a policy export folder was labelled "after 0 steps" (its step was never read); two exports
+evaluated into one --output wrote the same evidence file; `--checkpoint STEP` evaluated only the recap
+policy of a run that trained recap and bc, without saying so. The simulator is swapped out at the seam
+(`recap_policy.evaluate_exports`): what is checked here is what the command asks it to evaluate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from reproduction.portable import main
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    seen = []
+
+    def evaluate_exports(config, exports, out_dir, run_dir, *, name="policy", ui=None):
+        step = next(iter(exports.values()))[1] or 0
+        rel = f"evidence/eval_{name}_{step}.json"
+        (Path(run_dir) / rel).parent.mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / rel).write_text(json.dumps({m: [str(p), s] for m, (p, s) in exports.items()}))
+        seen.append({"modes": list(config.policy.modes), "exports": dict(exports), "out_dir": out_dir, "name": name})
+        return SimpleNamespace(summary={"evidence": rel})
+
+    monkeypatch.setattr("reproduction.run.recap_policy.evaluate_exports", evaluate_exports)
+    return seen
+
+
+def _export(root: Path, mode: str, max_steps: int) -> Path:
+    root.mkdir(parents=True)
+    (root / "policy.json").write_text(json.dumps({"mode": mode, "format_version": 1}))
+    (root / "train_config.json").write_text(json.dumps({"max_steps": max_steps, "lr": 0.001}))
+    return root
+
+
+def test_an_export_folder_is_evaluated_at_its_real_step(tmp_path, calls, capsys):
+    export = _export(tmp_path / "a" / "export", "recap", 40)
+    assert main(["-q", "eval", "--checkpoint", str(export), "--output", str(tmp_path / "run")]) == 0
+    assert calls[0]["exports"] == {"recap": (export, 40)}  # not None, which the evidence showed as "after 0 steps"
+
+
+def test_two_exports_into_one_output_get_two_evidence_files(tmp_path, calls):
+    run = tmp_path / "run"
+    a = _export(tmp_path / "a" / "export", "recap", 40)
+    b = _export(tmp_path / "b" / "export", "recap", 40)  # same mode, same step, another export
+    for export in (a, b):
+        assert main(["-q", "eval", "--checkpoint", str(export), "--output", str(run)]) == 0
+    names = sorted(p.name for p in (run / "evidence").iterdir())
+    assert len(names) == 2 and calls[0]["name"] != calls[1]["name"], names
+    assert all(n.startswith("eval_checkpoint_recap_") and n.endswith("_40.json") for n in names), names
+    docs = [json.loads((run / "evidence" / n).read_text()) for n in names]
+    assert sorted(d["recap"][0] for d in docs) == sorted([str(a), str(b)])
+    assert calls[0]["out_dir"] != calls[1]["out_dir"]  # the simulator's own outputs do not collide either
+
+
+def test_a_step_evaluates_every_mode_the_run_trained_and_says_so(tmp_path, calls, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    state = {
+        "format_version": 1,
+        "recipe": "recap",
+        "run_id": "r",
+        "stages": {"policy": {"status": "complete", "step": 6, "summary": {"recap": {"step": 6}, "bc": {"step": 6}}}},
+        "config": {},
+    }
+    (run / "run.json").write_text(json.dumps(state))
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", "6", "--output", str(run)]) == 0
+    err = capsys.readouterr().err
+    assert calls[0]["modes"] == ["recap", "bc"]
+    assert calls[0]["exports"] == {
+        "recap": (run / "policy" / "recap" / "export", 6),
+        "bc": (run / "policy" / "bc" / "export", 6),
+    }
+    assert "evaluating 2 policy export(s): recap (step 6, " in err and ", bc (step 6, " in err
+    assert (run / "evidence" / "eval_checkpoint_6.json").is_file()  # the documented name for the STEP form

@@ -1,0 +1,87 @@
+"""Starting and joining Ray is bounded, and fails with one line naming the address and the fix (exit 58).
+
+Regressions: a slow local start on a busy machine ended the quick demo with exit 1 "internal error ...
+The current node timed out during startup"; joining a cluster whose address never answers hung in
+`ray.init` (600 s for a cluster started on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+pytest.importorskip("ray")
+
+from reproduction.errors import RayUnavailableError  # noqa: E402
+from reproduction.train import ray_connect  # noqa: E402
+
+TIMED_OUT = (
+    "The current node timed out during startup. This could happen because some of the raylet failed to startup "
+    "or the GCS has become overloaded."
+)
+
+
+def test_a_local_start_that_times_out_is_retried_once():
+    calls = []
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        if len(calls) == 1:
+            raise Exception(TIMED_OUT)  # noqa: TRY002 - Ray raises exactly this
+
+    ray_connect.start_local(cpus=3, init=init)
+    assert len(calls) == 2
+    assert calls[1]["address"] == "local" and calls[1]["num_cpus"] == 3
+    assert calls[1]["_node_ip_address"] == "127.0.0.1" and calls[1]["include_dashboard"] is False
+
+
+def test_a_local_start_that_keeps_timing_out_is_exit_58_naming_the_fix():
+    calls = []
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        raise Exception(TIMED_OUT)  # noqa: TRY002
+
+    with pytest.raises(RayUnavailableError) as caught:
+        ray_connect.start_local(cpus=2, init=init)
+    err = caught.value
+    assert len(calls) == ray_connect.START_TRIES == 2
+    assert err.exit_code == 58 and err.address == "127.0.0.1"
+    assert str(err) == f"a local Ray on 127.0.0.1 (2 CPUs) did not start in 2 tries: {TIMED_OUT}"
+    assert "--ray-address 127.0.0.1:6379" in err.hint and "--resume" in err.hint
+
+
+def test_the_cli_renders_it_as_one_line_and_exit_58(monkeypatch, capsys, tmp_path):
+    from reproduction import portable
+
+    def fail(args):
+        ray_connect.start_local(cpus=1, init=lambda **kw: (_ for _ in ()).throw(Exception(TIMED_OUT)))
+
+    monkeypatch.setattr("reproduction.run.cli.cmd_run", fail)
+    rc = portable.main(["run", "--output", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 58, err
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("error: a local Ray on 127.0.0.1 (1 CPUs) did not start in 2 tries: The current node")
+    assert lines[1].startswith("hint: the machine is busy") and len(lines) == 2 and "Traceback" not in err
+
+
+def _dead_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again: nothing listens there
+
+
+def test_joining_a_cluster_that_never_answers_is_bounded_and_names_the_address():
+    address = f"127.0.0.1:{_dead_port()}"
+    joined = []
+    t0 = time.monotonic()
+    with pytest.raises(RayUnavailableError) as caught:
+        ray_connect.connect(address, timeout_s=6, init=lambda **kw: joined.append(kw))
+    took = time.monotonic() - t0
+    err = caught.value
+    assert err.exit_code == 58 and err.address == address and joined == []  # this process never called ray.init
+    assert str(err) == f"cannot join the Ray cluster at {address}: no answer within 6 s"
+    assert took < 30, took
+    assert "--node-ip-address" in err.hint and "leave --ray-address out" in err.hint  # the loopback fix
