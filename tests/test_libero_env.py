@@ -199,6 +199,31 @@ def test_protocol_bad_input_before_any_build(cache_dir):
         evaluate_libero(["libero_10/0"], 1, lambda b: None, chunk=0, make_sim=never, cache_dir=cache_dir)
 
 
+def test_workers_deal_init_states_and_match_one_process(spatial, cache_dir):
+    """Two spawn workers (one fresh env each) give the same episodes as the module's reused env, in order."""
+    from reproduction.sim.libero.expert import PickPlaceExpert
+    from reproduction.sim.libero.protocol import evaluate_libero, run_episode
+
+    expert = PickPlaceExpert()
+    expert.bind(spatial)
+    ref = [run_episode(spatial, expert, i, chunk=5, max_steps=240, stop_on_success=True) for i in (0, 1)]
+    res = evaluate_libero(
+        ["libero_spatial/0"], 2, PickPlaceExpert(), cameras=False, stop_on_success=True, workers=2, cache_dir=cache_dir
+    )
+    key = lambda e: (e.init_index, e.success_once, e.steps, e.first_success_step)  # noqa: E731
+    assert [key(e) for e in res.episodes] == [key(e) for e in ref]
+    assert all(e.success_once for e in ref)
+
+
+def test_workers_need_a_picklable_policy(cache_dir):
+    from reproduction.sim.libero.protocol import evaluate_libero
+
+    with pytest.raises(SimError, match="workers=2 needs a picklable policy"):
+        evaluate_libero(["libero_spatial/0"], 2, lambda b: None, workers=2, cache_dir=cache_dir)
+    with pytest.raises(SimError, match="workers must be >= 1"):
+        evaluate_libero(["libero_spatial/0"], 2, lambda b: None, workers=0, cache_dir=cache_dir)
+
+
 def test_task_names_and_star_resolve(cache_dir):
     from reproduction.sim.libero.tasks import resolve_tasks
 

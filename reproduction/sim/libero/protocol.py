@@ -11,7 +11,8 @@ its first success (openpi's example script; cheaper on CPU) and then success_at_
 Policy protocol (batched like the Fetch simulator's, B = 1): `policy(batch) -> (1, H, 7)` (or (H, 7) or (7,)),
 batch = the observation with a leading batch axis and `task` a one-element list. The first min(chunk, H) actions
 of each chunk are executed. Optional hooks: `policy.reset(seed=...)` before each episode, and `policy.bind(sim)`
-once per env for privileged scripted experts. One env per task is built once and reused for its init states.
+once per env for privileged scripted experts. One env per task per worker is built once and reused for its
+init states (`workers` > 1: spawn processes, init states dealt round-robin).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 from reproduction.errors import SimError
 from reproduction.sim.libero.env import ACTION_DIM, SETTLE_STEPS, LiberoSim
 from reproduction.sim.libero.tasks import LiberoTask, resolve_tasks
+from reproduction.sim.workers import run_units
 
 Policy = Callable[[dict], np.ndarray]
 
@@ -147,6 +149,32 @@ def run_episode(
     )
 
 
+def _run_unit(unit: dict[str, Any]) -> list[EpisodeOutcome]:
+    """One worker's share: for each task, one env built once and reset to each of its init states in turn."""
+    policy, make_sim, out = unit["policy"], unit["make_sim"], []
+    for task, indices in unit["work"]:
+        if not indices:
+            continue
+        sim = make_sim(task, **unit["sim_kwargs"])
+        try:
+            if hasattr(policy, "bind"):
+                policy.bind(sim)
+            for i in indices:
+                out.append(
+                    run_episode(
+                        sim,
+                        policy,
+                        i,
+                        max_steps=unit["max_steps"] or task.max_steps,
+                        **unit["ep"],
+                        seed=unit["seed"] + i,
+                    )
+                )
+        finally:
+            sim.close()
+    return out
+
+
 def evaluate_libero(
     task_ids: list[str] | str,
     episodes_per_task: int,
@@ -160,17 +188,24 @@ def evaluate_libero(
     stop_on_success: bool = False,
     record_actions: bool = False,
     cache_dir: Path | None = None,
+    workers: int = 1,
     make_sim: Callable[..., LiberoSim] = LiberoSim,
     seed: int = 0,
 ) -> LiberoEvalResult:
     """Run the protocol; every argument is checked before any env is built.
 
-    `max_steps` overrides the suite's limit (tests and reduced runs only; the record keeps the number used via
-    each episode's `steps`). `make_sim` is the seam a test swaps. Raises SimError for a bad task id, an
-    episodes_per_task outside 1..the task's init-state count, a bad chunk, or a policy output of the wrong shape.
+    `workers` > 1 deals each task's init states round-robin (init i to worker i % workers, as RLinf deals them to
+    its envs) to spawn processes; each builds one env per task and reuses it; `policy` and `make_sim` must then
+    pickle (a bound expert or a lambda does not). Episodes come back in (task, init state) order whatever the
+    worker count, and an episode's numbers do not depend on it (its seed is `seed + init index`).
+    `max_steps` overrides the suite's limit (tests and reduced runs only). `make_sim` is the seam a test swaps.
+    Raises SimError for a bad task id, episodes_per_task outside 1..the task's init-state count, a bad chunk or
+    worker count, an unpicklable policy with workers > 1, or a policy output of the wrong shape.
     """
     if chunk < 1:
         raise SimError(f"chunk must be >= 1, got {chunk}", hint="RLinf's openpi evals execute 5 actions per chunk")
+    if workers < 1:
+        raise SimError(f"workers must be >= 1, got {workers}", hint="each worker holds one env (1.5-2.6 GB)")
     tasks: list[LiberoTask] = resolve_tasks(task_ids, cache_dir=cache_dir)
     for t in tasks:
         if not 1 <= episodes_per_task <= t.n_init_states:
@@ -179,30 +214,41 @@ def evaluate_libero(
                 f"it has {t.n_init_states} init states (the protocol runs the first N, in order)",
                 hint=f"use 1..{t.n_init_states}",
             )
-    result = LiberoEvalResult(episodes=[], chunk=chunk, settle_steps=settle_steps, cameras=cameras)
-    t0 = time.perf_counter()
-    for t in tasks:
-        sim = make_sim(t, cameras=cameras, image_size=image_size, settle_steps=settle_steps, cache_dir=cache_dir)
+    workers = min(workers, episodes_per_task)
+    if workers > 1:
+        import pickle
+
         try:
-            if hasattr(policy, "bind"):
-                policy.bind(sim)
-            for i in range(episodes_per_task):
-                ep = run_episode(
-                    sim,
-                    policy,
-                    i,
-                    chunk=chunk,
-                    max_steps=max_steps or t.max_steps,
-                    stop_on_success=stop_on_success,
-                    record_actions=record_actions,
-                    seed=seed + i,
-                )
-                result.episodes.append(ep)
-                result.steps += ep.steps
-        finally:
-            sim.close()
-    result.seconds = time.perf_counter() - t0
-    return result
+            pickle.dumps((policy, make_sim))
+        except Exception as exc:  # pickle raises several types (PicklingError, AttributeError, TypeError)
+            raise SimError(
+                f"workers={workers} needs a picklable policy and make_sim ({exc})",
+                hint="pass a module-level class instance (not a lambda or a bound expert), or use workers=1",
+            ) from None
+    units = [
+        {
+            "policy": policy,
+            "make_sim": make_sim,
+            "work": [(t, list(range(w, episodes_per_task, workers))) for t in tasks],
+            "sim_kwargs": dict(cameras=cameras, image_size=image_size, settle_steps=settle_steps, cache_dir=cache_dir),
+            "ep": dict(chunk=chunk, stop_on_success=stop_on_success, record_actions=record_actions),
+            "max_steps": max_steps,
+            "seed": seed,
+        }
+        for w in range(workers)
+    ]
+    t0 = time.perf_counter()
+    episodes = [ep for eps in run_units(_run_unit, units, workers=workers) for ep in eps]
+    order = {t.task_id: k for k, t in enumerate(tasks)}
+    episodes.sort(key=lambda e: (order[e.task_id], e.init_index))
+    return LiberoEvalResult(
+        episodes=episodes,
+        chunk=chunk,
+        settle_steps=settle_steps,
+        cameras=cameras,
+        seconds=time.perf_counter() - t0,
+        steps=sum(e.steps for e in episodes),
+    )
 
 
 def episode_dicts(result: LiberoEvalResult) -> list[dict[str, Any]]:
