@@ -282,9 +282,9 @@ import numpy as np
 from reproduction.sim.libero.tasks import resolve_tasks
 from reproduction.sim.libero.env import LiberoSim
 (task,) = resolve_tasks(["libero_spatial/0"])
-with LiberoSim(task, cameras=False) as sim:
+with LiberoSim(task, cameras=True, image_size=64, settle_steps=2) as sim:
     sim.reset(0)
-    for _ in range(20):
+    for _ in range(8):
         sim.step(np.array([0.3, 0, 0, 0, 0, 0, 1.0]))
 print("ok")
 """
@@ -312,7 +312,7 @@ def test_nothing_written_to_site_packages_or_home(tmp_path):
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("NUMBA_CACHE_DIR", "MPLCONFIGDIR", "MESA_SHADER_CACHE_DIR", "LIBERO_CONFIG_PATH", "XDG_CACHE_HOME")
+        if k not in ("NUMBA_CACHE_DIR", "MPLCONFIGDIR", "MESA_SHADER_CACHE_DIR", "LIBERO_CONFIG_PATH")
     }
     env.update(
         HOME=str(home), TMPDIR=str(tmp), PORTABLE_CACHE_DIR=str(cache), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"

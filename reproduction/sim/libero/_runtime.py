@@ -51,8 +51,8 @@ def _redirect(cache_dir: Path) -> None:
         path.mkdir(exist_ok=True)
         # setdefault: a caller (or the user) that already chose a place keeps it.
         os.environ.setdefault(var, str(path))
-    # Mesa's cache also honours XDG_CACHE_HOME; the passwd home is used when neither is set (LIBERO_LAB.md).
-    os.environ.setdefault("XDG_CACHE_HOME", str(cache_dir / "xdg_cache"))
+    # Not XDG_CACHE_HOME: huggingface_hub, torch and pip derive their caches from it, and moving those for the
+    # whole process would be a side effect far beyond LIBERO. Mesa honours MESA_SHADER_CACHE_DIR first.
 
 
 def _preload_robosuite_macros() -> None:
