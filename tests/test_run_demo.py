@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -90,6 +91,8 @@ def test_quick_demo_runs_every_stage_and_a_rerun_reuses_it(tmp_path):
         manifest = state["config"][section]["model"]["pretrained_manifest"]
         assert manifest == str(restored.resolve() / "weights_manifest" / f"{name}.json"), manifest
 
+    _relative_run_gives_the_same_evidence(tmp_path, restored, run)
+
     t0 = time.perf_counter()
     again = portable("demo", "--quick", "--output", str(out), timeout=600)
     second = time.perf_counter() - t0
@@ -131,3 +134,39 @@ def test_quick_demo_runs_every_stage_and_a_rerun_reuses_it(tmp_path):
     assert cmp["verdict"] == "inconclusive" and rates and all(r["method"] == "tango-paired" for r in rates)
     assert all(r["difference"] == 0 and "0 succeeded only in the reference, 0 only here" in r["note"] for r in rates)
     assert all(r["verdict"] == "reproduced" for r in cmp["rows"] if r["kind"] == "value")
+
+
+def _evidence_without_run_fields(run: Path) -> dict:
+    """The run's primary evaluation evidence with what names the run (its folder, id, time) taken out."""
+    doc = json.loads(next((run / "evidence").glob("eval_policy_*.json")).read_text())
+    doc = json.loads(json.dumps(doc).replace(json.dumps(str(run))[1:-1], "<RUN>"))
+    for key in ("run_id", "created"):
+        doc.pop(key, None)
+    return doc
+
+
+def _relative_run_gives_the_same_evidence(tmp_path: Path, restored: Path, demo_run: Path) -> None:
+    """The README's `portable run BUNDLE --output runs/x --config FILE` on the quick demo's restored bundle, every
+    path relative to another working directory whose name holds a space and a non-ASCII letter. It used to train
+    and then fail (exit 1: "... is not in the subpath of ..."); now it gives the demo run's evidence."""
+    elsewhere = tmp_path / "another dir ü"
+    elsewhere.mkdir()
+    shutil.copy(restored / "config" / "run.yaml", elsewhere / "my run ü.yaml")
+    reference = sorted((restored / "evidence").glob("*.json"))[0]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled"}
+    argv = [
+        sys.executable,
+        str(REPO / "reproduction" / "portable.py"),
+        "run",
+        os.path.relpath(restored, elsewhere),
+        "--output",
+        "runs/quick run ü",
+        "--config",
+        "my run ü.yaml",
+        f"eval.reference={reference}",
+    ]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200, env=env, cwd=elsewhere)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = elsewhere / "runs" / "quick run ü"
+    assert json.loads((run / "run.json").read_text())["stages"]["eval"]["status"] == "complete"
+    assert _evidence_without_run_fields(run) == _evidence_without_run_fields(demo_run)
