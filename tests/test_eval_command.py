@@ -66,7 +66,15 @@ def test_a_step_evaluates_every_mode_the_run_trained_and_says_so(tmp_path, calls
         "format_version": 1,
         "recipe": "recap",
         "run_id": "r",
-        "stages": {"policy": {"status": "complete", "step": 6, "summary": {"recap": {"step": 6}, "bc": {"step": 6}}}},
+        "stages": {
+            "policy": {
+                "status": "complete",
+                "key": "0" * 64,
+                "outputs": {},
+                "step": 6,
+                "summary": {"recap": {"step": 6}, "bc": {"step": 6}},
+            }
+        },
         "config": {},
     }
     (run / "run.json").write_text(json.dumps(state))
