@@ -206,7 +206,19 @@ TRAINED = Recipe(
 @pytest.mark.parametrize(
     "label,status,raised", [("x", "failed", ValueError), ("term", "interrupted", KeyboardInterrupt)]
 )
-def test_a_failed_or_interrupted_stage_is_recorded_so_and_resume_redoes_it(tmp_path, label, status, raised):
+@pytest.mark.parametrize("before", ["default", "another handler"])
+def test_a_failed_or_interrupted_stage_is_recorded_so_and_resume_redoes_it(tmp_path, label, status, raised, before):
+    """Also where another SIGTERM handler was installed first (Ray's driver installs one): the walk's own handler
+    answers the signal, and the earlier one is put back after."""
+    earlier = signal.SIG_DFL if before == "default" else (lambda signum, frame: pytest.fail("the earlier handler ran"))
+    signal.signal(signal.SIGTERM, earlier)
+    try:
+        _failed_or_interrupted(tmp_path, label, status, raised, earlier)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _failed_or_interrupted(tmp_path, label, status, raised, earlier) -> None:
     run = tmp_path / "run"
     failing = Recipe(name="toy", stages=(TOY.stages[0], StageSpec(name="label", fn=f"{__name__}:failing_stage")))
     with pytest.raises(raised):
@@ -215,7 +227,7 @@ def test_a_failed_or_interrupted_stage_is_recorded_so_and_resume_redoes_it(tmp_p
     assert rec["status"] == status
     if status == "failed":
         assert rec["error"] == "ValueError: the simulator said no"
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the run's handler is gone with it
+    assert signal.getsignal(signal.SIGTERM) is earlier  # the run's handler is gone with it
     got = _run(run, ToyConfig(label=label), resume=True, inputs={})
     assert got == [("count", "skipped"), ("label", "ran")]
     assert read_state(run)["stages"]["label"]["status"] == "complete"

@@ -48,13 +48,17 @@ def refuse_links(run_dir: Path, stages: Sequence[str]) -> None:
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Any:
     """SIGTERM raises KeyboardInterrupt in the walk (like Ctrl-C), so the stage it stops is recorded
-    `interrupted`; a no-op off the main thread or where another handler is installed."""
+    `interrupted`; the handler installed before (Ray's driver installs one, a test runner may) is put back
+    after. A no-op off the main thread, where Python cannot install handlers."""
     import signal
     import threading
 
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    # Not installing when another handler is there left that handler to answer the SIGTERM mid-walk: in a
+    # process where Ray had installed one, a SIGTERM then ended the whole process, stage record `running`.
+    previous = signal.getsignal(signal.SIGTERM)
 
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt("SIGTERM")
@@ -63,4 +67,4 @@ def sigterm_as_interrupt() -> Any:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
