@@ -63,12 +63,7 @@ def bundle_weights_problems(bundle: str | Path | None) -> list[PortableError]:
         exc.args = (exc.message,)
         return [exc]
     if stamp_path is not None:
-        from reproduction.fsio import atomic_write_text
-
-        try:
-            atomic_write_text(stamp_path, stamp)
-        except OSError:
-            pass  # a read-only cache only costs the rehash next time
+        _save_stamp(stamp_path, stamp)
     return []
 
 
@@ -77,10 +72,7 @@ def _weights_stamp(bundle: Path) -> tuple[Path | None, str]:
     every file under each weights `dest` the bundle names, so a finished `run --resume` does not rehash
     gigabytes of unchanged weights (the stat rule run/content.py uses). (None, "") when the bundle names no
     weights or its bundle.json is unreadable: then nothing is cached and the weights are always rehashed."""
-    import hashlib
     import json
-
-    from reproduction.data.fingerprint import cache_dir
 
     try:
         items = json.loads((bundle / "bundle.json").read_text(encoding="utf-8")).get("metadata", {}).get("weights")
@@ -89,15 +81,7 @@ def _weights_stamp(bundle: Path) -> tuple[Path | None, str]:
         return None, ""
     if not dests:
         return None, ""
-    lines = []
-    for top in ("bundle.json", "LICENSES", "weights_manifest", *dests):
-        root = bundle / top
-        for path in sorted([root] if root.is_file() else root.rglob("*")):
-            if path.is_file():
-                st = path.stat()
-                lines.append(f"{path.relative_to(bundle).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}")
-    key = hashlib.sha256(str(bundle.resolve()).encode()).hexdigest()[:32]
-    return cache_dir() / f"weights-{key}.txt", "\n".join(lines) + "\n"
+    return _stamp(bundle, "weights", ["bundle.json", "LICENSES", "weights_manifest", *dests])
 
 
 def _read_text(path: Path) -> str | None:
