@@ -7,17 +7,20 @@ code (`recap_policy.evaluate_exports`) and the simulator run for real, 25-episod
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from evidence_fixtures import eval_result
+from evidence_fixtures import eval_result, schema_errors
 
 pytest.importorskip("gymnasium_robotics", reason="the simulator extra (recap-portable[sim]) is not installed")
 
 from reproduction.errors import ConfigError  # noqa: E402
+from reproduction.run.comparison import compare_evidence  # noqa: E402
 from reproduction.run.config import load_config  # noqa: E402
-from reproduction.run.evidence import EvalRecord, build_evidence, write_evidence  # noqa: E402
+from reproduction.run.evidence import EvalRecord, build_evidence, load_evidence, write_evidence  # noqa: E402
+from reproduction.sim.evaluate import EvalConfig, EvalJob, evaluate_many  # noqa: E402
 from reproduction.sim.policies import ExpertPolicy, RandomPolicy  # noqa: E402
 
 TASK = "FetchPush-v4"
@@ -70,6 +73,91 @@ def _reference(tmp_path: Path, successes: int, episodes: int = 100, margins: dic
     return write_evidence(tmp_path / f"reference_{successes}_{episodes}.json", doc)
 
 
+def test_off_by_default_the_evidence_is_todays_byte_for_byte(tmp_path, scripted):
+    """Sequential off (the default) writes exactly what the fixed evaluation wrote before it existed: the
+    evidence of one evaluate_many over every episode, built as evaluate_exports always built it."""
+    from reproduction.run.recap_policy import _counts, _mechanism
+
+    config = _config()
+    assert config.eval.sequential.enabled is False
+    path, summary = _run(tmp_path, config)
+    assert "sequential" not in summary
+    export = tmp_path / "exports" / "expert"
+    job = EvalJob(
+        factory=ScriptedFactory(str(export), 1.0),
+        config=EvalConfig(tasks=(TASK,), episodes_per_task=50, seed=1000, execute_steps=1, videos=0, workers=1),
+    )
+    (result,) = evaluate_many([job])
+    from reproduction.run.lineage import path_sha256
+
+    record = EvalRecord(
+        result=_counts(result),
+        label="bc",
+        mode="bc",
+        checkpoint=str(export),
+        checkpoint_sha256=path_sha256(export)[0],
+        step=7,
+        extra_metrics=_mechanism(result),
+    )
+    expected = build_evidence(
+        record,
+        name="bc after 7 steps",
+        run_id="run",
+        seeds={"eval": 1000, "policy": config.policy.train.seed, "value": config.value.train.seed},
+        settings={"tasks": [TASK], "episodes_per_task": 50},
+    )
+    assert path.read_text() == json.dumps(expected, indent=1) + "\n"
+    assert load_evidence(path)["metrics"]["success_once"]["episodes"] == 50
+
+
+def test_far_from_the_reference_it_stops_at_the_first_look_and_says_why(tmp_path, scripted):
+    reference = _reference(tmp_path, successes=0)  # the reference never succeeds; the expert nearly always
+    config = _config("eval.sequential.enabled=true", f"eval.reference={reference}")
+    path, summary = _run(tmp_path, config)
+    doc = load_evidence(path)
+    seq = doc["sequential"]
+    assert schema_errors("evaluation", doc) == []
+    assert schema_errors("evaluation", {**doc, "sequential": {k: v for k, v in seq.items() if k != "why"}})
+    assert seq["looks"] == [25, 50] and seq["stopped_at_look"] == 1 and seq["stopped_early"] is True
+    assert seq["episodes_per_task"] == 25 and seq["episodes_per_task_max"] == 50
+    assert seq["episodes"] == 25 and seq["episodes_max"] == 50
+    assert seq["verdict"] == "differs" and "settled at look 1 of 2" in seq["why"]
+    assert sum(seq["spend"]) == pytest.approx(0.05) and seq["level"] == seq["spend"][0]
+    assert doc["metrics"]["success_once"]["episodes"] == 25 and summary["sequential"] == seq
+    # the compare stage tests at the level the stop spent, so its rate verdicts are the ones it stopped on
+    comparison = compare_evidence(doc, load_evidence(reference))
+    rates = [r for r in comparison.rows if r.kind == "rate"]
+    assert comparison.alpha == seq["level"] and {r.verdict for r in rates} == {"differs"}
+    assert any("stopped at look 1 of 2" in n for n in comparison.notes)
+    assert schema_errors("comparison", comparison.to_dict()) == []
+    # deterministic: a rerun (what --resume does with an unfinished eval stage) writes the same bytes
+    again, _ = _run(tmp_path, config, name="rerun")
+    assert again.read_bytes().replace(b'"rerun"', b'"run"') == path.read_bytes()
+
+
+def test_equal_to_the_reference_it_stops_early_as_reproduced_when_the_margin_allows(tmp_path, scripted):
+    # a wide declared margin: 25 episodes settle "reproduced" at look 1
+    reference = _reference(tmp_path, successes=100, margins={"success_once": 0.3, "success_at_end": 0.3})
+    path, _ = _run(tmp_path, _config("eval.sequential.enabled=true", f"eval.reference={reference}"))
+    seq = load_evidence(path)["sequential"]
+    assert seq["stopped_at_look"] == 1 and seq["verdict"] == "reproduced", seq
+    assert compare_evidence(load_evidence(path), load_evidence(reference)).verdict == "reproduced"
+
+
+def test_equal_to_the_reference_at_the_default_margin_it_runs_to_the_end(tmp_path, scripted):
+    # 50 episodes cannot show +-0.05: no look settles, the last decides (inconclusive), every episode is run
+    reference = _reference(tmp_path, successes=100)
+    path, _ = _run(tmp_path, _config("eval.sequential.enabled=true", f"eval.reference={reference}"))
+    doc = load_evidence(path)
+    seq = doc["sequential"]
+    assert seq["stopped_at_look"] == 2 and seq["stopped_early"] is False and seq["episodes_per_task"] == 50
+    assert seq["verdict"] == "inconclusive" and seq["why"].startswith("the last look (2 of 2) decides")
+    assert doc["metrics"]["success_once"]["episodes"] == 50
+    comparison = compare_evidence(doc, load_evidence(reference))
+    assert comparison.alpha == seq["level"] == seq["spend"][-1]
+    assert {r.verdict for r in comparison.rows if r.kind == "rate"} == {"inconclusive"}
+
+
 @pytest.mark.parametrize(
     "overrides, words, field",
     [
@@ -102,3 +190,15 @@ def test_the_reference_keys_the_eval_stage_only_when_sequential(tmp_path):
     assert input_files(spec, off) == {} and "files" not in key_parts(spec, off, {}, {"policy": "p"})
     assert input_files(spec, on) == {"eval.reference": str(reference)}
     assert key_parts(spec, on, {}, {"policy": "p"})["files"]["eval.reference"] != "absent"
+
+
+def test_the_run_ends_by_saying_where_a_sequential_evaluation_stopped(tmp_path, scripted):
+    from reproduction.run.compare_cmd import run_results_lines
+
+    reference = _reference(tmp_path, successes=0)
+    _, summary = _run(tmp_path, _config("eval.sequential.enabled=true", f"eval.reference={reference}"))
+    stages = {"eval": {"summary": summary}, "compare": {"summary": {"verdict": "differs (2 differ)"}}}
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"stages": stages}))
+    lines = run_results_lines(tmp_path / "run")
+    assert lines[0].startswith("bc ") and "/25, 95% CI" in lines[0]
+    assert lines[1] == "sequential evaluation: 25 of 50 episodes per task; " + summary["sequential"]["why"]
