@@ -202,3 +202,24 @@ def test_the_run_ends_by_saying_where_a_sequential_evaluation_stopped(tmp_path, 
     lines = run_results_lines(tmp_path / "run")
     assert lines[0].startswith("bc ") and "/25, 95% CI" in lines[0]
     assert lines[1] == "sequential evaluation: 25 of 50 episodes per task; " + summary["sequential"]["why"]
+
+
+def test_portable_run_refuses_bad_sequential_settings_with_exit_4_before_anything_runs(tmp_path, capsys):
+    from reproduction.portable import main
+
+    assert main(["run", "--output", str(tmp_path / "r"), "eval.sequential.enabled=true"]) == 4
+    assert main(["run", "--output", str(tmp_path / "r"), "eval.sequential.looks=0"]) == 4
+    err = capsys.readouterr().err
+    assert "needs eval.reference" in err and "eval.sequential.looks=0 must be >= 1" in err
+    assert not (tmp_path / "r" / "run.json").exists()
+
+
+def test_preflight_checks_the_reference_file_when_the_looks_read_it(tmp_path):
+    from reproduction.run.recap_recipe import preflight
+
+    missing = str(tmp_path / "no-such-reference.json")
+    on = _config("eval.sequential.enabled=true", f"eval.reference={missing}")
+    off = _config(f"eval.reference={missing}")
+    named = lambda problems: [p for p in problems if "eval.reference" in str(p)]  # noqa: E731
+    assert named(preflight(on, tmp_path / "run", {}, ["eval"]))
+    assert not named(preflight(off, tmp_path / "run", {}, ["eval"]))  # off: only the compare stage reads it
