@@ -176,3 +176,17 @@ def test_sequential_rule_keeps_its_error_rates_and_saves_episodes():
     assert stop is None and rule.decide(1800, 2000, 900, 1000, 1) == "reproduced"
     rec = rule.record("reproduced", 1, 1000, 2000)
     assert rec["stopped_at_look"] == 2 and rec["episodes"] == 1000 and rec["looks"] == [500, 1000, 1500, 2000]
+
+
+def test_sequential_looks_in_whole_batches_spend_alpha_at_their_own_fractions():
+    from reproduction.run.sequential import SequentialRule
+
+    rule = SequentialRule(looks=4)
+    assert rule.sizes(100, step=25) == [25, 50, 75, 100]
+    assert rule.sizes(50, step=25) == [25, 50]  # four looks at 12.5-episode steps would cut batches: two remain
+    assert rule.sizes(60, step=25) == [25, 50, 60] and rule.sizes(10, step=25) == [10]
+    spend = rule.spend([25 / 60, 50 / 60, 1.0])
+    assert sum(spend) == pytest.approx(0.05) and spend[0] == pytest.approx(0.05 * (25 / 60) ** 3)
+    assert rule.spend() == pytest.approx(rule.spend([0.25, 0.5, 0.75, 1.0]))
+    with pytest.raises(ValueError, match="rise strictly and end at 1"):
+        rule.spend([0.5, 0.5, 1.0])

@@ -1,5 +1,6 @@
 """Several evaluations through one worker pool: each result equals its evaluation alone, and a policy
-with `reset` is built once per worker, not once per batch."""
+with `reset` is built once per worker, not once per batch; looks (a sequential evaluation) run the very
+episodes of the evaluation without looks."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 
+from reproduction.errors import ConfigError
 from reproduction.sim.evaluate import EvalConfig, EvalJob, PolicyCache, evaluate, evaluate_many
 from reproduction.sim.policies import ExpertPolicy, RandomPolicy
 
@@ -63,3 +66,23 @@ def test_a_policy_with_reset_is_built_once_per_worker_with_the_same_results_as_f
     assert BUILT == ["seeded 5"] + ["fresh"] * 3 and fresh == reused
     cache = PolicyCache()
     assert cache.get(NoReset, 1) is not cache.get(NoReset, 2)  # no reset: rebuilt per batch
+
+
+def test_looks_run_the_fixed_evaluations_own_episodes_in_its_order():
+    """The first n episodes of a stopped evaluation are the first n of the fixed one (same seeds, same outcomes)."""
+    cfg = EvalConfig(
+        tasks=("FetchPush-v4", "FetchPickAndPlace-v4"), episodes_per_task=6, batch_size=2, videos=0, seed=5
+    )
+    noisy = functools.partial(ExpertPolicy, noise=0.5)  # batch-seeded noise: a cut batch would change outcomes
+    (fixed,) = evaluate_many([EvalJob(factory=noisy, config=cfg)])
+    seen = []
+    (stopped,) = evaluate_many(
+        [EvalJob(factory=noisy, config=cfg)], looks=[2, 4, 6], go_on=lambda look, r: seen.append(look) or look < 1
+    )
+    assert seen == [0, 1]
+    for task, result in stopped.tasks.items():
+        assert result.episodes == 4
+        assert result.episode_metrics == fixed.tasks[task].episode_metrics[:4]
+    # a look that would cut a batch is refused, never run
+    with pytest.raises(ConfigError, match="whole batches"):
+        evaluate_many([EvalJob(factory=noisy, config=cfg)], looks=[3, 6], go_on=lambda look, r: True)

@@ -196,6 +196,12 @@ def run_results_lines(run_dir: Path, *, table: bool = False) -> list[str]:
                 f"{label:<14} success at end {end / eps:6.1%} ({end}/{eps}, 95% CI {lo:.1%}-{hi:.1%}), "
                 f"at any step {once / eps:6.1%}"
             )
+    seq = ev.get("sequential")
+    if isinstance(seq, dict) and seq.get("why"):
+        out.append(
+            f"sequential evaluation: {seq['episodes_per_task']} of {seq['episodes_per_task_max']} episodes per task; "
+            f"{seq['why']}"
+        )
     cmp_file = run_dir / "evidence" / "comparison.json"
     if table and compared.get("verdict") and cmp_file.is_file():
         try:

@@ -382,10 +382,30 @@ def compare_evidence(
 
     Margin of a rate, most specific first: `margins`/`tolerances` (the caller's, per key), `margin` (the
     caller's, every rate), the reference's declared "margins", then its 1.x "tolerances" (read as margins),
-    then DEFAULT_MARGIN. A plain value's tolerance: the same keys, else exact. `alpha`: the caller's, the
-    reference's "alpha", else DEFAULT_ALPHA. Policies are matched by label; a policy, task or metric the run
-    lacks is a "differs" row. A row is paired (Tango) when both sides carry outcomes of the same reset seeds.
+    then DEFAULT_MARGIN. A plain value's tolerance: the same keys, else exact. `alpha`: the caller's, else the
+    level a sequential evaluation stopped at (the actual's "sequential" record), else the reference's "alpha",
+    else DEFAULT_ALPHA. Policies are matched by label; a policy, task or metric the run lacks is a "differs"
+    row. A row is paired (Tango) when both sides carry outcomes of the same reset seeds.
+
+    A sequential evaluation (reproduction.run.recap_policy.evaluate_sequentially) looked at its counts
+    several times; only at the level its stopping look spent does a verdict keep the stated error rates
+    over all looks, so that level is used, and the rate verdicts are then exactly those it stopped on.
     """
+    sequential = actual.get("sequential") if isinstance(actual.get("sequential"), Mapping) else None
+    seq_notes = []
+    if alpha is None and sequential is not None and "level" in sequential:
+        alpha = float(sequential["level"])
+        seq_notes.append(
+            f"this run was evaluated sequentially and stopped at look {sequential.get('stopped_at_look')} of "
+            f"{len(sequential.get('looks', []))} ({sequential.get('episodes_per_task')} of "
+            f"{sequential.get('episodes_per_task_max')} episodes per task): rates are tested at that look's "
+            f"error-spending level {alpha:.3g}, which keeps the overall alpha {sequential.get('alpha')} over all looks"
+        )
+        if sequential.get("reference") != reference.get("name"):
+            seq_notes.append(
+                f"its looks were decided against another reference ({sequential.get('reference')!r}), so the "
+                "error rates stated hold for that reference, not this one"
+            )
     alpha = float(alpha if alpha is not None else reference.get("alpha", DEFAULT_ALPHA))
     ref_declared = {**reference.get("tolerances", {}), **reference.get("margins", {})}
     mine_declared = {**(tolerances or {}), **(margins or {})}
@@ -427,7 +447,7 @@ def compare_evidence(
                             f"{label}/{task}/{metric}", ref_side, act_side, DEFAULT_MARGIN if m is None else m, alpha
                         )
                     )
-    notes = _setting_notes(actual, reference) + _power_note(rows, alpha)
+    notes = seq_notes + _setting_notes(actual, reference) + _power_note(rows, alpha)
     return Comparison(
         actual_name=str(actual.get("name")),
         reference_name=str(reference.get("name")),

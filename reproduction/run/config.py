@@ -196,6 +196,30 @@ class PolicySection:
 
 
 @dataclass(kw_only=True, slots=True)
+class SequentialSection:
+    """Sequential evaluation: evaluate in looks and stop once the comparison with eval.reference is settled."""
+
+    enabled: bool = False
+    """Evaluate in looks and stop early once every rate the comparison tests is reproduced or differs at the
+    look's error-spending level (reproduction.run.sequential); needs eval.reference. Off: one fixed evaluation."""
+    looks: int = 4
+    """Looks at k/looks of eval.episodes_per_task, k = 1..looks, each rounded up to whole batches of 25
+    episodes (so fewer looks when episodes_per_task is small)."""
+    rho: float = 3.0
+    """Error-spending exponent: by the look at fraction t of the episodes, alpha * t^rho is spent (3: little
+    early, so the last look loses little)."""
+
+    def __post_init__(self) -> None:
+        _check_ranges("eval.sequential", (("looks", self.looks, 1),))
+        if not 0 < self.rho <= 100:  # also refuses nan
+            raise ConfigError(
+                f"eval.sequential.rho={self.rho} must be > 0 (and at most 100)",
+                field="eval.sequential.rho",
+                hint="3 (the default) spends little alpha at the early looks; 1 spends it evenly",
+            )
+
+
+@dataclass(kw_only=True, slots=True)
 class EvalSection:
     """Stage 5: closed-loop evaluation of the trained policies in the simulator, and the evidence."""
 
@@ -213,7 +237,10 @@ class EvalSection:
     """Episodes per policy saved as video."""
     reference: str | None = None
     """Reference evidence JSON the compare stage checks the evaluation against (usually ${BUNDLE}/evidence/...;
-    its sha256 keys that stage only, so a new reference recompares without evaluating again); None = none."""
+    its sha256 keys that stage only, so a new reference recompares without evaluating again, unless
+    eval.sequential is on); None = none."""
+    sequential: SequentialSection = field(default_factory=SequentialSection)
+    """Sequential evaluation (off by default): stop early once the verdict against eval.reference is settled."""
 
     def __post_init__(self) -> None:
         _check_ranges(
@@ -236,6 +263,12 @@ class EvalSection:
                 get_task(task)
             except PortableError as exc:
                 raise ConfigError(f"eval.tasks: {exc.message}", field="eval.tasks", hint=exc.hint) from None
+        if self.sequential.enabled and not self.reference:
+            raise ConfigError(
+                "eval.sequential.enabled=true needs eval.reference: each look compares with reference evidence",
+                field="eval.reference",
+                hint="set eval.reference=${BUNDLE}/evidence/<file>.json, or eval.sequential.enabled=false",
+            )
         if not self.guidance_scales or any(w < 0 for w in self.guidance_scales):
             raise ConfigError(
                 f"eval.guidance_scales={list(self.guidance_scales)} must be a non-empty list of values >= 0",

@@ -12,7 +12,9 @@ On disk (schema: evidence/evaluation.schema.json)::
                                     ["outcomes": {"reset_seeds": [...], "success_once": "0110...",
                                                   "success_at_end": "0100..."}]}},
        "baselines": [{"policy", "metrics", "tasks"}, ...],      # e.g. plain BC, other guidance scales
-       ["margins": {"success_once": 0.05}], ["alpha": 0.05]}     # optional: declared by a reference
+       ["margins": {"success_once": 0.05}], ["alpha": 0.05],     # optional: declared by a reference
+       ["sequential": {"looks", "spend", "stopped_at_look", "stopped_early", "episodes_per_task",
+                       "episodes_per_task_max", "level", "verdict", "why", ...}]}   # eval.sequential on
     <run>/evidence/comparison.json   (schema: evidence/comparison.schema.json)
 
 Format 2.0 added `wilson95`, per-episode `outcomes`, `margins` and `alpha`; 1.x files (no intervals, a
@@ -210,7 +212,8 @@ def build_evidence(
 
     `margins` (a reference's declared equivalence margins per "<label>/<metric>", "<metric>" or
     "<task>/<metric>"), `alpha` (its test level) and `tolerances` (1.x: plain-value tolerances) are kept
-    only when given; `sequential` records a sequential evaluation's stop (reproduction.sim.evaluate).
+    only when given; `sequential` records a sequential evaluation's stop
+    (reproduction.run.recap_policy.evaluate_sequentially), and is absent when the evaluation was fixed.
 
     Deterministic: the same results give the same bytes (an interrupted and resumed run's evidence equals an
     uninterrupted one's), so no clock is read; pass `created` to stamp a time (reference evidence does).

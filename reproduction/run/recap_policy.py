@@ -7,7 +7,9 @@ compare/compare.json      the compare stage: which evidence against which refere
 evidence/comparison.json  its comparison with the bundle's reference evidence (eval.reference), when one is set
 
 The comparison is its own cheap stage: the reference is no input of the evaluation, so a new reference
-evidence recompares without evaluating again.
+evidence recompares without evaluating again. Except with eval.sequential.enabled: then the evaluation
+runs in looks and stops once every rate compared with the reference is settled (`evaluate_sequentially`),
+so the reference's content is an input of the eval stage too, and the evidence records the stop.
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ def evaluate_exports(
     from reproduction.sim.evaluate import EvalConfig, EvalJob, evaluate_many
 
     ev = config.eval
-    records, results, digests = [], {}, {}
+    results, digests = {}, {}
     todo, jobs = [], []
     for label, mode, w in evaluations(config):
         if mode not in exports:
@@ -139,17 +141,42 @@ def evaluate_exports(
             EvalJob(factory=PolicyFactory(export_dir=str(export), guidance_scale=w), config=sim_cfg, out_dir=out)
         )
     # one worker pool for every policy: worker start-up and env creation are paid once
-    for (label, mode, w, export, step), result in zip(todo, evaluate_many(jobs, ui=ui)):
-        doc = _counts(result)
+    if ev.sequential.enabled:
+        outcome, sequential = evaluate_sequentially(
+            jobs,
+            lambda partial: _evidence(config, _records(todo, partial, digests, run_dir), run_dir),
+            Path(ev.reference),
+            looks=ev.sequential.looks,
+            rho=ev.sequential.rho,
+            ui=ui,
+        )
+    else:
+        outcome, sequential = evaluate_many(jobs, ui=ui), None
+    for (label, *_), result in zip(todo, outcome):
         results[label] = {
-            "tasks": doc["tasks"],
+            "tasks": _counts(result)["tasks"],
             "summary": result.to_dict()["tasks"],
             "seconds": round(result.seconds, 3),
         }
+    doc = _evidence(config, _records(todo, outcome, digests, run_dir), run_dir, sequential=sequential)
+    step = doc["policy"]["checkpoint"]["step"] or 0
+    path = evidence.write_evidence(Path(run_dir) / "evidence" / f"eval_{name}_{step}.json", doc)
+    summary = {"evidence": str(path.relative_to(run_dir)), "results": results}
+    if sequential is not None:
+        summary["sequential"] = sequential
+    return StageOutput(files=[path], summary=_jsonable(summary), device="cpu", world_size=ev.workers)
+
+
+def _records(todo: list[tuple[Any, ...]], outcome: list[Any], digests: dict[str, str], run_dir: Path) -> list[Any]:
+    """One EvalRecord per evaluation (`todo`: label, mode, scale, export, step) from its simulator result."""
+    from reproduction.run import evidence
+
+    records = []
+    for (label, mode, w, export, step), result in zip(todo, outcome):
         inside = Path(export).resolve().is_relative_to(Path(run_dir).resolve())
         records.append(
             evidence.EvalRecord(
-                result=doc,
+                result=_counts(result),
                 label=label,
                 mode=mode,
                 guidance_scale=w if mode == "recap" else None,
@@ -159,20 +186,95 @@ def evaluate_exports(
                 extra_metrics=_mechanism(result),
             )
         )
+    return records
+
+
+def _evidence(
+    config: Any, records: list[Any], run_dir: Path, *, sequential: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The evaluation evidence of `records` (primary: recap at its best guidance scale), not yet written."""
+    from reproduction.run import evidence
+
+    ev = config.eval
     primary = _best_recap(records) or records[0]
     step = primary.step or 0
-    ev_dir = Path(run_dir) / "evidence"
-    path = evidence.write_eval_evidence(
-        ev_dir / f"eval_{name}_{step}.json",
+    return evidence.build_evidence(
         primary,
         name=f"{primary.label} after {step} steps",
         run_id=Path(run_dir).name,
         seeds={"eval": ev.seed, "policy": config.policy.train.seed, "value": config.value.train.seed},
         settings={"tasks": list(ev.tasks), "episodes_per_task": ev.episodes_per_task},
         baselines=[r for r in records if r is not primary],
+        sequential=sequential,
     )
-    summary = {"evidence": str(path.relative_to(run_dir)), "results": results}
-    return StageOutput(files=[path], summary=_jsonable(summary), device="cpu", world_size=ev.workers)
+
+
+def evaluate_sequentially(
+    jobs: list[Any],
+    evidence_of: Any,
+    reference_path: Path,
+    *,
+    looks: int,
+    rho: float,
+    ui: Any = None,
+) -> tuple[list[Any], dict[str, Any]]:
+    """Evaluate `jobs` in looks and stop once every rate the comparison with the reference tests is settled.
+
+    Look k evaluates the next whole batches of every task of every job (reproduction.sim.evaluate's
+    `looks`: the very episodes a fixed evaluation runs, in its order), then compares `evidence_of(results so
+    far)` with the reference evidence exactly as the compare stage does, at the look's error-spending level
+    a_k (reproduction.run.sequential; alpha is the reference's, else 0.05): it stops when no rate row is
+    inconclusive, or at the last look. Returns the results of the looks run and the evidence's "sequential"
+    record (the looks, where and why it stopped); deterministic, so a rerun gives the same bytes."""
+    import hashlib
+
+    from reproduction.run.comparison import compare_evidence, overall_verdict
+    from reproduction.run.evidence import load_evidence
+    from reproduction.run.sequential import SequentialRule
+    from reproduction.run.stats import DEFAULT_ALPHA
+    from reproduction.sim.evaluate import evaluate_many
+
+    reference = load_evidence(reference_path)
+    rule = SequentialRule(looks=looks, rho=rho, alpha=float(reference.get("alpha", DEFAULT_ALPHA)))
+    n_max = jobs[0].config.episodes_per_task
+    sizes = rule.sizes(n_max, max(job.config.batch_size for job in jobs))
+    spend = rule.spend([n / n_max for n in sizes])
+
+    def rates(outcome: list[Any], look: int) -> list[str]:
+        comparison = compare_evidence(evidence_of(outcome), reference, alpha=spend[look])
+        return [r.verdict for r in comparison.rows if r.kind == "rate"]
+
+    outcome = evaluate_many(
+        jobs, ui=ui, looks=sizes, go_on=lambda look, partial: "inconclusive" in rates(partial, look)
+    )
+    look = sizes.index(max(t.episodes for t in outcome[0].tasks.values()))
+    verdicts = rates(outcome, look)
+    counts = {v: verdicts.count(v) for v in ("reproduced", "differs", "inconclusive")}
+    tally = f"{counts['reproduced']} reproduced, {counts['differs']} differ, {counts['inconclusive']} inconclusive"
+    early = look < len(sizes) - 1
+    per_look = sum(len(job.config.tasks) for job in jobs)
+    return outcome, {
+        "rule": f"power-family error spending (Kim & DeMets 1987), rho {rule.rho:g}, Bonferroni over looks",
+        "alpha": rule.alpha,
+        "looks": sizes,
+        "spend": spend,
+        "stopped_at_look": look + 1,
+        "stopped_early": early,
+        "episodes_per_task": sizes[look],
+        "episodes_per_task_max": n_max,
+        "episodes": sizes[look] * per_look,
+        "episodes_max": n_max * per_look,
+        "level": spend[look],
+        "verdict": overall_verdict(verdicts),
+        "rates": counts,
+        "reference": reference.get("name"),
+        "reference_sha256": hashlib.sha256(Path(reference_path).read_bytes()).hexdigest(),
+        "why": (
+            f"every compared rate settled at look {look + 1} of {len(sizes)}: {tally}"
+            if early
+            else f"the last look ({len(sizes)} of {len(sizes)}) decides: {tally}"
+        ),
+    }
 
 
 def compare_with_reference(evidence_file: Path, reference: Path, out: Path) -> dict[str, Any]:

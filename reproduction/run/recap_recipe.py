@@ -347,7 +347,8 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
             if value and "/path/to/" not in value and not Path(value).exists():
                 problems.append(InputNotFoundError(f"{section}.model.{name}: {value} does not exist", path=value))
     reference = config.eval.reference
-    if "compare" in (stages or []) and reference and "/path/to/" not in reference and not Path(reference).is_file():
+    reads = "compare" in (stages or []) or ("eval" in (stages or []) and config.eval.sequential.enabled)
+    if reads and reference and "/path/to/" not in reference and not Path(reference).is_file():
         problems.append(InputNotFoundError(f"eval.reference: {reference} is not a file", path=reference))
     inf = config.value.infer
     if inf.batch_size < 1 or inf.workers < 1:
@@ -381,10 +382,11 @@ POLICY_STAGES = (
         fn="reproduction.run.recap_policy:eval_stage",
         needs=("policy",),
         config=("eval", "policy.modes", "policy.model.execute_steps"),
-        key_exempt=("eval.workers", "eval.reference"),  # the reference is the compare stage's input
+        key_exempt=("eval.workers", "eval.reference"),  # the reference is the compare stage's input...
+        files_if=(("eval.reference", "eval.sequential.enabled"),),  # ...and a sequential evaluation's, by content
         inputs=False,
         outputs=("**/*.json",),
-        code=("reproduction.sim.evaluate", "reproduction.recap.policy.export"),
+        code=("reproduction.sim.evaluate", "reproduction.recap.policy.export", "reproduction.run.sequential"),
     ),
     StageSpec(
         name="compare",

@@ -43,6 +43,10 @@ class StageSpec:
     files: tuple[str, ...] = ()
     """Dotted config keys naming files it reads by path (not datasets): their sha256 is part of its key and
     each is a lineage input. An unset key (None or "") counts as no file."""
+    files_if: tuple[tuple[str, str], ...] = ()
+    """(dotted file key, dotted boolean key): like `files`, but only while the boolean key is true (the eval
+    stage reads the reference evidence only when eval.sequential.enabled); while it is false the stage's key
+    and lineage are as if the file were not listed."""
     redo_on_change: bool = False
     """A changed key redoes it instead of refusing: for a cheap stage whose outputs only derive from its
     inputs (a comparison), so there is nothing worth protecting from a rerun."""

@@ -182,8 +182,9 @@ def key_parts(spec: StageSpec, plain_config: dict[str, Any], inputs: dict[str, A
         "upstream": {n: upstream[n] for n in spec.needs},
         "code": {m: module_digest(m) for m in spec.code},
     }
-    if spec.files:  # only then: the keys of stages that read no file stay as they were
-        parts["files"] = {k: _file_digest(v) for k, v in input_files(spec, plain_config).items()}
+    files = input_files(spec, plain_config)
+    if spec.files or files:  # only then: the keys of stages that read no file stay as they were
+        parts["files"] = {k: _file_digest(v) for k, v in files.items()}
     return parts
 
 
@@ -209,9 +210,10 @@ def recorded_key_still_matches(spec: StageSpec, recorded_parts: dict[str, Any], 
 
 
 def input_files(spec: StageSpec, plain_config: dict[str, Any]) -> dict[str, str | None]:
-    """{dotted key: path} of the files a stage reads by path (spec.files); None where the key is unset."""
+    """{dotted key: path} of the files a stage reads by path (spec.files, and spec.files_if whose condition
+    is true); None where the key is unset."""
     out: dict[str, str | None] = {}
-    for k in spec.files:
+    for k in (*spec.files, *(k for k, when in spec.files_if if select(plain_config, when) is True)):
         value = select(plain_config, k)
         out[k] = str(value) if value not in (None, "") else None
     return out

@@ -10,7 +10,12 @@ Since sum(a_k) = alpha, the union bound keeps both false claims at <= alpha what
 correlation: P(some look falsely says reproduced) <= sum_k a_k = alpha (and likewise for differs).
 That is conservative (it ignores the looks' positive correlation) but needs no numerical boundary.
 
-`simulate_sequential` measures it: error rates and mean episodes against the fixed design at n_max.
+Looks need not be equally spaced: a run looks at whole batches of episodes (`sizes(n_max, step)`), and
+`spend(fractions)` spends alpha * t^rho at each look's own fraction t of n_max, fixed before any episode
+runs, which is all error spending asks. `simulate_sequential` measures the rule: error rates and mean
+episodes against the fixed design at n_max. A run uses it with eval.sequential.enabled
+(reproduction.run.recap_policy.evaluate_sequentially): each look compares every rate with the reference
+evidence at its a_k, and the evaluation stops once none is inconclusive.
 """
 
 from __future__ import annotations
@@ -38,13 +43,26 @@ class SequentialRule:
         if self.rho <= 0:
             raise ValueError(f"rho {self.rho} must be > 0")
 
-    def spend(self) -> list[float]:
-        """a_k, the level each look's one-sided tests use; they sum to alpha."""
-        cum = [self.alpha * (k / self.looks) ** self.rho for k in range(self.looks + 1)]
-        return [cum[k] - cum[k - 1] for k in range(1, self.looks + 1)]
+    def spend(self, fractions: list[float] | None = None) -> list[float]:
+        """a_k, the level each look's one-sided tests use; they sum to alpha.
 
-    def sizes(self, n_max: int) -> list[int]:
-        return [max(1, round(n_max * k / self.looks)) for k in range(1, self.looks + 1)]
+        `fractions`: each look's share of n_max (ascending, the last 1), for looks that are not equally
+        spaced (a run looks at whole batches); None: k / looks. Error spending allows any looks fixed in
+        advance, so the union bound holds for these too."""
+        t = [k / self.looks for k in range(1, self.looks + 1)] if fractions is None else list(fractions)
+        if not t or t[-1] != 1 or any(b <= a for a, b in zip([0.0, *t], t)):
+            raise ValueError(f"look fractions {t} must rise strictly and end at 1")
+        cum = [0.0, *(self.alpha * x**self.rho for x in t)]
+        return [cum[k] - cum[k - 1] for k in range(1, len(cum))]
+
+    def sizes(self, n_max: int, step: int = 1) -> list[int]:
+        """Episodes at each look: n_max * k / looks, rounded up to whole multiples of `step` (a run's batch
+        of episodes) when step > 1, capped at n_max; looks that would repeat a size are dropped."""
+        if step <= 1:
+            out = [max(1, round(n_max * k / self.looks)) for k in range(1, self.looks + 1)]
+        else:
+            out = [min(n_max, -(-n_max * k // (self.looks * step)) * step) for k in range(1, self.looks + 1)]
+        return sorted(set(out))
 
     def decide(self, k_ref: int, n_ref: int, k_act: int, n_act: int, look: int) -> str | None:
         """The verdict to stop with at `look` (0-based), or None to go on; the last look always decides."""

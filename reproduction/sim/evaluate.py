@@ -19,7 +19,7 @@ import inspect
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -367,30 +367,74 @@ def evaluate(
 
 
 def evaluate_many(
-    jobs: list[EvalJob], *, ui: UiOptions | None = None, runner: Runner | None = None
+    jobs: list[EvalJob],
+    *,
+    ui: UiOptions | None = None,
+    runner: Runner | None = None,
+    looks: Sequence[int] | None = None,
+    go_on: Callable[[int, list[EvalResult]], bool] | None = None,
 ) -> list[EvalResult]:
     """Several evaluations through ONE set of workers (`jobs[0].config.workers` of them): their
     batches are concatenated and cut into one contiguous group per worker, so worker start-up
     (a fresh interpreter importing mujoco and torch) and env creation are paid once, not per
     policy. Each result is identical to `evaluate` of that job alone, for any worker count; its
-    `seconds` is the wall time from the start until its last batch came back (the jobs share workers)."""
+    `seconds` is the wall time from the start until its last batch came back (the jobs share workers).
+
+    `looks` (a sequential evaluation): episodes per task at each look, rising, each a whole number of
+    batches (a multiple of every job's batch_size) except the last, which is every job's
+    episodes_per_task. Look k runs episodes [looks[k-1], looks[k]) of every task of every job, as the
+    very batches (indices, reset seeds, batch seeds) the evaluation without looks runs, so the first n
+    episodes of a stopped evaluation are exactly the first n of the full one. After each look but the
+    last, `go_on(look, results so far)` (look 0-based) says whether to go on; the results returned are
+    those of the last look run. Each look starts its own workers when `workers` > 1."""
     if not jobs:
         return []
+    ends = _check_looks(jobs, looks)
     workers = jobs[0].config.workers
     start = time.perf_counter()
     per_job = [_batches(job.config, job.factory) for job in jobs]
-    payloads = [p for batch in per_job for p in batch]
-    owner = [j for j, batch in enumerate(per_job) for _ in batch]
     states = [_Collect(job.config) for job in jobs]
     total = sum(len(job.config.tasks) * job.config.episodes_per_task for job in jobs)
     with progress(ui) as bar:
         task_bar = bar.task("evaluate", total=total)
-        for j, payload, episodes in zip(owner, payloads, _run(payloads, workers, runner)):
-            states[j].add(payload, episodes, jobs[j].out_dir)
-            task_bar.advance(len(episodes))
-            if states[j].done() and not states[j].seconds:  # wall time until its last batch came back
-                states[j].seconds = time.perf_counter() - start
+        for look, (lo, hi) in enumerate(zip([0, *ends], ends)):
+            span = [[p for p in batches if lo <= p["indices"][0] < hi] for batches in per_job]
+            payloads = [p for batch in span for p in batch]
+            owner = [j for j, batch in enumerate(span) for _ in batch]
+            for j, payload, episodes in zip(owner, payloads, _run(payloads, workers, runner)):
+                states[j].add(payload, episodes, jobs[j].out_dir)
+                task_bar.advance(len(episodes))
+                if states[j].done() and not states[j].seconds:  # wall time until its last batch came back
+                    states[j].seconds = time.perf_counter() - start
+            if look < len(ends) - 1 and go_on is not None:
+                now = time.perf_counter() - start
+                if not go_on(look, [st.result(st.seconds or now) for st in states]):
+                    break
     return [st.result(st.seconds or time.perf_counter() - start) for st in states]
+
+
+def _check_looks(jobs: list[EvalJob], looks: Sequence[int] | None) -> list[int]:
+    """The looks' ends (episodes per task); one look past every episode when `looks` is None. ConfigError
+    for looks that would cut a batch (its episodes would then differ from the evaluation without looks)."""
+    if looks is None:
+        return [max(job.config.episodes_per_task for job in jobs)]
+    ends = [int(n) for n in looks]
+    wrong = [
+        (n, job.config.batch_size)
+        for job in jobs
+        for n in ends[:-1]
+        if n % job.config.batch_size or not 0 < n < job.config.episodes_per_task
+    ]
+    if not ends or any(b <= a for a, b in zip(ends, ends[1:])) or wrong:
+        raise ConfigError(
+            f"looks {ends} must rise in whole batches of episodes to episodes_per_task",
+            field="looks",
+            hint=f"e.g. {wrong[0][0]} is not inside and a multiple of batch_size {wrong[0][1]}" if wrong else None,
+        )
+    bad = [job.config.episodes_per_task for job in jobs if job.config.episodes_per_task != ends[-1]]
+    if bad:
+        raise ConfigError(f"the last look {ends[-1]} must be episodes_per_task ({bad[0]})", field="looks")
+    return ends
 
 
 class _Collect:
