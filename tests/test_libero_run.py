@@ -357,3 +357,40 @@ def test_check_reports_libero_render_backend(tmp_path):
 
 def test_error_types_are_portable_errors():
     assert issubclass(SimError, PortableError) and issubclass(ConfigError, PortableError)
+
+
+def test_fetch_ids_still_go_to_the_fetch_simulator(tmp_path, monkeypatch):
+    from reproduction.run.recap_policy import evaluate_exports
+    from reproduction.sim import evaluate as fetch_eval
+
+    def fake_many(jobs, ui=None):
+        out = []
+        for job in jobs:
+            eps = [
+                {"episode": i, "reset_seed": 101 + 2 * i, "success_once": True, "success_at_end": i == 0}
+                | {"first_success_step": 9, "detours": 0, "stalls": 0, "drops": 0}
+                for i in range(2)
+            ]
+            task = fetch_eval.TaskResult(
+                task="FetchPush-v4", episodes=2, success_once=2, success_at_end=1, episode_metrics=eps
+            )
+            out.append(
+                fetch_eval.EvalResult(
+                    config=job.config, tasks={"FetchPush-v4": task}, reset_seeds={}, videos=[], seconds=1.0
+                )
+            )
+        return out
+
+    monkeypatch.setattr(fetch_eval, "evaluate_many", fake_many)
+    run = tmp_path / "run"
+    exports = {"bc": (_export(run / "policy" / "bc" / "export", state=13, action=4), 7)}
+    cfg = load_config(overrides=["eval.tasks=[FetchPush-v4]", "eval.episodes_per_task=2", "policy.modes=[bc]"])
+    never = _FakeProtocol([])
+    out = evaluate_exports(cfg, exports, run / "eval", run, evaluate_libero=never)
+    doc = json.loads((run / out.summary["evidence"]).read_text())
+    assert never.calls == [] and "simulator" not in doc["settings"]
+    assert doc["tasks"]["FetchPush-v4"]["outcomes"] == {
+        "reset_seeds": [101, 103],
+        "success_once": "11",
+        "success_at_end": "10",
+    }
