@@ -350,6 +350,12 @@ def test_check_reports_libero_render_backend(tmp_path):
     assert "MUJOCO_GL=osmesa" in row.fix
     row = _render_row(tmp_path, {"osmesa": {"installed": True, "ok": True}}, env={"MUJOCO_GL": "osmesa"})
     assert row.status == "ok" and "OSMesa (MUJOCO_GL=osmesa)" in row.finding
+    osmesa_missing = {"installed": True, "ok": False, "error": "AttributeError: no OSMesa"}
+    row = _render_row(
+        tmp_path, {"osmesa": osmesa_missing, "egl": {"installed": True, "ok": True}}, {"MUJOCO_GL": "osmesa"}
+    )
+    assert row.status == "warn" and row.finding.startswith("MUJOCO_GL=osmesa does not render (AttributeError")
+    assert row.finding.endswith("; EGL does") and "export MUJOCO_GL=egl" in row.fix
     bad = {"installed": True, "ok": False, "error": "x"}
     row = _render_row(tmp_path, {"egl": bad, "osmesa": bad})
     assert row.status == "warn" and "cannot render headless" in row.finding and "libosmesa6" in row.fix

@@ -2,8 +2,9 @@
 
 LIBERO's envs render through robosuite and mujoco, which pick their OpenGL platform from `MUJOCO_GL` once, at
 their first import; the simulator sets `MUJOCO_GL=egl` on Linux unless the user chose one (reproduction/sim).
-So the choice is: the user's `MUJOCO_GL` if set, else EGL when an EGL context renders here, else OSMesa (the
-row's fix then says to set `MUJOCO_GL=osmesa`, since EGL would be tried first). Each backend is tried in its own
+So the choice is: the user's `MUJOCO_GL` if set (when it does not render but another backend does, the row
+says which to set), else EGL when an EGL context renders here, else OSMesa (the row's fix then says to set
+`MUJOCO_GL=osmesa`, since EGL would be tried first). Each backend is tried in its own
 child of the target interpreter (a failed EGL attempt in a process leaves PyOpenGL bound to it), rendering one
 8x8 frame of an empty MuJoCo model. The row is skipped when the `[libero]` extra is not installed, and is only a
 warning when nothing renders: a camera-free (privileged state) evaluation still works.
@@ -57,7 +58,7 @@ def probe_libero_render(ctx: CheckContext) -> ProbeResult:
     """One row: skip (no `[libero]` extra), ok naming the backend LIBERO will render with, or a warning naming
     what failed and what to install."""
     chosen = ctx.env.get("MUJOCO_GL")
-    order = (chosen,) if chosen else BACKENDS
+    order = (chosen, *(b for b in BACKENDS if b != chosen)) if chosen else BACKENDS
     errors: dict[str, str] = {}
     for backend in order:
         out = _try(ctx, backend)
@@ -65,8 +66,17 @@ def probe_libero_render(ctx: CheckContext) -> ProbeResult:
             return skip(NAME, "LIBERO is not installed (the libero extra: pip install -e '.[libero]')")
         if out.get("ok"):
             label = LABELS.get(backend, backend)
-            if chosen:
+            if backend == chosen:
                 return ok(NAME, f"LIBERO renders headless with {label} (MUJOCO_GL={chosen})", backend=backend)
+            if chosen:  # the user's choice fails where another backend works
+                return warn(
+                    NAME,
+                    f"MUJOCO_GL={chosen} does not render ({errors[chosen]}); {label} does",
+                    f"export MUJOCO_GL={backend} (or unset MUJOCO_GL{' ' if backend == 'egl' else ''}"
+                    f"{'for EGL' if backend == 'egl' else ''})",
+                    backend=backend,
+                    errors=errors,
+                )
             if backend == "egl":
                 return ok(NAME, "LIBERO renders headless with EGL", backend=backend)
             return warn(
