@@ -397,3 +397,67 @@ def test_eval_stage_path_evaluates_in_libero_and_writes_evidence_per_init_state(
     assert [(r["init_index"], r["steps"]) for r in rows] == [(0, 130), (1, 130)]
     cmp = compare_evidence(doc, doc)
     assert all(r.note.startswith("paired by init state: 2 episodes") for r in cmp.rows if r.kind == "rate")
+
+
+def _libero_shaped_dataset(root: Path, *, episodes: int = 2, length: int = 6, size: int = 32) -> Path:
+    """A tiny dataset with upstream's LIBERO features (8-dim state, 7-dim action, the two camera keys): enough to
+    train a real policy export for a few steps (its actions mean nothing)."""
+    from reproduction.data.writer import EpisodeData, write_dataset
+    from reproduction.sim.libero.protocol import IMAGE_KEYS
+
+    task = "pick up the black bowl between the plate and the ramekin and place it on the plate"
+    rng = np.random.default_rng(0)
+    eps = []
+    for i in range(episodes):
+        frames = {
+            "observation.state": rng.normal(size=(length, 8)).astype(np.float32),
+            "action": np.clip(rng.normal(size=(length, 7)), -1, 1).astype(np.float32),
+            "is_success": np.arange(length) == length - 1,
+            **{k: rng.integers(0, 255, (length, size, size, 3), dtype=np.uint8) for k in IMAGE_KEYS},
+        }
+        eps.append(EpisodeData(episode_index=i, task=task, frames=frames))
+    features = {
+        "observation.state": {"dtype": "float32", "shape": [8]},
+        "action": {"dtype": "float32", "shape": [7]},
+        "is_success": {"dtype": "bool", "shape": [1]},
+        **{k: {"dtype": "image", "shape": [size, size, 3]} for k in IMAGE_KEYS},
+    }
+    write_dataset(root, eps, fps=20, features=features, tasks=[task])
+    return root
+
+
+def test_a_trained_export_with_upstreams_cameras_runs_in_libero_through_the_eval_stage(tmp_path):
+    """A real policy export (tiny preset, trained 2 steps on LIBERO-shaped data with upstream's two camera keys)
+    evaluated by the eval stage's function in LIBERO with rendering on: the export's features pass the check,
+    its GuidedPolicy reads the env's 180-degree views and 8-dim state and returns 7-dim chunks, and the
+    evidence is written (1 init state, 5 steps: the numbers mean nothing, the path does)."""
+    import json
+
+    from reproduction.recap.policy.data import PolicySource, open_policy_input
+    from reproduction.recap.policy.task import PolicyStageConfig, train_policy
+    from reproduction.run.config import load_config
+    from reproduction.run.recap_policy import evaluate_exports
+    from reproduction.sim.libero.protocol import IMAGE_KEYS
+
+    ds = _libero_shaped_dataset(tmp_path / "libero_data")
+    inp = open_policy_input(PolicySource(path=str(ds), type="rollout"), need_labels=False)
+    train = dict(max_steps=2, global_batch=4, micro_batch=4, launcher="inprocess", lr=1e-3, save_interval=2)
+    cfg = PolicyStageConfig(
+        mode="bc", cameras={"image": IMAGE_KEYS[0], "wrist": IMAGE_KEYS[1]}, image_size=32, train=train
+    )
+    run = tmp_path / "run"
+    res = train_policy([inp], cfg, run / "policy" / "bc")
+    config = load_config(
+        overrides=[
+            "eval.tasks=[libero_spatial/0]",
+            "eval.episodes_per_task=1",
+            "eval.libero.image_size=64",
+            "eval.libero.max_steps=5",
+            "policy.modes=[bc]",
+        ]
+    )
+    out = evaluate_exports(config, {"bc": (res.export_dir, 2)}, run / "eval", run)
+    doc = json.loads((run / out.summary["evidence"]).read_text())
+    assert doc["tasks"]["libero_spatial/0"]["outcomes"]["init_states"] == [0]
+    assert doc["settings"]["libero"]["cameras"] is True and doc["settings"]["libero"]["image_size"] == 64
+    assert out.summary["results"]["bc"]["steps"] == 5
