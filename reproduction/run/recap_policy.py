@@ -223,11 +223,11 @@ def _evaluate_libero_exports(
     ev, lib = config.eval, config.eval.libero
     todo = [(label, mode, w, *exports[mode]) for label, mode, w in evaluations(config) if mode in exports]
     for mode in dict.fromkeys(m for _, m, *_ in todo):  # every export checked before the first env
-        stats = read_export(exports[mode][0])
+        meta = read_export(exports[mode][0])
         check_policy_features(
-            state_dim=len(stats["stats"]["state_mean"]),
-            action_dim=len(stats["stats"]["action_mean"]),
-            image_keys=list(dict(stats.get("cameras") or {}).values()),
+            state_dim=len(meta["stats"]["state_mean"]),
+            action_dim=len(meta["stats"]["action_mean"]),
+            image_keys=list(dict(meta.get("cameras") or {}).values()),
             cameras=lib.cameras,
             name=f"the {mode} policy ({exports[mode][0]})",
         )
@@ -279,7 +279,10 @@ def _evaluate_libero_exports(
             "protocol": "first N init states in order; suite step limit; success = LIBERO's check_success()",
             "chunk": lib.chunk,
             "cameras": lib.cameras,
-            "observation": "images + state" if lib.cameras else "privileged object state + state (no images)",
+            # a camera-free evaluation is a CPU tier's shortcut, never upstream's protocol: the evidence says so
+            "observation": "images + state"
+            if lib.cameras
+            else "no images: state, and LIBERO's privileged object state in the observation",
             "image_size": lib.image_size if lib.cameras else None,
             "max_steps": lib.max_steps,
             "settle_steps": settle,
