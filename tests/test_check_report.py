@@ -47,6 +47,7 @@ EXPECTED_ROWS = {
     "hazard.placeholders",
     "hazard.intervals",
     "hazard.batch",
+    "libero.render",
 }
 
 

@@ -31,6 +31,7 @@ from reproduction.checks import (
     hazards,
     host,
     jit,
+    render,
 )
 from reproduction.checks import (
     bundle as bundle_probes,
@@ -143,6 +144,7 @@ def collect_report(
         lambda: host.probe_host(ctx),
         lambda: filesystems.probe_filesystems(ctx),
         lambda: hazards.probe_hazards(ctx, manifest),
+        lambda: render.probe_libero_render(ctx),
     ]
     with ThreadPoolExecutor(max_workers=len(tasks), thread_name_prefix="portable-check") as pool:
         for group in pool.map(_timed, tasks):

@@ -9,7 +9,8 @@ On disk (schema: evidence/comparison.schema.json)::
                  "actual_counts", "interval", "confidence", "margin", "method", "reference_display",
                  "actual_display", "verdict", "note"}, ...]}
 
-Rates get the equivalence test of reproduction.run.stats (Newcombe, or Tango paired by reset seed);
+Rates get the equivalence test of reproduction.run.stats (Newcombe, or Tango paired by reset seed or LIBERO
+init state);
 plain values a declared tolerance, else exact. 1.x comparison files are still read. Also importable
 from reproduction.run.evidence (its historical home).
 """
@@ -232,7 +233,7 @@ class _Side:
     """One side of a row: the count (or value) and, for rates, the per-episode outcomes keyed by reset seed."""
 
     metric: Mapping[str, Any] | None
-    outcomes: dict[tuple[str, int], bool] | None = None
+    outcomes: dict[tuple[str, str, int], bool] | None = None
 
 
 def _paired(ref: _Side, act: _Side) -> tuple[list[bool], list[bool]] | None:
@@ -269,7 +270,8 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
     if pairs is not None:
         test = equivalence_paired(*pairs, margin=margin, alpha=alpha)
         b, c = test.discordant or (0, 0)
-        note = f"paired by reset seed: {test.pairs} episodes, {b} succeeded only in the reference, {c} only here"
+        by = "init state" if any(k[1] == "init_states" for k in ref.outcomes) else "reset seed"
+        note = f"paired by {by}: {test.pairs} episodes, {b} succeeded only in the reference, {c} only here"
     else:
         test = equivalence_independent(
             int(r["successes"]), int(r["episodes"]), int(a["successes"]), int(a["episodes"]), margin=margin, alpha=alpha
@@ -315,16 +317,19 @@ def _entries(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return out
 
 
-def _task_outcomes(entry: Mapping[str, Any], task: str, metric: str) -> dict[tuple[str, int], bool] | None:
+def _task_outcomes(entry: Mapping[str, Any], task: str, metric: str) -> dict[tuple[str, str, int], bool] | None:
+    """{(task, kind, initial state): outcome}: keyed by Fetch reset seed or LIBERO init-state index (the kind
+    is part of the key, so a seed never pairs with an init state of the same number)."""
     o = entry.get("tasks", {}).get(task, {}).get("outcomes")
-    if not o or len(o.get("reset_seeds", [])) != len(o.get(metric, "")):
+    kind = "init_states" if o and "init_states" in o else "reset_seeds"
+    if not o or len(o.get(kind, [])) != len(o.get(metric, "")):
         return None
-    return {(task, int(s)): ch == "1" for s, ch in zip(o["reset_seeds"], o[metric])}
+    return {(task, kind, int(s)): ch == "1" for s, ch in zip(o[kind], o[metric])}
 
 
-def _all_outcomes(entry: Mapping[str, Any], metric: str) -> dict[tuple[str, int], bool] | None:
+def _all_outcomes(entry: Mapping[str, Any], metric: str) -> dict[tuple[str, str, int], bool] | None:
     """The policy's outcomes over all its tasks, or None unless every task carries them."""
-    out: dict[tuple[str, int], bool] = {}
+    out: dict[tuple[str, str, int], bool] = {}
     for task in entry.get("tasks", {}):
         one = _task_outcomes(entry, task, metric)
         if one is None:
@@ -341,7 +346,8 @@ def _setting_notes(actual: Mapping[str, Any], reference: Mapping[str, Any]) -> l
         for key in sorted(set(mine) | set(theirs)):
             if mine.get(key) != theirs.get(key):
                 notes.append(f"{what[:-1]} {key!r} differs: reference {theirs.get(key)!r}, this run {mine.get(key)!r}")
-    if any(n.startswith("seed 'eval'") for n in notes):
+    libero = all((doc.get("settings") or {}).get("simulator") == "libero" for doc in (actual, reference))
+    if any(n.startswith("seed 'eval'") for n in notes) and not libero:  # LIBERO's init states are fixed
         notes.append(
             "the evaluation seeds differ, so the two sides evaluated different initial states: the rates are "
             "compared unpaired and differ by sampling noise alone (see each row's interval)"

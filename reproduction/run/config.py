@@ -220,27 +220,52 @@ class SequentialSection:
 
 
 @dataclass(kw_only=True, slots=True)
+class LiberoEvalSection:
+    """How LIBERO tasks in eval.tasks are evaluated (upstream's protocol, docs/libero.md); unused for Fetch tasks."""
+
+    chunk: int = 5
+    """Actions executed per policy call (RLinf's openpi evals: num_action_chunks 5)."""
+    cameras: bool = True
+    """Render upstream's two 180-degree-rotated views; false = no cameras, LIBERO's privileged object state
+    instead (CPU tiers only: the evidence says so)."""
+    image_size: int = 256
+    """Camera images are image_size x image_size (RLinf's 256)."""
+    max_steps: int | None = None
+    """Policy steps per episode; None = the suite's limit (spatial 240, object 280, goal 320, 10 520). A lower
+    value is for reduced runs and tests, and the evidence records it."""
+
+    def __post_init__(self) -> None:
+        _check_ranges("eval.libero", (("chunk", self.chunk, 1), ("image_size", self.image_size, 8)))
+        if self.max_steps is not None:
+            _check_ranges("eval.libero", (("max_steps", self.max_steps, 1),))
+
+
+@dataclass(kw_only=True, slots=True)
 class EvalSection:
     """Stage 5: closed-loop evaluation of the trained policies in the simulator, and the evidence."""
 
     tasks: list[str] = field(default_factory=lambda: ["FetchPickAndPlace-v4"])
-    """Simulator tasks (environment ids) to evaluate on."""
+    """Simulator tasks: Fetch environment ids, or LIBERO task ids (`libero_10/0`, `libero_spatial/*`,
+    `<suite>/<task name>`); one kind per run."""
     episodes_per_task: int = 50
-    """Episodes per task and policy (fixed reset seeds from `seed`)."""
+    """Episodes per task and policy (Fetch: fixed reset seeds from `seed`; LIBERO: the task's first N of its 50
+    fixed init states, in order)."""
     seed: int = 1000
-    """First reset seed (held out from the training data's seeds)."""
+    """First reset seed (held out from the training data's seeds); LIBERO: the policy's per-episode seed base."""
     guidance_scales: list[float] = field(default_factory=lambda: [1.0, 2.0])
     """Classifier-free guidance scales w evaluated for the recap policy (baselines run at w = 1)."""
     workers: int = 1
-    """Evaluation processes (episodes split across them, no collectives)."""
+    """Evaluation processes (episodes split across them, no collectives; LIBERO: one env per task each, 1.5-2.6 GB)."""
     videos: int = 0
-    """Episodes per policy saved as video."""
+    """Episodes per policy saved as video (Fetch only)."""
     reference: str | None = None
     """Reference evidence JSON the compare stage checks the evaluation against (usually ${BUNDLE}/evidence/...;
     its sha256 keys that stage only, so a new reference recompares without evaluating again, unless
     eval.sequential is on); None = none."""
     sequential: SequentialSection = field(default_factory=SequentialSection)
     """Sequential evaluation (off by default): stop early once the verdict against eval.reference is settled."""
+    libero: LiberoEvalSection = field(default_factory=LiberoEvalSection)
+    """LIBERO's protocol settings (used when eval.tasks names LIBERO tasks)."""
 
     def __post_init__(self) -> None:
         _check_ranges(
@@ -254,15 +279,27 @@ class EvalSection:
         )
         if not self.tasks:
             raise ConfigError("eval.tasks is empty; name at least one simulator task", field="eval.tasks")
-        try:
-            from reproduction.sim.tasks import get_task
-        except ImportError:  # pragma: no cover - a build without the simulator
-            get_task = None
-        for task in self.tasks if get_task is not None else ():
+        libero = [t for t in self.tasks if is_libero_task(t)]
+        if libero:
+            _check_libero_tasks(self, libero)
+        else:
             try:
-                get_task(task)
-            except PortableError as exc:
-                raise ConfigError(f"eval.tasks: {exc.message}", field="eval.tasks", hint=exc.hint) from None
+                from reproduction.sim.tasks import get_task
+            except ImportError:  # pragma: no cover - a build without the simulator
+                get_task = None
+            for task in self.tasks if get_task is not None else ():
+                try:
+                    get_task(task)
+                except PortableError as exc:
+                    hint = f"{exc.hint}, or LIBERO task ids such as libero_10/0" if exc.hint else None
+                    raise ConfigError(f"eval.tasks: {exc.message}", field="eval.tasks", hint=hint) from None
+        if self.sequential.enabled and libero:
+            # the looks split Fetch's seeded batches; LIBERO's protocol runs init states per policy, not in looks
+            raise ConfigError(
+                f"eval.sequential.enabled=true is not supported for LIBERO tasks yet (eval.tasks names {libero[0]})",
+                field="eval.sequential.enabled",
+                hint="set eval.sequential.enabled=false for LIBERO evaluations",
+            )
         if self.sequential.enabled and not self.reference:
             raise ConfigError(
                 "eval.sequential.enabled=true needs eval.reference: each look compares with reference evidence",
@@ -274,6 +311,48 @@ class EvalSection:
                 f"eval.guidance_scales={list(self.guidance_scales)} must be a non-empty list of values >= 0",
                 field="eval.guidance_scales",
             )
+
+
+def is_libero_task(task: str) -> bool:
+    """True when an eval.tasks entry is meant for LIBERO (`libero_10/0`; also a misspelt suite such as
+    `libero_99/0` or `libero_10`, so its error names LIBERO's suites, not Fetch's ids). Static: LIBERO need not be
+    installed; Fetch ids never contain a "/"."""
+    from reproduction.sim.libero.tasks import is_libero_id
+
+    return is_libero_id(task) or "/" in task or task.lower().startswith("libero")
+
+
+def _check_libero_tasks(ev: EvalSection, libero: list[str]) -> None:
+    """What can be checked of LIBERO ids without LIBERO installed (suite, task index, init-state count; names are
+    resolved at preflight): ConfigError naming eval.tasks or eval.episodes_per_task. A run evaluates one kind of
+    task: a policy acts in 7 dims on LIBERO and 4 on Fetch."""
+    from reproduction.sim.libero.tasks import INIT_STATES_PER_TASK, parse_task_id
+
+    other = [t for t in ev.tasks if t not in libero]
+    if other:
+        raise ConfigError(
+            f"eval.tasks mixes LIBERO tasks ({', '.join(libero)}) with others ({', '.join(other)})",
+            field="eval.tasks",
+            hint="a policy acts on LIBERO (7-dim actions) or on Fetch (4), not both: name one kind per run",
+        )
+    for task in libero:
+        try:
+            parse_task_id(task)
+        except PortableError as exc:
+            raise ConfigError(f"eval.tasks: {exc.message}", field="eval.tasks", hint=exc.hint) from None
+    if ev.episodes_per_task > INIT_STATES_PER_TASK:
+        raise ConfigError(
+            f"eval.episodes_per_task={ev.episodes_per_task} is past LIBERO's {INIT_STATES_PER_TASK} init states per "
+            "task (the protocol runs each task's first N, in order)",
+            field="eval.episodes_per_task",
+            hint=f"set eval.episodes_per_task to 1..{INIT_STATES_PER_TASK}",
+        )
+    if ev.videos:
+        raise ConfigError(
+            f"eval.videos={ev.videos}: LIBERO evaluation does not record videos yet",
+            field="eval.videos",
+            hint="set eval.videos=0",
+        )
 
 
 def _check_ranges(section: str, values: tuple[tuple[str, Any, float], ...]) -> None:

@@ -9,8 +9,8 @@ On disk (schema: evidence/evaluation.schema.json)::
        "metrics":  {"success_once": {"successes": 386, "episodes": 500, "rate": 0.772,
                                      "display": "77.2% (386/500)", "wilson95": [0.733, 0.807]}, ...},
        "tasks":    {"<task text>": {"episodes": 50, "success_once": {...}, "success_at_end": {...},
-                                    ["outcomes": {"reset_seeds": [...], "success_once": "0110...",
-                                                  "success_at_end": "0100..."}]}},
+                                    ["outcomes": {"reset_seeds" | "init_states": [...],
+                                                  "success_once": "0110...", "success_at_end": "0100..."}]}},
        "baselines": [{"policy", "metrics", "tasks"}, ...],      # e.g. plain BC, other guidance scales
        ["margins": {"success_once": 0.05}], ["alpha": 0.05],     # optional: declared by a reference
        ["sequential": {"looks", "spend", "stopped_at_look", "stopped_early", "episodes_per_task",
@@ -130,9 +130,13 @@ def _task_counts(result: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _outcomes(episodes: Sequence[Mapping[str, Any]], counts: Mapping[str, Any], task: str) -> dict[str, Any]:
     """Per-episode outcomes (EvalResult.to_dict()["per_episode"][task]) as evidence keeps them: the reset seeds
-    in episode order and one "0"/"1" character per episode per metric, so a comparison can pair episodes."""
+    (Fetch) or init-state indices (LIBERO: rows with `init_state`) in episode order and one "0"/"1" character per
+    episode per metric, so a comparison can pair episodes by initial state."""
     rows = sorted(episodes, key=lambda e: e.get("episode", 0))
-    out: dict[str, Any] = {"reset_seeds": [int(e["reset_seed"]) for e in rows]}
+    if rows and all("init_state" in e for e in rows):
+        out: dict[str, Any] = {"init_states": [int(e["init_state"]) for e in rows]}
+    else:
+        out = {"reset_seeds": [int(e["reset_seed"]) for e in rows]}
     for m in COUNT_METRICS:
         out[m] = "".join("1" if e[m] else "0" for e in rows)
         if len(rows) != counts["episodes"] or out[m].count("1") != counts[m]:

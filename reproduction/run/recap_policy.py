@@ -109,11 +109,22 @@ def evaluate_exports(
     *,
     name: str = "policy",
     ui: Any = None,
+    evaluate_libero: Any = None,
+    libero_factory: Any = None,
 ) -> StageOutput:
     """Evaluate the policy exports ({mode: (export folder, step)}) in the simulator into `out_dir`, and
-    write `run_dir`/evidence/eval_<name>_<step>.json (compare it with `compare_with_reference`)."""
+    write `run_dir`/evidence/eval_<name>_<step>.json (compare it with `compare_with_reference`).
+
+    LIBERO task ids in eval.tasks go to `evaluate_libero` (default reproduction.sim.libero.evaluate_libero), the
+    rest to the Fetch simulator. `libero_factory(export_dir, guidance_scale)` -> a picklable zero-argument policy
+    factory (default the export's PolicyFactory); both are seams tests swap (a fake protocol, a scripted expert)."""
+    from reproduction.run.config import is_libero_task
+
+    if any(is_libero_task(t) for t in config.eval.tasks):
+        return _evaluate_libero_exports(
+            config, exports, run_dir, name=name, ui=ui, evaluate_fn=evaluate_libero, make_factory=libero_factory
+        )
     from reproduction.recap.policy.export import PolicyFactory, read_export
-    from reproduction.run import evidence
     from reproduction.run.lineage import path_sha256
     from reproduction.sim.evaluate import EvalConfig, EvalJob, evaluate_many
 
@@ -158,13 +169,31 @@ def evaluate_exports(
             "summary": result.to_dict()["tasks"],
             "seconds": round(result.seconds, 3),
         }
-    doc = _evidence(config, _records(todo, outcome, digests, run_dir), run_dir, sequential=sequential)
+    records = _records(todo, outcome, digests, run_dir)
+    return _write_evidence(config, records, results, run_dir, name, sequential=sequential)
+
+
+def _write_evidence(
+    config: Any,
+    records: list[Any],
+    results: dict[str, Any],
+    run_dir: Path,
+    name: str,
+    *,
+    settings: dict[str, Any] | None = None,
+    sequential: dict[str, Any] | None = None,
+) -> StageOutput:
+    """The evidence file of an evaluation (the best recap scale as primary, the rest as baselines) and the
+    stage's output."""
+    from reproduction.run import evidence
+
+    doc = _evidence(config, records, run_dir, settings=settings, sequential=sequential)
     step = doc["policy"]["checkpoint"]["step"] or 0
     path = evidence.write_evidence(Path(run_dir) / "evidence" / f"eval_{name}_{step}.json", doc)
     summary = {"evidence": str(path.relative_to(run_dir)), "results": results}
     if sequential is not None:
         summary["sequential"] = sequential
-    return StageOutput(files=[path], summary=_jsonable(summary), device="cpu", world_size=ev.workers)
+    return StageOutput(files=[path], summary=_jsonable(summary), device="cpu", world_size=config.eval.workers)
 
 
 def _records(todo: list[tuple[Any, ...]], outcome: list[Any], digests: dict[str, str], run_dir: Path) -> list[Any]:
@@ -190,7 +219,12 @@ def _records(todo: list[tuple[Any, ...]], outcome: list[Any], digests: dict[str,
 
 
 def _evidence(
-    config: Any, records: list[Any], run_dir: Path, *, sequential: dict[str, Any] | None = None
+    config: Any,
+    records: list[Any],
+    run_dir: Path,
+    *,
+    settings: dict[str, Any] | None = None,
+    sequential: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The evaluation evidence of `records` (primary: recap at its best guidance scale), not yet written."""
     from reproduction.run import evidence
@@ -203,7 +237,7 @@ def _evidence(
         name=f"{primary.label} after {step} steps",
         run_id=Path(run_dir).name,
         seeds={"eval": ev.seed, "policy": config.policy.train.seed, "value": config.value.train.seed},
-        settings={"tasks": list(ev.tasks), "episodes_per_task": ev.episodes_per_task},
+        settings=settings or {"tasks": list(ev.tasks), "episodes_per_task": ev.episodes_per_task},
         baselines=[r for r in records if r is not primary],
         sequential=sequential,
     )
@@ -277,6 +311,98 @@ def evaluate_sequentially(
     }
 
 
+def _evaluate_libero_exports(
+    config: Any,
+    exports: dict[str, tuple[Path, int | None]],
+    run_dir: Path,
+    *,
+    name: str,
+    ui: Any,
+    evaluate_fn: Any = None,
+    make_factory: Any = None,
+) -> StageOutput:
+    """`evaluate_exports` for LIBERO task ids: every export's features are checked against LIBERO's before any
+    env is built (a Fetch policy is refused by name), then each policy runs upstream's protocol (the tasks'
+    first N init states, the suite's step limit, settle steps, action chunks; docs/libero.md) and its counts go
+    into the evidence per task and per init state (`outcomes.init_states`), so two runs pair state by state."""
+    from reproduction.recap.policy.export import read_export
+    from reproduction.run import evidence
+    from reproduction.run.lineage import path_sha256
+    from reproduction.sim.libero.protocol import LazyPolicy, check_policy_features
+
+    if evaluate_fn is None:
+        from reproduction.sim.libero.protocol import evaluate_libero as evaluate_fn
+    ev, lib = config.eval, config.eval.libero
+    todo = [(label, mode, w, *exports[mode]) for label, mode, w in evaluations(config) if mode in exports]
+    for mode in dict.fromkeys(m for _, m, *_ in todo):  # every export checked before the first env
+        meta = read_export(exports[mode][0])
+        check_policy_features(
+            state_dim=len(meta["stats"]["state_mean"]),
+            action_dim=len(meta["stats"]["action_mean"]),
+            image_keys=list(dict(meta.get("cameras") or {}).values()),
+            cameras=lib.cameras,
+            name=f"the {mode} policy ({exports[mode][0]})",
+        )
+    records, results, digests, settle = [], {}, {}, None
+    for label, mode, w, export, step in todo:
+        if mode not in digests:
+            digests[mode] = path_sha256(Path(export))[0]
+        # built in the process that steps the env (each spawn worker its own copy), as the Fetch path does
+        factory = (make_factory or _export_factory)(str(export), w)
+        policy = LazyPolicy(factory)
+        result = evaluate_fn(
+            list(ev.tasks),
+            ev.episodes_per_task,
+            policy,
+            chunk=lib.chunk,
+            cameras=lib.cameras,
+            image_size=lib.image_size,
+            max_steps=lib.max_steps,
+            workers=ev.workers,
+            seed=ev.seed,
+            ui=ui,
+        )
+        doc, settle = libero_counts(result), result.settle_steps
+        results[label] = {
+            "tasks": doc["tasks"],
+            "per_init_state": result.per_init_state(),
+            "seconds": round(result.seconds, 3),
+            "steps": result.steps,
+        }
+        inside = Path(export).resolve().is_relative_to(Path(run_dir).resolve())
+        firsts = [e.first_success_step for e in result.episodes if e.first_success_step is not None]
+        records.append(
+            evidence.EvalRecord(
+                result=doc,
+                label=label,
+                mode=mode,
+                guidance_scale=w if mode == "recap" else None,
+                checkpoint=str(Path(export).resolve().relative_to(Path(run_dir).resolve()) if inside else export),
+                checkpoint_sha256=digests[mode],
+                step=step,
+                extra_metrics={"mean_first_success_step": sum(firsts) / len(firsts)} if firsts else {},
+            )
+        )
+    settings = {
+        "tasks": list(ev.tasks),
+        "episodes_per_task": ev.episodes_per_task,
+        "simulator": "libero",
+        "libero": {
+            "protocol": "first N init states in order; suite step limit; success = LIBERO's check_success()",
+            "chunk": lib.chunk,
+            "cameras": lib.cameras,
+            # a camera-free evaluation is a CPU tier's shortcut, never upstream's protocol: the evidence says so
+            "observation": "images + state"
+            if lib.cameras
+            else "no images: state, and LIBERO's privileged object state in the observation",
+            "image_size": lib.image_size if lib.cameras else None,
+            "max_steps": lib.max_steps,
+            "settle_steps": settle,
+        },
+    }
+    return _write_evidence(config, records, results, run_dir, name, settings=settings)
+
+
 def compare_with_reference(evidence_file: Path, reference: Path, out: Path) -> dict[str, Any]:
     """Compare an evaluation's evidence with reference evidence, write the comparison JSON to `out`, and
     return its dict (rows, verdict). Raises what loading either file raises (InvalidInputError, OSError)."""
@@ -332,6 +458,28 @@ def _counts(result: Any) -> dict[str, Any]:
             name: [{k: e[k] for k in keys if k in e} for e in t.episode_metrics] for name, t in result.tasks.items()
         },
     }
+
+
+def _export_factory(export_dir: str, guidance_scale: float) -> Any:
+    from reproduction.recap.policy.export import PolicyFactory
+
+    return PolicyFactory(export_dir=export_dir, guidance_scale=guidance_scale)
+
+
+def libero_counts(result: Any) -> dict[str, Any]:
+    """A LiberoEvalResult as the evidence expects it: per-task counts, and per task each init state's outcome
+    (`init_state` keys the pairing in a comparison, as `reset_seed` does for Fetch)."""
+    per_episode: dict[str, list[dict[str, Any]]] = {}
+    for e in result.episodes:
+        per_episode.setdefault(e.task_id, []).append(
+            {
+                "episode": e.init_index,
+                "init_state": e.init_index,
+                "success_once": bool(e.success_once),
+                "success_at_end": bool(e.success_at_end),
+            }
+        )
+    return {"tasks": result.per_task(), "per_episode": per_episode}
 
 
 def _mechanism(result: Any) -> dict[str, float]:

@@ -350,11 +350,37 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
     reads = "compare" in (stages or []) or ("eval" in (stages or []) and config.eval.sequential.enabled)
     if reads and reference and "/path/to/" not in reference and not Path(reference).is_file():
         problems.append(InputNotFoundError(f"eval.reference: {reference} is not a file", path=reference))
+    if "eval" in (stages or []):
+        problems += libero_problems(config.eval.tasks)
     inf = config.value.infer
     if inf.batch_size < 1 or inf.workers < 1:
         problems.append(ConfigError(f"value.infer: batch_size {inf.batch_size} and workers {inf.workers} must be >= 1"))
     problems += [ConfigError(p, field="min_free_gb") for p in disk_problems(run_dir, config.min_free_gb)]
     return problems
+
+
+def libero_problems(tasks: list[str]) -> list[Any]:
+    """LIBERO tasks in eval.tasks with LIBERO not installed (the one-line error naming the extra), or a task name
+    the installed LIBERO does not know; found before any stage trains. Suites and indices were checked at config
+    load; names need LIBERO's task lists, so only a name makes this import LIBERO (a few seconds)."""
+    from reproduction.errors import MissingDependencyError, PortableError
+    from reproduction.sim.libero import INSTALL_HINT, available, is_libero_id, parse_task_id, resolve_tasks
+
+    libero = [t for t in tasks if is_libero_id(t)]
+    if not libero:
+        return []
+    if not available():
+        return [
+            MissingDependencyError(
+                f"eval.tasks names LIBERO tasks ({', '.join(libero)}) but LIBERO is not installed", hint=INSTALL_HINT
+            )
+        ]
+    if any(parse_task_id(t).name is not None for t in libero):
+        try:
+            resolve_tasks(libero)
+        except PortableError as exc:
+            return [exc]
+    return []
 
 
 def _has(module: str) -> bool:
@@ -386,7 +412,12 @@ POLICY_STAGES = (
         files_if=(("eval.reference", "eval.sequential.enabled"),),  # ...and a sequential evaluation's, by content
         inputs=False,
         outputs=("**/*.json",),
-        code=("reproduction.sim.evaluate", "reproduction.recap.policy.export", "reproduction.run.sequential"),
+        code=(
+            "reproduction.sim.evaluate",
+            "reproduction.sim.libero.protocol",
+            "reproduction.recap.policy.export",
+            "reproduction.run.sequential",
+        ),
     ),
     StageSpec(
         name="compare",

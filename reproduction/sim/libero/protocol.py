@@ -10,13 +10,19 @@ its first success (openpi's example script; cheaper on CPU) and then success_at_
 
 Policy protocol (batched like the Fetch simulator's, B = 1): `policy(batch) -> (1, H, 7)` (or (H, 7) or (7,)),
 batch = the observation with a leading batch axis and `task` a one-element list. The first min(chunk, H) actions
-of each chunk are executed. Optional hooks: `policy.reset(seed=...)` before each episode, and `policy.bind(sim)`
-once per env for privileged scripted experts. One env per task per worker is built once and reused for its
-init states (`workers` > 1: spawn processes, init states dealt round-robin).
+of each chunk are executed. Optional hooks: `policy.reset(seed=...)` (or `reset()`) before each episode, and
+`policy.bind(sim)` once per env for privileged scripted experts. One env per task per worker is built once and
+reused for its init states (`workers` > 1: spawn processes, init states dealt round-robin). A progress bar shows
+episodes done, steps/s and an ETA (per episode in one process; per worker share with `workers` > 1).
+
+`check_policy_features` refuses, before any env is built, a policy whose features LIBERO does not provide (a
+Fetch-trained policy's state and 4-dim action); `LazyPolicy` builds a policy from a picklable factory in the
+process that runs it (spawn workers), forwarding `reset` and `bind`.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -29,8 +35,91 @@ from reproduction.errors import SimError
 from reproduction.sim.libero.env import ACTION_DIM, SETTLE_STEPS, LiberoSim
 from reproduction.sim.libero.tasks import LiberoTask, resolve_tasks
 from reproduction.sim.workers import run_units
+from reproduction.ui import UiOptions, progress
 
 Policy = Callable[[dict], np.ndarray]
+
+STATE_DIM = 8
+"""observation.state: eef pos (3), eef axis-angle (3), gripper finger qpos (2) (env.py, RLinf's layout)."""
+IMAGE_KEYS = ("observation.images.image", "observation.images.wrist_image")
+"""The camera features a rendering env provides (cameras=True)."""
+
+
+def check_policy_features(
+    *,
+    state_dim: int,
+    action_dim: int,
+    image_keys: tuple[str, ...] | list[str] = (),
+    cameras: bool = True,
+    name: str = "the policy",
+) -> None:
+    """SimError (exit 45) naming every feature a policy expects that LIBERO does not provide: its state width
+    (LIBERO's observation.state is 8 values; a Fetch policy reads state + goal), its action width (7; Fetch's 4)
+    and its camera keys (upstream's two, and only when the env renders). Called before any env is built."""
+    wrong = []
+    if state_dim != STATE_DIM:
+        wrong.append(f"state {state_dim} values (LIBERO gives {STATE_DIM})")
+    if action_dim != ACTION_DIM:
+        wrong.append(f"action {action_dim} dims (LIBERO takes {ACTION_DIM})")
+    missing = [k for k in image_keys if not cameras or k not in IMAGE_KEYS]
+    if missing:
+        have = ", ".join(IMAGE_KEYS) if cameras else "none: eval.libero.cameras is false"
+        wrong.append(f"cameras {', '.join(missing)} (LIBERO gives {have})")
+    if wrong:
+        raise SimError(
+            f"feature mismatch: {name} expects " + "; ".join(wrong),
+            field="features",
+            hint="evaluate on LIBERO a policy trained on LIBERO data (upstream's layout); a Fetch policy fits "
+            "Fetch tasks only",
+        )
+
+
+class LazyPolicy:
+    """A policy built from a picklable zero-argument `factory` on its first use, in the process that uses it, so
+    spawn workers each build their own copy (a loaded model is not shipped between processes). Forwards
+    `reset(seed=...)` when the built policy has one."""
+
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self.factory = factory
+        self._policy: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"factory": self.factory, "_policy": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.factory, self._policy = state["factory"], None
+
+    @property
+    def policy(self) -> Any:
+        if self._policy is None:
+            self._policy = self.factory()
+        return self._policy
+
+    def reset(self, seed: int = 0) -> None:
+        _reset_policy(self.policy, seed)
+
+    def bind(self, sim: LiberoSim) -> None:
+        """Forwarded to a privileged scripted expert (the only policies that bind)."""
+        if hasattr(self.policy, "bind"):
+            self.policy.bind(sim)
+
+    def __call__(self, batch: dict[str, Any]) -> Any:
+        return self.policy(batch)
+
+
+def _reset_policy(policy: Any, seed: int) -> None:
+    """`policy.reset(seed=seed)`, or `reset()` when it takes no seed (an export's GuidedPolicy), or nothing."""
+    reset = getattr(policy, "reset", None)
+    if reset is None:
+        return
+    try:
+        params = inspect.signature(reset).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "seed" in params or any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        reset(seed=seed)
+    else:
+        reset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +211,7 @@ def run_episode(
     seed: int = 0,
 ) -> EpisodeOutcome:
     """One episode from init state `init_index` on an already built env."""
-    if hasattr(policy, "reset"):
-        policy.reset(seed=seed)
+    _reset_policy(policy, seed)
     obs = sim.reset(init_index)
     steps, first, success, actions = 0, None, False, []
     while steps < max_steps:
@@ -149,8 +237,9 @@ def run_episode(
     )
 
 
-def _run_unit(unit: dict[str, Any]) -> list[EpisodeOutcome]:
-    """One worker's share: for each task, one env built once and reset to each of its init states in turn."""
+def _run_unit(unit: dict[str, Any], on_episode: Callable[[EpisodeOutcome], None] | None = None) -> list[EpisodeOutcome]:
+    """One worker's share: for each task, one env built once and reset to each of its init states in turn;
+    `on_episode` (in-process only: it does not pickle) hears of each episode as it ends."""
     policy, make_sim, out = unit["policy"], unit["make_sim"], []
     for task, indices in unit["work"]:
         if not indices:
@@ -170,6 +259,8 @@ def _run_unit(unit: dict[str, Any]) -> list[EpisodeOutcome]:
                         seed=unit["seed"] + i,
                     )
                 )
+                if on_episode is not None:
+                    on_episode(out[-1])
         finally:
             sim.close()
     return out
@@ -191,6 +282,7 @@ def evaluate_libero(
     workers: int = 1,
     make_sim: Callable[..., LiberoSim] = LiberoSim,
     seed: int = 0,
+    ui: UiOptions | None = None,
 ) -> LiberoEvalResult:
     """Run the protocol; every argument is checked before any env is built.
 
@@ -199,6 +291,7 @@ def evaluate_libero(
     pickle (a bound expert or a lambda does not). Episodes come back in (task, init state) order whatever the
     worker count, and an episode's numbers do not depend on it (its seed is `seed + init index`).
     `max_steps` overrides the suite's limit (tests and reduced runs only). `make_sim` is the seam a test swaps.
+    `ui` styles the progress bar (episodes, steps/s, ETA; none when quiet or not a terminal).
     Raises SimError for a bad task id, episodes_per_task outside 1..the task's init-state count, a bad chunk or
     worker count, an unpicklable policy with workers > 1, or a policy output of the wrong shape.
     """
@@ -238,7 +331,28 @@ def evaluate_libero(
         for w in range(workers)
     ]
     t0 = time.perf_counter()
-    episodes = [ep for eps in run_units(_run_unit, units, workers=workers) for ep in eps]
+    total = len(tasks) * episodes_per_task
+    episodes: list[EpisodeOutcome] = []
+    with progress(ui) as bar:
+        task_bar = bar.task("evaluate LIBERO", total=total)
+        task_bar.show(rate="? steps/s", eta="-:--:--")
+
+        def advance(done: list[EpisodeOutcome]) -> None:
+            episodes.extend(done)
+            task_bar.advance(len(done))
+            elapsed = time.perf_counter() - t0
+            steps = sum(e.steps for e in episodes)
+            left = elapsed / len(episodes) * (total - len(episodes)) if episodes else 0.0
+            task_bar.show(
+                rate=f"{steps / max(elapsed, 1e-9):.1f} steps/s",
+                eta=time.strftime("%H:%M:%S", time.gmtime(left)),
+            )
+
+        if workers == 1:  # in this process: the bar moves per episode (env creation shows as a slow first one)
+            _run_unit(units[0], on_episode=lambda e: advance([e]))
+        else:  # spawn workers report a whole share at once
+            for eps in run_units(_run_unit, units, workers=workers):
+                advance(eps)
     order = {t.task_id: k for k, t in enumerate(tasks)}
     episodes.sort(key=lambda e: (order[e.task_id], e.init_index))
     return LiberoEvalResult(
