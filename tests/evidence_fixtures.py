@@ -70,6 +70,32 @@ def make_bundle(root: Path) -> tuple[Path, dict[str, Path]]:
     return root, {"sft": root / "data/sft", "rollouts": root / "data/rollouts"}
 
 
+def _add_weights(bundle: Path) -> dict[str, list[Artifact]]:
+    """Starting weights in the bundle (weights_manifest/<model>_tiny.json and the file it pins, as the demo's
+    bundle holds them), bundle.json re-pinned; per model: the lineage inputs a stage that loads them records."""
+    out = {}
+    for model in ("value", "policy"):
+        data = _write(bundle / f"weights/{model}-tiny/model.safetensors", f"pretrained {model}".encode() * 16)
+        entry = {"path": f"{model}-tiny/model.safetensors", "kind": "weights", "sha256": sha256_file(data)}
+        manifest = _write(
+            bundle / f"weights_manifest/{model}_tiny.json",
+            json.dumps({"name": f"{model}-tiny", "components": [{"role": f"{model}-model", "files": [entry]}]}),
+        )
+        out[model] = [Artifact(path=manifest, role="weights"), Artifact(path=data, role="weights")]
+    doc = json.loads((bundle / "bundle.json").read_text())
+    doc["files"] = sorted(
+        [f for f in doc["files"] if not f["path"].startswith("weights")]
+        + [
+            {"path": p.relative_to(bundle).as_posix(), "size": p.stat().st_size, "sha256": sha256_file(p)}
+            for p in sorted((bundle / "weights").rglob("*.safetensors"))
+            + sorted((bundle / "weights_manifest").glob("*"))
+        ],
+        key=lambda f: f["path"],
+    )
+    _write(bundle / "bundle.json", json.dumps(doc, indent=1))
+    return out
+
+
 def eval_result(once: dict[str, tuple[int, int]], at_end: dict[str, int] | None = None) -> dict:
     """An EvalResult.to_dict()-shaped dict: {task: (successes, episodes)}."""
     return {
@@ -111,6 +137,7 @@ def make_evidence(name: str = "eval_policy_4", *, recap=(38, 40), bc=(20, 40), s
 def make_run(tmp: Path, *, argv: tuple[str, ...] = ("portable", "run", "--output", "runs/x"), environ=None) -> FakeRun:
     """A run folder with the four stages' fake outputs, an eval, and one lineage statement per stage."""
     bundle, datasets = make_bundle(tmp / "bundle")
+    weights = _add_weights(bundle)
     run = tmp / "run"
     returns = _write(run / "returns/meta/returns_sft.parquet", b"returns" * 50)
     value_ckpt = run / "value/checkpoints/step_4"
@@ -123,6 +150,11 @@ def make_run(tmp: Path, *, argv: tuple[str, ...] = ("portable", "run", "--output
     _write(policy_ckpt / "manifest.json", '{"step": 4}')
     policy_resume = run / "policy/checkpoints/step_2"
     _write(policy_resume / "model.safetensors", b"policy weights at step 2" * 30)
+    # Each mode the policy stage trains has its own export (policy/<mode>/export), as a real run's do.
+    exports = []
+    for mode in ("recap", "bc", "filtered_bc"):
+        exports.append(_write(run / f"policy/{mode}/export/model.safetensors", f"{mode} weights".encode() * 20))
+        exports.append(_write(run / f"policy/{mode}/export/policy.json", json.dumps({"mode": mode})))
     common = dict(run_id="run-test", run_dir=run, world_size=2, device="cpu", versions=VERSIONS, bundle_dir=bundle)
     base_inputs = bundle_inputs(bundle)
     config = {"value": {"steps": 4}, "hub": {"token": "hf_" + "x" * 34}, "seed": 0}
@@ -132,7 +164,7 @@ def make_run(tmp: Path, *, argv: tuple[str, ...] = ("portable", "run", "--output
         (
             "value",
             [value_ckpt, value_export],
-            [Artifact(path=datasets["sft"], role="dataset"), Artifact(path=returns)],
+            [*weights["value"], Artifact(path=datasets["sft"], role="dataset"), Artifact(path=returns)],
             None,
         ),
         (
@@ -143,8 +175,8 @@ def make_run(tmp: Path, *, argv: tuple[str, ...] = ("portable", "run", "--output
         ),
         (
             "policy",
-            [policy_ckpt],
-            [Artifact(path=datasets["rollouts"], role="dataset"), Artifact(path=advantages)],
+            [policy_ckpt, *exports],
+            [*weights["policy"], Artifact(path=datasets["rollouts"], role="dataset"), Artifact(path=advantages)],
             Artifact(path=policy_resume, role="checkpoint"),
         ),
     ]
@@ -171,7 +203,7 @@ def make_run(tmp: Path, *, argv: tuple[str, ...] = ("portable", "run", "--output
         StageRun(
             stage="eval",
             outputs=[evidence],
-            inputs=[Artifact(path=policy_ckpt, role="upstream_output")],
+            inputs=[Artifact(path=p, role="upstream_output") for p in (policy_ckpt, *exports)],
             argv=list(argv),
             config=config,
             started_on=t + 50,

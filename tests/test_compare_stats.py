@@ -190,3 +190,29 @@ def test_sequential_looks_in_whole_batches_spend_alpha_at_their_own_fractions():
     assert rule.spend() == pytest.approx(rule.spend([0.25, 0.5, 0.75, 1.0]))
     with pytest.raises(ValueError, match="rise strictly and end at 1"):
         rule.spend([0.5, 0.5, 1.0])
+
+
+def test_sequential_simulation_covers_the_issue_grid_and_takes_grid_flags(capsys):
+    import inspect
+
+    from reproduction.run.sequential import simulate_sequential
+
+    # The default grid holds issue 24's (rates 0.1/0.5/0.9, n 50/100/500, d 0, m/2, m, 2m) plus n 2000 and 3m.
+    defaults = {k: v.default for k, v in inspect.signature(simulate_sequential).parameters.items()}
+    assert {0.1, 0.5, 0.9} <= set(defaults["rates"]) and {50, 100, 500, 2000} <= set(defaults["ns"])
+    assert {0.0, 0.5, 1.0, 2.0, 3.0} <= set(defaults["shifts"])
+    assert (
+        stats.main(
+            ["simulate", "--sequential", "--pairs", "50", "--rates", "0.5", "--n", "50,100", "--shifts", "0,0.5"]
+        )
+        == 0
+    )
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("0.5", "50", "+0.000"),
+        ("0.5", "50", "+0.025"),
+        ("0.5", "100", "+0.000"),
+        ("0.5", "100", "+0.025"),
+    ]
+    assert stats.main(["simulate", "--pairs", "50", "--rates", "0.9", "--n", "50", "--shifts", "1"]) == 0
+    assert capsys.readouterr().out.splitlines()[2].split()[:3] == ["0.9", "50", "+0.050"]

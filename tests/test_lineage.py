@@ -39,7 +39,17 @@ def test_every_statement_is_a_valid_slsa_provenance(tmp_path):
     assert statement["predicateType"] == "https://slsa.dev/provenance/v1"
     build = statement["predicate"]["buildDefinition"]
     roles = [d["annotations"]["role"] for d in build["resolvedDependencies"]]
-    assert roles == ["bundle_manifest", "runtime_layer", "source", "dataset", "upstream_output", "checkpoint"]
+    # The starting weights (the weights manifest and the file it pins) are inputs of their own role.
+    assert roles == [
+        "bundle_manifest",
+        "runtime_layer",
+        "source",
+        "weights",
+        "weights",
+        "dataset",
+        "upstream_output",
+        "checkpoint",
+    ]
     assert build["internalParameters"]["world_size"] == 2
     assert build["internalParameters"]["resumed_from"]["name"] == "policy/checkpoints/step_2"
     meta = statement["predicate"]["runDetails"]["metadata"]
@@ -82,6 +92,24 @@ def test_chain_walks_from_the_policy_to_the_bundle_manifest_by_digests(tmp_path)
     text = chain.render()
     assert "resumed from policy/checkpoints/step_2" in text
     assert text.count("bundle_manifest: bundle.json") == 1
+    # Every mode's export by name, each by its folder's tree digest, not one mode's file as "the policy output".
+    policy = next(node for _, node in chain.lines() if node.label == "policy")
+    assert policy.name == "3 model exports: recap, bc, filtered_bc" and policy.sha256 == ""
+    assert [(o.label, o.name, o.sha256) for o in policy.outputs] == [
+        (m, f"policy/{m}/export", path_sha256(fake.run / f"policy/{m}/export")[0])
+        for m in ("recap", "bc", "filtered_bc")
+    ]
+    assert "   = bc: policy/bc/export  sha256:" in text
+    # The starting weights each model stage began from, under that stage, pinned by bundle.json.
+    weights = [(depth, node.name, node.note) for depth, node in chain.lines() if node.label == "weights"]
+    assert [(d, n) for d, n, _ in weights] == [
+        (depth["value"] + 1, "weights_manifest/value_tiny.json"),
+        (depth["value"] + 1, "weights/value-tiny/model.safetensors"),
+        (depth["policy"] + 1, "weights_manifest/policy_tiny.json"),
+        (depth["policy"] + 1, "weights/policy-tiny/model.safetensors"),
+    ]
+    assert all(note == "starting weights, in bundle.json" for _, _, note in weights)
+    assert chain.to_dict()["roots"][0]["children"][0]["outputs"][0]["name"] == "policy/recap/export"
 
 
 def test_an_upstream_stage_read_through_many_files_is_one_node(tmp_path):
@@ -109,8 +137,12 @@ def test_an_upstream_stage_read_through_many_files_is_one_node(tmp_path):
         )
     )
     lines = lineage_chain(run).render().splitlines()
-    assert len(lines) == 2
-    assert lines[1].startswith("<- value: value/model_0/export/model.safetensors") and "+2 more files" in lines[1]
+    # One node for value, its three cross-fit exports listed under it by name (not as inputs).
+    assert len(lines) == 5
+    assert lines[1].startswith("<- value: 3 model exports: model_0, model_1, model_2  (succeeded")
+    assert [ln.split("sha256:")[0].strip() for ln in lines[2:]] == [
+        f"= model_{i}: value/model_{i}/export" for i in range(3)
+    ]
 
 
 def test_chain_links_by_place_and_digest_not_by_display_name(tmp_path):
@@ -158,9 +190,9 @@ def test_identical_bytes_of_two_stages_do_not_cross_link(tmp_path):
     stage("policy", [tok_policy], [Artifact(path=adv)], 4.0)
     lines = lineage_chain(run).render().splitlines()
     assert len(lines) == 3, lines
-    assert lines[0].startswith("policy: policy/recap/export/tokenizer.json")
+    assert lines[0].startswith("policy: policy/recap/export  sha256:")
     assert "advantages: advantages/advantages.parquet" in lines[1]
-    assert "value: value/model_0/export/" in lines[2] and "+1 more file" in lines[2]
+    assert f"value: value/model_0/export  sha256:{path_sha256(weights.parent)[0][:12]}" in lines[2]
     assert not any("policy/recap" in ln for ln in lines[1:]), lines
 
 
@@ -379,7 +411,8 @@ def test_cli_prints_the_chain_and_verify_exits_with_documented_codes(tmp_path):
     done = _portable("lineage", str(fake.run), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0].startswith("eval: evidence/eval_policy_4.json")
-    assert "<- policy: policy/checkpoints/step_4" in done.stdout and "bundle_manifest: bundle.json" in done.stdout
+    assert "<- policy: 3 model exports: recap, bc, filtered_bc" in done.stdout
+    assert "bundle_manifest: bundle.json" in done.stdout
 
     done = _portable("lineage", str(fake.run), "--verify", "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -442,3 +475,63 @@ def test_bare_pythons_verify_lineage(tmp_path):
         assert done.returncode == 14, (exe, done.stderr)
         assert "<- returns: returns/meta/returns_sft.parquet" in done.stdout
         assert "digest differs: returns/meta/returns_sft.parquet" in done.stderr
+
+
+def test_value_and_policy_stages_record_the_starting_weights_they_load(tmp_path):
+    """StageSpec.weights: the pretrained_manifest a model section names, and each weights file it pins, are
+    lineage inputs of role `weights` (the bundle's files, so the chain marks them "in bundle.json")."""
+    from reproduction.digests import sha256_file
+    from reproduction.run.recap_recipe import RECAP
+    from reproduction.run.record import make_recorder
+    from reproduction.run.runner import StageRecord, weight_files
+
+    bundle = make_run(tmp_path).bundle
+    plain = {
+        model: {
+            "model": {
+                "pretrained_manifest": str(bundle / f"weights_manifest/{model}_tiny.json"),
+                "weights_dir": str(bundle / "weights"),
+            }
+        }
+        for model in ("value", "policy")
+    }
+    files = weight_files(RECAP.stage("value"), plain)
+    assert files == [
+        str(bundle / "weights_manifest/value_tiny.json"),
+        str(bundle / "weights/value-tiny/model.safetensors"),
+    ]
+    assert weight_files(RECAP.stage("advantages"), plain) == []
+    assert weight_files(RECAP.stage("value"), {"value": {"model": {"pretrained_manifest": None}}}) == []
+    run = tmp_path / "r"
+    out = run / "value/value_setup.json"
+    out.parent.mkdir(parents=True)
+    out.write_text("{}")
+    record = make_recorder(bundle)
+    record(
+        StageRecord(
+            run_id="r",
+            run_dir=run,
+            stage="value",
+            status="complete",
+            action="ran",
+            subjects={"value/value_setup.json": sha256_file(out)},
+            materials={},
+            config=plain,
+            argv=[],
+            started=0.0,
+            ended=1.0,
+            resumed_from=None,
+            summary={},
+            inputs={},
+            upstream_files={},
+            weight_files=files,
+        )
+    )
+    deps = json.loads((run / "lineage/value.intoto.json").read_text())["predicate"]["buildDefinition"]
+    weights = [d for d in deps["resolvedDependencies"] if d["annotations"]["role"] == "weights"]
+    assert [(d["annotations"]["root"], d["annotations"]["path"]) for d in weights] == [
+        ("bundle", "weights_manifest/value_tiny.json"),
+        ("bundle", "weights/value-tiny/model.safetensors"),
+    ]
+    assert weights[1]["digest"]["sha256"] == sha256_file(bundle / "weights/value-tiny/model.safetensors")
+    assert verify_lineage(run).exit_code == 0

@@ -111,6 +111,12 @@ def test_report_is_self_contained_and_escaped(report):
     text = " ".join(page.text)
     assert "95.0% (38/40)" in text and "50.0% (20/40)" in text and "1.2 s" in text
     assert "Differs: 6 of 12 metrics" in text
+    # The lineage names every mode's policy output and the starting weights.
+    outputs = re.findall(r'<li class="output"[^>]*>= output <span class="label">([^<]+)</span> (\S+) ', html)
+    assert outputs == [(m, f"policy/{m}/export") for m in ("recap", "bc", "filtered_bc")]
+    assert "3 model exports: recap, bc, filtered_bc" in text
+    assert "weights_manifest/policy_tiny.json" in text and "weights/value-tiny/model.safetensors" in text
+    assert text.count("starting weights, in bundle.json") == 4
 
 
 def test_report_without_evaluation_or_lineage_still_renders():
@@ -169,7 +175,9 @@ def test_chromium_renders_the_report(report, tmp_path):
     body = re.search(r"<body([^>]*)>", done.stdout)
     assert body, done.stdout[:2000]
     attrs = dict(re.findall(r'data-([a-z]+)="([^"]*)"', body.group(1)))
-    assert attrs == {"images": "4", "decoded": "4", "overflow": "no", "alerts": "0", "verdicts": "12", "chain": "11"}
+    # chain: 11 stage and input lines, the 4 starting weights (value's and policy's manifest and file) and the
+    # policy's 3 mode exports listed by name.
+    assert attrs == {"images": "4", "decoded": "4", "overflow": "no", "alerts": "0", "verdicts": "12", "chain": "18"}
     assert "Differs: 6 of 12 metrics" in done.stdout
 
     shot = tmp_path / "report.png"

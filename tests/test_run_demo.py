@@ -74,7 +74,7 @@ def test_quick_demo_runs_every_stage_and_a_rerun_reuses_it(tmp_path):
     statement = json.loads((run / "lineage" / "value.intoto.json").read_text())
     deps = statement["predicate"]["buildDefinition"]["resolvedDependencies"]
     roles = {d["annotations"].get("role") for d in deps}
-    assert {"bundle_manifest", "source", "dataset", "upstream_output"} <= roles, roles  # the code it ran too
+    assert {"bundle_manifest", "source", "dataset", "upstream_output", "weights"} <= roles, roles  # code, start weights
     for line in ("run: eval", "demo (total)", f"lineage:    {run / 'lineage'}", f"report:     {run / 'report.html'}"):
         assert line in proc.stderr
     restored = out / "restored" / "recap-demo"

@@ -9,6 +9,10 @@ result per policy and task, each metric with its counts and Wilson 95% interval 
 shows `value`; n and the interval travel beside it), written as one JSON line (JSON is YAML).
 `evidence_from_card` reads them back as evidence (no per-episode outcomes: comparisons are unpaired),
 so `portable compare hub:OWNER/NAME ACTUAL.json` compares against what the Hub shows.
+
+No `.eval_results/*.yaml` is written: that Hub format (hub-docs docs/hub/eval-results.md) needs a registered
+benchmark dataset and task id per value and has one model a repo, which simulator evaluations of several
+policies do not have; README "Publish and fetch" says why.
 """
 
 from __future__ import annotations

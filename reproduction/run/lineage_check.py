@@ -9,6 +9,7 @@ Stdlib only: the control plane's `portable lineage` imports this module.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from reproduction.run.lineage import (
     manifest_tree_sha256,
     tree_changes,
     tree_digests,
+    tree_lines,
     tree_sha256,
 )
 
@@ -130,6 +132,10 @@ class ChainNode:
     note: str = ""
     """Status, duration, resumed-from, "in bundle.json", "seen above"."""
     children: list[ChainNode] = field(default_factory=list)
+    outputs: list[ChainNode] = field(default_factory=list)
+    """For a stage that produced several model exports (the policy's modes, the value's cross-fit models):
+    each export by name (label: the mode, name: the folder, sha256: its tree digest). Printed under the
+    stage's line as what it produced, not as inputs; `name` then says how many there are."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -137,6 +143,7 @@ class ChainNode:
             "name": self.name,
             "sha256": self.sha256,
             "note": self.note,
+            "outputs": [o.to_dict() for o in self.outputs],
             "children": [c.to_dict() for c in self.children],
         }
 
@@ -149,7 +156,7 @@ class Chain:
     roots: list[ChainNode]
 
     def lines(self) -> list[tuple[int, ChainNode]]:
-        """(depth, node) in print order."""
+        """(depth, node) in print order: stages and inputs (a stage's `outputs` are part of its node)."""
         out: list[tuple[int, ChainNode]] = []
 
         def walk(node: ChainNode, depth: int) -> None:
@@ -166,7 +173,12 @@ class Chain:
         for depth, node in self.lines():
             lead = "  " * (depth - 1) + "<- " if depth else ""
             note = f"  ({node.note})" if node.note else ""
-            text.append(f"{lead}{node.label}: {node.name}  sha256:{node.sha256[:12]}{note}")
+            digest = f"  sha256:{node.sha256[:12]}" if node.sha256 else ""
+            text.append(f"{lead}{node.label}: {node.name}{digest}{note}")
+            for out in node.outputs:
+                text.append(
+                    f"{'  ' * depth}   = {out.label}: {out.name}  sha256:{out.sha256[:12]}  ({out.note})".rstrip()
+                )
         return "\n".join(text)
 
     def to_dict(self) -> dict[str, Any]:
@@ -208,6 +220,46 @@ def _in_manifest(dep: Mapping[str, Any], manifest: Mapping[str, Any] | None) -> 
     return any(f.get("sha256") == digest for f in manifest.get("files", []))
 
 
+def _export_of(descriptor: Mapping[str, Any]) -> str | None:
+    """The model export folder a subject belongs to ("policy/recap/export" for
+    "policy/recap/export/model.safetensors", or a subject that is itself an ".../export" folder), else None."""
+    path = str(descriptor.get("annotations", {}).get("path", descriptor.get("name", "")))
+    parts = path.split("/")
+    if "export" not in parts[:-1] and parts[-1] != "export":
+        return None
+    return "/".join(parts[: parts.index("export") + 1])
+
+
+def _exports(used: list[Mapping[str, Any]]) -> tuple[list[ChainNode], int]:
+    """The model exports among a stage's used subjects, each as one node (its tree digest computed from the
+    recorded file digests, as `lineage.tree_sha256` would from the files), and how many subjects lie outside
+    any export."""
+    groups: dict[str, dict[str, str]] = {}
+    others = 0
+    for subject in used:
+        folder = _export_of(subject)
+        if folder is None:
+            others += 1
+            continue
+        path = str(subject.get("annotations", {}).get("path", subject.get("name", "")))
+        files = groups.setdefault(folder, {})
+        if path == folder:  # the export recorded as one folder: its digest is the tree digest already
+            files[""] = subject["digest"]["sha256"]
+        else:
+            files[path[len(folder) + 1 :]] = subject["digest"]["sha256"]
+    nodes = []
+    for folder, files in groups.items():
+        parts = folder.split("/")
+        label = parts[-2] if len(parts) > 2 else "export"  # policy/<mode>/export -> the mode
+        if "" in files:
+            sha, count = files[""], "one folder"
+        else:
+            sha = hashlib.sha256(tree_lines(files)).hexdigest()
+            count = f"{len(files)} file{'s' if len(files) > 1 else ''}"
+        nodes.append(ChainNode(label=label, name=folder, sha256=sha, note=count))
+    return nodes, others
+
+
 def edge_key(descriptor: Mapping[str, Any]) -> tuple[str, str, str]:
     """(root, path, sha256) of a subject or dependency: a dependency is a stage's output when all three match."""
     ann = descriptor.get("annotations", {})
@@ -238,11 +290,23 @@ def lineage_chain(run_dir: Path) -> Chain:
 
     def stage_node(st: LoadedStatement, used: list[Mapping[str, Any]]) -> ChainNode:
         """`used`: the subjects of `st` the consumer read (all of them for a root)."""
-        subject = used[0] if used else st.subjects[0]
-        node = ChainNode(label=st.stage, name=subject["name"], sha256=subject["digest"]["sha256"])
-        more = f"+{len(used) - 1} more file{'s' if len(used) > 2 else ''}" if len(used) > 1 else ""
-        if st.file in shown:
+        used = used or st.subjects[:1]
+        exports, others = _exports(used)
+        if len(exports) > 1:  # every export by name (the policy's modes), under a line that counts them
+            names = ", ".join(e.label for e in exports)
+            node = ChainNode(label=st.stage, name=f"{len(exports)} model exports: {names}", sha256="")
+            node.outputs = exports
+            extra = others
+        elif exports:  # one export: the folder, by its tree digest
+            node = ChainNode(label=st.stage, name=exports[0].name, sha256=exports[0].sha256)
+            extra = others
+        else:
+            node = ChainNode(label=st.stage, name=used[0]["name"], sha256=used[0]["digest"]["sha256"])
+            extra = len(used) - 1
+        more = f"+{extra} more file{'s' if extra > 1 else ''}" if extra else ""
+        if st.file in shown:  # its exports were listed where it was first shown
             node.note = ", ".join(x for x in (more, "seen above") if x)
+            node.outputs = []
             return node
         shown.add(st.file)
         node.note = ", ".join(x for x in (more, _stage_note(st)) if x)
@@ -273,6 +337,8 @@ def lineage_chain(run_dir: Path) -> Chain:
             leaves_shown.add(digest)
             role = dep.get("annotations", {}).get("role", "input")
             note = "in bundle.json" if role != "bundle_manifest" and _in_manifest(dep, manifest) else ""
+            if role == "weights":  # what the stage's model started from (pretrained_manifest, its files)
+                note = ", ".join(x for x in ("starting weights", note) if x)
             node.children.append(ChainNode(label=role, name=dep["name"], sha256=digest, note=note))
         if repeated:
             node.note += f", {repeated} more input{'s' if repeated > 1 else ''} shown below"

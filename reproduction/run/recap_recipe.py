@@ -401,6 +401,7 @@ POLICY_STAGES = (
         key_exempt=tuple(f"policy.train.{k}" for k in _NOT_NUMERIC) + ("policy.model.execute_steps",),
         outputs=("*/policy_setup.json", "*/export/**/*"),
         training="policy.train.max_steps",
+        weights=("policy.model",),
         code=("reproduction.recap.policy.task", "reproduction.recap.policy.model", "reproduction.recap.policy.data"),
     ),
     StageSpec(
@@ -453,6 +454,7 @@ RECAP = Recipe(
             key_exempt=tuple(f"value.train.{k}" for k in _NOT_NUMERIC),
             outputs=("value_setup.json", "crossfit.json", "model_*/export/**/*"),
             training="value.train.max_steps",
+            weights=("value.model",),
             code=(
                 "reproduction.recap.value.task",
                 "reproduction.recap.value.model",

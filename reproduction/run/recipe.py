@@ -47,6 +47,11 @@ class StageSpec:
     """(dotted file key, dotted boolean key): like `files`, but only while the boolean key is true (the eval
     stage reads the reference evidence only when eval.sequential.enabled); while it is false the stage's key
     and lineage are as if the file were not listed."""
+    weights: tuple[str, ...] = ()
+    """Dotted config keys of model sections whose `pretrained_manifest` (with `weights_dir`) names the starting
+    weights it initialises from: the manifest and every weights file it lists are lineage inputs (role
+    `weights`). Not part of its key beyond the section's own values: the stage verifies each file's sha256
+    against the manifest when it loads it."""
     redo_on_change: bool = False
     """A changed key redoes it instead of refusing: for a cheap stage whose outputs only derive from its
     inputs (a comparison), so there is nothing worth protecting from a rerun."""

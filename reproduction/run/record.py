@@ -152,6 +152,8 @@ def make_recorder(bundle: Path | None) -> Callable[[Any], None] | None:
             inputs.append(A(path=rec.run_dir / rel, role="upstream_output", sha256=sha))
         for path, sha in getattr(rec, "input_files", {}).items():  # files a stage reads by path (a reference)
             inputs.append(A(path=Path(path), role="input_file", sha256=sha))
+        for path in getattr(rec, "weight_files", []):  # the starting weights: manifest, then its files
+            inputs.append(A(path=Path(path), role="weights"))
         resumed = None
         if rec.resumed_from_path is not None and Path(rec.resumed_from_path).exists():
             resumed = A(path=Path(rec.resumed_from_path), role="checkpoint")

@@ -65,6 +65,8 @@ class StageRecord:
     """Upstream stages' output files (path relative to the run) -> sha256."""
     input_files: dict[str, str] = field(default_factory=dict)
     """Files the stage read by path (StageSpec.files; absolute or relative to the cwd) -> sha256."""
+    weight_files: list[str] = field(default_factory=list)
+    """The starting weights it initialised from (StageSpec.weights): the weights manifest and its files."""
     world_size: int = 1
     device: str = "cpu"
     resumed_from_path: Path | None = None
@@ -216,6 +218,31 @@ def input_files(spec: StageSpec, plain_config: dict[str, Any]) -> dict[str, str 
     for k in (*spec.files, *(k for k, when in spec.files_if if select(plain_config, when) is True)):
         value = select(plain_config, k)
         out[k] = str(value) if value not in (None, "") else None
+    return out
+
+
+def weight_files(spec: StageSpec, plain_config: dict[str, Any]) -> list[str]:
+    """The starting weights a stage initialises from (spec.weights): each section's `pretrained_manifest` and
+    the weights files it lists (under `weights_dir`), those that exist. Unset, or an unreadable manifest: the
+    manifest alone (the stage itself refuses a manifest it cannot read)."""
+    out: list[str] = []
+    for section in spec.weights:
+        manifest = select(plain_config, f"{section}.pretrained_manifest")
+        if manifest in (None, "") or not Path(str(manifest)).is_file():
+            continue
+        out.append(str(manifest))
+        root = Path(str(select(plain_config, f"{section}.weights_dir") or "."))
+        try:
+            doc = json.loads(Path(str(manifest)).read_text(encoding="utf-8"))
+            entries = [f for c in doc.get("components", []) for f in c.get("files", [])]
+        except (OSError, ValueError, AttributeError, TypeError):
+            continue
+        for entry in entries:
+            if not isinstance(entry, dict) or entry.get("kind", "weights") != "weights" or not entry.get("path"):
+                continue
+            path = root / str(entry["path"])
+            if path.is_file() and str(path) not in out:
+                out.append(str(path))
     return out
 
 
@@ -569,6 +596,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
                 input_files={
                     path: parts["files"][k] for k, path in input_files(spec, walk.plain).items() if path is not None
                 },
+                weight_files=weight_files(spec, walk.plain),
                 world_size=output.world_size,
                 device=output.device,
                 resumed_from_path=output.resumed_from_path,

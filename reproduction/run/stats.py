@@ -287,6 +287,14 @@ def render_simulation(rows: list[dict[str, Any]], *, margin: float, alpha: float
     return "\n".join(lines)
 
 
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(",") if x.strip())
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -301,14 +309,27 @@ def main(argv: list[str] | None = None) -> int:
         "--sequential", action="store_true", help="the group-sequential rule (reproduction.run.sequential)"
     )
     sim.add_argument("--looks", type=int, default=4)
+    sim.add_argument("--rates", type=_floats, help="reference rates, comma-separated (default 0.1,0.5,0.9)")
+    sim.add_argument(
+        "--n",
+        type=_ints,
+        help="episodes a side (n_max for --sequential), comma-separated (default 50,100,500; 50,100,500,2000 "
+        "with --sequential)",
+    )
+    sim.add_argument(
+        "--shifts",
+        type=_floats,
+        help="true differences in margins, comma-separated (default 0,0.5,1,2; 0,0.5,1,2,3 with --sequential)",
+    )
     args = parser.parse_args(argv)
+    grid = {k: v for k, v in (("rates", args.rates), ("ns", args.n), ("shifts", args.shifts)) if v is not None}
     if args.sequential:
         from reproduction.run.sequential import SequentialRule, render_sequential, simulate_sequential
 
         rule = SequentialRule(looks=args.looks, alpha=args.alpha, margin=args.margin)
-        print(render_sequential(simulate_sequential(rule=rule, pairs=args.pairs, seed=args.seed), rule))
+        print(render_sequential(simulate_sequential(rule=rule, pairs=args.pairs, seed=args.seed, **grid), rule))
         return 0
-    rows = simulate(margin=args.margin, alpha=args.alpha, pairs=args.pairs, seed=args.seed)
+    rows = simulate(margin=args.margin, alpha=args.alpha, pairs=args.pairs, seed=args.seed, **grid)
     print(render_simulation(rows, margin=args.margin, alpha=args.alpha))
     return 0
 
