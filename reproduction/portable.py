@@ -546,7 +546,10 @@ def _from_os_error(exc: OSError) -> PortableError:
     return os_error(exc, "a file", op=op, hint="rerun with --debug to see where it happened")
 
 
-PATH_ARGUMENTS = ("bundle", "spec", "out", "root", "dir", "manifest", "run_dir", "output", "config", "checkpoint")
+PATH_ARGUMENTS = (
+    *("bundle", "spec", "out", "root", "dir", "manifest", "run_dir", "output", "config", "checkpoint"),
+    *("reference", "actual"),  # compare's evidence files (a `hub:OWNER/NAME` reference is no link: left alone)
+)
 """The attributes of the parsed arguments that hold user paths (every command's)."""
 
 
