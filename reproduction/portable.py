@@ -64,8 +64,10 @@ EXIT_CODES = """exit codes:
          34 downloaded bytes kept failing sha256, 35 conflict: branch moved or tag taken)
   weights verify: 5 bytes missing or different, 4 only fields still "to-be-pinned"
   pack --dry-run: 3 something is missing on this machine
-  40-49 dataset/sidecar    50-59 training and runs (52 a stage's inputs changed or its steps were lowered,
+  40-49 dataset/sidecar    50-59 training and runs (50 a checkpoint incomplete or damaged,
+         52 a stage's inputs changed or its steps were lowered,
          55 the run folder cannot be used: wrongly shaped run.json, a linked stage folder, --output in the bundle,
+         56 the preflight found several problems (each listed),
          57 bundle layers not restored: run `portable restore`, 58 Ray did not start or the cluster did not answer)
   run: 11-14 a bundle file it reads differs    7 also: another `portable run` works in the run folder
   130 interrupted (Ctrl-C, SIGTERM)
@@ -546,7 +548,10 @@ def _from_os_error(exc: OSError) -> PortableError:
     return os_error(exc, "a file", op=op, hint="rerun with --debug to see where it happened")
 
 
-PATH_ARGUMENTS = ("bundle", "spec", "out", "root", "dir", "manifest", "run_dir", "output", "config", "checkpoint")
+PATH_ARGUMENTS = (
+    *("bundle", "spec", "out", "root", "dir", "manifest", "run_dir", "output", "config", "checkpoint"),
+    *("reference", "actual"),  # compare's evidence files (a `hub:OWNER/NAME` reference is no link: left alone)
+)
 """The attributes of the parsed arguments that hold user paths (every command's)."""
 
 

@@ -168,3 +168,42 @@ def test_a_full_run_folder_is_one_line_exit_8_and_resume_completes_after_making_
             assert got["status"] == "complete"
             assert {k: v[2] for k, v in got["outputs"].items()} == {k: v[2] for k, v in want.items()}
     assert "run.json" in hit and len(hit) >= 3, hit
+
+
+def _cli_error(monkeypatch, capsys, tmp_path: Path, body) -> tuple[int, list[str]]:
+    """`portable run` whose work is `body()`: the exit code and stderr lines the CLI gives for what it raises."""
+    from reproduction import portable
+
+    monkeypatch.setattr("reproduction.run.cli.cmd_run", lambda args: body())
+    capsys.readouterr()
+    rc = portable.main(["run", "--output", str(tmp_path / "unused")])
+    return rc, capsys.readouterr().err.strip().splitlines()
+
+
+def test_evidence_that_does_not_fit_is_one_line_exit_8_and_keeps_the_previous_file(tmp_path, monkeypatch, capsys):
+    from reproduction.run.evidence import write_evidence
+
+    with _tmpfs(tmp_path, 32) as fs:
+        path = fs / "run" / "evidence" / "eval_policy_2.json"
+        write_evidence(path, {"metrics": {}})
+        before = path.read_bytes()
+        rc, lines = _cli_error(monkeypatch, capsys, tmp_path, lambda: write_evidence(path, {"pad": "x" * 65536}))
+        assert rc == 8, lines
+        assert lines[0].startswith(f"error: cannot write a file: the disk is full at {path} (it needs about 64"), lines
+        assert lines[0].endswith(" were free)") and lines[1].startswith("hint: free ") and len(lines) == 2, lines
+        assert path.read_bytes() == before  # the old evidence, whole
+        assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file beside it
+
+
+def test_an_evaluation_video_that_does_not_fit_is_one_line_exit_8_and_leaves_no_part(tmp_path, monkeypatch, capsys):
+    from reproduction.sim.evaluate import EvalConfig, _Collect
+
+    task = "FetchPickAndPlace-v4"
+    episode = {"episode": 0, "reset_seed": 0, "success_once": True, "success_at_end": True, "mp4": b"\0" * 65536}
+    with _tmpfs(tmp_path, 32) as fs:
+        collect = _Collect(EvalConfig(tasks=(task,), episodes_per_task=1, videos=1))
+        rc, lines = _cli_error(monkeypatch, capsys, tmp_path, lambda: collect.add({"task": task}, [episode], fs))
+        assert rc == 8, lines
+        assert lines[0].startswith(f"error: cannot write a file: the disk is full at {fs}/videos/"), lines
+        assert "(it needs about 64.0 KiB, " in lines[0] and len(lines) == 2, lines
+        assert list((fs / "videos").iterdir()) == []  # the half-written temp was removed

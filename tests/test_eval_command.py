@@ -1,4 +1,6 @@
-"""`portable eval --checkpoint`: which exports it evaluates, at which step, into which evidence file.
+"""`portable eval --checkpoint`: which exports it evaluates, at which step, into which evidence file; and that
+it is refused (nothing evaluated) where a `portable run` works in the run folder (exit 7) or evidence/ links out
+(exit 55).
 
 Regressions: a policy export folder was labelled "after 0 steps" (its step was never read); two exports
 evaluated into one --output wrote the same evidence file; `--checkpoint STEP` evaluated only the recap
@@ -88,3 +90,44 @@ def test_a_step_evaluates_every_mode_the_run_trained_and_says_so(tmp_path, calls
     }
     assert "evaluating 2 policy export(s): recap (step 6, " in err and ", bc (step 6, " in err
     assert (run / "evidence" / "eval_checkpoint_6.json").is_file()  # the documented name for the STEP form
+
+
+def _trained_run(run: Path) -> Path:
+    run.mkdir()
+    state = {
+        "format_version": 1,
+        "recipe": "recap",
+        "run_id": "r",
+        "stages": {"policy": {"status": "complete", "key": "0" * 64, "outputs": {}, "step": 6, "summary": {}}},
+        "config": {},
+    }
+    (run / "run.json").write_text(json.dumps(state))
+    return run
+
+
+def test_eval_into_a_run_folder_another_process_works_in_is_exit_7(tmp_path, calls, capsys):
+    import os
+
+    from reproduction.run.guards import run_lock
+
+    run = _trained_run(tmp_path / "run")
+    capsys.readouterr()
+    with run_lock(run):
+        assert main(["eval", "--checkpoint", "6", "--output", str(run)]) == 7
+    lines = capsys.readouterr().err.strip().splitlines()
+    busy = f"error: {run}: busy: another portable process (pid {os.getpid()}: run) is working on this run folder"
+    assert lines[0].startswith(busy) and len(lines) <= 2, lines
+    assert calls == [] and not (run / "evidence").exists()
+
+
+def test_eval_into_a_run_folder_whose_evidence_links_out_is_exit_55_and_writes_nothing_there(tmp_path, calls, capsys):
+    run = _trained_run(tmp_path / "run")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (run / "evidence").symlink_to(outside, target_is_directory=True)
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", "6", "--output", str(run)]) == 55
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0].startswith(f"error: {run / 'evidence'} is a symbolic link (to {outside})"), lines
+    assert len(lines) == 2 and lines[1].startswith("hint: ")
+    assert calls == [] and list(outside.iterdir()) == []

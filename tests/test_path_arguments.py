@@ -90,6 +90,11 @@ SWEEP = [
     ("demo --output", "file", lambda p, x: ["demo", "--quick", "--output", str(x)], 55, "is a file, not a folder"),
     ("demo --output", "dangling", lambda p, x: ["demo", "--quick", "--output", str(x)], 3, "which does not exist"),
     ("demo --output", "loop", lambda p, x: ["demo", "--quick", "--output", str(x)], 3, "symbolic-link loop"),
+    ("compare REFERENCE", "dangling", lambda p, x: ["compare", str(x), str(p["file"])], 3, "which does not exist"),
+    ("compare REFERENCE", "loop", lambda p, x: ["compare", str(x), str(p["file"])], 3, "symbolic-link loop"),
+    ("compare ACTUAL", "dangling", lambda p, x: ["compare", str(p["file"]), str(x)], 3, "which does not exist"),
+    ("compare ACTUAL", "loop", lambda p, x: ["compare", str(p["file"]), str(x)], 3, "symbolic-link loop"),
+    ("compare --out", "loop", lambda p, x: ["compare", str(p["file"]), str(p["file"]), "--out", str(x)], 3, "loop"),
 ]
 
 

@@ -141,3 +141,66 @@ def test_target_step_continues_the_finished_value_stage(done_run, tmp_path):
     assert table == {"returns": "skipped", "value": "continued", "advantages": "ran"}
     stages = json.loads((runcopy / "run.json").read_text())["stages"]
     assert stages["value"]["step"] == 6 and stages["value"]["resumed_from"] == 4
+
+
+def _copy_run(run: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(run, out)
+    return out
+
+
+def _one_line(proc: subprocess.CompletedProcess, start: str) -> None:
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith(start) and len(lines) == 2 and lines[1].startswith("hint: "), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_resume_with_a_lowered_value_max_steps_is_exit_52_naming_both_and_keeps_the_record(done_run, tmp_path):
+    bundle, run, _ = done_run
+    runcopy = _copy_run(run, tmp_path)
+    before = (runcopy / "run.json").read_bytes()
+    proc = portable("run", str(bundle), "--output", str(runcopy), "--resume", "value.train.max_steps=2")
+    assert proc.returncode == 52, proc.stderr[-2000:]
+    _one_line(
+        proc,
+        "error: stage value: value.train.max_steps is now 2, but the stage trained 4 steps "
+        "(it ran with value.train.max_steps=4)",
+    )
+    assert (runcopy / "run.json").read_bytes() == before  # the record still says 4 steps were trained
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["not UTF-8", "a JSON list"])
+def test_a_target_step_from_a_damaged_checkpoint_is_exit_50_and_the_stage_stays_complete(done_run, tmp_path, damage):
+    """Regression: a flipped byte in a checkpoint's manifest.json ended `--target-step` in "internal error:
+    UnicodeDecodeError" (exit 1); a manifest that was JSON but not an object, in an AttributeError."""
+    bundle, run, _ = done_run
+    runcopy = _copy_run(run, tmp_path)
+    before = json.loads((runcopy / "run.json").read_text())["stages"]
+    for manifest in (runcopy / "value").glob("model_*/checkpoints/step_4/manifest.json"):
+        data = bytearray(manifest.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        manifest.write_bytes(bytes(data) if damage == "not UTF-8" else b"[]")
+    proc = portable("run", str(bundle), "--output", str(runcopy), "--target-step", "6")
+    assert proc.returncode == 50, proc.stderr[-2000:]
+    _one_line(proc, "error: ")
+    assert "/checkpoints/step_4/manifest.json is not " in proc.stderr.splitlines()[0], proc.stderr
+    assert json.loads((runcopy / "run.json").read_text())["stages"] == before  # value: complete, as recorded
+
+
+@pytest.mark.slow
+def test_a_stage_folder_linked_out_of_the_run_folder_is_exit_55_and_nothing_is_cleared_there(done_run, tmp_path):
+    """Regression: with returns/ a link to another folder, `--restart-stage returns` failed with "cannot write a
+    file: Cannot call rmtree on a symbolic link" (exit 8); `--resume` read through the link."""
+    bundle, run, _ = done_run
+    runcopy = _copy_run(run, tmp_path)
+    outside = tmp_path / "elsewhere"
+    (runcopy / "returns").rename(outside)
+    (runcopy / "returns").symlink_to(outside, target_is_directory=True)
+    files = sorted(p.relative_to(outside) for p in outside.rglob("*"))
+    for how in (["--restart-stage", "returns"], ["--resume"]):
+        proc = portable("run", str(bundle), "--output", str(runcopy), *how)
+        assert proc.returncode == 55, proc.stderr[-2000:]
+        _one_line(proc, f"error: {runcopy / 'returns'} is a symbolic link (to {outside})")
+        assert sorted(p.relative_to(outside) for p in outside.rglob("*")) == files

@@ -23,7 +23,7 @@ def _ui(args: Any) -> UiOptions:
     return UiOptions(quiet=getattr(args, "quiet", False), progress=not getattr(args, "no_progress", False))
 
 
-POSITIONAL = ("bundle", "run_dir", "spec", "dir", "manifest")
+POSITIONAL = ("bundle", "run_dir", "spec", "dir", "manifest", "reference", "actual")
 """Path arguments named by their metavar (BUNDLE, RUN_DIR, ...) in errors, not as a --flag."""
 
 

@@ -250,8 +250,18 @@ def read_manifest(folder: Path) -> dict[str, Any]:
             path=folder,
             hint="resume from the newest complete step_N/ (incomplete ones end in .partial)",
         ) from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path} is not valid JSON: {exc}", path=path) from None
+    except ValueError as exc:  # not JSON, or not UTF-8 (a flipped bit): a damaged checkpoint, not a bug
+        raise CheckpointError(
+            f"{path} is not valid JSON: {exc}",
+            path=path,
+            hint="resume from another complete step_N/ or delete this one",
+        ) from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(
+            f"{path} is not a checkpoint manifest (a JSON {type(manifest).__name__}, not an object)",
+            path=path,
+            hint="resume from another complete step_N/ or delete this one",
+        )
     if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(
             f"{path}: format {manifest.get('format')!r} version {manifest.get('format_version')!r} is not "
