@@ -51,6 +51,7 @@ from reproduction.errors import (  # noqa: E402
     UsageError,
     os_error,
 )
+from reproduction.numerics import pin_cpu_kernels  # noqa: E402
 from reproduction.ui import UiOptions, say  # noqa: E402
 
 EXIT_CODES = """exit codes:
@@ -589,6 +590,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json and not args.json_output:
             raise UsageError(f"`portable {args.command}` has no JSON output", hint="drop --json")
         _check_paths(args)
+        pin_cpu_kernels()  # before any pipeline command imports torch: the same bits on every x86-64 CPU
         return int(args.handler(args) or 0)
     except PortableError as exc:
         if args.debug:

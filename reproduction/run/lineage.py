@@ -37,6 +37,7 @@ from typing import Any
 from reproduction.digests import sha256_file, sha256_files
 from reproduction.errors import InvalidInputError
 from reproduction.fsio import atomic_write_text
+from reproduction.numerics import cpu_kernels
 from reproduction.run.secrets import redact, redact_argv, secret_values
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -231,6 +232,7 @@ def runtime_versions() -> dict[str, str | None]:
     out["cuda"] = _torch_cuda() if out["torch"] is not None else None
     out["cann"] = _cann_version()
     out["driver"] = _nvidia_driver()
+    out["cpu_kernels"] = cpu_kernels()  # CPU results depend on the kernels' instruction set (reproduction.numerics)
     return out
 
 

@@ -1,0 +1,66 @@
+"""CPU kernels pinned to one instruction set, so a CPU run trains the same bits on every x86-64 server.
+
+torch picks its vectorised CPU kernels (layer norm, softmax, reductions, AdamW) by the CPU's widest
+instruction set, and MKL picks its GEMM kernels by CPU vendor and instruction set. Each width sums in
+another order, so the same recipe trains other weights on an AVX-512 server than on an AVX2 one, and a
+100-episode evaluation of those weights differs by more than sampling: measured on the demo, at the same
+code, seed and data, success at the last step of 100 episodes for bc / filtered bc / RECAP w=1 / w=2 was
+52 / 77 / 74 / 88 with AVX2 kernels (an AVX2 server, and an AVX-512 AMD EPYC pinned to AVX2), 47 / 71 /
+83 / 84 with the EPYC's native AVX-512 kernels, and 56 / 63 / 88 / 88 on another server's native kernels. Reference
+evidence is only reproducible if every server computes alike, so pipeline commands pin both libraries to
+AVX2 (every x86-64 server since 2013-2015 has it) before torch is imported:
+
+    ATEN_CPU_CAPABILITY=avx2   torch's CPU dispatch (read once, at the first CPU kernel)
+    MKL_CBWR=AVX2              MKL's conditional numerical reproducibility mode (Intel's AVX2 code path)
+
+`PORTABLE_CPU_KERNELS=native` leaves both alone (the fastest kernels of this CPU, results tied to it);
+a value the user already exported for either variable wins. A remote Ray cluster's workers take the
+environment their own nodes were started with: start them with the same variables (docs/config.md).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import MutableMapping
+
+SETTING = "PORTABLE_CPU_KERNELS"
+"""The knob: "avx2" (the default) pins the kernels; "native" leaves them to the CPU."""
+PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+"""What "avx2" sets (each only where the user has not set it)."""
+CHOICES = ("avx2", "native")
+
+
+def pin_cpu_kernels(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Set PINNED in `environ` (default os.environ) unless PORTABLE_CPU_KERNELS=native, leaving any variable
+    the user set; returns what is now in force for those variables. Worker processes inherit it.
+
+    Must run before torch is first imported in this process to affect it (it always affects the worker
+    processes started afterwards). Raises ConfigError (exit 4) for an unknown PORTABLE_CPU_KERNELS value."""
+    env = os.environ if environ is None else environ
+    choice = env.get(SETTING, "avx2").strip().lower() or "avx2"
+    if choice not in CHOICES:
+        from reproduction.errors import ConfigError
+
+        raise ConfigError(
+            f"{SETTING}={env[SETTING]!r} is not one of {', '.join(CHOICES)}",
+            field=SETTING,
+            hint=f"unset {SETTING} (AVX2 kernels: the same bits on every x86-64 server), or {SETTING}=native",
+        )
+    if choice == "avx2":
+        for name, value in PINNED.items():
+            env.setdefault(name, value)
+    return {name: env[name] for name in PINNED if name in env}
+
+
+def cpu_kernels() -> str:
+    """One line for records (lineage, check): the kernels this process uses or will use, e.g.
+    "ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2" or "native"; with torch loaded, its capability in force."""
+    torch = sys.modules.get("torch")
+    parts = [f"{name}={os.environ[name]}" for name in PINNED if name in os.environ]
+    if torch is not None:
+        try:
+            parts.append(f"torch={torch.backends.cpu.get_cpu_capability()}")
+        except Exception:  # an old or partial torch: the variables still say what was asked for
+            pass
+    return " ".join(parts) or "native"
