@@ -35,6 +35,7 @@ EXPECTED_ROWS = {
     "cuda",
     "npu",
     "host.cpu",
+    "host.cpu_kernels",
     "host.memory",
     "host.shm",
     "host.disk",

@@ -97,3 +97,27 @@ def test_lineage_records_the_kernels():
     from reproduction.run.lineage import runtime_versions
 
     assert runtime_versions()["cpu_kernels"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "status", "words"),
+    [
+        (
+            "fpu sse2 avx2 avx512f",
+            PINNED,
+            "ok",
+            "pinned to AVX2 (ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2); the CPU offers AVX-512",
+        ),
+        ("fpu sse2 avx2", PINNED, "ok", "the CPU offers AVX2"),
+        ("fpu sse2 avx2 avx512f", {SETTING: "native"}, "warn", "native kernels (PORTABLE_CPU_KERNELS=native"),
+        ("fpu sse2 avx2", {SETTING: "native"}, "ok", "native kernels"),
+        ("fpu sse2 sse4_2", PINNED, "warn", "this CPU has no AVX2"),
+    ],
+)
+def test_check_says_which_kernels_a_run_will_use(tmp_path, flags, env, status, words):
+    from reproduction.checks.host import cpu_kernels_row
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
+    row = cpu_kernels_row(cpuinfo, env)
+    assert row.status == status and words in row.finding

@@ -86,6 +86,8 @@ class CheckContext:
     """Default CANN install roots, searched after ASCEND_TOOLKIT_HOME/ASCEND_HOME_PATH."""
     meminfo_file: Path = Path("/proc/meminfo")
     """Memory totals."""
+    cpuinfo_file: Path = Path("/proc/cpuinfo")
+    """CPU flags (which vector instruction sets the CPU kernels could use)."""
     shm_dir: Path = Path("/dev/shm")
     """Shared memory (Ray's object store)."""
     work_dir: Path = field(default_factory=Path.cwd)

@@ -1,9 +1,10 @@
-"""Host probe: CPU cores, memory, /dev/shm (Ray's object store) and free disk where runs are written."""
+"""Host probe: CPU cores and kernels, memory, /dev/shm (Ray's object store) and free disk where runs are written."""
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 from reproduction.checks.context import CheckContext
@@ -32,10 +33,11 @@ def read_meminfo(path: Path) -> dict[str, int]:
 
 
 def probe_host(ctx: CheckContext) -> list[ProbeResult]:
-    """Rows host.cpu, host.memory, host.shm, host.disk; only warnings (a slow run is not a broken one)."""
+    """Rows host.cpu, host.cpu_kernels, host.memory, host.shm, host.disk; only warnings (slow is not broken)."""
     results = []
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     results.append(ok("host.cpu", f"{cores} usable cores (of {os.cpu_count()})", cores=cores, total=os.cpu_count()))
+    results.append(cpu_kernels_row(ctx.cpuinfo_file, os.environ))
     try:
         mem = read_meminfo(ctx.meminfo_file)
         total, avail = mem.get("MemTotal", 0), mem.get("MemAvailable", mem.get("MemFree", 0))
@@ -74,6 +76,41 @@ def probe_host(ctx: CheckContext) -> list[ProbeResult]:
         )
     )
     return results
+
+
+def cpu_flags(path: Path) -> set[str]:
+    """The first CPU's flags in /proc/cpuinfo (empty when unreadable or not x86)."""
+    try:
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "flags":
+                return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_kernels_row(cpuinfo: Path, environ: Mapping[str, str]) -> ProbeResult:
+    """host.cpu_kernels: which CPU kernels a pipeline command will use (reproduction.numerics) and whether
+    they compute what AVX2 servers compute (the reference evidence's kernels); warns where they cannot."""
+    from reproduction.numerics import PINNED, SETTING
+
+    flags = cpu_flags(cpuinfo)
+    widest = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2" if flags else "unknown"
+    pinned = " ".join(f"{k}={environ[k]}" for k in PINNED if k in environ)
+    if flags and "avx2" not in flags:
+        return warn(
+            "host.cpu_kernels",
+            "this CPU has no AVX2: CPU training here computes other bits than on AVX2 servers, so CPU results "
+            "will not match reference evidence made there",
+            "compare with `portable compare` expecting `differs`/`inconclusive`, or run on an AVX2 server",
+            cpu=widest,
+        )
+    if environ.get(SETTING, "").strip().lower() == "native":
+        row = warn if widest == "AVX-512" else ok
+        args = (f"unset {SETTING} to pin AVX2 kernels",) if row is warn else ()
+        return row("host.cpu_kernels", f"native kernels ({SETTING}=native; the CPU offers {widest})", *args, cpu=widest)
+    return ok("host.cpu_kernels", f"pinned to AVX2 ({pinned or 'AVX2'}); the CPU offers {widest}", cpu=widest)
 
 
 def _existing(path: Path) -> Path:
