@@ -184,3 +184,22 @@ def test_check_json_folder_without_a_bundle_is_still_the_bundle(paths, monkeypat
     monkeypatch.setattr(report, "run_checks", fake)
     assert main(["-q", "check", "--device", "cpu", "--json", str(paths["folder"])]) == 0
     assert seen == {"bundle": paths["folder"], "json_path": Path("-")}
+
+
+@pytest.mark.parametrize("kind", ["file", "under a file"])
+def test_fetch_into_a_file_is_refused_before_the_hub_is_contacted(paths, capsys, monkeypatch, kind):
+    """`portable fetch OWNER/NAME DIR` with DIR an existing file (or under one): exit 3 like every command given a
+    file where a folder is needed (verify/restore/run BUNDLE), one line naming it, and no request to the Hub."""
+    import reproduction.release.hub as hub
+
+    def contacted(*_a, **_k):
+        raise AssertionError("the Hub was contacted before DIR was checked")
+
+    monkeypatch.setattr(hub, "_client", contacted)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # a closed port, should anything get through
+    dest = paths["file"] if kind == "file" else paths["file"] / "bundle"
+    rc = main(["-q", "fetch", "me/x", str(dest)])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert rc == 3 and lines[0].startswith("error: ") and "is a file, not a folder" in lines[0], lines
+    assert str(paths["file"]) in lines[0] and len(lines) == 2 and lines[1].startswith("hint: ")
+    assert paths["file"].read_text() == "x = 1\n"
