@@ -203,3 +203,16 @@ def test_fetch_into_a_file_is_refused_before_the_hub_is_contacted(paths, capsys,
     assert rc == 3 and lines[0].startswith("error: ") and "is a file, not a folder" in lines[0], lines
     assert str(paths["file"]) in lines[0] and len(lines) == 2 and lines[1].startswith("hint: ")
     assert paths["file"].read_text() == "x = 1\n"
+
+
+@pytest.mark.parametrize("kind", ["file", "under a file"])
+def test_weights_fetch_into_a_file_is_exit_3_not_a_write_failure(paths, capsys, monkeypatch, kind):
+    """`portable weights fetch MANIFEST DIR` with DIR a file: exit 3 'is a file, not a folder' (as `fetch`), not
+    exit 8 'cannot write a file: File exists'."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # a closed port: nothing reaches a network
+    manifest = Path(__file__).resolve().parent.parent / "weights_manifest" / "value_tiny.json"
+    dest = paths["file"] if kind == "file" else paths["file"] / "weights"
+    rc = main(["-q", "weights", "fetch", str(manifest), str(dest)])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert rc == 3 and "is a file, not a folder" in lines[0] and str(paths["file"]) in lines[0], lines
+    assert len(lines) == 2 and lines[1].startswith("hint: ") and paths["file"].read_text() == "x = 1\n"

@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from reproduction.digests import sha256_files
-from reproduction.errors import HubConflictError, HubNotFoundError, InputNotFoundError, InvalidInputError
-from reproduction.fsio import atomic_write_bytes
+from reproduction.errors import HubConflictError, HubNotFoundError, InvalidInputError
+from reproduction.fsio import atomic_write_bytes, refuse_file_for_folder
 from reproduction.release.hub_transfer import Download, HubSettings, download_all, fetch_small, with_retries
 from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, FileEntry, Manifest, load_manifest
 from reproduction.ui import UiOptions, human_bytes, say
@@ -422,7 +422,7 @@ def fetch_bundle(
     settings = settings or HubSettings.from_env()
     check_repo_id(repo)
     dest, rev = Path(dest), revision or "main"
-    _refuse_file_dest(dest)  # before the Hub is asked anything
+    refuse_file_for_folder(dest, hint="fetch into a new or empty folder")  # before the Hub is asked anything
     api = _client(settings, ui)
     endpoint = settings.resolved_endpoint()
     commit = with_retries(
@@ -505,25 +505,10 @@ def _remote_manifest(
     return data, manifest
 
 
-def _refuse_file_dest(dest: Path) -> None:
-    """InputNotFoundError (exit 3, as every command given a file where a folder is needed) when `dest`, or the
-    nearest part of it that exists, is a file: a fetch could never create its folder there."""
-    probe = Path(dest).absolute()
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if probe.exists() and not probe.is_dir():
-        inside = "" if probe == Path(dest).absolute() else f"cannot create {dest}: "
-        raise InputNotFoundError(
-            f"{inside}{probe if inside else dest} is a file, not a folder",
-            path=dest,
-            hint="fetch into a new or empty folder",
-        )
-
-
 def _prepare_dest(dest: Path, manifest: Manifest) -> None:
     """Create `dest`, or accept an earlier fetch there (dropping files its old manifest listed but the
     new one does not)."""
-    _refuse_file_dest(dest)
+    refuse_file_for_folder(dest, hint="fetch into a new or empty folder")
     dest.mkdir(parents=True, exist_ok=True)
     entries = [p.name for p in dest.iterdir() if p.name != STATE_DIR]
     if not entries:
