@@ -108,3 +108,18 @@ def user_path(text: str | os.PathLike[str], *, what: str = "path") -> Path:
             hint=f"point the link at a real file or folder, or pass another {what}",
         )
     return resolved
+
+
+def refuse_file_for_folder(path: str | os.PathLike[str], *, hint: str) -> None:
+    """InputNotFoundError (exit 3, as every command given a file where a folder is needed) when `path`, or the
+    nearest part of it that exists, is a file: a folder could never be created there. Called before any work
+    (a Hub request, a download) so the mistake is named first, not as a write failure at the end."""
+    from reproduction.errors import InputNotFoundError
+
+    given = Path(path)
+    probe = given.absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        inside = "" if probe == given.absolute() else f"cannot create {given}: "
+        raise InputNotFoundError(f"{inside}{probe if inside else given} is a file, not a folder", path=given, hint=hint)

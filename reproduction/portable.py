@@ -198,7 +198,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     from reproduction.checks.report import run_checks
 
     target = args.json
-    if isinstance(target, str) and args.bundle is None and Path(target).is_dir():
+    if isinstance(target, str) and target != "-" and Path(target).is_dir():
+        if args.bundle is not None:  # refused before the check runs, not exit 8 after it
+            raise InputNotFoundError(
+                f"--json {target} is a folder, not a file",
+                path=target,
+                hint="name the report file (e.g. --json check.json), or give --json alone for stdout",
+            )
         # `check --json BUNDLE`: a report cannot be written to a folder, so the folder is the bundle
         args.bundle, target = target, True
     json_path = Path("-") if target is True else Path(target) if target else None
@@ -552,6 +558,7 @@ def _from_os_error(exc: OSError) -> PortableError:
 PATH_ARGUMENTS = (
     *("bundle", "spec", "out", "root", "dir", "manifest", "run_dir", "output", "config", "checkpoint"),
     *("reference", "actual"),  # compare's evidence files (a `hub:OWNER/NAME` reference is no link: left alone)
+    "json",  # check's `--json FILE` (the global --json is a flag, True/False: no path; `-` is stdout)
 )
 """The attributes of the parsed arguments that hold user paths (every command's)."""
 
@@ -565,7 +572,9 @@ def _check_paths(args: argparse.Namespace) -> None:
     for name in PATH_ARGUMENTS:
         value = getattr(args, name, None)
         for item in value if isinstance(value, list) else [value]:
-            if isinstance(item, str) and item and not (name == "checkpoint" and item.isdigit()):
+            if not isinstance(item, str) or not item or (name, item) == ("json", "-"):
+                continue
+            if not (name == "checkpoint" and item.isdigit()):
                 user_path(item, what=name.upper() if name in POSITIONAL else "--" + name.replace("_", "-"))
 
 

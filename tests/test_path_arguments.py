@@ -95,6 +95,17 @@ SWEEP = [
     ("compare ACTUAL", "dangling", lambda p, x: ["compare", str(p["file"]), str(x)], 3, "which does not exist"),
     ("compare ACTUAL", "loop", lambda p, x: ["compare", str(p["file"]), str(x)], 3, "symbolic-link loop"),
     ("compare --out", "loop", lambda p, x: ["compare", str(p["file"]), str(p["file"]), "--out", str(x)], 3, "loop"),
+    # check --json FILE (the report file): refused before the check runs, not exit 8 after it
+    ("check --json", "loop", lambda p, x: ["check", "--device", "cpu", "--json", str(x)], 3, "symbolic-link loop"),
+    ("check --json", "dangling", lambda p, x: ["check", "--device", "cpu", "--json", str(x)], 3, "does not exist"),
+    (
+        "check --json",
+        "folder",
+        lambda p, x: ["check", str(p["bundle"]), "--device", "cpu", "--json", str(x)],
+        3,
+        "is a folder, not a file",
+    ),
+    ("check BUNDLE --json", "loop", lambda p, x: ["check", str(x), "--device", "cpu", "--json"], 3, "loop"),
 ]
 
 
@@ -141,3 +152,67 @@ def test_the_one_normalisation_makes_every_path_absolute_and_resolved(tmp_path, 
     real = (tmp_path / "real dir ü").resolve()
     assert args.output == str(real / "run") and args.config == [str(real / "a.yaml"), str(real / "b.yaml")]
     assert args.bundle is None and all(Path(p).is_absolute() for p in [args.output, *args.config])
+
+
+@pytest.mark.parametrize("kind", ["loop", "dangling", "folder"])
+def test_check_json_file_is_refused_before_the_check_runs(paths, capsys, monkeypatch, kind):
+    """`portable check --json PATH`: a report path that can never be written is refused up front (exit 3, one
+    line naming it), like every command's path argument, instead of exit 8 after the whole check ran."""
+    import reproduction.checks.report as report
+
+    def ran(*_a, **_k):
+        raise AssertionError("the check ran before its --json FILE was checked")
+
+    monkeypatch.setattr(report, "collect_report", ran)
+    rc = main(["-q", "check", str(paths["bundle"]), "--device", "cpu", "--json", str(paths[kind])])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert rc == 3 and lines[0].startswith("error: --json ") and str(paths[kind]) in lines[0], lines
+    assert len(lines) <= 2
+
+
+def test_check_json_folder_without_a_bundle_is_still_the_bundle(paths, monkeypatch):
+    """`portable check --json BUNDLE` (kept for compatibility): a folder and no BUNDLE is the bundle, reported
+    as JSON on stdout; only a folder next to a BUNDLE is refused as the report file."""
+    import reproduction.checks.report as report
+
+    seen = {}
+
+    def fake(*, bundle, json_path, **_k):
+        seen.update(bundle=bundle, json_path=json_path)
+        return 0
+
+    monkeypatch.setattr(report, "run_checks", fake)
+    assert main(["-q", "check", "--device", "cpu", "--json", str(paths["folder"])]) == 0
+    assert seen == {"bundle": paths["folder"], "json_path": Path("-")}
+
+
+@pytest.mark.parametrize("kind", ["file", "under a file"])
+def test_fetch_into_a_file_is_refused_before_the_hub_is_contacted(paths, capsys, monkeypatch, kind):
+    """`portable fetch OWNER/NAME DIR` with DIR an existing file (or under one): exit 3 like every command given a
+    file where a folder is needed (verify/restore/run BUNDLE), one line naming it, and no request to the Hub."""
+    import reproduction.release.hub as hub
+
+    def contacted(*_a, **_k):
+        raise AssertionError("the Hub was contacted before DIR was checked")
+
+    monkeypatch.setattr(hub, "_client", contacted)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # a closed port, should anything get through
+    dest = paths["file"] if kind == "file" else paths["file"] / "bundle"
+    rc = main(["-q", "fetch", "me/x", str(dest)])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert rc == 3 and lines[0].startswith("error: ") and "is a file, not a folder" in lines[0], lines
+    assert str(paths["file"]) in lines[0] and len(lines) == 2 and lines[1].startswith("hint: ")
+    assert paths["file"].read_text() == "x = 1\n"
+
+
+@pytest.mark.parametrize("kind", ["file", "under a file"])
+def test_weights_fetch_into_a_file_is_exit_3_not_a_write_failure(paths, capsys, monkeypatch, kind):
+    """`portable weights fetch MANIFEST DIR` with DIR a file: exit 3 'is a file, not a folder' (as `fetch`), not
+    exit 8 'cannot write a file: File exists'."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # a closed port: nothing reaches a network
+    manifest = Path(__file__).resolve().parent.parent / "weights_manifest" / "value_tiny.json"
+    dest = paths["file"] if kind == "file" else paths["file"] / "weights"
+    rc = main(["-q", "weights", "fetch", str(manifest), str(dest)])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert rc == 3 and "is a file, not a folder" in lines[0] and str(paths["file"]) in lines[0], lines
+    assert len(lines) == 2 and lines[1].startswith("hint: ") and paths["file"].read_text() == "x = 1\n"

@@ -82,3 +82,63 @@ def test_the_reference_doc_is_generated_and_up_to_date():
     assert (REPO / "docs" / "config.md").read_text() == text, (
         "regenerate: python -m reproduction.run.config > docs/config.md"
     )
+
+
+@pytest.mark.parametrize("section", ["value.train", "policy.train"])
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("max_steps=0", "{s}.max_steps=0 must be >= 1"),
+        ("global_batch=0", "{s}.global_batch=0 must be >= 1"),
+        ("micro_batch=0", "{s}.micro_batch=0 must be >= 1"),
+        ("world_size=0", "{s}.world_size=0 must be >= 1"),
+        ("keep_last=0", "{s}.keep_last=0 must be >= 1"),
+        ("log_interval=0", "{s}.log_interval=0 must be >= 1"),
+        ("warmup_steps=-1", "{s}.warmup_steps=-1 must be >= 0"),
+        ("eval_interval=-1", "{s}.eval_interval=-1 must be >= 0"),
+        ("save_interval=-1", "{s}.save_interval=-1 must be >= 0"),
+        ("canary_samples=-1", "{s}.canary_samples=-1 must be >= 0"),
+        ("cpu_threads=-1", "{s}.cpu_threads=-1 must be >= 0"),
+        ("lr=0", "{s}.lr=0.0 must be > 0"),
+        ("cpus_per_worker=0", "{s}.cpus_per_worker=0.0 must be > 0"),
+        ("start_timeout_s=0", "{s}.start_timeout_s=0.0 must be > 0"),
+        ("collective_timeout_s=0", "{s}.collective_timeout_s=0.0 must be > 0"),
+        ("grad_clip=-1", "{s}.grad_clip=-1.0 must be >= 0"),
+        ("weight_decay=-1", "{s}.weight_decay=-1.0 must be >= 0"),
+        ("canary_rtol=-1", "{s}.canary_rtol=-1.0 must be >= 0"),
+        ("eps=-1", "{s}.eps=-1.0 must be >= 0"),
+        ("betas=[0.9,1.5]", "{s}.betas=(0.9, 1.5) must be two numbers in [0, 1)"),
+        ("device=tpu", "{s}.device='tpu' is not one of"),
+        ("launcher=mpi", "{s}.launcher='mpi' is not one of"),
+        ("mixed_precision=fp8", "{s}.mixed_precision='fp8' is not one of"),
+        ("global_batch=5", "{s}.global_batch=5 is not divisible by {s}.micro_batch x {s}.world_size"),
+        ("world_size=2 micro_batch=1", "{s}.launcher='inprocess' runs one worker, but {s}.world_size=2"),
+    ],
+)
+def test_every_training_config_error_names_its_full_key(section, override, words):
+    """TrainConfig's rules, reached through a run config, name `value.train.KEY` / `policy.train.KEY` (message
+    and `field`), not the bare `KEY` that cannot tell the two training sections apart."""
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"{section}.{o}" for o in override.split()])
+    key = section + "." + override.split("=")[0]
+    if override.startswith("world_size=2"):
+        key = section + ".launcher"  # the cross-field rule names the field it asks to change
+    assert words.format(s=section) in str(err.value) and "\n" not in str(err.value), str(err.value)
+    assert err.value.field == key and err.value.exit_code == 4
+
+
+def test_save_interval_not_a_multiple_names_both_full_keys():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["policy.train.eval_interval=3", "policy.train.save_interval=4"])
+    assert str(err.value).startswith(
+        "policy.train.save_interval=4 is not a multiple of policy.train.eval_interval=3"
+    ) and err.value.field == ("policy.train.save_interval")
+
+
+@pytest.mark.parametrize("key", ["value.train.max_steps", "policy.train.max_steps"])
+def test_max_steps_0_on_the_command_line_names_its_section(tmp_path, capsys, key):
+    from reproduction.portable import main
+
+    assert main(["-q", "run", "--output", str(tmp_path / "run"), f"{key}=0"]) == 4
+    assert capsys.readouterr().err.splitlines()[0] == f"error: {key}=0 must be >= 1"
+    assert not (tmp_path / "run").exists()

@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 
 from reproduction.digests import sha256_files
 from reproduction.errors import HubConflictError, HubNotFoundError, InvalidInputError
-from reproduction.fsio import atomic_write_bytes
+from reproduction.fsio import atomic_write_bytes, refuse_file_for_folder
 from reproduction.release.hub_transfer import Download, HubSettings, download_all, fetch_small, with_retries
 from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, FileEntry, Manifest, load_manifest
 from reproduction.ui import UiOptions, human_bytes, say
@@ -422,6 +422,7 @@ def fetch_bundle(
     settings = settings or HubSettings.from_env()
     check_repo_id(repo)
     dest, rev = Path(dest), revision or "main"
+    refuse_file_for_folder(dest, hint="fetch into a new or empty folder")  # before the Hub is asked anything
     api = _client(settings, ui)
     endpoint = settings.resolved_endpoint()
     commit = with_retries(
@@ -507,10 +508,7 @@ def _remote_manifest(
 def _prepare_dest(dest: Path, manifest: Manifest) -> None:
     """Create `dest`, or accept an earlier fetch there (dropping files its old manifest listed but the
     new one does not)."""
-    if dest.exists() and not dest.is_dir():
-        raise InvalidInputError(
-            f"{dest} exists and is not a folder", path=dest, hint="fetch into a new or empty folder"
-        )
+    refuse_file_for_folder(dest, hint="fetch into a new or empty folder")
     dest.mkdir(parents=True, exist_ok=True)
     entries = [p.name for p in dest.iterdir() if p.name != STATE_DIR]
     if not entries:

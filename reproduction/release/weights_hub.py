@@ -23,6 +23,7 @@ from typing import Any
 
 from reproduction.digests import sha256_files
 from reproduction.errors import HubAuthError, HubIntegrityError, InvalidInputError
+from reproduction.fsio import refuse_file_for_folder
 from reproduction.release.hub_transfer import Download, HubSettings, download_all, fetch_small, with_retries
 from reproduction.release.manifest import STATE_DIR
 from reproduction.release.weights_manifest import (
@@ -301,6 +302,7 @@ def fetch_weights(
     refuse_unpinned(manifest, "fetch")
     settings = settings or HubSettings.from_env()
     dest = Path(dest)
+    refuse_file_for_folder(dest, hint="fetch the weights into a new folder, or one an earlier fetch wrote")
     dest.mkdir(parents=True, exist_ok=True)
     have = present_files(dest, [f for _, f in manifest.files()])
     endpoint = settings.resolved_endpoint()

@@ -416,11 +416,37 @@ def load_config(
     merged = merged_config(files, overrides, bundle=bundle, run_dir=run_dir, schema=schema)
     try:
         OmegaConf.resolve(merged)
+        _check_train_sections(merged)
         return OmegaConf.to_object(merged)
     except ConfigError:
         raise
     except Exception as exc:  # omegaconf's errors: one mapping, here
         raise _config_error(exc, merged) from None
+
+
+def _check_train_sections(node: Any, prefix: str = "") -> None:
+    """TrainConfig's rules on every training section (`value.train`, `policy.train`) with the section's key:
+    TrainConfig.__post_init__ (run by to_object) would name a bare `max_steps`, which cannot say which of the
+    two sections is wrong. Values that do not convert are left to to_object, which names their key."""
+    from types import SimpleNamespace
+
+    from omegaconf import DictConfig, OmegaConf
+
+    from reproduction.train.config import check_train_values
+
+    for name in node.keys():
+        child = None if OmegaConf.is_missing(node, name) else node[name]
+        if not isinstance(child, DictConfig):  # a value, a list, None or ??? (to_object reports those)
+            continue
+        key = f"{prefix}.{name}" if prefix else str(name)
+        if OmegaConf.get_type(child) is TrainConfig:
+            try:
+                values = OmegaConf.to_container(child, throw_on_missing=True)
+            except Exception:
+                continue
+            check_train_values(SimpleNamespace(**values), key=key)
+        else:
+            _check_train_sections(child, key)
 
 
 def merged_config(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,28 +93,7 @@ class TrainConfig:
     joining) and every collective; a rank whose peer is dead errors after this."""
 
     def __post_init__(self) -> None:
-        _check_choices(self)
-        _check_positive(self)
-        per_pass = self.micro_batch * self.world_size
-        if self.global_batch % per_pass:
-            raise ConfigError(
-                f"global_batch={self.global_batch} is not divisible by micro_batch x world_size = "
-                f"{self.micro_batch} x {self.world_size} = {per_pass}",
-                field="global_batch",
-                hint="pick global_batch as a multiple of micro_batch * world_size",
-            )
-        if self.save_interval and self.eval_interval and self.save_interval % self.eval_interval:
-            raise ConfigError(
-                f"save_interval={self.save_interval} is not a multiple of eval_interval={self.eval_interval}",
-                field="save_interval",
-                hint="every checkpoint should carry an evaluation: make save_interval a multiple",
-            )
-        if self.launcher == "inprocess" and self.world_size != 1:
-            raise ConfigError(
-                f"launcher='inprocess' runs one worker, but world_size={self.world_size}",
-                field="launcher",
-                hint="use launcher='ray' for more than one worker",
-            )
+        check_train_values(self)
 
     @property
     def grad_accum(self) -> int:
@@ -148,29 +128,62 @@ class TrainConfig:
         return hashlib.sha256(json.dumps(self.resume_key(), sort_keys=True).encode()).hexdigest()
 
 
-def _check_choices(cfg: TrainConfig) -> None:
+def check_train_values(cfg: Any, key: str = "") -> None:
+    """TrainConfig's rules on `cfg` (a TrainConfig, or anything with its fields as attributes); the ConfigError
+    names each field as `key.field` (`policy.train.max_steps` when a run config's section is checked), so two
+    training sections of one config are told apart. TrainConfig.__post_init__ calls it with no key."""
+
+    def k(name: str) -> str:
+        return f"{key}.{name}" if key else name
+
+    _check_choices(cfg, k)
+    _check_positive(cfg, k)
+    per_pass = cfg.micro_batch * cfg.world_size
+    if cfg.global_batch % per_pass:
+        raise ConfigError(
+            f"{k('global_batch')}={cfg.global_batch} is not divisible by {k('micro_batch')} x {k('world_size')} = "
+            f"{cfg.micro_batch} x {cfg.world_size} = {per_pass}",
+            field=k("global_batch"),
+            hint=f"pick {k('global_batch')} as a multiple of micro_batch * world_size",
+        )
+    if cfg.save_interval and cfg.eval_interval and cfg.save_interval % cfg.eval_interval:
+        raise ConfigError(
+            f"{k('save_interval')}={cfg.save_interval} is not a multiple of {k('eval_interval')}={cfg.eval_interval}",
+            field=k("save_interval"),
+            hint=f"every checkpoint should carry an evaluation: make {k('save_interval')} a multiple",
+        )
+    if cfg.launcher == "inprocess" and cfg.world_size != 1:
+        raise ConfigError(
+            f"{k('launcher')}='inprocess' runs one worker, but {k('world_size')}={cfg.world_size}",
+            field=k("launcher"),
+            hint=f"set {k('launcher')}=ray for more than one worker",
+        )
+
+
+def _check_choices(cfg: Any, k: Callable[[str], str]) -> None:
     for name, choices in (("device", DEVICES), ("launcher", LAUNCHERS), ("mixed_precision", PRECISIONS)):
         value = getattr(cfg, name)
         if value not in choices:
             raise ConfigError(
-                f"{name}={value!r} is not one of {', '.join(choices)}",
-                field=name,
-                hint=f"set {name} to one of: {', '.join(choices)}",
+                f"{k(name)}={value!r} is not one of {', '.join(choices)}",
+                field=k(name),
+                hint=f"set {k(name)} to one of: {', '.join(choices)}",
             )
 
 
-def _check_positive(cfg: TrainConfig) -> None:
+def _check_positive(cfg: Any, k: Callable[[str], str]) -> None:
     for name in ("max_steps", "global_batch", "micro_batch", "world_size", "keep_last", "log_interval"):
         if int(getattr(cfg, name)) < 1:
-            raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 1", field=name)
+            raise ConfigError(f"{k(name)}={getattr(cfg, name)} must be >= 1", field=k(name))
     for name in ("warmup_steps", "eval_interval", "save_interval", "canary_samples", "cpu_threads"):
         if int(getattr(cfg, name)) < 0:
-            raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 0", field=name)
+            raise ConfigError(f"{k(name)}={getattr(cfg, name)} must be >= 0", field=k(name))
     for name in ("lr", "cpus_per_worker", "start_timeout_s", "collective_timeout_s"):
         if not float(getattr(cfg, name)) > 0:
-            raise ConfigError(f"{name}={getattr(cfg, name)} must be > 0", field=name)
+            raise ConfigError(f"{k(name)}={getattr(cfg, name)} must be > 0", field=k(name))
     for name in ("grad_clip", "weight_decay", "canary_rtol", "eps"):
         if not float(getattr(cfg, name)) >= 0:
-            raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 0", field=name)
-    if len(cfg.betas) != 2 or not all(0 <= b < 1 for b in cfg.betas):
-        raise ConfigError(f"betas={cfg.betas} must be two numbers in [0, 1)", field="betas")
+            raise ConfigError(f"{k(name)}={getattr(cfg, name)} must be >= 0", field=k(name))
+    betas = tuple(cfg.betas)
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise ConfigError(f"{k('betas')}={betas} must be two numbers in [0, 1)", field=k("betas"))
