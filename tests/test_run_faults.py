@@ -96,7 +96,7 @@ BAD_INPUTS = [
         "intervals incompatible",
         lambda w, o: _run(o, "--config", str(w[2]), "value.train.eval_interval=3", "value.train.save_interval=4"),
         4,
-        "not a multiple of eval_interval",
+        "value.train.save_interval=4 is not a multiple of value.train.eval_interval=3",
     ),
     (
         "quantile out of range",
