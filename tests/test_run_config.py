@@ -43,8 +43,8 @@ def test_yaml_then_overrides_then_placeholders(tmp_path):
         ),
         (["advantage.lookahead=3"], "unknown config key `advantage`", "did you mean `advantages`?"),
         (["value.train.max_steps=abc"], "config key `value.train.max_steps`: Value 'abc'", "docs/config.md"),
-        (["advantages.lookahead=0"], "lookahead 0 must be >= 1", None),  # 0 is refused, never replaced by 10
-        (["value.model.folds=0"], "value stage: folds=0 must be >= 1", None),
+        (["advantages.lookahead=0"], "advantages.lookahead=0 must be >= 1", None),  # 0 is refused, never replaced by 10
+        (["value.model.folds=0"], "value.model.folds=0 must be >= 1", None),
         (["value.train.global_batch=5"], "global_batch=5 is not divisible", "multiple of micro_batch"),
         (["datasets=[{type: sft}]"], "config key `datasets[0].path` has no value", None),
         (["novalue"], "is not key.path=value", None),

@@ -84,8 +84,13 @@ BAD_INPUTS = [
         4,
         "folder name 'roll'",
     ),
-    ("lookahead 0", lambda w, o: _run(o, "--config", str(w[2]), "advantages.lookahead=0"), 4, "lookahead 0"),
-    ("folds 0", lambda w, o: _run(o, "--config", str(w[2]), "value.model.folds=0"), 4, "folds=0"),
+    ("lookahead 0", lambda w, o: _run(o, "--config", str(w[2]), "advantages.lookahead=0"), 4, "advantages.lookahead=0"),
+    (
+        "folds 0",
+        lambda w, o: _run(o, "--config", str(w[2]), "value.model.folds=0"),
+        4,
+        "value.model.folds=0 must be >= 1",
+    ),
     (
         "batch does not divide",
         lambda w, o: _run(o, "--config", str(w[2]), "value.train.global_batch=12", "value.train.micro_batch=8"),
@@ -102,14 +107,14 @@ BAD_INPUTS = [
         "quantile out of range",
         lambda w, o: _run(o, "--config", str(w[2]), "advantages.positive_quantile=1.5"),
         4,
-        "positive_quantile",
+        "advantages.positive_quantile=1.5 is outside (0, 1)",
     ),
-    ("gamma 0", lambda w, o: _run(o, "--config", str(w[2]), "returns.gamma=0"), 4, "gamma 0.0 is outside"),
+    ("gamma 0", lambda w, o: _run(o, "--config", str(w[2]), "returns.gamma=0"), 4, "returns.gamma=0.0 is outside"),
     (
         "NaN failure reward",
         lambda w, o: _run(o, "--config", str(w[2]), "returns.failure_reward=nan"),
         4,
-        "not a finite",
+        "returns.failure_reward=nan is not a finite number",
     ),
     ("not enough disk", lambda w, o: _run(o, "--config", str(w[2]), "min_free_gb=1e12"), 4, "GiB free"),
     (

@@ -119,9 +119,9 @@ def stage_dir(tmp_path_factory):
 
 def test_stage_config_rules_name_their_fields():
     src = ValueSource(path="/x/ds")
-    with pytest.raises(ConfigError, match="both return_min and return_max"):
+    with pytest.raises(ConfigError, match="return_min=.* and return_max=.*: set both, or neither"):
         ValueStageConfig(train=[src], return_min=-3.0)
-    with pytest.raises(ConfigError, match="recap preset needs `tokenizer`"):
+    with pytest.raises(ConfigError, match="preset='recap' needs `tokenizer`"):
         ValueStageConfig(train=[src], preset="recap")
     with pytest.raises(ConfigError, match="names .* are not unique"):
         ValueStageConfig(train=[src], eval=[ValueSource(path="/y/ds")])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from reproduction.errors import ConfigError
 
@@ -32,16 +33,32 @@ class AdvantageConfig:
     frames out of the threshold (recap/labels.py; DEMO_LAB 4). Off = upstream's rule."""
 
     def __post_init__(self) -> None:
-        if self.lookahead < 1:
-            raise ConfigError(f"lookahead {self.lookahead} must be >= 1", field="lookahead")
-        if not (0.0 < self.gamma <= 1.0):
-            raise ConfigError(f"gamma {self.gamma} is outside (0, 1]", field="gamma")
-        if not (0.0 < self.positive_quantile < 1.0):
-            raise ConfigError(
-                f"positive_quantile {self.positive_quantile} is outside (0, 1)", field="positive_quantile"
-            )
-        if self.threshold_scope not in THRESHOLD_SCOPES:
-            raise ConfigError(
-                f"threshold_scope {self.threshold_scope!r} is not one of {', '.join(THRESHOLD_SCOPES)}",
-                field="threshold_scope",
-            )
+        check_advantage_values(self)
+
+
+def check_advantage_values(cfg: Any, key: str = "") -> None:
+    """AdvantageConfig's rules on `cfg` (an AdvantageConfig, or anything with its fields as attributes); the
+    ConfigError names each field as `key.field` (`advantages.lookahead` when a run config's section is checked).
+    AdvantageConfig.__post_init__ calls it with no key."""
+
+    def k(name: str) -> str:
+        return f"{key}.{name}" if key else name
+
+    if cfg.lookahead < 1:
+        raise ConfigError(f"{k('lookahead')}={cfg.lookahead} must be >= 1", field=k("lookahead"))
+    if not (0.0 < cfg.gamma <= 1.0):  # also refuses nan
+        raise ConfigError(
+            f"{k('gamma')}={cfg.gamma} is outside (0, 1]", field=k("gamma"), hint=f"set {k('gamma')} in (0, 1]"
+        )
+    if not (0.0 < cfg.positive_quantile < 1.0):
+        raise ConfigError(
+            f"{k('positive_quantile')}={cfg.positive_quantile} is outside (0, 1)",
+            field=k("positive_quantile"),
+            hint=f"set {k('positive_quantile')} to the fraction of frames labelled positive, e.g. 0.3",
+        )
+    if cfg.threshold_scope not in THRESHOLD_SCOPES:
+        raise ConfigError(
+            f"{k('threshold_scope')}={cfg.threshold_scope!r} is not one of {', '.join(THRESHOLD_SCOPES)}",
+            field=k("threshold_scope"),
+            hint=f"set {k('threshold_scope')} to one of: {', '.join(THRESHOLD_SCOPES)}",
+        )

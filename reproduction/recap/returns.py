@@ -43,12 +43,27 @@ class ReturnsConfig:
     """Sidecar tag: returns_{tag}.parquet."""
 
     def __post_init__(self) -> None:
-        if not (0.0 < self.gamma <= 1.0):
-            raise ConfigError(f"gamma {self.gamma} is outside (0, 1]", field="gamma")
+        check_returns_values(self)
         if self.dataset_type not in DATASET_TYPES:
             raise ConfigError(f"type {self.dataset_type!r} is not one of {', '.join(DATASET_TYPES)}", field="type")
-        if not np.isfinite(self.failure_reward):
-            raise ConfigError(f"failure_reward {self.failure_reward} is not a finite number", field="failure_reward")
+
+
+def check_returns_values(cfg: Any, key: str = "") -> None:
+    """ReturnsConfig's rules on `cfg` (anything with `gamma` and `failure_reward`); the ConfigError names each
+    field as `key.field` (`returns.gamma` when a run config's section is checked). ReturnsConfig.__post_init__
+    calls it with no key."""
+
+    def k(name: str) -> str:
+        return f"{key}.{name}" if key else name
+
+    if not (0.0 < cfg.gamma <= 1.0):  # also refuses nan
+        raise ConfigError(
+            f"{k('gamma')}={cfg.gamma} is outside (0, 1]", field=k("gamma"), hint=f"set {k('gamma')} in (0, 1]"
+        )
+    if not np.isfinite(cfg.failure_reward):
+        raise ConfigError(
+            f"{k('failure_reward')}={cfg.failure_reward} is not a finite number", field=k("failure_reward")
+        )
 
 
 # -- vectorised math ------------------------------------------------------------------------------

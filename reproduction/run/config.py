@@ -61,9 +61,9 @@ class ReturnsSection:
     """Sidecar tag: returns_{tag}.parquet (stage 3 reads the same tag)."""
 
     def __post_init__(self) -> None:
-        from reproduction.recap.returns import ReturnsConfig
+        from reproduction.recap.returns import check_returns_values
 
-        ReturnsConfig(gamma=self.gamma, failure_reward=self.failure_reward, tag=self.tag)  # its rules, at load
+        check_returns_values(self, key="returns")  # ReturnsConfig's rules, at load, naming returns.KEY
 
 
 def _fields_except(cls: type, exclude: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
@@ -82,11 +82,11 @@ def _fields_except(cls: type, exclude: tuple[str, ...]) -> list[tuple[str, Any, 
 
 
 def _check_value_model(self: Any) -> None:
-    """ValueStageConfig's own rules (folds >= 1, tokenizer for recap, ...), checked when the config loads."""
-    from reproduction.recap.value.config import ValueSource
+    """ValueStageConfig's own rules (folds >= 1, tokenizer for recap, ...), checked when the config loads and
+    naming value.model.KEY."""
+    from reproduction.recap.value.config import check_value_values
 
-    fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-    ValueStageConfig(train=[ValueSource(path="datasets")], **fields)
+    check_value_values(self, key="value.model")
 
 
 def _model_section(name: str, stage: type, exclude: tuple[str, ...], check: Any, doc: str) -> type:
@@ -149,9 +149,11 @@ except ImportError:  # pragma: no cover - a build without the policy stage
 
 
 def _check_policy_model(self: Any) -> None:
-    """PolicyStageConfig's own rules, checked when the config loads (mode and trainer set by the run)."""
-    fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-    PolicyStageConfig(mode="recap", train={"max_steps": 1}, **fields)
+    """PolicyStageConfig's own rules, checked when the config loads and naming policy.model.KEY (mode and trainer
+    are set by the run: policy.modes and policy.train have their own checks)."""
+    from reproduction.recap.policy.task import check_policy_values
+
+    check_policy_values(self, key="policy.model")
 
 
 if PolicyStageConfig is not None:
@@ -416,7 +418,7 @@ def load_config(
     merged = merged_config(files, overrides, bundle=bundle, run_dir=run_dir, schema=schema)
     try:
         OmegaConf.resolve(merged)
-        _check_train_sections(merged)
+        _check_component_sections(merged)
         return OmegaConf.to_object(merged)
     except ConfigError:
         raise
@@ -424,29 +426,40 @@ def load_config(
         raise _config_error(exc, merged) from None
 
 
-def _check_train_sections(node: Any, prefix: str = "") -> None:
-    """TrainConfig's rules on every training section (`value.train`, `policy.train`) with the section's key:
-    TrainConfig.__post_init__ (run by to_object) would name a bare `max_steps`, which cannot say which of the
-    two sections is wrong. Values that do not convert are left to to_object, which names their key."""
+def _component_checks() -> dict[type, Any]:
+    """{section type: its component's rules, called as check(values, key=...)} for the sections whose type is a
+    component's own config dataclass, whose __post_init__ (run by to_object) would name a bare field."""
+    from reproduction.recap.advantage_config import check_advantage_values
+    from reproduction.train.config import check_train_values
+
+    return {TrainConfig: check_train_values, AdvantageConfig: check_advantage_values}
+
+
+def _check_component_sections(node: Any, prefix: str = "", checks: dict[type, Any] | None = None) -> None:
+    """The component's rules on every section typed by a component config (`value.train` and `policy.train`:
+    TrainConfig; `advantages`: AdvantageConfig) with the section's dotted key, so `policy.train.max_steps=0` is
+    not a bare `max_steps` (which cannot say which training section is wrong). The run config's own sections
+    (returns, value.model, value.infer, policy.model, eval) pass their key to the component's rules in their
+    __post_init__. Values that do not convert are left to to_object, which names their key."""
     from types import SimpleNamespace
 
     from omegaconf import DictConfig, OmegaConf
 
-    from reproduction.train.config import check_train_values
-
+    checks = _component_checks() if checks is None else checks
     for name in node.keys():
         child = None if OmegaConf.is_missing(node, name) else node[name]
         if not isinstance(child, DictConfig):  # a value, a list, None or ??? (to_object reports those)
             continue
         key = f"{prefix}.{name}" if prefix else str(name)
-        if OmegaConf.get_type(child) is TrainConfig:
+        check = checks.get(OmegaConf.get_type(child))
+        if check is not None:
             try:
                 values = OmegaConf.to_container(child, throw_on_missing=True)
             except Exception:
                 continue
-            check_train_values(SimpleNamespace(**values), key=key)
+            check(SimpleNamespace(**values), key=key)
         else:
-            _check_train_sections(child, key)
+            _check_component_sections(child, key, checks)
 
 
 def merged_config(

@@ -83,26 +83,7 @@ class PolicyStageConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"policy stage: mode {self.mode!r} is not one of {', '.join(MODES)}", field="mode")
-        if self.preset not in ("tiny", "pi05"):
-            raise ConfigError(f"policy stage: preset {self.preset!r} is not tiny or pi05", field="preset")
-        if not 0.0 <= self.condition_dropout < 1.0:
-            raise ConfigError(
-                f"policy stage: condition_dropout={self.condition_dropout} is outside [0, 1)",
-                field="condition_dropout",
-            )
-        for name in ("chunk", "execute_steps", "num_steps", "width", "prefix_layers", "expert_layers"):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"policy stage: {name}={getattr(self, name)} must be >= 1", field=name)
-        if self.execute_steps > self.chunk:
-            raise ConfigError(
-                f"policy stage: execute_steps={self.execute_steps} exceeds chunk={self.chunk}", field="execute_steps"
-            )
-        if self.preset == "pi05" and not self.cameras:
-            raise ConfigError(
-                "policy stage: the pi05 preset reads cameras (PaliGemma's SigLIP); `cameras` maps none",
-                field="cameras",
-                hint="map at least one slot, e.g. {base_0_rgb: observation.images.agentview}",
-            )
+        check_policy_values(self)
         self.train_config()  # validates the trainer's fields now, naming the bad one
 
     def train_config(self) -> Any:
@@ -119,6 +100,44 @@ class PolicyStageConfig:
     def from_dict(cls, data: Mapping[str, Any]) -> PolicyStageConfig:
         reject_unknown_fields(cls, data, what="policy config")
         return cls(**dict(data))
+
+
+def check_policy_values(cfg: Any, key: str = "") -> None:
+    """PolicyStageConfig's rules on its model fields (not `mode` or `train`, which a run sets itself) of `cfg`, a
+    PolicyStageConfig or anything with those fields as attributes; the ConfigError names each field as `key.field`
+    (`policy.model.chunk` when a run config's section is checked). PolicyStageConfig.__post_init__ calls it with no
+    key ("policy stage: chunk")."""
+
+    def k(name: str) -> str:
+        return f"{key}.{name}" if key else name
+
+    where = "" if key else "policy stage: "
+    presets = ("tiny", "pi05")  # model.PRESETS, without importing torch
+    if cfg.preset not in presets:
+        raise ConfigError(
+            f"{where}{k('preset')}={cfg.preset!r} is not one of {', '.join(presets)}",
+            field=k("preset"),
+            hint=f"set {k('preset')} to one of: {', '.join(presets)}",
+        )
+    if not 0.0 <= cfg.condition_dropout < 1.0:  # also refuses nan
+        raise ConfigError(
+            f"{where}{k('condition_dropout')}={cfg.condition_dropout} is outside [0, 1)", field=k("condition_dropout")
+        )
+    for name in ("chunk", "execute_steps", "num_steps", "width", "prefix_layers", "expert_layers"):
+        if int(getattr(cfg, name)) < 1:
+            raise ConfigError(f"{where}{k(name)}={getattr(cfg, name)} must be >= 1", field=k(name))
+    if cfg.execute_steps > cfg.chunk:
+        raise ConfigError(
+            f"{where}{k('execute_steps')}={cfg.execute_steps} exceeds {k('chunk')}={cfg.chunk}",
+            field=k("execute_steps"),
+            hint=f"set {k('execute_steps')} to at most {k('chunk')}: the evaluator executes part of each chunk",
+        )
+    if cfg.preset == "pi05" and not cfg.cameras:
+        raise ConfigError(
+            f"{where}{k('preset')}='pi05' reads cameras (PaliGemma's SigLIP); `{k('cameras')}` maps none",
+            field=k("cameras"),
+            hint=f"map at least one slot, e.g. {k('cameras')}={{base_0_rgb: observation.images.agentview}}",
+        )
 
 
 @dataclass(kw_only=True)

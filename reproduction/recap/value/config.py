@@ -72,27 +72,7 @@ class ValueStageConfig:
     def __post_init__(self) -> None:
         if not self.train:
             raise ConfigError("value stage: no training datasets", field="train")
-        if (self.return_min is None) != (self.return_max is None):
-            raise ConfigError("value stage: set both return_min and return_max, or neither", field="return_min")
-        if self.preset == "recap" and not self.tokenizer:
-            raise ConfigError(
-                "value stage: the recap preset needs `tokenizer` (the bundle's Gemma3 tokenizer folder)",
-                field="tokenizer",
-            )
-        if self.folds < 1:
-            raise ConfigError(f"value stage: folds={self.folds} must be >= 1", field="folds")
-        if not self.cameras:
-            raise ConfigError("value stage: cameras maps no slot to a dataset key", field="cameras")
-        if self.state_dims is not None and (
-            not self.state_keys or not self.state_dims or len(set(self.state_dims)) != len(self.state_dims)
-        ):
-            raise ConfigError(
-                f"value stage: state_dims {self.state_dims} must be distinct indices of the state_keys' vector",
-                field="state_dims",
-                hint="set state_keys too, or drop state_dims",
-            )
-        if self.state_dims is not None and min(self.state_dims) < 0:
-            raise ConfigError(f"value stage: state_dims {self.state_dims} has a negative index", field="state_dims")
+        check_value_values(self)
         names = [s.name for s in self.train] + [s.name for s in self.eval]
         if len(set(names)) != len(names):
             raise ConfigError(
@@ -112,3 +92,43 @@ class ValueStageConfig:
         out["train"] = [s.to_dict() for s in self.train]
         out["eval"] = [s.to_dict() for s in self.eval]
         return out
+
+
+def check_value_values(cfg: Any, key: str = "") -> None:
+    """ValueStageConfig's rules on its own fields (not the dataset lists) of `cfg`, a ValueStageConfig or anything
+    with those fields as attributes; the ConfigError names each field as `key.field` (`value.model.folds` when a
+    run config's section is checked). ValueStageConfig.__post_init__ calls it with no key ("value stage: folds")."""
+
+    def k(name: str) -> str:
+        return f"{key}.{name}" if key else name
+
+    where = "" if key else "value stage: "
+    if (cfg.return_min is None) != (cfg.return_max is None):
+        raise ConfigError(
+            f"{where}{k('return_min')}={cfg.return_min} and {k('return_max')}={cfg.return_max}: set both, or neither",
+            field=k("return_min"),
+            hint=f"set {k('return_min')} and {k('return_max')}, or neither (the range then comes from the returns)",
+        )
+    if cfg.preset == "recap" and not cfg.tokenizer:
+        raise ConfigError(
+            f"{where}{k('preset')}='recap' needs `{k('tokenizer')}` (the bundle's Gemma3 tokenizer folder)",
+            field=k("tokenizer"),
+            hint=f"set {k('tokenizer')}, or {k('preset')}=tiny",
+        )
+    if cfg.folds < 1:
+        raise ConfigError(f"{where}{k('folds')}={cfg.folds} must be >= 1", field=k("folds"))
+    if not cfg.cameras:
+        raise ConfigError(
+            f"{where}{k('cameras')}={dict(cfg.cameras)} maps no model slot to a dataset key",
+            field=k("cameras"),
+            hint=f"map at least one slot, e.g. {k('cameras')}={{base_0_rgb: observation.images.image}}",
+        )
+    dims = None if cfg.state_dims is None else list(cfg.state_dims)
+    if dims is not None and (not cfg.state_keys or not dims or len(set(dims)) != len(dims)):
+        raise ConfigError(
+            f"{where}{k('state_dims')}={dims} must be distinct indices of the vector {k('state_keys')} concatenates",
+            field=k("state_dims"),
+            hint=f"set {k('state_keys')} too, or drop {k('state_dims')}",
+        )
+    if dims is not None and min(dims) < 0:
+        raise ConfigError(f"{where}{k('state_dims')}={dims} has a negative index", field=k("state_dims"))
