@@ -123,7 +123,10 @@ class ValueInferSection:
     """auto, cpu, cuda or npu (auto: what `portable check` selects)."""
 
     def __post_init__(self) -> None:
+        from reproduction.train.device import check_device_kind
+
         _check_ranges("value.infer", (("batch_size", self.batch_size, 1), ("workers", self.workers, 1)))
+        check_device_kind(self.device, key="value.infer.device")  # at load, not when stage 3 starts
 
 
 def _value_train() -> TrainConfig:

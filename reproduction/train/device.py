@@ -35,6 +35,17 @@ class DeviceSpec:
     """The Ray resource one worker reserves besides CPU (GPU, NPU) or None on CPU."""
 
 
+def check_device_kind(kind: str, key: str = "device") -> None:
+    """ConfigError (naming `key`, e.g. `value.infer.device` when a run config's section is checked at load)
+    unless `kind` is one of auto, cpu, cuda, npu: `resolve`'s rule, without its probes."""
+    if kind not in (*BACKENDS, "auto"):
+        raise ConfigError(
+            f"{key}={kind!r} is not one of cpu, cuda, npu, auto",
+            field=key,
+            hint=f"set {key} to one of: auto, cpu, cuda, npu",
+        )
+
+
 def resolve(kind: str, *, ctx: CheckContext | None = None) -> DeviceSpec:
     """Turn `auto|cpu|cuda|npu` into a DeviceSpec with the probes `portable check` runs.
 
@@ -46,12 +57,7 @@ def resolve(kind: str, *, ctx: CheckContext | None = None) -> DeviceSpec:
     train on CPU. `cpu` probes nothing. `ctx` is the check context (tests pass fake hosts);
     the default is the live machine. Nothing is imported into this process (no torch_npu).
     """
-    if kind not in (*BACKENDS, "auto"):
-        raise ConfigError(
-            f"device={kind!r} is not one of cpu, cuda, npu, auto",
-            field="device",
-            hint="set device to one of: auto, cpu, cuda, npu",
-        )
+    check_device_kind(kind)
     if kind == "cpu":
         return _spec("cpu")
     from reproduction.checks.context import CheckContext, load_facts, select_device
