@@ -352,9 +352,6 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
         problems.append(InputNotFoundError(f"eval.reference: {reference} is not a file", path=reference))
     if "eval" in (stages or []):
         problems += libero_problems(config.eval.tasks)
-    inf = config.value.infer
-    if inf.batch_size < 1 or inf.workers < 1:
-        problems.append(ConfigError(f"value.infer: batch_size {inf.batch_size} and workers {inf.workers} must be >= 1"))
     problems += [ConfigError(p, field="min_free_gb") for p in disk_problems(run_dir, config.min_free_gb)]
     return problems
 
