@@ -142,3 +142,142 @@ def test_max_steps_0_on_the_command_line_names_its_section(tmp_path, capsys, key
     assert main(["-q", "run", "--output", str(tmp_path / "run"), f"{key}=0"]) == 4
     assert capsys.readouterr().err.splitlines()[0] == f"error: {key}=0 must be >= 1"
     assert not (tmp_path / "run").exists()
+
+
+# Every rule of a component section (returns, value.model, value.infer.device, advantages, policy.model)
+# reached through a run config: (overrides, the field the error names, the message's start). The rules stay
+# with their components (recap/returns.py, recap/value/config.py, train/device.py, recap/advantage_config.py,
+# recap/policy/task.py); the run config passes each section's key.
+COMPONENT_RULES = [
+    ("returns.gamma=2", "returns.gamma", "returns.gamma=2.0 is outside (0, 1]"),
+    ("returns.gamma=0", "returns.gamma", "returns.gamma=0.0 is outside (0, 1]"),
+    ("returns.failure_reward=nan", "returns.failure_reward", "returns.failure_reward=nan is not a finite number"),
+    ("value.model.folds=0", "value.model.folds", "value.model.folds=0 must be >= 1"),
+    (
+        "value.model.return_min=-5",
+        "value.model.return_min",
+        "value.model.return_min=-5.0 and value.model.return_max=None: set both, or neither",
+    ),
+    ("value.model.preset=recap", "value.model.tokenizer", "value.model.preset='recap' needs `value.model.tokenizer`"),
+    (
+        "value.model.state_dims=[0]",
+        "value.model.state_dims",
+        "value.model.state_dims=[0] must be distinct indices of the vector value.model.state_keys concatenates",
+    ),
+    (
+        "value.model.state_keys=[s] value.model.state_dims=[1,1]",
+        "value.model.state_dims",
+        "value.model.state_dims=[1, 1] must be distinct indices",
+    ),
+    (
+        "value.model.state_keys=[s] value.model.state_dims=[-1]",
+        "value.model.state_dims",
+        "value.model.state_dims=[-1] has a negative index",
+    ),
+    (
+        "value.infer.device=tpu",
+        "value.infer.device",
+        "value.infer.device='tpu' is not one of cpu, cuda, npu, auto",
+    ),
+    ("advantages.lookahead=0", "advantages.lookahead", "advantages.lookahead=0 must be >= 1"),
+    ("advantages.gamma=1.5", "advantages.gamma", "advantages.gamma=1.5 is outside (0, 1]"),
+    ("advantages.positive_quantile=1", "advantages.positive_quantile", "advantages.positive_quantile=1.0 is outside"),
+    (
+        "advantages.threshold_scope=local",
+        "advantages.threshold_scope",
+        "advantages.threshold_scope='local' is not one of global, per_task",
+    ),
+    ("policy.model.preset=huge", "policy.model.preset", "policy.model.preset='huge' is not one of tiny, pi05"),
+    (
+        "policy.model.condition_dropout=1",
+        "policy.model.condition_dropout",
+        "policy.model.condition_dropout=1.0 is outside [0, 1)",
+    ),
+    ("policy.model.chunk=0", "policy.model.chunk", "policy.model.chunk=0 must be >= 1"),
+    ("policy.model.execute_steps=0", "policy.model.execute_steps", "policy.model.execute_steps=0 must be >= 1"),
+    ("policy.model.num_steps=0", "policy.model.num_steps", "policy.model.num_steps=0 must be >= 1"),
+    ("policy.model.width=0", "policy.model.width", "policy.model.width=0 must be >= 1"),
+    ("policy.model.prefix_layers=0", "policy.model.prefix_layers", "policy.model.prefix_layers=0 must be >= 1"),
+    ("policy.model.expert_layers=0", "policy.model.expert_layers", "policy.model.expert_layers=0 must be >= 1"),
+    (
+        "policy.model.execute_steps=5",
+        "policy.model.execute_steps",
+        "policy.model.execute_steps=5 exceeds policy.model.chunk=4",
+    ),
+    ("policy.model.preset=pi05", "policy.model.cameras", "policy.model.preset='pi05' reads cameras"),
+]
+
+
+@pytest.mark.parametrize("override, key, words", COMPONENT_RULES, ids=[c[0] for c in COMPONENT_RULES])
+def test_every_component_rule_names_its_full_key(override, key, words):
+    """A component's rule, reached through a run config, names `section.KEY` in its message and `field`, not the
+    bare `KEY` (`folds`, `gamma`: returns and advantages both have one) the component names on its own."""
+    with pytest.raises(ConfigError) as err:
+        load_config(None, override.split())
+    assert str(err.value).startswith(words) and "\n" not in str(err.value), str(err.value)
+    assert err.value.field == key and err.value.exit_code == 4
+    assert "\n" not in (err.value.hint or "")
+
+
+def test_components_on_their_own_still_name_the_bare_field():
+    """The same rules outside a run config (a stage's config built in Python) name the field alone."""
+    from reproduction.recap.advantage_config import AdvantageConfig
+    from reproduction.recap.policy.task import PolicyStageConfig
+    from reproduction.recap.returns import ReturnsConfig
+    from reproduction.recap.value.config import ValueSource, ValueStageConfig
+
+    cases = [
+        (lambda: ReturnsConfig(gamma=2.0), "gamma", "gamma=2.0 is outside (0, 1]"),
+        (lambda: AdvantageConfig(lookahead=0), "lookahead", "lookahead=0 must be >= 1"),
+        (lambda: ValueStageConfig(train=[ValueSource(path="/x/ds")], folds=0), "folds", "value stage: folds=0"),
+        (lambda: PolicyStageConfig(chunk=0), "chunk", "policy stage: chunk=0 must be >= 1"),
+    ]
+    for build, field, words in cases:
+        with pytest.raises(ConfigError) as err:
+            build()
+        assert str(err.value).startswith(words) and err.value.field == field, str(err.value)
+
+
+# One bad value per section of the run config: each error names the full dotted key (message and `field`).
+ONE_BAD_VALUE_PER_SECTION = [
+    ("returns.gamma=2", "returns.gamma", "returns.gamma=2.0 is outside (0, 1]"),
+    ("value.model.folds=0", "value.model.folds", "value.model.folds=0 must be >= 1"),
+    ("value.train.max_steps=0", "value.train.max_steps", "value.train.max_steps=0 must be >= 1"),
+    ("value.infer.batch_size=0", "value.infer.batch_size", "value.infer.batch_size=0 must be >= 1"),
+    ("advantages.lookahead=0", "advantages.lookahead", "advantages.lookahead=0 must be >= 1"),
+    ("policy.modes=[dagger]", "policy.modes", "policy.modes=['dagger'] must name each of"),
+    ("policy.model.chunk=0", "policy.model.chunk", "policy.model.chunk=0 must be >= 1"),
+    ("policy.train.max_steps=0", "policy.train.max_steps", "policy.train.max_steps=0 must be >= 1"),
+    ("eval.episodes_per_task=0", "eval.episodes_per_task", "eval.episodes_per_task=0 must be >= 1"),
+    ("eval.sequential.looks=0", "eval.sequential.looks", "eval.sequential.looks=0 must be >= 1"),
+    ("eval.libero.image_size=4", "eval.libero.image_size", "eval.libero.image_size=4 must be >= 8"),
+    ("min_free_gb=-1", "min_free_gb", "min_free_gb=-1.0 must be >= 0"),
+]
+
+
+@pytest.mark.parametrize(
+    "override, key, words", ONE_BAD_VALUE_PER_SECTION, ids=[c[1] for c in ONE_BAD_VALUE_PER_SECTION]
+)
+def test_one_bad_value_per_section_names_its_full_key_at_load(override, key, words):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert str(err.value).startswith(words) and "\n" not in str(err.value), str(err.value)
+    assert err.value.field == key and err.value.exit_code == 4
+
+
+@pytest.mark.parametrize(
+    "override, key, words", ONE_BAD_VALUE_PER_SECTION, ids=[c[1] for c in ONE_BAD_VALUE_PER_SECTION]
+)
+def test_one_bad_value_per_section_through_portable_run(tmp_path, capsys, override, key, words):
+    """`portable run` refuses it before anything is created: exit 4, the first stderr line names the full key,
+    at most a hint after it, no traceback, no --output folder."""
+    from reproduction.portable import main
+
+    out = tmp_path / "run"
+    assert main(["-q", "run", "--output", str(out), override]) == 4
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert lines[0].startswith(f"error: {words}") and f"{key}=" in lines[0], err
+    assert len(lines) <= 2 and (len(lines) == 1 or lines[1].startswith("hint: ")), err
+    assert "Traceback" not in err
+    assert not out.exists()
