@@ -153,6 +153,7 @@ COMPONENT_RULES = [
     ("returns.gamma=0", "returns.gamma", "returns.gamma=0.0 is outside (0, 1]"),
     ("returns.failure_reward=nan", "returns.failure_reward", "returns.failure_reward=nan is not a finite number"),
     ("value.model.folds=0", "value.model.folds", "value.model.folds=0 must be >= 1"),
+    ("value.model.preset=huge", "value.model.preset", "value.model.preset='huge' is not one of tiny, recap"),
     (
         "value.model.return_min=-5",
         "value.model.return_min",

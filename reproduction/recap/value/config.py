@@ -10,6 +10,9 @@ from reproduction.config_fields import reject_unknown_fields
 from reproduction.errors import ConfigError
 from reproduction.recap.sources import DATASET_TYPES, DatasetSource  # noqa: F401 (DATASET_TYPES re-exported)
 
+PRESETS = ("tiny", "recap")
+"""The value model's presets (recap/value/model.py builds them)."""
+
 
 @dataclass(kw_only=True, slots=True)
 class ValueSource(DatasetSource):
@@ -103,6 +106,12 @@ def check_value_values(cfg: Any, key: str = "") -> None:
         return f"{key}.{name}" if key else name
 
     where = "" if key else "value stage: "
+    if cfg.preset not in PRESETS:
+        raise ConfigError(
+            f"{where}{k('preset')}={cfg.preset!r} is not one of {', '.join(PRESETS)}",
+            field=k("preset"),
+            hint=f"set {k('preset')} to one of: {', '.join(PRESETS)}",
+        )
     if (cfg.return_min is None) != (cfg.return_max is None):
         raise ConfigError(
             f"{where}{k('return_min')}={cfg.return_min} and {k('return_max')}={cfg.return_max}: set both, or neither",

@@ -45,10 +45,10 @@ from torch import nn
 from reproduction.config_fields import reject_unknown_fields
 from reproduction.errors import ConfigError, InvalidInputError
 from reproduction.recap.prefix import SiglipGemmaPrefix, prefix_attention_masks, tiny_text, tiny_vision
+from reproduction.recap.value.config import PRESETS  # torch-free, so the run config checks it at load
 
 __all__ = ["ValueModel", "ValueModelConfig", "build_value_model", "prefix_attention_masks", "preset_config"]
 
-PRESETS = ("tiny", "recap")
 NUM_BINS = 201
 V_MIN = -1.0
 V_MAX = 0.0
