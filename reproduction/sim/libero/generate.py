@@ -37,6 +37,7 @@ the expert), so a camera-free dataset says so.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import enum
 import itertools
 import json
@@ -195,12 +196,19 @@ def expert_for(mode: LiberoMode, rng: np.random.Generator, seed: int) -> tuple[A
     }
 
 
+def episode_seeds(config: LiberoGenConfig, index: int) -> tuple[np.random.Generator, int, int]:
+    """(the episode's injection RNG, the expert's noise seed, the env reset's seed), from (seed, kind, task,
+    index) alone."""
+    rng = np.random.default_rng([*_stream_key(config), 11, index])
+    return rng, int(rng.integers(2**31)), int(rng.integers(2**31))
+
+
 def run_expert_episode(sim: Any, config: LiberoGenConfig, index: int, mode: LiberoMode) -> dict[str, Any]:
     """One episode on an already built env: {"frames", "success", "steps", "init_state", "mode", "params"}."""
-    rng = np.random.default_rng([*_stream_key(config), 11, index])
-    expert, params = expert_for(mode, rng, seed=int(rng.integers(2**31)))
+    rng, expert_seed, reset_seed = episode_seeds(config, index)
+    expert, params = expert_for(mode, rng, seed=expert_seed)
     init = config.init_state(index)
-    obs = sim.reset(init)
+    obs = sim.reset(init, seed=reset_seed)  # the reset's own randomness (arm init noise), fixed per episode
     expert.bind(sim)  # after the reset: the plan reads the settled poses at the first action
     keys = [k for k in obs if k != "task"]
     frames: dict[str, list] = {k: [] for k in keys}
@@ -240,15 +248,16 @@ def _build_sim(config: LiberoGenConfig, cache_dir: Path | None) -> Any:
     from reproduction.sim.libero.env import LiberoSim
     from reproduction.sim.libero.tasks import resolve_tasks
 
-    (task,) = resolve_tasks([config.task], cache_dir=cache_dir)
-    return LiberoSim(
-        task,
-        cameras=config.cameras,
-        image_size=config.image_size,
-        settle_steps=config.settle_steps,
-        cache_dir=cache_dir,
-        seed=config.seed,
-    )
+    with contextlib.redirect_stdout(sys.stderr):  # LIBERO prints "[info] ..." lines: keep stdout for --json
+        (task,) = resolve_tasks([config.task], cache_dir=cache_dir)
+        return LiberoSim(
+            task,
+            cameras=config.cameras,
+            image_size=config.image_size,
+            settle_steps=config.settle_steps,
+            cache_dir=cache_dir,
+            seed=config.seed,
+        )
 
 
 def iter_unit(sim: Any, unit: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -257,14 +266,27 @@ def iter_unit(sim: Any, unit: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield run_expert_episode(sim, unit["config"], index, LiberoMode(mode))
 
 
+def _env_key(config: LiberoGenConfig, cache_dir: Path | None) -> tuple:
+    return (config.task, config.cameras, config.image_size, config.settle_steps, config.seed, cache_dir)
+
+
+def _cached_sim(config: LiberoGenConfig, cache_dir: Path | None) -> Any:
+    key = _env_key(config, cache_dir)
+    if key not in _SIMS:
+        _SIMS[key] = _build_sim(config, cache_dir)
+    return _SIMS[key]
+
+
+def close_envs() -> None:
+    """Close the envs this process keeps (generate_libero_data calls it when its sets are written)."""
+    while _SIMS:
+        _SIMS.popitem()[1].close()
+
+
 def generate_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
     """Pool worker body: the unit's episodes on this process's env for the task (built on its first unit and
     reused for every later one, so a worker builds one env however many units it runs)."""
-    config: LiberoGenConfig = unit["config"]
-    key = (config.task, config.cameras, config.image_size, config.settle_steps, config.seed, unit.get("cache_dir"))
-    if key not in _SIMS:
-        _SIMS[key] = _build_sim(config, unit.get("cache_dir"))
-    return list(iter_unit(_SIMS[key], unit))
+    return list(iter_unit(_cached_sim(unit["config"], unit.get("cache_dir")), unit))
 
 
 def features(config: LiberoGenConfig, frames: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
@@ -361,11 +383,14 @@ def generate_libero_dataset(
     runner: Runner | None = None,
     cache_dir: Path | None = None,
     overwrite: bool = False,
+    keep_env: bool = False,
 ) -> LiberoGenResult:
     """Generate `config`'s episodes and write them as a LeRobot v2.1 dataset at `out_dir`.
 
     `workers` > 1 runs one env per worker in a spawn pool (or through `runner`); the dataset is the same for
-    any `workers`. The bar moves per episode with one worker, per worker share otherwise. Raises
+    any `workers`. The bar moves per episode with one worker, per unit (a few episodes) otherwise. With one
+    worker the env is built in this process and closed at the end unless `keep_env` (the next set of the
+    same task and settings then reuses it; `close_envs()` frees it). Raises
     ConfigError/SimError for a bad config (nothing written), InvalidInputError if `out_dir` exists (unless
     `overwrite`), SimError if an sft set ends with no successful episode; on failure `out_dir` is untouched.
     """
@@ -403,11 +428,15 @@ def generate_libero_dataset(
 
         def run_all() -> Iterator[dict[str, Any]]:
             if workers == 1 and runner is None:  # in this process: one env, episodes streamed one by one
-                with _build_sim(config, cache_dir) as sim:
+                sim = _cached_sim(config, cache_dir)
+                try:
                     for unit in units:
                         for ep in iter_unit(sim, unit):
                             seen(ep)
                             yield ep
+                finally:
+                    if not keep_env:
+                        close_envs()
             else:  # pool workers (or the runner's): one env per worker process, units back in order
                 for eps in run_units(generate_unit, units, workers=workers, runner=runner):
                     for ep in eps:
@@ -479,7 +508,8 @@ def generate_libero_data(
     **common: Any,
 ) -> dict[str, LiberoGenResult]:
     """Write root/sft, root/rollouts_train and root/rollouts_eval (a count of 0 skips that set); every config
-    is checked and no folder may exist before anything runs. `common` sets cameras, image_size, max_steps..."""
+    is checked and no folder may exist before anything runs. With one worker the three sets share one env.
+    `common` sets cameras, image_size, max_steps, modes..."""
     root = Path(root)
     configs = [
         LiberoGenConfig(kind=kind, task=task, episodes=n, seed=seed, **common)
@@ -492,12 +522,15 @@ def generate_libero_data(
         if (root / FOLDERS[cfg.kind]).exists():
             path = root / FOLDERS[cfg.kind]
             raise InvalidInputError(f"{path}: already exists", path=path, hint="choose a new folder")
-    return {
-        cfg.kind: generate_libero_dataset(
-            cfg, root / FOLDERS[cfg.kind], workers=workers, ui=ui, runner=runner, cache_dir=cache_dir
-        )
-        for cfg in configs
-    }
+    try:
+        return {
+            cfg.kind: generate_libero_dataset(
+                cfg, root / FOLDERS[cfg.kind], workers=workers, ui=ui, runner=runner, cache_dir=cache_dir, keep_env=True
+            )
+            for cfg in configs
+        }
+    finally:
+        close_envs()
 
 
 # -- command line -------------------------------------------------------------------------------------------
