@@ -165,3 +165,15 @@ def test_the_sim_cli_routes_libero_ids_and_refuses_a_mix(fake, tmp_path, capsys)
     assert set(doc) == {"sft", "eval"} and doc["eval"]["config"]["cameras"] is False  # --cameras none (default)
     assert (tmp_path / "d" / "sft").is_dir() and (tmp_path / "d" / "rollouts_eval").is_dir()
     assert gen.main(["--out", str(tmp_path / "e"), "--task", "libero_goal/1", "--no-progress"]) == 45
+
+
+def test_run_to_limit_keeps_stepping_after_the_first_success(fake, tmp_path):
+    from reproduction.data.reader import open_dataset
+
+    cfg = gen.LiberoGenConfig(
+        kind="sft", task="libero_spatial/0", episodes=1, init_offset=0, max_steps=5, stop_on_success=False
+    )
+    res = gen.generate_libero_dataset(cfg, tmp_path / "sft")
+    assert (res.episodes_written, res.frames) == (1, 5)
+    got = open_dataset(tmp_path / "sft").read_frames(np.arange(5), ["is_success"])["is_success"]
+    assert got.tolist() == [False, False, True, True, True]

@@ -17,7 +17,7 @@ shuffled by the seed), its injection parameters and its init state (episode i st
 worker builds one env (no cameras: 1.3-1.6 GB; cameras: ~2-2.6 GB) once and soft-resets it between its
 episodes (`LiberoSim.reset`: `set_init_state` overwrites the whole MuJoCo state), so the data is the same for
 any number of workers. An episode ends at its first success (openpi's collection) or at `max_steps` (the
-suite's evaluation limit unless set).
+suite's evaluation limit unless set); `stop_on_success=False` (`--run-to-limit`) runs every episode to the limit.
 
 Columns per frame (v2.1, one parquet per episode; `observation.*` is the observation *before* the action)::
 
@@ -112,6 +112,10 @@ class LiberoGenConfig:
     max_steps: int | None = None
     """Policy steps per episode; None = the suite's evaluation limit (spatial 240, 10 520)."""
     settle_steps: int = SETTLE_STEPS
+    stop_on_success: bool = True
+    """End an episode at its first success (openpi's collection). False runs every episode to `max_steps` (as
+    RLinf's evaluation with ignore_terminations); the last row's is_success is then the outcome at the end.
+    On libero_10/0 the basket's point-in-box goal can fire while the second can is still held."""
     init_offset: int | None = None
     """First init state; None = INIT_OFFSETS[kind]."""
 
@@ -220,7 +224,7 @@ def run_expert_episode(sim: Any, config: LiberoGenConfig, index: int, mode: Libe
         obs, ok = sim.step(action)
         actions.append(action)
         success.append(ok)
-        if ok:
+        if ok and config.stop_on_success:
             break
     n = len(actions)
     out = {k: np.stack(v) for k, v in frames.items()}
@@ -551,6 +555,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--image-size", type=int, default=256)
     ap.add_argument("--video", action="store_true", help="store images as mp4 (default: png in the parquet)")
     ap.add_argument("--max-steps", type=int, default=None, help="step limit per episode (default: the suite's)")
+    ap.add_argument("--run-to-limit", action="store_true", help="do not end an episode at its first success")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=1, help="processes, one env each (1.5-2.6 GB per env)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
@@ -588,6 +593,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             image_size=args.image_size,
             image_storage="video" if args.video else "png",
             max_steps=args.max_steps,
+            stop_on_success=not args.run_to_limit,
         )
     except PortableError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
