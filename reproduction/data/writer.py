@@ -183,6 +183,7 @@ class _Common:
         self.episodes: list[dict[str, Any]] = []
         self.seen: set[int] = set()
         self.video_keys = [k for k, ft in features.items() if ft["dtype"] == "video"]
+        self.extra_info: dict[str, Any] = {}
 
     def table_for(self, ep: EpisodeData) -> pa.Table:
         if ep.episode_index in self.seen or ep.episode_index < 0:
@@ -207,6 +208,8 @@ class _Common:
             feats[key] = dict(ft)
             if ft["dtype"] == "video":
                 feats[key]["info"] = _video_info(ft, self.fps, self.codec)
+        doc_keys = {"codebase_version", "robot_type", "total_episodes", "total_frames", "total_tasks", *extra}
+        doc_keys |= {"fps", "splits", "data_path", "video_path", "features"}
         return {
             "codebase_version": version,
             "robot_type": extra.pop("robot_type", None),
@@ -219,7 +222,7 @@ class _Common:
             "data_path": data_path,
             "video_path": video_path if self.video_keys else None,
             "features": feats,
-        }
+        } | {k: v for k, v in self.extra_info.items() if k not in doc_keys}
 
     def write_json(self, rel: str, doc: Any) -> None:
         path = self.tmp / rel
@@ -428,14 +431,17 @@ def write_dataset(
     video_codec: str = "libx264",
     data_file_mb: float = 100.0,
     overwrite: bool = False,
+    extra_info: dict[str, Any] | None = None,
 ) -> Path:
     """Write `episodes` (streamed, one at a time) as a LeRobot dataset at `root`; returns `root`.
 
     `features` are the non-default features (name -> {"dtype", "shape"}); camera features use dtype
     "image" or "video" and are stored as `image_storage` says. `tasks` fixes task_index order (new
     tasks are appended in first-seen order). v3.0 starts a new data (and video) file when the
-    current one passes `data_file_mb`. Raises InvalidInputError if `root` exists (unless
-    `overwrite`) and DatasetError for inconsistent episodes; on any failure `root` is untouched.
+    current one passes `data_file_mb`. `extra_info` adds keys to meta/info.json (how the data was
+    made, e.g. a generator's settings); it cannot replace the layout's own keys. Raises
+    InvalidInputError if `root` exists (unless `overwrite`) and DatasetError for inconsistent
+    episodes; on any failure `root` is untouched.
     """
     root = Path(root)
     if version not in ("v3.0", "v2.1"):
@@ -449,6 +455,7 @@ def write_dataset(
     try:
         kw = dict(fps=fps, features=feats, tasks=tasks, codec=video_codec)
         state = _V30(tmp, data_file_mb=data_file_mb, **kw) if version == "v3.0" else _V21(tmp, **kw)
+        state.extra_info = dict(extra_info or {})
         for ep in episodes:
             state.add(ep)
         if not state.episodes:

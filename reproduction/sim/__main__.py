@@ -2,11 +2,16 @@
 
     python -m reproduction.sim generate --out DIR [--mix mix1|mix2] [--tasks T ...] [--cameras agentview,wrist|none]
                                         [--image-size 64] [--seed 0] [--workers 2] [--json]
+    python -m reproduction.sim generate --out DIR --tasks libero_10/0 [--sft 48] [--rollouts 100] [--eval 20]
+                                        [--cameras none] [--image-size 256] [--max-steps N] [--seed 0] [--workers 2]
     python -m reproduction.sim eval --policy expert|random [--episodes 50] [--tasks T ...] [--out DIR]
                                     [--cameras ...] [--videos 2] [--workers 2] [--json]
 
-Talk and progress go to stderr; `--json` prints the result on stdout. A bad task, camera or mix is
-one `error:` line with a `hint:` and the error's exit code; nothing is written.
+A LIBERO task id (one task with a scripted expert: libero_10/0, libero_spatial/0) writes <out>/sft,
+<out>/rollouts_train and <out>/rollouts_eval through `reproduction.sim.libero.generate` (also runnable as
+`python -m reproduction.sim.libero.generate`); `--cameras none` writes privileged state only, any other value
+upstream's two cameras. Talk and progress go to stderr; `--json` prints the result on stdout. A bad task,
+camera or mix is one `error:` line with a `hint:` and the error's exit code; nothing is written.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from reproduction.errors import PortableError
+from reproduction.sim.libero.tasks import is_libero_id
 from reproduction.ui import UiOptions, say
 
 
@@ -36,6 +42,10 @@ def _parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", parents=[common], help="write <out>/sft and <out>/rollout for a data mix")
     gen.add_argument("--out", required=True)
     gen.add_argument("--mix", default="mix1")
+    gen.add_argument("--sft", type=int, default=48, help="LIBERO: expert episodes run for sft (failures dropped)")
+    gen.add_argument("--rollouts", type=int, default=100, help="LIBERO: mixed episodes in rollouts_train")
+    gen.add_argument("--eval", type=int, default=20, help="LIBERO: mixed episodes in rollouts_eval")
+    gen.add_argument("--max-steps", type=int, default=None, help="LIBERO: step limit (default: the suite's)")
     ev = sub.add_parser("eval", parents=[common], help="evaluate the scripted expert or a random policy")
     ev.add_argument("--policy", choices=("expert", "random"), default="expert")
     ev.add_argument("--episodes", type=int, default=50, help="episodes per task")
@@ -49,11 +59,44 @@ def _cameras(text: str) -> tuple[str, ...]:
     return () if text in ("", "none") else tuple(c.strip() for c in text.split(",") if c.strip())
 
 
+def _generate_libero(args: argparse.Namespace, ui: UiOptions) -> dict:
+    from reproduction.errors import ConfigError
+    from reproduction.sim.libero.generate import generate_libero_data
+
+    if len(args.tasks) != 1 or not is_libero_id(args.tasks[0]):
+        raise ConfigError(
+            f"LIBERO generation takes one LIBERO task, got {' '.join(args.tasks)}",
+            field="tasks",
+            hint="generate each task (and Fetch data) in its own call",
+        )
+    results = generate_libero_data(
+        Path(args.out),
+        task=args.tasks[0],
+        sft=args.sft,
+        rollouts=args.rollouts,
+        eval_rollouts=args.eval,
+        seed=args.seed,
+        workers=args.workers,
+        ui=ui,
+        cameras=bool(_cameras(args.cameras)),
+        image_size=args.image_size,
+        max_steps=args.max_steps,
+    )
+    for kind, r in results.items():
+        say(
+            f"{kind}: {r.episodes_written}/{r.episodes_run} episodes written, success {r.success_rate:.2f}, "
+            f"{r.seconds:.1f} s ({r.episodes_per_s:.2f} episodes/s, {r.steps_per_s:.1f} steps/s) -> {r.path}"
+        )
+    return {kind: r.to_dict() for kind, r in results.items()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     ui = UiOptions(progress=not args.no_progress)
     try:
-        if args.command == "generate":
+        if args.command == "generate" and any(is_libero_id(t) for t in args.tasks):
+            doc = _generate_libero(args, ui)
+        elif args.command == "generate":
             from reproduction.sim.generate import generate_mix
 
             results = generate_mix(

@@ -99,15 +99,25 @@ class LiberoSim:
 
     # -- episode ---------------------------------------------------------------------------------
 
-    def reset(self, init_index: int) -> dict[str, Any]:
-        """Set init state `init_index` (checked against the task's count), settle, return the observation."""
+    def reset(self, init_index: int, seed: int | None = None) -> dict[str, Any]:
+        """Set init state `init_index` (checked against the task's count), settle, return the observation.
+
+        `seed` re-seeds the env first (LIBERO's `env.seed`: numpy's global RNG). robosuite's reset draws the arm's
+        initialization noise from that RNG, and the OSC controller keeps the noisy joints as its nullspace target
+        after `set_init_state` has overwritten the pose, so without a seed an episode depends on how many resets
+        this process has run before it (the actions differ in the last digits, not the outcome)."""
         n = len(self.init_states)
         if not 0 <= int(init_index) < n:
             raise SimError(
                 f"init state {init_index} out of range for {self.task.task_id}: it has init states 0..{n - 1}",
                 hint=f"episodes_per_task is at most {n} (the first N init states, in order)",
             )
+        if seed is not None:
+            self.env.seed(int(seed))
         self.env.reset()
+        for robot in self.env.env.robots:  # a soft reset keeps the gripper's integrated command; a rebuild zeroes it
+            if getattr(robot, "gripper", None) is not None and hasattr(robot.gripper, "current_action"):
+                robot.gripper.current_action = np.zeros_like(robot.gripper.current_action)
         self._raw = self.env.set_init_state(self.init_states[int(init_index)])
         for _ in range(self.settle_steps):
             self._raw, _, _, _ = self.env.step(NOOP)
