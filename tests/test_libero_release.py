@@ -3,7 +3,7 @@ tiny generated LIBERO-10 task-0 dataset, through all six stages and a reduced LI
 
 The config is the release's own file, unchanged; the overrides only shrink it for CPU: the tiny presets instead
 of SigLIP2+Gemma3 / pi0.5 (whose pinned weights and tokenizers live in a restored release bundle, not here),
-one in-process trainer on the CPU, a few steps, and one init state with a low step limit. The data are generated
+one in-process trainer on the CPU, a few steps, and two init states with a low step limit. The data are generated
 with upstream's two cameras at 32 px (the config reads `observation.images.image` / `wrist_image` at any size)
 into `<folder>/data/libero10_task0/{sft,rollouts_train,rollouts_eval}`, so `${BUNDLE}` is a plain folder as in
 the Fetch tests. Needs the libero extra; skipped without it.
@@ -57,8 +57,8 @@ OVERRIDES = [
     "policy.train.max_steps=2",
     "policy.train.save_interval=2",
     "policy.train.lr=0.001",
-    # eval: upstream's protocol on libero_10/0, reduced to one init state and a few steps, cameras as the data
-    "eval.episodes_per_task=1",
+    # eval: upstream's protocol on libero_10/0, reduced to two init states and a few steps, cameras as the data
+    "eval.episodes_per_task=2",
     f"eval.libero.image_size={IMAGE}",
     "eval.libero.max_steps=10",
 ]
@@ -129,10 +129,13 @@ def test_release_config_runs_every_stage_and_evaluates_in_libero(tmp_path):
     doc = json.loads(path.read_text())
     jsonschema.validate(doc, json.loads((REPO / "evidence" / "evaluation.schema.json").read_text()))
     outcomes = doc["tasks"]["libero_10/0"]["outcomes"]
-    assert outcomes["init_states"] == [0]
-    assert len(outcomes["success_once"]) == len(outcomes["success_at_end"]) == 1
+    assert outcomes["init_states"] == [0, 1]
+    assert len(outcomes["success_once"]) == len(outcomes["success_at_end"]) == 2
     libero = doc["settings"]["libero"]
     assert libero["cameras"] is True and libero["image_size"] == IMAGE and libero["max_steps"] == 10
+
+    rows = stages["eval"]["summary"]["results"]["recap w=1"]["per_init_state"]["libero_10/0"]
+    assert [(r["init_index"], r["steps"]) for r in rows] == [(0, 10), (1, 10)]
 
     verify = _python("-m", "reproduction.portable", "lineage", str(run), "--verify", timeout=120)
     assert verify.returncode == 0, verify.stdout[-2000:] + verify.stderr[-2000:]
