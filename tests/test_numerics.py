@@ -121,3 +121,15 @@ def test_check_says_which_kernels_a_run_will_use(tmp_path, flags, env, status, w
     cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
     row = cpu_kernels_row(cpuinfo, env)
     assert row.status == status and words in row.finding
+
+
+def test_portable_main_makes_idle_openmp_threads_sleep_unless_the_user_chose(monkeypatch, tmp_path):
+    from reproduction.portable import main
+
+    for preset, expected in ((None, "PASSIVE"), ("ACTIVE", "ACTIVE")):
+        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+        if preset:
+            env["OMP_WAIT_POLICY"] = preset
+        monkeypatch.setattr(os, "environ", env)
+        assert main(["verify", str(tmp_path / "absent")]) == 3  # set before the command runs, even one that fails
+        assert env["OMP_WAIT_POLICY"] == expected
