@@ -123,13 +123,12 @@ def test_check_says_which_kernels_a_run_will_use(tmp_path, flags, env, status, w
     assert row.status == status and words in row.finding
 
 
-def test_portable_main_makes_idle_openmp_threads_sleep_unless_the_user_chose(monkeypatch, tmp_path):
+def test_portable_main_shortens_the_openmp_spin_unless_the_user_chose(monkeypatch, tmp_path):
     from reproduction.portable import main
 
-    for preset, expected in ((None, "PASSIVE"), ("ACTIVE", "ACTIVE")):
-        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-        if preset:
-            env["OMP_WAIT_POLICY"] = preset
+    cases = (({}, "1000"), ({"GOMP_SPINCOUNT": "5"}, "5"), ({"OMP_WAIT_POLICY": "ACTIVE"}, None))
+    for preset, expected in cases:
+        env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")} | preset
         monkeypatch.setattr(os, "environ", env)
         assert main(["verify", str(tmp_path / "absent")]) == 3  # set before the command runs, even one that fails
-        assert env["OMP_WAIT_POLICY"] == expected
+        assert env.get("GOMP_SPINCOUNT") == expected
