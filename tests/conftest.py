@@ -10,6 +10,7 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ.setdefault("GOMP_SPINCOUNT", "1000")  # as `portable` sets it: short spins on a busy CI machine
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("PORTABLE_NO_PROGRESS", "1")

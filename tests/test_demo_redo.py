@@ -59,3 +59,23 @@ def test_a_stage_that_still_differs_after_its_redo_is_an_error(tmp_path, monkeyp
     with pytest.raises(StageKeyChangedError) as info:
         demo._run(_restored(tmp_path), tmp_path / "run", [], ui=None)
     assert info.value.exit_code == 52
+
+
+def test_first_run_lines_state_imports_env_ray_and_worker_starts():
+    costs = {"torch": 1.46, "transformers": None, "mujoco+gymnasium": 0.64, "one FetchPickAndPlace-v4 env": 0.28}
+    lines = demo.first_run_lines(costs, workers={"generate": 2, "eval": 2}, ray_starts=[3.25])
+    assert lines == [
+        "first-run costs inside the steps (this process, measured): torch 1.5 s, transformers (already loaded), "
+        "mujoco+gymnasium 0.6 s, one FetchPickAndPlace-v4 env 0.3 s; total 2.4 s; Ray start 3.2 s (1x)",
+        "  plus 4 simulator worker processes (generate 2, eval 2), each paying its own start, imports and env again",
+    ]
+    assert demo.first_run_lines({"torch": 0.5}, workers={}, ray_starts=[]) == [
+        "first-run costs inside the steps (this process, measured): torch 0.5 s; total 0.5 s; Ray not started"
+    ]
+
+
+def test_first_run_costs_measures_each_import_once_and_one_env():
+    costs = demo._first_run_costs("FetchPickAndPlace-v4")
+    assert list(costs) == [label for label, _ in demo.FIRST_RUN_IMPORTS] + ["one FetchPickAndPlace-v4 env"]
+    assert all(v is None or v >= 0 for v in costs.values())
+    assert demo._first_run_costs("FetchPickAndPlace-v4")["torch"] is None  # loaded now: not paid twice

@@ -121,3 +121,14 @@ def test_check_says_which_kernels_a_run_will_use(tmp_path, flags, env, status, w
     cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
     row = cpu_kernels_row(cpuinfo, env)
     assert row.status == status and words in row.finding
+
+
+def test_portable_main_shortens_the_openmp_spin_unless_the_user_chose(monkeypatch, tmp_path):
+    from reproduction.portable import main
+
+    cases = (({}, "1000"), ({"GOMP_SPINCOUNT": "5"}, "5"), ({"OMP_WAIT_POLICY": "ACTIVE"}, None))
+    for preset, expected in cases:
+        env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")} | preset
+        monkeypatch.setattr(os, "environ", env)
+        assert main(["verify", str(tmp_path / "absent")]) == 3  # set before the command runs, even one that fails
+        assert env.get("GOMP_SPINCOUNT") == expected

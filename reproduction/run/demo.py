@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -60,6 +61,10 @@ class DemoReport:
     steps: list[tuple[str, str, float]] = field(default_factory=list)
     """(step, what happened, seconds)."""
     run: Any = None
+    first_run: dict[str, float | None] = field(default_factory=dict)
+    """What this process paid once (imports, one env), measured at the start (`_first_run_costs`)."""
+    workers: dict[str, int] = field(default_factory=dict)
+    """Simulator worker processes each step started (each pays its own start, imports and env)."""
 
 
 def run_demo(
@@ -97,8 +102,11 @@ def run_demo(
         report.steps.append((name, what, time.perf_counter() - t0))
         say(f"demo: {name}: {what} ({time.perf_counter() - t0:.1f} s)", options=ui)
 
+    report.first_run = _first_run_costs(data.tasks[0])
     src, bundle, restored = out / "src", out / "bundle", out / "restored" / "recap-demo"
     step("generate", lambda: _generate(src / "data", data, ui=ui))
+    if data.workers > 1 and report.steps[-1][1] != "reused":
+        report.workers["generate"] = data.workers
     _write_sources(src, quick=quick, reference=reference)
     step("pack", lambda: _pack(src, bundle, ui=ui))
     step("restore", lambda: _restore(bundle, restored, ui=ui))
@@ -108,6 +116,7 @@ def run_demo(
     report.run = _run(restored, run_dir, overrides or [], ui=ui)
     for s in report.run.stages:
         report.steps.append((f"run: {s.name}", s.action, s.seconds))
+    report.workers.update(_eval_workers(run_dir, report.run))
     report.steps.append(("run (total)", "", time.perf_counter() - t0))
     step("plots and report", lambda: _plots_and_report(run_dir, restored))
     report.steps.append(("demo (total)", "", time.perf_counter() - t_all))
@@ -283,10 +292,77 @@ def _plots_and_report(run_dir: Path, restored: Path) -> str:
     return f"-> {path}"
 
 
+FIRST_RUN_IMPORTS = (
+    ("torch", ("torch",)),
+    ("transformers", ("transformers",)),
+    ("mujoco+gymnasium", ("mujoco", "gymnasium_robotics")),
+)
+"""The heavy imports a first run pays (label, modules), inside whichever step first needs them."""
+
+
+def _first_run_costs(task: str) -> dict[str, float | None]:
+    """Wall seconds this process pays once: each heavy import (None: loaded before the demo began) and
+    one simulator env of `task`. Measured here, up front, because inside the steps they hide in the
+    first step that needs them; the imports would be paid there anyway (the env, ~0.3 s, is extra)."""
+    import contextlib
+    import importlib
+    import io
+
+    costs: dict[str, float | None] = {}
+    for label, modules in FIRST_RUN_IMPORTS:
+        if all(m in sys.modules for m in modules):
+            costs[label] = None
+            continue
+        t0 = time.perf_counter()
+        with contextlib.redirect_stderr(io.StringIO()):  # gymnasium_robotics prints a notice on import
+            for m in modules:
+                importlib.import_module(m)
+        costs[label] = time.perf_counter() - t0
+    from reproduction.sim.env import _make_gym_env
+
+    t0 = time.perf_counter()
+    with contextlib.redirect_stderr(io.StringIO()):
+        _make_gym_env(task).close()
+    costs[f"one {task} env"] = time.perf_counter() - t0
+    return costs
+
+
+def _eval_workers(run_dir: Path, run: Any) -> dict[str, int]:
+    """{'eval': n} when this run's eval stage ran in n > 1 simulator worker processes (none when reused)."""
+    ran = {s.name for s in getattr(run, "stages", []) if getattr(s, "action", "") not in ("reused", "skipped")}
+    try:
+        n = int(json.loads((run_dir / "run.json").read_text())["config"]["eval"]["workers"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return {"eval": n} if "eval" in ran and n > 1 else {}
+
+
+def first_run_lines(costs: dict[str, float | None], *, workers: dict[str, int], ray_starts: list[float]) -> list[str]:
+    """The summary's lines on what a first run pays that the step table does not show on its own line:
+    the imports and env creation of this process (`_first_run_costs`), the local Ray starts, and the
+    simulator worker processes, each of which pays its own Python start, imports and env again."""
+    parts = [f"{k} {v:.1f} s" if v is not None else f"{k} (already loaded)" for k, v in costs.items()]
+    total = sum(v for v in costs.values() if v is not None)
+    ray = f"Ray start {sum(ray_starts):.1f} s ({len(ray_starts)}x)" if ray_starts else "Ray not started"
+    lines = [
+        f"first-run costs inside the steps (this process, measured): {', '.join(parts)}; total {total:.1f} s; {ray}"
+    ]
+    if workers:
+        each = ", ".join(f"{k} {n}" for k, n in workers.items())
+        lines.append(
+            f"  plus {sum(workers.values())} simulator worker processes ({each}), each paying its own start, "
+            "imports and env again"
+        )
+    return lines
+
+
 def _summary(report: DemoReport, run_dir: Path, *, ui: UiOptions | None) -> None:
+    from reproduction.train.ray_connect import START_SECONDS
+
     width = max(len(s[0]) for s in report.steps)
     lines = ["", f"{'step':<{width}}  {'result':<40}  seconds"]
     lines += [f"{name:<{width}}  {what[:40]:<40}  {sec:7.1f}" for name, what, sec in report.steps]
+    lines += first_run_lines(report.first_run, workers=report.workers, ray_starts=list(START_SECONDS))
     lines.append("")
     lines += _results_lines(run_dir)
     lines += [

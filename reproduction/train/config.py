@@ -84,7 +84,10 @@ class TrainConfig:
     """torch intra-op threads of a worker on the CPU device; 0 = torch's default, which follows
     OMP_NUM_THREADS (`portable` sets it to 1 unless set). A single in-process trainer on an otherwise
     idle machine gains from more (the demo's policy: ~84 -> ~58 ms a step with 2); results depend on
-    the count, so a config that wants the same numbers everywhere names it rather than "all cores"."""
+    the count, so a config that wants the same numbers everywhere names it rather than "all cores".
+    `portable` also sets GOMP_SPINCOUNT=1000 unless OMP_WAIT_POLICY or it is set: libgomp's long spin made a
+    2-thread step 6-20x slower whenever other processes ran; on a busy shared machine OMP_WAIT_POLICY=PASSIVE
+    is faster still, on an idle one it doubles the step."""
     start_timeout_s: float = 120.0
     """Bound on waiting for Ray to place the workers (placement group) and, on a cluster, for rank 0's
     node to report the rendezvous address. Joining the process group is bounded by collective_timeout_s."""

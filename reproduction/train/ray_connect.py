@@ -35,12 +35,19 @@ def _one_line(exc: BaseException) -> str:
     return (text[:300] + "...") if len(text) > 300 else text or type(exc).__name__
 
 
+START_SECONDS: list[float] = []
+"""Wall seconds of each local Ray this process started (its import included): `portable demo` reports them."""
+
+
 def start_local(*, cpus: int, init: Callable[..., Any] | None = None) -> None:
     """Start a private local Ray with `cpus` CPUs in this process (`init` is ray.init; a seam for tests).
 
     Tries START_TRIES times (shutting a half-started Ray down between tries); then raises
     RayUnavailableError naming 127.0.0.1, what Ray said and what to do.
     """
+    import time
+
+    t0 = time.perf_counter()
     import ray
 
     init = init or ray.init
@@ -59,6 +66,7 @@ def start_local(*, cpus: int, init: Callable[..., Any] | None = None) -> None:
                 log_to_driver=True,
                 _node_ip_address="127.0.0.1",
             )
+            START_SECONDS.append(time.perf_counter() - t0)
             return
         except Exception as exc:  # Ray raises a bare Exception for a start that timed out
             last = exc
