@@ -198,24 +198,29 @@ def _write_evidence(
 
 def _records(todo: list[tuple[Any, ...]], outcome: list[Any], digests: dict[str, str], run_dir: Path) -> list[Any]:
     """One EvalRecord per evaluation (`todo`: label, mode, scale, export, step) from its simulator result."""
+    return [
+        _record(entry, _counts(result), digests[entry[1]], run_dir, _mechanism(result))
+        for entry, result in zip(todo, outcome)
+    ]
+
+
+def _record(entry: tuple[Any, ...], doc: dict[str, Any], digest: str, run_dir: Path, extra: dict[str, float]) -> Any:
+    """The EvalRecord of one evaluation (`entry`: label, mode, scale, export, step) with its counts `doc`; the
+    export is named relative to the run folder when it lies inside it."""
     from reproduction.run import evidence
 
-    records = []
-    for (label, mode, w, export, step), result in zip(todo, outcome):
-        inside = Path(export).resolve().is_relative_to(Path(run_dir).resolve())
-        records.append(
-            evidence.EvalRecord(
-                result=_counts(result),
-                label=label,
-                mode=mode,
-                guidance_scale=w if mode == "recap" else None,
-                checkpoint=str(Path(export).resolve().relative_to(Path(run_dir).resolve()) if inside else export),
-                checkpoint_sha256=digests[mode],
-                step=step,
-                extra_metrics=_mechanism(result),
-            )
-        )
-    return records
+    label, mode, w, export, step = entry
+    inside = Path(export).resolve().is_relative_to(Path(run_dir).resolve())
+    return evidence.EvalRecord(
+        result=doc,
+        label=label,
+        mode=mode,
+        guidance_scale=w if mode == "recap" else None,
+        checkpoint=str(Path(export).resolve().relative_to(Path(run_dir).resolve()) if inside else export),
+        checkpoint_sha256=digest,
+        step=step,
+        extra_metrics=extra,
+    )
 
 
 def _evidence(
@@ -326,7 +331,6 @@ def _evaluate_libero_exports(
     first N init states, the suite's step limit, settle steps, action chunks; docs/libero.md) and its counts go
     into the evidence per task and per init state (`outcomes.init_states`), so two runs pair state by state."""
     from reproduction.recap.policy.export import read_export
-    from reproduction.run import evidence
     from reproduction.run.lineage import path_sha256
     from reproduction.sim.libero.protocol import LazyPolicy, check_policy_features
 
@@ -369,20 +373,9 @@ def _evaluate_libero_exports(
             "seconds": round(result.seconds, 3),
             "steps": result.steps,
         }
-        inside = Path(export).resolve().is_relative_to(Path(run_dir).resolve())
         firsts = [e.first_success_step for e in result.episodes if e.first_success_step is not None]
-        records.append(
-            evidence.EvalRecord(
-                result=doc,
-                label=label,
-                mode=mode,
-                guidance_scale=w if mode == "recap" else None,
-                checkpoint=str(Path(export).resolve().relative_to(Path(run_dir).resolve()) if inside else export),
-                checkpoint_sha256=digests[mode],
-                step=step,
-                extra_metrics={"mean_first_success_step": sum(firsts) / len(firsts)} if firsts else {},
-            )
-        )
+        extra = {"mean_first_success_step": sum(firsts) / len(firsts)} if firsts else {}
+        records.append(_record((label, mode, w, export, step), doc, digests[mode], run_dir, extra))
     settings = {
         "tasks": list(ev.tasks),
         "episodes_per_task": ev.episodes_per_task,

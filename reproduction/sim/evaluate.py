@@ -162,7 +162,8 @@ def _batches(config: EvalConfig, policy_factory: Callable[[], Any]) -> list[dict
     return out
 
 
-def _reset_policy(policy: Any, seed: int) -> None:
+def reset_policy(policy: Any, seed: int) -> None:
+    """`policy.reset(seed=seed)`, or `reset()` when it takes no seed (an export's GuidedPolicy), or nothing."""
     reset = getattr(policy, "reset", None)
     if reset is None:
         return
@@ -254,7 +255,7 @@ class PolicyCache:
                     self._built[factory] = policy
                 except TypeError:
                     pass
-        _reset_policy(policy, seed)
+        reset_policy(policy, seed)
         return policy
 
 

@@ -22,7 +22,6 @@ process that runs it (spawn workers), forwarding `reset` and `bind`.
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -32,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from reproduction.errors import SimError
+from reproduction.sim.evaluate import reset_policy
 from reproduction.sim.libero.env import ACTION_DIM, SETTLE_STEPS, LiberoSim
 from reproduction.sim.libero.tasks import LiberoTask, resolve_tasks
 from reproduction.sim.workers import run_units
@@ -96,7 +96,7 @@ class LazyPolicy:
         return self._policy
 
     def reset(self, seed: int = 0) -> None:
-        _reset_policy(self.policy, seed)
+        reset_policy(self.policy, seed)
 
     def bind(self, sim: LiberoSim) -> None:
         """Forwarded to a privileged scripted expert (the only policies that bind)."""
@@ -105,21 +105,6 @@ class LazyPolicy:
 
     def __call__(self, batch: dict[str, Any]) -> Any:
         return self.policy(batch)
-
-
-def _reset_policy(policy: Any, seed: int) -> None:
-    """`policy.reset(seed=seed)`, or `reset()` when it takes no seed (an export's GuidedPolicy), or nothing."""
-    reset = getattr(policy, "reset", None)
-    if reset is None:
-        return
-    try:
-        params = inspect.signature(reset).parameters
-    except (TypeError, ValueError):
-        params = {}
-    if "seed" in params or any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        reset(seed=seed)
-    else:
-        reset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +196,7 @@ def run_episode(
     seed: int = 0,
 ) -> EpisodeOutcome:
     """One episode from init state `init_index` on an already built env."""
-    _reset_policy(policy, seed)
+    reset_policy(policy, seed)
     obs = sim.reset(init_index)
     steps, first, success, actions = 0, None, False, []
     while steps < max_steps:
