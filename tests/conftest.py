@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,32 @@ def ray_address():
         yield ray.get_runtime_context().gcs_address
     finally:
         ray.shutdown()
+
+
+@pytest.fixture
+def recorded_progress(monkeypatch):
+    """`install(module)` replaces the module's `progress` (reproduction.ui's) with a recorder and returns the
+    list it fills: ("task", description, total), ("advance", n) and ("show", fields), in call order."""
+
+    def install(module) -> list:
+        seen: list = []
+
+        class Bar:
+            def task(self, description, total=None):
+                seen.append(("task", description, total))
+                return self
+
+            def advance(self, n=1):
+                seen.append(("advance", n))
+
+            def show(self, **fields):
+                seen.append(("show", fields))
+
+        @contextmanager
+        def fake_progress(ui=None):
+            yield Bar()
+
+        monkeypatch.setattr(module, "progress", fake_progress)
+        return seen
+
+    return install

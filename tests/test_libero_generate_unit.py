@@ -5,7 +5,6 @@ seams (`_build_sim`, `expert_for`). The real env is tested in tests/test_libero_
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from types import SimpleNamespace
 
 import numpy as np
@@ -124,25 +123,8 @@ def test_an_sft_set_with_no_success_is_one_error_and_nothing_written(fake, tmp_p
     assert not (tmp_path / "sft").exists()
 
 
-def test_progress_bar_moves_per_episode_with_rate_successes_and_eta(fake, tmp_path, monkeypatch):
-    seen = []
-
-    class Bar:
-        def task(self, description, total=None):
-            seen.append(("task", description, total))
-            return self
-
-        def advance(self, n=1):
-            seen.append(("advance", n))
-
-        def show(self, **fields):
-            seen.append(("show", fields))
-
-    @contextmanager
-    def fake_progress(ui=None):
-        yield Bar()
-
-    monkeypatch.setattr(gen, "progress", fake_progress)
+def test_progress_bar_moves_per_episode_with_rate_successes_and_eta(fake, tmp_path, recorded_progress):
+    seen = recorded_progress(gen)
     cfg = gen.LiberoGenConfig(kind="rollout", task="libero_spatial/0", episodes=3, init_offset=0, max_steps=5)
     gen.generate_libero_dataset(cfg, tmp_path / "r")
     assert seen[0] == ("task", "generate LIBERO rollout (libero_spatial/0)", 3)

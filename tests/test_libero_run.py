@@ -280,32 +280,13 @@ class _SeedlessPolicy:
         return np.zeros((1, 5, 7))
 
 
-def test_progress_bar_moves_per_episode_with_rate_and_eta(monkeypatch):
-    from contextlib import contextmanager
-
+def test_progress_bar_moves_per_episode_with_rate_and_eta(monkeypatch, recorded_progress):
     from reproduction.sim.libero import protocol
     from reproduction.sim.libero.tasks import LiberoTask
 
     task = LiberoTask("libero_10", 0, "t0", "put both", "/x.bddl", 50, 520)
     monkeypatch.setattr(protocol, "resolve_tasks", lambda ids, cache_dir=None: [task])
-    seen = []
-
-    class Bar:
-        def task(self, description, total=None):
-            seen.append(("task", description, total))
-            return self
-
-        def advance(self, n=1):
-            seen.append(("advance", n))
-
-        def show(self, **fields):
-            seen.append(("show", fields))
-
-    @contextmanager
-    def fake_progress(ui=None):
-        yield Bar()
-
-    monkeypatch.setattr(protocol, "progress", fake_progress)
+    seen = recorded_progress(protocol)
     _SeedlessPolicy.resets = 0
     res = protocol.evaluate_libero(
         ["libero_10/0"], 3, protocol.LazyPolicy(_SeedlessPolicy), max_steps=6, make_sim=_FakeSim
