@@ -4,7 +4,8 @@ The raw side is what a hand-written LIBERO script does on the built env: `reset(
 no-ops, then `step()` + `check_success()` per step. The protocol side is `evaluate_libero` on the same env (lent
 through its `make_sim` seam, so neither side pays the 5-30 s build) with a constant-action policy, chunk 5.
 Rounds alternate the sides (bench/_timing.alternate). Needs the libero extra. Prints CPU ms/step too: on a shared
-machine CPU time is the figure to trust (LIBERO_LAB.md).
+machine CPU time is the figure to trust (LIBERO_LAB.md). Also prints the process's peak RSS: what one evaluation
+worker holds (an env built once, reset per init state).
 
     python bench/libero_eval.py [--task libero_10/0] [--cameras] [--image-size 128] [--episodes 2] [--steps 60]
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -92,6 +94,10 @@ def main() -> None:
     cams = f"2x{args.image_size}" if args.cameras else "none"
     load = os.getloadavg()[0]
     print(f"protocol/raw: {rw / pw:.2f}x wall, {rc / pc:.2f}x CPU  [{args.task}, cameras={cams}, load1 {load:.1f}]")
+    # One evaluation worker holds exactly this: one built env reused across init states, the protocol, a policy.
+    rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    total_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    print(f"peak RSS {rss_gb:.2f} GiB (one worker); 2 workers ~{2 * rss_gb:.1f} of this machine's {total_gb:.0f} GiB")
     sim.close()
     print(f"ratio: {rw / pw:.2f} (goal >= 0.90: protocol steps/s over the raw LIBERO loop's, wall)")
 

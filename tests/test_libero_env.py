@@ -215,6 +215,32 @@ def test_workers_deal_init_states_and_match_one_process(spatial, cache_dir):
     assert all(e.success_once for e in ref)
 
 
+def test_each_episode_reseeds_the_envs_reset_from_its_own_seed(spatial, cache_dir):
+    """Every episode re-seeds the env (numpy's global RNG, from which robosuite draws the arm's reset noise: zero
+    magnitude in LIBERO's robots today) with `seed + init index` before its reset, so an episode cannot depend on
+    how many episodes its worker's env ran before it, even if a task's robot adds reset noise."""
+    from reproduction.sim.libero.protocol import evaluate_libero
+
+    seeds = []
+
+    class _Recording(_Borrowed):
+        def reset(self, init_index, seed=None):
+            seeds.append((init_index, seed))
+            return self._sim.reset(init_index, seed=seed)
+
+    evaluate_libero(
+        ["libero_spatial/0"],
+        3,
+        lambda b: np.zeros((1, 5, 7)),
+        cameras=False,
+        max_steps=2,
+        seed=100,
+        make_sim=lambda t, **kw: _Recording(spatial),
+        cache_dir=cache_dir,
+    )
+    assert seeds == [(0, 100), (1, 101), (2, 102)]
+
+
 def test_workers_need_a_picklable_policy(cache_dir):
     from reproduction.sim.libero.protocol import evaluate_libero
 

@@ -197,7 +197,7 @@ def run_episode(
 ) -> EpisodeOutcome:
     """One episode from init state `init_index` on an already built env."""
     reset_policy(policy, seed)
-    obs = sim.reset(init_index)
+    obs = sim.reset(init_index, seed=seed)  # robosuite's reset noise: without it the actions depend on the history
     steps, first, success, actions = 0, None, False, []
     while steps < max_steps:
         for action in _chunk_of(policy(_batch(obs)))[:chunk]:
