@@ -254,7 +254,7 @@ class _FakeSim:
     def __init__(self, task, **kw):
         self.task, self.kw, self.t, self.init = task, kw, 0, 0
 
-    def reset(self, init_index):
+    def reset(self, init_index, seed=None):
         self.t, self.init = 0, init_index
         return {"observation.state": [0.0] * 8, "task": self.task.language}
 
