@@ -127,7 +127,9 @@ def phase_returns(args: argparse.Namespace, out: Path, data: dict[str, Path]) ->
 
 
 def phase_value(args: argparse.Namespace, out: Path, data: dict[str, Path], rdir: Path) -> dict[str, Any]:
+    from reproduction.data.reader import open_dataset
     from reproduction.recap.value.data import ValueSource
+    from reproduction.recap.value.infer import open_value_stage
     from reproduction.recap.value.stage import infer_values, train_value
     from reproduction.recap.value.task import ValueStageConfig
     from reproduction.train.config import TrainConfig
@@ -163,8 +165,9 @@ def phase_value(args: argparse.Namespace, out: Path, data: dict[str, Path], rdir
         res = train_value(stage, tcfg, vdir)
         t_train = time.time() - t
         values.mkdir(exist_ok=True)
+        opened = open_value_stage(vdir, device="cpu")
         for name, path in data.items():
-            infer_values(vdir, path, values / f"{name}.parquet", lookahead=10, workers=1, device="cpu", batch_size=128)
+            infer_values(opened, open_dataset(path), values / f"{name}.parquet", workers=1, batch_size=128)
         summary = {**res.summary(), "train_s": t_train, "total_s": time.time() - t}
         summary_path.write_text(json.dumps(summary, indent=1, default=str))
         log(f"value: train {t_train:.1f} s, total {time.time() - t:.1f} s")

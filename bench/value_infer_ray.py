@@ -41,6 +41,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from reproduction.data.reader import open_dataset  # noqa: E402
+from reproduction.recap.value.infer import open_value_stage  # noqa: E402
 from reproduction.recap.value.stage import infer_values  # noqa: E402
 
 CAMS = {"base_0_rgb": "observation.images.front", "left_wrist_0_rgb": "observation.images.wrist"}
@@ -77,9 +79,8 @@ def write_stage(root: Path, episodes: int) -> None:
 
 def timed_infer(root: Path, workers: int) -> tuple[float, dict]:
     start = time.perf_counter()
-    summary = infer_values(
-        root / "value", root / "ds", root / f"values_{workers}.parquet", workers=workers, device="cpu", lookahead=10
-    )
+    stage, ds = open_value_stage(root / "value", device="cpu"), open_dataset(root / "ds")  # as stage 3 opens them
+    summary = infer_values(stage, ds, root / f"values_{workers}.parquet", workers=workers)
     return time.perf_counter() - start, summary
 
 

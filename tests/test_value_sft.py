@@ -37,8 +37,9 @@ def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_two_worker_value_sft_with_two_folds_beats_chance_on_held_out_episodes(tmp_path):
+    from reproduction.data.reader import open_dataset
     from reproduction.recap.sidecars import read_returns
-    from reproduction.recap.value.infer import infer_dataset
+    from reproduction.recap.value.infer import infer_dataset, open_value_stage
     from reproduction.recap.value.loss import spearman
 
     write_value_dataset(tmp_path / "ds", episodes=48, seed=0, runs=tmp_path / "unused")
@@ -84,7 +85,7 @@ def test_two_worker_value_sft_with_two_folds_beats_chance_on_held_out_episodes(t
     assert sum(frames) == 804  # the two held-out folds are disjoint and cover the dataset
     assert all(m["step"] == 150 for m in summary["models"])
 
-    values = infer_dataset(out / "value", tmp_path / "ds", world_size=2, lookahead=3)
+    values = infer_dataset(open_value_stage(out / "value"), open_dataset(tmp_path / "ds"), world_size=2)
     returns = read_returns(out / "returns", None, expect_fingerprint=None, dataset_name="ds")
     assert values.column("episode_index").to_pylist() == returns.column("episode_index").to_pylist()
     crossfit = spearman(values.column("value").to_numpy(), returns.column("return").to_numpy())

@@ -17,7 +17,7 @@ from reproduction.recap.value.infer import (
     infer_dataset,
     infer_shard,
     load_value_export,
-    load_value_stage,
+    open_value_stage,
     sorted_frames,
 )
 from reproduction.recap.value.loss import expected_value, spearman, value_loss
@@ -41,6 +41,7 @@ def stage_main(argv: list[str]) -> int:
     import argparse
     import sys
 
+    from reproduction.data.reader import open_dataset
     from reproduction.errors import PortableError
     from reproduction.recap.value.stage import infer_values, train_value
     from reproduction.train.config import TrainConfig
@@ -55,20 +56,17 @@ def stage_main(argv: list[str]) -> int:
     for flag in ("--stage", "--dataset", "--out", "--ray-address"):
         i.add_argument(flag)
     i.add_argument("--device", default="auto")
-    i.add_argument("--lookahead", type=int, default=10)
     i.add_argument("--workers", type=int, default=1)
     i.add_argument("--batch-size", type=int, default=64)
     a = parser.parse_args(argv)
     try:
         if a.command == "infer":
             summary = infer_values(
-                Path(a.stage),
-                Path(a.dataset),
+                open_value_stage(Path(a.stage), device=a.device),
+                open_dataset(Path(a.dataset)),
                 Path(a.out),
-                lookahead=a.lookahead,
                 workers=a.workers,
                 batch_size=a.batch_size,
-                device=a.device,
                 ray_address=a.ray_address,
             )
         else:
@@ -209,21 +207,21 @@ def test_evaluate_uses_the_whole_set_and_every_rank_runs_the_same_forwards(stage
 
 
 def _count_forwards(monkeypatch) -> Counter:
-    """Frames each model of the next `load_value_stage` runs forward (model index -> frames)."""
+    """Frames each fold's model runs forward, for every model a value stage loads from now on (fold -> frames)."""
     from reproduction.recap.value import infer as value_infer
 
     counts: Counter = Counter()
-    real = value_infer.load_value_stage
+    real = value_infer.load_value_export
 
-    def spy(*args, **kwargs):
-        models, plan = real(*args, **kwargs)
-        for k, vm in enumerate(models):
-            vm.model.register_forward_hook(
-                lambda m, a, kw, out, k=k: counts.update({k: kw["input_ids"].shape[0]}), with_kwargs=True
-            )
-        return models, plan
+    def spy(folder, **kwargs):
+        vm = real(folder, **kwargs)
+        k = int(Path(folder).parent.name.removeprefix("model_"))
+        vm.model.register_forward_hook(
+            lambda m, a, kw, out, k=k: counts.update({k: kw["input_ids"].shape[0]}), with_kwargs=True
+        )
+        return vm
 
-    monkeypatch.setattr(value_infer, "load_value_stage", spy)
+    monkeypatch.setattr(value_infer, "load_value_export", spy)
     return counts
 
 
@@ -231,7 +229,8 @@ def test_inference_runs_each_frame_once_through_the_model_that_did_not_train_on_
     from reproduction.data.reader import open_dataset
     from reproduction.recap.sharding import plan_shards
 
-    models, plan = load_value_stage(stage_dir / "value")
+    opened = open_value_stage(stage_dir / "value")
+    models, plan = opened.models, opened.plan
     seen: list[Counter] = [Counter(), Counter()]
     for k, vm in enumerate(models):
         vm.model.register_forward_hook(
@@ -248,11 +247,11 @@ def test_inference_runs_each_frame_once_through_the_model_that_did_not_train_on_
         expect = sum(int(np.isin(ep[s.start : s.infer_stop], plan.heldout_episodes(k, "ds")).sum()) for s in shards)
         assert sum(n * c for n, c in seen[k].items()) == expect and max(seen[k]) <= 5
     frames_per_model = _count_forwards(monkeypatch)
-    merged = infer_dataset(stage_dir / "value", stage_dir / "ds", world_size=3, lookahead=4, batch_size=5)
-    for k in range(2):  # the merged path: exactly one forward per frame, lookahead rows included
+    merged = infer_dataset(open_value_stage(stage_dir / "value"), ds, world_size=3, batch_size=5)
+    for k in range(2):  # the merged path: exactly one forward per frame (no lookahead rows)
         assert frames_per_model[k] == int(np.isin(ep, plan.heldout_episodes(k, "ds")).sum())
     assert sum(frames_per_model.values()) == ds.num_frames
-    single = infer_dataset(stage_dir / "value", stage_dir / "ds", world_size=1, batch_size=64)
+    single = infer_dataset(open_value_stage(stage_dir / "value"), ds, world_size=1, batch_size=64)
     assert (
         merged.column("episode_index").to_pylist() == ep.tolist()
         and merged.column("frame_index").to_pylist() == fr.tolist()
@@ -265,12 +264,11 @@ def test_inference_runs_each_frame_once_through_the_model_that_did_not_train_on_
 def test_inference_values_are_bit_identical_for_any_number_of_workers(stage_dir):
     """Batches are cut at fixed global chunks (shards start on multiples of the batch size), so the
     values do not depend on how many workers split the frames: equal bit for bit, not to 1e-6."""
+    from reproduction.data.reader import open_dataset
     from reproduction.recap.sharding import plan_shards
 
-    runs = {
-        w: infer_dataset(stage_dir / "value", stage_dir / "ds", world_size=w, lookahead=4, batch_size=5)
-        for w in (1, 2, 3)
-    }
+    stage, ds = open_value_stage(stage_dir / "value"), open_dataset(stage_dir / "ds")
+    runs = {w: infer_dataset(stage, ds, world_size=w, batch_size=5) for w in (1, 2, 3)}
     for w in (2, 3):
         assert runs[w].equals(runs[1]), w
     row_end = np.arange(1, 24)  # any rows: shard starts fall on multiples of `align`
@@ -278,6 +276,29 @@ def test_inference_values_are_bit_identical_for_any_number_of_workers(stage_dir)
         shards = plan_shards(row_end, world, 0, align=5)
         assert [s.start % 5 for s in shards] == [0] * world and shards[-1].stop == 23
         assert all(a.stop == b.start for a, b in zip(shards, shards[1:]))
+
+
+def test_stage_three_opens_the_value_stage_once_for_every_dataset(stage_dir, tmp_path, monkeypatch):
+    """Stage 3 opens the value stage once (each fold's head read once, each fold's model loaded once) and
+    passes it to the inference of every dataset: two datasets, two heads read, two models loaded."""
+    from reproduction import value_export
+    from reproduction.data.reader import open_dataset
+    from reproduction.recap.value import infer as value_infer
+    from reproduction.recap.value.stage import infer_values
+
+    heads, loads = [], []
+    real_head, real_load = value_export.read_value_head, value_infer.load_value_export
+    monkeypatch.setattr(value_export, "read_value_head", lambda folder: heads.append(folder) or real_head(folder))
+    monkeypatch.setattr(
+        value_infer, "load_value_export", lambda folder, **kw: loads.append(folder) or real_load(folder, **kw)
+    )
+    stage = open_value_stage(stage_dir / "value")
+    assert loads == []  # opening reads the plan and the heads; the models load on first use
+    for name in ("ds", "unseen"):
+        summary = infer_values(stage, open_dataset(stage_dir / name), tmp_path / f"{name}.parquet", batch_size=8)
+        assert summary["frames"] == open_dataset(stage_dir / name).num_frames
+    exports = [stage_dir / "value" / f"model_{k}" / "export" for k in (0, 1)]
+    assert [Path(f) for f in heads] == exports and [Path(f) for f in loads] == exports
 
 
 @pytest.mark.parametrize("stage_name, folds", [("value1", 1), ("value", 2)])
@@ -303,8 +324,6 @@ def test_infer_values_labels_a_dataset_the_models_never_trained_on(
             str(stage_dir / "unseen"),
             "--out",
             str(out),
-            "--lookahead",
-            "4",
             "--workers",
             "1",
             "--batch-size",
@@ -320,7 +339,8 @@ def test_infer_values_labels_a_dataset_the_models_never_trained_on(
         table.column("episode_index").to_pylist() == ep.tolist()
         and table.column("frame_index").to_pylist() == fr.tolist()
     )
-    models, plan = load_value_stage(stage_dir / stage_name)
+    opened = open_value_stage(stage_dir / stage_name)
+    models, plan = opened.models, opened.plan
     which = plan.models_for("unseen", ep)
     expect = np.bincount(which, minlength=folds).tolist()
     assert summary["frames"] == ds.num_frames and summary["frames_per_model"] == expect
@@ -625,8 +645,6 @@ def _infer_args(stage_dir: Path, out: Path, workers: int, *extra: str) -> list[s
         str(stage_dir / "ds"),
         "--out",
         str(out),
-        "--lookahead",
-        "4",
         "--batch-size",
         "5",
         "--device",

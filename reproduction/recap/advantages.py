@@ -531,7 +531,7 @@ def relabel(
     from reproduction.recap.sidecars import read_sidecar
 
     if not in_dataset and out is None:
-        raise ConfigError("relabel: no output folder given", field="out", hint="pass --out DIR (or --in-dataset)")
+        raise ConfigError("relabel: no output folder given", field="out", hint="pass out=<folder> (or in_dataset=True)")
     if (
         config.tag == source_tag
         and not in_dataset
@@ -541,7 +541,7 @@ def relabel(
         raise ConfigError(
             f"relabel would overwrite its source tag {source_tag!r}",
             field="new_tag",
-            hint="pass a --new-tag different from --source-tag",
+            hint="give the new labels a tag (config.tag) other than source_tag, or another out folder",
         )
     inputs, results, value_fps, ranges, out_dirs = [], [], set(), set(), []
     for i, path in enumerate(datasets):

@@ -316,7 +316,7 @@ def compute_returns(
     from reproduction.recap.sidecars import sidecar_name, update_stats_json, write_sidecar
 
     if out is None and not in_dataset:
-        raise ConfigError("returns: no output folder given", field="out", hint="pass --out DIR (or --in-dataset)")
+        raise ConfigError("returns: no output folder given", field="out", hint="pass out=<folder> (or in_dataset=True)")
     opened = [d if hasattr(d, "fingerprint") else open_dataset(d) for d in datasets]
     names = [d.name for d in opened]
     if len(set(names)) != len(names):

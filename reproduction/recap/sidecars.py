@@ -162,7 +162,8 @@ def read_sidecar(
         raise InputNotFoundError(
             f"{path}: no {kind} sidecar for tag {tag!r} (present: {_available(folder, kind)})",
             path=path,
-            hint=f"compute stage '{kind}' with --tag {tag or ''} first, or pass the tag it was written with",
+            hint=f"run the {kind} stage first (`portable run --stages {kind}`, with {kind}.tag {tag!r}), "
+            "or name the tag it was written with",
         )
     meta = sidecar_meta(path)
     if meta.get("tag", tag) != tag:

@@ -173,29 +173,22 @@ def advantages_stage(ctx: StageContext) -> StageOutput:
     from reproduction.recap.advantage_inputs import load_dataset_arrays
     from reproduction.recap.advantages import compute_advantages
     from reproduction.recap.labels import hold_frames
+    from reproduction.recap.value.infer import open_value_stage
     from reproduction.recap.value.stage import infer_values
-    from reproduction.value_export import read_value_stage_head
 
     cfg = ctx.config
-    value_dir = ctx.run_dir / "value"
-    head = read_value_stage_head(value_dir)  # the return range and bins the value models were trained with
-    adv = replace(cfg.advantages, returns_tag=cfg.returns.tag)
     inf = cfg.value.infer
+    # Opened once for every dataset: the fold plan, the heads (return range and bins), the models.
+    value = open_value_stage(ctx.run_dir / "value", device=inf.device)
+    head = value.head
+    adv = replace(cfg.advantages, returns_tag=cfg.returns.tag)
     values_dir = ctx.out_dir / "values"
     inputs, files, inferred, flags = [], [], {}, {}
     ray_address = stage_ray(ctx, inf.workers > 1)
     for d in ctx.inputs.values():
         out = values_dir / f"{d.name}.parquet"
         inferred[d.name] = infer_values(
-            value_dir,
-            d.dataset,
-            out,
-            lookahead=adv.lookahead,
-            workers=inf.workers,
-            batch_size=inf.batch_size,
-            device=inf.device,
-            ray_address=ray_address,
-            ui=ctx.ui,
+            value, d.dataset, out, workers=inf.workers, batch_size=inf.batch_size, ray_address=ray_address, ui=ctx.ui
         )
         files.append(out)
         inp = load_dataset_arrays(
@@ -207,7 +200,7 @@ def advantages_stage(ctx: StageContext) -> StageOutput:
         inputs.append(inp)
     report = compute_advantages(inputs, adv, head, out_dirs=[ctx.out_dir / d.name for d in ctx.inputs.values()])
     files += report.sidecars
-    quality = _label_quality(ctx, value_dir, report.sidecars, flags)
+    quality = _label_quality(ctx, value.plan, report.sidecars, flags)
     files.append(ctx.out_dir / "label_quality.json")
     summary = {
         **report.to_dict(),
@@ -231,11 +224,12 @@ def _frame_flags_of(dataset: Any, returns_sidecar: Path) -> tuple[Any, Any, Any,
 
 
 def _label_quality(
-    ctx: StageContext, value_dir: Path, sidecars: list[Path], flags: dict[str, tuple[Any, Any, Any, Any]]
+    ctx: StageContext, plan: Any, sidecars: list[Path], flags: dict[str, tuple[Any, Any, Any, Any]]
 ) -> dict[str, Any]:
     """label_quality.json: per dataset, positive rates by kind of frame (harm vs clean when the data
     marks `sim.harm`) and the value model's Spearman per fold; one line per dataset on stderr.
-    `flags` are `_frame_flags_of` per dataset, reused when the sidecar has the same rows."""
+    `flags` are `_frame_flags_of` per dataset, reused when the sidecar has the same rows; `plan` is the
+    value stage's fold plan (which model labelled which episode)."""
     import json
 
     import numpy as np
@@ -243,10 +237,8 @@ def _label_quality(
 
     from reproduction.fsio import atomic_write_text
     from reproduction.recap.labels import dataset_label_report, format_report, frame_flags
-    from reproduction.recap.value.crossfit import CrossFitPlan
     from reproduction.ui import say
 
-    plan = CrossFitPlan.from_dict(json.loads((value_dir / "crossfit.json").read_text(encoding="utf-8")))
     out: dict[str, Any] = {}
     for d, path in zip(ctx.inputs.values(), sidecars):
         t = pq.read_table(path, columns=["episode_index", "frame_index", "advantage", "value_current", "return"])

@@ -146,7 +146,7 @@ def read_labels(source: PolicySource, ds: Any, episode: np.ndarray, frame: np.nd
             f"{source.path}: episode {episode[bad]} frame {frame[bad]} has no advantage label in the sidecar "
             f"(tag {source.tag!r}; {int((~found).sum())} frames unlabelled)",
             path=source.path,
-            hint="recompute stage 3 (advantages) for this dataset version",
+            hint="recompute stage 3 for this dataset version (`portable run --restart-stage advantages`)",
         )
     return a_lab[order][pos]
 

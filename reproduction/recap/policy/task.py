@@ -215,7 +215,7 @@ def prepare_policy_setup(inputs: Sequence[Any], config: PolicyStageConfig, out_d
         raise CheckpointError(
             f"{out_dir / 'checkpoints'} already holds checkpoints and resume is off",
             path=out_dir / "checkpoints",
-            hint="pass --resume to continue, or train into a new folder",
+            hint="`portable run --resume` continues it; `--restart-stage policy` trains it again from scratch",
         )
     arrays, summary = build_arrays(inputs, mode=config.mode, chunk=config.chunk, hold_labels=config.hold_labels)
     stats = state_stats(arrays)
@@ -316,7 +316,7 @@ def _refuse_changed(out_dir: Path, new: dict, new_tokenizer: Path) -> None:
         raise CheckpointError(
             f"cannot resume {out_dir}: it holds checkpoints but no {SETUP_NAME}",
             path=path,
-            hint="train into a new folder (without resume)",
+            hint="`portable run --restart-stage policy` trains it again from scratch",
         )
     old = json.loads(path.read_text(encoding="utf-8"))
     changes = []
@@ -345,7 +345,7 @@ def _refuse_changed(out_dir: Path, new: dict, new_tokenizer: Path) -> None:
             f"cannot resume {out_dir}: the policy setup changed since its checkpoints were written "
             f"({'; '.join(changes)})",
             path=path,
-            hint="restore those settings, or train into a new folder (without resume)",
+            hint="restore those settings, or `portable run --restart-stage policy` to train it again with the new ones",
         )
 
 

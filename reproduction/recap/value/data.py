@@ -133,7 +133,7 @@ def load_source(
             f"{source.path}: episode {ep[bad]} frame {fr[bad]} has no return in the returns sidecar "
             f"(tag {source.tag!r})",
             path=source.path,
-            hint="recompute stage 1 (returns) for this dataset",
+            hint="recompute stage 1 for this dataset (`portable run --restart-stage returns`)",
         )
     returns = rets.column("return").to_numpy().astype(np.float64)[order][pos]
     if "task_index" in columns and ds.tasks:

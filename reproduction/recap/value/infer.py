@@ -11,6 +11,10 @@ episode (cross-fitting), the single model when folds == 1, and for a dataset no 
 held out for it (CrossFitPlan.models_for). A token id past the model's embedding is a one-line
 ConfigError (value_task.VocabGuard). Values are keyed by (episode_index, frame_index), never by position.
 
+Stage 3 opens the value stage once (`open_value_stage`: the fold plan and every fold's head, read and
+checked now; the models loaded on first use, once) and passes it, with the opened dataset, to each
+call; Ray workers, which are other processes, open it again by path.
+
 `infer_dataset` runs the plan's shards one after another in this process; `infer_dataset_ray` runs
 them concurrently, one Ray worker (one device) per shard (`reproduction.train.launcher.run_tasks`):
 each worker loads the models on its device, opens the dataset by path, checks its fingerprint and
@@ -27,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +43,7 @@ from reproduction.recap.normalize import ReturnRange
 from reproduction.recap.sharding import Shard
 from reproduction.recap.value.crossfit import CrossFitPlan
 from reproduction.train.device import DeviceSpec
+from reproduction.value_export import ValueHead
 
 
 @dataclass(kw_only=True)
@@ -57,8 +62,9 @@ class ValueExport:
         return dict(self.head["cameras"])
 
 
-def load_value_export(folder: Path, *, device: str = "cpu") -> ValueExport:
-    """Rebuild the model from `value_head.json` and load `model.safetensors` strictly.
+def load_value_export(folder: Path, *, device: str = "cpu", head: ValueHead | None = None) -> ValueExport:
+    """Rebuild the model from `value_head.json` and load `model.safetensors` strictly. `head` is the
+    export's head when the caller has already read it (`open_value_stage` did), so it is not read twice.
 
     Raises InputNotFoundError (no export there), UnsupportedFormatError (newer export format),
     CheckpointError (weights that do not fit the stored architecture, naming the keys).
@@ -69,43 +75,91 @@ def load_value_export(folder: Path, *, device: str = "cpu") -> ValueExport:
     from reproduction.value_export import read_value_head
 
     folder = Path(folder)
-    checked = read_value_head(folder)  # the one reader: format version, return range, bins
-    head = checked.doc
-    model = build_value_model(ValueModelConfig.from_dict(head["model_config"]))
+    checked = head if head is not None else read_value_head(folder)  # the one reader: format, return range, bins
+    doc = checked.doc
+    model = build_value_model(ValueModelConfig.from_dict(doc["model_config"]))
     load_safetensors_strict(model, folder / "model.safetensors")
     model.to(device).eval()
     return ValueExport(
         folder=folder,
         model=model,
-        tokenizer=load_tokenizer(folder / head.get("tokenizer", "tokenizer")),
-        head=head,
+        tokenizer=load_tokenizer(folder / doc.get("tokenizer", "tokenizer")),
+        head=doc,
         return_range=checked.return_range,
     )
 
 
-def load_value_stage(stage_dir: Path, *, device: str = "cpu") -> tuple[list[ValueExport], CrossFitPlan]:
-    """All fold models of a value stage and its fold plan; CheckpointError if they disagree
-    (different folds count, return range or bins between models)."""
+AGREE = ("return_range", "num_bins", "v_min", "v_max", "folds", "cameras", "state_keys", "state_dims")
+"""What every fold's export of one value stage must share."""
+
+
+@dataclass(kw_only=True)
+class ValueStage:
+    """A stage-2 output folder opened once: its fold plan and every fold's head (read and checked when
+    opened), and its models, loaded on first use, once, on the device `spec` names."""
+
+    folder: Path
+    plan: CrossFitPlan
+    heads: list[ValueHead]
+    """One per fold, in fold order; they agree on AGREE."""
+    spec: DeviceSpec
+    _models: list[ValueExport] | None = field(default=None, repr=False)
+
+    @property
+    def head(self) -> ValueHead:
+        """What every fold shares (fold 0's head): the return range and bins stage 3 computes with."""
+        return self.heads[0]
+
+    @property
+    def models(self) -> list[ValueExport]:
+        if self._models is None:
+            from reproduction.train.device import local_device
+
+            device = str(local_device(self.spec, 0))
+            self._models = [
+                load_value_export(self.folder / f"model_{k}" / "export", device=device, head=h)
+                for k, h in enumerate(self.heads)
+            ]
+        return self._models
+
+
+def open_value_stage(stage_dir: Path, *, device: str = "cpu", spec: DeviceSpec | None = None) -> ValueStage:
+    """Open a value stage's folder for inference: read `crossfit.json` and each fold's export head, check
+    that they agree, and resolve the device (`device` as training resolves it: an absent or broken
+    accelerator is a ConfigError naming it; or `spec`, already resolved, as a worker gets it). No model is
+    loaded yet, so a wrong device or folder fails before any weights are read.
+
+    Raises InputNotFoundError (not a value stage folder), UnsupportedFormatError (newer export format),
+    CheckpointError (folds that disagree, or a plan whose fold count is not the exports')."""
+    from reproduction.train.device import resolve
+    from reproduction.value_export import read_value_head
+
     stage_dir = Path(stage_dir)
     plan_path = stage_dir / "crossfit.json"
     if not plan_path.is_file():
-        raise InputNotFoundError(f"{plan_path} does not exist: not a value stage folder", path=plan_path)
-    plan = CrossFitPlan.from_dict(json.loads(plan_path.read_text(encoding="utf-8")))
-    models = [load_value_export(stage_dir / f"model_{k}" / "export", device=device) for k in range(plan.folds)]
-    ref = models[0].head
-    for m in models[1:]:
-        for key in ("return_range", "num_bins", "v_min", "v_max", "folds", "cameras", "state_keys", "state_dims"):
-            if m.head.get(key) != ref.get(key):
-                raise CheckpointError(
-                    f"{m.folder}: {key} {m.head.get(key)!r} differs from {models[0].folder}'s {ref.get(key)!r}",
-                    path=m.folder,
-                    hint="all folds must come from one value-stage run; retrain stage 2",
-                )
-    if ref["folds"] != plan.folds:
-        raise CheckpointError(
-            f"{plan_path}: {plan.folds} folds, but the exports were trained with {ref['folds']}", path=plan_path
+        raise InputNotFoundError(
+            f"{plan_path} does not exist: not a value stage folder",
+            path=plan_path,
+            hint="run the value stage first (`portable run --stages value`, or `--restart-stage value`)",
         )
-    return models, plan
+    spec = spec if spec is not None else resolve(device)
+    plan = CrossFitPlan.from_dict(json.loads(plan_path.read_text(encoding="utf-8")))
+    heads = [read_value_head(stage_dir / f"model_{k}" / "export") for k in range(plan.folds)]
+    for h in heads[1:]:
+        for key in AGREE:
+            if h.doc.get(key) != heads[0].doc.get(key):
+                raise CheckpointError(
+                    f"{h.path}: {key} {h.doc.get(key)!r} differs from {heads[0].path}'s {heads[0].doc.get(key)!r}",
+                    path=h.path,
+                    hint="all folds must come from one value-stage run; `portable run --restart-stage value`",
+                )
+    if heads[0].doc.get("folds") != plan.folds:
+        raise CheckpointError(
+            f"{plan_path}: {plan.folds} folds, but the exports were trained with {heads[0].doc.get('folds')}",
+            path=plan_path,
+            hint="`portable run --restart-stage value` trains the value stage again",
+        )
+    return ValueStage(folder=stage_dir, plan=plan, heads=heads, spec=spec)
 
 
 def infer_rows(
@@ -238,34 +292,31 @@ def infer_shard(
 
 
 def infer_dataset(
-    stage_dir: Path,
-    dataset_root: Path,
+    stage: ValueStage,
+    dataset: Any,
     *,
     world_size: int = 1,
-    lookahead: int = 0,
     batch_size: int = 64,
-    device: str = "cpu",
     dataset_name: str | None = None,
 ) -> pa.Table:
-    """Every frame's value, sorted by (episode, frame): run each shard of the plan in turn (the
-    single-process form of what stage 3's workers do one shard each) and merge them.
+    """Every frame's value of the opened `dataset`, sorted by (episode, frame): run each shard of the plan
+    in turn with the opened stage's models (the single-process form of what stage 3's workers do one shard
+    each) and merge them.
 
-    Each frame goes through exactly one forward: a worker infers `lookahead` rows past its owned
-    range because it cannot see the next worker's values, but here every shard's owned rows are
-    merged anyway, so each shard infers only what it owns (`lookahead` shapes the plan, nothing
-    more). A dataset the models never trained on is labelled per `CrossFitPlan.models_for`. Shards
-    start on multiples of `batch_size`, so every inference batch, and with it every value, is the
-    same bit for bit whatever `world_size` (and in `infer_dataset_ray`).
+    Each frame goes through exactly one forward: each shard infers only the rows it owns (a frame's V(t+N)
+    is another frame's V(t), labelled by whichever shard owns it; no lookahead rows). A dataset the models
+    never trained on is labelled per `CrossFitPlan.models_for`. Shards start on multiples of `batch_size`,
+    so every inference batch, and with it every value, is the same bit for bit whatever `world_size` (and in
+    `infer_dataset_ray`).
     """
-    from reproduction.data.reader import open_dataset
     from reproduction.recap.sharding import merge_values, plan_shards
 
-    models, plan = load_value_stage(stage_dir, device=device)
-    ds = open_dataset(dataset_root)
-    frames = sorted_frames(ds)
+    frames = sorted_frames(dataset)
     parts = [
-        _infer_owned(models, plan, ds, shard, dataset_name=dataset_name, batch_size=batch_size, frames=frames)
-        for shard in plan_shards(_row_ends(frames[1]), world_size, lookahead, align=batch_size)
+        _infer_owned(
+            stage.models, stage.plan, dataset, shard, dataset_name=dataset_name, batch_size=batch_size, frames=frames
+        )
+        for shard in plan_shards(_row_ends(frames[1]), world_size, 0, align=batch_size)
     ]
     return merge_values(parts)
 
@@ -321,19 +372,24 @@ class ShardJob:
     chunks: tuple[Shard, ...] = ()
 
 
-def infer_job(job: ShardJob, cancelled: Callable[[], bool] | None = None) -> pa.Table:
+def infer_job(
+    job: ShardJob, cancelled: Callable[[], bool] | None = None, opened: tuple[ValueStage, Any] | None = None
+) -> pa.Table:
     """Ray worker body: the job's owned rows' values, computed on this worker's device: its shard's,
-    or with `claims` those of every chunk it claims (the models load once).
+    or with `claims` those of every chunk it claims (the models load once). `opened` is the (value stage,
+    dataset) the driver already opened, when the driver takes a share itself.
 
     Raises FingerprintMismatchError when the dataset at `dataset_root` is not the one the driver
-    planned with (edited meanwhile, or another copy on this node), and what `load_value_stage`
+    planned with (edited meanwhile, or another copy on this node), and what `open_value_stage`
     and `infer_rows` raise (InferenceCancelled once `cancelled()`).
     """
     from reproduction.data.reader import open_dataset
     from reproduction.recap.sharding import merge_values
-    from reproduction.train.device import local_device
 
-    ds = open_dataset(Path(job.dataset_root))
+    if opened is not None:
+        stage, ds = opened
+    else:
+        stage, ds = open_value_stage(Path(job.stage_dir), spec=job.spec), open_dataset(Path(job.dataset_root))
     if ds.fingerprint != job.fingerprint:
         raise FingerprintMismatchError(
             f"{job.dataset_root}: fingerprint {ds.fingerprint} on this worker, {job.fingerprint} when stage 3 planned "
@@ -341,7 +397,7 @@ def infer_job(job: ShardJob, cancelled: Callable[[], bool] | None = None) -> pa.
             path=job.dataset_root,
             hint="the dataset changed (or differs on this node); rerun stage 3",
         )
-    models, plan = load_value_stage(Path(job.stage_dir), device=str(local_device(job.spec, 0)))
+    models, plan = stage.models, stage.plan
     frames = sorted_frames(ds)
     shards = [job.shard] if job.claims is None else _claimed(Path(job.claims), job.chunks)
     parts = [
@@ -374,12 +430,10 @@ def _claimed(folder: Path, chunks: Sequence[Shard]) -> Iterator[Shard]:
 
 
 def infer_dataset_ray(
-    stage_dir: Path,
-    dataset_root: Path,
+    stage: ValueStage,
+    dataset: Any,
     *,
-    spec: DeviceSpec,
     world_size: int,
-    lookahead: int = 0,
     batch_size: int = 64,
     dataset_name: str | None = None,
     ray_address: str | None = None,
@@ -387,41 +441,39 @@ def infer_dataset_ray(
     task: Callable[[ShardJob], pa.Table] | None = None,
 ) -> pa.Table:
     """What `infer_dataset` returns, with the plan's `world_size` shards run concurrently on Ray
-    workers, one device (`spec`: cpu slot, GPU or NPU) each; `on_done(rank)` as each finishes. On
-    CPU, when Ray is neither given nor running (a local one is started), this process is the last
-    worker, and the workers share the rows as chunks claimed as they are free (`_infer_beside_ray`).
-    `task` replaces the worker body (default `infer_job`); it must be picklable by reference.
+    workers, one device (the stage's `spec`: cpu slot, GPU or NPU) each; `on_done(rank)` as each
+    finishes. Workers open the stage and the dataset again by path. On CPU, when Ray is neither given
+    nor running (a local one is started), this process is the last worker, with the stage and dataset
+    it already opened, and the workers share the rows as chunks claimed as they are free
+    (`_infer_beside_ray`). `task` replaces the worker body (default `infer_job`); it must be picklable
+    by reference.
 
     Ray is started locally and stopped unless `ray_address` (or an initialised Ray) is given. A
     worker that raises or dies is a one-line WorkerFailedError (exit 51, its traceback in
     `.traceback`); a PortableError in a worker (bad export, changed dataset) arrives as itself.
     """
-    from reproduction.data.reader import open_dataset
     from reproduction.recap.sharding import merge_values, plan_shards
     from reproduction.train.launcher import run_tasks
 
-    ds = open_dataset(Path(dataset_root))
-    _, ep, _ = sorted_frames(ds)
+    spec = stage.spec
+    _, ep, _ = sorted_frames(dataset)
     jobs = [
         ShardJob(
-            stage_dir=str(Path(stage_dir).resolve()),
-            dataset_root=str(Path(dataset_root).resolve()),
-            fingerprint=ds.fingerprint,
+            stage_dir=str(Path(stage.folder).resolve()),
+            dataset_root=str(Path(dataset.root).resolve()),
+            fingerprint=dataset.fingerprint,
             shard=shard,
             spec=spec,
             batch_size=batch_size,
             dataset_name=dataset_name,
         )
-        for shard in plan_shards(_row_ends(ep), world_size, lookahead, align=batch_size)
+        for shard in plan_shards(_row_ends(ep), world_size, 0, align=batch_size)
     ]
     if task is None and len(jobs) > 1 and _starts_local_cpu_ray(spec, ray_address):
         chunks = plan_shards(
-            _row_ends(ep),
-            min(CHUNKS_PER_WORKER * world_size, -(-ep.size // batch_size) or 1),
-            lookahead,
-            align=batch_size,
+            _row_ends(ep), min(CHUNKS_PER_WORKER * world_size, -(-ep.size // batch_size) or 1), 0, align=batch_size
         )
-        parts = _infer_beside_ray(jobs, chunks, spec=spec, on_done=on_done)
+        parts = _infer_beside_ray(jobs, chunks, spec=spec, on_done=on_done, opened=(stage, dataset))
     else:
         parts = run_tasks(task or infer_job, jobs, spec=spec, ray_address=ray_address, on_done=on_done, label=LABEL)
     return merge_values(parts)
@@ -447,7 +499,12 @@ def _starts_local_cpu_ray(spec: DeviceSpec, ray_address: str | None) -> bool:
 
 
 def _infer_beside_ray(
-    jobs: list[ShardJob], chunks: list[Shard], *, spec: DeviceSpec, on_done: Callable[[int], None] | None
+    jobs: list[ShardJob],
+    chunks: list[Shard],
+    *,
+    spec: DeviceSpec,
+    on_done: Callable[[int], None] | None,
+    opened: tuple[ValueStage, Any],
 ) -> list[pa.Table]:
     """Every chunk's values, inferred by this process and Ray workers for the other jobs, each
     claiming the next chunk as it is free (`ShardJob.claims`, in a temporary folder: a Ray this call
@@ -476,7 +533,7 @@ def _infer_beside_ray(
     def here(job: ShardJob) -> pa.Table:
         try:
             with cpu_threads(1):
-                return infer_job(job, cancelled=stop.is_set)
+                return infer_job(job, cancelled=stop.is_set, opened=opened)
         except (PortableError, InferenceCancelled):
             raise
         except Exception as exc:  # as a Ray worker's would: one line naming the shard, exit 51

@@ -9,12 +9,13 @@ one Ray worker (one device) each. The runner (`portable run --stages value,advan
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reproduction.errors import ConfigError, InputNotFoundError
+import numpy as np
+
+from reproduction.errors import ConfigError
 from reproduction.recap.value.task import SETUP_NAME, ValueSetup, ValueStageConfig, make_value_task, prepare_value_setup
 
 
@@ -79,86 +80,62 @@ def train_value(
 
 
 def infer_values(
-    stage_dir: Path,
+    stage: Any,
     dataset: Any,
     out: Path,
     *,
-    lookahead: int = 10,
     workers: int = 1,
     batch_size: int = 64,
-    device: str = "auto",
     ray_address: str | None = None,
     ui: Any = None,
 ) -> dict[str, Any]:
-    """Infer every frame of `dataset` with the stage's models (cross-fitted) and write `out` atomically.
+    """Infer every frame of the opened `dataset` with the opened value `stage`'s models (cross-fitted;
+    `reproduction.recap.value.infer.open_value_stage`, on the device it resolved) and write `out` atomically.
 
-    `device` is resolved as training resolves it (`reproduction.train.device.resolve`: an absent or
-    broken accelerator is a ConfigError naming it, before any model is loaded). `workers` == 1 runs
-    in this process; > 1 runs the plan's shards concurrently on Ray workers, one device each
-    (`ray_address` joins a cluster, else a local Ray is started and stopped), with the same values
-    up to float noise. A worker that raises or dies is a WorkerFailedError (exit 51); on any error
+    `workers` == 1 runs in this process with the stage's models (loaded once, on first use, and reused by
+    the next call); > 1 runs the plan's shards concurrently on Ray workers, one device each, which open the
+    stage again by path (`ray_address` joins a cluster, else a local Ray is started and stopped), with the
+    same values bit for bit. A worker that raises or dies is a WorkerFailedError (exit 51); on any error
     `out` is not written. A progress line over shards goes to stderr (reproduction.ui options `ui`).
 
     The parquet holds episode_index, frame_index (int64) and value (float64), sorted by (episode,
-    frame), with the fingerprint of the dataset the shards read in its metadata. `dataset` is an
-    opened Dataset (as the runner passes it) or a dataset root. Returns a small summary, including how
-    many frames each fold's model labelled and whether the models trained on folds of this dataset
-    (False: every model is held out for it, e.g. trained on sft data, labelling rollouts).
+    frame), with the fingerprint of the dataset the shards read in its metadata. Returns a small summary,
+    including how many frames each fold's model labelled and whether the models trained on folds of this
+    dataset (False: every model is held out for it, e.g. trained on sft data, labelling rollouts).
     """
-    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from reproduction import ui as ui_mod
-    from reproduction.data.reader import open_dataset
     from reproduction.fsio import atomic_write_bytes
-    from reproduction.recap.value.crossfit import CrossFitPlan
     from reproduction.recap.value.infer import infer_dataset, infer_dataset_ray
-    from reproduction.train.device import local_device, resolve
 
-    if not (Path(stage_dir) / SETUP_NAME).is_file():
-        raise InputNotFoundError(
-            f"{stage_dir}: no {SETUP_NAME}; not a stage-2 output folder",
-            path=stage_dir,
-            hint="pass the folder given to `value train --out`",
-        )
     if workers < 1:
         raise ConfigError(
-            f"--workers {workers}: needs at least one worker",
-            field="workers",
+            f"value.infer.workers {workers}: needs at least one worker",
+            field="value.infer.workers",
             value=workers,
-            hint="pass --workers 1 (in this process) or the number of devices to use",
+            hint="set value.infer.workers=1 (in this process) or the number of devices to use",
         )
-    spec = resolve(device)
     # Read before inference: the parquet is stamped with the version the shards were planned on.
-    ds = dataset if hasattr(dataset, "fingerprint") else open_dataset(Path(dataset))
-    fingerprint = ds.fingerprint
-    plan = CrossFitPlan.from_dict(json.loads((Path(stage_dir) / "crossfit.json").read_text(encoding="utf-8")))
+    fingerprint = dataset.fingerprint
+    plan = stage.plan
     with ui_mod.progress(ui) as prog:
         shards = prog.task("value infer (shards)", total=workers)
         shards.show(rate="")  # units are shards, not the bar's default bytes/s
         if workers == 1:
-            table = infer_dataset(
-                Path(stage_dir),
-                ds.root,
-                world_size=1,
-                lookahead=lookahead,
-                batch_size=batch_size,
-                device=str(local_device(spec, 0)),
-            )
+            table = infer_dataset(stage, dataset, world_size=1, batch_size=batch_size)
             shards.advance(1)
         else:
             table = infer_dataset_ray(
-                Path(stage_dir),
-                ds.root,
-                spec=spec,
+                stage,
+                dataset,
                 world_size=workers,
-                lookahead=lookahead,
                 batch_size=batch_size,
                 ray_address=ray_address,
                 on_done=lambda _: shards.advance(1),
             )
-    which = plan.models_for(ds.name, table.column("episode_index").to_numpy())
+    which = plan.models_for(dataset.name, table.column("episode_index").to_numpy())
     table = table.replace_schema_metadata(
         {**(table.schema.metadata or {}), b"recap_portable.dataset_fingerprint": fingerprint.encode()}
     )
@@ -172,5 +149,5 @@ def infer_values(
         "dataset_fingerprint": fingerprint,
         "value_mean": float(values.mean()) if values.size else None,
         "frames_per_model": np.bincount(which, minlength=plan.folds).tolist(),
-        "dataset_in_fold_plan": plan.covers(ds.name),
+        "dataset_in_fold_plan": plan.covers(dataset.name),
     }

@@ -85,7 +85,7 @@ def prepare_value_setup(stage: ValueStageConfig, out_dir: Path, *, resume: bool 
         raise CheckpointError(
             f"{trained[0]} already holds checkpoints and resume is off",
             path=trained[0],
-            hint="pass --resume to continue, or train into a new --out",
+            hint="`portable run --resume` continues it; `--restart-stage value` trains it again from scratch",
         )
     frames = [load_source(s, state_keys=stage.state_keys, state_dims=stage.state_dims) for s in stage.train]
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -158,7 +158,7 @@ def _refuse_changed_setup(out_dir: Path, new: ValueSetup, new_tokenizer: Path) -
         raise CheckpointError(
             f"cannot resume {out_dir}: it holds checkpoints but no {SETUP_NAME} says what they were trained with",
             path=path,
-            hint="train into a new --out (without --resume)",
+            hint="`portable run --restart-stage value` trains it again from scratch",
         )
     old = read_setup(path)
     changes = setup_changes(old, new, old_tokenizer=Path(out_dir) / "tokenizer", new_tokenizer=new_tokenizer)
@@ -168,7 +168,7 @@ def _refuse_changed_setup(out_dir: Path, new: ValueSetup, new_tokenizer: Path) -
             f"({'; '.join(changes)})",
             path=path,
             fields_changed=[c.split(" ", 1)[0] for c in changes],
-            hint="restore those settings, or train into a new --out (without --resume)",
+            hint="restore those settings, or `portable run --restart-stage value` to train it again with the new ones",
         )
 
 
