@@ -65,7 +65,8 @@ EXIT_CODES = """exit codes:
          34 downloaded bytes kept failing sha256, 35 conflict: branch moved or tag taken)
   weights verify: 5 bytes missing or different, 4 only fields still "to-be-pinned"
   pack --dry-run: 3 something is missing on this machine
-  40-49 dataset/sidecar/simulator (45 simulator, 46 cannot render camera images)    50-59 training and runs (50 a checkpoint incomplete or damaged,
+  40-49 dataset/sidecar/simulator (45 simulator, 46 cannot render camera images)
+  50-59 training and runs (50 a checkpoint incomplete or damaged,
          52 a stage's inputs changed or its steps were lowered,
          55 the run folder cannot be used: wrongly shaped run.json, a linked stage folder, --output in the bundle,
          56 the preflight found several problems (each listed),
