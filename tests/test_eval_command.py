@@ -30,7 +30,7 @@ def calls(monkeypatch):
         seen.append({"modes": list(config.policy.modes), "exports": dict(exports), "out_dir": out_dir, "name": name})
         return SimpleNamespace(summary={"evidence": rel})
 
-    monkeypatch.setattr("reproduction.run.recap_policy.evaluate_exports", evaluate_exports)
+    monkeypatch.setattr("reproduction.recipes.recap.policy.evaluate_exports", evaluate_exports)
     return seen
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reproduction.errors import ConfigError, RunStateError, StageKeyChangedError
-from reproduction.run.recipe import Recipe, StageContext, StageOutput, StageSpec
+from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
 from reproduction.run.runner import RunOptions, read_state, run_recipe
 
 CALLS: list[str] = []

@@ -69,7 +69,7 @@ def _episode_success(table: Any) -> dict[int, bool]:
 
 
 PIPELINE = ("returns", "value", "advantages", "policy", "eval", "compare")
-"""The RECAP stages in the order they run (reproduction.run.recap_recipe.RECAP)."""
+"""The RECAP stages in the order they run (reproduction.recipes.recap.recipe.RECAP; a run.json names its own)."""
 
 
 def write_run_report(run_dir: Path, *, bundle: Path | None = None) -> Path:

@@ -1,6 +1,7 @@
 """The one orchestrator: walk a recipe's stages, decide skip / continue / redo / refuse by stage keys.
 
-    <run>/run.json      format_version, recipe, run id, resolved config, and per stage: status,
+    <run>/run.json      format_version, recipe (its name, and recipe_ref: the name the config gave it), run id,
+                        resolved config, and per stage: status,
                         key, key_parts, outputs (path -> size, mtime_ns, sha256), summary, times
     <run>/<stage>/      one folder per stage
 
@@ -30,9 +31,9 @@ from typing import Any
 
 from reproduction.errors import CheckpointError, RunStateError, StageKeyChangedError
 from reproduction.fsio import atomic_write_text
+from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
 from reproduction.run.config import select, to_plain
 from reproduction.run.guards import LOCK_FILE, refuse_links, run_lock, sigterm_as_interrupt
-from reproduction.run.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
 from reproduction.run.secrets import redact
 
 RUN_JSON = "run.json"
@@ -91,6 +92,9 @@ class RunOptions:
     inputs: dict[str, Any] | None = None
     """Already-opened inputs (else the recipe's open_inputs is called)."""
     preflight: bool = True
+    recipe_ref: str | None = None
+    """The name the run config gave the recipe (`recap`, `package.module:RECIPE`), recorded as run.json's
+    `recipe_ref` so commands reading the run folder (`portable eval`) find the recipe; None: the recipe's name."""
 
 
 @dataclass(kw_only=True)
@@ -127,9 +131,15 @@ def read_state(run_dir: Path) -> dict[str, Any] | None:
         raise RunStateError(
             f"{path} is unreadable ({exc})", path=path, hint="start a new run in a new --output"
         ) from None
-    from reproduction.run.record import check_state
+    from reproduction.run.record import check_state, upgrade_state
 
-    return check_state(doc, path, FORMAT_VERSION)
+    return upgrade_state(check_state(doc, path, FORMAT_VERSION))
+
+
+def recipe_ref(state: dict[str, Any]) -> str:
+    """The name a run folder's recipe is found by (run/resolve.py): run.json's `recipe_ref` (upgrade_state fills it
+    for records written before recipes had names)."""
+    return str(state.get("recipe_ref") or state.get("recipe"))
 
 
 def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
@@ -362,10 +372,13 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         state = state or {
             "format_version": FORMAT_VERSION,
             "recipe": recipe.name,
+            "recipe_ref": opts.recipe_ref or recipe.name,
             "run_id": uuid.uuid4().hex,
             "created": time.time(),
             "stages": {},
         }
+        if opts.recipe_ref:  # the recipe may be found by another name now (a module moved): the config's wins
+            state["recipe_ref"] = opts.recipe_ref
         recorded_config = state.get("config") if isinstance(state.get("config"), dict) else {}
         config_changed = state.get("config") != plain
         state["config"] = plain
