@@ -285,7 +285,7 @@ def _run(restored: Path, run_dir: Path, overrides: list[str], *, ui: UiOptions |
 def _plots_and_report(run_dir: Path, restored: Path) -> str:
     """Plots and report.html through the evidence helper's functions, where they are installed."""
     try:
-        from reproduction.run.report_run import write_run_report
+        from reproduction.recipes.recap.report import write_run_report
     except ImportError:
         return "skipped (the report module is not installed in this build)"
     path = write_run_report(run_dir, bundle=restored)
