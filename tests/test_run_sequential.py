@@ -3,7 +3,7 @@ the comparison with the reference is settled, the record evidence keeps, and wha
 
 The policies are the simulator's scripted expert (success nearly always) and random actions (almost never),
 swapped in at the export seam (`PolicyFactory`, `read_export`) so no policy trains; the run's evaluation
-code (`recap_policy.evaluate_exports`) and the simulator run for real, 25-episode batches and all."""
+code (`recipes/recap/policy.py`'s `evaluate_exports`) and the simulator run for real, 25-episode batches and all."""
 
 from __future__ import annotations
 
