@@ -33,9 +33,8 @@ class StageSpec:
     needs: tuple[str, ...] = ()
     """Upstream stages whose outputs it reads (their output digests are part of its key)."""
     config: tuple[str, ...] = ()
-    """Dotted config subsets it reads (their resolved values are part of its key)."""
-    key_exempt: tuple[str, ...] = ()
-    """Dotted keys inside those subsets that do not change its outputs (world size, intervals, ...)."""
+    """Dotted config subsets it reads (their resolved values are part of its key, less the fields inside them declared
+    not to change outputs: `same_outputs()` field metadata, reproduction/config_fields.py)."""
     inputs: bool = True
     """Its key includes the fingerprints of the recipe's opened inputs (datasets)."""
     outputs: tuple[str, ...] = ("**/*",)

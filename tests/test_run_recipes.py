@@ -151,9 +151,11 @@ def test_the_recap_demo_stage_keys_are_those_of_the_code_before_recipes_had_name
     """Stage keys of the demo configs (fixed stand-ins for the datasets' fingerprints and upstream digests) as the
     code at bf2a15e computed them, with each code module's source digest replaced by a marker so an edit to a
     stage's code (which is meant to change its key) does not fail this test: the config subsets, exemptions,
-    inputs, upstream names, files and code module names are what the move must keep."""
+    inputs, upstream names, files and code module names are what the move must keep, and the fields declared
+    `same_outputs()` must leave out exactly what the hand-kept key_exempt lists did."""
     from types import SimpleNamespace
 
+    from reproduction.config_fields import output_free_keys
     from reproduction.recipes.recap import RECIPE
     from reproduction.recipes.recap.config import load_config
     from reproduction.run.config import to_plain
@@ -166,7 +168,7 @@ def test_the_recap_demo_stage_keys_are_those_of_the_code_before_recipes_had_name
         inputs = {"sft": SimpleNamespace(fingerprint="f1"), "rollout": SimpleNamespace(fingerprint="f2")}
         got[name] = {}
         for spec in RECIPE.stages:
-            parts = key_parts(spec, to_plain(cfg), inputs, {n: "u" + n for n in spec.needs})
+            parts = key_parts(spec, to_plain(cfg), inputs, {n: "u" + n for n in spec.needs}, output_free_keys(cfg))
             parts["code"] = dict.fromkeys(parts["code"], "<source>")
             got[name][spec.name] = digest(parts)
     assert got == expected
@@ -286,3 +288,23 @@ def test_upgrade_state_fills_what_older_records_lack():
     assert upgrade_state(toy)["recipe_ref"] == "toy" and "recipe" not in toy["config"]
     new = {"recipe": "toy", "recipe_ref": "toyrecipe:TOY", "config": {}, "stages": {}}
     assert upgrade_state(dict(new)) == new
+
+
+def test_fields_declare_whether_they_change_outputs_once():
+    """The trainer's resume key and the stage keys read the same declaration (`same_outputs()` on the field): the
+    resume key holds what the hand-kept list held, and the RECAP config's free keys are the old key_exempt lists."""
+    from reproduction.config_fields import output_free_keys
+    from reproduction.recipes.recap.config import RunConfig
+    from reproduction.train.config import RESUME_KEY_FIELDS, TrainConfig
+
+    before = ("seed", "global_batch", "lr", "betas", "eps", "weight_decay", "warmup_steps", "grad_clip")
+    assert sorted(RESUME_KEY_FIELDS) == sorted((*before, "mixed_precision", "shuffle", "canary_samples"))
+    train_free = sorted(output_free_keys(TrainConfig))
+    assert "max_steps" not in train_free and not set(train_free) & set(RESUME_KEY_FIELDS)
+    free = output_free_keys(RunConfig())
+    assert sorted(k for k in free if not k.startswith(("value.train.", "policy.train."))) == [
+        "eval.reference",
+        "eval.workers",
+        "policy.model.execute_steps",
+    ]
+    assert sorted(k[len("value.train.") :] for k in free if k.startswith("value.train.")) == train_free

@@ -5,7 +5,8 @@
                         key, key_parts, outputs (path -> size, mtime_ns, sha256), summary, times
     <run>/<stage>/      one folder per stage
 
-A stage's key is the sha256 of its key parts: the config subsets it reads (minus exempt keys), the
+A stage's key is the sha256 of its key parts: the config subsets it reads (minus the fields inside them declared
+`same_outputs()`, reproduction/config_fields.py, and its training step count), the
 fingerprints of the opened inputs, the output digests of the stages it needs, and the source digests
 of its code modules. With `resume`: a complete stage whose key and outputs match is skipped; one the
 run was killed in continues (training stages from their newest complete checkpoint, others redone);
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reproduction.config_fields import output_free_keys
 from reproduction.errors import CheckpointError, RunStateError, StageKeyChangedError
 from reproduction.fsio import atomic_write_text
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
@@ -185,9 +187,16 @@ def _drop(tree: Any, dotted: str) -> None:
             del tree[head]
 
 
-def key_parts(spec: StageSpec, plain_config: dict[str, Any], inputs: dict[str, Any], upstream: dict[str, str]) -> dict:
-    """The parts of a stage's key (JSON-able); the key is digest(key_parts)."""
-    config = _exempt(spec, {k: json.loads(canonical(select(plain_config, k))) for k in spec.config})
+def key_parts(
+    spec: StageSpec,
+    plain_config: dict[str, Any],
+    inputs: dict[str, Any],
+    upstream: dict[str, str],
+    free: Sequence[str] = (),
+) -> dict:
+    """The parts of a stage's key (JSON-able); the key is digest(key_parts). `free`: the config's dotted keys declared
+    not to change outputs (`output_free_keys(config)`), left out of the subsets that hold them."""
+    config = _exempt(spec, {k: json.loads(canonical(select(plain_config, k))) for k in spec.config}, free)
     parts = {
         "config": config,
         "inputs": {n: getattr(v, "fingerprint", None) for n, v in sorted(inputs.items())} if spec.inputs else {},
@@ -200,24 +209,32 @@ def key_parts(spec: StageSpec, plain_config: dict[str, Any], inputs: dict[str, A
     return parts
 
 
-def _exempt(spec: StageSpec, config: dict[str, Any]) -> dict[str, Any]:
-    """`config` (the stage's config subsets, {subset: value}) without its exempt keys; mutated and returned."""
-    for dotted in (*spec.key_exempt, *((spec.training,) if spec.training else ())):
+def _exempt(spec: StageSpec, config: dict[str, Any], free: Sequence[str] = ()) -> dict[str, Any]:
+    """`config` (the stage's config subsets, {subset: value}) without the keys that do not change its outputs: each
+    `free` key inside a subset (a subset that names the key itself reads it on purpose and keeps it), and the
+    training step count (`--target-step` raises it); mutated and returned."""
+    for dotted in free:
         for k in list(config):
-            if dotted == k:
-                config[k] = None
-            elif dotted.startswith(k + "."):
+            if dotted.startswith(k + "."):
                 _drop(config[k], dotted[len(k) + 1 :])
+    if spec.training:
+        for k in list(config):
+            if spec.training == k:
+                config[k] = None
+            elif spec.training.startswith(k + "."):
+                _drop(config[k], spec.training[len(k) + 1 :])
     return config
 
 
-def recorded_key_still_matches(spec: StageSpec, recorded_parts: dict[str, Any], key: str) -> bool:
+def recorded_key_still_matches(
+    spec: StageSpec, recorded_parts: dict[str, Any], key: str, free: Sequence[str] = ()
+) -> bool:
     """True when key parts recorded before a config key became exempt (e.g. eval.reference, now the compare
     stage's input) give `key` once today's exemptions apply: such a stage is reused, not refused."""
     if not isinstance(recorded_parts.get("config"), dict):
         return False
     parts = json.loads(canonical(recorded_parts))
-    parts["config"] = _exempt(spec, parts["config"])
+    parts["config"] = _exempt(spec, parts["config"], free)
     return digest(parts) == key
 
 
@@ -388,6 +405,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
             inputs = opened if opened else _open_inputs(recipe, config)
         walk = _Walk(recipe=recipe, config=config, plain=plain, run_dir=run_dir, state=state, inputs=inputs, opts=opts)
         walk.recorded_config = recorded_config
+        walk.free = tuple(output_free_keys(config))
         guard.enter_context(sigterm_as_interrupt())
         with contextlib.ExitStack() as walk.resources:
             _walk(walk, {s.name for s in selected})
@@ -410,6 +428,8 @@ class _Walk:
     opts: RunOptions
     recorded_config: dict[str, Any] = field(default_factory=dict)
     """run.json's config before this invocation (what the recorded stages were asked with)."""
+    free: tuple[str, ...] = ()
+    """The config's keys declared not to change outputs (out of every stage key whose subsets hold them)."""
     resources: Any = None
     """The contextlib.ExitStack closed when the walk ends (one local Ray for the run)."""
     shared: dict[str, Any] = field(default_factory=dict)
@@ -463,11 +483,12 @@ def _decide(
     opts: RunOptions,
     plain: dict[str, Any],
     recorded_config: dict[str, Any],
+    free: Sequence[str] = (),
 ) -> str:
     """fresh, skip, continue (from checkpoints), or raise naming the difference."""
     if spec.name in opts.restart or rec is None:
         return "fresh"
-    if rec.get("key") != key and not recorded_key_still_matches(spec, rec.get("key_parts", {}), key):
+    if rec.get("key") != key and not recorded_key_still_matches(spec, rec.get("key_parts", {}), key, free):
         if spec.redo_on_change:
             return "fresh"
         changes = describe_changes(rec.get("key_parts", {}), parts)
@@ -526,10 +547,10 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     run_dir, state, opts = walk.run_dir, walk.state, walk.opts
     stage_dir = run_dir / spec.name
     upstream_digests = {n: outputs_digest(state["stages"][n]["outputs"]) for n in spec.needs}
-    parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests)
+    parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests, walk.free)
     key = digest(parts)
     rec = state["stages"].get(spec.name)
-    action = _decide(spec, rec, key, parts, stage_dir, walk.redone, opts, walk.plain, walk.recorded_config)
+    action = _decide(spec, rec, key, parts, stage_dir, walk.redone, opts, walk.plain, walk.recorded_config, walk.free)
     if action == "skip":
         if rec.get("key") != key:  # recorded before a key became exempt: record today's key
             rec.update(key=key, key_parts=parts)
@@ -569,7 +590,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     ended = time.time()
     if _take_over(state, run_dir, spec.name, outputs) & set(spec.needs):  # its upstream records changed
         upstream_digests = {n: outputs_digest(state["stages"][n]["outputs"]) for n in spec.needs}
-        parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests)
+        parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests, walk.free)
         key = digest(parts)
     state["stages"][spec.name] = {
         "status": "complete",

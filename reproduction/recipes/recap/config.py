@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reproduction.config_fields import same_outputs
 from reproduction.errors import ConfigError, PortableError
 from reproduction.recap.advantage_config import AdvantageConfig
 from reproduction.recap.value.config import ValueStageConfig
@@ -61,16 +62,19 @@ class ReturnsSection:
         check_returns_values(self, key="returns")  # ReturnsConfig's rules, at load, naming returns.KEY
 
 
-def _fields_except(cls: type, exclude: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
-    """A stage config's fields except those the run fills itself (datasets, trainer, mode)."""
+def _fields_except(cls: type, exclude: tuple[str, ...], free: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
+    """A stage config's fields except those the run fills itself (datasets, trainer, mode); those named in `free`
+    declared `same_outputs()` (the stage's own config lives in a module whose source keys the stage, so the
+    declaration is made here, on the run config's field)."""
     out = []
     for f in dataclasses.fields(cls):
         if f.name in exclude:
             continue
+        meta = same_outputs() if f.name in free else dict(f.metadata)
         default = (
-            field(default_factory=f.default_factory)
+            field(default_factory=f.default_factory, metadata=meta)
             if f.default_factory is not dataclasses.MISSING
-            else field(default=f.default)
+            else field(default=f.default, metadata=meta)
         )
         out.append((f.name, f.type, default))
     return out
@@ -84,11 +88,14 @@ def _check_value_model(self: Any) -> None:
     check_value_values(self, key="value.model")
 
 
-def _model_section(name: str, stage: type, exclude: tuple[str, ...], check: Any, doc: str) -> type:
-    """A run-config section holding a stage config's fields except `exclude` (what the run fills itself);
-    `check` (its __post_init__) applies the stage config's own rules; field docs stay on `stage`."""
+def _model_section(
+    name: str, stage: type, exclude: tuple[str, ...], check: Any, doc: str, free: tuple[str, ...] = ()
+) -> type:
+    """A run-config section holding a stage config's fields except `exclude` (what the run fills itself), those in
+    `free` declared `same_outputs()`; `check` (its __post_init__) applies the stage config's own rules; field docs
+    stay on `stage`."""
     section = dataclasses.make_dataclass(
-        name, _fields_except(stage, exclude), kw_only=True, slots=True, namespace={"__post_init__": check}
+        name, _fields_except(stage, exclude, free), kw_only=True, slots=True, namespace={"__post_init__": check}
     )
     section.__module__ = __name__
     section.__doc__ = doc
@@ -161,6 +168,7 @@ if PolicyStageConfig is not None:
         ("train", "mode"),
         _check_policy_model,
         "Stage 4's model options (PolicyStageConfig without mode and trainer).",
+        free=("execute_steps",),  # an evaluation setting: the eval stage names it, the policy stage trains without it
     )
 else:  # pragma: no cover
 
@@ -254,11 +262,11 @@ class EvalSection:
     """First reset seed (held out from the training data's seeds); LIBERO: the policy's per-episode seed base."""
     guidance_scales: list[float] = field(default_factory=lambda: [1.0, 2.0])
     """Classifier-free guidance scales w evaluated for the recap policy (baselines run at w = 1)."""
-    workers: int = 1
+    workers: int = field(default=1, metadata=same_outputs())
     """Evaluation processes (episodes split across them, no collectives; LIBERO: one env per task each, 1.5-2.6 GB)."""
     videos: int = 0
     """Episodes per policy saved as video (Fetch only)."""
-    reference: str | None = None
+    reference: str | None = field(default=None, metadata=same_outputs())
     """Reference evidence JSON the compare stage checks the evaluation against (usually ${BUNDLE}/evidence/...;
     its sha256 keys that stage only, so a new reference recompares without evaluating again, unless
     eval.sequential is on); None = none."""

@@ -12,16 +12,11 @@ calls the stage's library function; none parses arguments or renders errors.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
-from reproduction.train.config import RESUME_KEY_FIELDS, TrainConfig
-
-_NOT_NUMERIC = tuple(  # training knobs that do not change what a stage computes: the trainer's resume rule
-    sorted(f.name for f in fields(TrainConfig) if f.name not in RESUME_KEY_FIELDS and f.name != "max_steps")
-)
 
 
 @dataclass(kw_only=True)
@@ -395,7 +390,6 @@ POLICY_STAGES = (
         fn="reproduction.recipes.recap.policy:policy_stage",
         needs=("advantages",),
         config=("datasets", "advantages.tag", "policy"),
-        key_exempt=tuple(f"policy.train.{k}" for k in _NOT_NUMERIC) + ("policy.model.execute_steps",),
         outputs=("*/policy_setup.json", "*/export/**/*"),
         training="policy.train.max_steps",
         weights=("policy.model",),
@@ -406,8 +400,9 @@ POLICY_STAGES = (
         fn="reproduction.recipes.recap.policy:eval_stage",
         needs=("policy",),
         config=("eval", "policy.modes", "policy.model.execute_steps"),
-        key_exempt=("eval.workers", "eval.reference"),  # the reference is the compare stage's input...
-        files_if=(("eval.reference", "eval.sequential.enabled"),),  # ...and a sequential evaluation's, by content
+        # eval.reference and eval.workers are declared same_outputs() (the reference is the compare stage's
+        # input, which names it) and so out of this key; a sequential evaluation reads the reference, by content:
+        files_if=(("eval.reference", "eval.sequential.enabled"),),
         inputs=False,
         outputs=("**/*.json",),
         code=(
@@ -450,7 +445,6 @@ RECAP = Recipe(
             fn="reproduction.recipes.recap.recipe:value_stage",
             needs=("returns",),
             config=("datasets", "returns.tag", "value.model", "value.train"),
-            key_exempt=tuple(f"value.train.{k}" for k in _NOT_NUMERIC),
             outputs=("value_setup.json", "crossfit.json", "model_*/export/**/*"),
             training="value.train.max_steps",
             weights=("value.model",),
