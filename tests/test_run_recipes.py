@@ -308,3 +308,36 @@ def test_fields_declare_whether_they_change_outputs_once():
         "policy.model.execute_steps",
     ]
     assert sorted(k[len("value.train.") :] for k in free if k.startswith("value.train.")) == train_free
+
+
+# -- one settings module -----------------------------------------------------------------------------------------
+
+
+def test_every_portable_knob_is_read_through_the_settings_module():
+    """No module but reproduction/settings.py names a PORTABLE_* variable in code (docstrings may mention them), and
+    docs/settings.md is what the module generates."""
+    from reproduction import settings
+
+    found = []
+    for path in sorted((REPO / "reproduction").rglob("*.py")):
+        if path.name == "settings.py" and path.parent.name == "reproduction":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docs = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+        }
+        docs |= {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+        found += [
+            f"{path.relative_to(REPO)}:{n.lineno}: {n.value}"
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and "PORTABLE_" in n.value and id(n) not in docs
+        ]
+    assert not found, found
+    assert {s.name for s in settings.SETTINGS} >= {"PORTABLE_CACHE_DIR", "PORTABLE_CPU_KERNELS", "PORTABLE_NO_PROGRESS"}
+    assert (REPO / "docs" / "settings.md").read_text() == settings.reference(), (
+        "regenerate: python -m reproduction.settings > docs/settings.md"
+    )
