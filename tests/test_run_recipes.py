@@ -219,6 +219,8 @@ def test_an_out_of_tree_recipe_runs_resumes_and_records_lineage(toy, tmp_path):
 
     verify = portable("lineage", str(run), "--verify", cwd=tmp_path, path=[lib])
     assert verify.returncode == 0, verify.stderr
+    no_eval = portable("eval", "--checkpoint", "1", "--output", str(run), cwd=tmp_path, path=[lib])
+    assert no_eval.returncode == 2 and "recipe 'toyrecipe:TOY' has no `portable eval" in no_eval.stderr, no_eval.stderr
 
     changed = portable(
         "run", "--config", str(config), "--output", str(run), "--resume", "count.n=5", cwd=tmp_path, path=[lib]

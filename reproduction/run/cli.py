@@ -169,7 +169,10 @@ def cmd_eval(args: Any) -> int:
         name = recipe_ref(state) if state is not None else recipe_name(files, list(args.overrides or []))
         recipe = resolve_recipe(name)
         if not recipe.evaluate:
-            raise UsageError(f"recipe {name!r} has no `portable eval --checkpoint` command", hint="see its docs")
+            raise UsageError(
+                f"recipe {name!r} has no `portable eval --checkpoint` command",
+                hint="its evaluation runs as a stage of `portable run` (see `portable run --print-config`)",
+            )
         if state is not None:
             refuse_links(run_dir, [s.name for s in recipe.stages])
         return resolve_fn(recipe.evaluate)(args, run_dir, state, _ui(args))
