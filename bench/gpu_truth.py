@@ -59,7 +59,7 @@ H200_PEAK_BF16_TFLOPS = 989.0
 half that dense); the MFU denominator. The H100 SXM's is the same figure."""
 PEAKS_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0}
 RENDER_SIZE = 64
-"""The demo's image size (reproduction/run/demo.py: two 64 px cameras)."""
+"""The demo's image size (reproduction/recipes/recap/demo.py: two 64 px cameras)."""
 
 
 # -- the part record -------------------------------------------------------------------------------

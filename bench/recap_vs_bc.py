@@ -182,7 +182,7 @@ def phase_advantages(args: argparse.Namespace, out: Path, data: dict[str, Path],
     if not (adir / "rollout").is_dir():
         t = time.time()
         from reproduction.data.reader import open_dataset
-        from reproduction.run.recap_recipe import _hold_frames_of
+        from reproduction.recipes.recap.recipe import _hold_frames_of
 
         inputs = []
         for n in ("sft", "rollout"):

@@ -50,8 +50,8 @@ def make_dataset(root: Path) -> Path:
 def main() -> None:
     from reproduction.data.reader import open_dataset
     from reproduction.recap.returns import ReturnsConfig, compute_returns
-    from reproduction.run.config import load_config
-    from reproduction.run.recap_recipe import RECAP
+    from reproduction.recipes.recap.config import load_config
+    from reproduction.recipes.recap.recipe import RECAP
     from reproduction.run.runner import RunOptions, run_recipe
 
     with tempfile.TemporaryDirectory() as tmp:

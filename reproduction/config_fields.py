@@ -17,3 +17,35 @@ def reject_unknown_fields(cls: type, data: Mapping[str, Any], *, what: str) -> N
         raise ConfigError(
             f"{what}: unknown fields {unknown}", field=unknown[0], hint=f"known fields: {', '.join(sorted(known))}"
         )
+
+
+OUTPUTS = "outputs"
+"""Field metadata key: False on a field that does not change what is computed from its section."""
+
+
+def same_outputs() -> dict[str, Any]:
+    """Field metadata (`field(default=..., metadata=same_outputs())`) declaring, once, that the field does not change
+    the outputs of what reads its section: a stage reading the section leaves it out of its key (run/runner.py), the
+    trainer leaves it out of a checkpoint's resume key (train/config.py). A stage that names the field itself in its
+    config subsets (the eval stage's `policy.model.execute_steps`) reads it on purpose and keys on it."""
+    return {OUTPUTS: False}
+
+
+def changes_outputs(f: dataclasses.Field) -> bool:
+    """False when field `f` was declared with `same_outputs()`."""
+    return bool(f.metadata.get(OUTPUTS, True))
+
+
+def output_free_keys(config: Any, prefix: str = "") -> list[str]:
+    """Dotted keys of every field of dataclass `config` (an instance or a class; nested sections too, not list
+    items) declared with `same_outputs()`; [] for anything that is not a dataclass."""
+    if not dataclasses.is_dataclass(config):
+        return []
+    out: list[str] = []
+    for f in dataclasses.fields(config):
+        key = prefix + f.name
+        if not changes_outputs(f):
+            out.append(key)
+        elif not isinstance(config, type):
+            out += output_free_keys(getattr(config, f.name, None), key + ".")
+    return out

@@ -24,7 +24,9 @@ import os
 import sys
 from collections.abc import MutableMapping
 
-SETTING = "PORTABLE_CPU_KERNELS"
+from reproduction.settings import CPU_KERNELS
+
+SETTING = CPU_KERNELS
 """The knob: "avx2" (the default) pins the kernels; "native" leaves them to the CPU."""
 PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
 """What "avx2" sets (each only where the user has not set it)."""

@@ -311,18 +311,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not args.checkpoint or not args.output:
         raise UsageError("`portable eval` needs --checkpoint and --output", hint="or --plan to plan episodes")
     from reproduction.run.cli import cmd_eval as evaluate
-    from reproduction.run.cli import normalise_paths
 
-    normalise_paths(args, "output")
-    run_dir = Path(args.output)
-    if not (run_dir / "run.json").is_file():
-        return evaluate(args)
-    from reproduction.run.guards import refuse_links, run_lock
-    from reproduction.run.recap_recipe import RECAP
-
-    with run_lock(run_dir, what="eval"):  # one writer in a run folder: not beside a `portable run`
-        refuse_links(run_dir, [s.name for s in RECAP.stages])
-        return evaluate(args)
+    return evaluate(args)  # the run folder's recipe evaluates, under the folder's lock
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -350,8 +340,8 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from reproduction.recipes.recap.demo import run_demo
     from reproduction.run.cli import normalise_paths
-    from reproduction.run.demo import run_demo
 
     normalise_paths(args, "output")
     return run_demo(

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from reproduction.settings import NO_PROGRESS, flag
+
 
 @dataclass(kw_only=True, slots=True)
 class UiOptions:
@@ -91,7 +93,7 @@ def _rich_available() -> bool:
 def progress(options: UiOptions | None = None, *, transient: bool = True) -> Iterator[Progress]:
     """Yield a `Progress`; bars render on stderr with rate and ETA when rich is present."""
     options = options or UiOptions()
-    if options.quiet or not options.progress or not _rich_available() or os.environ.get("PORTABLE_NO_PROGRESS"):
+    if options.quiet or not options.progress or not _rich_available() or flag(NO_PROGRESS):
         yield Progress()
         return
     from rich.console import Console

@@ -54,7 +54,7 @@ def _half_written(path: Path, text: str) -> None:
 def plant(point: str) -> None:
     """Wrap the point's function so that its nth call inside its stage kills the process group."""
     import reproduction.run.runner as runner
-    from reproduction.run.recipe import StageSpec
+    from reproduction.recipe import StageSpec
 
     stage, module, attr, nth, when = POINTS[point]
     current = {"stage": None, "calls": 0}

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from reproduction.errors import StageKeyChangedError
-from reproduction.run import demo, runner
+from reproduction.recipes.recap import demo
+from reproduction.run import runner
 
 REPO = Path(__file__).resolve().parent.parent
 

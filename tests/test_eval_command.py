@@ -5,7 +5,7 @@ it is refused (nothing evaluated) where a `portable run` works in the run folder
 Regressions: a policy export folder was labelled "after 0 steps" (its step was never read); two exports
 evaluated into one --output wrote the same evidence file; `--checkpoint STEP` evaluated only the recap
 policy of a run that trained recap and bc, without saying so. The simulator is swapped out at the seam
-(`recap_policy.evaluate_exports`): what is checked here is what the command asks it to evaluate."""
+(`recipes/recap/policy.py`'s `evaluate_exports`): what is checked here is what the command asks it to evaluate."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def calls(monkeypatch):
         seen.append({"modes": list(config.policy.modes), "exports": dict(exports), "out_dir": out_dir, "name": name})
         return SimpleNamespace(summary={"evidence": rel})
 
-    monkeypatch.setattr("reproduction.run.recap_policy.evaluate_exports", evaluate_exports)
+    monkeypatch.setattr("reproduction.recipes.recap.policy.evaluate_exports", evaluate_exports)
     return seen
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from evidence_fixtures import make_evidence
 
+from reproduction.recipes.recap import plots as recap_plots
 from reproduction.run import plots
 
 GREEN = np.array([0x1A, 0x7F, 0x37]) / 255
@@ -29,26 +30,26 @@ def _share(image, colour, tol=0.06):
 def test_value_along_episodes_draws_successes_green_and_failures_red(tmp_path):
     rng = np.random.default_rng(0)
     episodes = [
-        plots.EpisodeTrace(values=np.linspace(-1, 0, 50) + rng.normal(0, 0.02, 50), success=True, label="ep 0"),
-        plots.EpisodeTrace(values=np.full(40, -0.9), success=False, label="ep 1", returns=np.full(40, -1.0)),
+        recap_plots.EpisodeTrace(values=np.linspace(-1, 0, 50) + rng.normal(0, 0.02, 50), success=True, label="ep 0"),
+        recap_plots.EpisodeTrace(values=np.full(40, -0.9), success=False, label="ep 1", returns=np.full(40, -1.0)),
     ]
-    out = plots.plot_value_episodes(episodes, tmp_path / "plots/value_episodes.png")
+    out = recap_plots.plot_value_episodes(episodes, tmp_path / "plots/value_episodes.png")
     image = _pixels(out)
     assert _share(image, GREEN) > 0.001 and _share(image, RED) > 0.001
-    only_success = _pixels(plots.plot_value_episodes(episodes[:1], tmp_path / "s.png"))
+    only_success = _pixels(recap_plots.plot_value_episodes(episodes[:1], tmp_path / "s.png"))
     assert _share(only_success, RED) < 1e-4
     with pytest.raises(ValueError):
-        plots.plot_value_episodes([], tmp_path / "x.png")
+        recap_plots.plot_value_episodes([], tmp_path / "x.png")
 
 
 def test_advantage_histogram_marks_the_positive_side(tmp_path):
     adv = np.random.default_rng(1).normal(size=2000)
-    low = _share(_pixels(plots.plot_advantage_histogram(adv, 1.5, tmp_path / "a.png")), GREEN)
-    high = _share(_pixels(plots.plot_advantage_histogram(adv, -1.5, tmp_path / "b.png")), GREEN)
+    low = _share(_pixels(recap_plots.plot_advantage_histogram(adv, 1.5, tmp_path / "a.png")), GREEN)
+    high = _share(_pixels(recap_plots.plot_advantage_histogram(adv, -1.5, tmp_path / "b.png")), GREEN)
     assert 0 < low < high  # more frames above a lower threshold: more green
-    assert _share(_pixels(plots.plot_advantage_histogram([0.0, 0.0], 0.0, tmp_path / "c.png")), GREEN) > 0
+    assert _share(_pixels(recap_plots.plot_advantage_histogram([0.0, 0.0], 0.0, tmp_path / "c.png")), GREEN) > 0
     with pytest.raises(ValueError):
-        plots.plot_advantage_histogram([float("nan")], 0.0, tmp_path / "d.png")
+        recap_plots.plot_advantage_histogram([float("nan")], 0.0, tmp_path / "d.png")
 
 
 def test_training_curves_from_metrics_jsonl(tmp_path):
@@ -138,7 +139,7 @@ def test_success_rates_per_task_and_guidance_scale(tmp_path):
 def test_pick_episodes_takes_successes_and_failures_in_frame_order():
     episode_index = [0, 0, 0, 1, 1, 2, 2, 2, 3]
     values = [0.1, 0.2, 0.3, -1.0, -0.9, 0.5, 0.6, 0.7, -0.5]
-    traces = plots.pick_episodes(
+    traces = recap_plots.pick_episodes(
         episode_index, values, {0: True, 1: False, 2: True, 3: False}, returns=[9.0] * 9, per_outcome=1
     )
     assert [(t.label, t.success, list(t.values)) for t in traces] == [
@@ -146,20 +147,20 @@ def test_pick_episodes_takes_successes_and_failures_in_frame_order():
         ("episode 1", False, [-1.0, -0.9]),
     ]
     assert list(traces[0].returns) == [9.0, 9.0, 9.0]
-    assert len(plots.pick_episodes(episode_index, values, {0: True, 1: False, 2: True, 3: False})) == 4
+    assert len(recap_plots.pick_episodes(episode_index, values, {0: True, 1: False, 2: True, 3: False})) == 4
     with pytest.raises(ValueError):
-        plots.pick_episodes([0, 1], [0.1], {0: True})
+        recap_plots.pick_episodes([0, 1], [0.1], {0: True})
 
 
 def test_per_task_thresholds_use_the_stage_labels(tmp_path):
     adv = np.random.default_rng(2).normal(size=400)
     labels = adv >= np.where(np.arange(400) % 2 == 0, 0.0, 1.0)
-    out = plots.plot_advantage_histogram(
+    out = recap_plots.plot_advantage_histogram(
         adv, {"pick": 0.0, "push": 1.0}, tmp_path / "per_task.png", positive=labels.tolist()
     )
     assert _share(_pixels(out), GREEN) > 0.001
     with pytest.raises(ValueError, match="labels"):
-        plots.plot_advantage_histogram(adv, {"pick": 0.0, "push": 1.0}, tmp_path / "x.png")
+        recap_plots.plot_advantage_histogram(adv, {"pick": 0.0, "push": 1.0}, tmp_path / "x.png")
 
 
 def test_forced_positive_frames_are_drawn_apart_from_the_threshold_side(tmp_path):
@@ -167,14 +168,14 @@ def test_forced_positive_frames_are_drawn_apart_from_the_threshold_side(tmp_path
     adv = np.linspace(-1, 1, 400)
     positive = adv >= 0.5
     positive[:100] = True  # forced positive far below the threshold (sft / hold labels)
-    image = _pixels(plots.plot_advantage_histogram(adv, 0.5, tmp_path / "forced.png", positive=list(positive)))
+    image = _pixels(recap_plots.plot_advantage_histogram(adv, 0.5, tmp_path / "forced.png", positive=list(positive)))
     light = np.array([0xA5, 0xD6, 0xA7]) / 255
     assert _share(image, light, tol=0.03) > 0.001
     bars = image[int(0.80 * image.shape[0]) : int(0.86 * image.shape[0])]  # a strip just above the x axis
     green_cols = np.where(np.any(np.all(np.abs(bars - GREEN) < 0.06, axis=-1), axis=0))[0]
     light_cols = np.where(np.any(np.all(np.abs(bars - light) < 0.03, axis=-1), axis=0))[0]
     assert light_cols.min() < green_cols.min()  # forced frames sit left; threshold-side green only to the right
-    plain = _pixels(plots.plot_advantage_histogram(adv, 0.5, tmp_path / "plain.png", positive=list(adv >= 0.5)))
+    plain = _pixels(recap_plots.plot_advantage_histogram(adv, 0.5, tmp_path / "plain.png", positive=list(adv >= 0.5)))
     assert _share(plain, light, tol=0.03) < 1e-4
 
 
@@ -199,7 +200,7 @@ def test_success_bars_carry_wilson_intervals(tmp_path):
 def test_report_lists_stages_in_pipeline_order(tmp_path):
     import re
 
-    from reproduction.run.report_run import write_run_report
+    from reproduction.recipes.recap.report import write_run_report
 
     names = ["advantages", "compare", "eval", "policy", "returns", "value"]  # run.json's (sorted) order
     state = {"run_id": "r", "stages": {n: {"status": "succeeded", "seconds": 1.0} for n in names}}

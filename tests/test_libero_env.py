@@ -413,9 +413,9 @@ def test_eval_stage_path_evaluates_in_libero_and_writes_evidence_per_init_state(
     import jsonschema
 
     from reproduction.recap.policy.task import EXPORT_FORMAT, EXPORT_META
+    from reproduction.recipes.recap.config import load_config
+    from reproduction.recipes.recap.policy import evaluate_exports
     from reproduction.run.comparison import compare_evidence
-    from reproduction.run.config import load_config
-    from reproduction.run.recap_policy import evaluate_exports
 
     run = tmp_path / "run"
     export = run / "policy" / "bc" / "export"
@@ -481,8 +481,8 @@ def test_a_trained_export_with_upstreams_cameras_runs_in_libero_through_the_eval
 
     from reproduction.recap.policy.data import PolicySource, open_policy_input
     from reproduction.recap.policy.task import PolicyStageConfig, train_policy
-    from reproduction.run.config import load_config
-    from reproduction.run.recap_policy import evaluate_exports
+    from reproduction.recipes.recap.config import load_config
+    from reproduction.recipes.recap.policy import evaluate_exports
     from reproduction.sim.libero.protocol import IMAGE_KEYS
 
     ds = _libero_shaped_dataset(tmp_path / "libero_data")

@@ -125,9 +125,9 @@ def test_layout_matches_upstream_and_the_reader_opens_it(data):
 
 
 def test_the_libero10_config_reads_the_data_unchanged_and_stage_1_runs(data, tmp_path):
-    from reproduction.run.config import load_config
-    from reproduction.run.recap_recipe import open_datasets, returns_stage
-    from reproduction.run.recipe import StageContext
+    from reproduction.recipe import StageContext
+    from reproduction.recipes.recap.config import load_config
+    from reproduction.recipes.recap.recipe import open_datasets, returns_stage
 
     bundle, root, results = data
     config = load_config([REPO / "bundle" / "libero10" / "config.yaml"], bundle=bundle, run_dir=tmp_path / "run")
@@ -191,7 +191,7 @@ def test_two_workers_write_the_same_dataset_as_one(data, tmp_path, cache_dir):
 
 def test_cameras_are_upstreams_two_views_as_the_env_observes_them(tmp_path, cache_dir):
     from reproduction.data.reader import open_dataset
-    from reproduction.run.config import load_config
+    from reproduction.recipes.recap.config import load_config
     from reproduction.sim.libero.generate import (
         LiberoGenConfig,
         _cached_sim,

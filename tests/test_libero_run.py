@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from reproduction.errors import ConfigError, MissingDependencyError, PortableError, SimError
-from reproduction.run.config import EvalSection, load_config
+from reproduction.recipes.recap.config import EvalSection, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -126,7 +126,7 @@ def _config(*extra: str):
 def test_libero_ids_route_to_the_protocol_and_evidence_has_init_states(tmp_path):
     import jsonschema
 
-    from reproduction.run.recap_policy import evaluate_exports
+    from reproduction.recipes.recap.policy import evaluate_exports
     from reproduction.sim.libero.protocol import LazyPolicy
 
     run = tmp_path / "run"
@@ -168,8 +168,8 @@ def test_libero_ids_route_to_the_protocol_and_evidence_has_init_states(tmp_path)
 
 
 def test_comparison_pairs_libero_evidence_by_init_state(tmp_path):
+    from reproduction.recipes.recap.policy import evaluate_exports
     from reproduction.run.comparison import compare_evidence
-    from reproduction.run.recap_policy import evaluate_exports
 
     docs = []
     for k, seed in enumerate((1000, 2000)):  # another eval seed does not change LIBERO's fixed init states
@@ -188,7 +188,7 @@ def test_comparison_pairs_libero_evidence_by_init_state(tmp_path):
 
 
 def test_fetch_policy_on_libero_is_a_named_feature_mismatch_before_any_env(tmp_path):
-    from reproduction.run.recap_policy import evaluate_exports
+    from reproduction.recipes.recap.policy import evaluate_exports
 
     run = tmp_path / "run"
     exports = {
@@ -219,8 +219,8 @@ def test_camera_policy_needs_libero_cameras():
 
 def test_preflight_names_the_extra_when_libero_is_missing(monkeypatch):
     import reproduction.sim.libero as libero_pkg
+    from reproduction.recipes.recap.recipe import libero_problems
     from reproduction.run.preflight import raise_problems
-    from reproduction.run.recap_recipe import libero_problems
 
     monkeypatch.setattr(libero_pkg, "available", lambda: False)
     assert libero_problems(["FetchPush-v4"]) == []
@@ -235,7 +235,7 @@ def test_preflight_names_the_extra_when_libero_is_missing(monkeypatch):
 def test_run_preflight_refuses_before_any_stage(tmp_path, monkeypatch):
     """The run's preflight (before any stage trains) carries the not-installed error when eval is selected."""
     import reproduction.sim.libero as libero_pkg
-    from reproduction.run.recap_recipe import preflight
+    from reproduction.recipes.recap.recipe import preflight
 
     monkeypatch.setattr(libero_pkg, "available", lambda: False)
     cfg = load_config(overrides=["eval.tasks=[libero_10/0]"], run_dir=tmp_path / "run")
@@ -355,7 +355,7 @@ def test_error_types_are_portable_errors():
 
 
 def test_fetch_ids_still_go_to_the_fetch_simulator(tmp_path, monkeypatch):
-    from reproduction.run.recap_policy import evaluate_exports
+    from reproduction.recipes.recap.policy import evaluate_exports
     from reproduction.sim import evaluate as fetch_eval
 
     def fake_many(jobs, ui=None):

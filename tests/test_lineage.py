@@ -481,7 +481,7 @@ def test_value_and_policy_stages_record_the_starting_weights_they_load(tmp_path)
     """StageSpec.weights: the pretrained_manifest a model section names, and each weights file it pins, are
     lineage inputs of role `weights` (the bundle's files, so the chain marks them "in bundle.json")."""
     from reproduction.digests import sha256_file
-    from reproduction.run.recap_recipe import RECAP
+    from reproduction.recipes.recap.recipe import RECAP
     from reproduction.run.record import make_recorder
     from reproduction.run.runner import StageRecord, weight_files
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from evidence_fixtures import PICK, make_evidence, make_run
 
+from reproduction.recipes.recap import plots as recap_plots
 from reproduction.run import plots
 from reproduction.run.evidence import compare_evidence
 from reproduction.run.lineage_check import lineage_chain
@@ -69,14 +70,14 @@ def report(tmp_path) -> Path:
     rng = np.random.default_rng(0)
     folder = fake.run / "plots"
     figures = {
-        "Value along episodes": plots.plot_value_episodes(
+        "Value along episodes": recap_plots.plot_value_episodes(
             [
-                plots.EpisodeTrace(values=np.linspace(-1, 0, 30), success=True),
-                plots.EpisodeTrace(values=np.full(30, -0.8), success=False),
+                recap_plots.EpisodeTrace(values=np.linspace(-1, 0, 30), success=True),
+                recap_plots.EpisodeTrace(values=np.full(30, -0.8), success=False),
             ],
             folder / "value_episodes.png",
         ),
-        "Advantages": plots.plot_advantage_histogram(rng.normal(size=500), 0.5, folder / "advantages.png"),
+        "Advantages": recap_plots.plot_advantage_histogram(rng.normal(size=500), 0.5, folder / "advantages.png"),
         "Training curves": plots.plot_training_curves(
             {"value": [{"step": s, "split": "train", "metrics": {"loss": 1 / s}} for s in range(1, 20)]},
             folder / "training_curves.png",
@@ -211,7 +212,7 @@ def test_run_report_collects_what_the_run_folder_holds(tmp_path):
     write_comparison(fake.run / "evidence/comparison.json", comparison)
     assert Comparison.from_dict(comparison.to_dict()).to_dict() == comparison.to_dict()
     plots.plot_success_rates(evidence, fake.run / "plots/success_rates.png")
-    plots.plot_advantage_histogram([0.1, 0.5, 0.9], 0.5, fake.run / "plots/advantages.png")
+    recap_plots.plot_advantage_histogram([0.1, 0.5, 0.9], 0.5, fake.run / "plots/advantages.png")
     out = write_run_report(fake.run, title="run", run_id="run-test", stages=[StageSummary(name="eval", status="ran")])
     page = _parse(out.read_text())
     alts = [a["alt"] for t, a in page.tags if t == "img"]

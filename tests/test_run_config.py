@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from reproduction.errors import ConfigError, InputNotFoundError
-from reproduction.run.config import load_config, reference, to_yaml
+from reproduction.recipes.recap.config import RunConfig, load_config
+from reproduction.run.config import reference, to_yaml
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -75,7 +76,7 @@ def test_bad_files(tmp_path):
 
 
 def test_the_reference_doc_is_generated_and_up_to_date():
-    text = reference()
+    text = reference(RunConfig)
     for key in ("`value.train.max_steps`", "`advantages.lookahead`", "`datasets[].path`", "`value.model.folds`"):
         assert key in text
     assert "| `value.model.folds` | int | `1` | Cross-fitting folds K (1 = off). |" in text

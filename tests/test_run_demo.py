@@ -110,7 +110,7 @@ def test_quick_demo_runs_every_stage_and_a_rerun_reuses_it(tmp_path):
     refs.mkdir()
     (refs / "eval_policy_reference.json").write_bytes(next((run / "evidence").glob("eval_policy_*.json")).read_bytes())
     code = (
-        "import sys; from pathlib import Path; from reproduction.run.demo import run_demo; "
+        "import sys; from pathlib import Path; from reproduction.recipes.recap.demo import run_demo; "
         "sys.exit(run_demo(Path(sys.argv[1]), quick=True, reference=Path(sys.argv[2])))"
     )
     third = _python("-c", code, str(out), str(refs), timeout=600)

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from test_run_runner import TOY, FakeInput, ToyConfig, ToySection
 
 from reproduction.errors import PortableError, RunStateError, StageKeyChangedError
+from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
 from reproduction.run.guards import run_lock
-from reproduction.run.recipe import Recipe, StageContext, StageOutput, StageSpec
 from reproduction.run.runner import RunOptions, read_state, run_recipe
 
 REPO = Path(__file__).resolve().parent.parent

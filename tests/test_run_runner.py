@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from reproduction.config_fields import same_outputs
 from reproduction.errors import ConfigError, RunStateError, StageKeyChangedError
-from reproduction.run.recipe import Recipe, StageContext, StageOutput, StageSpec
+from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
 from reproduction.run.runner import RunOptions, read_state, run_recipe
 
 CALLS: list[str] = []
@@ -19,7 +20,7 @@ CALLS: list[str] = []
 class ToySection:
     words: list[str] = field(default_factory=lambda: ["a", "b"])
     repeat: int = 2
-    workers: int = 1
+    workers: int = field(default=1, metadata=same_outputs())  # out of the count stage's key
 
 
 @dataclass
@@ -63,7 +64,6 @@ TOY = Recipe(
             name="count",
             fn=f"{__name__}:count_stage",
             config=("count",),
-            key_exempt=("count.workers",),
             code=(__name__,),
         ),
         StageSpec(name="label", fn=f"{__name__}:label_stage", needs=("count",), config=("label",)),
@@ -242,14 +242,30 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@dataclass
+class _SectionBefore:
+    """ToySection as it was before `workers` was declared same_outputs()."""
+
+    words: list[str] = field(default_factory=lambda: ["a", "b"])
+    repeat: int = 2
+    workers: int = 1
+
+
+@dataclass
+class _ConfigBefore:
+    count: _SectionBefore = field(default_factory=_SectionBefore)
+    label: str = "x"
+
+
 def test_a_key_recorded_before_a_config_key_became_exempt_still_matches(tmp_path):
     """Runs made before eval.reference left the eval stage's key are reused, not refused (exit 52)."""
     run = tmp_path / "run"
     count = TOY.stages[0]
     before = Recipe(name="toy", stages=(StageSpec(name="count", fn=count.fn, config=count.config, code=count.code),))
-    run_recipe(before, ToyConfig(), run, RunOptions(inputs={"data": FakeInput("fp1")}))
+    run_recipe(before, _ConfigBefore(), run, RunOptions(inputs={"data": FakeInput("fp1")}))
     old_key = read_state(run)["stages"]["count"]["key"]
-    # Today's recipe exempts count.workers: the old record (workers in its key) matches once it is dropped ...
+    # Today's config declares count.workers same_outputs(): the old record (workers in its key) matches once it is
+    # dropped ...
     assert _run(run, resume=True) == [("count", "skipped"), ("label", "ran")]
     state = read_state(run)["stages"]["count"]
     assert state["key"] != old_key and "workers" not in state["key_parts"]["config"]["count"]  # ... and is updated

@@ -3,7 +3,7 @@ the comparison with the reference is settled, the record evidence keeps, and wha
 
 The policies are the simulator's scripted expert (success nearly always) and random actions (almost never),
 swapped in at the export seam (`PolicyFactory`, `read_export`) so no policy trains; the run's evaluation
-code (`recap_policy.evaluate_exports`) and the simulator run for real, 25-episode batches and all."""
+code (`recipes/recap/policy.py`'s `evaluate_exports`) and the simulator run for real, 25-episode batches and all."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from evidence_fixtures import eval_result, schema_errors
 pytest.importorskip("gymnasium_robotics", reason="the simulator extra (recap-portable[sim]) is not installed")
 
 from reproduction.errors import ConfigError  # noqa: E402
+from reproduction.recipes.recap.config import load_config  # noqa: E402
 from reproduction.run.comparison import compare_evidence  # noqa: E402
-from reproduction.run.config import load_config  # noqa: E402
 from reproduction.run.evidence import EvalRecord, build_evidence, load_evidence, write_evidence  # noqa: E402
 from reproduction.sim.evaluate import EvalConfig, EvalJob, evaluate_many  # noqa: E402
 from reproduction.sim.policies import ExpertPolicy, RandomPolicy  # noqa: E402
@@ -51,7 +51,7 @@ def _config(*overrides: str):
 
 def _run(tmp_path: Path, config, policy: str = "expert", name: str = "run") -> tuple[Path, dict]:
     """evaluate_exports of one bc "export" into tmp_path/name; (evidence path, stage summary)."""
-    from reproduction.run.recap_policy import evaluate_exports
+    from reproduction.recipes.recap.policy import evaluate_exports
 
     export = tmp_path / "exports" / policy
     export.mkdir(parents=True, exist_ok=True)
@@ -76,7 +76,7 @@ def _reference(tmp_path: Path, successes: int, episodes: int = 100, margins: dic
 def test_off_by_default_the_evidence_is_todays_byte_for_byte(tmp_path, scripted):
     """Sequential off (the default) writes exactly what the fixed evaluation wrote before it existed: the
     evidence of one evaluate_many over every episode, built as evaluate_exports always built it."""
-    from reproduction.run.recap_policy import _counts, _mechanism
+    from reproduction.recipes.recap.policy import _counts, _mechanism
 
     config = _config()
     assert config.eval.sequential.enabled is False
@@ -179,8 +179,8 @@ def test_bad_sequential_settings_are_one_line_errors_with_exit_4(overrides, word
 def test_the_reference_keys_the_eval_stage_only_when_sequential(tmp_path):
     """Off: a new reference recompares and never re-evaluates (the eval key ignores it). On: the looks read
     the reference, so its content is part of the eval stage's key and lineage."""
+    from reproduction.recipes.recap.recipe import RECAP
     from reproduction.run.config import to_plain
-    from reproduction.run.recap_recipe import RECAP
     from reproduction.run.runner import input_files, key_parts
 
     reference = _reference(tmp_path, successes=10)
@@ -215,7 +215,7 @@ def test_portable_run_refuses_bad_sequential_settings_with_exit_4_before_anythin
 
 
 def test_preflight_checks_the_reference_file_when_the_looks_read_it(tmp_path):
-    from reproduction.run.recap_recipe import preflight
+    from reproduction.recipes.recap.recipe import preflight
 
     missing = str(tmp_path / "no-such-reference.json")
     on = _config("eval.sequential.enabled=true", f"eval.reference={missing}")

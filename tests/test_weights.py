@@ -382,8 +382,8 @@ def test_the_libero10_config_carries_upstreams_defaults():
 
 
 def test_the_libero10_config_loads_with_the_runs_own_schema_where_run_is_installed():
-    """`run` reads the same keys for both bundles: once reproduction/run/config.py exists, it must accept this file."""
-    config_mod = pytest.importorskip("reproduction.run.config")
+    """`run` reads the same keys for both bundles: once RECAP's config schema exists, it must accept this file."""
+    config_mod = pytest.importorskip("reproduction.recipes.recap.config")
     if not hasattr(config_mod, "load_config"):
         pytest.skip("portable run's config loader is not in this build yet")
     config = config_mod.load_config([REPO / "bundle" / "libero10" / "config.yaml"], bundle=Path("/srv/bundle"))
@@ -636,9 +636,9 @@ def test_the_tiny_manifests_are_the_demos_presets_and_its_run_initialises_from_t
     from reproduction.recap.tokenizer import train_tokenizer
     from reproduction.recap.value.model import preset_config
     from reproduction.recap.value.weights import load_pretrained
+    from reproduction.recipes.recap.config import load_config
+    from reproduction.recipes.recap.demo import CONFIGS, FULL, QUICK
     from reproduction.release.weights_build import build_component
-    from reproduction.run.config import load_config
-    from reproduction.run.demo import CONFIGS, FULL, QUICK
     from reproduction.sim.tasks import get_task
 
     assert FULL.tasks == QUICK.tasks

@@ -186,7 +186,9 @@ def render_table(report: CheckReport, *, options: UiOptions | None = None, strea
         from rich.table import Table
     except ImportError:
         Console = None  # noqa: N806
-    if Console is not None and not os.environ.get("PORTABLE_PLAIN") and rows:
+    from reproduction.settings import PLAIN, flag
+
+    if Console is not None and not flag(PLAIN) and rows:
         console = Console(
             file=stream,
             no_color=bool(os.environ.get("NO_COLOR")),

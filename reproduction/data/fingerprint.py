@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,10 +37,10 @@ FP_COLUMNS = ("episode_index", "frame_index", "index", "task_index", "is_success
 
 
 def cache_dir() -> Path:
-    # RECAP_PORTABLE_CACHE: the variable's old name, still honoured
-    base = os.environ.get("PORTABLE_CACHE_DIR") or os.environ.get("RECAP_PORTABLE_CACHE")
-    base = base or str(Path.home() / ".cache" / "recap-portable")
-    return Path(base) / "fingerprints"
+    """<cache root>/fingerprints (reproduction/settings.py: PORTABLE_CACHE_DIR, else ~/.cache/recap-portable)."""
+    from reproduction.settings import cache_root, default_cache_root
+
+    return Path(cache_root() or default_cache_root()) / "fingerprints"
 
 
 DIGEST_ROWS = 1 << 20

@@ -108,7 +108,9 @@ def _client(settings: HubSettings, ui: UiOptions | None) -> Any:
 
     # A bundle carries its datasets (parquet) even in a model repo: that is intended, not a mistake.
     warnings.filterwarnings("ignore", message="It seems that you are about to commit a data file")
-    if ui is None or ui.quiet or not ui.progress or os.environ.get("PORTABLE_NO_PROGRESS"):
+    from reproduction.settings import NO_PROGRESS, flag
+
+    if ui is None or ui.quiet or not ui.progress or flag(NO_PROGRESS):
         disable_progress_bars()
     else:
         enable_progress_bars()

@@ -33,10 +33,11 @@ from reproduction.errors import (
     HubTransferError,
     InvalidInputError,
 )
+from reproduction.settings import HUB, hub_values
 from reproduction.ui import UiOptions, human_bytes, progress, say
 
 T = TypeVar("T")
-_ENV = "PORTABLE_HUB_"
+_ENV = HUB
 
 
 @dataclass(kw_only=True, slots=True)
@@ -79,9 +80,7 @@ class HubSettings:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> HubSettings:
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for name, kind in (
+        kinds = (
             ("jobs", int),
             ("retries", int),
             ("backoff_s", float),
@@ -90,10 +89,13 @@ class HubSettings:
             ("connect_timeout_s", float),
             ("batch_files", int),
             ("batch_bytes", int),
-        ):
-            raw = env.get(_ENV + name.upper())
-            if raw is None or raw == "":
+        )
+        raw_values = hub_values(tuple(name for name, _ in kinds), environ)
+        values: dict[str, Any] = {}
+        for name, kind in kinds:
+            if name not in raw_values:
                 continue
+            raw = raw_values[name]
             try:
                 values[name] = kind(raw)
             except ValueError:

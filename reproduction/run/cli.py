@@ -59,8 +59,10 @@ def _split_stages(text: str | None) -> list[str] | None:
 
 
 def cmd_run(args: Any) -> int:
-    """`portable run [BUNDLE] --output DIR [--config FILE] [--stages ...] [--resume] [key=value ...]`."""
-    from reproduction.run.config import load_config, to_yaml
+    """`portable run [BUNDLE] --output DIR [--config FILE] [--stages ...] [--resume] [key=value ...]`: the recipe
+    the config names (`recipe:`, absent = recap; run/resolve.py) with its config."""
+    from reproduction.run.config import to_yaml
+    from reproduction.run.resolve import load_run_config
 
     overrides = list(args.overrides or [])
     if args.bundle and "=" in args.bundle and not Path(args.bundle).exists():
@@ -93,11 +95,11 @@ def cmd_run(args: Any) -> int:
     if args.target_step is not None and args.target_step < 1:
         raise ConfigError(f"--target-step {args.target_step} must be >= 1", field="target_step")
     run_dir = Path(args.output)
-    config = load_config(_config_files(args, bundle), overrides, bundle=bundle, run_dir=run_dir)
+    name, recipe, config = load_run_config(_config_files(args, bundle), overrides, bundle=bundle, run_dir=run_dir)
     if args.print_config:
         sys.stdout.write(to_yaml(config))
         return 0
-    report = execute(config, run_dir, args)
+    report = execute(recipe, config, run_dir, args, recipe_ref=name)
     print_report(report, ui=_ui(args), as_json=getattr(args, "json", False))
     if not getattr(args, "json", False):  # the headline numbers and the verdict, last
         from reproduction.run.compare_cmd import run_results_lines
@@ -108,23 +110,24 @@ def cmd_run(args: Any) -> int:
     return 0
 
 
-def execute(config: Any, run_dir: Path, args: Any) -> Any:
-    """Run the RECAP recipe with the parsed options."""
-    from reproduction.run.recap_recipe import RECAP
+def execute(recipe: Any, config: Any, run_dir: Path, args: Any, *, recipe_ref: str | None = None) -> Any:
+    """Run `recipe` with the parsed options (`recipe_ref`: the name the config gave it, recorded in run.json)."""
     from reproduction.run.record import make_recorder
     from reproduction.run.runner import RunOptions, run_recipe
 
+    bundle = getattr(config, "BUNDLE", None)
     opts = RunOptions(
         stages=_split_stages(args.stages),
         resume=args.resume,
         restart=list(args.restart_stage or []),
         target_step=args.target_step,
         argv=list(sys.argv),
-        ray_address=args.ray_address or config.ray_address,
+        ray_address=args.ray_address or getattr(config, "ray_address", None),
         ui=_ui(args),
-        recorder=make_recorder(Path(config.BUNDLE) if config.BUNDLE else None),
+        recorder=make_recorder(Path(bundle) if bundle else None),
+        recipe_ref=recipe_ref,
     )
-    return run_recipe(RECAP, config, run_dir, opts)
+    return run_recipe(recipe, config, run_dir, opts)
 
 
 def print_report(report: Any, *, ui: UiOptions, as_json: bool = False) -> None:
@@ -141,118 +144,40 @@ def print_report(report: Any, *, ui: UiOptions, as_json: bool = False) -> None:
 
 
 def cmd_eval(args: Any) -> int:
-    """`portable eval --checkpoint STEP|PATH --output DIR`: evaluate one policy export, write its evidence.
+    """`portable eval --checkpoint STEP|PATH --output DIR`: the recipe's own evaluation command (Recipe.evaluate).
 
-    With DIR a run folder, the run's resolved config is the base (overrides apply on top) and STEP
-    names its recap policy's step; a PATH is a policy export folder (export/ of a policy stage).
+    The recipe is the run folder's (run.json) when DIR holds a run, else the one the --config files and
+    overrides name (absent: recap). In a run folder it runs under the folder's lock (not beside a `portable run`)
+    and refuses stage folders linked out of it. UsageError (exit 2) when the recipe has no such command.
     """
-    from reproduction.run.config import load_config
-    from reproduction.run.recap_policy import evaluate_exports
-    from reproduction.run.runner import read_state
+    from reproduction.errors import RunStateError, UsageError
+    from reproduction.recipe import resolve_fn
+    from reproduction.run.config import recipe_name
+    from reproduction.run.guards import refuse_links, run_lock
+    from reproduction.run.resolve import resolve_recipe
+    from reproduction.run.runner import read_state, recipe_ref
 
     normalise_paths(args, "output", "config")
     if not args.checkpoint.isdigit():
         normalise_paths(args, "checkpoint")
     run_dir = Path(args.output)
     if run_dir.exists() and not run_dir.is_dir():
-        from reproduction.errors import RunStateError
-
         raise RunStateError(f"output {run_dir} is a file, not a folder", path=run_dir)
-    state = read_state(run_dir) if run_dir.is_dir() else None
-    overrides = list(args.overrides or [])
-    files = [Path(c) for c in args.config or []]
-    if state is not None and not files:
-        files = [_state_config_file(run_dir, state)]
-    config = load_config(files, overrides, run_dir=run_dir)
-    exports, name = _resolve_checkpoint(args.checkpoint, run_dir, state)
-    config.policy.modes = list(exports)
-    shown = ", ".join(f"{mode} (step {step}, {path})" for mode, (path, step) in exports.items())
-    say(f"evaluating {len(exports)} policy export(s): {shown}", options=_ui(args))
-    # Its own folder and evidence name: the eval stage's recorded outputs stay as the run wrote them, and
-    # each export evaluated into one --output gets its own file.
-    output = evaluate_exports(config, exports, run_dir / "eval_checkpoint" / name, run_dir, name=name, ui=_ui(args))
-    say(f"evidence: {run_dir / output.summary['evidence']}", options=_ui(args))
-    if config.eval.reference:
-        from reproduction.run.recap_policy import compare_with_reference
 
-        evidence = run_dir / output.summary["evidence"]
-        out = evidence.with_name(evidence.name.replace("eval_", "comparison_", 1))
-        output.summary["comparison"] = compare_with_reference(evidence, Path(config.eval.reference), out)
-        verdict = output.summary["comparison"]["verdict"]
-        say(f"against the reference evidence: {verdict} ({out})", options=_ui(args))
-    if getattr(args, "json", False):
-        sys.stdout.write(json.dumps(output.summary, indent=1) + "\n")
-    return 0
-
-
-def _state_config_file(run_dir: Path, state: dict[str, Any]) -> Path:
-    """The run's resolved config, written as YAML beside run.json (eval's base config)."""
-    from reproduction.fsio import atomic_write_text
-
-    path = run_dir / "eval_checkpoint" / "run_config.json"
-    config = dict(state.get("config") or {})
-    atomic_write_text(path, json.dumps(config, indent=1) + "\n")  # JSON is YAML
-    return path
-
-
-def _resolve_checkpoint(
-    text: str, run_dir: Path, state: dict[str, Any] | None
-) -> tuple[dict[str, tuple[Path, int | None]], str]:
-    """({mode: (export folder, step)}, evidence name) from --checkpoint STEP (every policy mode the run
-    trained, at that step: evidence/eval_checkpoint_STEP.json) or PATH (one export, its step read from its
-    own metadata: evidence/eval_checkpoint_<mode>_<key of its folder>_STEP.json, so two exports evaluated
-    into one --output never share a file)."""
-    import hashlib
-
-    from reproduction.errors import CheckpointError, InputNotFoundError
-
-    if text.isdigit():
-        step = int(text)
-        rec = (state or {}).get("stages", {}).get("policy")
-        if not rec or rec.get("status") != "complete":
-            raise InputNotFoundError(
-                f"{run_dir} holds no completed policy stage to take step {step} from",
-                path=run_dir,
-                hint="run `portable run --output DIR` first, or pass --checkpoint PATH (a policy export folder)",
+    def evaluate(state: dict[str, Any] | None) -> int:
+        files = [Path(c) for c in args.config or []]
+        name = recipe_ref(state) if state is not None else recipe_name(files, list(args.overrides or []))
+        recipe = resolve_recipe(name)
+        if not recipe.evaluate:
+            raise UsageError(
+                f"recipe {name!r} has no `portable eval --checkpoint` command",
+                hint="its evaluation runs as a stage of `portable run` (see `portable run --print-config`)",
             )
-        done = rec.get("step")
-        if done != step:
-            raise CheckpointError(
-                f"step {step}: the run's policy export is of step {done} (only the last step is exported)",
-                path=run_dir / "policy",
-                hint=f"pass --checkpoint {done}"
-                + (
-                    f", or train on with `portable run --target-step {step} --stages policy`"
-                    if step > (done or 0)
-                    else ""
-                ),
-            )
-        modes = list(rec.get("summary") or {"recap": {}})
-        exports = {
-            m: (run_dir / "policy" / m / "export", (rec.get("summary") or {}).get(m, {}).get("step", step))
-            for m in modes
-        }
-        return exports, "checkpoint"
-    path = Path(text)
-    if not (path / "policy.json").is_file():
-        raise InputNotFoundError(
-            f"checkpoint {path} is not a policy export (no policy.json)",
-            path=path,
-            hint="pass a run's policy/<mode>/export folder, or a step number with --output RUN",
-        )
-    meta = json.loads((path / "policy.json").read_text(encoding="utf-8"))
-    mode = str(meta.get("mode", "recap"))
-    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
-    return {mode: (path, export_step(path, meta))}, f"checkpoint_{mode}_{key}"
+        if state is not None:
+            refuse_links(run_dir, [s.name for s in recipe.stages])
+        return resolve_fn(recipe.evaluate)(args, run_dir, state, _ui(args))
 
-
-def export_step(path: Path, meta: dict[str, Any]) -> int | None:
-    """The step a policy export was written at: policy.json's `step` when it has one, else the step its
-    training ended at (train_config.json's `max_steps`: an export is written once training reached it)."""
-    if isinstance(meta.get("step"), int):
-        return meta["step"]
-    try:
-        steps = json.loads((Path(path) / "train_config.json").read_text(encoding="utf-8")).get("max_steps")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return steps if isinstance(steps, int) else None
+    if not (run_dir / "run.json").is_file():
+        return evaluate(None)
+    with run_lock(run_dir, what="eval"):  # one writer in a run folder: not beside a `portable run`
+        return evaluate(read_state(run_dir))

@@ -104,6 +104,8 @@ def state_problem(doc: Any, format_version: int) -> str | None:
     ):
         if not test(doc.get(key)):
             return f"{key} is {_kind(doc.get(key))}, expected {expected}"
+    if "recipe_ref" in doc and not (isinstance(doc["recipe_ref"], str) and doc["recipe_ref"]):
+        return f"recipe_ref is {_kind(doc['recipe_ref'])}, expected a non-empty string (the config's recipe name)"
     if "created" in doc and not _number(doc["created"]):
         return f"created is {_kind(doc['created'])}, expected a number (seconds since the epoch)"
     if "config" in doc and not isinstance(doc["config"], dict):
@@ -115,6 +117,20 @@ def state_problem(doc: Any, format_version: int) -> str | None:
         if problem:
             return problem
     return None
+
+
+def upgrade_state(doc: dict[str, Any]) -> dict[str, Any]:
+    """A checked run.json brought to today's fields, in memory (written back with the run's next state change).
+
+    Records written before recipes had names (no `recipe_ref`) were made by `portable run`, which ran RECAP, or by
+    code passing its own Recipe: their recipe is found by the name they recorded (`recap` for all of the former),
+    and a RECAP record's config gains the `recipe` key its schema now has, so a `--resume` sees the config it ran
+    with (stage keys read config subsets only and do not change). Mutates and returns `doc`."""
+    if "recipe_ref" not in doc:
+        doc["recipe_ref"] = doc["recipe"]
+        if doc["recipe"] == "recap" and isinstance(doc.get("config"), dict):
+            doc["config"] = {"recipe": "recap", **doc["config"]}
+    return doc
 
 
 def check_state(doc: Any, path: Path, format_version: int) -> dict[str, Any]:

@@ -1,10 +1,12 @@
 """The one orchestrator: walk a recipe's stages, decide skip / continue / redo / refuse by stage keys.
 
-    <run>/run.json      format_version, recipe, run id, resolved config, and per stage: status,
+    <run>/run.json      format_version, recipe (its name, and recipe_ref: the name the config gave it), run id,
+                        resolved config, and per stage: status,
                         key, key_parts, outputs (path -> size, mtime_ns, sha256), summary, times
     <run>/<stage>/      one folder per stage
 
-A stage's key is the sha256 of its key parts: the config subsets it reads (minus exempt keys), the
+A stage's key is the sha256 of its key parts: the config subsets it reads (minus the fields inside them declared
+`same_outputs()`, reproduction/config_fields.py, and its training step count), the
 fingerprints of the opened inputs, the output digests of the stages it needs, and the source digests
 of its code modules. With `resume`: a complete stage whose key and outputs match is skipped; one the
 run was killed in continues (training stages from their newest complete checkpoint, others redone);
@@ -28,11 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reproduction.config_fields import output_free_keys
 from reproduction.errors import CheckpointError, RunStateError, StageKeyChangedError
 from reproduction.fsio import atomic_write_text
+from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
 from reproduction.run.config import select, to_plain
 from reproduction.run.guards import LOCK_FILE, refuse_links, run_lock, sigterm_as_interrupt
-from reproduction.run.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
 from reproduction.run.secrets import redact
 
 RUN_JSON = "run.json"
@@ -91,6 +94,9 @@ class RunOptions:
     inputs: dict[str, Any] | None = None
     """Already-opened inputs (else the recipe's open_inputs is called)."""
     preflight: bool = True
+    recipe_ref: str | None = None
+    """The name the run config gave the recipe (`recap`, `package.module:RECIPE`), recorded as run.json's
+    `recipe_ref` so commands reading the run folder (`portable eval`) find the recipe; None: the recipe's name."""
 
 
 @dataclass(kw_only=True)
@@ -127,9 +133,15 @@ def read_state(run_dir: Path) -> dict[str, Any] | None:
         raise RunStateError(
             f"{path} is unreadable ({exc})", path=path, hint="start a new run in a new --output"
         ) from None
-    from reproduction.run.record import check_state
+    from reproduction.run.record import check_state, upgrade_state
 
-    return check_state(doc, path, FORMAT_VERSION)
+    return upgrade_state(check_state(doc, path, FORMAT_VERSION))
+
+
+def recipe_ref(state: dict[str, Any]) -> str:
+    """The name a run folder's recipe is found by (run/resolve.py): run.json's `recipe_ref` (upgrade_state fills it
+    for records written before recipes had names)."""
+    return str(state.get("recipe_ref") or state.get("recipe"))
 
 
 def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
@@ -175,9 +187,16 @@ def _drop(tree: Any, dotted: str) -> None:
             del tree[head]
 
 
-def key_parts(spec: StageSpec, plain_config: dict[str, Any], inputs: dict[str, Any], upstream: dict[str, str]) -> dict:
-    """The parts of a stage's key (JSON-able); the key is digest(key_parts)."""
-    config = _exempt(spec, {k: json.loads(canonical(select(plain_config, k))) for k in spec.config})
+def key_parts(
+    spec: StageSpec,
+    plain_config: dict[str, Any],
+    inputs: dict[str, Any],
+    upstream: dict[str, str],
+    free: Sequence[str] = (),
+) -> dict:
+    """The parts of a stage's key (JSON-able); the key is digest(key_parts). `free`: the config's dotted keys declared
+    not to change outputs (`output_free_keys(config)`), left out of the subsets that hold them."""
+    config = _exempt(spec, {k: json.loads(canonical(select(plain_config, k))) for k in spec.config}, free)
     parts = {
         "config": config,
         "inputs": {n: getattr(v, "fingerprint", None) for n, v in sorted(inputs.items())} if spec.inputs else {},
@@ -190,24 +209,32 @@ def key_parts(spec: StageSpec, plain_config: dict[str, Any], inputs: dict[str, A
     return parts
 
 
-def _exempt(spec: StageSpec, config: dict[str, Any]) -> dict[str, Any]:
-    """`config` (the stage's config subsets, {subset: value}) without its exempt keys; mutated and returned."""
-    for dotted in (*spec.key_exempt, *((spec.training,) if spec.training else ())):
+def _exempt(spec: StageSpec, config: dict[str, Any], free: Sequence[str] = ()) -> dict[str, Any]:
+    """`config` (the stage's config subsets, {subset: value}) without the keys that do not change its outputs: each
+    `free` key inside a subset (a subset that names the key itself reads it on purpose and keeps it), and the
+    training step count (`--target-step` raises it); mutated and returned."""
+    for dotted in free:
         for k in list(config):
-            if dotted == k:
-                config[k] = None
-            elif dotted.startswith(k + "."):
+            if dotted.startswith(k + "."):
                 _drop(config[k], dotted[len(k) + 1 :])
+    if spec.training:
+        for k in list(config):
+            if spec.training == k:
+                config[k] = None
+            elif spec.training.startswith(k + "."):
+                _drop(config[k], spec.training[len(k) + 1 :])
     return config
 
 
-def recorded_key_still_matches(spec: StageSpec, recorded_parts: dict[str, Any], key: str) -> bool:
+def recorded_key_still_matches(
+    spec: StageSpec, recorded_parts: dict[str, Any], key: str, free: Sequence[str] = ()
+) -> bool:
     """True when key parts recorded before a config key became exempt (e.g. eval.reference, now the compare
     stage's input) give `key` once today's exemptions apply: such a stage is reused, not refused."""
     if not isinstance(recorded_parts.get("config"), dict):
         return False
     parts = json.loads(canonical(recorded_parts))
-    parts["config"] = _exempt(spec, parts["config"])
+    parts["config"] = _exempt(spec, parts["config"], free)
     return digest(parts) == key
 
 
@@ -362,10 +389,13 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         state = state or {
             "format_version": FORMAT_VERSION,
             "recipe": recipe.name,
+            "recipe_ref": opts.recipe_ref or recipe.name,
             "run_id": uuid.uuid4().hex,
             "created": time.time(),
             "stages": {},
         }
+        if opts.recipe_ref:  # the recipe may be found by another name now (a module moved): the config's wins
+            state["recipe_ref"] = opts.recipe_ref
         recorded_config = state.get("config") if isinstance(state.get("config"), dict) else {}
         config_changed = state.get("config") != plain
         state["config"] = plain
@@ -375,6 +405,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
             inputs = opened if opened else _open_inputs(recipe, config)
         walk = _Walk(recipe=recipe, config=config, plain=plain, run_dir=run_dir, state=state, inputs=inputs, opts=opts)
         walk.recorded_config = recorded_config
+        walk.free = tuple(output_free_keys(config))
         guard.enter_context(sigterm_as_interrupt())
         with contextlib.ExitStack() as walk.resources:
             _walk(walk, {s.name for s in selected})
@@ -397,6 +428,8 @@ class _Walk:
     opts: RunOptions
     recorded_config: dict[str, Any] = field(default_factory=dict)
     """run.json's config before this invocation (what the recorded stages were asked with)."""
+    free: tuple[str, ...] = ()
+    """The config's keys declared not to change outputs (out of every stage key whose subsets hold them)."""
     resources: Any = None
     """The contextlib.ExitStack closed when the walk ends (one local Ray for the run)."""
     shared: dict[str, Any] = field(default_factory=dict)
@@ -450,11 +483,12 @@ def _decide(
     opts: RunOptions,
     plain: dict[str, Any],
     recorded_config: dict[str, Any],
+    free: Sequence[str] = (),
 ) -> str:
     """fresh, skip, continue (from checkpoints), or raise naming the difference."""
     if spec.name in opts.restart or rec is None:
         return "fresh"
-    if rec.get("key") != key and not recorded_key_still_matches(spec, rec.get("key_parts", {}), key):
+    if rec.get("key") != key and not recorded_key_still_matches(spec, rec.get("key_parts", {}), key, free):
         if spec.redo_on_change:
             return "fresh"
         changes = describe_changes(rec.get("key_parts", {}), parts)
@@ -513,10 +547,10 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     run_dir, state, opts = walk.run_dir, walk.state, walk.opts
     stage_dir = run_dir / spec.name
     upstream_digests = {n: outputs_digest(state["stages"][n]["outputs"]) for n in spec.needs}
-    parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests)
+    parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests, walk.free)
     key = digest(parts)
     rec = state["stages"].get(spec.name)
-    action = _decide(spec, rec, key, parts, stage_dir, walk.redone, opts, walk.plain, walk.recorded_config)
+    action = _decide(spec, rec, key, parts, stage_dir, walk.redone, opts, walk.plain, walk.recorded_config, walk.free)
     if action == "skip":
         if rec.get("key") != key:  # recorded before a key became exempt: record today's key
             rec.update(key=key, key_parts=parts)
@@ -556,7 +590,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     ended = time.time()
     if _take_over(state, run_dir, spec.name, outputs) & set(spec.needs):  # its upstream records changed
         upstream_digests = {n: outputs_digest(state["stages"][n]["outputs"]) for n in spec.needs}
-        parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests)
+        parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests, walk.free)
         key = digest(parts)
     state["stages"][spec.name] = {
         "status": "complete",

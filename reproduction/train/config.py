@@ -6,47 +6,35 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from reproduction.config_fields import changes_outputs, same_outputs
 from reproduction.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda", "npu")
 LAUNCHERS = ("ray", "inprocess")
 PRECISIONS = ("fp32", "bf16")
 
-# Fields that change the numbers a run produces: a resume whose config differs in any of these is
-# refused (naming them). World size, micro batch, intervals and timeouts may change across a resume.
-RESUME_KEY_FIELDS = (
-    "seed",
-    "global_batch",
-    "lr",
-    "betas",
-    "eps",
-    "weight_decay",
-    "warmup_steps",
-    "grad_clip",
-    "mixed_precision",
-    "shuffle",
-    "canary_samples",
-)
-
 
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
-    """How to train; the task (model, data, loss) comes separately as a `TrainTask`."""
+    """How to train; the task (model, data, loss) comes separately as a `TrainTask`.
+
+    Fields declared with `same_outputs()` (world size, micro batch, devices, intervals, timeouts) may change across a
+    resume and are no part of a stage's key; every other field but max_steps is in the checkpoint's resume key."""
 
     max_steps: int
     """Optimizer steps to run in total (a resumed run continues up to this)."""
     global_batch: int = 8
     """Samples per optimizer step over all workers; gradient accumulation = global/(micro x world)."""
-    micro_batch: int = 2
+    micro_batch: int = field(default=2, metadata=same_outputs())
     """Samples per forward/backward on one worker."""
-    world_size: int = 1
+    world_size: int = field(default=1, metadata=same_outputs())
     """Number of workers (one per device: a GPU, an NPU or a CPU slot)."""
-    device: str = "auto"
+    device: str = field(default="auto", metadata=same_outputs())
     """cpu, cuda, npu, or auto (npu if torch_npu imports and sees a device, else cuda, else cpu)."""
-    launcher: str = "ray"
+    launcher: str = field(default="ray", metadata=same_outputs())
     """ray (a placement group of one worker per device) or inprocess (world_size 1 only, no Ray)."""
     seed: int = 0
     """Seeds the data order, per-sample augmentation RNGs and each rank's RNGs at a fresh start."""
@@ -66,21 +54,21 @@ class TrainConfig:
     """Clip the global gradient norm to this; 0 disables clipping (non-finite norms still skip)."""
     mixed_precision: str = "fp32"
     """fp32, or bf16 (FSDP2 MixedPrecisionPolicy: bf16 params/compute, fp32 gradient reduction)."""
-    eval_interval: int = 0
+    eval_interval: int = field(default=0, metadata=same_outputs())
     """Evaluate every N steps (0 = only at the last step, which always evaluates)."""
-    save_interval: int = 0
+    save_interval: int = field(default=0, metadata=same_outputs())
     """Checkpoint every N steps (0 = only at the last step, which always saves); a multiple of eval_interval."""
-    keep_last: int = 2
+    keep_last: int = field(default=2, metadata=same_outputs())
     """Complete checkpoints to keep (older ones are deleted after a newer one commits)."""
-    log_interval: int = 1
+    log_interval: int = field(default=1, metadata=same_outputs())
     """Log train metrics every N steps (and at the last step)."""
     canary_samples: int = 2
     """Samples in the default canary batch (the first ones of the dataset, no augmentation)."""
-    canary_rtol: float = 1e-4
+    canary_rtol: float = field(default=1e-4, metadata=same_outputs())
     """Relative tolerance of the canary loss check after a load (plus 1e-6 absolute)."""
-    cpus_per_worker: float = 1.0
+    cpus_per_worker: float = field(default=1.0, metadata=same_outputs())
     """Ray CPU slots each worker reserves."""
-    cpu_threads: int = 0
+    cpu_threads: int = field(default=0, metadata=same_outputs())
     """torch intra-op threads of a worker on the CPU device; 0 = torch's default, which follows
     OMP_NUM_THREADS (`portable` sets it to 1 unless set). A single in-process trainer on an otherwise
     idle machine gains from more (the demo's policy: ~84 -> ~58 ms a step with 2); results depend on
@@ -88,10 +76,10 @@ class TrainConfig:
     `portable` also sets GOMP_SPINCOUNT=1000 unless OMP_WAIT_POLICY or it is set: libgomp's long spin made a
     2-thread step 6-20x slower whenever other processes ran; on a busy shared machine OMP_WAIT_POLICY=PASSIVE
     is faster still, on an idle one it doubles the step."""
-    start_timeout_s: float = 120.0
+    start_timeout_s: float = field(default=120.0, metadata=same_outputs())
     """Bound on waiting for Ray to place the workers (placement group) and, on a cluster, for rank 0's
     node to report the rendezvous address. Joining the process group is bounded by collective_timeout_s."""
-    collective_timeout_s: float = 300.0
+    collective_timeout_s: float = field(default=300.0, metadata=same_outputs())
     """torch.distributed timeout (init_process_group's one timeout): bounds the rendezvous (all ranks
     joining) and every collective; a rank whose peer is dead errors after this."""
 
@@ -129,6 +117,13 @@ class TrainConfig:
     def digest(self) -> str:
         """SHA-256 of `resume_key()` as canonical JSON (stored in every checkpoint manifest)."""
         return hashlib.sha256(json.dumps(self.resume_key(), sort_keys=True).encode()).hexdigest()
+
+
+RESUME_KEY_FIELDS = tuple(
+    f.name for f in dataclasses.fields(TrainConfig) if changes_outputs(f) and f.name != "max_steps"
+)
+"""Fields that change the numbers a run produces (every field not declared `same_outputs()`, but max_steps: a resumed
+run continues up to it): a resume whose config differs in any of these is refused (naming them)."""
 
 
 def check_train_values(cfg: Any, key: str = "") -> None:

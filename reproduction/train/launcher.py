@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.errors import DISK_FULL_ERRNOS, PortableError, WorkerFailedError, os_error
+from reproduction.settings import PREFIX as SETTINGS_PREFIX
 from reproduction.train.config import TrainConfig
 from reproduction.train.device import DeviceSpec
 from reproduction.train.dist import free_port
@@ -368,7 +369,7 @@ def _submit(payload: Payload, pg, *, local: bool) -> list:
 def _worker_env(*, local: bool) -> dict[str, str]:
     """Workers' environment: WORKER_ENV, the driver's PORTABLE_* knobs, and on one machine its sys.path."""
     env = dict(WORKER_ENV)
-    env.update({k: v for k, v in os.environ.items() if k.startswith("PORTABLE_")})
+    env.update({k: v for k, v in os.environ.items() if k.startswith(SETTINGS_PREFIX)})
     if local:  # workers import what the driver imports (tests, scripts next to the driver)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
     return env

@@ -30,7 +30,9 @@ _imported: dict[str, Any] = {}
 def default_cache_dir() -> Path:
     """`$PORTABLE_CACHE_DIR/libero` if set, else `<temp dir>/recap-portable-<uid>/libero`: never the home folder
     (the issue's rule for LIBERO) and never the working directory (which may be a checkout)."""
-    root = os.environ.get("PORTABLE_CACHE_DIR")
+    from reproduction.settings import CACHE_DIR, value
+
+    root = value(CACHE_DIR)
     if root:
         return Path(root) / "libero"
     return Path(tempfile.gettempdir()) / f"recap-portable-{os.getuid() if hasattr(os, 'getuid') else 'user'}" / "libero"

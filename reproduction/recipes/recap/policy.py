@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from reproduction.run.recipe import StageContext, StageOutput
+from reproduction.recipe import StageContext, StageOutput
 
 
 def policy_config(ctx: StageContext, mode: str) -> tuple[list[Any], Any]:
@@ -51,7 +51,7 @@ def policy_config(ctx: StageContext, mode: str) -> tuple[list[Any], Any]:
 def policy_stage(ctx: StageContext) -> StageOutput:
     """Stage 4: one policy per `policy.modes` into policy/<mode>/ (each continues from its checkpoints)."""
     from reproduction.recap.policy.task import train_policy
-    from reproduction.run.recap_recipe import stage_ray
+    from reproduction.recipes.recap.recipe import stage_ray
 
     files, summary, steps, resumed = [], {}, [], []
     ray_address = stage_ray(ctx, ctx.config.policy.train.launcher == "ray")
@@ -118,7 +118,7 @@ def evaluate_exports(
     LIBERO task ids in eval.tasks go to `evaluate_libero` (default reproduction.sim.libero.evaluate_libero), the
     rest to the Fetch simulator. `libero_factory(export_dir, guidance_scale)` -> a picklable zero-argument policy
     factory (default the export's PolicyFactory); both are seams tests swap (a fake protocol, a scripted expert)."""
-    from reproduction.run.config import is_libero_task
+    from reproduction.recipes.recap.config import is_libero_task
 
     if any(is_libero_task(t) for t in config.eval.tasks):
         return _evaluate_libero_exports(

@@ -12,16 +12,11 @@ calls the stage's library function; none parses arguments or renders errors.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reproduction.run.recipe import Recipe, StageContext, StageOutput, StageSpec
-from reproduction.train.config import RESUME_KEY_FIELDS, TrainConfig
-
-_NOT_NUMERIC = tuple(  # training knobs that do not change what a stage computes: the trainer's resume rule
-    sorted(f.name for f in fields(TrainConfig) if f.name not in RESUME_KEY_FIELDS and f.name != "max_steps")
-)
+from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
 
 
 @dataclass(kw_only=True)
@@ -384,10 +379,9 @@ def _has(module: str) -> bool:
 POLICY_STAGES = (
     StageSpec(
         name="policy",
-        fn="reproduction.run.recap_policy:policy_stage",
+        fn="reproduction.recipes.recap.policy:policy_stage",
         needs=("advantages",),
         config=("datasets", "advantages.tag", "policy"),
-        key_exempt=tuple(f"policy.train.{k}" for k in _NOT_NUMERIC) + ("policy.model.execute_steps",),
         outputs=("*/policy_setup.json", "*/export/**/*"),
         training="policy.train.max_steps",
         weights=("policy.model",),
@@ -395,11 +389,12 @@ POLICY_STAGES = (
     ),
     StageSpec(
         name="eval",
-        fn="reproduction.run.recap_policy:eval_stage",
+        fn="reproduction.recipes.recap.policy:eval_stage",
         needs=("policy",),
         config=("eval", "policy.modes", "policy.model.execute_steps"),
-        key_exempt=("eval.workers", "eval.reference"),  # the reference is the compare stage's input...
-        files_if=(("eval.reference", "eval.sequential.enabled"),),  # ...and a sequential evaluation's, by content
+        # eval.reference and eval.workers are declared same_outputs() (the reference is the compare stage's
+        # input, which names it) and so out of this key; a sequential evaluation reads the reference, by content:
+        files_if=(("eval.reference", "eval.sequential.enabled"),),
         inputs=False,
         outputs=("**/*.json",),
         code=(
@@ -411,7 +406,7 @@ POLICY_STAGES = (
     ),
     StageSpec(
         name="compare",
-        fn="reproduction.run.recap_policy:compare_stage",
+        fn="reproduction.recipes.recap.policy:compare_stage",
         needs=("eval",),
         config=("eval.reference",),
         files=("eval.reference",),
@@ -425,22 +420,23 @@ POLICY_STAGES = (
 
 RECAP = Recipe(
     name="recap",
-    open_inputs="reproduction.run.recap_recipe:open_datasets",
-    preflight="reproduction.run.recap_recipe:preflight",
+    open_inputs="reproduction.recipes.recap.recipe:open_datasets",
+    config_schema="reproduction.recipes.recap.config:RunConfig",
+    evaluate="reproduction.recipes.recap.eval_cmd:cmd_eval",
+    preflight="reproduction.recipes.recap.recipe:preflight",
     stages=(
         StageSpec(
             name="returns",
-            fn="reproduction.run.recap_recipe:returns_stage",
+            fn="reproduction.recipes.recap.recipe:returns_stage",
             config=("datasets", "returns"),
             outputs=("*/returns*.parquet", "*/stats.json"),
             code=("reproduction.recap.returns", "reproduction.recap.sidecars"),
         ),
         StageSpec(
             name="value",
-            fn="reproduction.run.recap_recipe:value_stage",
+            fn="reproduction.recipes.recap.recipe:value_stage",
             needs=("returns",),
             config=("datasets", "returns.tag", "value.model", "value.train"),
-            key_exempt=tuple(f"value.train.{k}" for k in _NOT_NUMERIC),
             outputs=("value_setup.json", "crossfit.json", "model_*/export/**/*"),
             training="value.train.max_steps",
             weights=("value.model",),
@@ -453,7 +449,7 @@ RECAP = Recipe(
         ),
         StageSpec(
             name="advantages",
-            fn="reproduction.run.recap_recipe:advantages_stage",
+            fn="reproduction.recipes.recap.recipe:advantages_stage",
             needs=("returns", "value"),
             config=("datasets", "returns.tag", "advantages", "value.infer.batch_size"),
             outputs=("values/*.parquet", "*/advantages*.parquet", "*/mixture_config.yaml"),

@@ -29,7 +29,7 @@ from typing import Any
 
 from reproduction.ui import UiOptions, say
 
-REPO = Path(__file__).resolve().parent.parent.parent
+REPO = Path(__file__).resolve().parents[3]
 SPEC = REPO / "bundle" / "demo.toml"
 CONFIGS = REPO / "bundle" / "demo"
 MARKER = "demo.json"
@@ -253,8 +253,8 @@ def _check(restored: Path, json_path: Path, *, ui: UiOptions | None) -> str:
 
 def _run(restored: Path, run_dir: Path, overrides: list[str], *, ui: UiOptions | None) -> Any:
     from reproduction.errors import StageKeyChangedError
-    from reproduction.run.config import load_config
-    from reproduction.run.recap_recipe import RECAP
+    from reproduction.recipes.recap.config import load_config
+    from reproduction.recipes.recap.recipe import RECAP
     from reproduction.run.record import make_recorder
     from reproduction.run.runner import RunOptions, read_state, run_recipe
 
@@ -285,7 +285,7 @@ def _run(restored: Path, run_dir: Path, overrides: list[str], *, ui: UiOptions |
 def _plots_and_report(run_dir: Path, restored: Path) -> str:
     """Plots and report.html through the evidence helper's functions, where they are installed."""
     try:
-        from reproduction.run.report_run import write_run_report
+        from reproduction.recipes.recap.report import write_run_report
     except ImportError:
         return "skipped (the report module is not installed in this build)"
     path = write_run_report(run_dir, bundle=restored)

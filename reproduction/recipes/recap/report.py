@@ -1,9 +1,9 @@
-"""A run's plots and report.html, from what its stages wrote (run.json, sidecars, values, metrics, evidence).
+"""A RECAP run's plots and report.html, from what its stages wrote (run.json, sidecars, values, metrics, evidence).
 
     <run>/plots/value_episodes.png  advantages.png  training_curves.png  success_rates.png
     <run>/report.html
 
-Uses the evidence package's plotting and report functions (plots.py, report.py, lineage_check.py);
+Uses run/'s plotting and report functions (plots.py, report.py, lineage_check.py) and RECAP's plots (plots.py here);
 a plot whose inputs a run does not have (no eval stage yet, say) is left out.
 """
 
@@ -18,6 +18,7 @@ def write_plots(run_dir: Path) -> dict[str, Path]:
     """Write the plots the run's outputs allow; returns {plot name: path}."""
     import pyarrow.parquet as pq
 
+    from reproduction.recipes.recap import plots as recap_plots
     from reproduction.run import plots
 
     run_dir = Path(run_dir)
@@ -30,18 +31,18 @@ def write_plots(run_dir: Path) -> dict[str, Path]:
     if rollout:
         t = pq.read_table(rollout[0])
         thresholds = stages.get("advantages", {}).get("summary", {}).get("thresholds", {"*": 0.0})
-        written["advantages"] = plots.plot_advantage_histogram(
+        written["advantages"] = recap_plots.plot_advantage_histogram(
             t.column("advantage_continuous").to_numpy(),
             thresholds,
             out_dir / "advantages.png",
             positive=t.column("advantage").to_numpy(zero_copy_only=False),
         )
         success = _episode_success(t)
-        traces = plots.pick_episodes(
+        traces = recap_plots.pick_episodes(
             t.column("episode_index").to_pylist(), t.column("value_current").to_pylist(), success
         )
         if traces:
-            written["value_episodes"] = plots.plot_value_episodes(traces, out_dir / "value_episodes.png")
+            written["value_episodes"] = recap_plots.plot_value_episodes(traces, out_dir / "value_episodes.png")
     logs = {
         f"{stage}/{p.parent.name}": p
         for stage in ("value", "policy")
@@ -69,7 +70,7 @@ def _episode_success(table: Any) -> dict[int, bool]:
 
 
 PIPELINE = ("returns", "value", "advantages", "policy", "eval", "compare")
-"""The RECAP stages in the order they run (reproduction.run.recap_recipe.RECAP)."""
+"""The RECAP stages in the order they run (reproduction.recipes.recap.recipe.RECAP)."""
 
 
 def write_run_report(run_dir: Path, *, bundle: Path | None = None) -> Path:

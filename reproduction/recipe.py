@@ -1,9 +1,14 @@
-"""A recipe is data: the stage graph (names, upstream stages, config subsets, outputs) the runner walks.
+"""The recipe protocol: a recipe is data, the stage graph (names, upstream stages, config subsets, outputs)
+the runner walks.
 
 The runner knows nothing of RECAP: a recipe names its stage functions as "module:function" strings
 (imported only when the stage runs, so a finished `--resume` imports no torch), the config subsets
 each stage reads (part of the stage's key), and where its outputs are. A second pipeline is a second
-Recipe value, with no change to run/.
+Recipe value, with no change to run/: `portable run` finds it by the name its config gives
+(`recipe: recap` is reproduction/recipes/recap/; `recipe: package.module:RECIPE` any importable one).
+
+A leaf module (it imports only the error tree): recipes (reproduction/recipes/*, or out of the tree) and the
+runner (reproduction/run/) both import it, and neither imports the other through it.
 """
 
 from __future__ import annotations
@@ -28,9 +33,8 @@ class StageSpec:
     needs: tuple[str, ...] = ()
     """Upstream stages whose outputs it reads (their output digests are part of its key)."""
     config: tuple[str, ...] = ()
-    """Dotted config subsets it reads (their resolved values are part of its key)."""
-    key_exempt: tuple[str, ...] = ()
-    """Dotted keys inside those subsets that do not change its outputs (world size, intervals, ...)."""
+    """Dotted config subsets it reads (their resolved values are part of its key, less the fields inside them declared
+    not to change outputs: `same_outputs()` field metadata, reproduction/config_fields.py)."""
     inputs: bool = True
     """Its key includes the fingerprints of the recipe's opened inputs (datasets)."""
     outputs: tuple[str, ...] = ("**/*",)
@@ -70,6 +74,12 @@ class Recipe:
     preflight: str | None = None
     """"module:function" (config, run_dir, opened, stage names) -> list of problems (errors or strings), checked before
     anything runs; inputs it opens go into the dict `opened` and are used instead of open_inputs'."""
+    config_schema: str | None = None
+    """"module:Class": the config dataclass `portable run` loads the run config into (None: the recipe is run by
+    code only, with a config object it builds itself)."""
+    evaluate: str | None = None
+    """"module:function" (args, ui) -> exit code behind `portable eval --checkpoint` for this recipe's runs (None: the
+    recipe has no such command)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form recipe data its stage functions may read."""
 

@@ -1,0 +1,126 @@
+"""`portable eval --checkpoint` for RECAP runs: evaluate policy exports of a run (or one export folder) and write
+their evidence beside the run's, compared with eval.reference when one is set.
+
+    <output>/eval_checkpoint/<name>/    the simulator's per-policy output (<name>: checkpoint, or
+                                        checkpoint_<mode>_<key> for an export folder)
+    <output>/evidence/eval_<name>_<step>.json, comparison_<name>_<step>.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from reproduction.ui import UiOptions, say
+
+
+def cmd_eval(args: Any, run_dir: Path, state: dict[str, Any] | None, ui: UiOptions) -> int:
+    """`portable eval --checkpoint STEP|PATH --output DIR` for RECAP (run/cli.py's cmd_eval calls it with the paths
+    normalised, the run folder locked and `state` its run.json, or None): evaluate policy exports, write their
+    evidence.
+
+    With DIR a run folder, the run's resolved config is the base (overrides apply on top) and STEP
+    names its recap policy's step; a PATH is a policy export folder (export/ of a policy stage).
+    """
+    from reproduction.recipes.recap.config import load_config
+    from reproduction.recipes.recap.policy import evaluate_exports
+
+    overrides = list(args.overrides or [])
+    files = [Path(c) for c in args.config or []]
+    if state is not None and not files:
+        files = [_state_config_file(run_dir, state)]
+    config = load_config(files, overrides, run_dir=run_dir)
+    exports, name = _resolve_checkpoint(args.checkpoint, run_dir, state)
+    config.policy.modes = list(exports)
+    shown = ", ".join(f"{mode} (step {step}, {path})" for mode, (path, step) in exports.items())
+    say(f"evaluating {len(exports)} policy export(s): {shown}", options=ui)
+    # Its own folder and evidence name: the eval stage's recorded outputs stay as the run wrote them, and
+    # each export evaluated into one --output gets its own file.
+    output = evaluate_exports(config, exports, run_dir / "eval_checkpoint" / name, run_dir, name=name, ui=ui)
+    say(f"evidence: {run_dir / output.summary['evidence']}", options=ui)
+    if config.eval.reference:
+        from reproduction.recipes.recap.policy import compare_with_reference
+
+        evidence = run_dir / output.summary["evidence"]
+        out = evidence.with_name(evidence.name.replace("eval_", "comparison_", 1))
+        output.summary["comparison"] = compare_with_reference(evidence, Path(config.eval.reference), out)
+        verdict = output.summary["comparison"]["verdict"]
+        say(f"against the reference evidence: {verdict} ({out})", options=ui)
+    if getattr(args, "json", False):
+        sys.stdout.write(json.dumps(output.summary, indent=1) + "\n")
+    return 0
+
+
+def _state_config_file(run_dir: Path, state: dict[str, Any]) -> Path:
+    """The run's resolved config, written as YAML beside run.json (eval's base config)."""
+    from reproduction.fsio import atomic_write_text
+
+    path = run_dir / "eval_checkpoint" / "run_config.json"
+    config = dict(state.get("config") or {})
+    atomic_write_text(path, json.dumps(config, indent=1) + "\n")  # JSON is YAML
+    return path
+
+
+def _resolve_checkpoint(
+    text: str, run_dir: Path, state: dict[str, Any] | None
+) -> tuple[dict[str, tuple[Path, int | None]], str]:
+    """({mode: (export folder, step)}, evidence name) from --checkpoint STEP (every policy mode the run
+    trained, at that step: evidence/eval_checkpoint_STEP.json) or PATH (one export, its step read from its
+    own metadata: evidence/eval_checkpoint_<mode>_<key of its folder>_STEP.json, so two exports evaluated
+    into one --output never share a file)."""
+    import hashlib
+
+    from reproduction.errors import CheckpointError, InputNotFoundError
+
+    if text.isdigit():
+        step = int(text)
+        rec = (state or {}).get("stages", {}).get("policy")
+        if not rec or rec.get("status") != "complete":
+            raise InputNotFoundError(
+                f"{run_dir} holds no completed policy stage to take step {step} from",
+                path=run_dir,
+                hint="run `portable run --output DIR` first, or pass --checkpoint PATH (a policy export folder)",
+            )
+        done = rec.get("step")
+        if done != step:
+            raise CheckpointError(
+                f"step {step}: the run's policy export is of step {done} (only the last step is exported)",
+                path=run_dir / "policy",
+                hint=f"pass --checkpoint {done}"
+                + (
+                    f", or train on with `portable run --target-step {step} --stages policy`"
+                    if step > (done or 0)
+                    else ""
+                ),
+            )
+        modes = list(rec.get("summary") or {"recap": {}})
+        exports = {
+            m: (run_dir / "policy" / m / "export", (rec.get("summary") or {}).get(m, {}).get("step", step))
+            for m in modes
+        }
+        return exports, "checkpoint"
+    path = Path(text)
+    if not (path / "policy.json").is_file():
+        raise InputNotFoundError(
+            f"checkpoint {path} is not a policy export (no policy.json)",
+            path=path,
+            hint="pass a run's policy/<mode>/export folder, or a step number with --output RUN",
+        )
+    meta = json.loads((path / "policy.json").read_text(encoding="utf-8"))
+    mode = str(meta.get("mode", "recap"))
+    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+    return {mode: (path, export_step(path, meta))}, f"checkpoint_{mode}_{key}"
+
+
+def export_step(path: Path, meta: dict[str, Any]) -> int | None:
+    """The step a policy export was written at: policy.json's `step` when it has one, else the step its
+    training ended at (train_config.json's `max_steps`: an export is written once training reached it)."""
+    if isinstance(meta.get("step"), int):
+        return meta["step"]
+    try:
+        steps = json.loads((Path(path) / "train_config.json").read_text(encoding="utf-8")).get("max_steps")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return steps if isinstance(steps, int) else None

@@ -1,0 +1,94 @@
+"""A recipe by name: `recap` is reproduction.recipes.recap's RECIPE; `package.module:NAME` any importable Recipe.
+
+run/ imports no recipe: the name comes from the run config (`recipe:`, absent = recap) or from run.json, and
+the module is imported here by that name, so an out-of-tree recipe runs with `portable run` like a built-in one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from typing import Any
+
+from reproduction.errors import ConfigError
+from reproduction.recipe import Recipe, resolve_fn
+
+BUILTIN_PACKAGE = "reproduction.recipes"
+"""Built-in recipes: reproduction/recipes/<name>/ exporting RECIPE."""
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def builtin_names() -> list[str]:
+    """The built-in recipes' names (the packages under reproduction/recipes/)."""
+    try:
+        package = importlib.import_module(BUILTIN_PACKAGE)
+    except ImportError:  # pragma: no cover - a build without recipes
+        return []
+    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.ispkg)
+
+
+def resolve_recipe(name: str) -> Recipe:
+    """The Recipe named `name`. ConfigError (one line naming `recipe` and the value) when the name is malformed,
+    unknown, its module fails to import, or the attribute is not a Recipe."""
+    module, sep, attr = name.partition(":")
+    if not sep:
+        module, attr = f"{BUILTIN_PACKAGE}.{name}", "RECIPE"
+    known = ", ".join(builtin_names()) or "none"
+    if not _DOTTED.match(module) or not attr.isidentifier():
+        raise ConfigError(
+            f"recipe: {name!r} is neither a built-in recipe nor package.module:NAME",
+            field="recipe",
+            hint=f"built-in recipes: {known}; or write recipe: package.module:RECIPE",
+        )
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        unknown = not sep and exc.name in (module, BUILTIN_PACKAGE)
+        what = "is not a built-in recipe" if unknown else f"cannot be imported: {_line(exc)}"
+        raise ConfigError(
+            f"recipe: {name!r} {what}",
+            field="recipe",
+            hint=f"built-in recipes: {known}; an out-of-tree recipe's package must be importable (PYTHONPATH)",
+        ) from None
+    except Exception as exc:  # the recipe module itself failed: one line, the recipe named
+        raise ConfigError(
+            f"recipe: {name!r} cannot be imported: {type(exc).__name__}: {_line(exc)}",
+            field="recipe",
+            hint="fix the recipe module (run it with python -c 'import ...' to see the traceback)",
+        ) from None
+    obj = getattr(mod, attr, None)
+    if not isinstance(obj, Recipe):
+        got = "nothing" if obj is None else f"a {type(obj).__name__}"
+        raise ConfigError(
+            f"recipe: {name!r} names {got}, not a Recipe (reproduction.recipe.Recipe)",
+            field="recipe",
+            hint=f"point recipe at a module attribute holding a Recipe, e.g. {module}:RECIPE",
+        )
+    return obj
+
+
+def recipe_schema(recipe: Recipe) -> type:
+    """The config dataclass `portable run` loads for `recipe`; ConfigError when it declares none."""
+    if not recipe.config_schema:
+        raise ConfigError(
+            f"recipe: {recipe.name!r} declares no config_schema, so `portable run` cannot load a config for it",
+            field="recipe",
+            hint="set Recipe(config_schema='module:ConfigClass') in the recipe",
+        )
+    return resolve_fn(recipe.config_schema)
+
+
+def _line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]
+
+
+def load_run_config(files: list[Any], overrides: list[str], *, bundle: Any, run_dir: Any) -> tuple[str, Recipe, Any]:
+    """(recipe name as the config gives it, the Recipe, the typed config): the name read first (run/config.py's
+    `recipe_name`), then the config loaded into the recipe's schema."""
+    from reproduction.run.config import load_config, recipe_name
+
+    name = recipe_name(files, overrides)
+    recipe = resolve_recipe(name)
+    config = load_config(files, overrides, bundle=bundle, run_dir=run_dir, schema=recipe_schema(recipe))
+    return name, recipe, config

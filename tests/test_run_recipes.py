@@ -1,0 +1,345 @@
+"""Recipes by name: run/ imports no recipe; `portable run` finds a recipe by the config's `recipe:` (built-in or
+`package.module:NAME` out of the tree); run folders written before recipes had names still resume."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+TOY_MODULE = '''
+"""A recipe of its own, outside the repository: two stages, a config schema."""
+from dataclasses import dataclass, field
+
+from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
+
+
+@dataclass(kw_only=True, slots=True)
+class Count:
+    n: int = 3
+    """How many numbers `make` writes."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ToyConfig:
+    BUNDLE: str = ""
+    RUN: str = ""
+    count: Count = field(default_factory=Count)
+
+
+def make(ctx: StageContext) -> StageOutput:
+    out = ctx.out_dir / "numbers.txt"
+    out.write_text("\\n".join(str(i) for i in range(ctx.config.count.n)) + "\\n")
+    return StageOutput(files=[out], summary={"n": ctx.config.count.n})
+
+
+def total(ctx: StageContext) -> StageOutput:
+    numbers = (ctx.run_dir / "make" / "numbers.txt").read_text().split()
+    out = ctx.out_dir / "total.txt"
+    out.write_text(f"{sum(int(x) for x in numbers)}\\n")
+    return StageOutput(files=[out], summary={"total": sum(int(x) for x in numbers)})
+
+
+TOY = Recipe(
+    name="toy",
+    config_schema="toyrecipe:ToyConfig",
+    stages=(
+        StageSpec(name="make", fn="toyrecipe:make", config=("count",), inputs=False),
+        StageSpec(name="total", fn="toyrecipe:total", needs=("make",), inputs=False),
+    ),
+)
+NOT_A_RECIPE = ToyConfig
+'''
+
+
+def portable(*args: str, cwd: Path, path: list[Path] = ()) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), *map(str, path)]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "reproduction.portable", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=cwd,
+    )
+
+
+@pytest.fixture
+def toy(tmp_path):
+    """(the folder holding toyrecipe.py, a config naming recipe toyrecipe:TOY)."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "toyrecipe.py").write_text(TOY_MODULE)
+    (lib / "brokenrecipe.py").write_text("raise RuntimeError('the recipe module broke')\n")
+    config = tmp_path / "toy.yaml"
+    config.write_text("recipe: toyrecipe:TOY\ncount: {n: 4}\n")
+    return lib, config
+
+
+# -- run/ imports no recipe -----------------------------------------------------------------------------------
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import in a module, module-level and inside functions, relative ones resolved."""
+    package = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            out += [(node.lineno, f"{base}.{a.name}" if base else a.name) for a in node.names]
+            out.append((node.lineno, base))
+    return out
+
+
+def test_no_module_under_run_imports_a_recipe():
+    """The runner, its config loader, preflight, evidence, lineage, record, report: none imports a recipe (a recipe
+    is found by name, run/resolve.py), at module level or inside a function."""
+    modules = sorted((REPO / "reproduction" / "run").rglob("*.py"))
+    assert len(modules) > 10
+    bad = [
+        f"{p.relative_to(REPO)}:{line}: {name}"
+        for p in modules
+        for line, name in _imports(p)
+        if name.startswith(("reproduction.recipes", "reproduction.recap"))
+        or name in ("reproduction.recipes", "reproduction.recap")
+    ]
+    assert not bad, bad
+
+
+def test_the_protocol_module_is_a_leaf():
+    names = [n for _, n in _imports(REPO / "reproduction" / "recipe.py")]
+    assert [n for n in names if n.startswith("reproduction")] == [
+        "reproduction.errors.ConfigError",
+        "reproduction.errors",
+    ]
+
+
+# -- the RECAP recipe by name -----------------------------------------------------------------------------------
+
+
+def test_a_config_without_recipe_is_recap_and_recap_is_found_by_name():
+    from reproduction.recipes.recap import RECIPE
+    from reproduction.run.config import recipe_name
+    from reproduction.run.resolve import recipe_schema, resolve_recipe
+
+    assert recipe_name([], []) == "recap"
+    assert resolve_recipe("recap") is RECIPE and RECIPE.name == "recap"
+    assert resolve_recipe("reproduction.recipes.recap:RECIPE") is RECIPE
+    assert recipe_schema(RECIPE).__name__ == "RunConfig"
+    assert [s.name for s in RECIPE.stages][:3] == ["returns", "value", "advantages"]
+
+
+def test_the_recap_demo_stage_keys_are_those_of_the_code_before_recipes_had_names():
+    """Stage keys of the demo configs (fixed stand-ins for the datasets' fingerprints and upstream digests) as the
+    code at bf2a15e computed them, with each code module's source digest replaced by a marker so an edit to a
+    stage's code (which is meant to change its key) does not fail this test: the config subsets, exemptions,
+    inputs, upstream names, files and code module names are what the move must keep, and the fields declared
+    `same_outputs()` must leave out exactly what the hand-kept key_exempt lists did."""
+    from types import SimpleNamespace
+
+    from reproduction.config_fields import output_free_keys
+    from reproduction.recipes.recap import RECIPE
+    from reproduction.recipes.recap.config import load_config
+    from reproduction.run.config import to_plain
+    from reproduction.run.runner import digest, key_parts
+
+    expected = json.loads((FIXTURES / "recap_demo_stage_keys.json").read_text())
+    got = {}
+    for name in expected:
+        cfg = load_config([REPO / name], ["eval.reference=null"], bundle=Path("/b"), run_dir=Path("/r"))
+        inputs = {"sft": SimpleNamespace(fingerprint="f1"), "rollout": SimpleNamespace(fingerprint="f2")}
+        got[name] = {}
+        for spec in RECIPE.stages:
+            parts = key_parts(spec, to_plain(cfg), inputs, {n: "u" + n for n in spec.needs}, output_free_keys(cfg))
+            parts["code"] = dict.fromkeys(parts["code"], "<source>")
+            got[name][spec.name] = digest(parts)
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("nosuch", "recipe: 'nosuch' is not a built-in recipe"),
+        ("toyrecipe:NOPE", "recipe: 'toyrecipe:NOPE' names nothing, not a Recipe"),
+        ("toyrecipe:NOT_A_RECIPE", "recipe: 'toyrecipe:NOT_A_RECIPE' names a type, not a Recipe"),
+        ("brokenrecipe:X", "recipe: 'brokenrecipe:X' cannot be imported: RuntimeError: the recipe module broke"),
+        ("nomodule.here:X", "recipe: 'nomodule.here:X' cannot be imported"),
+        ("not a name", "recipe: 'not a name' is neither a built-in recipe nor package.module:NAME"),
+    ],
+)
+def test_a_recipe_that_cannot_be_had_is_one_config_error_naming_it(toy, tmp_path, value, words):
+    lib, config = toy
+    proc = portable(
+        "run", "--config", str(config), "--output", str(tmp_path / "r"), f"recipe={value}", cwd=tmp_path, path=[lib]
+    )
+    assert proc.returncode == 4, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith("error: " + words), lines
+    assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
+
+
+# -- an out-of-tree recipe through `portable run` -----------------------------------------------------------
+
+
+def test_an_out_of_tree_recipe_runs_resumes_and_records_lineage(toy, tmp_path):
+    lib, config = toy
+    run = tmp_path / "run"
+    proc = portable("run", "--config", str(config), "--output", str(run), "--json", cwd=tmp_path, path=[lib])
+    assert proc.returncode == 0, proc.stderr
+    assert [(s["stage"], s["action"]) for s in json.loads(proc.stdout)["stages"]] == [("make", "ran"), ("total", "ran")]
+    assert (run / "total" / "total.txt").read_text() == "6\n"
+    state = json.loads((run / "run.json").read_text())
+    assert (state["recipe"], state["recipe_ref"], state["config"]["count"]) == ("toy", "toyrecipe:TOY", {"n": 4})
+    assert "recipe" not in state["config"]  # its schema has no `recipe` field: the key named the recipe only
+    assert sorted(p.name for p in (run / "lineage").iterdir()) == ["make.intoto.json", "total.intoto.json"]
+
+    again = portable(
+        "run", "--config", str(config), "--output", str(run), "--resume", "--json", cwd=tmp_path, path=[lib]
+    )
+    assert again.returncode == 0, again.stderr
+    assert [s["action"] for s in json.loads(again.stdout)["stages"]] == ["skipped", "skipped"]
+
+    verify = portable("lineage", str(run), "--verify", cwd=tmp_path, path=[lib])
+    assert verify.returncode == 0, verify.stderr
+    no_eval = portable("eval", "--checkpoint", "1", "--output", str(run), cwd=tmp_path, path=[lib])
+    assert no_eval.returncode == 2 and "recipe 'toyrecipe:TOY' has no `portable eval" in no_eval.stderr, no_eval.stderr
+
+    changed = portable(
+        "run", "--config", str(config), "--output", str(run), "--resume", "count.n=5", cwd=tmp_path, path=[lib]
+    )
+    assert changed.returncode == 52 and "stage make: its inputs changed" in changed.stderr, changed.stderr
+    redo = portable(
+        "run",
+        "--config",
+        str(config),
+        "--output",
+        str(run),
+        "--restart-stage",
+        "make",
+        "count.n=5",
+        "--json",
+        cwd=tmp_path,
+        path=[lib],
+    )
+    assert redo.returncode == 0, redo.stderr
+    assert [s["action"] for s in json.loads(redo.stdout)["stages"]] == ["ran", "ran"]
+    assert (run / "total" / "total.txt").read_text() == "10\n"
+
+
+def test_a_run_folder_of_one_recipe_refuses_another(toy, tmp_path):
+    lib, config = toy
+    run = tmp_path / "run"
+    assert portable("run", "--config", str(config), "--output", str(run), cwd=tmp_path, path=[lib]).returncode == 0
+    other = tmp_path / "recap.yaml"
+    other.write_text("datasets: []\n")
+    proc = portable("run", "--config", str(other), "--output", str(run), "--resume", cwd=tmp_path, path=[lib])
+    assert proc.returncode == 55 and "holds a 'toy' run, not 'recap'" in proc.stderr, proc.stderr
+
+
+# -- run folders written before recipes had names ---------------------------------------------------------------
+
+
+def test_a_run_folder_written_before_recipes_had_names_resumes(tmp_path):
+    """tests/fixtures/run_v1_recap: `portable run --stages returns` by the code at bf2a15e (run.json without
+    recipe_ref, its config without `recipe`). Resumed by today's code from another folder: the stage is skipped
+    (its key is unchanged), run.json gains recipe_ref and keeps its stage record."""
+    root = tmp_path / "old"
+    shutil.copytree(FIXTURES / "run_v1_recap", root)
+    before = json.loads((root / "run" / "run.json").read_text())
+    assert "recipe_ref" not in before and "recipe" not in before["config"]
+    proc = portable(
+        "run", "--config", "run.yaml", "--output", "run", "--stages", "returns", "--resume", "--json", cwd=root
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert [(s["stage"], s["action"]) for s in json.loads(proc.stdout)["stages"]] == [("returns", "skipped")]
+    after = json.loads((root / "run" / "run.json").read_text())
+    assert (after["recipe"], after["recipe_ref"], after["config"]["recipe"]) == ("recap", "recap", "recap")
+    assert after["stages"]["returns"]["key"] == before["stages"]["returns"]["key"]
+    assert after["run_id"] == before["run_id"]
+
+
+def test_upgrade_state_fills_what_older_records_lack():
+    from reproduction.run.record import upgrade_state
+
+    old = {"recipe": "recap", "config": {"returns": {}}, "stages": {}}
+    assert upgrade_state(old) == {
+        "recipe": "recap",
+        "recipe_ref": "recap",
+        "config": {"recipe": "recap", "returns": {}},
+        "stages": {},
+    }
+    toy = {"recipe": "toy", "config": {"count": {}}, "stages": {}}
+    assert upgrade_state(toy)["recipe_ref"] == "toy" and "recipe" not in toy["config"]
+    new = {"recipe": "toy", "recipe_ref": "toyrecipe:TOY", "config": {}, "stages": {}}
+    assert upgrade_state(dict(new)) == new
+
+
+def test_fields_declare_whether_they_change_outputs_once():
+    """The trainer's resume key and the stage keys read the same declaration (`same_outputs()` on the field): the
+    resume key holds what the hand-kept list held, and the RECAP config's free keys are the old key_exempt lists."""
+    from reproduction.config_fields import output_free_keys
+    from reproduction.recipes.recap.config import RunConfig
+    from reproduction.train.config import RESUME_KEY_FIELDS, TrainConfig
+
+    before = ("seed", "global_batch", "lr", "betas", "eps", "weight_decay", "warmup_steps", "grad_clip")
+    assert sorted(RESUME_KEY_FIELDS) == sorted((*before, "mixed_precision", "shuffle", "canary_samples"))
+    train_free = sorted(output_free_keys(TrainConfig))
+    assert "max_steps" not in train_free and not set(train_free) & set(RESUME_KEY_FIELDS)
+    free = output_free_keys(RunConfig())
+    assert sorted(k for k in free if not k.startswith(("value.train.", "policy.train."))) == [
+        "eval.reference",
+        "eval.workers",
+        "policy.model.execute_steps",
+    ]
+    assert sorted(k[len("value.train.") :] for k in free if k.startswith("value.train.")) == train_free
+
+
+# -- one settings module -----------------------------------------------------------------------------------------
+
+
+def test_every_portable_knob_is_read_through_the_settings_module():
+    """No module but reproduction/settings.py names a PORTABLE_* variable in code (docstrings may mention them), and
+    docs/settings.md is what the module generates."""
+    from reproduction import settings
+
+    found = []
+    for path in sorted((REPO / "reproduction").rglob("*.py")):
+        if path.name == "settings.py" and path.parent.name == "reproduction":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docs = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+        }
+        docs |= {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+        found += [
+            f"{path.relative_to(REPO)}:{n.lineno}: {n.value}"
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and "PORTABLE_" in n.value and id(n) not in docs
+        ]
+    assert not found, found
+    assert {s.name for s in settings.SETTINGS} >= {"PORTABLE_CACHE_DIR", "PORTABLE_CPU_KERNELS", "PORTABLE_NO_PROGRESS"}
+    assert (REPO / "docs" / "settings.md").read_text() == settings.reference(), (
+        "regenerate: python -m reproduction.settings > docs/settings.md"
+    )
