@@ -41,7 +41,9 @@ def test_bundle_config_loads_with_the_schema(tmp_path):
 @pytest.mark.slow
 def test_a_short_run_through_the_runner_with_target_step(tmp_path):
     """sft (20 BC steps on 3 demos) -> rl (2 steps) -> eval -> compare, then --resume --target-step 4 continues rl
-    from its step-2 checkpoint and re-evaluates; the evidence names both policies on the same reset seeds."""
+    from its step-2 checkpoint and re-evaluates; the evidence names both policies on the same reset seeds. A
+    second run from the same SFT weights (pinned as sft.export) that trains 4 steps at once ends with the same
+    bytes: the resume is exact."""
     from reproduction.run.runner import RunOptions, run_recipe
     from reproduction.sim.generate import GenConfig, generate_dataset
 
@@ -58,8 +60,8 @@ def test_a_short_run_through_the_runner_with_target_step(tmp_path):
         "rl.updates_per_rollout=1",
         "rl.eval_every=2",
         "rl.save_every=2",
-        "rl.eval_episodes=2",
-        "eval.episodes_per_task=4",
+        "rl.eval_episodes=1",
+        "eval.episodes_per_task=3",
     ]
     run = tmp_path / "run"
     cfg = load_config([CONFIG], over, bundle=tmp_path, run_dir=run, schema=GrpoRunConfig)
@@ -67,12 +69,19 @@ def test_a_short_run_through_the_runner_with_target_step(tmp_path):
     assert [(s.name, s.action) for s in report.stages] == [(n, "ran") for n in ("sft", "rl", "eval", "compare")]
     doc = json.loads((run / "evidence" / "eval_grpo_2.json").read_text())
     assert doc["policy"]["label"] == "grpo" and doc["baselines"][0]["policy"]["label"] == "sft"
-    assert doc["tasks"]["FetchPush-v4"]["episodes"] == 4
+    assert doc["tasks"]["FetchPush-v4"]["episodes"] == 3
     seeds = doc["tasks"]["FetchPush-v4"]["outcomes"]["reset_seeds"]
-    assert len(seeds) == 4 and all(s % 2 == 1 for s in seeds)  # held-out: odd evaluation seeds
+    assert len(seeds) == 3 and all(s % 2 == 1 for s in seeds)  # held-out: odd evaluation seeds
     assert doc["baselines"][0]["tasks"]["FetchPush-v4"]["outcomes"]["reset_seeds"] == seeds
     report = run_recipe(GRPO, cfg, run, RunOptions(resume=True, target_step=4))
     actions = {s.name: s.action for s in report.stages}
     assert actions["sft"] == "skipped" and actions["rl"] == "continued"
     assert json.loads((run / "run.json").read_text())["stages"]["rl"]["step"] == 4
     assert (run / "evidence" / "eval_grpo_4.json").is_file()
+
+    straight = tmp_path / "straight"
+    pinned = [*over, f"sft.export={run / 'sft' / 'export'}", "rl.steps=4"]
+    cfg = load_config([CONFIG], pinned, bundle=tmp_path, run_dir=straight, schema=GrpoRunConfig)
+    run_recipe(GRPO, cfg, straight, RunOptions(stages=["sft", "rl"]))
+    resumed = (run / "rl" / "export" / "model.safetensors").read_bytes()
+    assert (straight / "rl" / "export" / "model.safetensors").read_bytes() == resumed
