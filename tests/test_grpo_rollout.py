@@ -129,3 +129,46 @@ def test_rl_config_rules_name_the_field():
     assert rl.train_config(max_steps=60).max_steps == 60
     with pytest.raises(ConfigError, match="target step 61"):
         rl.train_config(max_steps=61)
+
+
+def test_cotrain_term_adds_the_weighted_flow_matching_loss(head, sims):
+    """RL-Co's form: with a co-training batch the loss is the GRPO loss + weight x RECAP's flow-matching loss, on
+    frames drawn by the step's (seed, epoch, position) uniforms (the same frames on a rerun)."""
+    from reproduction.recap.policy.data import PolicyArrays
+    from reproduction.recap.policy.task import PolicyCollator, PolicySamples
+    from reproduction.recipes.grpo.task import GrpoBatcher
+    from reproduction.train.task import BatchKeys
+
+    n, rng = 12, np.random.default_rng(0)
+    arrays = PolicyArrays(
+        state=rng.standard_normal((n, 14)).astype(np.float32),
+        chunk=np.minimum(np.arange(n)[:, None] + np.arange(4)[None], n - 1),
+        action=rng.standard_normal((n, 4)).astype(np.float32),
+        label=np.ones(n, bool),
+        task_id=np.zeros(n, np.int64),
+        source=np.zeros(n, np.int64),
+        row=np.arange(n),
+        episode=np.zeros(n, np.int64),
+        frame=np.arange(n),
+        tasks=list(head.tasks),
+    )
+    samples = PolicySamples(arrays, head.stats)
+    rl = {"noise_level": 0.5, "clip_eps": 0.2, "kl_coef": 0.0, "cotrain_batch": 5, "cotrain_weight": 0.25}
+    batcher = GrpoBatcher(
+        head=head, ref=None, rl=rl, spec=SPEC, cotrain=(samples, PolicyCollator(head.collator.tokenizer, head.tasks))
+    )
+    keys = BatchKeys(indices=np.array([0, 1]), positions=np.array([0, 1]), epoch=3, seed=0)
+    a, b = batcher.cotrain_batch(keys), batcher.cotrain_batch(keys)
+    torch.testing.assert_close(a["actions"], b["actions"])
+    assert a["state"].shape == (5, 14) and a["actions"].shape == (5, 4, 4)
+    r = _run(head, sims, [10, 10], [1, 2])
+    rows = loss_rows(r, np.array([[1.0, -1.0]]), pick_steps([1, 2], 3, 3, 1))
+    batch = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in rows.items() if k not in ("task_id", "ref_mean")}
+    batch.update(head.model_batch(rows["state"], rows["task_id"]))
+    batch.update(reward_mean=torch.tensor(0.5), success_at_end=torch.tensor(0.5), zero_std_groups=torch.tensor(0.0))
+    with torch.no_grad():
+        plain, m0 = grpo_loss(head.model, batch, rl=rl, num_steps=3, dims=(2, 4))
+        torch.manual_seed(5)
+        both, m1 = grpo_loss(head.model, {**batch, "cotrain": a}, rl=rl, num_steps=3, dims=(2, 4))
+    assert m0["cotrain_loss"] == 0.0 and m1["cotrain_loss"] > 0.0
+    assert float(both) == pytest.approx(float(plain) + 0.25 * m1["cotrain_loss"], rel=1e-5)
