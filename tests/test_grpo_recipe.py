@@ -44,6 +44,7 @@ def test_a_short_run_through_the_runner_with_target_step(tmp_path):
     from its step-2 checkpoint and re-evaluates; the evidence names both policies on the same reset seeds. A
     second run from the same SFT weights (pinned as sft.export) that trains 4 steps at once ends with the same
     bytes: the resume is exact."""
+    from reproduction.run.record import make_recorder
     from reproduction.run.runner import RunOptions, run_recipe
     from reproduction.sim.generate import GenConfig, generate_dataset
 
@@ -65,8 +66,13 @@ def test_a_short_run_through_the_runner_with_target_step(tmp_path):
     ]
     run = tmp_path / "run"
     cfg = load_config([CONFIG], over, bundle=tmp_path, run_dir=run, schema=GrpoRunConfig)
-    report = run_recipe(GRPO, cfg, run, RunOptions())
+    report = run_recipe(GRPO, cfg, run, RunOptions(recorder=make_recorder(None)))
     assert [(s.name, s.action) for s in report.stages] == [(n, "ran") for n in ("sft", "rl", "eval", "compare")]
+    rl_statement = json.loads((run / "lineage" / "rl.intoto.json").read_text())
+    assert "sft/export/model.safetensors" in json.dumps(rl_statement)  # rl's lineage names the SFT weights it read
+    assert sorted(p.name for p in (run / "lineage").glob("*.intoto.json")) == [
+        f"{n}.intoto.json" for n in ("compare", "eval", "rl", "sft")
+    ]
     doc = json.loads((run / "evidence" / "eval_grpo_2.json").read_text())
     assert doc["policy"]["label"] == "grpo" and doc["baselines"][0]["policy"]["label"] == "sft"
     assert doc["tasks"]["FetchPush-v4"]["episodes"] == 3

@@ -18,10 +18,14 @@ from reproduction.run.recipe import StageContext, StageOutput
 
 
 class OpenedDataset:
-    """A dataset of the run opened once; the runner keys stages on `.fingerprint`."""
+    """A dataset of the run opened once; the runner keys stages on `.fingerprint`, lineage names `.root`."""
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
+
+    @property
+    def root(self) -> Path:
+        return Path(self.dataset.root)
 
     @property
     def fingerprint(self) -> str:
