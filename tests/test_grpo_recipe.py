@@ -91,3 +91,40 @@ def test_a_short_run_through_the_runner_with_target_step(tmp_path):
     run_recipe(GRPO, cfg, straight, RunOptions(stages=["sft", "rl"]))
     resumed = (run / "rl" / "export" / "model.safetensors").read_bytes()
     assert (straight / "rl" / "export" / "model.safetensors").read_bytes() == resumed
+
+
+def test_resume_refuses_a_changed_setup_and_allows_free_fields(tmp_path):
+    from reproduction.errors import CheckpointError
+    from reproduction.recipes.grpo.config import RlSection
+    from reproduction.recipes.grpo.train import _refuse_changed
+
+    def setup(**rl):
+        return {"rl": to_plain(RlSection(**rl)), "eval": {"seed": 1}, "sft_weights_sha256": "ab", "model_config": {}}
+
+    path = tmp_path / "grpo_setup.json"
+    path.write_text(json.dumps(setup()))
+    _refuse_changed(path, setup(steps=80, eval_every=20, save_every=20, cpu_threads=2, micro_init_states=4))
+    with pytest.raises(CheckpointError, match=r"rl.lr: 0.0001 -> 0.0003; rl.noise_level: 0.5 -> 0.7") as err:
+        _refuse_changed(path, setup(lr=3e-4, noise_level=0.7))
+    assert "train into a new folder" in err.value.hint
+    changed = setup()
+    changed["sft_weights_sha256"] = "cd"
+    with pytest.raises(CheckpointError, match="sft_weights_sha256 differs"):
+        _refuse_changed(path, changed)
+
+
+def test_preflight_collects_every_problem(tmp_path):
+    from reproduction.errors import ConfigError, InputNotFoundError
+    from reproduction.recipes.grpo.preflight import preflight
+
+    over = [
+        f"sft.datasets=[{{path: {tmp_path / 'nope'}}}]",
+        "rl.tasks=[FetchSlide-v4]",
+        f"eval.reference={tmp_path / 'ref.json'}",
+    ]
+    cfg = load_config([CONFIG], over, bundle=tmp_path, run_dir=tmp_path / "run", schema=GrpoRunConfig)
+    problems = preflight(cfg, tmp_path / "run", {}, ["sft", "rl", "eval", "compare"])
+    kinds = sorted(type(p).__name__ for p in problems)
+    assert kinds == ["ConfigError", "InputNotFoundError", "InputNotFoundError"], problems
+    assert any(isinstance(p, ConfigError) and "rl.tasks" in p.message and "FetchSlide" in p.message for p in problems)
+    assert any(isinstance(p, InputNotFoundError) and "sft.datasets[0].path" in p.message for p in problems)
