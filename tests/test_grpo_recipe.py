@@ -42,8 +42,8 @@ def test_bundle_config_loads_with_the_schema(tmp_path):
 def test_a_short_run_through_the_runner_with_target_step(tmp_path):
     """sft (20 BC steps on 3 demos) -> rl (2 steps) -> eval -> compare, then --resume --target-step 4 continues rl
     from its step-2 checkpoint and re-evaluates; the evidence names both policies on the same reset seeds. A
-    second run from the same SFT weights (pinned as sft.export) that trains 4 steps at once ends with the same
-    bytes: the resume is exact."""
+    second run from the same SFT weights (pinned as sft.export) that trains 4 steps at once, its envs in the
+    trainer's process instead of 2 simulator workers, ends with the same bytes: the resume is exact."""
     from reproduction.run.record import make_recorder
     from reproduction.run.runner import RunOptions, run_recipe
     from reproduction.sim.generate import GenConfig, generate_dataset
@@ -59,6 +59,7 @@ def test_a_short_run_through_the_runner_with_target_step(tmp_path):
         "rl.micro_init_states=1",
         "rl.group_size=2",
         "rl.updates_per_rollout=1",
+        "rl.rollout_workers=2",
         "rl.eval_every=2",
         "rl.save_every=2",
         "rl.eval_episodes=1",
@@ -86,7 +87,7 @@ def test_a_short_run_through_the_runner_with_target_step(tmp_path):
     assert (run / "evidence" / "eval_grpo_4.json").is_file()
 
     straight = tmp_path / "straight"
-    pinned = [*over, f"sft.export={run / 'sft' / 'export'}", "rl.steps=4"]
+    pinned = [*over, f"sft.export={run / 'sft' / 'export'}", "rl.steps=4", "rl.rollout_workers=1"]
     cfg = load_config([CONFIG], pinned, bundle=tmp_path, run_dir=straight, schema=GrpoRunConfig)
     run_recipe(GRPO, cfg, straight, RunOptions(stages=["sft", "rl"]))
     resumed = (run / "rl" / "export" / "model.safetensors").read_bytes()

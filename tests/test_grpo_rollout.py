@@ -69,6 +69,23 @@ def test_rollouts_are_deterministic_given_seeds_and_independent_of_the_batch(hea
     np.testing.assert_allclose(alone.chain, a.chain[2:], rtol=1e-5, atol=1e-5)
 
 
+def test_rollouts_in_simulator_workers_are_the_same_bytes(head, sims):
+    """Envs sliced over 2 spawn worker processes (the policy forward batched here) give the in-process rollout."""
+    from reproduction.recipes.grpo.envs import EnvWorkers
+
+    resets, noises = [10, 10, 12, 12, 14], [3, 4, 5, 6, 7]
+    here = _run(head, sims, resets, noises)
+    workers = EnvWorkers(TASK, len(resets), 2)
+    try:
+        assert workers.bounds == [0, 2, 5]
+        there = rollout(head, workers, reset_seeds=resets, noise_seeds=noises, task_ids=[0] * 5, spec=SPEC, ref=head)
+    finally:
+        workers.close()
+    for name in ("state", "chain", "log_prob", "ref_mean", "success_once", "success_at_end"):
+        np.testing.assert_array_equal(getattr(here, name), getattr(there, name), err_msg=name)
+    assert workers.procs == []
+
+
 def test_loss_on_fresh_rollouts_is_on_policy_with_zero_kl_to_itself(head, sims):
     """Recomputed log-probs equal the rollout's (ratio 1), the KL to the same weights is 0, and the policy
     term's gradient is the policy gradient -mean(A * grad log pi)."""

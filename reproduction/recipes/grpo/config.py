@@ -133,6 +133,9 @@ class RlSection:
     """Weight of the co-training flow-matching loss (0 = off)."""
     cotrain_batch: int = 64
     """Frames per co-training micro batch."""
+    rollout_workers: int = 1
+    """Simulator worker processes the rollouts' envs are sliced over (the policy forward stays batched in the
+    trainer); 1 = envs in the trainer's process. Any count gives the same rollouts."""
     launcher: str = "inprocess"
     """Trainer launcher: inprocess (one worker) or ray."""
     device: str = "cpu"

@@ -29,7 +29,16 @@ _SFT_FREE = tuple(
 """SFT trainer knobs that do not change what it computes (the trainer's resume rule)."""
 _RL_FREE = tuple(
     f"rl.{k}"
-    for k in ("eval_every", "eval_episodes", "save_every", "launcher", "device", "cpu_threads", "micro_init_states")
+    for k in (
+        "eval_every",
+        "eval_episodes",
+        "save_every",
+        "launcher",
+        "device",
+        "cpu_threads",
+        "micro_init_states",
+        "rollout_workers",
+    )
 )
 
 GRPO = Recipe(

@@ -8,8 +8,9 @@
 
 Deterministic given the seeds: an env's reset seed fixes its initial state, and its noise (initial noise and
 every step's z) comes from its own torch.Generator seeded by `noise_seeds[i]`, drawn in a fixed order, so a
-rollout does not depend on which other rows share the batch. `PolicyHead` adapts a camera-free `tiny`
-policy (reproduction/recap/policy/model.py) for batched velocity calls over arrays.
+rollout does not depend on which other rows share the batch. The envs step in this process or in simulator
+worker processes (envs.py); the policy forward stays one batched call over all rows here. `PolicyHead` adapts a
+camera-free `tiny` policy (reproduction/recap/policy/model.py) for batched velocity calls over arrays.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class Rollouts:
 
 def rollout(
     head: PolicyHead,
-    sims: list[Any],
+    envs: Any,
     *,
     reset_seeds: list[int],
     noise_seeds: list[int],
@@ -139,17 +140,22 @@ def rollout(
     spec: RolloutSpec,
     ref: PolicyHead | None = None,
 ) -> Rollouts:
-    """Run len(sims) episodes in lockstep (module docstring); `sims[i]` is reset with `reset_seeds[i]`.
+    """Run len(envs) episodes in lockstep (module docstring); env i is reset with `reset_seeds[i]`.
 
-    The models are only read (no grad); FetchSim state is mutated. Raises what the sim raises."""
-    n, k_steps = len(sims), spec.num_steps
+    `envs`: a list of FetchSims of this process, or an env group (envs.py: LocalEnvs, EnvWorkers). The models are
+    only read (no grad); the envs' state is mutated. Raises what the sim (or a dead worker) raises."""
+    from reproduction.recipes.grpo.envs import LocalEnvs
+
+    if isinstance(envs, list):
+        envs = LocalEnvs(envs)
+    n, k_steps = len(envs), spec.num_steps
     h, a = min(spec.execute_steps, head.chunk), head.env_action_dim
     gens = []
     for s in noise_seeds:
         g = torch.Generator()
         g.manual_seed(int(s))
         gens.append(g)
-    obs = [sim.reset(int(seed)) for sim, seed in zip(sims, reset_seeds)]
+    obs = envs.reset([int(seed) for seed in reset_seeds])
     tids = np.asarray(task_ids, np.int64)
     states, chains, logps, refs = [], [], [], []
     once = np.zeros(n, bool)
@@ -171,14 +177,10 @@ def rollout(
             states.append(state)
             chains.append(chain.numpy())
             logps.append(logp.numpy())
-            actions = head.to_env(chain[:, -1, :h].numpy())
-            for j in range(min(h, spec.episode_steps - step)):
-                obs = []
-                for i, sim in enumerate(sims):
-                    o, ok = sim.step(actions[i, j])
-                    obs.append(o)
-                    once[i] |= ok
-                step += 1
+            j = min(h, spec.episode_steps - step)
+            obs, hit = envs.step(head.to_env(chain[:, -1, :j].numpy()))
+            once |= hit
+            step += j
     return Rollouts(
         state=np.stack(states, 1),
         task_id=tids,
@@ -186,7 +188,7 @@ def rollout(
         log_prob=np.stack(logps, 1).astype(np.float32),
         ref_mean=np.stack(refs, 1).astype(np.float32) if ref is not None else None,
         success_once=once,
-        success_at_end=np.array([sim.is_success() for sim in sims], bool),
+        success_at_end=np.asarray(envs.success(), bool),
     )
 
 

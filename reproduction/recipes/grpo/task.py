@@ -97,7 +97,17 @@ class GrpoBatcher:
     _cache: dict[Any, Any] = field(default_factory=dict)
     _pools: dict[str, Any] = field(default_factory=dict)
 
-    def sims(self, task: str, n: int) -> list[Any]:
+    def envs(self, task: str, n: int) -> Any:
+        """n envs of `task`: FetchSims of this process, or (rl.rollout_workers > 1) an EnvWorkers group kept per
+        (task, n) across rounds."""
+        workers = int(self.rl.get("rollout_workers", 1))
+        if workers > 1:
+            from reproduction.recipes.grpo.envs import EnvWorkers
+
+            key = (task, n)
+            if key not in self._pools:
+                self._pools[key] = EnvWorkers(task, n, workers)
+            return self._pools[key]
         from reproduction.sim.evaluate import EnvPool, EvalConfig
 
         pool = self._pools.get("pool")
@@ -142,7 +152,7 @@ class GrpoBatcher:
                 noises = [noise_seed(int(rl["seed"]), rnd, p, g) for p, _ in members for g in range(g_size)]
                 r = rollout(
                     self.head,
-                    self.sims(task, len(resets)),
+                    self.envs(task, len(resets)),
                     reset_seeds=resets,
                     noise_seeds=noises,
                     task_ids=[task_id] * len(resets),

@@ -20,6 +20,7 @@ FREE_ON_RESUME = (
     "device",
     "cpu_threads",
     "micro_init_states",
+    "rollout_workers",
 )
 """rl fields a resume may change: they shape neither the rollouts nor the updates (micro_init_states only splits
 a step's init states into micro batches: the same rollouts, the same summed gradient)."""
