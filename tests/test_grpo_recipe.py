@@ -85,6 +85,8 @@ def test_a_short_run_through_the_runner_with_target_step(tmp_path):
     assert actions["sft"] == "skipped" and actions["rl"] == "continued"
     assert json.loads((run / "run.json").read_text())["stages"]["rl"]["step"] == 4
     assert (run / "evidence" / "eval_grpo_4.json").is_file()
+    live = json.loads((run / "rl" / "evidence" / "eval_rl_4.json").read_text())
+    assert live["policy"]["checkpoint"]["step"] == 4 and live["tasks"]["FetchPush-v4"]["episodes"] == 1
 
     straight = tmp_path / "straight"
     pinned = [*over, f"sft.export={run / 'sft' / 'export'}", "rl.steps=4", "rl.rollout_workers=1"]

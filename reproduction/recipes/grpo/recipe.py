@@ -67,7 +67,7 @@ GRPO = Recipe(
             needs=("sft",),
             config=("rl", "eval.seed"),
             key_exempt=_RL_FREE,
-            outputs=("grpo_setup.json", "export/**/*"),
+            outputs=("grpo_setup.json", "export/**/*", "evidence/eval_rl_*.json"),
             training="rl.steps",
             code=(
                 "reproduction.recipes.grpo.task",

@@ -2,6 +2,7 @@
 
     <out>/grpo_setup.json     the RL config, the SFT export it starts from (path, sha256 of its weights), tasks
     <out>/checkpoints/ metrics.jsonl    the trainer's (reproduction/train): DCP step_N/ every rl.save_every
+    <out>/evidence/eval_rl_<step>.json  the live policy's evaluation every rl.eval_every steps (evidence format)
     <out>/export/             model.safetensors, model_config.json, policy.json, tokenizer/ (load_policy reads it)
 
 One trainer "sample" is one initial state: step s (epoch s - 1; the data set has exactly B = rl.init_states
@@ -290,7 +291,9 @@ def make_grpo_task(rank: int, world_size: int, *, setup_path: str) -> Any:
         loss=functools.partial(grpo_loss, rl=rl, num_steps=spec.num_steps, dims=dims),
         make_batch=GrpoBatcher(head=head, ref=ref, rl=rl, spec=spec, cotrain=cotrain),
         canary_batch=canary_batch(head, spec.num_steps, dims, ref is not None),
-        evaluate=functools.partial(evaluate_live, head=head, meta=meta, setup=setup),
+        evaluate=functools.partial(
+            evaluate_live, head=head, meta=meta, setup=setup, out_dir=str(Path(setup_path).parent)
+        ),
         fsdp_units=policy_blocks,
         export_extras=functools.partial(write_export_extras, sft=str(sft), meta=meta),
         model_config=mcfg.to_dict(),
@@ -311,9 +314,14 @@ def _cotrain_inputs(setup: dict[str, Any], head: Any) -> tuple[Any, Any]:
     return samples, PolicyCollator(head.collator.tokenizer, head.tasks, action_dim=head.action_dim)
 
 
-def evaluate_live(model: Any, ctx: Any, *, head: Any, meta: dict[str, Any], setup: dict[str, Any]) -> dict[str, float]:
-    """Success of the live weights (the export's ODE sampler) on `rl.eval_episodes` held-out episodes per task."""
+def evaluate_live(
+    model: Any, ctx: Any, *, head: Any, meta: dict[str, Any], setup: dict[str, Any], out_dir: str
+) -> dict[str, float]:
+    """Success of the live weights (the export's ODE sampler) on the first `rl.eval_episodes` held-out episodes
+    per task; rank 0 writes them as evidence (reproduction/run/evidence.py) to <out>/evidence/eval_rl_<step>.json."""
     from reproduction.recap.policy.export import GuidedPolicy
+    from reproduction.recipes.grpo.stages import _counts
+    from reproduction.run import evidence
     from reproduction.sim.evaluate import EvalConfig, evaluate
 
     rl, ev = setup["rl"], setup["eval"]
@@ -334,6 +342,16 @@ def evaluate_live(model: Any, ctx: Any, *, head: Any, meta: dict[str, Any], setu
         workers=1,
     )
     result = evaluate(lambda: policy, cfg)
+    if ctx.rank == 0:
+        record = evidence.EvalRecord(result=_counts(result), label="grpo", mode="other", step=ctx.step)
+        doc = evidence.build_evidence(
+            record,
+            name=f"grpo during training, step {ctx.step}",
+            run_id=Path(out_dir).parent.name,
+            seeds={"eval": int(ev["seed"]), "rl": int(rl["seed"])},
+            settings={"tasks": list(rl["tasks"]), "episodes_per_task": int(rl["eval_episodes"]), "recipe": "grpo"},
+        )
+        evidence.write_evidence(Path(out_dir) / "evidence" / f"eval_rl_{ctx.step}.json", doc)
     return {"success_at_end": result.success_at_end_rate, "success_once": result.success_once_rate}
 
 
