@@ -1,0 +1,272 @@
+"""The GRPO recipe's run config: one small dataclass per component (OmegaConf structured schema).
+
+    recipe: grpo
+    sft.datasets[] / sft.export     the SFT initialisation: BC on demonstrations, or a pinned policy export
+    sft.model / sft.train           the policy preset (RECAP stage 4's) and its trainer (reproduction/train)
+    rl                              group size, init states per step, clip, KL, lr, steps, evaluation, co-training
+    eval                            held-out evaluation (reproduction/sim/evaluate.py) and the reference evidence
+
+Load it with `reproduction.run.config.load_config(files, overrides, schema=GrpoRunConfig)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from reproduction.errors import ConfigError
+from reproduction.train.config import TrainConfig
+
+
+@dataclass(kw_only=True, slots=True)
+class SftDataset:
+    """One demonstration dataset the SFT stage trains on (LeRobot, with observation.state/goal and action)."""
+
+    path: str = "???"
+    """Dataset root (e.g. ${BUNDLE}/data/sft)."""
+    weight: float = 1.0
+    """Mixture weight when there are several."""
+
+
+@dataclass(kw_only=True, slots=True)
+class PolicyModelSection:
+    """The policy preset: RECAP stage 4's model (reproduction/recap/policy), trained without conditioning."""
+
+    preset: str = "tiny"
+    """tiny (camera-free CPU preset); the GRPO rollouts read state + goal + prompt."""
+    chunk: int = 4
+    """Action chunk length H."""
+    execute_steps: int = 2
+    """Actions of each chunk executed before the policy is asked again (training rollouts and evaluation)."""
+    num_steps: int = 10
+    """Denoising steps K (Euler at evaluation, flow-SDE steps in RL rollouts)."""
+    width: int = 64
+    """tiny: prefix and expert width."""
+    prefix_layers: int = 2
+    """tiny: Gemma3 layers of the prefix."""
+    expert_layers: int = 2
+    """tiny: action expert layers."""
+    model_seed: int = 0
+    """Seed of the model's random initialisation."""
+    pretrained_manifest: str | None = None
+    """weights_manifest/*.json whose files initialise the SFT model (sha256-checked); None = random init."""
+    weights_dir: str | None = None
+    """Folder the manifest's file paths are relative to."""
+
+    def __post_init__(self) -> None:
+        if self.preset != "tiny":
+            raise ConfigError(
+                f"sft.model.preset={self.preset!r}: the GRPO rollouts serve the camera-free tiny preset only",
+                field="sft.model.preset",
+                hint="set sft.model.preset=tiny (pi05 rollouts need camera rendering in the rollout loop: not built)",
+            )
+        for name in ("chunk", "execute_steps", "num_steps", "width", "prefix_layers", "expert_layers"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"sft.model.{name}={getattr(self, name)} must be >= 1", field=f"sft.model.{name}")
+        if self.execute_steps > self.chunk:
+            raise ConfigError(
+                f"sft.model.execute_steps={self.execute_steps} exceeds sft.model.chunk={self.chunk}",
+                field="sft.model.execute_steps",
+            )
+
+
+def _sft_train() -> TrainConfig:
+    return TrainConfig(max_steps=400, global_batch=256, micro_batch=256, launcher="inprocess", device="cpu", lr=1e-3)
+
+
+@dataclass(kw_only=True, slots=True)
+class SftSection:
+    """The `sft` stage: BC on `datasets` (RECAP's policy training with conditioning off), or a pinned export."""
+
+    datasets: list[SftDataset] = field(default_factory=list)
+    """Demonstrations to clone (ignored when `export` is set)."""
+    export: str | None = None
+    """A pinned SFT policy export folder (model.safetensors, policy.json, ...): used as is, nothing trains."""
+    model: PolicyModelSection = field(default_factory=PolicyModelSection)
+    """The policy preset."""
+    train: TrainConfig = field(default_factory=_sft_train)
+    """The BC trainer (steps, batch, lr, launcher)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RlSection:
+    """The `rl` stage: GRPO from the SFT policy (reproduction/recipes/grpo/objective.py, sde.py)."""
+
+    tasks: list[str] = field(default_factory=lambda: ["FetchPush-v4"])
+    """Simulator tasks of the training rollouts (init state i of a step uses tasks[i % len(tasks)])."""
+    steps: int = 40
+    """Optimizer steps in total (`--target-step` raises it)."""
+    init_states: int = 8
+    """B: initial states (reset seeds) per rollout round, each with a group of `group_size` rollouts."""
+    micro_init_states: int = 8
+    """Init states per forward/backward (gradient accumulation = init_states / micro_init_states)."""
+    group_size: int = 8
+    """G: rollouts per initial state; advantages are standardised within the group."""
+    updates_per_rollout: int = 1
+    """PPO updates on each round's rollouts (mu); > 1 makes the clip bite. Divides steps and save_every."""
+    clip_eps: float = 0.2
+    """PPO clip range epsilon."""
+    kl_coef: float = 0.01
+    """beta: weight of the KL to the reference (SFT) policy, per denoising step."""
+    noise_level: float = 0.5
+    """a: the flow-SDE noise level of rollouts (RLinf's flow_sde default); evaluation stays on the ODE."""
+    logprob_steps: int = 2
+    """Denoising steps of each decision the loss trains on, drawn per (rollout, decision) from its seed (RLinf
+    trains on one random step per chunk); the full K costs K / logprob_steps times the loss."""
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip."""
+    reward: str = "success_at_end"
+    """success_at_end (cube at the goal when the episode ends) or success_once (at any step)."""
+    eval_every: int = 10
+    """Evaluate the live policy every N steps (and at the last) on `eval_episodes` held-out episodes; 0 = last only."""
+    eval_episodes: int = 20
+    """Episodes per task of the in-training evaluation (the eval stage runs the full one)."""
+    save_every: int = 10
+    """DCP checkpoint every N steps (and at the last); a multiple of eval_every and of updates_per_rollout."""
+    seed: int = 0
+    """Seeds the rollouts' init states and noise, and the trainer."""
+    cotrain_dataset: str | None = None
+    """Optional SFT co-training dataset (RL-Co's PPO + SFT form): a flow-matching loss on it is added."""
+    cotrain_weight: float = 0.0
+    """Weight of the co-training flow-matching loss (0 = off)."""
+    cotrain_batch: int = 64
+    """Frames per co-training micro batch."""
+    rollout_workers: int = 1
+    """Simulator worker processes the rollouts' envs are sliced over (the policy forward stays batched in the
+    trainer); 1 = envs in the trainer's process. Any count gives the same rollouts."""
+    launcher: str = "inprocess"
+    """Trainer launcher: inprocess (one worker) or ray."""
+    device: str = "cpu"
+    """Trainer device."""
+    cpu_threads: int = 0
+    """torch threads of the trainer (0 = torch's default)."""
+
+    def __post_init__(self) -> None:
+        k = "rl."
+        for name in (
+            "steps",
+            "init_states",
+            "micro_init_states",
+            "updates_per_rollout",
+            "eval_episodes",
+            "logprob_steps",
+        ):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{k}{name}={getattr(self, name)} must be >= 1", field=k + name)
+        if self.group_size < 2:
+            raise ConfigError(
+                f"{k}group_size={self.group_size} must be >= 2 (a group of one has no spread)", field=k + "group_size"
+            )
+        if self.init_states % self.micro_init_states:
+            raise ConfigError(
+                f"{k}init_states={self.init_states} is not a multiple of {k}micro_init_states={self.micro_init_states}",
+                field=k + "micro_init_states",
+            )
+        if not 0.0 < self.clip_eps < 1.0:
+            raise ConfigError(f"{k}clip_eps={self.clip_eps} is outside (0, 1)", field=k + "clip_eps")
+        if not self.kl_coef >= 0.0 or not self.cotrain_weight >= 0.0:
+            raise ConfigError(f"{k}kl_coef and {k}cotrain_weight must be >= 0", field=k + "kl_coef")
+        if not self.noise_level > 0.0:
+            raise ConfigError(
+                f"{k}noise_level={self.noise_level} must be > 0 (it gives the log-prob)", field=k + "noise_level"
+            )
+        if self.reward not in ("success_at_end", "success_once"):
+            raise ConfigError(f"{k}reward={self.reward!r} is not success_at_end or success_once", field=k + "reward")
+        mu = self.updates_per_rollout
+        for name in ("steps", "save_every"):
+            if getattr(self, name) % mu:
+                raise ConfigError(
+                    f"{k}{name}={getattr(self, name)} is not a multiple of {k}updates_per_rollout={mu}",
+                    field=k + name,
+                    hint="a checkpoint must fall on a rollout-round boundary, so a resume regenerates no rollout",
+                )
+        if self.cotrain_weight > 0 and not self.cotrain_dataset:
+            raise ConfigError(
+                f"{k}cotrain_weight={self.cotrain_weight} names no {k}cotrain_dataset", field=k + "cotrain_dataset"
+            )
+        self.train_config()  # the trainer's own rules, named
+
+    def train_config(self, max_steps: int | None = None) -> TrainConfig:
+        """The trainer's config: one "sample" is one init state (its group of rollouts)."""
+        steps = int(max_steps if max_steps is not None else self.steps)
+        if steps % self.updates_per_rollout:
+            raise ConfigError(
+                f"target step {steps} is not a multiple of rl.updates_per_rollout={self.updates_per_rollout}",
+                field="rl.steps",
+            )
+        return TrainConfig(
+            max_steps=steps,
+            global_batch=self.init_states,
+            micro_batch=self.micro_init_states,
+            launcher=self.launcher,
+            device=self.device,
+            seed=self.seed,
+            shuffle=False,
+            lr=self.lr,
+            grad_clip=self.grad_clip,
+            weight_decay=0.0,
+            eval_interval=self.eval_every,
+            save_interval=self.save_every,
+            log_interval=1,
+            canary_samples=1,
+            cpu_threads=self.cpu_threads,
+        )
+
+
+@dataclass(kw_only=True, slots=True)
+class GrpoEvalSection:
+    """The `eval` stage: the SFT and the RL policy on the same held-out episodes (odd "eval" reset seeds)."""
+
+    tasks: list[str] = field(default_factory=lambda: ["FetchPush-v4"])
+    """Simulator tasks."""
+    episodes_per_task: int = 100
+    """Episodes per task and policy."""
+    seed: int = 100000
+    """Evaluation seed (which held-out states)."""
+    workers: int = 1
+    """Simulator worker processes."""
+    videos: int = 0
+    """MP4s of the first N episodes per task."""
+    reference: str | None = None
+    """Reference evidence the compare stage compares with (none: compare records that there was none)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class GrpoRunConfig:
+    """A whole GRPO run."""
+
+    recipe: str = "grpo"
+    """The recipe this config is for."""
+    BUNDLE: str = ""
+    """The restored bundle's folder (set by `portable run`)."""
+    RUN: str = ""
+    """The run folder (set by `portable run`)."""
+    sft: SftSection = field(default_factory=SftSection)
+    """The SFT initialisation."""
+    rl: RlSection = field(default_factory=RlSection)
+    """Online RL."""
+    eval: GrpoEvalSection = field(default_factory=GrpoEvalSection)
+    """Evaluation and evidence."""
+    ray_address: str | None = None
+    """Join this Ray cluster instead of starting a local one."""
+    min_free_gb: float = 1.0
+    """Preflight: free disk space the run folder needs (GiB)."""
+
+    def __post_init__(self) -> None:
+        if self.recipe != "grpo":
+            raise ConfigError(f"recipe={self.recipe!r} in a GRPO config", field="recipe", hint="set recipe: grpo")
+
+
+def to_plain(config: Any) -> Any:
+    """A dataclass config as plain JSON-able values (what stage keys digest)."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(config):
+        return {f.name: to_plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
+    if isinstance(config, (list, tuple)):
+        return [to_plain(v) for v in config]
+    if isinstance(config, dict):
+        return {str(k): to_plain(v) for k, v in config.items()}
+    return config

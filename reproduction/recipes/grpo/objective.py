@@ -1,0 +1,62 @@
+"""The GRPO objective: group-relative advantages and the PPO-clip loss with a KL penalty to the reference.
+
+For init state b and its G rollouts with rewards R_{b,1..G} (GRPO, Shao et al. 2024, "DeepSeekMath",
+arXiv:2402.03300, section 4.1):
+
+    A_{b,g} = (R_{b,g} - mean_g R_{b,.}) / std_g R_{b,.}      (population std; a group whose rewards are all
+                                                             equal, std < 1e-8, gets A = 0: no signal)
+
+Every denoising step j of every chunk of rollout (b, g) carries A_{b,g} (an outcome reward). With
+r_j = exp(log pi_theta(j) - log pi_old(j)) (sde.py: one Gaussian step's log-prob),
+
+    L = mean_j [ -min(r_j A_j, clip(r_j, 1 - eps, 1 + eps) A_j) + beta * KL_j(pi_theta || pi_ref) ]
+
+averaged over all steps of the batch (zero-advantage groups stay in the mean: they still carry the KL term).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+ZERO_STD = 1e-8
+"""A group whose reward std is below this has no learning signal (A = 0)."""
+
+
+def group_advantages(rewards: np.ndarray) -> np.ndarray:
+    """(B, G) rewards -> (B, G) float64 advantages standardised within each row; constant rows give zeros."""
+    r = np.asarray(rewards, np.float64)
+    if r.ndim != 2:
+        raise ValueError(f"rewards must be (groups, group_size), got shape {r.shape}")
+    mean = r.mean(axis=1, keepdims=True)
+    std = r.std(axis=1, keepdims=True)
+    flat = std < ZERO_STD
+    return np.where(flat, 0.0, (r - mean) / np.where(flat, 1.0, std))
+
+
+def ppo_clip_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantage: torch.Tensor,
+    *,
+    clip_eps: float,
+    kl: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """(loss, metrics) of the module docstring's L over elementwise tensors of the same shape.
+
+    Metrics: clip_fraction (share of ratios outside [1 - eps, 1 + eps]), ratio_mean, policy_loss, kl."""
+    ratio = torch.exp(log_prob - old_log_prob)
+    unclipped = ratio * advantage
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantage
+    policy = -torch.minimum(unclipped, clipped).mean()
+    kl_mean = kl.mean() if kl is not None else torch.zeros((), dtype=policy.dtype, device=policy.device)
+    loss = policy + kl_coef * kl_mean
+    with torch.no_grad():
+        outside = ((ratio < 1.0 - clip_eps) | (ratio > 1.0 + clip_eps)).float().mean()
+    return loss, {
+        "clip_fraction": float(outside),
+        "ratio_mean": float(ratio.detach().mean()),
+        "policy_loss": float(policy.detach()),
+        "kl": float(kl_mean.detach()),
+    }

@@ -1,0 +1,48 @@
+"""The GRPO recipe's preflight: every problem with its inputs, collected before anything runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[str] | None = None) -> list[Any]:
+    """Problems (errors) with the sft inputs, the tasks, the reference and the disk; datasets it opens go into
+    `opened` (keyed like stages.open_inputs) so the run opens each once. Nothing is written."""
+    from reproduction.data.reader import open_dataset
+    from reproduction.errors import ConfigError, InputNotFoundError, PortableError
+    from reproduction.recipes.grpo.stages import OpenedDataset
+    from reproduction.run.preflight import disk_problems
+    from reproduction.sim.tasks import get_task
+
+    problems: list[Any] = []
+    sft = config.sft
+    if sft.export:
+        if not (Path(sft.export) / "policy.json").is_file():
+            problems.append(InputNotFoundError(f"sft.export: {sft.export} is not a policy export", path=sft.export))
+    elif not sft.datasets:
+        problems.append(
+            ConfigError("sft: neither sft.datasets nor sft.export is set", field="sft", hint="add sft.datasets")
+        )
+    paths = [] if sft.export else [(f"sft.datasets[{i}].path", d.path) for i, d in enumerate(sft.datasets)]
+    if config.rl.cotrain_dataset:
+        paths.append(("rl.cotrain_dataset", config.rl.cotrain_dataset))
+    for key, path in paths:
+        if not Path(path).exists():
+            problems.append(InputNotFoundError(f"{key}: dataset {path} does not exist", path=path))
+            continue
+        try:
+            opened[str(Path(path))] = OpenedDataset(open_dataset(Path(path)))
+        except PortableError as exc:
+            problems.append(type(exc)(f"{key}: {exc.message}", hint=exc.hint))
+    for key, tasks in (("rl.tasks", config.rl.tasks), ("eval.tasks", config.eval.tasks)):
+        for task in tasks:
+            try:
+                get_task(task)
+            except PortableError as exc:
+                problems.append(ConfigError(f"{key}: {exc.message}", field=key, hint=exc.hint))
+    reference = config.eval.reference
+    if reference and "compare" in (stages or ["compare"]) and not Path(reference).is_file():
+        problems.append(InputNotFoundError(f"eval.reference: {reference} is not a file", path=reference))
+    problems += [ConfigError(p, field="min_free_gb") for p in disk_problems(run_dir, config.min_free_gb)]
+    return problems

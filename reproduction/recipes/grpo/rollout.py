@@ -1,0 +1,207 @@
+"""Group rollouts: B initial states x G rollouts each, stepped in lockstep with one batched policy forward.
+
+    for each decision (every `execute_steps` env steps, 50 / 2 = 25 per Fetch episode):
+        observation (n, S) -> normalised state; one flow-SDE chain for all n = B * G envs (sde.sample_chain),
+        one batched velocity forward per denoising step; the reference policy's step means at the same
+        points (one forward over n * K rows); the executed actions step every env
+    reward of a rollout = success at the episode's end (or at any step), in {0, 1}
+
+Deterministic given the seeds: an env's reset seed fixes its initial state, and its noise (initial noise and
+every step's z) comes from its own torch.Generator seeded by `noise_seeds[i]`, drawn in a fixed order, so a
+rollout does not depend on which other rows share the batch. The envs step in this process or in simulator
+worker processes (envs.py); the policy forward stays one batched call over all rows here. `PolicyHead` adapts a
+camera-free `tiny` policy (reproduction/recap/policy/model.py) for batched velocity calls over arrays.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from reproduction.recipes.grpo import sde
+
+
+@dataclass(kw_only=True)
+class PolicyHead:
+    """Batched velocity of a camera-free tiny policy over (normalised state, task id) rows."""
+
+    model: Any
+    collator: Any
+    """recap.policy.task.PolicyCollator with the export's tasks."""
+    stats: dict[str, Any]
+    chunk: int
+    action_dim: int
+    """The model's action width (the env's 4 for tiny)."""
+    env_action_dim: int
+    tasks: list[str]
+
+    @property
+    def s_mean(self) -> np.ndarray:
+        return np.asarray(self.stats["state_mean"], np.float32)
+
+    @property
+    def s_std(self) -> np.ndarray:
+        return np.asarray(self.stats["state_std"], np.float32)
+
+    def normalise_state(self, raw: np.ndarray) -> np.ndarray:
+        return ((np.asarray(raw, np.float32) - self.s_mean) / self.s_std).astype(np.float32)
+
+    def to_env(self, x: np.ndarray) -> np.ndarray:
+        """Normalised actions (..., A) -> env actions (..., env dims)."""
+        a_mean = np.asarray(self.stats["action_mean"], np.float32)
+        a_std = np.asarray(self.stats["action_std"], np.float32)
+        return (x[..., : self.env_action_dim] * a_std + a_mean).astype(np.float32)
+
+    def model_batch(self, state: np.ndarray, task_ids: np.ndarray) -> dict[str, torch.Tensor]:
+        """The model's batch for rows (normalised state, task id): each distinct prompt runs its prefix once."""
+        ids, mask, index = self.collator.prompt_table(np.asarray(task_ids, np.int64), np.zeros(len(task_ids), np.int64))
+        return {
+            "state": torch.from_numpy(np.ascontiguousarray(state, np.float32)),
+            "prompt_ids": ids,
+            "prompt_mask": mask,
+            "prompt_index": index,
+        }
+
+    def velocity(self, batch: dict[str, torch.Tensor], x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return self.model(batch, x, t)
+
+
+def load_head(export_dir: Path | str, *, model: Any = None) -> PolicyHead:
+    """The PolicyHead of a policy export (its weights loaded strictly into `model`, or a new model)."""
+    from reproduction.recap.policy.export import read_export
+    from reproduction.recap.policy.model import PolicyModelConfig, build_policy_model
+    from reproduction.recap.policy.task import PolicyCollator
+    from reproduction.recap.tokenizer import load_tokenizer
+    from reproduction.recap.value.weights import load_safetensors_strict
+
+    export_dir = Path(export_dir)
+    meta = read_export(export_dir)
+    mcfg = PolicyModelConfig.from_dict(json.loads((export_dir / "model_config.json").read_text(encoding="utf-8")))
+    if model is None:
+        model = build_policy_model(mcfg)
+    load_safetensors_strict(model, export_dir / "model.safetensors")
+    collator = PolicyCollator(load_tokenizer(export_dir / meta["tokenizer"]), list(meta["tasks"]))
+    return PolicyHead(
+        model=model,
+        collator=collator,
+        stats=meta["stats"],
+        chunk=int(meta["chunk"]),
+        action_dim=mcfg.action_dim,
+        env_action_dim=len(meta["stats"]["action_mean"]),
+        tasks=list(meta["tasks"]),
+    )
+
+
+@dataclass(kw_only=True, frozen=True)
+class RolloutSpec:
+    """How rollouts sample and step."""
+
+    num_steps: int
+    """K denoising steps."""
+    noise_level: float
+    """Flow-SDE noise level a."""
+    execute_steps: int
+    """Actions of each chunk executed before the next decision."""
+    episode_steps: int = 50
+    """Env steps per episode (Fetch: always 50)."""
+
+
+@dataclass(kw_only=True)
+class Rollouts:
+    """n rollouts' decisions (D per episode) as arrays; row i of every array is rollout i."""
+
+    state: np.ndarray
+    """(n, D, S) float32 normalised state + goal at each decision."""
+    task_id: np.ndarray
+    """(n,) int64 index into the head's task list."""
+    chain: np.ndarray
+    """(n, D, K + 1, H, A) float32 the SDE chains (x_0 noise ... x_K the chunk)."""
+    log_prob: np.ndarray
+    """(n, D, K) float32 each step's log-prob under the sampling policy (executed dims)."""
+    ref_mean: np.ndarray | None
+    """(n, D, K, h, a) float32 the reference policy's step means at the chain's points (executed dims)."""
+    success_once: np.ndarray
+    success_at_end: np.ndarray
+    """(n,) bool outcomes."""
+
+
+def rollout(
+    head: PolicyHead,
+    envs: Any,
+    *,
+    reset_seeds: list[int],
+    noise_seeds: list[int],
+    task_ids: list[int],
+    spec: RolloutSpec,
+    ref: PolicyHead | None = None,
+) -> Rollouts:
+    """Run len(envs) episodes in lockstep (module docstring); env i is reset with `reset_seeds[i]`.
+
+    `envs`: a list of FetchSims of this process, or an env group (envs.py: LocalEnvs, EnvWorkers). The models are
+    only read (no grad); the envs' state is mutated. Raises what the sim (or a dead worker) raises."""
+    from reproduction.recipes.grpo.envs import LocalEnvs
+
+    if isinstance(envs, list):
+        envs = LocalEnvs(envs)
+    n, k_steps = len(envs), spec.num_steps
+    h, a = min(spec.execute_steps, head.chunk), head.env_action_dim
+    gens = []
+    for s in noise_seeds:
+        g = torch.Generator()
+        g.manual_seed(int(s))
+        gens.append(g)
+    obs = envs.reset([int(seed) for seed in reset_seeds])
+    tids = np.asarray(task_ids, np.int64)
+    states, chains, logps, refs = [], [], [], []
+    once = np.zeros(n, bool)
+    shape = (head.chunk, head.action_dim)
+    step = 0
+    with torch.no_grad():
+        while step < spec.episode_steps:
+            raw = np.stack([np.concatenate([o["observation.state"], o["observation.goal"]]) for o in obs])
+            state = head.normalise_state(raw)
+            batch = head.model_batch(state, tids)
+            draws = [torch.randn((1 + k_steps, *shape), generator=g) for g in gens]  # per env, fixed order
+            noise = torch.stack([d[0] for d in draws])
+            step_noise = torch.stack([d[1:] for d in draws], dim=1)  # (K, n, H, A)
+            chain, _, logp = sde.sample_chain(
+                lambda x, t: head.velocity(batch, x, t), noise, step_noise, k_steps, spec.noise_level, (h, a)
+            )
+            if ref is not None:
+                refs.append(reference_means(ref, state, tids, chain, spec)[..., :h, :a])
+            states.append(state)
+            chains.append(chain.numpy())
+            logps.append(logp.numpy())
+            j = min(h, spec.episode_steps - step)
+            obs, hit = envs.step(head.to_env(chain[:, -1, :j].numpy()))
+            once |= hit
+            step += j
+    return Rollouts(
+        state=np.stack(states, 1),
+        task_id=tids,
+        chain=np.stack(chains, 1).astype(np.float32),
+        log_prob=np.stack(logps, 1).astype(np.float32),
+        ref_mean=np.stack(refs, 1).astype(np.float32) if ref is not None else None,
+        success_once=once,
+        success_at_end=np.asarray(envs.success(), bool),
+    )
+
+
+def reference_means(
+    ref: PolicyHead, state: np.ndarray, task_ids: np.ndarray, chain: torch.Tensor, spec: RolloutSpec
+) -> np.ndarray:
+    """(n, K, H, A) the reference policy's SDE step means at the chain's points x_0..x_{K-1}, one forward."""
+    n, k_steps = chain.shape[0], spec.num_steps
+    x = chain[:, :k_steps].reshape(n * k_steps, *chain.shape[2:])
+    kk = torch.arange(k_steps).repeat(n)
+    t = sde.timesteps(k_steps)[kk].float()
+    rows = np.repeat(np.arange(n), k_steps)
+    batch = ref.model_batch(state[rows], task_ids[rows])
+    v = ref.velocity(batch, x, t)
+    mean = sde.sde_mean(x, v, kk, k_steps, spec.noise_level)
+    return mean.reshape(n, k_steps, *chain.shape[2:]).numpy()

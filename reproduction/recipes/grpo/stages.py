@@ -1,0 +1,235 @@
+"""The GRPO recipe's stage functions: sft, rl, eval, compare (each takes the runner's StageContext).
+
+sft/export/                    the SFT policy (BC on sft.datasets, or a copy of the pinned sft.export)
+rl/grpo_setup.json rl/checkpoints/ rl/metrics.jsonl rl/export/      GRPO training (task.py)
+eval/<label>/                  the simulator's per-policy output
+evidence/eval_grpo_<step>.json evaluation evidence: primary "grpo", baseline "sft", per-episode reset seeds
+compare/compare.json, evidence/comparison.json    the evidence against eval.reference (when set)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from reproduction.run.recipe import StageContext, StageOutput
+
+
+class OpenedDataset:
+    """A dataset of the run opened once; the runner keys stages on `.fingerprint`, lineage names `.root`."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    @property
+    def root(self) -> Path:
+        return Path(self.dataset.root)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.dataset.fingerprint
+
+
+def open_inputs(config: Any) -> dict[str, OpenedDataset]:
+    """The sft datasets (unless an export is pinned) and the co-training dataset, opened once."""
+    from reproduction.data.reader import open_dataset
+
+    paths = [] if config.sft.export else [d.path for d in config.sft.datasets]
+    if config.rl.cotrain_dataset:
+        paths.append(config.rl.cotrain_dataset)
+    out = {}
+    for p in paths:
+        ds = open_dataset(Path(p))
+        out[str(Path(p))] = OpenedDataset(ds)
+    return out
+
+
+def _jsonable(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=str))
+
+
+# -- sft ------------------------------------------------------------------------------------------
+
+
+def sft_stage(ctx: StageContext) -> StageOutput:
+    """BC on sft.datasets with RECAP's policy training (mode bc), or a copy of the pinned sft.export."""
+    from reproduction.recap.policy.export import read_export
+
+    cfg = ctx.config.sft
+    export = ctx.out_dir / "export"
+    if cfg.export:
+        read_export(Path(cfg.export))  # refuses a folder that is not a policy export, naming it
+        staging = ctx.out_dir / "export.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(cfg.export, staging)
+        shutil.rmtree(export, ignore_errors=True)
+        staging.rename(export)
+        files = sorted(p for p in export.rglob("*") if p.is_file())
+        return StageOutput(files=files, summary={"pinned": str(cfg.export)}, step=0)
+    from dataclasses import replace
+
+    from reproduction.recap.policy.data import PolicySource, open_policy_input
+    from reproduction.recap.policy.task import PolicyStageConfig, train_policy
+    from reproduction.recipes.grpo.config import to_plain
+
+    train = cfg.train if ctx.target_step is None else replace(cfg.train, max_steps=ctx.target_step)
+    model = to_plain(cfg.model)
+    stage = PolicyStageConfig(mode="bc", train=to_plain(train), **model)
+    inputs = []
+    for d in cfg.datasets:
+        opened = ctx.inputs[str(Path(d.path))].dataset
+        source = PolicySource(path=str(opened.root), type="sft", weight=d.weight, name=opened.name)
+        inputs.append(open_policy_input(source, need_labels=False, dataset=opened))
+    result = train_policy(inputs, stage, ctx.out_dir, resume=ctx.resume, ui=ctx.ui)
+    return StageOutput(
+        files=list(result.files),
+        summary=_jsonable({"step": result.step, "train_metrics": result.train_metrics, "data": result.summary}),
+        step=result.step,
+        resumed_from=result.resumed_from,
+        resumed_from_path=ctx.out_dir / "checkpoints" if result.resumed_from is not None else None,
+        world_size=train.world_size,
+        device=train.device,
+    )
+
+
+# -- rl -------------------------------------------------------------------------------------------
+
+
+def rl_stage(ctx: StageContext) -> StageOutput:
+    """GRPO from sft/export into rl/ (continues from its newest checkpoint with --resume)."""
+    from reproduction.recipes.grpo.train import train_grpo
+
+    cfg = ctx.config
+    cotrain = ctx.inputs.get(str(Path(cfg.rl.cotrain_dataset))) if cfg.rl.cotrain_dataset else None
+    result = train_grpo(
+        cfg,
+        ctx.run_dir / "sft" / "export",
+        ctx.out_dir,
+        resume=ctx.resume,
+        target_step=ctx.target_step,
+        cotrain=cotrain.dataset if cotrain is not None else None,
+        ray_address=ctx.ray_address,
+        ui=ctx.ui,
+    )
+    return StageOutput(
+        files=result["files"],
+        summary=_jsonable(result["summary"]),
+        step=result["step"],
+        resumed_from=result["resumed_from"],
+        resumed_from_path=ctx.out_dir / "checkpoints" if result["resumed_from"] is not None else None,
+        world_size=1,
+        device=cfg.rl.device,
+    )
+
+
+# -- eval -----------------------------------------------------------------------------------------
+
+
+def eval_stage(ctx: StageContext) -> StageOutput:
+    """The SFT and the GRPO policy on the same held-out episodes -> evidence/eval_grpo_<step>.json."""
+    exports = {
+        "grpo": (ctx.run_dir / "rl" / "export", ctx.upstream["rl"].step),
+        "sft": (ctx.run_dir / "sft" / "export", ctx.upstream["sft"].step),
+    }
+    return evaluate_exports(ctx.config, exports, ctx.out_dir, ctx.run_dir, ui=ctx.ui)
+
+
+def evaluate_exports(
+    config: Any, exports: dict[str, tuple[Path, int | None]], out_dir: Path, run_dir: Path, *, ui: Any = None
+) -> StageOutput:
+    """Evaluate {label: (export, step)} with reproduction/sim/evaluate.py (one worker pool for all) and write
+    the evidence (reproduction/run/evidence.py): the first label is the primary, the rest baselines."""
+    from reproduction.recap.policy.export import PolicyFactory, read_export
+    from reproduction.run import evidence
+    from reproduction.run.lineage import path_sha256
+    from reproduction.sim.evaluate import EvalConfig, EvalJob, evaluate_many
+
+    ev = config.eval
+    jobs, todo = [], []
+    for label, (export, step) in exports.items():
+        meta = read_export(export)
+        sim_cfg = EvalConfig(
+            tasks=tuple(ev.tasks),
+            episodes_per_task=ev.episodes_per_task,
+            seed=ev.seed,
+            execute_steps=int(meta["execute_steps"]),
+            videos=ev.videos,
+            workers=ev.workers,
+        )
+        jobs.append(
+            EvalJob(factory=PolicyFactory(export_dir=str(export)), config=sim_cfg, out_dir=Path(out_dir) / label)
+        )
+        todo.append((label, export, step))
+    outcome = evaluate_many(jobs, ui=ui)
+    records, results = [], {}
+    for (label, export, step), result in zip(todo, outcome):
+        counts = _counts(result)
+        inside = Path(export).resolve().is_relative_to(Path(run_dir).resolve())
+        records.append(
+            evidence.EvalRecord(
+                result=counts,
+                label=label,
+                mode="other" if label == "grpo" else "bc",
+                checkpoint=str(Path(export).resolve().relative_to(Path(run_dir).resolve())) if inside else str(export),
+                checkpoint_sha256=path_sha256(Path(export))[0],
+                step=step,
+            )
+        )
+        results[label] = {"tasks": counts["tasks"], "seconds": round(result.seconds, 3)}
+    primary = records[0]
+    step = primary.step or 0
+    doc = evidence.build_evidence(
+        primary,
+        name=f"grpo after {step} steps",
+        run_id=Path(run_dir).name,
+        seeds={"eval": ev.seed, "rl": config.rl.seed, "sft": config.sft.train.seed},
+        settings={"tasks": list(ev.tasks), "episodes_per_task": ev.episodes_per_task, "recipe": "grpo"},
+        baselines=records[1:],
+    )
+    path = evidence.write_evidence(Path(run_dir) / "evidence" / f"eval_grpo_{step}.json", doc)
+    summary = {"evidence": str(path.relative_to(run_dir)), "results": results}
+    return StageOutput(files=[path], summary=_jsonable(summary), world_size=ev.workers)
+
+
+def _counts(result: Any) -> dict[str, Any]:
+    """Per-task counts and each episode's outcome and reset seed (RECAP's eval records the same shape)."""
+    keys = ("episode", "reset_seed", "success_once", "success_at_end")
+    return {
+        "tasks": {
+            name: {"episodes": t.episodes, "success_once": t.success_once, "success_at_end": t.success_at_end}
+            for name, t in result.tasks.items()
+        },
+        "per_episode": {
+            name: [{k: e[k] for k in keys if k in e} for e in t.episode_metrics] for name, t in result.tasks.items()
+        },
+    }
+
+
+# -- compare --------------------------------------------------------------------------------------
+
+
+def compare_stage(ctx: StageContext) -> StageOutput:
+    """The eval stage's evidence against eval.reference -> evidence/comparison.json and compare/compare.json."""
+    import hashlib
+
+    from reproduction.fsio import atomic_write_text
+    from reproduction.run import evidence
+
+    evidence_rel = ctx.upstream["eval"].summary["evidence"]
+    reference = ctx.config.eval.reference
+    cmp_path = ctx.run_dir / "evidence" / "comparison.json"
+    doc: dict[str, Any] = {"evidence": evidence_rel, "reference": reference or None, "verdict": None}
+    files = []
+    if reference:
+        comparison = evidence.compare_files(ctx.run_dir / evidence_rel, Path(reference), out=cmp_path).to_dict()
+        doc["reference_sha256"] = hashlib.sha256(Path(reference).read_bytes()).hexdigest()
+        doc["comparison"] = str(cmp_path.relative_to(ctx.run_dir))
+        doc["verdict"] = comparison["verdict"]
+        files.append(cmp_path)
+    else:
+        cmp_path.unlink(missing_ok=True)
+    record = ctx.out_dir / "compare.json"
+    atomic_write_text(record, json.dumps(doc, indent=1) + "\n")
+    return StageOutput(files=[record, *files], summary=_jsonable(doc))

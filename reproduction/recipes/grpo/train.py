@@ -1,0 +1,154 @@
+"""`train_grpo`: write the rl stage's setup (refusing a changed one on resume) and run the trainer on task.py's job."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from reproduction.errors import CheckpointError, ConfigError
+from reproduction.fsio import atomic_write_text
+from reproduction.recipes.grpo.task import SETUP_NAME, file_sha256, make_grpo_task
+
+FREE_ON_RESUME = (
+    "steps",
+    "eval_every",
+    "eval_episodes",
+    "save_every",
+    "launcher",
+    "device",
+    "cpu_threads",
+    "micro_init_states",
+    "rollout_workers",
+)
+"""rl fields a resume may change: they shape neither the rollouts nor the updates (micro_init_states only splits
+a step's init states into micro batches: the same rollouts, the same summed gradient)."""
+
+
+def train_grpo(
+    config: Any,
+    sft_export: Path,
+    out_dir: Path,
+    *,
+    resume: bool = False,
+    target_step: int | None = None,
+    cotrain: Any = None,
+    ray_address: str | None = None,
+    ui: Any = None,
+) -> dict[str, Any]:
+    """GRPO from the policy export `sft_export` into `out_dir` (task.py's layout); returns files, step, summary.
+
+    Raises ConfigError when an rl task is not one the SFT policy knows, CheckpointError when resuming with a
+    setup that changed (naming the fields) or when `resume` is off over existing checkpoints, and what the
+    trainer raises."""
+    from reproduction.recap.policy.export import read_export
+    from reproduction.recipes.grpo.config import to_plain
+    from reproduction.sim.tasks import get_task
+    from reproduction.train.api import train
+    from reproduction.train.checkpoint import complete_steps
+
+    out_dir, sft_export = Path(out_dir), Path(sft_export)
+    rl = config.rl
+    train_cfg = rl.train_config(max_steps=target_step)
+    meta = read_export(sft_export)
+    unknown = [t for t in rl.tasks if get_task(t).language not in meta["tasks"]]
+    if unknown:
+        raise ConfigError(
+            f"rl.tasks {unknown} are not tasks the SFT policy was trained on ({meta['tasks']})",
+            field="rl.tasks",
+            hint="train the SFT stage on demonstrations of those tasks, or pick rl.tasks among them",
+        )
+    trained = bool(complete_steps(out_dir / "checkpoints"))
+    if trained and not resume:
+        raise CheckpointError(
+            f"{out_dir / 'checkpoints'} already holds checkpoints and resume is off",
+            path=out_dir / "checkpoints",
+            hint="pass --resume to continue, or train into a new folder",
+        )
+    setup = {
+        "format_version": 1,
+        "rl": to_plain(rl),
+        "eval": to_plain(config.eval),
+        "sft_export": str(sft_export.resolve()),
+        "sft_weights_sha256": file_sha256(sft_export / "model.safetensors"),
+        "model_config": json.loads((sft_export / "model_config.json").read_text(encoding="utf-8")),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if cotrain is not None:
+        setup["cotrain"] = _cotrain_arrays(cotrain, meta, out_dir)
+    if trained:
+        _refuse_changed(out_dir / SETUP_NAME, setup)
+    atomic_write_text(out_dir / SETUP_NAME, json.dumps(setup, indent=1, sort_keys=True))
+    result = train(
+        functools.partial(make_grpo_task, setup_path=str((out_dir / SETUP_NAME).resolve())),
+        train_cfg,
+        out_dir=out_dir,
+        resume=resume,
+        ray_address=ray_address,
+        ui=ui,
+    )
+    files = [out_dir / SETUP_NAME] + sorted(p for p in result.export_dir.rglob("*") if p.is_file())
+    return {
+        "files": files,
+        "step": result.step,
+        "resumed_from": result.resumed_from,
+        "summary": {
+            "step": result.step,
+            "train_metrics": result.train_metrics,
+            "eval_metrics": result.eval_metrics,
+            "export": str(result.export_dir),
+        },
+    }
+
+
+def _cotrain_arrays(dataset: Any, meta: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """The co-training dataset's flat BC arrays (RECAP's build_arrays, mode bc), task ids mapped onto the SFT
+    policy's task list; saved as <out>/cotrain.npz."""
+    import numpy as np
+
+    from reproduction.recap.policy.data import PolicySource, build_arrays, open_policy_input
+
+    source = PolicySource(path=str(dataset.root), type="sft", weight=1.0, name=dataset.name)
+    arrays, summary = build_arrays(
+        [open_policy_input(source, need_labels=False, dataset=dataset)],
+        mode="bc",
+        chunk=int(meta["chunk"]),
+        hold_labels=False,
+    )
+    missing = [t for t in arrays.tasks if t not in meta["tasks"]]
+    if missing:
+        raise ConfigError(
+            f"rl.cotrain_dataset holds tasks {missing} the SFT policy does not know", field="rl.cotrain_dataset"
+        )
+    mapping = np.array([meta["tasks"].index(t) for t in arrays.tasks], np.int64)
+    arrays.task_id = mapping[arrays.task_id]
+    arrays.tasks = list(meta["tasks"])
+    path = out_dir / "cotrain.npz"
+    arrays.save(path)
+    return {"arrays": str(path.resolve()), "fingerprint": dataset.fingerprint, "frames": len(arrays)}
+
+
+def _refuse_changed(path: Path, new: dict[str, Any]) -> None:
+    """CheckpointError naming every field of the setup that changed since the checkpoints were written."""
+    if not path.is_file():
+        raise CheckpointError(f"cannot resume: {path} is missing", path=path, hint="train into a new folder")
+    old = json.loads(path.read_text(encoding="utf-8"))
+    changes = [
+        f"rl.{k}: {old['rl'].get(k)!r} -> {new['rl'].get(k)!r}"
+        for k in sorted(set(old["rl"]) | set(new["rl"]))
+        if k not in FREE_ON_RESUME and old["rl"].get(k) != new["rl"].get(k)
+    ]
+    for key in ("sft_weights_sha256", "model_config"):
+        if old.get(key) != new.get(key):
+            changes.append(f"{key} differs")
+    if old.get("eval", {}).get("seed") != new["eval"].get("seed"):
+        changes.append("eval.seed (the in-training evaluation's episodes)")
+    if old.get("cotrain", {}).get("fingerprint") != new.get("cotrain", {}).get("fingerprint"):
+        changes.append("the co-training dataset")
+    if changes:
+        raise CheckpointError(
+            f"cannot resume {path.parent}: the setup changed ({'; '.join(changes)})",
+            path=path,
+            hint="restore those settings, or train into a new folder",
+        )

@@ -1,0 +1,133 @@
+"""The GRPO recipe value, its config schema, and one short run through the runner (sft, rl, eval, compare)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reproduction.recipes.grpo import GRPO
+from reproduction.recipes.grpo.config import GrpoRunConfig, to_plain
+from reproduction.run.config import load_config, select
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = REPO / "bundle" / "grpo" / "config.yaml"
+
+
+def test_recipe_graph_and_training_keys():
+    assert GRPO.name == "grpo"
+    assert [s.name for s in GRPO.stages] == ["sft", "rl", "eval", "compare"]
+    assert GRPO.stage("rl").needs == ("sft",) and GRPO.stage("eval").needs == ("sft", "rl")
+    plain = to_plain(GrpoRunConfig())
+    for spec in GRPO.stages:
+        for key in spec.config + tuple(k for k in (spec.training,) if k):
+            assert select(plain, key) is not None or key == "eval.reference", (spec.name, key)
+    assert GRPO.stage("rl").training == "rl.steps" and GRPO.stage("sft").training == "sft.train.max_steps"
+
+
+def test_bundle_config_loads_with_the_schema(tmp_path):
+    cfg = load_config([CONFIG], ["rl.steps=40"], bundle=tmp_path, run_dir=tmp_path / "run", schema=GrpoRunConfig)
+    assert cfg.recipe == "grpo"
+    assert cfg.sft.datasets[0].path == f"{tmp_path}/data/sft"
+    assert (cfg.rl.group_size, cfg.rl.init_states, cfg.rl.steps, cfg.rl.updates_per_rollout) == (8, 8, 40, 2)
+    assert cfg.rl.train_config().global_batch == 8
+    from reproduction.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="group_size"):
+        load_config([CONFIG], ["rl.group_size=1"], bundle=tmp_path, run_dir=tmp_path / "run", schema=GrpoRunConfig)
+
+
+@pytest.mark.slow
+def test_a_short_run_through_the_runner_with_target_step(tmp_path):
+    """sft (20 BC steps on 3 demos) -> rl (2 steps) -> eval -> compare, then --resume --target-step 4 continues rl
+    from its step-2 checkpoint and re-evaluates; the evidence names both policies on the same reset seeds. A
+    second run from the same SFT weights (pinned as sft.export) that trains 4 steps at once, its envs in the
+    trainer's process instead of 2 simulator workers, ends with the same bytes: the resume is exact."""
+    from reproduction.run.record import make_recorder
+    from reproduction.run.runner import RunOptions, run_recipe
+    from reproduction.sim.generate import GenConfig, generate_dataset
+
+    generate_dataset(GenConfig(kind="sft", tasks=("FetchPush-v4",), episodes_per_task=3, cameras=()), tmp_path / "sft")
+    over = [
+        f"sft.datasets=[{{path: {tmp_path / 'sft'}}}]",
+        "sft.train.max_steps=20",
+        "sft.train.global_batch=64",
+        "sft.train.micro_batch=64",
+        "rl.steps=2",
+        "rl.init_states=2",
+        "rl.micro_init_states=1",
+        "rl.group_size=2",
+        "rl.updates_per_rollout=1",
+        "rl.rollout_workers=2",
+        "rl.eval_every=2",
+        "rl.save_every=2",
+        "rl.eval_episodes=1",
+        "eval.episodes_per_task=3",
+    ]
+    run = tmp_path / "run"
+    cfg = load_config([CONFIG], over, bundle=tmp_path, run_dir=run, schema=GrpoRunConfig)
+    report = run_recipe(GRPO, cfg, run, RunOptions(recorder=make_recorder(None)))
+    assert [(s.name, s.action) for s in report.stages] == [(n, "ran") for n in ("sft", "rl", "eval", "compare")]
+    rl_statement = json.loads((run / "lineage" / "rl.intoto.json").read_text())
+    assert "sft/export/model.safetensors" in json.dumps(rl_statement)  # rl's lineage names the SFT weights it read
+    assert sorted(p.name for p in (run / "lineage").glob("*.intoto.json")) == [
+        f"{n}.intoto.json" for n in ("compare", "eval", "rl", "sft")
+    ]
+    doc = json.loads((run / "evidence" / "eval_grpo_2.json").read_text())
+    assert doc["policy"]["label"] == "grpo" and doc["baselines"][0]["policy"]["label"] == "sft"
+    assert doc["tasks"]["FetchPush-v4"]["episodes"] == 3
+    seeds = doc["tasks"]["FetchPush-v4"]["outcomes"]["reset_seeds"]
+    assert len(seeds) == 3 and all(s % 2 == 1 for s in seeds)  # held-out: odd evaluation seeds
+    assert doc["baselines"][0]["tasks"]["FetchPush-v4"]["outcomes"]["reset_seeds"] == seeds
+    report = run_recipe(GRPO, cfg, run, RunOptions(resume=True, target_step=4))
+    actions = {s.name: s.action for s in report.stages}
+    assert actions["sft"] == "skipped" and actions["rl"] == "continued"
+    assert json.loads((run / "run.json").read_text())["stages"]["rl"]["step"] == 4
+    assert (run / "evidence" / "eval_grpo_4.json").is_file()
+    live = json.loads((run / "rl" / "evidence" / "eval_rl_4.json").read_text())
+    assert live["policy"]["checkpoint"]["step"] == 4 and live["tasks"]["FetchPush-v4"]["episodes"] == 1
+
+    straight = tmp_path / "straight"
+    pinned = [*over, f"sft.export={run / 'sft' / 'export'}", "rl.steps=4", "rl.rollout_workers=1"]
+    cfg = load_config([CONFIG], pinned, bundle=tmp_path, run_dir=straight, schema=GrpoRunConfig)
+    run_recipe(GRPO, cfg, straight, RunOptions(stages=["sft", "rl"]))
+    resumed = (run / "rl" / "export" / "model.safetensors").read_bytes()
+    assert (straight / "rl" / "export" / "model.safetensors").read_bytes() == resumed
+
+
+def test_resume_refuses_a_changed_setup_and_allows_free_fields(tmp_path):
+    from reproduction.errors import CheckpointError
+    from reproduction.recipes.grpo.config import RlSection
+    from reproduction.recipes.grpo.train import _refuse_changed
+
+    def setup(**rl):
+        return {"rl": to_plain(RlSection(**rl)), "eval": {"seed": 1}, "sft_weights_sha256": "ab", "model_config": {}}
+
+    path = tmp_path / "grpo_setup.json"
+    path.write_text(json.dumps(setup()))
+    _refuse_changed(path, setup(steps=80, eval_every=20, save_every=20, cpu_threads=2, micro_init_states=4))
+    with pytest.raises(CheckpointError, match=r"rl.lr: 0.0001 -> 0.0003; rl.noise_level: 0.5 -> 0.7") as err:
+        _refuse_changed(path, setup(lr=3e-4, noise_level=0.7))
+    assert "train into a new folder" in err.value.hint
+    changed = setup()
+    changed["sft_weights_sha256"] = "cd"
+    with pytest.raises(CheckpointError, match="sft_weights_sha256 differs"):
+        _refuse_changed(path, changed)
+
+
+def test_preflight_collects_every_problem(tmp_path):
+    from reproduction.errors import ConfigError, InputNotFoundError
+    from reproduction.recipes.grpo.preflight import preflight
+
+    over = [
+        f"sft.datasets=[{{path: {tmp_path / 'nope'}}}]",
+        "rl.tasks=[FetchSlide-v4]",
+        f"eval.reference={tmp_path / 'ref.json'}",
+    ]
+    cfg = load_config([CONFIG], over, bundle=tmp_path, run_dir=tmp_path / "run", schema=GrpoRunConfig)
+    problems = preflight(cfg, tmp_path / "run", {}, ["sft", "rl", "eval", "compare"])
+    kinds = sorted(type(p).__name__ for p in problems)
+    assert kinds == ["ConfigError", "InputNotFoundError", "InputNotFoundError"], problems
+    assert any(isinstance(p, ConfigError) and "rl.tasks" in p.message and "FetchSlide" in p.message for p in problems)
+    assert any(isinstance(p, InputNotFoundError) and "sft.datasets[0].path" in p.message for p in problems)
