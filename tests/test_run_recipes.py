@@ -260,9 +260,18 @@ def test_a_run_folder_of_one_recipe_refuses_another(toy, tmp_path):
 def test_a_run_folder_written_before_recipes_had_names_resumes(tmp_path):
     """tests/fixtures/run_v1_recap: `portable run --stages returns` by the code at bf2a15e (run.json without
     recipe_ref, its config without `recipe`). Resumed by today's code from another folder: the stage is skipped
-    (its key is unchanged), run.json gains recipe_ref and keeps its stage record."""
+    (its key is unchanged), run.json gains recipe_ref and keeps its stage record. The record's code digests are
+    first set to today's sources (with the key they give): an edit to the returns stage's code is meant to
+    change its key, and this test is about the record's shape, not about that code staying as it was."""
+    from reproduction.run.runner import digest, module_digest
+
     root = tmp_path / "old"
     shutil.copytree(FIXTURES / "run_v1_recap", root)
+    state = json.loads((root / "run" / "run.json").read_text())
+    record = state["stages"]["returns"]
+    record["key_parts"]["code"] = {m: module_digest(m) for m in record["key_parts"]["code"]}
+    record["key"] = digest(record["key_parts"])
+    (root / "run" / "run.json").write_text(json.dumps(state, indent=1))
     before = json.loads((root / "run" / "run.json").read_text())
     assert "recipe_ref" not in before and "recipe" not in before["config"]
     proc = portable(
