@@ -42,6 +42,8 @@ SPEC = REPO / "bundle" / "demo_libero.toml"
 CONFIGS = REPO / "bundle" / "demo_libero"
 REFERENCE = REPO / "evidence" / "demo_libero"
 """The tier's reference evidence (its own full run's eval JSON; README there says how it was made)."""
+REFERENCE_FILE = {False: "eval_policy_1500.json", True: "eval_policy_10.json"}
+"""The reference each tier compares with (full, quick): its own evaluation at its policy step count."""
 TASK = "libero_10/0"
 DATA = "libero10_task0"
 NOTE = (
@@ -154,6 +156,8 @@ def _run_tier(
     step("check", lambda: _check(restored, out / "check.json", ui=ui))
     run_dir = out / f"run{suffix}"
     seeded = [f"{k}={seed}" for k in SEEDED] if seed is not None else []
+    ref = restored / "evidence" / REFERENCE_FILE[quick]  # the full and the quick tier each have their own
+    seeded.append(f"eval.reference={ref if ref.is_file() else 'null'}")
     t0, c0 = time.perf_counter(), _cpu_s()
     sampler.take()
     report.run = _run(restored, run_dir, seeded + overrides, ui=ui)
