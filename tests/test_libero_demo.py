@@ -78,8 +78,9 @@ def test_quick_libero_tier_runs_end_to_end_and_says_it_reads_privileged_state(tm
     # the comparison with the tier's reference (evidence/demo_libero/): a verdict, written as a file
     cmp_path = run / "evidence" / "comparison.json"
     assert cmp_path.is_file(), state["stages"]["compare"]["summary"]
-    assert json.loads(cmp_path.read_text())["verdict"] in ("reproduced", "differs", "inconclusive")
-    assert "compared with" in proc.stderr or "verdict" in proc.stderr
+    verdict = json.loads(cmp_path.read_text())["verdict"]
+    assert verdict == "inconclusive"  # one init state cannot settle a 5-point margin; nothing differs
+    assert "against the reference evidence: inconclusive (0 differ" in proc.stderr
 
     # the tier's own numbers: step times, stage 3's label quality, the mechanism by rollout mode
     steps = {s["step"] for s in tier["steps"]}

@@ -110,7 +110,11 @@ def parse_task_ids(specs: list[str] | tuple[str, ...] | str) -> list[TaskRef]:
 
 
 def _resolve_one(ref: TaskRef, libero: dict) -> list[LiberoTask]:
-    suite = libero["benchmark"].get_benchmark_dict()[ref.suite]()
+    import contextlib
+    import sys
+
+    with contextlib.redirect_stdout(sys.stderr):  # LIBERO prints "[info] Applying task order ...": stdout is data
+        suite = libero["benchmark"].get_benchmark_dict()[ref.suite]()
     bddl_root = libero["get_libero_path"]("bddl_files")
     tasks = [suite.get_task(i) for i in range(suite.n_tasks)]
     if ref.every:
