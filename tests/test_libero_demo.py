@@ -126,3 +126,22 @@ def test_libero_tier_without_libero_names_the_extra_and_writes_nothing(tmp_path,
         demo_libero.run_libero_demo(tmp_path / "out")
     assert info.value.exit_code == 10 and "pip install -e '.[libero]'" in info.value.hint
     assert not (tmp_path / "out").exists()
+
+
+def test_a_second_tier_in_a_busy_folder_is_refused(tmp_path, monkeypatch):
+    """Two tiers in one folder (e.g. --seed 1 while --seed 0 runs) would rebuild the bundle the first one reads."""
+    import fcntl
+
+    from reproduction.errors import RunStateError
+    from reproduction.run import demo_libero
+    from reproduction.sim.libero import _runtime
+
+    monkeypatch.setattr(_runtime, "available", lambda: True)
+    out = tmp_path / "tier"
+    out.mkdir()
+    (out / "demo.json").write_text('{"quick": true, "world": "libero"}\n')
+    with open(out / ".demo.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(RunStateError, match="another `portable demo` is running in"):
+            demo_libero.run_libero_demo(out, quick=True, seed=1)
+    assert sorted(p.name for p in out.iterdir()) == [".demo.lock", "demo.json"]

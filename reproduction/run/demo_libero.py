@@ -26,11 +26,12 @@ restore and check of the folder and trains and evaluates in run-seedN/.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,8 +114,8 @@ def run_libero_demo(
             hint="pass a new or empty folder with --output, or the folder of an earlier demo to reuse it",
         )
     out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text(json.dumps({"quick": quick, "world": "libero"}) + "\n")
-    with RssSampler() as sampler:
+    with _folder_lock(out), RssSampler() as sampler:
+        (out / MARKER).write_text(json.dumps({"quick": quick, "world": "libero"}) + "\n")
         return _run_tier(
             out, quick=quick, seed=seed, overrides=list(overrides or []), sampler=sampler, ui=ui, reference=reference
         )
@@ -270,6 +271,27 @@ def _write_sources(src: Path, *, quick: bool, reference: Path) -> None:
             f"`portable demo --world libero` compares its evaluation with it.\n\n{NOTE}\n"
         ).encode(),
     )
+
+
+@contextlib.contextmanager
+def _folder_lock(out: Path) -> Iterator[None]:
+    """Hold `out`/.demo.lock for the whole tier: a second tier in the same folder (e.g. another --seed) would
+    regenerate, repack and re-restore the bundle a running one reads when the code changed in between, so it is
+    refused (RunStateError) instead. The lock is released when this process ends, however it ends."""
+    import fcntl
+
+    from reproduction.errors import RunStateError
+
+    with open(out / ".demo.lock", "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunStateError(
+                f"another `portable demo` is running in {out}",
+                path=out,
+                hint="wait for it (seeds in one folder run one after another), or pass another --output",
+            ) from None
+        yield
 
 
 def _cpu_s() -> float:
