@@ -344,9 +344,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from reproduction.run.cli import normalise_paths
 
     normalise_paths(args, "output")
-    return run_demo(
-        Path(args.output) if args.output else None, quick=args.quick, overrides=args.overrides, ui=_ui(args)
-    )
+    output = Path(args.output) if args.output else None
+    if getattr(args, "world", "fetch") == "libero":
+        from reproduction.recipes.recap.demo_libero import run_libero_demo
+
+        return run_libero_demo(output, quick=args.quick, seed=args.seed, overrides=args.overrides, ui=_ui(args))
+    if getattr(args, "seed", None) is not None:
+        from reproduction.errors import ConfigError
+
+        raise ConfigError(
+            "--seed is an option of the LIBERO tier only", field="--seed", hint="add --world libero, or drop --seed"
+        )
+    return run_demo(output, quick=args.quick, overrides=args.overrides, ui=_ui(args))
 
 
 # -- parser -------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ per task (`threshold_scope="per_task"`); sft datasets are labelled positive (the
 With `hold_labels`, an input's hold frames (`hold`, recap/labels.py) are labelled positive and left
 out of the percentile.
 
-Run through `portable run --stages advantages` (reproduction/run/recap_recipe.py). N is
+Run through `portable run --stages advantages` (reproduction/recipes/recap/recipe.py). N is
 `advantages.lookahead` (>= 1; 0 is refused, never replaced by a default); value inference extends
 its shards by the same N. `relabel` re-thresholds or recomputes existing sidecars (a function).
 """

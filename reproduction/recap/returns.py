@@ -10,7 +10,7 @@ in batches of whole files (about STREAM_ROWS rows, one sidecar row group each), 
 on a small thread pool, the dataset fingerprint digested from that same read; memory follows the
 batch, not the dataset.
 
-Run through `portable run --stages returns` (reproduction/run/recap_recipe.py calls `compute_returns`).
+Run through `portable run --stages returns` (reproduction/recipes/recap/recipe.py calls `compute_returns`).
 """
 
 from __future__ import annotations

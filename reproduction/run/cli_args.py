@@ -74,4 +74,18 @@ def add_demo_arguments(p: Any) -> None:
         "--output", "--workdir", dest="output", default=None, metavar="DIR", help="where to build (default ./runs/demo)"
     )
     p.add_argument("--quick", action="store_true", help="the reduced demo CI runs (bundle/demo/quick.yaml)")
+    p.add_argument(
+        "--world",
+        choices=("fetch", "libero"),
+        default="fetch",
+        help="fetch (default): the Fetch demo; libero: LIBERO-10 task 0 on privileged state (needs the libero "
+        "extra; docs/libero.md)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="--world libero: the training seed (value and policy); N > 0 runs in <output>/run-seedN beside run/",
+    )
     p.add_argument("overrides", nargs="*", metavar="key.path=value", help="run config overrides (docs/config.md)")

@@ -393,7 +393,7 @@ def compare_evidence(
     else DEFAULT_ALPHA. Policies are matched by label; a policy, task or metric the run lacks is a "differs"
     row. A row is paired (Tango) when both sides carry outcomes of the same reset seeds.
 
-    A sequential evaluation (reproduction.run.recap_policy.evaluate_sequentially) looked at its counts
+    A sequential evaluation (reproduction.recipes.recap.policy.evaluate_sequentially) looked at its counts
     several times; only at the level its stopping look spent does a verdict keep the stated error rates
     over all looks, so that level is used, and the rate verdicts are then exactly those it stopped on.
     """

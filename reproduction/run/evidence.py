@@ -217,7 +217,7 @@ def build_evidence(
     `margins` (a reference's declared equivalence margins per "<label>/<metric>", "<metric>" or
     "<task>/<metric>"), `alpha` (its test level) and `tolerances` (1.x: plain-value tolerances) are kept
     only when given; `sequential` records a sequential evaluation's stop
-    (reproduction.run.recap_policy.evaluate_sequentially), and is absent when the evaluation was fixed.
+    (reproduction.recipes.recap.policy.evaluate_sequentially), and is absent when the evaluation was fixed.
 
     Deterministic: the same results give the same bytes (an interrupted and resumed run's evidence equals an
     uninterrupted one's), so no clock is read; pass `created` to stamp a time (reference evidence does).

@@ -14,7 +14,7 @@ Looks need not be equally spaced: a run looks at whole batches of episodes (`siz
 `spend(fractions)` spends alpha * t^rho at each look's own fraction t of n_max, fixed before any episode
 runs, which is all error spending asks. `simulate_sequential` measures the rule: error rates and mean
 episodes against the fixed design at n_max. A run uses it with eval.sequential.enabled
-(reproduction.run.recap_policy.evaluate_sequentially): each look compares every rate with the reference
+(reproduction.recipes.recap.policy.evaluate_sequentially): each look compares every rate with the reference
 evidence at its a_k, and the evaluation stops once none is inconclusive.
 """
 

@@ -5,7 +5,8 @@ sidecar (`advantages_{tag}.parquet`, fingerprint checked) by (episode_index, fra
 without a label is an error, never a default. `build_arrays` turns the opened inputs into flat numpy
 arrays (one row per training frame) the workers read from the stage folder:
 
-    state      float32 (N, S)    observation.state ++ observation.goal (raw; normalised by the model's stats)
+    state      float32 (N, S)    observation.state ++ observation.goal (raw; normalised by the model's stats), or
+                                 the features `state_keys` names, concatenated, then the components `state_dims`
     chunk      int64   (N, H)    rows of `action` holding a_t .. a_{t+H-1}; past the episode end the last
                                  action repeats (LeRobot's edge padding, as upstream)
     action     float32 (M, A)    every frame's action (M >= N: filtered frames still give chunk targets)
@@ -68,8 +69,17 @@ class PolicyInput:
         return int(self.episode.size)
 
 
-def open_policy_input(source: PolicySource, *, need_labels: bool, dataset: Any = None) -> PolicyInput:
-    """Open `source` (or use the already opened `dataset`) and read what the policy needs.
+def open_policy_input(
+    source: PolicySource,
+    *,
+    need_labels: bool,
+    dataset: Any = None,
+    state_keys: Sequence[str] = (),
+    state_dims: Sequence[int] | None = None,
+) -> PolicyInput:
+    """Open `source` (or use the already opened `dataset`) and read what the policy needs. The state is
+    observation.state ++ observation.goal (when the dataset has it), or with `state_keys` those features
+    concatenated, then the components `state_dims` (e.g. LIBERO's privileged observation.object_state on CPU).
 
     Raises DatasetError (exit 40) when a rollout set has no `is_success`, a needed column is
     missing, or a frame has no advantage label; FingerprintMismatchError (41) when the sidecar was
@@ -87,18 +97,30 @@ def open_policy_input(source: PolicySource, *, need_labels: bool, dataset: Any =
             hint="a rollout set must record each frame's is_success (the episode's last row is its outcome); "
             "mark demonstrations as type sft",
         )
-    cols = ["episode_index", "frame_index", "task_index", STATE_KEY, ACTION_KEY]
-    if GOAL_KEY in names:
-        cols.append(GOAL_KEY)
+    keys = list(state_keys) or [STATE_KEY] + ([GOAL_KEY] if GOAL_KEY in names else [])
+    missing = [k for k in keys if k not in names]
+    if missing:
+        raise DatasetError(
+            f"{source.path}: the policy's state feature {missing[0]!r} is not in the dataset",
+            path=source.path,
+            field="state_keys",
+            hint=f"features: {', '.join(ds.info.features)}",
+        )
+    cols = ["episode_index", "frame_index", "task_index", *keys, ACTION_KEY]
     if "is_success" in ds.key_columns:
         cols.append("is_success")
     table = ds.frame_table(cols)
     feats = ds.info.features
-    state = column_to_numpy(table.column(STATE_KEY), feats.get(STATE_KEY)).astype(np.float32)
-    state = state.reshape(len(state), -1)
-    if GOAL_KEY in cols:
-        goal = column_to_numpy(table.column(GOAL_KEY), feats.get(GOAL_KEY)).astype(np.float32)
-        state = np.concatenate([state, goal.reshape(len(goal), -1)], axis=1)
+    parts = [column_to_numpy(table.column(k), feats.get(k)).astype(np.float32) for k in keys]
+    state = np.concatenate([p.reshape(len(p), -1) for p in parts], axis=1)
+    if state_dims is not None:
+        if max(state_dims) >= state.shape[1]:
+            raise DatasetError(
+                f"{source.path}: state_dims {list(state_dims)} index past the state's {state.shape[1]} components",
+                path=source.path,
+                field="state_dims",
+            )
+        state = np.ascontiguousarray(state[:, list(state_dims)])
     action = column_to_numpy(table.column(ACTION_KEY), feats.get(ACTION_KEY)).astype(np.float32)
     out = PolicyInput(
         source=source,

@@ -165,9 +165,11 @@ class GuidedPolicy:
         """Nothing to reset: actions depend only on the observation (and the seed)."""
 
     def _state(self, obs: dict[str, Any]) -> np.ndarray:
-        state = np.asarray(obs[STATE_KEY], np.float32).reshape(len(obs["task"]), -1)
-        if GOAL_KEY in obs:
-            state = np.concatenate([state, np.asarray(obs[GOAL_KEY], np.float32).reshape(len(state), -1)], axis=1)
+        n = len(obs["task"])
+        keys = self.meta.get("state_keys") or [STATE_KEY] + ([GOAL_KEY] if GOAL_KEY in obs else [])
+        state = np.concatenate([np.asarray(obs[k], np.float32).reshape(n, -1) for k in keys], axis=1)
+        if self.meta.get("state_dims") is not None:
+            state = state[:, list(self.meta["state_dims"])]
         if state.shape[1] != self.s_mean.size:
             raise ValueError(f"policy expects state+goal of {self.s_mean.size} values, got {state.shape[1]}")
         return state

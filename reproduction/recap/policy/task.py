@@ -49,6 +49,11 @@ class PolicyStageConfig:
     """tiny (CPU) or pi05 (lerobot PI05Policy's architecture and keys)."""
     cameras: dict[str, str] = field(default_factory=dict)
     """Model camera slot -> dataset key; empty = state + goal + prompt only (the CPU demo)."""
+    state_keys: list[str] = field(default_factory=list)
+    """Dataset features concatenated into the state input; [] = observation.state ++ observation.goal (when the
+    dataset has it). E.g. [observation.state, observation.object_state]: LIBERO's privileged object state (CPU tier)."""
+    state_dims: list[int] | None = None
+    """Components of that concatenated state to keep; None = all."""
     chunk: int = 4
     """Action chunk length H."""
     execute_steps: int = 2
@@ -94,6 +99,8 @@ class PolicyStageConfig:
     def to_dict(self) -> dict[str, Any]:
         out = {f: getattr(self, f) for f in self.__dataclass_fields__}
         out["cameras"], out["train"] = dict(self.cameras), dict(self.train)
+        out["state_keys"] = list(self.state_keys)
+        out["state_dims"] = None if self.state_dims is None else list(self.state_dims)
         return out
 
     @classmethod
@@ -131,6 +138,14 @@ def check_policy_values(cfg: Any, key: str = "") -> None:
             f"{where}{k('execute_steps')}={cfg.execute_steps} exceeds {k('chunk')}={cfg.chunk}",
             field=k("execute_steps"),
             hint=f"set {k('execute_steps')} to at most {k('chunk')}: the evaluator executes part of each chunk",
+        )
+    dims = None if cfg.state_dims is None else list(cfg.state_dims)
+    if dims is not None and (not cfg.state_keys or not dims or len(set(dims)) != len(dims) or min(dims) < 0):
+        raise ConfigError(
+            f"{where}{k('state_dims')}={dims} must be distinct indices (>= 0) of the vector {k('state_keys')} "
+            "concatenates",
+            field=k("state_dims"),
+            hint=f"set {k('state_keys')} too, or drop {k('state_dims')}",
         )
     if cfg.preset == "pi05" and not cfg.cameras:
         raise ConfigError(
@@ -691,7 +706,11 @@ def export_metadata(setup: Mapping[str, Any]) -> dict[str, Any]:
         "tasks": setup["tasks"],
         "tokenizer": "tokenizer",
         "fingerprints": setup["fingerprints"],
-    }
+    } | (  # only when set, so an export reading observation.state ++ observation.goal keeps its bytes
+        {"state_keys": list(stage["state_keys"]), "state_dims": stage.get("state_dims")}
+        if stage.get("state_keys")
+        else {}
+    )
 
 
 def write_export_extras(folder: Path, *, setup: Mapping[str, Any]) -> None:

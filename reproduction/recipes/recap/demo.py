@@ -201,21 +201,21 @@ def _tree_stamp(root: Path) -> str:
     return _stamp([(str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for p in files])
 
 
-def _pack(src: Path, bundle: Path, *, ui: UiOptions | None) -> str:
-    """Pack bundle/demo.toml from `src` (pack builds the tiny weights its [[weights]] manifests pin, in
+def _pack(src: Path, bundle: Path, *, ui: UiOptions | None, spec: Path = SPEC) -> str:
+    """Pack `spec` (bundle/demo.toml) from `src` (pack builds the tiny weights its [[weights]] manifests pin, in
     seconds); reused when the sources, the spec and those manifests are unchanged."""
     from reproduction.fsio import atomic_write_text
     from reproduction.release.pack import pack_bundle
     from reproduction.release.spec import load_spec
 
-    manifests = [w.manifest.read_bytes().hex() for w in load_spec(SPEC, root=src).weights]
-    stamp = _stamp([_tree_stamp(src), SPEC.read_bytes().hex(), manifests])
+    manifests = [w.manifest.read_bytes().hex() for w in load_spec(spec, root=src).weights]
+    stamp = _stamp([_tree_stamp(src), spec.read_bytes().hex(), manifests])
     marker = bundle.parent / "bundle.stamp"
     if (bundle / "bundle.json").is_file() and marker.is_file() and marker.read_text().strip() == stamp:
         return "reused"
     if bundle.exists():
         shutil.rmtree(bundle)
-    manifest = pack_bundle(SPEC, bundle, root=src, ui=ui)
+    manifest = pack_bundle(spec, bundle, root=src, ui=ui)
     atomic_write_text(marker, stamp + "\n")
     return f"{len(manifest.files)} files, {len(manifest.layers)} layers"
 

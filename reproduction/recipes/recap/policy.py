@@ -44,7 +44,15 @@ def policy_config(ctx: StageContext, mode: str) -> tuple[list[Any], Any]:
             advantages=str(ctx.run_dir / "advantages"),
             tag=cfg.advantages.tag,
         )
-        inputs.append(open_policy_input(source, need_labels=mode == "recap", dataset=d.dataset))
+        inputs.append(
+            open_policy_input(
+                source,
+                need_labels=mode == "recap",
+                dataset=d.dataset,
+                state_keys=stage.state_keys,
+                state_dims=stage.state_dims,
+            )
+        )
     return inputs, stage
 
 
@@ -346,6 +354,7 @@ def _evaluate_libero_exports(
             image_keys=list(dict(meta.get("cameras") or {}).values()),
             cameras=lib.cameras,
             name=f"the {mode} policy ({exports[mode][0]})",
+            state_keys=meta.get("state_keys") or (),
         )
     records, results, digests, settle = [], {}, {}, None
     for label, mode, w, export, step in todo:

@@ -26,7 +26,7 @@ import numpy as np
 
 from reproduction.errors import SimError
 from reproduction.sim.libero._runtime import import_libero, rendering
-from reproduction.sim.libero.tasks import LiberoTask
+from reproduction.sim.libero.tasks import LiberoTask, make_suite
 
 ACTION_DIM = 7
 STATE_DIM = 8
@@ -81,7 +81,7 @@ class LiberoSim:
     ) -> None:
         libero = import_libero(cache_dir)
         self.task, self.cameras, self.settle_steps = task, cameras, settle_steps
-        suite = libero["benchmark"].get_benchmark_dict()[task.suite]()
+        suite = make_suite(libero, task.suite)
         self.init_states = np.asarray(suite.get_task_init_states(task.index))
         common = dict(bddl_file_name=task.bddl_path, hard_reset=False)
         if cameras:

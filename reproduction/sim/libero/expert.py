@@ -97,6 +97,8 @@ class PickPlaceExpert:
         if seed is not None:
             self.rng = np.random.default_rng(seed)
         self.r0, self.k, self.phase, self.tp, self.grasp_eef, self.subtasks = None, 0, 0, 0, None, None
+        self.harming = False
+        """The last action carried an injected detour (the carry target offset sideways)."""
 
     def __call__(self, batch: dict) -> np.ndarray:
         return self.act()[None, None, :].astype(np.float32)
@@ -112,6 +114,7 @@ class PickPlaceExpert:
             self.r0 = rot.copy()
         a = np.zeros(7)
         a[6] = -1.0
+        self.harming = False
         if self.k >= len(self.subtasks):
             return a
         st = self.subtasks[self.k]
@@ -133,6 +136,7 @@ class PickPlaceExpert:
             tgt[2] = st["carry_z"]
             if self.detour is not None and self.tp < 30:
                 tgt = tgt + self.detour
+                self.harming = True  # the detour: harmful but recoverable (the generator's sim.harm)
         elif p == 5:
             tgt = eef + (goal - o)
         elif p == 6:

@@ -29,6 +29,8 @@ Columns per frame (v2.1, one parquet per episode; `observation.*` is the observa
     is_success                      bool             check_success() after the action; the last row = outcome
     sim.mode                        int64            LiberoMode
     sim.init_state                  int64            the LIBERO init state the episode started from
+    sim.harm                        bool             the action carried an injected detour (harmful but
+                                                     recoverable: stage 3's label quality reads it)
 
 meta/info.json also carries `generation` (the config, the observation: images or privileged state only, and
 the expert), so a camera-free dataset says so.
@@ -216,11 +218,12 @@ def run_expert_episode(sim: Any, config: LiberoGenConfig, index: int, mode: Libe
     expert.bind(sim)  # after the reset: the plan reads the settled poses at the first action
     keys = [k for k in obs if k != "task"]
     frames: dict[str, list] = {k: [] for k in keys}
-    actions, success = [], []
+    actions, success, harm = [], [], []
     for _ in range(config.steps_limit):
         for k in keys:
             frames[k].append(obs[k])
         action = expert.act().astype(np.float32)
+        harm.append(bool(getattr(expert, "harming", False)))
         obs, ok = sim.step(action)
         actions.append(action)
         success.append(ok)
@@ -232,6 +235,7 @@ def run_expert_episode(sim: Any, config: LiberoGenConfig, index: int, mode: Libe
     out["is_success"] = np.asarray(success, dtype=bool)
     out["sim.mode"] = np.full(n, int(mode), dtype=np.int64)
     out["sim.init_state"] = np.full(n, init, dtype=np.int64)
+    out["sim.harm"] = np.asarray(harm, dtype=bool)
     return {
         "index": index,
         "frames": out,
@@ -313,6 +317,7 @@ def features(config: LiberoGenConfig, frames: dict[str, np.ndarray]) -> dict[str
             "is_success": {"dtype": "bool", "shape": [1], "names": None},
             "sim.mode": {"dtype": "int64", "shape": [1], "names": None},
             "sim.init_state": {"dtype": "int64", "shape": [1], "names": None},
+            "sim.harm": {"dtype": "bool", "shape": [1], "names": None},
         }
     )
     return feats

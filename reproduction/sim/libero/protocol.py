@@ -41,6 +41,8 @@ Policy = Callable[[dict], np.ndarray]
 
 STATE_DIM = 8
 """observation.state: eef pos (3), eef axis-angle (3), gripper finger qpos (2) (env.py, RLinf's layout)."""
+STATE_KEY, OBJECT_STATE_KEY = "observation.state", "observation.object_state"
+"""The state features LIBERO's observation holds (the object state only in no-camera mode: env.py)."""
 IMAGE_KEYS = ("observation.images.image", "observation.images.wrist_image")
 """The camera features a rendering env provides (cameras=True)."""
 
@@ -52,12 +54,21 @@ def check_policy_features(
     image_keys: tuple[str, ...] | list[str] = (),
     cameras: bool = True,
     name: str = "the policy",
+    state_keys: tuple[str, ...] | list[str] = (),
 ) -> None:
     """SimError (exit 45) naming every feature a policy expects that LIBERO does not provide: its state width
     (LIBERO's observation.state is 8 values; a Fetch policy reads state + goal), its action width (7; Fetch's 4)
-    and its camera keys (upstream's two, and only when the env renders). Called before any env is built."""
+    and its camera keys (upstream's two, and only when the env renders). A policy whose export names
+    `state_keys` reads those features instead: each must be one LIBERO gives (observation.object_state only
+    without cameras), and the width is then checked at the first step. Called before any env is built."""
     wrong = []
-    if state_dim != STATE_DIM:
+    if state_keys:
+        offered = (STATE_KEY,) + (() if cameras else (OBJECT_STATE_KEY,))
+        lacking = [k for k in state_keys if k not in offered]
+        if lacking:
+            have = ", ".join(offered) + ("" if not cameras else "; object state only with eval.libero.cameras false")
+            wrong.append(f"state features {', '.join(lacking)} (LIBERO gives {have})")
+    elif state_dim != STATE_DIM:
         wrong.append(f"state {state_dim} values (LIBERO gives {STATE_DIM})")
     if action_dim != ACTION_DIM:
         wrong.append(f"action {action_dim} dims (LIBERO takes {ACTION_DIM})")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from reproduction.errors import SimError
 
@@ -109,8 +110,18 @@ def parse_task_ids(specs: list[str] | tuple[str, ...] | str) -> list[TaskRef]:
     return [parse_task_id(s) for s in ([specs] if isinstance(specs, str) else specs)]
 
 
+def make_suite(libero: dict, name: str) -> Any:
+    """LIBERO's benchmark object of suite `name`; its "[info] Applying task order ..." print goes to stderr, since
+    stdout carries data (a command's --json, `portable demo`'s run folder)."""
+    import contextlib
+    import sys
+
+    with contextlib.redirect_stdout(sys.stderr):
+        return libero["benchmark"].get_benchmark_dict()[name]()
+
+
 def _resolve_one(ref: TaskRef, libero: dict) -> list[LiberoTask]:
-    suite = libero["benchmark"].get_benchmark_dict()[ref.suite]()
+    suite = make_suite(libero, ref.suite)
     bddl_root = libero["get_libero_path"]("bddl_files")
     tasks = [suite.get_task(i) for i in range(suite.n_tasks)]
     if ref.every:
