@@ -1,7 +1,7 @@
 """`portable demo --world libero`: the demo's LIBERO tier (issue 22 item 5), LIBERO-10 task 0 on CPU.
 
-The Fetch demo's pipeline (reproduction/recipes/recap/demo.py) on upstream's RECAP task: the scripted expert generates the
-LIBERO datasets, the tier packs them with a source snapshot and its run config (bundle/demo_libero.toml),
+The Fetch demo's pipeline (reproduction/recipes/recap/demo.py) on upstream's RECAP task: the scripted expert
+generates the LIBERO datasets, the tier packs them with a source snapshot and its run config (bundle/demo_libero.toml),
 restores a copy, runs `check` on it, runs the four RECAP stages with tiny presets, evaluates BC (all data),
 filtered BC and RECAP (w = 1 and w = 2) from LIBERO-10 task 0's official init states by LIBERO's protocol,
 compares with the tier's reference evidence (evidence/demo_libero/) and prints the step table.
@@ -36,7 +36,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reproduction.recipes.recap.demo import MARKER, REPO, DemoReport, _check, _pack, _plots_and_report, _restore, _run, _stamp
+from reproduction.recipes.recap.demo import (
+    MARKER,
+    REPO,
+    DemoReport,
+    _check,
+    _pack,
+    _plots_and_report,
+    _restore,
+    _run,
+    _stamp,
+)
 from reproduction.ui import UiOptions, say
 
 SPEC = REPO / "bundle" / "demo_libero.toml"
