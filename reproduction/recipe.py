@@ -150,12 +150,18 @@ class StageContext:
     target_step: int | None = None
     """Train up to this step instead of the configured one."""
     ray_address: str | None = None
+    """--ray-address as given (None: none was). A stage whose workers need Ray calls ray_cluster() instead."""
     ui: Any = None
-    resources: Any = None
-    """A contextlib.ExitStack the runner closes when the run ends: stages share costly things through it
-    (one local Ray for the whole run) via `shared`."""
-    shared: dict[str, Any] = field(default_factory=dict)
-    """Values stages share within one invocation (e.g. the local Ray's address)."""
+    ray: Callable[[], str | None] | None = None
+    """The runner's shared Ray (reproduction.train.ray_connect.RunRay.address, held for the whole run): read it
+    through ray_cluster()."""
+
+    def ray_cluster(self) -> str | None:
+        """The address of the Ray cluster the run's stages share: --ray-address, else one local Ray the runner
+        starts on the first call and stops when the run ends (RayUnavailableError, exit 58, when it does not
+        start); None when this process already runs a Ray or no runner gave one (the launcher then uses that
+        Ray or starts its own)."""
+        return self.ray() if self.ray is not None else self.ray_address
 
 
 def resolve_fn(ref: str) -> Callable[..., Any]:

@@ -37,6 +37,7 @@ from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, re
 from reproduction.run.config import select, to_plain
 from reproduction.run.guards import LOCK_FILE, refuse_links, run_lock, sigterm_as_interrupt
 from reproduction.run.secrets import redact
+from reproduction.train.ray_connect import RunRay
 
 RUN_JSON = "run.json"
 FORMAT_VERSION = 1
@@ -407,7 +408,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         walk.recorded_config = recorded_config
         walk.free = tuple(output_free_keys(config))
         guard.enter_context(sigterm_as_interrupt())
-        with contextlib.ExitStack() as walk.resources:
+        with RunRay(opts.ray_address) as walk.ray:  # started when a stage first asks, stopped when the walk ends
             _walk(walk, {s.name for s in selected})
         if config_changed and not walk.redone:  # every stage ran or skipped; record the config it was asked with
             _write_state(run_dir, state)
@@ -430,9 +431,8 @@ class _Walk:
     """run.json's config before this invocation (what the recorded stages were asked with)."""
     free: tuple[str, ...] = ()
     """The config's keys declared not to change outputs (out of every stage key whose subsets hold them)."""
-    resources: Any = None
-    """The contextlib.ExitStack closed when the walk ends (one local Ray for the run)."""
-    shared: dict[str, Any] = field(default_factory=dict)
+    ray: RunRay | None = None
+    """The run's one Ray (a local one started lazily, or the joined --ray-address), closed when the walk ends."""
     done: dict[str, StageOutput] = field(default_factory=dict)
     redone: set[str] = field(default_factory=set)
     """Stages that ran or continued in this invocation (their dependents follow them)."""
@@ -574,8 +574,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         target_step=opts.target_step if spec.training else None,
         ray_address=opts.ray_address,
         ui=opts.ui,
-        resources=walk.resources,
-        shared=walk.shared,
+        ray=walk.ray.address if walk.ray is not None else None,
     )
     t0 = time.perf_counter()
     try:

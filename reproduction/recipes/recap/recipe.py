@@ -69,30 +69,6 @@ def open_datasets(config: Any) -> dict[str, RunDataset]:
 # -- stages ---------------------------------------------------------------------------------------
 
 
-def stage_ray(ctx: StageContext, needed: bool) -> str | None:
-    """The Ray cluster a stage's workers join: --ray-address, else one local Ray started once for the
-    whole run (stopped when the run ends), so folds, datasets and stages do not each start their own.
-    None when the stage needs no Ray or the runner gave no resources (the launcher then starts one)."""
-    if not needed or ctx.ray_address:
-        return ctx.ray_address
-    if "ray_address" in ctx.shared:
-        return ctx.shared["ray_address"]
-    if ctx.resources is None:
-        return None
-    import os
-
-    import ray
-
-    from reproduction.train.ray_connect import start_local
-
-    if ray.is_initialized():
-        return None
-    start_local(cpus=os.cpu_count() or 1)  # bounded; RayUnavailableError (exit 58) when it does not start
-    ctx.resources.callback(ray.shutdown)
-    ctx.shared["ray_address"] = ray.get_runtime_context().gcs_address
-    return ctx.shared["ray_address"]
-
-
 def returns_stage(ctx: StageContext) -> StageOutput:
     """Stage 1: returns sidecars for every dataset into returns/<dataset>/."""
     from reproduction.recap.returns import ReturnsConfig, compute_returns
@@ -143,7 +119,7 @@ def value_stage(ctx: StageContext) -> StageOutput:
     from reproduction.recap.value.stage import train_value
 
     stage, train = value_config(ctx)
-    ray_address = stage_ray(ctx, train.launcher == "ray")
+    ray_address = ctx.ray_cluster() if train.launcher == "ray" else ctx.ray_address
     result = train_value(stage, train, ctx.out_dir, resume=ctx.resume, ray_address=ray_address, ui=ctx.ui)
     files = [ctx.out_dir / "value_setup.json", ctx.out_dir / "crossfit.json"]
     for d in result.export_dirs:
@@ -179,7 +155,7 @@ def advantages_stage(ctx: StageContext) -> StageOutput:
     adv = replace(cfg.advantages, returns_tag=cfg.returns.tag)
     values_dir = ctx.out_dir / "values"
     inputs, files, inferred, flags = [], [], {}, {}
-    ray_address = stage_ray(ctx, inf.workers > 1)
+    ray_address = ctx.ray_cluster() if inf.workers > 1 else ctx.ray_address
     for d in ctx.inputs.values():
         out = values_dir / f"{d.name}.parquet"
         inferred[d.name] = infer_values(
