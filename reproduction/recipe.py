@@ -70,10 +70,12 @@ class Recipe:
     stages: tuple[StageSpec, ...]
     """Stages in dependency order."""
     open_inputs: str | None = None
-    """"module:function" (config) -> {name: opened input with a `.fingerprint`}; opened once per run."""
+    """"module:function" (config) -> {name: opened input with a `.fingerprint`}; opened once per run. One that takes a
+    keyword `digests` gets the run's digest cache (reproduction/digest_cache.py) to hash the inputs through."""
     preflight: str | None = None
     """"module:function" (config, run_dir, opened, stage names) -> list of problems (errors or strings), checked before
-    anything runs; inputs it opens go into the dict `opened` and are used instead of open_inputs'."""
+    anything runs; inputs it opens go into the dict `opened` and are used instead of open_inputs'. Takes `digests`
+    like open_inputs."""
     config_schema: str | None = None
     """"module:Class": the config dataclass `portable run` loads the run config into (None: the recipe is run by
     code only, with a config object it builds itself)."""
@@ -155,6 +157,9 @@ class StageContext:
     ray: Callable[[], str | None] | None = None
     """The runner's shared Ray (reproduction.train.ray_connect.RunRay.address, held for the whole run): read it
     through ray_cluster()."""
+    digests: Any = None
+    """The run's digest cache (reproduction.digest_cache.DigestCache): hash the run's files through it, so a file
+    is hashed once per run. None when no runner gave one."""
 
     def ray_cluster(self) -> str | None:
         """The address of the Ray cluster the run's stages share: --ray-address, else one local Ray the runner

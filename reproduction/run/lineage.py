@@ -34,6 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from reproduction.digest_cache import DigestCache, tree_files, tree_lines
 from reproduction.digests import sha256_file, sha256_files
 from reproduction.errors import InvalidInputError
 from reproduction.fsio import atomic_write_text
@@ -64,16 +65,6 @@ TREE_LISTED = 64
 
 
 # -- digests ------------------------------------------------------------------------------------
-
-
-def tree_lines(entries: Mapping[str, str]) -> bytes:
-    """The bytes a tree digest hashes: "<relative posix path>\\0<sha256>\\n" per file, sorted by path."""
-    return b"".join(f"{rel}\0{entries[rel]}\n".encode() for rel in sorted(entries))
-
-
-def tree_files(root: Path) -> list[Path]:
-    """The regular files under `root` (links to files included, links to folders not followed), sorted."""
-    return sorted(p for p in Path(root).rglob("*") if p.is_file())
 
 
 def tree_digests(root: Path) -> dict[str, str]:
@@ -175,46 +166,7 @@ class StageRun:
     environ: Mapping[str, str] | None = field(default=None, repr=False)
     """The environment whose credential-named variables are redacted (default: os.environ)."""
     cache: DigestCache | None = field(default=None, repr=False)
-    """Digests already computed in this run (share one across the run's stages: a dataset is hashed once)."""
-
-
-class DigestCache:
-    """Digests of files and folders, reused while their stat signature (paths, sizes, mtimes) is unchanged.
-
-    The runner keeps one per run so a dataset four stages read is hashed once; a file rewritten in
-    between (new size or mtime) is hashed again. Not shared between processes.
-    """
-
-    def __init__(self) -> None:
-        self._known: dict[str, tuple[tuple, tuple[str, str, dict[str, str] | None]]] = {}
-
-    @staticmethod
-    def _signature(path: Path) -> tuple:
-        if path.is_dir():
-            return tuple((p.relative_to(path).as_posix(), *_stat(p)) for p in tree_files(path))
-        return _stat(path)
-
-    def digest(self, path: Path) -> tuple[str, str, dict[str, str] | None]:
-        """(sha256, "file" or "tree", per-file digests of a folder or None); FileNotFoundError when absent."""
-        path = Path(os.path.abspath(path))
-        if not path.exists():
-            raise FileNotFoundError(path)
-        signature = self._signature(path)
-        known = self._known.get(str(path))
-        if known is not None and known[0] == signature:
-            return known[1]
-        if path.is_dir():
-            files = tree_digests(path)
-            value = (tree_sha256(path, files), "tree", files)
-        else:
-            value = (sha256_file(path), "file", None)
-        self._known[str(path)] = (signature, value)
-        return value
-
-
-def _stat(path: Path) -> tuple[int, int]:
-    st = path.stat()
-    return st.st_size, st.st_mtime_ns
+    """The run's digest cache (reproduction/digest_cache.py): a file the run hashed already is not hashed again."""
 
 
 def runtime_versions() -> dict[str, str | None]:
@@ -313,7 +265,7 @@ def _descriptor(item: Path | Artifact, run: StageRun, *, role: str | None) -> di
     if artifact.sha256 is not None:
         digest, kind = artifact.sha256, "tree" if path.is_dir() else "file"
     else:
-        digest, kind, files = (run.cache or DigestCache()).digest(path)
+        digest, kind, files = (run.cache or DigestCache()).path(path)
     root, rel = _locate(path, Path(run.run_dir), run.bundle_dir)
     annotations: dict[str, Any] = {"kind": kind, "root": root, "path": rel}
     if files is not None and len(files) <= TREE_LISTED and root != "bundle":

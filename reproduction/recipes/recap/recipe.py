@@ -29,6 +29,8 @@ class RunDataset:
     weight: float
     value: bool
     policy: bool
+    digests: Any = field(default=None, repr=False)
+    """The run's digest cache (reproduction.digest_cache.DigestCache) the content digest hashes through."""
 
     @property
     def name(self) -> str:
@@ -47,20 +49,21 @@ class RunDataset:
         if self._key is None:
             from reproduction.run.content import content_digest
 
-            both = f"{self.dataset.fingerprint}\n{content_digest(self.root)}"
+            both = f"{self.dataset.fingerprint}\n{content_digest(self.root, self.digests)}"
             self._key = hashlib.sha256(both.encode()).hexdigest()
         return self._key
 
 
-def open_datasets(config: Any) -> dict[str, RunDataset]:
-    """Open every dataset of the run once (fingerprints computed here, cached by the data plane)."""
+def open_datasets(config: Any, digests: Any = None) -> dict[str, RunDataset]:
+    """Open every dataset of the run once (fingerprints computed here, cached by the data plane; files hashed
+    through the run's `digests`)."""
     from reproduction.data.reader import open_dataset
 
     out = {}
     for entry in config.datasets:
         ds = open_dataset(Path(entry.path))
         out[ds.name] = RunDataset(
-            dataset=ds, type=entry.type, weight=entry.weight, value=entry.value, policy=entry.policy
+            dataset=ds, type=entry.type, weight=entry.weight, value=entry.value, policy=entry.policy, digests=digests
         )
         _ = out[ds.name].fingerprint
     return out
@@ -232,9 +235,12 @@ def _jsonable(obj: Any) -> Any:
 # -- preflight ------------------------------------------------------------------------------------
 
 
-def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[str] | None = None) -> list[Any]:
+def preflight(
+    config: Any, run_dir: Path, opened: dict[str, Any], stages: list[str] | None = None, digests: Any = None
+) -> list[Any]:
     """Every problem with the run's inputs, collected as errors (nothing is started or written).
-    The datasets it opens go into `opened` (RunDataset by name), so the run opens each once."""
+    The datasets it opens go into `opened` (RunDataset by name), so the run opens each once; the bundle's weights
+    and the datasets' files are hashed through the run's `digests`."""
     from reproduction.data.reader import open_dataset
     from reproduction.errors import ConfigError, DatasetError, InputNotFoundError, PortableError
     from reproduction.run.config import to_plain
@@ -247,7 +253,7 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
     )
 
     problems: list[Any] = [ConfigError(p) for p in placeholder_problems(to_plain(config))]
-    problems += bundle_weights_problems(config.BUNDLE)
+    problems += bundle_weights_problems(config.BUNDLE, digests)
     damaged = bundle_files_problems(config.BUNDLE, config)
     if damaged:  # what the damaged files would make fail next (a dataset that no longer opens) is noise
         return problems + damaged
@@ -277,7 +283,12 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
             if ds.num_frames == 0:
                 problems.append(DatasetError(f"{key}.path: dataset {path} holds no frames", path=path))
             opened[ds.name] = RunDataset(
-                dataset=ds, type=entry.type, weight=entry.weight, value=entry.value, policy=entry.policy
+                dataset=ds,
+                type=entry.type,
+                weight=entry.weight,
+                value=entry.value,
+                policy=entry.policy,
+                digests=digests,
             )
             missing = [k for k in ("observation.state", "action") if k not in ds.info.features]
             if entry.policy and "policy" in (stages or []) and missing:
