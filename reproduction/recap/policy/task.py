@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from reproduction.config_fields import reject_unknown_fields
+from reproduction.config_fields import reject_unknown_fields, resume_free_fields, same_outputs
 from reproduction.errors import CheckpointError, ConfigError
 from reproduction.fsio import atomic_write_text
 from reproduction.recap.policy.conditioning import MODES
@@ -51,9 +51,9 @@ class PolicyStageConfig:
     """Model camera slot -> dataset key; empty = state + goal + prompt only (the CPU demo)."""
     chunk: int = 4
     """Action chunk length H."""
-    execute_steps: int = 2
+    execute_steps: int = field(default=2, metadata=same_outputs(on_resume=True))
     """Actions of each chunk the evaluator executes open-loop (stored in the export for the runner)."""
-    num_steps: int = 10
+    num_steps: int = field(default=10, metadata=same_outputs(on_resume=True))
     """Euler steps at inference (load_policy may override)."""
     positive_only: bool = True
     """Condition only on positive labels (negatives train the plain prompt), upstream's yaml default."""
@@ -69,13 +69,13 @@ class PolicyStageConfig:
     """tiny: action expert layers."""
     image_size: int = 64
     """tiny: camera resolution the SigLIP tower reads."""
-    tokenizer: str | None = None
+    tokenizer: str | None = field(default=None, metadata=same_outputs(on_resume=True))
     """Folder with tokenizer.json; None (tiny) = train one in-process from the tasks and prompt variants."""
-    model_seed: int = 0
+    model_seed: int = field(default=0, metadata=same_outputs(on_resume=True))
     """Seed of the model's random initialisation."""
-    pretrained_manifest: str | None = None
+    pretrained_manifest: str | None = field(default=None, metadata=same_outputs(on_resume=True))
     """weights_manifest/*.json whose files initialise the model (strict, sha256-checked); None = random init."""
-    weights_dir: str | None = None
+    weights_dir: str | None = field(default=None, metadata=same_outputs(on_resume=True))
     """Folder the manifest's file paths are relative to (the bundle's weights/)."""
     train: dict[str, Any] = field(default_factory=lambda: {"max_steps": 1000})
     """TrainConfig fields (reproduction/train/config.py): steps, batches, lr, world size, launcher."""
@@ -291,8 +291,9 @@ def _arrays_digest(arrays: Any) -> str:
     return h.hexdigest()
 
 
-# Fields that may change on resume: they shape neither the model nor the data stream.
-_FREE_ON_RESUME = ("execute_steps", "num_steps", "tokenizer", "model_seed", "pretrained_manifest", "weights_dir")
+RESUME_FREE = resume_free_fields(PolicyStageConfig)
+"""Stage fields a resume may change (they shape neither the model nor the data stream): declared
+`same_outputs(on_resume=True)` on PolicyStageConfig."""
 _FREE_TRAIN = (
     "max_steps",
     "micro_batch",
@@ -327,8 +328,8 @@ def _refuse_changed(out_dir: Path, new: dict, new_tokenizer: Path) -> None:
             continue
         if old.get(key) != new.get(key):
             changes.append(f"{key} differs")
-    old_stage = {k: v for k, v in old["stage"].items() if k not in _FREE_ON_RESUME}
-    new_stage = {k: v for k, v in new["stage"].items() if k not in _FREE_ON_RESUME}
+    old_stage = {k: v for k, v in old["stage"].items() if k not in RESUME_FREE}
+    new_stage = {k: v for k, v in new["stage"].items() if k not in RESUME_FREE}
     old_train = {k: v for k, v in old_stage.pop("train").items() if k not in _FREE_TRAIN}
     new_train = {k: v for k, v in new_stage.pop("train").items() if k not in _FREE_TRAIN}
     for key in sorted(set(old_stage) | set(new_stage)):
