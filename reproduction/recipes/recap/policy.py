@@ -23,8 +23,8 @@ from reproduction.recipe import StageContext, StageOutput
 
 def policy_config(ctx: StageContext, mode: str) -> tuple[list[Any], Any]:
     """(opened policy inputs, PolicyStageConfig) of one mode, from the run config and the opened datasets."""
+    from reproduction.recap.policy.config import PolicyStageConfig
     from reproduction.recap.policy.data import PolicySource, open_policy_input
-    from reproduction.recap.policy.task import PolicyStageConfig
     from reproduction.run.config import to_plain
 
     cfg = ctx.config

@@ -372,7 +372,14 @@ POLICY_STAGES = (
         outputs=("*/policy_setup.json", "*/export/**/*"),
         training="policy.train.max_steps",
         weights=("policy.model",),
-        code=("reproduction.recap.policy.task", "reproduction.recap.policy.model", "reproduction.recap.policy.data"),
+        code=(
+            "reproduction.recap.policy.task",
+            "reproduction.recap.policy.config",
+            "reproduction.recap.policy.setup",
+            "reproduction.recap.policy.batches",
+            "reproduction.recap.policy.model",
+            "reproduction.recap.policy.data",
+        ),
     ),
     StageSpec(
         name="eval",
