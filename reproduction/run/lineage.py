@@ -25,8 +25,6 @@ import importlib.util
 import json
 import os
 import platform
-import shutil
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -173,7 +171,8 @@ def runtime_versions() -> dict[str, str | None]:
     """Versions the results may depend on: python, recap-portable, torch and its CUDA, torch_npu, CANN, driver.
 
     Imports neither torch (its CUDA version is read from torch/version.py unless torch is loaded already)
-    nor torch_npu (it patches torch on import); the driver comes from `nvidia-smi` when present (5 s bound).
+    nor torch_npu (it patches torch on import); the driver and CANN are read by `portable check`'s probes
+    (reproduction/checks/: nvidia-smi with a 5 s bound, the CANN toolkit's version files).
     """
     out: dict[str, str | None] = {"python": platform.python_version(), "platform": platform.platform()}
     for dist in ("recap-portable", "torch", "torch_npu", "numpy"):
@@ -208,35 +207,20 @@ def _torch_cuda() -> str | None:
 
 
 def _cann_version() -> str | None:
-    home = os.environ.get("ASCEND_TOOLKIT_HOME") or os.environ.get("ASCEND_HOME_PATH")
-    if not home:
-        return None
-    for name in ("version.cfg", "version.info"):
-        path = Path(home) / name
-        if path.is_file():
-            for line in path.read_text(errors="replace").splitlines():
-                key, _, value = line.partition("=")
-                if key.strip().lower() in ("version", "toolkit_installed_version", "runtime_running_version"):
-                    return value.strip().strip("[]").split(":")[-1] or None
-    return None
+    """The CANN toolkit's version as `portable check` finds it (checks/accelerator_ascend.py), or None."""
+    from reproduction.checks.accelerator_ascend import find_cann
+    from reproduction.checks.context import CheckContext
+
+    cann = find_cann(CheckContext.live())
+    return (cann.version or None) if cann is not None else None
 
 
 def _nvidia_driver() -> str | None:
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return None
-    try:
-        done = subprocess.run(
-            [exe, "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = done.stdout.split()
-    return lines[0] if done.returncode == 0 and lines else None
+    """The NVIDIA driver as `portable check` reads it (checks/accelerator_cuda.py; nvidia-smi, 5 s bound), or None."""
+    from reproduction.checks.accelerator_cuda import driver_version
+    from reproduction.checks.context import CheckContext
+
+    return driver_version(CheckContext.live(), timeout=5.0)
 
 
 def _timestamp(value: datetime | float) -> str:
