@@ -334,10 +334,11 @@ def part_policy_pi05(out: Path, smoke: bool, work: Path) -> dict:
     import torch
     import value_recap_gpu as vr
 
+    from reproduction.recap.policy.batches import PolicyCollator
     from reproduction.recap.policy.export import GuidedPolicy
     from reproduction.recap.policy.model import build_policy_model
     from reproduction.recap.policy.pi05 import pi05_config
-    from reproduction.recap.policy.task import PolicyCollator, policy_loss
+    from reproduction.recap.policy.task import policy_loss
     from reproduction.recap.tokenizer import load_tokenizer, train_tokenizer
     from reproduction.train.loop import to_device
 

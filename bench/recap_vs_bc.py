@@ -219,8 +219,9 @@ def label_quality(data: dict[str, Path], adir: Path, vdir: Path) -> dict[str, An
 
 def train_one(job: dict[str, Any]) -> dict[str, Any]:
     """One policy training (runs in a worker process); returns its export dir and timing."""
+    from reproduction.recap.policy.config import PolicyStageConfig
     from reproduction.recap.policy.data import PolicySource, open_policy_input
-    from reproduction.recap.policy.task import PolicyStageConfig, train_policy
+    from reproduction.recap.policy.task import train_policy
 
     out = Path(job["out"])
     if (out / "export" / "policy.json").is_file():

@@ -21,19 +21,35 @@ def reject_unknown_fields(cls: type, data: Mapping[str, Any], *, what: str) -> N
 
 OUTPUTS = "outputs"
 """Field metadata key: False on a field that does not change what is computed from its section."""
+RESUMED_OUTPUTS = "resumed_outputs"
+"""Field metadata key: False on a field that does not change what a training run computes once it continues from
+its checkpoints (it still changes a fresh start's)."""
 
 
-def same_outputs() -> dict[str, Any]:
+def same_outputs(*, on_resume: bool = False) -> dict[str, Any]:
     """Field metadata (`field(default=..., metadata=same_outputs())`) declaring, once, that the field does not change
     the outputs of what reads its section: a stage reading the section leaves it out of its key (run/runner.py), the
     trainer leaves it out of a checkpoint's resume key (train/config.py). A stage that names the field itself in its
-    config subsets (the eval stage's `policy.model.execute_steps`) reads it on purpose and keys on it."""
-    return {OUTPUTS: False}
+    config subsets (the eval stage's `policy.model.execute_steps`) reads it on purpose and keys on it.
+
+    `on_resume=True` declares less: the field changes a fresh start's outputs (so stage keys keep it), but not those
+    of a training run that continues from its checkpoints: it only shapes evaluation, or the initialisation a resume
+    replaces with the checkpoint's weights, or names where things are whose contents the stage's setup check compares
+    itself. A stage's setup guard lets such a field change on resume (`resume_free_fields`)."""
+    return {RESUMED_OUTPUTS: False} if on_resume else {OUTPUTS: False}
 
 
 def changes_outputs(f: dataclasses.Field) -> bool:
     """False when field `f` was declared with `same_outputs()`."""
     return bool(f.metadata.get(OUTPUTS, True))
+
+
+def resume_free_fields(cls: Any) -> tuple[str, ...]:
+    """Names of the fields of dataclass `cls` (a class or an instance) a resumed training run may change: those
+    declared `same_outputs()`, with or without `on_resume`; in declaration order."""
+    return tuple(
+        f.name for f in dataclasses.fields(cls) if not changes_outputs(f) or not f.metadata.get(RESUMED_OUTPUTS, True)
+    )
 
 
 def output_free_keys(config: Any, prefix: str = "") -> list[str]:

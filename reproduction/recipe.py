@@ -70,10 +70,12 @@ class Recipe:
     stages: tuple[StageSpec, ...]
     """Stages in dependency order."""
     open_inputs: str | None = None
-    """"module:function" (config) -> {name: opened input with a `.fingerprint`}; opened once per run."""
+    """"module:function" (config) -> {name: opened input with a `.fingerprint`}; opened once per run. One that takes a
+    keyword `digests` gets the run's digest cache (reproduction/digest_cache.py) to hash the inputs through."""
     preflight: str | None = None
     """"module:function" (config, run_dir, opened, stage names) -> list of problems (errors or strings), checked before
-    anything runs; inputs it opens go into the dict `opened` and are used instead of open_inputs'."""
+    anything runs; inputs it opens go into the dict `opened` and are used instead of open_inputs'. Takes `digests`
+    like open_inputs."""
     config_schema: str | None = None
     """"module:Class": the config dataclass `portable run` loads the run config into (None: the recipe is run by
     code only, with a config object it builds itself)."""
@@ -150,12 +152,21 @@ class StageContext:
     target_step: int | None = None
     """Train up to this step instead of the configured one."""
     ray_address: str | None = None
+    """--ray-address as given (None: none was). A stage whose workers need Ray calls ray_cluster() instead."""
     ui: Any = None
-    resources: Any = None
-    """A contextlib.ExitStack the runner closes when the run ends: stages share costly things through it
-    (one local Ray for the whole run) via `shared`."""
-    shared: dict[str, Any] = field(default_factory=dict)
-    """Values stages share within one invocation (e.g. the local Ray's address)."""
+    ray: Callable[[], str | None] | None = None
+    """The runner's shared Ray (reproduction.train.ray_connect.RunRay.address, held for the whole run): read it
+    through ray_cluster()."""
+    digests: Any = None
+    """The run's digest cache (reproduction.digest_cache.DigestCache): hash the run's files through it, so a file
+    is hashed once per run. None when no runner gave one."""
+
+    def ray_cluster(self) -> str | None:
+        """The address of the Ray cluster the run's stages share: --ray-address, else one local Ray the runner
+        starts on the first call and stops when the run ends (RayUnavailableError, exit 58, when it does not
+        start); None when this process already runs a Ray or no runner gave one (the launcher then uses that
+        Ray or starts its own)."""
+        return self.ray() if self.ray is not None else self.ray_address
 
 
 def resolve_fn(ref: str) -> Callable[..., Any]:

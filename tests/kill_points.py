@@ -28,7 +28,7 @@ POINTS: dict[str, tuple[str, str, str, int, str]] = {
     "value_second_fold": ("value", "reproduction.train.checkpoint", "export", 1, "after"),
     "advantages_values": ("advantages", "reproduction.recap.value.stage", "infer_values", 1, "after"),
     "advantages_sidecar": ("advantages", "reproduction.recap.sidecars", "write_mixture_config", 1, "before"),
-    "policy_setup": ("policy", "reproduction.recap.policy.task", "atomic_write_text", 1, "half"),
+    "policy_setup": ("policy", "reproduction.recap.policy.setup", "atomic_write_text", 1, "half"),
     "policy_dcp_save": ("policy", "reproduction.train.checkpoint", "_manifest", 1, "before"),
     "policy_export": ("policy", "safetensors.torch", "save_file", 1, "after"),
     "policy_second_mode": ("policy", "reproduction.train.checkpoint", "_manifest", 3, "before"),

@@ -146,3 +146,13 @@ def test_cuda_requested_on_this_cpu_machine_runs_real_torch_and_fails_20(tmp_pat
     assert row.status == "fail" and row.failure == "accelerator"
     assert "nvidia-smi not found" in row.finding and "is built without CUDA" in row.finding
     assert report.exit_code == 20
+
+
+def test_the_driver_lineage_records_is_the_one_the_probe_reads(tmp_path):
+    from reproduction.checks.accelerator_cuda import driver_version
+
+    assert driver_version(make_context(tmp_path, run=_run())) == "550.54.15"
+    from reproduction.checks.probe import CommandResult
+
+    absent = FakeRun({"nvidia-smi --query-gpu": CommandResult(argv=("nvidia-smi",), returncode=127)})
+    assert driver_version(make_context(tmp_path, run=absent)) is None

@@ -412,7 +412,7 @@ def test_eval_stage_path_evaluates_in_libero_and_writes_evidence_per_init_state(
 
     import jsonschema
 
-    from reproduction.recap.policy.task import EXPORT_FORMAT, EXPORT_META
+    from reproduction.recap.policy.config import EXPORT_FORMAT, EXPORT_META
     from reproduction.recipes.recap.config import load_config
     from reproduction.recipes.recap.policy import evaluate_exports
     from reproduction.run.comparison import compare_evidence
@@ -479,8 +479,9 @@ def test_a_trained_export_with_upstreams_cameras_runs_in_libero_through_the_eval
     evidence is written (1 init state, 5 steps: the numbers mean nothing, the path does)."""
     import json
 
+    from reproduction.recap.policy.config import PolicyStageConfig
     from reproduction.recap.policy.data import PolicySource, open_policy_input
-    from reproduction.recap.policy.task import PolicyStageConfig, train_policy
+    from reproduction.recap.policy.task import train_policy
     from reproduction.recipes.recap.config import load_config
     from reproduction.recipes.recap.policy import evaluate_exports
     from reproduction.sim.libero.protocol import IMAGE_KEYS

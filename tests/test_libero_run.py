@@ -66,7 +66,7 @@ def test_bad_libero_settings_refused():
 
 
 def _export(folder: Path, *, state: int = 8, action: int = 7, cameras: dict | None = None, mode: str = "bc") -> Path:
-    from reproduction.recap.policy.task import EXPORT_FORMAT, EXPORT_META
+    from reproduction.recap.policy.config import EXPORT_FORMAT, EXPORT_META
 
     folder.mkdir(parents=True)
     meta = {

@@ -366,26 +366,6 @@ def test_write_replaces_the_previous_statement_of_a_stage(tmp_path):
     ]
 
 
-def test_digest_cache_hashes_once_and_notices_rewrites(tmp_path, monkeypatch):
-    import reproduction.run.lineage as lineage
-
-    folder = tmp_path / "ds"
-    (folder / "meta").mkdir(parents=True)
-    (folder / "meta/info.json").write_text("{}")
-    expected = tree_sha256(folder)
-    calls = []
-    real = lineage.sha256_files
-    monkeypatch.setattr(lineage, "sha256_files", lambda paths: calls.append(1) or real(paths))
-    cache = lineage.DigestCache()
-    first = cache.digest(folder)
-    assert cache.digest(folder) == first and len(calls) == 1
-    assert first[0] == expected and first[1:] == ("tree", {"meta/info.json": first[2]["meta/info.json"]})
-    (folder / "meta/info.json").write_text('{"v": 2}')
-    assert cache.digest(folder)[0] != first[0] and len(calls) == 2
-    with pytest.raises(FileNotFoundError):
-        cache.digest(tmp_path / "absent")
-
-
 def test_runtime_versions_names_torch_and_accelerator_stacks():
     versions = runtime_versions()
     assert {"python", "torch", "cuda", "cann", "driver", "torch_npu"} <= set(versions)

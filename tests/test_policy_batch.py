@@ -6,8 +6,10 @@ import numpy as np
 import torch
 
 from reproduction.recap.policy.conditioning import route
+from reproduction.recap.policy.config import SETUP_NAME, PolicyStageConfig
 from reproduction.recap.policy.data import PolicySource, open_policy_input
-from reproduction.recap.policy.task import SETUP_NAME, PolicyStageConfig, make_policy_task, prepare_policy_setup
+from reproduction.recap.policy.setup import prepare_policy_setup
+from reproduction.recap.policy.task import make_policy_task
 from reproduction.train.data_order import sample_uniforms
 from reproduction.train.task import BatchKeys
 from tests.policy_synth import write_labels, write_policy_dataset

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from reproduction.errors import CheckpointError, DatasetError, FingerprintMismatchError, GuidanceScaleError
+from reproduction.recap.policy.config import PolicyStageConfig
 from reproduction.recap.policy.data import PolicySource, build_arrays, open_policy_input
 from reproduction.recap.policy.export import PolicyFactory, load_policy
-from reproduction.recap.policy.task import PolicyStageConfig, train_policy
+from reproduction.recap.policy.task import train_policy
 from tests.policy_synth import CAMERA, TASK, write_labels, write_policy_dataset
 
 

@@ -67,7 +67,7 @@ def test_baselines_never_condition(mode):
 @pytest.mark.parametrize(("p", "positive_only"), [(0.1, True), (0.3, False), (0.2, False)])
 def test_dropout_rates_match_the_configured_probability(p, positive_only):
     """Routing through the trainer's per-sample RNG: rates within 4 sigma of the expectation."""
-    from reproduction.recap.policy.task import RouteAugment
+    from reproduction.recap.policy.batches import RouteAugment
 
     n = 20_000
     rng = np.random.default_rng(123)

@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 
+from reproduction.recap.policy.config import PolicyStageConfig
 from reproduction.recap.policy.data import PolicySource, open_policy_input
-from reproduction.recap.policy.task import PolicyStageConfig, train_policy
+from reproduction.recap.policy.task import train_policy
 from tests.policy_synth import write_labels, write_policy_dataset
 
 pytestmark = pytest.mark.slow

@@ -85,3 +85,39 @@ def test_joining_a_cluster_that_never_answers_is_bounded_and_names_the_address()
     assert str(err) == f"cannot join the Ray cluster at {address}: no answer within 6 s"
     assert took < 30, took
     assert "--node-ip-address" in err.hint and "leave --ray-address out" in err.hint  # the loopback fix
+
+
+def test_a_run_starts_one_local_ray_on_first_use_and_stops_it_at_the_end():
+    started, stopped = [], []
+
+    def start(cpus):
+        started.append(cpus)
+        return "127.0.0.1:6379"
+
+    service = ray_connect.RunRay(cpus=3, start=start, stop=lambda: stopped.append(1))
+    with service:
+        assert started == []  # nothing asked yet: no Ray
+        assert service.address() == "127.0.0.1:6379"
+        assert service.address() == "127.0.0.1:6379"
+        assert started == [3] and stopped == []
+    assert stopped == [1]
+    with ray_connect.RunRay(cpus=3, start=start, stop=lambda: stopped.append(2)):
+        pass
+    assert started == [3] and stopped == [1]  # never asked: never started nor stopped
+
+
+def test_a_run_given_an_address_joins_it_and_never_starts_or_stops_ray():
+    def start(cpus):
+        raise AssertionError("started a local Ray")
+
+    with ray_connect.RunRay("10.0.0.5:6379", start=start, stop=lambda: (_ for _ in ()).throw(AssertionError)) as rr:
+        assert rr.address() == "10.0.0.5:6379"
+
+
+def test_a_local_ray_that_does_not_start_is_exit_58_from_the_stage_that_asked():
+    def start(cpus):
+        ray_connect.start_local(cpus=cpus, init=lambda **kw: (_ for _ in ()).throw(Exception(TIMED_OUT)))
+
+    with ray_connect.RunRay(cpus=1, start=start) as service, pytest.raises(RayUnavailableError) as caught:
+        service.address()
+    assert caught.value.exit_code == 58

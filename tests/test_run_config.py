@@ -148,7 +148,7 @@ def test_max_steps_0_on_the_command_line_names_its_section(tmp_path, capsys, key
 # Every rule of a component section (returns, value.model, value.infer.device, advantages, policy.model)
 # reached through a run config: (overrides, the field the error names, the message's start). The rules stay
 # with their components (recap/returns.py, recap/value/config.py, train/device.py, recap/advantage_config.py,
-# recap/policy/task.py); the run config passes each section's key.
+# recap/policy/config.py); the run config passes each section's key.
 COMPONENT_RULES = [
     ("returns.gamma=2", "returns.gamma", "returns.gamma=2.0 is outside (0, 1]"),
     ("returns.gamma=0", "returns.gamma", "returns.gamma=0.0 is outside (0, 1]"),
@@ -224,7 +224,7 @@ def test_every_component_rule_names_its_full_key(override, key, words):
 def test_components_on_their_own_still_name_the_bare_field():
     """The same rules outside a run config (a stage's config built in Python) name the field alone."""
     from reproduction.recap.advantage_config import AdvantageConfig
-    from reproduction.recap.policy.task import PolicyStageConfig
+    from reproduction.recap.policy.config import PolicyStageConfig
     from reproduction.recap.returns import ReturnsConfig
     from reproduction.recap.value.config import ValueSource, ValueStageConfig
 

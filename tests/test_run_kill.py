@@ -327,7 +327,8 @@ def test_an_edited_dataset_file_is_named(world, tmp_path, column):
 
 
 def test_the_content_digest_sees_every_byte_and_rehashes_only_changed_files(tmp_path, monkeypatch):
-    import reproduction.digests
+    from reproduction.digest_cache import DigestCache
+    from reproduction.digests import sha256_file
     from reproduction.run.content import content_digest
     from reproduction.run.lineage import tree_sha256
 
@@ -336,11 +337,13 @@ def test_the_content_digest_sees_every_byte_and_rehashes_only_changed_files(tmp_
     (root / "data").mkdir(parents=True)
     (root / "data" / "a.parquet").write_bytes(b"a" * 100)
     (root / "meta.json").write_text("{}")
-    hashed: list[int] = []
-    real = reproduction.digests.sha256_files
-    monkeypatch.setattr(reproduction.digests, "sha256_files", lambda paths: hashed.append(len(paths)) or real(paths))
-    first = content_digest(root)
-    assert first == tree_sha256(root) and hashed == [2]
-    assert content_digest(root) == first and hashed[-1] == 0  # unchanged: a stat per file
+    hashed: list[Path] = []
+
+    def fresh() -> DigestCache:  # a new process each time: only the cache on disk carries over
+        return DigestCache(hasher=lambda p: hashed.append(p) or sha256_file(p))
+
+    first = content_digest(root, fresh())
+    assert first == tree_sha256(root) and len(hashed) == 2
+    assert content_digest(root, fresh()) == first and len(hashed) == 2  # unchanged: a stat per file
     (root / "data" / "a.parquet").write_bytes(b"a" * 99 + b"b")
-    assert content_digest(root) != first and hashed[-1] == 1
+    assert content_digest(root, fresh()) != first and len(hashed) == 3

@@ -156,7 +156,8 @@ def test_the_recap_demo_stage_keys_are_those_of_the_code_before_recipes_had_name
     code at bf2a15e computed them, with each code module's source digest replaced by a marker so an edit to a
     stage's code (which is meant to change its key) does not fail this test: the config subsets, exemptions,
     inputs, upstream names, files and code module names are what the move must keep, and the fields declared
-    `same_outputs()` must leave out exactly what the hand-kept key_exempt lists did."""
+    `same_outputs()` must leave out exactly what the hand-kept key_exempt lists did. The policy stage's keys are
+    those of the code after recap/policy/task.py was split (its code list names config, setup and batches too)."""
     from types import SimpleNamespace
 
     from reproduction.config_fields import output_free_keys
@@ -327,6 +328,36 @@ def test_fields_declare_whether_they_change_outputs_once():
         "policy.model.execute_steps",
     ]
     assert sorted(k[len("value.train.") :] for k in free if k.startswith("value.train.")) == train_free
+
+
+def test_the_setup_guards_read_the_fields_declarations():
+    """The value and policy setup guards let exactly the fields declared `same_outputs(on_resume=True)` change on
+    resume: the sets their hand-kept lists (_NOT_IN_RESUME_KEY, _FREE_ON_RESUME) held; stage keys do not drop them."""
+    from reproduction.config_fields import output_free_keys
+    from reproduction.recap.policy import setup as policy_setup
+    from reproduction.recap.value import task as value_task
+    from reproduction.recipes.recap.config import RunConfig
+
+    value_before = (
+        "eval",
+        "eval_max_samples",
+        "eval_micro_batch",
+        "tokenizer",
+        "pretrained_manifest",
+        "weights_dir",
+        "allow_unpinned",
+        "model_seed",
+        "return_min",
+        "return_max",
+        "folds",
+        "fold_seed",
+    )
+    policy_before = ("execute_steps", "num_steps", "tokenizer", "model_seed", "pretrained_manifest", "weights_dir")
+    assert sorted(value_task.RESUME_FREE) == sorted(value_before)
+    assert sorted(policy_setup.RESUME_FREE) == sorted(policy_before)
+    free = output_free_keys(RunConfig())
+    assert not [k for k in free if k.startswith("value.model.")]
+    assert [k for k in free if k.startswith("policy.model.")] == ["policy.model.execute_steps"]
 
 
 # -- one settings module -----------------------------------------------------------------------------------------

@@ -300,3 +300,22 @@ def test_a_file_a_later_stage_writes_is_that_stages_output(tmp_path):
     assert "../evidence/comparison.json" in stages["second"]["outputs"]
     got = run_recipe(recipe, ToyConfig(), run, RunOptions(inputs={}, resume=True))
     assert [s.action for s in got.stages] == ["skipped", "skipped"]
+
+
+def ray_asker(ctx: StageContext) -> StageOutput:
+    CALLS.append(ctx.ray_cluster())
+    out = ctx.out_dir / "ray.txt"
+    out.write_text("asked")
+    return StageOutput(files=[out])
+
+
+def test_stages_ask_the_runner_for_the_runs_ray(tmp_path):
+    """--ray-address is joined as given: every stage that asks gets it, and no local Ray starts."""
+    stages = (
+        StageSpec(name="first", fn=f"{__name__}:ray_asker", inputs=False),
+        StageSpec(name="second", fn=f"{__name__}:ray_asker", needs=("first",), inputs=False),
+    )
+    CALLS.clear()
+    opts = RunOptions(ray_address="10.0.0.5:6379")
+    run_recipe(Recipe(name="toy", stages=stages), ToyConfig(), tmp_path / "run", opts)
+    assert CALLS == ["10.0.0.5:6379", "10.0.0.5:6379"]

@@ -631,8 +631,8 @@ def test_the_tiny_manifests_are_the_demos_presets_and_its_run_initialises_from_t
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from reproduction.recap.policy.conditioning import KINDS, prompt_text
+    from reproduction.recap.policy.config import PolicyStageConfig
     from reproduction.recap.policy.model import PolicyModelConfig, build_policy_model, tiny_config
-    from reproduction.recap.policy.task import PolicyStageConfig
     from reproduction.recap.tokenizer import train_tokenizer
     from reproduction.recap.value.model import preset_config
     from reproduction.recap.value.weights import load_pretrained

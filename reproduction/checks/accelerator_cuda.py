@@ -116,6 +116,14 @@ def visible(gpus: list[dict[str, Any]], env: dict[str, str]) -> list[dict[str, A
     return keep
 
 
+def driver_version(ctx: CheckContext, timeout: float = 5.0) -> str | None:
+    """The NVIDIA driver version nvidia-smi reports for the first GPU (the `cuda` row's), or None without the tool,
+    a GPU or an answer within `timeout`. Lineage records it (run/lineage.py runtime_versions)."""
+    out = ctx.run(["nvidia-smi", f"--query-gpu={','.join(QUERY_GPU)}", "--format=csv"], timeout=timeout, env=ctx.env)
+    gpus = parse_query_gpu(out.stdout) if out.returncode == 0 else []
+    return (gpus[0]["driver"] or None) if gpus else None
+
+
 def _nvidia_smi(ctx: CheckContext) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
     """(gpus, compute apps, error) from nvidia-smi; error 'not found' when the tool is absent."""
     gpu_out = ctx.run(["nvidia-smi", f"--query-gpu={','.join(QUERY_GPU)}", "--format=csv"], timeout=30, env=ctx.env)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reproduction.digest_cache import DigestCache
 from reproduction.digests import sha256_file, sha256_files
 from reproduction.errors import InputNotFoundError, IntegrityError
 from reproduction.release.manifest import Manifest
@@ -93,9 +94,11 @@ class WeightsReport:
         }
 
 
-def verify_weights(manifest: WeightsManifest, weights_dir: Path, *, jobs: int | None = None) -> WeightsReport:
+def verify_weights(
+    manifest: WeightsManifest, weights_dir: Path, *, jobs: int | None = None, digests: DigestCache | None = None
+) -> WeightsReport:
     """Hash every file of `manifest` under `weights_dir`; report unpinned fields, missing files, wrong sizes
-    and digests (collects everything, raises nothing)."""
+    and digests (collects everything, raises nothing). `digests`: a run's digest cache to hash through."""
     weights_dir = Path(weights_dir)
     report = WeightsReport(manifest=str(manifest.path or manifest.name), files=len(manifest.files()))
     report.problems += [WeightsProblem(kind="unpinned", path=u) for u in manifest.unpinned()]
@@ -110,7 +113,8 @@ def verify_weights(manifest: WeightsManifest, weights_dir: Path, *, jobs: int | 
             )
         elif f.sha256 != UNPINNED:
             to_hash[path] = f
-    for path, digest in sha256_files(to_hash, jobs=jobs).items() if to_hash else ():
+    hashed = (digests.files(to_hash) if digests is not None else sha256_files(to_hash, jobs=jobs)) if to_hash else {}
+    for path, digest in hashed.items():
         if digest != to_hash[path].sha256:
             report.problems.append(
                 WeightsProblem(
@@ -356,14 +360,14 @@ def default_manifest_dir() -> Path:
     return project_root() / MANIFEST_DIR
 
 
-def verify_bundle_weights(bundle: Path) -> int:
+def verify_bundle_weights(bundle: Path, *, digests: DigestCache | None = None) -> int:
     """For `run`'s preflight: rehash the weights a bundle's manifests name, on disk now; returns the files.
 
     `check_bundle_weights` (restore) compares bundle.json with the manifests; this one reads the bytes,
     so a weights file edited or replaced after restore is refused. Collects every bad file, then raises
     one IntegrityError (exit 5) whose message is one line naming each file by its bundle path, what
     differs and the manifest that pins it. A folder that is not a bundle (no bundle.json) or names no
-    weight manifests checks nothing and returns 0.
+    weight manifests checks nothing and returns 0. `digests`: the run's digest cache to hash through.
     """
     from reproduction.release.manifest import MANIFEST_NAME, load_manifest
 
@@ -377,7 +381,7 @@ def verify_bundle_weights(bundle: Path) -> int:
     count, problems = 0, []
     for item in manifest.metadata.get("weights") or []:
         rel, dest = str(item["manifest"]), str(item.get("dest", "weights"))
-        report = verify_weights(load_weights_manifest(bundle / rel, licenses=index), bundle / dest)
+        report = verify_weights(load_weights_manifest(bundle / rel, licenses=index), bundle / dest, digests=digests)
         count += report.ok
         problems += [
             f"{dest}/{p.path}: {p.detail or p.kind} (pinned by {rel})" for p in report.problems if p.kind != "unpinned"

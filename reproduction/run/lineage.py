@@ -25,8 +25,6 @@ import importlib.util
 import json
 import os
 import platform
-import shutil
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from reproduction.digest_cache import DigestCache, tree_files, tree_lines
 from reproduction.digests import sha256_file, sha256_files
 from reproduction.errors import InvalidInputError
 from reproduction.fsio import atomic_write_text
@@ -64,16 +63,6 @@ TREE_LISTED = 64
 
 
 # -- digests ------------------------------------------------------------------------------------
-
-
-def tree_lines(entries: Mapping[str, str]) -> bytes:
-    """The bytes a tree digest hashes: "<relative posix path>\\0<sha256>\\n" per file, sorted by path."""
-    return b"".join(f"{rel}\0{entries[rel]}\n".encode() for rel in sorted(entries))
-
-
-def tree_files(root: Path) -> list[Path]:
-    """The regular files under `root` (links to files included, links to folders not followed), sorted."""
-    return sorted(p for p in Path(root).rglob("*") if p.is_file())
 
 
 def tree_digests(root: Path) -> dict[str, str]:
@@ -175,53 +164,15 @@ class StageRun:
     environ: Mapping[str, str] | None = field(default=None, repr=False)
     """The environment whose credential-named variables are redacted (default: os.environ)."""
     cache: DigestCache | None = field(default=None, repr=False)
-    """Digests already computed in this run (share one across the run's stages: a dataset is hashed once)."""
-
-
-class DigestCache:
-    """Digests of files and folders, reused while their stat signature (paths, sizes, mtimes) is unchanged.
-
-    The runner keeps one per run so a dataset four stages read is hashed once; a file rewritten in
-    between (new size or mtime) is hashed again. Not shared between processes.
-    """
-
-    def __init__(self) -> None:
-        self._known: dict[str, tuple[tuple, tuple[str, str, dict[str, str] | None]]] = {}
-
-    @staticmethod
-    def _signature(path: Path) -> tuple:
-        if path.is_dir():
-            return tuple((p.relative_to(path).as_posix(), *_stat(p)) for p in tree_files(path))
-        return _stat(path)
-
-    def digest(self, path: Path) -> tuple[str, str, dict[str, str] | None]:
-        """(sha256, "file" or "tree", per-file digests of a folder or None); FileNotFoundError when absent."""
-        path = Path(os.path.abspath(path))
-        if not path.exists():
-            raise FileNotFoundError(path)
-        signature = self._signature(path)
-        known = self._known.get(str(path))
-        if known is not None and known[0] == signature:
-            return known[1]
-        if path.is_dir():
-            files = tree_digests(path)
-            value = (tree_sha256(path, files), "tree", files)
-        else:
-            value = (sha256_file(path), "file", None)
-        self._known[str(path)] = (signature, value)
-        return value
-
-
-def _stat(path: Path) -> tuple[int, int]:
-    st = path.stat()
-    return st.st_size, st.st_mtime_ns
+    """The run's digest cache (reproduction/digest_cache.py): a file the run hashed already is not hashed again."""
 
 
 def runtime_versions() -> dict[str, str | None]:
     """Versions the results may depend on: python, recap-portable, torch and its CUDA, torch_npu, CANN, driver.
 
     Imports neither torch (its CUDA version is read from torch/version.py unless torch is loaded already)
-    nor torch_npu (it patches torch on import); the driver comes from `nvidia-smi` when present (5 s bound).
+    nor torch_npu (it patches torch on import); the driver and CANN are read by `portable check`'s probes
+    (reproduction/checks/: nvidia-smi with a 5 s bound, the CANN toolkit's version files).
     """
     out: dict[str, str | None] = {"python": platform.python_version(), "platform": platform.platform()}
     for dist in ("recap-portable", "torch", "torch_npu", "numpy"):
@@ -256,35 +207,20 @@ def _torch_cuda() -> str | None:
 
 
 def _cann_version() -> str | None:
-    home = os.environ.get("ASCEND_TOOLKIT_HOME") or os.environ.get("ASCEND_HOME_PATH")
-    if not home:
-        return None
-    for name in ("version.cfg", "version.info"):
-        path = Path(home) / name
-        if path.is_file():
-            for line in path.read_text(errors="replace").splitlines():
-                key, _, value = line.partition("=")
-                if key.strip().lower() in ("version", "toolkit_installed_version", "runtime_running_version"):
-                    return value.strip().strip("[]").split(":")[-1] or None
-    return None
+    """The CANN toolkit's version as `portable check` finds it (checks/accelerator_ascend.py), or None."""
+    from reproduction.checks.accelerator_ascend import find_cann
+    from reproduction.checks.context import CheckContext
+
+    cann = find_cann(CheckContext.live())
+    return (cann.version or None) if cann is not None else None
 
 
 def _nvidia_driver() -> str | None:
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return None
-    try:
-        done = subprocess.run(
-            [exe, "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = done.stdout.split()
-    return lines[0] if done.returncode == 0 and lines else None
+    """The NVIDIA driver as `portable check` reads it (checks/accelerator_cuda.py; nvidia-smi, 5 s bound), or None."""
+    from reproduction.checks.accelerator_cuda import driver_version
+    from reproduction.checks.context import CheckContext
+
+    return driver_version(CheckContext.live(), timeout=5.0)
 
 
 def _timestamp(value: datetime | float) -> str:
@@ -313,7 +249,7 @@ def _descriptor(item: Path | Artifact, run: StageRun, *, role: str | None) -> di
     if artifact.sha256 is not None:
         digest, kind = artifact.sha256, "tree" if path.is_dir() else "file"
     else:
-        digest, kind, files = (run.cache or DigestCache()).digest(path)
+        digest, kind, files = (run.cache or DigestCache()).path(path)
     root, rel = _locate(path, Path(run.run_dir), run.bundle_dir)
     annotations: dict[str, Any] = {"kind": kind, "root": root, "path": rel}
     if files is not None and len(files) <= TREE_LISTED and root != "bundle":

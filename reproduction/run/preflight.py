@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from reproduction.digest_cache import DigestCache
 from reproduction.errors import PortableError, PreflightError
 
 PLACEHOLDER = "/path/to/"
@@ -41,13 +42,14 @@ def disk_problems(run_dir: Path, min_free_gb: float) -> list[str]:
     return []
 
 
-def bundle_weights_problems(bundle: str | Path | None) -> list[PortableError]:
+def bundle_weights_problems(bundle: str | Path | None, digests: DigestCache | None = None) -> list[PortableError]:
     """The restored bundle's weights files whose bytes are not the ones its weight manifests pin.
 
     Rehashes every file the bundle's `weights_manifest/` copies name (release/weights.py), so a file
     edited or replaced after restore is caught before any worker starts. Returns at most one
     IntegrityError (exit 5) whose one-line message names every bad file by its bundle path; none for
-    no bundle, a folder without bundle.json, or a bundle that carries no weight manifests.
+    no bundle, a folder without bundle.json, or a bundle that carries no weight manifests. `digests`: the
+    run's digest cache (the lineage of a stage that starts from these weights then hashes nothing again).
     """
     if not bundle:
         return []
@@ -57,7 +59,7 @@ def bundle_weights_problems(bundle: str | Path | None) -> list[PortableError]:
     if stamp_path is not None and _read_text(stamp_path) == stamp:
         return []  # the same files, by size and mtime, as at this bundle's last clean check
     try:
-        verify_bundle_weights(Path(bundle))
+        verify_bundle_weights(Path(bundle), digests=digests)
     except PortableError as exc:
         exc.message = "bundle weights: " + " ".join(exc.message.split())  # one line, whatever it quoted
         exc.args = (exc.message,)

@@ -153,7 +153,7 @@ def make_recorder(bundle: Path | None) -> Callable[[Any], None] | None:
         return None
     if not hasattr(lineage, "write_stage_statement"):
         return None
-    cache = lineage.DigestCache() if hasattr(lineage, "DigestCache") else None
+    own = lineage.DigestCache()  # for a runner that hands no cache of its own
 
     def record(rec: Any) -> None:
         A = lineage.Artifact
@@ -190,7 +190,7 @@ def make_recorder(bundle: Path | None) -> Callable[[Any], None] | None:
                 status="succeeded",
                 resumed_from=resumed,
                 bundle_dir=Path(bundle) if bundle is not None else None,
-                cache=cache,
+                cache=getattr(rec, "digests", None) or own,
             )
         )
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -31,12 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.config_fields import output_free_keys
+from reproduction.digest_cache import DigestCache
 from reproduction.errors import CheckpointError, RunStateError, StageKeyChangedError
 from reproduction.fsio import atomic_write_text
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
 from reproduction.run.config import select, to_plain
 from reproduction.run.guards import LOCK_FILE, refuse_links, run_lock, sigterm_as_interrupt
 from reproduction.run.secrets import redact
+from reproduction.train.ray_connect import RunRay
 
 RUN_JSON = "run.json"
 FORMAT_VERSION = 1
@@ -73,6 +76,8 @@ class StageRecord:
     world_size: int = 1
     device: str = "cpu"
     resumed_from_path: Path | None = None
+    digests: DigestCache | None = None
+    """The run's digest cache: the lineage writer hashes through it (a file the run hashed is not hashed again)."""
 
 
 Recorder = Callable[[StageRecord], None]
@@ -94,6 +99,8 @@ class RunOptions:
     inputs: dict[str, Any] | None = None
     """Already-opened inputs (else the recipe's open_inputs is called)."""
     preflight: bool = True
+    digests: DigestCache | None = None
+    """The run's digest cache (reproduction/digest_cache.py); None: a fresh one for this run."""
     recipe_ref: str | None = None
     """The name the run config gave the recipe (`recap`, `package.module:RECIPE`), recorded as run.json's
     `recipe_ref` so commands reading the run folder (`portable eval`) find the recipe; None: the recipe's name."""
@@ -159,20 +166,12 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(canonical(obj).encode()).hexdigest()
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def module_digest(name: str) -> str:
+def module_digest(name: str, digests: DigestCache | None = None) -> str:
     """sha256 of a module's source file, found without importing it."""
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.origin or not os.path.isfile(spec.origin):
         return "absent"
-    return _sha256(Path(spec.origin))
+    return (digests or DigestCache()).file(Path(spec.origin))
 
 
 # -- keys and outputs -----------------------------------------------------------------------------
@@ -193,19 +192,22 @@ def key_parts(
     inputs: dict[str, Any],
     upstream: dict[str, str],
     free: Sequence[str] = (),
+    digests: DigestCache | None = None,
 ) -> dict:
     """The parts of a stage's key (JSON-able); the key is digest(key_parts). `free`: the config's dotted keys declared
-    not to change outputs (`output_free_keys(config)`), left out of the subsets that hold them."""
+    not to change outputs (`output_free_keys(config)`), left out of the subsets that hold them. `digests`: the run's
+    digest cache (code and input files)."""
+    digests = digests or DigestCache()
     config = _exempt(spec, {k: json.loads(canonical(select(plain_config, k))) for k in spec.config}, free)
     parts = {
         "config": config,
         "inputs": {n: getattr(v, "fingerprint", None) for n, v in sorted(inputs.items())} if spec.inputs else {},
         "upstream": {n: upstream[n] for n in spec.needs},
-        "code": {m: module_digest(m) for m in spec.code},
+        "code": {m: module_digest(m, digests) for m in spec.code},
     }
     files = input_files(spec, plain_config)
     if spec.files or files:  # only then: the keys of stages that read no file stay as they were
-        parts["files"] = {k: _file_digest(v) for k, v in files.items()}
+        parts["files"] = {k: _file_digest(v, digests) for k, v in files.items()}
     return parts
 
 
@@ -273,10 +275,10 @@ def weight_files(spec: StageSpec, plain_config: dict[str, Any]) -> list[str]:
     return out
 
 
-def _file_digest(path: str | None) -> str | None:
+def _file_digest(path: str | None, digests: DigestCache) -> str | None:
     if path is None:
         return None
-    return _sha256(Path(path)) if Path(path).is_file() else "absent"
+    return digests.file(Path(path)) if Path(path).is_file() else "absent"
 
 
 def describe_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -297,9 +299,11 @@ def _short(v: Any) -> str:
     return text[:16] + "..." if len(text) > 40 and len(text) == 64 else (text if len(text) <= 80 else text[:77] + "...")
 
 
-def collect_outputs(spec: StageSpec, stage_dir: Path, written: Sequence[Path]) -> dict[str, list]:
+def collect_outputs(
+    spec: StageSpec, stage_dir: Path, written: Sequence[Path], digests: DigestCache | None = None
+) -> dict[str, list]:
     """{path relative to the stage folder: [size, mtime_ns, sha256]} of the stage's outputs: files it
-    returned plus files matching its globs."""
+    returned plus files matching its globs (hashed through the run's `digests`)."""
     files: set[Path] = set()
     for pattern in spec.outputs:
         files.update(p for p in stage_dir.glob(pattern) if p.is_file())
@@ -308,15 +312,16 @@ def collect_outputs(spec: StageSpec, stage_dir: Path, written: Sequence[Path]) -
         p = Path(p)
         if p.is_file() and run_dir in p.resolve().parents:  # e.g. eval writes run/evidence/
             files.add(p.resolve())
-    out = {}
-    for p in sorted({f.resolve() for f in files}):
-        st = p.stat()
-        out[os.path.relpath(p, stage_dir.resolve())] = [st.st_size, st.st_mtime_ns, _sha256(p)]
-    return out
+    paths = sorted({f.resolve() for f in files})
+    stats = {p: p.stat() for p in paths}  # before hashing: a file rewritten meanwhile differs from its record
+    shas = (digests or DigestCache()).files(paths)
+    return {os.path.relpath(p, stage_dir.resolve()): [stats[p].st_size, stats[p].st_mtime_ns, shas[p]] for p in paths}
 
 
-def verify_outputs(stage_dir: Path, recorded: dict[str, list]) -> list[str]:
-    """Problems with a completed stage's recorded outputs (missing, changed); a stat match is trusted."""
+def verify_outputs(stage_dir: Path, recorded: dict[str, list], digests: DigestCache | None = None) -> list[str]:
+    """Problems with a completed stage's recorded outputs (missing, changed); a stat match is trusted, and its
+    recorded digest is handed to the run's `digests` (lineage then pins it without hashing)."""
+    digests = digests or DigestCache()
     problems = []
     for rel, (size, mtime, sha) in recorded.items():
         p = stage_dir / rel
@@ -325,8 +330,10 @@ def verify_outputs(stage_dir: Path, recorded: dict[str, list]) -> list[str]:
         except OSError:
             problems.append(f"{rel} is missing")
             continue
-        if st.st_size != size or (st.st_mtime_ns != mtime and _sha256(p) != sha):
+        if st.st_size != size or (st.st_mtime_ns != mtime and digests.file(p) != sha):
             problems.append(f"{rel} was modified")
+        elif st.st_mtime_ns == mtime:
+            digests.remember(p, size, mtime, sha)
     return problems
 
 
@@ -349,6 +356,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
     `--resume` continues it; a complete stage that `--target-step` failed to train on keeps its record.
     """
     opts = options or RunOptions()
+    digests = opts.digests or DigestCache()  # one per run: keys, outputs, datasets, weights and lineage share it
     run_dir = Path(os.path.abspath(run_dir))  # every path derived from it is absolute (the CLI resolved it already)
     if run_dir.exists() and not run_dir.is_dir():
         raise RunStateError(
@@ -376,7 +384,8 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         if opts.preflight and recipe.preflight:
             from reproduction.run.preflight import raise_problems
 
-            raise_problems(resolve_fn(recipe.preflight)(config, run_dir, opened, [s.name for s in selected]))
+            check = resolve_fn(recipe.preflight)
+            raise_problems(check(config, run_dir, opened, [s.name for s in selected], **_digests_kw(check, digests)))
         if state is None and run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir()):
             raise RunStateError(
                 f"{run_dir} is not empty and holds no run.json", path=run_dir, hint="choose a new or empty --output"
@@ -402,12 +411,13 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         if opts.inputs is not None:
             inputs = opts.inputs
         else:
-            inputs = opened if opened else _open_inputs(recipe, config)
+            inputs = opened if opened else _open_inputs(recipe, config, digests)
         walk = _Walk(recipe=recipe, config=config, plain=plain, run_dir=run_dir, state=state, inputs=inputs, opts=opts)
+        walk.digests = digests
         walk.recorded_config = recorded_config
         walk.free = tuple(output_free_keys(config))
         guard.enter_context(sigterm_as_interrupt())
-        with contextlib.ExitStack() as walk.resources:
+        with RunRay(opts.ray_address) as walk.ray:  # started when a stage first asks, stopped when the walk ends
             _walk(walk, {s.name for s in selected})
         if config_changed and not walk.redone:  # every stage ran or skipped; record the config it was asked with
             _write_state(run_dir, state)
@@ -430,9 +440,10 @@ class _Walk:
     """run.json's config before this invocation (what the recorded stages were asked with)."""
     free: tuple[str, ...] = ()
     """The config's keys declared not to change outputs (out of every stage key whose subsets hold them)."""
-    resources: Any = None
-    """The contextlib.ExitStack closed when the walk ends (one local Ray for the run)."""
-    shared: dict[str, Any] = field(default_factory=dict)
+    digests: DigestCache = field(default_factory=DigestCache)
+    """The run's digest cache (stage keys, outputs, lineage)."""
+    ray: RunRay | None = None
+    """The run's one Ray (a local one started lazily, or the joined --ray-address), closed when the walk ends."""
     done: dict[str, StageOutput] = field(default_factory=dict)
     redone: set[str] = field(default_factory=set)
     """Stages that ran or continued in this invocation (their dependents follow them)."""
@@ -461,8 +472,21 @@ def _walk(walk: _Walk, chosen: set[str]) -> None:
             walk.redone.add(spec.name)
 
 
-def _open_inputs(recipe: Recipe, config: Any) -> dict[str, Any]:
-    return dict(resolve_fn(recipe.open_inputs)(config)) if recipe.open_inputs else {}
+def _open_inputs(recipe: Recipe, config: Any, digests: DigestCache) -> dict[str, Any]:
+    if not recipe.open_inputs:
+        return {}
+    fn = resolve_fn(recipe.open_inputs)
+    return dict(fn(config, **_digests_kw(fn, digests)))
+
+
+def _digests_kw(fn: Callable[..., Any], digests: DigestCache) -> dict[str, Any]:
+    """{"digests": the run's cache} for a recipe function that takes it (Recipe.open_inputs / preflight may), else
+    {}: recipes written before the cache keep their signatures."""
+    try:
+        takes = "digests" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return {"digests": digests} if takes else {}
 
 
 def _output_from_record(stage_dir: Path, rec: dict[str, Any]) -> StageOutput:
@@ -484,6 +508,7 @@ def _decide(
     plain: dict[str, Any],
     recorded_config: dict[str, Any],
     free: Sequence[str] = (),
+    digests: DigestCache | None = None,
 ) -> str:
     """fresh, skip, continue (from checkpoints), or raise naming the difference."""
     if spec.name in opts.restart or rec is None:
@@ -505,7 +530,7 @@ def _decide(
         )
     if rec.get("status") == "complete":
         _refuse_fewer_steps(spec, rec, plain, recorded_config)
-        problems = verify_outputs(stage_dir, rec.get("outputs", {}))
+        problems = verify_outputs(stage_dir, rec.get("outputs", {}), digests)
         if problems:
             raise StageKeyChangedError(
                 f"stage {spec.name}: its outputs changed after it completed: " + "; ".join(problems),
@@ -547,10 +572,12 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     run_dir, state, opts = walk.run_dir, walk.state, walk.opts
     stage_dir = run_dir / spec.name
     upstream_digests = {n: outputs_digest(state["stages"][n]["outputs"]) for n in spec.needs}
-    parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests, walk.free)
+    parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests, walk.free, walk.digests)
     key = digest(parts)
     rec = state["stages"].get(spec.name)
-    action = _decide(spec, rec, key, parts, stage_dir, walk.redone, opts, walk.plain, walk.recorded_config, walk.free)
+    action = _decide(
+        spec, rec, key, parts, stage_dir, walk.redone, opts, walk.plain, walk.recorded_config, walk.free, walk.digests
+    )
     if action == "skip":
         if rec.get("key") != key:  # recorded before a key became exempt: record today's key
             rec.update(key=key, key_parts=parts)
@@ -574,13 +601,13 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         target_step=opts.target_step if spec.training else None,
         ray_address=opts.ray_address,
         ui=opts.ui,
-        resources=walk.resources,
-        shared=walk.shared,
+        ray=walk.ray.address if walk.ray is not None else None,
+        digests=walk.digests,
     )
     t0 = time.perf_counter()
     try:
         output = resolve_fn(spec.fn)(ctx)
-        outputs = collect_outputs(spec, stage_dir, output.files)
+        outputs = collect_outputs(spec, stage_dir, output.files, walk.digests)
         if not outputs:
             raise CheckpointError(f"stage {spec.name} wrote no outputs into {stage_dir}", path=stage_dir)
     except BaseException as exc:
@@ -590,7 +617,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     ended = time.time()
     if _take_over(state, run_dir, spec.name, outputs) & set(spec.needs):  # its upstream records changed
         upstream_digests = {n: outputs_digest(state["stages"][n]["outputs"]) for n in spec.needs}
-        parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests, walk.free)
+        parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests, walk.free, walk.digests)
         key = digest(parts)
     state["stages"][spec.name] = {
         "status": "complete",
@@ -634,6 +661,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
                 world_size=output.world_size,
                 device=output.device,
                 resumed_from_path=output.resumed_from_path,
+                digests=walk.digests,
             )
         )
     return StageReport(

@@ -4,6 +4,8 @@ naming the address and the fix (RayUnavailableError, exit 58), never an internal
 - `start_local(cpus)`: a private one-node Ray on 127.0.0.1 (no dashboard). Ray waits a fixed 30 s for
   its raylet to register; on a busy machine that start can time out ("The current node timed out during
   startup"), so it is tried twice before giving up.
+- `RunRay`: the one cluster a run's stages share (the runner holds it for the whole run): the joined
+  --ray-address, else a local one started by `start_local` when a stage first asks, stopped at the end.
 - `connect(address, timeout_s)`: join an existing cluster. `ray.init(address=...)` has no timeout (a
   cluster started on 127.0.0.1, whose address Ray rewrites to the host's IP, hung it for 600 s), so a
   child process joins first under `timeout_s`, then this process joins the cluster the child reached.
@@ -130,3 +132,66 @@ def connect(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S, init: Callabl
             f"cannot join the Ray cluster at {address}: {' '.join(last[0].split())[:300]}", address=address, hint=fix
         )
     (init or ray.init)(address=address, log_to_driver=True)
+
+
+class RunRay:
+    """The Ray cluster one run shares, as a context manager the runner holds for the whole run.
+
+    `address()` is what a stage calls when its workers need Ray: the joined `--ray-address` when one was
+    given (never started or stopped here), else a private local Ray started on the first call (start_local,
+    so RayUnavailableError exit 58 when it does not start) and stopped when the context exits. None when
+    this process already runs a Ray it did not start through here (the launcher then uses that one).
+    Folds, datasets and stages so share one cluster instead of each starting their own.
+    """
+
+    def __init__(
+        self,
+        joined: str | None = None,
+        *,
+        cpus: int | None = None,
+        start: Callable[[int], str] | None = None,
+        stop: Callable[[], None] | None = None,
+    ):
+        """`start(cpus) -> address` and `stop()` start and stop the local Ray (seams for tests)."""
+        self.joined = joined
+        """--ray-address: a cluster to join (stages get it as it is)."""
+        self._cpus = cpus
+        self._start = start or _start_local_address
+        self._stop = stop or _shutdown
+        self._local: str | None = None
+        self._started = False
+
+    def address(self) -> str | None:
+        """The cluster's address, starting the local one on the first call (see the class docstring)."""
+        if self.joined:
+            return self.joined
+        if self._started:
+            return self._local
+        import ray
+
+        if ray.is_initialized():
+            return None
+        self._local = self._start(self._cpus or os.cpu_count() or 1)
+        self._started = True
+        return self._local
+
+    def __enter__(self) -> RunRay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._started:
+            self._started, self._local = False, None
+            self._stop()
+
+
+def _start_local_address(cpus: int) -> str:
+    import ray
+
+    start_local(cpus=cpus)  # bounded; RayUnavailableError (exit 58) when it does not start
+    return ray.get_runtime_context().gcs_address
+
+
+def _shutdown() -> None:
+    import ray
+
+    ray.shutdown()

@@ -49,7 +49,7 @@ def check_guidance(guidance_scale: float, mode: str | None = None) -> float:
 
 def read_export(export_dir: Path) -> dict[str, Any]:
     """policy.json of an export; InputNotFoundError / UnsupportedFormatError when missing or newer."""
-    from reproduction.recap.policy.task import EXPORT_FORMAT, EXPORT_META
+    from reproduction.recap.policy.config import EXPORT_FORMAT, EXPORT_META
 
     path = Path(export_dir) / EXPORT_META
     if not path.is_file():
@@ -117,7 +117,7 @@ class GuidedPolicy:
     """The `Policy` callable (module docstring); `reset()` is a no-op (the policy keeps no episode state)."""
 
     def __init__(self, *, model: Any, meta: dict, tokenizer: Any, guidance_scale: float, num_steps: int, seed: int):
-        from reproduction.recap.policy.task import PolicyCollator
+        from reproduction.recap.policy.batches import PolicyCollator
 
         self.model, self.meta, self.guidance_scale, self.num_steps, self.seed = (
             model,

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from reproduction.config_fields import reject_unknown_fields
+from reproduction.config_fields import reject_unknown_fields, same_outputs
 from reproduction.errors import ConfigError
 from reproduction.recap.sources import DATASET_TYPES, DatasetSource  # noqa: F401 (DATASET_TYPES re-exported)
 
@@ -29,26 +29,26 @@ class ValueStageConfig:
 
     train: list[ValueSource]
     """Training datasets (a weighted mixture when more than one)."""
-    eval: list[ValueSource] = field(default_factory=list)
+    eval: list[ValueSource] = field(default_factory=list, metadata=same_outputs(on_resume=True))
     """Extra evaluation datasets (all their episodes); held-out folds are always evaluated."""
     preset: str = "tiny"
     """Model preset: tiny or recap."""
     cameras: dict[str, str] = field(default_factory=lambda: {"base_0_rgb": "observation.images.image"})
     """Model camera slot -> dataset feature key; a key a dataset lacks is an absent camera."""
-    tokenizer: str | None = None
+    tokenizer: str | None = field(default=None, metadata=same_outputs(on_resume=True))
     """Folder with tokenizer.json (required for recap); None with tiny = train one in-process."""
-    pretrained_manifest: str | None = None
+    pretrained_manifest: str | None = field(default=None, metadata=same_outputs(on_resume=True))
     """weights_manifest/*.json to initialise from (recap: the backbones; tiny: the whole model); None = random."""
-    weights_dir: str | None = None
+    weights_dir: str | None = field(default=None, metadata=same_outputs(on_resume=True))
     """Folder the manifest's file paths are relative to (the bundle's weights/)."""
-    allow_unpinned: bool = False
+    allow_unpinned: bool = field(default=False, metadata=same_outputs(on_resume=True))
     """Accept manifest files whose sha256 is still `to-be-pinned`."""
-    return_min: float | None = None
+    return_min: float | None = field(default=None, metadata=same_outputs(on_resume=True))
     """Explicit return range (both or neither); default: from the training datasets' returns."""
-    return_max: float | None = None
-    folds: int = 1
+    return_max: float | None = field(default=None, metadata=same_outputs(on_resume=True))
+    folds: int = field(default=1, metadata=same_outputs(on_resume=True))
     """Cross-fitting folds K (1 = off)."""
-    fold_seed: int = 0
+    fold_seed: int = field(default=0, metadata=same_outputs(on_resume=True))
     """Seed of the fold split."""
     value_lr: float = 1e-4
     """Learning rate of the head group (`value_head`: projection + query); the rest uses TrainConfig.lr."""
@@ -56,15 +56,15 @@ class ValueStageConfig:
     """Mixture shares proportional to weight x dataset size (else to weight)."""
     augment: bool = True
     """Per-sample image augmentation during training."""
-    eval_max_samples: int = 10_000
+    eval_max_samples: int = field(default=10_000, metadata=same_outputs(on_resume=True))
     """Cap per evaluation set (an evenly strided subset beyond it)."""
-    eval_micro_batch: int = 32
+    eval_micro_batch: int = field(default=32, metadata=same_outputs(on_resume=True))
     """Frames per evaluation forward."""
     max_token_len: int = 200
     """Prompt truncation length (padding is to the batch's longest)."""
     value_dropout: float = 0.0
     """Dropout before the head."""
-    model_seed: int = 0
+    model_seed: int = field(default=0, metadata=same_outputs(on_resume=True))
     """Seed of the model's random initialisation."""
     state_keys: list[str] = field(default_factory=list)
     """Dataset features concatenated into the value model's state token, e.g. [observation.state,

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from reproduction.config_fields import resume_free_fields
 from reproduction.errors import CheckpointError, ConfigError
 from reproduction.fsio import atomic_write_text
 from reproduction.recap.normalize import ReturnRange
@@ -172,22 +173,9 @@ def _refuse_changed_setup(out_dir: Path, new: ValueSetup, new_tokenizer: Path) -
         )
 
 
-# Settings that only shape evaluation, or only a fresh start's initialisation (a resume loads the
-# weights), or name where things are (contents are compared instead): they may change on resume.
-_NOT_IN_RESUME_KEY = (
-    "eval",
-    "eval_max_samples",
-    "eval_micro_batch",
-    "tokenizer",
-    "pretrained_manifest",
-    "weights_dir",
-    "allow_unpinned",
-    "model_seed",
-    "return_min",
-    "return_max",
-    "folds",
-    "fold_seed",
-)
+RESUME_FREE = resume_free_fields(ValueStageConfig)
+"""Stage fields a resume may change: declared `same_outputs(on_resume=True)` on ValueStageConfig (they only shape
+evaluation, or a fresh start's initialisation, or name where things are whose contents setup_changes compares)."""
 
 
 def setup_changes(old: ValueSetup, new: ValueSetup, *, old_tokenizer: Path, new_tokenizer: Path) -> list[str]:
@@ -195,7 +183,7 @@ def setup_changes(old: ValueSetup, new: ValueSetup, *, old_tokenizer: Path, new_
 
     Return range, model config (bins, v_min/v_max, sizes, vocab, cameras), folds and fold plan, the
     tokenizer's tokenizer.json bytes, the training datasets (name, type, weight, tag; not paths)
-    and their fingerprints, and the remaining stage knobs outside `_NOT_IN_RESUME_KEY`.
+    and their fingerprints, and the remaining stage knobs outside `RESUME_FREE`.
     """
     from reproduction.digests import sha256_file
 
@@ -231,7 +219,7 @@ def setup_changes(old: ValueSetup, new: ValueSetup, *, old_tokenizer: Path, new_
 
 
 def _resume_fields(stage: ValueStageConfig) -> dict[str, Any]:
-    out = {k: v for k, v in stage.to_dict().items() if k not in _NOT_IN_RESUME_KEY}
+    out = {k: v for k, v in stage.to_dict().items() if k not in RESUME_FREE}
     out["train"] = [{k: s[k] for k in ("name", "type", "weight", "tag")} for s in out["train"]]
     return out
 

@@ -148,7 +148,7 @@ class ValueSection:
 
 
 try:  # stage 4 (recap/policy) joins the schema where it is installed
-    from reproduction.recap.policy.task import PolicyStageConfig
+    from reproduction.recap.policy.config import PolicyStageConfig
 except ImportError:  # pragma: no cover - a build without the policy stage
     PolicyStageConfig = None
 
@@ -156,7 +156,7 @@ except ImportError:  # pragma: no cover - a build without the policy stage
 def _check_policy_model(self: Any) -> None:
     """PolicyStageConfig's own rules, checked when the config loads and naming policy.model.KEY (mode and trainer
     are set by the run: policy.modes and policy.train have their own checks)."""
-    from reproduction.recap.policy.task import check_policy_values
+    from reproduction.recap.policy.config import check_policy_values
 
     check_policy_values(self, key="policy.model")
 

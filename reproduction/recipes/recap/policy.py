@@ -23,8 +23,8 @@ from reproduction.recipe import StageContext, StageOutput
 
 def policy_config(ctx: StageContext, mode: str) -> tuple[list[Any], Any]:
     """(opened policy inputs, PolicyStageConfig) of one mode, from the run config and the opened datasets."""
+    from reproduction.recap.policy.config import PolicyStageConfig
     from reproduction.recap.policy.data import PolicySource, open_policy_input
-    from reproduction.recap.policy.task import PolicyStageConfig
     from reproduction.run.config import to_plain
 
     cfg = ctx.config
@@ -59,10 +59,9 @@ def policy_config(ctx: StageContext, mode: str) -> tuple[list[Any], Any]:
 def policy_stage(ctx: StageContext) -> StageOutput:
     """Stage 4: one policy per `policy.modes` into policy/<mode>/ (each continues from its checkpoints)."""
     from reproduction.recap.policy.task import train_policy
-    from reproduction.recipes.recap.recipe import stage_ray
 
     files, summary, steps, resumed = [], {}, [], []
-    ray_address = stage_ray(ctx, ctx.config.policy.train.launcher == "ray")
+    ray_address = ctx.ray_cluster() if ctx.config.policy.train.launcher == "ray" else ctx.ray_address
     for mode in ctx.config.policy.modes:
         inputs, stage = policy_config(ctx, mode)
         result = train_policy(inputs, stage, ctx.out_dir / mode, resume=ctx.resume, ray_address=ray_address, ui=ctx.ui)

@@ -29,6 +29,8 @@ class RunDataset:
     weight: float
     value: bool
     policy: bool
+    digests: Any = field(default=None, repr=False)
+    """The run's digest cache (reproduction.digest_cache.DigestCache) the content digest hashes through."""
 
     @property
     def name(self) -> str:
@@ -47,50 +49,27 @@ class RunDataset:
         if self._key is None:
             from reproduction.run.content import content_digest
 
-            both = f"{self.dataset.fingerprint}\n{content_digest(self.root)}"
+            both = f"{self.dataset.fingerprint}\n{content_digest(self.root, self.digests)}"
             self._key = hashlib.sha256(both.encode()).hexdigest()
         return self._key
 
 
-def open_datasets(config: Any) -> dict[str, RunDataset]:
-    """Open every dataset of the run once (fingerprints computed here, cached by the data plane)."""
+def open_datasets(config: Any, digests: Any = None) -> dict[str, RunDataset]:
+    """Open every dataset of the run once (fingerprints computed here, cached by the data plane; files hashed
+    through the run's `digests`)."""
     from reproduction.data.reader import open_dataset
 
     out = {}
     for entry in config.datasets:
         ds = open_dataset(Path(entry.path))
         out[ds.name] = RunDataset(
-            dataset=ds, type=entry.type, weight=entry.weight, value=entry.value, policy=entry.policy
+            dataset=ds, type=entry.type, weight=entry.weight, value=entry.value, policy=entry.policy, digests=digests
         )
         _ = out[ds.name].fingerprint
     return out
 
 
 # -- stages ---------------------------------------------------------------------------------------
-
-
-def stage_ray(ctx: StageContext, needed: bool) -> str | None:
-    """The Ray cluster a stage's workers join: --ray-address, else one local Ray started once for the
-    whole run (stopped when the run ends), so folds, datasets and stages do not each start their own.
-    None when the stage needs no Ray or the runner gave no resources (the launcher then starts one)."""
-    if not needed or ctx.ray_address:
-        return ctx.ray_address
-    if "ray_address" in ctx.shared:
-        return ctx.shared["ray_address"]
-    if ctx.resources is None:
-        return None
-    import os
-
-    import ray
-
-    from reproduction.train.ray_connect import start_local
-
-    if ray.is_initialized():
-        return None
-    start_local(cpus=os.cpu_count() or 1)  # bounded; RayUnavailableError (exit 58) when it does not start
-    ctx.resources.callback(ray.shutdown)
-    ctx.shared["ray_address"] = ray.get_runtime_context().gcs_address
-    return ctx.shared["ray_address"]
 
 
 def returns_stage(ctx: StageContext) -> StageOutput:
@@ -143,7 +122,7 @@ def value_stage(ctx: StageContext) -> StageOutput:
     from reproduction.recap.value.stage import train_value
 
     stage, train = value_config(ctx)
-    ray_address = stage_ray(ctx, train.launcher == "ray")
+    ray_address = ctx.ray_cluster() if train.launcher == "ray" else ctx.ray_address
     result = train_value(stage, train, ctx.out_dir, resume=ctx.resume, ray_address=ray_address, ui=ctx.ui)
     files = [ctx.out_dir / "value_setup.json", ctx.out_dir / "crossfit.json"]
     for d in result.export_dirs:
@@ -179,7 +158,7 @@ def advantages_stage(ctx: StageContext) -> StageOutput:
     adv = replace(cfg.advantages, returns_tag=cfg.returns.tag)
     values_dir = ctx.out_dir / "values"
     inputs, files, inferred, flags = [], [], {}, {}
-    ray_address = stage_ray(ctx, inf.workers > 1)
+    ray_address = ctx.ray_cluster() if inf.workers > 1 else ctx.ray_address
     for d in ctx.inputs.values():
         out = values_dir / f"{d.name}.parquet"
         inferred[d.name] = infer_values(
@@ -256,9 +235,12 @@ def _jsonable(obj: Any) -> Any:
 # -- preflight ------------------------------------------------------------------------------------
 
 
-def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[str] | None = None) -> list[Any]:
+def preflight(
+    config: Any, run_dir: Path, opened: dict[str, Any], stages: list[str] | None = None, digests: Any = None
+) -> list[Any]:
     """Every problem with the run's inputs, collected as errors (nothing is started or written).
-    The datasets it opens go into `opened` (RunDataset by name), so the run opens each once."""
+    The datasets it opens go into `opened` (RunDataset by name), so the run opens each once; the bundle's weights
+    and the datasets' files are hashed through the run's `digests`."""
     from reproduction.data.reader import open_dataset
     from reproduction.errors import ConfigError, DatasetError, InputNotFoundError, PortableError
     from reproduction.run.config import to_plain
@@ -271,7 +253,7 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
     )
 
     problems: list[Any] = [ConfigError(p) for p in placeholder_problems(to_plain(config))]
-    problems += bundle_weights_problems(config.BUNDLE)
+    problems += bundle_weights_problems(config.BUNDLE, digests)
     damaged = bundle_files_problems(config.BUNDLE, config)
     if damaged:  # what the damaged files would make fail next (a dataset that no longer opens) is noise
         return problems + damaged
@@ -301,7 +283,12 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
             if ds.num_frames == 0:
                 problems.append(DatasetError(f"{key}.path: dataset {path} holds no frames", path=path))
             opened[ds.name] = RunDataset(
-                dataset=ds, type=entry.type, weight=entry.weight, value=entry.value, policy=entry.policy
+                dataset=ds,
+                type=entry.type,
+                weight=entry.weight,
+                value=entry.value,
+                policy=entry.policy,
+                digests=digests,
             )
             missing = [k for k in ("observation.state", "action") if k not in ds.info.features]
             if entry.policy and "policy" in (stages or []) and missing:
@@ -385,7 +372,14 @@ POLICY_STAGES = (
         outputs=("*/policy_setup.json", "*/export/**/*"),
         training="policy.train.max_steps",
         weights=("policy.model",),
-        code=("reproduction.recap.policy.task", "reproduction.recap.policy.model", "reproduction.recap.policy.data"),
+        code=(
+            "reproduction.recap.policy.task",
+            "reproduction.recap.policy.config",
+            "reproduction.recap.policy.setup",
+            "reproduction.recap.policy.batches",
+            "reproduction.recap.policy.model",
+            "reproduction.recap.policy.data",
+        ),
     ),
     StageSpec(
         name="eval",

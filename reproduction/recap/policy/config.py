@@ -1,0 +1,134 @@
+"""Stage 4's config: `PolicyStageConfig` (what the policy trains and how), its value rules, and the names of the
+files the stage writes (the tree is in reproduction/recap/policy/task.py's docstring)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from reproduction.config_fields import reject_unknown_fields, same_outputs
+from reproduction.errors import ConfigError
+from reproduction.recap.policy.conditioning import MODES
+
+SETUP_NAME = "policy_setup.json"
+ARRAYS_NAME = "frames.npz"
+EXPORT_META = "policy.json"
+EXPORT_FORMAT = 1
+
+
+@dataclass(kw_only=True, slots=True)
+class PolicyStageConfig:
+    """What stage 4 trains and how; the trainer's knobs are `train` (a TrainConfig dict)."""
+
+    mode: str = "recap"
+    """recap (advantage-conditioned, CFG at inference), bc (no conditioning, all data), filtered_bc
+    (no conditioning, successful episodes only). Same model, same steps."""
+    preset: str = "tiny"
+    """tiny (CPU) or pi05 (lerobot PI05Policy's architecture and keys)."""
+    cameras: dict[str, str] = field(default_factory=dict)
+    """Model camera slot -> dataset key; empty = state + goal + prompt only (the CPU demo)."""
+    state_keys: list[str] = field(default_factory=list)
+    """Dataset features concatenated into the state input; [] = observation.state ++ observation.goal (when the
+    dataset has it). E.g. [observation.state, observation.object_state]: LIBERO's privileged object state (CPU tier)."""
+    state_dims: list[int] | None = None
+    """Components of that concatenated state to keep; None = all."""
+    chunk: int = 4
+    """Action chunk length H."""
+    execute_steps: int = field(default=2, metadata=same_outputs(on_resume=True))
+    """Actions of each chunk the evaluator executes open-loop (stored in the export for the runner)."""
+    num_steps: int = field(default=10, metadata=same_outputs(on_resume=True))
+    """Euler steps at inference (load_policy may override)."""
+    positive_only: bool = True
+    """Condition only on positive labels (negatives train the plain prompt), upstream's yaml default."""
+    condition_dropout: float = 0.1
+    """Probability that a sample's advantage text is dropped (plain prompt), upstream's yaml default."""
+    hold_labels: bool = True
+    """Label positive every frame from the first success on in successful episodes (DEMO_LAB 4)."""
+    width: int = 64
+    """tiny: prefix and expert width."""
+    prefix_layers: int = 2
+    """tiny: Gemma3 layers of the prefix."""
+    expert_layers: int = 2
+    """tiny: action expert layers."""
+    image_size: int = 64
+    """tiny: camera resolution the SigLIP tower reads."""
+    tokenizer: str | None = field(default=None, metadata=same_outputs(on_resume=True))
+    """Folder with tokenizer.json; None (tiny) = train one in-process from the tasks and prompt variants."""
+    model_seed: int = field(default=0, metadata=same_outputs(on_resume=True))
+    """Seed of the model's random initialisation."""
+    pretrained_manifest: str | None = field(default=None, metadata=same_outputs(on_resume=True))
+    """weights_manifest/*.json whose files initialise the model (strict, sha256-checked); None = random init."""
+    weights_dir: str | None = field(default=None, metadata=same_outputs(on_resume=True))
+    """Folder the manifest's file paths are relative to (the bundle's weights/)."""
+    train: dict[str, Any] = field(default_factory=lambda: {"max_steps": 1000})
+    """TrainConfig fields (reproduction/train/config.py): steps, batches, lr, world size, launcher."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"policy stage: mode {self.mode!r} is not one of {', '.join(MODES)}", field="mode")
+        check_policy_values(self)
+        self.train_config()  # validates the trainer's fields now, naming the bad one
+
+    def train_config(self) -> Any:
+        from reproduction.train.config import TrainConfig
+
+        return TrainConfig.from_dict(dict(self.train))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        out["cameras"], out["train"] = dict(self.cameras), dict(self.train)
+        out["state_keys"] = list(self.state_keys)
+        out["state_dims"] = None if self.state_dims is None else list(self.state_dims)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PolicyStageConfig:
+        reject_unknown_fields(cls, data, what="policy config")
+        return cls(**dict(data))
+
+
+def check_policy_values(cfg: Any, key: str = "") -> None:
+    """PolicyStageConfig's rules on its model fields (not `mode` or `train`, which a run sets itself) of `cfg`, a
+    PolicyStageConfig or anything with those fields as attributes; the ConfigError names each field as `key.field`
+    (`policy.model.chunk` when a run config's section is checked). PolicyStageConfig.__post_init__ calls it with no
+    key ("policy stage: chunk")."""
+
+    def k(name: str) -> str:
+        return f"{key}.{name}" if key else name
+
+    where = "" if key else "policy stage: "
+    presets = ("tiny", "pi05")  # model.PRESETS, without importing torch
+    if cfg.preset not in presets:
+        raise ConfigError(
+            f"{where}{k('preset')}={cfg.preset!r} is not one of {', '.join(presets)}",
+            field=k("preset"),
+            hint=f"set {k('preset')} to one of: {', '.join(presets)}",
+        )
+    if not 0.0 <= cfg.condition_dropout < 1.0:  # also refuses nan
+        raise ConfigError(
+            f"{where}{k('condition_dropout')}={cfg.condition_dropout} is outside [0, 1)", field=k("condition_dropout")
+        )
+    for name in ("chunk", "execute_steps", "num_steps", "width", "prefix_layers", "expert_layers"):
+        if int(getattr(cfg, name)) < 1:
+            raise ConfigError(f"{where}{k(name)}={getattr(cfg, name)} must be >= 1", field=k(name))
+    if cfg.execute_steps > cfg.chunk:
+        raise ConfigError(
+            f"{where}{k('execute_steps')}={cfg.execute_steps} exceeds {k('chunk')}={cfg.chunk}",
+            field=k("execute_steps"),
+            hint=f"set {k('execute_steps')} to at most {k('chunk')}: the evaluator executes part of each chunk",
+        )
+    dims = None if cfg.state_dims is None else list(cfg.state_dims)
+    if dims is not None and (not cfg.state_keys or not dims or len(set(dims)) != len(dims) or min(dims) < 0):
+        raise ConfigError(
+            f"{where}{k('state_dims')}={dims} must be distinct indices (>= 0) of the vector {k('state_keys')} "
+            "concatenates",
+            field=k("state_dims"),
+            hint=f"set {k('state_keys')} too, or drop {k('state_dims')}",
+        )
+    if cfg.preset == "pi05" and not cfg.cameras:
+        raise ConfigError(
+            f"{where}{k('preset')}='pi05' reads cameras (PaliGemma's SigLIP); `{k('cameras')}` maps none",
+            field=k("cameras"),
+            hint=f"map at least one slot, e.g. {k('cameras')}={{base_0_rgb: observation.images.agentview}}",
+        )
