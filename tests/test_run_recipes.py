@@ -261,8 +261,19 @@ def test_a_run_folder_written_before_recipes_had_names_resumes(tmp_path):
     """tests/fixtures/run_v1_recap: `portable run --stages returns` by the code at bf2a15e (run.json without
     recipe_ref, its config without `recipe`). Resumed by today's code from another folder: the stage is skipped
     (its key is unchanged), run.json gains recipe_ref and keeps its stage record."""
+    from reproduction.run.runner import digest, module_digest
+
     root = tmp_path / "old"
     shutil.copytree(FIXTURES / "run_v1_recap", root)
+    # The stage's code modules were edited since bf2a15e (main's stage-3 rework touched recap/returns.py), which is
+    # meant to change its key: the copy records today's source digests (its key recomputed from its recorded parts),
+    # so what is checked is the rest of the key (config, inputs, upstream) and the run.json migration.
+    state = json.loads((root / "run" / "run.json").read_text())
+    for rec in state["stages"].values():
+        assert digest(rec["key_parts"]) == rec["key"]
+        rec["key_parts"]["code"] = {m: module_digest(m) for m in rec["key_parts"]["code"]}
+        rec["key"] = digest(rec["key_parts"])
+    (root / "run" / "run.json").write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
     before = json.loads((root / "run" / "run.json").read_text())
     assert "recipe_ref" not in before and "recipe" not in before["config"]
     proc = portable(

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from reproduction.run.recipe import StageContext, StageOutput
+from reproduction.recipe import StageContext, StageOutput
 
 
 class OpenedDataset:
