@@ -339,11 +339,20 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     return report.exit_code if report is not None else 0
 
 
+DEMOS = {"recap": "reproduction.recipes.recap.demo", "grpo": "reproduction.recipes.grpo.demo"}
+"""`portable demo --recipe NAME`: the module whose run_demo(output, quick=, overrides=, ui=) builds that demo."""
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    from reproduction.recipes.recap.demo import run_demo
+    import importlib
+
     from reproduction.run.cli import normalise_paths
 
+    recipe = getattr(args, "recipe", "recap")
+    if recipe not in DEMOS:
+        raise UsageError(f"--recipe {recipe!r} has no demo", hint=f"demos: {', '.join(DEMOS)}")
     normalise_paths(args, "output")
+    run_demo = importlib.import_module(DEMOS[recipe]).run_demo
     return run_demo(
         Path(args.output) if args.output else None, quick=args.quick, overrides=args.overrides, ui=_ui(args)
     )

@@ -102,3 +102,36 @@ def test_grpo_runs_resumes_and_trains_on_through_portable_run(tmp_path):
     assert "lineage verified" in verify.stderr + verify.stdout
     no_eval = portable("eval", "--checkpoint", "4", "--output", str(run), cwd=tmp_path)
     assert no_eval.returncode == 2 and "recipe 'grpo' has no `portable eval" in no_eval.stderr, no_eval.stderr
+
+
+def test_the_grpo_demo_runs_from_scratch_and_reuses_its_run(tmp_path):
+    """`portable demo --recipe grpo --quick`: demonstrations -> sft -> rl -> eval -> compare, report.html; the run
+    folder on stdout; a second call reuses everything; a folder another demo (or nothing) built is refused."""
+    out = tmp_path / "demo"
+    proc = portable("demo", "--recipe", "grpo", "--quick", "--output", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run = out / "run"
+    assert proc.stdout.strip() == str(run)
+    state = json.loads((run / "run.json").read_text())
+    assert (
+        state["recipe"] == "grpo"
+        and [state["stages"][n]["status"] for n in ("sft", "rl", "eval", "compare")] == ["complete"] * 4
+    )
+    assert state["stages"]["rl"]["step"] == 4 and (run / "evidence" / "eval_grpo_4.json").is_file()
+    html = (run / "report.html").read_text()
+    assert "GRPO run" in html and html.count("data:image/png;base64,") == 2
+    assert "grpo - sft, success at end, paired by reset seed:" in proc.stderr
+
+    again = portable("demo", "--recipe", "grpo", "--quick", "--output", str(out), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "generate          reused" in again.stderr
+    assert all(f"run: {n}" in again.stderr for n in ("sft", "rl", "eval", "compare"))
+    assert again.stderr.count(" skipped ") == 4, again.stderr
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "file").write_text("x")
+    refused = portable("demo", "--recipe", "grpo", "--quick", "--output", str(other), cwd=tmp_path)
+    assert refused.returncode == 55 and "is not a GRPO demo folder" in refused.stderr, refused.stderr
+    unknown = portable("demo", "--recipe", "nosuch", "--output", str(tmp_path / "n"), cwd=tmp_path)
+    assert unknown.returncode == 2 and "--recipe 'nosuch' has no demo" in unknown.stderr

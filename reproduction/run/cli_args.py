@@ -73,5 +73,14 @@ def add_demo_arguments(p: Any) -> None:
     p.add_argument(
         "--output", "--workdir", dest="output", default=None, metavar="DIR", help="where to build (default ./runs/demo)"
     )
-    p.add_argument("--quick", action="store_true", help="the reduced demo CI runs (bundle/demo/quick.yaml)")
+    p.add_argument(
+        "--recipe",
+        default="recap",
+        metavar="NAME",
+        help="the recipe to demo: recap (the default: bundle, restore, check, four stages) or grpo (GRPO on Fetch push "
+        "from scratch: demos, sft, rl, eval, compare)",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="the reduced demo CI runs (bundle/demo/quick.yaml, bundle/grpo/quick.yaml)"
+    )
     p.add_argument("overrides", nargs="*", metavar="key.path=value", help="run config overrides (docs/config.md)")
