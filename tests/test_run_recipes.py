@@ -174,6 +174,20 @@ def test_the_recap_demo_stage_keys_are_those_of_the_code_before_recipes_had_name
     assert got == expected
 
 
+def test_every_built_in_recipe_is_found_by_name_with_a_loadable_schema():
+    """reproduction/recipes/<name>/ exports RECIPE named <name>, whose config_schema loads its own defaults."""
+    import dataclasses
+
+    from reproduction.run.resolve import builtin_names, recipe_schema, resolve_recipe
+
+    assert builtin_names() == ["grpo", "recap"]
+    for name in builtin_names():
+        recipe = resolve_recipe(name)
+        assert recipe.name == name and resolve_recipe(f"reproduction.recipes.{name}:RECIPE") is recipe
+        schema = recipe_schema(recipe)
+        assert dataclasses.is_dataclass(schema()) and schema().recipe == name
+
+
 @pytest.mark.parametrize(
     "value, words",
     [
