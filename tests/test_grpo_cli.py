@@ -1,6 +1,6 @@
 """The GRPO recipe through the real CLI: `portable run --config bundle/grpo/config.yaml` (the config says
 `recipe: grpo`), `--resume` (a no-op: the same evidence bytes), `--target-step` (rl trains on), a reference
-(compare redone, eval not), `portable lineage --verify`, and `portable eval` (grpo has no such command)."""
+(compare redone, eval not), `portable lineage --verify`, and `portable eval --checkpoint STEP`."""
 
 from __future__ import annotations
 
@@ -100,8 +100,18 @@ def test_grpo_runs_resumes_and_trains_on_through_portable_run(tmp_path):
     verify = portable("lineage", str(run), "--verify", cwd=tmp_path)
     assert verify.returncode == 0, verify.stderr
     assert "lineage verified" in verify.stderr + verify.stdout
-    no_eval = portable("eval", "--checkpoint", "4", "--output", str(run), cwd=tmp_path)
-    assert no_eval.returncode == 2 and "recipe 'grpo' has no `portable eval" in no_eval.stderr, no_eval.stderr
+
+    # `portable eval --checkpoint STEP`: the rl export of that step against its sft baseline, beside the run's evidence.
+    evaluated = portable("eval", "--checkpoint", "4", "--output", str(run), "eval.episodes_per_task=2", cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr
+    doc = json.loads((run / "evidence" / "eval_checkpoint_4.json").read_text())
+    assert (doc["policy"]["label"], doc["policy"]["checkpoint"]["step"]) == ("grpo", 4)
+    assert doc["baselines"][0]["policy"]["label"] == "sft" and doc["tasks"]["FetchPush-v4"]["episodes"] == 2
+    assert "evidence/eval_checkpoint_4.json" in evaluated.stderr
+    wrong = portable("eval", "--checkpoint", "3", "--output", str(run), cwd=tmp_path)
+    assert wrong.returncode == 50 and "only the last step is exported" in wrong.stderr, wrong.stderr
+    again = portable(*base, "--resume", *TINY, f"eval.reference={reference}", cwd=tmp_path)
+    assert set(_actions(again).values()) == {"skipped"}  # eval --checkpoint left the run's stages as they were
 
 
 def test_the_grpo_demo_runs_from_scratch_and_reuses_its_run(tmp_path):

@@ -16,6 +16,7 @@ GRPO = Recipe(
     open_inputs=f"{_STAGES}:open_inputs",
     preflight="reproduction.recipes.grpo.preflight:preflight",
     config_schema="reproduction.recipes.grpo.config:GrpoRunConfig",
+    evaluate="reproduction.recipes.grpo.eval_cmd:cmd_eval",
     stages=(
         StageSpec(
             name="sft",
