@@ -532,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         cmd_demo,
         "the whole pipeline end to end on CPU, with no download: simulator data, bundle, restore, check, "
-        "four stages, evaluation, evidence (a rerun reuses what is valid)",
+        "four stages, evaluation, evidence (a rerun reuses what is valid); --recipe grpo: GRPO on Fetch push",
         json_output=False,
     )
     add_demo_arguments(p)

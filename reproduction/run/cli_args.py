@@ -71,7 +71,12 @@ def add_compare_arguments(p: Any) -> None:
 def add_demo_arguments(p: Any) -> None:
     """The flags of `portable demo`."""
     p.add_argument(
-        "--output", "--workdir", dest="output", default=None, metavar="DIR", help="where to build (default ./runs/demo)"
+        "--output",
+        "--workdir",
+        dest="output",
+        default=None,
+        metavar="DIR",
+        help="where to build (default ./runs/demo; grpo: ./runs/demo-grpo)",
     )
     p.add_argument(
         "--recipe",
