@@ -339,13 +339,23 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     return report.exit_code if report is not None else 0
 
 
+DEMOS = {"recap": "reproduction.recipes.recap.demo", "grpo": "reproduction.recipes.grpo.demo"}
+"""`portable demo --recipe NAME`: the module whose run_demo(output, quick=, overrides=, ui=) builds that demo."""
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    from reproduction.recipes.recap.demo import run_demo
+    import importlib
+
     from reproduction.run.cli import normalise_paths
 
+    recipe = getattr(args, "recipe", "recap")
+    if recipe not in DEMOS:
+        raise UsageError(f"--recipe {recipe!r} has no demo", hint=f"demos: {', '.join(DEMOS)}")
     normalise_paths(args, "output")
     output = Path(args.output) if args.output else None
     if getattr(args, "world", "fetch") == "libero":
+        if recipe != "recap":
+            raise UsageError(f"--world libero is a tier of the recap demo, not of {recipe!r}", hint="drop --recipe")
         from reproduction.recipes.recap.demo_libero import run_libero_demo
 
         return run_libero_demo(output, quick=args.quick, seed=args.seed, overrides=args.overrides, ui=_ui(args))
@@ -355,6 +365,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise ConfigError(
             "--seed is an option of the LIBERO tier only", field="--seed", hint="add --world libero, or drop --seed"
         )
+    run_demo = importlib.import_module(DEMOS[recipe]).run_demo
     return run_demo(output, quick=args.quick, overrides=args.overrides, ui=_ui(args))
 
 
@@ -532,7 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         cmd_demo,
         "the whole pipeline end to end on CPU, with no download: simulator data, bundle, restore, check, "
-        "four stages, evaluation, evidence (a rerun reuses what is valid)",
+        "four stages, evaluation, evidence (a rerun reuses what is valid); --recipe grpo: GRPO on Fetch push",
         json_output=False,
     )
     add_demo_arguments(p)

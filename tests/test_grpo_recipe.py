@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reproduction.recipes.grpo import GRPO
+from reproduction.recipes.grpo import GRPO, RECIPE
 from reproduction.recipes.grpo.config import GrpoRunConfig, to_plain
 from reproduction.run.config import load_config, select
 
@@ -16,7 +16,10 @@ CONFIG = REPO / "bundle" / "grpo" / "config.yaml"
 
 
 def test_recipe_graph_and_training_keys():
-    assert GRPO.name == "grpo"
+    from reproduction.run.resolve import recipe_schema, resolve_recipe
+
+    assert resolve_recipe("grpo") is RECIPE is GRPO and GRPO.name == "grpo"
+    assert recipe_schema(RECIPE) is GrpoRunConfig
     assert [s.name for s in GRPO.stages] == ["sft", "rl", "eval", "compare"]
     assert GRPO.stage("rl").needs == ("sft",) and GRPO.stage("eval").needs == ("sft", "rl")
     plain = to_plain(GrpoRunConfig())
@@ -131,3 +134,31 @@ def test_preflight_collects_every_problem(tmp_path):
     assert kinds == ["ConfigError", "InputNotFoundError", "InputNotFoundError"], problems
     assert any(isinstance(p, ConfigError) and "rl.tasks" in p.message and "FetchSlide" in p.message for p in problems)
     assert any(isinstance(p, InputNotFoundError) and "sft.datasets[0].path" in p.message for p in problems)
+
+
+def test_fields_that_do_not_change_outputs_are_declared_once():
+    """The rl stage's key and its resume check (train.FREE_ON_RESUME) leave out the same rl fields, declared
+    `same_outputs()` on RlSection; the sft trainer's free fields are TrainConfig's; eval.workers / eval.reference
+    stay out of the eval stage's key."""
+    from reproduction.config_fields import output_free_keys
+    from reproduction.recipes.grpo.train import FREE_ON_RESUME
+    from reproduction.run.runner import digest, key_parts
+    from reproduction.train.config import TrainConfig
+
+    free = output_free_keys(GrpoRunConfig())
+    rl_free = sorted(k[len("rl.") :] for k in free if k.startswith("rl."))
+    assert rl_free == sorted(k for k in FREE_ON_RESUME if k != "steps")
+    assert {"rollout_workers", "eval_every", "micro_init_states"} <= set(rl_free) and "lr" not in rl_free
+    assert sorted(k for k in free if k.startswith("sft.")) == sorted(
+        f"sft.train.{k}" for k in output_free_keys(TrainConfig)
+    )
+
+    def key(stage, **over):
+        plain = to_plain(GrpoRunConfig())
+        for dotted, value in over.items():
+            section, name = dotted.split("__")
+            plain[section][name] = value
+        return digest(key_parts(GRPO.stage(stage), plain, {}, {n: "u" for n in GRPO.stage(stage).needs}, free))
+
+    assert key("rl") == key("rl", rl__rollout_workers=4, rl__eval_every=5, rl__steps=80) != key("rl", rl__lr=1.0)
+    assert key("eval") == key("eval", eval__workers=3, eval__reference="x.json") != key("eval", eval__seed=7)

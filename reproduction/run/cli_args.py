@@ -71,14 +71,28 @@ def add_compare_arguments(p: Any) -> None:
 def add_demo_arguments(p: Any) -> None:
     """The flags of `portable demo`."""
     p.add_argument(
-        "--output", "--workdir", dest="output", default=None, metavar="DIR", help="where to build (default ./runs/demo)"
+        "--output",
+        "--workdir",
+        dest="output",
+        default=None,
+        metavar="DIR",
+        help="where to build (default ./runs/demo; grpo: ./runs/demo-grpo)",
     )
-    p.add_argument("--quick", action="store_true", help="the reduced demo CI runs (bundle/demo/quick.yaml)")
+    p.add_argument(
+        "--recipe",
+        default="recap",
+        metavar="NAME",
+        help="the recipe to demo: recap (the default: bundle, restore, check, four stages) or grpo (GRPO on Fetch push "
+        "from scratch: demos, sft, rl, eval, compare)",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="the reduced demo CI runs (bundle/demo/quick.yaml, bundle/grpo/quick.yaml)"
+    )
     p.add_argument(
         "--world",
         choices=("fetch", "libero"),
         default="fetch",
-        help="fetch (default): the Fetch demo; libero: LIBERO-10 task 0 on privileged state (needs the libero "
+        help="recap's demo world: fetch (default) or libero: LIBERO-10 task 0 on privileged state (needs the libero "
         "extra; docs/libero.md)",
     )
     p.add_argument(

@@ -6,7 +6,10 @@
     rl                              group size, init states per step, clip, KL, lr, steps, evaluation, co-training
     eval                            held-out evaluation (reproduction/sim/evaluate.py) and the reference evidence
 
-Load it with `reproduction.run.config.load_config(files, overrides, schema=GrpoRunConfig)`.
+`portable run` loads it (the recipe names it: Recipe.config_schema); in code,
+`reproduction.run.config.load_config(files, overrides, schema=GrpoRunConfig)`. A field that does not change what
+its stage computes is declared so on the field (`same_outputs()`): the stage keys and the rl stage's resume check
+(train.py) leave it out.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from reproduction.config_fields import same_outputs
 from reproduction.errors import ConfigError
 from reproduction.train.config import TrainConfig
 
@@ -98,7 +102,7 @@ class RlSection:
     """Optimizer steps in total (`--target-step` raises it)."""
     init_states: int = 8
     """B: initial states (reset seeds) per rollout round, each with a group of `group_size` rollouts."""
-    micro_init_states: int = 8
+    micro_init_states: int = field(default=8, metadata=same_outputs())
     """Init states per forward/backward (gradient accumulation = init_states / micro_init_states)."""
     group_size: int = 8
     """G: rollouts per initial state; advantages are standardised within the group."""
@@ -119,11 +123,11 @@ class RlSection:
     """Global gradient-norm clip."""
     reward: str = "success_at_end"
     """success_at_end (cube at the goal when the episode ends) or success_once (at any step)."""
-    eval_every: int = 10
+    eval_every: int = field(default=10, metadata=same_outputs())
     """Evaluate the live policy every N steps (and at the last) on `eval_episodes` held-out episodes; 0 = last only."""
-    eval_episodes: int = 20
+    eval_episodes: int = field(default=20, metadata=same_outputs())
     """Episodes per task of the in-training evaluation (the eval stage runs the full one)."""
-    save_every: int = 10
+    save_every: int = field(default=10, metadata=same_outputs())
     """DCP checkpoint every N steps (and at the last); a multiple of eval_every and of updates_per_rollout."""
     seed: int = 0
     """Seeds the rollouts' init states and noise, and the trainer."""
@@ -133,14 +137,14 @@ class RlSection:
     """Weight of the co-training flow-matching loss (0 = off)."""
     cotrain_batch: int = 64
     """Frames per co-training micro batch."""
-    rollout_workers: int = 1
+    rollout_workers: int = field(default=1, metadata=same_outputs())
     """Simulator worker processes the rollouts' envs are sliced over (the policy forward stays batched in the
     trainer); 1 = envs in the trainer's process. Any count gives the same rollouts."""
-    launcher: str = "inprocess"
+    launcher: str = field(default="inprocess", metadata=same_outputs())
     """Trainer launcher: inprocess (one worker) or ray."""
-    device: str = "cpu"
+    device: str = field(default="cpu", metadata=same_outputs())
     """Trainer device."""
-    cpu_threads: int = 0
+    cpu_threads: int = field(default=0, metadata=same_outputs())
     """torch threads of the trainer (0 = torch's default)."""
 
     def __post_init__(self) -> None:
@@ -225,11 +229,11 @@ class GrpoEvalSection:
     """Episodes per task and policy."""
     seed: int = 100000
     """Evaluation seed (which held-out states)."""
-    workers: int = 1
+    workers: int = field(default=1, metadata=same_outputs())
     """Simulator worker processes."""
     videos: int = 0
     """MP4s of the first N episodes per task."""
-    reference: str | None = None
+    reference: str | None = field(default=None, metadata=same_outputs())
     """Reference evidence the compare stage compares with (none: compare records that there was none)."""
 
 
@@ -238,7 +242,7 @@ class GrpoRunConfig:
     """A whole GRPO run."""
 
     recipe: str = "grpo"
-    """The recipe this config is for."""
+    """The recipe this config is for: `grpo`, or `package.module:NAME` naming a recipe that uses this schema."""
     BUNDLE: str = ""
     """The restored bundle's folder (set by `portable run`)."""
     RUN: str = ""
@@ -255,7 +259,7 @@ class GrpoRunConfig:
     """Preflight: free disk space the run folder needs (GiB)."""
 
     def __post_init__(self) -> None:
-        if self.recipe != "grpo":
+        if self.recipe != "grpo" and ":" not in self.recipe:  # a recipe of another name brought another schema
             raise ConfigError(f"recipe={self.recipe!r} in a GRPO config", field="recipe", hint="set recipe: grpo")
 
 

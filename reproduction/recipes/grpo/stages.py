@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from reproduction.run.recipe import StageContext, StageOutput
+from reproduction.recipe import StageContext, StageOutput
 
 
 class OpenedDataset:
@@ -137,10 +137,17 @@ def eval_stage(ctx: StageContext) -> StageOutput:
 
 
 def evaluate_exports(
-    config: Any, exports: dict[str, tuple[Path, int | None]], out_dir: Path, run_dir: Path, *, ui: Any = None
+    config: Any,
+    exports: dict[str, tuple[Path, int | None]],
+    out_dir: Path,
+    run_dir: Path,
+    *,
+    name: str = "grpo",
+    ui: Any = None,
 ) -> StageOutput:
     """Evaluate {label: (export, step)} with reproduction/sim/evaluate.py (one worker pool for all) and write
-    the evidence (reproduction/run/evidence.py): the first label is the primary, the rest baselines."""
+    the evidence (reproduction/run/evidence.py) to <run>/evidence/eval_<name>_<step>.json: the first label is the
+    primary, the rest baselines."""
     from reproduction.recap.policy.export import PolicyFactory, read_export
     from reproduction.run import evidence
     from reproduction.run.lineage import path_sha256
@@ -188,7 +195,7 @@ def evaluate_exports(
         settings={"tasks": list(ev.tasks), "episodes_per_task": ev.episodes_per_task, "recipe": "grpo"},
         baselines=records[1:],
     )
-    path = evidence.write_evidence(Path(run_dir) / "evidence" / f"eval_grpo_{step}.json", doc)
+    path = evidence.write_evidence(Path(run_dir) / "evidence" / f"eval_{name}_{step}.json", doc)
     summary = {"evidence": str(path.relative_to(run_dir)), "results": results}
     return StageOutput(files=[path], summary=_jsonable(summary), world_size=ev.workers)
 

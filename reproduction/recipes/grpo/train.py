@@ -7,23 +7,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+from reproduction.config_fields import output_free_keys
 from reproduction.errors import CheckpointError, ConfigError
 from reproduction.fsio import atomic_write_text
+from reproduction.recipes.grpo.config import RlSection
 from reproduction.recipes.grpo.task import SETUP_NAME, file_sha256, make_grpo_task
 
-FREE_ON_RESUME = (
-    "steps",
-    "eval_every",
-    "eval_episodes",
-    "save_every",
-    "launcher",
-    "device",
-    "cpu_threads",
-    "micro_init_states",
-    "rollout_workers",
-)
-"""rl fields a resume may change: they shape neither the rollouts nor the updates (micro_init_states only splits
-a step's init states into micro batches: the same rollouts, the same summed gradient)."""
+FREE_ON_RESUME = ("steps", *output_free_keys(RlSection))
+"""rl fields a resume may change: the step count (`--target-step` raises it) and the fields declared `same_outputs()`
+(config.py): they shape neither the rollouts nor the updates (micro_init_states only splits a step's init states into
+micro batches: the same rollouts, the same summed gradient). The rl stage's key leaves out the same fields."""
 
 
 def train_grpo(

@@ -1,0 +1,129 @@
+"""A GRPO run's plots and report.html, from what its stages wrote (run.json, metrics.jsonl, evidence).
+
+    <run>/plots/training_curves.png   sft loss; rl loss, KL, rollout success, live evaluation
+    <run>/plots/success_rates.png     the eval stage's newest evidence: grpo and its sft baseline
+    <run>/report.html
+
+Only run/'s generic pieces (plots.py, report.py): GRPO has no plot of its own. `portable run` writes no report for
+any recipe; the demo (demo.py) writes this one, and `python -m reproduction.recipes.grpo.report RUN` does too.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+CURVES = ("loss", "kl", "rollout_success", "success_at_end")
+"""Metric families drawn per training stage (those it logged): sft logs loss; rl all four (success_at_end from the
+live evaluation every rl.eval_every steps)."""
+CAPTIONS = {
+    "training_curves": "Training curves: sft (BC) loss; rl loss, KL to the sft policy, training rollouts' success, "
+    "and the live evaluation every rl.eval_every steps (dashed)",
+    "success_rates": "Success at the episode's end on the same held-out episodes: grpo and its sft baseline "
+    "(error bars: Wilson 95%)",
+}
+
+
+def newest_evidence(run_dir: Path) -> Path | None:
+    """evidence/eval_grpo_<step>.json of the highest step (a run trained on with --target-step keeps the earlier
+    ones), None before the eval stage."""
+    found = sorted(Path(run_dir, "evidence").glob("eval_grpo_*.json"), key=lambda p: int(p.stem.rpartition("_")[2]))
+    return found[-1] if found else None
+
+
+def improvement_lines(doc: dict, metric: str = "success_at_end") -> list[str]:
+    """The GRPO policy against its sft baseline in one evaluation evidence document, paired by reset seed (both ran
+    the same held-out episodes): per task and over all, the difference of rates, the episodes only one of them
+    solved, and Tango's 95% interval of the paired difference (reproduction/run/stats.py). [] without a baseline."""
+    from reproduction.run.stats import tango_difference
+
+    base = next((b for b in doc.get("baselines", []) if b["policy"]["label"] == "sft"), None)
+    if base is None:
+        return []
+    rows, total = [], [0, 0, 0]
+    for task, mine in sorted(doc["tasks"].items()):
+        theirs = base["tasks"].get(task, {}).get("outcomes", {})
+        ours = mine.get("outcomes", {})
+        if ours.get("reset_seeds") != theirs.get("reset_seeds") or metric not in ours:
+            rows.append(f"{task}: not paired (the policies ran different episodes)")
+            continue
+        a, b = ours[metric], theirs[metric]
+        only_grpo = sum(x == "1" and y == "0" for x, y in zip(a, b))
+        only_sft = sum(x == "0" and y == "1" for x, y in zip(a, b))
+        total = [total[0] + len(a), total[1] + only_grpo, total[2] + only_sft]
+        rows.append(_paired(task, len(a), only_grpo, only_sft, tango_difference))
+    if len(rows) > 1 and total[0]:
+        rows.append(_paired("all tasks", *total, tango_difference))
+    return [f"grpo - sft, {metric.replace('_', ' ')}, paired by reset seed:"] + [f"  {r}" for r in rows]
+
+
+def _paired(name: str, n: int, only_grpo: int, only_sft: int, interval) -> str:
+    lo, hi = interval(only_sft, only_grpo, n, 0.95)
+    return (
+        f"{name}: {(only_grpo - only_sft) / n:+.2f} on {n} episodes ({only_grpo} solved only by grpo, {only_sft} only "
+        f"by sft; 95% CI {float(lo):+.2f} to {float(hi):+.2f})"
+    )
+
+
+def write_plots(run_dir: Path) -> dict[str, Path]:
+    """Write the plots the run's outputs allow; returns {plot name: path}."""
+    from reproduction.run import plots
+
+    run_dir = Path(run_dir)
+    out_dir = run_dir / "plots"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    logs = {stage: run_dir / stage / "metrics.jsonl" for stage in ("sft", "rl")}
+    logs = {k: v for k, v in logs.items() if v.is_file()}
+    if logs:
+        written["training_curves"] = plots.plot_training_curves(logs, out_dir / "training_curves.png", metrics=CURVES)
+    newest = newest_evidence(run_dir)
+    if newest is not None:
+        doc = json.loads(newest.read_text(encoding="utf-8"))
+        written["success_rates"] = plots.plot_success_rates(
+            doc, out_dir / "success_rates.png", metric="success_at_end", title="Held-out success: grpo vs sft"
+        )
+    return written
+
+
+def write_run_report(run_dir: Path) -> Path:
+    """Plots, then <run>/report.html: the newest evaluation (grpo, its sft baseline), the comparison against
+    eval.reference when the compare stage made one, the stages in recipe order, the plots, the lineage chain.
+    Raises what reading run.json raises (RunStateError when it is not a run folder's)."""
+    from reproduction.recipes.grpo.recipe import GRPO
+    from reproduction.run import report
+    from reproduction.run.evidence import Comparison, load_evidence
+    from reproduction.run.lineage import LINEAGE_DIR
+    from reproduction.run.lineage_check import lineage_chain
+    from reproduction.run.runner import read_state
+
+    run_dir = Path(run_dir)
+    state = read_state(run_dir) or {}
+    written = write_plots(run_dir)
+    stages = [
+        report.StageSummary(name=s.name, status=rec.get("status", ""), seconds=rec.get("seconds"))
+        for s in GRPO.stages
+        if (rec := state.get("stages", {}).get(s.name)) is not None
+    ]
+    newest = newest_evidence(run_dir)
+    compared = run_dir / "evidence" / "comparison.json"  # the compare stage's, against eval.reference
+    comparison = None
+    if compared.is_file():
+        comparison = Comparison.from_dict(json.loads(compared.read_text(encoding="utf-8")))
+    chain = lineage_chain(run_dir) if any((run_dir / LINEAGE_DIR).glob("*.intoto.json")) else None
+    return report.write_report(
+        run_dir / "report.html",
+        title="GRPO run",
+        run_id=state.get("run_id", ""),
+        run_dir=run_dir,
+        evidence=[load_evidence(newest)] if newest is not None else [],
+        comparison=comparison,
+        stages=stages,
+        plots={CAPTIONS.get(k, k.replace("_", " ")): v for k, v in written.items()},
+        chain=chain,
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover - a convenience for a run made with `portable run`
+    print(write_run_report(Path(sys.argv[1])))
