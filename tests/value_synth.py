@@ -95,9 +95,9 @@ class FaultyShardTask:
     action: str
     rank: int
 
-    def __call__(self, job, cancelled=None):
+    def __call__(self, job, cancelled=None, opened=None):
         if job.shard.rank == self.rank:
             if self.action == "die":
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"injected failure in value inference shard {self.rank}")
-        return REAL_INFER_JOB(job, cancelled=cancelled)
+        return REAL_INFER_JOB(job, cancelled=cancelled, opened=opened)
