@@ -128,6 +128,16 @@ class RunReport:
 # -- state ---------------------------------------------------------------------------------------
 
 
+def state_config_file(run_dir: Path, state: dict[str, Any]) -> Path:
+    """The run's resolved config (run.json's `config`) written as JSON, which is YAML, for the config loader:
+    `portable eval`'s base config (run_dir/eval_checkpoint/run_config.json)."""
+    from reproduction.fsio import atomic_write_text
+
+    path = Path(run_dir) / "eval_checkpoint" / "run_config.json"
+    atomic_write_text(path, json.dumps(dict(state.get("config") or {}), indent=1) + "\n")
+    return path
+
+
 def read_state(run_dir: Path) -> dict[str, Any] | None:
     """run.json as a dict, None when absent; RunStateError (exit 55) when unreadable or not of the schema its
     format_version names (record.check_state: the field that is wrong is named)."""
@@ -422,6 +432,28 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         if config_changed and not walk.redone:  # every stage ran or skipped; record the config it was asked with
             _write_state(run_dir, state)
     return RunReport(run_dir=run_dir, run_id=state["run_id"], stages=walk.reports)
+
+
+def run_recipe_redoing_changed(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions) -> RunReport:
+    """`run_recipe`, except that with `options.resume` a stage whose inputs changed since it completed (a
+    StageKeyChangedError, e.g. after a code change) is redone with what follows instead of refused: what a demo's
+    rerun wants. Each stage is redone at most once; any other error propagates."""
+    from dataclasses import replace
+
+    from reproduction.errors import StageKeyChangedError
+    from reproduction.ui import say
+
+    restart = list(options.restart)
+    for _ in range(len(recipe.stages) + 1):
+        try:
+            return run_recipe(recipe, config, run_dir, replace(options, restart=list(restart)))
+        except StageKeyChangedError as exc:
+            stage = getattr(exc, "stage", None)
+            if not options.resume or stage is None or stage in restart:
+                raise
+            say(f"demo: {exc.message}; redoing {stage} and what follows", options=options.ui)
+            restart.append(stage)
+    raise AssertionError("unreachable: every stage restarted once")  # pragma: no cover
 
 
 @dataclass(kw_only=True)

@@ -117,31 +117,18 @@ def _generate(root: Path, data: DemoData) -> str:
 def _run(bundle: Path, run_dir: Path, *, quick: bool, overrides: list[str], ui: UiOptions | None) -> Any:
     """The recipe through the runner, resumed when the folder holds a run; a stage whose key changed (new code,
     config or data since the last demo here) is redone with what follows, where `portable run --resume` refuses."""
-    from reproduction.errors import StageKeyChangedError
     from reproduction.recipes.grpo import RECIPE
     from reproduction.recipes.grpo.config import GrpoRunConfig
     from reproduction.run.config import load_config
     from reproduction.run.record import make_recorder
-    from reproduction.run.runner import RunOptions, read_state, run_recipe
+    from reproduction.run.runner import RunOptions, read_state, run_recipe_redoing_changed
 
     files = [CONFIGS / "config.yaml"] + ([CONFIGS / "quick.yaml"] if quick else [])
     config = load_config(files, overrides, bundle=bundle, run_dir=run_dir, schema=GrpoRunConfig)
     resume = run_dir.is_dir() and read_state(run_dir) is not None
-    restart: list[str] = []
     argv = ["portable", "demo", "--recipe", "grpo", *(["--quick"] if quick else []), *overrides]
-    for _ in range(len(RECIPE.stages) + 1):
-        opts = RunOptions(
-            resume=resume, restart=list(restart), argv=argv, ui=ui, recorder=make_recorder(None), recipe_ref="grpo"
-        )
-        try:
-            return run_recipe(RECIPE, config, run_dir, opts)
-        except StageKeyChangedError as exc:
-            stage = getattr(exc, "stage", None)
-            if not resume or stage is None or stage in restart:
-                raise
-            say(f"demo: {exc.message}; redoing {stage} and what follows", options=ui)
-            restart.append(stage)
-    raise AssertionError("unreachable: every stage restarted once")  # pragma: no cover
+    opts = RunOptions(resume=resume, argv=argv, ui=ui, recorder=make_recorder(None), recipe_ref="grpo")
+    return run_recipe_redoing_changed(RECIPE, config, run_dir, opts)
 
 
 def _report(run_dir: Path) -> str:

@@ -27,10 +27,11 @@ def cmd_eval(args: Any, run_dir: Path, state: dict[str, Any] | None, ui: UiOptio
     from reproduction.recipes.grpo.config import GrpoRunConfig
     from reproduction.recipes.grpo.stages import evaluate_exports
     from reproduction.run.config import load_config
+    from reproduction.run.runner import state_config_file
 
     files = [Path(c) for c in args.config or []]
     if state is not None and not files:
-        files = [_state_config_file(run_dir, state)]
+        files = [state_config_file(run_dir, state)]
     config = load_config(files, list(args.overrides or []), run_dir=run_dir, schema=GrpoRunConfig)
     exports, name = _resolve_checkpoint(args.checkpoint, run_dir, state)
     shown = ", ".join(f"{label} (step {step}, {path})" for label, (path, step) in exports.items())
@@ -48,15 +49,6 @@ def cmd_eval(args: Any, run_dir: Path, state: dict[str, Any] | None, ui: UiOptio
     if getattr(args, "json", False):
         sys.stdout.write(json.dumps(output.summary, indent=1) + "\n")
     return 0
-
-
-def _state_config_file(run_dir: Path, state: dict[str, Any]) -> Path:
-    """The run's resolved config (run.json's), written as JSON (which is YAML) for the loader."""
-    from reproduction.fsio import atomic_write_text
-
-    path = run_dir / "eval_checkpoint" / "run_config.json"
-    atomic_write_text(path, json.dumps(dict(state.get("config") or {}), indent=1) + "\n")
-    return path
 
 
 def _resolve_checkpoint(

@@ -166,9 +166,15 @@ SNAPSHOT = ("recap", "sim", "data")
 _SIM_MODULES = ("generate", "env", "experts", "behaviours", "episode", "tasks", "seeds")
 
 
-def _write_sources(src: Path, *, quick: bool, reference: Path = REFERENCE) -> None:
-    """The bundle's other sources: the runner's source snapshot, the run config, the reference evidence
-    (exactly `reference`'s JSON files: one it no longer holds is removed)."""
+README = b"Reference evidence of the published demo run; `portable demo` compares its evaluation with it.\n"
+
+
+def _write_sources(
+    src: Path, *, quick: bool, reference: Path = REFERENCE, configs: Path = CONFIGS, readme: bytes = README
+) -> None:
+    """The bundle's other sources: the runner's source snapshot, the run config (`configs`' quick.yaml or
+    run.yaml), the reference evidence (exactly `reference`'s JSON files: one it no longer holds is removed) and
+    its `readme`. Unchanged files keep their mtime, so pack is reused."""
     from reproduction.fsio import atomic_write_bytes
 
     def put(path: Path, data: bytes) -> None:
@@ -182,7 +188,7 @@ def _write_sources(src: Path, *, quick: bool, reference: Path = REFERENCE) -> No
     for p in sorted(project.rglob("*.py")) if project.exists() else []:
         if p.relative_to(project) not in wanted:
             p.unlink()
-    put(src / "configs" / "run.yaml", (CONFIGS / ("quick.yaml" if quick else "run.yaml")).read_bytes())
+    put(src / "configs" / "run.yaml", (configs / ("quick.yaml" if quick else "run.yaml")).read_bytes())
     evidence = src / "evidence"
     refs = sorted(reference.glob("*.json")) if reference.is_dir() else []
     for p in refs:
@@ -190,10 +196,7 @@ def _write_sources(src: Path, *, quick: bool, reference: Path = REFERENCE) -> No
     for p in sorted(evidence.glob("*.json")) if evidence.is_dir() else []:
         if p.name not in {r.name for r in refs}:
             p.unlink()
-    put(
-        evidence / "README.md",
-        b"Reference evidence of the published demo run; `portable demo` compares its evaluation with it.\n",
-    )
+    put(evidence / "README.md", readme)
 
 
 def _tree_stamp(root: Path) -> str:
@@ -252,11 +255,10 @@ def _check(restored: Path, json_path: Path, *, ui: UiOptions | None) -> str:
 
 
 def _run(restored: Path, run_dir: Path, overrides: list[str], *, ui: UiOptions | None) -> Any:
-    from reproduction.errors import StageKeyChangedError
     from reproduction.recipes.recap.config import load_config
     from reproduction.recipes.recap.recipe import RECAP
     from reproduction.run.record import make_recorder
-    from reproduction.run.runner import RunOptions, read_state, run_recipe
+    from reproduction.run.runner import RunOptions, read_state, run_recipe_redoing_changed
 
     overrides = list(overrides)
     reference = sorted((restored / "evidence").glob("*.json"))
@@ -266,20 +268,8 @@ def _run(restored: Path, run_dir: Path, overrides: list[str], *, ui: UiOptions |
     resume = read_state(run_dir) is not None if run_dir.is_dir() else False
     # The demo's inputs are its own: a stage whose key changed (new code, config or data since the last
     # demo in this folder) is redone with what follows, where `portable run --resume` would refuse.
-    restart: list[str] = []
-    for _ in range(len(RECAP.stages) + 1):
-        opts = RunOptions(
-            resume=resume, restart=list(restart), argv=["portable", "demo"], ui=ui, recorder=make_recorder(restored)
-        )
-        try:
-            return run_recipe(RECAP, config, run_dir, opts)
-        except StageKeyChangedError as exc:
-            stage = getattr(exc, "stage", None)
-            if not resume or stage is None or stage in restart:
-                raise
-            say(f"demo: {exc.message}; redoing {stage} and what follows", options=ui)
-            restart.append(stage)
-    raise AssertionError("unreachable: every stage restarted once")  # pragma: no cover
+    opts = RunOptions(resume=resume, argv=["portable", "demo"], ui=ui, recorder=make_recorder(restored))
+    return run_recipe_redoing_changed(RECAP, config, run_dir, opts)
 
 
 def _plots_and_report(run_dir: Path, restored: Path) -> str:

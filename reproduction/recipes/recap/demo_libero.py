@@ -47,6 +47,7 @@ from reproduction.recipes.recap.demo import (
     _run,
     _stamp,
 )
+from reproduction.recipes.recap.demo import _write_sources as write_sources
 from reproduction.ui import UiOptions, say
 
 SPEC = REPO / "bundle" / "demo_libero.toml"
@@ -247,40 +248,14 @@ def _generate(root: Path, data: LiberoTierData, *, ui: UiOptions | None) -> str:
     return f"{episodes} episodes, {frames} frames ({wins}/{data.rollouts} rollouts succeed)"
 
 
-SNAPSHOT = ("recap", "sim", "data")
-
-
 def _write_sources(src: Path, *, quick: bool, reference: Path) -> None:
-    """The bundle's other sources: the runner's source snapshot, the run config, the reference evidence (exactly
-    `reference`'s JSON files) and its README with the privileged-state note. Unchanged files keep their mtime."""
-    from reproduction.fsio import atomic_write_bytes
-
-    def put(path: Path, data: bytes) -> None:
-        if not path.is_file() or path.read_bytes() != data:
-            atomic_write_bytes(path, data)
-
-    project = src / "project"
-    wanted = {p.relative_to(REPO): p for pkg in SNAPSHOT for p in sorted((REPO / "reproduction" / pkg).rglob("*.py"))}
-    for rel, p in wanted.items():
-        put(project / rel, p.read_bytes())
-    for p in sorted(project.rglob("*.py")) if project.exists() else []:
-        if p.relative_to(project) not in wanted:
-            p.unlink()
-    put(src / "configs" / "run.yaml", (CONFIGS / ("quick.yaml" if quick else "run.yaml")).read_bytes())
-    evidence = src / "evidence"
-    refs = sorted(reference.glob("*.json")) if reference.is_dir() else []
-    for p in refs:
-        put(evidence / p.name, p.read_bytes())
-    for p in sorted(evidence.glob("*.json")) if evidence.is_dir() else []:
-        if p.name not in {r.name for r in refs}:
-            p.unlink()
-    put(
-        evidence / "README.md",
-        (
-            "Reference evidence of the LIBERO tier's own full run (evidence/demo_libero/ in the project); "
-            f"`portable demo --world libero` compares its evaluation with it.\n\n{NOTE}\n"
-        ).encode(),
-    )
+    """The Fetch demo's sources (the runner's snapshot, the run config, exactly `reference`'s JSON files) with the
+    tier's configs and an evidence README that carries the privileged-state note."""
+    readme = (
+        "Reference evidence of the LIBERO tier's own full run (evidence/demo_libero/ in the project); "
+        f"`portable demo --world libero` compares its evaluation with it.\n\n{NOTE}\n"
+    ).encode()
+    write_sources(src, quick=quick, reference=reference, configs=CONFIGS, readme=readme)
 
 
 @contextlib.contextmanager

@@ -26,11 +26,12 @@ def cmd_eval(args: Any, run_dir: Path, state: dict[str, Any] | None, ui: UiOptio
     """
     from reproduction.recipes.recap.config import load_config
     from reproduction.recipes.recap.policy import evaluate_exports
+    from reproduction.run.runner import state_config_file
 
     overrides = list(args.overrides or [])
     files = [Path(c) for c in args.config or []]
     if state is not None and not files:
-        files = [_state_config_file(run_dir, state)]
+        files = [state_config_file(run_dir, state)]
     config = load_config(files, overrides, run_dir=run_dir)
     exports, name = _resolve_checkpoint(args.checkpoint, run_dir, state)
     config.policy.modes = list(exports)
@@ -51,16 +52,6 @@ def cmd_eval(args: Any, run_dir: Path, state: dict[str, Any] | None, ui: UiOptio
     if getattr(args, "json", False):
         sys.stdout.write(json.dumps(output.summary, indent=1) + "\n")
     return 0
-
-
-def _state_config_file(run_dir: Path, state: dict[str, Any]) -> Path:
-    """The run's resolved config, written as YAML beside run.json (eval's base config)."""
-    from reproduction.fsio import atomic_write_text
-
-    path = run_dir / "eval_checkpoint" / "run_config.json"
-    config = dict(state.get("config") or {})
-    atomic_write_text(path, json.dumps(config, indent=1) + "\n")  # JSON is YAML
-    return path
 
 
 def _resolve_checkpoint(
