@@ -7,6 +7,7 @@ fields (`same_outputs()`, config.py and reproduction/train/config.py), not here.
 
 from __future__ import annotations
 
+from reproduction.recap.policy import TRAINING_MODULES
 from reproduction.recipe import Recipe, StageSpec
 
 _STAGES = "reproduction.recipes.grpo.stages"
@@ -25,14 +26,7 @@ GRPO = Recipe(
             outputs=("policy_setup.json", "export/**/*"),
             training="sft.train.max_steps",
             weights=("sft.model",),
-            code=(
-                "reproduction.recap.policy.task",
-                "reproduction.recap.policy.config",
-                "reproduction.recap.policy.setup",
-                "reproduction.recap.policy.batches",
-                "reproduction.recap.policy.model",
-                "reproduction.recap.policy.data",
-            ),
+            code=TRAINING_MODULES,
         ),
         StageSpec(
             name="rl",

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reproduction.recap.policy import TRAINING_MODULES
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
 
 
@@ -372,14 +373,7 @@ POLICY_STAGES = (
         outputs=("*/policy_setup.json", "*/export/**/*"),
         training="policy.train.max_steps",
         weights=("policy.model",),
-        code=(
-            "reproduction.recap.policy.task",
-            "reproduction.recap.policy.config",
-            "reproduction.recap.policy.setup",
-            "reproduction.recap.policy.batches",
-            "reproduction.recap.policy.model",
-            "reproduction.recap.policy.data",
-        ),
+        code=TRAINING_MODULES,
     ),
     StageSpec(
         name="eval",
