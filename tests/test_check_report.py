@@ -185,6 +185,20 @@ def test_quiet_table_shows_only_problems_and_plain_has_fix_lines(monkeypatch):
     assert "good.row" not in text and "bad.row  FAIL  broken thing" in text and "fix: do the fix" in text
 
 
+def test_rich_table_prints_findings_and_fixes_as_plain_text_not_markup(monkeypatch):
+    """A finding or fix with square brackets (`pip install -e '.[libero]'`) reaches the table as written: rich would
+    read `[libero]` as a style tag and drop it, telling the user to install the wrong thing."""
+    monkeypatch.delenv("PORTABLE_PLAIN", raising=False)
+    rows = [warn("libero.render", "LIBERO is not installed (the [libero] extra)", "pip install -e '.[libero]'")]
+    report = CheckReport(
+        results=rows, python="p", bundle=None, device={"selected": "cpu", "why": "w"}, jit_smoke=False, seconds=0
+    )
+    stream = io.StringIO()
+    render_table(report, stream=stream)
+    text = stream.getvalue()
+    assert "(the [libero] extra)" in text and "pip install -e '.[libero]'" in text, text
+
+
 def test_collect_report_is_json_serialisable_for_run_evidence(tmp_path):
     report = collect_report(ctx=make_context(tmp_path))
     data = json.loads(json.dumps(report.to_dict()))

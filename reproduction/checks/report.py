@@ -184,6 +184,7 @@ def render_table(report: CheckReport, *, options: UiOptions | None = None, strea
     try:
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
     except ImportError:
         Console = None  # noqa: N806
     from reproduction.settings import PLAIN, flag
@@ -199,7 +200,8 @@ def render_table(report: CheckReport, *, options: UiOptions | None = None, strea
         for column in ("probe", "status", "finding", "fix"):
             table.add_column(column, overflow="fold")
         for r in rows:
-            table.add_row(r.name, f"[{_STYLE[r.status]}]{_MARK[r.status]}[/]", r.finding, r.fix)
+            # Findings and fixes are plain text: `pip install -e '.[libero]'` is not rich markup.
+            table.add_row(Text(r.name), Text(_MARK[r.status], style=_STYLE[r.status]), Text(r.finding), Text(r.fix))
         console.print(table)
         console.print(summary, markup=False, highlight=False)
         return
