@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from reproduction.recipes.grpo import GRPO, RECIPE
-from reproduction.recipes.grpo.config import GrpoRunConfig, to_plain
-from reproduction.run.config import load_config, select
+from reproduction.recipes.grpo.config import GrpoRunConfig
+from reproduction.run.config import load_config, select, to_plain
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "bundle" / "grpo" / "config.yaml"

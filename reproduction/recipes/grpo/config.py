@@ -15,7 +15,6 @@ its stage computes is declared so on the field (`same_outputs()`): the stage key
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from reproduction.config_fields import same_outputs
 from reproduction.errors import ConfigError
@@ -261,16 +260,3 @@ class GrpoRunConfig:
     def __post_init__(self) -> None:
         if self.recipe != "grpo" and ":" not in self.recipe:  # a recipe of another name brought another schema
             raise ConfigError(f"recipe={self.recipe!r} in a GRPO config", field="recipe", hint="set recipe: grpo")
-
-
-def to_plain(config: Any) -> Any:
-    """A dataclass config as plain JSON-able values (what stage keys digest)."""
-    import dataclasses
-
-    if dataclasses.is_dataclass(config):
-        return {f.name: to_plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
-    if isinstance(config, (list, tuple)):
-        return [to_plain(v) for v in config]
-    if isinstance(config, dict):
-        return {str(k): to_plain(v) for k, v in config.items()}
-    return config

@@ -13,8 +13,8 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
     run opens each once. Nothing is written but run/preflight.py's stat stamps in a restored bundle."""
     from reproduction.data.reader import open_dataset
     from reproduction.errors import ConfigError, InputNotFoundError, PortableError
-    from reproduction.recipes.grpo.config import to_plain
     from reproduction.recipes.grpo.stages import OpenedDataset
+    from reproduction.run.config import to_plain
     from reproduction.run.preflight import (
         bundle_files_problems,
         bundle_restore_problems,

@@ -72,7 +72,7 @@ def sft_stage(ctx: StageContext) -> StageOutput:
 
     from reproduction.recap.policy.data import PolicySource, open_policy_input
     from reproduction.recap.policy.task import PolicyStageConfig, train_policy
-    from reproduction.recipes.grpo.config import to_plain
+    from reproduction.run.config import to_plain
 
     train = cfg.train if ctx.target_step is None else replace(cfg.train, max_steps=ctx.target_step)
     model = to_plain(cfg.model)

@@ -36,7 +36,7 @@ def train_grpo(
     setup that changed (naming the fields) or when `resume` is off over existing checkpoints, and what the
     trainer raises."""
     from reproduction.recap.policy.export import read_export
-    from reproduction.recipes.grpo.config import to_plain
+    from reproduction.run.config import to_plain
     from reproduction.sim.tasks import get_task
     from reproduction.train.api import train
     from reproduction.train.checkpoint import complete_steps

@@ -67,6 +67,24 @@ class DemoReport:
     """Simulator worker processes each step started (each pays its own start, imports and env)."""
 
 
+def demo_folder(output: Path | str | None, default: str) -> Path:
+    """The demo's output folder, absolute (default runs/<default>), created: a new or empty folder, or one an
+    earlier demo built (it holds MARKER). RunStateError (exit 55) for a file or another non-empty folder."""
+    from reproduction.errors import RunStateError
+
+    out = Path(output or Path("runs") / default).absolute()
+    if out.exists() and not out.is_dir():
+        raise RunStateError(f"output {out} is a file, not a folder", path=out, hint="pass a folder with --output")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
+        raise RunStateError(
+            f"{out} is not empty and is not a demo folder (no {MARKER})",
+            path=out,
+            hint="pass a new or empty folder with --output, or the folder of an earlier demo to reuse it",
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def run_demo(
     output: Path | None,
     *,
@@ -79,18 +97,8 @@ def run_demo(
     docstring. `reference`: the folder of reference evidence the bundle carries (the published demo run's).
     Prints the summary table on stderr and the run folder on stdout; returns 0. Raises what the steps
     raise (release, check, config and run errors, each with its exit code)."""
-    from reproduction.errors import RunStateError
 
-    out = Path(output or Path("runs") / ("demo-quick" if quick else "demo")).absolute()
-    if out.exists() and not out.is_dir():
-        raise RunStateError(f"output {out} is a file, not a folder", path=out, hint="pass a folder with --output")
-    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
-        raise RunStateError(
-            f"{out} is not empty and is not a demo folder (no {MARKER})",
-            path=out,
-            hint="pass a new or empty folder with --output, or the folder of an earlier demo to reuse it",
-        )
-    out.mkdir(parents=True, exist_ok=True)
+    out = demo_folder(output, "demo-quick" if quick else "demo")
     (out / MARKER).write_text(json.dumps({"quick": quick}) + "\n")
     data = QUICK if quick else FULL
     report = DemoReport(output=out)

@@ -46,6 +46,7 @@ from reproduction.recipes.recap.demo import (
     _restore,
     _run,
     _stamp,
+    demo_folder,
 )
 from reproduction.recipes.recap.demo import _write_sources as write_sources
 from reproduction.ui import UiOptions, say
@@ -106,7 +107,7 @@ def run_libero_demo(
     run-seedN. Prints the summary on stderr and the run folder on stdout; returns 0. Raises
     MissingDependencyError (exit 10) without the libero extra before anything is written, RunStateError for a
     bad output folder, ConfigError for a negative seed, and what the steps raise."""
-    from reproduction.errors import ConfigError, MissingDependencyError, RunStateError
+    from reproduction.errors import ConfigError, MissingDependencyError
     from reproduction.sim.libero._runtime import available
 
     if seed is not None and seed < 0:
@@ -115,16 +116,7 @@ def run_libero_demo(
         raise MissingDependencyError(
             "the LIBERO tier needs LIBERO, which is not installed", hint="pip install -e '.[libero]'"
         )
-    out = Path(output or Path("runs") / ("demo-libero-quick" if quick else "demo-libero")).absolute()
-    if out.exists() and not out.is_dir():
-        raise RunStateError(f"output {out} is a file, not a folder", path=out, hint="pass a folder with --output")
-    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
-        raise RunStateError(
-            f"{out} is not empty and is not a demo folder (no {MARKER})",
-            path=out,
-            hint="pass a new or empty folder with --output, or the folder of an earlier demo to reuse it",
-        )
-    out.mkdir(parents=True, exist_ok=True)
+    out = demo_folder(output, "demo-libero-quick" if quick else "demo-libero")
     with _folder_lock(out), RssSampler() as sampler:
         (out / MARKER).write_text(json.dumps({"quick": quick, "world": "libero"}) + "\n")
         return _run_tier(
