@@ -115,8 +115,9 @@ def test_grpo_runs_resumes_and_trains_on_through_portable_run(tmp_path):
 
 
 def test_the_grpo_demo_runs_from_scratch_and_reuses_its_run(tmp_path):
-    """`portable demo --recipe grpo --quick`: demonstrations -> sft -> rl -> eval -> compare, report.html; the run
-    folder on stdout; a second call reuses everything; a folder another demo (or nothing) built is refused."""
+    """`portable demo --recipe grpo --quick`: demonstrations -> pack -> restore -> check -> sft -> rl -> eval ->
+    compare, report.html; the run folder on stdout; a second call reuses everything; a folder another demo (or
+    nothing) built is refused."""
     out = tmp_path / "demo"
     proc = portable("demo", "--recipe", "grpo", "--quick", "--output", str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -131,10 +132,19 @@ def test_the_grpo_demo_runs_from_scratch_and_reuses_its_run(tmp_path):
     html = (run / "report.html").read_text()
     assert "GRPO run" in html and html.count("data:image/png;base64,") == 2
     assert "grpo - sft, success at end, paired by reset seed:" in proc.stderr
+    # RECAP's demo steps: pack bundle/grpo.toml, restore a copy, check it; the run reads the restored bundle
+    for name in ("generate", "pack", "restore", "check"):
+        assert f"\n{name} " in proc.stderr, name
+    restored = out / "restored" / "grpo-demo"
+    assert (out / "bundle" / "bundle.json").is_file() and (restored / "bundle.json").is_file()
+    assert state["config"]["BUNDLE"] == str(restored)
+    build = json.loads((run / "lineage" / "sft.intoto.json").read_text())["predicate"]["buildDefinition"]
+    roles = {d["annotations"].get("role") for d in build["resolvedDependencies"]}
+    assert {"bundle_manifest", "source", "dataset"} <= roles, roles
 
     again = portable("demo", "--recipe", "grpo", "--quick", "--output", str(out), cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert "generate          reused" in again.stderr
+    assert "generate          reused" in again.stderr and "pack              reused" in again.stderr
     assert all(f"run: {n}" in again.stderr for n in ("sft", "rl", "eval", "compare"))
     assert again.stderr.count(" skipped ") == 4, again.stderr
 

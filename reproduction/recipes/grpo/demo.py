@@ -1,18 +1,22 @@
-"""`portable demo --recipe grpo`: GRPO from scratch on CPU, with no download.
+"""`portable demo --recipe grpo`: GRPO from scratch on CPU, with no download, from a packed bundle.
 
-Generates scripted FetchPush-v4 demonstrations in the simulator, then runs the GRPO recipe through the runner
-(bundle/grpo/config.yaml; `--quick` layers bundle/grpo/quick.yaml on it): sft (BC on the demonstrations) -> rl
-(GRPO in the simulator) -> eval (sft and grpo on the same held-out episodes) -> compare (against eval.reference
-when one is given), then writes the plots and report.html and prints the rates. A rerun reuses what is valid (the
-data by its stamp, the run by its stage keys; a stage whose key changed is redone with what follows).
-
-Unlike the RECAP demo it packs, restores and checks no bundle: <output>/bundle is a plain folder standing in for
-${BUNDLE}, so `portable run <output>/bundle --config ... --output <output>/run --resume --target-step N` (printed at
-the end) trains the demo's run on.
+Generates scripted FetchPush-v4 demonstrations in the simulator, packs them with a source snapshot and the run
+configs into the GRPO bundle (bundle/grpo.toml), restores a copy elsewhere, runs `check` on it, then runs the
+GRPO recipe through the runner from the restored bundle (its config/run.yaml = bundle/grpo/config.yaml;
+`--quick` layers config/quick.yaml = bundle/grpo/quick.yaml on it): sft (BC on the demonstrations) -> rl (GRPO
+in the simulator) -> eval (sft and grpo on the same held-out episodes) -> compare (against eval.reference when
+one is given), then writes the plots and report.html and prints the rates. The steps are RECAP's demo's
+(reproduction/recipes/recap/demo.py: pack, restore, check), so the lineage names the bundle manifest and its
+source layer, and a file of the restored bundle changed after restore stops the run with `portable verify`'s
+exit code. A rerun reuses what is valid (the data by its stamp, the bundle by its sources' stamp, the restore by
+its receipt, the run by its stage keys; a stage whose key changed is redone with what follows).
 
     <output>/
       demo.json             marks a folder this demo built
-      bundle/data/sft/      the demonstrations (LeRobot, state only)
+      src/                  data/sft/ (the demonstrations), project/, configs/{run,quick}.yaml, evidence/README.md
+      bundle/               the packed bundle
+      restored/grpo-demo/   the same bundle copied elsewhere and restored there
+      check.json            `portable check` on the restored bundle
       run/                  run.json, sft/ rl/ eval/ compare/, evidence/, lineage/, plots/, report.html
 """
 
@@ -30,8 +34,18 @@ from typing import Any
 from reproduction.ui import UiOptions, say
 
 REPO = Path(__file__).resolve().parents[3]
+SPEC = REPO / "bundle" / "grpo.toml"
 CONFIGS = REPO / "bundle" / "grpo"
 MARKER = "demo.json"
+RESTORED = "grpo-demo"
+"""The restored bundle's folder name under <output>/restored/ (the spec's name)."""
+SNAPSHOT = ("recipes/grpo", "recap", "sim", "data")
+"""The code the bundle pins as its source layer (under reproduction/; the runner itself is not in it)."""
+README = (
+    b"Reference evidence of the GRPO demo: none yet (eval.reference stays null, and the compare stage records that\n"
+    b"there was none). A file placed here is packed with the bundle; `portable run ... eval.reference=FILE` compares\n"
+    b"the run's evaluation with it.\n"
+)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -79,24 +93,31 @@ def run_demo(
         steps.append((name, what, time.perf_counter() - t0))
         say(f"demo: {name}: {what} ({time.perf_counter() - t0:.1f} s)", options=ui)
 
-    bundle = out / "bundle"
-    step("generate", lambda: _generate(bundle / "data" / "sft", QUICK if quick else FULL))
+    from reproduction.recipes.recap.demo import _check, _pack, _restore  # RECAP's demo steps, shared
+
+    src, bundle, restored = out / "src", out / "bundle", out / "restored" / RESTORED
+    step("generate", lambda: _generate(src / "data" / "sft", QUICK if quick else FULL))
+    _write_sources(src)
+    step("pack", lambda: _pack(src, bundle, ui=ui, spec=SPEC))
+    step("restore", lambda: _restore(bundle, restored, ui=ui))
+    step("check", lambda: _check(restored, out / "check.json", ui=ui))
     run_dir = out / "run"
     t0 = time.perf_counter()
-    report = _run(bundle, run_dir, quick=quick, overrides=list(overrides or []), ui=ui)
+    report = _run(restored, run_dir, quick=quick, overrides=list(overrides or []), ui=ui)
     steps += [(f"run: {s.name}", s.action, s.seconds) for s in report.stages]
     steps.append(("run (total)", "", time.perf_counter() - t0))
     step("plots and report", lambda: _report(run_dir))
     steps.append(("demo (total)", "", time.perf_counter() - t_all))
-    configs = " ".join(f"--config {CONFIGS / n}" for n in ("config.yaml", *(("quick.yaml",) if quick else ())))
-    resume = f"portable run {bundle} {configs} --output {run_dir} --resume --target-step N"
-    _summary(steps, run_dir, ui=ui, resume=resume)
+    configs = " ".join(f"--config {p}" for p in _config_files(restored, quick))
+    resume = f"portable run {restored} {configs} --output {run_dir} --resume --target-step N"
+    _summary(steps, run_dir, ui=ui, resume=resume, bundle=bundle)
     print(run_dir)
     return 0
 
 
 def _generate(root: Path, data: DemoData) -> str:
-    """Scripted demonstrations at `root`; reused when the stamp (settings + simulator code) matches."""
+    """Scripted demonstrations at `root`; reused when the stamp (settings + simulator code) matches. The stamp file
+    is <root>/../../generated.json (src/generated.json: outside the packed data, left out of pack's stamp)."""
     from reproduction.fsio import atomic_write_text
     from reproduction.run.runner import module_digest
     from reproduction.sim.generate import GenConfig, generate_dataset
@@ -104,7 +125,7 @@ def _generate(root: Path, data: DemoData) -> str:
     modules = ("generate", "env", "experts", "episode", "tasks", "seeds")
     doc = {"data": asdict(data), "code": [module_digest(f"reproduction.sim.{m}") for m in modules]}
     stamp = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
-    done = root.parent / "sft.generated.json"
+    done = root.parent.parent / "generated.json"
     if done.is_file() and root.is_dir() and json.loads(done.read_text()).get("stamp") == stamp:
         return "reused"
     shutil.rmtree(root, ignore_errors=True)
@@ -114,20 +135,48 @@ def _generate(root: Path, data: DemoData) -> str:
     return f"{result.episodes} episodes, {result.frames} frames"
 
 
-def _run(bundle: Path, run_dir: Path, *, quick: bool, overrides: list[str], ui: UiOptions | None) -> Any:
-    """The recipe through the runner, resumed when the folder holds a run; a stage whose key changed (new code,
-    config or data since the last demo here) is redone with what follows, where `portable run --resume` refuses."""
+def _write_sources(src: Path) -> None:
+    """The bundle's other sources beside the data: the source snapshot (SNAPSHOT; a file the tree no longer holds
+    is removed), configs/run.yaml and quick.yaml (bundle/grpo/config.yaml and quick.yaml) and evidence/README.md.
+    Unchanged files keep their mtime, so pack is reused."""
+    from reproduction.fsio import atomic_write_bytes
+
+    def put(path: Path, data: bytes) -> None:
+        if not path.is_file() or path.read_bytes() != data:
+            atomic_write_bytes(path, data)
+
+    project = src / "project"
+    wanted = {p.relative_to(REPO): p for pkg in SNAPSHOT for p in sorted((REPO / "reproduction" / pkg).rglob("*.py"))}
+    for rel, p in wanted.items():
+        put(project / rel, p.read_bytes())
+    for p in sorted(project.rglob("*.py")) if project.exists() else []:
+        if p.relative_to(project) not in wanted:
+            p.unlink()
+    put(src / "configs" / "run.yaml", (CONFIGS / "config.yaml").read_bytes())
+    put(src / "configs" / "quick.yaml", (CONFIGS / "quick.yaml").read_bytes())
+    put(src / "evidence" / "README.md", README)
+
+
+def _config_files(restored: Path, quick: bool) -> list[Path]:
+    """The restored bundle's run configs: config/run.yaml, and config/quick.yaml layered on it with --quick."""
+    return [restored / "config" / "run.yaml"] + ([restored / "config" / "quick.yaml"] if quick else [])
+
+
+def _run(restored: Path, run_dir: Path, *, quick: bool, overrides: list[str], ui: UiOptions | None) -> Any:
+    """The recipe through the runner from the restored bundle (${BUNDLE}; lineage records its manifest and source
+    layer), resumed when the folder holds a run; a stage whose key changed (new code, config or data since the last
+    demo here) is redone with what follows, where `portable run --resume` refuses."""
     from reproduction.recipes.grpo import RECIPE
     from reproduction.recipes.grpo.config import GrpoRunConfig
     from reproduction.run.config import load_config
     from reproduction.run.record import make_recorder
     from reproduction.run.runner import RunOptions, read_state, run_recipe_redoing_changed
 
-    files = [CONFIGS / "config.yaml"] + ([CONFIGS / "quick.yaml"] if quick else [])
-    config = load_config(files, overrides, bundle=bundle, run_dir=run_dir, schema=GrpoRunConfig)
+    files = _config_files(restored, quick)
+    config = load_config(files, overrides, bundle=restored, run_dir=run_dir, schema=GrpoRunConfig)
     resume = run_dir.is_dir() and read_state(run_dir) is not None
     argv = ["portable", "demo", "--recipe", "grpo", *(["--quick"] if quick else []), *overrides]
-    opts = RunOptions(resume=resume, argv=argv, ui=ui, recorder=make_recorder(None), recipe_ref="grpo")
+    opts = RunOptions(resume=resume, argv=argv, ui=ui, recorder=make_recorder(restored), recipe_ref="grpo")
     return run_recipe_redoing_changed(RECIPE, config, run_dir, opts)
 
 
@@ -137,7 +186,9 @@ def _report(run_dir: Path) -> str:
     return f"-> {write_run_report(run_dir)}"
 
 
-def _summary(steps: list[tuple[str, str, float]], run_dir: Path, *, ui: UiOptions | None, resume: str) -> None:
+def _summary(
+    steps: list[tuple[str, str, float]], run_dir: Path, *, ui: UiOptions | None, resume: str, bundle: Path
+) -> None:
     from reproduction.recipes.grpo.report import improvement_lines, newest_evidence
     from reproduction.run.compare_cmd import run_results_lines
 
@@ -150,6 +201,7 @@ def _summary(steps: list[tuple[str, str, float]], run_dir: Path, *, ui: UiOption
     if newest is not None:
         lines += [*improvement_lines(json.loads(newest.read_text(encoding="utf-8"))), ""]
     lines += [
+        f"bundle:     {bundle}  (bundle/grpo.toml; restored copy: {bundle.parent / 'restored' / RESTORED})",
         f"run folder: {run_dir}",
         f"evidence:   {run_dir / 'evidence'}  (eval_grpo_<step>.json: grpo, baseline sft, the same held-out seeds)",
         f"lineage:    {run_dir / 'lineage'}  (portable lineage {run_dir} --verify)",
