@@ -41,6 +41,11 @@ class PolicyModelSection:
     """Action chunk length H."""
     execute_steps: int = 2
     """Actions of each chunk executed before the policy is asked again (training rollouts and evaluation)."""
+    state_keys: list[str] = field(default_factory=list)
+    """Observation features the policy's state concatenates, in order ([] = observation.state, and .goal where the
+    data have it: Fetch). LIBERO: [observation.state, observation.object_state] (privileged object poses)."""
+    state_dims: list[int] | None = None
+    """Indices of that vector the policy reads (None = all); bundle/grpo/libero.yaml picks positions as RECAP's tier."""
     num_steps: int = 10
     """Denoising steps K (Euler at evaluation, flow-SDE steps in RL rollouts)."""
     width: int = 64
@@ -96,7 +101,12 @@ class RlSection:
     """The `rl` stage: GRPO from the SFT policy (reproduction/recipes/grpo/objective.py, sde.py)."""
 
     tasks: list[str] = field(default_factory=lambda: ["FetchPush-v4"])
-    """Simulator tasks of the training rollouts (init state i of a step uses tasks[i % len(tasks)])."""
+    """Simulator tasks of the training rollouts (init state i of a step uses tasks[i % len(tasks)]): Fetch env ids,
+    or LIBERO task ids as RECAP's eval.tasks names them (`libero_10/0`: init state i starts from the task's fixed
+    init state i % 50, state observations, no cameras); one kind per run."""
+    max_steps: int | None = None
+    """Policy steps per rollout episode (and per live-evaluation episode); None = the task's (Fetch: always 50,
+    LIBERO: the suite's limit, libero_10 520). LIBERO only: a lower value is for short runs and tests."""
     steps: int = 40
     """Optimizer steps in total (`--target-step` raises it)."""
     init_states: int = 8
@@ -185,6 +195,13 @@ class RlSection:
                     field=k + name,
                     hint="a checkpoint must fall on a rollout-round boundary, so a resume regenerates no rollout",
                 )
+        check_tasks("rl.tasks", self.tasks, self.max_steps, field_max="rl.max_steps")
+        if any(_is_libero(t) for t in self.tasks) and self.eval_episodes > _INIT_STATES:
+            raise ConfigError(
+                f"{k}eval_episodes={self.eval_episodes} is past LIBERO's {_INIT_STATES} init states per task",
+                field=k + "eval_episodes",
+                hint=f"set {k}eval_episodes to 1..{_INIT_STATES}",
+            )
         if self.cotrain_weight > 0 and not self.cotrain_dataset:
             raise ConfigError(
                 f"{k}cotrain_weight={self.cotrain_weight} names no {k}cotrain_dataset", field=k + "cotrain_dataset"
@@ -223,17 +240,83 @@ class GrpoEvalSection:
     """The `eval` stage: the SFT and the RL policy on the same held-out episodes (odd "eval" reset seeds)."""
 
     tasks: list[str] = field(default_factory=lambda: ["FetchPush-v4"])
-    """Simulator tasks."""
+    """Simulator tasks: Fetch env ids, or LIBERO task ids (`libero_10/0`, evaluated by LIBERO's protocol, camera-free:
+    the task's first N fixed init states, in order); one kind per run, the rollouts' kind."""
     episodes_per_task: int = 100
-    """Episodes per task and policy."""
+    """Episodes per task and policy (LIBERO: at most its 50 init states)."""
     seed: int = 100000
-    """Evaluation seed (which held-out states)."""
+    """Evaluation seed (Fetch: which held-out states; LIBERO: the per-episode seed base, the init states are fixed)."""
+    max_steps: int | None = None
+    """Policy steps per episode; None = the task's (Fetch: always 50; LIBERO: the suite's limit). LIBERO only: a
+    lower value is for short runs and tests, and the evidence records it."""
     workers: int = field(default=1, metadata=same_outputs())
     """Simulator worker processes."""
     videos: int = 0
     """MP4s of the first N episodes per task."""
     reference: str | None = field(default=None, metadata=same_outputs())
     """Reference evidence the compare stage compares with (none: compare records that there was none)."""
+
+    def __post_init__(self) -> None:
+        check_tasks("eval.tasks", self.tasks, self.max_steps, field_max="eval.max_steps")
+        if any(_is_libero(t) for t in self.tasks):
+            if not 1 <= self.episodes_per_task <= _INIT_STATES:
+                raise ConfigError(
+                    f"eval.episodes_per_task={self.episodes_per_task} is outside 1..{_INIT_STATES}: LIBERO's protocol "
+                    f"runs each task's first N of its {_INIT_STATES} init states",
+                    field="eval.episodes_per_task",
+                    hint=f"set eval.episodes_per_task to 1..{_INIT_STATES}",
+                )
+            if self.videos:
+                raise ConfigError(
+                    f"eval.videos={self.videos}: LIBERO evaluation records no videos", field="eval.videos", hint="set 0"
+                )
+
+
+_INIT_STATES = 50
+"""LIBERO's fixed init states per task (reproduction/sim/libero/tasks.py INIT_STATES_PER_TASK)."""
+
+
+def _is_libero(task: str) -> bool:
+    """A LIBERO task id, or what is meant as one (a misspelt suite: its error then names LIBERO's suites); static,
+    as RECAP's eval.tasks check: Fetch ids never hold a "/"."""
+    from reproduction.sim.libero.tasks import is_libero_id
+
+    return is_libero_id(task) or "/" in task or task.lower().startswith("libero")
+
+
+def check_tasks(key: str, tasks: list[str], max_steps: int | None, *, field_max: str) -> None:
+    """What can be checked of `key`'s tasks without LIBERO installed: not empty, one kind (a policy acts in 4 dims
+    on Fetch, 7 on LIBERO), each LIBERO id's suite and index (names are resolved, and Fetch ids checked, at
+    preflight), and `max_steps` (LIBERO only, >= 1). ConfigError naming the field."""
+    from reproduction.errors import PortableError
+
+    if not tasks:
+        raise ConfigError(f"{key} is empty; name at least one task", field=key)
+    libero = [t for t in tasks if _is_libero(t)]
+    if libero and len(libero) != len(tasks):
+        other = [t for t in tasks if t not in libero]
+        raise ConfigError(
+            f"{key} mixes LIBERO tasks ({', '.join(libero)}) with others ({', '.join(other)})",
+            field=key,
+            hint="a policy acts on LIBERO (7-dim actions) or on Fetch (4), not both: name one kind per run",
+        )
+    for task in libero:  # Fetch ids are checked at preflight, with the run's other problems
+        try:
+            from reproduction.sim.libero.tasks import parse_task_id
+
+            every = parse_task_id(task).every
+        except PortableError as exc:
+            raise ConfigError(f"{key}: {exc.message}", field=key, hint=exc.hint) from None
+        if every:
+            raise ConfigError(f"{key}: {task!r} names a whole suite", field=key, hint="name one task per entry")
+    if max_steps is not None and not libero:
+        raise ConfigError(
+            f"{field_max}={max_steps}: Fetch episodes are always 50 steps",
+            field=field_max,
+            hint=f"set {field_max}=null",
+        )
+    if max_steps is not None and max_steps < 1:
+        raise ConfigError(f"{field_max}={max_steps} must be >= 1", field=field_max)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -260,3 +343,9 @@ class GrpoRunConfig:
     def __post_init__(self) -> None:
         if self.recipe != "grpo" and ":" not in self.recipe:  # a recipe of another name brought another schema
             raise ConfigError(f"recipe={self.recipe!r} in a GRPO config", field="recipe", hint="set recipe: grpo")
+        if _is_libero(self.rl.tasks[0]) != _is_libero(self.eval.tasks[0]):
+            raise ConfigError(
+                f"rl.tasks {list(self.rl.tasks)} and eval.tasks {list(self.eval.tasks)} are of different simulators",
+                field="eval.tasks",
+                hint="evaluate in the world the policy is trained in (both Fetch, or both LIBERO)",
+            )

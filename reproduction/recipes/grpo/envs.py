@@ -6,8 +6,15 @@ n envs and serve reset / step / success over a pipe, so physics runs in parallel
 one batched call over all n rows in the caller. Physics does not depend on which process steps an env, so a
 rollout is the same bytes for any number of workers (tests/test_grpo_rollout.py pins it).
 
-Both give: reset(seeds) -> observations; step(actions (n, j, A)) -> (observations after j steps, success at any
+Both give: reset(keys) -> observations; step(actions (n, j, A)) -> (observations after j steps, success at any
 of them (n,)); success() -> (n,) bool now; close().
+
+Two worlds, one interface: a Fetch task (`FetchPush-v4`) or a LIBERO task id (`libero_10/0`, as RECAP's eval.tasks
+names it: reproduction/sim/libero). The helpers below are the only places the recipe asks which: `init_reset` (a
+Fetch reset seed, or a LIBERO (init-state index, robosuite seed) pair: LIBERO ships 50 fixed init states per task,
+so RL init state i starts from index i % 50), `task_language`, `episode_steps` (Fetch 50; LIBERO the suite's
+limit, or a lower `max_steps`) and `make_sims` (state-only envs: FetchSim without cameras, or a LiberoSim without
+cameras whose observation carries LIBERO's privileged object state).
 """
 
 from __future__ import annotations
@@ -17,17 +24,106 @@ import weakref
 from typing import Any
 
 
-class LocalEnvs:
-    """n FetchSims of this process behind the env-group interface."""
+def is_libero(task: str) -> bool:
+    """True when `task` names LIBERO (a `<suite>/<task>` id; static: LIBERO need not be installed)."""
+    from reproduction.sim.libero.tasks import is_libero_id
 
-    def __init__(self, sims: list[Any]) -> None:
+    return is_libero_id(task)
+
+
+def _libero_task(task: str) -> Any:
+    """The resolved LiberoTask of one task id (imports LIBERO; MissingDependencyError when it is not installed)."""
+    from reproduction.errors import SimError
+    from reproduction.sim.libero.tasks import resolve_tasks
+
+    tasks = resolve_tasks(task)
+    if len(tasks) != 1:
+        raise SimError(f"{task!r} names {len(tasks)} LIBERO tasks; rl.tasks takes one task per entry", value=task)
+    return tasks[0]
+
+
+def task_language(task: str) -> str:
+    """The language string a policy is prompted with (what the SFT data wrote as `task`)."""
+    if is_libero(task):
+        return _libero_task(task).language
+    from reproduction.sim.tasks import get_task
+
+    return get_task(task).language
+
+
+def episode_steps(task: str, max_steps: int | None) -> int:
+    """Policy steps per episode: Fetch's fixed 50; LIBERO's suite limit (libero_10: 520) or `max_steps` below it."""
+    if not is_libero(task):
+        from reproduction.sim.env import EPISODE_STEPS
+
+        return EPISODE_STEPS
+    from reproduction.sim.libero.tasks import SUITES, parse_task_id
+
+    limit = SUITES[parse_task_id(task).suite].max_steps
+    return min(limit, int(max_steps)) if max_steps else limit
+
+
+def init_reset(seed: int, task: str, index: int) -> Any:
+    """What env `reset` takes for RL init state `index`: a Fetch reset seed (the simulator's "rollout" split: even
+    seeds, disjoint from the odd evaluation seeds), or for LIBERO (init-state index index % 50, a robosuite seed
+    from (seed, index): the arm's reset noise)."""
+    import numpy as np
+
+    if is_libero(task):
+        from reproduction.sim.libero.tasks import INIT_STATES_PER_TASK
+
+        noise = int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, 11, int(index)]).generate_state(1)[0] >> 1)
+        return (int(index) % INIT_STATES_PER_TASK, noise)
+    from reproduction.sim.seeds import reset_seed
+    from reproduction.sim.tasks import get_task
+
+    return reset_seed(seed, "rollout", get_task(task).env_id, index)
+
+
+class LiberoRolloutSim:
+    """A camera-free LiberoSim behind FetchSim's rollout methods: reset((init index, seed)), step, is_success."""
+
+    def __init__(self, task: str) -> None:
+        from reproduction.sim.libero.env import LiberoSim
+
+        self.sim = LiberoSim(_libero_task(task), cameras=False)
+
+    def reset(self, key: Any) -> dict[str, Any]:
+        index, seed = key
+        return self.sim.reset(int(index), seed=int(seed))
+
+    def step(self, action: Any) -> tuple[dict[str, Any], bool]:
+        return self.sim.step(action)
+
+    def is_success(self) -> bool:
+        return self.sim.is_success()
+
+    def close(self) -> None:
+        self.sim.close()
+
+
+def make_sims(task: str, n: int) -> list[Any]:
+    """n state-only envs of `task` (the caller closes them): FetchSims, or LiberoRolloutSims."""
+    if is_libero(task):
+        return [LiberoRolloutSim(task) for _ in range(n)]
+    from reproduction.sim.env import FetchSim
+
+    return [FetchSim(task, cameras=()) for _ in range(n)]
+
+
+class LocalEnvs:
+    """n sims of this process (FetchSims or LiberoRolloutSims) behind the env-group interface."""
+
+    def __init__(self, sims: list[Any], *, owned: bool = False) -> None:
         self.sims = sims
+        self.owned = owned
+        """close() closes the sims (a group built by make_sims); else whoever made them does."""
 
     def __len__(self) -> int:
         return len(self.sims)
 
-    def reset(self, seeds: list[int]) -> list[dict[str, Any]]:
-        return [sim.reset(int(s)) for sim, s in zip(self.sims, seeds)]
+    def reset(self, keys: list[Any]) -> list[dict[str, Any]]:
+        return [sim.reset(k) for sim, k in zip(self.sims, keys)]
 
     def step(self, actions: Any) -> tuple[list[dict[str, Any]], Any]:
         return _step(self.sims, actions)
@@ -38,7 +134,11 @@ class LocalEnvs:
         return np.array([sim.is_success() for sim in self.sims], bool)
 
     def close(self) -> None:
-        """Nothing to do: whoever made the sims closes them."""
+        """Close the sims when the group owns them (else whoever made them does)."""
+        if self.owned:
+            for sim in self.sims:
+                sim.close()
+            self.sims = []
 
 
 def _step(sims: list[Any], actions: Any) -> tuple[list[dict[str, Any]], Any]:
@@ -56,13 +156,11 @@ def _step(sims: list[Any], actions: Any) -> tuple[list[dict[str, Any]], Any]:
 
 
 def _serve(conn: Any, task: str, n: int) -> None:
-    """A worker's loop: own n state-only FetchSims of `task`, answer commands until "close" or EOF."""
+    """A worker's loop: own n state-only envs of `task` (make_sims), answer commands until "close" or EOF."""
     from reproduction.sim.workers import WORKER_ENV
 
     os.environ.update(WORKER_ENV)  # before numpy / mujoco load
-    from reproduction.sim.env import FetchSim
-
-    sims = [FetchSim(task, cameras=()) for _ in range(n)]
+    sims = make_sims(task, n)
     try:
         while True:
             try:
@@ -70,7 +168,7 @@ def _serve(conn: Any, task: str, n: int) -> None:
             except EOFError:
                 return
             if cmd == "reset":
-                conn.send([sim.reset(int(s)) for sim, s in zip(sims, arg)])
+                conn.send([sim.reset(k) for sim, k in zip(sims, arg)])
             elif cmd == "step":
                 conn.send(_step(sims, arg))
             elif cmd == "success":
@@ -125,8 +223,8 @@ class EnvWorkers:
     def _slices(self, values: Any) -> list[Any]:
         return [values[a:b] for a, b in zip(self.bounds, self.bounds[1:])]
 
-    def reset(self, seeds: list[int]) -> list[dict[str, Any]]:
-        return [o for part in self._ask("reset", self._slices(list(seeds))) for o in part]
+    def reset(self, keys: list[Any]) -> list[dict[str, Any]]:
+        return [o for part in self._ask("reset", self._slices(list(keys))) for o in part]
 
     def step(self, actions: Any) -> tuple[list[dict[str, Any]], Any]:
         import numpy as np

@@ -22,7 +22,6 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
         disk_problems,
         placeholder_problems,
     )
-    from reproduction.sim.tasks import get_task
 
     problems: list[Any] = [ConfigError(p) for p in placeholder_problems(to_plain(config))]
     problems += bundle_weights_problems(config.BUNDLE)
@@ -50,13 +49,43 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
         except PortableError as exc:
             problems.append(type(exc)(f"{key}: {exc.message}", hint=exc.hint))
     for key, tasks in (("rl.tasks", config.rl.tasks), ("eval.tasks", config.eval.tasks)):
-        for task in tasks:
-            try:
-                get_task(task)
-            except PortableError as exc:
-                problems.append(ConfigError(f"{key}: {exc.message}", field=key, hint=exc.hint))
+        problems += task_problems(key, list(tasks))
     reference = config.eval.reference
     if reference and "compare" in (stages or ["compare"]) and not Path(reference).is_file():
         problems.append(InputNotFoundError(f"eval.reference: {reference} is not a file", path=reference))
     problems += [ConfigError(p, field="min_free_gb") for p in disk_problems(run_dir, config.min_free_gb)]
     return problems
+
+
+def task_problems(key: str, tasks: list[str]) -> list[Any]:
+    """Problems with `key`'s tasks that need more than the config: a Fetch id the simulator does not know; LIBERO
+    tasks with LIBERO not installed (MissingDependencyError, exit 10, naming the extra, as RECAP's preflight), or a
+    LIBERO task name the installed LIBERO does not know (resolving names imports LIBERO: a few seconds)."""
+    from reproduction.errors import ConfigError, MissingDependencyError, PortableError
+    from reproduction.recipes.grpo.envs import is_libero
+
+    libero = [t for t in tasks if is_libero(t)]
+    if not libero:
+        from reproduction.sim.tasks import get_task
+
+        out: list[Any] = []
+        for task in tasks:
+            try:
+                get_task(task)
+            except PortableError as exc:
+                out.append(ConfigError(f"{key}: {exc.message}", field=key, hint=exc.hint))
+        return out
+    from reproduction.sim.libero import INSTALL_HINT, available, parse_task_id, resolve_tasks
+
+    if not available():
+        return [
+            MissingDependencyError(
+                f"{key} names LIBERO tasks ({', '.join(libero)}) but LIBERO is not installed", hint=INSTALL_HINT
+            )
+        ]
+    if any(parse_task_id(t).name is not None for t in libero):
+        try:
+            resolve_tasks(libero)
+        except PortableError as exc:
+            return [ConfigError(f"{key}: {exc.message}", field=key, hint=exc.hint)]
+    return []

@@ -39,6 +39,7 @@ GRPO = Recipe(
                 "reproduction.recipes.grpo.task",
                 "reproduction.recipes.grpo.train",
                 "reproduction.recipes.grpo.rollout",
+                "reproduction.recipes.grpo.envs",
                 "reproduction.recipes.grpo.sde",
                 "reproduction.recipes.grpo.objective",
             ),

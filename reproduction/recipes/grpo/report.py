@@ -33,19 +33,22 @@ def newest_evidence(run_dir: Path) -> Path | None:
 
 
 def improvement_lines(doc: dict, metric: str = "success_at_end") -> list[str]:
-    """The GRPO policy against its sft baseline in one evaluation evidence document, paired by reset seed (both ran
-    the same held-out episodes): per task and over all, the difference of rates, the episodes only one of them
-    solved, and Tango's 95% interval of the paired difference (reproduction/run/stats.py). [] without a baseline."""
+    """The GRPO policy against its sft baseline in one evaluation evidence document, paired by reset seed (LIBERO:
+    by init state; both ran the same held-out episodes): per task and over all, the difference of rates, the
+    episodes only one of them solved, and Tango's 95% interval of the paired difference (reproduction/run/stats.py).
+    [] without a baseline."""
     from reproduction.run.stats import tango_difference
 
     base = next((b for b in doc.get("baselines", []) if b["policy"]["label"] == "sft"), None)
     if base is None:
         return []
-    rows, total = [], [0, 0, 0]
+    rows, total, by = [], [0, 0, 0], "reset seed"
     for task, mine in sorted(doc["tasks"].items()):
         theirs = base["tasks"].get(task, {}).get("outcomes", {})
         ours = mine.get("outcomes", {})
-        if ours.get("reset_seeds") != theirs.get("reset_seeds") or metric not in ours:
+        key = "init_states" if "init_states" in ours else "reset_seeds"  # LIBERO's episodes start from init states
+        by = "init state" if key == "init_states" else by
+        if ours.get(key) != theirs.get(key) or metric not in ours:
             rows.append(f"{task}: not paired (the policies ran different episodes)")
             continue
         a, b = ours[metric], theirs[metric]
@@ -55,7 +58,7 @@ def improvement_lines(doc: dict, metric: str = "success_at_end") -> list[str]:
         rows.append(_paired(task, len(a), only_grpo, only_sft, tango_difference))
     if len(rows) > 1 and total[0]:
         rows.append(_paired("all tasks", *total, tango_difference))
-    return [f"grpo - sft, {metric.replace('_', ' ')}, paired by reset seed:"] + [f"  {r}" for r in rows]
+    return [f"grpo - sft, {metric.replace('_', ' ')}, paired by {by}:"] + [f"  {r}" for r in rows]
 
 
 def _paired(name: str, n: int, only_grpo: int, only_sft: int, interval) -> str:

@@ -10,11 +10,13 @@ Deterministic given the seeds: an env's reset seed fixes its initial state, and 
 every step's z) comes from its own torch.Generator seeded by `noise_seeds[i]`, drawn in a fixed order, so a
 rollout does not depend on which other rows share the batch. The envs step in this process or in simulator
 worker processes (envs.py); the policy forward stays one batched call over all rows here. `PolicyHead` adapts a
-camera-free `tiny` policy (reproduction/recap/policy/model.py) for batched velocity calls over arrays.
+camera-free `tiny` policy (reproduction/recap/policy/model.py) for batched velocity calls over arrays; its state is
+the export's (Fetch: state + goal; LIBERO: the export's state_keys and state_dims, as GuidedPolicy reads them).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,17 @@ class PolicyHead:
     """The model's action width (the env's 4 for tiny)."""
     env_action_dim: int
     tasks: list[str]
+    state_keys: list[str] = dataclasses.field(default_factory=list)
+    """The observation features the policy's state concatenates (the export's; [] = state, and goal where given)."""
+    state_dims: list[int] | None = None
+    """Indices of that vector the policy reads (the export's; None = all)."""
+
+    def raw_state(self, obs: list[dict[str, Any]]) -> np.ndarray:
+        """(n, S) the policy's raw state of n observations, as the export's GuidedPolicy builds it: the export's
+        state_keys concatenated (LIBERO: robot state + privileged object state), its state_dims picked."""
+        keys = self.state_keys or ["observation.state"] + (["observation.goal"] if "observation.goal" in obs[0] else [])
+        raw = np.stack([np.concatenate([np.asarray(o[k], np.float32).reshape(-1) for k in keys]) for o in obs])
+        return raw[:, list(self.state_dims)] if self.state_dims is not None else raw
 
     @property
     def s_mean(self) -> np.ndarray:
@@ -94,6 +107,8 @@ def load_head(export_dir: Path | str, *, model: Any = None) -> PolicyHead:
         action_dim=mcfg.action_dim,
         env_action_dim=len(meta["stats"]["action_mean"]),
         tasks=list(meta["tasks"]),
+        state_keys=list(meta.get("state_keys") or []),
+        state_dims=None if meta.get("state_dims") is None else [int(d) for d in meta["state_dims"]],
     )
 
 
@@ -108,7 +123,7 @@ class RolloutSpec:
     execute_steps: int
     """Actions of each chunk executed before the next decision."""
     episode_steps: int = 50
-    """Env steps per episode (Fetch: always 50)."""
+    """Policy steps per episode (Fetch: always 50; LIBERO: the suite's limit or rl.max_steps; envs.episode_steps)."""
 
 
 @dataclass(kw_only=True)
@@ -142,6 +157,7 @@ def rollout(
 ) -> Rollouts:
     """Run len(envs) episodes in lockstep (module docstring); env i is reset with `reset_seeds[i]`.
 
+    `reset_seeds`: what each env's reset takes (envs.init_reset: a Fetch seed, or a LIBERO (init index, seed)).
     `envs`: a list of FetchSims of this process, or an env group (envs.py: LocalEnvs, EnvWorkers). The models are
     only read (no grad); the envs' state is mutated. Raises what the sim (or a dead worker) raises."""
     from reproduction.recipes.grpo.envs import LocalEnvs
@@ -155,7 +171,7 @@ def rollout(
         g = torch.Generator()
         g.manual_seed(int(s))
         gens.append(g)
-    obs = envs.reset([int(seed) for seed in reset_seeds])
+    obs = envs.reset([k if isinstance(k, tuple) else int(k) for k in reset_seeds])
     tids = np.asarray(task_ids, np.int64)
     states, chains, logps, refs = [], [], [], []
     once = np.zeros(n, bool)
@@ -163,8 +179,7 @@ def rollout(
     step = 0
     with torch.no_grad():
         while step < spec.episode_steps:
-            raw = np.stack([np.concatenate([o["observation.state"], o["observation.goal"]]) for o in obs])
-            state = head.normalise_state(raw)
+            state = head.normalise_state(head.raw_state(obs))
             batch = head.model_batch(state, tids)
             draws = [torch.randn((1 + k_steps, *shape), generator=g) for g in gens]  # per env, fixed order
             noise = torch.stack([d[0] for d in draws])

@@ -81,7 +81,11 @@ def sft_stage(ctx: StageContext) -> StageOutput:
     for d in cfg.datasets:
         opened = ctx.inputs[str(Path(d.path))].dataset
         source = PolicySource(path=str(opened.root), type="sft", weight=d.weight, name=opened.name)
-        inputs.append(open_policy_input(source, need_labels=False, dataset=opened))
+        inputs.append(
+            open_policy_input(
+                source, need_labels=False, dataset=opened, state_keys=stage.state_keys, state_dims=stage.state_dims
+            )
+        )
     result = train_policy(inputs, stage, ctx.out_dir, resume=ctx.resume, ui=ctx.ui)
     return StageOutput(
         files=list(result.files),
@@ -145,34 +149,20 @@ def evaluate_exports(
     name: str = "grpo",
     ui: Any = None,
 ) -> StageOutput:
-    """Evaluate {label: (export, step)} with reproduction/sim/evaluate.py (one worker pool for all) and write
-    the evidence (reproduction/run/evidence.py) to <run>/evidence/eval_<name>_<step>.json: the first label is the
-    primary, the rest baselines."""
-    from reproduction.recap.policy.export import PolicyFactory, read_export
+    """Evaluate {label: (export, step)} and write the evidence (reproduction/run/evidence.py) to
+    <run>/evidence/eval_<name>_<step>.json: the first label is the primary, the rest baselines. Fetch tasks run in
+    reproduction/sim/evaluate.py (one worker pool for all; episodes keyed by reset seed), LIBERO tasks by LIBERO's
+    protocol (sim/libero/protocol.py: the first N init states in order, no cameras; episodes keyed by init state),
+    each export's features checked against LIBERO's before any env is built."""
+    from reproduction.recipes.grpo.envs import is_libero
     from reproduction.run import evidence
     from reproduction.run.lineage import path_sha256
-    from reproduction.sim.evaluate import EvalConfig, EvalJob, evaluate_many
 
     ev = config.eval
-    jobs, todo = [], []
-    for label, (export, step) in exports.items():
-        meta = read_export(export)
-        sim_cfg = EvalConfig(
-            tasks=tuple(ev.tasks),
-            episodes_per_task=ev.episodes_per_task,
-            seed=ev.seed,
-            execute_steps=int(meta["execute_steps"]),
-            videos=ev.videos,
-            workers=ev.workers,
-        )
-        jobs.append(
-            EvalJob(factory=PolicyFactory(export_dir=str(export)), config=sim_cfg, out_dir=Path(out_dir) / label)
-        )
-        todo.append((label, export, step))
-    outcome = evaluate_many(jobs, ui=ui)
+    libero = any(is_libero(t) for t in ev.tasks)
+    outcome = (_run_libero if libero else _run_fetch)(config, exports, Path(out_dir), ui)
     records, results = [], {}
-    for (label, export, step), result in zip(todo, outcome):
-        counts = _counts(result)
+    for (label, (export, step)), (counts, seconds) in zip(exports.items(), outcome):
         inside = Path(export).resolve().is_relative_to(Path(run_dir).resolve())
         records.append(
             evidence.EvalRecord(
@@ -184,20 +174,103 @@ def evaluate_exports(
                 step=step,
             )
         )
-        results[label] = {"tasks": counts["tasks"], "seconds": round(result.seconds, 3)}
+        results[label] = {"tasks": counts["tasks"], "seconds": round(seconds, 3)}
     primary = records[0]
     step = primary.step or 0
+    settings = {"tasks": list(ev.tasks), "episodes_per_task": ev.episodes_per_task, "recipe": "grpo"}
+    if libero:
+        settings.update(simulator="libero", libero=libero_settings(ev.max_steps))
     doc = evidence.build_evidence(
         primary,
         name=f"grpo after {step} steps",
         run_id=Path(run_dir).name,
         seeds={"eval": ev.seed, "rl": config.rl.seed, "sft": config.sft.train.seed},
-        settings={"tasks": list(ev.tasks), "episodes_per_task": ev.episodes_per_task, "recipe": "grpo"},
+        settings=settings,
         baselines=records[1:],
     )
     path = evidence.write_evidence(Path(run_dir) / "evidence" / f"eval_{name}_{step}.json", doc)
     summary = {"evidence": str(path.relative_to(run_dir)), "results": results}
     return StageOutput(files=[path], summary=_jsonable(summary), world_size=ev.workers)
+
+
+def _run_fetch(config: Any, exports: dict[str, tuple[Path, int | None]], out_dir: Path, ui: Any) -> list[Any]:
+    """[(counts, seconds)] per export from the Fetch simulator (one worker pool for all)."""
+    from reproduction.recap.policy.export import PolicyFactory, read_export
+    from reproduction.sim.evaluate import EvalConfig, EvalJob, evaluate_many
+
+    ev, jobs = config.eval, []
+    for label, (export, _) in exports.items():
+        meta = read_export(export)
+        sim_cfg = EvalConfig(
+            tasks=tuple(ev.tasks),
+            episodes_per_task=ev.episodes_per_task,
+            seed=ev.seed,
+            execute_steps=int(meta["execute_steps"]),
+            videos=ev.videos,
+            workers=ev.workers,
+        )
+        jobs.append(EvalJob(factory=PolicyFactory(export_dir=str(export)), config=sim_cfg, out_dir=out_dir / label))
+    return [(_counts(result), result.seconds) for result in evaluate_many(jobs, ui=ui)]
+
+
+def _run_libero(config: Any, exports: dict[str, tuple[Path, int | None]], out_dir: Path, ui: Any) -> list[Any]:
+    """[(counts, seconds)] per export by LIBERO's protocol, camera-free (the rollouts' observation), executing each
+    export's execute_steps actions per call; every export's features are checked before the first env."""
+    from reproduction.recap.policy.export import PolicyFactory, read_export
+    from reproduction.sim.libero.protocol import LazyPolicy, check_policy_features, evaluate_libero
+
+    ev, metas = config.eval, {}
+    for label, (export, _) in exports.items():
+        meta = metas[label] = read_export(export)
+        check_policy_features(
+            state_dim=len(meta["stats"]["state_mean"]),
+            action_dim=len(meta["stats"]["action_mean"]),
+            image_keys=list(dict(meta.get("cameras") or {}).values()),
+            cameras=False,
+            name=f"the {label} policy ({export})",
+            state_keys=meta.get("state_keys") or (),
+        )
+    out = []
+    for label, (export, _) in exports.items():
+        result = evaluate_libero(
+            list(ev.tasks),
+            ev.episodes_per_task,
+            LazyPolicy(PolicyFactory(export_dir=str(export))),
+            chunk=int(metas[label]["execute_steps"]),
+            cameras=False,
+            max_steps=ev.max_steps,
+            workers=ev.workers,
+            seed=ev.seed,
+            ui=ui,
+        )
+        out.append((libero_counts(result), result.seconds))
+    return out
+
+
+def libero_settings(max_steps: int | None) -> dict[str, Any]:
+    """The evidence's `settings.libero`: the protocol, and that the observation is privileged state, not images."""
+    return {
+        "protocol": "first N init states in order; suite step limit; success = LIBERO's check_success()",
+        "cameras": False,
+        "observation": "no images: state, and LIBERO's privileged object state in the observation",
+        "max_steps": max_steps,
+    }
+
+
+def libero_counts(result: Any) -> dict[str, Any]:
+    """A LiberoEvalResult as the evidence expects it: per-task counts and each init state's outcome (`init_state`
+    pairs episodes in a comparison, as `reset_seed` does for Fetch; RECAP's LIBERO evidence has the same shape)."""
+    per_episode: dict[str, list[dict[str, Any]]] = {}
+    for e in result.episodes:
+        per_episode.setdefault(e.task_id, []).append(
+            {
+                "episode": e.init_index,
+                "init_state": e.init_index,
+                "success_once": bool(e.success_once),
+                "success_at_end": bool(e.success_at_end),
+            }
+        )
+    return {"tasks": result.per_task(), "per_episode": per_episode}
 
 
 def _counts(result: Any) -> dict[str, Any]:

@@ -17,6 +17,7 @@ on round boundaries (config rule), so a killed run resumed from its newest check
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -32,12 +33,12 @@ from reproduction.fsio import atomic_write_text
 SETUP_NAME = "grpo_setup.json"
 
 
-def init_reset_seed(seed: int, task: str, index: int) -> int:
-    """The reset seed of RL init state `index` of `task` (the simulator's "rollout" split: even seeds)."""
-    from reproduction.sim.seeds import reset_seed
-    from reproduction.sim.tasks import get_task
+def init_reset_seed(seed: int, task: str, index: int) -> Any:
+    """What RL init state `index` of `task` resets from (envs.init_reset: a Fetch seed of the "rollout" split, even
+    seeds; a LIBERO (init-state index, seed) pair)."""
+    from reproduction.recipes.grpo.envs import init_reset
 
-    return reset_seed(seed, "rollout", get_task(task).env_id, index)
+    return init_reset(seed, task, index)
 
 
 def noise_seed(seed: int, round_: int, position: int, member: int) -> int:
@@ -100,14 +101,16 @@ class GrpoBatcher:
 
     def envs(self, task: str, n: int) -> Any:
         """n envs of `task`: FetchSims of this process, or (rl.rollout_workers > 1) an EnvWorkers group kept per
-        (task, n) across rounds."""
-        workers = int(self.rl.get("rollout_workers", 1))
-        if workers > 1:
-            from reproduction.recipes.grpo.envs import EnvWorkers
+        (task, n) across rounds; LIBERO envs (5-15 s to build each) live in a LocalEnvs group kept per (task, n)."""
+        from reproduction.recipes.grpo.envs import EnvWorkers, LocalEnvs, is_libero, make_sims
 
+        workers = int(self.rl.get("rollout_workers", 1))
+        if workers > 1 or is_libero(task):
             key = (task, n)
             if key not in self._pools:
-                self._pools[key] = EnvWorkers(task, n, workers)
+                self._pools[key] = (
+                    EnvWorkers(task, n, workers) if workers > 1 else LocalEnvs(make_sims(task, n), owned=True)
+                )
             return self._pools[key]
         from reproduction.sim.evaluate import EnvPool, EvalConfig
 
@@ -135,6 +138,7 @@ class GrpoBatcher:
         """Roll out the groups of `positions` in round `rnd` and build the loss batch (CPU tensors)."""
         import torch
 
+        from reproduction.recipes.grpo.envs import episode_steps, task_language
         from reproduction.recipes.grpo.objective import group_advantages
         from reproduction.recipes.grpo.rollout import rollout
 
@@ -148,7 +152,8 @@ class GrpoBatcher:
         self.head.model.eval()
         try:
             for task, members in by_task.items():
-                task_id = self.head.tasks.index(_language(task))
+                task_id = self.head.tasks.index(task_language(task))
+                spec = dataclasses.replace(self.spec, episode_steps=episode_steps(task, rl.get("max_steps")))
                 resets = [init_reset_seed(int(rl["seed"]), task, idx) for _, idx in members for _ in range(g_size)]
                 noises = [noise_seed(int(rl["seed"]), rnd, p, g) for p, _ in members for g in range(g_size)]
                 r = rollout(
@@ -157,7 +162,7 @@ class GrpoBatcher:
                     reset_seeds=resets,
                     noise_seeds=noises,
                     task_ids=[task_id] * len(resets),
-                    spec=self.spec,
+                    spec=spec,
                     ref=self.ref,
                 )
                 outcome = r.success_at_end if rl["reward"] == "success_at_end" else r.success_once
@@ -191,12 +196,6 @@ class GrpoBatcher:
             kinds=np.zeros(n, np.int64),
             labels=np.ones(n, bool),
         )
-
-
-def _language(task: str) -> str:
-    from reproduction.sim.tasks import get_task
-
-    return get_task(task).language
 
 
 def grpo_loss(model: Any, batch: dict[str, Any], *, rl: dict[str, Any], num_steps: int, dims: tuple[int, int]) -> Any:
@@ -320,9 +319,9 @@ def evaluate_live(
     """Success of the live weights (the export's ODE sampler) on the first `rl.eval_episodes` held-out episodes
     per task; rank 0 writes them as evidence (reproduction/run/evidence.py) to <out>/evidence/eval_rl_<step>.json."""
     from reproduction.recap.policy.export import GuidedPolicy
-    from reproduction.recipes.grpo.stages import _counts
+    from reproduction.recipes.grpo.envs import is_libero
+    from reproduction.recipes.grpo.stages import _counts, libero_counts, libero_settings
     from reproduction.run import evidence
-    from reproduction.sim.evaluate import EvalConfig, evaluate
 
     rl, ev = setup["rl"], setup["eval"]
     policy = GuidedPolicy(
@@ -333,26 +332,52 @@ def evaluate_live(
         num_steps=int(meta["num_steps"]),
         seed=0,
     )
-    cfg = EvalConfig(
-        tasks=tuple(rl["tasks"]),
-        episodes_per_task=int(rl["eval_episodes"]),
-        seed=int(ev["seed"]),
-        execute_steps=int(meta["execute_steps"]),
-        videos=0,
-        workers=1,
-    )
-    result = evaluate(lambda: policy, cfg)
+    tasks, episodes = list(rl["tasks"]), int(rl["eval_episodes"])
+    settings: dict[str, Any] = {"tasks": tasks, "episodes_per_task": episodes, "recipe": "grpo"}
+    if any(is_libero(t) for t in tasks):  # LIBERO's protocol on the first N init states, camera-free, rl's horizon
+        from reproduction.sim.libero.protocol import evaluate_libero
+
+        found = evaluate_libero(
+            tasks,
+            episodes,
+            policy,
+            chunk=int(meta["execute_steps"]),
+            cameras=False,
+            max_steps=rl.get("max_steps"),
+            seed=int(ev["seed"]),
+        )
+        counts = libero_counts(found)
+        settings.update(simulator="libero", libero=libero_settings(rl.get("max_steps")))
+        n = max(1, len(found.episodes))
+        rates = {
+            "success_at_end": sum(bool(e.success_at_end) for e in found.episodes) / n,
+            "success_once": sum(e.success_once for e in found.episodes) / n,
+        }
+    else:
+        from reproduction.sim.evaluate import EvalConfig, evaluate
+
+        cfg = EvalConfig(
+            tasks=tuple(tasks),
+            episodes_per_task=episodes,
+            seed=int(ev["seed"]),
+            execute_steps=int(meta["execute_steps"]),
+            videos=0,
+            workers=1,
+        )
+        result = evaluate(lambda: policy, cfg)
+        counts = _counts(result)
+        rates = {"success_at_end": result.success_at_end_rate, "success_once": result.success_once_rate}
     if ctx.rank == 0:
-        record = evidence.EvalRecord(result=_counts(result), label="grpo", mode="other", step=ctx.step)
+        record = evidence.EvalRecord(result=counts, label="grpo", mode="other", step=ctx.step)
         doc = evidence.build_evidence(
             record,
             name=f"grpo during training, step {ctx.step}",
             run_id=Path(out_dir).parent.name,
             seeds={"eval": int(ev["seed"]), "rl": int(rl["seed"])},
-            settings={"tasks": list(rl["tasks"]), "episodes_per_task": int(rl["eval_episodes"]), "recipe": "grpo"},
+            settings=settings,
         )
         evidence.write_evidence(Path(out_dir) / "evidence" / f"eval_rl_{ctx.step}.json", doc)
-    return {"success_at_end": result.success_at_end_rate, "success_once": result.success_once_rate}
+    return rates
 
 
 def write_export_extras(folder: Path, *, sft: str, meta: dict[str, Any]) -> None:

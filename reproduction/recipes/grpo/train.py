@@ -36,8 +36,8 @@ def train_grpo(
     setup that changed (naming the fields) or when `resume` is off over existing checkpoints, and what the
     trainer raises."""
     from reproduction.recap.policy.export import read_export
+    from reproduction.recipes.grpo.envs import task_language
     from reproduction.run.config import to_plain
-    from reproduction.sim.tasks import get_task
     from reproduction.train.api import train
     from reproduction.train.checkpoint import complete_steps
 
@@ -45,7 +45,7 @@ def train_grpo(
     rl = config.rl
     train_cfg = rl.train_config(max_steps=target_step)
     meta = read_export(sft_export)
-    unknown = [t for t in rl.tasks if get_task(t).language not in meta["tasks"]]
+    unknown = [t for t in rl.tasks if task_language(t) not in meta["tasks"]]
     if unknown:
         raise ConfigError(
             f"rl.tasks {unknown} are not tasks the SFT policy was trained on ({meta['tasks']})",
@@ -104,7 +104,15 @@ def _cotrain_arrays(dataset: Any, meta: dict[str, Any], out_dir: Path) -> dict[s
 
     source = PolicySource(path=str(dataset.root), type="sft", weight=1.0, name=dataset.name)
     arrays, summary = build_arrays(
-        [open_policy_input(source, need_labels=False, dataset=dataset)],
+        [
+            open_policy_input(
+                source,
+                need_labels=False,
+                dataset=dataset,
+                state_keys=meta.get("state_keys") or (),
+                state_dims=meta.get("state_dims"),
+            )
+        ],
         mode="bc",
         chunk=int(meta["chunk"]),
         hold_labels=False,

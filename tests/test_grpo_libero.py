@@ -1,0 +1,156 @@
+"""GRPO on LIBERO (bundle/grpo/libero.yaml over config.yaml): a LIBERO task id in rl.tasks / eval.tasks, as RECAP's
+eval config names them, is the one change; the config rules that need no LIBERO; and a tiny run through `portable
+run` (LIBERO-10 task 0, privileged state, 2 rl steps of B = 2 x G = 2, 20-step episodes, eval on 2 init states)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reproduction.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = [REPO / "bundle" / "grpo" / "config.yaml", REPO / "bundle" / "grpo" / "libero.yaml"]
+TINY = [
+    "sft.train.max_steps=20",
+    "sft.train.global_batch=64",
+    "sft.train.micro_batch=64",
+    "rl.steps=2",
+    "rl.init_states=2",
+    "rl.micro_init_states=2",
+    "rl.group_size=2",
+    "rl.updates_per_rollout=1",
+    "rl.eval_every=2",
+    "rl.save_every=2",
+    "rl.eval_episodes=2",
+    "rl.max_steps=20",
+    "rl.rollout_workers=1",
+    "eval.episodes_per_task=2",
+    "eval.max_steps=20",
+    "eval.workers=1",
+]
+
+
+def _load(overrides: list[str], tmp_path: Path):
+    from reproduction.recipes.grpo.config import GrpoRunConfig
+    from reproduction.run.config import load_config
+
+    return load_config(CONFIGS, overrides, bundle=tmp_path, run_dir=tmp_path / "run", schema=GrpoRunConfig)
+
+
+def test_the_libero_config_loads_and_its_rules_need_no_libero(tmp_path):
+    config = _load([], tmp_path)
+    assert config.rl.tasks == ["libero_10/0"] and config.eval.tasks == ["libero_10/0"]
+    assert config.sft.model.state_keys == ["observation.state", "observation.object_state"]
+    for overrides, words in [
+        (["rl.tasks=[libero_10/0,FetchPush-v4]"], "rl.tasks mixes LIBERO tasks"),
+        (["rl.tasks=[libero_99/0]"], "unknown LIBERO suite"),
+        (["rl.tasks=[libero_10/12]"], "out of range"),
+        (["eval.tasks=[FetchPush-v4]"], "of different simulators"),
+        (["eval.episodes_per_task=51"], "outside 1..50"),
+        (["rl.eval_episodes=60"], "past LIBERO's 50 init states"),
+        (["rl.tasks=[FetchPush-v4]", "eval.tasks=[FetchPush-v4]", "rl.max_steps=20", "eval.max_steps=null"], "50"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            _load(overrides, tmp_path)
+        assert words in err.value.message, (overrides, err.value.message)
+
+
+def test_rl_init_states_map_onto_liberos_fixed_init_states():
+    from reproduction.recipes.grpo.envs import episode_steps, init_reset
+
+    keys = [init_reset(0, "libero_10/0", i) for i in (0, 1, 49, 50, 51)]
+    assert [k[0] for k in keys] == [0, 1, 49, 0, 1]  # init state i % 50
+    assert keys[0][1] != keys[3][1]  # the same init state revisited draws other arm noise
+    assert init_reset(0, "libero_10/0", 7) == init_reset(0, "libero_10/0", 7) != init_reset(1, "libero_10/0", 7)
+    assert isinstance(init_reset(0, "FetchPush-v4", 0), int) and init_reset(0, "FetchPush-v4", 0) % 2 == 0
+    assert (
+        episode_steps("libero_10/0", None),
+        episode_steps("libero_10/0", 20),
+        episode_steps("FetchPush-v4", None),
+    ) == (
+        520,
+        20,
+        50,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_tiny_grpo_run_on_libero_through_portable_run(tmp_path):
+    from reproduction.sim.libero import INSTALL_HINT, available
+
+    if not available():
+        pytest.skip(f"LIBERO is not installed (the libero extra: {INSTALL_HINT})")
+    from reproduction.sim.libero.generate import LiberoGenConfig, close_envs, generate_libero_dataset
+
+    bundle = tmp_path / "bundle"  # ${BUNDLE}: libero.yaml reads ${BUNDLE}/data/libero10_task0/sft
+    try:  # one scripted-expert demonstration, no cameras (as the RECAP demo's LIBERO tier generates them)
+        generate_libero_dataset(
+            LiberoGenConfig(kind="sft", episodes=1, cameras=False, max_steps=340),
+            bundle / "data" / "libero10_task0" / "sft",
+        )
+    finally:
+        close_envs()
+    run = tmp_path / "run"
+    configs = [a for c in CONFIGS for a in ("--config", str(c))]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "reproduction.portable", "run", str(bundle), *configs, "--output", str(run), "--json"]
+        + TINY,
+        capture_output=True,
+        text=True,
+        timeout=500,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stages = {s["stage"]: s["action"] for s in json.loads(proc.stdout)["stages"]}
+    assert stages == dict.fromkeys(("sft", "rl", "eval", "compare"), "ran")
+    state = json.loads((run / "run.json").read_text())
+    assert state["recipe"] == "grpo" and state["stages"]["rl"]["step"] == 2
+    policy = json.loads((run / "sft" / "export" / "policy.json").read_text())
+    assert len(policy["stats"]["state_mean"]) == 26 and len(policy["stats"]["action_mean"]) == 7
+    doc = json.loads((run / "evidence" / "eval_grpo_2.json").read_text())
+    assert doc["settings"]["simulator"] == "libero" and doc["settings"]["libero"]["cameras"] is False
+    task = doc["tasks"]["libero_10/0"]
+    assert task["episodes"] == 2 and task["outcomes"]["init_states"] == [0, 1]
+    assert doc["baselines"][0]["policy"]["label"] == "sft"
+    live = json.loads((run / "rl" / "evidence" / "eval_rl_2.json").read_text())
+    assert live["tasks"]["libero_10/0"]["episodes"] == 2
+    metrics = [json.loads(line) for line in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if m["split"] == "train"] == [1, 2]
+    verify = subprocess.run(
+        [sys.executable, "-m", "reproduction.portable", "lineage", str(run), "--verify"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert verify.returncode == 0, verify.stderr
+
+
+def test_the_pi05_preset_is_refused_when_the_config_loads(tmp_path):
+    """Checked, not built (docs/grpo.md): pi05 reads cameras and writes the state into its prompt, which the
+    camera-free rollouts do not give it; the config says so before anything runs (exit 4)."""
+    with pytest.raises(ConfigError) as err:
+        _load(["sft.model.preset=pi05"], tmp_path)
+    assert "camera-free tiny preset only" in err.value.message and err.value.exit_code == 4
+    assert err.value.hint and "sft.model.preset=tiny" in err.value.hint
+
+
+def test_preflight_names_the_extra_when_libero_is_missing(monkeypatch):
+    import reproduction.sim.libero as libero
+    from reproduction.recipes.grpo.preflight import task_problems
+
+    monkeypatch.setattr(libero, "available", lambda: False)
+    (problem,) = task_problems("rl.tasks", ["libero_10/0"])
+    assert problem.exit_code == 10 and "LIBERO is not installed" in problem.message
+    assert "[libero]" in problem.hint
+    assert task_problems("eval.tasks", ["FetchPush-v4"]) == []
