@@ -41,7 +41,12 @@ def _sources(src: Path) -> None:
 
 def test_pack_restore_and_run_the_quick_grpo_config_from_the_restored_bundle(tmp_path):
     src, bundle, run = tmp_path / "src", tmp_path / "grpo-bundle", tmp_path / "run"
+    dry = portable("pack", str(SPEC), "--out", str(bundle), "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 3 and "portable demo --recipe grpo --quick" in dry.stdout + dry.stderr, dry.stderr
     _sources(src)
+    assert (
+        portable("pack", str(SPEC), "--root", str(src), "--out", str(bundle), "--dry-run", cwd=tmp_path).returncode == 0
+    )
     packed = portable("pack", str(SPEC), "--root", str(src), "--out", str(bundle), "--json", cwd=tmp_path)
     assert packed.returncode == 0, packed.stderr
     doc = json.loads(packed.stdout)
