@@ -189,3 +189,55 @@ def test_cotrain_term_adds_the_weighted_flow_matching_loss(head, sims):
         both, m1 = grpo_loss(head.model, {**batch, "cotrain": a}, rl=rl, num_steps=3, dims=(2, 4))
     assert m0["cotrain_loss"] == 0.0 and m1["cotrain_loss"] > 0.0
     assert float(both) == pytest.approx(float(plain) + 0.25 * m1["cotrain_loss"], rel=1e-5)
+
+
+def test_rollout_distances_match_the_sims_and_give_the_progress_reward(head, sims):
+    """distances=True records each env's object-goal distance after reset and at the end (the same numbers the
+    sims report, in workers too); the progress reward is success_at_end + clip(1 - end / start, -1, 1)."""
+    from reproduction.recipes.grpo.envs import EnvWorkers
+    from reproduction.recipes.grpo.objective import rollout_rewards
+
+    resets, noises = [10, 10, 12, 12], [3, 4, 5, 6]
+    envs = sims(4)
+    r = rollout(head, envs, reset_seeds=resets, noise_seeds=noises, task_ids=[0] * 4, spec=SPEC, distances=True)
+    assert r.distance_end.tolist() == [sim.goal_distance() for sim in envs]
+    fresh = [envs[i].reset(s) and envs[i].goal_distance() for i, s in enumerate(resets)]
+    assert r.distance_start.tolist() == fresh and r.distance_start[0] == r.distance_start[1]
+    assert (r.distance_start > 0.0).all()
+    gain = np.clip(1.0 - r.distance_end / r.distance_start, -1.0, 1.0)
+    np.testing.assert_array_equal(rollout_rewards(r, "progress"), r.success_at_end + gain)
+    np.testing.assert_array_equal(rollout_rewards(r, "success_at_end"), r.success_at_end.astype(float))
+    workers = EnvWorkers(TASK, 4, 2)
+    try:
+        there = rollout(
+            head, workers, reset_seeds=resets, noise_seeds=noises, task_ids=[0] * 4, spec=SPEC, distances=True
+        )
+    finally:
+        workers.close()
+    np.testing.assert_array_equal(there.distance_start, r.distance_start)
+    np.testing.assert_array_equal(there.distance_end, r.distance_end)
+    plain = _run(head, sims, resets, noises)
+    assert plain.distance_start is None and plain.distance_end is None
+    with pytest.raises(ValueError, match="needs rollouts with distances"):
+        rollout_rewards(plain, "progress")
+
+
+def test_progress_reward_by_hand():
+    from types import SimpleNamespace
+
+    from reproduction.recipes.grpo.objective import rollout_rewards
+
+    r = SimpleNamespace(
+        success_at_end=np.array([True, False, False, False]),
+        success_once=np.array([True, True, False, False]),
+        distance_start=np.array([0.2, 0.2, 0.1, 0.1]),
+        distance_end=np.array([0.01, 0.1, 0.3, 0.1]),
+    )
+    np.testing.assert_allclose(rollout_rewards(r, "progress"), [1.95, 0.5, -1.0, 0.0])
+    np.testing.assert_array_equal(rollout_rewards(r, "success_once"), [1.0, 1.0, 0.0, 0.0])
+    with pytest.raises(ValueError, match="unknown reward 'dense'"):
+        rollout_rewards(r, "dense")
+    with pytest.raises(ConfigError, match="rl.reward='dense' is not success_at_end, success_once or progress"):
+        RlSection(reward="dense")
+    with pytest.raises(ConfigError, match="rl.reward=progress needs the object-goal distance"):
+        RlSection(reward="progress", tasks=["libero_10/0"], eval_episodes=2)

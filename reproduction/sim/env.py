@@ -195,7 +195,11 @@ class FetchSim:
 
     def is_success(self) -> bool:
         """The env's own rule: the cube within `distance_threshold` (5 cm) of the goal."""
-        return bool(np.linalg.norm(self.object_pos - self.goal) < self._env.distance_threshold)
+        return bool(self.goal_distance() < self._env.distance_threshold)
+
+    def goal_distance(self) -> float:
+        """Metres from the cube to the goal (what `is_success` thresholds)."""
+        return float(np.linalg.norm(self.object_pos - self.goal))
 
     def state(self) -> np.ndarray:
         grip, obj = self.grip_pos, self.object_pos

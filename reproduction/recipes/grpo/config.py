@@ -131,7 +131,8 @@ class RlSection:
     grad_clip: float = 1.0
     """Global gradient-norm clip."""
     reward: str = "success_at_end"
-    """success_at_end (cube at the goal when the episode ends) or success_once (at any step)."""
+    """success_at_end (cube at the goal when the episode ends), success_once (at any step), or progress (Fetch:
+    success_at_end plus the share of the object-goal distance the episode removed; objective.rollout_rewards)."""
     eval_every: int = field(default=10, metadata=same_outputs())
     """Evaluate the live policy every N steps (and at the last) on `eval_episodes` held-out episodes; 0 = last only."""
     eval_episodes: int = field(default=20, metadata=same_outputs())
@@ -185,8 +186,10 @@ class RlSection:
             raise ConfigError(
                 f"{k}noise_level={self.noise_level} must be > 0 (it gives the log-prob)", field=k + "noise_level"
             )
-        if self.reward not in ("success_at_end", "success_once"):
-            raise ConfigError(f"{k}reward={self.reward!r} is not success_at_end or success_once", field=k + "reward")
+        if self.reward not in ("success_at_end", "success_once", "progress"):
+            raise ConfigError(
+                f"{k}reward={self.reward!r} is not success_at_end, success_once or progress", field=k + "reward"
+            )
         mu = self.updates_per_rollout
         for name in ("steps", "save_every"):
             if getattr(self, name) % mu:
@@ -196,6 +199,13 @@ class RlSection:
                     hint="a checkpoint must fall on a rollout-round boundary, so a resume regenerates no rollout",
                 )
         check_tasks("rl.tasks", self.tasks, self.max_steps, field_max="rl.max_steps")
+        if self.reward == "progress" and any(_is_libero(t) for t in self.tasks):
+            raise ConfigError(
+                f"{k}reward=progress needs the object-goal distance of a Fetch task; {k}tasks={list(self.tasks)} "
+                "names LIBERO",
+                field=k + "reward",
+                hint="use rl.reward=success_at_end on LIBERO",
+            )
         if any(_is_libero(t) for t in self.tasks) and self.eval_episodes > _INIT_STATES:
             raise ConfigError(
                 f"{k}eval_episodes={self.eval_episodes} is past LIBERO's {_INIT_STATES} init states per task",

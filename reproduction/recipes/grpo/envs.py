@@ -7,7 +7,8 @@ one batched call over all n rows in the caller. Physics does not depend on which
 rollout is the same bytes for any number of workers (tests/test_grpo_rollout.py pins it).
 
 Both give: reset(keys) -> observations; step(actions (n, j, A)) -> (observations after j steps, success at any
-of them (n,)); success() -> (n,) bool now; close().
+of them (n,)); success() -> (n,) bool now; goal_distance() -> (n,) float metres from object to goal now (Fetch
+only: the `progress` reward); close().
 
 Two worlds, one interface: a Fetch task (`FetchPush-v4`) or a LIBERO task id (`libero_10/0`, as RECAP's eval.tasks
 names it: reproduction/sim/libero). The helpers below are the only places the recipe asks which: `init_reset` (a
@@ -133,6 +134,11 @@ class LocalEnvs:
 
         return np.array([sim.is_success() for sim in self.sims], bool)
 
+    def goal_distance(self) -> Any:
+        import numpy as np
+
+        return np.array([sim.goal_distance() for sim in self.sims], np.float64)
+
     def close(self) -> None:
         """Close the sims when the group owns them (else whoever made them does)."""
         if self.owned:
@@ -173,6 +179,8 @@ def _serve(conn: Any, task: str, n: int) -> None:
                 conn.send(_step(sims, arg))
             elif cmd == "success":
                 conn.send([sim.is_success() for sim in sims])
+            elif cmd == "goal_distance":
+                conn.send([sim.goal_distance() for sim in sims])
             else:
                 return
     finally:
@@ -236,6 +244,12 @@ class EnvWorkers:
         import numpy as np
 
         return np.array([s for part in self._ask("success", [None] * len(self.conns)) for s in part], bool)
+
+    def goal_distance(self) -> Any:
+        import numpy as np
+
+        parts = self._ask("goal_distance", [None] * len(self.conns))
+        return np.array([d for part in parts for d in part], np.float64)
 
     def close(self) -> None:
         """End the workers (also done when the group is garbage-collected or the interpreter exits)."""

@@ -16,11 +16,39 @@ averaged over all steps of the batch (zero-advantage groups stay in the mean: th
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
 ZERO_STD = 1e-8
 """A group whose reward std is below this has no learning signal (A = 0)."""
+
+
+REWARDS = ("success_at_end", "success_once", "progress")
+"""What `rl.reward` may name (rollout_rewards)."""
+
+
+def rollout_rewards(r: Any, kind: str) -> np.ndarray:
+    """(n,) float64 rewards of rollouts `r` (rollout.Rollouts) by `rl.reward`:
+
+    success_at_end / success_once   1 for a success at the episode's end / at any step, else 0 (sparse);
+    progress                        success_at_end + clip(1 - d_end / d_start, -1, 1), d the object-goal distance
+                                    after reset and at the end (Fetch; needs rollouts with distances): a failed
+                                    episode that pushed the object halfway earns 0.5, one that pushed it away
+                                    loses up to 1, so a group whose episodes all fail still ranks them.
+    """
+    if kind == "success_at_end":
+        return r.success_at_end.astype(np.float64)
+    if kind == "success_once":
+        return r.success_once.astype(np.float64)
+    if kind == "progress":
+        if r.distance_start is None or r.distance_end is None:
+            raise ValueError("the progress reward needs rollouts with distances (rollout(..., distances=True))")
+        start = np.maximum(np.asarray(r.distance_start, np.float64), 1e-6)
+        gain = np.clip(1.0 - np.asarray(r.distance_end, np.float64) / start, -1.0, 1.0)
+        return r.success_at_end.astype(np.float64) + gain
+    raise ValueError(f"unknown reward {kind!r}: one of {', '.join(REWARDS)}")
 
 
 def group_advantages(rewards: np.ndarray) -> np.ndarray:

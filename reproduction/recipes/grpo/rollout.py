@@ -4,7 +4,8 @@
         observation (n, S) -> normalised state; one flow-SDE chain for all n = B * G envs (sde.sample_chain),
         one batched velocity forward per denoising step; the reference policy's step means at the same
         points (one forward over n * K rows); the executed actions step every env
-    reward of a rollout = success at the episode's end (or at any step), in {0, 1}
+    reward of a rollout = success at the episode's end (or at any step), in {0, 1}, or (Fetch) that success plus
+    the share of the object's distance to the goal the episode removed (objective.rollout_rewards)
 
 Deterministic given the seeds: an env's reset seed fixes its initial state, and its noise (initial noise and
 every step's z) comes from its own torch.Generator seeded by `noise_seeds[i]`, drawn in a fixed order, so a
@@ -143,6 +144,9 @@ class Rollouts:
     success_once: np.ndarray
     success_at_end: np.ndarray
     """(n,) bool outcomes."""
+    distance_start: np.ndarray | None = None
+    distance_end: np.ndarray | None = None
+    """(n,) float64 metres from object to goal after reset and at the end (Fetch; None unless asked for)."""
 
 
 def rollout(
@@ -154,10 +158,12 @@ def rollout(
     task_ids: list[int],
     spec: RolloutSpec,
     ref: PolicyHead | None = None,
+    distances: bool = False,
 ) -> Rollouts:
     """Run len(envs) episodes in lockstep (module docstring); env i is reset with `reset_seeds[i]`.
 
     `reset_seeds`: what each env's reset takes (envs.init_reset: a Fetch seed, or a LIBERO (init index, seed)).
+    `distances`: also record the object-goal distance after reset and at the end (envs.goal_distance: Fetch only).
     `envs`: a list of FetchSims of this process, or an env group (envs.py: LocalEnvs, EnvWorkers). The models are
     only read (no grad); the envs' state is mutated. Raises what the sim (or a dead worker) raises."""
     from reproduction.recipes.grpo.envs import LocalEnvs
@@ -172,6 +178,7 @@ def rollout(
         g.manual_seed(int(s))
         gens.append(g)
     obs = envs.reset([k if isinstance(k, tuple) else int(k) for k in reset_seeds])
+    d_start = envs.goal_distance() if distances else None
     tids = np.asarray(task_ids, np.int64)
     states, chains, logps, refs = [], [], [], []
     once = np.zeros(n, bool)
@@ -204,6 +211,8 @@ def rollout(
         ref_mean=np.stack(refs, 1).astype(np.float32) if ref is not None else None,
         success_once=once,
         success_at_end=np.asarray(envs.success(), bool),
+        distance_start=d_start,
+        distance_end=envs.goal_distance() if distances else None,
     )
 
 

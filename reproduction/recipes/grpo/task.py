@@ -139,7 +139,7 @@ class GrpoBatcher:
         import torch
 
         from reproduction.recipes.grpo.envs import episode_steps, task_language
-        from reproduction.recipes.grpo.objective import group_advantages
+        from reproduction.recipes.grpo.objective import group_advantages, rollout_rewards
         from reproduction.recipes.grpo.rollout import rollout
 
         rl, g_size, b = self.rl, int(self.rl["group_size"]), int(self.rl["init_states"])
@@ -164,9 +164,9 @@ class GrpoBatcher:
                     task_ids=[task_id] * len(resets),
                     spec=spec,
                     ref=self.ref,
+                    distances=rl["reward"] == "progress",
                 )
-                outcome = r.success_at_end if rl["reward"] == "success_at_end" else r.success_once
-                rewards = outcome.astype(np.float64).reshape(len(members), g_size)
+                rewards = rollout_rewards(r, str(rl["reward"])).reshape(len(members), g_size)
                 steps = pick_steps(noises, r.log_prob.shape[1], self.spec.num_steps, int(rl["logprob_steps"]))
                 parts.append(loss_rows(r, group_advantages(rewards), steps))
                 rewards_all.append(rewards)
