@@ -522,7 +522,12 @@ def build_parser() -> argparse.ArgumentParser:
         add_run_arguments,
     )
 
-    p = _command("run", cmd_run, "run the RECAP stages from a bundle (resumable; config keys: docs/config.md)")
+    p = _command(
+        "run",
+        cmd_run,
+        "run a recipe's stages from a bundle (the config's `recipe`: recap by default, grpo, or "
+        "package.module:NAME; resumable; keys: docs/config.md, docs/grpo.md)",
+    )
     add_run_arguments(p)
     p = _command("eval", cmd_eval, "evaluate a policy checkpoint in the simulator and write its evidence")
     add_eval_arguments(p)
