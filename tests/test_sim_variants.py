@@ -106,3 +106,19 @@ def test_generate_and_evaluate_in_the_variant(tmp_path):
     assert set(ev.tasks) == {"FetchPush-v4", VARIANT}
     assert ev.reset_seeds[VARIANT] == ev.reset_seeds["FetchPush-v4"]
     assert ev.tasks[VARIANT].success_at_end == 2
+
+
+def test_grpo_takes_a_variant_where_it_takes_a_task():
+    from reproduction.recipes.grpo.envs import init_reset, make_sims, task_language
+    from reproduction.recipes.grpo.preflight import task_problems
+
+    assert task_problems("rl.tasks", ["FetchPush-v4", VARIANT]) == []
+    (problem,) = task_problems("eval.tasks", ["FetchPush-v4:icy"])
+    assert isinstance(problem, ConfigError) and str(problem).startswith("eval.tasks: task 'FetchPush-v4:icy'")
+    assert task_language(VARIANT) == task_language("FetchPush-v4")
+    assert init_reset(0, VARIANT, 3) == init_reset(0, "FetchPush-v4", 3)
+    (sim,) = make_sims(VARIANT, 1)
+    try:
+        assert sim.task.env_id == VARIANT and _values(sim)["cube_friction"] == 0.5
+    finally:
+        sim.close()
