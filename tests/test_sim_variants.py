@@ -101,6 +101,11 @@ def test_generate_and_evaluate_in_the_variant(tmp_path):
     assert ds.num_episodes == 2 and list(ds.tasks.values()) == [get_task("FetchPush-v4").language]
     seeds = sorted(set(ds.frame_table(["sim.reset_seed"]).column("sim.reset_seed").to_pylist()))
     assert seeds == sorted(reset_seed(1, "sft", "FetchPush-v4", i) for i in range(2))
+    # both worlds in one dataset: one task string (the policy is not told the world), each world's counts
+    both = generate_dataset(
+        GenConfig(kind="sft", tasks=("FetchPush-v4", VARIANT), episodes_per_task=1, cameras=()), tmp_path / "both"
+    )
+    assert set(both.per_task) == {"FetchPush-v4", VARIANT} and len(open_dataset(tmp_path / "both").tasks) == 1
     # the evaluation names the variant; its episodes start where the base task's do
     ev = evaluate(ExpertPolicy, EvalConfig(tasks=("FetchPush-v4", VARIANT), episodes_per_task=2, execute_steps=1))
     assert set(ev.tasks) == {"FetchPush-v4", VARIANT}
