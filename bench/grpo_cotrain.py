@@ -157,6 +157,11 @@ def delta_line(results: dict[str, dict[str, dict[str, Any]]]) -> str:
     )
 
 
+def _stage(stage: Any) -> str:
+    """`name seconds`, or `name skipped` for a stage a resumed run found complete (its seconds are not this run's)."""
+    return f"{stage.name} skipped" if stage.action == "skipped" else f"{stage.name} {stage.seconds:.0f}"
+
+
 def _run(config: Any, run: Path) -> tuple[dict[str, Any], Any, float]:
     from reproduction.recipes.grpo import GRPO
     from reproduction.run.runner import RunOptions, run_recipe
@@ -181,9 +186,7 @@ def main(argv: list[str]) -> int:
     print(f"sim = {SIM}, real = {REAL}; BC on both worlds' demonstrations, then GRPO in sim from the same export")
     print("\n".join(table(results)))
     for name, report, wall in (("run", plain_report, plain_wall), ("run_cotrain", cot_report, cot_wall)):
-        print(
-            f"seconds {name}: " + ", ".join(f"{s.name} {s.seconds:.0f}" for s in report.stages) + f"; wall {wall:.0f}"
-        )
+        print(f"seconds {name}: " + ", ".join(_stage(s) for s in report.stages) + f"; wall {wall:.0f}")
     print(delta_line(results))
     return 0
 

@@ -97,3 +97,10 @@ def test_mismatches_are_refused(bench):
     other = bench.outcomes(_evidence({"grpo": {sim: [1, 0], real: [1, 0]}, "sft": {sim: [1, 1], real: [0, 0]}}, seeds))
     with pytest.raises(ValueError, match="sft evaluation differs"):
         bench.combine(plain, other)
+
+
+def test_a_resumed_stage_is_named_skipped_not_zero_seconds(bench):
+    from types import SimpleNamespace
+
+    assert bench._stage(SimpleNamespace(name="rl", action="skipped", seconds=0.0)) == "rl skipped"
+    assert bench._stage(SimpleNamespace(name="rl", action="ran", seconds=12.4)) == "rl 12"
