@@ -1,6 +1,6 @@
 """The embedded default: MuJoCo Fetch tasks, scripted experts, data generation, policy eval.
 
-    tasks.py       the two Fetch tasks, their language strings        env.py       FetchSim: observation, cameras
+    tasks.py       the two Fetch tasks, physics variants (id:variant)  env.py       FetchSim: observation, cameras
     experts.py     closed-loop scripted experts                        behaviours.py  modes: failures, harm, noise
     episode.py     one scripted episode as dataset frames              seeds.py     per-episode seeds (eval odd)
     generate.py    GenConfig / DataMix -> LeRobot v3.0 datasets        evaluate.py  EvalConfig -> EvalResult

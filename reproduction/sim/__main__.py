@@ -32,7 +32,12 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m reproduction.sim", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--tasks", nargs="+", default=["FetchPickAndPlace-v4"], help="env ids (or short names)")
+    common.add_argument(
+        "--tasks",
+        nargs="+",
+        default=["FetchPickAndPlace-v4"],
+        help="env ids or short names, [:variant] (push:slippery)",
+    )
     common.add_argument("--cameras", default="none", help="comma-separated cameras, or 'none' (state only)")
     common.add_argument("--image-size", type=int, default=64)
     common.add_argument("--seed", type=int, default=0)

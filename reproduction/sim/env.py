@@ -104,8 +104,10 @@ class FetchSim:
             raise SimError(f"image_size {image_size} is outside 8..480", field="image_size")
         self.cameras = tuple(cameras)
         self.image_size = int(image_size)
-        self._env = _make_gym_env(self.task.env_id)
+        self._env = _make_gym_env(self.task.gym_id)
         self.model, self.data = self._env.model, self._env.data
+        if self.task.physics is not None:  # a variant (FetchPush-v4:heavy): its masses and frictions, once
+            self.task.physics.apply(self.model)
         # Fast headless rendering: no multisampling, no shadow map (set before any renderer exists).
         self.model.vis.quality.offsamples = 0
         self.model.vis.quality.shadowsize = 0

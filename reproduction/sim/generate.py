@@ -25,7 +25,7 @@ import numpy as np
 
 from reproduction.errors import ConfigError, InvalidInputError
 from reproduction.sim.behaviours import BehaviourConfig, Mode, mode_of
-from reproduction.sim.tasks import TASK_IDS, TASKS, get_task
+from reproduction.sim.tasks import get_task, task_id
 from reproduction.sim.workers import Runner, run_units
 from reproduction.ui import Progress, UiOptions, progress
 
@@ -42,7 +42,8 @@ class GenConfig:
     kind: str = "rollout"
     """"sft" (expert demonstrations only) or "rollout" (episodes drawn from `modes`)."""
     tasks: tuple[str, ...] = ("FetchPickAndPlace-v4",)
-    """Simulator tasks (env ids); each gets `episodes_per_task` episodes."""
+    """Simulator tasks (env ids, or `<id>:<variant>` for a physics variant: reproduction/sim/tasks.py); each gets
+    `episodes_per_task` episodes."""
     episodes_per_task: int = 300
     modes: dict[str, float] = field(default_factory=lambda: dict(MIX1_MODES))
     """Rollout mode -> fraction (normalised); ignored for sft. Names: see behaviours.Mode."""
@@ -185,7 +186,7 @@ def episode_modes(config: GenConfig, task: str) -> list[Mode]:
     if config.kind == "sft":
         return [Mode.EXPERT] * n
     modes = [m for m, c in mode_counts(config.modes, n).items() for _ in range(c)]
-    rng = np.random.default_rng([config.seed & 0xFFFFFFFF, 7, TASK_IDS[get_task(task).env_id]])
+    rng = np.random.default_rng([config.seed & 0xFFFFFFFF, 7, task_id(task)])
     return [modes[i] for i in rng.permutation(n)]
 
 
@@ -323,7 +324,7 @@ def generate_dataset(
             stream(bar),
             fps=FPS,
             features=features(config),
-            tasks=[TASKS[get_task(t).env_id].language for t in config.tasks],
+            tasks=list(dict.fromkeys(get_task(t).language for t in config.tasks)),
             robot_type="fetch",
             image_storage=config.image_storage,
             overwrite=overwrite,
