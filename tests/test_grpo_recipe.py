@@ -33,8 +33,9 @@ def test_bundle_config_loads_with_the_schema(tmp_path):
     cfg = load_config([CONFIG], ["rl.steps=40"], bundle=tmp_path, run_dir=tmp_path / "run", schema=GrpoRunConfig)
     assert cfg.recipe == "grpo"
     assert cfg.sft.datasets[0].path == f"{tmp_path}/data/sft"
-    assert (cfg.rl.group_size, cfg.rl.init_states, cfg.rl.steps, cfg.rl.updates_per_rollout) == (8, 8, 40, 2)
-    assert cfg.rl.train_config().global_batch == 8
+    assert (cfg.rl.group_size, cfg.rl.init_states, cfg.rl.steps, cfg.rl.updates_per_rollout) == (8, 16, 40, 2)
+    assert cfg.rl.train_config().global_batch == 16
+    assert cfg.rl.reward == "progress"
     from reproduction.errors import ConfigError
 
     with pytest.raises(ConfigError, match="group_size"):
