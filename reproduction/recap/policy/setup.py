@@ -21,6 +21,7 @@ from reproduction.config_fields import resume_free_fields
 from reproduction.errors import CheckpointError
 from reproduction.fsio import atomic_write_text
 from reproduction.recap.policy.config import ARRAYS_NAME, EXPORT_FORMAT, SETUP_NAME, PolicyStageConfig
+from reproduction.train.config import RESUME_KEY_FIELDS
 
 
 def prepare_policy_setup(inputs: Sequence[Any], config: PolicyStageConfig, out_dir: Path, *, resume: bool) -> dict:
@@ -116,22 +117,9 @@ def _arrays_digest(arrays: Any) -> str:
 
 RESUME_FREE = resume_free_fields(PolicyStageConfig)
 """Stage fields a resume may change (they shape neither the model nor the data stream): declared
-`same_outputs(on_resume=True)` on PolicyStageConfig."""
-_FREE_TRAIN = (
-    "max_steps",
-    "micro_batch",
-    "world_size",
-    "launcher",
-    "device",
-    "eval_interval",
-    "save_interval",
-    "keep_last",
-    "log_interval",
-    "cpus_per_worker",
-    "cpu_threads",
-    "start_timeout_s",
-    "collective_timeout_s",
-)
+`same_outputs(on_resume=True)` on PolicyStageConfig. Of the trainer's fields only its resume key counts
+(train/config.py's RESUME_KEY_FIELDS: those not declared `same_outputs()`, and not max_steps, which a resume raises).
+"""
 
 
 def _refuse_changed(out_dir: Path, new: dict, new_tokenizer: Path) -> None:
@@ -153,8 +141,8 @@ def _refuse_changed(out_dir: Path, new: dict, new_tokenizer: Path) -> None:
             changes.append(f"{key} differs")
     old_stage = {k: v for k, v in old["stage"].items() if k not in RESUME_FREE}
     new_stage = {k: v for k, v in new["stage"].items() if k not in RESUME_FREE}
-    old_train = {k: v for k, v in old_stage.pop("train").items() if k not in _FREE_TRAIN}
-    new_train = {k: v for k, v in new_stage.pop("train").items() if k not in _FREE_TRAIN}
+    old_train = {k: v for k, v in old_stage.pop("train").items() if k in RESUME_KEY_FIELDS}
+    new_train = {k: v for k, v in new_stage.pop("train").items() if k in RESUME_KEY_FIELDS}
     for key in sorted(set(old_stage) | set(new_stage)):
         if old_stage.get(key) != new_stage.get(key):
             changes.append(f"{key} {old_stage.get(key)!r} -> {new_stage.get(key)!r}")
