@@ -131,18 +131,18 @@ def phase_value(args: argparse.Namespace, out: Path, data: dict[str, Path], rdir
     from reproduction.recap.value.data import ValueSource
     from reproduction.recap.value.infer import open_value_stage
     from reproduction.recap.value.stage import infer_values, train_value
-    from reproduction.recap.value.task import ValueStageConfig
+    from reproduction.recap.value.task import ValueConfig
     from reproduction.train.config import TrainConfig
 
     vdir, values = out / "value", out / "values"
     summary_path = out / "value_summary.json"
     if not summary_path.is_file():
         t = time.time()
-        stage = ValueStageConfig(
-            train=[
-                ValueSource(path=str(data["sft"]), type="sft", returns=str(rdir)),
-                ValueSource(path=str(data["rollout"]), type="rollout", returns=str(rdir)),
-            ],
+        sources = [
+            ValueSource(path=str(data["sft"]), type="sft", returns=str(rdir)),
+            ValueSource(path=str(data["rollout"]), type="rollout", returns=str(rdir)),
+        ]
+        stage = ValueConfig(
             preset="tiny",
             cameras={"base_0_rgb": args.value_camera},  # a key the data lacks = an absent camera (no pixels read)
             folds=args.folds,
@@ -162,7 +162,7 @@ def phase_value(args: argparse.Namespace, out: Path, data: dict[str, Path], rdir
             device="cpu",
             seed=args.value_seed,
         )
-        res = train_value(stage, tcfg, vdir)
+        res = train_value(stage, tcfg, vdir, sources=sources)
         t_train = time.time() - t
         values.mkdir(exist_ok=True)
         opened = open_value_stage(vdir, device="cpu")

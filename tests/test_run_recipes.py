@@ -356,8 +356,7 @@ def test_the_setup_guards_read_the_fields_declarations():
     from reproduction.recap.value import task as value_task
     from reproduction.recipes.recap.config import RunConfig
 
-    value_before = (
-        "eval",
+    value_before = (  # and "eval": the extra evaluation datasets, now the stage's argument, which the guard ignores
         "eval_max_samples",
         "eval_micro_batch",
         "tokenizer",

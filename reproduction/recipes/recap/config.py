@@ -7,7 +7,7 @@ Every key and its one-line doc is listed in docs/config.md, generated from these
     BUNDLE, RUN                 set by `portable run` (placeholders)
     datasets[]                  path, type, weight, value, policy
     returns                     stage 1 (ReturnsSection)
-    value.model / .train / .infer   stage 2: ValueStageConfig (minus datasets), TrainConfig, inference
+    value.model / .train / .infer   stage 2: ValueConfig and TrainConfig (the packages' own), inference
     advantages                  stage 3 (AdvantageConfig)
     policy                      stage 4 (the policy stage's config), eval
 """
@@ -22,7 +22,7 @@ from typing import Any
 from reproduction.config_fields import same_outputs
 from reproduction.errors import ConfigError, PortableError
 from reproduction.recap.advantage_config import AdvantageConfig
-from reproduction.recap.value.config import ValueStageConfig
+from reproduction.recap.value.config import ValueConfig
 from reproduction.train.config import TrainConfig
 
 DATASET_TYPES = ("sft", "rollout")
@@ -80,14 +80,6 @@ def _fields_except(cls: type, exclude: tuple[str, ...], free: tuple[str, ...] = 
     return out
 
 
-def _check_value_model(self: Any) -> None:
-    """ValueStageConfig's own rules (folds >= 1, tokenizer for recap, ...), checked when the config loads and
-    naming value.model.KEY."""
-    from reproduction.recap.value.config import check_value_values
-
-    check_value_values(self, key="value.model")
-
-
 def _model_section(
     name: str, stage: type, exclude: tuple[str, ...], check: Any, doc: str, free: tuple[str, ...] = ()
 ) -> type:
@@ -101,15 +93,6 @@ def _model_section(
     section.__doc__ = doc
     section.__doc_source__ = stage
     return section
-
-
-ValueModelSection = _model_section(
-    "ValueModelSection",
-    ValueStageConfig,
-    ("train", "eval"),
-    _check_value_model,
-    "Stage 2's model and data options (ValueStageConfig without the dataset lists).",
-)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -139,7 +122,7 @@ def _value_train() -> TrainConfig:
 class ValueSection:
     """Stage 2: value-model SFT, one model per cross-fitting fold."""
 
-    model: ValueModelSection = field(default_factory=ValueModelSection)
+    model: ValueConfig = field(default_factory=ValueConfig)
     """What the value model is and reads."""
     train: TrainConfig = field(default_factory=_value_train)
     """How it trains (the training core's config)."""
@@ -409,9 +392,14 @@ class RunConfig:
         a component's own config dataclass, whose __post_init__ (run by to_object) would name a bare field
         (`value.train` and `policy.train`: TrainConfig; `advantages`: AdvantageConfig)."""
         from reproduction.recap.advantage_config import check_advantage_values
+        from reproduction.recap.value.config import check_value_values
         from reproduction.train.config import check_train_values
 
-        return {TrainConfig: check_train_values, AdvantageConfig: check_advantage_values}
+        return {
+            TrainConfig: check_train_values,
+            AdvantageConfig: check_advantage_values,
+            ValueConfig: check_value_values,
+        }
 
 
 def load_config(
