@@ -219,9 +219,10 @@ def label_quality(data: dict[str, Path], adir: Path, vdir: Path) -> dict[str, An
 
 def train_one(job: dict[str, Any]) -> dict[str, Any]:
     """One policy training (runs in a worker process); returns its export dir and timing."""
-    from reproduction.recap.policy.config import PolicyStageConfig
+    from reproduction.recap.policy.config import PolicyConfig
     from reproduction.recap.policy.data import PolicySource, open_policy_input
     from reproduction.recap.policy.task import train_policy
+    from reproduction.train.config import TrainConfig
 
     out = Path(job["out"])
     if (out / "export" / "policy.json").is_file():
@@ -237,8 +238,7 @@ def train_one(job: dict[str, Any]) -> dict[str, Any]:
             need_labels=need,
         ),
     ]
-    cfg = PolicyStageConfig(
-        mode=job["mode"],
+    cfg = PolicyConfig(
         chunk=4,
         execute_steps=2,
         num_steps=10,
@@ -246,20 +246,20 @@ def train_one(job: dict[str, Any]) -> dict[str, Any]:
         positive_only=True,
         hold_labels=True,
         model_seed=job["seed"],
-        train=dict(
-            max_steps=job["steps"],
-            global_batch=job["batch"],
-            micro_batch=job["batch"],
-            launcher="inprocess",
-            device="cpu",
-            lr=job["lr"],
-            warmup_steps=min(100, job["steps"] // 10),
-            seed=job["seed"],
-            log_interval=max(1, job["steps"] // 10),
-            save_interval=job["steps"],
-        ),
     )
-    res = train_policy(inputs, cfg, out, resume=True)
+    train = TrainConfig(
+        max_steps=job["steps"],
+        global_batch=job["batch"],
+        micro_batch=job["batch"],
+        launcher="inprocess",
+        device="cpu",
+        lr=job["lr"],
+        warmup_steps=min(100, job["steps"] // 10),
+        seed=job["seed"],
+        log_interval=max(1, job["steps"] // 10),
+        save_interval=job["steps"],
+    )
+    res = train_policy(inputs, cfg, out, mode=job["mode"], train=train, resume=True)
     return {
         "export": str(res.export_dir),
         "seconds": time.time() - t,

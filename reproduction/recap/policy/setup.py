@@ -20,19 +20,25 @@ import numpy as np
 from reproduction.config_fields import resume_free_fields
 from reproduction.errors import CheckpointError
 from reproduction.fsio import atomic_write_text
-from reproduction.recap.policy.config import ARRAYS_NAME, EXPORT_FORMAT, SETUP_NAME, PolicyStageConfig
+from reproduction.recap.policy.config import ARRAYS_NAME, EXPORT_FORMAT, SETUP_NAME, PolicyConfig, check_mode
 from reproduction.train.config import RESUME_KEY_FIELDS
 
 
-def prepare_policy_setup(inputs: Sequence[Any], config: PolicyStageConfig, out_dir: Path, *, resume: bool) -> dict:
-    """Arrays, stats, tokenizer and model config, written to `out_dir` (module docstring); returns the setup.
+def prepare_policy_setup(
+    inputs: Sequence[Any], config: PolicyConfig, out_dir: Path, *, mode: str, train: Any, resume: bool
+) -> dict:
+    """Arrays, stats, tokenizer and model config of the `mode` policy of `config` trained by `train` (a TrainConfig)
+    on the opened `inputs`, written to `out_dir` (module docstring); returns the setup. Its `stage` holds config's
+    fields, `mode` and `train` (TrainConfig's fields), as when they were one config.
 
-    Checks against an existing run first (see `train_policy`); on refusal nothing is written.
+    Checks against an existing run first (see `train_policy`); on refusal nothing is written. ConfigError for a mode
+    that is not one of conditioning.MODES.
     """
     from reproduction.recap.policy.data import build_arrays, state_stats
     from reproduction.recap.policy.model import tiny_config
     from reproduction.train.checkpoint import complete_steps
 
+    check_mode(mode)
     out_dir = Path(out_dir)
     trained = bool(complete_steps(out_dir / "checkpoints"))
     if trained and not resume:
@@ -41,7 +47,7 @@ def prepare_policy_setup(inputs: Sequence[Any], config: PolicyStageConfig, out_d
             path=out_dir / "checkpoints",
             hint="`portable run --resume` continues it; `--restart-stage policy` trains it again from scratch",
         )
-    arrays, summary = build_arrays(inputs, mode=config.mode, chunk=config.chunk, hold_labels=config.hold_labels)
+    arrays, summary = build_arrays(inputs, mode=mode, chunk=config.chunk, hold_labels=config.hold_labels)
     stats = state_stats(arrays)
     staging = out_dir / f".tokenizer.{os.getpid()}.partial"
     shutil.rmtree(staging, ignore_errors=True)
@@ -71,7 +77,8 @@ def prepare_policy_setup(inputs: Sequence[Any], config: PolicyStageConfig, out_d
             )
         setup = {
             "format_version": EXPORT_FORMAT,
-            "stage": config.to_dict(),
+            # JSON's own types (TrainConfig's betas a list), as the resume check reads them back
+            "stage": json.loads(json.dumps({"mode": mode, **config.to_dict(), "train": train.to_dict()})),
             "model_config": mcfg.to_dict(),
             "stats": stats,
             "tasks": list(arrays.tasks),
@@ -96,7 +103,7 @@ def prepare_policy_setup(inputs: Sequence[Any], config: PolicyStageConfig, out_d
     return setup
 
 
-def _tokenizer(config: PolicyStageConfig, tasks: list[str], out: Path) -> Any:
+def _tokenizer(config: PolicyConfig, tasks: list[str], out: Path) -> Any:
     from reproduction.recap.policy.conditioning import KINDS, prompt_text
     from reproduction.recap.tokenizer import load_tokenizer, train_tokenizer
 
@@ -115,9 +122,9 @@ def _arrays_digest(arrays: Any) -> str:
     return h.hexdigest()
 
 
-RESUME_FREE = resume_free_fields(PolicyStageConfig)
-"""Stage fields a resume may change (they shape neither the model nor the data stream): declared
-`same_outputs(on_resume=True)` on PolicyStageConfig. Of the trainer's fields only its resume key counts
+RESUME_FREE = resume_free_fields(PolicyConfig)
+"""Config fields a resume may change (they shape neither the model nor the data stream): declared
+`same_outputs()` (with or without on_resume) on PolicyConfig. Of the trainer's fields only its resume key counts
 (train/config.py's RESUME_KEY_FIELDS: those not declared `same_outputs()`, and not max_steps, which a resume raises).
 """
 
