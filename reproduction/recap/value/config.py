@@ -19,7 +19,7 @@ class ValueSource(DatasetSource):
     """One dataset the value stage reads (type: sft or rollout, validated; it matters in stages 1 and 3, not
     here, as upstream; weight: train sources only)."""
 
-    returns: str | None = None
+    returns: str | None = field(default=None, metadata=same_outputs(on_resume=True))
     """Folder holding the returns sidecar (a run folder); None = the dataset's meta/."""
 
 

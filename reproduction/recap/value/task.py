@@ -265,9 +265,14 @@ def setup_changes(old: ValueSetup, new: ValueSetup, *, old_tokenizer: Path, new_
     return changes
 
 
+SOURCE_RESUME_FREE = resume_free_fields(ValueSource)
+"""Training-dataset fields a resume may change: where the dataset and its returns are (declared
+`same_outputs(on_resume=True)` on ValueSource: setup_changes compares the fingerprints of what they hold)."""
+
+
 def _resume_fields(setup: ValueSetup) -> dict[str, Any]:
     out = {k: v for k, v in setup.config.to_dict().items() if k not in RESUME_FREE}
-    out["train"] = [{k: getattr(s, k) for k in ("name", "type", "weight", "tag")} for s in setup.sources]
+    out["train"] = [{k: v for k, v in s.to_dict().items() if k not in SOURCE_RESUME_FREE} for s in setup.sources]
     return out
 
 
