@@ -55,14 +55,16 @@ def train_value(
     *,
     sources: list[Any],
     eval_sources: list[Any] | None = None,
+    datasets: Any = None,
     resume: bool = False,
     ray_address: str | None = None,
     ui: Any = None,
 ) -> ValueStageResult:
     """Prepare the setup (tokenizer, return range, folds) and train one model per fold into
     `out_dir/model_<k>/`: the value model of `config`, trained by the trainer's `train_config` (a TrainConfig) on
-    the datasets `sources` (recap/value/config.py's ValueSource), evaluated on `eval_sources` too. Fold k trains
-    without fold k's episodes and evaluates on them.
+    the datasets `sources` (recap/value/config.py's ValueSource), evaluated on `eval_sources` too; `datasets`
+    ({source name: opened Dataset}) are those the caller opened, which the driver reads rather than reopening them.
+    Fold k trains without fold k's episodes and evaluates on them.
 
     `resume=True` continues each fold from its newest complete checkpoint, and raises
     CheckpointError (exit 50) naming what changed when the return range, bins, model config, fold
@@ -74,7 +76,9 @@ def train_value(
 
     out_dir = Path(out_dir)
     # refuses a resume whose setup changed
-    setup = prepare_value_setup(config, out_dir, sources=sources, eval_sources=eval_sources, resume=resume)
+    setup = prepare_value_setup(
+        config, out_dir, sources=sources, eval_sources=eval_sources, datasets=datasets, resume=resume
+    )
     results = []
     for fold in range(setup.plan.folds):
         make = functools.partial(make_value_task, setup_path=str((out_dir / SETUP_NAME).resolve()), fold=fold)

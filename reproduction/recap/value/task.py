@@ -99,11 +99,13 @@ def prepare_value_setup(
     *,
     sources: list[ValueSource],
     eval_sources: list[ValueSource] | None = None,
+    datasets: Mapping[str, Any] | None = None,
     resume: bool = False,
 ) -> ValueSetup:
     """Tokenizer, model config, return range and fold plan of `config` trained on `sources` (evaluated on
     `eval_sources` too); written to `out_dir` (idempotent). ConfigError when `sources` is empty or dataset names
-    repeat.
+    repeat. `datasets` ({source name: opened Dataset}) are the sources' datasets as the caller opened them, read
+    here instead of opening their paths again (the training workers open the paths the setup records).
 
     When a fold under `out_dir` already holds a complete checkpoint, the setup it was trained with
     is the one on disk: `resume=False` raises CheckpointError (as the trainer would, but before
@@ -123,13 +125,17 @@ def prepare_value_setup(
             path=trained[0],
             hint="`portable run --resume` continues it; `--restart-stage value` trains it again from scratch",
         )
-    frames = [load_source(s, state_keys=config.state_keys, state_dims=config.state_dims) for s in sources]
+    datasets = dict(datasets or {})
+    frames = [
+        load_source(s, state_keys=config.state_keys, state_dims=config.state_dims, dataset=datasets.get(s.name))
+        for s in sources
+    ]
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = out_dir / f".tokenizer.{os.getpid()}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     try:
         setup = _resolve_setup(
-            config, sources, eval_sources, frames, staging, final_tokenizer_dir=out_dir / "tokenizer"
+            config, sources, eval_sources, frames, staging, final_tokenizer_dir=out_dir / "tokenizer", datasets=datasets
         )
         if trained:
             _refuse_changed_setup(out_dir, setup, staging)
@@ -151,6 +157,7 @@ def _resolve_setup(
     tok_dir: Path,
     *,
     final_tokenizer_dir: Path,
+    datasets: Mapping[str, Any],
 ) -> ValueSetup:
     """The setup of `stage` over the loaded training `frames` (of `sources`); the tokenizer is written to `tok_dir`
     (it moves to `final_tokenizer_dir` once the setup is accepted)."""
@@ -166,7 +173,8 @@ def _resolve_setup(
         tok = load_tokenizer(Path(stage.tokenizer))
         tok.save_pretrained(str(tok_dir))
     else:
-        tasks = [t for s in sources + eval_sources for t in open_dataset(s.path).tasks.values()]
+        opened = [datasets.get(s.name) or open_dataset(s.path) for s in sources + eval_sources]
+        tasks = [t for ds in opened for t in ds.tasks.values()]
         tok = train_tokenizer(tasks, tok_dir)
     # Only `tiny` sizes its embedding from the tokenizer. `recap` keeps the checkpoint's 262,144 rows:
     # Gemma3's tokenizer.json adds specials past them (<image_soft_token> is id 262144), so len(tok)

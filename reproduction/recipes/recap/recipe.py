@@ -122,9 +122,17 @@ def value_stage(ctx: StageContext) -> StageOutput:
     from reproduction.recap.value.stage import train_value
 
     model, train, sources = value_config(ctx)
+    opened = {d.name: d.dataset for d in ctx.inputs.values() if d.value}  # the run opened them once
     ray_address = ctx.ray_cluster() if train.launcher == "ray" else ctx.ray_address
     result = train_value(
-        model, train, ctx.out_dir, sources=sources, resume=ctx.resume, ray_address=ray_address, ui=ctx.ui
+        model,
+        train,
+        ctx.out_dir,
+        sources=sources,
+        datasets=opened,
+        resume=ctx.resume,
+        ray_address=ray_address,
+        ui=ctx.ui,
     )
     files = [ctx.out_dir / "value_setup.json", ctx.out_dir / "crossfit.json"]
     for d in result.export_dirs:
