@@ -131,18 +131,18 @@ def phase_value(args: argparse.Namespace, out: Path, data: dict[str, Path], rdir
     from reproduction.recap.value.data import ValueSource
     from reproduction.recap.value.infer import open_value_stage
     from reproduction.recap.value.stage import infer_values, train_value
-    from reproduction.recap.value.task import ValueStageConfig
+    from reproduction.recap.value.task import ValueConfig
     from reproduction.train.config import TrainConfig
 
     vdir, values = out / "value", out / "values"
     summary_path = out / "value_summary.json"
     if not summary_path.is_file():
         t = time.time()
-        stage = ValueStageConfig(
-            train=[
-                ValueSource(path=str(data["sft"]), type="sft", returns=str(rdir)),
-                ValueSource(path=str(data["rollout"]), type="rollout", returns=str(rdir)),
-            ],
+        sources = [
+            ValueSource(path=str(data["sft"]), type="sft", returns=str(rdir)),
+            ValueSource(path=str(data["rollout"]), type="rollout", returns=str(rdir)),
+        ]
+        stage = ValueConfig(
             preset="tiny",
             cameras={"base_0_rgb": args.value_camera},  # a key the data lacks = an absent camera (no pixels read)
             folds=args.folds,
@@ -162,7 +162,7 @@ def phase_value(args: argparse.Namespace, out: Path, data: dict[str, Path], rdir
             device="cpu",
             seed=args.value_seed,
         )
-        res = train_value(stage, tcfg, vdir)
+        res = train_value(stage, tcfg, vdir, sources=sources)
         t_train = time.time() - t
         values.mkdir(exist_ok=True)
         opened = open_value_stage(vdir, device="cpu")
@@ -219,9 +219,10 @@ def label_quality(data: dict[str, Path], adir: Path, vdir: Path) -> dict[str, An
 
 def train_one(job: dict[str, Any]) -> dict[str, Any]:
     """One policy training (runs in a worker process); returns its export dir and timing."""
-    from reproduction.recap.policy.config import PolicyStageConfig
+    from reproduction.recap.policy.config import PolicyConfig
     from reproduction.recap.policy.data import PolicySource, open_policy_input
     from reproduction.recap.policy.task import train_policy
+    from reproduction.train.config import TrainConfig
 
     out = Path(job["out"])
     if (out / "export" / "policy.json").is_file():
@@ -237,8 +238,7 @@ def train_one(job: dict[str, Any]) -> dict[str, Any]:
             need_labels=need,
         ),
     ]
-    cfg = PolicyStageConfig(
-        mode=job["mode"],
+    cfg = PolicyConfig(
         chunk=4,
         execute_steps=2,
         num_steps=10,
@@ -246,20 +246,20 @@ def train_one(job: dict[str, Any]) -> dict[str, Any]:
         positive_only=True,
         hold_labels=True,
         model_seed=job["seed"],
-        train=dict(
-            max_steps=job["steps"],
-            global_batch=job["batch"],
-            micro_batch=job["batch"],
-            launcher="inprocess",
-            device="cpu",
-            lr=job["lr"],
-            warmup_steps=min(100, job["steps"] // 10),
-            seed=job["seed"],
-            log_interval=max(1, job["steps"] // 10),
-            save_interval=job["steps"],
-        ),
     )
-    res = train_policy(inputs, cfg, out, resume=True)
+    train = TrainConfig(
+        max_steps=job["steps"],
+        global_batch=job["batch"],
+        micro_batch=job["batch"],
+        launcher="inprocess",
+        device="cpu",
+        lr=job["lr"],
+        warmup_steps=min(100, job["steps"] // 10),
+        seed=job["seed"],
+        log_interval=max(1, job["steps"] // 10),
+        save_interval=job["steps"],
+    )
+    res = train_policy(inputs, cfg, out, mode=job["mode"], train=train, resume=True)
     return {
         "export": str(res.export_dir),
         "seconds": time.time() - t,

@@ -55,16 +55,12 @@ def write_stage(root: Path, episodes: int) -> None:
 
     from reproduction.recap.value.data import ValueSource
     from reproduction.recap.value.model import ValueModelConfig, build_value_model
-    from reproduction.recap.value.task import ValueStageConfig, prepare_value_setup, write_export_extras
+    from reproduction.recap.value.task import ValueConfig, prepare_value_setup, write_export_extras
 
     runs = write_value_dataset(root / "ds", episodes=episodes, seed=2)
-    stage = ValueStageConfig(
-        train=[ValueSource(path=str(root / "ds"), type="rollout", returns=str(runs))],
-        cameras=CAMS,
-        folds=2,
-        fold_seed=1,
-    )
-    setup = prepare_value_setup(stage, root / "value")
+    stage = ValueConfig(cameras=CAMS, folds=2, fold_seed=1)
+    sources = [ValueSource(path=str(root / "ds"), type="rollout", returns=str(runs))]
+    setup = prepare_value_setup(stage, root / "value", sources=sources)
     for part in ("vision", "text"):  # heavier than tiny: compute, not Ray's start, should dominate
         setup.model_config[part].update(hidden_size=256, intermediate_size=1024, num_hidden_layers=4)
     setup.model_config["text"]["layer_types"] = ["sliding_attention", "full_attention"] * 2

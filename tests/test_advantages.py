@@ -466,16 +466,12 @@ def test_return_range_reads_what_the_value_stage_exports(tmp_path):
     from value_synth import CAMERA, write_value_dataset
 
     from reproduction.recap.value.data import ValueSource
-    from reproduction.recap.value.task import ValueStageConfig, prepare_value_setup, write_export_extras
+    from reproduction.recap.value.task import ValueConfig, prepare_value_setup, write_export_extras
 
     runs = write_value_dataset(tmp_path / "ds", episodes=4, seed=2)
-    stage = ValueStageConfig(
-        train=[ValueSource(path=str(tmp_path / "ds"), type="rollout", returns=str(runs))],
-        cameras={"base_0_rgb": CAMERA},
-        folds=2,
-        fold_seed=1,
-    )
-    setup = prepare_value_setup(stage, tmp_path / "value")
+    config = ValueConfig(cameras={"base_0_rgb": CAMERA}, folds=2, fold_seed=1)
+    sources = [ValueSource(path=str(tmp_path / "ds"), type="rollout", returns=str(runs))]
+    setup = prepare_value_setup(config, tmp_path / "value", sources=sources)
     export = tmp_path / "value" / "model_1" / "export"
     export.mkdir(parents=True)
     write_export_extras(export, setup=setup, fold=1)  # value_head.json exactly as value training writes it

@@ -179,15 +179,14 @@ def test_recap_preset_keeps_no_state_input():
 
 
 def test_value_stage_config_checks_state_dims():
-    from reproduction.recap.value.config import ValueSource, ValueStageConfig
+    from reproduction.recap.value.config import ValueConfig
 
-    src = [ValueSource(path="d")]
-    ok = ValueStageConfig(train=src, state_keys=["observation.state"], state_dims=[0, 1, 2])
+    ok = ValueConfig(state_keys=["observation.state"], state_dims=[0, 1, 2])
     assert ok.state_dims == [0, 1, 2]
     with pytest.raises(ConfigError, match="state_dims"):
-        ValueStageConfig(train=src, state_dims=[0])  # no state_keys
+        ValueConfig(state_dims=[0])  # no state_keys
     with pytest.raises(ConfigError, match="state_dims"):
-        ValueStageConfig(train=src, state_keys=["s"], state_dims=[1, 1])
+        ValueConfig(state_keys=["s"], state_dims=[1, 1])
 
 
 def _state_dataset(tmp_path):

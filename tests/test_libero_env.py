@@ -479,7 +479,7 @@ def test_a_trained_export_with_upstreams_cameras_runs_in_libero_through_the_eval
     evidence is written (1 init state, 5 steps: the numbers mean nothing, the path does)."""
     import json
 
-    from reproduction.recap.policy.config import PolicyStageConfig
+    from reproduction.recap.policy.config import PolicyConfig
     from reproduction.recap.policy.data import PolicySource, open_policy_input
     from reproduction.recap.policy.task import train_policy
     from reproduction.recipes.recap.config import load_config
@@ -488,12 +488,12 @@ def test_a_trained_export_with_upstreams_cameras_runs_in_libero_through_the_eval
 
     ds = _libero_shaped_dataset(tmp_path / "libero_data")
     inp = open_policy_input(PolicySource(path=str(ds), type="rollout"), need_labels=False)
-    train = dict(max_steps=2, global_batch=4, micro_batch=4, launcher="inprocess", lr=1e-3, save_interval=2)
-    cfg = PolicyStageConfig(
-        mode="bc", cameras={"image": IMAGE_KEYS[0], "wrist": IMAGE_KEYS[1]}, image_size=32, train=train
-    )
+    from reproduction.train.config import TrainConfig
+
+    train = TrainConfig(max_steps=2, global_batch=4, micro_batch=4, launcher="inprocess", lr=1e-3, save_interval=2)
+    cfg = PolicyConfig(cameras={"image": IMAGE_KEYS[0], "wrist": IMAGE_KEYS[1]}, image_size=32)
     run = tmp_path / "run"
-    res = train_policy([inp], cfg, run / "policy" / "bc")
+    res = train_policy([inp], cfg, run / "policy" / "bc", mode="bc", train=train)
     config = load_config(
         overrides=[
             "eval.tasks=[libero_spatial/0]",

@@ -6,10 +6,11 @@ import numpy as np
 import torch
 
 from reproduction.recap.policy.conditioning import route
-from reproduction.recap.policy.config import SETUP_NAME, PolicyStageConfig
+from reproduction.recap.policy.config import SETUP_NAME, PolicyConfig
 from reproduction.recap.policy.data import PolicySource, open_policy_input
 from reproduction.recap.policy.setup import prepare_policy_setup
 from reproduction.recap.policy.task import make_policy_task
+from reproduction.train.config import TrainConfig
 from reproduction.train.data_order import sample_uniforms
 from reproduction.train.task import BatchKeys
 from tests.policy_synth import write_labels, write_policy_dataset
@@ -28,8 +29,9 @@ def test_make_batch_matches_the_per_sample_path(tmp_path):
     ds = write_policy_dataset(tmp_path / "rollouts", episodes=6, length=8)
     adv = write_labels(ds, tmp_path / "adv", tag="t")
     src = PolicySource(path=str(ds), type="rollout", advantages=str(adv), tag="t")
-    config = PolicyStageConfig(mode="recap", condition_dropout=0.3, positive_only=False, train={"max_steps": 1})
-    prepare_policy_setup([open_policy_input(src, need_labels=True)], config, tmp_path / "out", resume=False)
+    config = PolicyConfig(condition_dropout=0.3, positive_only=False)
+    inputs = [open_policy_input(src, need_labels=True)]
+    prepare_policy_setup(inputs, config, tmp_path / "out", mode="recap", train=TrainConfig(max_steps=1), resume=False)
     task = make_policy_task(0, 1, setup_path=str(tmp_path / "out" / SETUP_NAME))
     keys = BatchKeys(indices=np.array([5, 0, 17, 33, 2, 40]), positions=np.arange(10, 16), epoch=2, seed=7)
     fast = task.make_batch(keys)

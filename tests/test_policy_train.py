@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from reproduction.errors import CheckpointError, DatasetError, FingerprintMismatchError, GuidanceScaleError
-from reproduction.recap.policy.config import PolicyStageConfig
+from reproduction.recap.policy.config import PolicyConfig
 from reproduction.recap.policy.data import PolicySource, build_arrays, open_policy_input
 from reproduction.recap.policy.export import PolicyFactory, load_policy
 from reproduction.recap.policy.task import train_policy
+from reproduction.train.config import TrainConfig
 from tests.policy_synth import CAMERA, TASK, write_labels, write_policy_dataset
 
 
@@ -31,9 +32,10 @@ def _inputs(data, *, need_labels=True):
     return [open_policy_input(src, need_labels=need_labels), open_policy_input(demo, need_labels=False)]
 
 
-def _config(steps: int, **over) -> PolicyStageConfig:
-    train = dict(max_steps=steps, global_batch=8, micro_batch=4, launcher="inprocess", lr=1e-3, save_interval=3)
-    return PolicyStageConfig(**{"mode": "recap", "condition_dropout": 0.3, "train": train, **over})
+def _config(steps: int, mode: str = "recap", **over) -> dict:
+    """train_policy's config, mode and train (keywords)."""
+    train = TrainConfig(max_steps=steps, global_batch=8, micro_batch=4, launcher="inprocess", lr=1e-3, save_interval=3)
+    return {"config": PolicyConfig(**{"condition_dropout": 0.3, **over}), "mode": mode, "train": train}
 
 
 def test_labels_join_by_episode_and_frame_and_sft_is_positive(data):
@@ -70,9 +72,9 @@ def test_a_sidecar_of_another_dataset_version_is_refused(data, tmp_path):
 
 @pytest.mark.slow
 def test_training_resumes_bit_identically_and_the_export_loads(data, tmp_path):
-    straight = train_policy(_inputs(data), _config(6), tmp_path / "a")
-    train_policy(_inputs(data), _config(3), tmp_path / "b")
-    resumed = train_policy(_inputs(data), _config(6), tmp_path / "b", resume=True)
+    straight = train_policy(_inputs(data), out_dir=tmp_path / "a", **_config(6))
+    train_policy(_inputs(data), out_dir=tmp_path / "b", **_config(3))
+    resumed = train_policy(_inputs(data), out_dir=tmp_path / "b", **_config(6), resume=True)
     assert resumed.resumed_from == 3 and straight.step == resumed.step == 6
     from safetensors.torch import load_file
 
@@ -106,7 +108,7 @@ def test_training_resumes_bit_identically_and_the_export_loads(data, tmp_path):
 
 @pytest.mark.slow
 def test_guidance_uses_one_batched_expert_pass_and_w1_skips_the_unconditional_half(data, tmp_path, monkeypatch):
-    res = train_policy(_inputs(data), _config(2), tmp_path / "g")
+    res = train_policy(_inputs(data), out_dir=tmp_path / "g", **_config(2))
     rollouts = _inputs(data)[0]
     obs = {"observation.state": rollouts.state[:3, :5], "observation.goal": rollouts.state[:3, 5:], "task": [TASK] * 3}
     for w, rows in ((1.0, 3), (0.0, 6), (2.5, 6)):
@@ -145,12 +147,12 @@ def test_bad_guidance_and_another_preset_are_refused_before_loading(data, tmp_pa
 @pytest.mark.slow
 def test_resume_refuses_another_preset_or_mode_and_writes_nothing(data, tmp_path):
     out = tmp_path / "r"
-    train_policy(_inputs(data), _config(3), out)
+    train_policy(_inputs(data), out_dir=out, **_config(3))
     before = (out / "policy_setup.json").read_bytes()
     with pytest.raises(CheckpointError, match="mode 'recap' -> 'bc'"):
-        train_policy(_inputs(data), _config(6, mode="bc"), out, resume=True)
+        train_policy(_inputs(data), out_dir=out, **_config(6, mode="bc"), resume=True)
     with pytest.raises(CheckpointError, match="already holds checkpoints"):
-        train_policy(_inputs(data), _config(6), out)
+        train_policy(_inputs(data), out_dir=out, **_config(6))
     assert (out / "policy_setup.json").read_bytes() == before
 
 
@@ -159,7 +161,7 @@ def test_the_image_path_trains_and_samples(tmp_path):
     ds = write_policy_dataset(tmp_path / "cams", episodes=4, length=6, camera=True)
     inp = open_policy_input(PolicySource(path=str(ds), type="rollout"), need_labels=False)
     cfg = _config(2, mode="bc", cameras={"agentview": CAMERA}, image_size=32)
-    res = train_policy([inp], cfg, tmp_path / "run")
+    res = train_policy([inp], out_dir=tmp_path / "run", **cfg)
     assert np.isfinite(res.train_metrics["loss"])
     pol = load_policy(res.export_dir, guidance_scale=1.0)
     obs = {

@@ -8,9 +8,10 @@ import json
 import pytest
 import torch
 
-from reproduction.recap.policy.config import PolicyStageConfig
+from reproduction.recap.policy.config import PolicyConfig
 from reproduction.recap.policy.data import PolicySource, open_policy_input
 from reproduction.recap.policy.task import train_policy
+from reproduction.train.config import TrainConfig
 from tests.policy_synth import write_labels, write_policy_dataset
 
 pytestmark = pytest.mark.slow
@@ -27,12 +28,13 @@ def _inputs(root):
     ]
 
 
-def _config(steps: int) -> PolicyStageConfig:
-    train = dict(
+def _config(steps: int) -> dict:
+    """train_policy's config, mode and train (keywords)."""
+    train = TrainConfig(
         max_steps=steps, global_batch=8, micro_batch=2, world_size=2, launcher="ray", lr=1e-3, save_interval=2,
         log_interval=1, start_timeout_s=300,
     )  # fmt: skip
-    return PolicyStageConfig(mode="recap", condition_dropout=0.3, train=train)
+    return {"config": PolicyConfig(condition_dropout=0.3), "mode": "recap", "train": train}
 
 
 def _losses(out):
@@ -42,9 +44,9 @@ def _losses(out):
 
 def test_world_size_2_resume_matches_the_uninterrupted_run(tmp_path, ray_address):
     inputs = _inputs(tmp_path)
-    straight = train_policy(inputs, _config(4), tmp_path / "a", ray_address=ray_address)
-    train_policy(inputs, _config(2), tmp_path / "b", ray_address=ray_address)
-    resumed = train_policy(inputs, _config(4), tmp_path / "b", resume=True, ray_address=ray_address)
+    straight = train_policy(inputs, out_dir=tmp_path / "a", **_config(4), ray_address=ray_address)
+    train_policy(inputs, out_dir=tmp_path / "b", **_config(2), ray_address=ray_address)
+    resumed = train_policy(inputs, out_dir=tmp_path / "b", **_config(4), resume=True, ray_address=ray_address)
     assert resumed.resumed_from == 2 and straight.step == resumed.step == 4
     from safetensors.torch import load_file
 

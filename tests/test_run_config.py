@@ -224,15 +224,15 @@ def test_every_component_rule_names_its_full_key(override, key, words):
 def test_components_on_their_own_still_name_the_bare_field():
     """The same rules outside a run config (a stage's config built in Python) name the field alone."""
     from reproduction.recap.advantage_config import AdvantageConfig
-    from reproduction.recap.policy.config import PolicyStageConfig
+    from reproduction.recap.policy.config import PolicyConfig
     from reproduction.recap.returns import ReturnsConfig
-    from reproduction.recap.value.config import ValueSource, ValueStageConfig
+    from reproduction.recap.value.config import ValueConfig
 
     cases = [
         (lambda: ReturnsConfig(gamma=2.0), "gamma", "gamma=2.0 is outside (0, 1]"),
         (lambda: AdvantageConfig(lookahead=0), "lookahead", "lookahead=0 must be >= 1"),
-        (lambda: ValueStageConfig(train=[ValueSource(path="/x/ds")], folds=0), "folds", "value stage: folds=0"),
-        (lambda: PolicyStageConfig(chunk=0), "chunk", "policy stage: chunk=0 must be >= 1"),
+        (lambda: ValueConfig(folds=0), "folds", "value stage: folds=0"),
+        (lambda: PolicyConfig(chunk=0), "chunk", "policy stage: chunk=0 must be >= 1"),
     ]
     for build, field, words in cases:
         with pytest.raises(ConfigError) as err:

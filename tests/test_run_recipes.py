@@ -356,8 +356,7 @@ def test_the_setup_guards_read_the_fields_declarations():
     from reproduction.recap.value import task as value_task
     from reproduction.recipes.recap.config import RunConfig
 
-    value_before = (
-        "eval",
+    value_before = (  # and "eval": the extra evaluation datasets, now the stage's argument, which the guard ignores
         "eval_max_samples",
         "eval_micro_batch",
         "tokenizer",
@@ -372,6 +371,7 @@ def test_the_setup_guards_read_the_fields_declarations():
     )
     policy_before = ("execute_steps", "num_steps", "tokenizer", "model_seed", "pretrained_manifest", "weights_dir")
     assert sorted(value_task.RESUME_FREE) == sorted(value_before)
+    assert value_task.SOURCE_RESUME_FREE == ("path", "returns")  # the hand list compared name, type, weight, tag
     assert sorted(policy_setup.RESUME_FREE) == sorted(policy_before)
     free = output_free_keys(RunConfig())
     assert not [k for k in free if k.startswith("value.model.")]

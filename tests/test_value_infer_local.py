@@ -18,7 +18,7 @@ from test_value_task import CAMS, _count_forwards, _infer_args, _write_stage, st
 from value_synth import write_value_dataset
 
 from reproduction.recap.value.data import ValueSource
-from reproduction.recap.value.task import ValueStageConfig
+from reproduction.recap.value.task import ValueConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -29,7 +29,7 @@ def stage_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("vlocal")
     runs = write_value_dataset(root / "ds", episodes=8, seed=2)
     train = [ValueSource(path=str(root / "ds"), type="rollout", returns=str(runs))]
-    _write_stage(root / "value", ValueStageConfig(train=train, cameras=CAMS, folds=2, fold_seed=1))
+    _write_stage(root / "value", ValueConfig(cameras=CAMS, folds=2, fold_seed=1), train)
     return root
 
 

@@ -23,9 +23,11 @@ from reproduction.recap.value.infer import (
 from reproduction.recap.value.loss import expected_value, spearman, value_loss
 from reproduction.recap.value.model import ValueModelConfig, build_value_model, preset_config
 from reproduction.recap.value.task import (
-    ValueStageConfig,
+    ValueConfig,
+    check_value_sources,
     make_value_task,
     prepare_value_setup,
+    split_stage,
     value_param_groups,
     write_export_extras,
 )
@@ -71,8 +73,11 @@ def stage_main(argv: list[str]) -> int:
             )
         else:
             doc = json.loads(Path(a.config).read_text())
-            stage, train = ValueStageConfig.from_dict(doc["value"]), TrainConfig.from_dict(doc["train"])
-            summary = train_value(stage, train, Path(a.out), resume=a.resume).summary()
+            config, sources, eval_sources = split_stage(doc["value"])
+            train = TrainConfig.from_dict(doc["train"])
+            summary = train_value(
+                config, train, Path(a.out), sources=sources, eval_sources=eval_sources, resume=a.resume
+            ).summary()
     except PortableError as exc:
         print(f"error: {exc}", file=sys.stderr)
         if exc.hint:
@@ -82,12 +87,12 @@ def stage_main(argv: list[str]) -> int:
     return 0
 
 
-def _write_stage(value_dir: Path, stage: ValueStageConfig):
+def _write_stage(value_dir: Path, config: ValueConfig, sources: list[ValueSource]):
     """prepare_value_setup + untrained exports written exactly as the trainer's export does."""
     from safetensors.torch import save_file
 
-    setup = prepare_value_setup(stage, value_dir)
-    for k in range(stage.folds):
+    setup = prepare_value_setup(config, value_dir, sources=sources)
+    for k in range(config.folds):
         model = build_value_model(ValueModelConfig.from_dict(setup.model_config), seed=k)
         export = value_dir / f"model_{k}" / "export"
         export.mkdir(parents=True)
@@ -102,14 +107,10 @@ def stage_dir(tmp_path_factory):
     dataset neither trained on, and `changed/ds`, the same dataset name with two more episodes."""
     root = tmp_path_factory.mktemp("vtask")
     runs = write_value_dataset(root / "ds", episodes=8, seed=2)
-    stage = ValueStageConfig(
-        train=[ValueSource(path=str(root / "ds"), type="rollout", returns=str(runs))],
-        cameras=CAMS,
-        folds=2,
-        fold_seed=1,
-    )
-    _write_stage(root / "value", stage)
-    _write_stage(root / "value1", ValueStageConfig.from_dict({**stage.to_dict(), "folds": 1}))
+    sources = [ValueSource(path=str(root / "ds"), type="rollout", returns=str(runs))]
+    config = ValueConfig(cameras=CAMS, folds=2, fold_seed=1)
+    _write_stage(root / "value", config, sources)
+    _write_stage(root / "value1", ValueConfig.from_dict({**config.to_dict(), "folds": 1}), sources)
     write_value_dataset(root / "unseen", episodes=7, seed=7, runs=root / "returns_unseen")
     write_value_dataset(root / "changed" / "ds", episodes=10, seed=2, runs=root / "returns_changed")
     return root
@@ -118,17 +119,21 @@ def stage_dir(tmp_path_factory):
 def test_stage_config_rules_name_their_fields():
     src = ValueSource(path="/x/ds")
     with pytest.raises(ConfigError, match="return_min=.* and return_max=.*: set both, or neither"):
-        ValueStageConfig(train=[src], return_min=-3.0)
+        ValueConfig(return_min=-3.0)
     with pytest.raises(ConfigError, match="preset='recap' needs `tokenizer`"):
-        ValueStageConfig(train=[src], preset="recap")
+        ValueConfig(preset="recap")
     with pytest.raises(ConfigError, match="names .* are not unique"):
-        ValueStageConfig(train=[src], eval=[ValueSource(path="/y/ds")])
+        check_value_sources([src], [ValueSource(path="/y/ds")])
+    with pytest.raises(ConfigError, match="no training datasets"):
+        check_value_sources([])
     with pytest.raises(ConfigError, match="unknown fields \\['fold'\\]"):
-        ValueStageConfig.from_dict({"train": [{"path": "/x/ds"}], "fold": 2})
+        ValueConfig.from_dict({"fold": 2})
+    with pytest.raises(ConfigError, match="unknown fields \\['train'\\]"):  # datasets are the stage's arguments
+        ValueConfig.from_dict({"train": [{"path": "/x/ds"}]})
     with pytest.raises(ConfigError, match="type 'expert' is not sft or rollout"):
         ValueSource(path="/x/ds", type="expert")
-    cfg = ValueStageConfig(train=[src], folds=3)
-    assert ValueStageConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))).to_dict() == cfg.to_dict()
+    cfg = ValueConfig(folds=3)
+    assert ValueConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))).to_dict() == cfg.to_dict()
 
 
 def test_param_groups_put_exactly_the_head_at_value_lr():
@@ -480,10 +485,10 @@ def test_a_bundle_tokenizer_is_used_as_is_and_sizes_the_embedding(stage_dir, tmp
 
     bundle_tok = tmp_path / "bundle_tokenizer"
     tok = train_tokenizer(["a completely different vocabulary source", "zebra"], bundle_tok, vocab_size=300)
-    stage = ValueStageConfig.from_dict(
+    config, sources, _ = split_stage(
         {**json.loads((stage_dir / "value" / "value_setup.json").read_text())["stage"], "tokenizer": str(bundle_tok)}
     )
-    setup = prepare_value_setup(stage, tmp_path / "value")
+    setup = prepare_value_setup(config, tmp_path / "value", sources=sources)
     copied = json.loads((tmp_path / "value" / "tokenizer" / "tokenizer.json").read_text())
     assert copied["model"]["vocab"] == json.loads((bundle_tok / "tokenizer.json").read_text())["model"]["vocab"]
     assert setup.model_config["text"]["vocab_size"] == len(tok)
@@ -495,14 +500,12 @@ def test_the_recap_preset_keeps_the_checkpoints_vocab_size_and_tiny_sizes_from_t
 
     tok = train_tokenizer(["a bundle tokenizer"], tmp_path / "tok", vocab_size=300)
     base = json.loads((stage_dir / "value" / "value_setup.json").read_text())["stage"]
-    recap = prepare_value_setup(
-        ValueStageConfig.from_dict({**base, "preset": "recap", "tokenizer": str(tmp_path / "tok")}), tmp_path / "recap"
-    )
+    config, sources, _ = split_stage({**base, "preset": "recap", "tokenizer": str(tmp_path / "tok")})
+    recap = prepare_value_setup(config, tmp_path / "recap", sources=sources)
     assert recap.model_config["text"]["vocab_size"] == 262_144 != len(tok)
     assert recap.model_config["text"]["hidden_size"] == 640 and recap.model_config["vision"]["hidden_size"] == 1152
-    tiny = prepare_value_setup(
-        ValueStageConfig.from_dict({**base, "tokenizer": str(tmp_path / "tok")}), tmp_path / "tiny"
-    )
+    config, sources, _ = split_stage({**base, "tokenizer": str(tmp_path / "tok")})
+    tiny = prepare_value_setup(config, tmp_path / "tiny", sources=sources)
     assert tiny.model_config["text"]["vocab_size"] == len(tok)
 
 

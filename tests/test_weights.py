@@ -631,7 +631,7 @@ def test_the_tiny_manifests_are_the_demos_presets_and_its_run_initialises_from_t
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from reproduction.recap.policy.conditioning import KINDS, prompt_text
-    from reproduction.recap.policy.config import PolicyStageConfig
+    from reproduction.recap.policy.config import PolicyConfig
     from reproduction.recap.policy.model import PolicyModelConfig, build_policy_model, tiny_config
     from reproduction.recap.tokenizer import train_tokenizer
     from reproduction.recap.value.model import preset_config
@@ -659,7 +659,7 @@ def test_the_tiny_manifests_are_the_demos_presets_and_its_run_initialises_from_t
         mcfg = preset_config(vm.preset, vocab_size=value_vocab, cameras=tuple(vm.cameras))  # as the stage does
         mcfg.value_dropout = vm.value_dropout
         assert mcfg.to_dict() == value.source["config"], name
-        pstage = PolicyStageConfig(mode="recap", train={"max_steps": 1}, **_plain(pm))
+        pstage = PolicyConfig(**_plain(pm))
         pcfg = tiny_config(
             vocab_size=policy_vocab,
             state_dim=policy.source["config"]["state_dim"],  # the simulator's 11 + the goal's 3 (checked below)

@@ -4,11 +4,11 @@ value and policy stages share; each stage's entry adds the folder its sidecar is
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
-from reproduction.config_fields import reject_unknown_fields
+from reproduction.config_fields import reject_unknown_fields, same_outputs
 from reproduction.errors import ConfigError
 
 DATASET_TYPES = ("sft", "rollout")
@@ -21,8 +21,8 @@ class DatasetSource:
     WHAT: ClassVar[str] = "dataset entry"
     """How errors name an entry."""
 
-    path: str
-    """LeRobot dataset root."""
+    path: str = field(metadata=same_outputs(on_resume=True))
+    """LeRobot dataset root (a resume may find it elsewhere: the setup guards compare its content's fingerprint)."""
     type: str = "sft"
     """sft or rollout."""
     weight: float = 1.0

@@ -85,11 +85,12 @@ def load_config(
 
 
 def _check_component_sections(node: Any, prefix: str = "", checks: dict[type, Any] | None = None) -> None:
-    """The component's rules on every section typed by a component config (`value.train` and `policy.train`:
-    TrainConfig; `advantages`: AdvantageConfig) with the section's dotted key, so `policy.train.max_steps=0` is
-    not a bare `max_steps` (which cannot say which training section is wrong). The run config's own sections
-    (returns, value.model, value.infer, policy.model, eval) pass their key to the component's rules in their
-    __post_init__. Values that do not convert are left to to_object, which names their key."""
+    """The component's rules on every section typed by a component config (RECAP's `value.train` and
+    `policy.train`: TrainConfig; `value.model`: ValueConfig; `policy.model`: PolicyConfig; `advantages`:
+    AdvantageConfig) with the section's dotted key, so `policy.train.max_steps=0` is not a bare `max_steps` (which
+    cannot say which training section is wrong). A recipe's own sections (RECAP's returns, value.infer, eval) pass
+    their key to the rules in their __post_init__. Values that do not convert are left to to_object, which names
+    their key."""
     from types import SimpleNamespace
 
     from omegaconf import DictConfig, OmegaConf
@@ -242,7 +243,7 @@ def select(plain: dict[str, Any], dotted: str) -> Any:
 def field_docs(cls: type) -> dict[str, str]:
     """{field: one-line doc} from the attribute docstrings under each field of dataclass `cls`."""
     docs: dict[str, str] = {}
-    for klass in reversed([getattr(cls, "__doc_source__", cls), *cls.__mro__]):
+    for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
             continue
         try:

@@ -1,5 +1,5 @@
-"""Stage 4's config: `PolicyStageConfig` (what the policy trains and how), its value rules, and the names of the
-files the stage writes (the tree is in reproduction/recap/policy/task.py's docstring)."""
+"""Stage 4's config: `PolicyConfig` (what the policy is and how it trains, but the trainer's knobs), its value rules,
+and the names of the files the stage writes (the tree is in reproduction/recap/policy/task.py's docstring)."""
 
 from __future__ import annotations
 
@@ -18,12 +18,10 @@ EXPORT_FORMAT = 1
 
 
 @dataclass(kw_only=True, slots=True)
-class PolicyStageConfig:
-    """What stage 4 trains and how; the trainer's knobs are `train` (a TrainConfig dict)."""
+class PolicyConfig:
+    """What stage 4's policy is and how it trains (the run config's `policy.model`, embedded as is); the mode, the
+    trainer's knobs (a TrainConfig) and the opened datasets are passed to the stage beside it."""
 
-    mode: str = "recap"
-    """recap (advantage-conditioned, CFG at inference), bc (no conditioning, all data), filtered_bc
-    (no conditioning, successful episodes only). Same model, same steps."""
     preset: str = "tiny"
     """tiny (CPU) or pi05 (lerobot PI05Policy's architecture and keys)."""
     cameras: dict[str, str] = field(default_factory=dict)
@@ -35,8 +33,10 @@ class PolicyStageConfig:
     """Components of that concatenated state to keep; None = all."""
     chunk: int = 4
     """Action chunk length H."""
-    execute_steps: int = field(default=2, metadata=same_outputs(on_resume=True))
+    execute_steps: int = field(default=2, metadata=same_outputs())
     """Actions of each chunk the evaluator executes open-loop (stored in the export for the runner)."""
+    # same_outputs(): an evaluation setting, so out of the policy stage's key and free on resume; the eval stage
+    # names policy.model.execute_steps in its config subset and so keys on it.
     num_steps: int = field(default=10, metadata=same_outputs(on_resume=True))
     """Euler steps at inference (load_policy may override)."""
     positive_only: bool = True
@@ -61,38 +61,33 @@ class PolicyStageConfig:
     """weights_manifest/*.json whose files initialise the model (strict, sha256-checked); None = random init."""
     weights_dir: str | None = field(default=None, metadata=same_outputs(on_resume=True))
     """Folder the manifest's file paths are relative to (the bundle's weights/)."""
-    train: dict[str, Any] = field(default_factory=lambda: {"max_steps": 1000})
-    """TrainConfig fields (reproduction/train/config.py): steps, batches, lr, world size, launcher."""
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"policy stage: mode {self.mode!r} is not one of {', '.join(MODES)}", field="mode")
         check_policy_values(self)
-        self.train_config()  # validates the trainer's fields now, naming the bad one
-
-    def train_config(self) -> Any:
-        from reproduction.train.config import TrainConfig
-
-        return TrainConfig.from_dict(dict(self.train))
 
     def to_dict(self) -> dict[str, Any]:
         out = {f: getattr(self, f) for f in self.__dataclass_fields__}
-        out["cameras"], out["train"] = dict(self.cameras), dict(self.train)
+        out["cameras"] = dict(self.cameras)
         out["state_keys"] = list(self.state_keys)
         out["state_dims"] = None if self.state_dims is None else list(self.state_dims)
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> PolicyStageConfig:
+    def from_dict(cls, data: Mapping[str, Any]) -> PolicyConfig:
         reject_unknown_fields(cls, data, what="policy config")
         return cls(**dict(data))
 
 
+def check_mode(mode: str) -> None:
+    """ConfigError unless `mode` is one of conditioning.MODES (recap, bc, filtered_bc)."""
+    if mode not in MODES:
+        raise ConfigError(f"policy stage: mode {mode!r} is not one of {', '.join(MODES)}", field="mode")
+
+
 def check_policy_values(cfg: Any, key: str = "") -> None:
-    """PolicyStageConfig's rules on its model fields (not `mode` or `train`, which a run sets itself) of `cfg`, a
-    PolicyStageConfig or anything with those fields as attributes; the ConfigError names each field as `key.field`
-    (`policy.model.chunk` when a run config's section is checked). PolicyStageConfig.__post_init__ calls it with no
-    key ("policy stage: chunk")."""
+    """PolicyConfig's rules on `cfg`, a PolicyConfig or anything with its fields as attributes; the ConfigError names
+    each field as `key.field` (`policy.model.chunk` when the run config loads: its `component_checks`).
+    PolicyConfig.__post_init__ calls it with no key ("policy stage: chunk")."""
 
     def k(name: str) -> str:
         return f"{key}.{name}" if key else name

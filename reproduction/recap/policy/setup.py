@@ -20,18 +20,25 @@ import numpy as np
 from reproduction.config_fields import resume_free_fields
 from reproduction.errors import CheckpointError
 from reproduction.fsio import atomic_write_text
-from reproduction.recap.policy.config import ARRAYS_NAME, EXPORT_FORMAT, SETUP_NAME, PolicyStageConfig
+from reproduction.recap.policy.config import ARRAYS_NAME, EXPORT_FORMAT, SETUP_NAME, PolicyConfig, check_mode
+from reproduction.train.config import RESUME_KEY_FIELDS
 
 
-def prepare_policy_setup(inputs: Sequence[Any], config: PolicyStageConfig, out_dir: Path, *, resume: bool) -> dict:
-    """Arrays, stats, tokenizer and model config, written to `out_dir` (module docstring); returns the setup.
+def prepare_policy_setup(
+    inputs: Sequence[Any], config: PolicyConfig, out_dir: Path, *, mode: str, train: Any, resume: bool
+) -> dict:
+    """Arrays, stats, tokenizer and model config of the `mode` policy of `config` trained by `train` (a TrainConfig)
+    on the opened `inputs`, written to `out_dir` (module docstring); returns the setup. Its `stage` holds config's
+    fields, `mode` and `train` (TrainConfig's fields), as when they were one config.
 
-    Checks against an existing run first (see `train_policy`); on refusal nothing is written.
+    Checks against an existing run first (see `train_policy`); on refusal nothing is written. ConfigError for a mode
+    that is not one of conditioning.MODES.
     """
     from reproduction.recap.policy.data import build_arrays, state_stats
     from reproduction.recap.policy.model import tiny_config
     from reproduction.train.checkpoint import complete_steps
 
+    check_mode(mode)
     out_dir = Path(out_dir)
     trained = bool(complete_steps(out_dir / "checkpoints"))
     if trained and not resume:
@@ -40,7 +47,7 @@ def prepare_policy_setup(inputs: Sequence[Any], config: PolicyStageConfig, out_d
             path=out_dir / "checkpoints",
             hint="`portable run --resume` continues it; `--restart-stage policy` trains it again from scratch",
         )
-    arrays, summary = build_arrays(inputs, mode=config.mode, chunk=config.chunk, hold_labels=config.hold_labels)
+    arrays, summary = build_arrays(inputs, mode=mode, chunk=config.chunk, hold_labels=config.hold_labels)
     stats = state_stats(arrays)
     staging = out_dir / f".tokenizer.{os.getpid()}.partial"
     shutil.rmtree(staging, ignore_errors=True)
@@ -70,7 +77,8 @@ def prepare_policy_setup(inputs: Sequence[Any], config: PolicyStageConfig, out_d
             )
         setup = {
             "format_version": EXPORT_FORMAT,
-            "stage": config.to_dict(),
+            # JSON's own types (TrainConfig's betas a list), as the resume check reads them back
+            "stage": json.loads(json.dumps({"mode": mode, **config.to_dict(), "train": train.to_dict()})),
             "model_config": mcfg.to_dict(),
             "stats": stats,
             "tasks": list(arrays.tasks),
@@ -95,7 +103,7 @@ def prepare_policy_setup(inputs: Sequence[Any], config: PolicyStageConfig, out_d
     return setup
 
 
-def _tokenizer(config: PolicyStageConfig, tasks: list[str], out: Path) -> Any:
+def _tokenizer(config: PolicyConfig, tasks: list[str], out: Path) -> Any:
     from reproduction.recap.policy.conditioning import KINDS, prompt_text
     from reproduction.recap.tokenizer import load_tokenizer, train_tokenizer
 
@@ -114,24 +122,11 @@ def _arrays_digest(arrays: Any) -> str:
     return h.hexdigest()
 
 
-RESUME_FREE = resume_free_fields(PolicyStageConfig)
-"""Stage fields a resume may change (they shape neither the model nor the data stream): declared
-`same_outputs(on_resume=True)` on PolicyStageConfig."""
-_FREE_TRAIN = (
-    "max_steps",
-    "micro_batch",
-    "world_size",
-    "launcher",
-    "device",
-    "eval_interval",
-    "save_interval",
-    "keep_last",
-    "log_interval",
-    "cpus_per_worker",
-    "cpu_threads",
-    "start_timeout_s",
-    "collective_timeout_s",
-)
+RESUME_FREE = resume_free_fields(PolicyConfig)
+"""Config fields a resume may change (they shape neither the model nor the data stream): declared
+`same_outputs()` (with or without on_resume) on PolicyConfig. Of the trainer's fields only its resume key counts
+(train/config.py's RESUME_KEY_FIELDS: those not declared `same_outputs()`, and not max_steps, which a resume raises).
+"""
 
 
 def _refuse_changed(out_dir: Path, new: dict, new_tokenizer: Path) -> None:
@@ -153,8 +148,8 @@ def _refuse_changed(out_dir: Path, new: dict, new_tokenizer: Path) -> None:
             changes.append(f"{key} differs")
     old_stage = {k: v for k, v in old["stage"].items() if k not in RESUME_FREE}
     new_stage = {k: v for k, v in new["stage"].items() if k not in RESUME_FREE}
-    old_train = {k: v for k, v in old_stage.pop("train").items() if k not in _FREE_TRAIN}
-    new_train = {k: v for k, v in new_stage.pop("train").items() if k not in _FREE_TRAIN}
+    old_train = {k: v for k, v in old_stage.pop("train").items() if k in RESUME_KEY_FIELDS}
+    new_train = {k: v for k, v in new_stage.pop("train").items() if k in RESUME_KEY_FIELDS}
     for key in sorted(set(old_stage) | set(new_stage)):
         if old_stage.get(key) != new_stage.get(key):
             changes.append(f"{key} {old_stage.get(key)!r} -> {new_stage.get(key)!r}")

@@ -6,10 +6,11 @@
     <out>/checkpoints/ metrics.jsonl tensorboard/   the trainer's (reproduction/train)
     <out>/export/              model.safetensors, model_config.json, policy.json, tokenizer/  (load_policy reads it)
 
-The stage config is config.py's, the driver's setup setup.py's (written once, checked on resume), the workers'
-samples and batches batches.py's. Camera frames (when the preset reads images) are read in the workers from the
-dataset paths, after checking the fingerprint. Prompt routing draws from the trainer's per-sample uniforms,
-flow-matching noise and time from torch's RNG, which checkpoints save: a resumed run is bit-identical.
+The policy's config is config.py's (the mode and the trainer's TrainConfig come beside it), the driver's setup
+setup.py's (written once, checked on resume), the workers' samples and batches batches.py's. Camera frames (when
+the preset reads images) are read in the workers from the dataset paths, after checking the fingerprint. Prompt
+routing draws from the trainer's per-sample uniforms, flow-matching noise and time from torch's RNG, which
+checkpoints save: a resumed run is bit-identical.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from reproduction.recap.policy.config import (  # noqa: F401 (re-exported: calle
     EXPORT_FORMAT,
     EXPORT_META,
     SETUP_NAME,
-    PolicyStageConfig,
+    PolicyConfig,
     check_policy_values,
 )
 from reproduction.recap.policy.setup import prepare_policy_setup
@@ -53,14 +54,17 @@ class PolicyResult:
 
 def train_policy(
     inputs: Sequence[Any],
-    config: PolicyStageConfig,
+    config: PolicyConfig,
     out_dir: Path,
     *,
+    mode: str,
+    train: Any,
     resume: bool = False,
     ray_address: str | None = None,
     ui: Any = None,
 ) -> PolicyResult:
-    """Train the policy of `config.mode` on the opened `inputs` (data.open_policy_input) into `out_dir`.
+    """Train the `mode` policy (recap, bc or filtered_bc) of `config` with the trainer's `train` (a TrainConfig) on
+    the opened `inputs` (data.open_policy_input) into `out_dir`.
 
     `resume=True` continues from the newest complete checkpoint; a setup that changed since (mode,
     preset, model, data, labels, normalisation, training knobs) is refused with CheckpointError
@@ -68,13 +72,13 @@ def train_policy(
     checkpoints is refused the same way. Raises DatasetError (40) for inputs without what the mode
     needs, and what the trainer raises (ConfigError, CheckpointError, WorkerFailedError).
     """
-    from reproduction.train.api import train
+    from reproduction.train.api import train as run_trainer
 
     out_dir = Path(out_dir)
-    setup = prepare_policy_setup(inputs, config, out_dir, resume=resume)
-    result = train(
+    setup = prepare_policy_setup(inputs, config, out_dir, mode=mode, train=train, resume=resume)
+    result = run_trainer(
         functools.partial(make_policy_task, setup_path=str((out_dir / SETUP_NAME).resolve())),
-        config.train_config(),
+        train,
         out_dir=out_dir,
         resume=resume,
         ray_address=ray_address,
@@ -124,7 +128,10 @@ def make_policy_task(rank: int, world_size: int, *, setup_path: str) -> Any:
     from reproduction.train.task import TrainTask
 
     setup = json.loads(Path(setup_path).read_text(encoding="utf-8"))
-    stage = PolicyStageConfig.from_dict(setup["stage"])
+    stage = dict(setup["stage"])
+    mode = stage.pop("mode")
+    stage.pop("train")
+    stage = PolicyConfig.from_dict(stage)
     mcfg = PolicyModelConfig.from_dict(setup["model_config"])
     arrays = PolicyArrays.load(Path(setup_path).parent / ARRAYS_NAME)
     model = build_policy_model(mcfg, seed=stage.model_seed)
@@ -149,8 +156,8 @@ def make_policy_task(rank: int, world_size: int, *, setup_path: str) -> Any:
         action_dim=mcfg.action_dim,
     )
     augment = (
-        RouteAugment(mode=stage.mode, dropout=stage.condition_dropout, positive_only=stage.positive_only)
-        if stage.mode == "recap"
+        RouteAugment(mode=mode, dropout=stage.condition_dropout, positive_only=stage.positive_only)
+        if mode == "recap"
         else None
     )
     fast = not mcfg.cameras and mcfg.preset != "pi05"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,18 +19,15 @@ class ValueSource(DatasetSource):
     """One dataset the value stage reads (type: sft or rollout, validated; it matters in stages 1 and 3, not
     here, as upstream; weight: train sources only)."""
 
-    returns: str | None = None
+    returns: str | None = field(default=None, metadata=same_outputs(on_resume=True))
     """Folder holding the returns sidecar (a run folder); None = the dataset's meta/."""
 
 
 @dataclass(kw_only=True, slots=True)
-class ValueStageConfig:
-    """What the value stage trains on and how (the trainer's knobs live in TrainConfig)."""
+class ValueConfig:
+    """What the value model is and how it reads its data (the run config's `value.model`, embedded as is); the
+    datasets it trains on and the trainer's knobs (TrainConfig) are passed to the stage beside it."""
 
-    train: list[ValueSource]
-    """Training datasets (a weighted mixture when more than one)."""
-    eval: list[ValueSource] = field(default_factory=list, metadata=same_outputs(on_resume=True))
-    """Extra evaluation datasets (all their episodes); held-out folds are always evaluated."""
     preset: str = "tiny"
     """Model preset: tiny or recap."""
     cameras: dict[str, str] = field(default_factory=lambda: {"base_0_rgb": "observation.images.image"})
@@ -73,34 +70,33 @@ class ValueStageConfig:
     """Components of the concatenated state to keep (e.g. positions only, no velocities); None = all."""
 
     def __post_init__(self) -> None:
-        if not self.train:
-            raise ConfigError("value stage: no training datasets", field="train")
         check_value_values(self)
-        names = [s.name for s in self.train] + [s.name for s in self.eval]
-        if len(set(names)) != len(names):
-            raise ConfigError(
-                f"value stage: dataset names {names} are not unique", field="name", hint="give entries distinct `name`s"
-            )
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ValueStageConfig:
+    def from_dict(cls, data: Mapping[str, Any]) -> ValueConfig:
         reject_unknown_fields(cls, data, what="value config")
-        kwargs = dict(data)
-        kwargs["train"] = [ValueSource.from_dict(s) for s in data.get("train", [])]
-        kwargs["eval"] = [ValueSource.from_dict(s) for s in data.get("eval", [])]
-        return cls(**kwargs)
+        return cls(**dict(data))
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f: getattr(self, f) for f in self.__dataclass_fields__}
-        out["train"] = [s.to_dict() for s in self.train]
-        out["eval"] = [s.to_dict() for s in self.eval]
-        return out
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+def check_value_sources(sources: Sequence[ValueSource], eval_sources: Sequence[ValueSource] = ()) -> None:
+    """ConfigError unless the value stage has training datasets (`sources`) and every dataset name, of those and of
+    the extra evaluation datasets, is unique."""
+    if not sources:
+        raise ConfigError("value stage: no training datasets", field="train")
+    names = [s.name for s in sources] + [s.name for s in eval_sources]
+    if len(set(names)) != len(names):
+        raise ConfigError(
+            f"value stage: dataset names {names} are not unique", field="name", hint="give entries distinct `name`s"
+        )
 
 
 def check_value_values(cfg: Any, key: str = "") -> None:
-    """ValueStageConfig's rules on its own fields (not the dataset lists) of `cfg`, a ValueStageConfig or anything
-    with those fields as attributes; the ConfigError names each field as `key.field` (`value.model.folds` when a
-    run config's section is checked). ValueStageConfig.__post_init__ calls it with no key ("value stage: folds")."""
+    """ValueConfig's rules on `cfg`, a ValueConfig or anything with its fields as attributes; the ConfigError names
+    each field as `key.field` (`value.model.folds` when the run config loads: its `component_checks`).
+    ValueConfig.__post_init__ calls it with no key ("value stage: folds")."""
 
     def k(name: str) -> str:
         return f"{key}.{name}" if key else name

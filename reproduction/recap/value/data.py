@@ -96,8 +96,10 @@ def load_source(
     episodes: np.ndarray | None = None,
     state_keys: Sequence[str] = (),
     state_dims: Sequence[int] | None = None,
+    dataset: Any = None,
 ) -> SourceFrames:
-    """Join the dataset's frame table with its returns sidecar (fingerprint checked).
+    """Join the dataset's frame table with its returns sidecar (fingerprint checked); `dataset` is the source's
+    already opened dataset (reproduction.data.reader.Dataset; None = open `source.path`).
 
     `episodes` keeps only those episode ids (cross-fitting); `state_keys` (and `state_dims`) read
     the state token's input per frame (read_state). Raises FingerprintMismatchError when
@@ -107,7 +109,7 @@ def load_source(
     from reproduction.data.reader import open_dataset
     from reproduction.recap.sidecars import read_returns
 
-    ds = open_dataset(source.path)
+    ds = dataset if dataset is not None else open_dataset(source.path)
     columns = [c for c in ("episode_index", "frame_index", "task_index") if c in ds.key_columns]
     table = ds.frame_table(columns)
     ep = table.column("episode_index").to_numpy().astype(np.int64)

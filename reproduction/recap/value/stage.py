@@ -1,6 +1,6 @@
 """Stage 2's functions: train the value model(s), one per cross-fitting fold, and infer every frame's value.
 
-`train_value` trains through the project's trainer (ValueStageConfig + TrainConfig); `infer_values`
+`train_value` trains through the project's trainer (ValueConfig, TrainConfig and the training datasets); `infer_values`
 writes every frame's value (episode_index, frame_index, value), each episode labelled by the model
 that did not train on it, as the parquet stage 3 reads; `workers` > 1 runs the shards concurrently,
 one Ray worker (one device) each. The runner (`portable run --stages value,advantages`) calls them.
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from reproduction.errors import ConfigError
-from reproduction.recap.value.task import SETUP_NAME, ValueSetup, ValueStageConfig, make_value_task, prepare_value_setup
+from reproduction.recap.value.task import SETUP_NAME, ValueConfig, ValueSetup, make_value_task, prepare_value_setup
 
 
 @dataclass(kw_only=True)
@@ -49,16 +49,22 @@ class ValueStageResult:
 
 
 def train_value(
-    stage: ValueStageConfig,
+    config: ValueConfig,
     train_config: Any,
     out_dir: Path,
     *,
+    sources: list[Any],
+    eval_sources: list[Any] | None = None,
+    datasets: Any = None,
     resume: bool = False,
     ray_address: str | None = None,
     ui: Any = None,
 ) -> ValueStageResult:
     """Prepare the setup (tokenizer, return range, folds) and train one model per fold into
-    `out_dir/model_<k>/`. Fold k trains without fold k's episodes and evaluates on them.
+    `out_dir/model_<k>/`: the value model of `config`, trained by the trainer's `train_config` (a TrainConfig) on
+    the datasets `sources` (recap/value/config.py's ValueSource), evaluated on `eval_sources` too; `datasets`
+    ({source name: opened Dataset}) are those the caller opened, which the driver reads rather than reopening them.
+    Fold k trains without fold k's episodes and evaluates on them.
 
     `resume=True` continues each fold from its newest complete checkpoint, and raises
     CheckpointError (exit 50) naming what changed when the return range, bins, model config, fold
@@ -69,7 +75,10 @@ def train_value(
     from reproduction.train.api import train
 
     out_dir = Path(out_dir)
-    setup = prepare_value_setup(stage, out_dir, resume=resume)  # refuses a resume whose setup changed
+    # refuses a resume whose setup changed
+    setup = prepare_value_setup(
+        config, out_dir, sources=sources, eval_sources=eval_sources, datasets=datasets, resume=resume
+    )
     results = []
     for fold in range(setup.plan.folds):
         make = functools.partial(make_value_task, setup_path=str((out_dir / SETUP_NAME).resolve()), fold=fold)

@@ -27,7 +27,7 @@ from reproduction.config_fields import resume_free_fields
 from reproduction.errors import CheckpointError, ConfigError
 from reproduction.fsio import atomic_write_text
 from reproduction.recap.normalize import ReturnRange
-from reproduction.recap.value.config import ValueStageConfig  # noqa: F401 (re-exported)
+from reproduction.recap.value.config import ValueConfig, ValueSource, check_value_sources
 from reproduction.recap.value.crossfit import CrossFitPlan, split_folds
 from reproduction.recap.value.data import load_source, return_range_of, state_stats
 from reproduction.value_export import EXPORT_FORMAT, HEAD_NAME
@@ -37,9 +37,17 @@ SETUP_NAME = "value_setup.json"
 
 @dataclass(kw_only=True, slots=True)
 class ValueSetup:
-    """Resolved once by the driver; read by every worker and fold."""
+    """Resolved once by the driver; read by every worker and fold.
 
-    stage: ValueStageConfig
+    On disk (value_setup.json) the config and the dataset lists share one `stage` object, as when they were one
+    config: {config fields..., "train": [sources], "eval": [eval sources]}."""
+
+    config: ValueConfig
+    """The value model's config (the run config's value.model)."""
+    sources: list[ValueSource]
+    """The datasets it trains on."""
+    eval_sources: list[ValueSource] = field(default_factory=list)
+    """Extra evaluation datasets (all their episodes); held-out folds are always evaluated."""
     model_config: dict[str, Any]
     return_range: ReturnRange
     tokenizer_dir: str
@@ -49,7 +57,11 @@ class ValueSetup:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "stage": self.stage.to_dict(),
+            "stage": {
+                **self.config.to_dict(),
+                "train": [s.to_dict() for s in self.sources],
+                "eval": [s.to_dict() for s in self.eval_sources],
+            },
             "model_config": self.model_config,
             "return_range": self.return_range.to_dict(),
             "tokenizer_dir": self.tokenizer_dir,
@@ -59,8 +71,11 @@ class ValueSetup:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ValueSetup:
+        config, sources, eval_sources = split_stage(data["stage"])
         return cls(
-            stage=ValueStageConfig.from_dict(data["stage"]),
+            config=config,
+            sources=sources,
+            eval_sources=eval_sources,
             model_config=dict(data["model_config"]),
             return_range=ReturnRange.from_dict(data["return_range"]),
             tokenizer_dir=data["tokenizer_dir"],
@@ -69,8 +84,28 @@ class ValueSetup:
         )
 
 
-def prepare_value_setup(stage: ValueStageConfig, out_dir: Path, *, resume: bool = False) -> ValueSetup:
-    """Tokenizer, model config, return range and fold plan; written to `out_dir` (idempotent).
+def split_stage(data: Mapping[str, Any]) -> tuple[ValueConfig, list[ValueSource], list[ValueSource]]:
+    """(config, training sources, extra evaluation sources) of a setup's `stage` object ({ValueConfig fields...,
+    "train": [...], "eval": [...]}, value_setup.json); unknown keys are refused by name."""
+    stage = dict(data)
+    sources = [ValueSource.from_dict(s) for s in stage.pop("train", [])]
+    eval_sources = [ValueSource.from_dict(s) for s in stage.pop("eval", [])]
+    return ValueConfig.from_dict(stage), sources, eval_sources
+
+
+def prepare_value_setup(
+    config: ValueConfig,
+    out_dir: Path,
+    *,
+    sources: list[ValueSource],
+    eval_sources: list[ValueSource] | None = None,
+    datasets: Mapping[str, Any] | None = None,
+    resume: bool = False,
+) -> ValueSetup:
+    """Tokenizer, model config, return range and fold plan of `config` trained on `sources` (evaluated on
+    `eval_sources` too); written to `out_dir` (idempotent). ConfigError when `sources` is empty or dataset names
+    repeat. `datasets` ({source name: opened Dataset}) are the sources' datasets as the caller opened them, read
+    here instead of opening their paths again (the training workers open the paths the setup records).
 
     When a fold under `out_dir` already holds a complete checkpoint, the setup it was trained with
     is the one on disk: `resume=False` raises CheckpointError (as the trainer would, but before
@@ -80,6 +115,8 @@ def prepare_value_setup(stage: ValueStageConfig, out_dir: Path, *, resume: bool 
     the previous setup and tokenizer are left as they were. Also raises the data plane's errors
     for unreadable datasets or sidecars (fingerprints checked).
     """
+    eval_sources = list(eval_sources or [])
+    check_value_sources(sources, eval_sources)
     out_dir = Path(out_dir)
     trained = _trained_folds(out_dir)
     if trained and not resume:
@@ -88,12 +125,18 @@ def prepare_value_setup(stage: ValueStageConfig, out_dir: Path, *, resume: bool 
             path=trained[0],
             hint="`portable run --resume` continues it; `--restart-stage value` trains it again from scratch",
         )
-    frames = [load_source(s, state_keys=stage.state_keys, state_dims=stage.state_dims) for s in stage.train]
+    datasets = dict(datasets or {})
+    frames = [
+        load_source(s, state_keys=config.state_keys, state_dims=config.state_dims, dataset=datasets.get(s.name))
+        for s in sources
+    ]
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = out_dir / f".tokenizer.{os.getpid()}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        setup = _resolve_setup(stage, frames, staging, final_tokenizer_dir=out_dir / "tokenizer")
+        setup = _resolve_setup(
+            config, sources, eval_sources, frames, staging, final_tokenizer_dir=out_dir / "tokenizer", datasets=datasets
+        )
         if trained:
             _refuse_changed_setup(out_dir, setup, staging)
         tok_dir = out_dir / "tokenizer"
@@ -107,9 +150,17 @@ def prepare_value_setup(stage: ValueStageConfig, out_dir: Path, *, resume: bool 
 
 
 def _resolve_setup(
-    stage: ValueStageConfig, frames: list[Any], tok_dir: Path, *, final_tokenizer_dir: Path
+    stage: ValueConfig,
+    sources: list[ValueSource],
+    eval_sources: list[ValueSource],
+    frames: list[Any],
+    tok_dir: Path,
+    *,
+    final_tokenizer_dir: Path,
+    datasets: Mapping[str, Any],
 ) -> ValueSetup:
-    """The setup of `stage` over the loaded training `frames`; the tokenizer is written to `tok_dir`."""
+    """The setup of `stage` over the loaded training `frames` (of `sources`); the tokenizer is written to `tok_dir`
+    (it moves to `final_tokenizer_dir` once the setup is accepted)."""
     from reproduction.data.reader import open_dataset
     from reproduction.recap.tokenizer import load_tokenizer, train_tokenizer
     from reproduction.recap.value.model import preset_config
@@ -122,7 +173,8 @@ def _resolve_setup(
         tok = load_tokenizer(Path(stage.tokenizer))
         tok.save_pretrained(str(tok_dir))
     else:
-        tasks = [t for s in stage.train + stage.eval for t in open_dataset(s.path).tasks.values()]
+        opened = [datasets.get(s.name) or open_dataset(s.path) for s in sources + eval_sources]
+        tasks = [t for ds in opened for t in ds.tasks.values()]
         tok = train_tokenizer(tasks, tok_dir)
     # Only `tiny` sizes its embedding from the tokenizer. `recap` keeps the checkpoint's 262,144 rows:
     # Gemma3's tokenizer.json adds specials past them (<image_soft_token> is id 262144), so len(tok)
@@ -136,7 +188,9 @@ def _resolve_setup(
         mcfg.state_dim, mcfg.state_mean, mcfg.state_std = len(mean), tuple(mean), tuple(std)
     plan = split_folds({f.source.name: np.unique(f.episode) for f in frames}, folds=stage.folds, seed=stage.fold_seed)
     return ValueSetup(
-        stage=stage,
+        config=stage,
+        sources=list(sources),
+        eval_sources=list(eval_sources),
         model_config=mcfg.to_dict(),
         return_range=rr,
         tokenizer_dir=str(Path(final_tokenizer_dir).resolve()),
@@ -173,9 +227,10 @@ def _refuse_changed_setup(out_dir: Path, new: ValueSetup, new_tokenizer: Path) -
         )
 
 
-RESUME_FREE = resume_free_fields(ValueStageConfig)
-"""Stage fields a resume may change: declared `same_outputs(on_resume=True)` on ValueStageConfig (they only shape
-evaluation, or a fresh start's initialisation, or name where things are whose contents setup_changes compares)."""
+RESUME_FREE = resume_free_fields(ValueConfig)
+"""Config fields a resume may change: declared `same_outputs(on_resume=True)` on ValueConfig (they only shape
+evaluation, or a fresh start's initialisation, or name where things are whose contents setup_changes compares).
+Of the datasets only the training ones count (not the extra evaluation ones)."""
 
 
 def setup_changes(old: ValueSetup, new: ValueSetup, *, old_tokenizer: Path, new_tokenizer: Path) -> list[str]:
@@ -214,13 +269,18 @@ def setup_changes(old: ValueSetup, new: ValueSetup, *, old_tokenizer: Path, new_
             changes.append(
                 f"fingerprint of dataset {name!r} {old.fingerprints[name][:12]} -> {new.fingerprints[name][:12]}"
             )
-    changes += _dict_changes("value", _resume_fields(old.stage), _resume_fields(new.stage))
+    changes += _dict_changes("value", _resume_fields(old), _resume_fields(new))
     return changes
 
 
-def _resume_fields(stage: ValueStageConfig) -> dict[str, Any]:
-    out = {k: v for k, v in stage.to_dict().items() if k not in RESUME_FREE}
-    out["train"] = [{k: s[k] for k in ("name", "type", "weight", "tag")} for s in out["train"]]
+SOURCE_RESUME_FREE = resume_free_fields(ValueSource)
+"""Training-dataset fields a resume may change: where the dataset and its returns are (declared
+`same_outputs(on_resume=True)` on ValueSource: setup_changes compares the fingerprints of what they hold)."""
+
+
+def _resume_fields(setup: ValueSetup) -> dict[str, Any]:
+    out = {k: v for k, v in setup.config.to_dict().items() if k not in RESUME_FREE}
+    out["train"] = [{k: v for k, v in s.to_dict().items() if k not in SOURCE_RESUME_FREE} for s in setup.sources]
     return out
 
 
@@ -250,10 +310,10 @@ def head_metadata(setup: ValueSetup, fold: int) -> dict[str, Any]:
         "num_bins": cfg["num_bins"],
         "v_min": cfg["v_min"],
         "v_max": cfg["v_max"],
-        "cameras": dict(setup.stage.cameras),
-        "state_keys": list(setup.stage.state_keys),
-        "state_dims": None if setup.stage.state_dims is None else list(setup.stage.state_dims),
-        "max_token_len": setup.stage.max_token_len,
+        "cameras": dict(setup.config.cameras),
+        "state_keys": list(setup.config.state_keys),
+        "state_dims": None if setup.config.state_dims is None else list(setup.config.state_dims),
+        "max_token_len": setup.config.max_token_len,
         "fold": fold,
         "folds": setup.plan.folds,
         "tokenizer": "tokenizer",
@@ -317,7 +377,7 @@ def make_value_task(rank: int, world_size: int, *, setup_path: str, fold: int = 
     from reproduction.train.task import TrainTask
 
     setup = read_setup(Path(setup_path))
-    stage, rr = setup.stage, setup.return_range
+    stage, rr = setup.config, setup.return_range
     mcfg = ValueModelConfig.from_dict(setup.model_config)
     model = build_value_model(mcfg, seed=stage.model_seed)
     if stage.pretrained_manifest:
@@ -331,7 +391,7 @@ def make_value_task(rank: int, world_size: int, *, setup_path: str, fold: int = 
             state_keys=stage.state_keys,
             state_dims=stage.state_dims,
         )
-        for s in stage.train
+        for s in setup.sources
     ]
     train_set = ValueFrames(
         frames,
@@ -379,11 +439,11 @@ def _eval_sets(setup: ValueSetup, fold: int, image_size: int) -> dict[str, Any]:
     """name -> ValueFrames: the held-out fold of each train dataset (folds > 1) and every eval dataset."""
     from reproduction.recap.value.data import ValueFrames
 
-    stage = setup.stage
+    stage = setup.config
     sources = []
     if setup.plan.folds > 1:
-        sources += [(f"{s.name}.heldout", s, setup.plan.heldout_episodes(fold, s.name)) for s in stage.train]
-    sources += [(s.name, s, None) for s in stage.eval]
+        sources += [(f"{s.name}.heldout", s, setup.plan.heldout_episodes(fold, s.name)) for s in setup.sources]
+    sources += [(s.name, s, None) for s in setup.eval_sources]
     out = {}
     for name, src, episodes in sources:
         frames = load_source(src, episodes=episodes, state_keys=stage.state_keys, state_dims=stage.state_dims)

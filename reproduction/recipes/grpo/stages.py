@@ -71,12 +71,11 @@ def sft_stage(ctx: StageContext) -> StageOutput:
     from dataclasses import replace
 
     from reproduction.recap.policy.data import PolicySource, open_policy_input
-    from reproduction.recap.policy.task import PolicyStageConfig, train_policy
+    from reproduction.recap.policy.task import PolicyConfig, train_policy
     from reproduction.run.config import to_plain
 
     train = cfg.train if ctx.target_step is None else replace(cfg.train, max_steps=ctx.target_step)
-    model = to_plain(cfg.model)
-    stage = PolicyStageConfig(mode="bc", train=to_plain(train), **model)
+    stage = PolicyConfig(**to_plain(cfg.model))
     inputs = []
     for d in cfg.datasets:
         opened = ctx.inputs[str(Path(d.path))].dataset
@@ -86,7 +85,7 @@ def sft_stage(ctx: StageContext) -> StageOutput:
                 source, need_labels=False, dataset=opened, state_keys=stage.state_keys, state_dims=stage.state_dims
             )
         )
-    result = train_policy(inputs, stage, ctx.out_dir, resume=ctx.resume, ui=ctx.ui)
+    result = train_policy(inputs, stage, ctx.out_dir, mode="bc", train=train, resume=ctx.resume, ui=ctx.ui)
     return StageOutput(
         files=list(result.files),
         summary=_jsonable({"step": result.step, "train_metrics": result.train_metrics, "data": result.summary}),

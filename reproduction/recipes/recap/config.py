@@ -7,14 +7,14 @@ Every key and its one-line doc is listed in docs/config.md, generated from these
     BUNDLE, RUN                 set by `portable run` (placeholders)
     datasets[]                  path, type, weight, value, policy
     returns                     stage 1 (ReturnsSection)
-    value.model / .train / .infer   stage 2: ValueStageConfig (minus datasets), TrainConfig, inference
+    value.model / .train / .infer   stage 2: ValueConfig and TrainConfig (the packages' own), inference
     advantages                  stage 3 (AdvantageConfig)
-    policy                      stage 4 (the policy stage's config), eval
+    policy.model / .train       stage 4: PolicyConfig and TrainConfig (the packages' own); policy.modes
+    eval                        stage 5 (EvalSection)
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from typing import Any
 from reproduction.config_fields import same_outputs
 from reproduction.errors import ConfigError, PortableError
 from reproduction.recap.advantage_config import AdvantageConfig
-from reproduction.recap.value.config import ValueStageConfig
+from reproduction.recap.value.config import ValueConfig
 from reproduction.train.config import TrainConfig
 
 DATASET_TYPES = ("sft", "rollout")
@@ -62,56 +62,6 @@ class ReturnsSection:
         check_returns_values(self, key="returns")  # ReturnsConfig's rules, at load, naming returns.KEY
 
 
-def _fields_except(cls: type, exclude: tuple[str, ...], free: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
-    """A stage config's fields except those the run fills itself (datasets, trainer, mode); those named in `free`
-    declared `same_outputs()` (the stage's own config lives in a module whose source keys the stage, so the
-    declaration is made here, on the run config's field)."""
-    out = []
-    for f in dataclasses.fields(cls):
-        if f.name in exclude:
-            continue
-        meta = same_outputs() if f.name in free else dict(f.metadata)
-        default = (
-            field(default_factory=f.default_factory, metadata=meta)
-            if f.default_factory is not dataclasses.MISSING
-            else field(default=f.default, metadata=meta)
-        )
-        out.append((f.name, f.type, default))
-    return out
-
-
-def _check_value_model(self: Any) -> None:
-    """ValueStageConfig's own rules (folds >= 1, tokenizer for recap, ...), checked when the config loads and
-    naming value.model.KEY."""
-    from reproduction.recap.value.config import check_value_values
-
-    check_value_values(self, key="value.model")
-
-
-def _model_section(
-    name: str, stage: type, exclude: tuple[str, ...], check: Any, doc: str, free: tuple[str, ...] = ()
-) -> type:
-    """A run-config section holding a stage config's fields except `exclude` (what the run fills itself), those in
-    `free` declared `same_outputs()`; `check` (its __post_init__) applies the stage config's own rules; field docs
-    stay on `stage`."""
-    section = dataclasses.make_dataclass(
-        name, _fields_except(stage, exclude, free), kw_only=True, slots=True, namespace={"__post_init__": check}
-    )
-    section.__module__ = __name__
-    section.__doc__ = doc
-    section.__doc_source__ = stage
-    return section
-
-
-ValueModelSection = _model_section(
-    "ValueModelSection",
-    ValueStageConfig,
-    ("train", "eval"),
-    _check_value_model,
-    "Stage 2's model and data options (ValueStageConfig without the dataset lists).",
-)
-
-
 @dataclass(kw_only=True, slots=True)
 class ValueInferSection:
     """Stage 3's value inference (every frame labelled by the fold model that did not train on it)."""
@@ -139,7 +89,7 @@ def _value_train() -> TrainConfig:
 class ValueSection:
     """Stage 2: value-model SFT, one model per cross-fitting fold."""
 
-    model: ValueModelSection = field(default_factory=ValueModelSection)
+    model: ValueConfig = field(default_factory=ValueConfig)
     """What the value model is and reads."""
     train: TrainConfig = field(default_factory=_value_train)
     """How it trains (the training core's config)."""
@@ -148,32 +98,11 @@ class ValueSection:
 
 
 try:  # stage 4 (recap/policy) joins the schema where it is installed
-    from reproduction.recap.policy.config import PolicyStageConfig
+    from reproduction.recap.policy.config import PolicyConfig
 except ImportError:  # pragma: no cover - a build without the policy stage
-    PolicyStageConfig = None
-
-
-def _check_policy_model(self: Any) -> None:
-    """PolicyStageConfig's own rules, checked when the config loads and naming policy.model.KEY (mode and trainer
-    are set by the run: policy.modes and policy.train have their own checks)."""
-    from reproduction.recap.policy.config import check_policy_values
-
-    check_policy_values(self, key="policy.model")
-
-
-if PolicyStageConfig is not None:
-    PolicyModelSection = _model_section(
-        "PolicyModelSection",
-        PolicyStageConfig,
-        ("train", "mode"),
-        _check_policy_model,
-        "Stage 4's model options (PolicyStageConfig without mode and trainer).",
-        free=("execute_steps",),  # an evaluation setting: the eval stage names it, the policy stage trains without it
-    )
-else:  # pragma: no cover
 
     @dataclass(kw_only=True, slots=True)
-    class PolicyModelSection:
+    class PolicyConfig:
         """Stage 4 is not installed in this build."""
 
 
@@ -187,7 +116,7 @@ class PolicySection:
 
     modes: list[str] = field(default_factory=lambda: ["recap"])
     """Policies to train: recap (advantage-conditioned), bc (all data), filtered_bc (successes only)."""
-    model: PolicyModelSection = field(default_factory=PolicyModelSection)
+    model: PolicyConfig = field(default_factory=PolicyConfig)
     """What the policy is and reads."""
     train: TrainConfig = field(default_factory=_policy_train)
     """How each policy trains (the training core's config)."""
@@ -407,11 +336,22 @@ class RunConfig:
     def component_checks() -> dict[type, Any]:
         """{section type: its component's rules, called as check(values, key=...)} for the sections whose type is
         a component's own config dataclass, whose __post_init__ (run by to_object) would name a bare field
-        (`value.train` and `policy.train`: TrainConfig; `advantages`: AdvantageConfig)."""
+        (`value.train` and `policy.train`: TrainConfig; `value.model`: ValueConfig; `policy.model`: PolicyConfig;
+        `advantages`: AdvantageConfig)."""
         from reproduction.recap.advantage_config import check_advantage_values
+        from reproduction.recap.value.config import check_value_values
         from reproduction.train.config import check_train_values
 
-        return {TrainConfig: check_train_values, AdvantageConfig: check_advantage_values}
+        checks = {
+            TrainConfig: check_train_values,
+            AdvantageConfig: check_advantage_values,
+            ValueConfig: check_value_values,
+        }
+        try:
+            from reproduction.recap.policy.config import check_policy_values
+        except ImportError:  # pragma: no cover - a build without the policy stage
+            return checks
+        return {**checks, PolicyConfig: check_policy_values}
 
 
 def load_config(

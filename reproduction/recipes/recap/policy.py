@@ -21,17 +21,17 @@ from typing import Any
 from reproduction.recipe import StageContext, StageOutput
 
 
-def policy_config(ctx: StageContext, mode: str) -> tuple[list[Any], Any]:
-    """(opened policy inputs, PolicyStageConfig) of one mode, from the run config and the opened datasets."""
-    from reproduction.recap.policy.config import PolicyStageConfig
+def policy_config(ctx: StageContext, mode: str) -> tuple[list[Any], Any, Any]:
+    """(opened policy inputs, PolicyConfig, TrainConfig) of one mode: the opened datasets marked `policy` with the
+    advantage labels (recap), and the run config's policy.model and policy.train as they are (max_steps raised to
+    `--target-step`)."""
     from reproduction.recap.policy.data import PolicySource, open_policy_input
-    from reproduction.run.config import to_plain
 
     cfg = ctx.config
     train = cfg.policy.train
     if ctx.target_step is not None:
         train = replace(train, max_steps=ctx.target_step)
-    stage = PolicyStageConfig(mode=mode, train=to_plain(train), **to_plain(cfg.policy.model))
+    stage = cfg.policy.model
     inputs = []
     for d in ctx.inputs.values():
         if not d.policy:
@@ -53,7 +53,7 @@ def policy_config(ctx: StageContext, mode: str) -> tuple[list[Any], Any]:
                 state_dims=stage.state_dims,
             )
         )
-    return inputs, stage
+    return inputs, stage, train
 
 
 def policy_stage(ctx: StageContext) -> StageOutput:
@@ -63,8 +63,17 @@ def policy_stage(ctx: StageContext) -> StageOutput:
     files, summary, steps, resumed = [], {}, [], []
     ray_address = ctx.ray_cluster() if ctx.config.policy.train.launcher == "ray" else ctx.ray_address
     for mode in ctx.config.policy.modes:
-        inputs, stage = policy_config(ctx, mode)
-        result = train_policy(inputs, stage, ctx.out_dir / mode, resume=ctx.resume, ray_address=ray_address, ui=ctx.ui)
+        inputs, stage, train = policy_config(ctx, mode)
+        result = train_policy(
+            inputs,
+            stage,
+            ctx.out_dir / mode,
+            mode=mode,
+            train=train,
+            resume=ctx.resume,
+            ray_address=ray_address,
+            ui=ctx.ui,
+        )
         files += list(result.files)
         steps.append(result.step)
         if result.resumed_from is not None:

@@ -95,12 +95,12 @@ def returns_stage(ctx: StageContext) -> StageOutput:
     return StageOutput(files=files, summary=summary, result=results)
 
 
-def value_config(ctx: StageContext) -> tuple[Any, Any]:
-    """(ValueStageConfig, TrainConfig) of stage 2 from the run config and the opened datasets."""
+def value_config(ctx: StageContext) -> tuple[Any, Any, list[Any]]:
+    """(ValueConfig, TrainConfig, training sources) of stage 2: the run config's value.model and value.train as
+    they are (max_steps raised to `--target-step`), and the opened datasets marked `value` as ValueSources."""
     from dataclasses import replace
 
-    from reproduction.recap.value.config import ValueSource, ValueStageConfig
-    from reproduction.run.config import to_plain
+    from reproduction.recap.value.config import ValueSource
 
     cfg = ctx.config
     returns_dir = ctx.run_dir / "returns"
@@ -111,20 +111,29 @@ def value_config(ctx: StageContext) -> tuple[Any, Any]:
         for d in ctx.inputs.values()
         if d.value
     ]
-    stage = ValueStageConfig(train=sources, **to_plain(cfg.value.model))
     train = cfg.value.train
     if ctx.target_step is not None:
         train = replace(train, max_steps=ctx.target_step)
-    return stage, train
+    return cfg.value.model, train, sources
 
 
 def value_stage(ctx: StageContext) -> StageOutput:
     """Stage 2: one value model per cross-fitting fold into value/model_<k>/ (continues from checkpoints)."""
     from reproduction.recap.value.stage import train_value
 
-    stage, train = value_config(ctx)
+    model, train, sources = value_config(ctx)
+    opened = {d.name: d.dataset for d in ctx.inputs.values() if d.value}  # the run opened them once
     ray_address = ctx.ray_cluster() if train.launcher == "ray" else ctx.ray_address
-    result = train_value(stage, train, ctx.out_dir, resume=ctx.resume, ray_address=ray_address, ui=ctx.ui)
+    result = train_value(
+        model,
+        train,
+        ctx.out_dir,
+        sources=sources,
+        datasets=opened,
+        resume=ctx.resume,
+        ray_address=ray_address,
+        ui=ctx.ui,
+    )
     files = [ctx.out_dir / "value_setup.json", ctx.out_dir / "crossfit.json"]
     for d in result.export_dirs:
         files += [p for p in Path(d).rglob("*") if p.is_file()]
