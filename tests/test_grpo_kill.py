@@ -4,9 +4,11 @@ One run of 8 rl steps (checkpoints every 2, a live evaluation every 2) is killed
 `portable run --resume`:
 1. inside the rl stage's second checkpoint save (shards written, no manifest), planted through the seam in
    tests/kill_points.py (GRPO_POINTS["rl_dcp_save"]);
-2. and 3. at random moments of the resumed rl stage: a seeded fraction of what is left of the uninterrupted run's
-   rl time, counted from the moment the resumed process starts its rl stage (run.json's rl `started`). The seed is
-   printed and named in every assertion; KILL_SEED=N replays one.
+2. and 3. at random moments of the resumed rl stage: after a seeded random step k short of the last (the moment the
+   resumed process logs step k's train record in rl/metrics.jsonl) plus a seeded fraction of its own last step's
+   time, so the kill lands in step k + 1's rollouts or update, or in step k's live evaluation or checkpoint save, and
+   always before the run ends whatever the machine's load (a delay drawn from the uninterrupted run's time came
+   after the end when the load fell). The seed is printed and named in every assertion; KILL_SEED=N replays one.
 The last `--resume` runs to the end. Compared with an uninterrupted run of the same config: the eval stage's
 evidence (evidence/eval_grpo_8.json), the live evaluations (rl/evidence/eval_rl_*.json), both without their run
 id (the run's uuid, or its folder's name: the only field naming the run), and every file of rl/export (the final
@@ -91,7 +93,9 @@ def world(tmp_path_factory):
     proc = subprocess.run(_cmd(bundle, clean), env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rl = _state(clean)["stages"]["rl"]
-    return bundle, clean, rl["ended"] - rl["started"]
+    times = _train_times(clean)
+    step_s = (times[STEPS] - times[1]) / (STEPS - 1)
+    return bundle, clean, rl["ended"] - rl["started"], step_s
 
 
 def _newest_checkpoint(run: Path) -> int:
@@ -101,22 +105,36 @@ def _newest_checkpoint(run: Path) -> int:
     return steps[-1] if steps else 0
 
 
-def _kill_in_rl(cmd: list[str], run: Path, delay: float, log: Path) -> str:
-    """Start `cmd`, wait until it starts its rl stage (run.json's rl record stamped after the launch), then kill -9
-    its process group `delay` seconds later. Returns "killed", or "finished first" when it ended before."""
+def _train_times(run: Path, since: float = 0.0) -> dict[int, float]:
+    """{step: time} of rl/metrics.jsonl's train records written at or after `since` (a line being written is
+    skipped)."""
+    out: dict[int, float] = {}
+    path = run / "rl" / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("split") == "train" and rec.get("time", 0) >= since:
+            out[int(rec["step"])] = float(rec["time"])
+    return out
+
+
+def _kill_in_rl(cmd: list[str], run: Path, step: int, fraction: float, clean_step_s: float, log: Path) -> str:
+    """Start `cmd`, wait until it logs rl step `step`, then kill -9 its process group `fraction` of its last step's
+    time later (the uninterrupted run's step time when it logged only this one). Returns "killed", or "finished
+    first" when it ended before."""
     launched = time.time()
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, env=_env(), stdout=out, stderr=out, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while proc.poll() is None and time.monotonic() < deadline:
-        try:
-            if _state(run)["stages"].get("rl", {}).get("started", 0) >= launched:
-                break
-        except ValueError:  # run.json is replaced atomically; a read never sees half of it, but be safe
-            pass
+    deadline = time.monotonic() + 600
+    times: dict[int, float] = {}
+    while proc.poll() is None and time.monotonic() < deadline and step not in times:
         time.sleep(0.02)
+        times = _train_times(run, since=launched)
+    step_s = times[step] - times[step - 1] if step - 1 in times and step in times else clean_step_s
     try:
-        proc.wait(timeout=delay)
+        proc.wait(timeout=fraction * step_s)
         return "finished first"
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # the run and any worker it started
@@ -127,7 +145,7 @@ def _kill_in_rl(cmd: list[str], run: Path, delay: float, log: Path) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_kill_nine_during_rl_then_resume_gives_the_same_evidence_and_weights(world, tmp_path):
-    bundle, clean, rl_seconds = world
+    bundle, clean, rl_seconds, step_s = world
     seed = int(os.environ.get("KILL_SEED", random.SystemRandom().randrange(2**31)))
     rng = random.Random(seed)
     run, log = tmp_path / "run", tmp_path / "portable.log"
@@ -149,16 +167,17 @@ def test_kill_nine_during_rl_then_resume_gives_the_same_evidence_and_weights(wor
     assert _newest_checkpoint(run) == 2 and (run / "rl" / "checkpoints" / "step_4.partial").is_dir(), where()
     history.append("killed inside the step-4 checkpoint save")
 
-    # 2. and 3. at random moments of what is left of the rl stage
-    killed = 0
+    # 2. and 3. at random moments of what is left of the rl stage: after step k (at < k < STEPS) and a fraction
     for _ in range(2):
         at = _newest_checkpoint(run)
-        delay = round(rng.uniform(0.05, 0.9) * rl_seconds * (STEPS - at) / STEPS, 2)
-        outcome = _kill_in_rl(_cmd(bundle, run, "--resume"), run, delay, log)
-        killed += outcome == "killed"
-        history.append(f"resumed from step {at}, {outcome} {delay} s into rl (then at step {_newest_checkpoint(run)})")
+        step, fraction = rng.randint(at + 1, STEPS - 1), round(rng.uniform(0.05, 0.95), 3)
+        outcome = _kill_in_rl(_cmd(bundle, run, "--resume"), run, step, fraction, step_s, log)
+        history.append(
+            f"resumed from step {at}, {outcome} {fraction} of a step after step {step} "
+            f"(then at checkpoint {_newest_checkpoint(run)})"
+        )
         print(history[-1])
-    assert killed, f"no random kill landed before the run ended: {where()}"
+        assert outcome == "killed", f"the run ended before the kill: {where()}"
 
     done = subprocess.run(_cmd(bundle, run, "--resume"), env=_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{where()}\n{done.stderr[-3000:]}"
