@@ -5,12 +5,17 @@ compute_returns into a fresh folder, and (b) the RECAP recipe's returns stage th
 a fresh run folder: preflight, opening the dataset, the stage key (fingerprint, config, code digests),
 run.json writes, hashing the outputs. Stage 1 is the cheapest stage, so this is the runner's worst
 case; the training stages dwarf it. Prints both times (wall: best of ROUNDS rounds alternating the
-two; CPU: best of REPEAT) and last
+sides; CPU: best of REPEAT) and last
 `ratio: X.XX (goal <= 1.05)`.
+
+The runner side runs without lineage (no recorder) and without the recipe's report (Recipe.report set to None), as
+the runner's own cost; a third side, `runner + report`, adds the report `portable run` writes after the stages
+(report.html through Jinja, an atomic write with fsync), printed on its own line before the ratio.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -67,21 +72,28 @@ def main() -> None:
             compute_returns([ds], out, ReturnsConfig(), types=["rollout"])
             shutil.rmtree(out)
 
-        def runner() -> None:
+        bare = dataclasses.replace(RECAP, report=None)
+
+        def runner(recipe=bare) -> None:
             out = tmp / f"run{next(counter)}"
-            run_recipe(RECAP, config, out, RunOptions(stages=["returns"]))
+            run_recipe(recipe, config, out, RunOptions(stages=["returns"]))
             shutil.rmtree(out)
 
+        def reported() -> None:
+            runner(RECAP)
+
         direct()
-        runner()  # warm imports
+        reported()  # warm imports (the report's too)
         # Each side takes ~0.1 s, so a burst of other load would decide a side's best if the sides ran
         # one after the other: alternate them, ROUNDS times.
-        walls = alternate({"direct": direct, "runner": runner}, ROUNDS)
-        d_wall, r_wall = walls["direct"], walls["runner"]
-        d_cpu, r_cpu = best(direct, REPEAT)[1], best(runner, REPEAT)[1]
+        walls = alternate({"direct": direct, "runner": runner, "report": reported}, ROUNDS)
+        d_wall, r_wall, p_wall = walls["direct"], walls["runner"], walls["report"]
+        d_cpu, r_cpu, p_cpu = best(direct, REPEAT)[1], best(runner, REPEAT)[1], best(reported, REPEAT)[1]
     print(f"machine: {machine_note()}; best of {ROUNDS} alternated rounds (CPU: best of {REPEAT})")
     print(f"stage 1 direct:  {d_wall * 1000:.0f} ms wall, {d_cpu * 1000:.0f} ms CPU ({FRAMES:,} frames)")
     print(f"stage 1 runner:  {r_wall * 1000:.0f} ms wall, {r_cpu * 1000:.0f} ms CPU")
+    print(f"stage 1 runner + report.html:  {p_wall * 1000:.0f} ms wall, {p_cpu * 1000:.0f} ms CPU")
+    print(f"with the report: ratio {p_wall / d_wall:.2f}, cpu ratio {p_cpu / d_cpu:.2f}")
     print(f"cpu ratio: {r_cpu / d_cpu:.2f}")
     print(f"ratio: {r_wall / d_wall:.2f} (goal <= 1.05)")
 

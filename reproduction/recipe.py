@@ -82,6 +82,11 @@ class Recipe:
     evaluate: str | None = None
     """"module:function" (args, ui) -> exit code behind `portable eval --checkpoint` for this recipe's runs (None: the
     recipe has no such command)."""
+    report: str | None = None
+    """"module:function" (run_dir) -> Path: writes the run's report (<run>/report.html, and what it embeds, e.g.
+    <run>/plots/) from what the run folder holds. The runner calls it after the selected stages complete, when a
+    stage ran in that invocation or report.html is missing (a `--resume` that skipped everything leaves it); an error
+    it raises is a warning, never a failed run (None: no report)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form recipe data its stage functions may read."""
 

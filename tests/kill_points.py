@@ -36,6 +36,10 @@ POINTS: dict[str, tuple[str, str, str, int, str]] = {
     "eval_second_policy": ("eval", "reproduction.sim.evaluate", "run_batch", 2, "after"),
     "eval_evidence_write": ("eval", "reproduction.run.evidence", "atomic_write_text", 1, "half"),
 }
+GRPO_POINTS: dict[str, tuple[str, str, str, int, str]] = {
+    "rl_dcp_save": ("rl", "reproduction.train.checkpoint", "_manifest", 2, "before"),
+}
+"""The GRPO recipe's points (tests/test_grpo_kill.py), apart from POINTS, which tests/test_run_kill.py runs on RECAP."""
 
 
 def die() -> None:
@@ -56,7 +60,7 @@ def plant(point: str) -> None:
     import reproduction.run.runner as runner
     from reproduction.recipe import StageSpec
 
-    stage, module, attr, nth, when = POINTS[point]
+    stage, module, attr, nth, when = {**POINTS, **GRPO_POINTS}[point]
     current = {"stage": None, "calls": 0}
     run_stage = runner._run_stage
 

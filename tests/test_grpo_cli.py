@@ -1,12 +1,14 @@
 """The GRPO recipe through the real CLI: `portable run --config bundle/grpo/config.yaml` (the config says
-`recipe: grpo`), `--resume` (a no-op: the same evidence bytes), `--target-step` (rl trains on), a reference
-(compare redone, eval not), `portable lineage --verify`, and `portable eval --checkpoint STEP`."""
+`recipe: grpo`; the runner writes report.html with the grpo and sft rates), `--resume` (a no-op: the same evidence
+bytes and report), `--target-step` (rl trains on), a reference (compare redone, eval not), `portable lineage
+--verify`, and `portable eval --checkpoint STEP`."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,6 +50,25 @@ def _digests(run: Path) -> dict[str, str]:
     return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(files)}
 
 
+def _evidence_rates(path: Path) -> dict[str, tuple[str, str]]:
+    """{policy label: (success once, success at end)} as the evidence displays them."""
+    doc = json.loads(path.read_text())
+    return {
+        e["policy"]["label"]: (e["metrics"]["success_once"]["display"], e["metrics"]["success_at_end"]["display"])
+        for e in (doc, *doc["baselines"])
+    }
+
+
+def _report_rates(run: Path) -> dict[str, tuple[str, str]]:
+    """The same, read from report.html's summary table (the runner writes it after the stages: Recipe.report)."""
+    html = (run / "report.html").read_text()
+    assert "GRPO run" in html and html.count("data:image/png;base64,") == 2, html[:2000]
+    assert sorted(p.name for p in (run / "plots").glob("*.png")) == ["success_rates.png", "training_curves.png"]
+    summary = html.split('<table id="summary">', 1)[1].split("</table>", 1)[0]
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for row in summary.split("<tr>")[2:]]
+    return {r[0]: tuple(re.sub(r"\s*<span.*", "", r[i], flags=re.S).strip() for i in (3, 4)) for r in rows}
+
+
 def _actions(proc: subprocess.CompletedProcess) -> dict[str, str]:
     assert proc.returncode == 0, proc.stderr
     return {s["stage"]: s["action"] for s in json.loads(proc.stdout)["stages"]}
@@ -76,10 +97,14 @@ def test_grpo_runs_resumes_and_trains_on_through_portable_run(tmp_path):
         f"{n}.intoto.json" for n in ("compare", "eval", "rl", "sft")
     ]
 
+    assert _report_rates(run) == _evidence_rates(run / "evidence" / "eval_grpo_2.json")  # the runner wrote it
+
     before = _digests(run)
+    report = (run / "report.html").stat().st_mtime_ns
     again = portable(*base, "--resume", *TINY, cwd=tmp_path)
     assert _actions(again) == dict.fromkeys(("sft", "rl", "eval", "compare"), "skipped")
     assert _digests(run) == before  # nothing rewritten: the same evidence, the same run.json
+    assert (run / "report.html").stat().st_mtime_ns == report  # and the same report
 
     on = portable(*base, "--resume", "--target-step", "4", *TINY, cwd=tmp_path)
     assert _actions(on) == {"sft": "skipped", "rl": "continued", "eval": "ran", "compare": "ran"}
@@ -88,6 +113,7 @@ def test_grpo_runs_resumes_and_trains_on_through_portable_run(tmp_path):
     doc = json.loads((run / "evidence" / "eval_grpo_4.json").read_text())
     assert doc["policy"]["checkpoint"]["step"] == 4
     assert json.loads((run / "rl" / "evidence" / "eval_rl_4.json").read_text())["policy"]["checkpoint"]["step"] == 4
+    assert _report_rates(run) == _evidence_rates(run / "evidence" / "eval_grpo_4.json")  # rewritten: step 4's
 
     # A reference: only the compare stage is redone (eval.reference is declared same_outputs() for eval).
     reference = tmp_path / "reference.json"

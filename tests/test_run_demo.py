@@ -77,6 +77,8 @@ def test_quick_demo_runs_every_stage_and_a_rerun_reuses_it(tmp_path):
     assert {"bundle_manifest", "source", "dataset", "upstream_output", "weights"} <= roles, roles  # code, start weights
     for line in ("run: eval", "demo (total)", f"lineage:    {run / 'lineage'}", f"report:     {run / 'report.html'}"):
         assert line in proc.stderr
+    assert f"demo: plots and report: -> {run / 'report.html'}" in proc.stderr  # the runner wrote it
+    assert "RECAP run" in (run / "report.html").read_text()
     restored = out / "restored" / "recap-demo"
     assert (restored / "bundle.json").is_file() and (restored / "data" / "rollout" / "meta" / "info.json").is_file()
     assert "${BUNDLE}/data/rollout" in (restored / "config" / "run.yaml").read_text()
@@ -170,3 +172,5 @@ def _relative_run_gives_the_same_evidence(tmp_path: Path, restored: Path, demo_r
     run = elsewhere / "runs" / "quick run ü"
     assert json.loads((run / "run.json").read_text())["stages"]["eval"]["status"] == "complete"
     assert _evidence_without_run_fields(run) == _evidence_without_run_fields(demo_run)
+    html = (run / "report.html").read_text()  # `portable run` writes the recipe's report (Recipe.report)
+    assert "RECAP run" in html and "recap w=1" in html and (run / "plots" / "success_rates.png").is_file()

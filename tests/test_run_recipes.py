@@ -18,6 +18,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 TOY_MODULE = '''
 """A recipe of its own, outside the repository: two stages, a config schema."""
+import dataclasses
 from dataclasses import dataclass, field
 
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
@@ -58,6 +59,22 @@ TOY = Recipe(
     ),
 )
 NOT_A_RECIPE = ToyConfig
+
+
+def good_report(run_dir):
+    with open(run_dir / "report_calls.txt", "a") as f:
+        f.write("called\\n")
+    out = run_dir / "report.html"
+    out.write_text("<p>total " + (run_dir / "total" / "total.txt").read_text().strip() + "</p>\\n")
+    return out
+
+
+def broken_report(run_dir):
+    raise RuntimeError("the report broke")
+
+
+REPORTED = dataclasses.replace(TOY, report="toyrecipe:good_report")
+BROKEN_REPORT = dataclasses.replace(TOY, report="toyrecipe:broken_report")
 '''
 
 
@@ -233,6 +250,7 @@ def test_an_out_of_tree_recipe_runs_resumes_and_records_lineage(toy, tmp_path):
     assert (state["recipe"], state["recipe_ref"], state["config"]["count"]) == ("toy", "toyrecipe:TOY", {"n": 4})
     assert "recipe" not in state["config"]  # its schema has no `recipe` field: the key named the recipe only
     assert sorted(p.name for p in (run / "lineage").iterdir()) == ["make.intoto.json", "total.intoto.json"]
+    assert not (run / "report.html").exists() and not (run / "plots").exists()  # a recipe without `report`
 
     again = portable(
         "run", "--config", str(config), "--output", str(run), "--resume", "--json", cwd=tmp_path, path=[lib]
@@ -265,6 +283,51 @@ def test_an_out_of_tree_recipe_runs_resumes_and_records_lineage(toy, tmp_path):
     assert redo.returncode == 0, redo.stderr
     assert [s["action"] for s in json.loads(redo.stdout)["stages"]] == ["ran", "ran"]
     assert (run / "total" / "total.txt").read_text() == "10\n"
+
+
+def test_the_runner_writes_the_recipes_report_after_stages_that_ran_and_leaves_it_otherwise(toy, tmp_path):
+    lib, config = toy
+    run = tmp_path / "run"
+
+    def go(*extra: str) -> subprocess.CompletedProcess:
+        args = ("run", "--config", str(config), "--output", str(run), "recipe=toyrecipe:REPORTED", *extra)
+        proc = portable(*args, cwd=tmp_path, path=[lib])
+        assert proc.returncode == 0, proc.stderr
+        return proc
+
+    def calls() -> int:
+        return len((run / "report_calls.txt").read_text().splitlines())
+
+    go()
+    assert (run / "report.html").read_text() == "<p>total 6</p>\n" and calls() == 1
+    before = (run / "report.html").stat().st_mtime_ns
+    go("--resume")  # everything skipped: the report is left as it was
+    assert calls() == 1 and (run / "report.html").stat().st_mtime_ns == before
+    (run / "report.html").unlink()
+    go("--resume")  # everything skipped, but no report: written again
+    assert calls() == 2 and (run / "report.html").is_file()
+    go("--restart-stage", "make", "count.n=5")  # a stage ran: rewritten from what the run now holds
+    assert calls() == 3 and (run / "report.html").read_text() == "<p>total 10</p>\n"
+
+
+def test_a_report_that_raises_is_a_warning_and_the_run_stays_complete(toy, tmp_path):
+    lib, config = toy
+    run = tmp_path / "run"
+    args = ("run", "--config", str(config), "--output", str(run), "recipe=toyrecipe:BROKEN_REPORT", "--json")
+    proc = portable(*args, cwd=tmp_path, path=[lib])
+    assert proc.returncode == 0, proc.stderr
+    assert [s["action"] for s in json.loads(proc.stdout)["stages"]] == ["ran", "ran"]  # stdout: the data only
+    warning = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert warning == [
+        "warning: the run is complete, but its report was not written (RuntimeError: the report broke); "
+        "`portable run ... --resume` tries again"
+    ], proc.stderr
+    state = json.loads((run / "run.json").read_text())
+    assert [s["status"] for s in state["stages"].values()] == ["complete", "complete"]
+    assert not (run / "report.html").exists()
+    again = portable(*args, "--resume", "-q", cwd=tmp_path, path=[lib])  # tried again, and warned even with -q
+    assert again.returncode == 0 and "warning: the run is complete, but its report" in again.stderr, again.stderr
+    assert [s["action"] for s in json.loads(again.stdout)["stages"]] == ["skipped", "skipped"]
 
 
 def test_a_run_folder_of_one_recipe_refuses_another(toy, tmp_path):

@@ -4,6 +4,7 @@
                         resolved config, and per stage: status,
                         key, key_parts, outputs (path -> size, mtime_ns, sha256), summary, times
     <run>/<stage>/      one folder per stage
+    <run>/report.html   the recipe's report (Recipe.report, called after the stages; <run>/plots/ for the built-in ones)
 
 A stage's key is the sha256 of its key parts: the config subsets it reads (minus the fields inside them declared
 `same_outputs()`, reproduction/config_fields.py, and its training step count), the
@@ -24,6 +25,7 @@ import inspect
 import json
 import os
 import shutil
+import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -42,6 +44,8 @@ from reproduction.run.secrets import redact
 from reproduction.train.ray_connect import RunRay
 
 RUN_JSON = "run.json"
+REPORT_HTML = "report.html"
+"""The run's report (Recipe.report writes it; the runner only checks whether it exists)."""
 FORMAT_VERSION = 1
 
 
@@ -120,6 +124,8 @@ class RunReport:
     run_dir: Path
     run_id: str
     stages: list[StageReport]
+    report: Path | None = None
+    """The run's report (Recipe.report: written, or left as it was); None when the recipe has none or it failed."""
 
     def table(self) -> list[dict[str, Any]]:
         return [{"stage": s.name, "action": s.action, "seconds": round(s.seconds, 2)} for s in self.stages]
@@ -431,7 +437,34 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
             _walk(walk, {s.name for s in selected})
         if config_changed and not walk.redone:  # every stage ran or skipped; record the config it was asked with
             _write_state(run_dir, state)
-    return RunReport(run_dir=run_dir, run_id=state["run_id"], stages=walk.reports)
+        report = write_report(recipe, run_dir, changed=bool(walk.redone))  # under the lock: one writer at a time
+    return RunReport(run_dir=run_dir, run_id=state["run_id"], stages=walk.reports, report=report)
+
+
+def write_report(recipe: Recipe, run_dir: Path, *, changed: bool = True) -> Path | None:
+    """The recipe's report of the run folder (Recipe.report), after its stages: written when `changed` (a stage ran in
+    this invocation) or when <run>/report.html is missing, else left as it is (a `--resume` that skipped everything
+    rewrites nothing). A report that fails is one warning line on stderr (even with -q: the run's results are not
+    all where the user looks) and a stale report.html is removed so the next `--resume` writes it again; the run
+    stays complete and recorded. Returns the report's path, None when there is none."""
+    if not recipe.report:
+        return None
+    existing = Path(run_dir) / REPORT_HTML
+    if not changed and existing.is_file():
+        return existing
+    try:
+        return Path(resolve_fn(recipe.report)(Path(run_dir)))
+    except Exception as exc:  # noqa: BLE001 - a report never loses a finished run
+        line = " ".join(str(exc).split())[:300]
+        with contextlib.suppress(OSError):
+            existing.unlink(missing_ok=True)
+        print(
+            f"warning: the run is complete, but its report was not written ({type(exc).__name__}: {line}); "
+            f"`portable run ... --resume` tries again",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
 
 
 def run_recipe_redoing_changed(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions) -> RunReport:

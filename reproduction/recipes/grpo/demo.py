@@ -5,11 +5,12 @@ configs into the GRPO bundle (bundle/grpo.toml), restores a copy elsewhere, runs
 GRPO recipe through the runner from the restored bundle (its config/run.yaml = bundle/grpo/config.yaml;
 `--quick` layers config/quick.yaml = bundle/grpo/quick.yaml on it): sft (BC on the demonstrations) -> rl (GRPO
 in the simulator) -> eval (sft and grpo on the same held-out episodes) -> compare (against eval.reference when
-one is given), then writes the plots and report.html and prints the rates. The steps are RECAP's demo's
-(reproduction/recipes/recap/demo.py: pack, restore, check), so the lineage names the bundle manifest and its
-source layer, and a file of the restored bundle changed after restore stops the run with `portable verify`'s
-exit code. A rerun reuses what is valid (the data by its stamp, the bundle by its sources' stamp, the restore by
-its receipt, the run by its stage keys; a stage whose key changed is redone with what follows).
+one is given), with the plots and report.html the runner writes after the stages, and prints the rates. The steps
+are RECAP's demo's (reproduction/recipes/recap/demo.py: pack, restore, check), so the lineage names the bundle
+manifest and its source layer, and a file of the restored bundle changed after restore stops the run with
+`portable verify`'s exit code. A rerun reuses what is valid (the data by its stamp, the bundle by its sources'
+stamp, the restore by its receipt, the run by its stage keys; a stage whose key changed is redone with what
+follows).
 
     <output>/
       demo.json             marks a folder this demo built
@@ -106,7 +107,7 @@ def run_demo(
     report = _run(restored, run_dir, quick=quick, overrides=list(overrides or []), ui=ui)
     steps += [(f"run: {s.name}", s.action, s.seconds) for s in report.stages]
     steps.append(("run (total)", "", time.perf_counter() - t0))
-    step("plots and report", lambda: _report(run_dir))
+    step("plots and report", lambda: _report(report))
     steps.append(("demo (total)", "", time.perf_counter() - t_all))
     configs = " ".join(f"--config {p}" for p in _config_files(restored, quick))
     resume = f"portable run {restored} {configs} --output {run_dir} --resume --target-step N"
@@ -180,10 +181,10 @@ def _run(restored: Path, run_dir: Path, *, quick: bool, overrides: list[str], ui
     return run_recipe_redoing_changed(RECIPE, config, run_dir, opts)
 
 
-def _report(run_dir: Path) -> str:
-    from reproduction.recipes.grpo.report import write_run_report
-
-    return f"-> {write_run_report(run_dir)}"
+def _report(run: Any) -> str:
+    """Where the run's plots and report.html are: the runner wrote them after the stages (Recipe.report), or left
+    them when it redid nothing; a report that failed was a warning line of the run's."""
+    return f"-> {run.report}" if run.report is not None else "not written (see the warning above)"
 
 
 def _summary(

@@ -4,8 +4,9 @@
     <run>/plots/success_rates.png     the eval stage's newest evidence: grpo and its sft baseline
     <run>/report.html
 
-Only run/'s generic pieces (plots.py, report.py): GRPO has no plot of its own. `portable run` writes no report for
-any recipe; the demo (demo.py) writes this one, and `python -m reproduction.recipes.grpo.report RUN` does too.
+Only run/'s generic pieces (plots.py, report.py): GRPO has no plot of its own. It is the recipe's `report` (recipe.py):
+the runner writes it after the stages of every `portable run` (and so of the demo); `python -m
+reproduction.recipes.grpo.report RUN` rewrites it by hand.
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ def run_demo(
         report.steps.append((f"run: {s.name}", s.action, s.seconds))
     report.workers.update(_eval_workers(run_dir, report.run))
     report.steps.append(("run (total)", "", time.perf_counter() - t0))
-    step("plots and report", lambda: _plots_and_report(run_dir, restored))
+    step("plots and report", lambda: _plots_and_report(report.run))
     report.steps.append(("demo (total)", "", time.perf_counter() - t_all))
     _summary(report, run_dir, ui=ui)
     print(run_dir)
@@ -280,14 +280,10 @@ def _run(restored: Path, run_dir: Path, overrides: list[str], *, ui: UiOptions |
     return run_recipe_redoing_changed(RECAP, config, run_dir, opts)
 
 
-def _plots_and_report(run_dir: Path, restored: Path) -> str:
-    """Plots and report.html through the evidence helper's functions, where they are installed."""
-    try:
-        from reproduction.recipes.recap.report import write_run_report
-    except ImportError:
-        return "skipped (the report module is not installed in this build)"
-    path = write_run_report(run_dir, bundle=restored)
-    return f"-> {path}"
+def _plots_and_report(run: Any) -> str:
+    """Where the run's plots and report.html are: the runner wrote them after the stages (Recipe.report), or left
+    them when it redid nothing; a report that failed was a warning line of the run's."""
+    return f"-> {run.report}" if run.report is not None else "not written (see the warning above)"
 
 
 FIRST_RUN_IMPORTS = (

@@ -170,7 +170,7 @@ def _run_tier(
         report.steps.append((f"run: {s.name}", s.action, s.seconds))
     report.steps.append(("run (total)", "", time.perf_counter() - t0))
     peaks["run"] = sampler.take()
-    step("plots and report", lambda: _plots_and_report(run_dir, restored))
+    step("plots and report", lambda: _plots_and_report(report.run))
     report.steps.append(("demo (total)", "", time.perf_counter() - t_all))
     tier = tier_summary(run_dir, report, seed=seed or 0, data=data, peaks=peaks)
     tier["cpu_s"] = cpu  # this process and its waited-for children (workers), user + system

@@ -4,7 +4,8 @@
     <run>/report.html
 
 Uses run/'s plotting and report functions (plots.py, report.py, lineage_check.py) and RECAP's plots (plots.py here);
-a plot whose inputs a run does not have (no eval stage yet, say) is left out.
+a plot whose inputs a run does not have (no eval stage yet, say) is left out. `write_run_report` is the recipe's
+`report` (recipe.py): the runner calls it after the stages of every `portable run` (and so of the demos).
 """
 
 from __future__ import annotations
