@@ -140,19 +140,10 @@ def _write_sources(src: Path) -> None:
     """The bundle's other sources beside the data: the source snapshot (SNAPSHOT; a file the tree no longer holds
     is removed), configs/run.yaml and quick.yaml (bundle/grpo/config.yaml and quick.yaml) and evidence/README.md.
     Unchanged files keep their mtime, so pack is reused."""
-    from reproduction.fsio import atomic_write_bytes
+    from reproduction.recipes.recap.demo import put_if_changed as put
+    from reproduction.recipes.recap.demo import sync_snapshot
 
-    def put(path: Path, data: bytes) -> None:
-        if not path.is_file() or path.read_bytes() != data:
-            atomic_write_bytes(path, data)
-
-    project = src / "project"
-    wanted = {p.relative_to(REPO): p for pkg in SNAPSHOT for p in sorted((REPO / "reproduction" / pkg).rglob("*.py"))}
-    for rel, p in wanted.items():
-        put(project / rel, p.read_bytes())
-    for p in sorted(project.rglob("*.py")) if project.exists() else []:
-        if p.relative_to(project) not in wanted:
-            p.unlink()
+    sync_snapshot(src / "project", SNAPSHOT)
     put(src / "configs" / "run.yaml", (CONFIGS / "config.yaml").read_bytes())
     put(src / "configs" / "quick.yaml", (CONFIGS / "quick.yaml").read_bytes())
     put(src / "evidence" / "README.md", README)

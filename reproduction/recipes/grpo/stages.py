@@ -242,7 +242,7 @@ def _run_libero(config: Any, exports: dict[str, tuple[Path, int | None]], out_di
             seed=ev.seed,
             ui=ui,
         )
-        out.append((libero_counts(result), result.seconds))
+        out.append((result.evidence_counts(), result.seconds))
     return out
 
 
@@ -254,22 +254,6 @@ def libero_settings(max_steps: int | None) -> dict[str, Any]:
         "observation": "no images: state, and LIBERO's privileged object state in the observation",
         "max_steps": max_steps,
     }
-
-
-def libero_counts(result: Any) -> dict[str, Any]:
-    """A LiberoEvalResult as the evidence expects it: per-task counts and each init state's outcome (`init_state`
-    pairs episodes in a comparison, as `reset_seed` does for Fetch; RECAP's LIBERO evidence has the same shape)."""
-    per_episode: dict[str, list[dict[str, Any]]] = {}
-    for e in result.episodes:
-        per_episode.setdefault(e.task_id, []).append(
-            {
-                "episode": e.init_index,
-                "init_state": e.init_index,
-                "success_once": bool(e.success_once),
-                "success_at_end": bool(e.success_at_end),
-            }
-        )
-    return {"tasks": result.per_task(), "per_episode": per_episode}
 
 
 def _counts(result: Any) -> dict[str, Any]:

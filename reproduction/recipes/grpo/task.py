@@ -320,7 +320,7 @@ def evaluate_live(
     per task; rank 0 writes them as evidence (reproduction/run/evidence.py) to <out>/evidence/eval_rl_<step>.json."""
     from reproduction.recap.policy.export import GuidedPolicy
     from reproduction.recipes.grpo.envs import is_libero
-    from reproduction.recipes.grpo.stages import _counts, libero_counts, libero_settings
+    from reproduction.recipes.grpo.stages import _counts, libero_settings
     from reproduction.run import evidence
 
     rl, ev = setup["rl"], setup["eval"]
@@ -346,7 +346,7 @@ def evaluate_live(
             max_steps=rl.get("max_steps"),
             seed=int(ev["seed"]),
         )
-        counts = libero_counts(found)
+        counts = found.evidence_counts()
         settings.update(simulator="libero", libero=libero_settings(rl.get("max_steps")))
         n = max(1, len(found.episodes))
         rates = {

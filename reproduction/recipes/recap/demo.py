@@ -177,25 +177,34 @@ _SIM_MODULES = ("generate", "env", "experts", "behaviours", "episode", "tasks", 
 README = b"Reference evidence of the published demo run; `portable demo` compares its evaluation with it.\n"
 
 
+def put_if_changed(path: Path, data: bytes) -> None:
+    """Write `data` to `path` atomically unless it already holds exactly that: unchanged files keep their mtime,
+    so a demo's pack step (stamped by sizes and mtimes) is reused."""
+    from reproduction.fsio import atomic_write_bytes
+
+    if not path.is_file() or path.read_bytes() != data:
+        atomic_write_bytes(path, data)
+
+
+def sync_snapshot(project: Path, packages: tuple[str, ...]) -> None:
+    """Make `project` hold exactly the .py files of reproduction/<package> for each of `packages` (a bundle's source
+    snapshot): changed files rewritten, files the tree no longer holds removed, the rest untouched."""
+    wanted = {p.relative_to(REPO): p for pkg in packages for p in sorted((REPO / "reproduction" / pkg).rglob("*.py"))}
+    for rel, p in wanted.items():
+        put_if_changed(project / rel, p.read_bytes())
+    for p in sorted(project.rglob("*.py")) if project.exists() else []:
+        if p.relative_to(project) not in wanted:
+            p.unlink()
+
+
 def _write_sources(
     src: Path, *, quick: bool, reference: Path = REFERENCE, configs: Path = CONFIGS, readme: bytes = README
 ) -> None:
     """The bundle's other sources: the runner's source snapshot, the run config (`configs`' quick.yaml or
     run.yaml), the reference evidence (exactly `reference`'s JSON files: one it no longer holds is removed) and
     its `readme`. Unchanged files keep their mtime, so pack is reused."""
-    from reproduction.fsio import atomic_write_bytes
-
-    def put(path: Path, data: bytes) -> None:
-        if not path.is_file() or path.read_bytes() != data:  # unchanged files keep their mtime: pack is reused
-            atomic_write_bytes(path, data)
-
-    project = src / "project"
-    wanted = {p.relative_to(REPO): p for pkg in SNAPSHOT for p in sorted((REPO / "reproduction" / pkg).rglob("*.py"))}
-    for rel, p in wanted.items():
-        put(project / rel, p.read_bytes())
-    for p in sorted(project.rglob("*.py")) if project.exists() else []:
-        if p.relative_to(project) not in wanted:
-            p.unlink()
+    put = put_if_changed
+    sync_snapshot(src / "project", SNAPSHOT)
     put(src / "configs" / "run.yaml", (configs / ("quick.yaml" if quick else "run.yaml")).read_bytes())
     evidence = src / "evidence"
     refs = sorted(reference.glob("*.json")) if reference.is_dir() else []

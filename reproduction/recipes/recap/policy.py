@@ -383,7 +383,7 @@ def _evaluate_libero_exports(
             seed=ev.seed,
             ui=ui,
         )
-        doc, settle = libero_counts(result), result.settle_steps
+        doc, settle = result.evidence_counts(), result.settle_steps
         results[label] = {
             "tasks": doc["tasks"],
             "per_init_state": result.per_init_state(),
@@ -474,22 +474,6 @@ def _export_factory(export_dir: str, guidance_scale: float) -> Any:
     from reproduction.recap.policy.export import PolicyFactory
 
     return PolicyFactory(export_dir=export_dir, guidance_scale=guidance_scale)
-
-
-def libero_counts(result: Any) -> dict[str, Any]:
-    """A LiberoEvalResult as the evidence expects it: per-task counts, and per task each init state's outcome
-    (`init_state` keys the pairing in a comparison, as `reset_seed` does for Fetch)."""
-    per_episode: dict[str, list[dict[str, Any]]] = {}
-    for e in result.episodes:
-        per_episode.setdefault(e.task_id, []).append(
-            {
-                "episode": e.init_index,
-                "init_state": e.init_index,
-                "success_once": bool(e.success_once),
-                "success_at_end": bool(e.success_at_end),
-            }
-        )
-    return {"tasks": result.per_task(), "per_episode": per_episode}
 
 
 def _mechanism(result: Any) -> dict[str, float]:

@@ -161,6 +161,21 @@ class LiberoEvalResult:
             )
         return out
 
+    def evidence_counts(self) -> dict[str, Any]:
+        """The counts evaluation evidence takes (reproduction/run/evidence.py): per-task counts, and per task each
+        init state's outcome (`init_state` pairs episodes in a comparison, as `reset_seed` does for Fetch)."""
+        per_episode: dict[str, list[dict[str, Any]]] = {}
+        for e in self.episodes:
+            per_episode.setdefault(e.task_id, []).append(
+                {
+                    "episode": e.init_index,
+                    "init_state": e.init_index,
+                    "success_once": bool(e.success_once),
+                    "success_at_end": bool(e.success_at_end),
+                }
+            )
+        return {"tasks": self.per_task(), "per_episode": per_episode}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "protocol": "libero",
