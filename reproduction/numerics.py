@@ -1,4 +1,5 @@
-"""CPU kernels pinned to one instruction set, so a CPU run trains the same bits on every x86-64 server.
+"""CPU kernels pinned to one instruction set, so a CPU run trains the same bits across x86-64 servers (measured:
+an AVX2 server and an AVX-512 AMD EPYC agree; an AVX-512 Intel Xeon does not: tests/test_numerics.py).
 
 torch picks its vectorised CPU kernels (layer norm, softmax, reductions, AdamW) by the CPU's widest
 instruction set, and MKL picks its GEMM kernels by CPU vendor and instruction set. Each width sums in
@@ -47,7 +48,7 @@ def pin_cpu_kernels(environ: MutableMapping[str, str] | None = None) -> dict[str
         raise ConfigError(
             f"{SETTING}={env[SETTING]!r} is not one of {', '.join(CHOICES)}",
             field=SETTING,
-            hint=f"unset {SETTING} (AVX2 kernels: the same bits on every x86-64 server), or {SETTING}=native",
+            hint=f"unset {SETTING} (AVX2 kernels: the same bits across the servers measured), or {SETTING}=native",
         )
     if choice == "avx2":
         for name, value in PINNED.items():

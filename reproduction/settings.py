@@ -50,8 +50,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         name=CPU_KERNELS,
         default="avx2",
-        doc="avx2 pins torch's and MKL's CPU kernels to AVX2 (the same bits on every x86-64 server); native leaves "
-        "them to the CPU (faster on AVX-512, results tied to the machine). Another value is exit 4.",
+        doc="avx2 pins torch's and MKL's CPU kernels to AVX2 (the same bits on an AVX2 server and an AVX-512 AMD "
+        "EPYC; not on an AVX-512 Intel Xeon, measured); native leaves them to the CPU (faster on AVX-512, results "
+        "tied to the machine). Another value is exit 4.",
         read_by="numerics.py (set before torch loads)",
     ),
     Setting(

@@ -34,6 +34,12 @@ PIN = "from reproduction.numerics import pin_cpu_kernels; pin_cpu_kernels()"
 # pinned kernels reproduced on it the demo evidence an AVX2 server had trained (bc 52, filtered bc 77,
 # RECAP 74/88 of 100).
 AVX2_DIGEST = "5ff1c271954ef4d2"
+KNOWN_OTHER = {
+    "13912debe236239b": "an AVX-512 Intel Xeon ('Intel(R) Xeon(R) Processor') pinned to AVX2 computes other bits "
+    "(measured 2026-12-02; no MKL_CBWR branch tried gives the reference's): the demo's reference evidence does not "
+    "reproduce there (README, CPU kernels)",
+}
+"""Pinned digests measured on CPUs known NOT to give AVX2_DIGEST: a known, documented divergence (xfail), not a pass."""
 
 
 def _probe(pin: bool, **env: str) -> dict:
@@ -69,6 +75,8 @@ def test_pinned_process_computes_the_avx2_bits_whatever_this_cpu_offers():
     assert pinned["capability"] in ("AVX2", "DEFAULT")  # never wider than AVX2; DEFAULT on a CPU without it
     if pinned["capability"] != "AVX2":
         pytest.skip("this CPU has no AVX2: its kernels cannot match the pinned digest")
+    if pinned["digest"] in KNOWN_OTHER:
+        pytest.xfail(KNOWN_OTHER[pinned["digest"]])
     assert pinned["digest"] == AVX2_DIGEST, (
         "the pinned CPU kernels gave other bits on this machine than on the one the reference evidence was "
         "made on: CPU results (and so the demo's reference evidence) are not reproducible here"
