@@ -21,6 +21,10 @@ from pathlib import Path
 
 from reproduction.digests import default_jobs, sha256_file
 
+PARALLEL_HASH_BYTES = 8 << 20
+"""Below this many bytes to hash, `files` hashes in the calling thread: starting a pool costs ~1 ms, about what
+sha256 takes over a few MiB (a stage's outputs are often a parquet of a few hundred KiB and a JSON)."""
+
 Signature = tuple[int, int, int]
 """(st_ino, st_size, st_mtime_ns): a file whose signature is unchanged keeps its digest."""
 
@@ -67,7 +71,8 @@ class DigestCache:
         return digest
 
     def files(self, paths: Iterable[Path]) -> dict[Path, str]:
-        """{path: sha256} for many files (keys as given); the ones not known are hashed in parallel threads."""
+        """{path: sha256} for many files (keys as given); the ones not known are hashed in parallel threads when they
+        hold PARALLEL_HASH_BYTES or more, else one after the other here."""
         paths = list(paths)
         out: dict[Path, str] = {}
         todo: list[tuple[Path, str, Signature]] = []
@@ -77,10 +82,10 @@ class DigestCache:
                 todo.append((p, key, sig))
             else:
                 out[p] = digest
-        if len(todo) == 1:
-            p, key, sig = todo[0]
-            out[p] = self._hasher(Path(key))
-            self._known[key] = (sig, out[p])
+        if len(todo) == 1 or sum(sig[1] for _, _, sig in todo) < PARALLEL_HASH_BYTES:
+            for p, key, sig in todo:
+                out[p] = self._hasher(Path(key))
+                self._known[key] = (sig, out[p])
         elif todo:
             with ThreadPoolExecutor(max_workers=self._jobs or default_jobs()) as pool:
                 for (p, key, sig), digest in zip(todo, pool.map(lambda t: self._hasher(Path(t[1])), todo)):

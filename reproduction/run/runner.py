@@ -183,11 +183,15 @@ def digest(obj: Any) -> str:
 
 
 def module_digest(name: str, digests: DigestCache | None = None) -> str:
-    """sha256 of a module's source file, found without importing it."""
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+    """sha256 of a module's source file, found without importing it (an imported module's file is the one
+    find_spec would find: asking the import system costs ~0.2 ms a module, a stage key names several)."""
+    origin = getattr(sys.modules.get(name), "__file__", None)
+    if origin is None:
+        spec = importlib.util.find_spec(name)
+        origin = spec.origin if spec is not None else None
+    if not origin or not os.path.isfile(origin):
         return "absent"
-    return (digests or DigestCache()).file(Path(spec.origin))
+    return (digests or DigestCache()).file(Path(origin))
 
 
 # -- keys and outputs -----------------------------------------------------------------------------

@@ -63,7 +63,7 @@ def redact_text(text: str, *, secrets: Sequence[str] = ()) -> str:
     for value in secrets:
         if value in text:
             text = text.replace(value, REDACTED)
-    return HF_TOKEN.sub(REDACTED, text)
+    return HF_TOKEN.sub(REDACTED, text) if "hf_" in text else text
 
 
 def redact(value: Any, *, environ: Mapping[str, str] | None = None, secrets: Sequence[str] | None = None) -> Any:
@@ -77,19 +77,25 @@ def redact(value: Any, *, environ: Mapping[str, str] | None = None, secrets: Seq
 
 
 def _redact(value: Any, known: Sequence[str], *, under_secret: bool = False) -> Any:
-    """Recursive redaction; below a credential-named key every non-empty leaf is a secret."""
-    if isinstance(value, Mapping):
+    """Recursive redaction; below a credential-named key every non-empty leaf is a secret.
+    (Leaves are tested first and with concrete types: run.json is redacted at every state change, and an ABC
+    isinstance per number was half its cost.)"""
+    if isinstance(value, str):
+        if under_secret and value:
+            return REDACTED
+        return redact_text(value, secrets=known)
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return REDACTED if under_secret else value
+    if isinstance(value, (dict, Mapping)):
         return {
             key: _redact(item, known, under_secret=under_secret or is_secret_name(str(key)))
             for key, item in value.items()
         }
     if isinstance(value, (list, tuple)):
         return [_redact(item, known, under_secret=under_secret) for item in value]
-    if under_secret and value not in (None, "") and not isinstance(value, bool):
-        return REDACTED
-    if isinstance(value, str):
-        return redact_text(value, secrets=known)
-    return value
+    return REDACTED if under_secret else value
 
 
 def redact_argv(
