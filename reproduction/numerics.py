@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 from reproduction.settings import CPU_KERNELS
 
@@ -67,3 +67,54 @@ def cpu_kernels() -> str:
         except Exception:  # an old or partial torch: the variables still say what was asked for
             pass
     return " ".join(parts) or "native"
+
+
+# -- the probe: does this machine compute the reference machines' bits? ----------------------------------------------
+
+PROBE = """
+import hashlib, json
+import torch
+torch.manual_seed(0)
+x = torch.randn(256, 384)
+w = torch.randn(384, 384, requires_grad=True)
+y = torch.nn.functional.layer_norm(x @ w, (384,)).softmax(-1)
+(y * torch.randn_like(y)).sum().backward()
+digest = hashlib.sha256(y.detach().numpy().tobytes() + w.grad.numpy().tobytes()).hexdigest()[:16]
+print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), "digest": digest}))
+"""
+"""A forward and backward of the ops a policy step uses (matmul through MKL, layer norm, softmax and the reductions
+through torch's vectorised kernels), digested. Run it in a fresh interpreter with `probe_environ(...)`."""
+REFERENCE_DIGEST = "5ff1c271954ef4d2"
+"""PROBE's digest under the pinned kernels on the machines that made the demo's reference evidence (an AVX2 server;
+an AVX-512 AMD EPYC pinned to AVX2 reproduced that evidence bit for bit and gives the same digest; measured again
+2026-12-03 on a 2-core AMD EPYC with AVX2)."""
+KNOWN_OTHER = {
+    "13912debe236239b": "an AVX-512 Intel Xeon ('Intel(R) Xeon(R) Processor') pinned to AVX2 (measured 2026-12-02; "
+    "no MKL_CBWR branch tried gives the reference's): the demo trained other weights there and its comparison "
+    "said `differs` (README, CPU kernels)",
+}
+"""Pinned digests measured on CPUs known NOT to give REFERENCE_DIGEST, with what was seen there."""
+
+
+def probe_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment PROBE runs in: `environ` with the kernels a pipeline command would pin (pin_cpu_kernels:
+    PORTABLE_CPU_KERNELS=native and the user's own values respected) and OMP_NUM_THREADS=1, as every digest above
+    was measured. Raises ConfigError for a bad PORTABLE_CPU_KERNELS."""
+    env = dict(environ)
+    pin_cpu_kernels(env)
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def parse_probe(stdout: str) -> dict[str, str]:
+    """{"capability", "digest"} from PROBE's output; ValueError when it printed something else."""
+    import json
+
+    lines = stdout.strip().splitlines()
+    try:
+        out = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        out = None
+    if not isinstance(out, dict) or not isinstance(out.get("digest"), str):
+        raise ValueError(f"the probe printed {stdout[-200:]!r}, not its digest")
+    return {"capability": str(out.get("capability")), "digest": out["digest"]}

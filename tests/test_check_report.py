@@ -36,6 +36,7 @@ EXPECTED_ROWS = {
     "npu",
     "host.cpu",
     "host.cpu_kernels",
+    "host.cpu_numerics",
     "host.memory",
     "host.shm",
     "host.disk",

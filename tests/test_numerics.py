@@ -10,52 +10,34 @@ from pathlib import Path
 import pytest
 
 from reproduction.errors import ConfigError
-from reproduction.numerics import PINNED, SETTING, pin_cpu_kernels
+from reproduction.numerics import (
+    KNOWN_OTHER,
+    PINNED,
+    PROBE,
+    REFERENCE_DIGEST,
+    SETTING,
+    parse_probe,
+    pin_cpu_kernels,
+    probe_environ,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
-# A forward and backward of the ops a policy step uses (matmul through MKL, layer norm, softmax and the
-# reductions through torch's vectorised kernels), digested. Under native AVX-512 kernels the digest differs
-# from the AVX2 one: that difference trained other demo weights and broke the reference evidence.
-PROBE = """
-import hashlib, json, sys
-{pin}
-import torch
-torch.manual_seed(0)
-x = torch.randn(256, 384)
-w = torch.randn(384, 384, requires_grad=True)
-y = torch.nn.functional.layer_norm(x @ w, (384,)).softmax(-1)
-(y * torch.randn_like(y)).sum().backward()
-digest = hashlib.sha256(y.detach().numpy().tobytes() + w.grad.numpy().tobytes()).hexdigest()[:16]
-print(json.dumps({{"capability": torch.backends.cpu.get_cpu_capability(), "digest": digest}}))
-"""
-PIN = "from reproduction.numerics import pin_cpu_kernels; pin_cpu_kernels()"
-# The digest of PROBE under the pinned kernels, measured on an AVX-512 AMD EPYC pinned to AVX2; the same
-# pinned kernels reproduced on it the demo evidence an AVX2 server had trained (bc 52, filtered bc 77,
-# RECAP 74/88 of 100).
-AVX2_DIGEST = "5ff1c271954ef4d2"
-KNOWN_OTHER = {
-    "13912debe236239b": "an AVX-512 Intel Xeon ('Intel(R) Xeon(R) Processor') pinned to AVX2 computes other bits "
-    "(measured 2026-12-02; no MKL_CBWR branch tried gives the reference's): the demo's reference evidence does not "
-    "reproduce there (README, CPU kernels)",
-}
-"""Pinned digests measured on CPUs known NOT to give AVX2_DIGEST: a known, documented divergence (xfail), not a pass."""
-
 
 def _probe(pin: bool, **env: str) -> dict:
-    import json
-
+    """numerics.PROBE in a fresh interpreter: with the kernels a pipeline command pins (`pin`), or none."""
     clean = {k: v for k, v in os.environ.items() if k not in (*PINNED, SETTING)}
+    clean = {**clean, "PYTHONPATH": str(REPO), **env}
     done = subprocess.run(
-        [sys.executable, "-c", PROBE.format(pin=PIN if pin else "")],
+        [sys.executable, "-c", PROBE],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=REPO,
-        env={**clean, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **env},
+        env=probe_environ(clean) if pin else {**clean, "OMP_NUM_THREADS": "1"},
         check=True,
     )
-    return json.loads(done.stdout)
+    return parse_probe(done.stdout)
 
 
 def test_pin_sets_both_variables_and_leaves_what_the_user_set():
@@ -77,13 +59,13 @@ def test_pinned_process_computes_the_avx2_bits_whatever_this_cpu_offers():
         pytest.skip("this CPU has no AVX2: its kernels cannot match the pinned digest")
     if pinned["digest"] in KNOWN_OTHER:
         pytest.xfail(KNOWN_OTHER[pinned["digest"]])
-    assert pinned["digest"] == AVX2_DIGEST, (
+    assert pinned["digest"] == REFERENCE_DIGEST, (
         "the pinned CPU kernels gave other bits on this machine than on the one the reference evidence was "
         "made on: CPU results (and so the demo's reference evidence) are not reproducible here"
     )
     native = _probe(pin=False)
     if native["capability"] == "AVX512":  # the difference the pin exists for
-        assert native["digest"] != AVX2_DIGEST
+        assert native["digest"] != REFERENCE_DIGEST
     assert _probe(pin=True, **{SETTING: "native"}) == native
 
 
@@ -140,3 +122,63 @@ def test_portable_main_shortens_the_openmp_spin_unless_the_user_chose(monkeypatc
         monkeypatch.setattr(os, "environ", env)
         assert main(["verify", str(tmp_path / "absent")]) == 3  # set before the command runs, even one that fails
         assert env.get("GOMP_SPINCOUNT") == expected
+
+
+@pytest.mark.parametrize(
+    ("answer", "status", "words"),
+    [
+        (f'{{"capability": "AVX2", "digest": "{REFERENCE_DIGEST}"}}', "ok", "compute the reference machines' bits"),
+        (
+            '{"capability": "AVX2", "digest": "13912debe236239b"}',
+            "warn",
+            "(probe 13912debe236239b, theirs 5ff1c271954ef4d2; ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2): CPU training "
+            "here gives other weights, so comparisons with CPU-trained reference evidence may say `differs`; seen "
+            "before: an AVX-512 Intel Xeon",
+        ),
+        ('{"capability": "AVX2", "digest": "0123456789abcdef"}', "warn", "may say `differs`"),
+        ("Traceback (most recent call last):\nImportError: no torch", "warn", "the numerics probe did not run"),
+    ],
+)
+def test_check_row_compares_the_measured_digest_with_the_reference_machines(tmp_path, answer, status, words):
+    from reproduction.checks.host import probe_cpu_numerics
+    from reproduction.checks.probe import CommandResult
+    from tests.fixtures.checks.fakes import FakeRun, make_context
+
+    code = 1 if answer.startswith("Traceback") else 0
+    run = FakeRun({"probe:cpu-numerics": CommandResult(argv=("python",), returncode=code, stdout=answer)})
+    ctx = make_context(tmp_path, run=run, env={SETTING: "avx2"})
+    (row,) = probe_cpu_numerics(ctx)
+    assert (row.name, row.status) == ("host.cpu_numerics", status)
+    assert words in row.finding
+    env = run.env_of("probe:cpu-numerics")  # what a pipeline command would run with, single-threaded
+    assert (env["ATEN_CPU_CAPABILITY"], env["MKL_CBWR"], env["OMP_NUM_THREADS"]) == ("avx2", "AVX2", "1")
+    if status == "warn":
+        assert "README: CPU kernels" in row.fix or "import torch" in row.fix
+
+
+def test_check_row_skips_an_interpreter_without_torch_and_warns_on_a_bad_setting(tmp_path):
+    from reproduction.checks.host import probe_cpu_numerics
+    from tests.fixtures.checks.fakes import FakeRun, make_context
+
+    ctx = make_context(tmp_path, run=FakeRun())
+    ctx.facts = {"modules": {"torch": None}}
+    (row,) = probe_cpu_numerics(ctx)
+    assert row.status == "skip" and row.finding == f"torch is not importable by {ctx.python}"
+    ctx = make_context(tmp_path, run=FakeRun(), env={SETTING: "fast"})
+    (row,) = probe_cpu_numerics(ctx)
+    assert row.status == "warn" and "PORTABLE_CPU_KERNELS='fast' is not one of avx2, native" in row.finding
+
+
+def test_the_demo_blames_the_cpu_only_when_its_bits_differ(monkeypatch):
+    import reproduction.numerics as numerics
+    from reproduction.recipes.recap.demo import numerics_lines
+
+    here = _probe(pin=True)["digest"]
+    monkeypatch.setattr(numerics, "REFERENCE_DIGEST", here)
+    assert numerics_lines() == []  # the reference machines' bits: a difference is not the CPU's
+    monkeypatch.setattr(numerics, "REFERENCE_DIGEST", "0" * 16)
+    assert numerics_lines() == [
+        f"note: this CPU computes other bits than the machines that made the reference evidence (numerics probe "
+        f"{here}, theirs 0000000000000000), so the demo trained other weights here; README, 'CPU kernels'",
+        "",
+    ]

@@ -1,4 +1,5 @@
-"""Host probe: CPU cores and kernels, memory, /dev/shm (Ray's object store) and free disk where runs are written."""
+"""Host probe: CPU cores, kernels and their numerics, memory, /dev/shm (Ray's object store) and free disk where runs
+are written."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from reproduction.checks.context import CheckContext
-from reproduction.checks.probe import ProbeResult, ok, warn
+from reproduction.checks.probe import ProbeResult, ok, python_script_argv, skip, warn
 
 GIB = 1024**3
 MIN_SHM = 2 * GIB
@@ -111,6 +112,60 @@ def cpu_kernels_row(cpuinfo: Path, environ: Mapping[str, str]) -> ProbeResult:
         args = (f"unset {SETTING} to pin AVX2 kernels",) if row is warn else ()
         return row("host.cpu_kernels", f"native kernels ({SETTING}=native; the CPU offers {widest})", *args, cpu=widest)
     return ok("host.cpu_kernels", f"pinned to AVX2 ({pinned or 'AVX2'}); the CPU offers {widest}", cpu=widest)
+
+
+NUMERICS_TIMEOUT = 120.0
+"""Seconds the numerics probe may take (a cold torch import on a slow disk takes tens of seconds)."""
+
+
+def probe_cpu_numerics(ctx: CheckContext) -> list[ProbeResult]:
+    """host.cpu_numerics: the target interpreter runs reproduction.numerics.PROBE with the kernels a pipeline command
+    would pin and compares its digest with the machines' that made the demo's reference evidence. Measured, not
+    inferred from CPU flags: an AVX-512 Intel Xeon pinned to AVX2 computes other bits than AVX2 and AMD servers do.
+    Only warns: a machine with other bits still runs everything, its CPU-trained weights just differ."""
+    from reproduction.errors import ConfigError
+    from reproduction.numerics import KNOWN_OTHER, PINNED, PROBE, REFERENCE_DIGEST, parse_probe, probe_environ
+
+    name = "host.cpu_numerics"
+    if ctx.facts and not (ctx.facts.get("modules") or {}).get("torch"):
+        return [skip(name, f"torch is not importable by {ctx.python}")]
+    try:
+        env = probe_environ(ctx.env)
+    except ConfigError as exc:  # host.cpu_kernels and every pipeline command say the same
+        return [warn(name, f"not probed: {exc.message}", exc.hint or "fix the setting")]
+    result = ctx.run(
+        python_script_argv(ctx.python, "# portable-probe: cpu-numerics" + PROBE), timeout=NUMERICS_TIMEOUT, env=env
+    )
+    try:
+        if result.returncode != 0:
+            raise ValueError(f"exit {result.returncode}: {result.tail(200)}")
+        got = parse_probe(result.stdout)
+    except ValueError as exc:
+        return [
+            warn(name, f"the numerics probe did not run ({exc})", f"run `{ctx.python} -c 'import torch'` to see why")
+        ]
+    digest, kernels = got["digest"], " ".join(f"{k}={env[k]}" for k in PINNED if k in env)
+    details = {"digest": digest, "reference": REFERENCE_DIGEST, "capability": got["capability"]}
+    if digest == REFERENCE_DIGEST:
+        return [
+            ok(
+                name,
+                f"CPU kernels compute the reference machines' bits (probe {digest}, {kernels or 'native'})",
+                **details,
+            )
+        ]
+    seen = f"; seen before: {KNOWN_OTHER[digest]}" if digest in KNOWN_OTHER else ""
+    return [
+        warn(
+            name,
+            f"CPU kernels compute other bits than the machines that made the demo's reference evidence (probe "
+            f"{digest}, theirs {REFERENCE_DIGEST}; {kernels or 'native kernels'}): CPU training here gives other "
+            f"weights, so comparisons with CPU-trained reference evidence may say `differs`{seen}",
+            "expect CPU-trained results to differ from such evidence, or reproduce it where this row is ok "
+            "(README: CPU kernels); GPU runs are not affected",
+            **details,
+        )
+    ]
 
 
 def _existing(path: Path) -> Path:

@@ -142,6 +142,7 @@ def collect_report(
         lambda: accelerator_cuda.probe_cuda(ctx, selected),
         lambda: accelerator_ascend.probe_ascend(ctx, selected),
         lambda: host.probe_host(ctx),
+        lambda: host.probe_cpu_numerics(ctx),
         lambda: filesystems.probe_filesystems(ctx),
         lambda: hazards.probe_hazards(ctx, manifest),
         lambda: render.probe_libero_render(ctx),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import sys
 import time
@@ -382,5 +383,33 @@ def _results_lines(run_dir: Path) -> list[str]:
     """Success rates per policy with their Wilson intervals, and the comparison table and verdict against the
     reference (reproduction.run.compare_cmd.run_results_lines)."""
     from reproduction.run.compare_cmd import run_results_lines
+    from reproduction.run.runner import read_state
 
-    return run_results_lines(run_dir, table=True)
+    lines = run_results_lines(run_dir, table=True)
+    verdict = ((read_state(run_dir) or {}).get("stages", {}).get("compare", {}).get("summary") or {}).get("verdict")
+    return lines + (numerics_lines() if verdict and verdict != "reproduced" else [])
+
+
+def numerics_lines() -> list[str]:
+    """Why a CPU demo may not reproduce its reference evidence: when this CPU's pinned kernels compute other bits than
+    the machines that made it (reproduction.numerics.PROBE, run in a fresh interpreter as `portable check`'s
+    host.cpu_numerics row does), the demo trained other weights, and its comparison says so. [] when the bits are
+    the reference's (the difference is then not the CPU's) or the probe cannot run."""
+    import subprocess
+
+    from reproduction.numerics import PROBE, REFERENCE_DIGEST, parse_probe, probe_environ
+
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", PROBE], env=probe_environ(os.environ), capture_output=True, text=True, timeout=120
+        )
+        digest = parse_probe(done.stdout)["digest"]
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return []
+    if digest == REFERENCE_DIGEST:
+        return []
+    return [
+        f"note: this CPU computes other bits than the machines that made the reference evidence (numerics probe "
+        f"{digest}, theirs {REFERENCE_DIGEST}), so the demo trained other weights here; README, 'CPU kernels'",
+        "",
+    ]
