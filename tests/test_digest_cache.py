@@ -41,6 +41,30 @@ def test_a_file_is_hashed_once_and_again_after_a_same_size_rewrite(tmp_path):
     assert cache.file(f) == sha256_file(f) != first and calls["w.bin"] == 2
 
 
+def test_many_files_hash_in_threads_only_above_the_size_worth_a_pool(tmp_path, monkeypatch):
+    import threading
+
+    import reproduction.digest_cache as dc
+
+    files = []
+    for i in range(4):
+        files.append(tmp_path / f"f{i}.bin")
+        files[-1].write_bytes(bytes([i]) * 70_000)
+    threads: set[str] = set()
+
+    def hasher(path: Path) -> str:
+        threads.add(threading.current_thread().name)
+        return sha256_file(path)
+
+    want = {f: sha256_file(f) for f in files}
+    assert DigestCache(hasher=hasher).files(files) == want
+    assert threads == {threading.current_thread().name}  # 280 KB: hashed here, no pool started
+    threads.clear()
+    monkeypatch.setattr(dc, "PARALLEL_HASH_BYTES", 100_000)
+    assert DigestCache(hasher=hasher, jobs=2).files(files) == want
+    assert threading.current_thread().name not in threads  # above the bar: the pool's threads
+
+
 def test_trees_and_remembered_digests(tmp_path):
     cache, calls = counting()
     folder = tmp_path / "ds"
