@@ -137,6 +137,22 @@ class PolicyHead:
         """The model's forward (prefix and expert) on `batch`: what the loss differentiates."""
         return self.model(batch, x, t)
 
+    @property
+    def sharded(self) -> bool:
+        """An FSDP2-sharded model (several trainer ranks, or bf16): its root weights are gathered in `forward`
+        only, so the rollout runs the whole forward per denoising step instead of reusing a prefix cache."""
+        from torch.distributed.fsdp import FSDPModule
+
+        return isinstance(self.model, FSDPModule)
+
+    def step_velocity(self, batch: dict[str, Any]) -> Any:
+        """velocity(x, t) of `batch`'s rows for a sampler: the prefix once, then the expert alone per call (the
+        whole forward per call on a sharded model)."""
+        if self.sharded:
+            return lambda x, t: self.velocity(batch, x, t)
+        cache = self.prefix(batch)
+        return lambda x, t: self.model.velocity(cache, x, t)
+
     def prefix(self, batch: dict[str, Any], rows: torch.Tensor | None = None) -> Any:
         """The model's prefix cache of `batch` (cameras + prompt through the VLM, once), for its rows or, with
         `rows` (m,) int64, for rows[j] of the batch at position j (the prefix still runs once per batch row).
@@ -277,13 +293,11 @@ def rollout(
         while step < spec.episode_steps:
             state = head.normalise_state(head.raw_state(obs))
             seen = head.frames(obs)
-            cache = head.prefix(head.model_batch(state, tids, seen))  # once per decision, reused by the K steps
+            velocity = head.step_velocity(head.model_batch(state, tids, seen))  # prefix once, reused by the K steps
             draws = [torch.randn((1 + k_steps, *shape), generator=g) for g in gens]  # per env, fixed order
             noise = torch.stack([d[0] for d in draws])
             step_noise = torch.stack([d[1:] for d in draws], dim=1)  # (K, n, H, A)
-            chain, _, logp = sde.sample_chain(
-                lambda x, t: head.model.velocity(cache, x, t), noise, step_noise, k_steps, spec.noise_level, (h, a)
-            )
+            chain, _, logp = sde.sample_chain(velocity, noise, step_noise, k_steps, spec.noise_level, (h, a))
             if ref is not None:
                 refs.append(reference_means(ref, state, tids, chain, spec, frames=seen)[..., :h, :a])
             states.append(state)
@@ -323,8 +337,11 @@ def reference_means(
     x = chain[:, :k_steps].reshape(n * k_steps, *chain.shape[2:])
     kk = torch.arange(k_steps).repeat(n)
     t = sde.timesteps(k_steps)[kk].float()
-    rows = torch.from_numpy(np.repeat(np.arange(n), k_steps))
-    cache = ref.prefix(ref.model_batch(state, task_ids, frames), rows=rows)
-    v = ref.model.velocity(cache, x, t)
+    rows = np.repeat(np.arange(n), k_steps)
+    if ref.sharded:  # the whole forward over the n * K rows
+        sub = {slot: f[rows] for slot, f in (frames or {}).items()}
+        v = ref.velocity(ref.model_batch(state[rows], task_ids[rows], sub), x, t)
+    else:
+        v = ref.model.velocity(ref.prefix(ref.model_batch(state, task_ids, frames), rows=torch.from_numpy(rows)), x, t)
     mean = sde.sde_mean(x, v, kk, k_steps, spec.noise_level)
     return mean.reshape(n, k_steps, *chain.shape[2:]).numpy()
