@@ -296,3 +296,14 @@ def test_a_tiny_camera_run_through_sft_rl_and_eval(tmp_path, monkeypatch):
     wrist = _load([*over, "sft.model.cameras={base_0_rgb: observation.images.wrist}"], tmp_path)
     problems = preflight(wrist, tmp_path / "run2", {})
     assert any("has no observation.images.wrist, which sft.model.cameras reads" in p.message for p in problems)
+
+
+def test_the_demo_generates_its_sft_data_with_the_cameras_the_config_reads(tmp_path):
+    from reproduction.recipes.grpo.demo import QUICK, _with_cameras
+
+    assert _with_cameras(QUICK, tmp_path, True, []) is QUICK  # camera-free: the same data (and stamp) as before
+    wrist = ["sft.model.cameras={base_0_rgb: observation.images.wrist}", "sft.model.image_size=32"]
+    data = _with_cameras(QUICK, tmp_path, True, wrist)
+    assert (data.cameras, data.image_size, data.sft_episodes) == (("wrist",), 32, QUICK.sft_episodes)
+    pi05 = _with_cameras(QUICK, tmp_path, False, ["sft.model.preset=pi05", wrist[0]])
+    assert (pi05.cameras, pi05.image_size) == (("wrist",), 224)
