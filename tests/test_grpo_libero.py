@@ -136,13 +136,19 @@ def test_a_tiny_grpo_run_on_libero_through_portable_run(tmp_path):
     assert verify.returncode == 0, verify.stderr
 
 
-def test_the_pi05_preset_is_refused_when_the_config_loads(tmp_path):
-    """Checked, not built (docs/grpo.md): pi05 reads cameras and writes the state into its prompt, which the
-    camera-free rollouts do not give it; the config says so before anything runs (exit 4)."""
+def test_cameras_and_so_pi05_are_refused_on_libero_when_the_config_loads(tmp_path):
+    """GRPO renders no LIBERO cameras (not built: docs/grpo.md), so a LIBERO run with sft.model.cameras is refused
+    in one line before anything runs (exit 4), and pi05, which reads cameras, with it."""
+    cameras = "sft.model.cameras={base_0_rgb: observation.images.image}"
+    for overrides in ([cameras], ["sft.model.preset=pi05", cameras]):
+        with pytest.raises(ConfigError) as err:
+            _load(overrides, tmp_path)
+        assert "GRPO on LIBERO renders no cameras" in err.value.message and "\n" not in err.value.message
+        assert err.value.exit_code == 4 and err.value.field == "sft.model.cameras"
+        assert err.value.hint and "sft.model.cameras={}" in err.value.hint
     with pytest.raises(ConfigError) as err:
         _load(["sft.model.preset=pi05"], tmp_path)
-    assert "camera-free tiny preset only" in err.value.message and err.value.exit_code == 4
-    assert err.value.hint and "sft.model.preset=tiny" in err.value.hint
+    assert "sft.model.preset='pi05' reads cameras" in err.value.message
 
 
 def test_preflight_names_the_extra_when_libero_is_missing(monkeypatch):

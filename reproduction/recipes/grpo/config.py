@@ -15,6 +15,7 @@ its stage computes is declared so on the field (`same_outputs()`): the stage key
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from reproduction.config_fields import same_outputs
 from reproduction.errors import ConfigError
@@ -36,7 +37,15 @@ class PolicyModelSection:
     """The policy preset: RECAP stage 4's model (reproduction/recap/policy), trained without conditioning."""
 
     preset: str = "tiny"
-    """tiny (camera-free CPU preset); the GRPO rollouts read state + goal + prompt."""
+    """tiny (CPU; camera-free unless `cameras` maps some) or pi05 (lerobot PI05Policy's architecture: reads cameras
+    and writes the state into its prompt as text; full size needs a GPU and `pretrained_manifest`)."""
+    cameras: dict[str, str] = field(default_factory=dict)
+    """Model camera slot -> observation key, as RECAP's policy.model.cameras (e.g. {base_0_rgb:
+    observation.images.agentview}); the keys name cameras the Fetch simulator renders (observation.images.agentview,
+    observation.images.wrist), which the SFT data, the rollouts and the evaluation then carry. {} = state + goal +
+    prompt only. LIBERO runs take none (not built)."""
+    image_size: int = 64
+    """tiny: the camera resolution its SigLIP reads, and the simulator renders at (pi05 reads and renders 224)."""
     chunk: int = 4
     """Action chunk length H."""
     execute_steps: int = 2
@@ -60,22 +69,66 @@ class PolicyModelSection:
     """weights_manifest/*.json whose files initialise the SFT model (sha256-checked); None = random init."""
     weights_dir: str | None = None
     """Folder the manifest's file paths are relative to."""
+    tokenizer: str | None = None
+    """Folder with tokenizer.json (pi05 with pretrained weights: PaliGemma's); None = train one in-process."""
 
     def __post_init__(self) -> None:
-        if self.preset != "tiny":
+        k = "sft.model."
+        if self.preset not in PRESETS:
             raise ConfigError(
-                f"sft.model.preset={self.preset!r}: the GRPO rollouts serve the camera-free tiny preset only",
-                field="sft.model.preset",
-                hint="set sft.model.preset=tiny (pi05 rollouts need camera rendering in the rollout loop: not built)",
+                f"{k}preset={self.preset!r} is not one of {', '.join(PRESETS)}",
+                field=k + "preset",
+                hint=f"set {k}preset to one of: {', '.join(PRESETS)}",
             )
         for name in ("chunk", "execute_steps", "num_steps", "width", "prefix_layers", "expert_layers"):
             if int(getattr(self, name)) < 1:
-                raise ConfigError(f"sft.model.{name}={getattr(self, name)} must be >= 1", field=f"sft.model.{name}")
+                raise ConfigError(f"{k}{name}={getattr(self, name)} must be >= 1", field=k + name)
         if self.execute_steps > self.chunk:
             raise ConfigError(
-                f"sft.model.execute_steps={self.execute_steps} exceeds sft.model.chunk={self.chunk}",
-                field="sft.model.execute_steps",
+                f"{k}execute_steps={self.execute_steps} exceeds {k}chunk={self.chunk}",
+                field=k + "execute_steps",
             )
+        if self.preset == "pi05" and not self.cameras:  # RECAP's rule (recap/policy/config.py check_policy_values)
+            raise ConfigError(
+                f"{k}preset='pi05' reads cameras (PaliGemma's SigLIP); `{k}cameras` maps none",
+                field=k + "cameras",
+                hint=f"map at least one slot, e.g. {k}cameras={{base_0_rgb: observation.images.agentview}}",
+            )
+        if not 16 <= self.image_size <= 480 or self.image_size % 16:
+            raise ConfigError(
+                f"{k}image_size={self.image_size} is not a multiple of 16 in 16..480 (tiny's SigLIP patch is 16 px)",
+                field=k + "image_size",
+            )
+
+    @property
+    def render_size(self) -> int:
+        """The resolution the simulator renders the cameras at: the model's input (tiny image_size, pi05 224)."""
+        return PI05_IMAGE_SIZE if self.preset == "pi05" else int(self.image_size)
+
+
+PRESETS = ("tiny", "pi05")
+"""The policy presets (reproduction/recap/policy/model.py PRESETS, not imported: it loads torch)."""
+PI05_IMAGE_SIZE = 224
+"""pi05's camera resolution (reproduction/recap/policy/pi05.py pi05_config's default)."""
+SIM_CAMERAS = ("agentview", "wrist")
+"""The cameras the Fetch simulator renders (reproduction/sim/env.py CAMERAS, not imported: it loads mujoco; a test
+pins the two equal)."""
+IMAGE_PREFIX = "observation.images."
+
+
+def camera_names(cameras: Any, key: str = "sft.model.cameras") -> tuple[str, ...]:
+    """The simulator cameras (SIM_CAMERAS order) a camera map {slot: observation.images.<camera>} reads; a one-line
+    ConfigError naming `key`, the bad value and the valid ones for a key the simulator does not render."""
+    valid = [IMAGE_PREFIX + c for c in SIM_CAMERAS]
+    bad = [v for v in dict(cameras).values() if v not in valid]
+    if bad:
+        raise ConfigError(
+            f"{key}: {', '.join(map(repr, bad))} is not a camera the simulator renders (valid: {', '.join(valid)})",
+            field=key,
+            hint=f"map each slot to one of {', '.join(valid)}",
+        )
+    wanted = set(dict(cameras).values())
+    return tuple(c for c in SIM_CAMERAS if IMAGE_PREFIX + c in wanted)
 
 
 def _sft_train() -> TrainConfig:
@@ -358,4 +411,26 @@ class GrpoRunConfig:
                 f"rl.tasks {list(self.rl.tasks)} and eval.tasks {list(self.eval.tasks)} are of different simulators",
                 field="eval.tasks",
                 hint="evaluate in the world the policy is trained in (both Fetch, or both LIBERO)",
+            )
+        self._check_cameras()
+
+    def _check_cameras(self) -> None:
+        """sft.model.cameras against the world: LIBERO takes none (not built), Fetch's must be ones it renders; the
+        co-training batches are camera-free and text-state-free (recap/policy/batches.py collate_arrays)."""
+        model = self.sft.model
+        if not model.cameras:
+            return
+        if _is_libero(self.rl.tasks[0]):
+            raise ConfigError(
+                f"sft.model.cameras={dict(model.cameras)}: GRPO on LIBERO renders no cameras (not built; the LIBERO "
+                "rollouts read privileged state)",
+                field="sft.model.cameras",
+                hint="set sft.model.cameras={} and sft.model.preset=tiny for LIBERO, or train on a Fetch task",
+            )
+        camera_names(model.cameras)
+        if self.rl.cotrain_dataset:
+            raise ConfigError(
+                "rl.cotrain_dataset: co-training batches are camera-free (not built for sft.model.cameras)",
+                field="rl.cotrain_dataset",
+                hint="set rl.cotrain_dataset=null with cameras",
             )

@@ -1,7 +1,8 @@
 """`portable demo --recipe grpo`: GRPO from scratch on CPU, with no download, from a packed bundle.
 
-Generates scripted FetchPush-v4 demonstrations in the simulator, packs them with a source snapshot and the run
-configs into the GRPO bundle (bundle/grpo.toml), restores a copy elsewhere, runs `check` on it, then runs the
+Generates scripted FetchPush-v4 demonstrations in the simulator (rendering the cameras the config's
+sft.model.cameras read: none by default), packs them with a source snapshot and the run configs into the GRPO
+bundle (bundle/grpo.toml), restores a copy elsewhere, runs `check` on it, then runs the
 GRPO recipe through the runner from the restored bundle (its config/run.yaml = bundle/grpo/config.yaml;
 `--quick` layers config/quick.yaml = bundle/grpo/quick.yaml on it): sft (BC on the demonstrations) -> rl (GRPO
 in the simulator) -> eval (sft and grpo on the same held-out episodes) -> compare (against eval.reference when
@@ -57,6 +58,10 @@ class DemoData:
     """Scripted expert episodes per task (30: BC reaches ~25% push success, room for RL; docs/grpo.md)."""
     tasks: tuple[str, ...] = ("FetchPush-v4",)
     seed: int = 0
+    cameras: tuple[str, ...] = ()
+    """Simulator cameras rendered into the demonstrations: those the run config's sft.model.cameras read."""
+    image_size: int = 64
+    """Their resolution: the model's (sft.model.render_size)."""
 
 
 FULL = DemoData()
@@ -97,7 +102,8 @@ def run_demo(
     from reproduction.recipes.recap.demo import _check, _pack, _restore  # RECAP's demo steps, shared
 
     src, bundle, restored = out / "src", out / "bundle", out / "restored" / RESTORED
-    step("generate", lambda: _generate(src / "data" / "sft", QUICK if quick else FULL))
+    data = _with_cameras(QUICK if quick else FULL, src, quick, list(overrides or []))
+    step("generate", lambda: _generate(src / "data" / "sft", data))
     _write_sources(src)
     step("pack", lambda: _pack(src, bundle, ui=ui, spec=SPEC))
     step("restore", lambda: _restore(bundle, restored, ui=ui))
@@ -116,6 +122,20 @@ def run_demo(
     return 0
 
 
+def _with_cameras(data: DemoData, src: Path, quick: bool, overrides: list[str]) -> DemoData:
+    """`data` rendering the cameras the run's policy reads (bundle/grpo's configs with `overrides`: sft.model.cameras
+    at sft.model.render_size); unchanged for a camera-free policy. Raises what the config loader raises."""
+    from dataclasses import replace
+
+    from reproduction.recipes.grpo.config import GrpoRunConfig, camera_names
+    from reproduction.run.config import load_config
+
+    files = [CONFIGS / "config.yaml"] + ([CONFIGS / "quick.yaml"] if quick else [])
+    model = load_config(files, overrides, bundle=src, run_dir=src / "run", schema=GrpoRunConfig).sft.model
+    cameras = camera_names(model.cameras)
+    return replace(data, cameras=cameras, image_size=model.render_size) if cameras else data
+
+
 def _generate(root: Path, data: DemoData) -> str:
     """Scripted demonstrations at `root`; reused when the stamp (settings + simulator code) matches. The stamp file
     is <root>/../../generated.json (src/generated.json: outside the packed data, left out of pack's stamp)."""
@@ -124,13 +144,23 @@ def _generate(root: Path, data: DemoData) -> str:
     from reproduction.sim.generate import GenConfig, generate_dataset
 
     modules = ("generate", "env", "experts", "episode", "tasks", "seeds")
-    doc = {"data": asdict(data), "code": [module_digest(f"reproduction.sim.{m}") for m in modules]}
+    fields = asdict(data)
+    if not data.cameras:  # a camera-free demo keeps the stamp it had before cameras existed
+        del fields["cameras"], fields["image_size"]
+    doc = {"data": fields, "code": [module_digest(f"reproduction.sim.{m}") for m in modules]}
     stamp = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
     done = root.parent.parent / "generated.json"
     if done.is_file() and root.is_dir() and json.loads(done.read_text()).get("stamp") == stamp:
         return "reused"
     shutil.rmtree(root, ignore_errors=True)
-    cfg = GenConfig(kind="sft", tasks=data.tasks, episodes_per_task=data.sft_episodes, seed=data.seed, cameras=())
+    cfg = GenConfig(
+        kind="sft",
+        tasks=data.tasks,
+        episodes_per_task=data.sft_episodes,
+        seed=data.seed,
+        cameras=tuple(data.cameras),
+        image_size=data.image_size,
+    )
     result = generate_dataset(cfg, root)
     atomic_write_text(done, json.dumps({"stamp": stamp}) + "\n")
     return f"{result.episodes} episodes, {result.frames} frames"

@@ -14,8 +14,10 @@ Two worlds, one interface: a Fetch task (`FetchPush-v4`) or a LIBERO task id (`l
 names it: reproduction/sim/libero). The helpers below are the only places the recipe asks which: `init_reset` (a
 Fetch reset seed, or a LIBERO (init-state index, robosuite seed) pair: LIBERO ships 50 fixed init states per task,
 so RL init state i starts from index i % 50), `task_language`, `episode_steps` (Fetch 50; LIBERO the suite's
-limit, or a lower `max_steps`) and `make_sims` (state-only envs: FetchSim without cameras, or a LiberoSim without
-cameras whose observation carries LIBERO's privileged object state).
+limit, or a lower `max_steps`) and `make_sims` (FetchSims rendering the cameras the policy reads, none for a
+camera-free policy; or LiberoSims without cameras, whose observation carries LIBERO's privileged object state: GRPO
+renders no LIBERO cameras, and its config refuses a LIBERO run with cameras). `export_cameras` says which cameras,
+at which size, a policy export reads.
 """
 
 from __future__ import annotations
@@ -103,13 +105,36 @@ class LiberoRolloutSim:
         self.sim.close()
 
 
-def make_sims(task: str, n: int) -> list[Any]:
-    """n state-only envs of `task` (the caller closes them): FetchSims, or LiberoRolloutSims."""
+def make_sims(task: str, n: int, cameras: tuple[str, ...] = (), image_size: int = 64) -> list[Any]:
+    """n envs of `task` (the caller closes them): FetchSims rendering `cameras` at `image_size` into every
+    observation (() = state only), or camera-free LiberoRolloutSims (SimError when `cameras` are asked of LIBERO)."""
     if is_libero(task):
+        if cameras:
+            from reproduction.errors import SimError
+
+            raise SimError(f"{task}: GRPO renders no LIBERO cameras (asked for {list(cameras)})", value=task)
         return [LiberoRolloutSim(task) for _ in range(n)]
     from reproduction.sim.env import FetchSim
 
-    return [FetchSim(task, cameras=()) for _ in range(n)]
+    return [FetchSim(task, cameras=tuple(cameras), image_size=int(image_size)) for _ in range(n)]
+
+
+def export_cameras(export_dir: Any) -> tuple[tuple[str, ...], int]:
+    """(the simulator cameras a policy export reads, in CAMERAS order; the size to render them at: the model's
+    input, tiny's image_size or pi05's 224); ((), 64) for a camera-free export. ConfigError when the export reads
+    a camera the simulator does not render."""
+    import json
+    from pathlib import Path
+
+    from reproduction.recap.policy.export import read_export
+    from reproduction.recipes.grpo.config import camera_names
+
+    meta = read_export(Path(export_dir))
+    cameras = camera_names(meta.get("cameras") or {}, key=f"the policy export {export_dir} (policy.json cameras)")
+    if not cameras:
+        return (), 64
+    model = json.loads((Path(export_dir) / "model_config.json").read_text(encoding="utf-8"))
+    return cameras, int((model.get("vision") or {}).get("image_size", 224))
 
 
 class LocalEnvs:
@@ -161,12 +186,13 @@ def _step(sims: list[Any], actions: Any) -> tuple[list[dict[str, Any]], Any]:
     return obs, once
 
 
-def _serve(conn: Any, task: str, n: int) -> None:
-    """A worker's loop: own n state-only envs of `task` (make_sims), answer commands until "close" or EOF."""
+def _serve(conn: Any, task: str, n: int, cameras: tuple[str, ...] = (), image_size: int = 64) -> None:
+    """A worker's loop: own n envs of `task` (make_sims, rendering `cameras`), answer commands until "close" or
+    EOF."""
     from reproduction.sim.workers import WORKER_ENV
 
     os.environ.update(WORKER_ENV)  # before numpy / mujoco load
-    sims = make_sims(task, n)
+    sims = make_sims(task, n, cameras, image_size)
     try:
         while True:
             try:
@@ -189,9 +215,10 @@ def _serve(conn: Any, task: str, n: int) -> None:
 
 
 class EnvWorkers:
-    """n envs of `task` sliced over `workers` spawn processes (module docstring); close() ends them."""
+    """n envs of `task` (rendering `cameras` at `image_size`) sliced over `workers` spawn processes (module
+    docstring); close() ends them."""
 
-    def __init__(self, task: str, n: int, workers: int) -> None:
+    def __init__(self, task: str, n: int, workers: int, *, cameras: tuple[str, ...] = (), image_size: int = 64) -> None:
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")
@@ -200,7 +227,7 @@ class EnvWorkers:
         self.conns, self.procs = [], []
         for a, b in zip(self.bounds, self.bounds[1:]):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(child, task, b - a), daemon=True)
+            proc = ctx.Process(target=_serve, args=(child, task, b - a, tuple(cameras), image_size), daemon=True)
             proc.start()
             child.close()
             self.conns.append(parent)

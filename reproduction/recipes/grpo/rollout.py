@@ -1,9 +1,11 @@
 """Group rollouts: B initial states x G rollouts each, stepped in lockstep with one batched policy forward.
 
     for each decision (every `execute_steps` env steps, 50 / 2 = 25 per Fetch episode):
-        observation (n, S) -> normalised state; one flow-SDE chain for all n = B * G envs (sde.sample_chain),
-        one batched velocity forward per denoising step; the reference policy's step means at the same
-        points (one forward over n * K rows); the executed actions step every env
+        observation (n, S) -> normalised state (and the cameras the policy reads, uint8 frames); the model batch
+        as stage 4 builds it; the prefix (cameras + prompt) ONCE, then one flow-SDE chain for all n = B * G envs
+        (sde.sample_chain): one batched expert (velocity) pass per denoising step over that prefix; the reference
+        policy's step means at the same points (its own prefix once, one expert pass over n * K rows); the
+        executed actions step every env
     reward of a rollout = success at the episode's end (or at any step), in {0, 1}, or (Fetch) that success plus
     the share of the object's distance to the goal the episode removed (objective.rollout_rewards)
 
@@ -11,8 +13,11 @@ Deterministic given the seeds: an env's reset seed fixes its initial state, and 
 every step's z) comes from its own torch.Generator seeded by `noise_seeds[i]`, drawn in a fixed order, so a
 rollout does not depend on which other rows share the batch. The envs step in this process or in simulator
 worker processes (envs.py); the policy forward stays one batched call over all rows here. `PolicyHead` adapts a
-camera-free `tiny` policy (reproduction/recap/policy/model.py) for batched velocity calls over arrays; its state is
-the export's (Fetch: state + goal; LIBERO: the export's state_keys and state_dims, as GuidedPolicy reads them).
+stage-4 policy (reproduction/recap/policy: `tiny`, camera-free or with cameras, and `pi05`) for batched calls over
+arrays; its state is the export's (Fetch: state + goal; LIBERO: the export's state_keys and state_dims, as
+GuidedPolicy reads them). A camera-free tiny batch carries each distinct prompt once (its prefix runs once per
+prompt); a batch with cameras, or pi05's (the state written into the prompt as text: pi05.discretize_state), goes
+through stage 4's collator sample by sample, each frame through `to_pixels`, as GuidedPolicy.batch builds it.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from reproduction.recipes.grpo import sde
 
 @dataclass(kw_only=True)
 class PolicyHead:
-    """Batched velocity of a camera-free tiny policy over (normalised state, task id) rows."""
+    """Batched velocity of a stage-4 policy over (normalised state, task id[, camera frames]) rows."""
 
     model: Any
     collator: Any
@@ -46,6 +51,29 @@ class PolicyHead:
     """The observation features the policy's state concatenates (the export's; [] = state, and goal where given)."""
     state_dims: list[int] | None = None
     """Indices of that vector the policy reads (the export's; None = all)."""
+    cameras: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Model camera slot -> observation key (the export's; {} = camera-free)."""
+    image_size: int = 64
+    """The model's camera resolution: the envs render at it (to_pixels then keeps the frame, as stage 4 would
+    resize any other); 64, unused, for a camera-free policy."""
+    state_text: bool = False
+    """pi05: the state goes into the prompt as text (the collator's state_text)."""
+
+    @property
+    def sim_cameras(self) -> tuple[str, ...]:
+        """The simulator cameras the envs render for this policy (() for a camera-free one)."""
+        from reproduction.recipes.grpo.config import camera_names
+
+        return camera_names(self.cameras, key="the policy's cameras")
+
+    @property
+    def plain(self) -> bool:
+        """A camera-free, text-state-free head: batches carry each distinct prompt once."""
+        return not self.cameras and not self.state_text
+
+    def frames(self, obs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+        """{slot: (n, H, W, 3) uint8} the frames of the cameras the policy reads ({} for a camera-free head)."""
+        return {slot: np.stack([np.asarray(o[key], np.uint8) for o in obs]) for slot, key in self.cameras.items()}
 
     def raw_state(self, obs: list[dict[str, Any]]) -> np.ndarray:
         """(n, S) the policy's raw state of n observations, as the export's GuidedPolicy builds it: the export's
@@ -71,18 +99,76 @@ class PolicyHead:
         a_std = np.asarray(self.stats["action_std"], np.float32)
         return (x[..., : self.env_action_dim] * a_std + a_mean).astype(np.float32)
 
-    def model_batch(self, state: np.ndarray, task_ids: np.ndarray) -> dict[str, torch.Tensor]:
-        """The model's batch for rows (normalised state, task id): each distinct prompt runs its prefix once."""
-        ids, mask, index = self.collator.prompt_table(np.asarray(task_ids, np.int64), np.zeros(len(task_ids), np.int64))
-        return {
-            "state": torch.from_numpy(np.ascontiguousarray(state, np.float32)),
-            "prompt_ids": ids,
-            "prompt_mask": mask,
-            "prompt_index": index,
-        }
+    def model_batch(
+        self, state: np.ndarray, task_ids: np.ndarray, frames: dict[str, np.ndarray] | None = None
+    ) -> dict[str, Any]:
+        """The model's batch for rows (normalised state, task id, and `frames` {slot: (n, H, W, 3) uint8} when the
+        policy reads cameras). Camera-free tiny: each distinct prompt once (its prefix runs once). Otherwise stage
+        4's inference batch (GuidedPolicy.batch): samples through the collator, every frame through to_pixels at
+        the model's size, the plain prompt (pi05: with the state as text); input_ids, attention_mask, images,
+        image_masks, state."""
+        if self.plain:
+            tids = np.asarray(task_ids, np.int64)
+            ids, mask, index = self.collator.prompt_table(tids, np.zeros(len(task_ids), np.int64))
+            return {
+                "state": torch.from_numpy(np.ascontiguousarray(state, np.float32)),
+                "prompt_ids": ids,
+                "prompt_mask": mask,
+                "prompt_index": index,
+            }
+        from reproduction.recap.policy.conditioning import PLAIN
+        from reproduction.recap.value.data import to_pixels
+
+        frames = frames or {}
+        missing = [slot for slot in self.cameras if slot not in frames]
+        if missing:
+            raise ValueError(f"the policy reads cameras {missing}: pass their frames")
+        samples = []
+        for i, tid in enumerate(np.asarray(task_ids, np.int64).tolist()):
+            sample = {"state": np.asarray(state[i], np.float32), "actions": np.zeros((1, 1), np.float32)}
+            sample.update(task_id=tid, label=True, kind=PLAIN)
+            sample["images"] = {slot: to_pixels(frames[slot][i], self.image_size) for slot in self.cameras}
+            samples.append(sample)
+        out = self.collator(samples)
+        keep = ("state", "input_ids", "attention_mask", "images", "image_masks")
+        return {k: out[k] for k in keep if k in out}
 
     def velocity(self, batch: dict[str, torch.Tensor], x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """The model's forward (prefix and expert) on `batch`: what the loss differentiates."""
         return self.model(batch, x, t)
+
+    @property
+    def sharded(self) -> bool:
+        """An FSDP2-sharded model (several trainer ranks, or bf16): its root weights are gathered in `forward`
+        only, so the rollout runs the whole forward per denoising step instead of reusing a prefix cache."""
+        from torch.distributed.fsdp import FSDPModule
+
+        return isinstance(self.model, FSDPModule)
+
+    def step_velocity(self, batch: dict[str, Any]) -> Any:
+        """velocity(x, t) of `batch`'s rows for a sampler: the prefix once, then the expert alone per call (the
+        whole forward per call on a sharded model)."""
+        if self.sharded:
+            return lambda x, t: self.velocity(batch, x, t)
+        cache = self.prefix(batch)
+        return lambda x, t: self.model.velocity(cache, x, t)
+
+    def prefix(self, batch: dict[str, Any], rows: torch.Tensor | None = None) -> Any:
+        """The model's prefix cache of `batch` (cameras + prompt through the VLM, once), for its rows or, with
+        `rows` (m,) int64, for rows[j] of the batch at position j (the prefix still runs once per batch row).
+        `self.model.velocity(cache, x, t)` then runs the expert alone: what each denoising step reuses."""
+        prefix, valid, index = self.model.encode_prefix(batch)
+        state = batch["state"]
+        if rows is not None:
+            index = rows if index is None else index.index_select(0, rows)
+            state = state.index_select(0, rows)
+        if self.model.config.preset == "pi05":  # pi05's cache is per row: gather its K/V by `index`
+            cache = self.model.prefix_cache(prefix, valid, None, state)
+            if index is not None:
+                cache.kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in cache.kv]
+                cache.valid = cache.valid.index_select(0, index)
+            return cache
+        return self.model.prefix_cache(prefix, valid, index, state)
 
 
 def load_head(export_dir: Path | str, *, model: Any = None) -> PolicyHead:
@@ -99,7 +185,19 @@ def load_head(export_dir: Path | str, *, model: Any = None) -> PolicyHead:
     if model is None:
         model = build_policy_model(mcfg)
     load_safetensors_strict(model, export_dir / "model.safetensors")
-    collator = PolicyCollator(load_tokenizer(export_dir / meta["tokenizer"]), list(meta["tasks"]))
+    pi05 = mcfg.preset == "pi05"
+    tokenizer = load_tokenizer(export_dir / meta["tokenizer"])
+    if mcfg.cameras or pi05:  # stage 4's collator, as make_policy_task builds it
+        collator = PolicyCollator(
+            tokenizer,
+            list(meta["tasks"]),
+            cameras=mcfg.cameras,
+            image_size=mcfg.image_size,
+            state_text=pi05,
+            action_dim=mcfg.action_dim,
+        )
+    else:
+        collator = PolicyCollator(tokenizer, list(meta["tasks"]))
     return PolicyHead(
         model=model,
         collator=collator,
@@ -110,6 +208,9 @@ def load_head(export_dir: Path | str, *, model: Any = None) -> PolicyHead:
         tasks=list(meta["tasks"]),
         state_keys=list(meta.get("state_keys") or []),
         state_dims=None if meta.get("state_dims") is None else [int(d) for d in meta["state_dims"]],
+        cameras=dict(meta.get("cameras") or {}),
+        image_size=mcfg.image_size if mcfg.cameras else 64,
+        state_text=pi05,
     )
 
 
@@ -141,6 +242,9 @@ class Rollouts:
     """(n, D, K) float32 each step's log-prob under the sampling policy (executed dims)."""
     ref_mean: np.ndarray | None
     """(n, D, K, h, a) float32 the reference policy's step means at the chain's points (executed dims)."""
+    frames: dict[str, np.ndarray] | None = None
+    """{slot: (n, D, H, W, 3) uint8} the camera frames each decision read (None for a camera-free policy): the
+    update recomputes the velocities from them."""
     success_once: np.ndarray
     success_at_end: np.ndarray
     """(n,) bool outcomes."""
@@ -181,22 +285,24 @@ def rollout(
     d_start = envs.goal_distance() if distances else None
     tids = np.asarray(task_ids, np.int64)
     states, chains, logps, refs = [], [], [], []
+    frames: dict[str, list[np.ndarray]] = {slot: [] for slot in head.cameras}
     once = np.zeros(n, bool)
     shape = (head.chunk, head.action_dim)
     step = 0
     with torch.no_grad():
         while step < spec.episode_steps:
             state = head.normalise_state(head.raw_state(obs))
-            batch = head.model_batch(state, tids)
+            seen = head.frames(obs)
+            velocity = head.step_velocity(head.model_batch(state, tids, seen))  # prefix once, reused by the K steps
             draws = [torch.randn((1 + k_steps, *shape), generator=g) for g in gens]  # per env, fixed order
             noise = torch.stack([d[0] for d in draws])
             step_noise = torch.stack([d[1:] for d in draws], dim=1)  # (K, n, H, A)
-            chain, _, logp = sde.sample_chain(
-                lambda x, t: head.velocity(batch, x, t), noise, step_noise, k_steps, spec.noise_level, (h, a)
-            )
+            chain, _, logp = sde.sample_chain(velocity, noise, step_noise, k_steps, spec.noise_level, (h, a))
             if ref is not None:
-                refs.append(reference_means(ref, state, tids, chain, spec)[..., :h, :a])
+                refs.append(reference_means(ref, state, tids, chain, spec, frames=seen)[..., :h, :a])
             states.append(state)
+            for slot, f in seen.items():
+                frames[slot].append(f)
             chains.append(chain.numpy())
             logps.append(logp.numpy())
             j = min(h, spec.episode_steps - step)
@@ -209,6 +315,7 @@ def rollout(
         chain=np.stack(chains, 1).astype(np.float32),
         log_prob=np.stack(logps, 1).astype(np.float32),
         ref_mean=np.stack(refs, 1).astype(np.float32) if ref is not None else None,
+        frames={slot: np.stack(f, 1) for slot, f in frames.items()} if head.cameras else None,
         success_once=once,
         success_at_end=np.asarray(envs.success(), bool),
         distance_start=d_start,
@@ -217,15 +324,24 @@ def rollout(
 
 
 def reference_means(
-    ref: PolicyHead, state: np.ndarray, task_ids: np.ndarray, chain: torch.Tensor, spec: RolloutSpec
+    ref: PolicyHead,
+    state: np.ndarray,
+    task_ids: np.ndarray,
+    chain: torch.Tensor,
+    spec: RolloutSpec,
+    frames: dict[str, np.ndarray] | None = None,
 ) -> np.ndarray:
-    """(n, K, H, A) the reference policy's SDE step means at the chain's points x_0..x_{K-1}, one forward."""
+    """(n, K, H, A) the reference policy's SDE step means at the chain's points x_0..x_{K-1}: its prefix once per
+    row (`frames`: the rows' camera frames), one expert pass over the n * K points."""
     n, k_steps = chain.shape[0], spec.num_steps
     x = chain[:, :k_steps].reshape(n * k_steps, *chain.shape[2:])
     kk = torch.arange(k_steps).repeat(n)
     t = sde.timesteps(k_steps)[kk].float()
     rows = np.repeat(np.arange(n), k_steps)
-    batch = ref.model_batch(state[rows], task_ids[rows])
-    v = ref.velocity(batch, x, t)
+    if ref.sharded:  # the whole forward over the n * K rows
+        sub = {slot: f[rows] for slot, f in (frames or {}).items()}
+        v = ref.velocity(ref.model_batch(state[rows], task_ids[rows], sub), x, t)
+    else:
+        v = ref.model.velocity(ref.prefix(ref.model_batch(state, task_ids, frames), rows=torch.from_numpy(rows)), x, t)
     mean = sde.sde_mean(x, v, kk, k_steps, spec.noise_level)
     return mean.reshape(n, k_steps, *chain.shape[2:]).numpy()

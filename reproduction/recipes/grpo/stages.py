@@ -150,8 +150,9 @@ def evaluate_exports(
 ) -> StageOutput:
     """Evaluate {label: (export, step)} and write the evidence (reproduction/run/evidence.py) to
     <run>/evidence/eval_<name>_<step>.json: the first label is the primary, the rest baselines. Fetch tasks run in
-    reproduction/sim/evaluate.py (one worker pool for all; episodes keyed by reset seed), LIBERO tasks by LIBERO's
-    protocol (sim/libero/protocol.py: the first N init states in order, no cameras; episodes keyed by init state),
+    reproduction/sim/evaluate.py (one worker pool for all; episodes keyed by reset seed; the cameras each policy
+    reads rendered), LIBERO tasks by LIBERO's protocol (sim/libero/protocol.py: the first N init states in order, no
+    cameras: GRPO's LIBERO policies are camera-free; episodes keyed by init state),
     each export's features checked against LIBERO's before any env is built."""
     from reproduction.recipes.grpo.envs import is_libero
     from reproduction.run import evidence
@@ -193,13 +194,16 @@ def evaluate_exports(
 
 
 def _run_fetch(config: Any, exports: dict[str, tuple[Path, int | None]], out_dir: Path, ui: Any) -> list[Any]:
-    """[(counts, seconds)] per export from the Fetch simulator (one worker pool for all)."""
+    """[(counts, seconds)] per export from the Fetch simulator (one worker pool for all), each export's episodes
+    rendering the cameras it reads (envs.export_cameras)."""
     from reproduction.recap.policy.export import PolicyFactory, read_export
+    from reproduction.recipes.grpo.envs import export_cameras
     from reproduction.sim.evaluate import EvalConfig, EvalJob, evaluate_many
 
     ev, jobs = config.eval, []
     for label, (export, _) in exports.items():
         meta = read_export(export)
+        cameras, size = export_cameras(export)  # render what the policy reads, at its size (none: state only)
         sim_cfg = EvalConfig(
             tasks=tuple(ev.tasks),
             episodes_per_task=ev.episodes_per_task,
@@ -207,6 +211,8 @@ def _run_fetch(config: Any, exports: dict[str, tuple[Path, int | None]], out_dir
             execute_steps=int(meta["execute_steps"]),
             videos=ev.videos,
             workers=ev.workers,
+            cameras=cameras,
+            image_size=size,
         )
         jobs.append(EvalJob(factory=PolicyFactory(export_dir=str(export)), config=sim_cfg, out_dir=out_dir / label))
     return [(_counts(result), result.seconds) for result in evaluate_many(jobs, ui=ui)]

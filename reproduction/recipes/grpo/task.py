@@ -67,7 +67,18 @@ def loss_rows(r: Any, advantages: np.ndarray, steps: np.ndarray | None = None) -
     }
     if r.ref_mean is not None:
         rows["ref_mean"] = r.ref_mean[i, dd, kk]
+    for slot, f in (r.frames or {}).items():  # uint8 frames of the row's decision (FRAME + slot)
+        rows[FRAME + slot] = f[i, dd]
     return rows
+
+
+FRAME = "frame:"
+"""Prefix of loss_rows' camera-frame arrays (FRAME + slot); model_batch turns them into images and masks."""
+
+
+def frames_of(rows: dict[str, Any]) -> dict[str, Any]:
+    """{slot: frames} of loss rows (empty for a camera-free policy)."""
+    return {k[len(FRAME) :]: v for k, v in rows.items() if k.startswith(FRAME)}
 
 
 def pick_steps(seeds: list[int], decisions: int, num_steps: int, count: int) -> np.ndarray:
@@ -105,18 +116,21 @@ class GrpoBatcher:
         from reproduction.recipes.grpo.envs import EnvWorkers, LocalEnvs, is_libero, make_sims
 
         workers = int(self.rl.get("rollout_workers", 1))
+        cameras, size = self.head.sim_cameras, self.head.image_size  # what the policy reads, at its size
         if workers > 1 or is_libero(task):
             key = (task, n)
             if key not in self._pools:
                 self._pools[key] = (
-                    EnvWorkers(task, n, workers) if workers > 1 else LocalEnvs(make_sims(task, n), owned=True)
+                    EnvWorkers(task, n, workers, cameras=cameras, image_size=size)
+                    if workers > 1
+                    else LocalEnvs(make_sims(task, n, cameras, size), owned=True)
                 )
             return self._pools[key]
         from reproduction.sim.evaluate import EnvPool, EvalConfig
 
         pool = self._pools.get("pool")
         if pool is None:
-            pool = self._pools["pool"] = EnvPool(EvalConfig(tasks=(task,), cameras=(), videos=0))
+            pool = self._pools["pool"] = EnvPool(EvalConfig(tasks=(task,), cameras=cameras, image_size=size, videos=0))
         return pool.get(task, n)
 
     def round_of(self, epoch: int) -> int:
@@ -175,8 +189,12 @@ class GrpoBatcher:
             self.head.model.train(was_training)
         rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         rewards = np.concatenate(rewards_all)
-        batch = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in rows.items() if k != "task_id"}
-        batch.update(self.head.model_batch(rows["state"], rows["task_id"]))
+        batch = {
+            k: torch.from_numpy(np.ascontiguousarray(v))
+            for k, v in rows.items()
+            if k != "task_id" and not k.startswith(FRAME)
+        }
+        batch.update(self.head.model_batch(rows["state"], rows["task_id"], frames_of(rows)))
         batch["reward_mean"] = torch.tensor(float(rewards.mean()))
         batch["success_at_end"] = torch.tensor(float(np.concatenate(succ).mean()))
         batch["zero_std_groups"] = torch.tensor(float((rewards.std(axis=1) < 1e-8).mean()))
@@ -255,8 +273,10 @@ def canary_batch(head: Any, num_steps: int, dims: tuple[int, int], with_ref: boo
     }
     if with_ref:
         rows["ref_mean"] = rng.standard_normal((n, *dims)).astype(np.float32)
+    size = head.image_size
+    frames = {slot: rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8) for slot in sorted(head.cameras)}
     batch = {k: torch.from_numpy(v) for k, v in rows.items() if k != "state"}
-    batch.update(head.model_batch(rows["state"], np.zeros(n, np.int64)))
+    batch.update(head.model_batch(rows["state"], np.zeros(n, np.int64), frames))
     for name in ("reward_mean", "success_at_end", "zero_std_groups"):
         batch[name] = torch.tensor(0.0)
     return batch
@@ -363,6 +383,8 @@ def evaluate_live(
             execute_steps=int(meta["execute_steps"]),
             videos=0,
             workers=1,
+            cameras=head.sim_cameras,  # the cameras the policy reads, at its size (camera-free: none)
+            image_size=head.image_size,
         )
         result = evaluate(lambda: policy, cfg)
         counts = _counts(result)

@@ -32,11 +32,12 @@ def train_grpo(
 ) -> dict[str, Any]:
     """GRPO from the policy export `sft_export` into `out_dir` (task.py's layout); returns files, step, summary.
 
-    Raises ConfigError when an rl task is not one the SFT policy knows, CheckpointError when resuming with a
+    Raises ConfigError when an rl task is not one the SFT policy knows or the policy reads a camera the rollouts
+    cannot render (one the Fetch simulator lacks; any on LIBERO), CheckpointError when resuming with a
     setup that changed (naming the fields) or when `resume` is off over existing checkpoints, and what the
     trainer raises."""
     from reproduction.recap.policy.export import read_export
-    from reproduction.recipes.grpo.envs import task_language
+    from reproduction.recipes.grpo.envs import export_cameras, is_libero, task_language
     from reproduction.run.config import to_plain
     from reproduction.train.api import train
     from reproduction.train.checkpoint import complete_steps
@@ -51,6 +52,13 @@ def train_grpo(
             f"rl.tasks {unknown} are not tasks the SFT policy was trained on ({meta['tasks']})",
             field="rl.tasks",
             hint="train the SFT stage on demonstrations of those tasks, or pick rl.tasks among them",
+        )
+    cameras, _ = export_cameras(sft_export)  # ConfigError for a camera the simulator does not render
+    if cameras and any(is_libero(t) for t in rl.tasks):
+        raise ConfigError(
+            f"the SFT policy {sft_export} reads cameras {list(cameras)}: GRPO on LIBERO renders none (not built)",
+            field="rl.tasks",
+            hint="train a camera-free SFT policy for LIBERO (sft.model.cameras={})",
         )
     trained = bool(complete_steps(out_dir / "checkpoints"))
     if trained and not resume:
