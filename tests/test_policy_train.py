@@ -171,3 +171,43 @@ def test_the_image_path_trains_and_samples(tmp_path):
         "task": [TASK] * 2,
     }
     assert pol(obs).shape == (2, 4, 4)
+
+
+def test_a_camera_policy_is_evaluated_on_fetch_with_its_cameras_and_refuses_blind_observations(tmp_path, monkeypatch):
+    """The Fetch evaluation renders the cameras the export reads, at its resolution (it rendered none, and the policy
+    masked the missing frames: a camera policy was evaluated blind); a policy given no frame refuses."""
+    from reproduction.errors import ConfigError
+    from reproduction.recipes.recap.config import load_config
+    from reproduction.recipes.recap.policy import evaluate_exports
+    from reproduction.sim.evaluate import EvalConfig
+    from reproduction.sim.generate import GenConfig, generate_dataset
+
+    ds = tmp_path / "fetch"  # Fetch's own observations (state 11 + goal 3) with the agentview camera at 32 px
+    gen = GenConfig(kind="sft", tasks=("FetchPush-v4",), episodes_per_task=2, cameras=("agentview",), image_size=32)
+    generate_dataset(gen, ds)
+    inp = open_policy_input(PolicySource(path=str(ds), type="sft"), need_labels=False)
+    run = tmp_path / "run"
+    cfg = _config(2, mode="bc", cameras={"agentview": CAMERA}, image_size=32)
+    res = train_policy([inp], out_dir=run / "policy" / "bc", **cfg)
+    pol = load_policy(res.export_dir, guidance_scale=1.0)
+    obs = {"observation.state": inp.state[:2, :11], "observation.goal": inp.state[:2, 11:], "task": [TASK] * 2}
+    with pytest.raises(
+        ConfigError, match=r"reads camera\(s\) observation.images.agentview, which the observations lack"
+    ):
+        pol(obs)
+    import reproduction.sim.evaluate as sim_evaluate
+
+    seen: list[EvalConfig] = []
+    real_many = sim_evaluate.evaluate_many
+
+    def evaluate_many(jobs, ui=None):
+        seen.extend(job.config for job in jobs)
+        return real_many(jobs, ui=ui)
+
+    config = load_config(
+        overrides=["eval.tasks=[FetchPush-v4]", "eval.episodes_per_task=2", "eval.videos=0", "policy.modes=[bc]"]
+    )
+    monkeypatch.setattr(sim_evaluate, "evaluate_many", evaluate_many)
+    out = evaluate_exports(config, {"bc": (res.export_dir, 2)}, run / "eval", run)
+    assert [(c.cameras, c.image_size) for c in seen] == [(("agentview",), 32)]
+    assert out.summary["results"]["bc"]["tasks"]["FetchPush-v4"]["episodes"] == 2

@@ -24,7 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from reproduction.errors import CheckpointError, GuidanceScaleError, InputNotFoundError, UnsupportedFormatError
+from reproduction.errors import (
+    CheckpointError,
+    ConfigError,
+    GuidanceScaleError,
+    InputNotFoundError,
+    UnsupportedFormatError,
+)
 from reproduction.recap.policy.conditioning import PLAIN, POSITIVE
 from reproduction.recap.policy.data import GOAL_KEY, STATE_KEY
 
@@ -64,6 +70,15 @@ def read_export(export_dir: Path) -> dict[str, Any]:
             hint="re-export with this version",
         )
     return meta
+
+
+def export_image_size(export_dir: Path | str) -> int:
+    """The camera resolution an export's model reads (its model_config.json's vision image size): what a simulator
+    renders its cameras at, so no frame is resized on the way in."""
+    from reproduction.recap.policy.model import PolicyModelConfig
+
+    cfg = json.loads((Path(export_dir) / "model_config.json").read_text(encoding="utf-8"))
+    return PolicyModelConfig.from_dict(cfg).image_size
 
 
 def load_policy(
@@ -213,6 +228,13 @@ class GuidedPolicy:
         from reproduction.recap.value.data import to_pixels
 
         tasks = list(obs["task"])
+        missing = [key for key in self.cameras.values() if key not in obs]
+        if missing:  # masking them would evaluate a camera policy blind, silently
+            raise ConfigError(
+                f"the policy reads camera(s) {', '.join(missing)}, which the observations lack",
+                field="cameras",
+                hint="render the cameras the policy was trained on into the evaluation's observations",
+            )
         n = len(tasks)
         reps = len(kinds) // n
         state = (self._state(obs) - self.s_mean) / self.s_std
@@ -228,11 +250,7 @@ class GuidedPolicy:
                 }
                 if self.cameras:
                     size = self.collator.image_size
-                    s["images"] = {
-                        slot: to_pixels(np.asarray(obs[key][i]), size)
-                        for slot, key in self.cameras.items()
-                        if key in obs
-                    }
+                    s["images"] = {slot: to_pixels(np.asarray(obs[key][i]), size) for slot, key in self.cameras.items()}
                 samples.append(s)
         self.collator.tasks = tasks
         out = self.collator(samples)

@@ -140,9 +140,9 @@ def evaluate_exports(
         return _evaluate_libero_exports(
             config, exports, run_dir, name=name, ui=ui, evaluate_fn=evaluate_libero, make_factory=libero_factory
         )
-    from reproduction.recap.policy.export import PolicyFactory, read_export
+    from reproduction.recap.policy.export import PolicyFactory, export_image_size, read_export
     from reproduction.run.lineage import path_sha256
-    from reproduction.sim.evaluate import EvalConfig, EvalJob, evaluate_many
+    from reproduction.sim.evaluate import EvalConfig, EvalJob, evaluate_many, policy_cameras
 
     ev = config.eval
     results, digests = {}, {}
@@ -152,6 +152,7 @@ def evaluate_exports(
             continue
         export, step = exports[mode]
         meta = read_export(export)
+        cameras = dict(meta.get("cameras") or {})  # rendered as the policy was trained on them, at its resolution
         if mode not in digests:  # the export's tree digest, as lineage pins it (one per export, not per scale)
             digests[mode] = path_sha256(Path(export))[0]
         sim_cfg = EvalConfig(
@@ -161,6 +162,8 @@ def evaluate_exports(
             execute_steps=int(meta.get("execute_steps", config.policy.model.execute_steps)),
             videos=ev.videos,
             workers=ev.workers,
+            cameras=policy_cameras(cameras, what=f"the {mode} policy ({export})"),
+            image_size=export_image_size(export) if cameras else 64,
         )
         out = Path(out_dir) / label.replace(" ", "_").replace("=", "")
         todo.append((label, mode, w, export, step))
