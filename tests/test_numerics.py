@@ -182,3 +182,31 @@ def test_the_demo_blames_the_cpu_only_when_its_bits_differ(monkeypatch):
         f"{here}, theirs 0000000000000000), so the demo trained other weights here; README, 'CPU kernels'",
         "",
     ]
+
+
+def test_check_keeps_the_probe_answer_per_interpreter_torch_kernels_and_cpu(tmp_path):
+    import torch
+
+    from reproduction.checks.host import probe_cpu_numerics
+    from reproduction.checks.probe import CommandResult
+    from tests.fixtures.checks.fakes import FakeRun, make_context
+
+    answer = CommandResult(
+        argv=("python",), returncode=0, stdout=f'{{"capability": "AVX2", "digest": "{REFERENCE_DIGEST}"}}'
+    )
+    run = FakeRun({"probe:cpu-numerics": answer})
+    env = {"PORTABLE_CACHE_DIR": str(tmp_path / "cache"), SETTING: "avx2"}
+
+    def check(**more: str):
+        ctx = make_context(tmp_path, run=run, env={**env, **more})
+        ctx.facts = {"modules": {"torch": torch.__file__}, "dists": {"torch": torch.__version__}}
+        (row,) = probe_cpu_numerics(ctx)
+        return row
+
+    first, again = check(), check()
+    assert (first.status, again.status) == ("ok", "ok")
+    assert (first.details["cached"], again.details["cached"]) == (False, True)
+    assert run.keys().count("probe:cpu-numerics") == 1  # the second check read the kept answer
+    assert check(MKL_CBWR="COMPATIBLE").details["cached"] is False  # other kernels: measured again
+    assert run.keys().count("probe:cpu-numerics") == 2
+    assert len(list((tmp_path / "cache" / "numerics").glob("*.json"))) == 2

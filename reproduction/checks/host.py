@@ -133,19 +133,23 @@ def probe_cpu_numerics(ctx: CheckContext) -> list[ProbeResult]:
         env = probe_environ(ctx.env)
     except ConfigError as exc:  # host.cpu_kernels and every pipeline command say the same
         return [warn(name, f"not probed: {exc.message}", exc.hint or "fix the setting")]
-    result = ctx.run(
-        python_script_argv(ctx.python, "# portable-probe: cpu-numerics" + PROBE), timeout=NUMERICS_TIMEOUT, env=env
-    )
-    try:
-        if result.returncode != 0:
-            raise ValueError(f"exit {result.returncode}: {result.tail(200)}")
-        got = parse_probe(result.stdout)
-    except ValueError as exc:
-        return [
-            warn(name, f"the numerics probe did not run ({exc})", f"run `{ctx.python} -c 'import torch'` to see why")
-        ]
+    cache = _numerics_cache(ctx, env)
+    got = _read_cached(cache)
+    cached = got is not None
+    if got is None:
+        result = ctx.run(
+            python_script_argv(ctx.python, "# portable-probe: cpu-numerics" + PROBE), timeout=NUMERICS_TIMEOUT, env=env
+        )
+        try:
+            if result.returncode != 0:
+                raise ValueError(f"exit {result.returncode}: {result.tail(200)}")
+            got = parse_probe(result.stdout)
+        except ValueError as exc:
+            fix = f"run `{ctx.python} -c 'import torch'` to see why"
+            return [warn(name, f"the numerics probe did not run ({exc})", fix)]
+        _write_cached(cache, got)
     digest, kernels = got["digest"], " ".join(f"{k}={env[k]}" for k in PINNED if k in env)
-    details = {"digest": digest, "reference": REFERENCE_DIGEST, "capability": got["capability"]}
+    details = {"digest": digest, "reference": REFERENCE_DIGEST, "capability": got["capability"], "cached": cached}
     if digest == REFERENCE_DIGEST:
         return [
             ok(
@@ -166,6 +170,60 @@ def probe_cpu_numerics(ctx: CheckContext) -> list[ProbeResult]:
             **details,
         )
     ]
+
+
+def _numerics_cache(ctx: CheckContext, env: Mapping[str, str]) -> Path | None:
+    """Where the probe's answer for this interpreter, torch install, kernel settings and CPU is kept, or None when the
+    interpreter's facts are unknown (then it always runs). The probe costs a torch import (~2 s), `portable check`
+    runs at every demo; any change of those inputs is another file."""
+    import hashlib
+    import json
+
+    from reproduction.numerics import PINNED, SETTING
+    from reproduction.settings import cache_root, default_cache_root
+
+    torch = (ctx.facts.get("modules") or {}).get("torch")
+    if not torch:
+        return None
+    try:
+        torch_mtime = os.stat(torch).st_mtime_ns
+        cpu = [
+            line
+            for line in ctx.cpuinfo_file.read_text(encoding="utf-8", errors="replace").splitlines()
+            if line.split(":")[0].strip() in ("vendor_id", "model name", "flags", "microcode")
+        ][:4]
+    except OSError:
+        return None
+    key = {
+        "python": os.path.realpath(ctx.python),
+        "torch": [torch, torch_mtime, (ctx.facts.get("dists") or {}).get("torch")],
+        "env": {k: env.get(k) for k in (*PINNED, SETTING, "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")},
+        "cpu": cpu,
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    return Path(cache_root(ctx.env) or default_cache_root()) / "numerics" / f"{digest}.json"
+
+
+def _read_cached(path: Path | None) -> dict[str, str] | None:
+    import json
+
+    try:
+        got = json.loads(path.read_text(encoding="utf-8")) if path is not None else None
+    except (OSError, ValueError):
+        return None
+    return got if isinstance(got, dict) and isinstance(got.get("digest"), str) else None
+
+
+def _write_cached(path: Path | None, got: dict[str, str]) -> None:
+    import json
+
+    from reproduction.fsio import atomic_write_text
+
+    if path is not None:
+        try:
+            atomic_write_text(path, json.dumps(got) + "\n")
+        except OSError:
+            pass  # a read-only cache: the probe runs again next time
 
 
 def _existing(path: Path) -> Path:
