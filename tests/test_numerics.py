@@ -169,15 +169,22 @@ def test_check_row_skips_an_interpreter_without_torch_and_warns_on_a_bad_setting
     assert row.status == "warn" and "PORTABLE_CPU_KERNELS='fast' is not one of avx2, native" in row.finding
 
 
-def test_the_demo_blames_the_cpu_only_when_its_bits_differ(monkeypatch):
-    import reproduction.numerics as numerics
+def test_the_demo_blames_the_cpu_only_when_its_bits_differ(tmp_path):
+    import json
+
     from reproduction.recipes.recap.demo import numerics_lines
 
-    here = _probe(pin=True)["digest"]
-    monkeypatch.setattr(numerics, "REFERENCE_DIGEST", here)
-    assert numerics_lines() == []  # the reference machines' bits: a difference is not the CPU's
-    monkeypatch.setattr(numerics, "REFERENCE_DIGEST", "0" * 16)
-    assert numerics_lines() == [
+    here = "13912debe236239b"  # what the demo's own check measured (its check.json's host.cpu_numerics row)
+
+    def check_json(reference: str):
+        row = {"name": "host.cpu_numerics", "details": {"digest": here, "reference": reference}}
+        path = tmp_path / f"check-{reference}.json"
+        path.write_text(json.dumps({"results": [{"name": "host.cpu", "details": {}}, row]}))
+        return path
+
+    assert numerics_lines(check_json(here)) == []  # the reference machines' bits: a difference is not the CPU's
+    assert numerics_lines(tmp_path / "absent.json") == []
+    assert numerics_lines(check_json("0" * 16)) == [
         f"note: this CPU computes other bits than the machines that made the reference evidence (numerics probe "
         f"{here}, theirs 0000000000000000), so the demo trained other weights here; README, 'CPU kernels'",
         "",

@@ -6,6 +6,7 @@
     generate.py    GenConfig / DataMix -> LeRobot v3.0 datasets        evaluate.py  EvalConfig -> EvalResult
     metrics.py     detours / stalls / drops read off trajectories      policies.py  ExpertPolicy, RandomPolicy
     workers.py     in-process, spawn pool or injected runner (Ray)     __main__.py  python -m reproduction.sim
+    cameras.py     the rendered cameras, a policy's camera map -> them (no mujoco: configs import it)
 
 Importing the package picks headless EGL rendering on Linux unless MUJOCO_GL is already set: mujoco
 reads the variable once, at its first import, so it is set here, before any submodule can import

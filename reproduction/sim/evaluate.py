@@ -28,30 +28,10 @@ import numpy as np
 
 from reproduction.errors import ConfigError, SimError
 from reproduction.fsio import annotate
+from reproduction.sim.cameras import CAMERA_NAMES
 from reproduction.sim.tasks import get_task
 from reproduction.sim.workers import Runner, run_units
 from reproduction.ui import UiOptions, progress
-
-CAMERA_NAMES = ("agentview", "wrist")
-IMAGE_PREFIX = "observation.images."
-"""Observation key of a rendered camera: observation.images.<camera>."""
-
-
-def policy_cameras(camera_map: dict[str, str], *, what: str = "the policy") -> tuple[str, ...]:
-    """The simulator cameras (CAMERA_NAMES order) a policy's camera map {model slot: observation key} reads, to render
-    into its observations; ConfigError naming the keys the simulator does not render (a policy trained on other
-    cameras cannot be evaluated here with its eyes open)."""
-    valid = [IMAGE_PREFIX + c for c in CAMERA_NAMES]
-    bad = sorted({k for k in camera_map.values() if k not in valid})
-    if bad:
-        raise ConfigError(
-            f"{what} reads {', '.join(map(repr, bad))}, which the Fetch simulator does not render "
-            f"(it renders {', '.join(valid)})",
-            field="cameras",
-            hint="evaluate a policy trained on the simulator's cameras, or one without cameras",
-        )
-    wanted = set(camera_map.values())
-    return tuple(c for c in CAMERA_NAMES if IMAGE_PREFIX + c in wanted)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -25,12 +25,13 @@ import numpy as np
 
 from reproduction.errors import ConfigError, InvalidInputError
 from reproduction.sim.behaviours import BehaviourConfig, Mode, mode_of
+from reproduction.sim.cameras import CAMERA_NAMES
 from reproduction.sim.tasks import get_task, task_id
 from reproduction.sim.workers import Runner, run_units
 from reproduction.ui import Progress, UiOptions, progress
 
 KINDS = ("sft", "rollout")
-CAMERA_NAMES = ("agentview", "wrist")
+
 MIX1_MODES = {"good": 0.20, "messy": 0.50, "give_up": 0.15, "short_carry": 0.15}
 MIX2_MODES = {"good": 0.10, "messy": 0.65, "give_up": 0.125, "short_carry": 0.125}
 

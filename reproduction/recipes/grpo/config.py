@@ -15,10 +15,10 @@ its stage computes is declared so on the field (`same_outputs()`): the stage key
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from reproduction.config_fields import same_outputs
 from reproduction.errors import ConfigError
+from reproduction.sim.cameras import CAMERA_NAMES, IMAGE_PREFIX, camera_names  # noqa: F401 (grpo's names for them)
 from reproduction.train.config import TrainConfig
 
 
@@ -110,25 +110,8 @@ PRESETS = ("tiny", "pi05")
 """The policy presets (reproduction/recap/policy/model.py PRESETS, not imported: it loads torch)."""
 PI05_IMAGE_SIZE = 224
 """pi05's camera resolution (reproduction/recap/policy/pi05.py pi05_config's default)."""
-SIM_CAMERAS = ("agentview", "wrist")
-"""The cameras the Fetch simulator renders (reproduction/sim/env.py CAMERAS, not imported: it loads mujoco; a test
-pins the two equal)."""
-IMAGE_PREFIX = "observation.images."
-
-
-def camera_names(cameras: Any, key: str = "sft.model.cameras") -> tuple[str, ...]:
-    """The simulator cameras (SIM_CAMERAS order) a camera map {slot: observation.images.<camera>} reads; a one-line
-    ConfigError naming `key`, the bad value and the valid ones for a key the simulator does not render."""
-    valid = [IMAGE_PREFIX + c for c in SIM_CAMERAS]
-    bad = [v for v in dict(cameras).values() if v not in valid]
-    if bad:
-        raise ConfigError(
-            f"{key}: {', '.join(map(repr, bad))} is not a camera the simulator renders (valid: {', '.join(valid)})",
-            field=key,
-            hint=f"map each slot to one of {', '.join(valid)}",
-        )
-    wanted = set(dict(cameras).values())
-    return tuple(c for c in SIM_CAMERAS if IMAGE_PREFIX + c in wanted)
+SIM_CAMERAS = CAMERA_NAMES
+"""The cameras the Fetch simulator renders (reproduction/sim/cameras.py, which does not load mujoco)."""
 
 
 def _sft_train() -> TrainConfig:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
 import time
@@ -387,29 +386,25 @@ def _results_lines(run_dir: Path) -> list[str]:
 
     lines = run_results_lines(run_dir, table=True)
     verdict = ((read_state(run_dir) or {}).get("stages", {}).get("compare", {}).get("summary") or {}).get("verdict")
-    return lines + (numerics_lines() if verdict and verdict != "reproduced" else [])
+    differs = verdict and verdict != "reproduced"
+    return lines + (numerics_lines(run_dir.parent / "check.json") if differs else [])
 
 
-def numerics_lines() -> list[str]:
-    """Why a CPU demo may not reproduce its reference evidence: when this CPU's pinned kernels compute other bits than
-    the machines that made it (reproduction.numerics.PROBE, run in a fresh interpreter as `portable check`'s
-    host.cpu_numerics row does), the demo trained other weights, and its comparison says so. [] when the bits are
-    the reference's (the difference is then not the CPU's) or the probe cannot run."""
-    import subprocess
-
-    from reproduction.numerics import PROBE, REFERENCE_DIGEST, parse_probe, probe_environ
-
+def numerics_lines(check_json: Path) -> list[str]:
+    """Why a CPU demo may not reproduce its reference evidence: when the demo's own `portable check` (`check_json`)
+    measured that this CPU's pinned kernels compute other bits than the machines that made it (its host.cpu_numerics
+    row), the demo trained other weights, and its comparison says so. [] when the bits are the reference's (the
+    difference is then not the CPU's) or the row is not there."""
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", PROBE], env=probe_environ(os.environ), capture_output=True, text=True, timeout=120
-        )
-        digest = parse_probe(done.stdout)["digest"]
-    except (OSError, ValueError, subprocess.SubprocessError):
+        rows = json.loads(Path(check_json).read_text(encoding="utf-8")).get("results") or []
+        row = next(r for r in rows if r.get("name") == "host.cpu_numerics")
+        digest, reference = row["details"]["digest"], row["details"]["reference"]
+    except (OSError, ValueError, AttributeError, StopIteration, KeyError, TypeError):
         return []
-    if digest == REFERENCE_DIGEST:
+    if digest == reference:
         return []
     return [
         f"note: this CPU computes other bits than the machines that made the reference evidence (numerics probe "
-        f"{digest}, theirs {REFERENCE_DIGEST}), so the demo trained other weights here; README, 'CPU kernels'",
+        f"{digest}, theirs {reference}), so the demo trained other weights here; README, 'CPU kernels'",
         "",
     ]

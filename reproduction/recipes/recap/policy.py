@@ -142,7 +142,8 @@ def evaluate_exports(
         )
     from reproduction.recap.policy.export import PolicyFactory, export_image_size, read_export
     from reproduction.run.lineage import path_sha256
-    from reproduction.sim.evaluate import EvalConfig, EvalJob, evaluate_many, policy_cameras
+    from reproduction.sim.cameras import camera_names
+    from reproduction.sim.evaluate import EvalConfig, EvalJob, evaluate_many
 
     ev = config.eval
     results, digests = {}, {}
@@ -162,7 +163,7 @@ def evaluate_exports(
             execute_steps=int(meta.get("execute_steps", config.policy.model.execute_steps)),
             videos=ev.videos,
             workers=ev.workers,
-            cameras=policy_cameras(cameras, what=f"the {mode} policy ({export})"),
+            cameras=camera_names(cameras, key=f"the {mode} policy export {export} (policy.json cameras)"),
             image_size=export_image_size(export) if cameras else 64,
         )
         out = Path(out_dir) / label.replace(" ", "_").replace("=", "")
