@@ -45,6 +45,31 @@ def ray_address():
         ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def quick_demo(tmp_path_factory):
+    """One `portable demo --quick` for the session, run with tokens planted in its environment (tests/planted.py):
+    tests/test_run_demo.py checks it and reruns it, tests/test_run_secrets.py scans every file it wrote (a quick demo
+    costs ~100 s on 2 cores). Returns (its --output folder, the CompletedProcess, its seconds)."""
+    import subprocess
+    import time
+
+    from planted import planted_env
+
+    root = tmp_path_factory.mktemp("quick-demo")
+    out = root / "demo"
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "reproduction.portable", "demo", "--quick", "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1400,
+        env=planted_env(),
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out, proc, time.perf_counter() - t0
+
+
 @pytest.fixture
 def recorded_progress(monkeypatch):
     """`install(module)` replaces the module's `progress` (reproduction.ui's) with a recorder and returns the

@@ -34,12 +34,8 @@ def _python(*args: str, timeout: float) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_quick_demo_runs_every_stage_and_a_rerun_reuses_it(tmp_path):
-    out = tmp_path / "demo"
-    t0 = time.perf_counter()
-    proc = portable("demo", "--quick", "--output", str(out), timeout=1400)
-    first = time.perf_counter() - t0
-    assert proc.returncode == 0, proc.stderr[-4000:]
+def test_quick_demo_runs_every_stage_and_a_rerun_reuses_it(quick_demo, tmp_path):
+    out, proc, first = quick_demo
     run = out / "run"
     assert proc.stdout.strip().splitlines()[-1] == str(run)
     print(proc.stderr[-2500:])

@@ -1,10 +1,11 @@
 """No planted token leaks into anything a run writes: a full `portable demo --quick` (generate, pack, restore,
-check, the five stages, evaluation, plots, report) run with tokens in the environment, then `portable run`
+check, the five stages, evaluation, plots, report) run with tokens in the environment (the session's quick demo,
+conftest.py, which tests/test_run_demo.py also checks and reruns), then `portable run`
 with a token in a config override and in a config file's environment interpolation; every file both
 write is scanned with secrets.find_secret.
 
-Planted: an HF-shaped token in HF_TOKEN and HUGGING_FACE_HUB_TOKEN (redacted by shape and by value), a
-plain secret in a credential-named variable (RECAP_UPLOAD_TOKEN: redacted by value only), and the
+Planted (tests/planted.py): an HF-shaped token in HF_TOKEN and HUGGING_FACE_HUB_TOKEN (redacted by shape and by
+value), a plain secret in a credential-named variable (RECAP_UPLOAD_TOKEN: redacted by value only), and the
 Ray client address carrying a credential (ray_address=ray://<RAY_AUTH_TOKEN's value>@...: set on the
 command line and through ${oc.env:...} in a config file; stage 1 needs no Ray, so it is only recorded).
 """
@@ -12,36 +13,16 @@ command line and through ${oc.env:...} in a config file; stage 1 needs no Ray, s
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from evidence_fixtures import validate_run_folder
+from planted import PLANTED, RAY, planted_env
 
 from reproduction.run.lineage import path_sha256
 from reproduction.run.secrets import find_secret
-
-REPO = Path(__file__).resolve().parent.parent
-HF = "hf_PlantedFakeTokenAbCdEf0123456789xyz"
-UPLOAD = "planted-upload-secret-42"
-RAY = "planted-ray-secret-77"
-PLANTED = (HF, UPLOAD, RAY)
-
-
-def _env() -> dict[str, str]:
-    return {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(REPO),
-        "RAY_AUTH_MODE": "disabled",
-        "HF_TOKEN": HF,
-        "HUGGING_FACE_HUB_TOKEN": HF,
-        "RECAP_UPLOAD_TOKEN": UPLOAD,
-        "RAY_AUTH_TOKEN": RAY,
-        "RAY_CLIENT_ADDRESS": f"ray://{RAY}@127.0.0.1:10001",
-    }
 
 
 def portable(*args: str, timeout: float, cwd: Path) -> subprocess.CompletedProcess:
@@ -50,7 +31,7 @@ def portable(*args: str, timeout: float, cwd: Path) -> subprocess.CompletedProce
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=_env(),
+        env=planted_env(),
         cwd=cwd,
     )
 
@@ -61,10 +42,8 @@ def _leaks(root: Path) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_no_planted_token_in_any_file_a_demo_and_a_run_write(tmp_path):
-    out = tmp_path / "demo"
-    proc = portable("demo", "--quick", "--output", str(out), timeout=1500, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+def test_no_planted_token_in_any_file_a_demo_and_a_run_write(quick_demo, tmp_path):
+    out, proc, _ = quick_demo  # the session's quick demo (conftest.py), run with the tokens planted
     run = out / "run"
     for must in ("run.json", "report.html", "check.json", "evidence", "lineage/eval.intoto.json"):
         assert (run / must).exists() or (out / must).exists(), must
