@@ -25,6 +25,13 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Files that hold a slow test first, in their order, then the rest: the two xdist workers take whole files in this
+    order (pyproject's --dist loadfile), and a long file taken last would run alone while the other worker idles."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: each file's tests keep their order
+
+
 @pytest.fixture(scope="module")
 def ray_address():
     """One private local Ray per test module (2 CPUs, no dashboard, loopback only), stopped at the module's end;
@@ -43,31 +50,6 @@ def ray_address():
         yield ray.get_runtime_context().gcs_address
     finally:
         ray.shutdown()
-
-
-@pytest.fixture(scope="session")
-def quick_demo(tmp_path_factory):
-    """One `portable demo --quick` for the session, run with tokens planted in its environment (tests/planted.py):
-    tests/test_run_demo.py checks it and reruns it, tests/test_run_secrets.py scans every file it wrote (a quick demo
-    costs ~100 s on 2 cores). Returns (its --output folder, the CompletedProcess, its seconds)."""
-    import subprocess
-    import time
-
-    from planted import planted_env
-
-    root = tmp_path_factory.mktemp("quick-demo")
-    out = root / "demo"
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "reproduction.portable", "demo", "--quick", "--output", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=1400,
-        env=planted_env(),
-        cwd=root,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return out, proc, time.perf_counter() - t0
 
 
 @pytest.fixture

@@ -1,5 +1,14 @@
-"""`portable demo --quick`: the embedded default end to end (CI's reduced demo), a rerun that reuses it, and a
-rerun after the reference evidence changed that only recompares."""
+"""`portable demo --quick`: the embedded default end to end (CI's reduced demo), a rerun that reuses it, a rerun
+after the reference evidence changed that only recompares; and no planted token in any file the demo and two runs
+wrote (scanned with secrets.find_secret), nor in what they printed.
+
+One quick demo (~100 s on 2 cores) serves every test here (the module's `quick_demo`, run with the tokens planted
+in its environment), then `portable run` with a token in a config override and in a config file's environment
+interpolation. Planted: an HF-shaped token in HF_TOKEN and HUGGING_FACE_HUB_TOKEN (redacted by shape and by
+value), a plain secret in a credential-named variable (RECAP_UPLOAD_TOKEN: redacted by value only), and the
+Ray client address carrying a credential (ray_address=ray://<RAY_AUTH_TOKEN's value>@...: set on the
+command line and through ${oc.env:...} in a config file; stage 1 needs no Ray, so it is only recorded).
+"""
 
 from __future__ import annotations
 
@@ -12,8 +21,49 @@ import time
 from pathlib import Path
 
 import pytest
+from evidence_fixtures import validate_run_folder
+
+from reproduction.run.lineage import path_sha256
+from reproduction.run.secrets import find_secret
 
 REPO = Path(__file__).resolve().parent.parent
+HF = "hf_PlantedFakeTokenAbCdEf0123456789xyz"
+UPLOAD = "planted-upload-secret-42"
+RAY = "planted-ray-secret-77"
+PLANTED = (HF, UPLOAD, RAY)
+
+
+def _planted_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO),
+        "RAY_AUTH_MODE": "disabled",
+        "HF_TOKEN": HF,
+        "HUGGING_FACE_HUB_TOKEN": HF,
+        "RECAP_UPLOAD_TOKEN": UPLOAD,
+        "RAY_AUTH_TOKEN": RAY,
+        "RAY_CLIENT_ADDRESS": f"ray://{RAY}@127.0.0.1:10001",
+    }
+
+
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory):
+    """The module's one `portable demo --quick`, run with the tokens planted; (its --output folder, the
+    CompletedProcess, its seconds)."""
+    root = tmp_path_factory.mktemp("quick-demo")
+    out = root / "demo"
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "reproduction.portable", "demo", "--quick", "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1400,
+        env=_planted_env(),
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out, proc, time.perf_counter() - t0
 
 
 def portable(*args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -170,3 +220,53 @@ def _relative_run_gives_the_same_evidence(tmp_path: Path, restored: Path, demo_r
     assert _evidence_without_run_fields(run) == _evidence_without_run_fields(demo_run)
     html = (run / "report.html").read_text()  # `portable run` writes the recipe's report (Recipe.report)
     assert "RECAP run" in html and "recap w=1" in html and (run / "plots" / "success_rates.png").is_file()
+
+
+def _leaks(root: Path) -> list[str]:
+    return [f"{token[:6]}... in {finding}" for token in PLANTED for finding in find_secret(root, token)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_no_planted_token_in_any_file_a_demo_and_a_run_write(quick_demo, tmp_path):
+    out, proc, _ = quick_demo  # run with the tokens planted; the test above has rerun it since
+    run = out / "run"
+    for must in ("run.json", "report.html", "check.json", "evidence", "lineage/eval.intoto.json"):
+        assert (run / must).exists() or (out / must).exists(), must
+    assert not any(token in proc.stdout + proc.stderr for token in PLANTED)
+    counts = validate_run_folder(run)  # every evidence and lineage file against evidence/*.schema.json
+    stages = json.loads((run / "run.json").read_text())["stages"]
+    assert counts["evaluation"] >= 1 and counts["lineage"] == len(stages) >= 5, counts
+    doc = json.loads(next((run / "evidence").glob("eval_policy_*.json")).read_text())
+    for entry in (doc, *doc["baselines"]):
+        assert entry["policy"]["checkpoint"]["sha256"] == path_sha256(run / entry["policy"]["checkpoint"]["path"])[0]
+
+    # a token on the command line and one interpolated from the environment in a config file
+    restored = out / "restored" / "recap-demo"
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("ray_address: ${oc.env:RAY_CLIENT_ADDRESS}\n")
+    runs = tmp_path / "runs"
+    for name, args in (
+        ("cli", [f"ray_address=ray://{RAY}@127.0.0.1:10001"]),
+        ("file", ["--config", str(restored / "config" / "run.yaml"), "--config", str(extra)]),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "reproduction.portable", "run", str(restored), "--output", str(runs / name)]
+            + ["--stages", "returns", *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=_planted_env(),
+            cwd=tmp_path,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        state = json.loads((runs / name / "run.json").read_text())
+        assert state["config"]["ray_address"] == "ray://<redacted>@127.0.0.1:10001"
+        statement = json.loads((runs / name / "lineage" / "returns.intoto.json").read_text())
+        params = statement["predicate"]["buildDefinition"]["externalParameters"]
+        assert params["config"]["ray_address"] == "ray://<redacted>@127.0.0.1:10001"
+        assert not any(token in proc.stdout + proc.stderr for token in PLANTED)
+    leaks = _leaks(out) + _leaks(runs)
+    assert not leaks, "planted tokens found:\n" + "\n".join(leaks)
+    scanned = sum(1 for p in out.rglob("*") if p.is_file())
+    print(f"scanned {scanned} files of the demo and {sum(1 for p in runs.rglob('*') if p.is_file())} of the runs")
