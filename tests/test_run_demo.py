@@ -54,16 +54,20 @@ def quick_demo(tmp_path_factory):
     root = tmp_path_factory.mktemp("quick-demo")
     out = root / "demo"
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "reproduction.portable", "demo", "--quick", "--output", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=1400,
-        env=_planted_env(),
-        cwd=root,
-    )
+    proc = _planted_portable("demo", "--quick", "--output", str(out), timeout=1400, cwd=root)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out, proc, time.perf_counter() - t0
+
+
+def _planted_portable(*args: str, timeout: float, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "reproduction.portable", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_planted_env(),
+        cwd=cwd,
+    )
 
 
 def portable(*args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -250,14 +254,8 @@ def test_no_planted_token_in_any_file_a_demo_and_a_run_write(quick_demo, tmp_pat
         ("cli", [f"ray_address=ray://{RAY}@127.0.0.1:10001"]),
         ("file", ["--config", str(restored / "config" / "run.yaml"), "--config", str(extra)]),
     ):
-        proc = subprocess.run(
-            [sys.executable, "-m", "reproduction.portable", "run", str(restored), "--output", str(runs / name)]
-            + ["--stages", "returns", *args],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=_planted_env(),
-            cwd=tmp_path,
+        proc = _planted_portable(
+            "run", str(restored), "--output", str(runs / name), "--stages", "returns", *args, timeout=300, cwd=tmp_path
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         state = json.loads((runs / name / "run.json").read_text())
