@@ -33,12 +33,13 @@ RAY = "planted-ray-secret-77"
 PLANTED = (HF, UPLOAD, RAY)
 
 
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled"}
+
+
 def _planted_env() -> dict[str, str]:
     return {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(REPO),
-        "RAY_AUTH_MODE": "disabled",
+        **_env(),
         "HF_TOKEN": HF,
         "HUGGING_FACE_HUB_TOKEN": HF,
         "RECAP_UPLOAD_TOKEN": UPLOAD,
@@ -75,13 +76,12 @@ def portable(*args: str, timeout: float) -> subprocess.CompletedProcess:
 
 
 def _python(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled"}
     return subprocess.run(
         [sys.executable, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env,
+        env=_env(),
         cwd=REPO,
     )
 

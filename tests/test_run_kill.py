@@ -94,10 +94,9 @@ def _cmd(cfg: Path, out: Path, *extra: str, point: str | None = None) -> list[st
     return [sys.executable, str(HERE / "kill_points.py"), point, "--", *args]
 
 
-def evidence_of(run: Path, *copied_from: Path) -> dict:
-    """What must not depend on a kill: each stage's output digests (files naming the run folder, or the
-    folder a run was copied from, are compared with it written as RUN) and the evaluation evidence
-    without its run id."""
+def evidence_of(run: Path) -> dict:
+    """What must not depend on a kill: each stage's output digests (files naming the run folder are compared with
+    it written as RUN) and the evaluation evidence without its run id."""
     stages = json.loads((run / "run.json").read_text())["stages"]
     assert all(s["status"] == "complete" for s in stages.values()), {n: s["status"] for n, s in stages.items()}
     out = {n: {rel: v[2] for rel, v in s["outputs"].items()} for n, s in stages.items()}
@@ -105,10 +104,7 @@ def evidence_of(run: Path, *copied_from: Path) -> dict:
         for rel in rels:
             path = run / name / rel
             if path.name in ("value_setup.json", "policy_setup.json"):
-                text = path.read_text()
-                for folder in (run, *copied_from):
-                    text = text.replace(str(folder), "RUN")
-                rels[rel] = text
+                rels[rel] = path.read_text().replace(str(run), "RUN")
             elif path.parent.name == "evidence":
                 doc = json.loads(path.read_text())
                 doc.pop("run_id")
