@@ -36,7 +36,30 @@ def tree_lines(entries: Mapping[str, str]) -> bytes:
 
 def tree_files(root: Path) -> list[Path]:
     """The regular files under `root` (links to files included, links to folders not followed), sorted."""
-    return sorted(p for p in Path(root).rglob("*") if p.is_file())
+    root = Path(root)
+    return sorted(root / rel for rel in relative_files(root))
+
+
+def relative_files(root: Path | str) -> list[str]:
+    """tree_files' files as relative posix paths, in no particular order ([] when `root` is not a folder)."""
+    return _relative_files(os.fspath(root), "")
+
+
+def _relative_files(top: str, prefix: str) -> list[str]:
+    # os.scandir, not Path.rglob: its entries carry the file type, so a folder of a few files costs a few
+    # syscalls (rglob took ~0.4 ms over a dataset's five files; a stage key walks every dataset it reads)
+    out: list[str] = []
+    try:
+        entries = list(os.scandir(top))
+    except (FileNotFoundError, NotADirectoryError):
+        return out
+    for entry in entries:
+        rel = prefix + entry.name
+        if entry.is_dir(follow_symlinks=False):
+            out += _relative_files(entry.path, rel + "/")
+        elif entry.is_file():
+            out.append(rel)
+    return out
 
 
 def _signature(st: os.stat_result) -> Signature:

@@ -3,6 +3,7 @@ datasets' content digests, lineage), and again only when its signature (inode, s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections import Counter
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from reproduction.digest_cache import DigestCache
+from reproduction.digest_cache import DigestCache, tree_files
 from reproduction.digests import sha256_file
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
 from reproduction.run.lineage import tree_sha256
@@ -27,6 +28,29 @@ def counting() -> tuple[DigestCache, Counter]:
         return sha256_file(path)
 
     return DigestCache(hasher=hasher), calls
+
+
+def test_tree_files_lists_files_and_links_to_files_and_follows_no_folder_link(tmp_path):
+    root = tmp_path / "tree"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "deep.bin").write_bytes(b"1")
+    (root / ".hidden").write_bytes(b"2")
+    (root / "z.json").write_text("{}")
+    (root / "empty").mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.bin").write_bytes(b"3")
+    (root / "to_folder").symlink_to(outside)  # a folder link: not followed
+    (root / "to_file").symlink_to(root / "z.json")  # a file link: a file of the tree
+    (root / "dangling").symlink_to(tmp_path / "gone")
+    os.mkfifo(root / "pipe")  # not a regular file
+    assert tree_files(root) == [root / ".hidden", root / "a/b/deep.bin", root / "to_file", root / "z.json"]
+    assert tree_files(tmp_path / "missing") == [] and tree_files(root / "z.json") == []
+    # sha256_file sizes its buffer by the file: an empty file, one byte, and one over the 1 MiB chunk
+    (root / "zero").write_bytes(b"")
+    (root / "big").write_bytes(bytes(range(256)) * 4097)
+    for name in ("zero", ".hidden", "big"):
+        assert sha256_file(root / name) == hashlib.sha256((root / name).read_bytes()).hexdigest()
 
 
 def test_a_file_is_hashed_once_and_again_after_a_same_size_rewrite(tmp_path):

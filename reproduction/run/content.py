@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
-from reproduction.digest_cache import DigestCache, tree_files, tree_lines
+from reproduction.digest_cache import DigestCache, relative_files, tree_lines
 
 
 def content_digest(root: Path, digests: DigestCache | None = None) -> str:
@@ -34,9 +35,10 @@ def content_digest(root: Path, digests: DigestCache | None = None) -> str:
     except (OSError, ValueError):
         cache = {}
     fresh: dict[str, list] = {}
-    missing: dict[Path, tuple[str, int, int]] = {}
-    for path in tree_files(root):
-        rel, st = path.relative_to(root).as_posix(), path.stat()
+    missing: dict[str, tuple[str, int, int]] = {}
+    for rel in relative_files(root):  # strings, not Paths: this runs on every stage key of every dataset
+        path = os.path.join(root, rel)
+        st = os.stat(path)
         entry = cache.get(rel) if isinstance(cache, dict) else None
         if isinstance(entry, list) and entry[:2] == [st.st_size, st.st_mtime_ns]:
             fresh[rel] = entry

@@ -34,15 +34,21 @@ def refuse_links(run_dir: Path, stages: Sequence[str]) -> None:
     """RunStateError (exit 55) naming the first stage folder, evidence/ (or another folder the run writes, or
     run.json) that is a symbolic link: the run reads, clears and writes only real entries inside its folder, so
     nothing is read or written through a link into another place. Checked before anything is read."""
-    for name in (*stages, *RUN_FOLDERS, RUN_JSON, "report.html"):
+    names = (*stages, *RUN_FOLDERS, RUN_JSON, "report.html")
+    try:  # one listing of the folder, not a stat per name (the runner checks this on every call)
+        with os.scandir(run_dir) as entries:
+            links = [e.name for e in entries if e.name in names and e.is_symlink()]
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if links:
+        name = min(links, key=names.index)
         path = Path(run_dir) / name
-        if path.is_symlink():
-            raise RunStateError(
-                f"{path} is a symbolic link (to {os.readlink(path)}); a run only reads and writes real folders "
-                f"inside {run_dir}",
-                path=path,
-                hint=f"replace the link with a copy of what it points to (or remove it to redo {name}), then run again",
-            )
+        raise RunStateError(
+            f"{path} is a symbolic link (to {os.readlink(path)}); a run only reads and writes real folders "
+            f"inside {run_dir}",
+            path=path,
+            hint=f"replace the link with a copy of what it points to (or remove it to redo {name}), then run again",
+        )
 
 
 @contextlib.contextmanager

@@ -324,18 +324,19 @@ def collect_outputs(
 ) -> dict[str, list]:
     """{path relative to the stage folder: [size, mtime_ns, sha256]} of the stage's outputs: files it
     returned plus files matching its globs (hashed through the run's `digests`)."""
+    stage_real = stage_dir.resolve()  # each path is resolved once: a resolve is a stat per path component
+    run_dir = stage_real.parent
     files: set[Path] = set()
     for pattern in spec.outputs:
-        files.update(p for p in stage_dir.glob(pattern) if p.is_file())
-    run_dir = stage_dir.resolve().parent
+        files.update(p.resolve() for p in stage_dir.glob(pattern) if p.is_file())
     for p in written:
         p = Path(p)
-        if p.is_file() and run_dir in p.resolve().parents:  # e.g. eval writes run/evidence/
-            files.add(p.resolve())
-    paths = sorted({f.resolve() for f in files})
+        if p.is_file() and run_dir in (real := p.resolve()).parents:  # e.g. eval writes run/evidence/
+            files.add(real)
+    paths = sorted(files)
     stats = {p: p.stat() for p in paths}  # before hashing: a file rewritten meanwhile differs from its record
     shas = (digests or DigestCache()).files(paths)
-    return {os.path.relpath(p, stage_dir.resolve()): [stats[p].st_size, stats[p].st_mtime_ns, shas[p]] for p in paths}
+    return {os.path.relpath(p, stage_real): [stats[p].st_size, stats[p].st_mtime_ns, shas[p]] for p in paths}
 
 
 def verify_outputs(stage_dir: Path, recorded: dict[str, list], digests: DigestCache | None = None) -> list[str]:
