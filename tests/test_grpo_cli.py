@@ -28,6 +28,7 @@ TINY = [
     "rl.eval_every=2",
     "rl.save_every=2",
     "rl.eval_episodes=1",
+    "rl.rollout_workers=1",
     "eval.episodes_per_task=3",
 ]
 """A run of seconds: 20 BC steps, 2 GRPO steps of 2 init states x 2 rollouts, 3 held-out episodes per policy."""

@@ -47,6 +47,7 @@ TINY = [
     "rl.eval_every=2",
     "rl.save_every=2",
     "rl.eval_episodes=1",
+    "rl.rollout_workers=1",
     "eval.episodes_per_task=3",
 ]
 """20 BC steps, then 8 GRPO steps of 2 init states x 2 rollouts with a checkpoint and a live evaluation every 2."""
