@@ -39,6 +39,25 @@ def same_outputs(*, on_resume: bool = False) -> dict[str, Any]:
     return {RESUMED_OUTPUTS: False} if on_resume else {OUTPUTS: False}
 
 
+ADDED = "added"
+"""Field metadata key: True on a field added after runs were recorded (added_field)."""
+
+
+def added_field() -> dict[str, Any]:
+    """Field metadata (`field(default=..., metadata=added_field())`) for a field added after runs were recorded, whose
+    default does what those runs did before it existed: at its default it is left out of stage keys
+    (`output_free_keys` of an instance) and a setup recorded without it reads as its default, so the config of such a
+    run keys as it did and a resume reports only what really changed (a stage whose code modules changed with the
+    field is still named by their digests); set to anything else it keys like any field that changes outputs."""
+    return {ADDED: True}
+
+
+def added_defaults(cls: Any) -> dict[str, Any]:
+    """{name: default} of the fields of dataclass `cls` declared `added_field()` (what a record written before
+    them had)."""
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.metadata.get(ADDED)}
+
+
 def changes_outputs(f: dataclasses.Field) -> bool:
     """False when field `f` was declared with `same_outputs()`."""
     return bool(f.metadata.get(OUTPUTS, True))
@@ -54,13 +73,16 @@ def resume_free_fields(cls: Any) -> tuple[str, ...]:
 
 def output_free_keys(config: Any, prefix: str = "") -> list[str]:
     """Dotted keys of every field of dataclass `config` (an instance or a class; nested sections too, not list
-    items) declared with `same_outputs()`; [] for anything that is not a dataclass."""
+    items) declared with `same_outputs()`, and of an instance's `added_field()`s at their default; [] for anything that
+    is not a dataclass."""
     if not dataclasses.is_dataclass(config):
         return []
     out: list[str] = []
     for f in dataclasses.fields(config):
         key = prefix + f.name
         if not changes_outputs(f):
+            out.append(key)
+        elif f.metadata.get(ADDED) and not isinstance(config, type) and getattr(config, f.name) == f.default:
             out.append(key)
         elif not isinstance(config, type):
             out += output_free_keys(getattr(config, f.name, None), key + ".")

@@ -26,6 +26,23 @@ def test_group_advantages_standardise_within_each_group_and_zero_flat_groups():
 def test_group_advantages_refuse_a_flat_vector():
     with pytest.raises(ValueError, match="groups, group_size"):
         group_advantages(np.array([1.0, 0.0]))
+    with pytest.raises(ValueError, match="unknown advantage scale 'rank': one of group, batch, none"):
+        group_advantages(np.array([[1.0, 0.0]]), "rank")
+
+
+def test_batch_and_none_scales_keep_the_group_mean_and_weigh_groups_by_their_spread():
+    # a success/failure group and an all-fail group that only differs by how far the object moved (progress)
+    r = np.array([[1.0, 0.0, 0.0, 1.0], [0.1, 0.0, 0.0, 0.3], [2.0, 2.0, 2.0, 2.0]])
+    group, batch, none = (group_advantages(r, s) for s in ("group", "batch", "none"))
+    np.testing.assert_allclose(group[1], [0, -math.sqrt(2 / 3), -math.sqrt(2 / 3), 2 * math.sqrt(2 / 3)])
+    np.testing.assert_allclose(none, [[0.5, -0.5, -0.5, 0.5], [0.0, -0.1, -0.1, 0.2], [0, 0, 0, 0]], atol=1e-12)
+    s = r.std()  # population std over all 12 rewards, the flat group's too: sqrt(18.1 / 12 - (10.4 / 12) ** 2)
+    assert s == pytest.approx(0.87019, abs=1e-5)
+    np.testing.assert_allclose(batch, none / s)
+    assert abs(group[1]).max() / abs(group[0]).max() == pytest.approx(1.633, abs=1e-3)  # the small spread scaled up
+    assert abs(batch[1]).max() / abs(batch[0]).max() == pytest.approx(0.4)  # kept at its size: 0.2 / 0.5
+    np.testing.assert_array_equal(batch[2], [0, 0, 0, 0])
+    np.testing.assert_array_equal(group_advantages(np.full((2, 3), 0.7), "batch"), np.zeros((2, 3)))
 
 
 def test_ppo_clip_loss_value_and_gradient_on_a_hand_case():

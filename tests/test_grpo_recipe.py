@@ -114,6 +114,13 @@ def test_resume_refuses_a_changed_setup_and_allows_free_fields(tmp_path):
     with pytest.raises(CheckpointError, match=r"rl.lr: 0.0001 -> 0.0003; rl.noise_level: 0.5 -> 0.7") as err:
         _refuse_changed(path, setup(lr=3e-4, noise_level=0.7))
     assert "train into a new folder" in err.value.hint
+    before = setup()
+    del before["rl"]["advantage_scale"]  # a setup written before the field existed ran what its default does
+    path.write_text(json.dumps(before))
+    _refuse_changed(path, setup())
+    with pytest.raises(CheckpointError, match=r"rl.advantage_scale: 'group' -> 'batch'"):
+        _refuse_changed(path, setup(advantage_scale="batch"))
+    path.write_text(json.dumps(setup()))
     changed = setup()
     changed["sft_weights_sha256"] = "cd"
     with pytest.raises(CheckpointError, match="sft_weights_sha256 differs"):
@@ -148,7 +155,8 @@ def test_fields_that_do_not_change_outputs_are_declared_once():
 
     free = output_free_keys(GrpoRunConfig())
     rl_free = sorted(k[len("rl.") :] for k in free if k.startswith("rl."))
-    assert rl_free == sorted(k for k in FREE_ON_RESUME if k != "steps")
+    # rl.advantage_scale, added after runs were recorded, is left out of the key at its default only
+    assert rl_free == sorted([*(k for k in FREE_ON_RESUME if k != "steps"), "advantage_scale"])
     assert {"rollout_workers", "eval_every", "micro_init_states"} <= set(rl_free) and "lr" not in rl_free
     assert sorted(k for k in free if k.startswith("sft.")) == sorted(
         f"sft.train.{k}" for k in output_free_keys(TrainConfig)
@@ -162,4 +170,11 @@ def test_fields_that_do_not_change_outputs_are_declared_once():
         return digest(key_parts(GRPO.stage(stage), plain, {}, {n: "u" for n in GRPO.stage(stage).needs}, free))
 
     assert key("rl") == key("rl", rl__rollout_workers=4, rl__eval_every=5, rl__steps=80) != key("rl", rl__lr=1.0)
+    before = to_plain(GrpoRunConfig())
+    del before["rl"]["advantage_scale"]  # the config of a run recorded before the field existed keys the same
+    assert digest(key_parts(GRPO.stage("rl"), before, {}, {"sft": "u"}, free)) == key("rl")
+    batch = GrpoRunConfig()
+    batch.rl.advantage_scale = "batch"
+    assert "rl.advantage_scale" not in output_free_keys(batch)
+    assert digest(key_parts(GRPO.stage("rl"), to_plain(batch), {}, {"sft": "u"}, output_free_keys(batch))) != key("rl")
     assert key("eval") == key("eval", eval__workers=3, eval__reference="x.json") != key("eval", eval__seed=7)

@@ -10,6 +10,7 @@ from reproduction.errors import ConfigError
 from reproduction.recipes.grpo.config import RlSection
 from reproduction.recipes.grpo.rollout import PolicyHead, RolloutSpec, rollout
 from reproduction.recipes.grpo.task import grpo_loss, loss_rows, noise_seed, pick_steps
+from reproduction.run.config import to_plain
 
 TASK = "FetchPush-v4"
 SPEC = RolloutSpec(num_steps=3, noise_level=0.5, execute_steps=2, episode_steps=6)
@@ -148,6 +149,34 @@ def test_rl_config_rules_name_the_field():
         rl.train_config(max_steps=61)
 
 
+def test_collect_divides_the_centred_rewards_as_rl_advantage_scale_says(head):
+    """The same round collected under `group` and `batch` rolls out the same episodes (the same log-probs); each
+    group's advantages keep their signs and ratios, and batch's equal the group's times the group's reward std over
+    the std of all the round's rewards (progress reward: every group has a spread)."""
+    from reproduction.recipes.grpo.task import GrpoBatcher
+
+    base = dict(to_plain(RlSection(tasks=[TASK], init_states=3, micro_init_states=3, group_size=3)))
+    base.update(reward="progress", logprob_steps=1)
+    got = {}
+    for scale in ("group", "batch"):
+        batcher = GrpoBatcher(head=head, ref=None, rl={**base, "advantage_scale": scale}, spec=SPEC)
+        got[scale] = batcher.collect(0, (0, 1, 2))
+    g, b = got["group"], got["batch"]
+    torch.testing.assert_close(g["old_log_prob"], b["old_log_prob"], rtol=0, atol=0)
+    assert float(g["reward_mean"]) == float(b["reward_mean"])
+    ga, ba = (x["advantage"].reshape(3, 3, -1) for x in (g, b))  # (group, rollout, rows of its decisions and steps)
+    assert torch.equal(ga, ga[:, :, :1].expand_as(ga)) and torch.equal(ba, ba[:, :, :1].expand_as(ba))
+    ga, ba = ga[:, :, 0], ba[:, :, 0]
+    flat = (ga == 0).all(dim=1)
+    assert torch.equal(flat, (ba == 0).all(dim=1)) and int((~flat).sum()) >= 2  # this round: one group flat, two not
+    assert torch.allclose(ga.sum(dim=1), torch.zeros(3), atol=1e-5) and torch.allclose(
+        ba.sum(dim=1), torch.zeros(3), atol=1e-5
+    )
+    ratio = ba[~flat] / ga[~flat]  # sigma_group / sigma_batch: one per group, positive
+    assert (ratio > 0).all() and torch.allclose(ratio, ratio[:, :1].expand_as(ratio), rtol=1e-5)
+    assert abs(float(ratio[0, 0]) - float(ratio[1, 0])) > 0.1  # the groups' spreads differ, so do their ratios
+
+
 def test_cotrain_term_adds_the_weighted_flow_matching_loss(head, sims):
     """RL-Co's form: with a co-training batch the loss is the GRPO loss + weight x RECAP's flow-matching loss, on
     frames drawn by the step's (seed, epoch, position) uniforms (the same frames on a rerun)."""
@@ -239,5 +268,7 @@ def test_progress_reward_by_hand():
         rollout_rewards(r, "dense")
     with pytest.raises(ConfigError, match="rl.reward='dense' is not success_at_end, success_once or progress"):
         RlSection(reward="dense")
+    with pytest.raises(ConfigError, match="rl.advantage_scale='rank' is not group, batch, none"):
+        RlSection(advantage_scale="rank")
     with pytest.raises(ConfigError, match="rl.reward=progress needs the object-goal distance"):
         RlSection(reward="progress", tasks=["libero_10/0"], eval_episodes=2)

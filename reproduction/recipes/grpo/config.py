@@ -16,10 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from reproduction.config_fields import same_outputs
+from reproduction.config_fields import added_field, same_outputs
 from reproduction.errors import ConfigError
 from reproduction.sim.cameras import CAMERA_NAMES, IMAGE_PREFIX, camera_names  # noqa: F401 (grpo's names for them)
 from reproduction.train.config import TrainConfig
+
+ADVANTAGE_SCALES = ("group", "batch", "none")
+"""What `rl.advantage_scale` may name (objective.group_advantages)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -169,6 +172,9 @@ class RlSection:
     reward: str = "success_at_end"
     """success_at_end (cube at the goal when the episode ends), success_once (at any step), or progress (Fetch:
     success_at_end plus the share of the object-goal distance the episode removed; objective.rollout_rewards)."""
+    advantage_scale: str = field(default="group", metadata=added_field())
+    """What a group's centred rewards are divided by: group (its own std, GRPO), batch (the std over all groups
+    collected together) or none (objective.group_advantages)."""
     eval_every: int = field(default=10, metadata=same_outputs())
     """Evaluate the live policy every N steps (and at the last) on `eval_episodes` held-out episodes; 0 = last only."""
     eval_episodes: int = field(default=20, metadata=same_outputs())
@@ -225,6 +231,11 @@ class RlSection:
         if self.reward not in ("success_at_end", "success_once", "progress"):
             raise ConfigError(
                 f"{k}reward={self.reward!r} is not success_at_end, success_once or progress", field=k + "reward"
+            )
+        if self.advantage_scale not in ADVANTAGE_SCALES:
+            raise ConfigError(
+                f"{k}advantage_scale={self.advantage_scale!r} is not {', '.join(ADVANTAGE_SCALES)}",
+                field=k + "advantage_scale",
             )
         mu = self.updates_per_rollout
         for name in ("steps", "save_every"):

@@ -6,6 +6,13 @@ arXiv:2402.03300, section 4.1):
     A_{b,g} = (R_{b,g} - mean_g R_{b,.}) / std_g R_{b,.}      (population std; a group whose rewards are all
                                                              equal, std < 1e-8, gets A = 0: no signal)
 
+That is `rl.advantage_scale: group`. With a dense reward (`progress`) a group whose episodes all fail differs only
+by how far each pushed the object, and the group std scales that small spread up to the weight of a group that
+tells success from failure. `batch` keeps the group mean but divides by the std of the rewards of all the groups
+collected together (Liu et al. 2025, "Tricks or Traps? A Deep Dive into RL for LLM Reasoning", arXiv:2508.08221,
+section 4.1: group mean, batch std; TRL's `scale_rewards="batch"`); `none` divides by nothing (Dr. GRPO: Liu et al.
+2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783).
+
 Every denoising step j of every chunk of rollout (b, g) carries A_{b,g} (an outcome reward). With
 r_j = exp(log pi_theta(j) - log pi_old(j)) (sde.py: one Gaussian step's log-prob),
 
@@ -20,6 +27,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from reproduction.recipes.grpo.config import ADVANTAGE_SCALES
 
 ZERO_STD = 1e-8
 """A group whose reward std is below this has no learning signal (A = 0)."""
@@ -51,15 +60,19 @@ def rollout_rewards(r: Any, kind: str) -> np.ndarray:
     raise ValueError(f"unknown reward {kind!r}: one of {', '.join(REWARDS)}")
 
 
-def group_advantages(rewards: np.ndarray) -> np.ndarray:
-    """(B, G) rewards -> (B, G) float64 advantages standardised within each row; constant rows give zeros."""
+def group_advantages(rewards: np.ndarray, scale: str = "group") -> np.ndarray:
+    """(B, G) rewards -> (B, G) float64 advantages, each row centred on its mean and divided by (`scale`) its own
+    std, the std of all B x G rewards, or nothing (the module docstring). Rows whose rewards are all equal
+    give zeros whatever the scale; all rows equal give all zeros."""
     r = np.asarray(rewards, np.float64)
     if r.ndim != 2:
         raise ValueError(f"rewards must be (groups, group_size), got shape {r.shape}")
-    mean = r.mean(axis=1, keepdims=True)
-    std = r.std(axis=1, keepdims=True)
-    flat = std < ZERO_STD
-    return np.where(flat, 0.0, (r - mean) / np.where(flat, 1.0, std))
+    if scale not in ADVANTAGE_SCALES:
+        raise ValueError(f"unknown advantage scale {scale!r}: one of {', '.join(ADVANTAGE_SCALES)}")
+    row_std = r.std(axis=1, keepdims=True)
+    centred = np.where(row_std < ZERO_STD, 0.0, r - r.mean(axis=1, keepdims=True))
+    std = row_std if scale == "group" else r.std(keepdims=True) if scale == "batch" else np.ones((1, 1))
+    return centred / np.where(std < ZERO_STD, 1.0, std)
 
 
 def ppo_clip_loss(

@@ -161,7 +161,7 @@ class GrpoBatcher:
         by_task: dict[str, list[tuple[int, int]]] = {}
         for p in positions:
             by_task.setdefault(tasks[p % len(tasks)], []).append((p, rnd * b + p))
-        parts, rewards_all, succ = [], [], []
+        rolled, rewards_all, succ = [], [], []
         was_training = self.head.model.training
         self.head.model.eval()
         try:
@@ -180,15 +180,18 @@ class GrpoBatcher:
                     ref=self.ref,
                     distances=rl["reward"] == "progress",
                 )
-                rewards = rollout_rewards(r, str(rl["reward"])).reshape(len(members), g_size)
+                rewards_all.append(rollout_rewards(r, str(rl["reward"])).reshape(len(members), g_size))
                 steps = pick_steps(noises, r.log_prob.shape[1], self.spec.num_steps, int(rl["logprob_steps"]))
-                parts.append(loss_rows(r, group_advantages(rewards), steps))
-                rewards_all.append(rewards)
+                rolled.append((r, steps))
                 succ.append(r.success_at_end)
         finally:
             self.head.model.train(was_training)
-        rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        # after every task's groups: a batch scale divides by the std over all the groups collected together
         rewards = np.concatenate(rewards_all)
+        advantages = group_advantages(rewards, str(rl["advantage_scale"]))
+        bounds = np.cumsum([0, *(len(x) for x in rewards_all)])
+        parts = [loss_rows(r, advantages[lo:hi], steps) for (r, steps), lo, hi in zip(rolled, bounds, bounds[1:])]
+        rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         batch = {
             k: torch.from_numpy(np.ascontiguousarray(v))
             for k, v in rows.items()

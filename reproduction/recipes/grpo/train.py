@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from reproduction.config_fields import output_free_keys
+from reproduction.config_fields import added_defaults, output_free_keys
 from reproduction.errors import CheckpointError, ConfigError
 from reproduction.fsio import atomic_write_text
 from reproduction.recipes.grpo.config import RlSection
@@ -143,10 +143,11 @@ def _refuse_changed(path: Path, new: dict[str, Any]) -> None:
     if not path.is_file():
         raise CheckpointError(f"cannot resume: {path} is missing", path=path, hint="train into a new folder")
     old = json.loads(path.read_text(encoding="utf-8"))
+    old_rl = {**added_defaults(RlSection), **old["rl"]}  # a setup written before a field was added ran its default
     changes = [
-        f"rl.{k}: {old['rl'].get(k)!r} -> {new['rl'].get(k)!r}"
-        for k in sorted(set(old["rl"]) | set(new["rl"]))
-        if k not in FREE_ON_RESUME and old["rl"].get(k) != new["rl"].get(k)
+        f"rl.{k}: {old_rl.get(k)!r} -> {new['rl'].get(k)!r}"
+        for k in sorted(set(old_rl) | set(new["rl"]))
+        if k not in FREE_ON_RESUME and old_rl.get(k) != new["rl"].get(k)
     ]
     for key in ("sft_weights_sha256", "model_config"):
         if old.get(key) != new.get(key):
