@@ -150,9 +150,9 @@ def test_rl_config_rules_name_the_field():
 
 
 def test_collect_divides_the_centred_rewards_as_rl_advantage_scale_says(head):
-    """The same round collected under `group` and `batch` rolls out the same episodes (the same log-probs); each
-    group's advantages keep their signs and ratios, and batch's equal the group's times the group's reward std over
-    the std of all the round's rewards (progress reward: every group has a spread)."""
+    """The same round collected under `group` and `batch` rolls out the same episodes (the same log-probs); a flat
+    group is zero under both; every other group keeps its signs and ratios, batch's advantages being the group's times
+    one positive factor per group (its reward std over the std of all the round's rewards)."""
     from reproduction.recipes.grpo.task import GrpoBatcher
 
     base = dict(to_plain(RlSection(tasks=[TASK], init_states=3, micro_init_states=3, group_size=3)))
