@@ -4,6 +4,7 @@ reduced-width pi05 through one rollout and one update, and a tiny camera run thr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -116,11 +117,6 @@ def test_camera_config_loads_and_its_errors_are_one_line(tmp_path):
         (["sft.model.preset=pi05"], "sft.model.cameras", "sft.model.preset='pi05' reads cameras"),
         (["sft.model.preset=pi0"], "sft.model.preset", "is not one of tiny, pi05"),
         (["sft.model.image_size=40"], "sft.model.image_size", "multiple of 16"),
-        (
-            ["sft.model.cameras={base_0_rgb: observation.images.agentview}", "rl.cotrain_dataset=/x"],
-            "rl.cotrain_dataset",
-            "co-training batches are camera-free",
-        ),
     ]:
         with pytest.raises(ConfigError) as err:
             _load(overrides, tmp_path)
@@ -234,8 +230,9 @@ def test_a_reduced_width_pi05_runs_one_grpo_rollout_and_one_update(sims, tmp_pat
 @pytest.mark.timeout(300)
 def test_a_tiny_camera_run_through_sft_rl_and_eval(tmp_path, monkeypatch):
     """The runner end to end with one 32 px agentview camera: SFT data rendered with it, stage 4 trains on it, the
-    export names it, the rollouts (2 simulator workers) and both evaluations render it; a camera the SFT data lack
-    is a preflight problem."""
+    export names it, the rollouts (2 simulator workers) and both evaluations render it, the co-training loss reads
+    its frames' images from the co-training dataset (RL-Co's form with cameras); a camera the SFT or the co-training
+    data lack is a preflight problem."""
     from reproduction.recipes.grpo import GRPO
     from reproduction.run.record import make_recorder
     from reproduction.run.runner import RunOptions, run_recipe
@@ -243,6 +240,18 @@ def test_a_tiny_camera_run_through_sft_rl_and_eval(tmp_path, monkeypatch):
 
     gen = GenConfig(kind="sft", tasks=(TASK,), episodes_per_task=2, cameras=("agentview",), image_size=SIZE)
     generate_dataset(gen, tmp_path / "sft")
+    generate_dataset(dataclasses.replace(gen, seed=7), tmp_path / "real")
+    import reproduction.recap.policy.batches as batches
+
+    decoded = []  # (source dataset, sample) of every frame a PolicySamples read: stage 4's and the co-training's
+    getitem = batches.PolicySamples.__getitem__
+
+    def spy(self, i):
+        sample = getitem(self, i)
+        decoded.append(([s["name"] for s in self.sources], sample))
+        return sample
+
+    monkeypatch.setattr(batches.PolicySamples, "__getitem__", spy)
     over = [
         f"sft.datasets=[{{path: {tmp_path / 'sft'}}}]",
         "sft.model.cameras={base_0_rgb: observation.images.agentview}",
@@ -262,6 +271,9 @@ def test_a_tiny_camera_run_through_sft_rl_and_eval(tmp_path, monkeypatch):
         "rl.save_every=1",
         "rl.eval_episodes=1",
         "eval.episodes_per_task=2",
+        f"rl.cotrain_dataset={tmp_path / 'real'}",
+        "rl.cotrain_weight=0.5",
+        "rl.cotrain_batch=4",
     ]
     import reproduction.sim.evaluate as sim_eval
 
@@ -286,7 +298,15 @@ def test_a_tiny_camera_run_through_sft_rl_and_eval(tmp_path, monkeypatch):
     model = json.loads((run / "sft" / "export" / "model_config.json").read_text())
     assert model["cameras"] == ["base_0_rgb"] and model["vision"]["image_size"] == SIZE
     metrics = [json.loads(line) for line in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics if m["split"] == "train"] == [1]
+    train = [m for m in metrics if m["split"] == "train"]
+    assert [m["step"] for m in train] == [1] and 0 < train[0]["metrics"]["cotrain_loss"] < 100
+    setup = json.loads((run / "rl" / "grpo_setup.json").read_text())
+    assert setup["cotrain"]["path"] == str((tmp_path / "real").resolve()) and setup["cotrain"]["name"] == "real"
+    decoded = [d for names, d in decoded if names == ["real"]]  # one co-training batch of 4 frames
+    assert len(decoded) == 4 and all(set(d["images"]) == {"base_0_rgb"} for d in decoded)
+    assert all(
+        d["images"]["base_0_rgb"].shape == (3, SIZE, SIZE) and d["images"]["base_0_rgb"].std() > 0 for d in decoded
+    )
     doc = json.loads((run / "evidence" / "eval_grpo_1.json").read_text())
     assert doc["tasks"][TASK]["episodes"] == 2 and doc["baselines"][0]["policy"]["label"] == "sft"
     assert set(rendered) == {(("agentview",), SIZE)} and len(rendered) >= 3  # rl's live evaluation, eval's two
@@ -294,8 +314,12 @@ def test_a_tiny_camera_run_through_sft_rl_and_eval(tmp_path, monkeypatch):
     from reproduction.recipes.grpo.preflight import preflight
 
     wrist = _load([*over, "sft.model.cameras={base_0_rgb: observation.images.wrist}"], tmp_path)
-    problems = preflight(wrist, tmp_path / "run2", {})
-    assert any("has no observation.images.wrist, which sft.model.cameras reads" in p.message for p in problems)
+    problems = [p.message for p in preflight(wrist, tmp_path / "run2", {})]
+    for key in ("sft.datasets[0].path", "rl.cotrain_dataset"):
+        assert any(
+            m.startswith(f"{key}: ") and "has no observation.images.wrist, which sft.model.cameras reads" in m
+            for m in problems
+        ), problems
 
 
 def test_the_demo_generates_its_sft_data_with_the_cameras_the_config_reads(tmp_path):

@@ -409,8 +409,8 @@ class GrpoRunConfig:
         self._check_cameras()
 
     def _check_cameras(self) -> None:
-        """sft.model.cameras against the world: LIBERO takes none (not built), Fetch's must be ones it renders; the
-        co-training batches are camera-free and text-state-free (recap/policy/batches.py collate_arrays)."""
+        """sft.model.cameras against the world: LIBERO takes none (not built), Fetch's must be ones it renders (a
+        co-training dataset must hold them too: preflight.py)."""
         model = self.sft.model
         if not model.cameras:
             return
@@ -422,9 +422,3 @@ class GrpoRunConfig:
                 hint="set sft.model.cameras={} and sft.model.preset=tiny for LIBERO, or train on a Fetch task",
             )
         camera_names(model.cameras)
-        if self.rl.cotrain_dataset:
-            raise ConfigError(
-                "rl.cotrain_dataset: co-training batches are camera-free (not built for sft.model.cameras)",
-                field="rl.cotrain_dataset",
-                hint="set rl.cotrain_dataset=null with cameras",
-            )

@@ -9,7 +9,7 @@ from typing import Any
 def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[str] | None = None) -> list[Any]:
     """Problems (errors) with the bundle (run/preflight.py's generic checks: a restored bundle's weights and the
     files the run reads against bundle.json, its layers restored; none for a plain folder), the sft inputs (each
-    sft dataset must hold the cameras sft.model.cameras reads), the
+    sft dataset, and the co-training dataset, must hold the cameras sft.model.cameras reads), the
     tasks, the reference and the disk; datasets it opens go into `opened` (keyed like stages.open_inputs) so the
     run opens each once. Nothing is written but run/preflight.py's stat stamps in a restored bundle."""
     from reproduction.data.reader import open_dataset
@@ -51,7 +51,7 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
             problems.append(type(exc)(f"{key}: {exc.message}", hint=exc.hint))
             continue
         lacking = [c for c in sft.model.cameras.values() if c not in opened[str(Path(path))].dataset.camera_keys]
-        if key.startswith("sft.") and lacking:  # stage 4 would train those slots blank, the rollouts render them
+        if lacking:  # stage 4 (or the co-training loss) would train those slots blank, the rollouts render them
             problems.append(
                 DatasetError(
                     f"{key}: dataset {path} has no {', '.join(lacking)}, which sft.model.cameras reads",

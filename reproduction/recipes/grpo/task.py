@@ -204,11 +204,15 @@ class GrpoBatcher:
         return batch
 
     def cotrain_batch(self, keys: Any) -> dict[str, Any]:
-        """A flow-matching batch of the co-training dataset: frames drawn by (seed, epoch, position) uniforms."""
+        """A flow-matching batch of the co-training dataset: frames drawn by (seed, epoch, position) uniforms; with
+        cameras (or state text) through stage 4's per-sample collator, which decodes each frame's images."""
         samples, collator = self.cotrain
         n = int(self.rl["cotrain_batch"])
         u = keys.uniforms(n)[0]  # n draws tied to the micro batch's first position
         idx = np.minimum((u * len(samples)).astype(np.int64), len(samples) - 1)
+        if collator.cameras or collator.state_text:
+            # BC rows: kind 0, label true, as collate_arrays gives them
+            return collator([{**samples[int(i)], "kind": 0, "label": True} for i in idx])
         a = samples.arrays
         return collator.collate_arrays(
             state=samples.state[idx],
@@ -327,11 +331,24 @@ def _no_collate(samples: list[Any]) -> Any:
 
 
 def _cotrain_inputs(setup: dict[str, Any], head: Any) -> tuple[Any, Any]:
-    """(PolicySamples, PolicyCollator) of the co-training dataset, normalised with the SFT policy's stats."""
+    """(PolicySamples, PolicyCollator) of the co-training dataset, normalised with the SFT policy's stats. A policy
+    that reads cameras (or pi05's state text) gets stage 4's samples and collator: each frame's images decoded from
+    the dataset (fingerprint-checked against the setup's), as the SFT stage trained on them."""
     from reproduction.recap.policy.data import PolicyArrays
     from reproduction.recap.policy.task import PolicyCollator, PolicySamples
 
-    arrays = PolicyArrays.load(Path(setup["cotrain"]["arrays"]))  # task ids already on the SFT task list
+    cot = setup["cotrain"]
+    arrays = PolicyArrays.load(Path(cot["arrays"]))  # task ids already on the SFT task list
+    if head.cameras or head.state_text:
+        samples = PolicySamples(
+            arrays,
+            head.stats,
+            cameras=head.cameras,
+            sources=[{"path": cot["path"], "name": cot["name"]}],
+            fingerprints={cot["name"]: cot["fingerprint"]},
+            image_size=head.image_size,
+        )
+        return samples, head.collator
     samples = PolicySamples(arrays, head.stats)
     return samples, PolicyCollator(head.collator.tokenizer, head.tasks, action_dim=head.action_dim)
 

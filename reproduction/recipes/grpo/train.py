@@ -105,7 +105,8 @@ def train_grpo(
 
 def _cotrain_arrays(dataset: Any, meta: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """The co-training dataset's flat BC arrays (RECAP's build_arrays, mode bc), task ids mapped onto the SFT
-    policy's task list; saved as <out>/cotrain.npz."""
+    policy's task list; saved as <out>/cotrain.npz. The dataset's folder and name go into the setup too: a policy
+    that reads cameras decodes the co-training frames' images from it (task.py)."""
     import numpy as np
 
     from reproduction.recap.policy.data import PolicySource, build_arrays, open_policy_input
@@ -135,7 +136,13 @@ def _cotrain_arrays(dataset: Any, meta: dict[str, Any], out_dir: Path) -> dict[s
     arrays.tasks = list(meta["tasks"])
     path = out_dir / "cotrain.npz"
     arrays.save(path)
-    return {"arrays": str(path.resolve()), "fingerprint": dataset.fingerprint, "frames": len(arrays)}
+    return {
+        "arrays": str(path.resolve()),
+        "fingerprint": dataset.fingerprint,
+        "frames": len(arrays),
+        "path": str(dataset.root),
+        "name": dataset.name,
+    }
 
 
 def _refuse_changed(path: Path, new: dict[str, Any]) -> None:
