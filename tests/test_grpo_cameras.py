@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from reproduction.errors import ConfigError
+from reproduction.errors import ConfigError, FingerprintMismatchError
 from reproduction.recipes.grpo.rollout import PolicyHead, RolloutSpec, rollout
 from reproduction.recipes.grpo.task import FRAME, frames_of, grpo_loss, loss_rows, noise_seed, pick_steps
 
@@ -174,7 +174,9 @@ def test_the_update_recomputes_the_rollouts_log_probs_from_its_frames(head, sims
 
 def test_a_reduced_width_pi05_runs_one_grpo_rollout_and_one_update(sims, tmp_path):
     """pi05 (lerobot's architecture at test widths, tests/test_policy_pi05.py REDUCED): the state as text in the
-    prompt, one camera resized from the envs' 32 px to its 16, actions padded to 6 dims of which the env takes 4."""
+    prompt, one camera resized from the envs' 32 px to its 16, actions padded to 6 dims of which the env takes 4; then
+    a co-training batch through stage 4's collator (images decoded from a camera dataset, the state as text) and its
+    loss, and a co-training dataset changed since the setup named by its fingerprint."""
     from reproduction.recap.policy.model import build_policy_model
     from reproduction.recap.policy.pi05 import pi05_config, pi05_prompt
     from reproduction.recap.policy.task import PolicyCollator
@@ -225,6 +227,47 @@ def test_a_reduced_width_pi05_runs_one_grpo_rollout_and_one_update(sims, tmp_pat
     opt.step()
     moved = sum(not torch.equal(a, p.detach()) for a, p in zip(before, model.parameters()))
     assert moved > 0 and np.isfinite(float(loss.detach()))
+
+    # co-training (RL-Co's SFT term) with pi05: stage 4's samples and collator, the images decoded from the dataset
+    from types import SimpleNamespace
+
+    from reproduction.data.reader import open_dataset
+    from reproduction.recap.policy.data import PolicyArrays
+    from reproduction.recap.policy.task import policy_loss
+    from reproduction.recipes.grpo.task import GrpoBatcher, _cotrain_inputs
+    from reproduction.sim.generate import GenConfig, generate_dataset
+
+    real = tmp_path / "real"
+    generate_dataset(
+        GenConfig(kind="sft", tasks=(TASK,), episodes_per_task=1, cameras=("agentview",), image_size=SIZE), real
+    )
+    rng, n = np.random.default_rng(0), 5
+    rows = np.arange(n)
+    PolicyArrays(
+        state=rng.standard_normal((n, 14)).astype(np.float32),
+        chunk=np.minimum(rows[:, None] + np.arange(4), n - 1),
+        action=rng.standard_normal((n, 4)).astype(np.float32),
+        label=np.ones(n, bool),
+        task_id=np.zeros(n, np.int64),
+        source=np.zeros(n, np.int64),
+        row=rows * 10,
+        episode=np.zeros(n, np.int64),
+        frame=rows * 10,
+        tasks=[language],
+    ).save(tmp_path / "cotrain.npz")
+    cot = {"arrays": str(tmp_path / "cotrain.npz"), "path": str(real), "name": "real"}
+    setup = {"cotrain": {**cot, "fingerprint": open_dataset(real).fingerprint}}
+    batcher = GrpoBatcher(head=head, ref=None, rl={"cotrain_batch": 3}, spec=spec, cotrain=_cotrain_inputs(setup, head))
+    cot_batch = batcher.cotrain_batch(SimpleNamespace(uniforms=lambda k: np.linspace(0.1, 0.9, k)[None]))
+    assert cot_batch["images"]["base_0_rgb"].shape == (3, 3, 16, 16)
+    assert bool(cot_batch["image_masks"]["base_0_rgb"].all()) and float(cot_batch["images"]["base_0_rgb"].std()) > 0
+    assert "State" in tok.decode(cot_batch["input_ids"][0].tolist()) and cot_batch["actions"].shape == (3, 4, 6)
+    cot_loss, _ = policy_loss(model, cot_batch)
+    assert np.isfinite(float(cot_loss.detach())) and float(cot_loss.detach()) > 0
+    setup["cotrain"]["fingerprint"] = "0" * 64  # the dataset changed since the setup was written: named, not read
+    changed = GrpoBatcher(head=head, ref=None, rl={"cotrain_batch": 3}, spec=spec, cotrain=_cotrain_inputs(setup, head))
+    with pytest.raises(FingerprintMismatchError, match="the dataset changed since the policy setup was written"):
+        changed.cotrain_batch(SimpleNamespace(uniforms=lambda k: np.linspace(0.1, 0.9, k)[None]))
 
 
 @pytest.mark.timeout(300)
