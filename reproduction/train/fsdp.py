@@ -63,3 +63,16 @@ def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
 
     if isinstance(model, FSDPModule):
         model.set_requires_gradient_sync(enabled)
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole (unsharded) state dict of `model` on every rank, on the device the model lives on.
+
+    Collective on a sharded model: every rank must call it at the same point. (Not cpu_offload: with it
+    torch gives the full dict to rank 0 only.) An unsharded model's own state dict is returned as is."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        return model.state_dict()
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))

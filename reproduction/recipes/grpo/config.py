@@ -194,6 +194,10 @@ class RlSection:
     trainer); 1 = envs in the trainer's process. Any count gives the same rollouts."""
     launcher: str = field(default="inprocess", metadata=same_outputs())
     """Trainer launcher: inprocess (one worker) or ray."""
+    world_size: int = field(default=1, metadata=same_outputs())
+    """Trainer ranks (FSDP2 shards, launcher ray): each step's init states are split over them, each rank rolls out
+    its own on an unsharded copy of the policy synced at the round's start; the same rollouts and the same summed
+    gradient as one rank (up to the order gradients are added in)."""
     device: str = field(default="cpu", metadata=same_outputs())
     """Trainer device."""
     cpu_threads: int = field(default=0, metadata=same_outputs())
@@ -215,10 +219,21 @@ class RlSection:
             raise ConfigError(
                 f"{k}group_size={self.group_size} must be >= 2 (a group of one has no spread)", field=k + "group_size"
             )
-        if self.init_states % self.micro_init_states:
+        if self.world_size < 1:
+            raise ConfigError(f"{k}world_size={self.world_size} must be >= 1", field=k + "world_size")
+        if self.world_size > 1 and self.launcher != "ray":
             raise ConfigError(
-                f"{k}init_states={self.init_states} is not a multiple of {k}micro_init_states={self.micro_init_states}",
+                f"{k}world_size={self.world_size} needs {k}launcher=ray ({self.launcher!r} runs one worker)",
+                field=k + "launcher",
+                hint=f"set {k}launcher=ray, or {k}world_size=1",
+            )
+        per_pass = self.micro_init_states * self.world_size
+        if self.init_states % per_pass:
+            raise ConfigError(
+                f"{k}init_states={self.init_states} is not a multiple of {k}micro_init_states x {k}world_size = "
+                f"{self.micro_init_states} x {self.world_size}",
                 field=k + "micro_init_states",
+                hint=f"pick {k}init_states as a multiple of {per_pass}, or lower {k}micro_init_states",
             )
         if not 0.0 < self.clip_eps < 1.0:
             raise ConfigError(f"{k}clip_eps={self.clip_eps} is outside (0, 1)", field=k + "clip_eps")
@@ -277,6 +292,7 @@ class RlSection:
             max_steps=steps,
             global_batch=self.init_states,
             micro_batch=self.micro_init_states,
+            world_size=self.world_size,
             launcher=self.launcher,
             device=self.device,
             seed=self.seed,

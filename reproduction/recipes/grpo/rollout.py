@@ -139,8 +139,9 @@ class PolicyHead:
 
     @property
     def sharded(self) -> bool:
-        """An FSDP2-sharded model (several trainer ranks, or bf16): its root weights are gathered in `forward`
-        only, so the rollout runs the whole forward per denoising step instead of reusing a prefix cache."""
+        """An FSDP2-sharded model (one trainer rank in bf16; several ranks roll out on an unsharded copy,
+        task.RolloutCopy): its root weights are gathered in `forward` only, so the rollout runs the whole forward per
+        denoising step instead of reusing a prefix cache."""
         from torch.distributed.fsdp import FSDPModule
 
         return isinstance(self.model, FSDPModule)

@@ -85,7 +85,10 @@ def sft_stage(ctx: StageContext) -> StageOutput:
                 source, need_labels=False, dataset=opened, state_keys=stage.state_keys, state_dims=stage.state_dims
             )
         )
-    result = train_policy(inputs, stage, ctx.out_dir, mode="bc", train=train, resume=ctx.resume, ui=ctx.ui)
+    ray_address = ctx.ray_cluster() if train.launcher == "ray" else ctx.ray_address
+    result = train_policy(
+        inputs, stage, ctx.out_dir, mode="bc", train=train, resume=ctx.resume, ray_address=ray_address, ui=ctx.ui
+    )
     return StageOutput(
         files=list(result.files),
         summary=_jsonable({"step": result.step, "train_metrics": result.train_metrics, "data": result.summary}),
@@ -113,7 +116,7 @@ def rl_stage(ctx: StageContext) -> StageOutput:
         resume=ctx.resume,
         target_step=ctx.target_step,
         cotrain=cotrain.dataset if cotrain is not None else None,
-        ray_address=ctx.ray_address,
+        ray_address=ctx.ray_cluster() if cfg.rl.launcher == "ray" else ctx.ray_address,
         ui=ctx.ui,
     )
     return StageOutput(
@@ -122,7 +125,7 @@ def rl_stage(ctx: StageContext) -> StageOutput:
         step=result["step"],
         resumed_from=result["resumed_from"],
         resumed_from_path=ctx.out_dir / "checkpoints" if result["resumed_from"] is not None else None,
-        world_size=1,
+        world_size=cfg.rl.world_size,
         device=cfg.rl.device,
     )
 

@@ -13,6 +13,8 @@ CURRENT weights at the round's first step and keeps them for the round's mu upda
 KL objective on every (rollout, decision, denoising step). Rollout noise comes from per-rollout generators
 seeded by (rl.seed, round, position, g), the trainer's RNG states are in every checkpoint, and checkpoints fall
 on round boundaries (config rule), so a killed run resumed from its newest checkpoint takes the same steps.
+With several trainer ranks each rank rolls out its own positions on a `RolloutCopy` (the sharded model's forward
+is a collective; the copy's is not), synced from the trained weights at each round's first micro batch.
 """
 
 from __future__ import annotations
@@ -107,6 +109,8 @@ class GrpoBatcher:
     """RolloutSpec."""
     cotrain: Any = None
     """(PolicySamples, PolicyCollator) of the co-training dataset, or None."""
+    copy: RolloutCopy | None = None
+    """Several trainer ranks: the unsharded copy the rollouts run on (synced at each round's first batch)."""
     _cache: dict[Any, Any] = field(default_factory=dict)
     _pools: dict[str, Any] = field(default_factory=dict)
 
@@ -141,6 +145,8 @@ class GrpoBatcher:
         positions = tuple(int(p) for p in keys.positions)
         key = (rnd, positions)
         if key not in self._cache:
+            if self.copy is not None and not any(k[0] == rnd for k in self._cache):
+                self.copy.sync()  # the round's first micro batch, on every rank at the same step
             self._cache = {k: v for k, v in self._cache.items() if k[0] == rnd}
             self._cache[key] = self.collect(rnd, positions)
         batch = dict(self._cache[key])
@@ -162,16 +168,17 @@ class GrpoBatcher:
         for p in positions:
             by_task.setdefault(tasks[p % len(tasks)], []).append((p, rnd * b + p))
         rolled, rewards_all, succ = [], [], []
-        was_training = self.head.model.training
-        self.head.model.eval()
+        head = self.head if self.copy is None else self.copy.head
+        was_training = head.model.training
+        head.model.eval()
         try:
             for task, members in by_task.items():
-                task_id = self.head.tasks.index(task_language(task))
+                task_id = head.tasks.index(task_language(task))
                 spec = dataclasses.replace(self.spec, episode_steps=episode_steps(task, rl.get("max_steps")))
                 resets = [init_reset_seed(int(rl["seed"]), task, idx) for _, idx in members for _ in range(g_size)]
                 noises = [noise_seed(int(rl["seed"]), rnd, p, g) for p, _ in members for g in range(g_size)]
                 r = rollout(
-                    self.head,
+                    head,
                     self.envs(task, len(resets)),
                     reset_seeds=resets,
                     noise_seeds=noises,
@@ -185,7 +192,7 @@ class GrpoBatcher:
                 rolled.append((r, steps))
                 succ.append(r.success_at_end)
         finally:
-            self.head.model.train(was_training)
+            head.model.train(was_training)
         # after every task's groups: a batch scale divides by the std over all the groups collected together
         rewards = np.concatenate(rewards_all)
         advantages = group_advantages(rewards, str(rl["advantage_scale"]))
@@ -221,6 +228,32 @@ class GrpoBatcher:
             kinds=np.zeros(n, np.int64),
             labels=np.ones(n, bool),
         )
+
+
+@dataclass(kw_only=True)
+class RolloutCopy:
+    """An unsharded copy of the trained policy for ranks that roll out on their own.
+
+    With several trainer ranks the trained model is FSDP2-sharded, and its forward all-gathers weights: every rank
+    would have to call it in lock step, but each rank rolls out its own init states (episodes of different lengths,
+    another number of forwards). So each rank rolls out (and evaluates) on a whole copy, whose weights `sync` gathers
+    from the trained model. The copy computes in fp32 (a bf16 trainer's rollout log-probs then differ from its
+    training forward by bf16 rounding, as an inference engine's do)."""
+
+    head: Any
+    """PolicyHead over the copy (loaded from the SFT export, then synced)."""
+    source: Any
+    """The trained (sharded) module."""
+
+    def sync(self) -> Any:
+        """Collective: load the trained weights into the copy (moved to their device); returns the copy's head."""
+        from reproduction.train.fsdp import full_state_dict
+
+        full = full_state_dict(self.source)
+        device = next(iter(full.values())).device
+        self.head.model.to(device).load_state_dict(full, strict=True)
+        self.head.model.eval().requires_grad_(False)  # never trained: no dropout, no gradients
+        return self.head
 
 
 def grpo_loss(model: Any, batch: dict[str, Any], *, rl: dict[str, Any], num_steps: int, dims: tuple[int, int]) -> Any:
@@ -310,15 +343,16 @@ def make_grpo_task(rank: int, world_size: int, *, setup_path: str) -> Any:
     )
     dims = (min(spec.execute_steps, head.chunk), head.env_action_dim)
     cotrain = _cotrain_inputs(setup, head) if setup.get("cotrain") else None
+    copy = RolloutCopy(head=load_head(sft), source=head.model) if world_size > 1 else None
     return TrainTask(
         model=head.model,
         train_dataset=list(range(int(rl["init_states"]))),
         collate=_no_collate,
         loss=functools.partial(grpo_loss, rl=rl, num_steps=spec.num_steps, dims=dims),
-        make_batch=GrpoBatcher(head=head, ref=ref, rl=rl, spec=spec, cotrain=cotrain),
+        make_batch=GrpoBatcher(head=head, ref=ref, rl=rl, spec=spec, cotrain=cotrain, copy=copy),
         canary_batch=canary_batch(head, spec.num_steps, dims, ref is not None),
         evaluate=functools.partial(
-            evaluate_live, head=head, meta=meta, setup=setup, out_dir=str(Path(setup_path).parent)
+            evaluate_live, head=head, meta=meta, setup=setup, out_dir=str(Path(setup_path).parent), copy=copy
         ),
         fsdp_units=policy_blocks,
         export_extras=functools.partial(write_export_extras, sft=str(sft), meta=meta),
@@ -354,16 +388,27 @@ def _cotrain_inputs(setup: dict[str, Any], head: Any) -> tuple[Any, Any]:
 
 
 def evaluate_live(
-    model: Any, ctx: Any, *, head: Any, meta: dict[str, Any], setup: dict[str, Any], out_dir: str
+    model: Any,
+    ctx: Any,
+    *,
+    head: Any,
+    meta: dict[str, Any],
+    setup: dict[str, Any],
+    out_dir: str,
+    copy: RolloutCopy | None = None,
 ) -> dict[str, float]:
     """Success of the live weights (the export's ODE sampler) on the first `rl.eval_episodes` held-out episodes
-    per task; rank 0 writes them as evidence (reproduction/run/evidence.py) to <out>/evidence/eval_rl_<step>.json."""
+    per task; rank 0 writes them as evidence (reproduction/run/evidence.py) to <out>/evidence/eval_rl_<step>.json.
+    With several ranks (`copy`) every rank evaluates the same episodes on its synced copy: the same rates on
+    each, no collective inside the episodes."""
     from reproduction.recap.policy.export import GuidedPolicy
     from reproduction.recipes.grpo.envs import is_libero
     from reproduction.recipes.grpo.stages import _counts, libero_settings
     from reproduction.run import evidence
 
     rl, ev = setup["rl"], setup["eval"]
+    if copy is not None:
+        model = copy.sync().model
     policy = GuidedPolicy(
         model=model,
         meta=meta,
