@@ -42,6 +42,30 @@ def test_bundle_config_loads_with_the_schema(tmp_path):
         load_config([CONFIG], ["rl.group_size=1"], bundle=tmp_path, run_dir=tmp_path / "run", schema=GrpoRunConfig)
 
 
+def test_trainer_ranks_are_checked_against_the_launcher_and_the_batch(tmp_path):
+    """rl.world_size: two ranks need the ray launcher, and B init states must split into micro batches over the
+    ranks; a valid one reaches the trainer's config (and stays out of the rl stage's key: same_outputs)."""
+    from reproduction.errors import ConfigError
+
+    def load(*over):
+        return load_config([CONFIG], list(over), bundle=tmp_path, run_dir=tmp_path / "run", schema=GrpoRunConfig)
+
+    with pytest.raises(ConfigError, match=r"rl.world_size=2 needs rl.launcher=ray \('inprocess'") as err:
+        load("rl.world_size=2")
+    assert err.value.field == "rl.launcher"
+    with pytest.raises(ConfigError, match=r"rl.init_states=16 is not a multiple of .* = 16 x 2") as err:
+        load("rl.world_size=2", "rl.launcher=ray")  # the bundle's micro batch is the whole round
+    assert err.value.field == "rl.micro_init_states" and "multiple of 32" in err.value.hint
+    with pytest.raises(ConfigError, match="rl.world_size=0 must be >= 1"):
+        load("rl.world_size=0")
+    cfg = load("rl.world_size=2", "rl.launcher=ray", "rl.micro_init_states=4")
+    train = cfg.rl.train_config()
+    assert (train.world_size, train.micro_batch, train.grad_accum, train.launcher) == (2, 4, 2, "ray")
+    from reproduction.config_fields import output_free_keys
+
+    assert "rl.world_size" in output_free_keys(cfg)
+
+
 @pytest.mark.slow
 def test_a_short_run_through_the_runner_with_target_step(tmp_path):
     """sft (20 BC steps on 3 demos) -> rl (2 steps) -> eval -> compare, then --resume --target-step 4 continues rl
