@@ -1,10 +1,12 @@
 """The GRPO rl stage at world size 2 (two Ray trainer ranks, gloo, CPU, FSDP2), through the runner.
 
 From the same SFT weights, one rank and two ranks take the same first step: each rank rolls out its half of the
-step's init states on an unsharded copy of the policy (task.RolloutCopy), so the rollouts (rewards, successes, flat
-groups) are the same numbers and the loss agrees to float rounding (the ranks add their gradients in another
-order). A two-rank run resumed with --target-step 4 from its step-2 checkpoint ends with the bytes of a two-rank
-run trained 4 steps at once: the copy is synced from the restored weights, the rollouts and updates repeat exactly.
+step's init states on an unsharded copy of the policy (task.RolloutCopy), so the rollouts' successes and flat groups
+are the same and the mean reward and the loss agree to float rounding (one README run of the suite saw the mean
+reward of the in-process rank and of the Ray ranks differ by 1.7e-9: the forwards of two processes are not
+guaranteed to round alike, and a progress reward carries that into its last bits). A two-rank run resumed with
+--target-step 4 from its step-2 checkpoint ends with the bytes of a two-rank run trained 4 steps at once: the copy is
+synced from the restored weights, the rollouts and updates repeat exactly.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ TINY = [
     "rl.eval_every=2",
     "rl.save_every=2",
     "rl.eval_episodes=1",
+    "rl.cpu_threads=1",
 ]
+"""One torch thread in every trainer, in-process or a Ray worker (Ray gives its workers one): forwards that split
+their sums over another number of threads round differently, and the rollouts would differ in the last bits."""
 
 
 def _run(tmp_path: Path, name: str, over: list[str], **opts):
@@ -69,8 +74,9 @@ def test_two_ranks_take_the_first_step_of_one_and_resume_exactly(tmp_path, ray_a
     state = json.loads((run2 / "run.json").read_text())
     assert state["stages"]["rl"]["step"] == 2
     first_one, first_two = _train_records(one)[0], _train_records(run2)[0]
-    for k in ("reward_mean", "rollout_success", "zero_std_groups"):  # the same rollouts
-        assert first_two[k] == pytest.approx(first_one[k], abs=1e-9), k
+    for k in ("rollout_success", "zero_std_groups"):  # the same rollouts
+        assert first_two[k] == first_one[k], k
+    assert first_two["reward_mean"] == pytest.approx(first_one["reward_mean"], rel=1e-5, abs=1e-7)
     assert first_two["loss"] == pytest.approx(first_one["loss"], rel=1e-5, abs=1e-6)
     assert (run2 / "rl" / "evidence" / "eval_rl_2.json").is_file()  # rank 0 wrote the live evaluation
 
