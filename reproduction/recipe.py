@@ -173,6 +173,11 @@ class StageContext:
         Ray or starts its own)."""
         return self.ray() if self.ray is not None else self.ray_address
 
+    def ray_for(self, workers_need_ray: bool) -> str | None:
+        """The Ray address to hand a trainer or inference launcher: ray_cluster() when its workers run on Ray (a
+        `launcher: ray`, several inference workers), else --ray-address as given (so nothing starts a Ray)."""
+        return self.ray_cluster() if workers_need_ray else self.ray_address
+
 
 def resolve_fn(ref: str) -> Callable[..., Any]:
     """Import "module:function"."""

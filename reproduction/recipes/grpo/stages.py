@@ -85,7 +85,7 @@ def sft_stage(ctx: StageContext) -> StageOutput:
                 source, need_labels=False, dataset=opened, state_keys=stage.state_keys, state_dims=stage.state_dims
             )
         )
-    ray_address = ctx.ray_cluster() if train.launcher == "ray" else ctx.ray_address
+    ray_address = ctx.ray_for(train.launcher == "ray")
     result = train_policy(
         inputs, stage, ctx.out_dir, mode="bc", train=train, resume=ctx.resume, ray_address=ray_address, ui=ctx.ui
     )
@@ -116,7 +116,7 @@ def rl_stage(ctx: StageContext) -> StageOutput:
         resume=ctx.resume,
         target_step=ctx.target_step,
         cotrain=cotrain.dataset if cotrain is not None else None,
-        ray_address=ctx.ray_cluster() if cfg.rl.launcher == "ray" else ctx.ray_address,
+        ray_address=ctx.ray_for(cfg.rl.launcher == "ray"),
         ui=ctx.ui,
     )
     return StageOutput(

@@ -61,7 +61,7 @@ def policy_stage(ctx: StageContext) -> StageOutput:
     from reproduction.recap.policy.task import train_policy
 
     files, summary, steps, resumed = [], {}, [], []
-    ray_address = ctx.ray_cluster() if ctx.config.policy.train.launcher == "ray" else ctx.ray_address
+    ray_address = ctx.ray_for(ctx.config.policy.train.launcher == "ray")
     for mode in ctx.config.policy.modes:
         inputs, stage, train = policy_config(ctx, mode)
         result = train_policy(

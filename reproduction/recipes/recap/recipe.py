@@ -123,7 +123,7 @@ def value_stage(ctx: StageContext) -> StageOutput:
 
     model, train, sources = value_config(ctx)
     opened = {d.name: d.dataset for d in ctx.inputs.values() if d.value}  # the run opened them once
-    ray_address = ctx.ray_cluster() if train.launcher == "ray" else ctx.ray_address
+    ray_address = ctx.ray_for(train.launcher == "ray")
     result = train_value(
         model,
         train,
@@ -168,7 +168,7 @@ def advantages_stage(ctx: StageContext) -> StageOutput:
     adv = replace(cfg.advantages, returns_tag=cfg.returns.tag)
     values_dir = ctx.out_dir / "values"
     inputs, files, inferred, flags = [], [], {}, {}
-    ray_address = ctx.ray_cluster() if inf.workers > 1 else ctx.ray_address
+    ray_address = ctx.ray_for(inf.workers > 1)
     for d in ctx.inputs.values():
         out = values_dir / f"{d.name}.parquet"
         inferred[d.name] = infer_values(
