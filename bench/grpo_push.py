@@ -1,6 +1,7 @@
 """The GRPO result experiment: BC on 30 scripted push demonstrations, then GRPO, both evaluated on held-out seeds.
 
     python bench/grpo_push.py OUT [overrides ...]     e.g. rl.steps=100 rl.seed=1
+    python bench/grpo_push.py OUT --target-step 140   continue OUT's finished run to step 140
 
 Generates OUT/data/sft (30 FetchPush-v4 expert episodes, state only) unless present, runs the GRPO recipe
 (bundle/grpo/config.yaml, ${BUNDLE} = OUT) through the runner into OUT/run, and prints the success of the
@@ -29,6 +30,11 @@ def main(argv: list[str]) -> int:
     from reproduction.run.runner import RunOptions, run_recipe
     from reproduction.sim.generate import GenConfig, generate_dataset
 
+    target_step = None
+    if "--target-step" in argv:
+        at = argv.index("--target-step")
+        target_step = int(argv[at + 1])
+        argv = argv[:at] + argv[at + 2 :]
     out = Path(argv[0]).resolve()
     sft = out / "data" / "sft"
     if not sft.exists():
@@ -36,7 +42,7 @@ def main(argv: list[str]) -> int:
     run = out / "run"
     config = load_config([CONFIG], argv[1:], bundle=out, run_dir=run, schema=GrpoRunConfig)
     t0 = time.perf_counter()
-    report = run_recipe(GRPO, config, run, RunOptions(resume=run.exists()))
+    report = run_recipe(GRPO, config, run, RunOptions(resume=run.exists(), target_step=target_step))
     wall = time.perf_counter() - t0
     evidence = json.loads((run / report.stages[2].output.summary["evidence"]).read_text(encoding="utf-8"))
     rates = {e["policy"]["label"]: e["metrics"]["success_at_end"] for e in [evidence, *evidence["baselines"]]}
