@@ -176,6 +176,9 @@ def _run(config: Any, run: Path) -> tuple[dict[str, Any], Any, float]:
 
 
 def main(argv: list[str]) -> int:
+    from reproduction.numerics import pin_cpu_kernels
+
+    pin_cpu_kernels()  # the kernels `portable run` pins, before torch loads: the bits the CLI trains (grpo_push.py)
     out = Path(argv[0]).resolve()
     plain_ov, cot_ov = overrides(out, argv[1:])
     plain_cfg = load(out, out / "run", plain_ov)  # both checked before anything runs (the export comes later)

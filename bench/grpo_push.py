@@ -24,6 +24,11 @@ CONFIG = Path(__file__).resolve().parent.parent / "bundle" / "grpo" / "config.ya
 
 
 def main(argv: list[str]) -> int:
+    from reproduction.numerics import pin_cpu_kernels
+
+    # The kernels `portable run` and `portable demo` pin (AVX2 unless PORTABLE_CPU_KERNELS=native), before torch
+    # loads: the same config trains the same bits here as through the CLI (before 2026-12-04 this ran native ones).
+    pin_cpu_kernels()
     from reproduction.recipes.grpo import GRPO
     from reproduction.recipes.grpo.config import GrpoRunConfig
     from reproduction.run.config import load_config
