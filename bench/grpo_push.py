@@ -38,8 +38,15 @@ def main(argv: list[str]) -> int:
     target_step = None
     if "--target-step" in argv:
         at = argv.index("--target-step")
-        target_step = int(argv[at + 1])
+        value = argv[at + 1] if at + 1 < len(argv) else ""
+        if not value.isdigit() or int(value) < 1:
+            print(f"error: --target-step needs a step number >= 1, got {value!r}", file=sys.stderr)
+            return 2
+        target_step = int(value)
         argv = argv[:at] + argv[at + 2 :]
+    if not argv:
+        print("error: no OUT folder given (python bench/grpo_push.py OUT [overrides ...])", file=sys.stderr)
+        return 2
     out = Path(argv[0]).resolve()
     sft = out / "data" / "sft"
     if not sft.exists():
@@ -59,4 +66,10 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from reproduction.errors import PortableError
+
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except PortableError as exc:  # the CLI's one-line form (a changed config on resume, a bad override, ...)
+        print(f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else ""), file=sys.stderr)
+        sys.exit(exc.exit_code)
