@@ -66,10 +66,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from reproduction.errors import PortableError
+    from reproduction.errors import PortableError, render_error
 
     try:
         sys.exit(main(sys.argv[1:]))
     except PortableError as exc:  # the CLI's one-line form (a changed config on resume, a bad override, ...)
-        print(f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else ""), file=sys.stderr)
-        sys.exit(exc.exit_code)
+        sys.exit(render_error(exc))

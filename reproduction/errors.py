@@ -31,6 +31,7 @@ Exit codes (documented in `portable --help`):
 from __future__ import annotations
 
 import errno
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +174,15 @@ _WRITE_REASONS = {
     errno.ENOTDIR: "a path component is a file, not a folder",
     errno.EISDIR: "a folder is where a file should be",
 }
+
+
+def render_error(exc: PortableError) -> int:
+    """Print `exc` as every command-line entry point shows it (`error: ...`, then `hint: ...` when it has one) on
+    stderr; returns its exit code for the caller to exit with."""
+    print(f"error: {exc.message}", file=sys.stderr)
+    if exc.hint:
+        print(f"hint: {exc.hint}", file=sys.stderr)
+    return exc.exit_code
 
 
 def os_error(exc: OSError, what: str, *, op: str = "write", hint: str | None = None) -> PortableError:

@@ -50,6 +50,7 @@ from reproduction.errors import (  # noqa: E402
     PortableError,
     UsageError,
     os_error,
+    render_error,
 )
 from reproduction.numerics import pin_cpu_kernels  # noqa: E402
 from reproduction.ui import UiOptions, say  # noqa: E402
@@ -555,13 +556,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _render(exc: PortableError) -> int:
-    print(f"error: {exc.message}", file=sys.stderr)
-    if exc.hint:
-        print(f"hint: {exc.hint}", file=sys.stderr)
-    return exc.exit_code
-
-
 def _from_os_error(exc: OSError) -> PortableError:
     """A raw OSError that reached the CLI (the library should have wrapped it), through the one
     mapping (errors.os_error), so the user still gets one line and a usage-class code, not a bug."""
@@ -629,11 +623,11 @@ def main(argv: list[str] | None = None) -> int:
     except PortableError as exc:
         if args.debug:
             raise
-        return _render(exc)
+        return render_error(exc)
     except OSError as exc:
         if args.debug:
             raise
-        return _render(_from_os_error(exc))
+        return render_error(_from_os_error(exc))
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

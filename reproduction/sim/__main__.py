@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from reproduction.errors import PortableError
+from reproduction.errors import PortableError, render_error
 from reproduction.sim.libero.tasks import is_libero_id
 from reproduction.ui import UiOptions, say
 
@@ -141,10 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for task, summary in doc["tasks"].items():
                 say(f"{task}: success at end {summary['success_at_end']}, once {summary['success_once']}")
     except PortableError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
-        return exc.exit_code
+        return render_error(exc)
     if args.json:
         print(json.dumps(doc, indent=1))
     return 0

@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from reproduction.errors import ConfigError, InvalidInputError, PortableError, SimError
+from reproduction.errors import ConfigError, InvalidInputError, PortableError, SimError, render_error
 from reproduction.sim.libero.env import FPS, SETTLE_STEPS, STATE_NAMES
 from reproduction.sim.libero.tasks import INIT_STATES_PER_TASK, SUITES, parse_task_id
 from reproduction.sim.workers import Runner, run_units
@@ -601,10 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stop_on_success=not args.run_to_limit,
         )
     except PortableError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
-        return exc.exit_code
+        return render_error(exc)
     for kind, r in results.items():
         say(
             f"{kind}: {r.episodes_written}/{r.episodes_run} episodes written, success {r.success_rate:.2f}, "
