@@ -18,6 +18,10 @@ stage before them has streamed 1M frames through the CPU's caches. Redacting and
 instead of at every write (the same run.json bytes) took the second write to 1.4 ms and left the ratio at 1.07
 (noise +-0.01), so it was not kept.
 
+The ratio did not grow with the recipes redesign: on 2026-12-04, quiet, the bench as it stood at c227736 (the last
+commit before RECAP left run/, where 1.03 had been measured on 2026-12-01) printed 1.08, 1.06, 1.09 against 1.07,
+1.08, 1.08 for bfd2a7a, run after one another in the same ten minutes: the 1.03 was the machine of that day.
+
 The runner side runs without lineage (no recorder) and without the recipe's report (Recipe.report set to None), as
 the runner's own cost; a third side, `runner + report`, adds the report `portable run` writes after the stages
 (report.html through Jinja, an atomic write with fsync), printed on its own line before the ratio.
