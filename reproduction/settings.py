@@ -35,6 +35,7 @@ CACHE_DIR = "PORTABLE_CACHE_DIR"
 CACHE_DIR_OLD = "RECAP_PORTABLE_CACHE"
 """CACHE_DIR's old name, still honoured when CACHE_DIR is unset."""
 CPU_KERNELS = "PORTABLE_CPU_KERNELS"
+HEAP = "PORTABLE_HEAP"
 NO_PROGRESS = "PORTABLE_NO_PROGRESS"
 PLAIN = "PORTABLE_PLAIN"
 HUB = "PORTABLE_HUB_"
@@ -54,6 +55,14 @@ SETTINGS: tuple[Setting, ...] = (
         "EPYC; not on an AVX-512 Intel Xeon, measured); native leaves them to the CPU (faster on AVX-512, results "
         "tied to the machine). Another value is exit 4.",
         read_by="numerics.py (set before torch loads)",
+    ),
+    Setting(
+        name=HEAP,
+        default="hold",
+        doc="hold: while a trainer runs, glibc serves big blocks from its heap and reuses freed ones (an update's "
+        "32 MiB activations were mapped and zero-filled anew at every step: the demo's GRPO update took twice as "
+        "long; the same bytes either way); system leaves glibc's defaults. Another value is exit 4.",
+        read_by="train/heap.py",
     ),
     Setting(
         name=NO_PROGRESS,

@@ -56,9 +56,10 @@ def _worker_body(
 ) -> Any:
     from reproduction.train import device as device_mod
     from reproduction.train import dist, loop
+    from reproduction.train.heap import hold_freed_blocks
 
     device = device_mod.local_device(payload.spec, local_rank)
-    with cpu_threads(payload.config.cpu_threads if device.type == "cpu" else 0):
+    with cpu_threads(payload.config.cpu_threads if device.type == "cpu" else 0), hold_freed_blocks():
         dist.init(
             backend=payload.spec.backend,
             master_addr=payload.master_addr,
