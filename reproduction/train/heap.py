@@ -4,9 +4,10 @@ new ones in.
 glibc serves an allocation of 32 MiB or more with its own mmap and gives it back with munmap when freed (the
 threshold can rise no higher). A GRPO update with all 10 denoising steps in the loss has activations of 32,000
 rows x 256 floats, 32.8 MiB each: every one of them, at every step, was mapped, zero-filled page by page and
-unmapped. Measured on 2 cores (the demo's bundle, 4 GRPO steps): 8.2 million minor page faults and 15 s of system
-time against 1.3 million and 3 s with mmap off; an update-only step took 3.3 s instead of 6.2, and the rl export's
-bytes were the same (allocation moves no arithmetic: torch aligns every CPU buffer to 64 bytes either way).
+unmapped. Measured on 2 cores (the demo's bundle, 4 GRPO steps, `portable run`): rl 39.9 s, 8.2 million minor
+page faults, 15 s of system time without the hold; 29.3 s, 2.0 million, 4 s with it; an update-only step 3.2-4.0 s
+instead of 6.0-6.4; the rl export's bytes the same (allocation moves no arithmetic: torch aligns every CPU buffer to
+64 bytes either way). The whole GRPO demo: 18 min 20 s -> 12 min 46 s alone, the same export (docs/grpo.md).
 Inside `hold_freed_blocks` big blocks come from the heap and a freed one is reused; the heap's top is not
 trimmed. On the way out glibc's defaults are back and `malloc_trim` returns the free pages to the system.
 
@@ -61,8 +62,9 @@ def choice(environ: Mapping[str, str] | None = None) -> str:
 def hold_freed_blocks() -> Iterator[bool]:
     """Inside, glibc serves big blocks from the heap and keeps freed ones for reuse (yields True), unless
     PORTABLE_HEAP=system or the C library is not glibc (yields False, nothing changed). On the way out, even on
-    an error, glibc's defaults are restored and the heap's free pages returned (malloc_trim). Process-wide:
-    hold it around work of one thread, the training loop. Raises ConfigError for a bad PORTABLE_HEAP."""
+    an error, glibc's defaults are restored and the heap's free pages returned (malloc_trim). mallopt is
+    process-wide: the trainer's worker body holds it around its whole loop. Raises ConfigError for a bad
+    PORTABLE_HEAP."""
     libc = _glibc() if choice() == "hold" else None
     if libc is None:
         yield False
