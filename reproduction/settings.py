@@ -60,7 +60,7 @@ SETTINGS: tuple[Setting, ...] = (
         name=HEAP,
         default="hold",
         doc="hold: while a trainer runs, glibc serves big blocks from its heap and reuses freed ones (an update's "
-        "32 MiB activations were mapped and zero-filled anew at every step: the demo's GRPO update took twice as "
+        "tensors above 32 MiB were mapped and zero-filled anew at every step: the demo's GRPO update took twice as "
         "long; the same bytes either way); system leaves glibc's defaults. Another value is exit 4.",
         read_by="train/heap.py",
     ),

@@ -2,10 +2,11 @@
 new ones in.
 
 glibc serves an allocation of 32 MiB or more with its own mmap and gives it back with munmap when freed (the
-threshold can rise no higher). A GRPO update with all 10 denoising steps in the loss has activations of 32,000
-rows x 256 floats, 32.8 MiB each: every one of them, at every step, was mapped, zero-filled page by page and
-unmapped. Measured on 2 cores (the demo's bundle, 4 GRPO steps, `portable run`): rl 39.9 s, 8.2 million minor
-page faults, 15 s of system time without the hold; 29.3 s, 2.0 million, 4 s with it; an update-only step 3.2-4.0 s
+threshold can rise no higher). A GRPO update with all 10 denoising steps in the loss has 32,000 loss rows (6 steps:
+19,200), and more of its tensors pass that size: each of them, at every step, was mapped, zero-filled page by page
+and unmapped (190 million minor page faults in the demo against 36 million with 6 steps). Measured on 2 cores
+(the demo's bundle, 4 GRPO steps, `portable run`): rl 39.9 s, 8.2 million minor page faults, 15 s of system time
+without the hold; 29.3 s, 2.0 million, 4 s with it; an update-only step 3.2-4.0 s
 instead of 6.0-6.4; the rl export's bytes the same (allocation moves no arithmetic: torch aligns every CPU buffer to
 64 bytes either way). The whole GRPO demo: 18 min 20 s -> 12 min 46 s alone, the same export (docs/grpo.md).
 Inside `hold_freed_blocks` big blocks come from the heap and a freed one is reused; the heap's top is not
