@@ -25,7 +25,7 @@ import os
 import sys
 from collections.abc import Mapping, MutableMapping
 
-from reproduction.settings import CPU_KERNELS
+from reproduction.settings import CPU_KERNELS, choice
 
 SETTING = CPU_KERNELS
 """The knob: "avx2" (the default) pins the kernels; "native" leaves them to the CPU."""
@@ -41,16 +41,8 @@ def pin_cpu_kernels(environ: MutableMapping[str, str] | None = None) -> dict[str
     Must run before torch is first imported in this process to affect it (it always affects the worker
     processes started afterwards). Raises ConfigError (exit 4) for an unknown PORTABLE_CPU_KERNELS value."""
     env = os.environ if environ is None else environ
-    choice = env.get(SETTING, "avx2").strip().lower() or "avx2"
-    if choice not in CHOICES:
-        from reproduction.errors import ConfigError
-
-        raise ConfigError(
-            f"{SETTING}={env[SETTING]!r} is not one of {', '.join(CHOICES)}",
-            field=SETTING,
-            hint=f"unset {SETTING} (AVX2 kernels: the same bits across the servers measured), or {SETTING}=native",
-        )
-    if choice == "avx2":
+    hint = f"unset {SETTING} (AVX2 kernels: the same bits across the servers measured), or {SETTING}=native"
+    if choice(SETTING, CHOICES, hint, env) == "avx2":
         for name, value in PINNED.items():
             env.setdefault(name, value)
     return {name: env[name] for name in PINNED if name in env}

@@ -96,6 +96,18 @@ def value(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     return env.get(name) or None
 
 
+def choice(name: str, choices: tuple[str, ...], hint: str, environ: Mapping[str, str] | None = None) -> str:
+    """The knob's value, one of `choices` (case and surrounding blanks ignored; unset or blank = choices[0]).
+    Raises ConfigError (exit 4) naming the variable and its value, with `hint`, for anything else."""
+    raw = value(name, environ)
+    chosen = (raw or "").strip().lower() or choices[0]
+    if chosen not in choices:
+        from reproduction.errors import ConfigError
+
+        raise ConfigError(f"{name}={raw!r} is not one of {', '.join(choices)}", field=name, hint=hint)
+    return chosen
+
+
 def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
     """True when the knob is set to anything non-empty."""
     return value(name, environ) is not None

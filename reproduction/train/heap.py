@@ -17,11 +17,15 @@ trimmed. On the way out glibc's defaults are back and `malloc_trim` returns the 
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-from reproduction.settings import HEAP, value
+from reproduction import settings
+from reproduction.settings import HEAP
+
+if TYPE_CHECKING:
+    import ctypes
 
 CHOICES = ("hold", "system")
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
@@ -34,6 +38,8 @@ HOLD = {M_TRIM_THRESHOLD: 2**31 - 1, M_MMAP_MAX: 0}
 
 def _glibc() -> ctypes.CDLL | None:
     """This process's C library when it is glibc (it has gnu_get_libc_version and mallopt), else None."""
+    import ctypes  # here, not at import: `portable` imports this module for every command, and ctypes costs ~2 ms
+
     try:
         libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version  # noqa: B018 - an AttributeError here means another C library
@@ -46,17 +52,8 @@ def _glibc() -> ctypes.CDLL | None:
 
 def choice(environ: Mapping[str, str] | None = None) -> str:
     """PORTABLE_HEAP's value: hold (the default) or system. Raises ConfigError (exit 4) for another value."""
-    raw = value(HEAP, environ)
-    chosen = (raw or "hold").strip().lower() or "hold"
-    if chosen not in CHOICES:
-        from reproduction.errors import ConfigError
-
-        raise ConfigError(
-            f"{HEAP}={raw!r} is not one of {', '.join(CHOICES)}",
-            field=HEAP,
-            hint=f"unset {HEAP} (the trainer reuses its freed blocks), or {HEAP}=system (glibc's defaults)",
-        )
-    return chosen
+    hint = f"unset {HEAP} (the trainer reuses its freed blocks), or {HEAP}=system (glibc's defaults)"
+    return settings.choice(HEAP, CHOICES, hint, environ)
 
 
 @contextmanager
