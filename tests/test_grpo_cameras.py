@@ -14,7 +14,16 @@ import torch
 
 from reproduction.errors import ConfigError, FingerprintMismatchError
 from reproduction.recipes.grpo.rollout import PolicyHead, RolloutSpec, rollout
-from reproduction.recipes.grpo.task import FRAME, frames_of, grpo_loss, loss_rows, noise_seed, pick_steps
+from reproduction.recipes.grpo.task import (
+    FRAME,
+    decision_inputs,
+    frames_of,
+    grpo_loss,
+    loss_batch,
+    loss_rows,
+    noise_seed,
+    pick_steps,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "bundle" / "grpo" / "config.yaml"
@@ -151,24 +160,44 @@ def test_camera_rollouts_are_the_same_bytes_in_simulator_workers_and_run_the_pre
 
 def test_the_update_recomputes_the_rollouts_log_probs_from_its_frames(head, sims):
     """At the sampling weights the PPO ratio is 1 and the KL to the same weights 0: the loss batch rebuilt from the
-    recorded uint8 frames gives the velocities the rollout sampled with."""
+    recorded uint8 frames gives the velocities the rollout sampled with. The batch holds each decision's images once
+    (12 decisions, 24 loss rows) and the model runs 12 prefixes; the loss and every gradient equal those of the batch
+    built row by row (24 images, 24 prefixes) to float32 rounding."""
     resets, noises = [10, 10, 12, 12], [noise_seed(0, 0, p, g) for p in range(2) for g in range(2)]
     r = rollout(head, sims(4), reset_seeds=resets, noise_seeds=noises, task_ids=[0] * 4, spec=SPEC, ref=head)
-    rows = loss_rows(r, np.array([[1.0, -1.0], [0.5, -0.5]]), pick_steps(noises, 3, 3, 2))
-    assert rows[FRAME + "base_0_rgb"].shape == (4 * 3 * 2, SIZE, SIZE, 3)
-    batch = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in rows.items() if k in ("x", "x_next", "k")}
-    for name in ("old_log_prob", "advantage", "ref_mean"):
-        batch[name] = torch.from_numpy(np.ascontiguousarray(rows[name]))
-    batch.update(head.model_batch(rows["state"], rows["task_id"], frames_of(rows)))
-    assert batch["images"]["base_0_rgb"].shape == (24, 3, SIZE, SIZE)
-    assert all(bool(mask.all()) for mask in batch["image_masks"].values())
+    advantages, steps = np.array([[1.0, -1.0], [0.5, -0.5]]), pick_steps(noises, 3, 3, 2)
+    batch = loss_batch(head, [(r, advantages, steps)])
     batch.update(reward_mean=torch.tensor(0.5), success_at_end=torch.tensor(0.5), zero_std_groups=torch.tensor(0.0))
-    loss, m = grpo_loss(head.model, batch, rl=RL, num_steps=3, dims=(2, 4))
+    assert batch["images"]["base_0_rgb"].shape == (4 * 3, 3, SIZE, SIZE) and batch["x"].shape[0] == 4 * 3 * 2
+    np.testing.assert_array_equal(batch["prefix_index"].numpy(), np.repeat(np.arange(12), 2))
+    assert batch["state"].shape == (24, 14) and all(bool(mask.all()) for mask in batch["image_masks"].values())
+    counting = Counting(head.model)
+    try:
+        loss, m = grpo_loss(head.model, batch, rl=RL, num_steps=3, dims=(2, 4))
+    finally:
+        del head.model.encode_prefix
+    assert counting.calls == 1
     assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and m["clip_fraction"] == 0.0
     assert m["kl"] == pytest.approx(0.0, abs=1e-9)
     loss.backward()
-    vision = [p.grad for n, p in head.model.named_parameters() if n.startswith("vision.")]
-    assert vision and any(g is not None and bool(g.abs().sum() > 0) for g in vision)  # the frames get a gradient
+    grads = {n: p.grad.clone() for n, p in head.model.named_parameters() if p.grad is not None}
+    head.model.zero_grad()
+    vision = [g for n, g in grads.items() if n.startswith("vision.")]
+    assert vision and any(bool(g.abs().sum() > 0) for g in vision)  # the frames get a gradient
+
+    rows, dec = loss_rows(r, advantages, steps), decision_inputs(r)  # the same batch, row by row
+    assert (dec[FRAME + "base_0_rgb"].shape, len(rows["decision"])) == ((12, SIZE, SIZE, 3), 24)
+    per_row = {k: v for k, v in batch.items() if k not in ("images", "image_masks", "prefix_index", "state")}
+    frames = {slot: f[rows["decision"]] for slot, f in frames_of(dec).items()}
+    per_row.update(head.model_batch(rows["state"], rows["task_id"], frames))
+    assert per_row["images"]["base_0_rgb"].shape == (24, 3, SIZE, SIZE) and "prefix_index" not in per_row
+    loss_rowwise, m_rowwise = grpo_loss(head.model, per_row, rl=RL, num_steps=3, dims=(2, 4))
+    assert float(loss_rowwise.detach()) == pytest.approx(float(loss.detach()), rel=1e-5, abs=1e-7)
+    assert m_rowwise["kl"] == pytest.approx(m["kl"], abs=1e-9)
+    loss_rowwise.backward()
+    for n, p in head.model.named_parameters():
+        if p.grad is not None or n in grads:
+            torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-6, msg=n)
     head.model.zero_grad()
 
 
@@ -209,12 +238,9 @@ def test_a_reduced_width_pi05_runs_one_grpo_rollout_and_one_update(sims, tmp_pat
     r = rollout(head, sims(2), reset_seeds=[10, 10], noise_seeds=noises, task_ids=[0, 0], spec=spec, ref=head)
     assert r.chain.shape == (2, 2, 3, 4, 6) and r.ref_mean.shape == (2, 2, 2, 2, 4)
     assert r.frames["base_0_rgb"].shape == (2, 2, SIZE, SIZE, 3)
-    rows = loss_rows(r, np.array([[1.0, -1.0]]), pick_steps(noises, 2, 2, 2))
-    batch = {
-        k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in rows.items() if k != "task_id" and "frame" not in k
-    }
-    batch.update(head.model_batch(rows["state"], rows["task_id"], frames_of(rows)))
-    assert batch["images"]["base_0_rgb"].shape[-1] == cfg.image_size == 16
+    batch = loss_batch(head, [(r, np.array([[1.0, -1.0]]), pick_steps(noises, 2, 2, 2))])
+    assert batch["images"]["base_0_rgb"].shape == (2 * 2, 3, 16, 16) and cfg.image_size == 16  # once per decision
+    assert batch["x"].shape[0] == 2 * 2 * 2 and batch["prefix_index"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
     prompt = tok.decode(batch["input_ids"][0].tolist())
     assert "State" in prompt  # pi0.5's prompt carries the state as text
     batch.update(reward_mean=torch.tensor(0.5), success_at_end=torch.tensor(0.0), zero_std_groups=torch.tensor(0.0))

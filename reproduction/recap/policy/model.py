@@ -260,7 +260,9 @@ class TinyPolicy(SiglipGemmaPrefix):
         """Prefix states, validity and the row -> state index (None = one row per sample).
 
         Without cameras the states are computed once per distinct prompt: (U, T, Dt), (U, T) and the
-        (B,) index of each sample's prompt. With cameras: (B, C*N + T, Dt), (B, C*N + T), None."""
+        (B,) index of each sample's prompt. With cameras: (B, C*N + T, Dt), (B, C*N + T), None; or, when the
+        batch carries `prefix_index` (B,) (its images and prompts one per distinct prefix, U of them: GRPO's
+        update, whose K loss rows of a decision share it), (U, C*N + T, Dt), (U, C*N + T) and that index."""
         dtype = self.state_proj.weight.dtype
         if self.vision is None and "prompt_index" in batch:  # the collator already de-duplicated the prompts
             att = batch["prompt_mask"].to(torch.bool)
@@ -274,7 +276,7 @@ class TinyPolicy(SiglipGemmaPrefix):
         img_tok, img_valid = self.encode_images(batch["images"], batch["image_masks"], self.config.cameras)
         embeds = torch.cat([img_tok.to(dtype), self.embed_text(ids, dtype)], dim=1)
         valid = torch.cat([img_valid, att], dim=1)
-        return self.run_language(embeds, valid, num_queries=0), valid, None
+        return self.run_language(embeds, valid, num_queries=0), valid, batch.get("prefix_index")
 
     def prefix_cache(
         self, prefix: torch.Tensor, valid: torch.Tensor, index: torch.Tensor | None, state: torch.Tensor

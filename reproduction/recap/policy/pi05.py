@@ -250,7 +250,14 @@ class Pi05Policy(nn.Module):
 
     def forward(self, batch: dict[str, Any], x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         embeds, valid, _ = self.encode_prefix(batch)
-        return self.velocity(self.prefix_cache(embeds, valid, None), x_t, t)
+        cache = self.prefix_cache(embeds, valid, None)
+        index = batch.get("prefix_index")
+        if index is not None:  # images and prompts one per distinct prefix (GRPO's update): K/V gathered per row
+            cache = Pi05Cache(
+                [(k.index_select(0, index), v.index_select(0, index)) for k, v in cache.kv],
+                cache.valid.index_select(0, index),
+            )
+        return self.velocity(cache, x_t, t)
 
 
 def _bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -100,13 +100,24 @@ class PolicyHead:
         return (x[..., : self.env_action_dim] * a_std + a_mean).astype(np.float32)
 
     def model_batch(
-        self, state: np.ndarray, task_ids: np.ndarray, frames: dict[str, np.ndarray] | None = None
+        self,
+        state: np.ndarray,
+        task_ids: np.ndarray,
+        frames: dict[str, np.ndarray] | None = None,
+        rows: np.ndarray | None = None,
     ) -> dict[str, Any]:
         """The model's batch for rows (normalised state, task id, and `frames` {slot: (n, H, W, 3) uint8} when the
         policy reads cameras). Camera-free tiny: each distinct prompt once (its prefix runs once). Otherwise stage
         4's inference batch (GuidedPolicy.batch): samples through the collator, every frame through to_pixels at
         the model's size, the plain prompt (pi05: with the state as text); input_ids, attention_mask, images,
-        image_masks, state."""
+        image_masks, state.
+
+        `rows` (m,) int64: the batch's rows are rows[j] of the n given (GRPO's update: a decision's K loss rows share
+        its state and frames). With cameras (or pi05) the images and prompts stay one per given row and
+        `prefix_index` = rows maps each batch row to its prefix, which the model then runs n times, not m; the
+        state is per batch row. Camera-free tiny: the rows expanded (its prompts are de-duplicated anyway)."""
+        if rows is not None and self.plain:
+            state, task_ids = state[rows], np.asarray(task_ids, np.int64)[rows]
         if self.plain:
             tids = np.asarray(task_ids, np.int64)
             ids, mask, index = self.collator.prompt_table(tids, np.zeros(len(task_ids), np.int64))
@@ -131,7 +142,13 @@ class PolicyHead:
             samples.append(sample)
         out = self.collator(samples)
         keep = ("state", "input_ids", "attention_mask", "images", "image_masks")
-        return {k: out[k] for k in keep if k in out}
+        batch = {k: out[k] for k in keep if k in out}
+        if rows is not None:
+            index = torch.from_numpy(np.ascontiguousarray(rows, np.int64))
+            batch["prefix_index"] = index
+            if "state" in batch:
+                batch["state"] = batch["state"].index_select(0, index)
+        return batch
 
     def velocity(self, batch: dict[str, torch.Tensor], x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """The model's forward (prefix and expert) on `batch`: what the loss differentiates."""
@@ -339,9 +356,8 @@ def reference_means(
     kk = torch.arange(k_steps).repeat(n)
     t = sde.timesteps(k_steps)[kk].float()
     rows = np.repeat(np.arange(n), k_steps)
-    if ref.sharded:  # the whole forward over the n * K rows
-        sub = {slot: f[rows] for slot, f in (frames or {}).items()}
-        v = ref.velocity(ref.model_batch(state[rows], task_ids[rows], sub), x, t)
+    if ref.sharded:  # the whole forward over the n * K rows (with cameras: the prefix once per row of n)
+        v = ref.velocity(ref.model_batch(state, task_ids, frames, rows=rows), x, t)
     else:
         v = ref.model.velocity(ref.prefix(ref.model_batch(state, task_ids, frames), rows=torch.from_numpy(rows)), x, t)
     mean = sde.sde_mean(x, v, kk, k_steps, spec.noise_level)

@@ -49,7 +49,8 @@ def noise_seed(seed: int, round_: int, position: int, member: int) -> int:
 
 
 def loss_rows(r: Any, advantages: np.ndarray, steps: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Rollouts -> one row per (rollout i, decision d, denoising step k): the loss's inputs as arrays.
+    """Rollouts -> one row per (rollout i, decision d, denoising step k): the loss's inputs as arrays, and the
+    row's `decision` (i * D + d: its entry in decision_inputs(r), whose camera frames it reads).
 
     `steps` (n, D, K') picks K' of the K denoising steps of each decision (None: all K)."""
     n, d, k = r.log_prob.shape
@@ -69,18 +70,49 @@ def loss_rows(r: Any, advantages: np.ndarray, steps: np.ndarray | None = None) -
     }
     if r.ref_mean is not None:
         rows["ref_mean"] = r.ref_mean[i, dd, kk]
-    for slot, f in (r.frames or {}).items():  # uint8 frames of the row's decision (FRAME + slot)
-        rows[FRAME + slot] = f[i, dd]
+    rows["decision"] = i * d + dd
     return rows
 
 
+def decision_inputs(r: Any) -> dict[str, np.ndarray]:
+    """Rollouts -> one entry per (rollout i, decision d), at i * D + d: what the policy's prefix reads (state, task
+    id, uint8 camera frames as FRAME + slot). A decision's K' loss rows share it, so the update builds images and
+    runs the prefix once per decision, not once per row (loss_batch)."""
+    n, d = r.state.shape[:2]
+    out = {"state": r.state.reshape(n * d, *r.state.shape[2:]), "task_id": np.repeat(np.asarray(r.task_id), d)}
+    for slot, f in (r.frames or {}).items():
+        out[FRAME + slot] = f.reshape(n * d, *f.shape[2:])
+    return out
+
+
+def loss_batch(head: Any, parts: list[tuple[Any, np.ndarray, np.ndarray | None]]) -> dict[str, Any]:
+    """The update's loss batch (CPU tensors) of (rollouts, advantages, steps) parts, in order: loss_rows' arrays,
+    and the model's batch of their decisions with `prefix_index` mapping each row to its decision
+    (PolicyHead.model_batch `rows`). With cameras 10 loss steps cost one image batch and one prefix per decision,
+    not ten. Camera-free tiny: the same tensors as a batch built row by row."""
+    import torch
+
+    row_parts, dec_parts, offset = [], [], 0
+    for r, advantages, steps in parts:
+        rows, dec = loss_rows(r, advantages, steps), decision_inputs(r)
+        rows["decision"] = rows["decision"] + offset
+        offset += len(dec["task_id"])
+        row_parts.append(rows)
+        dec_parts.append(dec)
+    rows = {k: np.concatenate([p[k] for p in row_parts]) for k in row_parts[0]}
+    dec = {k: np.concatenate([p[k] for p in dec_parts]) for k in dec_parts[0]}
+    batch = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in rows.items() if k not in ("task_id", "decision")}
+    batch.update(head.model_batch(dec["state"], dec["task_id"], frames_of(dec), rows=rows["decision"]))
+    return batch
+
+
 FRAME = "frame:"
-"""Prefix of loss_rows' camera-frame arrays (FRAME + slot); model_batch turns them into images and masks."""
+"""Prefix of decision_inputs' camera-frame arrays (FRAME + slot); model_batch turns them into images and masks."""
 
 
-def frames_of(rows: dict[str, Any]) -> dict[str, Any]:
-    """{slot: frames} of loss rows (empty for a camera-free policy)."""
-    return {k[len(FRAME) :]: v for k, v in rows.items() if k.startswith(FRAME)}
+def frames_of(inputs: dict[str, Any]) -> dict[str, Any]:
+    """{slot: frames} of decision_inputs (empty for a camera-free policy)."""
+    return {k[len(FRAME) :]: v for k, v in inputs.items() if k.startswith(FRAME)}
 
 
 def pick_steps(seeds: list[int], decisions: int, num_steps: int, count: int) -> np.ndarray:
@@ -197,14 +229,9 @@ class GrpoBatcher:
         rewards = np.concatenate(rewards_all)
         advantages = group_advantages(rewards, str(rl["advantage_scale"]))
         bounds = np.cumsum([0, *(len(x) for x in rewards_all)])
-        parts = [loss_rows(r, advantages[lo:hi], steps) for (r, steps), lo, hi in zip(rolled, bounds, bounds[1:])]
-        rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        batch = {
-            k: torch.from_numpy(np.ascontiguousarray(v))
-            for k, v in rows.items()
-            if k != "task_id" and not k.startswith(FRAME)
-        }
-        batch.update(self.head.model_batch(rows["state"], rows["task_id"], frames_of(rows)))
+        batch = loss_batch(
+            self.head, [(r, advantages[lo:hi], steps) for (r, steps), lo, hi in zip(rolled, bounds, bounds[1:])]
+        )
         batch["reward_mean"] = torch.tensor(float(rewards.mean()))
         batch["success_at_end"] = torch.tensor(float(np.concatenate(succ).mean()))
         batch["zero_std_groups"] = torch.tensor(float((rewards.std(axis=1) < 1e-8).mean()))
