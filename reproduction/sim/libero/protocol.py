@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from reproduction.errors import SimError
+from reproduction.sim.cameras import LIBERO_IMAGE_KEYS
 from reproduction.sim.evaluate import reset_policy
 from reproduction.sim.libero.env import ACTION_DIM, SETTLE_STEPS, LiberoSim
 from reproduction.sim.libero.tasks import LiberoTask, resolve_tasks
@@ -43,7 +44,7 @@ STATE_DIM = 8
 """observation.state: eef pos (3), eef axis-angle (3), gripper finger qpos (2) (env.py, RLinf's layout)."""
 STATE_KEY, OBJECT_STATE_KEY = "observation.state", "observation.object_state"
 """The state features LIBERO's observation holds (the object state only in no-camera mode: env.py)."""
-IMAGE_KEYS = ("observation.images.image", "observation.images.wrist_image")
+IMAGE_KEYS = LIBERO_IMAGE_KEYS
 """The camera features a rendering env provides (cameras=True)."""
 
 
