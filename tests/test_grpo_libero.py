@@ -44,6 +44,26 @@ def _load(overrides: list[str], tmp_path: Path):
     return load_config(CONFIGS, overrides, bundle=tmp_path, run_dir=tmp_path / "run", schema=GrpoRunConfig)
 
 
+def _run_all_stages(bundle: Path, run: Path, overrides: list[str], *, timeout: int) -> dict[str, str]:
+    """`portable run BUNDLE --config config.yaml --config libero.yaml --output RUN OVERRIDES` in a subprocess (cwd:
+    the run's parent); asserts it ran sft, rl, eval and compare and returns the environment it ran with."""
+    configs = [a for c in CONFIGS for a in ("--config", str(c))]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "reproduction.portable", "run", str(bundle), *configs, "--output", str(run), "--json"]
+        + overrides,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=run.parent,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stages = {s["stage"]: s["action"] for s in json.loads(proc.stdout)["stages"]}
+    assert stages == dict.fromkeys(("sft", "rl", "eval", "compare"), "ran")
+    return env
+
+
 def test_the_libero_config_loads_and_its_rules_need_no_libero(tmp_path):
     config = _load([], tmp_path)
     assert config.rl.tasks == ["libero_10/0"] and config.eval.tasks == ["libero_10/0"]
@@ -99,20 +119,7 @@ def test_a_tiny_grpo_run_on_libero_through_portable_run(tmp_path):
     finally:
         close_envs()
     run = tmp_path / "run"
-    configs = [a for c in CONFIGS for a in ("--config", str(c))]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "reproduction.portable", "run", str(bundle), *configs, "--output", str(run), "--json"]
-        + TINY,
-        capture_output=True,
-        text=True,
-        timeout=500,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    stages = {s["stage"]: s["action"] for s in json.loads(proc.stdout)["stages"]}
-    assert stages == dict.fromkeys(("sft", "rl", "eval", "compare"), "ran")
+    env = _run_all_stages(bundle, run, TINY, timeout=500)
     state = json.loads((run / "run.json").read_text())
     assert state["recipe"] == "grpo" and state["stages"]["rl"]["step"] == 2
     policy = json.loads((run / "sft" / "export" / "policy.json").read_text())
@@ -181,7 +188,6 @@ def test_a_tiny_grpo_run_on_libero_with_a_camera_through_portable_run(tmp_path):
     info = json.loads((data / "meta" / "info.json").read_text())
     assert info["features"]["observation.images.image"]["shape"][:2] == [32, 32]
     run = tmp_path / "run"
-    configs = [a for c in CONFIGS for a in ("--config", str(c))]
     camera = [
         "sft.model.cameras={base_0_rgb: observation.images.image}",
         "sft.model.image_size=32",
@@ -192,20 +198,7 @@ def test_a_tiny_grpo_run_on_libero_with_a_camera_through_portable_run(tmp_path):
         "rl.max_steps=12",
         "eval.max_steps=12",
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "reproduction.portable", "run", str(bundle), *configs, "--output", str(run), "--json"]
-        + short
-        + camera,
-        capture_output=True,
-        text=True,
-        timeout=800,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    stages = {s["stage"]: s["action"] for s in json.loads(proc.stdout)["stages"]}
-    assert stages == dict.fromkeys(("sft", "rl", "eval", "compare"), "ran")
+    _run_all_stages(bundle, run, short + camera, timeout=800)
     policy = json.loads((run / "sft" / "export" / "policy.json").read_text())
     assert policy["cameras"] == {"base_0_rgb": "observation.images.image"}
     assert len(policy["stats"]["state_mean"]) == 8 and len(policy["stats"]["action_mean"]) == 7

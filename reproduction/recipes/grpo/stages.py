@@ -233,20 +233,13 @@ def _run_libero(config: Any, exports: dict[str, tuple[Path, int | None]], out_di
     actions per call; every export's features are checked before the first env."""
     from reproduction.recap.policy.export import PolicyFactory, read_export
     from reproduction.recipes.grpo.envs import export_cameras
-    from reproduction.sim.libero.protocol import LazyPolicy, check_policy_features, evaluate_libero
+    from reproduction.sim.libero.protocol import LazyPolicy, check_export_features, evaluate_libero
 
     ev, metas, views = config.eval, {}, {}
     for label, (export, _) in exports.items():
         meta = metas[label] = read_export(export)
         cameras, size = views[label] = export_cameras(export, libero=True)
-        check_policy_features(
-            state_dim=len(meta["stats"]["state_mean"]),
-            action_dim=len(meta["stats"]["action_mean"]),
-            image_keys=list(dict(meta.get("cameras") or {}).values()),
-            cameras=bool(cameras),
-            name=f"the {label} policy ({export})",
-            state_keys=meta.get("state_keys") or (),
-        )
+        check_export_features(meta, cameras=bool(cameras), name=f"the {label} policy ({export})")
     out = []
     for label, (export, _) in exports.items():
         cameras, size = views[label]

@@ -57,16 +57,9 @@ def train_grpo(
     # ConfigError for a camera the world's simulator does not render (a pinned Fetch export on LIBERO, say)
     cameras, _ = export_cameras(sft_export, libero=libero)
     if libero:  # SimError naming what LIBERO does not give (object state beside cameras, a Fetch-width state)
-        from reproduction.sim.libero.protocol import check_policy_features
+        from reproduction.sim.libero.protocol import check_export_features
 
-        check_policy_features(
-            state_dim=len(meta["stats"]["state_mean"]),
-            action_dim=len(meta["stats"]["action_mean"]),
-            image_keys=list(dict(meta.get("cameras") or {}).values()),
-            cameras=bool(cameras),
-            name=f"the SFT policy {sft_export}",
-            state_keys=meta.get("state_keys") or (),
-        )
+        check_export_features(meta, cameras=bool(cameras), name=f"the SFT policy {sft_export}")
     trained = bool(complete_steps(out_dir / "checkpoints"))
     if trained and not resume:
         raise CheckpointError(

@@ -86,6 +86,19 @@ def check_policy_features(
         )
 
 
+def check_export_features(meta: dict[str, Any], *, cameras: bool, name: str) -> None:
+    """check_policy_features of a policy export, from its policy.json (`meta`, export.read_export's): its state and
+    action widths from the normalisation stats, its camera keys, its state_keys."""
+    check_policy_features(
+        state_dim=len(meta["stats"]["state_mean"]),
+        action_dim=len(meta["stats"]["action_mean"]),
+        image_keys=list(dict(meta.get("cameras") or {}).values()),
+        cameras=cameras,
+        name=name,
+        state_keys=meta.get("state_keys") or (),
+    )
+
+
 class LazyPolicy:
     """A policy built from a picklable zero-argument `factory` on its first use, in the process that uses it, so
     spawn workers each build their own copy (a loaded model is not shipped between processes). Forwards
