@@ -1,6 +1,7 @@
 """GRPO on LIBERO (bundle/grpo/libero.yaml over config.yaml): a LIBERO task id in rl.tasks / eval.tasks, as RECAP's
-eval config names them, is the one change; the config rules that need no LIBERO; and a tiny run through `portable
-run` (LIBERO-10 task 0, privileged state, 2 rl steps of B = 2 x G = 2, 20-step episodes, eval on 2 init states)."""
+eval config names them, is the one change; the config rules that need no LIBERO; and tiny runs through `portable
+run` (LIBERO-10 task 0, 2 rl steps of B = 2 x G = 2, eval on 2 init states): on privileged state, and reading
+LIBERO's agentview camera at 32 px."""
 
 from __future__ import annotations
 
@@ -41,6 +42,26 @@ def _load(overrides: list[str], tmp_path: Path):
     from reproduction.run.config import load_config
 
     return load_config(CONFIGS, overrides, bundle=tmp_path, run_dir=tmp_path / "run", schema=GrpoRunConfig)
+
+
+def _run_all_stages(bundle: Path, run: Path, overrides: list[str], *, timeout: int) -> dict[str, str]:
+    """`portable run BUNDLE --config config.yaml --config libero.yaml --output RUN OVERRIDES` in a subprocess (cwd:
+    the run's parent); asserts it ran sft, rl, eval and compare and returns the environment it ran with."""
+    configs = [a for c in CONFIGS for a in ("--config", str(c))]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "reproduction.portable", "run", str(bundle), *configs, "--output", str(run), "--json"]
+        + overrides,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=run.parent,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stages = {s["stage"]: s["action"] for s in json.loads(proc.stdout)["stages"]}
+    assert stages == dict.fromkeys(("sft", "rl", "eval", "compare"), "ran")
+    return env
 
 
 def test_the_libero_config_loads_and_its_rules_need_no_libero(tmp_path):
@@ -98,20 +119,7 @@ def test_a_tiny_grpo_run_on_libero_through_portable_run(tmp_path):
     finally:
         close_envs()
     run = tmp_path / "run"
-    configs = [a for c in CONFIGS for a in ("--config", str(c))]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "reproduction.portable", "run", str(bundle), *configs, "--output", str(run), "--json"]
-        + TINY,
-        capture_output=True,
-        text=True,
-        timeout=500,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    stages = {s["stage"]: s["action"] for s in json.loads(proc.stdout)["stages"]}
-    assert stages == dict.fromkeys(("sft", "rl", "eval", "compare"), "ran")
+    env = _run_all_stages(bundle, run, TINY, timeout=500)
     state = json.loads((run / "run.json").read_text())
     assert state["recipe"] == "grpo" and state["stages"]["rl"]["step"] == 2
     policy = json.loads((run / "sft" / "export" / "policy.json").read_text())
@@ -136,19 +144,75 @@ def test_a_tiny_grpo_run_on_libero_through_portable_run(tmp_path):
     assert verify.returncode == 0, verify.stderr
 
 
-def test_cameras_and_so_pi05_are_refused_on_libero_when_the_config_loads(tmp_path):
-    """GRPO renders no LIBERO cameras (not built: docs/grpo.md), so a LIBERO run with sft.model.cameras is refused
-    in one line before anything runs (exit 4), and pi05, which reads cameras, with it."""
-    cameras = "sft.model.cameras={base_0_rgb: observation.images.image}"
-    for overrides in ([cameras], ["sft.model.preset=pi05", cameras]):
-        with pytest.raises(ConfigError) as err:
-            _load(overrides, tmp_path)
-        assert "GRPO on LIBERO renders no cameras" in err.value.message and "\n" not in err.value.message
-        assert err.value.exit_code == 4 and err.value.field == "sft.model.cameras"
-        assert err.value.hint and "sft.model.cameras={}" in err.value.hint
+def test_liberos_cameras_load_and_other_cameras_or_object_state_beside_them_are_refused(tmp_path):
+    """A LIBERO run reads LIBERO's camera keys (RLinf/openpi's observation.images.image and .wrist_image; pi05 with
+    them); a Fetch camera key, or the privileged object state beside cameras (a rendering LIBERO env observes none),
+    is one line naming the field before anything runs (exit 4)."""
+    ok = ["sft.model.cameras={base_0_rgb: observation.images.image}", "sft.model.state_keys=[observation.state]"]
+    ok.append("sft.model.state_dims=null")
+    config = _load(ok, tmp_path)
+    assert config.sft.model.cameras == {"base_0_rgb": "observation.images.image"}
+    assert _load([*ok, "sft.model.preset=pi05"], tmp_path).sft.model.render_size == 224
+    with pytest.raises(ConfigError) as err:
+        _load(["sft.model.cameras={base_0_rgb: observation.images.agentview}", *ok[1:]], tmp_path)
+    assert "'observation.images.agentview' is not a camera the simulator renders" in err.value.message
+    assert "observation.images.image, observation.images.wrist_image" in err.value.message
+    assert err.value.exit_code == 4 and err.value.field == "sft.model.cameras" and "\n" not in err.value.message
+    with pytest.raises(ConfigError) as err:  # libero.yaml's privileged state keys, with a camera
+        _load(ok[:1], tmp_path)
+    assert "observes no observation.object_state" in err.value.message and err.value.field == "sft.model.state_keys"
+    assert err.value.hint and "sft.model.state_keys=[observation.state]" in err.value.hint
     with pytest.raises(ConfigError) as err:
         _load(["sft.model.preset=pi05"], tmp_path)
     assert "sft.model.preset='pi05' reads cameras" in err.value.message
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_tiny_grpo_run_on_libero_with_a_camera_through_portable_run(tmp_path):
+    """LIBERO-10 task 0 with tiny reading agentview at 32 px: a scripted demonstration rendered at 32 px, sft, 2 rl
+    steps (B = 2 x G = 2, 12-step episodes) whose rollouts render the camera, the live and the final evaluation
+    rendering it too; the evidence says which camera at which size."""
+    from reproduction.sim.libero import INSTALL_HINT, available
+
+    if not available():
+        pytest.skip(f"LIBERO is not installed (the libero extra: {INSTALL_HINT})")
+    from reproduction.sim.libero.generate import LiberoGenConfig, close_envs, generate_libero_dataset
+
+    bundle = tmp_path / "bundle"
+    data = bundle / "data" / "libero10_task0" / "sft"
+    try:  # one scripted-expert demonstration, rendered at 32 px
+        generate_libero_dataset(LiberoGenConfig(kind="sft", episodes=1, image_size=32, max_steps=340), data)
+    finally:
+        close_envs()
+    info = json.loads((data / "meta" / "info.json").read_text())
+    assert info["features"]["observation.images.image"]["shape"][:2] == [32, 32]
+    run = tmp_path / "run"
+    camera = [
+        "sft.model.cameras={base_0_rgb: observation.images.image}",
+        "sft.model.image_size=32",
+        "sft.model.state_keys=[observation.state]",
+        "sft.model.state_dims=null",
+    ]
+    short = [o for o in TINY if not o.startswith(("rl.max_steps", "eval.max_steps"))] + [
+        "rl.max_steps=12",
+        "eval.max_steps=12",
+    ]
+    _run_all_stages(bundle, run, short + camera, timeout=800)
+    policy = json.loads((run / "sft" / "export" / "policy.json").read_text())
+    assert policy["cameras"] == {"base_0_rgb": "observation.images.image"}
+    assert len(policy["stats"]["state_mean"]) == 8 and len(policy["stats"]["action_mean"]) == 7
+    assert json.loads((run / "run.json").read_text())["stages"]["rl"]["step"] == 2
+    for doc in (
+        json.loads((run / "evidence" / "eval_grpo_2.json").read_text()),
+        json.loads((run / "rl" / "evidence" / "eval_rl_2.json").read_text()),
+    ):
+        libero = doc["settings"]["libero"]
+        assert libero["cameras"] == {"base_0_rgb": "observation.images.image"} and libero["image_size"] == 32
+        assert doc["tasks"]["libero_10/0"]["episodes"] == 2
+    metrics = [json.loads(line) for line in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
+    train = [m for m in metrics if m["split"] == "train"]
+    assert [m["step"] for m in train] == [1, 2] and all(m["metrics"]["ratio_mean"] > 0 for m in train)
 
 
 def test_preflight_names_the_extra_when_libero_is_missing(monkeypatch):

@@ -44,9 +44,9 @@ class PolicyModelSection:
     and writes the state into its prompt as text; full size needs a GPU and `pretrained_manifest`)."""
     cameras: dict[str, str] = field(default_factory=dict)
     """Model camera slot -> observation key, as RECAP's policy.model.cameras (e.g. {base_0_rgb:
-    observation.images.agentview}); the keys name cameras the Fetch simulator renders (observation.images.agentview,
-    observation.images.wrist), which the SFT data, the rollouts and the evaluation then carry. {} = state + goal +
-    prompt only. LIBERO runs take none (not built)."""
+    observation.images.agentview}); the keys name cameras the simulator renders, which the SFT data, the rollouts
+    and the evaluation then carry: Fetch's observation.images.agentview and .wrist, LIBERO's
+    observation.images.image (agentview) and .wrist_image (RLinf/openpi's names). {} = state (+ goal) + prompt."""
     image_size: int = 64
     """tiny: the camera resolution its SigLIP reads, and the simulator renders at (pi05 reads and renders 224)."""
     chunk: int = 4
@@ -113,6 +113,8 @@ PRESETS = ("tiny", "pi05")
 """The policy presets (reproduction/recap/policy/model.py PRESETS, not imported: it loads torch)."""
 PI05_IMAGE_SIZE = 224
 """pi05's camera resolution (reproduction/recap/policy/pi05.py pi05_config's default)."""
+OBJECT_STATE = "observation.object_state"
+"""LIBERO's privileged object poses (sim/libero/env.py: observed only by an env that renders no cameras)."""
 SIM_CAMERAS = CAMERA_NAMES
 """The cameras the Fetch simulator renders (reproduction/sim/cameras.py, which does not load mujoco)."""
 
@@ -142,7 +144,7 @@ class RlSection:
     tasks: list[str] = field(default_factory=lambda: ["FetchPush-v4"])
     """Simulator tasks of the training rollouts (init state i of a step uses tasks[i % len(tasks)]): Fetch env ids,
     or LIBERO task ids as RECAP's eval.tasks names them (`libero_10/0`: init state i starts from the task's fixed
-    init state i % 50, state observations, no cameras); one kind per run."""
+    init state i % 50; privileged state, or the cameras sft.model.cameras reads); one kind per run."""
     max_steps: int | None = None
     """Policy steps per rollout episode (and per live-evaluation episode); None = the task's (Fetch: always 50,
     LIBERO: the suite's limit, libero_10 520). LIBERO only: a lower value is for short runs and tests."""
@@ -425,16 +427,19 @@ class GrpoRunConfig:
         self._check_cameras()
 
     def _check_cameras(self) -> None:
-        """sft.model.cameras against the world: LIBERO takes none (not built), Fetch's must be ones it renders (a
-        co-training dataset must hold them too: preflight.py)."""
+        """sft.model.cameras against the world: keys the simulator renders (Fetch's or LIBERO's; a co-training
+        dataset must hold them too: preflight.py); on LIBERO no privileged object state beside them (a rendering
+        LIBERO env observes none)."""
         model = self.sft.model
         if not model.cameras:
             return
-        if _is_libero(self.rl.tasks[0]):
+        libero = _is_libero(self.rl.tasks[0])
+        camera_names(model.cameras, libero=libero)
+        if libero and OBJECT_STATE in model.state_keys:
             raise ConfigError(
-                f"sft.model.cameras={dict(model.cameras)}: GRPO on LIBERO renders no cameras (not built; the LIBERO "
-                "rollouts read privileged state)",
-                field="sft.model.cameras",
-                hint="set sft.model.cameras={} and sft.model.preset=tiny for LIBERO, or train on a Fetch task",
+                f"sft.model.state_keys={list(model.state_keys)}: a LIBERO env that renders cameras observes no "
+                f"{OBJECT_STATE} (LIBERO's privileged object poses come only without cameras)",
+                field="sft.model.state_keys",
+                hint="set sft.model.state_keys=[observation.state] and sft.model.state_dims=null with cameras, or "
+                "sft.model.cameras={} for privileged state",
             )
-        camera_names(model.cameras)

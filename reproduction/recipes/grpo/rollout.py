@@ -59,12 +59,13 @@ class PolicyHead:
     state_text: bool = False
     """pi05: the state goes into the prompt as text (the collator's state_text)."""
 
-    @property
-    def sim_cameras(self) -> tuple[str, ...]:
-        """The simulator cameras the envs render for this policy (() for a camera-free one)."""
-        from reproduction.recipes.grpo.config import camera_names
+    def sim_cameras(self, task: str) -> tuple[str, ...]:
+        """The cameras `task`'s envs render for this policy (() for a camera-free one): Fetch's camera names, or
+        LIBERO's (a LIBERO env renders both when it renders any)."""
+        from reproduction.recipes.grpo.envs import is_libero
+        from reproduction.sim.cameras import camera_names
 
-        return camera_names(self.cameras, key="the policy's cameras")
+        return camera_names(self.cameras, key="the policy's cameras", libero=is_libero(task))
 
     @property
     def plain(self) -> bool:

@@ -154,8 +154,8 @@ def evaluate_exports(
     """Evaluate {label: (export, step)} and write the evidence (reproduction/run/evidence.py) to
     <run>/evidence/eval_<name>_<step>.json: the first label is the primary, the rest baselines. Fetch tasks run in
     reproduction/sim/evaluate.py (one worker pool for all; episodes keyed by reset seed; the cameras each policy
-    reads rendered), LIBERO tasks by LIBERO's protocol (sim/libero/protocol.py: the first N init states in order, no
-    cameras: GRPO's LIBERO policies are camera-free; episodes keyed by init state),
+    reads rendered), LIBERO tasks by LIBERO's protocol (sim/libero/protocol.py: the first N init states in order,
+    rendering LIBERO's cameras for a policy that reads them, else privileged state; episodes keyed by init state),
     each export's features checked against LIBERO's before any env is built."""
     from reproduction.recipes.grpo.envs import is_libero
     from reproduction.run import evidence
@@ -182,7 +182,13 @@ def evaluate_exports(
     step = primary.step or 0
     settings = {"tasks": list(ev.tasks), "episodes_per_task": ev.episodes_per_task, "recipe": "grpo"}
     if libero:
-        settings.update(simulator="libero", libero=libero_settings(ev.max_steps))
+        from reproduction.recap.policy.export import read_export
+        from reproduction.recipes.grpo.envs import export_cameras
+
+        first = next(iter(exports.values()))[0]  # the primary's observation (its baselines are of its kind)
+        cameras, size = export_cameras(first, libero=True)
+        reads = dict(read_export(first).get("cameras") or {}) if cameras else None
+        settings.update(simulator="libero", libero=libero_settings(ev.max_steps, reads, size))
     doc = evidence.build_evidence(
         primary,
         name=f"grpo after {step} steps",
@@ -222,30 +228,28 @@ def _run_fetch(config: Any, exports: dict[str, tuple[Path, int | None]], out_dir
 
 
 def _run_libero(config: Any, exports: dict[str, tuple[Path, int | None]], out_dir: Path, ui: Any) -> list[Any]:
-    """[(counts, seconds)] per export by LIBERO's protocol, camera-free (the rollouts' observation), executing each
-    export's execute_steps actions per call; every export's features are checked before the first env."""
+    """[(counts, seconds)] per export by LIBERO's protocol, observed as the rollouts are (LIBERO's cameras at the
+    export's size for a policy that reads them, else privileged state), executing each export's execute_steps
+    actions per call; every export's features are checked before the first env."""
     from reproduction.recap.policy.export import PolicyFactory, read_export
-    from reproduction.sim.libero.protocol import LazyPolicy, check_policy_features, evaluate_libero
+    from reproduction.recipes.grpo.envs import export_cameras
+    from reproduction.sim.libero.protocol import LazyPolicy, check_export_features, evaluate_libero
 
-    ev, metas = config.eval, {}
+    ev, metas, views = config.eval, {}, {}
     for label, (export, _) in exports.items():
         meta = metas[label] = read_export(export)
-        check_policy_features(
-            state_dim=len(meta["stats"]["state_mean"]),
-            action_dim=len(meta["stats"]["action_mean"]),
-            image_keys=list(dict(meta.get("cameras") or {}).values()),
-            cameras=False,
-            name=f"the {label} policy ({export})",
-            state_keys=meta.get("state_keys") or (),
-        )
+        cameras, size = views[label] = export_cameras(export, libero=True)
+        check_export_features(meta, cameras=bool(cameras), name=f"the {label} policy ({export})")
     out = []
     for label, (export, _) in exports.items():
+        cameras, size = views[label]
         result = evaluate_libero(
             list(ev.tasks),
             ev.episodes_per_task,
             LazyPolicy(PolicyFactory(export_dir=str(export))),
             chunk=int(metas[label]["execute_steps"]),
-            cameras=False,
+            cameras=bool(cameras),
+            image_size=size,
             max_steps=ev.max_steps,
             workers=ev.workers,
             seed=ev.seed,
@@ -255,14 +259,24 @@ def _run_libero(config: Any, exports: dict[str, tuple[Path, int | None]], out_di
     return out
 
 
-def libero_settings(max_steps: int | None) -> dict[str, Any]:
-    """The evidence's `settings.libero`: the protocol, and that the observation is privileged state, not images."""
-    return {
+def libero_settings(
+    max_steps: int | None, cameras: dict[str, str] | None = None, image_size: int | None = None
+) -> dict[str, Any]:
+    """The evidence's `settings.libero`: the protocol, and what the policy observed: privileged state, no images
+    (`cameras` None: `cameras` false), or the camera map {slot: LIBERO image key} rendered at `image_size`."""
+    out: dict[str, Any] = {
         "protocol": "first N init states in order; suite step limit; success = LIBERO's check_success()",
         "cameras": False,
         "observation": "no images: state, and LIBERO's privileged object state in the observation",
         "max_steps": max_steps,
     }
+    if cameras:
+        out.update(
+            cameras=dict(cameras),
+            image_size=image_size,
+            observation="camera images (180-degree rotated, as RLinf/openpi) and the robot state; no object state",
+        )
+    return out
 
 
 def _counts(result: Any) -> dict[str, Any]:

@@ -152,7 +152,7 @@ class GrpoBatcher:
         from reproduction.recipes.grpo.envs import EnvWorkers, LocalEnvs, is_libero, make_sims
 
         workers = int(self.rl.get("rollout_workers", 1))
-        cameras, size = self.head.sim_cameras, self.head.image_size  # what the policy reads, at its size
+        cameras, size = self.head.sim_cameras(task), self.head.image_size  # what the policy reads, at its size
         if workers > 1 or is_libero(task):
             key = (task, n)
             if key not in self._pools:
@@ -446,20 +446,25 @@ def evaluate_live(
     )
     tasks, episodes = list(rl["tasks"]), int(rl["eval_episodes"])
     settings: dict[str, Any] = {"tasks": tasks, "episodes_per_task": episodes, "recipe": "grpo"}
-    if any(is_libero(t) for t in tasks):  # LIBERO's protocol on the first N init states, camera-free, rl's horizon
+    if any(is_libero(t) for t in tasks):  # LIBERO's protocol on the first N init states, rl's horizon
         from reproduction.sim.libero.protocol import evaluate_libero
 
+        cameras = head.sim_cameras(tasks[0])
         found = evaluate_libero(
             tasks,
             episodes,
             policy,
             chunk=int(meta["execute_steps"]),
-            cameras=False,
+            cameras=bool(cameras),
+            image_size=head.image_size,
             max_steps=rl.get("max_steps"),
             seed=int(ev["seed"]),
         )
         counts = found.evidence_counts()
-        settings.update(simulator="libero", libero=libero_settings(rl.get("max_steps")))
+        settings.update(
+            simulator="libero",
+            libero=libero_settings(rl.get("max_steps"), head.cameras if cameras else None, head.image_size),
+        )
         n = max(1, len(found.episodes))
         rates = {
             "success_at_end": sum(bool(e.success_at_end) for e in found.episodes) / n,
@@ -475,7 +480,7 @@ def evaluate_live(
             execute_steps=int(meta["execute_steps"]),
             videos=0,
             workers=1,
-            cameras=head.sim_cameras,  # the cameras the policy reads, at its size (camera-free: none)
+            cameras=head.sim_cameras(tasks[0]),  # the cameras the policy reads, at its size (camera-free: none)
             image_size=head.image_size,
         )
         result = evaluate(lambda: policy, cfg)

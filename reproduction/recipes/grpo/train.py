@@ -33,9 +33,9 @@ def train_grpo(
     """GRPO from the policy export `sft_export` into `out_dir` (task.py's layout); returns files, step, summary.
 
     Raises ConfigError when an rl task is not one the SFT policy knows or the policy reads a camera the rollouts
-    cannot render (one the Fetch simulator lacks; any on LIBERO), CheckpointError when resuming with a
-    setup that changed (naming the fields) or when `resume` is off over existing checkpoints, and what the
-    trainer raises."""
+    cannot render, SimError when a LIBERO run's policy reads features LIBERO does not give, CheckpointError when
+    resuming with a setup that changed (naming the fields) or when `resume` is off over existing checkpoints, and
+    what the trainer raises."""
     from reproduction.recap.policy.export import read_export
     from reproduction.recipes.grpo.envs import export_cameras, is_libero, task_language
     from reproduction.run.config import to_plain
@@ -53,13 +53,13 @@ def train_grpo(
             field="rl.tasks",
             hint="train the SFT stage on demonstrations of those tasks, or pick rl.tasks among them",
         )
-    cameras, _ = export_cameras(sft_export)  # ConfigError for a camera the simulator does not render
-    if cameras and any(is_libero(t) for t in rl.tasks):
-        raise ConfigError(
-            f"the SFT policy {sft_export} reads cameras {list(cameras)}: GRPO on LIBERO renders none (not built)",
-            field="rl.tasks",
-            hint="train a camera-free SFT policy for LIBERO (sft.model.cameras={})",
-        )
+    libero = any(is_libero(t) for t in rl.tasks)
+    # ConfigError for a camera the world's simulator does not render (a pinned Fetch export on LIBERO, say)
+    cameras, _ = export_cameras(sft_export, libero=libero)
+    if libero:  # SimError naming what LIBERO does not give (object state beside cameras, a Fetch-width state)
+        from reproduction.sim.libero.protocol import check_export_features
+
+        check_export_features(meta, cameras=bool(cameras), name=f"the SFT policy {sft_export}")
     trained = bool(complete_steps(out_dir / "checkpoints"))
     if trained and not resume:
         raise CheckpointError(

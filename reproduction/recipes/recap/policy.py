@@ -352,7 +352,7 @@ def _evaluate_libero_exports(
     into the evidence per task and per init state (`outcomes.init_states`), so two runs pair state by state."""
     from reproduction.recap.policy.export import read_export
     from reproduction.run.lineage import path_sha256
-    from reproduction.sim.libero.protocol import LazyPolicy, check_policy_features
+    from reproduction.sim.libero.protocol import LazyPolicy, check_export_features
 
     if evaluate_fn is None:
         from reproduction.sim.libero.protocol import evaluate_libero as evaluate_fn
@@ -360,14 +360,7 @@ def _evaluate_libero_exports(
     todo = [(label, mode, w, *exports[mode]) for label, mode, w in evaluations(config) if mode in exports]
     for mode in dict.fromkeys(m for _, m, *_ in todo):  # every export checked before the first env
         meta = read_export(exports[mode][0])
-        check_policy_features(
-            state_dim=len(meta["stats"]["state_mean"]),
-            action_dim=len(meta["stats"]["action_mean"]),
-            image_keys=list(dict(meta.get("cameras") or {}).values()),
-            cameras=lib.cameras,
-            name=f"the {mode} policy ({exports[mode][0]})",
-            state_keys=meta.get("state_keys") or (),
-        )
+        check_export_features(meta, cameras=lib.cameras, name=f"the {mode} policy ({exports[mode][0]})")
     records, results, digests, settle = [], {}, {}, None
     for label, mode, w, export, step in todo:
         if mode not in digests:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from reproduction.errors import SimError
+from reproduction.sim.cameras import LIBERO_IMAGE_KEYS
 from reproduction.sim.libero._runtime import import_libero, rendering
 from reproduction.sim.libero.tasks import LiberoTask, make_suite
 
@@ -37,7 +38,7 @@ FPS = 20
 """LIBERO's control rate (25 substeps of 2 ms)."""
 NOOP = np.array([0, 0, 0, 0, 0, 0, -1.0])
 CAMERAS = ("agentview", "robot0_eye_in_hand")
-IMAGE_KEYS = ("observation.images.image", "observation.images.wrist_image")
+IMAGE_KEYS = LIBERO_IMAGE_KEYS
 
 
 def quat2axisangle(quat: np.ndarray) -> np.ndarray:

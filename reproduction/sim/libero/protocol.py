@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from reproduction.errors import SimError
+from reproduction.sim.cameras import LIBERO_IMAGE_KEYS
 from reproduction.sim.evaluate import reset_policy
 from reproduction.sim.libero.env import ACTION_DIM, SETTLE_STEPS, LiberoSim
 from reproduction.sim.libero.tasks import LiberoTask, resolve_tasks
@@ -43,7 +44,7 @@ STATE_DIM = 8
 """observation.state: eef pos (3), eef axis-angle (3), gripper finger qpos (2) (env.py, RLinf's layout)."""
 STATE_KEY, OBJECT_STATE_KEY = "observation.state", "observation.object_state"
 """The state features LIBERO's observation holds (the object state only in no-camera mode: env.py)."""
-IMAGE_KEYS = ("observation.images.image", "observation.images.wrist_image")
+IMAGE_KEYS = LIBERO_IMAGE_KEYS
 """The camera features a rendering env provides (cameras=True)."""
 
 
@@ -83,6 +84,19 @@ def check_policy_features(
             hint="evaluate on LIBERO a policy trained on LIBERO data (upstream's layout); a Fetch policy fits "
             "Fetch tasks only",
         )
+
+
+def check_export_features(meta: dict[str, Any], *, cameras: bool, name: str) -> None:
+    """check_policy_features of a policy export, from its policy.json (`meta`, export.read_export's): its state and
+    action widths from the normalisation stats, its camera keys, its state_keys."""
+    check_policy_features(
+        state_dim=len(meta["stats"]["state_mean"]),
+        action_dim=len(meta["stats"]["action_mean"]),
+        image_keys=list(dict(meta.get("cameras") or {}).values()),
+        cameras=cameras,
+        name=name,
+        state_keys=meta.get("state_keys") or (),
+    )
 
 
 class LazyPolicy:
