@@ -10,7 +10,10 @@ without the hold; 29.3 s, 2.0 million, 4 s with it; an update-only step 3.2-4.0 
 instead of 6.0-6.4; the rl export's bytes the same (allocation moves no arithmetic: torch aligns every CPU buffer to
 64 bytes either way). The whole GRPO demo: 18 min 20 s -> 12 min 46 s alone, the same export (docs/grpo.md).
 Inside `hold_freed_blocks` big blocks come from the heap and a freed one is reused; the heap's top is not
-trimmed. On the way out glibc's defaults are back and `malloc_trim` returns the free pages to the system.
+trimmed. On the way out glibc's defaults are back and `malloc_trim` returns the free pages to the system; a block
+allocated inside and freed after it (a tensor that outlives the trainer's loop) goes to glibc's free lists with its
+pages resident and serves later allocations of its size without a fault, as any heap block does (glibc trims only
+the heap's top; tests/test_heap.py measures faults in a fresh interpreter because of it).
 
 `PORTABLE_HEAP=system` leaves glibc alone; on a C library other than glibc (macOS, musl) this does nothing.
 """
