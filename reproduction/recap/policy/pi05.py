@@ -194,7 +194,9 @@ class Pi05Policy(nn.Module):
             + list(pg.gemma_expert.model.layers)
         )
 
-    def encode_prefix(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, None]:
+    def encode_prefix(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Prefix embeddings (B, L, D), validity (B, L) and the row -> prefix index: the batch's `prefix_index` (its
+        images and prompts one per distinct prefix: GRPO's update) or None (one row per sample)."""
         pg = self.paligemma_with_expert
         embs, valid = [], []
         for slot in self.config.cameras:
@@ -204,10 +206,13 @@ class Pi05Policy(nn.Module):
         text = pg.language.embed_tokens(batch["input_ids"])
         embs.append(text * math.sqrt(text.shape[-1]))
         valid.append(batch["attention_mask"].to(torch.bool))
-        return torch.cat(embs, dim=1), torch.cat(valid, dim=1), None
+        return torch.cat(embs, dim=1), torch.cat(valid, dim=1), batch.get("prefix_index")
 
-    def prefix_cache(self, embeds: torch.Tensor, valid: torch.Tensor, index: None, state: Any = None) -> Pi05Cache:
-        """Runs the Gemma 2B layers over the prefix (bidirectional over valid tokens), keeping rotated K/V."""
+    def prefix_cache(
+        self, embeds: torch.Tensor, valid: torch.Tensor, index: torch.Tensor | None = None, state: Any = None
+    ) -> Pi05Cache:
+        """Runs the Gemma 2B layers over the prefix (bidirectional over valid tokens), keeping rotated K/V: once per
+        prefix, then gathered per row by `index` (None: one row per prefix)."""
         from transformers.models.gemma.modeling_gemma import apply_rotary_pos_emb
 
         lm = self.paligemma_with_expert.language
@@ -222,6 +227,9 @@ class Pi05Policy(nn.Module):
             kv.append((k, v))
             x = x + layer.self_attn.o_proj(_attend(layer, q, k, v, bias))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if index is not None:  # index_select: its backward is a scatter-add over the rows sharing a prefix
+            kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in kv]
+            valid = valid.index_select(0, index)
         return Pi05Cache(kv, valid)
 
     def velocity(self, cache: Pi05Cache, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -249,15 +257,7 @@ class Pi05Policy(nn.Module):
         return self.action_out_proj(out).float()
 
     def forward(self, batch: dict[str, Any], x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        embeds, valid, _ = self.encode_prefix(batch)
-        cache = self.prefix_cache(embeds, valid, None)
-        index = batch.get("prefix_index")
-        if index is not None:  # images and prompts one per distinct prefix (GRPO's update): K/V gathered per row
-            cache = Pi05Cache(
-                [(k.index_select(0, index), v.index_select(0, index)) for k, v in cache.kv],
-                cache.valid.index_select(0, index),
-            )
-        return self.velocity(cache, x_t, t)
+        return self.velocity(self.prefix_cache(*self.encode_prefix(batch)), x_t, t)
 
 
 def _bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

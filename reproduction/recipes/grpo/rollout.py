@@ -117,11 +117,11 @@ class PolicyHead:
         its state and frames). With cameras (or pi05) the images and prompts stay one per given row and
         `prefix_index` = rows maps each batch row to its prefix, which the model then runs n times, not m; the
         state is per batch row. Camera-free tiny: the rows expanded (its prompts are de-duplicated anyway)."""
-        if rows is not None and self.plain:
-            state, task_ids = state[rows], np.asarray(task_ids, np.int64)[rows]
         if self.plain:
             tids = np.asarray(task_ids, np.int64)
-            ids, mask, index = self.collator.prompt_table(tids, np.zeros(len(task_ids), np.int64))
+            if rows is not None:
+                state, tids = state[rows], tids[rows]
+            ids, mask, index = self.collator.prompt_table(tids, np.zeros(len(tids), np.int64))
             return {
                 "state": torch.from_numpy(np.ascontiguousarray(state, np.float32)),
                 "prompt_ids": ids,
@@ -181,12 +181,6 @@ class PolicyHead:
         if rows is not None:
             index = rows if index is None else index.index_select(0, rows)
             state = state.index_select(0, rows)
-        if self.model.config.preset == "pi05":  # pi05's cache is per row: gather its K/V by `index`
-            cache = self.model.prefix_cache(prefix, valid, None, state)
-            if index is not None:
-                cache.kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in cache.kv]
-                cache.valid = cache.valid.index_select(0, index)
-            return cache
         return self.model.prefix_cache(prefix, valid, index, state)
 
 
