@@ -74,8 +74,9 @@ class Recipe:
     keyword `digests` gets the run's digest cache (reproduction/digest_cache.py) to hash the inputs through."""
     preflight: str | None = None
     """"module:function" (config, run_dir, opened, stage names) -> list of problems (errors or strings), checked before
-    anything runs; inputs it opens go into the dict `opened` and are used instead of open_inputs'. Takes `digests`
-    like open_inputs."""
+    anything runs, after the runner's checks of every run (run/preflight.py's run_problems: placeholders, the bundle's
+    weights and files; not called when those found the bundle's files damaged); inputs it opens go into the dict
+    `opened` and are used instead of open_inputs'. Takes `digests` like open_inputs."""
     config_schema: str | None = None
     """"module:Class": the config dataclass `portable run` loads the run config into (None: the recipe is run by
     code only, with a config object it builds itself)."""

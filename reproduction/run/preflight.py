@@ -1,8 +1,8 @@
 """Preflight: check everything a run needs before any worker starts, and report every problem at once.
 
-Generic checks live here (placeholder paths, disk space, the bundle's pinned weights, collecting);
-each recipe adds its own (datasets, batch sizes) through its `preflight` function, which returns a
-list of problem lines.
+Generic checks live here (placeholder paths, disk space, the bundle's pinned weights, collecting); the
+runner makes `run_problems` for every run, then each recipe adds its own (datasets, batch sizes) through
+its `preflight` function, which returns a list of problems.
 """
 
 from __future__ import annotations
@@ -29,6 +29,25 @@ def placeholder_problems(plain: Any, prefix: str = "") -> list[str]:
     elif isinstance(plain, str) and PLACEHOLDER in plain:
         out.append(f"{prefix.rstrip('.')}: {plain!r} still holds a {PLACEHOLDER} placeholder; set a real path")
     return out
+
+
+def run_problems(
+    plain: dict[str, Any], config: Any, digests: DigestCache | None = None
+) -> tuple[list[str | PortableError], bool]:
+    """The checks every recipe's run gets before its own (the runner makes them; a recipe's preflight adds the
+    rest): config strings still holding a `/path/to/` placeholder (`plain`: the config as run.json records it,
+    converted once by the runner), the bundle's pinned weights, the bundle files the config reads, the restore's
+    receipt. Returns (problems, damaged): `damaged` when files the run reads are not the bundle's, so the
+    recipe's checks (a dataset that no longer opens) would only echo them."""
+    from reproduction.errors import ConfigError
+
+    bundle = getattr(config, "BUNDLE", None)
+    problems: list[str | PortableError] = [ConfigError(p) for p in placeholder_problems(plain)]
+    problems += bundle_weights_problems(bundle, digests)
+    damaged = bundle_files_problems(bundle, config)
+    if damaged:
+        return problems + damaged, True
+    return problems + bundle_restore_problems(bundle), False
 
 
 def disk_problems(run_dir: Path, min_free_gb: float) -> list[str]:

@@ -402,11 +402,14 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
             recipe.stage(name)
         plain = to_plain(config)
         opened: dict[str, Any] = {}
-        if opts.preflight and recipe.preflight:
-            from reproduction.run.preflight import raise_problems
+        if opts.preflight:
+            from reproduction.run.preflight import raise_problems, run_problems
 
-            check = resolve_fn(recipe.preflight)
-            raise_problems(check(config, run_dir, opened, [s.name for s in selected], **_digests_kw(check, digests)))
+            problems, damaged = run_problems(plain, config, digests)
+            if recipe.preflight and not damaged:
+                check = resolve_fn(recipe.preflight)
+                problems += check(config, run_dir, opened, [s.name for s in selected], **_digests_kw(check, digests))
+            raise_problems(problems)
         if state is None and run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir()):
             raise RunStateError(
                 f"{run_dir} is not empty and holds no run.json", path=run_dir, hint="choose a new or empty --output"

@@ -7,29 +7,17 @@ from typing import Any
 
 
 def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[str] | None = None) -> list[Any]:
-    """Problems (errors) with the bundle (run/preflight.py's generic checks: a restored bundle's weights and the
-    files the run reads against bundle.json, its layers restored; none for a plain folder), the sft inputs (each
+    """Problems (errors) beyond the runner's checks of every run (run/preflight.py's run_problems: placeholders, a
+    restored bundle's weights and files, its layers restored): the sft inputs (each
     sft dataset, and the co-training dataset, must hold the cameras sft.model.cameras reads), the
     tasks, the reference and the disk; datasets it opens go into `opened` (keyed like stages.open_inputs) so the
     run opens each once. Nothing is written but run/preflight.py's stat stamps in a restored bundle."""
     from reproduction.data.reader import open_dataset
     from reproduction.errors import ConfigError, DatasetError, InputNotFoundError, PortableError
     from reproduction.recipes.grpo.stages import OpenedDataset
-    from reproduction.run.config import to_plain
-    from reproduction.run.preflight import (
-        bundle_files_problems,
-        bundle_restore_problems,
-        bundle_weights_problems,
-        disk_problems,
-        placeholder_problems,
-    )
+    from reproduction.run.preflight import disk_problems
 
-    problems: list[Any] = [ConfigError(p) for p in placeholder_problems(to_plain(config))]
-    problems += bundle_weights_problems(config.BUNDLE)
-    damaged = bundle_files_problems(config.BUNDLE, config)
-    if damaged:  # what the damaged files would make fail next (a dataset that no longer opens) is noise
-        return problems + damaged
-    problems += bundle_restore_problems(config.BUNDLE)
+    problems: list[Any] = []
     sft = config.sft
     if sft.export:
         if not (Path(sft.export) / "policy.json").is_file():

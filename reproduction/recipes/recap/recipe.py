@@ -248,26 +248,15 @@ def _jsonable(obj: Any) -> Any:
 def preflight(
     config: Any, run_dir: Path, opened: dict[str, Any], stages: list[str] | None = None, digests: Any = None
 ) -> list[Any]:
-    """Every problem with the run's inputs, collected as errors (nothing is started or written).
-    The datasets it opens go into `opened` (RunDataset by name), so the run opens each once; the bundle's weights
-    and the datasets' files are hashed through the run's `digests`."""
+    """Every problem with the run's inputs beyond the runner's checks of every run (run/preflight.py's
+    run_problems: placeholders, the bundle's weights and files), collected as errors (nothing is started or
+    written). The datasets it opens go into `opened` (RunDataset by name), so the run opens each once; the
+    datasets' files are hashed through the run's `digests`."""
     from reproduction.data.reader import open_dataset
     from reproduction.errors import ConfigError, DatasetError, InputNotFoundError, PortableError
-    from reproduction.run.config import to_plain
-    from reproduction.run.preflight import (
-        bundle_files_problems,
-        bundle_restore_problems,
-        bundle_weights_problems,
-        disk_problems,
-        placeholder_problems,
-    )
+    from reproduction.run.preflight import disk_problems
 
-    problems: list[Any] = [ConfigError(p) for p in placeholder_problems(to_plain(config))]
-    problems += bundle_weights_problems(config.BUNDLE, digests)
-    damaged = bundle_files_problems(config.BUNDLE, config)
-    if damaged:  # what the damaged files would make fail next (a dataset that no longer opens) is noise
-        return problems + damaged
-    problems += bundle_restore_problems(config.BUNDLE)
+    problems: list[Any] = []
     if not config.datasets:
         problems.append(
             ConfigError("datasets: the run names no dataset", field="datasets", hint="add datasets: [{path: ...}]")
