@@ -35,6 +35,8 @@ class ToyConfig:
     BUNDLE: str = ""
     RUN: str = ""
     count: Count = field(default_factory=Count)
+    note: str = ""
+    """Read by no stage."""
 
 
 def make(ctx: StageContext) -> StageOutput:
@@ -283,6 +285,21 @@ def test_an_out_of_tree_recipe_runs_resumes_and_records_lineage(toy, tmp_path):
     assert redo.returncode == 0, redo.stderr
     assert [s["action"] for s in json.loads(redo.stdout)["stages"]] == ["ran", "ran"]
     assert (run / "total" / "total.txt").read_text() == "10\n"
+
+
+def test_an_out_of_tree_recipe_without_a_preflight_gets_the_checks_every_run_gets(toy, tmp_path):
+    """The runner's own preflight (run/preflight.py's run_problems) runs for every recipe: a placeholder path left
+    in the config stops the run before anything is written, naming the key, whether or not the recipe checks."""
+    lib, config = toy
+    run = tmp_path / "run"
+    proc = portable(
+        "run", "--config", str(config), "--output", str(run), "note=/path/to/notes.txt", cwd=tmp_path, path=[lib]
+    )
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr.splitlines()[0] == (
+        "error: note: '/path/to/notes.txt' still holds a /path/to/ placeholder; set a real path"
+    ), proc.stderr
+    assert not run.exists()
 
 
 def test_the_runner_writes_the_recipes_report_after_stages_that_ran_and_leaves_it_otherwise(toy, tmp_path):
