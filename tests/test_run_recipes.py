@@ -75,6 +75,13 @@ def broken_report(run_dir):
     raise RuntimeError("the report broke")
 
 
+@dataclass(kw_only=True, slots=True)
+class BareConfig:
+    """No BUNDLE or RUN fields: a recipe's schema need not offer ${BUNDLE} / ${RUN}."""
+    count: Count = field(default_factory=Count)
+
+
+BARE = dataclasses.replace(TOY, config_schema="toyrecipe:BareConfig")
 REPORTED = dataclasses.replace(TOY, report="toyrecipe:good_report")
 BROKEN_REPORT = dataclasses.replace(TOY, report="toyrecipe:broken_report")
 '''
@@ -300,6 +307,19 @@ def test_an_out_of_tree_recipe_without_a_preflight_gets_the_checks_every_run_get
         "error: note: '/path/to/notes.txt' still holds a /path/to/ placeholder; set a real path"
     ), proc.stderr
     assert not run.exists()
+
+
+def test_a_recipe_whose_schema_has_no_bundle_or_run_fields_runs(toy, tmp_path):
+    """The loader puts --output (and a bundle) into the schema's RUN / BUNDLE fields only where it has them (until
+    2026-12-05 a schema without them failed every run: `unknown config key RUN`)."""
+    lib, config = toy
+    run = tmp_path / "run"
+    proc = portable(
+        "run", "--config", str(config), "--output", str(run), "recipe=toyrecipe:BARE", cwd=tmp_path, path=[lib]
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (run / "total" / "total.txt").read_text() == "6\n"
+    assert json.loads((run / "run.json").read_text())["config"] == {"count": {"n": 4}}
 
 
 def test_the_runner_writes_the_recipes_report_after_stages_that_ran_and_leaves_it_otherwise(toy, tmp_path):

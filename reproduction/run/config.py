@@ -63,7 +63,8 @@ def load_config(
 ) -> Any:
     """The merged, resolved config as a typed `schema` instance (a recipe's config dataclass).
 
-    Order: the schema's defaults, each YAML file, the dotted overrides, then BUNDLE/RUN. A schema without a
+    Order: the schema's defaults, each YAML file, the dotted overrides, then BUNDLE/RUN (into the schema's `BUNDLE`
+    and `RUN` fields, those it has: `${BUNDLE}` / `${RUN}` in a file refer to them). A schema without a
     `recipe` field has that key dropped (it named the recipe, which brought this schema). Raises
     InputNotFoundError (a file that is not there) or ConfigError (bad YAML, unknown key with the
     nearest valid name, wrong type, a missing value, a rule a config dataclass checks), each naming
@@ -137,13 +138,14 @@ def merged_config(
             layers.append(("command line", OmegaConf.from_dotlist(list(overrides))))
         except Exception as exc:
             raise ConfigError(f"command-line overrides: {_first_line(exc)}", field="overrides") from None
-    places = {}
-    if bundle is not None:
+    fields = {f.name for f in dataclasses.fields(schema)}
+    places = {}  # only into fields the schema declares: an out-of-tree recipe's config need not offer ${RUN}
+    if bundle is not None and "BUNDLE" in fields:
         places["BUNDLE"] = str(Path(bundle).resolve())
-    if run_dir is not None:
+    if run_dir is not None and "RUN" in fields:
         places["RUN"] = str(Path(run_dir).resolve())
     layers.append(("placeholders", OmegaConf.create(places)))
-    named = RECIPE_KEY in {f.name for f in dataclasses.fields(schema)}
+    named = RECIPE_KEY in fields
     merged = base
     for where, layer in layers:
         if not named and RECIPE_KEY in layer:  # it named the recipe that brought this schema
