@@ -637,10 +637,34 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"error: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        print(
-            "hint: this is a bug in recap-portable; rerun with --debug for the traceback and report it", file=sys.stderr
-        )
+        print(f"hint: {_blame(exc)}", file=sys.stderr)
         return 1
+
+
+def _blame(exc: BaseException) -> str:
+    """Whose bug an unexpected exception is: the innermost frame of its traceback outside the interpreter's
+    libraries (stdlib, site-packages) is recap-portable's own code, or an out-of-tree recipe's (or other user code),
+    which is then named by file and line."""
+    import sysconfig
+    import traceback
+
+    libraries = {
+        os.path.realpath(p)
+        for p in {sysconfig.get_path("stdlib"), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+        if p
+    }
+    ours = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename and not f.filename.startswith("<")]
+    for frame in reversed(frames):
+        real = os.path.realpath(frame.filename)
+        if real == ours or real.startswith(ours + os.sep):
+            break
+        if not any(real.startswith(lib + os.sep) for lib in libraries):
+            return (
+                f"raised at {frame.filename}:{frame.lineno} ({frame.name}), outside recap-portable: a recipe's or "
+                "other code of yours; rerun with --debug for the traceback"
+            )
+    return "this is a bug in recap-portable; rerun with --debug for the traceback and report it"
 
 
 if __name__ == "__main__":

@@ -192,5 +192,20 @@ def test_an_unexpected_exception_is_exit_1_in_one_line(monkeypatch, capsys):
     assert portable.main(["verify", "/x"]) == 1
     err = capsys.readouterr().err
     assert err.splitlines()[0] == "error: internal error: RuntimeError: kaboom" and "Traceback" not in err
+    # raised by code outside the package (this test file): named, not called a bug of recap-portable
+    assert err.splitlines()[1].startswith(f"hint: raised at {__file__}:") and "outside recap-portable" in err
     with pytest.raises(RuntimeError):
         portable.main(["--debug", "verify", "/x"])
+
+
+def test_an_unexpected_exception_inside_the_package_is_called_its_bug(monkeypatch, capsys, tmp_path):
+    from reproduction.fsio import atomic_write_bytes
+
+    def write_text_as_bytes(args):
+        atomic_write_bytes(tmp_path / "x", "text, not bytes")  # TypeError inside reproduction/fsio.py
+
+    monkeypatch.setattr(portable, "cmd_verify", write_text_as_bytes)
+    assert portable.main(["verify", "/x"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("error: internal error: TypeError:")
+    assert err[1] == "hint: this is a bug in recap-portable; rerun with --debug for the traceback and report it"

@@ -82,6 +82,15 @@ class BareConfig:
 
 
 BARE = dataclasses.replace(TOY, config_schema="toyrecipe:BareConfig")
+
+
+def broken_total(ctx: StageContext) -> StageOutput:
+    raise RuntimeError("the total broke")
+
+
+BROKEN_STAGE = dataclasses.replace(
+    TOY, stages=(TOY.stages[0], dataclasses.replace(TOY.stages[1], fn="toyrecipe:broken_total"))
+)
 REPORTED = dataclasses.replace(TOY, report="toyrecipe:good_report")
 BROKEN_REPORT = dataclasses.replace(TOY, report="toyrecipe:broken_report")
 '''
@@ -320,6 +329,23 @@ def test_a_recipe_whose_schema_has_no_bundle_or_run_fields_runs(toy, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (run / "total" / "total.txt").read_text() == "6\n"
     assert json.loads((run / "run.json").read_text())["config"] == {"count": {"n": 4}}
+
+
+def test_an_out_of_tree_stage_that_raises_is_named_as_the_recipes_code_and_recorded_failed(toy, tmp_path):
+    lib, config = toy
+    run = tmp_path / "run"
+    proc = portable(
+        "run", "--config", str(config), "--output", str(run), "recipe=toyrecipe:BROKEN_STAGE", cwd=tmp_path, path=[lib]
+    )
+    assert proc.returncode == 1, proc.stderr
+    first, hint = proc.stderr.strip().splitlines()[-2:]
+    assert first == "error: internal error: RuntimeError: the total broke"
+    assert (
+        hint.startswith(f"hint: raised at {lib / 'toyrecipe.py'}:") and "(broken_total), outside recap-portable" in hint
+    )
+    stages = json.loads((run / "run.json").read_text())["stages"]
+    assert (stages["make"]["status"], stages["total"]["status"]) == ("complete", "failed")
+    assert stages["total"]["error"] == "RuntimeError: the total broke"
 
 
 def test_the_runner_writes_the_recipes_report_after_stages_that_ran_and_leaves_it_otherwise(toy, tmp_path):
