@@ -31,9 +31,7 @@ def placeholder_problems(plain: Any, prefix: str = "") -> list[str]:
     return out
 
 
-def run_problems(
-    plain: dict[str, Any], config: Any, digests: DigestCache | None = None
-) -> tuple[list[str | PortableError], bool]:
+def run_problems(plain: dict[str, Any], digests: DigestCache | None = None) -> tuple[list[str | PortableError], bool]:
     """The checks every recipe's run gets before its own (the runner makes them; a recipe's preflight adds the
     rest): config strings still holding a `/path/to/` placeholder (`plain`: the config as run.json records it,
     converted once by the runner), the bundle's pinned weights, the bundle files the config reads, the restore's
@@ -41,10 +39,10 @@ def run_problems(
     recipe's checks (a dataset that no longer opens) would only echo them."""
     from reproduction.errors import ConfigError
 
-    bundle = getattr(config, "BUNDLE", None)
+    bundle = plain.get("BUNDLE")  # a schema without the field runs from no bundle
     problems: list[str | PortableError] = [ConfigError(p) for p in placeholder_problems(plain)]
     problems += bundle_weights_problems(bundle, digests)
-    damaged = bundle_files_problems(bundle, config)
+    damaged = bundle_files_problems(bundle, plain)
     if damaged:
         return problems + damaged, True
     return problems + bundle_restore_problems(bundle), False
@@ -112,7 +110,7 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
-def bundle_files_problems(bundle: str | Path | None, config: Any) -> list[PortableError]:
+def bundle_files_problems(bundle: str | Path | None, plain: dict[str, Any]) -> list[PortableError]:
     """The bundle files the run reads (datasets, tokenizers, references, configs: every config path inside
     the bundle) whose bytes are not the ones `bundle.json` pins, checked like `portable verify` does.
 
@@ -134,7 +132,7 @@ def bundle_files_problems(bundle: str | Path | None, config: Any) -> list[Portab
         return []
     manifest = load_manifest(root)
     weights = {str(item.get("dest", "weights")) for item in manifest.metadata.get("weights") or []}
-    found = _bundle_prefixes(root, config) | ({manifest.entry_config} if manifest.entry_config else set())
+    found = _bundle_prefixes(root, plain) | ({manifest.entry_config} if manifest.entry_config else set())
     # not twice: the weights' own check (bundle_weights_problems) rehashes their folders; layer targets are
     # restore's (its receipt), and .portable/ is bookkeeping
     skip = weights | {layer.target for layer in manifest.layers} | {STATE_DIR}
@@ -204,10 +202,9 @@ def bundle_restore_problems(bundle: str | Path | None) -> list[PortableError]:
     ]
 
 
-def _bundle_prefixes(bundle: Path, config: Any) -> set[str]:
-    """Bundle-relative paths of every config string that names an existing path inside `bundle`
+def _bundle_prefixes(bundle: Path, plain: dict[str, Any]) -> set[str]:
+    """Bundle-relative paths of every string of the (plain) config that names an existing path inside `bundle`
     (not the bundle itself, nor `runs/` where outputs go)."""
-    from reproduction.run.config import to_plain
 
     out: set[str] = set()
 
@@ -229,7 +226,7 @@ def _bundle_prefixes(bundle: Path, config: Any) -> set[str]:
             if rel not in (".", "") and rel.split("/", 1)[0] != "runs":
                 out.add(rel)
 
-    walk(to_plain(config), "")
+    walk(plain, "")
     return out
 
 

@@ -405,7 +405,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         if opts.preflight:
             from reproduction.run.preflight import raise_problems, run_problems
 
-            problems, damaged = run_problems(plain, config, digests)
+            problems, damaged = run_problems(plain, digests)
             if recipe.preflight and not damaged:
                 check = resolve_fn(recipe.preflight)
                 problems += check(config, run_dir, opened, [s.name for s in selected], **_digests_kw(check, digests))
