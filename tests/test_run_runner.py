@@ -319,3 +319,15 @@ def test_stages_ask_the_runner_for_the_runs_ray(tmp_path):
     opts = RunOptions(ray_address="10.0.0.5:6379")
     run_recipe(Recipe(name="toy", stages=stages), ToyConfig(), tmp_path / "run", opts)
     assert CALLS == ["10.0.0.5:6379", "10.0.0.5:6379"]
+
+
+def test_a_recipe_run_by_code_with_a_config_that_is_no_dataclass_runs(tmp_path):
+    """run_recipe takes any config object a recipe run by code builds (Recipe.config_schema None): the runner's
+    preflight (placeholders, a bundle) reads what it can of it and finds nothing to refuse."""
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(count=ToySection(), label="y")
+    CALLS.clear()
+    report = run_recipe(TOY, config, tmp_path / "run", RunOptions(inputs={"data": FakeInput("fp1")}))
+    assert [(s.name, s.action) for s in report.stages] == [("count", "ran"), ("label", "ran")]
+    assert (tmp_path / "run" / "label" / "labels.txt").read_text() == "y:a=2\ny:b=2\n"

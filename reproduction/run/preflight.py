@@ -31,15 +31,16 @@ def placeholder_problems(plain: Any, prefix: str = "") -> list[str]:
     return out
 
 
-def run_problems(plain: dict[str, Any], digests: DigestCache | None = None) -> tuple[list[str | PortableError], bool]:
+def run_problems(plain: Any, digests: DigestCache | None = None) -> tuple[list[str | PortableError], bool]:
     """The checks every recipe's run gets before its own (the runner makes them; a recipe's preflight adds the
     rest): config strings still holding a `/path/to/` placeholder (`plain`: the config as run.json records it,
     converted once by the runner), the bundle's pinned weights, the bundle files the config reads, the restore's
     receipt. Returns (problems, damaged): `damaged` when files the run reads are not the bundle's, so the
     recipe's checks (a dataset that no longer opens) would only echo them."""
     from reproduction.errors import ConfigError
+    from reproduction.run.config import select
 
-    bundle = plain.get("BUNDLE")  # a schema without the field runs from no bundle
+    bundle = select(plain, "BUNDLE")  # None: a schema without the field (or a config that is no dataclass)
     problems: list[str | PortableError] = [ConfigError(p) for p in placeholder_problems(plain)]
     problems += bundle_weights_problems(bundle, digests)
     damaged = bundle_files_problems(bundle, plain)
