@@ -23,11 +23,12 @@ commit before RECAP left run/, where 1.03 had been measured on 2026-12-01) print
 1.08, 1.08 for bfd2a7a, run after one another in the same ten minutes: the 1.03 was the machine of that day.
 
 What removing a piece would buy, measured on 2026-12-05 (alternated best-of-20 rounds, quiet; the pieces
-monkeypatched out, not kept): the `running` write's fsync about 0.5-1 ms (two A/B runs: ratio 1.093 and 1.080 with it, 1.078
-and 1.072 without, 1.074 and 1.060 with it made in a thread while the stage runs), run.json written compact with the C encoder instead of indented and
-without redaction nothing measurable (65.15 against 65.16 ms), preflight's second config conversion 0.2 ms. The
-fsync keeps a power loss from tearing run.json and losing the run's completed stages; the goal at this stage size
-(<= 3 ms of a ~60 ms stage) is not met on this machine without giving that up.
+monkeypatched out, not kept): the `running` write's fsync about 0.5-1 ms (two A/B runs: ratio 1.093 and 1.080 with
+it, 1.078 and 1.072 without, 1.074 and 1.060 with it made in a thread while the stage runs), run.json written
+compact with the C encoder instead of indented and without redaction nothing measurable (65.15 against 65.16 ms),
+preflight's second config conversion 0.2 ms. The fsync keeps a power loss from tearing run.json and losing the run's
+completed stages; the goal at this stage size (<= 3 ms of a ~60 ms stage) is not met on this machine without giving
+that up.
 
 The runner side runs without lineage (no recorder) and without the recipe's report (Recipe.report set to None), as
 the runner's own cost; a third side, `runner + report`, adds the report `portable run` writes after the stages
