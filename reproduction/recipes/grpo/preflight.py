@@ -8,10 +8,9 @@ from typing import Any
 
 def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[str] | None = None) -> list[Any]:
     """Problems (errors) beyond the runner's checks of every run (run/preflight.py's run_problems: placeholders, a
-    restored bundle's weights and files, its layers restored): the sft inputs (each
-    sft dataset, and the co-training dataset, must hold the cameras sft.model.cameras reads), the
-    tasks, the reference and the disk; datasets it opens go into `opened` (keyed like stages.open_inputs) so the
-    run opens each once. Nothing is written but run/preflight.py's stat stamps in a restored bundle."""
+    restored bundle's weights and files, its layers restored): the sft inputs (each sft dataset, and the
+    co-training dataset, must hold the cameras sft.model.cameras reads), the tasks, the reference and the disk;
+    datasets it opens go into `opened` (keyed like stages.open_inputs) so the run opens each once. Writes nothing."""
     from reproduction.data.reader import open_dataset
     from reproduction.errors import ConfigError, DatasetError, InputNotFoundError, PortableError
     from reproduction.recipes.grpo.stages import OpenedDataset
