@@ -20,9 +20,10 @@ Exit codes (documented in `portable --help`):
     30-39 Hub transfer failures
     40-49 data plane: dataset/sidecar problems (45: the simulator)
     50-59 training and run failures (50 checkpoint, 51 worker failed, 52 a stage's inputs changed since it
-          completed or its max_steps was lowered below the steps it trained, 53 guidance scale, 55 the run
-          folder cannot be used as asked, 56 the preflight found several problems, 57 the bundle's layers
-          are not restored here, 58 Ray did not start or the cluster did not answer)
+          completed or its max_steps was lowered below the steps it trained, 53 guidance scale, 54 a recipe's
+          stage broke the stage protocol, 55 the run folder cannot be used as asked, 56 the preflight found
+          several problems, 57 the bundle's layers are not restored here, 58 Ray did not start or the cluster
+          did not answer)
 
     60  `portable compare`: a metric differs from the reference beyond its margin (a verdict, not an error)
     61  `portable compare`: inconclusive (no metric differs, not every one is shown equivalent: more episodes)
@@ -366,6 +367,14 @@ class GuidanceScaleError(InvalidInputError):
     trained without advantage conditioning."""
 
     exit_code = 53
+
+
+class StageProtocolError(PortableError, RuntimeError):
+    """A recipe's function broke the recipe protocol (reproduction/recipe.py): a stage returned something other
+    than a StageOutput, a summary that is not JSON, a file outside its folder, or called sys.exit (`stage` names it;
+    recorded `failed`); open_inputs returned no dict, preflight no list."""
+
+    exit_code = 54
 
 
 class StageKeyChangedError(PortableError, RuntimeError):

@@ -70,6 +70,7 @@ EXIT_CODES = """exit codes:
   40-49 dataset/sidecar/simulator (45 simulator, 46 cannot render camera images)
   50-59 training and runs (50 a checkpoint incomplete or damaged,
          52 a stage's inputs changed or its steps were lowered,
+         54 a recipe's stage broke the protocol: returned no StageOutput, called sys.exit,
          55 the run folder cannot be used: wrongly shaped run.json, a linked stage folder, --output in the bundle,
          56 the preflight found several problems (each listed),
          57 bundle layers not restored: run `portable restore`, 58 Ray did not start or the cluster did not answer)
@@ -636,15 +637,17 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        print(f"error: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        print(f"hint: {_blame(exc)}", file=sys.stderr)
+        raised_at = _raised_outside(exc)
+        label = "" if raised_at else "internal error: "  # not ours: no "internal error" over the user's exception
+        print(f"error: {label}{type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"hint: {_blame(exc, raised_at)}", file=sys.stderr)
         return 1
 
 
-def _blame(exc: BaseException) -> str:
-    """Whose bug an unexpected exception is: the innermost frame of its traceback outside the interpreter's
-    libraries (stdlib, site-packages) is recap-portable's own code, or an out-of-tree recipe's (or other user code),
-    which is then named by file and line."""
+def _raised_outside(exc: BaseException) -> str | None:
+    """'FILE:LINE (FUNCTION)' of the innermost frame of `exc`'s traceback outside the interpreter's libraries
+    (stdlib, site-packages) when that frame is not recap-portable's own code (an out-of-tree recipe's, or other code
+    of the user's); None when it is ours."""
     import sysconfig
     import traceback
 
@@ -658,12 +661,19 @@ def _blame(exc: BaseException) -> str:
     for frame in reversed(frames):
         real = os.path.realpath(frame.filename)
         if real == ours or real.startswith(ours + os.sep):
-            break
+            return None
         if not any(real.startswith(lib + os.sep) for lib in libraries):
-            return (
-                f"raised at {frame.filename}:{frame.lineno} ({frame.name}), outside recap-portable: a recipe's or "
-                "other code of yours; rerun with --debug for the traceback"
-            )
+            return f"{frame.filename}:{frame.lineno} ({frame.name})"
+    return None
+
+
+def _blame(exc: BaseException, raised_at: str | None = None) -> str:
+    """The hint under an unexpected exception: whose bug it is (`_raised_outside`)."""
+    if raised_at:
+        return (
+            f"raised at {raised_at}, outside recap-portable: a recipe's or other code of yours; "
+            "rerun with --debug for the traceback"
+        )
     return "this is a bug in recap-portable; rerun with --debug for the traceback and report it"
 
 

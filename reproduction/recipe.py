@@ -14,12 +14,21 @@ runner (reproduction/run/) both import it, and neither imports the other through
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from reproduction.errors import ConfigError
+
+STAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+"""A stage's name is its folder in the run folder, which the runner clears before a fresh run of the stage: one plain
+path part (no separator, no dot: not `..`, `/abs`, `run.json`)."""
+
+RUN_FOLDER_NAMES = frozenset({"lineage", "evidence", "plots", "eval_checkpoint"})
+"""Folders the runner and the CLI write in every run folder beside the stages' (lineage statements, evidence,
+report plots, `portable eval`'s work): no stage may be named after one."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -94,6 +103,18 @@ class Recipe:
     def __post_init__(self) -> None:
         seen: set[str] = set()
         for st in self.stages:
+            if not isinstance(st.name, str) or not STAGE_NAME.fullmatch(st.name):
+                raise ConfigError(
+                    f"recipe {self.name}: stage name {st.name!r} is not a plain folder name",
+                    field="stages",
+                    hint="name it with letters, digits, _ and - (it is the stage's folder in the run folder)",
+                )
+            if st.name in RUN_FOLDER_NAMES:
+                raise ConfigError(
+                    f"recipe {self.name}: stage name {st.name!r} is a folder every run folder has for other files",
+                    field="stages",
+                    hint=f"rename the stage (not one of {', '.join(sorted(RUN_FOLDER_NAMES))})",
+                )
             if st.name in seen:
                 raise ConfigError(f"recipe {self.name}: stage {st.name!r} is declared twice", field="stages")
             missing = [n for n in st.needs if n not in seen]

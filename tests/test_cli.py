@@ -191,7 +191,7 @@ def test_an_unexpected_exception_is_exit_1_in_one_line(monkeypatch, capsys):
     monkeypatch.setattr(portable, "cmd_verify", boom)
     assert portable.main(["verify", "/x"]) == 1
     err = capsys.readouterr().err
-    assert err.splitlines()[0] == "error: internal error: RuntimeError: kaboom" and "Traceback" not in err
+    assert err.splitlines()[0] == "error: RuntimeError: kaboom" and "Traceback" not in err
     # raised by code outside the package (this test file): named, not called a bug of recap-portable
     assert err.splitlines()[1].startswith(f"hint: raised at {__file__}:") and "outside recap-portable" in err
     with pytest.raises(RuntimeError):

@@ -339,7 +339,7 @@ def test_an_out_of_tree_stage_that_raises_is_named_as_the_recipes_code_and_recor
     )
     assert proc.returncode == 1, proc.stderr
     first, hint = proc.stderr.strip().splitlines()[-2:]
-    assert first == "error: internal error: RuntimeError: the total broke"
+    assert first == "error: RuntimeError: the total broke"
     assert (
         hint.startswith(f"hint: raised at {lib / 'toyrecipe.py'}:") and "(broken_total), outside recap-portable" in hint
     )

@@ -356,5 +356,5 @@ def write_stage_statement(run: StageRun) -> Path:
     """Build the statement and write it atomically to <run_dir>/lineage/<stage>.intoto.json (replacing an older one)."""
     statement = build_statement(run)
     path = statement_path(run.run_dir, run.stage)
-    atomic_write_text(path, json.dumps(statement, indent=1, sort_keys=False) + "\n")
+    atomic_write_text(path, json.dumps(statement, indent=1, sort_keys=False, default=str) + "\n")
     return path

@@ -367,6 +367,8 @@ class LineageProblem:
     """For a folder, what changed inside it ("changed: meta/info.json"), when the record lists its files."""
 
     def __str__(self) -> str:
+        if self.what == "statement":
+            return f"missing: {self.path} (stage {self.statement} is complete in run.json, its statement is gone)"
         if self.kind == "missing":
             return f"missing: {self.path} ({self.what} of {self.statement}; expected sha256:{self.expected[:12]})"
         inside = f"; {', '.join(self.files[:8])}{' ...' if len(self.files) > 8 else ''}" if self.files else ""
@@ -447,7 +449,32 @@ def verify_lineage(run_dir: Path) -> LineageReport:
                     files=changes,
                 )
             )
+    problems += _unstated(run_dir, {st.file.name for st in statements})
     return LineageReport(statements=len(statements), checked=len(items), problems=problems)
+
+
+def _unstated(run_dir: Path, files: set[str]) -> list[LineageProblem]:
+    """A `missing` problem for each stage run.json records complete whose statement file is not there (a deleted
+    statement leaves nothing to rehash, so the loop over statements alone would verify). None without a run.json
+    this can read: verify then checks the statements it has."""
+    try:
+        state = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
+        stages = state["stages"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    if not isinstance(stages, dict):
+        return []
+    return [
+        LineageProblem(
+            kind="missing",
+            statement=name,
+            what="statement",
+            path=f"{LINEAGE_DIR}/{name}{SUFFIX}",
+            expected="",
+        )
+        for name, rec in stages.items()
+        if isinstance(rec, dict) and rec.get("status") == "complete" and f"{name}{SUFFIX}" not in files
+    ]
 
 
 def _current(path: Path) -> tuple[str, dict[str, str] | None] | None:

@@ -11,7 +11,7 @@ import pkgutil
 import re
 from typing import Any
 
-from reproduction.errors import ConfigError
+from reproduction.errors import ConfigError, MissingDependencyError
 from reproduction.recipe import Recipe, resolve_fn
 
 BUILTIN_PACKAGE = "reproduction.recipes"
@@ -45,13 +45,19 @@ def resolve_recipe(name: str) -> Recipe:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as exc:
         unknown = not sep and exc.name in (module, BUILTIN_PACKAGE)
+        parents = {".".join(module.split(".")[: i + 1]) for i in range(module.count(".") + 1)}
+        if exc.name and exc.name not in parents and not exc.name.startswith(BUILTIN_PACKAGE):
+            raise MissingDependencyError(  # the recipe module was found; a package it imports was not
+                f"recipe: {name!r} imports {exc.name!r}, which is not installed in this environment",
+                hint=f"install the package that provides {exc.name!r} (pip install ...) and run again",
+            ) from None
         what = "is not a built-in recipe" if unknown else f"cannot be imported: {_line(exc)}"
         raise ConfigError(
             f"recipe: {name!r} {what}",
             field="recipe",
             hint=f"built-in recipes: {known}; an out-of-tree recipe's package must be importable (PYTHONPATH)",
         ) from None
-    except Exception as exc:  # the recipe module itself failed: one line, the recipe named
+    except (Exception, SystemExit) as exc:  # the recipe module itself failed (or exited): one line, the recipe named
         raise ConfigError(
             f"recipe: {name!r} cannot be imported: {type(exc).__name__}: {_line(exc)}",
             field="recipe",
@@ -76,7 +82,15 @@ def recipe_schema(recipe: Recipe) -> type:
             field="recipe",
             hint="set Recipe(config_schema='module:ConfigClass') in the recipe",
         )
-    return resolve_fn(recipe.config_schema)
+    try:
+        return resolve_fn(recipe.config_schema)
+    except ConfigError as exc:
+        cause = exc.message.partition("cannot be loaded: ")[2]
+        raise ConfigError(
+            f"recipe {recipe.name!r}: config_schema {recipe.config_schema!r} cannot be loaded: {cause}",
+            field="config_schema",
+            hint="point the recipe's config_schema at an importable 'module:Class' (a dataclass)",
+        ) from None
 
 
 def _line(exc: BaseException) -> str:

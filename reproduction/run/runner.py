@@ -35,7 +35,13 @@ from typing import Any
 
 from reproduction.config_fields import output_free_keys
 from reproduction.digest_cache import DigestCache
-from reproduction.errors import CheckpointError, RunStateError, StageKeyChangedError
+from reproduction.errors import (
+    CheckpointError,
+    ConfigError,
+    RunStateError,
+    StageKeyChangedError,
+    StageProtocolError,
+)
 from reproduction.fsio import atomic_write_text
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
 from reproduction.run.config import select, to_plain
@@ -187,10 +193,19 @@ def module_digest(name: str, digests: DigestCache | None = None) -> str:
     find_spec would find: asking the import system costs ~0.2 ms a module, a stage key names several)."""
     origin = getattr(sys.modules.get(name), "__file__", None)
     if origin is None:
-        spec = importlib.util.find_spec(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):  # a parent package that does not exist, or a malformed name
+            spec = None
         origin = spec.origin if spec is not None else None
+        if spec is None:
+            raise ConfigError(
+                f"code module {name!r} a stage declares (StageSpec.code) cannot be found",
+                field="code",
+                hint="name importable modules whose source the stage's outputs depend on, or fix the recipe's spelling",
+            )
     if not origin or not os.path.isfile(origin):
-        return "absent"
+        return "absent"  # a namespace package or a built-in module: no source to pin
     return (digests or DigestCache()).file(Path(origin))
 
 
@@ -221,7 +236,7 @@ def key_parts(
     config = _exempt(spec, {k: json.loads(canonical(select(plain_config, k))) for k in spec.config}, free)
     parts = {
         "config": config,
-        "inputs": {n: getattr(v, "fingerprint", None) for n, v in sorted(inputs.items())} if spec.inputs else {},
+        "inputs": {n: _fingerprint(n, v) for n, v in sorted(inputs.items())} if spec.inputs else {},
         "upstream": {n: upstream[n] for n in spec.needs},
         "code": {m: module_digest(m, digests) for m in spec.code},
     }
@@ -229,6 +244,61 @@ def key_parts(
     if spec.files or files:  # only then: the keys of stages that read no file stay as they were
         parts["files"] = {k: _file_digest(v, digests) for k, v in files.items()}
     return parts
+
+
+def _fingerprint(name: str, opened: Any) -> Any:
+    """An opened input's `.fingerprint` (what the stage keys pin of it). ConfigError when the object has none; an
+    AttributeError raised inside a fingerprint property propagates as the recipe's own bug."""
+    try:
+        return opened.fingerprint
+    except AttributeError:
+        if hasattr(type(opened), "fingerprint"):
+            raise
+        raise ConfigError(
+            f"opened input {name!r} ({type(opened).__name__}) has no fingerprint, so a stage key cannot pin it",
+            field="open_inputs",
+            hint="give every input the recipe's open_inputs returns a .fingerprint (a digest of its content); "
+            "docs/recipes.md shows one",
+        ) from None
+
+
+def declaration_problems(recipe: Recipe, plain: Any) -> list[ConfigError]:
+    """Every dotted config key a stage of `recipe` declares (StageSpec.config, files, files_if, training, weights)
+    that the run config does not have: a misspelt section would be keyed as None, and a change to the real one
+    would then never be seen on --resume. Nothing to check for a config that is not a dict (a recipe run by code
+    with an object of its own)."""
+    if not isinstance(plain, dict):
+        return []
+    problems = []
+    for spec in recipe.stages:
+        declared = [
+            ("config", spec.config),
+            ("files", spec.files),
+            ("files_if", tuple(k for pair in spec.files_if for k in pair)),
+            ("training", (spec.training,) if spec.training else ()),
+            ("weights", spec.weights),
+        ]
+        for what, keys in declared:
+            for key in keys:
+                if not _has_key(plain, key):
+                    problems.append(
+                        ConfigError(
+                            f"recipe {recipe.name}: stage {spec.name} declares {what} key {key!r}, which the run "
+                            f"config does not have (its top-level keys: {', '.join(sorted(plain)) or 'none'})",
+                            field=f"stages.{spec.name}.{what}",
+                            hint="fix the spelling in the recipe's StageSpec, or add the key to its config schema",
+                        )
+                    )
+    return problems
+
+
+def _has_key(plain: dict[str, Any], dotted: str) -> bool:
+    node: Any = plain
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 def _exempt(spec: StageSpec, config: dict[str, Any], free: Sequence[str] = ()) -> dict[str, Any]:
@@ -323,16 +393,37 @@ def collect_outputs(
     spec: StageSpec, stage_dir: Path, written: Sequence[Path], digests: DigestCache | None = None
 ) -> dict[str, list]:
     """{path relative to the stage folder: [size, mtime_ns, sha256]} of the stage's outputs: files it
-    returned plus files matching its globs (hashed through the run's `digests`)."""
+    returned plus files matching its globs (hashed through the run's `digests`). Each must be a file in the stage's
+    folder or in the run's shared `evidence/` (where eval stages write): StageProtocolError (exit 54) names a
+    returned path that is no file, or one elsewhere (another stage's folder, outside the run, a link out)."""
     stage_real = stage_dir.resolve()  # each path is resolved once: a resolve is a stat per path component
     run_dir = stage_real.parent
+    homes = (stage_real, run_dir / "evidence")
     files: set[Path] = set()
+
+    def add(path: Path, real: Path) -> None:
+        if not any(home in real.parents for home in homes):
+            where = f"{path} (a link to {real})" if real != Path(os.path.abspath(path)) else str(path)
+            raise StageProtocolError(
+                f"stage {spec.name}: output {where} is outside its folder {stage_real}",
+                stage=spec.name,
+                hint=f"write a stage's outputs into its folder (ctx.out_dir) or {run_dir / 'evidence'}, as files",
+            )
+        files.add(real)
+
     for pattern in spec.outputs:
-        files.update(p.resolve() for p in stage_dir.glob(pattern) if p.is_file())
+        for p in stage_dir.glob(pattern):
+            if p.is_file():
+                add(p, p.resolve())
     for p in written:
         p = Path(p)
-        if p.is_file() and run_dir in (real := p.resolve()).parents:  # e.g. eval writes run/evidence/
-            files.add(real)
+        if not p.is_file():
+            raise StageProtocolError(
+                f"stage {spec.name} returned {p} among its files, which is not a file",
+                stage=spec.name,
+                hint="list in StageOutput.files the paths of the files the stage wrote",
+            )
+        add(p, p.resolve())
     paths = sorted(files)
     stats = {p: p.stat() for p in paths}  # before hashing: a file rewritten meanwhile differs from its record
     shas = (digests or DigestCache()).files(paths)
@@ -401,14 +492,22 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         for name in opts.restart:
             recipe.stage(name)
         plain = to_plain(config)
+        from reproduction.run.preflight import raise_problems, run_problems
+
+        raise_problems(declaration_problems(recipe, plain))  # the recipe's own spelling, before any input
         opened: dict[str, Any] = {}
         if opts.preflight:
-            from reproduction.run.preflight import raise_problems, run_problems
-
             problems, damaged = run_problems(plain, digests)
             if recipe.preflight and not damaged:
                 check = resolve_fn(recipe.preflight)
-                problems += check(config, run_dir, opened, [s.name for s in selected], **_digests_kw(check, digests))
+                found = check(config, run_dir, opened, [s.name for s in selected], **_digests_kw(check, digests))
+                if not isinstance(found, (list, tuple)):
+                    raise StageProtocolError(
+                        f"recipe {recipe.name}: preflight {recipe.preflight} returned {type(found).__name__}, "
+                        "not a list of problems",
+                        hint="return a list (empty when all is well) of errors or strings from the recipe's preflight",
+                    )
+                problems += list(found)
             raise_problems(problems)
         if state is None and run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir()):
             raise RunStateError(
@@ -440,6 +539,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         walk.digests = digests
         walk.recorded_config = recorded_config
         walk.free = tuple(output_free_keys(config))
+        walk.restarted = downstream(recipe, opts.restart)
         guard.enter_context(sigterm_as_interrupt())
         with RunRay(opts.ray_address) as walk.ray:  # started when a stage first asks, stopped when the walk ends
             _walk(walk, {s.name for s in selected})
@@ -520,6 +620,8 @@ class _Walk:
     done: dict[str, StageOutput] = field(default_factory=dict)
     redone: set[str] = field(default_factory=set)
     """Stages that ran or continued in this invocation (their dependents follow them)."""
+    restarted: set[str] = field(default_factory=set)
+    """The stages --restart-stage names and those downstream of them: redone whatever changed in their keys."""
     reports: list[StageReport] = field(default_factory=list)
 
 
@@ -549,7 +651,13 @@ def _open_inputs(recipe: Recipe, config: Any, digests: DigestCache) -> dict[str,
     if not recipe.open_inputs:
         return {}
     fn = resolve_fn(recipe.open_inputs)
-    return dict(fn(config, **_digests_kw(fn, digests)))
+    opened = fn(config, **_digests_kw(fn, digests))
+    if not isinstance(opened, dict):
+        raise StageProtocolError(
+            f"recipe {recipe.name}: open_inputs {recipe.open_inputs} returned {type(opened).__name__}, not a dict",
+            hint="return {name: opened input with a .fingerprint} from the recipe's open_inputs",
+        )
+    return dict(opened)
 
 
 def _digests_kw(fn: Callable[..., Any], digests: DigestCache) -> dict[str, Any]:
@@ -582,10 +690,12 @@ def _decide(
     recorded_config: dict[str, Any],
     free: Sequence[str] = (),
     digests: DigestCache | None = None,
+    restarted: set[str] | frozenset[str] = frozenset(),
 ) -> str:
-    """fresh, skip, continue (from checkpoints), or raise naming the difference."""
-    if spec.name in opts.restart or rec is None:
-        return "fresh"
+    """fresh, skip, continue (from checkpoints), or raise naming the difference. `restarted`: the stages
+    `--restart-stage` names and those downstream of them (`downstream`)."""
+    if spec.name in opts.restart or spec.name in restarted or rec is None:
+        return "fresh"  # restarted, or after a restarted stage: redone whatever else changed in its key
     if rec.get("key") != key and not recorded_key_still_matches(spec, rec.get("key_parts", {}), key, free):
         if spec.redo_on_change:
             return "fresh"
@@ -649,7 +759,18 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     key = digest(parts)
     rec = state["stages"].get(spec.name)
     action = _decide(
-        spec, rec, key, parts, stage_dir, walk.redone, opts, walk.plain, walk.recorded_config, walk.free, walk.digests
+        spec,
+        rec,
+        key,
+        parts,
+        stage_dir,
+        walk.redone,
+        opts,
+        walk.plain,
+        walk.recorded_config,
+        walk.free,
+        walk.digests,
+        walk.restarted,
     )
     if action == "skip":
         if rec.get("key") != key:  # recorded before a key became exempt: record today's key
@@ -679,7 +800,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     )
     t0 = time.perf_counter()
     try:
-        output = resolve_fn(spec.fn)(ctx)
+        output = call_stage(spec, ctx)
         outputs = collect_outputs(spec, stage_dir, output.files, walk.digests)
         if not outputs:
             raise CheckpointError(f"stage {spec.name} wrote no outputs into {stage_dir}", path=stage_dir)
@@ -740,6 +861,61 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     return StageReport(
         name=spec.name, action="continued" if action == "continue" else "ran", seconds=seconds, output=output
     )
+
+
+def call_stage(spec: StageSpec, ctx: StageContext) -> StageOutput:
+    """spec.fn(ctx), held to the stage protocol: StageProtocolError (exit 54) when it returns anything but a
+    StageOutput whose summary is a JSON-able dict, or calls sys.exit (which would otherwise end `portable run` with
+    the stage's chosen exit code, 0 included, and the stage half-recorded)."""
+    fn = resolve_fn(spec.fn)
+    try:
+        output = fn(ctx)
+    except SystemExit as exc:
+        raise StageProtocolError(
+            f"stage {spec.name} ({spec.fn}) called sys.exit({exc.code!r}){_raised_at(exc)}",
+            stage=spec.name,
+            hint="a stage reports a failure by raising an exception; the run is recorded failed, --resume reruns it",
+        ) from None
+    if not isinstance(output, StageOutput):
+        raise StageProtocolError(
+            f"stage {spec.name} ({spec.fn}) returned {type(output).__name__}, not a StageOutput",
+            stage=spec.name,
+            hint="return reproduction.recipe.StageOutput(files=[...], summary={...}) from the stage function",
+        )
+    if not isinstance(output.summary, dict) or not isinstance(output.files, (list, tuple)):
+        wrong = "summary" if not isinstance(output.summary, dict) else "files"
+        raise StageProtocolError(
+            f"stage {spec.name} ({spec.fn}) returned a StageOutput whose {wrong} is a "
+            f"{type(getattr(output, wrong)).__name__}",
+            stage=spec.name,
+            hint="files: a list of the paths it wrote; summary: a dict of JSON values",
+        )
+    try:
+        json.dumps(output.summary, sort_keys=True, default=str)
+    except (TypeError, ValueError) as exc:  # a non-string key, a cycle: run.json could not record it
+        raise StageProtocolError(
+            f"stage {spec.name} ({spec.fn}) returned a summary run.json cannot hold: {exc}",
+            stage=spec.name,
+            hint="give the summary string keys and JSON values (numbers, strings, lists, dicts)",
+        ) from None
+    return output
+
+
+def _raised_at(exc: BaseException) -> str:
+    """' at FILE:LINE' of the innermost frame of `exc`'s traceback ('' when it has none)."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+
+
+def downstream(recipe: Recipe, names: Sequence[str]) -> set[str]:
+    """`names` and every stage that needs one of them, directly or through others (what `--restart-stage` redoes)."""
+    closure = set(names)
+    for spec in recipe.stages:
+        if closure.intersection(spec.needs):
+            closure.add(spec.name)
+    return closure
 
 
 def _record_stop(run_dir: Path, state: dict[str, Any], stage: str, before: dict | None, exc: BaseException) -> None:

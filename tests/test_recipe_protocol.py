@@ -1,0 +1,303 @@
+"""The recipe protocol held against the recipe, as an outside researcher's recipe gets it wrong: a stage name that
+is no plain folder name (the runner clears a stage's folder before a fresh run: `../x` cleared a folder outside the
+run), a stage that calls sys.exit (it became `portable run`'s exit code, 0 included), returns no StageOutput or an
+output outside its folder, a misspelt config section or code module (keyed as nothing: a change to the real one
+went unseen on --resume), an input without a fingerprint, a restarted stage whose dependents' code changed too, a
+deleted lineage statement, an Enum in the config."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from reproduction.errors import ConfigError, MissingDependencyError, StageProtocolError
+from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
+from reproduction.run.lineage_check import verify_lineage
+from reproduction.run.record import make_recorder
+from reproduction.run.runner import RunOptions, run_recipe
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(kw_only=True, slots=True)
+class Train:
+    lr: float = 0.5
+
+
+@dataclass(kw_only=True, slots=True)
+class Cfg:
+    train: Train = field(default_factory=Train)
+    mode: str = "ok"
+
+
+def write(ctx: StageContext) -> StageOutput:
+    out = ctx.out_dir / "out.txt"
+    out.write_text(f"{ctx.config.train.lr} {ctx.config.mode}\n")
+    mode = ctx.config.mode
+    if mode == "exit0":
+        sys.exit(0)
+    if mode == "none":
+        return None
+    if mode == "tuple_key":
+        return StageOutput(files=[out], summary={("a", 1): 2})
+    if mode == "link_out":
+        target = ctx.run_dir.parent / "outside.txt"
+        target.write_text("not the stage's\n")
+        (ctx.out_dir / "link.txt").symlink_to(target)
+    if mode == "not_a_file":
+        return StageOutput(files=[ctx.out_dir / "never-written.txt"])
+    return StageOutput(files=[out], summary={"lr": ctx.config.train.lr})
+
+
+def steal(ctx: StageContext) -> StageOutput:
+    return StageOutput(files=[ctx.run_dir / "first" / "out.txt"])
+
+
+def spec(name: str = "first", **kw) -> StageSpec:
+    return StageSpec(name=name, fn=f"{__name__}:write", config=kw.pop("config", ("train", "mode")), inputs=False, **kw)
+
+
+def recipe(*stages: StageSpec, **kw) -> Recipe:
+    return Recipe(name="proto", stages=stages or (spec(),), **kw)
+
+
+@pytest.mark.parametrize("name", ["../precious", "/abs/path", ".", "..", "run.json", "a/b", "", ".hidden"])
+def test_a_stage_name_that_is_no_plain_folder_name_is_refused_when_the_recipe_is_built(name):
+    with pytest.raises(ConfigError, match="is not a plain folder name") as err:
+        recipe(spec(name))
+    assert err.value.exit_code == 4 and repr(name) in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["lineage", "evidence", "plots", "eval_checkpoint"])
+def test_a_stage_named_after_a_folder_every_run_has_is_refused(name):
+    with pytest.raises(ConfigError, match="a folder every run folder has"):
+        recipe(spec(name))
+
+
+def test_plain_stage_names_are_accepted():
+    assert [s.name for s in recipe(spec("a-b_1"), spec("Eval2")).stages] == ["a-b_1", "Eval2"]
+
+
+def _status(run: Path, stage: str = "first") -> dict:
+    return json.loads((run / "run.json").read_text())["stages"][stage]
+
+
+@pytest.mark.parametrize(
+    ("mode", "words"),
+    [
+        ("exit0", "called sys.exit(0) at "),
+        ("none", "returned NoneType, not a StageOutput"),
+        ("tuple_key", "returned a summary run.json cannot hold"),
+        ("link_out", "link.txt (a link to "),
+        ("not_a_file", "never-written.txt among its files, which is not a file"),
+    ],
+)
+def test_a_stage_that_breaks_the_protocol_is_exit_54_and_recorded_failed(tmp_path, mode, words):
+    run = tmp_path / "run"
+    with pytest.raises(StageProtocolError) as err:
+        run_recipe(recipe(), Cfg(mode=mode), run)
+    assert err.value.exit_code == 54 and words in str(err.value) and "stage first" in str(err.value)
+    rec = _status(run)
+    assert rec["status"] == "failed" and rec["error"].startswith("StageProtocolError: stage first")
+    if mode == "exit0":  # the file and line of the sys.exit call
+        assert f"{__file__}:" in str(err.value)
+    # --resume with the stage mended runs it again
+    report = run_recipe(recipe(), Cfg(mode="ok"), run, RunOptions(resume=True))
+    assert [s.action for s in report.stages] == ["ran"] and _status(run)["status"] == "complete"
+
+
+def test_sys_exit_0_in_a_stage_is_not_the_commands_exit_code(tmp_path):
+    """Before: `portable run` exited 0, printing nothing, the stage left `interrupted`."""
+    (tmp_path / "exiting.py").write_text(
+        textwrap.dedent(
+            """
+            import sys
+            from dataclasses import dataclass
+            from reproduction.recipe import Recipe, StageSpec
+
+            @dataclass
+            class Cfg:
+                n: int = 1
+
+            def stage(ctx):
+                sys.exit(0)
+
+            RECIPE = Recipe(name="exiting", config_schema="exiting:Cfg",
+                            stages=(StageSpec(name="s", fn="exiting:stage", config=("n",), inputs=False),))
+            """
+        )
+    )
+    (tmp_path / "c.yaml").write_text("recipe: exiting:RECIPE\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "reproduction.portable", "run", "--config", "c.yaml", "--output", "r"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 54, proc.stderr
+    assert f"error: stage s (exiting:stage) called sys.exit(0) at {tmp_path / 'exiting.py'}:" in proc.stderr
+    assert _status(tmp_path / "r", "s")["status"] == "failed"
+
+
+def test_a_stage_returning_another_stages_file_is_refused(tmp_path):
+    """Before: the file moved silently from first's record to second's (run.json and lineage then said second
+    wrote first's output)."""
+    thief = StageSpec(name="second", fn=f"{__name__}:steal", needs=("first",), inputs=False)
+    run = tmp_path / "run"
+    with pytest.raises(StageProtocolError, match=r"output .*first/out.txt is outside its folder"):
+        run_recipe(recipe(spec(), thief), Cfg(), run)
+    assert list(_status(run)["outputs"]) == ["out.txt"]
+
+
+@pytest.mark.parametrize(
+    ("kw", "words"),
+    [
+        ({"config": ("trian",)}, "declares config key 'trian'"),
+        ({"config": ("train.rate",)}, "declares config key 'train.rate'"),
+        ({"files": ("reference",)}, "declares files key 'reference'"),
+        ({"training": "train.steps"}, "declares training key 'train.steps'"),
+    ],
+)
+def test_a_declared_key_the_config_lacks_is_a_config_error_before_anything_is_written(tmp_path, kw, words):
+    """Before: `trian` was keyed as None; a changed train.lr then resumed as `skipped` over the old result."""
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError, match=words) as err:
+        run_recipe(recipe(spec(**kw)), Cfg(), run)
+    assert "stage first" in str(err.value) and "top-level keys: mode, train" in str(err.value)
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("module", ["no_such_module_x", "no_such_pkg_x.sub"])
+def test_a_code_module_that_cannot_be_found_is_a_config_error(tmp_path, module):
+    with pytest.raises(ConfigError, match=f"code module '{module}' a stage declares"):
+        run_recipe(recipe(spec(code=(module,))), Cfg(), tmp_path / "run")
+
+
+class Opened:
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+
+    @property
+    def fingerprint(self) -> str:
+        if self.fail:
+            return self.missing_attribute  # the recipe's own bug, inside the property
+        return "fp"
+
+
+def opened_inputs(config):
+    return {"data": Opened(config.mode == "fp_raises")} if config.mode != "no_fp" else {"data": object()}
+
+
+def opened_list(config):
+    return [Opened(False)]
+
+
+def preflight_none(config, run_dir, opened, stages):
+    return None
+
+
+def test_an_input_without_a_fingerprint_is_refused_and_a_fingerprint_that_raises_is_not_hidden(tmp_path):
+    keyed = recipe(dataclasses.replace(spec(), inputs=True), open_inputs=f"{__name__}:opened_inputs")
+    with pytest.raises(ConfigError, match="opened input 'data' \\(object\\) has no fingerprint"):
+        run_recipe(keyed, Cfg(mode="no_fp"), tmp_path / "a")
+    with pytest.raises(AttributeError, match="missing_attribute"):  # before: keyed as None, data changes unseen
+        run_recipe(keyed, Cfg(mode="fp_raises"), tmp_path / "b")
+
+
+def test_open_inputs_and_preflight_returning_the_wrong_kind_are_named(tmp_path):
+    with pytest.raises(StageProtocolError, match="open_inputs .*:opened_list returned list, not a dict"):
+        run_recipe(recipe(open_inputs=f"{__name__}:opened_list"), Cfg(), tmp_path / "a")
+    with pytest.raises(StageProtocolError, match="preflight .*:preflight_none returned NoneType, not a list"):
+        run_recipe(recipe(preflight=f"{__name__}:preflight_none"), Cfg(), tmp_path / "b")
+
+
+def test_restart_stage_redoes_the_stages_after_it_whatever_else_changed_in_their_keys(tmp_path, monkeypatch):
+    """Both stages pin the recipe's module; after an edit to it, the hint says `--restart-stage first` redoes it
+    "and what follows": before, first was redone and second then refused (exit 52), naming the code change."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    module = lib / "protomod.py"
+    module.write_text("VERSION = 1\n")
+    monkeypatch.syspath_prepend(str(lib))
+    code = ("protomod",)
+    two = recipe(spec(code=code), spec("second", needs=("first",), code=code))
+    run = tmp_path / "run"
+    run_recipe(two, Cfg(), run)
+    module.write_text("VERSION = 2  # edited\n")
+    os.utime(module, ns=(1, 1))  # another size and mtime: the digest cache rehashes it
+    sys.modules.pop("protomod", None)
+    from reproduction.errors import StageKeyChangedError
+
+    with pytest.raises(StageKeyChangedError, match="code.protomod") as err:
+        run_recipe(two, Cfg(), run, RunOptions(resume=True))
+    assert "--restart-stage first to redo it (and what follows)" in err.value.hint
+    report = run_recipe(two, Cfg(), run, RunOptions(resume=True, restart=["first"]))
+    assert [(s.name, s.action) for s in report.stages] == [("first", "ran"), ("second", "ran")]
+    report = run_recipe(two, Cfg(), run, RunOptions(resume=True))
+    assert [s.action for s in report.stages] == ["skipped", "skipped"]
+
+
+def test_lineage_verify_names_a_complete_stage_whose_statement_is_gone(tmp_path):
+    run = tmp_path / "run"
+    run_recipe(recipe(spec(), spec("second", needs=("first",))), Cfg(), run, RunOptions(recorder=make_recorder(None)))
+    assert verify_lineage(run).exit_code == 0
+    (run / "lineage" / "second.intoto.json").unlink()
+    report = verify_lineage(run)
+    assert report.exit_code == 11
+    assert [str(p) for p in report.problems] == [
+        "missing: lineage/second.intoto.json (stage second is complete in run.json, its statement is gone)"
+    ]
+
+
+class Color(enum.Enum):
+    RED = "red"
+
+
+@dataclass(kw_only=True, slots=True)
+class EnumCfg:
+    train: Train = field(default_factory=Train)
+    mode: str = "ok"
+    color: Color = Color.RED
+
+
+def test_an_enum_in_the_config_is_recorded_in_the_lineage_as_in_run_json(tmp_path):
+    """Before: the stage completed, then its statement failed with "Color is not JSON serializable" (exit 1)."""
+    run = tmp_path / "run"
+    run_recipe(recipe(), EnumCfg(), run, RunOptions(recorder=make_recorder(None)))
+    assert verify_lineage(run).exit_code == 0
+    assert json.loads((run / "run.json").read_text())["config"]["color"] == "Color.RED"
+
+
+def test_a_recipe_module_importing_a_missing_package_is_a_missing_dependency(tmp_path, monkeypatch):
+    from reproduction.run.resolve import resolve_recipe
+
+    (tmp_path / "needsdep.py").write_text("import no_such_dependency_xyz\n")
+    (tmp_path / "exitsonimport.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(MissingDependencyError, match="imports 'no_such_dependency_xyz', which is not installed") as e:
+        resolve_recipe("needsdep:RECIPE")
+    assert e.value.exit_code == 10
+    with pytest.raises(ConfigError, match="cannot be imported: SystemExit: 3"):
+        resolve_recipe("exitsonimport:RECIPE")
+    with pytest.raises(ConfigError, match="is not a built-in recipe"):
+        resolve_recipe("no_such_recipe_xyz")
+
+
+def test_a_config_object_that_is_no_dataclass_skips_the_declaration_check(tmp_path):
+    """A recipe run by code with a config object of its own: nothing to check the declarations against."""
+    cfg = SimpleNamespace(train=SimpleNamespace(lr=0.5), mode="ok")
+    report = run_recipe(recipe(spec(config=("trian",))), cfg, tmp_path / "run")
+    assert [s.action for s in report.stages] == ["ran"]
