@@ -116,6 +116,11 @@ def test_a_short_run_through_the_runner_with_target_step(tmp_path):
     live = json.loads((run / "rl" / "evidence" / "eval_rl_4.json").read_text())
     assert live["policy"]["checkpoint"]["step"] == 4 and live["tasks"]["FetchPush-v4"]["episodes"] == 1
 
+    from reproduction.recipes.grpo.report import main as report_main
+
+    (run / "report.html").unlink()
+    assert report_main([str(run)]) == 0 and "GRPO run" in (run / "report.html").read_text()
+
     straight = tmp_path / "straight"
     pinned = [*over, f"sft.export={run / 'sft' / 'export'}", "rl.steps=4", "rl.rollout_workers=1"]
     cfg = load_config([CONFIG], pinned, bundle=tmp_path, run_dir=straight, schema=GrpoRunConfig)
@@ -202,3 +207,24 @@ def test_fields_that_do_not_change_outputs_are_declared_once():
     assert "rl.advantage_scale" not in output_free_keys(batch)
     assert digest(key_parts(GRPO.stage("rl"), to_plain(batch), {}, {"sft": "u"}, output_free_keys(batch))) != key("rl")
     assert key("eval") == key("eval", eval__workers=3, eval__reference="x.json") != key("eval", eval__seed=7)
+
+
+def test_the_report_command_refuses_what_is_no_grpo_run_and_writes_nothing(tmp_path, capsys):
+    """Before: `--help` made a folder named --help with a report in it, a missing folder got an empty report
+    (exit 0), a RECAP run's report.html was replaced by a GRPO one, and no argument was an IndexError traceback."""
+    from reproduction.recipes.grpo.report import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0 and not (Path.cwd() / "--help").exists()
+    with pytest.raises(SystemExit) as done:
+        main([])
+    assert done.value.code == 2
+    assert main([str(tmp_path / "none")]) == 3 and not (tmp_path / "none").exists()
+    recap = tmp_path / "recap"
+    recap.mkdir()
+    (recap / "run.json").write_text(json.dumps({"format_version": 1, "recipe": "recap", "run_id": "x", "stages": {}}))
+    (recap / "report.html").write_text("recap's report")
+    assert main([str(recap)]) == 4
+    assert (recap / "report.html").read_text() == "recap's report" and not (recap / "plots").exists()
+    assert "holds a 'recap' run, not a grpo run" in capsys.readouterr().err

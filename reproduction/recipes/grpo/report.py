@@ -129,5 +129,39 @@ def write_run_report(run_dir: Path) -> Path:
     )
 
 
-if __name__ == "__main__":  # pragma: no cover - a convenience for a run made with `portable run`
-    print(write_run_report(Path(sys.argv[1])))
+def main(argv: list[str] | None = None) -> int:
+    """`python -m reproduction.recipes.grpo.report RUN`: rewrite a GRPO run's plots and report.html. A folder
+    without run.json is exit 3 and another recipe's run exit 4 (its report is not this one), one line each, with
+    nothing written."""
+    import argparse
+
+    from reproduction.errors import InputNotFoundError, InvalidInputError, PortableError
+    from reproduction.run.runner import read_state
+
+    parser = argparse.ArgumentParser(
+        prog="python -m reproduction.recipes.grpo.report", description="Rewrite a GRPO run's plots/ and report.html."
+    )
+    parser.add_argument("run_dir", type=Path, help="the run folder (`portable run --output`) of a grpo run")
+    args = parser.parse_args(argv)
+    try:
+        state = read_state(args.run_dir) if args.run_dir.is_dir() else None
+        if state is None:
+            raise InputNotFoundError(
+                f"{args.run_dir} holds no run (no run.json)", path=args.run_dir, hint="name a grpo run's --output folder"
+            )
+        if state.get("recipe") != "grpo":
+            raise InvalidInputError(
+                f"{args.run_dir} holds a {state.get('recipe')!r} run, not a grpo run",
+                hint="`portable run --resume` on that run folder rewrites its own recipe's report",
+            )
+        print(write_run_report(args.run_dir))
+    except PortableError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - exercised through main() in tests
+    sys.exit(main())
