@@ -30,7 +30,7 @@ def paths(tmp_path):
         "dangling": tmp_path / "dangling",
         "loop": tmp_path / "loop a",
         "bundle": bundle,
-        "inside bundle": bundle / "runs" / "x",
+        "inside bundle": bundle / "data" / "x",
         "out": tmp_path / "out",
     }
 
@@ -125,6 +125,14 @@ def test_a_wrong_kind_of_path_is_one_line_and_its_exit_code(paths, capsys, comma
     assert "Traceback" not in err and "internal error" not in err
     assert sorted(p.name for p in where.iterdir()) == before  # nothing created beside it (no `nowhere`)
     assert not paths["out"].exists()
+
+
+def test_a_run_under_the_bundles_runs_folder_is_not_refused(paths, capsys):
+    """verify and restore leave BUNDLE/runs/ to runs (README); run refused it as "inside the bundle" (exit 55)."""
+    rc = main(["run", str(paths["bundle"]), "--output", str(paths["bundle"] / "runs" / "x"), "--print-config"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "datasets: []" in out and "inside the bundle" not in err
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="chmod 000 does not stop root from reading the file")

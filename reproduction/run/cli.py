@@ -83,15 +83,19 @@ def cmd_run(args: Any) -> int:
             field=bad[0],
             hint="write config overrides as key.path=value (see docs/config.md)",
         )
-    if bundle is not None and (Path(args.output) == bundle or bundle in Path(args.output).parents):
-        from reproduction.errors import RunStateError
+    from reproduction.release.verify import RUNS_DIR
 
-        raise RunStateError(
-            f"--output {args.output} is inside the bundle {bundle}; a run would add files the bundle's manifest "
-            "does not list (`portable verify` then reports them)",
-            path=Path(args.output),
-            hint="pass an --output outside the bundle folder",
-        )
+    runs = bundle / RUNS_DIR if bundle is not None else None
+    if bundle is not None and (Path(args.output) == bundle or bundle in Path(args.output).parents):
+        if runs not in Path(args.output).parents:  # BUNDLE/runs/ is the one place verify and restore leave to runs
+            from reproduction.errors import RunStateError
+
+            raise RunStateError(
+                f"--output {args.output} is inside the bundle {bundle}; a run would add files the bundle's manifest "
+                "does not list (`portable verify` then reports them)",
+                path=Path(args.output),
+                hint=f"pass an --output outside the bundle folder, or under {runs}",
+            )
     if args.target_step is not None and args.target_step < 1:
         raise ConfigError(f"--target-step {args.target_step} must be >= 1", field="target_step")
     run_dir = Path(args.output)
