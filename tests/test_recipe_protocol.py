@@ -301,3 +301,18 @@ def test_a_config_object_that_is_no_dataclass_skips_the_declaration_check(tmp_pa
     cfg = SimpleNamespace(train=SimpleNamespace(lr=0.5), mode="ok")
     report = run_recipe(recipe(spec(config=("trian",))), cfg, tmp_path / "run")
     assert [s.action for s in report.stages] == ["ran"]
+
+
+def test_a_stage_whose_upstream_was_redone_in_an_earlier_run_is_redone_on_resume(tmp_path):
+    """README's "train further" form: `--stages policy --target-step N` redoes policy alone; the next `--resume`
+    refused eval (exit 52, "upstream.policy changed") and lineage --verify failed on eval's stale statement."""
+    two = recipe(spec(), StageSpec(name="second", fn=f"{__name__}:write", needs=("first",), inputs=False))
+    run = tmp_path / "run"
+    record = RunOptions(recorder=make_recorder(None))
+    run_recipe(two, Cfg(), run, record)
+    again = RunOptions(stages=["first"], restart=["first"], resume=True, recorder=make_recorder(None))
+    run_recipe(two, Cfg(train=Train(lr=0.7)), run, again)
+    assert verify_lineage(run).exit_code == 14  # second's statement names first's old output
+    report = run_recipe(two, Cfg(train=Train(lr=0.7)), run, RunOptions(resume=True, recorder=make_recorder(None)))
+    assert [(s.name, s.action) for s in report.stages] == [("first", "skipped"), ("second", "ran")]
+    assert verify_lineage(run).exit_code == 0

@@ -684,7 +684,6 @@ def _decide(
     key: str,
     parts: dict,
     stage_dir: Path,
-    redone: set[str],
     opts: RunOptions,
     plain: dict[str, Any],
     recorded_config: dict[str, Any],
@@ -700,9 +699,11 @@ def _decide(
         if spec.redo_on_change:
             return "fresh"
         changes = describe_changes(rec.get("key_parts", {}), parts)
-        upstream_only = all(c.startswith("upstream.") for c in changes)
-        if upstream_only and any(c.split(":")[0][len("upstream.") :] in redone for c in changes):
-            return "fresh"  # an upstream stage was redone here: its dependents follow
+        if changes and all(c.startswith("upstream.") for c in changes):
+            # Only the runner rewrites an upstream stage's record (a file edited under it fails that stage's own
+            # check first), so it was redone, here or in an earlier run (`--stages policy --target-step N`):
+            # its dependents follow.
+            return "fresh"
         if rec.get("status") != "complete" and not spec.training:
             return "fresh"  # killed before it completed, with nothing kept to continue from
         raise StageKeyChangedError(
@@ -764,7 +765,6 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         key,
         parts,
         stage_dir,
-        walk.redone,
         opts,
         walk.plain,
         walk.recorded_config,

@@ -147,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         state = read_state(args.run_dir) if args.run_dir.is_dir() else None
         if state is None:
             raise InputNotFoundError(
-                f"{args.run_dir} holds no run (no run.json)", path=args.run_dir, hint="name a grpo run's --output folder"
+                f"{args.run_dir} holds no run (no run.json)",
+                path=args.run_dir,
+                hint="name a grpo run's --output folder",
             )
         if state.get("recipe") != "grpo":
             raise InvalidInputError(
