@@ -224,3 +224,16 @@ def test_weights_fetch_into_a_file_is_exit_3_not_a_write_failure(paths, capsys, 
     lines = capsys.readouterr().err.strip().splitlines()
     assert rc == 3 and "is a file, not a folder" in lines[0] and str(paths["file"]) in lines[0], lines
     assert len(lines) == 2 and lines[1].startswith("hint: ") and paths["file"].read_text() == "x = 1\n"
+
+
+def test_a_config_using_bundle_without_a_bundle_is_warned_about(tmp_path, capsys):
+    """${BUNDLE} silently resolved to "" and the run then failed with "dataset /data/sft does not exist"."""
+    config = tmp_path / "run.yaml"
+    config.write_text('datasets: [{path: "${BUNDLE}/data/sft", type: sft}]\n')
+    assert main(["run", "--config", str(config), "--output", str(tmp_path / "out"), "--print-config"]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: no BUNDLE given, so ${{BUNDLE}} in {config} is empty" in err
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    assert main(["run", str(bundle), "--config", str(config), "--output", str(tmp_path / "o2"), "--print-config"]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -52,6 +52,19 @@ def _config_files(args: Any, bundle: Path | None) -> list[Path]:
     return []
 
 
+def _warn_empty_bundle(files: list[Path], overrides: list[str]) -> None:
+    """One warning line when the config refers to ${BUNDLE} and no BUNDLE was given: it resolves to "", so every
+    path under it starts at / and the preflight's "does not exist" would not say why."""
+    users = [str(f) for f in files if "${BUNDLE}" in f.read_text(encoding="utf-8", errors="replace")]
+    users += ["the command line"] if any("${BUNDLE}" in o for o in overrides) else []
+    if users:
+        print(
+            f"warning: no BUNDLE given, so ${{BUNDLE}} in {', '.join(users)} is empty (the paths under it start at /); "
+            "pass the bundle folder: portable run BUNDLE ...",
+            file=sys.stderr,
+        )
+
+
 def _split_stages(text: str | None) -> list[str] | None:
     if not text:
         return None
@@ -99,7 +112,10 @@ def cmd_run(args: Any) -> int:
     if args.target_step is not None and args.target_step < 1:
         raise ConfigError(f"--target-step {args.target_step} must be >= 1", field="target_step")
     run_dir = Path(args.output)
-    name, recipe, config = load_run_config(_config_files(args, bundle), overrides, bundle=bundle, run_dir=run_dir)
+    files = _config_files(args, bundle)
+    name, recipe, config = load_run_config(files, overrides, bundle=bundle, run_dir=run_dir)
+    if bundle is None and getattr(config, "BUNDLE", None) == "":
+        _warn_empty_bundle(files, overrides)
     if args.print_config:
         sys.stdout.write(to_yaml(config))
         return 0

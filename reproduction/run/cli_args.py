@@ -13,7 +13,16 @@ def add_run_arguments(p: Any) -> None:
     p.add_argument("--stages", default=None, metavar="A,B", help="run only these stages (comma-separated)")
     p.add_argument("--resume", action="store_true", help="skip completed stages, continue killed ones")
     p.add_argument("--restart-stage", action="append", metavar="NAME", help="redo this stage (and what depends on it)")
-    p.add_argument("--target-step", type=int, default=None, metavar="N", help="train a finished stage on to step N")
+    p.add_argument(
+        "--target-step",
+        type=int,
+        default=None,
+        metavar="N",
+        help=(
+            "train every selected training stage below step N on to step N (--stages policy: only that one); "
+            "the stages after it are redone (with it, or by the next --resume)"
+        ),
+    )
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
     p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides (docs/config.md)")
