@@ -67,11 +67,11 @@ EXIT_CODES = """exit codes:
          34 downloaded bytes kept failing sha256, 35 conflict: branch moved or tag taken)
   weights verify: 5 bytes missing or different, 4 only fields still "to-be-pinned"
   pack --dry-run: 3 something is missing on this machine
-  40-49 dataset/sidecar/simulator (45 simulator, 46 cannot render camera images)
-  50-59 training and runs (50 a checkpoint incomplete or damaged,
-         52 a stage's inputs changed or its steps were lowered,
+  40-49 dataset/sidecar/simulator (40 dataset, 41 fingerprint mismatch, 45 simulator, 46 cannot render camera images)
+  50-59 training and runs (50 a checkpoint incomplete or damaged, 51 a worker failed (its traceback kept),
+         52 a stage's inputs changed or its steps were lowered, 53 guidance scale,
          54 a recipe's stage broke the protocol: returned no StageOutput, called sys.exit,
-         55 the run folder cannot be used: wrongly shaped run.json, a linked stage folder, --output in the bundle,
+         55 the run folder cannot be used: wrongly shaped run.json, a linked stage folder, --output in the bundle (not runs/),
          56 the preflight found several problems (each listed),
          57 bundle layers not restored: run `portable restore`, 58 Ray did not start or the cluster did not answer)
   run: 11-14 a bundle file it reads differs    7 also: another `portable run` works in the run folder
