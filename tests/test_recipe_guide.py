@@ -75,6 +75,13 @@ def test_the_guides_recipe_runs_resumes_continues_and_refuses_as_the_page_says(g
     assert (state["step"], state["resumed_from"]) == (9, 6)
     verify = portable(guide, "lineage", "runs/a", "--verify")
     assert verify.returncode == 0, verify.stderr
+    # the opened input's file (DataFile.path) is a material of train's statement: an edit to it fails --verify
+    statement = json.loads((guide / "runs/a/lineage/train.intoto.json").read_text())
+    deps = statement["predicate"]["buildDefinition"]["resolvedDependencies"]
+    assert [d["annotations"]["role"] for d in deps if d["name"].endswith("data.txt")] == ["dataset"]
+    (guide / "data.txt").write_text("other data\n")
+    verify = portable(guide, "lineage", "runs/a", "--verify")
+    assert verify.returncode == 14 and "data.txt (dataset of train.intoto.json)" in verify.stderr, verify.stderr
 
 
 def test_the_guides_recipe_killed_during_training_resumes_to_the_same_bytes(guide):

@@ -160,9 +160,9 @@ def make_recorder(bundle: Path | None) -> Callable[[Any], None] | None:
         # The bundle manifest and its runtime/source layer archives (digests from bundle.json, which restore
         # verified): every stage ran that code on that runtime.
         inputs = list(lineage.bundle_inputs(Path(bundle))) if bundle is not None else []
-        for item in rec.inputs.values():
-            root = getattr(item, "root", None)
-            if root is not None:
+        for item in rec.inputs.values():  # an opened input's folder (.root) or file (.path): what it was read from
+            root = getattr(item, "root", None) or getattr(item, "path", None)
+            if root is not None and Path(root).exists():
                 inputs.append(A(path=Path(root), role="dataset"))
         for rel, sha in rec.upstream_files.items():
             inputs.append(A(path=rec.run_dir / rel, role="upstream_output", sha256=sha))
