@@ -71,7 +71,8 @@ EXIT_CODES = """exit codes:
   50-59 training and runs (50 a checkpoint incomplete or damaged, 51 a worker failed (its traceback kept),
          52 a stage's inputs changed or its steps were lowered, 53 guidance scale,
          54 a recipe's stage broke the protocol: returned no StageOutput, called sys.exit,
-         55 the run folder cannot be used: wrongly shaped run.json, a linked stage folder, --output in the bundle (not runs/),
+         55 the run folder cannot be used: wrongly shaped run.json, a linked stage folder,
+            --output in the bundle (but not under its runs/),
          56 the preflight found several problems (each listed),
          57 bundle layers not restored: run `portable restore`, 58 Ray did not start or the cluster did not answer)
   run: 11-14 a bundle file it reads differs    7 also: another `portable run` works in the run folder

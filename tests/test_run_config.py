@@ -49,6 +49,9 @@ def test_yaml_then_overrides_then_placeholders(tmp_path):
         (["value.train.global_batch=5"], "global_batch=5 is not divisible", "multiple of micro_batch"),
         (["datasets=[{type: sft}]"], "config key `datasets[0].path` has no value", None),
         (["novalue"], "is not key.path=value", None),
+        # omegaconf names no key for a section set to a value: "config key ``: Merge error: int is not ..."
+        (["returns=3"], "command line: config key `returns` is a section, not a value", "returns.NAME="),
+        (["value={train: 3}"], "config key `value.train` is a section, not a value", "value.train.NAME="),
     ],
 )
 def test_bad_values_are_one_line_config_errors_naming_the_key(overrides, words, hint):
@@ -283,3 +286,20 @@ def test_one_bad_value_per_section_through_portable_run(tmp_path, capsys, overri
     assert len(lines) <= 2 and (len(lines) == 1 or lines[1].startswith("hint: ")), err
     assert "Traceback" not in err
     assert not out.exists()
+
+
+def test_a_config_without_recipe_says_it_was_read_as_recaps_when_a_key_is_unknown(tmp_path):
+    from reproduction.run.resolve import load_run_config
+
+    unnamed, named = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    unnamed.write_text("data: x\n")
+    named.write_text("recipe: recap\ndata: x\n")
+    with pytest.raises(ConfigError) as err:
+        load_run_config([unnamed], [], bundle=None, run_dir=tmp_path / "run")
+    assert err.value.hint == (
+        "did you mean `datasets`?; the config names no `recipe:`, so it was read as RECAP's: add `recipe: NAME` for "
+        "another recipe"
+    )
+    with pytest.raises(ConfigError) as err:
+        load_run_config([named], [], bundle=None, run_dir=tmp_path / "run")
+    assert err.value.hint == "did you mean `datasets`?"

@@ -153,8 +153,32 @@ def merged_config(
         try:
             merged = OmegaConf.merge(merged, layer)
         except Exception as exc:
+            section = _section_given_a_value(merged, layer)
+            if section is not None:  # omegaconf names no key for it ("config key ``: Merge error: ...")
+                src = f"{where}: " if where != "placeholders" else ""
+                raise ConfigError(
+                    f"{src}config key `{section}` is a section, not a value",
+                    field=section,
+                    hint=f"set its fields ({section}.NAME=...; docs/config.md lists them)",
+                ) from None
             raise _config_error(exc, merged, where=where) from None
     return merged
+
+
+def _section_given_a_value(merged: Any, layer: Any, prefix: str = "") -> str | None:
+    """The dotted key of the first section of `merged` that `layer` sets to a plain value (`returns: 5`)."""
+    from omegaconf import DictConfig
+
+    for key in layer.keys():
+        mine, theirs = merged.get(key) if isinstance(merged, DictConfig) else None, layer.get(key)
+        dotted = f"{prefix}{key}"
+        if isinstance(mine, DictConfig) and theirs is not None and not isinstance(theirs, DictConfig):
+            return dotted
+        if isinstance(mine, DictConfig) and isinstance(theirs, DictConfig):
+            found = _section_given_a_value(mine, theirs, f"{dotted}.")
+            if found is not None:
+                return found
+    return None
 
 
 def _load_yaml(path: Path) -> Any:

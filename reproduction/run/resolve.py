@@ -104,5 +104,23 @@ def load_run_config(files: list[Any], overrides: list[str], *, bundle: Any, run_
 
     name = recipe_name(files, overrides)
     recipe = resolve_recipe(name)
-    config = load_config(files, overrides, bundle=bundle, run_dir=run_dir, schema=recipe_schema(recipe))
+    try:
+        config = load_config(files, overrides, bundle=bundle, run_dir=run_dir, schema=recipe_schema(recipe))
+    except ConfigError as exc:
+        if "unknown config key" in exc.message:
+            named = any("recipe" in _yaml_keys(f) for f in files) or any(o.startswith("recipe=") for o in overrides)
+            if not named:  # the user may not know a config without `recipe:` is read as RECAP's
+                exc.hint = (f"{exc.hint}; " if exc.hint else "") + (
+                    "the config names no `recipe:`, so it was read as RECAP's: add `recipe: NAME` for another recipe"
+                )
+        raise
     return name, recipe, config
+
+
+def _yaml_keys(path: Any) -> list[str]:
+    from omegaconf import OmegaConf
+
+    try:
+        return [str(k) for k in OmegaConf.load(path).keys()]
+    except Exception:  # noqa: BLE001 - only a hint depends on it
+        return []
