@@ -565,7 +565,9 @@ def _from_os_error(exc: OSError) -> PortableError:
     op = "read" if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ELOOP) else "write"
     if exc.errno in DISK_FULL_ERRNOS and exc.filename is not None:  # where it happened is already named
         return os_error(exc, "a file", op=op)
-    return os_error(exc, "a file", op=op, hint="rerun with --debug to see where it happened")
+    raised_at = _raised_outside(exc)  # an out-of-tree recipe's own file access: say where in its code
+    where = f"raised at {raised_at}, outside recap-portable; " if raised_at else ""
+    return os_error(exc, "a file", op=op, hint=f"{where}rerun with --debug to see where it happened")
 
 
 PATH_ARGUMENTS = (

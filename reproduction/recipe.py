@@ -101,6 +101,8 @@ class Recipe:
     """Free-form recipe data its stage functions may read."""
 
     def __post_init__(self) -> None:
+        if not self.stages:
+            raise ConfigError(f"recipe {self.name}: it declares no stages", field="stages", hint="give it a StageSpec")
         seen: set[str] = set()
         for st in self.stages:
             if not isinstance(st.name, str) or not STAGE_NAME.fullmatch(st.name):

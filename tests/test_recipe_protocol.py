@@ -316,3 +316,25 @@ def test_a_stage_whose_upstream_was_redone_in_an_earlier_run_is_redone_on_resume
     report = run_recipe(two, Cfg(train=Train(lr=0.7)), run, RunOptions(resume=True, recorder=make_recorder(None)))
     assert [(s.name, s.action) for s in report.stages] == [("first", "skipped"), ("second", "ran")]
     assert verify_lineage(run).exit_code == 0
+
+
+def test_a_recipe_without_stages_is_refused():
+    with pytest.raises(ConfigError, match="recipe empty: it declares no stages"):
+        Recipe(name="empty", stages=())
+
+
+def test_an_os_error_raised_in_the_users_code_names_where(monkeypatch, capsys, tmp_path):
+    """An OSError from a recipe's own file access was "cannot read a file ...; rerun with --debug" (exit 3) with no
+    word of whose code read it."""
+    from reproduction import portable
+
+    def reads_a_missing_file(args):
+        open(tmp_path / "absent.txt").read()  # noqa: SIM115 - the user's code, as it might be written
+
+    monkeypatch.setattr(portable, "cmd_verify", reads_a_missing_file)
+    assert portable.main(["verify", str(tmp_path)]) == 3
+    err = capsys.readouterr().err.splitlines()
+    assert "absent.txt" in err[0]
+    assert (
+        err[1].startswith(f"hint: raised at {__file__}:") and "(reads_a_missing_file), outside recap-portable" in err[1]
+    )

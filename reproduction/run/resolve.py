@@ -65,7 +65,8 @@ def resolve_recipe(name: str) -> Recipe:
         ) from None
     obj = getattr(mod, attr, None)
     if not isinstance(obj, Recipe):
-        got = "nothing" if obj is None else f"a {type(obj).__name__}"
+        kind = type(obj).__name__
+        got = "nothing" if obj is None else f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
         raise ConfigError(
             f"recipe: {name!r} names {got}, not a Recipe (reproduction.recipe.Recipe)",
             field="recipe",
