@@ -338,3 +338,26 @@ def test_an_os_error_raised_in_the_users_code_names_where(monkeypatch, capsys, t
     assert (
         err[1].startswith(f"hint: raised at {__file__}:") and "(reads_a_missing_file), outside recap-portable" in err[1]
     )
+
+
+def test_a_stop_after_the_statement_leaves_the_stage_to_redo_not_complete_without_a_statement(tmp_path):
+    """The kill sweep's window: run.json said `complete` before the lineage statement was written, so a kill between
+    the two left a complete stage with no statement that no --resume wrote again (lineage --verify: exit 11). The
+    statement now comes first; a stop right after it leaves the stage not complete, and --resume redoes it."""
+    record = make_recorder(None)
+    calls = []
+
+    def record_then_stop(rec):
+        record(rec)
+        calls.append(rec.stage)
+        if rec.stage == "second":
+            raise KeyboardInterrupt  # what a kill at this moment leaves on disk, less the running record's status
+
+    two = recipe(spec(), spec("second", needs=("first",)))
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        run_recipe(two, Cfg(), run, RunOptions(recorder=record_then_stop))
+    assert (run / "lineage" / "second.intoto.json").is_file() and _status(run, "second")["status"] == "interrupted"
+    report = run_recipe(two, Cfg(), run, RunOptions(resume=True, recorder=make_recorder(None)))
+    assert [(s.name, s.action) for s in report.stages] == [("first", "skipped"), ("second", "ran")]
+    assert verify_lineage(run).exit_code == 0

@@ -813,7 +813,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         upstream_digests = {n: outputs_digest(state["stages"][n]["outputs"]) for n in spec.needs}
         parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests, walk.free, walk.digests)
         key = digest(parts)
-    state["stages"][spec.name] = {
+    complete = {
         "status": "complete",
         "key": key,
         "key_parts": parts,
@@ -825,41 +825,61 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         "ended": ended,
         "seconds": seconds,
     }
+    if opts.recorder is not None:  # the statement before the record: a kill between them leaves a stage to redo,
+        try:  # not a complete stage without its statement that no --resume would write again
+            _record_lineage(walk, spec, action, output, outputs, parts, started, ended)
+        except BaseException as exc:
+            _record_stop(run_dir, state, spec.name, rec if action == "continue" else None, exc)
+            raise
+    state["stages"][spec.name] = complete
     _write_state(run_dir, state)
-    if opts.recorder is not None:
-        opts.recorder(
-            StageRecord(
-                run_id=state["run_id"],
-                run_dir=run_dir,
-                stage=spec.name,
-                status="complete",
-                action=action,
-                subjects={os.path.normpath(f"{spec.name}/{rel}"): v[2] for rel, v in outputs.items()},
-                materials=parts,
-                config=walk.plain,
-                argv=list(opts.argv),
-                started=started,
-                ended=ended,
-                resumed_from=output.resumed_from,
-                summary=output.summary,
-                inputs=walk.inputs if spec.inputs else {},
-                upstream_files={
-                    os.path.normpath(f"{n}/{rel}"): v[2]
-                    for n in spec.needs
-                    for rel, v in state["stages"][n]["outputs"].items()
-                },
-                input_files={
-                    path: parts["files"][k] for k, path in input_files(spec, walk.plain).items() if path is not None
-                },
-                weight_files=weight_files(spec, walk.plain),
-                world_size=output.world_size,
-                device=output.device,
-                resumed_from_path=output.resumed_from_path,
-                digests=walk.digests,
-            )
-        )
     return StageReport(
         name=spec.name, action="continued" if action == "continue" else "ran", seconds=seconds, output=output
+    )
+
+
+def _record_lineage(
+    walk: _Walk,
+    spec: StageSpec,
+    action: str,
+    output: StageOutput,
+    outputs: dict[str, list],
+    parts: dict,
+    started: float,
+    ended: float,
+) -> None:
+    """The stage's lineage statement, through the run's recorder (RunOptions.recorder)."""
+    run_dir, state, opts = walk.run_dir, walk.state, walk.opts
+    opts.recorder(
+        StageRecord(
+            run_id=state["run_id"],
+            run_dir=run_dir,
+            stage=spec.name,
+            status="complete",
+            action=action,
+            subjects={os.path.normpath(f"{spec.name}/{rel}"): v[2] for rel, v in outputs.items()},
+            materials=parts,
+            config=walk.plain,
+            argv=list(opts.argv),
+            started=started,
+            ended=ended,
+            resumed_from=output.resumed_from,
+            summary=output.summary,
+            inputs=walk.inputs if spec.inputs else {},
+            upstream_files={
+                os.path.normpath(f"{n}/{rel}"): v[2]
+                for n in spec.needs
+                for rel, v in state["stages"][n]["outputs"].items()
+            },
+            input_files={
+                path: parts["files"][k] for k, path in input_files(spec, walk.plain).items() if path is not None
+            },
+            weight_files=weight_files(spec, walk.plain),
+            world_size=output.world_size,
+            device=output.device,
+            resumed_from_path=output.resumed_from_path,
+            digests=walk.digests,
+        )
     )
 
 
