@@ -123,3 +123,27 @@ def refuse_file_for_folder(path: str | os.PathLike[str], *, hint: str) -> None:
     if probe.exists() and not probe.is_dir():
         inside = "" if probe == given.absolute() else f"cannot create {given}: "
         raise InputNotFoundError(f"{inside}{probe if inside else given} is a file, not a folder", path=given, hint=hint)
+
+
+def remove_orphaned_staging(folder: Path, stem: str) -> list[Path]:
+    """Remove the `folder/<stem>.<pid>.partial` staging folders whose process is gone (a SIGKILL skips the `finally`
+    that removes its own) and return them; a live process's (another run's, or this one's) is left alone."""
+    import shutil
+
+    removed = []
+    for path in Path(folder).glob(f"{stem}.*.partial"):
+        pid = path.name[len(stem) + 1 : -len(".partial")]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True

@@ -36,3 +36,20 @@ def test_failed_write_keeps_old_file_and_leaves_no_temp(tmp_path: Path, monkeypa
         atomic_write_bytes(target, b"new")
     assert target.read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.bin"]
+
+
+def test_orphaned_staging_folders_of_dead_processes_are_removed_live_ones_kept(tmp_path):
+    """A SIGKILL during a stage's tokenizer setup left <stage>/.tokenizer.<pid>.partial/ for good (the kill sweep)."""
+    import subprocess
+    import sys
+
+    from reproduction.fsio import remove_orphaned_staging
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = tmp_path / f".tokenizer.{int(dead.stdout)}.partial"
+    mine = tmp_path / f".tokenizer.{os.getpid()}.partial"
+    other = tmp_path / ".cache.123.partial"
+    for folder in (gone, mine, other):
+        (folder / "sub").mkdir(parents=True)
+    assert remove_orphaned_staging(tmp_path, ".tokenizer") == [gone]
+    assert not gone.exists() and mine.is_dir() and other.is_dir()

@@ -19,7 +19,7 @@ import numpy as np
 
 from reproduction.config_fields import resume_free_fields
 from reproduction.errors import CheckpointError
-from reproduction.fsio import atomic_write_text
+from reproduction.fsio import atomic_write_text, remove_orphaned_staging
 from reproduction.recap.policy.config import ARRAYS_NAME, EXPORT_FORMAT, SETUP_NAME, PolicyConfig, check_mode
 from reproduction.train.config import RESUME_KEY_FIELDS
 
@@ -52,6 +52,7 @@ def prepare_policy_setup(
     staging = out_dir / f".tokenizer.{os.getpid()}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     out_dir.mkdir(parents=True, exist_ok=True)
+    remove_orphaned_staging(out_dir, ".tokenizer")  # a killed run's (its `finally` never ran)
     try:
         tok = _tokenizer(config, arrays.tasks, staging)
         if config.preset == "pi05":

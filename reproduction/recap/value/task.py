@@ -25,7 +25,7 @@ import numpy as np
 
 from reproduction.config_fields import resume_free_fields
 from reproduction.errors import CheckpointError, ConfigError
-from reproduction.fsio import atomic_write_text
+from reproduction.fsio import atomic_write_text, remove_orphaned_staging
 from reproduction.recap.normalize import ReturnRange
 from reproduction.recap.value.config import ValueConfig, ValueSource, check_value_sources
 from reproduction.recap.value.crossfit import CrossFitPlan, split_folds
@@ -133,6 +133,7 @@ def prepare_value_setup(
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = out_dir / f".tokenizer.{os.getpid()}.partial"
     shutil.rmtree(staging, ignore_errors=True)
+    remove_orphaned_staging(out_dir, ".tokenizer")  # a killed run's (its `finally` never ran)
     try:
         setup = _resolve_setup(
             config, sources, eval_sources, frames, staging, final_tokenizer_dir=out_dir / "tokenizer", datasets=datasets
