@@ -253,12 +253,12 @@ def to_plain(config: Any) -> Any:
     return config
 
 
-def select(plain: dict[str, Any], dotted: str) -> Any:
-    """plain[a][b] for "a.b" (None when absent)."""
+def select(plain: dict[str, Any], dotted: str, default: Any = None) -> Any:
+    """plain[a][b] for "a.b" (`default` when absent)."""
     node: Any = plain
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
-            return None
+            return default
         node = node[part]
     return node
 

@@ -292,13 +292,11 @@ def declaration_problems(recipe: Recipe, plain: Any) -> list[ConfigError]:
     return problems
 
 
+_ABSENT = object()
+
+
 def _has_key(plain: dict[str, Any], dotted: str) -> bool:
-    node: Any = plain
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
+    return select(plain, dotted, _ABSENT) is not _ABSENT
 
 
 def _exempt(spec: StageSpec, config: dict[str, Any], free: Sequence[str] = ()) -> dict[str, Any]:
