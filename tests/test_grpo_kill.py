@@ -169,9 +169,15 @@ def test_kill_nine_during_rl_then_resume_gives_the_same_evidence_and_weights(wor
     history.append("killed inside the step-4 checkpoint save")
 
     # 2. and 3. at random moments of what is left of the rl stage: after step k (at < k < STEPS) and a fraction
-    for _ in range(2):
+    for kill in range(2):
         at = _newest_checkpoint(run)
-        step, fraction = rng.randint(at + 1, STEPS - 1), round(rng.uniform(0.05, 0.95), 3)
+        # The first leaves room for the second: a kill planned late in step k can land after checkpoint k + 1 (CI
+        # drew step 7 of 8, the kill came after checkpoint 8, and the second had no step left: randint(9, 7)).
+        last = STEPS - 3 if kill == 0 else STEPS - 1
+        if at + 1 > last:
+            history.append(f"resumed from step {at}: no step left for another kill")
+            break
+        step, fraction = rng.randint(at + 1, last), round(rng.uniform(0.05, 0.95), 3)
         outcome = _kill_in_rl(_cmd(bundle, run, "--resume"), run, step, fraction, step_s, log)
         history.append(
             f"resumed from step {at}, {outcome} {fraction} of a step after step {step} "
