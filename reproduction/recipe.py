@@ -203,10 +203,13 @@ class StageContext:
         return self.ray_cluster() if workers_need_ray else self.ray_address
 
 
-def resolve_fn(ref: str) -> Callable[..., Any]:
-    """Import "module:function"."""
+def resolve_fn(
+    ref: str, *, what: str = "recipe function", key: str = "fn", hint: str | None = None
+) -> Callable[..., Any]:
+    """Import "module:name"; ConfigError "`what` `ref` cannot be loaded: why" (its field `key`, `hint`) when it
+    cannot."""
     module, _, name = ref.partition(":")
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"recipe function {ref!r} cannot be loaded: {exc}", field="fn") from None
+        raise ConfigError(f"{what} {ref!r} cannot be loaded: {exc}", field=key, hint=hint) from None

@@ -96,10 +96,10 @@ def cmd_run(args: Any) -> int:
             field=bad[0],
             hint="write config overrides as key.path=value (see docs/config.md)",
         )
-    from reproduction.release.verify import RUNS_DIR
-
-    runs = bundle / RUNS_DIR if bundle is not None else None
     if bundle is not None and (Path(args.output) == bundle or bundle in Path(args.output).parents):
+        from reproduction.release.verify import RUNS_DIR
+
+        runs = bundle / RUNS_DIR
         if runs not in Path(args.output).parents:  # BUNDLE/runs/ is the one place verify and restore leave to runs
             from reproduction.errors import RunStateError
 

@@ -28,11 +28,19 @@ DEFAULT_RECIPE = "recap"
 """The recipe of a config (and a run folder) that names none: every run before recipes had names was RECAP."""
 
 
+_UNNAMED = object()
+
+
 def recipe_name(files: list[Path] | None, overrides: list[str] | None) -> str:
-    """The recipe a config names: the last `recipe` of the YAML files and the `recipe=...` overrides, else
-    DEFAULT_RECIPE. Read before the schema is known (the recipe brings its schema); ConfigError naming
-    `recipe` when the value is not a non-empty string."""
-    value: Any = DEFAULT_RECIPE
+    """The recipe a config names (`given_recipe`), else DEFAULT_RECIPE."""
+    return given_recipe(files, overrides) or DEFAULT_RECIPE
+
+
+def given_recipe(files: list[Path] | None, overrides: list[str] | None) -> str | None:
+    """The recipe a config names: the last `recipe` of the YAML files and the `recipe=...` overrides; None when
+    none does. Read before the schema is known (the recipe brings its schema); ConfigError naming `recipe` when
+    the value is not a non-empty string."""
+    value: Any = _UNNAMED  # not None: `recipe: null` is a bad name, not an absent one
     for path in files or []:
         node = _load_yaml(Path(path))
         if RECIPE_KEY in node:
@@ -41,6 +49,8 @@ def recipe_name(files: list[Path] | None, overrides: list[str] | None) -> str:
         key, sep, text = item.partition("=")
         if sep and key.strip() == RECIPE_KEY:
             value = text.strip()
+    if value is _UNNAMED:
+        return None
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(
             f"recipe: {value!r} is not a recipe name",

@@ -83,15 +83,12 @@ def recipe_schema(recipe: Recipe) -> type:
             field="recipe",
             hint="set Recipe(config_schema='module:ConfigClass') in the recipe",
         )
-    try:
-        return resolve_fn(recipe.config_schema)
-    except ConfigError as exc:
-        cause = exc.message.partition("cannot be loaded: ")[2]
-        raise ConfigError(
-            f"recipe {recipe.name!r}: config_schema {recipe.config_schema!r} cannot be loaded: {cause}",
-            field="config_schema",
-            hint="point the recipe's config_schema at an importable 'module:Class' (a dataclass)",
-        ) from None
+    return resolve_fn(
+        recipe.config_schema,
+        what=f"recipe {recipe.name!r}: config_schema",
+        key="config_schema",
+        hint="point the recipe's config_schema at an importable 'module:Class' (a dataclass)",
+    )
 
 
 def _line(exc: BaseException) -> str:
@@ -101,27 +98,17 @@ def _line(exc: BaseException) -> str:
 def load_run_config(files: list[Any], overrides: list[str], *, bundle: Any, run_dir: Any) -> tuple[str, Recipe, Any]:
     """(recipe name as the config gives it, the Recipe, the typed config): the name read first (run/config.py's
     `recipe_name`), then the config loaded into the recipe's schema."""
-    from reproduction.run.config import load_config, recipe_name
+    from reproduction.run.config import DEFAULT_RECIPE, given_recipe, load_config
 
-    name = recipe_name(files, overrides)
+    given = given_recipe(files, overrides)
+    name = given or DEFAULT_RECIPE
     recipe = resolve_recipe(name)
     try:
         config = load_config(files, overrides, bundle=bundle, run_dir=run_dir, schema=recipe_schema(recipe))
     except ConfigError as exc:
-        if "unknown config key" in exc.message:
-            named = any("recipe" in _yaml_keys(f) for f in files) or any(o.startswith("recipe=") for o in overrides)
-            if not named:  # the user may not know a config without `recipe:` is read as RECAP's
-                exc.hint = (f"{exc.hint}; " if exc.hint else "") + (
-                    "the config names no `recipe:`, so it was read as RECAP's: add `recipe: NAME` for another recipe"
-                )
+        if given is None and "unknown config key" in exc.message:  # a config without `recipe:` is read as RECAP's
+            exc.hint = (f"{exc.hint}; " if exc.hint else "") + (
+                "the config names no `recipe:`, so it was read as RECAP's: add `recipe: NAME` for another recipe"
+            )
         raise
     return name, recipe, config
-
-
-def _yaml_keys(path: Any) -> list[str]:
-    from omegaconf import OmegaConf
-
-    try:
-        return [str(k) for k in OmegaConf.load(path).keys()]
-    except Exception:  # noqa: BLE001 - only a hint depends on it
-        return []

@@ -11,8 +11,9 @@ A stage's key is the sha256 of its key parts: the config subsets it reads (minus
 fingerprints of the opened inputs, the output digests of the stages it needs, and the source digests
 of its code modules. With `resume`: a complete stage whose key and outputs match is skipped; one the
 run was killed in continues (training stages from their newest complete checkpoint, others redone);
-one whose key changed is refused with the differing parts named, unless the change comes from an
-upstream stage redone in this invocation (then it is redone). `restart` redoes named stages.
+one whose key changed is refused with the differing parts named, unless the change is only in the digests of
+upstream stages (redone in this invocation or an earlier one: then it is redone). `restart` redoes the named
+stages and every stage downstream of them.
 run.json is written atomically after every state change, so a kill leaves a consistent record.
 """
 
@@ -197,13 +198,13 @@ def module_digest(name: str, digests: DigestCache | None = None) -> str:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):  # a parent package that does not exist, or a malformed name
             spec = None
-        origin = spec.origin if spec is not None else None
         if spec is None:
             raise ConfigError(
                 f"code module {name!r} a stage declares (StageSpec.code) cannot be found",
                 field="code",
                 hint="name importable modules whose source the stage's outputs depend on, or fix the recipe's spelling",
             )
+        origin = spec.origin
     if not origin or not os.path.isfile(origin):
         return "absent"  # a namespace package or a built-in module: no source to pin
     return (digests or DigestCache()).file(Path(origin))
@@ -617,7 +618,7 @@ class _Walk:
     """The run's one Ray (a local one started lazily, or the joined --ray-address), closed when the walk ends."""
     done: dict[str, StageOutput] = field(default_factory=dict)
     redone: set[str] = field(default_factory=set)
-    """Stages that ran or continued in this invocation (their dependents follow them)."""
+    """Stages that ran or continued in this invocation (the config and the report are written again after them)."""
     restarted: set[str] = field(default_factory=set)
     """The stages --restart-stage names and those downstream of them: redone whatever changed in their keys."""
     reports: list[StageReport] = field(default_factory=list)
