@@ -243,6 +243,22 @@ def test_a_failed_target_step_leaves_the_complete_record_as_it_was(tmp_path):
     assert _run(run, ToyConfig(count=ToySection(repeat=4)), recipe=TRAINED, resume=True) == [("count", "skipped")]
 
 
+def test_a_target_step_at_or_below_the_steps_trained_says_so_and_trains_nothing(tmp_path, capsys):
+    run = tmp_path / "run"
+    _run(run, ToyConfig(count=ToySection(repeat=4)), recipe=TRAINED)
+    state = (run / "run.json").read_bytes()
+    capsys.readouterr()
+    for target in (2, 4):
+        got = _run(run, ToyConfig(count=ToySection(repeat=4)), recipe=TRAINED, target_step=target)
+        assert got == [("count", "skipped")]
+        assert capsys.readouterr().err == (
+            f"count: trained 4 steps already, --target-step {target} asks for no more; skipped (a trained stage is "
+            "not cut back: --restart-stage trains it anew)\n"
+        )
+    assert (run / "run.json").read_bytes() == state
+    assert (run / "count" / "model.txt").read_text() == "trained 4 steps\n"
+
+
 def test_resume_with_fewer_steps_than_trained_is_refused_naming_both(tmp_path):
     run = tmp_path / "run"
     four = ToyConfig(count=ToySection(repeat=4))

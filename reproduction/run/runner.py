@@ -775,6 +775,14 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         if rec.get("key") != key:  # recorded before a key became exempt: record today's key
             rec.update(key=key, key_parts=parts)
             _write_state(run_dir, state)
+        if spec.training and opts.target_step is not None:  # else --target-step below its steps says nothing
+            from reproduction.ui import say
+
+            say(
+                f"{spec.name}: trained {rec.get('step')} steps already, --target-step {opts.target_step} asks for "
+                "no more; skipped (a trained stage is not cut back: --restart-stage trains it anew)",
+                options=opts.ui,
+            )
         return StageReport(name=spec.name, action="skipped", seconds=0.0, output=_output_from_record(stage_dir, rec))
     if action == "fresh" and stage_dir.exists():  # cleared first: a `running` record never sees another key's files
         shutil.rmtree(stage_dir)
