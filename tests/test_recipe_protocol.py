@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 import os
 import subprocess
 import sys
@@ -56,6 +57,8 @@ def write(ctx: StageContext) -> StageOutput:
         (ctx.out_dir / "link.txt").symlink_to(target)
     if mode == "not_a_file":
         return StageOutput(files=[ctx.out_dir / "never-written.txt"])
+    if mode == "diverged":
+        return StageOutput(files=[out], summary={"loss": float("nan"), "curve": [1.0, float("inf")], "g": -math.inf})
     return StageOutput(files=[out], summary={"lr": ctx.config.train.lr})
 
 
@@ -114,6 +117,22 @@ def test_a_stage_that_breaks_the_protocol_is_exit_54_and_recorded_failed(tmp_pat
     # --resume with the stage mended runs it again
     report = run_recipe(recipe(), Cfg(mode="ok"), run, RunOptions(resume=True))
     assert [s.action for s in report.stages] == ["ran"] and _status(run)["status"] == "complete"
+
+
+def test_a_nan_in_a_summary_is_recorded_as_a_string_strict_json_readers_accept(tmp_path):
+    """Python writes NaN and Infinity as bare words that strict JSON readers refuse: a diverged loss made run.json
+    and the stage's lineage statement unreadable outside Python."""
+    run = tmp_path / "run"
+    report = run_recipe(recipe(), Cfg(mode="diverged"), run, RunOptions(recorder=make_recorder(None)))
+    want = {"loss": "nan", "curve": [1.0, "inf"], "g": "-inf"}
+    assert report.stages[0].output.summary == want
+
+    def strict(word: str):
+        raise AssertionError(f"{word} in a JSON file")
+
+    assert json.loads((run / "run.json").read_text(), parse_constant=strict)["stages"]["first"]["summary"] == want
+    statement = json.loads((run / "lineage" / "first.intoto.json").read_text(), parse_constant=strict)
+    assert "nan" in json.dumps(statement)
 
 
 def test_sys_exit_0_in_a_stage_is_not_the_commands_exit_code(tmp_path):

@@ -24,6 +24,7 @@ import hashlib
 import importlib.util
 import inspect
 import json
+import math
 import os
 import shutil
 import sys
@@ -925,7 +926,21 @@ def call_stage(spec: StageSpec, ctx: StageContext) -> StageOutput:
             stage=spec.name,
             hint="give the summary string keys and JSON values (numbers, strings, lists, dicts)",
         ) from None
+    output.summary = finite_json(output.summary)
     return output
+
+
+def finite_json(obj: Any) -> Any:
+    """`obj` with every NaN or infinite float as its string ("nan", "inf", "-inf"): Python writes them as the bare
+    words NaN and Infinity, which strict JSON readers (jq, a browser, most languages) refuse, so a diverged loss in
+    a summary would make run.json and the lineage statement unreadable outside Python."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else str(obj)
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(finite_json(v) for v in obj) if type(obj) in (list, tuple) else [finite_json(v) for v in obj]
+    return obj
 
 
 def _raised_at(exc: BaseException) -> str:
