@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from reproduction.data.scan import ordered_map, read_parquet, read_schema_names
+from reproduction.data.scan import ordered_map, read_parquet, read_schema_names, same_schema
 from reproduction.fsio import atomic_write_text
 
 if TYPE_CHECKING:
@@ -149,8 +149,10 @@ def dataset_fingerprint(ds: Dataset, known: dict[Path, tuple[int, int, str]] | N
             fresh[rels[got.path]] = [got.size, got.mtime_ns, digest]
         group.clear()
 
-    held = 0
+    held, first = 0, None
     for got in ordered_map(lambda path: read_parquet(path, cols), missing):
+        first = first or got
+        same_schema(first, got)
         group.append(got)
         held += got.table.num_rows
         if held >= DIGEST_ROWS:

@@ -106,37 +106,109 @@ def load_info(root: Path) -> DatasetInfo:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DatasetError(f"{path}: unreadable info.json ({exc})", path=path) from None
+        raise DatasetError(f"{path}: unreadable info.json ({exc})", path=path, hint=_INFO_HINT) from None
     return info_from_dict(raw, path=path)
 
 
 def info_from_dict(raw: dict[str, Any], *, path: Path | None = None) -> DatasetInfo:
-    """Validate an info.json document (version, fps, features) into a DatasetInfo."""
+    """Validate an info.json document (version, fps, features, counts) into a DatasetInfo.
+
+    Raises UnsupportedFormatError (exit 4) for another codebase_version and DatasetError (exit 40) naming the
+    field for a document of another shape: no mapping, `features` not a mapping of mappings with a dtype, `fps`
+    not a positive whole number, a count or `chunks_size` not a whole number."""
+    where = path or "info.json"
+    if not isinstance(raw, dict):
+        raise DatasetError(
+            f"{where}: the top level is a {type(raw).__name__}, not a mapping",
+            path=path,
+            hint=_INFO_HINT,
+        )
     version = raw.get("codebase_version")
     if version not in SUPPORTED_VERSIONS:
         raise UnsupportedFormatError(
-            f"{path or 'info.json'}: codebase_version {version!r} is not supported "
-            f"(supported: {', '.join(SUPPORTED_VERSIONS)})",
+            f"{where}: codebase_version {version!r} is not supported (supported: {', '.join(SUPPORTED_VERSIONS)})",
             path=path,
             field="codebase_version",
             hint="convert the dataset with lerobot's converter to v3.0",
         )
     for key in ("fps", "features"):
         if key not in raw:
-            raise DatasetError(f"{path or 'info.json'}: missing field {key!r}", path=path, field=key)
+            raise DatasetError(f"{where}: missing field {key!r}", path=path, field=key, hint=_INFO_HINT)
+    if not isinstance(raw["features"], dict) or not raw["features"]:
+        raise DatasetError(
+            f"{where}: `features` is {_shown(raw['features'])}, not a mapping of feature name to "
+            "{dtype, shape, names}",
+            path=path,
+            field="features",
+            hint=_INFO_HINT,
+        )
+    for name, ft in raw["features"].items():
+        if not isinstance(ft, dict) or not isinstance(ft.get("dtype"), str):
+            raise DatasetError(
+                f"{where}: feature {name!r} is {_shown(ft)}, not a mapping with a `dtype` string",
+                path=path,
+                field=f"features.{name}",
+                hint=_INFO_HINT,
+            )
     features = {k: dict(v) for k, v in raw["features"].items()}
+    fps = _whole(raw, "fps")
+    if fps is None or fps < 1:
+        raise DatasetError(
+            f"{where}: fps is {_shown(raw['fps'])}, not a positive whole number of frames per second",
+            path=path,
+            field="fps",
+            hint=_INFO_HINT,
+        )
+    counts = {key: _whole(raw, key) for key in ("total_episodes", "total_frames", "chunks_size")}
+    for key, value in counts.items():
+        if key in raw and (value is None or value < (1 if key == "chunks_size" else 0)):
+            raise DatasetError(
+                f"{where}: {key} is {_shown(raw[key])}, not a whole number"
+                + (" >= 1" if key == "chunks_size" else " >= 0"),
+                path=path,
+                field=key,
+                hint=_INFO_HINT,
+            )
+    for key in ("data_path", "video_path"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise DatasetError(
+                f"{where}: {key} is {_shown(raw[key])}, not a path template string",
+                path=path,
+                field=key,
+                hint=_INFO_HINT,
+            )
     default_data = V30_DATA_PATH if version == "v3.0" else V21_DATA_PATH
     default_video = V30_VIDEO_PATH if version == "v3.0" else V21_VIDEO_PATH
     has_video = any(ft.get("dtype") == "video" for ft in features.values())
     return DatasetInfo(
         codebase_version=version,
-        fps=int(raw["fps"]),
+        fps=fps,
         features=features,
         robot_type=raw.get("robot_type"),
-        total_episodes=int(raw.get("total_episodes", 0)),
-        total_frames=int(raw.get("total_frames", 0)),
-        chunks_size=int(raw.get("chunks_size", 1000)),
+        total_episodes=counts["total_episodes"] or 0,
+        total_frames=counts["total_frames"] or 0,
+        chunks_size=counts["chunks_size"] or 1000,
         data_path=raw.get("data_path") or default_data,
         video_path=(raw.get("video_path") or default_video) if has_video else raw.get("video_path"),
         raw=raw,
     )
+
+
+_INFO_HINT = "meta/info.json is the header lerobot writes: fix the field, or export or convert the dataset again"
+
+
+def _whole(raw: dict[str, Any], key: str) -> int | None:
+    """raw[key] as an int when it is a whole number (30 or 30.0; not True, "30" or 29.97); None otherwise or absent."""
+    value = raw.get(key)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (str, int, float, list, dict, type(None))) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

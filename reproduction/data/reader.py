@@ -43,7 +43,7 @@ from reproduction.data.info import (
     DatasetInfo,
     load_info,
 )
-from reproduction.data.scan import FileRead, ordered_map, read_metadata, read_parquet, read_schema_names
+from reproduction.data.scan import FileRead, ordered_map, read_metadata, read_parquet, read_schema_names, same_schema
 from reproduction.errors import DatasetError, InputNotFoundError
 
 OPTIONAL_KEY_COLUMNS = ("is_success",)
@@ -120,6 +120,52 @@ class Dataset:
     def name(self) -> str:
         return self.root.name
 
+    def check_counts(self, episode_ids: np.ndarray, frames_per_episode: np.ndarray) -> None:
+        """DatasetError (exit 40) when the frames the data files hold (each episode's id and frame count, as a
+        full read found them) disagree with the dataset's own header: meta/info.json's total_frames and
+        total_episodes (where it states them) or the episode table's episodes and lengths. lerobot and RLinf
+        take a dataset's length from total_frames and episode boundaries from the episode table, so on such a
+        dataset they would read other frames than the ones the data files hold."""
+        info, where = self.info.raw, self.root / "meta"
+        total = int(frames_per_episode.sum())
+        problems = []
+        if isinstance(info.get("total_frames"), int) and info["total_frames"] != total:
+            problems.append(f"info.json says total_frames {info['total_frames']}, the data files hold {total}")
+        if isinstance(info.get("total_episodes"), int) and info["total_episodes"] != self.num_episodes:
+            problems.append(
+                f"info.json says total_episodes {info['total_episodes']}, the episode table lists {self.num_episodes}"
+            )
+        table_ids = self.episodes.column("episode_index").to_numpy().astype(np.int64)
+        lengths = self.episodes.column("length").to_numpy().astype(np.int64)
+        order = np.argsort(table_ids, kind="stable")
+        table_ids, lengths = table_ids[order], lengths[order]
+        if table_ids.size > 1 and (dup := table_ids[1:][np.diff(table_ids) == 0]).size:
+            problems.append(f"the episode table lists episode {int(dup[0])} twice")
+        missing = np.setdiff1d(episode_ids, table_ids)
+        if missing.size:
+            shown = ", ".join(str(int(e)) for e in missing[:5]) + (" ..." if missing.size > 5 else "")
+            problems.append(f"the data files hold {missing.size} episode(s) the episode table lacks ({shown})")
+        absent = np.setdiff1d(table_ids, episode_ids)
+        if absent.size:
+            shown = ", ".join(str(int(e)) for e in absent[:5]) + (" ..." if absent.size > 5 else "")
+            problems.append(f"the episode table lists {absent.size} episode(s) with no frames in the data ({shown})")
+        common, at_data, at_table = np.intersect1d(episode_ids, table_ids, assume_unique=False, return_indices=True)
+        wrong = frames_per_episode[at_data] != lengths[at_table]
+        if wrong.any():
+            k = int(np.flatnonzero(wrong)[0])
+            problems.append(
+                f"{int(wrong.sum())} episode(s) of another length in the data than in the episode table (episode "
+                f"{int(common[k])}: {int(frames_per_episode[at_data][k])} frames, the table says "
+                f"{int(lengths[at_table][k])})"
+            )
+        if problems:
+            raise DatasetError(
+                f"{where}: the dataset's header disagrees with its data files: " + "; ".join(problems),
+                path=where,
+                hint="the dataset was edited or copied in part: copy or export it again whole (lerobot and RLinf "
+                "would read other frames than these)",
+            )
+
     @property
     def fingerprint(self) -> str:
         """Digest of info.json, the episode index and the per-frame key columns (stat-cached per file;
@@ -183,8 +229,11 @@ class Dataset:
             counts.extend(rows.tolist())
             return (table.select(cols) if read_cols != cols else table), rows
 
+        first: FileRead | None = None
         try:
             for got in ordered_map(lambda path: read_parquet(path, read_cols), self.data_files):
+                first = first or got
+                same_schema(first, got)
                 pending.append(got)
                 held += got.table.num_rows
                 if held >= min_rows:
@@ -391,7 +440,17 @@ def _load_tasks(root: Path, version: str) -> dict[int, str]:
         path = root / V21_TASKS_PATH
         if not path.is_file():
             raise InputNotFoundError(f"{path}: missing", path=path, hint="copy the dataset's meta/ folder")
-        return {int(d["task_index"]): str(d["task"]) for d in _read_jsonl(path)}
+        tasks = {}
+        for n, rec in enumerate(_read_jsonl(path), 1):
+            index, task = (rec.get("task_index"), rec.get("task")) if isinstance(rec, dict) else (None, None)
+            if not isinstance(index, int) or isinstance(index, bool) or not isinstance(task, str):
+                raise DatasetError(
+                    f"{path}: task line {n} is not {{task_index: whole number, task: string}}",
+                    path=path,
+                    hint="meta/tasks.jsonl is damaged or from another dataset: copy or export its meta/ again",
+                )
+            tasks[index] = task
+        return tasks
     path = root / V30_TASKS_PATH
     if not path.is_file():
         raise InputNotFoundError(f"{path}: missing", path=path, hint="copy the dataset's meta/ folder")
@@ -402,7 +461,11 @@ def _load_tasks(root: Path, version: str) -> dict[int, str]:
         if pa.types.is_string(table.schema.field(n).type) or pa.types.is_large_string(table.schema.field(n).type)
     ]
     if "task_index" not in table.column_names or not text_cols:
-        raise DatasetError(f"{path}: expected a task_index column and the task strings", path=path)
+        raise DatasetError(
+            f"{path}: expected a task_index column and the task strings",
+            path=path,
+            hint="meta/tasks.parquet is damaged or from another dataset: copy or export the dataset's meta/ again",
+        )
     col = "task" if "task" in text_cols else text_cols[0]  # pandas writes its index as __index_level_0__
     return dict(zip(table.column("task_index").to_pylist(), table.column(col).to_pylist()))
 
@@ -413,10 +476,20 @@ def _load_episodes(root: Path, version: str) -> pa.Table:
         if not path.is_file():
             raise InputNotFoundError(f"{path}: missing", path=path, hint="copy the dataset's meta/ folder")
         recs = list(_read_jsonl(path))
+        for n, rec in enumerate(recs, 1):
+            for key in ("episode_index", "length"):
+                value = rec.get(key) if isinstance(rec, dict) else None
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise DatasetError(
+                        f"{path}: episode line {n} has {key} {value!r}, not a whole number >= 0",
+                        path=path,
+                        field=key,
+                        hint=_EPISODES_HINT,
+                    )
         return pa.table(
             {
-                "episode_index": pa.array([int(r["episode_index"]) for r in recs], pa.int64()),
-                "length": pa.array([int(r["length"]) for r in recs], pa.int64()),
+                "episode_index": pa.array([r["episode_index"] for r in recs], pa.int64()),
+                "length": pa.array([r["length"] for r in recs], pa.int64()),
             }
         )
     files = sorted((root / "meta" / "episodes").glob("*/*.parquet"))
@@ -429,8 +502,28 @@ def _load_episodes(root: Path, version: str) -> pa.Table:
     tables = []
     for f in files:
         names = [n for n in read_schema_names(f) if not n.startswith("stats/")]
-        tables.append(read_parquet(f, names).table)
-    return pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
+        table = read_parquet(f, names).table
+        for key in ("episode_index", "length"):
+            if key not in names or not pa.types.is_integer(table.schema.field(key).type):
+                what = "no column" if key not in names else f"a {table.schema.field(key).type} column"
+                raise DatasetError(
+                    f"{f}: {what} {key} (an episode table has integer episode_index and length)",
+                    path=f,
+                    field=key,
+                    hint=_EPISODES_HINT,
+                )
+        tables.append(table)
+    try:
+        return pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise DatasetError(
+            f"{root / 'meta/episodes'}: its files' columns do not fit together ({str(exc).splitlines()[0]})",
+            path=root / "meta/episodes",
+            hint=_EPISODES_HINT,
+        ) from None
+
+
+_EPISODES_HINT = "the episode table is damaged or from another dataset: copy or export the dataset's meta/ again"
 
 
 def _read_jsonl(path: Path) -> Iterator[dict]:

@@ -79,12 +79,47 @@ def read_parquet(path: Path, columns: Sequence[str] | None = None) -> FileRead:
                 source = str(path)
             pf = pq.ParquetFile(source, pre_buffer=True)
             cols = None if columns is None else list(columns)
+            if cols is not None:  # pyarrow leaves out an asked-for column the file lacks, without a word
+                _require_columns(path, cols, pf.schema_arrow.names)
             table = pf.read_row_groups(range(pf.num_row_groups), columns=cols, use_threads=False)
     except FileNotFoundError:
         raise InputNotFoundError(f"{path}: missing", path=path, hint="copy the dataset's data/ folder again") from None
     except (pa.ArrowException, OSError) as exc:
         raise parquet_error(path, exc) from None
     return FileRead(path=path, table=table, size=st.st_size, mtime_ns=st.st_mtime_ns)
+
+
+def _require_columns(path: Path, columns: Sequence[str], names: Sequence[str]) -> None:
+    missing = [c for c in columns if c not in set(names)]
+    if missing:
+        raise DatasetError(
+            f"{path}: no column(s) {', '.join(missing)}",
+            path=path,
+            field=missing[0],
+            hint="every data file of a dataset has the same columns: export or convert the dataset again "
+            f"(this file has: {', '.join(names)})",
+        )
+
+
+def same_schema(first: FileRead, got: FileRead) -> None:
+    """DatasetError (exit 40) naming `got` and each column whose type differs from `first`'s: files of one
+    dataset are read as one table, and pyarrow's own refusal names neither file nor column."""
+    if got.table.schema.equals(first.table.schema):
+        return
+    theirs = {f.name: f.type for f in first.table.schema}
+    diffs = [
+        f"{f.name} is {f.type} here, {theirs[f.name]} in {'/'.join(first.path.parts[-3:])}"
+        for f in got.table.schema
+        if f.name in theirs and f.type != theirs[f.name]
+    ]
+    order = [f.name for f in got.table.schema] != list(theirs)
+    raise DatasetError(
+        f"{got.path}: "
+        + ("; ".join(diffs) if diffs else f"its columns differ from {first.path}'s")
+        + (" (and the column order differs)" if diffs and order else ""),
+        path=got.path,
+        hint="every data file of a dataset has the same column types: export or convert the dataset again",
+    )
 
 
 def read_metadata(path: Path) -> pq.FileMetaData:

@@ -219,7 +219,12 @@ def compute_returns_table(
     else:
         col = frames.column("is_success")
         if col.null_count:
-            raise DatasetError(f"{source}: is_success has {col.null_count} missing values", field="is_success")
+            raise DatasetError(
+                f"{source}: is_success has {col.null_count} missing values",
+                field="is_success",
+                hint="every frame of a rollout dataset says whether its episode succeeded: fill is_success, or set "
+                "the dataset's type to sft if every episode is a successful demonstration (datasets[].type)",
+            )
         last_rows = ends - 1 if order is None else order[ends - 1]  # only each episode's last frame matters
         success = col.to_numpy()[last_rows].astype(bool, copy=False)
     returns, rewards = episode_returns(starts, ends, success, config.failure_reward, config.gamma)
@@ -229,7 +234,7 @@ def compute_returns_table(
             "frame_index": pa.array(fr, pa.int64()),
             "return": pa.array(returns),
             "reward": pa.array(rewards),
-            "prompt": _prompts(frames, order, tasks),
+            "prompt": _prompts(frames, order, tasks, source),
         }
     )
 
@@ -239,7 +244,9 @@ def _int64(column: pa.ChunkedArray) -> np.ndarray:
     return column.to_numpy().astype(np.int64, copy=False)
 
 
-def _prompts(frames: pa.Table, order: np.ndarray | None, tasks: dict[int, str] | None) -> pa.Array | pa.DictionaryArray:
+def _prompts(
+    frames: pa.Table, order: np.ndarray | None, tasks: dict[int, str] | None, source: str = "dataset"
+) -> pa.Array | pa.DictionaryArray:
     """RLinf's prompt: the `task` column, else tasks[task_index], else "perform the task"."""
     n = frames.num_rows
     if "task" in frames.column_names:
@@ -252,7 +259,9 @@ def _prompts(frames: pa.Table, order: np.ndarray | None, tasks: dict[int, str] |
         lo, hi = (int(ti.min()), int(ti.max())) if n else (0, 0)
         if lo < 0 or hi > keys[-1] or hi < 0:
             bad = lo if lo < 0 else hi
-            raise DatasetError(f"task_index {bad} is not in the dataset's task list", field="task_index")
+            raise DatasetError(
+                f"{source}: task_index {bad} is not in the dataset's task list", field="task_index", hint=_TASKS_HINT
+            )
         if keys[0] == 0 and keys.size == keys[-1] + 1:
             pos = ti  # ids 0..K-1 (the usual case): task_index is already the position
         else:
@@ -261,10 +270,15 @@ def _prompts(frames: pa.Table, order: np.ndarray | None, tasks: dict[int, str] |
             pos = lut[ti]  # a small lookup table: cache-resident gather
             if (pos < 0).any():
                 raise DatasetError(
-                    f"task_index {int(ti[pos < 0][0])} is not in the dataset's task list", field="task_index"
+                    f"{source}: task_index {int(ti[pos < 0][0])} is not in the dataset's task list",
+                    field="task_index",
+                    hint=_TASKS_HINT,
                 )
         return repeat_strings([tasks[int(k)] for k in keys], pos)
     return repeat_strings(["perform the task"], np.zeros(n, np.int64))
+
+
+_TASKS_HINT = "the dataset's meta/tasks file lacks a task its frames name: copy or export the dataset's meta/ again"
 
 
 def repeat_strings(names: list[str], codes: np.ndarray) -> pa.DictionaryArray:
@@ -331,16 +345,23 @@ def compute_returns(
         cfg = ReturnsConfig(**{**asdict(config), "dataset_type": types[i] if types else config.dataset_type})
         cols = [c for c in ("episode_index", "frame_index", "task_index", "is_success") if c in ds.key_columns]
         kept: dict[str, list[np.ndarray]] = {"return": [], "reward": []}
+        episodes: list[tuple[np.ndarray, np.ndarray]] = []  # (ids, frames) per chunk: no episode spans two
 
         def tables(frames: Iterable[pa.Table]) -> Iterator[pa.Table]:
             for t in frames:
                 table = compute_returns_table(t, cfg, tasks=ds.tasks, source=str(ds.root))
                 for name, parts in kept.items():
                     parts.append(table.column(name).to_numpy())  # float32: 8 bytes a frame kept for the stats
+                episodes.append(episode_counts(table.column("episode_index").to_numpy()))
                 yield table
 
         @functools.cache  # called by the writer after the last chunk, then read again below
         def meta() -> dict[str, Any]:
+            # before the sidecar is renamed into place: a dataset whose header disagrees with its data gets none
+            ids, frames = episode_counts(np.zeros(0, np.int64))
+            if episodes:
+                ids, frames = (np.concatenate(parts) for parts in zip(*episodes))
+            ds.check_counts(ids, frames)
             stats = {name: column_stats(np.concatenate(parts)) for name, parts in kept.items()}
             return {
                 "kind": "returns",
@@ -361,6 +382,7 @@ def compute_returns(
         except FilesInterleaveError:  # an episode spans files: read everything, sort once
             meta.cache_clear()
             kept = {"return": [], "reward": []}
+            episodes.clear()
             sidecar = write_sidecar(target, tables([ds.frame_table(cols)]), meta)
         doc = meta()
         update_stats_json(folder / "stats.json", doc["stats"])
@@ -375,6 +397,14 @@ def compute_returns(
             )
         )
     return results
+
+
+def episode_counts(episode_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(episode ids, frames of each) of a column sorted by episode."""
+    if not episode_index.size:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    starts = np.concatenate([[0], np.flatnonzero(episode_index[1:] != episode_index[:-1]) + 1])
+    return episode_index[starts].astype(np.int64), np.diff(np.append(starts, episode_index.size)).astype(np.int64)
 
 
 STREAM_ROWS = 1 << 20
