@@ -60,6 +60,7 @@ def _run(out: Path, *args: str) -> list[str]:
 BAD_INPUTS = [
     ("bad YAML", lambda w, o: _run(o, "--config", _yaml(w[0], "datasets: [unclosed\n")), 4, "not valid YAML"),
     ("YAML list", lambda w, o: _run(o, "--config", _yaml(w[0], "- a\n- b\n")), 4, "top level is not a mapping"),
+    ("YAML string", lambda w, o: _run(o, "--config", _yaml(w[0], "hello\n")), 4, "top level is not a mapping"),
     ("unknown key in file", lambda w, o: _run(o, "--config", _yaml(w[0], "retruns: {}\n")), 4, "`retruns`"),
     ("unknown key override", lambda w, o: _run(o, "--config", str(w[2]), "value.trian.lr=1"), 4, "`value.trian`"),
     ("wrong type override", lambda w, o: _run(o, "--config", str(w[2]), "value.train.max_steps=ten"), 4, "max_steps"),

@@ -204,9 +204,24 @@ def _load_yaml(path: Path) -> Any:
         raise ConfigError(
             f"{path}: not valid YAML: {_first_line(exc)}", path=path, hint="fix the YAML syntax"
         ) from None
-    if not isinstance(node, DictConfig):
-        raise ConfigError(f"{path}: the top level is not a mapping of keys", path=path)
+    if not isinstance(node, DictConfig) or _holds_a_scalar(path):
+        raise ConfigError(
+            f"{path}: the top level is not a mapping of keys",
+            path=path,
+            hint="a run config is `key: value` lines (docs/config.md), e.g. `recipe: recap`",
+        )
     return node
+
+
+def _holds_a_scalar(path: Path) -> bool:
+    """Whether the YAML document is one string: OmegaConf.load reads `hello` as {hello: None}, which the schema
+    then calls an unknown key `hello`."""
+    import yaml
+
+    try:
+        return isinstance(yaml.safe_load(path.read_text(encoding="utf-8")), str)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
 
 
 def _first_line(exc: BaseException) -> str:
