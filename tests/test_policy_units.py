@@ -170,3 +170,20 @@ def test_fsdp_units_cover_every_tower():
     units = policy_blocks(model)
     assert len(units) == 2 + 2 + 2  # SigLIP, Gemma3 prefix and expert layers
     assert len(policy_blocks(build_policy_model(tiny_config(vocab_size=64, state_dim=5), seed=0))) == 4
+
+
+def test_hold_labels_are_off_by_default_as_upstream_and_on_in_every_demo_config():
+    """Upstream's stage 4 takes stage 3's labels as they are; the policy's hold labels (frames after a successful
+    episode's first success made positive) had defaulted on, so the LIBERO-10 release config, which names no value,
+    trained on labels upstream never gives. The demos name it (DEMO_LAB 4), so their results are unchanged."""
+    from pathlib import Path
+
+    from reproduction.recap.policy.config import PolicyConfig
+    from reproduction.recipes.recap.config import load_config
+
+    assert PolicyConfig().hold_labels is False
+    bundle = Path(__file__).resolve().parent.parent / "bundle"
+    for name in ("demo/run.yaml", "demo/quick.yaml", "demo_libero/run.yaml", "demo_libero/quick.yaml"):
+        cfg = load_config([bundle / name], bundle=bundle)
+        assert cfg.policy.model.hold_labels is True and cfg.advantages.hold_labels is True, name
+    assert load_config([bundle / "libero10" / "config.yaml"], bundle=bundle).policy.model.hold_labels is False

@@ -43,8 +43,9 @@ class PolicyConfig:
     """Condition only on positive labels (negatives train the plain prompt), upstream's yaml default."""
     condition_dropout: float = 0.1
     """Probability that a sample's advantage text is dropped (plain prompt), upstream's yaml default."""
-    hold_labels: bool = True
-    """Label positive every frame from the first success on in successful episodes (DEMO_LAB 4)."""
+    hold_labels: bool = False
+    """Label positive every frame from the first success on in successful episodes (DEMO_LAB 4; the demos set it).
+    Off = upstream's rule: stage 4 takes stage 3's labels as they are."""
     width: int = 64
     """tiny: prefix and expert width."""
     prefix_layers: int = 2

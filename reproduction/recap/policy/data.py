@@ -207,7 +207,7 @@ class PolicyArrays:
 
 
 def build_arrays(
-    inputs: Sequence[PolicyInput], *, mode: str, chunk: int, hold_labels: bool = True
+    inputs: Sequence[PolicyInput], *, mode: str, chunk: int, hold_labels: bool = False
 ) -> tuple[PolicyArrays, dict[str, Any]]:
     """Flat arrays over all inputs (module docstring) and a summary (frames, episodes, positives, successes)."""
     tasks: list[str] = []
