@@ -216,3 +216,60 @@ def test_sequential_simulation_covers_the_issue_grid_and_takes_grid_flags(capsys
     ]
     assert stats.main(["simulate", "--pairs", "50", "--rates", "0.9", "--n", "50", "--shifts", "1"]) == 0
     assert capsys.readouterr().out.splitlines()[2].split()[:3] == ["0.9", "50", "+0.050"]
+
+
+def _drawn(rng: np.random.Generator, n: int, p: float, name: str) -> dict:
+    """The audit's 12-row design: two policies x two tasks, n episodes a task, success_once ~ Bin(n, p) and
+    success_at_end ~ Bin(success_once, 0.9); counts only, so every row is compared unpaired."""
+    from evidence_fixtures import PICK, PUSH, eval_result
+
+    from reproduction.run.evidence import EvalRecord, build_evidence
+
+    def record(label: str) -> EvalRecord:
+        once = {t: int(rng.binomial(n, p)) for t in (PICK, PUSH)}
+        end = {t: int(rng.binomial(k, 0.9)) for t, k in once.items()}
+        return EvalRecord(result=eval_result({t: (k, n) for t, k in once.items()}, end), label=label, mode=label)
+
+    return build_evidence(record("recap"), baselines=[record("bc")], name=name, run_id="r", seeds={}, settings={})
+
+
+def test_overall_differs_keeps_alpha_over_all_rate_rows():
+    # Every row at alpha each, the union said `differs` for 24-28% of equal-rate pairs at n 10-25 a task (the
+    # audit's multi.out, 2,000 draws). Holm's step-down over the 12 rate rows keeps it <= alpha.
+    from reproduction.run.comparison import compare_evidence
+
+    rng = np.random.default_rng(7)
+    for n in (10, 25):
+        draws = 300
+        verdicts = [
+            compare_evidence(_drawn(rng, n, 0.5, "a"), _drawn(rng, n, 0.5, "ref")).verdict for _ in range(draws)
+        ]
+        rate = verdicts.count("differs") / draws
+        assert rate <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / draws), (n, rate)
+
+
+def test_a_row_that_differs_alone_needs_holm_for_the_overall_verdict():
+    from evidence_fixtures import PICK, eval_result
+
+    from reproduction.run.comparison import Comparison, compare_evidence
+    from reproduction.run.evidence import EvalRecord, build_evidence
+
+    def one(k: int, seed: int) -> dict:
+        rec = EvalRecord(result=eval_result({PICK: (k, 100)}), label="recap", mode="recap")
+        return build_evidence(rec, name=f"k{k}", run_id="r", seeds={"eval": seed}, settings={})
+
+    reference = one(80, 0)
+    # 62/100 against 80/100: each of the 4 rate rows differs at alpha 0.05 alone (p 0.021), not at 0.05 / 4.
+    weak = compare_evidence(one(62, 1), reference)
+    assert {r.verdict for r in weak.rows} == {"differs"} and weak.verdict == "inconclusive"
+    assert all(0.0125 < r.p_differs < 0.05 for r in weak.rows)
+    doc = weak.to_dict()
+    assert doc["differs_rule"] == "holm" and doc["differs_holm"] == {} and doc["rows"][0]["p_differs"] > 0.0125
+    assert schema_errors("comparison", doc) == [] and Comparison.from_dict(doc).verdict == "inconclusive"
+    assert "Holm's step-down over the 4 rate rows" in weak.render()
+    # 58/100 (p 0.0047 < 0.05 / 4): every row survives, and the overall says differs.
+    strong = compare_evidence(one(58, 1), reference)
+    assert strong.verdict == "differs" and len(strong.to_dict()["differs_holm"]) == 4
+    # A comparison written before the rule (no differs_rule) keeps its union verdict when read back.
+    old = {k: v for k, v in doc.items() if k not in ("differs_rule", "differs_holm")}
+    assert Comparison.from_dict(old).verdict == "differs"

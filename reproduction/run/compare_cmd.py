@@ -32,7 +32,10 @@ def cmd_compare(args: Any) -> int:
 
     _check_level("margin", args.margin, 0, 1)
     _check_level("alpha", args.alpha, 0, 0.5)
+    from reproduction.run.evidence_check import check_evidence
+
     reference = load_source(args.reference)  # the reference's own errors first, named as such
+    check_evidence(reference, where=args.reference, reference=True)  # a count of 0 episodes, named by its path
     actual = load_source(args.actual)
     comparison = compare_evidence(actual, reference, margin=args.margin, alpha=args.alpha)
     if args.out:
