@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from evidence_fixtures import make_evidence, schema_errors
+from evidence_fixtures import PICK, make_evidence, schema_errors
 
 from reproduction.run import stats
 
@@ -135,7 +135,10 @@ def test_eval_plan_prints_the_episodes_needed(tmp_path):
     out = portable("eval", "--plan", "--reference", str(ref))
     assert out.returncode == 0, out.stderr
     line = next(x for x in out.stdout.splitlines() if "recap/success_once" in x)
-    assert line.split()[1:5] == ["p=0.880", "margin", "±0.05", "724"] and "reference has 100 (too few)" in line
+    assert line.split()[1:5] == ["p=0.880", "margin", "±0.05", "727"] and "reference has 100 (too few)" in line
+    # Two tasks: the whole verdict needs every per-task row too, so the last line plans episodes per task.
+    assert f"recap/{PICK}/success_once" in out.stdout
+    assert "the whole verdict (all 12 rate rows reproduced" in out.stdout.splitlines()[-2]
     rows = json.loads(portable("eval", "--plan", "--rate", "0.5", "--margin", "0.1", "--json").stdout)
     assert rows == [
         {
@@ -145,12 +148,48 @@ def test_eval_plan_prints_the_episodes_needed(tmp_path):
             "alpha": 0.05,
             "power": 0.8,
             "difference": 0.0,
-            "episodes_per_side": 429,
+            "episodes_per_side": 416,
             "reference_episodes": None,
+            "basis": "exact",
         }
     ]
     assert portable("eval", "--plan").returncode == 2
     assert portable("eval").returncode == 2
+    for flags, hint in [
+        (["--rate", "1.5"], "--rate 0.8"),
+        (["--rate", "-0.1"], "--rate 0.8"),
+        (["--rate", "nan"], "--rate 0.8"),
+        (["--rate", "0.5", "--difference", "nan"], "--difference 0"),
+        (["--rate", "0.5", "--power", "1"], "--power 0.8"),
+    ]:
+        bad = portable("eval", "--plan", *flags)
+        assert bad.returncode == 2 and bad.stderr.splitlines()[-1].endswith(hint), (flags, bad.stderr)
+
+
+def test_plan_searches_the_exact_power_so_its_promise_holds_near_0_and_1():
+    # The normal approximation said 17 at p = 1.0, m = 0.1, where `reproduced` cannot happen (exact power 0),
+    # and 68 at p = 0.99, m = 0.05 (exact power 0.375: audit power_plan.out).
+    for p, m, d in [(1.0, 0.1, 0.0), (0.0, 0.1, 0.0), (0.99, 0.05, 0.0), (0.02, 0.1, 0.0), (0.95, 0.1, 0.05)]:
+        n = stats.episodes_exact([(p, 1)], margin=m, difference=d)
+        assert stats.exact_power(p, p + d, n, n, margin=m, alpha=0.05) >= 0.8, (p, m, n)
+        assert stats.exact_power(p, p + d, n - 1, n - 1, margin=m, alpha=0.05) < 0.8 or n == 1
+    assert stats.exact_power(1.0, 1.0, 17, 17, margin=0.1, alpha=0.05) == 0.0
+    # exact_power against a direct sum over every pair of counts (small n, no trimming).
+    from math import comb
+
+    n, p, q = 30, 0.8, 0.85
+    direct = sum(
+        comb(n, i) * p**i * (1 - p) ** (n - i) * comb(n, j) * q**j * (1 - q) ** (n - j)
+        for i in range(n + 1)
+        for j in range(n + 1)
+        if stats.equivalence_independent(i, n, j, n, margin=0.3, alpha=0.05).verdict == "reproduced"
+    )
+    assert stats.exact_power(p, q, n, n, margin=0.3, alpha=0.05) == pytest.approx(direct, abs=1e-9)
+    # Several rows: the union bound makes every row's shortfall add up to at most 1 - power.
+    rows = [(0.9, 2), (0.9, 1), (0.9, 1)]
+    per = stats.episodes_exact(rows, margin=0.05)
+    short = sum(1 - stats.exact_power(p, p, per * t, per * t, margin=0.05, alpha=0.05) for p, t in rows)
+    assert short <= 0.2 and per > stats.episodes_exact([(0.9, 1)], margin=0.05)
 
 
 def test_sequential_rule_keeps_its_error_rates_and_saves_episodes():
