@@ -4,10 +4,15 @@ On disk (schema: evidence/comparison.schema.json)::
 
     <run>/evidence/comparison.json
       {"format": "recap-portable-comparison", "format_version": "2.0", "actual", "reference", "alpha",
-       "verdict": "reproduced"|"differs"|"inconclusive", "reproduced", "notes": [...],
+       "verdict": "reproduced"|"differs"|"inconclusive", "reproduced", "differs_rule": "holm",
+       "differs_holm": {metric: level}, "notes": [...],
        "rows": [{"metric", "kind": "rate"|"value", "reference", "actual", "difference", "reference_counts",
                  "actual_counts", "interval", "confidence", "margin", "method", "reference_display",
-                 "actual_display", "verdict", "note"}, ...]}
+                 "actual_display", "verdict", "note", "p_differs"}, ...]}
+
+The overall verdict: `reproduced` when every row is; `differs` when a non-test row differs (missing metric,
+plain value) or a rate row's differs survives Holm's step-down over the rate rows (`holm_differs`); else
+`inconclusive`.
 
 Rates get the equivalence test of reproduction.run.stats (Newcombe, or Tango paired by reset seed or LIBERO
 init state);

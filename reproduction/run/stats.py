@@ -12,8 +12,11 @@ d = p_actual - p_reference and a margin m (absolute, e.g. 0.05 = five percentage
     differs       the same (1 - 2 alpha) interval lies wholly beyond the margin (lower bound > +m or
                   upper bound < -m): a one-sided test of H0 "d <= m" (resp. "d >= -m") rejects at level
                   alpha. The two events exclude each other, so a true |d| <= m is called differs with
-                  probability <= alpha (up to the interval's approximation: 0.061 measured at |d| = m,
-                  p = 0.5, n = 50); at d = 0 far less. The (1 - 2 alpha) interval, not (1 - alpha),
+                  probability about alpha (the interval is an approximation: 0.061 measured at |d| = m,
+                  p = 0.5, n = 50; at equal rates, exactly, 0.109 at 5 vs 5 episodes, 0.25 at 1 vs 2, up to
+                  0.18 with one side of 1 episode; at most 0.058 from 15 a side: evidence/README.md). The
+                  overall verdict over many rows adjusts this by Holm (reproduction.run.comparison). The
+                  (1 - 2 alpha) interval, not (1 - alpha),
                   because each claim is one-sided, exactly as in TOST: it keeps both verdicts at the one
                   stated alpha and leaves the smallest band of "inconclusive".
     inconclusive  anything else: the interval straddles a margin, so more episodes are needed
@@ -34,9 +37,11 @@ Intervals (all behave at k = 0, k = n and small n, unlike the Wald interval):
 Defaults: alpha = 0.05, margin = 0.05 absolute; a reference's declared margins (its "margins" field, or
 the older "tolerances" field read as margins) override the default per metric or task.
 
-Power (`episodes_needed`): the normal approximation for TOST of two independent proportions (Chow, Shao
-& Wang 2008, Sample Size Calculations in Clinical Research, sec. 4.2). Stdlib only; the functions also
-take numpy arrays (used by `simulate`, the only part that imports numpy).
+Power: `episodes_needed` is the normal approximation for TOST of two independent proportions (Chow, Shao
+& Wang 2008, Sample Size Calculations in Clinical Research, sec. 4.2), a quick estimate that fails near rates
+0 and 1; `exact_power` / `episodes_exact` (what `portable eval --plan` uses) enumerate both binomials.
+Stdlib only at import; the functions also take numpy arrays (used by `simulate` and `exact_power`, the only
+parts that import numpy).
 
     python -m reproduction.run.stats simulate [--pairs 10000]     # the verdict-rate table
     python -m reproduction.run.stats simulate --sequential        # the same for the sequential rule
