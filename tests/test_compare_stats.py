@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from evidence_fixtures import make_evidence, schema_errors
+from evidence_fixtures import PICK, make_evidence, schema_errors
 
 from reproduction.run import stats
 
@@ -135,7 +135,10 @@ def test_eval_plan_prints_the_episodes_needed(tmp_path):
     out = portable("eval", "--plan", "--reference", str(ref))
     assert out.returncode == 0, out.stderr
     line = next(x for x in out.stdout.splitlines() if "recap/success_once" in x)
-    assert line.split()[1:5] == ["p=0.880", "margin", "±0.05", "724"] and "reference has 100 (too few)" in line
+    assert line.split()[1:5] == ["p=0.880", "margin", "±0.05", "727"] and "reference has 100 (too few)" in line
+    # Two tasks: the whole verdict needs every per-task row too, so the last line plans episodes per task.
+    assert f"recap/{PICK}/success_once" in out.stdout
+    assert "the whole verdict (all 12 rate rows reproduced" in out.stdout.splitlines()[-2]
     rows = json.loads(portable("eval", "--plan", "--rate", "0.5", "--margin", "0.1", "--json").stdout)
     assert rows == [
         {
@@ -145,12 +148,48 @@ def test_eval_plan_prints_the_episodes_needed(tmp_path):
             "alpha": 0.05,
             "power": 0.8,
             "difference": 0.0,
-            "episodes_per_side": 429,
+            "episodes_per_side": 416,
             "reference_episodes": None,
+            "basis": "exact",
         }
     ]
     assert portable("eval", "--plan").returncode == 2
     assert portable("eval").returncode == 2
+    for flags, hint in [
+        (["--rate", "1.5"], "--rate 0.8"),
+        (["--rate", "-0.1"], "--rate 0.8"),
+        (["--rate", "nan"], "--rate 0.8"),
+        (["--rate", "0.5", "--difference", "nan"], "--difference 0"),
+        (["--rate", "0.5", "--power", "1"], "--power 0.8"),
+    ]:
+        bad = portable("eval", "--plan", *flags)
+        assert bad.returncode == 2 and bad.stderr.splitlines()[-1].endswith(hint), (flags, bad.stderr)
+
+
+def test_plan_searches_the_exact_power_so_its_promise_holds_near_0_and_1():
+    # The normal approximation said 17 at p = 1.0, m = 0.1, where `reproduced` cannot happen (exact power 0),
+    # and 68 at p = 0.99, m = 0.05 (exact power 0.375: audit power_plan.out).
+    for p, m, d in [(1.0, 0.1, 0.0), (0.0, 0.1, 0.0), (0.99, 0.05, 0.0), (0.02, 0.1, 0.0), (0.95, 0.1, 0.05)]:
+        n = stats.episodes_exact([(p, 1)], margin=m, difference=d)
+        assert stats.exact_power(p, p + d, n, n, margin=m, alpha=0.05) >= 0.8, (p, m, n)
+        assert stats.exact_power(p, p + d, n - 1, n - 1, margin=m, alpha=0.05) < 0.8 or n == 1
+    assert stats.exact_power(1.0, 1.0, 17, 17, margin=0.1, alpha=0.05) == 0.0
+    # exact_power against a direct sum over every pair of counts (small n, no trimming).
+    from math import comb
+
+    n, p, q = 30, 0.8, 0.85
+    direct = sum(
+        comb(n, i) * p**i * (1 - p) ** (n - i) * comb(n, j) * q**j * (1 - q) ** (n - j)
+        for i in range(n + 1)
+        for j in range(n + 1)
+        if stats.equivalence_independent(i, n, j, n, margin=0.3, alpha=0.05).verdict == "reproduced"
+    )
+    assert stats.exact_power(p, q, n, n, margin=0.3, alpha=0.05) == pytest.approx(direct, abs=1e-9)
+    # Several rows: the union bound makes every row's shortfall add up to at most 1 - power.
+    rows = [(0.9, 2), (0.9, 1), (0.9, 1)]
+    per = stats.episodes_exact(rows, margin=0.05)
+    short = sum(1 - stats.exact_power(p, p, per * t, per * t, margin=0.05, alpha=0.05) for p, t in rows)
+    assert short <= 0.2 and per > stats.episodes_exact([(0.9, 1)], margin=0.05)
 
 
 def test_sequential_rule_keeps_its_error_rates_and_saves_episodes():
@@ -216,3 +255,60 @@ def test_sequential_simulation_covers_the_issue_grid_and_takes_grid_flags(capsys
     ]
     assert stats.main(["simulate", "--pairs", "50", "--rates", "0.9", "--n", "50", "--shifts", "1"]) == 0
     assert capsys.readouterr().out.splitlines()[2].split()[:3] == ["0.9", "50", "+0.050"]
+
+
+def _drawn(rng: np.random.Generator, n: int, p: float, name: str) -> dict:
+    """The audit's 12-row design: two policies x two tasks, n episodes a task, success_once ~ Bin(n, p) and
+    success_at_end ~ Bin(success_once, 0.9); counts only, so every row is compared unpaired."""
+    from evidence_fixtures import PICK, PUSH, eval_result
+
+    from reproduction.run.evidence import EvalRecord, build_evidence
+
+    def record(label: str) -> EvalRecord:
+        once = {t: int(rng.binomial(n, p)) for t in (PICK, PUSH)}
+        end = {t: int(rng.binomial(k, 0.9)) for t, k in once.items()}
+        return EvalRecord(result=eval_result({t: (k, n) for t, k in once.items()}, end), label=label, mode=label)
+
+    return build_evidence(record("recap"), baselines=[record("bc")], name=name, run_id="r", seeds={}, settings={})
+
+
+def test_overall_differs_keeps_alpha_over_all_rate_rows():
+    # Every row at alpha each, the union said `differs` for 24-28% of equal-rate pairs at n 10-25 a task (the
+    # audit's multi.out, 2,000 draws). Holm's step-down over the 12 rate rows keeps it <= alpha.
+    from reproduction.run.comparison import compare_evidence
+
+    rng = np.random.default_rng(7)
+    for n in (10, 25):
+        draws = 300
+        verdicts = [
+            compare_evidence(_drawn(rng, n, 0.5, "a"), _drawn(rng, n, 0.5, "ref")).verdict for _ in range(draws)
+        ]
+        rate = verdicts.count("differs") / draws
+        assert rate <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / draws), (n, rate)
+
+
+def test_a_row_that_differs_alone_needs_holm_for_the_overall_verdict():
+    from evidence_fixtures import PICK, eval_result
+
+    from reproduction.run.comparison import Comparison, compare_evidence
+    from reproduction.run.evidence import EvalRecord, build_evidence
+
+    def one(k: int, seed: int) -> dict:
+        rec = EvalRecord(result=eval_result({PICK: (k, 100)}), label="recap", mode="recap")
+        return build_evidence(rec, name=f"k{k}", run_id="r", seeds={"eval": seed}, settings={})
+
+    reference = one(80, 0)
+    # 62/100 against 80/100: each of the 4 rate rows differs at alpha 0.05 alone (p 0.021), not at 0.05 / 4.
+    weak = compare_evidence(one(62, 1), reference)
+    assert {r.verdict for r in weak.rows} == {"differs"} and weak.verdict == "inconclusive"
+    assert all(0.0125 < r.p_differs < 0.05 for r in weak.rows)
+    doc = weak.to_dict()
+    assert doc["differs_rule"] == "holm" and doc["differs_holm"] == {} and doc["rows"][0]["p_differs"] > 0.0125
+    assert schema_errors("comparison", doc) == [] and Comparison.from_dict(doc).verdict == "inconclusive"
+    assert "Holm's step-down over the 4 rate rows" in weak.render()
+    # 58/100 (p 0.0047 < 0.05 / 4): every row survives, and the overall says differs.
+    strong = compare_evidence(one(58, 1), reference)
+    assert strong.verdict == "differs" and len(strong.to_dict()["differs_holm"]) == 4
+    # A comparison written before the rule (no differs_rule) keeps its union verdict when read back.
+    old = {k: v for k, v in doc.items() if k not in ("differs_rule", "differs_holm")}
+    assert Comparison.from_dict(old).verdict == "differs"

@@ -349,3 +349,103 @@ def test_evidence_is_deterministic_unless_stamped():
         created=datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc),
     )
     assert stamped["created"] == "2026-01-02T03:04:05Z" and schema_errors("evaluation", stamped) == []
+
+
+def _one_task(outcomes: str, seeds: list[int], name: str = "n") -> dict:
+    """Evidence of one policy on one task whose episodes started from `seeds` with these 0/1 outcomes."""
+    per_episode = {
+        PICK: [
+            {"episode": i, "reset_seed": s, "success_once": ch == "1", "success_at_end": ch == "1"}
+            for i, (s, ch) in enumerate(zip(seeds, outcomes))
+        ]
+    }
+    k = outcomes.count("1")
+    result = {"tasks": {PICK: {"episodes": len(seeds), "success_once": k, "success_at_end": k}}}
+    return build_evidence(
+        EvalRecord(result=result | {"per_episode": per_episode}, label="recap", mode="recap"),
+        name=name,
+        run_id="r",
+        seeds={"eval": 0},
+        settings={},
+    )
+
+
+def test_repeated_reset_seeds_are_compared_unpaired_not_collapsed():
+    # The audit's case: every seed evaluated twice; the reference 60/120, this run 120/120. Keyed by seed, the
+    # repeats collapsed onto one outcome each and the paired test said `reproduced` (exit 0).
+    seeds = list(range(60)) * 2
+    reference = _one_task("0" * 60 + "1" * 60, seeds, name="reference")
+    result = compare_evidence(_one_task("1" * 120, seeds), reference)
+    assert result.verdict == "differs", result.render()
+    row = result.rows[0]
+    assert row.method == "newcombe-10" and row.reference_counts == (60, 120) and row.actual_counts == (120, 120)
+    assert "initial state repeats" in row.note
+    # Equal counts on repeated seeds: never `differs` (the collapse made 60/120 vs 60/120 look discordant).
+    swapped = compare_evidence(_one_task("1" * 60 + "0" * 60, seeds), reference)
+    assert {r.verdict for r in swapped.rows} == {"inconclusive"}
+
+
+def _bad(doc: dict, path: str, value) -> dict:
+    """A copy of `doc` with the field at `path` ("a.b.0.c") set to value (or deleted when value is ...)."""
+    doc = json.loads(json.dumps(doc))
+    *parents, last = [int(k) if k.isdigit() else k for k in path.split(".")]
+    where = doc
+    for k in parents:
+        where = where[k]
+    if value is ...:
+        del where[last]
+    else:
+        where[last] = value
+    return doc
+
+
+@pytest.mark.parametrize(
+    "path, value, field",
+    [
+        ("metrics.success_once.successes", -5, "metrics.success_once.successes"),
+        ("metrics.success_once.successes", 41, "metrics.success_once"),
+        ("metrics.success_once.successes", float("nan"), "metrics.success_once.successes"),
+        ("metrics.success_once.successes", 37.5, "metrics.success_once.successes"),
+        ("metrics.success_once.successes", True, "metrics.success_once.successes"),
+        ("metrics.success_once.successes", "38", "metrics.success_once.successes"),
+        ("metrics.success_once.successes", ..., "metrics.success_once.successes"),
+        ("metrics.success_once.episodes", float("inf"), "metrics.success_once.episodes"),
+        ("metrics.success_once.display", ..., "metrics.success_once.display"),
+        ("metrics.success_once.rate", 0.1, "metrics.success_once.rate"),
+        ("metrics.success_once", None, "metrics.success_once"),
+        ("metrics", ..., "metrics"),
+        ("policy", ..., "policy.label"),
+        ("baselines.0.metrics.success_at_end.episodes", -1, "baselines[0].metrics.success_at_end.episodes"),
+        (f"tasks.{PICK}.success_once.successes", 25, f"tasks[{PICK!r}].success_once"),
+        ("alpha", 0.7, "alpha"),
+        ("alpha", "x", "alpha"),
+        ("margins", {"success_once": -0.1}, "margins['success_once']"),
+        ("margins", {"success_once": 2}, "margins['success_once']"),
+        ("sequential", {"level": 0.9}, "sequential.level"),
+    ],
+)
+def test_malformed_evidence_is_refused_naming_the_field(tmp_path, path, value, field):
+    doc = _bad(make_evidence(), path, value)
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(InvalidInputError) as exc:
+        load_evidence(tmp_path / "bad.json")
+    assert exc.value.exit_code == 4 and exc.value.field == field and "bad.json" in exc.value.hint
+    with pytest.raises(InvalidInputError):  # documents built in memory are checked the same way
+        compare_evidence(make_evidence(), doc)
+
+
+def test_outcomes_must_add_up_to_the_counts_and_a_reference_needs_episodes():
+    good = _one_task("1" * 90 + "0" * 10, list(range(1, 200, 2)))
+    lying = _bad(good, f"tasks.{PICK}.outcomes.success_once", "1" * 100)  # outcomes 100/100, counts 90/100
+    with pytest.raises(InvalidInputError, match="holds 100 successes in 100 episodes"):
+        compare_evidence(lying, good)
+    short = _bad(good, f"tasks.{PICK}.outcomes.reset_seeds", list(range(50)))
+    with pytest.raises(InvalidInputError, match="reset_seeds"):
+        compare_evidence(good, short)
+    texts = _bad(good, f"tasks.{PICK}.outcomes.reset_seeds", [str(s) for s in range(100)])
+    with pytest.raises(InvalidInputError, match="list of whole numbers"):
+        compare_evidence(good, texts)
+    empty = make_evidence(recap=(0, 0), bc=(0, 0))
+    with pytest.raises(InvalidInputError, match="the reference has 0 episodes"):
+        compare_evidence(make_evidence(), empty)
+    assert compare_evidence(empty, make_evidence()).verdict == "differs"  # this run has none: differs, as before

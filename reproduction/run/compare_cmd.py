@@ -19,20 +19,16 @@ EXIT_INCONCLUSIVE = 61
 EXIT_OF = {"reproduced": 0, "differs": EXIT_DIFFERS, "inconclusive": EXIT_INCONCLUSIVE}
 
 
-def _check_level(name: str, value: float | None, low: float, high: float) -> None:
-    if value is not None and not low < value < high:
-        raise UsageError(
-            f"--{name} {value:g} must lie strictly between {low:g} and {high:g}", hint=f"e.g. --{name} 0.05"
-        )
-
-
 def cmd_compare(args: Any) -> int:
     """Compare ACTUAL with REFERENCE; the table (or --json) on stdout; the exit code is the verdict's."""
     from reproduction.run.evidence import compare_evidence, write_comparison
 
     _check_level("margin", args.margin, 0, 1)
     _check_level("alpha", args.alpha, 0, 0.5)
+    from reproduction.run.evidence_check import check_evidence
+
     reference = load_source(args.reference)  # the reference's own errors first, named as such
+    check_evidence(reference, where=args.reference, reference=True)  # a count of 0 episodes, named by its path
     actual = load_source(args.actual)
     comparison = compare_evidence(actual, reference, margin=args.margin, alpha=args.alpha)
     if args.out:
@@ -94,6 +90,42 @@ def _evidence_path(path: Path) -> Path:
     return path
 
 
+def _check_level(name: str, value: float | None, low: float, high: float, example: str = "0.05") -> None:
+    if value is not None and not low < value < high:
+        raise UsageError(
+            f"--{name} {value:g} must lie strictly between {low:g} and {high:g}", hint=f"e.g. --{name} {example}"
+        )
+
+
+def _plan_targets(doc: dict[str, Any], rates: list[float]) -> list[dict[str, Any]]:
+    """The rate rows to plan for: the rates given (one row each), then every rate row the comparison with the
+    reference tests: each policy's overall metric (pooling its T tasks) and each of its tasks' metrics."""
+    from reproduction.run.evidence import COUNT_METRICS
+
+    targets = [{"metric": f"rate {p:g}", "rate": p, "reference_episodes": None, "tasks": 1, "own": None} for p in rates]
+    declared = {**doc.get("tolerances", {}), **doc.get("margins", {})}
+    for entry in [doc, *doc.get("baselines", [])] if doc else []:
+        label, tasks = entry["policy"]["label"], entry.get("tasks", {})
+        for m in COUNT_METRICS:
+            count = entry["metrics"].get(m)
+            if count is None:
+                continue
+            own = declared.get(f"{label}/{m}", declared.get(m))
+            targets.append(
+                {"metric": f"{label}/{m}", "rate": float(count["rate"]), "reference_episodes": int(count["episodes"])}
+                | {"tasks": max(len(tasks), 1), "own": own}
+            )
+            for task, row in tasks.items():
+                if m in row:
+                    own_t = declared.get(f"{label}/{task}/{m}", declared.get(f"{task}/{m}", own))
+                    targets.append(
+                        {"metric": f"{label}/{task}/{m}", "rate": float(row[m]["rate"])}
+                        | {"reference_episodes": int(row[m]["episodes"]), "tasks": 1, "own": own_t}
+                        | {"same_as_overall": len(tasks) == 1}  # one task: the same counts as the overall row
+                    )
+    return targets
+
+
 def plan_rows(
     *,
     reference: Path | None,
@@ -103,42 +135,60 @@ def plan_rows(
     power: float,
     difference: float,
 ) -> list[dict[str, Any]]:
-    """One row per rate to plan for: each rate metric of the reference's policies, or the rates given."""
-    from reproduction.run.evidence import COUNT_METRICS, load_evidence
-    from reproduction.run.stats import DEFAULT_ALPHA, DEFAULT_MARGIN, episodes_needed
+    """One row per rate to plan for (`_plan_targets`), each with the episodes per side its own test needs for
+    `power` (exact, unpaired); with a reference, a last row "every rate row" with the episodes per task at which
+    the whole verdict (every row reproduced) has at least that power (Bonferroni over the rows' exact powers)."""
+    from reproduction.run.evidence import load_evidence
+    from reproduction.run.evidence_check import check_evidence
+    from reproduction.run.stats import DEFAULT_ALPHA, DEFAULT_MARGIN, episodes_exact
 
-    targets: list[tuple[str, float, int | None, float | None]] = [(f"rate {p:g}", p, None, None) for p in rates]
     doc: dict[str, Any] = {}
     if reference is not None:
         doc = load_evidence(reference)
-        declared = {**doc.get("tolerances", {}), **doc.get("margins", {})}
-        for entry in [doc, *doc.get("baselines", [])]:
-            for m in COUNT_METRICS:
-                count = entry["metrics"][m]
-                label = entry["policy"]["label"]
-                own = declared.get(f"{label}/{m}", declared.get(m))
-                targets.append((f"{label}/{m}", float(count["rate"]), int(count["episodes"]), own))
+        check_evidence(doc, where=reference, reference=True)
+    targets = _plan_targets(doc, rates)
     if not targets:
         raise UsageError("--plan needs --reference FILE or --rate P", hint="e.g. portable eval --plan --rate 0.8")
     alpha = float(alpha if alpha is not None else doc.get("alpha", DEFAULT_ALPHA))
-    rows = []
-    for name, p, n_ref, own in targets:
-        m = float(margin if margin is not None else own if own is not None else DEFAULT_MARGIN)
+    rows, joint = [], {}
+    for t in targets:
+        m = float(margin if margin is not None else t["own"] if t["own"] is not None else DEFAULT_MARGIN)
         if abs(difference) >= m:
-            raise UsageError(f"--difference {difference:g} must be smaller than the margin {m:g}")
-        need = episodes_needed(p, margin=m, alpha=alpha, power=power, difference=difference)
+            raise UsageError(
+                f"--difference {difference:g} must be smaller than the margin {m:g}", hint="e.g. --difference 0"
+            )
+        need = episodes_exact([(t["rate"], 1)], margin=m, alpha=alpha, power=power, difference=difference)
         rows.append(
-            {"metric": name, "rate": p, "margin": m, "alpha": alpha, "power": power, "difference": difference}
-            | {"episodes_per_side": need, "reference_episodes": n_ref}
+            {"metric": t["metric"], "rate": t["rate"], "margin": m, "alpha": alpha, "power": power}
+            | {"difference": difference, "episodes_per_side": need, "reference_episodes": t["reference_episodes"]}
+            | {"basis": "exact"}
+        )
+        if t["reference_episodes"] is not None and not t.get("same_as_overall"):
+            joint.setdefault(m, []).append((t["rate"], t["tasks"]))
+    if joint:
+        per_task = max(
+            episodes_exact(r, margin=m, alpha=alpha, power=power, difference=difference) for m, r in joint.items()
+        )
+        rows.append(
+            {"metric": "every rate row", "rate": None, "margin": margin, "alpha": alpha, "power": power}
+            | {"difference": difference, "episodes_per_side": None, "reference_episodes": None, "basis": "bonferroni"}
+            | {"rows": sum(len(r) for r in joint.values()), "episodes_per_task": per_task}
         )
     return rows
 
 
 def cmd_plan(args: Any) -> int:
     """`portable eval --plan`: episodes per side for `power` at alpha, per rate; --json for the rows."""
+    import math
+
     _check_level("margin", args.margin, 0, 1)
     _check_level("alpha", args.alpha, 0, 0.5)
-    _check_level("power", args.power, 0, 1)
+    _check_level("power", args.power, 0, 1, "0.8")
+    for p in args.rate or []:
+        if not 0 <= p <= 1:
+            raise UsageError(f"--rate {p:g} is not a success rate", hint="give one between 0 and 1, e.g. --rate 0.8")
+    if not math.isfinite(args.difference):
+        raise UsageError(f"--difference {args.difference:g} is not a number", hint="e.g. --difference 0")
     rows = plan_rows(
         reference=Path(args.reference) if args.reference else None,
         rates=list(args.rate or []),
@@ -150,19 +200,26 @@ def cmd_plan(args: Any) -> int:
     if args.json:
         sys.stdout.write(json.dumps(rows, indent=1) + "\n")
         return 0
-    width = max(len(r["metric"]) for r in rows)
+    single = [r for r in rows if r["rate"] is not None]
+    width = max(len(r["metric"]) for r in single)
     r0 = rows[0]
     print(
         f"episodes per side for {100 * r0['power']:g}% power to say `reproduced` (two one-sided tests at alpha "
-        f"{r0['alpha']:g}, unpaired, true difference {r0['difference']:g}):"
+        f"{r0['alpha']:g}, unpaired, true difference {r0['difference']:g}; exact binomial power), each row alone:"
     )
-    for r in rows:
+    for r in single:
         ref = r["reference_episodes"]
         short = (
             "" if ref is None else f"   reference has {ref}" + (" (too few)" if ref < r["episodes_per_side"] else "")
         )
         print(
             f"  {r['metric']:<{width}}  p={r['rate']:.3f}  margin ±{r['margin']:g}  {r['episodes_per_side']:>6}{short}"
+        )
+    for r in rows[len(single) :]:
+        print(
+            f"the whole verdict (all {r['rows']} rate rows reproduced, each policy's overall and per-task rows) needs "
+            f"{r['episodes_per_task']} episodes per task a side for {100 * r['power']:g}% power (exact power of "
+            "each row, Bonferroni over the rows, so at least that)"
         )
     print(
         "paired by reset seed (evaluating the reference's own initial states) needs fewer: with no discordant "

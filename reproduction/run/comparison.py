@@ -4,10 +4,15 @@ On disk (schema: evidence/comparison.schema.json)::
 
     <run>/evidence/comparison.json
       {"format": "recap-portable-comparison", "format_version": "2.0", "actual", "reference", "alpha",
-       "verdict": "reproduced"|"differs"|"inconclusive", "reproduced", "notes": [...],
+       "verdict": "reproduced"|"differs"|"inconclusive", "reproduced", "differs_rule": "holm",
+       "differs_holm": {metric: level}, "notes": [...],
        "rows": [{"metric", "kind": "rate"|"value", "reference", "actual", "difference", "reference_counts",
                  "actual_counts", "interval", "confidence", "margin", "method", "reference_display",
-                 "actual_display", "verdict", "note"}, ...]}
+                 "actual_display", "verdict", "note", "p_differs"}, ...]}
+
+The overall verdict: `reproduced` when every row is; `differs` when a non-test row differs (missing metric,
+plain value) or a rate row's differs survives Holm's step-down over the rate rows (`holm_differs`); else
+`inconclusive`.
 
 Rates get the equivalence test of reproduction.run.stats (Newcombe, or Tango paired by reset seed or LIBERO
 init state);
@@ -27,6 +32,7 @@ from typing import Any
 from reproduction.errors import InvalidInputError, UnsupportedFormatError
 from reproduction.fsio import atomic_write_text
 from reproduction.run.evidence import COUNT_METRICS, EXACT, FORMAT_VERSION, READS, load_evidence
+from reproduction.run.evidence_check import check_evidence
 from reproduction.run.stats import DEFAULT_ALPHA, DEFAULT_MARGIN, episodes_needed
 
 COMPARISON_FORMAT = "recap-portable-comparison"
@@ -59,6 +65,9 @@ class MetricComparison:
     high: float | None = None
     confidence: float | None = None
     note: str = ""
+    p_differs: float | None = None
+    """Rates that differ at alpha: the smallest level at which the row's interval still lies wholly beyond the
+    margin (the one-sided p-value of "differs"), which the overall verdict's Holm step-down uses. None otherwise."""
 
     @property
     def difference(self) -> float | None:
@@ -91,6 +100,7 @@ class MetricComparison:
             "actual_display": self.actual_display,
             "verdict": self.verdict,
             "note": self.note,
+            "p_differs": self.p_differs,
         }
 
     @classmethod
@@ -126,14 +136,32 @@ class MetricComparison:
             high=interval[1],
             confidence=row.get("confidence"),
             note=row.get("note", ""),
+            p_differs=row.get("p_differs"),
         )
 
 
 def overall_verdict(verdicts: Sequence[str]) -> str:
-    """`reproduced` only when every row is; `differs` when any row differs; else `inconclusive`."""
+    """`reproduced` only when every row is; `differs` when any row differs; else `inconclusive` (the union rule:
+    rows whose `differs` is a test at alpha each need `holm_differs` for the family-wise error of `differs`)."""
     if verdicts and all(v == "reproduced" for v in verdicts):
         return "reproduced"
     return "differs" if "differs" in verdicts or not verdicts else "inconclusive"
+
+
+def holm_differs(rows: Sequence[MetricComparison], alpha: float) -> dict[str, float]:
+    """{metric: Holm level} of the rate rows whose `differs` survives Holm's (1979) step-down over all R tested
+    rate rows: sorted by p_differs, the i-th smallest (i = 0, 1, ...) is rejected at alpha / (R - i) while every
+    smaller one was. Valid under any dependence between rows (overall vs per-task, success_once vs at_end), so
+    P(overall differs | every true |d| <= m) <= alpha, where the union of R tests at alpha each reached R alpha."""
+    tested = [r for r in rows if r.kind == "rate" and r.low is not None]
+    ranked = sorted((r for r in tested if r.p_differs is not None), key=lambda r: r.p_differs)
+    out = {}
+    for i, r in enumerate(ranked):
+        level = alpha / (len(tested) - i)
+        if r.p_differs > level:
+            break
+        out[r.metric] = level
+    return out
 
 
 @dataclass(kw_only=True, slots=True)
@@ -146,10 +174,19 @@ class Comparison:
     alpha: float = DEFAULT_ALPHA
     notes: list[str] = field(default_factory=list)
     """Why a verdict may not mean what it seems: seeds or settings that differ, a reference too small."""
+    differs_rule: str = "holm"
+    """How rate rows that differ make the overall `differs`: "holm" (Holm's step-down over the rate rows, so the
+    overall verdict keeps alpha), or "union" (any row at alpha: comparison files without `differs_rule`)."""
 
     @property
     def verdict(self) -> str:
-        return overall_verdict([r.verdict for r in self.rows])
+        verdicts = [r.verdict for r in self.rows]
+        if self.differs_rule != "holm" or overall_verdict(verdicts) != "differs":
+            return overall_verdict(verdicts)
+        tested = {r.metric for r in self.rows if r.kind == "rate" and r.low is not None}
+        if any(r.verdict == "differs" and r.metric not in tested for r in self.rows) or not self.rows:
+            return "differs"  # a missing policy/metric, no episodes, a plain value out of tolerance
+        return "differs" if holm_differs(self.rows, self.alpha) else "inconclusive"
 
     @property
     def reproduced(self) -> bool:
@@ -177,6 +214,14 @@ class Comparison:
         lines += [f"note: {n}" for n in self.notes]
         counts = {v: sum(r.verdict == v for r in self.rows) for v in ("differs", "inconclusive")}
         verdict = self.verdict
+        held = len(holm_differs(self.rows, self.alpha)) if self.differs_rule == "holm" else counts["differs"]
+        if self.differs_rule == "holm" and any(r.verdict == "differs" and r.p_differs is not None for r in self.rows):
+            lines.append(
+                f"overall: a rate differs only when its test survives Holm's step-down over the "
+                f"{sum(r.kind == 'rate' and r.low is not None for r in self.rows)} rate rows at alpha "
+                f"{self.alpha:g} ({held} of {sum(r.p_differs is not None for r in self.rows)} rows that differ "
+                "alone do)"
+            )
         if verdict != "reproduced":
             verdict += (
                 f" ({counts['differs']} differ, {counts['inconclusive']} inconclusive of {len(self.rows)} metrics)"
@@ -204,6 +249,7 @@ class Comparison:
             rows=rows,
             alpha=float(data.get("alpha", DEFAULT_ALPHA)),
             notes=list(data.get("notes", [])),
+            differs_rule=str(data.get("differs_rule", "union")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -215,6 +261,8 @@ class Comparison:
             "alpha": self.alpha,
             "verdict": self.verdict,
             "reproduced": self.reproduced,
+            "differs_rule": self.differs_rule,
+            "differs_holm": holm_differs(self.rows, self.alpha) if self.differs_rule == "holm" else {},
             "notes": list(self.notes),
             "rows": [r.to_dict() for r in self.rows],
         }
@@ -234,6 +282,8 @@ class _Side:
 
     metric: Mapping[str, Any] | None
     outcomes: dict[tuple[str, str, int], bool] | None = None
+    repeats: bool = False
+    """Some initial state occurs twice in one task: episodes cannot be matched one to one, so the row is unpaired."""
 
 
 def _paired(ref: _Side, act: _Side) -> tuple[list[bool], list[bool]] | None:
@@ -266,17 +316,22 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
             actual_display="missing" if a is None else a["display"],
             note="this run has no such metric" if a is None else "no episodes on one side",
         )
-    pairs = _paired(ref, act)
+    pairs = None if ref.repeats or act.repeats else _paired(ref, act)
     if pairs is not None:
-        test = equivalence_paired(*pairs, margin=margin, alpha=alpha)
+        at = lambda level: equivalence_paired(*pairs, margin=margin, alpha=level)  # noqa: E731
+        test = at(alpha)
         b, c = test.discordant or (0, 0)
         by = "init state" if any(k[1] == "init_states" for k in ref.outcomes) else "reset seed"
         note = f"paired by {by}: {test.pairs} episodes, {b} succeeded only in the reference, {c} only here"
     else:
-        test = equivalence_independent(
-            int(r["successes"]), int(r["episodes"]), int(a["successes"]), int(a["episodes"]), margin=margin, alpha=alpha
+        counts = (int(r["successes"]), int(r["episodes"]), int(a["successes"]), int(a["episodes"]))
+        at = lambda level: equivalence_independent(*counts, margin=margin, alpha=level)  # noqa: E731
+        test = at(alpha)
+        note = (
+            "compared unpaired: an initial state repeats within a task, so episodes cannot be matched one to one"
+            if ref.repeats or act.repeats
+            else ""
         )
-        note = ""
     return MetricComparison(
         **common,
         actual=float(a["rate"]),
@@ -288,7 +343,22 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
         high=float(test.high),
         confidence=test.confidence,
         note=note,
+        p_differs=_p_differs(at, alpha) if test.verdict == "differs" else None,
     )
+
+
+def _p_differs(at: Any, alpha: float) -> float:
+    """The smallest level a <= alpha at which `at(a)`'s (1 - 2a) interval still lies beyond the margin (bisection
+    on log a; the interval widens as a falls), to 1e-3 relative; 1e-15 when it does so even there."""
+    lo, hi = math.log(1e-15), math.log(alpha)
+    if at(math.exp(lo)).verdict == "differs":
+        return 1e-15
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if at(math.exp(mid)).verdict == "differs" else (mid, hi)
+        if hi - lo < 1e-3:
+            break
+    return math.exp(hi)
 
 
 def _value_row(name: str, ref: Mapping[str, Any], act: Mapping[str, Any] | None, tol: float | None) -> MetricComparison:
@@ -319,16 +389,30 @@ def _entries(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
 
 def _task_outcomes(entry: Mapping[str, Any], task: str, metric: str) -> dict[tuple[str, str, int], bool] | None:
     """{(task, kind, initial state): outcome}: keyed by Fetch reset seed or LIBERO init-state index (the kind
-    is part of the key, so a seed never pairs with an init state of the same number)."""
+    is part of the key, so a seed never pairs with an init state of the same number). None when the task has
+    no outcomes or an initial state repeats (`_repeats`: such episodes cannot be matched one to one)."""
     o = entry.get("tasks", {}).get(task, {}).get("outcomes")
     kind = "init_states" if o and "init_states" in o else "reset_seeds"
-    if not o or len(o.get(kind, [])) != len(o.get(metric, "")):
+    if not o or len(o.get(kind, [])) != len(o.get(metric, "")) or _repeats(entry, task):
         return None
     return {(task, kind, int(s)): ch == "1" for s, ch in zip(o[kind], o[metric])}
 
 
+def _repeats(entry: Mapping[str, Any], task: str | None = None) -> bool:
+    """Whether an initial state occurs twice within one task (of `task`, else of any task). The project's own
+    evaluations never repeat one (Fetch reset seeds are distinct 31-bit hashes, bar a chance collision; LIBERO
+    runs each of a task's init states once), but a dict keyed by state would silently drop the repeats."""
+    tasks = entry.get("tasks", {})
+    for name in [task] if task is not None else list(tasks):
+        o = tasks.get(name, {}).get("outcomes") or {}
+        states = o.get("init_states", o.get("reset_seeds", []))
+        if len(set(states)) != len(states):
+            return True
+    return False
+
+
 def _all_outcomes(entry: Mapping[str, Any], metric: str) -> dict[tuple[str, str, int], bool] | None:
-    """The policy's outcomes over all its tasks, or None unless every task carries them."""
+    """The policy's outcomes over all its tasks, or None unless every task carries them (without repeats)."""
     out: dict[tuple[str, str, int], bool] = {}
     for task in entry.get("tasks", {}):
         one = _task_outcomes(entry, task, metric)
@@ -397,6 +481,8 @@ def compare_evidence(
     several times; only at the level its stopping look spent does a verdict keep the stated error rates
     over all looks, so that level is used, and the rate verdicts are then exactly those it stopped on.
     """
+    check_evidence(reference, where=f"the reference evidence {reference.get('name')!r}", reference=True)
+    check_evidence(actual, where=f"the evidence {actual.get('name')!r}")
     sequential = actual.get("sequential") if isinstance(actual.get("sequential"), Mapping) else None
     seq_notes = []
     if alpha is None and sequential is not None and "level" in sequential:
@@ -421,7 +507,14 @@ def compare_evidence(
         found = _declared(mine_declared, label, key)
         if found is None and margin is not None:
             return float(margin)
-        return found if found is not None else _declared(ref_declared, label, key)
+        found = found if found is not None else _declared(ref_declared, label, key)
+        if found is not None and not 0 < found < 1:
+            raise InvalidInputError(
+                f"the margin of {label}/{key} is {found:g}; a rate's margin must lie strictly between 0 and 1",
+                field="margins",
+                hint=f"declare a margin such as 0.05 for {key!r} in the reference's margins (1.x: tolerances)",
+            )
+        return found
 
     rows = []
     for label, ref_entry in _entries(reference).items():
@@ -430,8 +523,14 @@ def compare_evidence(
             act_value = act_entry.get("metrics", {}).get(metric)
             name = f"{label}/{metric}"
             if "rate" in ref_value:
-                ref_side = _Side(metric=ref_value, outcomes=_all_outcomes(ref_entry, metric))
-                act_side = _Side(metric=act_value, outcomes=_all_outcomes(act_entry, metric) if act_entry else None)
+                ref_side = _Side(
+                    metric=ref_value, outcomes=_all_outcomes(ref_entry, metric), repeats=_repeats(ref_entry)
+                )
+                act_side = _Side(
+                    metric=act_value,
+                    outcomes=_all_outcomes(act_entry, metric) if act_entry else None,
+                    repeats=bool(act_entry) and _repeats(act_entry),
+                )
                 m = margin_of(label, metric)
                 rows.append(_rate_row(name, ref_side, act_side, DEFAULT_MARGIN if m is None else m, alpha))
             else:
@@ -442,10 +541,15 @@ def compare_evidence(
             act_task = act_entry.get("tasks", {}).get(task, {})
             for metric in COUNT_METRICS:
                 if metric in ref_task:
-                    ref_side = _Side(metric=ref_task[metric], outcomes=_task_outcomes(ref_entry, task, metric))
+                    ref_side = _Side(
+                        metric=ref_task[metric],
+                        outcomes=_task_outcomes(ref_entry, task, metric),
+                        repeats=_repeats(ref_entry, task),
+                    )
                     act_side = _Side(
                         metric=act_task.get(metric),
                         outcomes=_task_outcomes(act_entry, task, metric) if act_task else None,
+                        repeats=bool(act_task) and _repeats(act_entry, task),
                     )
                     m = margin_of(label, f"{task}/{metric}")
                     rows.append(

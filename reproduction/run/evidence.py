@@ -40,6 +40,7 @@ from typing import Any
 
 from reproduction.errors import InputNotFoundError, InvalidInputError, UnsupportedFormatError
 from reproduction.fsio import atomic_write_text
+from reproduction.run.evidence_check import check_evidence
 from reproduction.run.secrets import redact
 from reproduction.run.stats import wilson
 
@@ -257,17 +258,30 @@ def write_eval_evidence(path: Path, primary: EvalRecord, **kwargs: Any) -> Path:
 
 
 def load_evidence(path: Path) -> dict[str, Any]:
-    """Read an evidence file; refuses other formats and other major versions with the fix named."""
+    """Read an evidence file; refuses other formats, other major versions and malformed fields (counts, outcomes,
+    alpha, margins: reproduction.run.evidence_check) with the fix named (InvalidInputError, exit 4; a missing file
+    InputNotFoundError, exit 3)."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
-        raise InputNotFoundError(f"evidence file {path} does not exist", path=path) from exc
+        raise InputNotFoundError(
+            f"evidence file {path} does not exist",
+            path=path,
+            hint="check the path (an evaluation writes evidence/eval_*.json)",
+        ) from exc
     except (OSError, ValueError) as exc:
-        raise InvalidInputError(f"evidence file {path} is not JSON: {exc}", path=path) from exc
+        raise InvalidInputError(
+            f"evidence file {path} is not JSON: {exc}", path=path, hint=f"fix or regenerate {path}"
+        ) from exc
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         found = doc.get("format") if isinstance(doc, dict) else f"a JSON {type(doc).__name__}"
-        raise InvalidInputError(f"{path} is not {FORMAT} evidence (format: {found!r})", path=path)
+        raise InvalidInputError(
+            f"{path} is not {FORMAT} evidence (format: {found!r})",
+            path=path,
+            field="format",
+            hint="pass an evaluation's evidence/eval_*.json (or a bundle's evidence folder)",
+        )
     version = str(doc.get("format_version", ""))
     if version.split(".")[0] not in READS:
         raise UnsupportedFormatError(
@@ -276,6 +290,7 @@ def load_evidence(path: Path) -> dict[str, Any]:
             field="format_version",
             hint="use the recap-portable release that wrote it, or upgrade this one",
         )
+    check_evidence(doc, where=path)
     return doc
 
 

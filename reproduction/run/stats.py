@@ -12,8 +12,11 @@ d = p_actual - p_reference and a margin m (absolute, e.g. 0.05 = five percentage
     differs       the same (1 - 2 alpha) interval lies wholly beyond the margin (lower bound > +m or
                   upper bound < -m): a one-sided test of H0 "d <= m" (resp. "d >= -m") rejects at level
                   alpha. The two events exclude each other, so a true |d| <= m is called differs with
-                  probability <= alpha (up to the interval's approximation: 0.061 measured at |d| = m,
-                  p = 0.5, n = 50); at d = 0 far less. The (1 - 2 alpha) interval, not (1 - alpha),
+                  probability about alpha (the interval is an approximation: 0.061 measured at |d| = m,
+                  p = 0.5, n = 50; at equal rates, exactly, 0.109 at 5 vs 5 episodes, 0.25 at 1 vs 2, up to
+                  0.18 with one side of 1 episode; at most 0.058 from 15 a side: evidence/README.md). The
+                  overall verdict over many rows adjusts this by Holm (reproduction.run.comparison). The
+                  (1 - 2 alpha) interval, not (1 - alpha),
                   because each claim is one-sided, exactly as in TOST: it keeps both verdicts at the one
                   stated alpha and leaves the smallest band of "inconclusive".
     inconclusive  anything else: the interval straddles a margin, so more episodes are needed
@@ -34,9 +37,11 @@ Intervals (all behave at k = 0, k = n and small n, unlike the Wald interval):
 Defaults: alpha = 0.05, margin = 0.05 absolute; a reference's declared margins (its "margins" field, or
 the older "tolerances" field read as margins) override the default per metric or task.
 
-Power (`episodes_needed`): the normal approximation for TOST of two independent proportions (Chow, Shao
-& Wang 2008, Sample Size Calculations in Clinical Research, sec. 4.2). Stdlib only; the functions also
-take numpy arrays (used by `simulate`, the only part that imports numpy).
+Power: `episodes_needed` is the normal approximation for TOST of two independent proportions (Chow, Shao
+& Wang 2008, Sample Size Calculations in Clinical Research, sec. 4.2), a quick estimate that fails near rates
+0 and 1; `exact_power` / `episodes_exact` (what `portable eval --plan` uses) enumerate both binomials.
+Stdlib only at import; the functions also take numpy arrays (used by `simulate` and `exact_power`, the only
+parts that import numpy).
 
     python -m reproduction.run.stats simulate [--pairs 10000]     # the verdict-rate table
     python -m reproduction.run.stats simulate --sequential        # the same for the sequential rule
@@ -235,6 +240,83 @@ def episodes_needed(
     beta = (1 - power) / 2 if difference == 0 else 1 - power
     z = NormalDist().inv_cdf(1 - alpha) + NormalDist().inv_cdf(1 - beta)
     return math.ceil(z * z * (p1 * (1 - p1) + p2 * (1 - p2)) / (margin - abs(difference)) ** 2)
+
+
+def _pmf(n: int, p: float) -> Any:
+    """Binomial(n, p) probabilities of k = 0..n (numpy), from log-gamma so large n neither overflows nor underflows."""
+    import numpy as np
+
+    k = np.arange(n + 1)
+    if p <= 0 or p >= 1:
+        return (k == (0 if p <= 0 else n)).astype(float)
+    lg = np.array([math.lgamma(i + 1) for i in range(n + 1)])
+    return np.exp(lg[n] - lg - lg[::-1] + k * math.log(p) + (n - k) * math.log1p(-p))
+
+
+def exact_power(p_ref: float, p_act: float, n_ref: int, n_act: int, *, margin: float, alpha: float) -> float:
+    """P(`reproduced`) of the unpaired test (Newcombe TOST at 1 - 2 alpha) when the two sides' true rates are p_ref
+    and p_act, by exact enumeration of both binomials (outcomes of probability < 1e-13 left out: the result is low
+    by at most (n_ref + n_act + 2) 1e-13)."""
+    import numpy as np
+
+    _check(alpha, margin)
+    pr, pa = _pmf(n_ref, p_ref), _pmf(n_act, p_act)
+    kr, ka = np.nonzero(pr > 1e-13)[0], np.nonzero(pa > 1e-13)[0]
+    k1, k2 = np.meshgrid(kr.astype(float), ka.astype(float), indexing="ij")
+    lo, hi = newcombe_difference(
+        k1, np.full(k1.shape, float(n_ref)), k2, np.full(k2.shape, float(n_act)), 1 - 2 * alpha
+    )
+    inside = (lo > -margin) & (hi < margin)
+    return float(np.sum(np.outer(pr[kr], pa[ka]) * inside))
+
+
+def episodes_exact(
+    rows: list[tuple[float, int]],
+    *,
+    margin: float,
+    alpha: float = DEFAULT_ALPHA,
+    power: float = 0.8,
+    difference: float = 0.0,
+    limit: int = 1 << 20,
+) -> int:
+    """The episodes per task n at which the exact probability that *every* row says `reproduced` is at least
+    `power`, unpaired, both sides evaluating n per task. A row is (reference rate p, tasks it pools): a per-task row
+    has 1, a policy's overall row the number of tasks T (it sees T n episodes a side); its true rate on this run is
+    p + difference (p - difference where that would pass 1). The rows of one comparison are dependent, so the
+    bound used is Bonferroni's: sum of (1 - exact power of each row) <= 1 - power, which guarantees P(all) >= power.
+
+    Searched on the exact power (`exact_power`), not the normal approximation: near rates 0 and 1 that one
+    promised 80% and delivered 0-60% (audit F3). Exponential search, then bisection on n; the n returned
+    itself satisfies the bound (the exact power is saw-toothed in n, so a few n above it may fall just short).
+    Raises ValueError when no n up to `limit` does."""
+    _check(alpha, margin)
+    if not 0 < power < 1:
+        raise ValueError(f"power {power} must lie in (0, 1)")
+    if not abs(difference) < margin:
+        raise ValueError(f"true difference {difference} must be smaller than the margin {margin}")
+    cache: dict[tuple[float, int], float] = {}
+
+    def shortfall(n: int) -> float:
+        total = 0.0
+        for p, tasks in set(rows):
+            q = p + difference if 0 <= p + difference <= 1 else p - difference
+            key = (p, n * tasks)
+            if key not in cache:
+                cache[key] = exact_power(p, q, n * tasks, n * tasks, margin=margin, alpha=alpha)
+            total += (1 - cache[key]) * rows.count((p, tasks))
+        return total
+
+    budget = 1 - power + 1e-12
+    hi = 1
+    while shortfall(hi) > budget:
+        if hi >= limit:
+            raise ValueError(f"no n up to {limit} episodes per task gives power {power} at margin {margin}")
+        hi *= 2
+    lo = hi // 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if shortfall(mid) <= budget else (mid, hi)
+    return hi
 
 
 # -- simulation -----------------------------------------------------------------------------------

@@ -287,7 +287,7 @@ def evaluate_sequentially(
     record (the looks, where and why it stopped); deterministic, so a rerun gives the same bytes."""
     import hashlib
 
-    from reproduction.run.comparison import compare_evidence, overall_verdict
+    from reproduction.run.comparison import Comparison, compare_evidence
     from reproduction.run.evidence import load_evidence
     from reproduction.run.sequential import SequentialRule
     from reproduction.run.stats import DEFAULT_ALPHA
@@ -299,15 +299,19 @@ def evaluate_sequentially(
     sizes = rule.sizes(n_max, max(job.config.batch_size for job in jobs))
     spend = rule.spend([n / n_max for n in sizes])
 
-    def rates(outcome: list[Any], look: int) -> list[str]:
+    def rate_rows(outcome: list[Any], look: int) -> list[Any]:
         comparison = compare_evidence(evidence_of(outcome), reference, alpha=spend[look])
-        return [r.verdict for r in comparison.rows if r.kind == "rate"]
+        return [r for r in comparison.rows if r.kind == "rate"]
+
+    def rates(outcome: list[Any], look: int) -> list[str]:
+        return [r.verdict for r in rate_rows(outcome, look)]
 
     outcome = evaluate_many(
         jobs, ui=ui, looks=sizes, go_on=lambda look, partial: "inconclusive" in rates(partial, look)
     )
     look = sizes.index(max(t.episodes for t in outcome[0].tasks.values()))
-    verdicts = rates(outcome, look)
+    final = rate_rows(outcome, look)
+    verdicts = [r.verdict for r in final]
     counts = {v: verdicts.count(v) for v in ("reproduced", "differs", "inconclusive")}
     tally = f"{counts['reproduced']} reproduced, {counts['differs']} differ, {counts['inconclusive']} inconclusive"
     early = look < len(sizes) - 1
@@ -324,7 +328,7 @@ def evaluate_sequentially(
         "episodes": sizes[look] * per_look,
         "episodes_max": n_max * per_look,
         "level": spend[look],
-        "verdict": overall_verdict(verdicts),
+        "verdict": Comparison(actual_name="", reference_name="", rows=final, alpha=spend[look]).verdict,  # Holm
         "rates": counts,
         "reference": reference.get("name"),
         "reference_sha256": hashlib.sha256(Path(reference_path).read_bytes()).hexdigest(),
