@@ -8,9 +8,11 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 from evidence_fixtures import PICK, make_evidence
 from hubserver import HubServer, make_bundle, portable_cmd, portable_env
 
+from reproduction.errors import InvalidInputError
 from reproduction.release.model_card import card_model_index, evidence_from_card
 
 TOKEN = "hf_portableHubResults_51c2"
@@ -59,3 +61,35 @@ def test_model_index_round_trips_through_the_hub(tmp_path: Path) -> None:
         assert plain.returncode == 4 and "no recap-portable results in its model-index" in plain.stderr
     finally:
         hub.stop()
+
+
+def _card(results: list) -> str:
+    return "---\nmodel-index: " + json.dumps([{"name": "x", "results": results}]) + "\n---\n"
+
+
+def _result(successes, episodes) -> dict:
+    args = {"successes": successes, "episodes": episodes}
+    return {
+        "policy": {"label": "recap", "mode": "recap", "guidance_scale": 1.0},
+        "dataset": {"name": PICK},
+        "metrics": [{"type": "success_once", "value": 0.5, "args": args}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("results", "words"),
+    [
+        ([_result(150, 100)], f"recap/{PICK} success_once is 150 of 100 episodes, not a success count"),
+        ([_result("90", 100)], "success_once is '90' of 100 episodes"),
+        ([_result(-5, 100)], "success_once is -5 of 100 episodes"),
+        ([_result(True, 100)], "success_once is True of 100 episodes"),
+        (["not a mapping"], "its model-index is not of the shape recap-portable publishes (AttributeError"),
+        ([{**_result(5, 10), "metrics": {"a": 1}}], "its model-index is not of the shape"),
+    ],
+)
+def test_a_hand_edited_model_index_is_invalid_input_naming_the_card(results, words):
+    """A card's counts went through int() (`"90"` read as 90, 89.5 as 89) and an impossible count reached
+    count_metric's plain ValueError (exit 1); a list where a mapping goes was an AttributeError (exit 1)."""
+    with pytest.raises(InvalidInputError) as err:
+        evidence_from_card(_card(results), where="card.md")
+    assert err.value.exit_code == 4 and str(err.value).startswith("card.md") and words in str(err.value)

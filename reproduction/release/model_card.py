@@ -257,22 +257,14 @@ def evidence_from_card(text: str, *, where: str = "model card") -> dict[str, Any
     model-index; raises InvalidInputError when the card holds no recap-portable results."""
     from reproduction.errors import InvalidInputError
 
-    entries: dict[str, dict[str, Any]] = {}
-    meta: dict[str, Any] = {}
-    for model in card_model_index(text):
-        for result in model.get("results", []):
-            label = str((result.get("policy") or {}).get("label") or result.get("task", {}).get("name"))
-            task = str(result.get("dataset", {}).get("name"))
-            policy = {"label": label, "mode": "other", "guidance_scale": None} | (result.get("policy") or {})
-            entry = entries.setdefault(label, {"policy": policy, "tasks": {}})
-            entry["policy"]["checkpoint"] = {"path": None, "sha256": None, "step": None}
-            row = entry["tasks"].setdefault(task, {})
-            for metric in result.get("metrics", []):
-                args = metric.get("args") or {}
-                if metric.get("type") in _COUNT_METRICS and {"successes", "episodes"} <= set(args):
-                    row["episodes"] = int(args["episodes"])
-                    row[metric["type"]] = int(args["successes"])
-            meta = meta or (result.get("evidence") or {})
+    try:
+        entries, meta = _card_entries(card_model_index(text), where)
+    except (AttributeError, TypeError, KeyError) as exc:  # a hand-edited index: lists where mappings go, ...
+        raise InvalidInputError(
+            f"{where}: its model-index is not of the shape recap-portable publishes ({type(exc).__name__}: {exc})",
+            field="model-index",
+            hint="compare against the run's evidence JSON instead, or publish the card again with `portable publish`",
+        ) from None
     if not entries:
         raise InvalidInputError(
             f"{where} has no recap-portable results in its model-index",
@@ -297,3 +289,35 @@ def evidence_from_card(text: str, *, where: str = "model card") -> dict[str, Any
         seeds=dict(meta.get("seeds") or {}),
         settings={"source": where},
     )
+
+
+def _card_entries(index: list[Any], where: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """{policy label: {"policy", "tasks": {task: {"episodes", metric: successes}}}} and the evidence's name/seeds,
+    from a card's model-index."""
+    from reproduction.errors import InvalidInputError
+
+    entries: dict[str, dict[str, Any]] = {}
+    meta: dict[str, Any] = {}
+    for model in index:
+        for result in model.get("results", []):
+            label = str((result.get("policy") or {}).get("label") or result.get("task", {}).get("name"))
+            task = str(result.get("dataset", {}).get("name"))
+            policy = {"label": label, "mode": "other", "guidance_scale": None} | (result.get("policy") or {})
+            entry = entries.setdefault(label, {"policy": policy, "tasks": {}})
+            entry["policy"]["checkpoint"] = {"path": None, "sha256": None, "step": None}
+            row = entry["tasks"].setdefault(task, {})
+            for metric in result.get("metrics", []):
+                args = metric.get("args") or {}
+                if metric.get("type") in _COUNT_METRICS and {"successes", "episodes"} <= set(args):
+                    k, n = args["successes"], args["episodes"]
+                    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (k, n)) or not 0 <= k <= n:
+                        raise InvalidInputError(
+                            f"{where}: {label}/{task} {metric['type']} is {k!r} of {n!r} episodes, not a success "
+                            "count (whole numbers, 0 <= successes <= episodes)",
+                            field="model-index",
+                            hint="fix the card's model-index, or compare against the run's evidence JSON instead",
+                        )
+                    row["episodes"] = n
+                    row[metric["type"]] = k
+            meta = meta or (result.get("evidence") or {})
+    return entries, meta
