@@ -192,7 +192,9 @@ def test_the_recap_demo_stage_keys_are_those_of_the_code_before_recipes_had_name
     stage's code (which is meant to change its key) does not fail this test: the config subsets, exemptions,
     inputs, upstream names, files and code module names are what the move must keep, and the fields declared
     `same_outputs()` must leave out exactly what the hand-kept key_exempt lists did. The policy stage's keys are
-    those of the code after recap/policy/task.py was split (its code list names config, setup and batches too)."""
+    those of the code after recap/policy/task.py was split (its code list names config, setup and batches too).
+    The LIBERO-10 config's policy key is the one after policy.model.hold_labels defaulted off (that config names
+    no value, so its policy trains on other labels: its key must change; the demos name `true` and keep theirs)."""
     from types import SimpleNamespace
 
     from reproduction.config_fields import output_free_keys
