@@ -551,3 +551,44 @@ def test_the_loss_augments_only_where_the_config_says(monkeypatch):
     assert seen[-1] is not image and batch["images"]["base_0_rgb"] is image
     task.policy_loss(model, batch)
     assert seen[-1] is image
+
+
+def test_make_policy_task_trains_pi05_on_the_openpi_prompt_quantiles_and_augmented_images(tmp_path, monkeypatch):
+    """Stage 4's task of a pi05 setup (the model config swapped for test widths): the collator's prompts are openpi's
+    task-only ones, the samples' actions quantile-normalised, the loss augments the camera."""
+    import json
+
+    import numpy as np
+
+    from reproduction.recap.policy.config import SETUP_NAME, PolicyConfig
+    from reproduction.recap.policy.data import PolicySource, open_policy_input
+    from reproduction.recap.policy.setup import prepare_policy_setup
+    from reproduction.recap.policy.task import make_policy_task
+    from reproduction.recap.tokenizer import load_tokenizer
+    from reproduction.train.config import TrainConfig
+    from tests.policy_synth import CAMERA, TASK, write_policy_dataset
+
+    ds = write_policy_dataset(tmp_path / "cams", episodes=2, length=6, camera=True)
+    inp = [open_policy_input(PolicySource(path=str(ds), type="sft"), need_labels=False)]
+    train = TrainConfig(max_steps=1, global_batch=2, micro_batch=2, launcher="inprocess")
+    cfg = PolicyConfig(preset="pi05", cameras={"base_0_rgb": CAMERA}, chunk=4, execute_steps=2)
+    out = tmp_path / "p"
+    setup = prepare_policy_setup(inp, cfg, out, mode="bc", train=train, resume=False)
+    tok = load_tokenizer(out / "tokenizer")
+    small = pi05_config(
+        state_dim=8, action_dim=4, chunk=4, cameras=("base_0_rgb",), reduced={**REDUCED, "vocab_size": len(tok)}
+    )
+    setup["model_config"] = small.to_dict()
+    (out / SETUP_NAME).write_text(json.dumps(setup))
+    task = make_policy_task(0, 1, setup_path=str(out / SETUP_NAME))
+    assert task.collate.prompt == "pi05" and task.loss.keywords == {"image_augment": True}
+    samples = [task.train_dataset[i] for i in range(2)]
+    st = setup["stats"]
+    q01, q99 = np.asarray(st["action_q01"]), np.asarray(st["action_q99"])
+    raw = inp[0].action[:4]
+    assert np.allclose(samples[0]["actions"], (raw - q01) / (q99 - q01 + 1e-6) * 2 - 1, atol=1e-5)
+    batch = task.collate(samples)
+    assert batch["input_ids"][0][batch["attention_mask"][0]].tolist() == _openpi_tokenize(tok, TASK)
+    torch.manual_seed(0)
+    loss, _ = task.loss(task.model, batch)
+    assert torch.isfinite(loss)
