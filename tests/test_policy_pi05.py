@@ -592,3 +592,19 @@ def test_make_policy_task_trains_pi05_on_the_openpi_prompt_quantiles_and_augment
     torch.manual_seed(0)
     loss, _ = task.loss(task.model, batch)
     assert torch.isfinite(loss)
+
+
+def test_a_pi05_setup_written_before_openpis_prompt_does_not_resume(tmp_path):
+    """Its checkpoints read the clipped state text, which no field reproduces: resuming it is refused by name."""
+    import json
+
+    from reproduction.errors import CheckpointError
+    from reproduction.recap.policy.config import SETUP_NAME
+    from reproduction.recap.policy.setup import _refuse_changed
+
+    stage = {"mode": "bc", "chunk": 4, "train": {}}
+    new = {"model_config": {"preset": "pi05"}, "stats": {}, "tasks": [], "fingerprints": {}, "arrays_sha256": "x"}
+    (tmp_path / SETUP_NAME).write_text(json.dumps({**new, "stage": stage}))
+    new["stage"] = {**stage, "discrete_state_input": False, "norm": None, "norm_stats": None, "image_augment": None}
+    with pytest.raises(CheckpointError, match="pi05 prompt: the checkpoints were trained on the state text"):
+        _refuse_changed(tmp_path, new, tmp_path / "tok")

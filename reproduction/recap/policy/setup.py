@@ -156,6 +156,9 @@ def _refuse_changed(out_dir: Path, new: dict, new_tokenizer: Path) -> None:
     changes = []
     if old["model_config"].get("preset") != new["model_config"].get("preset"):
         changes.append(f"preset {old['model_config'].get('preset')!r} -> {new['model_config'].get('preset')!r}")
+    if old["model_config"].get("preset") == "pi05" and "discrete_state_input" not in old["stage"]:
+        # written before openpi's prompt: its checkpoints read the state text (clipped bins), which no field gives now
+        changes.append("pi05 prompt: the checkpoints were trained on the state text this version no longer writes")
     for key in ("model_config", "stats", "tasks", "fingerprints", "arrays_sha256"):
         if key == "model_config" and changes:
             continue
