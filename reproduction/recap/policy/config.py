@@ -71,7 +71,6 @@ class PolicyConfig:
     norm_stats: str | None = field(default=None, metadata=added_field())
     """openpi's norm_stats.json (or the folder holding it, e.g. a checkpoint's assets/<asset_id>/) whose state and
     actions q01/q99 the quantile norm uses (upstream reads its checkpoint's); None = the training frames' quantiles."""
-
     image_augment: bool | None = field(default=None, metadata=added_field())
     """Train-time image augmentation as openpi's preprocess_observation_pytorch(train=True): 95% crop + resize and
     +-5 degree rotation on non-wrist cameras, brightness/contrast/saturation jitter on all; None = the preset's (pi05

@@ -7,7 +7,6 @@ The statistics travel as one JSON dict (policy_setup.json's and policy.json's `s
     norm                                               "quantile" when quantile; absent = z-score (every export
                                                        written before the field existed)
     state_q01, state_q99, action_q01, action_q99       with norm "quantile"
-    norm_source                                        with norm "quantile": "frames" or the norm_stats.json read
 
 openpi (transforms.py Normalize/Unnormalize, use_quantiles=True):
     x_n = (x - q01) / (q99 - q01 + 1e-6) * 2 - 1          x = (x_n + 1) / 2 * (q99 - q01 + 1e-6) + q01

@@ -156,14 +156,14 @@ def _refuse_changed(out_dir: Path, new: dict, new_tokenizer: Path) -> None:
     changes = []
     if old["model_config"].get("preset") != new["model_config"].get("preset"):
         changes.append(f"preset {old['model_config'].get('preset')!r} -> {new['model_config'].get('preset')!r}")
-    if old["model_config"].get("preset") == "pi05" and "discrete_state_input" not in old["stage"]:
-        # written before openpi's prompt: its checkpoints read the state text (clipped bins), which no field gives now
-        changes.append("pi05 prompt: the checkpoints were trained on the state text this version no longer writes")
     for key in ("model_config", "stats", "tasks", "fingerprints", "arrays_sha256"):
         if key == "model_config" and changes:
             continue
         if old.get(key) != new.get(key):
             changes.append(f"{key} differs")
+    if old["model_config"].get("preset") == "pi05" and "discrete_state_input" not in old["stage"]:
+        # written before openpi's prompt: its checkpoints read the state text (clipped bins), which no field gives now
+        changes.append("pi05 prompt: the checkpoints were trained on the state text this version no longer writes")
     # a setup written before a field was added ran its default (config_fields.added_field)
     old_stage = {k: v for k, v in {**added_defaults(PolicyConfig), **old["stage"]}.items() if k not in RESUME_FREE}
     new_stage = {k: v for k, v in new["stage"].items() if k not in RESUME_FREE}
