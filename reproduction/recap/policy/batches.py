@@ -27,11 +27,12 @@ class PolicySamples:
         fingerprints: Mapping[str, str] | None = None,
         image_size: int = 64,
     ) -> None:
+        from reproduction.recap.policy.normalize import Normalizer
+
         self.arrays = arrays
-        s_mean, s_std = np.asarray(stats["state_mean"], np.float32), np.asarray(stats["state_std"], np.float32)
-        a_mean, a_std = np.asarray(stats["action_mean"], np.float32), np.asarray(stats["action_std"], np.float32)
-        self.state = ((arrays.state - s_mean) / s_std).astype(np.float32)
-        self.action = ((arrays.action - a_mean) / a_std).astype(np.float32)
+        norm = Normalizer(stats)  # z-score, or openpi's quantiles (pi05): normalize.py
+        self.state = norm.state(arrays.state)
+        self.action = norm.action(arrays.action)
         self.cameras = dict(cameras or {})
         self.sources = list(sources)
         self.fingerprints = dict(fingerprints or {})
@@ -131,9 +132,12 @@ class RouteAugment:
 class PolicyCollator:
     """Samples -> batch: state (B,S), actions (B,H,A'), prompt tokens (B,T) by (task, kind), kinds, images.
 
-    `state_text` (pi05) writes the state into the prompt as pi0.5's 256-bin text; `action_dim` pads
-    action chunks with zeros to the model's width (pi0.5's max_action_dim). Token ids of the few
-    distinct prompts are cached (the tokenizer is the slowest part of a tiny batch otherwise)."""
+    `prompt` (pi05) is the pi0.5 prompt style (pi05.PROMPTS): `pi05` the task alone tokenised as openpi's
+    PaligemmaTokenizer does without a state, `pi05_state` (or `state_text=True`) the state written into the prompt as
+    openpi's 256-bin text, `pi05_state_clipped` the state text of exports written before openpi's binning was
+    matched; None (tiny) the value model's `Task: ...` template. `action_dim` pads action chunks with zeros to the
+    model's width (pi0.5's max_action_dim). Token ids of the few distinct prompts are cached (the tokenizer is the
+    slowest part of a tiny batch otherwise)."""
 
     def __init__(
         self,
@@ -145,13 +149,22 @@ class PolicyCollator:
         max_token_len: int = 64,
         state_text: bool = False,
         action_dim: int | None = None,
+        prompt: str | None = None,
     ) -> None:
+        from reproduction.recap.policy.pi05 import PROMPTS
+
+        prompt = "pi05_state" if prompt is None and state_text else prompt
+        if prompt is not None and prompt not in PROMPTS:
+            raise ValueError(f"prompt style {prompt!r} is not one of {', '.join(PROMPTS)}")
         self.tokenizer = tokenizer
         self.tasks = list(tasks)
         self.cameras = tuple(sorted(cameras))
         self.image_size = image_size
-        self.max_token_len = 200 if state_text else max_token_len
-        self.state_text = state_text
+        self.prompt = prompt
+        self.max_token_len = 200 if prompt is not None else max_token_len  # openpi's pi0.5 max_token_len
+        self.state_text = prompt is not None
+        """A pi0.5 prompt (batches go through the per-sample path; the historical name: it once always held the
+        state)."""
         self.action_dim = action_dim
         self._ids: dict[str, list[int]] = {}
 
@@ -159,10 +172,14 @@ class PolicyCollator:
         from reproduction.recap.policy.conditioning import prompt_text
         from reproduction.recap.tokenizer import format_prompt
 
-        if self.state_text:
+        if self.prompt == "pi05":
+            from reproduction.recap.policy.pi05 import clean_task
+
+            return [clean_task(prompt_text(self.tasks[t], k)) for t, k in zip(task_ids, kinds)]
+        if self.prompt is not None:
             from reproduction.recap.policy.pi05 import discretize_state, pi05_prompt
 
-            texts = discretize_state(states)
+            texts = discretize_state(states, clip=self.prompt == "pi05_state_clipped")
             return [pi05_prompt(prompt_text(self.tasks[t], k), s) for t, k, s in zip(task_ids, kinds, texts)]
         return [format_prompt(prompt_text(self.tasks[t], k)) for t, k in zip(task_ids, kinds)]
 
@@ -172,8 +189,13 @@ class PolicyCollator:
 
         todo = sorted({p for p in prompts if p not in self._ids})
         if todo:
-            enc = self.tokenizer(todo, add_special_tokens=True, truncation=True, max_length=self.max_token_len)
-            self._ids.update(zip(todo, enc["input_ids"]))
+            if self.prompt == "pi05":
+                from reproduction.recap.policy.pi05 import pi05_token_ids
+
+                self._ids.update(zip(todo, pi05_token_ids(self.tokenizer, todo, max_len=self.max_token_len)))
+            else:
+                enc = self.tokenizer(todo, add_special_tokens=True, truncation=True, max_length=self.max_token_len)
+                self._ids.update(zip(todo, enc["input_ids"]))
             if len(self._ids) > 4096:  # state text makes prompts distinct: keep the cache bounded
                 self._ids = {p: self._ids[p] for p in todo}
         seqs = [self._ids[p] for p in prompts]

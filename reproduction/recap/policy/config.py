@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from reproduction.config_fields import reject_unknown_fields, same_outputs
+from reproduction.config_fields import added_field, reject_unknown_fields, same_outputs
 from reproduction.errors import ConfigError
 from reproduction.recap.policy.conditioning import MODES
 
@@ -62,6 +62,20 @@ class PolicyConfig:
     """weights_manifest/*.json whose files initialise the model (strict, sha256-checked); None = random init."""
     weights_dir: str | None = field(default=None, metadata=same_outputs(on_resume=True))
     """Folder the manifest's file paths are relative to (the bundle's weights/)."""
+    discrete_state_input: bool = field(default=False, metadata=added_field())
+    """pi05: write the normalised state into the prompt as openpi's 256-bin text ("Task: ..., State: ...;\\nAction: ",
+    openpi's Pi0Config field). False = upstream RLinf's pi05_libero: the prompt is the task alone (openpi's tokenizer
+    without a state) and the policy never sees the state (pi0.5 has no state projection). tiny: must be false."""
+    norm: str | None = field(default=None, metadata=added_field())
+    """State/action normalisation: quantile (openpi's pi0.5: (x - q01) / (q99 - q01 + 1e-6) * 2 - 1) or zscore
+    ((x - mean) / max(std, 1e-2)); None = the preset's: quantile for pi05, zscore for tiny."""
+    norm_stats: str | None = field(default=None, metadata=added_field())
+    """openpi's norm_stats.json (or the folder holding it, e.g. a checkpoint's assets/<asset_id>/) whose state and
+    actions q01/q99 the quantile norm uses (upstream reads its checkpoint's); None = the training frames' quantiles."""
+    image_augment: bool | None = field(default=None, metadata=added_field())
+    """Train-time image augmentation as openpi's preprocess_observation_pytorch(train=True): 95% crop + resize and
+    +-5 degree rotation on non-wrist cameras, brightness/contrast/saturation jitter on all; None = the preset's (pi05
+    on, as upstream trains; tiny off)."""
 
     def __post_init__(self) -> None:
         check_policy_values(self)
@@ -121,6 +135,22 @@ def check_policy_values(cfg: Any, key: str = "") -> None:
             "concatenates",
             field=k("state_dims"),
             hint=f"set {k('state_keys')} too, or drop {k('state_dims')}",
+        )
+    from reproduction.recap.policy.normalize import check_norm, default_norm
+
+    check_norm(getattr(cfg, "norm", None), k("norm"))
+    norm = getattr(cfg, "norm", None) or default_norm(cfg.preset)
+    if getattr(cfg, "norm_stats", None) and norm != "quantile":
+        raise ConfigError(
+            f"{where}{k('norm_stats')} is set, but the normalisation is z-score (only the quantile norm reads it)",
+            field=k("norm_stats"),
+            hint=f"set {k('norm')}=quantile, or drop {k('norm_stats')}",
+        )
+    if cfg.preset == "tiny" and getattr(cfg, "discrete_state_input", False):
+        raise ConfigError(
+            f"{where}{k('discrete_state_input')}=true applies to pi05 (tiny reads the state through its projection)",
+            field=k("discrete_state_input"),
+            hint=f"drop {k('discrete_state_input')}, or set {k('preset')}=pi05",
         )
     if cfg.preset == "pi05" and not cfg.cameras:
         raise ConfigError(

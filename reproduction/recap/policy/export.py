@@ -133,6 +133,8 @@ class GuidedPolicy:
 
     def __init__(self, *, model: Any, meta: dict, tokenizer: Any, guidance_scale: float, num_steps: int, seed: int):
         from reproduction.recap.policy.batches import PolicyCollator
+        from reproduction.recap.policy.normalize import Normalizer
+        from reproduction.recap.policy.pi05 import export_prompt_style
 
         self.model, self.meta, self.guidance_scale, self.num_steps, self.seed = (
             model,
@@ -141,14 +143,12 @@ class GuidedPolicy:
             num_steps,
             seed,
         )
-        stats = meta["stats"]
-        self.s_mean, self.s_std = (
-            np.asarray(stats["state_mean"], np.float32),
-            np.asarray(stats["state_std"], np.float32),
-        )
-        self.a_mean, self.a_std = (
-            np.asarray(stats["action_mean"], np.float32),
-            np.asarray(stats["action_std"], np.float32),
+        self.norm = Normalizer(meta["stats"])  # z-score, or openpi's quantiles (pi05; absent `norm`: z-score)
+        self.s_mean, self.s_std, self.a_mean, self.a_std = (
+            self.norm.s_mean,
+            self.norm.s_std,
+            self.norm.a_mean,
+            self.norm.a_std,
         )
         self.cameras = dict(meta["cameras"])
         self.collator = PolicyCollator(
@@ -156,8 +156,8 @@ class GuidedPolicy:
             [],
             cameras=tuple(self.cameras),
             image_size=model.config.image_size,
-            state_text=model.config.preset == "pi05",
             action_dim=model.config.action_dim,
+            prompt=export_prompt_style(meta),
         )
         self.uses_guidance = meta["mode"] == "recap" and guidance_scale != 1.0
         self.forward_passes = 0
@@ -237,7 +237,7 @@ class GuidedPolicy:
             )
         n = len(tasks)
         reps = len(kinds) // n
-        state = (self._state(obs) - self.s_mean) / self.s_std
+        state = self.norm.state(self._state(obs))
         samples = []
         for r in range(reps):
             for i in range(n):
@@ -270,7 +270,7 @@ class GuidedPolicy:
         noise = self.noise(self._state(obs)).to(device)
         with torch.no_grad():
             if self._cache_prompts:
-                state = torch.from_numpy(((self._state(obs) - self.s_mean) / self.s_std).astype(np.float32))
+                state = torch.from_numpy(self.norm.state(self._state(obs)))
                 state = state.repeat(len(kinds) // n, 1).to(device)
                 cache = self._cached_prefix(list(obs["task"]), kinds, state)
             else:
@@ -289,7 +289,7 @@ class GuidedPolicy:
 
             actions = euler_sample(velocity, noise, self.num_steps)
         actions = actions.float().cpu().numpy()[..., : self.a_mean.size]  # pi05 pads actions to 32 dims
-        return (actions * self.a_std + self.a_mean).astype(np.float32)
+        return self.norm.unaction(actions)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ A checkpoint saved by lerobot's PI05Policy prefixes every key with `model.`; ope
 checkpoints do not; `load_pi05_state_dict` accepts both, fills a tied `lm_head` left out by
 deduplicating savers, and loads strictly (every key of the architecture, nothing else).
 
-Forward: prefix = [SigLIP tokens per camera] + [prompt tokens x sqrt(2048)], where the prompt is
-pi0.5's "Task: {task}, State: {256-bin state};\\nAction: " (state as discretised text). Suffix =
+Forward: prefix = [SigLIP tokens per camera] + [prompt tokens x sqrt(2048)], where the prompt is openpi's
+(PROMPTS): the task alone (upstream's pi05_libero: the policy never sees the state) or, with discrete_state_input,
+"Task: {task}, State: {256-bin state};\\nAction: " (state as discretised text). Suffix =
 action_in_proj(x_t) (H tokens), with the time as adaRMS condition. pi0.5's attention masks never
 let a prefix token see the suffix, so the joint layer-by-layer pass equals a prefix pass that keeps
 each layer's rotated K/V followed by an expert pass attending to [prefix K/V; suffix K/V] with its
@@ -267,17 +268,54 @@ def _bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     ]
 
 
-def discretize_state(state: np.ndarray, bins: int = 256) -> list[str]:
-    """pi0.5's state text: each normalised value in [-1, 1] -> its bin in 0..bins-1, space-separated."""
+PROMPTS = ("pi05", "pi05_state", "pi05_state_clipped")
+"""pi0.5 prompt styles. `pi05`: openpi's tokenizer without a state (upstream's pi05_libero, discrete_state_input
+False): the cleaned task encoded with <bos>, then "\\n" encoded alone. `pi05_state`: openpi's with the state
+(discrete_state_input True): "Task: {task}, State: {256-bin state};\\nAction: " with <bos>. `pi05_state_clipped`: what
+this project wrote before the field existed (the state clipped to [-1, 1] before binning): exports without a
+`prompt` key in policy.json."""
+
+
+def prompt_style(preset: str, discrete_state_input: bool) -> str | None:
+    """The prompt style of a newly trained policy: None for tiny (the value model's `Task: ...` template)."""
+    if preset != "pi05":
+        return None
+    return "pi05_state" if discrete_state_input else "pi05"
+
+
+def export_prompt_style(meta: dict[str, Any]) -> str | None:
+    """The prompt style an export was trained with: its policy.json's `prompt`, or for a pi05 export written before
+    the key existed the state text it then used (`pi05_state_clipped`); None for tiny."""
+    if meta.get("preset") != "pi05":
+        return None
+    return str(meta.get("prompt", "pi05_state_clipped"))
+
+
+def discretize_state(state: np.ndarray, bins: int = 256, *, clip: bool = False) -> list[str]:
+    """pi0.5's state text, as openpi's PaligemmaTokenizer bins it: np.digitize(state, linspace(-1, 1, bins + 1)[:-1])
+    - 1, space-separated per row; no clip, so a value below -1 is bin -1 and one above 1 bin bins - 1. `clip=True`:
+    clipped to [-1, 1] first (pi05_state_clipped, exports written before openpi's binning was matched)."""
     edges = np.linspace(-1.0, 1.0, bins + 1)[:-1]
-    ids = np.digitize(np.clip(state, -1.0, 1.0), edges) - 1
+    ids = np.digitize(np.clip(state, -1.0, 1.0) if clip else state, edges) - 1
     return [" ".join(str(int(i)) for i in row) for row in np.atleast_2d(ids)]
 
 
+def clean_task(task: str) -> str:
+    """openpi's cleaning of the prompt (the advantage text is part of `task`): strip, "_" and newlines -> spaces."""
+    return task.strip().replace("_", " ").replace("\n", " ")
+
+
 def pi05_prompt(task: str, state_text: str) -> str:
-    """openpi's pi0.5 prompt (the advantage text is part of `task`; newlines become spaces)."""
-    cleaned = task.strip().replace("_", " ").replace("\n", " ")
-    return f"Task: {cleaned}, State: {state_text};\nAction: "
+    """openpi's pi0.5 prompt with the state as text (discrete_state_input True)."""
+    return f"Task: {clean_task(task)}, State: {state_text};\nAction: "
+
+
+def pi05_token_ids(tokenizer: Any, texts: list[str], *, max_len: int) -> list[list[int]]:
+    """openpi's PaligemmaTokenizer without a state: each cleaned text encoded with <bos>, then "\\n" encoded alone
+    (its "start of answer" token), concatenated, cut to `max_len`."""
+    newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
+    enc = tokenizer(texts, add_special_tokens=True)["input_ids"]
+    return [(list(ids) + list(newline))[:max_len] for ids in enc]
 
 
 _VISION_LEROBOT = "paligemma_with_expert.paligemma.model.vision_tower.vision_model."

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from reproduction.config_fields import resume_free_fields
+from reproduction.config_fields import added_defaults, resume_free_fields
 from reproduction.errors import CheckpointError
 from reproduction.fsio import atomic_write_text, remove_orphaned_staging
 from reproduction.recap.policy.config import ARRAYS_NAME, EXPORT_FORMAT, SETUP_NAME, PolicyConfig, check_mode
@@ -48,7 +48,7 @@ def prepare_policy_setup(
             hint="`portable run --resume` continues it; `--restart-stage policy` trains it again from scratch",
         )
     arrays, summary = build_arrays(inputs, mode=mode, chunk=config.chunk, hold_labels=config.hold_labels)
-    stats = state_stats(arrays)
+    stats = _stats(config, arrays, state_stats(arrays))
     staging = out_dir / f".tokenizer.{os.getpid()}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -104,6 +104,20 @@ def prepare_policy_setup(
     return setup
 
 
+def _stats(config: PolicyConfig, arrays: Any, zscore: dict[str, Any]) -> dict[str, Any]:
+    """The setup's normalisation stats (normalize.py): the z-score ones alone (tiny: as always), or with the quantile
+    norm also `norm` and q01/q99 from `config.norm_stats` (openpi's norm_stats.json) or the training frames."""
+    from reproduction.recap.policy.normalize import default_norm, quantile_stats, read_norm_stats
+
+    if (config.norm or default_norm(config.preset)) != "quantile":
+        return zscore
+    if config.norm_stats:
+        q = read_norm_stats(config.norm_stats, state_dim=arrays.state.shape[1], action_dim=arrays.action.shape[1])
+    else:
+        q = quantile_stats(arrays.state, arrays.action[np.unique(arrays.chunk)])
+    return {**zscore, "norm": "quantile", **q}
+
+
 def _tokenizer(config: PolicyConfig, tasks: list[str], out: Path) -> Any:
     from reproduction.recap.policy.conditioning import KINDS, prompt_text
     from reproduction.recap.tokenizer import load_tokenizer, train_tokenizer
@@ -147,7 +161,11 @@ def _refuse_changed(out_dir: Path, new: dict, new_tokenizer: Path) -> None:
             continue
         if old.get(key) != new.get(key):
             changes.append(f"{key} differs")
-    old_stage = {k: v for k, v in old["stage"].items() if k not in RESUME_FREE}
+    if old["model_config"].get("preset") == "pi05" and "discrete_state_input" not in old["stage"]:
+        # written before openpi's prompt: its checkpoints read the state text (clipped bins), which no field gives now
+        changes.append("pi05 prompt: the checkpoints were trained on the state text this version no longer writes")
+    # a setup written before a field was added ran its default (config_fields.added_field)
+    old_stage = {k: v for k, v in {**added_defaults(PolicyConfig), **old["stage"]}.items() if k not in RESUME_FREE}
     new_stage = {k: v for k, v in new["stage"].items() if k not in RESUME_FREE}
     old_train = {k: v for k, v in old_stage.pop("train").items() if k in RESUME_KEY_FIELDS}
     new_train = {k: v for k, v in new_stage.pop("train").items() if k in RESUME_KEY_FIELDS}

@@ -99,12 +99,18 @@ def train_policy(
     )
 
 
-def policy_loss(model: Any, batch: Mapping[str, Any]) -> tuple[Any, dict[str, float]]:
-    """pi0 flow matching (flow.py): noise and time from torch's RNG; metrics by prompt kind."""
+def policy_loss(model: Any, batch: Mapping[str, Any], *, image_augment: bool = False) -> tuple[Any, dict[str, float]]:
+    """pi0 flow matching (flow.py): noise and time from torch's RNG; metrics by prompt kind. `image_augment`: the
+    batch's camera images first go through openpi's train-time augmentation (augment.py; drawn before the noise and
+    time, as openpi's forward draws them)."""
     import torch
 
     from reproduction.recap.policy.flow import interpolate, sample_time
 
+    if image_augment and batch.get("images"):
+        from reproduction.recap.policy.augment import with_augmented_images
+
+        batch = with_augmented_images(dict(batch))
     actions = batch["actions"]
     noise = torch.randn(actions.shape, dtype=actions.dtype, device=actions.device)
     t = sample_time(actions.shape[0], device=actions.device)
@@ -124,6 +130,7 @@ def make_policy_task(rank: int, world_size: int, *, setup_path: str) -> Any:
     """The trainer's factory (bind with functools.partial): the TrainTask of the setup at `setup_path`."""
     from reproduction.recap.policy.data import PolicyArrays
     from reproduction.recap.policy.model import PolicyModelConfig, build_policy_model
+    from reproduction.recap.policy.pi05 import prompt_style
     from reproduction.recap.tokenizer import load_tokenizer
     from reproduction.train.task import TrainTask
 
@@ -152,8 +159,8 @@ def make_policy_task(rank: int, world_size: int, *, setup_path: str) -> Any:
         setup["tasks"],
         cameras=mcfg.cameras,
         image_size=mcfg.image_size,
-        state_text=mcfg.preset == "pi05",
         action_dim=mcfg.action_dim,
+        prompt=prompt_style(mcfg.preset, stage.discrete_state_input),
     )
     augment = (
         RouteAugment(mode=mode, dropout=stage.condition_dropout, positive_only=stage.positive_only)
@@ -165,13 +172,22 @@ def make_policy_task(rank: int, world_size: int, *, setup_path: str) -> Any:
         model=model,
         train_dataset=data,
         collate=collate,
-        loss=policy_loss,
+        loss=_loss(stage, mcfg),
         augment=augment,
         make_batch=PolicyBatcher(samples=data, collator=collate, augment=augment) if fast else None,
         fsdp_units=policy_blocks,
         export_extras=functools.partial(write_export_extras, setup=setup),
         model_config=mcfg.to_dict(),
     )
+
+
+def _loss(stage: PolicyConfig, mcfg: Any) -> Any:
+    """policy_loss, with openpi's image augmentation when the policy reads cameras and `image_augment` (None: the
+    preset's default, augment.py) says so; policy_loss itself otherwise (tiny's default: the loss it always ran)."""
+    from reproduction.recap.policy.augment import default_image_augment
+
+    on = stage.image_augment if stage.image_augment is not None else default_image_augment(mcfg.preset)
+    return functools.partial(policy_loss, image_augment=True) if on and mcfg.cameras else policy_loss
 
 
 def policy_blocks(model: Any) -> list[Any]:
@@ -185,26 +201,36 @@ def policy_blocks(model: Any) -> list[Any]:
 
 
 def export_metadata(setup: Mapping[str, Any]) -> dict[str, Any]:
-    """`policy.json`: what load_policy needs besides the weights."""
+    """`policy.json`: what load_policy needs besides the weights (the normalisation rides in `stats`: normalize.py)."""
+    from reproduction.recap.policy.pi05 import prompt_style
+
     stage = setup["stage"]
-    return {
-        "format_version": EXPORT_FORMAT,
-        "preset": setup["model_config"]["preset"],
-        "mode": stage["mode"],
-        "positive_only": stage["positive_only"],
-        "condition_dropout": stage["condition_dropout"],
-        "chunk": stage["chunk"],
-        "execute_steps": stage["execute_steps"],
-        "num_steps": stage["num_steps"],
-        "cameras": dict(stage["cameras"]),
-        "stats": setup["stats"],
-        "tasks": setup["tasks"],
-        "tokenizer": "tokenizer",
-        "fingerprints": setup["fingerprints"],
-    } | (  # only when set, so an export reading observation.state ++ observation.goal keeps its bytes
-        {"state_keys": list(stage["state_keys"]), "state_dims": stage.get("state_dims")}
-        if stage.get("state_keys")
-        else {}
+    return (
+        {
+            "format_version": EXPORT_FORMAT,
+            "preset": setup["model_config"]["preset"],
+            "mode": stage["mode"],
+            "positive_only": stage["positive_only"],
+            "condition_dropout": stage["condition_dropout"],
+            "chunk": stage["chunk"],
+            "execute_steps": stage["execute_steps"],
+            "num_steps": stage["num_steps"],
+            "cameras": dict(stage["cameras"]),
+            "stats": setup["stats"],
+            "tasks": setup["tasks"],
+            "tokenizer": "tokenizer",
+            "fingerprints": setup["fingerprints"],
+        }
+        | (  # only when set, so an export reading observation.state ++ observation.goal keeps its bytes
+            {"state_keys": list(stage["state_keys"]), "state_dims": stage.get("state_dims")}
+            if stage.get("state_keys")
+            else {}
+        )
+        | (  # pi05 only (tiny exports keep their bytes); absent in a pi05 export = pi05_state_clipped (pi05.PROMPTS)
+            {"prompt": prompt_style("pi05", bool(stage.get("discrete_state_input", False)))}
+            if setup["model_config"]["preset"] == "pi05"
+            else {}
+        )
     )
 
 

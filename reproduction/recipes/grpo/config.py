@@ -40,8 +40,9 @@ class PolicyModelSection:
     """The policy preset: RECAP stage 4's model (reproduction/recap/policy), trained without conditioning."""
 
     preset: str = "tiny"
-    """tiny (CPU; camera-free unless `cameras` maps some) or pi05 (lerobot PI05Policy's architecture: reads cameras
-    and writes the state into its prompt as text; full size needs a GPU and `pretrained_manifest`)."""
+    """tiny (CPU; camera-free unless `cameras` maps some) or pi05 (lerobot PI05Policy's architecture: reads cameras;
+    stage 4 trains it at RECAP's pi05 defaults, openpi pi05_libero's prompt without the state and quantile
+    normalisation; full size needs a GPU and `pretrained_manifest`)."""
     cameras: dict[str, str] = field(default_factory=dict)
     """Model camera slot -> observation key, as RECAP's policy.model.cameras (e.g. {base_0_rgb:
     observation.images.agentview}); the keys name cameras the simulator renders, which the SFT data, the rollouts

@@ -16,8 +16,9 @@ worker processes (envs.py); the policy forward stays one batched call over all r
 stage-4 policy (reproduction/recap/policy: `tiny`, camera-free or with cameras, and `pi05`) for batched calls over
 arrays; its state is the export's (Fetch: state + goal; LIBERO: the export's state_keys and state_dims, as
 GuidedPolicy reads them). A camera-free tiny batch carries each distinct prompt once (its prefix runs once per
-prompt); a batch with cameras, or pi05's (the state written into the prompt as text: pi05.discretize_state), goes
-through stage 4's collator sample by sample, each frame through `to_pixels`, as GuidedPolicy.batch builds it.
+prompt); a batch with cameras, or pi05's (openpi's prompt, pi05.PROMPTS: the state as text only for an export trained
+with discrete_state_input), goes through stage 4's collator sample by sample, each frame through `to_pixels`, as
+GuidedPolicy.batch builds it; states and actions are (un)normalised as the export's stats say (normalize.py).
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class PolicyHead:
     """The model's camera resolution: the envs render at it (to_pixels then keeps the frame, as stage 4 would
     resize any other); 64, unused, for a camera-free policy."""
     state_text: bool = False
-    """pi05: the state goes into the prompt as text (the collator's state_text)."""
+    """pi05: a pi0.5 prompt (the collator's state_text: the per-sample path; the state is in the text only for an
+    export trained with discrete_state_input)."""
 
     def sim_cameras(self, task: str) -> tuple[str, ...]:
         """The cameras `task`'s envs render for this policy (() for a camera-free one): Fetch's camera names, or
@@ -92,13 +94,16 @@ class PolicyHead:
         return np.asarray(self.stats["state_std"], np.float32)
 
     def normalise_state(self, raw: np.ndarray) -> np.ndarray:
-        return ((np.asarray(raw, np.float32) - self.s_mean) / self.s_std).astype(np.float32)
+        """The export's normalisation (recap/policy/normalize.py: z-score, or pi05's quantiles)."""
+        from reproduction.recap.policy.normalize import Normalizer
+
+        return Normalizer(self.stats).state(raw)
 
     def to_env(self, x: np.ndarray) -> np.ndarray:
-        """Normalised actions (..., A) -> env actions (..., env dims)."""
-        a_mean = np.asarray(self.stats["action_mean"], np.float32)
-        a_std = np.asarray(self.stats["action_std"], np.float32)
-        return (x[..., : self.env_action_dim] * a_std + a_mean).astype(np.float32)
+        """Normalised actions (..., A) -> env actions (..., env dims), as the export's GuidedPolicy unnormalises."""
+        from reproduction.recap.policy.normalize import Normalizer
+
+        return Normalizer(self.stats).unaction(x[..., : self.env_action_dim])
 
     def model_batch(
         self,
@@ -188,6 +193,7 @@ def load_head(export_dir: Path | str, *, model: Any = None) -> PolicyHead:
     """The PolicyHead of a policy export (its weights loaded strictly into `model`, or a new model)."""
     from reproduction.recap.policy.export import read_export
     from reproduction.recap.policy.model import PolicyModelConfig, build_policy_model
+    from reproduction.recap.policy.pi05 import export_prompt_style
     from reproduction.recap.policy.task import PolicyCollator
     from reproduction.recap.tokenizer import load_tokenizer
     from reproduction.recap.value.weights import load_safetensors_strict
@@ -206,8 +212,8 @@ def load_head(export_dir: Path | str, *, model: Any = None) -> PolicyHead:
             list(meta["tasks"]),
             cameras=mcfg.cameras,
             image_size=mcfg.image_size,
-            state_text=pi05,
             action_dim=mcfg.action_dim,
+            prompt=export_prompt_style(meta),  # pi05: openpi's prompt (the state as text only if trained so)
         )
     else:
         collator = PolicyCollator(tokenizer, list(meta["tasks"]))

@@ -315,7 +315,7 @@ def preflight(
     if config.datasets and not any(e.value for e in config.datasets):
         problems.append(ConfigError("datasets: no dataset has value: true; the value model would train on nothing"))
     for section, model in (("value", config.value.model), ("policy", config.policy.model)):
-        for name in ("tokenizer", "pretrained_manifest", "weights_dir"):
+        for name in ("tokenizer", "pretrained_manifest", "weights_dir", "norm_stats"):
             value = getattr(model, name, None)
             if value and "/path/to/" not in value and not Path(value).exists():
                 problems.append(InputNotFoundError(f"{section}.model.{name}: {value} does not exist", path=value))
