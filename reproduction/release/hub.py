@@ -447,6 +447,7 @@ def fetch_bundle(
         (dest / MANIFEST_NAME).unlink(missing_ok=True)  # incomplete from here until the end
         present = _already_present(dest, manifest)
         partial = dest / STATE_DIR / PARTIAL_DIR
+        _clean_partial(partial)
         jobs = [
             Download(
                 rel=e.path,
@@ -505,6 +506,22 @@ def _remote_manifest(
                 hint="the published manifest is damaged or hostile; do not use it",
             )
     return data, manifest
+
+
+def _clean_partial(partial: Path) -> None:
+    """Remove from `.portable/partial` anything a download would write through: the folder itself as a
+    symlink or file, or an entry in it that is not a regular file (a `.part` symlink would have the next
+    download append to whatever it points to: audit F1). The tool's own state, so removed, never followed."""
+    import stat
+
+    from reproduction.release.lock import clear_state_entry
+
+    if os.path.lexists(partial) and not stat.S_ISDIR(os.lstat(partial).st_mode):
+        clear_state_entry(partial)
+        return
+    for entry in os.scandir(partial) if os.path.isdir(partial) else ():
+        if not entry.is_file(follow_symlinks=False):
+            clear_state_entry(Path(entry.path))
 
 
 def _prepare_dest(dest: Path, manifest: Manifest) -> None:

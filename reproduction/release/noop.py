@@ -71,10 +71,10 @@ def _no_extras(bundle: str, listed: set[str], targets: set[str]) -> bool:
         keep = []
         for d in dirs:
             rel = rel_root + d
+            if os.path.islink(os.path.join(root, d)) and rel != RUNS_DIR:
+                return False
             if rel in skip_dirs or (d == "__pycache__" and rel.startswith("reproduction/")):
                 continue
-            if os.path.islink(os.path.join(root, d)):
-                return False
             keep.append(d)
         dirs[:] = keep
         for name in names:
@@ -98,7 +98,7 @@ def _check(bundle: str) -> tuple[int, list[str]] | None:
         or receipt.get("bundle_path") != bundle
     ):
         return None
-    if os.path.lexists(os.path.join(state, "staging")) or os.path.lexists(os.path.join(state, "trash")):
+    if any(os.path.lexists(os.path.join(state, name)) for name in ("staging", "trash", "reloc")):
         return None
     manifest = json.loads(raw)
     files = {e["path"]: e for e in manifest["files"]}
@@ -140,12 +140,18 @@ def try_noop_restore(argv: list[str], default_bundle: str) -> int | None:
     given, quiet = parsed
     try:
         bundle = os.path.realpath(given if given is not None else default_bundle)
-        fd = os.open(os.path.join(bundle, STATE_DIR, LOCK_NAME), os.O_RDWR | os.O_CLOEXEC)
+        if not stat.S_ISDIR(os.lstat(os.path.join(bundle, STATE_DIR)).st_mode):
+            return None  # a symlinked state folder: the full path refuses it
+        # O_NOFOLLOW: a lock that is a symlink must not be truncated through (the full path refuses it).
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(os.path.join(bundle, STATE_DIR, LOCK_NAME), flags)
     except (OSError, ValueError):
         return None
     try:
         import fcntl
 
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}: restore".encode(), 0)

@@ -23,11 +23,11 @@ from reproduction.digests import default_jobs, sha256_file
 from reproduction.errors import InvalidInputError, WriteFailedError, os_error
 from reproduction.release import extract_child
 from reproduction.release import layers as layer_io
-from reproduction.release.lock import bundle_lock
+from reproduction.release.lock import bundle_lock, clear_state_entry
 from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, LayerEntry, Manifest, load_manifest
 from reproduction.release.receipt import LayerReceipt, Receipt, load_receipt, save_receipt
 from reproduction.release.safety import check_targets, validate_layers
-from reproduction.release.swap import preflight, swap_back, swap_into_place
+from reproduction.release.swap import check_target_path, preflight, swap_back, swap_into_place
 from reproduction.release.verify import (
     Problem,
     VerifyReport,
@@ -122,6 +122,7 @@ def _plan(bundle: Path, manifest: Manifest, receipt: Receipt, *, deep: bool, ref
     source archive would silently discard local edits (the user must pass --refresh-source)."""
     groups = _groups(manifest)
     for g in groups:
+        check_target_path(bundle, g.target)  # every group: a kept target is relocated in place
         root = bundle / g.target
         recs = [receipt.layers.get(layer.archive) for layer in g.layers]
         fresh = all(
@@ -153,10 +154,25 @@ def _has_prefixes(layer: LayerEntry) -> bool:
     return bool(layer.prefix_files or layer.foreign_prefix_files)
 
 
-def _cleanup_state(bundle: Path) -> None:
-    """Remove what a killed restore left in `.portable/` (never anything at a final path)."""
+def _cleanup_state(bundle: Path, *, strict: bool) -> None:
+    """Remove what a killed restore left in `.portable/` (never anything at a final path).
+
+    A leftover that is a symlink or a plain file (a hostile or damaged bundle folder) is unlinked
+    itself, never what it points to: staging, trash and reloc are the tool's own (audit F2, F16).
+    `strict` (before restoring) raises WriteFailedError (8) naming a leftover that cannot be removed;
+    otherwise (after) what cannot be removed stays for the next restore.
+    """
     for name in ("staging", "trash", RELOC_TMP):
-        shutil.rmtree(bundle / STATE_DIR / name, ignore_errors=True)
+        path = bundle / STATE_DIR / name
+        try:
+            clear_state_entry(path)
+        except OSError as exc:
+            if strict:
+                raise os_error(
+                    exc,
+                    f"the leftover {path}",
+                    hint=f"remove {path} (restore's own temporary state) and run `portable restore` again",
+                ) from None
 
 
 RELOC_TMP = "reloc"
@@ -409,7 +425,7 @@ def _finish(
     """
     state = bundle / STATE_DIR
     trash = state / "trash"
-    trash.mkdir(parents=True, exist_ok=True)
+    os.mkdir(trash)  # _cleanup_state removed any leftover (a symlink here would send old trees elsewhere)
     staged = [g for g in groups if g.action == "extract"]
     preflight(bundle, [g.target for g in staged])
     before = receipt.to_dict()
@@ -465,7 +481,10 @@ def _finish(
             except OSError:
                 pass  # the receipt on disk vouches for nothing that was being replaced: still consistent
         raise
-    shutil.rmtree(trash, ignore_errors=True)
+    try:
+        clear_state_entry(trash)
+    except OSError:
+        pass  # the next restore removes it first (or names it)
 
 
 def _plain_receipt(bundle: Path, manifest: Manifest) -> dict[str, list[int]]:
@@ -505,7 +524,7 @@ def restore_bundle(
     jobs = jobs or default_jobs()
     report = RestoreReport(bundle=bundle)
     with bundle_lock(bundle, what="restore", wait_s=wait_s):
-        _cleanup_state(bundle)
+        _cleanup_state(bundle, strict=True)
         receipt = load_receipt(bundle)
         manifest_sha = sha256_file(bundle / MANIFEST_NAME)
         groups = _plan(bundle, manifest, receipt, deep=deep, refresh_source=refresh_source)
@@ -549,6 +568,6 @@ def restore_bundle(
                 "the previous state is kept",
             ) from None
         finally:
-            _cleanup_state(bundle)
+            _cleanup_state(bundle, strict=False)
     report.seconds = time.perf_counter() - started
     return report

@@ -139,10 +139,12 @@ def find_extras(bundle: Path, manifest: Manifest) -> list[str]:
         keep = []
         for d in dirs:
             rel = rel_root + d
-            if rel in skip_dirs or (d == "__pycache__" and rel.startswith("reproduction/")):
+            if os.path.islink(os.path.join(root, d)) and rel != RUNS_DIR:
+                # A symlinked folder is never part of a bundle; the state folder or a layer target as a
+                # link would have restore write through it (audit F1, F3). runs/ may point at a big disk.
+                extras.append(rel)
                 continue
-            if os.path.islink(os.path.join(root, d)):
-                extras.append(rel)  # a symlinked folder is never part of a bundle
+            if rel in skip_dirs or (d == "__pycache__" and rel.startswith("reproduction/")):
                 continue
             keep.append(d)
         dirs[:] = keep

@@ -1,0 +1,204 @@
+"""Regression tests for the audit of restore/verify against hostile bundle FOLDERS (stop 44).
+
+The bundle's bytes are fine here; what is hostile is what else the folder holds: a state folder or
+its entries as symlinks, a shipped receipt, layer targets that are links or the user's own folders.
+Each test names the audit finding (F1...) it pins and failed before its fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from bundlekit import QUIET, REPO, run_cli, small_bundle, tree_snapshot
+
+from reproduction.errors import UnsafeArchiveError
+from reproduction.release.restore import restore_bundle
+from reproduction.release.verify import verify_bundle
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    return small_bundle(tmp_path_factory.mktemp("hostile"))
+
+
+@pytest.fixture
+def bundle(packed, tmp_path):
+    out = tmp_path / "case" / "bundle"
+    shutil.copytree(packed, out, symlinks=True)
+    return out
+
+
+@pytest.fixture
+def outside(tmp_path):
+    out = tmp_path / "outside"
+    for rel in ("staging/precious.txt", "trash/also.txt", "reloc/keep.txt", "file.cfg"):
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text("mine\n")
+    return out
+
+
+def _one_error(done, code: int, needle: str) -> None:
+    lines = done.stderr.splitlines()
+    assert done.returncode == code, done.stderr
+    assert len(lines) == 2 and lines[0].startswith("error: ") and lines[1].startswith("hint: "), done.stderr
+    assert needle in lines[0], done.stderr
+
+
+# -- F1: the state folder as a symlink ------------------------------------------------------------
+
+
+def test_a_symlinked_state_folder_is_refused_and_nothing_outside_changes(bundle, outside):
+    os.symlink(outside, bundle / ".portable")
+    before = tree_snapshot(outside)
+    done = run_cli("restore", bundle)
+    _one_error(done, 6, f"{bundle}/.portable is a symlink")
+    assert tree_snapshot(outside) == before
+    verify = run_cli("verify", bundle)
+    assert verify.returncode == 12 and "extra    .portable" in verify.stderr
+
+
+def test_a_state_folder_that_is_a_file_is_refused(bundle):
+    (bundle / ".portable").write_text("x")
+    _one_error(run_cli("restore", bundle), 6, ".portable is not a folder")
+
+
+# -- F2 / F16: entries of a real state folder that are symlinks or files ---------------------------
+
+
+@pytest.mark.parametrize("noop", [False, True])
+def test_a_symlinked_lock_file_is_never_truncated(bundle, outside, noop):
+    if noop:  # the receipt-only fast path opens the lock too
+        restore_bundle(bundle, ui=QUIET)
+        (bundle / ".portable" / "lock").unlink()
+    else:
+        (bundle / ".portable").mkdir()
+    os.symlink(outside / "file.cfg", bundle / ".portable" / "lock")
+    _one_error(run_cli("restore", bundle), 6, "the lock file")
+    assert (outside / "file.cfg").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("name", ["staging", "trash", "reloc"])
+def test_symlinked_state_entries_are_removed_not_followed(bundle, outside, name):
+    restore_bundle(bundle, ui=QUIET)
+    (bundle / "runtime" / "rt" / "share" / "data.txt").write_text("damaged")  # forces a re-extraction (a swap)
+    os.symlink(outside / name, bundle / ".portable" / name)
+    before = tree_snapshot(outside)
+    report = restore_bundle(bundle, ui=QUIET)
+    assert report.extracted == ["runtime/rt"]
+    assert tree_snapshot(outside) == before
+    assert sorted(os.listdir(bundle / ".portable")) == ["lock", "receipt.json"]
+
+
+@pytest.mark.parametrize("name", ["staging", "trash"])
+def test_state_entries_left_as_plain_files_do_not_block_restore(bundle, name):
+    restore_bundle(bundle, ui=QUIET)
+    (bundle / "runtime" / "rt" / "share" / "data.txt").write_text("damaged")
+    (bundle / ".portable" / name).write_text("x")
+    done = run_cli("restore", bundle)
+    assert done.returncode == 0, done.stderr
+    assert "extracted runtime/rt" in done.stderr
+    assert sorted(os.listdir(bundle / ".portable")) == ["lock", "receipt.json"]
+
+
+# -- F3: a layer target that is a symlink, vouched for by a shipped receipt -------------------------
+
+
+def _ship_receipt(bundle, layers: dict) -> None:
+    (bundle / ".portable").mkdir(exist_ok=True)
+    (bundle / ".portable" / "receipt.json").write_text(
+        json.dumps(
+            {
+                "format": "recap-portable-receipt",
+                "format_version": "1.0",
+                "bundle_path": "/old",
+                "manifest_sha256": "",
+                "plain": {},
+                "fetch": {},
+                "layers": layers,
+            }
+        )
+    )
+
+
+def test_a_symlinked_target_is_refused_before_relocating_through_it(bundle, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "profile.sh").write_text("export PATH=/old/source/project/bin:$PATH\n")
+    data = json.loads((bundle / "bundle.json").read_text())
+    src = next(x for x in data["layers"] if x["target"] == "source/project")
+    src["build_prefix"], src["prefix_files"] = "/old/source/project", [{"path": "profile.sh", "mode": "text"}]
+    (bundle / "bundle.json").write_text(json.dumps(data, indent=1))
+    sha = next(f["sha256"] for f in data["files"] if f["path"] == src["archive"])
+    rec = {"sha256": sha, "target": "source/project", "prefix": "/old/source/project"}
+    _ship_receipt(bundle, {src["archive"]: {**rec, "files": {"profile.sh": [0, 0]}, "links": {}, "digests": {}}})
+    shutil.rmtree(bundle / "source" / "project", ignore_errors=True)
+    os.symlink(home, bundle / "source" / "project")
+    done = run_cli("restore", bundle)
+    _one_error(done, 6, "layer target source/project is a symlink")
+    assert (home / "profile.sh").read_text() == "export PATH=/old/source/project/bin:$PATH\n"
+    assert [p.kind + " " + p.path for p in verify_bundle(bundle).problems] == ["extra source/project"]
+
+
+def test_a_target_under_a_symlinked_folder_is_refused(bundle, tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    shutil.move(bundle / "runtime", tmp_path / "elsewhere" / "runtime")
+    os.symlink(tmp_path / "elsewhere" / "runtime", bundle / "runtime")
+    with pytest.raises(UnsafeArchiveError, match="lies under the symlink runtime"):
+        restore_bundle(bundle, ui=QUIET)
+    assert not (tmp_path / "elsewhere" / "runtime" / "rt").exists()
+
+
+# -- F10: a read-only folder inside a layer's old tree ---------------------------------------------
+
+_REMOVE = (
+    "import sys; from pathlib import Path; from reproduction.fsio import remove_tree; remove_tree(Path(sys.argv[1]))"
+)
+
+
+def test_remove_tree_removes_read_only_folders_and_never_follows_links(tmp_path):
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    if os.geteuid() == 0:  # pytest's tmp_path is root's private folder: nobody could not reach it
+        tmp_path = Path(tempfile.mkdtemp(prefix="portable-f10-", dir="/tmp"))
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "x").write_text("mine")
+    root = tmp_path / "trash"
+    (root / "ro" / "deeper").mkdir(parents=True)
+    (root / "ro" / "file").write_text("x")
+    (root / "ro" / "deeper" / "f").write_text("y")
+    os.symlink(keep, root / "ro" / "link")
+    os.chmod(root / "ro" / "deeper", 0o555)
+    os.chmod(root / "ro", 0o555)
+    cmd = [os.sys.executable, "-c", _REMOVE, str(root)]
+    if os.geteuid() == 0:  # root ignores folder permissions: run as nobody, who owns the tree
+        if not shutil.which("setpriv"):
+            pytest.skip("needs setpriv to drop root")
+        for dirpath, dirs, names in os.walk(tmp_path):
+            for name in [dirpath, *(os.path.join(dirpath, n) for n in dirs + names)]:
+                os.lchown(name, 65534, 65534)
+        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert done.returncode == 0, done.stderr
+        assert not os.path.lexists(root)
+        assert (keep / "x").read_text() == "mine"
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chmod", "-R", "u+rwx", str(tmp_path)], check=False)
+            shutil.rmtree(tmp_path)
+
+
+def test_remove_tree_unlinks_a_symlink_itself(tmp_path):
+    from reproduction.fsio import remove_tree
+
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "f").write_text("mine")
+    os.symlink(tmp_path / "dir", tmp_path / "link")
+    remove_tree(tmp_path / "link")
+    assert not os.path.lexists(tmp_path / "link") and (tmp_path / "dir" / "f").read_text() == "mine"
