@@ -12,7 +12,7 @@ import os
 import shutil
 
 import pytest
-from bundlekit import QUIET, REPO, run_cli, small_bundle, tree_snapshot
+from bundlekit import QUIET, REPO, repin, run_cli, small_bundle, tree_snapshot
 
 from reproduction.errors import UnsafeArchiveError
 from reproduction.release.restore import restore_bundle
@@ -202,3 +202,74 @@ def test_remove_tree_unlinks_a_symlink_itself(tmp_path):
     os.symlink(tmp_path / "dir", tmp_path / "link")
     remove_tree(tmp_path / "link")
     assert not os.path.lexists(tmp_path / "link") and (tmp_path / "dir" / "f").read_text() == "mine"
+
+
+# -- F3b / F5: a receipt vouches only for what its layers' indexes list, at their targets ----------
+
+
+def test_a_shipped_receipt_with_empty_lists_does_not_vouch_for_a_hand_made_tree(bundle):
+    data = json.loads((bundle / "bundle.json").read_text())
+    sha = {f["path"]: f["sha256"] for f in data["files"]}
+    recs = {
+        x["archive"]: {"sha256": sha[x["archive"]], "target": x["target"], "prefix": str(bundle / x["target"])}
+        for x in data["layers"]
+    }
+    _ship_receipt(bundle, {a: {**r, "files": {}, "links": {}, "digests": {}} for a, r in recs.items()})
+    rt = bundle / "runtime" / "rt"
+    (rt / "bin").mkdir(parents=True)
+    os.symlink("/etc/shadow", rt / "bin" / "tool")  # member paths of the layer, made by hand
+    os.symlink("../../../../../..", rt / "bin" / "tool-link")
+    report = restore_bundle(bundle, ui=QUIET)
+    assert report.extracted == ["source/project", "runtime/rt"] and report.unchanged == []
+    assert (rt / "bin" / "tool").read_bytes() == b"#!/bin/sh\necho tool\n"
+    assert os.readlink(rt / "bin" / "tool-link") == "tool"
+
+
+def test_a_setuid_file_in_a_restored_tree_counts_as_changed(bundle):
+    restore_bundle(bundle, ui=QUIET)
+    tool = bundle / "runtime" / "rt" / "bin" / "tool"
+    st = os.stat(tool)
+    os.chmod(tool, 0o4755)
+    os.utime(tool, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert restore_bundle(bundle, ui=QUIET).extracted == ["runtime/rt"]
+    assert os.stat(tool).st_mode & 0o7777 == 0o755
+
+
+def test_a_layer_moved_to_another_existing_folder_is_extracted_there(bundle):
+    restore_bundle(bundle, ui=QUIET)
+    (bundle / "other").mkdir()
+    data = json.loads((bundle / "bundle.json").read_text())
+    data["layers"][0]["target"] = "other"  # the same archive (same sha256), now at another folder
+    (bundle / "bundle.json").write_text(json.dumps(data, indent=1))
+    shutil.rmtree(bundle / "source" / "project")
+    report = restore_bundle(bundle, ui=QUIET)
+    assert report.extracted == ["other"] and report.unchanged == ["runtime/rt"]
+    assert (bundle / "other" / "README.md").read_bytes() == b"# the project\n"
+
+
+def test_the_fast_no_change_path_also_refuses_a_receipt_that_lists_nothing(bundle):
+    restore_bundle(bundle, ui=QUIET)
+    path = bundle / ".portable" / "receipt.json"
+    data = json.loads(path.read_text())
+    for rec in data["layers"].values():  # bundle_path and manifest digest right: only the lists are forged
+        rec["files"], rec["links"] = {}, {}
+    path.write_text(json.dumps(data))
+    done = run_cli("restore", bundle)
+    assert done.returncode == 0, done.stderr
+    assert "extracted source/project, runtime/rt" in done.stderr
+
+
+def test_a_kept_layer_is_validated_like_an_extracted_one(bundle):
+    restore_bundle(bundle, ui=QUIET)
+    index = bundle / "runtime" / "rt.members.json"
+    rows = json.loads(index.read_text())
+    rows["members"].append(["bin/evil", "symlink", 0o777, 0, "/etc/shadow"])
+    index.write_text(json.dumps(rows))
+    repin(bundle, "runtime/rt.members.json")
+    path = bundle / ".portable" / "receipt.json"
+    data = json.loads(path.read_text())
+    data["layers"]["runtime/rt.tar.zst"]["links"]["bin/evil"] = "/etc/shadow"
+    path.write_text(json.dumps(data))
+    os.symlink("/etc/shadow", bundle / "runtime" / "rt" / "bin" / "evil")
+    with pytest.raises(UnsafeArchiveError, match="symlink to the absolute path '/etc/shadow'"):
+        restore_bundle(bundle, ui=QUIET)

@@ -12,8 +12,9 @@ Conditions (mirroring restore.py's `_plan`, `_verify_and_extract` and `_finish`)
 hashes to the receipt's digest and the bundle is where the receipt says; no staging or trash is
 left over; every plain file is a regular file whose (size, mtime_ns) is the receipt's; no file
 the manifest does not list lies outside the layer targets; every layer's receipt names the
-archive's digest and the target's current path, and every file and link it wrote still has its
-recorded stat or text.
+archive's digest, the layer's target and the target's current path (a real folder), lists exactly
+the files and links of the layer's verified member index, and every file and link it wrote still
+has its recorded stat (no setuid/setgid bit) or text.
 """
 
 from __future__ import annotations
@@ -52,12 +53,34 @@ def _unchanged_layer(root: str, rec: dict) -> bool:
     lstat, isreg = os.lstat, stat.S_ISREG
     for rel, recorded in rec.get("files", {}).items():
         st = lstat(base + rel)
-        if not isreg(st.st_mode) or [st.st_size, st.st_mtime_ns] != recorded:
+        if not isreg(st.st_mode) or st.st_mode & 0o6000 or [st.st_size, st.st_mtime_ns] != recorded:
             return False
     for rel, text in rec.get("links", {}).items():
         if os.readlink(base + rel) != text:
             return False
     return True
+
+
+def _covers(bundle: str, group: list[dict], files: dict, recs: dict) -> bool:
+    """The records of one target's layers list exactly the files and links of their verified member indexes
+    (restore.py's `_vouched`: a receipt shipped in the bundle folder must not vouch for a hand-made tree)."""
+    expected: dict[str, str | None] = {}
+    recorded: dict[str, str | None] = {}
+    for layer in group:
+        index = layer.get("members_index")
+        if not index or index not in files:
+            return False
+        with open(os.path.join(bundle, index), "rb") as fh:
+            raw = fh.read()
+        if hashlib.sha256(raw).hexdigest() != files[index]["sha256"]:
+            return False
+        for name, kind, _mode, _size, link in json.loads(raw)["members"]:
+            if kind in ("file", "symlink"):
+                expected[name] = link if kind == "symlink" else None
+        rec = recs[layer["archive"]]
+        recorded.update(dict.fromkeys(rec.get("files", {})))
+        recorded.update(rec.get("links", {}))
+    return recorded == expected
 
 
 def _no_extras(bundle: str, listed: set[str], targets: set[str]) -> bool:
@@ -120,13 +143,17 @@ def _check(bundle: str) -> tuple[int, list[str]] | None:
         if (
             not isinstance(rec, dict)
             or rec.get("sha256") != files[layer["archive"]]["sha256"]
+            or rec.get("target") != layer["target"]
             or rec.get("prefix") != root
-            or not os.path.isdir(root)
+            or not stat.S_ISDIR(os.lstat(root).st_mode)
             or not _unchanged_layer(root, rec)
         ):
             return None
         if layer["target"] not in order:
             order.append(layer["target"])
+    for target in order:
+        if not _covers(bundle, [x for x in layers if x["target"] == target], files, recs):
+            return None
     return len(files), order
 
 

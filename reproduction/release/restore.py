@@ -28,6 +28,7 @@ from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, LayerEntry, 
 from reproduction.release.receipt import LayerReceipt, Receipt, load_receipt, save_receipt
 from reproduction.release.safety import check_targets, validate_layers
 from reproduction.release.swap import check_target_path, preflight, swap_back, swap_into_place
+from reproduction.release.tarscan import Member
 from reproduction.release.verify import (
     Problem,
     VerifyReport,
@@ -108,6 +109,8 @@ class Group:
     """'extract', 'relocate' or 'keep'."""
     changed: list[str] = field(default_factory=list)
     """Files whose stat differs from the receipt (local edits or damage)."""
+    members: dict[str, list[Member]] = field(default_factory=dict)
+    """Archive -> its verified member index, for layers kept on the receipt's word (validated with the rest)."""
 
 
 def _groups(manifest: Manifest) -> list[Group]:
@@ -124,7 +127,7 @@ def _plan(bundle: Path, manifest: Manifest, receipt: Receipt, *, deep: bool, ref
     for g in groups:
         check_target_path(bundle, g.target)  # every group: a kept target is relocated in place
         root = bundle / g.target
-        recs = [receipt.layers.get(layer.archive) for layer in g.layers]
+        recs = _vouched(bundle, manifest, receipt, g)
         fresh = all(
             r is not None and r.sha256 == manifest.file(layer.archive).sha256 for r, layer in zip(recs, g.layers)
         )
@@ -148,6 +151,47 @@ def _plan(bundle: Path, manifest: Manifest, receipt: Receipt, *, deep: bool, ref
         elif any(r.prefix != str(root) for r in recs) and any(_has_prefixes(layer) for layer in g.layers):
             g.action = "relocate"
     return groups
+
+
+def _vouched(bundle: Path, manifest: Manifest, receipt: Receipt, g: Group) -> list[LayerReceipt | None]:
+    """The receipt's records for `g`'s layers, or [None, ...] when the receipt does not vouch for the target.
+
+    The receipt sits in the bundle folder, which may come from anyone (audit F3b, F5): a record is
+    trusted only when it names this target (a layer moved to another folder was never restored
+    there) and its files and links are exactly what the layers' verified member indexes list (a
+    record with empty lists would vouch for a hand-made tree). A layer without an index cannot be
+    checked cheaply and is extracted again. On success fills `g.members`, which restore validates
+    with the extracted layers, so a kept tree is one safety.py accepted.
+    """
+    recs = [receipt.layers.get(layer.archive) for layer in g.layers]
+    untrusted = [None] * len(g.layers)
+    if any(
+        r is None or r.target != layer.target or not r.prefix.endswith("/" + layer.target) or not layer.members_index
+        for r, layer in zip(recs, g.layers)
+    ):
+        return untrusted
+    expected: dict[str, str | None] = {}  # path -> link text (None: a regular file), the last layer's wins
+    for layer in g.layers:
+        entry = manifest.file(layer.members_index)
+        path = bundle / layer.members_index
+        try:
+            if os.lstat(path).st_size != entry.size or sha256_file(path) != entry.sha256:
+                return untrusted  # verify reports it
+            members = layer_io.read_index(path, rel=layer.members_index)
+        except OSError:
+            return untrusted
+        g.members[layer.archive] = members
+        for m in members:
+            if m.kind in ("file", "symlink"):
+                expected[m.name] = m.linkname if m.kind == "symlink" else None
+    recorded: dict[str, str | None] = {}
+    for r in recs:
+        recorded.update(dict.fromkeys(r.files))
+        recorded.update(r.links)
+    if recorded != expected:
+        g.members.clear()
+        return untrusted
+    return recs
 
 
 def _has_prefixes(layer: LayerEntry) -> bool:
@@ -363,7 +407,7 @@ def _verify_and_extract(
             extras = _split_extras(report, manifest)
             report.problems = sort_problems(report.problems + problems)
             raise_for_report(report)
-        validate_layers([(x.entry.archive, x.entry.target, x.members) for x in loaded])
+        validate_layers(_union(manifest, groups, loaded))
         recs, problems = (
             _extract_groups(bundle, groups, {x.entry.archive: x for x in loaded}, jobs=jobs, ui=ui)
             if loaded
@@ -375,6 +419,15 @@ def _verify_and_extract(
     raise_for_report(report)
     report.files = len(manifest.files)
     return report, recs, extras
+
+
+def _union(
+    manifest: Manifest, groups: list[Group], loaded: list[layer_io.LoadedLayer]
+) -> list[tuple[str, str, list[Member]]]:
+    """Every layer's members in restore order: extracted ones as read, kept ones from their verified index."""
+    members = {a: m for g in groups if g.action != "extract" for a, m in g.members.items()}
+    members.update({x.entry.archive: x.members for x in loaded})
+    return [(x.archive, x.target, members[x.archive]) for x in manifest.layers if x.archive in members]
 
 
 def _split_extras(report: VerifyReport, manifest: Manifest) -> list[str]:
