@@ -273,3 +273,56 @@ def test_a_kept_layer_is_validated_like_an_extracted_one(bundle):
     os.symlink("/etc/shadow", bundle / "runtime" / "rt" / "bin" / "evil")
     with pytest.raises(UnsafeArchiveError, match="symlink to the absolute path '/etc/shadow'"):
         restore_bundle(bundle, ui=QUIET)
+
+
+# -- F4 / F9: a layer target over files restore did not write -------------------------------------
+
+
+def _retarget(bundle, **targets) -> None:
+    data = json.loads((bundle / "bundle.json").read_text())
+    for layer in data["layers"]:
+        layer["target"] = targets.get(layer["kind"], layer["target"])
+    (bundle / "bundle.json").write_text(json.dumps(data, indent=1))
+
+
+def test_runs_is_reserved_as_a_layer_target(bundle):
+    (bundle / "runs" / "exp1").mkdir(parents=True)
+    (bundle / "runs" / "exp1" / "results.json").write_text("{}")
+    _retarget(bundle, source="runs")
+    _one_error(run_cli("restore", bundle), 4, "layers[0].target 'runs' would overwrite runs")
+    assert (bundle / "runs" / "exp1" / "results.json").read_text() == "{}"
+
+
+def test_a_layer_target_over_a_users_folder_is_refused_naming_the_files(bundle):
+    (bundle / "notes").mkdir()
+    (bundle / "notes" / "todo.txt").write_text("my notes\n")
+    _retarget(bundle, runtime="notes")
+    done = run_cli("restore", bundle)
+    _one_error(done, 4, "notes: restore would replace this layer target, and 1 file(s) in it are not ones restore")
+    assert "(todo.txt)" in done.stderr and "move your files out of" in done.stderr
+    assert (bundle / "notes" / "todo.txt").read_text() == "my notes\n"
+    assert not (bundle / "source" / "project").exists()  # nothing was swapped in
+
+
+def test_a_lost_receipt_never_discards_source_edits_silently(bundle):
+    restore_bundle(bundle, ui=QUIET)
+    (bundle / "source" / "project" / "README.md").write_text("# my edits\n")
+    (bundle / "source" / "project" / "recap" / "mine.py").write_text("def mine(): ...\n")
+    (bundle / ".portable" / "receipt.json").write_text("{ damaged")
+    done = run_cli("restore", bundle)
+    _one_error(done, 4, "source/project: restore would replace this layer target, and 2 file(s)")
+    assert "(README.md, recap/mine.py)" in done.stderr and "--refresh-source" in done.stderr
+    assert (bundle / "source" / "project" / "README.md").read_text() == "# my edits\n"
+    done = run_cli("restore", "--refresh-source", bundle)
+    assert done.returncode == 0, done.stderr
+    assert "--refresh-source overwrote 2 locally edited file(s) in source/project: README.md, recap/mine.py" in (
+        done.stderr
+    )
+    assert (bundle / "source" / "project" / "README.md").read_bytes() == b"# the project\n"
+
+
+def test_a_lost_receipt_over_an_intact_tree_just_restores_it(bundle):
+    restore_bundle(bundle, ui=QUIET)
+    (bundle / ".portable" / "receipt.json").unlink()
+    report = restore_bundle(bundle, ui=QUIET)
+    assert report.extracted == ["source/project", "runtime/rt"] and report.overwritten == {}

@@ -109,6 +109,8 @@ class Group:
     """'extract', 'relocate' or 'keep'."""
     changed: list[str] = field(default_factory=list)
     """Files whose stat differs from the receipt (local edits or damage)."""
+    vouched: bool = False
+    """The receipt vouches for the tree at the target (see `_vouched`)."""
     members: dict[str, list[Member]] = field(default_factory=dict)
     """Archive -> its verified member index, for layers kept on the receipt's word (validated with the rest)."""
 
@@ -128,6 +130,7 @@ def _plan(bundle: Path, manifest: Manifest, receipt: Receipt, *, deep: bool, ref
         check_target_path(bundle, g.target)  # every group: a kept target is relocated in place
         root = bundle / g.target
         recs = _vouched(bundle, manifest, receipt, g)
+        g.vouched = all(r is not None for r in recs)
         fresh = all(
             r is not None and r.sha256 == manifest.file(layer.archive).sha256 for r, layer in zip(recs, g.layers)
         )
@@ -192,6 +195,70 @@ def _vouched(bundle: Path, manifest: Manifest, receipt: Receipt, g: Group) -> li
         g.members.clear()
         return untrusted
     return recs
+
+
+def _lost_files(bundle: Path, receipt: Receipt, g: Group, staged: Path) -> list[str]:
+    """Files in `g`'s existing target that swapping in `staged` would discard without restore having
+    written them: ones the new tree lacks and the receipt does not record, and (when the receipt does
+    not vouch for the tree: lost or damaged, audit F9) files whose bytes differ from the new tree.
+
+    Paths holding a build prefix are not compared (relocation rewrote them), nor `__pycache__`.
+    """
+    root = bundle / g.target
+    if not os.path.isdir(root) or os.path.islink(root):
+        return []
+    existing, new = layer_io.tree_files(root), layer_io.tree_files(staged)
+    recs = [receipt.layers[x.archive] for x in g.layers] if g.vouched else []
+    known = {p for r in recs for p in r.files.keys() | r.links.keys()}
+    lost = existing - new - known
+    if not g.vouched and g.layers[0].kind == "source":
+        rewritten = {o.path for x in g.layers for o in x.prefix_files}  # own and foreign prefixes, in this target
+        rewritten |= {o.path for x in g.layers for occ in x.foreign_prefix_files.values() for o in occ}
+        lost |= {p for p in (existing & new) - rewritten if not _same_entry(root / p, staged / p)}
+    return sorted(lost)
+
+
+def _same_entry(a: Path, b: Path) -> bool:
+    import filecmp
+    import stat as stat_mod
+
+    sa, sb = os.lstat(a), os.lstat(b)
+    if stat_mod.S_ISLNK(sa.st_mode) or stat_mod.S_ISLNK(sb.st_mode):
+        return stat_mod.S_ISLNK(sa.st_mode) == stat_mod.S_ISLNK(sb.st_mode) and os.readlink(a) == os.readlink(b)
+    return stat_mod.S_ISREG(sa.st_mode) == stat_mod.S_ISREG(sb.st_mode) and filecmp.cmp(a, b, shallow=False)
+
+
+def _refuse_losing_files(
+    bundle: Path, receipt: Receipt, groups: list[Group], report: RestoreReport, refresh: bool
+) -> None:
+    """Before any swap: never discard files in a target that restore did not write, without saying so.
+
+    A layer target over a folder of the user's own (audit F4), or a source target whose receipt was
+    lost while it held local edits (F9), is refused with InvalidInputError (4) naming the files;
+    `--refresh-source` lets a source target's files go, named in `report.overwritten` as for edits
+    the receipt saw. A target the receipt vouches for keeps today's rules: a runtime tree is replaced
+    whole, a source tree's edits are caught by `_plan`.
+    """
+    todo = [g for g in groups if g.action == "extract"]
+    for i, g in enumerate(todo):
+        if g.vouched and g.layers[0].kind != "source":
+            continue
+        lost = _lost_files(bundle, receipt, g, bundle / STATE_DIR / "staging" / f"{i}")
+        if not lost:
+            continue
+        if g.layers[0].kind == "source" and refresh:
+            report.overwritten[g.target] = sorted(set(report.overwritten.get(g.target, [])) | set(lost))
+            continue
+        source = g.layers[0].kind == "source"
+        raise InvalidInputError(
+            f"{g.target}: restore would replace this layer target, and {len(lost)} file(s) in it are not ones "
+            f"restore wrote there ({_few(lost, 3)})",
+            field="--refresh-source" if source else f"layers.target {g.target}",
+            hint="save your edits elsewhere, then run `portable restore --refresh-source` (it overwrites them)"
+            if source
+            else f"move your files out of {bundle / g.target} (a layer target is replaced whole) and run "
+            "`portable restore` again; nothing was changed",
+        )
 
 
 def _has_prefixes(layer: LayerEntry) -> bool:
@@ -589,6 +656,7 @@ def restore_bundle(
                 g.action == "extract"
                 and g.layers[0].kind == "source"
                 and refresh_source
+                and g.vouched  # else `_refuse_losing_files` compares the tree with the new one and names what differs
                 and (bundle / g.target).is_dir()
             ):
                 known = {
@@ -612,6 +680,7 @@ def restore_bundle(
                 ui=ui,
             )
             report.files = verified.files
+            _refuse_losing_files(bundle, receipt, groups, report, refresh_source)
             _finish(bundle, manifest, receipt, groups, recs, report, manifest_sha)
         except OSError as exc:
             raise os_error(

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from reproduction.errors import InvalidInputError, UnsafeArchiveError
 from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, Manifest
 from reproduction.release.tarscan import Member
+from reproduction.release.verify import RUNS_DIR
 
 _MAX_LISTED = 10
 NAME_MAX = 255
@@ -38,12 +39,12 @@ class UnionView:
 
 
 def check_targets(manifest: Manifest) -> None:
-    """Layer targets are equal (an overlay) or disjoint, and never hold a plain file or the runner.
+    """Layer targets are equal (an overlay) or disjoint, and never hold a plain file, the runner or `runs/`.
 
     Raises InvalidInputError naming the layer field at fault.
     """
     plain = [e.path for e in manifest.files]
-    reserved = (MANIFEST_NAME, STATE_DIR, "reproduction")
+    reserved = (MANIFEST_NAME, STATE_DIR, "reproduction", RUNS_DIR)  # runs/: the user's run outputs (audit F4)
     targets = sorted({layer.target for layer in manifest.layers})
     for i, layer in enumerate(manifest.layers):
         t = layer.target
