@@ -12,7 +12,7 @@ import os
 import shutil
 
 import pytest
-from bundlekit import QUIET, REPO, repin, run_cli, small_bundle, tree_snapshot
+from bundlekit import QUIET, REPO, forge_bundle, member, repin, run_cli, small_bundle, tree_snapshot
 
 from reproduction.errors import UnsafeArchiveError
 from reproduction.release.restore import restore_bundle
@@ -326,3 +326,20 @@ def test_a_lost_receipt_over_an_intact_tree_just_restores_it(bundle):
     (bundle / ".portable" / "receipt.json").unlink()
     report = restore_bundle(bundle, ui=QUIET)
     assert report.extracted == ["source/project", "runtime/rt"] and report.overwritten == {}
+
+
+# -- F6: the declared unpacked size bounds what is written -----------------------------------------
+
+
+def test_an_archive_larger_than_its_declared_unpacked_size_is_refused_before_writing(tmp_path):
+    bundle = forge_bundle(
+        tmp_path / "bomb", [("runtime/r.tar.zst", "runtime/r", "runtime", [member("bomb.bin", data=bytes(4 << 20))])]
+    )
+    assert (bundle / "runtime" / "r.tar.zst").stat().st_size < 64 << 10
+    data = json.loads((bundle / "bundle.json").read_text())
+    data["layers"][0]["unpacked_size"] = 10
+    (bundle / "bundle.json").write_text(json.dumps(data))
+    done = run_cli("restore", bundle)
+    _one_error(done, 6, "more than the 10 bytes bundle.json declares as its unpacked_size")
+    assert not (bundle / "runtime" / "r").exists()
+    assert sorted(os.listdir(bundle / ".portable")) == ["lock"]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reproduction.digests import default_jobs, sha256_file
-from reproduction.errors import InvalidInputError, WriteFailedError, os_error
+from reproduction.errors import InvalidInputError, UnsafeArchiveError, WriteFailedError, os_error
 from reproduction.release import extract_child
 from reproduction.release import layers as layer_io
 from reproduction.release.lock import bundle_lock, clear_state_entry
@@ -475,6 +475,7 @@ def _verify_and_extract(
             report.problems = sort_problems(report.problems + problems)
             raise_for_report(report)
         validate_layers(_union(manifest, groups, loaded))
+        _check_sizes(bundle, loaded)
         recs, problems = (
             _extract_groups(bundle, groups, {x.entry.archive: x for x in loaded}, jobs=jobs, ui=ui)
             if loaded
@@ -514,8 +515,33 @@ def _split_extras(report: VerifyReport, manifest: Manifest) -> list[str]:
     return [p.path for p in harmless]
 
 
+def _check_sizes(bundle: Path, loaded: list[layer_io.LoadedLayer]) -> None:
+    """Before any byte is written: the layers' files add up to no more than bundle.json declares.
+
+    `unpacked_size` was only used for the free-space check, so a small archive declaring 10 bytes
+    could write gigabytes (audit F6). The member list is exact (extraction refuses a header that
+    differs from it), so its sum bounds what will be written: more than a declared size is
+    UnsafeArchiveError (6); an undeclared size (0) still gets the free-space check (exit 8).
+    """
+    actual = 0
+    for x in loaded:
+        size = sum(m.size for m in x.members if m.kind == "file")
+        if x.entry.unpacked_size and size > x.entry.unpacked_size:
+            raise UnsafeArchiveError(
+                f"{x.entry.archive}: its files add up to {human_bytes(size)} ({size} bytes), more than the "
+                f"{x.entry.unpacked_size} bytes bundle.json declares as its unpacked_size; nothing was extracted",
+                archive=x.entry.archive,
+                hint="do not use this bundle; ask its publisher to re-pack it with `portable pack`",
+            )
+        actual += size
+    _need_space(bundle, actual)
+
+
 def _free_space_check(bundle: Path, groups: list[Group]) -> None:
-    need = sum(layer.unpacked_size for g in groups if g.action == "extract" for layer in g.layers)
+    _need_space(bundle, sum(layer.unpacked_size for g in groups if g.action == "extract" for layer in g.layers))
+
+
+def _need_space(bundle: Path, need: int) -> None:
     free = shutil.disk_usage(bundle).free
     if need > free:
         raise WriteFailedError(
