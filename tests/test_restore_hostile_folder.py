@@ -343,3 +343,25 @@ def test_an_archive_larger_than_its_declared_unpacked_size_is_refused_before_wri
     _one_error(done, 6, "more than the 10 bytes bundle.json declares as its unpacked_size")
     assert not (bundle / "runtime" / "r").exists()
     assert sorted(os.listdir(bundle / ".portable")) == ["lock"]
+
+
+# -- F7: bundle files that are symlinks out of the bundle ------------------------------------------
+
+
+@pytest.mark.parametrize("restored_first", [False, True])
+def test_bundle_files_linked_out_of_the_bundle_fail_verify_and_restore(bundle, tmp_path, restored_first):
+    if restored_first:  # the no-change fast path must not vouch for them either
+        restore_bundle(bundle, ui=QUIET)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.move(bundle / "weights" / "model.safetensors", elsewhere / "model.safetensors")
+    os.symlink(elsewhere / "model.safetensors", bundle / "weights" / "model.safetensors")
+    shutil.move(bundle / "config", elsewhere / "config")
+    os.symlink(elsewhere / "config", bundle / "config")
+    verify = run_cli("verify", bundle)
+    assert verify.returncode == 11, verify.stderr
+    assert "missing  config/run.json (under a symlink)" in verify.stderr
+    assert "missing  weights/model.safetensors (a symlink)" in verify.stderr
+    done = run_cli("restore", bundle)
+    assert done.returncode == 5, done.stderr
+    assert "missing  weights/model.safetensors (a symlink)" in done.stderr

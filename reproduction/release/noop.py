@@ -129,7 +129,9 @@ def _check(bundle: str) -> tuple[int, list[str]] | None:
     if set(plain) != set(files):
         return None
     for rel, recorded in plain.items():
-        st = os.stat(os.path.join(bundle, rel))
+        if os.path.realpath(os.path.join(bundle, rel)) != os.path.join(bundle, rel):
+            return None  # a link, or under a linked folder: verify refuses it (audit F7)
+        st = os.lstat(os.path.join(bundle, rel))
         if not stat.S_ISREG(st.st_mode) or [st.st_size, st.st_mtime_ns] != recorded:
             return None
     layers = sorted(manifest.get("layers", []), key=lambda x: x["order"])

@@ -636,7 +636,7 @@ def _finish(
 def _plain_receipt(bundle: Path, manifest: Manifest) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for entry in manifest.files:
-        st = os.stat(bundle / entry.path)
+        st = os.lstat(bundle / entry.path)  # verified a regular file (verify's stat_pass lstats)
         out[entry.path] = [st.st_size, st.st_mtime_ns]
     return out
 
