@@ -365,3 +365,41 @@ def test_bundle_files_linked_out_of_the_bundle_fail_verify_and_restore(bundle, t
     done = run_cli("restore", bundle)
     assert done.returncode == 5, done.stderr
     assert "missing  weights/model.safetensors (a symlink)" in done.stderr
+
+
+# -- F14: bundle.json's free-form metadata.weights and the files it names ---------------------------
+
+
+def _set_weights(bundle, value) -> None:
+    data = json.loads((bundle / "bundle.json").read_text())
+    data["metadata"]["weights"] = value
+    (bundle / "bundle.json").write_text(json.dumps(data, indent=1))
+
+
+def _pin_new(bundle, rel: str, blob: bytes) -> None:
+    import hashlib
+
+    (bundle / rel).write_bytes(blob)
+    data = json.loads((bundle / "bundle.json").read_text())
+    data["files"].append({"path": rel, "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()})
+    (bundle / "bundle.json").write_text(json.dumps(data, indent=1))
+
+
+@pytest.mark.parametrize("value", ["abc", [1], {"a": 1}, [{"manifest": 5}], [{"manifest": "../x"}]])
+def test_malformed_metadata_weights_is_invalid_input(bundle, value):
+    _set_weights(bundle, value)
+    _one_error(run_cli("restore", bundle), 4, "metadata.weights")
+
+
+def test_a_deeply_nested_weights_manifest_is_invalid_input(bundle):
+    _pin_new(bundle, "config/wm.json", b"[" * 100000 + b"]" * 100000)
+    _set_weights(bundle, [{"manifest": "config/wm.json", "dest": "weights"}])
+    _one_error(run_cli("restore", bundle), 4, "config/wm.json: not valid JSON")
+
+
+def test_a_license_index_that_is_not_an_object_is_invalid_input(bundle):
+    (bundle / "LICENSES" / "index.json").write_bytes(b"[1]")
+    repin(bundle, "LICENSES/index.json")
+    _pin_new(bundle, "config/wm.json", b'{"format": "recap-portable-weights", "format_version": 2, "components": []}')
+    _set_weights(bundle, [{"manifest": "config/wm.json", "dest": "weights"}])
+    _one_error(run_cli("restore", bundle), 4, "LICENSES/index.json: should be an object")
