@@ -21,6 +21,15 @@ from __future__ import annotations
 import os
 import sys
 
+if __name__ == "__main__" and __package__ in (None, "") and not sys.pycache_prefix:
+    # Run as a file (a bundle's own runner): `verify` ignores reproduction/**/__pycache__/, so bytecode there
+    # must never be what runs (a planted .pyc with the .py's mtime and size would: audit F19). A prefix makes
+    # Python read and write .pyc only under it, for this process and (through the environment) its children.
+    sys.pycache_prefix = os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "recap-portable", "pycache"
+    )
+    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix
+
 if __name__ == "__main__" and __package__ in (None, "") and "restore" in sys.argv[1:]:
     # `python3 reproduction/portable.py restore` of an unchanged bundle is answered from the receipt and a
     # stat pass before argparse and the restore machinery load (they cost more than the stat pass).

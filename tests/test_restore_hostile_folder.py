@@ -403,3 +403,26 @@ def test_a_license_index_that_is_not_an_object_is_invalid_input(bundle):
     _pin_new(bundle, "config/wm.json", b'{"format": "recap-portable-weights", "format_version": 2, "components": []}')
     _set_weights(bundle, [{"manifest": "config/wm.json", "dest": "weights"}])
     _one_error(run_cli("restore", bundle), 4, "LICENSES/index.json: should be an object")
+
+
+# -- F19: bytecode under reproduction/**/__pycache__/ (ignored by verify) never runs -----------------
+
+
+def test_the_bundles_runner_never_runs_a_planted_pyc(bundle, tmp_path):
+    import importlib.util
+    import marshal
+    import struct
+    import sys
+
+    marker = tmp_path / "PLANTED_CODE_RAN"
+    src = bundle / "reproduction" / "release" / "verify.py"
+    code = compile(src.read_text() + f"\nopen({str(marker)!r}, 'w').write('ran')\n", str(src), "exec")
+    st = src.stat()
+    pyc = src.parent / "__pycache__" / f"verify.{sys.implementation.cache_tag}.pyc"
+    pyc.parent.mkdir(exist_ok=True)
+    header = struct.pack("<III", 0, int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF)
+    pyc.write_bytes(importlib.util.MAGIC_NUMBER + header + marshal.dumps(code))
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPYCACHEPREFIX": ""}
+    done = run_cli("verify", bundle, script=bundle / "reproduction" / "portable.py", env=env)
+    assert done.returncode == 0, done.stderr  # __pycache__ stays ignored: a used bundle verifies clean
+    assert not marker.exists()
