@@ -426,3 +426,19 @@ def test_the_bundles_runner_never_runs_a_planted_pyc(bundle, tmp_path):
     done = run_cli("verify", bundle, script=bundle / "reproduction" / "portable.py", env=env)
     assert done.returncode == 0, done.stderr  # __pycache__ stays ignored: a used bundle verifies clean
     assert not marker.exists()
+
+
+# -- F8a: a manifest listing both `x` and `x/y` ---------------------------------------------------
+
+
+def test_a_manifest_listing_a_file_and_a_file_below_it_is_invalid_input(bundle):
+    from reproduction.errors import InvalidInputError
+    from reproduction.release.manifest import Manifest
+
+    data = json.loads((bundle / "bundle.json").read_text())
+    pin = {"size": 1, "sha256": "0" * 64}
+    data["files"] += [{"path": "x", **pin}, {"path": "x/y/z", **pin}]
+    with pytest.raises(InvalidInputError, match="'x' is listed as a file and as the folder of 'x/y/z'"):
+        Manifest.from_dict(data)
+    (bundle / "bundle.json").write_text(json.dumps(data))
+    _one_error(run_cli("verify", bundle), 4, "is listed as a file and as the folder of")

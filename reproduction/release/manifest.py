@@ -17,9 +17,9 @@ reader accepts any minor of its major and refuses other majors with the fix name
 as "extra" any file not listed, except bundle.json, `.portable/`, the layers' targets, `runs/` (a
 user's run outputs) and `reproduction/**/__pycache__/`; `restore` leaves extra files alone unless one
 sits on a layer target's path. A manifest is refused (InvalidInputError, exit 4) when it lists a
-file under `.portable/` or bundle.json itself, an archive in two layers, a path that is not clean and
-relative (`.`, `..`, absolute, NUL), an entry_config that is not one of its files, or an integer
-beyond 2**63-1.
+file under `.portable/` or bundle.json itself, a file that is another's folder (`x` and `x/y`), an
+archive in two layers, a path that is not clean and relative (`.`, `..`, absolute, NUL), an
+entry_config that is not one of its files, or an integer beyond 2**63-1.
 """
 
 from __future__ import annotations
@@ -285,6 +285,16 @@ class Manifest:
             if entry.path in seen:
                 raise InvalidInputError(f"files: {entry.path!r} is listed twice", field="files")
             seen.add(entry.path)
+        for entry in self.files:  # `x` and `x/y`: one of them cannot be written (fetch failed at exit 8: audit F8a)
+            head = entry.path.rpartition("/")[0]
+            while head:
+                if head in seen:
+                    raise InvalidInputError(
+                        f"files: {head!r} is listed as a file and as the folder of {entry.path!r}",
+                        field="files",
+                        hint="the manifest is damaged or hostile; do not use this bundle",
+                    )
+                head = head.rpartition("/")[0]
         archives = {layer.archive for layer in self.layers}
         if len(archives) != len(self.layers):
             twice = sorted({x.archive for x in self.layers if sum(y.archive == x.archive for y in self.layers) > 1})
