@@ -168,7 +168,7 @@ def stat_pass(
     present: list[tuple[FileEntry, os.stat_result]] = []
     linked: dict[str, bool] = {}  # bundle-relative folder -> is it (or a folder above it) a symlink
     for entry in entries:
-        if _under_link(bundle, entry.path.rpartition("/")[0], linked):
+        if under_symlink(bundle, entry.path.rpartition("/")[0], linked):
             problems.append(Problem(kind="missing", path=entry.path, expected=entry.size, actual="under a symlink"))
             continue
         try:
@@ -187,16 +187,17 @@ def stat_pass(
     return problems, present
 
 
-def _under_link(bundle: Path, folder: str, cache: dict[str, bool]) -> bool:
+def under_symlink(bundle: Path, folder: str, cache: dict[str, bool] | None = None) -> bool:
     """Whether bundle-relative `folder` or a folder above it is a symlink (answers cached per folder)."""
     if not folder:
         return False
+    cache = {} if cache is None else cache
     if folder not in cache:
         try:
             is_link = stat_mod.S_ISLNK(os.lstat(bundle / folder).st_mode)
         except OSError:
             is_link = False  # missing: the file's own lstat reports it
-        cache[folder] = is_link or _under_link(bundle, folder.rpartition("/")[0], cache)
+        cache[folder] = is_link or under_symlink(bundle, folder.rpartition("/")[0], cache)
     return cache[folder]
 
 
