@@ -442,3 +442,40 @@ def test_a_manifest_listing_a_file_and_a_file_below_it_is_invalid_input(bundle):
         Manifest.from_dict(data)
     (bundle / "bundle.json").write_text(json.dumps(data))
     _one_error(run_cli("verify", bundle), 4, "is listed as a file and as the folder of")
+
+
+# -- F11 and control characters: manifest paths no filesystem (or listing) takes --------------------
+
+
+@pytest.mark.parametrize(
+    ("rel", "needle"),
+    [
+        ("a" * 300, "longer than filesystems allow"),
+        ("/".join(["d" * 200] * 21), "longer than filesystems allow"),
+        ("weights/x\nerror: forged line", "holds a control character"),
+        ("weights/\x1b[31mred", "holds a control character"),
+    ],
+)
+def test_manifest_paths_no_filesystem_takes_are_invalid_input(bundle, rel, needle):
+    data = json.loads((bundle / "bundle.json").read_text())
+    data["files"][0]["path"] = rel
+    (bundle / "bundle.json").write_text(json.dumps(data))
+    for command in ("verify", "restore"):
+        _one_error(run_cli(command, bundle), 4, needle)
+
+
+def test_an_unreadable_bundle_file_is_a_read_error_not_a_write_error(bundle, monkeypatch):
+    from reproduction.errors import ReadFailedError
+    from reproduction.release import verify as verify_mod
+
+    real = os.lstat
+
+    def lstat(path, *args, **kwargs):
+        if str(path).endswith("data/episodes.parquet"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(verify_mod.os, "lstat", lstat)
+    with pytest.raises(ReadFailedError, match="cannot read the bundle file data/episodes.parquet") as info:
+        verify_bundle(bundle)
+    assert info.value.exit_code == 3

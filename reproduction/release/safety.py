@@ -16,15 +16,11 @@ import posixpath
 from dataclasses import dataclass, field
 
 from reproduction.errors import InvalidInputError, UnsafeArchiveError
-from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, Manifest
+from reproduction.release.manifest import MANIFEST_NAME, NAME_MAX, PATH_MAX, STATE_DIR, Manifest
 from reproduction.release.tarscan import Member
 from reproduction.release.verify import RUNS_DIR
 
 _MAX_LISTED = 10
-NAME_MAX = 255
-"""Longest file name (one path component, in bytes) Linux filesystems take."""
-PATH_MAX = 4095
-"""Longest path (and symlink text) in bytes the kernel takes."""
 
 
 @dataclass(slots=True)

@@ -176,6 +176,8 @@ def stat_pass(
         except (FileNotFoundError, NotADirectoryError):
             problems.append(Problem(kind="missing", path=entry.path, expected=entry.size))
             continue
+        except OSError as exc:  # verify only reads: EACCES is unreadable input (3), not a failed write (audit F11)
+            raise os_error(exc, f"the bundle file {entry.path}", op="read") from None
         if stat_mod.S_ISLNK(st.st_mode):
             problems.append(Problem(kind="missing", path=entry.path, expected=entry.size, actual="a symlink"))
         elif not stat_mod.S_ISREG(st.st_mode):
