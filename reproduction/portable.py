@@ -194,14 +194,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     from reproduction.release.restore import restore_bundle
+    from reproduction.run.guards import sigterm_as_interrupt
 
-    report = restore_bundle(
-        _bundle(args, default=_default_bundle()),
-        deep=args.deep,
-        refresh_source=args.refresh_source,
-        jobs=args.jobs,
-        ui=_ui(args),
-    )
+    # SIGTERM is an interrupt like Ctrl-C (exit 130, one line): its default action skipped restore's
+    # swap-back and the cleanup of staging/ (audit F18).
+    with sigterm_as_interrupt():
+        report = restore_bundle(
+            _bundle(args, default=_default_bundle()),
+            deep=args.deep,
+            refresh_source=args.refresh_source,
+            jobs=args.jobs,
+            ui=_ui(args),
+        )
     if args.json:
         _print_json(report)
     say(report.summary(), options=_ui(args))

@@ -479,3 +479,37 @@ def test_an_unreadable_bundle_file_is_a_read_error_not_a_write_error(bundle, mon
     with pytest.raises(ReadFailedError, match="cannot read the bundle file data/episodes.parquet") as info:
         verify_bundle(bundle)
     assert info.value.exit_code == 3
+
+
+# -- F18: SIGTERM during restore is an interrupt --------------------------------------------------
+
+
+def test_sigterm_during_restore_is_exit_130_with_the_previous_state_kept(bundle, monkeypatch, capsys):
+    import signal
+
+    from reproduction import portable
+    from reproduction.release import restore as restore_mod
+
+    restore_bundle(bundle, ui=QUIET)
+    before = tree_snapshot(bundle / "runtime" / "rt")
+    (bundle / "runtime" / "rt" / "share" / "data.txt").unlink()  # a re-extraction: a swap to undo
+    before.pop("share/data.txt")
+    real = restore_mod._relocate
+
+    def relocate(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # after the new tree went in: the swap-back must run
+        return real(*args, **kwargs)
+
+    def unhandled(signum, frame):  # stands for the default action (which would end pytest too)
+        raise RuntimeError("SIGTERM not handled by restore")
+
+    monkeypatch.setattr(restore_mod, "_relocate", relocate)
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        assert portable.main(["restore", str(bundle), "-q"]) == 130
+        assert signal.getsignal(signal.SIGTERM) is unhandled  # put back afterwards
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert capsys.readouterr().err.splitlines() == ["error: interrupted"]
+    assert tree_snapshot(bundle / "runtime" / "rt") == before
+    assert sorted(os.listdir(bundle / ".portable")) == ["lock", "receipt.json"]
