@@ -513,3 +513,20 @@ def test_sigterm_during_restore_is_exit_130_with_the_previous_state_kept(bundle,
     assert capsys.readouterr().err.splitlines() == ["error: interrupted"]
     assert tree_snapshot(bundle / "runtime" / "rt") == before
     assert sorted(os.listdir(bundle / ".portable")) == ["lock", "receipt.json"]
+
+
+def test_a_new_source_archive_over_new_local_files_needs_refresh_source(bundle):
+    from reproduction.errors import InvalidInputError
+
+    restore_bundle(bundle, ui=QUIET)
+    (bundle / "source" / "project" / "recap" / "mine.py").write_text("def mine(): ...\n")
+    path = bundle / ".portable" / "receipt.json"
+    receipt = json.loads(path.read_text())
+    receipt["layers"]["source/project.tar.zst"]["sha256"] = "0" * 64  # as if the bundle had been updated
+    path.write_text(json.dumps(receipt))
+    with pytest.raises(InvalidInputError, match=r"recap/mine\.py") as info:
+        restore_bundle(bundle, ui=QUIET)
+    assert info.value.field == "--refresh-source"
+    assert (bundle / "source" / "project" / "recap" / "mine.py").exists()
+    report = restore_bundle(bundle, refresh_source=True, ui=QUIET)
+    assert report.overwritten == {"source/project": ["recap/mine.py"]}
