@@ -33,16 +33,17 @@ def state_dir(bundle: Path, *, what: str) -> Path:
     state = Path(bundle) / STATE_DIR
     try:
         Path(bundle).mkdir(parents=True, exist_ok=True)
-        os.mkdir(state, 0o755)
-    except FileExistsError:
-        pass
+        try:
+            os.mkdir(state, 0o755)
+        except FileExistsError:
+            pass
+        st = os.lstat(state)
     except OSError as exc:
         raise os_error(
             exc,
             f"the lock file {state / LOCK_NAME}",
             hint=f"{what} needs write access to the bundle folder; copy the bundle somewhere writable",
         ) from None
-    st = os.lstat(state)
     if not stat.S_ISDIR(st.st_mode):
         kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a folder"
         raise UnsafeArchiveError(

@@ -63,7 +63,7 @@ def _unchanged_layer(root: str, rec: dict) -> bool:
 
 def _covers(bundle: str, group: list[dict], files: dict, recs: dict) -> bool:
     """The records of one target's layers list exactly the files and links of their verified member indexes
-    (restore.py's `_vouched`: a receipt shipped in the bundle folder must not vouch for a hand-made tree)."""
+    (release/vouch.py's `vouched`: a receipt shipped in the bundle folder must not vouch for a hand-made tree)."""
     expected: dict[str, str | None] = {}
     recorded: dict[str, str | None] = {}
     for layer in group:

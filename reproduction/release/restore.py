@@ -38,6 +38,7 @@ from reproduction.release.verify import (
     stat_pass,
     verify_bundle,
 )
+from reproduction.release.vouch import lost_files, vouched
 from reproduction.release.weights import check_bundle_weights
 from reproduction.ui import UiOptions, human_bytes, progress
 
@@ -110,7 +111,7 @@ class Group:
     changed: list[str] = field(default_factory=list)
     """Files whose stat differs from the receipt (local edits or damage)."""
     vouched: bool = False
-    """The receipt vouches for the tree at the target (see `_vouched`)."""
+    """The receipt vouches for the tree at the target (see release/vouch.py)."""
     members: dict[str, list[Member]] = field(default_factory=dict)
     """Archive -> its verified member index, for layers kept on the receipt's word (validated with the rest)."""
 
@@ -129,8 +130,9 @@ def _plan(bundle: Path, manifest: Manifest, receipt: Receipt, *, deep: bool, ref
     for g in groups:
         check_target_path(bundle, g.target)  # every group: a kept target is relocated in place
         root = bundle / g.target
-        recs = _vouched(bundle, manifest, receipt, g)
-        g.vouched = all(r is not None for r in recs)
+        trusted = vouched(bundle, manifest, receipt, g.layers)
+        g.vouched = trusted is not None
+        recs, g.members = trusted if trusted is not None else ([None] * len(g.layers), {})
         fresh = all(
             r is not None and r.sha256 == manifest.file(layer.archive).sha256 for r, layer in zip(recs, g.layers)
         )
@@ -156,78 +158,6 @@ def _plan(bundle: Path, manifest: Manifest, receipt: Receipt, *, deep: bool, ref
     return groups
 
 
-def _vouched(bundle: Path, manifest: Manifest, receipt: Receipt, g: Group) -> list[LayerReceipt | None]:
-    """The receipt's records for `g`'s layers, or [None, ...] when the receipt does not vouch for the target.
-
-    The receipt sits in the bundle folder, which may come from anyone (audit F3b, F5): a record is
-    trusted only when it names this target (a layer moved to another folder was never restored
-    there) and its files and links are exactly what the layers' verified member indexes list (a
-    record with empty lists would vouch for a hand-made tree). A layer without an index cannot be
-    checked cheaply and is extracted again. On success fills `g.members`, which restore validates
-    with the extracted layers, so a kept tree is one safety.py accepted.
-    """
-    recs = [receipt.layers.get(layer.archive) for layer in g.layers]
-    untrusted = [None] * len(g.layers)
-    if any(
-        r is None or r.target != layer.target or not r.prefix.endswith("/" + layer.target) or not layer.members_index
-        for r, layer in zip(recs, g.layers)
-    ):
-        return untrusted
-    expected: dict[str, str | None] = {}  # path -> link text (None: a regular file), the last layer's wins
-    for layer in g.layers:
-        entry = manifest.file(layer.members_index)
-        path = bundle / layer.members_index
-        try:
-            if os.lstat(path).st_size != entry.size or sha256_file(path) != entry.sha256:
-                return untrusted  # verify reports it
-            members = layer_io.read_index(path, rel=layer.members_index)
-        except OSError:
-            return untrusted
-        g.members[layer.archive] = members
-        for m in members:
-            if m.kind in ("file", "symlink"):
-                expected[m.name] = m.linkname if m.kind == "symlink" else None
-    recorded: dict[str, str | None] = {}
-    for r in recs:
-        recorded.update(dict.fromkeys(r.files))
-        recorded.update(r.links)
-    if recorded != expected:
-        g.members.clear()
-        return untrusted
-    return recs
-
-
-def _lost_files(bundle: Path, receipt: Receipt, g: Group, staged: Path) -> list[str]:
-    """Files in `g`'s existing target that swapping in `staged` would discard without restore having
-    written them: ones the new tree lacks and the receipt does not record, and (when the receipt does
-    not vouch for the tree: lost or damaged, audit F9) files whose bytes differ from the new tree.
-
-    Paths holding a build prefix are not compared (relocation rewrote them), nor `__pycache__`.
-    """
-    root = bundle / g.target
-    if not os.path.isdir(root) or os.path.islink(root):
-        return []
-    existing, new = layer_io.tree_files(root), layer_io.tree_files(staged)
-    recs = [receipt.layers[x.archive] for x in g.layers] if g.vouched else []
-    known = {p for r in recs for p in r.files.keys() | r.links.keys()}
-    lost = existing - new - known
-    if not g.vouched and g.layers[0].kind == "source":
-        rewritten = {o.path for x in g.layers for o in x.prefix_files}  # own and foreign prefixes, in this target
-        rewritten |= {o.path for x in g.layers for occ in x.foreign_prefix_files.values() for o in occ}
-        lost |= {p for p in (existing & new) - rewritten if not _same_entry(root / p, staged / p)}
-    return sorted(lost)
-
-
-def _same_entry(a: Path, b: Path) -> bool:
-    import filecmp
-    import stat as stat_mod
-
-    sa, sb = os.lstat(a), os.lstat(b)
-    if stat_mod.S_ISLNK(sa.st_mode) or stat_mod.S_ISLNK(sb.st_mode):
-        return stat_mod.S_ISLNK(sa.st_mode) == stat_mod.S_ISLNK(sb.st_mode) and os.readlink(a) == os.readlink(b)
-    return stat_mod.S_ISREG(sa.st_mode) == stat_mod.S_ISREG(sb.st_mode) and filecmp.cmp(a, b, shallow=False)
-
-
 def _refuse_losing_files(
     bundle: Path, receipt: Receipt, groups: list[Group], report: RestoreReport, refresh: bool
 ) -> None:
@@ -243,7 +173,16 @@ def _refuse_losing_files(
     for i, g in enumerate(todo):
         if g.vouched and g.layers[0].kind != "source":
             continue
-        lost = _lost_files(bundle, receipt, g, bundle / STATE_DIR / "staging" / f"{i}")
+        recs = [receipt.layers[x.archive] for x in g.layers] if g.vouched else []
+        rewritten = {o.path for x in g.layers for o in x.prefix_files}  # own and foreign prefixes, in this target
+        rewritten |= {o.path for x in g.layers for occ in x.foreign_prefix_files.values() for o in occ}
+        lost = lost_files(
+            bundle / g.target,
+            bundle / STATE_DIR / "staging" / f"{i}",
+            known={p for r in recs for p in r.files.keys() | r.links.keys()},
+            compare=not g.vouched and g.layers[0].kind == "source",
+            rewritten=rewritten,
+        )
         if not lost:
             continue
         if g.layers[0].kind == "source" and refresh:
@@ -256,8 +195,8 @@ def _refuse_losing_files(
             field="--refresh-source" if source else f"layers.target {g.target}",
             hint="save your edits elsewhere, then run `portable restore --refresh-source` (it overwrites them)"
             if source
-            else f"move your files out of {bundle / g.target} (a layer target is replaced whole) and run "
-            "`portable restore` again; nothing was changed",
+            else f"move your files out of {bundle / g.target} (a layer target is replaced whole; remove the "
+            "folder if it holds an earlier restore) and run `portable restore` again; nothing was changed",
         )
 
 
