@@ -147,3 +147,40 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's process: alive
         return True
     return True
+
+
+def remove_tree(path: Path) -> None:
+    """Remove `path` whatever it is, never following a link: a symlink or file is unlinked, a folder
+    removed with everything below it. A read-only folder inside (a layer may ship one, mode 0555) would
+    make a plain rmtree fail forever, so a failed removal adds write permission to the folder holding
+    the entry and retries once. Raises OSError when something still cannot be removed; absent is fine.
+    """
+    import shutil
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+        return
+
+    def retry(fn, failed, _exc_info) -> None:
+        parent = os.path.dirname(failed)
+        for folder in (parent, failed) if fn is os.rmdir or fn is os.open else (parent,):
+            try:
+                if os.path.isdir(folder) and not os.path.islink(folder):
+                    os.chmod(folder, os.lstat(folder).st_mode | stat.S_IWUSR | stat.S_IXUSR | stat.S_IRUSR)
+            except OSError:
+                pass
+        if fn is os.open or fn is os.scandir:  # the folder could not be listed: remove it (and its contents) again
+            shutil.rmtree(failed, onerror=_raise)
+        else:
+            fn(failed)
+
+    shutil.rmtree(path, onerror=retry)
+
+
+def _raise(_fn, _path, exc_info) -> None:
+    raise exc_info[1]

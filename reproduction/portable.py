@@ -21,6 +21,15 @@ from __future__ import annotations
 import os
 import sys
 
+if __name__ == "__main__" and __package__ in (None, "") and not sys.pycache_prefix:
+    # Run as a file (a bundle's own runner): `verify` ignores reproduction/**/__pycache__/, so bytecode there
+    # must never be what runs (a planted .pyc with the .py's mtime and size would: audit F19). A prefix makes
+    # Python read and write .pyc only under it, for this process and (through the environment) its children.
+    sys.pycache_prefix = os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "recap-portable", "pycache"
+    )
+    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix
+
 if __name__ == "__main__" and __package__ in (None, "") and "restore" in sys.argv[1:]:
     # `python3 reproduction/portable.py restore` of an unchanged bundle is answered from the receipt and a
     # stat pass before argparse and the restore machinery load (they cost more than the stat pass).
@@ -185,14 +194,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     from reproduction.release.restore import restore_bundle
+    from reproduction.run.guards import sigterm_as_interrupt
 
-    report = restore_bundle(
-        _bundle(args, default=_default_bundle()),
-        deep=args.deep,
-        refresh_source=args.refresh_source,
-        jobs=args.jobs,
-        ui=_ui(args),
-    )
+    # SIGTERM is an interrupt like Ctrl-C (exit 130, one line): its default action skipped restore's
+    # swap-back and the cleanup of staging/ (audit F18).
+    with sigterm_as_interrupt():
+        report = restore_bundle(
+            _bundle(args, default=_default_bundle()),
+            deep=args.deep,
+            refresh_source=args.refresh_source,
+            jobs=args.jobs,
+            ui=_ui(args),
+        )
     if args.json:
         _print_json(report)
     say(report.summary(), options=_ui(args))

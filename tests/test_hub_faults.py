@@ -203,3 +203,35 @@ def test_failed_fetch_keeps_its_partial_file_and_the_rerun_resumes_it(hub: HubSe
     assert len(hub.requests("GET", r"/weights/shard-0\.bin$")) == 1, "the finished file is not fetched again"
     assert (out / "weights/shard-1.bin").read_bytes() == files["weights/shard-1.bin"]
     assert verify_bundle(out).ok
+
+
+def test_a_refetch_never_writes_through_a_symlinked_folder(hub: HubServer, tmp_path: Path) -> None:
+    """Audit (fetch case B): an earlier fetch folder whose weights/ was replaced by a link elsewhere."""
+    import os
+    import shutil
+
+    published(hub, tmp_path, lfs_files(1, 1000))
+    out = tmp_path / "fetched"
+    assert run(hub, tmp_path, "fetch", "alice/r", str(out)).returncode == 0
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.rmtree(out / "weights")
+    os.symlink(outside, out / "weights")
+    again = run(hub, tmp_path, "fetch", "alice/r", str(out))
+    assert again.returncode == 6, again.stderr
+    assert "the folder weights is a symlink; refusing to write weights/shard-0.bin through it" in again.stderr
+    assert os.listdir(outside) == []
+
+
+def test_fetch_never_uses_a_symlinked_state_folder(hub: HubServer, tmp_path: Path) -> None:
+    """Audit F1: fetch's lock, receipt and partial files must not land where a link points."""
+    import os
+
+    published(hub, tmp_path, lfs_files(1, 1000))
+    out, outside = tmp_path / "fetched", tmp_path / "outside"
+    out.mkdir()
+    outside.mkdir()
+    os.symlink(outside, out / ".portable")
+    done = run(hub, tmp_path, "fetch", "alice/r", str(out))
+    assert done.returncode == 6 and f"{out}/.portable is a symlink" in done.stderr, done.stderr
+    assert os.listdir(outside) == []

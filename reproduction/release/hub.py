@@ -447,6 +447,8 @@ def fetch_bundle(
         (dest / MANIFEST_NAME).unlink(missing_ok=True)  # incomplete from here until the end
         present = _already_present(dest, manifest)
         partial = dest / STATE_DIR / PARTIAL_DIR
+        _clean_partial(partial)
+        _refuse_linked_folders(dest, [e.path for e in manifest.files])
         jobs = [
             Download(
                 rel=e.path,
@@ -507,6 +509,40 @@ def _remote_manifest(
     return data, manifest
 
 
+def _clean_partial(partial: Path) -> None:
+    """Remove from `.portable/partial` anything a download would write through: the folder itself as a
+    symlink or file, or an entry in it that is not a regular file (a `.part` symlink would have the next
+    download append to whatever it points to: audit F1). The tool's own state, so removed, never followed."""
+    import stat
+
+    from reproduction.release.lock import clear_state_entry
+
+    if os.path.lexists(partial) and not stat.S_ISDIR(os.lstat(partial).st_mode):
+        clear_state_entry(partial)
+        return
+    for entry in os.scandir(partial) if os.path.isdir(partial) else ():
+        if not entry.is_file(follow_symlinks=False):
+            clear_state_entry(Path(entry.path))
+
+
+def _refuse_linked_folders(dest: Path, paths: list[str]) -> None:
+    """Refuse (UnsafeArchiveError, exit 6, nothing written) when a folder on the way to one of `paths` under
+    `dest` is a symlink: an earlier fetch folder with `weights/` linked elsewhere had the downloads (and
+    the removal of files the new manifest drops) go through the link, outside `dest` (audit, fetch case B)."""
+    from reproduction.errors import UnsafeArchiveError
+    from reproduction.release.verify import under_symlink
+
+    cache: dict[str, bool] = {}
+    for rel in paths:
+        if under_symlink(dest, rel.rpartition("/")[0], cache):
+            link = next(f for f, is_link in sorted(cache.items()) if is_link and (rel + "/").startswith(f + "/"))
+            raise UnsafeArchiveError(
+                f"{dest}: the folder {link} is a symlink; refusing to write {rel} through it",
+                member=link,
+                hint=f"remove the symlink {dest / link} (a bundle holds no symlinked folders) and fetch again",
+            )
+
+
 def _prepare_dest(dest: Path, manifest: Manifest) -> None:
     """Create `dest`, or accept an earlier fetch there (dropping files its old manifest listed but the
     new one does not)."""
@@ -528,6 +564,7 @@ def _prepare_dest(dest: Path, manifest: Manifest) -> None:
         except (InvalidInputError, OSError):
             return
         listed = {e.path for e in manifest.files}
+        _refuse_linked_folders(dest, [e.path for e in old.files if e.path not in listed])
         for entry in old.files:
             if entry.path not in listed:
                 (dest / entry.path).unlink(missing_ok=True)

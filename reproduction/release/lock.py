@@ -6,17 +6,64 @@ The holder writes its pid and command into the lock file so a refused process ca
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from reproduction.errors import LockHeldError, os_error
+from reproduction.errors import LockHeldError, UnsafeArchiveError, os_error
 from reproduction.release.manifest import STATE_DIR
 
 LOCK_NAME = "lock"
+STATE_HINT = "remove it (the bundle's state folder is the tool's own, never a link) and run the command again"
+
+
+def state_dir(bundle: Path, *, what: str) -> Path:
+    """`<bundle>/.portable`, created if missing, checked without following a link.
+
+    A bundle folder is untrusted input: a `.portable` shipped as a symlink would make every state
+    write and delete (lock, receipt, staging, trash) land wherever it points (audit F1). Raises
+    UnsafeArchiveError (exit 6) naming it when it is a symlink or not a folder; WriteFailedError
+    (exit 8) when it cannot be created.
+    """
+    state = Path(bundle) / STATE_DIR
+    try:
+        Path(bundle).mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(state, 0o755)
+        except FileExistsError:
+            pass
+        st = os.lstat(state)
+    except OSError as exc:
+        raise os_error(
+            exc,
+            f"the lock file {state / LOCK_NAME}",
+            hint=f"{what} needs write access to the bundle folder; copy the bundle somewhere writable",
+        ) from None
+    if not stat.S_ISDIR(st.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a folder"
+        raise UnsafeArchiveError(
+            f"{state} is {kind}: refusing to {what} through it",
+            member=STATE_DIR,
+            hint=f"{state}: {STATE_HINT}",
+        )
+    return state
+
+
+def clear_state_entry(path: Path) -> None:
+    """Remove a leftover of the tool's own state (`staging`, `trash`, `reloc`), whatever it is now.
+
+    A symlink or file there (a hostile bundle folder, audit F2/F16) is unlinked itself, never what it
+    points to; a folder is removed even when a layer made a folder inside it read-only (F10).
+    Raises OSError when it cannot be removed.
+    """
+    from reproduction.fsio import remove_tree
+
+    remove_tree(path)
 
 
 def _holder(fd: int) -> str:
@@ -35,15 +82,7 @@ def bundle_lock(bundle: Path, *, what: str, wait_s: float = 0.0) -> Iterator[Non
     LockHeldError (exit 7) naming the holder. Creates `<bundle>/.portable/` if needed
     (WriteFailedError, exit 8, when the bundle folder is not writable).
     """
-    state = Path(bundle) / STATE_DIR
-    try:
-        state.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise os_error(
-            exc,
-            f"the lock file {state / LOCK_NAME}",
-            hint=f"{what} needs write access to the bundle folder; copy the bundle somewhere writable",
-        ) from None
+    state = state_dir(bundle, what=what)
     with folder_lock(bundle, state / LOCK_NAME, what=what, subject="this bundle", wait_s=wait_s):
         yield
 
@@ -56,11 +95,21 @@ def folder_lock(
 
     LockHeldError (exit 7) names `folder`, the holder's pid and command, and `subject` ("this bundle",
     "this run folder"), after `lead`, once `wait_s` seconds passed; WriteFailedError (exit 8) when the file
-    cannot be created.
+    cannot be created; UnsafeArchiveError (exit 6) when it is a symlink or not a regular file (O_CREAT
+    alone would follow a link and truncate whatever it points to: audit F2).
     """
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.ELOOP, "not a regular file", str(path))
     except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):
+            raise UnsafeArchiveError(
+                f"the lock file {path} is a symlink or not a regular file: refusing to {what}",
+                member=str(path),
+                hint=f"{path}: remove it (a lock file is the tool's own, never a link) and run the command again",
+            ) from None
         raise os_error(
             exc,
             f"the lock file {path}",

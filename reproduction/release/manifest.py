@@ -17,9 +17,10 @@ reader accepts any minor of its major and refuses other majors with the fix name
 as "extra" any file not listed, except bundle.json, `.portable/`, the layers' targets, `runs/` (a
 user's run outputs) and `reproduction/**/__pycache__/`; `restore` leaves extra files alone unless one
 sits on a layer target's path. A manifest is refused (InvalidInputError, exit 4) when it lists a
-file under `.portable/` or bundle.json itself, an archive in two layers, a path that is not clean and
-relative (`.`, `..`, absolute, NUL), an entry_config that is not one of its files, or an integer
-beyond 2**63-1.
+file under `.portable/` or bundle.json itself, a file that is another's folder (`x` and `x/y`), an
+archive in two layers, a path that is not clean and relative (`.`, `..`, absolute, NUL, a control
+character, a component over 255 bytes or 4095 in all), an entry_config that is not one of its files,
+or an integer beyond 2**63-1.
 """
 
 from __future__ import annotations
@@ -134,7 +135,29 @@ def check_relative_path(rel: str, *, where: str, path: Path | None = None) -> st
             field=where,
             hint="the manifest is damaged or hostile; do not use this bundle",
         )
+    encoded = rel.encode("utf-8", "surrogatepass")
+    if len(encoded) > PATH_MAX or any(len(part) > NAME_MAX for part in encoded.split(b"/")):
+        raise InvalidInputError(  # else verify or restore met it as exit 8 "cannot write" (audit F11)
+            f"{where}: path {rel[:60]!r}... is longer than filesystems allow ({NAME_MAX} bytes a component, "
+            f"{PATH_MAX} in all)",
+            path=path,
+            field=where,
+            hint="the manifest is damaged or hostile; do not use this bundle",
+        )
+    if any(ord(c) < 32 or ord(c) == 127 for c in rel):
+        raise InvalidInputError(  # a newline would split a path across lines of every listing and error
+            f"{where}: path {rel!r} holds a control character",
+            path=path,
+            field=where,
+            hint="the manifest is damaged or hostile; do not use this bundle",
+        )
     return rel
+
+
+NAME_MAX = 255
+"""Longest file name (one path component, in bytes) Linux filesystems take."""
+PATH_MAX = 4095
+"""Longest path (and symlink text) in bytes the kernel takes."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -285,6 +308,16 @@ class Manifest:
             if entry.path in seen:
                 raise InvalidInputError(f"files: {entry.path!r} is listed twice", field="files")
             seen.add(entry.path)
+        for entry in self.files:  # `x` and `x/y`: one of them cannot be written (fetch failed at exit 8: audit F8a)
+            head = entry.path.rpartition("/")[0]
+            while head:
+                if head in seen:
+                    raise InvalidInputError(
+                        f"files: {head!r} is listed as a file and as the folder of {entry.path!r}",
+                        field="files",
+                        hint="the manifest is damaged or hostile; do not use this bundle",
+                    )
+                head = head.rpartition("/")[0]
         archives = {layer.archive for layer in self.layers}
         if len(archives) != len(self.layers):
             twice = sorted({x.archive for x in self.layers if sum(y.archive == x.archive for y in self.layers) > 1})

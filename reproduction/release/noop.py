@@ -12,8 +12,9 @@ Conditions (mirroring restore.py's `_plan`, `_verify_and_extract` and `_finish`)
 hashes to the receipt's digest and the bundle is where the receipt says; no staging or trash is
 left over; every plain file is a regular file whose (size, mtime_ns) is the receipt's; no file
 the manifest does not list lies outside the layer targets; every layer's receipt names the
-archive's digest and the target's current path, and every file and link it wrote still has its
-recorded stat or text.
+archive's digest, the layer's target and the target's current path (a real folder), lists exactly
+the files and links of the layer's verified member index, and every file and link it wrote still
+has its recorded stat (no setuid/setgid bit) or text.
 """
 
 from __future__ import annotations
@@ -52,12 +53,34 @@ def _unchanged_layer(root: str, rec: dict) -> bool:
     lstat, isreg = os.lstat, stat.S_ISREG
     for rel, recorded in rec.get("files", {}).items():
         st = lstat(base + rel)
-        if not isreg(st.st_mode) or [st.st_size, st.st_mtime_ns] != recorded:
+        if not isreg(st.st_mode) or st.st_mode & 0o6000 or [st.st_size, st.st_mtime_ns] != recorded:
             return False
     for rel, text in rec.get("links", {}).items():
         if os.readlink(base + rel) != text:
             return False
     return True
+
+
+def _covers(bundle: str, group: list[dict], files: dict, recs: dict) -> bool:
+    """The records of one target's layers list exactly the files and links of their verified member indexes
+    (release/vouch.py's `vouched`: a receipt shipped in the bundle folder must not vouch for a hand-made tree)."""
+    expected: dict[str, str | None] = {}
+    recorded: dict[str, str | None] = {}
+    for layer in group:
+        index = layer.get("members_index")
+        if not index or index not in files:
+            return False
+        with open(os.path.join(bundle, index), "rb") as fh:
+            raw = fh.read()
+        if hashlib.sha256(raw).hexdigest() != files[index]["sha256"]:
+            return False
+        for name, kind, _mode, _size, link in json.loads(raw)["members"]:
+            if kind in ("file", "symlink"):
+                expected[name] = link if kind == "symlink" else None
+        rec = recs[layer["archive"]]
+        recorded.update(dict.fromkeys(rec.get("files", {})))
+        recorded.update(rec.get("links", {}))
+    return recorded == expected
 
 
 def _no_extras(bundle: str, listed: set[str], targets: set[str]) -> bool:
@@ -71,10 +94,10 @@ def _no_extras(bundle: str, listed: set[str], targets: set[str]) -> bool:
         keep = []
         for d in dirs:
             rel = rel_root + d
+            if os.path.islink(os.path.join(root, d)) and rel != RUNS_DIR:
+                return False
             if rel in skip_dirs or (d == "__pycache__" and rel.startswith("reproduction/")):
                 continue
-            if os.path.islink(os.path.join(root, d)):
-                return False
             keep.append(d)
         dirs[:] = keep
         for name in names:
@@ -98,7 +121,7 @@ def _check(bundle: str) -> tuple[int, list[str]] | None:
         or receipt.get("bundle_path") != bundle
     ):
         return None
-    if os.path.lexists(os.path.join(state, "staging")) or os.path.lexists(os.path.join(state, "trash")):
+    if any(os.path.lexists(os.path.join(state, name)) for name in ("staging", "trash", "reloc")):
         return None
     manifest = json.loads(raw)
     files = {e["path"]: e for e in manifest["files"]}
@@ -106,7 +129,9 @@ def _check(bundle: str) -> tuple[int, list[str]] | None:
     if set(plain) != set(files):
         return None
     for rel, recorded in plain.items():
-        st = os.stat(os.path.join(bundle, rel))
+        if os.path.realpath(os.path.join(bundle, rel)) != os.path.join(bundle, rel):
+            return None  # a link, or under a linked folder: verify refuses it (audit F7)
+        st = os.lstat(os.path.join(bundle, rel))
         if not stat.S_ISREG(st.st_mode) or [st.st_size, st.st_mtime_ns] != recorded:
             return None
     layers = sorted(manifest.get("layers", []), key=lambda x: x["order"])
@@ -120,13 +145,17 @@ def _check(bundle: str) -> tuple[int, list[str]] | None:
         if (
             not isinstance(rec, dict)
             or rec.get("sha256") != files[layer["archive"]]["sha256"]
+            or rec.get("target") != layer["target"]
             or rec.get("prefix") != root
-            or not os.path.isdir(root)
+            or not stat.S_ISDIR(os.lstat(root).st_mode)
             or not _unchanged_layer(root, rec)
         ):
             return None
         if layer["target"] not in order:
             order.append(layer["target"])
+    for target in order:
+        if not _covers(bundle, [x for x in layers if x["target"] == target], files, recs):
+            return None
     return len(files), order
 
 
@@ -140,12 +169,18 @@ def try_noop_restore(argv: list[str], default_bundle: str) -> int | None:
     given, quiet = parsed
     try:
         bundle = os.path.realpath(given if given is not None else default_bundle)
-        fd = os.open(os.path.join(bundle, STATE_DIR, LOCK_NAME), os.O_RDWR | os.O_CLOEXEC)
+        if not stat.S_ISDIR(os.lstat(os.path.join(bundle, STATE_DIR)).st_mode):
+            return None  # a symlinked state folder: the full path refuses it
+        # O_NOFOLLOW: a lock that is a symlink must not be truncated through (the full path refuses it).
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(os.path.join(bundle, STATE_DIR, LOCK_NAME), flags)
     except (OSError, ValueError):
         return None
     try:
         import fcntl
 
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}: restore".encode(), 0)

@@ -89,7 +89,11 @@ class LayerReceipt:
             except (OSError, TypeError, ValueError):
                 changed.append(rel)
                 continue
-            if not stat_mod.S_ISREG(st.st_mode) or [st.st_size, st.st_mtime_ns] != recorded:
+            if (
+                not stat_mod.S_ISREG(st.st_mode)
+                or st.st_mode & 0o6000  # restore never writes setuid/setgid files (safety.py refuses them)
+                or [st.st_size, st.st_mtime_ns] != recorded
+            ):
                 changed.append(rel)
         for rel, text in self.links.items():
             try:

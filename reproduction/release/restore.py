@@ -20,14 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reproduction.digests import default_jobs, sha256_file
-from reproduction.errors import InvalidInputError, WriteFailedError, os_error
+from reproduction.errors import InvalidInputError, UnsafeArchiveError, WriteFailedError, os_error
 from reproduction.release import extract_child
 from reproduction.release import layers as layer_io
-from reproduction.release.lock import bundle_lock
+from reproduction.release.lock import bundle_lock, clear_state_entry
 from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, LayerEntry, Manifest, load_manifest
 from reproduction.release.receipt import LayerReceipt, Receipt, load_receipt, save_receipt
 from reproduction.release.safety import check_targets, validate_layers
-from reproduction.release.swap import preflight, swap_back, swap_into_place
+from reproduction.release.swap import check_target_path, preflight, swap_back, swap_into_place
+from reproduction.release.tarscan import Member
 from reproduction.release.verify import (
     Problem,
     VerifyReport,
@@ -37,6 +38,7 @@ from reproduction.release.verify import (
     stat_pass,
     verify_bundle,
 )
+from reproduction.release.vouch import lost_files, vouched
 from reproduction.release.weights import check_bundle_weights
 from reproduction.ui import UiOptions, human_bytes, progress
 
@@ -108,6 +110,10 @@ class Group:
     """'extract', 'relocate' or 'keep'."""
     changed: list[str] = field(default_factory=list)
     """Files whose stat differs from the receipt (local edits or damage)."""
+    vouched: bool = False
+    """The receipt vouches for the tree at the target (see release/vouch.py)."""
+    members: dict[str, list[Member]] = field(default_factory=dict)
+    """Archive -> its verified member index, for layers kept on the receipt's word (validated with the rest)."""
 
 
 def _groups(manifest: Manifest) -> list[Group]:
@@ -122,8 +128,11 @@ def _plan(bundle: Path, manifest: Manifest, receipt: Receipt, *, deep: bool, ref
     source archive would silently discard local edits (the user must pass --refresh-source)."""
     groups = _groups(manifest)
     for g in groups:
+        check_target_path(bundle, g.target)  # every group: a kept target is relocated in place
         root = bundle / g.target
-        recs = [receipt.layers.get(layer.archive) for layer in g.layers]
+        trusted = vouched(bundle, manifest, receipt, g.layers)
+        g.vouched = trusted is not None
+        recs, g.members = trusted if trusted is not None else ([None] * len(g.layers), {})
         fresh = all(
             r is not None and r.sha256 == manifest.file(layer.archive).sha256 for r, layer in zip(recs, g.layers)
         )
@@ -149,14 +158,71 @@ def _plan(bundle: Path, manifest: Manifest, receipt: Receipt, *, deep: bool, ref
     return groups
 
 
+def _refuse_losing_files(
+    bundle: Path, receipt: Receipt, groups: list[Group], report: RestoreReport, refresh: bool
+) -> None:
+    """Before any swap: never discard files in a target that restore did not write, without saying so.
+
+    A layer target over a folder of the user's own (audit F4), or a source target whose receipt was
+    lost while it held local edits (F9), is refused with InvalidInputError (4) naming the files;
+    `--refresh-source` lets a source target's files go, named in `report.overwritten` as for edits
+    the receipt saw. A target the receipt vouches for keeps today's rules: a runtime tree is replaced
+    whole, a source tree's edits are caught by `_plan`.
+    """
+    todo = [g for g in groups if g.action == "extract"]
+    for i, g in enumerate(todo):
+        if g.vouched and g.layers[0].kind != "source":
+            continue
+        recs = [receipt.layers[x.archive] for x in g.layers] if g.vouched else []
+        rewritten = {o.path for x in g.layers for o in x.prefix_files}  # own and foreign prefixes, in this target
+        rewritten |= {o.path for x in g.layers for occ in x.foreign_prefix_files.values() for o in occ}
+        lost = lost_files(
+            bundle / g.target,
+            bundle / STATE_DIR / "staging" / f"{i}",
+            known={p for r in recs for p in r.files.keys() | r.links.keys()},
+            compare=not g.vouched and g.layers[0].kind == "source",
+            rewritten=rewritten,
+        )
+        if not lost:
+            continue
+        if g.layers[0].kind == "source" and refresh:
+            report.overwritten[g.target] = sorted(set(report.overwritten.get(g.target, [])) | set(lost))
+            continue
+        source = g.layers[0].kind == "source"
+        raise InvalidInputError(
+            f"{g.target}: restore would replace this layer target, and {len(lost)} file(s) in it are not ones "
+            f"restore wrote there ({_few(lost, 3)})",
+            field="--refresh-source" if source else f"layers.target {g.target}",
+            hint="save your edits elsewhere, then run `portable restore --refresh-source` (it overwrites them)"
+            if source
+            else f"move your files out of {bundle / g.target} (a layer target is replaced whole; remove the "
+            "folder if it holds an earlier restore) and run `portable restore` again; nothing was changed",
+        )
+
+
 def _has_prefixes(layer: LayerEntry) -> bool:
     return bool(layer.prefix_files or layer.foreign_prefix_files)
 
 
-def _cleanup_state(bundle: Path) -> None:
-    """Remove what a killed restore left in `.portable/` (never anything at a final path)."""
+def _cleanup_state(bundle: Path, *, strict: bool) -> None:
+    """Remove what a killed restore left in `.portable/` (never anything at a final path).
+
+    A leftover that is a symlink or a plain file (a hostile or damaged bundle folder) is unlinked
+    itself, never what it points to: staging, trash and reloc are the tool's own (audit F2, F16).
+    `strict` (before restoring) raises WriteFailedError (8) naming a leftover that cannot be removed;
+    otherwise (after) what cannot be removed stays for the next restore.
+    """
     for name in ("staging", "trash", RELOC_TMP):
-        shutil.rmtree(bundle / STATE_DIR / name, ignore_errors=True)
+        path = bundle / STATE_DIR / name
+        try:
+            clear_state_entry(path)
+        except OSError as exc:
+            if strict:
+                raise os_error(
+                    exc,
+                    f"the leftover {path}",
+                    hint=f"remove {path} (restore's own temporary state) and run `portable restore` again",
+                ) from None
 
 
 RELOC_TMP = "reloc"
@@ -347,7 +413,8 @@ def _verify_and_extract(
             extras = _split_extras(report, manifest)
             report.problems = sort_problems(report.problems + problems)
             raise_for_report(report)
-        validate_layers([(x.entry.archive, x.entry.target, x.members) for x in loaded])
+        validate_layers(_union(manifest, groups, loaded))
+        _check_sizes(bundle, loaded)
         recs, problems = (
             _extract_groups(bundle, groups, {x.entry.archive: x for x in loaded}, jobs=jobs, ui=ui)
             if loaded
@@ -359,6 +426,15 @@ def _verify_and_extract(
     raise_for_report(report)
     report.files = len(manifest.files)
     return report, recs, extras
+
+
+def _union(
+    manifest: Manifest, groups: list[Group], loaded: list[layer_io.LoadedLayer]
+) -> list[tuple[str, str, list[Member]]]:
+    """Every layer's members in restore order: extracted ones as read, kept ones from their verified index."""
+    members = {a: m for g in groups if g.action != "extract" for a, m in g.members.items()}
+    members.update({x.entry.archive: x.members for x in loaded})
+    return [(x.archive, x.target, members[x.archive]) for x in manifest.layers if x.archive in members]
 
 
 def _split_extras(report: VerifyReport, manifest: Manifest) -> list[str]:
@@ -378,8 +454,33 @@ def _split_extras(report: VerifyReport, manifest: Manifest) -> list[str]:
     return [p.path for p in harmless]
 
 
+def _check_sizes(bundle: Path, loaded: list[layer_io.LoadedLayer]) -> None:
+    """Before any byte is written: the layers' files add up to no more than bundle.json declares.
+
+    `unpacked_size` was only used for the free-space check, so a small archive declaring 10 bytes
+    could write gigabytes (audit F6). The member list is exact (extraction refuses a header that
+    differs from it), so its sum bounds what will be written: more than a declared size is
+    UnsafeArchiveError (6); an undeclared size (0) still gets the free-space check (exit 8).
+    """
+    actual = 0
+    for x in loaded:
+        size = sum(m.size for m in x.members if m.kind == "file")
+        if x.entry.unpacked_size and size > x.entry.unpacked_size:
+            raise UnsafeArchiveError(
+                f"{x.entry.archive}: its files add up to {human_bytes(size)} ({size} bytes), more than the "
+                f"{x.entry.unpacked_size} bytes bundle.json declares as its unpacked_size; nothing was extracted",
+                archive=x.entry.archive,
+                hint="do not use this bundle; ask its publisher to re-pack it with `portable pack`",
+            )
+        actual += size
+    _need_space(bundle, actual)
+
+
 def _free_space_check(bundle: Path, groups: list[Group]) -> None:
-    need = sum(layer.unpacked_size for g in groups if g.action == "extract" for layer in g.layers)
+    _need_space(bundle, sum(layer.unpacked_size for g in groups if g.action == "extract" for layer in g.layers))
+
+
+def _need_space(bundle: Path, need: int) -> None:
     free = shutil.disk_usage(bundle).free
     if need > free:
         raise WriteFailedError(
@@ -409,7 +510,7 @@ def _finish(
     """
     state = bundle / STATE_DIR
     trash = state / "trash"
-    trash.mkdir(parents=True, exist_ok=True)
+    os.mkdir(trash)  # _cleanup_state removed any leftover (a symlink here would send old trees elsewhere)
     staged = [g for g in groups if g.action == "extract"]
     preflight(bundle, [g.target for g in staged])
     before = receipt.to_dict()
@@ -465,13 +566,16 @@ def _finish(
             except OSError:
                 pass  # the receipt on disk vouches for nothing that was being replaced: still consistent
         raise
-    shutil.rmtree(trash, ignore_errors=True)
+    try:
+        clear_state_entry(trash)
+    except OSError:
+        pass  # the next restore removes it first (or names it)
 
 
 def _plain_receipt(bundle: Path, manifest: Manifest) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for entry in manifest.files:
-        st = os.stat(bundle / entry.path)
+        st = os.lstat(bundle / entry.path)  # verified a regular file (verify's stat_pass lstats)
         out[entry.path] = [st.st_size, st.st_mtime_ns]
     return out
 
@@ -505,7 +609,7 @@ def restore_bundle(
     jobs = jobs or default_jobs()
     report = RestoreReport(bundle=bundle)
     with bundle_lock(bundle, what="restore", wait_s=wait_s):
-        _cleanup_state(bundle)
+        _cleanup_state(bundle, strict=True)
         receipt = load_receipt(bundle)
         manifest_sha = sha256_file(bundle / MANIFEST_NAME)
         groups = _plan(bundle, manifest, receipt, deep=deep, refresh_source=refresh_source)
@@ -517,6 +621,7 @@ def restore_bundle(
                 g.action == "extract"
                 and g.layers[0].kind == "source"
                 and refresh_source
+                and g.vouched  # else `_refuse_losing_files` compares the tree with the new one and names what differs
                 and (bundle / g.target).is_dir()
             ):
                 known = {
@@ -540,6 +645,7 @@ def restore_bundle(
                 ui=ui,
             )
             report.files = verified.files
+            _refuse_losing_files(bundle, receipt, groups, report, refresh_source)
             _finish(bundle, manifest, receipt, groups, recs, report, manifest_sha)
         except OSError as exc:
             raise os_error(
@@ -549,6 +655,6 @@ def restore_bundle(
                 "the previous state is kept",
             ) from None
         finally:
-            _cleanup_state(bundle)
+            _cleanup_state(bundle, strict=False)
     report.seconds = time.perf_counter() - started
     return report

@@ -16,14 +16,11 @@ import posixpath
 from dataclasses import dataclass, field
 
 from reproduction.errors import InvalidInputError, UnsafeArchiveError
-from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, Manifest
+from reproduction.release.manifest import MANIFEST_NAME, NAME_MAX, PATH_MAX, STATE_DIR, Manifest
 from reproduction.release.tarscan import Member
+from reproduction.release.verify import RUNS_DIR
 
 _MAX_LISTED = 10
-NAME_MAX = 255
-"""Longest file name (one path component, in bytes) Linux filesystems take."""
-PATH_MAX = 4095
-"""Longest path (and symlink text) in bytes the kernel takes."""
 
 
 @dataclass(slots=True)
@@ -38,12 +35,12 @@ class UnionView:
 
 
 def check_targets(manifest: Manifest) -> None:
-    """Layer targets are equal (an overlay) or disjoint, and never hold a plain file or the runner.
+    """Layer targets are equal (an overlay) or disjoint, and never hold a plain file, the runner or `runs/`.
 
     Raises InvalidInputError naming the layer field at fault.
     """
     plain = [e.path for e in manifest.files]
-    reserved = (MANIFEST_NAME, STATE_DIR, "reproduction")
+    reserved = (MANIFEST_NAME, STATE_DIR, "reproduction", RUNS_DIR)  # runs/: the user's run outputs (audit F4)
     targets = sorted({layer.target for layer in manifest.layers})
     for i, layer in enumerate(manifest.layers):
         t = layer.target

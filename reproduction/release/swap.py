@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 
 from reproduction.errors import UnsafeArchiveError, os_error
@@ -67,6 +68,30 @@ def swap_back(final: Path, trash: Path, spare: Path) -> bool:
     return True
 
 
+def check_target_path(bundle: Path, target: str) -> None:
+    """Refuse a layer target that is, or lies below, a symlink (lstat of every component, the target too).
+
+    Relocation rewrites files in a kept target in place and a swap renames over it, so a target that
+    is a link (or under one) would have restore write outside the bundle (audit F3). Raises
+    UnsafeArchiveError (6) naming the link; a missing component ends the walk (nothing to follow).
+    """
+    here = bundle
+    for part in Path(target).parts:
+        here = here / part
+        try:
+            st = os.lstat(here)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        if stat.S_ISLNK(st.st_mode):
+            where = here.relative_to(bundle)
+            what = "is a symlink" if str(where) == target else f"lies under the symlink {where}"
+            raise UnsafeArchiveError(
+                f"layer target {target} {what}: refusing to restore through it",
+                member=str(where),
+                hint=f"remove the symlink {here} (a bundle holds no symlinked folders) and restore again",
+            )
+
+
 def preflight(bundle: Path, targets: list[str]) -> None:
     """Before anything is swapped: every target's parent exists, is reached without a symlink, is
     writable and on the state folder's filesystem (else a rename half-way through would fail with
@@ -74,15 +99,7 @@ def preflight(bundle: Path, targets: list[str]) -> None:
     state_dev = os.stat(bundle / STATE_DIR).st_dev
     for target in targets:
         final = bundle / target
-        here = bundle
-        for part in Path(target).parts[:-1]:
-            here = here / part
-            if os.path.islink(here):
-                raise UnsafeArchiveError(
-                    f"{target}: the bundle folder {here.relative_to(bundle)} on its path is a symlink",
-                    member=str(here.relative_to(bundle)),
-                    hint=f"remove the symlink {here} (a bundle holds no symlinked folders) and restore again",
-                )
+        check_target_path(bundle, target)
         try:
             final.parent.mkdir(parents=True, exist_ok=True)
             for folder in (final.parent, final) if os.path.isdir(final) else (final.parent,):

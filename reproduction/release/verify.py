@@ -47,7 +47,7 @@ class Problem:
 
     def describe(self) -> str:
         if self.kind == "missing":
-            return f"missing  {self.path}"
+            return f"missing  {self.path}" + (f" ({self.actual})" if isinstance(self.actual, str) else "")
         if self.kind == "extra":
             return f"extra    {self.path}"
         if self.kind == "size":
@@ -139,10 +139,12 @@ def find_extras(bundle: Path, manifest: Manifest) -> list[str]:
         keep = []
         for d in dirs:
             rel = rel_root + d
-            if rel in skip_dirs or (d == "__pycache__" and rel.startswith("reproduction/")):
+            if os.path.islink(os.path.join(root, d)) and rel != RUNS_DIR:
+                # A symlinked folder is never part of a bundle; the state folder or a layer target as a
+                # link would have restore write through it (audit F1, F3). runs/ may point at a big disk.
+                extras.append(rel)
                 continue
-            if os.path.islink(os.path.join(root, d)):
-                extras.append(rel)  # a symlinked folder is never part of a bundle
+            if rel in skip_dirs or (d == "__pycache__" and rel.startswith("reproduction/")):
                 continue
             keep.append(d)
         dirs[:] = keep
@@ -156,22 +158,49 @@ def find_extras(bundle: Path, manifest: Manifest) -> list[str]:
 def stat_pass(
     bundle: Path, entries: Iterable[FileEntry]
 ) -> tuple[list[Problem], list[tuple[FileEntry, os.stat_result]]]:
-    """Stat every entry: (missing/size problems, [(entry, stat)] of files whose size matches)."""
+    """Stat every entry: (missing/size problems, [(entry, stat)] of files whose size matches).
+
+    lstat, and no folder on the way may be a symlink: a bundle file that is a link (or under a
+    linked folder) out of the bundle would be hashed, then read by `run`, where it points and can
+    change after verification (audit F7). Such a file is 'missing' with `actual` saying why.
+    """
     problems: list[Problem] = []
     present: list[tuple[FileEntry, os.stat_result]] = []
+    linked: dict[str, bool] = {}  # bundle-relative folder -> is it (or a folder above it) a symlink
     for entry in entries:
+        if under_symlink(bundle, entry.path.rpartition("/")[0], linked):
+            problems.append(Problem(kind="missing", path=entry.path, expected=entry.size, actual="under a symlink"))
+            continue
         try:
-            st = os.stat(bundle / entry.path)
+            st = os.lstat(bundle / entry.path)
         except (FileNotFoundError, NotADirectoryError):
             problems.append(Problem(kind="missing", path=entry.path, expected=entry.size))
             continue
-        if not stat_mod.S_ISREG(st.st_mode):
+        except OSError as exc:  # verify only reads: EACCES is unreadable input (3), not a failed write (audit F11)
+            raise os_error(exc, f"the bundle file {entry.path}", op="read") from None
+        if stat_mod.S_ISLNK(st.st_mode):
+            problems.append(Problem(kind="missing", path=entry.path, expected=entry.size, actual="a symlink"))
+        elif not stat_mod.S_ISREG(st.st_mode):
             problems.append(Problem(kind="missing", path=entry.path, expected=entry.size, actual="not a regular file"))
         elif st.st_size != entry.size:
             problems.append(Problem(kind="size", path=entry.path, expected=entry.size, actual=st.st_size))
         else:
             present.append((entry, st))
     return problems, present
+
+
+def under_symlink(bundle: Path, folder: str, cache: dict[str, bool] | None = None) -> bool:
+    """Whether bundle-relative `folder` or a folder above it is a symlink (answers cached per folder)."""
+    if not folder:
+        return False
+    cache = {} if cache is None else cache
+    if folder not in cache:
+        try:
+            is_link = stat_mod.S_ISLNK(os.lstat(bundle / folder).st_mode)
+        except OSError:
+            is_link = False  # missing: the file's own lstat reports it
+        cache[folder] = is_link or under_symlink(bundle, folder.rpartition("/")[0], cache)
+    return cache[folder]
 
 
 def hash_entries(

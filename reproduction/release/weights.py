@@ -24,8 +24,8 @@ from typing import Any
 
 from reproduction.digest_cache import DigestCache
 from reproduction.digests import sha256_file, sha256_files
-from reproduction.errors import InputNotFoundError, IntegrityError
-from reproduction.release.manifest import Manifest
+from reproduction.errors import InputNotFoundError, IntegrityError, InvalidInputError
+from reproduction.release.manifest import Manifest, check_relative_path
 from reproduction.release.weights_manifest import (
     UNPINNED,
     LicenseIndex,
@@ -315,6 +315,31 @@ def copy_licenses(dest: Path, names: set[str], index: LicenseIndex) -> None:
 # -- restore and run ------------------------------------------------------------------------------------
 
 
+def weights_items(manifest: Manifest) -> list[dict[str, str]]:
+    """bundle.json's `metadata.weights`: a list of {"manifest": PATH, "dest": PATH}, checked as the input it is.
+
+    `metadata` is free-form, so a string or a list of numbers there ended in an AttributeError (exit 1)
+    and a non-string manifest path in a multi-line integrity error (audit F14): InvalidInputError (4).
+    """
+    items = manifest.metadata.get("weights") or []
+    ok = isinstance(items, list) and all(
+        isinstance(x, dict) and isinstance(x.get("manifest"), str) and isinstance(x.get("dest", "weights"), str)
+        for x in items
+    )
+    if not ok:
+        raise InvalidInputError(
+            f'bundle.json metadata.weights should be a list of {{"manifest": PATH, "dest": PATH}} objects, got '
+            f"{json.dumps(items)[:60]}",
+            field="metadata.weights",
+            hint="the manifest is damaged or hostile; fetch or pack the bundle again",
+        )
+    for i, x in enumerate(items):
+        for key in ("manifest", "dest"):
+            if key in x:
+                check_relative_path(x[key], where=f"metadata.weights[{i}].{key}")
+    return items
+
+
 def check_bundle_weights(bundle: Path, manifest: Manifest) -> int:
     """Refuse a bundle whose weights are not the bytes its weight manifests pin; returns the files checked.
 
@@ -323,14 +348,14 @@ def check_bundle_weights(bundle: Path, manifest: Manifest) -> int:
     against bundle.json first. Raises IntegrityError naming every file that differs or is absent.
     """
     bundle = Path(bundle)
-    items = manifest.metadata.get("weights") or []
+    items = weights_items(manifest)
     if not items:
         return 0
     lic_root = bundle / "LICENSES"
     index = load_license_index(lic_root if (lic_root / "index.json").is_file() else None)
     problems, checked = [], 0
     for item in items:
-        rel = str(item.get("manifest", ""))
+        rel = item["manifest"]
         entry = manifest.file(rel)
         if entry is None or not (bundle / rel).is_file() or sha256_file(bundle / rel) != entry.sha256:
             problems.append(f"{rel}: the weight manifest is absent or not the one bundle.json pins")
@@ -379,8 +404,8 @@ def verify_bundle_weights(bundle: Path, *, digests: DigestCache | None = None) -
     lic_root = bundle / "LICENSES"
     index = load_license_index(lic_root if (lic_root / "index.json").is_file() else None)
     count, problems = 0, []
-    for item in manifest.metadata.get("weights") or []:
-        rel, dest = str(item["manifest"]), str(item.get("dest", "weights"))
+    for item in weights_items(manifest):
+        rel, dest = item["manifest"], item.get("dest", "weights")
         report = verify_weights(load_weights_manifest(bundle / rel, licenses=index), bundle / dest, digests=digests)
         count += report.ok
         problems += [

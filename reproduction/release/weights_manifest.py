@@ -339,8 +339,13 @@ def load_weights_manifest(path: Path, *, licenses: LicenseIndex | None = None, r
         ) from None
     try:
         data = json.loads(raw.decode("utf-8"))
-    except ValueError as exc:  # UnicodeDecodeError included
-        raise InvalidInputError(f"{path}: not valid JSON ({exc})", path=path, field="(root)") from None
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError included; nesting too deep (audit F14)
+        raise InvalidInputError(
+            f"{path}: not valid JSON ({str(exc)[:80] or type(exc).__name__})",
+            path=path,
+            field="(root)",
+            hint="fix the manifest (see weights_manifest/schema.json)",
+        ) from None
     if repin and isinstance(data, dict) and isinstance(data.get("components"), list):
         for comp in data["components"]:
             built = isinstance(comp, dict) and isinstance(comp.get("source"), dict) and comp["source"].get("kind")
@@ -439,6 +444,18 @@ def load_license_index(root: Path | None = None) -> LicenseIndex:
             path=root / "index.json",
             hint="run from a recap-portable checkout or a bundle (both carry LICENSES/index.json)",
         ) from None
-    except ValueError as exc:
-        raise InvalidInputError(f"{root / 'index.json'}: not valid JSON ({exc})", path=root / "index.json") from None
-    return LicenseIndex(root=root, files=dict(data.get("licenses", {})), components=dict(data.get("components", {})))
+    except (ValueError, RecursionError) as exc:
+        raise InvalidInputError(
+            f"{root / 'index.json'}: not valid JSON ({str(exc)[:80] or type(exc).__name__})",
+            path=root / "index.json",
+            hint="the license registry is damaged; fetch or pack the bundle again",
+        ) from None
+    files = data.get("licenses", {}) if isinstance(data, dict) else None
+    components = data.get("components", {}) if isinstance(data, dict) else None
+    if not isinstance(files, dict) or not isinstance(components, dict):  # a bundle's copy is input (audit F14)
+        raise InvalidInputError(
+            f"{root / 'index.json'}: should be an object whose 'licenses' and 'components' are objects",
+            path=root / "index.json",
+            hint="the license registry is damaged; fetch or pack the bundle again",
+        )
+    return LicenseIndex(root=root, files=dict(files), components=dict(components))

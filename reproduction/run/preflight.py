@@ -127,12 +127,13 @@ def bundle_files_problems(bundle: str | Path | None, plain: dict[str, Any]) -> l
     from reproduction.errors import IntegrityError
     from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, load_manifest
     from reproduction.release.verify import EXIT_BY_KIND, Problem, hash_entries, sort_problems, stat_pass
+    from reproduction.release.weights import weights_items
 
     root = Path(bundle).resolve()
     if not (root / MANIFEST_NAME).is_file():
         return []
     manifest = load_manifest(root)
-    weights = {str(item.get("dest", "weights")) for item in manifest.metadata.get("weights") or []}
+    weights = {item.get("dest", "weights") for item in weights_items(manifest)}
     found = _bundle_prefixes(root, plain) | ({manifest.entry_config} if manifest.entry_config else set())
     # not twice: the weights' own check (bundle_weights_problems) rehashes their folders; layer targets are
     # restore's (its receipt), and .portable/ is bookkeeping

@@ -1,0 +1,84 @@
+"""What restore may keep or replace in a bundle folder it did not make: the receipt's word, checked.
+
+The receipt (`.portable/receipt.json`) sits in the bundle folder, which may come from anyone, so it
+is trusted only as far as the pinned member indexes back it (`vouched`), and before a target folder
+is swapped out the files restore did not write there are found (`lost_files`) so none is discarded
+without being named (audit F3b, F4, F5, F9).
+"""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import stat
+from pathlib import Path
+
+from reproduction.digests import sha256_file
+from reproduction.release import layers as layer_io
+from reproduction.release.manifest import LayerEntry, Manifest
+from reproduction.release.receipt import LayerReceipt, Receipt
+from reproduction.release.tarscan import Member
+
+
+def vouched(
+    bundle: Path, manifest: Manifest, receipt: Receipt, layers: list[LayerEntry]
+) -> tuple[list[LayerReceipt], dict[str, list[Member]]] | None:
+    """(the receipt's records, archive -> verified member index) for one target's `layers`, or None
+    when the receipt does not vouch for the tree at that target.
+
+    A record is trusted only when it names this target (a layer moved to another folder was never
+    restored there: F5) and the records' files and links are exactly what the layers' verified member
+    indexes list (a record with empty lists would vouch for a hand-made tree: F3b). A layer without
+    an index cannot be checked cheaply: None (it is extracted again). The caller validates the
+    returned members with safety.py, so a kept tree is one an extraction would have accepted.
+    """
+    recs = [receipt.layers.get(layer.archive) for layer in layers]
+    if any(
+        r is None or r.target != layer.target or not r.prefix.endswith("/" + layer.target) or not layer.members_index
+        for r, layer in zip(recs, layers)
+    ):
+        return None
+    members: dict[str, list[Member]] = {}
+    expected: dict[str, str | None] = {}  # path -> link text (None: a regular file), the last layer's wins
+    for layer in layers:
+        entry = manifest.file(layer.members_index)
+        path = bundle / layer.members_index
+        try:
+            if os.lstat(path).st_size != entry.size or sha256_file(path) != entry.sha256:
+                return None  # verify reports it
+        except OSError:
+            return None
+        members[layer.archive] = layer_io.read_index(path, rel=layer.members_index)
+        for m in members[layer.archive]:
+            if m.kind in ("file", "symlink"):
+                expected[m.name] = m.linkname if m.kind == "symlink" else None
+    recorded: dict[str, str | None] = {}
+    for r in recs:
+        recorded.update(dict.fromkeys(r.files))
+        recorded.update(r.links)
+    return (recs, members) if recorded == expected else None
+
+
+def lost_files(root: Path, staged: Path, *, known: set[str], compare: bool, rewritten: set[str]) -> list[str]:
+    """Files under the existing target `root` that swapping in `staged` would discard unnamed.
+
+    Those the new tree lacks and restore did not write (`known`: the files and links the receipt
+    records, when it vouches for the tree); with `compare` (a source target the receipt does not
+    vouch for: lost or damaged, F9) also those whose bytes or link text differ from the new tree,
+    except `rewritten` (paths holding a build prefix, which relocation rewrote). `__pycache__` is
+    ignored. [] when there is no folder at `root`.
+    """
+    if not os.path.isdir(root) or os.path.islink(root):
+        return []
+    existing, new = layer_io.tree_files(root), layer_io.tree_files(staged)
+    lost = existing - new - known
+    if compare:
+        lost |= {p for p in (existing & new) - rewritten if not _same_entry(root / p, staged / p)}
+    return sorted(lost)
+
+
+def _same_entry(a: Path, b: Path) -> bool:
+    sa, sb = os.lstat(a), os.lstat(b)
+    if stat.S_ISLNK(sa.st_mode) or stat.S_ISLNK(sb.st_mode):
+        return stat.S_ISLNK(sa.st_mode) == stat.S_ISLNK(sb.st_mode) and os.readlink(a) == os.readlink(b)
+    return stat.S_ISREG(sa.st_mode) == stat.S_ISREG(sb.st_mode) and filecmp.cmp(a, b, shallow=False)
