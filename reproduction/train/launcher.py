@@ -392,7 +392,8 @@ def _task_options(spec: DeviceSpec, cpus: float, pg, index: int, env: dict[str, 
 def _wait_all(
     refs: list, on_poll: Callable[[], None] | None, on_done: Callable[[int], None] | None = None
 ) -> dict[int, Any]:
-    """Every ref's result by index; the first failure cancels the rest and raises. Each wait is bounded."""
+    """Every ref's result by index; the first failure cancels the rest and raises (a collective's lost-peer error
+    gives way to the rank that died, `_root_cause`). Each wait is bounded."""
     import ray
 
     rank_of = {ref: rank for rank, ref in enumerate(refs)}
@@ -401,7 +402,10 @@ def _wait_all(
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
             for ref in done:
-                results[rank_of[ref]] = _outcome(ref, rank_of[ref])
+                try:
+                    results[rank_of[ref]] = _outcome(ref, rank_of[ref])
+                except _WorkerFailed as failed:
+                    raise _root_cause(failed, pending, rank_of) from None
                 if on_done is not None:
                     on_done(rank_of[ref])
             if on_poll is not None:
@@ -410,6 +414,31 @@ def _wait_all(
         for ref in pending:  # peers of a failed rank sit in a collective: kill them now
             ray.cancel(ref, force=True)
     return results
+
+
+PEER_LOST = re.compile(r"connection (closed|reset)|remote worker|by peer|gloo|nccl|hccl", re.IGNORECASE)
+"""A collective's error when a peer went away: the rank that raised it is a consequence, not the cause."""
+PEER_WAIT_S = 10.0
+
+
+def _root_cause(failed: _WorkerFailed, pending: list, rank_of: dict) -> _WorkerFailed:
+    """The failure to report: `failed`, unless it is a collective's error about a lost peer (PEER_LOST) and a pending
+    rank turns out to have died within PEER_WAIT_S: when a worker's process dies, its peers' collectives can fail
+    before Ray reports the death, and naming the peer that merely noticed hid the rank that crashed."""
+    import ray
+
+    if failed.failure.died or not pending or not PEER_LOST.search(failed.failure.traceback):
+        return failed
+    done, _ = ray.wait(pending, num_returns=len(pending), timeout=PEER_WAIT_S)
+    for ref in done:
+        try:
+            _outcome(ref, rank_of[ref])
+        except _WorkerFailed as other:
+            if other.failure.died:
+                return other
+        except Exception:  # noqa: BLE001 - another rank's own error: `failed` came first, it stays the report
+            pass
+    return failed
 
 
 def _outcome(ref, rank: int) -> Any:
