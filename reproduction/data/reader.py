@@ -149,7 +149,7 @@ class Dataset:
         if absent.size:
             shown = ", ".join(str(int(e)) for e in absent[:5]) + (" ..." if absent.size > 5 else "")
             problems.append(f"the episode table lists {absent.size} episode(s) with no frames in the data ({shown})")
-        common, at_data, at_table = np.intersect1d(episode_ids, table_ids, assume_unique=False, return_indices=True)
+        common, at_data, at_table = np.intersect1d(episode_ids, table_ids, return_indices=True)
         wrong = frames_per_episode[at_data] != lengths[at_table]
         if wrong.any():
             k = int(np.flatnonzero(wrong)[0])

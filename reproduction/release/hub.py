@@ -515,14 +515,14 @@ def _clean_partial(partial: Path) -> None:
     download append to whatever it points to: audit F1). The tool's own state, so removed, never followed."""
     import stat
 
-    from reproduction.release.lock import clear_state_entry
+    from reproduction.fsio import remove_tree
 
     if os.path.lexists(partial) and not stat.S_ISDIR(os.lstat(partial).st_mode):
-        clear_state_entry(partial)
+        remove_tree(partial)
         return
     for entry in os.scandir(partial) if os.path.isdir(partial) else ():
         if not entry.is_file(follow_symlinks=False):
-            clear_state_entry(Path(entry.path))
+            remove_tree(Path(entry.path))
 
 
 def _refuse_linked_folders(dest: Path, paths: list[str]) -> None:

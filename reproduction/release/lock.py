@@ -54,18 +54,6 @@ def state_dir(bundle: Path, *, what: str) -> Path:
     return state
 
 
-def clear_state_entry(path: Path) -> None:
-    """Remove a leftover of the tool's own state (`staging`, `trash`, `reloc`), whatever it is now.
-
-    A symlink or file there (a hostile bundle folder, audit F2/F16) is unlinked itself, never what it
-    points to; a folder is removed even when a layer made a folder inside it read-only (F10).
-    Raises OSError when it cannot be removed.
-    """
-    from reproduction.fsio import remove_tree
-
-    remove_tree(path)
-
-
 def _holder(fd: int) -> str:
     try:
         text = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()

@@ -21,9 +21,10 @@ from pathlib import Path
 
 from reproduction.digests import default_jobs, sha256_file
 from reproduction.errors import InvalidInputError, UnsafeArchiveError, WriteFailedError, os_error
+from reproduction.fsio import remove_tree
 from reproduction.release import extract_child
 from reproduction.release import layers as layer_io
-from reproduction.release.lock import bundle_lock, clear_state_entry
+from reproduction.release.lock import bundle_lock
 from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, LayerEntry, Manifest, load_manifest
 from reproduction.release.receipt import LayerReceipt, Receipt, load_receipt, save_receipt
 from reproduction.release.safety import check_targets, validate_layers
@@ -171,7 +172,8 @@ def _refuse_losing_files(
     """
     todo = [g for g in groups if g.action == "extract"]
     for i, g in enumerate(todo):
-        if g.vouched and g.layers[0].kind != "source":
+        source = g.layers[0].kind == "source"
+        if g.vouched and not source:
             continue
         recs = [receipt.layers[x.archive] for x in g.layers] if g.vouched else []
         rewritten = {o.path for x in g.layers for o in x.prefix_files}  # own and foreign prefixes, in this target
@@ -180,15 +182,14 @@ def _refuse_losing_files(
             bundle / g.target,
             bundle / STATE_DIR / "staging" / f"{i}",
             known={p for r in recs for p in r.files.keys() | r.links.keys()},
-            compare=not g.vouched and g.layers[0].kind == "source",
+            compare=not g.vouched and source,
             rewritten=rewritten,
         )
         if not lost:
             continue
-        if g.layers[0].kind == "source" and refresh:
+        if source and refresh:
             report.overwritten[g.target] = sorted(set(report.overwritten.get(g.target, [])) | set(lost))
             continue
-        source = g.layers[0].kind == "source"
         raise InvalidInputError(
             f"{g.target}: restore would replace this layer target, and {len(lost)} file(s) in it are not ones "
             f"restore wrote there ({_few(lost, 3)})",
@@ -215,7 +216,7 @@ def _cleanup_state(bundle: Path, *, strict: bool) -> None:
     for name in ("staging", "trash", RELOC_TMP):
         path = bundle / STATE_DIR / name
         try:
-            clear_state_entry(path)
+            remove_tree(path)
         except OSError as exc:
             if strict:
                 raise os_error(
@@ -567,7 +568,7 @@ def _finish(
                 pass  # the receipt on disk vouches for nothing that was being replaced: still consistent
         raise
     try:
-        clear_state_entry(trash)
+        remove_tree(trash)
     except OSError:
         pass  # the next restore removes it first (or names it)
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from reproduction.errors import InputNotFoundError, InvalidInputError, UnsupportedFormatError
 from reproduction.fsio import atomic_write_text
-from reproduction.run.evidence_check import check_evidence
+from reproduction.run.evidence_check import COUNT_METRICS, check_evidence
 from reproduction.run.secrets import redact
 from reproduction.run.stats import wilson
 
@@ -48,7 +48,6 @@ FORMAT = "recap-portable-evaluation"
 FORMAT_VERSION = "2.0"
 READS = ("1", "2")
 """Major format versions this build reads (1.x: no intervals, `tolerances` read as margins)."""
-COUNT_METRICS = ("success_once", "success_at_end")
 EXACT = 1e-9
 
 
