@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy
 import pytest
@@ -166,6 +167,42 @@ def test_batch_not_dividing_across_workers_fails_23(tmp_path):
         in row.finding
     )
     assert report.exit_code == 23
+
+
+OWN_YAML = """\
+value:
+  train: {world_size: 8, micro_batch: 32, global_batch: 256, eval_interval: 500, save_interval: 3000}
+policy:
+  train: {world_size: 8, micro_batch: 32, global_batch: 384, eval_interval: 400, save_interval: 3000}
+sft:
+  train: {micro_batch: 3, global_batch: 8}
+rl: {eval_every: 10, save_every: 25}
+"""
+
+
+def test_recap_portables_own_config_keys_are_checked(tmp_path):
+    """Before: only RLinf's keys were read, so a recap-portable run config (value.train, policy.train, sft.train, rl)
+    passed as "consistent in 0 config(s)" whatever it held."""
+    bundle = make_bundle(tmp_path / "b", configs={"run.yaml": OWN_YAML})
+    rows = _rows(report := _check(tmp_path, bundle))
+    assert rows["hazard.intervals"].finding == (
+        "config/run.yaml: policy.train.save_interval=3000 is not a multiple of policy.train.eval_interval=400; "
+        "config/run.yaml: rl.save_every=25 is not a multiple of rl.eval_every=10"
+    )
+    assert rows["hazard.batch"].finding == (
+        "config/run.yaml: policy.train.global_batch=384 does not divide into policy.train.micro_batch=32 x 8 workers "
+        "(policy.train.world_size); config/run.yaml: sft.train.global_batch=8 does not divide into "
+        "sft.train.micro_batch=3 x 1 workers (no sft.train.world_size: 1)"
+    )
+    assert rows["hazard.batch"].failure == "hazard" and report.exit_code == 23
+
+
+@pytest.mark.parametrize("name", ["grpo", "libero10"])
+def test_the_shipped_run_configs_pass_and_are_read(tmp_path, name):
+    text = (Path(__file__).resolve().parent.parent / "bundle" / name / "config.yaml").read_text()
+    rows = _rows(_check(tmp_path, make_bundle(tmp_path / "b", configs={"run.yaml": text})))
+    assert rows["hazard.intervals"].finding == "save/val intervals consistent in 1 config(s)"
+    assert rows["hazard.batch"].finding == "batch sizes divide across workers in 1 config(s)"
 
 
 def test_good_configs_pass_every_hazard(tmp_path):

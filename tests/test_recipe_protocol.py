@@ -281,6 +281,54 @@ def test_lineage_verify_names_a_complete_stage_whose_statement_is_gone(tmp_path)
     ]
 
 
+def test_resume_writes_a_lost_statement_again_with_the_bytes_the_run_wrote(tmp_path, capsys):
+    """Before: a complete stage whose statement was deleted stayed so (lineage --verify: exit 11) until
+    --restart-stage redid it. --resume now writes it again from run.json (the command line, world size, device and
+    versions of the run that wrote it are kept there), byte for byte; a statement that is there is left alone."""
+    two = recipe(spec(), spec("second", needs=("first",)))
+    run = tmp_path / "run"
+    run_recipe(two, Cfg(), run, RunOptions(argv=["portable", "run", "--token", "s3cret"], recorder=make_recorder(None)))
+    first, second = run / "lineage" / "first.intoto.json", run / "lineage" / "second.intoto.json"
+    written, first_mtime = second.read_bytes(), first.stat().st_mtime_ns
+    second.unlink()
+    capsys.readouterr()
+    report = run_recipe(
+        two, Cfg(), run, RunOptions(resume=True, argv=["portable", "run", "--resume"], recorder=make_recorder(None))
+    )
+    assert [(s.name, s.action) for s in report.stages] == [("first", "skipped"), ("second", "skipped")]
+    assert capsys.readouterr().err == (
+        "second: its lineage statement lineage/second.intoto.json was missing; written again from run.json\n"
+    )
+    assert second.read_bytes() == written
+    assert first.stat().st_mtime_ns == first_mtime
+    assert verify_lineage(run).exit_code == 0
+    recorded = json.loads((run / "run.json").read_text())["stages"]["second"]["lineage"]
+    assert recorded["argv"] == [
+        "portable",
+        "run",
+        "--token",
+        "<redacted>",
+    ]  # run.json holds no secret the statement hides
+
+
+def test_a_lost_statement_of_a_record_that_keeps_no_lineage_is_named_not_guessed(tmp_path, capsys):
+    """A run.json written before stage records kept `lineage` cannot give the statement's command line, world size,
+    device or versions: --resume says so and names the command that writes it, and writes nothing."""
+    run = tmp_path / "run"
+    run_recipe(recipe(), Cfg(), run, RunOptions(recorder=make_recorder(None)))
+    doc = json.loads((run / "run.json").read_text())
+    del doc["stages"]["first"]["lineage"]
+    (run / "run.json").write_text(json.dumps(doc))
+    (run / "lineage" / "first.intoto.json").unlink()
+    capsys.readouterr()
+    run_recipe(recipe(), Cfg(), run, RunOptions(resume=True, recorder=make_recorder(None)))
+    assert capsys.readouterr().err == (
+        "first: its lineage statement lineage/first.intoto.json is missing and cannot be written again (run.json "
+        "predates it); --restart-stage first redoes the stage and writes it\n"
+    )
+    assert not (run / "lineage" / "first.intoto.json").exists()
+
+
 class Color(enum.Enum):
     RED = "red"
 

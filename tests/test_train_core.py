@@ -417,3 +417,22 @@ def test_a_resumed_event_file_sorts_after_the_earlier_ones(tmp_path):
     log.close()
     names = sorted(p.name for p in tb.iterdir())
     assert len(names) == 2 and names[0] == earlier.name  # the resumed run's file is read last
+
+
+def test_a_start_from_step_0_removes_a_killed_attempts_event_files(tmp_path):
+    """A training stage killed before its first checkpoint is continued by --resume from step 0: the JSONL log was
+    emptied, but the killed attempt's event file stayed beside the new one, and nothing purged its steps
+    (TensorBoard showed steps 0.. twice). A start from step 0 now leaves only its own event file."""
+    from reproduction.train.metrics import MetricsLog
+
+    tb = tmp_path / "tensorboard"
+    killed = MetricsLog(tmp_path, resume_step=None)
+    killed.log(1, "train", {"loss": 2.0})
+    killed.close()
+    (first,) = tb.iterdir()
+    log = MetricsLog(tmp_path, resume_step=None)
+    log.log(1, "train", {"loss": 1.0})
+    log.close()
+    names = [p.name for p in tb.iterdir()]
+    assert len(names) == 1 and names[0] != first.name and names[0].startswith("events.out.tfevents.")
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1

@@ -31,6 +31,11 @@ GLOBAL_KEYS = (
 )
 WORKER_KEYS = ("cluster.num_workers", "train.workers", "workers", "num_workers", "world_size")
 NODE_KEYS = ("cluster.num_nodes", "cluster.num_gpus_per_node")
+OWN_INTERVALS = (("save_interval", "eval_interval"), ("save_every", "eval_every"))
+"""recap-portable's own run configs, in any section: a training core's (value.train, policy.train, sft.train:
+reproduction/train/config.py) and GRPO's rl (reproduction/recipes/grpo/config.py) (save, eval) interval keys."""
+OWN_BATCH = ("global_batch", "micro_batch", "world_size")
+"""A training core section's global batch, micro batch and worker count (world_size, default 1)."""
 
 
 def config_files(bundle: Path) -> list[Path]:
@@ -89,6 +94,15 @@ def first_int(data: dict[str, Any], keys: tuple[str, ...]) -> tuple[str, int] | 
         if isinstance(value, int) and not isinstance(value, bool):
             return key, value
     return None
+
+
+def sections(data: dict[str, Any], prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """(dotted path, mapping) of every mapping in `data`, itself first ('' for the top level)."""
+    out = [(prefix, data)]
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out += sections(value, f"{prefix}{key}.")
+    return out
 
 
 def worker_count(data: dict[str, Any]) -> tuple[str, int] | None:

@@ -3,7 +3,9 @@
 Fail (exit 23): TensorFlow older than 2.18 (or of unknown version) importable next to NumPy >= 2;
 `transfer_to_npu` in the bundle's sources or configs; torch-npu installed without a CANN toolkit;
 `/path/to/` placeholders in configs; save_interval not a multiple of val_check_interval; a global
-batch that does not divide into micro batches across workers. Warn: TensorFlow >= 2.18 next to
+batch that does not divide into micro batches across workers (RLinf's keys, and recap-portable's own in any section:
+`policy.train.save_interval`/`eval_interval`, `rl.save_every`/`eval_every`, `value.train.global_batch`/
+`micro_batch`/`world_size`). Warn: TensorFlow >= 2.18 next to
 NumPy 2 (it imports, but transfer_to_npu's module walk still loads it); Hub access configured
 (HF_HUB_OFFLINE unset) while the bundle carries its datasets.
 """
@@ -179,6 +181,42 @@ def placeholders(bundle: Path, files: list[Path]) -> ProbeResult:
     return ok(name, f"no /path/to/ placeholders in {len(files)} config file(s)")
 
 
+Pair = tuple[str, int]
+
+
+def _intervals(data: dict[str, Any]) -> list[tuple[Pair, Pair]]:
+    """(save, eval) interval pairs a config sets, both > 0: RLinf's (runner.save_interval, ...), then each section
+    of recap-portable's own (`policy.train.save_interval`/`eval_interval`, `rl.save_every`/`eval_every`)."""
+    out = []
+    save, val = configs.first_int(data, configs.SAVE_KEYS), configs.first_int(data, configs.VAL_KEYS)
+    if save and val and save[1] > 0 and val[1] > 0:
+        out.append((save, val))
+    for prefix, section in configs.sections(data):
+        for save_name, val_name in configs.OWN_INTERVALS:
+            save, val = configs.first_int(section, (save_name,)), configs.first_int(section, (val_name,))
+            if save and val and save[1] > 0 and val[1] > 0:
+                out.append(((prefix + save_name, save[1]), (prefix + val_name, val[1])))
+    return out
+
+
+def _batches(data: dict[str, Any]) -> list[tuple[Pair, Pair, Pair]]:
+    """(global batch, micro batch, (how the workers were found, workers)) a config sets: RLinf's, then each section
+    of recap-portable's own training cores (`value.train.global_batch`, `micro_batch`, `world_size` default 1)."""
+    out = []
+    micro, total = configs.first_int(data, configs.MICRO_KEYS), configs.first_int(data, configs.GLOBAL_KEYS)
+    workers = configs.worker_count(data) or ("(no worker count: 1)", 1)
+    if micro and total and micro[1] > 0 and workers[1] > 0:
+        out.append((total, micro, workers))
+    total_name, micro_name, world_name = configs.OWN_BATCH
+    for prefix, section in configs.sections(data):
+        total, micro = configs.first_int(section, (total_name,)), configs.first_int(section, (micro_name,))
+        world = configs.first_int(section, (world_name,))
+        workers = (prefix + world_name, world[1]) if world else (f"no {prefix}{world_name}: 1", 1)
+        if micro and total and micro[1] > 0 and workers[1] > 0:
+            out.append(((prefix + total_name, total[1]), (prefix + micro_name, micro[1]), workers))
+    return out
+
+
 def config_rules(bundle: Path, files: list[Path]) -> list[ProbeResult]:
     """hazard.intervals and hazard.batch over every config file (each file is checked on its own)."""
     interval_bad, batch_bad, unread, seen = [], [], [], {"intervals": 0, "batch": 0}
@@ -188,19 +226,17 @@ def config_rules(bundle: Path, files: list[Path]) -> list[ProbeResult]:
             unread.append(f"{path.name} ({why})")
             continue
         rel = path.relative_to(bundle)
-        save, val = configs.first_int(data, configs.SAVE_KEYS), configs.first_int(data, configs.VAL_KEYS)
-        if save and val and save[1] > 0 and val[1] > 0:
-            seen["intervals"] += 1
-            if save[1] % val[1]:
-                interval_bad.append(f"{rel}: {save[0]}={save[1]} is not a multiple of {val[0]}={val[1]}")
-        micro, total = configs.first_int(data, configs.MICRO_KEYS), configs.first_int(data, configs.GLOBAL_KEYS)
-        workers = configs.worker_count(data) or ("(no worker count: 1)", 1)
-        if micro and total and micro[1] > 0 and workers[1] > 0:
-            seen["batch"] += 1
-            if total[1] % (micro[1] * workers[1]):
+        intervals, batches = _intervals(data), _batches(data)
+        seen["intervals"] += bool(intervals)
+        seen["batch"] += bool(batches)
+        for (save_key, save), (val_key, val) in intervals:
+            if save % val:
+                interval_bad.append(f"{rel}: {save_key}={save} is not a multiple of {val_key}={val}")
+        for (total_key, total), (micro_key, micro), (workers_from, workers) in batches:
+            if total % (micro * workers):
                 batch_bad.append(
-                    f"{rel}: {total[0]}={total[1]} does not divide into {micro[0]}={micro[1]} x "
-                    f"{workers[1]} workers ({workers[0]})"
+                    f"{rel}: {total_key}={total} does not divide into {micro_key}={micro} x "
+                    f"{workers} workers ({workers_from})"
                 )
     note = f"; not read: {', '.join(unread)}" if unread else ""
     rows = []

@@ -65,6 +65,7 @@ _STAGE_FIELDS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("ended", _number, "a number (seconds since the epoch)"),
     ("seconds", _number, "a number"),
     ("error", lambda v: isinstance(v, str), "a string"),
+    ("lineage", lambda v: isinstance(v, dict), "a mapping (what the stage's lineage statement recorded)"),
 )
 
 
@@ -155,7 +156,8 @@ def make_recorder(bundle: Path | None) -> Callable[[Any], None] | None:
         return None
     own = lineage.DigestCache()  # for a runner that hands no cache of its own
 
-    def record(rec: Any) -> None:
+    def record(rec: Any) -> dict[str, Any]:
+        """Write rec's statement; returns the versions it recorded (rec.versions, or today's)."""
         A = lineage.Artifact
         # The bundle manifest and its runtime/source layer archives (digests from bundle.json, which restore
         # verified): every stage ran that code on that runtime.
@@ -174,6 +176,8 @@ def make_recorder(bundle: Path | None) -> Callable[[Any], None] | None:
         if rec.resumed_from_path is not None and Path(rec.resumed_from_path).exists():
             resumed = A(path=Path(rec.resumed_from_path), role="checkpoint")
         outputs = [A(path=rec.run_dir / rel, sha256=sha) for rel, sha in rec.subjects.items()]
+        versions = getattr(rec, "versions", None)
+        versions = dict(versions) if versions is not None else lineage.runtime_versions()
         lineage.write_stage_statement(
             lineage.StageRun(
                 stage=rec.stage,
@@ -190,8 +194,10 @@ def make_recorder(bundle: Path | None) -> Callable[[Any], None] | None:
                 status="succeeded",
                 resumed_from=resumed,
                 bundle_dir=Path(bundle) if bundle is not None else None,
+                versions=versions,
                 cache=getattr(rec, "digests", None) or own,
             )
         )
+        return versions
 
     return record

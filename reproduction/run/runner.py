@@ -2,7 +2,9 @@
 
     <run>/run.json      format_version, recipe (its name, and recipe_ref: the name the config gave it), run id,
                         resolved config, and per stage: status,
-                        key, key_parts, outputs (path -> size, mtime_ns, sha256), summary, times
+                        key, key_parts, outputs (path -> size, mtime_ns, sha256), summary, times, and `lineage`: what
+                        its lineage statement recorded beyond these (argv, world size, device, versions), so --resume
+                        writes a lost statement again
     <run>/<stage>/      one folder per stage
     <run>/report.html   the recipe's report (Recipe.report, called after the stages; <run>/plots/ for the built-in ones)
 
@@ -48,7 +50,7 @@ from reproduction.fsio import atomic_write_text
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
 from reproduction.run.config import select, to_plain
 from reproduction.run.guards import LOCK_FILE, refuse_links, run_lock, sigterm_as_interrupt
-from reproduction.run.secrets import redact
+from reproduction.run.secrets import redact, redact_argv
 from reproduction.train.ray_connect import RunRay
 
 RUN_JSON = "run.json"
@@ -90,9 +92,13 @@ class StageRecord:
     resumed_from_path: Path | None = None
     digests: DigestCache | None = None
     """The run's digest cache: the lineage writer hashes through it (a file the run hashed is not hashed again)."""
+    versions: dict[str, Any] | None = None
+    """The versions the statement records (a statement written again: those of the run that wrote it); None: the
+    recorder collects today's."""
 
 
-Recorder = Callable[[StageRecord], None]
+Recorder = Callable[[StageRecord], Any]
+"""Writes a stage's statement; may return the versions it recorded (a dict), which run.json keeps (`lineage`)."""
 
 
 @dataclass(kw_only=True)
@@ -784,6 +790,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
                 "no more; skipped (a trained stage is not cut back: --restart-stage trains it anew)",
                 options=opts.ui,
             )
+        _rewrite_lost_statement(walk, spec, rec)
         return StageReport(name=spec.name, action="skipped", seconds=0.0, output=_output_from_record(stage_dir, rec))
     if action == "fresh" and stage_dir.exists():  # cleared first: a `running` record never sees another key's files
         shutil.rmtree(stage_dir)
@@ -835,10 +842,11 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     }
     if opts.recorder is not None:  # the statement before the record: a kill between them leaves a stage to redo,
         try:  # not a complete stage without its statement that no --resume would write again
-            _record_lineage(walk, spec, action, output, outputs, parts, started, ended)
+            versions = _record_lineage(walk, spec, action, output, outputs, parts, started, ended)
         except BaseException as exc:
             _record_stop(run_dir, state, spec.name, rec if action == "continue" else None, exc)
             raise
+        complete["lineage"] = _statement_params(walk, output, versions)
     state["stages"][spec.name] = complete
     _write_state(run_dir, state)
     return StageReport(
@@ -855,10 +863,13 @@ def _record_lineage(
     parts: dict,
     started: float,
     ended: float,
-) -> None:
-    """The stage's lineage statement, through the run's recorder (RunOptions.recorder)."""
+    *,
+    argv: Sequence[str] | None = None,
+    versions: dict[str, Any] | None = None,
+) -> Any:
+    """The stage's lineage statement, through the run's recorder (RunOptions.recorder); returns what it returns."""
     run_dir, state, opts = walk.run_dir, walk.state, walk.opts
-    opts.recorder(
+    return opts.recorder(
         StageRecord(
             run_id=state["run_id"],
             run_dir=run_dir,
@@ -868,7 +879,7 @@ def _record_lineage(
             subjects={os.path.normpath(f"{spec.name}/{rel}"): v[2] for rel, v in outputs.items()},
             materials=parts,
             config=walk.plain,
-            argv=list(opts.argv),
+            argv=list(opts.argv if argv is None else argv),
             started=started,
             ended=ended,
             resumed_from=output.resumed_from,
@@ -887,8 +898,69 @@ def _record_lineage(
             device=output.device,
             resumed_from_path=output.resumed_from_path,
             digests=walk.digests,
+            versions=versions,
         )
     )
+
+
+def _statement_params(walk: _Walk, output: StageOutput, versions: Any) -> dict[str, Any]:
+    """What a stage's statement records that run.json's stage record does not hold otherwise, kept as its `lineage`
+    so `--resume` can write a lost statement again (`_rewrite_lost_statement`): the command line (redacted as the
+    statement has it), world size, device, the checkpoint it continued from, the versions the recorder returned (as
+    [name, value] pairs: run.json sorts a mapping's keys, the statement keeps their order) and the config's digest
+    (run.json's `config` is the latest invocation's)."""
+    resumed = output.resumed_from_path
+    return {
+        "argv": redact_argv(list(walk.opts.argv)),
+        "world_size": output.world_size,
+        "device": output.device,
+        "resumed_from_path": str(resumed) if resumed is not None else None,
+        "versions": [[k, v] for k, v in versions.items()] if isinstance(versions, dict) else None,
+        "config_sha256": digest(walk.plain),
+    }
+
+
+def _rewrite_lost_statement(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -> None:
+    """Write again the statement of a stage skipped as complete (its key and its outputs, re-hashed where their stat
+    changed, match run.json: `_decide`) when <run>/lineage/<stage>.intoto.json is gone (deleted, or lost to a sync
+    tool), and say so in one line. Rebuilt from the stage record and its `lineage` (`_statement_params`), so its
+    bytes are those the run wrote, with three exceptions, read as they are now: the bundle (`--bundle` / the config's
+    BUNDLE) and its manifest and layers, the opened inputs' folders (their fingerprints are in the key, not their
+    paths), and the starting weights and the checkpoint continued from (hashed again; one since deleted is left out).
+    Not written (one line says why) when the record has no `lineage` (written before run.json kept it) or the
+    config differs from the one the statement recorded (a key declared not to change outputs was changed)."""
+    from reproduction.run.lineage import statement_path
+    from reproduction.ui import say
+
+    path = statement_path(walk.run_dir, spec.name)
+    if walk.opts.recorder is None or path.exists():
+        return
+    rel = path.relative_to(walk.run_dir).as_posix()
+    params = rec.get("lineage")
+    if not isinstance(params, dict) or params.get("config_sha256") != digest(walk.plain):
+        why = "the config differs from the one it recorded" if isinstance(params, dict) else "run.json predates it"
+        say(
+            f"{spec.name}: its lineage statement {rel} is missing and cannot be written again ({why}); "
+            f"--restart-stage {spec.name} redoes the stage and writes it",
+            options=walk.opts.ui,
+        )
+        return
+    resumed = params.get("resumed_from_path")
+    output = StageOutput(
+        files=[],
+        summary=rec.get("summary", {}),
+        step=rec.get("step"),
+        resumed_from=rec.get("resumed_from"),
+        resumed_from_path=Path(resumed) if resumed is not None else None,
+        world_size=params["world_size"],
+        device=params["device"],
+    )
+    versions = dict(params["versions"]) if params.get("versions") is not None else None
+    _record_lineage(
+        walk, spec, "skipped", output, rec["outputs"], rec["key_parts"], rec["started"], rec["ended"],
+        argv=params["argv"], versions=versions,
+    )  # fmt: skip
+    say(f"{spec.name}: its lineage statement {rel} was missing; written again from run.json", options=walk.opts.ui)
 
 
 def call_stage(spec: StageSpec, ctx: StageContext) -> StageOutput:

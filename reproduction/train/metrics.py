@@ -7,7 +7,10 @@ Both are flushed at every record, so a kill loses at most the record being writt
 log is cut back to the checkpoint's step (records of steps the killed run took after its last
 checkpoint are dropped, a half-written last line too) and TensorBoard purges the same steps (a
 new event file whose first event carries `purge_step`), so an interrupted run's log and scalars
-read exactly like an uninterrupted one's.
+read exactly like an uninterrupted one's (its tensorboard/ then holds one event file per attempt that reached a
+checkpoint: the earlier ones hold the steps up to it). A start from step 0 (a resume that found no complete
+checkpoint) empties both: the killed attempt's event files are removed, as its JSONL records are, since nothing
+would purge their steps and TensorBoard would show each of them twice.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class MetricsLog:
             from torch.utils.tensorboard import SummaryWriter
 
             purge = None if resume_step is None else resume_step + 1
+            if resume_step is None:
+                _remove_event_files(Path(out_dir) / "tensorboard")
             _wait_to_sort_last(Path(out_dir) / "tensorboard")
             self._tb = SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"), purge_step=purge)
 
@@ -74,6 +79,12 @@ class MetricsLog:
         self._fh.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def _remove_event_files(tb_dir: Path) -> None:
+    """Remove the event files an earlier attempt left in `tb_dir` (a start from step 0 logs every step again)."""
+    for path in tb_dir.glob("events.out.tfevents.*"):
+        path.unlink(missing_ok=True)
 
 
 def _wait_to_sort_last(tb_dir: Path) -> None:
