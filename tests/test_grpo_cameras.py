@@ -400,3 +400,41 @@ def test_the_demo_generates_its_sft_data_with_the_cameras_the_config_reads(tmp_p
     assert (data.cameras, data.image_size, data.sft_episodes) == (("wrist",), 32, QUICK.sft_episodes)
     pi05 = _with_cameras(QUICK, tmp_path, False, ["sft.model.preset=pi05", wrist[0]])
     assert (pi05.cameras, pi05.image_size) == (("wrist",), 224)
+
+
+def test_sft_model_takes_every_policy_model_field_but_the_conditioning_ones(tmp_path):
+    """GRPO's sft.model is RECAP's policy.model without conditioning: a field stage 4's trainer gains (as pi05's
+    discrete_state_input, norm, norm_stats and image_augment did) must reach GRPO's SFT too, checked by the same rules,
+    and at its default leave the stage keys of runs recorded before it as they were (added_field)."""
+    from reproduction.config_fields import ADDED
+    from reproduction.recap.policy.config import PolicyConfig
+    from reproduction.recipes.grpo.config import PolicyModelSection
+    from reproduction.recipes.grpo.preflight import preflight
+    from reproduction.run.config import to_plain
+
+    policy = {f.name: f for f in dataclasses.fields(PolicyConfig)}
+    sft = {f.name: f for f in dataclasses.fields(PolicyModelSection)}
+    assert set(policy) - set(sft) == {"positive_only", "condition_dropout", "hold_labels"} and set(sft) <= set(policy)
+    for name in ("discrete_state_input", "norm", "norm_stats", "image_augment"):
+        assert sft[name].default == policy[name].default and sft[name].metadata.get(ADDED), name
+
+    cameras = "sft.model.cameras={base_0_rgb: observation.images.agentview}"
+    cfg = _load(["sft.model.preset=pi05", cameras, "sft.model.norm=zscore", "sft.model.image_augment=false"], tmp_path)
+    stage = PolicyConfig(**to_plain(cfg.sft.model))  # what the sft stage hands stage 4's trainer
+    assert (stage.norm, stage.image_augment, stage.discrete_state_input) == ("zscore", False, False)
+    cfg = _load(["sft.model.preset=pi05", cameras, "sft.model.discrete_state_input=true"], tmp_path)
+    assert PolicyConfig(**to_plain(cfg.sft.model)).discrete_state_input is True
+    for overrides, field, words in [
+        (["sft.model.discrete_state_input=true"], "sft.model.discrete_state_input", "applies to pi05"),
+        (["sft.model.norm=minmax"], "sft.model.norm", "minmax"),
+        (["sft.model.norm_stats=/x/norm_stats.json"], "sft.model.norm_stats", "the normalisation is z-score"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            _load(overrides, tmp_path)
+        assert words in err.value.message and "\n" not in err.value.message, (overrides, err.value.message)
+        assert err.value.field == field and err.value.exit_code == 4
+
+    missing = tmp_path / "nowhere" / "norm_stats.json"
+    cfg = _load(["sft.model.preset=pi05", cameras, f"sft.model.norm_stats={missing}"], tmp_path)
+    problems = [str(p) for p in preflight(cfg, tmp_path / "run", {}, stages=["sft"])]
+    assert f"sft.model.norm_stats: {missing} does not exist" in problems, problems

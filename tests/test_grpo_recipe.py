@@ -187,8 +187,10 @@ def test_fields_that_do_not_change_outputs_are_declared_once():
     # rl.advantage_scale, added after runs were recorded, is left out of the key at its default only
     assert rl_free == sorted([*(k for k in FREE_ON_RESUME if k != "steps"), "advantage_scale"])
     assert {"rollout_workers", "eval_every", "micro_init_states"} <= set(rl_free) and "lr" not in rl_free
+    # sft.model's input options, added after runs were recorded, are left out of the key at their defaults only
+    added = [f"sft.model.{k}" for k in ("discrete_state_input", "norm", "norm_stats", "image_augment")]
     assert sorted(k for k in free if k.startswith("sft.")) == sorted(
-        f"sft.train.{k}" for k in output_free_keys(TrainConfig)
+        [*(f"sft.train.{k}" for k in output_free_keys(TrainConfig)), *added]
     )
 
     def key(stage, **over):

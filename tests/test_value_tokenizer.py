@@ -14,6 +14,9 @@ def test_normalisation_and_template_follow_recap():
     assert normalize_task("  Pick_and_place the Block.\n") == "pick and place the block"
     assert normalize_task("open the drawer!!") == "open the drawer!"  # only one trailing punctuation char
     assert format_prompt("Push_it.") == "Task: push it."
+    # RLinf's value prompt keeps a closing quote (image_text_processing.py _strip_trailing_punctuation)
+    assert format_prompt('put the "alphabet soup" in the basket "') == 'Task: put the "alphabet soup" in the basket ".'
+    assert format_prompt("open the drawer'") == "Task: open the drawer'."
 
 
 def test_trained_tokenizer_round_trips_and_loads_with_autotokenizer(tmp_path):

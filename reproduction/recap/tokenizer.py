@@ -24,9 +24,10 @@ MAX_TOKEN_LEN = 200
 
 
 def normalize_task(text: str) -> str:
-    """RECAP.md 2.1: lower-case, strip, `_`/newline -> space, drop one trailing punctuation char."""
+    """RECAP.md 2.1: lower-case, strip, `_`/newline -> space, drop one trailing punctuation char but a quote (RLinf's
+    BaseValueTextProcessor `_clean_text` then `_strip_trailing_punctuation`, which keeps a closing `"` or `'`)."""
     text = text.lower().strip().replace("_", " ").replace("\n", " ")
-    if text and text[-1] in string.punctuation:
+    if text and text[-1] in string.punctuation and text[-1] not in "\"'":
         text = text[:-1]
     return text
 

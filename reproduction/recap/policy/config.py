@@ -136,8 +136,18 @@ def check_policy_values(cfg: Any, key: str = "") -> None:
             field=k("state_dims"),
             hint=f"set {k('state_keys')} too, or drop {k('state_dims')}",
         )
+    check_input_options(cfg, key)
+
+
+def check_input_options(cfg: Any, key: str = "") -> None:
+    """The rules on how a preset reads its inputs (`norm`, `norm_stats`, `discrete_state_input`, pi05's `cameras`),
+    shared by RECAP's policy.model and GRPO's sft.model (which embeds these fields but not the conditioning ones)."""
     from reproduction.recap.policy.normalize import check_norm, default_norm
 
+    def k(name: str) -> str:
+        return f"{key}.{name}" if key else name
+
+    where = "" if key else "policy stage: "
     check_norm(getattr(cfg, "norm", None), k("norm"))
     norm = getattr(cfg, "norm", None) or default_norm(cfg.preset)
     if getattr(cfg, "norm_stats", None) and norm != "quantile":

@@ -75,6 +75,20 @@ class PolicyModelSection:
     """Folder the manifest's file paths are relative to."""
     tokenizer: str | None = None
     """Folder with tokenizer.json (pi05 with pretrained weights: PaliGemma's); None = train one in-process."""
+    # How the preset reads its inputs: RECAP's policy.model fields of the same names, passed to stage 4's trainer as
+    # they are (recap/policy/config.py documents each); the SFT export records them, so the rollouts, the loss and
+    # the evaluation read the state, prompt and actions as SFT trained on them.
+    discrete_state_input: bool = field(default=False, metadata=added_field())
+    """pi05: the normalised state as openpi's 256-bin text in the prompt; False = upstream's pi05_libero (the task
+    alone). tiny: must be false."""
+    norm: str | None = field(default=None, metadata=added_field())
+    """State/action normalisation: quantile (openpi's pi0.5) or zscore; None = the preset's (pi05 quantile, tiny
+    zscore)."""
+    norm_stats: str | None = field(default=None, metadata=added_field())
+    """openpi's norm_stats.json (or its folder) for the quantile norm; None = the SFT frames' quantiles."""
+    image_augment: bool | None = field(default=None, metadata=added_field())
+    """SFT's train-time image augmentation as openpi's (crop, rotation, colour jitter); None = the preset's (pi05 on,
+    tiny off). The RL loss never augments: it rescores the frames the rollouts saw."""
 
     def __post_init__(self) -> None:
         k = "sft.model."
@@ -92,12 +106,9 @@ class PolicyModelSection:
                 f"{k}execute_steps={self.execute_steps} exceeds {k}chunk={self.chunk}",
                 field=k + "execute_steps",
             )
-        if self.preset == "pi05" and not self.cameras:  # RECAP's rule (recap/policy/config.py check_policy_values)
-            raise ConfigError(
-                f"{k}preset='pi05' reads cameras (PaliGemma's SigLIP); `{k}cameras` maps none",
-                field=k + "cameras",
-                hint=f"map at least one slot, e.g. {k}cameras={{base_0_rgb: observation.images.agentview}}",
-            )
+        from reproduction.recap.policy.config import check_input_options
+
+        check_input_options(self, "sft.model")  # RECAP's rules: norm, norm_stats, discrete_state_input, pi05 cameras
         if not 16 <= self.image_size <= 480 or self.image_size % 16:
             raise ConfigError(
                 f"{k}image_size={self.image_size} is not a multiple of 16 in 16..480 (tiny's SigLIP patch is 16 px)",

@@ -45,6 +45,10 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
                     hint="generate the demonstrations with those cameras, or drop them from sft.model.cameras",
                 )
             )
+    for name in ("tokenizer", "pretrained_manifest", "weights_dir", "norm_stats"):  # as RECAP's policy.model's
+        value = getattr(sft.model, name)
+        if value and not sft.export and "/path/to/" not in value and not Path(value).exists():
+            problems.append(InputNotFoundError(f"sft.model.{name}: {value} does not exist", path=value))
     for key, tasks in (("rl.tasks", config.rl.tasks), ("eval.tasks", config.eval.tasks)):
         problems += task_problems(key, list(tasks))
     reference = config.eval.reference
