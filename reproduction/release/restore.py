@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reproduction.digests import default_jobs, sha256_file
-from reproduction.errors import InvalidInputError, UnsafeArchiveError, WriteFailedError, os_error
+from reproduction.errors import InvalidInputError, WriteFailedError, os_error
 from reproduction.fsio import remove_tree
 from reproduction.release import extract_child
 from reproduction.release import layers as layer_io
@@ -464,15 +464,10 @@ def _check_sizes(bundle: Path, loaded: list[layer_io.LoadedLayer]) -> None:
     UnsafeArchiveError (6); an undeclared size (0) still gets the free-space check (exit 8).
     """
     actual = 0
-    for x in loaded:
+    for x in loaded:  # a layer listed from its archive was bounded while listing (layers.load_layer)
         size = sum(m.size for m in x.members if m.kind == "file")
         if x.entry.unpacked_size and size > x.entry.unpacked_size:
-            raise UnsafeArchiveError(
-                f"{x.entry.archive}: its files add up to {human_bytes(size)} ({size} bytes), more than the "
-                f"{x.entry.unpacked_size} bytes bundle.json declares as its unpacked_size; nothing was extracted",
-                archive=x.entry.archive,
-                hint="do not use this bundle; ask its publisher to re-pack it with `portable pack`",
-            )
+            raise layer_io.unpacked_size_error(x.entry, size)
         actual += size
     _need_space(bundle, actual)
 
