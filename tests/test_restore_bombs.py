@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import pytest
 import zstandard
 from bundlekit import QUIET, raw_bundle, raw_member, run_cli, small_bundle
 
-from reproduction.errors import UnsafeArchiveError
+from reproduction.errors import UnsafeArchiveError, WriteFailedError
 from reproduction.release import layers as layer_io
 from reproduction.release import zstdio
 from reproduction.release.manifest import load_manifest
@@ -130,6 +131,29 @@ def test_listing_stops_at_the_header_that_passes_unpacked_size(tmp_path, counted
     with pytest.raises(UnsafeArchiveError, match=needle):
         layer_io.load_layer(bundle, entry, sha)
     assert counted[0] <= 4 * MiB + 4096  # one window, not the 32 MiB before the fix
+
+
+def test_with_no_unpacked_size_declared_the_free_space_bounds_the_listing(tmp_path, counted, monkeypatch):
+    """A bundle.json declaring neither size (0) left the listing unbounded: a 64 TiB header was decompressed until
+    the stream ended, then the space check refused it. Now the listing stops at the header that passes the free
+    space (exit 8, the space check's message) and reads no further."""
+    bundle = _bundle(
+        tmp_path, _tar(raw_member("small.txt", b"ok\n"), raw_member("bomb.bin", bytes(32 * MiB))), index=False
+    )
+    _set_layer(bundle, unpacked_size=0, tar_size=0)
+    entry = load_manifest(bundle).layers[0]
+    sha = hashlib.sha256((bundle / entry.archive).read_bytes()).hexdigest()
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=MiB))
+    with pytest.raises(WriteFailedError, match=r"the layers need 32\.0 MiB, 1\.0 MiB is free"):
+        layer_io.load_layer(bundle, entry, sha)
+    assert counted[0] <= 4 * MiB + 4096  # one window, not the 32 MiB of the member
+    monkeypatch.undo()
+    bundle = _bundle(tmp_path, _huge_member(64 << 40), index=False, name="c")  # more than any disk here
+    _set_layer(bundle, unpacked_size=0, tar_size=0)
+    done = run_cli("restore", bundle)
+    _one_error(done, 8, "the layers need 64.0 TiB")
+    assert not (bundle / "source" / "app").exists()
 
 
 # -- (b) what follows the end-of-archive block --------------------------------------------------------

@@ -13,14 +13,13 @@ restore finishes the job.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from reproduction.digests import default_jobs, sha256_file
-from reproduction.errors import InvalidInputError, WriteFailedError, os_error
+from reproduction.errors import InvalidInputError, os_error
 from reproduction.fsio import remove_tree
 from reproduction.release import extract_child
 from reproduction.release import layers as layer_io
@@ -41,7 +40,7 @@ from reproduction.release.verify import (
     verify_bundle,
 )
 from reproduction.release.weights import check_bundle_weights
-from reproduction.ui import UiOptions, human_bytes, progress
+from reproduction.ui import UiOptions, progress
 
 
 @dataclass(kw_only=True, slots=True)
@@ -361,21 +360,11 @@ def _check_sizes(bundle: Path, loaded: list[layer_io.LoadedLayer]) -> None:
         if x.entry.unpacked_size and size > x.entry.unpacked_size:
             raise layer_io.unpacked_size_error(x.entry, size)
         actual += size
-    _need_space(bundle, actual)
+    layer_io.need_space(bundle, actual)
 
 
 def _free_space_check(bundle: Path, groups: list[Group]) -> None:
-    _need_space(bundle, sum(layer.unpacked_size for g in groups if g.action == "extract" for layer in g.layers))
-
-
-def _need_space(bundle: Path, need: int) -> None:
-    free = shutil.disk_usage(bundle).free
-    if need > free:
-        raise WriteFailedError(
-            f"not enough space to restore {bundle}: the layers need {human_bytes(need)}, {human_bytes(free)} is free",
-            path=bundle,
-            hint="free some space and run `portable restore` again; nothing was changed",
-        )
+    layer_io.need_space(bundle, sum(layer.unpacked_size for g in groups if g.action == "extract" for layer in g.layers))
 
 
 def _finish(
