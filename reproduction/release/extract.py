@@ -177,6 +177,7 @@ def extract_stream(
     dest: Path,
     *,
     archive: str,
+    tar_size: int = 0,
     digests: bool = False,
     on_bytes: Callable[[int], None] | None = None,
 ) -> Written:
@@ -185,9 +186,11 @@ def extract_stream(
     One thread writes: writer threads were measured here and did not help (file creation is kernel
     time that serialises in ext4) while they took CPU from the hashing that overlaps extraction.
     `digests` also records the sha256 of every file written (cheap for small source layers).
+    `tar_size` (0: not declared) bounds the decompressed stream, and at most MAX_TRAILER bytes may
+    follow the end-of-archive block: past either is UnsafeArchiveError, raised while streaming.
     """
     umask, written = _UMASK, Written()
-    source = StreamSource(stream)
+    source = StreamSource(stream, archive=archive, limit=tar_size)
     dirs: DirFds | None = None
     try:
         os.makedirs(dest, exist_ok=True)

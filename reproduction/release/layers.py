@@ -17,16 +17,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from reproduction.digests import sha256_file
-from reproduction.errors import InvalidInputError, UnsafeArchiveError
+from reproduction.errors import InvalidInputError, UnsafeArchiveError, WriteFailedError
 from reproduction.release.extract import Written, extract_stream
 from reproduction.release.manifest import LayerEntry
 from reproduction.release.tarscan import KINDS, Member, StreamSource, iter_members, normalise
 from reproduction.release.zstdio import open_decompressed, zstd_error
+from reproduction.ui import human_bytes
 
 
 @dataclass(kw_only=True, slots=True)
@@ -112,23 +114,58 @@ def _bad_index(rel: str, exc: Exception) -> InvalidInputError:
     )
 
 
+def unpacked_size_error(entry: LayerEntry, size: int) -> UnsafeArchiveError:
+    """The one refusal of a layer whose files add up to `size` bytes, more than its declared unpacked_size."""
+    return UnsafeArchiveError(
+        f"{entry.archive}: its files add up to at least {human_bytes(size)} ({size} bytes), more than the "
+        f"{entry.unpacked_size} bytes bundle.json declares as its unpacked_size; nothing was extracted",
+        archive=entry.archive,
+        hint="do not use this bundle; ask its publisher to re-pack it with `portable pack`",
+    )
+
+
+def need_space(bundle: Path, need: int) -> None:
+    """WriteFailedError (exit 8) when `need` bytes do not fit in the free space of `bundle`'s filesystem."""
+    free = shutil.disk_usage(bundle).free
+    if need > free:
+        raise WriteFailedError(
+            f"not enough space to restore {bundle}: the layers need {human_bytes(need)}, {human_bytes(free)} is free",
+            path=bundle,
+            hint="free some space and run `portable restore` again; nothing was changed",
+        )
+
+
 def load_layer(bundle: Path, entry: LayerEntry, expected_sha: str) -> LoadedLayer:
     """Read `entry`'s archive once: its digest and (if that matches `expected_sha`) its member list.
 
     A digest mismatch is returned (verify reports it with the other problems). A stream that fails
-    to decompress although its digest matches raises UnsafeArchiveError (exit 6).
+    to decompress although its digest matches raises UnsafeArchiveError (exit 6), as do, while
+    listing: files adding up to more than a declared `unpacked_size` (before the member's data is
+    decompressed), a stream longer than a declared `tar_size`, and more than MAX_TRAILER bytes after
+    the end-of-archive block; with no unpacked_size declared, files adding up to more than the free
+    space is WriteFailedError (exit 8) as the space check after listing would be. Nothing is written.
     """
     path = bundle / entry.archive
     hasher = hashlib.sha256()
     try:
         with open_decompressed(path, hasher=hasher) as stream:
-            source = StreamSource(stream)
-            members = list(iter_members(source, archive=entry.archive))
+            source = StreamSource(stream, archive=entry.archive, limit=entry.tar_size)
+            members: list[Member] = []
+            files, free = 0, shutil.disk_usage(bundle).free if not entry.unpacked_size else 0
+            for m in iter_members(source, archive=entry.archive):  # m's data is not read yet
+                members.append(m)
+                files += m.size  # 0 for anything but a file
+                if entry.unpacked_size and files > entry.unpacked_size:
+                    raise unpacked_size_error(entry, files)
+                if not entry.unpacked_size and files > free:  # undeclared: what the disk holds bounds the listing
+                    need_space(bundle, files)
             source.drain()  # the digest must cover the whole file
-    except (zstd_error(), UnsafeArchiveError, EOFError, ValueError) as exc:
-        digest = sha256_file(path)
+    except (zstd_error(), UnsafeArchiveError, WriteFailedError, EOFError, ValueError) as exc:
+        digest = sha256_file(path)  # the compressed bytes only: a bomb is never decompressed to tell
         if digest != expected_sha:
             return LoadedLayer(entry=entry, digest=digest, members=[], ok=False)
+        if isinstance(exc, (UnsafeArchiveError, WriteFailedError)):  # name the archive or the bundle already
+            raise
         raise UnsafeArchiveError(
             f"{entry.archive}: cannot be read although its digest matches bundle.json ({exc})",
             archive=entry.archive,
@@ -158,7 +195,13 @@ def extract_layer(
     try:
         with open_decompressed(path, hasher=hasher) as stream:
             written = extract_stream(
-                stream, layer.members, dest, archive=layer.entry.archive, digests=digests, on_bytes=on_bytes
+                stream,
+                layer.members,
+                dest,
+                archive=layer.entry.archive,
+                tar_size=layer.entry.tar_size,
+                digests=digests,
+                on_bytes=on_bytes,
             )
     except (zstd_error(), UnsafeArchiveError, EOFError, ValueError) as exc:
         actual = sha256_file(path)

@@ -230,7 +230,7 @@ class LayerEntry:
     unpacked_size: int = 0
     """Sum of regular file sizes once extracted."""
     tar_size: int = 0
-    """Size of the decompressed tar stream (informational; 0 when unknown)."""
+    """Exact size of the decompressed tar stream; restore refuses a longer stream (0: unknown, not bounded)."""
     members_index: str | None = None
     """Bundle file listing the archive's members (see release/layers.py); lets restore extract in one pass."""
 

@@ -8,7 +8,7 @@ yes only when every condition the full path checks holds, under the bundle's loc
 doubt (any difference, a flag it does not know, an error of any kind) it says no and the full
 path runs and reports. It never writes anything but the lock file's holder line.
 
-Conditions (mirroring restore.py's `_plan`, `_verify_and_extract` and `_finish`): bundle.json
+Conditions (mirroring restore_plan.py's `plan` and restore.py's `_verify_and_extract` and `_finish`): bundle.json
 hashes to the receipt's digest and the bundle is where the receipt says; no staging or trash is
 left over; every plain file is a regular file whose (size, mtime_ns) is the receipt's; no file
 the manifest does not list lies outside the layer targets; every layer's receipt names the

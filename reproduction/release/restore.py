@@ -13,22 +13,22 @@ restore finishes the job.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from reproduction.digests import default_jobs, sha256_file
-from reproduction.errors import InvalidInputError, UnsafeArchiveError, WriteFailedError, os_error
+from reproduction.errors import InvalidInputError, os_error
 from reproduction.fsio import remove_tree
 from reproduction.release import extract_child
 from reproduction.release import layers as layer_io
 from reproduction.release.lock import bundle_lock
 from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, LayerEntry, Manifest, load_manifest
 from reproduction.release.receipt import LayerReceipt, Receipt, load_receipt, save_receipt
+from reproduction.release.restore_plan import Group, few, has_prefixes, plan, refuse_losing_files
 from reproduction.release.safety import check_targets, validate_layers
-from reproduction.release.swap import check_target_path, preflight, swap_back, swap_into_place
+from reproduction.release.swap import preflight, swap_back, swap_into_place
 from reproduction.release.tarscan import Member
 from reproduction.release.verify import (
     Problem,
@@ -39,9 +39,8 @@ from reproduction.release.verify import (
     stat_pass,
     verify_bundle,
 )
-from reproduction.release.vouch import lost_files, vouched
 from reproduction.release.weights import check_bundle_weights
-from reproduction.ui import UiOptions, human_bytes, progress
+from reproduction.ui import UiOptions, progress
 
 
 @dataclass(kw_only=True, slots=True)
@@ -78,131 +77,23 @@ class RestoreReport:
                 parts.append(f"{label} {', '.join(items)}")
         lines = ["; ".join(parts)]
         for target, files in self.overwritten.items():
-            lines.append(f"--refresh-source overwrote {len(files)} locally edited file(s) in {target}: {_few(files)}")
+            lines.append(f"--refresh-source overwrote {len(files)} locally edited file(s) in {target}: {few(files)}")
         for target, files in self.kept_edits.items():
             lines.append(
-                f"kept {len(files)} locally edited file(s) in {target}: {_few(files)} "
+                f"kept {len(files)} locally edited file(s) in {target}: {few(files)} "
                 f"(`portable restore --refresh-source` overwrites them)"
             )
         if self.extras:
             lines.append(
-                f"warning: left alone {len(self.extras)} file(s) bundle.json does not list: {_few(self.extras)} "
+                f"warning: left alone {len(self.extras)} file(s) bundle.json does not list: {few(self.extras)} "
                 f"(`portable verify` reports them as extra; keep runs outside the bundle or under its runs/ folder)"
             )
         if self.relocation_notes:
             lines.append(
                 f"relocation kept the build prefix in {len(self.relocation_notes)} place(s) the loader never "
-                f"uses (a shorter bundle path removes them): {_few(self.relocation_notes)}"
+                f"uses (a shorter bundle path removes them): {few(self.relocation_notes)}"
             )
         return "\n".join(lines)
-
-
-def _few(items: list[str], n: int = 8) -> str:
-    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
-
-
-@dataclass(kw_only=True, slots=True)
-class Group:
-    """The layers that share one target folder (usually one), and what restore will do with it."""
-
-    target: str
-    layers: list[LayerEntry]
-    action: str = "keep"
-    """'extract', 'relocate' or 'keep'."""
-    changed: list[str] = field(default_factory=list)
-    """Files whose stat differs from the receipt (local edits or damage)."""
-    vouched: bool = False
-    """The receipt vouches for the tree at the target (see release/vouch.py)."""
-    members: dict[str, list[Member]] = field(default_factory=dict)
-    """Archive -> its verified member index, for layers kept on the receipt's word (validated with the rest)."""
-
-
-def _groups(manifest: Manifest) -> list[Group]:
-    by_target: dict[str, Group] = {}
-    for layer in manifest.layers:  # already sorted by order
-        by_target.setdefault(layer.target, Group(target=layer.target, layers=[])).layers.append(layer)
-    return list(by_target.values())
-
-
-def _plan(bundle: Path, manifest: Manifest, receipt: Receipt, *, deep: bool, refresh_source: bool) -> list[Group]:
-    """Decide per target: extract, relocate in place, or keep. Raises InvalidInputError when a new
-    source archive would silently discard local edits (the user must pass --refresh-source)."""
-    groups = _groups(manifest)
-    for g in groups:
-        check_target_path(bundle, g.target)  # every group: a kept target is relocated in place
-        root = bundle / g.target
-        trusted = vouched(bundle, manifest, receipt, g.layers)
-        g.vouched = trusted is not None
-        recs, g.members = trusted if trusted is not None else ([None] * len(g.layers), {})
-        fresh = all(
-            r is not None and r.sha256 == manifest.file(layer.archive).sha256 for r, layer in zip(recs, g.layers)
-        )
-        if recs and all(r is not None for r in recs) and root.is_dir():
-            g.changed = sorted({p for r in recs for p in r.changed_files(root)})
-            if deep and g.layers[0].kind == "source":  # rehash: catches edits that kept size and mtime
-                g.changed = sorted(set(g.changed) | {p for r in recs for p in r.changed_contents(root)})
-        if not fresh or not root.is_dir():
-            g.action = "extract"
-            if g.changed and g.layers[0].kind == "source" and not refresh_source and all(recs):
-                raise InvalidInputError(
-                    f"{g.target}: the bundle has a new version of this source layer, and {len(g.changed)} file(s) "
-                    f"were edited locally ({_few(g.changed, 3)})",
-                    field="--refresh-source",
-                    hint="save your edits elsewhere, then run `portable restore --refresh-source`",
-                )
-        elif g.layers[0].kind == "runtime" and (deep or g.changed):
-            g.action = "extract"
-        elif g.layers[0].kind == "source" and refresh_source:
-            g.action = "extract"
-        elif any(r.prefix != str(root) for r in recs) and any(_has_prefixes(layer) for layer in g.layers):
-            g.action = "relocate"
-    return groups
-
-
-def _refuse_losing_files(
-    bundle: Path, receipt: Receipt, groups: list[Group], report: RestoreReport, refresh: bool
-) -> None:
-    """Before any swap: never discard files in a target that restore did not write, without saying so.
-
-    A layer target over a folder of the user's own (audit F4), or a source target whose receipt was
-    lost while it held local edits (F9), is refused with InvalidInputError (4) naming the files;
-    `--refresh-source` lets a source target's files go, named in `report.overwritten` as for edits
-    the receipt saw. A target the receipt vouches for keeps today's rules: a runtime tree is replaced
-    whole, a source tree's edits are caught by `_plan`.
-    """
-    todo = [g for g in groups if g.action == "extract"]
-    for i, g in enumerate(todo):
-        source = g.layers[0].kind == "source"
-        if g.vouched and not source:
-            continue
-        recs = [receipt.layers[x.archive] for x in g.layers] if g.vouched else []
-        rewritten = {o.path for x in g.layers for o in x.prefix_files}  # own and foreign prefixes, in this target
-        rewritten |= {o.path for x in g.layers for occ in x.foreign_prefix_files.values() for o in occ}
-        lost = lost_files(
-            bundle / g.target,
-            bundle / STATE_DIR / "staging" / f"{i}",
-            known={p for r in recs for p in r.files.keys() | r.links.keys()},
-            compare=not g.vouched and source,
-            rewritten=rewritten,
-        )
-        if not lost:
-            continue
-        if source and refresh:
-            report.overwritten[g.target] = sorted(set(report.overwritten.get(g.target, [])) | set(lost))
-            continue
-        raise InvalidInputError(
-            f"{g.target}: restore would replace this layer target, and {len(lost)} file(s) in it are not ones "
-            f"restore wrote there ({_few(lost, 3)})",
-            field="--refresh-source" if source else f"layers.target {g.target}",
-            hint="save your edits elsewhere, then run `portable restore --refresh-source` (it overwrites them)"
-            if source
-            else f"move your files out of {bundle / g.target} (a layer target is replaced whole; remove the "
-            "folder if it holds an earlier restore) and run `portable restore` again; nothing was changed",
-        )
-
-
-def _has_prefixes(layer: LayerEntry) -> bool:
-    return bool(layer.prefix_files or layer.foreign_prefix_files)
 
 
 def _cleanup_state(bundle: Path, *, strict: bool) -> None:
@@ -244,7 +135,7 @@ def _relocate(
     file is touched. Returns the changed paths (relative to the target); appends to `notes` the
     harmless strings that kept a build prefix because the new one is longer.
     """
-    if not _has_prefixes(layer):
+    if not has_prefixes(layer):
         return []
     from reproduction.release.relocate import relocate_tree
 
@@ -464,31 +355,16 @@ def _check_sizes(bundle: Path, loaded: list[layer_io.LoadedLayer]) -> None:
     UnsafeArchiveError (6); an undeclared size (0) still gets the free-space check (exit 8).
     """
     actual = 0
-    for x in loaded:
+    for x in loaded:  # a layer listed from its archive was bounded while listing (layers.load_layer)
         size = sum(m.size for m in x.members if m.kind == "file")
         if x.entry.unpacked_size and size > x.entry.unpacked_size:
-            raise UnsafeArchiveError(
-                f"{x.entry.archive}: its files add up to {human_bytes(size)} ({size} bytes), more than the "
-                f"{x.entry.unpacked_size} bytes bundle.json declares as its unpacked_size; nothing was extracted",
-                archive=x.entry.archive,
-                hint="do not use this bundle; ask its publisher to re-pack it with `portable pack`",
-            )
+            raise layer_io.unpacked_size_error(x.entry, size)
         actual += size
-    _need_space(bundle, actual)
+    layer_io.need_space(bundle, actual)
 
 
 def _free_space_check(bundle: Path, groups: list[Group]) -> None:
-    _need_space(bundle, sum(layer.unpacked_size for g in groups if g.action == "extract" for layer in g.layers))
-
-
-def _need_space(bundle: Path, need: int) -> None:
-    free = shutil.disk_usage(bundle).free
-    if need > free:
-        raise WriteFailedError(
-            f"not enough space to restore {bundle}: the layers need {human_bytes(need)}, {human_bytes(free)} is free",
-            path=bundle,
-            hint="free some space and run `portable restore` again; nothing was changed",
-        )
+    layer_io.need_space(bundle, sum(layer.unpacked_size for g in groups if g.action == "extract" for layer in g.layers))
 
 
 def _finish(
@@ -613,7 +489,7 @@ def restore_bundle(
         _cleanup_state(bundle, strict=True)
         receipt = load_receipt(bundle)
         manifest_sha = sha256_file(bundle / MANIFEST_NAME)
-        groups = _plan(bundle, manifest, receipt, deep=deep, refresh_source=refresh_source)
+        groups = plan(bundle, manifest, receipt, deep=deep, refresh_source=refresh_source)
         _free_space_check(bundle, groups)
         for g in groups:
             if g.changed and g.layers[0].kind == "source":
@@ -622,7 +498,7 @@ def restore_bundle(
                 g.action == "extract"
                 and g.layers[0].kind == "source"
                 and refresh_source
-                and g.vouched  # else `_refuse_losing_files` compares the tree with the new one and names what differs
+                and g.vouched  # else `refuse_losing_files` compares the tree with the new one and names what differs
                 and (bundle / g.target).is_dir()
             ):
                 known = {
@@ -646,7 +522,7 @@ def restore_bundle(
                 ui=ui,
             )
             report.files = verified.files
-            _refuse_losing_files(bundle, receipt, groups, report, refresh_source)
+            refuse_losing_files(bundle, receipt, groups, report.overwritten, refresh_source)
             _finish(bundle, manifest, receipt, groups, recs, report, manifest_sha)
         except OSError as exc:
             raise os_error(

@@ -77,6 +77,10 @@ def _text(field: bytes) -> str:
 
 MAX_META = 1 << 20
 """Largest pax header or GNU long name accepted (real ones are a few hundred bytes)."""
+RECORD = 10240
+"""The record size tarfile and GNU tar pad an archive to (the bytes after its end-of-archive block)."""
+MAX_TRAILER = 1 << 20
+"""Most decompressed bytes accepted after the end-of-archive block: 100 records, room for any blocking factor."""
 MAX_MTIME = (1 << 62) // 1_000_000_000
 """Largest |mtime| in seconds whose nanoseconds fit the int64 that utime takes."""
 
@@ -135,13 +139,42 @@ class StreamSource:
     `read_data` returns memoryviews into the window: use each before asking for more.
     """
 
-    def __init__(self, stream: IO[bytes], window: int = 4 << 20) -> None:
+    def __init__(self, stream: IO[bytes], window: int = 4 << 20, *, archive: str = "", limit: int = 0) -> None:
         self.stream = stream
         self.buf = bytearray(window)
         self.view = memoryview(self.buf)
         self.start = self.end = 0
         self.left = 0  # bytes of the current member's data not yet consumed
         self.pad = 0  # padding after it
+        self.archive = archive
+        self.limit = limit  # the tar_size bundle.json declares (0: not declared, no bound but MAX_TRAILER's)
+        self.total = 0  # decompressed bytes read from the stream so far
+
+    def _read(self, view: memoryview) -> int:
+        """One read from the stream into `view`, counted: past the declared tar_size is UnsafeArchiveError.
+
+        Checked on every read (at most one window past the bound), so a stream longer than declared
+        is refused while it streams, not after decompressing all of it. A stream SHORTER than
+        tar_size is not refused: the size is an upper bound on work, and a short stream ends in a
+        truncated-member error or a clean end-of-archive whose members the digest already pins.
+        """
+        n = self.stream.readinto(view) or 0
+        self.total += n
+        if self.limit and self.total > self.limit:
+            raise UnsafeArchiveError(
+                f"{self.archive}: decompresses to more than the {self.limit} bytes bundle.json declares as its "
+                f"tar_size; nothing was changed",
+                archive=self.archive,
+                hint="do not use this bundle; ask its publisher to re-pack it with `portable pack`",
+            )
+        return n
+
+    def _truncated(self) -> UnsafeArchiveError:
+        return UnsafeArchiveError(
+            f"{self.archive + ': ' if self.archive else ''}tar archive is truncated",
+            archive=self.archive or None,
+            hint="the archive is damaged",
+        )
 
     def _fill(self, need: int) -> int:
         """Make at least `need` bytes available (fewer only at EOF); returns how many are."""
@@ -152,7 +185,7 @@ class StreamSource:
             self.buf[:avail] = self.buf[self.start : self.end]
             self.start, self.end = 0, avail
         while self.end < need:
-            n = self.stream.readinto(self.view[self.end :])
+            n = self._read(self.view[self.end :])
             if not n:
                 break
             self.end += n
@@ -160,7 +193,7 @@ class StreamSource:
 
     def _take(self, n: int) -> bytes:
         if self._fill(n) < n:
-            raise UnsafeArchiveError("tar archive is truncated", hint="the archive is damaged")
+            raise self._truncated()
         out = bytes(self.view[self.start : self.start + n])
         self.start += n
         return out
@@ -187,7 +220,7 @@ class StreamSource:
             return self.view[0:0]
         avail = self._fill(1)
         if not avail:
-            raise UnsafeArchiveError("tar archive is truncated", hint="the archive is damaged")
+            raise self._truncated()
         take = min(avail, self.left, n)
         out = self.view[self.start : self.start + take]
         self.start += take
@@ -199,16 +232,29 @@ class StreamSource:
         while total:
             avail = self._fill(1)
             if not avail:
-                raise UnsafeArchiveError("tar archive is truncated", hint="the archive is damaged")
+                raise self._truncated()
             take = min(avail, total)
             self.start += take
             total -= take
 
     def drain(self) -> None:
-        """Read the stream to its end (so a hash of the compressed bytes is complete)."""
+        """Read the stream to its end (so a hash of the compressed bytes is complete), after the end-of-archive.
+
+        At most MAX_TRAILER decompressed bytes may follow what the parser consumed: more is
+        UnsafeArchiveError (a bomb hidden past the end would otherwise be decompressed whole). On
+        that error the stream is left unread; callers hash the file itself (sha256_file) to tell a
+        damaged archive from a hostile one.
+        """
+        consumed = self.total - (self.end - self.start)
         self.start = self.end = 0
-        while self.stream.readinto(self.view):
-            pass
+        while self._read(self.view[: MAX_TRAILER + 1]):
+            if self.total - consumed > MAX_TRAILER:
+                raise UnsafeArchiveError(
+                    f"{self.archive}: more than {MAX_TRAILER} bytes follow the tar's end-of-archive block "
+                    f"(tar pads to {RECORD} bytes); nothing was changed",
+                    archive=self.archive,
+                    hint="do not use this bundle; ask its publisher to re-pack it with `portable pack`",
+                )
 
 
 def _checksum_ok(block: bytes, stored: int) -> bool:
