@@ -28,7 +28,7 @@ its checkpoints (it still changes a fresh start's)."""
 
 def same_outputs(*, on_resume: bool = False) -> dict[str, Any]:
     """Field metadata (`field(default=..., metadata=same_outputs())`) declaring, once, that the field does not change
-    the outputs of what reads its section: a stage reading the section leaves it out of its key (run/runner.py), the
+    the outputs of what reads its section: a stage reading the section leaves it out of its key (run/stage_keys.py), the
     trainer leaves it out of a checkpoint's resume key (train/config.py). A stage that names the field itself in its
     config subsets (the eval stage's `policy.model.execute_steps`) reads it on purpose and keys on it.
 

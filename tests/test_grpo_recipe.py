@@ -179,7 +179,7 @@ def test_fields_that_do_not_change_outputs_are_declared_once():
     stay out of the eval stage's key."""
     from reproduction.config_fields import output_free_keys
     from reproduction.recipes.grpo.train import FREE_ON_RESUME
-    from reproduction.run.runner import digest, key_parts
+    from reproduction.run.stage_keys import digest, key_parts
     from reproduction.train.config import TrainConfig
 
     free = output_free_keys(GrpoRunConfig())

@@ -463,7 +463,8 @@ def test_value_and_policy_stages_record_the_starting_weights_they_load(tmp_path)
     from reproduction.digests import sha256_file
     from reproduction.recipes.recap.recipe import RECAP
     from reproduction.run.record import make_recorder
-    from reproduction.run.runner import StageRecord, weight_files
+    from reproduction.run.runner import StageRecord
+    from reproduction.run.stage_keys import weight_files
 
     bundle = make_run(tmp_path).bundle
     plain = {

@@ -201,7 +201,7 @@ def test_the_recap_demo_stage_keys_are_those_of_the_code_before_recipes_had_name
     from reproduction.recipes.recap import RECIPE
     from reproduction.recipes.recap.config import load_config
     from reproduction.run.config import to_plain
-    from reproduction.run.runner import digest, key_parts
+    from reproduction.run.stage_keys import digest, key_parts
 
     expected = json.loads((FIXTURES / "recap_demo_stage_keys.json").read_text())
     got = {}
@@ -414,7 +414,7 @@ def test_a_run_folder_written_before_recipes_had_names_resumes(tmp_path):
     (its key is unchanged), run.json gains recipe_ref and keeps its stage record. The record's code digests are
     first set to today's sources (with the key they give): an edit to the returns stage's code is meant to
     change its key, and this test is about the record's shape, not about that code staying as it was."""
-    from reproduction.run.runner import digest, module_digest
+    from reproduction.run.stage_keys import digest, module_digest
 
     root = tmp_path / "old"
     shutil.copytree(FIXTURES / "run_v1_recap", root)

@@ -181,7 +181,7 @@ def test_the_reference_keys_the_eval_stage_only_when_sequential(tmp_path):
     the reference, so its content is part of the eval stage's key and lineage."""
     from reproduction.recipes.recap.recipe import RECAP
     from reproduction.run.config import to_plain
-    from reproduction.run.runner import input_files, key_parts
+    from reproduction.run.stage_keys import input_files, key_parts
 
     reference = _reference(tmp_path, successes=10)
     spec = RECAP.stage("eval")

@@ -246,7 +246,8 @@ def config_rules(bundle: Path, files: list[Path]) -> list[ProbeResult]:
                 "hazard.intervals",
                 HAZARD,
                 "; ".join(interval_bad) + note,
-                "make save_interval a multiple of val_check_interval so every checkpoint has a validation",
+                "make each save interval (save_interval, save_every) a multiple of its evaluation interval "
+                "(val_check_interval, eval_interval, eval_every) so every checkpoint has a validation",
                 problems=interval_bad,
             )
         )
@@ -258,7 +259,8 @@ def config_rules(bundle: Path, files: list[Path]) -> list[ProbeResult]:
                 "hazard.batch",
                 HAZARD,
                 "; ".join(batch_bad) + note,
-                "set global_batch_size to a multiple of micro_batch_size x workers",
+                "set the global batch (global_batch_size, global_batch) to a multiple of the micro batch "
+                "(micro_batch_size, micro_batch) x workers",
                 problems=batch_bad,
             )
         )

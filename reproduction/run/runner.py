@@ -22,8 +22,6 @@ run.json is written atomically after every state change, so a kill leaves a cons
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import importlib.util
 import inspect
 import json
 import math
@@ -41,7 +39,6 @@ from reproduction.config_fields import output_free_keys
 from reproduction.digest_cache import DigestCache
 from reproduction.errors import (
     CheckpointError,
-    ConfigError,
     RunStateError,
     StageKeyChangedError,
     StageProtocolError,
@@ -51,6 +48,16 @@ from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, re
 from reproduction.run.config import select, to_plain
 from reproduction.run.guards import LOCK_FILE, refuse_links, run_lock, sigterm_as_interrupt
 from reproduction.run.secrets import redact, redact_argv
+from reproduction.run.stage_keys import (
+    declaration_problems,
+    describe_changes,
+    digest,
+    input_files,
+    key_parts,
+    recorded_key_still_matches,
+    weight_files,
+)
+from reproduction.run.stage_outputs import collect_outputs, outputs_digest, verify_outputs
 from reproduction.train.ray_connect import RunRay
 
 RUN_JSON = "run.json"
@@ -186,277 +193,6 @@ def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
     keys are digests of the unredacted parts, so a resume still matches them)."""
     text = json.dumps(redact(state), indent=1, sort_keys=True, default=str)
     atomic_write_text(Path(run_dir) / RUN_JSON, text + "\n")
-
-
-def canonical(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def digest(obj: Any) -> str:
-    return hashlib.sha256(canonical(obj).encode()).hexdigest()
-
-
-def module_digest(name: str, digests: DigestCache | None = None) -> str:
-    """sha256 of a module's source file, found without importing it (an imported module's file is the one
-    find_spec would find: asking the import system costs ~0.2 ms a module, a stage key names several)."""
-    origin = getattr(sys.modules.get(name), "__file__", None)
-    if origin is None:
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):  # a parent package that does not exist, or a malformed name
-            spec = None
-        if spec is None:
-            raise ConfigError(
-                f"code module {name!r} a stage declares (StageSpec.code) cannot be found",
-                field="code",
-                hint="name importable modules whose source the stage's outputs depend on, or fix the recipe's spelling",
-            )
-        origin = spec.origin
-    if not origin or not os.path.isfile(origin):
-        return "absent"  # a namespace package or a built-in module: no source to pin
-    return (digests or DigestCache()).file(Path(origin))
-
-
-# -- keys and outputs -----------------------------------------------------------------------------
-
-
-def _drop(tree: Any, dotted: str) -> None:
-    head, _, rest = dotted.partition(".")
-    if isinstance(tree, dict) and head in tree:
-        if rest:
-            _drop(tree[head], rest)
-        else:
-            del tree[head]
-
-
-def key_parts(
-    spec: StageSpec,
-    plain_config: dict[str, Any],
-    inputs: dict[str, Any],
-    upstream: dict[str, str],
-    free: Sequence[str] = (),
-    digests: DigestCache | None = None,
-) -> dict:
-    """The parts of a stage's key (JSON-able); the key is digest(key_parts). `free`: the config's dotted keys declared
-    not to change outputs (`output_free_keys(config)`), left out of the subsets that hold them. `digests`: the run's
-    digest cache (code and input files)."""
-    digests = digests or DigestCache()
-    config = _exempt(spec, {k: json.loads(canonical(select(plain_config, k))) for k in spec.config}, free)
-    parts = {
-        "config": config,
-        "inputs": {n: _fingerprint(n, v) for n, v in sorted(inputs.items())} if spec.inputs else {},
-        "upstream": {n: upstream[n] for n in spec.needs},
-        "code": {m: module_digest(m, digests) for m in spec.code},
-    }
-    files = input_files(spec, plain_config)
-    if spec.files or files:  # only then: the keys of stages that read no file stay as they were
-        parts["files"] = {k: _file_digest(v, digests) for k, v in files.items()}
-    return parts
-
-
-def _fingerprint(name: str, opened: Any) -> Any:
-    """An opened input's `.fingerprint` (what the stage keys pin of it). ConfigError when the object has none; an
-    AttributeError raised inside a fingerprint property propagates as the recipe's own bug."""
-    try:
-        return opened.fingerprint
-    except AttributeError:
-        if hasattr(type(opened), "fingerprint"):
-            raise
-        raise ConfigError(
-            f"opened input {name!r} ({type(opened).__name__}) has no fingerprint, so a stage key cannot pin it",
-            field="open_inputs",
-            hint="give every input the recipe's open_inputs returns a .fingerprint (a digest of its content); "
-            "docs/recipes.md shows one",
-        ) from None
-
-
-def declaration_problems(recipe: Recipe, plain: Any) -> list[ConfigError]:
-    """Every dotted config key a stage of `recipe` declares (StageSpec.config, files, files_if, training, weights)
-    that the run config does not have: a misspelt section would be keyed as None, and a change to the real one
-    would then never be seen on --resume. Nothing to check for a config that is not a dict (a recipe run by code
-    with an object of its own)."""
-    if not isinstance(plain, dict):
-        return []
-    problems = []
-    for spec in recipe.stages:
-        declared = [
-            ("config", spec.config),
-            ("files", spec.files),
-            ("files_if", tuple(k for pair in spec.files_if for k in pair)),
-            ("training", (spec.training,) if spec.training else ()),
-            ("weights", spec.weights),
-        ]
-        for what, keys in declared:
-            for key in keys:
-                if not _has_key(plain, key):
-                    problems.append(
-                        ConfigError(
-                            f"recipe {recipe.name}: stage {spec.name} declares {what} key {key!r}, which the run "
-                            f"config does not have (its top-level keys: {', '.join(sorted(plain)) or 'none'})",
-                            field=f"stages.{spec.name}.{what}",
-                            hint="fix the spelling in the recipe's StageSpec, or add the key to its config schema",
-                        )
-                    )
-    return problems
-
-
-_ABSENT = object()
-
-
-def _has_key(plain: dict[str, Any], dotted: str) -> bool:
-    return select(plain, dotted, _ABSENT) is not _ABSENT
-
-
-def _exempt(spec: StageSpec, config: dict[str, Any], free: Sequence[str] = ()) -> dict[str, Any]:
-    """`config` (the stage's config subsets, {subset: value}) without the keys that do not change its outputs: each
-    `free` key inside a subset (a subset that names the key itself reads it on purpose and keeps it), and the
-    training step count (`--target-step` raises it); mutated and returned."""
-    for dotted in free:
-        for k in list(config):
-            if dotted.startswith(k + "."):
-                _drop(config[k], dotted[len(k) + 1 :])
-    if spec.training:
-        for k in list(config):
-            if spec.training == k:
-                config[k] = None
-            elif spec.training.startswith(k + "."):
-                _drop(config[k], spec.training[len(k) + 1 :])
-    return config
-
-
-def recorded_key_still_matches(
-    spec: StageSpec, recorded_parts: dict[str, Any], key: str, free: Sequence[str] = ()
-) -> bool:
-    """True when key parts recorded before a config key became exempt (e.g. eval.reference, now the compare
-    stage's input) give `key` once today's exemptions apply: such a stage is reused, not refused."""
-    if not isinstance(recorded_parts.get("config"), dict):
-        return False
-    parts = json.loads(canonical(recorded_parts))
-    parts["config"] = _exempt(spec, parts["config"], free)
-    return digest(parts) == key
-
-
-def input_files(spec: StageSpec, plain_config: dict[str, Any]) -> dict[str, str | None]:
-    """{dotted key: path} of the files a stage reads by path (spec.files, and spec.files_if whose condition
-    is true); None where the key is unset."""
-    out: dict[str, str | None] = {}
-    for k in (*spec.files, *(k for k, when in spec.files_if if select(plain_config, when) is True)):
-        value = select(plain_config, k)
-        out[k] = str(value) if value not in (None, "") else None
-    return out
-
-
-def weight_files(spec: StageSpec, plain_config: dict[str, Any]) -> list[str]:
-    """The starting weights a stage initialises from (spec.weights): each section's `pretrained_manifest` and
-    the weights files it lists (under `weights_dir`), those that exist. Unset, or an unreadable manifest: the
-    manifest alone (the stage itself refuses a manifest it cannot read)."""
-    out: list[str] = []
-    for section in spec.weights:
-        manifest = select(plain_config, f"{section}.pretrained_manifest")
-        if manifest in (None, "") or not Path(str(manifest)).is_file():
-            continue
-        out.append(str(manifest))
-        root = Path(str(select(plain_config, f"{section}.weights_dir") or "."))
-        try:
-            doc = json.loads(Path(str(manifest)).read_text(encoding="utf-8"))
-            entries = [f for c in doc.get("components", []) for f in c.get("files", [])]
-        except (OSError, ValueError, AttributeError, TypeError):
-            continue
-        for entry in entries:
-            if not isinstance(entry, dict) or entry.get("kind", "weights") != "weights" or not entry.get("path"):
-                continue
-            path = root / str(entry["path"])
-            if path.is_file() and str(path) not in out:
-                out.append(str(path))
-    return out
-
-
-def _file_digest(path: str | None, digests: DigestCache) -> str | None:
-    if path is None:
-        return None
-    return digests.file(Path(path)) if Path(path).is_file() else "absent"
-
-
-def describe_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """Human lines naming each differing leaf of two key-part trees."""
-    out = []
-    for k in sorted(set(old) | set(new)):
-        a, b = old.get(k, "<absent>"), new.get(k, "<absent>")
-        where = f"{prefix}{k}"
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += describe_changes(a, b, where + ".")
-        elif a != b:
-            out.append(f"{where}: {_short(a)} -> {_short(b)}")
-    return out
-
-
-def _short(v: Any) -> str:
-    text = json.dumps(v, default=str) if not isinstance(v, str) else v
-    return text[:16] + "..." if len(text) > 40 and len(text) == 64 else (text if len(text) <= 80 else text[:77] + "...")
-
-
-def collect_outputs(
-    spec: StageSpec, stage_dir: Path, written: Sequence[Path], digests: DigestCache | None = None
-) -> dict[str, list]:
-    """{path relative to the stage folder: [size, mtime_ns, sha256]} of the stage's outputs: files it
-    returned plus files matching its globs (hashed through the run's `digests`). Each must be a file in the stage's
-    folder or in the run's shared `evidence/` (where eval stages write): StageProtocolError (exit 54) names a
-    returned path that is no file, or one elsewhere (another stage's folder, outside the run, a link out)."""
-    stage_real = stage_dir.resolve()  # each path is resolved once: a resolve is a stat per path component
-    run_dir = stage_real.parent
-    homes = (stage_real, run_dir / "evidence")
-    files: set[Path] = set()
-
-    def add(path: Path, real: Path) -> None:
-        if not any(home in real.parents for home in homes):
-            where = f"{path} (a link to {real})" if real != Path(os.path.abspath(path)) else str(path)
-            raise StageProtocolError(
-                f"stage {spec.name}: output {where} is outside its folder {stage_real}",
-                stage=spec.name,
-                hint=f"write a stage's outputs into its folder (ctx.out_dir) or {run_dir / 'evidence'}, as files",
-            )
-        files.add(real)
-
-    for pattern in spec.outputs:
-        for p in stage_dir.glob(pattern):
-            if p.is_file():
-                add(p, p.resolve())
-    for p in written:
-        p = Path(p)
-        if not p.is_file():
-            raise StageProtocolError(
-                f"stage {spec.name} returned {p} among its files, which is not a file",
-                stage=spec.name,
-                hint="list in StageOutput.files the paths of the files the stage wrote",
-            )
-        add(p, p.resolve())
-    paths = sorted(files)
-    stats = {p: p.stat() for p in paths}  # before hashing: a file rewritten meanwhile differs from its record
-    shas = (digests or DigestCache()).files(paths)
-    return {os.path.relpath(p, stage_real): [stats[p].st_size, stats[p].st_mtime_ns, shas[p]] for p in paths}
-
-
-def verify_outputs(stage_dir: Path, recorded: dict[str, list], digests: DigestCache | None = None) -> list[str]:
-    """Problems with a completed stage's recorded outputs (missing, changed); a stat match is trusted, and its
-    recorded digest is handed to the run's `digests` (lineage then pins it without hashing)."""
-    digests = digests or DigestCache()
-    problems = []
-    for rel, (size, mtime, sha) in recorded.items():
-        p = stage_dir / rel
-        try:
-            st = p.stat()
-        except OSError:
-            problems.append(f"{rel} is missing")
-            continue
-        if st.st_size != size or (st.st_mtime_ns != mtime and digests.file(p) != sha):
-            problems.append(f"{rel} was modified")
-        elif st.st_mtime_ns == mtime:
-            digests.remember(p, size, mtime, sha)
-    return problems
-
-
-def outputs_digest(recorded: dict[str, list]) -> str:
-    return digest({rel: v[2] for rel, v in recorded.items()})
 
 
 # -- the walk -------------------------------------------------------------------------------------

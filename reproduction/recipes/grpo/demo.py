@@ -140,7 +140,7 @@ def _generate(root: Path, data: DemoData) -> str:
     """Scripted demonstrations at `root`; reused when the stamp (settings + simulator code) matches. The stamp file
     is <root>/../../generated.json (src/generated.json: outside the packed data, left out of pack's stamp)."""
     from reproduction.fsio import atomic_write_text
-    from reproduction.run.runner import module_digest
+    from reproduction.run.stage_keys import module_digest
     from reproduction.sim.generate import GenConfig, generate_dataset
 
     modules = ("generate", "env", "experts", "episode", "tasks", "seeds")

@@ -142,7 +142,7 @@ def _stamp(doc: Any) -> str:
 
 def _generate(root: Path, data: DemoData, *, ui: UiOptions | None) -> str:
     """Simulator datasets at root/sft and root/rollout; reused when the stamp (settings + simulator code) matches."""
-    from reproduction.run.runner import module_digest
+    from reproduction.run.stage_keys import module_digest
     from reproduction.sim.generate import DataMix, generate_mix
 
     stamp = _stamp({"data": asdict(data), "code": [module_digest(f"reproduction.sim.{m}") for m in _SIM_MODULES]})

@@ -189,7 +189,7 @@ _SIM_MODULES = ("generate", "expert", "env", "tasks", "_runtime")
 def _generate(root: Path, data: LiberoTierData, *, ui: UiOptions | None) -> str:
     """root/sft and root/rollouts_train from the scripted expert, no cameras; reused when the stamp (settings +
     the LIBERO generator's code) matches."""
-    from reproduction.run.runner import module_digest
+    from reproduction.run.stage_keys import module_digest
     from reproduction.sim.libero.generate import LiberoGenConfig, close_envs, generate_libero_dataset
 
     code = [module_digest(f"reproduction.sim.libero.{m}") for m in _SIM_MODULES]

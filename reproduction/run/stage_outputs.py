@@ -1,0 +1,79 @@
+"""A stage's recorded outputs: {path relative to its folder: [size, mtime_ns, sha256]} as run.json keeps them, how
+they are collected when the stage returns (held to the stage protocol: files in its folder or the run's evidence/),
+checked on --resume, and digested for the stages downstream (their keys' `upstream` part).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from reproduction.digest_cache import DigestCache
+from reproduction.errors import StageProtocolError
+from reproduction.recipe import StageSpec
+from reproduction.run.stage_keys import digest
+
+
+def collect_outputs(
+    spec: StageSpec, stage_dir: Path, written: Sequence[Path], digests: DigestCache | None = None
+) -> dict[str, list]:
+    """{path relative to the stage folder: [size, mtime_ns, sha256]} of the stage's outputs: files it
+    returned plus files matching its globs (hashed through the run's `digests`). Each must be a file in the stage's
+    folder or in the run's shared `evidence/` (where eval stages write): StageProtocolError (exit 54) names a
+    returned path that is no file, or one elsewhere (another stage's folder, outside the run, a link out)."""
+    stage_real = stage_dir.resolve()  # each path is resolved once: a resolve is a stat per path component
+    run_dir = stage_real.parent
+    homes = (stage_real, run_dir / "evidence")
+    files: set[Path] = set()
+
+    def add(path: Path, real: Path) -> None:
+        if not any(home in real.parents for home in homes):
+            where = f"{path} (a link to {real})" if real != Path(os.path.abspath(path)) else str(path)
+            raise StageProtocolError(
+                f"stage {spec.name}: output {where} is outside its folder {stage_real}",
+                stage=spec.name,
+                hint=f"write a stage's outputs into its folder (ctx.out_dir) or {run_dir / 'evidence'}, as files",
+            )
+        files.add(real)
+
+    for pattern in spec.outputs:
+        for p in stage_dir.glob(pattern):
+            if p.is_file():
+                add(p, p.resolve())
+    for p in written:
+        p = Path(p)
+        if not p.is_file():
+            raise StageProtocolError(
+                f"stage {spec.name} returned {p} among its files, which is not a file",
+                stage=spec.name,
+                hint="list in StageOutput.files the paths of the files the stage wrote",
+            )
+        add(p, p.resolve())
+    paths = sorted(files)
+    stats = {p: p.stat() for p in paths}  # before hashing: a file rewritten meanwhile differs from its record
+    shas = (digests or DigestCache()).files(paths)
+    return {os.path.relpath(p, stage_real): [stats[p].st_size, stats[p].st_mtime_ns, shas[p]] for p in paths}
+
+
+def verify_outputs(stage_dir: Path, recorded: dict[str, list], digests: DigestCache | None = None) -> list[str]:
+    """Problems with a completed stage's recorded outputs (missing, changed); a stat match is trusted, and its
+    recorded digest is handed to the run's `digests` (lineage then pins it without hashing)."""
+    digests = digests or DigestCache()
+    problems = []
+    for rel, (size, mtime, sha) in recorded.items():
+        p = stage_dir / rel
+        try:
+            st = p.stat()
+        except OSError:
+            problems.append(f"{rel} is missing")
+            continue
+        if st.st_size != size or (st.st_mtime_ns != mtime and digests.file(p) != sha):
+            problems.append(f"{rel} was modified")
+        elif st.st_mtime_ns == mtime:
+            digests.remember(p, size, mtime, sha)
+    return problems
+
+
+def outputs_digest(recorded: dict[str, list]) -> str:
+    return digest({rel: v[2] for rel, v in recorded.items()})
