@@ -25,6 +25,7 @@ import json
 import os
 import stat as stat_mod
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,10 @@ class LayerReceipt:
         )
 
     def changed_files(self, root: Path) -> list[str]:
-        """Recorded paths under `root` whose lstat (size, mtime) or link text no longer matches."""
+        """Recorded paths under `root` whose lstat (size, mtime) or link text no longer matches.
+
+        lstat follows links in the folders above each path: callers check those folders once with
+        `changed_folders` (release/restore_plan.py's `plan`)."""
         changed = []
         base = f"{root}/"
         for rel, recorded in self.files.items():
@@ -115,6 +119,41 @@ class LayerReceipt:
             except OSError:
                 changed.append(rel)
         return sorted(changed)
+
+
+def layer_folders(members: Iterable[tuple[str, str]]) -> set[str]:
+    """The folders a tree of `members` ((name, kind) pairs) has: every folder listed and every parent
+    folder of a listed entry ('' and the target itself excluded). One set lookup per member: a parent
+    already seen brought its own parents with it."""
+    folders: set[str] = set()
+    for name, kind in members:
+        head = name if kind == "dir" else name.rpartition("/")[0]
+        while head and head not in folders:
+            folders.add(head)
+            head = head.rpartition("/")[0]
+    return folders
+
+
+def changed_folders(root: Path, folders: Iterable[str]) -> list[str]:
+    """The `folders` under `root` that are there but are not real folders (a symlink, a file, ...).
+
+    `changed_files` lstats `root/rel`, which follows a symlink in any folder above `rel`: a folder
+    swapped for a link to a copy outside the bundle (same sizes, same mtimes) would pass, and a
+    relocation would then rewrite files outside the bundle (audit45 F1). One lstat per distinct
+    folder, not a path walk per file. A missing folder is not named here (its files are missing,
+    which `changed_files` names); an lstat that fails otherwise is.
+    """
+    bad = []
+    base = f"{root}/"
+    for rel in folders:
+        try:
+            if not stat_mod.S_ISDIR(os.lstat(base + rel).st_mode):
+                bad.append(rel)
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError):
+            bad.append(rel)
+    return sorted(bad)
 
 
 @dataclass(kw_only=True, slots=True)

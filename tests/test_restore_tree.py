@@ -1,0 +1,115 @@
+"""Regression tests for the audit of restored trees (audit45): what a restored layer target may have become
+since, and what modes restore gives it. Each test names the finding it pins and failed before its fix.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+
+import pytest
+from bundlekit import QUIET, run_cli, small_bundle, tree_snapshot, write_tree
+
+from reproduction.errors import UnsafeArchiveError
+from reproduction.release.manifest import PrefixOccurrence
+from reproduction.release.pack import pack_bundle
+from reproduction.release.relocate import relocate_tree
+from reproduction.release.restore import restore_bundle
+
+RELOCATABLE_SPEC = """\
+name = "reloc"
+root = "src"
+
+[[layer]]
+source = "rt"
+kind = "runtime"
+name = "rt"
+relocatable = true
+"""
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    return small_bundle(tmp_path_factory.mktemp("tree"))
+
+
+@pytest.fixture
+def bundle(packed, tmp_path):
+    out = tmp_path / "case" / "bundle"
+    shutil.copytree(packed, out, symlinks=True)
+    return out
+
+
+def _restore(bundle, path: str):
+    """`portable restore` by the no-change fast path (plain argv) or the full path (--jobs 1 skips it)."""
+    done = run_cli("restore", bundle) if path == "fast" else run_cli("restore", "--jobs", "1", bundle)
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def _link_out(folder, outside) -> None:
+    """Move `folder` (mtimes kept) to `outside` and leave a symlink to it: the same files, sizes and mtimes."""
+    outside.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(folder, outside)
+    os.symlink(outside, folder)
+
+
+# -- F1: a folder of a restored target swapped for a symlink ---------------------------------------
+
+
+@pytest.mark.parametrize("path", ["fast", "full"])
+def test_a_runtime_folder_swapped_for_a_link_is_extracted_again(bundle, tmp_path, path):
+    restore_bundle(bundle, ui=QUIET)
+    _link_out(bundle / "runtime" / "rt" / "lib", tmp_path / "outside" / "lib")
+    before = tree_snapshot(tmp_path / "outside")
+    assert "extracted runtime/rt" in _restore(bundle, path)
+    lib = bundle / "runtime" / "rt" / "lib"
+    assert stat.S_ISDIR(os.lstat(lib).st_mode) and (lib / "python" / "site.py").read_bytes() == b"import os\n" * 100
+    assert tree_snapshot(tmp_path / "outside") == before
+    assert "unchanged source/project, runtime/rt" in _restore(bundle, path)  # and then it is the bundle's again
+
+
+@pytest.mark.parametrize("path", ["fast", "full"])
+def test_a_source_folder_swapped_for_a_link_is_named_as_an_edit(bundle, tmp_path, path):
+    restore_bundle(bundle, ui=QUIET)
+    _link_out(bundle / "source" / "project" / "recap" / "stages", tmp_path / "outside" / "stages")
+    said = _restore(bundle, path)
+    assert "kept 1 locally edited file(s) in source/project: recap/stages " in said, said
+
+
+def _relocatable(tmp_path):
+    src = tmp_path / "src" / "rt"
+    write_tree(src, {"etc/conf.txt": f"home={src}/share\n".encode(), "bin/tool": b"#!/bin/sh\necho tool\n"})
+    (tmp_path / "spec.toml").write_text(RELOCATABLE_SPEC, encoding="utf-8")
+    bundle = tmp_path / "bundle"
+    pack_bundle(tmp_path / "spec.toml", bundle, ui=QUIET)
+    return bundle
+
+
+def test_relocation_after_a_move_never_writes_through_a_linked_folder(tmp_path):
+    bundle = _relocatable(tmp_path)
+    restore_bundle(bundle, ui=QUIET)
+    outside = tmp_path / "outside" / "etc"
+    _link_out(bundle / "runtime" / "rt" / "etc", outside)
+    before = tree_snapshot(outside)
+    moved = tmp_path / "moved"
+    os.rename(bundle, moved)
+    done = run_cli("restore", moved)
+    assert done.returncode == 0, done.stderr
+    assert tree_snapshot(outside) == before  # the copy outside still names the old bundle
+    conf = moved / "runtime" / "rt" / "etc" / "conf.txt"
+    assert not os.path.islink(conf.parent) and conf.read_text() == f"home={moved}/runtime/rt/share\n"
+
+
+def test_relocate_tree_refuses_a_linked_folder_before_writing_anything(tmp_path):
+    root, outside = tmp_path / "tree", tmp_path / "outside"
+    write_tree(root, {"bin/tool": b"#!/old/p/bin/sh\n"})
+    write_tree(outside, {"etc/conf.txt": b"home=/old/p/share\n"})
+    os.symlink(outside / "etc", root / "etc")
+    occ = [PrefixOccurrence(path="bin/tool", mode="text"), PrefixOccurrence(path="etc/conf.txt", mode="text")]
+    with pytest.raises(UnsafeArchiveError) as err:
+        relocate_tree(root, occ, "/old/p", "/new/p", fsync=False)
+    assert err.value.exit_code == 6 and "its folder etc (above etc/conf.txt) is a symlink" in str(err.value)
+    assert (outside / "etc" / "conf.txt").read_bytes() == b"home=/old/p/share\n"
+    assert (root / "bin" / "tool").read_bytes() == b"#!/old/p/bin/sh\n"  # nothing was changed
