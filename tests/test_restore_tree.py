@@ -4,9 +4,11 @@ since, and what modes restore gives it. Each test names the finding it pins and 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import stat
+import threading
 
 import pytest
 from bundlekit import QUIET, run_cli, small_bundle, tree_snapshot, write_tree
@@ -14,6 +16,7 @@ from bundlekit import QUIET, run_cli, small_bundle, tree_snapshot, write_tree
 from reproduction.errors import UnsafeArchiveError
 from reproduction.release.manifest import PrefixOccurrence
 from reproduction.release.pack import pack_bundle
+from reproduction.release.receipt import LayerReceipt
 from reproduction.release.relocate import relocate_tree
 from reproduction.release.restore import restore_bundle
 
@@ -113,3 +116,36 @@ def test_relocate_tree_refuses_a_linked_folder_before_writing_anything(tmp_path)
     assert err.value.exit_code == 6 and "its folder etc (above etc/conf.txt) is a symlink" in str(err.value)
     assert (outside / "etc" / "conf.txt").read_bytes() == b"home=/old/p/share\n"
     assert (root / "bin" / "tool").read_bytes() == b"#!/old/p/bin/sh\n"  # nothing was changed
+
+
+# -- F4: `restore --deep` over a source file replaced by a FIFO or a link to a device ---------------
+
+
+@pytest.mark.parametrize("kind", ["fifo", "devzero"])
+def test_deep_restore_names_a_file_replaced_by_a_fifo_or_a_device_link_and_finishes(bundle, kind):
+    restore_bundle(bundle, ui=QUIET)
+    victim = bundle / "source" / "project" / "recap" / "stages" / "returns.py"
+    victim.unlink()
+    if kind == "fifo":
+        os.mkfifo(victim)
+    else:
+        os.symlink("/dev/zero", victim)
+    done = run_cli("restore", "--deep", bundle, timeout=60)  # it hung for ever before
+    assert done.returncode == 0, done.stderr
+    assert "kept 1 locally edited file(s) in source/project: recap/stages/returns.py " in done.stderr
+
+
+def test_changed_contents_never_opens_what_is_not_a_regular_file(tmp_path):
+    root = tmp_path / "tree"
+    write_tree(root, {"a.txt": b"a\n", "b.txt": b"b\n"})
+    digest = {"a.txt": hashlib.sha256(b"a\n").hexdigest(), "b.txt": hashlib.sha256(b"b\n").hexdigest()}
+    (root / "a.txt").unlink()
+    os.mkfifo(root / "a.txt")
+    (root / "b.txt").unlink()
+    os.symlink("/dev/zero", root / "b.txt")
+    rec = LayerReceipt(sha256="0" * 64, target="t", prefix=str(root), digests=digest)
+    found: list[list[str]] = []
+    worker = threading.Thread(target=lambda: found.append(rec.changed_contents(root)), daemon=True)
+    worker.start()
+    worker.join(20)  # a plain open() blocks on the FIFO, and reads /dev/zero for ever
+    assert found == [["a.txt", "b.txt"]]

@@ -107,18 +107,45 @@ class LayerReceipt:
                 changed.append(rel)
         return sorted(changed)
 
-    def changed_contents(self, root: Path) -> list[str]:
-        """Recorded files whose bytes no longer hash to what was written (needs `digests`)."""
-        from reproduction.digests import sha256_file
+    def changed_contents(self, root: Path, *, skip: Iterable[str] = ()) -> list[str]:
+        """Recorded files whose bytes no longer hash to what was written (needs `digests`).
 
+        `skip` (paths `changed_files` or `changed_folders` already named) are not opened, nor is
+        anything below them. Each file is opened without following a link and without blocking, and
+        read only when it is a regular file: a FIFO, a device or a link put in its place (to
+        /dev/zero, say) counts as changed instead of hanging restore (audit45 F4).
+        """
+        skipped = set(skip)
         changed = []
         for rel, digest in self.digests.items():
+            if _at_or_below(rel, skipped):
+                continue
             try:
-                if sha256_file(Path(root) / rel) != digest:
+                if _sha256_regular(f"{root}/{rel}") != digest:
                     changed.append(rel)
-            except OSError:
+            except (OSError, TypeError, ValueError):
                 changed.append(rel)
         return sorted(changed)
+
+
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _sha256_regular(path: str) -> str | None:
+    """Hex SHA-256 of the regular file at `path`; None when it is anything else (a link, a FIFO, a device)."""
+    from reproduction.digests import sha256_open
+
+    fd = os.open(path, _READ_FLAGS)  # a link as the last component: ELOOP, never followed; a FIFO: no wait
+    with open(fd, "rb", buffering=0) as fh:
+        return sha256_open(fh) if stat_mod.S_ISREG(os.fstat(fd).st_mode) else None
+
+
+def _at_or_below(rel: str, paths: set[str]) -> bool:
+    while rel:
+        if rel in paths:
+            return True
+        rel = rel.rpartition("/")[0]
+    return False
 
 
 def layer_folders(members: Iterable[tuple[str, str]]) -> set[str]:

@@ -88,7 +88,7 @@ def _changed(root: Path, g: Group, recs: list[LayerReceipt], *, deep: bool) -> l
     folders = changed_folders(root, layer_folders((m.name, m.kind) for ms in g.members.values() for m in ms))
     changed = set(folders) | {p for r in recs for p in r.changed_files(root)}
     if deep and g.layers[0].kind == "source":  # rehash: catches edits that kept size and mtime
-        changed |= {p for r in recs for p in r.changed_contents(root)}
+        changed |= {p for r in recs for p in r.changed_contents(root, skip=changed)}
     return sorted(changed)
 
 
