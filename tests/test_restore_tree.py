@@ -11,7 +11,7 @@ import stat
 import threading
 
 import pytest
-from bundlekit import QUIET, run_cli, small_bundle, tree_snapshot, write_tree
+from bundlekit import QUIET, forge_bundle, member, run_cli, small_bundle, tree_snapshot, write_tree
 
 from reproduction.errors import UnsafeArchiveError
 from reproduction.release.manifest import PrefixOccurrence
@@ -149,3 +149,38 @@ def test_changed_contents_never_opens_what_is_not_a_regular_file(tmp_path):
     worker.start()
     worker.join(20)  # a plain open() blocks on the FIFO, and reads /dev/zero for ever
     assert found == [["a.txt", "b.txt"]]
+
+
+# -- F7: archive modes never override the umask -----------------------------------------------------
+
+
+def _restore_with_umask(bundle, mask: int, *args: str) -> str:
+    done = run_cli("restore", *args, bundle, preexec_fn=lambda: os.umask(mask))
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def _modes(root, rels) -> dict[str, int]:
+    return {rel: os.lstat(root / rel).st_mode & 0o7777 for rel in rels}
+
+
+@pytest.mark.parametrize(("mask", "want"), [(0o022, (0o755, 0o644, 0o755)), (0o077, (0o700, 0o600, 0o700))])
+def test_modes_are_the_archives_less_the_umask_and_a_restored_tree_stays_unchanged(tmp_path, mask, want):
+    src = tmp_path / "src" / "rt"
+    write_tree(src, {"bin/tool": b"#!/bin/sh\n", "lib/x.py": b"x = 1\n"}, modes={"bin/tool": 0o777, "lib/x.py": 0o666})
+    os.chmod(src / "lib", 0o777)
+    (tmp_path / "spec.toml").write_text(RELOCATABLE_SPEC, encoding="utf-8")
+    bundle = tmp_path / "bundle"
+    pack_bundle(tmp_path / "spec.toml", bundle, ui=QUIET)
+    assert "extracted runtime/rt" in _restore_with_umask(bundle, mask)
+    assert tuple(_modes(bundle / "runtime" / "rt", ["bin/tool", "lib/x.py", "lib"]).values()) == want
+    assert "unchanged runtime/rt" in _restore_with_umask(bundle, mask)  # the fast path
+    assert "unchanged runtime/rt" in _restore_with_umask(bundle, mask, "--jobs", "1")  # the full path
+
+
+@pytest.mark.parametrize(("mask", "want"), [(0o022, 0o1755), (0o002, 0o1775), (0, 0o1777)])
+def test_a_sticky_folder_keeps_its_sticky_bit_under_the_umask(tmp_path, mask, want):
+    members = [member("tmp", "dir", mode=0o1777), member("tmp/a", data=b"a")]
+    bundle = forge_bundle(tmp_path / "b", [("runtime/py.tar.zst", "runtime/py", "runtime", members)])
+    _restore_with_umask(bundle, mask)
+    assert _modes(bundle / "runtime" / "py", ["tmp"]) == {"tmp": want}
