@@ -10,24 +10,30 @@ import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO
 
 CHUNK = 1 << 20
 
 
 def sha256_file(path: Path, *, on_bytes: Callable[[int], None] | None = None) -> str:
     """Hex SHA-256 of a file's bytes, read in 1 MiB chunks; `on_bytes(n)` reports progress."""
-    h = hashlib.sha256()
     with open(path, "rb", buffering=0) as fh:
-        # a small file gets a small buffer: zero-filling 1 MiB costs more than hashing a 20 KiB source file
-        buf = bytearray(min(CHUNK, os.fstat(fh.fileno()).st_size + 1))
-        view = memoryview(buf)
-        while True:
-            n = fh.readinto(buf)
-            if not n:
-                break
-            h.update(view[:n])
-            if on_bytes is not None:
-                on_bytes(n)
+        return sha256_open(fh, on_bytes=on_bytes)
+
+
+def sha256_open(fh: BinaryIO, *, on_bytes: Callable[[int], None] | None = None) -> str:
+    """Hex SHA-256 of the rest of the unbuffered file `fh` (see `sha256_file`)."""
+    h = hashlib.sha256()
+    # a small file gets a small buffer: zero-filling 1 MiB costs more than hashing a 20 KiB source file
+    buf = bytearray(min(CHUNK, os.fstat(fh.fileno()).st_size + 1))
+    view = memoryview(buf)
+    while True:
+        n = fh.readinto(buf)
+        if not n:
+            break
+        h.update(view[:n])
+        if on_bytes is not None:
+            on_bytes(n)
     return h.hexdigest()
 
 

@@ -6,6 +6,13 @@ component from its folder's fd with O_NOFOLLOW (`DirFds`) and files with O_EXCL,
 ever written through a symlink, whatever validation missed. Data goes from the decompressor's
 window straight to os.write, and each header is checked against the validated list, so an archive
 swapped between the two reads (list, then extract) is refused.
+
+Modes: as tar does for a user other than root, every mode restore sets is the archive's with the
+process umask applied: a file gets `mode & 0o777 & ~umask`, a folder `mode & 0o1777 & ~umask` (the
+sticky bit kept, so a shared 0o1777 folder never becomes a plain world-writable one), so an archive
+cannot make a world-writable file or folder under umask 022 (audit45 F7), and exec bits the umask
+allows stay. Setuid/setgid members never get here (safety.py refuses them). Nothing compares these
+modes later: the receipt and the no-change check look at size, mtime and the setuid/setgid bits.
 """
 
 from __future__ import annotations
@@ -121,9 +128,9 @@ def _open_new(dirs: DirFds, rel: str, mode: int) -> int:
 
 
 def _write_file(dirs: DirFds, m: Member, source: StreamSource, umask: int, hasher=None) -> None:
-    """Write one file straight from the decompressor's window (no copy), then its mode and mtime."""
-    mode = m.mode & 0o777
-    fd = _open_new(dirs, m.name, mode)
+    """Write one file straight from the decompressor's window (no copy), then its mtime; created with
+    the archive's mode less the umask (the module doc), never chmod-ed past it."""
+    fd = _open_new(dirs, m.name, m.mode & 0o777 & ~umask)
     try:
         while source.left:  # read_data hands out what the window holds, up to the member's end
             view = source.read_data(1 << 30)
@@ -132,8 +139,6 @@ def _write_file(dirs: DirFds, m: Member, source: StreamSource, umask: int, hashe
             done = 0
             while done < len(view):
                 done += os.write(fd, view[done:])
-        if mode & ~umask != mode:
-            os.fchmod(fd, mode)
         os.utime(fd, ns=(m.mtime * 1_000_000_000, m.mtime * 1_000_000_000))
     finally:
         os.close(fd)
@@ -155,8 +160,9 @@ def _make_dirs(dirs: DirFds, members: list[Member]) -> None:
             pass
 
 
-def _finish(dirs: DirFds, members: list[Member], written: Written) -> None:
-    """Symlinks, then folder modes (last and deepest first, so a read-only folder blocks nothing)."""
+def _finish(dirs: DirFds, members: list[Member], written: Written, umask: int) -> None:
+    """Symlinks, then folder modes less the umask, sticky bit kept (last and deepest first, so a read-only
+    folder blocks nothing); a folder whose mode is what `_make_dirs` gave it (0o755 less the umask) is left."""
     for m in members:
         if m.kind == "symlink":
             dir_fd, base = dirs.parent(m.name)
@@ -166,9 +172,10 @@ def _finish(dirs: DirFds, members: list[Member], written: Written) -> None:
                 pass
             os.symlink(m.linkname, base, dir_fd=dir_fd)
             written.links[m.name] = m.linkname
-    modes = [m for m in members if m.kind == "dir" and m.name and (m.mode & 0o777) != 0o755]
+    made = 0o755 & ~umask
+    modes = [m for m in members if m.kind == "dir" and m.name and (m.mode & 0o1777 & ~umask) != made]
     for m in sorted(modes, key=lambda m: -m.name.count("/")):
-        os.fchmod(dirs.fd(m.name), m.mode & 0o777)
+        os.fchmod(dirs.fd(m.name), m.mode & 0o1777 & ~umask)
 
 
 def extract_stream(
@@ -221,7 +228,7 @@ def extract_stream(
                 archive=archive,
                 hint="the archive changed during restore; run restore again",
             )
-        _finish(dirs, expected, written)
+        _finish(dirs, expected, written, umask)
     except OSError as exc:
         raise write_failed(exc, f"the staging folder {dest}") from None
     finally:

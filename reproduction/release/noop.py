@@ -8,13 +8,15 @@ yes only when every condition the full path checks holds, under the bundle's loc
 doubt (any difference, a flag it does not know, an error of any kind) it says no and the full
 path runs and reports. It never writes anything but the lock file's holder line.
 
-Conditions (mirroring restore_plan.py's `plan` and restore.py's `_verify_and_extract` and `_finish`): bundle.json
+Conditions (mirroring restore_plan.py's `plan` and restore.py's `_verify_and_extract` and `_finish`, by design:
+a condition added to one is added to the other, in the same terms): bundle.json
 hashes to the receipt's digest and the bundle is where the receipt says; no staging or trash is
 left over; every plain file is a regular file whose (size, mtime_ns) is the receipt's; no file
 the manifest does not list lies outside the layer targets; every layer's receipt names the
 archive's digest, the layer's target and the target's current path (a real folder), lists exactly
 the files and links of the layer's verified member index, and every file and link it wrote still
-has its recorded stat (no setuid/setgid bit) or text.
+has its recorded stat (no setuid/setgid bit) or text, and every folder of the member index (listed, or
+above a listed entry) that is there is a real folder, not a symlink or a file (audit45 F1).
 """
 
 from __future__ import annotations
@@ -63,9 +65,12 @@ def _unchanged_layer(root: str, rec: dict) -> bool:
 
 def _covers(bundle: str, group: list[dict], files: dict, recs: dict) -> bool:
     """The records of one target's layers list exactly the files and links of their verified member indexes
-    (release/vouch.py's `vouched`: a receipt shipped in the bundle folder must not vouch for a hand-made tree)."""
+    (release/vouch.py's `vouched`: a receipt shipped in the bundle folder must not vouch for a hand-made tree),
+    and every folder those indexes list or imply is a real folder where it is there at all (restore_plan.py's
+    `_changed` with receipt.py's `changed_folders`: `_unchanged_layer`'s lstat follows a linked folder)."""
     expected: dict[str, str | None] = {}
     recorded: dict[str, str | None] = {}
+    folders: set[str] = set()
     for layer in group:
         index = layer.get("members_index")
         if not index or index not in files:
@@ -77,10 +82,23 @@ def _covers(bundle: str, group: list[dict], files: dict, recs: dict) -> bool:
         for name, kind, _mode, _size, link in json.loads(raw)["members"]:
             if kind in ("file", "symlink"):
                 expected[name] = link if kind == "symlink" else None
+            head = name if kind == "dir" else name.rpartition("/")[0]
+            while head and head not in folders:  # a parent already seen brought its own parents
+                folders.add(head)
+                head = head.rpartition("/")[0]
         rec = recs[layer["archive"]]
         recorded.update(dict.fromkeys(rec.get("files", {})))
         recorded.update(rec.get("links", {}))
-    return recorded == expected
+    if recorded != expected:
+        return False
+    base = os.path.join(bundle, group[0]["target"]) + "/"
+    for rel in folders:
+        try:
+            if not stat.S_ISDIR(os.lstat(base + rel).st_mode):
+                return False
+        except FileNotFoundError:
+            continue  # its files are missing, which `_unchanged_layer` saw
+    return True
 
 
 def _no_extras(bundle: str, listed: set[str], targets: set[str]) -> bool:

@@ -25,6 +25,7 @@ import json
 import os
 import stat as stat_mod
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,10 @@ class LayerReceipt:
         )
 
     def changed_files(self, root: Path) -> list[str]:
-        """Recorded paths under `root` whose lstat (size, mtime) or link text no longer matches."""
+        """Recorded paths under `root` whose lstat (size, mtime) or link text no longer matches.
+
+        lstat follows links in the folders above each path: callers check those folders once with
+        `changed_folders` (release/restore_plan.py's `plan`)."""
         changed = []
         base = f"{root}/"
         for rel, recorded in self.files.items():
@@ -103,18 +107,80 @@ class LayerReceipt:
                 changed.append(rel)
         return sorted(changed)
 
-    def changed_contents(self, root: Path) -> list[str]:
-        """Recorded files whose bytes no longer hash to what was written (needs `digests`)."""
-        from reproduction.digests import sha256_file
+    def changed_contents(self, root: Path, *, skip: Iterable[str] = ()) -> list[str]:
+        """Recorded files whose bytes no longer hash to what was written (needs `digests`).
 
+        `skip` (paths `changed_files` or `changed_folders` already named) are not opened, nor is
+        anything below them. Each file is opened without following a link and without blocking, and
+        read only when it is a regular file: a FIFO, a device or a link put in its place (to
+        /dev/zero, say) counts as changed instead of hanging restore (audit45 F4).
+        """
+        skipped = set(skip)
         changed = []
         for rel, digest in self.digests.items():
+            if _at_or_below(rel, skipped):
+                continue
             try:
-                if sha256_file(Path(root) / rel) != digest:
+                if _sha256_regular(f"{root}/{rel}") != digest:
                     changed.append(rel)
-            except OSError:
+            except (OSError, TypeError, ValueError):
                 changed.append(rel)
         return sorted(changed)
+
+
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _sha256_regular(path: str) -> str | None:
+    """Hex SHA-256 of the regular file at `path`; None when it is anything else (a link, a FIFO, a device)."""
+    from reproduction.digests import sha256_open
+
+    fd = os.open(path, _READ_FLAGS)  # a link as the last component: ELOOP, never followed; a FIFO: no wait
+    with open(fd, "rb", buffering=0) as fh:
+        return sha256_open(fh) if stat_mod.S_ISREG(os.fstat(fd).st_mode) else None
+
+
+def _at_or_below(rel: str, paths: set[str]) -> bool:
+    while rel:
+        if rel in paths:
+            return True
+        rel = rel.rpartition("/")[0]
+    return False
+
+
+def layer_folders(members: Iterable[tuple[str, str]]) -> set[str]:
+    """The folders a tree of `members` ((name, kind) pairs) has: every folder listed and every parent
+    folder of a listed entry ('' and the target itself excluded). One set lookup per member: a parent
+    already seen brought its own parents with it."""
+    folders: set[str] = set()
+    for name, kind in members:
+        head = name if kind == "dir" else name.rpartition("/")[0]
+        while head and head not in folders:
+            folders.add(head)
+            head = head.rpartition("/")[0]
+    return folders
+
+
+def changed_folders(root: Path, folders: Iterable[str]) -> list[str]:
+    """The `folders` under `root` that are there but are not real folders (a symlink, a file, ...).
+
+    `changed_files` lstats `root/rel`, which follows a symlink in any folder above `rel`: a folder
+    swapped for a link to a copy outside the bundle (same sizes, same mtimes) would pass, and a
+    relocation would then rewrite files outside the bundle (audit45 F1). One lstat per distinct
+    folder, not a path walk per file. A missing folder is not named here (its files are missing,
+    which `changed_files` names); an lstat that fails otherwise is.
+    """
+    bad = []
+    base = f"{root}/"
+    for rel in folders:
+        try:
+            if not stat_mod.S_ISDIR(os.lstat(base + rel).st_mode):
+                bad.append(rel)
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError):
+            bad.append(rel)
+    return sorted(bad)
 
 
 @dataclass(kw_only=True, slots=True)

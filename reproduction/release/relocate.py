@@ -20,7 +20,9 @@ Three kinds of occurrence (`PrefixOccurrence.mode`):
 
 A prefix matches only as a whole path: `/opt/py` matches `/opt/py`, `/opt/py/lib` and `/opt/py"`
 but not `/opt/python` or `/opt/py-old`. Files are rewritten atomically (temp file + rename, mode
-kept, new mtime). Relocation is repeatable: the caller records one value per layer, where the tree
+kept, new mtime), each read and renamed through its folder's fd, every folder opened from the tree's
+root without following a link: a folder swapped for a symlink is refused, never written through.
+Relocation is repeatable: the caller records one value per layer, where the tree
 now lives, and passes it next time as `old_prefix`, with the layer's original `build_prefix`
 (which sizes binary slots and finds kept strings). Files that no longer hold `old_prefix` (already
 relocated, or turned into `$ORIGIN`) are left as they are, so a relocation cut short by a kill can
@@ -29,10 +31,12 @@ simply be run again (unless the new prefix is a path below the old one: then rec
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import mmap
 import os
 import re
+import secrets
 import shlex
 import stat
 import tempfile
@@ -41,8 +45,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from reproduction.errors import RelocationError, os_error
+from reproduction.errors import RelocationError, UnsafeArchiveError, os_error
 from reproduction.release import elf
+from reproduction.release.extract import DirFds
 from reproduction.release.manifest import PrefixOccurrence
 
 SHEBANG_MAX = 127
@@ -361,12 +366,69 @@ def rewrite_bytes(
     return bytes(buf)
 
 
-def _write_keeping_mode(path: Path, data: bytes, st: os.stat_result, fsync: bool, tmp_dir: Path | None) -> None:
-    """Replace `path` atomically with `data`, keeping its permission bits; the temp file is made in
-    `tmp_dir` (same filesystem, outside the tree) when given, else beside `path`."""
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _linked_folder(root: Path, rel: str) -> UnsafeArchiveError:
+    """The refusal for a file of the tree reached through a folder that is a symlink (or not a folder)."""
+    here, where = Path(root), ""
+    for part in rel.split("/")[:-1]:
+        here, where = here / part, f"{where}/{part}" if where else part
+        try:
+            if not stat.S_ISDIR(os.lstat(here).st_mode):
+                break
+        except OSError:
+            break
+    return UnsafeArchiveError(
+        f"cannot relocate {root}: its folder {where or '.'} (above {rel}) is a symlink or not a folder; "
+        f"relocation never writes through it, nothing was changed",
+        member=rel,
+        path=str(here),
+        hint=f"remove {here} and run `portable restore` again (the layer is extracted afresh)",
+    )
+
+
+def _parent_fd(dirs: DirFds, root: Path, rel: str) -> tuple[int, str] | None:
+    """(fd of the folder holding `rel`, its last component), every folder opened without following a link.
+
+    None when a folder is missing; UnsafeArchiveError (6) when one is a symlink or a file (audit45 F1).
+    """
+    try:
+        return dirs.parent(rel)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _linked_folder(root, rel) from None
+        return None
+
+
+def _read_regular(dir_fd: int, base: str) -> tuple[bytes, os.stat_result] | None:
+    """The bytes and stat of the regular file `base` in `dir_fd`; None for a link, a FIFO or another kind."""
+    fd = os.open(base, _READ_FLAGS, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read(), st
+    finally:
+        os.close(fd)
+
+
+def _write_keeping_mode(
+    dir_fd: int, base: str, shown: Path, data: bytes, st: os.stat_result, fsync: bool, tmp_dir: Path | None
+) -> None:
+    """Replace `base` in the folder `dir_fd` atomically with `data`, keeping its permission bits; the temp
+    file is made in `tmp_dir` (same filesystem, outside the tree) when given, else beside the file. The
+    rename names the folder by fd, so it never goes through a link put in a folder's place."""
+    src_fd: int | None = None
     if tmp_dir is not None:
         Path(tmp_dir).mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".reloc", dir=tmp_dir or path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".reloc", dir=tmp_dir)
+    else:
+        src_fd, tmp = dir_fd, f".{base}.{secrets.token_hex(6)}.reloc"
+        fd = os.open(tmp, _TMP_FLAGS, 0o600, dir_fd=dir_fd)
+    done = False
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -374,14 +436,37 @@ def _write_keeping_mode(path: Path, data: bytes, st: os.stat_result, fsync: bool
             if fsync:
                 fh.flush()
                 os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, base, src_dir_fd=src_fd, dst_dir_fd=dir_fd)
+        done = True
     except OSError as exc:
         raise os_error(
-            exc, f"{path} for the new prefix", hint="free space or fix permissions, then run restore again (it resumes)"
+            exc,
+            f"{shown} for the new prefix",
+            hint="free space or fix permissions, then run restore again (it resumes)",
         ) from None
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        if not done:
+            try:
+                os.unlink(tmp, dir_fd=src_fd)
+            except OSError:
+                pass
+
+
+def _open_root(root: Path) -> DirFds:
+    try:
+        return DirFds(str(root))
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeArchiveError(
+                f"cannot relocate {root}: it is a symlink or not a folder; relocation never writes through it",
+                path=str(root),
+                hint=f"remove {root} and run `portable restore` again (the layer is extracted afresh)",
+            ) from None
+        raise RelocationError(
+            f"cannot relocate {root}: {exc.strerror or exc}, nothing was changed",
+            path=str(root),
+            hint="the tree no longer matches the bundle: run `portable restore --deep` to re-extract it",
+        ) from None
 
 
 def relocate_tree(
@@ -403,7 +488,9 @@ def relocate_tree(
     `build_prefix` (default `old_prefix`) is the one it was packed at, which sizes binary slots.
     Every file is rewritten in memory first; if any cannot be (a binary string or RUNPATH that does
     not fit, a missing file, a long non-Python shebang) RelocationError lists them all and no file
-    was modified. Then each changed file is replaced atomically, mode kept. Same prefix: no-op.
+    was modified; a folder on the way to a listed file that is a symlink or a file (or `root` itself)
+    is UnsafeArchiveError (6) naming it, also before any file is touched (audit45 F1). Then each
+    changed file is replaced atomically, mode kept. Same prefix: no-op.
     Files matching `fallback_globs` may keep a compiled-in fallback prefix that does not fit; each
     such case is appended to `notes` (when given) for the caller to show. `tmp_dir` (same filesystem as
     `root`, outside it) holds the temp files, so a kill mid-rewrite leaves no stray file in the tree.
@@ -420,31 +507,37 @@ def relocate_tree(
     problems: list[str] = []
     kept: list[str] = []
     planned: list[tuple[str, bytes, os.stat_result]] = []
-    for rel, mode in sorted(modes.items()):
-        path = root / rel
-        try:
-            st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode):
-                raise FileNotFoundError(path)
-            data = path.read_bytes()
-        except OSError:
-            problems.append(f"{rel}: recorded as holding the prefix but missing (or not a regular file) under {root}")
-            continue
-        fallback = any(fnmatch.fnmatchcase(rel, g) for g in fallback_globs)
-        new_data = rewrite_bytes(
-            data,
-            mode,
-            rel=rel,
-            root=root,
-            old=old,
-            new=new,
-            build=build,
-            problems=problems,
-            notes=kept,
-            fallback=fallback,
-        )
-        if new_data != data:
-            planned.append((rel, new_data, st))
+    dirs = _open_root(root)
+    try:
+        for rel, mode in sorted(modes.items()):
+            found = _parent_fd(dirs, root, rel)
+            try:
+                read = None if found is None else _read_regular(*found)
+            except OSError:
+                read = None
+            if read is None:
+                problems.append(
+                    f"{rel}: recorded as holding the prefix but missing (or not a regular file) under {root}"
+                )
+                continue
+            data, st = read
+            fallback = any(fnmatch.fnmatchcase(rel, g) for g in fallback_globs)
+            new_data = rewrite_bytes(
+                data,
+                mode,
+                rel=rel,
+                root=root,
+                old=old,
+                new=new,
+                build=build,
+                problems=problems,
+                notes=kept,
+                fallback=fallback,
+            )
+            if new_data != data:
+                planned.append((rel, new_data, st))
+    finally:
+        dirs.close()
     if problems:
         shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
         hint = (
@@ -461,8 +554,19 @@ def relocate_tree(
             problems=problems,
             hint=hint,
         )
-    for rel, new_data, st in planned:
-        _write_keeping_mode(root / rel, new_data, st, fsync, tmp_dir)
+    dirs = _open_root(root)  # afresh: every folder is walked again, without following a link, as it is written
+    try:
+        for rel, new_data, st in planned:
+            found = _parent_fd(dirs, root, rel)
+            if found is None:  # it was there a moment ago: something else is changing the tree
+                raise RelocationError(
+                    f"cannot relocate {root}: the folder of {rel} vanished while relocating",
+                    path=str(root / rel),
+                    hint="run `portable restore` again (it finishes the job)",
+                )
+            _write_keeping_mode(*found, root / rel, new_data, st, fsync, tmp_dir)
+    finally:
+        dirs.close()
     if notes is not None:
         notes.extend(dict.fromkeys(kept))  # a string may be noted by both passes
     return [rel for rel, _, _ in planned]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from reproduction.errors import InvalidInputError
 from reproduction.release.manifest import STATE_DIR, LayerEntry, Manifest
-from reproduction.release.receipt import Receipt
+from reproduction.release.receipt import LayerReceipt, Receipt, changed_folders, layer_folders
 from reproduction.release.swap import check_target_path
 from reproduction.release.tarscan import Member
 from reproduction.release.vouch import lost_files, vouched
@@ -60,9 +60,7 @@ def plan(bundle: Path, manifest: Manifest, receipt: Receipt, *, deep: bool, refr
             r is not None and r.sha256 == manifest.file(layer.archive).sha256 for r, layer in zip(recs, g.layers)
         )
         if recs and all(r is not None for r in recs) and root.is_dir():
-            g.changed = sorted({p for r in recs for p in r.changed_files(root)})
-            if deep and g.layers[0].kind == "source":  # rehash: catches edits that kept size and mtime
-                g.changed = sorted(set(g.changed) | {p for r in recs for p in r.changed_contents(root)})
+            g.changed = _changed(root, g, recs, deep=deep)
         if not fresh or not root.is_dir():
             g.action = "extract"
             if g.changed and g.layers[0].kind == "source" and not refresh_source and all(recs):
@@ -79,6 +77,19 @@ def plan(bundle: Path, manifest: Manifest, receipt: Receipt, *, deep: bool, refr
         elif any(r.prefix != str(root) for r in recs) and any(has_prefixes(layer) for layer in g.layers):
             g.action = "relocate"
     return groups
+
+
+def _changed(root: Path, g: Group, recs: list[LayerReceipt], *, deep: bool) -> list[str]:
+    """What differs from the receipt in a vouched target: folders of the member index that are not real
+    folders (a symlink, a file: audit45 F1), then files and links by stat (`deep`, source: by hash too).
+
+    release/noop.py's `_covers` checks the same folders: keep the two in step.
+    """
+    folders = changed_folders(root, layer_folders((m.name, m.kind) for ms in g.members.values() for m in ms))
+    changed = set(folders) | {p for r in recs for p in r.changed_files(root)}
+    if deep and g.layers[0].kind == "source":  # rehash: catches edits that kept size and mtime
+        changed |= {p for r in recs for p in r.changed_contents(root, skip=changed)}
+    return sorted(changed)
 
 
 def refuse_losing_files(
