@@ -202,6 +202,20 @@ def test_tar_padding_and_a_little_more_after_the_end_is_accepted(tmp_path):
     assert (bundle / "source/app/a.txt").read_bytes() == b"hello\n"
 
 
+@pytest.mark.parametrize("index", [False, True], ids=["listed", "indexed"])
+@pytest.mark.parametrize("extra", [1, MiB, 2 * MiB + MiB // 2])  # trailers of 1 MiB + 1 byte, 2 and 3.5 MiB
+def test_the_trailer_bound_counts_what_the_window_already_holds(tmp_path, index, extra):
+    """audit45 F6: a trailer that fit in the 4 MiB window when the end-of-archive block was met was never counted
+    (2 and 3.5 MiB were accepted, only 6 MiB refused). Exactly MAX_TRAILER after the end block is still accepted."""
+    body = raw_member("a.txt", b"hello\n") + bytes(tarfile.BLOCKSIZE)  # the end-of-archive block the parser stops at
+    ok = _bundle(tmp_path, body + bytes(MAX_TRAILER), index=index, name="ok")
+    assert restore_bundle(ok, ui=QUIET).extracted == ["source/app"]
+    bundle = _bundle(tmp_path, body + bytes(MAX_TRAILER + extra), index=index)
+    done = run_cli("restore", bundle)
+    _one_error(done, 6, f"more than {MAX_TRAILER} bytes follow the tar's end-of-archive block")
+    assert not (bundle / "source" / "app").exists()
+
+
 # -- (c) tar_size: the decompressed stream is no longer than declared ---------------------------------
 
 

@@ -247,7 +247,7 @@ class StreamSource:
         """
         consumed = self.total - (self.end - self.start)
         self.start = self.end = 0
-        while self._read(self.view[: MAX_TRAILER + 1]):
+        while True:  # checked before each read too: what the window already holds counts (audit45 F6)
             if self.total - consumed > MAX_TRAILER:
                 raise UnsafeArchiveError(
                     f"{self.archive}: more than {MAX_TRAILER} bytes follow the tar's end-of-archive block "
@@ -255,6 +255,8 @@ class StreamSource:
                     archive=self.archive,
                     hint="do not use this bundle; ask its publisher to re-pack it with `portable pack`",
                 )
+            if not self._read(self.view[: MAX_TRAILER + 1]):
+                return
 
 
 def _checksum_ok(block: bytes, stored: int) -> bool:
