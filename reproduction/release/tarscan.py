@@ -85,8 +85,17 @@ MAX_MTIME = (1 << 62) // 1_000_000_000
 """Largest |mtime| in seconds whose nanoseconds fit the int64 that utime takes."""
 
 
+PAX_KEYS = frozenset((b"path", b"linkpath", b"size", b"mtime"))
+"""The pax keys iter_members reads; the others (uid, uname, atime, xattrs, ...) are checked for form, then dropped."""
+
+
 def _parse_pax(data: bytes, archive: str = "") -> dict[str, str]:
-    """Records `LEN key=value\\n`; every record must advance (LEN covers at least its own text)."""
+    """Records `LEN key=value\\n`; every record must advance (LEN covers at least its own text).
+
+    Only PAX_KEYS are kept, so a header's dict holds at most four keys whatever it carries: 'g'
+    headers accumulate across the archive and are merged into every member's fields, and keeping
+    every distinct key made that unbounded memory and quadratic time (audit45 F2).
+    """
     out: dict[str, str] = {}
     pos = 0
     while pos < len(data) and data[pos] != 0:
@@ -101,7 +110,8 @@ def _parse_pax(data: bytes, archive: str = "") -> dict[str, str]:
         key, eq, value = data[space + 1 : end - 1].partition(b"=")
         if not eq or not key:
             raise _corrupt(f"pax record at offset {pos} is not key=value", archive)
-        out[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
+        if key in PAX_KEYS:
+            out[key.decode("ascii")] = value.decode("utf-8", "surrogateescape")
         pos = end
     return out
 
