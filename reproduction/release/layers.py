@@ -82,6 +82,11 @@ def _row(row: list) -> Member:
         raise ValueError(f"row {row!r:.80}: mode and size must be small non-negative integers")
     if normalise(name) != name:
         raise ValueError(f"row {row!r:.80}: unknown kind or a name that is not normalised")
+    if not (name.isascii() and link.isascii()):  # \udc80-\udcff are undecodable bytes; \ud800 names no file
+        try:
+            name.encode("utf-8", "surrogateescape"), link.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # restore failed on it as an internal error (audit45 F5)
+            raise ValueError(f"row {row!r:.80}: a name or link holds a lone surrogate such as \\ud800") from None
     return Member(name=name, raw_name=name, kind=kind, mode=mode, size=size, mtime=0, linkname=link)
 
 
