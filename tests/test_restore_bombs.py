@@ -52,15 +52,17 @@ def _tar(*members: bytes) -> bytes:
     return body + bytes(-len(body) % tarfile.RECORDSIZE)
 
 
-def _bundle(tmp_path: Path, tar: bytes, *, index: bool, name: str = "b") -> Path:
-    """A one-layer source bundle whose archive decompresses to exactly `tar` (with a member index or not)."""
+def _bundle(tmp_path: Path, tar: bytes, *, index: bool, name: str = "b", rows: list | None = None) -> Path:
+    """A one-layer source bundle whose archive decompresses to exactly `tar` (with a member index or not).
+
+    The index rows are tarfile's reading of `tar` unless given."""
     root = raw_bundle(tmp_path / name, b"", index=[] if index else None)
     blob = zstandard.ZstdCompressor(level=3).compress(tar)
     (root / "source/app.tar.zst").write_bytes(blob)
-    rows = []
     if index:
-        with tarfile.open(fileobj=io.BytesIO(tar)) as t:
-            rows = [[i.name, "file", i.mode, i.size, ""] for i in t.getmembers()]
+        if rows is None:
+            with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+                rows = [[i.name, "file", i.mode, i.size, ""] for i in t.getmembers()]
         text = json.dumps({"format": "recap-portable-members", "format_version": "1.0", "members": rows}).encode()
         (root / "source/app.members.json").write_bytes(text)
     data = json.loads((root / "bundle.json").read_text())
@@ -68,7 +70,8 @@ def _bundle(tmp_path: Path, tar: bytes, *, index: bool, name: str = "b") -> Path
         rel = entry["path"]
         got = (root / rel).read_bytes()
         entry["size"], entry["sha256"] = len(got), hashlib.sha256(got).hexdigest()
-    data["layers"][0]["members"] = len(rows) if index else 1
+    data["layers"][0]["members"] = len(rows or []) if index else 1
+    data["layers"][0]["tar_size"] = 0  # undeclared: these tests bound the stream by other means
     (root / "bundle.json").write_text(json.dumps(data))
     return root
 
@@ -312,6 +315,53 @@ def test_packed_bundles_record_their_exact_tar_size_and_restore(tmp_path):
             assert layer.tar_size == len(stream.read()) > 0, layer.archive
     report = restore_bundle(bundle, ui=QUIET)
     assert sorted(report.extracted) == sorted(x.target for x in manifest.layers)
+
+
+# -- (e) headers only: the member count, and a stream bound when no tar_size is declared (audit45 F3) ---
+
+
+def test_a_listed_layer_declaring_neither_tar_size_nor_members_is_refused(tmp_path):
+    """Nothing bounded an archive of headers only: 999k empty members (a 43 KB .zst, 488 MiB of tar) listed for 18 s."""
+    bundle = raw_bundle(tmp_path / "b", raw_member("a.txt", b"hello\n"))
+    _set_layer(bundle, tar_size=0, members=0)
+    done = run_cli("restore", bundle)
+    _one_error(done, 4, "layer source/app.tar.zst has no member index and declares neither tar_size nor members")
+    assert not (bundle / "source" / "app").exists()
+    _set_layer(bundle, members=1)  # either one bounds it
+    assert restore_bundle(bundle, ui=QUIET).extracted == ["source/app"]
+
+
+@pytest.mark.parametrize("index", [False, True], ids=["listed", "indexed"])
+def test_more_members_than_declared_are_refused_at_the_header_that_passes_them(tmp_path, index, counted):
+    tar = _tar(*(raw_member(f"f{i}") for i in range(3000)))  # 1.5 MiB of empty members
+    bundle = _bundle(tmp_path, tar, index=index)
+    _set_layer(bundle, members=10)
+    with pytest.raises(
+        UnsafeArchiveError, match=r"holds more than the 10 members bundle.json declares \(member 11: 'f10'\)"
+    ):
+        restore_bundle(bundle, ui=QUIET)
+    assert not (bundle / "source" / "app").exists()
+    _set_layer(bundle, members=3000)
+    assert restore_bundle(bundle, ui=QUIET).extracted == ["source/app"]
+
+
+@pytest.mark.parametrize("index", [False, True], ids=["listed", "indexed"])
+def test_with_no_tar_size_the_stream_is_bounded_by_what_is_declared(tmp_path, index, counted):
+    """Extended headers are no members: 24 'x' headers of 1 MiB before one 6-byte file were read whole."""
+    one = _pax_header(tarfile.XHDTYPE, pax_record("comment", "x" * (MiB - 64)))
+    rows = [["a.txt", "file", 0o644, 6, ""]] if index else None
+    bundle = _bundle(tmp_path, _tar(one * 24 + raw_member("a.txt", b"hello\n")), index=index, rows=rows)
+    _set_layer(bundle, unpacked_size=6)
+    needle = (
+        "decompresses to more than the [0-9]+ bytes that its (1 members and its unpacked_size|listed members) allow"
+    )
+    with pytest.raises(UnsafeArchiveError, match=needle):
+        restore_bundle(bundle, ui=QUIET)
+    assert counted[0] <= 10 * MiB  # tarscan.stream_bound(6, 1) (5 MiB) and a window; not the 24 MiB
+    assert not (bundle / "source" / "app").exists()
+    fine = _bundle(tmp_path, _tar(one * 2 + raw_member("a.txt", b"hello\n")), index=index, rows=rows, name="c")
+    _set_layer(fine, unpacked_size=6)
+    assert restore_bundle(fine, ui=QUIET).extracted == ["source/app"]
 
 
 def test_verify_does_not_decompress_so_a_pinned_bomb_passes_it(tmp_path):

@@ -81,6 +81,11 @@ RECORD = 10240
 """The record size tarfile and GNU tar pad an archive to (the bytes after its end-of-archive block)."""
 MAX_TRAILER = 1 << 20
 """Most decompressed bytes accepted after the end-of-archive block: 100 records, room for any blocking factor."""
+MEMBER_META = 16 << 10
+"""Stream bytes one member may take besides its data where no tar_size bounds the stream: its header, a pax
+header of path and linkpath (4095 bytes each) and a few more records, or GNU long names, and its data's padding."""
+WINDOW = 4 << 20
+"""StreamSource's read-ahead window."""
 MAX_MTIME = (1 << 62) // 1_000_000_000
 """Largest |mtime| in seconds whose nanoseconds fit the int64 that utime takes."""
 
@@ -132,6 +137,17 @@ def _pax_mtime(value: str, archive: str) -> int:
     return int(seconds)
 
 
+def stream_bound(files: int, members: int) -> int:
+    """The most decompressed bytes a tar of `members` members whose files add up to `files` bytes needs.
+
+    For a layer that declares no tar_size (audit45 F3: an archive of headers only was unbounded, since
+    file sizes count no header): the files, MEMBER_META a member, the end-of-archive blocks and
+    MAX_TRAILER, plus one WINDOW of read-ahead so that the checks made at each header (unpacked_size,
+    free space, member count) refuse a stream first, with their own message.
+    """
+    return files + members * MEMBER_META + 2 * BLOCK + MAX_TRAILER + WINDOW
+
+
 def normalise(name: str) -> str:
     """'./a//b/' -> 'a/b'; '.' -> ''. Leading '/' and '..' are kept for safety.py to refuse."""
     if name and name[0] not in "./" and name[-1] not in "/." and "//" not in name and "/." not in name:
@@ -149,7 +165,9 @@ class StreamSource:
     `read_data` returns memoryviews into the window: use each before asking for more.
     """
 
-    def __init__(self, stream: IO[bytes], window: int = 4 << 20, *, archive: str = "", limit: int = 0) -> None:
+    def __init__(
+        self, stream: IO[bytes], window: int = WINDOW, *, archive: str = "", limit: int = 0, bound: str = ""
+    ) -> None:
         self.stream = stream
         self.buf = bytearray(window)
         self.view = memoryview(self.buf)
@@ -157,7 +175,8 @@ class StreamSource:
         self.left = 0  # bytes of the current member's data not yet consumed
         self.pad = 0  # padding after it
         self.archive = archive
-        self.limit = limit  # the tar_size bundle.json declares (0: not declared, no bound but MAX_TRAILER's)
+        self.limit = limit  # the tar_size bundle.json declares, or stream_bound's (0: no bound but MAX_TRAILER's)
+        self.bound = bound  # what `limit` is, when not the declared tar_size (for the message)
         self.total = 0  # decompressed bytes read from the stream so far
 
     def _read(self, view: memoryview) -> int:
@@ -172,8 +191,8 @@ class StreamSource:
         self.total += n
         if self.limit and self.total > self.limit:
             raise UnsafeArchiveError(
-                f"{self.archive}: decompresses to more than the {self.limit} bytes bundle.json declares as its "
-                f"tar_size; nothing was changed",
+                f"{self.archive}: decompresses to more than the {self.limit} bytes "
+                f"{self.bound or 'bundle.json declares as its tar_size'}; nothing was changed",
                 archive=self.archive,
                 hint="do not use this bundle; ask its publisher to re-pack it with `portable pack`",
             )
