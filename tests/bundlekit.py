@@ -253,7 +253,9 @@ def raw_bundle(root: Path, tar: bytes, *, target: str = "source/app", index: lis
         text = json.dumps({"format": "recap-portable-members", "format_version": "1.0", "members": index}).encode()
         (root / members_index).write_bytes(text)
         entries.append(FileEntry(path=members_index, size=len(text), sha256=hashlib.sha256(text).hexdigest()))
-    layer = LayerEntry(archive=archive, target=target, kind="source", order=0, members_index=members_index)
+    layer = LayerEntry(  # tar_size as `portable pack` records it: exact (restore refuses a listed layer without it)
+        archive=archive, target=target, kind="source", order=0, members_index=members_index, tar_size=len(tar) + 1024
+    )
     write_manifest(root, Manifest(name="raw", files=entries, layers=[layer]))
     return root
 

@@ -41,7 +41,7 @@ from reproduction.errors import (
 )
 from reproduction.release import restore as restore_mod
 from reproduction.release.extract import extract_stream
-from reproduction.release.manifest import load_manifest
+from reproduction.release.manifest import check_relative_path, load_manifest
 from reproduction.release.pack import pack_bundle
 from reproduction.release.receipt import receipt_path
 from reproduction.release.restore import restore_bundle
@@ -237,6 +237,50 @@ def test_a_member_index_with_a_non_normalised_name_is_refused(tmp_path):
     bundle = raw_bundle(tmp_path / "bundle", raw_member("f", b"abc"), index=[["./f", "file", 0o644, 3, ""]])
     with pytest.raises(InvalidInputError, match="not normalised"):
         restore_bundle(bundle, ui=QUIET)
+
+
+LONE = {
+    "files[].path": lambda d: d["files"].append({"path": "data/x\ud800", "size": 1, "sha256": "0" * 64}),
+    "layers[].target": lambda d: d["layers"][0].update(target="source/p\ud800"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LONE))
+def test_a_lone_surrogate_in_a_manifest_path_is_exit_4_naming_the_field(bundle, case):
+    """audit45 F5: verify and restore ended in `internal error: UnicodeEncodeError` (exit 1), or verify passed."""
+    _edit(bundle, LONE[case])
+    for command in ("verify", "restore"):
+        done = run_cli(command, bundle)
+        assert done.returncode == 4, done.stderr
+        assert [line.split(":")[0] for line in done.stderr.splitlines()] == ["error", "hint"], done.stderr
+        assert "lone surrogate" in done.stderr and case.split("[")[0] in done.stderr, done.stderr
+    assert not any((bundle / t).exists() for t in TARGETS)
+
+
+@pytest.mark.parametrize(
+    "row, tar",
+    [
+        (["a\ud800", "file", 0o644, 0, ""], raw_member("a\udcff")),
+        (["l", "symlink", 0o777, 0, "x\ud800"], raw_member("l", kind=tarfile.SYMTYPE)),
+    ],
+    ids=["name", "link"],
+)
+def test_a_lone_surrogate_in_a_member_index_row_is_exit_4(tmp_path, row, tar):
+    """audit45 F5: restore ended in `internal error: UnicodeEncodeError` (exit 1)."""
+    bundle = raw_bundle(tmp_path / "bundle", tar, index=[row])
+    done = run_cli("restore", bundle)
+    assert done.returncode == 4, done.stderr
+    assert [line.split(":")[0] for line in done.stderr.splitlines()] == ["error", "hint"], done.stderr
+    assert "source/app.members.json" in done.stderr and "lone surrogate" in done.stderr, done.stderr
+    assert not (bundle / "source/app").exists()
+
+
+def test_a_name_of_undecodable_bytes_is_still_a_name(tmp_path):
+    """\\udc80-\\udcff stand for bytes that are not UTF-8 (surrogateescape): real file names, still restored."""
+    assert check_relative_path("data/x\udcff", where="files[0].path") == "data/x\udcff"
+    bundle = raw_bundle(tmp_path / "bundle", raw_member("a\udcff", b"hi"), index=[["a\udcff", "file", 0o644, 2, ""]])
+    restore_bundle(bundle, ui=QUIET)
+    assert (bundle / "source/app").joinpath("a\udcff").read_bytes() == b"hi"
 
 
 # -- bundle given as a file -----------------------------------------------------------------------

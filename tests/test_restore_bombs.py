@@ -15,18 +15,19 @@ import json
 import os
 import shutil
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 import zstandard
-from bundlekit import QUIET, raw_bundle, raw_member, run_cli, small_bundle
+from bundlekit import QUIET, pax_record, raw_bundle, raw_member, run_cli, small_bundle
 
 from reproduction.errors import UnsafeArchiveError, WriteFailedError
 from reproduction.release import layers as layer_io
 from reproduction.release import zstdio
 from reproduction.release.manifest import load_manifest
 from reproduction.release.restore import restore_bundle
-from reproduction.release.tarscan import MAX_TRAILER
+from reproduction.release.tarscan import MAX_TRAILER, StreamSource, _parse_pax, iter_members
 
 MiB = 1 << 20
 
@@ -51,15 +52,17 @@ def _tar(*members: bytes) -> bytes:
     return body + bytes(-len(body) % tarfile.RECORDSIZE)
 
 
-def _bundle(tmp_path: Path, tar: bytes, *, index: bool, name: str = "b") -> Path:
-    """A one-layer source bundle whose archive decompresses to exactly `tar` (with a member index or not)."""
+def _bundle(tmp_path: Path, tar: bytes, *, index: bool, name: str = "b", rows: list | None = None) -> Path:
+    """A one-layer source bundle whose archive decompresses to exactly `tar` (with a member index or not).
+
+    The index rows are tarfile's reading of `tar` unless given."""
     root = raw_bundle(tmp_path / name, b"", index=[] if index else None)
     blob = zstandard.ZstdCompressor(level=3).compress(tar)
     (root / "source/app.tar.zst").write_bytes(blob)
-    rows = []
     if index:
-        with tarfile.open(fileobj=io.BytesIO(tar)) as t:
-            rows = [[i.name, "file", i.mode, i.size, ""] for i in t.getmembers()]
+        if rows is None:
+            with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+                rows = [[i.name, "file", i.mode, i.size, ""] for i in t.getmembers()]
         text = json.dumps({"format": "recap-portable-members", "format_version": "1.0", "members": rows}).encode()
         (root / "source/app.members.json").write_bytes(text)
     data = json.loads((root / "bundle.json").read_text())
@@ -67,7 +70,8 @@ def _bundle(tmp_path: Path, tar: bytes, *, index: bool, name: str = "b") -> Path
         rel = entry["path"]
         got = (root / rel).read_bytes()
         entry["size"], entry["sha256"] = len(got), hashlib.sha256(got).hexdigest()
-    data["layers"][0]["members"] = len(rows) if index else 1
+    data["layers"][0]["members"] = len(rows or []) if index else 1
+    data["layers"][0]["tar_size"] = 0  # undeclared: these tests bound the stream by other means
     (root / "bundle.json").write_text(json.dumps(data))
     return root
 
@@ -202,6 +206,69 @@ def test_tar_padding_and_a_little_more_after_the_end_is_accepted(tmp_path):
     assert (bundle / "source/app/a.txt").read_bytes() == b"hello\n"
 
 
+@pytest.mark.parametrize("index", [False, True], ids=["listed", "indexed"])
+@pytest.mark.parametrize("extra", [1, MiB, 2 * MiB + MiB // 2])  # trailers of 1 MiB + 1 byte, 2 and 3.5 MiB
+def test_the_trailer_bound_counts_what_the_window_already_holds(tmp_path, index, extra):
+    """audit45 F6: a trailer that fit in the 4 MiB window when the end-of-archive block was met was never counted
+    (2 and 3.5 MiB were accepted, only 6 MiB refused). Exactly MAX_TRAILER after the end block is still accepted."""
+    body = raw_member("a.txt", b"hello\n") + bytes(tarfile.BLOCKSIZE)  # the end-of-archive block the parser stops at
+    ok = _bundle(tmp_path, body + bytes(MAX_TRAILER), index=index, name="ok")
+    assert restore_bundle(ok, ui=QUIET).extracted == ["source/app"]
+    bundle = _bundle(tmp_path, body + bytes(MAX_TRAILER + extra), index=index)
+    done = run_cli("restore", bundle)
+    _one_error(done, 6, f"more than {MAX_TRAILER} bytes follow the tar's end-of-archive block")
+    assert not (bundle / "source" / "app").exists()
+
+
+# -- (d) pax headers: what they cost is bounded by the keys the parser reads --------------------------
+
+
+def _pax_header(kind: bytes, payload: bytes) -> bytes:
+    info = tarfile.TarInfo("././@PaxHeader")
+    info.type, info.size = kind, len(payload)
+    return info.tobuf(tarfile.USTAR_FORMAT) + payload + bytes(-len(payload) % tarfile.BLOCKSIZE)
+
+
+def _distinct_keys(size: int) -> bytes:
+    """Pax records of distinct unknown keys, about `size` bytes of them (one ~1 MiB header holds ~100k)."""
+    out, n = [], 0
+    while n < size:
+        out.append(pax_record(f"k{len(out):x}", ""))
+        n += len(out[-1])
+    return b"".join(out)
+
+
+def _scan(tar: bytes) -> tuple[int, float]:
+    start = time.perf_counter()
+    n = sum(1 for _ in iter_members(StreamSource(io.BytesIO(tar))))
+    return n, time.perf_counter() - start
+
+
+def test_pax_headers_keep_only_the_keys_the_parser_reads():
+    """audit45 F2: every distinct key of every 'g' header was kept (a 972 KB .zst took 501 MB)."""
+    payload = _distinct_keys(64 << 10) + pax_record("path", "a.txt") + pax_record("SCHILY.xattr.user.x", "y")
+    payload += (
+        pax_record("mtime", "1.5") + pax_record("size", "3") + pax_record("linkpath", "b") + pax_record("uid", "0")
+    )
+    assert _parse_pax(payload) == {"path": "a.txt", "mtime": "1.5", "size": "3", "linkpath": "b"}
+    with pytest.raises(UnsafeArchiveError, match="not key=value"):  # dropped keys are still checked for form
+        _parse_pax(_distinct_keys(1024) + b"11 novalue\n")
+
+
+def test_a_global_pax_header_costs_each_member_nothing(tmp_path):
+    """audit45 F2: each member copied the whole pax_global dict ({**pax_global, **pending}), so one 1 MiB 'g'
+    header of ~100k keys and 10,000 empty members took 22.6 s (keys x members). Timed against the same members
+    without it, in this test, so the machine's load cancels out."""
+    members = b"".join(raw_member(f"f{i}") for i in range(2000)) + bytes(1024)
+    glob = _pax_header(tarfile.XGLTYPE, _distinct_keys(MiB - 4096))
+    _scan(members)  # warm up
+    n, plain = _scan(members)
+    m, with_global = _scan(glob + members)
+    parse_only = _scan(glob + bytes(1024))[1]
+    assert n == m == 2000
+    assert with_global < 3 * (plain + parse_only) + 0.2, (plain, parse_only, with_global)
+
+
 # -- (c) tar_size: the decompressed stream is no longer than declared ---------------------------------
 
 
@@ -248,6 +315,53 @@ def test_packed_bundles_record_their_exact_tar_size_and_restore(tmp_path):
             assert layer.tar_size == len(stream.read()) > 0, layer.archive
     report = restore_bundle(bundle, ui=QUIET)
     assert sorted(report.extracted) == sorted(x.target for x in manifest.layers)
+
+
+# -- (e) headers only: the member count, and a stream bound when no tar_size is declared (audit45 F3) ---
+
+
+def test_a_listed_layer_declaring_neither_tar_size_nor_members_is_refused(tmp_path):
+    """Nothing bounded an archive of headers only: 999k empty members (a 43 KB .zst, 488 MiB of tar) listed for 18 s."""
+    bundle = raw_bundle(tmp_path / "b", raw_member("a.txt", b"hello\n"))
+    _set_layer(bundle, tar_size=0, members=0)
+    done = run_cli("restore", bundle)
+    _one_error(done, 4, "layer source/app.tar.zst has no member index and declares neither tar_size nor members")
+    assert not (bundle / "source" / "app").exists()
+    _set_layer(bundle, members=1)  # either one bounds it
+    assert restore_bundle(bundle, ui=QUIET).extracted == ["source/app"]
+
+
+@pytest.mark.parametrize("index", [False, True], ids=["listed", "indexed"])
+def test_more_members_than_declared_are_refused_at_the_header_that_passes_them(tmp_path, index, counted):
+    tar = _tar(*(raw_member(f"f{i}") for i in range(3000)))  # 1.5 MiB of empty members
+    bundle = _bundle(tmp_path, tar, index=index)
+    _set_layer(bundle, members=10)
+    with pytest.raises(
+        UnsafeArchiveError, match=r"holds more than the 10 members bundle.json declares \(member 11: 'f10'\)"
+    ):
+        restore_bundle(bundle, ui=QUIET)
+    assert not (bundle / "source" / "app").exists()
+    _set_layer(bundle, members=3000)
+    assert restore_bundle(bundle, ui=QUIET).extracted == ["source/app"]
+
+
+@pytest.mark.parametrize("index", [False, True], ids=["listed", "indexed"])
+def test_with_no_tar_size_the_stream_is_bounded_by_what_is_declared(tmp_path, index, counted):
+    """Extended headers are no members: 24 'x' headers of 1 MiB before one 6-byte file were read whole."""
+    one = _pax_header(tarfile.XHDTYPE, pax_record("comment", "x" * (MiB - 64)))
+    rows = [["a.txt", "file", 0o644, 6, ""]] if index else None
+    bundle = _bundle(tmp_path, _tar(one * 24 + raw_member("a.txt", b"hello\n")), index=index, rows=rows)
+    _set_layer(bundle, unpacked_size=6)
+    needle = (
+        "decompresses to more than the [0-9]+ bytes that its (1 members and its unpacked_size|listed members) allow"
+    )
+    with pytest.raises(UnsafeArchiveError, match=needle):
+        restore_bundle(bundle, ui=QUIET)
+    assert counted[0] <= 10 * MiB  # tarscan.stream_bound(6, 1) (5 MiB) and a window; not the 24 MiB
+    assert not (bundle / "source" / "app").exists()
+    fine = _bundle(tmp_path, _tar(one * 2 + raw_member("a.txt", b"hello\n")), index=index, rows=rows, name="c")
+    _set_layer(fine, unpacked_size=6)
+    assert restore_bundle(fine, ui=QUIET).extracted == ["source/app"]
 
 
 def test_verify_does_not_decompress_so_a_pinned_bomb_passes_it(tmp_path):

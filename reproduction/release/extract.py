@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO
 
 from reproduction.errors import PortableError, UnsafeArchiveError, os_error
-from reproduction.release.tarscan import Member, StreamSource, iter_members
+from reproduction.release.tarscan import Member, StreamSource, iter_members, stream_bound
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -178,6 +178,17 @@ def _finish(dirs: DirFds, members: list[Member], written: Written, umask: int) -
         os.fchmod(dirs.fd(m.name), m.mode & 0o1777 & ~umask)
 
 
+def member_count_error(archive: str, declared: int, name: str) -> UnsafeArchiveError:
+    """The one refusal of a layer holding more members than the `members` bundle.json declares (audit45 F3)."""
+    return UnsafeArchiveError(
+        f"{archive}: holds more than the {declared} members bundle.json declares (member {declared + 1}: "
+        f"{name!r}); nothing was extracted",
+        archive=archive,
+        member=name,
+        hint="do not use this bundle; ask its publisher to re-pack it with `portable pack`",
+    )
+
+
 def extract_stream(
     stream: IO[bytes],
     expected: list[Member],
@@ -185,6 +196,7 @@ def extract_stream(
     *,
     archive: str,
     tar_size: int = 0,
+    members: int = 0,
     digests: bool = False,
     on_bytes: Callable[[int], None] | None = None,
 ) -> Written:
@@ -193,19 +205,25 @@ def extract_stream(
     One thread writes: writer threads were measured here and did not help (file creation is kernel
     time that serialises in ext4) while they took CPU from the hashing that overlaps extraction.
     `digests` also records the sha256 of every file written (cheap for small source layers).
-    `tar_size` (0: not declared) bounds the decompressed stream, and at most MAX_TRAILER bytes may
-    follow the end-of-archive block: past either is UnsafeArchiveError, raised while streaming.
+    `tar_size` bounds the decompressed stream (not declared, 0: tarscan.stream_bound of `expected`),
+    a declared `members` (0: not declared) and `expected` bound the member count, and at most
+    MAX_TRAILER bytes may follow the end-of-archive block: past any is UnsafeArchiveError, raised
+    while streaming.
     """
     umask, written = _UMASK, Written()
-    source = StreamSource(stream, archive=archive, limit=tar_size)
+    bound = "that its listed members allow (bundle.json declares no tar_size)" if not tar_size else ""
+    limit = tar_size or stream_bound(sum(m.size for m in expected), len(expected))
+    source = StreamSource(stream, archive=archive, limit=limit, bound=bound)
     dirs: DirFds | None = None
     try:
         os.makedirs(dest, exist_ok=True)
         dirs = DirFds(str(dest))
         _make_dirs(dirs, expected)
-        seen = 0
+        seen, most = 0, min(len(expected), members or len(expected))
         for m in iter_members(source, archive=archive):
-            if seen >= len(expected) or m.key() != expected[seen].key():
+            if seen >= most or m.key() != expected[seen].key():
+                if members and seen == members:
+                    raise member_count_error(archive, members, m.raw_name)
                 raise UnsafeArchiveError(
                     f"{archive}: member {m.raw_name!r} changed since it was validated",
                     archive=archive,

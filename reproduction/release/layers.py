@@ -24,9 +24,9 @@ from pathlib import Path
 
 from reproduction.digests import sha256_file
 from reproduction.errors import InvalidInputError, UnsafeArchiveError, WriteFailedError
-from reproduction.release.extract import Written, extract_stream
+from reproduction.release.extract import Written, extract_stream, member_count_error
 from reproduction.release.manifest import LayerEntry
-from reproduction.release.tarscan import KINDS, Member, StreamSource, iter_members, normalise
+from reproduction.release.tarscan import KINDS, Member, StreamSource, iter_members, normalise, stream_bound
 from reproduction.release.zstdio import open_decompressed, zstd_error
 from reproduction.ui import human_bytes
 
@@ -82,6 +82,11 @@ def _row(row: list) -> Member:
         raise ValueError(f"row {row!r:.80}: mode and size must be small non-negative integers")
     if normalise(name) != name:
         raise ValueError(f"row {row!r:.80}: unknown kind or a name that is not normalised")
+    if not (name.isascii() and link.isascii()):  # \udc80-\udcff are undecodable bytes; \ud800 names no file
+        try:
+            name.encode("utf-8", "surrogateescape"), link.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # restore failed on it as an internal error (audit45 F5)
+            raise ValueError(f"row {row!r:.80}: a name or link holds a lone surrogate such as \\ud800") from None
     return Member(name=name, raw_name=name, kind=kind, mode=mode, size=size, mtime=0, linkname=link)
 
 
@@ -143,15 +148,30 @@ def load_layer(bundle: Path, entry: LayerEntry, expected_sha: str) -> LoadedLaye
     listing: files adding up to more than a declared `unpacked_size` (before the member's data is
     decompressed), a stream longer than a declared `tar_size`, and more than MAX_TRAILER bytes after
     the end-of-archive block; with no unpacked_size declared, files adding up to more than the free
-    space is WriteFailedError (exit 8) as the space check after listing would be. Nothing is written.
+    space is WriteFailedError (exit 8) as the space check after listing would be. More members than
+    a declared `members` is UnsafeArchiveError at the header that passes it; with no tar_size the
+    stream is bounded by tarscan.stream_bound of what is declared (audit45 F3), and a layer that
+    declares neither tar_size nor members is InvalidInputError (exit 4) before anything is read.
     """
+    if not entry.tar_size and not entry.members:  # an archive of headers only would be unbounded (audit45 F3)
+        raise InvalidInputError(
+            f"bundle.json: layer {entry.archive} has no member index and declares neither tar_size nor members, "
+            f"so nothing bounds reading it; nothing was changed",
+            path=bundle / "bundle.json",
+            field="layers[].tar_size",
+            hint="ask its publisher to re-pack it with `portable pack`, which records both",
+        )
     path = bundle / entry.archive
     hasher = hashlib.sha256()
     try:
         with open_decompressed(path, hasher=hasher) as stream:
-            source = StreamSource(stream, archive=entry.archive, limit=entry.tar_size)
-            members: list[Member] = []
             files, free = 0, shutil.disk_usage(bundle).free if not entry.unpacked_size else 0
+            most = entry.members or 1 << 63
+            files_bound = "its unpacked_size" if entry.unpacked_size else "the free space"
+            bound = f"that its {entry.members} members and {files_bound} allow (bundle.json declares no tar_size)"
+            limit = entry.tar_size or stream_bound(entry.unpacked_size or free, entry.members)
+            source = StreamSource(stream, archive=entry.archive, limit=limit, bound="" if entry.tar_size else bound)
+            members: list[Member] = []
             for m in iter_members(source, archive=entry.archive):  # m's data is not read yet
                 members.append(m)
                 files += m.size  # 0 for anything but a file
@@ -159,6 +179,8 @@ def load_layer(bundle: Path, entry: LayerEntry, expected_sha: str) -> LoadedLaye
                     raise unpacked_size_error(entry, files)
                 if not entry.unpacked_size and files > free:  # undeclared: what the disk holds bounds the listing
                     need_space(bundle, files)
+                if len(members) > most:
+                    raise member_count_error(entry.archive, entry.members, m.raw_name)
             source.drain()  # the digest must cover the whole file
     except (zstd_error(), UnsafeArchiveError, WriteFailedError, EOFError, ValueError) as exc:
         digest = sha256_file(path)  # the compressed bytes only: a bomb is never decompressed to tell
@@ -200,6 +222,7 @@ def extract_layer(
                 dest,
                 archive=layer.entry.archive,
                 tar_size=layer.entry.tar_size,
+                members=layer.entry.members,
                 digests=digests,
                 on_bytes=on_bytes,
             )

@@ -135,7 +135,15 @@ def check_relative_path(rel: str, *, where: str, path: Path | None = None) -> st
             field=where,
             hint="the manifest is damaged or hostile; do not use this bundle",
         )
-    encoded = rel.encode("utf-8", "surrogatepass")
+    try:  # surrogateescape: a name of undecodable bytes (\udc80-\udcff) is a real file name, \ud800 is none
+        encoded = rel.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise InvalidInputError(  # else verify or restore met it as an internal error (audit45 F5)
+            f"{where}: path {rel[:60]!r} holds a lone surrogate such as \\ud800, which no file name has",
+            path=path,
+            field=where,
+            hint="the manifest is damaged or hostile; do not use this bundle",
+        ) from None
     if len(encoded) > PATH_MAX or any(len(part) > NAME_MAX for part in encoded.split(b"/")):
         raise InvalidInputError(  # else verify or restore met it as exit 8 "cannot write" (audit F11)
             f"{where}: path {rel[:60]!r}... is longer than filesystems allow ({NAME_MAX} bytes a component, "

@@ -81,12 +81,26 @@ RECORD = 10240
 """The record size tarfile and GNU tar pad an archive to (the bytes after its end-of-archive block)."""
 MAX_TRAILER = 1 << 20
 """Most decompressed bytes accepted after the end-of-archive block: 100 records, room for any blocking factor."""
+MEMBER_META = 16 << 10
+"""Stream bytes one member may take besides its data where no tar_size bounds the stream: its header, a pax
+header of path and linkpath (4095 bytes each) and a few more records, or GNU long names, and its data's padding."""
+WINDOW = 4 << 20
+"""StreamSource's read-ahead window."""
 MAX_MTIME = (1 << 62) // 1_000_000_000
 """Largest |mtime| in seconds whose nanoseconds fit the int64 that utime takes."""
 
 
+PAX_KEYS = frozenset((b"path", b"linkpath", b"size", b"mtime"))
+"""The pax keys iter_members reads; the others (uid, uname, atime, xattrs, ...) are checked for form, then dropped."""
+
+
 def _parse_pax(data: bytes, archive: str = "") -> dict[str, str]:
-    """Records `LEN key=value\\n`; every record must advance (LEN covers at least its own text)."""
+    """Records `LEN key=value\\n`; every record must advance (LEN covers at least its own text).
+
+    Only PAX_KEYS are kept, so a header's dict holds at most four keys whatever it carries: 'g'
+    headers accumulate across the archive and are merged into every member's fields, and keeping
+    every distinct key made that unbounded memory and quadratic time (audit45 F2).
+    """
     out: dict[str, str] = {}
     pos = 0
     while pos < len(data) and data[pos] != 0:
@@ -101,7 +115,8 @@ def _parse_pax(data: bytes, archive: str = "") -> dict[str, str]:
         key, eq, value = data[space + 1 : end - 1].partition(b"=")
         if not eq or not key:
             raise _corrupt(f"pax record at offset {pos} is not key=value", archive)
-        out[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
+        if key in PAX_KEYS:
+            out[key.decode("ascii")] = value.decode("utf-8", "surrogateescape")
         pos = end
     return out
 
@@ -122,6 +137,17 @@ def _pax_mtime(value: str, archive: str) -> int:
     return int(seconds)
 
 
+def stream_bound(files: int, members: int) -> int:
+    """The most decompressed bytes a tar of `members` members whose files add up to `files` bytes needs.
+
+    For a layer that declares no tar_size (audit45 F3: an archive of headers only was unbounded, since
+    file sizes count no header): the files, MEMBER_META a member, the end-of-archive blocks and
+    MAX_TRAILER, plus one WINDOW of read-ahead so that the checks made at each header (unpacked_size,
+    free space, member count) refuse a stream first, with their own message.
+    """
+    return files + members * MEMBER_META + 2 * BLOCK + MAX_TRAILER + WINDOW
+
+
 def normalise(name: str) -> str:
     """'./a//b/' -> 'a/b'; '.' -> ''. Leading '/' and '..' are kept for safety.py to refuse."""
     if name and name[0] not in "./" and name[-1] not in "/." and "//" not in name and "/." not in name:
@@ -139,7 +165,9 @@ class StreamSource:
     `read_data` returns memoryviews into the window: use each before asking for more.
     """
 
-    def __init__(self, stream: IO[bytes], window: int = 4 << 20, *, archive: str = "", limit: int = 0) -> None:
+    def __init__(
+        self, stream: IO[bytes], window: int = WINDOW, *, archive: str = "", limit: int = 0, bound: str = ""
+    ) -> None:
         self.stream = stream
         self.buf = bytearray(window)
         self.view = memoryview(self.buf)
@@ -147,7 +175,8 @@ class StreamSource:
         self.left = 0  # bytes of the current member's data not yet consumed
         self.pad = 0  # padding after it
         self.archive = archive
-        self.limit = limit  # the tar_size bundle.json declares (0: not declared, no bound but MAX_TRAILER's)
+        self.limit = limit  # the tar_size bundle.json declares, or stream_bound's (0: no bound but MAX_TRAILER's)
+        self.bound = bound  # what `limit` is, when not the declared tar_size (for the message)
         self.total = 0  # decompressed bytes read from the stream so far
 
     def _read(self, view: memoryview) -> int:
@@ -162,8 +191,8 @@ class StreamSource:
         self.total += n
         if self.limit and self.total > self.limit:
             raise UnsafeArchiveError(
-                f"{self.archive}: decompresses to more than the {self.limit} bytes bundle.json declares as its "
-                f"tar_size; nothing was changed",
+                f"{self.archive}: decompresses to more than the {self.limit} bytes "
+                f"{self.bound or 'bundle.json declares as its tar_size'}; nothing was changed",
                 archive=self.archive,
                 hint="do not use this bundle; ask its publisher to re-pack it with `portable pack`",
             )
@@ -247,7 +276,7 @@ class StreamSource:
         """
         consumed = self.total - (self.end - self.start)
         self.start = self.end = 0
-        while self._read(self.view[: MAX_TRAILER + 1]):
+        while True:  # checked before each read too: what the window already holds counts (audit45 F6)
             if self.total - consumed > MAX_TRAILER:
                 raise UnsafeArchiveError(
                     f"{self.archive}: more than {MAX_TRAILER} bytes follow the tar's end-of-archive block "
@@ -255,6 +284,8 @@ class StreamSource:
                     archive=self.archive,
                     hint="do not use this bundle; ask its publisher to re-pack it with `portable pack`",
                 )
+            if not self._read(self.view[: MAX_TRAILER + 1]):
+                return
 
 
 def _checksum_ok(block: bytes, stored: int) -> bool:
