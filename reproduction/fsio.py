@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -15,7 +16,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # The writer's pid in the name: a SIGKILL skips the `finally` below, and remove_orphaned_temps then knows whose
+    # leftover it is (TEMP_NAME).
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         # mkstemp creates 0600; give the file the mode a plain open() would (or the old file's).
         try:
@@ -123,6 +126,25 @@ def refuse_file_for_folder(path: str | os.PathLike[str], *, hint: str) -> None:
     if probe.exists() and not probe.is_dir():
         inside = "" if probe == given.absolute() else f"cannot create {given}: "
         raise InputNotFoundError(f"{inside}{probe if inside else given} is a file, not a folder", path=given, hint=hint)
+
+
+TEMP_NAME = re.compile(r"\..+\.(\d+)\.[a-z0-9_]{8}\.tmp")
+"""atomic_write_bytes' temp file: `.<name>.<writer pid>.<mkstemp's 8 random characters>.tmp`."""
+
+
+def remove_orphaned_temps(root: Path) -> list[Path]:
+    """Remove the temp files atomic_write_bytes left anywhere under `root` (links not followed) whose writer is
+    gone, and return them: a SIGKILL in the middle of a write leaves one, and nothing else would ever remove it.
+    A live process's (a run's lingering worker, or this one's) is left alone."""
+    removed = []
+    for top, _dirs, files in os.walk(root):
+        for name in files:
+            found = TEMP_NAME.fullmatch(name)
+            if found and not _alive(int(found.group(1))):
+                path = Path(top) / name
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
 
 
 def remove_orphaned_staging(folder: Path, stem: str) -> list[Path]:

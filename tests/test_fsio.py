@@ -53,3 +53,40 @@ def test_orphaned_staging_folders_of_dead_processes_are_removed_live_ones_kept(t
         (folder / "sub").mkdir(parents=True)
     assert remove_orphaned_staging(tmp_path, ".tokenizer") == [gone]
     assert not gone.exists() and mine.is_dir() and other.is_dir()
+
+
+def test_atomic_writes_name_their_temp_by_pid_and_orphans_of_dead_writers_are_removed(tmp_path, monkeypatch):
+    """A SIGKILL in the middle of atomic_write_bytes skips its `finally`: the kill sweep found `.run.json.<x>.tmp`,
+    evidence and lineage temps left in run folders for good. The temp carries the writer's pid, so a leftover
+    whose writer is gone can be told from one being written now (a lingering worker's, or this process's)."""
+    import re
+    import subprocess
+    import sys
+
+    from reproduction import fsio
+    from reproduction.fsio import TEMP_NAME, remove_orphaned_temps
+
+    seen = []
+    real = os.replace
+    monkeypatch.setattr(fsio.os, "replace", lambda src, dst: (seen.append(Path(src).name), real(src, dst)))
+    atomic_write_text(tmp_path / "run.json", "{}\n")
+    monkeypatch.undo()
+    assert re.fullmatch(rf"\.run\.json\.{os.getpid()}\.[a-z0-9_]{{8}}\.tmp", seen[0]) and TEMP_NAME.fullmatch(seen[0])
+
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
+    gone = [tmp_path / f".run.json.{dead}.abcd_123.tmp", tmp_path / "evidence" / f".e.json.{dead}.zzzzzzzz.tmp"]
+    kept = [
+        tmp_path / f".run.json.{os.getpid()}.abcd_123.tmp",  # a live writer's
+        tmp_path / ".notes.tmp",  # not fsio's name: a user's file
+        tmp_path / f".run.json.{dead}.short.tmp",
+    ]
+    for path in gone + kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("half")
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (outside / f".x.{dead}.abcdefgh.tmp").write_text("not under root")
+    (tmp_path / "linked").symlink_to(outside)  # links are not followed
+    assert sorted(remove_orphaned_temps(tmp_path)) == sorted(gone)
+    assert all(p.is_file() for p in kept) and not any(p.exists() for p in gone)
+    assert (outside / f".x.{dead}.abcdefgh.tmp").is_file()

@@ -428,3 +428,24 @@ def test_a_stop_after_the_statement_leaves_the_stage_to_redo_not_complete_withou
     report = run_recipe(two, Cfg(), run, RunOptions(resume=True, recorder=make_recorder(None)))
     assert [(s.name, s.action) for s in report.stages] == [("first", "skipped"), ("second", "ran")]
     assert verify_lineage(run).exit_code == 0
+
+
+def test_resume_removes_the_temp_files_a_killed_write_left(tmp_path):
+    """A kill in the middle of an atomic write (run.json, evidence, a statement, a stage's output) left its temp file
+    in the run folder for good; `--resume` removes those of writers that are gone (the kill sweep, audit45)."""
+    import subprocess
+
+    run = tmp_path / "run"
+    run_recipe(recipe(), Cfg(), run, RunOptions(recorder=make_recorder(None)))
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
+    left = [
+        run / f".run.json.{dead}.q1w2e3r4.tmp",
+        run / "lineage" / f".first.intoto.json.{dead}.abcdefgh.tmp",
+        run / "first" / f".out.txt.{dead}.zzzz_zzz.tmp",
+    ]
+    for path in left:
+        path.write_text("half")
+    (run / "first" / "notes.tmp").write_text("mine")
+    report = run_recipe(recipe(), Cfg(), run, RunOptions(resume=True, recorder=make_recorder(None)))
+    assert [s.action for s in report.stages] == ["skipped"]
+    assert not any(p.exists() for p in left) and (run / "first" / "notes.tmp").read_text() == "mine"

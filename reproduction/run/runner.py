@@ -43,7 +43,7 @@ from reproduction.errors import (
     StageKeyChangedError,
     StageProtocolError,
 )
-from reproduction.fsio import atomic_write_text
+from reproduction.fsio import atomic_write_text, remove_orphaned_temps
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
 from reproduction.run.config import select, to_plain
 from reproduction.run.guards import LOCK_FILE, refuse_links, run_lock, sigterm_as_interrupt
@@ -260,6 +260,8 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
             guard.enter_context(run_lock(run_dir))
             if state is None and read_state(run_dir) is not None:
                 raise RunStateError(f"{run_dir} already holds a run", path=run_dir, hint="choose a new --output")
+        if state is not None:  # what a killed attempt's writes left half-written (run.json, evidence, statements)
+            remove_orphaned_temps(run_dir)
         state = state or {
             "format_version": FORMAT_VERSION,
             "recipe": recipe.name,

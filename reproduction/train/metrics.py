@@ -7,10 +7,11 @@ Both are flushed at every record, so a kill loses at most the record being writt
 log is cut back to the checkpoint's step (records of steps the killed run took after its last
 checkpoint are dropped, a half-written last line too) and TensorBoard purges the same steps (a
 new event file whose first event carries `purge_step`), so an interrupted run's log and scalars
-read exactly like an uninterrupted one's (its tensorboard/ then holds one event file per attempt that reached a
-checkpoint: the earlier ones hold the steps up to it). A start from step 0 (a resume that found no complete
-checkpoint) empties both: the killed attempt's event files are removed, as its JSONL records are, since nothing
-would purge their steps and TensorBoard would show each of them twice.
+read exactly like an uninterrupted one's (its tensorboard/ then holds one event file per attempt since the last
+start from step 0, a resume that took no step included: the earlier ones hold the steps up to each checkpoint). A
+start from step 0 (a resume that found no complete checkpoint) empties both: the killed attempt's event files are
+removed, as its JSONL records are, since nothing would purge their steps and TensorBoard would show each of them
+twice.
 """
 
 from __future__ import annotations
