@@ -162,13 +162,22 @@ def remove_orphaned_staging(folder: Path, stem: str) -> list[Path]:
 
 
 def _alive(pid: int) -> bool:
+    """Whether `pid` is a running process. A zombie is not: a process killed with its parent (a SIGKILL to a run's
+    process group) stays one until init reaps it, which took longer than a `--resume` right after the kill."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process: alive
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rpartition(b")")[2].split()[:1]  # the field after "(comm)", which may hold ")"
+    except FileNotFoundError:  # Linux: it went away meanwhile; without /proc, kill(pid, 0) is all there is
+        return not os.path.isdir("/proc/self")
+    except OSError:
+        return True
+    return state != [b"Z"]
 
 
 def remove_tree(path: Path) -> None:

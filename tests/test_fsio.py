@@ -90,3 +90,30 @@ def test_atomic_writes_name_their_temp_by_pid_and_orphans_of_dead_writers_are_re
     assert sorted(remove_orphaned_temps(tmp_path)) == sorted(gone)
     assert all(p.is_file() for p in kept) and not any(p.exists() for p in gone)
     assert (outside / f".x.{dead}.abcdefgh.tmp").is_file()
+
+
+def test_a_zombie_writer_is_gone_and_its_temp_removed(tmp_path):
+    """A process killed together with its parent stays a zombie until init reaps it; the kill sweep's `--resume`
+    right after such a kill found the killed run's temp file kept as a live writer's."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from reproduction.fsio import _alive, remove_orphaned_temps
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert _alive(child.pid)
+        os.kill(child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while open(f"/proc/{child.pid}/stat").read().rpartition(")")[2].split()[0] != "Z":  # not reaped: a zombie
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        temp = tmp_path / f".run.json.{child.pid}.abcdefgh.tmp"
+        temp.write_text("half")
+        assert not _alive(child.pid) and remove_orphaned_temps(tmp_path) == [temp]
+    finally:
+        child.kill()
+        child.wait()
+    assert not _alive(child.pid)
