@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -18,7 +19,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # The writer's pid in the name: a SIGKILL skips the `finally` below, and remove_orphaned_temps then knows whose
     # leftover it is (TEMP_NAME).
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=TEMP_SUFFIX, dir=path.parent)
     try:
         # mkstemp creates 0600; give the file the mode a plain open() would (or the old file's).
         try:
@@ -128,22 +129,30 @@ def refuse_file_for_folder(path: str | os.PathLike[str], *, hint: str) -> None:
         raise InputNotFoundError(f"{inside}{probe if inside else given} is a file, not a folder", path=given, hint=hint)
 
 
-TEMP_NAME = re.compile(r"\..+\.(\d+)\.[a-z0-9_]{8}\.tmp")
-"""atomic_write_bytes' temp file: `.<name>.<writer pid>.<mkstemp's 8 random characters>.tmp`."""
+TEMP_SUFFIX = ".portable-tmp"
+"""The suffix of atomic_write_bytes' temp files: its own, so that no name a user or a recipe picks (`x.tmp`) is
+taken for one."""
+TEMP_NAME = re.compile(r"\..+\.(\d{1,7})\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX))
+"""atomic_write_bytes' temp file: `.<name>.<writer pid>.<mkstemp's 8 random characters>.portable-tmp` (a pid has at
+most 7 digits: Linux's PID_MAX_LIMIT is 4194304)."""
+PID_MAX = 1 << 22
+"""Linux's PID_MAX_LIMIT: no process has a larger pid."""
 
 
-def remove_orphaned_temps(root: Path) -> list[Path]:
+def remove_orphaned_temps(root: Path, keep: Iterable[Path] = ()) -> list[Path]:
     """Remove the temp files atomic_write_bytes left anywhere under `root` (links not followed) whose writer is
     gone, and return them: a SIGKILL in the middle of a write leaves one, and nothing else would ever remove it.
-    A live process's (a run's lingering worker, or this one's) is left alone."""
+    A live process's (a run's lingering worker, or this one's) is left alone, and so is every path in `keep` (the
+    run's recorded outputs: a file a stage wrote and returned is its own, whatever its name)."""
+    kept = {os.path.normpath(os.path.abspath(p)) for p in keep}
     removed = []
     for top, _dirs, files in os.walk(root):
         for name in files:
             found = TEMP_NAME.fullmatch(name)
-            if found and not _alive(int(found.group(1))):
-                path = Path(top) / name
-                path.unlink(missing_ok=True)
-                removed.append(path)
+            path = os.path.join(top, name)
+            if found and not _alive(int(found.group(1))) and os.path.normpath(os.path.abspath(path)) not in kept:
+                os.unlink(path)
+                removed.append(Path(path))
     return removed
 
 
@@ -163,7 +172,10 @@ def remove_orphaned_staging(folder: Path, stem: str) -> list[Path]:
 
 def _alive(pid: int) -> bool:
     """Whether `pid` is a running process. A zombie is not: a process killed with its parent (a SIGKILL to a run's
-    process group) stays one until init reaps it, which took longer than a `--resume` right after the kill."""
+    process group) stays one until init reaps it, which took longer than a `--resume` right after the kill. A number no
+    pid can be (a name that only looks like a temp file's or a staging folder's) counts as alive: left alone."""
+    if not 0 < pid <= PID_MAX:
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -52,7 +52,9 @@ def _half_written(path: Path, text: str) -> None:
     """What a kill in the middle of fsio.atomic_write_* leaves: a partial temp file, the target untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    (path.parent / f".{path.name}.{os.getpid()}.killedxx.tmp").write_text(text[: len(text) // 2])  # fsio's name
+    (path.parent / f".{path.name}.{os.getpid()}.killedxx.portable-tmp").write_text(
+        text[: len(text) // 2]
+    )  # fsio's name
 
 
 def plant(point: str) -> None:

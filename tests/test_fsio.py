@@ -71,25 +71,35 @@ def test_atomic_writes_name_their_temp_by_pid_and_orphans_of_dead_writers_are_re
     monkeypatch.setattr(fsio.os, "replace", lambda src, dst: (seen.append(Path(src).name), real(src, dst)))
     atomic_write_text(tmp_path / "run.json", "{}\n")
     monkeypatch.undo()
-    assert re.fullmatch(rf"\.run\.json\.{os.getpid()}\.[a-z0-9_]{{8}}\.tmp", seen[0]) and TEMP_NAME.fullmatch(seen[0])
+    assert re.fullmatch(rf"\.run\.json\.{os.getpid()}\.[a-z0-9_]{{8}}\.portable-tmp", seen[0]) and TEMP_NAME.fullmatch(
+        seen[0]
+    )
 
     dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
-    gone = [tmp_path / f".run.json.{dead}.abcd_123.tmp", tmp_path / "evidence" / f".e.json.{dead}.zzzzzzzz.tmp"]
+    gone = [
+        tmp_path / f".run.json.{dead}.abcd_123.portable-tmp",
+        tmp_path / "evidence" / f".e.json.{dead}.zzzzzzzz.portable-tmp",
+    ]
     kept = [
-        tmp_path / f".run.json.{os.getpid()}.abcd_123.tmp",  # a live writer's
+        tmp_path / f".run.json.{os.getpid()}.abcd_123.portable-tmp",  # a live writer's
         tmp_path / ".notes.tmp",  # not fsio's name: a user's file
-        tmp_path / f".run.json.{dead}.short.tmp",
+        tmp_path / f".notes.{dead}.abcdefgh.tmp",  # shaped like one but .tmp: a user's (audit45 recipes F1)
+        tmp_path / f".run.json.{dead}.short.portable-tmp",
+        tmp_path / ".x.99999999999999999999.abcdefgh.portable-tmp",  # no pid is that large (was an OverflowError)
+        tmp_path / f".out.{dead}.abcdefgh.portable-tmp",  # a recorded output: kept
     ]
     for path in gone + kept:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("half")
     outside = tmp_path.parent / f"{tmp_path.name}-outside"
     outside.mkdir()
-    (outside / f".x.{dead}.abcdefgh.tmp").write_text("not under root")
+    (outside / f".x.{dead}.abcdefgh.portable-tmp").write_text("not under root")
     (tmp_path / "linked").symlink_to(outside)  # links are not followed
-    assert sorted(remove_orphaned_temps(tmp_path)) == sorted(gone)
+    assert sorted(remove_orphaned_temps(tmp_path, keep=[tmp_path / f".out.{dead}.abcdefgh.portable-tmp"])) == sorted(
+        gone
+    )
     assert all(p.is_file() for p in kept) and not any(p.exists() for p in gone)
-    assert (outside / f".x.{dead}.abcdefgh.tmp").is_file()
+    assert (outside / f".x.{dead}.abcdefgh.portable-tmp").is_file()
 
 
 def test_a_zombie_writer_is_gone_and_its_temp_removed(tmp_path):
@@ -110,7 +120,7 @@ def test_a_zombie_writer_is_gone_and_its_temp_removed(tmp_path):
         while open(f"/proc/{child.pid}/stat").read().rpartition(")")[2].split()[0] != "Z":  # not reaped: a zombie
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        temp = tmp_path / f".run.json.{child.pid}.abcdefgh.tmp"
+        temp = tmp_path / f".run.json.{child.pid}.abcdefgh.portable-tmp"
         temp.write_text("half")
         assert not _alive(child.pid) and remove_orphaned_temps(tmp_path) == [temp]
     finally:

@@ -430,22 +430,43 @@ def test_a_stop_after_the_statement_leaves_the_stage_to_redo_not_complete_withou
     assert verify_lineage(run).exit_code == 0
 
 
-def test_resume_removes_the_temp_files_a_killed_write_left(tmp_path):
+def temp_named(ctx: StageContext) -> StageOutput:
+    """A stage whose outputs are named like the runner's temp files: its own, kept (audit45 recipes F1, F2)."""
+    names = [f".data.{ctx.config.train.lr:.0f}.zzzzzzzz.portable-tmp", ".x.99999999999999999999.abcdefgh.portable-tmp"]
+    for name in names:
+        (ctx.out_dir / name).write_text("the stage's\n")
+    return StageOutput(files=[ctx.out_dir / n for n in names])
+
+
+def test_resume_removes_the_temp_files_a_killed_write_left_and_nothing_else(tmp_path, capsys):
     """A kill in the middle of an atomic write (run.json, evidence, a statement, a stage's output) left its temp file
-    in the run folder for good; `--resume` removes those of writers that are gone (the kill sweep, audit45)."""
+    in the run folder for good; `--resume` removes those of writers that are gone (the kill sweep, audit45), and
+    says so: never a recorded output or a file of the user's named like one."""
     import subprocess
 
     run = tmp_path / "run"
-    run_recipe(recipe(), Cfg(), run, RunOptions(recorder=make_recorder(None)))
     dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
+    own = StageSpec(name="own", fn=f"{__name__}:temp_named", config=("train",), inputs=False)
+    both = Recipe(name="proto", stages=(spec(), own))
+    run_recipe(both, Cfg(train=Train(lr=float(dead))), run, RunOptions(recorder=make_recorder(None)))
     left = [
-        run / f".run.json.{dead}.q1w2e3r4.tmp",
-        run / "lineage" / f".first.intoto.json.{dead}.abcdefgh.tmp",
-        run / "first" / f".out.txt.{dead}.zzzz_zzz.tmp",
+        run / f".run.json.{dead}.q1w2e3r4.portable-tmp",
+        run / "lineage" / f".first.intoto.json.{dead}.abcdefgh.portable-tmp",
+        run / "first" / f".out.txt.{dead}.zzzz_zzz.portable-tmp",
     ]
     for path in left:
         path.write_text("half")
-    (run / "first" / "notes.tmp").write_text("mine")
-    report = run_recipe(recipe(), Cfg(), run, RunOptions(resume=True, recorder=make_recorder(None)))
-    assert [s.action for s in report.stages] == ["skipped"]
-    assert not any(p.exists() for p in left) and (run / "first" / "notes.tmp").read_text() == "mine"
+    mine = [run / "first" / "notes.tmp", run / f".notes.{dead}.abcdefgh.tmp"]
+    for path in mine:
+        path.write_text("mine")
+    capsys.readouterr()
+    report = run_recipe(
+        both, Cfg(train=Train(lr=float(dead))), run, RunOptions(resume=True, recorder=make_recorder(None))
+    )
+    assert [s.action for s in report.stages] == ["skipped", "skipped"]
+    assert not any(p.exists() for p in left) and all(p.read_text() == "mine" for p in mine)
+    assert sorted(p.name for p in (run / "own").iterdir()) == sorted(
+        [f".data.{dead}.zzzzzzzz.portable-tmp", ".x.99999999999999999999.abcdefgh.portable-tmp"]
+    )
+    err = capsys.readouterr().err
+    assert "removed 3 temp file(s) that a killed write left: " in err and ".run.json." in err

@@ -200,7 +200,7 @@ def test_kill_nine_at_every_point_in_turn_then_resume_gives_the_same_evidence(wo
         assert got[name] == reference[name], f"after kills at {met}, stage {name} differs"
     assert got == reference
     # the "half" points leave a temp file as a killed atomic write does: --resume removes it
-    assert not sorted(run.rglob(".*.tmp")), "a killed write's temp file outlived --resume"
+    assert not sorted(run.rglob(".*.portable-tmp")), "a killed write's temp file outlived --resume"
 
 
 @pytest.mark.slow

@@ -261,7 +261,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
             if state is None and read_state(run_dir) is not None:
                 raise RunStateError(f"{run_dir} already holds a run", path=run_dir, hint="choose a new --output")
         if state is not None:  # what a killed attempt's writes left half-written (run.json, evidence, statements)
-            remove_orphaned_temps(run_dir)
+            _remove_orphaned_temps(run_dir, state, opts)
         state = state or {
             "format_version": FORMAT_VERSION,
             "recipe": recipe.name,
@@ -291,6 +291,25 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
             _write_state(run_dir, state)
         report = write_report(recipe, run_dir, changed=bool(walk.redone))  # under the lock: one writer at a time
     return RunReport(run_dir=run_dir, run_id=state["run_id"], stages=walk.reports, report=report)
+
+
+def _remove_orphaned_temps(run_dir: Path, state: dict[str, Any], opts: RunOptions) -> None:
+    """Remove the temp files killed atomic writes left in the run folder (fsio.remove_orphaned_temps), never a
+    stage's recorded output, and say which in one line."""
+    outputs = [
+        run_dir / name / rel
+        for name, rec in (state.get("stages") or {}).items()
+        if isinstance(rec, dict)
+        for rel in (rec.get("outputs") or {})
+    ]
+    removed = remove_orphaned_temps(run_dir, keep=outputs)
+    if removed:
+        from reproduction.ui import say
+
+        names = ", ".join(p.relative_to(run_dir).as_posix() for p in removed[:3]) + (
+            ", ..." if len(removed) > 3 else ""
+        )
+        say(f"removed {len(removed)} temp file(s) that a killed write left: {names}", options=opts.ui)
 
 
 def write_report(recipe: Recipe, run_dir: Path, *, changed: bool = True) -> Path | None:
