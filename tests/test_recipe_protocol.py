@@ -57,9 +57,27 @@ def write(ctx: StageContext) -> StageOutput:
         (ctx.out_dir / "link.txt").symlink_to(target)
     if mode == "not_a_file":
         return StageOutput(files=[ctx.out_dir / "never-written.txt"])
+    if mode in PLACEMENTS:
+        return StageOutput(files=[out], **PLACEMENTS[mode]())
     if mode == "diverged":
         return StageOutput(files=[out], summary={"loss": float("nan"), "curve": [1.0, float("inf")], "g": -math.inf})
     return StageOutput(files=[out], summary={"lr": ctx.config.train.lr})
+
+
+API_KEY = "s3cr3t-value-123"  # the value of MY_API_KEY in the tests that set it
+HF = "hf_" + "Q7rT2" * 7
+PLACEMENTS = {  # mode -> StageOutput's world_size / device (callables: numpy and torch are imported when used)
+    "ws_four": lambda: {"world_size": "four"},
+    "ws_float": lambda: {"world_size": 2.7},
+    "ws_true": lambda: {"world_size": True},
+    "ws_neg": lambda: {"world_size": -3},
+    "ws_zero": lambda: {"world_size": 0},
+    "ws_none": lambda: {"world_size": None},
+    "ws_numpy": lambda: {"world_size": __import__("numpy").int64(2)},
+    "dev_torch": lambda: {"world_size": 2, "device": __import__("torch").device("cpu")},
+    "dev_none": lambda: {"device": None},
+    "dev_secret": lambda: {"device": f"cuda:0 {API_KEY} {HF}"},
+}
 
 
 def steal(ctx: StageContext) -> StageOutput:
@@ -449,3 +467,25 @@ def test_resume_removes_the_temp_files_a_killed_write_left(tmp_path):
     report = run_recipe(recipe(), Cfg(), run, RunOptions(resume=True, recorder=make_recorder(None)))
     assert [s.action for s in report.stages] == ["skipped"]
     assert not any(p.exists() for p in left) and (run / "first" / "notes.tmp").read_text() == "mine"
+
+
+def _statement(run: Path, stage: str = "first") -> dict:
+    doc = json.loads((run / "lineage" / f"{stage}.intoto.json").read_text())
+    return doc["predicate"]["buildDefinition"]["internalParameters"]
+
+
+def test_a_secret_in_the_device_is_redacted_in_the_statement_as_in_run_json(tmp_path, monkeypatch):
+    """Before: a device string holding a token (an environment secret's value, an hf_ token) was written as it was
+    into the statement's internalParameters.device (run.json's copy was redacted), and a statement written again
+    from run.json then differed from the one the run wrote (audit45 #3)."""
+    monkeypatch.setenv("MY_API_KEY", API_KEY)
+    run = tmp_path / "run"
+    run_recipe(recipe(), Cfg(mode="dev_secret"), run, RunOptions(recorder=make_recorder(None)))
+    statement = run / "lineage" / "first.intoto.json"
+    written = statement.read_bytes()
+    assert _statement(run)["device"] == "cuda:0 <redacted> <redacted>"
+    assert _status(run)["lineage"]["device"] == "cuda:0 <redacted> <redacted>"
+    assert API_KEY.encode() not in written and HF.encode() not in written
+    statement.unlink()
+    run_recipe(recipe(), Cfg(mode="dev_secret"), run, RunOptions(resume=True, recorder=make_recorder(None)))
+    assert statement.read_bytes() == written
