@@ -489,3 +489,37 @@ def test_a_secret_in_the_device_is_redacted_in_the_statement_as_in_run_json(tmp_
     statement.unlink()
     run_recipe(recipe(), Cfg(mode="dev_secret"), run, RunOptions(resume=True, recorder=make_recorder(None)))
     assert statement.read_bytes() == written
+
+
+@pytest.mark.parametrize("mode", ["ws_four", "ws_float", "ws_true", "ws_neg", "ws_zero", "ws_none"])
+def test_a_world_size_that_is_no_integer_of_at_least_1_is_exit_54(tmp_path, mode):
+    """Before: "four" failed after the stage with an internal ValueError (exit 1), 2.7 was 2.7 in run.json but 2 in
+    the statement, True was true / 1, -3 and 0 were recorded (audit45 #6)."""
+    run = tmp_path / "run"
+    with pytest.raises(StageProtocolError, match="whose world_size is .*, expected an integer >= 1") as err:
+        run_recipe(recipe(), Cfg(mode=mode), run, RunOptions(recorder=make_recorder(None)))
+    assert err.value.exit_code == 54 and "stage first" in str(err.value)
+    assert _status(run)["status"] == "failed" and not (run / "lineage" / "first.intoto.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("mode", "world_size", "device"), [("ws_numpy", 2, "cpu"), ("dev_torch", 2, "cpu"), ("dev_none", 1, None)]
+)
+def test_a_numpy_world_size_and_a_torch_device_are_recorded_alike_in_run_json_and_the_statement(
+    tmp_path, mode, world_size, device
+):
+    """Before: numpy.int64(2) was the string "2" in run.json (and 2 in the statement), which --resume then read."""
+    if mode != "dev_none":
+        pytest.importorskip("numpy" if mode == "ws_numpy" else "torch")
+    run = tmp_path / "run"
+    report = run_recipe(recipe(), Cfg(mode=mode), run, RunOptions(recorder=make_recorder(None)))
+    output = report.stages[0].output
+    assert (type(output.world_size), output.world_size, output.device) == (int, world_size, device)
+    recorded = _status(run)["lineage"]
+    assert (recorded["world_size"], recorded["device"]) == (world_size, device)
+    assert (_statement(run)["world_size"], _statement(run)["device"]) == (world_size, device)
+    statement = run / "lineage" / "first.intoto.json"
+    written = statement.read_bytes()
+    statement.unlink()
+    run_recipe(recipe(), Cfg(mode=mode), run, RunOptions(resume=True, recorder=make_recorder(None)))
+    assert statement.read_bytes() == written

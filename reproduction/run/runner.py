@@ -25,6 +25,7 @@ import contextlib
 import inspect
 import json
 import math
+import numbers
 import os
 import shutil
 import sys
@@ -737,7 +738,24 @@ def call_stage(spec: StageSpec, ctx: StageContext) -> StageOutput:
             hint="give the summary string keys and JSON values (numbers, strings, lists, dicts)",
         ) from None
     output.summary = finite_json(output.summary)
+    output.world_size, output.device = _placement(spec, output)
     return output
+
+
+def _placement(spec: StageSpec, output: StageOutput) -> tuple[int, str | None]:
+    """The StageOutput's world size (an integer >= 1: a numpy integer becomes an int) and device (None, or a string:
+    a torch.device becomes its str(), as the statement writes it), so run.json and the statement record the same
+    values; StageProtocolError (exit 54) for a world size that is no integer >= 1 (a float, a bool, a string)."""
+    ws = output.world_size
+    if not isinstance(ws, numbers.Integral) or isinstance(ws, bool) or int(ws) < 1:
+        raise StageProtocolError(
+            f"stage {spec.name} ({spec.fn}) returned a StageOutput whose world_size is {type(ws).__name__} {ws!r:.60}, "
+            "expected an integer >= 1",
+            stage=spec.name,
+            hint="world_size: the number of processes the stage ran on (1 for one), e.g. dist.get_world_size()",
+        )
+    device = output.device
+    return int(ws), device if device is None or isinstance(device, str) else str(device)
 
 
 def finite_json(obj: Any) -> Any:
