@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from reproduction.errors import ConfigError, MissingDependencyError, StageProtocolError
+from reproduction.errors import ConfigError, MissingDependencyError, RunStateError, StageProtocolError
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
 from reproduction.run.lineage_check import verify_lineage
 from reproduction.run.record import make_recorder
@@ -523,3 +523,49 @@ def test_a_numpy_world_size_and_a_torch_device_are_recorded_alike_in_run_json_an
     statement.unlink()
     run_recipe(recipe(), Cfg(mode=mode), run, RunOptions(resume=True, recorder=make_recorder(None)))
     assert statement.read_bytes() == written
+
+
+def _drop(key):
+    return lambda lineage: lineage.pop(key)
+
+
+def _put(key, value):
+    return lambda lineage: lineage.__setitem__(key, value)
+
+
+@pytest.mark.parametrize(
+    ("damage", "field", "words"),
+    [
+        (lambda lineage: lineage.clear(), "argv", "is missing"),
+        (_drop("world_size"), "world_size", "is missing"),
+        (_drop("device"), "device", "is missing"),
+        (_drop("argv"), "argv", "is missing"),
+        (_drop("versions"), "versions", "is missing"),
+        (_drop("resumed_from_path"), "resumed_from_path", "is missing"),
+        (_drop("config_sha256"), "config_sha256", "is missing"),
+        (_put("world_size", "four"), "world_size", "is a string 'four', expected an integer >= 1"),
+        (_put("world_size", None), "world_size", "is null, expected an integer >= 1"),
+        (_put("world_size", 0), "world_size", "expected an integer >= 1"),
+        (_put("device", 5), "device", "expected a string or null"),
+        (_put("argv", [1, 2]), "argv", "expected a list of strings"),
+        (_put("argv", "portable run"), "argv", "expected a list of strings"),
+        (_put("versions", "abc"), "versions", "expected null or a list of [name, version] string pairs"),
+        (_put("versions", [[1, 2, 3]]), "versions", "expected null or a list of [name, version] string pairs"),
+        (_put("versions", {"python": "3.11"}), "versions", "expected null or a list of [name, version]"),
+        (_put("resumed_from_path", 5), "resumed_from_path", "expected a string (a checkpoint's path) or null"),
+        (_put("config_sha256", "abc"), "config_sha256", "expected a sha256"),
+    ],
+)
+def test_a_damaged_lineage_record_is_exit_55_naming_the_field(tmp_path, damage, field, words):
+    """Before: each of these made a --resume that writes a lost statement again an internal error (exit 1), and an
+    empty `lineage` was said to record another config (audit45 #4). run.json's load now names the field."""
+    run = tmp_path / "run"
+    run_recipe(recipe(), Cfg(), run, RunOptions(recorder=make_recorder(None)))
+    doc = json.loads((run / "run.json").read_text())
+    damage(doc["stages"]["first"]["lineage"])
+    (run / "run.json").write_text(json.dumps(doc))
+    (run / "lineage" / "first.intoto.json").unlink()
+    with pytest.raises(RunStateError) as err:
+        run_recipe(recipe(), Cfg(), run, RunOptions(resume=True, recorder=make_recorder(None)))
+    assert err.value.exit_code == 55 and f"stages.first.lineage.{field} " in str(err.value), str(err.value)
+    assert words in str(err.value) and "\n" not in str(err.value)
