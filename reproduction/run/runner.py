@@ -667,7 +667,10 @@ def _rewrite_lost_statement(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -
     BUNDLE) and its manifest and layers, the opened inputs' folders (their fingerprints are in the key, not their
     paths), and the starting weights and the checkpoint continued from (hashed again; one since deleted is left out).
     Not written (one line says why) when the record has no `lineage` (written before run.json kept it) or the
-    config differs from the one the statement recorded (a key declared not to change outputs was changed)."""
+    config differs from the one the statement recorded (a key declared not to change outputs was changed). A
+    rewritten statement is as true as run.json: its `lineage` is checked for shape when run.json is loaded
+    (record.check_state, exit 55), not for truth, so a hand-edited command line, world size, device, versions or
+    checkpoint path is written as given."""
     from reproduction.run.lineage import statement_path
     from reproduction.ui import say
 
