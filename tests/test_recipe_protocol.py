@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from reproduction.errors import ConfigError, MissingDependencyError, StageProtocolError
+from reproduction.errors import ConfigError, MissingDependencyError, RunStateError, StageProtocolError
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
 from reproduction.run.lineage_check import verify_lineage
 from reproduction.run.record import make_recorder
@@ -57,9 +57,27 @@ def write(ctx: StageContext) -> StageOutput:
         (ctx.out_dir / "link.txt").symlink_to(target)
     if mode == "not_a_file":
         return StageOutput(files=[ctx.out_dir / "never-written.txt"])
+    if mode in PLACEMENTS:
+        return StageOutput(files=[out], **PLACEMENTS[mode]())
     if mode == "diverged":
         return StageOutput(files=[out], summary={"loss": float("nan"), "curve": [1.0, float("inf")], "g": -math.inf})
     return StageOutput(files=[out], summary={"lr": ctx.config.train.lr})
+
+
+API_KEY = "s3cr3t-value-123"  # the value of MY_API_KEY in the tests that set it
+HF = "hf_" + "Q7rT2" * 7
+PLACEMENTS = {  # mode -> StageOutput's world_size / device (callables: numpy and torch are imported when used)
+    "ws_four": lambda: {"world_size": "four"},
+    "ws_float": lambda: {"world_size": 2.7},
+    "ws_true": lambda: {"world_size": True},
+    "ws_neg": lambda: {"world_size": -3},
+    "ws_zero": lambda: {"world_size": 0},
+    "ws_none": lambda: {"world_size": None},
+    "ws_numpy": lambda: {"world_size": __import__("numpy").int64(2)},
+    "dev_torch": lambda: {"world_size": 2, "device": __import__("torch").device("cpu")},
+    "dev_none": lambda: {"device": None},
+    "dev_secret": lambda: {"device": f"cuda:0 {API_KEY} {HF}"},
+}
 
 
 def steal(ctx: StageContext) -> StageOutput:
@@ -470,3 +488,105 @@ def test_resume_removes_the_temp_files_a_killed_write_left_and_nothing_else(tmp_
     )
     err = capsys.readouterr().err
     assert "removed 3 temp file(s) that a killed write left: " in err and ".run.json." in err
+
+
+def _statement(run: Path, stage: str = "first") -> dict:
+    doc = json.loads((run / "lineage" / f"{stage}.intoto.json").read_text())
+    return doc["predicate"]["buildDefinition"]["internalParameters"]
+
+
+def test_a_secret_in_the_device_is_redacted_in_the_statement_as_in_run_json(tmp_path, monkeypatch):
+    """Before: a device string holding a token (an environment secret's value, an hf_ token) was written as it was
+    into the statement's internalParameters.device (run.json's copy was redacted), and a statement written again
+    from run.json then differed from the one the run wrote (audit45 #3)."""
+    monkeypatch.setenv("MY_API_KEY", API_KEY)
+    run = tmp_path / "run"
+    run_recipe(recipe(), Cfg(mode="dev_secret"), run, RunOptions(recorder=make_recorder(None)))
+    statement = run / "lineage" / "first.intoto.json"
+    written = statement.read_bytes()
+    assert _statement(run)["device"] == "cuda:0 <redacted> <redacted>"
+    assert _status(run)["lineage"]["device"] == "cuda:0 <redacted> <redacted>"
+    assert API_KEY.encode() not in written and HF.encode() not in written
+    statement.unlink()
+    run_recipe(recipe(), Cfg(mode="dev_secret"), run, RunOptions(resume=True, recorder=make_recorder(None)))
+    assert statement.read_bytes() == written
+
+
+@pytest.mark.parametrize("mode", ["ws_four", "ws_float", "ws_true", "ws_neg", "ws_zero", "ws_none"])
+def test_a_world_size_that_is_no_integer_of_at_least_1_is_exit_54(tmp_path, mode):
+    """Before: "four" failed after the stage with an internal ValueError (exit 1), 2.7 was 2.7 in run.json but 2 in
+    the statement, True was true / 1, -3 and 0 were recorded (audit45 #6)."""
+    run = tmp_path / "run"
+    with pytest.raises(StageProtocolError, match="whose world_size is .*, expected an integer >= 1") as err:
+        run_recipe(recipe(), Cfg(mode=mode), run, RunOptions(recorder=make_recorder(None)))
+    assert err.value.exit_code == 54 and "stage first" in str(err.value)
+    assert _status(run)["status"] == "failed" and not (run / "lineage" / "first.intoto.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("mode", "world_size", "device"), [("ws_numpy", 2, "cpu"), ("dev_torch", 2, "cpu"), ("dev_none", 1, None)]
+)
+def test_a_numpy_world_size_and_a_torch_device_are_recorded_alike_in_run_json_and_the_statement(
+    tmp_path, mode, world_size, device
+):
+    """Before: numpy.int64(2) was the string "2" in run.json (and 2 in the statement), which --resume then read."""
+    if mode != "dev_none":
+        pytest.importorskip("numpy" if mode == "ws_numpy" else "torch")
+    run = tmp_path / "run"
+    report = run_recipe(recipe(), Cfg(mode=mode), run, RunOptions(recorder=make_recorder(None)))
+    output = report.stages[0].output
+    assert (type(output.world_size), output.world_size, output.device) == (int, world_size, device)
+    recorded = _status(run)["lineage"]
+    assert (recorded["world_size"], recorded["device"]) == (world_size, device)
+    assert (_statement(run)["world_size"], _statement(run)["device"]) == (world_size, device)
+    statement = run / "lineage" / "first.intoto.json"
+    written = statement.read_bytes()
+    statement.unlink()
+    run_recipe(recipe(), Cfg(mode=mode), run, RunOptions(resume=True, recorder=make_recorder(None)))
+    assert statement.read_bytes() == written
+
+
+def _drop(key):
+    return lambda lineage: lineage.pop(key)
+
+
+def _put(key, value):
+    return lambda lineage: lineage.__setitem__(key, value)
+
+
+@pytest.mark.parametrize(
+    ("damage", "field", "words"),
+    [
+        (lambda lineage: lineage.clear(), "argv", "is missing"),
+        (_drop("world_size"), "world_size", "is missing"),
+        (_drop("device"), "device", "is missing"),
+        (_drop("argv"), "argv", "is missing"),
+        (_drop("versions"), "versions", "is missing"),
+        (_drop("resumed_from_path"), "resumed_from_path", "is missing"),
+        (_drop("config_sha256"), "config_sha256", "is missing"),
+        (_put("world_size", "four"), "world_size", "is a string 'four', expected an integer >= 1"),
+        (_put("world_size", None), "world_size", "is null, expected an integer >= 1"),
+        (_put("world_size", 0), "world_size", "expected an integer >= 1"),
+        (_put("device", 5), "device", "expected a string or null"),
+        (_put("argv", [1, 2]), "argv", "expected a list of strings"),
+        (_put("argv", "portable run"), "argv", "expected a list of strings"),
+        (_put("versions", "abc"), "versions", "expected null or a list of [name, version] string pairs"),
+        (_put("versions", [[1, 2, 3]]), "versions", "expected null or a list of [name, version] string pairs"),
+        (_put("versions", {"python": "3.11"}), "versions", "expected null or a list of [name, version]"),
+        (_put("resumed_from_path", 5), "resumed_from_path", "expected a string (a checkpoint's path) or null"),
+        (_put("config_sha256", "abc"), "config_sha256", "expected a sha256"),
+    ],
+)
+def test_a_damaged_lineage_record_is_exit_55_naming_the_field(tmp_path, damage, field, words):
+    """Before: each of these made a --resume that writes a lost statement again an internal error (exit 1), and an
+    empty `lineage` was said to record another config (audit45 #4). run.json's load now names the field."""
+    run = tmp_path / "run"
+    run_recipe(recipe(), Cfg(), run, RunOptions(recorder=make_recorder(None)))
+    doc = json.loads((run / "run.json").read_text())
+    damage(doc["stages"]["first"]["lineage"])
+    (run / "run.json").write_text(json.dumps(doc))
+    (run / "lineage" / "first.intoto.json").unlink()
+    with pytest.raises(RunStateError) as err:
+        run_recipe(recipe(), Cfg(), run, RunOptions(resume=True, recorder=make_recorder(None)))
+    assert err.value.exit_code == 55 and f"stages.first.lineage.{field} " in str(err.value), str(err.value)
+    assert words in str(err.value) and "\n" not in str(err.value)

@@ -37,7 +37,7 @@ from reproduction.digests import sha256_file, sha256_files
 from reproduction.errors import InvalidInputError
 from reproduction.fsio import atomic_write_text
 from reproduction.numerics import cpu_kernels
-from reproduction.run.secrets import redact, redact_argv, secret_values
+from reproduction.run.secrets import redact, redact_argv, redact_text, secret_values
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -329,7 +329,7 @@ def build_statement(run: StageRun) -> dict[str, Any]:
                 },
                 "internalParameters": {
                     "world_size": int(run.world_size),
-                    "device": run.device,
+                    "device": redact_text(str(run.device), secrets=secrets) if run.device is not None else None,
                     "versions": versions,
                     "status": run.status,
                     "resumed_from": resumed,

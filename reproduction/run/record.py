@@ -69,6 +69,39 @@ _STAGE_FIELDS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
 )
 
 
+def _version_pairs(v: Any) -> bool:
+    return isinstance(v, list) and all(
+        isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and (p[1] is None or isinstance(p[1], str))
+        for p in v
+    )
+
+
+# (key, test, expected) for every key of a stage record's `lineage`, all required: --resume writes a lost statement
+# again from them (runner._rewrite_lost_statement), so a damaged one is refused here, not deep in the writer
+_LINEAGE_FIELDS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("argv", lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v), "a list of strings (the command)"),
+    ("world_size", lambda v: _int(v) and v >= 1, "an integer >= 1"),
+    ("device", lambda v: v is None or isinstance(v, str), "a string or null"),
+    ("resumed_from_path", lambda v: v is None or isinstance(v, str), "a string (a checkpoint's path) or null"),
+    ("versions", lambda v: v is None or _version_pairs(v), "null or a list of [name, version] string pairs"),
+    (
+        "config_sha256",
+        lambda v: isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v),
+        "a sha256 (64 lowercase hex digits)",
+    ),
+)
+
+
+def _lineage_problem(where: str, params: dict[str, Any]) -> str | None:
+    for key, test, expected in _LINEAGE_FIELDS:
+        if key not in params:
+            return f"{where}.lineage.{key} is missing, expected {expected}"
+        if not test(params[key]):
+            shown = "null" if params[key] is None else f"{_kind(params[key])} {params[key]!r:.60}"
+            return f"{where}.lineage.{key} is {shown}, expected {expected}"
+    return None
+
+
 def _stage_problem(name: str, rec: Any) -> str | None:
     where = f"stages.{name}"
     if not isinstance(rec, dict):
@@ -80,6 +113,10 @@ def _stage_problem(name: str, rec: Any) -> str | None:
     for key, test, expected in _STAGE_FIELDS:
         if key in rec and not test(rec[key]):
             return f"{where}.{key} is {_kind(rec[key])}, expected {expected}"
+    if "lineage" in rec:
+        problem = _lineage_problem(where, rec["lineage"])
+        if problem:
+            return problem
     outputs = rec.get("outputs")
     if outputs is None and rec["status"] == "complete":
         return f"{where}.outputs is missing (a complete stage records its outputs)"

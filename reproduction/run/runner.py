@@ -25,6 +25,7 @@ import contextlib
 import inspect
 import json
 import math
+import numbers
 import os
 import shutil
 import sys
@@ -685,7 +686,10 @@ def _rewrite_lost_statement(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -
     BUNDLE) and its manifest and layers, the opened inputs' folders (their fingerprints are in the key, not their
     paths), and the starting weights and the checkpoint continued from (hashed again; one since deleted is left out).
     Not written (one line says why) when the record has no `lineage` (written before run.json kept it) or the
-    config differs from the one the statement recorded (a key declared not to change outputs was changed)."""
+    config differs from the one the statement recorded (a key declared not to change outputs was changed). A
+    rewritten statement is as true as run.json: its `lineage` is checked for shape when run.json is loaded
+    (record.check_state, exit 55), not for truth, so a hand-edited command line, world size, device, versions or
+    checkpoint path is written as given."""
     from reproduction.run.lineage import statement_path
     from reproduction.ui import say
 
@@ -756,7 +760,24 @@ def call_stage(spec: StageSpec, ctx: StageContext) -> StageOutput:
             hint="give the summary string keys and JSON values (numbers, strings, lists, dicts)",
         ) from None
     output.summary = finite_json(output.summary)
+    output.world_size, output.device = _placement(spec, output)
     return output
+
+
+def _placement(spec: StageSpec, output: StageOutput) -> tuple[int, str | None]:
+    """The StageOutput's world size (an integer >= 1: a numpy integer becomes an int) and device (None, or a string:
+    a torch.device becomes its str(), as the statement writes it), so run.json and the statement record the same
+    values; StageProtocolError (exit 54) for a world size that is no integer >= 1 (a float, a bool, a string)."""
+    ws = output.world_size
+    if not isinstance(ws, numbers.Integral) or isinstance(ws, bool) or int(ws) < 1:
+        raise StageProtocolError(
+            f"stage {spec.name} ({spec.fn}) returned a StageOutput whose world_size is {type(ws).__name__} {ws!r:.60}, "
+            "expected an integer >= 1",
+            stage=spec.name,
+            hint="world_size: the number of processes the stage ran on (1 for one), e.g. dist.get_world_size()",
+        )
+    device = output.device
+    return int(ws), device if device is None or isinstance(device, str) else str(device)
 
 
 def finite_json(obj: Any) -> Any:
