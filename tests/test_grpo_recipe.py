@@ -230,3 +230,17 @@ def test_the_report_command_refuses_what_is_no_grpo_run_and_writes_nothing(tmp_p
     assert main([str(recap)]) == 4
     assert (recap / "report.html").read_text() == "recap's report" and not (recap / "plots").exists()
     assert "holds a 'recap' run, not a grpo run" in capsys.readouterr().err
+
+
+def test_eval_workers_below_1_is_a_config_error_before_anything_runs(tmp_path):
+    """eval.workers=0 once ran the evaluation in-process; the eval stage reports its workers as the stage's world size,
+    which the runner now holds to >= 1 (exit 54 after the whole evaluation): refused at load instead, as RECAP's."""
+    from reproduction.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_config([CONFIG], ["eval.workers=0"], bundle=tmp_path, run_dir=tmp_path / "run", schema=GrpoRunConfig)
+    assert (
+        err.value.field == "eval.workers"
+        and err.value.exit_code == 4
+        and "eval.workers=0 must be >= 1" in str(err.value)
+    )

@@ -345,6 +345,8 @@ class GrpoEvalSection:
 
     def __post_init__(self) -> None:
         check_tasks("eval.tasks", self.tasks, self.max_steps, field_max="eval.max_steps")
+        if self.workers < 1:  # the eval stage reports them as its world size, which the runner holds to >= 1
+            raise ConfigError(f"eval.workers={self.workers} must be >= 1", field="eval.workers", hint="set 1 or more")
         if any(_is_libero(t) for t in self.tasks):
             if not 1 <= self.episodes_per_task <= _INIT_STATES:
                 raise ConfigError(
