@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -37,6 +39,20 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+_REGULAR_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def open_regular(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> BinaryIO | None:
+    """`path` (relative to `dir_fd` when given) opened for unbuffered reading when it is a regular file, else None (a
+    FIFO, a device, a folder); the caller closes it. A link as the last component is never followed (OSError ELOOP)
+    and a FIFO never waited on: a file swapped for a link to /dev/zero or for a FIFO cannot hang or mislead a reader."""
+    fd = os.open(path, _REGULAR_FLAGS, dir_fd=dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return open(fd, "rb", buffering=0)
 
 
 def annotate(exc: OSError, path: Path | str, *, need: int | None = None) -> OSError:

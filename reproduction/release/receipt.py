@@ -128,16 +128,16 @@ class LayerReceipt:
         return sorted(changed)
 
 
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
 def _sha256_regular(path: str) -> str | None:
     """Hex SHA-256 of the regular file at `path`; None when it is anything else (a link, a FIFO, a device)."""
     from reproduction.digests import sha256_open
+    from reproduction.fsio import open_regular
 
-    fd = os.open(path, _READ_FLAGS)  # a link as the last component: ELOOP, never followed; a FIFO: no wait
-    with open(fd, "rb", buffering=0) as fh:
-        return sha256_open(fh) if stat_mod.S_ISREG(os.fstat(fd).st_mode) else None
+    fh = open_regular(path)
+    if fh is None:
+        return None
+    with fh:
+        return sha256_open(fh)
 
 
 def _at_or_below(rel: str, paths: set[str]) -> bool:

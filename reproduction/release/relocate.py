@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reproduction.errors import RelocationError, UnsafeArchiveError, os_error
+from reproduction.fsio import open_regular
 from reproduction.release import elf
 from reproduction.release.extract import DirFds
 from reproduction.release.manifest import PrefixOccurrence
@@ -366,7 +367,6 @@ def rewrite_bytes(
     return bytes(buf)
 
 
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -404,15 +404,12 @@ def _parent_fd(dirs: DirFds, root: Path, rel: str) -> tuple[int, str] | None:
 
 def _read_regular(dir_fd: int, base: str) -> tuple[bytes, os.stat_result] | None:
     """The bytes and stat of the regular file `base` in `dir_fd`; None for a link, a FIFO or another kind."""
-    fd = os.open(base, _READ_FLAGS, dir_fd=dir_fd)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            return fh.read(), st
-    finally:
-        os.close(fd)
+    fh = open_regular(base, dir_fd=dir_fd)
+    if fh is None:
+        return None
+    with fh:
+        st = os.fstat(fh.fileno())
+        return fh.read(), st
 
 
 def _write_keeping_mode(

@@ -22,6 +22,7 @@ run.json is written atomically after every state change, so a kill leaves a cons
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 import math
@@ -388,6 +389,11 @@ class _Walk:
     """The stages --restart-stage names and those downstream of them: redone whatever changed in their keys."""
     reports: list[StageReport] = field(default_factory=list)
 
+    @functools.cached_property
+    def config_sha256(self) -> str:
+        """The digest of this invocation's config, as a stage's `lineage` record keeps it."""
+        return digest(self.plain)
+
 
 def _walk(walk: _Walk, chosen: set[str]) -> None:
     run_dir, state = walk.run_dir, walk.state
@@ -674,7 +680,7 @@ def _statement_params(walk: _Walk, output: StageOutput, versions: Any) -> dict[s
         "device": output.device,
         "resumed_from_path": str(resumed) if resumed is not None else None,
         "versions": [[k, v] for k, v in versions.items()] if isinstance(versions, dict) else None,
-        "config_sha256": digest(walk.plain),
+        "config_sha256": walk.config_sha256,
     }
 
 
@@ -698,15 +704,15 @@ def _rewrite_lost_statement(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -
         return
     rel = path.relative_to(walk.run_dir).as_posix()
     params = rec.get("lineage")
-    if not isinstance(params, dict) or params.get("config_sha256") != digest(walk.plain):
-        why = "the config differs from the one it recorded" if isinstance(params, dict) else "run.json predates it"
+    if params is None or params["config_sha256"] != walk.config_sha256:  # its shape: record.check_state
+        why = "run.json predates it" if params is None else "the config differs from the one it recorded"
         say(
             f"{spec.name}: its lineage statement {rel} is missing and cannot be written again ({why}); "
             f"--restart-stage {spec.name} redoes the stage and writes it",
             options=walk.opts.ui,
         )
         return
-    resumed = params.get("resumed_from_path")
+    resumed = params["resumed_from_path"]
     output = StageOutput(
         files=[],
         summary=rec.get("summary", {}),
@@ -716,7 +722,7 @@ def _rewrite_lost_statement(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -
         world_size=params["world_size"],
         device=params["device"],
     )
-    versions = dict(params["versions"]) if params.get("versions") is not None else None
+    versions = dict(params["versions"]) if params["versions"] is not None else None
     _record_lineage(
         walk, spec, "skipped", output, rec["outputs"], rec["key_parts"], rec["started"], rec["ended"],
         argv=params["argv"], versions=versions,
