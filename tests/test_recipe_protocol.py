@@ -512,6 +512,27 @@ def test_a_secret_in_the_device_is_redacted_in_the_statement_as_in_run_json(tmp_
     assert statement.read_bytes() == written
 
 
+def test_a_secret_in_a_version_string_is_redacted_in_the_statement_as_in_run_json(tmp_path, monkeypatch):
+    """Before: the versions were written into the statement as the recorder found them while run.json's copy was
+    redacted: a secret in one (an environment secret's value, an hf_ token) reached the statement, and a statement
+    written again from run.json then differed from the one the run wrote."""
+    from reproduction.run import lineage
+
+    monkeypatch.setenv("MY_API_KEY", API_KEY)
+    monkeypatch.setattr(lineage, "runtime_versions", lambda: {"python": f"3.11 {API_KEY}", "torch": f"2.13 {HF}"})
+    run = tmp_path / "run"
+    run_recipe(recipe(), Cfg(), run, RunOptions(recorder=make_recorder(None)))
+    statement = run / "lineage" / "first.intoto.json"
+    written = statement.read_bytes()
+    assert _statement(run)["versions"] == {"python": "3.11 <redacted>", "torch": "2.13 <redacted>"}
+    assert _status(run)["lineage"]["versions"] == [["python", "3.11 <redacted>"], ["torch", "2.13 <redacted>"]]
+    assert API_KEY.encode() not in written and HF.encode() not in written
+    statement.unlink()
+    run_recipe(recipe(), Cfg(), run, RunOptions(resume=True, recorder=make_recorder(None)))
+    assert statement.read_bytes() == written
+    assert verify_lineage(run).exit_code == 0
+
+
 @pytest.mark.parametrize("mode", ["ws_four", "ws_float", "ws_true", "ws_neg", "ws_zero", "ws_none"])
 def test_a_world_size_that_is_no_integer_of_at_least_1_is_exit_54(tmp_path, mode):
     """Before: "four" failed after the stage with an internal ValueError (exit 1), 2.7 was 2.7 in run.json but 2 in

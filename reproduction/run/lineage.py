@@ -295,7 +295,7 @@ def build_statement(run: StageRun) -> dict[str, Any]:
     """The in-toto Statement (a JSON-ready dict) for one stage run; hashes every output and input not pre-hashed.
 
     Raises ValueError for an unknown status or no outputs, FileNotFoundError for an output or input that
-    does not exist. Command line, config and environment-derived strings are redacted.
+    does not exist. Command line, config, device, versions and environment-derived strings are redacted.
     """
     if run.status not in STATUSES:
         raise ValueError(f"StageRun.status {run.status!r} is not one of {', '.join(STATUSES)}")
@@ -313,7 +313,9 @@ def build_statement(run: StageRun) -> dict[str, Any]:
     if run.resumed_from is not None:
         resumed = {k: dependencies[-1][k] for k in ("name", "uri", "digest")}
     secrets = secret_values(run.environ)
-    versions = dict(run.versions) if run.versions is not None else runtime_versions()
+    # Redacted as run.json's copy is (a version string is environment-derived): a statement written again from run.json
+    # (runner._rewrite_lost_statement) then has the same bytes.
+    versions = redact(dict(run.versions) if run.versions is not None else runtime_versions(), secrets=secrets)
     return {
         "_type": STATEMENT_TYPE,
         "subject": subjects,
