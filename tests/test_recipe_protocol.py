@@ -329,6 +329,34 @@ def test_resume_writes_a_lost_statement_again_with_the_bytes_the_run_wrote(tmp_p
     ]  # run.json holds no secret the statement hides
 
 
+def test_a_run_of_other_stages_writes_a_left_out_stages_lost_statement_again(tmp_path, capsys):
+    """Before: `--stages second --resume` with first's statement lost neither wrote it again nor named it (lineage
+    --verify found it: exit 11). Written again when first's key and outputs match run.json; named in one line with
+    the command that redoes it when its outputs changed."""
+    two = recipe(spec(), spec("second", needs=("first",)))
+    run = tmp_path / "run"
+    run_recipe(two, Cfg(), run, RunOptions(recorder=make_recorder(None)))
+    first = run / "lineage" / "first.intoto.json"
+    written = first.read_bytes()
+    first.unlink()
+    capsys.readouterr()
+    report = run_recipe(two, Cfg(), run, RunOptions(resume=True, stages=["second"], recorder=make_recorder(None)))
+    assert [(s.name, s.action) for s in report.stages] == [("second", "skipped")]
+    assert capsys.readouterr().err == (
+        "first: its lineage statement lineage/first.intoto.json was missing; written again from run.json\n"
+    )
+    assert first.read_bytes() == written
+    assert verify_lineage(run).exit_code == 0
+    first.unlink()
+    (run / "first" / "out.txt").write_text("edited by hand\n")
+    run_recipe(two, Cfg(), run, RunOptions(resume=True, stages=["second"], recorder=make_recorder(None)))
+    assert capsys.readouterr().err == (
+        "first: its lineage statement lineage/first.intoto.json is missing and cannot be written again (its outputs "
+        "changed after it completed); --restart-stage first redoes the stage and writes it\n"
+    )
+    assert not first.exists()
+
+
 def test_a_lost_statement_of_a_record_that_keeps_no_lineage_is_named_not_guessed(tmp_path, capsys):
     """A run.json written before stage records kept `lineage` cannot give the statement's command line, world size,
     device or versions: --resume says so and names the command that writes it, and writes nothing."""

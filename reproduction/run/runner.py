@@ -402,6 +402,7 @@ def _walk(walk: _Walk, chosen: set[str]) -> None:
             rec = state["stages"].get(spec.name)
             if rec and rec.get("status") == "complete":
                 walk.done[spec.name] = _output_from_record(run_dir / spec.name, rec)
+                _restate_unselected(walk, spec, rec)
             continue
         for need in spec.needs:
             if need not in walk.done:
@@ -728,6 +729,33 @@ def _rewrite_lost_statement(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -
         argv=params["argv"], versions=versions,
     )  # fmt: skip
     say(f"{spec.name}: its lineage statement {rel} was missing; written again from run.json", options=walk.opts.ui)
+
+
+def _restate_unselected(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -> None:
+    """A complete stage `--stages` leaves out whose statement is lost: written again as for a stage skipped as
+    complete (`_rewrite_lost_statement`) when its key and outputs still match run.json, else named in one line (a
+    run over the other stages used to leave it missing without a word, for `lineage --verify` to find: exit 11)."""
+    from reproduction.run.lineage import statement_path
+    from reproduction.ui import say
+
+    path = statement_path(walk.run_dir, spec.name)
+    if walk.opts.recorder is None or path.exists():
+        return
+    stage_dir = walk.run_dir / spec.name
+    upstream = {n: outputs_digest(walk.state["stages"][n]["outputs"]) for n in spec.needs}
+    parts = key_parts(spec, walk.plain, walk.inputs, upstream, walk.free, walk.digests)
+    key = digest(parts)
+    still = rec.get("key") == key or recorded_key_still_matches(spec, rec.get("key_parts", {}), key, walk.free)
+    problems = verify_outputs(stage_dir, rec.get("outputs", {}), walk.digests) if still else []
+    if still and not problems:
+        _rewrite_lost_statement(walk, spec, rec)
+        return
+    why = "its inputs changed since it ran" if not still else "its outputs changed after it completed"
+    say(
+        f"{spec.name}: its lineage statement {path.relative_to(walk.run_dir).as_posix()} is missing and cannot be "
+        f"written again ({why}); --restart-stage {spec.name} redoes the stage and writes it",
+        options=walk.opts.ui,
+    )
 
 
 def call_stage(spec: StageSpec, ctx: StageContext) -> StageOutput:
