@@ -173,12 +173,14 @@ class RlSection:
     clip_eps: float = 0.2
     """PPO clip range epsilon."""
     kl_coef: float = 0.01
-    """beta: weight of the KL to the reference (SFT) policy, per denoising step."""
+    """beta: weight of the KL to the reference (SFT) policy, per denoising step. RLinf's embodied GRPO has no such
+    term (docs/upstream.md, "GRPO"): 0 gives its objective, and no reference policy is loaded."""
     noise_level: float = 0.5
     """a: the flow-SDE noise level of rollouts (RLinf's flow_sde default); evaluation stays on the ODE."""
     logprob_steps: int = 2
     """Denoising steps of each decision the loss trains on, drawn per (rollout, decision) from its seed (RLinf
-    trains on one random step per chunk); the full K costs K / logprob_steps times the loss."""
+    trains on one random step per sampling call, shared by the whole batch, and samples the others on the ODE:
+    sde.py); the full K costs K / logprob_steps times the loss."""
     lr: float = 1e-4
     """AdamW learning rate."""
     grad_clip: float = 1.0

@@ -13,12 +13,19 @@ collected together (Liu et al. 2025, "Tricks or Traps? A Deep Dive into RL for L
 section 4.1: group mean, batch std; TRL's `scale_rewards="batch"`); `none` divides by nothing (Dr. GRPO: Liu et al.
 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783).
 
+RLinf's GRPO advantage (rlinf/algorithms/advantages.py:107-117 at a3816b5) divides by the Bessel-corrected std plus
+1e-6 instead, so the `group` advantages here are sqrt(G / (G - 1)) times RLinf's (1.069 at G = 8, 1.155 at G = 4,
+1.414 at G = 2), and a nearly flat group differs more: rewards about 1e-7 apart get full-size advantages here and
+ones shrunk by the 1e-6 there (docs/upstream.md, "GRPO").
+
 Every denoising step j of every chunk of rollout (b, g) carries A_{b,g} (an outcome reward). With
 r_j = exp(log pi_theta(j) - log pi_old(j)) (sde.py: one Gaussian step's log-prob),
 
     L = mean_j [ -min(r_j A_j, clip(r_j, 1 - eps, 1 + eps) A_j) + beta * KL_j(pi_theta || pi_ref) ]
 
 averaged over all steps of the batch (zero-advantage groups stay in the mean: they still carry the KL term).
+RLinf's embodied GRPO has no KL term (`kl_beta: 0.0` in its libero_10 GRPO config; its embodied actor never reads
+it): `rl.kl_coef` = 0 gives its loss, the PPO-clip term alone.
 """
 
 from __future__ import annotations
@@ -86,7 +93,9 @@ def ppo_clip_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """(loss, metrics) of the module docstring's L over elementwise tensors of the same shape.
 
-    Metrics: clip_fraction (share of ratios outside [1 - eps, 1 + eps]), ratio_mean, policy_loss, kl."""
+    Metrics: clip_fraction (share of ratios outside [1 - eps, 1 + eps], whatever the advantage's sign; RLinf's
+    actor/clip_fraction counts only the rows where the clip is active in the loss, r > 1 + eps with A > 0 or
+    r < 1 - eps with A < 0: rlinf/algorithms/losses.py:256, 274-277 at a3816b5), ratio_mean, policy_loss, kl."""
     ratio = torch.exp(log_prob - old_log_prob)
     unclipped = ratio * advantage
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantage

@@ -5,9 +5,10 @@ t = 0 the action chunk: x_t = t * eps + (1 - t) * a, v_theta(x_t, t) ~ eps - a, 
 deterministic Euler ODE x <- x - delta * v over the grid t_k = 1 - k / K (k = 0..K-1), t_K = 0, delta = 1/K.
 An ODE sample has no likelihood a policy gradient can use. Flow-GRPO (Liu et al. 2025, "Flow-GRPO: Training
 Flow Matching Models via Online RL", arXiv:2505.05470, eq. 9-12) turns the ODE into the reverse-time SDE with
-the same marginals and discretises it, so each step is a Gaussian; RLinf's openpi policy implements that as
-`noise_method: flow_sde` (RLinf/RLinf, rlinf/models/embodiment/openpi/openpi_action_model.py,
-`sample_mean_var_val` and `get_logprob_norm`), which this module follows in our time convention:
+the same marginals and discretises it, so each step is a Gaussian; RLinf's openpi policy implements that step as
+`noise_method: flow_sde` (RLinf/RLinf at a3816b5, rlinf/models/embodiment/openpi/openpi_action_model.py:
+`sample_mean_var_val`'s flow_sde branch, lines 1176-1183, and `get_logprob_norm`, 1287-1303), which this module's
+step follows in our time convention (mean, std and log-prob within 5e-6 of RLinf's: docs/upstream.md, "GRPO"):
 
     x0_hat = x_k - t_k * v              (the action the velocity points to)
     x1_hat = x_k + (1 - t_k) * v        (the noise it came from)
@@ -19,6 +20,16 @@ the same marginals and discretises it, so each step is a Gaussian; RLinf's openp
 a = `noise_level` (RLinf's default 0.5). With a = 0 the step is exactly the Euler step x_k - delta * v (the
 evaluation sampler), so the SDE policy is the ODE policy plus exploration noise whose size the schedule sets.
 
+The chain is not RLinf's. `sample_chain` takes the SDE step at EVERY one of the K denoising steps. RLinf's flow_sde
+rollout (`joint_logprob: False`, its default: openpi_action_model.py:77, 1041-1070 at a3816b5) takes it at ONE step
+j, drawn by `random.randint` once per sampling call and shared by the whole batch, and a plain Euler step (flow_ode,
+std 0) at the others; the old log-prob it stores is step j's (lines 1098-1102). Each is the exact likelihood of its
+own sampler; the exploration differs. On an analytic velocity field (data N(0.3, 0.05^2) per dimension, a = 0.5;
+audit 46) the final actions' std at K = 10 is 0.0199 for the Euler ODE, 0.0535 for this chain, and 0.020-0.023 for
+RLinf's with j = 0..8 (0.053 only with j = 9, the last step); at K = 4: 0.0074, 0.151, and 0.008-0.009 for j = 0..2
+(0.148 for j = 3). So at the same noise level every rollout here spreads about as much as RLinf's rollouts do only
+in the 1-in-K sampling calls that draw the last step.
+
 Log-likelihood. Given the initial noise x_0 ~ N(0, I) (independent of theta), the chain x_0 -> ... -> x_K has
 density prod_k N(x_{k+1}; mu_theta(x_k, t_k), std_k^2 I). Per step
 
@@ -27,8 +38,9 @@ density prod_k N(x_{k+1}; mu_theta(x_k, t_k), std_k^2 I). Per step
 summed over the dimensions d the environment executes (the first `execute_steps` actions of the chunk and the
 real action dims; the rest never reaches the environment: RLinf cuts the same `[:action_chunk, :action_env_dim]`).
 The PPO ratio is taken per denoising step (Flow-GRPO treats every step as an MDP action with the episode's
-advantage), so one chunk gives K ratios. Because the two policies share std_k, the KL of one step has the
-closed form Flow-GRPO uses for its KL penalty:
+advantage), so one chunk gives K ratios; the loss takes `rl.logprob_steps` of them, drawn per (rollout, decision)
+(task.pick_steps), where RLinf trains on its one step j. Because the two policies share std_k, the KL of one step
+has the closed form Flow-GRPO uses for its KL penalty (RLinf's embodied GRPO has no KL term: objective.py):
 
     KL(N(mu, s^2) || N(mu_ref, s^2)) = sum_d (mu_d - mu_ref,d)^2 / (2 s^2).
 """

@@ -117,7 +117,8 @@ def frames_of(inputs: dict[str, Any]) -> dict[str, Any]:
 
 def pick_steps(seeds: list[int], decisions: int, num_steps: int, count: int) -> np.ndarray:
     """(n, D, count) sorted denoising-step indices per (rollout, decision), drawn without replacement from a
-    generator of each rollout's own seed (RLinf trains on a random denoising step of each chunk; count=K is all)."""
+    generator of each rollout's own seed (RLinf trains on one random denoising step per sampling call, the same for
+    every env of the batch; count=K is all)."""
     if count >= num_steps:
         return np.broadcast_to(np.arange(num_steps), (len(seeds), decisions, num_steps)).copy()
     out = np.empty((len(seeds), decisions, count), np.int64)
