@@ -90,6 +90,25 @@ def _relocatable(tmp_path):
     return bundle
 
 
+@pytest.mark.parametrize("path", ["fast", "full"])
+def test_a_runtime_empty_folder_deleted_by_hand_is_extracted_again(tmp_path, path):
+    """Before (left as found at stop 45): an empty folder the archive lists had no file whose absence would tell, so
+    its deletion was "unchanged" and the runtime stayed without it (a runtime may need its empty `var/run/`)."""
+    src = tmp_path / "src" / "rt"
+    write_tree(src, {"bin/tool": b"#!/bin/sh\necho tool\n"})
+    (src / "var" / "run").mkdir(parents=True)
+    (tmp_path / "spec.toml").write_text(RELOCATABLE_SPEC.replace("relocatable = true\n", ""), encoding="utf-8")
+    bundle = tmp_path / "bundle"
+    pack_bundle(tmp_path / "spec.toml", bundle, ui=QUIET)
+    restore_bundle(bundle, ui=QUIET)
+    empty = bundle / "runtime" / "rt" / "var" / "run"
+    assert empty.is_dir()
+    empty.rmdir()
+    assert "extracted runtime/rt" in _restore(bundle, path)
+    assert empty.is_dir() and not os.listdir(empty)
+    assert "unchanged runtime/rt" in _restore(bundle, path)
+
+
 def test_relocation_after_a_move_never_writes_through_a_linked_folder(tmp_path):
     bundle = _relocatable(tmp_path)
     restore_bundle(bundle, ui=QUIET)

@@ -66,8 +66,9 @@ def _unchanged_layer(root: str, rec: dict) -> bool:
 def _covers(bundle: str, group: list[dict], files: dict, recs: dict) -> bool:
     """The records of one target's layers list exactly the files and links of their verified member indexes
     (release/vouch.py's `vouched`: a receipt shipped in the bundle folder must not vouch for a hand-made tree),
-    and every folder those indexes list or imply is a real folder where it is there at all (restore_plan.py's
-    `_changed` with receipt.py's `changed_folders`: `_unchanged_layer`'s lstat follows a linked folder)."""
+    and every folder those indexes list or imply is there as a real folder (restore_plan.py's `_changed` with
+    receipt.py's `changed_folders`: `_unchanged_layer`'s lstat follows a linked folder, and an empty listed folder
+    has no file whose absence would tell)."""
     expected: dict[str, str | None] = {}
     recorded: dict[str, str | None] = {}
     folders: set[str] = set()
@@ -96,8 +97,8 @@ def _covers(bundle: str, group: list[dict], files: dict, recs: dict) -> bool:
         try:
             if not stat.S_ISDIR(os.lstat(base + rel).st_mode):
                 return False
-        except FileNotFoundError:
-            continue  # its files are missing, which `_unchanged_layer` saw
+        except OSError:
+            return False
     return True
 
 

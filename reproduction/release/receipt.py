@@ -162,13 +162,13 @@ def layer_folders(members: Iterable[tuple[str, str]]) -> set[str]:
 
 
 def changed_folders(root: Path, folders: Iterable[str]) -> list[str]:
-    """The `folders` under `root` that are there but are not real folders (a symlink, a file, ...).
+    """The `folders` under `root` that are not real folders (a symlink, a file, ...) or are gone.
 
     `changed_files` lstats `root/rel`, which follows a symlink in any folder above `rel`: a folder
     swapped for a link to a copy outside the bundle (same sizes, same mtimes) would pass, and a
     relocation would then rewrite files outside the bundle (audit45 F1). One lstat per distinct
-    folder, not a path walk per file. A missing folder is not named here (its files are missing,
-    which `changed_files` names); an lstat that fails otherwise is.
+    folder, not a path walk per file. A missing folder is named too: an empty folder the archive
+    lists has no file whose absence would tell (a runtime may need its empty `tmp/` or `var/run/`).
     """
     bad = []
     base = f"{root}/"
@@ -176,8 +176,6 @@ def changed_folders(root: Path, folders: Iterable[str]) -> list[str]:
         try:
             if not stat_mod.S_ISDIR(os.lstat(base + rel).st_mode):
                 bad.append(rel)
-        except FileNotFoundError:
-            continue
         except (OSError, ValueError):
             bad.append(rel)
     return sorted(bad)
