@@ -150,7 +150,7 @@ def plan_rows(
     if not targets:
         raise UsageError("--plan needs --reference FILE or --rate P", hint="e.g. portable eval --plan --rate 0.8")
     alpha = float(alpha if alpha is not None else doc.get("alpha", DEFAULT_ALPHA))
-    rows, joint = [], {}
+    rows, joint = [], []
     for t in targets:
         m = float(margin if margin is not None else t["own"] if t["own"] is not None else DEFAULT_MARGIN)
         if abs(difference) >= m:
@@ -164,15 +164,15 @@ def plan_rows(
             | {"basis": "exact"}
         )
         if t["reference_episodes"] is not None and not t.get("same_as_overall"):
-            joint.setdefault(m, []).append((t["rate"], t["tasks"]))
+            joint.append((t["rate"], t["tasks"], m))
     if joint:
-        per_task = max(
-            episodes_exact(r, margin=m, alpha=alpha, power=power, difference=difference) for m, r in joint.items()
-        )
+        # one n for every row, whatever its margin: the shortfalls of all rows share the one 1 - power (planning
+        # each margin's rows alone and taking the largest n let each spend all of it, audit46 stats F2)
+        per_task = episodes_exact(joint, margin=joint[0][2], alpha=alpha, power=power, difference=difference)
         rows.append(
             {"metric": "every rate row", "rate": None, "margin": margin, "alpha": alpha, "power": power}
             | {"difference": difference, "episodes_per_side": None, "reference_episodes": None, "basis": "bonferroni"}
-            | {"rows": sum(len(r) for r in joint.values()), "episodes_per_task": per_task}
+            | {"rows": len(joint), "episodes_per_task": per_task}
         )
     return rows
 

@@ -1,0 +1,93 @@
+"""The statistics audit's second round (audit46 stats F2-F9): the plan over several margins, evidence whose overall
+counts, labels or JSON keys contradict themselves, a test level too small to compute, a run-side row of 0
+episodes, and reset seeds that only partly overlap. Each test fails on the code before its fix."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from evidence_fixtures import eval_result
+
+from reproduction.run import stats
+from reproduction.run.evidence import EvalRecord, build_evidence
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def portable(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "reproduction/portable.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+    )
+
+
+def _write(path: Path, doc: dict) -> str:
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+# -- F2: `eval --plan --reference` with metrics of different margins ----------------------------------------------
+
+
+def _plan_reference(tmp_path: Path, p_once: float, p_end: float, margins: dict) -> str:
+    """A reference of one task, 100,000 episodes (so its own counts are no constraint), with declared margins."""
+    n = 100_000
+    record = EvalRecord(
+        result=eval_result({"t0": (round(p_once * n), n)}, at_end={"t0": round(p_end * n)}), label="pol", mode="bc"
+    )
+    doc = build_evidence(record, name="ref", run_id="r", seeds={"eval": 1}, settings={}, margins=margins)
+    return _write(tmp_path / "plan_ref.json", doc)
+
+
+def _every_row_reproduced(n: int, p_once: float, end_given_once: float, m_once: float, m_end: float) -> float:
+    """P(both rows reproduced) at n episodes a side, equal true rates, success_at_end inside success_once: 200,000
+    seeded draws (standard error about 0.0008)."""
+    rng = np.random.default_rng(46)
+    once = rng.binomial(n, p_once, (2, 200_000))
+    end = rng.binomial(once, end_given_once)
+    nn = np.full(200_000, float(n))
+    ok = np.ones(200_000, bool)
+    for k, m in ((once, m_once), (end, m_end)):
+        lo, hi = stats.newcombe_difference(k[0].astype(float), nn, k[1].astype(float), nn, 0.9)
+        ok &= (lo > -m) & (hi < m)
+    return float(ok.mean())
+
+
+@pytest.mark.parametrize(
+    "p_once, m_once, m_end",
+    [(0.5, 0.1, 0.0995), (0.8, 0.08, 0.09)],  # the audit's t3b_plan_groups cases (0.751 and 0.722 before)
+)
+def test_plan_over_several_margins_keeps_the_promised_power(tmp_path, p_once, m_once, m_end):
+    ref = _plan_reference(tmp_path, p_once, 0.9 * p_once, {"success_once": m_once, "success_at_end": m_end})
+    out = portable("eval", "--plan", "--reference", ref, "--json")
+    assert out.returncode == 0, out.stderr
+    last = json.loads(out.stdout)[-1]
+    assert last["metric"] == "every rate row" and last["rows"] == 2
+    n = last["episodes_per_task"]
+    # Bonferroni over both rows' exact powers: one budget of 1 - power for the two margins together ...
+    short = sum(
+        1 - stats.exact_power(p, p, n, n, margin=m, alpha=0.05) for p, m in ((p_once, m_once), (0.9 * p_once, m_end))
+    )
+    assert short <= 0.2, (n, short)
+    # ... so the whole verdict has the power the plan promises (the audit measured 0.751 / 0.722 at 430 / 428)
+    assert _every_row_reproduced(n, p_once, 0.9, m_once, m_end) >= 0.8
+
+
+def test_plan_with_one_margin_is_unchanged(tmp_path):
+    ref = _plan_reference(tmp_path, 0.5, 0.45, {"success_once": 0.1, "success_at_end": 0.1})
+    out = portable("eval", "--plan", "--reference", ref, "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert rows[-1]["episodes_per_task"] == 537  # the audit's figure for this plan before the fix
+    assert [r["episodes_per_side"] for r in rows[:-1]] == [416, 416, 415, 415]
+    # episodes_exact: rows with their own margin equal to the keyword's give the same n as rows without one
+    plain = stats.episodes_exact([(0.9, 2), (0.9, 1)], margin=0.05)
+    assert stats.episodes_exact([(0.9, 2, 0.05), (0.9, 1, 0.05)], margin=0.1) == plain
