@@ -4,6 +4,7 @@ episodes, and reset seeds that only partly overlap. Each test fails on the code 
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -13,8 +14,10 @@ import numpy as np
 import pytest
 from evidence_fixtures import eval_result
 
+from reproduction.errors import InvalidInputError
 from reproduction.run import stats
-from reproduction.run.evidence import EvalRecord, build_evidence
+from reproduction.run.evidence import EvalRecord, build_evidence, load_evidence
+from reproduction.run.evidence_check import check_evidence
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,3 +94,68 @@ def test_plan_with_one_margin_is_unchanged(tmp_path):
     # episodes_exact: rows with their own margin equal to the keyword's give the same n as rows without one
     plain = stats.episodes_exact([(0.9, 2), (0.9, 1)], margin=0.05)
     assert stats.episodes_exact([(0.9, 2, 0.05), (0.9, 1, 0.05)], margin=0.1) == plain
+
+
+# -- evidence with per-episode outcomes (pairable) ---------------------------------------------------------------
+
+
+def _paired(name: str, tasks: dict[str, str], label: str = "recap", seed0: int = 0, baselines=()) -> dict:
+    """Evidence of one policy whose tasks carry outcomes: {task: success_once bits}; success_at_end = once."""
+    return build_evidence(
+        _record(label, tasks, seed0),
+        baselines=[_record(lab, t, seed0) for lab, t in baselines],
+        name=name,
+        run_id="r",
+        seeds={"eval": 1000},
+        settings={},
+    )
+
+
+def _record(label: str, tasks: dict[str, str], seed0: int = 0) -> EvalRecord:
+    episodes = {
+        task: [
+            {"episode": i, "reset_seed": seed0 + 1000 * j + i, "success_once": b == "1", "success_at_end": b == "1"}
+            for i, b in enumerate(bits)
+        ]
+        for j, (task, bits) in enumerate(tasks.items())
+    }
+    counts = {task: (bits.count("1"), len(bits)) for task, bits in tasks.items()}
+    return EvalRecord(result=eval_result(counts) | {"per_episode": episodes}, label=label, mode="recap")
+
+
+def _bits(rng: np.random.Generator, n: int, p: float) -> str:
+    return "".join("1" if x else "0" for x in rng.random(n) < p)
+
+
+# -- F3: overall counts that are not the sum of the tasks' --------------------------------------------------------
+
+
+def test_overall_counts_must_be_the_sum_of_the_tasks(tmp_path):
+    rng = np.random.default_rng(3)
+    tasks = {"pick": _bits(rng, 100, 0.5), "push": _bits(rng, 100, 0.5)}
+    ref = _paired("ref", tasks)
+    act = copy.deepcopy(ref) | {"name": "act"}
+    k = sum(b.count("1") for b in tasks.values())
+    act["metrics"]["success_at_end"] = {"successes": 200, "episodes": 200, "rate": 1.0, "display": "100.0% (200/200)"}
+    # before: the paired overall row tested the tasks' outcomes, showed 200/200 and said `reproduced` (exit 0)
+    out = portable("compare", _write(tmp_path / "ref.json", ref), _write(tmp_path / "act.json", act))
+    path = tmp_path / "act.json"
+    assert out.returncode == 4 and out.stdout == ""
+    assert out.stderr.splitlines()[0] == (
+        f"error: {path} is malformed evidence: metrics.success_at_end counts 200/200, but its tasks' success_at_end "
+        f"counts add up to {k}/200: an overall count must be the sum over the tasks (set it to {k}/200, or correct "
+        "the task that is wrong)"
+    )
+    # a baseline's, and a task that the overall count leaves out
+    two = _paired("two", tasks, baselines=[("bc", tasks)])
+    two["baselines"][0]["tasks"]["extra"] = copy.deepcopy(two["tasks"]["push"])
+    with pytest.raises(InvalidInputError) as err:
+        check_evidence(two, where="x.json")
+    assert err.value.field == "baselines[0].metrics.success_once"
+    assert f"baselines[0].metrics.success_once counts {k}/200, but its tasks' success_once counts add up to " in str(
+        err.value
+    )
+    # the project's own writer always agrees with itself, and so does every evidence file in the repository
+    check_evidence(ref, where="ref")
+    for path in sorted((ROOT / "evidence").rglob("eval_*.json")):
+        load_evidence(path)

@@ -303,6 +303,8 @@ def test_missing_policy_task_or_metric_differs():
     actual = make_evidence()
     actual["baselines"] = []
     del actual["tasks"][PUSH]
+    # the overall counts are the remaining task's (an overall count must be the sum of its tasks', audit46 F3)
+    actual["metrics"] |= {m: actual["tasks"][PICK][m] for m in ("success_once", "success_at_end")}
     result = compare_evidence(actual, reference)
     rows = {r.metric: r for r in result.rows}
     assert rows["bc/success_once"].actual is None and rows["bc/success_once"].verdict == "differs"

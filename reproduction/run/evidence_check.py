@@ -111,12 +111,12 @@ def _entry(entry: Any, where: str, problems: list[tuple[str, str]], *, reference
     if not isinstance(metrics, Mapping) or not metrics:
         problems.append((f"{pre}metrics", f"{pre}metrics is missing or empty (metrics: {metrics!r})"))
         metrics = {}
-    for m, v in metrics.items():
-        _metric(m, v, f"{pre}metrics.{m}", problems, reference=reference)
+    overall = {m: _metric(m, v, f"{pre}metrics.{m}", problems, reference=reference) for m, v in metrics.items()}
     tasks = entry.get("tasks", {})
     if not isinstance(tasks, Mapping):
         problems.append((f"{pre}tasks", f"{pre}tasks is {type(tasks).__name__}, not an object of tasks"))
         return
+    summed: dict[str, list[tuple[int, int] | None]] = {m: [] for m in COUNT_METRICS}
     for task, row in tasks.items():
         at = f"{pre}tasks[{task!r}]"
         if not isinstance(row, Mapping):
@@ -130,8 +130,35 @@ def _entry(entry: Any, where: str, problems: list[tuple[str, str]], *, reference
                     counts[m] = got
                 if got is not None and _is_int(row.get("episodes")) and got[1] != row["episodes"]:
                     problems.append((f"{at}.{m}", f"{at}.{m} counts {got[1]} episodes, the task {row['episodes']}"))
+            summed[m].append(counts.get(m))
         if "outcomes" in row and len(counts) == sum(m in row for m in COUNT_METRICS):
             _outcomes(row["outcomes"], counts, f"{at}.outcomes", problems)
+    _overall_is_the_tasks_sum(overall, summed, len(tasks), pre, problems)
+
+
+def _overall_is_the_tasks_sum(
+    overall: Mapping[str, tuple[int, int] | None],
+    summed: Mapping[str, list[tuple[int, int] | None]],
+    tasks: int,
+    pre: str,
+    problems: list[tuple[str, str]],
+) -> None:
+    """A policy's overall count of a metric is its tasks' counts added up, wherever every task has a sound count
+    of it: a comparison pairs an overall row on the tasks' pooled outcomes, so an overall count that disagrees
+    would be shown beside a test of other numbers (audit46 stats F3: 200/200 shown as `reproduced` against 106/200)."""
+    for m, rows in summed.items():
+        if not tasks or len(rows) != tasks or None in rows or overall.get(m) is None:
+            continue
+        k, n = overall[m]
+        ks, ns = sum(r[0] for r in rows), sum(r[1] for r in rows)
+        if (k, n) != (ks, ns):
+            problems.append(
+                (
+                    f"{pre}metrics.{m}",
+                    f"{pre}metrics.{m} counts {k}/{n}, but its tasks' {m} counts add up to {ks}/{ns}: an overall "
+                    f"count must be the sum over the tasks (set it to {ks}/{ns}, or correct the task that is wrong)",
+                )
+            )
 
 
 def _levels(doc: Mapping[str, Any], problems: list[tuple[str, str]]) -> None:
