@@ -159,3 +159,58 @@ def test_overall_counts_must_be_the_sum_of_the_tasks(tmp_path):
     check_evidence(ref, where="ref")
     for path in sorted((ROOT / "evidence").rglob("eval_*.json")):
         load_evidence(path)
+
+
+# -- F4: two policies of one label, a JSON key twice ---------------------------------------------------------------
+
+
+def test_a_label_used_twice_is_refused(tmp_path):
+    rng = np.random.default_rng(4)
+    tasks = {"pick": _bits(rng, 100, 0.5), "push": _bits(rng, 100, 0.5)}
+    act = _paired("act", tasks)
+    # the reference's baseline, labelled like its primary, failed every episode: it replaced the primary, so an
+    # identical run said `differs` (exit 60)
+    ref = _paired("ref", tasks, baselines=[("bc", {t: "0" * 100 for t in tasks})])
+    ref["baselines"][0]["policy"]["label"] = "recap"
+    out = portable("compare", _write(tmp_path / "ref.json", ref), _write(tmp_path / "act.json", act))
+    assert out.returncode == 4 and out.stdout == ""
+    assert out.stderr.splitlines()[0] == (
+        f"error: {tmp_path / 'ref.json'} is malformed evidence: baselines[0].policy.label 'recap' is also the "
+        "primary policy's label: each policy needs its own label, since a comparison matches policies by label "
+        "(rename one of them)"
+    )
+    # the run's side too, and two baselines alike
+    act["baselines"] = [copy.deepcopy(ref["baselines"][0]) | {"policy": {"label": "bc"}} for _ in range(2)]
+    with pytest.raises(InvalidInputError) as err:
+        check_evidence(act, where="act")
+    assert err.value.field == "baselines[1].policy.label" and "is also baselines[0]'s label" in str(err.value)
+
+
+def test_a_json_key_twice_is_refused_where_evidence_is_loaded(tmp_path):
+    rng = np.random.default_rng(5)
+    ref = _paired("ref", {"pick": _bits(rng, 100, 0.5), "push": _bits(rng, 100, 0.5)})
+    zero = {"episodes": 100, "success_once": {"successes": 0, "episodes": 100, "rate": 0.0, "display": "0.0% (0/100)"}}
+    # a raw file whose tasks name "pick" twice, the first 0/100: json kept the last, and the run was `reproduced`
+    text = json.dumps(ref).replace('"tasks": {', '"tasks": {"pick": ' + json.dumps(zero) + ", ", 1)
+    (tmp_path / "act.json").write_text(text)
+    out = portable("compare", _write(tmp_path / "ref.json", ref), str(tmp_path / "act.json"))
+    assert out.returncode == 4 and out.stdout == ""
+    assert out.stderr.splitlines() == [
+        f"error: {tmp_path / 'act.json'} is malformed evidence: the key 'pick' occurs 2 times in tasks; JSON keeps "
+        "only the last, so the others would be silently dropped",
+        f"hint: keep one 'pick' in tasks of {tmp_path / 'act.json'} (merge or rename the others)",
+    ]
+    # anywhere in the document: a baseline's metric, a top-level field
+    (tmp_path / "b.json").write_text(
+        json.dumps(ref | {"baselines": [{"policy": {"label": "bc"}, "metrics": {"x": {"value": 1}}}]})
+        .replace('"metrics": {"x"', '"metrics": {"x": {"value": 2}, "x"')
+        .replace('"run_id": "r"', '"run_id": "r", "run_id": "s"')
+    )
+    with pytest.raises(InvalidInputError) as err:
+        load_evidence(tmp_path / "b.json")
+    assert err.value.field == "run_id" and "the key 'run_id' occurs 2 times in the top level" in str(err.value)
+    doc = json.loads((tmp_path / "b.json").read_text().replace('"run_id": "r", ', ""))
+    (tmp_path / "c.json").write_text(json.dumps(doc).replace('"metrics": {"x"', '"metrics": {"x": 0, "x"'))
+    with pytest.raises(InvalidInputError) as err:
+        load_evidence(tmp_path / "c.json")
+    assert err.value.field == "baselines[0].metrics['x']"

@@ -186,6 +186,28 @@ def _levels(doc: Mapping[str, Any], problems: list[tuple[str, str]]) -> None:
             )
 
 
+def _unique_labels(doc: Mapping[str, Any], baselines: Sequence[Any], problems: list[tuple[str, str]]) -> None:
+    """Every policy's label (the primary's and each baseline's) differs from the others': a comparison matches
+    policies by label, so a baseline labelled like the primary replaced it (audit46 stats F4)."""
+    first: dict[str, str] = {}
+    for where, entry in [("", doc), *((f"baselines[{i}]", b) for i, b in enumerate(baselines))]:
+        policy = entry.get("policy") if isinstance(entry, Mapping) else None
+        label = policy.get("label") if isinstance(policy, Mapping) else None
+        if not isinstance(label, str) or not label:
+            continue  # named by _entry
+        field = f"{where}.policy.label" if where else "policy.label"
+        if label in first:
+            problems.append(
+                (
+                    field,
+                    f"{field} {label!r} is also {first[label]}'s label: each policy needs its own label, since a "
+                    "comparison matches policies by label (rename one of them)",
+                )
+            )
+        else:
+            first[label] = where or "the primary policy"
+
+
 def check_evidence(doc: Mapping[str, Any], *, where: str | Path, reference: bool = False) -> None:
     """Raise InvalidInputError (exit 4) listing every malformed field of an evidence document; `reference`: also
     refuse a count of 0 episodes (nothing to compare with). Returns None and changes nothing when all is well."""
@@ -197,6 +219,7 @@ def check_evidence(doc: Mapping[str, Any], *, where: str | Path, reference: bool
         baselines = []
     for i, b in enumerate(baselines):
         _entry(b, f"baselines[{i}]", problems, reference=reference)
+    _unique_labels(doc, baselines, problems)
     _levels(doc, problems)
     if problems:
         texts = [text for _, text in problems]
