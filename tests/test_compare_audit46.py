@@ -214,3 +214,77 @@ def test_a_json_key_twice_is_refused_where_evidence_is_loaded(tmp_path):
     with pytest.raises(InvalidInputError) as err:
         load_evidence(tmp_path / "c.json")
     assert err.value.field == "baselines[0].metrics['x']"
+
+
+# -- F5: a test level too small to compute -------------------------------------------------------------------------
+
+
+def test_alpha_below_the_smallest_computable_level_is_refused_at_every_entry(tmp_path):
+    rng = np.random.default_rng(6)
+    tasks = {"pick": _bits(rng, 100, 0.5)}
+    ref, act = _write(tmp_path / "ref.json", _paired("ref", tasks)), _write(tmp_path / "act.json", _paired("a", tasks))
+    # each was "error: internal error: ValueError: confidence 1.0 must lie strictly between 0 and 1" (exit 1)
+    for args in (["compare", ref, act, "--alpha", "1e-20"], ["eval", "--plan", "--rate", "0.5", "--alpha", "1e-20"]):
+        out = portable(*args)
+        assert out.returncode == 2 and out.stdout == "", (args, out.stderr)
+        assert out.stderr.splitlines() == [
+            "error: --alpha 1e-20 is below 1e-12, the smallest test level recap-portable computes (1 - 2 alpha would "
+            "round to 1)",
+            "hint: e.g. --alpha 0.05",
+        ]
+    assert portable("compare", ref, act, "--alpha", "1e-12").returncode in (0, 61)  # the bound itself is fine
+    zero = portable("compare", ref, act, "--alpha", "0")  # outside (0, 0.5): the message it always had
+    assert zero.returncode == 2
+    assert zero.stderr.splitlines()[0] == "error: --alpha 0 must lie strictly between 0 and 0.5"
+    tiny = _write(tmp_path / "tiny.json", _paired("ref", tasks) | {"alpha": 1e-20})
+    for args in (["compare", tiny, act], ["eval", "--plan", "--reference", tiny]):
+        out = portable(*args)
+        assert out.returncode == 4 and out.stdout == "", (args, out.stderr)
+        assert out.stderr.splitlines()[0] == (
+            f"error: {tiny} is malformed evidence: alpha is 1e-20, below 1e-12: the smallest test level "
+            "recap-portable computes (1 - 2 alpha would round to 1); give one of at least that, e.g. 0.05"
+        )
+    seq = _write(tmp_path / "seq.json", _paired("a", tasks) | {"sequential": {"level": 1e-300}})
+    out = portable("compare", ref, seq)
+    assert out.returncode == 4 and out.stderr.splitlines()[0] == (
+        f"error: {seq} is malformed evidence: sequential.level is 1e-300, below 1e-12: the smallest test level "
+        "recap-portable computes (1 - 2 alpha would round to 1); give one of at least that, e.g. 0.05"
+    )
+
+
+def test_a_sequential_rho_whose_looks_test_below_the_smallest_level_is_a_config_error():
+    from reproduction.errors import ConfigError
+    from reproduction.recipes.recap.config import load_config
+
+    base = ["eval.tasks=[FetchPush-v4]", "eval.sequential.enabled=true", "eval.reference=/r.json"]
+    with pytest.raises(ConfigError) as err:  # look 1's share of alpha: 0.5^100 = 7.9e-31
+        load_config(None, [*base, "eval.sequential.rho=100"])
+    assert err.value.exit_code == 4 and err.value.field == "eval.sequential.rho"
+    assert str(err.value).splitlines()[0] == (
+        "eval.sequential.rho=100.0 with eval.sequential.looks=4 leaves look 1 of 2 (25 of 50 episodes per task) a "
+        "share 7.89e-31 of alpha: its test level would be below 1e-12, the smallest recap-portable computes, "
+        "whatever the reference's alpha"
+    )
+    with pytest.raises(ConfigError, match="leaves look 2 of 2 .* a share 0 of alpha"):  # rho near 0: the last look
+        load_config(None, [*base, "eval.sequential.rho=1e-20"])
+    assert load_config(None, [*base, "eval.sequential.rho=30"]).eval.sequential.rho == 30  # 0.5^30: still fine
+    load_config(None, base[:1] + ["eval.sequential.rho=100"])  # off: rho is not used
+
+
+def test_the_reference_alpha_with_the_looks_is_checked_before_the_first_episode(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from reproduction.errors import ConfigError
+    from reproduction.recipes.recap.policy import evaluate_sequentially
+
+    ran = []
+    monkeypatch.setattr("reproduction.sim.evaluate.evaluate_many", lambda *a, **k: ran.append(a) or [])
+    ref = _write(tmp_path / "ref.json", _paired("ref", {"pick": "01" * 50}) | {"alpha": 0.001})
+    job = SimpleNamespace(config=SimpleNamespace(episodes_per_task=1000, batch_size=25, tasks=("pick",)))
+    with pytest.raises(ConfigError) as err:  # 0.001 * 0.25^15 = 9.3e-13 at look 1 (0.5 * 0.25^15 passes the load)
+        evaluate_sequentially([job], lambda partial: None, Path(ref), looks=4, rho=15.0)
+    assert ran == [] and err.value.exit_code == 4 and err.value.field == "eval.sequential.rho"
+    assert str(err.value).splitlines()[0] == (
+        "eval.sequential.rho=15.0 with the reference's alpha 0.001 gives look 1 of 4 (250 of 1000 episodes per "
+        "task) the test level 9.31e-13, below 1e-12, the smallest recap-portable computes"
+    )

@@ -95,6 +95,15 @@ def _check_level(name: str, value: float | None, low: float, high: float, exampl
         raise UsageError(
             f"--{name} {value:g} must lie strictly between {low:g} and {high:g}", hint=f"e.g. --{name} {example}"
         )
+    if name == "alpha" and value is not None:
+        from reproduction.run.stats import MIN_ALPHA
+
+        if value < MIN_ALPHA:
+            raise UsageError(
+                f"--alpha {value:g} is below {MIN_ALPHA:g}, the smallest test level recap-portable computes (1 - 2 "
+                "alpha would round to 1)",
+                hint=f"e.g. --alpha {example}",
+            )
 
 
 def _plan_targets(doc: dict[str, Any], rates: list[float]) -> list[dict[str, Any]]:

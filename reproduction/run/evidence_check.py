@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.errors import InvalidInputError
+from reproduction.run.stats import MIN_ALPHA
 
 COUNT_METRICS = ("success_once", "success_at_end")
 MAX_SHOWN = 8
@@ -167,6 +168,8 @@ def _levels(doc: Mapping[str, Any], problems: list[tuple[str, str]]) -> None:
         problems.append(
             ("alpha", f"alpha is {doc['alpha']!r}; it must be a number strictly between 0 and 0.5 (e.g. 0.05)")
         )
+    elif "alpha" in doc and doc["alpha"] < MIN_ALPHA:
+        problems.append(("alpha", _too_small("alpha", doc["alpha"])))
     for key, low_ok in (("margins", False), ("tolerances", True)):
         if key not in doc:
             continue
@@ -184,6 +187,15 @@ def _levels(doc: Mapping[str, Any], problems: list[tuple[str, str]]) -> None:
             problems.append(
                 ("sequential.level", f"sequential.level is {level!r}; it must be a number strictly between 0 and 0.5")
             )
+        elif "level" in seq and level < MIN_ALPHA:
+            problems.append(("sequential.level", _too_small("sequential.level", level)))
+
+
+def _too_small(name: str, value: float) -> str:
+    return (
+        f"{name} is {value!r}, below {MIN_ALPHA:g}: the smallest test level recap-portable computes (1 - 2 alpha "
+        "would round to 1); give one of at least that, e.g. 0.05"
+    )
 
 
 def _unique_labels(doc: Mapping[str, Any], baselines: Sequence[Any], problems: list[tuple[str, str]]) -> None:

@@ -56,6 +56,11 @@ from typing import Any
 
 DEFAULT_ALPHA = 0.05
 DEFAULT_MARGIN = 0.05
+MIN_ALPHA = 1e-12
+"""The smallest test level anything takes from a user (`--alpha`, a reference's `alpha`, a sequential record's
+`level`, each look of eval.sequential): below about 5.6e-17, 1 - 2 alpha rounds to 1 and no interval can be
+computed (it was an internal error, audit46 stats F5); at 1e-12 the interval's confidence still holds its level to
+a relative 1e-4. (The p-value search of a row that differs, `comparison._p_differs`, goes on down to 1e-15.)"""
 VERDICTS = ("reproduced", "differs", "inconclusive")
 
 
