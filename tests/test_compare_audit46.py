@@ -288,3 +288,34 @@ def test_the_reference_alpha_with_the_looks_is_checked_before_the_first_episode(
         "eval.sequential.rho=15.0 with the reference's alpha 0.001 gives look 1 of 4 (250 of 1000 episodes per "
         "task) the test level 9.31e-13, below 1e-12, the smallest recap-portable computes"
     )
+
+
+# -- F7: a row this run evaluated no episode of --------------------------------------------------------------------
+
+
+def test_a_row_of_no_episodes_on_the_run_side_is_inconclusive(tmp_path):
+    rng = np.random.default_rng(7)
+    pick, push = _bits(rng, 100, 0.5), _bits(rng, 100, 0.5)
+    ref = _write(tmp_path / "ref.json", _paired("ref", {"pick": pick, "push": push}))
+    act = _write(tmp_path / "act.json", _paired("act", {"pick": "", "push": push}))  # pick: 0 episodes
+    out = portable("compare", ref, act, "--margin", "0.3")
+    assert out.returncode == 61, out.stderr  # was `differs` (exit 60): nothing measured is no difference
+    lines = out.stdout.splitlines()
+    row = next(x for x in lines if x.startswith("recap/pick/success_once"))
+    assert row.split()[-1] == "inconclusive" and "0.0% (0/0)" in row
+    assert (
+        "note: this run evaluated 0 episodes for recap/pick/success_once, recap/pick/success_at_end: nothing was "
+        "measured there, so those rows are inconclusive"
+    ) in lines
+    assert lines[-1].endswith(": inconclusive (0 differ, 2 inconclusive of 6 metrics)")
+    doc = json.loads(portable("compare", ref, act, "--margin", "0.3", "--json").stdout)
+    rows = {r["metric"]: r for r in doc["rows"]}
+    assert rows["recap/pick/success_once"]["verdict"] == "inconclusive"
+    assert rows["recap/pick/success_once"]["note"] == (
+        "this run evaluated 0 episodes for this row: nothing was measured, so nothing is decided"
+    )
+    assert rows["recap/pick/success_once"]["interval"] is None and doc["verdict"] == "inconclusive"
+    # a metric the run lacks still differs
+    missing = _paired("act", {"pick": pick, "push": push})
+    del missing["metrics"]["success_at_end"]
+    assert portable("compare", ref, _write(tmp_path / "m.json", missing)).returncode == 60
