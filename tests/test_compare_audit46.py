@@ -319,3 +319,41 @@ def test_a_row_of_no_episodes_on_the_run_side_is_inconclusive(tmp_path):
     missing = _paired("act", {"pick": pick, "push": push})
     del missing["metrics"]["success_at_end"]
     assert portable("compare", ref, _write(tmp_path / "m.json", missing)).returncode == 60
+
+
+# -- F8: reset seeds that only partly overlap -----------------------------------------------------------------------
+
+
+def test_partly_overlapping_reset_seeds_say_why_the_rows_are_unpaired(tmp_path):
+    rng = np.random.default_rng(8)
+    tasks = {"pick": _bits(rng, 100, 0.5), "push": _bits(rng, 100, 0.5)}
+    ref = _paired("ref", tasks)
+    act = copy.deepcopy(ref) | {"name": "act"}
+    act["tasks"]["pick"]["outcomes"]["reset_seeds"][0] = 99_999_999  # one seed of 200 differs
+    refp, actp = _write(tmp_path / "ref.json", ref), _write(tmp_path / "act.json", act)
+    note = (
+        "unpaired: recap's reset seeds differ between the files in pick (1 of the reference's 100 not among this "
+        "run's 100), so the rows of that task and recap's overall rows are compared unpaired (pairing needs exactly "
+        "the same initial states on both sides)"
+    )
+    out = portable("compare", refp, actp)
+    assert out.returncode == 61 and f"note: {note}" in out.stdout.splitlines()
+    doc = json.loads(portable("compare", refp, actp, "--json").stdout)
+    assert note in doc["notes"]
+    rows = {r["metric"]: r["method"] for r in doc["rows"]}  # the verdicts are what they were: only pick is unpaired
+    assert rows["recap/pick/success_once"] == rows["recap/success_once"] == "newcombe-10"
+    assert rows["recap/push/success_once"] == "tango-paired"
+    # seeds 50..149 against 0..99 in both tasks
+    half = _write(tmp_path / "half.json", _paired("act", tasks, seed0=50))
+    lines = portable("compare", refp, half).stdout.splitlines()
+    assert (
+        "note: unpaired: recap's reset seeds differ between the files in pick (50 of the reference's 100 not among "
+        "this run's 100), push (50 of the reference's 100 not among this run's 100), so the rows of those tasks and "
+        "recap's overall rows are compared unpaired (pairing needs exactly the same initial states on both sides)"
+    ) in lines
+    # the same seeds: no such note; another eval seed: the note that says so already, not this one
+    assert not any("unpaired:" in x for x in portable("compare", refp, refp).stdout.splitlines())
+    other = _write(tmp_path / "other.json", _paired("act", tasks, seed0=50) | {"seeds": {"eval": 7}})
+    lines = portable("compare", refp, other).stdout.splitlines()
+    assert any(x.startswith("note: the evaluation seeds differ") for x in lines)
+    assert not any("unpaired:" in x for x in lines)

@@ -449,6 +449,37 @@ def _setting_notes(actual: Mapping[str, Any], reference: Mapping[str, Any]) -> l
     return notes
 
 
+def _pairing_notes(actual: Mapping[str, Any], reference: Mapping[str, Any], settings: Sequence[str]) -> list[str]:
+    """Why rows are unpaired although both sides carry outcomes: a task whose initial states differ between the
+    files, even by one (a row is paired only on exactly the same states), makes its rows and its policy's overall
+    rows unpaired, which the table did not say (audit46 stats F8). Not repeated where the evaluation seeds differ
+    (that note says it), nor for repeated states (the row's own note says it)."""
+    if any(n.startswith("the evaluation seeds differ") for n in settings):
+        return []
+    notes = []
+    mine = _entries(actual)
+    for label, ref_entry in _entries(reference).items():
+        act_tasks = mine.get(label, {}).get("tasks", {})
+        found = []
+        for task, ref_task in ref_entry.get("tasks", {}).items():
+            o_ref, o_act = ref_task.get("outcomes"), act_tasks.get(task, {}).get("outcomes")
+            if not o_ref or not o_act or _repeats(ref_entry, task) or _repeats(mine[label], task):
+                continue
+            kind = "init_states" if "init_states" in o_ref else "reset_seeds"
+            theirs, ours = set(o_ref.get(kind, [])), set(o_act.get(kind, []))
+            if kind in o_act and theirs != ours:
+                found.append((task, len(theirs - ours), len(theirs), len(ours), kind.replace("_", " ")))
+        if found:
+            parts = [f"{t} ({d} of the reference's {n} not among this run's {m})" for t, d, n, m, _ in found[:3]]
+            more = f" and {len(found) - 3} more tasks" if len(found) > 3 else ""
+            notes.append(
+                f"unpaired: {label}'s {found[0][4]} differ between the files in {', '.join(parts)}{more}, so the "
+                f"rows of {'that task' if len(found) == 1 else 'those tasks'} and {label}'s overall rows are "
+                "compared unpaired (pairing needs exactly the same initial states on both sides)"
+            )
+    return notes
+
+
 def _empty_note(rows: Sequence[MetricComparison]) -> list[str]:
     """The rows this run evaluated no episode of (`inconclusive`): the table shows no interval for them."""
     empty = [r.metric for r in rows if r.note == NO_EPISODES]
@@ -579,7 +610,9 @@ def compare_evidence(
                             f"{label}/{task}/{metric}", ref_side, act_side, DEFAULT_MARGIN if m is None else m, alpha
                         )
                     )
-    notes = seq_notes + _setting_notes(actual, reference) + _empty_note(rows) + _power_note(rows, alpha)
+    settings = _setting_notes(actual, reference)
+    notes = seq_notes + settings + _pairing_notes(actual, reference, settings) + _empty_note(rows)
+    notes += _power_note(rows, alpha)
     return Comparison(
         actual_name=str(actual.get("name")),
         reference_name=str(reference.get("name")),
