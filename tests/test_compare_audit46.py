@@ -136,15 +136,16 @@ def test_overall_counts_must_be_the_sum_of_the_tasks(tmp_path):
     ref = _paired("ref", tasks)
     act = copy.deepcopy(ref) | {"name": "act"}
     k = sum(b.count("1") for b in tasks.values())
-    act["metrics"]["success_at_end"] = {"successes": 200, "episodes": 200, "rate": 1.0, "display": "100.0% (200/200)"}
-    # before: the paired overall row tested the tasks' outcomes, showed 200/200 and said `reproduced` (exit 0)
+    for m in ("success_once", "success_at_end"):  # the audit's case: 200/200 claimed, the tasks as the reference's
+        act["metrics"][m] = {"successes": 200, "episodes": 200, "rate": 1.0, "display": "100.0% (200/200)"}
+    # before: the paired overall rows tested the tasks' outcomes, showed 200/200 and said `reproduced` (exit 0)
     out = portable("compare", _write(tmp_path / "ref.json", ref), _write(tmp_path / "act.json", act))
     path = tmp_path / "act.json"
     assert out.returncode == 4 and out.stdout == ""
-    assert out.stderr.splitlines()[0] == (
-        f"error: {path} is malformed evidence: metrics.success_at_end counts 200/200, but its tasks' success_at_end "
-        f"counts add up to {k}/200: an overall count must be the sum over the tasks (set it to {k}/200, or correct "
-        "the task that is wrong)"
+    assert out.stderr.splitlines()[0] == f"error: {path} is malformed evidence: " + "; ".join(
+        f"metrics.{m} counts 200/200, but its tasks' {m} counts add up to {k}/200: an overall count must be the sum "
+        f"over the tasks (set it to {k}/200, or correct the task that is wrong)"
+        for m in ("success_once", "success_at_end")
     )
     # a baseline's, and a task that the overall count leaves out
     two = _paired("two", tasks, baselines=[("bc", tasks)])
@@ -357,3 +358,37 @@ def test_partly_overlapping_reset_seeds_say_why_the_rows_are_unpaired(tmp_path):
     lines = portable("compare", refp, other).stdout.splitlines()
     assert any(x.startswith("note: the evaluation seeds differ") for x in lines)
     assert not any("unpaired:" in x for x in lines)
+
+
+# -- F9: success at the end above success at any step ---------------------------------------------------------------
+
+
+def test_success_at_end_above_success_once_on_the_same_episodes_is_refused(tmp_path):
+    rng = np.random.default_rng(9)
+    tasks = {"pick": _bits(rng, 100, 0.5), "push": _bits(rng, 100, 0.5)}
+    ref = _paired("ref", tasks)
+    act = copy.deepcopy(ref) | {"name": "act"}
+    once = act["tasks"]["pick"]["success_once"]["successes"]
+    full = {"successes": 100, "episodes": 100, "rate": 1.0, "display": "100.0% (100/100)"}
+    act["tasks"]["pick"]["success_at_end"] = full  # the audit's case: 100/100 at the end, fewer at any step
+    act["tasks"]["pick"]["outcomes"]["success_at_end"] = "1" * 100
+    k = 100 + act["tasks"]["push"]["success_at_end"]["successes"]
+    act["metrics"]["success_at_end"] = {"successes": k, "episodes": 200, "rate": k / 200, "display": "x"}
+    out = portable("compare", _write(tmp_path / "ref.json", ref), _write(tmp_path / "act.json", act))
+    assert out.returncode == 4 and out.stdout == ""  # it was accepted and given a verdict
+    first = out.stderr.splitlines()[0]
+    assert first.startswith(f"error: {tmp_path / 'act.json'} is malformed evidence: ")
+    assert first.split("malformed evidence: ", 1)[1].split("; ") == [
+        f"metrics.success_at_end counts {k} successes, more than metrics.success_once's "
+        f"{act['metrics']['success_once']['successes']} on the same 200 episodes: an episode that succeeds at its "
+        "end has succeeded at some step (correct the count that is wrong)",
+        f"tasks['pick'].success_at_end counts 100 successes, more than tasks['pick'].success_once's {once} on the "
+        "same 100 episodes: an episode that succeeds at its end has succeeded at some step (correct the count that "
+        "is wrong)",
+    ]
+    # counts of different episodes (overall counts of a file without tasks) are not compared
+    doc = copy.deepcopy(ref)
+    del doc["tasks"]
+    doc["metrics"]["success_at_end"] = {"successes": 150, "episodes": 300, "rate": 0.5, "display": "50.0% (150/300)"}
+    doc["metrics"]["success_once"] = {"successes": 100, "episodes": 200, "rate": 0.5, "display": "50.0% (100/200)"}
+    check_evidence(doc, where="doc")

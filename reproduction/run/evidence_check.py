@@ -113,6 +113,7 @@ def _entry(entry: Any, where: str, problems: list[tuple[str, str]], *, reference
         problems.append((f"{pre}metrics", f"{pre}metrics is missing or empty (metrics: {metrics!r})"))
         metrics = {}
     overall = {m: _metric(m, v, f"{pre}metrics.{m}", problems, reference=reference) for m, v in metrics.items()}
+    _at_end_within_once(overall, f"{pre}metrics", problems)
     tasks = entry.get("tasks", {})
     if not isinstance(tasks, Mapping):
         problems.append((f"{pre}tasks", f"{pre}tasks is {type(tasks).__name__}, not an object of tasks"))
@@ -132,9 +133,29 @@ def _entry(entry: Any, where: str, problems: list[tuple[str, str]], *, reference
                 if got is not None and _is_int(row.get("episodes")) and got[1] != row["episodes"]:
                     problems.append((f"{at}.{m}", f"{at}.{m} counts {got[1]} episodes, the task {row['episodes']}"))
             summed[m].append(counts.get(m))
+        _at_end_within_once(counts, at, problems)
         if "outcomes" in row and len(counts) == sum(m in row for m in COUNT_METRICS):
             _outcomes(row["outcomes"], counts, f"{at}.outcomes", problems)
     _overall_is_the_tasks_sum(overall, summed, len(tasks), pre, problems)
+
+
+def _at_end_within_once(
+    counts: Mapping[str, tuple[int, int] | None], where: str, problems: list[tuple[str, str]]
+) -> None:
+    """success_at_end (success at the episode's last step) is within success_once (success at any step): on the
+    same episodes its successes cannot be more (audit46 stats F9). Checked where both count the same episodes,
+    as a task's two counts do (each counts the task's episodes) and a policy's overall two do."""
+    once, end = counts.get("success_once"), counts.get("success_at_end")
+    if once is None or end is None or once[1] != end[1] or end[0] <= once[0]:
+        return
+    problems.append(
+        (
+            f"{where}.success_at_end",
+            f"{where}.success_at_end counts {end[0]} successes, more than {where}.success_once's {once[0]} on the "
+            f"same {once[1]} episodes: an episode that succeeds at its end has succeeded at some step (correct the "
+            "count that is wrong)",
+        )
+    )
 
 
 def _overall_is_the_tasks_sum(
