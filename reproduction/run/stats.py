@@ -12,10 +12,12 @@ d = p_actual - p_reference and a margin m (absolute, e.g. 0.05 = five percentage
     differs       the same (1 - 2 alpha) interval lies wholly beyond the margin (lower bound > +m or
                   upper bound < -m): a one-sided test of H0 "d <= m" (resp. "d >= -m") rejects at level
                   alpha. The two events exclude each other, so a true |d| <= m is called differs with
-                  probability about alpha (the interval is an approximation: 0.061 measured at |d| = m,
-                  p = 0.5, n = 50; at equal rates, exactly, 0.109 at 5 vs 5 episodes, 0.25 at 1 vs 2, up to
-                  0.18 with one side of 1 episode; at most 0.058 from 15 a side: evidence/README.md). The
-                  overall verdict over many rows adjusts this by Holm (reproduction.run.comparison). The
+                  probability about alpha, not at most alpha: the interval is an approximation. Exactly,
+                  with 15 or more episodes a side, one row reaches 0.077 at |d| = m = 0.05 (0.47 vs 0.52,
+                  18 a side; 0.065 at 44 a side), 0.074 at m = 0.1 (0.45 vs 0.55, 15 a side), and 0.071 at
+                  equal rates (m = 0.05, p = 0.5, 16 vs 15); with fewer, more (0.109 at 5 vs 5 episodes, 0.25
+                  at 1 vs 2, up to 0.18 with one side of 1 episode): evidence/README.md. The overall verdict
+                  over many rows adjusts this by Holm (reproduction.run.comparison). The
                   (1 - 2 alpha) interval, not (1 - alpha),
                   because each claim is one-sided, exactly as in TOST: it keeps both verdicts at the one
                   stated alpha and leaves the smallest band of "inconclusive".
