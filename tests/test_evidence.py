@@ -303,6 +303,8 @@ def test_missing_policy_task_or_metric_differs():
     actual = make_evidence()
     actual["baselines"] = []
     del actual["tasks"][PUSH]
+    # the overall counts are the remaining task's (an overall count must be the sum of its tasks', audit46 F3)
+    actual["metrics"] |= {m: actual["tasks"][PICK][m] for m in ("success_once", "success_at_end")}
     result = compare_evidence(actual, reference)
     rows = {r.metric: r for r in result.rows}
     assert rows["bc/success_once"].actual is None and rows["bc/success_once"].verdict == "differs"
@@ -448,4 +450,6 @@ def test_outcomes_must_add_up_to_the_counts_and_a_reference_needs_episodes():
     empty = make_evidence(recap=(0, 0), bc=(0, 0))
     with pytest.raises(InvalidInputError, match="the reference has 0 episodes"):
         compare_evidence(make_evidence(), empty)
-    assert compare_evidence(empty, make_evidence()).verdict == "differs"  # this run has none: differs, as before
+    # this run has none: nothing was measured, so inconclusive (it was differs until audit46 stats F7)
+    none = compare_evidence(empty, make_evidence())
+    assert none.verdict == "inconclusive" and {r.verdict for r in none.rows} == {"inconclusive"}

@@ -95,6 +95,15 @@ def _check_level(name: str, value: float | None, low: float, high: float, exampl
         raise UsageError(
             f"--{name} {value:g} must lie strictly between {low:g} and {high:g}", hint=f"e.g. --{name} {example}"
         )
+    if name == "alpha" and value is not None:
+        from reproduction.run.stats import MIN_ALPHA
+
+        if value < MIN_ALPHA:
+            raise UsageError(
+                f"--alpha {value:g} is below {MIN_ALPHA:g}, the smallest test level recap-portable computes (1 - 2 "
+                "alpha would round to 1)",
+                hint=f"e.g. --alpha {example}",
+            )
 
 
 def _plan_targets(doc: dict[str, Any], rates: list[float]) -> list[dict[str, Any]]:
@@ -150,7 +159,7 @@ def plan_rows(
     if not targets:
         raise UsageError("--plan needs --reference FILE or --rate P", hint="e.g. portable eval --plan --rate 0.8")
     alpha = float(alpha if alpha is not None else doc.get("alpha", DEFAULT_ALPHA))
-    rows, joint = [], {}
+    rows, joint = [], []
     for t in targets:
         m = float(margin if margin is not None else t["own"] if t["own"] is not None else DEFAULT_MARGIN)
         if abs(difference) >= m:
@@ -164,15 +173,15 @@ def plan_rows(
             | {"basis": "exact"}
         )
         if t["reference_episodes"] is not None and not t.get("same_as_overall"):
-            joint.setdefault(m, []).append((t["rate"], t["tasks"]))
+            joint.append((t["rate"], t["tasks"], m))
     if joint:
-        per_task = max(
-            episodes_exact(r, margin=m, alpha=alpha, power=power, difference=difference) for m, r in joint.items()
-        )
+        # one n for every row, whatever its margin: the shortfalls of all rows share the one 1 - power (planning
+        # each margin's rows alone and taking the largest n let each spend all of it, audit46 stats F2)
+        per_task = episodes_exact(joint, margin=joint[0][2], alpha=alpha, power=power, difference=difference)
         rows.append(
             {"metric": "every rate row", "rate": None, "margin": margin, "alpha": alpha, "power": power}
             | {"difference": difference, "episodes_per_side": None, "reference_episodes": None, "basis": "bonferroni"}
-            | {"rows": sum(len(r) for r in joint.values()), "episodes_per_task": per_task}
+            | {"rows": len(joint), "episodes_per_task": per_task}
         )
     return rows
 

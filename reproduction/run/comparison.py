@@ -36,6 +36,7 @@ from reproduction.run.evidence_check import check_evidence
 from reproduction.run.stats import DEFAULT_ALPHA, DEFAULT_MARGIN, episodes_needed
 
 COMPARISON_FORMAT = "recap-portable-comparison"
+NO_EPISODES = "this run evaluated 0 episodes for this row: nothing was measured, so nothing is decided"
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -185,7 +186,7 @@ class Comparison:
             return overall_verdict(verdicts)
         tested = {r.metric for r in self.rows if r.kind == "rate" and r.low is not None}
         if any(r.verdict == "differs" and r.metric not in tested for r in self.rows) or not self.rows:
-            return "differs"  # a missing policy/metric, no episodes, a plain value out of tolerance
+            return "differs"  # a missing policy/metric, a reference of no episodes, a plain value out of tolerance
         return "differs" if holm_differs(self.rows, self.alpha) else "inconclusive"
 
     @property
@@ -307,7 +308,7 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
         "reference_display": r["display"],
         "reference_counts": (int(r["successes"]), int(r["episodes"])),
     }
-    if a is None or not a["episodes"] or not r["episodes"]:
+    if a is None or not r["episodes"]:
         return MetricComparison(
             **common,
             actual=None if a is None else float(a["rate"]),
@@ -315,6 +316,15 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
             verdict="differs",
             actual_display="missing" if a is None else a["display"],
             note="this run has no such metric" if a is None else "no episodes on one side",
+        )
+    if not a["episodes"]:  # nothing measured is no evidence of a difference (it was `differs`, audit46 stats F7)
+        return MetricComparison(
+            **common,
+            actual=float(a["rate"]),
+            method="newcombe-10",
+            verdict="inconclusive",
+            actual_display=a["display"],
+            note=NO_EPISODES,
         )
     pairs = None if ref.repeats or act.repeats else _paired(ref, act)
     if pairs is not None:
@@ -439,6 +449,49 @@ def _setting_notes(actual: Mapping[str, Any], reference: Mapping[str, Any]) -> l
     return notes
 
 
+def _pairing_notes(actual: Mapping[str, Any], reference: Mapping[str, Any], settings: Sequence[str]) -> list[str]:
+    """Why rows are unpaired although both sides carry outcomes: a task whose initial states differ between the
+    files, even by one (a row is paired only on exactly the same states), makes its rows and its policy's overall
+    rows unpaired, which the table did not say (audit46 stats F8). Not repeated where the evaluation seeds differ
+    (that note says it), nor for repeated states (the row's own note says it)."""
+    if any(n.startswith("the evaluation seeds differ") for n in settings):
+        return []
+    notes = []
+    mine = _entries(actual)
+    for label, ref_entry in _entries(reference).items():
+        act_tasks = mine.get(label, {}).get("tasks", {})
+        found = []
+        for task, ref_task in ref_entry.get("tasks", {}).items():
+            o_ref, o_act = ref_task.get("outcomes"), act_tasks.get(task, {}).get("outcomes")
+            if not o_ref or not o_act or _repeats(ref_entry, task) or _repeats(mine[label], task):
+                continue
+            kind = "init_states" if "init_states" in o_ref else "reset_seeds"
+            theirs, ours = set(o_ref.get(kind, [])), set(o_act.get(kind, []))
+            if kind in o_act and theirs != ours:
+                found.append((task, len(theirs - ours), len(theirs), len(ours), kind.replace("_", " ")))
+        if found:
+            parts = [f"{t} ({d} of the reference's {n} not among this run's {m})" for t, d, n, m, _ in found[:3]]
+            more = f" and {len(found) - 3} more tasks" if len(found) > 3 else ""
+            notes.append(
+                f"unpaired: {label}'s {found[0][4]} differ between the files in {', '.join(parts)}{more}, so the "
+                f"rows of {'that task' if len(found) == 1 else 'those tasks'} and {label}'s overall rows are "
+                "compared unpaired (pairing needs exactly the same initial states on both sides)"
+            )
+    return notes
+
+
+def _empty_note(rows: Sequence[MetricComparison]) -> list[str]:
+    """The rows this run evaluated no episode of (`inconclusive`): the table shows no interval for them."""
+    empty = [r.metric for r in rows if r.note == NO_EPISODES]
+    if not empty:
+        return []
+    more = f" and {len(empty) - 3} more" if len(empty) > 3 else ""
+    return [
+        f"this run evaluated 0 episodes for {', '.join(empty[:3])}{more}: nothing was measured there, so "
+        f"{'that row is' if len(empty) == 1 else 'those rows are'} inconclusive"
+    ]
+
+
 def _power_note(rows: Sequence[MetricComparison], alpha: float) -> list[str]:
     """A warning when the reference's own episodes cannot support its margin in an unpaired comparison."""
     short = []
@@ -557,7 +610,9 @@ def compare_evidence(
                             f"{label}/{task}/{metric}", ref_side, act_side, DEFAULT_MARGIN if m is None else m, alpha
                         )
                     )
-    notes = seq_notes + _setting_notes(actual, reference) + _power_note(rows, alpha)
+    settings = _setting_notes(actual, reference)
+    notes = seq_notes + settings + _pairing_notes(actual, reference, settings) + _empty_note(rows)
+    notes += _power_note(rows, alpha)
     return Comparison(
         actual_name=str(actual.get("name")),
         reference_name=str(reference.get("name")),

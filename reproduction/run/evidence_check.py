@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.errors import InvalidInputError
+from reproduction.run.stats import MIN_ALPHA
 
 COUNT_METRICS = ("success_once", "success_at_end")
 MAX_SHOWN = 8
@@ -111,12 +112,13 @@ def _entry(entry: Any, where: str, problems: list[tuple[str, str]], *, reference
     if not isinstance(metrics, Mapping) or not metrics:
         problems.append((f"{pre}metrics", f"{pre}metrics is missing or empty (metrics: {metrics!r})"))
         metrics = {}
-    for m, v in metrics.items():
-        _metric(m, v, f"{pre}metrics.{m}", problems, reference=reference)
+    overall = {m: _metric(m, v, f"{pre}metrics.{m}", problems, reference=reference) for m, v in metrics.items()}
+    _at_end_within_once(overall, f"{pre}metrics", problems)
     tasks = entry.get("tasks", {})
     if not isinstance(tasks, Mapping):
         problems.append((f"{pre}tasks", f"{pre}tasks is {type(tasks).__name__}, not an object of tasks"))
         return
+    summed: dict[str, list[tuple[int, int] | None]] = {m: [] for m in COUNT_METRICS}
     for task, row in tasks.items():
         at = f"{pre}tasks[{task!r}]"
         if not isinstance(row, Mapping):
@@ -130,8 +132,55 @@ def _entry(entry: Any, where: str, problems: list[tuple[str, str]], *, reference
                     counts[m] = got
                 if got is not None and _is_int(row.get("episodes")) and got[1] != row["episodes"]:
                     problems.append((f"{at}.{m}", f"{at}.{m} counts {got[1]} episodes, the task {row['episodes']}"))
+            summed[m].append(counts.get(m))
+        _at_end_within_once(counts, at, problems)
         if "outcomes" in row and len(counts) == sum(m in row for m in COUNT_METRICS):
             _outcomes(row["outcomes"], counts, f"{at}.outcomes", problems)
+    _overall_is_the_tasks_sum(overall, summed, len(tasks), pre, problems)
+
+
+def _at_end_within_once(
+    counts: Mapping[str, tuple[int, int] | None], where: str, problems: list[tuple[str, str]]
+) -> None:
+    """success_at_end (success at the episode's last step) is within success_once (success at any step): on the
+    same episodes its successes cannot be more (audit46 stats F9). Checked where both count the same episodes,
+    as a task's two counts do (each counts the task's episodes) and a policy's overall two do."""
+    once, end = counts.get("success_once"), counts.get("success_at_end")
+    if once is None or end is None or once[1] != end[1] or end[0] <= once[0]:
+        return
+    problems.append(
+        (
+            f"{where}.success_at_end",
+            f"{where}.success_at_end counts {end[0]} successes, more than {where}.success_once's {once[0]} on the "
+            f"same {once[1]} episodes: an episode that succeeds at its end has succeeded at some step (correct the "
+            "count that is wrong)",
+        )
+    )
+
+
+def _overall_is_the_tasks_sum(
+    overall: Mapping[str, tuple[int, int] | None],
+    summed: Mapping[str, list[tuple[int, int] | None]],
+    tasks: int,
+    pre: str,
+    problems: list[tuple[str, str]],
+) -> None:
+    """A policy's overall count of a metric is its tasks' counts added up, wherever every task has a sound count
+    of it: a comparison pairs an overall row on the tasks' pooled outcomes, so an overall count that disagrees
+    would be shown beside a test of other numbers (audit46 stats F3: 200/200 shown as `reproduced` against 106/200)."""
+    for m, rows in summed.items():
+        if not tasks or len(rows) != tasks or None in rows or overall.get(m) is None:
+            continue
+        k, n = overall[m]
+        ks, ns = sum(r[0] for r in rows), sum(r[1] for r in rows)
+        if (k, n) != (ks, ns):
+            problems.append(
+                (
+                    f"{pre}metrics.{m}",
+                    f"{pre}metrics.{m} counts {k}/{n}, but its tasks' {m} counts add up to {ks}/{ns}: an overall "
+                    f"count must be the sum over the tasks (set it to {ks}/{ns}, or correct the task that is wrong)",
+                )
+            )
 
 
 def _levels(doc: Mapping[str, Any], problems: list[tuple[str, str]]) -> None:
@@ -140,6 +189,8 @@ def _levels(doc: Mapping[str, Any], problems: list[tuple[str, str]]) -> None:
         problems.append(
             ("alpha", f"alpha is {doc['alpha']!r}; it must be a number strictly between 0 and 0.5 (e.g. 0.05)")
         )
+    elif "alpha" in doc and doc["alpha"] < MIN_ALPHA:
+        problems.append(("alpha", _too_small("alpha", doc["alpha"])))
     for key, low_ok in (("margins", False), ("tolerances", True)):
         if key not in doc:
             continue
@@ -157,6 +208,37 @@ def _levels(doc: Mapping[str, Any], problems: list[tuple[str, str]]) -> None:
             problems.append(
                 ("sequential.level", f"sequential.level is {level!r}; it must be a number strictly between 0 and 0.5")
             )
+        elif "level" in seq and level < MIN_ALPHA:
+            problems.append(("sequential.level", _too_small("sequential.level", level)))
+
+
+def _too_small(name: str, value: float) -> str:
+    return (
+        f"{name} is {value!r}, below {MIN_ALPHA:g}: the smallest test level recap-portable computes (1 - 2 alpha "
+        "would round to 1); give one of at least that, e.g. 0.05"
+    )
+
+
+def _unique_labels(doc: Mapping[str, Any], baselines: Sequence[Any], problems: list[tuple[str, str]]) -> None:
+    """Every policy's label (the primary's and each baseline's) differs from the others': a comparison matches
+    policies by label, so a baseline labelled like the primary replaced it (audit46 stats F4)."""
+    first: dict[str, str] = {}
+    for where, entry in [("", doc), *((f"baselines[{i}]", b) for i, b in enumerate(baselines))]:
+        policy = entry.get("policy") if isinstance(entry, Mapping) else None
+        label = policy.get("label") if isinstance(policy, Mapping) else None
+        if not isinstance(label, str) or not label:
+            continue  # named by _entry
+        field = f"{where}.policy.label" if where else "policy.label"
+        if label in first:
+            problems.append(
+                (
+                    field,
+                    f"{field} {label!r} is also {first[label]}'s label: each policy needs its own label, since a "
+                    "comparison matches policies by label (rename one of them)",
+                )
+            )
+        else:
+            first[label] = where or "the primary policy"
 
 
 def check_evidence(doc: Mapping[str, Any], *, where: str | Path, reference: bool = False) -> None:
@@ -170,6 +252,7 @@ def check_evidence(doc: Mapping[str, Any], *, where: str | Path, reference: bool
         baselines = []
     for i, b in enumerate(baselines):
         _entry(b, f"baselines[{i}]", problems, reference=reference)
+    _unique_labels(doc, baselines, problems)
     _levels(doc, problems)
     if problems:
         texts = [text for _, text in problems]

@@ -18,10 +18,12 @@ d = p_actual - p_reference and a margin m (absolute, e.g. 0.05 = five percentage
     differs       the same (1 - 2 alpha) interval lies wholly beyond the margin (lower bound > +m or
                   upper bound < -m): a one-sided test of H0 "d <= m" (resp. "d >= -m") rejects at level
                   alpha. The two events exclude each other, so a true |d| <= m is called differs with
-                  probability about alpha (the interval is an approximation: 0.061 measured at |d| = m,
-                  p = 0.5, n = 50; at equal rates, exactly, 0.109 at 5 vs 5 episodes, 0.25 at 1 vs 2, up to
-                  0.18 with one side of 1 episode; at most 0.058 from 15 a side: evidence/README.md). The
-                  overall verdict over many rows adjusts this by Holm (reproduction.run.comparison). The
+                  probability about alpha, not at most alpha: the interval is an approximation. Exactly,
+                  with 15 or more episodes a side, one row reaches 0.077 at |d| = m = 0.05 (0.47 vs 0.52,
+                  18 a side; 0.065 at 44 a side), 0.074 at m = 0.1 (0.45 vs 0.55, 15 a side), and 0.071 at
+                  equal rates (m = 0.05, p = 0.5, 16 vs 15); with fewer, more (0.109 at 5 vs 5 episodes, 0.25
+                  at 1 vs 2, up to 0.18 with one side of 1 episode): evidence/README.md. The overall verdict
+                  over many rows adjusts this by Holm (reproduction.run.comparison). The
                   (1 - 2 alpha) interval, not (1 - alpha),
                   because each claim is one-sided, exactly as in TOST: it keeps both verdicts at the one
                   stated alpha and leaves the smallest band of "inconclusive".
@@ -62,6 +64,11 @@ from typing import Any
 
 DEFAULT_ALPHA = 0.05
 DEFAULT_MARGIN = 0.05
+MIN_ALPHA = 1e-12
+"""The smallest test level anything takes from a user (`--alpha`, a reference's `alpha`, a sequential record's
+`level`, each look of eval.sequential): below about 5.6e-17, 1 - 2 alpha rounds to 1 and no interval can be
+computed (it was an internal error, audit46 stats F5); at 1e-12 the interval's confidence still holds its level to
+a relative 1e-4. (The p-value search of a row that differs, `comparison._p_differs`, goes on down to 1e-15.)"""
 VERDICTS = ("reproduced", "differs", "inconclusive")
 
 
@@ -277,7 +284,7 @@ def exact_power(p_ref: float, p_act: float, n_ref: int, n_act: int, *, margin: f
 
 
 def episodes_exact(
-    rows: list[tuple[float, int]],
+    rows: list[tuple[float, int]] | list[tuple[float, int, float]],
     *,
     margin: float,
     alpha: float = DEFAULT_ALPHA,
@@ -286,37 +293,46 @@ def episodes_exact(
     limit: int = 1 << 20,
 ) -> int:
     """The episodes per task n at which the exact probability that *every* row says `reproduced` is at least
-    `power`, unpaired, both sides evaluating n per task. A row is (reference rate p, tasks it pools): a per-task row
-    has 1, a policy's overall row the number of tasks T (it sees T n episodes a side); its true rate on this run is
-    p + difference (p - difference where that would pass 1). The rows of one comparison are dependent, so the
-    bound used is Bonferroni's: sum of (1 - exact power of each row) <= 1 - power, which guarantees P(all) >= power.
+    `power`, unpaired, both sides evaluating n per task. A row is (reference rate p, tasks it pools) or (p, tasks,
+    its own margin): a per-task row has 1, a policy's overall row the number of tasks T (it sees T n episodes a
+    side); its true rate on this run is p + difference (p - difference where that would pass 1); a row without its
+    own margin is tested at `margin`. The rows of one comparison are dependent, so the bound used is Bonferroni's:
+    sum of (1 - exact power of each row) <= 1 - power over *all* rows, whatever their margins, which guarantees
+    P(all) >= power (rows of several margins share the one budget: planning each margin alone with the whole
+    1 - power and taking the largest n gave 0.72-0.75, audit46 stats F2).
 
     Searched on the exact power (`exact_power`), not the normal approximation: near rates 0 and 1 that one
     promised 80% and delivered 0-60% (audit F3). Exponential search, then bisection on n; the n returned
     itself satisfies the bound (the exact power is saw-toothed in n, so a few n above it may fall just short).
     Raises ValueError when no n up to `limit` does."""
-    _check(alpha, margin)
+    full = [(row[0], row[1], float(row[2] if len(row) > 2 else margin)) for row in rows]
+    margins = sorted({m for _, _, m in full}) or [float(margin)]
+    for m in margins:
+        _check(alpha, m)
     if not 0 < power < 1:
         raise ValueError(f"power {power} must lie in (0, 1)")
-    if not abs(difference) < margin:
-        raise ValueError(f"true difference {difference} must be smaller than the margin {margin}")
-    cache: dict[tuple[float, int], float] = {}
+    for m in margins:
+        if not abs(difference) < m:
+            raise ValueError(f"true difference {difference} must be smaller than the margin {m}")
+    counts = {row: full.count(row) for row in full}
+    cache: dict[tuple[float, int, float], float] = {}
 
     def shortfall(n: int) -> float:
         total = 0.0
-        for p, tasks in set(rows):
+        for (p, tasks, m), times in counts.items():
             q = p + difference if 0 <= p + difference <= 1 else p - difference
-            key = (p, n * tasks)
+            key = (p, n * tasks, m)
             if key not in cache:
-                cache[key] = exact_power(p, q, n * tasks, n * tasks, margin=margin, alpha=alpha)
-            total += (1 - cache[key]) * rows.count((p, tasks))
+                cache[key] = exact_power(p, q, n * tasks, n * tasks, margin=m, alpha=alpha)
+            total += (1 - cache[key]) * times
         return total
 
     budget = 1 - power + 1e-12
     hi = 1
     while shortfall(hi) > budget:
         if hi >= limit:
-            raise ValueError(f"no n up to {limit} episodes per task gives power {power} at margin {margin}")
+            shown = ", ".join(f"{m:g}" for m in margins)
+            raise ValueError(f"no n up to {limit} episodes per task gives power {power} at margin {shown}")
         hi *= 2
     lo = hi // 2
     while hi - lo > 1:

@@ -243,11 +243,37 @@ class EvalSection:
                 field="eval.reference",
                 hint="set eval.reference=${BUNDLE}/evidence/<file>.json, or eval.sequential.enabled=false",
             )
+        if self.sequential.enabled:
+            _check_look_levels(self)
         if not self.guidance_scales or any(w < 0 for w in self.guidance_scales):
             raise ConfigError(
                 f"eval.guidance_scales={list(self.guidance_scales)} must be a non-empty list of values >= 0",
                 field="eval.guidance_scales",
             )
+
+
+def _check_look_levels(ev: EvalSection) -> None:
+    """Every look of a sequential evaluation tests at its share of alpha, (t_k^rho - t_(k-1)^rho) alpha: refuse a
+    rho (with its looks) whose smallest share would put a look's level below stats.MIN_ALPHA even at the largest
+    alpha a reference can declare (0.5), where 1 - 2 a_k rounds to 1 (an internal error after the first look's
+    episodes, audit46 stats F5). The reference's own alpha is checked the same way before the first episode."""
+    from reproduction.run.sequential import SequentialRule
+    from reproduction.run.stats import MIN_ALPHA
+
+    rule = SequentialRule(looks=ev.sequential.looks, rho=ev.sequential.rho, alpha=1.0)
+    n = ev.episodes_per_task
+    sizes = rule.sizes(n, 25)  # whole batches of the simulator's 25 episodes, as the eval stage looks
+    share = rule.spend([size / n for size in sizes])
+    k = min(range(len(share)), key=share.__getitem__)
+    if 0.5 * share[k] < MIN_ALPHA:
+        raise ConfigError(
+            f"eval.sequential.rho={ev.sequential.rho} with eval.sequential.looks={ev.sequential.looks} leaves look "
+            f"{k + 1} of {len(sizes)} ({sizes[k]} of {n} episodes per task) a share {share[k]:.3g} of alpha: its "
+            f"test level would be below {MIN_ALPHA:g}, the smallest recap-portable computes, whatever the "
+            "reference's alpha",
+            field="eval.sequential.rho",
+            hint="3 (the default) spends little alpha at the early looks; 1 spends it evenly",
+        )
 
 
 def is_libero_task(task: str) -> bool:

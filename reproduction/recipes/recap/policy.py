@@ -287,10 +287,11 @@ def evaluate_sequentially(
     record (the looks, where and why it stopped); deterministic, so a rerun gives the same bytes."""
     import hashlib
 
+    from reproduction.errors import ConfigError
     from reproduction.run.comparison import Comparison, compare_evidence
     from reproduction.run.evidence import load_evidence
     from reproduction.run.sequential import SequentialRule
-    from reproduction.run.stats import DEFAULT_ALPHA
+    from reproduction.run.stats import DEFAULT_ALPHA, MIN_ALPHA
     from reproduction.sim.evaluate import evaluate_many
 
     reference = load_evidence(reference_path)
@@ -298,6 +299,15 @@ def evaluate_sequentially(
     n_max = jobs[0].config.episodes_per_task
     sizes = rule.sizes(n_max, max(job.config.batch_size for job in jobs))
     spend = rule.spend([n / n_max for n in sizes])
+    low = min(range(len(spend)), key=spend.__getitem__)
+    if spend[low] < MIN_ALPHA:  # before any episode: 1 - 2 a_k would round to 1 at that look (audit46 stats F5)
+        raise ConfigError(
+            f"eval.sequential.rho={rho} with the reference's alpha {rule.alpha:g} gives look {low + 1} of "
+            f"{len(sizes)} ({sizes[low]} of {n_max} episodes per task) the test level {spend[low]:.3g}, below "
+            f"{MIN_ALPHA:g}, the smallest recap-portable computes",
+            field="eval.sequential.rho",
+            hint="3 (the default) spends little alpha at the early looks; 1 spends it evenly",
+        )
 
     def rate_rows(outcome: list[Any], look: int) -> list[Any]:
         comparison = compare_evidence(evidence_of(outcome), reference, alpha=spend[look])
