@@ -56,6 +56,7 @@ if __package__ in (None, ""):
 from reproduction.errors import (  # noqa: E402
     DISK_FULL_ERRNOS,
     InputNotFoundError,
+    MissingDependencyError,
     PortableError,
     UsageError,
     os_error,
@@ -87,6 +88,39 @@ EXIT_CODES = """exit codes:
   run: 11-14 a bundle file it reads differs    7 also: another `portable run` works in the run folder
   130 interrupted (Ctrl-C, SIGTERM)
   compare: 60 differs (beyond the margin), 61 inconclusive (more episodes needed)"""
+
+
+RUNTIME_INSTALL = "pip install -c constraints.txt torch==2.13.0 -e '.[sim]'"
+"""How the pipeline's runtime is installed (README's quick start): what a missing one's hint names."""
+CONTROL_PLANE = "verify, restore, check, compare and lineage"
+"""The commands a bare Python (no runtime installed) runs."""
+DEMO_MODULES = ("torch", "numpy", "pyarrow", "yaml", "omegaconf", "gymnasium", "gymnasium_robotics", "mujoco")
+"""What every demo imports (the `sim` extra): looked for before the demo writes anything."""
+
+
+def missing_runtime(module: str, command: str) -> MissingDependencyError:
+    """The one error for a pipeline command on an interpreter without the package `module` (exit 10, not "a bug")."""
+    top = module.partition(".")[0]
+    extra = "libero" if top.startswith("libero") else "sim"
+    install = RUNTIME_INSTALL.replace("'.[sim]'", f"'.[{extra}]'")
+    return MissingDependencyError(
+        f"`portable {command}` needs the Python package {top!r}, which this Python ({sys.executable}) does not have",
+        hint=f"install the runtime (README's quick start): {install}; a Python without it runs only {CONTROL_PLANE}",
+    )
+
+
+def _require(modules: tuple[str, ...], command: str) -> None:
+    """MissingDependencyError (exit 10) naming the first of `modules` this interpreter cannot import (looked up,
+    not imported), before the command writes anything."""
+    import importlib.util
+
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise missing_runtime(name, command)
 
 
 def _default_bundle() -> Path:
@@ -368,6 +402,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     recipe = getattr(args, "recipe", "recap")
     if recipe not in DEMOS:
         raise UsageError(f"--recipe {recipe!r} has no demo", hint=f"demos: {', '.join(DEMOS)}")
+    _require(DEMO_MODULES, "demo")  # before the demo folder and its demo.json are made
     normalise_paths(args, "output")
     output = Path(args.output) if args.output else None
     if getattr(args, "world", "fetch") == "libero":
@@ -654,6 +689,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         raised_at = _raised_outside(exc)
+        if isinstance(exc, ModuleNotFoundError) and exc.name and raised_at is None:
+            if not exc.name.startswith("reproduction"):  # a package our code imports is not installed: not a bug
+                return render_error(missing_runtime(exc.name, args.command))
         label = "" if raised_at else "internal error: "  # not ours: no "internal error" over the user's exception
         print(f"error: {label}{type(exc).__name__}: {exc}", file=sys.stderr)
         print(f"hint: {_blame(exc, raised_at)}", file=sys.stderr)

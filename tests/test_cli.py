@@ -209,3 +209,42 @@ def test_an_unexpected_exception_inside_the_package_is_called_its_bug(monkeypatc
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("error: internal error: TypeError:")
     assert err[1] == "hint: this is a bug in recap-portable; rerun with --debug for the traceback and report it"
+
+
+@pytest.mark.parametrize(
+    "argv, module",
+    [
+        (["run", "--output", "{tmp}/run", "--stages", "returns"], "omegaconf"),
+        (["eval", "--checkpoint", "30", "--output", "{tmp}/run"], "omegaconf"),
+        (["demo", "--quick", "--output", "{tmp}/demo"], "torch"),
+    ],
+    ids=["run", "eval", "demo"],
+)
+def test_a_pipeline_command_on_a_python_without_the_runtime_is_exit_10_and_writes_nothing(argv, module, tmp_path):
+    """audit46 newcomer F3: `python3 reproduction/portable.py run|eval|demo` on a Python without the runtime was exit
+    1 "internal error ... this is a bug" (and demo left its demo.json behind). `-S`: no site-packages, as on a bare
+    server Python."""
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path / "home")}
+    args = [a.replace("{tmp}", str(tmp_path / "out")) for a in argv]
+    done = subprocess.run(
+        [sys.executable, "-S", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+    assert done.returncode == 10, done.stderr
+    assert done.stderr.splitlines() == [
+        f"error: `portable {argv[0]}` needs the Python package {module!r}, which this Python ({sys.executable}) "
+        "does not have",
+        "hint: install the runtime (README's quick start): pip install -c constraints.txt torch==2.13.0 -e '.[sim]'; "
+        "a Python without it runs only verify, restore, check, compare and lineage",
+    ]
+    assert not (tmp_path / "out").exists(), "nothing written"
+
+
+def test_a_package_missing_mid_command_is_exit_10_naming_it(monkeypatch, capsys, tmp_path):
+    """A runtime package our code imports that is not installed is a missing dependency (exit 10), not a bug."""
+    monkeypatch.setitem(sys.modules, "omegaconf", None)  # as if omegaconf were not installed
+    assert portable.main(["run", "--output", str(tmp_path / "run")]) == 10
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"error: `portable run` needs the Python package 'omegaconf', which this Python ({sys.executable}) does not "
+        "have"
+    )
+    assert not (tmp_path / "run").exists()
