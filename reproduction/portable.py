@@ -651,9 +651,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # `run` takes key.path=value overrides anywhere after the command; nothing else is unknown
-        if getattr(args, "overrides", None) is None or any(e.startswith("-") or "=" not in e for e in extra):
+        if getattr(args, "overrides", None) is None or any(e.startswith("-") for e in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.overrides += extra
+        args.overrides += extra  # one without `=` is refused by the command as in any other place (exit 4)
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return 2

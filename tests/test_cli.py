@@ -248,3 +248,30 @@ def test_a_package_missing_mid_command_is_exit_10_naming_it(monkeypatch, capsys,
         "have"
     )
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "eval"])
+def test_an_override_without_equals_is_exit_4_wherever_it_sits(command, tmp_path, capsys):
+    """audit46 newcomer F9: after the options it was argparse's exit 2 with the top-level usage, before them exit 4
+    naming it; now exit 4 naming it in both places."""
+    (tmp_path / "b").mkdir()
+    head = ["run", str(tmp_path / "b")] if command == "run" else ["eval", "--checkpoint", "3"]
+    outputs = []
+    for argv in ([*head, "--output", str(tmp_path / "o"), "value.train.lr"], [*head, "value.train.lr", "--output"]):
+        if argv[-1] == "--output":
+            argv.append(str(tmp_path / "o"))
+        assert portable.main(argv) == 4
+        outputs.append(capsys.readouterr().err)
+    assert outputs[0] == outputs[1]
+    assert outputs[0].splitlines() == (
+        [
+            "error: 'value.train.lr' is neither an option nor a key.path=value override",
+            "hint: write config overrides as key.path=value (see docs/config.md)",
+        ]
+        if command == "run"
+        else ["error: override 'value.train.lr' is not key.path=value", "hint: write overrides as key.path=value"]
+    )
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(SystemExit) as usage:  # an unknown option stays a usage error
+        portable.main([*head, "--output", str(tmp_path / "o"), "--bogus"])
+    assert usage.value.code == 2
