@@ -98,6 +98,16 @@ DEMO_MODULES = ("torch", "numpy", "pyarrow", "yaml", "omegaconf", "gymnasium", "
 """What every demo imports (the `sim` extra): looked for before the demo writes anything."""
 
 
+INTERRUPT_HINTS = {
+    "run": "rerun it with --resume: completed stages are kept, an interrupted one continues from its last checkpoint",
+    "demo": "run the same `portable demo` again: it reuses what is done",
+    "restore": "run `portable restore` again: it finishes the job",
+    "fetch": "run the same `portable fetch` again: it keeps the files already verified and resumes partial ones",
+    "publish": "run the same `portable publish` again: it uploads only what is missing",
+}
+"""The hint under `error: interrupted` (exit 130): how each command continues."""
+
+
 def missing_runtime(module: str, command: str) -> MissingDependencyError:
     """The one error for a pipeline command on an interpreter without the package `module` (exit 10, not "a bug")."""
     top = module.partition(".")[0]
@@ -684,6 +694,8 @@ def main(argv: list[str] | None = None) -> int:
         return render_error(_from_os_error(exc))
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
+        if args.command in INTERRUPT_HINTS:
+            print(f"hint: {INTERRUPT_HINTS[args.command]}", file=sys.stderr)
         return 130
     except Exception as exc:
         if args.debug:

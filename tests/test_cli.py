@@ -275,3 +275,41 @@ def test_an_override_without_equals_is_exit_4_wherever_it_sits(command, tmp_path
     with pytest.raises(SystemExit) as usage:  # an unknown option stays a usage error
         portable.main([*head, "--output", str(tmp_path / "o"), "--bogus"])
     assert usage.value.code == 2
+
+
+def test_errors_that_had_no_hint_have_one(monkeypatch, capsys, tmp_path):
+    """audit46 newcomer F10: a missing dataset, a bad --target-step, a spec that is not TOML and an interrupt printed
+    an `error:` line alone; the contract is an error and a hint (the next thing to do)."""
+
+    def lines(argv: list[str], code: int) -> list[str]:
+        assert portable.main(argv) == code
+        return capsys.readouterr().err.splitlines()
+
+    out = str(tmp_path / "run")
+    assert lines(
+        ["run", "--output", out, "--stages", "returns", "datasets=[{path: /nonexistent/ds, type: sft}]"], 3
+    ) == [
+        "error: datasets[0].path: dataset /nonexistent/ds does not exist",
+        "hint: point it at a dataset folder; a ${BUNDLE}/... path needs the bundle as BUNDLE (portable run BUNDLE)",
+    ]
+    assert lines(["run", "--output", out, "--target-step", "-5"], 4) == [
+        "error: --target-step -5 must be >= 1",
+        "hint: pass the optimizer step to train on to, e.g. --target-step 3000",
+    ]
+    spec = tmp_path / "bad.toml"
+    spec.write_text("name = [\n")
+    assert lines(["pack", str(spec), "--out", str(tmp_path / "b")], 4) == [
+        f"error: {spec}: not valid TOML (Invalid value (at end of document))",
+        "hint: fix the TOML syntax there (bundle/demo.toml shows the format)",
+    ]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "b").exists()
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(portable, "cmd_run", interrupted)
+    assert lines(["run", "--output", out], 130) == [
+        "error: interrupted",
+        "hint: rerun it with --resume: completed stages are kept, an interrupted one continues from its last "
+        "checkpoint",
+    ]
