@@ -154,6 +154,22 @@ def _bundle(args: argparse.Namespace, *, default: Path | None = None) -> Path | 
     return path
 
 
+def _default_bundle_of(args: argparse.Namespace) -> Path:
+    """`verify`/`restore` with no BUNDLE: the folder holding reproduction/ (`_default_bundle`). In a source checkout
+    (a .git beside reproduction/, no bundle.json) that is no bundle: InputNotFoundError (exit 3) saying so, where the
+    manifest loader's hint ("pack or fetch it again") would send a newcomer the wrong way."""
+    default = _default_bundle()
+    if getattr(args, "bundle", None) is None and (default / ".git").exists() and not (default / "bundle.json").exists():
+        raise InputNotFoundError(
+            f"no BUNDLE given, and the folder holding reproduction/ ({default}) is a source checkout, not a bundle "
+            "(no bundle.json)",
+            path=default,
+            hint=f"name the bundle folder: portable {args.command} BUNDLE (one that `portable pack`, `portable fetch` "
+            "or `portable demo` made)",
+        )
+    return default
+
+
 def _positive_int(text: str) -> int:
     """argparse type: an integer >= 1 (thread counts)."""
     try:
@@ -228,7 +244,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from reproduction.release.verify import verify_bundle
 
-    report = verify_bundle(_bundle(args, default=_default_bundle()), jobs=args.jobs, ui=_ui(args))
+    report = verify_bundle(_bundle(args, default=_default_bundle_of(args)), jobs=args.jobs, ui=_ui(args))
     if args.json:
         _print_json(report.to_dict())
     else:
@@ -244,7 +260,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     # swap-back and the cleanup of staging/ (audit F18).
     with sigterm_as_interrupt():
         report = restore_bundle(
-            _bundle(args, default=_default_bundle()),
+            _bundle(args, default=_default_bundle_of(args)),
             deep=args.deep,
             refresh_source=args.refresh_source,
             jobs=args.jobs,

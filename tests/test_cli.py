@@ -313,3 +313,26 @@ def test_errors_that_had_no_hint_have_one(monkeypatch, capsys, tmp_path):
         "hint: rerun it with --resume: completed stages are kept, an interrupted one continues from its last "
         "checkpoint",
     ]
+
+
+@pytest.mark.parametrize("command", ["verify", "restore"])
+def test_no_bundle_given_in_a_checkout_says_so(command, monkeypatch, capsys, tmp_path):
+    """audit46 newcomer F20: with no BUNDLE the default is the folder holding reproduction/; in a checkout the error
+    was "no bundle manifest" with the hint "pack or fetch it again", which leads nowhere."""
+    checkout = tmp_path / "clone"
+    (checkout / ".git").mkdir(parents=True)
+    (checkout / "reproduction").mkdir()
+    monkeypatch.setattr(portable, "_default_bundle", lambda: checkout)
+    assert portable.main([command]) == 3
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: no BUNDLE given, and the folder holding reproduction/ ({checkout}) is a source checkout, not a "
+        "bundle (no bundle.json)",
+        f"hint: name the bundle folder: portable {command} BUNDLE (one that `portable pack`, `portable fetch` or "
+        "`portable demo` made)",
+    ]
+    (checkout / ".git").rmdir()  # not a checkout: the manifest loader's own words
+    assert portable.main([command]) == 3
+    assert (
+        capsys.readouterr().err.splitlines()[0]
+        == f"error: {checkout / 'bundle.json'}: no bundle manifest (bundle.json)"
+    )
