@@ -63,6 +63,7 @@ from reproduction.errors import (  # noqa: E402
     render_error,
 )
 from reproduction.numerics import pin_cpu_kernels  # noqa: E402
+from reproduction.settings import check_cache_root  # noqa: E402
 from reproduction.train.heap import choice as heap_choice  # noqa: E402
 from reproduction.ui import UiOptions, say  # noqa: E402
 
@@ -699,6 +700,7 @@ def main(argv: list[str] | None = None) -> int:
         _check_paths(args)
         pin_cpu_kernels()  # before any pipeline command imports torch: the same bits on every x86-64 CPU
         heap_choice()  # a bad PORTABLE_HEAP stops here, not inside a trainer after minutes of work
+        check_cache_root()  # a PORTABLE_CACHE_DIR that is a file: said here, not silently run without a cache
         return int(args.handler(args) or 0)
     except PortableError as exc:
         if args.debug:

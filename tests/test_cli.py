@@ -336,3 +336,29 @@ def test_no_bundle_given_in_a_checkout_says_so(command, monkeypatch, capsys, tmp
         capsys.readouterr().err.splitlines()[0]
         == f"error: {checkout / 'bundle.json'}: no bundle manifest (bundle.json)"
     )
+
+
+def test_a_cache_dir_that_is_a_file_is_exit_4_like_any_bad_knob(monkeypatch, capsys, tmp_path):
+    """audit46 newcomer F21: PORTABLE_CACHE_DIR naming a file ran every command without a cache and without a word;
+    PORTABLE_HUB_BATCH_BYTES=16GiB said only "is not a valid int" (the docs wrote its default as "16 GiB")."""
+    (tmp_path / "f").write_text("")
+    monkeypatch.setenv("PORTABLE_CACHE_DIR", str(tmp_path / "f" / "cache"))
+    assert portable.main(["verify", str(tmp_path)]) == 4
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: PORTABLE_CACHE_DIR='{tmp_path / 'f' / 'cache'}' lies under the file {tmp_path / 'f'}, not a folder: "
+        "no cache can be kept there",
+        "hint: point PORTABLE_CACHE_DIR at a folder (it is created when missing), or unset it for "
+        f"{Path.home() / '.cache' / 'recap-portable'}",
+    ]
+    monkeypatch.setenv("PORTABLE_CACHE_DIR", str(tmp_path / "new" / "cache"))  # missing folders are fine
+    from reproduction.release.hub_transfer import HubSettings
+    from reproduction.settings import check_cache_root
+
+    check_cache_root()
+    with pytest.raises(portable.PortableError) as bad:
+        HubSettings.from_env({"PORTABLE_HUB_BATCH_BYTES": "16GiB"})
+    assert (bad.value.exit_code, bad.value.message, bad.value.hint) == (
+        4,
+        "PORTABLE_HUB_BATCH_BYTES='16GiB' is not a valid int",
+        "unset it or give a number of bytes, without a unit (16 GiB is 17179869184)",
+    )
