@@ -398,6 +398,8 @@ def reference(schema: type) -> str:
         "Generated from the config dataclasses by `python -m reproduction.run.config > docs/config.md`;",
         "a test fails when this file is out of date. Set keys in a YAML file (`portable run --config FILE`)",
         "or on the command line as `key.path=value`; `${BUNDLE}` and `${RUN}` are the bundle and run folders.",
+        "A row citing DEMO_LAB names the team's design notes, which are not in this repository (docs/architecture.md,",
+        '"Notes outside this repository").',
         "",
         "| key | type | default | meaning |",
         "|---|---|---|---|",
