@@ -362,3 +362,20 @@ def test_a_cache_dir_that_is_a_file_is_exit_4_like_any_bad_knob(monkeypatch, cap
         "PORTABLE_HUB_BATCH_BYTES='16GiB' is not a valid int",
         "unset it or give a number of bytes, without a unit (16 GiB is 17179869184)",
     )
+
+
+def test_eval_plan_without_numpy_is_exit_10_naming_it(tmp_path):
+    """audit46 newcomer F2: `eval --plan` was documented as stdlib only, but its exact power search imports numpy: on a
+    bare Python it was exit 1 "internal error". docs/architecture.md now says it needs numpy; without it, exit 10."""
+    done = subprocess.run(
+        [sys.executable, "-S", str(SCRIPT), "eval", "--plan", "--rate", "0.5"],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)},
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 10, done.stderr
+    assert done.stderr.splitlines()[0] == (
+        f"error: `portable eval` needs the Python package 'numpy', which this Python ({sys.executable}) does not have"
+    )
