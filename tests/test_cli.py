@@ -379,3 +379,15 @@ def test_eval_plan_without_numpy_is_exit_10_naming_it(tmp_path):
     assert done.stderr.splitlines()[0] == (
         f"error: `portable eval` needs the Python package 'numpy', which this Python ({sys.executable}) does not have"
     )
+
+
+def test_compare_with_a_folder_holding_no_evidence_is_exit_3(tmp_path, capsys):
+    """audit46 newcomer F13: exit 2 (usage) for a folder with no eval_*.json; a missing evidence file is exit 3."""
+    (tmp_path / "m").mkdir()
+    actual = tmp_path / "a.json"
+    actual.write_text("{}")
+    assert portable.main(["compare", str(tmp_path / "m"), str(actual)]) == 3
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: {tmp_path / 'm'} holds no eval_*.json evidence",
+        "hint: pass an evidence file",
+    ]
