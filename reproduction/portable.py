@@ -56,12 +56,14 @@ if __package__ in (None, ""):
 from reproduction.errors import (  # noqa: E402
     DISK_FULL_ERRNOS,
     InputNotFoundError,
+    MissingDependencyError,
     PortableError,
     UsageError,
     os_error,
     render_error,
 )
 from reproduction.numerics import pin_cpu_kernels  # noqa: E402
+from reproduction.settings import check_cache_root  # noqa: E402
 from reproduction.train.heap import choice as heap_choice  # noqa: E402
 from reproduction.ui import UiOptions, say  # noqa: E402
 
@@ -89,6 +91,49 @@ EXIT_CODES = """exit codes:
   compare: 60 differs (beyond the margin), 61 inconclusive (more episodes needed)"""
 
 
+RUNTIME_INSTALL = "pip install -c constraints.txt torch==2.13.0 -e '.[sim]'"
+"""How the pipeline's runtime is installed (README's quick start): what a missing one's hint names."""
+CONTROL_PLANE = "verify, restore, check, compare and lineage"
+"""The commands a bare Python (no runtime installed) runs."""
+DEMO_MODULES = ("torch", "numpy", "pyarrow", "yaml", "omegaconf", "gymnasium", "gymnasium_robotics", "mujoco")
+"""What every demo imports (the `sim` extra): looked for before the demo writes anything."""
+
+
+INTERRUPT_HINTS = {
+    "run": "rerun it with --resume: completed stages are kept, an interrupted one continues from its last checkpoint",
+    "demo": "run the same `portable demo` again: it reuses what is done",
+    "restore": "run `portable restore` again: it finishes the job",
+    "fetch": "run the same `portable fetch` again: it keeps the files already verified and resumes partial ones",
+    "publish": "run the same `portable publish` again: it uploads only what is missing",
+}
+"""The hint under `error: interrupted` (exit 130): how each command continues."""
+
+
+def missing_runtime(module: str, command: str) -> MissingDependencyError:
+    """The one error for a pipeline command on an interpreter without the package `module` (exit 10, not "a bug")."""
+    top = module.partition(".")[0]
+    extra = "libero" if top.startswith("libero") else "sim"
+    install = RUNTIME_INSTALL.replace("'.[sim]'", f"'.[{extra}]'")
+    return MissingDependencyError(
+        f"`portable {command}` needs the Python package {top!r}, which this Python ({sys.executable}) does not have",
+        hint=f"install the runtime (README's quick start): {install}; a Python without it runs only {CONTROL_PLANE}",
+    )
+
+
+def _require(modules: tuple[str, ...], command: str) -> None:
+    """MissingDependencyError (exit 10) naming the first of `modules` this interpreter cannot import (looked up,
+    not imported), before the command writes anything."""
+    import importlib.util
+
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise missing_runtime(name, command)
+
+
 def _default_bundle() -> Path:
     """The folder that holds this `reproduction/` package: a bundle when run from inside one."""
     return Path(__file__).resolve().parent.parent
@@ -108,6 +153,22 @@ def _bundle(args: argparse.Namespace, *, default: Path | None = None) -> Path | 
             hint="name a bundle folder (one holding bundle.json); `portable fetch OWNER/NAME DIR` downloads one",
         )
     return path
+
+
+def _default_bundle_of(args: argparse.Namespace) -> Path:
+    """`verify`/`restore` with no BUNDLE: the folder holding reproduction/ (`_default_bundle`). In a source checkout
+    (a .git beside reproduction/, no bundle.json) that is no bundle: InputNotFoundError (exit 3) saying so, where the
+    manifest loader's hint ("pack or fetch it again") would send a newcomer the wrong way."""
+    default = _default_bundle()
+    if getattr(args, "bundle", None) is None and (default / ".git").exists() and not (default / "bundle.json").exists():
+        raise InputNotFoundError(
+            f"no BUNDLE given, and the folder holding reproduction/ ({default}) is a source checkout, not a bundle "
+            "(no bundle.json)",
+            path=default,
+            hint=f"name the bundle folder: portable {args.command} BUNDLE (one that `portable pack`, `portable fetch` "
+            "or `portable demo` made)",
+        )
+    return default
 
 
 def _positive_int(text: str) -> int:
@@ -184,7 +245,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from reproduction.release.verify import verify_bundle
 
-    report = verify_bundle(_bundle(args, default=_default_bundle()), jobs=args.jobs, ui=_ui(args))
+    report = verify_bundle(_bundle(args, default=_default_bundle_of(args)), jobs=args.jobs, ui=_ui(args))
     if args.json:
         _print_json(report.to_dict())
     else:
@@ -200,7 +261,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     # swap-back and the cleanup of staging/ (audit F18).
     with sigterm_as_interrupt():
         report = restore_bundle(
-            _bundle(args, default=_default_bundle()),
+            _bundle(args, default=_default_bundle_of(args)),
             deep=args.deep,
             refresh_source=args.refresh_source,
             jobs=args.jobs,
@@ -368,6 +429,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     recipe = getattr(args, "recipe", "recap")
     if recipe not in DEMOS:
         raise UsageError(f"--recipe {recipe!r} has no demo", hint=f"demos: {', '.join(DEMOS)}")
+    _require(DEMO_MODULES, "demo")  # before the demo folder and its demo.json are made
     normalise_paths(args, "output")
     output = Path(args.output) if args.output else None
     if getattr(args, "world", "fetch") == "libero":
@@ -616,9 +678,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # `run` takes key.path=value overrides anywhere after the command; nothing else is unknown
-        if getattr(args, "overrides", None) is None or any(e.startswith("-") or "=" not in e for e in extra):
+        if getattr(args, "overrides", None) is None or any(e.startswith("-") for e in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.overrides += extra
+        args.overrides += extra  # one without `=` is refused by the command as in any other place (exit 4)
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return 2
@@ -638,6 +700,7 @@ def main(argv: list[str] | None = None) -> int:
         _check_paths(args)
         pin_cpu_kernels()  # before any pipeline command imports torch: the same bits on every x86-64 CPU
         heap_choice()  # a bad PORTABLE_HEAP stops here, not inside a trainer after minutes of work
+        check_cache_root()  # a PORTABLE_CACHE_DIR that is a file: said here, not silently run without a cache
         return int(args.handler(args) or 0)
     except PortableError as exc:
         if args.debug:
@@ -649,11 +712,16 @@ def main(argv: list[str] | None = None) -> int:
         return render_error(_from_os_error(exc))
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
+        if args.command in INTERRUPT_HINTS:
+            print(f"hint: {INTERRUPT_HINTS[args.command]}", file=sys.stderr)
         return 130
     except Exception as exc:
         if args.debug:
             raise
         raised_at = _raised_outside(exc)
+        if isinstance(exc, ModuleNotFoundError) and exc.name and raised_at is None:
+            if not exc.name.startswith("reproduction"):  # a package our code imports is not installed: not a bug
+                return render_error(missing_runtime(exc.name, args.command))
         label = "" if raised_at else "internal error: "  # not ours: no "internal error" over the user's exception
         print(f"error: {label}{type(exc).__name__}: {exc}", file=sys.stderr)
         print(f"hint: {_blame(exc, raised_at)}", file=sys.stderr)

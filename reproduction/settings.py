@@ -45,7 +45,8 @@ SETTINGS: tuple[Setting, ...] = (
         name=CACHE_DIR,
         default="~/.cache/recap-portable (LIBERO's files: <temp dir>/recap-portable-<uid>/libero)",
         doc="Cache root: dataset fingerprints and content digests under fingerprints/, LIBERO's assets, config and "
-        "shader cache under libero/. Also read as RECAP_PORTABLE_CACHE (its old name).",
+        "shader cache under libero/. Also read as RECAP_PORTABLE_CACHE (its old name). A file (or a path under one) "
+        "is exit 4.",
         read_by="data/fingerprint.py, run/content.py, sim/libero/_runtime.py",
     ),
     Setting(
@@ -81,7 +82,8 @@ SETTINGS: tuple[Setting, ...] = (
         default="see the field",
         doc="Hub transfer tunables, one variable per HubSettings field: PORTABLE_HUB_JOBS [8], _RETRIES [5], "
         "_BACKOFF_S [1], _BACKOFF_MAX_S [30], _STALL_TIMEOUT_S [60], _CONNECT_TIMEOUT_S [20], _BATCH_FILES [200], "
-        "_BATCH_BYTES [16 GiB]. A value that is not a number is exit 4.",
+        "_BATCH_BYTES [17179869184, i.e. 16 GiB: a count of bytes, without a unit]. A value that is not a number is "
+        "exit 4.",
         read_by="release/hub_transfer.py",
     ),
 )
@@ -117,6 +119,28 @@ def cache_root(environ: Mapping[str, str] | None = None) -> str | None:
     """PORTABLE_CACHE_DIR (else its old name RECAP_PORTABLE_CACHE), None when neither is set."""
     env = os.environ if environ is None else environ
     return value(CACHE_DIR, env) or env.get(CACHE_DIR_OLD) or None
+
+
+def check_cache_root(environ: Mapping[str, str] | None = None) -> None:
+    """ConfigError (exit 4, as any knob's bad value) when PORTABLE_CACHE_DIR (or its old name) is, or lies under, a
+    file: no cache could be written there, and every command went on without one and without a word."""
+    env = os.environ if environ is None else environ
+    raw = cache_root(env)
+    if raw is None:
+        return
+    name = CACHE_DIR if value(CACHE_DIR, env) else CACHE_DIR_OLD
+    probe = Path(raw).expanduser().absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        from reproduction.errors import ConfigError
+
+        where = "is a file" if probe == Path(raw).expanduser().absolute() else f"lies under the file {probe}"
+        raise ConfigError(
+            f"{name}={raw!r} {where}, not a folder: no cache can be kept there",
+            field=name,
+            hint=f"point {name} at a folder (it is created when missing), or unset it for {default_cache_root()}",
+        )
 
 
 def default_cache_root() -> Path:

@@ -209,3 +209,185 @@ def test_an_unexpected_exception_inside_the_package_is_called_its_bug(monkeypatc
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("error: internal error: TypeError:")
     assert err[1] == "hint: this is a bug in recap-portable; rerun with --debug for the traceback and report it"
+
+
+@pytest.mark.parametrize(
+    "argv, module",
+    [
+        (["run", "--output", "{tmp}/run", "--stages", "returns"], "omegaconf"),
+        (["eval", "--checkpoint", "30", "--output", "{tmp}/run"], "omegaconf"),
+        (["demo", "--quick", "--output", "{tmp}/demo"], "torch"),
+    ],
+    ids=["run", "eval", "demo"],
+)
+def test_a_pipeline_command_on_a_python_without_the_runtime_is_exit_10_and_writes_nothing(argv, module, tmp_path):
+    """audit46 newcomer F3: `python3 reproduction/portable.py run|eval|demo` on a Python without the runtime was exit
+    1 "internal error ... this is a bug" (and demo left its demo.json behind). `-S`: no site-packages, as on a bare
+    server Python."""
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path / "home")}
+    args = [a.replace("{tmp}", str(tmp_path / "out")) for a in argv]
+    done = subprocess.run(
+        [sys.executable, "-S", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+    assert done.returncode == 10, done.stderr
+    assert done.stderr.splitlines() == [
+        f"error: `portable {argv[0]}` needs the Python package {module!r}, which this Python ({sys.executable}) "
+        "does not have",
+        "hint: install the runtime (README's quick start): pip install -c constraints.txt torch==2.13.0 -e '.[sim]'; "
+        "a Python without it runs only verify, restore, check, compare and lineage",
+    ]
+    assert not (tmp_path / "out").exists(), "nothing written"
+
+
+def test_a_package_missing_mid_command_is_exit_10_naming_it(monkeypatch, capsys, tmp_path):
+    """A runtime package our code imports that is not installed is a missing dependency (exit 10), not a bug."""
+    monkeypatch.setitem(sys.modules, "omegaconf", None)  # as if omegaconf were not installed
+    assert portable.main(["run", "--output", str(tmp_path / "run")]) == 10
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"error: `portable run` needs the Python package 'omegaconf', which this Python ({sys.executable}) does not "
+        "have"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "eval"])
+def test_an_override_without_equals_is_exit_4_wherever_it_sits(command, tmp_path, capsys):
+    """audit46 newcomer F9: after the options it was argparse's exit 2 with the top-level usage, before them exit 4
+    naming it; now exit 4 naming it in both places."""
+    (tmp_path / "b").mkdir()
+    head = ["run", str(tmp_path / "b")] if command == "run" else ["eval", "--checkpoint", "3"]
+    outputs = []
+    for argv in ([*head, "--output", str(tmp_path / "o"), "value.train.lr"], [*head, "value.train.lr", "--output"]):
+        if argv[-1] == "--output":
+            argv.append(str(tmp_path / "o"))
+        assert portable.main(argv) == 4
+        outputs.append(capsys.readouterr().err)
+    assert outputs[0] == outputs[1]
+    assert outputs[0].splitlines() == (
+        [
+            "error: 'value.train.lr' is neither an option nor a key.path=value override",
+            "hint: write config overrides as key.path=value (see docs/config.md)",
+        ]
+        if command == "run"
+        else ["error: override 'value.train.lr' is not key.path=value", "hint: write overrides as key.path=value"]
+    )
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(SystemExit) as usage:  # an unknown option stays a usage error
+        portable.main([*head, "--output", str(tmp_path / "o"), "--bogus"])
+    assert usage.value.code == 2
+
+
+def test_errors_that_had_no_hint_have_one(monkeypatch, capsys, tmp_path):
+    """audit46 newcomer F10: a missing dataset, a bad --target-step, a spec that is not TOML and an interrupt printed
+    an `error:` line alone; the contract is an error and a hint (the next thing to do)."""
+
+    def lines(argv: list[str], code: int) -> list[str]:
+        assert portable.main(argv) == code
+        return capsys.readouterr().err.splitlines()
+
+    out = str(tmp_path / "run")
+    assert lines(
+        ["run", "--output", out, "--stages", "returns", "datasets=[{path: /nonexistent/ds, type: sft}]"], 3
+    ) == [
+        "error: datasets[0].path: dataset /nonexistent/ds does not exist",
+        "hint: point it at a dataset folder; a ${BUNDLE}/... path needs the bundle as BUNDLE (portable run BUNDLE)",
+    ]
+    assert lines(["run", "--output", out, "--target-step", "-5"], 4) == [
+        "error: --target-step -5 must be >= 1",
+        "hint: pass the optimizer step to train on to, e.g. --target-step 3000",
+    ]
+    spec = tmp_path / "bad.toml"
+    spec.write_text("name = [\n")
+    assert lines(["pack", str(spec), "--out", str(tmp_path / "b")], 4) == [
+        f"error: {spec}: not valid TOML (Invalid value (at end of document))",
+        "hint: fix the TOML syntax there (bundle/demo.toml shows the format)",
+    ]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "b").exists()
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(portable, "cmd_run", interrupted)
+    assert lines(["run", "--output", out], 130) == [
+        "error: interrupted",
+        "hint: rerun it with --resume: completed stages are kept, an interrupted one continues from its last "
+        "checkpoint",
+    ]
+
+
+@pytest.mark.parametrize("command", ["verify", "restore"])
+def test_no_bundle_given_in_a_checkout_says_so(command, monkeypatch, capsys, tmp_path):
+    """audit46 newcomer F20: with no BUNDLE the default is the folder holding reproduction/; in a checkout the error
+    was "no bundle manifest" with the hint "pack or fetch it again", which leads nowhere."""
+    checkout = tmp_path / "clone"
+    (checkout / ".git").mkdir(parents=True)
+    (checkout / "reproduction").mkdir()
+    monkeypatch.setattr(portable, "_default_bundle", lambda: checkout)
+    assert portable.main([command]) == 3
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: no BUNDLE given, and the folder holding reproduction/ ({checkout}) is a source checkout, not a "
+        "bundle (no bundle.json)",
+        f"hint: name the bundle folder: portable {command} BUNDLE (one that `portable pack`, `portable fetch` or "
+        "`portable demo` made)",
+    ]
+    (checkout / ".git").rmdir()  # not a checkout: the manifest loader's own words
+    assert portable.main([command]) == 3
+    assert (
+        capsys.readouterr().err.splitlines()[0]
+        == f"error: {checkout / 'bundle.json'}: no bundle manifest (bundle.json)"
+    )
+
+
+def test_a_cache_dir_that_is_a_file_is_exit_4_like_any_bad_knob(monkeypatch, capsys, tmp_path):
+    """audit46 newcomer F21: PORTABLE_CACHE_DIR naming a file ran every command without a cache and without a word;
+    PORTABLE_HUB_BATCH_BYTES=16GiB said only "is not a valid int" (the docs wrote its default as "16 GiB")."""
+    (tmp_path / "f").write_text("")
+    monkeypatch.setenv("PORTABLE_CACHE_DIR", str(tmp_path / "f" / "cache"))
+    assert portable.main(["verify", str(tmp_path)]) == 4
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: PORTABLE_CACHE_DIR='{tmp_path / 'f' / 'cache'}' lies under the file {tmp_path / 'f'}, not a folder: "
+        "no cache can be kept there",
+        "hint: point PORTABLE_CACHE_DIR at a folder (it is created when missing), or unset it for "
+        f"{Path.home() / '.cache' / 'recap-portable'}",
+    ]
+    monkeypatch.setenv("PORTABLE_CACHE_DIR", str(tmp_path / "new" / "cache"))  # missing folders are fine
+    from reproduction.release.hub_transfer import HubSettings
+    from reproduction.settings import check_cache_root
+
+    check_cache_root()
+    with pytest.raises(portable.PortableError) as bad:
+        HubSettings.from_env({"PORTABLE_HUB_BATCH_BYTES": "16GiB"})
+    assert (bad.value.exit_code, bad.value.message, bad.value.hint) == (
+        4,
+        "PORTABLE_HUB_BATCH_BYTES='16GiB' is not a valid int",
+        "unset it or give a number of bytes, without a unit (16 GiB is 17179869184)",
+    )
+
+
+def test_eval_plan_without_numpy_is_exit_10_naming_it(tmp_path):
+    """audit46 newcomer F2: `eval --plan` was documented as stdlib only, but its exact power search imports numpy: on a
+    bare Python it was exit 1 "internal error". docs/architecture.md now says it needs numpy; without it, exit 10."""
+    done = subprocess.run(
+        [sys.executable, "-S", str(SCRIPT), "eval", "--plan", "--rate", "0.5"],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)},
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 10, done.stderr
+    assert done.stderr.splitlines()[0] == (
+        f"error: `portable eval` needs the Python package 'numpy', which this Python ({sys.executable}) does not have"
+    )
+
+
+def test_compare_with_a_folder_holding_no_evidence_is_exit_3(tmp_path, capsys):
+    """audit46 newcomer F13: exit 2 (usage) for a folder with no eval_*.json; a missing evidence file is exit 3."""
+    (tmp_path / "m").mkdir()
+    actual = tmp_path / "a.json"
+    actual.write_text("{}")
+    assert portable.main(["compare", str(tmp_path / "m"), str(actual)]) == 3
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: {tmp_path / 'm'} holds no eval_*.json evidence",
+        "hint: pass an evidence file",
+    ]

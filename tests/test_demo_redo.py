@@ -80,3 +80,27 @@ def test_first_run_costs_measures_each_import_once_and_one_env():
     assert list(costs) == [label for label, _ in demo.FIRST_RUN_IMPORTS] + ["one FetchPickAndPlace-v4 env"]
     assert all(v is None or v >= 0 for v in costs.values())
     assert demo._first_run_costs("FetchPickAndPlace-v4")["torch"] is None  # loaded now: not paid twice
+
+
+@pytest.mark.parametrize(
+    "argv, key",
+    [
+        (["demo", "--quick"], "value.trian"),
+        (["demo", "--recipe", "grpo", "--quick"], "sft.trian"),
+        (["demo"], "value.trian"),
+    ],
+    ids=["recap-quick", "grpo-quick", "recap-full"],
+)
+def test_a_typo_in_a_demo_override_is_refused_before_any_work(argv, key, tmp_path, capsys):
+    """audit46 newcomer F19: `portable demo --quick value.trian.lr=1` was refused (exit 4) only after generate, pack,
+    restore and check. Now before the demo folder is made."""
+    from reproduction.portable import main
+
+    out = tmp_path / "demo"
+    assert main([*argv, "--output", str(out), f"{key}.lr=1"]) == 4
+    good = key.replace("trian", "train")
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: command line: unknown config key `{key}`",
+        f"hint: did you mean `{good}`?",
+    ]
+    assert not out.exists()

@@ -131,3 +131,49 @@ def test_eval_into_a_run_folder_whose_evidence_links_out_is_exit_55_and_writes_n
     assert lines[0].startswith(f"error: {run / 'evidence'} is a symbolic link (to {outside})"), lines
     assert len(lines) == 2 and lines[1].startswith("hint: ")
     assert calls == [] and list(outside.iterdir()) == []
+
+
+@pytest.fixture
+def grpo_calls(monkeypatch):
+    seen = []
+
+    def evaluate_exports(config, exports, out_dir, run_dir, *, name="policy", ui=None):
+        seen.append({"exports": dict(exports), "name": name})
+        rel = f"evidence/eval_{name}_0.json"
+        (Path(run_dir) / rel).parent.mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / rel).write_text("{}")
+        return SimpleNamespace(summary={"evidence": rel})
+
+    monkeypatch.setattr("reproduction.recipes.grpo.stages.evaluate_exports", evaluate_exports)
+    return seen
+
+
+def test_another_recipes_export_is_refused_not_recorded_under_a_false_label(tmp_path, calls, grpo_calls, capsys):
+    """audit46 newcomer F4: a GRPO rl export (policy.json algorithm grpo, mode bc) evaluated into a RECAP run was
+    recorded as `bc` and compared with the reference's bc rows; a RECAP recap export into a GRPO run as `sft`. Both
+    are exit 4 naming what the export is and what the run's evidence labels, before anything is evaluated."""
+    grpo = tmp_path / "g" / "export"
+    grpo.mkdir(parents=True)
+    (grpo / "policy.json").write_text(json.dumps({"algorithm": "grpo", "mode": "bc", "format_version": 1}))
+    recap = _export(tmp_path / "r" / "export", "recap", 40)
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(grpo), "--output", str(tmp_path / "recap-run")]) == 4
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: checkpoint {grpo} is not a RECAP policy export (policy.json: algorithm grpo, mode bc); a RECAP "
+        "run's evidence labels only RECAP's modes (recap, bc, filtered_bc)",
+        f"hint: evaluate it into a grpo run folder: portable eval --checkpoint {grpo} --output GRPO_RUN",
+    ]
+    grpo_run = tmp_path / "grpo-run"
+    assert main(["eval", "--checkpoint", str(recap), "--output", str(grpo_run), "recipe=grpo"]) == 4
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: checkpoint {recap} is neither a GRPO nor a BC policy export (policy.json: mode recap); a GRPO run's "
+        "evidence labels only grpo (algorithm grpo) and sft (mode bc) policies",
+        f"hint: evaluate it into a RECAP run folder: portable eval --checkpoint {recap} --output RECAP_RUN",
+    ]
+    assert calls == [] and grpo_calls == []
+    assert not (tmp_path / "recap-run").exists() and not grpo_run.exists()
+    # what each run can label truthfully still evaluates: a GRPO export as grpo, a BC export as sft
+    bc = _export(tmp_path / "b" / "export", "bc", 20)
+    assert main(["-q", "eval", "--checkpoint", str(grpo), "--output", str(grpo_run), "recipe=grpo"]) == 0
+    assert main(["-q", "eval", "--checkpoint", str(bc), "--output", str(grpo_run), "recipe=grpo"]) == 0
+    assert [list(c["exports"]) for c in grpo_calls] == [["grpo"], ["sft"]]

@@ -453,3 +453,16 @@ def test_outcomes_must_add_up_to_the_counts_and_a_reference_needs_episodes():
     # this run has none: nothing was measured, so inconclusive (it was differs until audit46 stats F7)
     none = compare_evidence(empty, make_evidence())
     assert none.verdict == "inconclusive" and {r.verdict for r in none.rows} == {"inconclusive"}
+
+
+def test_the_verdict_line_says_policies_are_paired_by_label_not_primary_against_primary():
+    """audit46 newcomer F18: the line read "recap w=1 after 1000 steps vs reference recap w=2 after 1000 steps:
+    differs", as if those two had been compared; each side's name is its own primary (recap at its best w), and the
+    rows pair policies by label."""
+    result = compare_evidence(
+        make_evidence(name="recap w=1 after 10 steps"), make_evidence(name="recap w=2 after 10 steps")
+    )
+    assert result.render().splitlines()[-1] == (
+        "every policy vs the reference's of the same label (this run's primary: recap w=1 after 10 steps; the "
+        "reference's: recap w=2 after 10 steps): inconclusive (0 differ, 12 inconclusive of 12 metrics)"
+    )

@@ -117,3 +117,24 @@ def test_model_card_describes_contents_evidence_and_licenses(tmp_path: Path) -> 
     assert "- `evidence/eval_policy.json`: success_rate = 0.772, episodes = 500" in card and "curve" not in card
     assert "- `evidence/broken.json` (not readable as JSON)" in card
     assert "- `LICENSES/Gemma.txt`" in card
+
+
+def test_fetch_into_a_folder_holding_something_else_is_refused_before_the_hub_is_asked(tmp_path, monkeypatch, capsys):
+    """audit46 newcomer F22: exit 4 for a non-empty folder holding no bundle came only after the Hub answered (with an
+    unreachable Hub: 5 retries, ~19 s, then exit 33). Now it is decided on the spot."""
+    from reproduction import portable
+    from reproduction.release import hub
+
+    def asked(*args, **kwargs):
+        raise AssertionError("the Hub was asked")
+
+    monkeypatch.setattr(hub, "_client", asked)
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "mine.txt").write_text("keep me")
+    assert portable.main(["fetch", "alice/r", str(busy)]) == 4
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: {busy} is not empty and holds no bundle (1 entries, e.g. 'mine.txt')",
+        "hint: fetch into a new or empty folder",
+    ]
+    assert sorted(p.name for p in busy.iterdir()) == ["mine.txt"]

@@ -145,3 +145,15 @@ def test_a_second_tier_in_a_busy_folder_is_refused(tmp_path, monkeypatch):
         with pytest.raises(RunStateError, match="another `portable demo` is running in"):
             demo_libero.run_libero_demo(out, quick=True, seed=1)
     assert sorted(p.name for p in out.iterdir()) == [".demo.lock", "demo.json"]
+
+
+@NEEDS_LIBERO
+def test_a_typo_in_a_tier_override_is_refused_before_any_work(tmp_path):
+    """audit46 newcomer F19: the override is checked against the tier's run config before generate, pack, restore."""
+    from reproduction.errors import ConfigError
+    from reproduction.recipes.recap.demo_libero import run_libero_demo
+
+    with pytest.raises(ConfigError, match=r"^command line: unknown config key `value.trian`$") as info:
+        run_libero_demo(tmp_path / "out", quick=True, overrides=["value.trian.lr=1"])
+    assert info.value.hint == "did you mean `value.train`?" and info.value.exit_code == 4
+    assert not (tmp_path / "out").exists()

@@ -157,3 +157,22 @@ def test_cli_pack_errors_are_one_line_with_exit_codes(tmp_path):
     ok = run_cli("pack", tmp_path / "small.toml", "--out", tmp_path / "fresh")
     assert ok.returncode == 0, ok.stderr
     assert "packed small: " in ok.stderr and ok.stdout == ""
+
+
+def test_pack_out_that_is_a_file_is_exit_3_as_in_every_command(tmp_path):
+    """audit46 newcomer F12: `pack --out FILE` was exit 4 "already exists and is not empty" (of an empty file);
+    fetch, restore and check call a file where a folder goes exit 3 "is a file, not a folder"."""
+    small_sources(tmp_path)
+    (tmp_path / "small.toml").write_text(SMALL_SPEC)
+    (tmp_path / "f").write_text("")
+    for out, first in (
+        (tmp_path / "f", f"error: {tmp_path / 'f'} is a file, not a folder"),
+        (
+            tmp_path / "f" / "b",
+            f"error: cannot create {tmp_path / 'f' / 'b'}: {tmp_path / 'f'} is a file, not a folder",
+        ),
+    ):
+        done = run_cli("pack", tmp_path / "small.toml", "--out", out)
+        assert done.returncode == 3
+        assert done.stderr.splitlines() == [first, "hint: pass a new or empty folder with --out"]
+    assert (tmp_path / "f").read_text() == ""

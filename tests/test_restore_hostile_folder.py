@@ -517,7 +517,10 @@ def test_sigterm_during_restore_is_exit_130_with_the_previous_state_kept(bundle,
         assert signal.getsignal(signal.SIGTERM) is unhandled  # put back afterwards
     finally:
         signal.signal(signal.SIGTERM, previous)
-    assert capsys.readouterr().err.splitlines() == ["error: interrupted"]
+    assert capsys.readouterr().err.splitlines() == [
+        "error: interrupted",
+        "hint: run `portable restore` again: it finishes the job",
+    ]
     assert tree_snapshot(bundle / "runtime" / "rt") == before
     assert sorted(os.listdir(bundle / ".portable")) == ["lock", "receipt.json"]
 

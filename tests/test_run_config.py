@@ -62,6 +62,55 @@ def test_bad_values_are_one_line_config_errors_naming_the_key(overrides, words, 
         assert hint in err.value.hint
 
 
+def test_yaml_errors_keep_where_and_why(tmp_path):
+    """audit46 newcomer F7: a YAML error kept only PyYAML's first line ("while parsing a flow sequence"): no line,
+    no column, no cause; a bad override named no override and had no hint. Now file:line:column and the problem,
+    or the override and where in its value."""
+
+    def error(files=(), overrides=()):
+        with pytest.raises(ConfigError) as err:
+            load_config(list(files), list(overrides))
+        assert err.value.exit_code == 4 and "\n" not in err.value.message
+        return err.value.message, err.value.hint
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("this is: [not yaml\n")
+    assert error([bad]) == (
+        f"{bad}:2:1: not valid YAML: did not find expected ',' or ']' (while parsing a flow sequence that starts at "
+        "line 1, column 10)",
+        "fix the YAML syntax there",
+    )
+    bad.write_text("returns:\n  gamma: 1\nvalue: {}\nreturns:\n  gamma: 2\n")
+    assert error([bad]) == (
+        f"{bad}:4:1: not valid YAML: found duplicate key returns (while constructing a mapping that starts at line 1, "
+        "column 1)",
+        "each key once per mapping: merge the two (or remove one)",
+    )
+    bad.write_text("returns: {tag: ${oops}\n")
+    assert error([bad])[0] == (
+        f"{bad}:1:17: not valid YAML: did not find expected ',' or '}}' (while parsing a flow mapping that starts at "
+        "line 1, column 10)"
+    )
+    flow = "datasets=[{path: /x/${RUN}, type: sft}]"
+    assert error(overrides=["value.train.max_steps=3", flow]) == (
+        f"override '{flow}': not valid YAML at column 13 of the value: did not find expected ',' or '}}' (while "
+        "parsing a flow mapping that starts at column 2 of the value)",
+        'inside [...] or {...} a value holding ${...} must be quoted: path: "/data/${RUN}" (and the whole override in '
+        "single quotes for the shell)",
+    )
+    assert error(overrides=["eval.tasks=[a,"]) == (
+        "override 'eval.tasks=[a,': not valid YAML at the end of the value: did not find expected node content "
+        "(while parsing a flow node)",
+        "the value after = is YAML: check its brackets and quotes (quote a string holding `: ` or `,`)",
+    )
+    assert error(overrides=["returns.tag=${oops"]) == (
+        "override 'returns.tag=${oops': bad interpolation: no viable alternative at input '${oops'",
+        "an interpolation is ${key.path} (or ${BUNDLE}, ${RUN}): check its braces",
+    )
+    quoted = load_config([], ['datasets=[{path: "/x/${RUN}", type: sft}]'], run_dir=tmp_path / "r")
+    assert quoted.datasets[0].path == f"/x/{(tmp_path / 'r').resolve()}"
+
+
 def test_bad_files(tmp_path):
     with pytest.raises(InputNotFoundError):
         load_config([tmp_path / "nope.yaml"])

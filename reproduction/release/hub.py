@@ -425,6 +425,7 @@ def fetch_bundle(
     check_repo_id(repo)
     dest, rev = Path(dest), revision or "main"
     refuse_file_for_folder(dest, hint="fetch into a new or empty folder")  # before the Hub is asked anything
+    _refuse_unrelated_folder(dest)  # likewise: decided here, not after the Hub's retries
     api = _client(settings, ui)
     endpoint = settings.resolved_endpoint()
     commit = with_retries(
@@ -543,21 +544,29 @@ def _refuse_linked_folders(dest: Path, paths: list[str]) -> None:
             )
 
 
-def _prepare_dest(dest: Path, manifest: Manifest) -> None:
-    """Create `dest`, or accept an earlier fetch there (dropping files its old manifest listed but the
-    new one does not)."""
-    refuse_file_for_folder(dest, hint="fetch into a new or empty folder")
-    dest.mkdir(parents=True, exist_ok=True)
+def _refuse_unrelated_folder(dest: Path) -> bool:
+    """InvalidInputError (exit 4) when `dest` is a folder holding something other than a bundle or an earlier, partial
+    fetch (no bundle.json, no partial downloads); whether it holds anything (besides the state folder) otherwise."""
+    if not dest.is_dir():
+        return False
     entries = [p.name for p in dest.iterdir() if p.name != STATE_DIR]
-    if not entries:
-        return
-    old_path = dest / MANIFEST_NAME
-    if not old_path.exists() and not (dest / STATE_DIR / PARTIAL_DIR).exists():
+    if entries and not (dest / MANIFEST_NAME).exists() and not (dest / STATE_DIR / PARTIAL_DIR).exists():
         raise InvalidInputError(
             f"{dest} is not empty and holds no bundle ({len(entries)} entries, e.g. {sorted(entries)[0]!r})",
             path=dest,
             hint="fetch into a new or empty folder",
         )
+    return bool(entries)
+
+
+def _prepare_dest(dest: Path, manifest: Manifest) -> None:
+    """Create `dest`, or accept an earlier fetch there (dropping files its old manifest listed but the
+    new one does not)."""
+    refuse_file_for_folder(dest, hint="fetch into a new or empty folder")
+    dest.mkdir(parents=True, exist_ok=True)
+    if not _refuse_unrelated_folder(dest):
+        return
+    old_path = dest / MANIFEST_NAME
     if old_path.exists():
         try:
             old = load_manifest(dest)

@@ -102,7 +102,8 @@ class HubSettings:
                 raise InvalidInputError(
                     f"{_ENV}{name.upper()}={raw!r} is not a valid {kind.__name__}",
                     field=_ENV + name.upper(),
-                    hint="unset it or give a number",
+                    hint="unset it or give a number"
+                    + (" of bytes, without a unit (16 GiB is 17179869184)" if name == "batch_bytes" else ""),
                 ) from None
         return cls(**values)
 

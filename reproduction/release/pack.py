@@ -20,7 +20,7 @@ from pathlib import Path
 
 from reproduction.digests import default_jobs, sha256_file
 from reproduction.errors import InvalidInputError, MissingDependencyError, PortableError, os_error
-from reproduction.fsio import fsync_dir
+from reproduction.fsio import fsync_dir, refuse_file_for_folder
 from reproduction.release.archive import LayerContents, walk_tree, write_layer
 from reproduction.release.layers import index_path, write_index
 from reproduction.release.manifest import FileEntry, LayerEntry, Manifest, PrefixOccurrence, write_manifest
@@ -204,6 +204,8 @@ def pack_bundle(
     """
     spec = load_spec(Path(spec_path), root=root)
     out = Path(out).absolute()
+    # a file where the bundle folder goes is exit 3 "a file, not a folder", as fetch, restore and check say it
+    refuse_file_for_folder(out, hint="pass a new or empty folder with --out")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InvalidInputError(
             f"{out} already exists and is not empty",

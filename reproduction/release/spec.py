@@ -163,9 +163,12 @@ def _load_toml(path: Path) -> dict[str, Any]:
             f"{path}: cannot read the spec (permission denied)", path=path, hint="make the file readable"
         ) from None
     except UnicodeDecodeError as exc:
-        raise InvalidInputError(f"{path}: not valid TOML ({exc})", path=path, field="(root)") from None
+        raise InvalidInputError(f"{path}: not valid TOML ({exc})", path=path, field="(root)", hint=TOML_HINT) from None
     except tomllib.TOMLDecodeError as exc:
-        raise InvalidInputError(f"{path}: not valid TOML ({exc})", path=path, field="(root)") from None
+        raise InvalidInputError(f"{path}: not valid TOML ({exc})", path=path, field="(root)", hint=TOML_HINT) from None
+
+
+TOML_HINT = "fix the TOML syntax there (bundle/demo.toml shows the format)"
 
 
 def _get(data: dict[str, Any], key: str, kind: type, where: str, path: Path, default: Any = ...) -> Any:

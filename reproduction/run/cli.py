@@ -110,7 +110,11 @@ def cmd_run(args: Any) -> int:
                 hint=f"pass an --output outside the bundle folder, or under {runs}",
             )
     if args.target_step is not None and args.target_step < 1:
-        raise ConfigError(f"--target-step {args.target_step} must be >= 1", field="target_step")
+        raise ConfigError(
+            f"--target-step {args.target_step} must be >= 1",
+            field="target_step",
+            hint="pass the optimizer step to train on to, e.g. --target-step 3000",
+        )
     run_dir = Path(args.output)
     files = _config_files(args, bundle)
     name, recipe, config = load_run_config(files, overrides, bundle=bundle, run_dir=run_dir)

@@ -86,7 +86,9 @@ def _evidence_path(path: Path) -> Path:
             if len(found) > 1:
                 names = ", ".join(p.name for p in found)
                 raise UsageError(f"{folder} holds several evidence files ({names})", hint="name one of them")
-        raise UsageError(f"{path} holds no eval_*.json evidence", hint="pass an evidence file")
+        from reproduction.errors import InputNotFoundError  # not found (exit 3), as a missing evidence file is
+
+        raise InputNotFoundError(f"{path} holds no eval_*.json evidence", path=path, hint="pass an evidence file")
     return path
 
 

@@ -227,7 +227,9 @@ class Comparison:
             verdict += (
                 f" ({counts['differs']} differ, {counts['inconclusive']} inconclusive of {len(self.rows)} metrics)"
             )
-        lines.append(f"{self.actual_name} vs reference {self.reference_name}: {verdict}")
+        # rows pair policies by label; each side's name is its own primary (RECAP: recap at that side's best w)
+        primaries = f"this run's primary: {self.actual_name}; the reference's: {self.reference_name}"
+        lines.append(f"every policy vs the reference's of the same label ({primaries}): {verdict}")
         return "\n".join(lines)
 
     @classmethod

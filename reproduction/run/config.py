@@ -147,7 +147,7 @@ def merged_config(
         try:
             layers.append(("command line", OmegaConf.from_dotlist(list(overrides))))
         except Exception as exc:
-            raise ConfigError(f"command-line overrides: {_first_line(exc)}", field="overrides") from None
+            raise _override_error(list(overrides), exc) from None
     fields = {f.name for f in dataclasses.fields(schema)}
     places = {}  # only into fields the schema declares: an out-of-tree recipe's config need not offer ${RUN}
     if bundle is not None and "BUNDLE" in fields:
@@ -201,8 +201,21 @@ def _load_yaml(path: Path) -> Any:
     try:
         node = OmegaConf.load(path)
     except Exception as exc:
+        where, what = _yaml_problem(exc)
+        if not where and _INTERPOLATION in type(exc).__name__:
+            key = getattr(exc, "full_key", None)
+            raise ConfigError(
+                f"{path}: {f'config key `{key}`: ' if key else ''}bad interpolation: {what}",
+                path=path,
+                field=key,
+                hint=INTERPOLATION_HINT,
+            ) from None
         raise ConfigError(
-            f"{path}: not valid YAML: {_first_line(exc)}", path=path, hint="fix the YAML syntax"
+            f"{path}{':' + where if where else ''}: not valid YAML: {what}",
+            path=path,
+            hint="each key once per mapping: merge the two (or remove one)"
+            if "duplicate key" in what
+            else "fix the YAML syntax there",
         ) from None
     if not isinstance(node, DictConfig) or _holds_a_scalar(path):
         raise ConfigError(
@@ -226,6 +239,68 @@ def _holds_a_scalar(path: Path) -> bool:
 
 def _first_line(exc: BaseException) -> str:
     return " ".join(str(exc).split("\n")[0].split())
+
+
+_INTERPOLATION = "GrammarParseError"
+"""omegaconf's error for a malformed ${...} (its class name: omegaconf is imported lazily)."""
+INTERPOLATION_HINT = "an interpolation is ${key.path} (or ${BUNDLE}, ${RUN}): check its braces"
+
+
+def _yaml_problem(exc: BaseException, *, value: str | None = None) -> tuple[str, str]:
+    """(where, what) of a YAML syntax error, each one line. In a file (`value` None) `where` is 'LINE:COLUMN' of
+    PyYAML's problem; in an override's `value` it is 'column N of the value' (or 'the end of the value'). `what` is
+    PyYAML's problem, then what it was parsing and where that starts (its first line alone loses both). An error
+    without PyYAML's marks (omegaconf's interpolation grammar): ('', its first line)."""
+    import yaml
+
+    if not isinstance(exc, yaml.MarkedYAMLError) or not (exc.problem or exc.context):
+        return "", _first_line(exc)
+
+    def at(mark: Any) -> str:
+        if value is None:
+            return f"line {mark.line + 1}, column {mark.column + 1}"
+        if mark.line > 0 or mark.column >= len(value):
+            return "the end of the value"
+        return f"column {mark.column + 1} of the value"
+
+    problem, context = (" ".join(str(t).split()) for t in (exc.problem or "", exc.context or ""))
+    mark, start = (exc.problem_mark, exc.context_mark) if problem else (exc.context_mark, None)
+    what = problem or context
+    if problem and context:
+        same = start is None or mark is None or (start.line, start.column) == (mark.line, mark.column)
+        what += f" ({context}{'' if same else ' that starts at ' + at(start)})"
+    if mark is None:
+        return "", what
+    return (f"{mark.line + 1}:{mark.column + 1}" if value is None else at(mark)), what
+
+
+def _override_error(overrides: list[str], exc: BaseException) -> ConfigError:
+    """The one-line error for command-line overrides that do not parse: the first one that fails on its own is named,
+    with where in its value and why (an unquoted ${...} inside [...] or {...} hints at quoting)."""
+    from omegaconf import OmegaConf
+
+    for item in overrides:
+        try:
+            OmegaConf.from_dotlist([item])
+        except Exception as own:
+            exc = own
+            break
+    else:
+        return ConfigError(f"command-line overrides: {_first_line(exc)}", field="overrides")
+    value = item.partition("=")[2]
+    where, what = _yaml_problem(exc, value=value)
+    if not where and _INTERPOLATION in type(exc).__name__:
+        return ConfigError(f"override {item!r}: bad interpolation: {what}", field="overrides", hint=INTERPOLATION_HINT)
+    if "${" in value and any(c in value for c in "[{"):
+        hint = (
+            'inside [...] or {...} a value holding ${...} must be quoted: path: "/data/${RUN}" (and the whole '
+            "override in single quotes for the shell)"
+        )
+    else:
+        hint = "the value after = is YAML: check its brackets and quotes (quote a string holding `: ` or `,`)"
+    return ConfigError(
+        f"override {item!r}: not valid YAML{' at ' + where if where else ''}: {what}", field="overrides", hint=hint
+    )
 
 
 def _config_error(exc: BaseException, merged: Any, *, where: str | None = None) -> ConfigError:
@@ -323,6 +398,8 @@ def reference(schema: type) -> str:
         "Generated from the config dataclasses by `python -m reproduction.run.config > docs/config.md`;",
         "a test fails when this file is out of date. Set keys in a YAML file (`portable run --config FILE`)",
         "or on the command line as `key.path=value`; `${BUNDLE}` and `${RUN}` are the bundle and run folders.",
+        "A row citing DEMO_LAB names the team's design notes, which are not in this repository (docs/architecture.md,",
+        '"Notes outside this repository").',
         "",
         "| key | type | default | meaning |",
         "|---|---|---|---|",

@@ -15,6 +15,10 @@ from reproduction.digest_cache import DigestCache
 from reproduction.errors import PortableError, PreflightError
 
 PLACEHOLDER = "/path/to/"
+MISSING_DATASET_HINT = (
+    "point it at a dataset folder; a ${BUNDLE}/... path needs the bundle as BUNDLE (portable run BUNDLE)"
+)
+"""The hint under a configured dataset path that does not exist (every recipe's preflight)."""
 
 
 def placeholder_problems(plain: Any, prefix: str = "") -> list[str]:

@@ -88,6 +88,8 @@ def run_demo(
             path=out,
             hint="pass a new or empty folder with --output, or the folder of an earlier GRPO demo to reuse it",
         )
+    src = out / "src"
+    data = _with_cameras(QUICK if quick else FULL, src, quick, list(overrides or []))  # a bad override: nothing made
     out.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps({"recipe": "grpo", "quick": quick}) + "\n")
     steps: list[tuple[str, str, float]] = []
@@ -101,8 +103,7 @@ def run_demo(
 
     from reproduction.recipes.recap.demo import _check, _pack, _restore  # RECAP's demo steps, shared
 
-    src, bundle, restored = out / "src", out / "bundle", out / "restored" / RESTORED
-    data = _with_cameras(QUICK if quick else FULL, src, quick, list(overrides or []))
+    bundle, restored = out / "bundle", out / "restored" / RESTORED
     step("generate", lambda: _generate(src / "data" / "sft", data))
     _write_sources(src)
     step("pack", lambda: _pack(src, bundle, ui=ui, spec=SPEC))

@@ -90,8 +90,34 @@ def _resolve_checkpoint(
         )
     meta = json.loads((path / "policy.json").read_text(encoding="utf-8"))
     key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
-    label = "grpo" if meta.get("algorithm") == "grpo" else "sft"
-    return {label: (path, _export_step(path))}, f"checkpoint_{key}"
+    return {_label(path, meta): (path, _export_step(path))}, f"checkpoint_{key}"
+
+
+def _label(path: Path, meta: dict[str, Any]) -> str:
+    """The evidence label of the export at `path` (its policy.json `meta`): `grpo` for a GRPO-trained export
+    (algorithm grpo), `sft` for a BC policy (mode bc, no algorithm: an sft export, or any recipe's BC export, which
+    GRPO's sft stage also is). ConfigError (exit 4) for anything else (a RECAP recap or filtered_bc export, another
+    algorithm's), which either label would misstate."""
+    from reproduction.errors import ConfigError
+
+    algorithm, mode = meta.get("algorithm"), str(meta.get("mode", "recap"))
+    if algorithm == "grpo":
+        return "grpo"
+    if algorithm is None and mode == "bc":
+        return "sft"
+    what = f"algorithm {algorithm}, mode {mode}" if algorithm is not None else f"mode {mode}"
+    hint = (
+        f"evaluate it into a RECAP run folder: portable eval --checkpoint {path} --output RECAP_RUN"
+        if algorithm in (None, "recap")
+        else "pass a GRPO run's rl/export or sft/export folder"
+    )
+    raise ConfigError(
+        f"checkpoint {path} is neither a GRPO nor a BC policy export (policy.json: {what}); a GRPO run's evidence "
+        "labels only grpo (algorithm grpo) and sft (mode bc) policies",
+        path=path,
+        field="--checkpoint",
+        hint=hint,
+    )
 
 
 def _export_step(path: Path) -> int | None:

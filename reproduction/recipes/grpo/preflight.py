@@ -14,7 +14,7 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
     from reproduction.data.reader import open_dataset
     from reproduction.errors import ConfigError, DatasetError, InputNotFoundError, PortableError
     from reproduction.recipes.grpo.stages import OpenedDataset
-    from reproduction.run.preflight import disk_problems
+    from reproduction.run.preflight import MISSING_DATASET_HINT, disk_problems
 
     problems: list[Any] = []
     sft = config.sft
@@ -30,7 +30,9 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
         paths.append(("rl.cotrain_dataset", config.rl.cotrain_dataset))
     for key, path in paths:
         if not Path(path).exists():
-            problems.append(InputNotFoundError(f"{key}: dataset {path} does not exist", path=path))
+            problems.append(
+                InputNotFoundError(f"{key}: dataset {path} does not exist", path=path, hint=MISSING_DATASET_HINT)
+            )
             continue
         try:
             opened[str(Path(path))] = OpenedDataset(open_dataset(Path(path)))

@@ -85,6 +85,23 @@ def demo_folder(output: Path | str | None, default: str) -> Path:
     return out
 
 
+def check_overrides(
+    config: Path, overrides: list[str] | None, output: Path | str | None, default: str, name: str
+) -> None:
+    """Load the demo's run `config` (the file its bundle carries as config/run.yaml) with the user's `overrides` as
+    the run will, so a typo is refused (ConfigError, exit 4) before anything is generated, packed or restored; the
+    placeholders point where the demo will put the restored bundle (`name`) and the run."""
+    from reproduction.recipes.recap.config import load_config
+
+    given = list(overrides or [])
+    if not given:
+        return
+    if not any(o.startswith("eval.reference=") for o in given):
+        given.append("eval.reference=null")  # the demo sets it to the bundle's reference file (checked by the run)
+    out = Path(output or Path("runs") / default).absolute()
+    load_config([config], given, bundle=out / "restored" / name, run_dir=out / "run")
+
+
 def run_demo(
     output: Path | None,
     *,
@@ -98,7 +115,9 @@ def run_demo(
     Prints the summary table on stderr and the run folder on stdout; returns 0. Raises what the steps
     raise (release, check, config and run errors, each with its exit code)."""
 
-    out = demo_folder(output, "demo-quick" if quick else "demo")
+    default = "demo-quick" if quick else "demo"
+    check_overrides(CONFIGS / ("quick.yaml" if quick else "run.yaml"), overrides, output, default, "recap-demo")
+    out = demo_folder(output, default)
     (out / MARKER).write_text(json.dumps({"quick": quick}) + "\n")
     data = QUICK if quick else FULL
     report = DemoReport(output=out)

@@ -46,6 +46,7 @@ from reproduction.recipes.recap.demo import (
     _restore,
     _run,
     _stamp,
+    check_overrides,
     demo_folder,
 )
 from reproduction.recipes.recap.demo import _write_sources as write_sources
@@ -116,7 +117,10 @@ def run_libero_demo(
         raise MissingDependencyError(
             "the LIBERO tier needs LIBERO, which is not installed", hint="pip install -e '.[libero]'"
         )
-    out = demo_folder(output, "demo-libero-quick" if quick else "demo-libero")
+    default = "demo-libero-quick" if quick else "demo-libero"
+    config = CONFIGS / ("quick.yaml" if quick else "run.yaml")
+    check_overrides(config, overrides, output, default, "recap-demo-libero")  # before any work (audit46 F19)
+    out = demo_folder(output, default)
     with _folder_lock(out), RssSampler() as sampler:
         (out / MARKER).write_text(json.dumps({"quick": quick, "world": "libero"}) + "\n")
         return _run_tier(

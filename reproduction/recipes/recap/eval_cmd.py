@@ -101,8 +101,35 @@ def _resolve_checkpoint(
         )
     meta = json.loads((path / "policy.json").read_text(encoding="utf-8"))
     mode = str(meta.get("mode", "recap"))
+    refuse_foreign_export(path, meta, mode)
     key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
     return {mode: (path, export_step(path, meta))}, f"checkpoint_{mode}_{key}"
+
+
+def refuse_foreign_export(path: Path, meta: dict[str, Any], mode: str) -> None:
+    """ConfigError (exit 4) for an export RECAP's evidence cannot label truthfully: one another recipe trained
+    (policy.json's `algorithm`, e.g. a GRPO rl export: it would be recorded and compared as `bc`), or of a mode
+    RECAP does not train. A RECAP export names no algorithm; a BC export of another recipe (GRPO's sft) is a bc
+    policy and is evaluated as one."""
+    from reproduction.errors import ConfigError
+    from reproduction.recap.policy.conditioning import MODES
+
+    algorithm = meta.get("algorithm")
+    if algorithm in (None, "recap") and mode in MODES:
+        return
+    what = f"algorithm {algorithm}, mode {mode}" if algorithm is not None else f"mode {mode}"
+    hint = (
+        f"evaluate it into a {algorithm} run folder: portable eval --checkpoint {path} --output {algorithm.upper()}_RUN"
+        if isinstance(algorithm, str) and algorithm
+        else "pass a RECAP run's policy/<mode>/export folder"
+    )
+    raise ConfigError(
+        f"checkpoint {path} is not a RECAP policy export (policy.json: {what}); a RECAP run's evidence labels only "
+        f"RECAP's modes ({', '.join(MODES)})",
+        path=path,
+        field="--checkpoint",
+        hint=hint,
+    )
 
 
 def export_step(path: Path, meta: dict[str, Any]) -> int | None:

@@ -254,7 +254,7 @@ def preflight(
     datasets' files are hashed through the run's `digests`."""
     from reproduction.data.reader import open_dataset
     from reproduction.errors import ConfigError, DatasetError, InputNotFoundError, PortableError
-    from reproduction.run.preflight import disk_problems
+    from reproduction.run.preflight import MISSING_DATASET_HINT, disk_problems
 
     problems: list[Any] = []
     if not config.datasets:
@@ -275,7 +275,9 @@ def preflight(
             )
         names[path.name] = key
         if not path.exists():
-            problems.append(InputNotFoundError(f"{key}.path: dataset {path} does not exist", path=path))
+            problems.append(
+                InputNotFoundError(f"{key}.path: dataset {path} does not exist", path=path, hint=MISSING_DATASET_HINT)
+            )
             continue
         try:
             ds = open_dataset(path)
@@ -318,7 +320,13 @@ def preflight(
         for name in ("tokenizer", "pretrained_manifest", "weights_dir", "norm_stats"):
             value = getattr(model, name, None)
             if value and "/path/to/" not in value and not Path(value).exists():
-                problems.append(InputNotFoundError(f"{section}.model.{name}: {value} does not exist", path=value))
+                problems.append(
+                    InputNotFoundError(
+                        f"{section}.model.{name}: {value} does not exist",
+                        path=value,
+                        hint=f"set {section}.model.{name} to a path that exists (or null)",
+                    )
+                )
     reference = config.eval.reference
     reads = "compare" in (stages or []) or ("eval" in (stages or []) and config.eval.sequential.enabled)
     if reads and reference and "/path/to/" not in reference and not Path(reference).is_file():
