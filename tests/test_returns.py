@@ -127,6 +127,8 @@ def test_duplicate_frames_and_missing_success_are_refused():
     with pytest.raises(DatasetError, match="rollout data needs an is_success column") as info:
         compute_returns_table(no_success, ReturnsConfig(dataset_type="rollout"))
     assert info.value.exit_code == 40 and "datasets[].type" in info.value.hint
+    assert "sft counts every episode as a success, failed ones too" in info.value.hint  # audit46 data F3
+    assert "derives it from next.reward" in info.value.hint
     sft = compute_returns_table(no_success, ReturnsConfig(dataset_type="sft"))
     assert sft.column("return").to_pylist() == [-1.0, 0.0]
     assert sft.column("prompt").to_pylist() == ["perform the task"] * 2
@@ -189,9 +191,13 @@ def test_portable_run_refuses_rollout_without_success_column(tmp_path):
     root = write_dataset(tmp_path / "demo", eps, fps=10, features=feats)
     proc = _portable_run(tmp_path / "out", f"datasets=[{{path: {root}, type: rollout}}]")
     assert proc.returncode == 40
-    assert (
-        "rollout data needs an is_success column" in proc.stderr and "hint: set the dataset's type: sft" in proc.stderr
-    )
+    # audit46 data F3: the hint says what sft would do to failed episodes, and how to add the column instead.
+    assert [line for line in proc.stderr.splitlines() if line.startswith(("error:", "hint:"))] == [
+        f"error: {root}: rollout data needs an is_success column, and there is none",
+        'hint: add an is_success column, each frame\'s outcome (README.md, "Rollout datasets: is_success", derives '
+        "it from next.reward in a few lines), or set the dataset's type: sft (datasets[].type) if every episode is a "
+        "successful demonstration: sft counts every episode as a success, failed ones too",
+    ]
     assert not (tmp_path / "out" / "returns" / "demo" / "returns.parquet").exists()
 
 

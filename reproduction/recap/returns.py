@@ -207,7 +207,7 @@ def compute_returns_table(
         raise DatasetError(
             f"{source}: rollout data needs an is_success column, and there is none",
             field="is_success",
-            hint="set the dataset's type: sft if every episode is a successful demonstration (datasets[].type)",
+            hint=NO_SUCCESS_HINT,
         )
     ep = _int64(frames.column("episode_index"))
     fr = _int64(frames.column("frame_index"))
@@ -231,6 +231,13 @@ def compute_returns_table(
         }
     )
 
+
+NO_SUCCESS_HINT = (
+    'add an is_success column, each frame\'s outcome (README.md, "Rollout datasets: is_success", derives it from '
+    "next.reward in a few lines), or set the dataset's type: sft (datasets[].type) if every episode is a successful "
+    "demonstration: sft counts every episode as a success, failed ones too"
+)
+"""The hint of a rollout dataset with no is_success column."""
 
 _FLAG_HINT = (
     "every frame of a rollout dataset says whether its episode succeeded (true/1 or false/0; the last frame is the "

@@ -86,7 +86,7 @@ def open_policy_input(
     computed from another version of the dataset; InputNotFoundError when the sidecar is missing.
     """
     from reproduction.data.reader import column_to_numpy, open_dataset
-    from reproduction.recap.returns import success_flags
+    from reproduction.recap.returns import NO_SUCCESS_HINT, success_flags
 
     ds = dataset if dataset is not None else open_dataset(source.path)
     names = set(ds.info.features)
@@ -95,8 +95,7 @@ def open_policy_input(
             f"{source.path}: rollout dataset {source.name!r} has no is_success column",
             path=source.path,
             field="is_success",
-            hint="a rollout set must record each frame's is_success (the episode's last row is its outcome); "
-            "mark demonstrations as type sft",
+            hint=NO_SUCCESS_HINT,
         )
     keys = list(state_keys) or [STATE_KEY] + ([GOAL_KEY] if GOAL_KEY in names else [])
     missing = [k for k in keys if k not in names]
