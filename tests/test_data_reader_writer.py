@@ -18,7 +18,7 @@ FEATURES = {
     "observation.images.front": {"dtype": "image", "shape": [32, 48, 3]},
     "is_success": {"dtype": "bool", "shape": [1]},
 }
-SPEC = [(3, 9), (10, 5), (11, 12), (40, 1)]  # non-contiguous ids, one 1-frame episode
+SPEC = [(3, 9), (10, 5), (11, 12), (40, 1)]  # non-contiguous ids (allow_id_gaps), one 1-frame episode
 
 
 def _episodes():
@@ -58,6 +58,7 @@ def test_round_trip(tmp_path, version, storage):
         version=version,
         image_storage=storage,
         data_file_mb=0.00001,
+        allow_id_gaps=True,
     )  # tiny: one file per episode in v3.0 too
     ds = open_dataset(root)
     assert ds.info.codebase_version == version and ds.info.fps == 10
@@ -83,7 +84,9 @@ def test_round_trip(tmp_path, version, storage):
 
 
 def test_video_decodes_each_episode_once_in_order(tmp_path, monkeypatch):
-    root = write_dataset(tmp_path / "ds", _episodes(), fps=10, features=FEATURES, image_storage="video")
+    root = write_dataset(
+        tmp_path / "ds", _episodes(), fps=10, features=FEATURES, image_storage="video", allow_id_gaps=True
+    )
     import reproduction.data.video as video
 
     calls = []
@@ -97,14 +100,18 @@ def test_video_decodes_each_episode_once_in_order(tmp_path, monkeypatch):
 
 def test_fingerprint_changes_with_frames_not_with_unrelated_files(tmp_path, monkeypatch):
     monkeypatch.setenv("PORTABLE_CACHE_DIR", str(tmp_path / "cache"))
-    root = write_dataset(tmp_path / "ds", _episodes(), fps=10, features=FEATURES)
+    root = write_dataset(tmp_path / "ds", _episodes(), fps=10, features=FEATURES, allow_id_gaps=True)
     fp = open_dataset(root).fingerprint
     assert open_dataset(root).fingerprint == fp  # second call from the stat cache
     assert list((tmp_path / "cache" / "fingerprints").glob("*.json"))
     (root / "meta" / "returns.parquet").write_bytes(b"sidecar")  # sidecars in meta/ do not change it
     assert open_dataset(root).fingerprint == fp
     refiltered = write_dataset(
-        tmp_path / "re", [e for e in _episodes() if e.episode_index != 10], fps=10, features=FEATURES
+        tmp_path / "re",
+        [e for e in _episodes() if e.episode_index != 10],
+        fps=10,
+        features=FEATURES,
+        allow_id_gaps=True,
     )
     assert open_dataset(refiltered).fingerprint != fp
     copy = tmp_path / "copy"
@@ -112,12 +119,44 @@ def test_fingerprint_changes_with_frames_not_with_unrelated_files(tmp_path, monk
     assert open_dataset(copy).fingerprint == fp  # content, not location
 
 
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+def test_episode_ids_with_a_gap_are_refused(tmp_path, version):
+    """audit46 data F2: lerobot 0.4.4 wants ids 0..N-1 (it went to the Hub for a dataset with gaps, and reads
+    episodes by position); the writer refuses a gap, naming it, and leaves nothing behind."""
+    feats = {"observation.state": {"dtype": "float32", "shape": [3]}}
+
+    def eps(ids):
+        return [
+            EpisodeData(episode_index=i, task="t", frames={"observation.state": np.zeros((2, 3), np.float32)})
+            for i in ids
+        ]
+
+    tail = "; episodes are numbered 0..N-1 in the order written (lerobot 0.4.4 cannot load a dataset with gaps)"
+    for ids, message in [
+        ([0, 2, 3], "episode_index 2 follows 0: id 1 is missing"),
+        ([3, 4], "episode_index 3 comes first: ids 0..2 are missing"),
+        ([0, 1, 5], "episode_index 5 follows 1: ids 2..4 are missing"),
+        ([1, 0], "episode_index 1 comes first: id 0 is missing"),
+    ]:
+        with pytest.raises(DatasetError) as err:
+            write_dataset(tmp_path / "gaps", eps(ids), fps=10, features=feats, version=version)
+        assert str(err.value) == message + tail and err.value.exit_code == 40
+        assert err.value.hint == "renumber the episodes 0, 1, 2, ... in the order they are written"
+        assert not (tmp_path / "gaps").exists() and not list(tmp_path.glob(".gaps.partial-*"))
+    root = write_dataset(tmp_path / "ok", eps([0, 1, 2]), fps=10, features=feats, version=version)
+    assert open_dataset(root).num_episodes == 3
+    gapped = write_dataset(
+        tmp_path / "gapped", eps([0, 2]), fps=10, features=feats, version=version, allow_id_gaps=True
+    )
+    assert open_dataset(gapped).frame_table(["episode_index"]).column(0).to_pylist() == [0, 0, 2, 2]
+
+
 def test_refusals(tmp_path):
     with pytest.raises(InputNotFoundError, match="no LeRobot info.json"):
         open_dataset(tmp_path)
-    root = write_dataset(tmp_path / "ds", _episodes(), fps=10, features=FEATURES)
+    root = write_dataset(tmp_path / "ds", _episodes(), fps=10, features=FEATURES, allow_id_gaps=True)
     with pytest.raises(InvalidInputError, match="already exists"):
-        write_dataset(root, _episodes(), fps=10, features=FEATURES)
+        write_dataset(root, _episodes(), fps=10, features=FEATURES, allow_id_gaps=True)
     ds = open_dataset(root)
     with pytest.raises(DatasetError, match="row 27 out of range"):
         ds.read_frames([27], ["observation.state"])
@@ -131,7 +170,7 @@ def test_refusals(tmp_path):
     assert err.value.exit_code == 4
     bad = [
         EpisodeData(
-            episode_index=1,
+            episode_index=0,
             task="t",
             frames={
                 "observation.state": np.zeros((2, 3), np.float32),
@@ -146,7 +185,9 @@ def test_refusals(tmp_path):
 
 
 def test_v30_files_are_what_lerobot_expects(tmp_path):
-    root = write_dataset(tmp_path / "ds", _episodes(), fps=10, features=FEATURES, image_storage="video")
+    root = write_dataset(
+        tmp_path / "ds", _episodes(), fps=10, features=FEATURES, image_storage="video", allow_id_gaps=True
+    )
     ep = pq.read_table(root / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
     assert [e["dataset_from_index"] for e in ep] == [0, 9, 14, 26]
     assert ep[1]["videos/observation.images.front/from_timestamp"] == pytest.approx(0.9)

@@ -152,7 +152,7 @@ def _portable_run(out, *overrides):
 
 def test_portable_run_writes_rlinf_sidecar_and_refuses_a_refiltered_dataset(tmp_path):
     spec = [(2, 5, True), (7, 3, False), (9, 4, True)]
-    root = write_dataset(tmp_path / "libero", _episodes(spec), fps=10, features=FEATURES)
+    root = write_dataset(tmp_path / "libero", _episodes(spec), fps=10, features=FEATURES, allow_id_gaps=True)
     out = tmp_path / "out"
     run = out / "returns"
     proc = _portable_run(
@@ -173,7 +173,11 @@ def test_portable_run_writes_rlinf_sidecar_and_refuses_a_refiltered_dataset(tmp_
     assert not (root / "meta" / "returns_fail300.parquet").exists()  # the dataset stays untouched
     # The same sidecar against a refiltered dataset (episode 7 dropped) is refused, naming both fingerprints.
     refiltered = write_dataset(
-        tmp_path / "refiltered", _episodes([s for s in spec if s[0] != 7]), fps=10, features=FEATURES
+        tmp_path / "refiltered",
+        _episodes([s for s in spec if s[0] != 7]),
+        fps=10,
+        features=FEATURES,
+        allow_id_gaps=True,
     )
     other = open_dataset(refiltered).fingerprint
     with pytest.raises(FingerprintMismatchError) as info:
@@ -303,7 +307,7 @@ def test_returns_stream_file_by_file_and_equal_the_whole_table(tmp_path, monkeyp
     import reproduction.recap.returns as returns_mod
 
     spec = [(e, n, e % 3 != 0) for e, n in zip(range(0, 24, 2), [5, 9, 1, 14, 3, 8, 2, 11, 6, 4, 7, 10])]
-    root = write_dataset(tmp_path / "multi", _episodes(spec), fps=10, features=FEATURES)
+    root = write_dataset(tmp_path / "multi", _episodes(spec), fps=10, features=FEATURES, allow_id_gaps=True)
     _split_data_file(root, [[0, 2, 4], [6, 8], [10, 12, 14, 16], [18, 20, 22]])  # increasing ranges
     whole = compute_returns_table(
         open_dataset(root).frame_table(["episode_index", "frame_index", "task_index", "is_success"]),

@@ -49,7 +49,8 @@ class EpisodeData:
     """One episode: per-feature arrays with the same first dimension (the frames)."""
 
     episode_index: int
-    """Any non-negative int; ids need not be contiguous."""
+    """0, 1, 2, ... in the order written (lerobot 0.4.4 loads no dataset whose ids skip a number; `write_dataset`'s
+    `allow_id_gaps` lifts the rule, for tests of readers that must cope with such data)."""
     task: str
     """The episode's task string (its task_index is assigned by the writer)."""
     frames: dict[str, np.ndarray]
@@ -175,8 +176,18 @@ def _video_info(ft: dict, fps: int, codec: str) -> dict:
 class _Common:
     """What both layouts share: task registry, running index, stats, the episode list."""
 
-    def __init__(self, tmp: Path, *, fps: int, features: dict[str, dict], tasks: list[str] | None, codec: str) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        fps: int,
+        features: dict[str, dict],
+        tasks: list[str] | None,
+        codec: str,
+        allow_id_gaps: bool = False,
+    ) -> None:
         self.tmp, self.fps, self.features, self.codec = tmp, fps, features, codec
+        self.allow_id_gaps = allow_id_gaps
         self.task_ids: dict[str, int] = {t: i for i, t in enumerate(dict.fromkeys(tasks or []))}
         self.stats = _Stats()
         self.index = 0
@@ -188,6 +199,16 @@ class _Common:
     def table_for(self, ep: EpisodeData) -> pa.Table:
         if ep.episode_index in self.seen or ep.episode_index < 0:
             raise DatasetError(f"episode_index {ep.episode_index} is negative or written twice", field="episode_index")
+        want = len(self.seen)  # ids so far are 0..want-1, so a new id other than want leaves a gap
+        if ep.episode_index != want and not self.allow_id_gaps:
+            after = "comes first" if not want else f"follows {want - 1}"
+            gap = f"id {want} is" if ep.episode_index == want + 1 else f"ids {want}..{ep.episode_index - 1} are"
+            raise DatasetError(
+                f"episode_index {ep.episode_index} {after}: {gap} missing; episodes are numbered 0..N-1 in the "
+                "order written (lerobot 0.4.4 cannot load a dataset with gaps)",
+                field="episode_index",
+                hint="renumber the episodes 0, 1, 2, ... in the order they are written",
+            )
         self.seen.add(ep.episode_index)
         task_index = self.task_ids.setdefault(ep.task, len(self.task_ids))
         table = _episode_table(ep, self.features, fps=self.fps, task_index=task_index, start_index=self.index)
@@ -432,6 +453,7 @@ def write_dataset(
     data_file_mb: float = 100.0,
     overwrite: bool = False,
     extra_info: dict[str, Any] | None = None,
+    allow_id_gaps: bool = False,
 ) -> Path:
     """Write `episodes` (streamed, one at a time) as a LeRobot dataset at `root`; returns `root`.
 
@@ -439,9 +461,11 @@ def write_dataset(
     "image" or "video" and are stored as `image_storage` says. `tasks` fixes task_index order (new
     tasks are appended in first-seen order). v3.0 starts a new data (and video) file when the
     current one passes `data_file_mb`. `extra_info` adds keys to meta/info.json (how the data was
-    made, e.g. a generator's settings); it cannot replace the layout's own keys. Raises
-    InvalidInputError if `root` exists (unless `overwrite`) and DatasetError for inconsistent
-    episodes; on any failure `root` is untouched.
+    made, e.g. a generator's settings); it cannot replace the layout's own keys. Episode ids must be
+    0..N-1 in the order written, as lerobot needs them; `allow_id_gaps` accepts any distinct
+    non-negative ids (a dataset lerobot cannot load: for tests of readers that must cope with one).
+    Raises InvalidInputError if `root` exists (unless `overwrite`) and DatasetError for inconsistent
+    episodes or ids; on any failure `root` is untouched.
     """
     root = Path(root)
     if version not in ("v3.0", "v2.1"):
@@ -453,7 +477,7 @@ def write_dataset(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        kw = dict(fps=fps, features=feats, tasks=tasks, codec=video_codec)
+        kw = dict(fps=fps, features=feats, tasks=tasks, codec=video_codec, allow_id_gaps=allow_id_gaps)
         state = _V30(tmp, data_file_mb=data_file_mb, **kw) if version == "v3.0" else _V21(tmp, **kw)
         state.extra_info = dict(extra_info or {})
         for ep in episodes:
