@@ -83,6 +83,40 @@ def test_round_trip(tmp_path, version, storage):
         assert got["observation.images.front"].dtype == np.uint8 and err.mean() < 6  # lossy codec, frames aligned
 
 
+def _drifting(tmp_path, name, timestamps):
+    """One 40-frame video episode at 10 fps, frame i a flat grey of 6 * i, with the timestamps given."""
+    n = len(timestamps)
+    img = np.repeat((np.arange(n) * 6).astype(np.uint8)[:, None, None, None], 32 * 48 * 3).reshape(n, 32, 48, 3)
+    ep = EpisodeData(episode_index=0, task="t", frames={"observation.images.front": img}, timestamps=timestamps)
+    feats = {"observation.images.front": {"dtype": "video", "shape": [32, 48, 3]}}
+    return write_dataset(tmp_path / name, [ep], fps=10, features=feats, image_storage="video")
+
+
+def test_timestamps_that_drift_from_the_frames_are_refused_at_the_first_frame_beyond_tolerance(tmp_path):
+    """audit46 data F5: frames are found by timestamp; a recording at 9.8 Hz labelled 10 fps read frames 25-39 of
+    a 40-frame episode one frame late with no error, and a longer drift blamed the video. Now any video read
+    refuses the dataset, naming the first frame whose timestamp is beyond tolerance."""
+    frames = np.arange(40)
+    root = _drifting(tmp_path, "drift", frames / 9.8)
+    ds = open_dataset(root)
+    with pytest.raises(DatasetError) as err:
+        ds.read_frames(np.arange(25, 31), ["observation.images.front"])  # in the video, one frame late
+    assert str(err.value) == (
+        f"{root}: episode 0 frame 20 has timestamp 2.0408s where frame_index/fps is 20/10 = 2.0000s, 0.0408s apart, "
+        "beyond the tolerance of 0.0400s (0.4 frame); 20 of 40 rows drift so"
+    )
+    assert err.value.exit_code == 40 and err.value.field == "timestamp"
+    with pytest.raises(DatasetError, match="episode 0 frame 20 has timestamp"):
+        ds.read_frames([0], ["observation.images.front"])  # a row before the drift: the dataset is refused
+    # a real clock's jitter of 0.3 frame finds every frame
+    jitter = (frames + np.random.default_rng(0).uniform(-0.3, 0.3, 40)) / 10
+    got = open_dataset(_drifting(tmp_path, "jitter", np.maximum(jitter, 0))).read_frames(
+        frames, ["observation.images.front"]
+    )
+    grey = got["observation.images.front"].reshape(40, -1).mean(axis=1)
+    assert np.abs(grey - frames * 6).max() < 2
+
+
 def test_video_decodes_each_episode_once_in_order(tmp_path, monkeypatch):
     root = write_dataset(
         tmp_path / "ds", _episodes(), fps=10, features=FEATURES, image_storage="video", allow_id_gaps=True
