@@ -230,3 +230,71 @@ def test_v30_files_are_what_lerobot_expects(tmp_path):
     info = json.loads((root / "meta/info.json").read_text())
     assert info["features"]["observation.images.front"]["dtype"] == "video" and info["total_frames"] == 27
     assert info["data_path"] == "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+
+
+AV1_SCRIPT = """
+import sys
+import numpy as np
+from reproduction.data.reader import open_dataset
+from reproduction.data.writer import EpisodeData, write_dataset
+from reproduction.errors import PortableError
+
+root, h, w = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+frames = {"observation.images.front": np.full((3, h, w, 3), 90, np.uint8)}
+feats = {"observation.images.front": {"dtype": "video", "shape": [h, w, 3]}}
+try:
+    write_dataset(root, [EpisodeData(episode_index=0, task="t", frames=frames)], fps=10, features=feats,
+                  image_storage="video", video_codec="libsvtav1")
+except PortableError as e:
+    print(e.exit_code, e, e.hint, sep="\\n")
+else:
+    got = open_dataset(root).read_frames([0, 1, 2], ["observation.images.front"])["observation.images.front"]
+    print("ok", int(got.mean()))
+"""
+
+
+def test_frames_too_small_for_svt_av1_are_refused_before_encoding(tmp_path):
+    """audit46 data F6: SVT-AV1 killed the process (SIGFPE, exit 136) on 16x16 frames and left a partial folder;
+    the writer refuses such frames first, naming the size and the codec (in a child: without the check the crash
+    would take the test process with it)."""
+    import subprocess
+    import sys
+
+    def run(name, h, w):
+        root = tmp_path / name
+        proc = subprocess.run(
+            [sys.executable, "-c", AV1_SCRIPT, str(root), str(h), str(w)], capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+        return root, proc.stdout.splitlines()
+
+    for h, w in [(16, 16), (64, 24), (8, 64)]:
+        root, out = run(f"av1_{h}x{w}", h, w)
+        assert out == [
+            "4",
+            f"{root}: observation.images.front: {w}x{h} frames (width x height) are too small for libsvtav1, which "
+            "needs 32x32 or more (SVT-AV1 kills the process with SIGFPE on frames 24 px wide or narrower)",
+            "write these frames with video_codec='libx264' (h264), or make them at least 32x32",
+        ]
+        assert not root.exists() and not list(tmp_path.glob(f".{root.name}.partial-*"))
+    root, out = run("av1_32x32", 32, 32)
+    assert out[0].startswith("ok") and abs(int(out[0].split()[1]) - 90) <= 2
+
+
+def test_a_killed_writers_partial_folder_is_removed_by_the_next_write(tmp_path):
+    """audit46 data F6: a writer killed mid-write (SIGKILL, a codec's SIGFPE) never runs its cleanup; the next
+    write next to it removes its `.<name>.partial-<pid>` folder, and leaves a live writer's alone."""
+    import os
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # a pid whose process is gone
+    dead = tmp_path / f".ds.partial-{child.pid}"
+    live = tmp_path / f".ds.partial-{os.getppid()}"
+    other = tmp_path / f".other.partial-{child.pid}"  # another dataset's: its own next write removes it
+    for folder in (dead, live, other):
+        (folder / "data").mkdir(parents=True)
+    eps = [EpisodeData(episode_index=0, task="t", frames={"observation.state": np.zeros((2, 3), np.float32)})]
+    write_dataset(tmp_path / "ds", eps, fps=10, features={"observation.state": {"dtype": "float32", "shape": [3]}})
+    assert not dead.exists() and live.is_dir() and other.is_dir()

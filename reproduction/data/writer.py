@@ -1,10 +1,10 @@
 """Write LeRobot datasets (v3.0 by default, v2.1 on request) from episodes held in numpy arrays.
 
 The on-disk trees are documented in `reproduction.data.info`. The dataset is built in a sibling
-`<root>.partial-<pid>` folder and renamed into place at the end, so `root` either does not exist
-or is complete. Camera features are PNG bytes in the parquet (`image_storage="png"`, dtype image)
-or mp4 files (`image_storage="video"`, dtype video; episodes back to back per file in v3.0, one
-file per episode in v2.1).
+`.<root name>.partial-<pid>` folder and renamed into place at the end, so `root` either does not exist
+or is complete; a killed writer's folder is removed by the next write next to it. Camera features are
+PNG bytes in the parquet (`image_storage="png"`, dtype image) or mp4 files (`image_storage="video"`,
+dtype video; episodes back to back per file in v3.0, one file per episode in v2.1).
 
     write_dataset(root, episodes, fps=10, features={"observation.state": {"dtype": "float32", "shape": [3]},
                   "observation.images.front": {"dtype": "image", "shape": [64, 64, 3]}},
@@ -40,8 +40,12 @@ from reproduction.data.info import (
     V30_VIDEO_PATH,
 )
 from reproduction.errors import DatasetError, InvalidInputError
+from reproduction.fsio import remove_orphaned_staging
 
 ROW_GROUP_ROWS = 65536
+PARTIAL_NAME = ".{stem}.partial-{pid}"
+"""The sibling folder a dataset is built in before it is renamed into place; a killed writer's (SIGKILL, or a codec
+that crashes the process) is removed by the next write_dataset next to it (fsio.remove_orphaned_staging)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -473,7 +477,14 @@ def write_dataset(
     if root.exists() and not overwrite:
         raise InvalidInputError(f"{root}: already exists", path=root, hint="choose a new folder or pass overwrite=True")
     feats = _check_features(features, image_storage)
-    tmp = root.parent / f".{root.name}.partial-{os.getpid()}"
+    for key, ft in feats.items():
+        if ft["dtype"] == "video":
+            from reproduction.data.video import check_frame_size
+
+            check_frame_size(video_codec, ft["shape"][1], ft["shape"][0], f"{root}: {key}")
+    if root.parent.is_dir():
+        remove_orphaned_staging(root.parent, root.name, name=PARTIAL_NAME)  # a killed writer's (its finally never ran)
+    tmp = root.parent / PARTIAL_NAME.format(stem=root.name, pid=os.getpid())
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
