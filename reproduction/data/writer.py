@@ -464,10 +464,13 @@ def write_dataset(
     `features` are the non-default features (name -> {"dtype", "shape"}); camera features use dtype
     "image" or "video" and are stored as `image_storage` says. `tasks` fixes task_index order (new
     tasks are appended in first-seen order). v3.0 starts a new data (and video) file when the
-    current one passes `data_file_mb`. `extra_info` adds keys to meta/info.json (how the data was
-    made, e.g. a generator's settings); it cannot replace the layout's own keys. Episode ids must be
-    0..N-1 in the order written, as lerobot needs them; `allow_id_gaps` accepts any distinct
-    non-negative ids (a dataset lerobot cannot load: for tests of readers that must cope with one).
+    current one passes `data_file_mb`. `video_codec`: libx264 (default) or libsvtav1 (lerobot's,
+    frames of 32x32 or more); lerobot 0.4.4's v2.1 -> v3.0 converter fails to join short libx264
+    episodes (its stream copy of B-frames), so write v2.1 meant for it with libsvtav1. `extra_info`
+    adds keys to meta/info.json (how the data was made, e.g. a generator's settings); it cannot
+    replace the layout's own keys. Episode ids must be 0..N-1 in the order written, as lerobot needs
+    them; `allow_id_gaps` accepts any distinct non-negative ids (a dataset lerobot cannot load: for
+    tests of readers that must cope with one).
     Raises InvalidInputError if `root` exists (unless `overwrite`) and DatasetError for inconsistent
     episodes or ids; on any failure `root` is untouched.
     """
