@@ -172,14 +172,17 @@ def remove_orphaned_temps(root: Path, keep: Iterable[Path] = ()) -> list[Path]:
     return removed
 
 
-def remove_orphaned_staging(folder: Path, stem: str) -> list[Path]:
-    """Remove the `folder/<stem>.<pid>.partial` staging folders whose process is gone (a SIGKILL skips the `finally`
-    that removes its own) and return them; a live process's (another run's, or this one's) is left alone."""
+def remove_orphaned_staging(folder: Path, stem: str, *, name: str = "{stem}.{pid}.partial") -> list[Path]:
+    """Remove the `folder/<stem>.<pid>.partial` staging folders (or those `name` spells with `{stem}` and `{pid}`)
+    whose process is gone (a SIGKILL skips the `finally` that removes its own) and return them; a live process's
+    (another run's, or this one's) is left alone."""
+    import glob
     import shutil
 
+    head, _, tail = name.format(stem=stem, pid="\0").partition("\0")
     removed = []
-    for path in Path(folder).glob(f"{stem}.*.partial"):
-        pid = path.name[len(stem) + 1 : -len(".partial")]
+    for path in Path(folder).glob(glob.escape(head) + "*" + glob.escape(tail)):
+        pid = path.name[len(head) : len(path.name) - len(tail)]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)

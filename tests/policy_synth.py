@@ -63,7 +63,7 @@ def write_policy_dataset(
         features["is_success"] = {"dtype": "bool", "shape": [1]}
     if camera:
         features[CAMERA] = {"dtype": "image", "shape": [32, 32, 3]}
-    write_dataset(root, eps, fps=10, features=features, tasks=[TASK])
+    write_dataset(root, eps, fps=10, features=features, tasks=[TASK], allow_id_gaps=True)  # ids 3i + 2
     return Path(root)
 
 

@@ -26,6 +26,32 @@ def test_hold_frames_start_at_first_success_only_in_successful_episodes():
     assert hold_frames(np.zeros(0, np.int64), np.zeros(0, bool)).size == 0
 
 
+def test_flags_that_bool_would_misread_are_refused(tmp_path):
+    """audit46 data F1: bool(nan) and bool(0.5) are True; hold labels and label quality take 0/1 or bool only, and
+    frame_flags refuses a dataset's NaN flag, naming the frame."""
+    from reproduction.data.reader import open_dataset
+    from reproduction.data.writer import EpisodeData, write_dataset
+    from reproduction.errors import DatasetError
+    from reproduction.recap.labels import frame_flags
+
+    ep = np.array([0, 0, 1, 1])
+    np.testing.assert_array_equal(hold_frames(ep, np.array([0, 1, 0, 0.0])), [False, True, False, False])
+    for flags in (np.array([0, 1, 0, np.nan]), np.array([0, 1, 0, 0.5])):
+        with pytest.raises(ValueError, match="^is_success flags must be bool or 0/1; NaN and other values are no"):
+            hold_frames(ep, flags)
+        with pytest.raises(ValueError, match="^is_success flags must be bool or 0/1"):
+            label_quality(np.ones(4, bool), ep, flags, None)
+    flag = np.array([0, 0, np.nan], np.float32)
+    feats = {"is_success": {"dtype": "float32", "shape": [1]}}
+    root = write_dataset(
+        tmp_path / "ds", [EpisodeData(episode_index=0, task="t", frames={"is_success": flag})], fps=10, features=feats
+    )
+    with pytest.raises(DatasetError) as info:
+        frame_flags(open_dataset(root), np.zeros(3, np.int64), np.arange(3))
+    assert str(info.value) == f"{root}: is_success has 1 NaN values (the first at episode 0 frame 2)"
+    assert info.value.exit_code == 40
+
+
 def _episodes(rng, lengths, success_at):
     """Rows of episodes with -1 rewards; success_at[e] = first success frame (None = failed)."""
     ep = np.repeat(np.arange(len(lengths)), lengths)

@@ -60,7 +60,7 @@ def test_a_missing_label_and_a_rollout_without_is_success_are_one_line_errors(da
     bad = PolicySource(path=str(data["demos"]), type="rollout")
     with pytest.raises(DatasetError, match="has no is_success column") as e:
         open_policy_input(bad, need_labels=False)
-    assert e.value.exit_code == 40
+    assert e.value.exit_code == 40 and e.value.hint.endswith("sft counts every episode as a success, failed ones too")
 
 
 def test_a_sidecar_of_another_dataset_version_is_refused(data, tmp_path):

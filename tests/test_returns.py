@@ -127,6 +127,8 @@ def test_duplicate_frames_and_missing_success_are_refused():
     with pytest.raises(DatasetError, match="rollout data needs an is_success column") as info:
         compute_returns_table(no_success, ReturnsConfig(dataset_type="rollout"))
     assert info.value.exit_code == 40 and "datasets[].type" in info.value.hint
+    assert "sft counts every episode as a success, failed ones too" in info.value.hint  # audit46 data F3
+    assert "derives it from next.reward" in info.value.hint
     sft = compute_returns_table(no_success, ReturnsConfig(dataset_type="sft"))
     assert sft.column("return").to_pylist() == [-1.0, 0.0]
     assert sft.column("prompt").to_pylist() == ["perform the task"] * 2
@@ -150,7 +152,7 @@ def _portable_run(out, *overrides):
 
 def test_portable_run_writes_rlinf_sidecar_and_refuses_a_refiltered_dataset(tmp_path):
     spec = [(2, 5, True), (7, 3, False), (9, 4, True)]
-    root = write_dataset(tmp_path / "libero", _episodes(spec), fps=10, features=FEATURES)
+    root = write_dataset(tmp_path / "libero", _episodes(spec), fps=10, features=FEATURES, allow_id_gaps=True)
     out = tmp_path / "out"
     run = out / "returns"
     proc = _portable_run(
@@ -171,7 +173,11 @@ def test_portable_run_writes_rlinf_sidecar_and_refuses_a_refiltered_dataset(tmp_
     assert not (root / "meta" / "returns_fail300.parquet").exists()  # the dataset stays untouched
     # The same sidecar against a refiltered dataset (episode 7 dropped) is refused, naming both fingerprints.
     refiltered = write_dataset(
-        tmp_path / "refiltered", _episodes([s for s in spec if s[0] != 7]), fps=10, features=FEATURES
+        tmp_path / "refiltered",
+        _episodes([s for s in spec if s[0] != 7]),
+        fps=10,
+        features=FEATURES,
+        allow_id_gaps=True,
     )
     other = open_dataset(refiltered).fingerprint
     with pytest.raises(FingerprintMismatchError) as info:
@@ -189,10 +195,89 @@ def test_portable_run_refuses_rollout_without_success_column(tmp_path):
     root = write_dataset(tmp_path / "demo", eps, fps=10, features=feats)
     proc = _portable_run(tmp_path / "out", f"datasets=[{{path: {root}, type: rollout}}]")
     assert proc.returncode == 40
-    assert (
-        "rollout data needs an is_success column" in proc.stderr and "hint: set the dataset's type: sft" in proc.stderr
-    )
+    # audit46 data F3: the hint says what sft would do to failed episodes, and how to add the column instead.
+    assert [line for line in proc.stderr.splitlines() if line.startswith(("error:", "hint:"))] == [
+        f"error: {root}: rollout data needs an is_success column, and there is none",
+        'hint: add an is_success column, each frame\'s outcome (README.md, "Rollout datasets: is_success", derives '
+        "it from next.reward in a few lines), or set the dataset's type: sft (datasets[].type) if every episode is a "
+        "successful demonstration: sft counts every episode as a success, failed ones too",
+    ]
     assert not (tmp_path / "out" / "returns" / "demo" / "returns.parquet").exists()
+
+
+FLOAT_FLAG = {"observation.state": {"dtype": "float32", "shape": [2]}, "is_success": {"dtype": "float32", "shape": [1]}}
+
+
+def _float_flags(tmp_path, failed_last):
+    """Episodes 0 (success 1.0), 1 (4 frames, last frame `failed_last`), 2 (0.0), is_success float32 as lerobot
+    writes a float flag."""
+    eps = []
+    for e, (n, last) in enumerate([(3, 1.0), (4, failed_last), (2, 0.0)]):
+        flags = np.zeros(n, np.float32)
+        flags[-1] = last
+        eps.append(
+            EpisodeData(
+                episode_index=e,
+                task="t",
+                frames={"observation.state": np.zeros((n, 2), np.float32), "is_success": flags},
+            )
+        )
+    return write_dataset(tmp_path / "float_flags", eps, fps=10, features=FLOAT_FLAG)
+
+
+def test_portable_run_refuses_a_nan_success_flag(tmp_path):
+    """audit46 data F1: bool(nan) is True, so a NaN (a float column's missing value) was read as a success."""
+    root = _float_flags(tmp_path, np.nan)
+    proc = _portable_run(tmp_path / "out", f"datasets=[{{path: {root}, type: rollout}}]")
+    assert proc.returncode == 40, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"error: {root}: is_success has 1 NaN values (the first at episode 1 frame 3)",
+        "hint: every frame of a rollout dataset says whether its episode succeeded (true/1 or false/0; the last frame "
+        "is the outcome): fix is_success, or set the dataset's type to sft if every episode is a successful "
+        "demonstration (datasets[].type)",
+    ]
+    assert not (tmp_path / "out" / "returns" / "float_flags" / "returns.parquet").exists()
+
+
+def test_success_flags_are_bool_or_zero_one():
+    """audit46 data F1: 0/1 in any numeric type (or one-element lists) is read; 0.5, 2, NaN, other types refused."""
+    keys = {"episode_index": [4, 4, 3, 3], "frame_index": [0, 1, 0, 1]}  # unsorted: the first bad frame is 3/1
+    rollout = ReturnsConfig(dataset_type="rollout")
+    good = [
+        pa.array([0, 1, 0, 0], pa.int64()),
+        pa.array([0.0, 1.0, 0.0, 0.0], pa.float32()),
+        pa.array([[False], [True], [False], [False]], pa.list_(pa.bool_())),
+        pa.array([[0.0], [1.0], [0.0], [0.0]], pa.list_(pa.float64(), 1)),
+    ]
+    for col in good:
+        table = compute_returns_table(pa.table({**keys, "is_success": col}), rollout)
+        assert table.column("reward").to_pylist() == [-1.0, -300.0, -1.0, 0.0], col.type
+    bad = [
+        (
+            pa.array([0.0, 0.5, 0.0, 0.5], pa.float32()),
+            "is_success has 2 values other than 0 and 1 (the first: 0.5 at episode 3 frame 1)",
+        ),
+        (
+            pa.array([0, 1, 0, 2], pa.int64()),
+            "is_success has 1 values other than 0 and 1 (the first: 2 at episode 3 frame 1)",
+        ),
+        (pa.array([np.nan, 1.0, 0.0, 0.0]), "is_success has 1 NaN values (the first at episode 4 frame 0)"),
+        (
+            pa.array([[0.0], [1.0], [0.0], [np.nan]], pa.list_(pa.float32())),
+            "is_success has 1 NaN values (the first at episode 3 frame 1)",
+        ),
+        (
+            pa.array([[False], [True], [False, True], [True]], pa.list_(pa.bool_())),
+            "is_success holds 2 values at episode 3 frame 0; one per frame expected",
+        ),
+        (pa.array(["no", "yes", "no", "no"]), "is_success is string; bool or 0/1 expected"),
+    ]
+    for col, message in bad:
+        with pytest.raises(DatasetError) as info:
+            compute_returns_table(pa.table({**keys, "is_success": col}), rollout, source="ds")
+        assert str(info.value) == f"ds: {message}" and info.value.exit_code == 40
+    sft = compute_returns_table(pa.table({**keys, "is_success": bad[0][0]}), ReturnsConfig(dataset_type="sft"))
+    assert sft.column("reward").to_pylist() == [-1.0, 0.0, -1.0, 0.0]  # sft reads no flag
 
 
 def test_in_dataset_mode_writes_meta_for_rlinf(tmp_path):
@@ -222,7 +307,7 @@ def test_returns_stream_file_by_file_and_equal_the_whole_table(tmp_path, monkeyp
     import reproduction.recap.returns as returns_mod
 
     spec = [(e, n, e % 3 != 0) for e, n in zip(range(0, 24, 2), [5, 9, 1, 14, 3, 8, 2, 11, 6, 4, 7, 10])]
-    root = write_dataset(tmp_path / "multi", _episodes(spec), fps=10, features=FEATURES)
+    root = write_dataset(tmp_path / "multi", _episodes(spec), fps=10, features=FEATURES, allow_id_gaps=True)
     _split_data_file(root, [[0, 2, 4], [6, 8], [10, 12, 14, 16], [18, 20, 22]])  # increasing ranges
     whole = compute_returns_table(
         open_dataset(root).frame_table(["episode_index", "frame_index", "task_index", "is_success"]),

@@ -80,7 +80,7 @@ def write_value_dataset(
             )
         )
     features = {CAMERA: {"dtype": "image", "shape": [64, 64, 3]}, "is_success": {"dtype": "bool", "shape": [1]}}
-    write_dataset(root, eps, fps=10, features=features, tasks=TASKS)
+    write_dataset(root, eps, fps=10, features=features, tasks=TASKS, allow_id_gaps=True)
     runs = Path(runs) if runs is not None else Path(root).parent / "returns"
     compute_returns([Path(root)], runs, ReturnsConfig(failure_reward=failure_reward, dataset_type="rollout"))
     return runs

@@ -94,7 +94,8 @@ def _le_values(col: pa.ChunkedArray) -> np.ndarray:
         nulls = col.is_null().to_numpy(zero_copy_only=False)
         col = pc.fill_null(col, False if pa.types.is_boolean(col.type) else 0)
     values = col.to_numpy()
-    values = values.astype("<u1" if values.dtype == np.bool_ else "<i8", copy=False)
+    with np.errstate(invalid="ignore"):  # a float flag's NaN (stage 1 refuses it) casts without a warning line
+        values = values.astype("<u1" if values.dtype == np.bool_ else "<i8", copy=False)
     if nulls is not None:
         values = np.where(nulls, np.iinfo(values.dtype).max, values).astype(values.dtype)
     return np.ascontiguousarray(values)

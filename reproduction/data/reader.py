@@ -19,7 +19,10 @@ Public API (stable; other stages build on it)::
 A *row* is a position in `frame_table()`: data files in path order, rows in file order (for datasets
 written by lerobot or by `write_dataset` it equals the `index` column). `read_frames` groups rows by
 data file and video episodes by episode: each episode's video is decoded once, sequentially, and the
-last few decoded episodes are cached, so iterating rows in dataset order decodes each frame once.
+last few decoded episodes are cached, so iterating rows in dataset order decodes each frame once. A
+row's video frame is the one its timestamp names; the first video read checks every row's timestamp
+against frame_index / fps and refuses the dataset (DatasetError, naming the first frame) when one is
+more than TIMESTAMP_TOLERANCE_FRAMES off, before any frame could be read from the wrong position.
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ from reproduction.errors import DatasetError, InputNotFoundError
 OPTIONAL_KEY_COLUMNS = ("is_success",)
 BATCH_ROWS = 1 << 20
 """Rows per batch of whole data files that `iter_file_batches` yields by default."""
+TIMESTAMP_TOLERANCE_FRAMES = 0.4
+"""How far a row's timestamp may lie from frame_index / fps, in frames, before a video frame read refuses the
+dataset: video frames are found by timestamp, and from half a frame on the neighbouring frame would be read.
+(lerobot checks 1e-4 s; a real clock's jitter of a third of a frame still finds the right frame here.)"""
 
 
 def open_dataset(root: Path | str, *, video_cache_episodes: int = 4) -> Dataset:
@@ -322,23 +329,42 @@ class Dataset:
         return column_to_numpy(column, feature)
 
     def _locate(self) -> dict[str, np.ndarray]:
+        """Each row's episode and video frame, once every row's timestamp was checked against frame_index / fps
+        (DatasetError naming the first row, by episode and frame, beyond TIMESTAMP_TOLERANCE_FRAMES)."""
         if self._locator is None:
-            table = self.frame_table(["episode_index", "timestamp"])
-            self._locator = {c: table.column(c).to_numpy() for c in ("episode_index", "timestamp")}
+            table = self.frame_table(["episode_index", "frame_index", "timestamp"])
+            ep, fr = table.column("episode_index").to_numpy(), table.column("frame_index").to_numpy()
+            ts = table.column("timestamp").to_numpy().astype(np.float64)
+            fps = self.info.fps
+            drift = np.abs(ts * fps - fr)  # in frames
+            bad = np.flatnonzero(~(drift <= TIMESTAMP_TOLERANCE_FRAMES))  # NaN too
+            if bad.size:
+                k = int(bad[np.lexsort((fr[bad], ep[bad]))[0]])
+                raise DatasetError(
+                    f"{self.root}: episode {int(ep[k])} frame {int(fr[k])} has timestamp {ts[k]:.4f}s where "
+                    f"frame_index/fps is {int(fr[k])}/{fps} = {fr[k] / fps:.4f}s, {drift[k] / fps:.4f}s apart, beyond "
+                    f"the tolerance of {TIMESTAMP_TOLERANCE_FRAMES / fps:.4f}s ({TIMESTAMP_TOLERANCE_FRAMES} frame); "
+                    f"{bad.size} of {ts.size} rows drift so",
+                    path=self.root,
+                    field="timestamp",
+                    hint="video frames are found by timestamp, so these rows would show other frames: fix the "
+                    "timestamp column (frame_index / fps) or info.json's fps",
+                )
+            self._locator = {"episode_index": ep, "frame_index": fr}
         return self._locator
 
     def _read_video_rows(self, rows: np.ndarray, key: str) -> np.ndarray:
         loc = self._locate()
         episodes = loc["episode_index"][rows]
-        frame_pos = np.rint(loc["timestamp"][rows].astype(np.float64) * self.info.fps).astype(np.int64)
+        frame_pos = loc["frame_index"][rows].astype(np.int64)  # = rint(timestamp * fps): _locate checked it
         out: np.ndarray | None = None
         for ep in dict.fromkeys(episodes.tolist()):  # first-seen order keeps the cache warm
             sel = np.nonzero(episodes == ep)[0]
             frames = self._episode_video(key, int(ep))
-            if frame_pos[sel].max() >= len(frames):
+            if frame_pos[sel].max() >= len(frames) or frame_pos[sel].min() < 0:
+                far = frame_pos[sel].max() if frame_pos[sel].max() >= len(frames) else frame_pos[sel].min()
                 raise DatasetError(
-                    f"{self.root}: episode {ep} frame {int(frame_pos[sel].max())} beyond its video "
-                    f"({len(frames)} frames) for {key}",
+                    f"{self.root}: episode {ep} frame {int(far)} beyond its video ({len(frames)} frames) for {key}",
                     path=self.root,
                     field=key,
                 )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reproduction.errors import DatasetError, InputNotFoundError
+from reproduction.errors import DatasetError, InputNotFoundError, InvalidInputError
 
 
 def decode_episode(path: Path, *, from_timestamp: float, num_frames: int, fps: int) -> np.ndarray:
@@ -58,11 +58,31 @@ def decode_episode(path: Path, *, from_timestamp: float, num_frames: int, fps: i
     return out
 
 
+SMALLEST_FRAME = {"libsvtav1": 32}
+"""Codec -> the smallest width and height VideoEncoder accepts. SVT-AV1 3.0 (PyAV 15.1's) dies of SIGFPE, taking
+the Python process with it, on frames 24 px wide or narrower (8, 16, 24 at any height; 25 and up worked, heights
+down to 4 too): 32x32 keeps a margin for other builds."""
+
+
+def check_frame_size(codec: str, width: int, height: int, where: str) -> None:
+    """Raise InvalidInputError (exit 4), naming `where`, the size and the codec, for frames smaller than
+    SMALLEST_FRAME says `codec` can encode."""
+    small = SMALLEST_FRAME.get(codec)
+    if small is not None and (width < small or height < small):
+        raise InvalidInputError(
+            f"{where}: {width}x{height} frames (width x height) are too small for {codec}, which needs "
+            f"{small}x{small} or more (SVT-AV1 kills the process with SIGFPE on frames 24 px wide or narrower)",
+            field="video_codec",
+            hint=f"write these frames with video_codec='libx264' (h264), or make them at least {small}x{small}",
+        )
+
+
 class VideoEncoder:
     """Append episodes' frames to one mp4 at `fps`; `close()` finishes the file.
 
-    `codec` is "libx264" (fast, default), "libsvtav1" (what lerobot writes) or any PyAV encoder;
-    `crf` trades size for fidelity (0 is lossless in luma for x264).
+    `codec` is "libx264" (fast, default), "libsvtav1" (what lerobot writes; frames of at least 32x32, see
+    SMALLEST_FRAME: InvalidInputError otherwise) or any PyAV encoder; `crf` trades size for fidelity (0 is
+    lossless in luma for x264).
     """
 
     def __init__(
@@ -79,6 +99,7 @@ class VideoEncoder:
         import av
 
         self.path = Path(path)
+        check_frame_size(codec, width, height, str(self.path))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._container = av.open(str(self.path), mode="w")
         options = {"crf": str(crf)}

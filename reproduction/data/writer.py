@@ -1,10 +1,10 @@
 """Write LeRobot datasets (v3.0 by default, v2.1 on request) from episodes held in numpy arrays.
 
 The on-disk trees are documented in `reproduction.data.info`. The dataset is built in a sibling
-`<root>.partial-<pid>` folder and renamed into place at the end, so `root` either does not exist
-or is complete. Camera features are PNG bytes in the parquet (`image_storage="png"`, dtype image)
-or mp4 files (`image_storage="video"`, dtype video; episodes back to back per file in v3.0, one
-file per episode in v2.1).
+`.<root name>.partial-<pid>` folder and renamed into place at the end, so `root` either does not exist
+or is complete; a killed writer's folder is removed by the next write next to it. Camera features are
+PNG bytes in the parquet (`image_storage="png"`, dtype image) or mp4 files (`image_storage="video"`,
+dtype video; episodes back to back per file in v3.0, one file per episode in v2.1).
 
     write_dataset(root, episodes, fps=10, features={"observation.state": {"dtype": "float32", "shape": [3]},
                   "observation.images.front": {"dtype": "image", "shape": [64, 64, 3]}},
@@ -40,8 +40,12 @@ from reproduction.data.info import (
     V30_VIDEO_PATH,
 )
 from reproduction.errors import DatasetError, InvalidInputError
+from reproduction.fsio import remove_orphaned_staging
 
 ROW_GROUP_ROWS = 65536
+PARTIAL_NAME = ".{stem}.partial-{pid}"
+"""The sibling folder a dataset is built in before it is renamed into place; a killed writer's (SIGKILL, or a codec
+that crashes the process) is removed by the next write_dataset next to it (fsio.remove_orphaned_staging)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -49,7 +53,8 @@ class EpisodeData:
     """One episode: per-feature arrays with the same first dimension (the frames)."""
 
     episode_index: int
-    """Any non-negative int; ids need not be contiguous."""
+    """0, 1, 2, ... in the order written (lerobot 0.4.4 loads no dataset whose ids skip a number; `write_dataset`'s
+    `allow_id_gaps` lifts the rule, for tests of readers that must cope with such data)."""
     task: str
     """The episode's task string (its task_index is assigned by the writer)."""
     frames: dict[str, np.ndarray]
@@ -175,8 +180,18 @@ def _video_info(ft: dict, fps: int, codec: str) -> dict:
 class _Common:
     """What both layouts share: task registry, running index, stats, the episode list."""
 
-    def __init__(self, tmp: Path, *, fps: int, features: dict[str, dict], tasks: list[str] | None, codec: str) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        fps: int,
+        features: dict[str, dict],
+        tasks: list[str] | None,
+        codec: str,
+        allow_id_gaps: bool = False,
+    ) -> None:
         self.tmp, self.fps, self.features, self.codec = tmp, fps, features, codec
+        self.allow_id_gaps = allow_id_gaps
         self.task_ids: dict[str, int] = {t: i for i, t in enumerate(dict.fromkeys(tasks or []))}
         self.stats = _Stats()
         self.index = 0
@@ -188,6 +203,16 @@ class _Common:
     def table_for(self, ep: EpisodeData) -> pa.Table:
         if ep.episode_index in self.seen or ep.episode_index < 0:
             raise DatasetError(f"episode_index {ep.episode_index} is negative or written twice", field="episode_index")
+        want = len(self.seen)  # ids so far are 0..want-1, so a new id other than want leaves a gap
+        if ep.episode_index != want and not self.allow_id_gaps:
+            after = "comes first" if not want else f"follows {want - 1}"
+            gap = f"id {want} is" if ep.episode_index == want + 1 else f"ids {want}..{ep.episode_index - 1} are"
+            raise DatasetError(
+                f"episode_index {ep.episode_index} {after}: {gap} missing; episodes are numbered 0..N-1 in the "
+                "order written (lerobot 0.4.4 cannot load a dataset with gaps)",
+                field="episode_index",
+                hint="renumber the episodes 0, 1, 2, ... in the order they are written",
+            )
         self.seen.add(ep.episode_index)
         task_index = self.task_ids.setdefault(ep.task, len(self.task_ids))
         table = _episode_table(ep, self.features, fps=self.fps, task_index=task_index, start_index=self.index)
@@ -432,16 +457,22 @@ def write_dataset(
     data_file_mb: float = 100.0,
     overwrite: bool = False,
     extra_info: dict[str, Any] | None = None,
+    allow_id_gaps: bool = False,
 ) -> Path:
     """Write `episodes` (streamed, one at a time) as a LeRobot dataset at `root`; returns `root`.
 
     `features` are the non-default features (name -> {"dtype", "shape"}); camera features use dtype
     "image" or "video" and are stored as `image_storage` says. `tasks` fixes task_index order (new
     tasks are appended in first-seen order). v3.0 starts a new data (and video) file when the
-    current one passes `data_file_mb`. `extra_info` adds keys to meta/info.json (how the data was
-    made, e.g. a generator's settings); it cannot replace the layout's own keys. Raises
-    InvalidInputError if `root` exists (unless `overwrite`) and DatasetError for inconsistent
-    episodes; on any failure `root` is untouched.
+    current one passes `data_file_mb`. `video_codec`: libx264 (default) or libsvtav1 (lerobot's,
+    frames of 32x32 or more); lerobot 0.4.4's v2.1 -> v3.0 converter fails to join short libx264
+    episodes (its stream copy of B-frames), so write v2.1 meant for it with libsvtav1. `extra_info`
+    adds keys to meta/info.json (how the data was made, e.g. a generator's settings); it cannot
+    replace the layout's own keys. Episode ids must be 0..N-1 in the order written, as lerobot needs
+    them; `allow_id_gaps` accepts any distinct non-negative ids (a dataset lerobot cannot load: for
+    tests of readers that must cope with one).
+    Raises InvalidInputError if `root` exists (unless `overwrite`) and DatasetError for inconsistent
+    episodes or ids; on any failure `root` is untouched.
     """
     root = Path(root)
     if version not in ("v3.0", "v2.1"):
@@ -449,11 +480,18 @@ def write_dataset(
     if root.exists() and not overwrite:
         raise InvalidInputError(f"{root}: already exists", path=root, hint="choose a new folder or pass overwrite=True")
     feats = _check_features(features, image_storage)
-    tmp = root.parent / f".{root.name}.partial-{os.getpid()}"
+    for key, ft in feats.items():
+        if ft["dtype"] == "video":
+            from reproduction.data.video import check_frame_size
+
+            check_frame_size(video_codec, ft["shape"][1], ft["shape"][0], f"{root}: {key}")
+    if root.parent.is_dir():
+        remove_orphaned_staging(root.parent, root.name, name=PARTIAL_NAME)  # a killed writer's (its finally never ran)
+    tmp = root.parent / PARTIAL_NAME.format(stem=root.name, pid=os.getpid())
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        kw = dict(fps=fps, features=feats, tasks=tasks, codec=video_codec)
+        kw = dict(fps=fps, features=feats, tasks=tasks, codec=video_codec, allow_id_gaps=allow_id_gaps)
         state = _V30(tmp, data_file_mb=data_file_mb, **kw) if version == "v3.0" else _V21(tmp, **kw)
         state.extra_info = dict(extra_info or {})
         for ep in episodes:

@@ -27,7 +27,7 @@ def hold_frames(episode_index: np.ndarray, is_success: np.ndarray) -> np.ndarray
     is its last row's flag (RLinf's rule), so an episode that touched the goal and left holds nothing.
     """
     ep = np.asarray(episode_index)
-    ok = np.asarray(is_success, dtype=bool)
+    ok = _flags(is_success)
     n = ep.size
     if n == 0:
         return np.zeros(0, bool)
@@ -39,6 +39,17 @@ def hold_frames(episode_index: np.ndarray, is_success: np.ndarray) -> np.ndarray
     reached = seen - before > 0
     ends_ok = np.repeat(ok[end - 1], end - start)
     return reached & ends_ok
+
+
+def _flags(is_success: np.ndarray) -> np.ndarray:
+    """Success flags as bool: bool, or 0/1 (as stage 1 and `frame_flags` read them: returns.success_flags).
+    Raises ValueError for NaN or any other value, which bool() would count as a success."""
+    v = np.asarray(is_success)
+    if v.dtype == bool:
+        return v
+    if not ((v == 0) | (v == 1)).all():  # NaN is neither
+        raise ValueError("is_success flags must be bool or 0/1; NaN and other values are no outcome")
+    return v == 1
 
 
 def label_quality(
@@ -57,7 +68,7 @@ def label_quality(
     """
     lab = np.asarray(labels, dtype=bool)
     ep = np.asarray(episode_index)
-    ok = np.asarray(is_success, dtype=bool)
+    ok = _flags(is_success)
     hold = hold_frames(ep, ok)
     n = ep.size
     start = np.flatnonzero(np.r_[True, ep[1:] != ep[:-1]]) if n else np.zeros(0, np.int64)
@@ -108,7 +119,7 @@ def frame_flags(ds: Any, episode_index: np.ndarray, frame_index: np.ndarray) -> 
 
     Raises DatasetError when the dataset's frames differ from the rows (another dataset version)."""
     from reproduction.errors import DatasetError
-    from reproduction.recap.returns import sort_frames
+    from reproduction.recap.returns import sort_frames, success_flags
 
     wanted = [c for c in ("is_success", "sim.harm") if c in ds.info.features]
     if "is_success" not in wanted:
@@ -120,12 +131,10 @@ def frame_flags(ds: Any, episode_index: np.ndarray, frame_index: np.ndarray) -> 
     if not (np.array_equal(e[order], episode_index) and np.array_equal(f[order], frame_index)):
         raise DatasetError(f"{ds.root}: the dataset's frames differ from the stage-3 rows", path=ds.root)
 
-    def col(name: str) -> np.ndarray | None:
-        if name not in wanted:
-            return None
-        return np.asarray(t.column(name).to_numpy(zero_copy_only=False), dtype=bool).reshape(-1)[order]
-
-    return col("is_success"), col("sim.harm")
+    harm = None
+    if "sim.harm" in wanted:
+        harm = np.asarray(t.column("sim.harm").to_numpy(zero_copy_only=False), dtype=bool).reshape(-1)[order]
+    return success_flags(t.column("is_success"), e, f, str(ds.root))[order], harm
 
 
 def dataset_label_report(table: Any, is_success: np.ndarray | None, harm: np.ndarray | None, fold: np.ndarray) -> dict:

@@ -3,12 +3,12 @@
 Reward rule (RECAP.md section 1), per episode of L frames ordered by frame_index:
 r_t = -1 for t < L-1; r_{L-1} = 0 on success, else `failure_reward`. G_t = sum_j gamma^(j-t) r_j.
 `sft` datasets count every episode as a success; `rollout` datasets need an `is_success` column
-and use its value at the episode's last frame. Episodes are found by episode_index (ids need not
-be contiguous, rows need not be sorted); duplicate (episode, frame) pairs are refused. Datasets whose
-data files hold disjoint, increasing episode ranges (lerobot's v2.1 and v3.0 layouts) are processed
-in batches of whole files (about STREAM_ROWS rows, one sidecar row group each), each file read once
-on a small thread pool, the dataset fingerprint digested from that same read; memory follows the
-batch, not the dataset.
+(bool or 0/1; NaN and other values are refused: `success_flags`) and use its value at the episode's
+last frame. Episodes are found by episode_index (ids need not be contiguous, rows need not be sorted);
+duplicate (episode, frame) pairs are refused. Datasets whose data files hold disjoint, increasing
+episode ranges (lerobot's v2.1 and v3.0 layouts) are processed in batches of whole files (about
+STREAM_ROWS rows, one sidecar row group each), each file read once on a small thread pool, the
+dataset fingerprint digested from that same read; memory follows the batch, not the dataset.
 
 Run through `portable run --stages returns` (reproduction/recipes/recap/recipe.py calls `compute_returns`).
 """
@@ -207,26 +207,19 @@ def compute_returns_table(
         raise DatasetError(
             f"{source}: rollout data needs an is_success column, and there is none",
             field="is_success",
-            hint="set the dataset's type: sft if every episode is a successful demonstration (datasets[].type)",
+            hint=NO_SUCCESS_HINT,
         )
     ep = _int64(frames.column("episode_index"))
     fr = _int64(frames.column("frame_index"))
     order, starts, ends = sorted_bounds(ep, fr)
+    flags = None if config.dataset_type == "sft" else success_flags(frames.column("is_success"), ep, fr, source)
     if order is not None:
         ep, fr = ep[order], fr[order]
-    if config.dataset_type == "sft":
+    if flags is None:
         success = np.ones(ends.size, dtype=bool)
     else:
-        col = frames.column("is_success")
-        if col.null_count:
-            raise DatasetError(
-                f"{source}: is_success has {col.null_count} missing values",
-                field="is_success",
-                hint="every frame of a rollout dataset says whether its episode succeeded: fill is_success, or set "
-                "the dataset's type to sft if every episode is a successful demonstration (datasets[].type)",
-            )
         last_rows = ends - 1 if order is None else order[ends - 1]  # only each episode's last frame matters
-        success = col.to_numpy()[last_rows].astype(bool, copy=False)
+        success = flags[last_rows]
     returns, rewards = episode_returns(starts, ends, success, config.failure_reward, config.gamma)
     return pa.table(
         {
@@ -237,6 +230,85 @@ def compute_returns_table(
             "prompt": _prompts(frames, order, tasks, source),
         }
     )
+
+
+NO_SUCCESS_HINT = (
+    'add an is_success column, each frame\'s outcome (README.md, "Rollout datasets: is_success", derives it from '
+    "next.reward in a few lines), or set the dataset's type: sft (datasets[].type) if every episode is a successful "
+    "demonstration: sft counts every episode as a success, failed ones too"
+)
+"""The hint of a rollout dataset with no is_success column."""
+
+_FLAG_HINT = (
+    "every frame of a rollout dataset says whether its episode succeeded (true/1 or false/0; the last frame is the "
+    "outcome): fix is_success, or set the dataset's type to sft if every episode is a successful demonstration "
+    "(datasets[].type)"
+)
+
+
+def success_flags(
+    column: pa.ChunkedArray | pa.Array,
+    episode_index: np.ndarray,
+    frame_index: np.ndarray,
+    source: str = "dataset",
+) -> np.ndarray:
+    """`is_success` per row as bool, in the column's row order: bool, or 0/1 as integers or floats, also as
+    one-element lists (a shape [1] feature). `episode_index`/`frame_index` are the rows' keys, in the same
+    order, to name the first bad frame. Raises DatasetError (exit 40) for missing values,
+    NaN (a float column's missing value: RLinf's bool() counts it a success), any value other than 0 and 1
+    (0.5 is no outcome), or another type.
+    """
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    nulls = arr.null_count
+    if not nulls and (
+        pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type)
+    ):
+        import pyarrow.compute as pc
+
+        sizes = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+        if (sizes != 1).any():
+            k = _first(np.flatnonzero(sizes != 1), episode_index, frame_index)
+            raise DatasetError(
+                f"{source}: is_success holds {int(sizes[k])} values at episode {int(episode_index[k])} frame "
+                f"{int(frame_index[k])}; one per frame expected",
+                field="is_success",
+                hint=_FLAG_HINT,
+            )
+        arr = pc.list_flatten(arr)
+        nulls = arr.null_count
+    if nulls:
+        raise DatasetError(f"{source}: is_success has {nulls} missing values", field="is_success", hint=_FLAG_HINT)
+    if pa.types.is_boolean(arr.type):
+        return arr.to_numpy(zero_copy_only=False)
+    if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)):
+        raise DatasetError(
+            f"{source}: is_success is {arr.type}; bool or 0/1 expected", field="is_success", hint=_FLAG_HINT
+        )
+    values = arr.to_numpy(zero_copy_only=False)
+    nan = np.isnan(values) if pa.types.is_floating(arr.type) else np.zeros(values.size, bool)
+    if nan.any():
+        k = _first(np.flatnonzero(nan), episode_index, frame_index)
+        raise DatasetError(
+            f"{source}: is_success has {int(nan.sum())} NaN values (the first at episode {int(episode_index[k])} "
+            f"frame {int(frame_index[k])})",
+            field="is_success",
+            hint=_FLAG_HINT,
+        )
+    other = (values != 0) & (values != 1)
+    if other.any():
+        k = _first(np.flatnonzero(other), episode_index, frame_index)
+        raise DatasetError(
+            f"{source}: is_success has {int(other.sum())} values other than 0 and 1 (the first: {values[k]} at "
+            f"episode {int(episode_index[k])} frame {int(frame_index[k])})",
+            field="is_success",
+            hint=_FLAG_HINT,
+        )
+    return values == 1
+
+
+def _first(rows: np.ndarray, ep: np.ndarray, fr: np.ndarray) -> int:
+    """The row among `rows` with the smallest (episode, frame)."""
+    return int(rows[np.lexsort((fr[rows], ep[rows]))[0]])
 
 
 def _int64(column: pa.ChunkedArray) -> np.ndarray:

@@ -86,6 +86,7 @@ def open_policy_input(
     computed from another version of the dataset; InputNotFoundError when the sidecar is missing.
     """
     from reproduction.data.reader import column_to_numpy, open_dataset
+    from reproduction.recap.returns import NO_SUCCESS_HINT, success_flags
 
     ds = dataset if dataset is not None else open_dataset(source.path)
     names = set(ds.info.features)
@@ -94,8 +95,7 @@ def open_policy_input(
             f"{source.path}: rollout dataset {source.name!r} has no is_success column",
             path=source.path,
             field="is_success",
-            hint="a rollout set must record each frame's is_success (the episode's last row is its outcome); "
-            "mark demonstrations as type sft",
+            hint=NO_SUCCESS_HINT,
         )
     keys = list(state_keys) or [STATE_KEY] + ([GOAL_KEY] if GOAL_KEY in names else [])
     missing = [k for k in keys if k not in names]
@@ -122,15 +122,17 @@ def open_policy_input(
             )
         state = np.ascontiguousarray(state[:, list(state_dims)])
     action = column_to_numpy(table.column(ACTION_KEY), feats.get(ACTION_KEY)).astype(np.float32)
+    episode = table.column("episode_index").to_numpy().astype(np.int64)
+    frame = table.column("frame_index").to_numpy().astype(np.int64)
     out = PolicyInput(
         source=source,
         dataset=ds,
-        episode=table.column("episode_index").to_numpy().astype(np.int64),
-        frame=table.column("frame_index").to_numpy().astype(np.int64),
+        episode=episode,
+        frame=frame,
         task_index=table.column("task_index").to_numpy().astype(np.int64),
         state=state,
         action=action.reshape(len(action), -1),
-        is_success=table.column("is_success").to_numpy(zero_copy_only=False).astype(bool)
+        is_success=success_flags(table.column("is_success"), episode, frame, str(source.path))
         if "is_success" in cols
         else None,
         labels=None,

@@ -36,7 +36,8 @@ class DatasetConfig:
     """Dataset root (usually ${BUNDLE}/data/<name>); its folder name names it in sidecars, fold plans and
     metrics, so folder names must be unique within a run."""
     type: str = "rollout"
-    """sft (every episode a success) or rollout (is_success decides); RLinf's compute_returns defaults to sft."""
+    """sft (every episode a success) or rollout (is_success decides: bool or 0/1, the last frame's is the outcome;
+    missing values, NaN and others are refused); RLinf's compute_returns defaults to sft."""
     weight: float = 1.0
     """Mixture weight when training on several datasets."""
     value: bool = True
