@@ -235,6 +235,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         selected = recipe.select(opts.stages)
         for name in opts.restart:
             recipe.stage(name)
+        _refuse_missing_needs(recipe, selected, state, run_dir)  # before anything runs, every missing stage named
         plain = to_plain(config)
         from reproduction.run.preflight import raise_problems, run_problems
 
@@ -293,6 +294,43 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
             _write_state(run_dir, state)
         report = write_report(recipe, run_dir, changed=bool(walk.redone))  # under the lock: one writer at a time
     return RunReport(run_dir=run_dir, run_id=state["run_id"], stages=walk.reports, report=report)
+
+
+def _refuse_missing_needs(
+    recipe: Recipe, selected: Sequence[StageSpec], state: dict[str, Any] | None, run_dir: Path
+) -> None:
+    """RunStateError (exit 55) when a selected stage needs a stage that is neither selected nor complete in
+    run.json, directly or through such stages: raised before anything runs (it once came mid-walk, after the
+    earlier selected stages had run), naming for each selected stage every stage it lacks, with a --stages hint
+    that works when followed (the selection plus all of them)."""
+    chosen = {s.name for s in selected}
+    recorded = (state or {}).get("stages") or {}
+    complete = {n for n, rec in recorded.items() if isinstance(rec, dict) and rec.get("status") == "complete"}
+    order = {s.name: i for i, s in enumerate(recipe.stages)}
+    lacking: dict[str, list[str]] = {}
+    for spec in selected:
+        missing: set[str] = set()
+        todo = list(spec.needs)
+        while todo:
+            need = todo.pop()
+            if need in chosen or need in complete or need in missing:
+                continue
+            missing.add(need)
+            todo += list(recipe.stage(need).needs)
+        if missing:
+            lacking[spec.name] = sorted(missing, key=order.__getitem__)
+    if not lacking:
+        return
+    every = {n for names in lacking.values() for n in names}
+    said = "; ".join(
+        f"stage {name} needs stage{'s' if len(names) > 1 else ''} {', '.join(names)}" for name, names in lacking.items()
+    )
+    run = ",".join(sorted(chosen | every, key=order.__getitem__))
+    raise RunStateError(
+        f"{said}, which {'has' if len(every) == 1 else 'have'} not completed in {run_dir}",
+        path=run_dir,
+        hint=f"run with --stages {run} (or without --stages)",
+    )
 
 
 def _remove_orphaned_temps(run_dir: Path, state: dict[str, Any], opts: RunOptions) -> None:
