@@ -2,7 +2,8 @@
 and e needing a; no training, fast): a selected stage needing stages that are neither selected nor complete is
 refused before anything runs, naming every stage it lacks (transitively), with one --stages hint that works when
 followed (audit46 newcomer F6: the check ran mid-walk, after earlier stages, and its hint named only the immediate
-stage, so following it looped)."""
+stage, so following it looped); `--stages ''` is a usage error naming the recipe's stages (F8: it ran every
+stage)."""
 
 from __future__ import annotations
 
@@ -107,3 +108,17 @@ def test_complete_stages_satisfy_a_need_and_the_hint_names_only_what_is_missing(
     assert _ran(run) == ["a", "b", "c", "d"]
     assert cli(run, "--resume", "--stages", "e") == (0, "")  # a complete: e runs alone
     assert _ran(run) == ["a", "b", "c", "d", "e"]
+
+
+# -- F8: an empty --stages ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["", ",", " , "])
+def test_stages_naming_no_stage_is_a_usage_error_naming_the_recipes_stages(tmp_path, cli, value):
+    run = tmp_path / "run"
+    assert cli(run, "--stages", value) == (
+        4,
+        f"error: --stages {value!r} names no stage (recipe chain's stages: a, b, c, d, e)\n"
+        "hint: name the stages to run, comma-separated, or leave --stages out to run every stage\n",
+    )
+    assert not run.exists()

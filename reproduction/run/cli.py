@@ -66,9 +66,22 @@ def _warn_empty_bundle(files: list[Path], overrides: list[str]) -> None:
 
 
 def _split_stages(text: str | None) -> list[str] | None:
-    if not text:
+    """--stages as a list of names; None when it was not given (every stage). An empty list (`--stages ''`,
+    `--stages ,`) is refused by `_refuse_no_stages`, not taken as every stage."""
+    if text is None:
         return None
     return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def _refuse_no_stages(args: Any, recipe: Any) -> None:
+    """ConfigError (exit 4) for a --stages that names no stage: it once ran the whole pipeline."""
+    if args.stages is not None and not _split_stages(args.stages):
+        names = ", ".join(s.name for s in recipe.stages)
+        raise ConfigError(
+            f"--stages {args.stages!r} names no stage (recipe {recipe.name}'s stages: {names})",
+            field="stages",
+            hint="name the stages to run, comma-separated, or leave --stages out to run every stage",
+        )
 
 
 def cmd_run(args: Any) -> int:
@@ -119,6 +132,7 @@ def cmd_run(args: Any) -> int:
     if args.print_config:
         sys.stdout.write(to_yaml(config))
         return 0
+    _refuse_no_stages(args, recipe)
     report = execute(recipe, config, run_dir, args, recipe_ref=name)
     print_report(report, ui=_ui(args), as_json=getattr(args, "json", False))
     if not getattr(args, "json", False):  # the headline numbers and the verdict, last
