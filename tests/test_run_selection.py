@@ -1,9 +1,11 @@
 """What `portable run` does with the stages it is asked for, through the CLI on a toy chain recipe (a -> b -> c -> d,
-and e needing a; no training, fast): a selected stage needing stages that are neither selected nor complete is
-refused before anything runs, naming every stage it lacks (transitively), with one --stages hint that works when
-followed (audit46 newcomer F6: the check ran mid-walk, after earlier stages, and its hint named only the immediate
-stage, so following it looped); `--stages ''` is a usage error naming the recipe's stages (F8: it ran every
-stage)."""
+and e needing a; no training, fast):
+
+- a selected stage needing stages that are neither selected nor complete is refused before anything runs, naming
+  every stage it lacks (transitively), with one --stages hint that works when followed (audit46 newcomer F6: the
+  check ran mid-walk, after earlier stages, and its hint named only the immediate stage, so following it looped);
+- `--stages ''` is a usage error naming the recipe's stages (F8: it ran every stage);
+- `--resume` into an empty or missing folder says in one line that there was nothing to resume (F11)."""
 
 from __future__ import annotations
 
@@ -122,3 +124,20 @@ def test_stages_naming_no_stage_is_a_usage_error_naming_the_recipes_stages(tmp_p
         "hint: name the stages to run, comma-separated, or leave --stages out to run every stage\n",
     )
     assert not run.exists()
+
+
+# -- F11: --resume with nothing to resume ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("made", [False, True], ids=["missing folder", "empty folder"])
+def test_resume_into_a_folder_without_a_run_says_it_starts_a_new_one(tmp_path, cli, made):
+    run = tmp_path / "typo"
+    if made:
+        run.mkdir()
+    code, err = cli(run, "--resume", quiet=False)
+    assert code == 0 and err.splitlines()[0] == f"nothing to resume in {run} (no run.json there): starting a new run"
+    assert _ran(run) == ["a", "b", "c", "d", "e"]
+    code, err = cli(run, "--resume", quiet=False)  # now there is a run: no such line
+    assert code == 0 and "nothing to resume" not in err
+    code, err = cli(tmp_path / "fresh", quiet=False)  # no --resume: no line either
+    assert code == 0 and "nothing to resume" not in err

@@ -265,6 +265,10 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
                 raise RunStateError(f"{run_dir} already holds a run", path=run_dir, hint="choose a new --output")
         if state is not None:  # what a killed attempt's writes left half-written (run.json, evidence, statements)
             _remove_orphaned_temps(run_dir, state, opts)
+        elif opts.resume:  # a mistyped --output would otherwise retrain everything without a word
+            from reproduction.ui import say
+
+            say(f"nothing to resume in {run_dir} (no run.json there): starting a new run", options=opts.ui)
         state = state or {
             "format_version": FORMAT_VERSION,
             "recipe": recipe.name,
