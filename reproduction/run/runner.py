@@ -12,7 +12,8 @@ A stage's key is the sha256 of its key parts: the config subsets it reads (minus
 `same_outputs()`, reproduction/config_fields.py, and its training step count), the
 fingerprints of the opened inputs, the output digests of the stages it needs, and the source digests
 of its code modules. With `resume`: a complete stage whose key and outputs match is skipped; one the
-run was killed in continues (training stages from their newest complete checkpoint, others redone);
+run was killed in continues (training stages from their newest complete checkpoint, others redone), and so does a
+complete training stage asked for more steps (`--target-step N`, or its step count raised in the config);
 one whose key changed is refused with the differing parts named, unless the change is only in the digests of
 upstream stages (redone in this invocation or an earlier one: then it is redone). `restart` redoes the named
 stages and every stage downstream of them.
@@ -534,9 +535,7 @@ def _decide(
                 changes=problems,
                 hint=f"pass --restart-stage {spec.name} to redo it",
             )
-        if spec.training and opts.target_step is not None and (rec.get("step") or 0) < opts.target_step:
-            return "continue"
-        return "skip"
+        return "continue" if _trains_on(spec, rec, plain, opts) is not None else "skip"
     return "continue" if spec.training else "fresh"
 
 
@@ -558,6 +557,21 @@ def _refuse_fewer_steps(spec: StageSpec, rec: dict[str, Any], plain: dict[str, A
         hint=f"set {spec.training}={before if _is_int(before) else rec['step']} again (a trained stage is not "
         f"cut back), or pass --restart-stage {spec.name} to train it anew for {wanted} steps",
     )
+
+
+def _trains_on(spec: StageSpec, rec: dict[str, Any], plain: dict[str, Any], opts: RunOptions) -> int | None:
+    """The step a complete training stage trains on to in this invocation, None when it does not: `--target-step N`
+    above the steps it trained, or, without --target-step, its step count in the config (`spec.training`) raised
+    above them (`--resume` continues a stage up to the configured count, a completed one too: the count is exempt
+    from its key, so skipping it would leave run.json's config claiming steps the stage never trained). A stage that
+    recorded step 0 trained nothing by this count (GRPO's sft copying a pinned sft.export) and is not trained on."""
+    if not spec.training:
+        return None
+    step = rec.get("step")
+    if opts.target_step is not None:
+        return opts.target_step if (step or 0) < opts.target_step else None
+    wanted = select(plain, spec.training)
+    return wanted if _is_int(wanted) and _is_int(step) and 0 < step < wanted else None
 
 
 def _is_int(v: Any) -> bool:
@@ -598,6 +612,14 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
             )
         _rewrite_lost_statement(walk, spec, rec)
         return StageReport(name=spec.name, action="skipped", seconds=0.0, output=_output_from_record(stage_dir, rec))
+    if action == "continue" and rec.get("status") == "complete" and opts.target_step is None:
+        from reproduction.ui import say
+
+        say(
+            f"{spec.name}: {spec.training} is {select(walk.plain, spec.training)}, above the {rec.get('step')} steps "
+            f"it trained: training on to {select(walk.plain, spec.training)}",
+            options=opts.ui,
+        )
     if action == "fresh" and stage_dir.exists():  # cleared first: a `running` record never sees another key's files
         shutil.rmtree(stage_dir)
     started = time.time()
