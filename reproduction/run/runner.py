@@ -150,6 +150,9 @@ class RunReport:
     stages: list[StageReport]
     report: Path | None = None
     """The run's report (Recipe.report: written, or left as it was); None when the recipe has none or it failed."""
+    stale: dict[str, str] = field(default_factory=dict)
+    """Complete stages whose results predate an upstream stage's outputs (`stale_stages`): a later --resume redoes
+    them."""
 
     def table(self) -> list[dict[str, Any]]:
         return [{"stage": s.name, "action": s.action, "seconds": round(s.seconds, 2)} for s in self.stages]
@@ -298,7 +301,37 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         if config_changed and not walk.redone:  # every stage ran or skipped; record the config it was asked with
             _write_state(run_dir, state)
         report = write_report(recipe, run_dir, changed=bool(walk.redone))  # under the lock: one writer at a time
-    return RunReport(run_dir=run_dir, run_id=state["run_id"], stages=walk.reports, report=report)
+    stale = stale_stages(state)
+    stale = {s.name: stale[s.name] for s in recipe.stages if s.name in stale}  # in recipe order
+    return RunReport(run_dir=run_dir, run_id=state["run_id"], stages=walk.reports, report=report, stale=stale)
+
+
+def stale_stages(state: dict[str, Any]) -> dict[str, str]:
+    """run.json's complete stages whose results predate their upstream stages' outputs:
+    {stage: the upstream stage whose outputs changed since it ran, directly or through another stale stage}. After
+    `--target-step N --stages policy` (or a raised step count with --stages) eval and compare still hold the
+    results of the earlier policy until a --resume redoes them; the headline and the report say so instead of
+    showing those results as the run's."""
+    stages = {n: r for n, r in (state.get("stages") or {}).items() if isinstance(r, dict)}
+    stale: dict[str, str] = {}
+    changed = True
+    while changed:
+        changed = False
+        for name, rec in stages.items():
+            if name in stale or rec.get("status") != "complete":
+                continue
+            upstream = (rec.get("key_parts") or {}).get("upstream") or {}
+            for need, recorded in upstream.items() if isinstance(upstream, dict) else ():
+                up = stages.get(need, {})
+                if need in stale:
+                    stale[name] = stale[need]
+                elif isinstance(up.get("outputs"), dict) and outputs_digest(up["outputs"]) != recorded:
+                    stale[name] = need
+                else:
+                    continue
+                changed = True
+                break
+    return stale
 
 
 def _refuse_missing_needs(
