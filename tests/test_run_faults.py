@@ -138,7 +138,7 @@ BAD_INPUTS = [
         "upstream stage not run",
         lambda w, o: ["run", "--output", str(o), "--config", str(w[2]), "--stages", "advantages"],
         55,
-        "needs stage returns",
+        "needs stages returns, value, which have not completed",
     ),
     (
         "rollout without is_success",

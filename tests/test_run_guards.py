@@ -279,6 +279,88 @@ def test_resume_with_fewer_steps_than_trained_is_refused_naming_both(tmp_path):
     assert read_state(run)["stages"]["count"]["step"] == 6
 
 
+def read_model_stage(ctx: StageContext) -> StageOutput:
+    out = ctx.out_dir / "score.txt"
+    out.write_text((ctx.run_dir / "count" / "model.txt").read_text().upper())
+    return StageOutput(files=[out], summary={})
+
+
+def pinned_stage(ctx: StageContext) -> StageOutput:
+    """A training stage that trained nothing by its count (GRPO's sft copying a pinned sft.export): step 0."""
+    out = ctx.out_dir / "model.txt"
+    out.write_text("pinned\n")
+    return StageOutput(files=[out], summary={}, step=0)
+
+
+def test_resume_with_more_steps_than_trained_trains_on_to_them_and_redoes_what_follows(tmp_path, capsys):
+    """audit46 newcomer F5: docs/config.md says of `*.train.max_steps` "a resumed run continues up to this", but a
+    count raised on --resume was skipped without a word while run.json recorded the new count."""
+    run = tmp_path / "run"
+    scored = Recipe(
+        name="toy",
+        stages=(
+            *TRAINED.stages,
+            StageSpec(name="score", fn=f"{__name__}:read_model_stage", needs=("count",), config=("label",)),
+        ),
+    )
+    _run(run, ToyConfig(count=ToySection(repeat=4)), recipe=scored)
+    capsys.readouterr()
+    six = ToyConfig(count=ToySection(repeat=6))
+    assert _run(run, six, recipe=scored, resume=True) == [("count", "continued"), ("score", "ran")]
+    assert capsys.readouterr().err == "count: count.repeat is 6, above the 4 steps it trained: training on to 6\n"
+    state = read_state(run)
+    assert state["stages"]["count"]["step"] == 6 and state["config"]["count"]["repeat"] == 6
+    assert (run / "score" / "score.txt").read_text() == "TRAINED 6 STEPS\n"
+    assert _run(run, six, recipe=scored, resume=True) == [("count", "skipped"), ("score", "skipped")]
+    assert capsys.readouterr().err == ""
+    # a count raised to one that fails: the complete record is kept, and the next --resume tries again
+    with pytest.raises(PortableError, match="damaged"):
+        _run(run, ToyConfig(count=ToySection(repeat=99)), recipe=scored, resume=True)
+    assert read_state(run)["stages"]["count"]["step"] == 6
+    with pytest.raises(PortableError, match="damaged"):
+        _run(run, ToyConfig(count=ToySection(repeat=99)), recipe=scored, resume=True)
+    # after --target-step 8 a count between the configured and the trained steps asks for nothing more
+    assert _run(run, six, recipe=scored, target_step=8) == [("count", "continued"), ("score", "ran")]
+    assert _run(run, ToyConfig(count=ToySection(repeat=7)), recipe=scored, resume=True) == [
+        ("count", "skipped"),
+        ("score", "skipped"),
+    ]
+
+
+def test_portable_run_resume_with_a_raised_count_continues_a_real_trainer_to_the_bytes_of_a_straight_run(
+    tmp_path, capsys
+):
+    """The same through `portable run` on tests/test_checkpoint_interrupt.py's recipe, whose stage trains a tiny
+    model in process: 8 steps, then `--resume train.steps=12` continues from step 8's checkpoint."""
+    from reproduction.portable import main
+
+    (tmp_path / "run.yaml").write_text("recipe: test_checkpoint_interrupt:RECIPE\ntrain: {steps: 8}\n")
+    run, straight = tmp_path / "run", tmp_path / "straight"
+    base = ["-q", "run", "--config", str(tmp_path / "run.yaml")]
+    assert main([*base, "--output", str(run)]) == 0
+    assert main([*base, "--output", str(run), "--resume", "train.steps=12"]) == 0
+    rec = read_state(run)["stages"]["train"]
+    assert (rec["status"], rec["step"], rec["resumed_from"]) == ("complete", 12, 8)
+    assert main([*base, "--output", str(straight), "train.steps=12"]) == 0
+    rel = "train/export/model.safetensors"
+    assert (run / rel).read_bytes() == (straight / rel).read_bytes()
+    capsys.readouterr()
+    assert main([*base, "--output", str(run), "--resume", "train.steps=12"]) == 0  # now a no-op
+    assert read_state(run)["stages"]["train"]["step"] == 12 and capsys.readouterr().err == ""
+
+
+def test_a_training_stage_that_recorded_step_0_is_not_trained_on(tmp_path, capsys):
+    run = tmp_path / "run"
+    pinned = Recipe(
+        name="toy",
+        stages=(StageSpec(name="count", fn=f"{__name__}:pinned_stage", config=("count",), training="count.repeat"),),
+    )
+    _run(run, ToyConfig(count=ToySection(repeat=4)), recipe=pinned)
+    capsys.readouterr()
+    assert _run(run, ToyConfig(count=ToySection(repeat=4)), recipe=pinned, resume=True) == [("count", "skipped")]
+    assert capsys.readouterr().err == ""
+
+
 # -- config values checked before any stage trains ------------------------------------------------
 
 

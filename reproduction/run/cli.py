@@ -66,9 +66,22 @@ def _warn_empty_bundle(files: list[Path], overrides: list[str]) -> None:
 
 
 def _split_stages(text: str | None) -> list[str] | None:
-    if not text:
+    """--stages as a list of names; None when it was not given (every stage). An empty list (`--stages ''`,
+    `--stages ,`) is refused by `_refuse_no_stages`, not taken as every stage."""
+    if text is None:
         return None
     return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def _refuse_no_stages(args: Any, recipe: Any) -> None:
+    """ConfigError (exit 4) for a --stages that names no stage: it once ran the whole pipeline."""
+    if args.stages is not None and not _split_stages(args.stages):
+        names = ", ".join(s.name for s in recipe.stages)
+        raise ConfigError(
+            f"--stages {args.stages!r} names no stage (recipe {recipe.name}'s stages: {names})",
+            field="stages",
+            hint="name the stages to run, comma-separated, or leave --stages out to run every stage",
+        )
 
 
 def cmd_run(args: Any) -> int:
@@ -123,15 +136,32 @@ def cmd_run(args: Any) -> int:
     if args.print_config:
         sys.stdout.write(to_yaml(config))
         return 0
+    _refuse_no_stages(args, recipe)
     report = execute(recipe, config, run_dir, args, recipe_ref=name)
     print_report(report, ui=_ui(args), as_json=getattr(args, "json", False))
-    if not getattr(args, "json", False):  # the headline numbers and the verdict, last
+    if not getattr(args, "json", False) and report.stale:  # their results are of what came before: not shown
+        say(stale_line(report.stale), options=_ui(args))
+    elif not getattr(args, "json", False):  # the headline numbers and the verdict, last
         from reproduction.run.compare_cmd import run_results_lines
 
         lines = run_results_lines(run_dir)
         if lines:
             say("\n".join(lines).rstrip(), options=_ui(args))
     return 0
+
+
+def stale_line(stale: dict[str, str]) -> str:
+    """The line a run prints instead of its headline while stages hold results from before an upstream stage
+    changed (runner.stale_stages): after `--target-step N --stages policy` the headline would show the earlier
+    policy's rates and verdict as the run's."""
+    names = list(stale)
+    which = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
+    upstream = ", ".join(dict.fromkeys(stale.values()))
+    return (
+        f"note: {which} ran before {upstream} changed, so {'their' if len(names) > 1 else 'its'} results are not "
+        "shown; `portable run ... --resume` (without --stages) redoes "
+        f"{'them' if len(names) > 1 else 'it'}"
+    )
 
 
 def execute(recipe: Any, config: Any, run_dir: Path, args: Any, *, recipe_ref: str | None = None) -> Any:

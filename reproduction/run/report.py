@@ -39,6 +39,14 @@ class StageSummary:
     note: str = ""
 
 
+def stale_note(upstream: str | None) -> str:
+    """The stages table's note for a stage whose results predate `upstream`'s outputs (runner.stale_stages; None:
+    it does not): its results, in this report too, are of what came before."""
+    if upstream is None:
+        return ""
+    return f"stale: ran before {upstream} changed; its results here are of the earlier {upstream} (--resume redoes it)"
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class _Plot:
     caption: str

@@ -12,7 +12,8 @@ A stage's key is the sha256 of its key parts: the config subsets it reads (minus
 `same_outputs()`, reproduction/config_fields.py, and its training step count), the
 fingerprints of the opened inputs, the output digests of the stages it needs, and the source digests
 of its code modules. With `resume`: a complete stage whose key and outputs match is skipped; one the
-run was killed in continues (training stages from their newest complete checkpoint, others redone);
+run was killed in continues (training stages from their newest complete checkpoint, others redone), and so does a
+complete training stage asked for more steps (`--target-step N`, or its step count raised in the config);
 one whose key changed is refused with the differing parts named, unless the change is only in the digests of
 upstream stages (redone in this invocation or an earlier one: then it is redone). `restart` redoes the named
 stages and every stage downstream of them.
@@ -149,6 +150,9 @@ class RunReport:
     stages: list[StageReport]
     report: Path | None = None
     """The run's report (Recipe.report: written, or left as it was); None when the recipe has none or it failed."""
+    stale: dict[str, str] = field(default_factory=dict)
+    """Complete stages whose results predate an upstream stage's outputs (`stale_stages`): a later --resume redoes
+    them."""
 
     def table(self) -> list[dict[str, Any]]:
         return [{"stage": s.name, "action": s.action, "seconds": round(s.seconds, 2)} for s in self.stages]
@@ -235,6 +239,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         selected = recipe.select(opts.stages)
         for name in opts.restart:
             recipe.stage(name)
+        _refuse_missing_needs(recipe, selected, state, run_dir)  # before anything runs, every missing stage named
         plain = to_plain(config)
         from reproduction.run.preflight import raise_problems, run_problems
 
@@ -264,6 +269,10 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
                 raise RunStateError(f"{run_dir} already holds a run", path=run_dir, hint="choose a new --output")
         if state is not None:  # what a killed attempt's writes left half-written (run.json, evidence, statements)
             _remove_orphaned_temps(run_dir, state, opts)
+        elif opts.resume:  # a mistyped --output would otherwise retrain everything without a word
+            from reproduction.ui import say
+
+            say(f"nothing to resume in {run_dir} (no run.json there): starting a new run", options=opts.ui)
         state = state or {
             "format_version": FORMAT_VERSION,
             "recipe": recipe.name,
@@ -292,7 +301,74 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         if config_changed and not walk.redone:  # every stage ran or skipped; record the config it was asked with
             _write_state(run_dir, state)
         report = write_report(recipe, run_dir, changed=bool(walk.redone))  # under the lock: one writer at a time
-    return RunReport(run_dir=run_dir, run_id=state["run_id"], stages=walk.reports, report=report)
+    stale = stale_stages(state)
+    stale = {s.name: stale[s.name] for s in recipe.stages if s.name in stale}  # in recipe order
+    return RunReport(run_dir=run_dir, run_id=state["run_id"], stages=walk.reports, report=report, stale=stale)
+
+
+def stale_stages(state: dict[str, Any]) -> dict[str, str]:
+    """run.json's complete stages whose results predate their upstream stages' outputs:
+    {stage: the upstream stage whose outputs changed since it ran, directly or through another stale stage}. After
+    `--target-step N --stages policy` (or a raised step count with --stages) eval and compare still hold the
+    results of the earlier policy until a --resume redoes them; the headline and the report say so instead of
+    showing those results as the run's."""
+    stages = {n: r for n, r in (state.get("stages") or {}).items() if isinstance(r, dict)}
+    stale: dict[str, str] = {}
+    changed = True
+    while changed:
+        changed = False
+        for name, rec in stages.items():
+            if name in stale or rec.get("status") != "complete":
+                continue
+            upstream = (rec.get("key_parts") or {}).get("upstream") or {}
+            for need, recorded in upstream.items() if isinstance(upstream, dict) else ():
+                up = stages.get(need, {})
+                if need in stale:
+                    stale[name] = stale[need]
+                elif isinstance(up.get("outputs"), dict) and outputs_digest(up["outputs"]) != recorded:
+                    stale[name] = need
+                else:
+                    continue
+                changed = True
+                break
+    return stale
+
+
+def _refuse_missing_needs(
+    recipe: Recipe, selected: Sequence[StageSpec], state: dict[str, Any] | None, run_dir: Path
+) -> None:
+    """RunStateError (exit 55) when a selected stage needs a stage that is neither selected nor complete in
+    run.json, directly or through such stages: raised before anything runs (it once came mid-walk, after the
+    earlier selected stages had run), naming for each selected stage every stage it lacks, with a --stages hint
+    that works when followed (the selection plus all of them)."""
+    chosen = {s.name for s in selected}
+    recorded = (state or {}).get("stages") or {}
+    complete = {n for n, rec in recorded.items() if isinstance(rec, dict) and rec.get("status") == "complete"}
+    order = {s.name: i for i, s in enumerate(recipe.stages)}
+    lacking: dict[str, list[str]] = {}
+    for spec in selected:
+        missing: set[str] = set()
+        todo = list(spec.needs)
+        while todo:
+            need = todo.pop()
+            if need in chosen or need in complete or need in missing:
+                continue
+            missing.add(need)
+            todo += list(recipe.stage(need).needs)
+        if missing:
+            lacking[spec.name] = sorted(missing, key=order.__getitem__)
+    if not lacking:
+        return
+    every = {n for names in lacking.values() for n in names}
+    said = "; ".join(
+        f"stage {name} needs stage{'s' if len(names) > 1 else ''} {', '.join(names)}" for name, names in lacking.items()
+    )
+    run = ",".join(sorted(chosen | every, key=order.__getitem__))
+    raise RunStateError(
+        f"{said}, which {'has' if len(every) == 1 else 'have'} not completed in {run_dir}",
+        path=run_dir,
+        hint=f"run with --stages {run} (or without --stages)",
+    )
 
 
 def _remove_orphaned_temps(run_dir: Path, state: dict[str, Any], opts: RunOptions) -> None:
@@ -493,9 +569,7 @@ def _decide(
                 changes=problems,
                 hint=f"pass --restart-stage {spec.name} to redo it",
             )
-        if spec.training and opts.target_step is not None and (rec.get("step") or 0) < opts.target_step:
-            return "continue"
-        return "skip"
+        return "continue" if _trains_on(spec, rec, plain, opts) is not None else "skip"
     return "continue" if spec.training else "fresh"
 
 
@@ -517,6 +591,21 @@ def _refuse_fewer_steps(spec: StageSpec, rec: dict[str, Any], plain: dict[str, A
         hint=f"set {spec.training}={before if _is_int(before) else rec['step']} again (a trained stage is not "
         f"cut back), or pass --restart-stage {spec.name} to train it anew for {wanted} steps",
     )
+
+
+def _trains_on(spec: StageSpec, rec: dict[str, Any], plain: dict[str, Any], opts: RunOptions) -> int | None:
+    """The step a complete training stage trains on to in this invocation, None when it does not: `--target-step N`
+    above the steps it trained, or, without --target-step, its step count in the config (`spec.training`) raised
+    above them (`--resume` continues a stage up to the configured count, a completed one too: the count is exempt
+    from its key, so skipping it would leave run.json's config claiming steps the stage never trained). A stage that
+    recorded step 0 trained nothing by this count (GRPO's sft copying a pinned sft.export) and is not trained on."""
+    if not spec.training:
+        return None
+    step = rec.get("step")
+    if opts.target_step is not None:
+        return opts.target_step if (step or 0) < opts.target_step else None
+    wanted = select(plain, spec.training)
+    return wanted if _is_int(wanted) and _is_int(step) and 0 < step < wanted else None
 
 
 def _is_int(v: Any) -> bool:
@@ -557,6 +646,14 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
             )
         _rewrite_lost_statement(walk, spec, rec)
         return StageReport(name=spec.name, action="skipped", seconds=0.0, output=_output_from_record(stage_dir, rec))
+    if action == "continue" and rec.get("status") == "complete" and opts.target_step is None:
+        from reproduction.ui import say
+
+        say(
+            f"{spec.name}: {spec.training} is {select(walk.plain, spec.training)}, above the {rec.get('step')} steps "
+            f"it trained: training on to {select(walk.plain, spec.training)}",
+            options=opts.ui,
+        )
     if action == "fresh" and stage_dir.exists():  # cleared first: a `running` record never sees another key's files
         shutil.rmtree(stage_dir)
     started = time.time()

@@ -17,6 +17,7 @@ moment leaves the previous complete checkpoint untouched.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import platform
@@ -24,6 +25,8 @@ import random
 import re
 import shutil
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +126,9 @@ def save(
     left for the next resume to clean. A save that does not fit on the disk (DCP's CheckpointException
     wrapping ENOSPC on any rank, or the manifest write) raises WriteFailedError (exit 8) on every rank,
     naming the folder, the bytes the checkpoint needs and what was free; `step_N.partial/` is removed.
+    Ctrl-C or SIGTERM during DCP's write raises KeyboardInterrupt (`interrupt_in`), not the CheckpointException DCP
+    wraps it in, so `portable run` exits 130 with the stage recorded `interrupted`; `step_N.partial/` is left for
+    the next resume to clean.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
@@ -140,14 +146,18 @@ def save(
     model_sd, optim_sd = get_state_dict(model, optim)
     need = _need_bytes(root, sum(dist.all_gather_object(_state_bytes((model_sd, optim_sd)))))
     free = free_bytes(partial)
-    try:
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(partial))
-    except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
-        if not is_disk_full(exc) and free_bytes(partial) >= need:
-            raise
-        if dist.is_main():
-            shutil.rmtree(partial, ignore_errors=True)
-        raise disk_full_error(f"checkpoint step {step}", partial, need=need, free=free, hint=_room(need)) from None
+    with noting_interrupts() as arrived:
+        try:
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(partial))
+        except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
+            interrupt = interrupt_in(exc, arrived)
+            if interrupt is not None:  # Ctrl-C / SIGTERM: step_N.partial/ is left, never taken as a checkpoint
+                raise interrupt from None
+            if not is_disk_full(exc) and free_bytes(partial) >= need:
+                raise
+            if dist.is_main():
+                shutil.rmtree(partial, ignore_errors=True)
+            raise disk_full_error(f"checkpoint step {step}", partial, need=need, free=free, hint=_room(need)) from None
     rng = dist.all_gather_object(capture_rng(accel))
     dist.barrier()
     final = step_dir(root, step)
@@ -170,6 +180,51 @@ def save(
             raise os_error(exc, f"checkpoint {final}") from None
     dist.barrier()
     return final
+
+
+@contextmanager
+def noting_interrupts() -> Iterator[list[KeyboardInterrupt]]:
+    """Inside, the KeyboardInterrupts that the SIGINT and SIGTERM handlers raise (Python's own for Ctrl-C,
+    `portable run`'s for SIGTERM: guards.sigterm_as_interrupt) are noted in the list it yields as they pass,
+    each handler otherwise unchanged and put back after. A no-op off the main thread (no handler runs there) and
+    for a signal whose handler is no Python function (SIG_DFL, SIG_IGN)."""
+    import signal
+    import threading
+
+    arrived: list[KeyboardInterrupt] = []
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                previous[signum] = handler
+                signal.signal(signum, functools.partial(_noting, handler, arrived))
+    try:
+        yield arrived
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _noting(handler: Any, arrived: list[KeyboardInterrupt], signum: int, frame: Any) -> None:
+    try:
+        handler(signum, frame)
+    except KeyboardInterrupt as exc:
+        arrived.append(exc)
+        raise
+
+
+def interrupt_in(exc: BaseException, arrived: Sequence[KeyboardInterrupt] = ()) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt to raise for `exc`, a DCP save or load that failed, when an interrupt stopped it: one
+    that DCP's CheckpointException holds for a rank, or one a signal handler raised inside it (`arrived`:
+    noting_interrupts). DCP pickles each rank's error to gather it, which drops its __context__, and an interrupt
+    that lands inside torch.save's zip writer surfaces as the writer's RuntimeError ("unexpected pos"): only the
+    handler saw it. None when no interrupt did."""
+    for failure in (getattr(exc, "failures", None) or {}).values():  # torch DCP: {rank: (exc, frames)}
+        cause = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(cause, KeyboardInterrupt):
+            return KeyboardInterrupt(*cause.args)
+    return KeyboardInterrupt(*arrived[0].args) if arrived else None
 
 
 def _need_bytes(root: Path, state_bytes: int) -> int:
@@ -326,7 +381,16 @@ def load(
         )
     model_sd, optim_sd = get_state_dict(model, optim)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(folder))
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    with noting_interrupts() as arrived:
+        try:
+            dcp.load(state, checkpoint_id=str(folder))
+        except (Exception, CheckpointException) as exc:  # an interrupt while loading is an interrupt, as in `save`
+            interrupt = interrupt_in(exc, arrived)
+            if interrupt is not None:
+                raise interrupt from None
+            raise
     set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
     if manifest["world_size"] == dist.world_size():
         restore_rng(manifest["rng"][dist.rank()], accel)

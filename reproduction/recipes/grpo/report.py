@@ -100,13 +100,19 @@ def write_run_report(run_dir: Path) -> Path:
     from reproduction.run.evidence import Comparison, load_evidence
     from reproduction.run.lineage import LINEAGE_DIR
     from reproduction.run.lineage_check import lineage_chain
-    from reproduction.run.runner import read_state
+    from reproduction.run.runner import read_state, stale_stages
 
     run_dir = Path(run_dir)
     state = read_state(run_dir) or {}
     written = write_plots(run_dir)
+    stale = stale_stages(state)
     stages = [
-        report.StageSummary(name=s.name, status=rec.get("status", ""), seconds=rec.get("seconds"))
+        report.StageSummary(
+            name=s.name,
+            status=rec.get("status", ""),
+            seconds=rec.get("seconds"),
+            note=report.stale_note(stale.get(s.name)),
+        )
         for s in GRPO.stages
         if (rec := state.get("stages", {}).get(s.name)) is not None
     ]

@@ -78,13 +78,17 @@ def write_run_report(run_dir: Path, *, bundle: Path | None = None) -> Path:
     """Plots, then <run>/report.html (summary, stages table, plots inline, the lineage chain)."""
     from reproduction.run import report
     from reproduction.run.evidence import Comparison, compare_evidence, load_evidence
+    from reproduction.run.runner import stale_stages
 
     run_dir = Path(run_dir)
     state = json.loads((run_dir / "run.json").read_text())
     written = write_plots(run_dir)
     order = {name: i for i, name in enumerate(PIPELINE)}  # pipeline order, not run.json's (alphabetical) one
+    stale = stale_stages(state)
     stages = [
-        report.StageSummary(name=name, status=rec.get("status", ""), seconds=rec.get("seconds"))
+        report.StageSummary(
+            name=name, status=rec.get("status", ""), seconds=rec.get("seconds"), note=report.stale_note(stale.get(name))
+        )
         for name, rec in sorted(state["stages"].items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
     ]
     evidence_files = sorted((run_dir / "evidence").glob("eval_*.json"))
