@@ -8,6 +8,7 @@ import hashlib
 import json
 import random
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -221,3 +222,49 @@ def test_a_gated_repo_names_what_the_user_must_accept(hub: HubServer, tmp_path: 
     proc = run(hub, tmp_path, "fetch", str(manifest), str(tmp_path / "w"))
     assert proc.returncode == 31, proc.stderr
     assert "gated: alice/upstream (gemma)" in proc.stderr and "accept the Gemma Terms of Use" in proc.stderr
+
+
+def _wait_for(condition, what: str, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_second_fetch_into_the_same_folder_is_busy_and_the_first_verifies(hub: HubServer, tmp_path: Path) -> None:
+    """audit46 hub F4: two fetches shared one partial file; the first reported success while the second
+    kept appending to the file it had put in place. Now the folder's lock makes the second exit 7."""
+    manifest = unpinned_manifest(tmp_path)
+    assert run(hub, tmp_path, "pin", str(manifest)).returncode == 0
+    dest = tmp_path / "w"
+    # the first fetch hangs mid-file (it holds the lock meanwhile) until the test lets the server drop it
+    hub.add_fault(Fault(method="GET", path=r"/resolve/.*/model\.safetensors", kind="stall", after_bytes=100_000))
+    first = subprocess.Popen(
+        portable_cmd("weights", "fetch", str(manifest), str(dest)),
+        env=portable_env(hub, tmp_path / "hfhome", token=None),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for(hub.stalled.is_set, "the first fetch to stall")
+        second = run(hub, tmp_path, "fetch", str(manifest), str(dest))
+        assert second.returncode == 7, second.stderr
+        assert (
+            f"{dest}: another portable process (pid {first.pid}: fetch weights) is working on this weights folder; "
+            "refusing to fetch weights at the same time" in second.stderr
+        )
+        assert len(hub.requests("GET", r"/resolve/.*/model\.safetensors")) == 1  # the second asked nothing
+        hub.stopping.set()  # ends the stall: the server drops the connection and the first fetch resumes
+        _wait_for(lambda: len(hub.requests("GET", r"/resolve/.*/model\.safetensors")) > 1, "the resumed request")
+        hub.stopping.clear()
+        out, err = first.communicate(timeout=60)
+    finally:
+        first.kill()
+        first.wait()
+    assert first.returncode == 0, err
+    assert "3 of 3 files verified" in err
+    want = upstream_files()["model.safetensors"]
+    assert (dest / "upstream" / "model.safetensors").read_bytes() == want
+    proc = run(hub, tmp_path, "verify", str(manifest), str(dest))
+    assert proc.returncode == 0 and "3 of 3 files verified" in proc.stdout

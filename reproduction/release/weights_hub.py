@@ -19,7 +19,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reproduction.digests import sha256_files
 from reproduction.errors import HubAuthError, HubIntegrityError, InvalidInputError
@@ -35,6 +35,9 @@ from reproduction.release.weights_manifest import (
     load_license_index,
 )
 from reproduction.ui import UiOptions, human_bytes, say
+
+if TYPE_CHECKING:
+    from reproduction.release.weights import WeightsReport
 
 _CONFIG_NAMES = ("config.json", "tokenizer_config.json", "preprocessor_config.json", "policy_preprocessor.json")
 
@@ -288,22 +291,46 @@ def present_files(dest: Path, entries: list[WeightFile]) -> set[str]:
 def fetch_weights(
     manifest: WeightsManifest, dest: Path, *, settings: HubSettings | None = None, ui: UiOptions | None = None
 ) -> WeightsFetchResult:
-    """Download (or build) every file of `manifest` into `dest`/<path>, each pinned to its commit.
+    """`fetch_and_verify_weights` without its report."""
+    return fetch_and_verify_weights(manifest, dest, settings=settings, ui=ui)[0]
 
+
+def fetch_and_verify_weights(
+    manifest: WeightsManifest, dest: Path, *, settings: HubSettings | None = None, ui: UiOptions | None = None
+) -> tuple[WeightsFetchResult, WeightsReport]:
+    """Download (or build) every file of `manifest` into `dest`/<path>, each pinned to its commit, then
+    hash the files on disk against the manifest; returns what was done and that verify report.
+
+    Holds `dest`'s lock (`.portable/lock`, the one `portable fetch` takes) from before the first file is
+    looked at until the files on disk verified: a second fetch into the same folder is LockHeldError
+    (exit 7) naming the holder, never a second writer of the same partial file (audit46 hub F4).
     Files already there with the pinned sha256 are kept. A download whose bytes differ from the pin
     is retried, then refused (HubIntegrityError naming the file); nothing unverified is renamed into
     place. Raises InvalidInputError for an unpinned manifest, HubAuthError (with what a gated license
-    asks the user to accept), HubNotFoundError, HubTransferError, IntegrityError (a built file's bytes).
+    asks the user to accept), HubNotFoundError, HubTransferError, IntegrityError (a built file's bytes,
+    or a file on disk that does not verify), LockHeldError.
     """
-    from huggingface_hub import hf_hub_url
-
-    from reproduction.release.weights_build import build_component
+    from reproduction.release.lock import LOCK_NAME, folder_lock, state_dir
+    from reproduction.release.weights import verify_or_raise
 
     refuse_unpinned(manifest, "fetch")
     settings = settings or HubSettings.from_env()
     dest = Path(dest)
     refuse_file_for_folder(dest, hint="fetch the weights into a new folder, or one an earlier fetch wrote")
-    dest.mkdir(parents=True, exist_ok=True)
+    state = state_dir(dest, what="fetch weights")
+    with folder_lock(dest, state / LOCK_NAME, what="fetch weights", subject="this weights folder"):
+        result = _fetch_weights_locked(manifest, dest, settings=settings, ui=ui)
+        # the bytes on disk, not the bytes received: what is in place is what the manifest pins
+        return result, verify_or_raise(manifest, dest)
+
+
+def _fetch_weights_locked(
+    manifest: WeightsManifest, dest: Path, *, settings: HubSettings, ui: UiOptions | None
+) -> WeightsFetchResult:
+    from huggingface_hub import hf_hub_url
+
+    from reproduction.release.weights_build import build_component
+
     have = present_files(dest, [f for _, f in manifest.files()])
     endpoint = settings.resolved_endpoint()
     jobs, built = [], 0
