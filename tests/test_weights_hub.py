@@ -268,3 +268,52 @@ def test_a_second_fetch_into_the_same_folder_is_busy_and_the_first_verifies(hub:
     assert (dest / "upstream" / "model.safetensors").read_bytes() == want
     proc = run(hub, tmp_path, "verify", str(manifest), str(dest))
     assert proc.returncode == 0 and "3 of 3 files verified" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "path, what",
+    [
+        (r"/api/models/alice/upstream/revision/main", "resolve alice/upstream@main"),
+        (r"/api/models/alice/upstream/tree/", "list alice/upstream@"),
+    ],
+    ids=["resolve", "list"],
+)
+def test_pin_against_a_hub_that_never_answers_ends_within_the_stall_timeout(
+    hub: HubServer, tmp_path: Path, path: str, what: str
+) -> None:
+    """audit46 hub F1: huggingface_hub's repo_info and list_repo_tree pass timeout=None (no timeout at all),
+    so a Hub that accepted the request and never answered hung `weights pin` forever."""
+    hub.add_fault(Fault(method="GET", path=path, kind="stall_upload", seconds=60, times=10))
+    env = portable_env(
+        hub,
+        tmp_path / "hfhome",
+        token=None,
+        PORTABLE_HUB_STALL_TIMEOUT_S="1",
+        PORTABLE_HUB_CONNECT_TIMEOUT_S="1",
+        PORTABLE_HUB_RETRIES="1",
+    )
+    start = time.monotonic()
+    proc = subprocess.run(
+        portable_cmd("weights", "pin", "alice/upstream", "--license", "apache-2.0"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 33, proc.stderr
+    assert what in proc.stderr and "transfer stalled (no data)" in proc.stderr
+    assert time.monotonic() - start < 20
+    assert len(hub.requests("GET", path)) == 2  # the first try and the one retry PORTABLE_HUB_RETRIES allows
+
+
+def test_pin_reads_every_page_of_the_tree(hub: HubServer, tmp_path: Path) -> None:
+    hub.tree_page_size = 2  # the tree (4 files) comes in pages linked by the Link header
+    proc = run(hub, tmp_path, "pin", "alice/upstream", "--license", "apache-2.0")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(f["repo_path"] for f in json.loads(proc.stdout)["files"]) == [
+        "README.md",
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ]
+    assert len(hub.requests("GET", r"/api/models/alice/upstream/tree/")) == 2

@@ -150,19 +150,15 @@ def pin_hub(
     rev = revision or (existing.source.get("revision") if existing else None) or "main"
     rtype = repo_type or (existing.source.get("repo_type") if existing else None) or "model"
     api = _client(settings, ui)
-    info = with_retries(
-        lambda: api.repo_info(repo, repo_type=rtype, revision=rev),
+    info = with_retries(  # an explicit timeout: huggingface_hub's default None means none (audit46 hub F1)
+        lambda: api.repo_info(repo, repo_type=rtype, revision=rev, timeout=_bounded(settings)),
         what=f"resolve {repo}@{rev}",
         settings=settings,
         ui=ui,
     )
     commit = str(info.sha)
     tree = with_retries(
-        lambda: {
-            f.path: f
-            for f in api.list_repo_tree(repo, repo_type=rtype, revision=commit, recursive=True)
-            if hasattr(f, "size")
-        },
+        lambda: _list_tree(repo, rtype, commit, settings),
         what=f"list {repo}@{commit[:12]}",
         settings=settings,
         ui=ui,
@@ -213,6 +209,35 @@ def pin_hub(
         options=ui,
     )
     return comp
+
+
+def _bounded(settings: HubSettings) -> Any:
+    """The stall and connect bounds of `settings`, as a request's explicit timeout."""
+    import httpx
+
+    return httpx.Timeout(settings.stall_timeout_s, connect=settings.connect_timeout_s)
+
+
+def _list_tree(repo: str, rtype: str, commit: str, settings: HubSettings) -> dict[str, Any]:
+    """{path: RepoFile} of every file of `repo` at `commit`, page by page (the Hub's Link header).
+
+    What `HfApi.list_repo_tree(recursive=True)` does, but each page bounded by the stall timeout: that
+    method takes no timeout and passes timeout=None, which httpx reads as "wait forever" (audit46 hub F1).
+    """
+    from urllib.parse import quote
+
+    from huggingface_hub.hf_api import RepoFile
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    url: str | None = f"{settings.resolved_endpoint()}/api/{rtype}s/{repo}/tree/{quote(commit, safe='')}"
+    params: dict[str, Any] | None = {"recursive": True, "expand": False}
+    tree: dict[str, Any] = {}
+    while url is not None:
+        response = get_session().get(url, params=params, headers=build_hf_headers(), timeout=_bounded(settings))
+        hf_raise_for_status(response)
+        tree.update((e["path"], RepoFile(**e)) for e in response.json() if e.get("type") == "file")
+        url, params = response.links.get("next", {}).get("url"), None  # the next link carries the query
+    return tree
 
 
 def _card_license(
