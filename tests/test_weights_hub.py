@@ -317,3 +317,130 @@ def test_pin_reads_every_page_of_the_tree(hub: HubServer, tmp_path: Path) -> Non
         "tokenizer.json",
     ]
     assert len(hub.requests("GET", r"/api/models/alice/upstream/tree/")) == 2
+
+
+def _lie_in_tree(monkeypatch: pytest.MonkeyPatch, edit) -> None:
+    """The test Hub's tree listing describes model.safetensors as `edit` rewrites its entry."""
+    import hubserver
+
+    real = hubserver.Blob.tree_entry
+
+    def tree_entry(self, path: str) -> dict:
+        entry = real(self, path)
+        if path == "model.safetensors":
+            edit(entry)
+        return entry
+
+    monkeypatch.setattr(hubserver.Blob, "tree_entry", tree_entry)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            lambda e: e.update(path="../../escape.safetensors"),
+            "entry '../../escape.safetensors'.repo_path: path '../../escape.safetensors' is not a clean relative path",
+        ),
+        (
+            lambda e: e.update(path=".portable/partial/x.part"),
+            "entry '.portable/partial/x.part'.repo_path: '.portable/partial/x.part' is under .portable/, "
+            "which is reserved for bookkeeping",
+        ),
+        (lambda e: e.update(path="m\x1b]0;pwned\x07.safetensors"), "holds a control character"),
+        (lambda e: e.update(size=-5), "entry 'model.safetensors'.size: -5 is neither a valid value"),
+        (lambda e: e.update(size="to-be-pinned"), "entry 'model.safetensors'.size: is 'to-be-pinned'"),
+        (
+            lambda e: e["lfs"].update(oid="not-a-sha256"),
+            "entry 'model.safetensors'.sha256: 'not-a-sha256' is neither a valid value",
+        ),
+        (lambda e: e.pop("oid"), "entry 'model.safetensors': malformed (KeyError: 'oid')"),
+    ],
+    ids=["dotdot", "state-folder", "control-chars", "negative-size", "unpinned-size", "bad-lfs-oid", "no-oid"],
+)
+def test_pin_refuses_a_tree_entry_a_manifest_could_not_hold(
+    hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit, message: str
+) -> None:
+    """audit46 hub F11: pin printed, with exit 0, a component built from whatever the Hub's tree claimed."""
+    _lie_in_tree(monkeypatch, edit)
+    proc = run(hub, tmp_path, "pin", "alice/upstream", "--license", "apache-2.0")
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stdout == ""  # no component printed
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and error[0].startswith(
+        f"error: the Hub's answer for alice/upstream@{hub.head(REPO_KEY)[:12]}: "
+    )
+    assert message in error[0]
+    assert "\x1b" not in proc.stderr and "\x07" not in proc.stderr
+    assert hub.requests("GET", r"/resolve/") == []  # refused before any file was read
+
+
+def test_pin_into_a_manifest_refuses_a_tree_entry_and_leaves_the_manifest_as_it_was(
+    hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifest = unpinned_manifest(tmp_path)
+    before = manifest.read_bytes()
+    _lie_in_tree(monkeypatch, lambda e: e.update(size=-5))
+    for args in (["alice/upstream", "--manifest", str(manifest)], [str(manifest)]):
+        proc = run(hub, tmp_path, "pin", *args)
+        assert proc.returncode == 4, proc.stderr
+        assert "entry 'model.safetensors'.size: -5 is neither a valid value" in proc.stderr
+        assert manifest.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda f: f.update(path="upstream/../../escape.safetensors"), "components[0].files[0].path"),
+        (lambda f: f.update(size=-5), "components[0].files[0].size"),
+        (lambda f: f.update(sha256="not-a-sha256"), "components[0].files[0].sha256"),
+        (lambda f: f.update(path=".portable/partial/x.part"), "components[0].files[0].path"),
+    ],
+    ids=["dotdot", "negative-size", "bad-sha256", "state-folder"],
+)
+def test_writing_a_component_into_a_manifest_checks_it_as_loading_does(tmp_path: Path, edit, field: str) -> None:
+    """What `pin REPO --manifest` writes goes through the manifest loader's checks (audit46 hub F11 asked)."""
+    from reproduction.errors import InvalidInputError
+    from reproduction.release.weights_hub import pin_into
+    from reproduction.release.weights_manifest import Component, WeightFile
+
+    manifest = unpinned_manifest(tmp_path)
+    before = manifest.read_bytes()
+    data = json.loads(before)["components"][0]
+    data["source"]["commit"] = "a" * 40
+    for f in data["files"]:
+        f.update(size=1, sha256="b" * 64)
+    data["model_config"]["sha256"] = "b" * 64
+    edit(data["files"][0])
+    comp = Component(
+        role=data["role"],
+        source=data["source"],
+        license=data["license"],
+        model_config=data["model_config"],
+        files=[WeightFile(**f) for f in data["files"]],
+        key_mapping=data["key_mapping"],
+        presets=tuple(data["presets"]),
+    )
+    with pytest.raises(InvalidInputError) as caught:
+        pin_into(manifest, comp)
+    assert caught.value.field == field, caught.value.message
+    assert manifest.read_bytes() == before
+
+
+def test_pin_refuses_a_resolved_revision_that_is_not_a_commit_id(
+    hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handler = hub.httpd.RequestHandlerClass
+    real = handler._send
+
+    def send(self, status: int, payload=None, **kw) -> None:
+        if isinstance(payload, dict) and "siblings" in payload:  # the repo info answer
+            payload = {**payload, "sha": "main"}
+        real(self, status, payload, **kw)
+
+    monkeypatch.setattr(handler, "_send", send)
+    proc = run(hub, tmp_path, "pin", "alice/upstream", "--license", "apache-2.0")
+    assert proc.returncode == 4 and proc.stdout == "", proc.stderr
+    assert "error: the Hub's answer for alice/upstream@main: sha: 'main' is not a commit id (40 hex digits)" in (
+        proc.stderr
+    )
+    assert hub.requests("GET", r"/tree/") == []

@@ -17,21 +17,24 @@ import fnmatch
 import hashlib
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from reproduction.digests import sha256_files
 from reproduction.errors import HubAuthError, HubIntegrityError, InvalidInputError
 from reproduction.fsio import refuse_file_for_folder
 from reproduction.release.hub_transfer import Download, HubSettings, download_all, fetch_small, with_retries
-from reproduction.release.manifest import STATE_DIR
+from reproduction.release.manifest import STATE_DIR, check_relative_path
 from reproduction.release.weights_manifest import (
     UNPINNED,
     Component,
     LicenseIndex,
     WeightFile,
     WeightsManifest,
+    check_component,
+    check_file,
     load_license_index,
 )
 from reproduction.ui import UiOptions, human_bytes, say
@@ -39,6 +42,7 @@ from reproduction.ui import UiOptions, human_bytes, say
 if TYPE_CHECKING:
     from reproduction.release.weights import WeightsReport
 
+T = TypeVar("T")
 _CONFIG_NAMES = ("config.json", "tokenizer_config.json", "preprocessor_config.json", "policy_preprocessor.json")
 
 
@@ -157,6 +161,8 @@ def pin_hub(
         ui=ui,
     )
     commit = str(info.sha)
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):  # it goes into every URL and into the component
+        raise _refuse("sha", f"{commit[:60]!r} is not a commit id (40 hex digits)", _answer_label(repo, rev))
     tree = with_retries(
         lambda: _list_tree(repo, rtype, commit, settings),
         what=f"list {repo}@{commit[:12]}",
@@ -167,19 +173,25 @@ def pin_hub(
     chosen = _select(tree, globs or [p for p in old] or ["*"], repo)
     folder = _folder(existing, repo)
     endpoint = settings.resolved_endpoint()
-    files = []
-    for rp in chosen:
-        url = hf_hub_url(repo, rp, repo_type=rtype, revision=commit, endpoint=endpoint)
-        prev = old.get(rp)
-        files.append(
-            WeightFile(
-                path=prev.path if prev else f"{folder}{rp}",
-                repo_path=rp,
-                kind=(prev.kind if prev else None) or guess_kind(rp),
-                size=int(tree[rp].size),
-                sha256=_file_digest(url, tree[rp], settings, ui),
-            )
+    label = _answer_label(repo, commit)
+    # the Hub's claims, checked as a manifest's files are, before any is read or printed (audit46 hub F11)
+    files = [
+        _claimed_file(
+            {
+                "path": old[rp].path if rp in old else f"{folder}{rp}",
+                "repo_path": rp,
+                "kind": (old[rp].kind if rp in old else None) or guess_kind(rp),
+                "size": tree[rp].size,
+                # a small git file's sha256 is ours to compute (below); this stands in until then
+                "sha256": tree[rp].lfs.sha256 if tree[rp].lfs is not None else hashlib.sha256().hexdigest(),
+            },
+            label=label,
         )
+        for rp in chosen
+    ]
+    for f in files:
+        url = hf_hub_url(repo, f.repo_path, repo_type=rtype, revision=commit, endpoint=endpoint)
+        f.sha256 = _file_digest(url, tree[f.repo_path], settings, ui)
     if license_arg is None and existing is not None:
         lic = dict(existing.license)
     else:
@@ -204,11 +216,50 @@ def pin_hub(
         presets=existing.presets if existing else (),
         note=existing.note if existing else None,
     )
+    _hub_answer(label, lambda: check_component(comp.to_dict(), where="component", label=label))
+    if comp.unpinned():  # the loader accepts "to-be-pinned"; an answer from the Hub may not claim it
+        raise _refuse(f"component.{comp.unpinned()[0]}", f"is {UNPINNED!r}", label)
     say(
         f"pinned {repo}@{rev} -> {commit}: {len(files)} files, {human_bytes(sum(int(f.size) for f in files))}",
         options=ui,
     )
     return comp
+
+
+def _answer_label(repo: str, commit: str) -> str:
+    return f"the Hub's answer for {repo}@{commit[:12]}"
+
+
+_BAD_ANSWER = "the Hub (or a proxy in between) answered what no weights manifest may hold; nothing was written"
+
+
+def _hub_answer(label: str, check: Callable[[], T]) -> T:
+    """`check()`, its InvalidInputError (exit 4) said to be about the Hub's answer `label`, on one line."""
+    try:
+        return check()
+    except InvalidInputError as exc:
+        message = exc.message if exc.message.startswith(label) else f"{label}: {exc.message}"
+        raise InvalidInputError(message, field=exc.fields.get("field"), hint=_BAD_ANSWER) from None
+
+
+def _refuse(where: str, message: str, label: str) -> InvalidInputError:
+    """InvalidInputError (exit 4): the field `where` of the Hub's answer `label` is refused."""
+    return InvalidInputError(f"{label}: {where}: {message}", field=where, hint=_BAD_ANSWER)
+
+
+def _claimed_file(data: dict[str, Any], *, label: str) -> WeightFile:
+    """One file as the Hub's tree describes it, checked by a manifest's rules, with a size and a sha256."""
+    where = f"entry {data['repo_path']!r}"
+
+    def check() -> WeightFile:
+        check_relative_path(data["repo_path"], where=f"{where}.repo_path")  # the Hub's name, before ours
+        found = check_file(data, where=where, label=label)
+        for key in ("size", "sha256"):
+            if getattr(found, key) == UNPINNED:
+                raise _refuse(f"{where}.{key}", f"is {UNPINNED!r}", label)
+        return found
+
+    return _hub_answer(label, check)
 
 
 def _bounded(settings: HubSettings) -> Any:
@@ -229,13 +280,30 @@ def _list_tree(repo: str, rtype: str, commit: str, settings: HubSettings) -> dic
     from huggingface_hub.hf_api import RepoFile
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
+    label = _answer_label(repo, commit)
     url: str | None = f"{settings.resolved_endpoint()}/api/{rtype}s/{repo}/tree/{quote(commit, safe='')}"
     params: dict[str, Any] | None = {"recursive": True, "expand": False}
     tree: dict[str, Any] = {}
+    seen = 0
     while url is not None:
         response = get_session().get(url, params=params, headers=build_hf_headers(), timeout=_bounded(settings))
         hf_raise_for_status(response)
-        tree.update((e["path"], RepoFile(**e)) for e in response.json() if e.get("type") == "file")
+        try:
+            page = response.json()
+        except ValueError:
+            raise _refuse("tree", f"not JSON ({len(response.content)} bytes)", label) from None
+        if not isinstance(page, list):
+            raise _refuse("tree", f"should be a list, got {type(page).__name__}", label)
+        for i, e in enumerate(page, start=seen):
+            if not isinstance(e, dict) or not isinstance(e.get("path"), str):
+                raise _refuse(f"entry {i}", "should be an object with a string path", label)
+            if e.get("type") != "file":
+                continue
+            try:
+                tree[e["path"]] = RepoFile(**e)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise _refuse(f"entry {e['path']!r}", f"malformed ({type(exc).__name__}: {exc})", label) from None
+        seen += len(page)
         url, params = response.links.get("next", {}).get("url"), None  # the next link carries the query
     return tree
 
