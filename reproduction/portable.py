@@ -355,8 +355,8 @@ def cmd_weights(args: argparse.Namespace) -> int:
         return 0
     manifest = load_weights_manifest(Path(args.manifest))
     if args.weights_command == "fetch":
-        result = weights_hub.fetch_weights(manifest, Path(args.dir), ui=_ui(args))
-        report = weights.verify_or_raise(manifest, Path(args.dir))
+        # verified under the folder's lock: the files on disk, as they stay once the lock is released
+        result, report = weights_hub.fetch_and_verify_weights(manifest, Path(args.dir), ui=_ui(args))
         if args.json:
             _print_json({"fetch": result, "verify": report.to_dict()})
         say(

@@ -133,6 +133,8 @@ def test_an_unknown_license_id_is_an_error(tmp_path):
         (lambda m: m["components"][0]["files"][0].update(sha256="abc"), r"files\[0\].sha256", True),
         (lambda m: m["components"][0]["source"].update(commit="main"), r"source.commit", True),
         (lambda m: m["components"][0]["files"][0].update(path="../escape"), "not a clean relative path", True),
+        (lambda m: m["components"][0]["files"][0].update(path="up/.portable/x"), "reserved for bookkeeping", True),
+        (lambda m: m["components"][0]["files"][0].update(repo_path=".portable/lock"), "reserved for bookkeeping", True),
         (lambda m: m["components"][0]["files"][0].update(size=-1), r"files\[0\].size", True),
         (lambda m: m["components"][0]["source"].update(kind="ftp"), "is not 'hub' or 'built'", True),
         (lambda m: m.update(format_version=3), "version 3", True),

@@ -17,25 +17,32 @@ import fnmatch
 import hashlib
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from reproduction.digests import sha256_files
 from reproduction.errors import HubAuthError, HubIntegrityError, InvalidInputError
 from reproduction.fsio import refuse_file_for_folder
 from reproduction.release.hub_transfer import Download, HubSettings, download_all, fetch_small, with_retries
-from reproduction.release.manifest import STATE_DIR
+from reproduction.release.manifest import STATE_DIR, check_relative_path
 from reproduction.release.weights_manifest import (
     UNPINNED,
     Component,
     LicenseIndex,
     WeightFile,
     WeightsManifest,
+    check_component,
+    check_file,
     load_license_index,
 )
 from reproduction.ui import UiOptions, human_bytes, say
 
+if TYPE_CHECKING:
+    from reproduction.release.weights import WeightsReport
+
+T = TypeVar("T")
 _CONFIG_NAMES = ("config.json", "tokenizer_config.json", "preprocessor_config.json", "policy_preprocessor.json")
 
 
@@ -147,19 +154,17 @@ def pin_hub(
     rev = revision or (existing.source.get("revision") if existing else None) or "main"
     rtype = repo_type or (existing.source.get("repo_type") if existing else None) or "model"
     api = _client(settings, ui)
-    info = with_retries(
-        lambda: api.repo_info(repo, repo_type=rtype, revision=rev),
+    info = with_retries(  # an explicit timeout: huggingface_hub's default None means none (audit46 hub F1)
+        lambda: api.repo_info(repo, repo_type=rtype, revision=rev, timeout=_bounded(settings)),
         what=f"resolve {repo}@{rev}",
         settings=settings,
         ui=ui,
     )
     commit = str(info.sha)
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):  # it goes into every URL and into the component
+        raise _refuse("sha", f"{commit[:60]!r} is not a commit id (40 hex digits)", _answer_label(repo, rev))
     tree = with_retries(
-        lambda: {
-            f.path: f
-            for f in api.list_repo_tree(repo, repo_type=rtype, revision=commit, recursive=True)
-            if hasattr(f, "size")
-        },
+        lambda: _list_tree(repo, rtype, commit, settings),
         what=f"list {repo}@{commit[:12]}",
         settings=settings,
         ui=ui,
@@ -168,19 +173,25 @@ def pin_hub(
     chosen = _select(tree, globs or [p for p in old] or ["*"], repo)
     folder = _folder(existing, repo)
     endpoint = settings.resolved_endpoint()
-    files = []
-    for rp in chosen:
-        url = hf_hub_url(repo, rp, repo_type=rtype, revision=commit, endpoint=endpoint)
-        prev = old.get(rp)
-        files.append(
-            WeightFile(
-                path=prev.path if prev else f"{folder}{rp}",
-                repo_path=rp,
-                kind=(prev.kind if prev else None) or guess_kind(rp),
-                size=int(tree[rp].size),
-                sha256=_file_digest(url, tree[rp], settings, ui),
-            )
+    label = _answer_label(repo, commit)
+    # the Hub's claims, checked as a manifest's files are, before any is read or printed (audit46 hub F11)
+    files = [
+        _claimed_file(
+            {
+                "path": old[rp].path if rp in old else f"{folder}{rp}",
+                "repo_path": rp,
+                "kind": (old[rp].kind if rp in old else None) or guess_kind(rp),
+                "size": tree[rp].size,
+                # a small git file's sha256 is ours to compute (below); this stands in until then
+                "sha256": tree[rp].lfs.sha256 if tree[rp].lfs is not None else hashlib.sha256().hexdigest(),
+            },
+            label=label,
         )
+        for rp in chosen
+    ]
+    for f in files:
+        url = hf_hub_url(repo, f.repo_path, repo_type=rtype, revision=commit, endpoint=endpoint)
+        f.sha256 = _file_digest(url, tree[f.repo_path], settings, ui)
     if license_arg is None and existing is not None:
         lic = dict(existing.license)
     else:
@@ -205,11 +216,96 @@ def pin_hub(
         presets=existing.presets if existing else (),
         note=existing.note if existing else None,
     )
+    _hub_answer(label, lambda: check_component(comp.to_dict(), where="component", label=label))
+    if comp.unpinned():  # the loader accepts "to-be-pinned"; an answer from the Hub may not claim it
+        raise _refuse(f"component.{comp.unpinned()[0]}", f"is {UNPINNED!r}", label)
     say(
         f"pinned {repo}@{rev} -> {commit}: {len(files)} files, {human_bytes(sum(int(f.size) for f in files))}",
         options=ui,
     )
     return comp
+
+
+def _answer_label(repo: str, commit: str) -> str:
+    return f"the Hub's answer for {repo}@{commit[:12]}"
+
+
+_BAD_ANSWER = "the Hub (or a proxy in between) answered what no weights manifest may hold; nothing was written"
+
+
+def _hub_answer(label: str, check: Callable[[], T]) -> T:
+    """`check()`, its InvalidInputError (exit 4) said to be about the Hub's answer `label`, on one line."""
+    try:
+        return check()
+    except InvalidInputError as exc:
+        message = exc.message if exc.message.startswith(label) else f"{label}: {exc.message}"
+        raise InvalidInputError(message, field=exc.fields.get("field"), hint=_BAD_ANSWER) from None
+
+
+def _refuse(where: str, message: str, label: str) -> InvalidInputError:
+    """InvalidInputError (exit 4): the field `where` of the Hub's answer `label` is refused."""
+    return InvalidInputError(f"{label}: {where}: {message}", field=where, hint=_BAD_ANSWER)
+
+
+def _claimed_file(data: dict[str, Any], *, label: str) -> WeightFile:
+    """One file as the Hub's tree describes it, checked by a manifest's rules, with a size and a sha256."""
+    where = f"entry {data['repo_path']!r}"
+
+    def check() -> WeightFile:
+        check_relative_path(data["repo_path"], where=f"{where}.repo_path")  # the Hub's name, before ours
+        found = check_file(data, where=where, label=label)
+        for key in ("size", "sha256"):
+            if getattr(found, key) == UNPINNED:
+                raise _refuse(f"{where}.{key}", f"is {UNPINNED!r}", label)
+        return found
+
+    return _hub_answer(label, check)
+
+
+def _bounded(settings: HubSettings) -> Any:
+    """The stall and connect bounds of `settings`, as a request's explicit timeout."""
+    import httpx
+
+    return httpx.Timeout(settings.stall_timeout_s, connect=settings.connect_timeout_s)
+
+
+def _list_tree(repo: str, rtype: str, commit: str, settings: HubSettings) -> dict[str, Any]:
+    """{path: RepoFile} of every file of `repo` at `commit`, page by page (the Hub's Link header).
+
+    What `HfApi.list_repo_tree(recursive=True)` does, but each page bounded by the stall timeout: that
+    method takes no timeout and passes timeout=None, which httpx reads as "wait forever" (audit46 hub F1).
+    """
+    from urllib.parse import quote
+
+    from huggingface_hub.hf_api import RepoFile
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    label = _answer_label(repo, commit)
+    url: str | None = f"{settings.resolved_endpoint()}/api/{rtype}s/{repo}/tree/{quote(commit, safe='')}"
+    params: dict[str, Any] | None = {"recursive": True, "expand": False}
+    tree: dict[str, Any] = {}
+    seen = 0
+    while url is not None:
+        response = get_session().get(url, params=params, headers=build_hf_headers(), timeout=_bounded(settings))
+        hf_raise_for_status(response)
+        try:
+            page = response.json()
+        except ValueError:
+            raise _refuse("tree", f"not JSON ({len(response.content)} bytes)", label) from None
+        if not isinstance(page, list):
+            raise _refuse("tree", f"should be a list, got {type(page).__name__}", label)
+        for i, e in enumerate(page, start=seen):
+            if not isinstance(e, dict) or not isinstance(e.get("path"), str):
+                raise _refuse(f"entry {i}", "should be an object with a string path", label)
+            if e.get("type") != "file":
+                continue
+            try:
+                tree[e["path"]] = RepoFile(**e)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise _refuse(f"entry {e['path']!r}", f"malformed ({type(exc).__name__}: {exc})", label) from None
+        seen += len(page)
+        url, params = response.links.get("next", {}).get("url"), None  # the next link carries the query
+    return tree
 
 
 def _card_license(
@@ -288,22 +384,46 @@ def present_files(dest: Path, entries: list[WeightFile]) -> set[str]:
 def fetch_weights(
     manifest: WeightsManifest, dest: Path, *, settings: HubSettings | None = None, ui: UiOptions | None = None
 ) -> WeightsFetchResult:
-    """Download (or build) every file of `manifest` into `dest`/<path>, each pinned to its commit.
+    """`fetch_and_verify_weights` without its report."""
+    return fetch_and_verify_weights(manifest, dest, settings=settings, ui=ui)[0]
 
+
+def fetch_and_verify_weights(
+    manifest: WeightsManifest, dest: Path, *, settings: HubSettings | None = None, ui: UiOptions | None = None
+) -> tuple[WeightsFetchResult, WeightsReport]:
+    """Download (or build) every file of `manifest` into `dest`/<path>, each pinned to its commit, then
+    hash the files on disk against the manifest; returns what was done and that verify report.
+
+    Holds `dest`'s lock (`.portable/lock`, the one `portable fetch` takes) from before the first file is
+    looked at until the files on disk verified: a second fetch into the same folder is LockHeldError
+    (exit 7) naming the holder, never a second writer of the same partial file (audit46 hub F4).
     Files already there with the pinned sha256 are kept. A download whose bytes differ from the pin
     is retried, then refused (HubIntegrityError naming the file); nothing unverified is renamed into
     place. Raises InvalidInputError for an unpinned manifest, HubAuthError (with what a gated license
-    asks the user to accept), HubNotFoundError, HubTransferError, IntegrityError (a built file's bytes).
+    asks the user to accept), HubNotFoundError, HubTransferError, IntegrityError (a built file's bytes,
+    or a file on disk that does not verify), LockHeldError.
     """
-    from huggingface_hub import hf_hub_url
-
-    from reproduction.release.weights_build import build_component
+    from reproduction.release.lock import LOCK_NAME, folder_lock, state_dir
+    from reproduction.release.weights import verify_or_raise
 
     refuse_unpinned(manifest, "fetch")
     settings = settings or HubSettings.from_env()
     dest = Path(dest)
     refuse_file_for_folder(dest, hint="fetch the weights into a new folder, or one an earlier fetch wrote")
-    dest.mkdir(parents=True, exist_ok=True)
+    state = state_dir(dest, what="fetch weights")
+    with folder_lock(dest, state / LOCK_NAME, what="fetch weights", subject="this weights folder"):
+        result = _fetch_weights_locked(manifest, dest, settings=settings, ui=ui)
+        # the bytes on disk, not the bytes received: what is in place is what the manifest pins
+        return result, verify_or_raise(manifest, dest)
+
+
+def _fetch_weights_locked(
+    manifest: WeightsManifest, dest: Path, *, settings: HubSettings, ui: UiOptions | None
+) -> WeightsFetchResult:
+    from huggingface_hub import hf_hub_url
+
+    from reproduction.release.weights_build import build_component
+
     have = present_files(dest, [f for _, f in manifest.files()])
     endpoint = settings.resolved_endpoint()
     jobs, built = [], 0

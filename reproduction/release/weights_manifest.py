@@ -25,7 +25,7 @@ from typing import Any
 
 from reproduction.errors import InputNotFoundError, InvalidInputError, UnsupportedFormatError
 from reproduction.fsio import atomic_write_text
-from reproduction.release.manifest import check_relative_path
+from reproduction.release.manifest import STATE_DIR, check_relative_path
 
 FORMAT = "recap-portable-weights"
 FORMAT_VERSION = 2
@@ -49,12 +49,13 @@ def project_root() -> Path:
 class _Reader:
     """Typed field access that names the manifest and the field in every error."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, label: str = "weights manifest") -> None:
         self.path = path
+        self.label = label
 
     def fail(self, where: str, message: str, hint: str | None = None) -> InvalidInputError:
         return InvalidInputError(
-            f"{self.path or 'weights manifest'}: {where}: {message}",
+            f"{self.path or self.label}: {where}: {message}",
             path=self.path,
             field=where,
             hint=hint or "fix the manifest (see weights_manifest/schema.json)",
@@ -240,11 +241,26 @@ class WeightsManifest:
         )
 
 
+def check_component(data: Any, *, where: str, label: str) -> Component:
+    """`data` checked by the rules `WeightsManifest.from_dict` applies to each component (a component built
+    from a Hub's answer is checked so before it is printed or written); InvalidInputError names `label`
+    (what `data` came from) and the field."""
+    return _component(_Reader(None, label), data, where)
+
+
+def check_file(data: Any, *, where: str, label: str) -> WeightFile:
+    """`data` checked by the rules `WeightsManifest.from_dict` applies to each file of a component."""
+    return _file(_Reader(None, label), data, where)
+
+
 def _file(r: _Reader, data: Any, where: str) -> WeightFile:
     path = check_relative_path(r.get(data, "path", str, where), where=f"{where}.path", path=r.path)
     repo_path = r.get(data, "repo_path", str, where, None)
     if repo_path is not None:
         check_relative_path(repo_path, where=f"{where}.repo_path", path=r.path)
+    for key, value in (("repo_path", repo_path or ""), ("path", path)):
+        if STATE_DIR in value.split("/"):  # fetch keeps its lock and partial files in DIR/.portable/
+            raise r.fail(f"{where}.{key}", f"{value!r:.80} is under {STATE_DIR}/, which is reserved for bookkeeping")
     kind = r.get(data, "kind", str, where, None)
     if kind is not None and kind not in FILE_KINDS:
         raise r.fail(f"{where}.kind", f"{kind!r} is not one of {', '.join(FILE_KINDS)}")
