@@ -205,22 +205,25 @@ def _encode_mp4(frames: np.ndarray, fps: int) -> bytes:
 class EnvPool:
     """FetchSims kept across batches in one worker (creating one costs about as much as 10 steps); each
     task's envs share one renderer per image size. Every episode starts with `reset(seed)`, so reuse
-    never changes a trajectory (`test_env_reuse_does_not_change_episodes` pins it)."""
+    never changes a trajectory (`test_env_reuse_does_not_change_episodes` pins it). Sims are kept per
+    (task, cameras, image size), everything that shapes what they return, so batches of evaluations
+    with different configs (`evaluate_many`) each get envs built from their own config."""
 
     def __init__(self, config: EvalConfig) -> None:
         self.config = config
-        self._sims: dict[str, list[Any]] = {}
+        self._sims: dict[tuple[str, tuple[str, ...], int], list[Any]] = {}
         self._renderers: dict[str, dict[int, Any]] = {}
 
-    def get(self, task: str, n: int) -> list[Any]:
+    def get(self, task: str, n: int, config: EvalConfig | None = None) -> list[Any]:
+        """`n` sims of `task` rendering `config`'s cameras at its image size (the pool's config by default)."""
         from reproduction.sim.env import FetchSim
 
-        sims = self._sims.setdefault(task, [])
+        config = config or self.config
+        cameras, size = tuple(config.cameras), int(config.image_size)
+        sims = self._sims.setdefault((task, cameras, size), [])
         renderers = self._renderers.setdefault(task, {})  # size -> mujoco.Renderer
         while len(sims) < n:
-            sims.append(
-                FetchSim(task, cameras=self.config.cameras, image_size=self.config.image_size, renderers=renderers)
-            )
+            sims.append(FetchSim(task, cameras=cameras, image_size=size, renderers=renderers))
         return sims[:n]
 
     def close(self) -> None:
@@ -260,7 +263,8 @@ class PolicyCache:
 
 def eval_group(group: dict[str, Any]) -> list[list[dict[str, Any]]]:
     """Worker body: a group of batches with one EnvPool and one PolicyCache; per batch, the episodes'
-    metrics (+ mp4 bytes). The batches may belong to several evaluations (`evaluate_many`)."""
+    metrics (+ mp4 bytes). The batches may belong to several evaluations (`evaluate_many`), each
+    stepped in envs built from its own config."""
     pool = EnvPool(group["batches"][0]["config"])
     policies = PolicyCache()
     try:
@@ -277,7 +281,7 @@ def run_batch(payload: dict[str, Any], pool: EnvPool, policies: PolicyCache | No
     config: EvalConfig = payload["config"]
     policy = (policies or PolicyCache()).get(payload["factory"], payload["batch_seed"])
     spec = get_task(payload["task"])
-    sims = pool.get(spec.env_id, len(payload["indices"]))
+    sims = pool.get(spec.env_id, len(payload["indices"]), config)
     obs = [sim.reset(seed) for sim, seed in zip(sims, payload["reset_seeds"])]
     n = len(sims)
     track = {k: [[] for _ in range(n)] for k in ("grip", "cube", "fingers")}
