@@ -115,3 +115,34 @@ def test_env_reuse_does_not_change_episodes():
     expert = lambda cfg: evaluate(ExpertPolicy, cfg).to_dict()["per_episode"]  # noqa: E731
     assert expert(EvalConfig(batch_size=1, **base)) == expert(EvalConfig(batch_size=4, **base))
     assert len(reused["FetchPickAndPlace-v4"]) == 4
+
+
+class NanAt:
+    """Zeros, except NaN for the second row of the batch from the `at`-th call on."""
+
+    def __init__(self, at: int = 3):
+        self.at, self.calls = at, 0
+
+    def __call__(self, batch):
+        self.calls += 1
+        a = np.zeros((len(batch["task"]), 2, 4), dtype=np.float32)
+        if self.calls >= self.at:
+            a[1, 1, 2] = np.nan
+        return a
+
+
+def test_non_finite_actions_name_the_task_episode_reset_seed_and_step():
+    """audit46 eval F3: the error said only "policy returned non-finite actions"."""
+    from reproduction.sim.seeds import reset_seed
+
+    cfg = EvalConfig(tasks=("FetchPush-v4",), episodes_per_task=5, batch_size=3, execute_steps=2, videos=0)
+    with pytest.raises(SimError) as err:
+        evaluate(functools.partial(NanAt, at=3), cfg)
+    seed = reset_seed(0, "eval", "FetchPush-v4", 1)
+    assert str(err.value) == (
+        f"policy returned non-finite actions (NaN or inf) in FetchPush-v4 episode 1 (reset seed {seed}) at step 4"
+        " (4 actions executed)"
+    )
+    e = err.value
+    assert (e.field, e.task, e.episodes, e.reset_seeds, e.step) == ("action", "FetchPush-v4", [1], [seed], 4)
+    assert e.hint.startswith("check the policy's output for NaN/inf: for a trained export, its weights")

@@ -176,7 +176,10 @@ def reset_policy(policy: Any, seed: int) -> None:
         reset()
 
 
-def _check_actions(actions: Any, batch: int) -> np.ndarray:
+def _check_actions(actions: Any, batch: int, payload: dict[str, Any] | None = None, step: int = 0) -> np.ndarray:
+    """The policy's (B, H, 4) chunk as float32; SimError for a wrong shape or a non-finite value, naming the
+    task, episode, reset seed and step (actions already executed in the episode) where it happened, from the
+    batch's `payload`."""
     a = np.asarray(actions, dtype=np.float32)
     if a.ndim != 3 or a.shape[0] != batch or a.shape[2] != 4 or a.shape[1] < 1:
         raise SimError(
@@ -187,7 +190,23 @@ def _check_actions(actions: Any, batch: int) -> np.ndarray:
             hint="a Policy maps a batch of B observations to (B, H, 4) action chunks",
         )
     if not np.all(np.isfinite(a)):
-        raise SimError("policy returned non-finite actions", field="action")
+        rows = [int(i) for i in np.flatnonzero(~np.isfinite(a).all(axis=(1, 2)))]
+        where, fields = "", {}
+        if payload is not None:
+            episodes = [payload["indices"][i] for i in rows]
+            seeds = [payload["reset_seeds"][i] for i in rows]
+            more = f" (and {len(rows) - 1} more in its batch)" if len(rows) > 1 else ""
+            where = f" in {payload['task']} episode {episodes[0]} (reset seed {seeds[0]}){more}"
+            where += f" at step {step} ({step} actions executed)"
+            fields = {"task": payload["task"], "episodes": episodes, "reset_seeds": seeds, "step": step}
+        raise SimError(
+            f"policy returned non-finite actions (NaN or inf){where}",
+            field="action",
+            hint="check the policy's output for NaN/inf: for a trained export, its weights and its normalisation "
+            "stats (a zero or NaN std, a diverged training run's checkpoint); for a scripted policy, a division by "
+            "zero. `FetchSim(task).reset(reset_seed)` replays the episode's start",
+            **fields,
+        )
     return a
 
 
@@ -303,7 +322,7 @@ def run_batch(payload: dict[str, Any], pool: EnvPool, policies: PolicyCache | No
         if chunk is None or used >= min(config.execute_steps, chunk.shape[1]):
             batch = {k: np.stack([o[k] for o in obs]) for k in obs[0]}
             batch["task"] = [spec.language] * n
-            chunk, used = _check_actions(policy(batch), n), 0
+            chunk, used = _check_actions(policy(batch), n, payload, step), 0
         obs = [sim.step(chunk[i, used])[0] for i, sim in enumerate(sims)]
         used += 1
         step += 1
