@@ -53,3 +53,35 @@ def test_simulator_results_become_schema_valid_evidence_that_reproduces_itself(t
     assert schema_errors("comparison", json.loads((tmp_path / "comparison.json").read_text())) == []
     png = plots.plot_success_rates(doc, tmp_path / "success_rates.png")
     assert png.stat().st_size > 10_000
+
+
+def test_overall_mechanism_numbers_are_means_over_episodes_not_over_tasks():
+    """audit46 eval F4: the overall mean first-success step averaged the per-task means (each rounded), so Push's 4
+    successes at 11 and PickAndPlace's 7 at 66/7 gave 10.215, not the mean over the 11 successful episodes, 10.0."""
+    from types import SimpleNamespace
+
+    from reproduction.recipes.recap.policy import _mechanism
+    from reproduction.sim.evaluate import TaskResult
+
+    def task(name, firsts, detours):
+        eps = [
+            {"first_success_step": f, "detours": d, "stalls": 0, "drops": int(f is None)}
+            for f, d in zip(firsts, detours)
+        ]
+        ok = sum(f is not None for f in firsts)
+        return TaskResult(task=name, episodes=len(eps), success_once=ok, success_at_end=ok, episode_metrics=eps)
+
+    push = task("FetchPush-v4", [11, 11, 11, 11] + [None] * 8, [1] + [0] * 11)
+    pick = task("FetchPickAndPlace-v4", [9, 9, 9, 9, 10, 10, 10] + [None] * 5, [2, 1] + [0] * 10)
+    assert (push.summary()["mean_first_success_step"], pick.summary()["mean_first_success_step"]) == (11.0, 9.429)
+    both = SimpleNamespace(tasks={"FetchPush-v4": push, "FetchPickAndPlace-v4": pick})
+    assert _mechanism(both) == {
+        "detours_per_episode": 0.1667,  # 4 detours in 24 episodes
+        "mean_first_success_step": 10.0,  # (44 + 66) / 11
+        "stalls_per_episode": 0.0,
+        "drops_per_episode": 0.5417,  # 13 of 24
+    }
+    # one task: exactly its summary's numbers (a single-task reference such as evidence/demo's keeps its values)
+    alone = _mechanism(SimpleNamespace(tasks={"FetchPickAndPlace-v4": pick}))
+    summary = pick.summary()
+    assert alone == {k: summary[k] for k in alone} and alone["mean_first_success_step"] == 9.429

@@ -87,3 +87,49 @@ def test_importing_the_package_imports_no_libero():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_evidence_counts_refuse_episodes_stopped_at_their_first_success():
+    """audit46 eval F5: with stop_on_success an episode's success_at_end is None, and evidence counted it False."""
+    from reproduction.errors import SimError
+    from reproduction.sim.libero.protocol import EpisodeOutcome, LiberoEvalResult
+
+    def outcome(i, once, end):
+        return EpisodeOutcome(
+            task_id="libero_spatial/0",
+            init_index=i,
+            success_once=once,
+            success_at_end=end,
+            steps=10,
+            first_success_step=4 if once else None,
+        )
+
+    run_to_limit = LiberoEvalResult(
+        episodes=[outcome(0, True, True), outcome(1, True, False), outcome(2, False, False)],
+        chunk=5,
+        settle_steps=10,
+        cameras=False,
+    )
+    assert run_to_limit.evidence_counts() == {
+        "tasks": {"libero_spatial/0": {"episodes": 3, "success_once": 2, "success_at_end": 1}},
+        "per_episode": {
+            "libero_spatial/0": [
+                {"episode": 0, "init_state": 0, "success_once": True, "success_at_end": True},
+                {"episode": 1, "init_state": 1, "success_once": True, "success_at_end": False},
+                {"episode": 2, "init_state": 2, "success_once": False, "success_at_end": False},
+            ]
+        },
+    }
+    stopped = LiberoEvalResult(
+        episodes=[outcome(0, True, None), outcome(1, False, False), outcome(2, True, None)],
+        chunk=5,
+        settle_steps=10,
+        cameras=False,
+    )
+    with pytest.raises(SimError) as err:
+        stopped.evidence_counts()
+    assert str(err.value) == (
+        "success_at_end was not measured for 2 of 3 episodes (first: libero_spatial/0 init state 0): "
+        "they stopped at their first success (stop_on_success)"
+    )
+    assert err.value.field == "success_at_end" and "stop_on_success=False" in err.value.hint

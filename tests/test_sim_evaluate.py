@@ -115,3 +115,72 @@ def test_env_reuse_does_not_change_episodes():
     expert = lambda cfg: evaluate(ExpertPolicy, cfg).to_dict()["per_episode"]  # noqa: E731
     assert expert(EvalConfig(batch_size=1, **base)) == expert(EvalConfig(batch_size=4, **base))
     assert len(reused["FetchPickAndPlace-v4"]) == 4
+
+
+class NanAt:
+    """Zeros, except NaN for the second row of the batch from the `at`-th call on."""
+
+    def __init__(self, at: int = 3):
+        self.at, self.calls = at, 0
+
+    def __call__(self, batch):
+        self.calls += 1
+        a = np.zeros((len(batch["task"]), 2, 4), dtype=np.float32)
+        if self.calls >= self.at:
+            a[1, 1, 2] = np.nan
+        return a
+
+
+def test_non_finite_actions_name_the_task_episode_reset_seed_and_step():
+    """audit46 eval F3: the error said only "policy returned non-finite actions"."""
+    from reproduction.sim.seeds import reset_seed
+
+    cfg = EvalConfig(tasks=("FetchPush-v4",), episodes_per_task=5, batch_size=3, execute_steps=2, videos=0)
+    with pytest.raises(SimError) as err:
+        evaluate(functools.partial(NanAt, at=3), cfg)
+    seed = reset_seed(0, "eval", "FetchPush-v4", 1)
+    assert str(err.value) == (
+        f"policy returned non-finite actions (NaN or inf) in FetchPush-v4 episode 1 (reset seed {seed}) at step 4"
+        " (4 actions executed)"
+    )
+    e = err.value
+    assert (e.field, e.task, e.episodes, e.reset_seeds, e.step) == ("action", "FetchPush-v4", [1], [seed], 4)
+    assert e.hint.startswith("check the policy's output for NaN/inf: for a trained export, its weights")
+
+
+class DoNothing:
+    def __call__(self, batch):
+        return np.zeros((len(batch["task"]), 1, 4), dtype=np.float32)
+
+
+@pytest.mark.slow
+def test_the_episodes_that_start_solved_are_those_evidence_readme_lists():
+    """audit46 eval F2 (documented in evidence/README.md, not changed): some reset states already have the cube within
+    5 cm of the goal, so a do-nothing policy succeeds there. The lists at the default eval seed (1000, 50 episodes)
+    and the bundles' (100000, 100 episodes)."""
+    from reproduction.sim.env import FetchSim
+    from reproduction.sim.seeds import reset_seed
+
+    want = {
+        (1000, 50): {"FetchPush-v4": [0, 5, 18, 27, 29], "FetchPickAndPlace-v4": [4, 7, 12, 46]},
+        (100000, 100): {"FetchPush-v4": [18, 24, 63, 68, 76, 98], "FetchPickAndPlace-v4": [8, 15, 55]},
+    }
+    for task in BOTH:
+        sim = FetchSim(task, cameras=())
+        try:
+            for (seed, n), solved in want.items():
+                found = []
+                for i in range(n):
+                    sim.reset(reset_seed(seed, "eval", task, i))
+                    if sim.is_success():
+                        found.append(i)
+                assert found == solved[task], (seed, task)
+        finally:
+            sim.close()
+    cfg = EvalConfig(tasks=BOTH, episodes_per_task=50, seed=1000, execute_steps=1, videos=0)
+    d = evaluate(DoNothing, cfg).to_dict()
+    assert {t: (r["success_once"], r["success_at_end"]) for t, r in d["tasks"].items()} == {
+        "FetchPickAndPlace-v4": ("4/50", "4/50"),
+        "FetchPush-v4": ("5/50", "5/50"),
+    }
+    assert d["success_at_end_rate"] == d["success_once_rate"] == 0.09

@@ -176,7 +176,10 @@ def reset_policy(policy: Any, seed: int) -> None:
         reset()
 
 
-def _check_actions(actions: Any, batch: int) -> np.ndarray:
+def _check_actions(actions: Any, batch: int, payload: dict[str, Any] | None = None, step: int = 0) -> np.ndarray:
+    """The policy's (B, H, 4) chunk as float32; SimError for a wrong shape or a non-finite value, naming the
+    task, episode, reset seed and step (actions already executed in the episode) where it happened, from the
+    batch's `payload`."""
     a = np.asarray(actions, dtype=np.float32)
     if a.ndim != 3 or a.shape[0] != batch or a.shape[2] != 4 or a.shape[1] < 1:
         raise SimError(
@@ -187,7 +190,23 @@ def _check_actions(actions: Any, batch: int) -> np.ndarray:
             hint="a Policy maps a batch of B observations to (B, H, 4) action chunks",
         )
     if not np.all(np.isfinite(a)):
-        raise SimError("policy returned non-finite actions", field="action")
+        rows = [int(i) for i in np.flatnonzero(~np.isfinite(a).all(axis=(1, 2)))]
+        where, fields = "", {}
+        if payload is not None:
+            episodes = [payload["indices"][i] for i in rows]
+            seeds = [payload["reset_seeds"][i] for i in rows]
+            more = f" (and {len(rows) - 1} more in its batch)" if len(rows) > 1 else ""
+            where = f" in {payload['task']} episode {episodes[0]} (reset seed {seeds[0]}){more}"
+            where += f" at step {step} ({step} actions executed)"
+            fields = {"task": payload["task"], "episodes": episodes, "reset_seeds": seeds, "step": step}
+        raise SimError(
+            f"policy returned non-finite actions (NaN or inf){where}",
+            field="action",
+            hint="check the policy's output for NaN/inf: for a trained export, its weights and its normalisation "
+            "stats (a zero or NaN std, a diverged training run's checkpoint); for a scripted policy, a division by "
+            "zero. `FetchSim(task).reset(reset_seed)` replays the episode's start",
+            **fields,
+        )
     return a
 
 
@@ -205,22 +224,25 @@ def _encode_mp4(frames: np.ndarray, fps: int) -> bytes:
 class EnvPool:
     """FetchSims kept across batches in one worker (creating one costs about as much as 10 steps); each
     task's envs share one renderer per image size. Every episode starts with `reset(seed)`, so reuse
-    never changes a trajectory (`test_env_reuse_does_not_change_episodes` pins it)."""
+    never changes a trajectory (`test_env_reuse_does_not_change_episodes` pins it). Sims are kept per
+    (task, cameras, image size), everything that shapes what they return, so batches of evaluations
+    with different configs (`evaluate_many`) each get envs built from their own config."""
 
     def __init__(self, config: EvalConfig) -> None:
         self.config = config
-        self._sims: dict[str, list[Any]] = {}
+        self._sims: dict[tuple[str, tuple[str, ...], int], list[Any]] = {}
         self._renderers: dict[str, dict[int, Any]] = {}
 
-    def get(self, task: str, n: int) -> list[Any]:
+    def get(self, task: str, n: int, config: EvalConfig | None = None) -> list[Any]:
+        """`n` sims of `task` rendering `config`'s cameras at its image size (the pool's config by default)."""
         from reproduction.sim.env import FetchSim
 
-        sims = self._sims.setdefault(task, [])
+        config = config or self.config
+        cameras, size = tuple(config.cameras), int(config.image_size)
+        sims = self._sims.setdefault((task, cameras, size), [])
         renderers = self._renderers.setdefault(task, {})  # size -> mujoco.Renderer
         while len(sims) < n:
-            sims.append(
-                FetchSim(task, cameras=self.config.cameras, image_size=self.config.image_size, renderers=renderers)
-            )
+            sims.append(FetchSim(task, cameras=cameras, image_size=size, renderers=renderers))
         return sims[:n]
 
     def close(self) -> None:
@@ -260,7 +282,8 @@ class PolicyCache:
 
 def eval_group(group: dict[str, Any]) -> list[list[dict[str, Any]]]:
     """Worker body: a group of batches with one EnvPool and one PolicyCache; per batch, the episodes'
-    metrics (+ mp4 bytes). The batches may belong to several evaluations (`evaluate_many`)."""
+    metrics (+ mp4 bytes). The batches may belong to several evaluations (`evaluate_many`), each
+    stepped in envs built from its own config."""
     pool = EnvPool(group["batches"][0]["config"])
     policies = PolicyCache()
     try:
@@ -277,7 +300,7 @@ def run_batch(payload: dict[str, Any], pool: EnvPool, policies: PolicyCache | No
     config: EvalConfig = payload["config"]
     policy = (policies or PolicyCache()).get(payload["factory"], payload["batch_seed"])
     spec = get_task(payload["task"])
-    sims = pool.get(spec.env_id, len(payload["indices"]))
+    sims = pool.get(spec.env_id, len(payload["indices"]), config)
     obs = [sim.reset(seed) for sim, seed in zip(sims, payload["reset_seeds"])]
     n = len(sims)
     track = {k: [[] for _ in range(n)] for k in ("grip", "cube", "fingers")}
@@ -299,7 +322,7 @@ def run_batch(payload: dict[str, Any], pool: EnvPool, policies: PolicyCache | No
         if chunk is None or used >= min(config.execute_steps, chunk.shape[1]):
             batch = {k: np.stack([o[k] for o in obs]) for k in obs[0]}
             batch["task"] = [spec.language] * n
-            chunk, used = _check_actions(policy(batch), n), 0
+            chunk, used = _check_actions(policy(batch), n, payload, step), 0
         obs = [sim.step(chunk[i, used])[0] for i, sim in enumerate(sims)]
         used += 1
         step += 1

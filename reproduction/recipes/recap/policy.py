@@ -488,13 +488,23 @@ def _export_factory(export_dir: str, guidance_scale: float) -> Any:
 
 
 def _mechanism(result: Any) -> dict[str, float]:
-    """Mechanism numbers beside the success rates (DEMO_LAB: detours, time to success), averaged over tasks."""
-    rows = [t.summary() for t in result.tasks.values()]
-    out = {}
-    for key in ("detours_per_episode", "mean_first_success_step", "stalls_per_episode", "drops_per_episode"):
-        vals = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+    """Mechanism numbers beside the success rates (DEMO_LAB: detours, time to success): means over all episodes
+    of every task (mean first-success step: over the episodes that succeeded), rounded as each task's summary
+    rounds them (so one task's numbers are its summary's). A mean of the per-task means weighed a task with few
+    successes like one with many (audit46 eval F4)."""
+    import numpy as np
+
+    episodes = [e for t in result.tasks.values() for e in t.episode_metrics]
+    out: dict[str, float] = {}
+    for key, field, digits in (
+        ("detours_per_episode", "detours", 4),
+        ("mean_first_success_step", "first_success_step", 3),
+        ("stalls_per_episode", "stalls", 4),
+        ("drops_per_episode", "drops", 4),
+    ):
+        vals = [float(e[field]) for e in episodes if isinstance(e.get(field), (int, float))]
         if vals:
-            out[key] = sum(vals) / len(vals)
+            out[key] = round(float(np.mean(vals)), digits)
     return out
 
 

@@ -6,7 +6,8 @@ As RLinf evaluates (`evaluations/libero/libero_10_openpi_pi05_eval.yaml`: `ignor
 `max_episode_steps: 520`, `num_action_chunks: 5`; `rlinf/envs/libero/libero_env.py` `_record_metrics`): an
 episode runs its suite's full step limit after the settle steps; success_once = LIBERO's check_success() held
 after any step, success_at_end = it holds after the last step. `stop_on_success=True` instead ends an episode at
-its first success (openpi's example script; cheaper on CPU) and then success_at_end is recorded as None.
+its first success (openpi's example script; cheaper on CPU) and then success_at_end is recorded as None
+(data generation only: `evidence_counts` refuses such a result).
 
 Policy protocol (batched like the Fetch simulator's, B = 1): `policy(batch) -> (1, H, 7)` (or (H, 7) or (7,)),
 batch = the observation with a leading batch axis and `task` a one-element list. The first min(chunk, H) actions
@@ -177,7 +178,22 @@ class LiberoEvalResult:
 
     def evidence_counts(self) -> dict[str, Any]:
         """The counts evaluation evidence takes (reproduction/run/evidence.py): per-task counts, and per task each
-        init state's outcome (`init_state` pairs episodes in a comparison, as `reset_seed` does for Fetch)."""
+        init state's outcome (`init_state` pairs episodes in a comparison, as `reset_seed` does for Fetch).
+
+        SimError when an episode stopped at its first success (`stop_on_success=True`): its success_at_end (at the
+        suite's step limit) was never measured, and counting it False would report every success as a failure
+        at the end (audit46 eval F5). Episodes run to the limit (the protocol's default) are counted as they are.
+        """
+        unmeasured = [e for e in self.episodes if e.success_at_end is None]
+        if unmeasured:
+            e = unmeasured[0]
+            raise SimError(
+                f"success_at_end was not measured for {len(unmeasured)} of {len(self.episodes)} episodes (first: "
+                f"{e.task_id} init state {e.init_index}): they stopped at their first success (stop_on_success)",
+                field="success_at_end",
+                hint="evaluation evidence needs every episode run to its step limit: evaluate with "
+                "stop_on_success=False (the protocol's default)",
+            )
         per_episode: dict[str, list[dict[str, Any]]] = {}
         for e in self.episodes:
             per_episode.setdefault(e.task_id, []).append(
