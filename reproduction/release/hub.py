@@ -44,7 +44,14 @@ from typing import Any, TypeVar
 from reproduction.digests import sha256_files
 from reproduction.errors import HubConflictError, HubNotFoundError, InvalidInputError
 from reproduction.fsio import atomic_write_bytes, refuse_file_for_folder
-from reproduction.release.hub_transfer import Download, HubSettings, download_all, fetch_small, with_retries
+from reproduction.release.hub_transfer import (
+    Download,
+    HubSettings,
+    bound_hub_session,
+    download_all,
+    fetch_small,
+    with_retries,
+)
 from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, FileEntry, Manifest, load_manifest
 from reproduction.ui import UiOptions, human_bytes, say
 
@@ -102,9 +109,8 @@ def repo_web_url(endpoint: str, repo: str, repo_type: str, revision: str | None 
 
 def _client(settings: HubSettings, ui: UiOptions | None) -> Any:
     """An HfApi on `settings`' endpoint; huggingface_hub's upload bars follow -q / --no-progress."""
-    import httpx
     from huggingface_hub import HfApi
-    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars, get_session
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
 
     # A bundle carries its datasets (parquet) even in a model repo: that is intended, not a mistake.
     warnings.filterwarnings("ignore", message="It seems that you are about to commit a data file")
@@ -114,8 +120,8 @@ def _client(settings: HubSettings, ui: UiOptions | None) -> Any:
         disable_progress_bars()
     else:
         enable_progress_bars()
-    # The shared session has no timeout by default: a stalled upload or listing would hang forever.
-    get_session().timeout = httpx.Timeout(settings.stall_timeout_s, connect=settings.connect_timeout_s)
+    # The shared session has no timeout by default, and some calls pass timeout=None: bound them all.
+    bound_hub_session(settings)
     return HfApi(endpoint=settings.resolved_endpoint())
 
 

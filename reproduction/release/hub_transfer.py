@@ -338,6 +338,41 @@ def _timeout(settings: HubSettings) -> Any:
     return httpx.Timeout(settings.stall_timeout_s, connect=settings.connect_timeout_s)
 
 
+def bound_hub_session(settings: HubSettings) -> None:
+    """Make every request huggingface_hub sends give up after `settings`' stall and connect timeouts, and
+    leave the retrying to `with_retries` (PORTABLE_HUB_RETRIES).
+
+    huggingface_hub passes `timeout=None` explicitly on some calls (repo_info, list_repo_tree's pages), which
+    httpx reads as "no timeout" whatever the session's default: a Hub that accepts a request and never
+    answers hung fetch, publish and weights pin forever (audit46 hub F1). A request hook fills every unset
+    timeout of every request (redirects included) from `settings`; the hook lives in the client factory, so
+    a session huggingface_hub recreates (it closes it after a connection error) keeps it. huggingface_hub's
+    own retries (5, up to 8 s apart, on preupload, the LFS batch and uploads) are turned off: they ran
+    under ours and ignored PORTABLE_HUB_RETRIES=0.
+    """
+    from huggingface_hub.utils import _http as hf_http
+
+    bounds = _timeout(settings).as_dict()
+
+    def fill_timeouts(request: Any) -> None:
+        given = request.extensions.get("timeout") or {}
+        request.extensions["timeout"] = {
+            key: given.get(key) if given.get(key) is not None else value for key, value in bounds.items()
+        }
+
+    def factory() -> Any:
+        client = hf_http.default_client_factory()
+        client.timeout = _timeout(settings)
+        hooks = client.event_hooks
+        client.event_hooks = {"request": [*hooks["request"], fill_timeouts], "response": hooks["response"]}
+        return client
+
+    hf_http.set_client_factory(factory)
+    for fn in (hf_http.http_backoff, hf_http.http_stream_backoff):
+        if fn.__kwdefaults__ and "max_retries" in fn.__kwdefaults__:
+            fn.__kwdefaults__["max_retries"] = 0
+
+
 def fetch_small(
     url: str, *, what: str, settings: HubSettings, ui: UiOptions | None = None, limit: int = 256 << 20
 ) -> bytes:

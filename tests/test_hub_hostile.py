@@ -1,0 +1,130 @@
+"""`portable fetch` / `publish` against a hostile or broken Hub (audit46 hub): the local Hub-compatible server
+of tests/hubserver.py, started by each test on 127.0.0.1 and stopped by it, with a `hook` answering chosen
+requests in its place (stalling, lying, looping), and the real huggingface_hub client in a `portable`
+subprocess bounded by a timeout."""
+
+from __future__ import annotations
+
+import random
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hubserver import HubServer, make_bundle, portable_cmd, portable_env
+
+TOKEN = "hf_portableHostileSecret_5d21c9"
+
+
+@pytest.fixture
+def hub(tmp_path: Path):
+    server = HubServer(tmp_path / "hub", tokens={TOKEN: ("alice", "write")}).start()
+    server.release = threading.Event()  # type: ignore[attr-defined]
+    yield server
+    server.release.set()  # type: ignore[attr-defined]
+    server.stop()
+
+
+def run(hub: HubServer, tmp_path: Path, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        portable_cmd(*args),
+        env=portable_env(hub, tmp_path / "hfhome", token=TOKEN, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def files(seed: int = 0) -> dict[str, bytes]:
+    rnd = random.Random(seed)
+    return {
+        "weights/shard-0.bin": rnd.randbytes(120_000),
+        "weights/shard-1.bin": rnd.randbytes(80_000),
+        "configs/run.yaml": b"seed: %d\n" % seed,
+    }
+
+
+def published(hub: HubServer, tmp_path: Path, repo: str = "alice/r", seed: int = 0, name: str = "bundle") -> Path:
+    bundle = make_bundle(tmp_path / name, files(seed))
+    got = run(hub, tmp_path, "publish", str(bundle), "--repo", repo)
+    assert got.returncode == 0, got.stderr
+    return bundle
+
+
+def on(hub: HubServer, method: str, pattern: str, answer: Callable[[Any], None]) -> None:
+    """Have `hub` answer requests of `method` whose path matches `pattern` with `answer(handler)`."""
+
+    def hook(handler: Any, parts: list[str], query: dict[str, str], body: bytes) -> bool:
+        if handler.command != method or not re.search(pattern, handler.path.split("?")[0]):
+            return False
+        answer(handler)
+        return True
+
+    hub.hook = hook
+
+
+def hang(hub: HubServer) -> Callable[[Any], None]:
+    """Accept the request and never answer (until the test ends)."""
+
+    def answer(handler: Any) -> None:
+        hub.release.wait(60)  # type: ignore[attr-defined]
+        handler.close_connection = True
+
+    return answer
+
+
+def reply(status: int, body: bytes, headers: dict[str, str] | None = None) -> Callable[[Any], None]:
+    def answer(handler: Any) -> None:
+        handler.send_response(status)
+        for key, value in {"Content-Length": str(len(body)), **(headers or {})}.items():
+            handler.send_header(key, value)
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    return answer
+
+
+# -- F1: every Hub call is bounded by the stall timeout and PORTABLE_HUB_RETRIES ------------------------
+
+STALLS = {
+    "fetch-resolve": ("fetch", "GET", r"^/api/models/alice/r/revision/"),
+    "publish-resolve": ("publish", "GET", r"^/api/models/alice/r2/revision/"),
+    "publish-tree": ("publish", "GET", r"^/api/models/alice/r2/tree/"),
+    "publish-preupload": ("publish", "POST", r"^/api/models/alice/r2/preupload/"),
+    "publish-lfs-batch": ("publish", "POST", r"/info/lfs/objects/batch$"),
+    "pin-resolve": ("pin", "GET", r"^/api/models/alice/r/revision/"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STALLS))
+def test_a_hub_that_never_answers_ends_in_exit_33_within_the_stall_timeout(
+    hub: HubServer, tmp_path: Path, case: str
+) -> None:
+    bundle = published(hub, tmp_path)
+    command, method, pattern = STALLS[case]
+    on(hub, method, pattern, hang(hub))
+    args = {
+        "fetch": ("fetch", "alice/r", str(tmp_path / "out")),
+        "publish": ("publish", str(bundle), "--repo", "alice/r2"),
+        "pin": ("weights", "pin", "alice/r", "--files", "*.yaml", "--license", "apache-2.0"),
+    }[command]
+    before, start = len(hub.log), time.monotonic()
+    got = run(
+        hub,
+        tmp_path,
+        *args,
+        timeout=60,
+        PORTABLE_HUB_STALL_TIMEOUT_S="1",
+        PORTABLE_HUB_CONNECT_TIMEOUT_S="1",
+        PORTABLE_HUB_RETRIES="1",
+    )
+    elapsed = time.monotonic() - start
+    assert got.returncode == 33, got.stderr
+    assert "transfer stalled (no data)" in got.stderr, got.stderr
+    assert elapsed < 20, f"{case} took {elapsed:.1f} s with a 1 s stall timeout"
+    hits = [r for r in hub.log[before:] if r["method"] == method and re.search(pattern, r["path"].split("?")[0])]
+    assert len(hits) == 2, f"one try and PORTABLE_HUB_RETRIES=1 retry, not huggingface_hub's own: {len(hits)}"
