@@ -5,6 +5,8 @@ subprocess bounded by a timeout."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import re
 import subprocess
@@ -128,3 +130,120 @@ def test_a_hub_that_never_answers_ends_in_exit_33_within_the_stall_timeout(
     assert elapsed < 20, f"{case} took {elapsed:.1f} s with a 1 s stall timeout"
     hits = [r for r in hub.log[before:] if r["method"] == method and re.search(pattern, r["path"].split("?")[0])]
     assert len(hits) == 2, f"one try and PORTABLE_HUB_RETRIES=1 retry, not huggingface_hub's own: {len(hits)}"
+
+
+# -- F2 / F3: fetch touches DIR only when it is new, empty or its own earlier fetch of that repo ----------
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and ".portable" not in p.relative_to(folder).parts
+    }
+
+
+def packed(folder: Path) -> Path:
+    return make_bundle(
+        folder,
+        {"weights/model.safetensors": b"mine" * 1000, "weights/shard-0.bin": b"my shard", "README.md": b"# mine\n"},
+    )
+
+
+def unrelated_manifest(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "bundle.json").write_text('{"name": "my-webpack-config"}')
+    (folder / "weights").mkdir()
+    (folder / "weights/shard-0.bin").write_bytes(b"user bytes")
+    (folder / "notes.txt").write_text("mine")
+    return folder
+
+
+def empty_partial(folder: Path) -> Path:
+    (folder / ".portable/partial").mkdir(parents=True)
+    (folder / "weights").mkdir()
+    (folder / "weights/shard-1.bin").write_bytes(b"user bytes")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (packed, "holds a bundle.json that portable fetch did not write"),
+        (unrelated_manifest, "holds a bundle.json that portable fetch did not write"),
+        (empty_partial, "is not empty and holds no bundle"),
+    ],
+    ids=["packed-bundle", "unrelated-bundle-json", "empty-partial-folder"],
+)
+def test_fetch_refuses_a_folder_it_did_not_fetch_before_asking_the_hub(
+    hub: HubServer, tmp_path: Path, make: Callable[[Path], Path], says: str
+) -> None:
+    published(hub, tmp_path)
+    dest = make(tmp_path / "dest")
+    before, requests = snapshot(dest), len(hub.log)
+    got = run(hub, tmp_path, "fetch", "alice/r", str(dest), timeout=60)
+    assert got.returncode == 4, got.stderr
+    assert f"error: {dest} {says}" in got.stderr, got.stderr
+    assert snapshot(dest) == before, "nothing of the user's is deleted or overwritten"
+    assert len(hub.log) == requests, "refused before the Hub is asked anything"
+
+
+def test_fetch_refuses_a_fetch_of_another_repo(hub: HubServer, tmp_path: Path) -> None:
+    published(hub, tmp_path)
+    published(hub, tmp_path, repo="alice/other", seed=1, name="other")
+    dest = tmp_path / "dest"
+    assert run(hub, tmp_path, "fetch", "alice/r", str(dest)).returncode == 0
+    before = snapshot(dest)
+    got = run(hub, tmp_path, "fetch", "alice/other", str(dest), timeout=60)
+    assert got.returncode == 4, got.stderr
+    assert f"error: {dest} holds a fetch of model:alice/r, not model:alice/other" in got.stderr
+    assert snapshot(dest) == before
+
+
+def test_refetch_with_a_users_file_in_the_folder_refuses_and_leaves_the_bundle_whole(
+    hub: HubServer, tmp_path: Path
+) -> None:
+    from reproduction.release.verify import verify_bundle
+
+    published(hub, tmp_path)
+    dest = tmp_path / "dest"
+    assert run(hub, tmp_path, "fetch", "alice/r", str(dest)).returncode == 0
+    (dest / "notes.txt").write_text("mine")
+    before = snapshot(dest)
+    got = run(hub, tmp_path, "fetch", "alice/r", str(dest), timeout=60)
+    assert got.returncode == 4, got.stderr
+    assert f"error: {dest} holds 1 file(s) that no fetch wrote: notes.txt" in got.stderr, got.stderr
+    assert snapshot(dest) == before, "bundle.json and every file kept"
+    (dest / "notes.txt").unlink()
+    assert verify_bundle(dest).ok
+    again = run(hub, tmp_path, "fetch", "alice/r", str(dest), timeout=60)
+    assert again.returncode == 0, again.stderr
+
+
+def test_an_interrupted_fetch_is_resumed_and_a_new_revision_drops_only_fetched_files(
+    hub: HubServer, tmp_path: Path
+) -> None:
+    from hubserver import Fault
+
+    from reproduction.release.verify import verify_bundle
+
+    published(hub, tmp_path)
+    dest = tmp_path / "dest"
+    hub.add_fault(Fault(method="GET", path=r"/weights/shard-1\.bin$", kind="corrupt", times=10))
+    broken = run(hub, tmp_path, "fetch", "alice/r", str(dest), PORTABLE_HUB_RETRIES="0")
+    assert broken.returncode == 34, broken.stderr
+    assert (dest / "weights/shard-0.bin").exists() and not (dest / "bundle.json").exists()
+    hub.faults.clear()
+    assert run(hub, tmp_path, "fetch", "alice/r", str(dest)).returncode == 0, "an interrupted fetch is resumed"
+    (dest / "runs").mkdir()
+    (dest / "runs/out.txt").write_text("a run's output: runs/ is the user's")
+    # a new revision without shard-1: the file the earlier fetch wrote goes, the run output stays
+    bundle = make_bundle(tmp_path / "v2", {k: v for k, v in files().items() if "shard-1" not in k})
+    assert run(hub, tmp_path, "publish", str(bundle), "--repo", "alice/r").returncode == 0
+    got = run(hub, tmp_path, "fetch", "alice/r", str(dest))
+    assert got.returncode == 0, got.stderr
+    assert not (dest / "weights/shard-1.bin").exists() and (dest / "runs/out.txt").exists()
+    assert verify_bundle(dest).ok
+    receipt = json.loads((dest / ".portable/receipt.json").read_text())["fetch"]
+    assert receipt["manifest_sha256"] == hashlib.sha256((dest / "bundle.json").read_bytes()).hexdigest()
+    assert not (dest / ".portable/partial").exists()

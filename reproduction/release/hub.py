@@ -21,7 +21,10 @@ an interruption uploads only what is missing. Files the bundle no longer lists a
 fetch: resolve the revision to a commit SHA and pin every request to it; read the remote
 bundle.json; download exactly the files it lists (see release/hub_transfer.py: resumable, hashed
 while written, stalls aborted and retried); `verify_bundle` with the just-hashed files trusted by
-stat; record repo/commit/time in the receipt; write bundle.json last.
+stat; record repo/commit/time in the receipt; write bundle.json last. fetch writes only into a new or
+empty DIR or its own earlier fetch of the same repo (the receipt's fetch record, or the marker
+`.portable/partial/fetch.json` of an interrupted one), and never overwrites or deletes a file it did
+not write.
 
 Tokens come from huggingface_hub's standard places (HF_TOKEN, `hf auth login`) and never appear in
 output, logs or files. Tunables: `HubSettings` (PORTABLE_HUB_* environment variables).
@@ -414,7 +417,9 @@ def fetch_bundle(
 ) -> FetchResult:
     """Download the bundle published at `repo`@`revision` (default main) into folder `dest`.
 
-    `dest` must be new, empty, or an earlier (partial or complete) fetch. Every file is checked
+    `dest` must be new, empty, or an earlier (partial or complete) fetch of `repo` holding no file that fetch
+    did not write (`_fetched_here`, `_prepare_dest`); everything from the first change in `dest` to the
+    receipt and bundle.json is done under the bundle lock. Every file is checked
     against the remote bundle.json's sha256; bundle.json is written last, so `dest` holds a
     bundle.json only once every file verified. Rerunning resumes (partial files continue by Range).
     Raises HubNotFoundError (repo, revision or bundle.json missing), HubAuthError, HubIntegrityError,
@@ -431,7 +436,7 @@ def fetch_bundle(
     check_repo_id(repo)
     dest, rev = Path(dest), revision or "main"
     refuse_file_for_folder(dest, hint="fetch into a new or empty folder")  # before the Hub is asked anything
-    _refuse_unrelated_folder(dest)  # likewise: decided here, not after the Hub's retries
+    _fetched_here(dest, repo, repo_type)  # likewise: a folder fetch may not touch is refused here (exit 4)
     api = _client(settings, ui)
     endpoint = settings.resolved_endpoint()
     commit = with_retries(
@@ -449,12 +454,12 @@ def fetch_bundle(
         f"fetch {repo}@{commit[:12]} ({rev}): {len(manifest.files)} files, {human_bytes(manifest.total_size)}",
         options=ui,
     )
-    _prepare_dest(dest, manifest)
-    with bundle_lock(dest, what="fetch", wait_s=0.0):
-        (dest / MANIFEST_NAME).unlink(missing_ok=True)  # incomplete from here until the end
-        present = _already_present(dest, manifest)
+    refuse_file_for_folder(dest, hint="fetch into a new or empty folder")
+    dest.mkdir(parents=True, exist_ok=True)
+    with bundle_lock(dest, what="fetch", wait_s=0.0):  # the receipt and bundle.json too: audit46 hub F2
         partial = dest / STATE_DIR / PARTIAL_DIR
-        _clean_partial(partial)
+        _prepare_dest(dest, manifest, repo=repo, repo_type=repo_type, commit=commit)
+        present = _already_present(dest, manifest)
         _refuse_linked_folders(dest, [e.path for e in manifest.files])
         jobs = [
             Download(
@@ -471,9 +476,17 @@ def fetch_bundle(
         stats = {**present, **download_all(jobs, settings=settings, ui=ui)}
         report = verify_bundle(dest, manifest=manifest, ui=ui, trusted=lambda e, st: _same_stat(stats.get(e.path), st))
         raise_for_report(report)
-        shutil.rmtree(partial, ignore_errors=True)
-    record_fetch(dest, repo=repo, repo_type=repo_type, revision=rev, commit=commit)
-    atomic_write_bytes(dest / MANIFEST_NAME, manifest_bytes)
+        record_fetch(
+            dest,
+            repo=repo,
+            repo_type=repo_type,
+            revision=rev,
+            commit=commit,
+            manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
+            locked=True,
+        )
+        atomic_write_bytes(dest / MANIFEST_NAME, manifest_bytes)
+        shutil.rmtree(partial, ignore_errors=True)  # the fetch marker last: until here a rerun may resume
     return FetchResult(
         repo=repo,
         commit_sha=commit,
@@ -550,39 +563,119 @@ def _refuse_linked_folders(dest: Path, paths: list[str]) -> None:
             )
 
 
-def _refuse_unrelated_folder(dest: Path) -> bool:
-    """InvalidInputError (exit 4) when `dest` is a folder holding something other than a bundle or an earlier, partial
-    fetch (no bundle.json, no partial downloads); whether it holds anything (besides the state folder) otherwise."""
+FETCH_MARKER = "fetch.json"
+"""`.portable/partial/fetch.json`: written by fetch before it changes anything in DIR, removed once DIR is a
+complete bundle: {"repo", "repo_type", "commit", "files": [paths fetch may have written]}."""
+_NEW_FOLDER_HINT = "fetch into a new or empty folder"
+
+
+def _fetch_marker(dest: Path) -> dict[str, Any] | None:
+    path = dest / STATE_DIR / PARTIAL_DIR / FETCH_MARKER
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() and not path.is_symlink() else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("files"), list):
+        return None
+    return data
+
+
+def _fetched_here(dest: Path, repo: str, repo_type: str) -> tuple[set[str], Manifest | None]:
+    """What fetch itself wrote in `dest` before: (paths, the complete fetch's manifest or None); both empty
+    for a new or empty folder (nothing but the state folder).
+
+    InvalidInputError (exit 4) naming the folder and what is there when it holds anything else: files and no
+    record of a fetch, a bundle that fetch did not write (packed there, or an unrelated bundle.json), a fetch
+    of another repo. fetch writes, overwrites or deletes only in folders it accepts here (audit46 hub F2).
+    """
+    from reproduction.release.receipt import load_receipt
+
     if not dest.is_dir():
-        return False
-    entries = [p.name for p in dest.iterdir() if p.name != STATE_DIR]
-    if entries and not (dest / MANIFEST_NAME).exists() and not (dest / STATE_DIR / PARTIAL_DIR).exists():
-        raise InvalidInputError(
-            f"{dest} is not empty and holds no bundle ({len(entries)} entries, e.g. {sorted(entries)[0]!r})",
-            path=dest,
-            hint="fetch into a new or empty folder",
-        )
-    return bool(entries)
-
-
-def _prepare_dest(dest: Path, manifest: Manifest) -> None:
-    """Create `dest`, or accept an earlier fetch there (dropping files its old manifest listed but the
-    new one does not)."""
-    refuse_file_for_folder(dest, hint="fetch into a new or empty folder")
-    dest.mkdir(parents=True, exist_ok=True)
-    if not _refuse_unrelated_folder(dest):
-        return
-    old_path = dest / MANIFEST_NAME
-    if old_path.exists():
+        return set(), None
+    entries = sorted(p.name for p in dest.iterdir() if p.name != STATE_DIR)
+    if not entries:
+        return set(), None
+    marker = _fetch_marker(dest)
+    record = load_receipt(dest).fetch
+    has_manifest = os.path.lexists(dest / MANIFEST_NAME)
+    complete = has_manifest and record.get("repo") is not None
+    for what in ([marker] if marker else []) + ([record] if complete else []):
+        other = f"{what.get('repo_type', 'model')}:{what.get('repo')}"
+        if (what.get("repo"), what.get("repo_type", "model")) != (repo, repo_type):
+            raise InvalidInputError(
+                f"{dest} holds a fetch of {other}, not {repo_type}:{repo}: fetching another repo into it would "
+                "overwrite or delete its files",
+                path=dest,
+                hint=f"{_NEW_FOLDER_HINT} (or remove {dest} first)",
+            )
+    owned: set[str] = {str(p) for p in marker["files"]} if marker else set()
+    old: Manifest | None = None
+    if has_manifest:
+        if not complete:
+            raise InvalidInputError(
+                f"{dest} holds a {MANIFEST_NAME} that portable fetch did not write (a packed bundle, or another "
+                "program's file): fetch would overwrite or delete its files",
+                path=dest,
+                hint=_NEW_FOLDER_HINT,
+            )
         try:
+            written = hashlib.sha256((dest / MANIFEST_NAME).read_bytes()).hexdigest()
             old = load_manifest(dest)
-        except (InvalidInputError, OSError):
-            return
-        listed = {e.path for e in manifest.files}
-        _refuse_linked_folders(dest, [e.path for e in old.files if e.path not in listed])
-        for entry in old.files:
-            if entry.path not in listed:
-                (dest / entry.path).unlink(missing_ok=True)
+        except (InvalidInputError, OSError) as exc:
+            raise InvalidInputError(
+                f"{dest}: its {MANIFEST_NAME} cannot be read ({exc}), so fetch cannot tell which files are its own",
+                path=dest / MANIFEST_NAME,
+                hint=_NEW_FOLDER_HINT,
+            ) from None
+        if record.get("manifest_sha256", written) != written:
+            raise InvalidInputError(
+                f"{dest}: its {MANIFEST_NAME} changed since {repo} was fetched there, so fetch cannot tell which "
+                "files are its own",
+                path=dest / MANIFEST_NAME,
+                hint=_NEW_FOLDER_HINT,
+            )
+        owned |= {e.path for e in old.files}
+    elif marker is None:
+        raise InvalidInputError(
+            f"{dest} is not empty and holds no bundle ({len(entries)} entries, e.g. {entries[0]!r})",
+            path=dest,
+            hint=_NEW_FOLDER_HINT,
+        )
+    return owned, old
+
+
+def _prepare_dest(dest: Path, manifest: Manifest, *, repo: str, repo_type: str, commit: str) -> None:
+    """Under the fetch lock: accept `dest` (`_fetched_here`, checked again), refuse it when it holds files
+    fetch did not write (exit 4, naming them, before anything is changed: audit46 hub F3), record the fetch
+    marker, then drop the files an earlier fetch wrote that the new manifest does not list, and bundle.json."""
+    from reproduction.release.verify import find_extras
+
+    owned, old = _fetched_here(dest, repo, repo_type)
+    foreign = [p for p in find_extras(dest, manifest) if p not in owned]
+    if old is not None:  # what the old bundle ignores (its layer targets: restored files) is not foreign
+        foreign = sorted(set(foreign) & set(find_extras(dest, old)))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise InvalidInputError(
+            f"{dest} holds {len(foreign)} file(s) that no fetch wrote: {shown}; fetch does not overwrite or delete "
+            "them, and the fetched bundle must not hold files it does not list",
+            path=dest,
+            files=foreign,
+            hint=f"move them out of {dest} and run fetch again, or {_NEW_FOLDER_HINT}",
+        )
+    listed = {e.path for e in manifest.files}
+    partial = dest / STATE_DIR / PARTIAL_DIR
+    _clean_partial(partial)
+    marker = {"repo": repo, "repo_type": repo_type, "commit": commit, "files": sorted(owned | listed)}
+    partial.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(partial / FETCH_MARKER, json.dumps(marker).encode())
+    (dest / MANIFEST_NAME).unlink(missing_ok=True)  # incomplete from here until the end
+    drop = sorted(p for p in owned - listed if os.path.lexists(dest / p))
+    _refuse_linked_folders(dest, drop)
+    for rel in drop:
+        path = dest / rel
+        if path.is_symlink() or not path.is_dir():
+            path.unlink(missing_ok=True)
 
 
 def _already_present(dest: Path, manifest: Manifest) -> dict[str, os.stat_result]:
