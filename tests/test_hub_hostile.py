@@ -247,3 +247,65 @@ def test_an_interrupted_fetch_is_resumed_and_a_new_revision_drops_only_fetched_f
     receipt = json.loads((dest / ".portable/receipt.json").read_text())["fetch"]
     assert receipt["manifest_sha256"] == hashlib.sha256((dest / "bundle.json").read_bytes()).hexdigest()
     assert not (dest / ".portable/partial").exists()
+
+
+# -- F5 / F6: unusable or lying answers are Hub errors (exit 30) naming the request, not internal errors ---
+
+
+def redirect_to_itself(handler: Any) -> None:
+    reply(302, b"", {"Location": handler.path})(handler)
+
+
+def revision_answer(sha: Any) -> Callable[[Any], None]:
+    body = {"id": "alice/r", "private": False, "siblings": []}
+    if sha is not None:
+        body["sha"] = sha
+    return reply(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
+
+
+BAD_ANSWERS = {
+    "bundle-json-gzip-garbage": (
+        r"/resolve/[0-9a-f]{40}/bundle\.json$",
+        reply(200, b"this is not gzip", {"Content-Encoding": "gzip"}),
+        r"download alice/r@[0-9a-f]{12}/bundle\.json: the Hub's answer is unusable \(http://127\.0\.0\.1:\d+/alice/r/"
+        r"resolve/[0-9a-f]{40}/bundle\.json\): DecodingError",
+    ),
+    "bundle-json-redirect-loop": (
+        r"/resolve/[0-9a-f]{40}/bundle\.json$",
+        redirect_to_itself,
+        r"download alice/r@[0-9a-f]{12}/bundle\.json: the Hub's answer is unusable .*TooManyRedirects",
+    ),
+    "revision-without-sha": (
+        r"^/api/models/alice/r/revision/main$",
+        revision_answer(None),
+        r"resolve alice/r@main: the Hub answered no sha at all where a commit id \(40 hex digits\) belongs",
+    ),
+    "revision-sha-is-a-branch": (
+        r"^/api/models/alice/r/revision/main$",
+        revision_answer("main"),
+        r"resolve alice/r@main: the Hub answered 'main' where a commit id \(40 hex digits\) belongs",
+    ),
+    "revision-sha-is-a-path": (
+        r"^/api/models/alice/r/revision/main$",
+        revision_answer("../../../alice/r/resolve/main"),
+        r"resolve alice/r@main: the Hub answered '\.\./\.\./\.\./alice/r/resolve/main' where a commit id",
+    ),
+    "revision-not-json": (
+        r"^/api/models/alice/r/revision/main$",
+        reply(200, b"<html>proxy login</html>", {"Content-Type": "application/json"}),
+        r"resolve alice/r@main: the Hub's answer is not JSON",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ANSWERS))
+def test_unusable_hub_answers_are_exit_30_naming_the_request(hub: HubServer, tmp_path: Path, case: str) -> None:
+    published(hub, tmp_path)
+    pattern, answer, says = BAD_ANSWERS[case]
+    on(hub, "GET", pattern, answer)
+    dest = tmp_path / "out"
+    got = run(hub, tmp_path, "fetch", "alice/r", str(dest), timeout=60)
+    assert got.returncode == 30, got.stderr
+    assert re.search(r"^error: " + says, got.stderr, re.M), got.stderr
+    assert "internal error" not in got.stderr
+    assert not dest.exists(), "nothing written: no receipt claims a commit"

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from reproduction.digests import sha256_files
-from reproduction.errors import HubConflictError, HubNotFoundError, InvalidInputError
+from reproduction.errors import HubConflictError, HubError, HubNotFoundError, InvalidInputError
 from reproduction.fsio import atomic_write_bytes, refuse_file_for_folder
 from reproduction.release.hub_transfer import (
     Download,
@@ -103,6 +103,40 @@ def check_repo_id(repo: str) -> str:
             hint="name the Hub repo as owner/name, e.g. my-lab/recap-libero10",
         )
     return repo
+
+
+_COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
+
+
+def check_commit_sha(value: Any, *, what: str) -> str:
+    """`value` if it is a 40-hex commit id, else HubError (exit 30) naming it: fetch pins every request and
+    its receipt to this id, so a branch name or nothing in its place is a bad answer (audit46 hub F5, F6)."""
+    if isinstance(value, str) and _COMMIT_SHA.fullmatch(value):
+        return value
+    shown = repr(value)[:80] if value is not None else "no sha at all"
+    raise HubError(
+        f"{what}: the Hub answered {shown} where a commit id (40 hex digits) belongs",
+        hint="the Hub or a proxy in between answered something that is not a Hub revision; check HF_ENDPOINT",
+    )
+
+
+def resolve_commit(
+    api: Any, repo: str, repo_type: str, revision: str, *, settings: HubSettings, ui: UiOptions | None
+) -> str:
+    """The commit id `revision` of `repo` names now (with retries): HubError (exit 30) when the Hub's answer
+    is not JSON or holds no 40-hex `sha` (audit46 hub F5, F6)."""
+    what = f"resolve {repo}@{revision}"
+
+    def once() -> Any:
+        try:
+            return api.repo_info(repo, repo_type=repo_type, revision=revision).sha
+        except ValueError as exc:  # the body is not JSON (json.JSONDecodeError)
+            raise HubError(
+                f"{what}: the Hub's answer is not JSON ({exc})",
+                hint="the Hub or a proxy in between answered something that is not a Hub reply; check HF_ENDPOINT",
+            ) from None
+
+    return check_commit_sha(with_retries(once, what=what, settings=settings, ui=ui), what=what)
 
 
 def repo_web_url(endpoint: str, repo: str, repo_type: str, revision: str | None = None) -> str:
@@ -220,7 +254,7 @@ def publish_bundle(
             f"create branch {branch}",
             lambda: api.create_branch(repo, branch=branch, repo_type=repo_type, exist_ok=True),
         )
-    head = retried(f"resolve {repo}@{branch}", lambda: api.repo_info(repo, repo_type=repo_type, revision=branch).sha)
+    head = resolve_commit(api, repo, repo_type, branch, settings=settings, ui=ui)
     remote = retried(
         f"list {repo}@{head[:12]}",
         lambda: {
@@ -439,12 +473,7 @@ def fetch_bundle(
     _fetched_here(dest, repo, repo_type)  # likewise: a folder fetch may not touch is refused here (exit 4)
     api = _client(settings, ui)
     endpoint = settings.resolved_endpoint()
-    commit = with_retries(
-        lambda: api.repo_info(repo, repo_type=repo_type, revision=rev).sha,
-        what=f"resolve {repo}@{rev}",
-        settings=settings,
-        ui=ui,
-    )
+    commit = resolve_commit(api, repo, repo_type, rev, settings=settings, ui=ui)
 
     def url(rel: str) -> str:
         return hf_hub_url(repo, rel, repo_type=repo_type, revision=commit, endpoint=endpoint)

@@ -244,7 +244,18 @@ def hub_error(exc: BaseException, *, what: str) -> HubError:
         return HubError(
             f"{what}: the Hub refused the request ({detail})", status=status, hint="see the server's message above"
         )
-    raise exc
+    # A redirect loop, a body that does not decode (Content-Encoding gzip over bytes that are not gzip), an
+    # invalid URL or header: the Hub's answer is unusable; exit 30 naming the request, not an internal error
+    # (audit46 hub F5).
+    try:
+        url = f" ({exc.request.url})" if isinstance(exc, httpx.RequestError) else ""
+    except RuntimeError:  # an httpx error raised without its request
+        url = ""
+    return HubError(
+        f"{what}: the Hub's answer is unusable{url}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
+        hint="the Hub or a proxy in between answered something that is not a Hub reply; check HF_ENDPOINT and "
+        "any proxy, then run the command again",
+    )
 
 
 def _retry_after(exc: BaseException) -> float | None:
