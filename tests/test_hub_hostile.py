@@ -309,3 +309,87 @@ def test_unusable_hub_answers_are_exit_30_naming_the_request(hub: HubServer, tmp
     assert re.search(r"^error: " + says, got.stderr, re.M), got.stderr
     assert "internal error" not in got.stderr
     assert not dest.exists(), "nothing written: no receipt claims a commit"
+
+
+# -- F7: a small file read whole is streamed under its size limit and must keep up a minimum rate ---------
+
+
+def endless(hub: HubServer, sent: list[int]) -> Callable[[Any], None]:
+    """A 1 GiB body in 1 MiB writes, counting what went out, until the client hangs up."""
+
+    def answer(handler: Any) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Length", str(1 << 30))
+        handler.end_headers()
+        block = b"x" * (1 << 20)
+        try:
+            while sent[0] < 1 << 30 and not hub.stopping.is_set():
+                handler.wfile.write(block)
+                sent[0] += len(block)
+        except OSError:
+            pass
+        handler.close_connection = True
+
+    return answer
+
+
+def drip(hub: HubServer) -> Callable[[Any], None]:
+    """A 1000-byte body sent a byte every 0.2 s: never silent for a stall timeout."""
+
+    def answer(handler: Any) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Length", "1000")
+        handler.end_headers()
+        try:
+            for _ in range(1000):
+                if hub.release.wait(0.2):  # type: ignore[attr-defined]
+                    break
+                handler.wfile.write(b"x")
+                handler.wfile.flush()
+        except OSError:
+            pass
+        handler.close_connection = True
+
+    return answer
+
+
+def test_a_small_file_larger_than_its_limit_is_cut_off_while_reading(hub: HubServer, monkeypatch) -> None:
+    from huggingface_hub import constants
+
+    from reproduction.errors import HubError
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # the test session is offline; this server is local
+    from reproduction.release.hub_transfer import HubSettings, fetch_small
+
+    sent = [0]
+    on(hub, "GET", r"^/big$", endless(hub, sent))
+    with pytest.raises(HubError) as err:
+        fetch_small(f"{hub.url}/big", what="read big", settings=HubSettings(retries=0), limit=4 << 20)
+    assert err.value.exit_code == 30
+    assert str(err.value) == f"read big: more than {4 << 20} bytes, larger than this file may be; stopped reading"
+    time.sleep(0.5)
+    assert sent[0] < 64 << 20, f"the client stopped reading at the limit; the server got {sent[0]} bytes out"
+
+
+def test_a_drip_fed_small_file_is_aborted_as_too_slow(hub: HubServer, tmp_path: Path) -> None:
+    published(hub, tmp_path)
+    on(hub, "GET", r"/resolve/[0-9a-f]{40}/bundle\.json$", drip(hub))
+    start = time.monotonic()
+    got = run(
+        hub,
+        tmp_path,
+        "fetch",
+        "alice/r",
+        str(tmp_path / "out"),
+        timeout=60,
+        PORTABLE_HUB_STALL_TIMEOUT_S="1",
+        PORTABLE_HUB_RETRIES="1",
+    )
+    elapsed = time.monotonic() - start
+    assert got.returncode == 33, got.stderr
+    assert re.search(
+        r"download alice/r@[0-9a-f]{12}/bundle\.json: too slow: \d+ bytes in \d+ s \(a file read whole must arrive "
+        r"at 32\.0 KiB/s or more after its first 1 s\)",
+        got.stderr,
+    ), got.stderr
+    assert elapsed < 15, f"took {elapsed:.1f} s"

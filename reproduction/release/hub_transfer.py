@@ -384,18 +384,52 @@ def bound_hub_session(settings: HubSettings) -> None:
             fn.__kwdefaults__["max_retries"] = 0
 
 
+SMALL_MIN_RATE = 32 * 1024
+"""Bytes per second a small file read whole (`fetch_small`) must average once its first `stall_timeout_s`
+seconds are over: a server dripping a byte a second never stalls, yet must not hold fetch forever."""
+
+
 def fetch_small(
     url: str, *, what: str, settings: HubSettings, ui: UiOptions | None = None, limit: int = 256 << 20
 ) -> bytes:
-    """GET a small file into memory with retries (used for the remote bundle.json)."""
+    """GET a small file into memory with retries (the remote bundle.json, weights metadata, a README).
+
+    The body is streamed: more than `limit` bytes (after decoding) stop the read at once (HubError, exit 30),
+    never held in memory first; and the whole transfer must keep up `SMALL_MIN_RATE` after its first
+    `stall_timeout_s` seconds, else it is aborted as too slow and retried (audit46 hub F7).
+    """
+    import httpx
     from huggingface_hub.utils import get_session, hf_raise_for_status
 
     def once() -> bytes:
-        response = get_session().get(url, headers=http_headers(), timeout=_timeout(settings), follow_redirects=True)
-        hf_raise_for_status(response)
-        if len(response.content) > limit:
-            raise HubError(f"{what}: {len(response.content)} bytes is larger than expected ({limit})")
-        return response.content
+        start = time.monotonic()
+        with get_session().stream(
+            "GET", url, headers=http_headers(), timeout=_timeout(settings), follow_redirects=True
+        ) as response:
+            data = bytearray()
+            for chunk in response.iter_bytes():
+                data += chunk
+                if len(data) > (limit if response.status_code < 400 else 1 << 20):
+                    if response.status_code >= 400:
+                        break  # an error page: its first MiB names the error
+                    raise HubError(
+                        f"{what}: more than {limit} bytes, larger than this file may be; stopped reading",
+                        hint="the Hub or a proxy in between sends something that is not this file; check HF_ENDPOINT",
+                    )
+                elapsed = time.monotonic() - start
+                if elapsed > settings.stall_timeout_s + len(data) / SMALL_MIN_RATE:
+                    raise TransferInterrupted(
+                        f"{what}: too slow: {len(data)} bytes in {elapsed:.0f} s (a file read whole must arrive at "
+                        f"{human_bytes(SMALL_MIN_RATE)}/s or more after its first {settings.stall_timeout_s:g} s)"
+                    )
+            if response.status_code >= 400:
+                headers = {
+                    k: v for k, v in response.headers.items() if k.lower() not in ("content-encoding", "content-length")
+                }
+                hf_raise_for_status(
+                    httpx.Response(response.status_code, headers=headers, content=bytes(data), request=response.request)
+                )
+            return bytes(data)
 
     return with_retries(once, what=what, settings=settings, ui=ui)
 
