@@ -680,6 +680,8 @@ def _prepare_dest(dest: Path, manifest: Manifest, *, repo: str, repo_type: str, 
     from reproduction.release.verify import find_extras
 
     owned, old = _fetched_here(dest, repo, repo_type)
+    listed = {e.path for e in manifest.files}
+    _refuse_linked_folders(dest, sorted(owned | listed))  # exit 6 first: a linked folder is no user file
     foreign = [p for p in find_extras(dest, manifest) if p not in owned]
     if old is not None:  # what the old bundle ignores (its layer targets: restored files) is not foreign
         foreign = sorted(set(foreign) & set(find_extras(dest, old)))
@@ -692,7 +694,6 @@ def _prepare_dest(dest: Path, manifest: Manifest, *, repo: str, repo_type: str, 
             files=foreign,
             hint=f"move them out of {dest} and run fetch again, or {_NEW_FOLDER_HINT}",
         )
-    listed = {e.path for e in manifest.files}
     partial = dest / STATE_DIR / PARTIAL_DIR
     _clean_partial(partial)
     marker = {"repo": repo, "repo_type": repo_type, "commit": commit, "files": sorted(owned | listed)}
