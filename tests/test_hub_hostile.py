@@ -5,6 +5,7 @@ subprocess bounded by a timeout."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
@@ -393,3 +394,69 @@ def test_a_drip_fed_small_file_is_aborted_as_too_slow(hub: HubServer, tmp_path: 
         got.stderr,
     ), got.stderr
     assert elapsed < 15, f"took {elapsed:.1f} s"
+
+
+# -- F8: a disk too small is exit 8 naming the path, the space needed and what was free -------------------
+
+
+@contextlib.contextmanager
+def tmpfs(root: Path, size_kb: int):
+    where = root / "small-disk"
+    where.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(where)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}); needs root")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_fetch_onto_a_disk_without_room_is_exit_8_before_any_download(hub: HubServer, tmp_path: Path) -> None:
+    published(hub, tmp_path)
+    with tmpfs(tmp_path, 128) as disk:
+        dest = disk / "out"
+        got = run(hub, tmp_path, "fetch", "alice/r", str(dest), timeout=60)
+        assert got.returncode == 8, got.stderr
+        assert re.search(
+            rf"^error: cannot fetch alice/r into {re.escape(str(dest))}: its 3 file\(s\) still to download need "
+            r"195\.3 KiB and only 1\d\d\.\d KiB are free there$",
+            got.stderr,
+            re.M,
+        ), got.stderr
+        assert not hub.requests("GET", r"/resolve/[0-9a-f]{40}/(weights|configs)/"), "nothing downloaded"
+
+
+def test_a_disk_that_fills_during_a_download_names_the_file_the_need_and_the_free_space(
+    hub: HubServer, tmp_path: Path, monkeypatch
+) -> None:
+    from huggingface_hub import constants, hf_hub_url
+
+    from reproduction.errors import WriteFailedError
+    from reproduction.release.hub_transfer import Download, HubSettings, download
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # the test session is offline; this server is local
+    published(hub, tmp_path)
+    data = files()["weights/shard-0.bin"]
+    url = hf_hub_url("alice/r", "weights/shard-0.bin", revision=hub.head("model/alice/r"), endpoint=hub.url)
+    with tmpfs(tmp_path, 64) as disk:
+        partial = disk / ".portable/partial/x.part"
+        job = Download(
+            rel="weights/shard-0.bin",
+            url=url,
+            dest=disk / "weights/shard-0.bin",
+            partial=partial,
+            size=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+        )
+        with pytest.raises(WriteFailedError) as err:
+            download(job, settings=HubSettings(retries=0), headers={}, on_bytes=lambda n: None)
+        assert err.value.exit_code == 8
+        assert re.fullmatch(
+            rf"cannot write weights/shard-0\.bin: the disk is full at {re.escape(str(partial))} "
+            r"\(it needs about \d+\.\d KiB, \d+ B were free\)",
+            str(err.value),
+        ), str(err.value)
+        assert not job.dest.exists()

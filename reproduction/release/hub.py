@@ -502,6 +502,7 @@ def fetch_bundle(
             for e in manifest.files
             if e.path not in present
         ]
+        _refuse_no_room(dest, repo, jobs)
         stats = {**present, **download_all(jobs, settings=settings, ui=ui)}
         report = verify_bundle(dest, manifest=manifest, ui=ui, trusted=lambda e, st: _same_stat(stats.get(e.path), st))
         raise_for_report(report)
@@ -706,6 +707,32 @@ def _prepare_dest(dest: Path, manifest: Manifest, *, repo: str, repo_type: str, 
         path = dest / rel
         if path.is_symlink() or not path.is_dir():
             path.unlink(missing_ok=True)
+
+
+def _refuse_no_room(dest: Path, repo: str, jobs: list[Download]) -> None:
+    """WriteFailedError (exit 8) before any download when the files still to download (less what their
+    partial files already hold) do not fit in the free space of `dest`'s disk, naming both (audit46 hub F8)."""
+    from reproduction.errors import WriteFailedError
+    from reproduction.fsio import free_bytes
+
+    need = 0
+    for job in jobs:
+        try:
+            have = job.partial.stat().st_size if job.partial.is_file() else 0
+        except OSError:
+            have = 0
+        need += max(job.size - have, 0)
+    free = free_bytes(dest)
+    if need > free:
+        raise WriteFailedError(
+            f"cannot fetch {repo} into {dest}: its {len(jobs)} file(s) still to download need "
+            f"{human_bytes(need)} and only {human_bytes(free)} are free there",
+            path=str(dest),
+            need=need,
+            free=free,
+            hint=f"free at least {human_bytes(need - free)} there (or fetch into a folder on a bigger disk), then "
+            "run fetch again: it resumes",
+        )
 
 
 def _already_present(dest: Path, manifest: Manifest) -> dict[str, os.stat_result]:

@@ -32,7 +32,10 @@ from reproduction.errors import (
     HubNotFoundError,
     HubTransferError,
     InvalidInputError,
+    PortableError,
+    os_error,
 )
+from reproduction.fsio import annotate
 from reproduction.settings import HUB, hub_values
 from reproduction.ui import UiOptions, human_bytes, progress, say
 
@@ -534,10 +537,19 @@ def download(
             on_bytes(-job.size)
             raise DigestMismatch(job.rel, job.sha256, digest)
 
-    with_retries(attempt, what=f"download {job.rel}", settings=settings, ui=ui)
-    job.dest.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(job.partial, job.dest)
-    return job.dest.stat()
+    try:
+        with_retries(attempt, what=f"download {job.rel}", settings=settings, ui=ui)
+        job.dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(job.partial, job.dest)
+        return job.dest.stat()
+    except PortableError:
+        raise
+    except OSError as exc:  # a local write: the disk filled (write() names no file), permissions, ...
+        try:
+            need = job.size - job.partial.stat().st_size
+        except OSError:
+            need = job.size
+        raise os_error(annotate(exc, job.partial, need=max(need, 0)), job.rel) from exc
 
 
 def download_all(
