@@ -460,3 +460,66 @@ def test_a_disk_that_fills_during_a_download_names_the_file_the_need_and_the_fre
             str(err.value),
         ), str(err.value)
         assert not job.dest.exists()
+
+
+# -- F10: an LFS pointer served in place of the file; a partial file damaged on this disk ----------------
+
+
+def test_an_lfs_pointer_served_instead_of_the_file_is_named_as_such_and_not_kept(
+    hub: HubServer, tmp_path: Path
+) -> None:
+    published(hub, tmp_path)
+    data = files()["weights/shard-1.bin"]
+    pointer = b"version https://git-lfs.github.com/spec/v1\noid sha256:%s\nsize %d\n" % (
+        hashlib.sha256(data).hexdigest().encode(),
+        len(data),
+    )
+    on(hub, "GET", r"/resolve/[0-9a-f]{40}/weights/shard-1\.bin$", reply(200, pointer))
+    dest = tmp_path / "out"
+    got = run(hub, tmp_path, "fetch", "alice/r", str(dest), timeout=60, PORTABLE_HUB_RETRIES="1")
+    assert got.returncode == 34, got.stderr
+    assert (
+        f"weights/shard-1.bin: downloaded bytes do not match bundle.json (expected sha256 "
+        f"{hashlib.sha256(data).hexdigest()[:16]}..., got a Git LFS pointer of {len(pointer)} bytes, not the file's "
+        "content)" in got.stderr
+    ), got.stderr
+    assert "hint: the Hub serves the LFS pointer, not the file it points to" in got.stderr
+    assert "connection closed" not in got.stderr
+    assert not list((dest / ".portable/partial").glob("*.part")), "the pointer's bytes are not kept to resume after"
+    hub.hook = None
+    assert run(hub, tmp_path, "fetch", "alice/r", str(dest)).returncode == 0
+
+
+def test_a_partial_file_damaged_on_disk_is_named_as_possibly_local_and_dropped(hub: HubServer, tmp_path: Path) -> None:
+    from hubserver import Fault
+
+    published(hub, tmp_path)
+    dest = tmp_path / "out"
+    hub.add_fault(
+        Fault(method="GET", path=r"/weights/shard-0\.bin$", kind="stall", after_bytes=50_000, seconds=30, times=5)
+    )
+    cut = run(
+        hub,
+        tmp_path,
+        "fetch",
+        "alice/r",
+        str(dest),
+        timeout=60,
+        PORTABLE_HUB_RETRIES="0",
+        PORTABLE_HUB_STALL_TIMEOUT_S="1",
+    )
+    assert cut.returncode == 33, cut.stderr
+    hub.faults.clear()
+    (part,) = (dest / ".portable/partial").glob("*.part")
+    damaged = bytearray(part.read_bytes())
+    damaged[100] ^= 0xFF
+    part.write_bytes(bytes(damaged))
+    got = run(hub, tmp_path, "fetch", "alice/r", str(dest), timeout=60, PORTABLE_HUB_RETRIES="0")
+    assert got.returncode == 34, got.stderr
+    assert (
+        f"it was resumed after {len(damaged)} bytes kept on disk by an earlier run, which may be the damaged part "
+        "(dropped)" in got.stderr
+    ), got.stderr
+    assert "hint: the bytes were damaged on the way (the server, a proxy) or on this disk" in got.stderr
+    assert not part.exists(), "the damaged partial file is dropped"
+    assert run(hub, tmp_path, "fetch", "alice/r", str(dest), PORTABLE_HUB_RETRIES="0").returncode == 0

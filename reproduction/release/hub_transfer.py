@@ -122,12 +122,21 @@ class HubSettings:
 class DigestMismatch(Exception):
     """A downloaded file's bytes do not hash to the pinned sha256 (retryable: the next copy may be fine)."""
 
-    def __init__(self, path: str, expected: str, actual: str) -> None:
+    def __init__(self, path: str, expected: str, actual: str, *, resumed_from: int = 0) -> None:
         got = f"sha256 {actual[:16]}..." if re.fullmatch(r"[0-9a-f]{64}", actual) else actual
-        super().__init__(
-            f"{path}: downloaded bytes do not match bundle.json (expected sha256 {expected[:16]}..., got {got})"
+        resumed = (
+            f"; it was resumed after {resumed_from} bytes kept on disk by an earlier run, which may be the damaged "
+            "part (dropped)"
+            if resumed_from
+            else ""
         )
-        self.path, self.expected, self.actual = path, expected, actual
+        expect = f"expected sha256 {expected[:16]}..."
+        super().__init__(f"{path}: downloaded bytes do not match bundle.json ({expect}, got {got}){resumed}")
+        self.path, self.expected, self.actual, self.resumed_from = path, expected, actual, resumed_from
+
+
+LFS_POINTER = b"version https://git-lfs.github.com/spec/v1\n"
+"""How a Git LFS pointer file starts: what a Hub serves in place of an LFS file's content when its storage fails."""
 
 
 class TransferInterrupted(Exception):
@@ -174,12 +183,17 @@ def hub_error(exc: BaseException, *, what: str) -> HubError:
     from huggingface_hub import errors as hf
 
     if isinstance(exc, DigestMismatch):
+        pointer = exc.actual.startswith("a Git LFS pointer")
         return HubIntegrityError(
             f"{what}: {exc}",
             path=exc.path,
             expected=exc.expected,
             actual=exc.actual,
-            hint="the server or a proxy keeps sending corrupted bytes; run fetch again later",
+            hint="the Hub serves the LFS pointer, not the file it points to (its LFS storage or a proxy fails); "
+            "run fetch again later"
+            if pointer
+            else "the bytes were damaged on the way (the server, a proxy) or on this disk (a partial file kept "
+            "from an earlier run); the damaged file was dropped: run fetch again, it restarts that file",
         )
     if isinstance(exc, httpx.TransportError) and unresolved_host(exc):
         return HubTransferError(
@@ -507,6 +521,10 @@ def _get_into(job: Download, headers: dict[str, str], settings: HubSettings, on_
             on_bytes(-got)
             raise DigestMismatch(job.rel, job.sha256, f"more than the {job.size} bytes it pins")
     if got != job.size:
+        if not have and got < 1024 and job.partial.read_bytes().startswith(LFS_POINTER):
+            job.partial.unlink(missing_ok=True)  # a whole answer, not the file: nothing to resume after (F10)
+            on_bytes(-got)
+            raise DigestMismatch(job.rel, job.sha256, f"a Git LFS pointer of {got} bytes, not the file's content")
         raise TransferInterrupted(f"{job.rel}: connection closed after {got} of {job.size} bytes")
     return h.hexdigest()
 
@@ -531,11 +549,15 @@ def download(
         pass
 
     def attempt() -> None:
+        try:
+            kept = job.partial.stat().st_size
+        except OSError:
+            kept = 0
         digest = _get_into(job, headers, settings, on_bytes)
         if digest != job.sha256:
             job.partial.unlink(missing_ok=True)
             on_bytes(-job.size)
-            raise DigestMismatch(job.rel, job.sha256, digest)
+            raise DigestMismatch(job.rel, job.sha256, digest, resumed_from=kept)
 
     try:
         with_retries(attempt, what=f"download {job.rel}", settings=settings, ui=ui)
