@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import random
 import re
@@ -523,3 +524,60 @@ def test_a_partial_file_damaged_on_disk_is_named_as_possibly_local_and_dropped(h
     assert "hint: the bytes were damaged on the way (the server, a proxy) or on this disk" in got.stderr
     assert not part.exists(), "the damaged partial file is dropped"
     assert run(hub, tmp_path, "fetch", "alice/r", str(dest), PORTABLE_HUB_RETRIES="0").returncode == 0
+
+
+# -- F9: a commit that landed but whose reply was lost -----------------------------------------------------
+
+
+def test_a_commit_whose_reply_was_lost_is_recognised_and_publish_finishes(hub: HubServer, tmp_path: Path) -> None:
+    seen: set[bytes] = set()
+
+    def lose_first_reply(handler: Any, parts: list[str], query: dict[str, str], body: bytes) -> bool:
+        if handler.command != "POST" or "/commit/" not in handler.path or body in seen:
+            return False
+        seen.add(body)
+        real, handler.wfile = handler.wfile, io.BytesIO()
+        try:
+            handler._route(parts, query, body, None)  # the commit lands ...
+        finally:
+            handler.wfile = real
+        handler.close_connection = True  # ... and its reply is lost
+        return True
+
+    hub.hook = lose_first_reply
+    bundle = make_bundle(tmp_path / "bundle", files())
+    got = run(hub, tmp_path, "publish", str(bundle), "--repo", "alice/r", "--tag", "v1", timeout=60)
+    assert got.returncode == 0, got.stderr
+    head = hub.head("model/alice/r")
+    assert got.stdout.split()[0] == head, got.stdout
+    assert hub.repos["model/alice/r"].tags["v1"] == head
+    assert len(seen) == 2, "one batch and bundle.json, each landed once"
+    assert "bundle.json" in hub.files_at("model/alice/r")
+
+
+def test_a_lost_reply_whose_commit_did_not_land_is_still_a_conflict(hub: HubServer, tmp_path: Path) -> None:
+    done = []
+
+    def someone_else_commits(handler: Any, parts: list[str], query: dict[str, str], body: bytes) -> bool:
+        if handler.command != "POST" or "/commit/" not in handler.path or done:
+            return False
+        done.append(1)
+        with hub.lock:
+            repo = hub.repos["model/alice/r"]
+            files_now = dict(repo.commits[repo.branches["main"]]["files"])
+            files_now["other.txt"] = hub.store_blob(b"someone else\n", lfs=False).sha256
+            repo.branches["main"] = hub.new_commit(repo, repo.branches["main"], files_now, "someone else")
+        handler.close_connection = True
+        return True
+
+    bundle = make_bundle(tmp_path / "bundle", files())
+    assert (
+        run(
+            hub, tmp_path, "publish", str(make_bundle(tmp_path / "b0", {"a.txt": b"a"})), "--repo", "alice/r"
+        ).returncode
+        == 0
+    )
+    hub.hook = someone_else_commits
+    got = run(hub, tmp_path, "publish", str(bundle), "--repo", "alice/r", timeout=60)
+    assert got.returncode == 35, got.stderr
+    assert "did not land as sent" in got.stderr

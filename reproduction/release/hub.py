@@ -414,13 +414,78 @@ def _commit(
         f"upload ({message})",
         lambda: api.preupload_lfs_files(repo, additions=adds, repo_type=repo_type, revision=branch),
     )
-    info = retried(
-        f"commit ({message})",
-        lambda: api.create_commit(
+    tries = 0
+
+    def once() -> Any:
+        nonlocal tries
+        tries += 1
+        return api.create_commit(
             repo, operations=ops, commit_message=message, repo_type=repo_type, revision=branch, parent_commit=parent
-        ),
+        )
+
+    try:
+        return retried(f"commit ({message})", once).oid
+    except HubConflictError as exc:
+        if tries < 2 or exc.fields.get("status") != 412:
+            raise
+        # A retry that finds the branch moved: the try before may have landed and only its reply was lost
+        # (audit46 hub F9). Go on when the new head holds exactly what this commit writes.
+        head = _landed(api, repo, repo_type, branch, parent, ops, retried)
+        if head is None:
+            raise HubConflictError(
+                exc.message,
+                status=412,
+                hint="someone else changed the repo meanwhile (an earlier try of this commit, whose reply was lost, "
+                "did not land as sent); run the command again",
+            ) from None
+        return head
+
+
+def _landed(
+    api: Any,
+    repo: str,
+    repo_type: str,
+    branch: str,
+    parent: str,
+    ops: list[Any],
+    retried: Callable[[str, Callable[[], Any]], Any],
+) -> str | None:
+    """The branch head when it moved on from `parent` and holds every file of `ops` with the bytes they add
+    (LFS oid = sha256, or the git blob sha1) and none they delete; else None."""
+    from huggingface_hub import CommitOperationAdd
+
+    head = check_commit_sha(
+        retried(f"resolve {repo}@{branch}", lambda: api.repo_info(repo, repo_type=repo_type, revision=branch).sha),
+        what=f"resolve {repo}@{branch}",
     )
-    return info.oid
+    if head == parent:
+        return None
+    paths = [op.path_in_repo for op in ops]
+    found = retried(
+        f"check {repo}@{head[:12]}",
+        lambda: {
+            f.path: f for f in api.get_paths_info(repo, paths, repo_type=repo_type, revision=head) if hasattr(f, "size")
+        },
+    )
+    for op in ops:
+        remote = found.get(op.path_in_repo)
+        if not isinstance(op, CommitOperationAdd):
+            if remote is not None:
+                return None
+            continue
+        source = op.path_or_fileobj
+        if remote is None or remote.size != op.upload_info.size:
+            return None
+        if remote.lfs is not None:
+            if remote.lfs.sha256 != op.upload_info.sha256.hex():
+                return None
+        elif remote.blob_id != (_git_sha1(source) if isinstance(source, bytes) else git_blob_sha1(Path(str(source)))):
+            return None
+    return head
+
+
+def _git_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def _tag(
