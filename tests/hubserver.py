@@ -126,6 +126,8 @@ class HubServer:
         self.repos: dict[str, Repo] = {}
         self.blobs: dict[str, Blob] = {}
         self.faults: list[Fault] = []
+        self.hook: Any = None
+        """callable(handler, parts, query, body) -> True when it answered the request itself (a hostile Hub)."""
         self.log: list[dict[str, Any]] = []
         self.log_path = self.root / "requests.jsonl"
         self.uploads = 0
@@ -411,6 +413,8 @@ class _HubHandler(BaseHTTPRequestHandler):
                 return
             body = b"" if self.command in ("GET", "HEAD") or parts[:2] == ["_lfs", "upload"] else self._body()
             self._record(body)
+            if hub.hook is not None and hub.hook(self, parts, query, body):
+                return
             if fault is not None and fault.kind == "status":
                 extra = {"Retry-After": fault.retry_after} if fault.retry_after is not None else None
                 if parts[:2] == ["_lfs", "upload"]:

@@ -193,7 +193,7 @@ def test_failed_fetch_keeps_its_partial_file_and_the_rerun_resumes_it(hub: HubSe
     assert first.returncode == 33 and "download weights/shard-1.bin: transfer stalled (no data)" in first.stderr
     assert "hint: check the network; rerunning resumes where this stopped" in first.stderr
     assert not (out / "bundle.json").exists() and (out / "weights/shard-0.bin").exists()
-    partials = list((out / ".portable/partial").iterdir())
+    partials = list((out / ".portable/partial").glob("*.part"))  # and fetch.json, the fetch's own marker
     assert len(partials) == 1 and partials[0].stat().st_size == 1_000_000
 
     second = run(hub, tmp_path, "fetch", "alice/r", str(out))

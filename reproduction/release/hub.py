@@ -21,7 +21,10 @@ an interruption uploads only what is missing. Files the bundle no longer lists a
 fetch: resolve the revision to a commit SHA and pin every request to it; read the remote
 bundle.json; download exactly the files it lists (see release/hub_transfer.py: resumable, hashed
 while written, stalls aborted and retried); `verify_bundle` with the just-hashed files trusted by
-stat; record repo/commit/time in the receipt; write bundle.json last.
+stat; record repo/commit/time in the receipt; write bundle.json last. fetch writes only into a new or
+empty DIR or its own earlier fetch of the same repo (the receipt's fetch record, or the marker
+`.portable/partial/fetch.json` of an interrupted one), and never overwrites or deletes a file it did
+not write.
 
 Tokens come from huggingface_hub's standard places (HF_TOKEN, `hf auth login`) and never appear in
 output, logs or files. Tunables: `HubSettings` (PORTABLE_HUB_* environment variables).
@@ -42,9 +45,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from reproduction.digests import sha256_files
-from reproduction.errors import HubConflictError, HubNotFoundError, InvalidInputError
+from reproduction.errors import HubConflictError, HubError, HubNotFoundError, InvalidInputError
 from reproduction.fsio import atomic_write_bytes, refuse_file_for_folder
-from reproduction.release.hub_transfer import Download, HubSettings, download_all, fetch_small, with_retries
+from reproduction.release.hub_transfer import (
+    Download,
+    HubSettings,
+    bound_hub_session,
+    download_all,
+    fetch_small,
+    with_retries,
+)
 from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, FileEntry, Manifest, load_manifest
 from reproduction.ui import UiOptions, human_bytes, say
 
@@ -95,6 +105,40 @@ def check_repo_id(repo: str) -> str:
     return repo
 
 
+_COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
+
+
+def check_commit_sha(value: Any, *, what: str) -> str:
+    """`value` if it is a 40-hex commit id, else HubError (exit 30) naming it: fetch pins every request and
+    its receipt to this id, so a branch name or nothing in its place is a bad answer (audit46 hub F5, F6)."""
+    if isinstance(value, str) and _COMMIT_SHA.fullmatch(value):
+        return value
+    shown = repr(value)[:80] if value is not None else "no sha at all"
+    raise HubError(
+        f"{what}: the Hub answered {shown} where a commit id (40 hex digits) belongs",
+        hint="the Hub or a proxy in between answered something that is not a Hub revision; check HF_ENDPOINT",
+    )
+
+
+def resolve_commit(
+    api: Any, repo: str, repo_type: str, revision: str, *, settings: HubSettings, ui: UiOptions | None
+) -> str:
+    """The commit id `revision` of `repo` names now (with retries): HubError (exit 30) when the Hub's answer
+    is not JSON or holds no 40-hex `sha` (audit46 hub F5, F6)."""
+    what = f"resolve {repo}@{revision}"
+
+    def once() -> Any:
+        try:
+            return api.repo_info(repo, repo_type=repo_type, revision=revision).sha
+        except ValueError as exc:  # the body is not JSON (json.JSONDecodeError)
+            raise HubError(
+                f"{what}: the Hub's answer is not JSON ({exc})",
+                hint="the Hub or a proxy in between answered something that is not a Hub reply; check HF_ENDPOINT",
+            ) from None
+
+    return check_commit_sha(with_retries(once, what=what, settings=settings, ui=ui), what=what)
+
+
 def repo_web_url(endpoint: str, repo: str, repo_type: str, revision: str | None = None) -> str:
     prefix = "" if repo_type == "model" else f"{repo_type}s/"
     return f"{endpoint}/{prefix}{repo}" + (f"/tree/{revision}" if revision and revision != "main" else "")
@@ -102,9 +146,8 @@ def repo_web_url(endpoint: str, repo: str, repo_type: str, revision: str | None 
 
 def _client(settings: HubSettings, ui: UiOptions | None) -> Any:
     """An HfApi on `settings`' endpoint; huggingface_hub's upload bars follow -q / --no-progress."""
-    import httpx
     from huggingface_hub import HfApi
-    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars, get_session
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
 
     # A bundle carries its datasets (parquet) even in a model repo: that is intended, not a mistake.
     warnings.filterwarnings("ignore", message="It seems that you are about to commit a data file")
@@ -114,8 +157,8 @@ def _client(settings: HubSettings, ui: UiOptions | None) -> Any:
         disable_progress_bars()
     else:
         enable_progress_bars()
-    # The shared session has no timeout by default: a stalled upload or listing would hang forever.
-    get_session().timeout = httpx.Timeout(settings.stall_timeout_s, connect=settings.connect_timeout_s)
+    # The shared session has no timeout by default, and some calls pass timeout=None: bound them all.
+    bound_hub_session(settings)
     return HfApi(endpoint=settings.resolved_endpoint())
 
 
@@ -211,7 +254,7 @@ def publish_bundle(
             f"create branch {branch}",
             lambda: api.create_branch(repo, branch=branch, repo_type=repo_type, exist_ok=True),
         )
-    head = retried(f"resolve {repo}@{branch}", lambda: api.repo_info(repo, repo_type=repo_type, revision=branch).sha)
+    head = resolve_commit(api, repo, repo_type, branch, settings=settings, ui=ui)
     remote = retried(
         f"list {repo}@{head[:12]}",
         lambda: {
@@ -371,13 +414,78 @@ def _commit(
         f"upload ({message})",
         lambda: api.preupload_lfs_files(repo, additions=adds, repo_type=repo_type, revision=branch),
     )
-    info = retried(
-        f"commit ({message})",
-        lambda: api.create_commit(
+    tries = 0
+
+    def once() -> Any:
+        nonlocal tries
+        tries += 1
+        return api.create_commit(
             repo, operations=ops, commit_message=message, repo_type=repo_type, revision=branch, parent_commit=parent
-        ),
+        )
+
+    try:
+        return retried(f"commit ({message})", once).oid
+    except HubConflictError as exc:
+        if tries < 2 or exc.fields.get("status") != 412:
+            raise
+        # A retry that finds the branch moved: the try before may have landed and only its reply was lost
+        # (audit46 hub F9). Go on when the new head holds exactly what this commit writes.
+        head = _landed(api, repo, repo_type, branch, parent, ops, retried)
+        if head is None:
+            raise HubConflictError(
+                exc.message,
+                status=412,
+                hint="someone else changed the repo meanwhile (an earlier try of this commit, whose reply was lost, "
+                "did not land as sent); run the command again",
+            ) from None
+        return head
+
+
+def _landed(
+    api: Any,
+    repo: str,
+    repo_type: str,
+    branch: str,
+    parent: str,
+    ops: list[Any],
+    retried: Callable[[str, Callable[[], Any]], Any],
+) -> str | None:
+    """The branch head when it moved on from `parent` and holds every file of `ops` with the bytes they add
+    (LFS oid = sha256, or the git blob sha1) and none they delete; else None."""
+    from huggingface_hub import CommitOperationAdd
+
+    head = check_commit_sha(
+        retried(f"resolve {repo}@{branch}", lambda: api.repo_info(repo, repo_type=repo_type, revision=branch).sha),
+        what=f"resolve {repo}@{branch}",
     )
-    return info.oid
+    if head == parent:
+        return None
+    paths = [op.path_in_repo for op in ops]
+    found = retried(
+        f"check {repo}@{head[:12]}",
+        lambda: {
+            f.path: f for f in api.get_paths_info(repo, paths, repo_type=repo_type, revision=head) if hasattr(f, "size")
+        },
+    )
+    for op in ops:
+        remote = found.get(op.path_in_repo)
+        if not isinstance(op, CommitOperationAdd):
+            if remote is not None:
+                return None
+            continue
+        source = op.path_or_fileobj
+        if remote is None or remote.size != op.upload_info.size:
+            return None
+        if remote.lfs is not None:
+            if remote.lfs.sha256 != op.upload_info.sha256.hex():
+                return None
+        elif remote.blob_id != (_git_sha1(source) if isinstance(source, bytes) else git_blob_sha1(Path(str(source)))):
+            return None
+    return head
+
+
+def _git_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def _tag(
@@ -408,7 +516,9 @@ def fetch_bundle(
 ) -> FetchResult:
     """Download the bundle published at `repo`@`revision` (default main) into folder `dest`.
 
-    `dest` must be new, empty, or an earlier (partial or complete) fetch. Every file is checked
+    `dest` must be new, empty, or an earlier (partial or complete) fetch of `repo` holding no file that fetch
+    did not write (`_fetched_here`, `_prepare_dest`); everything from the first change in `dest` to the
+    receipt and bundle.json is done under the bundle lock. Every file is checked
     against the remote bundle.json's sha256; bundle.json is written last, so `dest` holds a
     bundle.json only once every file verified. Rerunning resumes (partial files continue by Range).
     Raises HubNotFoundError (repo, revision or bundle.json missing), HubAuthError, HubIntegrityError,
@@ -425,15 +535,10 @@ def fetch_bundle(
     check_repo_id(repo)
     dest, rev = Path(dest), revision or "main"
     refuse_file_for_folder(dest, hint="fetch into a new or empty folder")  # before the Hub is asked anything
-    _refuse_unrelated_folder(dest)  # likewise: decided here, not after the Hub's retries
+    _fetched_here(dest, repo, repo_type)  # likewise: a folder fetch may not touch is refused here (exit 4)
     api = _client(settings, ui)
     endpoint = settings.resolved_endpoint()
-    commit = with_retries(
-        lambda: api.repo_info(repo, repo_type=repo_type, revision=rev).sha,
-        what=f"resolve {repo}@{rev}",
-        settings=settings,
-        ui=ui,
-    )
+    commit = resolve_commit(api, repo, repo_type, rev, settings=settings, ui=ui)
 
     def url(rel: str) -> str:
         return hf_hub_url(repo, rel, repo_type=repo_type, revision=commit, endpoint=endpoint)
@@ -443,12 +548,12 @@ def fetch_bundle(
         f"fetch {repo}@{commit[:12]} ({rev}): {len(manifest.files)} files, {human_bytes(manifest.total_size)}",
         options=ui,
     )
-    _prepare_dest(dest, manifest)
-    with bundle_lock(dest, what="fetch", wait_s=0.0):
-        (dest / MANIFEST_NAME).unlink(missing_ok=True)  # incomplete from here until the end
-        present = _already_present(dest, manifest)
+    refuse_file_for_folder(dest, hint="fetch into a new or empty folder")
+    dest.mkdir(parents=True, exist_ok=True)
+    with bundle_lock(dest, what="fetch", wait_s=0.0):  # the receipt and bundle.json too: audit46 hub F2
         partial = dest / STATE_DIR / PARTIAL_DIR
-        _clean_partial(partial)
+        _prepare_dest(dest, manifest, repo=repo, repo_type=repo_type, commit=commit)
+        present = _already_present(dest, manifest)
         _refuse_linked_folders(dest, [e.path for e in manifest.files])
         jobs = [
             Download(
@@ -462,12 +567,21 @@ def fetch_bundle(
             for e in manifest.files
             if e.path not in present
         ]
+        _refuse_no_room(dest, repo, jobs)
         stats = {**present, **download_all(jobs, settings=settings, ui=ui)}
         report = verify_bundle(dest, manifest=manifest, ui=ui, trusted=lambda e, st: _same_stat(stats.get(e.path), st))
         raise_for_report(report)
-        shutil.rmtree(partial, ignore_errors=True)
-    record_fetch(dest, repo=repo, repo_type=repo_type, revision=rev, commit=commit)
-    atomic_write_bytes(dest / MANIFEST_NAME, manifest_bytes)
+        record_fetch(
+            dest,
+            repo=repo,
+            repo_type=repo_type,
+            revision=rev,
+            commit=commit,
+            manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
+            locked=True,
+        )
+        atomic_write_bytes(dest / MANIFEST_NAME, manifest_bytes)
+        shutil.rmtree(partial, ignore_errors=True)  # the fetch marker last: until here a rerun may resume
     return FetchResult(
         repo=repo,
         commit_sha=commit,
@@ -544,39 +658,146 @@ def _refuse_linked_folders(dest: Path, paths: list[str]) -> None:
             )
 
 
-def _refuse_unrelated_folder(dest: Path) -> bool:
-    """InvalidInputError (exit 4) when `dest` is a folder holding something other than a bundle or an earlier, partial
-    fetch (no bundle.json, no partial downloads); whether it holds anything (besides the state folder) otherwise."""
+FETCH_MARKER = "fetch.json"
+"""`.portable/partial/fetch.json`: written by fetch before it changes anything in DIR, removed once DIR is a
+complete bundle: {"repo", "repo_type", "commit", "files": [paths fetch may have written]}."""
+_NEW_FOLDER_HINT = "fetch into a new or empty folder"
+
+
+def _fetch_marker(dest: Path) -> dict[str, Any] | None:
+    path = dest / STATE_DIR / PARTIAL_DIR / FETCH_MARKER
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() and not path.is_symlink() else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("files"), list):
+        return None
+    return data
+
+
+def _fetched_here(dest: Path, repo: str, repo_type: str) -> tuple[set[str], Manifest | None]:
+    """What fetch itself wrote in `dest` before: (paths, the complete fetch's manifest or None); both empty
+    for a new or empty folder (nothing but the state folder).
+
+    InvalidInputError (exit 4) naming the folder and what is there when it holds anything else: files and no
+    record of a fetch, a bundle that fetch did not write (packed there, or an unrelated bundle.json), a fetch
+    of another repo. fetch writes, overwrites or deletes only in folders it accepts here (audit46 hub F2).
+    """
+    from reproduction.release.receipt import load_receipt
+
     if not dest.is_dir():
-        return False
-    entries = [p.name for p in dest.iterdir() if p.name != STATE_DIR]
-    if entries and not (dest / MANIFEST_NAME).exists() and not (dest / STATE_DIR / PARTIAL_DIR).exists():
-        raise InvalidInputError(
-            f"{dest} is not empty and holds no bundle ({len(entries)} entries, e.g. {sorted(entries)[0]!r})",
-            path=dest,
-            hint="fetch into a new or empty folder",
-        )
-    return bool(entries)
-
-
-def _prepare_dest(dest: Path, manifest: Manifest) -> None:
-    """Create `dest`, or accept an earlier fetch there (dropping files its old manifest listed but the
-    new one does not)."""
-    refuse_file_for_folder(dest, hint="fetch into a new or empty folder")
-    dest.mkdir(parents=True, exist_ok=True)
-    if not _refuse_unrelated_folder(dest):
-        return
-    old_path = dest / MANIFEST_NAME
-    if old_path.exists():
+        return set(), None
+    entries = sorted(p.name for p in dest.iterdir() if p.name != STATE_DIR)
+    if not entries:
+        return set(), None
+    marker = _fetch_marker(dest)
+    record = load_receipt(dest).fetch
+    has_manifest = os.path.lexists(dest / MANIFEST_NAME)
+    complete = has_manifest and record.get("repo") is not None
+    for what in ([marker] if marker else []) + ([record] if complete else []):
+        other = f"{what.get('repo_type', 'model')}:{what.get('repo')}"
+        if (what.get("repo"), what.get("repo_type", "model")) != (repo, repo_type):
+            raise InvalidInputError(
+                f"{dest} holds a fetch of {other}, not {repo_type}:{repo}: fetching another repo into it would "
+                "overwrite or delete its files",
+                path=dest,
+                hint=f"{_NEW_FOLDER_HINT} (or remove {dest} first)",
+            )
+    owned: set[str] = {str(p) for p in marker["files"]} if marker else set()
+    old: Manifest | None = None
+    if has_manifest:
+        if not complete:
+            raise InvalidInputError(
+                f"{dest} holds a {MANIFEST_NAME} that portable fetch did not write (a packed bundle, or another "
+                "program's file): fetch would overwrite or delete its files",
+                path=dest,
+                hint=_NEW_FOLDER_HINT,
+            )
         try:
+            written = hashlib.sha256((dest / MANIFEST_NAME).read_bytes()).hexdigest()
             old = load_manifest(dest)
-        except (InvalidInputError, OSError):
-            return
-        listed = {e.path for e in manifest.files}
-        _refuse_linked_folders(dest, [e.path for e in old.files if e.path not in listed])
-        for entry in old.files:
-            if entry.path not in listed:
-                (dest / entry.path).unlink(missing_ok=True)
+        except (InvalidInputError, OSError) as exc:
+            raise InvalidInputError(
+                f"{dest}: its {MANIFEST_NAME} cannot be read ({exc}), so fetch cannot tell which files are its own",
+                path=dest / MANIFEST_NAME,
+                hint=_NEW_FOLDER_HINT,
+            ) from None
+        if record.get("manifest_sha256", written) != written:
+            raise InvalidInputError(
+                f"{dest}: its {MANIFEST_NAME} changed since {repo} was fetched there, so fetch cannot tell which "
+                "files are its own",
+                path=dest / MANIFEST_NAME,
+                hint=_NEW_FOLDER_HINT,
+            )
+        owned |= {e.path for e in old.files}
+    elif marker is None:
+        raise InvalidInputError(
+            f"{dest} is not empty and holds no bundle ({len(entries)} entries, e.g. {entries[0]!r})",
+            path=dest,
+            hint=_NEW_FOLDER_HINT,
+        )
+    return owned, old
+
+
+def _prepare_dest(dest: Path, manifest: Manifest, *, repo: str, repo_type: str, commit: str) -> None:
+    """Under the fetch lock: accept `dest` (`_fetched_here`, checked again), refuse it when it holds files
+    fetch did not write (exit 4, naming them, before anything is changed: audit46 hub F3), record the fetch
+    marker, then drop the files an earlier fetch wrote that the new manifest does not list, and bundle.json."""
+    from reproduction.release.verify import find_extras
+
+    owned, old = _fetched_here(dest, repo, repo_type)
+    listed = {e.path for e in manifest.files}
+    _refuse_linked_folders(dest, sorted(owned | listed))  # exit 6 first: a linked folder is no user file
+    foreign = [p for p in find_extras(dest, manifest) if p not in owned]
+    if old is not None:  # what the old bundle ignores (its layer targets: restored files) is not foreign
+        foreign = sorted(set(foreign) & set(find_extras(dest, old)))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise InvalidInputError(
+            f"{dest} holds {len(foreign)} file(s) that no fetch wrote: {shown}; fetch does not overwrite or delete "
+            "them, and the fetched bundle must not hold files it does not list",
+            path=dest,
+            files=foreign,
+            hint=f"move them out of {dest} and run fetch again, or {_NEW_FOLDER_HINT}",
+        )
+    partial = dest / STATE_DIR / PARTIAL_DIR
+    _clean_partial(partial)
+    marker = {"repo": repo, "repo_type": repo_type, "commit": commit, "files": sorted(owned | listed)}
+    partial.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(partial / FETCH_MARKER, json.dumps(marker).encode())
+    (dest / MANIFEST_NAME).unlink(missing_ok=True)  # incomplete from here until the end
+    drop = sorted(p for p in owned - listed if os.path.lexists(dest / p))
+    _refuse_linked_folders(dest, drop)
+    for rel in drop:
+        path = dest / rel
+        if path.is_symlink() or not path.is_dir():
+            path.unlink(missing_ok=True)
+
+
+def _refuse_no_room(dest: Path, repo: str, jobs: list[Download]) -> None:
+    """WriteFailedError (exit 8) before any download when the files still to download (less what their
+    partial files already hold) do not fit in the free space of `dest`'s disk, naming both (audit46 hub F8)."""
+    from reproduction.errors import WriteFailedError
+    from reproduction.fsio import free_bytes
+
+    need = 0
+    for job in jobs:
+        try:
+            have = job.partial.stat().st_size if job.partial.is_file() else 0
+        except OSError:
+            have = 0
+        need += max(job.size - have, 0)
+    free = free_bytes(dest)
+    if need > free:
+        raise WriteFailedError(
+            f"cannot fetch {repo} into {dest}: its {len(jobs)} file(s) still to download need "
+            f"{human_bytes(need)} and only {human_bytes(free)} are free there",
+            path=str(dest),
+            need=need,
+            free=free,
+            hint=f"free at least {human_bytes(need - free)} there (or fetch into a folder on a bigger disk), then "
+            "run fetch again: it resumes",
+        )
 
 
 def _already_present(dest: Path, manifest: Manifest) -> dict[str, os.stat_result]:

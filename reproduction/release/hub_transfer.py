@@ -32,7 +32,10 @@ from reproduction.errors import (
     HubNotFoundError,
     HubTransferError,
     InvalidInputError,
+    PortableError,
+    os_error,
 )
+from reproduction.fsio import annotate
 from reproduction.settings import HUB, hub_values
 from reproduction.ui import UiOptions, human_bytes, progress, say
 
@@ -119,12 +122,21 @@ class HubSettings:
 class DigestMismatch(Exception):
     """A downloaded file's bytes do not hash to the pinned sha256 (retryable: the next copy may be fine)."""
 
-    def __init__(self, path: str, expected: str, actual: str) -> None:
+    def __init__(self, path: str, expected: str, actual: str, *, resumed_from: int = 0) -> None:
         got = f"sha256 {actual[:16]}..." if re.fullmatch(r"[0-9a-f]{64}", actual) else actual
-        super().__init__(
-            f"{path}: downloaded bytes do not match bundle.json (expected sha256 {expected[:16]}..., got {got})"
+        resumed = (
+            f"; it was resumed after {resumed_from} bytes kept on disk by an earlier run, which may be the damaged "
+            "part (dropped)"
+            if resumed_from
+            else ""
         )
-        self.path, self.expected, self.actual = path, expected, actual
+        expect = f"expected sha256 {expected[:16]}..."
+        super().__init__(f"{path}: downloaded bytes do not match bundle.json ({expect}, got {got}){resumed}")
+        self.path, self.expected, self.actual, self.resumed_from = path, expected, actual, resumed_from
+
+
+LFS_POINTER = b"version https://git-lfs.github.com/spec/v1\n"
+"""How a Git LFS pointer file starts: what a Hub serves in place of an LFS file's content when its storage fails."""
 
 
 class TransferInterrupted(Exception):
@@ -171,12 +183,17 @@ def hub_error(exc: BaseException, *, what: str) -> HubError:
     from huggingface_hub import errors as hf
 
     if isinstance(exc, DigestMismatch):
+        pointer = exc.actual.startswith("a Git LFS pointer")
         return HubIntegrityError(
             f"{what}: {exc}",
             path=exc.path,
             expected=exc.expected,
             actual=exc.actual,
-            hint="the server or a proxy keeps sending corrupted bytes; run fetch again later",
+            hint="the Hub serves the LFS pointer, not the file it points to (its LFS storage or a proxy fails); "
+            "run fetch again later"
+            if pointer
+            else "the bytes were damaged on the way (the server, a proxy) or on this disk (a partial file kept "
+            "from an earlier run); the damaged file was dropped: run fetch again, it restarts that file",
         )
     if isinstance(exc, httpx.TransportError) and unresolved_host(exc):
         return HubTransferError(
@@ -244,7 +261,18 @@ def hub_error(exc: BaseException, *, what: str) -> HubError:
         return HubError(
             f"{what}: the Hub refused the request ({detail})", status=status, hint="see the server's message above"
         )
-    raise exc
+    # A redirect loop, a body that does not decode (Content-Encoding gzip over bytes that are not gzip), an
+    # invalid URL or header: the Hub's answer is unusable; exit 30 naming the request, not an internal error
+    # (audit46 hub F5).
+    try:
+        url = f" ({exc.request.url})" if isinstance(exc, httpx.RequestError) else ""
+    except RuntimeError:  # an httpx error raised without its request
+        url = ""
+    return HubError(
+        f"{what}: the Hub's answer is unusable{url}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
+        hint="the Hub or a proxy in between answered something that is not a Hub reply; check HF_ENDPOINT and "
+        "any proxy, then run the command again",
+    )
 
 
 def _retry_after(exc: BaseException) -> float | None:
@@ -338,18 +366,87 @@ def _timeout(settings: HubSettings) -> Any:
     return httpx.Timeout(settings.stall_timeout_s, connect=settings.connect_timeout_s)
 
 
+def bound_hub_session(settings: HubSettings) -> None:
+    """Make every request huggingface_hub sends give up after `settings`' stall and connect timeouts, and
+    leave the retrying to `with_retries` (PORTABLE_HUB_RETRIES).
+
+    huggingface_hub passes `timeout=None` explicitly on some calls (repo_info, list_repo_tree's pages), which
+    httpx reads as "no timeout" whatever the session's default: a Hub that accepts a request and never
+    answers hung fetch, publish and weights pin forever (audit46 hub F1). A request hook fills every unset
+    timeout of every request (redirects included) from `settings`; the hook lives in the client factory, so
+    a session huggingface_hub recreates (it closes it after a connection error) keeps it. huggingface_hub's
+    own retries (5, up to 8 s apart, on preupload, the LFS batch and uploads) are turned off: they ran
+    under ours and ignored PORTABLE_HUB_RETRIES=0.
+    """
+    from huggingface_hub.utils import _http as hf_http
+
+    bounds = _timeout(settings).as_dict()
+
+    def fill_timeouts(request: Any) -> None:
+        given = request.extensions.get("timeout") or {}
+        request.extensions["timeout"] = {
+            key: given.get(key) if given.get(key) is not None else value for key, value in bounds.items()
+        }
+
+    def factory() -> Any:
+        client = hf_http.default_client_factory()
+        client.timeout = _timeout(settings)
+        hooks = client.event_hooks
+        client.event_hooks = {"request": [*hooks["request"], fill_timeouts], "response": hooks["response"]}
+        return client
+
+    hf_http.set_client_factory(factory)
+    for fn in (hf_http.http_backoff, hf_http.http_stream_backoff):
+        if fn.__kwdefaults__ and "max_retries" in fn.__kwdefaults__:
+            fn.__kwdefaults__["max_retries"] = 0
+
+
+SMALL_MIN_RATE = 32 * 1024
+"""Bytes per second a small file read whole (`fetch_small`) must average once its first `stall_timeout_s`
+seconds are over: a server dripping a byte a second never stalls, yet must not hold fetch forever."""
+
+
 def fetch_small(
     url: str, *, what: str, settings: HubSettings, ui: UiOptions | None = None, limit: int = 256 << 20
 ) -> bytes:
-    """GET a small file into memory with retries (used for the remote bundle.json)."""
+    """GET a small file into memory with retries (the remote bundle.json, weights metadata, a README).
+
+    The body is streamed: more than `limit` bytes (after decoding) stop the read at once (HubError, exit 30),
+    never held in memory first; and the whole transfer must keep up `SMALL_MIN_RATE` after its first
+    `stall_timeout_s` seconds, else it is aborted as too slow and retried (audit46 hub F7).
+    """
+    import httpx
     from huggingface_hub.utils import get_session, hf_raise_for_status
 
     def once() -> bytes:
-        response = get_session().get(url, headers=http_headers(), timeout=_timeout(settings), follow_redirects=True)
-        hf_raise_for_status(response)
-        if len(response.content) > limit:
-            raise HubError(f"{what}: {len(response.content)} bytes is larger than expected ({limit})")
-        return response.content
+        start = time.monotonic()
+        with get_session().stream(
+            "GET", url, headers=http_headers(), timeout=_timeout(settings), follow_redirects=True
+        ) as response:
+            data = bytearray()
+            for chunk in response.iter_bytes():
+                data += chunk
+                if len(data) > (limit if response.status_code < 400 else 1 << 20):
+                    if response.status_code >= 400:
+                        break  # an error page: its first MiB names the error
+                    raise HubError(
+                        f"{what}: more than {limit} bytes, larger than this file may be; stopped reading",
+                        hint="the Hub or a proxy in between sends something that is not this file; check HF_ENDPOINT",
+                    )
+                elapsed = time.monotonic() - start
+                if elapsed > settings.stall_timeout_s + len(data) / SMALL_MIN_RATE:
+                    raise TransferInterrupted(
+                        f"{what}: too slow: {len(data)} bytes in {elapsed:.0f} s (a file read whole must arrive at "
+                        f"{human_bytes(SMALL_MIN_RATE)}/s or more after its first {settings.stall_timeout_s:g} s)"
+                    )
+            if response.status_code >= 400:
+                headers = {
+                    k: v for k, v in response.headers.items() if k.lower() not in ("content-encoding", "content-length")
+                }
+                hf_raise_for_status(
+                    httpx.Response(response.status_code, headers=headers, content=bytes(data), request=response.request)
+                )
+            return bytes(data)
 
     return with_retries(once, what=what, settings=settings, ui=ui)
 
@@ -424,6 +521,10 @@ def _get_into(job: Download, headers: dict[str, str], settings: HubSettings, on_
             on_bytes(-got)
             raise DigestMismatch(job.rel, job.sha256, f"more than the {job.size} bytes it pins")
     if got != job.size:
+        if not have and got < 1024 and job.partial.read_bytes().startswith(LFS_POINTER):
+            job.partial.unlink(missing_ok=True)  # a whole answer, not the file: nothing to resume after (F10)
+            on_bytes(-got)
+            raise DigestMismatch(job.rel, job.sha256, f"a Git LFS pointer of {got} bytes, not the file's content")
         raise TransferInterrupted(f"{job.rel}: connection closed after {got} of {job.size} bytes")
     return h.hexdigest()
 
@@ -448,16 +549,29 @@ def download(
         pass
 
     def attempt() -> None:
+        try:
+            kept = job.partial.stat().st_size
+        except OSError:
+            kept = 0
         digest = _get_into(job, headers, settings, on_bytes)
         if digest != job.sha256:
             job.partial.unlink(missing_ok=True)
             on_bytes(-job.size)
-            raise DigestMismatch(job.rel, job.sha256, digest)
+            raise DigestMismatch(job.rel, job.sha256, digest, resumed_from=kept)
 
-    with_retries(attempt, what=f"download {job.rel}", settings=settings, ui=ui)
-    job.dest.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(job.partial, job.dest)
-    return job.dest.stat()
+    try:
+        with_retries(attempt, what=f"download {job.rel}", settings=settings, ui=ui)
+        job.dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(job.partial, job.dest)
+        return job.dest.stat()
+    except PortableError:
+        raise
+    except OSError as exc:  # a local write: the disk filled (write() names no file), permissions, ...
+        try:
+            need = job.size - job.partial.stat().st_size
+        except OSError:
+            need = job.size
+        raise os_error(annotate(exc, job.partial, need=max(need, 0)), job.rel) from exc
 
 
 def download_all(

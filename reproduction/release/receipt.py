@@ -12,7 +12,8 @@ On disk (local state, never published)::
                             "prefix": "/abs/bundle/runtime/python",   # where it now lives
                             "files": {"bin/python3.11": [size, mtime_ns], ...},
                             "links": {"bin/python3": "python3.11", ...}}},
-                        "fetch": {"repo": ..., "repo_type": ..., "revision": ..., "commit": ..., "time": ...}}
+                        "fetch": {"repo": ..., "repo_type": ..., "revision": ..., "commit": ..., "time": ...,
+                                  "manifest_sha256": "<sha256 of the bundle.json fetch wrote>"}}
       lock             see reproduction/release/lock.py
 
 Written atomically (temp file + rename); a missing or unreadable receipt just means "trust
@@ -21,6 +22,7 @@ nothing", so a damaged one costs a full restore, never a wrong tree.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat as stat_mod
@@ -241,21 +243,35 @@ def save_receipt(bundle: Path, receipt: Receipt) -> None:
     atomic_write_text(receipt_path(bundle), json.dumps(receipt.to_dict(), separators=(",", ":")) + "\n")
 
 
-def record_fetch(bundle: Path, *, repo: str, repo_type: str, revision: str, commit: str) -> None:
-    """Record where `bundle` was fetched from in its receipt (keeps everything else in it).
+def record_fetch(
+    bundle: Path,
+    *,
+    repo: str,
+    repo_type: str,
+    revision: str,
+    commit: str,
+    manifest_sha256: str = "",
+    locked: bool = False,
+) -> None:
+    """Record where `bundle` was fetched from in its receipt (keeps everything else in it), with the sha256
+    of the bundle.json that fetch writes (how a later fetch knows the folder's bundle is its own).
 
-    Takes the bundle's lock (waiting up to 30 s for a running restore). Raises LockHeldError if it
-    cannot get it, OSError if the state folder cannot be written.
+    Takes the bundle's lock (waiting up to 30 s for a running restore) unless the caller holds it
+    (`locked`: fetch records under its own lock). Raises LockHeldError if it cannot get it, OSError if the
+    state folder cannot be written.
     """
     from reproduction.release.lock import bundle_lock
 
-    with bundle_lock(bundle, what="record the fetch", wait_s=30.0):
+    record = {
+        "repo": repo,
+        "repo_type": repo_type,
+        "revision": revision or "",
+        "commit": commit,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if manifest_sha256:
+        record["manifest_sha256"] = manifest_sha256
+    with contextlib.nullcontext() if locked else bundle_lock(bundle, what="record the fetch", wait_s=30.0):
         receipt = load_receipt(bundle)
-        receipt.fetch = {
-            "repo": repo,
-            "repo_type": repo_type,
-            "revision": revision or "",
-            "commit": commit,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
+        receipt.fetch = record
         save_receipt(bundle, receipt)
