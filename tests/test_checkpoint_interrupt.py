@@ -154,7 +154,12 @@ def test_portable_run_interrupted_in_a_checkpoint_save_exits_130_recorded_interr
     base = ["run", "--config", str(tmp_path / "run.yaml"), "--output", str(run)]
     _interrupt_in_write(monkeypatch, 8, how)
     code, err = _portable(capsys, *base)
-    assert (code, err) == (130, "error: interrupted\n")
+    assert (code, err) == (
+        130,
+        "error: interrupted\n"
+        "hint: rerun it with --resume: completed stages are kept, an interrupted one continues from its last "
+        "checkpoint\n",
+    )
     rec = json.loads((run / "run.json").read_text())["stages"]["train"]
     assert (rec["status"], rec["error"]) == ("interrupted", error)
     root = run / "train" / "checkpoints"
