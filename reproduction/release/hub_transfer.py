@@ -360,7 +360,8 @@ def http_headers() -> dict[str, str]:
     return headers
 
 
-def _timeout(settings: HubSettings) -> Any:
+def request_timeout(settings: HubSettings) -> Any:
+    """`settings`' stall and connect bounds as one request's httpx timeout."""
     import httpx
 
     return httpx.Timeout(settings.stall_timeout_s, connect=settings.connect_timeout_s)
@@ -380,7 +381,7 @@ def bound_hub_session(settings: HubSettings) -> None:
     """
     from huggingface_hub.utils import _http as hf_http
 
-    bounds = _timeout(settings).as_dict()
+    bounds = request_timeout(settings).as_dict()
 
     def fill_timeouts(request: Any) -> None:
         given = request.extensions.get("timeout") or {}
@@ -390,7 +391,7 @@ def bound_hub_session(settings: HubSettings) -> None:
 
     def factory() -> Any:
         client = hf_http.default_client_factory()
-        client.timeout = _timeout(settings)
+        client.timeout = request_timeout(settings)
         hooks = client.event_hooks
         client.event_hooks = {"request": [*hooks["request"], fill_timeouts], "response": hooks["response"]}
         return client
@@ -421,7 +422,7 @@ def fetch_small(
     def once() -> bytes:
         start = time.monotonic()
         with get_session().stream(
-            "GET", url, headers=http_headers(), timeout=_timeout(settings), follow_redirects=True
+            "GET", url, headers=http_headers(), timeout=request_timeout(settings), follow_redirects=True
         ) as response:
             data = bytearray()
             for chunk in response.iter_bytes():
@@ -484,7 +485,7 @@ def _get_into(job: Download, headers: dict[str, str], settings: HubSettings, on_
     if have:
         request_headers["Range"] = f"bytes={have}-"
     with get_session().stream(
-        "GET", job.url, headers=request_headers, timeout=_timeout(settings), follow_redirects=True
+        "GET", job.url, headers=request_headers, timeout=request_timeout(settings), follow_redirects=True
     ) as r:
         if r.status_code >= 400:
             r.read()

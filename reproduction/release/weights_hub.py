@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from reproduction.digests import sha256_files
 from reproduction.errors import HubAuthError, HubIntegrityError, InvalidInputError
 from reproduction.fsio import refuse_file_for_folder
-from reproduction.release.hub_transfer import Download, HubSettings, download_all, fetch_small, with_retries
+from reproduction.release.hub_transfer import (
+    Download,
+    HubSettings,
+    download_all,
+    fetch_small,
+    request_timeout,
+    with_retries,
+)
 from reproduction.release.manifest import STATE_DIR, check_relative_path
 from reproduction.release.weights_manifest import (
     UNPINNED,
@@ -155,7 +162,7 @@ def pin_hub(
     rtype = repo_type or (existing.source.get("repo_type") if existing else None) or "model"
     api = _client(settings, ui)
     info = with_retries(  # an explicit timeout: huggingface_hub's default None means none (audit46 hub F1)
-        lambda: api.repo_info(repo, repo_type=rtype, revision=rev, timeout=_bounded(settings)),
+        lambda: api.repo_info(repo, repo_type=rtype, revision=rev, timeout=request_timeout(settings)),
         what=f"resolve {repo}@{rev}",
         settings=settings,
         ui=ui,
@@ -262,13 +269,6 @@ def _claimed_file(data: dict[str, Any], *, label: str) -> WeightFile:
     return _hub_answer(label, check)
 
 
-def _bounded(settings: HubSettings) -> Any:
-    """The stall and connect bounds of `settings`, as a request's explicit timeout."""
-    import httpx
-
-    return httpx.Timeout(settings.stall_timeout_s, connect=settings.connect_timeout_s)
-
-
 def _list_tree(repo: str, rtype: str, commit: str, settings: HubSettings) -> dict[str, Any]:
     """{path: RepoFile} of every file of `repo` at `commit`, page by page (the Hub's Link header).
 
@@ -286,7 +286,7 @@ def _list_tree(repo: str, rtype: str, commit: str, settings: HubSettings) -> dic
     tree: dict[str, Any] = {}
     seen = 0
     while url is not None:
-        response = get_session().get(url, params=params, headers=build_hf_headers(), timeout=_bounded(settings))
+        response = get_session().get(url, params=params, headers=build_hf_headers(), timeout=request_timeout(settings))
         hf_raise_for_status(response)
         try:
             page = response.json()
