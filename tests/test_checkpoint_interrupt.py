@@ -60,6 +60,16 @@ RECIPE = Recipe(
 )
 
 
+@pytest.fixture(autouse=True)
+def _ctrl_c_raises():
+    """SIGINT answered by Python's own handler, as in a terminal, whatever this process inherited: a command a
+    non-interactive shell starts in the background (`cmd &`) inherits SIGINT ignored, and Python then installs no
+    handler (README's test command run that way failed these tests: the planted Ctrl-C never arrived)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 # -- the interrupt, planted in DCP's write of one step ---------------------------------------------------------
 
 
