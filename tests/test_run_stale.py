@@ -122,3 +122,23 @@ def test_stale_stages_follow_the_chain_and_ignore_incomplete_ones():
     assert stale_stages(state) == {}
     state["stages"]["eval"] = rec("interrupted", policy="0" * 64)
     assert stale_stages(state) == {}
+
+
+def test_run_json_names_the_stale_stages(tmp_path, capsys):
+    """`--json` carried no stale marker: a script reading it could not tell the evaluation predates the policy."""
+    from reproduction.portable import main
+
+    (tmp_path / "run.yaml").write_text(f"recipe: {__name__}:RECIPE\n")
+    run = tmp_path / "run"
+    base = ["run", "--config", str(tmp_path / "run.yaml"), "--output", str(run), "--no-progress", "--json"]
+
+    def doc(*args: str) -> dict:
+        capsys.readouterr()
+        assert main([*base, *args]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    assert doc()["stale"] == {}
+    stale = doc("--target-step", "6", "--stages", "policy")
+    assert stale["stale"] == {"eval": "policy", "compare": "policy"}
+    assert [r["stage"] for r in stale["stages"]] == ["policy"]
+    assert doc("--resume")["stale"] == {}

@@ -185,10 +185,12 @@ def execute(recipe: Any, config: Any, run_dir: Path, args: Any, *, recipe_ref: s
 
 
 def print_report(report: Any, *, ui: UiOptions, as_json: bool = False) -> None:
-    """The per-stage table on stderr (or JSON on stdout)."""
+    """The per-stage table on stderr (or JSON on stdout: `run`, `stages`, and `stale`, each stage whose results
+    predate an upstream stage's outputs mapped to that upstream stage, as the note without --json says)."""
     rows = report.table()
     if as_json:
-        sys.stdout.write(json.dumps({"run": str(report.run_dir), "stages": rows}, indent=1) + "\n")
+        doc = {"run": str(report.run_dir), "stages": rows, "stale": dict(report.stale)}
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
         return
     width = max([len(r["stage"]) for r in rows] + [5])
     lines = [f"{'stage':<{width}}  {'action':<9}  seconds"]
