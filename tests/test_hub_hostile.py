@@ -397,6 +397,36 @@ def test_a_drip_fed_small_file_is_aborted_as_too_slow(hub: HubServer, tmp_path: 
     assert elapsed < 15, f"took {elapsed:.1f} s"
 
 
+def test_a_drip_fed_download_is_aborted_as_too_slow_and_keeps_its_bytes(hub: HubServer, tmp_path: Path) -> None:
+    """A large file's bytes arriving a byte every 0.2 s never stall, and held fetch for as long as the server liked
+    (1000 bytes: 200 s; a real file: days). Each stall-timeout window must bring 1 KiB/s; the bytes that came stay in
+    the partial for the next attempt."""
+    published(hub, tmp_path)
+    on(hub, "GET", r"/resolve/[0-9a-f]{40}/weights/shard-0\.bin$", drip(hub))
+    start = time.monotonic()
+    got = run(
+        hub,
+        tmp_path,
+        "fetch",
+        "alice/r",
+        str(tmp_path / "out"),
+        timeout=60,
+        PORTABLE_HUB_STALL_TIMEOUT_S="1",
+        PORTABLE_HUB_RETRIES="0",
+    )
+    elapsed = time.monotonic() - start
+    assert got.returncode == 33, got.stderr
+    assert re.search(
+        r"weights/shard-0\.bin: too slow: \d+ bytes in the last 1 s \(a download must bring 1\.0 KiB/s or more over "
+        r"each 1 s\)",
+        got.stderr,
+    ), got.stderr
+    assert elapsed < 15, f"took {elapsed:.1f} s"
+    kept = sorted(p.stat().st_size for p in (tmp_path / "out" / ".portable" / "partial").glob("*.part"))
+    assert len(kept) == 1 and 0 < kept[0] < 1000, kept  # shard-0's dripped bytes; the other files arrived whole
+    assert not (tmp_path / "out" / "weights" / "shard-0.bin").exists()
+
+
 # -- F8: a disk too small is exit 8 naming the path, the space needed and what was free -------------------
 
 

@@ -1,12 +1,12 @@
 """Hub transfers: settings, bounded retries with backoff, and resumable downloads hashed while written.
 
-Downloads use the `huggingface_hub` HTTP session (its proxies, offline mode and headers, including
-the token from the standard places, which is sent but never printed, logged or written) with our own
-streaming GET: a partial file resumes with `Range`, every byte is hashed as it is written, a
-transfer that receives nothing for `stall_timeout_s` is aborted and retried from where it stopped,
-and the finished file must match the sha256 the manifest pins (not just its size) before it is
-renamed into place. Files are renamed, not fsynced one by one: `bundle.json`, written last with an
-fsync, is what marks the bundle complete, and `portable verify` checks the rest.
+Downloads use the `huggingface_hub` HTTP session (its proxies, offline mode and headers, including the token
+from the standard places, which is sent but never printed, logged or written) with our own streaming GET: a
+partial file resumes with `Range`, every byte is hashed as it is written, a transfer that receives nothing for
+`stall_timeout_s` (or less than `STREAM_MIN_RATE` over that long) is aborted and retried from where it
+stopped, and the finished file must match the sha256 the manifest pins (not just its size) before it is
+renamed into place. Files are renamed, not fsynced one by one: `bundle.json`, written last with an fsync, is
+what marks the bundle complete, and `portable verify` checks the rest.
 
 `huggingface_hub` is imported inside functions so the control plane's `--help` stays fast.
 """
@@ -58,7 +58,8 @@ class HubSettings:
     backoff_max_s: float = 30.0
     """Longest wait between retries (also caps a server's Retry-After)."""
     stall_timeout_s: float = 60.0
-    """Abort a transfer (then retry it, resuming) when no byte arrives for this long."""
+    """Abort a transfer (then retry it, resuming) when no byte arrives for this long, or a download brings less than
+    `STREAM_MIN_RATE` bytes a second over this long."""
     connect_timeout_s: float = 20.0
     """Give up connecting after this long (then retry)."""
     batch_files: int = 200
@@ -406,6 +407,12 @@ SMALL_MIN_RATE = 32 * 1024
 """Bytes per second a small file read whole (`fetch_small`) must average once its first `stall_timeout_s`
 seconds are over: a server dripping a byte a second never stalls, yet must not hold fetch forever."""
 
+STREAM_MIN_RATE = 1024
+"""Bytes per second a download (`download`) must bring over each `stall_timeout_s` window, else that window counts
+as a stall: a server dripping a byte a second never falls silent, yet would hold a large file's fetch for days. Low
+on purpose: an attempt aborted here is retried from the bytes it kept, and a link slower than 1 KiB/s cannot move a
+release anyway."""
+
 
 def fetch_small(
     url: str, *, what: str, settings: HubSettings, ui: UiOptions | None = None, limit: int = 256 << 20
@@ -507,6 +514,7 @@ def _get_into(job: Download, headers: dict[str, str], settings: HubSettings, on_
             have, h = 0, hashlib.sha256()
         job.partial.parent.mkdir(parents=True, exist_ok=True)
         got = have
+        window_start, window_bytes = time.monotonic(), 0
         with open(job.partial, "ab" if have else "wb") as fh:
             for chunk in r.iter_raw():
                 if got + len(chunk) > job.size:
@@ -515,6 +523,15 @@ def _get_into(job: Download, headers: dict[str, str], settings: HubSettings, on_
                 fh.write(chunk)
                 h.update(chunk)
                 on_bytes(len(chunk))
+                window_bytes += len(chunk)
+                window = time.monotonic() - window_start
+                if window >= settings.stall_timeout_s:
+                    if window_bytes < STREAM_MIN_RATE * window:  # the bytes so far stay in the partial: resumed
+                        raise TransferInterrupted(
+                            f"{job.rel}: too slow: {window_bytes} bytes in the last {window:.0f} s (a download must "
+                            f"bring {human_bytes(STREAM_MIN_RATE)}/s or more over each {settings.stall_timeout_s:g} s)"
+                        )
+                    window_start, window_bytes = time.monotonic(), 0
             else:
                 chunk = b""
         if chunk:
