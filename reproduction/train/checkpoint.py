@@ -65,13 +65,26 @@ def step_dir(root: Path, step: int) -> Path:
 
 
 def clean_stale(root: Path) -> list[Path]:
-    """Remove `step_*.partial/` left by a killed save (rank 0 only); returns what was removed."""
+    """Remove `step_*.partial/` left by a killed save and `step_*.pruned/` by a killed prune (rank 0 only); returns
+    what was removed."""
     removed = []
     if Path(root).is_dir():
-        for child in sorted(Path(root).glob("step_*.partial")):
+        for child in sorted([*Path(root).glob("step_*.partial"), *Path(root).glob("step_*.pruned")]):
             shutil.rmtree(child, ignore_errors=True)
             removed.append(child)
     return removed
+
+
+def _remove_step(folder: Path) -> None:
+    """Remove a complete checkpoint folder so that no kill leaves a part of it that still counts as complete: renamed
+    out of the `step_N` names first (one atomic rename), then deleted. rmtree alone, killed midway, left a step_N/
+    holding its manifest and no shard, which complete_steps counted and a resume would load (audit47 kill F2)."""
+    if not folder.exists():
+        return
+    doomed = folder.with_name(folder.name + ".pruned")
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.replace(folder, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 # -- RNG ----------------------------------------------------------------------------------------
@@ -262,12 +275,12 @@ def _commit(partial: Path, final: Path, root: Path, *, step: int, rng: list, kee
     """Rank 0: manifest.json into `partial`, rename to `final`, LATEST, keep-last-k."""
     manifest = _manifest(partial, step=step, rng=rng, **fields)
     atomic_write_text(partial / MANIFEST, json.dumps(manifest, indent=1))
-    shutil.rmtree(final, ignore_errors=True)  # only when re-saving a step after resuming before it
+    _remove_step(final)  # only when re-saving a step after resuming before it
     os.replace(partial, final)
     fsync_dir(root)
     atomic_write_text(root / "LATEST", f"{final.name}\n")
     for old in complete_steps(root)[:-keep_last]:
-        shutil.rmtree(step_dir(root, old), ignore_errors=True)
+        _remove_step(step_dir(root, old))
 
 
 def _manifest(folder: Path, *, step: int, rng: list, **fields: Any) -> dict[str, Any]:
