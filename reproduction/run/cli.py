@@ -142,12 +142,34 @@ def cmd_run(args: Any) -> int:
     if not getattr(args, "json", False) and report.stale:  # their results are of what came before: not shown
         say(stale_line(report.stale), options=_ui(args))
     elif not getattr(args, "json", False):  # the headline numbers and the verdict, last
-        from reproduction.run.compare_cmd import run_results_lines
-
-        lines = run_results_lines(run_dir)
+        lines = headline_lines(recipe, run_dir)
         if lines:
             say("\n".join(lines).rstrip(), options=_ui(args))
     return 0
+
+
+def headline_lines(recipe: Any, run_dir: Path) -> list[str]:
+    """The recipe's headline of a finished run (Recipe.headline; [] when it has none). One that cannot be loaded,
+    raises or returns no list of lines is one warning line on stderr (even with -q) and no headline: the run is
+    complete and recorded, so its exit code stays 0 (audit47 F3: a recipe's own eval summary made it exit 1)."""
+    if not recipe.headline:
+        return []
+    from reproduction.recipe import resolve_fn
+
+    try:
+        lines = resolve_fn(recipe.headline, what="headline", key="headline")(Path(run_dir))
+        if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
+            raise TypeError(f"{recipe.headline} returned {type(lines).__name__}, not a list of lines")
+    except Exception as exc:  # noqa: BLE001 - a headline never loses a finished run
+        line = " ".join(str(exc).split())[:300]
+        print(
+            f"warning: the run is complete, but the headline of recipe {recipe.name!r} was not printed "
+            f"({type(exc).__name__}: {line})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return []
+    return lines
 
 
 def stale_line(stale: dict[str, str]) -> str:
