@@ -206,3 +206,31 @@ def test_a_recipes_own_headline_is_printed_and_one_that_raises_is_a_warning_not_
             "warning: the run is complete, but the headline of recipe 'toy47' was not printed "
             "(RuntimeError: the headline broke)"
         ), err
+
+
+# -- F6: Recipe.evaluate's signature ---------------------------------------------------------------------------
+
+
+HINT_EVALUATE = (
+    "hint: write it as def cmd_eval(args, run_dir, state, ui) -> int (reproduction/recipe.py: Recipe.evaluate)"
+)
+
+
+def test_an_evaluate_of_another_signature_is_a_protocol_error_naming_the_recipe_and_the_signature(tmp_path, cli):
+    """The docstring gave (args, ui); the CLI calls (args, run_dir, state, ui), so a function written to the docstring
+    was "internal error: TypeError ... a bug in recap-portable" (exit 1)."""
+    out = str(tmp_path / "r")
+    code, err = cli("eval", "--checkpoint", "1", "--output", out, recipe="TWO_ARGS")
+    assert code == 54, err
+    assert err == [
+        f"error: recipe '{__name__}:TWO_ARGS': evaluate '{__name__}:evaluate_two_args' cannot be called as "
+        "(args, run_dir, state, ui): too many positional arguments",
+        HINT_EVALUATE,
+    ]
+    code, err = cli("eval", "--checkpoint", "1", "--output", out, recipe="SAYS_OK")
+    assert code == 54 and err == [
+        f"error: recipe '{__name__}:SAYS_OK': evaluate '{__name__}:evaluate_says_ok' returned 'ok', not an exit code",
+        HINT_EVALUATE,
+    ], err
+    code, err = cli("eval", "--checkpoint", "1", "--output", out, recipe="FOUR_ARGS")
+    assert code == 0 and err == ["evaluated 1 in r, run False"], err

@@ -228,7 +228,7 @@ def cmd_eval(args: Any) -> int:
     overrides name (absent: recap). In a run folder it runs under the folder's lock (not beside a `portable run`)
     and refuses stage folders linked out of it. UsageError (exit 2) when the recipe has no such command.
     """
-    from reproduction.errors import RunStateError, UsageError
+    from reproduction.errors import RunStateError, StageProtocolError, UsageError
     from reproduction.recipe import resolve_fn
     from reproduction.run.config import recipe_name
     from reproduction.run.guards import refuse_links, run_lock
@@ -253,9 +253,37 @@ def cmd_eval(args: Any) -> int:
             )
         if state is not None:
             refuse_links(run_dir, [s.name for s in recipe.stages])
-        return resolve_fn(recipe.evaluate)(args, run_dir, state, _ui(args))
+        fn = resolve_fn(recipe.evaluate, what=f"recipe {name!r}: evaluate", key="evaluate")
+        _check_evaluate_signature(fn, recipe.evaluate, name)
+        code = fn(args, run_dir, state, _ui(args))
+        if code is not None and (isinstance(code, bool) or not isinstance(code, int)):
+            raise StageProtocolError(
+                f"recipe {name!r}: evaluate {recipe.evaluate!r} returned {code!r}, not an exit code",
+                hint=EVALUATE_HINT,
+            )
+        return code or 0
 
     if not (run_dir / "run.json").is_file():
         return evaluate(None)
     with run_lock(run_dir, what="eval"):  # one writer in a run folder: not beside a `portable run`
         return evaluate(read_state(run_dir))
+
+
+EVALUATE_HINT = "write it as def cmd_eval(args, run_dir, state, ui) -> int (reproduction/recipe.py: Recipe.evaluate)"
+
+
+def _check_evaluate_signature(fn: Any, ref: str, name: str) -> None:
+    """StageProtocolError (exit 54) naming the recipe and `ref` when `fn` cannot be called as (args, run_dir, state,
+    ui): checked before the call, so a TypeError raised inside a recipe's evaluation stays its own (audit47 F6: a
+    function written to the docstring's old (args, ui) was an internal error, "a bug in recap-portable")."""
+    import inspect
+
+    from reproduction.errors import StageProtocolError
+
+    try:
+        inspect.signature(fn).bind(None, None, None, None)
+    except TypeError as exc:
+        why = "is not a function" if not callable(fn) else f"cannot be called as (args, run_dir, state, ui): {exc}"
+        raise StageProtocolError(f"recipe {name!r}: evaluate {ref!r} {why}", hint=EVALUATE_HINT) from None
+    except ValueError:  # no signature to read (a builtin): the call itself says
+        pass
