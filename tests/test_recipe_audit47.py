@@ -234,3 +234,17 @@ def test_an_evaluate_of_another_signature_is_a_protocol_error_naming_the_recipe_
     ], err
     code, err = cli("eval", "--checkpoint", "1", "--output", out, recipe="FOUR_ARGS")
     assert code == 0 and err == ["evaluated 1 in r, run False"], err
+
+
+# -- F7: a config_schema that is no dataclass ------------------------------------------------------------------
+
+
+def test_a_config_schema_that_is_no_dataclass_is_one_config_error_naming_the_recipe_and_the_value(tmp_path, cli):
+    """It was "internal error: ValidationError: Object of unsupported type: 'function'" (exit 1)."""
+    code, err = cli("run", "--output", str(tmp_path / "r"), recipe="NOT_A_DATACLASS")
+    assert code == 4, err
+    assert err == [
+        f"error: recipe 'toy47': config_schema '{__name__}:eval_stage' names a function, not a dataclass",
+        "hint: point the recipe's config_schema at a 'module:Class' whose class is a @dataclass (docs/recipes.md)",
+    ]
+    assert not (tmp_path / "r").exists()
