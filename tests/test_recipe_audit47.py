@@ -248,3 +248,58 @@ def test_a_config_schema_that_is_no_dataclass_is_one_config_error_naming_the_rec
         "hint: point the recipe's config_schema at a 'module:Class' whose class is a @dataclass (docs/recipes.md)",
     ]
     assert not (tmp_path / "r").exists()
+
+
+# -- F9: bad values handed to the evidence API -----------------------------------------------------------------
+
+
+def test_an_impossible_count_handed_to_the_evidence_api_is_invalid_input_naming_the_record_field_and_value(
+    tmp_path, cli
+):
+    """`eval.episodes=-1` reached count_metric's plain ValueError, which the CLI called "a bug in recap-portable"
+    (exit 1). It is the caller's value: InvalidInputError (exit 4), as the API's other refusals of a result are,
+    and the stage is recorded failed."""
+    run = tmp_path / "run"
+    code, err = cli("run", "--output", str(run), "--no-progress", "eval.episodes=-1")
+    assert code == 4, err
+    assert err[-2:] == [
+        "error: EvalRecord 'mine': tasks['toy']: episodes is -1, not a count >= 0",
+        "hint: hand the evidence API whole counts, 0 <= successes <= episodes (EvalRecord.result as reproduction.sim's "
+        "EvalResult.to_dict() gives it); check the evaluation settings that produced them",
+    ]
+    assert json.loads((run / "run.json").read_text())["stages"]["eval"]["status"] == "failed"
+
+
+@pytest.mark.parametrize(
+    "row, words",
+    [
+        (
+            {"episodes": 4, "success_once": 5},
+            "EvalRecord 'r': tasks['t'].success_once: success count 5 of 4 episodes is impossible",
+        ),
+        ({"episodes": 4, "success_once": -1}, "EvalRecord 'r': tasks['t'].success_once: success count -1 of 4"),
+        ({"episodes": 4, "success_once": 1, "success_at_end": 7}, "tasks['t'].success_at_end: success count 7 of 4"),
+        (
+            {"episodes": "twenty", "success_once": 1},
+            "EvalRecord 'r': tasks['t']: episodes is 'twenty', not a count >= 0",
+        ),
+        ({"episodes": 2.5, "success_once": 1}, "episodes is 2.5, not a count >= 0"),
+    ],
+)
+def test_the_evidence_api_names_the_record_and_the_field_of_a_bad_count(row, words):
+    from reproduction.errors import InvalidInputError
+    from reproduction.run.evidence import EvalRecord, build_evidence, count_metric
+
+    with pytest.raises(InvalidInputError) as err:
+        build_evidence(
+            EvalRecord(result={"tasks": {"t": row}}, label="r", mode="m"), name="n", run_id="r", seeds={}, settings={}
+        )
+    assert err.value.exit_code == 4 and words in str(err.value), str(err.value)
+    with pytest.raises(InvalidInputError, match=r"count_metric\(successes=0, episodes=-1\): not a success count"):
+        count_metric(0, -1)
+    with pytest.raises(InvalidInputError, match="labels must be unique"):
+        record = EvalRecord(result={"tasks": {"t": {"episodes": 2, "success_once": 1}}}, label="r", mode="m")
+        build_evidence(record, baselines=[record], name="n", run_id="r", seeds={}, settings={})
+    valid = EvalRecord(result={"tasks": {"t": {"episodes": 4.0, "success_once": "1/4"}}}, label="r", mode="m")
+    doc = build_evidence(valid, name="n", run_id="r", seeds={}, settings={})  # as int() read them before
+    assert doc["metrics"]["success_once"]["display"] == "25.0% (1/4)"
