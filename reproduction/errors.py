@@ -372,7 +372,8 @@ class GuidanceScaleError(InvalidInputError):
 class StageProtocolError(PortableError, RuntimeError):
     """A recipe's function broke the recipe protocol (reproduction/recipe.py): a stage returned something other
     than a StageOutput, a summary that is not JSON, a file outside its folder, or called sys.exit (`stage` names it;
-    recorded `failed`); open_inputs returned no dict, preflight no list."""
+    recorded `failed`); open_inputs returned no dict, preflight no list; evaluate cannot be called as (args, run_dir,
+    state, ui) or returned no exit code."""
 
     exit_code = 54
 

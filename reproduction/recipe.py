@@ -90,8 +90,16 @@ class Recipe:
     """"module:Class": the config dataclass `portable run` loads the run config into (None: the recipe is run by
     code only, with a config object it builds itself)."""
     evaluate: str | None = None
-    """"module:function" (args, ui) -> exit code behind `portable eval --checkpoint` for this recipe's runs (None: the
-    recipe has no such command)."""
+    """"module:function" (args, run_dir, state, ui) -> exit code behind `portable eval --checkpoint` for this recipe's
+    runs: `args` the parsed command line (`checkpoint`, `output`, `config`, `overrides`), `run_dir` the --output
+    folder (a Path), `state` its run.json (a dict; None when the folder holds no run), `ui` the output options
+    (reproduction.ui.UiOptions). One that cannot be called so, or returns no int, is a StageProtocolError (exit 54).
+    None: the recipe has no such command."""
+    headline: str | None = None
+    """"module:function" (run_dir) -> list of lines `portable run` prints last (stderr, not with --json) while the
+    run's results are current: its headline numbers and verdict. RECAP's and GRPO's is
+    reproduction.run.compare_cmd:run_results_lines (their eval and compare stages' summaries). An error it raises is
+    a warning line, never a failed run (None: no headline)."""
     report: str | None = None
     """"module:function" (run_dir) -> Path: writes the run's report (<run>/report.html, and what it embeds, e.g.
     <run>/plots/) from what the run folder holds. The runner calls it after the selected stages complete, when a

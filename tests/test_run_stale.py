@@ -53,6 +53,7 @@ RECIPE = Recipe(
     name="toy",
     config_schema=f"{__name__}:ToyConfig",
     report="reproduction.recipes.recap.report:write_run_report",
+    headline="reproduction.run.compare_cmd:run_results_lines",  # RECAP's headline: a recipe prints one it names
     stages=(
         StageSpec(name="policy", fn=f"{__name__}:policy_stage", config=("policy",), training="policy.steps"),
         StageSpec(name="eval", fn=f"{__name__}:eval_stage", needs=("policy",)),

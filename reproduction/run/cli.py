@@ -142,12 +142,34 @@ def cmd_run(args: Any) -> int:
     if not getattr(args, "json", False) and report.stale:  # their results are of what came before: not shown
         say(stale_line(report.stale), options=_ui(args))
     elif not getattr(args, "json", False):  # the headline numbers and the verdict, last
-        from reproduction.run.compare_cmd import run_results_lines
-
-        lines = run_results_lines(run_dir)
+        lines = headline_lines(recipe, run_dir)
         if lines:
             say("\n".join(lines).rstrip(), options=_ui(args))
     return 0
+
+
+def headline_lines(recipe: Any, run_dir: Path) -> list[str]:
+    """The recipe's headline of a finished run (Recipe.headline; [] when it has none). One that cannot be loaded,
+    raises or returns no list of lines is one warning line on stderr (even with -q) and no headline: the run is
+    complete and recorded, so its exit code stays 0 (audit47 F3: a recipe's own eval summary made it exit 1)."""
+    if not recipe.headline:
+        return []
+    from reproduction.recipe import resolve_fn
+
+    try:
+        lines = resolve_fn(recipe.headline, what="headline", key="headline")(Path(run_dir))
+        if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
+            raise TypeError(f"{recipe.headline} returned {type(lines).__name__}, not a list of lines")
+    except Exception as exc:  # noqa: BLE001 - a headline never loses a finished run
+        line = " ".join(str(exc).split())[:300]
+        print(
+            f"warning: the run is complete, but the headline of recipe {recipe.name!r} was not printed "
+            f"({type(exc).__name__}: {line})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return []
+    return lines
 
 
 def stale_line(stale: dict[str, str]) -> str:
@@ -206,7 +228,7 @@ def cmd_eval(args: Any) -> int:
     overrides name (absent: recap). In a run folder it runs under the folder's lock (not beside a `portable run`)
     and refuses stage folders linked out of it. UsageError (exit 2) when the recipe has no such command.
     """
-    from reproduction.errors import RunStateError, UsageError
+    from reproduction.errors import RunStateError, StageProtocolError, UsageError
     from reproduction.recipe import resolve_fn
     from reproduction.run.config import recipe_name
     from reproduction.run.guards import refuse_links, run_lock
@@ -231,9 +253,37 @@ def cmd_eval(args: Any) -> int:
             )
         if state is not None:
             refuse_links(run_dir, [s.name for s in recipe.stages])
-        return resolve_fn(recipe.evaluate)(args, run_dir, state, _ui(args))
+        fn = resolve_fn(recipe.evaluate, what=f"recipe {name!r}: evaluate", key="evaluate")
+        _check_evaluate_signature(fn, recipe.evaluate, name)
+        code = fn(args, run_dir, state, _ui(args))
+        if code is not None and (isinstance(code, bool) or not isinstance(code, int)):
+            raise StageProtocolError(
+                f"recipe {name!r}: evaluate {recipe.evaluate!r} returned {code!r}, not an exit code",
+                hint=EVALUATE_HINT,
+            )
+        return code or 0
 
     if not (run_dir / "run.json").is_file():
         return evaluate(None)
     with run_lock(run_dir, what="eval"):  # one writer in a run folder: not beside a `portable run`
         return evaluate(read_state(run_dir))
+
+
+EVALUATE_HINT = "write it as def cmd_eval(args, run_dir, state, ui) -> int (reproduction/recipe.py: Recipe.evaluate)"
+
+
+def _check_evaluate_signature(fn: Any, ref: str, name: str) -> None:
+    """StageProtocolError (exit 54) naming the recipe and `ref` when `fn` cannot be called as (args, run_dir, state,
+    ui): checked before the call, so a TypeError raised inside a recipe's evaluation stays its own (audit47 F6: a
+    function written to the docstring's old (args, ui) was an internal error, "a bug in recap-portable")."""
+    import inspect
+
+    from reproduction.errors import StageProtocolError
+
+    try:
+        inspect.signature(fn).bind(None, None, None, None)
+    except TypeError as exc:
+        why = "is not a function" if not callable(fn) else f"cannot be called as (args, run_dir, state, ui): {exc}"
+        raise StageProtocolError(f"recipe {name!r}: evaluate {ref!r} {why}", hint=EVALUATE_HINT) from None
+    except ValueError:  # no signature to read (a builtin): the call itself says
+        pass

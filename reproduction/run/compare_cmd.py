@@ -240,44 +240,84 @@ def cmd_plan(args: Any) -> int:
 
 
 def run_results_lines(run_dir: Path, *, table: bool = False) -> list[str]:
-    """Success rates per policy (the eval stage's summary) with Wilson 95% intervals, then the verdict against
-    the reference (the compare stage's; `table`: the whole comparison table before it). [] before any eval."""
+    """RECAP's and GRPO's headline (their Recipe.headline): success rates per policy (the `eval` stage's summary
+    `results`) with Wilson 95% intervals, then the verdict against the reference (the `compare` stage's summary;
+    `table`: the whole comparison table before it). [] before any eval.
+
+    Never raises on what run.json holds: a summary entry not of their shape (a hand-edited run.json, another
+    recipe's stage of the same name) is left out, so a finished run never fails on its own headline. "No
+    reference evidence" is said only when the compare stage ran with none, and "in the bundle" only of a run with
+    a bundle."""
     from reproduction.run.evidence import Comparison
-    from reproduction.run.stats import wilson
 
     try:
         state = json.loads((run_dir / "run.json").read_text())
     except (OSError, ValueError):
         return []
-    ev = state.get("stages", {}).get("eval", {}).get("summary", {})
-    compared = state.get("stages", {}).get("compare", {}).get("summary", {})
-    out = []
-    for label, doc in ev.get("results", {}).items():
-        tasks = doc.get("tasks", {})
-        rows = tasks.values() if isinstance(tasks, dict) else tasks
-        eps = sum(int(r.get("episodes", 0)) for r in rows)
-        end = sum(int(r.get("success_at_end", 0)) for r in rows)
-        once = sum(int(r.get("success_once", 0)) for r in rows)
-        if eps:
-            lo, hi = wilson(end, eps)
-            out.append(
-                f"{label:<14} success at end {end / eps:6.1%} ({end}/{eps}, 95% CI {lo:.1%}-{hi:.1%}), "
-                f"at any step {once / eps:6.1%}"
-            )
-    seq = ev.get("sequential")
-    if isinstance(seq, dict) and seq.get("why"):
+    stages = _mapping(_mapping(state).get("stages"))
+    ev = _mapping(_mapping(stages.get("eval")).get("summary"))
+    compare = _mapping(stages.get("compare"))
+    compared = _mapping(compare.get("summary"))
+    out = [line for label, doc in _mapping(ev.get("results")).items() if (line := _rate_line(str(label), doc))]
+    seq = _mapping(ev.get("sequential"))
+    if seq.get("why") and "episodes_per_task" in seq and "episodes_per_task_max" in seq:
         out.append(
             f"sequential evaluation: {seq['episodes_per_task']} of {seq['episodes_per_task_max']} episodes per task; "
             f"{seq['why']}"
         )
+    verdict = compared.get("verdict")
+    verdict = verdict if isinstance(verdict, str) and verdict else None
     cmp_file = run_dir / "evidence" / "comparison.json"
-    if table and compared.get("verdict") and cmp_file.is_file():
+    if table and verdict and cmp_file.is_file():
         try:
             out += ["", Comparison.from_dict(json.loads(cmp_file.read_text())).render(), ""]
-        except (OSError, ValueError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass  # the verdict line below still says what the compare stage found
-    if compared.get("verdict"):
-        out.append(f"against the reference evidence: {compared['verdict']}")
-    elif ev:
-        out.append("no reference evidence in the bundle to compare with")
+    if verdict:
+        out.append(f"against the reference evidence: {verdict}")
+    elif compare.get("status") == "complete" and "reference" in compared and not compared["reference"]:
+        if _mapping(state.get("config")).get("BUNDLE"):
+            out.append("no reference evidence in the bundle to compare with")
+        else:
+            out.append("no reference evidence to compare with (eval.reference is not set)")
     return out + ([""] if out else [])
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    """`value` when it is a JSON object, else {} (run.json read as it is, never trusted for shape)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _rate_line(label: str, doc: Any) -> str | None:
+    """One policy's line of the headline from its eval summary entry ({"tasks": {task: {"episodes",
+    "success_at_end", "success_once"}}} or a list of such rows); None when the entry is of another shape, holds a
+    count that is not a whole number >= 0 or more successes than episodes, or no episodes."""
+    from reproduction.run.stats import wilson
+
+    tasks = _mapping(doc).get("tasks", {})
+    rows = list(tasks.values()) if isinstance(tasks, dict) else tasks if isinstance(tasks, list) else None
+    if rows is None or not all(isinstance(r, dict) for r in rows):
+        return None
+    counts = [[_count(r.get(k, 0)) for r in rows] for k in ("episodes", "success_at_end", "success_once")]
+    if any(c is None for column in counts for c in column):
+        return None
+    eps, end, once = (sum(column) for column in counts)
+    if not eps or end > eps or once > eps:
+        return None
+    lo, hi = wilson(end, eps)
+    return (
+        f"{label:<14} success at end {end / eps:6.1%} ({end}/{eps}, 95% CI {lo:.1%}-{hi:.1%}), "
+        f"at any step {once / eps:6.1%}"
+    )
+
+
+def _count(value: Any) -> int | None:
+    """A count as a summary holds it (an int, or a whole float or digit string as int() read them before); None
+    for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    elif isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    return value if isinstance(value, int) and value >= 0 else None

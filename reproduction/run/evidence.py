@@ -54,10 +54,27 @@ EXACT = 1e-9
 # -- building -----------------------------------------------------------------------------------
 
 
+BAD_VALUE_HINT = (
+    "hand the evidence API whole counts, 0 <= successes <= episodes (EvalRecord.result as reproduction.sim's "
+    "EvalResult.to_dict() gives it); check the evaluation settings that produced them"
+)
+"""The hint under a value the evidence-building API refuses (InvalidInputError, exit 4): the caller's value (a
+recipe's evaluation, a card's counts), never a bug here (audit47 F9: an impossible count was a plain ValueError,
+which the CLI blamed on recap-portable)."""
+
+
 def count_metric(successes: int, episodes: int) -> dict[str, Any]:
-    """A success count as evidence shows it: {"successes", "episodes", "rate", "display", "wilson95": [lo, hi]}."""
-    if episodes < 0 or not 0 <= successes <= max(episodes, 0):
-        raise ValueError(f"success count {successes}/{episodes} is impossible")
+    """A success count as evidence shows it: {"successes", "episodes", "rate", "display", "wilson95": [lo, hi]}.
+    InvalidInputError (a ValueError, exit 4) naming the call when the counts are not whole numbers with
+    0 <= successes <= episodes."""
+    whole = all(isinstance(v, int) and not isinstance(v, bool) for v in (successes, episodes))
+    if not whole or episodes < 0 or not 0 <= successes <= episodes:
+        raise InvalidInputError(
+            f"count_metric(successes={successes!r}, episodes={episodes!r}): not a success count "
+            "(whole numbers, 0 <= successes <= episodes)",
+            field="episodes",
+            hint=BAD_VALUE_HINT,
+        )
     rate = successes / episodes if episodes else 0.0
     lo, hi = wilson(successes, episodes, 0.95)
     return {
@@ -73,14 +90,34 @@ COUNT_KEYS = frozenset({"task", "name", "episodes", "successes", *COUNT_METRICS,
 
 
 def _successes(value: Any, episodes: int, where: str) -> int:
-    """A success count given as an int or as the text "k/n" (reproduction.sim's TaskResult.summary())."""
+    """A success count given as an int or as the text "k/n" (reproduction.sim's TaskResult.summary()), between 0 and
+    `episodes`."""
     if isinstance(value, str):
         k, sep, n = value.partition("/")
         if not sep or not k.strip().isdigit() or not n.strip().isdigit() or int(n) != episodes:
-            raise InvalidInputError(f"{where}: success count {value!r} is not k/{episodes}", field=where)
-        return int(k)
+            raise InvalidInputError(
+                f"{where}: success count {value!r} is not k/{episodes}", field=where, hint=BAD_VALUE_HINT
+            )
+        value = int(k)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInputError(f"{where}: success count {value!r} is not an integer", field=where)
+        raise InvalidInputError(f"{where}: success count {value!r} is not an integer", field=where, hint=BAD_VALUE_HINT)
+    if not 0 <= value <= episodes:
+        raise InvalidInputError(
+            f"{where}: success count {value} of {episodes} episodes is impossible (0 <= successes <= episodes)",
+            field=where,
+            hint=BAD_VALUE_HINT,
+        )
+    return value
+
+
+def _episodes(value: Any, where: str) -> int:
+    """An episode count: a whole number >= 0 (an int, or a whole float or digit text as int() read them before)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    elif isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(f"{where}: episodes is {value!r}, not a count >= 0", field=where, hint=BAD_VALUE_HINT)
     return value
 
 
@@ -93,11 +130,12 @@ def _task_details(row: Mapping[str, Any]) -> dict[str, float | None]:
     }
 
 
-def _task_counts(result: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def _task_counts(result: Mapping[str, Any], who: str = "evaluation result") -> dict[str, dict[str, Any]]:
     """{task: {"episodes", "success_once", "success_at_end", "details"}} from an EvalResult.to_dict().
 
     Accepted: {"tasks": {task: counts}}, {"tasks": [{"task": ..., **counts}]}, {"per_task": ...} likewise,
     or a bare {task: counts}. Counts are ints or "k/n" texts; "success_at_end" defaults to "success_once".
+    InvalidInputError naming `who` (the EvalRecord), the field and the value for a count that is not one.
     """
     raw = result.get("tasks", result.get("per_task", result))
     if isinstance(raw, Sequence) and not isinstance(raw, str):
@@ -108,13 +146,15 @@ def _task_counts(result: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             continue
         once = row.get("success_once", row.get("successes"))
         if once is None:
-            raise InvalidInputError(f"evaluation result for task {task!r} has no success_once count", field=str(task))
-        episodes = int(row["episodes"])
-        once = _successes(once, episodes, f"tasks[{task!r}].success_once")
+            raise InvalidInputError(f"{who} for task {task!r} has no success_once count", field=str(task))
+        episodes = _episodes(row["episodes"], f"{who}: tasks[{task!r}]")
+        once = _successes(once, episodes, f"{who}: tasks[{task!r}].success_once")
         out[str(task)] = {
             "episodes": episodes,
             "success_once": once,
-            "success_at_end": _successes(row.get("success_at_end", once), episodes, f"tasks[{task!r}].success_at_end"),
+            "success_at_end": _successes(
+                row.get("success_at_end", once), episodes, f"{who}: tasks[{task!r}].success_at_end"
+            ),
             "details": _task_details(row),
         }
     for task, episodes in dict(result.get("per_episode") or {}).items():
@@ -122,7 +162,7 @@ def _task_counts(result: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             out[str(task)]["outcomes"] = _outcomes(episodes, out[str(task)], str(task))
     if not out:
         raise InvalidInputError(
-            "evaluation result holds no per-task counts (expected tasks: {task: {episodes, success_once, ...}})",
+            f"{who} holds no per-task counts (expected tasks: {{task: {{episodes, success_once, ...}}}})",
             hint="pass EvalResult.to_dict() from reproduction.sim.evaluate",
         )
     return out
@@ -172,7 +212,7 @@ class EvalRecord:
 
 def evaluation_entry(record: EvalRecord) -> dict[str, Any]:
     """The {"policy", "metrics", "tasks"} block of one evaluated policy."""
-    counts = _task_counts(record.result)
+    counts = _task_counts(record.result, who=f"EvalRecord {record.label!r}")
     tasks = {
         task: {
             "episodes": c["episodes"],
@@ -224,7 +264,11 @@ def build_evidence(
     """
     labels = [primary.label, *(b.label for b in baselines)]
     if len(set(labels)) != len(labels):
-        raise ValueError(f"evaluation labels must be unique, got {labels}")
+        raise InvalidInputError(
+            f"build_evidence: evaluation labels must be unique, got {labels}",
+            field="label",
+            hint="give the primary EvalRecord and each baseline a label of its own",
+        )
     doc: dict[str, Any] = {"format": FORMAT, "format_version": FORMAT_VERSION, "name": name, "run_id": run_id}
     if created is not None:
         doc["created"] = created.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")

@@ -76,19 +76,29 @@ def resolve_recipe(name: str) -> Recipe:
 
 
 def recipe_schema(recipe: Recipe) -> type:
-    """The config dataclass `portable run` loads for `recipe`; ConfigError when it declares none."""
+    """The config dataclass `portable run` loads for `recipe`; ConfigError (exit 4, naming the recipe and the value)
+    when it declares none, names nothing importable, or names something that is not a dataclass (audit47 F7: a
+    function there was an internal error from OmegaConf)."""
+    import dataclasses
+
     if not recipe.config_schema:
         raise ConfigError(
             f"recipe: {recipe.name!r} declares no config_schema, so `portable run` cannot load a config for it",
             field="recipe",
             hint="set Recipe(config_schema='module:ConfigClass') in the recipe",
         )
-    return resolve_fn(
-        recipe.config_schema,
-        what=f"recipe {recipe.name!r}: config_schema",
-        key="config_schema",
-        hint="point the recipe's config_schema at an importable 'module:Class' (a dataclass)",
+    hint = "point the recipe's config_schema at an importable 'module:Class' (a dataclass)"
+    schema = resolve_fn(
+        recipe.config_schema, what=f"recipe {recipe.name!r}: config_schema", key="config_schema", hint=hint
     )
+    if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
+        kind = "a class" if isinstance(schema, type) else f"a {type(schema).__name__}"
+        raise ConfigError(
+            f"recipe {recipe.name!r}: config_schema {recipe.config_schema!r} names {kind}, not a dataclass",
+            field="config_schema",
+            hint="point the recipe's config_schema at a 'module:Class' whose class is a @dataclass (docs/recipes.md)",
+        )
+    return schema
 
 
 def _line(exc: BaseException) -> str:

@@ -18,6 +18,7 @@ GRPO = Recipe(
     preflight="reproduction.recipes.grpo.preflight:preflight",
     config_schema="reproduction.recipes.grpo.config:GrpoRunConfig",
     evaluate="reproduction.recipes.grpo.eval_cmd:cmd_eval",
+    headline="reproduction.run.compare_cmd:run_results_lines",  # rates, intervals, verdict
     report="reproduction.recipes.grpo.report:write_run_report",  # plots/ and report.html after `portable run`
     stages=(
         StageSpec(

@@ -417,6 +417,7 @@ RECAP = Recipe(
     open_inputs="reproduction.recipes.recap.recipe:open_datasets",
     config_schema="reproduction.recipes.recap.config:RunConfig",
     evaluate="reproduction.recipes.recap.eval_cmd:cmd_eval",
+    headline="reproduction.run.compare_cmd:run_results_lines",  # rates, intervals, verdict
     report="reproduction.recipes.recap.report:write_run_report",  # plots/ and report.html after `portable run`
     preflight="reproduction.recipes.recap.recipe:preflight",
     stages=(
