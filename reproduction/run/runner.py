@@ -10,8 +10,9 @@
 
 A stage's key is the sha256 of its key parts: the config subsets it reads (minus the fields inside them declared
 `same_outputs()`, reproduction/config_fields.py, and its training step count), the
-fingerprints of the opened inputs, the output digests of the stages it needs, and the source digests
-of its code modules. With `resume`: a complete stage whose key and outputs match is skipped; one the
+fingerprints of the opened inputs, the output digests of the stages it needs, the source digests
+of its code modules (the stage function's module when it names none) and its function's reference (StageSpec.fn).
+With `resume`: a complete stage whose key and outputs match is skipped; one the
 run was killed in continues (training stages from their newest complete checkpoint, others redone), and so does a
 complete training stage asked for more steps (`--target-step N`, or its step count raised in the config);
 one whose key changed is refused with the differing parts named, unless the change is only in the digests of
@@ -55,9 +56,11 @@ from reproduction.run.stage_keys import (
     declaration_problems,
     describe_changes,
     digest,
+    fn_problems,
     input_files,
     key_parts,
     recorded_key_still_matches,
+    upgrade_parts,
     weight_files,
 )
 from reproduction.run.stage_outputs import collect_outputs, outputs_digest, verify_outputs
@@ -243,7 +246,8 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         plain = to_plain(config)
         from reproduction.run.preflight import raise_problems, run_problems
 
-        raise_problems(declaration_problems(recipe, plain))  # the recipe's own spelling, before any input
+        # the recipe's own spelling (config keys, stage functions), before any input
+        raise_problems(declaration_problems(recipe, plain) + fn_problems(recipe, [s.name for s in selected]))
         opened: dict[str, Any] = {}
         if opts.preflight:
             problems, damaged = run_problems(plain, digests)
@@ -542,10 +546,10 @@ def _decide(
     `--restart-stage` names and those downstream of them (`downstream`)."""
     if spec.name in opts.restart or spec.name in restarted or rec is None:
         return "fresh"  # restarted, or after a restarted stage: redone whatever else changed in its key
-    if rec.get("key") != key and not recorded_key_still_matches(spec, rec.get("key_parts", {}), key, free):
+    if rec.get("key") != key and not recorded_key_still_matches(spec, rec.get("key_parts", {}), key, free, parts):
         if spec.redo_on_change:
             return "fresh"
-        changes = describe_changes(rec.get("key_parts", {}), parts)
+        changes = describe_changes(upgrade_parts(spec, rec.get("key_parts", {}), parts), parts)
         if changes and all(c.startswith("upstream.") for c in changes):
             # Only the runner rewrites an upstream stage's record (a file edited under it fails that stage's own
             # check first), so it was redone, here or in an earlier run (`--stages policy --target-step N`):
@@ -842,7 +846,7 @@ def _restate_unselected(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -> No
     upstream = {n: outputs_digest(walk.state["stages"][n]["outputs"]) for n in spec.needs}
     parts = key_parts(spec, walk.plain, walk.inputs, upstream, walk.free, walk.digests)
     key = digest(parts)
-    still = rec.get("key") == key or recorded_key_still_matches(spec, rec.get("key_parts", {}), key, walk.free)
+    still = rec.get("key") == key or recorded_key_still_matches(spec, rec.get("key_parts", {}), key, walk.free, parts)
     problems = verify_outputs(stage_dir, rec.get("outputs", {}), walk.digests) if still else []
     if still and not problems:
         _rewrite_lost_statement(walk, spec, rec)
@@ -857,9 +861,16 @@ def _restate_unselected(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -> No
 
 def call_stage(spec: StageSpec, ctx: StageContext) -> StageOutput:
     """spec.fn(ctx), held to the stage protocol: StageProtocolError (exit 54) when it returns anything but a
-    StageOutput whose summary is a JSON-able dict, or calls sys.exit (which would otherwise end `portable run` with
+    StageOutput whose summary is a JSON-able dict (numpy scalars in it become Python numbers), whose world_size is an
+    integer >= 1 and whose step and resumed_from are integers >= 0 or None (numpy integers become ints), or calls
+    sys.exit (which would otherwise end `portable run` with
     the stage's chosen exit code, 0 included, and the stage half-recorded)."""
-    fn = resolve_fn(spec.fn)
+    fn = resolve_fn(
+        spec.fn,
+        what=f"stage {spec.name}'s function",
+        key=f"stages.{spec.name}.fn",
+        hint="fix the spelling of the StageSpec's fn ('module:function')",
+    )
     try:
         output = fn(ctx)
     except SystemExit as exc:
