@@ -38,7 +38,8 @@ class StageSpec:
     name: str
     """Stage name: also its folder in the run and its `--stages` / `--restart-stage` name."""
     fn: str
-    """"module:function" called as fn(StageContext) -> StageOutput."""
+    """"module:function" called as fn(StageContext) -> StageOutput (the reference is part of its key; checked before
+    anything runs)."""
     needs: tuple[str, ...] = ()
     """Upstream stages whose outputs it reads (their output digests are part of its key)."""
     config: tuple[str, ...] = ()
@@ -52,7 +53,7 @@ class StageSpec:
     """For a training stage: the dotted key of its step count (`--target-step` raises it; a killed run
     continues from the newest complete checkpoint). Exempt from the key."""
     code: tuple[str, ...] = ()
-    """Modules whose source is part of its key (a code change is a changed input)."""
+    """Modules whose source is part of its key (a code change is a changed input); none: the module of `fn`."""
     files: tuple[str, ...] = ()
     """Dotted config keys naming files it reads by path (not datasets): their sha256 is part of its key and
     each is a lineage input. An unset key (None or "") counts as no file."""
@@ -162,7 +163,7 @@ class StageOutput:
     summary: dict[str, Any] = field(default_factory=dict)
     result: Any = None
     step: int | None = None
-    """For a training stage: the step it reached."""
+    """For a training stage: the step it reached (an integer >= 0; None: not counted in steps, e.g. a pinned copy)."""
     resumed_from: int | None = None
     resumed_from_path: Path | None = None
     """The checkpoint it continued from (a lineage material)."""

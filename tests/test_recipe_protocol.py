@@ -21,11 +21,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from reproduction.errors import ConfigError, MissingDependencyError, RunStateError, StageProtocolError
+from reproduction.errors import (
+    ConfigError,
+    MissingDependencyError,
+    RunStateError,
+    StageKeyChangedError,
+    StageProtocolError,
+)
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
 from reproduction.run.lineage_check import verify_lineage
 from reproduction.run.record import make_recorder
-from reproduction.run.runner import RunOptions, run_recipe
+from reproduction.run.runner import RunOptions, read_state, run_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -639,3 +645,234 @@ def test_a_damaged_lineage_record_is_exit_55_naming_the_field(tmp_path, damage, 
         run_recipe(recipe(), Cfg(), run, RunOptions(resume=True, recorder=make_recorder(None)))
     assert err.value.exit_code == 55 and f"stages.first.lineage.{field} " in str(err.value), str(err.value)
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+# -- audit47: step types, others' evidence, the stage function in the key, summary values, redone evidence -------
+
+STEPS = {  # mode -> StageOutput's step / resumed_from
+    "step_float": ({"step": 5.0}, "step is float 5.0"),
+    "step_str": ({"step": "5"}, "step is str '5'"),
+    "step_bool": ({"step": True}, "step is bool True"),
+    "step_neg": ({"step": -1}, "step is int -1"),
+    "resumed_str": ({"step": 5, "resumed_from": "yes"}, "resumed_from is str 'yes'"),
+}
+
+
+def stepper(ctx: StageContext) -> StageOutput:
+    out = ctx.out_dir / "out.txt"
+    out.write_text("trained\n")
+    if ctx.config.mode == "step_numpy":
+        return StageOutput(files=[out], step=__import__("numpy").int64(5), resumed_from=__import__("numpy").int32(2))
+    return StageOutput(files=[out], **STEPS.get(ctx.config.mode, ({"step": 5},))[0])
+
+
+def _trained(**kw) -> Recipe:
+    return recipe(StageSpec(name="first", fn=f"{__name__}:stepper", config=("mode",), inputs=False, **kw))
+
+
+@pytest.mark.parametrize("mode", list(STEPS))
+def test_a_step_that_is_no_integer_of_at_least_0_is_exit_54_and_nothing_is_recorded_complete(tmp_path, mode):
+    """audit47 #1: numpy.int64(5) was recorded as "5", 5.0 and "yes" as they were, and every later read of run.json
+    refused the folder (exit 55), --restart-stage included."""
+    run = tmp_path / "run"
+    with pytest.raises(StageProtocolError) as err:
+        run_recipe(_trained(), Cfg(mode=mode), run)
+    message = str(err.value)
+    assert err.value.exit_code == 54 and f"stage first ({__name__}:stepper) returned a StageOutput whose" in message
+    assert STEPS[mode][1] in message and "expected an integer >= 0 or None" in message and "\n" not in message
+    assert "as an int" in err.value.hint
+    assert _status(run)["status"] == "failed"
+    report = run_recipe(_trained(), Cfg(mode="ok"), run, RunOptions(resume=True))
+    assert [s.action for s in report.stages] == ["ran"] and _status(run)["step"] == 5
+
+
+def test_a_numpy_step_is_recorded_as_an_int(tmp_path):
+    pytest.importorskip("numpy")
+    run = tmp_path / "run"
+    report = run_recipe(_trained(), Cfg(mode="step_numpy"), run)
+    assert (type(report.stages[0].output.step), report.stages[0].output.step) == (int, 5)
+    rec = _status(run)
+    assert (rec["step"], rec["resumed_from"]) == (5, 2)
+    assert [s.action for s in run_recipe(_trained(), Cfg(mode="step_numpy"), run, RunOptions(resume=True)).stages] == [
+        "skipped"
+    ]
+
+
+@pytest.mark.parametrize(("written", "action", "step"), [("5", "skipped", 5), (5.0, "skipped", 5), ("yes", "ran", 5)])
+def test_a_run_folder_whose_record_holds_an_unchecked_step_resumes(tmp_path, written, action, step):
+    """audit47 #1: a folder an earlier recap-portable wrote with the stage's step unchecked ("5" from numpy.int64(5),
+    5.0, "yes") was refused by every command (exit 55, with a hint to put back the run.json the run wrote): a
+    number is read as the int it was, anything else makes the stage one --resume redoes."""
+    run = tmp_path / "run"
+    run_recipe(_trained(), Cfg(), run)
+    doc = json.loads((run / "run.json").read_text())
+    doc["stages"]["first"]["step"] = written
+    (run / "run.json").write_text(json.dumps(doc))
+    report = run_recipe(_trained(), Cfg(), run, RunOptions(resume=True))
+    assert [s.action for s in report.stages] == [action]
+    rec = read_state(run)["stages"]["first"]  # as every command reads it (a skip writes nothing)
+    assert (rec["status"], rec["step"]) == ("complete", step)
+
+
+def evidence_writer(ctx: StageContext) -> StageOutput:
+    """Writes evidence/shared.json (both stages of the test: two eval stages building the same evidence name)."""
+    shared = ctx.run_dir / "evidence" / "shared.json"
+    shared.parent.mkdir(exist_ok=True)
+    shared.write_text(json.dumps({"by": ctx.name}))
+    return StageOutput(files=[shared])
+
+
+def test_a_stage_returning_another_stages_evidence_file_is_exit_54(tmp_path):
+    """audit47 #2: the second stage silently took over (and overwrote) the first's evidence file, exit 0; the first
+    stayed complete with no outputs and a lineage statement naming bytes no longer there."""
+    first = StageSpec(name="first", fn=f"{__name__}:evidence_writer", inputs=False)
+    second = StageSpec(name="second", fn=f"{__name__}:evidence_writer", needs=("first",), inputs=False)
+    run = tmp_path / "run"
+    with pytest.raises(StageProtocolError) as err:
+        run_recipe(recipe(first, second), Cfg(), run)
+    assert err.value.exit_code == 54
+    assert str(err.value) == (
+        f"stage second ({__name__}:evidence_writer) returned evidence/shared.json, which is stage first's output"
+    )
+    assert err.value.hint.startswith("give the file a name of its own") and "--restart-stage first" in err.value.hint
+    assert list(_status(run)["outputs"]) == ["../evidence/shared.json"]
+    assert _status(run, "second")["status"] == "failed"
+
+
+def other_write(ctx: StageContext) -> StageOutput:
+    out = ctx.out_dir / "out.txt"
+    out.write_text("another function\n")
+    return StageOutput(files=[out])
+
+
+def test_a_stage_pointed_at_another_function_is_a_changed_key_on_resume(tmp_path):
+    """audit47 #5a: swapping StageSpec.fn went unnoticed (--resume skipped the stage over the old function's output)."""
+    run = tmp_path / "run"
+    run_recipe(recipe(), Cfg(), run)
+    swapped = recipe(dataclasses.replace(spec(), fn=f"{__name__}:other_write"))
+    with pytest.raises(StageKeyChangedError) as err:
+        run_recipe(swapped, Cfg(), run, RunOptions(resume=True))
+    assert err.value.exit_code == 52 and f"fn: {__name__}:write -> {__name__}:other_write" in str(err.value)
+
+
+def test_a_stage_without_code_modules_keys_its_functions_module(tmp_path):
+    """audit47 #5a: a recipe listing no `code` had no code-change detection at all; the function's module is now its
+    default."""
+    run = tmp_path / "run"
+    run_recipe(recipe(), Cfg(), run)
+    parts = _status(run)["key_parts"]
+    assert parts["fn"] == f"{__name__}:write" and list(parts["code"]) == [__name__]
+    assert list(run_recipe(recipe(spec(code=("json",))), Cfg(), tmp_path / "r2").stages[0].output.files)
+    assert list(_status(tmp_path / "r2")["key_parts"]["code"]) == ["json"]  # declared modules stay as declared
+
+
+def test_a_record_written_before_the_function_was_keyed_still_resumes(tmp_path):
+    """A run folder today's runs wrote (no `fn` key part, `code` empty) is skipped on --resume, not redone, and its
+    record takes today's key."""
+    from reproduction.run.stage_keys import digest
+
+    run = tmp_path / "run"
+    run_recipe(recipe(), Cfg(), run)
+    doc = json.loads((run / "run.json").read_text())
+    rec = doc["stages"]["first"]
+    today = rec["key"]
+    del rec["key_parts"]["fn"]
+    rec["key_parts"]["code"] = {}
+    rec["key"] = digest(rec["key_parts"])
+    (run / "run.json").write_text(json.dumps(doc))
+    report = run_recipe(recipe(), Cfg(), run, RunOptions(resume=True))
+    assert [s.action for s in report.stages] == ["skipped"] and _status(run)["key"] == today
+    # a real change is still named, and without a spurious line for the parts the old record lacked
+    doc = json.loads((run / "run.json").read_text())
+    del doc["stages"]["first"]["key_parts"]["fn"]
+    doc["stages"]["first"]["key_parts"]["code"] = {}
+    doc["stages"]["first"]["key"] = digest(doc["stages"]["first"]["key_parts"])
+    (run / "run.json").write_text(json.dumps(doc))
+    with pytest.raises(StageKeyChangedError) as err:
+        run_recipe(recipe(), Cfg(train=Train(lr=0.25)), run, RunOptions(resume=True))
+    assert err.value.changes == ["config.train.lr: 0.5 -> 0.25"]
+
+
+@pytest.mark.parametrize(
+    ("fn", "why"),
+    [
+        (f"{__name__}:wirte", f"module '{__name__}' has no attribute 'wirte'"),
+        ("no_such_module_x:write", "module 'no_such_module_x' cannot be imported"),
+        ("just_a_name", "it is not a 'module:function' reference"),
+    ],
+)
+def test_a_misspelt_stage_function_is_a_config_error_before_anything_runs(tmp_path, fn, why):
+    """audit47 #5b: a misspelt fn on the last stage was found after the earlier stages had run, in a line naming no
+    stage and giving no hint."""
+    last = StageSpec(name="second", fn=fn, needs=("first",), inputs=False)
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError) as err:
+        run_recipe(recipe(spec(), last), Cfg(), run)
+    assert err.value.exit_code == 4
+    assert str(err.value).startswith(f"recipe proto: stage second's function {fn!r} cannot be loaded: {why}")
+    assert "fix the spelling of the StageSpec's fn" in err.value.hint
+    assert not run.exists()
+
+
+@pytest.mark.parametrize(
+    ("summary", "where"),
+    [
+        (lambda: {"obj": object()}, "summary['obj'] is object <object object at"),
+        (lambda: {"b": b"xx"}, "summary['b'] is bytes b'xx'"),
+        (lambda: {"deep": [1, {"s": {1, 2}}]}, "summary['deep'][1]['s'] is set {1, 2}"),
+    ],
+)
+def test_a_summary_value_json_cannot_hold_is_exit_54_naming_it(tmp_path, monkeypatch, summary, where):
+    """audit47 #8: such values were recorded as their str() (an object's repr differs from run to run), exit 0."""
+    monkeypatch.setitem(PLACEMENTS, "bad_summary", lambda: {"summary": summary()})
+    run = tmp_path / "run"
+    with pytest.raises(StageProtocolError) as err:
+        run_recipe(recipe(), Cfg(mode="bad_summary"), run)
+    assert err.value.exit_code == 54 and "stage first" in str(err.value) and where in str(err.value)
+    assert f"stage first ({__name__}:write) returned a summary run.json cannot hold: " in str(err.value)
+    assert _status(run)["status"] == "failed"
+
+
+def test_numpy_numbers_in_a_summary_are_recorded_as_numbers(tmp_path, monkeypatch):
+    np = pytest.importorskip("numpy")
+    monkeypatch.setitem(
+        PLACEMENTS,
+        "np_summary",
+        lambda: {"summary": {"n": np.int64(3), "f": np.float32(0.5), "ok": np.bool_(True), "l": [np.float64("nan")]}},
+    )
+    run = tmp_path / "run"
+    run_recipe(recipe(), Cfg(mode="np_summary"), run)
+    assert _status(run)["summary"] == {"n": 3, "f": 0.5, "ok": True, "l": ["nan"]}
+
+
+def lr_evidence(ctx: StageContext) -> StageOutput:
+    ev = ctx.run_dir / "evidence" / f"eval_{ctx.config.train.lr}.json"
+    ev.parent.mkdir(exist_ok=True)
+    ev.write_text("{}\n")
+    return StageOutput(files=[ev])
+
+
+def test_a_redone_stage_removes_the_evidence_its_previous_record_listed(tmp_path):
+    """audit47 #10: a redone eval left the earlier evidence/eval_*_N.json beside the new one, unrecorded. Files of the
+    evidence folder the record did not list (portable eval's, another stage's) are left alone."""
+    stage = StageSpec(name="first", fn=f"{__name__}:lr_evidence", config=("train",), inputs=False)
+    run = tmp_path / "run"
+    run_recipe(recipe(stage), Cfg(), run)
+    keep = run / "evidence" / "eval_checkpoint_3.json"
+    keep.write_text("{}\n")
+    run_recipe(recipe(stage), Cfg(train=Train(lr=0.25)), run, RunOptions(resume=True, restart=["first"]))
+    assert sorted(p.name for p in (run / "evidence").iterdir()) == ["eval_0.25.json", "eval_checkpoint_3.json"]
+    assert list(_status(run)["outputs"]) == ["../evidence/eval_0.25.json"]
+
+
+def test_a_folder_of_another_recipe_is_refused_with_a_hint(tmp_path):
+    run = tmp_path / "run"
+    run_recipe(recipe(), Cfg(), run)
+    other = Recipe(name="other", stages=(spec(),))
+    with pytest.raises(RunStateError) as err:
+        run_recipe(other, Cfg(), run, RunOptions(resume=True))
+    assert err.value.exit_code == 55 and str(err.value) == f"{run} holds a 'proto' run, not 'other'"
+    assert err.value.hint == (
+        "choose a new --output for the 'other' run (a run folder keeps one recipe), or resume this one with a config "
+        "whose recipe is 'proto'"
+    )

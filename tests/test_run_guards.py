@@ -48,7 +48,7 @@ SHAPES = [
     ("a stage a list", lambda d: d["stages"].update(count=[1]), "stages.count is a list"),
     ("unknown status", lambda d: d["stages"]["count"].update(status="done"), "stages.count.status is 'done'"),
     ("key a number", lambda d: d["stages"]["label"].update(key=1), "stages.label.key is a number"),
-    ("step a string", lambda d: d["stages"]["count"].update(step="4"), "stages.count.step is a string"),
+    ("summary a list", lambda d: d["stages"]["count"].update(summary=[4]), "stages.count.summary is a list"),
     ("short output entry", lambda d: d["stages"]["count"]["outputs"].update({"counts.json": [1, 2]}), "counts.json"),
     ("output outside", lambda d: d["stages"]["count"]["outputs"].update({"../../x": [1, 2, "0" * 64]}), "'../../x'"),
     ("run_id missing", lambda d: d.pop("run_id"), "run_id is null"),
@@ -286,10 +286,21 @@ def read_model_stage(ctx: StageContext) -> StageOutput:
 
 
 def pinned_stage(ctx: StageContext) -> StageOutput:
-    """A training stage that trained nothing by its count (GRPO's sft copying a pinned sft.export): step 0."""
+    """A training stage that trained nothing by its count (GRPO's sft copying a pinned sft.export): step None."""
     out = ctx.out_dir / "model.txt"
     out.write_text("pinned\n")
-    return StageOutput(files=[out], summary={}, step=0)
+    return StageOutput(files=[out], summary={}, step=None)
+
+
+def zero_or_count_stage(ctx: StageContext) -> StageOutput:
+    """Trains up to count.repeat steps (0 allowed), continuing from its checkpoint on resume."""
+    ckpt = ctx.out_dir / "step.txt"
+    step = int(ckpt.read_text()) if ctx.resume and ckpt.is_file() else 0
+    started = step
+    while step < (ctx.target_step or ctx.config.count.repeat):
+        step += 1
+    ckpt.write_text(str(step))
+    return StageOutput(files=[ckpt], summary={}, step=step, resumed_from=started if ctx.resume else None)
 
 
 def test_resume_with_more_steps_than_trained_trains_on_to_them_and_redoes_what_follows(tmp_path, capsys):
@@ -349,7 +360,27 @@ def test_portable_run_resume_with_a_raised_count_continues_a_real_trainer_to_the
     assert read_state(run)["stages"]["train"]["step"] == 12 and capsys.readouterr().err == ""
 
 
-def test_a_training_stage_that_recorded_step_0_is_not_trained_on(tmp_path, capsys):
+def test_a_training_stage_that_trained_0_steps_is_trained_on_when_the_count_is_raised(tmp_path, capsys):
+    """audit47 #4: a stage that completed at step 0 was skipped by `--resume count.repeat=5` (`0 < step`), and run.json
+    then said 5 steps over a stage that trained none."""
+    run = tmp_path / "run"
+    zero = Recipe(
+        name="toy",
+        stages=(
+            StageSpec(name="count", fn=f"{__name__}:zero_or_count_stage", config=("count",), training="count.repeat"),
+        ),
+    )
+    _run(run, ToyConfig(count=ToySection(repeat=0)), recipe=zero)
+    assert read_state(run)["stages"]["count"]["step"] == 0
+    capsys.readouterr()
+    assert _run(run, ToyConfig(count=ToySection(repeat=5)), recipe=zero, resume=True) == [("count", "continued")]
+    assert capsys.readouterr().err == "count: count.repeat is 5, above the 0 steps it trained: training on to 5\n"
+    rec = read_state(run)["stages"]["count"]
+    assert (rec["step"], rec["resumed_from"], (run / "count" / "step.txt").read_text()) == (5, 0, "5")
+    assert _run(run, ToyConfig(count=ToySection(repeat=5)), recipe=zero, resume=True) == [("count", "skipped")]
+
+
+def test_a_training_stage_that_recorded_no_step_is_not_trained_on(tmp_path, capsys):
     run = tmp_path / "run"
     pinned = Recipe(
         name="toy",

@@ -212,6 +212,7 @@ def test_the_recap_demo_stage_keys_are_those_of_the_code_before_recipes_had_name
         for spec in RECIPE.stages:
             parts = key_parts(spec, to_plain(cfg), inputs, {n: "u" + n for n in spec.needs}, output_free_keys(cfg))
             parts["code"] = dict.fromkeys(parts["code"], "<source>")
+            assert parts.pop("fn") == spec.fn  # keyed since audit47; records without it: stage_keys.upgrade_parts
             for section, key in ADDED_SINCE:  # unset, a field added since bf2a15e computes what the code did then
                 model = parts["config"].get(section, {}).get("model", {})
                 if key in model and model[key] in (None, []):
@@ -436,7 +437,13 @@ def test_a_run_folder_written_before_recipes_had_names_resumes(tmp_path):
     assert [(s["stage"], s["action"]) for s in json.loads(proc.stdout)["stages"]] == [("returns", "skipped")]
     after = json.loads((root / "run" / "run.json").read_text())
     assert (after["recipe"], after["recipe_ref"], after["config"]["recipe"]) == ("recap", "recap", "recap")
-    assert after["stages"]["returns"]["key"] == before["stages"]["returns"]["key"]
+    # the record takes today's key: its parts with the stage function added (keyed since audit47), nothing else
+    parts = after["stages"]["returns"]["key_parts"]
+    assert parts.pop("fn") == "reproduction.recipes.recap.recipe:returns_stage"
+    assert (
+        parts == before["stages"]["returns"]["key_parts"]
+        and after["stages"]["returns"]["key"] != before["stages"]["returns"]["key"]
+    )
     assert after["run_id"] == before["run_id"]
 
 

@@ -84,7 +84,7 @@ def test_a_toy_recipe_runs_through_the_same_runner_and_resumes_as_a_no_op(tmp_pa
     assert (run / "label" / "labels.txt").read_text() == "x:a=2\nx:b=2\n"
     state = read_state(run)
     assert state["recipe"] == "toy" and state["stages"]["count"]["status"] == "complete"
-    assert set(state["stages"]["count"]["key_parts"]) == {"config", "inputs", "upstream", "code"}
+    assert set(state["stages"]["count"]["key_parts"]) == {"config", "inputs", "upstream", "code", "fn"}
     assert _run(run, resume=True) == [("count", "skipped"), ("label", "skipped")] and CALLS == []
     # an exempt key (workers) does not change the key
     assert _run(run, ToyConfig(count=ToySection(workers=4)), resume=True)[0] == ("count", "skipped")

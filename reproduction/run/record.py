@@ -171,9 +171,38 @@ def upgrade_state(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+def mend_steps(doc: Any) -> Any:
+    """`doc` with the stage records' `step` / `resumed_from` that runs before stop 47 wrote unchecked brought back
+    to what the stage meant, mutated in place: the runner recorded a numpy integer as its str() ("5") and a float as
+    it was (5.0), and every later read refused the folder (exit 55), --restart-stage of the stage included. A string
+    of digits or a whole float >= 0 becomes the int; any other value that is no step (a string of words, 5.5, -1)
+    makes the record `failed` with its step unset and the reason in `error`, so --resume continues (a training stage)
+    or redoes the stage, which now has its return value checked (exit 54). Nothing else is changed."""
+    stages = doc.get("stages") if isinstance(doc, dict) else None
+    for rec in stages.values() if isinstance(stages, dict) else ():
+        if not isinstance(rec, dict):
+            continue
+        for key in ("step", "resumed_from"):
+            v = rec.get(key)
+            if v is None or (_int(v) and v >= 0):
+                continue
+            if isinstance(v, str) and v.isascii() and v.isdigit():
+                rec[key] = int(v)
+            elif isinstance(v, float) and v.is_integer() and v >= 0:
+                rec[key] = int(v)
+            else:
+                rec.update(step=None, resumed_from=None)
+                if rec.get("status") == "complete":
+                    rec["status"] = "failed"
+                    rec["error"] = f"the stage returned {key} {v!r:.60}, which is no step number (--resume redoes it)"
+                break
+    return doc
+
+
 def check_state(doc: Any, path: Path, format_version: int) -> dict[str, Any]:
-    """`doc` (a parsed run.json) when it fits the schema; RunStateError (exit 55) naming the field otherwise."""
-    problem = state_problem(doc, format_version)
+    """`doc` (a parsed run.json) when it fits the schema, after `mend_steps`; RunStateError (exit 55) naming the
+    field otherwise."""
+    problem = state_problem(mend_steps(doc), format_version)
     if problem:
         raise RunStateError(
             f"{path}: {problem}",

@@ -10,8 +10,9 @@
 
 A stage's key is the sha256 of its key parts: the config subsets it reads (minus the fields inside them declared
 `same_outputs()`, reproduction/config_fields.py, and its training step count), the
-fingerprints of the opened inputs, the output digests of the stages it needs, and the source digests
-of its code modules. With `resume`: a complete stage whose key and outputs match is skipped; one the
+fingerprints of the opened inputs, the output digests of the stages it needs, the source digests
+of its code modules (the stage function's module when it names none) and its function's reference (StageSpec.fn).
+With `resume`: a complete stage whose key and outputs match is skipped; one the
 run was killed in continues (training stages from their newest complete checkpoint, others redone), and so does a
 complete training stage asked for more steps (`--target-step N`, or its step count raised in the config);
 one whose key changed is refused with the differing parts named, unless the change is only in the digests of
@@ -55,9 +56,11 @@ from reproduction.run.stage_keys import (
     declaration_problems,
     describe_changes,
     digest,
+    fn_problems,
     input_files,
     key_parts,
     recorded_key_still_matches,
+    upgrade_parts,
     weight_files,
 )
 from reproduction.run.stage_outputs import collect_outputs, outputs_digest, verify_outputs
@@ -235,7 +238,12 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
                 hint="pass --resume to continue it (or --restart-stage NAME), or choose a new --output",
             )
         if state is not None and state.get("recipe") != recipe.name:
-            raise RunStateError(f"{run_dir} holds a {state.get('recipe')!r} run, not {recipe.name!r}", path=run_dir)
+            raise RunStateError(
+                f"{run_dir} holds a {state.get('recipe')!r} run, not {recipe.name!r}",
+                path=run_dir,
+                hint=f"choose a new --output for the {recipe.name!r} run (a run folder keeps one recipe), or resume "
+                f"this one with a config whose recipe is {recipe_ref(state)!r}",
+            )
         selected = recipe.select(opts.stages)
         for name in opts.restart:
             recipe.stage(name)
@@ -243,7 +251,8 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         plain = to_plain(config)
         from reproduction.run.preflight import raise_problems, run_problems
 
-        raise_problems(declaration_problems(recipe, plain))  # the recipe's own spelling, before any input
+        # the recipe's own spelling (config keys, stage functions), before any input
+        raise_problems(declaration_problems(recipe, plain) + fn_problems(recipe, [s.name for s in selected]))
         opened: dict[str, Any] = {}
         if opts.preflight:
             problems, damaged = run_problems(plain, digests)
@@ -542,10 +551,10 @@ def _decide(
     `--restart-stage` names and those downstream of them (`downstream`)."""
     if spec.name in opts.restart or spec.name in restarted or rec is None:
         return "fresh"  # restarted, or after a restarted stage: redone whatever else changed in its key
-    if rec.get("key") != key and not recorded_key_still_matches(spec, rec.get("key_parts", {}), key, free):
+    if rec.get("key") != key and not recorded_key_still_matches(spec, rec.get("key_parts", {}), key, free, parts):
         if spec.redo_on_change:
             return "fresh"
-        changes = describe_changes(rec.get("key_parts", {}), parts)
+        changes = describe_changes(upgrade_parts(spec, rec.get("key_parts", {}), parts), parts)
         if changes and all(c.startswith("upstream.") for c in changes):
             # Only the runner rewrites an upstream stage's record (a file edited under it fails that stage's own
             # check first), so it was redone, here or in an earlier run (`--stages policy --target-step N`):
@@ -597,19 +606,42 @@ def _trains_on(spec: StageSpec, rec: dict[str, Any], plain: dict[str, Any], opts
     """The step a complete training stage trains on to in this invocation, None when it does not: `--target-step N`
     above the steps it trained, or, without --target-step, its step count in the config (`spec.training`) raised
     above them (`--resume` continues a stage up to the configured count, a completed one too: the count is exempt
-    from its key, so skipping it would leave run.json's config claiming steps the stage never trained). A stage that
-    recorded step 0 trained nothing by this count (GRPO's sft copying a pinned sft.export) and is not trained on."""
+    from its key, so skipping it would leave run.json's config claiming steps the stage never trained), step 0
+    included (a run with the count 0 trains on when it is raised). A stage that recorded no step (None) is not
+    counted in steps (GRPO's sft copying a pinned sft.export) and is not trained on by a raised count."""
     if not spec.training:
         return None
     step = rec.get("step")
     if opts.target_step is not None:
         return opts.target_step if (step or 0) < opts.target_step else None
     wanted = select(plain, spec.training)
-    return wanted if _is_int(wanted) and _is_int(step) and 0 < step < wanted else None
+    return wanted if _is_int(wanted) and _is_int(step) and step < wanted else None
 
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _remove_recorded_elsewhere(run_dir: Path, state: dict[str, Any], stage: str, rec: dict[str, Any] | None) -> None:
+    """Before a stage is redone afresh: remove the files its previous record lists in the run's evidence/ (the stage
+    folder itself is cleared whole), so a redone eval does not leave the earlier evidence/eval_<name>_<step>.json
+    beside the new one, unrecorded, for `portable compare` to read as the run's. Only regular files recorded as this
+    stage's outputs and as no other stage's are removed; a link is never followed or removed."""
+    if not rec or not isinstance(rec.get("outputs"), dict):
+        return
+    evidence = os.path.normpath(run_dir / "evidence")
+    others = {
+        os.path.normpath(run_dir / name / rel)
+        for name, other in state["stages"].items()
+        if name != stage and isinstance(other, dict) and isinstance(other.get("outputs"), dict)
+        for rel in other["outputs"]
+    }
+    for rel in rec["outputs"]:
+        path = os.path.normpath(run_dir / stage / rel)
+        if os.path.dirname(path) != evidence or path in others or os.path.islink(path) or not os.path.isfile(path):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
@@ -654,6 +686,8 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
             f"it trained: training on to {select(walk.plain, spec.training)}",
             options=opts.ui,
         )
+    if action == "fresh":
+        _remove_recorded_elsewhere(run_dir, state, spec.name, rec)
     if action == "fresh" and stage_dir.exists():  # cleared first: a `running` record never sees another key's files
         shutil.rmtree(stage_dir)
     started = time.time()
@@ -681,6 +715,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         outputs = collect_outputs(spec, stage_dir, output.files, walk.digests)
         if not outputs:
             raise CheckpointError(f"stage {spec.name} wrote no outputs into {stage_dir}", path=stage_dir)
+        _refuse_others_files(state, run_dir, spec, outputs)
     except BaseException as exc:
         _record_stop(run_dir, state, spec.name, rec if action == "continue" else None, exc)
         raise
@@ -842,7 +877,7 @@ def _restate_unselected(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -> No
     upstream = {n: outputs_digest(walk.state["stages"][n]["outputs"]) for n in spec.needs}
     parts = key_parts(spec, walk.plain, walk.inputs, upstream, walk.free, walk.digests)
     key = digest(parts)
-    still = rec.get("key") == key or recorded_key_still_matches(spec, rec.get("key_parts", {}), key, walk.free)
+    still = rec.get("key") == key or recorded_key_still_matches(spec, rec.get("key_parts", {}), key, walk.free, parts)
     problems = verify_outputs(stage_dir, rec.get("outputs", {}), walk.digests) if still else []
     if still and not problems:
         _rewrite_lost_statement(walk, spec, rec)
@@ -857,9 +892,16 @@ def _restate_unselected(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -> No
 
 def call_stage(spec: StageSpec, ctx: StageContext) -> StageOutput:
     """spec.fn(ctx), held to the stage protocol: StageProtocolError (exit 54) when it returns anything but a
-    StageOutput whose summary is a JSON-able dict, or calls sys.exit (which would otherwise end `portable run` with
+    StageOutput whose summary is a JSON-able dict (numpy scalars in it become Python numbers), whose world_size is an
+    integer >= 1 and whose step and resumed_from are integers >= 0 or None (numpy integers become ints), or calls
+    sys.exit (which would otherwise end `portable run` with
     the stage's chosen exit code, 0 included, and the stage half-recorded)."""
-    fn = resolve_fn(spec.fn)
+    fn = resolve_fn(
+        spec.fn,
+        what=f"stage {spec.name}'s function",
+        key=f"stages.{spec.name}.fn",
+        hint="fix the spelling of the StageSpec's fn ('module:function')",
+    )
     try:
         output = fn(ctx)
     except SystemExit as exc:
@@ -883,16 +925,53 @@ def call_stage(spec: StageSpec, ctx: StageContext) -> StageOutput:
             hint="files: a list of the paths it wrote; summary: a dict of JSON values",
         )
     try:
-        json.dumps(output.summary, sort_keys=True, default=str)
-    except (TypeError, ValueError) as exc:  # a non-string key, a cycle: run.json could not record it
+        summary = _json_values(output.summary, "summary")
+        json.dumps(summary, sort_keys=True)
+    except (TypeError, ValueError, RecursionError) as exc:  # a non-string key, a cycle: run.json could not record it
         raise StageProtocolError(
             f"stage {spec.name} ({spec.fn}) returned a summary run.json cannot hold: {exc}",
             stage=spec.name,
-            hint="give the summary string keys and JSON values (numbers, strings, lists, dicts)",
+            hint="give the summary string keys and JSON values (numbers, strings, booleans, None, lists, dicts; "
+            "a numpy number is recorded as the Python number it holds)",
         ) from None
-    output.summary = finite_json(output.summary)
+    output.summary = finite_json(summary)
     output.world_size, output.device = _placement(spec, output)
+    output.step, output.resumed_from = _step(spec, output, "step"), _step(spec, output, "resumed_from")
     return output
+
+
+def _json_values(value: Any, where: str) -> Any:
+    """`value` with each numpy scalar as the Python value it holds (numpy.int64(3) -> 3, numpy.float32(0.5) -> 0.5,
+    numpy.bool_ -> bool); TypeError naming `where` (summary['key'][0]...) and the value for anything else JSON cannot
+    hold (bytes, a set, an object): `json.dumps(default=str)` once wrote these as their str(), so numbers became
+    strings and an object's repr, which differs from run to run, was recorded."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, dict):
+        return {k: _json_values(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_json_values(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return type(value)(items) if type(value) in (list, tuple) else items
+    if type(value).__module__ == "numpy" and callable(getattr(value, "item", None)) and getattr(value, "ndim", 1) == 0:
+        return _json_values(value.item(), where)
+    raise TypeError(f"{where} is {type(value).__name__} {value!r:.60}, not a JSON value")
+
+
+def _step(spec: StageSpec, output: StageOutput, name: str) -> int | None:
+    """StageOutput's `step` or `resumed_from` (`name`) as run.json records it: None, or an integer >= 0 (a numpy
+    integer becomes an int); StageProtocolError (exit 54) for anything else (a float, a bool, a string, a negative
+    number). Unchecked, numpy.int64(5) was recorded as the string "5", which every later read of run.json refused
+    (exit 55), so the run could not be resumed at all."""
+    value = getattr(output, name)
+    if value is None or (isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0):
+        return None if value is None else int(value)
+    what = "the step the stage reached" if name == "step" else "the step it continued from, or None"
+    raise StageProtocolError(
+        f"stage {spec.name} ({spec.fn}) returned a StageOutput whose {name} is {type(value).__name__} "
+        f"{value!r:.60}, expected an integer >= 0 or None",
+        stage=spec.name,
+        hint=f"{name}: {what}, as an int (e.g. int({name}))",
+    )
 
 
 def _placement(spec: StageSpec, output: StageOutput) -> tuple[int, str | None]:
@@ -956,11 +1035,39 @@ def _record_stop(run_dir: Path, state: dict[str, Any], stage: str, before: dict 
         _write_state(run_dir, state)
 
 
+TAKEN_OVER = ("evidence/comparison.json",)
+"""The files (relative to the run) a stage may take over from another stage's record: a run made before the
+comparison became its own stage recorded evidence/comparison.json as eval's (`_take_over`)."""
+
+
+def _refuse_others_files(state: dict[str, Any], run_dir: Path, spec: StageSpec, outputs: dict[str, list]) -> None:
+    """StageProtocolError (exit 54) when an output of this stage is recorded as another stage's (another stage's
+    file in the run's shared evidence/: two eval stages writing the same eval_<name>_<step>.json), except the files
+    of `TAKEN_OVER`: taking it over silently left the other stage complete with its file gone from its record and
+    its lineage statement naming bytes no longer there."""
+    mine = {os.path.normpath(run_dir / spec.name / rel): rel for rel in outputs}
+    allowed = {os.path.normpath(run_dir / rel) for rel in TAKEN_OVER}
+    for name, rec in state["stages"].items():
+        if name == spec.name or not isinstance(rec, dict) or not isinstance(rec.get("outputs"), dict):
+            continue
+        for rel in rec["outputs"]:
+            path = os.path.normpath(run_dir / name / rel)
+            if path in mine and path not in allowed:
+                shown = os.path.relpath(path, run_dir)
+                raise StageProtocolError(
+                    f"stage {spec.name} ({spec.fn}) returned {shown}, which is stage {name}'s output",
+                    stage=spec.name,
+                    hint=f"give the file a name of its own (e.g. with the stage's name in it); "
+                    f"--restart-stage {name} then writes {name}'s file again",
+                )
+
+
 def _take_over(state: dict[str, Any], run_dir: Path, stage: str, outputs: dict[str, list]) -> set[str]:
-    """A file this stage wrote is its output, no longer another stage's: drop it from the other records (a run
-    made before the comparison became its own stage recorded evidence/comparison.json as eval's). Returns the
-    stages whose records changed."""
-    mine = {os.path.normpath(run_dir / stage / rel) for rel in outputs}
+    """A file of `TAKEN_OVER` this stage wrote is its output, no longer another stage's: drop it from the other
+    records (a run made before the comparison became its own stage recorded evidence/comparison.json as eval's; any
+    other file is refused first: `_refuse_others_files`). Returns the stages whose records changed."""
+    allowed = {os.path.normpath(run_dir / rel) for rel in TAKEN_OVER}
+    mine = {os.path.normpath(run_dir / stage / rel) for rel in outputs} & allowed
     changed = set()
     for name, rec in state["stages"].items():
         if name == stage or not isinstance(rec.get("outputs"), dict):

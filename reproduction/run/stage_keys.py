@@ -7,6 +7,7 @@ digests), how a recorded key is compared with today's, and the lines that name w
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -76,12 +77,105 @@ def key_parts(
         "config": config,
         "inputs": {n: _fingerprint(n, v) for n, v in sorted(inputs.items())} if spec.inputs else {},
         "upstream": {n: upstream[n] for n in spec.needs},
-        "code": {m: module_digest(m, digests) for m in spec.code},
+        "code": {m: module_digest(m, digests) if spec.code else _code_digest(m, digests) for m in code_modules(spec)},
+        "fn": spec.fn,
     }
     files = input_files(spec, plain_config)
     if spec.files or files:  # only then: the keys of stages that read no file stay as they were
         parts["files"] = {k: _file_digest(v, digests) for k, v in files.items()}
     return parts
+
+
+def code_modules(spec: StageSpec) -> tuple[str, ...]:
+    """The modules whose source is in a stage's key: StageSpec.code, or when it names none the module of the stage
+    function (so a recipe that lists no `code` still sees an edit to the function's own module)."""
+    return spec.code or (spec.fn.partition(":")[0],)
+
+
+def _code_digest(module: str, digests: DigestCache) -> str:
+    try:
+        return module_digest(module, digests)
+    except ConfigError:  # the stage function's module, missing: fn_problems names it before a selected stage runs
+        return "absent"
+
+
+def upgrade_parts(spec: StageSpec, recorded: dict[str, Any], today: dict[str, Any]) -> dict[str, Any]:
+    """Recorded key parts brought to today's fields (a copy): a record written before the stage function was keyed
+    (no `fn` part, and `code` empty when the stage names no code modules, as `code_modules` now defaults it) is taken
+    as made by today's function and its module's source, so a run folder written then still resumes without redoing
+    its stages; from its next record on both are keyed."""
+    parts = json.loads(canonical(recorded))
+    if "fn" not in parts and "fn" in today:
+        parts["fn"] = today["fn"]
+        if not spec.code and parts.get("code") == {}:
+            parts["code"] = today.get("code", {})
+    return parts
+
+
+def fn_problems(recipe: Recipe, names: Sequence[str]) -> list[ConfigError]:
+    """A ConfigError (exit 4) for each stage of `names` whose function (StageSpec.fn) cannot be found: its module
+    not importable-by-name, or no top-level name of that spelling in its source, checked by reading the source and
+    importing the module only when the name is not there (a finished --resume of a torch recipe imports no torch).
+    Checked before anything runs: a misspelt last stage was found only after the earlier stages had run."""
+    problems = []
+    for spec in recipe.stages:
+        if spec.name not in names:
+            continue
+        module, _, attr = spec.fn.partition(":")
+        why = None
+        if not module or not attr:
+            why = "it is not a 'module:function' reference"
+        elif not _defines(module, attr):
+            try:
+                fn = getattr(importlib.import_module(module), attr)
+                why = None if callable(fn) else f"{module}.{attr} is a {type(fn).__name__}, not a function"
+            except ImportError as exc:
+                why = f"module {module!r} cannot be imported ({exc})"
+            except AttributeError:
+                why = f"module {module!r} has no attribute {attr!r}"
+        if why:
+            problems.append(
+                ConfigError(
+                    f"recipe {recipe.name}: stage {spec.name}'s function {spec.fn!r} cannot be loaded: {why}",
+                    field=f"stages.{spec.name}.fn",
+                    hint="fix the spelling of the StageSpec's fn ('module:function', the module importable from the "
+                    "config's environment)",
+                )
+            )
+    return problems
+
+
+def _defines(module: str, attr: str) -> bool:
+    """True when `module`'s source (found without importing it, when not imported yet) defines or imports `attr` at
+    its top level; False when it does not seem to (then the caller imports it to be sure)."""
+    import ast
+
+    loaded = sys.modules.get(module)
+    if loaded is not None:
+        return hasattr(loaded, attr)
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return False
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin) or not spec.origin.endswith(".py"):
+        return False
+    try:
+        tree = ast.parse(Path(spec.origin).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == attr:
+            return True
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
+            isinstance(t, ast.Name) and t.id == attr for t in targets
+        ):
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+            (a.asname or a.name.split(".")[0]) == attr for a in node.names
+        ):
+            return True
+    return False
 
 
 def _fingerprint(name: str, opened: Any) -> Any:
@@ -155,13 +249,18 @@ def _exempt(spec: StageSpec, config: dict[str, Any], free: Sequence[str] = ()) -
 
 
 def recorded_key_still_matches(
-    spec: StageSpec, recorded_parts: dict[str, Any], key: str, free: Sequence[str] = ()
+    spec: StageSpec,
+    recorded_parts: dict[str, Any],
+    key: str,
+    free: Sequence[str] = (),
+    today: dict[str, Any] | None = None,
 ) -> bool:
     """True when key parts recorded before a config key became exempt (e.g. eval.reference, now the compare
-    stage's input) give `key` once today's exemptions apply: such a stage is reused, not refused."""
+    stage's input), or before the stage function was keyed (`upgrade_parts`, given today's parts `today`), give
+    `key` once today's exemptions apply: such a stage is reused, not refused."""
     if not isinstance(recorded_parts.get("config"), dict):
         return False
-    parts = json.loads(canonical(recorded_parts))
+    parts = upgrade_parts(spec, recorded_parts, today or {})
     parts["config"] = _exempt(spec, parts["config"], free)
     return digest(parts) == key
 

@@ -67,7 +67,8 @@ def sft_stage(ctx: StageContext) -> StageOutput:
         shutil.rmtree(export, ignore_errors=True)
         staging.rename(export)
         files = sorted(p for p in export.rglob("*") if p.is_file())
-        return StageOutput(files=files, summary={"pinned": str(cfg.export)}, step=0)
+        # step None: nothing was trained, so a raised sft.train.max_steps does not make --resume train on from it
+        return StageOutput(files=files, summary={"pinned": str(cfg.export)}, step=None)
     from dataclasses import replace
 
     from reproduction.recap.policy.data import PolicySource, open_policy_input
