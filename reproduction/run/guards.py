@@ -1,4 +1,5 @@
-"""What keeps a run folder honest while a run works in it: its lock, no links out, SIGTERM as an interrupt.
+"""What keeps a run folder honest while a run works in it: its lock, no links out, SIGTERM as an interrupt, and
+interrupts held over the write that completes a stage.
 
 <run>/.lock     an flock held by the `portable run` working in the folder (pid and command inside)
 """
@@ -74,3 +75,29 @@ def sigterm_as_interrupt() -> Any:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Any:
+    """Inside, SIGINT and SIGTERM are held, not raised: the first that arrived is answered by its handler (a
+    KeyboardInterrupt) once the block is done. For a write that must happen whole or not at all: run.json's record
+    of a stage that completed (a Ctrl-C inside it left the stage recorded `running`, audit47 kill F5). A no-op off
+    the main thread and for a signal whose handler is no Python function (SIG_DFL, SIG_IGN)."""
+    import signal
+    import threading
+
+    previous: dict[int, Any] = {}
+    arrived: list[int] = []
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                previous[signum] = handler
+                signal.signal(signum, lambda signum, frame: arrived.append(signum))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if arrived:
+        previous[arrived[0]](arrived[0], None)

@@ -50,7 +50,7 @@ from reproduction.errors import (
 from reproduction.fsio import atomic_write_text, remove_orphaned_temps
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
 from reproduction.run.config import select, to_plain
-from reproduction.run.guards import LOCK_FILE, refuse_links, run_lock, sigterm_as_interrupt
+from reproduction.run.guards import LOCK_FILE, deferred_interrupts, refuse_links, run_lock, sigterm_as_interrupt
 from reproduction.run.secrets import redact, redact_argv
 from reproduction.run.stage_keys import (
     declaration_problems,
@@ -716,36 +716,34 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         if not outputs:
             raise CheckpointError(f"stage {spec.name} wrote no outputs into {stage_dir}", path=stage_dir)
         _refuse_others_files(state, run_dir, spec, outputs)
-    except BaseException as exc:
-        _record_stop(run_dir, state, spec.name, rec if action == "continue" else None, exc)
-        raise
-    seconds = time.perf_counter() - t0
-    ended = time.time()
-    if _take_over(state, run_dir, spec.name, outputs) & set(spec.needs):  # its upstream records changed
-        upstream_digests = {n: outputs_digest(state["stages"][n]["outputs"]) for n in spec.needs}
-        parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests, walk.free, walk.digests)
-        key = digest(parts)
-    complete = {
-        "status": "complete",
-        "key": key,
-        "key_parts": parts,
-        "outputs": outputs,
-        "summary": output.summary,
-        "step": output.step,
-        "resumed_from": output.resumed_from,
-        "started": started,
-        "ended": ended,
-        "seconds": seconds,
-    }
-    if opts.recorder is not None:  # the statement before the record: a kill between them leaves a stage to redo,
-        try:  # not a complete stage without its statement that no --resume would write again
+        seconds = time.perf_counter() - t0
+        ended = time.time()
+        if _take_over(state, run_dir, spec.name, outputs) & set(spec.needs):  # its upstream records changed
+            upstream_digests = {n: outputs_digest(state["stages"][n]["outputs"]) for n in spec.needs}
+            parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests, walk.free, walk.digests)
+            key = digest(parts)
+        complete = {
+            "status": "complete",
+            "key": key,
+            "key_parts": parts,
+            "outputs": outputs,
+            "summary": output.summary,
+            "step": output.step,
+            "resumed_from": output.resumed_from,
+            "started": started,
+            "ended": ended,
+            "seconds": seconds,
+        }
+        if opts.recorder is not None:  # the statement before the record: a kill between them leaves a stage to
+            # redo, not a complete stage without its statement that no --resume would write again
             versions = _record_lineage(walk, spec, action, output, outputs, parts, started, ended)
-        except BaseException as exc:
-            _record_stop(run_dir, state, spec.name, rec if action == "continue" else None, exc)
-            raise
-        complete["lineage"] = _statement_params(walk, output, versions)
-    state["stages"][spec.name] = complete
-    _write_state(run_dir, state)
+            complete["lineage"] = _statement_params(walk, output, versions)
+    except BaseException as exc:
+        _record_stop(run_dir, state, spec.name, rec if action == "continue" else None, exc, walk.digests)
+        raise
+    with deferred_interrupts():  # a Ctrl-C here comes after the record: the stage is complete, the run stops
+        state["stages"][spec.name] = complete
+        _write_state(run_dir, state)
     return StageReport(
         name=spec.name, action="continued" if action == "continue" else "ran", seconds=seconds, output=output
     )
@@ -1020,11 +1018,25 @@ def downstream(recipe: Recipe, names: Sequence[str]) -> set[str]:
     return closure
 
 
-def _record_stop(run_dir: Path, state: dict[str, Any], stage: str, before: dict | None, exc: BaseException) -> None:
-    """Record how a stage stopped: `interrupted` (Ctrl-C, SIGTERM) or `failed` with the error's first line; a
-    stage that was complete before this continuation (`--target-step`) keeps its complete record (its recorded
-    outputs are checked against the files on the next run). A write that fails here does not hide `exc`."""
-    if before is not None and before.get("status") == "complete":
+def _record_stop(
+    run_dir: Path,
+    state: dict[str, Any],
+    stage: str,
+    before: dict | None,
+    exc: BaseException,
+    digests: DigestCache | None = None,
+) -> None:
+    """Record how a stage stopped: `interrupted` (Ctrl-C, SIGTERM) or `failed` with the error's first line. A stage
+    that was complete before this continuation (`--target-step`, a raised step count) keeps its complete record while
+    the outputs it records are still there unchanged; once the continuation rewrote one (its export), the record is
+    `interrupted` / `failed` like any other, so `--resume` continues from the newest checkpoint: putting the old record
+    back over new files left a run every --resume refused (exit 52, audit47 kill F1). A write that fails here does
+    not hide `exc`."""
+    intact = before is not None and before.get("status") == "complete"
+    if intact:
+        with contextlib.suppress(OSError):
+            intact = not verify_outputs(run_dir / stage, before.get("outputs", {}), digests)
+    if intact:
         state["stages"][stage] = before
     else:
         interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
