@@ -27,8 +27,6 @@ import contextlib
 import functools
 import inspect
 import json
-import math
-import numbers
 import os
 import shutil
 import sys
@@ -52,15 +50,15 @@ from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, re
 from reproduction.run.config import select, to_plain
 from reproduction.run.guards import LOCK_FILE, deferred_interrupts, refuse_links, run_lock, sigterm_as_interrupt
 from reproduction.run.secrets import redact, redact_argv
+from reproduction.run.stage_call import call_stage
+from reproduction.run.stage_decide import decide
 from reproduction.run.stage_keys import (
     declaration_problems,
-    describe_changes,
     digest,
     fn_problems,
     input_files,
     key_parts,
     recorded_key_still_matches,
-    upgrade_parts,
     weight_files,
 )
 from reproduction.run.stage_outputs import collect_outputs, outputs_digest, verify_outputs
@@ -431,7 +429,6 @@ def run_recipe_redoing_changed(recipe: Recipe, config: Any, run_dir: Path, optio
     rerun wants. Each stage is redone at most once; any other error propagates."""
     from dataclasses import replace
 
-    from reproduction.errors import StageKeyChangedError
     from reproduction.ui import say
 
     restart = list(options.restart)
@@ -534,94 +531,6 @@ def _output_from_record(stage_dir: Path, rec: dict[str, Any]) -> StageOutput:
     )
 
 
-def _decide(
-    spec: StageSpec,
-    rec: dict[str, Any] | None,
-    key: str,
-    parts: dict,
-    stage_dir: Path,
-    opts: RunOptions,
-    plain: dict[str, Any],
-    recorded_config: dict[str, Any],
-    free: Sequence[str] = (),
-    digests: DigestCache | None = None,
-    restarted: set[str] | frozenset[str] = frozenset(),
-) -> str:
-    """fresh, skip, continue (from checkpoints), or raise naming the difference. `restarted`: the stages
-    `--restart-stage` names and those downstream of them (`downstream`)."""
-    if spec.name in opts.restart or spec.name in restarted or rec is None:
-        return "fresh"  # restarted, or after a restarted stage: redone whatever else changed in its key
-    if rec.get("key") != key and not recorded_key_still_matches(spec, rec.get("key_parts", {}), key, free, parts):
-        if spec.redo_on_change:
-            return "fresh"
-        changes = describe_changes(upgrade_parts(spec, rec.get("key_parts", {}), parts), parts)
-        if changes and all(c.startswith("upstream.") for c in changes):
-            # Only the runner rewrites an upstream stage's record (a file edited under it fails that stage's own
-            # check first), so it was redone, here or in an earlier run (`--stages policy --target-step N`):
-            # its dependents follow.
-            return "fresh"
-        if rec.get("status") != "complete" and not spec.training:
-            return "fresh"  # killed before it completed, with nothing kept to continue from
-        raise StageKeyChangedError(
-            f"stage {spec.name}: its inputs changed since it ran: " + "; ".join(changes),
-            stage=spec.name,
-            changes=changes,
-            hint=f"put the inputs back, or pass --restart-stage {spec.name} to redo it (and what follows)",
-        )
-    if rec.get("status") == "complete":
-        _refuse_fewer_steps(spec, rec, plain, recorded_config)
-        problems = verify_outputs(stage_dir, rec.get("outputs", {}), digests)
-        if problems:
-            raise StageKeyChangedError(
-                f"stage {spec.name}: its outputs changed after it completed: " + "; ".join(problems),
-                stage=spec.name,
-                changes=problems,
-                hint=f"pass --restart-stage {spec.name} to redo it",
-            )
-        return "continue" if _trains_on(spec, rec, plain, opts) is not None else "skip"
-    return "continue" if spec.training else "fresh"
-
-
-def _refuse_fewer_steps(spec: StageSpec, rec: dict[str, Any], plain: dict[str, Any], recorded: dict[str, Any]) -> None:
-    """StageKeyChangedError (exit 52) when a complete training stage's step count (`spec.training`, exempt from
-    its key so --target-step can train on) was lowered below both the value it ran with and the steps it
-    trained: skipping it would record results of more steps under a config claiming fewer. (After
-    `--target-step N` the stage holds N steps under the unchanged value: that is not a lowering.)"""
-    if not spec.training or not _is_int(rec.get("step")):
-        return
-    wanted, before = select(plain, spec.training), select(recorded, spec.training)
-    if not _is_int(wanted) or wanted >= rec["step"] or (_is_int(before) and wanted >= before):
-        return
-    raise StageKeyChangedError(
-        f"stage {spec.name}: {spec.training} is now {wanted}, but the stage trained {rec['step']} steps "
-        f"(it ran with {spec.training}={before if _is_int(before) else rec['step']})",
-        stage=spec.name,
-        changes=[f"{spec.training}: {before} -> {wanted}"],
-        hint=f"set {spec.training}={before if _is_int(before) else rec['step']} again (a trained stage is not "
-        f"cut back), or pass --restart-stage {spec.name} to train it anew for {wanted} steps",
-    )
-
-
-def _trains_on(spec: StageSpec, rec: dict[str, Any], plain: dict[str, Any], opts: RunOptions) -> int | None:
-    """The step a complete training stage trains on to in this invocation, None when it does not: `--target-step N`
-    above the steps it trained, or, without --target-step, its step count in the config (`spec.training`) raised
-    above them (`--resume` continues a stage up to the configured count, a completed one too: the count is exempt
-    from its key, so skipping it would leave run.json's config claiming steps the stage never trained), step 0
-    included (a run with the count 0 trains on when it is raised). A stage that recorded no step (None) is not
-    counted in steps (GRPO's sft copying a pinned sft.export) and is not trained on by a raised count."""
-    if not spec.training:
-        return None
-    step = rec.get("step")
-    if opts.target_step is not None:
-        return opts.target_step if (step or 0) < opts.target_step else None
-    wanted = select(plain, spec.training)
-    return wanted if _is_int(wanted) and _is_int(step) and step < wanted else None
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _remove_recorded_elsewhere(run_dir: Path, state: dict[str, Any], stage: str, rec: dict[str, Any] | None) -> None:
     """Before a stage is redone afresh: remove the files its previous record lists in the run's evidence/ (the stage
     folder itself is cleared whole), so a redone eval does not leave the earlier evidence/eval_<name>_<step>.json
@@ -651,7 +560,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests, walk.free, walk.digests)
     key = digest(parts)
     rec = state["stages"].get(spec.name)
-    action = _decide(
+    action = decide(
         spec,
         rec,
         key,
@@ -817,7 +726,7 @@ def _statement_params(walk: _Walk, output: StageOutput, versions: Any) -> dict[s
 
 def _rewrite_lost_statement(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -> None:
     """Write again the statement of a stage skipped as complete (its key and its outputs, re-hashed where their stat
-    changed, match run.json: `_decide`) when <run>/lineage/<stage>.intoto.json is gone (deleted, or lost to a sync
+    changed, match run.json: `decide`) when <run>/lineage/<stage>.intoto.json is gone (deleted, or lost to a sync
     tool), and say so in one line. Rebuilt from the stage record and its `lineage` (`_statement_params`), so its
     bytes are those the run wrote, with three exceptions, read as they are now: the bundle (`--bundle` / the config's
     BUNDLE) and its manifest and layers, the opened inputs' folders (their fingerprints are in the key, not their
@@ -886,127 +795,6 @@ def _restate_unselected(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -> No
         f"written again ({why}); --restart-stage {spec.name} redoes the stage and writes it",
         options=walk.opts.ui,
     )
-
-
-def call_stage(spec: StageSpec, ctx: StageContext) -> StageOutput:
-    """spec.fn(ctx), held to the stage protocol: StageProtocolError (exit 54) when it returns anything but a
-    StageOutput whose summary is a JSON-able dict (numpy scalars in it become Python numbers), whose world_size is an
-    integer >= 1 and whose step and resumed_from are integers >= 0 or None (numpy integers become ints), or calls
-    sys.exit (which would otherwise end `portable run` with
-    the stage's chosen exit code, 0 included, and the stage half-recorded)."""
-    fn = resolve_fn(
-        spec.fn,
-        what=f"stage {spec.name}'s function",
-        key=f"stages.{spec.name}.fn",
-        hint="fix the spelling of the StageSpec's fn ('module:function')",
-    )
-    try:
-        output = fn(ctx)
-    except SystemExit as exc:
-        raise StageProtocolError(
-            f"stage {spec.name} ({spec.fn}) called sys.exit({exc.code!r}){_raised_at(exc)}",
-            stage=spec.name,
-            hint="a stage reports a failure by raising an exception; the run is recorded failed, --resume reruns it",
-        ) from None
-    if not isinstance(output, StageOutput):
-        raise StageProtocolError(
-            f"stage {spec.name} ({spec.fn}) returned {type(output).__name__}, not a StageOutput",
-            stage=spec.name,
-            hint="return reproduction.recipe.StageOutput(files=[...], summary={...}) from the stage function",
-        )
-    if not isinstance(output.summary, dict) or not isinstance(output.files, (list, tuple)):
-        wrong = "summary" if not isinstance(output.summary, dict) else "files"
-        raise StageProtocolError(
-            f"stage {spec.name} ({spec.fn}) returned a StageOutput whose {wrong} is a "
-            f"{type(getattr(output, wrong)).__name__}",
-            stage=spec.name,
-            hint="files: a list of the paths it wrote; summary: a dict of JSON values",
-        )
-    try:
-        summary = _json_values(output.summary, "summary")
-        json.dumps(summary, sort_keys=True)
-    except (TypeError, ValueError, RecursionError) as exc:  # a non-string key, a cycle: run.json could not record it
-        raise StageProtocolError(
-            f"stage {spec.name} ({spec.fn}) returned a summary run.json cannot hold: {exc}",
-            stage=spec.name,
-            hint="give the summary string keys and JSON values (numbers, strings, booleans, None, lists, dicts; "
-            "a numpy number is recorded as the Python number it holds)",
-        ) from None
-    output.summary = finite_json(summary)
-    output.world_size, output.device = _placement(spec, output)
-    output.step, output.resumed_from = _step(spec, output, "step"), _step(spec, output, "resumed_from")
-    return output
-
-
-def _json_values(value: Any, where: str) -> Any:
-    """`value` with each numpy scalar as the Python value it holds (numpy.int64(3) -> 3, numpy.float32(0.5) -> 0.5,
-    numpy.bool_ -> bool); TypeError naming `where` (summary['key'][0]...) and the value for anything else JSON cannot
-    hold (bytes, a set, an object): `json.dumps(default=str)` once wrote these as their str(), so numbers became
-    strings and an object's repr, which differs from run to run, was recorded."""
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return value
-    if isinstance(value, dict):
-        return {k: _json_values(v, f"{where}[{k!r}]") for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        items = [_json_values(v, f"{where}[{i}]") for i, v in enumerate(value)]
-        return type(value)(items) if type(value) in (list, tuple) else items
-    if type(value).__module__ == "numpy" and callable(getattr(value, "item", None)) and getattr(value, "ndim", 1) == 0:
-        return _json_values(value.item(), where)
-    raise TypeError(f"{where} is {type(value).__name__} {value!r:.60}, not a JSON value")
-
-
-def _step(spec: StageSpec, output: StageOutput, name: str) -> int | None:
-    """StageOutput's `step` or `resumed_from` (`name`) as run.json records it: None, or an integer >= 0 (a numpy
-    integer becomes an int); StageProtocolError (exit 54) for anything else (a float, a bool, a string, a negative
-    number). Unchecked, numpy.int64(5) was recorded as the string "5", which every later read of run.json refused
-    (exit 55), so the run could not be resumed at all."""
-    value = getattr(output, name)
-    if value is None or (isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0):
-        return None if value is None else int(value)
-    what = "the step the stage reached" if name == "step" else "the step it continued from, or None"
-    raise StageProtocolError(
-        f"stage {spec.name} ({spec.fn}) returned a StageOutput whose {name} is {type(value).__name__} "
-        f"{value!r:.60}, expected an integer >= 0 or None",
-        stage=spec.name,
-        hint=f"{name}: {what}, as an int (e.g. int({name}))",
-    )
-
-
-def _placement(spec: StageSpec, output: StageOutput) -> tuple[int, str | None]:
-    """The StageOutput's world size (an integer >= 1: a numpy integer becomes an int) and device (None, or a string:
-    a torch.device becomes its str(), as the statement writes it), so run.json and the statement record the same
-    values; StageProtocolError (exit 54) for a world size that is no integer >= 1 (a float, a bool, a string)."""
-    ws = output.world_size
-    if not isinstance(ws, numbers.Integral) or isinstance(ws, bool) or int(ws) < 1:
-        raise StageProtocolError(
-            f"stage {spec.name} ({spec.fn}) returned a StageOutput whose world_size is {type(ws).__name__} {ws!r:.60}, "
-            "expected an integer >= 1",
-            stage=spec.name,
-            hint="world_size: the number of processes the stage ran on (1 for one), e.g. dist.get_world_size()",
-        )
-    device = output.device
-    return int(ws), device if device is None or isinstance(device, str) else str(device)
-
-
-def finite_json(obj: Any) -> Any:
-    """`obj` with every NaN or infinite float as its string ("nan", "inf", "-inf"): Python writes them as the bare
-    words NaN and Infinity, which strict JSON readers (jq, a browser, most languages) refuse, so a diverged loss in
-    a summary would make run.json and the lineage statement unreadable outside Python."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else str(obj)
-    if isinstance(obj, dict):
-        return {k: finite_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(finite_json(v) for v in obj) if type(obj) in (list, tuple) else [finite_json(v) for v in obj]
-    return obj
-
-
-def _raised_at(exc: BaseException) -> str:
-    """' at FILE:LINE' of the innermost frame of `exc`'s traceback ('' when it has none)."""
-    import traceback
-
-    frames = traceback.extract_tb(exc.__traceback__)
-    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
 def downstream(recipe: Recipe, names: Sequence[str]) -> set[str]:

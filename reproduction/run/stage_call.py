@@ -1,0 +1,134 @@
+"""Calling a stage's function and holding what it returns to the stage protocol (reproduction/recipe.py): a
+StageOutput whose summary run.json can hold, whose step, resumed_from and world_size are integers of the right
+range, and no sys.exit. Every refusal is a StageProtocolError (exit 54) naming the stage and its function."""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from typing import Any
+
+from reproduction.errors import StageProtocolError
+from reproduction.recipe import StageContext, StageOutput, StageSpec, resolve_fn
+
+
+def call_stage(spec: StageSpec, ctx: StageContext) -> StageOutput:
+    """spec.fn(ctx), held to the stage protocol: StageProtocolError (exit 54) when it returns anything but a
+    StageOutput whose summary is a JSON-able dict (numpy scalars in it become Python numbers), whose world_size is an
+    integer >= 1 and whose step and resumed_from are integers >= 0 or None (numpy integers become ints), or calls
+    sys.exit (which would otherwise end `portable run` with
+    the stage's chosen exit code, 0 included, and the stage half-recorded)."""
+    fn = resolve_fn(
+        spec.fn,
+        what=f"stage {spec.name}'s function",
+        key=f"stages.{spec.name}.fn",
+        hint="fix the spelling of the StageSpec's fn ('module:function')",
+    )
+    try:
+        output = fn(ctx)
+    except SystemExit as exc:
+        raise StageProtocolError(
+            f"stage {spec.name} ({spec.fn}) called sys.exit({exc.code!r}){_raised_at(exc)}",
+            stage=spec.name,
+            hint="a stage reports a failure by raising an exception; the run is recorded failed, --resume reruns it",
+        ) from None
+    if not isinstance(output, StageOutput):
+        raise StageProtocolError(
+            f"stage {spec.name} ({spec.fn}) returned {type(output).__name__}, not a StageOutput",
+            stage=spec.name,
+            hint="return reproduction.recipe.StageOutput(files=[...], summary={...}) from the stage function",
+        )
+    if not isinstance(output.summary, dict) or not isinstance(output.files, (list, tuple)):
+        wrong = "summary" if not isinstance(output.summary, dict) else "files"
+        raise StageProtocolError(
+            f"stage {spec.name} ({spec.fn}) returned a StageOutput whose {wrong} is a "
+            f"{type(getattr(output, wrong)).__name__}",
+            stage=spec.name,
+            hint="files: a list of the paths it wrote; summary: a dict of JSON values",
+        )
+    try:
+        summary = _json_values(output.summary, "summary")
+        json.dumps(summary, sort_keys=True)
+    except (TypeError, ValueError, RecursionError) as exc:  # a non-string key, a cycle: run.json could not record it
+        raise StageProtocolError(
+            f"stage {spec.name} ({spec.fn}) returned a summary run.json cannot hold: {exc}",
+            stage=spec.name,
+            hint="give the summary string keys and JSON values (numbers, strings, booleans, None, lists, dicts; "
+            "a numpy number is recorded as the Python number it holds)",
+        ) from None
+    output.summary = finite_json(summary)
+    output.world_size, output.device = _placement(spec, output)
+    output.step, output.resumed_from = _step(spec, output, "step"), _step(spec, output, "resumed_from")
+    return output
+
+
+def _json_values(value: Any, where: str) -> Any:
+    """`value` with each numpy scalar as the Python value it holds (numpy.int64(3) -> 3, numpy.float32(0.5) -> 0.5,
+    numpy.bool_ -> bool); TypeError naming `where` (summary['key'][0]...) and the value for anything else JSON cannot
+    hold (bytes, a set, an object): `json.dumps(default=str)` once wrote these as their str(), so numbers became
+    strings and an object's repr, which differs from run to run, was recorded."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, dict):
+        return {k: _json_values(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_json_values(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return type(value)(items) if type(value) in (list, tuple) else items
+    if type(value).__module__ == "numpy" and callable(getattr(value, "item", None)) and getattr(value, "ndim", 1) == 0:
+        return _json_values(value.item(), where)
+    raise TypeError(f"{where} is {type(value).__name__} {value!r:.60}, not a JSON value")
+
+
+def _step(spec: StageSpec, output: StageOutput, name: str) -> int | None:
+    """StageOutput's `step` or `resumed_from` (`name`) as run.json records it: None, or an integer >= 0 (a numpy
+    integer becomes an int); StageProtocolError (exit 54) for anything else (a float, a bool, a string, a negative
+    number). Unchecked, numpy.int64(5) was recorded as the string "5", which every later read of run.json refused
+    (exit 55), so the run could not be resumed at all."""
+    value = getattr(output, name)
+    if value is None or (isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0):
+        return None if value is None else int(value)
+    what = "the step the stage reached" if name == "step" else "the step it continued from, or None"
+    raise StageProtocolError(
+        f"stage {spec.name} ({spec.fn}) returned a StageOutput whose {name} is {type(value).__name__} "
+        f"{value!r:.60}, expected an integer >= 0 or None",
+        stage=spec.name,
+        hint=f"{name}: {what}, as an int (e.g. int({name}))",
+    )
+
+
+def _placement(spec: StageSpec, output: StageOutput) -> tuple[int, str | None]:
+    """The StageOutput's world size (an integer >= 1: a numpy integer becomes an int) and device (None, or a string:
+    a torch.device becomes its str(), as the statement writes it), so run.json and the statement record the same
+    values; StageProtocolError (exit 54) for a world size that is no integer >= 1 (a float, a bool, a string)."""
+    ws = output.world_size
+    if not isinstance(ws, numbers.Integral) or isinstance(ws, bool) or int(ws) < 1:
+        raise StageProtocolError(
+            f"stage {spec.name} ({spec.fn}) returned a StageOutput whose world_size is {type(ws).__name__} {ws!r:.60}, "
+            "expected an integer >= 1",
+            stage=spec.name,
+            hint="world_size: the number of processes the stage ran on (1 for one), e.g. dist.get_world_size()",
+        )
+    device = output.device
+    return int(ws), device if device is None or isinstance(device, str) else str(device)
+
+
+def finite_json(obj: Any) -> Any:
+    """`obj` with every NaN or infinite float as its string ("nan", "inf", "-inf"): Python writes them as the bare
+    words NaN and Infinity, which strict JSON readers (jq, a browser, most languages) refuse, so a diverged loss in
+    a summary would make run.json and the lineage statement unreadable outside Python."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else str(obj)
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(finite_json(v) for v in obj) if type(obj) in (list, tuple) else [finite_json(v) for v in obj]
+    return obj
+
+
+def _raised_at(exc: BaseException) -> str:
+    """' at FILE:LINE' of the innermost frame of `exc`'s traceback ('' when it has none)."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
