@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 import zstandard
-from bundlekit import QUIET, SMALL_SPEC, run_cli, small_bundle, small_sources
+from bundlekit import QUIET, SMALL_SPEC, run_cli, small_bundle, small_sources, tree_snapshot
 
 from reproduction.errors import InputNotFoundError, InvalidInputError
 from reproduction.release.archive import FIXED_MTIME
@@ -176,3 +176,44 @@ def test_pack_out_that_is_a_file_is_exit_3_as_in_every_command(tmp_path):
         assert done.returncode == 3
         assert done.stderr.splitlines() == [first, "hint: pass a new or empty folder with --out"]
     assert (tmp_path / "f").read_text() == ""
+
+
+def test_pack_out_among_the_sources_is_refused_before_anything_is_written(tmp_path):
+    """audit47 F1: `--out` inside a layer's source folder packed pack's own half-written `<out>.partial/` into the
+    layer (exit 0, and verify passed it), and each later pack the whole previous bundle. A staging folder that holds
+    a source was deleted with the user's files in it by pack's cleanup."""
+    small_sources(tmp_path)
+    (tmp_path / "small.toml").write_text(SMALL_SPEC)
+    src = tmp_path / "src"
+    before = tree_snapshot(src)
+    hint = "hint: pack into a folder outside every source the spec names, e.g. --out /tmp/small-bundle"
+    cases = {
+        src / "project" / "inner": f"error: --out {src / 'project' / 'inner'} lies inside layer[0].source "
+        f"{src / 'project'}: pack would read its own half-written bundle as a source",
+        src / "weights": f"error: --out {src / 'weights'} is file[0].source: pack would read its own half-written "
+        "bundle as a source",
+        src / "configs" / "run.json": f"error: --out {src / 'configs' / 'run.json'} is config[0].source: pack would "
+        "read its own half-written bundle as a source",
+    }
+    for out, first in cases.items():
+        done = run_cli("pack", tmp_path / "small.toml", "--out", out)
+        assert done.returncode == 4, done.stderr
+        assert done.stderr.splitlines() == [first, hint]
+        assert not os.path.lexists(f"{out}.partial")
+    assert tree_snapshot(src) == before, "nothing written into the sources"
+
+
+def test_pack_whose_staging_folder_holds_a_source_is_refused_and_the_source_kept(tmp_path):
+    """audit47 F1: `<out>.partial` is removed before and after a pack; a source inside it went with it."""
+    small_sources(tmp_path)
+    (tmp_path / "b.partial").mkdir()
+    os.rename(tmp_path / "src", tmp_path / "b.partial" / "src")
+    (tmp_path / "small.toml").write_text(SMALL_SPEC.replace('root = "src"', 'root = "b.partial/src"'))
+    before = tree_snapshot(tmp_path / "b.partial")
+    done = run_cli("pack", tmp_path / "small.toml", "--out", tmp_path / "b")
+    assert done.returncode == 4, done.stderr
+    assert done.stderr.splitlines()[0] == (
+        f"error: --out's staging folder {tmp_path / 'b'}.partial holds layer[0].source "
+        f"{tmp_path / 'b.partial' / 'src' / 'project'}: pack would read its own half-written bundle as a source"
+    )
+    assert tree_snapshot(tmp_path / "b.partial") == before and not (tmp_path / "b").exists()
