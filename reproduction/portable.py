@@ -63,6 +63,7 @@ from reproduction.errors import (  # noqa: E402
     render_error,
 )
 from reproduction.numerics import pin_cpu_kernels  # noqa: E402
+from reproduction.run.guards import interrupt_in_chain, interrupts_noted  # noqa: E402
 from reproduction.settings import check_cache_root  # noqa: E402
 from reproduction.train.heap import choice as heap_choice  # noqa: E402
 from reproduction.ui import UiOptions, say  # noqa: E402
@@ -105,6 +106,8 @@ INTERRUPT_HINTS = {
     "restore": "run `portable restore` again: it finishes the job",
     "fetch": "run the same `portable fetch` again: it keeps the files already verified and resumes partial ones",
     "publish": "run the same `portable publish` again: it uploads only what is missing",
+    "pack": "run the same `portable pack` again: nothing half-written was kept",
+    "eval": "run the same `portable eval` again: nothing half-written was kept",
 }
 """The hint under `error: interrupted` (exit 130): how each command continues."""
 
@@ -255,18 +258,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     from reproduction.release.restore import restore_bundle
-    from reproduction.run.guards import sigterm_as_interrupt
 
-    # SIGTERM is an interrupt like Ctrl-C (exit 130, one line): its default action skipped restore's
-    # swap-back and the cleanup of staging/ (audit F18).
-    with sigterm_as_interrupt():
-        report = restore_bundle(
-            _bundle(args, default=_default_bundle_of(args)),
-            deep=args.deep,
-            refresh_source=args.refresh_source,
-            jobs=args.jobs,
-            ui=_ui(args),
-        )
+    # SIGTERM is an interrupt like Ctrl-C (exit 130, one line) through main's guard: its default action skipped
+    # restore's swap-back and the cleanup of staging/ (audit F18).
+    report = restore_bundle(
+        _bundle(args, default=_default_bundle_of(args)),
+        deep=args.deep,
+        refresh_source=args.refresh_source,
+        jobs=args.jobs,
+        ui=_ui(args),
+    )
     if args.json:
         _print_json(report)
     say(report.summary(), options=_ui(args))
@@ -694,6 +695,7 @@ def main(argv: list[str] | None = None) -> int:
     # OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
     if "OMP_WAIT_POLICY" not in os.environ:
         os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+    arrived: list[KeyboardInterrupt] = []  # the interrupts SIGINT/SIGTERM raised while the command ran
     try:
         if args.json and not args.json_output:
             raise UsageError(f"`portable {args.command}` has no JSON output", hint="drop --json")
@@ -701,7 +703,8 @@ def main(argv: list[str] | None = None) -> int:
         pin_cpu_kernels()  # before any pipeline command imports torch: the same bits on every x86-64 CPU
         heap_choice()  # a bad PORTABLE_HEAP stops here, not inside a trainer after minutes of work
         check_cache_root()  # a PORTABLE_CACHE_DIR that is a file: said here, not silently run without a cache
-        return int(args.handler(args) or 0)
+        with interrupts_noted(arrived):  # SIGTERM is Ctrl-C in every command (exit 130), not only run/restore
+            return int(args.handler(args) or 0)
     except PortableError as exc:
         if args.debug:
             raise
@@ -711,11 +714,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return render_error(_from_os_error(exc))
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        if args.command in INTERRUPT_HINTS:
-            print(f"hint: {INTERRUPT_HINTS[args.command]}", file=sys.stderr)
-        return 130
+        return _interrupted(args)
     except Exception as exc:
+        if arrived or interrupt_in_chain(exc):  # an interrupt a library turned into another error (audit47 F8)
+            return _interrupted(args)
         if args.debug:
             raise
         raised_at = _raised_outside(exc)
@@ -726,6 +728,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {label}{type(exc).__name__}: {exc}", file=sys.stderr)
         print(f"hint: {_blame(exc, raised_at)}", file=sys.stderr)
         return 1
+
+
+def _interrupted(args: argparse.Namespace) -> int:
+    """`error: interrupted` and the command's hint on how to continue (INTERRUPT_HINTS): exit 130."""
+    print("error: interrupted", file=sys.stderr)
+    if args.command in INTERRUPT_HINTS:
+        print(f"hint: {INTERRUPT_HINTS[args.command]}", file=sys.stderr)
+    return 130
 
 
 def _raised_outside(exc: BaseException) -> str | None:

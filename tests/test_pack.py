@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import os
 import tarfile
+from pathlib import Path
 
 import pytest
 import zstandard
-from bundlekit import QUIET, SMALL_SPEC, run_cli, small_bundle, small_sources
+from bundlekit import QUIET, SMALL_SPEC, run_cli, small_bundle, small_sources, tree_snapshot
 
 from reproduction.errors import InputNotFoundError, InvalidInputError
 from reproduction.release.archive import FIXED_MTIME
@@ -176,3 +177,134 @@ def test_pack_out_that_is_a_file_is_exit_3_as_in_every_command(tmp_path):
         assert done.returncode == 3
         assert done.stderr.splitlines() == [first, "hint: pass a new or empty folder with --out"]
     assert (tmp_path / "f").read_text() == ""
+
+
+def test_pack_out_among_the_sources_is_refused_before_anything_is_written(tmp_path):
+    """audit47 F1: `--out` inside a layer's source folder packed pack's own half-written `<out>.partial/` into the
+    layer (exit 0, and verify passed it), and each later pack the whole previous bundle. A staging folder that holds
+    a source was deleted with the user's files in it by pack's cleanup."""
+    small_sources(tmp_path)
+    (tmp_path / "small.toml").write_text(SMALL_SPEC)
+    src = tmp_path / "src"
+    before = tree_snapshot(src)
+    hint = "hint: pack into a folder outside every source the spec names, e.g. --out /tmp/small-bundle"
+    cases = {
+        src / "project" / "inner": f"error: --out {src / 'project' / 'inner'} lies inside layer[0].source "
+        f"{src / 'project'}: pack would read its own half-written bundle as a source",
+        src / "weights": f"error: --out {src / 'weights'} is file[0].source: pack would read its own half-written "
+        "bundle as a source",
+        src / "configs" / "run.json": f"error: --out {src / 'configs' / 'run.json'} is config[0].source: pack would "
+        "read its own half-written bundle as a source",
+    }
+    for out, first in cases.items():
+        done = run_cli("pack", tmp_path / "small.toml", "--out", out)
+        assert done.returncode == 4, done.stderr
+        assert done.stderr.splitlines() == [first, hint]
+        assert not os.path.lexists(f"{out}.partial")
+    assert tree_snapshot(src) == before, "nothing written into the sources"
+
+
+def test_pack_whose_staging_folder_holds_a_source_is_refused_and_the_source_kept(tmp_path):
+    """audit47 F1: `<out>.partial` is removed before and after a pack; a source inside it went with it."""
+    small_sources(tmp_path)
+    (tmp_path / "b.partial").mkdir()
+    os.rename(tmp_path / "src", tmp_path / "b.partial" / "src")
+    (tmp_path / "small.toml").write_text(SMALL_SPEC.replace('root = "src"', 'root = "b.partial/src"'))
+    before = tree_snapshot(tmp_path / "b.partial")
+    done = run_cli("pack", tmp_path / "small.toml", "--out", tmp_path / "b")
+    assert done.returncode == 4, done.stderr
+    assert done.stderr.splitlines()[0] == (
+        f"error: --out's staging folder {tmp_path / 'b'}.partial holds layer[0].source "
+        f"{tmp_path / 'b.partial' / 'src' / 'project'}: pack would read its own half-written bundle as a source"
+    )
+    assert tree_snapshot(tmp_path / "b.partial") == before and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize(
+    "spec, lines",
+    [
+        (
+            'name = "n"\nbogus = 1\n',
+            [
+                "unknown key 'bogus' in the top level",
+                "hint: the keys of the top level are name, description, root, entry_config, layer, file, config, "
+                "paths, weights, licenses (bundle/demo.toml shows the format)",
+            ],
+        ),
+        (
+            'name = "n"\n[[file]]\nsource = "data"\nexclud = ["*.txt"]\n',
+            [
+                "unknown key 'exclud' in file[0]",
+                "hint: did you mean 'exclude'? the keys of file[0] are source, dest, exclude, origin (bundle/demo.toml "
+                "shows the format)",
+            ],
+        ),
+        (
+            'name = "n"\n[[layer]]\nsource = "data"\nrelocateable = true\n',
+            [
+                "unknown key 'relocateable' in layer[0]",
+                "hint: did you mean 'relocatable'? the keys of layer[0] are source, kind, name, target, exclude, "
+                "relocatable, build_prefix, order, origin (bundle/demo.toml shows the format)",
+            ],
+        ),
+        (
+            'name = "../../x"\n',
+            [
+                "spec.name '../../x' is not a usable name (empty, '.', '..', a '/' or '\\', a control character or "
+                "surrounding spaces)",
+                "hint: use letters, digits, '-', '_' and '.', e.g. name = \"recap-demo\"",
+            ],
+        ),
+        (
+            'name = ""\n',
+            [
+                "spec.name '' is not a usable name (empty, '.', '..', a '/' or '\\', a control character or "
+                "surrounding spaces)",
+                "hint: use letters, digits, '-', '_' and '.', e.g. name = \"recap-demo\"",
+            ],
+        ),
+        (
+            'name = "n"\n[[layer]]\nsource = "data"\nname = ".."\n',
+            [
+                "layer[0].name '..' is not a usable name (empty, '.', '..', a '/' or '\\', a control character or "
+                "surrounding spaces)",
+                "hint: use letters, digits, '-', '_' and '.', e.g. name = \"recap-demo\"",
+            ],
+        ),
+        (
+            'name = "n"\n[[file]]\nsource = "data"\ndest = "runs"\n',
+            [
+                "file dest 'runs' is left to runs (verify and restore ignore it)",
+                "hint: choose another dest: none may start with bundle.json, .portable, reproduction, runs",
+            ],
+        ),
+        (
+            'name = "n"\n[[layer]]\nsource = "data"\ntarget = "runs/x"\n',
+            [
+                "layer target 'runs/x' is left to runs (verify and restore ignore it)",
+                "hint: choose another target: none may start with bundle.json, .portable, reproduction, runs",
+            ],
+        ),
+    ],
+    ids=["top-key", "file-typo", "layer-typo", "name-dotdot", "name-empty", "layer-name", "dest-runs", "target-runs"],
+)
+def test_spec_unknown_keys_bad_names_and_runs_are_refused_before_anything_is_written(tmp_path, spec, lines):
+    """audit47 F4: a typo'd key was ignored (`exclud` packed the files it meant to leave out), `../../x` and `` went
+    into bundle.json as the name, and a dest under `runs/` (left to runs) was packed. Exit 4, file and key named."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "d.txt").write_text("d")
+    (tmp_path / "s.toml").write_text(spec)
+    for argv in (["--out", tmp_path / "b"], ["--out", tmp_path / "b", "--dry-run"]):
+        done = run_cli("pack", tmp_path / "s.toml", *argv)
+        assert done.returncode == 4, done.stderr
+        assert done.stderr.splitlines() == [f"error: {tmp_path / 's.toml'}: {lines[0]}", lines[1]]
+        assert not os.path.lexists(tmp_path / "b") and not os.path.lexists(tmp_path / "b.partial")
+
+
+@pytest.mark.parametrize("spec", ["demo.toml", "demo_libero.toml", "grpo.toml", "libero10.toml"])
+def test_the_repository_specs_still_load(spec):
+    """The stricter spec reading (audit47 F4) accepts every spec the repository ships."""
+    from reproduction.release.spec import load_spec
+
+    loaded = load_spec(Path(__file__).resolve().parent.parent / "bundle" / spec, missing=[])
+    assert loaded.name and (loaded.layers or loaded.files)

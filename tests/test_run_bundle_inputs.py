@@ -192,3 +192,29 @@ def test_a_config_path_into_a_restored_layer_is_left_to_restores_receipt(tmp_pat
         + [f"policy.model.tokenizer={bundle}/runtime/rt/share", f"eval.reference={bundle}/runtime"]
     )
     assert rc == 0, capsys.readouterr().err  # the layer's files are not in bundle.json's file list: not "extra"
+
+
+@pytest.mark.parametrize("damage", ["deleted", "a folder"])
+def test_a_bundle_without_its_manifest_is_refused_and_a_run_without_bundle_still_works(
+    bundle, tmp_path, capsys, damage
+):
+    """audit47 F3: with bundle.json deleted (an interrupted fetch writes it last) or a folder, `run BUNDLE` checked
+    nothing and ran the stage (exit 0), where the same bundle with its manifest is checked. Exit 3, as verify says it
+    of the same folder, before anything is written. A run with --config and no BUNDLE is no bundle's run."""
+    manifest = bundle / "bundle.json"
+    manifest.unlink()
+    if damage == "a folder":
+        manifest.mkdir()
+    rc, err = _run(bundle, tmp_path / "out", capsys)
+    state = "is a folder, not a file" if damage == "a folder" else "does not exist"
+    assert rc == 3, err
+    assert err.splitlines() == [
+        f"error: bundle {bundle} has no readable manifest: {manifest} {state}, so nothing it holds can be checked",
+        "hint: an interrupted `portable fetch` leaves a folder like this: run the same fetch again, then "
+        f"`portable restore {bundle}`; or run with --config alone, without BUNDLE",
+    ]
+    assert not (tmp_path / "out").exists()
+    config = tmp_path / "run.yaml"
+    config.write_text(f'datasets:\n  - {{path: "{bundle}/data/roll", type: rollout}}\n')
+    rc = main(["-q", "run", "--config", str(config), "--output", str(tmp_path / "out"), "--stages", "returns"])
+    assert rc == 0, capsys.readouterr().err

@@ -192,6 +192,47 @@ def _hash_all(stage: Path, jobs: int) -> list[FileEntry]:
     return [FileEntry(path=r, size=(stage / r).stat().st_size, sha256=d) for r, d in zip(rels, digests)]
 
 
+def _sources(spec: BundleSpec) -> list[tuple[str, Path]]:
+    """(spec entry, absolute folder or file) for every source pack reads: layers, files, configs, weights, the
+    runner's `reproduction/`."""
+    found = [(f"layer[{i}].source", layer.source) for i, layer in enumerate(spec.layers)]
+    for kind, config in (("file", False), ("config", True)):
+        found += [(f"{kind}[{i}].source", f.source) for i, f in enumerate(x for x in spec.files if x.config is config)]
+    found += [(f"weights[{i}].source", w.source) for i, w in enumerate(spec.weights) if w.source is not None]
+    return [*found, ("the runner (reproduction/)", runner_source())]
+
+
+def refuse_out_among_sources(spec: BundleSpec, out: Path) -> None:
+    """InvalidInputError (exit 4, field --out) when `out` or its staging folder `<out>.partial` is a source the spec
+    packs, lies inside one, or holds one; checked before anything is written. Inside a layer's folder pack packed its
+    own half-written bundle into the layer, and each later pack the whole previous bundle (audit47 F1); holding a
+    source, the staging folder's cleanup would delete it."""
+    real = Path(os.path.realpath(out))
+    targets = (
+        ("--out", out, real),
+        ("--out's staging folder", f"{out}.partial", real.with_name(real.name + ".partial")),
+    )
+    for where, source in _sources(spec):
+        src = Path(os.path.realpath(source))
+        for what, name, target in targets:
+            if target == src:
+                relation = f"is {where}"
+            elif not src.is_dir():  # a folder inside a file cannot be made (exit 3, refuse_file_for_folder)
+                continue
+            elif target.is_relative_to(src):
+                relation = f"lies inside {where} {src}"
+            elif src.is_relative_to(target):
+                relation = f"holds {where} {src}"
+            else:
+                continue
+            raise InvalidInputError(
+                f"{what} {name} {relation}: pack would read its own half-written bundle as a source",
+                path=out,
+                field="--out",
+                hint=f"pack into a folder outside every source the spec names, e.g. --out /tmp/{spec.name}-bundle",
+            )
+
+
 def pack_bundle(
     spec_path: Path, out: Path, *, jobs: int | None = None, ui: UiOptions | None = None, root: Path | None = None
 ) -> Manifest:
@@ -204,6 +245,7 @@ def pack_bundle(
     """
     spec = load_spec(Path(spec_path), root=root)
     out = Path(out).absolute()
+    refuse_out_among_sources(spec, out)
     # a file where the bundle folder goes is exit 3 "a file, not a folder", as fetch, restore and check say it
     refuse_file_for_folder(out, hint="pass a new or empty folder with --out")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

@@ -35,11 +35,13 @@ licenses = ["libero", "mujoco"]    # components (LICENSES/index.json) whose lice
                                    # besides its weights' and this runner's
 
 A [[file]] / [[config]] / [[layer]] may say `origin = "..."`: where to get a missing source (shown by
-`portable pack --dry-run`).
+`portable pack --dry-run`). A key not shown here is refused (exit 4, naming it), as are a name that is not one
+path component and a target or dest under bundle.json, .portable/, reproduction/ or runs/.
 """
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import sys
 from dataclasses import dataclass, field
@@ -184,6 +186,60 @@ def _get(data: dict[str, Any], key: str, kind: type, where: str, path: Path, def
     return value
 
 
+SPEC_KEYS = ("name", "description", "root", "entry_config", "layer", "file", "config", "paths", "weights", "licenses")
+LAYER_KEYS = ("source", "kind", "name", "target", "exclude", "relocatable", "build_prefix", "order", "origin")
+FILE_KEYS = ("source", "dest", "exclude", "origin")
+WEIGHTS_KEYS = ("manifest", "source", "dest")
+RESERVED = ("bundle.json", ".portable", "reproduction", "runs")
+"""Top-level bundle paths no layer target, file dest or weights dest may take: the bundle format's own, and
+`runs/`, which verify and restore leave to runs."""
+
+
+def _table(data: Any, keys: tuple[str, ...], where: str, path: Path) -> dict[str, Any]:
+    """`data` when it is a TOML table holding only `keys`; InvalidInputError (exit 4) naming the file, the table and
+    the first unknown key (with the known key it looks like), else: a typo such as `exclud` was ignored and the files
+    it meant to leave out were packed (audit47 F4)."""
+    if not isinstance(data, dict):
+        raise InvalidInputError(
+            f"{path}: {where} should be a table, got {data!r:.60}", path=path, field=where, hint=SPEC_HINT
+        )
+    unknown = [key for key in data if key not in keys]
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(key, keys, n=1)
+        table = "the top level" if where == "spec" else where
+        raise InvalidInputError(
+            f"{path}: unknown key {key!r} in {table}",
+            path=path,
+            field=f"{where}.{key}",
+            hint=(f"did you mean {close[0]!r}? " if close else "")
+            + f"the keys of {table} are {', '.join(keys)} (bundle/demo.toml shows the format)",
+        )
+    return data
+
+
+def _name(value: str, where: str, path: Path) -> str:
+    """`value` when it can name a bundle or a layer (one path component, printable); else InvalidInputError."""
+    if (
+        not value.strip()
+        or value in (".", "..")
+        or any(c in value for c in "/\\")
+        or not value.isprintable()
+        or value != value.strip()
+    ):
+        raise InvalidInputError(
+            f"{path}: {where}.name {value!r} is not a usable name (empty, '.', '..', a '/' or '\\', a control "
+            "character or surrounding spaces)",
+            path=path,
+            field=f"{where}.name",
+            hint="use letters, digits, '-', '_' and '.', e.g. name = \"recap-demo\"",
+        )
+    return value
+
+
+SPEC_HINT = "fix the spec (bundle/demo.toml shows the format)"
+
+
 def _source(root: Path, value: str, where: str, path: Path, missing: list[str] | None = None) -> Path:
     src = (root / value).resolve() if not Path(value).is_absolute() else Path(value)
     if not src.exists() and missing is not None:
@@ -210,6 +266,7 @@ def _exclude(data: dict[str, Any], where: str, path: Path) -> tuple[str, ...]:
 
 def _layer(data: dict[str, Any], i: int, root: Path, path: Path, missing: list[str] | None = None) -> LayerSpec:
     where = f"layer[{i}]"
+    _table(data, LAYER_KEYS, where, path)
     src = _source(root, _get(data, "source", str, where, path), where, path, missing)
     if src.exists() and not src.is_dir():
         raise InvalidInputError(
@@ -220,7 +277,7 @@ def _layer(data: dict[str, Any], i: int, root: Path, path: Path, missing: list[s
         raise InvalidInputError(
             f"{path}: {where}.kind {kind!r} is not one of {', '.join(LAYER_KINDS)}", path=path, field=f"{where}.kind"
         )
-    name = _get(data, "name", str, where, path, src.name)
+    name = _name(_get(data, "name", str, where, path, src.name), where, path)
     target = check_relative_path(
         _get(data, "target", str, where, path, f"{kind}/{name}"), where=f"{where}.target", path=path
     )
@@ -246,6 +303,7 @@ def _file(
     data: dict[str, Any], i: int, root: Path, path: Path, *, config: bool, missing: list[str] | None = None
 ) -> FileSpec:
     where = f"{'config' if config else 'file'}[{i}]"
+    _table(data, FILE_KEYS, where, path)
     src = _source(root, _get(data, "source", str, where, path), where, path, missing)
     dest = check_relative_path(_get(data, "dest", str, where, path, src.name), where=f"{where}.dest", path=path)
     origin = _get(data, "origin", str, where, path, None)
@@ -254,6 +312,7 @@ def _file(
 
 def _weights(data: dict[str, Any], i: int, root: Path, path: Path) -> WeightsSpec:
     where = f"weights[{i}]"
+    _table(data, WEIGHTS_KEYS, where, path)
     manifest = Path(_get(data, "manifest", str, where, path))
     manifest = manifest if manifest.is_absolute() else (path.parent / manifest).resolve()
     source = _get(data, "source", str, where, path, None)
@@ -269,11 +328,11 @@ def load_spec(path: Path, *, root: Path | None = None, missing: list[str] | None
     a `missing` list, missing sources are appended to it (and kept in the spec) instead of raising.
     """
     path = Path(path)
-    data = _load_toml(path)
+    data = _table(_load_toml(path), SPEC_KEYS, "spec", path)
     base = Path(root) if root is not None else (path.parent / _get(data, "root", str, "spec", path, ".")).resolve()
     spec = BundleSpec(
         path=path,
-        name=_get(data, "name", str, "spec", path),
+        name=_name(_get(data, "name", str, "spec", path), "spec", path),
         description=_get(data, "description", str, "spec", path, ""),
         entry_config=_get(data, "entry_config", str, "spec", path, None) if "entry_config" in data else None,
     )
@@ -311,14 +370,24 @@ def load_spec(path: Path, *, root: Path | None = None, missing: list[str] | None
 
 def _check_unique(spec: BundleSpec) -> None:
     seen: dict[str, str] = {}
+    for what, rel in [("weights dest", w.dest) for w in spec.weights]:
+        _refuse_reserved(spec, what, rel)
     for what, rel in [("layer target", layer.target) for layer in spec.layers] + [
         ("file dest", f.dest) for f in spec.files
     ]:
-        top = PurePosixPath(rel).parts[0]
-        if top in ("bundle.json", ".portable", "reproduction"):
-            raise InvalidInputError(
-                f"{spec.path}: {what} {rel!r} is reserved by the bundle format", path=spec.path, field=what
-            )
+        _refuse_reserved(spec, what, rel)
         if rel in seen and not (what == "layer target" and seen[rel] == what):
             raise InvalidInputError(f"{spec.path}: {what} {rel!r} is used twice", path=spec.path, field=what)
         seen[rel] = what
+
+
+def _refuse_reserved(spec: BundleSpec, what: str, rel: str) -> None:
+    top = PurePosixPath(rel).parts[0]
+    if top in RESERVED:
+        reason = "left to runs (verify and restore ignore it)" if top == "runs" else "reserved by the bundle format"
+        raise InvalidInputError(
+            f"{spec.path}: {what} {rel!r} is {reason}",
+            path=spec.path,
+            field=what,
+            hint=f"choose another {what.split()[-1]}: none may start with {', '.join(RESERVED)}",
+        )

@@ -8,6 +8,7 @@ JSON with `--json`), talk to stderr.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,27 @@ def _refuse_no_stages(args: Any, recipe: Any) -> None:
         )
 
 
+def refuse_no_manifest(bundle: Path) -> None:
+    """InputNotFoundError (exit 3, as `verify` and `restore` say it of the same folder) when the BUNDLE folder has no
+    readable bundle.json: without it the run's checks of the bundle files it reads and of the restore had nothing to
+    check against, and the stages ran on whatever the folder held (audit47 F3). `fetch` writes bundle.json last, so
+    an interrupted fetch leaves exactly such a folder. A run with --config and no BUNDLE is not a bundle's run."""
+    from reproduction.release.manifest import MANIFEST_NAME
+
+    manifest = bundle / MANIFEST_NAME
+    if manifest.is_file():
+        return
+    state = "is a folder, not a file" if manifest.is_dir() else "does not exist"
+    if os.path.islink(manifest) and not manifest.exists():
+        state = "is a link to nothing"
+    raise InputNotFoundError(
+        f"bundle {bundle} has no readable manifest: {manifest} {state}, so nothing it holds can be checked",
+        path=manifest,
+        hint="an interrupted `portable fetch` leaves a folder like this: run the same fetch again, then "
+        f"`portable restore {bundle}`; or run with --config alone, without BUNDLE",
+    )
+
+
 def cmd_run(args: Any) -> int:
     """`portable run [BUNDLE] --output DIR [--config FILE] [--stages ...] [--resume] [key=value ...]`: the recipe
     the config names (`recipe:`, absent = recap; run/resolve.py) with its config."""
@@ -137,6 +159,8 @@ def cmd_run(args: Any) -> int:
         sys.stdout.write(to_yaml(config))
         return 0
     _refuse_no_stages(args, recipe)
+    if bundle is not None:
+        refuse_no_manifest(bundle)
     report = execute(recipe, config, run_dir, args, recipe_ref=name)
     print_report(report, ui=_ui(args), as_json=getattr(args, "json", False))
     if not getattr(args, "json", False) and report.stale:  # their results are of what came before: not shown

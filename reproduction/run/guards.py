@@ -101,3 +101,56 @@ def deferred_interrupts() -> Any:
             signal.signal(signum, handler)
     if arrived:
         previous[arrived[0]](arrived[0], None)
+
+
+@contextlib.contextmanager
+def interrupts_noted(arrived: list[KeyboardInterrupt]) -> Any:
+    """Every command's guard (portable.main): SIGTERM raises KeyboardInterrupt like Ctrl-C (so `pack` removes its
+    `<out>.partial/` and every command exits 130 with one line: audit47 F7), and each KeyboardInterrupt a SIGINT or
+    SIGTERM raises is appended to `arrived` as it passes. A library can swallow the interrupt and raise something else
+    in its place (transformers' lazy import turned one into ModuleNotFoundError: audit47 F8); `arrived` lets the CLI
+    still call that an interrupt. A SIGINT handler that is no Python function (SIG_IGN in a background job) is left
+    as it is; the handlers installed before are put back after. A no-op off the main thread."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield arrived
+        return
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def noted(handler: Any, signum: int, frame: Any) -> None:
+        try:
+            handler(signum, frame)
+        except KeyboardInterrupt as exc:
+            arrived.append(exc)
+            raise
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: noted(on_sigterm, signum, frame))
+    if callable(previous[signal.SIGINT]):
+        sigint = previous[signal.SIGINT]
+        signal.signal(signal.SIGINT, lambda signum, frame: noted(sigint, signum, frame))
+    try:
+        yield arrived
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def interrupt_in_chain(exc: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt in `exc`'s __cause__ / __context__ chain (an exception raised while an interrupt was
+    being handled, or wrapping one), or None."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        item = todo.pop()
+        if item is None or id(item) in seen:
+            continue
+        if isinstance(item, KeyboardInterrupt):
+            return item
+        seen.add(id(item))
+        todo += [item.__context__, item.__cause__]
+    return None
