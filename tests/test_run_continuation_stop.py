@@ -50,9 +50,14 @@ def eval_stage(ctx: StageContext) -> StageOutput:
     return StageOutput(files=[out], summary={"step": step})
 
 
+def evaluate(args, run_dir, state, ui) -> int:
+    return 0
+
+
 RECIPE = Recipe(
     name="toy",
     config_schema=f"{__name__}:ToyConfig",
+    evaluate=f"{__name__}:evaluate",
     stages=(
         StageSpec(name="policy", fn=f"{__name__}:policy_stage", config=("policy",), training="policy.steps"),
         StageSpec(name="eval", fn=f"{__name__}:eval_stage", needs=("policy",)),
@@ -135,3 +140,26 @@ def test_a_signal_inside_the_write_that_completes_a_stage_is_answered_after_it(t
     assert "eval" not in json.loads((run / "run.json").read_text())["stages"]
     monkeypatch.setattr(fsio, "atomic_write_bytes", original)
     assert cli(run, "--resume")[0] == 0 and _record(run, "eval")["status"] == "complete"
+
+
+def test_eval_removes_the_temp_file_a_killed_eval_left(tmp_path, cli, capsys):
+    """audit47 kill F4: a SIGKILLed `portable eval --checkpoint` left evidence/.eval_checkpoint_4.json.<pid>....
+    through any number of eval reruns; only the next `portable run` removed it. eval removes it too, under the lock."""
+    import subprocess
+    import sys
+
+    from reproduction.portable import main
+
+    run = tmp_path / "run"
+    assert cli(run)[0] == 0
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
+    (run / "evidence").mkdir(exist_ok=True)
+    left = run / "evidence" / f".eval_checkpoint_4.json.{dead}.abcd_123.portable-tmp"
+    left.write_text("{")
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", "4", "--output", str(run), "--no-progress"]) == 0
+    assert not left.exists()
+    assert (
+        "removed 1 temp file(s) that a killed write left: evidence/.eval_checkpoint_4.json."
+        f"{dead}.abcd_123.portable-tmp" in capsys.readouterr().err
+    )

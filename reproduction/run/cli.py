@@ -257,7 +257,7 @@ def cmd_eval(args: Any) -> int:
     from reproduction.run.config import recipe_name
     from reproduction.run.guards import refuse_links, run_lock
     from reproduction.run.resolve import resolve_recipe
-    from reproduction.run.runner import read_state, recipe_ref
+    from reproduction.run.runner import read_state, recipe_ref, remove_orphaned_temps_of_run
 
     normalise_paths(args, "output", "config")
     if not args.checkpoint.isdigit():
@@ -290,7 +290,10 @@ def cmd_eval(args: Any) -> int:
     if not (run_dir / "run.json").is_file():
         return evaluate(None)
     with run_lock(run_dir, what="eval"):  # one writer in a run folder: not beside a `portable run`
-        return evaluate(read_state(run_dir))
+        state = read_state(run_dir)
+        if state is not None:  # a killed eval's temp file went only at the next `portable run` (audit47 kill F4)
+            remove_orphaned_temps_of_run(run_dir, state, _ui(args))
+        return evaluate(state)
 
 
 EVALUATE_HINT = "write it as def cmd_eval(args, run_dir, state, ui) -> int (reproduction/recipe.py: Recipe.evaluate)"

@@ -275,7 +275,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
             if state is None and read_state(run_dir) is not None:
                 raise RunStateError(f"{run_dir} already holds a run", path=run_dir, hint="choose a new --output")
         if state is not None:  # what a killed attempt's writes left half-written (run.json, evidence, statements)
-            _remove_orphaned_temps(run_dir, state, opts)
+            remove_orphaned_temps_of_run(run_dir, state, opts.ui)
         elif opts.resume:  # a mistyped --output would otherwise retrain everything without a word
             from reproduction.ui import say
 
@@ -378,9 +378,10 @@ def _refuse_missing_needs(
     )
 
 
-def _remove_orphaned_temps(run_dir: Path, state: dict[str, Any], opts: RunOptions) -> None:
+def remove_orphaned_temps_of_run(run_dir: Path, state: dict[str, Any], ui: Any = None) -> None:
     """Remove the temp files killed atomic writes left in the run folder (fsio.remove_orphaned_temps), never a
-    stage's recorded output, and say which in one line."""
+    stage's recorded output, and say which in one line. `portable run` and `portable eval` call it under the run
+    folder's lock."""
     outputs = [
         run_dir / name / rel
         for name, rec in (state.get("stages") or {}).items()
@@ -394,7 +395,7 @@ def _remove_orphaned_temps(run_dir: Path, state: dict[str, Any], opts: RunOption
         names = ", ".join(p.relative_to(run_dir).as_posix() for p in removed[:3]) + (
             ", ..." if len(removed) > 3 else ""
         )
-        say(f"removed {len(removed)} temp file(s) that a killed write left: {names}", options=opts.ui)
+        say(f"removed {len(removed)} temp file(s) that a killed write left: {names}", options=ui)
 
 
 def write_report(recipe: Recipe, run_dir: Path, *, changed: bool = True) -> Path | None:
