@@ -134,3 +134,16 @@ def test_a_deterministic_rerun_is_still_reproduced():
     assert stats.calibrated_alpha(100, 100, 0.05, ALPHA, True) == ALPHA
     test = stats.equivalence_paired([True] * 60 + [False] * 40, [True] * 60 + [False] * 40, margin=0.05, alpha=ALPHA)
     assert test.verdict == "reproduced"
+
+
+def test_a_design_past_the_limit_is_judged_uncalibrated_and_says_so():
+    """2M episodes a side is a valid evidence file: no enumeration of it is attempted, and the row's note says so."""
+    from reproduction.run.comparison import TOO_LARGE, compare_evidence
+    from tests.evidence_fixtures import make_evidence
+
+    assert not stats.calibrable(2_000_000, 2_000_000, 0.05) and stats.calibrable(5000, 5000, 0.05)
+    assert not stats.calibrable(1800, 1800, 0.05, True) and stats.calibrable(1700, 1700, 0.05, True)
+    big = {"recap": (1_800_000, 2_000_000), "bc": (1_000_000, 2_000_000)}
+    comparison = compare_evidence(make_evidence(name="act", **big), make_evidence(name="ref", **big))
+    overall = next(r for r in comparison.rows if r.metric == "recap/success_once")
+    assert overall.verdict == "reproduced" and overall.alpha_calibrated is None and TOO_LARGE in overall.note

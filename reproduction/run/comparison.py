@@ -37,6 +37,10 @@ from reproduction.run.stats import DEFAULT_ALPHA, DEFAULT_MARGIN, episodes_neede
 
 COMPARISON_FORMAT = "recap-portable-comparison"
 NO_EPISODES = "this run evaluated 0 episodes for this row: nothing was measured, so nothing is decided"
+TOO_LARGE = (
+    "level not calibrated: the design is past stats.CALIBRATION_LIMIT (the uncalibrated size was measured <= 0.0515 "
+    "at margin 0.05 with 700-1,500 episodes a side, evidence/README.md)"
+)
 NOT_CALIBRATED = (
     "level not calibrated: this Python has no numpy, so this row's test may exceed its alpha (up to 0.086 on small "
     "designs, evidence/README.md)"
@@ -308,7 +312,7 @@ def _paired(ref: _Side, act: _Side) -> tuple[list[bool], list[bool]] | None:
 
 
 def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) -> MetricComparison:
-    from reproduction.run.stats import calibrated_alpha, equivalence_independent, equivalence_paired
+    from reproduction.run.stats import calibrable, calibrated_alpha, equivalence_independent, equivalence_paired
 
     r = ref.metric
     a = act.metric if act.metric is not None and "rate" in act.metric else None
@@ -360,7 +364,10 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
     calibrated = None
     if test.verdict == "reproduced":  # only these need it: a row not reproduced at alpha is not at alpha* <= alpha
         try:
-            calibrated = calibrated_alpha(design[0], design[1], margin, alpha, design[2])
+            if calibrable(design[0], design[1], margin, design[2]):
+                calibrated = calibrated_alpha(design[0], design[1], margin, alpha, design[2])
+            else:
+                note = (f"{note}; " if note else "") + TOO_LARGE
         except ImportError:  # a bare Python: compare still answers, and says what it could not check
             note = (f"{note}; " if note else "") + NOT_CALIBRATED
         if calibrated is not None and calibrated < alpha:

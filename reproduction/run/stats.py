@@ -20,8 +20,9 @@ d = p_actual - p_reference and a margin m (absolute, e.g. 0.05 = five percentage
                   and second derivative in the nuisance (`_Design`), never a plain grid maximum. Only a row
                   reproduced at alpha is calibrated (one that is not cannot be at alpha* <= alpha); its interval
                   and confidence are then the (1 - 2 alpha*) ones, so "reproduced iff the interval shown lies
-                  inside +-m" stays true (comparison rows carry `alpha_calibrated`). Measured cost and sizes:
-                  evidence/README.md.
+                  inside +-m" stays true (comparison rows carry `alpha_calibrated`). A design past
+                  CALIBRATION_LIMIT (about 5,300 a side unpaired at margin 0.05, 1,731 paired) is judged at alpha,
+                  with a note. Measured cost and sizes: evidence/README.md.
     differs       the same (1 - 2 alpha) interval lies wholly beyond the margin (lower bound > +m or
                   upper bound < -m): a one-sided test of H0 "d <= m" (resp. "d >= -m") rejects at level
                   alpha. The two events exclude each other, so a true |d| <= m is called differs with
@@ -597,6 +598,19 @@ class _Design:
         return f, bounds, 0.0, (1 - m) / 2
 
 
+CALIBRATION_LIMIT = 3_000_000
+"""The most cells a design may enumerate for `calibrated_alpha` (unpaired: (n_ref + 1) (2 m n_act + 4); paired: the
+(n + 1)^2 grid of discordant counts, i.e. n up to 1,731). Beyond it the level is not calibrated (`calibrable`): the
+time and memory would grow without bound (2M episodes a side is a valid evidence file), and there the uncalibrated
+size was measured close to alpha (evidence/README.md)."""
+
+
+def calibrable(n_ref: int, n_act: int, margin: float, paired: bool = False) -> bool:
+    """Whether `calibrated_alpha` takes this design (CALIBRATION_LIMIT)."""
+    cells = (n_ref + 1) ** 2 if paired else (n_ref + 1) * (2 * margin * n_act + 4)
+    return cells <= CALIBRATION_LIMIT
+
+
 @functools.lru_cache(maxsize=4096)
 def calibrated_alpha(n_ref: int, n_act: int, margin: float, alpha: float, paired: bool = False) -> float:
     """The largest level a <= alpha (to a relative 5e-3, from below) at which the row's test keeps its exact size:
@@ -608,6 +622,8 @@ def calibrated_alpha(n_ref: int, n_act: int, margin: float, alpha: float, paired
     _check(alpha, margin)
     if paired and n_ref != n_act:
         raise ValueError(f"a paired design has one n, got {n_ref} and {n_act}")
+    if not calibrable(n_ref, n_act, margin, paired):
+        raise ValueError(f"design {n_ref} / {n_act} (paired {paired}) is past CALIBRATION_LIMIT")
     if n_ref < 1 or n_act < 1:
         return alpha
     design = _Design(n_ref, n_act, margin, alpha, paired)
