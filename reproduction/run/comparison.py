@@ -8,7 +8,7 @@ On disk (schema: evidence/comparison.schema.json)::
        "differs_holm": {metric: level}, "notes": [...],
        "rows": [{"metric", "kind": "rate"|"value", "reference", "actual", "difference", "reference_counts",
                  "actual_counts", "interval", "confidence", "margin", "method", "reference_display",
-                 "actual_display", "verdict", "note", "p_differs"}, ...]}
+                 "actual_display", "verdict", "note", "p_differs", "alpha_calibrated"}, ...]}
 
 The overall verdict: `reproduced` when every row is; `differs` when a non-test row differs (missing metric,
 plain value) or a rate row's differs survives Holm's step-down over the rate rows (`holm_differs`); else
@@ -37,6 +37,14 @@ from reproduction.run.stats import DEFAULT_ALPHA, DEFAULT_MARGIN, episodes_neede
 
 COMPARISON_FORMAT = "recap-portable-comparison"
 NO_EPISODES = "this run evaluated 0 episodes for this row: nothing was measured, so nothing is decided"
+TOO_LARGE = (
+    "level not calibrated: the design is past stats.CALIBRATION_LIMIT (the uncalibrated size was measured <= 0.0515 "
+    "at margin 0.05 with 700-1,500 episodes a side, evidence/README.md)"
+)
+NOT_CALIBRATED = (
+    "level not calibrated: this Python has no numpy, so this row's test may exceed its alpha (up to 0.086 on small "
+    "designs, evidence/README.md)"
+)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -69,6 +77,10 @@ class MetricComparison:
     p_differs: float | None = None
     """Rates that differ at alpha: the smallest level at which the row's interval still lies wholly beyond the
     margin (the one-sided p-value of "differs"), which the overall verdict's Holm step-down uses. None otherwise."""
+    alpha_calibrated: float | None = None
+    """Rates reproduced at alpha: the calibrated level alpha* <= alpha at which the verdict and the interval shown are
+    computed (`stats.calibrated_alpha`: the largest level whose exact size at this row's design is <= alpha); None on
+    other rows, whose interval is at alpha."""
 
     @property
     def difference(self) -> float | None:
@@ -102,6 +114,7 @@ class MetricComparison:
             "verdict": self.verdict,
             "note": self.note,
             "p_differs": self.p_differs,
+            "alpha_calibrated": self.alpha_calibrated,
         }
 
     @classmethod
@@ -138,6 +151,7 @@ class MetricComparison:
             confidence=row.get("confidence"),
             note=row.get("note", ""),
             p_differs=row.get("p_differs"),
+            alpha_calibrated=row.get("alpha_calibrated"),
         )
 
 
@@ -298,7 +312,7 @@ def _paired(ref: _Side, act: _Side) -> tuple[list[bool], list[bool]] | None:
 
 
 def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) -> MetricComparison:
-    from reproduction.run.stats import equivalence_independent, equivalence_paired
+    from reproduction.run.stats import calibrable, calibrated_alpha, equivalence_independent, equivalence_paired
 
     r = ref.metric
     a = act.metric if act.metric is not None and "rate" in act.metric else None
@@ -329,9 +343,11 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
             note=NO_EPISODES,
         )
     pairs = None if ref.repeats or act.repeats else _paired(ref, act)
+    design: tuple[int, int, bool]
     if pairs is not None:
         at = lambda level: equivalence_paired(*pairs, margin=margin, alpha=level)  # noqa: E731
         test = at(alpha)
+        design = (len(pairs[0]), len(pairs[0]), True)
         b, c = test.discordant or (0, 0)
         by = "init state" if any(k[1] == "init_states" for k in ref.outcomes) else "reset seed"
         note = f"paired by {by}: {test.pairs} episodes, {b} succeeded only in the reference, {c} only here"
@@ -339,11 +355,23 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
         counts = (int(r["successes"]), int(r["episodes"]), int(a["successes"]), int(a["episodes"]))
         at = lambda level: equivalence_independent(*counts, margin=margin, alpha=level)  # noqa: E731
         test = at(alpha)
+        design = (counts[1], counts[3], False)
         note = (
             "compared unpaired: an initial state repeats within a task, so episodes cannot be matched one to one"
             if ref.repeats or act.repeats
             else ""
         )
+    calibrated = None
+    if test.verdict == "reproduced":  # only these need it: a row not reproduced at alpha is not at alpha* <= alpha
+        try:
+            if calibrable(design[0], design[1], margin, design[2]):
+                calibrated = calibrated_alpha(design[0], design[1], margin, alpha, design[2])
+            else:
+                note = (f"{note}; " if note else "") + TOO_LARGE
+        except ImportError:  # a bare Python: compare still answers, and says what it could not check
+            note = (f"{note}; " if note else "") + NOT_CALIBRATED
+        if calibrated is not None and calibrated < alpha:
+            test = at(calibrated)
     return MetricComparison(
         **common,
         actual=float(a["rate"]),
@@ -356,6 +384,7 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
         confidence=test.confidence,
         note=note,
         p_differs=_p_differs(at, alpha) if test.verdict == "differs" else None,
+        alpha_calibrated=calibrated,
     )
 
 
@@ -494,6 +523,20 @@ def _empty_note(rows: Sequence[MetricComparison]) -> list[str]:
     ]
 
 
+def _calibration_note(rows: Sequence[MetricComparison], alpha: float) -> list[str]:
+    """Which rows reproduced at alpha were judged at a lower calibrated level (stats.calibrated_alpha)."""
+    lower = [r for r in rows if r.alpha_calibrated is not None and r.alpha_calibrated < alpha]
+    if not lower:
+        return []
+    kept = sum(r.verdict == "reproduced" for r in lower)
+    levels = sorted(r.alpha_calibrated for r in lower if r.alpha_calibrated is not None)
+    return [
+        f"{len(lower)} rate rows reproduced at alpha {alpha:g} were judged again at their design's calibrated level "
+        f"({levels[0]:.4g}-{levels[-1]:.4g}: the largest at which the test's exact size is <= alpha), and their "
+        f"intervals are at that level; {kept} stayed reproduced"
+    ]
+
+
 def _power_note(rows: Sequence[MetricComparison], alpha: float) -> list[str]:
     """A warning when the reference's own episodes cannot support its margin in an unpaired comparison."""
     short = []
@@ -615,6 +658,7 @@ def compare_evidence(
     settings = _setting_notes(actual, reference)
     notes = seq_notes + settings + _pairing_notes(actual, reference, settings) + _empty_note(rows)
     notes += _power_note(rows, alpha)
+    notes += _calibration_note(rows, alpha)
     return Comparison(
         actual_name=str(actual.get("name")),
         reference_name=str(reference.get("name")),

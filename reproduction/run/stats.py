@@ -6,15 +6,23 @@ episodes, the wider its band, so a small evaluation passes large gaps and nothin
 tell". Here every rate comparison gets one of three verdicts from an interval on the difference
 d = p_actual - p_reference and a margin m (absolute, e.g. 0.05 = five percentage points):
 
-    reproduced    the (1 - 2 alpha) interval lies inside (-m, +m): two one-sided tests (TOST,
-                  Schuirmann 1987, J Pharmacokinet Biopharm 15:657) each reject at level alpha, so a
-                  true |d| >= m is called reproduced with probability about alpha. Not at most: the
-                  intervals are approximations, and one row's exact rate at |d| = m (both binomials,
-                  or the paired multinomial, enumerated; audit46 stats F1) reaches 0.0694 at margin
-                  0.05 (0 vs 0.05, 52 a side), 0.0718 at 0.1 (0.9 vs 1.0, 25), 0.0743 at 0.15, 0.0859
-                  at 0.2 (0.8 vs 1.0, 11), 0.0668 at 0.25, paired (Tango) the same at a rate of 0 or 1;
-                  --alpha 0.04 / 0.03 / 0.03 / 0.03 / 0.025 keeps it <= 0.05 over n 10-400 a side
-                  (the table and grid: evidence/README.md).
+    reproduced    the (1 - 2 alpha*) interval lies inside (-m, +m): two one-sided tests (TOST, Schuirmann
+                  1987, J Pharmacokinet Biopharm 15:657) each reject at level alpha*, where alpha* <= alpha is the
+                  row's calibrated level (`calibrated_alpha`): the largest level at which the test's exact size at
+                  the row's design (n_ref, n_act, m; paired: the matched n) is <= alpha, so a true |d| >= m is
+                  called reproduced with probability at most alpha. The intervals are approximations: at alpha
+                  itself one row's exact size (both binomials, or the paired multinomial, enumerated; audit46
+                  stats F1) reached 0.0694 at margin 0.05 (0 vs 0.05, 52 a side), 0.0718 at 0.1 (0.9 vs 1.0, 25),
+                  0.0859 at 0.2 (0.8 vs 1.0, 11), paired (Tango) the same at a rate of 0 or 1. The size is
+                  sup over the nuisance rate (both signs of d) of P(region), the region being monotone in the
+                  level (every interval here narrows as the level rises), so a bisection on log alpha* finds the
+                  last level whose size is certified: a grid refined by branch and bound under bounds of the first
+                  and second derivative in the nuisance (`_Design`), never a plain grid maximum. Only a row
+                  reproduced at alpha is calibrated (one that is not cannot be at alpha* <= alpha); its interval
+                  and confidence are then the (1 - 2 alpha*) ones, so "reproduced iff the interval shown lies
+                  inside +-m" stays true (comparison rows carry `alpha_calibrated`). A design past
+                  CALIBRATION_LIMIT (about 5,300 a side unpaired at margin 0.05, 1,731 paired) is judged at alpha,
+                  with a note. Measured cost and sizes: evidence/README.md.
     differs       the same (1 - 2 alpha) interval lies wholly beyond the margin (lower bound > +m or
                   upper bound < -m): a one-sided test of H0 "d <= m" (resp. "d >= -m") rejects at level
                   alpha. The two events exclude each other, so a true |d| <= m is called differs with
@@ -45,6 +53,8 @@ Intervals (all behave at k = 0, k = n and small n, unlike the Wald interval):
 Defaults: alpha = 0.05, margin = 0.05 absolute; a reference's declared margins (its "margins" field, or
 the older "tolerances" field read as margins) override the default per metric or task.
 
+Calibration needs numpy (like `exact_power`): compare imports it only when a rate row is reproduced at alpha.
+
 Power: `episodes_needed` is the normal approximation for TOST of two independent proportions (Chow, Shao
 & Wang 2008, Sample Size Calculations in Clinical Research, sec. 4.2), a quick estimate that fails near rates
 0 and 1; `exact_power` / `episodes_exact` (what `portable eval --plan` uses) enumerate both binomials.
@@ -57,6 +67,7 @@ parts that import numpy).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -266,13 +277,19 @@ def _pmf(n: int, p: float) -> Any:
     return np.exp(lg[n] - lg - lg[::-1] + k * math.log(p) + (n - k) * math.log1p(-p))
 
 
-def exact_power(p_ref: float, p_act: float, n_ref: int, n_act: int, *, margin: float, alpha: float) -> float:
-    """P(`reproduced`) of the unpaired test (Newcombe TOST at 1 - 2 alpha) when the two sides' true rates are p_ref
-    and p_act, by exact enumeration of both binomials (outcomes of probability < 1e-13 left out: the result is low
-    by at most (n_ref + n_act + 2) 1e-13)."""
+def exact_power(
+    p_ref: float, p_act: float, n_ref: int, n_act: int, *, margin: float, alpha: float, calibrated: bool = False
+) -> float:
+    """P(`reproduced`) of the unpaired test (Newcombe TOST) when the two sides' true rates are p_ref and p_act, by
+    exact enumeration of both binomials (outcomes of probability < 1e-13 left out: the result is low by at most
+    (n_ref + n_act + 2) 1e-13). calibrated=True: the test compare runs, at the design's calibrated level
+    (`calibrated_alpha`); by default the uncalibrated one at alpha (its size exceeds alpha on small designs), which
+    is what `episodes_exact` still plans with."""
     import numpy as np
 
     _check(alpha, margin)
+    if calibrated:
+        alpha = calibrated_alpha(n_ref, n_act, margin, alpha)
     pr, pa = _pmf(n_ref, p_ref), _pmf(n_act, p_act)
     kr, ka = np.nonzero(pr > 1e-13)[0], np.nonzero(pa > 1e-13)[0]
     k1, k2 = np.meshgrid(kr.astype(float), ka.astype(float), indexing="ij")
@@ -323,7 +340,7 @@ def episodes_exact(
             q = p + difference if 0 <= p + difference <= 1 else p - difference
             key = (p, n * tasks, m)
             if key not in cache:
-                cache[key] = exact_power(p, q, n * tasks, n * tasks, margin=m, alpha=alpha)
+                cache[key] = exact_power(p, q, n * tasks, n * tasks, margin=m, alpha=alpha, calibrated=False)
             total += (1 - cache[key]) * times
         return total
 
@@ -339,6 +356,306 @@ def episodes_exact(
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if shortfall(mid) <= budget else (mid, hi)
     return hi
+
+
+# -- size calibration -----------------------------------------------------------------------------
+
+SIZE_SLACK = 1e-10
+"""What the certified size bound must leave below alpha: room for the floating-point error of the enumeration."""
+_BUDGET = 20_000
+"""Nuisance points the certification of one level may evaluate per direction; past it the level counts as failed
+(conservative: the bisection then settles lower)."""
+_TAIL = 1e-15
+"""Added to every evaluated probability: a bound of the binomial mass left outside the window each point enumerates
+(+-sqrt(20 n) + 2 around the mean: Hoeffding's 2 exp(-40) = 8.5e-18 a side per binomial)."""
+_LG: list[float] = [0.0]
+
+
+def _lgamma_table(n: int) -> Any:
+    """log k! for k = 0..n (numpy), grown once and shared."""
+    import numpy as np
+
+    while len(_LG) <= n:
+        _LG.append(_LG[-1] + math.log(len(_LG)))
+    return np.array(_LG[: n + 1])
+
+
+def _window(n: int, p_lo: float, p_hi: float) -> tuple[int, int]:
+    """Counts k0..k1 (inclusive) holding all but _TAIL of Binomial(n, p)'s mass for every p in [p_lo, p_hi]."""
+    t = math.sqrt(20 * n) + 2
+    return max(0, math.floor(n * p_lo - t)), min(n, math.ceil(n * p_hi + t))
+
+
+def _binom_window(n: int, ps: Any, k0: int, k1: int) -> Any:
+    """Binomial(n, p) probabilities of k = k0..k1, one row per p in `ps` (numpy), from log-gamma."""
+    import numpy as np
+
+    lg = _lgamma_table(n)
+    k = np.arange(k0, k1 + 1, dtype=float)
+    p = np.clip(np.asarray(ps, dtype=float)[:, None], 0.0, 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lp = np.where(k == 0, 0.0, k * np.log(p))
+        lq = np.where(k == n, 0.0, (n - k) * np.log1p(-p))
+    return np.exp(lg[n] - lg[k0 : k1 + 1] - lg[n - k1 : n - k0 + 1][::-1] + lp + lq)
+
+
+def _certify(f: Any, bounds: Any, a: float, b: float, target: float, start: int, tol: float = math.inf) -> float | None:
+    """A certified upper bound of sup f over [a, b] when it is <= target, else None (f exceeds target somewhere, or the
+    bound could not be brought under it within _BUDGET evaluations).
+
+    f: vectorised over points; bounds(a, b) -> (L, M): bounds of |f'| and |f''| on [a, b]. On an interval of length
+    h, f <= min((f(a) + f(b)) / 2 + L h / 2, max(f(a), f(b)) + M h^2 / 8). Intervals whose bound passes target, or
+    the largest value met by more than `tol`, are halved (branch and bound); the others are dropped."""
+    import numpy as np
+
+    if b <= a:
+        return None if float(f(np.array([a]))[0]) > target else target
+    xs = np.linspace(a, b, start)
+    fs = f(xs)
+    if fs.max() > target:
+        return None
+    lo, hi, flo, fhi = xs[:-1], xs[1:], fs[:-1], fs[1:]
+    seen, bound, used = float(fs.max()), float(fs.max()), start  # the largest value met; the bound of the dropped
+    while True:
+        big_l, big_m = bounds(lo, hi)
+        h = hi - lo
+        with np.errstate(invalid="ignore"):
+            tent = np.minimum((flo + fhi) / 2 + big_l * h / 2, np.maximum(flo, fhi) + big_m * h * h / 8)
+        bad = (tent > target) | (tent > seen + tol)
+        if (~bad).any():
+            bound = max(bound, float(tent[~bad].max()))
+        if not bad.any():
+            return bound
+        lo, hi, flo, fhi = lo[bad], hi[bad], flo[bad], fhi[bad]
+        used += lo.size
+        if used > _BUDGET:
+            return None
+        mid = (lo + hi) / 2
+        fm = f(mid)
+        if fm.max() > target:
+            return None
+        seen = max(seen, float(fm.max()))
+        bound = max(bound, seen)
+        lo, hi = np.concatenate([lo, mid]), np.concatenate([mid, hi])
+        flo, fhi = np.concatenate([flo, fm]), np.concatenate([fm, fhi])
+
+
+def _chunks(xs: Any, size: int = 64) -> Any:
+    """(positions, sorted points) in runs of `size`: sorted runs keep each run's binomial window narrow."""
+    import numpy as np
+
+    order = np.argsort(xs)
+    for i in range(0, xs.size, size):
+        yield order[i : i + size], xs[order[i : i + size]]
+
+
+def _info(n: int, x: Any, y: Any) -> Any:
+    """n / (p (1 - p)) at its largest over [x, y] (inf at p = 0 or 1): a binomial's Fisher information."""
+    import numpy as np
+
+    v = np.minimum(x * (1 - x), y * (1 - y))
+    with np.errstate(divide="ignore"):
+        return n / np.maximum(v, 0.0)
+
+
+class _Design:
+    """The reproduced region of one row's design at a level, and its certified exact size.
+
+    The size at a nuisance value is P(region) under both binomials (paired: the multinomial of the discordant
+    counts). Its derivatives in the nuisance obey, with S the score and I the Fisher information along the
+    nuisance: |f'| = |E[S 1_R]| <= E|S| / 2 <= sqrt(I) / 2 (E S = 0), and |f'| <= n_ref + n_act (paired: 2 n; the
+    total-variation rate of the trials); |f''| = |E[(S^2 + S') 1_R]| <= I (E[S^2 + S'] = 0, S' <= 0)."""
+
+    def __init__(self, n_ref: int, n_act: int, margin: float, alpha: float, paired: bool):
+        import numpy as np
+
+        self.n_ref, self.n_act, self.margin, self.paired = n_ref, n_act, margin, paired
+        self.start = int(48 + 2 * math.sqrt(n_ref + n_act))
+        if paired:
+            n = n_ref
+            b, c = np.meshgrid(np.arange(n + 1.0), np.arange(n + 1.0), indexing="ij")
+            keep = (b + c <= n) & (np.abs(c - b) < margin * n + 1)
+            b, c = b[keep], c[keep]
+            nn = np.full(b.shape, float(n))
+            # reproduced at z iff Z(-m) > z and Z(+m) < -z (Tango's statistic falls in delta): below this critical z
+            crit = np.minimum(_tango_z(b, c, nn, -margin + 0 * b), -_tango_z(b, c, nn, margin + 0 * b))
+            inside = crit > z_value(1 - 2 * alpha) * (1 - 1e-9)
+            self.b, self.c, self.crit = b[inside], c[inside], crit[inside]
+            lg = _lgamma_table(n)
+            self.lcoef = lg[n] - lg[self.b.astype(int)] - lg[self.c.astype(int)] - lg[(n - self.b - self.c).astype(int)]
+        else:
+            k1 = np.arange(n_ref + 1.0)
+            start = np.floor((k1 / n_ref - margin) * n_act) - 1
+            width = int(math.ceil(2 * margin * n_act)) + 4
+            k2 = start[:, None] + np.arange(width)[None, :]
+            valid = (k2 >= 0) & (k2 <= n_act)
+            self.k1 = np.broadcast_to(k1[:, None], k2.shape)
+            lo, hi = newcombe_difference(
+                self.k1,
+                np.full(k2.shape, float(n_ref)),
+                np.where(valid, k2, 0.0),
+                np.full(k2.shape, float(n_act)),
+                1 - 2 * min(alpha * (1 + 1e-9), 0.4999),
+            )
+            keep = valid & (lo > -margin - 1e-12) & (hi < margin + 1e-12)
+            rows = keep.any(axis=1)
+            self.k1, k2, self.keep = k1[rows], k2[rows], keep[rows]
+            self.k2 = np.where(valid[rows], k2, 0.0)
+
+    def region(self, level: float) -> Any:
+        """The cells reproduced at `level`, slightly inflated (a superset: the certification stays conservative)."""
+        import numpy as np
+
+        if self.paired:
+            return self.crit > z_value(1 - 2 * level) * (1 - 1e-9)
+        shape = self.k2.shape
+        lo, hi = newcombe_difference(
+            np.broadcast_to(self.k1[:, None], shape),
+            np.full(shape, float(self.n_ref)),
+            self.k2,
+            np.full(shape, float(self.n_act)),
+            1 - 2 * min(level * (1 + 1e-9), 0.4999),
+        )
+        return self.keep & (lo > -self.margin - 1e-12) & (hi < self.margin + 1e-12)
+
+    def size(self, level: float, target: float, tol: float = math.inf) -> float | None:
+        """A certified bound of sup over the nuisance of P(reproduced at `level` | |d| = margin) if it is <= target,
+        else None. Both directions d = +margin and d = -margin."""
+        mask = self.region(level)
+        if not mask.any():
+            return 0.0
+        worst = 0.0
+        for sign in (1, -1):
+            f, bounds, a, b = self._paired(mask, sign) if self.paired else self._unpaired(mask, sign)
+            got = _certify(f, bounds, a, b, target, self.start, tol)
+            if got is None:
+                return None
+            worst = max(worst, got)
+        return worst
+
+    def _unpaired(self, mask: Any, sign: int) -> Any:
+        """P(reproduced) with p_ref = p, p_act = p + sign m; per reference count the reproduced k_act form a run (its
+        hull, a superset, is used), so one row of cumulative sums answers them all."""
+        import numpy as np
+
+        m, n1, n2 = self.margin, self.n_ref, self.n_act
+        any_row = mask.any(axis=1)
+        width = mask.shape[1]
+        first = np.argmax(mask, axis=1)[any_row]
+        last = (width - 1 - np.argmax(mask[:, ::-1], axis=1))[any_row]
+        rows = self.k1[any_row].astype(int)
+        k2_hi = self.k2[any_row][np.arange(rows.size), last].astype(int)
+        k2_lo = self.k2[any_row][np.arange(rows.size), first].astype(int)
+
+        def f(ps: Any) -> Any:
+            out = np.empty(ps.size)
+            for where, p in _chunks(ps):
+                q = p + sign * m
+                a0, a1 = _window(n1, float(p[0]), float(p[-1]))
+                b0, b1 = _window(n2, float(q.min()), float(q.max()))
+                sel = (rows >= a0) & (rows <= a1)
+                pr = _binom_window(n1, p, a0, a1)[:, rows[sel] - a0]
+                cdf = np.concatenate([np.zeros((p.size, 1)), np.cumsum(_binom_window(n2, q, b0, b1), axis=1)], 1)
+                top = np.clip(k2_hi[sel] + 1 - b0, 0, b1 - b0 + 1)
+                bottom = np.clip(k2_lo[sel] - b0, 0, b1 - b0 + 1)
+                out[where] = np.sum(pr * (cdf[:, top] - cdf[:, bottom]), axis=1) + 2 * _TAIL
+            return out
+
+        def bounds(x: Any, y: Any) -> Any:
+            i1, i2 = _info(n1, x, y), _info(n2, x + sign * m, y + sign * m)
+            big_l = np.minimum(float(n1), 0.5 * np.sqrt(i1)) + np.minimum(float(n2), 0.5 * np.sqrt(i2))
+            return big_l, i1 + i2
+
+        return f, bounds, *((0.0, 1 - m) if sign > 0 else (m, 1.0))
+
+    def _paired(self, mask: Any, sign: int) -> Any:
+        """P(reproduced) with discordance q10 = t, q01 = t + m (sign -1: swapped), t in [0, (1 - m) / 2]."""
+        import numpy as np
+
+        m, n = self.margin, self.n_ref
+        b, c = (self.b[mask], self.c[mask]) if sign > 0 else (self.c[mask], self.b[mask])
+        lcoef = self.lcoef[mask]
+        r = n - b - c
+
+        def f(ts: Any) -> Any:
+            out = np.empty(ts.size)
+            for where, t in _chunks(ts):
+                b0, b1 = _window(n, float(t[0]), float(t[-1]))
+                c0, c1 = _window(n, float(t[0]) + m, float(t[-1]) + m)
+                sel = (b >= b0) & (b <= b1) & (c >= c0) & (c <= c1)
+                counts = np.stack([b[sel], c[sel], r[sel]], axis=1)
+                probs = np.stack([t, t + m, np.clip(1 - 2 * t - m, 0.0, 1.0)])
+                with np.errstate(divide="ignore"):
+                    logs = np.where(probs > 0, np.log(probs), -1e300)  # 0 * -1e300 = 0: a count of 0 at rate 0
+                out[where] = np.exp(lcoef[sel][:, None] + counts @ logs).sum(axis=0) + 2 * _TAIL
+            return out
+
+        def bounds(x: Any, y: Any) -> Any:
+            with np.errstate(divide="ignore"):
+                info = n * (1 / x + 1 / (x + m) + 4 / np.maximum(1 - 2 * y - m, 0.0))
+            return np.minimum(2.0 * n, 0.5 * np.sqrt(info)), info
+
+        return f, bounds, 0.0, (1 - m) / 2
+
+
+CALIBRATION_LIMIT = 3_000_000
+"""The most cells a design may enumerate for `calibrated_alpha` (unpaired: (n_ref + 1) (2 m n_act + 4); paired: the
+(n + 1)^2 grid of discordant counts, i.e. n up to 1,731). Beyond it the level is not calibrated (`calibrable`): the
+time and memory would grow without bound (2M episodes a side is a valid evidence file), and there the uncalibrated
+size was measured close to alpha (evidence/README.md)."""
+
+
+def calibrable(n_ref: int, n_act: int, margin: float, paired: bool = False) -> bool:
+    """Whether `calibrated_alpha` takes this design (CALIBRATION_LIMIT)."""
+    cells = (n_ref + 1) ** 2 if paired else (n_ref + 1) * (2 * margin * n_act + 4)
+    return cells <= CALIBRATION_LIMIT
+
+
+@functools.lru_cache(maxsize=4096)
+def calibrated_alpha(n_ref: int, n_act: int, margin: float, alpha: float, paired: bool = False) -> float:
+    """The largest level a <= alpha (to a relative 5e-3, from below) at which the row's test keeps its exact size:
+    sup over the nuisance rate of P(reproduced at a | |d| = margin) <= alpha, certified (see `exact_size`).
+
+    Design: n_ref and n_act episodes (paired: n_ref = n_act = the matched episodes, the nuisance the discordance).
+    The reproduced region grows with the level (every interval here narrows as the level rises), so the size does
+    too, and a bisection on log a finds the last certified level."""
+    _check(alpha, margin)
+    if paired and n_ref != n_act:
+        raise ValueError(f"a paired design has one n, got {n_ref} and {n_act}")
+    if not calibrable(n_ref, n_act, margin, paired):
+        raise ValueError(f"design {n_ref} / {n_act} (paired {paired}) is past CALIBRATION_LIMIT")
+    if n_ref < 1 or n_act < 1:
+        return alpha
+    design = _Design(n_ref, n_act, margin, alpha, paired)
+    target = alpha - SIZE_SLACK
+    if design.size(alpha, target) is not None:
+        return alpha
+    hi, lo = alpha, alpha / 2
+    while design.size(lo, target) is None:
+        hi, lo = lo, lo / 2
+        if lo < MIN_ALPHA:
+            return MIN_ALPHA
+    seen = {int(design.region(lo).sum()): True, int(design.region(hi).sum()): False}
+    while hi / lo > 1.005:
+        mid = math.sqrt(lo * hi)
+        cells = int(design.region(mid).sum())  # nested regions: the same count is the same region
+        ok = seen.get(cells)
+        if ok is None:
+            ok = seen[cells] = design.size(mid, target) is not None
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    return lo
+
+
+def exact_size(
+    n_ref: int, n_act: int, margin: float, level: float, *, paired: bool = False, alpha: float = 0.5, tol: float = 1e-5
+) -> float | None:
+    """A certified upper bound of the exact size at `level` (sup over the nuisance rate, both signs, of P(reproduced |
+    |d| = margin)) within `tol` of the largest value met, or None when the size exceeds `alpha`. The sup is a grid
+    refined by branch and bound under a Lipschitz bound of P(region) in the nuisance, |f'| <= min(n, sqrt(I) / 2)
+    summed over the binomials (I their Fisher information; paired: min(2n, sqrt(I) / 2)), so no value between grid
+    points can pass it."""
+    design = _Design(n_ref, n_act, margin, max(level, 1e-12), paired)
+    return design.size(level, alpha, tol)
 
 
 # -- simulation -----------------------------------------------------------------------------------
