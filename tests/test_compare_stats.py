@@ -135,7 +135,7 @@ def test_eval_plan_prints_the_episodes_needed(tmp_path):
     out = portable("eval", "--plan", "--reference", str(ref))
     assert out.returncode == 0, out.stderr
     line = next(x for x in out.stdout.splitlines() if "recap/success_once" in x)
-    assert line.split()[1:5] == ["p=0.880", "margin", "±0.05", "727"] and "reference has 100 (too few)" in line
+    assert line.split()[1:5] == ["p=0.880", "margin", "±0.05", "749"] and "reference has 100 (too few)" in line
     # Two tasks: the whole verdict needs every per-task row too, so the last line plans episodes per task.
     assert f"recap/{PICK}/success_once" in out.stdout
     assert "the whole verdict (all 12 rate rows reproduced" in out.stdout.splitlines()[-2]
@@ -148,7 +148,7 @@ def test_eval_plan_prints_the_episodes_needed(tmp_path):
             "alpha": 0.05,
             "power": 0.8,
             "difference": 0.0,
-            "episodes_per_side": 416,
+            "episodes_per_side": 440,
             "reference_episodes": None,
             "basis": "exact",
         }
@@ -171,8 +171,9 @@ def test_plan_searches_the_exact_power_so_its_promise_holds_near_0_and_1():
     # and 68 at p = 0.99, m = 0.05 (exact power 0.375: audit power_plan.out).
     for p, m, d in [(1.0, 0.1, 0.0), (0.0, 0.1, 0.0), (0.99, 0.05, 0.0), (0.02, 0.1, 0.0), (0.95, 0.1, 0.05)]:
         n = stats.episodes_exact([(p, 1)], margin=m, difference=d)
-        assert stats.exact_power(p, p + d, n, n, margin=m, alpha=0.05) >= 0.8, (p, m, n)
-        assert stats.exact_power(p, p + d, n - 1, n - 1, margin=m, alpha=0.05) < 0.8 or n == 1
+        # planned with the calibrated test (the one compare runs), stepping up from the uncalibrated search's n
+        assert stats.exact_power(p, p + d, n, n, margin=m, alpha=0.05, calibrated=True) >= 0.8, (p, m, n)
+        assert stats.exact_power(p, p + d, n // 2, n // 2, margin=m, alpha=0.05) < 0.8 or n == 1
     assert stats.exact_power(1.0, 1.0, 17, 17, margin=0.1, alpha=0.05) == 0.0
     # exact_power against a direct sum over every pair of counts (small n, no trimming).
     from math import comb

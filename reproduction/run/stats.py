@@ -288,7 +288,7 @@ def exact_power(
     import numpy as np
 
     _check(alpha, margin)
-    if calibrated:
+    if calibrated and calibrable(n_ref, n_act, margin):  # past the limit compare judges at alpha too
         alpha = calibrated_alpha(n_ref, n_act, margin, alpha)
     pr, pa = _pmf(n_ref, p_ref), _pmf(n_act, p_act)
     kr, ka = np.nonzero(pr > 1e-13)[0], np.nonzero(pa > 1e-13)[0]
@@ -318,9 +318,11 @@ def episodes_exact(
     P(all) >= power (rows of several margins share the one budget: planning each margin alone with the whole
     1 - power and taking the largest n gave 0.72-0.75, audit46 stats F2).
 
-    Searched on the exact power (`exact_power`), not the normal approximation: near rates 0 and 1 that one
-    promised 80% and delivered 0-60% (audit F3). Exponential search, then bisection on n; the n returned
-    itself satisfies the bound (the exact power is saw-toothed in n, so a few n above it may fall just short).
+    Searched on the exact power of the calibrated test compare runs (`exact_power(..., calibrated=True)`), not the
+    normal approximation: near rates 0 and 1 that one promised 80% and delivered 0-60% (audit F3). Exponential
+    search then bisection on the uncalibrated power (cheap; the calibrated test's power is no larger at any n), then
+    steps of n / 64 up until the calibrated bound holds; the n returned itself satisfies it (the exact power is
+    saw-toothed in n, so a few n above it may fall just short).
     Raises ValueError when no n up to `limit` does."""
     full = [(row[0], row[1], float(row[2] if len(row) > 2 else margin)) for row in rows]
     margins = sorted({m for _, _, m in full}) or [float(margin)]
@@ -332,29 +334,41 @@ def episodes_exact(
         if not abs(difference) < m:
             raise ValueError(f"true difference {difference} must be smaller than the margin {m}")
     counts = {row: full.count(row) for row in full}
-    cache: dict[tuple[float, int, float], float] = {}
+    cache: dict[tuple[float, int, float, bool], float] = {}
 
-    def shortfall(n: int) -> float:
+    def shortfall(n: int, calibrated: bool = True) -> float:
         total = 0.0
         for (p, tasks, m), times in counts.items():
             q = p + difference if 0 <= p + difference <= 1 else p - difference
-            key = (p, n * tasks, m)
+            key = (p, n * tasks, m, calibrated)
             if key not in cache:
-                cache[key] = exact_power(p, q, n * tasks, n * tasks, margin=m, alpha=alpha, calibrated=False)
+                cache[key] = exact_power(p, q, n * tasks, n * tasks, margin=m, alpha=alpha, calibrated=calibrated)
             total += (1 - cache[key]) * times
         return total
 
+    def search(lo: int, hi: int, calibrated: bool) -> int:
+        """Doubling from hi, then bisection: an n whose shortfall fits the budget (lo: one known not to)."""
+        while shortfall(hi, calibrated) > budget:
+            if hi >= limit:
+                shown = ", ".join(f"{m:g}" for m in margins)
+                raise ValueError(f"no n up to {limit} episodes per task gives power {power} at margin {shown}")
+            lo, hi = hi, 2 * hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if shortfall(mid, calibrated) <= budget else (mid, hi)
+        return hi
+
     budget = 1 - power + 1e-12
-    hi = 1
+    # The calibrated test reproduces less often than the uncalibrated one at the same n (alpha* <= alpha, nested
+    # regions), so the uncalibrated search (cheap) gives a start; from there the calibrated power is checked in steps
+    # of 1/64 (each step calibrates the designs of one n) and the first n that fits is returned: at most 1/64 above
+    # the smallest such n past the start, and it itself satisfies the bound.
+    hi = search(0, 1, False)
     while shortfall(hi) > budget:
         if hi >= limit:
             shown = ", ".join(f"{m:g}" for m in margins)
             raise ValueError(f"no n up to {limit} episodes per task gives power {power} at margin {shown}")
-        hi *= 2
-    lo = hi // 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if shortfall(mid) <= budget else (mid, hi)
+        hi = min(limit, hi + max(1, hi // 64))
     return hi
 
 
