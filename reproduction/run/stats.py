@@ -283,8 +283,8 @@ def exact_power(
     """P(`reproduced`) of the unpaired test (Newcombe TOST) when the two sides' true rates are p_ref and p_act, by
     exact enumeration of both binomials (outcomes of probability < 1e-13 left out: the result is low by at most
     (n_ref + n_act + 2) 1e-13). calibrated=True: the test compare runs, at the design's calibrated level
-    (`calibrated_alpha`); by default the uncalibrated one at alpha (its size exceeds alpha on small designs), which
-    is what `episodes_exact` still plans with."""
+    (`calibrated_alpha`; `episodes_exact` plans with it); by default the uncalibrated one at alpha (its size exceeds
+    alpha on small designs)."""
     import numpy as np
 
     _check(alpha, margin)
