@@ -14,6 +14,9 @@ Conventions every command follows (and a new one inherits by being added with `_
   on stderr and exits with the error's code (see reproduction/errors.py). An unexpected exception
   is exit 1 ("a bug") with a one-line message; `--debug` shows the traceback in both cases.
 - A bundle argument that does not exist is exit 3 in every command that takes one.
+- Every path argument is normalised once, before the command runs (`_check_paths`: `~` expanded, absolute,
+  resolved) and the command uses that form; an empty one is a usage error (exit 2), never the current folder.
+- `--debug` adds the traceback and changes no exit code.
 """
 
 from __future__ import annotations
@@ -286,6 +289,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             )
         # `check --json BUNDLE`: a report cannot be written to a folder, so the folder is the bundle
         args.bundle, target = target, True
+    if isinstance(target, str) and target != "-":
+        _refuse_file_above(target, flag="--json")  # before the probes run, not exit 8 after them (audit47 F6)
     json_path = Path("-") if target is True else Path(target) if target else None
     return run_checks(
         bundle=_bundle(args),
@@ -294,6 +299,20 @@ def cmd_check(args: argparse.Namespace) -> int:
         device=args.device,
         ui=_ui(args),
     )
+
+
+def _refuse_file_above(target: str, *, flag: str) -> None:
+    """InputNotFoundError (exit 3, "a file where a folder is expected") naming `flag` and `target` when a folder
+    above the file `target` is a file: the file could never be written there."""
+    probe = Path(target).absolute().parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise InputNotFoundError(
+            f"cannot write {flag} {target}: {probe} is a file, not a folder",
+            path=target,
+            hint=f"pass {flag} a file in an existing folder (or a new one), or give --json alone for stdout",
+        )
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -653,19 +672,52 @@ PATH_ARGUMENTS = (
 """The attributes of the parsed arguments that hold user paths (every command's)."""
 
 
-def _check_paths(args: argparse.Namespace) -> None:
-    """Refuse a path argument that is a symbolic-link loop or a link to nothing (exit 3, one line naming it)
-    before any command reads it; run/eval/demo/lineage also use the resolved form (run/cli.py normalise_paths)."""
-    from reproduction.fsio import user_path
+def _path_flag(args: argparse.Namespace, name: str) -> str:
+    """How the user spelled the path argument `name`: BUNDLE for a positional, --output for an option (`weights
+    pin --manifest` and `eval --plan --reference` are options where other commands take MANIFEST, REFERENCE)."""
     from reproduction.run.cli import POSITIONAL
+
+    option = (name, args.command) == ("reference", "eval") or (
+        name == "manifest" and getattr(args, "weights_command", None) == "pin"
+    )
+    return name.upper() if name in POSITIONAL and not option else "--" + name.replace("_", "-")
+
+
+def _not_a_path(name: str, item: str) -> bool:
+    """A value of a path argument that names no file: check's `--json -` (stdout), eval's `--checkpoint STEP`,
+    compare's `hub:OWNER/NAME` evidence."""
+    return (
+        (name == "json" and item == "-")
+        or (name == "checkpoint" and item.isdigit())
+        or (name in ("reference", "actual") and item.startswith("hub:"))
+    )
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """Normalise every path argument once, the same way, before any command reads or writes through it: `~`
+    expanded, made absolute, resolved (fsio.user_path), and the normalised form stored back in `args`, so what
+    was checked is what every command uses (audit47 F5: `pack --out '~/b'` made a folder named `~`).
+
+    Refused, naming the argument: an empty path (UsageError, exit 2: `Path('')` is the current folder, so an
+    unset `--output "$OUT"` wrote wherever the user stood; audit47 F2), a symbolic-link loop, a link to nothing
+    and a name too long to look up (exit 3)."""
+    from reproduction.fsio import user_path
 
     for name in PATH_ARGUMENTS:
         value = getattr(args, name, None)
-        for item in value if isinstance(value, list) else [value]:
-            if not isinstance(item, str) or not item or (name, item) == ("json", "-"):
-                continue
-            if not (name == "checkpoint" and item.isdigit()):
-                user_path(item, what=name.upper() if name in POSITIONAL else "--" + name.replace("_", "-"))
+        items = value if isinstance(value, list) else [value]
+        if not any(isinstance(item, str) for item in items):
+            continue  # not given, or the global --json flag (True/False)
+        flag = _path_flag(args, name)
+        normalised = []
+        for item in items:
+            if item == "":
+                raise UsageError(
+                    f"{flag} is empty: an empty path would mean the current folder",
+                    hint=f"give {flag} a path (an unset shell variable expands to nothing; use . for this folder)",
+                )
+            normalised.append(item if _not_a_path(name, item) else str(user_path(item, what=flag)))
+        setattr(args, name, normalised if isinstance(value, list) else normalised[0])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -697,18 +749,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.json and not args.json_output:
             raise UsageError(f"`portable {args.command}` has no JSON output", hint="drop --json")
+        if args.command == "run" and args.bundle and "=" in args.bundle and not os.path.lexists(args.bundle):
+            args.overrides.insert(0, args.bundle)  # `portable run --output D key=value`: no BUNDLE given
+            args.bundle = None
         _check_paths(args)
         pin_cpu_kernels()  # before any pipeline command imports torch: the same bits on every x86-64 CPU
         heap_choice()  # a bad PORTABLE_HEAP stops here, not inside a trainer after minutes of work
         check_cache_root()  # a PORTABLE_CACHE_DIR that is a file: said here, not silently run without a cache
         return int(args.handler(args) or 0)
     except PortableError as exc:
-        if args.debug:
-            raise
+        _traceback_if(args.debug)  # --debug adds the traceback; the exit code stays the error's (audit47 F9)
         return render_error(exc)
     except OSError as exc:
-        if args.debug:
-            raise
+        _traceback_if(args.debug)
         return render_error(_from_os_error(exc))
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
@@ -726,6 +779,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {label}{type(exc).__name__}: {exc}", file=sys.stderr)
         print(f"hint: {_blame(exc, raised_at)}", file=sys.stderr)
         return 1
+
+
+def _traceback_if(debug: bool) -> None:
+    """With --debug, print the traceback of the exception being handled on stderr (above its `error:` line)."""
+    if debug:
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
 
 
 def _raised_outside(exc: BaseException) -> str | None:

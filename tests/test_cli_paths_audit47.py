@@ -1,0 +1,154 @@
+"""audit47's CLI findings on path arguments and exit codes: an empty path is refused (exit 2, naming the argument)
+before anything is written, every path argument is normalised once at the entry (`~` expanded, absolute) and that
+form is what the command uses, `check --json` under a file is refused before the probes, `--debug` keeps the exit
+code, and a name too long to look up is an input error (exit 3), not a failed write."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from bundlekit import small_bundle
+
+from reproduction import portable
+from reproduction.release.noop import parse_argv
+
+
+@pytest.fixture
+def cwd(tmp_path, monkeypatch):
+    """An empty current folder, and a HOME beside it."""
+    here = tmp_path / "cwd"
+    here.mkdir()
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("HOME", str(home))
+    return here
+
+
+def _file(tmp_path: Path, name: str = "x.json", text: str = "{}\n") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+# (argv builder, the argument the error names)
+EMPTY = [
+    (lambda t: ["pack", _file(t, "s.toml", ""), "--out", ""], "--out"),
+    (lambda t: ["pack", "", "--out", str(t / "o")], "SPEC"),
+    (lambda t: ["pack", _file(t, "s.toml", ""), "--out", str(t / "o"), "--root", ""], "--root"),
+    (lambda t: ["run", "--output", "", "--stages", "returns"], "--output"),
+    (lambda t: ["run", "", "--output", str(t / "o")], "BUNDLE"),
+    (lambda t: ["run", "--output", str(t / "o"), "--config", ""], "--config"),
+    (lambda t: ["eval", "--checkpoint", "1", "--output", ""], "--output"),
+    (lambda t: ["weights", "fetch", _file(t), ""], "DIR"),
+    (lambda t: ["weights", "verify", _file(t), ""], "DIR"),
+    (lambda t: ["weights", "pin", "a/b", "--manifest", ""], "--manifest"),
+    (lambda t: ["fetch", "a/b", ""], "DIR"),
+    (lambda t: ["verify", ""], "BUNDLE"),
+    (lambda t: ["restore", ""], "BUNDLE"),
+    (lambda t: ["check", "--json", ""], "--json"),
+    (lambda t: ["lineage", ""], "RUN_DIR"),
+    (lambda t: ["compare", "", _file(t)], "REFERENCE"),
+    (lambda t: ["compare", _file(t), _file(t), "--out", ""], "--out"),
+    (lambda t: ["demo", "--output", ""], "--output"),
+]
+
+
+@pytest.mark.parametrize("argv, flag", EMPTY, ids=[f"{i}:{flag}" for i, (_, flag) in enumerate(EMPTY)])
+def test_an_empty_path_argument_is_a_usage_error_and_nothing_is_written(argv, flag, cwd, tmp_path, capsys):
+    assert portable.main(argv(tmp_path)) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"error: {flag} is empty: an empty path would mean the current folder"
+    assert err[1].startswith(f"hint: give {flag} a path") and len(err) == 2
+    assert list(cwd.iterdir()) == []
+
+
+def test_the_script_restore_shortcut_leaves_an_empty_bundle_to_the_cli():
+    assert parse_argv(["restore", ""]) is None
+    assert parse_argv(["restore", "b"]) == ("b", False)
+
+
+# (command argv with ~ paths, the attributes that must come out expanded and absolute)
+TILDE = [
+    ("cmd_pack", ["pack", "~/s.toml", "--out", "~/b", "--root", "~"], {"spec": "s.toml", "out": "b", "root": ""}),
+    ("cmd_weights", ["weights", "fetch", "~/m.json", "~/w"], {"manifest": "m.json", "dir": "w"}),
+    ("cmd_weights", ["weights", "verify", "~/m.json", "~/w"], {"manifest": "m.json", "dir": "w"}),
+    ("cmd_compare", ["compare", "~/a.json", "~/b.json", "--out", "~/c.json"], {"reference": "a.json", "out": "c.json"}),
+    ("cmd_fetch", ["fetch", "a/b", "~/d"], {"dir": "d"}),
+    ("cmd_verify", ["verify", "~/b"], {"bundle": "b"}),
+    ("cmd_lineage", ["lineage", "~/r"], {"run_dir": "r"}),
+    ("cmd_run", ["run", "~/b", "--output", "~/r", "--config", "~/c.yaml"], {"bundle": "b", "output": "r"}),
+    ("cmd_eval", ["eval", "--checkpoint", "~/e", "--output", "~/r"], {"checkpoint": "e", "output": "r"}),
+]
+
+
+@pytest.mark.parametrize("handler, argv, want", TILDE, ids=[" ".join(a[:2]) for _, a, _ in TILDE])
+def test_every_path_argument_reaches_the_command_expanded_and_absolute(handler, argv, want, cwd, monkeypatch):
+    home = Path.home().resolve()
+    seen = {}
+    monkeypatch.setattr(portable, handler, lambda args: seen.update(vars(args)) or 0)
+    assert portable.main(argv) == 0
+    for name, rel in want.items():
+        assert seen[name] == str(home / rel if rel else home), name
+    if handler == "cmd_run":
+        assert seen["config"] == [str(home / "c.yaml")]
+
+
+def test_what_is_not_a_path_is_left_alone(cwd, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(portable, "cmd_compare", lambda args: seen.update(vars(args)) or 0)
+    monkeypatch.setattr(portable, "cmd_eval", lambda args: seen.update(vars(args)) or 0)
+    monkeypatch.setattr(portable, "cmd_run", lambda args: seen.update(vars(args)) or 0)
+    assert portable.main(["compare", "hub:me/x", "hub:me/y@v1"]) == 0
+    assert (seen["reference"], seen["actual"]) == ("hub:me/x", "hub:me/y@v1")
+    assert portable.main(["eval", "--checkpoint", "1000", "--output", "r"]) == 0
+    assert seen["checkpoint"] == "1000" and seen["output"] == str(cwd.resolve() / "r")
+    assert portable.main(["run", "--output", "r", "a.b=1", "c.d=2"]) == 0  # no BUNDLE: the first is an override
+    assert seen["bundle"] is None and seen["overrides"] == ["a.b=1", "c.d=2"]
+
+
+def test_pack_out_with_a_tilde_packs_into_home_not_into_a_folder_named_tilde(cwd, tmp_path, capsys):
+    source = small_bundle(tmp_path / "src").parent / "small.toml"
+    assert portable.main(["pack", str(source), "--out", "~/b", "-q"]) == 0
+    assert (Path.home() / "b" / "bundle.json").is_file()
+    assert list(cwd.iterdir()) == []
+
+
+def test_check_json_under_a_file_is_refused_before_any_probe(tmp_path, monkeypatch, capsys):
+    import reproduction.checks.report as report
+
+    monkeypatch.setattr(report, "run_checks", lambda **kw: pytest.fail("probes ran"))
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    target = afile / "sub" / "c.json"
+    assert portable.main(["check", "--json", str(target)]) == 3
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"error: cannot write --json {target}: {afile} is a file, not a folder"
+    assert err[1].startswith("hint: ") and afile.read_text() == "x"
+
+
+def test_debug_adds_the_traceback_and_keeps_the_exit_code(tmp_path, capsys):
+    assert portable.main(["--debug", "verify", str(tmp_path / "nope")]) == 3
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "InputNotFoundError" in err
+    assert err.splitlines()[-2] == f"error: {tmp_path / 'nope'} does not exist"
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [(["verify"], "BUNDLE"), (["lineage"], "RUN_DIR"), (["run", "--output"], "--output")],
+)
+def test_a_name_too_long_to_look_up_is_an_input_error_naming_the_argument(argv, flag, tmp_path, capsys):
+    long = str(tmp_path / ("a" * 300))
+    assert portable.main([*argv, long]) == 3
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"error: {flag} {long} cannot be looked up: a name in it is longer than this filesystem allows"
+    assert err[1].startswith("hint: ") and [p.name for p in tmp_path.iterdir()] == []
+
+
+def test_check_json_file_still_written(tmp_path, monkeypatch):
+    target = tmp_path / "new" / "c.json"
+    portable.main(["check", "--device", "cpu", "--json", str(target), "-q"])  # its verdict is this machine's
+    assert json.loads(target.read_text())["format"] == "recap-portable-check"
