@@ -383,7 +383,15 @@ def cmd_weights(args: argparse.Namespace) -> int:
             options=_ui(args),
         )
         return 0
-    report = weights.verify_weights(manifest, Path(args.dir))
+    weights_dir = Path(args.dir)
+    if not weights_dir.is_dir():  # a typo'd DIR is not "your weights are missing" (exit 5 with no error line)
+        what = "is a file, not a folder" if weights_dir.exists() else "does not exist"
+        raise InputNotFoundError(
+            f"DIR {weights_dir} {what}",
+            path=weights_dir,
+            hint=f"name the folder the weights are in; `portable weights fetch {args.manifest} DIR` downloads them",
+        )
+    report = weights.verify_weights(manifest, weights_dir)
     if args.json:
         _print_json(report.to_dict())
     else:

@@ -152,3 +152,45 @@ def test_check_json_file_still_written(tmp_path, monkeypatch):
     target = tmp_path / "new" / "c.json"
     portable.main(["check", "--device", "cpu", "--json", str(target), "-q"])  # its verdict is this machine's
     assert json.loads(target.read_text())["format"] == "recap-portable-check"
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_weights_verify_of_a_dir_that_is_no_folder_is_exit_3_naming_it(kind, tmp_path, capsys):
+    target = tmp_path / "w"
+    if kind == "file":
+        target.write_text("x")
+    manifest = REPO / "weights_manifest" / "value_tiny.json"
+    assert portable.main(["weights", "verify", str(manifest), str(target)]) == 3
+    out, err = capsys.readouterr()
+    what = "is a file, not a folder" if kind == "file" else "does not exist"
+    assert err.splitlines()[0] == f"error: DIR {target} {what}" and err.splitlines()[1].startswith("hint: ")
+    assert out == "" and sorted(p.name for p in tmp_path.iterdir()) == (["w"] if kind == "file" else [])
+
+
+def test_run_print_config_with_json_prints_one_json_document(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert portable.main(["run", "--output", str(run), "--print-config", "--json", "eval.seed=7"]) == 0
+    config = json.loads(capsys.readouterr().out)
+    assert config["RUN"] == str(run) and config["eval"]["seed"] == 7 and config["recipe"] == "recap"
+    assert not run.exists()
+
+
+def test_eval_refuses_an_override_it_would_not_use_before_anything_is_written(tmp_path, capsys):
+    run = tmp_path / "run"
+    argv = ["eval", "--checkpoint", "1000", "--output", str(run), "eval.seed=3", "value.train.max_steps=5"]
+    assert portable.main(argv) == 4
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        "error: `portable eval` takes only eval.* overrides (and recipe=...): value.train.max_steps is not used by "
+        "an evaluation"
+    )
+    assert err[1].startswith("hint: drop value.train.max_steps=5") and not run.exists()
+
+
+def test_eval_overrides_it_uses_pass_the_refusal():
+    from reproduction.run.cli import refuse_non_eval_overrides
+
+    refuse_non_eval_overrides(["eval.seed=3", "eval.tasks=[a]", "recipe=grpo", "no-equals-is-the-loader's"])

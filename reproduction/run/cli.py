@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reproduction.errors import ConfigError, InputNotFoundError
+from reproduction.errors import ConfigError, InputNotFoundError, UsageError
 from reproduction.ui import UiOptions, say
 
 DEFAULT_CONFIG = "config/run.yaml"
@@ -42,6 +42,24 @@ def normalise_paths(args: Any, *names: str) -> None:
             setattr(args, name, [str(user_path(v, what=flag)) for v in value])
         else:
             setattr(args, name, str(user_path(value, what=flag)))
+
+
+EVAL_OVERRIDE_ROOTS = ("eval", "recipe")
+"""What `portable eval` overrides may set: the evaluation's own keys, and which recipe evaluates (no run folder)."""
+
+
+def refuse_non_eval_overrides(overrides: list[str]) -> None:
+    """ConfigError (exit 4) naming the first override `portable eval` would not use (a training stage's key, say
+    `value.train.max_steps`): it evaluates an export as trained, so such a key was silently ignored (audit47 F16).
+    An override without `=` is left to the config loader, which names it."""
+    for text in overrides:
+        key, eq, _ = text.partition("=")
+        if eq and key.lstrip("+~").split(".")[0] not in EVAL_OVERRIDE_ROOTS:
+            raise ConfigError(
+                f"`portable eval` takes only eval.* overrides (and recipe=...): {key} is not used by an evaluation",
+                field=key,
+                hint=f"drop {text}; to train with it, use `portable run ... {text}` (then evaluate that run)",
+            )
 
 
 def _config_files(args: Any, bundle: Path | None) -> list[Path]:
@@ -87,7 +105,7 @@ def _refuse_no_stages(args: Any, recipe: Any) -> None:
 def cmd_run(args: Any) -> int:
     """`portable run [BUNDLE] --output DIR [--config FILE] [--stages ...] [--resume] [key=value ...]`: the recipe
     the config names (`recipe:`, absent = recap; run/resolve.py) with its config."""
-    from reproduction.run.config import to_yaml
+    from reproduction.run.config import to_json, to_yaml
     from reproduction.run.resolve import load_run_config
 
     overrides = list(args.overrides or [])
@@ -133,8 +151,8 @@ def cmd_run(args: Any) -> int:
     name, recipe, config = load_run_config(files, overrides, bundle=bundle, run_dir=run_dir)
     if bundle is None and getattr(config, "BUNDLE", None) == "":
         _warn_empty_bundle(files, overrides)
-    if args.print_config:
-        sys.stdout.write(to_yaml(config))
+    if args.print_config:  # with --json as JSON: stdout is one JSON document then (audit47 F15)
+        sys.stdout.write(to_json(config) if getattr(args, "json", False) else to_yaml(config))
         return 0
     _refuse_no_stages(args, recipe)
     report = execute(recipe, config, run_dir, args, recipe_ref=name)
@@ -206,7 +224,7 @@ def cmd_eval(args: Any) -> int:
     overrides name (absent: recap). In a run folder it runs under the folder's lock (not beside a `portable run`)
     and refuses stage folders linked out of it. UsageError (exit 2) when the recipe has no such command.
     """
-    from reproduction.errors import RunStateError, UsageError
+    from reproduction.errors import RunStateError
     from reproduction.recipe import resolve_fn
     from reproduction.run.config import recipe_name
     from reproduction.run.guards import refuse_links, run_lock
@@ -216,6 +234,7 @@ def cmd_eval(args: Any) -> int:
     normalise_paths(args, "output", "config")
     if not args.checkpoint.isdigit():
         normalise_paths(args, "checkpoint")
+    refuse_non_eval_overrides(list(args.overrides or []))
     run_dir = Path(args.output)
     if run_dir.exists() and not run_dir.is_dir():
         raise RunStateError(f"output {run_dir} is a file, not a folder", path=run_dir)

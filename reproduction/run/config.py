@@ -342,6 +342,16 @@ def to_yaml(config: Any) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(config))
 
 
+def to_json(config: Any) -> str:
+    """The resolved config as one JSON document (what --print-config --json shows; the same values as to_yaml)."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    plain = OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True)
+    return json.dumps(plain, indent=1, default=str) + "\n"
+
+
 def to_plain(config: Any) -> Any:
     """A dataclass config as plain JSON-able dicts and lists (tuples become lists)."""
     if dataclasses.is_dataclass(config):
