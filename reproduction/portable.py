@@ -315,9 +315,22 @@ def _refuse_file_above(target: str, *, flag: str) -> None:
         )
 
 
+def _repo_argument(repo: str, flag: str) -> str:
+    """`repo` when it is OWNER/NAME; else UsageError (exit 2) naming `flag`: a bad value typed on the command line
+    is a usage error like any other (audit47 F12), where the same mistake inside a manifest stays exit 4."""
+    from reproduction.errors import InvalidInputError
+    from reproduction.release.hub import check_repo_id
+
+    try:
+        return check_repo_id(repo)
+    except InvalidInputError as exc:
+        raise UsageError(f"{flag} {repo!r} is not OWNER/NAME", hint=exc.hint) from None
+
+
 def cmd_publish(args: argparse.Namespace) -> int:
     from reproduction.release.hub import publish_bundle
 
+    _repo_argument(args.repo, "--repo")
     result = publish_bundle(
         _bundle(args),
         args.repo,
@@ -338,6 +351,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 def cmd_fetch(args: argparse.Namespace) -> int:
     from reproduction.release.hub import fetch_bundle
 
+    _repo_argument(args.repo, "repo")
     result = fetch_bundle(args.repo, Path(args.dir), revision=args.revision, repo_type=args.repo_type, ui=_ui(args))
     if args.json:
         _print_json(result)
@@ -356,6 +370,7 @@ def cmd_weights(args: argparse.Namespace) -> int:
                 _print_json(manifest.to_dict())
             say(f"pinned {len(manifest.components)} component(s) -> {args.target}", options=_ui(args))
             return 0
+        _repo_argument(args.target, "REPO")
         manifest_path = Path(args.manifest) if args.manifest else None
         comp = weights_hub.pin_hub(
             args.target,
@@ -465,12 +480,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         from reproduction.recipes.recap.demo_libero import run_libero_demo
 
         return run_libero_demo(output, quick=args.quick, seed=args.seed, overrides=args.overrides, ui=_ui(args))
-    if getattr(args, "seed", None) is not None:
-        from reproduction.errors import ConfigError
-
-        raise ConfigError(
-            "--seed is an option of the LIBERO tier only", field="--seed", hint="add --world libero, or drop --seed"
-        )
+    if getattr(args, "seed", None) is not None:  # an option another one needs: a usage error (audit47 F12)
+        raise UsageError("--seed is an option of the LIBERO tier only", hint="add --world libero, or drop --seed")
     run_demo = importlib.import_module(DEMOS[recipe]).run_demo
     return run_demo(output, quick=args.quick, overrides=args.overrides, ui=_ui(args))
 
@@ -725,7 +736,19 @@ def _check_paths(args: argparse.Namespace) -> None:
                     hint=f"give {flag} a path (an unset shell variable expands to nothing; use . for this folder)",
                 )
             normalised.append(item if _not_a_path(name, item) else str(user_path(item, what=flag)))
+            kind = FILE_ARGUMENTS.get((args.command, name))
+            if kind and os.path.isdir(normalised[-1]):  # exit 3, as errors.py and README's --config say (F11)
+                raise InputNotFoundError(
+                    f"{flag} {item} is a folder, not {kind}",
+                    path=normalised[-1],
+                    hint=f"pass {flag} {kind} (a path that is not a folder)",
+                )
         setattr(args, name, normalised if isinstance(value, list) else normalised[0])
+
+
+FILE_ARGUMENTS = {("pack", "spec"): "a spec file", ("compare", "out"): "a file to write the comparison to"}
+"""(command, path argument) that must name a file, not a folder: a folder there is exit 3 naming the argument, before
+the command runs (`--config`, MANIFEST and `check --json FILE` say the same in their own words)."""
 
 
 def main(argv: list[str] | None = None) -> int:

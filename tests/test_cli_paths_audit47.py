@@ -194,3 +194,58 @@ def test_eval_overrides_it_uses_pass_the_refusal():
     from reproduction.run.cli import refuse_non_eval_overrides
 
     refuse_non_eval_overrides(["eval.seed=3", "eval.tasks=[a]", "recipe=grpo", "no-equals-is-the-loader's"])
+
+
+# a bad value typed on the command line is a usage error (exit 2), as argparse's own (--jobs 0, --margin 5)
+BAD_VALUES = [
+    (lambda t: ["run", "--output", str(t / "r"), "--target-step", "-1", "--print-config"], "--target-step -1 must be"),
+    (lambda t: ["fetch", "notarepo", str(t / "d")], "repo 'notarepo' is not OWNER/NAME"),
+    (lambda t: ["publish", str(t), "--repo", "bad repo"], "--repo 'bad repo' is not OWNER/NAME"),
+    (lambda t: ["weights", "pin", "not a repo"], "REPO 'not a repo' is not OWNER/NAME"),
+    (lambda t: ["demo", "--seed", "3", "--output", str(t / "d")], "--seed is an option of the LIBERO tier only"),
+]
+
+
+@pytest.mark.parametrize("argv, words", BAD_VALUES, ids=[w.split()[0] for _, w in BAD_VALUES])
+def test_a_bad_command_line_value_is_a_usage_error(argv, words, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert portable.main(argv(tmp_path)) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"error: {words}") and err[1].startswith("hint: ") and len(err) == 2
+    assert list(tmp_path.iterdir()) == []
+
+
+# a folder where a file is expected is exit 3 (errors.py, README's `--config` row), naming the argument
+def test_a_folder_for_a_spec_or_a_compare_out_is_exit_3_naming_it(tmp_path, capsys):
+    folder = tmp_path / "f"
+    folder.mkdir()
+    assert portable.main(["pack", str(folder), "--out", str(tmp_path / "o")]) == 3
+    assert capsys.readouterr().err.splitlines()[0] == f"error: SPEC {folder} is a folder, not a spec file"
+    evidence = _file(tmp_path, "e.json")
+    assert portable.main(["compare", evidence, evidence, "--out", str(folder)]) == 3
+    err = capsys.readouterr().err.splitlines()[0]
+    assert err == f"error: --out {folder} is a folder, not a file to write the comparison to"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.json", "f"] and list(folder.iterdir()) == []
+
+
+def test_eval_plan_reference_folder_is_read_as_compare_reads_it(tmp_path, capsys):
+    from evidence_fixtures import make_evidence
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert portable.main(["eval", "--plan", "--reference", str(empty)]) == 3
+    assert capsys.readouterr().err.splitlines()[0] == f"error: {empty} holds no eval_*.json evidence"
+    (tmp_path / "ev").mkdir()
+    (tmp_path / "ev" / "eval_policy_4.json").write_text(json.dumps(make_evidence()))
+    assert portable.main(["eval", "--plan", "--reference", str(tmp_path / "ev"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)
+
+
+def test_an_unreadable_lineage_statement_is_exit_3_naming_it(tmp_path, capsys):
+    statement = tmp_path / "lineage" / "returns.intoto.json"
+    statement.parent.mkdir()
+    statement.symlink_to(statement)  # a loop
+    assert portable.main(["lineage", str(tmp_path)]) == 3
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"error: cannot read the lineage statement {statement}: ") and "symbolic" in err[0]
+    assert err[1] == "hint: rerun the stage with `portable run --resume --restart-stage NAME` to write it again"

@@ -140,8 +140,8 @@ def cmd_run(args: Any) -> int:
                 path=Path(args.output),
                 hint=f"pass an --output outside the bundle folder, or under {runs}",
             )
-    if args.target_step is not None and args.target_step < 1:
-        raise ConfigError(
+    if args.target_step is not None and args.target_step < 1:  # a flag's value: usage, exit 2 (audit47 F12)
+        raise UsageError(
             f"--target-step {args.target_step} must be >= 1",
             field="target_step",
             hint="pass the optimizer step to train on to, e.g. --target-step 3000",
