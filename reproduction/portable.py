@@ -290,7 +290,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         # `check --json BUNDLE`: a report cannot be written to a folder, so the folder is the bundle
         args.bundle, target = target, True
     if isinstance(target, str) and target != "-":
-        _refuse_file_above(target, flag="--json")  # before the probes run, not exit 8 after them (audit47 F6)
+        # before the probes run, not exit 8 after them (audit47 F6)
+        _refuse_file_above(target, flag="--json", hint="give --json alone for stdout")
     json_path = Path("-") if target is True else Path(target) if target else None
     return run_checks(
         bundle=_bundle(args),
@@ -301,7 +302,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     )
 
 
-def _refuse_file_above(target: str, *, flag: str) -> None:
+def _refuse_file_above(target: str, *, flag: str, hint: str) -> None:
     """InputNotFoundError (exit 3, "a file where a folder is expected") naming `flag` and `target` when a folder
     above the file `target` is a file: the file could never be written there."""
     probe = Path(target).absolute().parent
@@ -311,7 +312,7 @@ def _refuse_file_above(target: str, *, flag: str) -> None:
         raise InputNotFoundError(
             f"cannot write {flag} {target}: {probe} is a file, not a folder",
             path=target,
-            hint=f"pass {flag} a file in an existing folder (or a new one), or give --json alone for stdout",
+            hint=f"pass {flag} a file in an existing folder (or a new one), or {hint}",
         )
 
 
@@ -438,6 +439,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from reproduction.run.compare_cmd import cmd_compare as compare
 
+    if args.out:  # before the evidence is read: not exit 8 'File exists' naming no argument (audit47 F14)
+        _refuse_file_above(args.out, flag="--out", hint="drop --out (the verdict is printed anyway)")
     return compare(args)
 
 

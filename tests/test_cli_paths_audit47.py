@@ -249,3 +249,21 @@ def test_an_unreadable_lineage_statement_is_exit_3_naming_it(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith(f"error: cannot read the lineage statement {statement}: ") and "symbolic" in err[0]
     assert err[1] == "hint: rerun the stage with `portable run --resume --restart-stage NAME` to write it again"
+
+
+@pytest.mark.parametrize(
+    "argv, first",
+    [
+        (["run", "--output", "{t}/afile/sub", "--print-config"], "--output {t}/afile/sub cannot be created: "),
+        (["eval", "--checkpoint", "1", "--output", "{t}/afile/sub"], "--output {t}/afile/sub cannot be created: "),
+        (["compare", "{t}/e.json", "{t}/e.json", "--out", "{t}/afile/x.json"], "cannot write --out {t}/afile/x.json: "),
+    ],
+    ids=["run", "eval", "compare"],
+)
+def test_an_output_under_a_file_is_exit_3_naming_the_argument_before_any_work(argv, first, tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    _file(tmp_path, "e.json")
+    assert portable.main([a.format(t=tmp_path) for a in argv]) == 3
+    out, err = capsys.readouterr()
+    assert err.splitlines()[0] == "error: " + first.format(t=tmp_path) + f"{tmp_path}/afile is a file, not a folder"
+    assert out == "" and sorted(p.name for p in tmp_path.iterdir()) == ["afile", "e.json"]

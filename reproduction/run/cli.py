@@ -8,6 +8,7 @@ JSON with `--json`), talk to stderr.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,23 @@ def refuse_non_eval_overrides(overrides: list[str]) -> None:
             )
 
 
+def refuse_output_under_file(output: str) -> None:
+    """InputNotFoundError (exit 3, as `pack --out` and `fetch DIR` say it) naming --output when a folder above a
+    new run folder is a file: it could never be created (audit47 F14: 'cannot read a file: ... does not exist')."""
+    path = Path(output)
+    if os.path.lexists(path):
+        return  # an existing --output that is a file is the run folder's business (exit 55)
+    probe = path.parent
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    if os.path.lexists(probe) and not probe.is_dir():
+        raise InputNotFoundError(
+            f"--output {output} cannot be created: {probe} is a file, not a folder",
+            path=output,
+            hint="pass --output a folder path (new, or a run folder)",
+        )
+
+
 def _config_files(args: Any, bundle: Path | None) -> list[Path]:
     if args.config:
         return [Path(c) for c in args.config]
@@ -113,6 +131,7 @@ def cmd_run(args: Any) -> int:
         overrides.insert(0, args.bundle)  # `portable run --output D key=value`: no bundle given
         args.bundle = None
     normalise_paths(args, "output", "config", "bundle")
+    refuse_output_under_file(args.output)
     bundle = Path(args.bundle).resolve() if args.bundle else None
     if bundle is not None and not bundle.is_dir():
         raise InputNotFoundError(
@@ -234,6 +253,7 @@ def cmd_eval(args: Any) -> int:
     normalise_paths(args, "output", "config")
     if not args.checkpoint.isdigit():
         normalise_paths(args, "checkpoint")
+    refuse_output_under_file(args.output)
     refuse_non_eval_overrides(list(args.overrides or []))
     run_dir = Path(args.output)
     if run_dir.exists() and not run_dir.is_dir():
