@@ -267,3 +267,18 @@ def test_an_output_under_a_file_is_exit_3_naming_the_argument_before_any_work(ar
     out, err = capsys.readouterr()
     assert err.splitlines()[0] == "error: " + first.format(t=tmp_path) + f"{tmp_path}/afile is a file, not a folder"
     assert out == "" and sorted(p.name for p in tmp_path.iterdir()) == ["afile", "e.json"]
+
+
+@pytest.mark.parametrize("override", ["=3", ".value=3", "eval..seed=3"])
+def test_an_override_with_no_key_is_refused_as_not_key_path_value(override, tmp_path, capsys):
+    assert portable.main(["run", "--output", str(tmp_path / "r"), "--print-config", override]) == 4
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"error: override {override!r} is not key.path=value", "hint: write overrides as key.path=value"]
+
+
+def test_an_interpolation_of_no_key_names_the_key_holding_it(tmp_path, capsys):
+    config = _file(tmp_path, "bad.yaml", "eval:\n  seed: ${nosuch.key}\n")
+    assert portable.main(["run", "--config", config, "--output", str(tmp_path / "r"), "--print-config"]) == 4
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "error: config key `eval.seed`: Interpolation key 'nosuch.key' not found"
+    assert err[1].startswith("hint: an interpolation names a config key") and not (tmp_path / "r").exists()

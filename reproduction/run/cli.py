@@ -55,7 +55,8 @@ def refuse_non_eval_overrides(overrides: list[str]) -> None:
     An override without `=` is left to the config loader, which names it."""
     for text in overrides:
         key, eq, _ = text.partition("=")
-        if eq and key.lstrip("+~").split(".")[0] not in EVAL_OVERRIDE_ROOTS:
+        root = key.lstrip("+~").split(".")[0]
+        if eq and root and root not in EVAL_OVERRIDE_ROOTS:  # no key at all: the loader says so
             raise ConfigError(
                 f"`portable eval` takes only eval.* overrides (and recipe=...): {key} is not used by an evaluation",
                 field=key,
