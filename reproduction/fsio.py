@@ -153,6 +153,15 @@ def _link_loop(raw: str, what: str) -> Exception:
     )
 
 
+def nearest_existing(path: str | os.PathLike[str]) -> Path:
+    """`path` made absolute, or its nearest parent that exists (the root when none does): where a write to `path`
+    would first meet the filesystem, so a file there means a folder can never be created on the way."""
+    probe = Path(path).absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe
+
+
 def refuse_file_for_folder(path: str | os.PathLike[str], *, hint: str) -> None:
     """InputNotFoundError (exit 3, as every command given a file where a folder is needed) when `path`, or the
     nearest part of it that exists, is a file: a folder could never be created there. Called before any work
@@ -160,9 +169,7 @@ def refuse_file_for_folder(path: str | os.PathLike[str], *, hint: str) -> None:
     from reproduction.errors import InputNotFoundError
 
     given = Path(path)
-    probe = given.absolute()
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
+    probe = nearest_existing(given)
     if probe.exists() and not probe.is_dir():
         inside = "" if probe == given.absolute() else f"cannot create {given}: "
         raise InputNotFoundError(f"{inside}{probe if inside else given} is a file, not a folder", path=given, hint=hint)

@@ -305,9 +305,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _refuse_file_above(target: str, *, flag: str, hint: str) -> None:
     """InputNotFoundError (exit 3, "a file where a folder is expected") naming `flag` and `target` when a folder
     above the file `target` is a file: the file could never be written there."""
-    probe = Path(target).absolute().parent
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
+    from reproduction.fsio import nearest_existing
+
+    probe = nearest_existing(Path(target).absolute().parent)
     if probe.exists() and not probe.is_dir():
         raise InputNotFoundError(
             f"cannot write {flag} {target}: {probe} is a file, not a folder",

@@ -67,13 +67,13 @@ def refuse_non_eval_overrides(overrides: list[str]) -> None:
 def refuse_output_under_file(output: str) -> None:
     """InputNotFoundError (exit 3, as `pack --out` and `fetch DIR` say it) naming --output when a folder above a
     new run folder is a file: it could never be created (audit47 F14: 'cannot read a file: ... does not exist')."""
+    from reproduction.fsio import nearest_existing
+
     path = Path(output)
     if os.path.lexists(path):
         return  # an existing --output that is a file is the run folder's business (exit 55)
-    probe = path.parent
-    while not os.path.lexists(probe) and probe != probe.parent:
-        probe = probe.parent
-    if os.path.lexists(probe) and not probe.is_dir():
+    probe = nearest_existing(path.parent)
+    if probe.exists() and not probe.is_dir():
         raise InputNotFoundError(
             f"--output {output} cannot be created: {probe} is a file, not a folder",
             path=output,
