@@ -400,14 +400,17 @@ def cmd_weights(args: argparse.Namespace) -> int:
         )
         return 0
     weights_dir = Path(args.dir)
-    if not weights_dir.is_dir():  # a typo'd DIR is not "your weights are missing" (exit 5 with no error line)
-        what = "is a file, not a folder" if weights_dir.exists() else "does not exist"
+    fetch = f"`portable weights fetch {args.manifest} DIR` downloads them"
+    if weights_dir.exists() and not weights_dir.is_dir():  # never a weights folder (audit47 F13)
         raise InputNotFoundError(
-            f"DIR {weights_dir} {what}",
-            path=weights_dir,
-            hint=f"name the folder the weights are in; `portable weights fetch {args.manifest} DIR` downloads them",
+            f"DIR {weights_dir} is a file, not a folder", path=weights_dir, hint=f"name the weights folder; {fetch}"
         )
     report = weights.verify_weights(manifest, weights_dir)
+    if not weights_dir.exists():  # still the report (it lists the unpinned fields), but said why all are missing
+        print(
+            f"warning: DIR {weights_dir} does not exist, so every pinned file counts as missing; {fetch}",
+            file=sys.stderr,
+        )
     if args.json:
         _print_json(report.to_dict())
     else:

@@ -157,17 +157,25 @@ def test_check_json_file_still_written(tmp_path, monkeypatch):
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("kind", ["missing", "file"])
-def test_weights_verify_of_a_dir_that_is_no_folder_is_exit_3_naming_it(kind, tmp_path, capsys):
+def test_weights_verify_of_a_dir_that_is_a_file_is_exit_3_naming_it(tmp_path, capsys):
     target = tmp_path / "w"
-    if kind == "file":
-        target.write_text("x")
+    target.write_text("x")
     manifest = REPO / "weights_manifest" / "value_tiny.json"
     assert portable.main(["weights", "verify", str(manifest), str(target)]) == 3
     out, err = capsys.readouterr()
-    what = "is a file, not a folder" if kind == "file" else "does not exist"
-    assert err.splitlines()[0] == f"error: DIR {target} {what}" and err.splitlines()[1].startswith("hint: ")
-    assert out == "" and sorted(p.name for p in tmp_path.iterdir()) == (["w"] if kind == "file" else [])
+    assert err.splitlines()[0] == f"error: DIR {target} is a file, not a folder" and err.splitlines()[1].startswith(
+        "hint"
+    )
+    assert out == "" and [p.name for p in tmp_path.iterdir()] == ["w"]
+
+
+def test_weights_verify_of_a_missing_dir_says_why_every_file_is_missing(tmp_path, capsys):
+    target = tmp_path / "w"
+    manifest = REPO / "weights_manifest" / "value_tiny.json"
+    assert portable.main(["weights", "verify", str(manifest), str(target)]) == 5  # the report, as before
+    out, err = capsys.readouterr()
+    assert "1 missing" in out and err.startswith(f"warning: DIR {target} does not exist, so every pinned file counts")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_run_print_config_with_json_prints_one_json_document(tmp_path, capsys):
