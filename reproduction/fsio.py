@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -106,8 +107,9 @@ def user_path(text: str | os.PathLike[str], *, what: str = "path") -> Path:
     The CLI calls this for every path argument before anything uses it, so every path derived from it
     (a run's stage folders, exports, evidence) is absolute too and `relative_to` between them cannot
     mix a relative and an absolute path. A path that does not exist yet is resolved as far as it goes.
-    Raises InputNotFoundError (exit 3), naming `what` and the path, for a symbolic-link loop and for a
-    symbolic link to nothing (a dangling link is a mistyped path more often than a place to create).
+    Raises InputNotFoundError (exit 3), naming `what` and the path, for a symbolic-link loop, for a
+    symbolic link to nothing (a dangling link is a mistyped path more often than a place to create) and for a
+    name too long to look up (ENAMETOOLONG: the argument is wrong, nothing failed to write).
     """
     from reproduction.errors import InputNotFoundError
 
@@ -115,19 +117,49 @@ def user_path(text: str | os.PathLike[str], *, what: str = "path") -> Path:
     path = Path(raw).expanduser()
     try:
         resolved = path.resolve()
-    except (RuntimeError, OSError):  # Python < 3.13: RuntimeError "Symlink loop"; 3.13: OSError ELOOP
-        raise InputNotFoundError(
-            f"{what} {raw} is a symbolic-link loop (it never reaches a file or folder)",
-            path=raw,
-            hint=f"point the link at a real file or folder, or pass another {what}",
-        ) from None
-    if path.is_symlink() and not path.exists():
+        dangling = path.is_symlink() and not path.exists()
+    except RuntimeError:  # Python < 3.13: RuntimeError "Symlink loop"; 3.13: OSError ELOOP
+        raise _link_loop(raw, what) from None
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:  # a lookup error of the argument, not a failed write (audit47 F10)
+            raise InputNotFoundError(
+                f"{what} {raw} cannot be looked up: a name in it is longer than this filesystem allows",
+                path=raw,
+                errno=exc.errno,
+                hint=f"pass a shorter {what} (each name at most 255 bytes)",
+            ) from None
+        if exc.errno == errno.ELOOP:
+            raise _link_loop(raw, what) from None
+        from reproduction.errors import os_error
+
+        raise os_error(exc, f"{what} {raw}", op="read") from None
+    if dangling:
         raise InputNotFoundError(
             f"{what} {raw} is a symbolic link to {os.readlink(path)}, which does not exist",
             path=raw,
             hint=f"point the link at a real file or folder, or pass another {what}",
         )
     return resolved
+
+
+def _link_loop(raw: str, what: str) -> Exception:
+    """user_path's error for a path argument that is a symbolic-link loop (exit 3)."""
+    from reproduction.errors import InputNotFoundError
+
+    return InputNotFoundError(
+        f"{what} {raw} is a symbolic-link loop (it never reaches a file or folder)",
+        path=raw,
+        hint=f"point the link at a real file or folder, or pass another {what}",
+    )
+
+
+def nearest_existing(path: str | os.PathLike[str]) -> Path:
+    """`path` made absolute, or its nearest parent that exists (the root when none does): where a write to `path`
+    would first meet the filesystem, so a file there means a folder can never be created on the way."""
+    probe = Path(path).absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe
 
 
 def refuse_file_for_folder(path: str | os.PathLike[str], *, hint: str) -> None:
@@ -137,9 +169,7 @@ def refuse_file_for_folder(path: str | os.PathLike[str], *, hint: str) -> None:
     from reproduction.errors import InputNotFoundError
 
     given = Path(path)
-    probe = given.absolute()
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
+    probe = nearest_existing(given)
     if probe.exists() and not probe.is_dir():
         inside = "" if probe == given.absolute() else f"cannot create {given}: "
         raise InputNotFoundError(f"{inside}{probe if inside else given} is a file, not a folder", path=given, hint=hint)

@@ -14,6 +14,9 @@ Conventions every command follows (and a new one inherits by being added with `_
   on stderr and exits with the error's code (see reproduction/errors.py). An unexpected exception
   is exit 1 ("a bug") with a one-line message; `--debug` shows the traceback in both cases.
 - A bundle argument that does not exist is exit 3 in every command that takes one.
+- Every path argument is normalised once, before the command runs (`_check_paths`: `~` expanded, absolute,
+  resolved) and the command uses that form; an empty one is a usage error (exit 2), never the current folder.
+- `--debug` adds the traceback and changes no exit code.
 """
 
 from __future__ import annotations
@@ -287,6 +290,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             )
         # `check --json BUNDLE`: a report cannot be written to a folder, so the folder is the bundle
         args.bundle, target = target, True
+    if isinstance(target, str) and target != "-":
+        # before the probes run, not exit 8 after them (audit47 F6)
+        _refuse_file_above(target, flag="--json", hint="give --json alone for stdout")
     json_path = Path("-") if target is True else Path(target) if target else None
     return run_checks(
         bundle=_bundle(args),
@@ -297,9 +303,36 @@ def cmd_check(args: argparse.Namespace) -> int:
     )
 
 
+def _refuse_file_above(target: str, *, flag: str, hint: str) -> None:
+    """InputNotFoundError (exit 3, "a file where a folder is expected") naming `flag` and `target` when a folder
+    above the file `target` is a file: the file could never be written there."""
+    from reproduction.fsio import nearest_existing
+
+    probe = nearest_existing(Path(target).absolute().parent)
+    if probe.exists() and not probe.is_dir():
+        raise InputNotFoundError(
+            f"cannot write {flag} {target}: {probe} is a file, not a folder",
+            path=target,
+            hint=f"pass {flag} a file in an existing folder (or a new one), or {hint}",
+        )
+
+
+def _repo_argument(repo: str, flag: str) -> str:
+    """`repo` when it is OWNER/NAME; else UsageError (exit 2) naming `flag`: a bad value typed on the command line
+    is a usage error like any other (audit47 F12), where the same mistake inside a manifest stays exit 4."""
+    from reproduction.errors import InvalidInputError
+    from reproduction.release.hub import check_repo_id
+
+    try:
+        return check_repo_id(repo)
+    except InvalidInputError as exc:
+        raise UsageError(f"{flag} {repo!r} is not OWNER/NAME", hint=exc.hint) from None
+
+
 def cmd_publish(args: argparse.Namespace) -> int:
     from reproduction.release.hub import publish_bundle
 
+    _repo_argument(args.repo, "--repo")
     result = publish_bundle(
         _bundle(args),
         args.repo,
@@ -320,6 +353,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 def cmd_fetch(args: argparse.Namespace) -> int:
     from reproduction.release.hub import fetch_bundle
 
+    _repo_argument(args.repo, "repo")
     result = fetch_bundle(args.repo, Path(args.dir), revision=args.revision, repo_type=args.repo_type, ui=_ui(args))
     if args.json:
         _print_json(result)
@@ -338,6 +372,7 @@ def cmd_weights(args: argparse.Namespace) -> int:
                 _print_json(manifest.to_dict())
             say(f"pinned {len(manifest.components)} component(s) -> {args.target}", options=_ui(args))
             return 0
+        _repo_argument(args.target, "REPO")
         manifest_path = Path(args.manifest) if args.manifest else None
         comp = weights_hub.pin_hub(
             args.target,
@@ -365,7 +400,18 @@ def cmd_weights(args: argparse.Namespace) -> int:
             options=_ui(args),
         )
         return 0
-    report = weights.verify_weights(manifest, Path(args.dir))
+    weights_dir = Path(args.dir)
+    fetch = f"`portable weights fetch {args.manifest} DIR` downloads them"
+    if weights_dir.exists() and not weights_dir.is_dir():  # never a weights folder (audit47 F13)
+        raise InputNotFoundError(
+            f"DIR {weights_dir} is a file, not a folder", path=weights_dir, hint=f"name the weights folder; {fetch}"
+        )
+    report = weights.verify_weights(manifest, weights_dir)
+    if not weights_dir.exists():  # still the report (it lists the unpinned fields), but said why all are missing
+        print(
+            f"warning: DIR {weights_dir} does not exist, so every pinned file counts as missing; {fetch}",
+            file=sys.stderr,
+        )
     if args.json:
         _print_json(report.to_dict())
     else:
@@ -397,6 +443,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from reproduction.run.compare_cmd import cmd_compare as compare
 
+    if args.out:  # before the evidence is read: not exit 8 'File exists' naming no argument (audit47 F14)
+        _refuse_file_above(args.out, flag="--out", hint="drop --out (the verdict is printed anyway)")
     return compare(args)
 
 
@@ -439,12 +487,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         from reproduction.recipes.recap.demo_libero import run_libero_demo
 
         return run_libero_demo(output, quick=args.quick, seed=args.seed, overrides=args.overrides, ui=_ui(args))
-    if getattr(args, "seed", None) is not None:
-        from reproduction.errors import ConfigError
-
-        raise ConfigError(
-            "--seed is an option of the LIBERO tier only", field="--seed", hint="add --world libero, or drop --seed"
-        )
+    if getattr(args, "seed", None) is not None:  # an option another one needs: a usage error (audit47 F12)
+        raise UsageError("--seed is an option of the LIBERO tier only", hint="add --world libero, or drop --seed")
     run_demo = importlib.import_module(DEMOS[recipe]).run_demo
     return run_demo(output, quick=args.quick, overrides=args.overrides, ui=_ui(args))
 
@@ -654,19 +698,64 @@ PATH_ARGUMENTS = (
 """The attributes of the parsed arguments that hold user paths (every command's)."""
 
 
-def _check_paths(args: argparse.Namespace) -> None:
-    """Refuse a path argument that is a symbolic-link loop or a link to nothing (exit 3, one line naming it)
-    before any command reads it; run/eval/demo/lineage also use the resolved form (run/cli.py normalise_paths)."""
-    from reproduction.fsio import user_path
+def _path_flag(args: argparse.Namespace, name: str) -> str:
+    """How the user spelled the path argument `name`: BUNDLE for a positional, --output for an option (`weights
+    pin --manifest` and `eval --plan --reference` are options where other commands take MANIFEST, REFERENCE)."""
     from reproduction.run.cli import POSITIONAL
+
+    option = (name, args.command) == ("reference", "eval") or (
+        name == "manifest" and getattr(args, "weights_command", None) == "pin"
+    )
+    return name.upper() if name in POSITIONAL and not option else "--" + name.replace("_", "-")
+
+
+def _not_a_path(name: str, item: str) -> bool:
+    """A value of a path argument that names no file: check's `--json -` (stdout), eval's `--checkpoint STEP`,
+    compare's `hub:OWNER/NAME` evidence."""
+    return (
+        (name == "json" and item == "-")
+        or (name == "checkpoint" and item.isdigit())
+        or (name in ("reference", "actual") and item.startswith("hub:"))
+    )
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """Normalise every path argument once, the same way, before any command reads or writes through it: `~`
+    expanded, made absolute, resolved (fsio.user_path), and the normalised form stored back in `args`, so what
+    was checked is what every command uses (audit47 F5: `pack --out '~/b'` made a folder named `~`).
+
+    Refused, naming the argument: an empty path (UsageError, exit 2: `Path('')` is the current folder, so an
+    unset `--output "$OUT"` wrote wherever the user stood; audit47 F2), a symbolic-link loop, a link to nothing
+    and a name too long to look up (exit 3)."""
+    from reproduction.fsio import user_path
 
     for name in PATH_ARGUMENTS:
         value = getattr(args, name, None)
-        for item in value if isinstance(value, list) else [value]:
-            if not isinstance(item, str) or not item or (name, item) == ("json", "-"):
-                continue
-            if not (name == "checkpoint" and item.isdigit()):
-                user_path(item, what=name.upper() if name in POSITIONAL else "--" + name.replace("_", "-"))
+        items = value if isinstance(value, list) else [value]
+        if not any(isinstance(item, str) for item in items):
+            continue  # not given, or the global --json flag (True/False)
+        flag = _path_flag(args, name)
+        normalised = []
+        for item in items:
+            if item == "":
+                raise UsageError(
+                    f"{flag} is empty: an empty path would mean the current folder",
+                    hint=f"give {flag} a path (an unset shell variable expands to nothing; use . for this folder)",
+                )
+            normalised.append(item if _not_a_path(name, item) else str(user_path(item, what=flag)))
+            kind = FILE_ARGUMENTS.get((args.command, name))
+            if kind and os.path.isdir(normalised[-1]):  # exit 3, as errors.py and README's --config say (F11)
+                raise InputNotFoundError(
+                    f"{flag} {item} is a folder, not {kind}",
+                    path=normalised[-1],
+                    hint=f"pass {flag} {kind} (a path that is not a folder)",
+                )
+        setattr(args, name, normalised if isinstance(value, list) else normalised[0])
+
+
+FILE_ARGUMENTS = {("pack", "spec"): "a spec file", ("compare", "out"): "a file to write the comparison to"}
+"""(command, path argument) that must name a file, not a folder: a folder there is exit 3 naming the argument, before
+the command runs (`--config`, MANIFEST and `check --json FILE` say the same in their own words)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -699,6 +788,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.json and not args.json_output:
             raise UsageError(f"`portable {args.command}` has no JSON output", hint="drop --json")
+        if args.command == "run" and args.bundle and "=" in args.bundle and not os.path.lexists(args.bundle):
+            args.overrides.insert(0, args.bundle)  # `portable run --output D key=value`: no BUNDLE given
+            args.bundle = None
         _check_paths(args)
         pin_cpu_kernels()  # before any pipeline command imports torch: the same bits on every x86-64 CPU
         heap_choice()  # a bad PORTABLE_HEAP stops here, not inside a trainer after minutes of work
@@ -706,12 +798,10 @@ def main(argv: list[str] | None = None) -> int:
         with interrupts_noted(arrived):  # SIGTERM is Ctrl-C in every command (exit 130), not only run/restore
             return int(args.handler(args) or 0)
     except PortableError as exc:
-        if args.debug:
-            raise
+        _traceback_if(args.debug)  # --debug adds the traceback; the exit code stays the error's (audit47 F9)
         return render_error(exc)
     except OSError as exc:
-        if args.debug:
-            raise
+        _traceback_if(args.debug)
         return render_error(_from_os_error(exc))
     except KeyboardInterrupt:
         return _interrupted(args)
@@ -736,6 +826,14 @@ def _interrupted(args: argparse.Namespace) -> int:
     if args.command in INTERRUPT_HINTS:
         print(f"hint: {INTERRUPT_HINTS[args.command]}", file=sys.stderr)
     return 130
+
+
+def _traceback_if(debug: bool) -> None:
+    """With --debug, print the traceback of the exception being handled on stderr (above its `error:` line)."""
+    if debug:
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
 
 
 def _raised_outside(exc: BaseException) -> str | None:

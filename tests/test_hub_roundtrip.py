@@ -246,7 +246,7 @@ def test_unknown_repo_revision_or_missing_manifest_are_clear_errors(hub: HubServ
     assert (busy / "mine.txt").read_text() == "keep me" and sorted(os.listdir(busy)) == ["mine.txt"]
 
     bad = run(hub, tmp_path, "fetch", "not-a-repo-id", str(tmp_path / "d"))
-    assert bad.returncode == 4 and "is not OWNER/NAME" in bad.stderr
+    assert bad.returncode == 2 and "is not OWNER/NAME" in bad.stderr  # a command-line value: usage
 
     # a manifest may not claim the bundle's bookkeeping (receipt, lock): refused before any download
     hostile = make_bundle(tmp_path / "hostile", {".portable/receipt.json": b"{}", "a.txt": b"a\n"})

@@ -1,7 +1,8 @@
 """Every command's path arguments given the wrong kind of thing: a file for a folder, a folder for a file, a
 symbolic link to nothing, a symbolic-link loop, an unreadable file, a run folder inside the bundle. Each is one
-`error:` line naming the path (plus a hint), a documented exit code (3: not found / unreadable / not resolvable;
-4: not a spec; 55: not usable as a run folder), no traceback, nothing created. Nothing trains: each fails first."""
+`error:` line naming the path (plus a hint), a documented exit code (3: not found / unreadable / not resolvable /
+a folder for a file; 4: not a spec; 55: not usable as a run folder), no traceback, nothing created. Nothing trains:
+each fails first."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def paths(tmp_path):
 
 # (command, kind, argv builder, exit code, words in the error line)
 SWEEP = [
-    ("pack SPEC", "folder", lambda p, x: ["pack", str(x), "--out", str(p["out"])], 4, "is a folder, not a spec file"),
+    ("pack SPEC", "folder", lambda p, x: ["pack", str(x), "--out", str(p["out"])], 3, "is a folder, not a spec file"),
     ("pack SPEC", "dangling", lambda p, x: ["pack", str(x), "--out", str(p["out"])], 3, "which does not exist"),
     ("pack SPEC", "loop", lambda p, x: ["pack", str(x), "--out", str(p["out"])], 3, "symbolic-link loop"),
     ("pack --out", "loop", lambda p, x: ["pack", str(p["file"]), "--out", str(x)], 3, "symbolic-link loop"),

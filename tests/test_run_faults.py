@@ -124,7 +124,7 @@ BAD_INPUTS = [
         3,
         "value.model.tokenizer",
     ),
-    ("target step 0", lambda w, o: _run(o, "--config", str(w[2]), "--target-step", "0"), 4, "--target-step 0"),
+    ("target step 0", lambda w, o: _run(o, "--config", str(w[2]), "--target-step", "0"), 2, "--target-step 0"),
     (
         "unknown stage",
         lambda w, o: ["run", "--output", str(o), "--config", str(w[2]), "--stages", "retrns"],

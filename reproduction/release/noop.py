@@ -45,8 +45,8 @@ _HARMLESS = _QUIET | {"--no-progress"}
 def parse_argv(argv: list[str]) -> tuple[str | None, bool] | None:
     """(bundle argument or None, quiet) for `restore [BUNDLE]` with only -q/--no-progress, else None."""
     words = [a for a in argv if a not in _HARMLESS]
-    if not words or words[0] != "restore" or len(words) > 2 or any(w.startswith("-") for w in words):
-        return None
+    if not words or words[0] != "restore" or len(words) > 2 or any(not w or w.startswith("-") for w in words):
+        return None  # an empty BUNDLE is refused by the CLI (exit 2), never taken as the current folder
     return (words[1] if len(words) == 2 else None), any(a in _QUIET for a in argv)
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reproduction.errors import ConfigError, InputNotFoundError
+from reproduction.errors import ConfigError, InputNotFoundError, UsageError
 from reproduction.ui import UiOptions, say
 
 DEFAULT_CONFIG = "config/run.yaml"
@@ -43,6 +43,42 @@ def normalise_paths(args: Any, *names: str) -> None:
             setattr(args, name, [str(user_path(v, what=flag)) for v in value])
         else:
             setattr(args, name, str(user_path(value, what=flag)))
+
+
+EVAL_OVERRIDE_ROOTS = ("eval", "recipe")
+"""What `portable eval` overrides may set: the evaluation's own keys, and which recipe evaluates (no run folder)."""
+
+
+def refuse_non_eval_overrides(overrides: list[str]) -> None:
+    """ConfigError (exit 4) naming the first override `portable eval` would not use (a training stage's key, say
+    `value.train.max_steps`): it evaluates an export as trained, so such a key was silently ignored (audit47 F16).
+    An override without `=` is left to the config loader, which names it."""
+    for text in overrides:
+        key, eq, _ = text.partition("=")
+        root = key.lstrip("+~").split(".")[0]
+        if eq and root and root not in EVAL_OVERRIDE_ROOTS:  # no key at all: the loader says so
+            raise ConfigError(
+                f"`portable eval` takes only eval.* overrides (and recipe=...): {key} is not used by an evaluation",
+                field=key,
+                hint=f"drop {text}; to train with it, use `portable run ... {text}` (then evaluate that run)",
+            )
+
+
+def refuse_output_under_file(output: str) -> None:
+    """InputNotFoundError (exit 3, as `pack --out` and `fetch DIR` say it) naming --output when a folder above a
+    new run folder is a file: it could never be created (audit47 F14: 'cannot read a file: ... does not exist')."""
+    from reproduction.fsio import nearest_existing
+
+    path = Path(output)
+    if os.path.lexists(path):
+        return  # an existing --output that is a file is the run folder's business (exit 55)
+    probe = nearest_existing(path.parent)
+    if probe.exists() and not probe.is_dir():
+        raise InputNotFoundError(
+            f"--output {output} cannot be created: {probe} is a file, not a folder",
+            path=output,
+            hint="pass --output a folder path (new, or a run folder)",
+        )
 
 
 def _config_files(args: Any, bundle: Path | None) -> list[Path]:
@@ -109,7 +145,7 @@ def refuse_no_manifest(bundle: Path) -> None:
 def cmd_run(args: Any) -> int:
     """`portable run [BUNDLE] --output DIR [--config FILE] [--stages ...] [--resume] [key=value ...]`: the recipe
     the config names (`recipe:`, absent = recap; run/resolve.py) with its config."""
-    from reproduction.run.config import to_yaml
+    from reproduction.run.config import to_json, to_yaml
     from reproduction.run.resolve import load_run_config
 
     overrides = list(args.overrides or [])
@@ -117,6 +153,7 @@ def cmd_run(args: Any) -> int:
         overrides.insert(0, args.bundle)  # `portable run --output D key=value`: no bundle given
         args.bundle = None
     normalise_paths(args, "output", "config", "bundle")
+    refuse_output_under_file(args.output)
     bundle = Path(args.bundle).resolve() if args.bundle else None
     if bundle is not None and not bundle.is_dir():
         raise InputNotFoundError(
@@ -144,8 +181,8 @@ def cmd_run(args: Any) -> int:
                 path=Path(args.output),
                 hint=f"pass an --output outside the bundle folder, or under {runs}",
             )
-    if args.target_step is not None and args.target_step < 1:
-        raise ConfigError(
+    if args.target_step is not None and args.target_step < 1:  # a flag's value: usage, exit 2 (audit47 F12)
+        raise UsageError(
             f"--target-step {args.target_step} must be >= 1",
             field="target_step",
             hint="pass the optimizer step to train on to, e.g. --target-step 3000",
@@ -155,8 +192,8 @@ def cmd_run(args: Any) -> int:
     name, recipe, config = load_run_config(files, overrides, bundle=bundle, run_dir=run_dir)
     if bundle is None and getattr(config, "BUNDLE", None) == "":
         _warn_empty_bundle(files, overrides)
-    if args.print_config:
-        sys.stdout.write(to_yaml(config))
+    if args.print_config:  # with --json as JSON: stdout is one JSON document then (audit47 F15)
+        sys.stdout.write(to_json(config) if getattr(args, "json", False) else to_yaml(config))
         return 0
     _refuse_no_stages(args, recipe)
     if bundle is not None:
@@ -252,7 +289,7 @@ def cmd_eval(args: Any) -> int:
     overrides name (absent: recap). In a run folder it runs under the folder's lock (not beside a `portable run`)
     and refuses stage folders linked out of it. UsageError (exit 2) when the recipe has no such command.
     """
-    from reproduction.errors import RunStateError, StageProtocolError, UsageError
+    from reproduction.errors import RunStateError, StageProtocolError
     from reproduction.recipe import resolve_fn
     from reproduction.run.config import recipe_name
     from reproduction.run.guards import refuse_links, run_lock
@@ -262,6 +299,8 @@ def cmd_eval(args: Any) -> int:
     normalise_paths(args, "output", "config")
     if not args.checkpoint.isdigit():
         normalise_paths(args, "checkpoint")
+    refuse_output_under_file(args.output)
+    refuse_non_eval_overrides(list(args.overrides or []))
     run_dir = Path(args.output)
     if run_dir.exists() and not run_dir.is_dir():
         raise RunStateError(f"output {run_dir} is a file, not a folder", path=run_dir)

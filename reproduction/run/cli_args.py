@@ -23,7 +23,9 @@ def add_run_arguments(p: Any) -> None:
             "the stages after it are redone (with it, or by the next --resume)"
         ),
     )
-    p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    p.add_argument(
+        "--print-config", action="store_true", help="print the resolved config as YAML (with --json: JSON) and exit"
+    )
     p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
     p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides (docs/config.md)")
 
@@ -37,7 +39,12 @@ def add_eval_arguments(p: Any) -> None:
         "--output", metavar="DIR", help="the run folder (evidence goes to DIR/evidence/; required unless --plan)"
     )
     p.add_argument("--config", action="append", metavar="FILE", help="YAML config (default: the run's own)")
-    p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides (eval.*, docs/config.md)")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key.path=value",
+        help="config overrides (eval.* and recipe=; others are refused, exit 4)",
+    )
     plan = p.add_argument_group("planning (--plan: evaluate nothing, print the episodes a margin needs)")
     plan.add_argument("--plan", action="store_true", help="print episodes per side for --power at --alpha, per rate")
     plan.add_argument("--reference", metavar="FILE", help="plan for every rate of this reference evidence")

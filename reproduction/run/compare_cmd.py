@@ -201,7 +201,8 @@ def cmd_plan(args: Any) -> int:
     if not math.isfinite(args.difference):
         raise UsageError(f"--difference {args.difference:g} is not a number", hint="e.g. --difference 0")
     rows = plan_rows(
-        reference=Path(args.reference) if args.reference else None,
+        # a folder holding one eval_*.json is that file, as in `compare` (audit47 F11: a folder was exit 4, Errno 21)
+        reference=_evidence_path(Path(args.reference)) if args.reference else None,
         rates=list(args.rate or []),
         margin=args.margin,
         alpha=args.alpha,

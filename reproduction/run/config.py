@@ -139,7 +139,8 @@ def merged_config(
     for path in files or []:
         layers.append((str(path), _load_yaml(Path(path))))
     for item in overrides or []:
-        if "=" not in item:
+        key = item.partition("=")[0]
+        if "=" not in item or not key or "" in key.split("."):  # `=3`, `.value=3`: no key to name (audit47 F14)
             raise ConfigError(
                 f"override {item!r} is not key.path=value", field=item, hint="write overrides as key.path=value"
             )
@@ -322,6 +323,9 @@ def _config_error(exc: BaseException, merged: Any, *, where: str | None = None) 
         return ConfigError(f"{src}config key `{key}` has no value", field=key, hint=f"set {key}=... ")
     if isinstance(exc, ValidationError):
         return ConfigError(f"{src}config key `{key}`: {msg}", field=key, hint="see docs/config.md for its type")
+    if "Interpolation" in type(exc).__name__ and key:  # name the key holding the ${...} (audit47 F14)
+        hint = "an interpolation names a config key (${eval.seed}), ${BUNDLE} or ${RUN}: check the name and braces"
+        return ConfigError(f"{src}config key `{key}`: {msg}", field=key, hint=hint)
     return ConfigError(f"{src}config: {msg}", field=key or None)
 
 
@@ -340,6 +344,16 @@ def to_yaml(config: Any) -> str:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def to_json(config: Any) -> str:
+    """The resolved config as one JSON document (what --print-config --json shows; the same values as to_yaml)."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    plain = OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True)
+    return json.dumps(plain, indent=1, default=str) + "\n"
 
 
 def to_plain(config: Any) -> Any:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.digests import sha256_file
-from reproduction.errors import InputNotFoundError, InvalidInputError
+from reproduction.errors import InputNotFoundError, InvalidInputError, os_error
 from reproduction.run.lineage import (
     LINEAGE_DIR,
     PREDICATE_TYPE,
@@ -82,7 +82,16 @@ def load_statements(run_dir: Path) -> list[LoadedStatement]:
     out = []
     for path in sorted(folder.glob(f"*{SUFFIX}")):
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            raw = path.read_bytes()
+        except OSError as exc:  # a loop, a folder, no permission: unreadable, exit 3 like any input (audit47 F11)
+            raise os_error(
+                exc,
+                f"the lineage statement {path}",
+                op="read",
+                hint="rerun the stage with `portable run --resume --restart-stage NAME` to write it again",
+            ) from exc
+        try:
+            data = json.loads(raw.decode("utf-8"))
             loaded = LoadedStatement(file=path, data=data)
             ok = data.get("_type") == STATEMENT_TYPE and data.get("predicateType") == PREDICATE_TYPE
             _ = (loaded.stage, loaded.subjects, loaded.dependencies, loaded.internal, loaded.metadata["startedOn"])
