@@ -121,3 +121,30 @@ def test_a_local_ray_that_does_not_start_is_exit_58_from_the_stage_that_asked():
     with ray_connect.RunRay(cpus=1, start=start) as service, pytest.raises(RayUnavailableError) as caught:
         service.address()
     assert caught.value.exit_code == 58
+
+
+def test_ray_init_does_not_take_over_portables_sigterm_handler():
+    """audit47 kill2 F1: ray.init installs a SIGTERM handler in the driver that calls sys.exit(1); installed over the
+    one `portable run` sets (SIGTERM as Ctrl-C), a SIGTERM in the value stage ended as exit 54 "the stage called
+    sys.exit(1)", recorded failed. The handler that was there before ray.init is put back; a default one is left."""
+    import signal
+    import sys
+
+    def rays(signum, frame):  # what Ray's driver installs
+        sys.exit(1)
+
+    def init(**kwargs):
+        signal.signal(signal.SIGTERM, rays)
+
+    def ours(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    before = signal.signal(signal.SIGTERM, ours)
+    try:
+        ray_connect.start_local(cpus=1, init=init)
+        assert signal.getsignal(signal.SIGTERM) is ours
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        ray_connect.start_local(cpus=1, init=init)
+        assert signal.getsignal(signal.SIGTERM) is rays  # nobody had asked for SIGTERM: Ray's stays
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -13,11 +13,12 @@ naming the address and the fix (RayUnavailableError, exit 58), never an internal
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from reproduction.errors import RayUnavailableError
@@ -41,6 +42,25 @@ START_SECONDS: list[float] = []
 """Wall seconds of each local Ray this process started (its import included): `portable demo` reports them."""
 
 
+@contextlib.contextmanager
+def _sigterm_kept() -> Iterator[None]:
+    """ray.init installs Ray's own SIGTERM handler in the driver (it calls sys.exit(1)) over the one `portable`
+    installed to answer SIGTERM as Ctrl-C: a SIGTERM during the value or advantages stages then ended as exit 54 "the
+    stage called sys.exit(1)", recorded `failed` (audit47 kill2 F1). Puts a Python handler that was there before
+    back; a default one is left to Ray. A no-op off the main thread."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if callable(before) and signal.getsignal(signal.SIGTERM) is not before:
+            signal.signal(signal.SIGTERM, before)
+
+
 def start_local(*, cpus: int, init: Callable[..., Any] | None = None) -> None:
     """Start a private local Ray with `cpus` CPUs in this process (`init` is ray.init; a seam for tests).
 
@@ -60,14 +80,15 @@ def start_local(*, cpus: int, init: Callable[..., Any] | None = None) -> None:
     for _ in range(START_TRIES):
         try:
             # A private one-node cluster: advertise loopback, so nothing it tells its workers points off-host.
-            init(
-                address="local",
-                num_cpus=cpus,
-                include_dashboard=False,
-                object_store_memory=200 * 1024 * 1024,
-                log_to_driver=True,
-                _node_ip_address="127.0.0.1",
-            )
+            with _sigterm_kept():
+                init(
+                    address="local",
+                    num_cpus=cpus,
+                    include_dashboard=False,
+                    object_store_memory=200 * 1024 * 1024,
+                    log_to_driver=True,
+                    _node_ip_address="127.0.0.1",
+                )
             START_SECONDS.append(time.perf_counter() - t0)
             return
         except Exception as exc:  # Ray raises a bare Exception for a start that timed out
@@ -131,7 +152,8 @@ def connect(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S, init: Callabl
         raise RayUnavailableError(
             f"cannot join the Ray cluster at {address}: {' '.join(last[0].split())[:300]}", address=address, hint=fix
         )
-    (init or ray.init)(address=address, log_to_driver=True)
+    with _sigterm_kept():
+        (init or ray.init)(address=address, log_to_driver=True)
 
 
 class RunRay:
