@@ -62,6 +62,7 @@ from reproduction.errors import (  # noqa: E402
     MissingDependencyError,
     PortableError,
     UsageError,
+    WriteFailedError,
     os_error,
     render_error,
 )
@@ -291,8 +292,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         # `check --json BUNDLE`: a report cannot be written to a folder, so the folder is the bundle
         args.bundle, target = target, True
     if isinstance(target, str) and target != "-":
-        # before the probes run, not exit 8 after them (audit47 F6)
-        _refuse_file_above(target, flag="--json", hint="give --json alone for stdout")
+        # before the probes run, not after them (audit47 F6); exit 8 as a report that cannot be written always was
+        _refuse_file_above(
+            target,
+            flag="--json",
+            hint="give --json alone for stdout",
+            error=WriteFailedError,
+            what="the check report to",
+        )
     json_path = Path("-") if target is True else Path(target) if target else None
     return run_checks(
         bundle=_bundle(args),
@@ -303,15 +310,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     )
 
 
-def _refuse_file_above(target: str, *, flag: str, hint: str) -> None:
-    """InputNotFoundError (exit 3, "a file where a folder is expected") naming `flag` and `target` when a folder
-    above the file `target` is a file: the file could never be written there."""
+def _refuse_file_above(
+    target: str, *, flag: str, hint: str, error: type = InputNotFoundError, what: str | None = None
+) -> None:
+    """`error` (InputNotFoundError, exit 3, "a file where a folder is expected"; `check --json`: WriteFailedError,
+    exit 8) naming `flag` and `target` when a folder above the file `target` is a file: the file could never be
+    written there."""
     from reproduction.fsio import nearest_existing
 
     probe = nearest_existing(Path(target).absolute().parent)
     if probe.exists() and not probe.is_dir():
-        raise InputNotFoundError(
-            f"cannot write {flag} {target}: {probe} is a file, not a folder",
+        raise error(
+            f"cannot write {what or flag} {target}: {probe} is a file, not a folder",
             path=target,
             hint=f"pass {flag} a file in an existing folder (or a new one), or {hint}",
         )

@@ -57,3 +57,17 @@ def test_pruning_keeps_the_newest_k(tmp_path):
     checkpoint._commit(_step(root, 6, partial=True), root / "step_6", root, step=6, rng=[], keep_last=2, fields={})
     assert checkpoint.complete_steps(root) == [4, 6]
     assert sorted(p.name for p in root.iterdir()) == ["LATEST", "step_4", "step_6"]
+
+
+def test_a_resume_repairs_latest_and_prunes_what_a_killed_save_left(tmp_path):
+    """audit47 kill2 F2: a kill between step_30's rename and its LATEST write (or its prune) left LATEST at step_20
+    and step_10 kept; a resume whose final step already existed saved nothing again, so they stayed for good."""
+    root = tmp_path / "checkpoints"
+    for step in (10, 20, 30):
+        _step(root, step)
+    (root / "LATEST").write_text("step_20\n")
+    _step(root, 40, partial=True)
+    assert checkpoint.tidy(root, keep_last=2) == [20, 30]
+    assert (root / "LATEST").read_text() == "step_30\n"
+    assert sorted(p.name for p in root.iterdir()) == ["LATEST", "step_20", "step_30"]
+    assert checkpoint.tidy(root, keep_last=0) == [20, 30]  # keep_last 0 prunes nothing, as a save's prune

@@ -123,9 +123,9 @@ def test_check_json_under_a_file_is_refused_before_any_probe(tmp_path, monkeypat
     afile = tmp_path / "afile"
     afile.write_text("x")
     target = afile / "sub" / "c.json"
-    assert portable.main(["check", "--json", str(target)]) == 3
+    assert portable.main(["check", "--json", str(target)]) == 8  # a report that cannot be written, as it always was
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == f"error: cannot write --json {target}: {afile} is a file, not a folder"
+    assert err[0] == f"error: cannot write the check report to {target}: {afile} is a file, not a folder"
     assert err[1].startswith("hint: ") and afile.read_text() == "x"
 
 

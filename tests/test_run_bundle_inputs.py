@@ -205,6 +205,8 @@ def test_a_bundle_without_its_manifest_is_refused_and_a_run_without_bundle_still
     manifest.unlink()
     if damage == "a folder":
         manifest.mkdir()
+    else:  # what fetch and restore leave in a folder they worked in
+        (bundle / ".portable" / "partial").mkdir(parents=True, exist_ok=True)
     rc, err = _run(bundle, tmp_path / "out", capsys)
     state = "is a folder, not a file" if damage == "a folder" else "does not exist"
     assert rc == 3, err
@@ -218,3 +220,18 @@ def test_a_bundle_without_its_manifest_is_refused_and_a_run_without_bundle_still
     config.write_text(f'datasets:\n  - {{path: "{bundle}/data/roll", type: rollout}}\n')
     rc = main(["-q", "run", "--config", str(config), "--output", str(tmp_path / "out"), "--stages", "returns"])
     assert rc == 0, capsys.readouterr().err
+
+
+def test_a_folder_no_tool_made_a_bundle_of_runs_with_a_note(bundle, tmp_path, capsys):
+    """A BUNDLE folder of configs and data written by hand (no bundle.json, no .portable/: no fetch or restore worked
+    in it) runs as before; the run says once that nothing in it is checked against a manifest."""
+    (bundle / "bundle.json").unlink()
+    shutil.rmtree(bundle / ".portable", ignore_errors=True)
+    capsys.readouterr()
+    rc = main(["run", str(bundle), "--output", str(tmp_path / "out"), "--stages", "returns", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert (
+        f"note: {bundle} holds no bundle.json: a folder, not a packed or restored bundle, so none of its files is "
+        "checked against a manifest"
+    ) in err.splitlines()

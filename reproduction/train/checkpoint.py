@@ -75,6 +75,29 @@ def clean_stale(root: Path) -> list[Path]:
     return removed
 
 
+def tidy(root: Path, keep_last: int) -> list[int]:
+    """Before a resume (rank 0): remove what killed saves and prunes left (`clean_stale`), prune to the newest
+    `keep_last` complete steps and point LATEST at the newest, as a save that finished would have left them; returns
+    the complete steps, ascending. A kill between a checkpoint's rename to step_N and its LATEST write or its prune
+    left LATEST at an older step or an old step kept for good: a resume whose final step already existed saved
+    nothing again to repair them (audit47 kill2 F2)."""
+    clean_stale(root)
+    steps = complete_steps(root)
+    for old in steps[:-keep_last]:
+        _remove_step(step_dir(root, old))
+    steps = complete_steps(root)
+    if steps:
+        latest = Path(root) / "LATEST"
+        want = f"{step_dir(root, steps[-1]).name}\n"
+        try:
+            current = latest.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            current = None
+        if current != want:
+            atomic_write_text(latest, want)
+    return steps
+
+
 def _remove_step(folder: Path) -> None:
     """Remove a complete checkpoint folder so that no kill leaves a part of it that still counts as complete: renamed
     out of the `step_N` names first (one atomic rename), then deleted. rmtree alone, killed midway, left a step_N/

@@ -263,7 +263,7 @@ def _canary_batch(task: TrainTask, config: TrainConfig) -> Any:
 
 
 def _resume(st: _State, root: Path, config: TrainConfig) -> None:
-    steps = dist.broadcast_object(_discover(root) if dist.is_main() else None)
+    steps = dist.broadcast_object(checkpoint.tidy(root, config.keep_last) if dist.is_main() else None)
     if not steps:
         return
     folder = checkpoint.step_dir(root, steps[-1])
@@ -275,11 +275,6 @@ def _resume(st: _State, root: Path, config: TrainConfig) -> None:
     st.step = st.resumed_from = manifest["step"]
     st.trainer = dict(manifest["trainer"])
     st.load_seconds = time.perf_counter() - t0
-
-
-def _discover(root: Path) -> list[int]:
-    checkpoint.clean_stale(root)
-    return checkpoint.complete_steps(root)
 
 
 def _save(st: _State, config: TrainConfig, root: Path, emit: Callable, n: int) -> None:
