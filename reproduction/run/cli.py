@@ -121,25 +121,20 @@ def _refuse_no_stages(args: Any, recipe: Any) -> None:
         )
 
 
-def refuse_no_manifest(bundle: Path, ui: UiOptions | None = None) -> None:
+def refuse_no_manifest(bundle: Path) -> None:
     """InputNotFoundError (exit 3, as `verify` and `restore` say it of the same folder) when the BUNDLE folder's
     bundle.json is there but no readable file (a folder, a link to nothing), or is missing from a folder that fetch or
     restore worked in (it holds `.portable/`): the run's checks of the bundle files it reads and of the restore then
     had nothing to check against, and the stages ran on whatever the folder held (audit47 F3). `fetch` writes
     bundle.json last, so an interrupted fetch leaves exactly such a folder. A folder no tool made a bundle of (a
-    config/ and data written by hand) runs as before, with a note that nothing in it is checked."""
+    config/ and data written by hand) runs as before, with nothing to check it against."""
     from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR
 
     manifest = bundle / MANIFEST_NAME
     if manifest.is_file():
         return
     if not os.path.lexists(manifest) and not (bundle / STATE_DIR).is_dir():
-        say(
-            f"note: {bundle} holds no {MANIFEST_NAME}: a folder, not a packed or restored bundle, so none of its "
-            "files is checked against a manifest",
-            options=ui,
-        )
-        return
+        return  # a folder of configs and data, not a packed or restored bundle: nothing to check it against
     state = "is a folder, not a file" if manifest.is_dir() else "does not exist"
     if os.path.islink(manifest) and not manifest.exists():
         state = "is a link to nothing"
@@ -206,7 +201,7 @@ def cmd_run(args: Any) -> int:
         return 0
     _refuse_no_stages(args, recipe)
     if bundle is not None:
-        refuse_no_manifest(bundle, _ui(args))
+        refuse_no_manifest(bundle)
     report = execute(recipe, config, run_dir, args, recipe_ref=name)
     print_report(report, ui=_ui(args), as_json=getattr(args, "json", False))
     if not getattr(args, "json", False) and report.stale:  # their results are of what came before: not shown

@@ -533,10 +533,11 @@ def _output_from_record(stage_dir: Path, rec: dict[str, Any]) -> StageOutput:
 
 
 def _remove_recorded_elsewhere(run_dir: Path, state: dict[str, Any], stage: str, rec: dict[str, Any] | None) -> None:
-    """Before a stage is redone afresh: remove the files its previous record lists in the run's evidence/ (the stage
-    folder itself is cleared whole), so a redone eval does not leave the earlier evidence/eval_<name>_<step>.json
-    beside the new one, unrecorded, for `portable compare` to read as the run's. Only regular files recorded as this
-    stage's outputs and as no other stage's are removed; a link is never followed or removed."""
+    """Before a stage `--restart-stage` redoes (it, or one upstream of it): remove the files its previous record lists
+    in the run's evidence/ (the stage folder itself is cleared whole), so a redone eval does not leave the earlier
+    evidence/eval_<name>_<step>.json beside the new one, unrecorded, for `portable compare` to read as the run's.
+    Only regular files recorded as this stage's outputs and as no other stage's are removed; a link is never
+    followed or removed."""
     if not rec or not isinstance(rec.get("outputs"), dict):
         return
     evidence = os.path.normpath(run_dir / "evidence")
@@ -596,8 +597,8 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
             f"it trained: training on to {select(walk.plain, spec.training)}",
             options=opts.ui,
         )
-    if action == "fresh":
-        _remove_recorded_elsewhere(run_dir, state, spec.name, rec)
+    if action == "fresh" and (spec.name in opts.restart or spec.name in walk.restarted):
+        _remove_recorded_elsewhere(run_dir, state, spec.name, rec)  # a redo replaces; an eval of a new step adds
     if action == "fresh" and stage_dir.exists():  # cleared first: a `running` record never sees another key's files
         shutil.rmtree(stage_dir)
     started = time.time()
