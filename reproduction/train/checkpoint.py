@@ -82,10 +82,7 @@ def tidy(root: Path, keep_last: int) -> list[int]:
     left LATEST at an older step or an old step kept for good: a resume whose final step already existed saved
     nothing again to repair them (audit47 kill2 F2)."""
     clean_stale(root)
-    steps = complete_steps(root)
-    for old in steps[:-keep_last]:
-        _remove_step(step_dir(root, old))
-    steps = complete_steps(root)
+    steps = _prune(root, keep_last)
     if steps:
         latest = Path(root) / "LATEST"
         want = f"{step_dir(root, steps[-1]).name}\n"
@@ -96,6 +93,14 @@ def tidy(root: Path, keep_last: int) -> list[int]:
         if current != want:
             atomic_write_text(latest, want)
     return steps
+
+
+def _prune(root: Path, keep_last: int) -> list[int]:
+    """Keep-last-k: remove all but the newest `keep_last` complete steps (0 keeps every one); returns those kept."""
+    steps = complete_steps(root)
+    for old in steps[:-keep_last]:
+        _remove_step(step_dir(root, old))
+    return steps[-keep_last:] if keep_last else steps
 
 
 def _remove_step(folder: Path) -> None:
@@ -302,8 +307,7 @@ def _commit(partial: Path, final: Path, root: Path, *, step: int, rng: list, kee
     os.replace(partial, final)
     fsync_dir(root)
     atomic_write_text(root / "LATEST", f"{final.name}\n")
-    for old in complete_steps(root)[:-keep_last]:
-        _remove_step(step_dir(root, old))
+    _prune(root, keep_last)
 
 
 def _manifest(folder: Path, *, step: int, rng: list, **fields: Any) -> dict[str, Any]:
