@@ -15,8 +15,8 @@ AVX2 (every x86-64 server since 2013-2015 has it) before torch is imported:
     MKL_CBWR=AVX2              MKL's conditional numerical reproducibility mode (Intel's AVX2 code path)
 
 `PORTABLE_CPU_KERNELS=native` leaves both alone (the fastest kernels of this CPU, results tied to it);
-a value the user already exported for either variable wins. A remote Ray cluster's workers take the
-environment their own nodes were started with: start them with the same variables (docs/config.md).
+a value the user already exported for either variable wins. Ray tasks get the driver's values with their task
+(`reproduction.train.launcher`), so a remote node started without them computes the same bits.
 """
 
 from __future__ import annotations

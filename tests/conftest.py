@@ -23,6 +23,12 @@ if sys.platform.startswith("linux"):
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+# The kernels `portable` pins before torch loads, pinned here before any test imports torch: otherwise the first
+# in-process `portable` call pins them for the Ray workers started later while this process keeps the CPU's native
+# kernels, and "the workers' values equal the in-process ones, bit for bit" depends on which test ran first.
+from reproduction.numerics import pin_cpu_kernels  # noqa: E402  (imports no torch)
+
+pin_cpu_kernels()
 
 
 def pytest_collection_modifyitems(config, items):

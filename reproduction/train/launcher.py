@@ -245,7 +245,7 @@ def run_tasks(
 
     `fn` must be importable by the workers (a module-level function) and should return something
     small. Ray is started locally (and stopped) unless given `ray_address` or already initialised;
-    each task is a fresh process (max_calls=1) with WORKER_ENV and the driver's PORTABLE_* variables,
+    each task is a fresh process (max_calls=1) with WORKER_ENV and the driver's PORTABLE_* and pinned-kernel variables,
     reserving `cpus_per_worker` CPUs and one GPU/NPU when `spec` has one. Placement is bounded by
     `start_timeout_s`; `on_done(i)` is called as payload i finishes. The first task that raises or
     dies kills the others and raises a one-line WorkerFailedError (exit 51) naming `label` and the
@@ -368,9 +368,13 @@ def _submit(payload: Payload, pg, *, local: bool) -> list:
 
 
 def _worker_env(*, local: bool) -> dict[str, str]:
-    """Workers' environment: WORKER_ENV, the driver's PORTABLE_* knobs, and on one machine its sys.path."""
+    """Workers' environment: WORKER_ENV, the driver's PORTABLE_* knobs and pinned CPU kernels, and on one machine
+    its sys.path. The kernels travel explicitly: a worker's own node may have been started without them (a remote
+    cluster, or a local Ray started before `pin_cpu_kernels`), and its values would differ in the last bits."""
+    from reproduction.numerics import PINNED
+
     env = dict(WORKER_ENV)
-    env.update({k: v for k, v in os.environ.items() if k.startswith(SETTINGS_PREFIX)})
+    env.update({k: v for k, v in os.environ.items() if k.startswith(SETTINGS_PREFIX) or k in PINNED})
     if local:  # workers import what the driver imports (tests, scripts next to the driver)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
     return env
