@@ -41,6 +41,7 @@ from reproduction.config_fields import output_free_keys
 from reproduction.digest_cache import DigestCache
 from reproduction.errors import (
     CheckpointError,
+    InputNotFoundError,
     RunStateError,
     StageKeyChangedError,
     StageProtocolError,
@@ -176,6 +177,10 @@ def read_state(run_dir: Path) -> dict[str, Any] | None:
     """run.json as a dict, None when absent; RunStateError (exit 55) when unreadable or not of the schema its
     format_version names (record.check_state: the field that is wrong is named)."""
     path = Path(run_dir) / RUN_JSON
+    if path.is_dir():  # a folder where the record belongs: exit 3, as a folder given for any file is
+        raise InputNotFoundError(
+            f"{path} is a folder, not a file", path=path, hint="remove or rename it, or choose a new --output"
+        )
     if not path.is_file():
         return None
     try:
