@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from reproduction.errors import ConfigError
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -31,3 +35,25 @@ def test_a_run_json_that_is_a_folder_is_exit_3_naming_it(tmp_path):
     first = _one_error(proc)
     assert str(run / "run.json") in first and "is a folder, not a file" in first
     assert (run / "run.json").is_dir() and sorted(p.name for p in run.iterdir()) == ["run.json"]
+
+
+def test_a_negative_step_count_is_refused_with_the_values_allowed():
+    proc = _cli("run", "--output", "/nonexistent/run", "--print-config", "value.train.max_steps=-5")
+    assert proc.returncode == 4, proc.stderr
+    assert _one_error(proc) == "error: value.train.max_steps=-5 must be >= 1"
+    assert (
+        proc.stderr.splitlines()[1] == "hint: set value.train.max_steps to a whole number of 1 or more (docs/config.md)"
+    )
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["policy.train.warmup_steps=-1", "policy.model.chunk=0", "value.model.folds=0", "advantages.lookahead=0"],
+)
+def test_each_impossible_count_says_what_values_are_allowed(override):
+    from reproduction.recipes.recap.config import load_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    key = override.partition("=")[0]
+    assert err.value.field == key and err.value.hint and err.value.hint.startswith(f"set {key} to a whole number of ")

@@ -45,7 +45,11 @@ def check_advantage_values(cfg: Any, key: str = "") -> None:
         return f"{key}.{name}" if key else name
 
     if cfg.lookahead < 1:
-        raise ConfigError(f"{k('lookahead')}={cfg.lookahead} must be >= 1", field=k("lookahead"))
+        raise ConfigError(
+            f"{k('lookahead')}={cfg.lookahead} must be >= 1",
+            field=k("lookahead"),
+            hint=f"set {k('lookahead')} to a whole number of 1 or more",
+        )
     if not (0.0 < cfg.gamma <= 1.0):  # also refuses nan
         raise ConfigError(
             f"{k('gamma')}={cfg.gamma} is outside (0, 1]", field=k("gamma"), hint=f"set {k('gamma')} in (0, 1]"

@@ -170,18 +170,25 @@ def _check_choices(cfg: Any, k: Callable[[str], str]) -> None:
 
 
 def _check_positive(cfg: Any, k: Callable[[str], str]) -> None:
+    def refuse(name: str, rule: str, allowed: str) -> ConfigError:
+        return ConfigError(
+            f"{k(name)}={getattr(cfg, name)} must be {rule}",
+            field=k(name),
+            hint=f"set {k(name)} to {allowed} (docs/config.md)",
+        )
+
     for name in ("max_steps", "global_batch", "micro_batch", "world_size", "keep_last", "log_interval"):
         if int(getattr(cfg, name)) < 1:
-            raise ConfigError(f"{k(name)}={getattr(cfg, name)} must be >= 1", field=k(name))
+            raise refuse(name, ">= 1", "a whole number of 1 or more")
     for name in ("warmup_steps", "eval_interval", "save_interval", "canary_samples", "cpu_threads"):
         if int(getattr(cfg, name)) < 0:
-            raise ConfigError(f"{k(name)}={getattr(cfg, name)} must be >= 0", field=k(name))
+            raise refuse(name, ">= 0", "a whole number of 0 or more")
     for name in ("lr", "cpus_per_worker", "start_timeout_s", "collective_timeout_s"):
         if not float(getattr(cfg, name)) > 0:
-            raise ConfigError(f"{k(name)}={getattr(cfg, name)} must be > 0", field=k(name))
+            raise refuse(name, "> 0", "a number above 0")
     for name in ("grad_clip", "weight_decay", "canary_rtol", "eps"):
         if not float(getattr(cfg, name)) >= 0:
-            raise ConfigError(f"{k(name)}={getattr(cfg, name)} must be >= 0", field=k(name))
+            raise refuse(name, ">= 0", "a number of 0 or more")
     betas = tuple(cfg.betas)
     if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
         raise ConfigError(f"{k('betas')}={betas} must be two numbers in [0, 1)", field=k("betas"))

@@ -121,7 +121,11 @@ def check_policy_values(cfg: Any, key: str = "") -> None:
         )
     for name in ("chunk", "execute_steps", "num_steps", "width", "prefix_layers", "expert_layers"):
         if int(getattr(cfg, name)) < 1:
-            raise ConfigError(f"{where}{k(name)}={getattr(cfg, name)} must be >= 1", field=k(name))
+            raise ConfigError(
+                f"{where}{k(name)}={getattr(cfg, name)} must be >= 1",
+                field=k(name),
+                hint=f"set {k(name)} to a whole number of 1 or more (docs/config.md)",
+            )
     if cfg.execute_steps > cfg.chunk:
         raise ConfigError(
             f"{where}{k('execute_steps')}={cfg.execute_steps} exceeds {k('chunk')}={cfg.chunk}",

@@ -121,7 +121,11 @@ def check_value_values(cfg: Any, key: str = "") -> None:
             hint=f"set {k('tokenizer')}, or {k('preset')}=tiny",
         )
     if cfg.folds < 1:
-        raise ConfigError(f"{where}{k('folds')}={cfg.folds} must be >= 1", field=k("folds"))
+        raise ConfigError(
+            f"{where}{k('folds')}={cfg.folds} must be >= 1",
+            field=k("folds"),
+            hint=f"set {k('folds')} to a whole number of 1 or more (1: no cross-fitting)",
+        )
     if not cfg.cameras:
         raise ConfigError(
             f"{where}{k('cameras')}={dict(cfg.cameras)} maps no model slot to a dataset key",
