@@ -57,3 +57,18 @@ def test_each_impossible_count_says_what_values_are_allowed(override):
         load_config(None, [override])
     key = override.partition("=")[0]
     assert err.value.field == key and err.value.hint and err.value.hint.startswith(f"set {key} to a whole number of ")
+
+
+def test_an_interpolation_to_no_key_names_its_config_file_and_key(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("eval:\n  seed: ${nosuch.key}\n")
+    other = tmp_path / "d.yaml"
+    other.write_text("eval:\n  workers: 2\n")
+    proc = _cli(
+        "run", "--config", str(config), "--config", str(other), "--output", str(tmp_path / "r"), "--print-config"
+    )
+    assert proc.returncode == 4, proc.stderr
+    assert _one_error(proc) == f"error: {config}: config key `eval.seed`: Interpolation key 'nosuch.key' not found"
+    assert proc.stderr.splitlines()[1].startswith("hint: ") and not (tmp_path / "r").exists()
+    proc = _cli("run", "--output", str(tmp_path / "r"), "--print-config", "eval.seed=${nosuch.key}")
+    assert proc.returncode == 4 and _one_error(proc).startswith("error: command line: config key `eval.seed`: ")

@@ -288,5 +288,5 @@ def test_an_interpolation_of_no_key_names_the_key_holding_it(tmp_path, capsys):
     config = _file(tmp_path, "bad.yaml", "eval:\n  seed: ${nosuch.key}\n")
     assert portable.main(["run", "--config", config, "--output", str(tmp_path / "r"), "--print-config"]) == 4
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == "error: config key `eval.seed`: Interpolation key 'nosuch.key' not found"
+    assert err[0] == f"error: {config}: config key `eval.seed`: Interpolation key 'nosuch.key' not found"
     assert err[1].startswith("hint: an interpolation names a config key") and not (tmp_path / "r").exists()

@@ -92,7 +92,36 @@ def load_config(
     except ConfigError:
         raise
     except Exception as exc:  # omegaconf's errors: one mapping, here
-        raise _config_error(exc, merged) from None
+        where = _source_of(getattr(exc, "full_key", None), files, overrides) if _is_interpolation(exc) else None
+        raise _config_error(exc, merged, where=where) from None
+
+
+def _is_interpolation(exc: BaseException) -> bool:
+    return "Interpolation" in type(exc).__name__
+
+
+def _source_of(key: str | None, files: list[Path] | None, overrides: list[str] | None) -> str | None:
+    """Where the value of `key` came from: 'command line' (an override sets it), else the last --config file that
+    sets it (its path), else None (the schema's default). An unreadable file is skipped (it was read before)."""
+    from omegaconf import OmegaConf
+
+    if not key:
+        return None
+    if any(item.partition("=")[0] == key for item in overrides or []):
+        return "command line"
+    for path in reversed(files or []):
+        try:
+            node: Any = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        except Exception:
+            continue
+        for part in key.split("."):
+            node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
+        if node is not _ABSENT:
+            return str(path)
+    return None
+
+
+_ABSENT = object()
 
 
 def _check_component_sections(node: Any, prefix: str = "", checks: dict[type, Any] | None = None) -> None:
@@ -323,7 +352,7 @@ def _config_error(exc: BaseException, merged: Any, *, where: str | None = None) 
         return ConfigError(f"{src}config key `{key}` has no value", field=key, hint=f"set {key}=... ")
     if isinstance(exc, ValidationError):
         return ConfigError(f"{src}config key `{key}`: {msg}", field=key, hint="see docs/config.md for its type")
-    if "Interpolation" in type(exc).__name__ and key:  # name the key holding the ${...} (audit47 F14)
+    if _is_interpolation(exc) and key:  # name the key holding the ${...} (audit47 F14)
         hint = "an interpolation names a config key (${eval.seed}), ${BUNDLE} or ${RUN}: check the name and braces"
         return ConfigError(f"{src}config key `{key}`: {msg}", field=key, hint=hint)
     return ConfigError(f"{src}config: {msg}", field=key or None)
