@@ -72,3 +72,29 @@ def test_an_interpolation_to_no_key_names_its_config_file_and_key(tmp_path):
     assert proc.stderr.splitlines()[1].startswith("hint: ") and not (tmp_path / "r").exists()
     proc = _cli("run", "--output", str(tmp_path / "r"), "--print-config", "eval.seed=${nosuch.key}")
     assert proc.returncode == 4 and _one_error(proc).startswith("error: command line: config key `eval.seed`: ")
+
+
+@pytest.mark.parametrize(
+    "kwargs,words",
+    [
+        ({"seeds": {"eval": "abc"}}, "seeds['eval'] is 'abc', not a whole number"),
+        ({"seeds": {"eval": None}}, "seeds['eval'] is None, not a whole number"),
+        ({"seeds": [1, 2]}, "seeds is [1, 2], not a mapping"),
+        ({"margins": {"success_once": "wide"}}, "margins['success_once'] is 'wide', not a finite number"),
+        ({"margins": {"success_once": float("nan")}}, "margins['success_once'] is nan"),
+        ({"tolerances": {"success_once": [0.1]}}, "tolerances['success_once'] is [0.1]"),
+        ({"alpha": "0.05x"}, "alpha is '0.05x', not a finite number"),
+        ({"alpha": True}, "alpha is True"),
+    ],
+)
+def test_a_non_number_given_to_build_evidence_is_exit_4_naming_the_argument(kwargs, words):
+    from evidence_fixtures import eval_result
+
+    from reproduction.errors import InvalidInputError
+    from reproduction.run.evidence import EvalRecord, build_evidence
+
+    record = EvalRecord(result=eval_result({"t0": (3, 10)}), label="pol", mode="bc")
+    args = {"name": "e", "run_id": "r", "seeds": {"eval": 1}, "settings": {}} | kwargs
+    with pytest.raises(InvalidInputError) as err:
+        build_evidence(record, **args)
+    assert words in str(err.value) and err.value.hint and err.value.exit_code == 4

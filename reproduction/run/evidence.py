@@ -32,6 +32,7 @@ ever `reproduced` or `differs`. Stdlib only.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -274,19 +275,50 @@ def build_evidence(
         doc["created"] = created.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
     doc |= {
         **evaluation_entry(primary),
-        "seeds": {k: int(v) for k, v in seeds.items()},
+        "seeds": _numbers("seeds", seeds, int),
         "settings": redact(dict(settings)),
         "baselines": [evaluation_entry(b) for b in baselines],
     }
     if tolerances:
-        doc["tolerances"] = {k: float(v) for k, v in tolerances.items()}
+        doc["tolerances"] = _numbers("tolerances", tolerances, float)
     if margins:
-        doc["margins"] = {k: float(v) for k, v in margins.items()}
+        doc["margins"] = _numbers("margins", margins, float)
     if alpha is not None:
-        doc["alpha"] = float(alpha)
+        doc["alpha"] = _number("alpha", alpha, float)
     if sequential:
         doc["sequential"] = dict(sequential)
     return doc
+
+
+ARGUMENT_HINT = (
+    "hand build_evidence seeds as {name: whole number}, margins and tolerances as {key: number}, and alpha as a "
+    "number (the values a recipe's eval config and its reference declare)"
+)
+
+
+def _number(where: str, value: Any, kind: type) -> Any:
+    """`value` as `kind` (int for a seed, float for a margin, tolerance or alpha, finite), or InvalidInputError
+    (exit 4) naming the argument and the value (audit47: a ValueError/TypeError here was an internal error, exit 1)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError(value)
+        out = kind(value)
+    except (TypeError, ValueError, OverflowError):
+        out = None
+    if out is None or (kind is float and not math.isfinite(out)):
+        want = "a whole number" if kind is int else "a finite number"
+        raise InvalidInputError(
+            f"build_evidence: {where} is {value!r}, not {want}", field=where.partition("[")[0], hint=ARGUMENT_HINT
+        )
+    return out
+
+
+def _numbers(where: str, values: Any, kind: type) -> dict[str, Any]:
+    if not isinstance(values, Mapping):
+        raise InvalidInputError(
+            f"build_evidence: {where} is {values!r}, not a mapping of names to numbers", field=where, hint=ARGUMENT_HINT
+        )
+    return {k: _number(f"{where}[{k!r}]", v, kind) for k, v in values.items()}
 
 
 def write_evidence(path: Path, evidence: Mapping[str, Any]) -> Path:
