@@ -222,6 +222,30 @@ def test_a_bundle_without_its_manifest_is_refused_and_a_run_without_bundle_still
     assert rc == 0, capsys.readouterr().err
 
 
+@pytest.mark.parametrize("how", ["override", "config file"])
+def test_a_bundle_named_by_bundle_key_is_checked_for_its_manifest_as_the_positional_one(bundle, tmp_path, capsys, how):
+    """audit47 F3 at stop 48a: `BUNDLE=DIR` (an override, or `BUNDLE:` in a --config file) ran a folder whose
+    bundle.json was missing (fetch's leftovers) unchecked, where `run DIR` refuses it (exit 3)."""
+    manifest = bundle / "bundle.json"
+    manifest.unlink()
+    (bundle / ".portable" / "partial").mkdir(parents=True, exist_ok=True)
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        (f"BUNDLE: {bundle}\n" if how == "config file" else "")
+        + 'datasets:\n  - {path: "${BUNDLE}/data/roll", type: rollout}\n'
+    )
+    extra = [f"BUNDLE={bundle}"] if how == "override" else []
+    capsys.readouterr()
+    rc = main(["-q", "run", "--config", str(config), "--output", str(tmp_path / "out"), "--stages", "returns", *extra])
+    err = capsys.readouterr().err
+    assert rc == 3, err
+    assert err.splitlines()[0] == (
+        f"error: bundle {bundle} has no readable manifest: {manifest} does not exist, "
+        "so nothing it holds can be checked"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_folder_no_tool_made_a_bundle_of_runs_as_before(bundle, tmp_path, capsys):
     """A BUNDLE folder of configs and data written by hand (no bundle.json, no .portable/: no fetch or restore worked
     in it) runs as before: there is no manifest to check it against."""

@@ -200,8 +200,9 @@ def cmd_run(args: Any) -> int:
         sys.stdout.write(to_json(config) if getattr(args, "json", False) else to_yaml(config))
         return 0
     _refuse_no_stages(args, recipe)
-    if bundle is not None:
-        refuse_no_manifest(bundle)
+    named = bundle or (Path(config.BUNDLE) if getattr(config, "BUNDLE", None) else None)
+    if named is not None and named.is_dir():  # BUNDLE= in a --config file or an override: checked alike
+        refuse_no_manifest(named)
     report = execute(recipe, config, run_dir, args, recipe_ref=name)
     print_report(report, ui=_ui(args), as_json=getattr(args, "json", False))
     if not getattr(args, "json", False) and report.stale:  # their results are of what came before: not shown
