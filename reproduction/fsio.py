@@ -22,7 +22,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # The writer's pid in the name: a SIGKILL skips the `finally` below, and remove_orphaned_temps then knows whose
     # leftover it is (TEMP_NAME).
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=TEMP_SUFFIX, dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=TEMP_SUFFIX, dir=path.parent)
+    except OSError as exc:  # a read-only folder: the error names `path`, not the temp name it tried (audit47 F14)
+        raise _as_target(exc, path, None) from None
     try:
         # mkstemp creates 0600; give the file the mode a plain open() would (or the old file's).
         try:
@@ -36,10 +39,19 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except OSError as exc:
-        raise annotate(exc, path, need=len(data))
+        raise annotate(_as_target(exc, path, tmp), path, need=len(data))
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _as_target(exc: OSError, path: Path, tmp: str | None) -> OSError:
+    """`exc` naming the file being written (`path`) where the OS named the temp file beside it (mkstemp's try, the
+    rename): the temp name is this module's detail, and the user looks for the file they asked for."""
+    if exc.filename is None or tmp is None or str(exc.filename) == tmp or TEMP_SUFFIX in str(exc.filename):
+        exc.filename = str(path)
+        exc.filename2 = None
+    return exc
 
 
 _REGULAR_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

@@ -98,3 +98,37 @@ def test_a_non_number_given_to_build_evidence_is_exit_4_naming_the_argument(kwar
     with pytest.raises(InvalidInputError) as err:
         build_evidence(record, **args)
     assert words in str(err.value) and err.value.hint and err.value.exit_code == 4
+
+
+def _refuse_temp_files(monkeypatch):
+    """mkstemp as in a read-only (chattr +i) folder: EPERM naming the temp name it tried."""
+    import errno
+    import tempfile
+
+    def refused(prefix="", suffix="", dir=None):
+        raise PermissionError(errno.EPERM, "Operation not permitted", os.path.join(dir, f"{prefix}abcdefgh{suffix}"))
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+
+
+def test_a_write_into_a_read_only_folder_names_the_file_not_its_temp(tmp_path, monkeypatch):
+    from reproduction.fsio import atomic_write_text
+
+    _refuse_temp_files(monkeypatch)
+    target = tmp_path / "evidence" / "x.json"
+    with pytest.raises(PermissionError) as err:
+        atomic_write_text(target, "{}")
+    assert err.value.filename == str(target) and "portable-tmp" not in str(err.value)
+
+
+def test_evidence_into_a_read_only_evidence_folder_names_it_and_the_fix(tmp_path, monkeypatch):
+    from reproduction.errors import WriteFailedError
+    from reproduction.run.evidence import write_evidence
+
+    _refuse_temp_files(monkeypatch)
+    target = tmp_path / "evidence" / "eval_checkpoint_1000.json"
+    with pytest.raises(WriteFailedError) as err:
+        write_evidence(target, {"metrics": {}})
+    assert str(err.value) == f"cannot write an evidence file: operation not permitted ({target})"
+    assert err.value.exit_code == 8 and err.value.hint.startswith(f"make {target.parent} writable")
+    assert list((tmp_path / "evidence").iterdir()) == []

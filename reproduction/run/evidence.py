@@ -322,8 +322,22 @@ def _numbers(where: str, values: Any, kind: type) -> dict[str, Any]:
 
 
 def write_evidence(path: Path, evidence: Mapping[str, Any]) -> Path:
-    """Write an evidence document atomically (indented, keys in build order) and return its path."""
-    atomic_write_text(Path(path), json.dumps(evidence, indent=1) + "\n")
+    """Write an evidence document atomically (indented, keys in build order) and return its path. A write refused
+    (a read-only evidence/ folder) is WriteFailedError (exit 8) naming the evidence file and what to fix; a full disk
+    is left to the disk-full error, which says how much is needed."""
+    from reproduction.errors import is_disk_full, os_error
+
+    try:
+        atomic_write_text(Path(path), json.dumps(evidence, indent=1) + "\n")
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise
+        raise os_error(
+            exc,
+            "an evidence file",
+            hint=f"make {Path(path).parent} writable (its permissions, `chattr -i`, a read-write mount), then rerun "
+            "the same command",
+        ) from None
     return Path(path)
 
 
