@@ -1,4 +1,8 @@
-"""Findings of audit47's CLI pass fixed at stop 48a: a run.json that is a folder (exit 3, named), ..."""
+"""Findings of audit47's CLI pass fixed at stop 48a: a run.json that is a folder (exit 3, named); a refused count
+says the values allowed; an interpolation to no key names its --config file; build_evidence's non-count arguments
+(seeds, margins, tolerances, alpha) are exit 4 naming the argument; a write into a read-only evidence/ names the
+evidence file (not its temp) and the folder to fix. BUNDLE= checked for its bundle.json:
+tests/test_run_bundle_inputs.py."""
 
 from __future__ import annotations
 
