@@ -622,7 +622,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     )
     t0 = time.perf_counter()
     try:
-        output = call_stage(spec, ctx)
+        output = call_stage(spec, ctx, recipe=walk.recipe.name)
         outputs = collect_outputs(spec, stage_dir, output.files, walk.digests)
         if not outputs:
             raise CheckpointError(f"stage {spec.name} wrote no outputs into {stage_dir}", path=stage_dir)
