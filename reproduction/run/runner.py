@@ -56,6 +56,7 @@ from reproduction.run.stage_keys import (
     declaration_problems,
     digest,
     fn_problems,
+    headline_problems,
     input_files,
     key_parts,
     recorded_key_still_matches,
@@ -249,8 +250,9 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         plain = to_plain(config)
         from reproduction.run.preflight import raise_problems, run_problems
 
-        # the recipe's own spelling (config keys, stage functions), before any input
-        raise_problems(declaration_problems(recipe, plain) + fn_problems(recipe, [s.name for s in selected]))
+        # the recipe's own spelling (config keys, stage functions, its headline), before any input
+        names = [s.name for s in selected]
+        raise_problems(declaration_problems(recipe, plain) + fn_problems(recipe, names) + headline_problems(recipe))
         opened: dict[str, Any] = {}
         if opts.preflight:
             problems, damaged = run_problems(plain, digests)
