@@ -99,8 +99,9 @@ class Recipe:
     headline: str | None = None
     """"module:function" (run_dir) -> list of lines `portable run` prints last (stderr, not with --json) while the
     run's results are current: its headline numbers and verdict. RECAP's and GRPO's is
-    reproduction.run.compare_cmd:run_results_lines (their eval and compare stages' summaries). An error it raises is
-    a warning line, never a failed run (None: no headline)."""
+    reproduction.run.compare_cmd:run_results_lines (their eval and compare stages' summaries). One that names no
+    function is a ConfigError (exit 4) before anything runs (run/stage_keys.py's headline_problems); an error it raises
+    is a warning line, never a failed run (None: no headline)."""
     report: str | None = None
     """"module:function" (run_dir) -> Path: writes the run's report (<run>/report.html, and what it embeds, e.g.
     <run>/plots/) from what the run folder holds. The runner calls it after the selected stages complete, when a

@@ -22,12 +22,20 @@ from reproduction.portable import main
 def calls(monkeypatch):
     seen = []
 
-    def evaluate_exports(config, exports, out_dir, run_dir, *, name="policy", ui=None):
+    def evaluate_exports(config, exports, out_dir, run_dir, *, name="policy", ui=None, labels=None):
         step = next(iter(exports.values()))[1] or 0
         rel = f"evidence/eval_{name}_{step}.json"
         (Path(run_dir) / rel).parent.mkdir(parents=True, exist_ok=True)
         (Path(run_dir) / rel).write_text(json.dumps({m: [str(p), s] for m, (p, s) in exports.items()}))
-        seen.append({"modes": list(config.policy.modes), "exports": dict(exports), "out_dir": out_dir, "name": name})
+        seen.append(
+            {
+                "modes": list(config.policy.modes),
+                "exports": dict(exports),
+                "out_dir": out_dir,
+                "name": name,
+                "labels": labels,
+            }
+        )
         return SimpleNamespace(summary={"evidence": rel})
 
     monkeypatch.setattr("reproduction.recipes.recap.policy.evaluate_exports", evaluate_exports)
@@ -177,3 +185,35 @@ def test_another_recipes_export_is_refused_not_recorded_under_a_false_label(tmp_
     assert main(["-q", "eval", "--checkpoint", str(grpo), "--output", str(grpo_run), "recipe=grpo"]) == 0
     assert main(["-q", "eval", "--checkpoint", str(bc), "--output", str(grpo_run), "recipe=grpo"]) == 0
     assert [list(c["exports"]) for c in grpo_calls] == [["grpo"], ["sft"]]
+
+
+def test_another_recipes_bc_export_is_labelled_by_the_stage_that_wrote_it_not_bc(tmp_path, calls, capsys):
+    """Stop 48: GRPO's sft export (policy.json mode bc, no algorithm) evaluated into a RECAP run was labelled `bc`,
+    as if it were the RECAP run's own bc policy. It is labelled by its own run's stage, `sft` (as GRPO's evidence
+    labels it); a RECAP run's bc export and an export outside any run folder keep the label `bc`."""
+    grpo_run = tmp_path / "grpo-run"
+    sft = _export(grpo_run / "sft" / "export", "bc", 20)
+    (grpo_run / "run.json").write_text(json.dumps({"recipe": "grpo", "stages": {"sft": {"status": "complete"}}}))
+    recap_run = tmp_path / "recap-run"
+    own_bc = _export(recap_run / "policy" / "bc" / "export", "bc", 30)
+    (recap_run / "run.json").write_text(json.dumps({"recipe": "recap", "stages": {"policy": {"status": "complete"}}}))
+    loose = _export(tmp_path / "loose" / "export", "bc", 40)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(sft), "--output", str(out)]) == 0
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"evaluating 1 policy export(s): sft (mode bc, step 20, {sft.resolve()})"
+    )
+    for export in (own_bc, loose):
+        assert main(["-q", "eval", "--checkpoint", str(export), "--output", str(out)]) == 0
+    assert [(c["modes"], c["labels"]) for c in calls] == [(["bc"], {"bc": "sft"}), (["bc"], {}), (["bc"], {})]
+
+
+def test_the_evaluations_label_a_baseline_mode_by_the_labels_given():
+    from reproduction.recipes.recap.policy import evaluations
+
+    config = SimpleNamespace(
+        policy=SimpleNamespace(modes=["recap", "bc"]), eval=SimpleNamespace(guidance_scales=[1.0, 3.0])
+    )
+    assert evaluations(config) == [("recap w=1", "recap", 1.0), ("recap w=3", "recap", 3.0), ("bc", "bc", 1.0)]
+    assert evaluations(config, {"bc": "sft"})[-1] == ("sft", "bc", 1.0)

@@ -208,6 +208,31 @@ def test_a_recipes_own_headline_is_printed_and_one_that_raises_is_a_warning_not_
         ), err
 
 
+MISSPELT_HEADLINE = dataclasses.replace(RECIPE, headline=f"{__name__}:raising_headlin")
+NO_MODULE_HEADLINE = dataclasses.replace(RECIPE, headline="no_such_module47:headline")
+LIST_HEADLINE = dataclasses.replace(RECIPE, headline=f"{__name__}:SHAPES")
+
+
+@pytest.mark.parametrize(
+    ("recipe", "ref", "why"),
+    [
+        ("MISSPELT_HEADLINE", f"{__name__}:raising_headlin", f"module {__name__!r} has no attribute 'raising_headlin'"),
+        ("NO_MODULE_HEADLINE", "no_such_module47:headline", "module 'no_such_module47' cannot be imported"),
+        ("LIST_HEADLINE", f"{__name__}:SHAPES", f"{__name__}.SHAPES is a list, not a function"),
+    ],
+)
+def test_a_headline_that_names_no_function_is_refused_before_any_stage_runs(tmp_path, cli, recipe, ref, why):
+    """Stop 48: a misspelt Recipe.headline was found only after every stage had run (a training could be hours), as a
+    warning line. Like a misspelt stage function, it is a ConfigError (exit 4) naming the recipe and the reference,
+    before anything runs: no run folder is made."""
+    run = tmp_path / "run"
+    code, err = cli("run", "--output", str(run), "--no-progress", recipe=recipe)
+    assert code == 4, err
+    assert len(err) == 2 and err[0].startswith(f"error: recipe toy47: its headline {ref!r} cannot be loaded: {why}")
+    assert err[1].startswith("hint: fix the spelling of the Recipe's headline"), err
+    assert not run.exists()
+
+
 # -- F6: Recipe.evaluate's signature ---------------------------------------------------------------------------
 
 

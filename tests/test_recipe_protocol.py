@@ -574,7 +574,7 @@ def test_a_world_size_that_is_no_integer_of_at_least_1_is_exit_54(tmp_path, mode
     run = tmp_path / "run"
     with pytest.raises(StageProtocolError, match="whose world_size is .*, expected an integer >= 1") as err:
         run_recipe(recipe(), Cfg(mode=mode), run, RunOptions(recorder=make_recorder(None)))
-    assert err.value.exit_code == 54 and "stage first" in str(err.value)
+    assert err.value.exit_code == 54 and str(err.value).startswith("recipe proto: stage first (")
     assert _status(run)["status"] == "failed" and not (run / "lineage" / "first.intoto.json").exists()
 
 
@@ -673,12 +673,14 @@ def _trained(**kw) -> Recipe:
 @pytest.mark.parametrize("mode", list(STEPS))
 def test_a_step_that_is_no_integer_of_at_least_0_is_exit_54_and_nothing_is_recorded_complete(tmp_path, mode):
     """audit47 #1: numpy.int64(5) was recorded as "5", 5.0 and "yes" as they were, and every later read of run.json
-    refused the folder (exit 55), --restart-stage included."""
+    refused the folder (exit 55), --restart-stage included. The line names the recipe first (stop 48: it named only
+    the stage, which any recipe may call `first`)."""
     run = tmp_path / "run"
     with pytest.raises(StageProtocolError) as err:
         run_recipe(_trained(), Cfg(mode=mode), run)
     message = str(err.value)
-    assert err.value.exit_code == 54 and f"stage first ({__name__}:stepper) returned a StageOutput whose" in message
+    assert err.value.exit_code == 54
+    assert message.startswith(f"recipe proto: stage first ({__name__}:stepper) returned a StageOutput whose"), message
     assert STEPS[mode][1] in message and "expected an integer >= 0 or None" in message and "\n" not in message
     assert "as an int" in err.value.hint
     assert _status(run)["status"] == "failed"

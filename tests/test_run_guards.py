@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_run_runner import TOY, FakeInput, ToyConfig, ToySection
 
-from reproduction.errors import PortableError, RunStateError, StageKeyChangedError
+from reproduction.errors import PortableError, RunStateError, StageKeyChangedError, UsageError
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
 from reproduction.run.guards import run_lock
 from reproduction.run.runner import RunOptions, read_state, run_recipe
@@ -257,6 +257,33 @@ def test_a_target_step_at_or_below_the_steps_trained_says_so_and_trains_nothing(
         )
     assert (run / "run.json").read_bytes() == state
     assert (run / "count" / "model.txt").read_text() == "trained 4 steps\n"
+
+
+@pytest.mark.parametrize("target", [2, 4])
+def test_a_target_step_at_or_below_the_steps_trained_with_a_raised_count_is_refused_before_anything_runs(
+    tmp_path, target
+):
+    """Stop 48: --target-step T <= the 4 steps trained, with count.repeat raised to 6, was skipped as "asks for no
+    more" while run.json's config recorded 6: a config claiming steps the stage never trained, and the raised count
+    ignored without a word. The two ask for different things: exit 2 naming both, nothing run or written."""
+    run = tmp_path / "run"
+    _run(run, ToyConfig(count=ToySection(repeat=4)), recipe=TRAINED)
+    state = (run / "run.json").read_bytes()
+    six = ToyConfig(count=ToySection(repeat=6))
+    with pytest.raises(UsageError) as err:
+        _run(run, six, recipe=TRAINED, target_step=target)
+    assert err.value.exit_code == 2 and str(err.value) == (
+        f"--target-step {target} asks for no more steps, but the config raises stage count's count.repeat to 6, "
+        "above the 4 steps it trained (nothing was run)"
+    )
+    assert (
+        err.value.hint == "drop --target-step to train on to count.repeat=6 (--resume), or pass --target-step 6 or more"
+    )
+    assert (run / "run.json").read_bytes() == state
+    assert (run / "count" / "model.txt").read_text() == "trained 4 steps\n"
+    # either way out works: the count (--resume) or a target at or above it
+    assert _run(run, six, recipe=TRAINED, resume=True) == [("count", "continued")]
+    assert read_state(run)["stages"]["count"]["step"] == 6
 
 
 def test_resume_with_fewer_steps_than_trained_is_refused_naming_both(tmp_path):

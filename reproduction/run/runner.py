@@ -52,11 +52,12 @@ from reproduction.run.config import select, to_plain
 from reproduction.run.guards import LOCK_FILE, deferred_interrupts, refuse_links, run_lock, sigterm_as_interrupt
 from reproduction.run.secrets import redact, redact_argv
 from reproduction.run.stage_call import call_stage
-from reproduction.run.stage_decide import decide
+from reproduction.run.stage_decide import decide, refuse_target_below_raised_count
 from reproduction.run.stage_keys import (
     declaration_problems,
     digest,
     fn_problems,
+    headline_problems,
     input_files,
     key_parts,
     recorded_key_still_matches,
@@ -217,7 +218,8 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
     run_dir), RunStateError (run_dir is a file; holds a run and resume is off; run.json is not of its
     schema; a stage folder or evidence/ is a symbolic link; a needed stage is neither selected nor complete),
     StageKeyChangedError (resume over changed inputs, each named; a trained stage's max_steps lowered below
-    the steps it trained), PreflightError (every problem found before anything ran), and whatever a stage
+    the steps it trained), UsageError (exit 2: --target-step at or below a stage's trained steps while its step
+    count is raised above them), PreflightError (every problem found before anything ran), and whatever a stage
     raises: the stage is then recorded `failed` (or `interrupted` on Ctrl-C / SIGTERM) in run.json, so
     `--resume` continues it; a complete stage that `--target-step` failed to train on keeps its record.
     """
@@ -254,8 +256,11 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         plain = to_plain(config)
         from reproduction.run.preflight import raise_problems, run_problems
 
-        # the recipe's own spelling (config keys, stage functions), before any input
-        raise_problems(declaration_problems(recipe, plain) + fn_problems(recipe, [s.name for s in selected]))
+        # the recipe's own spelling (config keys, stage functions, its headline), before any input
+        names = [s.name for s in selected]
+        raise_problems(declaration_problems(recipe, plain) + fn_problems(recipe, names) + headline_problems(recipe))
+        redone = downstream(recipe, opts.restart)  # trained afresh to --target-step: no clash with the count
+        refuse_target_below_raised_count([s for s in selected if s.name not in redone], state, plain, opts.target_step)
         opened: dict[str, Any] = {}
         if opts.preflight:
             problems, damaged = run_problems(plain, digests)
@@ -627,7 +632,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     )
     t0 = time.perf_counter()
     try:
-        output = call_stage(spec, ctx)
+        output = call_stage(spec, ctx, recipe=walk.recipe.name)
         outputs = collect_outputs(spec, stage_dir, output.files, walk.digests)
         if not outputs:
             raise CheckpointError(f"stage {spec.name} wrote no outputs into {stage_dir}", path=stage_dir)

@@ -13,12 +13,13 @@ from reproduction.errors import StageProtocolError
 from reproduction.recipe import StageContext, StageOutput, StageSpec, resolve_fn
 
 
-def call_stage(spec: StageSpec, ctx: StageContext) -> StageOutput:
+def call_stage(spec: StageSpec, ctx: StageContext, *, recipe: str | None = None) -> StageOutput:
     """spec.fn(ctx), held to the stage protocol: StageProtocolError (exit 54) when it returns anything but a
     StageOutput whose summary is a JSON-able dict (numpy scalars in it become Python numbers), whose world_size is an
     integer >= 1 and whose step and resumed_from are integers >= 0 or None (numpy integers become ints), or calls
     sys.exit (which would otherwise end `portable run` with
-    the stage's chosen exit code, 0 included, and the stage half-recorded)."""
+    the stage's chosen exit code, 0 included, and the stage half-recorded). `recipe`: its name, which the step and
+    world-size refusals name first (a recipe's stage name alone may be any recipe's `train`)."""
     fn = resolve_fn(
         spec.fn,
         what=f"stage {spec.name}'s function",
@@ -58,8 +59,9 @@ def call_stage(spec: StageSpec, ctx: StageContext) -> StageOutput:
             "a numpy number is recorded as the Python number it holds)",
         ) from None
     output.summary = finite_json(summary)
-    output.world_size, output.device = _placement(spec, output)
-    output.step, output.resumed_from = _step(spec, output, "step"), _step(spec, output, "resumed_from")
+    who = f"recipe {recipe}: " if recipe else ""
+    output.world_size, output.device = _placement(spec, output, who)
+    output.step, output.resumed_from = _step(spec, output, "step", who), _step(spec, output, "resumed_from", who)
     return output
 
 
@@ -80,32 +82,33 @@ def _json_values(value: Any, where: str) -> Any:
     raise TypeError(f"{where} is {type(value).__name__} {value!r:.60}, not a JSON value")
 
 
-def _step(spec: StageSpec, output: StageOutput, name: str) -> int | None:
+def _step(spec: StageSpec, output: StageOutput, name: str, who: str = "") -> int | None:
     """StageOutput's `step` or `resumed_from` (`name`) as run.json records it: None, or an integer >= 0 (a numpy
     integer becomes an int); StageProtocolError (exit 54) for anything else (a float, a bool, a string, a negative
-    number). Unchecked, numpy.int64(5) was recorded as the string "5", which every later read of run.json refused
-    (exit 55), so the run could not be resumed at all."""
+    number), its message opening with `who` ("recipe NAME: "). Unchecked, numpy.int64(5) was recorded as the string
+    "5", which every later read of run.json refused (exit 55), so the run could not be resumed at all."""
     value = getattr(output, name)
     if value is None or (isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0):
         return None if value is None else int(value)
     what = "the step the stage reached" if name == "step" else "the step it continued from, or None"
     raise StageProtocolError(
-        f"stage {spec.name} ({spec.fn}) returned a StageOutput whose {name} is {type(value).__name__} "
+        f"{who}stage {spec.name} ({spec.fn}) returned a StageOutput whose {name} is {type(value).__name__} "
         f"{value!r:.60}, expected an integer >= 0 or None",
         stage=spec.name,
         hint=f"{name}: {what}, as an int (e.g. int({name}))",
     )
 
 
-def _placement(spec: StageSpec, output: StageOutput) -> tuple[int, str | None]:
+def _placement(spec: StageSpec, output: StageOutput, who: str = "") -> tuple[int, str | None]:
     """The StageOutput's world size (an integer >= 1: a numpy integer becomes an int) and device (None, or a string:
     a torch.device becomes its str(), as the statement writes it), so run.json and the statement record the same
-    values; StageProtocolError (exit 54) for a world size that is no integer >= 1 (a float, a bool, a string)."""
+    values; StageProtocolError (exit 54) for a world size that is no integer >= 1 (a float, a bool, a string), its
+    message opening with `who`."""
     ws = output.world_size
     if not isinstance(ws, numbers.Integral) or isinstance(ws, bool) or int(ws) < 1:
         raise StageProtocolError(
-            f"stage {spec.name} ({spec.fn}) returned a StageOutput whose world_size is {type(ws).__name__} {ws!r:.60}, "
-            "expected an integer >= 1",
+            f"{who}stage {spec.name} ({spec.fn}) returned a StageOutput whose world_size is {type(ws).__name__} "
+            f"{ws!r:.60}, expected an integer >= 1",
             stage=spec.name,
             hint="world_size: the number of processes the stage ran on (1 for one), e.g. dist.get_world_size()",
         )

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reproduction.digest_cache import DigestCache
-from reproduction.errors import StageKeyChangedError
+from reproduction.errors import StageKeyChangedError, UsageError
 from reproduction.recipe import StageSpec
 from reproduction.run.config import select
 from reproduction.run.stage_keys import describe_changes, recorded_key_still_matches, upgrade_parts
@@ -101,6 +101,40 @@ def trains_on(spec: StageSpec, rec: dict[str, Any], plain: dict[str, Any], opts:
         return opts.target_step if (step or 0) < opts.target_step else None
     wanted = select(plain, spec.training)
     return wanted if is_int(wanted) and is_int(step) and step < wanted else None
+
+
+def refuse_target_below_raised_count(
+    specs: Sequence[StageSpec], state: dict[str, Any] | None, plain: dict[str, Any], target: int | None
+) -> None:
+    """UsageError (exit 2), before anything runs, naming every complete training stage of `specs` (the selected ones
+    not redone afresh) for which `--target-step` (`target`) and the config ask for different things: the target at or
+    below the steps it trained, its step count (`spec.training`) raised above them. --target-step says "no more
+    steps" and the count "train on", so either choice would break a promise: skipped, run.json's config would claim
+    steps the stage never trained (the mismatch trains_on prevents); trained on, --target-step would be ignored."""
+    if target is None or state is None:
+        return
+    clashes = []
+    for spec in specs:
+        rec = (state.get("stages") or {}).get(spec.name)
+        if not spec.training or not isinstance(rec, dict) or rec.get("status") != "complete":
+            continue
+        step, wanted = rec.get("step"), select(plain, spec.training)
+        if is_int(step) and is_int(wanted) and target <= step < wanted:
+            clashes.append((spec, step, wanted))
+    if not clashes:
+        return
+    counts = ", ".join(f"{spec.training}={wanted}" for spec, _, wanted in clashes)
+    raise UsageError(
+        f"--target-step {target} asks for no more steps, but the config raises "
+        + "; ".join(
+            f"stage {spec.name}'s {spec.training} to {wanted}, above the {step} steps it trained"
+            for spec, step, wanted in clashes
+        )
+        + " (nothing was run)",
+        field="target_step",
+        hint=f"drop --target-step to train on to {counts} (--resume), or pass --target-step "
+        f"{max(wanted for *_, wanted in clashes)} or more",
+    )
 
 
 def is_int(v: Any) -> bool:

@@ -121,18 +121,7 @@ def fn_problems(recipe: Recipe, names: Sequence[str]) -> list[ConfigError]:
     for spec in recipe.stages:
         if spec.name not in names:
             continue
-        module, _, attr = spec.fn.partition(":")
-        why = None
-        if not module or not attr:
-            why = "it is not a 'module:function' reference"
-        elif not _defines(module, attr):
-            try:
-                fn = getattr(importlib.import_module(module), attr)
-                why = None if callable(fn) else f"{module}.{attr} is a {type(fn).__name__}, not a function"
-            except ImportError as exc:
-                why = f"module {module!r} cannot be imported ({exc})"
-            except AttributeError:
-                why = f"module {module!r} has no attribute {attr!r}"
+        why = _unloadable(spec.fn)
         if why:
             problems.append(
                 ConfigError(
@@ -143,6 +132,42 @@ def fn_problems(recipe: Recipe, names: Sequence[str]) -> list[ConfigError]:
                 )
             )
     return problems
+
+
+def headline_problems(recipe: Recipe) -> list[ConfigError]:
+    """A ConfigError (exit 4) when the recipe's headline (Recipe.headline) names no function that can be found,
+    checked as fn_problems checks a stage's function, before anything runs: a misspelt one was found only after
+    every stage had run, as a warning line, and the run printed no headline. (One that raises when called stays a
+    warning: the run is complete by then.)"""
+    why = _unloadable(recipe.headline) if recipe.headline else None
+    if not why:
+        return []
+    return [
+        ConfigError(
+            f"recipe {recipe.name}: its headline {recipe.headline!r} cannot be loaded: {why}",
+            field="headline",
+            hint="fix the spelling of the Recipe's headline ('module:function' taking the run folder), or leave it "
+            "None for no headline",
+        )
+    ]
+
+
+def _unloadable(ref: Any) -> str | None:
+    """Why the "module:function" reference `ref` names no function (None when it does): a module not imported yet is
+    read from its source when that defines the name (no import: a finished --resume of a torch recipe imports no
+    torch), else imported and the name looked up."""
+    module, _, attr = ref.partition(":") if isinstance(ref, str) else ("", "", "")
+    if not module or not attr:
+        return "it is not a 'module:function' reference"
+    if module not in sys.modules and _defines(module, attr):
+        return None
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except ImportError as exc:
+        return f"module {module!r} cannot be imported ({exc})"
+    except AttributeError:
+        return f"module {module!r} has no attribute {attr!r}"
+    return None if callable(fn) else f"{module}.{attr} is a {type(fn).__name__}, not a function"
 
 
 def _defines(module: str, attr: str) -> bool:

@@ -35,11 +35,17 @@ def cmd_eval(args: Any, run_dir: Path, state: dict[str, Any] | None, ui: UiOptio
     config = load_config(files, overrides, run_dir=run_dir)
     exports, name = _resolve_checkpoint(args.checkpoint, run_dir, state)
     config.policy.modes = list(exports)
-    shown = ", ".join(f"{mode} (step {step}, {path})" for mode, (path, step) in exports.items())
+    labels = {mode: label for mode, (path, _) in exports.items() if (label := own_label(path, mode)) is not None}
+    shown = ", ".join(
+        (f"{labels[mode]} (mode {mode}, " if mode in labels else f"{mode} (") + f"step {step}, {path})"
+        for mode, (path, step) in exports.items()
+    )
     say(f"evaluating {len(exports)} policy export(s): {shown}", options=ui)
     # Its own folder and evidence name: the eval stage's recorded outputs stay as the run wrote them, and
     # each export evaluated into one --output gets its own file.
-    output = evaluate_exports(config, exports, run_dir / "eval_checkpoint" / name, run_dir, name=name, ui=ui)
+    output = evaluate_exports(
+        config, exports, run_dir / "eval_checkpoint" / name, run_dir, name=name, ui=ui, labels=labels
+    )
     say(f"evidence: {run_dir / output.summary['evidence']}", options=ui)
     if config.eval.reference:
         from reproduction.recipes.recap.policy import compare_with_reference
@@ -110,7 +116,7 @@ def refuse_foreign_export(path: Path, meta: dict[str, Any], mode: str) -> None:
     """ConfigError (exit 4) for an export RECAP's evidence cannot label truthfully: one another recipe trained
     (policy.json's `algorithm`, e.g. a GRPO rl export: it would be recorded and compared as `bc`), or of a mode
     RECAP does not train. A RECAP export names no algorithm; a BC export of another recipe (GRPO's sft) is a bc
-    policy and is evaluated as one."""
+    policy and is evaluated as one, labelled by the stage that wrote it (own_label)."""
     from reproduction.errors import ConfigError
     from reproduction.recap.policy.conditioning import MODES
 
@@ -130,6 +136,31 @@ def refuse_foreign_export(path: Path, meta: dict[str, Any], mode: str) -> None:
         field="--checkpoint",
         hint=hint,
     )
+
+
+def own_label(path: Path, mode: str) -> str | None:
+    """The evidence label of a baseline (non-recap) export another recipe's run wrote as one of its stages
+    (<run>/<stage>/export, <run>/run.json of a recipe other than recap recording that stage): the stage's name, so
+    GRPO's sft export is labelled `sft` in RECAP's evidence as in GRPO's, not `bc` beside RECAP's own bc policy
+    (`<recipe>_<stage>` when the stage is named like one of RECAP's modes). None for a RECAP run's export
+    (<run>/policy/<mode>/export) and for an export outside any run folder: labelled by its mode."""
+    from reproduction.recap.policy.conditioning import MODES
+    from reproduction.recipe import STAGE_NAME
+
+    if mode == "recap":
+        return None
+    stage_dir = Path(path).resolve().parent
+    try:
+        state = json.loads((stage_dir.parent / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    recipe = state.get("recipe") if isinstance(state, dict) else None
+    stages = state.get("stages") if isinstance(state, dict) else None
+    if not isinstance(recipe, str) or not STAGE_NAME.fullmatch(recipe) or recipe == "recap":
+        return None  # the label names a folder of eval_checkpoint/: a plain name only
+    if not isinstance(stages, dict) or stage_dir.name not in stages:
+        return None
+    return f"{recipe}_{stage_dir.name}" if stage_dir.name in MODES else stage_dir.name
 
 
 def export_step(path: Path, meta: dict[str, Any]) -> int | None:

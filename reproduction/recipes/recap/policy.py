@@ -97,14 +97,15 @@ def policy_stage(ctx: StageContext) -> StageOutput:
     )
 
 
-def evaluations(config: Any) -> list[tuple[str, str, float]]:
-    """(label, mode, guidance scale) of every evaluation: recap at each scale, baselines at 1."""
+def evaluations(config: Any, labels: dict[str, str] | None = None) -> list[tuple[str, str, float]]:
+    """(label, mode, guidance scale) of every evaluation: recap at each scale, baselines at 1, each baseline labelled
+    by its mode unless `labels` names it otherwise ({mode: label}: another recipe's export, e.g. GRPO's `sft`)."""
     out = []
     for mode in config.policy.modes:
         if mode == "recap":
             out += [(f"recap w={w:g}", mode, float(w)) for w in config.eval.guidance_scales]
         else:
-            out.append((mode, mode, 1.0))
+            out.append(((labels or {}).get(mode, mode), mode, 1.0))
     return out
 
 
@@ -127,9 +128,11 @@ def evaluate_exports(
     ui: Any = None,
     evaluate_libero: Any = None,
     libero_factory: Any = None,
+    labels: dict[str, str] | None = None,
 ) -> StageOutput:
     """Evaluate the policy exports ({mode: (export folder, step)}) in the simulator into `out_dir`, and
-    write `run_dir`/evidence/eval_<name>_<step>.json (compare it with `compare_with_reference`).
+    write `run_dir`/evidence/eval_<name>_<step>.json (compare it with `compare_with_reference`). `labels`: the
+    evidence label of a baseline mode's export when it is not the mode's name (`evaluations`).
 
     LIBERO task ids in eval.tasks go to `evaluate_libero` (default reproduction.sim.libero.evaluate_libero), the
     rest to the Fetch simulator. `libero_factory(export_dir, guidance_scale)` -> a picklable zero-argument policy
@@ -138,7 +141,14 @@ def evaluate_exports(
 
     if any(is_libero_task(t) for t in config.eval.tasks):
         return _evaluate_libero_exports(
-            config, exports, run_dir, name=name, ui=ui, evaluate_fn=evaluate_libero, make_factory=libero_factory
+            config,
+            exports,
+            run_dir,
+            name=name,
+            ui=ui,
+            evaluate_fn=evaluate_libero,
+            make_factory=libero_factory,
+            labels=labels,
         )
     from reproduction.recap.policy.export import PolicyFactory, export_image_size, read_export
     from reproduction.run.lineage import path_sha256
@@ -148,7 +158,7 @@ def evaluate_exports(
     ev = config.eval
     results, digests = {}, {}
     todo, jobs = [], []
-    for label, mode, w in evaluations(config):
+    for label, mode, w in evaluations(config, labels):
         if mode not in exports:
             continue
         export, step = exports[mode]
@@ -359,6 +369,7 @@ def _evaluate_libero_exports(
     ui: Any,
     evaluate_fn: Any = None,
     make_factory: Any = None,
+    labels: dict[str, str] | None = None,
 ) -> StageOutput:
     """`evaluate_exports` for LIBERO task ids: every export's features are checked against LIBERO's before any
     env is built (a Fetch policy is refused by name), then each policy runs upstream's protocol (the tasks'
@@ -371,7 +382,7 @@ def _evaluate_libero_exports(
     if evaluate_fn is None:
         from reproduction.sim.libero.protocol import evaluate_libero as evaluate_fn
     ev, lib = config.eval, config.eval.libero
-    todo = [(label, mode, w, *exports[mode]) for label, mode, w in evaluations(config) if mode in exports]
+    todo = [(label, mode, w, *exports[mode]) for label, mode, w in evaluations(config, labels) if mode in exports]
     for mode in dict.fromkeys(m for _, m, *_ in todo):  # every export checked before the first env
         meta = read_export(exports[mode][0])
         check_export_features(meta, cameras=lib.cameras, name=f"the {mode} policy ({exports[mode][0]})")
