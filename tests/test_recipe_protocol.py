@@ -878,3 +878,22 @@ def test_a_folder_of_another_recipe_is_refused_with_a_hint(tmp_path):
         "choose a new --output for the 'other' run (a run folder keeps one recipe), or resume this one with a config "
         "whose recipe is 'proto'"
     )
+
+
+def test_resume_names_the_recorded_stages_the_recipe_no_longer_has_and_keeps_them(tmp_path, capsys):
+    """A stage renamed or removed from a recipe between runs: its record, folder and lineage statement stay (the
+    user's results), and --resume says so in one line instead of `portable lineage` silently listing a stage the
+    recipe does not have."""
+    run = tmp_path / "run"
+    run_recipe(recipe(spec(), spec("second", needs=("first",))), Cfg(), run, RunOptions(recorder=make_recorder(None)))
+    capsys.readouterr()
+    report = run_recipe(recipe(spec()), Cfg(), run, RunOptions(resume=True, recorder=make_recorder(None)))
+    assert [(s.name, s.action) for s in report.stages] == [("first", "skipped")]
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "note: run.json records stage second that recipe proto no longer has (renamed or removed): kept as they are, "
+        "with their folders and lineage; remove them by hand, or start a new --output, to leave them behind"
+    )
+    assert read_state(run)["stages"]["second"]["status"] == "complete"
+    assert (run / "second" / "out.txt").is_file() and (run / "lineage" / "second.intoto.json").is_file()
+    run_recipe(recipe(spec(), spec("second", needs=("first",))), Cfg(), run, RunOptions(resume=True))
+    assert "no longer" not in capsys.readouterr().err  # the full recipe again: nothing to say

@@ -286,6 +286,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
                 raise RunStateError(f"{run_dir} already holds a run", path=run_dir, hint="choose a new --output")
         if state is not None:  # what a killed attempt's writes left half-written (run.json, evidence, statements)
             remove_orphaned_temps_of_run(run_dir, state, opts.ui)
+            _note_stages_gone(recipe, state, run_dir, opts.ui)
         elif opts.resume:  # a mistyped --output would otherwise retrain everything without a word
             from reproduction.ui import say
 
@@ -321,6 +322,24 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
     stale = stale_stages(state)
     stale = {s.name: stale[s.name] for s in recipe.stages if s.name in stale}  # in recipe order
     return RunReport(run_dir=run_dir, run_id=state["run_id"], stages=walk.reports, report=report, stale=stale)
+
+
+def _note_stages_gone(recipe: Recipe, state: dict[str, Any], run_dir: Path, ui: Any) -> None:
+    """One line naming the stages run.json records that the recipe no longer has (renamed or removed since the run
+    began): their records, folders, evidence and lineage statements are kept, as the user's results, and `portable
+    lineage` lists them; without the line a 4-stage recipe's run showing 5 statements was a puzzle."""
+    names = {s.name for s in recipe.stages}
+    gone = [name for name in state.get("stages") or {} if name not in names]
+    if gone:
+        from reproduction.ui import say
+
+        which = ", ".join(gone)
+        say(
+            f"note: run.json records stage{'s' if len(gone) > 1 else ''} {which} that recipe {recipe.name} no longer "
+            f"has (renamed or removed): kept as they are, with their folders and lineage; remove them by hand, or "
+            f"start a new --output, to leave them behind",
+            options=ui,
+        )
 
 
 def stale_stages(state: dict[str, Any]) -> dict[str, str]:
