@@ -81,3 +81,47 @@ def test_eval_whose_simulator_output_folder_is_read_only_is_exit_8_before_anythi
     assert err[0].startswith("error: cannot write the evaluation's output: operation not permitted")
     assert str(run / "eval_checkpoint" / "checkpoint_") in err[0]
     assert list((run / "eval_checkpoint").iterdir()) == [] and list(run.iterdir()) == [run / "eval_checkpoint"]
+
+
+@pytest.mark.parametrize("exists", [True, False])
+def test_fetch_into_a_read_only_folder_is_exit_8_naming_it_before_the_hub_is_asked(
+    exists, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # a closed port, should anything get through
+    calls = _spy(monkeypatch, "reproduction.release.hub._client")
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    dest = readonly if exists else readonly / "bundle"  # a new folder: where it would be created is probed
+    _refuse_writes_in(monkeypatch, readonly)
+    capsys.readouterr()
+    code = main(["fetch", "me/x", str(dest)])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 8 and calls == [], lines
+    assert lines == [
+        f"error: cannot write the fetched bundle: operation not permitted ({dest})",
+        f"hint: make {dest} writable (its permissions, `chattr -i`, a read-write mount) or fetch into another folder",
+    ]
+    assert list(readonly.iterdir()) == []
+
+
+def test_weights_fetch_into_a_read_only_folder_an_earlier_fetch_wrote_is_exit_8_before_the_hub_is_asked(
+    tmp_path, monkeypatch, capsys
+):
+    """A rerun: the folder's .portable/ (and its lock file) exist, so creating them no longer finds the folder
+    read-only; the probe does, before any download."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    calls = _spy(monkeypatch, "reproduction.release.weights_hub._fetch_weights_locked")
+    manifest = Path(__file__).resolve().parent.parent / "weights_manifest" / "value_tiny.json"
+    dest = tmp_path / "weights"
+    (dest / ".portable").mkdir(parents=True)
+    (dest / ".portable" / "lock").write_text("")
+    _refuse_writes_in(monkeypatch, dest)
+    capsys.readouterr()
+    code = main(["weights", "fetch", str(manifest), str(dest)])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 8 and calls == [], lines
+    assert lines == [
+        f"error: cannot write the weights: operation not permitted ({dest})",
+        f"hint: make {dest} writable (its permissions, `chattr -i`, a read-write mount) or fetch into another folder",
+    ]
+    assert sorted(p.name for p in dest.iterdir()) == [".portable"]
