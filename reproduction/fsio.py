@@ -187,6 +187,29 @@ def refuse_file_for_folder(path: str | os.PathLike[str], *, hint: str) -> None:
         raise InputNotFoundError(f"{inside}{probe if inside else given} is a file, not a folder", path=given, hint=hint)
 
 
+def refuse_unwritable(path: str | os.PathLike[str], what: str, *, hint: str) -> None:
+    """WriteFailedError (exit 8, `errors.os_error`: "cannot write `what`: <reason> (`path`)" with `hint`) when no file
+    can be created in folder `path`, or, while it does not exist, in its nearest existing parent (where it would be
+    created; nothing is created here). A probe file is made and removed at once. Called before long work whose
+    results go to `path` (an evaluation, a Hub request), so a read-only output is named first, not after the work
+    (audit47 F17)."""
+    from reproduction.errors import os_error
+
+    folder = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".write-probe.{os.getpid()}.", suffix=TEMP_SUFFIX, dir=nearest_existing(folder)
+        )
+    except OSError as exc:  # named as the folder asked for, not the probe's temp name
+        exc.filename, exc.filename2 = str(folder), None
+        raise os_error(exc, what, hint=hint) from None
+    os.close(fd)
+    try:
+        os.unlink(tmp)
+    except OSError:  # a leftover the next run's remove_orphaned_temps takes (its name is a temp file's)
+        pass
+
+
 TEMP_SUFFIX = ".portable-tmp"
 """The suffix of atomic_write_bytes' temp files: its own, so that no name a user or a recipe picks (`x.tmp`) is
 taken for one."""

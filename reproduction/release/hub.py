@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 
 from reproduction.digests import sha256_files
 from reproduction.errors import HubConflictError, HubError, HubNotFoundError, InvalidInputError
-from reproduction.fsio import atomic_write_bytes, refuse_file_for_folder
+from reproduction.fsio import atomic_write_bytes, refuse_file_for_folder, refuse_unwritable
 from reproduction.release.hub_transfer import (
     Download,
     HubSettings,
@@ -535,6 +535,11 @@ def fetch_bundle(
     check_repo_id(repo)
     dest, rev = Path(dest), revision or "main"
     refuse_file_for_folder(dest, hint="fetch into a new or empty folder")  # before the Hub is asked anything
+    refuse_unwritable(  # likewise: a read-only DIR is named first, not after the Hub was asked (audit47 F17)
+        dest,
+        "the fetched bundle",
+        hint=f"make {dest} writable (its permissions, `chattr -i`, a read-write mount) or fetch into another folder",
+    )
     _fetched_here(dest, repo, repo_type)  # likewise: a folder fetch may not touch is refused here (exit 4)
     api = _client(settings, ui)
     endpoint = settings.resolved_endpoint()

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from reproduction.digests import sha256_files
 from reproduction.errors import HubAuthError, HubIntegrityError, InvalidInputError
-from reproduction.fsio import refuse_file_for_folder
+from reproduction.fsio import refuse_file_for_folder, refuse_unwritable
 from reproduction.release.hub_transfer import (
     Download,
     HubSettings,
@@ -410,6 +410,11 @@ def fetch_and_verify_weights(
     settings = settings or HubSettings.from_env()
     dest = Path(dest)
     refuse_file_for_folder(dest, hint="fetch the weights into a new folder, or one an earlier fetch wrote")
+    refuse_unwritable(  # before the Hub is asked anything, also where a rerun finds its lock file (audit47 F17)
+        dest,
+        "the weights",
+        hint=f"make {dest} writable (its permissions, `chattr -i`, a read-write mount) or fetch into another folder",
+    )
     state = state_dir(dest, what="fetch weights")
     with folder_lock(dest, state / LOCK_NAME, what="fetch weights", subject="this weights folder"):
         result = _fetch_weights_locked(manifest, dest, settings=settings, ui=ui)

@@ -26,6 +26,7 @@ def cmd_eval(args: Any, run_dir: Path, state: dict[str, Any] | None, ui: UiOptio
     exported step: only the last step is exported) and what the config loader and the simulator raise."""
     from reproduction.recipes.grpo.config import GrpoRunConfig
     from reproduction.recipes.grpo.stages import evaluate_exports
+    from reproduction.recipes.recap.eval_cmd import refuse_unwritable_outputs
     from reproduction.run.config import load_config
     from reproduction.run.runner import state_config_file
 
@@ -35,8 +36,10 @@ def cmd_eval(args: Any, run_dir: Path, state: dict[str, Any] | None, ui: UiOptio
     config = load_config(files, list(args.overrides or []), run_dir=run_dir, schema=GrpoRunConfig)
     exports, name = _resolve_checkpoint(args.checkpoint, run_dir, state)
     shown = ", ".join(f"{label} (step {step}, {path})" for label, (path, step) in exports.items())
+    out_dir = run_dir / "eval_checkpoint" / name
+    refuse_unwritable_outputs(run_dir, out_dir)  # before the first rollout, not after them all (audit47 F17)
     say(f"evaluating {len(exports)} policy export(s): {shown}", options=ui)
-    output = evaluate_exports(config, exports, run_dir / "eval_checkpoint" / name, run_dir, name=name, ui=ui)
+    output = evaluate_exports(config, exports, out_dir, run_dir, name=name, ui=ui)
     evidence = run_dir / output.summary["evidence"]
     say(f"evidence: {evidence}", options=ui)
     if config.eval.reference:

@@ -40,12 +40,12 @@ def cmd_eval(args: Any, run_dir: Path, state: dict[str, Any] | None, ui: UiOptio
         (f"{labels[mode]} (mode {mode}, " if mode in labels else f"{mode} (") + f"step {step}, {path})"
         for mode, (path, step) in exports.items()
     )
-    say(f"evaluating {len(exports)} policy export(s): {shown}", options=ui)
     # Its own folder and evidence name: the eval stage's recorded outputs stay as the run wrote them, and
     # each export evaluated into one --output gets its own file.
-    output = evaluate_exports(
-        config, exports, run_dir / "eval_checkpoint" / name, run_dir, name=name, ui=ui, labels=labels
-    )
+    out_dir = run_dir / "eval_checkpoint" / name
+    refuse_unwritable_outputs(run_dir, out_dir)
+    say(f"evaluating {len(exports)} policy export(s): {shown}", options=ui)
+    output = evaluate_exports(config, exports, out_dir, run_dir, name=name, ui=ui, labels=labels)
     say(f"evidence: {run_dir / output.summary['evidence']}", options=ui)
     if config.eval.reference:
         from reproduction.recipes.recap.policy import compare_with_reference
@@ -58,6 +58,17 @@ def cmd_eval(args: Any, run_dir: Path, state: dict[str, Any] | None, ui: UiOptio
     if getattr(args, "json", False):
         sys.stdout.write(json.dumps(output.summary, indent=1) + "\n")
     return 0
+
+
+def refuse_unwritable_outputs(run_dir: Path, out_dir: Path) -> None:
+    """WriteFailedError (exit 8) naming the folder and how to fix it when `run_dir`/evidence (the evidence file and
+    its comparison) or `out_dir` (the simulator's output) cannot be written: checked before the first rollout, not
+    found after every export was evaluated (audit47 F17). Says what write_evidence would say at the end."""
+    from reproduction.fsio import refuse_unwritable
+
+    for folder, what in ((run_dir / "evidence", "an evidence file"), (out_dir, "the evaluation's output")):
+        hint = f"make {folder} writable (its permissions, `chattr -i`, a read-write mount), then rerun the same command"
+        refuse_unwritable(folder, what, hint=hint)
 
 
 def _resolve_checkpoint(
