@@ -580,7 +580,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command("restore", cmd_restore, "verify, extract and relocate a bundle's layers in place")
     p.add_argument("bundle", nargs="?", metavar="BUNDLE", help="default: the folder holding reproduction/")
-    p.add_argument("--deep", action="store_true", help="rehash everything instead of trusting the receipt")
+    p.add_argument(
+        "--deep",
+        action="store_true",
+        help="rehash everything instead of trusting the receipt (a runtime target found changed is extracted "
+        "again, whole: files added inside it are removed)",
+    )
     p.add_argument("--refresh-source", action="store_true", help="re-extract source layers over local edits")
     p.add_argument("--jobs", type=_positive_int, default=None)
 
