@@ -218,6 +218,43 @@ def test_sequential_rule_keeps_its_error_rates_and_saves_episodes():
     assert rec["stopped_at_look"] == 2 and rec["episodes"] == 1000 and rec["looks"] == [500, 1000, 1500, 2000]
 
 
+def test_sequential_decide_tests_reproduced_at_the_looks_calibrated_level():
+    """Look 2 of 4 (a_2 = 0.0055) with 100 reference episodes, 50 at the look, margin 0.2: the plain interval at a_2
+    has exact size 0.0076 > a_2, so the union bound over looks would not hold exactly. The rule tests `reproduced`
+    at the design's calibrated level (<= a_2 exactly): 15/100 vs 4/50, reproduced at a_2, goes on instead."""
+    from reproduction.run.sequential import SequentialRule
+
+    rule = SequentialRule(margin=0.2)
+    a = rule.spend()[1]
+    assert stats.exact_size(100, 50, 0.2, a) > a
+    assert stats.verdict_of(*stats.newcombe_difference(15, 100, 4, 50, 1 - 2 * a), 0.2) == "reproduced"
+    assert rule.decide(15, 100, 4, 50, 1) is None
+    level = stats.calibrated_alpha(100, 50, 0.2, a)
+    assert level < a and rule.level(100, 50, 1) == level
+    bound = stats.exact_size(100, 50, 0.2, level, alpha=a)
+    assert bound is not None and bound <= a
+    # `differs` keeps the interval at a_k, as compare's fixed rows keep it at alpha (at the calibrated level this
+    # count would not differ)
+    assert stats.verdict_of(*stats.newcombe_difference(0, 100, 18, 50, 1 - 2 * level), 0.2) == "inconclusive"
+    assert rule.decide(0, 100, 18, 50, 1) == "differs"
+    rec = rule.record("inconclusive", 1, 50, 100, n_ref=100)
+    assert rec["reproduced_levels"] == [rule.level(100, 25, 0), level] and rec["looks"] == [25, 50, 75, 100]
+    assert "reproduced_levels" not in rule.record("inconclusive", 1, 50, 100)
+
+
+def test_sequential_simulation_judges_reproduced_at_each_looks_calibrated_level(monkeypatch):
+    """At the margin (m 0.25, p 0.05, n_max 50) the plain interval at each a_k let 3.7% of pairs falsely say
+    reproduced; at the looks' calibrated levels 2.5% do (each look's exact size <= a_k, their sum alpha)."""
+    from reproduction.run.sequential import SequentialRule, simulate_sequential
+
+    grid = {"rates": (0.05,), "ns": (50,), "shifts": (1.0,), "pairs": 20_000, "seed": 1}
+    (row,) = simulate_sequential(rule=SequentialRule(margin=0.25), **grid)
+    assert row["reproduced"] < 0.03, row
+    monkeypatch.setattr(SequentialRule, "level", lambda self, n_ref, n_act, look, spend=None: spend[look])
+    (plain,) = simulate_sequential(rule=SequentialRule(margin=0.25), **grid)
+    assert plain["reproduced"] > 0.035 and plain["differs"] == row["differs"], plain
+
+
 def test_sequential_looks_in_whole_batches_spend_alpha_at_their_own_fractions():
     from reproduction.run.sequential import SequentialRule
 

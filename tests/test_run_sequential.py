@@ -144,6 +144,27 @@ def test_equal_to_the_reference_it_stops_early_as_reproduced_when_the_margin_all
     assert compare_evidence(load_evidence(path), load_evidence(reference)).verdict == "reproduced"
 
 
+def test_each_look_records_the_calibrated_level_its_reproduced_rows_were_judged_at(tmp_path, scripted):
+    """Look 1 (25 of 50 episodes, a_1 = 0.00625) against 100 reference episodes at margin 0.3: the plain interval's
+    exact size there is 0.0134 > a_1, so every reproduced row is judged at the design's calibrated level, and the
+    record keeps it per look and row."""
+    from reproduction.run import stats
+
+    reference = _reference(tmp_path, successes=100, margins={"success_once": 0.3, "success_at_end": 0.3})
+    path, _ = _run(tmp_path, _config("eval.sequential.enabled=true", f"eval.reference={reference}"))
+    doc = load_evidence(path)
+    seq = doc["sequential"]
+    a = seq["spend"][0]
+    assert stats.exact_size(100, 25, 0.3, a) > a
+    level = stats.calibrated_alpha(100, 25, 0.3, a)
+    assert level < a and seq["stopped_at_look"] == 1 and len(seq["reproduced_levels"]) == 1
+    (look,) = seq["reproduced_levels"]
+    assert len(look) >= 2 and set(look.values()) == {level}, look
+    assert schema_errors("evaluation", doc) == []
+    rows = [r for r in compare_evidence(doc, load_evidence(reference)).rows if r.kind == "rate"]
+    assert {r.metric: r.alpha_calibrated for r in rows if r.verdict == "reproduced"} == look
+
+
 def test_equal_to_the_reference_at_the_default_margin_it_runs_to_the_end(tmp_path, scripted):
     # 50 episodes cannot show +-0.05: no look settles, the last decides (inconclusive), every episode is run
     reference = _reference(tmp_path, successes=100)

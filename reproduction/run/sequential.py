@@ -6,16 +6,24 @@ rule computes the Newcombe interval (reproduction.run.stats) at confidence 1 - 2
 gives the ordinary verdict (`inconclusive` included). The a_k are increments of the power-family
 error-spending function a(t) = alpha * t^rho (Kim & DeMets 1987; Jennison & Turnbull 2000, ch. 7),
 rho = 3 by default (close to O'Brien-Fleming: little is spent early, so the last look loses little).
-Since sum(a_k) = alpha, the union bound keeps both false claims at <= alpha whatever the looks'
-correlation: P(some look falsely says reproduced) <= sum_k a_k = alpha (and likewise for differs).
-That is conservative (it ignores the looks' positive correlation) but needs no numerical boundary.
+
+`reproduced` is exact: a look whose interval at a_k lies inside the margin is judged again at its design's
+calibrated level a_k* = stats.calibrated_alpha(n_ref, n at the look, m, a_k) <= a_k (`level`), the largest whose
+exact size at that design is <= a_k, as compare judges a fixed row at alpha (the plain interval's exact size can
+exceed a_k: 0.0076 at a_2 = 0.0055 for 100 reference episodes, 50 at the look, m 0.2). So P(look k falsely says
+reproduced) <= a_k exactly, and by the union bound P(some look does) <= sum_k a_k = alpha whatever the looks'
+correlation. That is conservative (it ignores the looks' positive correlation) but needs no numerical boundary.
+A design past stats.CALIBRATION_LIMIT, or a Python without numpy, is judged at a_k (its guarantee the measured
+one, as a fixed row's). `differs` is still approximate: the plain interval at a_k (compare keeps it for fixed rows
+too), so its union bound holds only as far as each look's approximate size is <= a_k (measured, evidence/README.md).
 
 Looks need not be equally spaced: a run looks at whole batches of episodes (`sizes(n_max, step)`), and
 `spend(fractions)` spends alpha * t^rho at each look's own fraction t of n_max, fixed before any episode
 runs, which is all error spending asks. `simulate_sequential` measures the rule: error rates and mean
 episodes against the fixed design at n_max. A run uses it with eval.sequential.enabled
 (reproduction.recipes.recap.policy.evaluate_sequentially): each look compares every rate with the reference
-evidence at its a_k, and the evaluation stops once none is inconclusive.
+evidence at its a_k through compare, which calibrates each reproduced row the same way, and the evaluation stops
+once none is inconclusive; its record keeps the level each look's reproduced rows used (`reproduced_levels`).
 """
 
 from __future__ import annotations
@@ -23,7 +31,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from reproduction.run.stats import DEFAULT_ALPHA, DEFAULT_MARGIN, VERDICTS, newcombe_difference, verdict_of
+from reproduction.run.stats import (
+    DEFAULT_ALPHA,
+    DEFAULT_MARGIN,
+    VERDICTS,
+    calibrable,
+    calibrated_alpha,
+    newcombe_difference,
+    verdict_of,
+)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -64,18 +80,39 @@ class SequentialRule:
             out = [min(n_max, -(-n_max * k // (self.looks * step)) * step) for k in range(1, self.looks + 1)]
         return sorted(set(out))
 
+    def level(self, n_ref: int, n_act: int, look: int, spend: list[float] | None = None) -> float:
+        """The level `reproduced` is tested at in `look` (0-based) with n_ref reference and n_act episodes at the
+        look: the calibrated a_k* = stats.calibrated_alpha(n_ref, n_act, margin, a_k) <= a_k, whose exact size is
+        <= a_k; a_k itself past stats.CALIBRATION_LIMIT or without numpy. `spend`: the looks' a_k (default
+        `spend()`). Cached by stats.calibrated_alpha (per design and a_k)."""
+        a = (self.spend() if spend is None else spend)[look]
+        try:
+            if calibrable(n_ref, n_act, self.margin):
+                return calibrated_alpha(n_ref, n_act, self.margin, a)
+        except ImportError:
+            pass
+        return a
+
     def decide(self, k_ref: int, n_ref: int, k_act: int, n_act: int, look: int) -> str | None:
-        """The verdict to stop with at `look` (0-based), or None to go on; the last look always decides."""
+        """The verdict to stop with at `look` (0-based), or None to go on; the last look always decides.
+
+        `differs` and `inconclusive` come from the interval at a_k; a `reproduced` there is judged again at the
+        look's calibrated level (`level`), where it stays `reproduced` or becomes `inconclusive`."""
         a = self.spend()[look]
         lo, hi = newcombe_difference(k_ref, n_ref, k_act, n_act, 1 - 2 * a)
         verdict = verdict_of(lo, hi, self.margin)
+        if verdict == "reproduced":
+            calibrated = self.level(n_ref, n_act, look)
+            if calibrated < a:
+                verdict = verdict_of(*newcombe_difference(k_ref, n_ref, k_act, n_act, 1 - 2 * calibrated), self.margin)
         if verdict == "inconclusive" and look < self.looks - 1:
             return None
         return verdict
 
-    def record(self, verdict: str, look: int, n_used: int, n_max: int) -> dict[str, Any]:
-        """What evidence keeps about a sequential stop (its "sequential" field)."""
-        return {
+    def record(self, verdict: str, look: int, n_used: int, n_max: int, n_ref: int | None = None) -> dict[str, Any]:
+        """What evidence keeps about a sequential stop (its "sequential" field). With `n_ref` (the reference's
+        episodes) it also keeps `reproduced_levels`: the level each look run tested `reproduced` at (`level`)."""
+        out = {
             "rule": f"power-family error spending, rho {self.rho:g}, {self.looks} looks, Bonferroni over looks",
             "alpha": self.alpha,
             "margin": self.margin,
@@ -86,6 +123,10 @@ class SequentialRule:
             "verdict": verdict,
             "why": "the last look" if look == self.looks - 1 else f"settled at look {look + 1}: {verdict}",
         }
+        if n_ref is not None:
+            sizes = self.sizes(n_max)
+            out["reproduced_levels"] = [self.level(n_ref, sizes[k], k) for k in range(min(look + 1, len(sizes)))]
+        return out
 
 
 def simulate_sequential(
@@ -107,6 +148,7 @@ def simulate_sequential(
     rng = np.random.default_rng(seed)
     out = []
     spend = rule.spend()
+    levels: dict[tuple[int, int, float], float] = {}  # calibrated level per (n_ref, n at the look, a_k)
     for p in rates:
         for n in ns:
             sizes = rule.sizes(n)
@@ -122,10 +164,16 @@ def simulate_sequential(
                 nn = np.full(pairs, float(n))
                 for look, (size, a) in enumerate(zip(sizes, spend)):
                     open_ = verdict == None  # noqa: E711 (numpy elementwise)
-                    lo, hi = newcombe_difference(
-                        k_ref, nn, k_act[look].astype(float), np.full(pairs, float(size)), 1 - 2 * a
-                    )
-                    v = verdict_of(lo, hi, rule.margin)
+                    ks, ns_ = k_act[look].astype(float), np.full(pairs, float(size))
+                    v = verdict_of(*newcombe_difference(k_ref, nn, ks, ns_, 1 - 2 * a), rule.margin)
+                    # `reproduced` at a_k is judged again at the look's calibrated level, as `decide` does
+                    if (n, size, a) not in levels:
+                        levels[(n, size, a)] = rule.level(n, size, look, spend)
+                    calibrated = levels[(n, size, a)]
+                    again = v == "reproduced"
+                    if calibrated < a and again.any():
+                        lo, hi = newcombe_difference(k_ref[again], nn[again], ks[again], ns_[again], 1 - 2 * calibrated)
+                        v[again] = verdict_of(lo, hi, rule.margin)
                     settle = open_ & ((v != "inconclusive") | (look == len(sizes) - 1))
                     verdict[settle] = v[settle]
                     used[settle] = size

@@ -293,8 +293,10 @@ def evaluate_sequentially(
     `looks`: the very episodes a fixed evaluation runs, in its order), then compares `evidence_of(results so
     far)` with the reference evidence exactly as the compare stage does, at the look's error-spending level
     a_k (reproduction.run.sequential; alpha is the reference's, else 0.05): it stops when no rate row is
-    inconclusive, or at the last look. Returns the results of the looks run and the evidence's "sequential"
-    record (the looks, where and why it stopped); deterministic, so a rerun gives the same bytes."""
+    inconclusive, or at the last look. A row reproduced at a_k is judged again at its design's calibrated level
+    a_k* <= a_k (compare's `alpha_calibrated`), whose exact size is <= a_k. Returns the results of the looks run
+    and the evidence's "sequential" record (the looks, where and why it stopped, and per look run the level each
+    row reproduced at a_k was judged at, `reproduced_levels`); deterministic, so a rerun gives the same bytes."""
     import hashlib
 
     from reproduction.errors import ConfigError
@@ -319,9 +321,18 @@ def evaluate_sequentially(
             hint="3 (the default) spends little alpha at the early looks; 1 spends it evenly",
         )
 
+    used: dict[int, dict[str, float]] = {}  # per look: the level each row reproduced at a_k was judged at
+
     def rate_rows(outcome: list[Any], look: int) -> list[Any]:
+        # compare calibrates every row reproduced at a_k (stats.calibrated_alpha, cached per design and level)
         comparison = compare_evidence(evidence_of(outcome), reference, alpha=spend[look])
-        return [r for r in comparison.rows if r.kind == "rate"]
+        rows = [r for r in comparison.rows if r.kind == "rate"]
+        used[look] = {
+            r.metric: r.alpha_calibrated if r.alpha_calibrated is not None else spend[look]
+            for r in rows
+            if r.alpha_calibrated is not None or r.verdict == "reproduced"
+        }
+        return rows
 
     def rates(outcome: list[Any], look: int) -> list[str]:
         return [r.verdict for r in rate_rows(outcome, look)]
@@ -348,6 +359,7 @@ def evaluate_sequentially(
         "episodes": sizes[look] * per_look,
         "episodes_max": n_max * per_look,
         "level": spend[look],
+        "reproduced_levels": [used.get(k, {}) for k in range(look + 1)],
         "verdict": Comparison(actual_name="", reference_name="", rows=final, alpha=spend[look]).verdict,  # Holm
         "rates": counts,
         "reference": reference.get("name"),
