@@ -335,7 +335,13 @@ def test_a_source_tree_deeper_than_restore_allows_is_refused_not_an_internal_err
         deep.mkdir(parents=deep.parent == src)
     (deep / "f").write_text("x")
     (tmp_path / "s.toml").write_text(f'name = "s"\n[[layer]]\nsource = "{src}"\nkind = "runtime"\nname = "rt"\n')
-    done = run_cli("pack", tmp_path / "s.toml", "--out", tmp_path / "b")
+    try:
+        done = run_cli("pack", tmp_path / "s.toml", "--out", tmp_path / "b")
+    finally:  # removed bottom-up here: pytest's own clean-up of old temp folders is a recursive rmtree, which this
+        (deep / "f").unlink()  # depth would crash (RecursionError) in a later session on this machine
+        while deep != src:
+            deep.rmdir()
+            deep = deep.parent
     assert done.returncode == 4, done.stderr
     assert done.stderr.splitlines()[-2].startswith("error: ") and "Traceback" not in done.stderr
     assert "folders deep, more than the 256 restore allows" in done.stderr
