@@ -41,6 +41,14 @@ ATTACKS = {
         "d/f",
         "written through the symlink 'source/app/d'",
     ),
+    "newline in a name": ([member("pkg/evil\nname.py", data=b"x")], "pkg/evil\nname.py", "a control character"),
+    "escape and CR in a name": ([member("\x1b[31mred\r.py", data=b"x")], "\x1b[31mred\r.py", "a control character"),
+    "control character in link text": (
+        [member("lnk", "symlink", linkname="pkg/a\x1b]0;x\x07.py")],
+        "lnk",
+        "a control character",
+    ),
+    "too deep": ([member("d/" * 300 + "f", data=b"x")], "d/" * 300 + "f", "folders deep, more than the 256"),
     "replace own symlink": (
         [member("d", "symlink", linkname="pkg"), member("d", data=b"x")],
         "d",
@@ -219,3 +227,18 @@ def test_corrupt_archive_with_index_is_a_digest_problem(tmp_path):
     done = run_cli("restore", bundle)
     assert done.returncode == 5 and "digest   runtime/rt.tar.zst" in done.stderr
     assert not (bundle / "runtime" / "rt").exists() and sorted(os.listdir(bundle / ".portable")) == ["lock"]
+
+
+def test_control_characters_in_member_names_stay_escaped_on_one_line(tmp_path):
+    """audit48 F1: a newline or ESC in a member name was extracted, then printed raw by a later error."""
+    members = [member("pkg/evil\nname.py", data=b"x"), member("\x1b[31mred\r.py", data=b"y")]
+    bundle = forge_bundle(tmp_path / "bundle", [("source/app.tar.zst", "source/app", "source", OK + members)])
+    done = run_cli("restore", bundle)
+    assert done.returncode == 6, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2 and lines[1].startswith("hint: ")
+    assert "member 'source/app/pkg/evil\\nname.py'" not in lines[0]  # named as in the archive, escaped
+    assert "member 'pkg/evil\\nname.py' has a control character" in lines[0]
+    assert "member '\\x1b[31mred\\r.py' has a control character" in lines[0]
+    assert "\x1b" not in done.stderr and "\r" not in done.stderr
+    assert not (bundle / "source" / "app").exists()

@@ -308,3 +308,41 @@ def test_the_repository_specs_still_load(spec):
 
     loaded = load_spec(Path(__file__).resolve().parent.parent / "bundle" / spec, missing=[])
     assert loaded.name and (loaded.layers or loaded.files)
+
+
+def test_relative_symlink_leaving_the_bundle_is_refused_in_packs_own_words(tmp_path):
+    """audit48 F8: pack said restore's "nothing was extracted ... ask its publisher to re-pack", exit 6."""
+    src = tmp_path / "tree"
+    src.mkdir()
+    os.symlink("../../../outside", src / "out")
+    (tmp_path / "s.toml").write_text(f'name = "s"\n[[layer]]\nsource = "{src}"\nkind = "runtime"\nname = "rt"\n')
+    done = run_cli("pack", tmp_path / "s.toml", "--out", tmp_path / "b")
+    assert done.returncode == InvalidInputError.exit_code == 4, done.stderr
+    first, hint = done.stderr.splitlines()[-2:]  # after the progress line
+    assert first.startswith("error: a layer holds what restore would refuse, so nothing was packed: ")
+    assert "runtime/rt.tar.zst: source path 'out' is a symlink to '../../../outside', which leaves the bundle" in first
+    assert hint.startswith("hint: exclude it in the spec") and "publisher" not in hint
+    assert "extracted" not in done.stderr
+    assert not (tmp_path / "b").exists() and not (tmp_path / "b.partial").exists()
+
+
+def test_a_source_tree_deeper_than_restore_allows_is_refused_not_an_internal_error(tmp_path):
+    """audit48 F9: a ~1000-deep source was exit 1 RecursionError; now exit 4 naming the depth limit."""
+    src = tmp_path / "tree"
+    deep = src
+    for _ in range(1100):  # os.makedirs recurses too
+        deep = deep / "d"
+        deep.mkdir(parents=deep.parent == src)
+    (deep / "f").write_text("x")
+    (tmp_path / "s.toml").write_text(f'name = "s"\n[[layer]]\nsource = "{src}"\nkind = "runtime"\nname = "rt"\n')
+    try:
+        done = run_cli("pack", tmp_path / "s.toml", "--out", tmp_path / "b")
+    finally:  # removed bottom-up here: pytest's own clean-up of old temp folders is a recursive rmtree, which this
+        (deep / "f").unlink()  # depth would crash (RecursionError) in a later session on this machine
+        while deep != src:
+            deep.rmdir()
+            deep = deep.parent
+    assert done.returncode == 4, done.stderr
+    assert done.stderr.splitlines()[-2].startswith("error: ") and "Traceback" not in done.stderr
+    assert "folders deep, more than the 256 restore allows" in done.stderr
+    assert not (tmp_path / "b").exists() and not (tmp_path / "b.partial").exists()

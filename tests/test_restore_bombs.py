@@ -369,3 +369,44 @@ def test_verify_does_not_decompress_so_a_pinned_bomb_passes_it(tmp_path):
     bundle = _bundle(tmp_path, _tar(raw_member("a.txt", b"hello\n")) + bytes(4 * MiB), index=False)
     assert run_cli("verify", bundle).returncode == 0
     assert run_cli("restore", bundle).returncode == 6
+
+
+# -- (f) short: a layer without a member index that ends before what it declares (audit48 F6) -------------
+
+
+@pytest.mark.parametrize(
+    "case, tar, fields, needle",
+    [
+        ("empty stream", b"", {"members": 1}, "holds 0 members, fewer than the 1 members"),
+        ("end-of-archive only", _tar(), {"members": 5}, "holds 0 members, fewer than the 5 members"),
+        ("fewer members", _tar(raw_member("a.txt", b"hi\n")), {"members": 3}, "holds 1 members, fewer than the 3"),
+        (
+            "short stream",
+            _tar(raw_member("a.txt", b"hi\n")),
+            {"tar_size": MiB},
+            f"decompresses to 10240 bytes, fewer than the tar_size of {MiB}",
+        ),
+    ],
+    ids=["empty stream", "end-of-archive only", "fewer members", "short stream"],
+)
+def test_a_layer_shorter_than_declared_is_refused_not_restored_empty(tmp_path, case, tar, fields, needle):
+    """It restored as an empty (or partial) target with exit 0; now exit 6 naming the layer and both numbers."""
+    bundle = _bundle(tmp_path, tar, index=False)
+    _set_layer(bundle, **fields)
+    done = run_cli("restore", bundle)
+    _one_error(done, 6, f"error: source/app.tar.zst: {needle}")
+    assert not (bundle / "source" / "app").exists()
+    assert not (bundle / ".portable" / "staging").exists() or not os.listdir(bundle / ".portable" / "staging")
+
+
+def test_a_zero_byte_layer_archive_declaring_a_member_is_refused(tmp_path):
+    bundle = _bundle(tmp_path, _tar(raw_member("a.txt", b"hi\n")), index=False)
+    (bundle / "source/app.tar.zst").write_bytes(b"")
+    data = json.loads((bundle / "bundle.json").read_text())
+    for entry in data["files"]:
+        if entry["path"] == "source/app.tar.zst":
+            entry["size"], entry["sha256"] = 0, hashlib.sha256(b"").hexdigest()
+    (bundle / "bundle.json").write_text(json.dumps(data))
+    done = run_cli("restore", bundle)
+    _one_error(done, 6, "error: source/app.tar.zst: holds 0 members, fewer than the 1 members bundle.json declares")
+    assert not (bundle / "source" / "app").exists()

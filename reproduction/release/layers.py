@@ -140,6 +140,15 @@ def need_space(bundle: Path, need: int) -> None:
         )
 
 
+def short_layer_error(archive: str, got: str, declared: str) -> UnsafeArchiveError:
+    """A layer without a member index that ends before what bundle.json declares (audit48 F6: it restored empty)."""
+    return UnsafeArchiveError(
+        f"{archive}: {got}, fewer than the {declared} bundle.json declares; nothing was changed",
+        archive=archive,
+        hint="the archive is incomplete; do not use this bundle; ask its publisher to re-pack it with `portable pack`",
+    )
+
+
 def load_layer(bundle: Path, entry: LayerEntry, expected_sha: str) -> LoadedLayer:
     """Read `entry`'s archive once: its digest and (if that matches `expected_sha`) its member list.
 
@@ -149,7 +158,8 @@ def load_layer(bundle: Path, entry: LayerEntry, expected_sha: str) -> LoadedLaye
     decompressed), a stream longer than a declared `tar_size`, and more than MAX_TRAILER bytes after
     the end-of-archive block; with no unpacked_size declared, files adding up to more than the free
     space is WriteFailedError (exit 8) as the space check after listing would be. More members than
-    a declared `members` is UnsafeArchiveError at the header that passes it; with no tar_size the
+    a declared `members` is UnsafeArchiveError at the header that passes it, and so are fewer
+    members than declared and a stream shorter than a declared `tar_size` (both exact); with no tar_size the
     stream is bounded by tarscan.stream_bound of what is declared (audit45 F3), and a layer that
     declares neither tar_size nor members is InvalidInputError (exit 4) before anything is read.
     """
@@ -181,7 +191,13 @@ def load_layer(bundle: Path, entry: LayerEntry, expected_sha: str) -> LoadedLaye
                     need_space(bundle, files)
                 if len(members) > most:
                     raise member_count_error(entry.archive, entry.members, m.raw_name)
+            if entry.members and len(members) < entry.members:  # a short or empty archive (audit48 F6)
+                raise short_layer_error(entry.archive, f"holds {len(members)} members", f"{entry.members} members")
             source.drain()  # the digest must cover the whole file
+            if entry.tar_size and source.total < entry.tar_size:  # tar_size is exact: what `pack` records
+                raise short_layer_error(
+                    entry.archive, f"decompresses to {source.total} bytes", f"tar_size of {entry.tar_size} bytes"
+                )
     except (zstd_error(), UnsafeArchiveError, WriteFailedError, EOFError, ValueError) as exc:
         digest = sha256_file(path)  # the compressed bytes only: a bomb is never decompressed to tell
         if digest != expected_sha:

@@ -19,7 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from reproduction.digests import default_jobs, sha256_file
-from reproduction.errors import InvalidInputError, MissingDependencyError, PortableError, os_error
+from reproduction.errors import (
+    InvalidInputError,
+    MissingDependencyError,
+    PortableError,
+    UnsafeArchiveError,
+    os_error,
+)
 from reproduction.fsio import fsync_dir, refuse_file_for_folder
 from reproduction.release.archive import LayerContents, walk_tree, write_layer
 from reproduction.release.layers import index_path, write_index
@@ -181,7 +187,18 @@ def _pack_layers(spec: BundleSpec, stage: Path, jobs: int, ui: UiOptions | None)
                 tar_size=content.tar_size,
             )
         )
-    validate_layers([(a, t, c.members) for a, t, c in contents])
+    try:
+        validate_layers([(a, t, c.members) for a, t, c in contents])
+    except UnsafeArchiveError as exc:  # restore's wording ("nothing was extracted") misled a packer (audit48 F8)
+        problems = exc.problems
+        lines = [f"{a}: source path {m!r} {w}" for a, m, w in problems[:3]]
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise InvalidInputError(
+            "a layer holds what restore would refuse, so nothing was packed: " + "; ".join(lines) + more,
+            field="layer.source",
+            hint="exclude it in the spec (exclude = [...]) or fix it in the source (a link must stay inside a "
+            "packed layer), then pack again",
+        ) from None
     return entries, max((c.newest_mtime for _, _, c in contents), default=0.0)
 
 
@@ -240,7 +257,7 @@ def pack_bundle(
 
     `root` overrides where the spec's relative sources start. On success `out` holds the complete
     bundle with bundle.json written last; on failure `out` is untouched and the partial build is
-    removed. Raises InputNotFoundError / InvalidInputError (spec), UnsafeArchiveError (a layer
+    removed. Raises InputNotFoundError / InvalidInputError (spec, or a layer
     restore would refuse), WriteFailedError (disk), MissingDependencyError (no zstd).
     """
     spec = load_spec(Path(spec_path), root=root)

@@ -3,11 +3,12 @@
 All layers are checked together against one union view of the paths they would create (paths
 relative to the bundle), so a symlink planted by one layer and written through by a later one (the
 two-archive attack) is caught as well as the single-archive attacks. Refused: absolute names,
-`..` in names, hard links, device files and fifos, setuid/setgid bits, writing through or
-replacing a symlink, a file where a folder is (or the reverse), absolute symlink text, and symlinks
-whose target leaves the union of the bundle's layer targets. Relative symlinks may only climb
-(`../`) at their start, so a lexical check is exact: the climb walks real folders (their parents
-are checked not to be symlinks) and every later hop lands on a path this same rule vetted.
+`..` in names, control characters in names or link text, paths more than MAX_DEPTH folders deep,
+hard links, device files and fifos, setuid/setgid bits, writing through or replacing a symlink, a
+file where a folder is (or the reverse), absolute symlink text, and symlinks whose target leaves
+the union of the bundle's layer targets. Relative symlinks may only climb (`../`) at their start,
+so a lexical check is exact: the climb walks real folders (their parents are checked not to be
+symlinks) and every later hop lands on a path this same rule vetted.
 """
 
 from __future__ import annotations
@@ -21,6 +22,15 @@ from reproduction.release.tarscan import Member
 from reproduction.release.verify import RUNS_DIR
 
 _MAX_LISTED = 10
+
+MAX_DEPTH = 256
+"""Most folders a member's bundle-relative path may lie below (real trees stay far under it). Deeper trees
+restored once, then wedged every later restore in recursive tree removal (audit48 F9), so they are refused."""
+
+
+def has_control(text: str) -> bool:
+    """True when `text` holds a control character (as manifest.check_relative_path refuses in paths)."""
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
 
 
 @dataclass(slots=True)
@@ -75,6 +85,10 @@ def _member_problem(m: Member, path: str, view: UnionView) -> str | None:
         return "contains '..'"
     if "\0" in path or "\0" in m.linkname:
         return "has a NUL byte in its name or link text"
+    if has_control(path) or has_control(m.linkname):  # a newline splits every listing and error (audit48 F1)
+        return "has a control character (newline, carriage return, escape...) in its name or link text"
+    if path.count("/") > MAX_DEPTH:
+        return f"lies {path.count('/')} folders deep, more than the {MAX_DEPTH} restore allows"
     encoded = path.encode("utf-8", "surrogateescape")
     if len(encoded) > NAME_MAX and (
         len(encoded) > PATH_MAX or any(len(part) > NAME_MAX for part in encoded.split(b"/"))
