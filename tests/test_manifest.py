@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
-from bundlekit import flip_bit, run_cli, small_bundle
+from bundlekit import QUIET, flip_bit, run_cli, small_bundle
 
 from reproduction.errors import InputNotFoundError, InvalidInputError, UnsupportedFormatError
 from reproduction.release.manifest import (
@@ -140,3 +141,22 @@ def test_flipped_bit_in_bundle_json_is_detected(tmp_path):
     done = run_cli("restore", bundle)
     assert done.returncode == 4 and "bundle.json: not valid JSON" in done.stderr
     assert not (bundle / "runtime" / "rt").exists()
+
+
+@pytest.mark.parametrize("command", ["verify", "restore"])
+def test_cli_refuses_a_bundle_json_that_is_a_fifo_without_waiting_on_it(tmp_path, command):
+    # audit48 F2: both commands opened the FIFO and hung forever (restore in its no-change path too)
+    from reproduction.release.restore import restore_bundle
+
+    bundle = small_bundle(tmp_path)
+    restore_bundle(bundle, ui=QUIET)
+    (bundle / "bundle.json").unlink()
+    os.mkfifo(bundle / "bundle.json")
+    done = run_cli(command, bundle, timeout=30)
+    assert done.returncode == 3, done.stderr
+    lines = done.stderr.splitlines()
+    assert (
+        lines[0] == f"error: {bundle / 'bundle.json'}: not a regular file (a folder, a FIFO or a device), so it "
+        "holds no bundle manifest"
+    )
+    assert lines[1].startswith("hint: ") and len(lines) == 2 and "Traceback" not in done.stderr

@@ -26,12 +26,19 @@ or an integer beyond 2**63-1.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from reproduction.errors import InputNotFoundError, InvalidInputError, UnsupportedFormatError, os_error
-from reproduction.fsio import atomic_write_text
+from reproduction.errors import (
+    InputNotFoundError,
+    InvalidInputError,
+    ReadFailedError,
+    UnsupportedFormatError,
+    os_error,
+)
+from reproduction.fsio import atomic_write_text, open_regular
 
 FORMAT = "recap-portable-bundle"
 FORMAT_VERSION = "1.0"
@@ -445,14 +452,24 @@ def load_manifest(bundle: Path) -> Manifest:
             path=bundle,
             hint="pass the folder that holds bundle.json (e.g. the folder `portable fetch` or `portable pack` made)",
         )
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # never blocks on a FIFO (verify and restore hung on one: audit48 F2); a link to a regular file is fine
+        fh = open_regular(os.path.realpath(path))
+        if fh is None:
+            raise ReadFailedError(
+                f"{path}: not a regular file (a folder, a FIFO or a device), so it holds no bundle manifest",
+                path=path,
+                hint="put the bundle's own bundle.json there: fetch or pack the bundle again",
+            )
+        with fh:
+            text = fh.read().decode("utf-8")
     except FileNotFoundError:
         raise InputNotFoundError(
             f"{path}: no bundle manifest (bundle.json)",
             path=path,
             hint="a bundle is complete only once bundle.json exists: pack or fetch it again",
         ) from None
+    except ReadFailedError:
+        raise
     except OSError as exc:
         raise os_error(exc, "the bundle manifest", op="read") from None
     except UnicodeDecodeError:
