@@ -70,7 +70,12 @@ def _write(tmp_path, mutate) -> None:
         (lambda d: d.pop("files"), "manifest.files", "missing field 'files'"),
         (lambda d: d.pop("name"), "manifest.name", "missing field 'name'"),
         (lambda d: d["files"][0].update(size="10"), "files[0].size", "should be int"),
-        (lambda d: d["files"][0].update(sha256="xyz"), "files[0].sha256", "bad size or sha256"),
+        (
+            lambda d: d["files"][0].update(sha256="xyz"),
+            "files[0].sha256",
+            "files[0].sha256: 'xyz' for 'a/b.bin' is not",
+        ),
+        (lambda d: d["files"][0].update(size=-1), "files[0].size", "files[0].size: -1 for 'a/b.bin' is negative"),
         (lambda d: d["files"][1].update(path="../../etc/passwd"), "files[1].path", "not a clean relative path"),
         (lambda d: d["files"][1].update(path="/etc/passwd"), "files[1].path", "not a clean relative path"),
         (lambda d: d["layers"][0].update(kind="kernel"), "layers[0].kind", "kind 'kernel'"),
@@ -160,3 +165,21 @@ def test_cli_refuses_a_bundle_json_that_is_a_fifo_without_waiting_on_it(tmp_path
         "holds no bundle manifest"
     )
     assert lines[1].startswith("hint: ") and len(lines) == 2 and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "digest, shown, why",
+    [
+        ("AB" * 32, repr("AB" * 32), "(64 characters, upper-case)"),
+        ("ab" * 31, repr("ab" * 31), "(62 characters)"),
+        ("a" * 5000, repr("a" * 70) + "...", "(5000 characters)"),
+    ],
+    ids=["upper", "short", "long"],
+)
+def test_a_bad_sha256_names_the_field_the_value_and_the_rule(tmp_path, digest, shown, why):
+    # audit48 F5: was "files[0]: bad size or sha256 for 'a/b.bin'", naming neither which field nor what is wrong
+    _write(tmp_path, lambda d: d["files"][0].update(sha256=digest))
+    with pytest.raises(InvalidInputError) as info:
+        load_manifest(tmp_path)
+    assert str(info.value) == f"files[0].sha256: {shown} for 'a/b.bin' is not 64 lower-case hex digits {why}"
+    assert info.value.field == "files[0].sha256" and info.value.exit_code == 4 and "damaged" in info.value.hint

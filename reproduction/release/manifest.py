@@ -194,8 +194,21 @@ class FileEntry:
         rel = check_relative_path(_require(data, "path", str, where, path), where=f"{where}.path", path=path)
         size = _require(data, "size", int, where, path)
         digest = _require(data, "sha256", str, where, path)
-        if size < 0 or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-            raise InvalidInputError(f"{where}: bad size or sha256 for {rel!r}", path=path, field=f"{where}.sha256")
+        if size < 0:
+            raise InvalidInputError(
+                f"{where}.size: {size} for {rel!r} is negative; a size is a byte count, 0 or more",
+                path=path,
+                field=f"{where}.size",
+                hint="the manifest is damaged or hostile; fetch or pack the bundle again",
+            )
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise InvalidInputError(  # audit48 F5: named neither the field, the value nor the rule
+                f"{where}.sha256: {digest[:70]!r}{'...' if len(digest) > 70 else ''} for {rel!r} is not 64 "
+                f"lower-case hex digits ({len(digest)} characters{', upper-case' if digest != digest.lower() else ''})",
+                path=path,
+                field=f"{where}.sha256",
+                hint="the manifest is damaged or hostile; fetch or pack the bundle again",
+            )
         return cls(path=rel, size=size, sha256=digest)
 
 
