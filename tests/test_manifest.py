@@ -78,6 +78,8 @@ def _write(tmp_path, mutate) -> None:
         (lambda d: d["files"][0].update(size=-1), "files[0].size", "files[0].size: -1 for 'a/b.bin' is negative"),
         (lambda d: d["files"][1].update(path="../../etc/passwd"), "files[1].path", "not a clean relative path"),
         (lambda d: d["files"][1].update(path="/etc/passwd"), "files[1].path", "not a clean relative path"),
+        (lambda d: d["files"][0].update(path="runs/x.txt"), "files[0].path", "'runs/x.txt', under runs/, which"),
+        (lambda d: d["files"][0].update(path="runs"), "files[0].path", "lists 'runs', under runs/, which is left"),
         (lambda d: d["layers"][0].update(kind="kernel"), "layers[0].kind", "kind 'kernel'"),
         (lambda d: d["layers"][0].update(target="../out"), "layers[0].target", "not a clean relative path"),
         (lambda d: d["layers"][0].update(build_prefix="relative"), "layers[0].build_prefix", "absolute path"),
@@ -183,3 +185,26 @@ def test_a_bad_sha256_names_the_field_the_value_and_the_rule(tmp_path, digest, s
         load_manifest(tmp_path)
     assert str(info.value) == f"files[0].sha256: {shown} for 'a/b.bin' is not 64 lower-case hex digits {why}"
     assert info.value.field == "files[0].sha256" and info.value.exit_code == 4 and "damaged" in info.value.hint
+
+
+@pytest.mark.parametrize("command", ["verify", "restore"])
+def test_cli_refuses_a_manifest_listing_a_file_under_runs(tmp_path, command):
+    # audit48 F4: runs/ is the user's (README); a listed runs/ file made the user's own outputs integrity failures
+    import hashlib
+
+    bundle = small_bundle(tmp_path)
+    (bundle / "runs").mkdir()
+    (bundle / "runs" / "planted.txt").write_bytes(b"planted\n")
+    data = json.loads((bundle / "bundle.json").read_text())
+    data["files"].append({"path": "runs/planted.txt", "size": 8, "sha256": hashlib.sha256(b"planted\n").hexdigest()})
+    (bundle / "bundle.json").write_text(json.dumps(data))
+    done = run_cli(command, bundle)
+    assert done.returncode == 4, done.stderr
+    lines = done.stderr.splitlines()
+    i = len(data["files"]) - 1
+    assert lines[0] == (
+        f"error: files[{i}]: lists 'runs/planted.txt', under runs/, which is left to the user's runs (pack never "
+        "writes there)"
+    )
+    assert lines[1] == "hint: the manifest is damaged or hostile; do not use this bundle" and len(lines) == 2
+    assert not (bundle / "source" / "project").exists()

@@ -17,7 +17,7 @@ reader accepts any minor of its major and refuses other majors with the fix name
 as "extra" any file not listed, except bundle.json, `.portable/`, the layers' targets, `runs/` (a
 user's run outputs) and `reproduction/**/__pycache__/`; `restore` leaves extra files alone unless one
 sits on a layer target's path. A manifest is refused (InvalidInputError, exit 4) when it lists a
-file under `.portable/` or bundle.json itself, a file that is another's folder (`x` and `x/y`), an
+file under `.portable/` or `runs/`, or bundle.json itself, a file that is another's folder (`x` and `x/y`), an
 archive in two layers, a path that is not clean and relative (`.`, `..`, absolute, NUL, a control
 character, a component over 255 bytes or 4095 in all), an entry_config that is not one of its files,
 or an integer beyond 2**63-1.
@@ -44,6 +44,9 @@ FORMAT = "recap-portable-bundle"
 FORMAT_VERSION = "1.0"
 MANIFEST_NAME = "bundle.json"
 STATE_DIR = ".portable"
+RUNS_DIR = "runs"
+"""The one folder of a bundle where a user's own files (run outputs) may live: never reported as extra, never a
+bundle file (pack refuses a dest there, the manifest check a listed file: audit48 F4)."""
 LAYER_KINDS = ("runtime", "source")
 PREFIX_MODES = ("text", "binary", "elf-runpath")
 
@@ -438,6 +441,14 @@ class Manifest:
             if isinstance(rel, str) and (rel == MANIFEST_NAME or rel.split("/", 1)[0] == STATE_DIR):
                 raise InvalidInputError(  # the bundle's own bookkeeping: a first restore works, every later one fails
                     f"files[{i}]: lists {rel!r}, which is reserved for bookkeeping",
+                    path=path,
+                    field=f"files[{i}].path",
+                    hint="the manifest is damaged or hostile; do not use this bundle",
+                )
+            if isinstance(rel, str) and rel.split("/", 1)[0] == RUNS_DIR:
+                raise InvalidInputError(  # the user's run outputs: a listed file there made them integrity failures
+                    f"files[{i}]: lists {rel!r}, under {RUNS_DIR}/, which is left to the user's runs (pack never "
+                    "writes there)",
                     path=path,
                     field=f"files[{i}].path",
                     hint="the manifest is damaged or hostile; do not use this bundle",
