@@ -83,6 +83,9 @@ def _write(tmp_path, mutate) -> None:
         (lambda d: d["layers"][0].update(kind="kernel"), "layers[0].kind", "kind 'kernel'"),
         (lambda d: d["layers"][0].update(target="../out"), "layers[0].target", "not a clean relative path"),
         (lambda d: d["layers"][0].update(build_prefix="relative"), "layers[0].build_prefix", "absolute path"),
+        (lambda d: d["layers"][0].update(build_prefix="/"), "layers[0].build_prefix", "'/' is the root folder"),
+        (lambda d: d["layers"][0].update(build_prefix="/o\nb"), "layers[0].build_prefix", "'/o\\nb' holds a control"),
+        (lambda d: d["layers"][0].update(build_prefix="/o\x1b["), "layers[0].build_prefix", "holds a control char"),
         (lambda d: d["layers"][0].update(members=-1), "layers[0].members", "non-negative integer"),
         (
             lambda d: d["layers"][0]["prefix_files"][0].update(mode="magic"),
@@ -208,3 +211,19 @@ def test_cli_refuses_a_manifest_listing_a_file_under_runs(tmp_path, command):
     )
     assert lines[1] == "hint: the manifest is damaged or hostile; do not use this bundle" and len(lines) == 2
     assert not (bundle / "source" / "project").exists()
+
+
+@pytest.mark.parametrize("prefix", ["/", "/opt/a\nb"], ids=["root", "newline"])
+def test_restore_refuses_a_build_prefix_relocation_cannot_use_as_a_manifest_error(tmp_path, prefix):
+    # audit48 F7: passed the manifest check, then the relocator refused it (exit 9, a hint about a folder to pass)
+    bundle = small_bundle(tmp_path)
+    data = json.loads((bundle / "bundle.json").read_text())
+    i = next(i for i, layer in enumerate(data["layers"]) if layer["kind"] == "runtime")
+    data["layers"][i]["build_prefix"] = prefix
+    (bundle / "bundle.json").write_text(json.dumps(data))
+    done = run_cli("restore", bundle)
+    assert done.returncode == 4, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith(f"error: layers[{i}].build_prefix: {prefix!r} ") and len(lines) == 2
+    assert lines[1] == "hint: the manifest is damaged or hostile; do not use this bundle"
+    assert not any((bundle / layer["target"]).exists() for layer in data["layers"])

@@ -172,6 +172,29 @@ def check_relative_path(rel: str, *, where: str, path: Path | None = None) -> st
     return rel
 
 
+def _check_build_prefix(prefix: str, *, where: str, path: Path | None) -> None:
+    """Refuse an absolute `prefix` that relocate.normalize_prefix would refuse at restore (exit 9 "relocation
+    impossible", after extracting: audit48 F7): `/` itself, a NUL, a newline or another control character, a lone
+    surrogate (no file name has one)."""
+    problem = None
+    if not prefix.rstrip("/"):
+        problem = "is the root folder; a layer is built in a folder below /"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in prefix):
+        problem = "holds a control character (a newline splits every listing and shebang it is written into)"
+    else:
+        try:
+            prefix.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            problem = "holds a lone surrogate such as \\ud800, which no file name has"
+    if problem:
+        raise InvalidInputError(
+            f"{where}: {prefix[:70]!r}{'...' if len(prefix) > 70 else ''} {problem}",
+            path=path,
+            field=where,
+            hint="the manifest is damaged or hostile; do not use this bundle",
+        )
+
+
 NAME_MAX = 255
 """Longest file name (one path component, in bytes) Linux filesystems take."""
 PATH_MAX = 4095
@@ -292,6 +315,8 @@ class LayerEntry:
             raise InvalidInputError(
                 f"{where}: build_prefix must be an absolute path or null", path=path, field=f"{where}.build_prefix"
             )
+        if prefix is not None:
+            _check_build_prefix(prefix, where=f"{where}.build_prefix", path=path)
         occurrences = data.get("prefix_files", [])
         if not isinstance(occurrences, list):
             raise InvalidInputError(f"{where}: prefix_files must be a list", path=path, field=f"{where}.prefix_files")
