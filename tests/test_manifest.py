@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
-from bundlekit import flip_bit, run_cli, small_bundle
+from bundlekit import QUIET, flip_bit, run_cli, small_bundle
 
 from reproduction.errors import InputNotFoundError, InvalidInputError, UnsupportedFormatError
 from reproduction.release.manifest import (
@@ -69,12 +70,22 @@ def _write(tmp_path, mutate) -> None:
         (lambda d: d.pop("files"), "manifest.files", "missing field 'files'"),
         (lambda d: d.pop("name"), "manifest.name", "missing field 'name'"),
         (lambda d: d["files"][0].update(size="10"), "files[0].size", "should be int"),
-        (lambda d: d["files"][0].update(sha256="xyz"), "files[0].sha256", "bad size or sha256"),
+        (
+            lambda d: d["files"][0].update(sha256="xyz"),
+            "files[0].sha256",
+            "files[0].sha256: 'xyz' for 'a/b.bin' is not",
+        ),
+        (lambda d: d["files"][0].update(size=-1), "files[0].size", "files[0].size: -1 for 'a/b.bin' is negative"),
         (lambda d: d["files"][1].update(path="../../etc/passwd"), "files[1].path", "not a clean relative path"),
         (lambda d: d["files"][1].update(path="/etc/passwd"), "files[1].path", "not a clean relative path"),
+        (lambda d: d["files"][0].update(path="runs/x.txt"), "files[0].path", "'runs/x.txt', under runs/, which"),
+        (lambda d: d["files"][0].update(path="runs"), "files[0].path", "lists 'runs', under runs/, which is left"),
         (lambda d: d["layers"][0].update(kind="kernel"), "layers[0].kind", "kind 'kernel'"),
         (lambda d: d["layers"][0].update(target="../out"), "layers[0].target", "not a clean relative path"),
         (lambda d: d["layers"][0].update(build_prefix="relative"), "layers[0].build_prefix", "absolute path"),
+        (lambda d: d["layers"][0].update(build_prefix="/"), "layers[0].build_prefix", "'/' is the root folder"),
+        (lambda d: d["layers"][0].update(build_prefix="/o\nb"), "layers[0].build_prefix", "'/o\\nb' holds a control"),
+        (lambda d: d["layers"][0].update(build_prefix="/o\x1b["), "layers[0].build_prefix", "holds a control char"),
         (lambda d: d["layers"][0].update(members=-1), "layers[0].members", "non-negative integer"),
         (
             lambda d: d["layers"][0]["prefix_files"][0].update(mode="magic"),
@@ -140,3 +151,79 @@ def test_flipped_bit_in_bundle_json_is_detected(tmp_path):
     done = run_cli("restore", bundle)
     assert done.returncode == 4 and "bundle.json: not valid JSON" in done.stderr
     assert not (bundle / "runtime" / "rt").exists()
+
+
+@pytest.mark.parametrize("command", ["verify", "restore"])
+def test_cli_refuses_a_bundle_json_that_is_a_fifo_without_waiting_on_it(tmp_path, command):
+    # audit48 F2: both commands opened the FIFO and hung forever (restore in its no-change path too)
+    from reproduction.release.restore import restore_bundle
+
+    bundle = small_bundle(tmp_path)
+    restore_bundle(bundle, ui=QUIET)
+    (bundle / "bundle.json").unlink()
+    os.mkfifo(bundle / "bundle.json")
+    done = run_cli(command, bundle, timeout=30)
+    assert done.returncode == 3, done.stderr
+    lines = done.stderr.splitlines()
+    assert (
+        lines[0] == f"error: {bundle / 'bundle.json'}: not a regular file (a folder, a FIFO or a device), so it "
+        "holds no bundle manifest"
+    )
+    assert lines[1].startswith("hint: ") and len(lines) == 2 and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "digest, shown, why",
+    [
+        ("AB" * 32, repr("AB" * 32), "(64 characters, upper-case)"),
+        ("ab" * 31, repr("ab" * 31), "(62 characters)"),
+        ("a" * 5000, repr("a" * 70) + "...", "(5000 characters)"),
+    ],
+    ids=["upper", "short", "long"],
+)
+def test_a_bad_sha256_names_the_field_the_value_and_the_rule(tmp_path, digest, shown, why):
+    # audit48 F5: was "files[0]: bad size or sha256 for 'a/b.bin'", naming neither which field nor what is wrong
+    _write(tmp_path, lambda d: d["files"][0].update(sha256=digest))
+    with pytest.raises(InvalidInputError) as info:
+        load_manifest(tmp_path)
+    assert str(info.value) == f"files[0].sha256: {shown} for 'a/b.bin' is not 64 lower-case hex digits {why}"
+    assert info.value.field == "files[0].sha256" and info.value.exit_code == 4 and "damaged" in info.value.hint
+
+
+@pytest.mark.parametrize("command", ["verify", "restore"])
+def test_cli_refuses_a_manifest_listing_a_file_under_runs(tmp_path, command):
+    # audit48 F4: runs/ is the user's (README); a listed runs/ file made the user's own outputs integrity failures
+    import hashlib
+
+    bundle = small_bundle(tmp_path)
+    (bundle / "runs").mkdir()
+    (bundle / "runs" / "planted.txt").write_bytes(b"planted\n")
+    data = json.loads((bundle / "bundle.json").read_text())
+    data["files"].append({"path": "runs/planted.txt", "size": 8, "sha256": hashlib.sha256(b"planted\n").hexdigest()})
+    (bundle / "bundle.json").write_text(json.dumps(data))
+    done = run_cli(command, bundle)
+    assert done.returncode == 4, done.stderr
+    lines = done.stderr.splitlines()
+    i = len(data["files"]) - 1
+    assert lines[0] == (
+        f"error: files[{i}]: lists 'runs/planted.txt', under runs/, which is left to the user's runs (pack never "
+        "writes there)"
+    )
+    assert lines[1] == "hint: the manifest is damaged or hostile; do not use this bundle" and len(lines) == 2
+    assert not (bundle / "source" / "project").exists()
+
+
+@pytest.mark.parametrize("prefix", ["/", "/opt/a\nb"], ids=["root", "newline"])
+def test_restore_refuses_a_build_prefix_relocation_cannot_use_as_a_manifest_error(tmp_path, prefix):
+    # audit48 F7: passed the manifest check, then the relocator refused it (exit 9, a hint about a folder to pass)
+    bundle = small_bundle(tmp_path)
+    data = json.loads((bundle / "bundle.json").read_text())
+    i = next(i for i, layer in enumerate(data["layers"]) if layer["kind"] == "runtime")
+    data["layers"][i]["build_prefix"] = prefix
+    (bundle / "bundle.json").write_text(json.dumps(data))
+    done = run_cli("restore", bundle)
+    assert done.returncode == 4, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith(f"error: layers[{i}].build_prefix: {prefix!r} ") and len(lines) == 2
+    assert lines[1] == "hint: the manifest is damaged or hostile; do not use this bundle"
+    assert not any((bundle / layer["target"]).exists() for layer in data["layers"])

@@ -540,3 +540,26 @@ def test_a_new_source_archive_over_new_local_files_needs_refresh_source(bundle):
     assert (bundle / "source" / "project" / "recap" / "mine.py").exists()
     report = restore_bundle(bundle, refresh_source=True, ui=QUIET)
     assert report.overwritten == {"source/project": ["recap/mine.py"]}
+
+
+@pytest.mark.parametrize("dirname", ["with\nnewline", "with\ttab"], ids=["newline", "tab"])
+def test_a_bundle_path_with_a_control_character_is_refused_before_relocating_naming_the_path(tmp_path, dirname):
+    # audit48 F7: the relocator refused it after extracting, as "new prefix ... must be an absolute path other than
+    # '/'" with a hint to "pass the folder the tree lives at"; now the reason and the fix (move the bundle), unwritten
+    members = [
+        member("bin", "dir", mode=0o755),
+        member("bin/tool", data=b"#!/build/xx/bin/python3\nprint(1)\n", mode=0o755),
+    ]
+    bundle = forge_bundle(tmp_path / dirname / "bundle", [("runtime/r.tar.zst", "runtime/r", "runtime", members)])
+    data = json.loads((bundle / "bundle.json").read_text())
+    data["layers"][0].update(build_prefix="/build/xx", prefix_files=[{"path": "bin/tool", "mode": "text"}])
+    (bundle / "bundle.json").write_text(json.dumps(data))
+    done = run_cli("restore", bundle)
+    assert done.returncode == 9, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0] == (
+        f"error: {str(bundle)!r}: the bundle's path holds a control character (a newline, a tab, an escape), which "
+        "the restored layers' scripts and shebangs cannot hold"
+    )
+    assert lines[1].startswith("hint: move (or rename) the bundle to a folder whose path has no control character")
+    assert len(lines) == 2 and not (bundle / "runtime" / "r").exists()

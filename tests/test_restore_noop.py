@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from bundlekit import QUIET, small_bundle
+from bundlekit import QUIET, run_cli, small_bundle
 
 from reproduction.release import lock, manifest, noop, receipt, verify
 from reproduction.release.restore import restore_bundle
@@ -147,3 +147,14 @@ def test_cli_script_second_restore_is_the_fast_path_and_exits_0(restored):
     assert "unchanged source/project, runtime/rt" in done.stderr
     assert "argparse" not in done.stderr and "reproduction.release.restore" not in done.stderr  # answered early
     assert sorted(os.listdir(restored / ".portable")) == ["lock", "receipt.json"]
+
+
+def test_a_receipt_that_is_a_fifo_is_no_receipt_and_never_waited_on(restored):
+    # audit48 F2: restore (plain and --deep) hung opening it; now it is read as a corrupt receipt is: re-extract
+    state = restored / manifest.STATE_DIR
+    (state / receipt.RECEIPT_NAME).unlink()
+    os.mkfifo(state / receipt.RECEIPT_NAME)
+    done = run_cli("restore", restored, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert "extracted" in done.stderr and "Traceback" not in done.stderr
+    assert (state / receipt.RECEIPT_NAME).is_file()

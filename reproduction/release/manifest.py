@@ -17,7 +17,7 @@ reader accepts any minor of its major and refuses other majors with the fix name
 as "extra" any file not listed, except bundle.json, `.portable/`, the layers' targets, `runs/` (a
 user's run outputs) and `reproduction/**/__pycache__/`; `restore` leaves extra files alone unless one
 sits on a layer target's path. A manifest is refused (InvalidInputError, exit 4) when it lists a
-file under `.portable/` or bundle.json itself, a file that is another's folder (`x` and `x/y`), an
+file under `.portable/` or `runs/`, or bundle.json itself, a file that is another's folder (`x` and `x/y`), an
 archive in two layers, a path that is not clean and relative (`.`, `..`, absolute, NUL, a control
 character, a component over 255 bytes or 4095 in all), an entry_config that is not one of its files,
 or an integer beyond 2**63-1.
@@ -26,17 +26,27 @@ or an integer beyond 2**63-1.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from reproduction.errors import InputNotFoundError, InvalidInputError, UnsupportedFormatError, os_error
-from reproduction.fsio import atomic_write_text
+from reproduction.errors import (
+    InputNotFoundError,
+    InvalidInputError,
+    ReadFailedError,
+    UnsupportedFormatError,
+    os_error,
+)
+from reproduction.fsio import atomic_write_text, open_regular
 
 FORMAT = "recap-portable-bundle"
 FORMAT_VERSION = "1.0"
 MANIFEST_NAME = "bundle.json"
 STATE_DIR = ".portable"
+RUNS_DIR = "runs"
+"""The one folder of a bundle where a user's own files (run outputs) may live: never reported as extra, never a
+bundle file (pack refuses a dest there, the manifest check a listed file: audit48 F4)."""
 LAYER_KINDS = ("runtime", "source")
 PREFIX_MODES = ("text", "binary", "elf-runpath")
 
@@ -162,6 +172,29 @@ def check_relative_path(rel: str, *, where: str, path: Path | None = None) -> st
     return rel
 
 
+def _check_build_prefix(prefix: str, *, where: str, path: Path | None) -> None:
+    """Refuse an absolute `prefix` that relocate.normalize_prefix would refuse at restore (exit 9 "relocation
+    impossible", after extracting: audit48 F7): `/` itself, a NUL, a newline or another control character, a lone
+    surrogate (no file name has one)."""
+    problem = None
+    if not prefix.rstrip("/"):
+        problem = "is the root folder; a layer is built in a folder below /"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in prefix):
+        problem = "holds a control character (a newline splits every listing and shebang it is written into)"
+    else:
+        try:
+            prefix.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            problem = "holds a lone surrogate such as \\ud800, which no file name has"
+    if problem:
+        raise InvalidInputError(
+            f"{where}: {prefix[:70]!r}{'...' if len(prefix) > 70 else ''} {problem}",
+            path=path,
+            field=where,
+            hint="the manifest is damaged or hostile; do not use this bundle",
+        )
+
+
 NAME_MAX = 255
 """Longest file name (one path component, in bytes) Linux filesystems take."""
 PATH_MAX = 4095
@@ -187,8 +220,21 @@ class FileEntry:
         rel = check_relative_path(_require(data, "path", str, where, path), where=f"{where}.path", path=path)
         size = _require(data, "size", int, where, path)
         digest = _require(data, "sha256", str, where, path)
-        if size < 0 or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-            raise InvalidInputError(f"{where}: bad size or sha256 for {rel!r}", path=path, field=f"{where}.sha256")
+        if size < 0:
+            raise InvalidInputError(
+                f"{where}.size: {size} for {rel!r} is negative; a size is a byte count, 0 or more",
+                path=path,
+                field=f"{where}.size",
+                hint="the manifest is damaged or hostile; fetch or pack the bundle again",
+            )
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise InvalidInputError(  # audit48 F5: named neither the field, the value nor the rule
+                f"{where}.sha256: {digest[:70]!r}{'...' if len(digest) > 70 else ''} for {rel!r} is not 64 "
+                f"lower-case hex digits ({len(digest)} characters{', upper-case' if digest != digest.lower() else ''})",
+                path=path,
+                field=f"{where}.sha256",
+                hint="the manifest is damaged or hostile; fetch or pack the bundle again",
+            )
         return cls(path=rel, size=size, sha256=digest)
 
 
@@ -269,6 +315,8 @@ class LayerEntry:
             raise InvalidInputError(
                 f"{where}: build_prefix must be an absolute path or null", path=path, field=f"{where}.build_prefix"
             )
+        if prefix is not None:
+            _check_build_prefix(prefix, where=f"{where}.build_prefix", path=path)
         occurrences = data.get("prefix_files", [])
         if not isinstance(occurrences, list):
             raise InvalidInputError(f"{where}: prefix_files must be a list", path=path, field=f"{where}.prefix_files")
@@ -422,6 +470,14 @@ class Manifest:
                     field=f"files[{i}].path",
                     hint="the manifest is damaged or hostile; do not use this bundle",
                 )
+            if isinstance(rel, str) and rel.split("/", 1)[0] == RUNS_DIR:
+                raise InvalidInputError(  # the user's run outputs: a listed file there made them integrity failures
+                    f"files[{i}]: lists {rel!r}, under {RUNS_DIR}/, which is left to the user's runs (pack never "
+                    "writes there)",
+                    path=path,
+                    field=f"files[{i}].path",
+                    hint="the manifest is damaged or hostile; do not use this bundle",
+                )
         return cls(
             name=_require(data, "name", str, "manifest", path),
             files=[FileEntry.from_dict(f, where=f"files[{i}]", path=path) for i, f in enumerate(files)],
@@ -445,14 +501,24 @@ def load_manifest(bundle: Path) -> Manifest:
             path=bundle,
             hint="pass the folder that holds bundle.json (e.g. the folder `portable fetch` or `portable pack` made)",
         )
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # never blocks on a FIFO (verify and restore hung on one: audit48 F2); a link to a regular file is fine
+        fh = open_regular(os.path.realpath(path))
+        if fh is None:
+            raise ReadFailedError(
+                f"{path}: not a regular file (a folder, a FIFO or a device), so it holds no bundle manifest",
+                path=path,
+                hint="put the bundle's own bundle.json there: fetch or pack the bundle again",
+            )
+        with fh:
+            text = fh.read().decode("utf-8")
     except FileNotFoundError:
         raise InputNotFoundError(
             f"{path}: no bundle manifest (bundle.json)",
             path=path,
             hint="a bundle is complete only once bundle.json exists: pack or fetch it again",
         ) from None
+    except ReadFailedError:
+        raise
     except OSError as exc:
         raise os_error(exc, "the bundle manifest", op="read") from None
     except UnicodeDecodeError:

@@ -126,13 +126,25 @@ def _no_extras(bundle: str, listed: set[str], targets: set[str]) -> bool:
     return True
 
 
+def _read_regular(path: str, *, follow: bool) -> bytes:
+    """The bytes of `path` when it is a regular file; OSError otherwise. Never waits on a FIFO (audit48 F2: restore
+    hung on a FIFO bundle.json or receipt); as fsio.open_regular, which this module does not import."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path}: not a regular file")
+        with open(fd, "rb", closefd=False) as fh:
+            return fh.read()
+    finally:
+        os.close(fd)
+
+
 def _check(bundle: str) -> tuple[int, list[str]] | None:
     """(files verified, targets in restore order) when a restore of `bundle` would change nothing."""
-    with open(os.path.join(bundle, MANIFEST_NAME), "rb") as fh:
-        raw = fh.read()
+    raw = _read_regular(os.path.join(bundle, MANIFEST_NAME), follow=True)
     state = os.path.join(bundle, STATE_DIR)
-    with open(os.path.join(state, RECEIPT_NAME), "rb") as fh:
-        receipt = json.loads(fh.read())
+    receipt = json.loads(_read_regular(os.path.join(state, RECEIPT_NAME), follow=False))
     if (
         receipt.get("format") != RECEIPT_FORMAT
         or str(receipt.get("format_version", "")).split(".")[0] != RECEIPT_MAJOR

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reproduction.fsio import atomic_write_text
+from reproduction.fsio import atomic_write_text, open_regular
 from reproduction.release.manifest import STATE_DIR
 
 RECEIPT_NAME = "receipt.json"
@@ -231,8 +231,12 @@ def receipt_path(bundle: Path) -> Path:
 
 def load_receipt(bundle: Path) -> Receipt:
     """The bundle's receipt, or an empty one when absent, unreadable or of another format."""
-    try:
-        data = json.loads(receipt_path(bundle).read_text(encoding="utf-8"))
+    try:  # a FIFO (or a folder, a link) is no receipt, and is never waited on (audit48 F2: restore hung on one)
+        fh = open_regular(receipt_path(bundle))
+        if fh is None:
+            return Receipt()
+        with fh:
+            data = json.loads(fh.read().decode("utf-8"))
         return Receipt.from_dict(data)
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
         return Receipt()

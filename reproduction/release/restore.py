@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reproduction.digests import default_jobs, sha256_file
-from reproduction.errors import InvalidInputError, os_error
+from reproduction.errors import InvalidInputError, RelocationError, os_error
 from reproduction.fsio import remove_tree
 from reproduction.release import extract_child
 from reproduction.release import layers as layer_io
@@ -166,6 +166,19 @@ def _relocate(
             tmp_dir=bundle / STATE_DIR / RELOC_TMP,  # a kill mid-rewrite leaves its temp here, not in the tree
         )
     return sorted(set(changed))
+
+
+def _check_relocatable_path(bundle: Path, manifest: Manifest) -> None:
+    """Refuse, before anything is written, a bundle whose path holds a control character when a layer must be
+    relocated to it (the relocator refused it after extracting, as "must be an absolute path other than '/'" with a
+    hint about a folder to pass: audit48 F7); a newline would split every script and shebang it is written into."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in str(bundle)) and any(has_prefixes(x) for x in manifest.layers):
+        raise RelocationError(
+            f"{str(bundle)!r}: the bundle's path holds a control character (a newline, a tab, an escape), which "
+            "the restored layers' scripts and shebangs cannot hold",
+            path=bundle,
+            hint="move (or rename) the bundle to a folder whose path has no control character, then restore again",
+        )
 
 
 def _old_bundle(rec: LayerReceipt) -> Path:
@@ -482,6 +495,7 @@ def restore_bundle(
     bundle = Path(bundle).resolve()
     manifest = load_manifest(bundle)
     check_targets(manifest)
+    _check_relocatable_path(bundle, manifest)
     check_bundle_weights(bundle, manifest)  # weights must be the bytes their weight manifests pin
     jobs = jobs or default_jobs()
     report = RestoreReport(bundle=bundle)

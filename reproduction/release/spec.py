@@ -49,7 +49,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from reproduction.errors import InputNotFoundError, InvalidInputError, MissingDependencyError
-from reproduction.release.manifest import LAYER_KINDS, check_relative_path
+from reproduction.release.manifest import LAYER_KINDS, RUNS_DIR, check_relative_path
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -190,7 +190,7 @@ SPEC_KEYS = ("name", "description", "root", "entry_config", "layer", "file", "co
 LAYER_KEYS = ("source", "kind", "name", "target", "exclude", "relocatable", "build_prefix", "order", "origin")
 FILE_KEYS = ("source", "dest", "exclude", "origin")
 WEIGHTS_KEYS = ("manifest", "source", "dest")
-RESERVED = ("bundle.json", ".portable", "reproduction", "runs")
+RESERVED = ("bundle.json", ".portable", "reproduction", RUNS_DIR)
 """Top-level bundle paths no layer target, file dest or weights dest may take: the bundle format's own, and
 `runs/`, which verify and restore leave to runs."""
 
@@ -384,7 +384,7 @@ def _check_unique(spec: BundleSpec) -> None:
 def _refuse_reserved(spec: BundleSpec, what: str, rel: str) -> None:
     top = PurePosixPath(rel).parts[0]
     if top in RESERVED:
-        reason = "left to runs (verify and restore ignore it)" if top == "runs" else "reserved by the bundle format"
+        reason = "left to runs (verify and restore ignore it)" if top == RUNS_DIR else "reserved by the bundle format"
         raise InvalidInputError(
             f"{spec.path}: {what} {rel!r} is {reason}",
             path=spec.path,

@@ -17,12 +17,10 @@ from typing import Any
 
 from reproduction.digests import default_jobs, sha256_file
 from reproduction.errors import IntegrityError, os_error
-from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, FileEntry, Manifest, load_manifest
+from reproduction.release.manifest import MANIFEST_NAME, RUNS_DIR, STATE_DIR, FileEntry, Manifest, load_manifest
 from reproduction.ui import UiOptions, human_bytes, progress
 
 PROBLEM_KINDS = ("missing", "extra", "size", "digest")
-RUNS_DIR = "runs"
-"""The one folder of a bundle where a user's own files (run outputs) may live: never reported as extra."""
 EXTRA_HINT = (
     "remove the files bundle.json does not list, or move them out of the bundle (runs belong outside it or under "
     f"its {RUNS_DIR}/ folder, which verify ignores); `portable restore` leaves extra files alone"
