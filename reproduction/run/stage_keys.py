@@ -139,7 +139,9 @@ def headline_problems(recipe: Recipe) -> list[ConfigError]:
     checked as fn_problems checks a stage's function, before anything runs: a misspelt one was found only after
     every stage had run, as a warning line, and the run printed no headline. (One that raises when called stays a
     warning: the run is complete by then.)"""
-    why = _unloadable(recipe.headline) if recipe.headline else None
+    # imported, not read from source: the run calls it at its end anyway, and a module in sys.modules is a dict
+    # lookup on every later run in this process (parsing compare_cmd's source was ~2 ms a run: bench/run_overhead)
+    why = _unloadable(recipe.headline, read_source=False) if recipe.headline else None
     if not why:
         return []
     return [
@@ -152,14 +154,14 @@ def headline_problems(recipe: Recipe) -> list[ConfigError]:
     ]
 
 
-def _unloadable(ref: Any) -> str | None:
+def _unloadable(ref: Any, *, read_source: bool = True) -> str | None:
     """Why the "module:function" reference `ref` names no function (None when it does): a module not imported yet is
     read from its source when that defines the name (no import: a finished --resume of a torch recipe imports no
-    torch), else imported and the name looked up."""
+    torch; `read_source=False` imports it at once), else imported and the name looked up."""
     module, _, attr = ref.partition(":") if isinstance(ref, str) else ("", "", "")
     if not module or not attr:
         return "it is not a 'module:function' reference"
-    if module not in sys.modules and _defines(module, attr):
+    if read_source and module not in sys.modules and _defines(module, attr):
         return None
     try:
         fn = getattr(importlib.import_module(module), attr)
