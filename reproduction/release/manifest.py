@@ -127,6 +127,12 @@ def _foreign(data: dict[str, Any], where: str, path: Path | None) -> dict[str, t
     }
 
 
+def has_control(text: str) -> bool:
+    """True when `text` holds a control character (below 32, or DEL): refused in bundle paths, build prefixes,
+    archive members and the bundle's own path when relocating (a newline splits every listing, error and shebang)."""
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
 def check_relative_path(rel: str, *, where: str, path: Path | None = None) -> str:
     """Return `rel` if it is a clean relative POSIX path inside its root, else raise InvalidInputError."""
     p = PurePosixPath(rel) if isinstance(rel, str) and "\0" not in rel else PurePosixPath("/")
@@ -162,7 +168,7 @@ def check_relative_path(rel: str, *, where: str, path: Path | None = None) -> st
             field=where,
             hint="the manifest is damaged or hostile; do not use this bundle",
         )
-    if any(ord(c) < 32 or ord(c) == 127 for c in rel):
+    if has_control(rel):
         raise InvalidInputError(  # a newline would split a path across lines of every listing and error
             f"{where}: path {rel!r} holds a control character",
             path=path,
@@ -179,7 +185,7 @@ def _check_build_prefix(prefix: str, *, where: str, path: Path | None) -> None:
     problem = None
     if not prefix.rstrip("/"):
         problem = "is the root folder; a layer is built in a folder below /"
-    elif any(ord(c) < 32 or ord(c) == 127 for c in prefix):
+    elif has_control(prefix):
         problem = "holds a control character (a newline splits every listing and shebang it is written into)"
     else:
         try:

@@ -24,7 +24,7 @@ from reproduction.fsio import remove_tree
 from reproduction.release import extract_child
 from reproduction.release import layers as layer_io
 from reproduction.release.lock import bundle_lock
-from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, LayerEntry, Manifest, load_manifest
+from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, LayerEntry, Manifest, has_control, load_manifest
 from reproduction.release.receipt import LayerReceipt, Receipt, load_receipt, save_receipt
 from reproduction.release.restore_plan import Group, few, has_prefixes, plan, refuse_losing_files
 from reproduction.release.safety import check_targets, validate_layers
@@ -172,7 +172,7 @@ def _check_relocatable_path(bundle: Path, manifest: Manifest) -> None:
     """Refuse, before anything is written, a bundle whose path holds a control character when a layer must be
     relocated to it (the relocator refused it after extracting, as "must be an absolute path other than '/'" with a
     hint about a folder to pass: audit48 F7); a newline would split every script and shebang it is written into."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in str(bundle)) and any(has_prefixes(x) for x in manifest.layers):
+    if has_control(str(bundle)) and any(has_prefixes(x) for x in manifest.layers):
         raise RelocationError(
             f"{str(bundle)!r}: the bundle's path holds a control character (a newline, a tab, an escape), which "
             "the restored layers' scripts and shebangs cannot hold",

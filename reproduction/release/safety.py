@@ -17,20 +17,14 @@ import posixpath
 from dataclasses import dataclass, field
 
 from reproduction.errors import InvalidInputError, UnsafeArchiveError
-from reproduction.release.manifest import MANIFEST_NAME, NAME_MAX, PATH_MAX, STATE_DIR, Manifest
+from reproduction.release.manifest import MANIFEST_NAME, NAME_MAX, PATH_MAX, RUNS_DIR, STATE_DIR, Manifest, has_control
 from reproduction.release.tarscan import Member
-from reproduction.release.verify import RUNS_DIR
 
 _MAX_LISTED = 10
 
 MAX_DEPTH = 256
 """Most folders a member's bundle-relative path may lie below (real trees stay far under it). Deeper trees
 restored once, then wedged every later restore in recursive tree removal (audit48 F9), so they are refused."""
-
-
-def has_control(text: str) -> bool:
-    """True when `text` holds a control character (as manifest.check_relative_path refuses in paths)."""
-    return any(ord(c) < 32 or ord(c) == 127 for c in text)
 
 
 @dataclass(slots=True)
