@@ -332,13 +332,22 @@ def write_evidence(path: Path, evidence: Mapping[str, Any]) -> Path:
     except OSError as exc:
         if is_disk_full(exc):
             raise
-        raise os_error(
-            exc,
-            "an evidence file",
-            hint=f"make {Path(path).parent} writable (its permissions, `chattr -i`, a read-write mount), then rerun "
-            "the same command",
-        ) from None
+        raise os_error(exc, "an evidence file", hint=_writable_hint(Path(path).parent)) from None
     return Path(path)
+
+
+def refuse_unwritable_outputs(run_dir: Path, out_dir: Path) -> None:
+    """WriteFailedError (exit 8) naming the folder and how to fix it when `run_dir`/evidence (the evidence file and
+    its comparison) or `out_dir` (the simulator's output) cannot be written: an eval command checks before the first
+    rollout, not after every export was evaluated (audit47 F17), and says what write_evidence would say at the end."""
+    from reproduction.fsio import refuse_unwritable
+
+    for folder, what in ((run_dir / "evidence", "an evidence file"), (out_dir, "the evaluation's output")):
+        refuse_unwritable(folder, what, hint=_writable_hint(folder))
+
+
+def _writable_hint(folder: Path) -> str:
+    return f"make {folder} writable (its permissions, `chattr -i`, a read-write mount), then rerun the same command"
 
 
 def write_eval_evidence(path: Path, primary: EvalRecord, **kwargs: Any) -> Path:

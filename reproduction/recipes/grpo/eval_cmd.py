@@ -26,8 +26,8 @@ def cmd_eval(args: Any, run_dir: Path, state: dict[str, Any] | None, ui: UiOptio
     exported step: only the last step is exported) and what the config loader and the simulator raise."""
     from reproduction.recipes.grpo.config import GrpoRunConfig
     from reproduction.recipes.grpo.stages import evaluate_exports
-    from reproduction.recipes.recap.eval_cmd import refuse_unwritable_outputs
     from reproduction.run.config import load_config
+    from reproduction.run.evidence import refuse_unwritable_outputs
     from reproduction.run.runner import state_config_file
 
     files = [Path(c) for c in args.config or []]

@@ -26,6 +26,7 @@ def cmd_eval(args: Any, run_dir: Path, state: dict[str, Any] | None, ui: UiOptio
     """
     from reproduction.recipes.recap.config import load_config
     from reproduction.recipes.recap.policy import evaluate_exports
+    from reproduction.run.evidence import refuse_unwritable_outputs
     from reproduction.run.runner import state_config_file
 
     overrides = list(args.overrides or [])
@@ -58,17 +59,6 @@ def cmd_eval(args: Any, run_dir: Path, state: dict[str, Any] | None, ui: UiOptio
     if getattr(args, "json", False):
         sys.stdout.write(json.dumps(output.summary, indent=1) + "\n")
     return 0
-
-
-def refuse_unwritable_outputs(run_dir: Path, out_dir: Path) -> None:
-    """WriteFailedError (exit 8) naming the folder and how to fix it when `run_dir`/evidence (the evidence file and
-    its comparison) or `out_dir` (the simulator's output) cannot be written: checked before the first rollout, not
-    found after every export was evaluated (audit47 F17). Says what write_evidence would say at the end."""
-    from reproduction.fsio import refuse_unwritable
-
-    for folder, what in ((run_dir / "evidence", "an evidence file"), (out_dir, "the evaluation's output")):
-        hint = f"make {folder} writable (its permissions, `chattr -i`, a read-write mount), then rerun the same command"
-        refuse_unwritable(folder, what, hint=hint)
 
 
 def _resolve_checkpoint(
