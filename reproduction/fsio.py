@@ -276,15 +276,19 @@ def _alive(pid: int) -> bool:
     return state != [b"Z"]
 
 
-def remove_tree(path: Path) -> None:
+def remove_tree(path: str | os.PathLike[str]) -> None:
     """Remove `path` whatever it is, never following a link: a symlink or file is unlinked, a folder
     removed with everything below it. A read-only folder inside (a layer may ship one, mode 0555) would
     make a plain rmtree fail forever, so a failed removal adds write permission to the folder holding
-    the entry and retries once. Raises OSError when something still cannot be removed; absent is fine.
-    """
-    import shutil
-    import stat
+    the entry and retries once. Raises OSError, naming the entry, when something still cannot be removed
+    (what was removed before stays removed); absent is fine.
 
+    No recursion, so any depth is removed: shutil.rmtree recursed once a folder and raised RecursionError on a
+    ~1000-deep staging leftover, which then failed every later restore (audit48 F9). Each folder is opened
+    relative to its parent (O_NOFOLLOW: a link swapped in for a folder is unlinked, never entered), and at most
+    `_OPEN_FOLDERS` are held open: a deeper parent is closed and reopened through its child's `..`, checked to
+    be the same folder by device and inode (OSError when something moved it meanwhile)."""
+    path = os.fspath(path)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -292,22 +296,176 @@ def remove_tree(path: Path) -> None:
     if not stat.S_ISDIR(st.st_mode):
         os.unlink(path)
         return
-
-    def retry(fn, failed, _exc_info) -> None:
-        parent = os.path.dirname(failed)
-        for folder in (parent, failed) if fn is os.rmdir or fn is os.open else (parent,):
+    top = _Folder(_retry_chmod(lambda: os.open(path, _DIR_FLAGS), lambda: _chmod_folder(path)), path)
+    stack = [top]
+    try:
+        _empty_files(stack)
+        while len(stack) > 1 or top.dirs:
+            folder = stack[-1]
+            if folder.dirs:
+                _descend(stack, folder.dirs.pop())
+                continue
+            stack.pop()  # `folder` holds nothing now: remove it from its parent
             try:
-                if os.path.isdir(folder) and not os.path.islink(folder):
-                    os.chmod(folder, os.lstat(folder).st_mode | stat.S_IWUSR | stat.S_IXUSR | stat.S_IRUSR)
-            except OSError:
-                pass
-        if fn is os.open or fn is os.scandir:  # the folder could not be listed: remove it (and its contents) again
-            shutil.rmtree(failed, onerror=_raise)
-        else:
-            fn(failed)
+                if stack[-1].fd is None:
+                    _reopen(stack, folder)
+            finally:
+                os.close(folder.fd)
+            _remove_entry(stack, folder.name, os.rmdir)
+    finally:
+        for folder in stack:
+            if folder.fd is not None:
+                os.close(folder.fd)
+    _retry_chmod(lambda: os.rmdir(path), lambda: _chmod_folder(os.path.dirname(path) or "."))
 
-    shutil.rmtree(path, onerror=retry)
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_OPEN_FOLDERS = 32
+"""remove_tree's bound on open folder descriptors (well below the usual limit of 1024 a process)."""
 
 
-def _raise(_fn, _path, exc_info) -> None:
-    raise exc_info[1]
+class _Folder:
+    """One open folder of remove_tree's walk: its descriptor (None while closed to bound the open ones), its name
+    in its parent (the top: its path), the subfolders still to remove, and its (st_dev, st_ino) once closed."""
+
+    __slots__ = ("fd", "name", "dirs", "ident", "chmodded")
+
+    def __init__(self, fd: int, name: str) -> None:
+        self.fd: int | None = fd
+        self.name = name
+        self.dirs: list[str] = []
+        self.ident: tuple[int, int] | None = None
+        self.chmodded = False
+
+
+def _empty_files(stack: list[_Folder]) -> None:
+    """Unlink everything in the innermost folder of `stack` that is not a folder; note its subfolders."""
+    folder = stack[-1]
+    with os.scandir(folder.fd) as it:
+        entries = list(it)  # listed first, as shutil.rmtree does: unlinking while reading a folder may skip entries
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            folder.dirs.append(entry.name)
+            continue
+        try:
+            os.unlink(entry.name, dir_fd=folder.fd)
+        except IsADirectoryError:  # a folder that took its place meanwhile
+            folder.dirs.append(entry.name)
+        except OSError as exc:
+            _remove_again(stack, entry.name, os.unlink, exc)
+
+
+def _descend(stack: list[_Folder], name: str) -> None:
+    """Open subfolder `name` of the innermost folder, push it and unlink its files; a link or file found in its
+    place meanwhile is unlinked instead, never entered."""
+    parent = stack[-1]
+
+    def chmod() -> None:  # a folder without read or search permission (mode 0000, 0300) cannot be opened
+        st = os.stat(name, dir_fd=parent.fd, follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            os.chmod(name, st.st_mode | _OWNER_RWX, dir_fd=parent.fd)
+
+    try:
+        fd = _retry_chmod(lambda: os.open(name, _DIR_FLAGS, dir_fd=parent.fd), chmod)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise _named(exc, stack, name) from None
+        try:
+            os.unlink(name, dir_fd=parent.fd)
+        except OSError as again:
+            _remove_again(stack, name, os.unlink, again)
+        return
+    stack.append(_Folder(fd, name))
+    if len(stack) > _OPEN_FOLDERS:  # close the farthest open parent; _reopen opens it again on the way back
+        far = stack[-1 - _OPEN_FOLDERS]
+        if far.fd is not None:
+            st = os.fstat(far.fd)
+            far.ident = (st.st_dev, st.st_ino)
+            os.close(far.fd)
+            far.fd = None
+    _empty_files(stack)
+
+
+def _reopen(stack: list[_Folder], child: _Folder) -> None:
+    """Reopen the innermost folder of `stack` (closed) through its open `child`'s `..`, refusing a different folder
+    (one moved meanwhile)."""
+    parent = stack[-1]
+    fd = os.open("..", _DIR_FLAGS, dir_fd=child.fd)
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != parent.ident:
+        os.close(fd)
+        raise OSError(errno.ESTALE, "the folder was moved while it was being removed", _where(stack, child.name))
+    parent.fd = fd
+
+
+def _remove_entry(stack: list[_Folder], name: str, remove) -> None:
+    """`remove(name)` (os.unlink or os.rmdir) in the innermost folder of `stack`; see _remove_again."""
+    try:
+        remove(name, dir_fd=stack[-1].fd)
+    except OSError as exc:
+        _remove_again(stack, name, remove, exc)
+
+
+def _remove_again(stack: list[_Folder], name: str, remove, exc: OSError) -> None:
+    """After `remove(name)` failed with `exc`: absent is fine; a permission error is retried once after giving the
+    innermost folder of `stack` write permission; OSError naming the entry's path otherwise."""
+    if isinstance(exc, FileNotFoundError):
+        return
+    if isinstance(exc, PermissionError):
+        folder = stack[-1]
+        try:
+            _ensure_writable(folder)
+        except OSError:
+            pass  # not this user's folder: the retry below fails as the first try did, and that error is raised
+        try:
+            remove(name, dir_fd=folder.fd)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as again:
+            exc = again
+    raise _named(exc, stack, name) from None
+
+
+_OWNER_RWX = stat.S_IRUSR | stat.S_IWUSR | stat.S_IXUSR
+
+
+def _ensure_writable(folder: _Folder) -> None:
+    """Give open `folder` read, write and search permission for its owner (once: a second failure is final)."""
+    if not folder.chmodded:
+        folder.chmodded = True
+        os.fchmod(folder.fd, os.fstat(folder.fd).st_mode | _OWNER_RWX)
+
+
+def _chmod_folder(path: str) -> None:
+    """Give folder `path` read, write and search permission for its owner; a link there is left alone."""
+    st = os.lstat(path)
+    if stat.S_ISDIR(st.st_mode):
+        os.chmod(path, st.st_mode | _OWNER_RWX)
+
+
+def _retry_chmod(op, chmod):
+    """`op()`, and when it fails with a permission error, `chmod()` (its errors ignored) and `op()` once more."""
+    try:
+        return op()
+    except PermissionError:
+        pass
+    try:
+        chmod()
+    except OSError:
+        pass
+    return op()  # outside the `except`: its error is the one shown, without the first one as its context
+
+
+def _where(stack: list[_Folder], name: str) -> str:
+    """The path of entry `name` in the innermost folder of `stack` (for an error message)."""
+    return os.path.join(*(f.name for f in stack), name)
+
+
+def _named(exc: OSError, stack: list[_Folder], name: str) -> OSError:
+    """`exc` naming the full path of `name` (the OS named it relative to its folder's descriptor, or not at all)."""
+    exc.filename = _where(stack, name)
+    exc.filename2 = None
+    return exc

@@ -43,6 +43,8 @@ ATTACKS = {
     ),
     "newline in a name": ([member("pkg/evil\nname.py", data=b"x")], "pkg/evil\nname.py", "a control character"),
     "escape and CR in a name": ([member("\x1b[31mred\r.py", data=b"x")], "\x1b[31mred\r.py", "a control character"),
+    "C1 NEL in a name": ([member("pkg/evil\x85name.py", data=b"x")], "pkg/evil\x85name.py", "a control character"),
+    "C1 CSI in link text": ([member("lnk", "symlink", linkname="pkg/\x9b31ma.py")], "lnk", "a control character"),
     "control character in link text": (
         [member("lnk", "symlink", linkname="pkg/a\x1b]0;x\x07.py")],
         "lnk",
@@ -241,4 +243,19 @@ def test_control_characters_in_member_names_stay_escaped_on_one_line(tmp_path):
     assert "member 'pkg/evil\\nname.py' has a control character" in lines[0]
     assert "member '\\x1b[31mred\\r.py' has a control character" in lines[0]
     assert "\x1b" not in done.stderr and "\r" not in done.stderr
+    assert not (bundle / "source" / "app").exists()
+
+
+def test_c1_control_characters_in_member_names_are_refused_like_a_newline(tmp_path):
+    """U+0085 (NEL) is a line break to some readers and U+009B (CSI) starts an escape sequence on some terminals:
+    refused as a newline is (exit 6), and printed escaped."""
+    members = [member("pkg/evil\x85name.py", data=b"x"), member("\x9b31mred.py", data=b"y")]
+    bundle = forge_bundle(tmp_path / "bundle", [("source/app.tar.zst", "source/app", "source", OK + members)])
+    done = run_cli("restore", bundle)
+    assert done.returncode == 6, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2 and lines[1].startswith("hint: ")
+    assert "member 'pkg/evil\\x85name.py' has a control character" in lines[0]
+    assert "member '\\x9b31mred.py' has a control character" in lines[0]
+    assert "\x85" not in done.stderr and "\x9b" not in done.stderr
     assert not (bundle / "source" / "app").exists()

@@ -86,6 +86,8 @@ def _write(tmp_path, mutate) -> None:
         (lambda d: d["layers"][0].update(build_prefix="/"), "layers[0].build_prefix", "'/' is the root folder"),
         (lambda d: d["layers"][0].update(build_prefix="/o\nb"), "layers[0].build_prefix", "'/o\\nb' holds a control"),
         (lambda d: d["layers"][0].update(build_prefix="/o\x1b["), "layers[0].build_prefix", "holds a control char"),
+        (lambda d: d["layers"][0].update(build_prefix="/o\x9b"), "layers[0].build_prefix", "'/o\\x9b' holds a control"),
+        (lambda d: d["files"][1].update(path="a/\x85b"), "files[1].path", "path 'a/\\x85b' holds a control char"),
         (lambda d: d["layers"][0].update(members=-1), "layers[0].members", "non-negative integer"),
         (
             lambda d: d["layers"][0]["prefix_files"][0].update(mode="magic"),

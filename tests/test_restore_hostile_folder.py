@@ -461,6 +461,8 @@ def test_a_manifest_listing_a_file_and_a_file_below_it_is_invalid_input(bundle):
         ("/".join(["d" * 200] * 21), "longer than filesystems allow"),
         ("weights/x\nerror: forged line", "holds a control character"),
         ("weights/\x1b[31mred", "holds a control character"),
+        ("weights/x\x85error: forged line", "holds a control character"),  # C1 NEL
+        ("weights/\x9b31mred", "holds a control character"),  # C1 CSI
     ],
 )
 def test_manifest_paths_no_filesystem_takes_are_invalid_input(bundle, rel, needle):
@@ -542,7 +544,7 @@ def test_a_new_source_archive_over_new_local_files_needs_refresh_source(bundle):
     assert report.overwritten == {"source/project": ["recap/mine.py"]}
 
 
-@pytest.mark.parametrize("dirname", ["with\nnewline", "with\ttab"], ids=["newline", "tab"])
+@pytest.mark.parametrize("dirname", ["with\nnewline", "with\ttab", "with\x85nel"], ids=["newline", "tab", "c1-nel"])
 def test_a_bundle_path_with_a_control_character_is_refused_before_relocating_naming_the_path(tmp_path, dirname):
     # audit48 F7: the relocator refused it after extracting, as "new prefix ... must be an absolute path other than
     # '/'" with a hint to "pass the folder the tree lives at"; now the reason and the fix (move the bundle), unwritten

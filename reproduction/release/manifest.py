@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -127,10 +128,16 @@ def _foreign(data: dict[str, Any], where: str, path: Path | None) -> dict[str, t
     }
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+"""C0 (below 32), DEL and C1 (U+0080..U+009F: NEL is a line break to some readers, CSI starts an escape sequence
+on some terminals)."""
+
+
 def has_control(text: str) -> bool:
-    """True when `text` holds a control character (below 32, or DEL): refused in bundle paths, build prefixes,
-    archive members and the bundle's own path when relocating (a newline splits every listing, error and shebang)."""
-    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+    """True when `text` holds a control character (C0, DEL or C1): refused in bundle paths, build prefixes, archive
+    members and the bundle's own path when relocating (a newline splits every listing, error and shebang). Every
+    message that names such a text prints its repr, which escapes all of them."""
+    return _CONTROL.search(text) is not None
 
 
 def check_relative_path(rel: str, *, where: str, path: Path | None = None) -> str:
