@@ -63,7 +63,7 @@ from reproduction.run.stage_keys import (
     recorded_key_still_matches,
     weight_files,
 )
-from reproduction.run.stage_outputs import collect_outputs, outputs_digest, verify_outputs
+from reproduction.run.stage_outputs import EvidenceWatch, collect_outputs, outputs_digest, verify_outputs
 from reproduction.train.ray_connect import RunRay
 
 RUN_JSON = "run.json"
@@ -649,6 +649,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         ray=walk.ray.address if walk.ray is not None else None,
         digests=walk.digests,
     )
+    watch = EvidenceWatch.watch(run_dir, state, spec.name)  # other stages' evidence files, stat'ed before the call
     t0 = time.perf_counter()
     try:
         output = call_stage(spec, ctx, recipe=walk.recipe.name)
@@ -656,6 +657,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         if not outputs:
             raise CheckpointError(f"stage {spec.name} wrote no outputs into {stage_dir}", path=stage_dir)
         _refuse_others_files(state, run_dir, spec, outputs)
+        watch.refuse_changed(spec, stage_dir, outputs, walk.digests)  # ... and those it rewrote without returning
         seconds = time.perf_counter() - t0
         ended = time.time()
         if _take_over(state, run_dir, spec.name, outputs) & set(spec.needs):  # its upstream records changed

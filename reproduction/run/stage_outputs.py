@@ -1,13 +1,16 @@
 """A stage's recorded outputs: {path relative to its folder: [size, mtime_ns, sha256]} as run.json keeps them, how
 they are collected when the stage returns (held to the stage protocol: files in its folder or the run's evidence/),
-checked on --resume, and digested for the stages downstream (their keys' `upstream` part).
+checked on --resume, digested for the stages downstream (their keys' `upstream` part), and the other stages' files in
+evidence/ watched while a stage runs (`EvidenceWatch`).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from reproduction.digest_cache import DigestCache
 from reproduction.errors import StageProtocolError
@@ -77,3 +80,66 @@ def verify_outputs(stage_dir: Path, recorded: dict[str, list], digests: DigestCa
 
 def outputs_digest(recorded: dict[str, list]) -> str:
     return digest({rel: v[2] for rel, v in recorded.items()})
+
+
+@dataclass(slots=True)
+class EvidenceWatch:
+    """The files other stages recorded in the run's shared evidence/, stat'ed before a stage runs (`watch`) and
+    again after it returns (`refuse_changed`): a stage that rewrote or removed one without returning it left that
+    stage's record naming bytes no longer there, exit 0. Only those files are stat'ed (none in a one-stage run),
+    no folder is listed, and a file is hashed only when its size is unchanged but its mtime_ns moved."""
+
+    run_dir: Path
+    """The run's folder."""
+    files: dict[str, tuple[str, str, tuple[int, int] | None]] = field(default_factory=dict)
+    """Path -> (owning stage, path relative to the run, (size, mtime_ns) before the stage ran or None if absent)."""
+    recorded_sha: dict[str, str] = field(default_factory=dict)
+    """Path -> the sha256 its owner recorded (a rewrite with the same bytes is no change)."""
+
+    @classmethod
+    def watch(cls, run_dir: Path, state: dict[str, Any], stage: str) -> EvidenceWatch:
+        """Stat the files of evidence/ that stages other than `stage` recorded as their outputs."""
+        watch = cls(run_dir)
+        evidence = os.path.normpath(run_dir / "evidence")
+        for name, rec in state["stages"].items():
+            if name == stage or not isinstance(rec, dict) or not isinstance(rec.get("outputs"), dict):
+                continue
+            for rel, entry in rec["outputs"].items():
+                path = os.path.normpath(run_dir / name / rel)
+                if os.path.dirname(path) == evidence and path not in watch.files:
+                    watch.files[path] = (name, os.path.relpath(path, run_dir), _stat(path))
+                    if isinstance(entry, list) and len(entry) == 3:
+                        watch.recorded_sha[path] = entry[2]
+        return watch
+
+    def refuse_changed(
+        self, spec: StageSpec, stage_dir: Path, outputs: dict[str, list], digests: DigestCache | None = None
+    ) -> None:
+        """StageProtocolError (exit 54, the stage then recorded `failed` like one returning another stage's file)
+        naming the first watched file that `spec`'s stage rewrote or removed without returning it (a returned one
+        was refused or taken over already). Nothing is mutated."""
+        if not self.files:
+            return
+        mine = {os.path.normpath(stage_dir / rel) for rel in outputs}
+        for path, (owner, shown, before) in self.files.items():
+            now = _stat(path)
+            if now == before or path in mine:
+                continue
+            if now is not None and before is not None and now[0] == before[0]:  # same size, mtime moved: same bytes?
+                if (digests or DigestCache()).file(Path(path)) == self.recorded_sha.get(path):
+                    continue
+            done = "removed" if now is None else "overwrote"
+            raise StageProtocolError(
+                f"stage {spec.name} ({spec.fn}) {done} {shown}, which is stage {owner}'s output, without returning it",
+                stage=spec.name,
+                hint=f"write the stage's evidence under a name of its own (e.g. with the stage's name in it); "
+                f"--restart-stage {owner} then writes {owner}'s file again",
+            )
+
+
+def _stat(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns

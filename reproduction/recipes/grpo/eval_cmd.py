@@ -60,6 +60,7 @@ def _resolve_checkpoint(
     """({label: (export folder, step)}, evidence name) of --checkpoint STEP (the run's rl export at that step, its
     sft export as the baseline) or PATH (one export, its step from its train_config.json)."""
     from reproduction.errors import CheckpointError, InputNotFoundError
+    from reproduction.recipes.grpo.stages import export_step, sft_step
 
     if text.isdigit():
         step = int(text)
@@ -82,7 +83,7 @@ def _resolve_checkpoint(
         exports: dict[str, tuple[Path, int | None]] = {"grpo": (run_dir / "rl" / "export", step)}
         sft = stages.get("sft", {})
         if sft.get("status") == "complete" and (run_dir / "sft" / "export" / "policy.json").is_file():
-            exports["sft"] = (run_dir / "sft" / "export", sft.get("step"))
+            exports["sft"] = (run_dir / "sft" / "export", sft_step(sft.get("step"), run_dir / "sft" / "export"))
         return exports, "checkpoint"
     path = Path(text)
     if not (path / "policy.json").is_file():
@@ -93,7 +94,7 @@ def _resolve_checkpoint(
         )
     meta = json.loads((path / "policy.json").read_text(encoding="utf-8"))
     key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
-    return {_label(path, meta): (path, _export_step(path))}, f"checkpoint_{key}"
+    return {_label(path, meta): (path, export_step(path))}, f"checkpoint_{key}"
 
 
 def _label(path: Path, meta: dict[str, Any]) -> str:
@@ -121,13 +122,3 @@ def _label(path: Path, meta: dict[str, Any]) -> str:
         field="--checkpoint",
         hint=hint,
     )
-
-
-def _export_step(path: Path) -> int | None:
-    """The step an export was written at: its training's max_steps (train_config.json; an export is written once
-    training reached it); None when unreadable."""
-    try:
-        steps = json.loads((Path(path) / "train_config.json").read_text(encoding="utf-8")).get("max_steps")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return steps if isinstance(steps, int) else None

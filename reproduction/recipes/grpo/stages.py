@@ -67,8 +67,10 @@ def sft_stage(ctx: StageContext) -> StageOutput:
         shutil.rmtree(export, ignore_errors=True)
         staging.rename(export)
         files = sorted(p for p in export.rglob("*") if p.is_file())
-        # step None: nothing was trained, so a raised sft.train.max_steps does not make --resume train on from it
-        return StageOutput(files=files, summary={"pinned": str(cfg.export)}, step=None)
+        # step None: nothing was trained, so a raised sft.train.max_steps does not make --resume train on from it;
+        # the step the pinned export was trained to goes in the summary (and eval's baseline: `sft_step`)
+        summary = {"pinned": str(cfg.export), "step": export_step(export)}
+        return StageOutput(files=files, summary=summary, step=None)
     from dataclasses import replace
 
     from reproduction.recap.policy.data import PolicySource, open_policy_input
@@ -99,6 +101,23 @@ def sft_stage(ctx: StageContext) -> StageOutput:
         world_size=train.world_size,
         device=train.device,
     )
+
+
+def export_step(path: Path) -> int | None:
+    """The step an export was written at: its training's max_steps (train_config.json; an export is written once
+    training reached it); None when unreadable (no train_config.json, or no integer max_steps in it)."""
+    try:
+        steps = json.loads((Path(path) / "train_config.json").read_text(encoding="utf-8")).get("max_steps")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+
+
+def sft_step(recorded: Any, export: Path) -> int | None:
+    """The SFT policy's step as evidence names it: the sft record's `step` when the stage trained it (BC), else
+    its `export`'s (`export_step`: a pinned sft.export copied as is records no step, run/stage_decide.trains_on).
+    None only when neither says: a pinned export without a train_config.json holding an integer max_steps."""
+    return recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else export_step(export)
 
 
 # -- rl -------------------------------------------------------------------------------------------
@@ -138,7 +157,7 @@ def eval_stage(ctx: StageContext) -> StageOutput:
     """The SFT and the GRPO policy on the same held-out episodes -> evidence/eval_grpo_<step>.json."""
     exports = {
         "grpo": (ctx.run_dir / "rl" / "export", ctx.upstream["rl"].step),
-        "sft": (ctx.run_dir / "sft" / "export", ctx.upstream["sft"].step),
+        "sft": (ctx.run_dir / "sft" / "export", sft_step(ctx.upstream["sft"].step, ctx.run_dir / "sft" / "export")),
     }
     return evaluate_exports(ctx.config, exports, ctx.out_dir, ctx.run_dir, ui=ctx.ui)
 
