@@ -30,6 +30,20 @@ preflight's second config conversion 0.2 ms. The fsync keeps a power loss from t
 completed stages; the goal at this stage size (<= 3 ms of a ~60 ms stage) is not met on this machine without giving
 that up.
 
+Where the rest goes (2026-12-06, quiet): the disk. On this machine an atomic write with fsync before the rename
+took a median 1.7-1.9 ms in a loop of such writes (rename then fsync 0.45-1.07 ms, no fsync 0.07-0.15 ms; a 5 KB
+file, a loop of temp, write, fsync, rename), and inside the runner the `complete` write, fsync first, took 1.65 ms of its ~4 ms
+(1.02 ms when its fsync came after the rename; timestamps between run_recipe's statements, 80 runs). The stage
+itself fsyncs its stats.json. A branch that cut the runner's Python work per run by ~10% of its instructions
+(callgrind: 15.0 -> 13.6 million over direct per run; run.json encoded by the C encoder a part at a time, the
+`running` record's fsync in a thread beside the stage, config walks and realpath memoised) moved the median
+runner-minus-direct difference from 4.03 / 4.81 ms to 3.78 / 4.09 ms (300 alternated pairs each, twice): within
+the noise, since a journal commit in a thread delays the stage's own fsync behind it. It was not kept. The goal
+(<= 3 ms at this stage size) is not met on this disk without writing run.json's records less durably.
+
+ROUNDS was 15 until 2026-12-06: three runs of the same code then printed 1.02, 1.15 and 1.10; with 40 rounds
+1.07, 1.09, 1.07 (one fsync-heavy side's best of few rounds is luck).
+
 The runner side runs without lineage (no recorder) and without the recipe's report (Recipe.report set to None), as
 the runner's own cost; a third side, `runner + report`, adds the report `portable run` writes after the stages
 (report.html through Jinja, an atomic write with fsync), printed on its own line before the ratio.
@@ -51,7 +65,7 @@ import numpy as np  # noqa: E402
 from _timing import REPEAT, alternate, best, machine_note  # noqa: E402
 
 FRAMES, EPISODES = 1_000_000, 5_000
-ROUNDS = max(REPEAT, 15)
+ROUNDS = max(REPEAT, 40)
 
 
 def make_dataset(root: Path) -> Path:
