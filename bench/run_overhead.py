@@ -30,10 +30,10 @@ preflight's second config conversion 0.2 ms. The fsync keeps a power loss from t
 completed stages; the goal at this stage size (<= 3 ms of a ~60 ms stage) is not met on this machine without giving
 that up.
 
-Where the rest goes (2026-12-06, quiet): the disk. On this machine an atomic write with fsync before the rename
-took a median 1.7-1.9 ms in a loop of such writes (rename then fsync 0.45-1.07 ms, no fsync 0.07-0.15 ms; a 5 KB
-file, a loop of temp, write, fsync, rename), and inside the runner the `complete` write, fsync first, took 1.65 ms of its ~4 ms
-(1.02 ms when its fsync came after the rename; timestamps between run_recipe's statements, 80 runs). The stage
+Where the rest goes (2026-12-06, quiet): the disk. On this machine an atomic write of 5 KB with fsync before the
+rename took a median 1.7-1.9 ms in a loop of such writes (rename then fsync 0.45-1.07 ms, no fsync 0.07-0.15 ms),
+and inside the runner the `complete` write, fsync first, took 1.65 ms of its ~4 ms (1.02 ms when its fsync came
+after the rename; timestamps between run_recipe's statements, 80 runs). The stage
 itself fsyncs its stats.json. A branch that cut the runner's Python work per run by ~10% of its instructions
 (callgrind: 15.0 -> 13.6 million over direct per run; run.json encoded by the C encoder a part at a time, the
 `running` record's fsync in a thread beside the stage, config walks and realpath memoised) moved the median

@@ -49,8 +49,9 @@ def _as_target(exc: OSError, path: Path, tmp: str | None) -> OSError:
     """`exc` naming the file being written (`path`) where the OS named the temp file beside it (mkstemp's try, the
     rename): the temp name is this module's detail, and the user looks for the file they asked for."""
     if exc.filename is None or tmp is None or str(exc.filename) == tmp or TEMP_SUFFIX in str(exc.filename):
+        if exc.filename2 is not None:  # a rename's error names both; a second name cannot be unset (None prints)
+            return type(exc)(exc.errno, exc.strerror, str(path))
         exc.filename = str(path)
-        exc.filename2 = None
     return exc
 
 
@@ -361,6 +362,7 @@ def _descend(stack: list[_Folder], name: str) -> None:
     parent = stack[-1]
 
     def chmod() -> None:  # a folder without read or search permission (mode 0000, 0300) cannot be opened
+        _ensure_writable(parent)  # and its parent may lack search permission to even stat it (mode 0400, 0600)
         st = os.stat(name, dir_fd=parent.fd, follow_symlinks=False)
         if stat.S_ISDIR(st.st_mode):
             os.chmod(name, st.st_mode | _OWNER_RWX, dir_fd=parent.fd)
@@ -466,6 +468,5 @@ def _where(stack: list[_Folder], name: str) -> str:
 
 def _named(exc: OSError, stack: list[_Folder], name: str) -> OSError:
     """`exc` naming the full path of `name` (the OS named it relative to its folder's descriptor, or not at all)."""
-    exc.filename = _where(stack, name)
-    exc.filename2 = None
+    exc.filename = _where(stack, name)  # fd-relative calls name one file: no second name to clear
     return exc

@@ -127,3 +127,32 @@ def test_a_zombie_writer_is_gone_and_its_temp_removed(tmp_path):
         child.kill()
         child.wait()
     assert not _alive(child.pid)
+
+
+def test_errors_name_one_file_and_print_no_second_name(tmp_path, monkeypatch):
+    """A rename's OSError names the temp and the target; the error atomic_write_bytes raises names the target alone,
+    and remove_tree's names the entry: neither prints ' -> None' (a second name set to None does)."""
+    import errno
+
+    from reproduction.fsio import atomic_write_bytes, remove_tree
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device", src, dst)
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", full)
+        with pytest.raises(OSError) as err:
+            atomic_write_bytes(tmp_path / "f.json", b"{}")
+    target = str(tmp_path / "f.json")
+    assert str(err.value) == f"[Errno 28] No space left on device: {target!r}" and err.value.errno == errno.ENOSPC
+    assert getattr(err.value, "need_bytes", None) == 2
+    (tmp_path / "t" / "d").mkdir(parents=True)
+    (tmp_path / "t" / "d" / "busy").write_text("x")
+
+    def busy(name, *, dir_fd=None):
+        raise OSError(errno.EBUSY, "Device or resource busy", name)
+
+    monkeypatch.setattr(os, "unlink", busy)
+    with pytest.raises(OSError) as err:
+        remove_tree(tmp_path / "t")
+    assert str(err.value) == f"[Errno 16] Device or resource busy: {str(tmp_path / 't' / 'd' / 'busy')!r}"

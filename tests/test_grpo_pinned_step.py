@@ -86,3 +86,26 @@ def test_a_pinned_sft_export_without_a_step_records_null(tmp_path, monkeypatch, 
     rec = read_state(run)["stages"]["sft"]
     assert rec["step"] is None and rec["summary"]["step"] is None
     assert _eval_baseline(run, monkeypatch) == (run / "sft" / "export", None)
+
+
+@pytest.mark.parametrize(
+    ("policy", "train", "step"),
+    [
+        ({"step": 12}, {"max_steps": 40}, 12),  # policy.json's own step first (RECAP's exports carry one)
+        ({}, {"max_steps": 40}, 40),
+        ({"step": True}, {"max_steps": True}, None),  # a bool is no step, in either file
+        ({"step": "7"}, None, None),
+        (None, {"max_steps": 9}, 9),  # no policy.json to read
+    ],
+)
+def test_one_export_step_for_both_recipes(tmp_path, policy, train, step):
+    """audit49 review F4: RECAP's and GRPO's eval each had an export_step, one preferring policy.json's step and
+    taking a bool for a step, the other neither: the same export got two steps."""
+    from reproduction.recap.policy.export import export_step
+
+    if policy is not None:
+        (tmp_path / "policy.json").write_text(json.dumps(policy))
+    if train is not None:
+        (tmp_path / "train_config.json").write_text(json.dumps(train))
+    assert export_step(tmp_path) == step
+    assert export_step(tmp_path, policy or {}) == step

@@ -175,6 +175,11 @@ def test_remove_tree_removes_read_only_folders_and_never_follows_links(tmp_path)
     os.symlink(keep, root / "ro" / "link")
     os.chmod(root / "ro" / "deeper", 0o555)
     os.chmod(root / "ro", 0o555)
+    for mode in (0o400, 0o600, 0o000):  # listable but not searchable (audit49 review F3), and neither
+        folder = root / f"m{mode:o}"
+        (folder / "sub").mkdir(parents=True)
+        (folder / "sub" / "f").write_text("z")
+        os.chmod(folder, mode)
     cmd = [os.sys.executable, "-c", _REMOVE, str(root)]
     if os.geteuid() == 0:  # root ignores folder permissions: run as nobody, who owns the tree
         if not shutil.which("setpriv"):

@@ -97,3 +97,85 @@ def test_a_stage_adding_its_own_evidence_file_beside_another_stages_runs(tmp_pat
     assert verify_outputs(run / "first", stages["first"]["outputs"]) == []
     resumed = run_recipe(recipe(), Cfg(mode=mode), run, RunOptions(resume=True))
     assert [s.action for s in resumed.stages] == ["skipped", "skipped"]
+
+
+def both_evals(ctx: StageContext) -> StageOutput:
+    """Two stages' evidence files, for a stage after them to clobber both."""
+    evidence = ctx.run_dir / "evidence"
+    evidence.mkdir(exist_ok=True)
+    for name in ("eval_a.json", "eval_b.json"):
+        (evidence / name).write_text(json.dumps({"by": name}))
+    return StageOutput(files=[evidence / "eval_a.json", evidence / "eval_b.json"])
+
+
+def clobber_both(ctx: StageContext) -> StageOutput:
+    evidence = ctx.run_dir / "evidence"
+    (evidence / "eval_a.json").write_text("{}")
+    (evidence / "eval_b.json").unlink()
+    (ctx.out_dir / "done.txt").write_text("x")
+    return StageOutput(files=[ctx.out_dir / "done.txt"])
+
+
+def test_every_clobbered_file_is_named_in_one_error(tmp_path):
+    first = StageSpec(name="first", fn=f"{__name__}:both_evals", inputs=False)
+    second = StageSpec(name="second", fn=f"{__name__}:clobber_both", needs=("first",), inputs=False)
+    with pytest.raises(StageProtocolError) as err:
+        run_recipe(Recipe(name="toy_two", stages=(first, second)), Cfg(), tmp_path / "run")
+    assert str(err.value) == (
+        f"stage second ({__name__}:clobber_both) overwrote evidence/eval_a.json, which is stage first's output; "
+        "removed evidence/eval_b.json, which is stage first's output, without returning them"
+    )
+    assert err.value.hint.endswith("--restart-stage first then writes first's file again")
+
+
+# -- the comparison an older run's eval stage recorded (TAKEN_OVER) ----------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True)
+class RefCfg:
+    reference: str = ""
+
+
+def old_eval(ctx: StageContext) -> StageOutput:
+    """Eval as it was before compare became a stage: its evidence and, with a reference, the comparison."""
+    evidence = ctx.run_dir / "evidence"
+    evidence.mkdir(exist_ok=True)
+    (evidence / "eval_policy_4.json").write_text("{}")
+    (evidence / "comparison.json").write_text('{"verdict": "reproduced"}')
+    return StageOutput(files=[evidence / "eval_policy_4.json", evidence / "comparison.json"])
+
+
+def compare(ctx: StageContext) -> StageOutput:
+    """As the built-in compare stages do: the comparison with a reference, none (the stale one removed) without."""
+    comparison = ctx.run_dir / "evidence" / "comparison.json"
+    record = ctx.out_dir / "compare.json"
+    if ctx.config.reference:
+        comparison.write_text('{"verdict": "differs"}')
+        record.write_text("{}")
+        return StageOutput(files=[record, comparison])
+    comparison.unlink(missing_ok=True)
+    record.write_text('{"verdict": null}')
+    return StageOutput(files=[record])
+
+
+@pytest.mark.parametrize("reference", ["", "ref.json"])
+def test_compare_takes_over_the_comparison_an_older_run_recorded_as_evals(tmp_path, reference):
+    """audit49 review F1: with no reference the compare stage removes the comparison eval recorded in a run made
+    before compare was a stage; that was refused (exit 54, naming a hint no one could follow), and before the
+    watch the next --resume was exit 52 (eval's outputs changed). Now it is taken over like a returned one."""
+    run = tmp_path / "run"
+    old = StageSpec(name="eval", fn=f"{__name__}:old_eval", inputs=False)
+    run_recipe(Recipe(name="toy_cmp", stages=(old,)), RefCfg(reference=reference), run)
+    ev = StageSpec(name="eval", fn=f"{__name__}:old_eval", inputs=False)  # skipped on resume: its key is unchanged
+    cmp_stage = StageSpec(
+        name="compare", fn=f"{__name__}:compare", needs=("eval",), config=("reference",), inputs=False
+    )
+    today = Recipe(name="toy_cmp", stages=(ev, cmp_stage))
+    report = run_recipe(today, RefCfg(reference=reference), run, RunOptions(resume=True))
+    assert [(s.name, s.action) for s in report.stages] == [("eval", "skipped"), ("compare", "ran")]
+    stages = _stages(run)
+    assert list(stages["eval"]["outputs"]) == ["../evidence/eval_policy_4.json"]  # the comparison is no longer eval's
+    assert ("../evidence/comparison.json" in stages["compare"]["outputs"]) == bool(reference)
+    assert (run / "evidence" / "comparison.json").exists() == bool(reference)
+    again = run_recipe(today, RefCfg(reference=reference), run, RunOptions(resume=True))
+    assert [s.action for s in again.stages] == ["skipped", "skipped"]

@@ -63,7 +63,15 @@ from reproduction.run.stage_keys import (
     recorded_key_still_matches,
     weight_files,
 )
-from reproduction.run.stage_outputs import EvidenceWatch, collect_outputs, outputs_digest, verify_outputs
+from reproduction.run.stage_outputs import (
+    EvidenceWatch,
+    collect_outputs,
+    others_outputs,
+    outputs_digest,
+    refuse_others_files,
+    take_over,
+    verify_outputs,
+)
 from reproduction.train.ray_connect import RunRay
 
 RUN_JSON = "run.json"
@@ -570,12 +578,7 @@ def _remove_recorded_elsewhere(run_dir: Path, state: dict[str, Any], stage: str,
     if not rec or not isinstance(rec.get("outputs"), dict):
         return
     evidence = os.path.normpath(run_dir / "evidence")
-    others = {
-        os.path.normpath(run_dir / name / rel)
-        for name, other in state["stages"].items()
-        if name != stage and isinstance(other, dict) and isinstance(other.get("outputs"), dict)
-        for rel in other["outputs"]
-    }
+    others = others_outputs(state, run_dir, stage)
     for rel in rec["outputs"]:
         path = os.path.normpath(run_dir / stage / rel)
         if os.path.dirname(path) != evidence or path in others or os.path.islink(path) or not os.path.isfile(path):
@@ -656,11 +659,11 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         outputs = collect_outputs(spec, stage_dir, output.files, walk.digests)
         if not outputs:
             raise CheckpointError(f"stage {spec.name} wrote no outputs into {stage_dir}", path=stage_dir)
-        _refuse_others_files(state, run_dir, spec, outputs)
-        watch.refuse_changed(spec, stage_dir, outputs, walk.digests)  # ... and those it rewrote without returning
+        refuse_others_files(state, run_dir, spec, outputs)
+        taken = watch.refuse_changed(spec, stage_dir, outputs, walk.digests)  # ... and those it changed unreturned
         seconds = time.perf_counter() - t0
         ended = time.time()
-        if _take_over(state, run_dir, spec.name, outputs) & set(spec.needs):  # its upstream records changed
+        if take_over(state, run_dir, spec.name, outputs, taken) & set(spec.needs):  # its upstream records changed
             upstream_digests = {n: outputs_digest(state["stages"][n]["outputs"]) for n in spec.needs}
             parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests, walk.free, walk.digests)
             key = digest(parts)
@@ -866,47 +869,3 @@ def _record_stop(
         state["stages"][stage]["error"] = f"{type(exc).__name__}: {line}" if line else type(exc).__name__
     with contextlib.suppress(OSError):
         _write_state(run_dir, state)
-
-
-TAKEN_OVER = ("evidence/comparison.json",)
-"""The files (relative to the run) a stage may take over from another stage's record: a run made before the
-comparison became its own stage recorded evidence/comparison.json as eval's (`_take_over`)."""
-
-
-def _refuse_others_files(state: dict[str, Any], run_dir: Path, spec: StageSpec, outputs: dict[str, list]) -> None:
-    """StageProtocolError (exit 54) when an output of this stage is recorded as another stage's (another stage's
-    file in the run's shared evidence/: two eval stages writing the same eval_<name>_<step>.json), except the files
-    of `TAKEN_OVER`: taking it over silently left the other stage complete with its file gone from its record and
-    its lineage statement naming bytes no longer there."""
-    mine = {os.path.normpath(run_dir / spec.name / rel): rel for rel in outputs}
-    allowed = {os.path.normpath(run_dir / rel) for rel in TAKEN_OVER}
-    for name, rec in state["stages"].items():
-        if name == spec.name or not isinstance(rec, dict) or not isinstance(rec.get("outputs"), dict):
-            continue
-        for rel in rec["outputs"]:
-            path = os.path.normpath(run_dir / name / rel)
-            if path in mine and path not in allowed:
-                shown = os.path.relpath(path, run_dir)
-                raise StageProtocolError(
-                    f"stage {spec.name} ({spec.fn}) returned {shown}, which is stage {name}'s output",
-                    stage=spec.name,
-                    hint=f"give the file a name of its own (e.g. with the stage's name in it); "
-                    f"--restart-stage {name} then writes {name}'s file again",
-                )
-
-
-def _take_over(state: dict[str, Any], run_dir: Path, stage: str, outputs: dict[str, list]) -> set[str]:
-    """A file of `TAKEN_OVER` this stage wrote is its output, no longer another stage's: drop it from the other
-    records (a run made before the comparison became its own stage recorded evidence/comparison.json as eval's; any
-    other file is refused first: `_refuse_others_files`). Returns the stages whose records changed."""
-    allowed = {os.path.normpath(run_dir / rel) for rel in TAKEN_OVER}
-    mine = {os.path.normpath(run_dir / stage / rel) for rel in outputs} & allowed
-    changed = set()
-    for name, rec in state["stages"].items():
-        if name == stage or not isinstance(rec.get("outputs"), dict):
-            continue
-        kept = {rel: v for rel, v in rec["outputs"].items() if os.path.normpath(run_dir / name / rel) not in mine}
-        if len(kept) != len(rec["outputs"]):
-            rec["outputs"] = kept
-            changed.add(name)
-    return changed

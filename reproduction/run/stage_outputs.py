@@ -82,6 +82,65 @@ def outputs_digest(recorded: dict[str, list]) -> str:
     return digest({rel: v[2] for rel, v in recorded.items()})
 
 
+TAKEN_OVER = ("evidence/comparison.json",)
+"""The files (relative to the run) a stage may take over from another stage's record: a run made before the
+comparison became its own stage recorded evidence/comparison.json as eval's; the compare stage now writes it (and
+removes it when no reference is set)."""
+
+
+def others_outputs(state: dict[str, Any], run_dir: Path, stage: str) -> dict[str, tuple[str, str, Any]]:
+    """{normalised absolute path: (owning stage, its path relative to that stage's folder, the recorded entry)} of
+    the outputs every stage but `stage` records in run.json (a record without outputs, or not a dict, has none)."""
+    out: dict[str, tuple[str, str, Any]] = {}
+    for name, rec in state["stages"].items():
+        if name == stage or not isinstance(rec, dict) or not isinstance(rec.get("outputs"), dict):
+            continue
+        for rel, entry in rec["outputs"].items():
+            out.setdefault(os.path.normpath(run_dir / name / rel), (name, rel, entry))
+    return out
+
+
+def refuse_others_files(state: dict[str, Any], run_dir: Path, spec: StageSpec, outputs: dict[str, list]) -> None:
+    """StageProtocolError (exit 54) when an output this stage returned is recorded as another stage's (another
+    stage's file in the run's shared evidence/: two eval stages writing the same eval_<name>_<step>.json), except the
+    files of `TAKEN_OVER`: taking it over silently left the other stage complete with its file gone from its record
+    and its lineage statement naming bytes no longer there."""
+    allowed = {os.path.normpath(run_dir / rel) for rel in TAKEN_OVER}
+    others = others_outputs(state, run_dir, spec.name)
+    for rel in outputs:
+        path = os.path.normpath(run_dir / spec.name / rel)
+        if path in others and path not in allowed:
+            owner = others[path][0]
+            raise StageProtocolError(
+                f"stage {spec.name} ({spec.fn}) returned {os.path.relpath(path, run_dir)}, which is stage {owner}'s "
+                "output",
+                stage=spec.name,
+                hint=f"give the file a name of its own (e.g. with the stage's name in it); "
+                f"--restart-stage {owner} then writes {owner}'s file again",
+            )
+
+
+def take_over(
+    state: dict[str, Any], run_dir: Path, stage: str, outputs: dict[str, list], changed: set[str] = frozenset()
+) -> set[str]:
+    """The files of `TAKEN_OVER` this stage returned, or rewrote or removed (`changed`: EvidenceWatch's), are no
+    longer another stage's: drop them from the other records (any other file was refused first). Returns the stages
+    whose records changed (their outputs' digest is in the keys of the stages downstream)."""
+    allowed = {os.path.normpath(run_dir / rel) for rel in TAKEN_OVER}
+    mine = ({os.path.normpath(run_dir / stage / rel) for rel in outputs} | set(changed)) & allowed
+    if not mine:
+        return set()
+    touched = set()
+    for name, rec in state["stages"].items():
+        if name == stage or not isinstance(rec, dict) or not isinstance(rec.get("outputs"), dict):
+            continue
+        kept = {rel: v for rel, v in rec["outputs"].items() if os.path.normpath(run_dir / name / rel) not in mine}
+        if len(kept) != len(rec["outputs"]):
+            rec["outputs"] = kept
+            touched.add(name)
+    return touched
+
+
 @dataclass(slots=True)
 class EvidenceWatch:
     """The files other stages recorded in the run's shared evidence/, stat'ed before a stage runs (`watch`) and
@@ -101,26 +160,25 @@ class EvidenceWatch:
         """Stat the files of evidence/ that stages other than `stage` recorded as their outputs."""
         watch = cls(run_dir)
         evidence = os.path.normpath(run_dir / "evidence")
-        for name, rec in state["stages"].items():
-            if name == stage or not isinstance(rec, dict) or not isinstance(rec.get("outputs"), dict):
-                continue
-            for rel, entry in rec["outputs"].items():
-                path = os.path.normpath(run_dir / name / rel)
-                if os.path.dirname(path) == evidence and path not in watch.files:
-                    watch.files[path] = (name, os.path.relpath(path, run_dir), _stat(path))
-                    if isinstance(entry, list) and len(entry) == 3:
-                        watch.recorded_sha[path] = entry[2]
+        for path, (owner, _rel, entry) in others_outputs(state, run_dir, stage).items():
+            if os.path.dirname(path) == evidence:
+                watch.files[path] = (owner, os.path.relpath(path, run_dir), _stat(path))
+                if isinstance(entry, list) and len(entry) == 3:
+                    watch.recorded_sha[path] = entry[2]
         return watch
 
     def refuse_changed(
         self, spec: StageSpec, stage_dir: Path, outputs: dict[str, list], digests: DigestCache | None = None
-    ) -> None:
+    ) -> set[str]:
         """StageProtocolError (exit 54, the stage then recorded `failed` like one returning another stage's file)
-        naming the first watched file that `spec`'s stage rewrote or removed without returning it (a returned one
-        was refused or taken over already). Nothing is mutated."""
+        naming every watched file that `spec`'s stage wrote, rewrote or removed without returning it (a returned one
+        was refused or taken over already). Returns the `TAKEN_OVER` files it so changed (the stage takes them
+        over: `take_over`). Nothing is mutated."""
         if not self.files:
-            return
+            return set()
+        allowed = {os.path.normpath(self.run_dir / rel) for rel in TAKEN_OVER}
         mine = {os.path.normpath(stage_dir / rel) for rel in outputs}
+        taken, found = set(), []
         for path, (owner, shown, before) in self.files.items():
             now = _stat(path)
             if now == before or path in mine:
@@ -128,13 +186,21 @@ class EvidenceWatch:
             if now is not None and before is not None and now[0] == before[0]:  # same size, mtime moved: same bytes?
                 if (digests or DigestCache()).file(Path(path)) == self.recorded_sha.get(path):
                     continue
-            done = "removed" if now is None else "overwrote"
+            if path in allowed:
+                taken.add(path)
+                continue
+            done = "removed" if now is None else "wrote" if before is None else "overwrote"
+            found.append((f"{done} {shown}, which is stage {owner}'s output", owner))
+        if found:
+            owners = sorted({owner for _, owner in found})
             raise StageProtocolError(
-                f"stage {spec.name} ({spec.fn}) {done} {shown}, which is stage {owner}'s output, without returning it",
+                f"stage {spec.name} ({spec.fn}) {'; '.join(what for what, _ in found)}, without returning "
+                f"{'it' if len(found) == 1 else 'them'}",
                 stage=spec.name,
-                hint=f"write the stage's evidence under a name of its own (e.g. with the stage's name in it); "
-                f"--restart-stage {owner} then writes {owner}'s file again",
+                hint="write the stage's evidence under a name of its own (e.g. with the stage's name in it); "
+                + "; ".join(f"--restart-stage {owner} then writes {owner}'s file again" for owner in owners),
             )
+        return taken
 
 
 def _stat(path: str) -> tuple[int, int] | None:

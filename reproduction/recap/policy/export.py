@@ -72,6 +72,30 @@ def read_export(export_dir: Path) -> dict[str, Any]:
     return meta
 
 
+def export_step(export_dir: Path | str, meta: dict[str, Any] | None = None) -> int | None:
+    """The step a policy export was written at: policy.json's `step` when it has one (`meta`: policy.json already
+    read, else read here), else its training's `max_steps` (train_config.json: an export is written once training
+    reached it); None when neither holds an integer (a bool is none)."""
+
+    def whole(value: Any) -> int | None:
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    folder = Path(export_dir)
+    if meta is None:
+        try:
+            meta = json.loads((folder / "policy.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            meta = {}
+    step = whole(meta.get("step")) if isinstance(meta, dict) else None
+    if step is not None:
+        return step
+    try:
+        train = json.loads((folder / "train_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return whole(train.get("max_steps")) if isinstance(train, dict) else None
+
+
 def export_image_size(export_dir: Path | str) -> int:
     """The camera resolution an export's model reads (its model_config.json's vision image size): what a simulator
     renders its cameras at, so no frame is resized on the way in."""

@@ -60,7 +60,8 @@ def _resolve_checkpoint(
     """({label: (export folder, step)}, evidence name) of --checkpoint STEP (the run's rl export at that step, its
     sft export as the baseline) or PATH (one export, its step from its train_config.json)."""
     from reproduction.errors import CheckpointError, InputNotFoundError
-    from reproduction.recipes.grpo.stages import export_step, sft_step
+    from reproduction.recap.policy.export import export_step
+    from reproduction.recipes.grpo.stages import sft_step
 
     if text.isdigit():
         step = int(text)

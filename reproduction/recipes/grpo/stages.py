@@ -55,7 +55,7 @@ def _jsonable(obj: Any) -> Any:
 
 def sft_stage(ctx: StageContext) -> StageOutput:
     """BC on sft.datasets with RECAP's policy training (mode bc), or a copy of the pinned sft.export."""
-    from reproduction.recap.policy.export import read_export
+    from reproduction.recap.policy.export import export_step, read_export
 
     cfg = ctx.config.sft
     export = ctx.out_dir / "export"
@@ -103,20 +103,12 @@ def sft_stage(ctx: StageContext) -> StageOutput:
     )
 
 
-def export_step(path: Path) -> int | None:
-    """The step an export was written at: its training's max_steps (train_config.json; an export is written once
-    training reached it); None when unreadable (no train_config.json, or no integer max_steps in it)."""
-    try:
-        steps = json.loads((Path(path) / "train_config.json").read_text(encoding="utf-8")).get("max_steps")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
-
-
 def sft_step(recorded: Any, export: Path) -> int | None:
     """The SFT policy's step as evidence names it: the sft record's `step` when the stage trained it (BC), else
     its `export`'s (`export_step`: a pinned sft.export copied as is records no step, run/stage_decide.trains_on).
     None only when neither says: a pinned export without a train_config.json holding an integer max_steps."""
+    from reproduction.recap.policy.export import export_step
+
     return recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else export_step(export)
 
 

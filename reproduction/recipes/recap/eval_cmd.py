@@ -106,6 +106,8 @@ def _resolve_checkpoint(
             path=path,
             hint="pass a run's policy/<mode>/export folder, or a step number with --output RUN",
         )
+    from reproduction.recap.policy.export import export_step
+
     meta = json.loads((path / "policy.json").read_text(encoding="utf-8"))
     mode = str(meta.get("mode", "recap"))
     refuse_foreign_export(path, meta, mode)
@@ -162,15 +164,3 @@ def own_label(path: Path, mode: str) -> str | None:
     if not isinstance(stages, dict) or stage_dir.name not in stages:
         return None
     return f"{recipe}_{stage_dir.name}" if stage_dir.name in MODES else stage_dir.name
-
-
-def export_step(path: Path, meta: dict[str, Any]) -> int | None:
-    """The step a policy export was written at: policy.json's `step` when it has one, else the step its
-    training ended at (train_config.json's `max_steps`: an export is written once training reached it)."""
-    if isinstance(meta.get("step"), int):
-        return meta["step"]
-    try:
-        steps = json.loads((Path(path) / "train_config.json").read_text(encoding="utf-8")).get("max_steps")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return steps if isinstance(steps, int) else None
