@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(heap._glibc() is None, reason="glibc only (mallo
 REPO = Path(__file__).resolve().parent.parent
 CYCLES, MIB = 12, 64
 PAGES = CYCLES * (MIB << 20) // resource.getpagesize()  # pages a fresh buffer per cycle touches
-BIG = 512 << 20  # larger than any block these tests free, so glibc cannot serve it from its free lists
+BIG = 512 << 20  # at least this, and more than every byte glibc holds free (big_block_is_mapped)
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -45,17 +45,21 @@ class _Mallinfo2(ctypes.Structure):
 
 
 def big_block_is_mapped() -> bool:
-    """Whether glibc serves a fresh BIG block (never touched, so no memory is used) with its own mmap: its
-    mmapped bytes (mallinfo2().hblkhd) grow by BIG while the block lives."""
+    """Whether glibc serves a fresh big block (never touched, so no memory is used) with its own mmap: its
+    mmapped bytes (mallinfo2().hblkhd) grow by the block's size while it lives. The block is larger than all the
+    bytes glibc holds free (fordblks, every arena): glibc's free lists come before its mmap, and a test worker's
+    heap may hold a freed block bigger than BIG from an earlier test (one that freed 700 MiB inside a hold, with
+    small blocks allocated after it, left CI's worker a free chunk that served 512 MiB without a mapping)."""
     libc = ctypes.CDLL(None)
     if not hasattr(libc, "mallinfo2"):  # glibc < 2.33
         pytest.skip("mallinfo2 needs glibc >= 2.33")
     libc.mallinfo2.restype = _Mallinfo2
-    before = libc.mallinfo2().hblkhd
-    block = torch.empty(BIG, dtype=torch.uint8)
-    grown = libc.mallinfo2().hblkhd - before
+    info = libc.mallinfo2()
+    size = max(BIG, info.fordblks + (64 << 20))
+    block = torch.empty(size, dtype=torch.uint8)
+    grown = libc.mallinfo2().hblkhd - info.hblkhd
     del block
-    return grown >= BIG
+    return grown >= size
 
 
 def big_buffer_faults() -> int:
@@ -125,3 +129,29 @@ def test_bad_value_is_a_config_error_naming_the_variable(monkeypatch):
     assert err.value.message == "PORTABLE_HEAP='jemalloc' is not one of hold, system"
     assert err.value.exit_code == 4 and "PORTABLE_HEAP=system" in err.value.hint
     assert heap.choice({"PORTABLE_HEAP": " HOLD "}) == "hold" and heap.choice({}) == "hold"
+
+
+def test_a_big_block_freed_by_an_earlier_test_does_not_hide_the_mapping():
+    """CI's worker ran a test that left a freed block bigger than BIG in its heap, and the checks above then said
+    glibc mapped nothing (order-dependent): a block freed inside a hold, kept from the heap's top by small blocks."""
+    script = """
+import torch
+from reproduction.train import heap
+from tests.test_heap import big_block_is_mapped
+with heap.hold_freed_blocks():
+    freed = torch.empty(700 << 20, dtype=torch.uint8)
+    freed.fill_(1)
+    pins = [torch.empty(4096, dtype=torch.uint8) for _ in range(10)]
+    after = torch.empty(64 << 20, dtype=torch.uint8)
+    del freed
+print(big_block_is_mapped())
+with heap.hold_freed_blocks():
+    print(big_block_is_mapped())
+"""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env.pop("PORTABLE_HEAP", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["True", "False"]
