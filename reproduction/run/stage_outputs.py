@@ -88,6 +88,10 @@ comparison became its own stage recorded evidence/comparison.json as eval's; the
 removes it when no reference is set)."""
 
 
+def _taken_over(run_dir: Path) -> set[str]:
+    return {os.path.normpath(run_dir / rel) for rel in TAKEN_OVER}
+
+
 def others_outputs(state: dict[str, Any], run_dir: Path, stage: str) -> dict[str, tuple[str, str, Any]]:
     """{normalised absolute path: (owning stage, its path relative to that stage's folder, the recorded entry)} of
     the outputs every stage but `stage` records in run.json (a record without outputs, or not a dict, has none)."""
@@ -105,7 +109,7 @@ def refuse_others_files(state: dict[str, Any], run_dir: Path, spec: StageSpec, o
     stage's file in the run's shared evidence/: two eval stages writing the same eval_<name>_<step>.json), except the
     files of `TAKEN_OVER`: taking it over silently left the other stage complete with its file gone from its record
     and its lineage statement naming bytes no longer there."""
-    allowed = {os.path.normpath(run_dir / rel) for rel in TAKEN_OVER}
+    allowed = _taken_over(run_dir)
     others = others_outputs(state, run_dir, spec.name)
     for rel in outputs:
         path = os.path.normpath(run_dir / spec.name / rel)
@@ -126,7 +130,7 @@ def take_over(
     """The files of `TAKEN_OVER` this stage returned, or rewrote or removed (`changed`: EvidenceWatch's), are no
     longer another stage's: drop them from the other records (any other file was refused first). Returns the stages
     whose records changed (their outputs' digest is in the keys of the stages downstream)."""
-    allowed = {os.path.normpath(run_dir / rel) for rel in TAKEN_OVER}
+    allowed = _taken_over(run_dir)
     mine = ({os.path.normpath(run_dir / stage / rel) for rel in outputs} | set(changed)) & allowed
     if not mine:
         return set()
@@ -176,7 +180,7 @@ class EvidenceWatch:
         over: `take_over`). Nothing is mutated."""
         if not self.files:
             return set()
-        allowed = {os.path.normpath(self.run_dir / rel) for rel in TAKEN_OVER}
+        allowed = _taken_over(self.run_dir)
         mine = {os.path.normpath(stage_dir / rel) for rel in outputs}
         taken, found = set(), []
         for path, (owner, shown, before) in self.files.items():

@@ -95,7 +95,7 @@ def _resolve_checkpoint(
         )
     meta = json.loads((path / "policy.json").read_text(encoding="utf-8"))
     key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
-    return {_label(path, meta): (path, export_step(path))}, f"checkpoint_{key}"
+    return {_label(path, meta): (path, export_step(path, meta))}, f"checkpoint_{key}"
 
 
 def _label(path: Path, meta: dict[str, Any]) -> str:
