@@ -15,6 +15,7 @@ import pytest
 
 from reproduction.errors import InvalidInputError
 from reproduction.run.evidence import EvalRecord, build_evidence
+from reproduction.run.evidence_check import check_evidence
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,3 +101,100 @@ def test_build_evidence_takes_bools_and_0_1_numpy_ones_included(good):
         EvalRecord(result=result, label="recap", mode="recap"), name="x", run_id="r", seeds={}, settings={}
     )
     assert doc["tasks"]["t"]["outcomes"]["success_once"] == "10"
+
+
+# -- F1: a sequential record cannot choose its own test level ---------------------------------------------------
+
+
+def _sequential(level: float | None = None, *, alpha: float = 0.05, looks=(25, 50, 75, 100), stop: int = 4) -> dict:
+    """A record as the eval stage writes it (recipes/recap/policy.py's evaluate_sequentially): the rule's spend at
+    the looks' fractions, the stopping look's spend as `level` unless `level` is given."""
+    from reproduction.run.sequential import SequentialRule
+
+    spend = SequentialRule(looks=len(looks), rho=3.0, alpha=alpha).spend([n / looks[-1] for n in looks])
+    return {
+        "rule": "power-family error spending (Kim & DeMets 1987), rho 3, Bonferroni over looks",
+        "alpha": alpha,
+        "looks": list(looks),
+        "spend": spend,
+        "stopped_at_look": stop,
+        "stopped_early": stop < len(looks),
+        "episodes_per_task": looks[stop - 1],
+        "episodes_per_task_max": looks[-1],
+        "level": spend[stop - 1] if level is None else level,
+        "verdict": "inconclusive",
+        "reference": "ref",
+        "why": "the last look (4 of 4) decides",
+    }
+
+
+def test_a_sequential_level_the_rule_does_not_give_is_malformed_evidence(tmp_path):
+    """The audit's case: 50/100 against 50/100 at margin 0.1 is `inconclusive`; a `level` of 0.3 in the run's own
+    record made it `reproduced` (exit 0; false `reproduced` 0.245 at |d| = m)."""
+    ref = _write(tmp_path / "ref.json", _evidence({"t": "01" * 50}, name="ref", margins={"success_once": 0.1}))
+    act = _evidence({"t": "10" * 50}, name="act")  # other seeds' outcomes: unpaired rows
+    for task in act["tasks"].values():
+        task["outcomes"]["reset_seeds"] = [s + 1 for s in task["outcomes"]["reset_seeds"]]
+    honest = _write(tmp_path / "honest.json", act | {"sequential": _sequential()})
+    out = portable("compare", ref, honest, "--json")
+    assert out.returncode == 61, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["alpha"] == _sequential()["level"] == pytest.approx(0.05 * (1 - 0.75**3))
+    assert any("stopped at look 4 of 4 (100 of 100 episodes per task)" in n for n in doc["notes"])
+    for level in (0.3, 0.049, 0.0289):
+        bad = _write(tmp_path / "bad.json", act | {"sequential": _sequential(level)})
+        out = portable("compare", ref, bad)
+        assert out.returncode == 4 and out.stdout == "", (level, out.stdout)
+        expected = _sequential()["level"]
+        assert out.stderr.splitlines()[0] == (
+            f"error: {bad} is malformed evidence: sequential.level is {level!r}, but look 4 of the looks [25, 50, 75, "
+            f"100] spends {expected!r} of alpha 0.05 (sequential.spend): the level must be the stopping look's spend "
+            "(a run's evidence cannot choose its own test level; was the file edited?)"
+        )
+    # a spend that is no alpha t^rho, and a record without what its level is computed from
+    wrong = _sequential() | {"spend": [0.3, 0.1, 0.05, 0.0289]}
+    for record, field in ((wrong, "sequential.spend"), ({"level": 0.0289, "alpha": 0.05}, "sequential.looks")):
+        with pytest.raises(InvalidInputError) as err:
+            check_evidence(act | {"sequential": record}, where="act.json")
+        assert err.value.exit_code == 4 and err.value.field == field, str(err.value)
+
+
+def test_a_sequential_run_is_tested_at_its_looks_share_of_the_comparisons_alpha_never_above_it(tmp_path):
+    """The record's alpha (the reference's when the run looked) is no licence: compared at a smaller alpha, the
+    stopping look gets its share of that alpha; a record spending alpha 0.45 still gets no more than 0.05."""
+    from reproduction.run.comparison import compare_evidence
+
+    ref = _evidence({"t": "01" * 50}, name="ref", margins={"success_once": 0.1})
+    act = _evidence({"t": "01" * 50}, name="act")
+    share = 1 - 0.75**3
+    stricter = compare_evidence(act | {"sequential": _sequential()}, ref | {"alpha": 0.01})
+    assert stricter.alpha == pytest.approx(0.01 * share) and stricter.alpha < 0.01
+    assert any("this comparison's alpha 0.01 gives that look" in n for n in stricter.notes), stricter.notes
+    greedy = _sequential(alpha=0.45, looks=(100,), stop=1)
+    assert greedy["level"] == 0.45
+    assert compare_evidence(act | {"sequential": greedy}, ref).alpha == 0.05
+    assert compare_evidence(act | {"sequential": greedy}, ref, alpha=0.01).alpha == 0.01
+    assert compare_evidence(act | {"sequential": _sequential()}, ref).alpha == _sequential()["level"]
+
+
+def test_a_record_the_eval_stage_writes_compares_as_before_and_an_edited_one_is_refused(tmp_path, monkeypatch):
+    """The eval stage's own code path (recipes/recap/policy.py's evaluate_exports with eval.sequential, the
+    simulator's scripted expert against a reference that never succeeds: it stops at look 1 of 2)."""
+    pytest.importorskip("gymnasium_robotics", reason="the simulator extra (recap-portable[sim]) is not installed")
+    import test_run_sequential as seq
+
+    monkeypatch.setattr("reproduction.recap.policy.export.PolicyFactory", seq.ScriptedFactory)
+    monkeypatch.setattr("reproduction.recap.policy.export.read_export", lambda path: {"execute_steps": 1})
+    reference = seq._reference(tmp_path, successes=0)
+    path, _ = seq._run(tmp_path, seq._config("eval.sequential.enabled=true", f"eval.reference={reference}"))
+    doc = json.loads(path.read_text())
+    record = doc["sequential"]
+    assert record["stopped_at_look"] == 1 and record["looks"] == [25, 50]
+    out = portable("compare", str(reference), str(path), "--json")
+    assert out.returncode == 60, out.stderr
+    assert json.loads(out.stdout)["alpha"] == record["level"] == record["spend"][0]
+    stricter = portable("compare", str(reference), str(path), "--json", "--alpha", "0.01")
+    assert json.loads(stricter.stdout)["alpha"] == pytest.approx(record["level"] / 5)
+    edited = _write(tmp_path / "edited.json", doc | {"sequential": record | {"level": 0.3}})
+    out = portable("compare", str(reference), edited)
+    assert out.returncode == 4 and "sequential.level is 0.3, but look 1 of the looks [25, 50] spends" in out.stderr

@@ -557,6 +557,43 @@ def _power_note(rows: Sequence[MetricComparison], alpha: float) -> list[str]:
     ]
 
 
+def _sequential_level(
+    sequential: Mapping[str, Any], alpha: float, reference: Mapping[str, Any]
+) -> tuple[float, list[str]]:
+    """The level the rates of a sequentially evaluated run are tested at, and the notes saying so: its stopping
+    look's share of the comparison's `alpha` under the record's own spending rule (`sequential.record_level`, the
+    one place that answers it), never above `alpha`; the record was checked by check_evidence."""
+    from reproduction.run.sequential import record_level
+    from reproduction.run.stats import MIN_ALPHA
+
+    level = record_level(sequential, alpha)
+    looks, stop, own = sequential["looks"], sequential["stopped_at_look"], float(sequential["alpha"])
+    if level < MIN_ALPHA:
+        raise InvalidInputError(
+            f"alpha {alpha:g} gives look {stop} of this run's sequential evaluation the level {level:.3g}, below "
+            f"{MIN_ALPHA:g}, the smallest recap-portable computes",
+            field="alpha",
+            hint="compare at a larger alpha (--alpha, or the reference's alpha)",
+        )
+    notes = [
+        f"this run was evaluated sequentially and stopped at look {stop} of {len(looks)} ({looks[stop - 1]} of "
+        f"{looks[-1]} episodes per task): rates are tested at that look's error-spending level {level:.3g}, its "
+        f"share of alpha {alpha:g}, which keeps alpha {alpha:g} over all looks"
+    ]
+    if alpha != own:
+        notes.append(
+            f"the run spent alpha {own:g} over its looks (level {sequential['level']:.3g} at look {stop}); this "
+            f"comparison's alpha {alpha:g} gives that look {level:.3g}, so its rate verdicts may differ from those "
+            "the run stopped on"
+        )
+    if sequential.get("reference") != reference.get("name"):
+        notes.append(
+            f"its looks were decided against another reference ({sequential.get('reference')!r}), so the "
+            "error rates stated hold for that reference, not this one"
+        )
+    return level, notes
+
+
 def compare_evidence(
     actual: Mapping[str, Any],
     reference: Mapping[str, Any],
@@ -571,32 +608,22 @@ def compare_evidence(
     Margin of a rate, most specific first: `margins`/`tolerances` (the caller's, per key), `margin` (the
     caller's, every rate), the reference's declared "margins", then its 1.x "tolerances" (read as margins),
     then DEFAULT_MARGIN. A plain value's tolerance: the same keys, else exact. `alpha`: the caller's, else the
-    level a sequential evaluation stopped at (the actual's "sequential" record), else the reference's "alpha",
-    else DEFAULT_ALPHA. Policies are matched by label; a policy, task or metric the run lacks is a "differs"
-    row. A row is paired (Tango) when both sides carry outcomes of the same reset seeds.
+    reference's "alpha", else DEFAULT_ALPHA. Policies are matched by label; a policy, task or metric the run lacks
+    is a "differs" row. A row is paired (Tango) when both sides carry outcomes of the same reset seeds.
 
     A sequential evaluation (reproduction.recipes.recap.policy.evaluate_sequentially) looked at its counts
-    several times; only at the level its stopping look spent does a verdict keep the stated error rates
-    over all looks, so that level is used, and the rate verdicts are then exactly those it stopped on.
+    several times; only at its stopping look's share of alpha does a verdict keep alpha over all looks, so the
+    rates are tested at that share (`sequential.record_level`: the record's own rule, recomputed, at this
+    comparison's alpha; never above it). At the alpha the run spent, it is the record's `level`, and the rate
+    verdicts are exactly those it stopped on. The comparison's `alpha` is then that level.
     """
     check_evidence(reference, where=f"the reference evidence {reference.get('name')!r}", reference=True)
     check_evidence(actual, where=f"the evidence {actual.get('name')!r}")
     sequential = actual.get("sequential") if isinstance(actual.get("sequential"), Mapping) else None
-    seq_notes = []
-    if alpha is None and sequential is not None and "level" in sequential:
-        alpha = float(sequential["level"])
-        seq_notes.append(
-            f"this run was evaluated sequentially and stopped at look {sequential.get('stopped_at_look')} of "
-            f"{len(sequential.get('looks', []))} ({sequential.get('episodes_per_task')} of "
-            f"{sequential.get('episodes_per_task_max')} episodes per task): rates are tested at that look's "
-            f"error-spending level {alpha:.3g}, which keeps the overall alpha {sequential.get('alpha')} over all looks"
-        )
-        if sequential.get("reference") != reference.get("name"):
-            seq_notes.append(
-                f"its looks were decided against another reference ({sequential.get('reference')!r}), so the "
-                "error rates stated hold for that reference, not this one"
-            )
     alpha = float(alpha if alpha is not None else reference.get("alpha", DEFAULT_ALPHA))
+    seq_notes = []
+    if sequential is not None:
+        alpha, seq_notes = _sequential_level(sequential, alpha, reference)
     ref_declared = {**reference.get("tolerances", {}), **reference.get("margins", {})}
     mine_declared = {**(tolerances or {}), **(margins or {})}
     mine = _entries(actual)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.errors import InvalidInputError
+from reproduction.run.sequential import RecordError, record_level
 from reproduction.run.stats import MIN_ALPHA
 
 COUNT_METRICS = ("success_once", "success_at_end")
@@ -221,6 +222,11 @@ def _levels(doc: Mapping[str, Any], problems: list[tuple[str, str]]) -> None:
             )
         elif "level" in seq and level < MIN_ALPHA:
             problems.append(("sequential.level", _too_small("sequential.level", level)))
+        else:
+            try:  # the level must be the one the record's own rule spends at its stopping look (audit50 C F1)
+                record_level(seq)
+            except RecordError as exc:
+                problems.append((exc.field, str(exc)))
 
 
 def _too_small(name: str, value: float) -> str:
