@@ -198,3 +198,32 @@ def test_a_record_the_eval_stage_writes_compares_as_before_and_an_edited_one_is_
     edited = _write(tmp_path / "edited.json", doc | {"sequential": record | {"level": 0.3}})
     out = portable("compare", str(reference), edited)
     assert out.returncode == 4 and "sequential.level is 0.3, but look 1 of the looks [25, 50] spends" in out.stderr
+
+
+# -- F2: a task only the run evaluated ------------------------------------------------------------------------
+
+
+def test_a_task_the_reference_lacks_is_left_out_of_the_overall_rows_and_named_in_a_note(tmp_path):
+    """The audit's case: the reference's task rerun exactly (paired, 0 discordant) plus a task `u` the reference
+    does not have, 0/1000. Pooled, the overall rows read 50.0% (100/200) against 8.3% (100/1200): `differs` (exit
+    60), unpaired, and no note said why."""
+    text = "01" * 100
+    ref = _write(tmp_path / "ref.json", _evidence({"t": text}, name="ref"))
+    act = _write(tmp_path / "act.json", _evidence({"t": text, "u": "0" * 1000}, name="act"))
+    out = portable("compare", ref, act, "--json")
+    assert out.returncode == 0, out.stdout[-2000:]
+    doc = json.loads(out.stdout)
+    overall = {r["metric"]: r for r in doc["rows"] if r["metric"].count("/") == 1}
+    assert set(overall) == {"recap/success_once", "recap/success_at_end"}
+    for row in overall.values():
+        assert row["actual_counts"] == [100, 200] and row["method"] == "tango-paired" and row["verdict"] == "reproduced"
+    note = (
+        "recap: this run also evaluated 'u', which the reference does not have: no row compares it, and recap's "
+        "overall rates here are over the reference's tasks only (like with like), not the run's own overall counts"
+    )
+    assert note in doc["notes"]
+    text_out = portable("compare", ref, act)
+    assert text_out.returncode == 0 and f"note: {note}" in text_out.stdout.splitlines()
+    # without an extra task nothing changes: the run's own overall counts are compared
+    same = _write(tmp_path / "same.json", _evidence({"t": text}, name="act"))
+    assert not any("does not have" in n for n in json.loads(portable("compare", ref, same, "--json").stdout)["notes"])

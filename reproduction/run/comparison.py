@@ -463,6 +463,47 @@ def _all_outcomes(entry: Mapping[str, Any], metric: str) -> dict[tuple[str, str,
     return out or None
 
 
+def _like_with_like(entry: Mapping[str, Any], ref_entry: Mapping[str, Any]) -> tuple[Mapping[str, Any], list[str]]:
+    """This run's policy `entry` restricted to the reference policy's tasks, and the tasks it left out.
+
+    An overall rate row compares a policy's rate over the reference's tasks: a task only this run evaluated has
+    nothing to be compared with, and pooled into the overall count (and outcomes) it made the two sides' overall
+    rows rates over different tasks (audit50 C F2: 100/200 on the reference's task plus 0/1000 on another was
+    `differs`, and the overall rows lost their pairing). So the overall counts are summed again over the
+    reference's tasks (a count some kept task lacks is left out: the row then says the run has no such metric);
+    plain values (means over all this run's episodes) are kept as they are. Unchanged when no task is extra or
+    the reference lists no tasks."""
+    from reproduction.run.evidence import count_metric
+
+    tasks, theirs = entry.get("tasks", {}), ref_entry.get("tasks", {})
+    extra = [t for t in tasks if t not in theirs] if theirs else []
+    if not extra:
+        return entry, []
+    kept = {t: row for t, row in tasks.items() if t in theirs}
+    metrics = {m: v for m, v in entry.get("metrics", {}).items() if m not in COUNT_METRICS}
+    for m in COUNT_METRICS:
+        if m in entry.get("metrics", {}) and kept and all(m in row for row in kept.values()):
+            metrics[m] = count_metric(
+                sum(row[m]["successes"] for row in kept.values()), sum(row[m]["episodes"] for row in kept.values())
+            )
+    return {**entry, "metrics": metrics, "tasks": kept}, extra
+
+
+def _extra_task_notes(extra: Mapping[str, Sequence[str]]) -> list[str]:
+    """The tasks this run evaluated that the reference does not have, per policy: left out of the overall rows."""
+    notes = []
+    for label, tasks in extra.items():
+        if not tasks:
+            continue
+        more = f" and {len(tasks) - 3} more" if len(tasks) > 3 else ""
+        notes.append(
+            f"{label}: this run also evaluated {', '.join(repr(t) for t in tasks[:3])}{more}, which the reference "
+            f"does not have: no row compares {'it' if len(tasks) == 1 else 'them'}, and {label}'s overall rates "
+            "here are over the reference's tasks only (like with like), not the run's own overall counts"
+        )
+    return notes
+
+
 def _setting_notes(actual: Mapping[str, Any], reference: Mapping[str, Any]) -> list[str]:
     """Seeds and settings that differ between the two sides: a rate then differs by sampling alone."""
     notes = []
@@ -641,9 +682,9 @@ def compare_evidence(
             )
         return found
 
-    rows = []
+    rows, extra = [], {}
     for label, ref_entry in _entries(reference).items():
-        act_entry = mine.get(label, {})
+        act_entry, extra[label] = _like_with_like(mine.get(label, {}), ref_entry)
         for metric, ref_value in ref_entry["metrics"].items():
             act_value = act_entry.get("metrics", {}).get(metric)
             name = f"{label}/{metric}"
@@ -683,7 +724,8 @@ def compare_evidence(
                         )
                     )
     settings = _setting_notes(actual, reference)
-    notes = seq_notes + settings + _pairing_notes(actual, reference, settings) + _empty_note(rows)
+    notes = seq_notes + _extra_task_notes(extra) + settings + _pairing_notes(actual, reference, settings)
+    notes += _empty_note(rows)
     notes += _power_note(rows, alpha)
     notes += _calibration_note(rows, alpha)
     return Comparison(
