@@ -227,3 +227,27 @@ def test_a_task_the_reference_lacks_is_left_out_of_the_overall_rows_and_named_in
     # without an extra task nothing changes: the run's own overall counts are compared
     same = _write(tmp_path / "same.json", _evidence({"t": text}, name="act"))
     assert not any("does not have" in n for n in json.loads(portable("compare", ref, same, "--json").stdout)["notes"])
+
+
+# -- F4: the plan's paired hint -------------------------------------------------------------------------------
+
+
+def test_the_plans_paired_hint_is_the_first_n_compare_reproduces_identical_paired_reruns_at(tmp_path):
+    """The hint said 52 at margin 0.05 (the uncalibrated n > z^2 (1 - m) / m); compare's calibrated paired test
+    says `inconclusive` at 52-58 identical pairs and `reproduced` first at 59."""
+    out = portable("eval", "--plan", "--rate", "0.8")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == (
+        "paired by reset seed (evaluating the reference's own initial states) needs fewer: identical reruns (no "
+        "discordant episode) are first `reproduced` at 59 episodes at margin 0.05, alpha 0.05 (compare's calibrated "
+        "paired test)"
+    )
+    for n, code in ((52, 61), (58, 61), (59, 0)):
+        text = "1" * n
+        ref = _write(tmp_path / f"ref{n}.json", _evidence({"t": text}, name="ref"))
+        act = _write(tmp_path / f"act{n}.json", _evidence({"t": text}, name="act"))
+        assert portable("compare", ref, act).returncode == code, n
+    assert (
+        "at 29 episodes at margin 0.1, alpha 0.05"
+        in portable("eval", "--plan", "--rate", "0.8", "--margin", "0.1").stdout
+    )

@@ -312,7 +312,7 @@ def _paired(ref: _Side, act: _Side) -> tuple[list[bool], list[bool]] | None:
 
 
 def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) -> MetricComparison:
-    from reproduction.run.stats import calibrable, calibrated_alpha, equivalence_independent, equivalence_paired
+    from reproduction.run.stats import equivalence_independent, equivalence_paired
 
     r = ref.metric
     a = act.metric if act.metric is not None and "rate" in act.metric else None
@@ -361,17 +361,8 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
             if ref.repeats or act.repeats
             else ""
         )
-    calibrated = None
-    if test.verdict == "reproduced":  # only these need it: a row not reproduced at alpha is not at alpha* <= alpha
-        try:
-            if calibrable(design[0], design[1], margin, design[2]):
-                calibrated = calibrated_alpha(design[0], design[1], margin, alpha, design[2])
-            else:
-                note = (f"{note}; " if note else "") + TOO_LARGE
-        except ImportError:  # a bare Python: compare still answers, and says what it could not check
-            note = (f"{note}; " if note else "") + NOT_CALIBRATED
-        if calibrated is not None and calibrated < alpha:
-            test = at(calibrated)
+    test, calibrated, why = _judged(at, test, design, margin, alpha)
+    note = f"{note}; {why}" if note and why else note or why
     return MetricComparison(
         **common,
         actual=float(a["rate"]),
@@ -386,6 +377,46 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
         p_differs=_p_differs(at, alpha) if test.verdict == "differs" else None,
         alpha_calibrated=calibrated,
     )
+
+
+def _judged(
+    at: Any, test: Any, design: tuple[int, int, bool], margin: float, alpha: float
+) -> tuple[Any, float | None, str]:
+    """A row's test `at(alpha)` = `test` judged again at its design's calibrated level when it is reproduced (only
+    these need it: a row not reproduced at alpha is not at alpha* <= alpha): (the test, alpha* or None, a note on a
+    level that could not be calibrated). The one place compare calibrates; `identical_paired_episodes` asks it."""
+    from reproduction.run.stats import calibrable, calibrated_alpha
+
+    calibrated, why = None, ""
+    if test.verdict == "reproduced":
+        try:
+            if calibrable(design[0], design[1], margin, design[2]):
+                calibrated = calibrated_alpha(design[0], design[1], margin, alpha, design[2])
+            else:
+                why = TOO_LARGE
+        except ImportError:  # a bare Python: compare still answers, and says what it could not check
+            why = NOT_CALIBRATED
+        if calibrated is not None and calibrated < alpha:
+            test = at(calibrated)
+    return test, calibrated, why
+
+
+def identical_paired_episodes(margin: float, alpha: float) -> int:
+    """The fewest episodes at which identical paired reruns (the reference's initial states, 0 discordant) are
+    `reproduced` by compare's own row test, calibration included (`_judged`): 59 at margin 0.05, alpha 0.05,
+    where the uncalibrated bound n > z^2 (1 - m) / m gave 52 (audit50 C F4). Searched upward from below that bound;
+    what `portable eval --plan` prints as its paired hint."""
+    from reproduction.run.stats import equivalence_paired, z_value
+
+    z = z_value(1 - 2 * alpha)
+    n = max(1, math.floor(0.9 * z * z * (1 - margin) / margin))
+    while True:
+        same = [True] * n
+        at = lambda level, same=same: equivalence_paired(same, same, margin=margin, alpha=level)  # noqa: E731
+        test, _, _ = _judged(at, at(alpha), (n, n, True), margin, alpha)
+        if test.verdict == "reproduced":
+            return n
+        n += 1
 
 
 def _p_differs(at: Any, alpha: float) -> float:
