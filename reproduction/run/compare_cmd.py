@@ -233,11 +233,22 @@ def cmd_plan(args: Any) -> int:
             f"{r['episodes_per_task']} episodes per task a side for {100 * r['power']:g}% power (exact power of "
             "each row, Bonferroni over the rows, so at least that)"
         )
-    print(
-        "paired by reset seed (evaluating the reference's own initial states) needs fewer: with no discordant "
-        "episode, n > z^2 (1 - m) / m, e.g. 52 at margin 0.05, alpha 0.05"
-    )
+    print(_paired_hint(r0["margin"], r0["alpha"]))
     return 0
+
+
+def _paired_hint(margin: float, alpha: float) -> str:
+    """The plan's last line: how few episodes identical paired reruns need, from compare's own calibrated row test
+    (`comparison.identical_paired_episodes`; the uncalibrated n > z^2 (1 - m) / m said 52 at margin 0.05, where
+    nothing is reproduced before 59: audit50 C F4)."""
+    from reproduction.run.comparison import identical_paired_episodes
+
+    n = identical_paired_episodes(margin, alpha)
+    return (
+        "paired by reset seed (evaluating the reference's own initial states) needs fewer: identical reruns (no "
+        f"discordant episode) are first `reproduced` at {n} episodes at margin {margin:g}, alpha {alpha:g} (compare's "
+        "calibrated paired test)"
+    )
 
 
 def run_results_lines(run_dir: Path, *, table: bool = False) -> list[str]:

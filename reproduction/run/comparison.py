@@ -312,7 +312,7 @@ def _paired(ref: _Side, act: _Side) -> tuple[list[bool], list[bool]] | None:
 
 
 def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) -> MetricComparison:
-    from reproduction.run.stats import calibrable, calibrated_alpha, equivalence_independent, equivalence_paired
+    from reproduction.run.stats import equivalence_independent, equivalence_paired
 
     r = ref.metric
     a = act.metric if act.metric is not None and "rate" in act.metric else None
@@ -361,17 +361,8 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
             if ref.repeats or act.repeats
             else ""
         )
-    calibrated = None
-    if test.verdict == "reproduced":  # only these need it: a row not reproduced at alpha is not at alpha* <= alpha
-        try:
-            if calibrable(design[0], design[1], margin, design[2]):
-                calibrated = calibrated_alpha(design[0], design[1], margin, alpha, design[2])
-            else:
-                note = (f"{note}; " if note else "") + TOO_LARGE
-        except ImportError:  # a bare Python: compare still answers, and says what it could not check
-            note = (f"{note}; " if note else "") + NOT_CALIBRATED
-        if calibrated is not None and calibrated < alpha:
-            test = at(calibrated)
+    test, calibrated, why = _judged(at, test, design, margin, alpha)
+    note = f"{note}; {why}" if note and why else note or why
     return MetricComparison(
         **common,
         actual=float(a["rate"]),
@@ -386,6 +377,46 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
         p_differs=_p_differs(at, alpha) if test.verdict == "differs" else None,
         alpha_calibrated=calibrated,
     )
+
+
+def _judged(
+    at: Any, test: Any, design: tuple[int, int, bool], margin: float, alpha: float
+) -> tuple[Any, float | None, str]:
+    """A row's test `at(alpha)` = `test` judged again at its design's calibrated level when it is reproduced (only
+    these need it: a row not reproduced at alpha is not at alpha* <= alpha): (the test, alpha* or None, a note on a
+    level that could not be calibrated). The one place compare calibrates; `identical_paired_episodes` asks it."""
+    from reproduction.run.stats import calibrable, calibrated_alpha
+
+    calibrated, why = None, ""
+    if test.verdict == "reproduced":
+        try:
+            if calibrable(design[0], design[1], margin, design[2]):
+                calibrated = calibrated_alpha(design[0], design[1], margin, alpha, design[2])
+            else:
+                why = TOO_LARGE
+        except ImportError:  # a bare Python: compare still answers, and says what it could not check
+            why = NOT_CALIBRATED
+        if calibrated is not None and calibrated < alpha:
+            test = at(calibrated)
+    return test, calibrated, why
+
+
+def identical_paired_episodes(margin: float, alpha: float) -> int:
+    """The fewest episodes at which identical paired reruns (the reference's initial states, 0 discordant) are
+    `reproduced` by compare's own row test, calibration included (`_judged`): 59 at margin 0.05, alpha 0.05,
+    where the uncalibrated bound n > z^2 (1 - m) / m gave 52 (audit50 C F4). Searched upward from below that bound;
+    what `portable eval --plan` prints as its paired hint."""
+    from reproduction.run.stats import equivalence_paired, z_value
+
+    z = z_value(1 - 2 * alpha)
+    n = max(1, math.floor(0.9 * z * z * (1 - margin) / margin))
+    while True:
+        same = [True] * n
+        at = lambda level, same=same: equivalence_paired(same, same, margin=margin, alpha=level)  # noqa: E731
+        test, _, _ = _judged(at, at(alpha), (n, n, True), margin, alpha)
+        if test.verdict == "reproduced":
+            return n
+        n += 1
 
 
 def _p_differs(at: Any, alpha: float) -> float:
@@ -461,6 +492,47 @@ def _all_outcomes(entry: Mapping[str, Any], metric: str) -> dict[tuple[str, str,
             return None
         out |= one
     return out or None
+
+
+def _like_with_like(entry: Mapping[str, Any], ref_entry: Mapping[str, Any]) -> tuple[Mapping[str, Any], list[str]]:
+    """This run's policy `entry` restricted to the reference policy's tasks, and the tasks it left out.
+
+    An overall rate row compares a policy's rate over the reference's tasks: a task only this run evaluated has
+    nothing to be compared with, and pooled into the overall count (and outcomes) it made the two sides' overall
+    rows rates over different tasks (audit50 C F2: 100/200 on the reference's task plus 0/1000 on another was
+    `differs`, and the overall rows lost their pairing). So the overall counts are summed again over the
+    reference's tasks (a count some kept task lacks is left out: the row then says the run has no such metric);
+    plain values (means over all this run's episodes) are kept as they are. Unchanged when no task is extra or
+    the reference lists no tasks."""
+    from reproduction.run.evidence import count_metric
+
+    tasks, theirs = entry.get("tasks", {}), ref_entry.get("tasks", {})
+    extra = [t for t in tasks if t not in theirs] if theirs else []
+    if not extra:
+        return entry, []
+    kept = {t: row for t, row in tasks.items() if t in theirs}
+    metrics = {m: v for m, v in entry.get("metrics", {}).items() if m not in COUNT_METRICS}
+    for m in COUNT_METRICS:
+        if m in entry.get("metrics", {}) and kept and all(m in row for row in kept.values()):
+            metrics[m] = count_metric(
+                sum(row[m]["successes"] for row in kept.values()), sum(row[m]["episodes"] for row in kept.values())
+            )
+    return {**entry, "metrics": metrics, "tasks": kept}, extra
+
+
+def _extra_task_notes(extra: Mapping[str, Sequence[str]]) -> list[str]:
+    """The tasks this run evaluated that the reference does not have, per policy: left out of the overall rows."""
+    notes = []
+    for label, tasks in extra.items():
+        if not tasks:
+            continue
+        more = f" and {len(tasks) - 3} more" if len(tasks) > 3 else ""
+        notes.append(
+            f"{label}: this run also evaluated {', '.join(repr(t) for t in tasks[:3])}{more}, which the reference "
+            f"does not have: no row compares {'it' if len(tasks) == 1 else 'them'}, and {label}'s overall rates "
+            "here are over the reference's tasks only (like with like), not the run's own overall counts"
+        )
+    return notes
 
 
 def _setting_notes(actual: Mapping[str, Any], reference: Mapping[str, Any]) -> list[str]:
@@ -557,6 +629,43 @@ def _power_note(rows: Sequence[MetricComparison], alpha: float) -> list[str]:
     ]
 
 
+def _sequential_level(
+    sequential: Mapping[str, Any], alpha: float, reference: Mapping[str, Any]
+) -> tuple[float, list[str]]:
+    """The level the rates of a sequentially evaluated run are tested at, and the notes saying so: its stopping
+    look's share of the comparison's `alpha` under the record's own spending rule (`sequential.record_level`, the
+    one place that answers it), never above `alpha`; the record was checked by check_evidence."""
+    from reproduction.run.sequential import record_level
+    from reproduction.run.stats import MIN_ALPHA
+
+    level = record_level(sequential, alpha)
+    looks, stop, own = sequential["looks"], sequential["stopped_at_look"], float(sequential["alpha"])
+    if level < MIN_ALPHA:
+        raise InvalidInputError(
+            f"alpha {alpha:g} gives look {stop} of this run's sequential evaluation the level {level:.3g}, below "
+            f"{MIN_ALPHA:g}, the smallest recap-portable computes",
+            field="alpha",
+            hint="compare at a larger alpha (--alpha, or the reference's alpha)",
+        )
+    notes = [
+        f"this run was evaluated sequentially and stopped at look {stop} of {len(looks)} ({looks[stop - 1]} of "
+        f"{looks[-1]} episodes per task): rates are tested at that look's error-spending level {level:.3g}, its "
+        f"share of alpha {alpha:g}, which keeps alpha {alpha:g} over all looks"
+    ]
+    if alpha != own:
+        notes.append(
+            f"the run spent alpha {own:g} over its looks (level {sequential['level']:.3g} at look {stop}); this "
+            f"comparison's alpha {alpha:g} gives that look {level:.3g}, so its rate verdicts may differ from those "
+            "the run stopped on"
+        )
+    if sequential.get("reference") != reference.get("name"):
+        notes.append(
+            f"its looks were decided against another reference ({sequential.get('reference')!r}), so the "
+            "error rates stated hold for that reference, not this one"
+        )
+    return level, notes
+
+
 def compare_evidence(
     actual: Mapping[str, Any],
     reference: Mapping[str, Any],
@@ -571,32 +680,22 @@ def compare_evidence(
     Margin of a rate, most specific first: `margins`/`tolerances` (the caller's, per key), `margin` (the
     caller's, every rate), the reference's declared "margins", then its 1.x "tolerances" (read as margins),
     then DEFAULT_MARGIN. A plain value's tolerance: the same keys, else exact. `alpha`: the caller's, else the
-    level a sequential evaluation stopped at (the actual's "sequential" record), else the reference's "alpha",
-    else DEFAULT_ALPHA. Policies are matched by label; a policy, task or metric the run lacks is a "differs"
-    row. A row is paired (Tango) when both sides carry outcomes of the same reset seeds.
+    reference's "alpha", else DEFAULT_ALPHA. Policies are matched by label; a policy, task or metric the run lacks
+    is a "differs" row. A row is paired (Tango) when both sides carry outcomes of the same reset seeds.
 
     A sequential evaluation (reproduction.recipes.recap.policy.evaluate_sequentially) looked at its counts
-    several times; only at the level its stopping look spent does a verdict keep the stated error rates
-    over all looks, so that level is used, and the rate verdicts are then exactly those it stopped on.
+    several times; only at its stopping look's share of alpha does a verdict keep alpha over all looks, so the
+    rates are tested at that share (`sequential.record_level`: the record's own rule, recomputed, at this
+    comparison's alpha; never above it). At the alpha the run spent, it is the record's `level`, and the rate
+    verdicts are exactly those it stopped on. The comparison's `alpha` is then that level.
     """
     check_evidence(reference, where=f"the reference evidence {reference.get('name')!r}", reference=True)
     check_evidence(actual, where=f"the evidence {actual.get('name')!r}")
     sequential = actual.get("sequential") if isinstance(actual.get("sequential"), Mapping) else None
-    seq_notes = []
-    if alpha is None and sequential is not None and "level" in sequential:
-        alpha = float(sequential["level"])
-        seq_notes.append(
-            f"this run was evaluated sequentially and stopped at look {sequential.get('stopped_at_look')} of "
-            f"{len(sequential.get('looks', []))} ({sequential.get('episodes_per_task')} of "
-            f"{sequential.get('episodes_per_task_max')} episodes per task): rates are tested at that look's "
-            f"error-spending level {alpha:.3g}, which keeps the overall alpha {sequential.get('alpha')} over all looks"
-        )
-        if sequential.get("reference") != reference.get("name"):
-            seq_notes.append(
-                f"its looks were decided against another reference ({sequential.get('reference')!r}), so the "
-                "error rates stated hold for that reference, not this one"
-            )
     alpha = float(alpha if alpha is not None else reference.get("alpha", DEFAULT_ALPHA))
+    seq_notes = []
+    if sequential is not None:
+        alpha, seq_notes = _sequential_level(sequential, alpha, reference)
     ref_declared = {**reference.get("tolerances", {}), **reference.get("margins", {})}
     mine_declared = {**(tolerances or {}), **(margins or {})}
     mine = _entries(actual)
@@ -614,9 +713,9 @@ def compare_evidence(
             )
         return found
 
-    rows = []
+    rows, extra = [], {}
     for label, ref_entry in _entries(reference).items():
-        act_entry = mine.get(label, {})
+        act_entry, extra[label] = _like_with_like(mine.get(label, {}), ref_entry)
         for metric, ref_value in ref_entry["metrics"].items():
             act_value = act_entry.get("metrics", {}).get(metric)
             name = f"{label}/{metric}"
@@ -656,7 +755,8 @@ def compare_evidence(
                         )
                     )
     settings = _setting_notes(actual, reference)
-    notes = seq_notes + settings + _pairing_notes(actual, reference, settings) + _empty_note(rows)
+    notes = seq_notes + _extra_task_notes(extra) + settings + _pairing_notes(actual, reference, settings)
+    notes += _empty_note(rows)
     notes += _power_note(rows, alpha)
     notes += _calibration_note(rows, alpha)
     return Comparison(

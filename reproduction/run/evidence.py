@@ -179,7 +179,7 @@ def _outcomes(episodes: Sequence[Mapping[str, Any]], counts: Mapping[str, Any], 
     else:
         out = {"reset_seeds": [int(e["reset_seed"]) for e in rows]}
     for m in COUNT_METRICS:
-        out[m] = "".join("1" if e[m] else "0" for e in rows)
+        out[m] = "".join(_outcome(e[m], task, e.get("episode", i), m) for i, e in enumerate(rows))
         if len(rows) != counts["episodes"] or out[m].count("1") != counts[m]:
             raise InvalidInputError(
                 f"per-episode outcomes of task {task!r} do not add up to its {m} count "
@@ -187,6 +187,22 @@ def _outcomes(episodes: Sequence[Mapping[str, Any]], counts: Mapping[str, Any], 
                 field=f"per_episode[{task!r}]",
             )
     return out
+
+
+def _outcome(value: Any, task: str, episode: Any, metric: str) -> str:
+    """ "1" or "0" for one episode's outcome: a bool or the whole number 0 or 1 (numpy's bools and integers too).
+    Anything else (0.5, NaN, "False", 2, None) is refused naming the task and episode: it was written as a success
+    whenever truthy (audit50 C F5), and is no outcome docs/config.md's `is_success` rule would take."""
+    kind = getattr(getattr(value, "dtype", None), "kind", "")
+    numpy_whole = type(value).__module__ == "numpy" and kind in ("b", "i", "u")
+    if (isinstance(value, (bool, int)) or numpy_whole) and getattr(value, "shape", ()) == () and value in (0, 1):
+        return "1" if value else "0"
+    raise InvalidInputError(
+        f"per-episode outcome {metric} of task {task!r}, episode {episode!r}, is {value!r}: an outcome must be a "
+        "bool or 0/1",
+        field=f"per_episode[{task!r}][{episode!r}].{metric}",
+        hint="have the evaluation record each episode's success as True/False (or 0/1); " + BAD_VALUE_HINT,
+    )
 
 
 @dataclass(kw_only=True, slots=True)

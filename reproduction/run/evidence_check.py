@@ -14,10 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.errors import InvalidInputError
+from reproduction.run.sequential import RecordError, record_level
 from reproduction.run.stats import MIN_ALPHA
 
 COUNT_METRICS = ("success_once", "success_at_end")
 MAX_SHOWN = 8
+MAX_COUNT = 2**53
+"""The largest count evidence may hold: every integer up to it is a float exactly, and the statistics compute in
+floats (a count of 10**300 was an OverflowError, exit 1; audit50 C F3)."""
 
 
 def _is_int(x: Any) -> bool:
@@ -38,6 +42,14 @@ def _count(value: Any, where: str, problems: list[tuple[str, str]], *, reference
     for key, x in (("successes", k), ("episodes", n)):
         if not _is_int(x) or x < 0:
             problems.append((f"{where}.{key}", f"{where}.{key} is {x!r}, not a whole number >= 0"))
+        elif x > MAX_COUNT:
+            problems.append(
+                (
+                    f"{where}.{key}",
+                    f"{where}.{key} is a number of {len(str(x))} digits, above {MAX_COUNT} (2**53), the largest count "
+                    "evidence holds (give the true count)",
+                )
+            )
     if len(problems) == bad and k > n:
         problems.append((where, f"{where}: successes {k} exceed episodes {n}"))
     if len(problems) == bad and reference and n == 0:
@@ -210,6 +222,11 @@ def _levels(doc: Mapping[str, Any], problems: list[tuple[str, str]]) -> None:
             )
         elif "level" in seq and level < MIN_ALPHA:
             problems.append(("sequential.level", _too_small("sequential.level", level)))
+        else:
+            try:  # the level must be the one the record's own rule spends at its stopping look (audit50 C F1)
+                record_level(seq)
+            except RecordError as exc:
+                problems.append((exc.field, str(exc)))
 
 
 def _too_small(name: str, value: float) -> str:

@@ -24,10 +24,15 @@ episodes against the fixed design at n_max. A run uses it with eval.sequential.e
 (reproduction.recipes.recap.policy.evaluate_sequentially): each look compares every rate with the reference
 evidence at its a_k through compare, which calibrates each reproduced row the same way, and the evaluation stops
 once none is inconclusive; its record keeps the level each look's reproduced rows used (`reproduced_levels`).
+`record_level` is the one place that says what level a recorded stop is compared at: the record's rule recomputed
+from its looks and spend (a `level` it does not give is refused), the stopping look's share of the comparison's
+alpha.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,6 +132,90 @@ class SequentialRule:
             sizes = self.sizes(n_max)
             out["reproduced_levels"] = [self.level(n_ref, sizes[k], k) for k in range(min(look + 1, len(sizes)))]
         return out
+
+
+class RecordError(ValueError):
+    """A sequential record (evidence's "sequential") that is not one the rule writes; `field` names what is wrong."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _record_fields(record: Mapping[str, Any]) -> tuple[float, list[int], int, list[float], float]:
+    """(alpha, looks, stopped_at_look, spend, level) of a record, each of its type, else RecordError."""
+
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    def whole(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    alpha, looks, stop = record.get("alpha"), record.get("looks"), record.get("stopped_at_look")
+    spend, level = record.get("spend"), record.get("level")
+    if not number(alpha) or not 0 < alpha < 0.5:
+        raise RecordError("sequential.alpha", f"sequential.alpha is {alpha!r}, not a number strictly between 0 and 0.5")
+    if not isinstance(looks, list) or not looks or not all(whole(n) and n >= 1 for n in looks):
+        raise RecordError("sequential.looks", f"sequential.looks is {looks!r}, not a list of episode counts >= 1")
+    if any(b <= a for a, b in zip(looks, looks[1:])):
+        raise RecordError("sequential.looks", f"sequential.looks {looks} do not rise strictly")
+    if not whole(stop) or not 1 <= stop <= len(looks):
+        raise RecordError(
+            "sequential.stopped_at_look", f"sequential.stopped_at_look is {stop!r}, not a look 1..{len(looks)}"
+        )
+    if not isinstance(spend, list) or len(spend) != len(looks) or not all(number(a) and a > 0 for a in spend):
+        raise RecordError(
+            "sequential.spend", f"sequential.spend is {spend!r}, not one level > 0 per look ({len(looks)} looks)"
+        )
+    if not number(level):
+        raise RecordError("sequential.level", f"sequential.level is {level!r}, not a number")
+    return float(alpha), looks, stop, [float(a) for a in spend], float(level)
+
+
+def record_level(record: Mapping[str, Any], alpha: float | None = None) -> float:
+    """The level a comparison tests the rates of a sequentially evaluated run at: its stopping look's share of
+    `alpha` (default: the record's own `alpha`) under the record's spending rule, so that the union bound over the
+    looks keeps `alpha` whichever look the run stopped at. Never above `alpha`.
+
+    The rule is recomputed from what the record holds, with `SequentialRule.spend` (what the eval stage spent):
+    the looks' fractions `looks[k] / looks[-1]`, rho from the first look's spend (a_1 = alpha t_1^rho), and then
+    every recorded a_k and the stopping look's `level` must be that rule's (to a relative 1e-9). RecordError
+    (a ValueError naming the field) otherwise: a record cannot choose its own test level (audit50 C F1: a `level`
+    of 0.3 turned `inconclusive` into `reproduced`). Changes nothing."""
+    own, looks, stop, spend, level = _record_fields(record)
+    most = record.get("episodes_per_task_max", looks[-1])
+    if most != looks[-1]:
+        raise RecordError(
+            "sequential.episodes_per_task_max",
+            f"sequential.episodes_per_task_max is {most!r}, not the last look's {looks[-1]} (the looks end there)",
+        )
+    fractions = [n / looks[-1] for n in looks]
+    rho = 3.0  # one look: it spends all of alpha whatever rho
+    if len(looks) > 1:
+        try:
+            rho = math.log(spend[0] / own) / math.log(fractions[0])
+        except ValueError:
+            rho = math.nan
+    try:
+        expected = SequentialRule(looks=len(looks), rho=rho, alpha=own).spend(fractions)
+    except ValueError:
+        expected = []
+    if len(expected) != len(spend) or not all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(spend, expected)):
+        raise RecordError(
+            "sequential.spend",
+            f"sequential.spend {spend} is not alpha {own:g} spent as alpha t^rho over the looks {looks}: it must "
+            "sum to alpha and rise with the looks as the rule's does",
+        )
+    if not math.isclose(level, expected[stop - 1], rel_tol=1e-9):
+        raise RecordError(
+            "sequential.level",
+            f"sequential.level is {level!r}, but look {stop} of the looks {looks} spends {expected[stop - 1]!r} of "
+            f"alpha {own:g} (sequential.spend): the level must be the stopping look's spend (a run's evidence "
+            "cannot choose its own test level; was the file edited?)",
+        )
+    if alpha is None or alpha == own:
+        return min(level, own)
+    return min(level * (alpha / own), alpha)
 
 
 def simulate_sequential(
