@@ -19,7 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-RECIPE = '''
+RECIPE = """
 import json, os, signal, time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,7 +78,7 @@ RECIPE = Recipe(
         StageSpec(name="score", fn="clearing:score", needs=("train",), inputs=False),
     ),
 )
-'''
+"""
 
 # Runs `portable ARGV` with runner._remove_recorded_elsewhere (the evidence/ files of a restarted stage) or the
 # removal of a stage's folder (whatever the runner calls for it) made to kill the process group once done / once
