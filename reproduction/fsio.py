@@ -241,16 +241,19 @@ def remove_orphaned_temps(root: Path, keep: Iterable[Path] = ()) -> list[Path]:
 def remove_orphaned_staging(folder: Path, stem: str, *, name: str = "{stem}.{pid}.partial") -> list[Path]:
     """Remove the `folder/<stem>.<pid>.partial` staging folders (or those `name` spells with `{stem}` and `{pid}`)
     whose process is gone (a SIGKILL skips the `finally` that removes its own) and return them; a live process's
-    (another run's, or this one's) is left alone."""
+    (another run's, or this one's) is left alone. Removed with `remove_tree` (any depth, links never followed); one
+    that still cannot be removed is left for the next call."""
     import glob
-    import shutil
 
     head, _, tail = name.format(stem=stem, pid="\0").partition("\0")
     removed = []
     for path in Path(folder).glob(glob.escape(head) + "*" + glob.escape(tail)):
         pid = path.name[len(head) : len(path.name) - len(tail)]
         if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
+            try:
+                remove_tree(path)
+            except OSError:
+                continue
             removed.append(path)
     return removed
 

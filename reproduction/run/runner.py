@@ -28,7 +28,6 @@ import functools
 import inspect
 import json
 import os
-import shutil
 import sys
 import time
 import uuid
@@ -46,7 +45,7 @@ from reproduction.errors import (
     StageKeyChangedError,
     StageProtocolError,
 )
-from reproduction.fsio import atomic_write_text, remove_orphaned_temps
+from reproduction.fsio import atomic_write_text, remove_orphaned_temps, remove_tree
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
 from reproduction.run.config import select, to_plain
 from reproduction.run.guards import LOCK_FILE, deferred_interrupts, refuse_links, run_lock, sigterm_as_interrupt
@@ -569,6 +568,32 @@ def _output_from_record(stage_dir: Path, rec: dict[str, Any]) -> StageOutput:
     )
 
 
+def _clear_stage(
+    run_dir: Path, state: dict[str, Any], stage: str, rec: dict[str, Any] | None, *, restarted: bool
+) -> None:
+    """Clear a stage the runner redoes afresh, before its `running` record (which must never see another key's files):
+    its folder, and when it is restarted its files in evidence/ (`_remove_recorded_elsewhere`: a redo replaces, an
+    eval of a new step adds). Its record goes first, written: a kill while a --restart-stage cleared the stage used to
+    leave its `complete` record naming removed files, which every --resume then refused (audit50 A F1); with no record
+    the next --resume redoes it afresh, whatever the kill left."""
+    stage_dir = run_dir / stage
+    if not os.path.lexists(stage_dir) and not (restarted and rec):
+        return
+    if state["stages"].pop(stage, None) is not None:
+        _write_state(run_dir, state)
+    if restarted:
+        _remove_recorded_elsewhere(run_dir, state, stage, rec)
+    remove_tree(stage_dir)
+
+
+def _remove_report(run_dir: Path) -> None:
+    """Remove <run>/report.html before the first stage this invocation runs: the stage changes what it reports, and a
+    kill or Ctrl-C before the new one is written must not leave the old one standing for every later --resume, which
+    rewrites a report only when it ran a stage or the report is missing (audit50 A F3)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(run_dir / REPORT_HTML)
+
+
 def _remove_recorded_elsewhere(run_dir: Path, state: dict[str, Any], stage: str, rec: dict[str, Any] | None) -> None:
     """Before a stage `--restart-stage` redoes (it, or one upstream of it): remove the files its previous record lists
     in the run's evidence/ (the stage folder itself is cleared whole), so a redone eval does not leave the earlier
@@ -629,14 +654,14 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
             f"it trained: training on to {select(walk.plain, spec.training)}",
             options=opts.ui,
         )
-    if action == "fresh" and (spec.name in opts.restart or spec.name in walk.restarted):
-        _remove_recorded_elsewhere(run_dir, state, spec.name, rec)  # a redo replaces; an eval of a new step adds
-    if action == "fresh" and stage_dir.exists():  # cleared first: a `running` record never sees another key's files
-        shutil.rmtree(stage_dir)
+    if action == "fresh":
+        _clear_stage(run_dir, state, spec.name, rec, restarted=spec.name in opts.restart or spec.name in walk.restarted)
     started = time.time()
     running = {"status": "running", "key": key, "key_parts": parts, "started": started}
     state["stages"][spec.name] = {**(rec or {}), **running}
     _write_state(run_dir, state)  # before the stage folder: a kill from here on leaves a run to --resume
+    if walk.recipe.report and not walk.redone:  # the first stage this invocation runs: the report is out of date
+        _remove_report(run_dir)
     stage_dir.mkdir(parents=True, exist_ok=True)
     ctx = StageContext(
         name=spec.name,
