@@ -274,6 +274,31 @@ def test_an_os_error_that_is_no_os_failure_is_left_to_the_unexpected_exception_p
 # -- F5: a schema field of a type a config cannot hold ----------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "recipe, words",
+    [
+        ("SET_FIELD", "config_schema {m}:SetConfig: field `tags` is of type set, which a run config cannot hold"),
+        (
+            "NESTED_THING",
+            "config_schema {m}:NestedThingConfig: field `inner.thing` is of type {m}.Thing | None, which a run config "
+            "cannot hold",
+        ),
+    ],
+)
+def test_a_schema_field_of_a_type_omegaconf_cannot_hold_is_a_config_error_naming_recipe_field_and_type(
+    tmp_path, cli, recipe, words
+):
+    """It was "internal error: ValidationError: Unexpected type annotation: set" (exit 1, a bug)."""
+    code, err = cli("run", "--output", str(tmp_path / "r"), recipe=recipe)
+    assert code == 4, err
+    assert err[0] == f"error: recipe '{__name__}:{recipe}': " + words.format(m=__name__), err
+    assert (
+        err[1].startswith("hint: give each field of the schema one of: int, float, bool, str")
+        and "@dataclass" in err[1]
+    )
+    assert not (tmp_path / "r").exists()
+
+
 # -- F10: a bare PortableError, one preflight problem, an empty ${BUNDLE} ---------------------------------------
 
 
@@ -282,6 +307,34 @@ def test_a_bare_portable_error_says_to_raise_a_subclass_and_where(tmp_path, cli)
     assert code == 1 and err[-2] == "error: recipe says no", err
     line = _line_of('raise PortableError("recipe says no")')
     assert err[-1] == f"hint: raised at {__file__}:{line} (stage); {BARE_HINT}"
+
+
+def test_bundle_used_while_empty_is_refused_naming_the_key(tmp_path, cli):
+    """`data: ${BUNDLE}/d` with no bundle resolved to "/d" and the run went on."""
+    code, err = cli("run", "--output", str(tmp_path / "r"), recipe="WITH_BUNDLE", yaml="data: ${BUNDLE}/d\n")
+    assert code == 4, err
+    assert err[0].endswith("config key `data` uses ${BUNDLE}, which is empty here ('${BUNDLE}/d' would start at /)")
+    assert (
+        err[1]
+        == "hint: give the bundle folder: portable run BUNDLE ... (or set BUNDLE=PATH), or write data without ${BUNDLE}"
+    )
+    assert not (tmp_path / "r").exists()
+    code, err = cli(
+        "run",
+        "--output",
+        str(tmp_path / "r"),
+        "--print-config",
+        f"BUNDLE={tmp_path}",
+        recipe="WITH_BUNDLE",
+        yaml="data: ${BUNDLE}/d\n",
+    )
+    assert code == 0, err
+
+
+def test_an_interpolation_hint_offers_only_the_placeholders_the_schema_has(tmp_path, cli):
+    code, err = cli("run", "--output", str(tmp_path / "r"), recipe="PLAIN", yaml="data: ${RUN}/d\n")
+    assert code == 4 and "${RUN}" not in err[1] and "${BUNDLE}" not in err[1], err
+    assert err[1] == "hint: an interpolation names a config key (${eval.seed}): check the name and braces"
 
 
 # -- F9: a stderr or stdout that cannot be written --------------------------------------------------------------
