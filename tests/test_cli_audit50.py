@@ -309,6 +309,21 @@ def test_a_bare_portable_error_says_to_raise_a_subclass_and_where(tmp_path, cli)
     assert err[-1] == f"hint: raised at {__file__}:{line} (stage); {BARE_HINT}"
 
 
+@pytest.mark.parametrize(
+    "recipe, code, error, hint",
+    [
+        ("PREFLIGHT_ONE", 4, "error: preflight: only problem", "hint: fix it, then run again (nothing was started"),
+        ("PREFLIGHT_ONE_ERROR", 4, "error: toy.mode: not a mode", "hint: fix it, then run again (nothing was started"),
+        ("PREFLIGHT_TWO", 56, "error: preflight found 2 problems: problem one | problem two", "hint: fix them all"),
+    ],
+)
+def test_one_preflight_problem_gets_its_own_code_and_a_hint(tmp_path, cli, recipe, code, error, hint):
+    """One problem a recipe's preflight returned as a string was exit 56 ("several problems") without a hint."""
+    got, err = cli("run", "--output", str(tmp_path / "r"), recipe=recipe)
+    assert (got, err[0]) == (code, error) and err[1].startswith(hint), err
+    assert not (tmp_path / "r").exists()
+
+
 def test_bundle_used_while_empty_is_refused_naming_the_key(tmp_path, cli):
     """`data: ${BUNDLE}/d` with no bundle resolved to "/d" and the run went on."""
     code, err = cli("run", "--output", str(tmp_path / "r"), recipe="WITH_BUNDLE", yaml="data: ${BUNDLE}/d\n")
