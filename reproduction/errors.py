@@ -6,7 +6,8 @@ do, and an `exit_code` the CLI returns. The library raises; only `portable.py` r
 
 Exit codes (documented in `portable --help`):
 
-    1   a bug (an unexpected exception; rerun with --debug for the traceback)
+    1   a bug (an unexpected exception; rerun with --debug for the traceback), or a recipe's own exception (the hint
+        names its file and line), or a bare PortableError (raise a subclass)
     2   usage: bad command-line arguments
     3   input not found or unreadable (bundle, spec, dataset, file; a file where a folder is expected)
     4   invalid input: malformed spec, manifest or config; unknown format version
@@ -22,8 +23,8 @@ Exit codes (documented in `portable --help`):
     50-59 training and run failures (50 checkpoint, 51 worker failed, 52 a stage's inputs changed since it
           completed or its max_steps was lowered below the steps it trained, 53 guidance scale, 54 a recipe's
           stage broke the stage protocol, 55 the run folder cannot be used as asked, 56 the preflight found
-          several problems, 57 the bundle's layers are not restored here, 58 Ray did not start or the cluster
-          did not answer)
+          several problems (one problem: its own code), 57 the bundle's layers are not restored here, 58 Ray did
+          not start or the cluster did not answer)
 
     60  `portable compare`: a metric differs from the reference beyond its margin (a verdict, not an error)
     61  `portable compare`: inconclusive (no metric differs, not every one is shown equivalent: more episodes)

@@ -74,7 +74,8 @@ from reproduction.train.heap import choice as heap_choice  # noqa: E402
 from reproduction.ui import UiOptions, say  # noqa: E402
 
 EXIT_CODES = """exit codes:
-  0 ok    1 bug    2 usage (also: a command not built yet)    3 not found or unreadable
+  0 ok    1 bug (or a recipe's own exception: the hint names its file and line)
+  2 usage (also: a command not built yet)    3 not found or unreadable (or cannot be accessed)
   4 invalid input or format version
   5 integrity (verify: 11 missing, 12 extra, 13 size mismatch, 14 digest mismatch; lowest wins;
                lineage --verify: 11 a subject or material missing, 14 its digest differs)
@@ -90,7 +91,7 @@ EXIT_CODES = """exit codes:
          54 a recipe's stage broke the protocol: returned no StageOutput, called sys.exit,
          55 the run folder cannot be used: wrongly shaped run.json, a linked stage folder,
             --output in the bundle (but not under its runs/),
-         56 the preflight found several problems (each listed),
+         56 the preflight found several problems (each listed; one has its own code),
          57 bundle layers not restored: run `portable restore`, 58 Ray did not start or the cluster did not answer)
   run: 11-14 a bundle file it reads differs    7 also: another `portable run` works in the run folder
   130 interrupted (Ctrl-C, SIGTERM)
