@@ -6,7 +6,8 @@ do, and an `exit_code` the CLI returns. The library raises; only `portable.py` r
 
 Exit codes (documented in `portable --help`):
 
-    1   a bug (an unexpected exception; rerun with --debug for the traceback)
+    1   a bug (an unexpected exception; rerun with --debug for the traceback), or a recipe's own exception (the hint
+        names its file and line), or a bare PortableError (raise a subclass)
     2   usage: bad command-line arguments
     3   input not found or unreadable (bundle, spec, dataset, file; a file where a folder is expected)
     4   invalid input: malformed spec, manifest or config; unknown format version
@@ -22,8 +23,8 @@ Exit codes (documented in `portable --help`):
     50-59 training and run failures (50 checkpoint, 51 worker failed, 52 a stage's inputs changed since it
           completed or its max_steps was lowered below the steps it trained, 53 guidance scale, 54 a recipe's
           stage broke the stage protocol, 55 the run folder cannot be used as asked, 56 the preflight found
-          several problems, 57 the bundle's layers are not restored here, 58 Ray did not start or the cluster
-          did not answer)
+          several problems (one problem: its own code), 57 the bundle's layers are not restored here, 58 Ray did
+          not start or the cluster did not answer)
 
     60  `portable compare`: a metric differs from the reference beyond its margin (a verdict, not an error)
     61  `portable compare`: inconclusive (no metric differs, not every one is shown equivalent: more episodes)
@@ -177,40 +178,67 @@ _WRITE_REASONS = {
 }
 
 
-def render_error(exc: PortableError) -> int:
+BARE_HINT = (
+    "a bare PortableError has no exit code of its own (exit 1 says a bug in recap-portable): raise one of its "
+    "subclasses in reproduction.errors, e.g. ConfigError (exit 4) or InputNotFoundError (exit 3) (docs/recipes.md)"
+)
+"""The hint under a `PortableError` raised as the base class itself, without a hint (audit50 F10): a recipe's."""
+
+
+def render_error(exc: PortableError, *, raised_at: str | None = None) -> int:
     """Print `exc` as every command-line entry point shows it (`error: ...`, then `hint: ...` when it has one) on
-    stderr; returns its exit code for the caller to exit with."""
+    stderr; returns its exit code for the caller to exit with. The base class raised as itself without a hint (a
+    recipe's `raise PortableError(...)`) gets BARE_HINT, after `raised at RAISED_AT` when the caller knows it."""
     print(f"error: {exc.message}", file=sys.stderr)
-    if exc.hint:
-        print(f"hint: {exc.hint}", file=sys.stderr)
+    hint = exc.hint
+    if hint is None and type(exc) is PortableError and exc.exit_code == PortableError.exit_code:
+        hint = f"raised at {raised_at}; {BARE_HINT}" if raised_at else BARE_HINT
+    if hint:
+        print(f"hint: {hint}", file=sys.stderr)
     return exc.exit_code
 
 
 def os_error(exc: OSError, what: str, *, op: str = "write", hint: str | None = None) -> PortableError:
     """THE mapping from an OSError to a one-line PortableError (every package goes through here).
 
-    `op` is 'write' (creating or replacing `what`: WriteFailedError, exit 8) or 'read' (reading the
-    named source file: InputNotFoundError when absent, ReadFailedError otherwise, exit 3). The
-    message names the file the OS names (`exc.filename`) and the reason in words. A PortableError
-    is returned unchanged.
+    `op` is 'write' (creating or replacing `what`: WriteFailedError, exit 8), 'read' (reading the
+    named source file: InputNotFoundError when absent, ReadFailedError otherwise, exit 3) or 'access' (which of the
+    two is not known: an OSError that reached the CLI unwrapped): decided by the errno, a full disk, a quota, the
+    file size limit, a read-only filesystem or another filesystem a write, a missing file or folder a read, and
+    anything else (permission denied, an I/O error) a ReadFailedError (exit 3) that says "cannot access", never
+    "write" (audit50 F6). An OSError without an errno (`FileNotFoundError("...")`) takes the one its class stands
+    for. The message names the file the OS names (`exc.filename`, else the error's own words) and the reason in
+    words. A PortableError is returned unchanged.
     """
     if isinstance(exc, PortableError):
         return exc
-    where = exc.filename if exc.filename is not None else what
-    if op == "read":
-        reason = exc.strerror or str(exc)
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+    code = errno_of(exc)
+    wordy = exc.errno is None and str(exc)  # raised by code, not the OS: its words say what
+    where = exc.filename if exc.filename is not None else (str(exc) if wordy else what)
+    if op == "access":
+        op = "write" if code in WRITE_ONLY_ERRNOS else "read" if code in MISSING_ERRNOS else "access"
+    if op in ("read", "access"):
+        if code in (errno.ENOENT, errno.ENOTDIR):
             return InputNotFoundError(
                 f"cannot read {what}: {where} does not exist (or a parent is not a folder)",
                 path=where,
                 hint=hint or "check the path and try again",
             )
+        reason = _WRITE_REASONS.get(code, exc.strerror or str(exc)) if op == "access" else exc.strerror or str(exc)
+        verb = "read" if op == "read" else "access"
         return ReadFailedError(
-            f"cannot read {what}: {reason} ({where})",
+            f"cannot {verb} {what}: {where}"
+            if wordy and exc.filename is None
+            else f"cannot {verb} {what}: {reason} ({where})",
             path=where,
-            hint=hint or "make the file readable (permissions, a healthy disk) and try again",
+            hint=hint
+            or (
+                "make the file readable (permissions, a healthy disk) and try again"
+                if op == "read"
+                else "fix the permissions of the file and its folder (or the disk), then try again"
+            ),
         )
-    if exc.errno in DISK_FULL_ERRNOS and exc.errno != errno.EFBIG and exc.filename is not None:
+    if code in DISK_FULL_ERRNOS and code != errno.EFBIG and exc.filename is not None:
         from reproduction.fsio import free_bytes
 
         try:
@@ -218,19 +246,42 @@ def os_error(exc: OSError, what: str, *, op: str = "write", hint: str | None = N
         except OSError:
             free = None
         return disk_full_error(what, where, need=getattr(exc, "need_bytes", None), free=free, hint=hint)
-    reason = _WRITE_REASONS.get(exc.errno, exc.strerror or str(exc))
+    reason = _WRITE_REASONS.get(code, exc.strerror or str(exc))
     return WriteFailedError(
         f"cannot write {what}: {reason} ({where})",
         path=where,
-        errno=exc.errno,
+        errno=code,
         hint=hint or "free some space or fix the permissions, then try again",
     )
+
+
+def errno_of(exc: OSError) -> int | None:
+    """`exc.errno`, or for an OSError raised without one (`FileNotFoundError("weights missing")`) the errno its
+    class stands for (FileNotFoundError: ENOENT, PermissionError: EACCES, ...); None for a bare OSError("...")."""
+    if exc.errno is not None:
+        return exc.errno
+    for cls, code in _CLASS_ERRNOS:
+        if isinstance(exc, cls):
+            return code
+    return None
+
+
+_CLASS_ERRNOS = (
+    (FileNotFoundError, errno.ENOENT),
+    (NotADirectoryError, errno.ENOTDIR),
+    (IsADirectoryError, errno.EISDIR),
+    (PermissionError, errno.EACCES),
+)
+MISSING_ERRNOS = (errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.ENAMETOOLONG)
+"""Errnos that say a path names nothing usable (absent, a file for a folder, a loop): a read's failure, exit 3."""
 
 
 RESUME_HINT = (
     "then `portable run ... --resume` continues from the last complete checkpoint (nothing half-written is kept)"
 )
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+WRITE_ONLY_ERRNOS = (*DISK_FULL_ERRNOS, errno.EROFS, errno.EXDEV)
+"""Errnos only a write (or a rename) gets: an OSError of one of these is a failed write, exit 8."""
 _DISK_FULL_WORDS = ("no space left on device", "os error 28", "disk quota exceeded", "file too large")
 
 

@@ -63,6 +63,7 @@ from reproduction.errors import (  # noqa: E402
     PortableError,
     UsageError,
     WriteFailedError,
+    errno_of,
     os_error,
     render_error,
 )
@@ -73,7 +74,8 @@ from reproduction.train.heap import choice as heap_choice  # noqa: E402
 from reproduction.ui import UiOptions, say  # noqa: E402
 
 EXIT_CODES = """exit codes:
-  0 ok    1 bug    2 usage (also: a command not built yet)    3 not found or unreadable
+  0 ok    1 bug (or a recipe's own exception: the hint names its file and line)
+  2 usage (also: a command not built yet)    3 not found or unreadable (or cannot be accessed)
   4 invalid input or format version
   5 integrity (verify: 11 missing, 12 extra, 13 size mismatch, 14 digest mismatch; lowest wins;
                lineage --verify: 11 a subject or material missing, 14 its digest differs)
@@ -89,7 +91,7 @@ EXIT_CODES = """exit codes:
          54 a recipe's stage broke the protocol: returned no StageOutput, called sys.exit,
          55 the run folder cannot be used: wrongly shaped run.json, a linked stage folder,
             --output in the bundle (but not under its runs/),
-         56 the preflight found several problems (each listed),
+         56 the preflight found several problems (each listed; one has its own code),
          57 bundle layers not restored: run `portable restore`, 58 Ray did not start or the cluster did not answer)
   run: 11-14 a bundle file it reads differs    7 also: another `portable run` works in the run folder
   130 interrupted (Ctrl-C, SIGTERM)
@@ -694,15 +696,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _from_os_error(exc: OSError) -> PortableError:
-    """A raw OSError that reached the CLI (the library should have wrapped it), through the one
-    mapping (errors.os_error), so the user still gets one line and a usage-class code, not a bug."""
-    op = "read" if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ELOOP) else "write"
-    if exc.errno in DISK_FULL_ERRNOS and exc.filename is not None:  # where it happened is already named
-        return os_error(exc, "a file", op=op)
-    raised_at = _raised_outside(exc)  # an out-of-tree recipe's own file access: say where in its code
-    where = f"raised at {raised_at}, outside recap-portable; " if raised_at else ""
-    return os_error(exc, "a file", op=op, hint=f"{where}rerun with --debug to see where it happened")
+def _from_os_error(exc: OSError) -> PortableError | None:
+    """A raw OSError that reached the CLI (the library should have wrapped it), through the one mapping
+    (errors.os_error, op 'access': what happened decides read or write, never a guess), so the user gets one line and
+    a usage-class code, not a bug. None where it is no such failure, for `main` to show as an unexpected exception
+    (exit 1): one raised without an errno that names no missing file, a permission or the like (`OSError("...")`),
+    and one a recipe's or other user code raised itself (docs/recipes.md: exit 1 naming its file and line; audit50
+    F6), except a full disk, which is exit 8 whoever hit it."""
+    origin = _origin(exc)
+    code = errno_of(exc)
+    if code in DISK_FULL_ERRNOS and exc.filename is not None:  # where it happened is already named
+        return os_error(exc, "a file", op="write")
+    if code is None or (origin is not None and origin.via is None and code not in DISK_FULL_ERRNOS):
+        return None
+    where = f"{origin.hint_head()}; " if origin else ""
+    return os_error(exc, "a file", op="access", hint=f"{where}rerun with --debug to see where it happened")
 
 
 PATH_ARGUMENTS = (
@@ -774,6 +782,84 @@ the command runs (`--config`, MANIFEST and `check --json FILE` say the same in t
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`portable ARGV`: the command's exit code. While it runs, stderr (talk) drops what it cannot write and stdout
+    drops what a reader that went away (`| head`) no longer reads, so neither changes the code (audit50 F9: a run
+    with `2>/dev/full`, or its stderr piped to `head`, ended 1, "a bug", after it had done its work); Python's own
+    flush at exit then finds nothing left to write. Data stdout cannot take (a full disk) is exit 8 naming stdout."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout = _Stream(out, data=True) if out is not None else None
+    sys.stderr = _Stream(err, data=False) if err is not None else None
+    try:
+        code = _main(argv)
+        try:
+            if sys.stdout is not None:
+                sys.stdout.flush()
+        except PortableError as exc:  # the command's data did not all reach stdout
+            code = code or render_error(exc)
+        return code
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+class _Stream:
+    """sys.stdout or sys.stderr while `main` runs: a write or flush the stream refuses is not the command's failure.
+    On stderr (`data` False: talk) any refusal (EPIPE, ENOSPC, EIO, a closed file) drops this and every later line;
+    on stdout a reader gone away (EPIPE) does, and any other refusal is a WriteFailedError (exit 8) naming stdout.
+    The stream's file descriptor is then pointed at /dev/null, so what its buffer still holds (and Python's flush at
+    exit, and child processes) write nowhere instead of failing again."""
+
+    def __init__(self, stream: Any, *, data: bool) -> None:
+        self._stream, self._data, self._lost = stream, data, False
+
+    def write(self, text: str) -> int:
+        if not self._lost:
+            try:
+                return self._stream.write(text)
+            except (OSError, ValueError) as exc:
+                self._refused(exc)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._lost:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError) as exc:
+                self._refused(exc)
+
+    def _refused(self, exc: Exception) -> None:
+        if isinstance(exc, UnicodeError):  # a character the stream cannot encode: ours to fix, not a lost stream
+            raise exc
+        self._lost = True
+        _to_devnull(self._stream)
+        if self._data and not isinstance(exc, BrokenPipeError) and getattr(exc, "errno", None) != errno.EPIPE:
+            raise WriteFailedError(
+                f"cannot write the command's output to stdout: {getattr(exc, 'strerror', None) or exc}",
+                hint="send stdout where it can be written (a disk with free space, an open pipe) and run the command "
+                "again",
+            ) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _to_devnull(stream: Any) -> None:
+    """Point `stream`'s file descriptor at /dev/null and drop what its buffer holds (nothing when it has none)."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is an OSError and a ValueError
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+    try:
+        stream.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _main(argv: list[str] | None = None) -> int:
     if "restore" in (sys.argv[1:] if argv is None else argv):
         from reproduction.release.noop import try_noop_restore
 
@@ -814,24 +900,26 @@ def main(argv: list[str] | None = None) -> int:
             return int(args.handler(args) or 0)
     except PortableError as exc:
         _traceback_if(args.debug)  # --debug adds the traceback; the exit code stays the error's (audit47 F9)
-        return render_error(exc)
-    except OSError as exc:
-        _traceback_if(args.debug)
-        return render_error(_from_os_error(exc))
+        origin = _origin(exc) if type(exc) is PortableError else None  # a recipe's bare PortableError: say where
+        return render_error(exc, raised_at=origin.at if origin else None)
     except KeyboardInterrupt:
         return _interrupted(args)
     except Exception as exc:
+        mapped = _from_os_error(exc) if isinstance(exc, OSError) else None
+        if mapped is not None:
+            _traceback_if(args.debug)
+            return render_error(mapped)
         if arrived or interrupt_in_chain(exc):  # an interrupt a library turned into another error (audit47 F8)
             return _interrupted(args)
         if args.debug:
             raise
-        raised_at = _raised_outside(exc)
-        if isinstance(exc, ModuleNotFoundError) and exc.name and raised_at is None:
+        origin = _origin(exc)
+        if isinstance(exc, ModuleNotFoundError) and exc.name and origin is None:
             if not exc.name.startswith("reproduction"):  # a package our code imports is not installed: not a bug
                 return render_error(missing_runtime(exc.name, args.command))
-        label = "" if raised_at else "internal error: "  # not ours: no "internal error" over the user's exception
+        label = "" if origin else "internal error: "  # not ours: no "internal error" over the user's exception
         print(f"error: {label}{type(exc).__name__}: {exc}", file=sys.stderr)
-        print(f"hint: {_blame(exc, raised_at)}", file=sys.stderr)
+        print(f"hint: {_blame(origin)}", file=sys.stderr)
         return 1
 
 
@@ -851,10 +939,34 @@ def _traceback_if(debug: bool) -> None:
         traceback.print_exc(file=sys.stderr)
 
 
-def _raised_outside(exc: BaseException) -> str | None:
-    """'FILE:LINE (FUNCTION)' of the innermost frame of `exc`'s traceback outside the interpreter's libraries
-    (stdlib, site-packages) when that frame is not recap-portable's own code (an out-of-tree recipe's, or other code
-    of the user's); None when it is ours."""
+@dataclasses.dataclass(frozen=True)
+class _Origin:
+    """Where an exception that is not recap-portable's own mistake came from (`_origin`)."""
+
+    at: str
+    """'FILE:LINE (FUNCTION)' of the user's code (a recipe's) that raised it, or passed what made ours raise it."""
+    via: str | None = None
+    """'FILE:LINE (FUNCTION)' of recap-portable's frame that raised it, called from `at` (a helper such as
+    fsio.atomic_write_text given bytes); None when the user's code raised it itself."""
+    call: bool = False
+    """`at` names a user function recap-portable could not call with the arguments the protocol passes (a stage
+    `def g():`), defined there."""
+
+    def hint_head(self) -> str:
+        """Where it was raised, in the words every hint under it starts with."""
+        if self.call:
+            return f"{self.at}, outside recap-portable, cannot be called with the arguments recap-portable passes"
+        if self.via:
+            return f"raised in recap-portable's {self.via}, called from {self.at}, outside recap-portable"
+        return f"raised at {self.at}, outside recap-portable"
+
+
+def _origin(exc: BaseException) -> _Origin | None:
+    """Whose mistake `exc` is, from its traceback's frames outside the interpreter's libraries (stdlib,
+    site-packages): the innermost one that is not recap-portable's own code (an out-of-tree recipe's, or other code
+    of the user's) when there is one anywhere below the command, even above a frame of ours that raised (a recipe
+    handing a recap-portable helper a wrong argument); a TypeError raised by our call of a user function that cannot
+    take the protocol's arguments names that function; None when only our code is involved (a bug of ours)."""
     import sysconfig
     import traceback
 
@@ -864,24 +976,67 @@ def _raised_outside(exc: BaseException) -> str | None:
         if p
     }
     ours = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename and not f.filename.startswith("<")]
-    for frame in reversed(frames):
-        real = os.path.realpath(frame.filename)
+
+    def kind(filename: str) -> str:
+        real = os.path.realpath(filename)
         if real == ours or real.startswith(ours + os.sep):
-            return None
-        if not any(real.startswith(lib + os.sep) for lib in libraries):
-            return f"{frame.filename}:{frame.lineno} ({frame.name})"
+            return "ours"
+        return "library" if any(real.startswith(lib + os.sep) for lib in libraries) else "user"
+
+    frames = [
+        (frame, line, kind(frame.f_code.co_filename))
+        for frame, line in traceback.walk_tb(exc.__traceback__)
+        if frame.f_code.co_filename and not frame.f_code.co_filename.startswith("<")
+    ]
+    where = [f"{f.f_code.co_filename}:{line} ({f.f_code.co_name})" for f, line, _ in frames]
+    mine = [i for i, (_, _, k) in enumerate(frames) if k != "library"]
+    if not mine:
+        return None
+    inner = mine[-1]
+    if frames[inner][2] == "user":
+        return _Origin(where[inner])
+    users = [i for i in mine if frames[i][2] == "user"]
+    if users:  # ours raised it, called (directly or not) from the user's code with what that code passed
+        return _Origin(where[users[-1]], via=where[inner])
+    if isinstance(exc, TypeError) and inner == len(frames) - 1:  # raised by a call in our frame, before any callee ran
+        callee = _uncallable(exc, frames[inner][0], kind)
+        if callee is not None:
+            return _Origin(callee, call=True)
     return None
 
 
-def _blame(exc: BaseException, raised_at: str | None = None) -> str:
-    """The hint under an unexpected exception: whose bug it is (`_raised_outside`)."""
-    if raised_at:
+def _uncallable(exc: TypeError, frame: Any, kind: Callable[[str], str]) -> str | None:
+    """'MODULE:NAME (defined at FILE:LINE)' of the user's function that `frame` (ours) called with arguments it does
+    not take, as the TypeError's message names it ("g() takes 0 positional arguments but 1 was given"); None when
+    the message names no function, or none of that name outside recap-portable is among the frame's variables."""
+    import re
+
+    named = re.match(r"([\w.<>]+)\(\) ", str(exc))
+    if named is None:
+        return None
+    for value in list(frame.f_locals.values()):
+        func = getattr(value, "__func__", value)  # a bound method: its function
+        code = getattr(func, "__code__", None)
+        if code is None or named.group(1) not in (getattr(func, "__qualname__", None), getattr(func, "__name__", None)):
+            continue
+        if kind(code.co_filename) == "user":
+            name = f"{getattr(func, '__module__', '?')}:{func.__qualname__}"
+            return f"{name} (defined at {code.co_filename}:{code.co_firstlineno})"
+    return None
+
+
+def _blame(origin: _Origin | None) -> str:
+    """The hint under an unexpected exception: whose mistake it is (`_origin`)."""
+    if origin is None:
+        return "this is a bug in recap-portable; rerun with --debug for the traceback and report it"
+    if origin.call:
+        return f"{origin.hint_head()}: check its signature (docs/recipes.md); rerun with --debug for the traceback"
+    if origin.via:
         return (
-            f"raised at {raised_at}, outside recap-portable: a recipe's or other code of yours; "
-            "rerun with --debug for the traceback"
+            f"{origin.hint_head()}: check what your code passes there (if it is right, this is a bug in "
+            "recap-portable: report it); rerun with --debug for the traceback"
         )
-    return "this is a bug in recap-portable; rerun with --debug for the traceback and report it"
+    return f"{origin.hint_head()}: a recipe's or other code of yours; rerun with --debug for the traceback"
 
 
 if __name__ == "__main__":

@@ -199,12 +199,11 @@ def test_an_unexpected_exception_is_exit_1_in_one_line(monkeypatch, capsys):
 
 
 def test_an_unexpected_exception_inside_the_package_is_called_its_bug(monkeypatch, capsys, tmp_path):
-    from reproduction.fsio import atomic_write_bytes
+    """Only recap-portable's frames between the command and the raise: its bug. (Code of the user's that hands one of
+    its helpers a wrong argument is named instead: tests/test_cli_audit50.py.)"""
+    from reproduction.ui import human_bytes
 
-    def write_text_as_bytes(args):
-        atomic_write_bytes(tmp_path / "x", "text, not bytes")  # TypeError inside reproduction/fsio.py
-
-    monkeypatch.setattr(portable, "cmd_verify", write_text_as_bytes)
+    monkeypatch.setattr(portable, "cmd_verify", human_bytes)  # abs(args): a TypeError inside reproduction/ui.py
     assert portable.main(["verify", "/x"]) == 1
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("error: internal error: TypeError:")

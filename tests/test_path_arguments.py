@@ -227,13 +227,14 @@ def test_weights_fetch_into_a_file_is_exit_3_not_a_write_failure(paths, capsys, 
     assert len(lines) == 2 and lines[1].startswith("hint: ") and paths["file"].read_text() == "x = 1\n"
 
 
-def test_a_config_using_bundle_without_a_bundle_is_warned_about(tmp_path, capsys):
-    """${BUNDLE} silently resolved to "" and the run then failed with "dataset /data/sft does not exist"."""
+def test_a_config_using_bundle_without_a_bundle_is_refused_naming_the_key(tmp_path, capsys):
+    """${BUNDLE} silently resolved to "" and the run then failed with "dataset /data/sft does not exist"; then a
+    warning line said so and the run went on; now (audit50 F10) it is refused, naming the key (exit 4)."""
     config = tmp_path / "run.yaml"
     config.write_text('datasets: [{path: "${BUNDLE}/data/sft", type: sft}]\n')
-    assert main(["run", "--config", str(config), "--output", str(tmp_path / "out"), "--print-config"]) == 0
+    assert main(["run", "--config", str(config), "--output", str(tmp_path / "out"), "--print-config"]) == 4
     err = capsys.readouterr().err
-    assert f"warning: no BUNDLE given, so ${{BUNDLE}} in {config} is empty" in err
+    assert err.startswith(f"error: {config}: config key `datasets[0].path` uses ${{BUNDLE}}, which is empty here"), err
     bundle = tmp_path / "b"
     bundle.mkdir()
     assert main(["run", str(bundle), "--config", str(config), "--output", str(tmp_path / "o2"), "--print-config"]) == 0

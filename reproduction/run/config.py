@@ -84,6 +84,7 @@ def load_config(
     from omegaconf import OmegaConf
 
     merged = merged_config(files, overrides, bundle=bundle, run_dir=run_dir, schema=schema)
+    _refuse_empty_placeholders(merged, files, overrides)
     checks = schema.component_checks() if hasattr(schema, "component_checks") else {}
     try:
         OmegaConf.resolve(merged)
@@ -94,6 +95,43 @@ def load_config(
     except Exception as exc:  # omegaconf's errors: one mapping, here
         where = _source_of(getattr(exc, "full_key", None), files, overrides) if _is_interpolation(exc) else None
         raise _config_error(exc, merged, where=where) from None
+
+
+PLACEHOLDERS = {"BUNDLE": "the bundle folder: portable run BUNDLE ...", "RUN": "the run folder: --output DIR"}
+"""The placeholders a schema may declare, and what fills them."""
+
+
+def _refuse_empty_placeholders(merged: Any, files: list[Path] | None, overrides: list[str] | None) -> None:
+    """ConfigError (exit 4) naming the first key whose value uses ${BUNDLE} (or ${RUN}) while that placeholder is
+    empty: the schema declares it, nothing filled it (no bundle given, no BUNDLE= set), so `${BUNDLE}/data` would
+    silently be `/data` (audit50 F10)."""
+    import re
+
+    from omegaconf import OmegaConf
+
+    empty = [n for n in PLACEHOLDERS if n in merged and not OmegaConf.is_missing(merged, n) and merged[n] == ""]
+    if not empty:
+        return
+    plain = OmegaConf.to_container(merged, resolve=False)
+    for key, value in _strings(plain, ""):
+        for name in empty:
+            if key != name and re.search(r"\$\{\s*" + name + r"\s*\}", value):
+                where = _source_of(key.split("[")[0], files, overrides)  # a list's file: the list's
+                raise ConfigError(
+                    f"{f'{where}: ' if where else ''}config key `{key}` uses ${{{name}}}, which is empty here "
+                    f"({value!r} would start at /)",
+                    field=key,
+                    hint=f"give {PLACEHOLDERS[name]} (or set {name}=PATH), or write {key} without ${{{name}}}",
+                )
+
+
+def _strings(node: Any, prefix: str) -> list[tuple[str, str]]:
+    """(dotted key, value) of every string in a plain config (list items as key[i])."""
+    if isinstance(node, dict):
+        return [kv for k, v in node.items() for kv in _strings(v, f"{prefix}.{k}" if prefix else str(k))]
+    if isinstance(node, list):
+        return [kv for i, v in enumerate(node) for kv in _strings(v, f"{prefix}[{i}]")]
+    return [(prefix, node)] if isinstance(node, str) else []
 
 
 def _is_interpolation(exc: BaseException) -> bool:
@@ -160,10 +198,15 @@ def merged_config(
     run_dir: Path | None,
     schema: type,
 ) -> Any:
-    """The merged OmegaConf node (unresolved): schema defaults <- files <- overrides <- BUNDLE/RUN."""
+    """The merged OmegaConf node (unresolved): schema defaults <- files <- overrides <- BUNDLE/RUN. ConfigError (exit
+    4) when the schema has a field of a type OmegaConf cannot hold (a set, a class that is no dataclass), naming the
+    recipe the config names, the field and its type (audit50 F5: it was "internal error", exit 1)."""
     from omegaconf import OmegaConf
 
-    base = OmegaConf.structured(schema)
+    try:
+        base = OmegaConf.structured(schema)
+    except Exception as exc:  # omegaconf's ValidationError: the schema (a recipe's), not the user's config
+        raise _schema_error(exc, schema, given_recipe(files, overrides)) from None
     layers = []
     for path in files or []:
         layers.append((str(path), _load_yaml(Path(path))))
@@ -203,6 +246,42 @@ def merged_config(
                 ) from None
             raise _config_error(exc, merged, where=where) from None
     return merged
+
+
+SCHEMA_TYPES = (
+    "int, float, bool, str, bytes, pathlib.Path, an Enum, Any, Optional[...] of one, list[...] or dict[str, ...] of "
+    "those, or a nested @dataclass section"
+)
+"""The field types a recipe's config schema may use (what OmegaConf's structured configs hold)."""
+
+
+def _schema_error(exc: BaseException, schema: type, recipe: str | None) -> ConfigError:
+    """The one-line ConfigError for a config schema OmegaConf cannot build: the recipe (as the config names it), the
+    field's dotted key and its type annotation, and the types allowed."""
+    key = str(getattr(exc, "full_key", None) or "")
+    node: Any = schema
+    annotation: Any = None
+    for part in key.split(".") if key else []:
+        hints = _resolved_types(node) if isinstance(node, type) and dataclasses.is_dataclass(node) else {}
+        annotation = hints.get(part.split("[")[0])
+        node = annotation
+    shown = _annotation_name(annotation) if annotation is not None else _first_line(exc)
+    ref = f"{schema.__module__}:{schema.__qualname__}"
+    who = f"recipe {recipe!r}: " if recipe else ""
+    field_part = f"field `{key}` is of type {shown}" if key else f"{shown}"
+    return ConfigError(
+        f"{who}config_schema {ref}: {field_part}, which a run config cannot hold",
+        field=key or "config_schema",
+        hint=f"give each field of the schema one of: {SCHEMA_TYPES} (a set as a list; a class of your own as a "
+        "@dataclass)",
+    )
+
+
+def _annotation_name(tp: Any) -> str:
+    """A type annotation as written (`set`, `Thing`, `list[set]`)."""
+    if isinstance(tp, type) and not getattr(tp, "__args__", None):
+        return tp.__qualname__
+    return str(tp).replace("typing.", "")
 
 
 def _section_given_a_value(merged: Any, layer: Any, prefix: str = "") -> str | None:
@@ -353,7 +432,9 @@ def _config_error(exc: BaseException, merged: Any, *, where: str | None = None) 
     if isinstance(exc, ValidationError):
         return ConfigError(f"{src}config key `{key}`: {msg}", field=key, hint="see docs/config.md for its type")
     if _is_interpolation(exc) and key:  # name the key holding the ${...} (audit47 F14)
-        hint = "an interpolation names a config key (${eval.seed}), ${BUNDLE} or ${RUN}: check the name and braces"
+        offered = [f"${{{n}}}" for n in PLACEHOLDERS if n in _keys_at(merged, "")]  # only those the schema has
+        names = ", ".join(["a config key (${eval.seed})", *offered[:-1]]) + (f" or {offered[-1]}" if offered else "")
+        hint = f"an interpolation names {names}: check the name and braces"
         return ConfigError(f"{src}config key `{key}`: {msg}", field=key, hint=hint)
     return ConfigError(f"{src}config: {msg}", field=key or None)
 

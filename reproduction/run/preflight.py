@@ -273,20 +273,30 @@ def _save_stamp(stamp_path: Path, stamp: str) -> None:
         pass  # a read-only cache only costs the rehash next time
 
 
+NOTHING_STARTED = "nothing was started or written"
+"""What the hint under a preflight refusal says of the run."""
+
+
 def raise_problems(problems: list[str | PortableError]) -> None:
-    """Raise nothing for no problems; the error itself for one (its own exit code); PreflightError
-    (exit 56) listing all of them for several."""
+    """Raise nothing for no problems; for one, the error itself with its own exit code (a string, from a recipe's
+    preflight, as a ConfigError: exit 4, as the generic checks' one placeholder is), and a hint when it has none;
+    PreflightError (exit 56) listing all of them for several. One problem was exit 56 ("several problems") without a
+    hint when a recipe returned it as a string (audit50 F10)."""
     if not problems:
         return
-    if len(problems) == 1 and isinstance(problems[0], PortableError):
-        raise problems[0]
+    if len(problems) == 1:
+        from reproduction.errors import ConfigError
+
+        (one,) = problems
+        error = one if isinstance(one, PortableError) else ConfigError(f"preflight: {one}")
+        if error.hint is None:
+            error.hint = f"fix it, then run again ({NOTHING_STARTED})"
+        raise error
     codes = {p.exit_code for p in problems if isinstance(p, PortableError)}
     lines = [p.message if isinstance(p, PortableError) else str(p) for p in problems]
-    if len(lines) == 1:
-        raise PreflightError(f"preflight: {lines[0]}", problems=lines)
     raise PreflightError(
         f"preflight found {len(lines)} problems: " + " | ".join(lines),
         codes=sorted(codes),
         problems=lines,
-        hint="fix them all, then run again (nothing was started or written)",
+        hint=f"fix them all, then run again ({NOTHING_STARTED})",
     )
