@@ -11,7 +11,8 @@
 A stage's key is the sha256 of its key parts: the config subsets it reads (minus the fields inside them declared
 `same_outputs()`, reproduction/config_fields.py, and its training step count), the
 fingerprints of the opened inputs, the output digests of the stages it needs, the source digests
-of its code modules (the stage function's module when it names none) and its function's reference (StageSpec.fn).
+of its code modules (the stage function's module and those StageSpec.code names) and its function's reference
+(StageSpec.fn).
 With `resume`: a complete stage whose key and outputs match is skipped; one the
 run was killed in continues (training stages from their newest complete checkpoint, others redone), and so does a
 complete training stage asked for more steps (`--target-step N`, or its step count raised in the config);
@@ -266,7 +267,8 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
 
         # the recipe's own spelling (config keys, stage functions, its headline), before any input
         names = [s.name for s in selected]
-        raise_problems(declaration_problems(recipe, plain) + fn_problems(recipe, names) + headline_problems(recipe))
+        refs = headline_problems(recipe, open_inputs=opts.inputs is None)
+        raise_problems(declaration_problems(recipe, plain) + fn_problems(recipe, names) + refs)
         redone = downstream(recipe, opts.restart)  # trained afresh to --target-step: no clash with the count
         refuse_target_below_raised_count([s for s in selected if s.name not in redone], state, plain, opts.target_step)
         opened: dict[str, Any] = {}
