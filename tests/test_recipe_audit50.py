@@ -364,3 +364,102 @@ def test_an_opened_input_whose_fingerprint_is_no_non_empty_str_is_refused(tmp_pa
         f"opened input 'data' (Data) has fingerprint {shown}, not a non-empty str, so a stage key cannot pin it"
     )
     assert [s.action for s in run_recipe(keyed, Cfg(), tmp_path / "ok").stages] == ["ran"]
+
+
+# -- F7: another stage's recorded files, rewritten or removed ------------------------------------------------------
+
+
+def good(ctx: StageContext) -> StageOutput:
+    out = ctx.out_dir / "g.txt"
+    out.write_text("good\n")
+    (ctx.run_dir / "evidence").mkdir(exist_ok=True)
+    ev = ctx.run_dir / "evidence" / "good_ev.json"
+    ev.write_text("{}")
+    return StageOutput(files=[out, ev])
+
+
+def meddler(ctx: StageContext) -> StageOutput:
+    own = ctx.out_dir / "b.txt"
+    own.write_text("bad\n")
+    mode, other = ctx.config.summary, ctx.run_dir / "good" / "g.txt"
+    if mode == "rewrite":
+        other.write_text("tampered\n")
+    elif mode == "same_bytes":
+        other.write_text("good\n")
+    elif mode == "remove":
+        other.unlink()
+    elif mode == "link_evidence":
+        link = ctx.run_dir / "evidence" / "bad_ev.json"
+        link.symlink_to(ctx.run_dir / "evidence" / "good_ev.json")
+        return StageOutput(files=[own, link])
+    elif mode == "plant":
+        planted = ctx.run_dir / "good" / "planted.txt"
+        planted.write_text("x")
+        return StageOutput(files=[own, planted])
+    return StageOutput(files=[own])
+
+
+MEDDLING = recipe(
+    StageSpec(name="good", fn=f"{__name__}:good", inputs=False),
+    StageSpec(name="bad", fn=f"{__name__}:meddler", needs=("good",), config=("summary",), inputs=False),
+)
+
+
+@pytest.mark.parametrize(("mode", "done"), [("rewrite", "overwrote"), ("remove", "removed")])
+def test_a_stage_changing_another_stages_folder_file_unreturned_is_exit_54(tmp_path, mode, done):
+    """It passed with exit 0; `lineage --verify` then found the digest differing and the next --resume refused the
+    run (exit 52) until the other stage was redone. Only the other stages' evidence/ files were watched."""
+    run = tmp_path / "run"
+    with pytest.raises(StageProtocolError) as err:
+        run_recipe(MEDDLING, Cfg(summary=mode), run)
+    assert err.value.exit_code == 54
+    assert str(err.value) == (
+        f"stage bad ({__name__}:meddler) {done} good/g.txt, which is stage good's output, without returning it"
+    )
+    assert "--restart-stage good then writes good's file again" in err.value.hint
+    state = json.loads((run / "run.json").read_text())["stages"]
+    assert (state["good"]["status"], state["bad"]["status"]) == ("complete", "failed")
+
+
+def test_a_rewrite_of_another_stages_file_with_the_same_bytes_is_no_change(tmp_path):
+    report = run_recipe(MEDDLING, Cfg(summary="same_bytes"), tmp_path / "run")
+    assert [s.action for s in report.stages] == ["ran", "ran"]
+
+
+def test_a_refused_link_planted_in_evidence_is_removed_and_a_file_planted_in_another_stages_folder_is_named(
+    tmp_path,
+):
+    run = tmp_path / "run"
+    with pytest.raises(StageProtocolError, match="returned evidence/good_ev.json, which is stage good's output"):
+        run_recipe(MEDDLING, Cfg(summary="link_evidence"), run)
+    assert sorted(p.name for p in (run / "evidence").iterdir()) == ["good_ev.json"]  # the link, not its target
+    assert (run / "evidence" / "good_ev.json").read_text() == "{}"
+    with pytest.raises(StageProtocolError, match="planted.txt is outside its folder"):
+        run_recipe(MEDDLING, Cfg(summary="plant"), run, RunOptions(resume=True))
+    assert (run / "good" / "planted.txt").exists()  # left: see OutputsWatch.remove_planted
+    assert [s.action for s in run_recipe(MEDDLING, Cfg(), run, RunOptions(resume=True)).stages] == ["skipped", "ran"]
+
+
+def test_watching_thousands_of_recorded_files_costs_stats_only(tmp_path):
+    """Two stats per recorded file of the other stages, no hashing when nothing changed (the cost measured is in
+    OutputsWatch's docstring)."""
+    import time
+
+    from reproduction.digest_cache import DigestCache
+    from reproduction.run.stage_outputs import OutputsWatch
+
+    (tmp_path / "big").mkdir()
+    outputs = {}
+    for i in range(5000):
+        p = tmp_path / "big" / f"f{i}.bin"
+        p.write_bytes(b"x")
+        st = p.stat()
+        outputs[p.name] = [st.st_size, st.st_mtime_ns, "0" * 64]
+    state = {"stages": {"big": {"status": "complete", "outputs": outputs}}}
+    hashed = []
+    digests = DigestCache(hasher=lambda path: hashed.append(path) or "0" * 64)
+    t0 = time.perf_counter()
+    watch = OutputsWatch.watch(tmp_path, state, "small")
+    assert watch.refuse_changed(spec("small"), tmp_path / "small", {}, digests) == set()
+    assert len(watch.files) == 5000 and not hashed
+    assert time.perf_counter() - t0 < 2.0  # a generous bound; the docstring gives the measured cost

@@ -65,7 +65,7 @@ from reproduction.run.stage_keys import (
     weight_files,
 )
 from reproduction.run.stage_outputs import (
-    EvidenceWatch,
+    OutputsWatch,
     collect_outputs,
     others_outputs,
     outputs_digest,
@@ -654,15 +654,19 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         ray=walk.ray.address if walk.ray is not None else None,
         digests=walk.digests,
     )
-    watch = EvidenceWatch.watch(run_dir, state, spec.name)  # other stages' evidence files, stat'ed before the call
+    watch = OutputsWatch.watch(run_dir, state, spec.name)  # other stages' recorded files, stat'ed before the call
     t0 = time.perf_counter()
     try:
         output = call_stage(spec, ctx, recipe=walk.recipe.name)
-        outputs = collect_outputs(spec, stage_dir, output.files, walk.digests)
-        if not outputs:
-            raise CheckpointError(f"stage {spec.name} wrote no outputs into {stage_dir}", path=stage_dir)
-        refuse_others_files(state, run_dir, spec, outputs)
-        taken = watch.refuse_changed(spec, stage_dir, outputs, walk.digests)  # ... and those it changed unreturned
+        try:
+            outputs = collect_outputs(spec, stage_dir, output.files, walk.digests)
+            if not outputs:
+                raise CheckpointError(f"stage {spec.name} wrote no outputs into {stage_dir}", path=stage_dir)
+            refuse_others_files(state, run_dir, spec, outputs)
+            taken = watch.refuse_changed(spec, stage_dir, outputs, walk.digests)  # ... and those changed unreturned
+        except StageProtocolError:
+            watch.remove_planted(output.files)  # a file or link it made in evidence/ is not left for compare to read
+            raise
         seconds = time.perf_counter() - t0
         ended = time.time()
         if take_over(state, run_dir, spec.name, outputs, taken) & set(spec.needs):  # its upstream records changed
