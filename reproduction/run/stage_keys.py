@@ -7,6 +7,7 @@ digests), how a recorded key is compared with today's, and the lines that name w
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -276,10 +277,11 @@ def _definition(module: str, attr: str) -> ast.stmt | None:
     if spec is None or not spec.origin or not os.path.isfile(spec.origin) or not spec.origin.endswith(".py"):
         return None
     try:
-        tree = ast.parse(Path(spec.origin).read_bytes())
+        st = os.stat(spec.origin)
+        body = _top_level(spec.origin, st.st_size, st.st_mtime_ns)
     except (OSError, SyntaxError, ValueError):
         return None
-    for node in tree.body:
+    for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == attr:
             return node
         targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
@@ -292,6 +294,13 @@ def _definition(module: str, attr: str) -> ast.stmt | None:
         ):
             return node
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def _top_level(origin: str, size: int, mtime_ns: int) -> tuple[ast.stmt, ...]:
+    """The top-level statements of the source file `origin` as it is at (size, mtime_ns): parsed once for the check
+    that the function exists and the check of its signature (fn_problems), and once per edit."""
+    return tuple(ast.parse(Path(origin).read_bytes()).body)
 
 
 def _fingerprint(name: str, opened: Any) -> str:
