@@ -268,7 +268,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         # the recipe's own spelling (config keys, stage functions, its headline), before any input
         names = [s.name for s in selected]
         refs = headline_problems(recipe, open_inputs=opts.inputs is None)
-        raise_problems(declaration_problems(recipe, plain) + fn_problems(recipe, names) + refs)
+        raise_problems(declaration_problems(recipe, plain) + fn_problems(recipe, names, digests) + refs)
         redone = downstream(recipe, opts.restart)  # trained afresh to --target-step: no clash with the count
         refuse_target_below_raised_count([s for s in selected if s.name not in redone], state, plain, opts.target_step)
         opened: dict[str, Any] = {}

@@ -4,9 +4,11 @@ range, and no sys.exit. Every refusal is a StageProtocolError (exit 54) naming t
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import numbers
+import types
 from typing import Any
 
 from reproduction.errors import StageProtocolError
@@ -76,12 +78,12 @@ def signature_problem(fn: Any) -> str | None:
     """Why `fn` cannot be called as fn(ctx), the stage protocol (None when it can, or has no signature to read): an
     async def (its coroutine was never awaited, a RuntimeWarning beside exit 54), or a signature that does not bind
     one positional argument (inspect's words: "too many positional arguments", "missing a required argument: 'x'")."""
-    import inspect
-
     if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
         return ASYNC_STAGE
     if inspect.isgeneratorfunction(fn):
         return "it is a generator function (it yields), which returns a generator, not a StageOutput"
+    if type(fn) is types.FunctionType and not hasattr(fn, "__wrapped__"):  # read from its code: ~1 us, not ~30
+        return _plain_function_problem(fn)
     try:
         inspect.signature(fn).bind(None)
     except TypeError as exc:
@@ -89,6 +91,18 @@ def signature_problem(fn: Any) -> str | None:
     except ValueError:  # no signature to read (a builtin): the call itself says
         return None
     return None
+
+
+def _plain_function_problem(fn: types.FunctionType) -> str | None:
+    """signature_problem of a plain function, read from its code object in inspect's words."""
+    code = fn.__code__
+    positional = code.co_varnames[: code.co_argcount]
+    if not positional and not code.co_flags & inspect.CO_VARARGS:
+        return "too many positional arguments"
+    required = list(positional[1 : code.co_argcount - len(fn.__defaults__ or ())])
+    kwonly = code.co_varnames[code.co_argcount : code.co_argcount + code.co_kwonlyargcount]
+    required += [k for k in kwonly if k not in (fn.__kwdefaults__ or {})]
+    return f"missing a required argument: {required[0]!r}" if required else None
 
 
 def uncallable_error(recipe: str | None, spec: StageSpec, why: str) -> StageProtocolError:

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import sys
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,27 +34,40 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(canonical(obj).encode()).hexdigest()
 
 
-def module_digest(name: str, digests: DigestCache | None = None) -> str:
-    """sha256 of a module's source file, found without importing it (an imported module's file is the one
-    find_spec would find: asking the import system costs ~0.2 ms a module, a stage key names several). A package's is
-    the digest of every .py file under its folder(s), by path relative to them, sorted (`package_digest`): its
-    `__init__.py` alone, often empty, pinned nothing of the modules a recipe meant by naming its package."""
+_LOCATED: weakref.WeakKeyDictionary[DigestCache, dict[str, tuple[Any, Any] | None]] = weakref.WeakKeyDictionary()
+"""Per run (its digest cache): module name -> where `_locate` found it."""
+
+
+def _locate(name: str, digests: DigestCache | None = None) -> tuple[Any, Any] | None:
+    """(source file, package folders or None) of module `name`, found without importing it; None when it cannot be
+    found. An imported module's are the ones find_spec would find; the others are asked of the import system once per
+    run (~50 us a module): fn_problems checks a stage's code modules before anything runs, and the key digests them."""
     loaded = sys.modules.get(name)
-    origin = getattr(loaded, "__file__", None)
-    folders = getattr(loaded, "__path__", None) if loaded is not None else None
-    if loaded is None:
+    if loaded is not None:
+        return getattr(loaded, "__file__", None), getattr(loaded, "__path__", None)
+    memo = _LOCATED.setdefault(digests, {}) if digests is not None else {}
+    if name not in memo:
         try:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):  # a parent package that does not exist, or a malformed name
             spec = None
-        if spec is None:
-            raise ConfigError(
-                f"code module {name!r} a stage declares (StageSpec.code) cannot be found",
-                field="code",
-                hint="name importable modules whose source the stage's outputs depend on, or fix the recipe's spelling",
-            )
-        origin, folders = spec.origin, spec.submodule_search_locations
+        memo[name] = None if spec is None else (spec.origin, spec.submodule_search_locations)
+    return memo[name]
+
+
+def module_digest(name: str, digests: DigestCache | None = None) -> str:
+    """sha256 of a module's source file, found without importing it (`_locate`). A package's is the digest of every
+    .py file under its folder(s), by path relative to them, sorted (`package_digest`): its `__init__.py` alone, often
+    empty, pinned nothing of the modules a recipe meant by naming its package."""
     digests = digests or DigestCache()
+    found = _locate(name, digests)
+    if found is None:
+        raise ConfigError(
+            f"code module {name!r} a stage declares (StageSpec.code) cannot be found",
+            field="code",
+            hint="name importable modules whose source the stage's outputs depend on, or fix the recipe's spelling",
+        )
+    origin, folders = found
     if folders is not None:
         return package_digest([Path(f) for f in folders], digests)
     if not origin or not os.path.isfile(origin):
@@ -150,14 +164,15 @@ def upgrade_parts(spec: StageSpec, recorded: dict[str, Any], today: dict[str, An
     return parts
 
 
-def fn_problems(recipe: Recipe, names: Sequence[str]) -> list[PortableError]:
+def fn_problems(recipe: Recipe, names: Sequence[str], digests: DigestCache | None = None) -> list[PortableError]:
     """For each stage of `names`: a ConfigError (exit 4) when its function (StageSpec.fn) cannot be found (its module
     not importable-by-name, or no top-level name of that spelling in its source, checked by reading the source and
     importing the module only when the name is not there: a finished --resume of a torch recipe imports no torch) or
     a `code` module cannot be; a StageProtocolError (exit 54) when the function cannot be called as fn(ctx) (read
     from its signature, or from its `def` when the module is not imported: `stage_call.signature_problem`), or is an
     async def. Checked before anything runs: a misspelt last stage was found only after the earlier stages had run,
-    and a function of another signature was "internal error: TypeError" (audit50_B F4)."""
+    and a function of another signature was "internal error: TypeError" (audit50_B F4). `digests`: the run's digest
+    cache (a code module is then looked up once per run)."""
     problems: list[PortableError] = []
     for spec in recipe.stages:
         if spec.name not in names:
@@ -181,18 +196,9 @@ def fn_problems(recipe: Recipe, names: Sequence[str]) -> list[PortableError]:
                 hint="name importable modules whose source the stage's outputs depend on, or fix the spelling",
             )
             for m in spec.code
-            if not _findable(m)
+            if _locate(m, digests) is None
         ]
     return problems
-
-
-def _findable(module: str) -> bool:
-    if module in sys.modules:
-        return True
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _uncallable(ref: str) -> str | None:
