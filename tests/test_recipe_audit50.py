@@ -264,9 +264,11 @@ def test_a_stage_functions_def_is_read_without_importing_its_module(tmp_path, mo
         "async def coro(ctx): ...\n"
         "def fine(ctx, extra=1, *, k=2): ...\n"
         "def star(*args): ...\n"
+        "def rebound(ctx, extra): ...\n"
+        "rebound = make_it_take_ctx(rebound)\n"  # what the name holds is not the def: the call checks it
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    stages = [spec(n, fn=f"unimported50:{n}") for n in ("two", "coro", "fine", "star")]
+    stages = [spec(n, fn=f"unimported50:{n}") for n in ("two", "coro", "fine", "star", "rebound")]
     problems = fn_problems(recipe(*stages), [s.name for s in stages])
     assert "unimported50" not in sys.modules
     assert [str(p) for p in problems] == [

@@ -274,8 +274,9 @@ def _defines(module: str, attr: str) -> bool:
 
 
 def _definition(module: str, attr: str) -> ast.stmt | None:
-    """The top-level statement of `module`'s source (found without importing it) that defines or imports `attr`; None
-    when there seems to be none or the source cannot be read."""
+    """The last top-level statement of `module`'s source (found without importing it) that defines or imports `attr`
+    (a def rebound below, `f = wrap(f)`, is what the name holds: its signature is not the def's); None when there
+    seems to be none or the source cannot be read."""
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
@@ -287,19 +288,20 @@ def _definition(module: str, attr: str) -> ast.stmt | None:
         body = _top_level(spec.origin, st.st_size, st.st_mtime_ns)
     except (OSError, SyntaxError, ValueError):
         return None
+    found = None
     for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == attr:
-            return node
+            found = node
         targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
             isinstance(t, ast.Name) and t.id == attr for t in targets
         ):
-            return node
+            found = node
         if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
             (a.asname or a.name.split(".")[0]) == attr for a in node.names
         ):
-            return node
-    return None
+            found = node
+    return found
 
 
 @functools.lru_cache(maxsize=64)
