@@ -38,8 +38,8 @@ class StageSpec:
     name: str
     """Stage name: also its folder in the run and its `--stages` / `--restart-stage` name."""
     fn: str
-    """"module:function" called as fn(StageContext) -> StageOutput (the reference is part of its key; checked before
-    anything runs)."""
+    """"module:function" called as fn(StageContext) -> StageOutput (the reference is part of its key; that it names a
+    function callable so, not an async def, is checked before anything runs)."""
     needs: tuple[str, ...] = ()
     """Upstream stages whose outputs it reads (their output digests are part of its key)."""
     config: tuple[str, ...] = ()
@@ -50,10 +50,11 @@ class StageSpec:
     outputs: tuple[str, ...] = ("**/*",)
     """Globs (relative to the stage folder) of the files that are its outputs (digested, verified on resume)."""
     training: str | None = None
-    """For a training stage: the dotted key of its step count (`--target-step` raises it; a killed run
-    continues from the newest complete checkpoint). Exempt from the key."""
+    """For a training stage: the dotted key of its integer step count, e.g. "train.steps", never a section
+    (`--target-step` raises it; a killed run continues from the newest complete checkpoint). Exempt from the key."""
     code: tuple[str, ...] = ()
-    """Modules whose source is part of its key (a code change is a changed input); none: the module of `fn`."""
+    """Modules whose source is part of its key (a code change is a changed input), beside the module of `fn`, which
+    always is; a package named here keys every .py file under its folder."""
     files: tuple[str, ...] = ()
     """Dotted config keys naming files it reads by path (not datasets): their sha256 is part of its key and
     each is a lineage input. An unset key (None or "") counts as no file."""
@@ -129,6 +130,7 @@ class Recipe:
                 )
             if st.name in seen:
                 raise ConfigError(f"recipe {self.name}: stage {st.name!r} is declared twice", field="stages")
+            _check_fields(self.name, st)
             missing = [n for n in st.needs if n not in seen]
             if missing:
                 raise ConfigError(
@@ -153,6 +155,46 @@ class Recipe:
             return list(self.stages)
         wanted = {self.stage(n).name for n in names}
         return [st for st in self.stages if st.name in wanted]
+
+
+_STR_TUPLES = ("needs", "config", "outputs", "code", "files", "weights")
+"""StageSpec's fields of str items: a tuple (or a list) of str. A bare str (`config=("train")`, a missing trailing
+comma) was read letter by letter: config keys 't', 'r', ..., or globs '.', 'o' that crashed the run after the stage
+ran (audit50_B F3)."""
+
+
+def _check_fields(recipe: str, st: StageSpec) -> None:
+    """ConfigError (exit 4) naming the recipe, the stage, the field and the value when a StageSpec field is not of its
+    type, or an `outputs` glob is empty, absolute or has a `.` or `..` part (pathlib refused those only when the
+    stage had run, as an internal error)."""
+
+    def refuse(name: str, value: Any, why: str, hint: str) -> None:
+        message = f"recipe {recipe}: stage {st.name}'s {name} is {value!r:.80}, {why}"
+        raise ConfigError(message, field=f"stages.{st.name}.{name}", hint=hint)
+
+    for name in _STR_TUPLES:
+        value = getattr(st, name)
+        if isinstance(value, str):
+            refuse(name, value, "a str, not a tuple of str", f"write {name}=({value!r},) (note the trailing comma)")
+        if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) and v for v in value):
+            refuse(name, value, "not a tuple of non-empty str", f"write {name} as a tuple of str, e.g. ('a', 'b')")
+    pairs = st.files_if
+    if not isinstance(pairs, (tuple, list)) or not all(
+        isinstance(p, (tuple, list)) and len(p) == 2 and all(isinstance(k, str) and k for k in p) for p in pairs
+    ):
+        refuse(
+            "files_if", pairs, "not a tuple of (file key, boolean key) pairs", "write files_if=(('a.file', 'a.on'),)"
+        )
+    for name, value in (("fn", st.fn), ("training", st.training)):
+        if not (isinstance(value, str) and value) and not (name == "training" and value is None):
+            refuse(name, value, "not a non-empty str", "see reproduction/recipe.py: StageSpec")
+    for name in ("inputs", "redo_on_change"):
+        if not isinstance(getattr(st, name), bool):
+            refuse(name, getattr(st, name), "not a bool", f"write {name}=True or {name}=False")
+    for glob in st.outputs:
+        if glob.startswith("/") or {".", "..", ""} & set(glob.split("/")):
+            why = "not a glob relative to the stage's folder (no leading /, no empty, . or .. part)"
+            refuse("outputs", glob, why, "name the stage's outputs relative to its folder, e.g. 'export/**/*'")
 
 
 @dataclass(kw_only=True)

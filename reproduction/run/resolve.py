@@ -7,6 +7,7 @@ the module is imported here by that name, so an out-of-tree recipe runs with `po
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 import re
 from typing import Any
@@ -46,6 +47,13 @@ def resolve_recipe(name: str) -> Recipe:
     except ModuleNotFoundError as exc:
         unknown = not sep and exc.name in (module, BUILTIN_PACKAGE)
         parents = {".".join(module.split(".")[: i + 1]) for i in range(module.count(".") + 1)}
+        parent = _importable_parent(exc.name)
+        if parent and exc.name not in parents:  # a misspelt submodule of a package that is there: not a pip install
+            raise ConfigError(
+                f"recipe: {name!r} imports {exc.name!r}, which the package {parent[0]!r} ({parent[1]}) does not have",
+                field="recipe",
+                hint=f"fix the spelling of the import (the modules {parent[0]!r} has are in {parent[1]})",
+            ) from None
         if exc.name and exc.name not in parents and not exc.name.startswith(BUILTIN_PACKAGE):
             raise MissingDependencyError(  # the recipe module was found; a package it imports was not
                 f"recipe: {name!r} imports {exc.name!r}, which is not installed in this environment",
@@ -56,6 +64,12 @@ def resolve_recipe(name: str) -> Recipe:
             f"recipe: {name!r} {what}",
             field="recipe",
             hint=f"built-in recipes: {known}; an out-of-tree recipe's package must be importable (PYTHONPATH)",
+        ) from None
+    except ConfigError as exc:  # a Recipe built wrong (a str for a tuple, a duplicate stage): its own hint
+        raise ConfigError(
+            f"recipe: {name!r} cannot be imported: {exc.message}",
+            field=exc.fields.get("field") or "recipe",
+            hint=exc.hint or "fix the recipe module",
         ) from None
     except (Exception, SystemExit) as exc:  # the recipe module itself failed (or exited): one line, the recipe named
         raise ConfigError(
@@ -99,6 +113,23 @@ def recipe_schema(recipe: Recipe) -> type:
             hint="point the recipe's config_schema at a 'module:Class' whose class is a @dataclass (docs/recipes.md)",
         )
     return schema
+
+
+def _importable_parent(missing: str | None) -> tuple[str, str] | None:
+    """(package, its folder) when the module `missing` ("pkg.sub") names a submodule of a regular package that can be
+    imported: the submodule is misspelt in the recipe's code (audit50_B F10: exit 10 "pip install" sent the user to
+    install a package they had). None for a top-level module, or a namespace package's (another distribution of it
+    may not be installed)."""
+    parent = (missing or "").rpartition(".")[0]
+    if not parent:
+        return None
+    try:
+        spec = importlib.util.find_spec(parent)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not spec.submodule_search_locations:
+        return None
+    return parent, str(list(spec.submodule_search_locations)[0])
 
 
 def _line(exc: BaseException) -> str:

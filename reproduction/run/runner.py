@@ -11,7 +11,8 @@
 A stage's key is the sha256 of its key parts: the config subsets it reads (minus the fields inside them declared
 `same_outputs()`, reproduction/config_fields.py, and its training step count), the
 fingerprints of the opened inputs, the output digests of the stages it needs, the source digests
-of its code modules (the stage function's module when it names none) and its function's reference (StageSpec.fn).
+of its code modules (the stage function's module and those StageSpec.code names) and its function's reference
+(StageSpec.fn).
 With `resume`: a complete stage whose key and outputs match is skipped; one the
 run was killed in continues (training stages from their newest complete checkpoint, others redone), and so does a
 complete training stage asked for more steps (`--target-step N`, or its step count raised in the config);
@@ -63,7 +64,7 @@ from reproduction.run.stage_keys import (
     weight_files,
 )
 from reproduction.run.stage_outputs import (
-    EvidenceWatch,
+    OutputsWatch,
     collect_outputs,
     others_outputs,
     outputs_digest,
@@ -265,7 +266,8 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
 
         # the recipe's own spelling (config keys, stage functions, its headline), before any input
         names = [s.name for s in selected]
-        raise_problems(declaration_problems(recipe, plain) + fn_problems(recipe, names) + headline_problems(recipe))
+        refs = headline_problems(recipe, open_inputs=opts.inputs is None)
+        raise_problems(declaration_problems(recipe, plain) + fn_problems(recipe, names, digests) + refs)
         redone = downstream(recipe, opts.restart)  # trained afresh to --target-step: no clash with the count
         refuse_target_below_raised_count([s for s in selected if s.name not in redone], state, plain, opts.target_step)
         opened: dict[str, Any] = {}
@@ -677,15 +679,19 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         ray=walk.ray.address if walk.ray is not None else None,
         digests=walk.digests,
     )
-    watch = EvidenceWatch.watch(run_dir, state, spec.name)  # other stages' evidence files, stat'ed before the call
+    watch = OutputsWatch.watch(run_dir, state, spec.name)  # other stages' recorded files, stat'ed before the call
     t0 = time.perf_counter()
     try:
         output = call_stage(spec, ctx, recipe=walk.recipe.name)
-        outputs = collect_outputs(spec, stage_dir, output.files, walk.digests)
-        if not outputs:
-            raise CheckpointError(f"stage {spec.name} wrote no outputs into {stage_dir}", path=stage_dir)
-        refuse_others_files(state, run_dir, spec, outputs)
-        taken = watch.refuse_changed(spec, stage_dir, outputs, walk.digests)  # ... and those it changed unreturned
+        try:
+            outputs = collect_outputs(spec, stage_dir, output.files, walk.digests)
+            if not outputs:
+                raise CheckpointError(f"stage {spec.name} wrote no outputs into {stage_dir}", path=stage_dir)
+            refuse_others_files(state, run_dir, spec, outputs)
+            taken = watch.refuse_changed(spec, stage_dir, outputs, walk.digests)  # ... and those changed unreturned
+        except StageProtocolError:
+            watch.remove_planted(output.files)  # a file or link it made in evidence/ is not left for compare to read
+            raise
         seconds = time.perf_counter() - t0
         ended = time.time()
         if take_over(state, run_dir, spec.name, outputs, taken) & set(spec.needs):  # its upstream records changed

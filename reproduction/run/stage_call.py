@@ -4,9 +4,11 @@ range, and no sys.exit. Every refusal is a StageProtocolError (exit 54) naming t
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import numbers
+import types
 from typing import Any
 
 from reproduction.errors import StageProtocolError
@@ -26,6 +28,9 @@ def call_stage(spec: StageSpec, ctx: StageContext, *, recipe: str | None = None)
         key=f"stages.{spec.name}.fn",
         hint="fix the spelling of the StageSpec's fn ('module:function')",
     )
+    why = signature_problem(fn)
+    if why:  # fn_problems found it before anything ran, unless its def could not be read unimported (decorated)
+        raise uncallable_error(recipe, spec, why)
     try:
         output = fn(ctx)
     except SystemExit as exc:
@@ -65,14 +70,64 @@ def call_stage(spec: StageSpec, ctx: StageContext, *, recipe: str | None = None)
     return output
 
 
+ASYNC_STAGE = "it is an async def, which the runner would call without awaiting"
+STAGE_FN_HINT = "write it as def NAME(ctx: StageContext) -> StageOutput (reproduction/recipe.py: StageSpec.fn)"
+
+
+def signature_problem(fn: Any) -> str | None:
+    """Why `fn` cannot be called as fn(ctx), the stage protocol (None when it can, or has no signature to read): an
+    async def (its coroutine was never awaited, a RuntimeWarning beside exit 54), or a signature that does not bind
+    one positional argument (inspect's words: "too many positional arguments", "missing a required argument: 'x'")."""
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        return ASYNC_STAGE
+    if inspect.isgeneratorfunction(fn):
+        return "it is a generator function (it yields), which returns a generator, not a StageOutput"
+    if type(fn) is types.FunctionType and not hasattr(fn, "__wrapped__"):  # read from its code: ~1 us, not ~30
+        return _plain_function_problem(fn)
+    try:
+        inspect.signature(fn).bind(None)
+    except TypeError as exc:
+        return str(exc)
+    except ValueError:  # no signature to read (a builtin): the call itself says
+        return None
+    return None
+
+
+def _plain_function_problem(fn: types.FunctionType) -> str | None:
+    """signature_problem of a plain function, read from its code object in inspect's words."""
+    code = fn.__code__
+    positional = code.co_varnames[: code.co_argcount]
+    if not positional and not code.co_flags & inspect.CO_VARARGS:
+        return "too many positional arguments"
+    required = list(positional[1 : code.co_argcount - len(fn.__defaults__ or ())])
+    kwonly = code.co_varnames[code.co_argcount : code.co_argcount + code.co_kwonlyargcount]
+    required += [k for k in kwonly if k not in (fn.__kwdefaults__ or {})]
+    return f"missing a required argument: {required[0]!r}" if required else None
+
+
+def uncallable_error(recipe: str | None, spec: StageSpec, why: str) -> StageProtocolError:
+    """The StageProtocolError (exit 54) for a stage function that cannot be called as fn(ctx), as Recipe.evaluate's
+    check words it (run/cli.py): until audit50_B the call's TypeError was "internal error ... a bug in
+    recap-portable" (exit 1), after the stages before it had run."""
+    who = f"recipe {recipe}: " if recipe else ""
+    return StageProtocolError(
+        f"{who}stage {spec.name}'s function {spec.fn!r} cannot be called as fn(ctx): {why}",
+        stage=spec.name,
+        hint=STAGE_FN_HINT,
+    )
+
+
 def _json_values(value: Any, where: str) -> Any:
     """`value` with each numpy scalar as the Python value it holds (numpy.int64(3) -> 3, numpy.float32(0.5) -> 0.5,
     numpy.bool_ -> bool); TypeError naming `where` (summary['key'][0]...) and the value for anything else JSON cannot
-    hold (bytes, a set, an object): `json.dumps(default=str)` once wrote these as their str(), so numbers became
-    strings and an object's repr, which differs from run to run, was recorded."""
+    hold (bytes, a set, an object, a dict key that is no str): `json.dumps(default=str)` once wrote these as their
+    str(), so numbers became strings and an object's repr, which differs from run to run, was recorded."""
     if value is None or isinstance(value, (str, bool, int, float)):
         return value
     if isinstance(value, dict):
+        for k in value:  # run.json would write 1 as "1" (a reader gets another dict) and refuse a tuple
+            if not isinstance(k, str):
+                raise TypeError(f"{where} key {k!r:.60} is {type(k).__name__}, not a string")
         return {k: _json_values(v, f"{where}[{k!r}]") for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         items = [_json_values(v, f"{where}[{i}]") for i, v in enumerate(value)]

@@ -6,20 +6,24 @@ digests), how a recorded key is compared with today's, and the lines that name w
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
 import importlib
 import importlib.util
 import json
 import os
 import sys
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from reproduction.digest_cache import DigestCache
-from reproduction.errors import ConfigError
+from reproduction.errors import ConfigError, PortableError
 from reproduction.recipe import Recipe, StageSpec
 from reproduction.run.config import select
+from reproduction.run.stage_call import ASYNC_STAGE, signature_problem, uncallable_error
 
 
 def canonical(obj: Any) -> str:
@@ -30,25 +34,60 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(canonical(obj).encode()).hexdigest()
 
 
-def module_digest(name: str, digests: DigestCache | None = None) -> str:
-    """sha256 of a module's source file, found without importing it (an imported module's file is the one
-    find_spec would find: asking the import system costs ~0.2 ms a module, a stage key names several)."""
-    origin = getattr(sys.modules.get(name), "__file__", None)
-    if origin is None:
+_LOCATED: weakref.WeakKeyDictionary[DigestCache, dict[str, tuple[Any, Any] | None]] = weakref.WeakKeyDictionary()
+"""Per run (its digest cache): module name -> where `_locate` found it."""
+
+
+def _locate(name: str, digests: DigestCache | None = None) -> tuple[Any, Any] | None:
+    """(source file, package folders or None) of module `name`, found without importing it; None when it cannot be
+    found. An imported module's are the ones find_spec would find; the others are asked of the import system once per
+    run (~50 us a module): fn_problems checks a stage's code modules before anything runs, and the key digests them."""
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        return getattr(loaded, "__file__", None), getattr(loaded, "__path__", None)
+    memo = _LOCATED.setdefault(digests, {}) if digests is not None else {}
+    if name not in memo:
         try:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):  # a parent package that does not exist, or a malformed name
             spec = None
-        if spec is None:
-            raise ConfigError(
-                f"code module {name!r} a stage declares (StageSpec.code) cannot be found",
-                field="code",
-                hint="name importable modules whose source the stage's outputs depend on, or fix the recipe's spelling",
-            )
-        origin = spec.origin
+        memo[name] = None if spec is None else (spec.origin, spec.submodule_search_locations)
+    return memo[name]
+
+
+def module_digest(name: str, digests: DigestCache | None = None) -> str:
+    """sha256 of a module's source file, found without importing it (`_locate`). A package's is the digest of every
+    .py file under its folder(s), by path relative to them, sorted (`package_digest`): its `__init__.py` alone, often
+    empty, pinned nothing of the modules a recipe meant by naming its package."""
+    digests = digests or DigestCache()
+    found = _locate(name, digests)
+    if found is None:
+        raise ConfigError(
+            f"code module {name!r} a stage declares (StageSpec.code) cannot be found",
+            field="code",
+            hint="name importable modules whose source the stage's outputs depend on, or fix the recipe's spelling",
+        )
+    origin, folders = found
+    if folders is not None:
+        return package_digest([Path(f) for f in folders], digests)
     if not origin or not os.path.isfile(origin):
-        return "absent"  # a namespace package or a built-in module: no source to pin
-    return (digests or DigestCache()).file(Path(origin))
+        return "absent"  # a built-in module: no source to pin
+    return digests.file(Path(origin))
+
+
+def package_digest(folders: Sequence[Path], digests: DigestCache) -> str:
+    """The digest of a package's source: {path relative to its folder: sha256} of every .py file under `folders`
+    (a namespace package may have several; __pycache__ and hidden folders skipped), sorted. Links are not followed
+    into folders, so a link out of the package pins nothing beyond it."""
+    found: dict[str, Path] = {}
+    for folder in folders:
+        for root, dirs, names in os.walk(folder):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+            for n in names:
+                if n.endswith(".py"):
+                    found.setdefault(os.path.relpath(os.path.join(root, n), folder), Path(root, n))
+    shas = digests.files(found.values())
+    return digest({rel: shas[path] for rel, path in sorted(found.items())})
 
 
 def _drop(tree: Any, dotted: str) -> None:
@@ -72,12 +111,13 @@ def key_parts(
     not to change outputs (`output_free_keys(config)`), left out of the subsets that hold them. `digests`: the run's
     digest cache (code and input files)."""
     digests = digests or DigestCache()
+    codes = code_modules(spec)
     config = _exempt(spec, {k: json.loads(canonical(select(plain_config, k))) for k in spec.config}, free)
     parts = {
         "config": config,
         "inputs": {n: _fingerprint(n, v) for n, v in sorted(inputs.items())} if spec.inputs else {},
         "upstream": {n: upstream[n] for n in spec.needs},
-        "code": {m: module_digest(m, digests) if spec.code else _code_digest(m, digests) for m in code_modules(spec)},
+        "code": {m: _code_digest(m, digests) if m == fn_module(spec) else module_digest(m, digests) for m in codes},
         "fn": spec.fn,
     }
     files = input_files(spec, plain_config)
@@ -86,10 +126,16 @@ def key_parts(
     return parts
 
 
+def fn_module(spec: StageSpec) -> str:
+    """The module of a stage's function (StageSpec.fn's part before the colon)."""
+    return spec.fn.partition(":")[0]
+
+
 def code_modules(spec: StageSpec) -> tuple[str, ...]:
-    """The modules whose source is in a stage's key: StageSpec.code, or when it names none the module of the stage
-    function (so a recipe that lists no `code` still sees an edit to the function's own module)."""
-    return spec.code or (spec.fn.partition(":")[0],)
+    """The modules whose source is in a stage's key: the module of the stage function, always (so an edit to the
+    function's own module is seen), then those StageSpec.code names. Until audit50_B a stage naming `code` keyed only
+    those: one naming its recipe's package keyed its empty `__init__.py`, and an edit to the function went unseen."""
+    return tuple(dict.fromkeys((fn_module(spec), *spec.code)))
 
 
 def _code_digest(module: str, digests: DigestCache) -> str:
@@ -100,24 +146,34 @@ def _code_digest(module: str, digests: DigestCache) -> str:
 
 
 def upgrade_parts(spec: StageSpec, recorded: dict[str, Any], today: dict[str, Any]) -> dict[str, Any]:
-    """Recorded key parts brought to today's fields (a copy): a record written before the stage function was keyed
-    (no `fn` part, and `code` empty when the stage names no code modules, as `code_modules` now defaults it) is taken
-    as made by today's function and its module's source, so a run folder written then still resumes without redoing
-    its stages; from its next record on both are keyed."""
+    """Recorded key parts brought to today's fields (a copy), so a run folder written before a field was keyed still
+    resumes without redoing its stages, and from its next record on the field is keyed: a record without the stage
+    function's reference (no `fn` part, and `code` empty when the stage names no code modules) is taken as made by
+    today's function and its module's source; a record of a stage naming `code` whose `code` part holds exactly
+    those modules (written before the function's own module was always keyed, `code_modules`) is taken as made by
+    today's source of the function's module."""
     parts = json.loads(canonical(recorded))
     if "fn" not in parts and "fn" in today:
         parts["fn"] = today["fn"]
         if not spec.code and parts.get("code") == {}:
             parts["code"] = today.get("code", {})
+    code, module = parts.get("code"), fn_module(spec)
+    if spec.code and module not in spec.code and isinstance(code, dict) and set(code) == set(spec.code):
+        if module in today.get("code", {}):
+            code[module] = today["code"][module]
     return parts
 
 
-def fn_problems(recipe: Recipe, names: Sequence[str]) -> list[ConfigError]:
-    """A ConfigError (exit 4) for each stage of `names` whose function (StageSpec.fn) cannot be found: its module
+def fn_problems(recipe: Recipe, names: Sequence[str], digests: DigestCache | None = None) -> list[PortableError]:
+    """For each stage of `names`: a ConfigError (exit 4) when its function (StageSpec.fn) cannot be found (its module
     not importable-by-name, or no top-level name of that spelling in its source, checked by reading the source and
-    importing the module only when the name is not there (a finished --resume of a torch recipe imports no torch).
-    Checked before anything runs: a misspelt last stage was found only after the earlier stages had run."""
-    problems = []
+    importing the module only when the name is not there: a finished --resume of a torch recipe imports no torch) or
+    a `code` module cannot be; a StageProtocolError (exit 54) when the function cannot be called as fn(ctx) (read
+    from its signature, or from its `def` when the module is not imported: `stage_call.signature_problem`), or is an
+    async def. Checked before anything runs: a misspelt last stage was found only after the earlier stages had run,
+    and a function of another signature was "internal error: TypeError" (audit50_B F4). `digests`: the run's digest
+    cache (a code module is then looked up once per run)."""
+    problems: list[PortableError] = []
     for spec in recipe.stages:
         if spec.name not in names:
             continue
@@ -131,27 +187,63 @@ def fn_problems(recipe: Recipe, names: Sequence[str]) -> list[ConfigError]:
                     "config's environment)",
                 )
             )
+        elif why := _uncallable(spec.fn):
+            problems.append(uncallable_error(recipe.name, spec, why))
+        problems += [
+            ConfigError(
+                f"recipe {recipe.name}: stage {spec.name} declares code module {m!r}, which cannot be found",
+                field=f"stages.{spec.name}.code",
+                hint="name importable modules whose source the stage's outputs depend on, or fix the spelling",
+            )
+            for m in spec.code
+            if _locate(m, digests) is None
+        ]
     return problems
 
 
-def headline_problems(recipe: Recipe) -> list[ConfigError]:
-    """A ConfigError (exit 4) when the recipe's headline (Recipe.headline) names no function that can be found,
-    checked as fn_problems checks a stage's function, before anything runs: a misspelt one was found only after
-    every stage had run, as a warning line, and the run printed no headline. (One that raises when called stays a
-    warning: the run is complete by then.)"""
-    # imported, not read from source: the run calls it at its end anyway, and a module in sys.modules is a dict
-    # lookup on every later run in this process (parsing compare_cmd's source was ~2 ms a run: bench/run_overhead)
-    why = _unloadable(recipe.headline, read_source=False) if recipe.headline else None
-    if not why:
-        return []
-    return [
-        ConfigError(
-            f"recipe {recipe.name}: its headline {recipe.headline!r} cannot be loaded: {why}",
-            field="headline",
-            hint="fix the spelling of the Recipe's headline ('module:function' taking the run folder), or leave it "
-            "None for no headline",
-        )
-    ]
+def _uncallable(ref: str) -> str | None:
+    """Why the function `ref` names cannot be called as fn(ctx) (None when it can, or when that cannot be told
+    without importing its module: a decorated def, a name bound by assignment; the call then checks it)."""
+    module, _, attr = ref.partition(":")
+    loaded = sys.modules.get(module)
+    if loaded is not None:
+        return signature_problem(getattr(loaded, attr))
+    node = _definition(module, attr)
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.decorator_list:
+        return None
+    if isinstance(node, ast.AsyncFunctionDef):
+        return ASYNC_STAGE
+    args = node.args
+    positional = [*args.posonlyargs, *args.args]
+    if not positional and args.vararg is None:
+        return "too many positional arguments"
+    required = [a.arg for a in positional[1 : len(positional) - len(args.defaults)]]
+    required += [a.arg for a, default in zip(args.kwonlyargs, args.kw_defaults) if default is None]
+    return f"missing a required argument: {required[0]!r}" if required else None
+
+
+def headline_problems(recipe: Recipe, *, open_inputs: bool = False) -> list[ConfigError]:
+    """A ConfigError (exit 4) when the recipe's headline (Recipe.headline), or with `open_inputs` its open_inputs
+    (the run calls it: no inputs were given), names no function that can be found, checked as fn_problems checks a
+    stage's function, before anything runs: a misspelt headline was found only after every stage had run, as a warning
+    line, and the run printed no headline; a misspelt open_inputs left a run folder holding only its lock. (One that
+    raises when called stays a warning: the run is complete by then.)"""
+    # imported, not read from source: the run calls them anyway, and a module in sys.modules is a dict lookup on
+    # every later run in this process (parsing compare_cmd's source was ~2 ms a run: bench/run_overhead)
+    refs = [("headline", recipe.headline, "the run folder"), ("open_inputs", recipe.open_inputs, "the run config")]
+    problems = []
+    for what, ref, takes in refs if open_inputs else refs[:1]:
+        why = _unloadable(ref, read_source=False) if ref else None
+        if why:
+            problems.append(
+                ConfigError(
+                    f"recipe {recipe.name}: its {what} {ref!r} cannot be loaded: {why}",
+                    field=what,
+                    hint=f"fix the spelling of the Recipe's {what} ('module:function' taking {takes})"
+                    + (", or leave it None for no headline" if what == "headline" else ""),
+                )
+            )
+    return problems
 
 
 def _unloadable(ref: Any, *, read_source: bool = True) -> str | None:
@@ -175,50 +267,75 @@ def _unloadable(ref: Any, *, read_source: bool = True) -> str | None:
 def _defines(module: str, attr: str) -> bool:
     """True when `module`'s source (found without importing it, when not imported yet) defines or imports `attr` at
     its top level; False when it does not seem to (then the caller imports it to be sure)."""
-    import ast
-
     loaded = sys.modules.get(module)
     if loaded is not None:
         return hasattr(loaded, attr)
+    return _definition(module, attr) is not None
+
+
+def _definition(module: str, attr: str) -> ast.stmt | None:
+    """The last top-level statement of `module`'s source (found without importing it) that defines or imports `attr`
+    (a def rebound below, `f = wrap(f)`, is what the name holds: its signature is not the def's); None when there
+    seems to be none or the source cannot be read."""
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
-        return False
+        return None
     if spec is None or not spec.origin or not os.path.isfile(spec.origin) or not spec.origin.endswith(".py"):
-        return False
+        return None
     try:
-        tree = ast.parse(Path(spec.origin).read_bytes())
+        st = os.stat(spec.origin)
+        body = _top_level(spec.origin, st.st_size, st.st_mtime_ns)
     except (OSError, SyntaxError, ValueError):
-        return False
-    for node in tree.body:
+        return None
+    found = None
+    for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == attr:
-            return True
+            found = node
         targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
             isinstance(t, ast.Name) and t.id == attr for t in targets
         ):
-            return True
+            found = node
         if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
             (a.asname or a.name.split(".")[0]) == attr for a in node.names
         ):
-            return True
-    return False
+            found = node
+    return found
 
 
-def _fingerprint(name: str, opened: Any) -> Any:
-    """An opened input's `.fingerprint` (what the stage keys pin of it). ConfigError when the object has none; an
-    AttributeError raised inside a fingerprint property propagates as the recipe's own bug."""
+@functools.lru_cache(maxsize=64)
+def _top_level(origin: str, size: int, mtime_ns: int) -> tuple[ast.stmt, ...]:
+    """The top-level statements of the source file `origin` as it is at (size, mtime_ns): parsed once for the check
+    that the function exists and the check of its signature (fn_problems), and once per edit."""
+    return tuple(ast.parse(Path(origin).read_bytes()).body)
+
+
+def _fingerprint(name: str, opened: Any) -> str:
+    """An opened input's `.fingerprint` (what the stage keys pin of it). ConfigError when the object has none or it is
+    no non-empty str; an AttributeError raised inside a fingerprint property propagates as the recipe's own bug."""
+    hint = (
+        "give every input the recipe's open_inputs returns a .fingerprint (a str digest of its content); "
+        "docs/recipes.md shows one"
+    )
     try:
-        return opened.fingerprint
+        value = opened.fingerprint
     except AttributeError:
         if hasattr(type(opened), "fingerprint"):
             raise
         raise ConfigError(
             f"opened input {name!r} ({type(opened).__name__}) has no fingerprint, so a stage key cannot pin it",
             field="open_inputs",
-            hint="give every input the recipe's open_inputs returns a .fingerprint (a digest of its content); "
-            "docs/recipes.md shows one",
+            hint=hint,
         ) from None
+    if not isinstance(value, str) or not value:  # None pinned nothing; bytes were keyed as their repr (audit50_B F11)
+        raise ConfigError(
+            f"opened input {name!r} ({type(opened).__name__}) has fingerprint {type(value).__name__} {value!r:.40}, "
+            "not a non-empty str, so a stage key cannot pin it",
+            field="open_inputs",
+            hint=hint,
+        )
+    return value
 
 
 def declaration_problems(recipe: Recipe, plain: Any) -> list[ConfigError]:
@@ -248,7 +365,27 @@ def declaration_problems(recipe: Recipe, plain: Any) -> list[ConfigError]:
                             hint="fix the spelling in the recipe's StageSpec, or add the key to its config schema",
                         )
                     )
+                elif what == "training":
+                    problems += _training_problem(recipe, spec, select(plain, key))
     return problems
+
+
+def _training_problem(recipe: Recipe, spec: StageSpec, value: Any) -> list[ConfigError]:
+    """A ConfigError when the stage's `training` key holds no integer step count: the key is left out of the stage's
+    key (`--target-step` raises it), so one naming a section left the whole section out, and a changed learning rate
+    was skipped on --resume (audit50_B F1); one naming a str field made a raised count mean nothing."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return []
+    what = "a section" if isinstance(value, dict) else f"{type(value).__name__} {value!r:.40}"
+    return [
+        ConfigError(
+            f"recipe {recipe.name}: stage {spec.name} declares training key {spec.training!r}, which is {what}, not "
+            "an integer step count",
+            field=f"stages.{spec.name}.training",
+            hint="set StageSpec.training to the dotted path of the stage's integer step count (e.g. 'train.steps'), "
+            "and list its section in config",
+        )
+    ]
 
 
 _ABSENT = object()
