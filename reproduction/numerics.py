@@ -22,8 +22,8 @@ a value the user already exported for either variable wins. Ray tasks get the dr
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping, MutableMapping
+from pathlib import Path
 
 from reproduction.settings import CPU_KERNELS, choice
 
@@ -32,6 +32,8 @@ SETTING = CPU_KERNELS
 PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
 """What "avx2" sets (each only where the user has not set it)."""
 CHOICES = ("avx2", "native")
+CPUINFO = Path("/proc/cpuinfo")
+"""Where the CPU's flags are read (`cpu_kernels`; `portable check` reads the same file)."""
 
 
 def pin_cpu_kernels(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
@@ -48,17 +50,27 @@ def pin_cpu_kernels(environ: MutableMapping[str, str] | None = None) -> dict[str
     return {name: env[name] for name in PINNED if name in env}
 
 
-def cpu_kernels() -> str:
-    """One line for records (lineage, check): the kernels this process uses or will use, e.g.
-    "ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2" or "native"; with torch loaded, its capability in force."""
-    torch = sys.modules.get("torch")
-    parts = [f"{name}={os.environ[name]}" for name in PINNED if name in os.environ]
-    if torch is not None:
-        try:
-            parts.append(f"torch={torch.backends.cpu.get_cpu_capability()}")
-        except Exception:  # an old or partial torch: the variables still say what was asked for
-            pass
-    return " ".join(parts) or "native"
+def cpu_kernels(cpuinfo: Path = CPUINFO) -> str:
+    """One line for records (lineage, check): the kernels this process uses or will use and the CPU's widest vector
+    unit, e.g. "ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 cpu=AVX-512" or "native cpu=AVX2" (`cpu=` left out where
+    `cpuinfo` names no x86 flags). A function of the settings and the machine only: torch's own report of its
+    capability is not asked even when torch is loaded, so a stage's statement does not depend on what ran before it
+    in the process (a `--resume` that redoes only compare never imports torch). The variables and the CPU's widest
+    unit determine the capability torch dispatches to (the narrower of the two)."""
+    from reproduction.checks.host import cpu_flags
+
+    parts = [f"{name}={os.environ[name]}" for name in PINNED if name in os.environ] or ["native"]
+    widest = widest_vector_unit(cpu_flags(cpuinfo))
+    if widest is not None:
+        parts.append(f"cpu={widest}")
+    return " ".join(parts)
+
+
+def widest_vector_unit(flags: set[str]) -> str | None:
+    """The widest vector unit in /proc/cpuinfo's `flags`: AVX-512, AVX2 or "no AVX2"; None without flags (not x86)."""
+    if not flags:
+        return None
+    return "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
 
 
 # -- the probe: does this machine compute the reference machines' bits? ----------------------------------------------

@@ -38,6 +38,7 @@ POINTS: dict[str, tuple[str, str, str, int, str]] = {
 }
 GRPO_POINTS: dict[str, tuple[str, str, str, int, str]] = {
     "rl_dcp_save": ("rl", "reproduction.train.checkpoint", "_manifest", 2, "before"),
+    "rl_first_dcp_save": ("rl", "reproduction.train.checkpoint", "_manifest", 1, "before"),
 }
 """The GRPO recipe's points (tests/test_grpo_kill.py), apart from POINTS, which tests/test_run_kill.py runs on RECAP."""
 

@@ -244,3 +244,18 @@ def test_eval_workers_below_1_is_a_config_error_before_anything_runs(tmp_path):
         and err.value.exit_code == 4
         and "eval.workers=0 must be >= 1" in str(err.value)
     )
+
+
+def test_live_evaluations_above_the_end_step_are_dropped(tmp_path):
+    """audit50 F5's rule, alone: an earlier attempt's eval_rl_<n>.json with n above the step the stage ends at goes;
+    the others and a name that is not the trainer's stay."""
+    from reproduction.recipes.grpo.train import drop_live_evaluations_after
+
+    folder = tmp_path / "evidence"
+    folder.mkdir()
+    names = ("eval_rl_2.json", "eval_rl_8.json", "eval_rl_10.json", "eval_rl_12.json", "eval_rl_best.json")
+    for name in names:
+        (folder / name).write_text("{}")
+    assert [p.name for p in drop_live_evaluations_after(tmp_path, 8)] == ["eval_rl_10.json", "eval_rl_12.json"]
+    assert sorted(p.name for p in folder.iterdir()) == ["eval_rl_2.json", "eval_rl_8.json", "eval_rl_best.json"]
+    assert drop_live_evaluations_after(tmp_path / "absent", 0) == []

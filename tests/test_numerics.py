@@ -89,6 +89,30 @@ def test_lineage_records_the_kernels():
     assert runtime_versions()["cpu_kernels"]
 
 
+def test_recorded_kernels_do_not_depend_on_whether_torch_was_imported(monkeypatch, tmp_path):
+    """audit50 F2: a compare stage redone alone by `--resume` (no torch imported) recorded
+    "ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2" where the uninterrupted run (torch loaded by rl) recorded
+    "... torch=AVX2"."""
+    import types
+
+    from reproduction.numerics import cpu_kernels
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f\n")
+    for name, value in PINNED.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    without = cpu_kernels()
+    fake = types.SimpleNamespace(backends=types.SimpleNamespace(cpu=types.SimpleNamespace(get_cpu_capability=str)))
+    monkeypatch.setitem(sys.modules, "torch", fake)  # torch loaded: its capability is not asked
+    assert cpu_kernels() == without
+    assert cpu_kernels(cpuinfo) == "ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 cpu=AVX-512"
+    for name in PINNED:
+        monkeypatch.delenv(name)
+    assert cpu_kernels(cpuinfo) == "native cpu=AVX-512"
+    assert cpu_kernels(tmp_path / "absent") == "native"  # no flags to read (not x86, unreadable): no `cpu=`
+
+
 @pytest.mark.parametrize(
     ("flags", "env", "status", "words"),
     [

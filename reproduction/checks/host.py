@@ -94,10 +94,10 @@ def cpu_flags(path: Path) -> set[str]:
 def cpu_kernels_row(cpuinfo: Path, environ: Mapping[str, str]) -> ProbeResult:
     """host.cpu_kernels: which CPU kernels a pipeline command will use (reproduction.numerics) and whether
     they compute what AVX2 servers compute (the reference evidence's kernels); warns where they cannot."""
-    from reproduction.numerics import PINNED, SETTING
+    from reproduction.numerics import PINNED, SETTING, widest_vector_unit
 
     flags = cpu_flags(cpuinfo)
-    widest = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2" if flags else "unknown"
+    widest = widest_vector_unit(flags) or "unknown"
     pinned = " ".join(f"{k}={environ[k]}" for k in PINNED if k in environ)
     if flags and "avx2" not in flags:
         return warn(

@@ -2,7 +2,8 @@
 
     <out>/grpo_setup.json     the RL config, the SFT export it starts from (path, sha256 of its weights), tasks
     <out>/checkpoints/ metrics.jsonl    the trainer's (reproduction/train): DCP step_N/ every rl.save_every
-    <out>/evidence/eval_rl_<step>.json  the live policy's evaluation every rl.eval_every steps (evidence format)
+    <out>/evidence/eval_rl_<step>.json  the live policy's evaluation every rl.eval_every steps (evidence format;
+                              those above the step the stage ends at are removed: train.drop_live_evaluations_after)
     <out>/export/             model.safetensors, model_config.json, policy.json, tokenizer/ (load_policy reads it)
 
 One trainer "sample" is one initial state: step s (epoch s - 1; the data set has exactly B = rl.init_states
@@ -33,6 +34,8 @@ import numpy as np
 from reproduction.fsio import atomic_write_text
 
 SETUP_NAME = "grpo_setup.json"
+LIVE_EVAL_PREFIX = "eval_rl_"
+"""<out>/evidence/<prefix><step>.json: the live evaluation of step <step> (train.drop_live_evaluations_after)."""
 
 
 def init_reset_seed(seed: int, task: str, index: int) -> Any:
@@ -496,7 +499,7 @@ def evaluate_live(
             seeds={"eval": int(ev["seed"]), "rl": int(rl["seed"])},
             settings=settings,
         )
-        evidence.write_evidence(Path(out_dir) / "evidence" / f"eval_rl_{ctx.step}.json", doc)
+        evidence.write_evidence(Path(out_dir) / "evidence" / f"{LIVE_EVAL_PREFIX}{ctx.step}.json", doc)
     return rates
 
 

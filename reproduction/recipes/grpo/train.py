@@ -11,7 +11,7 @@ from reproduction.config_fields import added_defaults, output_free_keys
 from reproduction.errors import CheckpointError, ConfigError
 from reproduction.fsio import atomic_write_text
 from reproduction.recipes.grpo.config import RlSection
-from reproduction.recipes.grpo.task import SETUP_NAME, file_sha256, make_grpo_task
+from reproduction.recipes.grpo.task import LIVE_EVAL_PREFIX, SETUP_NAME, file_sha256, make_grpo_task
 
 FREE_ON_RESUME = ("steps", *output_free_keys(RlSection))
 """rl fields a resume may change: the step count (`--target-step` raises it) and the fields declared `same_outputs()`
@@ -31,6 +31,8 @@ def train_grpo(
     ui: Any = None,
 ) -> dict[str, Any]:
     """GRPO from the policy export `sft_export` into `out_dir` (task.py's layout); returns files, step, summary.
+    After training, live evaluations of steps above the step it ended at (an earlier, killed attempt's) are removed
+    (`drop_live_evaluations_after`).
 
     Raises ConfigError when an rl task is not one the SFT policy knows or the policy reads a camera the rollouts
     cannot render, SimError when a LIBERO run's policy reads features LIBERO does not give, CheckpointError when
@@ -89,6 +91,7 @@ def train_grpo(
         ray_address=ray_address,
         ui=ui,
     )
+    drop_live_evaluations_after(out_dir, result.step)
     files = [out_dir / SETUP_NAME] + sorted(p for p in result.export_dir.rglob("*") if p.is_file())
     return {
         "files": files,
@@ -101,6 +104,23 @@ def train_grpo(
             "export": str(result.export_dir),
         },
     }
+
+
+def drop_live_evaluations_after(out_dir: Path, step: int) -> list[Path]:
+    """Remove `out_dir`/evidence/eval_rl_<n>.json for every n > `step` (the step the stage ends at); returns them.
+
+    Only an earlier attempt of this stage writes them: a `--target-step 10` continuation killed after its step-10
+    live evaluation but before its step-10 checkpoint, then a plain `--resume` that ends the stage at its configured
+    step 8 (README: only `--resume` with the same `--target-step` continues to 10). Left in place they would be
+    collected as the stage's outputs (the recipe's `evidence/eval_rl_*.json`): evaluations of weights the run does
+    not hold (audit50 F5). A name whose step is not an integer is left alone (not the trainer's)."""
+    dropped = []
+    for path in sorted((Path(out_dir) / "evidence").glob(f"{LIVE_EVAL_PREFIX}*.json")):
+        n = path.stem[len(LIVE_EVAL_PREFIX) :]
+        if n.isdigit() and int(n) > step:
+            path.unlink(missing_ok=True)
+            dropped.append(path)
+    return dropped
 
 
 def _cotrain_arrays(dataset: Any, meta: dict[str, Any], out_dir: Path) -> dict[str, Any]:
