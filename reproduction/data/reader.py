@@ -46,7 +46,15 @@ from reproduction.data.info import (
     DatasetInfo,
     load_info,
 )
-from reproduction.data.scan import FileRead, ordered_map, read_metadata, read_parquet, read_schema_names, same_schema
+from reproduction.data.scan import (
+    FileRead,
+    ordered_map,
+    read_metadata,
+    read_parquet,
+    read_schema_names,
+    refuse_null_keys,
+    same_schema,
+)
 from reproduction.errors import DatasetError, InputNotFoundError
 
 OPTIONAL_KEY_COLUMNS = ("is_success",)
@@ -208,7 +216,7 @@ class Dataset:
         Each file is read once, on a small thread pool, a few files ahead of the consumer. The key
         columns are digested from the same read (per file, from the batch's arrays), so once every
         batch was consumed `fingerprint` and `num_frames` cost no further read. A file pyarrow
-        cannot read is a DatasetError naming it.
+        cannot read, or one with a missing value in a key column it read, is a DatasetError naming it.
         """
         from reproduction.data.fingerprint import batch_key_digests, digest_columns
 
@@ -216,6 +224,7 @@ class Dataset:
         digesting = self._fingerprint is None and self._fingerprint_pending is None
         fp_cols = digest_columns(self.key_columns) if digesting else []
         read_cols = cols + [c for c in fp_cols if c not in cols]
+        keys = [c for c in read_cols if c in KEY_COLUMNS]
         # Digests run on one thread beside the consumer (sha256 releases the GIL), so a batch is
         # hashed while it is computed and written; at most one batch waits for its digest.
         hasher = ThreadPoolExecutor(1, thread_name_prefix="digest") if fp_cols else None
@@ -241,6 +250,7 @@ class Dataset:
             for got in ordered_map(lambda path: read_parquet(path, read_cols), self.data_files):
                 first = first or got
                 same_schema(first, got)
+                refuse_null_keys(got, keys)
                 pending.append(got)
                 held += got.table.num_rows
                 if held >= min_rows:

@@ -209,8 +209,8 @@ def compute_returns_table(
             field="is_success",
             hint=NO_SUCCESS_HINT,
         )
-    ep = _int64(frames.column("episode_index"))
-    fr = _int64(frames.column("frame_index"))
+    ep = _int64(frames, "episode_index", source)
+    fr = _int64(frames, "frame_index", source)
     order, starts, ends = sorted_bounds(ep, fr)
     flags = None if config.dataset_type == "sft" else success_flags(frames.column("is_success"), ep, fr, source)
     if order is not None:
@@ -311,8 +311,19 @@ def _first(rows: np.ndarray, ep: np.ndarray, fr: np.ndarray) -> int:
     return int(rows[np.lexsort((fr[rows], ep[rows]))[0]])
 
 
-def _int64(column: pa.ChunkedArray) -> np.ndarray:
-    """A key column as int64 numpy (zero-copy when it already is one chunk of int64)."""
+def _int64(frames: pa.Table, name: str, source: str) -> np.ndarray:
+    """A key column as int64 numpy (zero-copy when it already is one chunk of int64). DatasetError (exit 40) for
+    a missing value, which the cast would turn into -9223372036854775808, an index that exists nowhere (the
+    reader refuses it per file first; this guards tables given directly)."""
+    column = frames.column(name)
+    if column.null_count:
+        row = int(np.flatnonzero(column.is_null().to_numpy())[0])
+        raise DatasetError(
+            f"{source}: {name} is missing (null) in {column.null_count} of {len(column)} rows, the first at row {row}",
+            field=name,
+            hint="every frame has an episode_index, frame_index and task_index: restore the data from its source "
+            "or export the dataset again",
+        )
     return column.to_numpy().astype(np.int64, copy=False)
 
 
@@ -325,7 +336,7 @@ def _prompts(
         col = frames.column("task").combine_chunks()
         return (col if order is None else col.take(pa.array(order))).cast(pa.string())
     if "task_index" in frames.column_names and tasks:
-        ti = _int64(frames.column("task_index"))
+        ti = _int64(frames, "task_index", source)
         ti = ti if order is None else ti[order]
         keys = np.array(sorted(tasks), dtype=np.int64)
         lo, hi = (int(ti.min()), int(ti.max())) if n else (0, 0)

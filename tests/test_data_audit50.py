@@ -1,0 +1,99 @@
+"""Findings of an outside audit (audit50_D) on real LeRobot data: values a dataset or a stage file may hold that
+were read without a word or refused with a message naming nothing. Each is now a DatasetError (exit 40) naming
+the file (or dataset), the column or feature, and the first frame: a null key column (F2/F3), a frame_index gap
+(F4), a non-finite value (F1), a corrupt mp4 (F6), a non-finite state (F7)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from reproduction.data.reader import open_dataset
+from reproduction.data.writer import EpisodeData, write_dataset
+from reproduction.errors import DatasetError
+from reproduction.recap.returns import ReturnsConfig, compute_returns, compute_returns_table
+
+FEATURES = {"observation.state": {"dtype": "float32", "shape": [2]}, "is_success": {"dtype": "bool", "shape": [1]}}
+LENGTHS = [3, 7, 4]
+
+
+def _dataset(root: Path, version: str = "v2.1", features: dict | None = None, frames=None) -> Path:
+    eps = [
+        EpisodeData(
+            episode_index=e,
+            task=f"task {e % 2}",
+            frames=(frames or (lambda e, n: {}))(e, n)
+            or {"observation.state": np.full((n, 2), e, np.float32), "is_success": np.full(n, e != 1)},
+        )
+        for e, n in enumerate(LENGTHS)
+    ]
+    return write_dataset(root, eps, fps=10, features=features or FEATURES, version=version)
+
+
+def _data_files(root: Path) -> list[Path]:
+    return sorted((root / "data").glob("*/*.parquet"))
+
+
+def _set(path: Path, column: str, row: int, value) -> None:
+    """Rewrite one cell of a data parquet, keeping the column's type (None writes a null)."""
+    t = pq.read_table(path)
+    values = t.column(column).to_pylist()
+    values[row] = value
+    i = t.schema.get_field_index(column)
+    pq.write_table(t.set_column(i, column, pa.array(values, t.schema.field(column).type)), path)
+
+
+def _returns(root: Path, out: Path):
+    return compute_returns([open_dataset(root)], out, ReturnsConfig(), types=["rollout"])
+
+
+# -- F2 / F3: a null in a key column ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["v2.1", "v3.0"])
+@pytest.mark.parametrize("column", ["frame_index", "episode_index", "task_index"])
+def test_a_null_key_column_is_refused_naming_file_column_and_row(tmp_path, version, column):
+    """Before: a null frame_index was cast to -9223372036854775808 (a numpy RuntimeWarning on stderr) and stage 1
+    wrote returns for that bogus frame (exit 0); a null episode_index or task_index was refused naming the fake id."""
+    root = _dataset(tmp_path / "ds", version)
+    path = _data_files(root)[-1] if version == "v2.1" else _data_files(root)[0]
+    row = 2 if version == "v2.1" else 3 + 2  # episode 2 frame 2 (v2.1: its own file) / episode 1 frame 2
+    _set(path, column, row, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "invalid value encountered in cast" on the way
+        with pytest.raises(DatasetError) as err:
+            _returns(root, tmp_path / "out")
+    assert err.value.exit_code == 40
+    msg = str(err.value)
+    assert msg.startswith(f"{path}: {column} is missing (null) in 1 of "), msg
+    assert f"the first at row {row} of this file" in msg
+    assert "-9223372036854775808" not in msg
+    assert not (tmp_path / "out" / "ds" / "returns.parquet").exists()
+
+
+@pytest.mark.parametrize("column", ["index", "timestamp"])
+def test_a_null_in_a_key_column_stage_1_does_not_read_is_refused_where_it_is_read(tmp_path, column):
+    """timestamp is read to find video frames (a null was NaN: refused, but as a timestamp drift), index by
+    callers of frame_table; both as the columns above."""
+    root = _dataset(tmp_path / "ds", "v3.0")
+    path = _data_files(root)[0]
+    _set(path, column, 4, None)
+    with pytest.raises(DatasetError) as err:
+        open_dataset(root).frame_table(["episode_index", "frame_index", column])
+    assert str(err.value).startswith(f"{path}: {column} is missing (null) in 1 of 14 rows, the first at row 4 of ")
+    assert str(err.value).endswith(", episode 1")
+
+
+def test_compute_returns_table_refuses_a_null_key_given_directly():
+    table = pa.table({"episode_index": [0, 0, 0], "frame_index": pa.array([0, None, 2], pa.int64())})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(DatasetError) as err:
+            compute_returns_table(table, ReturnsConfig(), source="ds")
+    assert str(err.value) == "ds: frame_index is missing (null) in 1 of 3 rows, the first at row 1"
+    assert err.value.exit_code == 40
