@@ -97,3 +97,32 @@ def test_compute_returns_table_refuses_a_null_key_given_directly():
             compute_returns_table(table, ReturnsConfig(), source="ds")
     assert str(err.value) == "ds: frame_index is missing (null) in 1 of 3 rows, the first at row 1"
     assert err.value.exit_code == 40
+
+
+# -- F4: frame_index must run 0..length-1 in each episode -----------------------------------------
+
+
+@pytest.mark.parametrize("version", ["v2.1", "v3.0"])
+def test_a_frame_index_gap_is_refused_by_stage_1_naming_file_episode_and_frame(tmp_path, version):
+    """Before: an image (or state-only) dataset whose episode's last frame_index was 6 -> 7 passed stage 1, its rows
+    counted as consecutive frames (as RLinf does), while reading the same dataset's video refused it."""
+    root = _dataset(tmp_path / "ds", version)
+    path = _data_files(root)[1] if version == "v2.1" else _data_files(root)[0]
+    _set(path, "frame_index", 6 if version == "v2.1" else 3 + 6, 7)  # episode 1's last frame
+    with pytest.raises(DatasetError) as err:
+        _returns(root, tmp_path / "out")
+    assert err.value.exit_code == 40
+    assert str(err.value) == (
+        f"{path}: episode 1 has no frame 6 (frame 5 is followed by 7); an episode's frame_index runs "
+        "0..length-1 (7 frames), 1 episode(s) differ"
+    )
+    assert not (tmp_path / "out" / "ds" / "returns.parquet").exists()
+
+
+def test_an_episode_not_starting_at_frame_0_is_refused_also_when_rows_are_shuffled():
+    keys = {"episode_index": [4, 3, 4, 3, 3], "frame_index": [2, 0, 1, 2, 1]}
+    with pytest.raises(DatasetError) as err:
+        compute_returns_table(pa.table(keys), ReturnsConfig(), source="ds")
+    assert str(err.value).startswith("ds: episode 4 starts at frame 1, not 0; ")
+    ok = compute_returns_table(pa.table({"episode_index": [3, 3, 4], "frame_index": [1, 0, 0]}), ReturnsConfig())
+    assert ok.column("return").to_pylist() == [-1.0, 0.0, 0.0]

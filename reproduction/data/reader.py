@@ -9,6 +9,7 @@ Public API (stable; other stages build on it)::
     ds.tasks                                # {task_index: task string}
     ds.episodes                             # pyarrow.Table: episode_index, length (+ v3.0 file pointers)
     ds.frame_table(columns=None)            # pyarrow.Table of per-frame key columns, all files, in row order
+    ds.file_of_row(row)                     # the data file holding a row (to name it in an error)
     ds.iter_file_batches(columns=None)      # the same in batches of whole files, ~1M rows each (bounded
                                             # memory; each file read once, in parallel, and digested for
                                             # the fingerprint on the way), with each file's row count
@@ -180,6 +181,10 @@ class Dataset:
                 hint="the dataset was edited or copied in part: copy or export it again whole (lerobot and RLinf "
                 "would read other frames than these)",
             )
+
+    def file_of_row(self, row: int) -> Path:
+        """The data file holding dataset row `row` (a position in `frame_table()`)."""
+        return self.data_files[int(np.searchsorted(self._file_offsets, row, side="right")) - 1]
 
     @property
     def fingerprint(self) -> str:
