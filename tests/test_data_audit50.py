@@ -126,3 +126,93 @@ def test_an_episode_not_starting_at_frame_0_is_refused_also_when_rows_are_shuffl
     assert str(err.value).startswith("ds: episode 4 starts at frame 1, not 0; ")
     ok = compute_returns_table(pa.table({"episode_index": [3, 3, 4], "frame_index": [1, 0, 0]}), ReturnsConfig())
     assert ok.column("return").to_pylist() == [-1.0, 0.0, 0.0]
+
+
+# -- F1: a non-finite per-frame value -------------------------------------------------------------
+
+
+HEAD = {"format_version": 2, "num_bins": 201, "v_min": -1.0, "v_max": 0.0}
+
+
+def _stage3_inputs(tmp_path: Path):
+    root = _dataset(tmp_path / "ds")
+    run = tmp_path / "run"
+    compute_returns([root], run, ReturnsConfig(), types=["rollout"])
+    frames = open_dataset(root).frame_table(["episode_index", "frame_index"])
+    values = np.random.default_rng(0).uniform(-1, 0, frames.num_rows)
+    return root, run, frames, values
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_value_is_refused_where_stage_3_reads_the_values(tmp_path, bad):
+    """Before: no error; the NaN advantage made the threshold NaN, every frame of every dataset was labelled negative
+    and mixture_config.yaml recorded `unified_threshold: .nan`."""
+    from reproduction.recap.advantage_inputs import load_dataset_arrays
+
+    root, run, frames, values = _stage3_inputs(tmp_path)
+    values[[3 + 5, 3 + 2]] = bad  # episode 1 frames 5 and 2; the file's rows shuffled
+    table = frames.append_column("value", pa.array(values))
+    path = tmp_path / "values.parquet"
+    pq.write_table(table.take(pa.array(np.random.default_rng(1).permutation(table.num_rows))), path)
+    with pytest.raises(DatasetError) as err:
+        load_dataset_arrays(root, run, path, dataset_type="rollout", returns_tag=None)
+    assert err.value.exit_code == 40
+    assert str(err.value) == (
+        f"{root}: the values ({path}) holds 2 non-finite value(s) (NaN or inf) of 14, the first at episode 1 frame 2 "
+        f"({bad})"
+    )
+    assert "--restart-stage value" in err.value.hint
+
+
+def test_a_non_finite_value_given_in_memory_is_refused_before_any_file_is_written(tmp_path):
+    from reproduction.recap.advantage_inputs import DatasetArrays
+    from reproduction.recap.advantages import AdvantageConfig, compute_advantages
+    from reproduction.recap.normalize import ReturnRange
+
+    ep = np.repeat([0, 1], [4, 3])
+    values = np.linspace(-1, 0, 7)
+    values[5] = np.nan
+    arrays = DatasetArrays(
+        name="roll",
+        dataset_type="rollout",
+        episode_index=ep,
+        frame_index=np.array([0, 1, 2, 3, 0, 1, 2]),
+        returns=np.linspace(-6, 0, 7),
+        rewards=-np.ones(7),
+        values=values,
+        prompts=np.array(["t"] * 7, dtype=object),
+    )
+    with pytest.raises(
+        DatasetError, match=r"^roll: the values holds 1 non-finite value\(s\) .* episode 1 frame 1 \(nan\)$"
+    ):
+        compute_advantages(
+            [arrays], AdvantageConfig(lookahead=2), ReturnRange(return_min=-10, return_max=0), out_dirs=[tmp_path / "o"]
+        )
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_relabel_refuses_a_non_finite_score_in_its_source_sidecar(tmp_path, recompute):
+    import json
+
+    from reproduction.recap.advantage_inputs import load_dataset_arrays
+    from reproduction.recap.advantages import AdvantageConfig, compute_advantages, relabel
+
+    root, run, frames, values = _stage3_inputs(tmp_path)
+    path = tmp_path / "values.parquet"
+    pq.write_table(frames.append_column("value", pa.array(values)), path)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "value_head.json").write_text(json.dumps({**HEAD, "return_range": {"return_min": -310, "return_max": 0}}))
+    inputs = [load_dataset_arrays(root, run, path, dataset_type="rollout", returns_tag=None)]
+    compute_advantages(inputs, AdvantageConfig(tag="a", lookahead=2), ckpt, out_dirs=[run / "ds"])
+    sidecar = run / "ds" / "advantages_a.parquet"
+    column = "value_current" if recompute else "advantage_continuous"
+    table = pq.read_table(sidecar)
+    cells = table.column(column).to_numpy().copy()
+    cells[4] = np.nan  # episode 1 frame 1
+    pq.write_table(table.set_column(table.schema.get_field_index(column), column, pa.array(cells)), sidecar)
+    with pytest.raises(DatasetError) as err:
+        relabel([root], run, source_tag="a", config=AdvantageConfig(tag="b"), recompute=recompute, out=run)
+    assert str(err.value).startswith(f"ds: the source advantages sidecar's {column} holds 1 non-finite value(s)")
+    assert "the first at episode 1 frame 1 (nan)" in str(err.value)
