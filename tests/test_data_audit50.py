@@ -22,7 +22,9 @@ FEATURES = {"observation.state": {"dtype": "float32", "shape": [2]}, "is_success
 LENGTHS = [3, 7, 4]
 
 
-def _dataset(root: Path, version: str = "v2.1", features: dict | None = None, frames=None) -> Path:
+def _dataset(
+    root: Path, version: str = "v2.1", features: dict | None = None, frames=None, image_storage: str = "png"
+) -> Path:
     eps = [
         EpisodeData(
             episode_index=e,
@@ -32,7 +34,7 @@ def _dataset(root: Path, version: str = "v2.1", features: dict | None = None, fr
         )
         for e, n in enumerate(LENGTHS)
     ]
-    return write_dataset(root, eps, fps=10, features=features or FEATURES, version=version)
+    return write_dataset(root, eps, fps=10, features=features or FEATURES, version=version, image_storage=image_storage)
 
 
 def _data_files(root: Path) -> list[Path]:
@@ -216,3 +218,32 @@ def test_relabel_refuses_a_non_finite_score_in_its_source_sidecar(tmp_path, reco
         relabel([root], run, source_tag="a", config=AdvantageConfig(tag="b"), recompute=recompute, out=run)
     assert str(err.value).startswith(f"ds: the source advantages sidecar's {column} holds 1 non-finite value(s)")
     assert "the first at episode 1 frame 1 (nan)" in str(err.value)
+
+
+# -- F6: a truncated or corrupt mp4 ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keep", [400, 0.5])
+def test_a_truncated_video_is_a_dataset_error_naming_file_and_episode(tmp_path, keep):
+    """Before: PyAV's InvalidDataError (a ValueError, no PortableError) ended `portable run` with exit 1 and a hint
+    blaming "a recipe's or other code of yours"."""
+    video = {"observation.images.front": {"dtype": "video", "shape": [32, 32, 3]}}
+    rng = np.random.default_rng(0)
+
+    def frames(e, n):
+        return {
+            "observation.state": np.full((n, 2), e, np.float32),
+            "is_success": np.full(n, e != 1),
+            "observation.images.front": rng.integers(0, 255, (n, 32, 32, 3), dtype=np.uint8),
+        }
+
+    root = _dataset(tmp_path / "ds", "v2.1", {**FEATURES, **video}, frames, image_storage="video")
+    mp4 = sorted((root / "videos").rglob("*.mp4"))[1]  # episode 1's
+    data = mp4.read_bytes()
+    mp4.write_bytes(data[: keep if isinstance(keep, int) else int(len(data) * keep)])
+    ds = open_dataset(root)
+    with pytest.raises(DatasetError) as err:
+        ds.read_frames(np.arange(ds.num_frames), ["observation.images.front"])
+    assert err.value.exit_code == 40
+    assert str(err.value).startswith(f"{mp4}: episode 1: not a readable video (InvalidDataError: ")
+    assert "truncated or corrupt" in err.value.hint

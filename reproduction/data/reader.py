@@ -396,7 +396,9 @@ class Dataset:
             self._video_cache.move_to_end(cache_key)
             return self._video_cache[cache_key]
         path, from_ts, length = self.video_location(key, episode_index)
-        frames = decode_episode(path, from_timestamp=from_ts, num_frames=length, fps=self.info.fps)
+        frames = decode_episode(
+            path, from_timestamp=from_ts, num_frames=length, fps=self.info.fps, episode=episode_index
+        )
         self._video_cache[cache_key] = frames
         while len(self._video_cache) > self._video_cache_size:
             self._video_cache.popitem(last=False)
