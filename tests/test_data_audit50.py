@@ -247,3 +247,40 @@ def test_a_truncated_video_is_a_dataset_error_naming_file_and_episode(tmp_path, 
     assert err.value.exit_code == 40
     assert str(err.value).startswith(f"{mp4}: episode 1: not a readable video (InvalidDataError: ")
     assert "truncated or corrupt" in err.value.hint
+
+
+# -- F7: a non-finite state value the value model reads -------------------------------------------
+
+
+def _nan_state_dataset(tmp_path: Path) -> Path:
+    def frames(e, n):
+        state = np.full((n, 2), e, np.float32)
+        if e == 1:
+            state[[4, 2], 1] = [np.inf, np.nan]  # episode 1 frames 2 and 4, component 1
+        return {"observation.state": state, "is_success": np.full(n, e != 1)}
+
+    return _dataset(tmp_path / "ds", "v3.0", frames=frames)
+
+
+def test_a_non_finite_state_is_refused_naming_dataset_feature_and_frame(tmp_path):
+    """Before: the NaN made the state statistics NaN and the value stage ended with exit 4
+    "value model: state_std entries must be > 0", naming no dataset, feature or frame."""
+    from reproduction.recap.value.config import ValueSource
+    from reproduction.recap.value.data import load_source, read_state
+
+    root = _nan_state_dataset(tmp_path)
+    compute_returns([root], tmp_path / "run", ReturnsConfig(), types=["rollout"])
+    source = ValueSource(path=str(root), type="rollout", returns=str(tmp_path / "run"))
+    with pytest.raises(DatasetError) as err:
+        load_source(source, state_keys=["observation.state"])
+    assert err.value.exit_code == 40
+    assert str(err.value) == (
+        f"{root}: the value model's state feature 'observation.state' is NaN or inf at 2 frame(s), the first at "
+        "episode 1 frame 2"
+    )
+    assert "value.model.state_keys" in err.value.hint
+    ds = open_dataset(root)
+    with pytest.raises(DatasetError, match="NaN or inf at 1 frame\\(s\\), the first at episode 1 frame 4$"):
+        read_state(ds, ["observation.state"], None, np.array([0, 3 + 4, 1]))  # inference reads rows
+    kept = read_state(ds, ["observation.state"], [0])  # the component the model reads is finite
+    assert np.isfinite(kept).all() and kept.shape == (14, 1)
