@@ -241,6 +241,7 @@ class Dataset:
         def flush() -> tuple[pa.Table, np.ndarray]:
             tables = [got.table for got in pending]
             table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0].combine_chunks()
+            refuse_null_keys(table, pending, keys)
             rows = np.array([t.num_rows for t in tables], dtype=np.int64)
             if hasher is not None:
                 if digests:
@@ -255,7 +256,6 @@ class Dataset:
             for got in ordered_map(lambda path: read_parquet(path, read_cols), self.data_files):
                 first = first or got
                 same_schema(first, got)
-                refuse_null_keys(got, keys)
                 pending.append(got)
                 held += got.table.num_rows
                 if held >= min_rows:
