@@ -9,6 +9,7 @@ Public API (stable; other stages build on it)::
     ds.tasks                                # {task_index: task string}
     ds.episodes                             # pyarrow.Table: episode_index, length (+ v3.0 file pointers)
     ds.frame_table(columns=None)            # pyarrow.Table of per-frame key columns, all files, in row order
+    ds.file_of_row(row)                     # the data file holding a row (to name it in an error)
     ds.iter_file_batches(columns=None)      # the same in batches of whole files, ~1M rows each (bounded
                                             # memory; each file read once, in parallel, and digested for
                                             # the fingerprint on the way), with each file's row count
@@ -46,7 +47,15 @@ from reproduction.data.info import (
     DatasetInfo,
     load_info,
 )
-from reproduction.data.scan import FileRead, ordered_map, read_metadata, read_parquet, read_schema_names, same_schema
+from reproduction.data.scan import (
+    FileRead,
+    ordered_map,
+    read_metadata,
+    read_parquet,
+    read_schema_names,
+    refuse_null_keys,
+    same_schema,
+)
 from reproduction.errors import DatasetError, InputNotFoundError
 
 OPTIONAL_KEY_COLUMNS = ("is_success",)
@@ -173,6 +182,10 @@ class Dataset:
                 "would read other frames than these)",
             )
 
+    def file_of_row(self, row: int) -> Path:
+        """The data file holding dataset row `row` (a position in `frame_table()`)."""
+        return self.data_files[int(np.searchsorted(self._file_offsets, row, side="right")) - 1]
+
     @property
     def fingerprint(self) -> str:
         """Digest of info.json, the episode index and the per-frame key columns (stat-cached per file;
@@ -208,7 +221,7 @@ class Dataset:
         Each file is read once, on a small thread pool, a few files ahead of the consumer. The key
         columns are digested from the same read (per file, from the batch's arrays), so once every
         batch was consumed `fingerprint` and `num_frames` cost no further read. A file pyarrow
-        cannot read is a DatasetError naming it.
+        cannot read, or one with a missing value in a key column it read, is a DatasetError naming it.
         """
         from reproduction.data.fingerprint import batch_key_digests, digest_columns
 
@@ -216,6 +229,7 @@ class Dataset:
         digesting = self._fingerprint is None and self._fingerprint_pending is None
         fp_cols = digest_columns(self.key_columns) if digesting else []
         read_cols = cols + [c for c in fp_cols if c not in cols]
+        keys = [c for c in read_cols if c in KEY_COLUMNS]
         # Digests run on one thread beside the consumer (sha256 releases the GIL), so a batch is
         # hashed while it is computed and written; at most one batch waits for its digest.
         hasher = ThreadPoolExecutor(1, thread_name_prefix="digest") if fp_cols else None
@@ -227,6 +241,7 @@ class Dataset:
         def flush() -> tuple[pa.Table, np.ndarray]:
             tables = [got.table for got in pending]
             table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0].combine_chunks()
+            refuse_null_keys(table, pending, keys)
             rows = np.array([t.num_rows for t in tables], dtype=np.int64)
             if hasher is not None:
                 if digests:
@@ -381,7 +396,9 @@ class Dataset:
             self._video_cache.move_to_end(cache_key)
             return self._video_cache[cache_key]
         path, from_ts, length = self.video_location(key, episode_index)
-        frames = decode_episode(path, from_timestamp=from_ts, num_frames=length, fps=self.info.fps)
+        frames = decode_episode(
+            path, from_timestamp=from_ts, num_frames=length, fps=self.info.fps, episode=episode_index
+        )
         self._video_cache[cache_key] = frames
         while len(self._video_cache) > self._video_cache_size:
             self._video_cache.popitem(last=False)

@@ -9,17 +9,21 @@ from __future__ import annotations
 
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from reproduction.errors import DatasetError, InputNotFoundError, InvalidInputError
 
 
-def decode_episode(path: Path, *, from_timestamp: float, num_frames: int, fps: int) -> np.ndarray:
+def decode_episode(
+    path: Path, *, from_timestamp: float, num_frames: int, fps: int, episode: int | None = None
+) -> np.ndarray:
     """Frames [from_timestamp, from_timestamp + num_frames/fps) of `path` as uint8 (num_frames, H, W, 3).
 
-    Raises InputNotFoundError when the file is missing and DatasetError when the file holds fewer
-    frames than the episode needs (a truncated or mismatched video).
+    Raises InputNotFoundError when the file is missing and DatasetError (exit 40) when FFmpeg cannot read
+    it (a truncated or corrupt file: PyAV's FFmpegError, which is no PortableError) or it holds fewer frames
+    than the episode needs (a truncated or mismatched video); the message names `episode` when given.
     """
     import av
 
@@ -28,6 +32,30 @@ def decode_episode(path: Path, *, from_timestamp: float, num_frames: int, fps: i
         raise InputNotFoundError(
             f"{path}: video file missing", path=path, hint="the dataset is incomplete; copy its videos/ folder too"
         )
+    what = f"episode {episode}: " if episode is not None else ""
+    try:
+        out, filled = _decode(av, path, from_timestamp, num_frames, fps)
+    except av.error.FFmpegError as exc:
+        raise DatasetError(
+            f"{path}: {what}not a readable video ({type(exc).__name__}: {exc.strerror or exc})",
+            path=path,
+            hint="the file is truncated or corrupt (an interrupted copy or download?): copy or fetch the dataset's "
+            "videos/ again, or restore this file from its source",
+        ) from None
+    if out is None or not filled.all():
+        missing = int((~filled).sum())
+        raise DatasetError(
+            f"{path}: {what}{missing} of {num_frames} frames from t={from_timestamp:.3f}s are not in the video",
+            path=path,
+            hint="the video does not match the episode metadata; re-encode or re-copy it",
+        )
+    return out
+
+
+def _decode(
+    av: Any, path: Path, from_timestamp: float, num_frames: int, fps: int
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """(frames or None if none decoded, which of the num_frames were found): decode_episode's read."""
     out: np.ndarray | None = None
     filled = np.zeros(num_frames, dtype=bool)
     with av.open(str(path)) as container:
@@ -48,14 +76,7 @@ def decode_episode(path: Path, *, from_timestamp: float, num_frames: int, fps: i
                 out = np.empty((num_frames, *rgb.shape), dtype=np.uint8)
             out[k] = rgb
             filled[k] = True
-    if out is None or not filled.all():
-        missing = int((~filled).sum())
-        raise DatasetError(
-            f"{path}: {missing} of {num_frames} frames from t={from_timestamp:.3f}s are not in the video",
-            path=path,
-            hint="the video does not match the episode metadata; re-encode or re-copy it",
-        )
-    return out
+    return out, filled
 
 
 SMALLEST_FRAME = {"libsvtav1": 32}

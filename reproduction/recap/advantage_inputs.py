@@ -131,7 +131,8 @@ def aligned_values(sidecar: Path, values: pa.Table | Path, *, source: str) -> np
     """Per-frame values ordered like the (sorted) returns sidecar's rows, matched by (episode, frame).
 
     `values` holds episode_index, frame_index, value in any row order (a table or a parquet path).
-    Raises DatasetError naming the first frame that is missing from, or extra in, the values.
+    Raises DatasetError naming the first frame that is missing from, or extra in, the values, or the first
+    non-finite value (`refuse_non_finite`).
     """
     if isinstance(values, pa.Table):
         ve, vf = _numpy(values, "episode_index", np.int64), _numpy(values, "frame_index", np.int64)
@@ -145,6 +146,13 @@ def aligned_values(sidecar: Path, values: pa.Table | Path, *, source: str) -> np
     if order is not None:
         ve, vf, v = ve[order], vf[order], v[order]
         del order
+    refuse_non_finite(
+        v,
+        ve,
+        vf,
+        what=f"{source}: the values ({'a table' if isinstance(values, pa.Table) else values})",
+        hint=VALUES_HINT,
+    )
     total = pq.ParquetFile(sidecar).metadata.num_rows
     offset = 0
     for t in episode_aligned_tables(pq.ParquetFile(sidecar), ["episode_index", "frame_index"], CHUNK_ROWS):
@@ -164,6 +172,30 @@ def aligned_values(sidecar: Path, values: pa.Table | Path, *, source: str) -> np
             counts=(ve.size, total),
         )
     return v
+
+
+VALUES_HINT = (
+    "the value model gave NaN or inf (did its training diverge?), or the values file was edited: "
+    "train the value model again (`portable run --resume --restart-stage value`); one such value would make the "
+    "advantage threshold NaN and label every frame negative"
+)
+"""The hint of a non-finite per-frame value."""
+
+
+def refuse_non_finite(x: np.ndarray, ep: np.ndarray, fr: np.ndarray, *, what: str, hint: str) -> None:
+    """DatasetError (exit 40): `what` holds N non-finite values (NaN or inf) of `x.size`, naming the first by
+    (episode, frame). `ep`/`fr` are the rows' keys. One np.isfinite pass; RLinf does not check (its threshold
+    turns NaN too, audit50_D F1)."""
+    finite = np.isfinite(x)
+    if finite.all():
+        return
+    bad = np.flatnonzero(~finite)
+    k = int(bad[np.lexsort((fr[bad], ep[bad]))[0]])
+    raise DatasetError(
+        f"{what} holds {bad.size} non-finite value(s) (NaN or inf) of {x.size}, the first at episode {int(ep[k])} "
+        f"frame {int(fr[k])} ({x[k]})",
+        hint=hint,
+    )
 
 
 def _mismatch(

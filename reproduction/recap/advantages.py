@@ -31,9 +31,11 @@ import pyarrow as pa
 from reproduction.errors import ConfigError, DatasetError
 from reproduction.recap.advantage_config import THRESHOLD_SCOPES, AdvantageConfig  # noqa: F401 (re-exported)
 from reproduction.recap.advantage_inputs import (  # noqa: F401 (load_dataset_arrays re-exported)
+    VALUES_HINT,
     DatasetArrays,
     SidecarInputs,
     load_dataset_arrays,
+    refuse_non_finite,
 )
 from reproduction.recap.normalize import ReturnRange
 from reproduction.recap.returns import discounted_reverse_cumsum, repeat_strings, sort_frames
@@ -470,6 +472,8 @@ def compute_advantages(
     rr, value_fp = load_return_range(return_range)
 
     def results(d: DatasetArrays | SidecarInputs) -> Iterator[tuple[DatasetArrays, dict[str, np.ndarray]]]:
+        if isinstance(d, DatasetArrays):  # SidecarInputs' values were checked as they were aligned
+            refuse_non_finite(d.values, d.episode_index, d.frame_index, what=f"{d.name}: the values", hint=VALUES_HINT)
         for c in d.chunks():
             yield (
                 c,
@@ -569,6 +573,14 @@ def relabel(
             values=table.column("value_current").to_numpy(),
             prompts=_dataset_prompts(ds, ep, fr),
             fingerprints={"dataset": ds.fingerprint},
+        )
+        kept = "value_current" if recompute else "advantage_continuous"  # what the threshold is taken from
+        refuse_non_finite(
+            table.column(kept).to_numpy(),
+            ep,
+            fr,
+            what=f"{ds.name}: the source advantages sidecar's {kept}",
+            hint="the sidecar was edited or written by a run whose value model diverged: compute stage 3 again",
         )
         if recompute:
             rtable, rmeta = read_sidecar(

@@ -16,7 +16,7 @@ Run through `portable run --stages returns` (reproduction/recipes/recap/recipe.p
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -193,14 +193,20 @@ def episode_returns(
 
 
 def compute_returns_table(
-    frames: pa.Table, config: ReturnsConfig, *, tasks: dict[int, str] | None = None, source: str = "dataset"
+    frames: pa.Table,
+    config: ReturnsConfig,
+    *,
+    tasks: dict[int, str] | None = None,
+    source: str = "dataset",
+    row_file: Callable[[int], Any] | None = None,
 ) -> pa.Table:
     """RLinf's returns table for one dataset's key columns, sorted by (episode, frame).
 
     `frames` needs episode_index and frame_index, plus is_success for rollout data and task_index
     (or task) for the prompt. Output: episode_index, frame_index int64; return, reward float32;
     prompt string (dictionary-encoded when it comes from task_index). Raises DatasetError for
-    rollout data without is_success.
+    rollout data without is_success, a missing key, a duplicated frame, or an episode whose frames are not
+    0..length-1 (`check_frame_runs`; `row_file` maps a row of `frames` to the data file it came from, to name it).
     """
     names = set(frames.column_names)
     if config.dataset_type == "rollout" and "is_success" not in names:
@@ -209,9 +215,10 @@ def compute_returns_table(
             field="is_success",
             hint=NO_SUCCESS_HINT,
         )
-    ep = _int64(frames.column("episode_index"))
-    fr = _int64(frames.column("frame_index"))
+    ep = _int64(frames, "episode_index", source)
+    fr = _int64(frames, "frame_index", source)
     order, starts, ends = sorted_bounds(ep, fr)
+    check_frame_runs(ep, fr, order, starts, ends, source=source, row_file=row_file)
     flags = None if config.dataset_type == "sft" else success_flags(frames.column("is_success"), ep, fr, source)
     if order is not None:
         ep, fr = ep[order], fr[order]
@@ -229,6 +236,46 @@ def compute_returns_table(
             "reward": pa.array(rewards),
             "prompt": _prompts(frames, order, tasks, source),
         }
+    )
+
+
+def check_frame_runs(
+    ep: np.ndarray,
+    fr: np.ndarray,
+    order: np.ndarray | None,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    *,
+    source: str,
+    row_file: Callable[[int], Any] | None = None,
+) -> None:
+    """DatasetError (exit 40) naming the file, episode and frame when an episode's frame_index values are not
+    0..length-1. lerobot numbers an episode's frames so (frame_index = position, timestamp = frame_index / fps)
+    and finds video frames by it, so the video path refuses such a dataset; returns count frames by position,
+    so a gap would be read as consecutive frames (RLinf does). `ep`/`fr` are the rows in `frames`' order, `order`
+    sorts them (None: already sorted), `starts`/`ends` bound the sorted episodes. Sorted frames of an episode
+    rise strictly (duplicates are refused before), so checking each episode's first and last frame suffices."""
+    if not starts.size:
+        return
+    sfr = fr if order is None else fr[order]
+    bad = np.flatnonzero((sfr[starts] != 0) | (sfr[ends - 1] != ends - 1 - starts))
+    if not bad.size:
+        return
+    s, e = int(starts[bad[0]]), int(ends[bad[0]])
+    seg = sfr[s:e]
+    if seg[0] != 0:
+        k, what = s, f"starts at frame {int(seg[0])}, not 0"
+    else:
+        j = int(np.flatnonzero(np.diff(seg) != 1)[0])
+        k, what = s + j + 1, f"has no frame {int(seg[j]) + 1} (frame {int(seg[j])} is followed by {int(seg[j + 1])})"
+    row = k if order is None else int(order[k])
+    where = row_file(row) if row_file is not None else source
+    raise DatasetError(
+        f"{where}: episode {int(ep[row])} {what}; an episode's frame_index runs 0..length-1 ({e - s} frames), "
+        f"{bad.size} episode(s) differ",
+        field="frame_index",
+        hint="frames were deleted or frame_index was edited: export or copy the dataset again (returns count "
+        "frames by position, and video frames are found by frame_index)",
     )
 
 
@@ -311,8 +358,19 @@ def _first(rows: np.ndarray, ep: np.ndarray, fr: np.ndarray) -> int:
     return int(rows[np.lexsort((fr[rows], ep[rows]))[0]])
 
 
-def _int64(column: pa.ChunkedArray) -> np.ndarray:
-    """A key column as int64 numpy (zero-copy when it already is one chunk of int64)."""
+def _int64(frames: pa.Table, name: str, source: str) -> np.ndarray:
+    """A key column as int64 numpy (zero-copy when it already is one chunk of int64). DatasetError (exit 40) for
+    a missing value, which the cast would turn into -9223372036854775808, an index that exists nowhere (the
+    reader refuses it per file first; this guards tables given directly)."""
+    column = frames.column(name)
+    if column.null_count:
+        row = int(np.flatnonzero(column.is_null().to_numpy())[0])
+        raise DatasetError(
+            f"{source}: {name} is missing (null) in {column.null_count} of {len(column)} rows, the first at row {row}",
+            field=name,
+            hint="every frame has an episode_index, frame_index and task_index: restore the data from its source "
+            "or export the dataset again",
+        )
     return column.to_numpy().astype(np.int64, copy=False)
 
 
@@ -325,7 +383,7 @@ def _prompts(
         col = frames.column("task").combine_chunks()
         return (col if order is None else col.take(pa.array(order))).cast(pa.string())
     if "task_index" in frames.column_names and tasks:
-        ti = _int64(frames.column("task_index"))
+        ti = _int64(frames, "task_index", source)
         ti = ti if order is None else ti[order]
         keys = np.array(sorted(tasks), dtype=np.int64)
         lo, hi = (int(ti.min()), int(ti.max())) if n else (0, 0)
@@ -420,8 +478,11 @@ def compute_returns(
         episodes: list[tuple[np.ndarray, np.ndarray]] = []  # (ids, frames) per chunk: no episode spans two
 
         def tables(frames: Iterable[pa.Table]) -> Iterator[pa.Table]:
+            offset = 0  # dataset row of each table's first row: the tables are whole files, in order
             for t in frames:
-                table = compute_returns_table(t, cfg, tasks=ds.tasks, source=str(ds.root))
+                row_file = functools.partial(_file_of_row, ds, offset)
+                table = compute_returns_table(t, cfg, tasks=ds.tasks, source=str(ds.root), row_file=row_file)
+                offset += t.num_rows
                 for name, parts in kept.items():
                     parts.append(table.column(name).to_numpy())  # float32: 8 bytes a frame kept for the stats
                 episodes.append(episode_counts(table.column("episode_index").to_numpy()))
@@ -469,6 +530,11 @@ def compute_returns(
             )
         )
     return results
+
+
+def _file_of_row(ds: Any, offset: int, row: int) -> Any:
+    """The data file of row `row` of a table whose first row is dataset row `offset` (error messages only)."""
+    return ds.file_of_row(offset + row) if hasattr(ds, "file_of_row") else ds.root
 
 
 def episode_counts(episode_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

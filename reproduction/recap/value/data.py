@@ -60,7 +60,8 @@ class SourceFrames:
 
 def read_state(ds: Any, keys: Sequence[str], dims: Sequence[int] | None, rows: np.ndarray | None = None) -> np.ndarray:
     """float32 (n, S): the features `keys` concatenated per frame (all frames in the reader's order,
-    or `rows`), then the components `dims`. DatasetError names a missing feature or a bad index."""
+    or `rows`), then the components `dims`. DatasetError names a missing feature, a bad index, or the first
+    frame whose kept components hold a NaN or inf (feature, episode, frame)."""
     from reproduction.data.reader import column_to_numpy
 
     missing = [k for k in keys if k not in ds.info.features]
@@ -79,6 +80,7 @@ def read_state(ds: Any, keys: Sequence[str], dims: Sequence[int] | None, rows: n
         cols = [got[k] for k in keys]
     parts = [np.asarray(c, dtype=np.float32).reshape(len(c), -1) for c in cols]
     state = np.concatenate(parts, axis=1) if parts else np.zeros((0, 0), np.float32)
+    owner = np.repeat(np.arange(len(parts)), [p.shape[1] for p in parts])  # the feature of each component
     if dims is not None:
         if max(dims) >= state.shape[1]:
             raise DatasetError(
@@ -86,8 +88,36 @@ def read_state(ds: Any, keys: Sequence[str], dims: Sequence[int] | None, rows: n
                 path=ds.root,
                 field="state_dims",
             )
-        state = state[:, list(dims)]
+        state, owner = state[:, list(dims)], owner[list(dims)]
+    _refuse_non_finite_state(ds, state, owner, list(keys), rows)
     return np.ascontiguousarray(state)
+
+
+def _refuse_non_finite_state(
+    ds: Any, state: np.ndarray, owner: np.ndarray, keys: list[str], rows: np.ndarray | None
+) -> None:
+    """DatasetError (exit 40) naming the dataset, the feature and the first frame (episode, frame) of a NaN or inf
+    among the state components the model reads: it would make the state statistics NaN (a ConfigError
+    "state_std entries must be > 0" that named no data, audit50_D F7) or the model's output NaN. One
+    np.isfinite pass; the frame is looked up only on failure."""
+    finite = np.isfinite(state)
+    if finite.all():
+        return
+    bad_rows = np.flatnonzero(~finite.all(axis=1))
+    at = rows[bad_rows] if rows is not None else bad_rows  # dataset rows
+    keys_table = ds.frame_table(["episode_index", "frame_index"])
+    ep = keys_table.column("episode_index").to_numpy()[at]
+    fr = keys_table.column("frame_index").to_numpy()[at]
+    k = int(np.lexsort((fr, ep))[0])
+    feature = keys[int(owner[np.flatnonzero(~finite[bad_rows[k]])[0]])]
+    raise DatasetError(
+        f"{ds.root}: the value model's state feature {feature!r} is NaN or inf at {bad_rows.size} frame(s), the "
+        f"first at episode {int(ep[k])} frame {int(fr[k])}",
+        path=ds.root,
+        field=feature,
+        hint="fix or drop those frames in the dataset, or leave the feature out of value.model.state_keys "
+        "(state_dims picks components)",
+    )
 
 
 def load_source(

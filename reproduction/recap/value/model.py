@@ -93,8 +93,11 @@ class ValueModelConfig:
                     f"value model: {name} has {len(getattr(self, name))} entries, state_dim is {self.state_dim}",
                     field=name,
                 )
-        if any(not s > 0 for s in self.state_std):
-            raise ConfigError("value model: state_std entries must be > 0", field="state_std")
+        bad = [(i, s) for i, s in enumerate(self.state_std) if not s > 0]
+        if bad:
+            raise ConfigError(
+                f"value model: state_std entries must be > 0 (entry {bad[0][0]} is {bad[0][1]})", field="state_std"
+            )
         if self.num_bins < 2:
             raise ConfigError(f"value model: num_bins={self.num_bins} must be >= 2", field="num_bins")
         if not self.v_max > self.v_min:
