@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +23,27 @@ VERSIONS = {
     "cann": None,
     "driver": None,
 }
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def control_plane_cli(*args: str) -> subprocess.CompletedProcess:
+    """`python3 reproduction/portable.py ARGS` as a bare server runs it: the repository alone on the path, no venv's
+    PATH (compare and eval --plan are control-plane commands)."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "reproduction/portable.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+    )
+
+
+def write_json(path: Path, doc: dict) -> str:
+    """`doc` written to `path` as JSON; returns the path as the command line takes it."""
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
 PICK = "pick up the cube and place it at the target"
 PUSH = "push the cube to the target"
 

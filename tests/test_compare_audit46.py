@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from evidence_fixtures import control_plane_cli as portable
 from evidence_fixtures import eval_result
+from evidence_fixtures import write_json as _write
 
 from reproduction.errors import InvalidInputError
 from reproduction.run import stats
@@ -20,21 +20,6 @@ from reproduction.run.evidence import EvalRecord, build_evidence, load_evidence
 from reproduction.run.evidence_check import check_evidence
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def portable(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "reproduction/portable.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
-    )
-
-
-def _write(path: Path, doc: dict) -> str:
-    path.write_text(json.dumps(doc))
-    return str(path)
 
 
 # -- F2: `eval --plan --reference` with metrics of different margins ----------------------------------------------

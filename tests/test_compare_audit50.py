@@ -6,33 +6,15 @@ fix."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from evidence_fixtures import control_plane_cli as portable
+from evidence_fixtures import write_json as _write
 
 from reproduction.errors import InvalidInputError
 from reproduction.run.evidence import EvalRecord, build_evidence
 from reproduction.run.evidence_check import check_evidence
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def portable(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "reproduction/portable.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
-    )
-
-
-def _write(path: Path, doc: dict) -> str:
-    path.write_text(json.dumps(doc))
-    return str(path)
 
 
 def _result(tasks: dict[str, str], seed0: int = 1000) -> dict:

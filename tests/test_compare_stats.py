@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from evidence_fixtures import PICK, make_evidence, schema_errors
+from evidence_fixtures import control_plane_cli as portable
 
 from reproduction.run import stats
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_wilson_and_newcombe_match_the_published_examples():
@@ -84,16 +80,6 @@ def test_planner_gives_the_power_it_promises():
     assert stats.episodes_needed(0.88, margin=0.05) == 724
     with pytest.raises(ValueError, match="smaller than the margin"):
         stats.episodes_needed(0.5, margin=0.05, difference=0.05)
-
-
-def portable(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "reproduction/portable.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
-    )
 
 
 def test_compare_command_exit_codes_and_json(tmp_path):
