@@ -55,10 +55,12 @@ def _locate(name: str, digests: DigestCache | None = None) -> tuple[Any, Any] | 
     return memo[name]
 
 
-def module_digest(name: str, digests: DigestCache | None = None) -> str:
+def module_digest(name: str, digests: DigestCache | None = None, *, whole_package: bool = True) -> str:
     """sha256 of a module's source file, found without importing it (`_locate`). A package's is the digest of every
     .py file under its folder(s), by path relative to them, sorted (`package_digest`): its `__init__.py` alone, often
-    empty, pinned nothing of the modules a recipe meant by naming its package."""
+    empty, pinned nothing of the modules a recipe meant by naming its package in StageSpec.code. With
+    `whole_package` False a package is its `__init__.py`, as the module a stage function is defined in (its
+    function's source is there; the package's other modules are keyed when `code` names them)."""
     digests = digests or DigestCache()
     found = _locate(name, digests)
     if found is None:
@@ -68,7 +70,7 @@ def module_digest(name: str, digests: DigestCache | None = None) -> str:
             hint="name importable modules whose source the stage's outputs depend on, or fix the recipe's spelling",
         )
     origin, folders = found
-    if folders is not None:
+    if folders is not None and whole_package:
         return package_digest([Path(f) for f in folders], digests)
     if not origin or not os.path.isfile(origin):
         return "absent"  # a built-in module: no source to pin
@@ -117,7 +119,7 @@ def key_parts(
         "config": config,
         "inputs": {n: _fingerprint(n, v) for n, v in sorted(inputs.items())} if spec.inputs else {},
         "upstream": {n: upstream[n] for n in spec.needs},
-        "code": {m: _code_digest(m, digests) if m == fn_module(spec) else module_digest(m, digests) for m in codes},
+        "code": {m: module_digest(m, digests) if m in spec.code else _code_digest(m, digests) for m in codes},
         "fn": spec.fn,
     }
     files = input_files(spec, plain_config)
@@ -139,8 +141,9 @@ def code_modules(spec: StageSpec) -> tuple[str, ...]:
 
 
 def _code_digest(module: str, digests: DigestCache) -> str:
+    """The digest of the module a stage function is defined in (a package: its `__init__.py`), "absent" when missing."""
     try:
-        return module_digest(module, digests)
+        return module_digest(module, digests, whole_package=False)
     except ConfigError:  # the stage function's module, missing: fn_problems names it before a selected stage runs
         return "absent"
 
@@ -151,17 +154,31 @@ def upgrade_parts(spec: StageSpec, recorded: dict[str, Any], today: dict[str, An
     function's reference (no `fn` part, and `code` empty when the stage names no code modules) is taken as made by
     today's function and its module's source; a record of a stage naming `code` whose `code` part holds exactly
     those modules (written before the function's own module was always keyed, `code_modules`) is taken as made by
-    today's source of the function's module."""
+    today's source of the function's module; a package `code` names recorded by its `__init__.py` alone (before a
+    package was keyed whole), where that file is unchanged, is taken as made by today's package."""
     parts = json.loads(canonical(recorded))
     if "fn" not in parts and "fn" in today:
         parts["fn"] = today["fn"]
         if not spec.code and parts.get("code") == {}:
             parts["code"] = today.get("code", {})
-    code, module = parts.get("code"), fn_module(spec)
+    code, module, now = parts.get("code"), fn_module(spec), today.get("code", {})
     if spec.code and module not in spec.code and isinstance(code, dict) and set(code) == set(spec.code):
-        if module in today.get("code", {}):
-            code[module] = today["code"][module]
+        if module in now:
+            code[module] = now[module]
+    if isinstance(code, dict):
+        for m in spec.code:
+            if m in code and m in now and code[m] != now[m] and code[m] == _init_digest(m):
+                code[m] = now[m]
     return parts
+
+
+def _init_digest(package: str) -> str | None:
+    """The digest of a package's `__init__.py` (how a package in StageSpec.code was keyed until audit50), None for a
+    module that is no package or cannot be found. Read only where a recorded key differs from today's."""
+    found = _locate(package)
+    if found is None or found[1] is None:
+        return None
+    return module_digest(package, whole_package=False)
 
 
 def fn_problems(recipe: Recipe, names: Sequence[str], digests: DigestCache | None = None) -> list[PortableError]:
