@@ -5,7 +5,6 @@ not change keys, lineage."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -14,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from recipe_cli import recipe_env, run_portable
 
 REPO = Path(__file__).resolve().parent.parent
 GUIDE = REPO / "docs" / "recipes.md"
@@ -34,19 +34,8 @@ def guide(tmp_path):
     return tmp_path
 
 
-def _env(cwd: Path) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(cwd)])}
-
-
 def portable(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "reproduction.portable", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=_env(cwd),
-        cwd=cwd,
-    )
+    return run_portable(cwd, *args)
 
 
 def actions(proc: subprocess.CompletedProcess) -> list[str]:
@@ -90,7 +79,7 @@ def test_the_guides_recipe_killed_during_training_resumes_to_the_same_bytes(guid
     slow = subprocess.Popen(
         [sys.executable, "-m", "reproduction.portable", "run", "--config", "my.yaml", "--output", "runs/k"]
         + ["train.pause_s=0.5"],
-        env=_env(guide),
+        env=recipe_env(guide),
         cwd=guide,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

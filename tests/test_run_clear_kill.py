@@ -11,13 +11,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
+from recipe_cli import PORTABLE, run_portable
 
 RECIPE = """
 import json, os, signal, time
@@ -128,16 +126,9 @@ def folder(tmp_path):
 
 
 def portable(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    seam = ["-c", SEAM] if "KILL_AT" in env else ["-m", "reproduction.portable"]
-    return subprocess.run(
-        [sys.executable, *seam, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        start_new_session=True,  # the seam kills its own process group, not pytest's
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(cwd)]), **env},
-    )
+    # the seam kills its own process group, not pytest's
+    program = ("-c", SEAM) if "KILL_AT" in env else PORTABLE
+    return run_portable(cwd, *args, program=program, new_session=True, **env)
 
 
 def outputs(run: Path) -> dict[str, bytes]:

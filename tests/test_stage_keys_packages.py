@@ -6,19 +6,16 @@ takes every glob pathlib takes (`../evidence/*.json` included), refusing only th
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from recipe_cli import run_portable
 
 from reproduction.digests import sha256_file
 from reproduction.errors import ConfigError
 from reproduction.recipe import Recipe, StageSpec
 from reproduction.run.stage_keys import digest
-
-REPO = Path(__file__).resolve().parent.parent
 
 INIT = """
 import json
@@ -69,14 +66,7 @@ def folder(tmp_path):
 
 
 def portable(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "reproduction.portable", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(cwd)])},
-    )
+    return run_portable(cwd, *args)
 
 
 def actions(proc: subprocess.CompletedProcess) -> dict[str, str]:
