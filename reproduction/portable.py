@@ -68,7 +68,7 @@ from reproduction.errors import (  # noqa: E402
     render_error,
 )
 from reproduction.numerics import pin_cpu_kernels  # noqa: E402
-from reproduction.run.guards import interrupt_in_chain, interrupts_noted  # noqa: E402
+from reproduction.run.guards import forget_unhandled_interrupt, interrupt_in_chain, interrupts_noted  # noqa: E402
 from reproduction.settings import check_cache_root  # noqa: E402
 from reproduction.train.heap import choice as heap_choice  # noqa: E402
 from reproduction.ui import UiOptions, say  # noqa: E402
@@ -924,7 +924,9 @@ def _main(argv: list[str] | None = None) -> int:
 
 
 def _interrupted(args: argparse.Namespace) -> int:
-    """`error: interrupted` and the command's hint on how to continue (INTERRUPT_HINTS): exit 130."""
+    """`error: interrupted` and the command's hint on how to continue (INTERRUPT_HINTS): exit 130, also when the
+    interrupt passed through an evaluation a C extension ran (guards.forget_unhandled_interrupt)."""
+    forget_unhandled_interrupt()
     print("error: interrupted", file=sys.stderr)
     if args.command in INTERRUPT_HINTS:
         print(f"hint: {INTERRUPT_HINTS[args.command]}", file=sys.stderr)

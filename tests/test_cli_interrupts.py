@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from bundlekit import SMALL_SPEC, small_sources
@@ -128,3 +131,26 @@ def test_an_error_with_no_interrupt_is_still_a_bug(monkeypatch, capsys):
     monkeypatch.setattr(portable, "cmd_verify", boom)
     assert portable.main(["verify", "/x"]) == 1
     assert capsys.readouterr().err.splitlines()[0] == "error: RuntimeError: second"
+
+
+def test_an_interrupt_inside_an_extension_s_evaluation_is_exit_130_under_python_m(tmp_path):
+    """audit50 F6: a SIGTERM that lands while a C extension runs PyRun_String (Cython modules do as they import)
+    made CPython note the KeyboardInterrupt as unhandled, and `python -m reproduction.portable` then died of SIGINT
+    (-2) after printing `error: interrupted`. The interrupt here is raised inside such an evaluation."""
+    (tmp_path / "nested_interrupt.py").write_text(
+        "import ctypes, sys\n"
+        "from reproduction import portable\n"
+        "run = ctypes.pythonapi.PyRun_String\n"
+        "run.restype = ctypes.py_object\n"
+        "run.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object]\n"
+        "def in_extension(*args, **kwargs):\n"
+        "    scope = {'__builtins__': __builtins__}\n"
+        "    run(b'raise KeyboardInterrupt', 257, scope, scope)  # 257: Py_file_input\n"
+        "portable.cmd_verify = in_extension\n"
+        "sys.exit(portable.main(['verify', '/x']))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(portable.__file__).parents[1])])}
+    done = subprocess.run(
+        [sys.executable, "-m", "nested_interrupt"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stderr.splitlines()[0]) == (130, "error: interrupted")
