@@ -47,6 +47,47 @@ def stale_note(upstream: str | None) -> str:
     return f"stale: ran before {upstream} changed; its results here are of the earlier {upstream} (--resume redoes it)"
 
 
+def resumed_note(record: Mapping[str, Any]) -> str:
+    """The stages table's note for a stage whose run.json record says it continued from a checkpoint
+    (`resumed_from`: the step it resumed at), else ""; only what run.json records, nothing inferred."""
+    step = record.get("resumed_from")
+    if isinstance(step, int) and not isinstance(step, bool):
+        return f"resumed from step {step}"
+    return ""
+
+
+def stage_note(record: Mapping[str, Any], upstream: str | None) -> str:
+    """The stages table's note column of one run.json stage record: resumed (resumed_note), then stale
+    (stale_note), joined by "; "."""
+    return "; ".join(n for n in (resumed_note(record), stale_note(upstream)) if n)
+
+
+def _and(names: Sequence[str]) -> str:
+    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
+
+
+def stale_banner(stale: Mapping[str, str], steps: Mapping[str, Any] | None = None) -> str | None:
+    """The text shown where the verdict would be while stages hold results from before an upstream stage changed
+    (`stale`: runner.stale_stages, in recipe order; `steps`: run.json's recorded step of each stage), None when
+    none does: which stages, since which stage changed (at which step, when recorded), and that --resume redoes
+    them. The CLI says the same and shows none of those results (cli.stale_line)."""
+    if not stale:
+        return None
+    names = list(stale)
+    ups = list(dict.fromkeys(stale.values()))
+    now = [
+        f"{u} is now at step {steps[u]}"
+        for u in ups
+        if isinstance((steps or {}).get(u), int) and not isinstance(steps[u], bool)
+    ]
+    one = len(names) == 1
+    return (
+        f"Stale: {_and(names)} ran before {_and(ups)} changed{f' ({_and(now)})' if now else ''}, so "
+        f"{'its results' if one else 'their results'} below are of the earlier {_and(ups)}, not this run's; "
+        f"`portable run ... --resume` (without --stages) redoes {'it' if one else 'them'}."
+    )
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class _Plot:
     caption: str
@@ -99,9 +140,18 @@ def render_report_html(
     plots: Mapping[str, Path] | None = None,
     chain: Chain | None = None,
     generated: datetime | None = None,
+    stale: Mapping[str, str] | None = None,
+    steps: Mapping[str, Any] | None = None,
+    reference_note: str | None = None,
+    paired: Sequence[str] = (),
 ) -> str:
     """The report's HTML text. `evidence`: one evaluation evidence document or several (primaries and baselines
-    all appear in the summary); `plots`: caption -> PNG path, in display order; `chain`: `lineage_chain(run)`."""
+    all appear in the summary); `plots`: caption -> PNG path, in display order; `chain`: `lineage_chain(run)`.
+    `stale` (runner.stale_stages) and `steps` (run.json's step per stage): a stale banner replaces the verdict
+    banner (stale_banner), and the results of a stale `eval` / `compare` stage are marked as of the earlier
+    upstream, not shown as the run's. `reference_note`: what the comparison section says when there is no
+    comparison (the compare stage had no reference); `paired`: a heading line, then one line per task, of a
+    within-run paired difference (GRPO's grpo - sft)."""
     docs = [evidence] if isinstance(evidence, Mapping) else list(evidence)
     evaluations = [e for d in docs for e in (d, *d.get("baselines", []))]
     per_task = sorted({t for e in evaluations for t in e["tasks"]})
@@ -122,6 +172,12 @@ def render_report_html(
             stages=list(stages),
             plots=[_png(path, caption) for caption, path in (plots or {}).items()],
             chain=chain.lines() if chain is not None else None,
+            stale_banner=stale_banner(stale or {}, steps),
+            stale_eval=(stale or {}).get("eval"),
+            stale_compare=(stale or {}).get("compare"),
+            reference_note=reference_note,
+            paired_title=paired[0].rstrip(":") if paired else None,
+            paired_rows=[line.strip() for line in paired[1:]],
         )
     )
 
@@ -148,10 +204,13 @@ def write_run_report(
     run_id: str,
     stages: Sequence[StageSummary] = (),
     out: Path | None = None,
+    stale: Mapping[str, str] | None = None,
+    steps: Mapping[str, Any] | None = None,
 ) -> Path:
     """The report of a run folder from what it holds: evidence/eval_*.json, evidence/comparison.json,
     plots/*.png (known plots first, in PLOT_CAPTIONS order) and lineage/. Writes <run>/report.html
-    (or `out`) and returns its path; a part the run lacks is shown as absent, not an error."""
+    (or `out`) and returns its path; a part the run lacks is shown as absent, not an error. `stale`, `steps`: as
+    render_report_html's."""
     run_dir = Path(run_dir)
     evidence = [load_evidence(p) for p in sorted((run_dir / "evidence").glob("eval_*.json"))]
     comparison_file = run_dir / "evidence" / "comparison.json"
@@ -172,4 +231,6 @@ def write_run_report(
         stages=stages,
         plots=plots,
         chain=chain,
+        stale=stale,
+        steps=steps,
     )

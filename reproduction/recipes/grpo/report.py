@@ -93,7 +93,9 @@ def write_plots(run_dir: Path) -> dict[str, Path]:
 
 def write_run_report(run_dir: Path) -> Path:
     """Plots, then <run>/report.html: the newest evaluation (grpo, its sft baseline), the comparison against
-    eval.reference when the compare stage made one, the stages in recipe order, the plots, the lineage chain.
+    eval.reference when the compare stage made one (else that it compared with nothing), grpo - sft paired per task
+    (improvement_lines, as the demo prints it), the stages in recipe order (resumed / stale noted), the plots, the
+    lineage chain; while eval/compare are stale a stale banner replaces the verdict.
     Raises what reading run.json raises (RunStateError when it is not a run folder's)."""
     from reproduction.recipes.grpo.recipe import GRPO
     from reproduction.run import report
@@ -111,7 +113,7 @@ def write_run_report(run_dir: Path) -> Path:
             name=s.name,
             status=rec.get("status", ""),
             seconds=rec.get("seconds"),
-            note=report.stale_note(stale.get(s.name)),
+            note=report.stage_note(rec, stale.get(s.name)),
         )
         for s in GRPO.stages
         if (rec := state.get("stages", {}).get(s.name)) is not None
@@ -122,16 +124,36 @@ def write_run_report(run_dir: Path) -> Path:
     if compared.is_file():
         comparison = Comparison.from_dict(json.loads(compared.read_text(encoding="utf-8")))
     chain = lineage_chain(run_dir) if any((run_dir / LINEAGE_DIR).glob("*.intoto.json")) else None
+    doc = load_evidence(newest) if newest is not None else None
+    records = state.get("stages", {})
     return report.write_report(
         run_dir / "report.html",
         title="GRPO run",
         run_id=state.get("run_id", ""),
         run_dir=run_dir,
-        evidence=[load_evidence(newest)] if newest is not None else [],
+        evidence=[doc] if doc is not None else [],
         comparison=comparison,
         stages=stages,
         plots={CAPTIONS.get(k, k.replace("_", " ")): v for k, v in written.items()},
         chain=chain,
+        stale={s.name: stale[s.name] for s in GRPO.stages if s.name in stale},
+        steps={name: rec.get("step") for name, rec in records.items() if isinstance(rec, dict)},
+        reference_note=None if comparison is not None else no_reference_note(records.get("compare")),
+        paired=improvement_lines(doc) if doc is not None else [],
+    )
+
+
+def no_reference_note(compare: object) -> str | None:
+    """What the report says of a complete compare stage that recorded no reference (compare/compare.json's
+    "reference": null), None otherwise: it compared with nothing, so there is no verdict."""
+    if not isinstance(compare, dict) or compare.get("status") != "complete":
+        return None
+    summary = compare.get("summary")
+    if not isinstance(summary, dict) or "reference" not in summary or summary["reference"]:
+        return None
+    return (
+        "No reference evidence: compared with nothing (eval.reference is not set), so there is no verdict; "
+        "set eval.reference to an evaluation evidence file to compare this run's evaluation with it."
     )
 
 

@@ -75,7 +75,9 @@ PIPELINE = ("returns", "value", "advantages", "policy", "eval", "compare")
 
 
 def write_run_report(run_dir: Path, *, bundle: Path | None = None) -> Path:
-    """Plots, then <run>/report.html (summary, stages table, plots inline, the lineage chain)."""
+    """Plots, then <run>/report.html (summary, stages table, plots inline, the lineage chain). Stages run.json
+    records as resumed say so in the stages table; while eval/compare are stale (runner.stale_stages) a stale
+    banner replaces the verdict and their results are marked as of the earlier policy."""
     from reproduction.run import report
     from reproduction.run.evidence import Comparison, compare_evidence, load_evidence
     from reproduction.run.runner import stale_stages
@@ -87,7 +89,10 @@ def write_run_report(run_dir: Path, *, bundle: Path | None = None) -> Path:
     stale = stale_stages(state)
     stages = [
         report.StageSummary(
-            name=name, status=rec.get("status", ""), seconds=rec.get("seconds"), note=report.stale_note(stale.get(name))
+            name=name,
+            status=rec.get("status", ""),
+            seconds=rec.get("seconds"),
+            note=report.stage_note(rec, stale.get(name)),
         )
         for name, rec in sorted(state["stages"].items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
     ]
@@ -121,4 +126,6 @@ def write_run_report(run_dir: Path, *, bundle: Path | None = None) -> Path:
         stages=stages,
         plots={captions.get(k, k): v for k, v in written.items()},
         chain=chain,
+        stale={name: stale[name] for name in sorted(stale, key=lambda n: (order.get(n, len(order)), n))},
+        steps={name: rec.get("step") for name, rec in state["stages"].items() if isinstance(rec, dict)},
     )
