@@ -96,6 +96,7 @@ def load_statements(run_dir: Path) -> list[LoadedStatement]:
             ok = data.get("_type") == STATEMENT_TYPE and data.get("predicateType") == PREDICATE_TYPE
             _ = (loaded.stage, loaded.subjects, loaded.dependencies, loaded.internal, loaded.metadata["startedOn"])
             ok = ok and all("sha256" in d.get("digest", {}) for d in loaded.subjects + loaded.dependencies)
+            wrong = _shape_problem(data) if ok else None
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise InvalidInputError(
                 f"{path} is not a readable lineage statement ({type(exc).__name__}: {exc})",
@@ -108,10 +109,88 @@ def load_statements(run_dir: Path) -> list[LoadedStatement]:
                 path=path,
                 hint="the file is damaged; rerun the stage with `portable run --resume --restart-stage NAME`",
             )
+        if wrong is not None:  # a field read later of the wrong type: exit 4 here, not a crash there (audit51 G8)
+            raise InvalidInputError(
+                f"{path}: {wrong}",
+                path=path,
+                hint="the file is damaged; rerun the stage with `portable run --resume --restart-stage NAME`",
+            )
         out.append(loaded)
     if not out:
         raise InputNotFoundError(f"no lineage statements (*{SUFFIX}) in {folder}", path=folder)
     return sorted(out, key=lambda s: (s.metadata["startedOn"], s.stage))
+
+
+_SHA256_HEX = frozenset("0123456789abcdef")
+
+
+def _kind(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _shape_problem(data: Mapping[str, Any]) -> str | None:
+    """The first field the chain or verify reads whose type is not the one written, as "FIELD is VALUE, not
+    WHAT" (None when every such field has its type): the loader refuses it, so nothing later trips on it."""
+    build, details = data["predicate"]["buildDefinition"], data["predicate"]["runDetails"]
+    expect: list[tuple[str, Any, tuple[type, ...], str]] = [
+        ("predicate.buildDefinition.externalParameters", build["externalParameters"], (dict,), "an object"),
+        ("predicate.buildDefinition.internalParameters", build["internalParameters"], (dict,), "an object"),
+        ("predicate.runDetails.metadata", details["metadata"], (dict,), "an object"),
+        ("subject", data["subject"], (list,), "a list"),
+        ("predicate.buildDefinition.resolvedDependencies", build["resolvedDependencies"], (list,), "a list"),
+    ]
+    for name, value, types, what in expect:
+        if not isinstance(value, types):
+            return f"{name} is {_kind(value)}, not {what}"
+    external, internal, meta = build["externalParameters"], build["internalParameters"], details["metadata"]
+    optional: list[tuple[str, Any, tuple[type, ...], str]] = [
+        ("predicate.buildDefinition.externalParameters.stage", external.get("stage"), (str,), "a string"),
+        (
+            "predicate.buildDefinition.externalParameters.bundle",
+            external.get("bundle", ""),
+            (str, type(None)),
+            "a string",
+        ),
+        ("predicate.buildDefinition.externalParameters.config", external.get("config", {}), (dict,), "an object"),
+        ("predicate.buildDefinition.internalParameters.status", internal.get("status", ""), (str,), "a string"),
+        (
+            "predicate.buildDefinition.internalParameters.resumed_from",
+            internal.get("resumed_from"),
+            (dict, type(None)),
+            "an object",
+        ),
+        ("predicate.runDetails.metadata.startedOn", meta.get("startedOn"), (str,), "a string"),
+        ("predicate.runDetails.metadata.finishedOn", meta.get("finishedOn", ""), (str,), "a string"),
+    ]
+    for name, value, types, what in optional:
+        if not isinstance(value, types):
+            return f"{name} is {_kind(value)}, not {what}"
+    for field_name, items in (
+        ("subject", data["subject"]),
+        ("predicate.buildDefinition.resolvedDependencies", build["resolvedDependencies"]),
+    ):
+        for i, desc in enumerate(items):
+            where = f"{field_name}[{i}]"
+            if not isinstance(desc, dict):
+                return f"{where} is {_kind(desc)}, not an object"
+            if not isinstance(desc.get("digest"), dict):
+                return f"{where}.digest is {_kind(desc.get('digest'))}, not an object"
+            sha = desc["digest"].get("sha256")
+            if not (isinstance(sha, str) and len(sha) == 64 and set(sha) <= _SHA256_HEX):
+                return f"{where}.digest.sha256 is {_kind(sha)}, not 64 lowercase hex digits"
+            for key in ("name", "uri"):
+                if not isinstance(desc.get(key, ""), str):
+                    return f"{where}.{key} is {_kind(desc[key])}, not a string"
+            ann = desc.get("annotations", {})
+            if not isinstance(ann, dict):
+                return f"{where}.annotations is {_kind(ann)}, not an object"
+            for key in ("root", "path", "role", "kind"):
+                if not isinstance(ann.get(key, ""), str):
+                    return f"{where}.annotations.{key} is {_kind(ann[key])}, not a string"
+            if not isinstance(ann.get("files", {}), dict):
+                return f"{where}.annotations.files is {_kind(ann['files'])}, not an object"
+    return None
 
 
 def resolve(descriptor: Mapping[str, Any], run_dir: Path, statement: LoadedStatement) -> Path:
