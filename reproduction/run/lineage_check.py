@@ -2,8 +2,9 @@
 
 `lineage_chain(run)` walks from the outputs nothing else consumed back to the bundle manifest by
 matching each dependency to the subject with the same place and digest; `verify_lineage(run)` rehashes every subject and
-dependency of every statement and returns the differences (exit codes as `portable verify`: 11
-missing, 14 digest mismatch, lowest wins). The statements are written by reproduction/run/lineage.py.
+dependency of every statement, checks the statements against run.json's stage records, and returns the differences
+(exit codes as `portable verify`: 11 missing, 14 digest mismatch or a record that disagrees, lowest wins). The
+statements are written by reproduction/run/lineage.py.
 Stdlib only: the control plane's `portable lineage` imports this module.
 """
 
