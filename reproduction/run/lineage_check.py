@@ -2,8 +2,9 @@
 
 `lineage_chain(run)` walks from the outputs nothing else consumed back to the bundle manifest by
 matching each dependency to the subject with the same place and digest; `verify_lineage(run)` rehashes every subject and
-dependency of every statement and returns the differences (exit codes as `portable verify`: 11
-missing, 14 digest mismatch, lowest wins). The statements are written by reproduction/run/lineage.py.
+dependency of every statement, checks the statements against run.json's stage records, and returns the differences
+(exit codes as `portable verify`: 11 missing, 14 digest mismatch or a record that disagrees, lowest wins). The
+statements are written by reproduction/run/lineage.py.
 Stdlib only: the control plane's `portable lineage` imports this module.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -30,6 +32,7 @@ from reproduction.run.lineage import (
     tree_lines,
     tree_sha256,
 )
+from reproduction.run.secrets import REDACTED
 
 EXIT_MISSING = 11
 EXIT_DIGEST = 14
@@ -96,6 +99,7 @@ def load_statements(run_dir: Path) -> list[LoadedStatement]:
             ok = data.get("_type") == STATEMENT_TYPE and data.get("predicateType") == PREDICATE_TYPE
             _ = (loaded.stage, loaded.subjects, loaded.dependencies, loaded.internal, loaded.metadata["startedOn"])
             ok = ok and all("sha256" in d.get("digest", {}) for d in loaded.subjects + loaded.dependencies)
+            wrong = _shape_problem(data) if ok else None
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise InvalidInputError(
                 f"{path} is not a readable lineage statement ({type(exc).__name__}: {exc})",
@@ -108,10 +112,98 @@ def load_statements(run_dir: Path) -> list[LoadedStatement]:
                 path=path,
                 hint="the file is damaged; rerun the stage with `portable run --resume --restart-stage NAME`",
             )
+        if wrong is not None:  # a field read later of the wrong type: exit 4 here, not a crash there (audit51 G8)
+            raise InvalidInputError(
+                f"{path}: {wrong}",
+                path=path,
+                hint="the file is damaged; rerun the stage with `portable run --resume --restart-stage NAME`",
+            )
         out.append(loaded)
     if not out:
         raise InputNotFoundError(f"no lineage statements (*{SUFFIX}) in {folder}", path=folder)
     return sorted(out, key=lambda s: (s.metadata["startedOn"], s.stage))
+
+
+_SHA256_HEX = frozenset("0123456789abcdef")
+
+
+def _kind(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _shape_problem(data: Mapping[str, Any]) -> str | None:
+    """The first field the chain or verify reads whose type is not the one written, as "FIELD is VALUE, not
+    WHAT" (None when every such field has its type): the loader refuses it, so nothing later trips on it."""
+    build, details = data["predicate"]["buildDefinition"], data["predicate"]["runDetails"]
+    expect: list[tuple[str, Any, tuple[type, ...], str]] = [
+        ("predicate.buildDefinition.externalParameters", build["externalParameters"], (dict,), "an object"),
+        ("predicate.buildDefinition.internalParameters", build["internalParameters"], (dict,), "an object"),
+        ("predicate.runDetails.metadata", details["metadata"], (dict,), "an object"),
+        ("subject", data["subject"], (list,), "a list"),
+        ("predicate.buildDefinition.resolvedDependencies", build["resolvedDependencies"], (list,), "a list"),
+    ]
+    for name, value, types, what in expect:
+        if not isinstance(value, types):
+            return f"{name} is {_kind(value)}, not {what}"
+    external, internal, meta = build["externalParameters"], build["internalParameters"], details["metadata"]
+    optional: list[tuple[str, Any, tuple[type, ...], str]] = [
+        ("predicate.buildDefinition.externalParameters.stage", external.get("stage"), (str,), "a string"),
+        (
+            "predicate.buildDefinition.externalParameters.bundle",
+            external.get("bundle", ""),
+            (str, type(None)),
+            "a string",
+        ),
+        ("predicate.buildDefinition.externalParameters.config", external.get("config", {}), (dict,), "an object"),
+        ("predicate.buildDefinition.internalParameters.status", internal.get("status", ""), (str,), "a string"),
+        (
+            "predicate.buildDefinition.internalParameters.resumed_from",
+            internal.get("resumed_from"),
+            (dict, type(None)),
+            "an object",
+        ),
+        ("predicate.runDetails.metadata.startedOn", meta.get("startedOn"), (str,), "a string"),
+        ("predicate.runDetails.metadata.finishedOn", meta.get("finishedOn", ""), (str,), "a string"),
+    ]
+    for name, value, types, what in optional:
+        if not isinstance(value, types):
+            return f"{name} is {_kind(value)}, not {what}"
+    for field_name, items in (
+        ("subject", data["subject"]),
+        ("predicate.buildDefinition.resolvedDependencies", build["resolvedDependencies"]),
+    ):
+        for i, desc in enumerate(items):
+            where = f"{field_name}[{i}]"
+            if not isinstance(desc, dict):
+                return f"{where} is {_kind(desc)}, not an object"
+            if not isinstance(desc.get("digest"), dict):
+                return f"{where}.digest is {_kind(desc.get('digest'))}, not an object"
+            sha = desc["digest"].get("sha256")
+            if not (isinstance(sha, str) and len(sha) == 64 and set(sha) <= _SHA256_HEX):
+                return f"{where}.digest.sha256 is {_kind(sha)}, not 64 lowercase hex digits"
+            for key in ("name", "uri"):
+                if not isinstance(desc.get(key, ""), str):
+                    return f"{where}.{key} is {_kind(desc[key])}, not a string"
+            ann = desc.get("annotations", {})
+            if not isinstance(ann, dict):
+                return f"{where}.annotations is {_kind(ann)}, not an object"
+            for key in ("root", "path", "role", "kind"):
+                if not isinstance(ann.get(key, ""), str):
+                    return f"{where}.annotations.{key} is {_kind(ann[key])}, not a string"
+            if ann.get("root") == "run":  # joined to the run folder: one that climbs out would be hashed (audit51 G5)
+                rel = ann.get("path", desc.get("name", ""))
+                if not isinstance(rel, str) or _outside(rel):
+                    return f"{where}.annotations.path is {_kind(rel)}, not a path inside the run folder"
+            if not isinstance(ann.get("files", {}), dict):
+                return f"{where}.annotations.files is {_kind(ann['files'])}, not an object"
+    return None
+
+
+def _outside(rel: str) -> bool:
+    """True for a run-relative path that is absolute, empty or climbs out with `..` (on either separator)."""
+    parts = rel.replace("\\", "/").split("/")
+    return not rel or rel.startswith(("/", "\\")) or ".." in parts or (len(rel) > 1 and rel[1] == ":")
 
 
 def resolve(descriptor: Mapping[str, Any], run_dir: Path, statement: LoadedStatement) -> Path:
@@ -358,28 +450,42 @@ def lineage_chain(run_dir: Path) -> Chain:
 
 # -- verification -------------------------------------------------------------------------------
 
+RUN_JSON = "run.json"
+
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class LineageProblem:
-    """A subject or dependency whose bytes are not the ones recorded."""
+    """A subject or dependency whose bytes are not the ones recorded, or a statement run.json disagrees with."""
 
     kind: str
-    """"missing" or "digest"."""
+    """"missing" (exit 11), "digest", "link", "record" or "unrecorded" (exit 14)."""
     statement: str
     """The statement file's name."""
     what: str
-    """"subject" or the dependency's role."""
+    """"subject" or the dependency's role ("statement", "run.json" for the run's record itself)."""
     path: str
     expected: str
     actual: str | None = None
     files: tuple[str, ...] = ()
     """For a folder, what changed inside it ("changed: meta/info.json"), when the record lists its files."""
+    looked_at: str = ""
+    """For a missing bundle material: the absolute path it was looked for at (the bundle the statement names)."""
 
     def __str__(self) -> str:
+        if self.kind in ("record", "unrecorded", "link"):
+            return f"{'differs' if self.kind == 'record' else self.kind}: {self.path} ({self.actual})"
         if self.what == "statement":
             return f"missing: {self.path} (stage {self.statement} is complete in run.json, its statement is gone)"
+        if self.what == RUN_JSON:
+            return (
+                f"missing: {self.path} ({self.actual}): which stages are complete cannot be told, so a deleted "
+                "statement would go unnoticed; only the statements there were checked"
+            )
         if self.kind == "missing":
-            return f"missing: {self.path} ({self.what} of {self.statement}; expected sha256:{self.expected[:12]})"
+            where = f"; looked for at {self.looked_at}" if self.looked_at else ""
+            return (
+                f"missing: {self.path} ({self.what} of {self.statement}; expected sha256:{self.expected[:12]}{where})"
+            )
         inside = f"; {', '.join(self.files[:8])}{' ...' if len(self.files) > 8 else ''}" if self.files else ""
         return (
             f"digest differs: {self.path} ({self.what} of {self.statement}): "
@@ -388,7 +494,7 @@ class LineageProblem:
 
     def to_dict(self) -> dict[str, Any]:
         keys = ("kind", "statement", "what", "path", "expected", "actual")
-        return {**{k: getattr(self, k) for k in keys}, "files": list(self.files)}
+        return {**{k: getattr(self, k) for k in keys}, "files": list(self.files), "looked_at": self.looked_at}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -398,10 +504,12 @@ class LineageReport:
     statements: int
     checked: int
     problems: list[LineageProblem]
+    notes: list[str] = field(default_factory=list)
+    """Lines that say why (stale stages) or what to do (restore the bundle), printed after the problems."""
 
     @property
     def exit_code(self) -> int:
-        """0 when everything matches; else 11 (something missing) or 14 (a digest differs), lowest wins."""
+        """0 when everything matches; else 11 (something missing) or 14 (a digest or a record differs), lowest wins."""
         kinds = {p.kind for p in self.problems}
         return EXIT_MISSING if "missing" in kinds else EXIT_DIGEST if kinds else 0
 
@@ -409,7 +517,7 @@ class LineageReport:
         if not self.problems:
             return f"lineage verified: {self.checked} subjects and materials of {self.statements} statements match"
         head = f"lineage differs: {len(self.problems)} of {self.checked} subjects and materials"
-        return "\n".join([head, *(f"  {p}" for p in self.problems)])
+        return "\n".join([head, *(f"  {p}" for p in self.problems), *self.notes])
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -417,33 +525,61 @@ class LineageReport:
             "checked": self.checked,
             "exit_code": self.exit_code,
             "problems": [p.to_dict() for p in self.problems],
+            "notes": list(self.notes),
         }
 
 
 def verify_lineage(run_dir: Path) -> LineageReport:
     """Rehash every subject and resolved dependency of every statement (each path once); collect all differences.
 
+    Also checks each statement against its stage's record in run.json (`_against_record`): a stage run.json
+    records complete whose statement is gone, a statement of no stage there, a status or a config that disagrees
+    with the record written with it. A missing or unreadable run.json is itself a problem (exit 11): without it a
+    deleted statement cannot be noticed. A subject or material under the run that is (or lies under) a link is a
+    problem ("link"), not followed: recording a stage refuses outputs that link out.
+
     Raises InputNotFoundError / InvalidInputError when the lineage folder is missing or a statement is
-    malformed; differences in the bytes are returned, not raised.
+    malformed (a path of root "run" outside the run folder included); ReadFailedError naming the path when one
+    cannot be read; differences in the bytes are returned, not raised.
     """
     statements = load_statements(run_dir)
     items: list[tuple[LoadedStatement, str, Mapping[str, Any]]] = []
     for st in statements:
         items += [(st, "subject", s) for s in st.subjects]
         items += [(st, d.get("annotations", {}).get("role", "dependency"), d) for d in st.dependencies]
-    cache: dict[Path, tuple[str, dict[str, str] | None] | None] = {}
-    problems = []
+    cache: dict[Path, tuple[str, dict[str, str] | None] | str | None] = {}
+    problems: list[LineageProblem] = []
+    bundles_missing: set[str] = set()
     for st, what, desc in items:
         path = resolve(desc, run_dir, st)
+        ann = desc.get("annotations", {})
         if path not in cache:
-            cache[path] = _current(path)
-        expected, shown = desc["digest"]["sha256"], desc.get("name", str(path))
-        if cache[path] is None:
-            problems.append(
-                LineageProblem(kind="missing", statement=st.file.name, what=what, path=shown, expected=expected)
+            link = _link_in_run(path, Path(run_dir)) if ann.get("root") == "run" else None
+            cache[path] = (
+                link if link is not None else _hash(path, f"{desc.get('name', path)} ({what} of {st.file.name})")
             )
+        expected, shown = desc["digest"]["sha256"], desc.get("name", str(path))
+        now = cache[path]
+        if isinstance(now, str):  # a link: named, not followed
+            problems.append(
+                LineageProblem(
+                    kind="link", statement=st.file.name, what=what, path=shown, expected=expected,
+                    actual=f"{what} of {st.file.name}: {now}; recording a stage refuses an output that links out",
+                )
+            )  # fmt: skip
             continue
-        actual, files = cache[path]
+        if now is None:
+            bundled = ann.get("root") == "bundle" and st.bundle
+            if bundled:
+                bundles_missing.add(str(st.bundle))
+            problems.append(
+                LineageProblem(
+                    kind="missing", statement=st.file.name, what=what, path=shown, expected=expected,
+                    looked_at=str(path) if bundled else "",
+                )
+            )  # fmt: skip
+            continue
+        actual, files = now
         if actual != expected:
             recorded = _recorded_files(desc, st, run_dir)
             changes = tuple(tree_changes(recorded, files)) if recorded is not None and files is not None else ()
@@ -458,21 +594,41 @@ def verify_lineage(run_dir: Path) -> LineageReport:
                     files=changes,
                 )
             )
-    problems += _unstated(run_dir, {st.file.name for st in statements})
-    return LineageReport(statements=len(statements), checked=len(items), problems=problems)
+    state, why = _read_state(Path(run_dir))
+    notes = []
+    if state is None:
+        problems.append(
+            LineageProblem(kind="missing", statement="", what=RUN_JSON, path=RUN_JSON, expected="", actual=why)
+        )
+    else:
+        problems += _unstated(state, {st.file.name for st in statements})
+        problems += _against_record(state, statements)
+        notes += _stale_notes(state, statements, problems)
+    for bundle in sorted(bundles_missing):
+        notes.append(
+            f"hint: the bundle these statements read is not at {bundle} (or lacks those files); restore or copy "
+            "the bundle back to that folder and verify again"
+        )
+    return LineageReport(statements=len(statements), checked=len(items), problems=problems, notes=notes)
 
 
-def _unstated(run_dir: Path, files: set[str]) -> list[LineageProblem]:
-    """A `missing` problem for each stage run.json records complete whose statement file is not there (a deleted
-    statement leaves nothing to rehash, so the loop over statements alone would verify). None without a run.json
-    this can read: verify then checks the statements it has."""
+def _read_state(run_dir: Path) -> tuple[dict[str, Any] | None, str]:
+    """run.json as a dict with a `stages` object, else (None, why not in a few words)."""
+    path = run_dir / RUN_JSON
     try:
-        state = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
-        stages = state["stages"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-    if not isinstance(stages, dict):
-        return []
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, "not there"
+    except (OSError, ValueError) as exc:
+        return None, f"unreadable: {type(exc).__name__}"
+    if not isinstance(state, dict) or not isinstance(state.get("stages"), dict):
+        return None, "unreadable: no `stages` object"
+    return state, ""
+
+
+def _unstated(state: Mapping[str, Any], files: set[str]) -> list[LineageProblem]:
+    """A `missing` problem for each stage run.json records complete whose statement file is not there (a deleted
+    statement leaves nothing to rehash, so the loop over statements alone would verify)."""
     return [
         LineageProblem(
             kind="missing",
@@ -481,9 +637,186 @@ def _unstated(run_dir: Path, files: set[str]) -> list[LineageProblem]:
             path=f"{LINEAGE_DIR}/{name}{SUFFIX}",
             expected="",
         )
-        for name, rec in stages.items()
+        for name, rec in state["stages"].items()
         if isinstance(rec, dict) and rec.get("status") == "complete" and f"{name}{SUFFIX}" not in files
     ]
+
+
+def _canonical(obj: Any) -> str:
+    """As reproduction.run.stage_keys.canonical (not imported: this module is stdlib only)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _select(config: Any, dotted: str) -> Any:
+    """config[a][b] for "a.b", None when absent (as the runner's `select`, which key_parts are made with)."""
+    for part in dotted.split("."):
+        if not isinstance(config, dict) or part not in config:
+            return None
+        config = config[part]
+    return config
+
+
+def _disagreement(recorded: Any, stated: Any, where: str) -> tuple[str, Any, Any] | None:
+    """The first place where `stated` does not hold what `recorded` does: a mapping's keys are compared only as far
+    as `recorded` has them (key_parts leave out the keys declared not to change outputs), anything else exactly.
+    A value redacted on either side is not compared (both were redacted when written)."""
+    if isinstance(recorded, dict):
+        if not isinstance(stated, dict):
+            return where, recorded, stated
+        for key, value in recorded.items():
+            found = _disagreement(value, stated.get(key), f"{where}.{key}")
+            if found is not None:
+                return found
+        return None
+    if REDACTED in _canonical(recorded) or REDACTED in _canonical(stated):
+        return None
+    return None if _canonical(recorded) == _canonical(stated) else (where, recorded, stated)
+
+
+def _against_record(state: Mapping[str, Any], statements: list[LoadedStatement]) -> list[LineageProblem]:
+    """What a statement says that its stage's record in run.json, written together with it, contradicts.
+
+    The rule: a stage's record (status, `key_parts.config`, `lineage.config_sha256`) and its statement are written
+    by the same invocation (a statement written again by --resume only when the config digests agree), so they
+    must agree; a statement carries the config of the invocation that ran its stage, and run.json's top-level
+    `config` is the latest invocation's (a later one may change keys that do not change outputs, or leave stages
+    out with --stages), so the top-level config is not compared. A statement whose file names no stage of
+    run.json, or another stage than its own, is named too (audit51 G1, G2)."""
+    stages = state["stages"]
+    out = []
+    for st in statements:
+        rel = f"{LINEAGE_DIR}/{st.file.name}"
+        name = st.file.name[: -len(SUFFIX)]
+        if name not in stages:
+            out.append(_record_problem("unrecorded", st, rel, f"run.json has no stage {name!r}"))
+            continue
+        if st.stage != name:
+            out.append(_record_problem("unrecorded", st, rel, f"it is the statement of stage {st.stage!r}"))
+            continue
+        rec = stages[name]
+        if not isinstance(rec, dict) or rec.get("status") != "complete":
+            continue
+        status = st.internal.get("status")
+        if status != "succeeded":
+            out.append(
+                _record_problem("record", st, rel, f"its status is {status!r}; run.json records stage {name} complete")
+            )
+        config = st.data["predicate"]["buildDefinition"]["externalParameters"].get("config")
+        recorded = (rec.get("key_parts") or {}).get("config")
+        found = None
+        if isinstance(recorded, dict):
+            for key, value in recorded.items():
+                found = _disagreement(value, _select(config, key), key)
+                if found is not None:
+                    break
+        if found is not None:
+            where, want, have = found
+            out.append(
+                _record_problem(
+                    "record", st, rel,
+                    f"config {where} is {_kind(have)}; run.json's record of stage {name} (key_parts) has {_kind(want)}",
+                )
+            )  # fmt: skip
+            continue
+        sha = (rec.get("lineage") or {}).get("config_sha256") if isinstance(rec.get("lineage"), dict) else None
+        if isinstance(sha, str) and isinstance(config, dict) and REDACTED not in _canonical(config):
+            if hashlib.sha256(_canonical(config).encode()).hexdigest() != sha:
+                out.append(
+                    _record_problem(
+                        "record", st, rel,
+                        f"its config is not the one run.json's record of stage {name} was run with "
+                        f"(stages.{name}.lineage.config_sha256 {sha[:12]})",
+                    )
+                )  # fmt: skip
+    return out
+
+
+def _record_problem(kind: str, st: LoadedStatement, rel: str, why: str) -> LineageProblem:
+    return LineageProblem(kind=kind, statement=st.file.name, what="statement", path=rel, expected="", actual=why)
+
+
+def _stale_stages(state: Mapping[str, Any]) -> dict[str, str]:
+    """reproduction.run.runner.stale_stages's rule (not imported: this module is stdlib only): {complete stage:
+    the upstream stage whose recorded outputs changed since it ran, directly or through another stale stage}."""
+    stages = {n: r for n, r in (state.get("stages") or {}).items() if isinstance(r, dict)}
+
+    def outputs_digest(outputs: Mapping[str, Any]) -> str:
+        return hashlib.sha256(_canonical({rel: v[2] for rel, v in outputs.items()}).encode()).hexdigest()
+
+    stale: dict[str, str] = {}
+    changed = True
+    while changed:
+        changed = False
+        for name, rec in stages.items():
+            if name in stale or rec.get("status") != "complete":
+                continue
+            upstream = (rec.get("key_parts") or {}).get("upstream") or {}
+            for need, recorded in upstream.items() if isinstance(upstream, dict) else ():
+                up = stages.get(need, {})
+                try:
+                    moved = isinstance(up.get("outputs"), dict) and outputs_digest(up["outputs"]) != recorded
+                except (TypeError, IndexError, KeyError):
+                    moved = False
+                if need in stale:
+                    stale[name] = stale[need]
+                elif moved:
+                    stale[name] = need
+                else:
+                    continue
+                changed = True
+                break
+    return stale
+
+
+def _stale_notes(
+    state: Mapping[str, Any], statements: list[LoadedStatement], problems: list[LineageProblem]
+) -> list[str]:
+    """One line per upstream stage that changed, naming the stages a differing upstream output of makes stale
+    (`portable run --stages X --target-step N` leaves them so until a --resume redoes them): it is no tampering."""
+    stale = _stale_stages(state)
+    stage_of = {st.file.name: st.stage for st in statements}
+    changed = []  # the upstream stages a differing upstream output of a stale stage points to
+    for p in problems:
+        stage = stage_of.get(p.statement)
+        if p.kind == "digest" and p.what == "upstream_output" and stage in stale and stale[stage] not in changed:
+            changed.append(stale[stage])
+    lines = []
+    for up in changed:
+        names = [name for name, since in stale.items() if since == up]
+        verb, they, it = ("is", "it", "it") if len(names) == 1 else ("are", "they", "them")
+        lines.append(
+            f"note: {', '.join(names)} {verb} stale since {up} changed after {they} ran; "
+            f"`portable run --resume` redoes {it}"
+        )
+    return lines
+
+
+def _link_in_run(path: Path, run_dir: Path) -> str | None:
+    """ "<path> -> <target>" when `path` or a folder between the run folder and it is a symbolic link, else None."""
+    try:
+        rel = path.relative_to(run_dir)
+    except ValueError:
+        return None
+    node = run_dir
+    for part in rel.parts:
+        node = node / part
+        if node.is_symlink():
+            try:
+                target = os.readlink(node)
+            except OSError:
+                target = "?"
+            return f"{node.relative_to(run_dir).as_posix()} -> {target}"
+    return None
+
+
+def _hash(path: Path, what: str) -> tuple[str, dict[str, str] | None] | None:
+    """`_current`, with an OSError named by the path and the statement it was read for (audit51 G5)."""
+    try:
+        return _current(path)
+    except OSError as exc:
+        raise os_error(
+            exc, f"{path}, {what}", op="read", hint="check that file; `portable lineage RUN --verify` only reads"
+        ) from exc
 
 
 def _current(path: Path) -> tuple[str, dict[str, str] | None] | None:
