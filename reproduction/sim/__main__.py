@@ -9,9 +9,10 @@
 
 A LIBERO task id (one task with a scripted expert: libero_10/0, libero_spatial/0) writes <out>/sft,
 <out>/rollouts_train and <out>/rollouts_eval through `reproduction.sim.libero.generate` (also runnable as
-`python -m reproduction.sim.libero.generate`); `--cameras none` writes privileged state only, any other value
-upstream's two cameras. Talk and progress go to stderr; `--json` prints the result on stdout. A bad task,
-camera or mix is one `error:` line with a `hint:` and the error's exit code; nothing is written.
+`python -m reproduction.sim.libero.generate`); `--cameras none` writes privileged state only, `agentview`,
+`wrist` or both upstream's two cameras (a LIBERO env renders both); another name is refused. Talk and
+progress go to stderr; `--json` prints the result on stdout. A bad task, camera or mix is one `error:` line
+with a `hint:` and the error's exit code; nothing is written.
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+LIBERO_CAMERAS = ("agentview", "wrist")
+"""The names `--cameras` takes for a LIBERO task (stored as observation.images.image / .wrist_image)."""
+
+
 def _cameras(text: str) -> tuple[str, ...]:
     return () if text in ("", "none") else tuple(c.strip() for c in text.split(",") if c.strip())
 
@@ -74,6 +79,14 @@ def _generate_libero(args: argparse.Namespace, ui: UiOptions) -> dict:
             field="tasks",
             hint="generate each task (and Fetch data) in its own call",
         )
+    cameras = _cameras(args.cameras)
+    unknown = [c for c in cameras if c not in LIBERO_CAMERAS]
+    if unknown:  # was silently "both cameras": a typo of `none` turned a state-only job into hours of rendering
+        raise ConfigError(
+            f"--cameras: {', '.join(map(repr, unknown))} is not a LIBERO camera",
+            field="cameras",
+            hint=f"valid: {', '.join(LIBERO_CAMERAS)} (a LIBERO env renders both), or none (state only)",
+        )
     results = generate_libero_data(
         Path(args.out),
         task=args.tasks[0],
@@ -83,7 +96,7 @@ def _generate_libero(args: argparse.Namespace, ui: UiOptions) -> dict:
         seed=args.seed,
         workers=args.workers,
         ui=ui,
-        cameras=bool(_cameras(args.cameras)),
+        cameras=bool(cameras),
         image_size=args.image_size,
         max_steps=args.max_steps,
     )

@@ -198,7 +198,7 @@ class RlSection:
     save_every: int = field(default=10, metadata=same_outputs())
     """DCP checkpoint every N steps (and at the last); a multiple of eval_every and of updates_per_rollout."""
     seed: int = 0
-    """Seeds the rollouts' init states and noise, and the trainer."""
+    """Seeds the rollouts' init states and noise, and the trainer; 0..2**32-1."""
     cotrain_dataset: str | None = None
     """Optional SFT co-training dataset (RL-Co's PPO + SFT form): a flow-matching loss on it is added."""
     cotrain_weight: float = 0.0
@@ -231,6 +231,7 @@ class RlSection:
         ):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{k}{name}={getattr(self, name)} must be >= 1", field=k + name)
+        _check_seed(k + "seed", self.seed, SEED_MAX)
         if self.group_size < 2:
             raise ConfigError(
                 f"{k}group_size={self.group_size} must be >= 2 (a group of one has no spread)", field=k + "group_size"
@@ -324,6 +325,16 @@ class RlSection:
         )
 
 
+SEED_MAX = 2**32 - 1
+"""numpy's and LIBERO's env.seed bound: a seed outside 0..SEED_MAX failed only after sft trained (audit51 H3)."""
+
+
+def _check_seed(name: str, value: int, most: int) -> None:
+    """ConfigError (exit 4) naming `name` when `value` is outside 0..most, at config load (before any stage)."""
+    if not 0 <= value <= most:
+        raise ConfigError(f"{name}={value} is outside 0..{most}", field=name, hint=f"set {name} to 0..{most}")
+
+
 @dataclass(kw_only=True, slots=True)
 class GrpoEvalSection:
     """The `eval` stage: the SFT and the RL policy on the same held-out episodes (odd "eval" reset seeds)."""
@@ -334,7 +345,8 @@ class GrpoEvalSection:
     episodes_per_task: int = 100
     """Episodes per task and policy (LIBERO: at most its 50 init states)."""
     seed: int = 100000
-    """Evaluation seed (Fetch: which held-out states; LIBERO: the per-episode seed base, the init states are fixed)."""
+    """Evaluation seed (Fetch: which held-out states; LIBERO: the per-episode seed base, the init states are fixed);
+    0..2**32-51, as an episode's LIBERO seed is this plus its init index (< 50) and env seeds stop at 2**32-1."""
     max_steps: int | None = None
     """Policy steps per episode; None = the task's (Fetch: always 50; LIBERO: the suite's limit). LIBERO only: a
     lower value is for short runs and tests, and the evidence records it."""
@@ -347,6 +359,7 @@ class GrpoEvalSection:
 
     def __post_init__(self) -> None:
         check_tasks("eval.tasks", self.tasks, self.max_steps, field_max="eval.max_steps")
+        _check_seed("eval.seed", self.seed, SEED_MAX - _INIT_STATES)
         if self.workers < 1:  # the eval stage reports them as its world size, which the runner holds to >= 1
             raise ConfigError(f"eval.workers={self.workers} must be >= 1", field="eval.workers", hint="set 1 or more")
         if any(_is_libero(t) for t in self.tasks):

@@ -51,13 +51,42 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
         value = getattr(sft.model, name)
         if value and not sft.export and "/path/to/" not in value and not Path(value).exists():
             problems.append(InputNotFoundError(f"sft.model.{name}: {value} does not exist", path=value))
-    for key, tasks in (("rl.tasks", config.rl.tasks), ("eval.tasks", config.eval.tasks)):
-        problems += task_problems(key, list(tasks))
+    problems += _tasks_problems((("rl.tasks", list(config.rl.tasks)), ("eval.tasks", list(config.eval.tasks))))
     reference = config.eval.reference
     if reference and "compare" in (stages or ["compare"]) and not Path(reference).is_file():
         problems.append(InputNotFoundError(f"eval.reference: {reference} is not a file", path=reference))
     problems += [ConfigError(p, field="min_free_gb") for p in disk_problems(run_dir, config.min_free_gb)]
     return problems
+
+
+def _tasks_problems(keyed: tuple[tuple[str, list[str]], ...]) -> list[Any]:
+    """task_problems of every key, with LIBERO missing as one problem naming every key that needs it (two of them
+    were "preflight found 2 problems", exit 56 without the install hint, where the docs promise exit 10 and the
+    hint: audit51 H4), and, with LIBERO installed, a `MUJOCO_GL` mujoco cannot import with (RenderUnavailableError,
+    exit 46, before sft trains: audit51 H2)."""
+    from reproduction.errors import MissingDependencyError, RenderUnavailableError
+    from reproduction.recipes.grpo.envs import is_libero
+    from reproduction.sim.libero import INSTALL_HINT, available, check_render_backend
+
+    libero = {key: [t for t in tasks if is_libero(t)] for key, tasks in keyed}
+    needing = [key for key, tasks in libero.items() if tasks]
+    if needing and not available():
+        names = sorted({t for tasks in libero.values() for t in tasks})
+        out: list[Any] = [
+            MissingDependencyError(
+                f"{' and '.join(needing)} name{'s' if len(needing) == 1 else ''} LIBERO tasks ({', '.join(names)}) "
+                "but LIBERO is not installed",
+                hint=INSTALL_HINT,
+            )
+        ]
+        return out + [p for key, tasks in keyed if key not in needing for p in task_problems(key, tasks)]
+    out = [p for key, tasks in keyed for p in task_problems(key, tasks)]
+    if needing:
+        try:
+            check_render_backend()
+        except RenderUnavailableError as exc:
+            out.append(exc)
+    return out
 
 
 def task_problems(key: str, tasks: list[str]) -> list[Any]:

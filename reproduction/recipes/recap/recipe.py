@@ -342,7 +342,14 @@ def libero_problems(tasks: list[str]) -> list[Any]:
     the installed LIBERO does not know; found before any stage trains. Suites and indices were checked at config
     load; names need LIBERO's task lists, so only a name makes this import LIBERO (a few seconds)."""
     from reproduction.errors import MissingDependencyError, PortableError
-    from reproduction.sim.libero import INSTALL_HINT, available, is_libero_id, parse_task_id, resolve_tasks
+    from reproduction.sim.libero import (
+        INSTALL_HINT,
+        available,
+        check_render_backend,
+        is_libero_id,
+        parse_task_id,
+        resolve_tasks,
+    )
 
     libero = [t for t in tasks if is_libero_id(t)]
     if not libero:
@@ -358,6 +365,10 @@ def libero_problems(tasks: list[str]) -> list[Any]:
             resolve_tasks(libero)
         except PortableError as exc:
             return [exc]
+    try:  # a MUJOCO_GL mujoco cannot import with: exit 46 now, not after the stages before eval (audit51 H2)
+        check_render_backend()
+    except PortableError as exc:
+        return [exc]
     return []
 
 

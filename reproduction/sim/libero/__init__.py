@@ -9,7 +9,7 @@ every write at `PORTABLE_CACHE_DIR/libero` (or the cache_dir given). Install: `p
 The simulator sees a policy only as a callable (protocol.py's docstring has the contract).
 """
 
-from reproduction.sim.libero._runtime import INSTALL_HINT, available
+from reproduction.sim.libero._runtime import INSTALL_HINT, available, check_render_backend
 from reproduction.sim.libero.tasks import SUITES, LiberoTask, TaskRef, is_libero_id, parse_task_id, resolve_tasks
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "LiberoTask",
     "TaskRef",
     "available",
+    "check_render_backend",
     "is_libero_id",
     "parse_task_id",
     "resolve_tasks",

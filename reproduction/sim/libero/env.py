@@ -111,6 +111,8 @@ class LiberoSim:
         after `set_init_state` has overwritten the pose, so without a seed an episode depends on how many resets
         this process has run before it (the actions differ in the last digits, not the outcome)."""
         n = len(self.init_states)
+        if isinstance(init_index, bool) or not isinstance(init_index, (int, np.integer)):  # int() truncated 3.5 (H7)
+            raise SimError(f"init state {init_index!r} is not an integer index", hint=f"pass an int in 0..{n - 1}")
         if not 0 <= int(init_index) < n:
             raise SimError(
                 f"init state {init_index} out of range for {self.task.task_id}: it has init states 0..{n - 1}",

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import mujoco
 import numpy as np
 
 from reproduction.errors import SimError
@@ -23,6 +22,10 @@ _NEXT_TIMEOUT = 60
 
 def _rot_err(r_goal: np.ndarray, r_cur: np.ndarray) -> np.ndarray:
     """World-frame axis-angle from r_cur to r_goal (robosuite's OSC applies delta rotations on the left)."""
+    # Not at module level: importing this module (PLANS, at config validation) must not load mujoco's OpenGL
+    # backend outside _runtime's guard, where a bad MUJOCO_GL is a one-line RenderUnavailableError (audit51 H5).
+    import mujoco
+
     q = np.zeros(4)
     mujoco.mju_mat2Quat(q, (r_goal @ r_cur.T).ravel())
     v = np.zeros(3)

@@ -83,6 +83,11 @@ class LiberoMode(enum.IntEnum):
 ROLLOUT_MODES = {"expert": 0.3, "detour": 0.2, "noise": 0.3, "drop": 0.2}
 
 
+SEED_MAX = 2**32 - 1
+"""The largest seed: LIBERO's env.seed (numpy's legacy seeding) takes 0..2**32-1, and the episode streams use the
+same value unmasked, so one rule holds for both."""
+
+
 def _mode_of(name: str) -> LiberoMode:
     try:
         return LiberoMode[name.upper()]
@@ -135,6 +140,8 @@ class LiberoGenConfig:
             )
         if self.episodes < 1:
             raise ConfigError(f"episodes {self.episodes} < 1", field="episodes")
+        if not 0 <= self.seed <= SEED_MAX:  # env.seed's bound: failed after the env build (audit51 H1)
+            raise ConfigError(f"seed {self.seed} is outside 0..{SEED_MAX} (2**32-1)", field="seed")
         if self.kind != "sft":
             if not self.modes or any(v < 0 for v in self.modes.values()) or sum(self.modes.values()) <= 0:
                 raise ConfigError(f"modes {self.modes} need non-negative fractions with a positive sum", field="modes")
@@ -173,7 +180,7 @@ def mode_counts(fractions: dict[str, float], n: int) -> dict[LiberoMode, int]:
 
 def _stream_key(config: LiberoGenConfig) -> list[int]:
     ref = parse_task_id(config.task)
-    return [config.seed & 0xFFFFFFFF, KINDS.index(config.kind), list(SUITES).index(ref.suite), int(ref.index or 0)]
+    return [config.seed, KINDS.index(config.kind), list(SUITES).index(ref.suite), int(ref.index or 0)]
 
 
 def episode_modes(config: LiberoGenConfig) -> list[LiberoMode]:
@@ -519,7 +526,14 @@ def generate_libero_data(
     """Write root/sft, root/rollouts_train and root/rollouts_eval (a count of 0 skips that set); every config
     is checked and no folder may exist before anything runs. With one worker the three sets share one env.
     `common` sets cameras, image_size, max_steps, modes..."""
+    from reproduction.sim.libero._runtime import check_render_backend
+
     root = Path(root)
+    for name, n in (("sft", sft), ("rollouts", rollouts), ("eval_rollouts", eval_rollouts)):
+        if n < 0:  # was skipped like 0 (audit51 H7)
+            raise ConfigError(f"{name} {n} must be >= 0 (0 skips that set)", field=name)
+    for name in common.get("modes") or {}:
+        _mode_of(name)  # checked even when no rollout set reads them, so a typo is never ignored
     configs = [
         LiberoGenConfig(kind=kind, task=task, episodes=n, seed=seed, **common)
         for kind, n in (("sft", sft), ("rollout", rollouts), ("eval", eval_rollouts))
@@ -531,6 +545,7 @@ def generate_libero_data(
         if (root / FOLDERS[cfg.kind]).exists():
             path = root / FOLDERS[cfg.kind]
             raise InvalidInputError(f"{path}: already exists", path=path, hint="choose a new folder")
+    check_render_backend()  # a MUJOCO_GL mujoco cannot load: exit 46 before any env or folder (audit51 H5)
     try:
         return {
             cfg.kind: generate_libero_dataset(
@@ -582,7 +597,19 @@ def _modes(text: str | None) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: 0 when every set is written, the error's exit code (one line, nothing half-written) on
+    bad input, 130 on Ctrl-C (an `--out` folder this call created and left empty is removed)."""
     args = _parser().parse_args(argv)
+    out = Path(args.out)
+    existed = out.exists()
+    for flag, n in (("--sft", args.sft), ("--rollouts", args.rollouts), ("--eval", args.eval)):
+        if n < 0:
+            hint = f"set {flag} 0 or more"
+            return render_error(ConfigError(f"{flag} {n} must be >= 0 (0 skips that set)", hint=hint))
+    if not 0 <= args.seed <= SEED_MAX:
+        return render_error(
+            ConfigError(f"--seed {args.seed} is outside 0..{SEED_MAX} (2**32-1)", hint="choose a seed in that range")
+        )
     try:
         results = generate_libero_data(
             Path(args.out),
@@ -602,6 +629,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except PortableError as exc:
         return render_error(exc)
+    except KeyboardInterrupt:  # sets are written whole (write_dataset's temp folder), so only a stub can remain
+        if not existed:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only when empty
+        print("error: interrupted", file=sys.stderr)
+        return 130
     for kind, r in results.items():
         say(
             f"{kind}: {r.episodes_written}/{r.episodes_run} episodes written, success {r.success_rate:.2f}, "
