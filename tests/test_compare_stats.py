@@ -322,15 +322,16 @@ def test_a_row_that_differs_alone_needs_holm_for_the_overall_verdict():
         return build_evidence(rec, name=f"k{k}", run_id="r", seeds={"eval": seed}, settings={})
 
     reference = one(80, 0)
-    # 62/100 against 80/100: each of the 4 rate rows differs at alpha 0.05 alone (p 0.021), not at 0.05 / 4.
-    weak = compare_evidence(one(62, 1), reference)
+    # 63/100 against 80/100: each of the 4 rate rows differs at alpha 0.05 alone (p 0.030), not at 0.05 / 2: one
+    # task, so its rows are the same 2 tests as the overall rows (audit51 G10; 62/100, p 0.021, now survives).
+    weak = compare_evidence(one(63, 1), reference)
     assert {r.verdict for r in weak.rows} == {"differs"} and weak.verdict == "inconclusive"
-    assert all(0.0125 < r.p_differs < 0.05 for r in weak.rows)
+    assert all(0.025 < r.p_differs < 0.05 for r in weak.rows)
     doc = weak.to_dict()
-    assert doc["differs_rule"] == "holm" and doc["differs_holm"] == {} and doc["rows"][0]["p_differs"] > 0.0125
+    assert doc["differs_rule"] == "holm" and doc["differs_holm"] == {} and doc["rows"][0]["p_differs"] > 0.025
     assert schema_errors("comparison", doc) == [] and Comparison.from_dict(doc).verdict == "inconclusive"
-    assert "Holm's step-down over the 4 rate rows" in weak.render()
-    # 58/100 (p 0.0047 < 0.05 / 4): every row survives, and the overall says differs.
+    assert "Holm's step-down over the 2 distinct rate tests (4 rate rows; 2 per-task rows" in weak.render()
+    # 58/100 (p 0.0047 < 0.05 / 2): every row survives, and the overall says differs.
     strong = compare_evidence(one(58, 1), reference)
     assert strong.verdict == "differs" and len(strong.to_dict()["differs_holm"]) == 4
     # A comparison written before the rule (no differs_rule) keeps its union verdict when read back.

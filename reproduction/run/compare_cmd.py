@@ -2,7 +2,7 @@
 the results a finished run prints (`run_results_lines`: headline rates with intervals, the verdict).
 
 Exit codes of `compare`: 0 reproduced, 60 differs, 61 inconclusive; a bad file is 3 (missing) or 4
-(not evidence, unknown format version), a bad flag 2.
+(not evidence, unknown format version, no policy label or no task in common with the other file), a bad flag 2.
 """
 
 from __future__ import annotations
@@ -30,7 +30,14 @@ def cmd_compare(args: Any) -> int:
     reference = load_source(args.reference)  # the reference's own errors first, named as such
     check_evidence(reference, where=args.reference, reference=True)  # a count of 0 episodes, named by its path
     actual = load_source(args.actual)
-    comparison = compare_evidence(actual, reference, margin=args.margin, alpha=args.alpha)
+    comparison = compare_evidence(
+        actual,
+        reference,
+        margin=args.margin,
+        alpha=args.alpha,
+        actual_where=args.actual,
+        reference_where=args.reference,
+    )
     if args.out:
         write_comparison(Path(args.out), comparison)
     if args.json:

@@ -41,6 +41,9 @@ TOO_LARGE = (
     "level not calibrated: the design is past stats.CALIBRATION_LIMIT (the uncalibrated size was measured <= 0.0515 "
     "at margin 0.05 with 700-1,500 episodes a side, evidence/README.md)"
 )
+DIFFERS_ALONE = "differs alone, not after Holm"
+"""How a table shows a rate row whose test differs at alpha but not after Holm's step-down over the rate rows: the
+overall verdict does not hold it to differ (audit51 G6: it showed `differs` under an `inconclusive` verdict)."""
 NOT_CALIBRATED = (
     "level not calibrated: this Python has no numpy, so this row's test may exceed its alpha (up to 0.086 on small "
     "designs, evidence/README.md)"
@@ -163,12 +166,38 @@ def overall_verdict(verdicts: Sequence[str]) -> str:
     return "differs" if "differs" in verdicts or not verdicts else "inconclusive"
 
 
+def _test_of(r: MetricComparison) -> tuple[Any, ...]:
+    """What decides a rate row's test: two rows alike in all of it are one test."""
+    return (r.reference_counts, r.actual_counts, r.method, r.margin, r.low, r.high, r.confidence, r.p_differs)
+
+
+def same_as_overall(rows: Sequence[MetricComparison]) -> dict[str, str]:
+    """{per-task metric: its policy's overall metric} of the tested per-task rate rows ("<label>/<task>/<m>")
+    that are the same test as their policy's overall row ("<label>/<m>"): the same counts on both sides, margin,
+    method and interval, as with a policy of one task (the overall row pools that task alone). `eval --plan`
+    counts such a row once (`same_as_overall`); so does `holm_differs` (audit51 G10)."""
+    rates = {r.metric: r for r in rows if r.kind == "rate" and r.low is not None}
+    out = {}
+    for r in rates.values():
+        head, _, metric = r.metric.rpartition("/")
+        parts = head.split("/")
+        for i in range(1, len(parts)):  # a label or task may hold a "/": try each split of the head
+            overall = rates.get("/".join(parts[:i]) + "/" + metric)
+            if overall is not None and _test_of(overall) == _test_of(r):
+                out[r.metric] = overall.metric
+                break
+    return out
+
+
 def holm_differs(rows: Sequence[MetricComparison], alpha: float) -> dict[str, float]:
-    """{metric: Holm level} of the rate rows whose `differs` survives Holm's (1979) step-down over all R tested
-    rate rows: sorted by p_differs, the i-th smallest (i = 0, 1, ...) is rejected at alpha / (R - i) while every
-    smaller one was. Valid under any dependence between rows (overall vs per-task, success_once vs at_end), so
-    P(overall differs | every true |d| <= m) <= alpha, where the union of R tests at alpha each reached R alpha."""
-    tested = [r for r in rows if r.kind == "rate" and r.low is not None]
+    """{metric: Holm level} of the rate rows whose `differs` survives Holm's (1979) step-down over the R distinct
+    tests among the rate rows: sorted by p_differs, the i-th smallest (i = 0, 1, ...) is rejected at alpha / (R - i)
+    while every smaller one was. Valid under any dependence between rows (overall vs per-task, success_once vs
+    at_end), so P(overall differs | every true |d| <= m) <= alpha, where the union of R tests at alpha each reached
+    R alpha. A per-task row that is the same test as its overall row (`same_as_overall`) is counted once: it shares
+    the overall row's decision and level (counting it twice made the family of a one-task run 16, not 8)."""
+    dup = same_as_overall(rows)
+    tested = [r for r in rows if r.kind == "rate" and r.low is not None and r.metric not in dup]
     ranked = sorted((r for r in tested if r.p_differs is not None), key=lambda r: r.p_differs)
     out = {}
     for i, r in enumerate(ranked):
@@ -176,6 +205,7 @@ def holm_differs(rows: Sequence[MetricComparison], alpha: float) -> dict[str, fl
         if r.p_differs > level:
             break
         out[r.metric] = level
+    out |= {metric: out[overall] for metric, overall in dup.items() if overall in out}
     return out
 
 
@@ -193,15 +223,54 @@ class Comparison:
     """How rate rows that differ make the overall `differs`: "holm" (Holm's step-down over the rate rows, so the
     overall verdict keeps alpha), or "union" (any row at alpha: comparison files without `differs_rule`)."""
 
+    def held_differs(self) -> set[str]:
+        """The metrics the overall verdict holds to differ: under "holm", every row that differs without being a
+        rate test (a missing policy or metric, a reference of no episodes, a plain value out of tolerance) and the
+        rate rows whose differs survives `holm_differs`; under "union", every row that differs."""
+        differs = [r for r in self.rows if r.verdict == "differs"]
+        if self.differs_rule != "holm":
+            return {r.metric for r in differs}
+        held = holm_differs(self.rows, self.alpha)
+        return {r.metric for r in differs if r.metric in held or not (r.kind == "rate" and r.low is not None)}
+
+    def shown_verdict(self, row: MetricComparison) -> str:
+        """A row's verdict as the table shows it: its own, except a row that differs alone but is not held to
+        differ by the overall rule (`held_differs`), shown as DIFFERS_ALONE, so the table agrees with the verdict."""
+        if row.verdict == "differs" and row.metric not in self.held_differs():
+            return DIFFERS_ALONE
+        return row.verdict
+
+    def counts(self) -> dict[str, int]:
+        """{"differs": rows held to differ (`held_differs`), "differs_alone": rows that differ alone but not after
+        Holm, "inconclusive", "reproduced", "metrics": all rows}: the counts every summary of this comparison
+        states (the closing line, the run's compare summary, report.html's banner), so they agree with `verdict`."""
+        held = self.held_differs()
+        differs = sum(r.verdict == "differs" for r in self.rows)
+        return {
+            "differs": len(held),
+            "differs_alone": differs - len(held),
+            "inconclusive": sum(r.verdict == "inconclusive" for r in self.rows),
+            "reproduced": sum(r.verdict == "reproduced" for r in self.rows),
+            "metrics": len(self.rows),
+        }
+
+    def verdict_text(self) -> str:
+        """The verdict with its counts: "reproduced", or e.g. "differs (4 differ, 0 inconclusive of 32 metrics)";
+        rows that differ alone but not after Holm are counted apart ("..., 4 differ alone but not after Holm, ...")
+        and never among those that differ."""
+        verdict = self.verdict
+        if verdict == "reproduced":
+            return verdict
+        c = self.counts()
+        alone = f"{c['differs_alone']} differ alone but not after Holm, " if c["differs_alone"] else ""
+        return f"{verdict} ({c['differs']} differ, {alone}{c['inconclusive']} inconclusive of {c['metrics']} metrics)"
+
     @property
     def verdict(self) -> str:
-        verdicts = [r.verdict for r in self.rows]
-        if self.differs_rule != "holm" or overall_verdict(verdicts) != "differs":
-            return overall_verdict(verdicts)
-        tested = {r.metric for r in self.rows if r.kind == "rate" and r.low is not None}
-        if any(r.verdict == "differs" and r.metric not in tested for r in self.rows) or not self.rows:
-            return "differs"  # a missing policy/metric, a reference of no episodes, a plain value out of tolerance
-        return "differs" if holm_differs(self.rows, self.alpha) else "inconclusive"
+        if self.rows and all(r.verdict == "reproduced" for r in self.rows):
+            return "reproduced"
+        # no row at all: nothing the reference holds was found (the union rule's answer, kept)
+        return "differs" if not self.rows or self.held_differs() else "inconclusive"
 
     @property
     def reproduced(self) -> bool:
@@ -216,10 +285,12 @@ class Comparison:
         level = f"{100 * (1 - 2 * self.alpha):g}%"
         head = ("metric", "reference", "this run", f"diff [{level} interval]", "margin", "verdict")
         body = []
+        held_set = self.held_differs()
         for r in self.rows:
             diff = "-" if r.difference is None else f"{r.difference:+.3f} {r.interval_text()}".rstrip()
             kind = f"±{r.margin:.3f} ({r.method})" if r.kind == "rate" else f"±{r.margin:.3g} (value, {r.method})"
-            body.append((r.metric, r.reference_display, r.actual_display, diff, kind, r.verdict))
+            shown = DIFFERS_ALONE if r.verdict == "differs" and r.metric not in held_set else r.verdict
+            body.append((r.metric, r.reference_display, r.actual_display, diff, kind, shown))
         widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *body]]
         lines.append(
@@ -227,23 +298,25 @@ class Comparison:
             "wholly beyond it: differs; else inconclusive). values: not binomial, so a declared tolerance or exact."
         )
         lines += [f"note: {n}" for n in self.notes]
-        counts = {v: sum(r.verdict == v for r in self.rows) for v in ("differs", "inconclusive")}
-        verdict = self.verdict
-        held = len(holm_differs(self.rows, self.alpha)) if self.differs_rule == "holm" else counts["differs"]
         if self.differs_rule == "holm" and any(r.verdict == "differs" and r.p_differs is not None for r in self.rows):
+            dup = same_as_overall(self.rows)
+            rates = sum(r.kind == "rate" and r.low is not None for r in self.rows)
+            tested = f"{rates} rate rows"
+            if dup:
+                tested = (
+                    f"{rates - len(dup)} distinct rate tests ({rates} rate rows; {len(dup)} per-task rows are the same "
+                    "test as their policy's overall row and counted once)"
+                )
+            alone = sum(r.p_differs is not None for r in self.rows)
+            held = sum(r.p_differs is not None and r.metric in held_set for r in self.rows)
             lines.append(
-                f"overall: a rate differs only when its test survives Holm's step-down over the "
-                f"{sum(r.kind == 'rate' and r.low is not None for r in self.rows)} rate rows at alpha "
-                f"{self.alpha:g} ({held} of {sum(r.p_differs is not None for r in self.rows)} rows that differ "
-                "alone do)"
-            )
-        if verdict != "reproduced":
-            verdict += (
-                f" ({counts['differs']} differ, {counts['inconclusive']} inconclusive of {len(self.rows)} metrics)"
+                f"overall: a rate differs only when its test survives Holm's step-down over the {tested} at alpha "
+                f"{self.alpha:g} ({held} of {alone} rows that differ alone do"
+                + (f"; the others show {DIFFERS_ALONE!r})" if held < alone else ")")
             )
         # rows pair policies by label; each side's name is its own primary (RECAP: recap at that side's best w)
         primaries = f"this run's primary: {self.actual_name}; the reference's: {self.reference_name}"
-        lines.append(f"every policy vs the reference's of the same label ({primaries}): {verdict}")
+        lines.append(f"every policy vs the reference's of the same label ({primaries}): {self.verdict_text()}")
         return "\n".join(lines)
 
     @classmethod
@@ -674,6 +747,8 @@ def compare_evidence(
     margins: Mapping[str, float] | None = None,
     alpha: float | None = None,
     tolerances: Mapping[str, float] | None = None,
+    actual_where: str | None = None,
+    reference_where: str | None = None,
 ) -> Comparison:
     """Compare every metric (overall and per task) of every policy the reference holds with this run's.
 
@@ -688,9 +763,18 @@ def compare_evidence(
     rates are tested at that share (`sequential.record_level`: the record's own rule, recomputed, at this
     comparison's alpha; never above it). At the alpha the run spent, it is the record's `level`, and the rate
     verdicts are exactly those it stopped on. The comparison's `alpha` is then that level.
+
+    Raises InvalidInputError (exit 4) when the two share no policy label, or no task, so that no row could compare
+    anything (`_refuse_disjoint`); `actual_where` / `reference_where` name the files in that message.
     """
     check_evidence(reference, where=f"the reference evidence {reference.get('name')!r}", reference=True)
     check_evidence(actual, where=f"the evidence {actual.get('name')!r}")
+    _refuse_disjoint(
+        actual,
+        reference,
+        actual_where or f"the evidence {actual.get('name')!r}",
+        reference_where or f"the reference evidence {reference.get('name')!r}",
+    )
     sequential = actual.get("sequential") if isinstance(actual.get("sequential"), Mapping) else None
     alpha = float(alpha if alpha is not None else reference.get("alpha", DEFAULT_ALPHA))
     seq_notes = []
@@ -768,6 +852,31 @@ def compare_evidence(
     )
 
 
+def _refuse_disjoint(
+    actual: Mapping[str, Any], reference: Mapping[str, Any], actual_where: str, reference_where: str
+) -> None:
+    """Raise InvalidInputError when the two files share no policy label, or (both listing tasks) no task: every row
+    would be `missing`, and `differs` (exit 60) would judge a comparison that compared nothing (audit51 G7: another
+    recipe's or another task's evidence). A partial overlap is compared: what only one side has is a row of its own."""
+    theirs, mine = _entries(reference), _entries(actual)
+    if not set(theirs) & set(mine):
+        raise InvalidInputError(
+            f"{reference_where} and {actual_where} share no policy label: reference {sorted(theirs)}, "
+            f"this run {sorted(mine)}, so nothing can be compared",
+            field="policy.label",
+            hint="compare with reference evidence of the same recipe (policies are matched by label)",
+        )
+    ref_tasks = {t for e in theirs.values() for t in e.get("tasks", {}) or {}}
+    act_tasks = {t for e in mine.values() for t in e.get("tasks", {}) or {}}
+    if ref_tasks and act_tasks and not ref_tasks & act_tasks:
+        raise InvalidInputError(
+            f"{reference_where} and {actual_where} share no task: reference {sorted(ref_tasks)}, "
+            f"this run {sorted(act_tasks)}, so nothing can be compared",
+            field="tasks",
+            hint="compare with reference evidence evaluated on the same tasks (eval.tasks)",
+        )
+
+
 def write_comparison(path: Path, comparison: Comparison) -> Path:
     """Write comparison.json atomically; returns its path."""
     atomic_write_text(Path(path), json.dumps(comparison.to_dict(), indent=1) + "\n")
@@ -783,7 +892,14 @@ def compare_files(
     alpha: float | None = None,
 ) -> Comparison:
     """Load both evidence files, compare, and write the comparison JSON to `out` when given."""
-    comparison = compare_evidence(load_evidence(actual), load_evidence(reference), margin=margin, alpha=alpha)
+    comparison = compare_evidence(
+        load_evidence(actual),
+        load_evidence(reference),
+        margin=margin,
+        alpha=alpha,
+        actual_where=str(actual),
+        reference_where=str(reference),
+    )
     if out is not None:
         write_comparison(out, comparison)
     return comparison

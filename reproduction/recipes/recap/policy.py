@@ -473,12 +473,10 @@ def compare_stage(ctx: StageContext) -> StageOutput:
         comparison = compare_with_reference(ctx.run_dir / evidence_rel, Path(reference), cmp_path)
         doc["reference_sha256"] = hashlib.sha256(Path(reference).read_bytes()).hexdigest()
         doc["comparison"] = str(cmp_path.relative_to(ctx.run_dir))
-        bad = {v: sum(1 for row in comparison["rows"] if row["verdict"] == v) for v in ("differs", "inconclusive")}
-        doc["verdict"] = comparison["verdict"]
-        if comparison["verdict"] != "reproduced":
-            doc["verdict"] += (
-                f" ({bad['differs']} differ, {bad['inconclusive']} inconclusive of {len(comparison['rows'])} metrics)"
-            )
+        from reproduction.run.comparison import Comparison
+
+        # the counts of the closing line: rows held to differ by the overall rule, not rows that differ alone (G6)
+        doc["verdict"] = Comparison.from_dict(comparison).verdict_text()
         files.append(cmp_path)
     else:
         cmp_path.unlink(missing_ok=True)
