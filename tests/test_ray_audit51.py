@@ -136,3 +136,41 @@ def test_well_formed_addresses_parse():
     assert ray_connect.parse_address("ray://head:10001") == ("head", 10001)
     assert ray_connect.parse_address("[::1]:6379") == ("::1", 6379)
     assert ray_connect.parse_address("auto") is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "rc", "first"),
+    [
+        (
+            ["--ray-address", "127.0.0.1:60177x"],
+            4,
+            "error: --ray-address '127.0.0.1:60177x' is not a Ray address: its port '60177x' is not a number from 1 "
+            "to 65535",
+        ),
+        (["--ray-address", ""], 2, "error: --ray-address is empty"),
+        (
+            ["ray_address=10.0.0.5"],
+            4,
+            "error: ray_address '10.0.0.5' is not a Ray address: it is not host:port (e.g. 10.0.0.5:6379)",
+        ),
+    ],
+)
+def test_run_refuses_a_bad_ray_address_before_writing_anything(tmp_path, capsys, argv, rc, first):
+    """F5: a malformed address failed only inside the first Ray stage (after sft/ was written and recorded failed,
+    so the rerun needed --resume); an empty one (an unset shell variable) silently ran a private local Ray."""
+    from reproduction import portable
+
+    out = tmp_path / "o"
+    assert portable.main(["run", "--output", str(out), *argv]) == rc
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == first and lines[1].startswith("hint: ") and len(lines) == 2
+    assert not out.exists()
+
+
+def test_a_ray_client_address_with_a_credential_parses_and_errors_hide_the_credential():
+    from reproduction.train import ray_connect
+
+    assert ray_connect.parse_address("ray://s3cretvalue@127.0.0.1:10001") == ("127.0.0.1", 10001)
+    with pytest.raises(RayUnavailableError) as caught:
+        ray_connect.connect("ray://s3cretvalue@127.0.0.1:1x", init=lambda **kw: pytest.fail("joined"))
+    assert "s3cretvalue" not in str(caught.value) and "ray://<redacted>@127.0.0.1:1x" in str(caught.value)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -48,7 +49,7 @@ def parse_address(address: str) -> tuple[str, int] | None:
         raise ValueError("it is empty (an unset shell variable?)")
     if text in KEYWORDS:
         return None
-    rest = text.removeprefix("ray://")
+    rest = text.removeprefix("ray://").rpartition("@")[2]  # ray://TOKEN@host:port: the credential is no host
     host, sep, port = rest.rpartition(":")
     if not sep or not host:
         raise ValueError("it is not host:port (e.g. 10.0.0.5:6379)")
@@ -187,6 +188,11 @@ def connect(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S, init: Callabl
         (init or ray.init)(address=address, log_to_driver=True)
 
 
+def shown(address: str) -> str:
+    """`address` as an error may show it: a `ray://TOKEN@` credential replaced by `<redacted>`."""
+    return re.sub(r"^(ray://)[^@/]*@", r"\1<redacted>@", address)
+
+
 def _reachable(address: str) -> None:
     """Fail at once, with the cause, for an address that cannot be a cluster: malformed, a host that does not resolve,
     or a port that refuses a TCP connect (nothing listens). A connect that times out or fails otherwise is left to
@@ -195,7 +201,7 @@ def _reachable(address: str) -> None:
         where = parse_address(address)
     except ValueError as exc:
         raise RayUnavailableError(
-            f"cannot join the Ray cluster at {address!r}: {exc}",
+            f"cannot join the Ray cluster at {shown(address)!r}: {exc}",
             address=address,
             hint="pass --ray-address HOST:PORT, the address `ray status` prints on the head node",
         ) from None
@@ -207,14 +213,14 @@ def _reachable(address: str) -> None:
             pass
     except ConnectionRefusedError:
         raise RayUnavailableError(
-            f"cannot join the Ray cluster at {address}: nothing listens there (connection refused)",
+            f"cannot join the Ray cluster at {shown(address)}: nothing listens there (connection refused)",
             address=address,
             hint="is the Ray head running, on that port? `ray status` on the head node prints its address; "
             "or leave --ray-address out to let run start a private local Ray",
         ) from None
     except socket.gaierror as exc:
         raise RayUnavailableError(
-            f"cannot join the Ray cluster at {address}: host {host!r} does not resolve ({exc.strerror})",
+            f"cannot join the Ray cluster at {shown(address)}: host {host!r} does not resolve ({exc.strerror})",
             address=address,
             hint="check the host name, or pass the head node's IP address",
         ) from None
