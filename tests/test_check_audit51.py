@@ -34,3 +34,34 @@ def test_no_cann_variable_set_still_says_unset(tmp_path):
         row.finding
         == f"no CANN toolkit found (ASCEND_TOOLKIT_HOME/ASCEND_HOME_PATH unset; nothing under {tmp_path / 'Ascend'})"
     )
+
+
+def test_cache_folders_that_cannot_be_created_warn_with_a_fix(tmp_path):
+    """F2: TRITON_CACHE_DIR / XDG_CACHE_HOME / HOME under a regular file (never creatable) were reported
+    "ok ... (local)"; an unusable TMPDIR was not mentioned."""
+    from pathlib import Path
+
+    from reproduction.checks.filesystems import probe_filesystems
+    from tests.fixtures.checks.fakes import make_context
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    mounts = tmp_path / "mounts"
+    mounts.write_text("/dev/sda1 / ext4 rw 0 0\n")
+    env = {"TRITON_CACHE_DIR": str(afile / "t"), "XDG_CACHE_HOME": str(afile / "c"), "TMPDIR": str(afile / "sub")}
+    rows = {r.name: r for r in probe_filesystems(make_context(tmp_path, env=env, mounts_file=mounts))}
+    assert rows["fs.triton_cache"].status == "warn"
+    assert (
+        rows["fs.triton_cache"].finding
+        == f"TRITON_CACHE_DIR is unusable: cannot create {afile / 't'}: {afile} is not a folder"
+    )
+    assert rows["fs.triton_cache"].fix.startswith("export TRITON_CACHE_DIR=/tmp/triton-$USER")
+    assert rows["fs.home_cache"].status == "warn" and rows["fs.home_cache"].fix.startswith("export XDG_CACHE_HOME=")
+    assert rows["fs.tmpdir"].status == "warn"
+    assert rows["fs.tmpdir"].finding == f"TMPDIR is unusable: cannot create {afile / 'sub'}: {afile} is not a folder"
+
+    env = {"XDG_CACHE_HOME": "", "TMPDIR": str(tmp_path)}
+    rows = {r.name: r for r in probe_filesystems(make_context(tmp_path, env=env, mounts_file=mounts, home=afile))}
+    assert rows["fs.home_cache"].finding.endswith(f"cannot create {afile / '.cache'}: {afile} is not a folder")
+    assert rows["fs.tmpdir"].status == "ok" and rows["fs.tmpdir"].finding == f"TMPDIR {tmp_path} is on ext4 (local)"
+    assert isinstance(rows["fs.tmpdir"].details["path"], str) and Path(rows["fs.tmpdir"].details["path"]) == tmp_path
