@@ -74,11 +74,14 @@ def _dead_port() -> int:
 
 
 def test_joining_a_cluster_that_never_answers_is_bounded_and_names_the_address():
-    address = f"127.0.0.1:{_dead_port()}"
-    joined = []
-    t0 = time.monotonic()
-    with pytest.raises(RayUnavailableError) as caught:
-        ray_connect.connect(address, timeout_s=6, init=lambda **kw: joined.append(kw))
+    with socket.socket() as silent:  # accepts TCP (the kernel's backlog) but never speaks Ray (audit51 F4)
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        joined = []
+        t0 = time.monotonic()
+        with pytest.raises(RayUnavailableError) as caught:
+            ray_connect.connect(address, timeout_s=6, init=lambda **kw: joined.append(kw))
     took = time.monotonic() - t0
     err = caught.value
     assert err.exit_code == 58 and err.address == address and joined == []  # this process never called ray.init

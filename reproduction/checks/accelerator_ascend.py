@@ -223,14 +223,36 @@ def probe_ascend(ctx: CheckContext, selected: str) -> list[ProbeResult]:
     return results
 
 
+def _named_homes(ctx: CheckContext) -> list[str]:
+    """What each set ASCEND_TOOLKIT_HOME / ASCEND_HOME_PATH points at when no CANN was found there: a variable set to
+    a wrong path was reported as "unset", sending the user to look at the wrong thing (audit51 F3)."""
+    named = []
+    for key in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH"):
+        value = ctx.env.get(key)
+        if value:
+            path = Path(value)
+            if path.is_dir():
+                what = "holds no CANN version file"
+            else:
+                what = "is not a folder" if path.exists() else "does not exist"
+            named.append(f"{key}={value} {what}")
+    return named
+
+
 def _cann_row(ctx: CheckContext, cann: CannInstall | None) -> ProbeResult:
     if cann is None:
+        named = _named_homes(ctx)
         return fail(
             "npu.cann",
             ACCELERATOR,
-            "no CANN toolkit found (ASCEND_TOOLKIT_HOME/ASCEND_HOME_PATH unset, nothing under "
-            f"{', '.join(map(str, ctx.ascend_roots))})",
-            "install the CANN toolkit, then `source <toolkit>/set_env.sh`",
+            f"no CANN toolkit found ({'; '.join(named) or 'ASCEND_TOOLKIT_HOME/ASCEND_HOME_PATH unset'}; nothing "
+            f"under {', '.join(map(str, ctx.ascend_roots))})",
+            (
+                "point the variable at the CANN toolkit (`source <toolkit>/set_env.sh` sets it) or unset it; "
+                "install the CANN toolkit if there is none"
+                if named
+                else "install the CANN toolkit, then `source <toolkit>/set_env.sh`"
+            ),
         )
     details = {
         "home": str(cann.home),

@@ -1,4 +1,5 @@
-"""Filesystem probe: warn when the Triton cache or the home cache lives on a network filesystem.
+"""Filesystem probe: warn when the Triton cache or the home cache lives on a network filesystem, or when it (or a set
+TMPDIR) cannot be created or written.
 
 Triton writes and renames many small files per kernel and every rank reads the cache at start; on
 NFS/Lustre/CIFS that hung whole jobs. The type comes from the mount table (/proc/mounts): the mount
@@ -94,8 +95,32 @@ def cache_paths(ctx: CheckContext) -> list[tuple[str, str, Path]]:
     ]
 
 
+def unusable(path: Path) -> str | None:
+    """Why `path` cannot be used as a cache folder (it, or the nearest existing folder it would be created in, is not
+    a folder or not writable), or None. Nothing is created: the nearest existing ancestor is looked at."""
+    here = path
+    while not os.path.lexists(here) and here.parent != here:
+        here = here.parent
+    if here == path:
+        if not path.is_dir():
+            return f"{path} is not a folder"
+        return None if os.access(path, os.W_OK | os.X_OK) else f"{path} is not writable"
+    if not here.is_dir():
+        return f"cannot create {path}: {here} is not a folder"
+    return None if os.access(here, os.W_OK | os.X_OK) else f"cannot create {path}: {here} is not writable"
+
+
+_CACHE_FIX = {
+    "fs.triton_cache": "export TRITON_CACHE_DIR=/tmp/triton-$USER (a writable node-local folder) before the run",
+    "fs.home_cache": "export XDG_CACHE_HOME=/tmp/cache-$USER (a writable node-local folder) before the run",
+    "fs.tmpdir": "export TMPDIR=/tmp (or another writable folder) before the run",
+}
+
+
 def probe_filesystems(ctx: CheckContext) -> list[ProbeResult]:
-    """One row per cache path: ok on a local filesystem, warn on a network one."""
+    """One row per cache path: warn when it cannot be created or written (audit51 F2: such a cache was reported ok
+    and failed later in Triton/inductor/HF), else ok on a local filesystem and warn on a network one; an `fs.tmpdir`
+    row when TMPDIR is set."""
     try:
         mounts = parse_mounts(ctx.mounts_file.read_text(encoding="utf-8", errors="replace"))
     except OSError as exc:
@@ -107,11 +132,17 @@ def probe_filesystems(ctx: CheckContext) -> list[ProbeResult]:
             )
         ]
     results = []
-    for name, what, path in cache_paths(ctx):
+    paths = cache_paths(ctx)
+    if ctx.env.get("TMPDIR"):
+        paths.append(("fs.tmpdir", "TMPDIR", Path(ctx.env["TMPDIR"])))
+    for name, what, path in paths:
         mount = mount_for(path, mounts)
         fstype = mount.fstype if mount else "unknown"
         details = {"path": str(path), "fstype": fstype, "mountpoint": mount.mountpoint if mount else None}
-        if fstype in NETWORK_FS:
+        why = None if fstype in NETWORK_FS and name != "fs.tmpdir" else unusable(path)
+        if why is not None:
+            results.append(warn(name, f"{what} is unusable: {why}", _CACHE_FIX[name], **details))
+        elif fstype in NETWORK_FS and name != "fs.tmpdir":
             fix = (
                 "export TRITON_CACHE_DIR=/tmp/triton-$USER (a node-local disk) before the run"
                 if name == "fs.triton_cache"

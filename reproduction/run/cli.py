@@ -191,9 +191,13 @@ def cmd_run(args: Any) -> int:
             field="target_step",
             hint="pass the optimizer step to train on to, e.g. --target-step 3000",
         )
+    if args.ray_address is not None:
+        _check_ray_address(args.ray_address, "--ray-address")
     run_dir = Path(args.output)
     files = _config_files(args, bundle)
     name, recipe, config = load_run_config(files, overrides, bundle=bundle, run_dir=run_dir)
+    if not args.ray_address and getattr(config, "ray_address", None) is not None:
+        _check_ray_address(config.ray_address, "ray_address")
     if bundle is None and getattr(config, "BUNDLE", None) == "":
         _warn_empty_bundle(files, overrides)
     if args.print_config:  # with --json as JSON: stdout is one JSON document then (audit47 F15)
@@ -250,6 +254,29 @@ def stale_line(stale: dict[str, str]) -> str:
         "shown; `portable run ... --resume` (without --stages) redoes "
         f"{'them' if len(names) > 1 else 'it'}"
     )
+
+
+def _check_ray_address(address: Any, where: str) -> None:
+    """Refuse a Ray address that cannot name a cluster before the run folder or any stage output is written: an empty
+    one (an unset shell variable silently meant a private local Ray, audit51 F5) and one that is not host:port (it
+    failed only inside the first Ray stage, after that stage was recorded failed). `where` is the flag or config key."""
+    from reproduction.train.ray_connect import parse_address, shown
+
+    if where.startswith("--") and not str(address).strip():
+        raise UsageError(
+            f"{where} is empty",
+            field="ray_address",
+            hint="pass the cluster's HOST:PORT (`ray status` on the head node prints it), or leave --ray-address out "
+            "to let run start a private local Ray",
+        )
+    try:
+        parse_address(str(address))
+    except ValueError as exc:
+        raise ConfigError(
+            f"{where} {shown(str(address))!r} is not a Ray address: {exc}",
+            field="ray_address",
+            hint="pass HOST:PORT (e.g. 10.0.0.5:6379, the address `ray status` prints on the head node) or `auto`",
+        ) from None
 
 
 def execute(recipe: Any, config: Any, run_dir: Path, args: Any, *, recipe_ref: str | None = None) -> Any:

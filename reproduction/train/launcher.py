@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reproduction.errors import DISK_FULL_ERRNOS, PortableError, WorkerFailedError, os_error
+from reproduction.errors import DISK_FULL_ERRNOS, PortableError, RayUnavailableError, WorkerFailedError, os_error
 from reproduction.settings import PREFIX as SETTINGS_PREFIX
 from reproduction.train.config import TrainConfig
 from reproduction.train.device import DeviceSpec
@@ -31,6 +33,85 @@ from reproduction.train.ray_connect import WORKER_ENV  # re-exported: the worker
 
 POLL_S = 0.5
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+GCS_PROBE_EVERY_S = 2.0
+"""How often the poll loop checks that the cluster's GCS still accepts a connection (each try bounded by itself)."""
+GCS_LOST_AFTER_S = 10.0
+"""A GCS that refused or ignored every probe for this long is lost. Ray's own driver ends the process with exit 1 and
+only a C++ log line once the GCS has been gone for `RAY_gcs_rpc_server_reconnect_timeout_s` (60 s by default), so
+this must stay well below that (audit51 F1)."""
+
+
+class ClusterWatch:
+    """Bounded checks, between the poll loop's waits, that the Ray cluster's GCS still answers.
+
+    `check()` tries a TCP connect to the GCS (at most `every_s` apart, each bounded by `every_s`) and raises
+    RayUnavailableError (exit 58) naming `address` and `what` once every try for `lost_after_s` failed; `lost` is
+    then True, and the caller must make no further GCS call (each would block until Ray ends the process).
+    `connect(host, port, timeout)` and `clock()` are seams for tests.
+    """
+
+    def __init__(
+        self,
+        gcs_address: str,
+        *,
+        address: str,
+        what: str,
+        every_s: float = GCS_PROBE_EVERY_S,
+        lost_after_s: float = GCS_LOST_AFTER_S,
+        connect: Callable[[str, int, float], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        host, _, port = gcs_address.rpartition(":")
+        self.host, self.port = host.strip("[]"), int(port)
+        self.address, self.what = address, what
+        self.every_s, self.lost_after_s = every_s, lost_after_s
+        self._connect = connect or _tcp_connect
+        self._clock = clock
+        self._next = clock() + every_s
+        self._failing_since: float | None = None
+        self._why = ""
+        self.lost = False
+
+    def check(self) -> None:
+        """Probe when one is due; raises RayUnavailableError once the GCS is lost (see the class docstring)."""
+        now = self._clock()
+        if now < self._next:
+            return
+        try:
+            self._connect(self.host, self.port, self.every_s)
+        except OSError as exc:
+            self._why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__)
+            if self._failing_since is None:
+                self._failing_since = now
+        else:
+            self._failing_since = None
+        now = self._clock()
+        self._next = now + self.every_s
+        if self._failing_since is not None and now - self._failing_since >= self.lost_after_s:
+            self.lost = True
+            raise RayUnavailableError(
+                f"lost the Ray cluster at {self.address} while {self.what} ran: its GCS at {self.host}:{self.port} "
+                f"did not answer for {now - self._failing_since:.0f} s ({self._why})",
+                address=self.address,
+                hint="the Ray head stopped or is unreachable: restart it (`ray status` on the head node) or leave "
+                "--ray-address out, then rerun with --resume (finished stages and this stage's checkpoints are kept)",
+            )
+
+
+def _tcp_connect(host: str, port: int, timeout: float) -> None:
+    with socket.create_connection((host, port), timeout=timeout):
+        pass
+
+
+def _watch(ray_address: str | None, what: str) -> ClusterWatch | None:
+    """A ClusterWatch of the cluster this process is connected to; None when Ray does not say where its GCS is."""
+    import ray
+
+    try:
+        gcs = ray.get_runtime_context().gcs_address
+        return ClusterWatch(gcs, address=ray_address or gcs, what=what)
+    except Exception:  # noqa: BLE001 - no GCS address to watch (Ray client mode, an odd address): poll unwatched
+        return None
 
 
 @dataclass(kw_only=True)
@@ -208,11 +289,12 @@ def run_ray(payload: Payload, *, ray_address: str | None, on_poll: Callable[[], 
         workers=cfg.world_size,
         cpus_per_worker=cfg.cpus_per_worker,
         start_timeout_s=cfg.start_timeout_s,
-    ) as (pg, single_node):
+        what=f"the workers writing {payload.out_dir}",
+    ) as (pg, single_node, watch):
         payload.master_addr, payload.master_port = _rendezvous(pg, cfg, single_node)
         refs = _submit(payload, pg, local=single_node)
         try:
-            return _wait_all(refs, on_poll)[0]
+            return _wait_all(refs, on_poll, watch=watch)[0]
         except _WorkerFailed as failed:
             raise failed.failure.error() from None
 
@@ -258,8 +340,13 @@ def run_tasks(
     if not payloads:
         return []
     with _placed(
-        ray_address, spec, workers=len(payloads), cpus_per_worker=cpus_per_worker, start_timeout_s=start_timeout_s
-    ) as (pg, single_node):
+        ray_address,
+        spec,
+        workers=len(payloads),
+        cpus_per_worker=cpus_per_worker,
+        start_timeout_s=start_timeout_s,
+        what=f"{len(payloads)} {label}(s)",
+    ) as (pg, single_node, watch):
         env = _worker_env(local=single_node)
         remote = ray.remote(max_calls=1)(_task_body)  # a fresh process per task: its device, nothing left over
         refs = [
@@ -267,7 +354,7 @@ def run_tasks(
             for i, payload in enumerate(payloads)
         ]
         try:
-            results = _wait_all(refs, on_poll, on_done)
+            results = _wait_all(refs, on_poll, on_done, watch=watch)
         except _WorkerFailed as failed:
             raise failed.failure.error(label) from None
         return [results[i] for i in range(len(payloads))]
@@ -275,22 +362,31 @@ def run_tasks(
 
 @contextmanager
 def _placed(
-    ray_address: str | None, spec: DeviceSpec, *, workers: int, cpus_per_worker: float, start_timeout_s: float
-) -> Iterator[tuple[Any, bool]]:
+    ray_address: str | None,
+    spec: DeviceSpec,
+    *,
+    workers: int,
+    cpus_per_worker: float,
+    start_timeout_s: float,
+    what: str = "the workers",
+) -> Iterator[tuple[Any, bool, ClusterWatch | None]]:
     """Ray connected (a local one started if needed) and a placement group of `workers` bundles,
-    yielded with whether the cluster is one node; the group is removed, and a Ray this call started
-    is shut down, on the way out."""
+    yielded with whether the cluster is one node and a ClusterWatch of it (`what` names the work in its error);
+    the group is removed, and a Ray this call started is shut down, on the way out, unless the watch found the
+    cluster lost (each of those calls would then block until Ray's own fatal timeout)."""
     import ray
 
     started = _connect(ray_address, cpus=max(int(workers * cpus_per_worker + 0.999), 1), timeout_s=start_timeout_s)
     pg = None
+    watch = _watch(ray_address, what)
     try:
         pg = _placement_group(spec, workers=workers, cpus_per_worker=cpus_per_worker, start_timeout_s=start_timeout_s)
-        yield pg, sum(1 for node in ray.nodes() if node.get("Alive")) == 1
+        yield pg, sum(1 for node in ray.nodes() if node.get("Alive")) == 1, watch
     finally:
-        if pg is not None:
+        lost = watch is not None and watch.lost
+        if pg is not None and not lost:
             ray.util.remove_placement_group(pg)
-        if started:
+        if started and not lost:
             ray.shutdown()
 
 
@@ -394,10 +490,15 @@ def _task_options(spec: DeviceSpec, cpus: float, pg, index: int, env: dict[str, 
 
 
 def _wait_all(
-    refs: list, on_poll: Callable[[], None] | None, on_done: Callable[[int], None] | None = None
+    refs: list,
+    on_poll: Callable[[], None] | None,
+    on_done: Callable[[int], None] | None = None,
+    *,
+    watch: ClusterWatch | None = None,
 ) -> dict[int, Any]:
     """Every ref's result by index; the first failure cancels the rest and raises (a collective's lost-peer error
-    gives way to the rank that died, `_root_cause`). Each wait is bounded."""
+    gives way to the rank that died, `_root_cause`); a cluster `watch` finds lost raises its RayUnavailableError
+    (exit 58). Each wait is bounded."""
     import ray
 
     rank_of = {ref: rank for rank, ref in enumerate(refs)}
@@ -412,10 +513,13 @@ def _wait_all(
                     raise _root_cause(failed, pending, rank_of) from None
                 if on_done is not None:
                     on_done(rank_of[ref])
+            if watch is not None:
+                watch.check()
             if on_poll is not None:
                 on_poll()
     finally:
-        for ref in pending:  # peers of a failed rank sit in a collective: kill them now
+        # peers of a failed rank sit in a collective: kill them now (no cancel reaches a lost cluster)
+        for ref in pending if watch is None or not watch.lost else ():
             ray.cancel(ref, force=True)
     return results
 

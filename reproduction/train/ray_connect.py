@@ -8,14 +8,17 @@ naming the address and the fix (RayUnavailableError, exit 58), never an internal
   --ray-address, else a local one started by `start_local` when a stage first asks, stopped at the end.
 - `connect(address, timeout_s)`: join an existing cluster. `ray.init(address=...)` has no timeout (a
   cluster started on 127.0.0.1, whose address Ray rewrites to the host's IP, hung it for 600 s), so a
-  child process joins first under `timeout_s`, then this process joins the cluster the child reached.
+  child process joins first under `timeout_s`, then this process joins the cluster the child reached. A malformed
+  address, a host that does not resolve or a port that refuses a TCP connect fails before that probe, at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -31,6 +34,34 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALL
 """Set in the driver before a local start: the raylet's env is inherited by every worker it starts."""
 _PROBE = "import os, sys, ray; ray.init(address=sys.argv[1], log_to_driver=False); os._exit(0)"
 _LOOPBACK = ("127.", "localhost", "[::1]", "::1")
+KEYWORDS = ("auto", "local")
+"""Addresses Ray resolves itself (no host:port to check)."""
+REACH_S = 2.0
+"""Bound of the TCP connect `connect` tries before its Ray probe: a refused port fails at once, not after the probe's
+whole bound (audit51 F4)."""
+
+
+def parse_address(address: str) -> tuple[str, int] | None:
+    """The (host, port) of a Ray address `host:port`, `[v6]:port` or `ray://host:port`; None for a Ray keyword
+    (`auto`, `local`). Raises ValueError saying what is wrong (empty, no port, a port that is not 1-65535)."""
+    text = address.strip()
+    if not text:
+        raise ValueError("it is empty (an unset shell variable?)")
+    if text in KEYWORDS:
+        return None
+    rest = text.removeprefix("ray://").rpartition("@")[2]  # ray://TOKEN@host:port: the credential is no host
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host:
+        raise ValueError("it is not host:port (e.g. 10.0.0.5:6379)")
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise ValueError("it is not host:port (an IPv6 host goes in brackets: [::1]:6379)")
+        host = host[1:-1]
+    if not host or any(c.isspace() for c in host) or (":" in host and not rest.startswith("[")):
+        raise ValueError("it is not host:port (e.g. 10.0.0.5:6379; an IPv6 host goes in brackets)")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"its port {port!r} is not a number from 1 to 65535")
+    return host, int(port)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -115,6 +146,7 @@ def connect(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S, init: Callabl
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    _reachable(address)
     loopback = address.startswith(_LOOPBACK)
     fix = (
         "Ray rewrites a loopback address to this host's IP, where a cluster started on 127.0.0.1 may not answer: "
@@ -154,6 +186,46 @@ def connect(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S, init: Callabl
         )
     with _sigterm_kept():
         (init or ray.init)(address=address, log_to_driver=True)
+
+
+def shown(address: str) -> str:
+    """`address` as an error may show it: a `ray://TOKEN@` credential replaced by `<redacted>`."""
+    return re.sub(r"^(ray://)[^@/]*@", r"\1<redacted>@", address)
+
+
+def _reachable(address: str) -> None:
+    """Fail at once, with the cause, for an address that cannot be a cluster: malformed, a host that does not resolve,
+    or a port that refuses a TCP connect (nothing listens). A connect that times out or fails otherwise is left to
+    the bounded Ray probe (a firewall, a slow network)."""
+    try:
+        where = parse_address(address)
+    except ValueError as exc:
+        raise RayUnavailableError(
+            f"cannot join the Ray cluster at {shown(address)!r}: {exc}",
+            address=address,
+            hint="pass --ray-address HOST:PORT, the address `ray status` prints on the head node",
+        ) from None
+    if where is None:
+        return
+    host, port = where
+    try:
+        with socket.create_connection((host, port), timeout=REACH_S):
+            pass
+    except ConnectionRefusedError:
+        raise RayUnavailableError(
+            f"cannot join the Ray cluster at {shown(address)}: nothing listens there (connection refused)",
+            address=address,
+            hint="is the Ray head running, on that port? `ray status` on the head node prints its address; "
+            "or leave --ray-address out to let run start a private local Ray",
+        ) from None
+    except socket.gaierror as exc:
+        raise RayUnavailableError(
+            f"cannot join the Ray cluster at {shown(address)}: host {host!r} does not resolve ({exc.strerror})",
+            address=address,
+            hint="check the host name, or pass the head node's IP address",
+        ) from None
+    except OSError:
+        pass
 
 
 class RunRay:
