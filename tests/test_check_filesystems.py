@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from reproduction.checks import filesystems
 from reproduction.checks.filesystems import mount_for, parse_mounts, probe_filesystems
 from tests.fixtures.checks.fakes import FIXTURES, fixture, make_context
 
@@ -24,7 +25,10 @@ def test_parse_mounts_unescapes_octal_and_picks_longest_prefix():
 @pytest.mark.parametrize(
     "triton,fstype", [("/lustre/proj/u1/triton", "lustre"), ("/mnt/team share/triton", "cifs"), ("/home/u1/tc", "nfs4")]
 )
-def test_triton_cache_on_network_filesystem_warns(tmp_path, triton, fstype):
+def test_triton_cache_on_network_filesystem_warns(tmp_path, triton, fstype, monkeypatch):
+    # /scratch/u1 is a fictional home (the mount table is a fixture): as a user who may not create /scratch it
+    # would be "unusable" here; whether a path can be created is test_check_audit51's subject, not this one's
+    monkeypatch.setattr(filesystems, "unusable", lambda path: None)
     ctx = make_context(tmp_path, env={"TRITON_CACHE_DIR": triton}, mounts_file=MOUNTS, home=Path("/scratch/u1"))
     rows = {r.name: r for r in probe_filesystems(ctx)}
     row = rows["fs.triton_cache"]
