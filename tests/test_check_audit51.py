@@ -65,3 +65,11 @@ def test_cache_folders_that_cannot_be_created_warn_with_a_fix(tmp_path):
     assert rows["fs.home_cache"].finding.endswith(f"cannot create {afile / '.cache'}: {afile} is not a folder")
     assert rows["fs.tmpdir"].status == "ok" and rows["fs.tmpdir"].finding == f"TMPDIR {tmp_path} is on ext4 (local)"
     assert isinstance(rows["fs.tmpdir"].details["path"], str) and Path(rows["fs.tmpdir"].details["path"]) == tmp_path
+
+    # audit51 review R5: a TMPDIR that is not there (its parent writable) was "ok": nothing creates it
+    env = {"TMPDIR": str(tmp_path / "gone")}
+    rows = {r.name: r for r in probe_filesystems(make_context(tmp_path, env=env, mounts_file=mounts))}
+    assert (rows["fs.tmpdir"].status, rows["fs.tmpdir"].finding) == (
+        "warn",
+        f"TMPDIR is unusable: {tmp_path / 'gone'} does not exist (tempfile quietly uses /tmp instead; mktemp fails)",
+    )

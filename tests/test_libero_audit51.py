@@ -35,7 +35,7 @@ def test_an_unknown_mujoco_gl_is_exit_46_in_one_line_before_the_generator_writes
     assert res.returncode == 46, res.stderr
     lines = [ln for ln in res.stderr.splitlines() if not ln.startswith("[info]")]
     assert lines == [
-        "error: MUJOCO_GL=bogus is not a rendering backend mujoco knows (egl, osmesa, glfw)",
+        "error: MUJOCO_GL=bogus is not a value mujoco takes (egl, osmesa, glx, glfw; disable: none)",
         "hint: unset MUJOCO_GL (EGL is the default) or set it to the backend `portable check` names "
         "(its libero.render row)",
     ]
@@ -51,7 +51,8 @@ def test_grpo_preflight_refuses_an_unknown_mujoco_gl_before_any_stage(tmp_path):
     )
     res = _child(["-c", code], tmp_path, MUJOCO_GL="bogus")
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "[(46, 'MUJOCO_GL=bogus is not a rendering backend mujoco knows (egl, osmesa, glfw)')]"
+    said = "MUJOCO_GL=bogus is not a value mujoco takes (egl, osmesa, glx, glfw; disable: none)"
+    assert res.stdout.strip() == f"[(46, {said!r})]"
 
 
 def test_libero_missing_for_rl_and_eval_tasks_is_one_problem_exit_10_with_the_install_hint(monkeypatch):

@@ -5,6 +5,7 @@ missing bundle material was looked for (G4), and stale stages named (G12)."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -264,3 +265,45 @@ def test_a_changed_key_that_does_not_change_outputs_still_verifies(tmp_path):
     statement = json.loads((run / "lineage/first.intoto.json").read_text())
     assert statement["predicate"]["buildDefinition"]["externalParameters"]["config"]["train"]["log_every"] == 1
     assert verify_lineage(run).problems == []
+
+
+@dataclass(kw_only=True, slots=True)
+class _StepsTrain:
+    steps: int = 3
+    lr: float = 0.5
+
+
+@dataclass(kw_only=True, slots=True)
+class _StepsCfg:
+    train: _StepsTrain = field(default_factory=_StepsTrain)
+
+
+def _steps_stage(ctx):
+    from reproduction.recipe import StageOutput
+
+    out = ctx.out_dir / "out.txt"
+    out.write_text(f"trained {ctx.config.train.steps}\n")
+    return StageOutput(files=[out], step=ctx.config.train.steps)
+
+
+def test_a_stage_that_lists_its_training_key_itself_verifies(tmp_path):
+    """audit51 review R2: a stage whose config names its training key itself (config=("train.steps", ...)) has
+    that key blanked (null) in run.json's key_parts, since --target-step raises it; verify compared the null with
+    the statement's value and called the untampered run `differs` (exit 14)."""
+    from reproduction.recipe import Recipe, StageSpec
+    from reproduction.run.record import make_recorder
+    from reproduction.run.runner import RunOptions, run_recipe
+
+    stage = StageSpec(
+        name="first", fn=f"{__name__}:_steps_stage", config=("train.steps", "train.lr"), inputs=False,
+        training="train.steps",
+    )  # fmt: skip
+    run = tmp_path / "run"
+    run_recipe(Recipe(name="steps", stages=(stage,)), _StepsCfg(), run, RunOptions(recorder=make_recorder(None)))
+    assert json.loads((run / "run.json").read_text())["stages"]["first"]["key_parts"]["config"]["train.steps"] is None
+    assert verify_lineage(run).problems == []
+    _edit(run, "lineage/first.intoto.json", _set("predicate.buildDefinition.externalParameters.config.train.lr", 0.9))
+    assert [str(p) for p in verify_lineage(run).problems] == [
+        "differs: lineage/first.intoto.json (config train.lr is 0.9; run.json's record of stage first (key_parts) "
+        "has 0.5)"
+    ]

@@ -174,3 +174,22 @@ def test_a_ray_client_address_with_a_credential_parses_and_errors_hide_the_crede
     with pytest.raises(RayUnavailableError) as caught:
         ray_connect.connect("ray://s3cretvalue@127.0.0.1:1x", init=lambda **kw: pytest.fail("joined"))
     assert "s3cretvalue" not in str(caught.value) and "ray://<redacted>@127.0.0.1:1x" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "address,client", [("ray://10.0.0.5:10001", False), (None, True)], ids=["ray-url", "RAY_ADDRESS"]
+)
+def test_a_ray_client_is_not_watched_by_the_heads_own_gcs_address(monkeypatch, address, client):
+    """audit51 review R1: in client mode Ray's context reports the head's internal GCS address, which the client
+    usually cannot reach; watching it called a healthy cluster lost (exit 58) after 10 s."""
+    import ray
+
+    class _Context:
+        gcs_address = "10.96.0.17:6379"  # what a client's runtime context says: the head's own view
+
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: _Context())
+    monkeypatch.setattr(launcher, "_client_connected", lambda: client)
+    assert launcher._watch(address, "the workers writing RUN/sft") is None
+    monkeypatch.setattr(launcher, "_client_connected", lambda: False)
+    watched = launcher._watch("10.96.0.17:6379", "the workers writing RUN/sft")
+    assert (watched.host, watched.port) == ("10.96.0.17", 6379)  # a joined cluster is still watched

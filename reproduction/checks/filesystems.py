@@ -140,6 +140,8 @@ def probe_filesystems(ctx: CheckContext) -> list[ProbeResult]:
         fstype = mount.fstype if mount else "unknown"
         details = {"path": str(path), "fstype": fstype, "mountpoint": mount.mountpoint if mount else None}
         why = None if fstype in NETWORK_FS and name != "fs.tmpdir" else unusable(path)
+        if why is None and name == "fs.tmpdir" and not os.path.lexists(path):  # nothing creates TMPDIR
+            why = f"{path} does not exist (tempfile quietly uses /tmp instead; mktemp fails)"
         if why is not None:
             results.append(warn(name, f"{what} is unusable: {why}", _CACHE_FIX[name], **details))
         elif fstype in NETWORK_FS and name != "fs.tmpdir":

@@ -233,12 +233,12 @@ class Comparison:
         held = holm_differs(self.rows, self.alpha)
         return {r.metric for r in differs if r.metric in held or not (r.kind == "rate" and r.low is not None)}
 
-    def shown_verdict(self, row: MetricComparison) -> str:
-        """A row's verdict as the table shows it: its own, except a row that differs alone but is not held to
-        differ by the overall rule (`held_differs`), shown as DIFFERS_ALONE, so the table agrees with the verdict."""
-        if row.verdict == "differs" and row.metric not in self.held_differs():
-            return DIFFERS_ALONE
-        return row.verdict
+    def shown_verdicts(self) -> list[str]:
+        """Each row's verdict as the tables show it, in row order: its own, except a row that differs alone but is
+        not held to differ by the overall rule (`held_differs`), shown as DIFFERS_ALONE, so the table agrees with the
+        verdict. One Holm pass for all rows (per row, a 728-row report took 0.39 s: audit51 review R3)."""
+        held = self.held_differs()
+        return [DIFFERS_ALONE if r.verdict == "differs" and r.metric not in held else r.verdict for r in self.rows]
 
     def counts(self) -> dict[str, int]:
         """{"differs": rows held to differ (`held_differs`), "differs_alone": rows that differ alone but not after
@@ -286,10 +286,9 @@ class Comparison:
         head = ("metric", "reference", "this run", f"diff [{level} interval]", "margin", "verdict")
         body = []
         held_set = self.held_differs()
-        for r in self.rows:
+        for r, shown in zip(self.rows, self.shown_verdicts(), strict=True):
             diff = "-" if r.difference is None else f"{r.difference:+.3f} {r.interval_text()}".rstrip()
             kind = f"±{r.margin:.3f} ({r.method})" if r.kind == "rate" else f"±{r.margin:.3g} (value, {r.method})"
-            shown = DIFFERS_ALONE if r.verdict == "differs" and r.metric not in held_set else r.verdict
             body.append((r.metric, r.reference_display, r.actual_display, diff, kind, shown))
         widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *body]]

@@ -706,6 +706,8 @@ def _against_record(state: Mapping[str, Any], statements: list[LoadedStatement])
         found = None
         if isinstance(recorded, dict):
             for key, value in recorded.items():
+                if value is None:  # a stage that names its training key itself: the runner blanks it (--target-step)
+                    continue
                 found = _disagreement(value, _select(config, key), key)
                 if found is not None:
                     break

@@ -104,14 +104,29 @@ def _tcp_connect(host: str, port: int, timeout: float) -> None:
 
 
 def _watch(ray_address: str | None, what: str) -> ClusterWatch | None:
-    """A ClusterWatch of the cluster this process is connected to; None when Ray does not say where its GCS is."""
+    """A ClusterWatch of the cluster this process is connected to; None when Ray does not say where its GCS is, or
+    when this process is a Ray client (`ray://`): a client's context reports the head's own GCS address, which the
+    client usually cannot reach (that is why it is a client), so probing it would call a healthy cluster lost
+    (audit51 review R1); the client connection has its own failure path."""
     import ray
 
+    if (ray_address or "").startswith("ray://") or _client_connected():
+        return None
     try:
         gcs = ray.get_runtime_context().gcs_address
         return ClusterWatch(gcs, address=ray_address or gcs, what=what)
     except Exception:  # noqa: BLE001 - no GCS address to watch (Ray client mode, an odd address): poll unwatched
         return None
+
+
+def _client_connected() -> bool:
+    """Whether this process talks to its cluster through Ray client (`ray://`, including RAY_ADDRESS)."""
+    try:
+        from ray.util.client import ray as client
+
+        return bool(client.is_connected())
+    except Exception:  # noqa: BLE001 - no client support in this Ray: not a client
+        return False
 
 
 @dataclass(kw_only=True)

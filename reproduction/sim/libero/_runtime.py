@@ -153,7 +153,7 @@ def rendering(what: str) -> Iterator[None]:
         backend = os.environ.get("MUJOCO_GL", "egl")
         if "environment variable MUJOCO_GL" in str(exc):
             raise RenderUnavailableError(
-                f"MUJOCO_GL={backend} is not a rendering backend mujoco knows (egl, osmesa, glfw)",
+                f"MUJOCO_GL={backend} is not a value mujoco takes (egl, osmesa, glx, glfw; disable: none)",
                 hint="unset MUJOCO_GL (EGL is the default) or set it to the backend `portable check` names "
                 "(its libero.render row)",
             ) from exc
