@@ -211,6 +211,44 @@ def refuse_unwritable(path: str | os.PathLike[str], what: str, *, hint: str) -> 
         pass
 
 
+def make_output_folder(
+    path: str | os.PathLike[str],
+    *,
+    command: str,
+    flag: str = "--output",
+    exist_ok: bool = True,
+    shown: str | os.PathLike[str] | None = None,
+) -> Path:
+    """`path` created with its parents (an existing folder kept when `exist_ok`), returned. A folder the user cannot
+    create (permission denied, a read-only filesystem, a full disk) is a WriteFailedError (exit 8, as a read-only
+    run folder's lock file) naming the folder and the parent that refused it, with the hint to choose a writable
+    `flag` or make that parent writable, never the bare OSError the CLI could only answer with "--debug" (audit51
+    I1). `shown` is the folder the user named when `path` is a staging folder beside it (pack's `OUT.partial`). The
+    one place `run`, `demo` and `pack` create the folder they were told to write to."""
+    from reproduction.errors import os_error
+
+    folder = Path(path)
+    named = Path(shown) if shown is not None else folder
+    try:
+        folder.mkdir(parents=True, exist_ok=exist_ok)
+    except OSError as exc:
+        parent = nearest_existing(folder.parent)
+        hint = None
+        if errno_denied(exc):
+            hint = f"{command} needs write access to {parent}; choose a writable {flag} (or make {parent} writable)"
+        exc.filename, exc.filename2 = str(named), None
+        raise os_error(exc, f"the {flag} folder", hint=hint) from None
+    return folder
+
+
+def errno_denied(exc: OSError) -> bool:
+    """True when `exc` says the filesystem refused the write itself (permission, an immutable or read-only folder),
+    not that it ran out of room."""
+    from reproduction.errors import errno_of
+
+    return errno_of(exc) in (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
 TEMP_SUFFIX = ".portable-tmp"
 """The suffix of atomic_write_bytes' temp files: its own, so that no name a user or a recipe picks (`x.tmp`) is
 taken for one."""

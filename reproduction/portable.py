@@ -521,12 +521,17 @@ gets them with real defaults, each subcommand with SUPPRESS defaults (so a flag 
 command is not reset by the subcommand's default)."""
 
 
-def _add_global_options(parser: argparse.ArgumentParser, *, top: bool, skip: tuple[str, ...] = ()) -> None:
+def _add_global_options(
+    parser: argparse.ArgumentParser, *, top: bool, skip: tuple[str, ...] = (), hide: tuple[str, ...] = ()
+) -> None:
+    """The global options on `parser`, but those in `skip`; those in `hide` are parsed yet left out of its help (a
+    --json the command refuses with its own usage error is not offered: audit51 I3)."""
     group = parser.add_argument_group("global options (also accepted before the command)")
     for flags, kwargs in GLOBAL_OPTIONS:
         if flags[-1] in skip:
             continue
-        group.add_argument(*flags, **kwargs, default=False if top else argparse.SUPPRESS)
+        shown = {**kwargs, "help": argparse.SUPPRESS} if flags[-1] in hide else kwargs
+        group.add_argument(*flags, **shown, default=False if top else argparse.SUPPRESS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -558,7 +563,9 @@ def build_parser() -> argparse.ArgumentParser:
             epilog=EXIT_CODES,
             conflict_handler="resolve",  # a command may redefine a global option (its own wins there)
         )
-        _add_global_options(p, top=False, skip=() if json_option else ("--json",))
+        _add_global_options(
+            p, top=False, skip=() if json_option else ("--json",), hide=() if json_output else ("--json",)
+        )
         p.set_defaults(handler=handler, json_output=json_output)
         return p
 

@@ -72,8 +72,9 @@ BAD_INPUTS = [
     ),
     ("missing config file", lambda w, o: _run(o, "--config", str(w[0] / "nope.yaml")), 3, "does not exist"),
     ("bundle is not a folder", lambda w, o: ["run", str(w[2]), "--output", str(o)], 3, "is not a folder"),
-    ("missing bundle", lambda w, o: ["run", str(w[0] / "nobundle"), "--output", str(o)], 3, "is not a folder"),
-    ("no datasets", lambda w, o: _run(o), 4, "names no dataset"),
+    ("missing bundle", lambda w, o: ["run", str(w[0] / "nobundle"), "--output", str(o)], 3, "does not exist"),
+    ("no datasets", lambda w, o: _run(o, "datasets=[]"), 4, "names no dataset"),
+    ("no bundle, no config", lambda w, o: _run(o), 2, "no BUNDLE and no --config"),  # audit51 I2
     ("missing dataset", lambda w, o: _run(o, f"datasets=[{{path: {w[0]}/nope}}]"), 3, "does not exist"),
     ("empty dataset folder", lambda w, o: _run(o, f"datasets=[{{path: {_empty(w[0])}}}]"), 3, "info.json"),
     ("dataset without data files", lambda w, o: _run(o, f"datasets=[{{path: {_no_data(w)}}}]"), 40, "no parquet"),

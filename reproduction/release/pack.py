@@ -26,7 +26,7 @@ from reproduction.errors import (
     UnsafeArchiveError,
     os_error,
 )
-from reproduction.fsio import fsync_dir, refuse_file_for_folder
+from reproduction.fsio import fsync_dir, make_output_folder, refuse_file_for_folder
 from reproduction.release.archive import LayerContents, walk_tree, write_layer
 from reproduction.release.layers import index_path, write_index
 from reproduction.release.manifest import FileEntry, LayerEntry, Manifest, PrefixOccurrence, write_manifest
@@ -275,7 +275,7 @@ def pack_bundle(
     jobs = jobs or default_jobs()
     stage = out.with_name(out.name + ".partial")
     shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
+    make_output_folder(stage, command="pack", flag="--out", exist_ok=False, shown=out)
     try:
         newest = _copy_plain(stage, _plain_sources(spec), placeholder_map(spec), jobs)
         placed = place_weights(spec, stage, ui=ui)  # weights named by manifests, checked; their licenses

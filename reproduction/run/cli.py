@@ -146,6 +146,23 @@ def refuse_no_manifest(bundle: Path) -> None:
     )
 
 
+def _cwd_bundle() -> Path | None:
+    """The current folder when it is a bundle (holds bundle.json): what `portable run --output DIR` run from inside a
+    restored bundle means (audit51 I2); None elsewhere."""
+    from reproduction.release.manifest import MANIFEST_NAME
+
+    here = Path.cwd()
+    return here if (here / MANIFEST_NAME).is_file() else None
+
+
+def _new_run(run_dir: Path) -> bool:
+    """True when `run_dir` holds no run (absent, or an empty folder): what is there otherwise (a run.json to resume,
+    a file, a link) is the runner's to judge, as before."""
+    if not os.path.lexists(run_dir):
+        return True
+    return run_dir.is_dir() and not run_dir.is_symlink() and not any(run_dir.iterdir())
+
+
 def cmd_run(args: Any) -> int:
     """`portable run [BUNDLE] --output DIR [--config FILE] [--stages ...] [--resume] [key=value ...]`: the recipe
     the config names (`recipe:`, absent = recap; run/resolve.py) with its config."""
@@ -158,10 +175,13 @@ def cmd_run(args: Any) -> int:
         args.bundle = None
     normalise_paths(args, "output", "config", "bundle")
     refuse_output_under_file(args.output)
+    if not args.bundle and not args.config and _cwd_bundle() is not None:
+        args.bundle = str(_cwd_bundle())  # standing in a restored bundle, its config is meant, not the defaults
+        say(f"note: no BUNDLE given: running the bundle in the current folder ({args.bundle})", options=_ui(args))
     bundle = Path(args.bundle).resolve() if args.bundle else None
     if bundle is not None and not bundle.is_dir():
         raise InputNotFoundError(
-            f"bundle {args.bundle} is not a folder",
+            f"bundle {args.bundle} {'is not a folder' if bundle.exists() else 'does not exist'}",
             path=bundle,
             hint="pass a restored bundle folder (or omit it and give --config)",
         )
@@ -198,6 +218,12 @@ def cmd_run(args: Any) -> int:
     name, recipe, config = load_run_config(files, overrides, bundle=bundle, run_dir=run_dir)
     if not args.ray_address and getattr(config, "ray_address", None) is not None:
         _check_ray_address(config.ray_address, "ray_address")
+    if bundle is None and not files and not overrides and not args.print_config and _new_run(run_dir):
+        raise UsageError(  # the built-in defaults name no dataset: the run would stop at a config never written
+            "no BUNDLE and no --config: a new run has nothing to run",
+            hint=f"pass the restored bundle folder (`portable run . --output {args.output}` from inside it) "
+            "or --config FILE",
+        )
     if bundle is None and getattr(config, "BUNDLE", None) == "":
         _warn_empty_bundle(files, overrides)
     if args.print_config:  # with --json as JSON: stdout is one JSON document then (audit47 F15)

@@ -46,7 +46,7 @@ from reproduction.errors import (
     StageKeyChangedError,
     StageProtocolError,
 )
-from reproduction.fsio import atomic_write_text, remove_orphaned_temps, remove_tree
+from reproduction.fsio import atomic_write_text, make_output_folder, remove_orphaned_temps, remove_tree
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
 from reproduction.run.config import select, to_plain
 from reproduction.run.guards import LOCK_FILE, deferred_interrupts, refuse_links, run_lock, sigterm_as_interrupt
@@ -288,7 +288,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
             raise RunStateError(
                 f"{run_dir} is not empty and holds no run.json", path=run_dir, hint="choose a new or empty --output"
             )
-        run_dir.mkdir(parents=True, exist_ok=True)
+        make_output_folder(run_dir, command="run")
         if not locked:  # a fresh folder: locked now, and a run another process started in it meanwhile refused
             guard.enter_context(run_lock(run_dir))
             if state is None and read_state(run_dir) is not None:

@@ -76,6 +76,7 @@ def run_demo(
     RunStateError for an output that is a file or a non-empty folder this demo did not build, and what the config
     loader and the runner raise."""
     from reproduction.errors import RunStateError
+    from reproduction.fsio import make_output_folder
 
     out = Path(output or Path("runs") / ("demo-grpo-quick" if quick else "demo-grpo")).absolute()
     if out.exists() and not out.is_dir():
@@ -90,7 +91,7 @@ def run_demo(
         )
     src = out / "src"
     data = _with_cameras(QUICK if quick else FULL, src, quick, list(overrides or []))  # a bad override: nothing made
-    out.mkdir(parents=True, exist_ok=True)
+    make_output_folder(out, command="demo")
     marker.write_text(json.dumps({"recipe": "grpo", "quick": quick}) + "\n")
     steps: list[tuple[str, str, float]] = []
     t_all = time.perf_counter()

@@ -71,6 +71,7 @@ def demo_folder(output: Path | str | None, default: str) -> Path:
     """The demo's output folder, absolute (default runs/<default>), created: a new or empty folder, or one an
     earlier demo built (it holds MARKER). RunStateError (exit 55) for a file or another non-empty folder."""
     from reproduction.errors import RunStateError
+    from reproduction.fsio import make_output_folder
 
     out = Path(output or Path("runs") / default).absolute()
     if out.exists() and not out.is_dir():
@@ -81,7 +82,7 @@ def demo_folder(output: Path | str | None, default: str) -> Path:
             path=out,
             hint="pass a new or empty folder with --output, or the folder of an earlier demo to reuse it",
         )
-    out.mkdir(parents=True, exist_ok=True)
+    make_output_folder(out, command="demo")
     return out
 
 
