@@ -14,7 +14,7 @@ from pathlib import Path
 from evidence_fixtures import eval_result, make_evidence, make_run
 
 from reproduction.run.evidence import EvalRecord, build_evidence, compare_evidence, write_comparison
-from reproduction.run.stage_outputs import outputs_digest
+from reproduction.run.stale import outputs_digest
 
 POLICY_OUT = {"policy/model.json": [1, 2, "a" * 64]}
 EVAL_OUT = {"evidence/eval.json": [1, 2, "b" * 64]}

@@ -109,7 +109,7 @@ def test_a_run_whose_evaluation_predates_its_policy_shows_a_note_not_the_old_hea
 
 def test_stale_stages_follow_the_chain_and_ignore_incomplete_ones():
     from reproduction.run.runner import stale_stages
-    from reproduction.run.stage_outputs import outputs_digest
+    from reproduction.run.stale import outputs_digest
 
     def rec(status="complete", outputs=None, **upstream):
         return {"status": status, "outputs": outputs or {}, "key_parts": {"upstream": upstream}}

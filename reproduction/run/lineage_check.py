@@ -33,6 +33,7 @@ from reproduction.run.lineage import (
     tree_sha256,
 )
 from reproduction.run.secrets import REDACTED
+from reproduction.run.stale import stale_stages
 
 EXIT_MISSING = 11
 EXIT_DIGEST = 14
@@ -737,45 +738,12 @@ def _record_problem(kind: str, st: LoadedStatement, rel: str, why: str) -> Linea
     return LineageProblem(kind=kind, statement=st.file.name, what="statement", path=rel, expected="", actual=why)
 
 
-def _stale_stages(state: Mapping[str, Any]) -> dict[str, str]:
-    """reproduction.run.runner.stale_stages's rule (not imported: this module is stdlib only): {complete stage:
-    the upstream stage whose recorded outputs changed since it ran, directly or through another stale stage}."""
-    stages = {n: r for n, r in (state.get("stages") or {}).items() if isinstance(r, dict)}
-
-    def outputs_digest(outputs: Mapping[str, Any]) -> str:
-        return hashlib.sha256(_canonical({rel: v[2] for rel, v in outputs.items()}).encode()).hexdigest()
-
-    stale: dict[str, str] = {}
-    changed = True
-    while changed:
-        changed = False
-        for name, rec in stages.items():
-            if name in stale or rec.get("status") != "complete":
-                continue
-            upstream = (rec.get("key_parts") or {}).get("upstream") or {}
-            for need, recorded in upstream.items() if isinstance(upstream, dict) else ():
-                up = stages.get(need, {})
-                try:
-                    moved = isinstance(up.get("outputs"), dict) and outputs_digest(up["outputs"]) != recorded
-                except (TypeError, IndexError, KeyError):
-                    moved = False
-                if need in stale:
-                    stale[name] = stale[need]
-                elif moved:
-                    stale[name] = need
-                else:
-                    continue
-                changed = True
-                break
-    return stale
-
-
 def _stale_notes(
     state: Mapping[str, Any], statements: list[LoadedStatement], problems: list[LineageProblem]
 ) -> list[str]:
     """One line per upstream stage that changed, naming the stages a differing upstream output of makes stale
     (`portable run --stages X --target-step N` leaves them so until a --resume redoes them): it is no tampering."""
-    stale = _stale_stages(state)
+    stale = stale_stages(state)
     stage_of = {st.file.name: st.stage for st in statements}
     changed = []  # the upstream stages a differing upstream output of a stale stage points to
     for p in problems:

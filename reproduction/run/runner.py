@@ -67,11 +67,11 @@ from reproduction.run.stage_outputs import (
     OutputsWatch,
     collect_outputs,
     others_outputs,
-    outputs_digest,
     refuse_others_files,
     take_over,
     verify_outputs,
 )
+from reproduction.run.stale import outputs_digest, stale_stages
 from reproduction.train.ray_connect import RunRay
 
 RUN_JSON = "run.json"
@@ -349,34 +349,6 @@ def _note_stages_gone(recipe: Recipe, state: dict[str, Any], run_dir: Path, ui: 
             f"start a new --output, to leave them behind",
             options=ui,
         )
-
-
-def stale_stages(state: dict[str, Any]) -> dict[str, str]:
-    """run.json's complete stages whose results predate their upstream stages' outputs:
-    {stage: the upstream stage whose outputs changed since it ran, directly or through another stale stage}. After
-    `--target-step N --stages policy` (or a raised step count with --stages) eval and compare still hold the
-    results of the earlier policy until a --resume redoes them; the headline and the report say so instead of
-    showing those results as the run's."""
-    stages = {n: r for n, r in (state.get("stages") or {}).items() if isinstance(r, dict)}
-    stale: dict[str, str] = {}
-    changed = True
-    while changed:
-        changed = False
-        for name, rec in stages.items():
-            if name in stale or rec.get("status") != "complete":
-                continue
-            upstream = (rec.get("key_parts") or {}).get("upstream") or {}
-            for need, recorded in upstream.items() if isinstance(upstream, dict) else ():
-                up = stages.get(need, {})
-                if need in stale:
-                    stale[name] = stale[need]
-                elif isinstance(up.get("outputs"), dict) and outputs_digest(up["outputs"]) != recorded:
-                    stale[name] = need
-                else:
-                    continue
-                changed = True
-                break
-    return stale
 
 
 def _refuse_missing_needs(

@@ -15,7 +15,6 @@ from typing import Any
 from reproduction.digest_cache import DigestCache
 from reproduction.errors import StageProtocolError
 from reproduction.recipe import StageSpec
-from reproduction.run.stage_keys import digest
 
 
 def collect_outputs(
@@ -76,10 +75,6 @@ def verify_outputs(stage_dir: Path, recorded: dict[str, list], digests: DigestCa
         elif st.st_mtime_ns == mtime:
             digests.remember(p, size, mtime, sha)
     return problems
-
-
-def outputs_digest(recorded: dict[str, list]) -> str:
-    return digest({rel: v[2] for rel, v in recorded.items()})
 
 
 TAKEN_OVER = ("evidence/comparison.json",)
