@@ -151,3 +151,34 @@ def test_ray_init_does_not_take_over_portables_sigterm_handler():
         assert signal.getsignal(signal.SIGTERM) is rays  # nobody had asked for SIGTERM: Ray's stays
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_a_sigterm_while_ray_init_runs_is_an_interrupt_not_rays_exit():
+    """audit51 K1: a SIGTERM during ray.init (seconds here) met the handler Ray's driver had just installed,
+    sys.exit(SIGTERM): the stage was recorded `failed`, exit 54 "called sys.exit(15)", not `interrupted`, 130."""
+    import os
+    import signal
+    import sys
+    import time
+
+    def rays(signum, frame):  # Ray 2.60's driver handler (ray/_private/worker.py)
+        sys.exit(signum)
+
+    def init(**kwargs):
+        signal.signal(signal.SIGTERM, rays)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs at the next bytecode; never finished
+
+    def ours(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    before = signal.signal(signal.SIGTERM, ours)
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            ray_connect.start_local(cpus=1, init=init)
+        assert signal.getsignal(signal.SIGTERM) is ours
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # nobody asked for SIGTERM as an interrupt: Ray's exit stays
+        with pytest.raises(SystemExit):
+            ray_connect.start_local(cpus=1, init=init)
+    finally:
+        signal.signal(signal.SIGTERM, before)

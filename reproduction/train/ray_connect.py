@@ -78,7 +78,9 @@ def _sigterm_kept() -> Iterator[None]:
     """ray.init installs Ray's own SIGTERM handler in the driver (it calls sys.exit(1)) over the one `portable`
     installed to answer SIGTERM as Ctrl-C: a SIGTERM during the value or advantages stages then ended as exit 54 "the
     stage called sys.exit(1)", recorded `failed` (audit47 kill2 F1). Puts a Python handler that was there before
-    back; a default one is left to Ray. A no-op off the main thread."""
+    back; a default one is left to Ray. A SIGTERM that arrives while ray.init runs meets Ray's handler, whose
+    sys.exit(SIGTERM) is raised here as the KeyboardInterrupt the handler before would have raised (audit51 K1:
+    exit 54 and the stage `failed`, not 130 and `interrupted`). A no-op off the main thread."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
@@ -87,6 +89,10 @@ def _sigterm_kept() -> Iterator[None]:
     before = signal.getsignal(signal.SIGTERM)
     try:
         yield
+    except SystemExit as exc:
+        if callable(before) and exc.code == signal.SIGTERM and signal.getsignal(signal.SIGTERM) is not before:
+            raise KeyboardInterrupt("SIGTERM") from None
+        raise
     finally:
         if callable(before) and signal.getsignal(signal.SIGTERM) is not before:
             signal.signal(signal.SIGTERM, before)
