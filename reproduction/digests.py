@@ -1,4 +1,5 @@
-"""SHA-256 of files and trees with hashlib, in parallel threads (hashlib releases the GIL).
+"""SHA-256 of files and trees with hashlib, in parallel threads (hashlib releases the GIL), and of JSON-ready values
+in their one canonical form (what stage keys, config digests and outputs digests are made of).
 
 Never shell out to `sha256sum`: it is ~7x slower than hashlib with SHA-NI on these machines.
 """
@@ -6,6 +7,7 @@ Never shell out to `sha256sum`: it is ~7x slower than hashlib with SHA-NI on the
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +37,17 @@ def sha256_open(fh: BinaryIO, *, on_bytes: Callable[[int], None] | None = None) 
         if on_bytes is not None:
             on_bytes(n)
     return h.hexdigest()
+
+
+def canonical_json(obj: object) -> str:
+    """`obj` as compact JSON with sorted keys (non-JSON values by str): equal values give equal text, so the runner's
+    keys and the digests lineage --verify recomputes from run.json agree byte for byte."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def json_sha256(obj: object) -> str:
+    """Hex SHA-256 of `canonical_json(obj)`."""
+    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()
 
 
 def default_jobs() -> int:

@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from reproduction.digests import sha256_file
+from reproduction.digests import canonical_json, json_sha256, sha256_file
 from reproduction.errors import InputNotFoundError, InvalidInputError, os_error
 from reproduction.run.lineage import (
     LINEAGE_DIR,
@@ -643,11 +643,6 @@ def _unstated(state: Mapping[str, Any], files: set[str]) -> list[LineageProblem]
     ]
 
 
-def _canonical(obj: Any) -> str:
-    """As reproduction.run.stage_keys.canonical (not imported: this module is stdlib only)."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
-
-
 def _select(config: Any, dotted: str) -> Any:
     """config[a][b] for "a.b", None when absent (as the runner's `select`, which key_parts are made with)."""
     for part in dotted.split("."):
@@ -669,9 +664,9 @@ def _disagreement(recorded: Any, stated: Any, where: str) -> tuple[str, Any, Any
             if found is not None:
                 return found
         return None
-    if REDACTED in _canonical(recorded) or REDACTED in _canonical(stated):
+    if REDACTED in canonical_json(recorded) or REDACTED in canonical_json(stated):
         return None
-    return None if _canonical(recorded) == _canonical(stated) else (where, recorded, stated)
+    return None if canonical_json(recorded) == canonical_json(stated) else (where, recorded, stated)
 
 
 def _against_record(state: Mapping[str, Any], statements: list[LoadedStatement]) -> list[LineageProblem]:
@@ -722,8 +717,8 @@ def _against_record(state: Mapping[str, Any], statements: list[LoadedStatement])
             )  # fmt: skip
             continue
         sha = (rec.get("lineage") or {}).get("config_sha256") if isinstance(rec.get("lineage"), dict) else None
-        if isinstance(sha, str) and isinstance(config, dict) and REDACTED not in _canonical(config):
-            if hashlib.sha256(_canonical(config).encode()).hexdigest() != sha:
+        if isinstance(sha, str) and isinstance(config, dict) and REDACTED not in canonical_json(config):
+            if json_sha256(config) != sha:
                 out.append(
                     _record_problem(
                         "record", st, rel,

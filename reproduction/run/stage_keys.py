@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import hashlib
 import importlib
 import importlib.util
 import json
@@ -20,19 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.digest_cache import DigestCache
+from reproduction.digests import canonical_json as canonical
+from reproduction.digests import json_sha256 as digest
 from reproduction.errors import ConfigError, PortableError
 from reproduction.recipe import Recipe, StageSpec
 from reproduction.run.config import select
 from reproduction.run.stage_call import ASYNC_STAGE, signature_problem, uncallable_error
-
-
-def canonical(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def digest(obj: Any) -> str:
-    return hashlib.sha256(canonical(obj).encode()).hexdigest()
-
 
 _LOCATED: weakref.WeakKeyDictionary[DigestCache, dict[str, tuple[Any, Any] | None]] = weakref.WeakKeyDictionary()
 """Per run (its digest cache): module name -> where `_locate` found it."""

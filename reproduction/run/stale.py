@@ -9,17 +9,16 @@ are stale until a `--resume` redoes them.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any
+
+from reproduction.digests import json_sha256
 
 
 def outputs_digest(recorded: Mapping[str, Any]) -> str:
     """The digest a downstream stage's key pins of a stage's recorded outputs ({rel: [size, mtime_ns, sha256]}):
     their paths and contents, not their times."""
-    parts = {rel: v[2] for rel, v in recorded.items()}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+    return json_sha256({rel: v[2] for rel, v in recorded.items()})
 
 
 def stale_stages(state: Mapping[str, Any]) -> dict[str, str]:
