@@ -140,6 +140,36 @@ class EvalResult:
         }
 
 
+def check_export_for_fetch(meta: dict[str, Any], *, name: str, tasks: Sequence[str]) -> None:
+    """Return when a policy export (its policy.json, `meta`) can run on the Fetch `tasks`; else a one-line
+    ConfigError (exit 4, field eval.tasks) that says first that the policy was trained for LIBERO: a 7-dim
+    action, LIBERO's camera keys or its object state, with the tasks it was trained on. Without this the camera
+    check spoke first, naming camera keys where the mistake is the task list (audit51 H7). A 4-dim export
+    passes (its cameras are then camera_names' to check)."""
+    from reproduction.sim.cameras import LIBERO_IMAGE_KEYS
+    from reproduction.sim.env import ACTION_DIM as fetch_action_dim
+    from reproduction.sim.libero.protocol import OBJECT_STATE_KEY
+
+    action_dim = len((meta.get("stats") or {}).get("action_mean") or ())
+    signs = [f"{action_dim}-dim action (Fetch takes {fetch_action_dim})"] if action_dim != fetch_action_dim else []
+    cams = [k for k in dict(meta.get("cameras") or {}).values() if k in LIBERO_IMAGE_KEYS]
+    if cams:
+        signs.append(f"LIBERO's cameras {', '.join(cams)}")
+    if OBJECT_STATE_KEY in (meta.get("state_keys") or ()):
+        signs.append(f"LIBERO's {OBJECT_STATE_KEY}")
+    if not signs:
+        return
+    trained = meta.get("tasks") or []
+    on = f" on {', '.join(map(repr, trained[:3]))}{' ...' if len(trained) > 3 else ''}" if trained else ""
+    raise ConfigError(
+        f"{name} was trained for LIBERO{on} ({'; '.join(signs)}), but eval.tasks names Fetch tasks "
+        f"({', '.join(tasks)})",
+        field="eval.tasks",
+        hint="evaluate it on the LIBERO task it was trained on (e.g. eval.tasks=[libero_10/0]; docs/libero.md), "
+        "or give a Fetch-trained export for Fetch tasks",
+    )
+
+
 def _batches(config: EvalConfig, policy_factory: Callable[[], Any]) -> list[dict[str, Any]]:
     from reproduction.sim.seeds import reset_seed
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from reproduction.errors import ConfigError, SimError
+from reproduction.sim.libero.tasks import SUITES
 
 VARIANT_SEP = ":"
 """Separates a task's gymnasium id from its physics variant (`FetchPush-v4:heavy`); no Fetch id holds one."""
@@ -118,10 +119,11 @@ def get_task(name: str) -> TaskSpec:
             break
     else:
         raise SimError(
-            f"unknown simulator task {name!r}; known: {', '.join(TASKS)}",
+            f"unknown simulator task {name!r}; known: {', '.join(TASKS)}, or a LIBERO task <suite>/<index> "
+            f"(suites: {', '.join(SUITES)})",
             field="task",
             actual=name,
-            hint=f"use one of {', '.join(TASKS)}, optionally with a physics variant (FetchPush-v4:slippery)",
+            hint=_unknown_task_hint(name),
         )
     if not sep:
         return spec
@@ -136,6 +138,17 @@ def get_task(name: str) -> TaskSpec:
     return replace(
         spec, env_id=f"{spec.env_id}{VARIANT_SEP}{variant}", short=f"{spec.short}_{variant}", physics=physics
     )
+
+
+def _unknown_task_hint(name: str) -> str:
+    # a typo of a LIBERO id (libero10/0) lands here, since only a known suite routes an id to LIBERO: point at
+    # the LIBERO form and its generator rather than only at the Fetch ids (audit51 H7)
+    if "/" in name or name.lower().startswith("libero"):
+        return (
+            f"a LIBERO task id is <suite>/<index> with a suite of {', '.join(SUITES)} (e.g. libero_10/0); "
+            "LIBERO data: python -m reproduction.sim.libero.generate --out DIR --task libero_10/0 (docs/libero.md)"
+        )
+    return f"use one of {', '.join(TASKS)}, optionally with a physics variant (FetchPush-v4:slippery)"
 
 
 def task_id(name: str) -> int:

@@ -153,7 +153,7 @@ def evaluate_exports(
     from reproduction.recap.policy.export import PolicyFactory, export_image_size, read_export
     from reproduction.run.lineage import path_sha256
     from reproduction.sim.cameras import camera_names
-    from reproduction.sim.evaluate import EvalConfig, EvalJob, evaluate_many
+    from reproduction.sim.evaluate import EvalConfig, EvalJob, check_export_for_fetch, evaluate_many
 
     ev = config.eval
     results, digests = {}, {}
@@ -163,6 +163,7 @@ def evaluate_exports(
             continue
         export, step = exports[mode]
         meta = read_export(export)
+        check_export_for_fetch(meta, name=f"the {mode} policy export {export}", tasks=ev.tasks)
         cameras = dict(meta.get("cameras") or {})  # rendered as the policy was trained on them, at its resolution
         if mode not in digests:  # the export's tree digest, as lineage pins it (one per export, not per scale)
             digests[mode] = path_sha256(Path(export))[0]

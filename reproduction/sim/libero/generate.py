@@ -43,6 +43,7 @@ import contextlib
 import enum
 import itertools
 import json
+import math
 import sys
 import time
 from collections import Counter
@@ -99,6 +100,19 @@ def _mode_of(name: str) -> LiberoMode:
         ) from None
 
 
+def check_modes(modes: dict[str, float]) -> None:
+    """Return when every name is a LiberoMode and the fractions are finite, non-negative, with a positive sum;
+    else a one-line ConfigError (exit 4) naming the value."""
+    for name in modes:
+        _mode_of(name)
+    if not modes or not all(math.isfinite(v) and v >= 0 for v in modes.values()) or sum(modes.values()) <= 0:
+        raise ConfigError(
+            f"modes {modes} need non-negative fractions with a positive sum",
+            field="modes",
+            hint="e.g. --modes " + ",".join(f"{k}={v}" for k, v in ROLLOUT_MODES.items()),
+        )
+
+
 @dataclass(kw_only=True, slots=True)
 class LiberoGenConfig:
     """What one generated LIBERO dataset holds."""
@@ -143,10 +157,7 @@ class LiberoGenConfig:
         if not 0 <= self.seed <= SEED_MAX:  # env.seed's bound: failed after the env build (audit51 H1)
             raise ConfigError(f"seed {self.seed} is outside 0..{SEED_MAX} (2**32-1)", field="seed")
         if self.kind != "sft":
-            if not self.modes or any(v < 0 for v in self.modes.values()) or sum(self.modes.values()) <= 0:
-                raise ConfigError(f"modes {self.modes} need non-negative fractions with a positive sum", field="modes")
-            for name in self.modes:
-                _mode_of(name)
+            check_modes(self.modes)
         if not 8 <= self.image_size <= 512:
             raise ConfigError(f"image_size {self.image_size} is outside 8..512", field="image_size")
         if self.image_storage not in ("png", "video"):
@@ -532,8 +543,8 @@ def generate_libero_data(
     for name, n in (("sft", sft), ("rollouts", rollouts), ("eval_rollouts", eval_rollouts)):
         if n < 0:  # was skipped like 0 (audit51 H7)
             raise ConfigError(f"{name} {n} must be >= 0 (0 skips that set)", field=name)
-    for name in common.get("modes") or {}:
-        _mode_of(name)  # checked even when no rollout set reads them, so a typo is never ignored
+    if common.get("modes") is not None:
+        check_modes(common["modes"])  # even when no rollout set reads them, so a bad flag is never ignored
     configs = [
         LiberoGenConfig(kind=kind, task=task, episodes=n, seed=seed, **common)
         for kind, n in (("sft", sft), ("rollout", rollouts), ("eval", eval_rollouts))

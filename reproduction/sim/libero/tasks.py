@@ -111,13 +111,22 @@ def parse_task_ids(specs: list[str] | tuple[str, ...] | str) -> list[TaskRef]:
 
 
 def make_suite(libero: dict, name: str) -> Any:
-    """LIBERO's benchmark object of suite `name`; its "[info] Applying task order ..." print goes to stderr, since
-    stdout carries data (a command's --json, `portable demo`'s run folder)."""
+    """LIBERO's benchmark object of suite `name`. Its constructor prints on stdout, which carries data here (a
+    command's --json, `portable demo`'s run folder); its "[info] ..." lines (the task order applied: always index
+    0 here, which the task ids are defined by) are dropped, since one came per env or suite lookup (17 in a tiny
+    GRPO run, audit51 H7); any other line (LIBERO's [warning]/[error]) goes to stderr, also when it raises."""
     import contextlib
+    import io
     import sys
 
-    with contextlib.redirect_stdout(sys.stderr):
-        return libero["benchmark"].get_benchmark_dict()[name]()
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured):
+            return libero["benchmark"].get_benchmark_dict()[name]()
+    finally:
+        kept = [line for line in captured.getvalue().splitlines() if line and not line.startswith("[info] ")]
+        if kept:
+            print("\n".join(kept), file=sys.stderr)
 
 
 def _resolve_one(ref: TaskRef, libero: dict) -> list[LiberoTask]:
