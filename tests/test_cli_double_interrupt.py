@@ -127,3 +127,36 @@ def test_main_called_with_argv_puts_its_caller_s_handlers_back_after_an_interrup
     finally:
         for signum, handler in before.items():
             signal.signal(signum, handler)
+
+
+def test_a_sigterm_that_ray_init_turned_into_sys_exit_still_counts_as_the_first_interrupt():
+    """The SIGTERM Ray's driver handler answers during ray.init (sys.exit, audit51 K1) is raised through the CLI's
+    own handler, so it is noted as the first interrupt and a second signal after it is held, not raised."""
+    from reproduction.run import guards
+    from reproduction.train import ray_connect
+
+    def rays(signum, frame):  # Ray 2.60's driver handler (ray/_private/worker.py)
+        sys.exit(signum)
+
+    def init(**kwargs):
+        signal.signal(signal.SIGTERM, rays)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs at the next bytecode; never finished
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    arrived: list[KeyboardInterrupt] = []
+    try:
+        with guards.interrupts_noted(arrived):
+            with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+                ray_connect.start_local(cpus=1, init=init)
+            try:
+                os.kill(os.getpid(), signal.SIGINT)  # held: nothing is raised
+                time.sleep(0.2)
+            except KeyboardInterrupt:
+                pytest.fail("the second signal was raised, not held")
+        assert [str(exc) for exc in arrived] == ["SIGTERM"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back: no hold_after
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
