@@ -903,7 +903,10 @@ def _main(argv: list[str] | None = None) -> int:
         pin_cpu_kernels()  # before any pipeline command imports torch: the same bits on every x86-64 CPU
         heap_choice()  # a bad PORTABLE_HEAP stops here, not inside a trainer after minutes of work
         check_cache_root()  # a PORTABLE_CACHE_DIR that is a file: said here, not silently run without a cache
-        with interrupts_noted(arrived):  # SIGTERM is Ctrl-C in every command (exit 130), not only run/restore
+        # SIGTERM is Ctrl-C in every command (exit 130), not only run/restore. Run as the program (no argv), a
+        # second Ctrl-C stays held through the exit that follows the first (audit51 K3); a caller passing argv
+        # gets its handlers back.
+        with interrupts_noted(arrived, hold_after=argv is None):
             return int(args.handler(args) or 0)
     except PortableError as exc:
         _traceback_if(args.debug)  # --debug adds the traceback; the exit code stays the error's (audit47 F9)
@@ -932,11 +935,16 @@ def _main(argv: list[str] | None = None) -> int:
 
 def _interrupted(args: argparse.Namespace) -> int:
     """`error: interrupted` and the command's hint on how to continue (INTERRUPT_HINTS): exit 130, also when the
-    interrupt passed through an evaluation a C extension ran (guards.forget_unhandled_interrupt)."""
+    interrupt passed through an evaluation a C extension ran (guards.forget_unhandled_interrupt). A Ray driver this
+    process still has is shut down here, while further interrupts are held, not in Ray's atexit hook: a second Ctrl-C
+    there broke Ray's teardown and the process died of SIGSEGV instead of exiting 130 (audit51 K3)."""
+    from reproduction.train.ray_connect import shutdown_for_exit
+
     forget_unhandled_interrupt()
     print("error: interrupted", file=sys.stderr)
     if args.command in INTERRUPT_HINTS:
         print(f"hint: {INTERRUPT_HINTS[args.command]}", file=sys.stderr)
+    shutdown_for_exit()
     return 130
 
 

@@ -68,6 +68,10 @@ def sigterm_as_interrupt() -> Any:
     previous = signal.getsignal(signal.SIGTERM)
 
     def interrupt(signum: int, frame: Any) -> None:
+        if _STOP["stopping"]:  # the CLI is already stopping (interrupts_noted): this one is held, not raised
+            _held(signum, frame)
+            return
+        _STOP["stopping"] = _STOP["noting"]
         raise KeyboardInterrupt("SIGTERM")
 
     signal.signal(signal.SIGTERM, interrupt)
@@ -103,14 +107,84 @@ def deferred_interrupts() -> Any:
         previous[arrived[0]](arrived[0], None)
 
 
+HELD_SIGNALS = 2
+"""Further Ctrl-C / SIGTERM a command holds while it stops after an interrupt (interrupts_noted); the next one
+quits at once, exit 130, leaving the cleanup undone (a cleanup that hangs can still be stopped)."""
+
+_STOP: dict[str, Any] = {"noting": False, "stopping": False, "held": 0}
+"""interrupts_noted's state: whether it is active, whether an interrupt was raised (the command is stopping) and how
+many signals were held since."""
+
+
+def _held(signum: int, frame: Any) -> None:
+    """A SIGINT or SIGTERM that arrived after the first interrupt: not raised (a second KeyboardInterrupt landed in
+    Ray's teardown or the interpreter's exit and the process died of SIGSEGV or SIGINT, not 130: audit51 K3). The
+    first one held prints one line; the one after HELD_SIGNALS quits at once with exit 130."""
+    import sys
+
+    _STOP["held"] += 1
+    if _STOP["held"] > HELD_SIGNALS:
+        _say("error: interrupted again: quitting without finishing the cleanup")
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(130)
+    if _STOP["held"] == 1:
+        _say(
+            f"note: already stopping (cleaning up after the interrupt); interrupt {HELD_SIGNALS} more times to quit "
+            "at once, leaving the cleanup undone"
+        )
+
+
+def _say(line: str) -> None:
+    import sys
+
+    try:  # a handler may run inside a write to stderr (a reentrant call raises): the line is then dropped
+        print(line, file=sys.stderr, flush=True)
+    except Exception:
+        pass
+
+
+def hold_interrupts() -> None:
+    """From now until the process exits, SIGINT and SIGTERM are held (guards._held), not raised: for a command that
+    has answered an interrupt and only cleans up and exits (portable.main). From the interpreter's atexit hooks on
+    they are ignored: CPython's finalization puts a Python handler back to the default action, and a second Ctrl-C
+    there ended the process with SIGINT (-2), not 130 (audit51 K3). A SIGINT handler that is no Python function
+    (SIG_IGN in a background job) is left as it is. A no-op off the main thread."""
+    import atexit
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _STOP["stopping"] = True
+    signal.signal(signal.SIGTERM, _held)
+    if callable(signal.getsignal(signal.SIGINT)):
+        signal.signal(signal.SIGINT, _held)
+    atexit.unregister(_ignore_at_exit)
+    atexit.register(_ignore_at_exit)  # the last registered runs first: before Ray's hook and the finalization
+
+
+def _ignore_at_exit() -> None:
+    import signal
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is _held:
+            signal.signal(signum, signal.SIG_IGN)
+
+
 @contextlib.contextmanager
-def interrupts_noted(arrived: list[KeyboardInterrupt]) -> Any:
+def interrupts_noted(arrived: list[KeyboardInterrupt], *, hold_after: bool = False) -> Any:
     """Every command's guard (portable.main): SIGTERM raises KeyboardInterrupt like Ctrl-C (so `pack` removes its
     `<out>.partial/` and every command exits 130 with one line: audit47 F7), and each KeyboardInterrupt a SIGINT or
     SIGTERM raises is appended to `arrived` as it passes. A library can swallow the interrupt and raise something else
     in its place (transformers' lazy import turned one into ModuleNotFoundError: audit47 F8); `arrived` lets the CLI
-    still call that an interrupt. A SIGINT handler that is no Python function (SIG_IGN in a background job) is left
-    as it is; the handlers installed before are put back after. A no-op off the main thread."""
+    still call that an interrupt. Once one interrupt was raised, later SIGINT/SIGTERM (here and in
+    sigterm_as_interrupt) are held, not raised, so the cleanup the first one started (the stage's record, Ray's
+    shutdown) runs whole (audit51 K3); the third held one quits at once (HELD_SIGNALS). A SIGINT handler that is no
+    Python function (SIG_IGN in a background job) is left as it is; the handlers installed before are put back
+    after, except with `hold_after` when an interrupt was raised: then they stay held (hold_interrupts) for the
+    exit that follows. A no-op off the main thread."""
     import signal
     import threading
 
@@ -118,11 +192,16 @@ def interrupts_noted(arrived: list[KeyboardInterrupt]) -> Any:
         yield arrived
         return
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    _STOP.update(noting=True, stopping=False, held=0)
 
     def noted(handler: Any, signum: int, frame: Any) -> None:
+        if _STOP["stopping"]:
+            _held(signum, frame)
+            return
         try:
             handler(signum, frame)
         except KeyboardInterrupt as exc:
+            _STOP["stopping"] = True
             arrived.append(exc)
             raise
 
@@ -136,8 +215,13 @@ def interrupts_noted(arrived: list[KeyboardInterrupt]) -> Any:
     try:
         yield arrived
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        _STOP["noting"] = False
+        if hold_after and _STOP["stopping"]:
+            hold_interrupts()
+        else:
+            _STOP["stopping"] = False
+            for signum, handler in previous.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 def forget_unhandled_interrupt() -> None:

@@ -1,0 +1,162 @@
+"""audit51 K3: Ctrl-C twice. Once the CLI has answered the first interrupt, a second SIGINT or a SIGTERM is held
+(one `note:` line), not raised into the cleanup that follows (the run's record, Ray's shutdown, the interpreter's
+exit): the process exits 130 after the cleanup ran whole. A second Ctrl-C that landed in Ray's teardown made the
+process die of SIGSEGV (-11) instead. The third held signal quits at once, also with 130."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from reproduction import portable
+
+# `portable verify` as the program (main() with sys.argv, as the console script calls it) runs a fake command: it
+# says `ready`, waits for the interrupt, and its cleanup (a `finally`) then takes 1 s. With `ray`, a fake Ray module
+# is imported whose shutdown (which the CLI calls before it exits 130) takes 1 s, like Ray's own teardown. With `exit`,
+# an atexit hook that takes 1 s says whether SIGINT is ignored by then (True).
+_SCRIPT = """
+import atexit, signal, sys, time, types
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a background shell ignores it)
+from reproduction import portable
+mode = sys.argv[1]
+
+def slowly(what):
+    print(what + " start", file=sys.stderr, flush=True)
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        time.sleep(0.02)
+    print(what + " done", file=sys.stderr, flush=True)
+
+if mode == "ray":
+    sys.modules["ray"] = types.SimpleNamespace(shutdown=lambda: slowly("ray shutdown"))
+
+if mode == "exit":  # registered before main: runs after the CLI's own hooks (LIFO), like Ray's, at the end
+    atexit.register(lambda: slowly("exit: SIGINT " + str(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)))
+
+def command(args):
+    try:
+        print("ready", file=sys.stderr, flush=True)
+        time.sleep(60)
+    finally:
+        if mode == "cleanup":
+            slowly("cleanup")
+
+portable.cmd_verify = command
+sys.argv = ["portable", "verify", "/x"]
+sys.exit(portable.main())
+"""
+
+
+def _run(tmp_path: Path, mode: str, signals: list[signal.Signals], after: str) -> tuple[int, list[str]]:
+    """Run the script; SIGINT once it is `ready`, then `signals` 0.2 s apart once stderr shows `after`."""
+    script = tmp_path / "double.py"
+    script.write_text(_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(Path(portable.__file__).parents[1])}
+    child = subprocess.Popen(
+        [sys.executable, str(script), mode], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    lines: list[str] = []
+    try:
+        for line in child.stderr:
+            lines.append(line.rstrip("\n"))
+            if lines[-1] == "ready":
+                child.send_signal(signal.SIGINT)
+            if lines[-1] == after:
+                for signum in signals:
+                    time.sleep(0.2)
+                    child.send_signal(signum)
+        return child.wait(timeout=60), lines
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+@pytest.mark.parametrize("mode", ["cleanup", "ray", "exit"])
+def test_a_second_sigint_and_a_sigterm_during_the_cleanup_are_held_and_the_exit_is_130(tmp_path, mode):
+    """The second Ctrl-C and a SIGTERM arrive while the command's cleanup runs (`cleanup`), while the CLI shuts
+    Ray down after `error: interrupted` (`ray`) or while the interpreter exits (`exit`: from the atexit hooks on
+    they are ignored, as CPython's finalization would put their default action back: -2 before): neither raises
+    nor kills, the cleanup finishes, the code is 130."""
+    what = {"cleanup": "cleanup", "ray": "ray shutdown", "exit": "exit: SIGINT True"}[mode]
+    code, lines = _run(tmp_path, mode, [signal.SIGINT, signal.SIGTERM], after=f"{what} start")
+    note = (
+        "note: already stopping (cleaning up after the interrupt); interrupt 2 more times to quit at once, leaving "
+        "the cleanup undone"
+    )
+    assert code == 130, lines
+    assert f"{what} done" in lines, lines
+    assert lines.count(note) == (mode != "exit"), lines  # ignored at exit: nothing left to tell
+    assert "error: interrupted" in lines and not any(
+        "Traceback" in line or "KeyboardInterrupt" in line for line in lines
+    )
+
+
+def test_the_third_held_signal_quits_at_once_with_130(tmp_path):
+    """A cleanup that hangs can still be stopped: after two held signals (guards.HELD_SIGNALS), the third ends the
+    process at once (os._exit), with one line and exit 130; the cleanup is left undone."""
+    code, lines = _run(tmp_path, "cleanup", [signal.SIGINT] * 3, after="cleanup start")
+    assert code == 130, lines
+    assert lines[-1] == "error: interrupted again: quitting without finishing the cleanup", lines
+    assert "cleanup done" not in lines
+
+
+def test_main_called_with_argv_puts_its_caller_s_handlers_back_after_an_interrupt(monkeypatch, capsys):
+    """Only the program holds signals until its exit: a caller passing argv (a test, an embedding) gets its own
+    handlers back, and a later SIGINT raises again."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+
+        def command(args):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+
+        monkeypatch.setattr(portable, "cmd_verify", command)
+        assert portable.main(["verify", "/x"]) == 130
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def test_a_sigterm_that_ray_init_turned_into_sys_exit_still_counts_as_the_first_interrupt():
+    """The SIGTERM Ray's driver handler answers during ray.init (sys.exit, audit51 K1) is raised through the CLI's
+    own handler, so it is noted as the first interrupt and a second signal after it is held, not raised."""
+    from reproduction.run import guards
+    from reproduction.train import ray_connect
+
+    def rays(signum, frame):  # Ray 2.60's driver handler (ray/_private/worker.py)
+        sys.exit(signum)
+
+    def init(**kwargs):
+        signal.signal(signal.SIGTERM, rays)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs at the next bytecode; never finished
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    arrived: list[KeyboardInterrupt] = []
+    try:
+        with guards.interrupts_noted(arrived):
+            with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+                ray_connect.start_local(cpus=1, init=init)
+            try:
+                os.kill(os.getpid(), signal.SIGINT)  # held: nothing is raised
+                time.sleep(0.2)
+            except KeyboardInterrupt:
+                pytest.fail("the second signal was raised, not held")
+        assert [str(exc) for exc in arrived] == ["SIGTERM"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back: no hold_after
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
