@@ -107,6 +107,8 @@ def test_the_worker_side_holds_the_lock_shared_while_its_body_runs(tmp_path):
     assert _probe(path) == "free\n"
     with hold_writers(None):  # outside a run: nothing held, nothing created
         pass
+    with hold_writers(tmp_path / "elsewhere" / ".writers"):  # a node that does not see the run folder
+        assert not (tmp_path / "elsewhere").exists()
 
 
 def _probing(path: str) -> str:

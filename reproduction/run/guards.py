@@ -126,12 +126,16 @@ def wait_for_writers(path: Path, *, wait_s: float | None = None, poll_s: float =
 def hold_writers(path: Path | None) -> Any:
     """Holds a shared flock on the run's writers file `path` for the `with` body (a worker process writing into the
     run: the kernel lets it go when the process dies, kill -9 included), so the next holder of the run lock waits for
-    it (wait_for_writers). None, or a filesystem without flock: holds nothing."""
+    it (wait_for_writers). None, a run folder this machine does not see, or a filesystem without flock: holds
+    nothing."""
     if path is None:
         yield
         return
     try:
         fd = _open_writers(Path(path), create=True)
+    except FileNotFoundError:  # a node that does not see the run folder (a remote Ray worker) cannot write into it
+        yield
+        return
     except OSError as exc:
         if exc.errno not in _NO_FLOCK:
             raise
