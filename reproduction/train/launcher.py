@@ -291,7 +291,7 @@ def _ray_worker(payload: Payload, rank: int) -> WorkerOutcome:
     try:
         local_rank = rank if payload.spec.kind == "cpu" else 0  # Ray narrows the visible devices to one
         world_size = payload.config.world_size
-        with hold_writers(payload.writers_lock):  # held until this process exits: Ray may outlive a killed driver
+        with hold_writers(payload.writers_lock):  # a killed driver's ranks keep it until they finish or die
             value = _worker_body(payload, rank=rank, world_size=world_size, local_rank=local_rank)
         return WorkerOutcome(value=value)
     except PortableError as exc:
