@@ -49,7 +49,14 @@ from reproduction.errors import (
 from reproduction.fsio import atomic_write_text, make_output_folder, remove_orphaned_temps, remove_tree
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
 from reproduction.run.config import select, to_plain
-from reproduction.run.guards import LOCK_FILE, deferred_interrupts, refuse_links, run_lock, sigterm_as_interrupt
+from reproduction.run.guards import (
+    LOCK_FILE,
+    WRITERS_FILE,
+    deferred_interrupts,
+    refuse_links,
+    run_lock,
+    sigterm_as_interrupt,
+)
 from reproduction.run.secrets import redact, redact_argv
 from reproduction.run.stage_call import call_stage
 from reproduction.run.stage_decide import decide, refuse_target_below_raised_count
@@ -75,6 +82,8 @@ from reproduction.run.stale import outputs_digest, stale_stages
 from reproduction.train.ray_connect import RunRay
 
 RUN_JSON = "run.json"
+LOCKS = (LOCK_FILE, WRITERS_FILE)
+"""The lock files a fresh run folder may hold before run.json (a first attempt killed early leaves them)."""
 REPORT_HTML = "report.html"
 """The run's report (Recipe.report writes it; the runner only checks whether it exists)."""
 FORMAT_VERSION = 1
@@ -284,7 +293,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
                     )
                 problems += list(found)
             raise_problems(problems)
-        if state is None and run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir()):
+        if state is None and run_dir.is_dir() and any(p.name not in LOCKS for p in run_dir.iterdir()):
             raise RunStateError(
                 f"{run_dir} is not empty and holds no run.json", path=run_dir, hint="choose a new or empty --output"
             )

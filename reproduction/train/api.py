@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from reproduction import ui as ui_mod
+from reproduction.run.guards import run_writers
 from reproduction.train import device as device_mod
 from reproduction.train import launcher
 from reproduction.train.config import TrainConfig
@@ -23,6 +24,7 @@ def train(
     resume: bool,
     ray_address: str | None = None,
     ui: ui_mod.UiOptions | None = None,
+    writers_lock: Path | None = None,
 ) -> TrainResult:
     """Train `make_task`'s model under `config`, writing checkpoints, logs and an export to `out_dir`.
 
@@ -30,12 +32,23 @@ def train(
     `.partial` folders are removed; none found = a fresh start); `resume=False` refuses an out_dir
     that already holds checkpoints. Raises ConfigError (bad config, exit 4), CheckpointError (corrupt
     checkpoint, changed config, canary mismatch: exit 50) and WorkerFailedError (a worker raised or
-    died: exit 51, with its traceback). Progress goes to stderr via reproduction.ui.
+    died: exit 51, with its traceback). Progress goes to stderr via reproduction.ui. Ray workers hold `writers_lock`
+    shared for their whole life (None: the writers file of the run folder whose lock this process holds, if any:
+    reproduction/run/guards.py run_writers).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     spec = device_mod.resolve(config.device)
-    payload = launcher.Payload(make_task=make_task, config=config, out_dir=out_dir.resolve(), resume=resume, spec=spec)
+    payload = launcher.Payload(
+        make_task=make_task,
+        config=config,
+        out_dir=out_dir.resolve(),
+        resume=resume,
+        spec=spec,
+        # Ray workers outlive a killed driver for a while (own process groups): they hold the run's writers lock so
+        # the next invocation waits for them (audit51 K2); in-process, this process is the writer under the run lock.
+        writers_lock=writers_lock if writers_lock is not None else run_writers(),
+    )
     with ui_mod.progress(ui) as prog:
         view = _ProgressView(prog.task("train", total=config.max_steps), out_dir / LOG_NAME, config, ui)
         if config.launcher == "inprocess":

@@ -140,6 +140,9 @@ class Payload:
     spec: DeviceSpec
     master_addr: str = "127.0.0.1"
     master_port: int = 0
+    writers_lock: Path | None = None
+    """The run folder's writers file (reproduction/run/guards.py WRITERS_FILE) each Ray worker holds shared for its
+    whole life, so the next invocation on the run waits for it (audit51 K2); None: none (outside a run, in-process)."""
 
 
 def run_inprocess(payload: Payload, *, on_record: Callable[[dict], None] | None = None) -> Any:
@@ -283,10 +286,14 @@ class _WorkerFailed(Exception):
 
 def _ray_worker(payload: Payload, rank: int) -> WorkerOutcome:
     """Ray task body: PortableErrors come back as values (their fields survive), bugs as tracebacks."""
+    from reproduction.run.guards import hold_writers
+
     try:
         local_rank = rank if payload.spec.kind == "cpu" else 0  # Ray narrows the visible devices to one
         world_size = payload.config.world_size
-        return WorkerOutcome(value=_worker_body(payload, rank=rank, world_size=world_size, local_rank=local_rank))
+        with hold_writers(payload.writers_lock):  # a killed driver's ranks keep it until they finish or die
+            value = _worker_body(payload, rank=rank, world_size=world_size, local_rank=local_rank)
+        return WorkerOutcome(value=value)
     except PortableError as exc:
         return WorkerOutcome.of_error(exc)
     except OSError as exc:
@@ -314,10 +321,15 @@ def run_ray(payload: Payload, *, ray_address: str | None, on_poll: Callable[[], 
             raise failed.failure.error() from None
 
 
-def _task_body(fn: Callable[[Any], Any], payload: Any) -> WorkerOutcome:
-    """`run_tasks`' Ray task body: the `_ray_worker` protocol without a process group."""
+def _task_body(fn: Callable[[Any], Any], payload: Any, writers_lock: Path | None = None) -> WorkerOutcome:
+    """`run_tasks`' Ray task body: the `_ray_worker` protocol without a process group, holding `writers_lock` shared
+    while `fn` runs (reproduction/run/guards.py hold_writers)."""
+    from reproduction.run.guards import hold_writers
+
     try:
-        return WorkerOutcome(value=fn(payload))
+        with hold_writers(writers_lock):
+            value = fn(payload)
+        return WorkerOutcome(value=value)
     except PortableError as exc:
         return WorkerOutcome.of_error(exc)
     except OSError as exc:
@@ -337,6 +349,7 @@ def run_tasks(
     on_done: Callable[[int], None] | None = None,
     on_poll: Callable[[], None] | None = None,
     label: str = "task",
+    writers_lock: Path | None = None,
 ) -> list[Any]:
     """`fn(payload)` for each payload, each as its own Ray task on one device; results in payload order.
 
@@ -348,9 +361,15 @@ def run_tasks(
     dies kills the others and raises a one-line WorkerFailedError (exit 51) naming `label` and the
     payload's index (`rank`), with the worker's text in `traceback`; a PortableError raised in a task
     is re-raised as itself. `on_poll()` runs between bounded waits; whatever it raises cancels every
-    task and propagates (the caller's way to abort the run).
+    task and propagates (the caller's way to abort the run). Each task holds `writers_lock` shared while it runs
+    (None: the writers file of the run folder whose lock this process holds, reproduction/run/guards.py
+    run_writers, if any), so the next invocation on the run waits for tasks a killed driver left running.
     """
     import ray
+
+    from reproduction.run.guards import run_writers
+
+    writers = writers_lock if writers_lock is not None else run_writers()
 
     if not payloads:
         return []
@@ -365,7 +384,7 @@ def run_tasks(
         env = _worker_env(local=single_node)
         remote = ray.remote(max_calls=1)(_task_body)  # a fresh process per task: its device, nothing left over
         refs = [
-            remote.options(**_task_options(spec, cpus_per_worker, pg, i, env)).remote(fn, payload)
+            remote.options(**_task_options(spec, cpus_per_worker, pg, i, env)).remote(fn, payload, writers)
             for i, payload in enumerate(payloads)
         ]
         try:
