@@ -22,20 +22,22 @@ REFERENCE = REPO / "evidence" / "demo" / "eval_policy_1000.json"  # recap w=2, r
 STAGES = ["returns", "value", "advantages", "policy", "eval", "compare"]
 
 
-def _portable(*args: str) -> subprocess.CompletedProcess:
+def _portable(home: Path, *args: str) -> subprocess.CompletedProcess:
+    """`portable ARGS` in the fixture folder (its relative dataset path), with caches under `home`, not there."""
     return subprocess.run(
         [sys.executable, "-m", "reproduction.portable", *args],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=FIXTURE,
-        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "HOME": str(FIXTURE)},
+        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "HOME": str(home)},
     )
 
 
 def test_portable_run_refuses_a_reference_of_other_tasks_before_anything_runs(tmp_path):
     out = tmp_path / "run"
     proc = _portable(
+        tmp_path,
         "run",
         "--config",
         "run.yaml",
