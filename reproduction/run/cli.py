@@ -233,7 +233,7 @@ def cmd_run(args: Any) -> int:
     named = bundle or (Path(config.BUNDLE) if getattr(config, "BUNDLE", None) else None)
     if named is not None and named.is_dir():  # BUNDLE= in a --config file or an override: checked alike
         refuse_no_manifest(named)
-    report = execute(recipe, config, run_dir, args, recipe_ref=name)
+    report = execute(recipe, config, run_dir, args, recipe_ref=name, config_files=[str(f) for f in files])
     print_report(report, ui=_ui(args), as_json=getattr(args, "json", False))
     if not getattr(args, "json", False) and report.stale:  # their results are of what came before: not shown
         say(stale_line(report.stale), options=_ui(args))
@@ -305,8 +305,17 @@ def _check_ray_address(address: Any, where: str) -> None:
         ) from None
 
 
-def execute(recipe: Any, config: Any, run_dir: Path, args: Any, *, recipe_ref: str | None = None) -> Any:
-    """Run `recipe` with the parsed options (`recipe_ref`: the name the config gave it, recorded in run.json)."""
+def execute(
+    recipe: Any,
+    config: Any,
+    run_dir: Path,
+    args: Any,
+    *,
+    recipe_ref: str | None = None,
+    config_files: list[str] | None = None,
+) -> Any:
+    """Run `recipe` with the parsed options (`recipe_ref`: the name the config gave it, recorded in run.json;
+    `config_files`: the --config layers, recorded in each stage's record)."""
     from reproduction.run.record import make_recorder
     from reproduction.run.runner import RunOptions, run_recipe
 
@@ -321,6 +330,7 @@ def execute(recipe: Any, config: Any, run_dir: Path, args: Any, *, recipe_ref: s
         ui=_ui(args),
         recorder=make_recorder(Path(bundle) if bundle else None),
         recipe_ref=recipe_ref,
+        config_files=config_files,
     )
     return run_recipe(recipe, config, run_dir, opts)
 

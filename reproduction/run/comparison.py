@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reproduction.errors import InvalidInputError, UnsupportedFormatError
+from reproduction.errors import InputNotFoundError, InvalidInputError, UnsupportedFormatError
 from reproduction.fsio import atomic_write_text
 from reproduction.run.evidence import COUNT_METRICS, EXACT, FORMAT_VERSION, READS, load_evidence
 from reproduction.run.evidence_check import check_evidence
@@ -857,16 +857,15 @@ def _refuse_disjoint(
     """Raise InvalidInputError when the two files share no policy label, or (both listing tasks) no task: every row
     would be `missing`, and `differs` (exit 60) would judge a comparison that compared nothing (audit51 G7: another
     recipe's or another task's evidence). A partial overlap is compared: what only one side has is a row of its own."""
-    theirs, mine = _entries(reference), _entries(actual)
-    if not set(theirs) & set(mine):
+    theirs, ref_tasks = evidence_labels_and_tasks(reference)
+    mine, act_tasks = evidence_labels_and_tasks(actual)
+    if not theirs & mine:
         raise InvalidInputError(
             f"{reference_where} and {actual_where} share no policy label: reference {sorted(theirs)}, "
             f"this run {sorted(mine)}, so nothing can be compared",
             field="policy.label",
             hint="compare with reference evidence of the same recipe (policies are matched by label)",
         )
-    ref_tasks = {t for e in theirs.values() for t in e.get("tasks", {}) or {}}
-    act_tasks = {t for e in mine.values() for t in e.get("tasks", {}) or {}}
     if ref_tasks and act_tasks and not ref_tasks & act_tasks:
         raise InvalidInputError(
             f"{reference_where} and {actual_where} share no task: reference {sorted(ref_tasks)}, "
@@ -874,6 +873,53 @@ def _refuse_disjoint(
             field="tasks",
             hint="compare with reference evidence evaluated on the same tasks (eval.tasks)",
         )
+
+
+def evidence_labels_and_tasks(doc: Mapping[str, Any]) -> tuple[set[str], set[str]]:
+    """The policy labels of an evidence document (its policy and baselines) and the tasks any of them lists: what
+    a comparison matches rows by, so what two evidence files, or a reference and a run's config, must share."""
+    entries = _entries(doc)
+    return set(entries), {t for e in entries.values() for t in e.get("tasks", {}) or {}}
+
+
+def reference_overlap_problem(
+    reference: str | Path,
+    tasks: Sequence[str],
+    labels: Sequence[str] | None = None,
+    *,
+    tasks_key: str = "eval.tasks",
+) -> InvalidInputError | InputNotFoundError | None:
+    """The problem a run's preflight reports, before any stage trains, when its reference evidence could compare
+    nothing with the evidence the run will write: the error loading it (not evidence, a bad field), no policy label
+    in common with `labels` (those the config evaluates; None: not checked), or no task in common with `tasks`
+    (the config's `tasks_key`) — the refusals `_refuse_disjoint` would give at the compare stage, after all the
+    training (exit 4). Tasks are checked only when each is one name the evidence keys by (a Fetch id, a LIBERO
+    `suite/index`): a glob or a LIBERO task name is resolved by LIBERO at eval time. None when all is well."""
+    try:
+        doc = load_evidence(Path(reference))
+        check_evidence(doc, where=f"the reference evidence {reference}", reference=True)
+    except (InvalidInputError, InputNotFoundError, UnsupportedFormatError) as exc:
+        return type(exc)(f"eval.reference: {exc.message}", hint=exc.hint)
+    theirs, ref_tasks = evidence_labels_and_tasks(doc)
+    if labels is not None and labels and not theirs & set(labels):
+        return InvalidInputError(
+            f"eval.reference: {reference} shares no policy label with the policies this run evaluates: reference "
+            f"{sorted(theirs)}, this run {sorted(set(labels))}, so its compare stage could compare nothing",
+            path=reference,
+            field="eval.reference",
+            hint="set eval.reference to evidence of the same recipe (policies are matched by label), or null",
+        )
+    named = all("*" not in t and ("/" not in t or t.rsplit("/", 1)[1].isdigit()) for t in tasks)
+    if named and tasks and ref_tasks and not ref_tasks & set(tasks):
+        return InvalidInputError(
+            f"eval.reference: {reference} shares no task with {tasks_key}: reference {sorted(ref_tasks)}, "
+            f"{tasks_key} {list(tasks)}, so its compare stage could compare nothing",
+            path=reference,
+            field=tasks_key,
+            hint=f"set {tasks_key}=[{','.join(sorted(ref_tasks))}] to evaluate the reference's tasks, or set "
+            f"eval.reference to evidence evaluated on {', '.join(tasks)}",
+        )
+    return None
 
 
 def write_comparison(path: Path, comparison: Comparison) -> Path:

@@ -66,6 +66,14 @@ _STAGE_FIELDS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("seconds", _number, "a number"),
     ("error", lambda v: isinstance(v, str), "a string"),
     ("lineage", lambda v: isinstance(v, dict), "a mapping (what the stage's lineage statement recorded)"),
+    (
+        "config_files",  # since stop 52 (audit51 I4); older records have none
+        lambda v: (
+            isinstance(v, list)
+            and all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in v)
+        ),
+        "a list of [path, sha256] pairs (the --config layers the stage ran with)",
+    ),
 )
 
 

@@ -59,7 +59,7 @@ from reproduction.run.guards import (
 )
 from reproduction.run.secrets import redact, redact_argv
 from reproduction.run.stage_call import call_stage
-from reproduction.run.stage_decide import decide, refuse_target_below_raised_count
+from reproduction.run.stage_decide import config_layers, decide, refuse_target_below_raised_count
 from reproduction.run.stage_keys import (
     declaration_problems,
     digest,
@@ -149,6 +149,9 @@ class RunOptions:
     preflight: bool = True
     digests: DigestCache | None = None
     """The run's digest cache (reproduction/digest_cache.py); None: a fresh one for this run."""
+    config_files: list[str] | None = None
+    """The --config layers of this invocation, in order (`portable run`, the demos): each stage's record keeps them
+    (`config_files`: path and sha256) so a refusal can name a layer a later --resume left out; None: not recorded."""
     recipe_ref: str | None = None
     """The name the run config gave the recipe (`recap`, `package.module:RECIPE`), recorded as run.json's
     `recipe_ref` so commands reading the run folder (`portable eval`) find the recipe; None: the recipe's name."""
@@ -278,7 +281,9 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         refs = headline_problems(recipe, open_inputs=opts.inputs is None)
         raise_problems(declaration_problems(recipe, plain) + fn_problems(recipe, names, digests) + refs)
         redone = downstream(recipe, opts.restart)  # trained afresh to --target-step: no clash with the count
-        refuse_target_below_raised_count([s for s in selected if s.name not in redone], state, plain, opts.target_step)
+        refuse_target_below_raised_count(
+            [s for s in selected if s.name not in redone], state, plain, opts.target_step, opts.config_files
+        )
         opened: dict[str, Any] = {}
         if opts.preflight:
             problems, damaged = run_problems(plain, digests)
@@ -691,6 +696,8 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
             "ended": ended,
             "seconds": seconds,
         }
+        if opts.config_files is not None:
+            complete["config_files"] = config_layers(opts.config_files)
         if opts.recorder is not None:  # the statement before the record: a kill between them leaves a stage to
             # redo, not a complete stage without its statement that no --resume would write again
             versions = _record_lineage(walk, spec, action, output, outputs, parts, started, ended)

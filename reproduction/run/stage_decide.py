@@ -4,6 +4,8 @@ the options (`--resume`, `--restart-stage`, `--target-step`, a raised step count
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,10 +53,11 @@ def decide(
             f"stage {spec.name}: its inputs changed since it ran: " + "; ".join(changes),
             stage=spec.name,
             changes=changes,
-            hint=f"put the inputs back, or pass --restart-stage {spec.name} to redo it (and what follows)",
+            hint=layers_hint(missing_layers([rec], opts.config_files))
+            + f"put the inputs back, or pass --restart-stage {spec.name} to redo it (and what follows)",
         )
     if rec.get("status") == "complete":
-        refuse_fewer_steps(spec, rec, plain, recorded_config)
+        refuse_fewer_steps(spec, rec, plain, recorded_config, layers_hint(missing_layers([rec], opts.config_files)))
         problems = verify_outputs(stage_dir, rec.get("outputs", {}), digests)
         if problems:
             raise StageKeyChangedError(
@@ -67,11 +70,14 @@ def decide(
     return "continue" if spec.training else "fresh"
 
 
-def refuse_fewer_steps(spec: StageSpec, rec: dict[str, Any], plain: dict[str, Any], recorded: dict[str, Any]) -> None:
+def refuse_fewer_steps(
+    spec: StageSpec, rec: dict[str, Any], plain: dict[str, Any], recorded: dict[str, Any], hint_first: str = ""
+) -> None:
     """StageKeyChangedError (exit 52) when a complete training stage's step count (`spec.training`, exempt from
     its key so --target-step can train on) was lowered below both the value it ran with and the steps it
     trained: skipping it would record results of more steps under a config claiming fewer. (After
-    `--target-step N` the stage holds N steps under the unchanged value: that is not a lowering.)"""
+    `--target-step N` the stage holds N steps under the unchanged value: that is not a lowering.) `hint_first`:
+    what the hint says first (`layers_hint`: the --config layers the stage ran with that are missing now)."""
     if not spec.training or not is_int(rec.get("step")):
         return
     wanted, before = select(plain, spec.training), select(recorded, spec.training)
@@ -82,7 +88,8 @@ def refuse_fewer_steps(spec: StageSpec, rec: dict[str, Any], plain: dict[str, An
         f"(it ran with {spec.training}={before if is_int(before) else rec['step']})",
         stage=spec.name,
         changes=[f"{spec.training}: {before} -> {wanted}"],
-        hint=f"set {spec.training}={before if is_int(before) else rec['step']} again (a trained stage is not "
+        hint=hint_first
+        + f"set {spec.training}={before if is_int(before) else rec['step']} again (a trained stage is not "
         f"cut back), or pass --restart-stage {spec.name} to train it anew for {wanted} steps",
     )
 
@@ -104,13 +111,20 @@ def trains_on(spec: StageSpec, rec: dict[str, Any], plain: dict[str, Any], opts:
 
 
 def refuse_target_below_raised_count(
-    specs: Sequence[StageSpec], state: dict[str, Any] | None, plain: dict[str, Any], target: int | None
+    specs: Sequence[StageSpec],
+    state: dict[str, Any] | None,
+    plain: dict[str, Any],
+    target: int | None,
+    config_files: Sequence[str | Path] | None = None,
 ) -> None:
     """UsageError (exit 2), before anything runs, naming every complete training stage of `specs` (the selected ones
     not redone afresh) for which `--target-step` (`target`) and the config ask for different things: the target at or
     below the steps it trained, its step count (`spec.training`) raised above them. --target-step says "no more
     steps" and the count "train on", so either choice would break a promise: skipped, run.json's config would claim
-    steps the stage never trained (the mismatch trains_on prevents); trained on, --target-step would be ignored."""
+    steps the stage never trained (the mismatch trains_on prevents); trained on, --target-step would be ignored.
+    `config_files`: the --config layers given now; when a clashing stage's record names layers it ran with that
+    are not among them (`missing_layers`), the hint names those first: the usual cause is a layer left out
+    (a quick demo's config/quick.yaml), and the other ways out would retrain at full size (audit51 I4)."""
     if target is None or state is None:
         return
     clashes = []
@@ -124,6 +138,7 @@ def refuse_target_below_raised_count(
     if not clashes:
         return
     counts = ", ".join(f"{spec.training}={wanted}" for spec, _, wanted in clashes)
+    layers = missing_layers([state["stages"][spec.name] for spec, *_ in clashes], config_files)
     raise UsageError(
         f"--target-step {target} asks for no more steps, but the config raises "
         + "; ".join(
@@ -132,9 +147,62 @@ def refuse_target_below_raised_count(
         )
         + " (nothing was run)",
         field="target_step",
-        hint=f"drop --target-step to train on to {counts} (--resume), or pass --target-step "
-        f"{max(wanted for *_, wanted in clashes)} or more",
+        hint=layers_hint(layers)
+        + f"drop --target-step to train on to {counts} (--resume), or pass --target-step "
+        + f"{max(wanted for *_, wanted in clashes)} or more",
     )
+
+
+def config_layers(files: Sequence[str | Path] | None) -> list[list[str]] | None:
+    """The --config layers a stage ran with, as run.json's stage records keep them (`config_files`): one
+    [absolute path, sha256 of its bytes] pair per layer, in order ("" for a file unreadable now); None when the
+    caller did not say which layers it used (an API run: nothing is recorded)."""
+    if files is None:
+        return None
+    return [[os.path.abspath(f), _file_sha256(f)] for f in files]
+
+
+def missing_layers(
+    records: Sequence[dict[str, Any]], config_files: Sequence[str | Path] | None
+) -> list[tuple[str, int, list[str]]]:
+    """The layers the stage `records` ran with (their `config_files`) that the layers given now (`config_files`)
+    lack: (path, its 1-based place then, every path of that record), each path once, in order. A layer counts as
+    given when its path or its bytes' sha256 is among today's (a bundle restored elsewhere keeps its layers' bytes).
+    [] when today's layers are unknown (None) or a record names none (run folders from before stop 52)."""
+    if config_files is None:
+        return []
+    now = config_layers(config_files) or []
+    paths, shas = {p for p, _ in now}, {s for _, s in now if s}
+    out: list[tuple[str, int, list[str]]] = []
+    for rec in records:
+        recorded = rec.get("config_files")
+        if not isinstance(recorded, list):
+            continue
+        order = [str(p) for p, _ in recorded]
+        for i, (path, sha) in enumerate(recorded, 1):
+            if path not in paths and not (sha and sha in shas) and path not in [m[0] for m in out]:
+                out.append((str(path), i, order))
+    return out
+
+
+def layers_hint(layers: Sequence[tuple[str, int, list[str]]]) -> str:
+    """The start of a refusal's hint naming the --config layers a run was made with that this command leaves out
+    (`missing_layers`); "" when none is missing."""
+    if not layers:
+        return ""
+    named = ", ".join(f"--config {path} (layer {i})" for path, i, _ in layers)
+    again = " ".join(f"--config {p}" for p in layers[0][2])
+    return (
+        f"this run was made with {named}, which this command does not pass: pass the same --config layers "
+        f"({again}); or "
+    )
+
+
+def _file_sha256(path: str | Path) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return ""
 
 
 def is_int(v: Any) -> bool:

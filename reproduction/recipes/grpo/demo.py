@@ -200,7 +200,14 @@ def _run(restored: Path, run_dir: Path, *, quick: bool, overrides: list[str], ui
     config = load_config(files, overrides, bundle=restored, run_dir=run_dir, schema=GrpoRunConfig)
     resume = run_dir.is_dir() and read_state(run_dir) is not None
     argv = ["portable", "demo", "--recipe", "grpo", *(["--quick"] if quick else []), *overrides]
-    opts = RunOptions(resume=resume, argv=argv, ui=ui, recorder=make_recorder(restored), recipe_ref="grpo")
+    opts = RunOptions(
+        resume=resume,
+        argv=argv,
+        ui=ui,
+        recorder=make_recorder(restored),
+        recipe_ref="grpo",
+        config_files=[str(f) for f in files],  # a later `portable run --resume` without quick.yaml is told (I4)
+    )
     return run_recipe_redoing_changed(RECIPE, config, run_dir, opts)
 
 

@@ -55,6 +55,11 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
     reference = config.eval.reference
     if reference and "compare" in (stages or ["compare"]) and not Path(reference).is_file():
         problems.append(InputNotFoundError(f"eval.reference: {reference} is not a file", path=reference))
+    elif reference and "compare" in (stages or ["compare"]):  # as RECAP's: disjoint tasks found before training
+        from reproduction.run.comparison import reference_overlap_problem
+
+        problem = reference_overlap_problem(reference, list(config.eval.tasks))
+        problems += [problem] if problem is not None else []
     problems += [ConfigError(p, field="min_free_gb") for p in disk_problems(run_dir, config.min_free_gb)]
     return problems
 

@@ -331,6 +331,13 @@ def preflight(
     reads = "compare" in (stages or []) or ("eval" in (stages or []) and config.eval.sequential.enabled)
     if reads and reference and "/path/to/" not in reference and not Path(reference).is_file():
         problems.append(InputNotFoundError(f"eval.reference: {reference} is not a file", path=reference))
+    elif reads and reference and "/path/to/" not in reference:  # disjoint evidence: found now, not after training
+        from reproduction.recipes.recap.policy import evaluations
+        from reproduction.run.comparison import reference_overlap_problem
+
+        labels = [label for label, *_ in evaluations(config)]
+        problem = reference_overlap_problem(reference, list(config.eval.tasks), labels)
+        problems += [problem] if problem is not None else []
     if "eval" in (stages or []):
         problems += libero_problems(config.eval.tasks)
     problems += [ConfigError(p, field="min_free_gb") for p in disk_problems(run_dir, config.min_free_gb)]
