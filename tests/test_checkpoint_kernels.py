@@ -122,3 +122,6 @@ def test_which_kernel_records_differ():
 def test_world_sizes_of_a_manifest():
     assert checkpoint.trained_world_sizes({"world_size": 2, "world_sizes": [2, 1]}) == [2, 1]
     assert checkpoint.trained_world_sizes({"world_size": 2}) == [2]
+    assert checkpoint._with_world([2], 1) == [2, 1]  # trained on 2 ranks, resumed on 1
+    assert checkpoint._with_world([2, 1], 1) == [2, 1]
+    assert checkpoint._with_world([], 2) == [2]

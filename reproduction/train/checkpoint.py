@@ -393,7 +393,8 @@ def _with_world(sizes: Sequence[int], world: int) -> list[int]:
 
 def _in_force(kernels: str) -> str:
     """What decides the arithmetic in a `cpu_kernels` record: with both variables pinned the CPU's unit does not
-    (the pinned kernels are the same on every x86-64 CPU with AVX2, so a checkpoint moves between such servers);
+    (pinning is what lets a run move between x86-64 servers; a CPU that computes the pinned kernels otherwise, as
+    README's AVX-512 Intel Xeon does, is told by `portable check`'s host.cpu_numerics, not by its unit);
     `native` kernels, or one variable left to the CPU, follow the CPU, so its unit counts."""
     words = kernels.split()
     settings = [w for w in words if not w.startswith("cpu=")]
@@ -411,16 +412,16 @@ def check_kernels(folder: Path, manifest: dict[str, Any], kernels: str | None) -
     recorded, or by an accelerator run): those resume as before."""
     versions = manifest.get("versions")
     saved = versions.get(KERNELS) if isinstance(versions, dict) else None
-    if kernels is None or not isinstance(saved, str) or _in_force(saved) == _in_force(kernels):
+    if kernels is None or not isinstance(saved, str) or not saved.split() or _in_force(saved) == _in_force(kernels):
         return
     from reproduction.numerics import PINNED, SETTING
 
     settings = _in_force(saved)
     if settings.split() == [f"{k}={v}" for k, v in PINNED.items()]:
         back = f"{SETTING}=avx2 (the default: unset {SETTING})"
-    elif settings.split()[0] == "native":
+    elif settings.split()[:1] == ["native"]:
         back = f"{SETTING}=native"
-        if kernels.split()[0] == "native" and "cpu=" in settings:  # the same setting: native follows the CPU
+        if kernels.split()[:1] == ["native"] and "cpu=" in settings:  # the same setting: native follows the CPU
             back += f" on a CPU with {settings.split('cpu=')[-1]}"
     else:  # the user's own values of the variables
         back = " ".join(w for w in settings.split() if not w.startswith("cpu="))
