@@ -21,7 +21,8 @@ Exit codes (documented in `portable --help`):
     30-39 Hub transfer failures
     40-49 data plane: dataset/sidecar problems (45: the simulator)
     50-59 training and run failures (50 checkpoint, 51 worker failed, 52 a stage's inputs changed since it
-          completed or its max_steps was lowered below the steps it trained, 53 guidance scale, 54 a recipe's
+          completed or its max_steps was lowered below the steps it trained
+          or its checkpoint was trained under other CPU kernels, 53 guidance scale, 54 a recipe's
           stage broke the stage protocol, 55 the run folder cannot be used as asked, 56 the preflight found
           several problems (one problem: its own code), 57 the bundle's layers are not restored here, 58 Ray did
           not start or the cluster did not answer)
@@ -405,6 +406,14 @@ class CheckpointError(PortableError, RuntimeError):
     """A checkpoint is incomplete, corrupt, or does not match the model or config."""
 
     exit_code = 50
+
+
+class CheckpointKernelsChangedError(CheckpointError):
+    """A resume under other CPU kernels than the checkpoint's steps were computed with (its manifest's
+    `versions.cpu_kernels`): refused like a stage whose inputs changed since it ran (exit 52), since continuing
+    would mix two kernels' arithmetic in one stage under one lineage record."""
+
+    exit_code = 52
 
 
 class WorkerFailedError(PortableError, RuntimeError):

@@ -8,8 +8,9 @@
     <out_dir>/export/        model-only: model.safetensors, model_config.json, train_config.json, extras
 
 Commit protocol: every rank writes its DCP shard into `step_N.partial/` -> barrier -> rank 0 hashes
-the files and writes manifest.json (file digests, world size, versions, config digest, data cursor,
-RNG states per rank, canary loss) -> rename to `step_N/` -> atomic `LATEST` -> keep-last-k -> barrier.
+the files and writes manifest.json (file digests, world size and the world sizes of every invocation that trained
+its steps, versions (with the CPU kernels of a CPU run), config digest, data cursor, RNG states per rank, canary
+loss) -> rename to `step_N/` -> atomic `LATEST` -> keep-last-k -> barrier.
 A directory is a checkpoint only when it is named `step_N` and holds manifest.json; a kill at any
 moment leaves the previous complete checkpoint untouched.
 """
@@ -35,7 +36,15 @@ import torch
 
 from reproduction import __version__
 from reproduction.digests import sha256_files
-from reproduction.errors import DISK_FULL_ERRNOS, RESUME_HINT, CheckpointError, disk_full_error, is_disk_full, os_error
+from reproduction.errors import (
+    DISK_FULL_ERRNOS,
+    RESUME_HINT,
+    CheckpointError,
+    CheckpointKernelsChangedError,
+    disk_full_error,
+    is_disk_full,
+    os_error,
+)
 from reproduction.fsio import atomic_write_text, free_bytes, fsync_dir
 from reproduction.train import dist
 
@@ -43,6 +52,9 @@ FORMAT = "recap-portable/train-checkpoint"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 STEP_RE = re.compile(r"^step_(\d+)$")
+KERNELS = "cpu_kernels"
+"""The manifest's `versions` key for the CPU kernels its steps were computed with: lineage's name and value
+(reproduction.numerics.cpu_kernels)."""
 
 
 # -- discovery ----------------------------------------------------------------------------------
@@ -160,8 +172,14 @@ def save(
     canary_loss: float,
     keep_last: int,
     accel=None,
+    kernels: str | None = None,
+    world_sizes: Sequence[int] = (),
 ) -> Path:
     """Commit a checkpoint of `step` (collective: every rank calls it); returns `step_N/`.
+
+    `kernels` (`kernels_for(device)`: None on an accelerator) goes into the manifest's `versions.cpu_kernels`;
+    `world_sizes`, the world sizes that trained the steps before this invocation (`trained_world_sizes` of the
+    checkpoint it resumed from, empty for a fresh start), into `world_sizes` with this one's appended.
 
     On failure before the rename the previous checkpoints are untouched and `step_N.partial/` is
     left for the next resume to clean. A save that does not fit on the disk (DCP's CheckpointException
@@ -205,13 +223,14 @@ def save(
     if dist.is_main():
         try:
             fields = {
+                "world_sizes": _with_world(world_sizes, dist.world_size()),
                 "config_digest": config_digest,
                 "resume_key": resume_key,
                 "data_cursor": data_cursor,
                 "trainer": trainer,
                 "canary_loss": canary_loss,
             }
-            _commit(partial, final, root, step=step, rng=rng, keep_last=keep_last, fields=fields)
+            _commit(partial, final, root, step=step, rng=rng, keep_last=keep_last, kernels=kernels, fields=fields)
         except OSError as exc:
             shutil.rmtree(partial, ignore_errors=True)
             if exc.errno in DISK_FULL_ERRNOS:
@@ -299,9 +318,21 @@ def _state_bytes(obj: Any) -> int:
     return 0
 
 
-def _commit(partial: Path, final: Path, root: Path, *, step: int, rng: list, keep_last: int, fields: dict) -> None:
+def _commit(
+    partial: Path,
+    final: Path,
+    root: Path,
+    *,
+    step: int,
+    rng: list,
+    keep_last: int,
+    fields: dict,
+    kernels: str | None = None,
+) -> None:
     """Rank 0: manifest.json into `partial`, rename to `final`, LATEST, keep-last-k."""
     manifest = _manifest(partial, step=step, rng=rng, **fields)
+    if kernels is not None:
+        manifest["versions"][KERNELS] = kernels
     atomic_write_text(partial / MANIFEST, json.dumps(manifest, indent=1))
     _remove_step(final)  # only when re-saving a step after resuming before it
     os.replace(partial, final)
@@ -329,6 +360,96 @@ def _manifest(folder: Path, *, step: int, rng: list, **fields: Any) -> dict[str,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **fields,
     }
+
+
+# -- what computed the steps --------------------------------------------------------------------
+
+
+def kernels_for(device: torch.device) -> str | None:
+    """The CPU kernels that compute a training step on `device`, as lineage words them (numerics.cpu_kernels: the
+    pinned variables or `native`, and the CPU's widest unit), for a CPU device; None for an accelerator. On a GPU or
+    NPU every forward, backward and optimizer step runs in the accelerator's kernels and the CPU only batches the
+    data (copies and integer indexing, which no vector width changes), so its kernel choice does not change the
+    trained bits: a GPU checkpoint records none and a GPU resume compares none (audit52 T1)."""
+    if device.type != "cpu":
+        return None
+    from reproduction.numerics import cpu_kernels
+
+    return cpu_kernels()
+
+
+def trained_world_sizes(manifest: dict[str, Any]) -> list[int]:
+    """The world sizes of the invocations that trained a checkpoint's steps, oldest first (consecutive repeats
+    merged); a manifest written before `world_sizes` was recorded gives its one `world_size`."""
+    sizes = manifest.get("world_sizes")
+    if isinstance(sizes, list) and sizes and all(isinstance(n, int) for n in sizes):
+        return list(sizes)
+    return [manifest["world_size"]] if isinstance(manifest.get("world_size"), int) else []
+
+
+def _with_world(sizes: Sequence[int], world: int) -> list[int]:
+    return [*sizes] if sizes and sizes[-1] == world else [*sizes, world]
+
+
+def _in_force(kernels: str) -> str:
+    """What decides the arithmetic in a `cpu_kernels` record: with both variables pinned the CPU's unit does not
+    (pinning is what lets a run move between x86-64 servers; a CPU that computes the pinned kernels otherwise, as
+    README's AVX-512 Intel Xeon does, is told by `portable check`'s host.cpu_numerics, not by its unit);
+    `native` kernels, or one variable left to the CPU, follow the CPU, so its unit counts."""
+    words = kernels.split()
+    settings = [w for w in words if not w.startswith("cpu=")]
+    from reproduction.numerics import PINNED
+
+    pinned = all(any(w.startswith(f"{name}=") for w in settings) for name in PINNED)
+    return " ".join(settings if pinned else words)
+
+
+def check_kernels(folder: Path, manifest: dict[str, Any], kernels: str | None) -> None:
+    """Raise CheckpointKernelsChangedError (exit 52) when the checkpoint in `folder` recorded other CPU kernels
+    (`versions.cpu_kernels`) than `kernels`, this run's (`kernels_for`): the resumed steps would be computed
+    otherwise than the saved ones, and the stage's one lineage record would be false for some of them. Nothing is
+    compared for an accelerator run (`kernels` None) or a manifest without the field (written before it was
+    recorded, or by an accelerator run): those resume as before."""
+    versions = manifest.get("versions")
+    saved = versions.get(KERNELS) if isinstance(versions, dict) else None
+    if kernels is None or not isinstance(saved, str) or not saved.split() or _in_force(saved) == _in_force(kernels):
+        return
+    from reproduction.numerics import PINNED, SETTING
+
+    settings = _in_force(saved)
+    if settings.split() == [f"{k}={v}" for k, v in PINNED.items()]:
+        back = f"{SETTING}=avx2 (the default: unset {SETTING})"
+    elif settings.split()[:1] == ["native"]:
+        back = f"{SETTING}=native"
+        if kernels.split()[:1] == ["native"] and "cpu=" in settings:  # the same setting: native follows the CPU
+            back += f" on a CPU with {settings.split('cpu=')[-1]}"
+    else:  # the user's own values of the variables
+        back = " ".join(w for w in settings.split() if not w.startswith("cpu="))
+    stage = _stage_of(folder)
+    redo = (
+        f"pass --restart-stage {stage} to train it anew under these kernels"
+        if stage
+        else "start over in a new out_dir (resume=False) under these kernels"
+    )
+    raise CheckpointKernelsChangedError(
+        f"{f'stage {stage}: ' if stage else ''}cannot resume {folder}: {KERNELS} changed since its steps were "
+        f"computed: {saved!r} -> {kernels!r} (the CPU kernels change the trained bits)",
+        path=folder,
+        field=KERNELS,
+        expected=saved,
+        actual=kernels,
+        hint=f"continue with {back}, or {redo}",
+    )
+
+
+def _stage_of(folder: Path) -> str | None:
+    """The stage whose checkpoint `folder` is: the first folder under the run folder (the nearest one above holding
+    run.json) on its path; None outside a run (the trainer called on its own)."""
+    folder = Path(os.path.abspath(folder))
+    for parent in folder.parents:
+        if (parent / "run.json").is_file():
+            return folder.relative_to(parent).parts[0]
+    return None
 
 
 # -- load ---------------------------------------------------------------------------------------
@@ -387,13 +508,20 @@ def verify_files(folder: Path, manifest: dict[str, Any]) -> list[str]:
 
 
 def load(
-    folder: Path, model: torch.nn.Module, optim: torch.optim.Optimizer, *, resume_key: dict, accel=None
+    folder: Path,
+    model: torch.nn.Module,
+    optim: torch.optim.Optimizer,
+    *,
+    resume_key: dict,
+    accel=None,
+    kernels: str | None = None,
 ) -> dict[str, Any]:
     """Load a checkpoint into the sharded `model` and `optim` (collective); returns its manifest.
 
     Raises CheckpointError when the files do not match the manifest or the config's resume key
-    differs (naming the fields). DCP reshards when the world size changed; RNG states are restored
-    only when it did not (the caller reseeds otherwise).
+    differs (naming the fields), CheckpointKernelsChangedError (exit 52) when `kernels` (this run's CPU
+    kernels: `kernels_for`) differ from those its steps were computed with (`check_kernels`). DCP reshards when
+    the world size changed; RNG states are restored only when it did not (the caller reseeds otherwise).
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -419,6 +547,7 @@ def load(
             fields_changed=changed,
             hint="restore those settings, or start over in a new out_dir (resume=False)",
         )
+    check_kernels(folder, manifest, kernels)
     model_sd, optim_sd = get_state_dict(model, optim)
     state = {"model": model_sd, "optim": optim_sd}
     from torch.distributed.checkpoint.api import CheckpointException

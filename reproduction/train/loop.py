@@ -47,6 +47,8 @@ class _State:
     train_seconds: float = 0.0
     train_samples: int = 0
     load_seconds: float = 0.0
+    world_sizes: list[int] = field(default_factory=list)
+    """The world sizes that trained the steps before this invocation (from the checkpoint resumed)."""
 
 
 def run_worker(
@@ -268,12 +270,20 @@ def _resume(st: _State, root: Path, config: TrainConfig) -> None:
         return
     folder = checkpoint.step_dir(root, steps[-1])
     t0 = time.perf_counter()
-    manifest = checkpoint.load(folder, st.model, st.optim, resume_key=config.resume_key(), accel=st.accel)
+    manifest = checkpoint.load(
+        folder,
+        st.model,
+        st.optim,
+        resume_key=config.resume_key(),
+        accel=st.accel,
+        kernels=checkpoint.kernels_for(st.device),
+    )
     if manifest["world_size"] != dist.world_size():  # per-rank streams cannot carry over: derive new ones
         _seed(config.seed, dist.rank(), manifest["step"])
     checkpoint.check_canary(manifest["canary_loss"], canary_loss(st), rtol=config.canary_rtol, folder=folder)
     st.step = st.resumed_from = manifest["step"]
     st.trainer = dict(manifest["trainer"])
+    st.world_sizes = checkpoint.trained_world_sizes(manifest)
     st.load_seconds = time.perf_counter() - t0
 
 
@@ -297,6 +307,8 @@ def _save(st: _State, config: TrainConfig, root: Path, emit: Callable, n: int) -
         canary_loss=canary_loss(st),
         keep_last=config.keep_last,
         accel=st.accel,
+        kernels=checkpoint.kernels_for(st.device),
+        world_sizes=st.world_sizes,
     )
     emit("checkpoint", {"save_s": time.perf_counter() - t0})
 
