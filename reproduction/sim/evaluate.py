@@ -150,8 +150,12 @@ def check_export_for_fetch(meta: dict[str, Any], *, name: str, tasks: Sequence[s
     from reproduction.sim.env import ACTION_DIM as fetch_action_dim
     from reproduction.sim.libero.protocol import OBJECT_STATE_KEY
 
+    # an export that records no action statistics says nothing of its action size (a hand-made one): only a
+    # recorded size other than Fetch's is a sign
     action_dim = len((meta.get("stats") or {}).get("action_mean") or ())
-    signs = [f"{action_dim}-dim action (Fetch takes {fetch_action_dim})"] if action_dim != fetch_action_dim else []
+    signs = (
+        [f"{action_dim}-dim action (Fetch takes {fetch_action_dim})"] if action_dim not in (0, fetch_action_dim) else []
+    )
     cams = [k for k in dict(meta.get("cameras") or {}).values() if k in LIBERO_IMAGE_KEYS]
     if cams:
         signs.append(f"LIBERO's cameras {', '.join(cams)}")
