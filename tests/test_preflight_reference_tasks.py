@@ -107,3 +107,56 @@ def test_tasks_libero_resolves_at_eval_time_are_not_judged_by_name(tasks):
 
     assert reference_overlap_problem(REFERENCE, tasks) is None
     assert reference_overlap_problem(REFERENCE, ["libero_10/0"]) is not None  # suite/index is the evidence's key
+
+
+def _reference_of(tmp_path: Path, task: str) -> Path:
+    """The demo reference with its one task renamed `task` (the key the evaluation writes for it)."""
+    ref = tmp_path / f"ref_{task.replace('/', '_').replace(':', '_')}.json"
+    ref.write_text(REFERENCE.read_text().replace('"FetchPickAndPlace-v4"', f'"{task}"'))
+    return ref
+
+
+@pytest.mark.parametrize(
+    "tasks", [["pick_place"], ["pick up the cube and place it at the target"], ["FetchPush-v4", "pick_place"]]
+)
+def test_recap_preflight_matches_tasks_named_as_the_evaluation_keys_them(tmp_path, tasks):
+    """audit52 review R1: a short name or description is evaluated (and keyed in the evidence) as its env id."""
+    assert _recap_problems(tmp_path, f"eval.tasks=[{','.join(tasks)}]") == []
+    (problem,) = _recap_problems(tmp_path, "eval.tasks=[push]")  # truly disjoint, by its short name: refused
+    assert problem.exit_code == 4 and problem.message == (
+        f"eval.reference: {REFERENCE} shares no task with eval.tasks: reference ['FetchPickAndPlace-v4'], "
+        "eval.tasks ['push'], so its compare stage could compare nothing"
+    )
+
+
+@pytest.mark.parametrize("tasks", ["[push]", "[push the cube to the target]", "[push:heavy]"])
+def test_grpo_preflight_matches_tasks_named_as_the_evaluation_keys_them(tmp_path, tasks):
+    from reproduction.recipes.grpo.preflight import preflight
+
+    ref = _reference_of(tmp_path, "FetchPush-v4")
+    over = [f"eval.reference={ref}", f"eval.tasks={tasks}"]
+    cfg = load_config([REPO / "bundle/grpo/config.yaml"], over, bundle=tmp_path, run_dir=tmp_path, schema=GrpoRunConfig)
+    problems = [str(p) for p in preflight(cfg, tmp_path / "run", {}, ["sft", "rl", "eval", "compare"])]
+    shares = [p for p in problems if "shares no task" in p]
+    # push:heavy is evaluated (and keyed) as FetchPush-v4:heavy: another task than the reference's
+    assert len(shares) == (tasks == "[push:heavy]"), problems
+
+
+def test_overlap_canonicalises_variants_and_libero_indices(tmp_path):
+    from reproduction.run.comparison import reference_overlap_problem
+
+    heavy = _reference_of(tmp_path, "FetchPush-v4:heavy")
+    assert reference_overlap_problem(heavy, ["push:heavy"]) is None
+    assert reference_overlap_problem(heavy, ["push the cube to the target:heavy"]) is None
+    assert "shares no task" in str(reference_overlap_problem(heavy, ["push"]))  # another variant: refused
+    libero = _reference_of(tmp_path, "libero_10/0")
+    assert reference_overlap_problem(libero, ["libero_10/00"]) is None
+    assert reference_overlap_problem(libero, ["libero_10/ 0"]) is None
+    assert "shares no task" in str(reference_overlap_problem(libero, ["libero_10/1"]))
+
+
+@pytest.mark.parametrize("tasks", [["no_such_task"], ["push:no_such_variant"], ["libero_10/99"], ["libero10/0"]])
+def test_overlap_leaves_a_task_that_does_not_parse_to_the_config_check(tasks):
+    from reproduction.run.comparison import reference_overlap_problem
+
+    assert reference_overlap_problem(REFERENCE, tasks) is None

@@ -101,3 +101,54 @@ def test_a_wrongly_shaped_config_files_record_is_refused_naming_the_field(guide)
     refused = run_portable(guide, "run", "--config", "my.yaml", "--output", "runs/s", "--resume")
     assert refused.returncode == 55, refused.stderr
     assert "stages.train.config_files is a string, expected a list of [path, sha256] pairs" in refused.stderr
+
+
+# `portable run`, with the config layer edited right after the CLI read it (as a user preparing the next run
+# while a long stage trains would): the record must keep the bytes the run was configured with
+EDIT_AFTER_LOAD = """
+import sys
+from pathlib import Path
+import reproduction.run.resolve as resolve
+
+real = resolve.load_run_config
+
+
+def load_then_edit(files, *args, **kwargs):
+    out = real(files, *args, **kwargs)
+    Path("quick.yaml").write_text("train: {steps: 5}\\n")
+    return out
+
+
+resolve.load_run_config = load_then_edit
+from reproduction.portable import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_layer_edited_after_it_was_read_is_recorded_as_read(guide):
+    """audit52 review R8: the sha256 was taken when each stage completed, so it named the edited bytes."""
+    read = hashlib.sha256((guide / "quick.yaml").read_bytes()).hexdigest()
+    args = ("run", "--config", "my.yaml", "--config", "quick.yaml", "--output", "runs/e")
+    made = run_portable(guide, *args, program=("-c", EDIT_AFTER_LOAD))
+    assert made.returncode == 0, made.stderr
+    assert (guide / "quick.yaml").read_text() == "train: {steps: 5}\n"  # the seam did edit it
+    state = json.loads((guide / "runs/e/run.json").read_text())
+    assert state["stages"]["train"]["config_files"][1] == [str(guide / "quick.yaml"), read]
+
+
+def test_a_layer_that_is_not_a_regular_file_is_not_read_again(tmp_path):
+    """A pipe (`--config <(...)`, /dev/stdin) was consumed when the config was read: hashing it again would block
+    (a FIFO with no writer) or hash nothing; its sha256 is recorded as "" and pairs pass through as given."""
+    import os
+    import threading
+
+    from reproduction.run.stage_decide import config_layers
+
+    fifo = tmp_path / "layer.yaml"
+    os.mkfifo(fifo)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(config_layers([str(fifo)])), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive() and got == [[[str(fifo), ""]]]
+    assert config_layers([("/x/a.yaml", "ab" * 32), ["/x/b.yaml", ""]]) == [["/x/a.yaml", "ab" * 32], ["/x/b.yaml", ""]]

@@ -168,6 +168,7 @@ def cmd_run(args: Any) -> int:
     the config names (`recipe:`, absent = recap; run/resolve.py) with its config."""
     from reproduction.run.config import to_json, to_yaml
     from reproduction.run.resolve import load_run_config
+    from reproduction.run.stage_decide import config_layers
 
     overrides = list(args.overrides or [])
     if args.bundle and "=" in args.bundle and not Path(args.bundle).exists():
@@ -215,6 +216,9 @@ def cmd_run(args: Any) -> int:
         _check_ray_address(args.ray_address, "--ray-address")
     run_dir = Path(args.output)
     files = _config_files(args, bundle)
+    # hashed here, as the config is read: a layer edited while a stage trains, or a pipe read once, would be
+    # recorded wrongly (or block) if each stage's record re-read it when the stage completes (audit52 review R8)
+    layers = config_layers(files)
     name, recipe, config = load_run_config(files, overrides, bundle=bundle, run_dir=run_dir)
     if not args.ray_address and getattr(config, "ray_address", None) is not None:
         _check_ray_address(config.ray_address, "ray_address")
@@ -233,7 +237,7 @@ def cmd_run(args: Any) -> int:
     named = bundle or (Path(config.BUNDLE) if getattr(config, "BUNDLE", None) else None)
     if named is not None and named.is_dir():  # BUNDLE= in a --config file or an override: checked alike
         refuse_no_manifest(named)
-    report = execute(recipe, config, run_dir, args, recipe_ref=name, config_files=[str(f) for f in files])
+    report = execute(recipe, config, run_dir, args, recipe_ref=name, config_files=layers)
     print_report(report, ui=_ui(args), as_json=getattr(args, "json", False))
     if not getattr(args, "json", False) and report.stale:  # their results are of what came before: not shown
         say(stale_line(report.stale), options=_ui(args))
@@ -312,10 +316,11 @@ def execute(
     args: Any,
     *,
     recipe_ref: str | None = None,
-    config_files: list[str] | None = None,
+    config_files: list[list[str]] | None = None,
 ) -> Any:
     """Run `recipe` with the parsed options (`recipe_ref`: the name the config gave it, recorded in run.json;
-    `config_files`: the --config layers, recorded in each stage's record)."""
+    `config_files`: the --config layers as [path, sha256] pairs taken when they were read, recorded as they are in
+    each stage's record)."""
     from reproduction.run.record import make_recorder
     from reproduction.run.runner import RunOptions, run_recipe
 

@@ -882,6 +882,32 @@ def evidence_labels_and_tasks(doc: Mapping[str, Any]) -> tuple[set[str], set[str
     return set(entries), {t for e in entries.values() for t in e.get("tasks", {}) or {}}
 
 
+def evaluated_task_keys(tasks: Sequence[str]) -> set[str] | None:
+    """The task names the evaluation keys its evidence by for the configured `tasks`, canonicalised as it does
+    (a Fetch task's `get_task(t).env_id`, variant kept, for its id, short name or description; a LIBERO index's
+    `suite/index` from `parse_task_id`). None when any one's key is known only at eval time (a LIBERO glob or task
+    name, which LIBERO resolves) or it does not parse (the config check reports that, not the reference check)."""
+    from reproduction.errors import ConfigError, SimError
+    from reproduction.sim.libero.tasks import is_libero_id, parse_task_id
+    from reproduction.sim.tasks import get_task
+
+    if not all(isinstance(t, str) for t in tasks):
+        return None
+    keys: set[str] = set()
+    try:
+        for task in tasks:
+            if is_libero_id(task):
+                ref = parse_task_id(task)
+                if ref.index is None:
+                    return None
+                keys.add(str(ref))
+            else:
+                keys.add(get_task(task).env_id)
+    except (SimError, ConfigError):
+        return None
+    return keys
+
+
 def reference_overlap_problem(
     reference: str | Path,
     tasks: Sequence[str],
@@ -893,8 +919,9 @@ def reference_overlap_problem(
     nothing with the evidence the run will write: the error loading it (not evidence, a bad field), no policy label
     in common with `labels` (those the config evaluates; None: not checked), or no task in common with `tasks`
     (the config's `tasks_key`) — the refusals `_refuse_disjoint` would give at the compare stage, after all the
-    training (exit 4). Tasks are checked only when each is one name the evidence keys by (a Fetch id, a LIBERO
-    `suite/index`): a glob or a LIBERO task name is resolved by LIBERO at eval time. None when all is well."""
+    training (exit 4). Tasks are compared by the keys the evaluation writes (`evaluated_task_keys`: a short name or
+    description is its env id), and only when every one has such a key: a glob or a LIBERO task name is resolved
+    by LIBERO at eval time, and a task that does not parse is the config check's to report. None when all is well."""
     try:
         doc = load_evidence(Path(reference))
         check_evidence(doc, where=f"the reference evidence {reference}", reference=True)
@@ -909,8 +936,8 @@ def reference_overlap_problem(
             field="eval.reference",
             hint="set eval.reference to evidence of the same recipe (policies are matched by label), or null",
         )
-    named = all("*" not in t and ("/" not in t or t.rsplit("/", 1)[1].isdigit()) for t in tasks)
-    if named and tasks and ref_tasks and not ref_tasks & set(tasks):
+    keys = evaluated_task_keys(tasks)
+    if keys and ref_tasks and not ref_tasks & keys:
         return InvalidInputError(
             f"eval.reference: {reference} shares no task with {tasks_key}: reference {sorted(ref_tasks)}, "
             f"{tasks_key} {list(tasks)}, so its compare stage could compare nothing",

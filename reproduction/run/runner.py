@@ -149,9 +149,11 @@ class RunOptions:
     preflight: bool = True
     digests: DigestCache | None = None
     """The run's digest cache (reproduction/digest_cache.py); None: a fresh one for this run."""
-    config_files: list[str] | None = None
+    config_files: Sequence[str | Sequence[str]] | None = None
     """The --config layers of this invocation, in order (`portable run`, the demos): each stage's record keeps them
-    (`config_files`: path and sha256) so a refusal can name a layer a later --resume left out; None: not recorded."""
+    (`config_files`: path and sha256) so a refusal can name a layer a later --resume left out; None: not recorded.
+    Each is a [path, sha256] pair hashed where the config was read (stage_decide.config_layers), recorded as it is;
+    a bare path (an API caller's) is hashed when a stage completes."""
     recipe_ref: str | None = None
     """The name the run config gave the recipe (`recap`, `package.module:RECIPE`), recorded as run.json's
     `recipe_ref` so commands reading the run folder (`portable eval`) find the recipe; None: the recipe's name."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -153,13 +154,17 @@ def refuse_target_below_raised_count(
     )
 
 
-def config_layers(files: Sequence[str | Path] | None) -> list[list[str]] | None:
+def config_layers(files: Sequence[str | Path | Sequence[str]] | None) -> list[list[str]] | None:
     """The --config layers a stage ran with, as run.json's stage records keep them (`config_files`): one
-    [absolute path, sha256 of its bytes] pair per layer, in order ("" for a file unreadable now); None when the
-    caller did not say which layers it used (an API run: nothing is recorded)."""
+    [absolute path, sha256 of its bytes] pair per layer, in order; None when the caller did not say which layers it
+    used (an API run: nothing is recorded). A layer given as a [path, sha256] pair (what the CLI hashed when it
+    read the config, RunOptions.config_files) is kept as it is; one given as a path is hashed now: "" for one that
+    is not a regular file (a pipe, /dev/stdin: reading it again would consume or block) or is unreadable."""
     if files is None:
         return None
-    return [[os.path.abspath(f), _file_sha256(f)] for f in files]
+    return [
+        [str(f[0]), str(f[1])] if isinstance(f, (list, tuple)) else [os.path.abspath(f), _file_sha256(f)] for f in files
+    ]
 
 
 def missing_layers(
@@ -200,6 +205,8 @@ def layers_hint(layers: Sequence[tuple[str, int, list[str]]]) -> str:
 
 def _file_sha256(path: str | Path) -> str:
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return ""
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
     except OSError:
         return ""

@@ -195,8 +195,10 @@ def _run(restored: Path, run_dir: Path, *, quick: bool, overrides: list[str], ui
     from reproduction.run.config import load_config
     from reproduction.run.record import make_recorder
     from reproduction.run.runner import RunOptions, read_state, run_recipe_redoing_changed
+    from reproduction.run.stage_decide import config_layers
 
     files = _config_files(restored, quick)
+    layers = config_layers(files)  # hashed as read, not when a stage completes (audit52 review R8)
     config = load_config(files, overrides, bundle=restored, run_dir=run_dir, schema=GrpoRunConfig)
     resume = run_dir.is_dir() and read_state(run_dir) is not None
     argv = ["portable", "demo", "--recipe", "grpo", *(["--quick"] if quick else []), *overrides]
@@ -206,7 +208,7 @@ def _run(restored: Path, run_dir: Path, *, quick: bool, overrides: list[str], ui
         ui=ui,
         recorder=make_recorder(restored),
         recipe_ref="grpo",
-        config_files=[str(f) for f in files],  # a later `portable run --resume` without quick.yaml is told (I4)
+        config_files=layers,  # a later `portable run --resume` without quick.yaml is told (I4)
     )
     return run_recipe_redoing_changed(RECIPE, config, run_dir, opts)
 
