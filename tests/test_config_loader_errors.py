@@ -57,7 +57,8 @@ def test_container_items_are_checked_against_the_annotation(override, message):
         (
             "datasets={a: 1}",
             "command line: config key `datasets` is a list, not a mapping: {a: 1}",
-            "write the whole list as datasets=[a, b], or set one item as datasets[0].NAME=... (docs/config.md)",
+            "write the whole list as datasets=[{NAME: ...}, ...], or set one item as datasets[0].NAME=... "
+            "(docs/config.md)",
         ),
         (
             "value.model.state_keys={a: 1}",

@@ -349,11 +349,12 @@ def _misfit(merged: Any, plain: Any, prefix: str, src: str) -> ConfigError | Non
                 hint=f"set its fields ({dotted}.NAME=...; docs/config.md lists them)",
             )
         if isinstance(mine, ListConfig) and isinstance(theirs, dict):
+            sections = dataclasses.is_dataclass(getattr(mine._metadata, "element_type", None))
+            whole, item = ("[{NAME: ...}, ...]", "[0].NAME") if sections else ("[a, b]", "[0]")
             return ConfigError(
                 f"{src}config key `{dotted}` is a list, not a mapping: {_flow(theirs)}",
                 field=dotted,
-                hint=f"write the whole list as {dotted}=[a, b], or set one item as {dotted}[0]"
-                f"{'.NAME' if dataclasses.is_dataclass(getattr(mine._metadata, 'element_type', None)) else ''}=... "
+                hint=f"write the whole list as {dotted}={whole}, or set one item as {dotted}{item}=... "
                 "(docs/config.md)",
             )
         if type(mine).__name__ == "TupleConfig" and isinstance(theirs, list) and len(theirs) != len(mine):
@@ -632,14 +633,16 @@ def _config_error(exc: BaseException, merged: Any, *, where: str | None = None) 
         return ConfigError(f"{src}unknown config key `{key}`", field=key, hint=hint)
     if isinstance(exc, MissingMandatoryValue):
         return ConfigError(f"{src}config key `{key}` has no value", field=key, hint=f"set {key}=... ")
-    if isinstance(exc, ValidationError):
+    if isinstance(exc, ValidationError) and key:
         return ConfigError(f"{src}config key `{key}`: {msg}", field=key, hint="see docs/config.md for its type")
     if _is_interpolation(exc) and key:  # name the key holding the ${...} (audit47 F14)
         offered = [f"${{{n}}}" for n in PLACEHOLDERS if n in _keys_at(merged, "")]  # only those the schema has
         names = ", ".join(["a config key (${eval.seed})", *offered[:-1]]) + (f" or {offered[-1]}" if offered else "")
         hint = f"an interpolation names {names}: check the name and braces"
         return ConfigError(f"{src}config key `{key}`: {msg}", field=key, hint=hint)
-    return ConfigError(f"{src}config: {msg}", field=key or None)
+    return ConfigError(  # omegaconf named no key (a shape _misfit does not know): at least say where to look
+        f"{src}config: {msg}", field=key or None, hint="docs/config.md lists every key with its type"
+    )
 
 
 def _keys_at(node: Any, dotted: str) -> list[str]:
