@@ -444,6 +444,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.plan:
         from reproduction.run.compare_cmd import cmd_plan
 
+        if args.overrides:  # the plan reads no config: an override would be silently ignored (audit52 W9)
+            raise UsageError(
+                f"--plan takes no key.path=value overrides: {args.overrides[0]}",
+                hint="drop the overrides (the plan uses only --rate/--reference, --alpha, --power, --difference)",
+            )
+
         return cmd_plan(args)
     if not args.checkpoint or not args.output:
         raise UsageError("`portable eval` needs --checkpoint and --output", hint="or --plan to plan episodes")

@@ -43,7 +43,7 @@ def add_eval_arguments(p: Any) -> None:
         "overrides",
         nargs="*",
         metavar="key.path=value",
-        help="config overrides (eval.* and recipe=; others are refused, exit 4)",
+        help="config overrides (eval.* and recipe=; others are refused, exit 4; --plan takes none, exit 2)",
     )
     plan = p.add_argument_group("planning (--plan: evaluate nothing, print the episodes a margin needs)")
     plan.add_argument("--plan", action="store_true", help="print episodes per side for --power at --alpha, per rate")

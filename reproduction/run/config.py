@@ -16,6 +16,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -89,12 +90,55 @@ def load_config(
     try:
         OmegaConf.resolve(merged)
         _check_component_sections(merged, checks=checks)
-        return OmegaConf.to_object(merged)
+        config = OmegaConf.to_object(merged)
+        # to_object does not re-check the items of a dict[str, X] / list[X] a whole container was merged into
+        # (`cameras={a: [1]}`); rebuilding does, as --print-config and run.json do later (audit52 W1)
+        OmegaConf.structured(config)
     except ConfigError:
         raise
     except Exception as exc:  # omegaconf's errors: one mapping, here
-        where = _source_of(getattr(exc, "full_key", None), files, overrides) if _is_interpolation(exc) else None
+        key = getattr(exc, "full_key", None)
+        where = _source_of(key, files, overrides) if _is_interpolation(exc) or key else None
         raise _config_error(exc, merged, where=where) from None
+    _refuse_nonfinite(config, schema, files, overrides)
+    return config
+
+
+ALLOWS_NONFINITE = "allows_nonfinite"
+"""Field metadata key: True on a float field that may be nan or inf (`field(default=..., metadata={ALLOWS_NONFINITE:
+True})`); every other float field of a run config refuses them."""
+
+
+def _refuse_nonfinite(config: Any, schema: type, files: list[Path] | None, overrides: list[str] | None) -> None:
+    """ConfigError (exit 4) naming the first float value (a field, or an item of a list/tuple/dict of floats) that
+    is nan or +-inf (`.nan`, `.inf`, `nan`, `1e400`) in a field not declaring ALLOWS_NONFINITE: no rule of a
+    component is written for them, and a nan compares false with every bound (audit52)."""
+    import math
+
+    for key, value in _floats(config, ""):
+        if not math.isfinite(value):
+            where = _source_of(key, files, overrides)
+            raise ConfigError(
+                f"{f'{where}: ' if where else ''}config key `{key}` is {value!r}: a run config takes finite numbers",
+                field=key,
+                hint=f"set {key} to a finite number (docs/config.md)",
+            )
+
+
+def _floats(node: Any, prefix: str) -> list[tuple[str, float]]:
+    """(dotted key, value) of every float in a config dataclass instance, skipping fields that allow non-finite."""
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        out = []
+        for f in dataclasses.fields(node):
+            if f.metadata.get(ALLOWS_NONFINITE):
+                continue
+            out += _floats(getattr(node, f.name, None), f"{prefix}.{f.name}" if prefix else f.name)
+        return out
+    if isinstance(node, dict):
+        return [kv for k, v in node.items() for kv in _floats(v, f"{prefix}.{k}")]
+    if isinstance(node, (list, tuple)):
+        return [kv for i, v in enumerate(node) for kv in _floats(v, f"{prefix}[{i}]")]
+    return [(prefix, node)] if isinstance(node, float) else []
 
 
 PLACEHOLDERS = {"BUNDLE": "the bundle folder: portable run BUNDLE ...", "RUN": "the run folder: --output DIR"}
@@ -145,8 +189,10 @@ def _source_of(key: str | None, files: list[Path] | None, overrides: list[str] |
 
     if not key:
         return None
-    if any(item.partition("=")[0] == key for item in overrides or []):
-        return "command line"
+    given = [item.partition("=")[0].strip() for item in overrides or []]
+    if any(key == k or key.startswith((k + ".", k + "[")) or _dotted(key) == _dotted(k) for k in given):
+        return "command line"  # the key itself, or an item of the container the override set
+    key = key.split("[")[0]  # a list item's file: the list's
     for path in reversed(files or []):
         try:
             node: Any = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
@@ -160,6 +206,11 @@ def _source_of(key: str | None, files: list[Path] | None, overrides: list[str] |
 
 
 _ABSENT = object()
+
+
+def _dotted(key: str) -> str:
+    """`datasets[0].path` as `datasets.0.path` (the two forms of one key)."""
+    return key.replace("[", ".").replace("]", "")
 
 
 def _check_component_sections(node: Any, prefix: str = "", checks: dict[type, Any] | None = None) -> None:
@@ -216,35 +267,195 @@ def merged_config(
             raise ConfigError(
                 f"override {item!r} is not key.path=value", field=item, hint="write overrides as key.path=value"
             )
-    if overrides:
-        try:
-            layers.append(("command line", OmegaConf.from_dotlist(list(overrides))))
+    for item in overrides or []:  # each value parses, before anything is merged (one by one: `datasets[0].path=`
+        try:  # and `datasets=[...]` are two shapes of one key, which a single dotlist cannot hold)
+            OmegaConf.from_dotlist([item])
         except Exception as exc:
-            raise _override_error(list(overrides), exc) from None
+            raise _override_error([item], exc) from None
     fields = {f.name for f in dataclasses.fields(schema)}
     places = {}  # only into fields the schema declares: an out-of-tree recipe's config need not offer ${RUN}
     if bundle is not None and "BUNDLE" in fields:
         places["BUNDLE"] = str(Path(bundle).resolve())
     if run_dir is not None and "RUN" in fields:
         places["RUN"] = str(Path(run_dir).resolve())
-    layers.append(("placeholders", OmegaConf.create(places)))
     named = RECIPE_KEY in fields
     merged = base
     for where, layer in layers:
-        if not named and RECIPE_KEY in layer:  # it named the recipe that brought this schema
-            layer.pop(RECIPE_KEY)
+        merged = _merge(merged, layer, where, named=named, files=files, overrides=overrides)
+    plain: list[str] = []
+    for item in overrides or []:  # in order: a later override wins over an earlier one, as a dotlist merge does
+        if _list_index_key(merged, item.partition("=")[0].strip()) is None:
+            plain.append(item)
+            continue
+        if plain:
+            merged = _merge(merged, OmegaConf.from_dotlist(plain), "command line", named=named, overrides=overrides)
+            plain = []
+        merged = _set_list_item(merged, item)
+    if plain:
+        merged = _merge(merged, OmegaConf.from_dotlist(plain), "command line", named=named, overrides=overrides)
+    return _merge(merged, OmegaConf.create(places), "placeholders", named=named)
+
+
+def _merge(
+    merged: Any,
+    layer: Any,
+    where: str,
+    *,
+    named: bool,
+    files: list[Path] | None = None,
+    overrides: list[str] | None = None,
+) -> Any:
+    """merged <- layer, or a one-line ConfigError naming the key of the layer that does not fit (and `where` it is)."""
+    from omegaconf import OmegaConf
+
+    if not named and RECIPE_KEY in layer:  # it named the recipe that brought this schema
+        layer.pop(RECIPE_KEY)
+    try:
+        return OmegaConf.merge(merged, layer)
+    except Exception as exc:
+        src = f"{where}: " if where != "placeholders" else ""
+        try:  # the diagnosis reads the layer unresolved: a file's ${BUNDLE} means nothing yet (audit52 W5)
+            plain = OmegaConf.to_container(layer, resolve=False)
+            found = _misfit(merged, plain, "", src)
+            if found is None and getattr(exc, "full_key", None) and "." not in str(exc.full_key):
+                found = _unknown_roots(merged, plain, src, files, overrides)
+        except ConfigError:
+            raise
+        except Exception:
+            found = None  # the diagnosis failed: omegaconf's own line, below
+        if found is not None:
+            raise found from None
+        raise _config_error(exc, merged, where=where) from None
+
+
+def _misfit(merged: Any, plain: Any, prefix: str, src: str) -> ConfigError | None:
+    """The first key of `plain` (a layer as plain dicts) whose value's shape does not fit the node of `merged` it
+    merges into: a section or mapping given a value, a list given a mapping, a fixed-length tuple given another
+    length. omegaconf's merge error names no key for these ("Cannot merge incompatible container types")."""
+    from omegaconf import DictConfig, ListConfig
+
+    if not isinstance(plain, dict) or not isinstance(merged, DictConfig):
+        return None
+    for key, theirs in plain.items():
         try:
-            merged = OmegaConf.merge(merged, layer)
-        except Exception as exc:
-            section = _section_given_a_value(merged, layer)
-            if section is not None:  # omegaconf names no key for it ("config key ``: Merge error: ...")
-                src = f"{where}: " if where != "placeholders" else ""
-                raise ConfigError(
-                    f"{src}config key `{section}` is a section, not a value",
-                    field=section,
-                    hint=f"set its fields ({section}.NAME=...; docs/config.md lists them)",
-                ) from None
-            raise _config_error(exc, merged, where=where) from None
+            mine = merged._get_node(key, throw_on_missing_key=False)
+        except Exception:
+            mine = None
+        dotted = f"{prefix}{key}"
+        if isinstance(mine, DictConfig) and theirs is not None and not isinstance(theirs, dict):
+            return ConfigError(
+                f"{src}config key `{dotted}` is a section, not a value",
+                field=dotted,
+                hint=f"set its fields ({dotted}.NAME=...; docs/config.md lists them)",
+            )
+        if isinstance(mine, ListConfig) and isinstance(theirs, dict):
+            sections = dataclasses.is_dataclass(getattr(mine._metadata, "element_type", None))
+            whole, item = ("[{NAME: ...}, ...]", "[0].NAME") if sections else ("[a, b]", "[0]")
+            return ConfigError(
+                f"{src}config key `{dotted}` is a list, not a mapping: {_flow(theirs)}",
+                field=dotted,
+                hint=f"write the whole list as {dotted}={whole}, or set one item as {dotted}{item}=... "
+                "(docs/config.md)",
+            )
+        if type(mine).__name__ == "TupleConfig" and isinstance(theirs, list) and len(theirs) != len(mine):
+            return ConfigError(
+                f"{src}config key `{dotted}` takes {len(mine)} values, got {len(theirs)}: {_flow(theirs)}",
+                field=dotted,
+                hint=f"write it as {dotted}=[{', '.join(_flow(v) for v in mine)}] with your values",
+            )
+        if isinstance(mine, DictConfig) and isinstance(theirs, dict):
+            found = _misfit(mine, theirs, f"{dotted}.", src)
+            if found is not None:
+                return found
+    return None
+
+
+def _unknown_roots(
+    merged: Any, plain: Any, src: str, files: list[Path] | None, overrides: list[str] | None
+) -> ConfigError | None:
+    """When a layer's top-level keys are not the schema's: one error naming them all and the recipe (a config
+    written for another recipe: `recipe=grpo` with RECAP's file, audit52 W5)."""
+    valid = _keys_at(merged, "")
+    unknown = [str(k) for k in plain if str(k) not in valid] if isinstance(plain, dict) else []
+    if not unknown:
+        return None
+    try:
+        recipe = given_recipe(files, overrides) or DEFAULT_RECIPE
+    except Exception:
+        recipe = None
+    names = ", ".join(f"`{k}`" for k in unknown)
+    hint = (
+        "a config written for another recipe: run it with that recipe (recipe: NAME in the file, or recipe=NAME)"
+        if len(unknown) > 1
+        else None
+    )
+    near = difflib.get_close_matches(unknown[0], valid, n=1, cutoff=0.5)
+    hint = hint or (f"did you mean `{near[0]}`?" if near else f"valid keys here: {', '.join(valid)}")
+    who = f" for recipe {recipe!r}" if recipe else ""
+    return ConfigError(
+        f"{src}unknown config key{'s' if len(unknown) > 1 else ''} {names}{who}", field=unknown[0], hint=hint
+    )
+
+
+def _flow(value: Any) -> str:
+    """A plain value as one line of YAML flow style ({a: 1}, [0.9])."""
+    import yaml
+
+    try:
+        return " ".join(yaml.safe_dump(value, default_flow_style=True, width=10**6).split()).removesuffix(" ...")
+    except Exception:
+        return repr(value)
+
+
+def _list_index_key(merged: Any, key: str) -> tuple[str, int, int] | None:
+    """(dotted key of the list, index, its length) when override key `key` indexes a list of `merged`
+    (`datasets[0].path`, `datasets.0.path`); None when it goes through mappings only."""
+    from omegaconf import DictConfig, ListConfig
+
+    node = merged
+    parts = _dotted(key).split(".")
+    for i, part in enumerate(parts):
+        if isinstance(node, ListConfig):
+            try:
+                index = int(part)
+            except ValueError:
+                return (".".join(parts[:i]), -1, len(node))
+            return (".".join(parts[:i]), index, len(node))
+        if not isinstance(node, DictConfig):
+            return None
+        try:
+            node = node._get_node(part, throw_on_missing_key=False)
+        except Exception:
+            return None
+    return None
+
+
+def _set_list_item(merged: Any, item: str) -> Any:
+    """merged with override `item` (`datasets[0].path=/x`) set inside an existing list item, typed by the schema;
+    a ConfigError naming the key when the index is not one of the list's or the value does not fit."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    key, _, text = item.partition("=")
+    key = key.strip()
+    found = _list_index_key(merged, key)
+    assert found is not None
+    listed, index, length = found
+    if not 0 <= index < length:
+        shown = f"{listed}[0]" + (f"..{listed}[{length - 1}]" if length > 1 else "")
+        raise ConfigError(
+            f"command line: config key `{key}`: {listed} has {length} item{'s' if length != 1 else ''}, "
+            f"so `{_dotted(key).split('.')[len(listed.split('.'))]}` is not an index of it",
+            field=key,
+            hint=f"set an item that is there ({shown}), or give the whole list: {listed}=[...]"
+            if length
+            else f"give the whole list: {listed}=[...]",
+        )
+    value = OmegaConf.from_dotlist([f"v={text}"])._get_node("v")
+    value = value if isinstance(value, (DictConfig, ListConfig)) else value._value()
+    try:
+        OmegaConf.update(merged, _dotted(key), value, merge=True)
+    except Exception as exc:
+        raise _config_error(exc, merged, where="command line") from None
     return merged
 
 
@@ -284,22 +495,6 @@ def _annotation_name(tp: Any) -> str:
     return str(tp).replace("typing.", "")
 
 
-def _section_given_a_value(merged: Any, layer: Any, prefix: str = "") -> str | None:
-    """The dotted key of the first section of `merged` that `layer` sets to a plain value (`returns: 5`)."""
-    from omegaconf import DictConfig
-
-    for key in layer.keys():
-        mine, theirs = merged.get(key) if isinstance(merged, DictConfig) else None, layer.get(key)
-        dotted = f"{prefix}{key}"
-        if isinstance(mine, DictConfig) and theirs is not None and not isinstance(theirs, DictConfig):
-            return dotted
-        if isinstance(mine, DictConfig) and isinstance(theirs, DictConfig):
-            found = _section_given_a_value(mine, theirs, f"{dotted}.")
-            if found is not None:
-                return found
-    return None
-
-
 def _load_yaml(path: Path) -> Any:
     from omegaconf import DictConfig, OmegaConf
 
@@ -311,6 +506,15 @@ def _load_yaml(path: Path) -> Any:
         node = OmegaConf.load(path)
     except Exception as exc:
         where, what = _yaml_problem(exc)
+        limit = re.search(r"expansion exceeds the configured limit of (\d+)", str(exc))
+        if limit:  # valid YAML, too big: omegaconf's advice to lift its limit is not the user's fix (audit52 W8)
+            raise ConfigError(
+                f"{path}: too large for a run config: more than {limit.group(1)} YAML nodes (keys and values, "
+                "aliases counted as expanded)",
+                path=path,
+                hint="a run config is small: keep only the keys you change (docs/config.md), and no anchors/aliases "
+                "that expand it",
+            ) from None
         if not where and _INTERPOLATION in type(exc).__name__:
             key = getattr(exc, "full_key", None)
             raise ConfigError(
@@ -429,14 +633,16 @@ def _config_error(exc: BaseException, merged: Any, *, where: str | None = None) 
         return ConfigError(f"{src}unknown config key `{key}`", field=key, hint=hint)
     if isinstance(exc, MissingMandatoryValue):
         return ConfigError(f"{src}config key `{key}` has no value", field=key, hint=f"set {key}=... ")
-    if isinstance(exc, ValidationError):
+    if isinstance(exc, ValidationError) and key:
         return ConfigError(f"{src}config key `{key}`: {msg}", field=key, hint="see docs/config.md for its type")
     if _is_interpolation(exc) and key:  # name the key holding the ${...} (audit47 F14)
         offered = [f"${{{n}}}" for n in PLACEHOLDERS if n in _keys_at(merged, "")]  # only those the schema has
         names = ", ".join(["a config key (${eval.seed})", *offered[:-1]]) + (f" or {offered[-1]}" if offered else "")
         hint = f"an interpolation names {names}: check the name and braces"
         return ConfigError(f"{src}config key `{key}`: {msg}", field=key, hint=hint)
-    return ConfigError(f"{src}config: {msg}", field=key or None)
+    return ConfigError(  # omegaconf named no key (a shape _misfit does not know): at least say where to look
+        f"{src}config: {msg}", field=key or None, hint="docs/config.md lists every key with its type"
+    )
 
 
 def _keys_at(node: Any, dotted: str) -> list[str]:
@@ -522,6 +728,9 @@ def reference(schema: type) -> str:
         "Generated from the config dataclasses by `python -m reproduction.run.config > docs/config.md`;",
         "a test fails when this file is out of date. Set keys in a YAML file (`portable run --config FILE`)",
         "or on the command line as `key.path=value`; `${BUNDLE}` and `${RUN}` are the bundle and run folders.",
+        "On the command line a whole list is `datasets='[{path: /x, type: sft}]'`; one field of an item the list",
+        "already has is `datasets[0].path=/x` (or `datasets.0.path=/x`), applied in order with the other overrides.",
+        "A float key takes finite numbers: nan and inf (`.nan`, `.inf`, `1e400`) are refused, exit 4.",
         "A row citing DEMO_LAB names the team's design notes, which are not in this repository (docs/architecture.md,",
         '"Notes outside this repository").',
         "",
