@@ -195,3 +195,27 @@ def test_a_sigterm_that_ray_init_turned_into_sys_exit_still_counts_as_the_first_
     finally:
         for signum, handler in before.items():
             signal.signal(signum, handler)
+
+
+def test_the_run_s_sigterm_handler_holds_only_while_its_interrupt_is_handled():
+    """Inside `portable run`'s walk (guards.sigterm_as_interrupt under interrupts_noted) a SIGTERM is noted as the
+    command's interrupt; a second one while it is handled (the stage's record) is held; once the interrupt was caught
+    and the walk carries on, the next SIGTERM raises again (audit52 R5). The state is the guard's own (audit52 R4)."""
+    from reproduction.run import guards
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    arrived: list[KeyboardInterrupt] = []
+    try:
+        with guards.interrupts_noted(arrived), guards.sigterm_as_interrupt():
+            for _ in range(2):
+                try:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(5)
+                except KeyboardInterrupt:
+                    os.kill(os.getpid(), signal.SIGTERM)  # held: nothing is raised
+                    time.sleep(0.2)
+        assert [str(exc) for exc in arrived] == ["SIGTERM", "SIGTERM"]
+        assert not hasattr(guards, "_STOP")
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)

@@ -241,9 +241,10 @@ quits at once, exit 130, leaving the cleanup undone (a cleanup that hangs can st
 
 
 @dataclasses.dataclass
-class _Stop:
-    """One interrupts_noted call's signal state, reached through the handlers it installs (`noted.stop`,
-    `_Stop.hold`), not a module global: the interrupts raised so far and how many signals were held since."""
+class StopState:
+    """One interrupts_noted call's signal state: the interrupts raised so far and how many signals were held since.
+    Reached through the handlers that call installs (their `stop` attribute: sigterm_as_interrupt finds it on the
+    handler it replaces), not through a module global, so it ends with the call (audit52 R4)."""
 
     arrived: list[KeyboardInterrupt]
     held: int = 0
@@ -273,10 +274,10 @@ class _Stop:
             )
 
 
-def _stop_of(handler: Any) -> _Stop | None:
+def _stop_of(handler: Any) -> StopState | None:
     """The interrupts_noted state behind an installed signal handler, or None (another handler)."""
     stop = getattr(handler, "stop", None)
-    return stop if isinstance(stop, _Stop) else None
+    return stop if isinstance(stop, StopState) else None
 
 
 def _say(line: str) -> None:
@@ -286,7 +287,7 @@ def _say(line: str) -> None:
         pass
 
 
-def hold_interrupts(stop: _Stop) -> None:
+def hold_interrupts(stop: StopState) -> None:
     """From now until the process exits, SIGINT and SIGTERM are held (`stop.hold`), not raised: for a command that
     has answered an interrupt and only cleans up and exits (portable.main). They stay held through the
     interpreter's atexit hooks, so a hook that hangs is still ended by the third (audit52 R2), and are ignored only
@@ -326,15 +327,16 @@ atexit.register(_ignore_at_exit)
 def interrupts_noted(arrived: list[KeyboardInterrupt], *, hold_after: bool = False) -> Any:
     """Every command's guard (portable.main): SIGTERM raises KeyboardInterrupt like Ctrl-C (so `pack` removes its
     `<out>.partial/` and every command exits 130 with one line: audit47 F7), and each KeyboardInterrupt a SIGINT or
-    SIGTERM raises is appended to `arrived` as it passes. A library can swallow the interrupt and raise something else
-    in its place (transformers' lazy import turned one into ModuleNotFoundError: audit47 F8); `arrived` lets the CLI
-    still call that an interrupt. While the command stops after one of its interrupts (the interrupt propagates or is
-    being handled: _Stop.stopping), later SIGINT/SIGTERM (here and in sigterm_as_interrupt) are held, not raised, so
-    the cleanup it started (the stage's record, Ray's shutdown) runs whole (audit51 K3); the third held one quits at
-    once (HELD_SIGNALS). A SIGINT handler that is no Python function (SIG_IGN in a background job) is left as it is;
-    the handlers installed before are put back after, except with `hold_after` when the command ends by an interrupt
-    (a KeyboardInterrupt, or another error after one: what portable.main answers with exit 130): then they stay held
-    (hold_interrupts) for the exit that follows. A no-op off the main thread."""
+    SIGTERM raises is appended to `arrived` as it passes. A library can swallow the interrupt and raise something
+    else in its place (transformers' lazy import turned one into ModuleNotFoundError: audit47 F8); `arrived` lets
+    the CLI still call that an interrupt. While the command stops after one of its interrupts (the interrupt
+    propagates or is being handled: StopState.stopping), later SIGINT/SIGTERM (here and in sigterm_as_interrupt) are
+    held, not raised, so the cleanup it started (the stage's record, Ray's shutdown) runs whole (audit51 K3); the
+    third held one quits at once (HELD_SIGNALS). A SIGINT handler that is no Python function (SIG_IGN in a
+    background job) is left as it is; the handlers installed before are put back after, except with `hold_after`
+    when the command ends by an interrupt (a KeyboardInterrupt, or another error after one: what portable.main
+    answers with exit 130): then they stay held (hold_interrupts) for the exit that follows. A no-op off the main
+    thread."""
     import signal
     import threading
 
@@ -342,7 +344,7 @@ def interrupts_noted(arrived: list[KeyboardInterrupt], *, hold_after: bool = Fal
         yield arrived
         return
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    stop = _Stop(arrived)
+    stop = StopState(arrived)
 
     def noted(handler: Any, signum: int, frame: Any) -> None:
         if stop.stopping():
