@@ -919,14 +919,14 @@ def _main(argv: list[str] | None = None) -> int:
         origin = _origin(exc) if type(exc) is PortableError else None  # a recipe's bare PortableError: say where
         return render_error(exc, raised_at=origin.at if origin else None)
     except KeyboardInterrupt:
-        return _interrupted(args)
+        return _interrupted(args, as_program=argv is None)
     except Exception as exc:
         mapped = _from_os_error(exc) if isinstance(exc, OSError) else None
         if mapped is not None:
             _traceback_if(args.debug)
             return render_error(mapped)
         if arrived or interrupt_in_chain(exc):  # an interrupt a library turned into another error (audit47 F8)
-            return _interrupted(args)
+            return _interrupted(args, as_program=argv is None)
         if args.debug:
             raise
         origin = _origin(exc)
@@ -939,18 +939,20 @@ def _main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _interrupted(args: argparse.Namespace) -> int:
+def _interrupted(args: argparse.Namespace, *, as_program: bool) -> int:
     """`error: interrupted` and the command's hint on how to continue (INTERRUPT_HINTS): exit 130, also when the
-    interrupt passed through an evaluation a C extension ran (guards.forget_unhandled_interrupt). A Ray driver this
-    process still has is shut down here, while further interrupts are held, not in Ray's atexit hook: a second Ctrl-C
-    there broke Ray's teardown and the process died of SIGSEGV instead of exiting 130 (audit51 K3)."""
+    interrupt passed through an evaluation a C extension ran (guards.forget_unhandled_interrupt). Run as the program,
+    a Ray driver this process still has is shut down here, while further interrupts are held, not in Ray's atexit
+    hook: a second Ctrl-C there broke Ray's teardown and the process died of SIGSEGV instead of exiting 130 (audit51
+    K3). Called with argv (a test, an embedding), the caller's Ray session is left to the caller (audit52 R7)."""
     from reproduction.train.ray_connect import shutdown_for_exit
 
     forget_unhandled_interrupt()
     print("error: interrupted", file=sys.stderr)
     if args.command in INTERRUPT_HINTS:
         print(f"hint: {INTERRUPT_HINTS[args.command]}", file=sys.stderr)
-    shutdown_for_exit()
+    if as_program:
+        shutdown_for_exit()
     return 130
 
 

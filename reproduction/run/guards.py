@@ -9,7 +9,9 @@ interrupts held over the write that completes a stage.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import os
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from reproduction.errors import LockHeldError, RunStateError, os_error
+from reproduction.errors import LockHeldError, PortableError, RunStateError, os_error
 
 RUN_JSON = "run.json"
 
@@ -188,11 +190,16 @@ def sigterm_as_interrupt() -> Any:
     # process where Ray had installed one, a SIGTERM then ended the whole process, stage record `running`.
     previous = signal.getsignal(signal.SIGTERM)
 
+    stop = _stop_of(previous)  # the CLI's guard (interrupts_noted) this walk runs in, if any
+
     def interrupt(signum: int, frame: Any) -> None:
-        if _STOP["stopping"]:  # the CLI is already stopping (interrupts_noted): this one is held, not raised
-            _held(signum, frame)
+        if stop is not None and stop.stopping():  # the CLI is already stopping: this one is held, not raised
+            stop.hold(signum, frame)
             return
-        _STOP["stopping"] = _STOP["noting"]
+        if stop is not None:
+            stop.held = 0
+            stop.arrived.append(KeyboardInterrupt("SIGTERM"))
+            raise stop.arrived[-1]
         raise KeyboardInterrupt("SIGTERM")
 
     signal.signal(signal.SIGTERM, interrupt)
@@ -232,80 +239,104 @@ HELD_SIGNALS = 2
 """Further Ctrl-C / SIGTERM a command holds while it stops after an interrupt (interrupts_noted); the next one
 quits at once, exit 130, leaving the cleanup undone (a cleanup that hangs can still be stopped)."""
 
-_STOP: dict[str, Any] = {"noting": False, "stopping": False, "held": 0}
-"""interrupts_noted's state: whether it is active, whether an interrupt was raised (the command is stopping) and how
-many signals were held since."""
+
+@dataclasses.dataclass
+class StopState:
+    """One interrupts_noted call's signal state: the interrupts raised so far and how many signals were held since.
+    Reached through the handlers that call installs (their `stop` attribute: sigterm_as_interrupt finds it on the
+    handler it replaces), not through a module global, so it ends with the call (audit52 R4)."""
+
+    arrived: list[KeyboardInterrupt]
+    held: int = 0
+
+    def stopping(self) -> bool:
+        """Whether the command is cleaning up after one of its interrupts: an interrupt was raised and a
+        KeyboardInterrupt (or an error a library raised in its place) is propagating or being handled here. A
+        first interrupt a library swallowed, the command carrying on, is no stop: the next Ctrl-C raises again
+        (audit52 R5)."""
+        return bool(self.arrived) and interrupt_in_chain(sys.exc_info()[1]) is not None
+
+    def hold(self, signum: int, frame: Any) -> None:
+        """A SIGINT or SIGTERM that arrived while the command stops: not raised (a second KeyboardInterrupt landed in
+        Ray's teardown or the interpreter's exit and the process died of SIGSEGV or SIGINT, not 130: audit51 K3). The
+        first one held prints one line; the one after HELD_SIGNALS quits at once with exit 130."""
+        self.held += 1
+        if self.held > HELD_SIGNALS:
+            _say("error: interrupted again: quitting without finishing the cleanup")
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(130)
+        if self.held == 1:
+            _say(
+                f"note: already stopping (cleaning up after the interrupt); interrupt {HELD_SIGNALS} more times to "
+                "quit at once, leaving the cleanup undone"
+            )
 
 
-def _held(signum: int, frame: Any) -> None:
-    """A SIGINT or SIGTERM that arrived after the first interrupt: not raised (a second KeyboardInterrupt landed in
-    Ray's teardown or the interpreter's exit and the process died of SIGSEGV or SIGINT, not 130: audit51 K3). The
-    first one held prints one line; the one after HELD_SIGNALS quits at once with exit 130."""
-    import sys
-
-    _STOP["held"] += 1
-    if _STOP["held"] > HELD_SIGNALS:
-        _say("error: interrupted again: quitting without finishing the cleanup")
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(130)
-    if _STOP["held"] == 1:
-        _say(
-            f"note: already stopping (cleaning up after the interrupt); interrupt {HELD_SIGNALS} more times to quit "
-            "at once, leaving the cleanup undone"
-        )
+def _stop_of(handler: Any) -> StopState | None:
+    """The interrupts_noted state behind an installed signal handler, or None (another handler)."""
+    stop = getattr(handler, "stop", None)
+    return stop if isinstance(stop, StopState) else None
 
 
 def _say(line: str) -> None:
-    import sys
-
     try:  # a handler may run inside a write to stderr (a reentrant call raises): the line is then dropped
         print(line, file=sys.stderr, flush=True)
     except Exception:
         pass
 
 
-def hold_interrupts() -> None:
-    """From now until the process exits, SIGINT and SIGTERM are held (guards._held), not raised: for a command that
-    has answered an interrupt and only cleans up and exits (portable.main). From the interpreter's atexit hooks on
-    they are ignored: CPython's finalization puts a Python handler back to the default action, and a second Ctrl-C
-    there ended the process with SIGINT (-2), not 130 (audit51 K3). A SIGINT handler that is no Python function
-    (SIG_IGN in a background job) is left as it is. A no-op off the main thread."""
-    import atexit
+def hold_interrupts(stop: StopState) -> None:
+    """From now until the process exits, SIGINT and SIGTERM are held (`stop.hold`), not raised: for a command that
+    has answered an interrupt and only cleans up and exits (portable.main). They stay held through the
+    interpreter's atexit hooks, so a hook that hangs is still ended by the third (audit52 R2), and are ignored only
+    after the last hook (_ignore_at_exit): CPython's finalization puts a Python handler back to the default action,
+    and a second Ctrl-C there ended the process with SIGINT (-2), not 130 (audit51 K3). A SIGINT handler that is no
+    Python function (SIG_IGN in a background job) is left as it is. A no-op off the main thread."""
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         return
-    _STOP["stopping"] = True
-    signal.signal(signal.SIGTERM, _held)
+
+    def held(signum: int, frame: Any) -> None:
+        stop.hold(signum, frame)
+
+    held.stop = stop  # type: ignore[attr-defined]
+    held.holds = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGTERM, held)
     if callable(signal.getsignal(signal.SIGINT)):
-        signal.signal(signal.SIGINT, _held)
-    atexit.unregister(_ignore_at_exit)
-    atexit.register(_ignore_at_exit)  # the last registered runs first: before Ray's hook and the finalization
+        signal.signal(signal.SIGINT, held)
 
 
 def _ignore_at_exit() -> None:
+    """The last atexit hook (registered when this module is first imported, before Ray or multiprocessing register
+    theirs: atexit runs the last registered first): held signals are ignored from here to the end of the process."""
     import signal
 
     for signum in (signal.SIGINT, signal.SIGTERM):
-        if signal.getsignal(signum) is _held:
+        if getattr(signal.getsignal(signum), "holds", False):
             signal.signal(signum, signal.SIG_IGN)
+
+
+atexit.register(_ignore_at_exit)
 
 
 @contextlib.contextmanager
 def interrupts_noted(arrived: list[KeyboardInterrupt], *, hold_after: bool = False) -> Any:
     """Every command's guard (portable.main): SIGTERM raises KeyboardInterrupt like Ctrl-C (so `pack` removes its
     `<out>.partial/` and every command exits 130 with one line: audit47 F7), and each KeyboardInterrupt a SIGINT or
-    SIGTERM raises is appended to `arrived` as it passes. A library can swallow the interrupt and raise something else
-    in its place (transformers' lazy import turned one into ModuleNotFoundError: audit47 F8); `arrived` lets the CLI
-    still call that an interrupt. Once one interrupt was raised, later SIGINT/SIGTERM (here and in
-    sigterm_as_interrupt) are held, not raised, so the cleanup the first one started (the stage's record, Ray's
-    shutdown) runs whole (audit51 K3); the third held one quits at once (HELD_SIGNALS). A SIGINT handler that is no
-    Python function (SIG_IGN in a background job) is left as it is; the handlers installed before are put back
-    after, except with `hold_after` when an interrupt was raised: then they stay held (hold_interrupts) for the
-    exit that follows. A no-op off the main thread."""
+    SIGTERM raises is appended to `arrived` as it passes. A library can swallow the interrupt and raise something
+    else in its place (transformers' lazy import turned one into ModuleNotFoundError: audit47 F8); `arrived` lets
+    the CLI still call that an interrupt. While the command stops after one of its interrupts (the interrupt
+    propagates or is being handled: StopState.stopping), later SIGINT/SIGTERM (here and in sigterm_as_interrupt) are
+    held, not raised, so the cleanup it started (the stage's record, Ray's shutdown) runs whole (audit51 K3); the
+    third held one quits at once (HELD_SIGNALS). A SIGINT handler that is no Python function (SIG_IGN in a
+    background job) is left as it is; the handlers installed before are put back after, except with `hold_after`
+    when the command ends by an interrupt (a KeyboardInterrupt, or another error after one: what portable.main
+    answers with exit 130): then they stay held (hold_interrupts) for the exit that follows. A no-op off the main
+    thread."""
     import signal
     import threading
 
@@ -313,34 +344,48 @@ def interrupts_noted(arrived: list[KeyboardInterrupt], *, hold_after: bool = Fal
         yield arrived
         return
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    _STOP.update(noting=True, stopping=False, held=0)
+    stop = StopState(arrived)
 
     def noted(handler: Any, signum: int, frame: Any) -> None:
-        if _STOP["stopping"]:
-            _held(signum, frame)
+        if stop.stopping():
+            stop.hold(signum, frame)
             return
+        stop.held = 0  # a new stop: the signals held during an earlier one (a swallowed interrupt) do not count
         try:
             handler(signum, frame)
         except KeyboardInterrupt as exc:
-            _STOP["stopping"] = True
             arrived.append(exc)
             raise
 
     def on_sigterm(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt("SIGTERM")
 
-    signal.signal(signal.SIGTERM, lambda signum, frame: noted(on_sigterm, signum, frame))
+    def sigterm(signum: int, frame: Any) -> None:
+        noted(on_sigterm, signum, frame)
+
+    sigterm.stop = stop  # type: ignore[attr-defined]  # how sigterm_as_interrupt finds this call's state
+    signal.signal(signal.SIGTERM, sigterm)
     if callable(previous[signal.SIGINT]):
-        sigint = previous[signal.SIGINT]
-        signal.signal(signal.SIGINT, lambda signum, frame: noted(sigint, signum, frame))
+        before = previous[signal.SIGINT]
+
+        def sigint(signum: int, frame: Any) -> None:
+            noted(before, signum, frame)
+
+        sigint.stop = stop  # type: ignore[attr-defined]
+        signal.signal(signal.SIGINT, sigint)
+    ending: BaseException | None = None
     try:
         yield arrived
+    except BaseException as exc:
+        ending = exc
+        raise
     finally:
-        _STOP["noting"] = False
-        if hold_after and _STOP["stopping"]:
-            hold_interrupts()
+        interrupted = ending is not None and (
+            interrupt_in_chain(ending) is not None or (bool(arrived) and isinstance(ending, Exception))
+        )
+        if hold_after and interrupted and not isinstance(ending, PortableError):
+            hold_interrupts(stop)
         else:
-            _STOP["stopping"] = False
             for signum, handler in previous.items():
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 

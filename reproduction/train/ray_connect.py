@@ -91,7 +91,7 @@ def _sigterm_kept() -> Iterator[None]:
         yield
     except SystemExit as exc:
         if callable(before) and exc.code == signal.SIGTERM and signal.getsignal(signal.SIGTERM) is not before:
-            try:  # through the handler itself, so the CLI's guard knows it is stopping (guards.interrupts_noted)
+            try:  # through the handler itself, so the CLI's guard notes the interrupt (guards.interrupts_noted)
                 before(signal.SIGTERM, None)
             except KeyboardInterrupt as interrupt:
                 raise interrupt from None
