@@ -14,6 +14,7 @@ runner (reproduction/run/) both import it, and neither imports the other through
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -243,6 +244,15 @@ class StageContext:
     digests: Any = None
     """The run's digest cache (reproduction.digest_cache.DigestCache): hash the run's files through it, so a file
     is hashed once per run. None when no runner gave one."""
+
+    @property
+    def writers_lock(self) -> Path:
+        """The run's writers file (`<run_dir>/.writers`, absolute): pass it to train() / run_tasks() as
+        `writers_lock=`, so their Ray workers hold it while they write into the run and the next invocation on the
+        run waits for any a killed driver left behind (reproduction/writers_lock.py; audit51 K2)."""
+        # spelled here, not imported: this protocol module imports nothing of the package but its errors (a test
+        # checks it equals reproduction/writers_lock.py writers_file)
+        return Path(os.path.abspath(self.run_dir)) / ".writers"
 
     def ray_cluster(self) -> str | None:
         """The address of the Ray cluster the run's stages share: --ray-address, else one local Ray the runner

@@ -401,7 +401,7 @@ def cmd_eval(args: Any) -> int:
 
     if not (run_dir / "run.json").is_file():
         return evaluate(None)
-    with run_lock(run_dir, what="eval"):  # one writer in a run folder: not beside a `portable run`
+    with run_lock(run_dir, what="eval", ui=_ui(args)):  # one writer in a run folder: not beside a `portable run`
         state = read_state(run_dir)
         if state is not None:  # a killed eval's temp file went only at the next `portable run` (audit47 kill F4)
             remove_orphaned_temps_of_run(run_dir, state, _ui(args))

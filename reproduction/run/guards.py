@@ -4,7 +4,8 @@ interrupts held over the write that completes a stage.
 <run>/.lock     an flock held by the `portable run` working in the folder (pid and command inside)
 <run>/.writers  a shared flock held by every worker process (Ray training ranks, inference tasks) writing into the
                 folder, for its whole life; whoever takes `.lock` then waits (bounded) for an exclusive flock on it,
-                so no worker of an earlier, killed invocation still writes there (audit51 K2)
+                so no worker of an earlier, killed invocation still writes there (audit51 K2;
+                the worker side is reproduction/writers_lock.py)
 """
 
 from __future__ import annotations
@@ -15,86 +16,68 @@ import dataclasses
 import errno
 import fcntl
 import os
+import stat
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from reproduction.errors import LockHeldError, PortableError, RunStateError, os_error
+from reproduction.errors import LockHeldError, PortableError, RunStateError, UnsafeArchiveError, os_error
+from reproduction.writers_lock import (  # noqa: F401  (hold_writers: re-exported for callers of run/guards)
+    NO_FLOCK,
+    WRITERS_FILE,
+    WRITERS_WAIT_S,
+    hold_writers,
+    open_writers,
+    writers_file,
+)
 
 RUN_JSON = "run.json"
 
 LOCK_FILE = ".lock"
 """The run folder's lock file (an flock held while a `portable run` works in it; release/lock.py)."""
 
-WRITERS_FILE = ".writers"
-"""The run folder's writers lock: shared by each worker process writing into the folder, taken exclusively (and let go
-at once) by the holder of LOCK_FILE before it touches the run: Ray workers live in their own process groups, so a
-`kill -9 -PGID` of `portable run` left them writing (a whole checkpoint commit) for ~2 s after the kill (audit51 K2)."""
-
-WRITERS_WAIT_S = 60.0
-"""How long the run lock's holder waits for the workers of an earlier invocation to exit before it gives up (exit 7)."""
 WRITERS_SAY_AFTER_S = 1.0
 """A wait longer than this says one line on stderr naming the writers file."""
-
-# flock is not supported on this filesystem (some NFS / FUSE mounts): the writers lock, a second guard behind the run
-# lock, is skipped there silently rather than refusing every run and every worker.
-_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
-
-_run_writers: Path | None = None
-"""The writers file of the run folder whose lock this process holds (run_lock), else None: what the launcher hands the
-workers it starts (reproduction/train/launcher.py)."""
 
 RUN_FOLDERS = ("evidence", "lineage", "eval_checkpoint", "plots")
 """Entries of a run folder besides the stage folders that the run and `portable eval` write into."""
 
 
 @contextlib.contextmanager
-def run_lock(run_dir: Path, what: str = "run") -> Any:
+def run_lock(run_dir: Path, what: str = "run", *, ui: Any = None) -> Any:
     """The run folder's lock (context manager): LockHeldError (exit 7, "busy", naming the holder's pid) while
     another `portable run` or `portable eval` works in `run_dir`; taken before run.json is read. Once taken, waits
-    (wait_for_writers) until no worker process of an earlier invocation still holds `<run>/.writers`, so on entry
-    this process is the folder's only writer; inside, run_writers() names that file for the workers it starts."""
-    global _run_writers
+    (wait_for_writers, its note on stderr unless `ui` (reproduction.ui.UiOptions) is quiet) until no worker process
+    of an earlier invocation still holds `<run>/.writers`, so on entry this process is the folder's only writer. The
+    workers it starts hold that file because their callers pass it (StageContext.writers_lock), not through state
+    kept here."""
+    from reproduction import ui as ui_mod
     from reproduction.release.lock import folder_lock
 
     with folder_lock(run_dir, Path(run_dir) / LOCK_FILE, what=what, subject="this run folder", lead="busy: "):
-        writers = Path(run_dir) / WRITERS_FILE
-        wait_for_writers(writers)
-        previous, _run_writers = _run_writers, writers
-        try:
-            yield
-        finally:
-            _run_writers = previous
+        wait_for_writers(writers_file(run_dir), what=what, say=lambda line: ui_mod.say(line, options=ui))
+        yield
 
 
-def run_writers() -> Path | None:
-    """The writers file (`<run>/.writers`) of the run folder whose lock (run_lock) this process holds; None outside
-    one. Worker processes writing into the run hold it shared (hold_writers)."""
-    return _run_writers
-
-
-def _open_writers(path: Path, *, create: bool) -> int:
-    # O_CLOEXEC: an exec'd helper does not keep the lock; forked children (data loaders) share it and die with it.
-    # O_NOFOLLOW: a planted link does not make the flock land on (or create) a file elsewhere.
-    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
-    return os.open(path, flags, 0o644)
-
-
-def wait_for_writers(path: Path, *, wait_s: float | None = None, poll_s: float = 0.1) -> None:
+def wait_for_writers(
+    path: Path,
+    *,
+    wait_s: float | None = None,
+    poll_s: float = 0.1,
+    what: str = "run",
+    say: Callable[[str], None] | None = None,
+) -> None:
     """Returns once no process holds the writers file `path`: at once when none does (or it does not exist), else
-    when the last holder exits, checked every `poll_s` s; after WRITERS_SAY_AFTER_S one line on stderr says what it
-    waits for. LockHeldError (exit 7) naming `path` when holders remain after `wait_s` s (None: WRITERS_WAIT_S).
-    Holds nothing on return. Skipped where the filesystem has no flock."""
-    try:
-        fd = _open_writers(path, create=False)
-    except FileNotFoundError:  # no worker ever wrote into this run (the workers create it): none can hold it
+    when the last holder exits, checked every `poll_s` s; after WRITERS_SAY_AFTER_S `say` (None: print to stderr)
+    gets one line saying what it waits for. LockHeldError (exit 7) naming `path` when holders remain after `wait_s` s
+    (None: WRITERS_WAIT_S); UnsafeArchiveError (exit 6) when `path` is a symlink or not a regular file, and
+    WriteFailedError (exit 8) when it cannot be opened, as release/lock.py folder_lock refuses a bad `.lock`
+    (refusing to `what`). Holds nothing on return. Skipped where the filesystem has no flock."""
+    fd = _open_checked(path, what)
+    if fd is None:
         return
-    except OSError as exc:
-        if exc.errno in _NO_FLOCK:
-            return
-        raise os_error(exc, f"the run's writers lock {path}") from None
     wait_s = WRITERS_WAIT_S if wait_s is None else wait_s
     try:
         start = time.monotonic()
@@ -106,7 +89,7 @@ def wait_for_writers(path: Path, *, wait_s: float | None = None, poll_s: float =
             except BlockingIOError:
                 pass
             except OSError as exc:
-                if exc.errno in _NO_FLOCK:
+                if exc.errno in NO_FLOCK:
                     return
                 raise os_error(exc, f"the run's writers lock {path}") from None
             waited = time.monotonic() - start
@@ -117,41 +100,39 @@ def wait_for_writers(path: Path, *, wait_s: float | None = None, poll_s: float =
                     hint=f"see them with `fuser -v {path}`; wait for them to exit or kill them, then run again",
                 )
             if not said and waited >= WRITERS_SAY_AFTER_S:
-                print(f"waiting for the workers of an earlier invocation to exit ({path})", file=sys.stderr, flush=True)
+                line = f"waiting for the workers of an earlier invocation to exit ({path})"
+                (say or (lambda text: print(text, file=sys.stderr, flush=True)))(line)
                 said = True
             time.sleep(poll_s)
     finally:
         os.close(fd)
 
 
-@contextlib.contextmanager
-def hold_writers(path: Path | None) -> Any:
-    """Holds a shared flock on the run's writers file `path` for the `with` body (a worker process writing into the
-    run: the kernel lets it go when the process dies, kill -9 included), so the next holder of the run lock waits for
-    it (wait_for_writers). None, a run folder this machine does not see, or a filesystem without flock: holds
-    nothing."""
-    if path is None:
-        yield
-        return
+def _open_checked(path: Path, what: str) -> int | None:
+    """An fd on the writers file `path`, None when there is none to wait for (never created: workers create it; no
+    flock here); refuses a link / non-regular file (exit 6) or an unopenable one (exit 8) as folder_lock does."""
     try:
-        fd = _open_writers(Path(path), create=True)
-    except FileNotFoundError:  # a node that does not see the run folder (a remote Ray worker) cannot write into it
-        yield
-        return
+        fd = open_writers(path, create=False)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.ELOOP, "not a regular file", str(path))
+    except FileNotFoundError:  # no worker ever wrote into this run (the workers create it): none can hold it
+        return None
     except OSError as exc:
-        if exc.errno not in _NO_FLOCK:
-            raise
-        yield
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # blocks only while a new run lock holder checks for earlier writers
-        except OSError as exc:
-            if exc.errno not in _NO_FLOCK:
-                raise
-        yield
-    finally:
-        os.close(fd)
+        if exc.errno in NO_FLOCK:
+            return None
+        if exc.errno in (errno.ELOOP, errno.ENXIO):
+            raise UnsafeArchiveError(
+                f"the lock file {path} is a symlink or not a regular file: refusing to {what}",
+                member=str(path),
+                hint=f"{path}: remove it (a lock file is the tool's own, never a link) and run the command again",
+            ) from None
+        raise os_error(
+            exc,
+            f"the lock file {path}",
+            hint=f"{what} needs write access to {Path(path).parent}; copy it somewhere writable",
+        ) from None
+    return fd
 
 
 def refuse_links(run_dir: Path, stages: Sequence[str]) -> None:

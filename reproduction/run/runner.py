@@ -255,7 +255,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
     with contextlib.ExitStack() as guard:
         locked = (run_dir / RUN_JSON).is_file()
         if locked:  # before anything is read: a second run on this folder stops here (exit 7)
-            guard.enter_context(run_lock(run_dir))
+            guard.enter_context(run_lock(run_dir, ui=opts.ui))
         refuse_links(run_dir, [s.name for s in recipe.stages])
         state = read_state(run_dir)
         if state is not None and not (opts.resume or opts.restart or opts.target_step is not None):
@@ -306,7 +306,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
             )
         make_output_folder(run_dir, command="run")
         if not locked:  # a fresh folder: locked now, and a run another process started in it meanwhile refused
-            guard.enter_context(run_lock(run_dir))
+            guard.enter_context(run_lock(run_dir, ui=opts.ui))
             if state is None and read_state(run_dir) is not None:
                 raise RunStateError(f"{run_dir} already holds a run", path=run_dir, hint="choose a new --output")
         if state is not None:  # what a killed attempt's writes left half-written (run.json, evidence, statements)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import datetime
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from reproduction import ui as ui_mod
-from reproduction.run.guards import run_writers
 from reproduction.train import device as device_mod
 from reproduction.train import launcher
 from reproduction.train.config import TrainConfig
@@ -33,8 +33,8 @@ def train(
     that already holds checkpoints. Raises ConfigError (bad config, exit 4), CheckpointError (corrupt
     checkpoint, changed config, canary mismatch: exit 50) and WorkerFailedError (a worker raised or
     died: exit 51, with its traceback). Progress goes to stderr via reproduction.ui. Ray workers hold `writers_lock`
-    shared for their whole life (None: the writers file of the run folder whose lock this process holds, if any:
-    reproduction/run/guards.py run_writers).
+    shared for their whole life (a stage passes StageContext.writers_lock, the run's `<run>/.writers`; None: they
+    hold nothing; reproduction/writers_lock.py).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -47,7 +47,7 @@ def train(
         spec=spec,
         # Ray workers outlive a killed driver for a while (own process groups): they hold the run's writers lock so
         # the next invocation waits for them (audit51 K2); in-process, this process is the writer under the run lock.
-        writers_lock=writers_lock if writers_lock is not None else run_writers(),
+        writers_lock=Path(os.path.abspath(writers_lock)) if writers_lock is not None else None,
     )
     with ui_mod.progress(ui) as prog:
         view = _ProgressView(prog.task("train", total=config.max_steps), out_dir / LOG_NAME, config, ui)

@@ -141,7 +141,7 @@ class Payload:
     master_addr: str = "127.0.0.1"
     master_port: int = 0
     writers_lock: Path | None = None
-    """The run folder's writers file (reproduction/run/guards.py WRITERS_FILE) each Ray worker holds shared for its
+    """The run folder's writers file (reproduction/writers_lock.py WRITERS_FILE) each Ray worker holds shared for its
     whole life, so the next invocation on the run waits for it (audit51 K2); None: none (outside a run, in-process)."""
 
 
@@ -286,7 +286,7 @@ class _WorkerFailed(Exception):
 
 def _ray_worker(payload: Payload, rank: int) -> WorkerOutcome:
     """Ray task body: PortableErrors come back as values (their fields survive), bugs as tracebacks."""
-    from reproduction.run.guards import hold_writers
+    from reproduction.writers_lock import hold_writers
 
     try:
         local_rank = rank if payload.spec.kind == "cpu" else 0  # Ray narrows the visible devices to one
@@ -323,8 +323,8 @@ def run_ray(payload: Payload, *, ray_address: str | None, on_poll: Callable[[], 
 
 def _task_body(fn: Callable[[Any], Any], payload: Any, writers_lock: Path | None = None) -> WorkerOutcome:
     """`run_tasks`' Ray task body: the `_ray_worker` protocol without a process group, holding `writers_lock` shared
-    while `fn` runs (reproduction/run/guards.py hold_writers)."""
-    from reproduction.run.guards import hold_writers
+    while `fn` runs (reproduction/writers_lock.py hold_writers)."""
+    from reproduction.writers_lock import hold_writers
 
     try:
         with hold_writers(writers_lock):
@@ -362,14 +362,13 @@ def run_tasks(
     payload's index (`rank`), with the worker's text in `traceback`; a PortableError raised in a task
     is re-raised as itself. `on_poll()` runs between bounded waits; whatever it raises cancels every
     task and propagates (the caller's way to abort the run). Each task holds `writers_lock` shared while it runs
-    (None: the writers file of the run folder whose lock this process holds, reproduction/run/guards.py
-    run_writers, if any), so the next invocation on the run waits for tasks a killed driver left running.
+    (the caller passes the run's, StageContext.writers_lock; None: nothing held), so the next invocation on the run
+    waits for tasks a killed driver left running.
     """
     import ray
 
-    from reproduction.run.guards import run_writers
-
-    writers = writers_lock if writers_lock is not None else run_writers()
+    # absolute: the tasks run in another cwd (or on another node)
+    writers = Path(os.path.abspath(writers_lock)) if writers_lock is not None else None
 
     if not payloads:
         return []

@@ -62,6 +62,7 @@ def train_policy(
     resume: bool = False,
     ray_address: str | None = None,
     ui: Any = None,
+    writers_lock: Path | None = None,
 ) -> PolicyResult:
     """Train the `mode` policy (recap, bc or filtered_bc) of `config` with the trainer's `train` (a TrainConfig) on
     the opened `inputs` (data.open_policy_input) into `out_dir`.
@@ -83,6 +84,7 @@ def train_policy(
         resume=resume,
         ray_address=ray_address,
         ui=ui,
+        writers_lock=writers_lock,
     )
     files = [out_dir / SETUP_NAME, out_dir / ARRAYS_NAME] + sorted(
         p for p in result.export_dir.rglob("*") if p.is_file()

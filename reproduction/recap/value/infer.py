@@ -439,6 +439,7 @@ def infer_dataset_ray(
     ray_address: str | None = None,
     on_done: Callable[[int], None] | None = None,
     task: Callable[[ShardJob], pa.Table] | None = None,
+    writers_lock: Path | None = None,
 ) -> pa.Table:
     """What `infer_dataset` returns, with the plan's `world_size` shards run concurrently on Ray
     workers, one device (the stage's `spec`: cpu slot, GPU or NPU) each; `on_done(rank)` as each
@@ -446,7 +447,7 @@ def infer_dataset_ray(
     nor running (a local one is started), this process is the last worker, with the stage and dataset
     it already opened, and the workers share the rows as chunks claimed as they are free
     (`_infer_beside_ray`). `task` replaces the worker body (default `infer_job`); it must be picklable
-    by reference.
+    by reference. Each worker holds `writers_lock` (StageContext.writers_lock) while it runs (run_tasks).
 
     Ray is started locally and stopped unless `ray_address` (or an initialised Ray) is given. A
     worker that raises or dies is a one-line WorkerFailedError (exit 51, its traceback in
@@ -473,9 +474,19 @@ def infer_dataset_ray(
         chunks = plan_shards(
             _row_ends(ep), min(CHUNKS_PER_WORKER * world_size, -(-ep.size // batch_size) or 1), 0, align=batch_size
         )
-        parts = _infer_beside_ray(jobs, chunks, spec=spec, on_done=on_done, opened=(stage, dataset))
+        parts = _infer_beside_ray(
+            jobs, chunks, spec=spec, on_done=on_done, opened=(stage, dataset), writers_lock=writers_lock
+        )
     else:
-        parts = run_tasks(task or infer_job, jobs, spec=spec, ray_address=ray_address, on_done=on_done, label=LABEL)
+        parts = run_tasks(
+            task or infer_job,
+            jobs,
+            spec=spec,
+            ray_address=ray_address,
+            on_done=on_done,
+            label=LABEL,
+            writers_lock=writers_lock,
+        )
     return merge_values(parts)
 
 
@@ -505,6 +516,7 @@ def _infer_beside_ray(
     spec: DeviceSpec,
     on_done: Callable[[int], None] | None,
     opened: tuple[ValueStage, Any],
+    writers_lock: Path | None = None,
 ) -> list[pa.Table]:
     """Every chunk's values, inferred by this process and Ray workers for the other jobs, each
     claiming the next chunk as it is free (`ShardJob.claims`, in a temporary folder: a Ray this call
@@ -557,6 +569,7 @@ def _infer_beside_ray(
                     on_done=on_done,
                     on_poll=driver_failed,
                     label=LABEL,
+                    writers_lock=writers_lock,
                 )
             except BaseException:
                 stop.set()

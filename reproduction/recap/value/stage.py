@@ -59,6 +59,7 @@ def train_value(
     resume: bool = False,
     ray_address: str | None = None,
     ui: Any = None,
+    writers_lock: Path | None = None,
 ) -> ValueStageResult:
     """Prepare the setup (tokenizer, return range, folds) and train one model per fold into
     `out_dir/model_<k>/`: the value model of `config`, trained by the trainer's `train_config` (a TrainConfig) on
@@ -70,7 +71,8 @@ def train_value(
     CheckpointError (exit 50) naming what changed when the return range, bins, model config, fold
     plan, tokenizer or training datasets differ from what those checkpoints were trained with.
     Raises what the data plane and the trainer raise (ConfigError, DatasetError,
-    FingerprintMismatchError, CheckpointError, WorkerFailedError), all PortableErrors.
+    FingerprintMismatchError, CheckpointError, WorkerFailedError), all PortableErrors. Ray workers hold
+    `writers_lock` (StageContext.writers_lock) while they write (train()).
     """
     from reproduction.train.api import train
 
@@ -83,7 +85,15 @@ def train_value(
     for fold in range(setup.plan.folds):
         make = functools.partial(make_value_task, setup_path=str((out_dir / SETUP_NAME).resolve()), fold=fold)
         results.append(
-            train(make, train_config, out_dir=out_dir / f"model_{fold}", resume=resume, ray_address=ray_address, ui=ui)
+            train(
+                make,
+                train_config,
+                out_dir=out_dir / f"model_{fold}",
+                resume=resume,
+                ray_address=ray_address,
+                ui=ui,
+                writers_lock=writers_lock,
+            )
         )
     return ValueStageResult(setup=setup, results=results)
 
@@ -97,6 +107,7 @@ def infer_values(
     batch_size: int = 64,
     ray_address: str | None = None,
     ui: Any = None,
+    writers_lock: Path | None = None,
 ) -> dict[str, Any]:
     """Infer every frame of the opened `dataset` with the opened value `stage`'s models (cross-fitted;
     `reproduction.recap.value.infer.open_value_stage`, on the device it resolved) and write `out` atomically.
@@ -143,6 +154,7 @@ def infer_values(
                 batch_size=batch_size,
                 ray_address=ray_address,
                 on_done=lambda _: shards.advance(1),
+                writers_lock=writers_lock,
             )
     which = plan.models_for(dataset.name, table.column("episode_index").to_numpy())
     table = table.replace_schema_metadata(

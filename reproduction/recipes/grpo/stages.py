@@ -96,7 +96,15 @@ def sft_stage(ctx: StageContext) -> StageOutput:
         )
     ray_address = ctx.ray_for(train.launcher == "ray")
     result = train_policy(
-        inputs, stage, ctx.out_dir, mode="bc", train=train, resume=ctx.resume, ray_address=ray_address, ui=ctx.ui
+        inputs,
+        stage,
+        ctx.out_dir,
+        mode="bc",
+        train=train,
+        resume=ctx.resume,
+        ray_address=ray_address,
+        ui=ctx.ui,
+        writers_lock=ctx.writers_lock,
     )
     return StageOutput(
         files=list(result.files),
@@ -136,6 +144,7 @@ def rl_stage(ctx: StageContext) -> StageOutput:
         cotrain=cotrain.dataset if cotrain is not None else None,
         ray_address=ctx.ray_for(cfg.rl.launcher == "ray"),
         ui=ctx.ui,
+        writers_lock=ctx.writers_lock,
     )
     return StageOutput(
         files=result["files"],

@@ -29,6 +29,7 @@ def train_grpo(
     cotrain: Any = None,
     ray_address: str | None = None,
     ui: Any = None,
+    writers_lock: Path | None = None,
 ) -> dict[str, Any]:
     """GRPO from the policy export `sft_export` into `out_dir` (task.py's layout); returns files, step, summary.
     After training, live evaluations of steps above the step it ended at (an earlier, killed attempt's) are removed
@@ -90,6 +91,7 @@ def train_grpo(
         resume=resume,
         ray_address=ray_address,
         ui=ui,
+        writers_lock=writers_lock,
     )
     drop_live_evaluations_after(out_dir, result.step)
     files = [out_dir / SETUP_NAME] + sorted(p for p in result.export_dir.rglob("*") if p.is_file())

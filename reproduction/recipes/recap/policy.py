@@ -73,6 +73,7 @@ def policy_stage(ctx: StageContext) -> StageOutput:
             resume=ctx.resume,
             ray_address=ray_address,
             ui=ctx.ui,
+            writers_lock=ctx.writers_lock,
         )
         files += list(result.files)
         steps.append(result.step)

@@ -133,6 +133,7 @@ def value_stage(ctx: StageContext) -> StageOutput:
         resume=ctx.resume,
         ray_address=ray_address,
         ui=ctx.ui,
+        writers_lock=ctx.writers_lock,
     )
     files = [ctx.out_dir / "value_setup.json", ctx.out_dir / "crossfit.json"]
     for d in result.export_dirs:
@@ -172,7 +173,14 @@ def advantages_stage(ctx: StageContext) -> StageOutput:
     for d in ctx.inputs.values():
         out = values_dir / f"{d.name}.parquet"
         inferred[d.name] = infer_values(
-            value, d.dataset, out, workers=inf.workers, batch_size=inf.batch_size, ray_address=ray_address, ui=ctx.ui
+            value,
+            d.dataset,
+            out,
+            workers=inf.workers,
+            batch_size=inf.batch_size,
+            ray_address=ray_address,
+            ui=ctx.ui,
+            writers_lock=ctx.writers_lock,
         )
         files.append(out)
         inp = load_dataset_arrays(
