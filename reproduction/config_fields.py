@@ -162,7 +162,7 @@ def check_number(
     rule = " and ".join(r for r in (lo, hi) if r)
     # in range words ("must be >= 1") when only the range is broken, as the configs' messages always read
     must = rule if kind_ok else f"{kind} {rule}".strip()
-    noun = "a whole number" if integer else "a number"
+    noun = "a whole number" if integer else "a finite number"
     if low is not None and high is None:
         allowed = f"{noun} above {low:g}" if low_open else f"{noun} of {low:g} or more"
     elif low is not None and high is not None:

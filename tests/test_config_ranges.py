@@ -175,3 +175,12 @@ def test_training_that_makes_the_weights_non_finite_stops_before_saving_or_expor
     assert "non-finite model parameters; nothing of this step is saved or exported" in str(err.value)
     assert not list(tmp_path.rglob("model.safetensors")) and not list(tmp_path.rglob("step_*"))
     assert [r["step"] for r in read_records(tmp_path / "metrics.jsonl") if r["split"] == "train"] == [1, 2, 3, 4]
+
+
+def test_a_non_finite_value_is_told_the_finite_range_allowed():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["value.model.value_lr=nan"])
+    assert err.value.hint == "set value.model.value_lr to a finite number above 0 (docs/config.md)"
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["value.model.value_dropout=nan"])
+    assert err.value.hint == "set value.model.value_dropout to a finite number in [0, 1) (docs/config.md)"
