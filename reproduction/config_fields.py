@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -90,3 +92,92 @@ def output_free_keys(config: Any, prefix: str = "") -> list[str]:
         elif not isinstance(config, type):
             out += output_free_keys(getattr(config, f.name, None), key + ".")
     return out
+
+
+# -- value rules shared by every section's checks (audit52 W3/W4) ---------------------------------------------------
+
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+NAME_MAX = 100
+INT_MAX = 2**63 - 1
+"""Largest whole number a config field takes: numpy and torch keep seeds and counts in int64."""
+
+
+def is_safe_name(value: object) -> bool:
+    """True when `value` is a non-empty string usable as one file or folder name on every platform: letters,
+    digits, `.`, `_` and `-` only (so no separator, NUL or space), not `.`/`..`, not starting with `-`, at most
+    NAME_MAX characters."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= NAME_MAX
+        and set(value) <= NAME_CHARS
+        and value not in (".", "..")
+        and not value.startswith("-")
+    )
+
+
+def check_name(value: object, name: str, *, optional: bool = True) -> None:
+    """ConfigError naming field `name` unless `value` is a safe single path component (is_safe_name), or None
+    where `optional`. Tags and labels become file names: a `/` or `..` would write outside the run folder."""
+    if value is None and optional:
+        return
+    if not is_safe_name(value):
+        raise ConfigError(
+            f"{name}={value!r} must be a plain name (letters, digits, - _ .; at most {NAME_MAX} characters, "
+            "not starting with -)",
+            field=name,
+            hint=f"set {name} to a name such as run1" + (", or leave it unset" if optional else ""),
+        )
+
+
+def check_number(
+    value: object,
+    name: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    integer: bool = False,
+    where: str = "",
+) -> None:
+    """ConfigError naming field `name` unless `value` is a finite number (a whole one, at most INT_MAX in size,
+    where `integer`; never a bool) within [low, high] (an end excluded where `*_open`; None = unbounded). Every
+    comparison is written so nan and inf fail it. `where` prefixes the message (e.g. "policy stage: ")."""
+    if integer:
+        # a float such as 2.0 (a programmatic caller's) counts as whole; numpy's integers are Integral
+        whole = isinstance(value, numbers.Integral) or (
+            isinstance(value, float) and math.isfinite(value) and value.is_integer()
+        )
+        kind_ok = whole and not isinstance(value, bool) and -INT_MAX <= value <= INT_MAX
+        kind = "a whole number" if kind_ok or not whole else f"a whole number within +-{INT_MAX} (int64)"
+    else:
+        kind_ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+        kind = "a finite number"
+    ok = kind_ok
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if ok:
+        return
+    lo = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
+    hi = "" if high is None else f"{'<' if high_open else '<='} {high:g}"
+    rule = " and ".join(r for r in (lo, hi) if r)
+    # in range words ("must be >= 1") when only the range is broken, as the configs' messages always read
+    must = rule if kind_ok else f"{kind} {rule}".strip()
+    noun = "a whole number" if integer else "a finite number"
+    if low is not None and high is None:
+        allowed = f"{noun} above {low:g}" if low_open else f"{noun} of {low:g} or more"
+    elif low is not None and high is not None:
+        allowed = f"{noun} in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    else:
+        allowed = f"{noun}" + (f" {rule}" if rule else "")
+    raise ConfigError(
+        f"{where}{name}={value} must be {must}", field=name, hint=f"set {name} to {allowed} (docs/config.md)"
+    )
+
+
+def check_bool(value: object, name: str) -> None:
+    """ConfigError naming field `name` unless `value` is true or false (not 0/1/2 or a string)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r} must be true or false", field=name, hint=f"set {name}=true or false")

@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from reproduction.config_fields import check_name
 from reproduction.errors import DatasetError, FingerprintMismatchError, InputNotFoundError
 from reproduction.fsio import annotate, atomic_write_text
 
@@ -36,8 +37,13 @@ ROW_GROUP_ROWS = 1 << 20
 
 
 def sidecar_name(kind: str, tag: str | None) -> str:
-    """RLinf's file name: `returns_{tag}.parquet`, or `returns.parquet` without a tag."""
-    return f"{kind}_{tag}.parquet" if tag else f"{kind}.parquet"
+    """RLinf's file name: `returns_{tag}.parquet`, or `returns.parquet` without a tag (None). Always one path
+    component: a tag that is not a plain name (`x/../..`, NUL, '') raises ConfigError (exit 4) naming it, so no
+    caller, config-checked or not, writes or reads outside the sidecar's folder (audit52 W3)."""
+    if tag is None:
+        return f"{kind}.parquet"
+    check_name(tag, f"{kind}.tag", optional=False)
+    return f"{kind}_{tag}.parquet"
 
 
 def sidecar_dir(location: Path, dataset_name: str | None = None) -> Path:

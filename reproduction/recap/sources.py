@@ -3,6 +3,7 @@ value and policy stages share; each stage's entry adds the folder its sidecar is
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -35,7 +36,7 @@ class DatasetSource:
     def __post_init__(self) -> None:
         if self.type not in DATASET_TYPES:
             raise ConfigError(f"dataset {self.path}: type {self.type!r} is not sft or rollout", field="type")
-        if not self.weight > 0:
+        if not 0 < self.weight < math.inf:  # also refuses nan; inf made every other share 0 (audit52 W7)
             raise ConfigError(f"dataset {self.path}: weight {self.weight} must be > 0", field="weight")
         if self.name is None:
             self.name = Path(self.path).name

@@ -59,7 +59,7 @@ def disk_problems(run_dir: Path, min_free_gb: float) -> list[str]:
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     free = shutil.disk_usage(probe).free / 2**30
-    if free < min_free_gb:
+    if not free >= min_free_gb:  # a nan minimum is a problem too, never a check that always passes (audit52 W7)
         return [f"{probe}: {free:.2f} GiB free, the run needs min_free_gb={min_free_gb:g} GiB; free space or lower it"]
     return []
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from reproduction.config_fields import changes_outputs, same_outputs
+from reproduction.config_fields import changes_outputs, check_bool, check_number, same_outputs
 from reproduction.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda", "npu")
@@ -37,21 +37,22 @@ class TrainConfig:
     launcher: str = field(default="ray", metadata=same_outputs())
     """ray (a placement group of one worker per device) or inprocess (world_size 1 only, no Ray)."""
     seed: int = 0
-    """Seeds the data order, per-sample augmentation RNGs and each rank's RNGs at a fresh start."""
+    """Seeds the data order, per-sample augmentation RNGs and each rank's RNGs at a fresh start (0..2**63-1)."""
     shuffle: bool = True
     """Shuffle the data order each epoch (a function of seed and epoch); False = dataset order."""
     lr: float = 5e-5
-    """AdamW learning rate for groups that do not set their own."""
+    """AdamW learning rate for groups that do not set their own (a finite number > 0)."""
     betas: tuple[float, float] = (0.9, 0.95)
     """AdamW betas."""
     eps: float = 1e-8
-    """AdamW epsilon."""
+    """AdamW epsilon (finite, >= 0)."""
     weight_decay: float = 1e-10
     """AdamW weight decay for groups that do not set their own."""
     warmup_steps: int = 0
     """Linear warmup from 0 over this many steps, then constant (upstream's `constant` schedule)."""
     grad_clip: float = 1.0
-    """Clip the global gradient norm to this; 0 disables clipping (non-finite norms still skip)."""
+    """Clip the global gradient norm to this (finite); 0 disables clipping (non-finite norms still skip; weights that
+    turn non-finite stop the run before a save: exit 50)."""
     mixed_precision: str = "fp32"
     """fp32, or bf16 (FSDP2 MixedPrecisionPolicy: bf16 params/compute, fp32 gradient reduction)."""
     eval_interval: int = field(default=0, metadata=same_outputs())
@@ -170,25 +171,16 @@ def _check_choices(cfg: Any, k: Callable[[str], str]) -> None:
 
 
 def _check_positive(cfg: Any, k: Callable[[str], str]) -> None:
-    def refuse(name: str, rule: str, allowed: str) -> ConfigError:
-        return ConfigError(
-            f"{k(name)}={getattr(cfg, name)} must be {rule}",
-            field=k(name),
-            hint=f"set {k(name)} to {allowed} (docs/config.md)",
-        )
-
+    # every float finite (inf passed `> 0` and trained a non-finite model, audit52 W4); every count an int64
     for name in ("max_steps", "global_batch", "micro_batch", "world_size", "keep_last", "log_interval"):
-        if int(getattr(cfg, name)) < 1:
-            raise refuse(name, ">= 1", "a whole number of 1 or more")
-    for name in ("warmup_steps", "eval_interval", "save_interval", "canary_samples", "cpu_threads"):
-        if int(getattr(cfg, name)) < 0:
-            raise refuse(name, ">= 0", "a whole number of 0 or more")
+        check_number(getattr(cfg, name), k(name), low=1, integer=True)
+    for name in ("warmup_steps", "eval_interval", "save_interval", "canary_samples", "cpu_threads", "seed"):
+        check_number(getattr(cfg, name), k(name), low=0, integer=True)
     for name in ("lr", "cpus_per_worker", "start_timeout_s", "collective_timeout_s"):
-        if not float(getattr(cfg, name)) > 0:
-            raise refuse(name, "> 0", "a number above 0")
+        check_number(getattr(cfg, name), k(name), low=0, low_open=True)
     for name in ("grad_clip", "weight_decay", "canary_rtol", "eps"):
-        if not float(getattr(cfg, name)) >= 0:
-            raise refuse(name, ">= 0", "a number of 0 or more")
+        check_number(getattr(cfg, name), k(name), low=0)
+    check_bool(cfg.shuffle, k("shuffle"))
     betas = tuple(cfg.betas)
     if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
         raise ConfigError(f"{k('betas')}={betas} must be two numbers in [0, 1)", field=k("betas"))

@@ -287,7 +287,26 @@ def _resume(st: _State, root: Path, config: TrainConfig) -> None:
     st.load_seconds = time.perf_counter() - t0
 
 
+def _check_finite_weights(st: _State) -> None:
+    """CheckpointError unless every parameter is finite on every rank. A non-finite step is skipped (a NaN loss is
+    expected now and then), but a learning rate or data that steps the weights to nan/inf leaves every later step
+    skipped and would checkpoint and export the broken model as complete (audit52 W4). One sync per save."""
+    bad = torch.zeros((), dtype=torch.float64, device=st.device)
+    for p in st.model.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        bad += (~torch.isfinite(local.detach())).sum()
+    count = round(dist.mean_dict({"bad": float(bad)})["bad"] * dist.world_size())
+    if count:
+        raise CheckpointError(
+            f"training reached step {st.step} with {count} non-finite model parameters; nothing of this step is "
+            "saved or exported",
+            hint="lower the learning rates (train.lr, the model's own lr such as value.model.value_lr) or check the "
+            "data for nan values, then rerun the stage",
+        )
+
+
 def _save(st: _State, config: TrainConfig, root: Path, emit: Callable, n: int) -> None:
+    _check_finite_weights(st)
     t0 = time.perf_counter()
     cur = data_order.cursor(st.step, n=n, global_batch=config.global_batch)
     st.checkpoint_dir = checkpoint.save(

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from reproduction.config_fields import added_field, reject_unknown_fields, same_outputs
+from reproduction.config_fields import added_field, check_bool, check_number, reject_unknown_fields, same_outputs
 from reproduction.errors import ConfigError
 from reproduction.recap.policy.conditioning import MODES
 
@@ -53,7 +53,7 @@ class PolicyConfig:
     expert_layers: int = 2
     """tiny: action expert layers."""
     image_size: int = 64
-    """tiny: camera resolution the SigLIP tower reads."""
+    """tiny: camera resolution the SigLIP tower reads (>= 16: its patches are 16 pixels)."""
     tokenizer: str | None = field(default=None, metadata=same_outputs(on_resume=True))
     """Folder with tokenizer.json; None (tiny) = train one in-process from the tasks and prompt variants."""
     model_seed: int = field(default=0, metadata=same_outputs(on_resume=True))
@@ -120,12 +120,14 @@ def check_policy_values(cfg: Any, key: str = "") -> None:
             f"{where}{k('condition_dropout')}={cfg.condition_dropout} is outside [0, 1)", field=k("condition_dropout")
         )
     for name in ("chunk", "execute_steps", "num_steps", "width", "prefix_layers", "expert_layers"):
-        if int(getattr(cfg, name)) < 1:
-            raise ConfigError(
-                f"{where}{k(name)}={getattr(cfg, name)} must be >= 1",
-                field=k(name),
-                hint=f"set {k(name)} to a whole number of 1 or more (docs/config.md)",
-            )
+        check_number(getattr(cfg, name), k(name), low=1, integer=True, where=where)
+    # tiny's SigLIP tower cuts 16-pixel patches (audit52 W4: 0 and -5 were accepted)
+    check_number(cfg.image_size, k("image_size"), low=16, integer=True, where=where)
+    check_number(cfg.model_seed, k("model_seed"), low=0, integer=True, where=where)
+    for name in ("positive_only", "hold_labels", "discrete_state_input"):
+        check_bool(getattr(cfg, name, False), k(name))
+    if getattr(cfg, "image_augment", None) is not None:
+        check_bool(cfg.image_augment, k("image_augment"))
     if cfg.execute_steps > cfg.chunk:
         raise ConfigError(
             f"{where}{k('execute_steps')}={cfg.execute_steps} exceeds {k('chunk')}={cfg.chunk}",

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from reproduction.config_fields import reject_unknown_fields, same_outputs
+from reproduction.config_fields import check_bool, check_number, reject_unknown_fields, same_outputs
 from reproduction.errors import ConfigError
 from reproduction.recap.sources import DATASET_TYPES, DatasetSource  # noqa: F401 (DATASET_TYPES re-exported)
 
@@ -41,26 +41,28 @@ class ValueConfig:
     allow_unpinned: bool = field(default=False, metadata=same_outputs(on_resume=True))
     """Accept manifest files whose sha256 is still `to-be-pinned`."""
     return_min: float | None = field(default=None, metadata=same_outputs(on_resume=True))
-    """Explicit return range (both or neither); default: from the training datasets' returns."""
+    """Explicit return range (both or neither, finite, return_min < return_max); default: from the training
+    datasets' returns."""
     return_max: float | None = field(default=None, metadata=same_outputs(on_resume=True))
     folds: int = field(default=1, metadata=same_outputs(on_resume=True))
     """Cross-fitting folds K (1 = off)."""
     fold_seed: int = field(default=0, metadata=same_outputs(on_resume=True))
     """Seed of the fold split."""
     value_lr: float = 1e-4
-    """Learning rate of the head group (`value_head`: projection + query); the rest uses TrainConfig.lr."""
+    """Learning rate of the head group (`value_head`: projection + query; a finite number > 0); the rest uses
+    TrainConfig.lr."""
     balance_weights: bool = True
     """Mixture shares proportional to weight x dataset size (else to weight)."""
     augment: bool = True
     """Per-sample image augmentation during training."""
     eval_max_samples: int = field(default=10_000, metadata=same_outputs(on_resume=True))
-    """Cap per evaluation set (an evenly strided subset beyond it)."""
+    """Cap per evaluation set (an evenly strided subset beyond it); >= 1."""
     eval_micro_batch: int = field(default=32, metadata=same_outputs(on_resume=True))
-    """Frames per evaluation forward."""
+    """Frames per evaluation forward (>= 1)."""
     max_token_len: int = 200
-    """Prompt truncation length (padding is to the batch's longest)."""
+    """Prompt truncation length in tokens, >= 1 (padding is to the batch's longest)."""
     value_dropout: float = 0.0
-    """Dropout before the head."""
+    """Dropout probability before the head, in [0, 1)."""
     model_seed: int = field(default=0, metadata=same_outputs(on_resume=True))
     """Seed of the model's random initialisation."""
     state_keys: list[str] = field(default_factory=list)
@@ -120,12 +122,20 @@ def check_value_values(cfg: Any, key: str = "") -> None:
             field=k("tokenizer"),
             hint=f"set {k('tokenizer')}, or {k('preset')}=tiny",
         )
-    if cfg.folds < 1:
-        raise ConfigError(
-            f"{where}{k('folds')}={cfg.folds} must be >= 1",
-            field=k("folds"),
-            hint=f"set {k('folds')} to a whole number of 1 or more (1: no cross-fitting)",
-        )
+    check_number(cfg.folds, k("folds"), low=1, integer=True, where=where)
+    # ranges of the numbers the model and trainer take as they are (audit52 W4: nan/inf trained a non-finite model,
+    # a negative dropout failed in torch after stage 1 ran)
+    for name, low in (("eval_max_samples", 1), ("eval_micro_batch", 1), ("max_token_len", 1)):
+        check_number(getattr(cfg, name), k(name), low=low, integer=True, where=where)
+    for name in ("fold_seed", "model_seed"):
+        check_number(getattr(cfg, name), k(name), low=0, integer=True, where=where)
+    check_number(cfg.value_lr, k("value_lr"), low=0, low_open=True, where=where)
+    check_number(cfg.value_dropout, k("value_dropout"), low=0, high=1, high_open=True, where=where)
+    for name in ("allow_unpinned", "balance_weights", "augment"):
+        check_bool(getattr(cfg, name), k(name))
+    if cfg.return_min is not None and cfg.return_max is not None:
+        check_number(cfg.return_min, k("return_min"), where=where)
+        check_number(cfg.return_max, k("return_max"), low=cfg.return_min, low_open=True, where=where)
     if not cfg.cameras:
         raise ConfigError(
             f"{where}{k('cameras')}={dict(cfg.cameras)} maps no model slot to a dataset key",

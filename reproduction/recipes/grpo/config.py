@@ -15,8 +15,9 @@ its stage computes is declared so on the field (`same_outputs()`): the stage key
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from reproduction.config_fields import added_field, same_outputs
+from reproduction.config_fields import added_field, check_bool, check_number, same_outputs
 from reproduction.errors import ConfigError
 from reproduction.sim.cameras import CAMERA_NAMES, IMAGE_PREFIX, camera_names  # noqa: F401 (grpo's names for them)
 from reproduction.train.config import TrainConfig
@@ -34,6 +35,10 @@ class SftDataset:
     in the config (input `sft.datasets[0]`) and content fingerprint, so a run whose data moved resumes (audit52 T4)."""
     weight: float = 1.0
     """Mixture weight when there are several."""
+
+    def __post_init__(self) -> None:
+        # nan or a negative weight made a mixture share nan or negative (audit52 W7); `path` is checked where read
+        check_number(self.weight, "sft.datasets[].weight", low=0, low_open=True)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -99,9 +104,12 @@ class PolicyModelSection:
                 field=k + "preset",
                 hint=f"set {k}preset to one of: {', '.join(PRESETS)}",
             )
-        for name in ("chunk", "execute_steps", "num_steps", "width", "prefix_layers", "expert_layers"):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"{k}{name}={getattr(self, name)} must be >= 1", field=k + name)
+        for name in ("chunk", "execute_steps", "num_steps", "width", "prefix_layers", "expert_layers", "image_size"):
+            check_number(getattr(self, name), k + name, low=1, integer=True)
+        check_number(self.model_seed, k + "model_seed", low=0, integer=True)
+        check_bool(self.discrete_state_input, k + "discrete_state_input")
+        if self.image_augment is not None:
+            check_bool(self.image_augment, k + "image_augment")
         if self.execute_steps > self.chunk:
             raise ConfigError(
                 f"{k}execute_steps={self.execute_steps} exceeds {k}chunk={self.chunk}",
@@ -230,16 +238,30 @@ class RlSection:
             "updates_per_rollout",
             "eval_episodes",
             "logprob_steps",
+            "rollout_workers",
+            "cotrain_batch",
+            "world_size",
         ):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"{k}{name}={getattr(self, name)} must be >= 1", field=k + name)
+            check_number(getattr(self, name), k + name, low=1, integer=True)
+        for name in ("eval_every", "save_every", "cpu_threads"):
+            check_number(getattr(self, name), k + name, low=0, integer=True)
+        # finite: inf passed `> 0`/`>= 0` and trained a non-finite policy (audit52 W4)
+        check_number(self.lr, k + "lr", low=0, low_open=True)
+        check_number(self.noise_level, k + "noise_level", low=0, low_open=True)
+        for name in ("grad_clip", "kl_coef", "cotrain_weight"):
+            check_number(getattr(self, name), k + name, low=0)
+        if self.eval_every and self.save_every and self.save_every % self.eval_every:
+            # named here: the trainer's own rule would name its eval_interval/save_interval (audit52 W6)
+            raise ConfigError(
+                f"{k}save_every={self.save_every} is not a multiple of {k}eval_every={self.eval_every}",
+                field=k + "save_every",
+                hint=f"every checkpoint should carry an evaluation: make {k}save_every a multiple",
+            )
         _check_seed(k + "seed", self.seed, SEED_MAX)
         if self.group_size < 2:
             raise ConfigError(
                 f"{k}group_size={self.group_size} must be >= 2 (a group of one has no spread)", field=k + "group_size"
             )
-        if self.world_size < 1:
-            raise ConfigError(f"{k}world_size={self.world_size} must be >= 1", field=k + "world_size")
         if self.world_size > 1 and self.launcher != "ray":
             raise ConfigError(
                 f"{k}world_size={self.world_size} needs {k}launcher=ray ({self.launcher!r} runs one worker)",
@@ -256,12 +278,6 @@ class RlSection:
             )
         if not 0.0 < self.clip_eps < 1.0:
             raise ConfigError(f"{k}clip_eps={self.clip_eps} is outside (0, 1)", field=k + "clip_eps")
-        if not self.kl_coef >= 0.0 or not self.cotrain_weight >= 0.0:
-            raise ConfigError(f"{k}kl_coef and {k}cotrain_weight must be >= 0", field=k + "kl_coef")
-        if not self.noise_level > 0.0:
-            raise ConfigError(
-                f"{k}noise_level={self.noise_level} must be > 0 (it gives the log-prob)", field=k + "noise_level"
-            )
         if self.reward not in ("success_at_end", "success_once", "progress"):
             raise ConfigError(
                 f"{k}reward={self.reward!r} is not success_at_end, success_once or progress", field=k + "reward"
@@ -362,8 +378,11 @@ class GrpoEvalSection:
     def __post_init__(self) -> None:
         check_tasks("eval.tasks", self.tasks, self.max_steps, field_max="eval.max_steps")
         _check_seed("eval.seed", self.seed, SEED_MAX - _INIT_STATES)
-        if self.workers < 1:  # the eval stage reports them as its world size, which the runner holds to >= 1
-            raise ConfigError(f"eval.workers={self.workers} must be >= 1", field="eval.workers", hint="set 1 or more")
+        # workers: the eval stage reports them as its world size, which the runner holds to >= 1; the counts as
+        # RECAP's eval section refuses them (audit52 W6)
+        check_number(self.workers, "eval.workers", low=1, integer=True)
+        check_number(self.episodes_per_task, "eval.episodes_per_task", low=1, integer=True)
+        check_number(self.videos, "eval.videos", low=0, integer=True)
         if any(_is_libero(t) for t in self.tasks):
             if not 1 <= self.episodes_per_task <= _INIT_STATES:
                 raise ConfigError(
@@ -447,6 +466,7 @@ class GrpoRunConfig:
     """Preflight: free disk space the run folder needs (GiB)."""
 
     def __post_init__(self) -> None:
+        check_number(self.min_free_gb, "min_free_gb", low=0)  # nan disabled the disk check (audit52 W7)
         if self.recipe != "grpo" and ":" not in self.recipe:  # a recipe of another name brought another schema
             raise ConfigError(f"recipe={self.recipe!r} in a GRPO config", field="recipe", hint="set recipe: grpo")
         if _is_libero(self.rl.tasks[0]) != _is_libero(self.eval.tasks[0]):
@@ -456,6 +476,14 @@ class GrpoRunConfig:
                 hint="evaluate in the world the policy is trained in (both Fetch, or both LIBERO)",
             )
         self._check_cameras()
+
+    @staticmethod
+    def component_checks() -> dict[type, Any]:
+        """{section type: its component's rules, called as check(values, key=...)}: `sft.train` is a TrainConfig,
+        whose __post_init__ would name a bare field (`lr=inf`, audit52 W4)."""
+        from reproduction.train.config import check_train_values
+
+        return {TrainConfig: check_train_values}
 
     def _check_cameras(self) -> None:
         """sft.model.cameras against the world: keys the simulator renders (Fetch's or LIBERO's; a co-training

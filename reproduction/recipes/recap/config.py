@@ -15,11 +15,12 @@ Every key and its one-line doc is listed in docs/config.md, generated from these
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reproduction.config_fields import same_outputs
+from reproduction.config_fields import check_bool, check_name, check_number, same_outputs
 from reproduction.errors import ConfigError, PortableError
 from reproduction.recap.advantage_config import AdvantageConfig
 from reproduction.recap.value.config import ValueConfig
@@ -40,11 +41,17 @@ class DatasetConfig:
     """sft (every episode a success) or rollout (is_success decides: bool or 0/1, the last frame's is the outcome;
     missing values, NaN and others are refused); RLinf's compute_returns defaults to sft."""
     weight: float = 1.0
-    """Mixture weight when training on several datasets."""
+    """Mixture weight when training on several datasets (a finite number > 0)."""
     value: bool = True
     """The value model (stage 2) trains on this dataset."""
     policy: bool = True
     """The policy (stage 4) trains on this dataset."""
+
+    def __post_init__(self) -> None:
+        # nan or a negative weight made a mixture share nan or negative (audit52 W7); `path` is checked where read
+        check_number(self.weight, "datasets[].weight", low=0, low_open=True)
+        check_bool(self.value, "datasets[].value")
+        check_bool(self.policy, "datasets[].policy")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -56,12 +63,14 @@ class ReturnsSection:
     failure_reward: float = -300.0
     """Reward of a failed episode's last frame."""
     tag: str | None = None
-    """Sidecar tag: returns_{tag}.parquet (stage 3 reads the same tag)."""
+    """Sidecar tag: returns_{tag}.parquet (stage 3 reads the same tag); a plain name (letters, digits, - _ .)."""
 
     def __post_init__(self) -> None:
         from reproduction.recap.returns import check_returns_values
 
         check_returns_values(self, key="returns")  # ReturnsConfig's rules, at load, naming returns.KEY
+        # the tag becomes a file name: `x/../..` wrote outside the run folder (audit52 W3)
+        check_name(self.tag, "returns.tag")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -150,6 +159,7 @@ class SequentialSection:
 
     def __post_init__(self) -> None:
         _check_ranges("eval.sequential", (("looks", self.looks, 1),))
+        check_bool(self.enabled, "eval.sequential.enabled")
         if not 0 < self.rho <= 100:  # also refuses nan
             raise ConfigError(
                 f"eval.sequential.rho={self.rho} must be > 0 (and at most 100)",
@@ -175,6 +185,7 @@ class LiberoEvalSection:
 
     def __post_init__(self) -> None:
         _check_ranges("eval.libero", (("chunk", self.chunk, 1), ("image_size", self.image_size, 8)))
+        check_bool(self.cameras, "eval.libero.cameras")
         if self.max_steps is not None:
             _check_ranges("eval.libero", (("max_steps", self.max_steps, 1),))
 
@@ -247,9 +258,11 @@ class EvalSection:
             )
         if self.sequential.enabled:
             _check_look_levels(self)
-        if not self.guidance_scales or any(w < 0 for w in self.guidance_scales):
+        if not self.guidance_scales or not all(
+            isinstance(w, int | float) and 0 <= w < math.inf for w in self.guidance_scales
+        ):
             raise ConfigError(
-                f"eval.guidance_scales={list(self.guidance_scales)} must be a non-empty list of values >= 0",
+                f"eval.guidance_scales={list(self.guidance_scales)} must be a non-empty list of finite values >= 0",
                 field="eval.guidance_scales",
             )
 
@@ -325,8 +338,8 @@ def _check_ranges(section: str, values: tuple[tuple[str, Any, float], ...]) -> N
     (checked when the config loads, so a run that could not finish is refused before any stage trains)."""
     for key, value, least in values:
         name = f"{section}.{key}" if section else key
-        if value < least:
-            raise ConfigError(f"{name}={value} must be >= {least:g}", field=name, hint=f"set {name}")
+        # an int minimum marks a count (a whole number, int64); a float one a finite quantity (audit52 W4/W7)
+        check_number(value, name, low=least, integer=isinstance(least, int))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -355,10 +368,14 @@ class RunConfig:
     ray_address: str | None = None
     """Join this Ray cluster instead of starting a local one."""
     min_free_gb: float = 1.0
-    """Preflight: free disk space the run folder needs (GiB)."""
+    """Preflight: free disk space the run folder needs (GiB; a finite number >= 0)."""
 
     def __post_init__(self) -> None:
-        _check_ranges("", (("min_free_gb", self.min_free_gb, 0),))
+        _check_ranges("", (("min_free_gb", self.min_free_gb, 0.0),))  # nan disabled the disk check (audit52 W7)
+        # the run config's AdvantageConfig section: its tags become file names as returns.tag does (audit52 W3)
+        check_name(getattr(self.advantages, "tag", None), "advantages.tag")
+        check_name(getattr(self.advantages, "returns_tag", None), "advantages.returns_tag")
+        check_number(self.advantages.lookahead, "advantages.lookahead", low=1, integer=True)  # int64, not 10^23
 
     @staticmethod
     def component_checks() -> dict[type, Any]:
