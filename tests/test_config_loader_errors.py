@@ -3,13 +3,15 @@ uses (`load_run_config`: recipe name, then the recipe's schema), and `portable e
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
 
 import pytest
 
 from reproduction import portable
 from reproduction.errors import ConfigError
-from reproduction.run.config import to_yaml
+from reproduction.run.config import ALLOWS_NONFINITE, _refuse_nonfinite, to_yaml
 from reproduction.run.resolve import load_run_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -131,26 +133,49 @@ def test_a_too_large_yaml_says_so_not_syntax(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("override", "key", "shown"),
+    ("override", "named"),
     [
-        ("eval.guidance_scales=[1.0, nan]", "eval.guidance_scales[1]", "nan"),
-        ("value.train.lr=.inf", "value.train.lr", "inf"),
-        ("policy.train.lr=1e400", "policy.train.lr", "inf"),
-        ("datasets[0].weight=.inf", "datasets[0].weight", "inf"),
+        ("eval.guidance_scales=[1.0, nan]", "eval.guidance_scales"),
+        ("value.train.lr=.inf", "value.train.lr"),
+        ("policy.train.lr=1e400", "policy.train.lr"),
+        ("datasets[0].weight=.inf", "datasets[].weight"),
+        ("returns.failure_reward=nan", "returns.failure_reward"),
     ],
 )
-def test_non_finite_floats_are_refused_by_name(override, key, shown):
-    """Any float field (not declaring ALLOWS_NONFINITE) refuses nan/inf, from YAML or the command line."""
+def test_non_finite_floats_are_refused_by_name(override, named):
+    """nan/inf from the command line is exit 4 naming the key: the components' own range checks answer first where
+    they have one (audit52 W4), the loader's finite rule for any float field they do not cover."""
     err = _refused([override])
-    assert err.message == f"command line: config key `{key}` is {shown}: a run config takes finite numbers"
-    assert err.hint == f"set {key} to a finite number (docs/config.md)"
+    assert named in err.message
+    assert "nan" in err.message or "inf" in err.message
 
 
-def test_non_finite_from_a_file_names_the_file(tmp_path):
+@dataclasses.dataclass
+class _Section:
+    rate: float = 1.0
+    scales: list[float] = dataclasses.field(default_factory=lambda: [1.0])
+    free: float = dataclasses.field(default=0.0, metadata={ALLOWS_NONFINITE: True})
+
+
+@dataclasses.dataclass
+class _Schema:
+    section: _Section = dataclasses.field(default_factory=_Section)
+
+
+def test_the_loaders_finite_rule_names_key_and_source(tmp_path):
+    """The loader's backstop for a float field no component checks: the first non-finite value is named with its
+    source (the file, or `command line`); a field declaring ALLOWS_NONFINITE is left alone."""
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("eval:\n  guidance_scales: [1.0, .nan]\n")
-    err = _refused([], [DEMO, cfg])
-    assert err.message == f"{cfg}: config key `eval.guidance_scales[1]` is nan: a run config takes finite numbers"
+    cfg.write_text("section:\n  scales: [1.0, .nan]\n")
+    with pytest.raises(ConfigError) as info:
+        _refuse_nonfinite(_Schema(_Section(scales=[1.0, math.nan])), _Schema, [cfg], [])
+    assert info.value.exit_code == 4
+    assert info.value.message == f"{cfg}: config key `section.scales[1]` is nan: a run config takes finite numbers"
+    assert info.value.hint == "set section.scales[1] to a finite number (docs/config.md)"
+    with pytest.raises(ConfigError) as info:
+        _refuse_nonfinite(_Schema(_Section(rate=math.inf)), _Schema, [], ["section.rate=inf"])
+    assert info.value.message == "command line: config key `section.rate` is inf: a run config takes finite numbers"
+    _refuse_nonfinite(_Schema(_Section(free=math.nan)), _Schema, [], [])
 
 
 @pytest.mark.parametrize("override", ["value.train.max_steps=5", "eval.episodes_per_task=abc", "eval.seed", "=1"])
