@@ -74,12 +74,9 @@ def resume_free_fields(cls: Any) -> tuple[str, ...]:
 
 
 def output_free_keys(config: Any, prefix: str = "") -> list[str]:
-    """Dotted keys of every field of dataclass `config` (an instance or a class; nested sections too, and an instance's
-    list items by index: `datasets.0.path`) declared with `same_outputs()`, and of an instance's `added_field()`s at
-    their default; [] for anything that is not a dataclass (or a list of them)."""
-    if isinstance(config, (list, tuple)):
-        # a list of entries (a run's datasets): each item's fields, by index, as the stage keys' subsets hold them
-        return [k for i, item in enumerate(config) for k in output_free_keys(item, f"{prefix}{i}.")]
+    """Dotted keys of every field of dataclass `config` (an instance or a class; nested sections too, not list
+    items) declared with `same_outputs()`, and of an instance's `added_field()`s at their default; [] for anything that
+    is not a dataclass."""
     if not dataclasses.is_dataclass(config):
         return []
     out: list[str] = []

@@ -215,10 +215,6 @@ def test_the_recap_demo_stage_keys_are_those_of_the_code_before_recipes_had_name
             assert parts.pop("fn") == spec.fn  # keyed since audit47; records without it: stage_keys.upgrade_parts
             if spec.fn.partition(":")[0] not in spec.code:  # the function's module, keyed since audit50_B: likewise
                 del parts["code"][spec.fn.partition(":")[0]]
-            if "datasets" in parts["config"]:  # dataset paths keyed until audit52 T4 (now by name and fingerprint)
-                parts["config"]["datasets"] = [
-                    {"path": d.path, **entry} for d, entry in zip(cfg.datasets, parts["config"]["datasets"])
-                ]
             for section, key in ADDED_SINCE:  # unset, a field added since bf2a15e computes what the code did then
                 model = parts["config"].get(section, {}).get("model", {})
                 if key in model and model[key] in (None, []):
@@ -444,11 +440,8 @@ def test_a_run_folder_written_before_recipes_had_names_resumes(tmp_path):
     after = json.loads((root / "run" / "run.json").read_text())
     assert (after["recipe"], after["recipe_ref"], after["config"]["recipe"]) == ("recap", "recap", "recap")
     # the record takes today's key: its parts with the stage function added (keyed since audit47) and its module's
-    # source (keyed beside the stage's `code` since audit50_B), its datasets' paths left out (keyed by name and
-    # fingerprint since audit52 T4), nothing else
+    # source (keyed beside the stage's `code` since audit50_B), nothing else
     parts = after["stages"]["returns"]["key_parts"]
-    for entry in before["stages"]["returns"]["key_parts"]["config"]["datasets"]:
-        del entry["path"]
     assert parts.pop("fn") == "reproduction.recipes.recap.recipe:returns_stage"
     assert parts["code"].pop("reproduction.recipes.recap.recipe") == module_digest("reproduction.recipes.recap.recipe")
     assert (

@@ -841,9 +841,7 @@ def _restate_unselected(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -> No
     upstream = {n: outputs_digest(walk.state["stages"][n]["outputs"]) for n in spec.needs}
     parts = key_parts(spec, walk.plain, walk.inputs, upstream, walk.free, walk.digests)
     key = digest(parts)
-    still = rec.get("key") == key or recorded_key_still_matches(
-        spec, rec.get("key_parts", {}), key, walk.free, parts, walk.recorded_config
-    )
+    still = rec.get("key") == key or recorded_key_still_matches(spec, rec.get("key_parts", {}), key, walk.free, parts)
     problems = verify_outputs(stage_dir, rec.get("outputs", {}), walk.digests) if still else []
     if still and not problems:
         _rewrite_lost_statement(walk, spec, rec)

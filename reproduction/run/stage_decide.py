@@ -15,7 +15,7 @@ from reproduction.digest_cache import DigestCache
 from reproduction.errors import StageKeyChangedError, UsageError
 from reproduction.recipe import StageSpec
 from reproduction.run.config import select
-from reproduction.run.stage_keys import comparable_parts, describe_changes, recorded_key_still_matches
+from reproduction.run.stage_keys import describe_changes, recorded_key_still_matches, upgrade_parts
 from reproduction.run.stage_outputs import verify_outputs
 
 if TYPE_CHECKING:
@@ -39,13 +39,10 @@ def decide(
     `--restart-stage` names and those downstream of them (`downstream`)."""
     if spec.name in opts.restart or spec.name in restarted or rec is None:
         return "fresh"  # restarted, or after a restarted stage: redone whatever else changed in its key
-    recorded = rec.get("key_parts", {})
-    if rec.get("key") != key and not recorded_key_still_matches(spec, recorded, key, free, parts, recorded_config):
+    if rec.get("key") != key and not recorded_key_still_matches(spec, rec.get("key_parts", {}), key, free, parts):
         if spec.redo_on_change:
             return "fresh"
-        # compared as today's code keys (a dataset's path left out): a moved dataset is no change to name
-        old = comparable_parts(spec, recorded, parts, free, recorded_config) if isinstance(recorded, dict) else {}
-        changes = describe_changes(old, parts)
+        changes = describe_changes(upgrade_parts(spec, rec.get("key_parts", {}), parts), parts)
         if changes and all(c.startswith("upstream.") for c in changes):
             # Only the runner rewrites an upstream stage's record (a file edited under it fails that stage's own
             # check first), so it was redone, here or in an earlier run (`--stages policy --target-step N`):

@@ -86,9 +86,7 @@ def package_digest(folders: Sequence[Path], digests: DigestCache) -> str:
 
 def _drop(tree: Any, dotted: str) -> None:
     head, _, rest = dotted.partition(".")
-    if isinstance(tree, list) and head.isdigit() and rest and int(head) < len(tree):
-        _drop(tree[int(head)], rest)  # a list item's field (`datasets.0.path`); a whole item is never dropped
-    elif isinstance(tree, dict) and head in tree:
+    if isinstance(tree, dict) and head in tree:
         if rest:
             _drop(tree[head], rest)
         else:
@@ -142,22 +140,15 @@ def _code_digest(module: str, digests: DigestCache) -> str:
         return "absent"
 
 
-def upgrade_parts(
-    spec: StageSpec, recorded: dict[str, Any], today: dict[str, Any], recorded_config: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def upgrade_parts(spec: StageSpec, recorded: dict[str, Any], today: dict[str, Any]) -> dict[str, Any]:
     """Recorded key parts brought to today's fields (a copy), so a run folder written before a field was keyed still
     resumes without redoing its stages, and from its next record on the field is keyed: a record without the stage
     function's reference (no `fn` part, and `code` empty when the stage names no code modules) is taken as made by
     today's function and its module's source; a record of a stage naming `code` whose `code` part holds exactly
     those modules (written before the function's own module was always keyed, `code_modules`) is taken as made by
     today's source of the function's module; a package `code` names recorded by its `__init__.py` alone (before a
-    package was keyed whole), where that file is unchanged, is taken as made by today's package; an input recorded
-    under the path its config entry held (`recorded_config`, the run's recorded config: GRPO named its datasets so
-    until audit52 T4) is renamed to today's name of that entry (`sft.datasets[0]`), its fingerprint kept, so it is
-    still compared by content."""
+    package was keyed whole), where that file is unchanged, is taken as made by today's package."""
     parts = json.loads(canonical(recorded))
-    if isinstance(parts.get("inputs"), dict) and isinstance(today.get("inputs"), dict) and recorded_config:
-        parts["inputs"] = _renamed_inputs(parts["inputs"], today["inputs"], recorded_config)
     if "fn" not in parts and "fn" in today:
         parts["fn"] = today["fn"]
         if not spec.code and parts.get("code") == {}:
@@ -170,44 +161,6 @@ def upgrade_parts(
         for m in spec.code:
             if m in code and m in now and code[m] != now[m] and code[m] == _init_digest(m):
                 code[m] = now[m]
-    return parts
-
-
-def _renamed_inputs(recorded: dict[str, Any], today: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    """`recorded` ({input name: fingerprint}) with each name that is a path some entry of `config` held renamed to
-    that entry's place (`sft.datasets[0].path` -> `sft.datasets[0]`) where today's inputs have that name."""
-    places: dict[str, str] = {}
-
-    def walk(tree: Any, where: str) -> None:
-        if isinstance(tree, dict):
-            for k, v in tree.items():
-                walk(v, f"{where}.{k}" if where else str(k))
-        elif isinstance(tree, list):
-            for i, v in enumerate(tree):
-                walk(v, f"{where}[{i}]")
-        elif isinstance(tree, str) and tree:
-            places.setdefault(str(Path(tree)), where.removesuffix(".path"))
-
-    walk(config, "")
-    out = {}
-    for name, value in recorded.items():
-        place = places.get(name)
-        out[place if place in today and place not in recorded else name] = value
-    return out
-
-
-def comparable_parts(
-    spec: StageSpec,
-    recorded: dict[str, Any],
-    today: dict[str, Any],
-    free: Sequence[str] = (),
-    recorded_config: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Recorded key parts as today's code would have made them (`upgrade_parts`, then today's exemptions `free`): what
-    a recorded key is compared with, and what the lines naming a change are read from."""
-    parts = upgrade_parts(spec, recorded, today, recorded_config)
-    if isinstance(parts.get("config"), dict):
-        parts["config"] = _exempt(spec, parts["config"], free)
     return parts
 
 
@@ -474,15 +427,15 @@ def recorded_key_still_matches(
     key: str,
     free: Sequence[str] = (),
     today: dict[str, Any] | None = None,
-    recorded_config: dict[str, Any] | None = None,
 ) -> bool:
     """True when key parts recorded before a config key became exempt (e.g. eval.reference, now the compare
     stage's input), or before the stage function was keyed (`upgrade_parts`, given today's parts `today`), give
-    `key` once today's exemptions apply: such a stage is reused, not refused. (A dataset's path, exempt since
-    audit52 T4, is one: its fingerprint stays keyed, so the same data at another path is reused.)"""
+    `key` once today's exemptions apply: such a stage is reused, not refused."""
     if not isinstance(recorded_parts.get("config"), dict):
         return False
-    return digest(comparable_parts(spec, recorded_parts, today or {}, free, recorded_config)) == key
+    parts = upgrade_parts(spec, recorded_parts, today or {})
+    parts["config"] = _exempt(spec, parts["config"], free)
+    return digest(parts) == key
 
 
 def input_files(spec: StageSpec, plain_config: dict[str, Any]) -> dict[str, str | None]:
@@ -527,22 +480,16 @@ def _file_digest(path: str | None, digests: DigestCache) -> str | None:
 
 
 def describe_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """Human lines naming each differing leaf of two key-part trees; lists of entries (dicts) of the same length are
-    compared item by item (`config.datasets[0].type: sft -> rollout`), so a long list is not cut short where it
-    differs; a list of values is one leaf."""
+    """Human lines naming each differing leaf of two key-part trees."""
     out = []
     for k in sorted(set(old) | set(new)):
-        out += _leaf_changes(old.get(k, "<absent>"), new.get(k, "<absent>"), f"{prefix}{k}")
+        a, b = old.get(k, "<absent>"), new.get(k, "<absent>")
+        where = f"{prefix}{k}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += describe_changes(a, b, where + ".")
+        elif a != b:
+            out.append(f"{where}: {_short(a)} -> {_short(b)}")
     return out
-
-
-def _leaf_changes(a: Any, b: Any, where: str) -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return describe_changes(a, b, where + ".")
-    entries = all(isinstance(x, dict) for x in (*a, *b)) if isinstance(a, list) and isinstance(b, list) else False
-    if entries and len(a) == len(b):  # a list of entries (datasets): the item and field; a list of values: whole
-        return [line for i, (x, y) in enumerate(zip(a, b)) for line in _leaf_changes(x, y, f"{where}[{i}]")]
-    return [f"{where}: {_short(a)} -> {_short(b)}"] if a != b else []
 
 
 def _short(v: Any) -> str:

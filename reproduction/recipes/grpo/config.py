@@ -30,9 +30,8 @@ ADVANTAGE_SCALES = ("group", "batch", "none")
 class SftDataset:
     """One demonstration dataset the SFT stage trains on (LeRobot, with observation.state/goal and action)."""
 
-    path: str = field(default="???", metadata=same_outputs())
-    """Dataset root (e.g. ${BUNDLE}/data/sft). Where it lives is not keyed: the stages key the dataset by its place
-    in the config (input `sft.datasets[0]`) and content fingerprint, so a run whose data moved resumes (audit52 T4)."""
+    path: str = "???"
+    """Dataset root (e.g. ${BUNDLE}/data/sft)."""
     weight: float = 1.0
     """Mixture weight when there are several."""
 
@@ -208,9 +207,8 @@ class RlSection:
     """DCP checkpoint every N steps (and at the last); a multiple of eval_every and of updates_per_rollout."""
     seed: int = 0
     """Seeds the rollouts' init states and noise, and the trainer; 0..2**32-1."""
-    cotrain_dataset: str | None = field(default=None, metadata=same_outputs())
-    """Optional SFT co-training dataset (RL-Co's PPO + SFT form): a flow-matching loss on it is added. Where it lives
-    is not keyed: the stages key it as input `rl.cotrain_dataset` by its content fingerprint (audit52 T4)."""
+    cotrain_dataset: str | None = None
+    """Optional SFT co-training dataset (RL-Co's PPO + SFT form): a flow-matching loss on it is added."""
     cotrain_weight: float = 0.0
     """Weight of the co-training flow-matching loss (0 = off)."""
     cotrain_batch: int = 64

@@ -35,14 +35,11 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
             )
             continue
         try:
-            # named as stages.input_paths names it (its place in the config, not its path: audit52 T4)
-            opened[key.removesuffix(".path")] = OpenedDataset(open_dataset(Path(path)))
+            opened[str(Path(path))] = OpenedDataset(open_dataset(Path(path)))
         except PortableError as exc:
             problems.append(type(exc)(f"{key}: {exc.message}", hint=exc.hint))
             continue
-        lacking = [
-            c for c in sft.model.cameras.values() if c not in opened[key.removesuffix(".path")].dataset.camera_keys
-        ]
+        lacking = [c for c in sft.model.cameras.values() if c not in opened[str(Path(path))].dataset.camera_keys]
         if lacking:  # stage 4 (or the co-training loss) would train those slots blank, the rollouts render them
             problems.append(
                 DatasetError(

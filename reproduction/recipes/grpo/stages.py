@@ -36,19 +36,13 @@ def open_inputs(config: Any) -> dict[str, OpenedDataset]:
     """The sft datasets (unless an export is pinned) and the co-training dataset, opened once."""
     from reproduction.data.reader import open_dataset
 
-    out = {}
-    for name, p in input_paths(config).items():
-        out[name] = OpenedDataset(open_dataset(Path(p)))
-    return out
-
-
-def input_paths(config: Any) -> dict[str, str]:
-    """{input name: dataset path} of the run's datasets, named by their place in the config (`sft.datasets[0]`,
-    `rl.cotrain_dataset`), not their path: the stage keys pin each by name and fingerprint, so the same data at
-    another path keys the same (a run moved to another server resumes; audit52 T4)."""
-    out = {} if config.sft.export else {f"sft.datasets[{i}]": d.path for i, d in enumerate(config.sft.datasets)}
+    paths = [] if config.sft.export else [d.path for d in config.sft.datasets]
     if config.rl.cotrain_dataset:
-        out["rl.cotrain_dataset"] = config.rl.cotrain_dataset
+        paths.append(config.rl.cotrain_dataset)
+    out = {}
+    for p in paths:
+        ds = open_dataset(Path(p))
+        out[str(Path(p))] = OpenedDataset(ds)
     return out
 
 
@@ -86,8 +80,8 @@ def sft_stage(ctx: StageContext) -> StageOutput:
     train = cfg.train if ctx.target_step is None else replace(cfg.train, max_steps=ctx.target_step)
     stage = PolicyConfig(**to_plain(cfg.model))
     inputs = []
-    for i, d in enumerate(cfg.datasets):
-        opened = ctx.inputs[f"sft.datasets[{i}]"].dataset
+    for d in cfg.datasets:
+        opened = ctx.inputs[str(Path(d.path))].dataset
         source = PolicySource(path=str(opened.root), type="sft", weight=d.weight, name=opened.name)
         inputs.append(
             open_policy_input(
@@ -134,7 +128,7 @@ def rl_stage(ctx: StageContext) -> StageOutput:
     from reproduction.recipes.grpo.train import train_grpo
 
     cfg = ctx.config
-    cotrain = ctx.inputs.get("rl.cotrain_dataset") if cfg.rl.cotrain_dataset else None
+    cotrain = ctx.inputs.get(str(Path(cfg.rl.cotrain_dataset))) if cfg.rl.cotrain_dataset else None
     result = train_grpo(
         cfg,
         ctx.run_dir / "sft" / "export",

@@ -33,10 +33,9 @@ DATASET_TYPES = ("sft", "rollout")
 class DatasetConfig:
     """One LeRobot dataset of the run."""
 
-    path: str = field(default="???", metadata=same_outputs())
+    path: str = "???"
     """Dataset root (usually ${BUNDLE}/data/<name>); its folder name names it in sidecars, fold plans and
-    metrics, so folder names must be unique within a run. Where it lives is not keyed: the stages key the dataset by
-    its folder name and content fingerprint (the run's inputs), so a run whose data moved resumes (audit52 T4)."""
+    metrics, so folder names must be unique within a run."""
     type: str = "rollout"
     """sft (every episode a success) or rollout (is_success decides: bool or 0/1, the last frame's is the outcome;
     missing values, NaN and others are refused); RLinf's compute_returns defaults to sft."""
