@@ -62,6 +62,23 @@ def _holder(fd: int) -> str:
     return f" ({text})" if text else ""
 
 
+def lock_file_error(exc: OSError, path: Path, *, what: str, folder: Path) -> Exception:
+    """The error for a lock file that could not be opened (`exc`): UnsafeArchiveError (exit 6) when it is a symlink
+    or not a regular file (ELOOP from O_NOFOLLOW, ENXIO from O_NONBLOCK on a FIFO), else WriteFailedError and its
+    kin (os_error: exit 8 for a refused or full disk) naming `folder`, which `what` needs write access to."""
+    if exc.errno in (errno.ELOOP, errno.ENXIO):
+        return UnsafeArchiveError(
+            f"the lock file {path} is a symlink or not a regular file: refusing to {what}",
+            member=str(path),
+            hint=f"{path}: remove it (a lock file is the tool's own, never a link) and run the command again",
+        )
+    return os_error(
+        exc,
+        f"the lock file {path}",
+        hint=f"{what} needs write access to {folder}; copy it somewhere writable",
+    )
+
+
 @contextmanager
 def bundle_lock(bundle: Path, *, what: str, wait_s: float = 0.0) -> Iterator[None]:
     """Hold the bundle's lock for the `with` body.
@@ -92,17 +109,7 @@ def folder_lock(
             os.close(fd)
             raise OSError(errno.ELOOP, "not a regular file", str(path))
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENXIO):
-            raise UnsafeArchiveError(
-                f"the lock file {path} is a symlink or not a regular file: refusing to {what}",
-                member=str(path),
-                hint=f"{path}: remove it (a lock file is the tool's own, never a link) and run the command again",
-            ) from None
-        raise os_error(
-            exc,
-            f"the lock file {path}",
-            hint=f"{what} needs write access to {folder}; copy it somewhere writable",
-        ) from None
+        raise lock_file_error(exc, path, what=what, folder=folder) from None
     try:
         deadline = time.monotonic() + max(0.0, wait_s)
         while True:

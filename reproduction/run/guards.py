@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from reproduction.errors import LockHeldError, PortableError, RunStateError, UnsafeArchiveError, os_error
+from reproduction.errors import LockHeldError, PortableError, RunStateError, os_error
 from reproduction.writers_lock import (  # noqa: F401  (hold_writers: re-exported for callers of run/guards)
     NO_FLOCK,
     WRITERS_FILE,
@@ -121,17 +121,9 @@ def _open_checked(path: Path, what: str) -> int | None:
     except OSError as exc:
         if exc.errno in NO_FLOCK:
             return None
-        if exc.errno in (errno.ELOOP, errno.ENXIO):
-            raise UnsafeArchiveError(
-                f"the lock file {path} is a symlink or not a regular file: refusing to {what}",
-                member=str(path),
-                hint=f"{path}: remove it (a lock file is the tool's own, never a link) and run the command again",
-            ) from None
-        raise os_error(
-            exc,
-            f"the lock file {path}",
-            hint=f"{what} needs write access to {Path(path).parent}; copy it somewhere writable",
-        ) from None
+        from reproduction.release.lock import lock_file_error
+
+        raise lock_file_error(exc, path, what=what, folder=Path(path).parent) from None
     return fd
 
 
