@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
-from reproduction.config_fields import reject_unknown_fields, same_outputs
+from reproduction.config_fields import check_name, reject_unknown_fields, same_outputs
 from reproduction.errors import ConfigError
 
 DATASET_TYPES = ("sft", "rollout")
@@ -40,6 +40,15 @@ class DatasetSource:
             raise ConfigError(f"dataset {self.path}: weight {self.weight} must be > 0", field="weight")
         if self.name is None:
             self.name = Path(self.path).name
+        # the name becomes a sidecar folder and the tag a file name: a path ending in `..` named the entry `..`, and
+        # a tag `x/../..` wrote outside the run (audit52 W3); a folder's own name may hold any other character
+        if self.name in ("", ".", "..") or any(c in self.name for c in "/\\\0"):
+            raise ConfigError(
+                f"dataset {self.path}: its name {self.name!r} is not a folder name (no /, \\ or NUL; not . or ..)",
+                field="name",
+                hint="give the dataset folder's own path (not one ending in ..), or set its name to a plain name",
+            )
+        check_name(self.tag, "tag")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Any:

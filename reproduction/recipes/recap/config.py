@@ -51,6 +51,13 @@ class DatasetConfig:
         check_number(self.weight, "datasets[].weight", low=0, low_open=True)
         check_bool(self.value, "datasets[].value")
         check_bool(self.policy, "datasets[].policy")
+        # its folder name names it in sidecar folders: `.../data/sft/..` named it `..` (audit52 W3)
+        if Path(self.path).name in ("", ".", ".."):
+            raise ConfigError(
+                f"datasets[].path={self.path!r} does not end in a dataset folder's name",
+                field="datasets[].path",
+                hint="give the dataset folder's own path, e.g. ${BUNDLE}/data/sft (not one ending in ..)",
+            )
 
 
 @dataclass(kw_only=True, slots=True)
