@@ -160,3 +160,33 @@ def test_with_inputs_moved_a_different_fingerprint_is_refused_as_without_it(move
     assert "only the location" not in without
     assert f"inputs.{old}: " in without and " -> <absent>" in without
     assert read_state(run)["stages"]["total"]["key_parts"]["inputs"].keys() == {str(old)}
+
+
+def test_with_inputs_moved_two_swapped_dataset_paths_are_refused(tmp_path):
+    a, b = _data(tmp_path / "d" / "sft"), _data(tmp_path / "d" / "rl")
+    (b / "episode_0.bin").write_bytes(bytes(range(8)))
+    run = tmp_path / "run"
+    config = MovedConfig(datasets=[Entry(path=str(a)), Entry(path=str(b), type="rl")])
+    run_recipe(MOVED, config, run, RunOptions())
+    swapped = MovedConfig(datasets=[Entry(path=str(b)), Entry(path=str(a), type="rl")])
+    with pytest.raises(StageKeyChangedError) as err:
+        run_recipe(MOVED, swapped, run, RunOptions(resume=True, inputs_moved=True))
+    assert str(err.value).startswith(
+        f"stage total: its inputs changed since it ran: config.datasets[0].path: {a} -> {b}; "
+        f"config.datasets[1].path: {b} -> {a}"
+    )
+
+
+def test_portable_run_passes_inputs_moved_to_the_runner(monkeypatch, tmp_path):
+    import argparse
+
+    from reproduction.run import cli, runner
+    from reproduction.run.cli_args import add_run_arguments
+
+    p = argparse.ArgumentParser()
+    add_run_arguments(p)
+    seen = []
+    monkeypatch.setattr(runner, "run_recipe", lambda recipe, config, run_dir, opts: seen.append(opts.inputs_moved))
+    for argv in (["--output", "r", "--resume", "--inputs-moved"], ["--output", "r", "--resume"]):
+        cli.execute(MOVED, MovedConfig(), tmp_path / "r", p.parse_args(argv))
+    assert seen == [True, False]

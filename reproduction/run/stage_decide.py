@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 from collections.abc import Sequence
 from pathlib import Path
@@ -101,14 +102,16 @@ def _refuse_changed(
 
 
 def item_changes(old: Any, new: Any, where: str = "") -> list[tuple[str, Any, Any]]:
-    """(place, old value, new value) of each differing leaf of two key-part trees, a list compared item by item
-    when both sides have the same length (`config.datasets[0].path`), sorted by key; "<absent>" for a missing key."""
+    """(place, old value, new value) of each differing leaf of two key-part trees, a list of mappings or lists
+    compared item by item when both sides have the same length (`config.datasets[0].path`), sorted by key;
+    "<absent>" for a missing key."""
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
         for k in sorted(set(old) | set(new), key=str):
             out += item_changes(old.get(k, "<absent>"), new.get(k, "<absent>"), f"{where}.{k}" if where else str(k))
         return out
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+    compound = any(isinstance(v, (dict, list)) for v in (*old, *new)) if isinstance(old, list) else False
+    if compound and isinstance(new, list) and len(old) == len(new):  # a list of scalars reads best whole
         return [c for i, (a, b) in enumerate(zip(old, new)) for c in item_changes(a, b, f"{where}[{i}]")]
     return [] if old == new else [(where, old, new)]
 
@@ -121,9 +124,9 @@ def moved_locations(
     spec: StageSpec, recorded_parts: Any, parts: dict, free: Sequence[str] = ()
 ) -> dict[str, str] | None:
     """{old path: new path} when the only differences between a stage's recorded key parts and today's `parts` are
-    where its datasets are: config strings naming a dataset folder (a `path` field, or a value that names one of
-    the stage's inputs) moved to a folder of the same name elsewhere, one-to-one, and the inputs named by those
-    paths renamed with them (an input keyed by a path no config subset of the stage holds: to the one new input
+    where its datasets are: config strings naming a dataset folder (the `path` of a list's entry, or a value that
+    names one of the stage's inputs) moved to a folder of the same name elsewhere, one-to-one, and the inputs named
+    by those paths renamed with them (an input keyed by a path no config subset of the stage holds: to the one new input
     of the same folder name and fingerprint), every input's fingerprint equal; everything else (config, code,
     upstream, files) equal. None otherwise (also when nothing moved). Two entries whose paths were swapped give
     different folder names or fingerprints, so they are no move."""
@@ -136,7 +139,8 @@ def moved_locations(
     for where, a, b in item_changes(old["config"], parts.get("config", {})):
         if not (isinstance(a, str) and isinstance(b, str) and a and b):
             return None
-        if not (where.endswith(".path") or a in names or str(Path(a)) in names):
+        # a dataset entry's `path` (an item of a list: `datasets[0].path`), or a value naming an input
+        if not (re.search(r"\]\.path$", where) or a in names or str(Path(a)) in names):
             return None
         if Path(a).name != Path(b).name or moves.setdefault(a, b) != b:
             return None
