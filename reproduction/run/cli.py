@@ -329,6 +329,7 @@ def execute(
         stages=_split_stages(args.stages),
         resume=args.resume,
         restart=list(args.restart_stage or []),
+        inputs_moved=getattr(args, "inputs_moved", False),
         target_step=args.target_step,
         argv=list(sys.argv),
         ray_address=args.ray_address or getattr(config, "ray_address", None),

@@ -12,6 +12,14 @@ def add_run_arguments(p: Any) -> None:
     p.add_argument("--config", action="append", metavar="FILE", help="YAML run config (repeatable, later wins)")
     p.add_argument("--stages", default=None, metavar="A,B", help="run only these stages (comma-separated)")
     p.add_argument("--resume", action="store_true", help="skip completed stages, continue killed ones")
+    p.add_argument(
+        "--inputs-moved",
+        action="store_true",
+        help=(
+            "with --resume: the datasets now at other paths are the data the run used; a stage whose key differs only "
+            "by where its datasets are (same fingerprints) is skipped or continued, not refused (exit 52)"
+        ),
+    )
     p.add_argument("--restart-stage", action="append", metavar="NAME", help="redo this stage (and what depends on it)")
     p.add_argument(
         "--target-step",

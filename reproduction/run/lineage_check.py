@@ -551,8 +551,9 @@ def verify_lineage(run_dir: Path) -> LineageReport:
     cache: dict[Path, tuple[str, dict[str, str] | None] | str | None] = {}
     problems: list[LineageProblem] = []
     bundles_missing: set[str] = set()
+    recorded_state, _ = _read_state(Path(run_dir))
     for st, what, desc in items:
-        path = resolve(desc, run_dir, st)
+        path = _moved_path(resolve(desc, run_dir, st), recorded_state, st)
         ann = desc.get("annotations", {})
         if path not in cache:
             link = _link_in_run(path, Path(run_dir)) if ann.get("root") == "run" else None
@@ -699,12 +700,14 @@ def _against_record(state: Mapping[str, Any], statements: list[LoadedStatement])
             )
         config = st.data["predicate"]["buildDefinition"]["externalParameters"].get("config")
         recorded = (rec.get("key_parts") or {}).get("config")
+        # a stage `--inputs-moved` kept: its statement holds the paths it ran with, the record where the data is now
+        stated = _moved(config, rec.get("moved"))
         found = None
         if isinstance(recorded, dict):
             for key, value in recorded.items():
                 if value is None:  # a stage that names its training key itself: the runner blanks it (--target-step)
                     continue
-                found = _disagreement(value, _select(config, key), key)
+                found = _disagreement(value, _select(stated, key), key)
                 if found is not None:
                     break
         if found is not None:
@@ -727,6 +730,37 @@ def _against_record(state: Mapping[str, Any], statements: list[LoadedStatement])
                     )
                 )  # fmt: skip
     return out
+
+
+def _moved_path(path: Path, state: Mapping[str, Any] | None, st: LoadedStatement) -> Path:
+    """Where `path`, a dependency of statement `st`, is now: under the new folder of a [old, new] pair its stage's
+    record in run.json notes (`moved`, what `portable run --resume --inputs-moved` accepted) when it lay under the
+    old one; `path` itself otherwise."""
+    rec = ((state or {}).get("stages") or {}).get(st.file.name[: -len(SUFFIX)])
+    moved = rec.get("moved") if isinstance(rec, dict) else None
+    for pair in moved if isinstance(moved, list) else []:
+        if isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair):
+            old = Path(pair[0])
+            if path == old or old in path.parents:
+                return Path(pair[1]) / path.relative_to(old)
+    return path
+
+
+def _moved(config: Any, moved: Any) -> Any:
+    """`config` with each string that is the old path of a [old, new] pair of a record's `moved` read as the new one
+    (a copy); `config` itself when the record notes no move."""
+    pairs = (
+        {a: b for a, b in moved if isinstance(a, str)}
+        if isinstance(moved, list) and all(isinstance(p, list) and len(p) == 2 for p in moved)
+        else {}
+    )
+    if not pairs:
+        return config
+    if isinstance(config, dict):
+        return {k: _moved(v, moved) for k, v in config.items()}
+    if isinstance(config, list):
+        return [_moved(v, moved) for v in config]
+    return pairs.get(config, config) if isinstance(config, str) else config
 
 
 def _record_problem(kind: str, st: LoadedStatement, rel: str, why: str) -> LineageProblem:

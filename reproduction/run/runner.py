@@ -59,7 +59,7 @@ from reproduction.run.guards import (
 )
 from reproduction.run.secrets import redact, redact_argv
 from reproduction.run.stage_call import call_stage
-from reproduction.run.stage_decide import config_layers, decide, refuse_target_below_raised_count
+from reproduction.run.stage_decide import config_layers, decide, moved_locations, refuse_target_below_raised_count
 from reproduction.run.stage_keys import (
     declaration_problems,
     digest,
@@ -154,6 +154,10 @@ class RunOptions:
     (`config_files`: path and sha256) so a refusal can name a layer a later --resume left out; None: not recorded.
     Each is a [path, sha256] pair hashed where the config was read (stage_decide.config_layers), recorded as it is;
     a bare path (an API caller's) is hashed when a stage completes."""
+    inputs_moved: bool = False
+    """`--inputs-moved`: a stage whose key differs from its record's only by where its datasets are (same
+    fingerprints, same everything else: stage_decide.moved_locations) is taken as unchanged, and its record
+    rewritten to today's key with the move noted (`moved`); False: such a stage is refused (exit 52) as any change."""
     recipe_ref: str | None = None
     """The name the run config gave the recipe (`recap`, `package.module:RECIPE`), recorded as run.json's
     `recipe_ref` so commands reading the run folder (`portable eval`) find the recipe; None: the recipe's name."""
@@ -622,6 +626,8 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         walk.digests,
         walk.restarted,
     )
+    if rec is not None and action in ("skip", "continue") and rec.get("key") != key and opts.inputs_moved:
+        _note_move(rec, spec, parts, walk.free)
     if action == "skip":
         if rec.get("key") != key:  # recorded before a key became exempt: record today's key
             rec.update(key=key, key_parts=parts)
@@ -713,6 +719,17 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     return StageReport(
         name=spec.name, action="continued" if action == "continue" else "ran", seconds=seconds, output=output
     )
+
+
+def _note_move(rec: dict[str, Any], spec: StageSpec, parts: dict, free: Sequence[str]) -> None:
+    """Add to a stage record the dataset moves `--inputs-moved` accepted (`moved`: [old path, new path] pairs, an
+    earlier move's kept, chained): its lineage statement keeps the paths it ran with, and `lineage --verify` reads
+    the record's key_parts through these pairs. Nothing for a key that differs otherwise (then decide refused)."""
+    moves = moved_locations(spec, rec.get("key_parts", {}), parts, free)
+    if not moves:
+        return
+    pairs = [[a, moves.get(b, b)] for a, b in rec.get("moved") or []]
+    rec["moved"] = pairs + [[a, b] for a, b in moves.items() if a not in {p[1] for p in rec.get("moved") or []}]
 
 
 def _record_lineage(

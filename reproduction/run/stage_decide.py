@@ -5,17 +5,20 @@ the options (`--resume`, `--restart-stage`, `--target-step`, a raised step count
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reproduction.digest_cache import DigestCache
+from reproduction.digests import json_sha256
 from reproduction.errors import StageKeyChangedError, UsageError
 from reproduction.recipe import StageSpec
 from reproduction.run.config import select
-from reproduction.run.stage_keys import describe_changes, recorded_key_still_matches, upgrade_parts
+from reproduction.run.stage_keys import _exempt, describe_changes, recorded_key_still_matches, upgrade_parts
 from reproduction.run.stage_outputs import verify_outputs
 
 if TYPE_CHECKING:
@@ -39,24 +42,14 @@ def decide(
     `--restart-stage` names and those downstream of them (`downstream`)."""
     if spec.name in opts.restart or spec.name in restarted or rec is None:
         return "fresh"  # restarted, or after a restarted stage: redone whatever else changed in its key
-    if rec.get("key") != key and not recorded_key_still_matches(spec, rec.get("key_parts", {}), key, free, parts):
-        if spec.redo_on_change:
+    recorded = rec.get("key_parts", {})
+    if rec.get("key") != key and not recorded_key_still_matches(spec, recorded, key, free, parts):
+        moves = moved_locations(spec, recorded, parts, free)
+        if moves is None or not opts.inputs_moved:
+            _refuse_changed(spec, rec, parts, opts, moves)
             return "fresh"
-        changes = describe_changes(upgrade_parts(spec, rec.get("key_parts", {}), parts), parts)
-        if changes and all(c.startswith("upstream.") for c in changes):
-            # Only the runner rewrites an upstream stage's record (a file edited under it fails that stage's own
-            # check first), so it was redone, here or in an earlier run (`--stages policy --target-step N`):
-            # its dependents follow.
-            return "fresh"
-        if rec.get("status") != "complete" and not spec.training:
-            return "fresh"  # killed before it completed, with nothing kept to continue from
-        raise StageKeyChangedError(
-            f"stage {spec.name}: its inputs changed since it ran: " + "; ".join(changes),
-            stage=spec.name,
-            changes=changes,
-            hint=layers_hint(missing_layers([rec], opts.config_files))
-            + f"put the inputs back, or pass --restart-stage {spec.name} to redo it (and what follows)",
-        )
+        # --inputs-moved: the user says the data at the new paths is the data the stage ran on; the runner records
+        # today's key (and the move) so a later --resume needs no flag
     if rec.get("status") == "complete":
         refuse_fewer_steps(spec, rec, plain, recorded_config, layers_hint(missing_layers([rec], opts.config_files)))
         problems = verify_outputs(stage_dir, rec.get("outputs", {}), digests)
@@ -69,6 +62,114 @@ def decide(
             )
         return "continue" if trains_on(spec, rec, plain, opts) is not None else "skip"
     return "continue" if spec.training else "fresh"
+
+
+def _refuse_changed(
+    spec: StageSpec, rec: dict[str, Any], parts: dict, opts: RunOptions, moves: dict[str, str] | None
+) -> None:
+    """Return (the stage is redone afresh) or raise StageKeyChangedError (exit 52) for a stage whose key differs from
+    its record's, as decided before --inputs-moved existed; the message names each differing item in full, and a
+    difference only of where its datasets are (`moves`) in one line naming the opt-in."""
+    if spec.redo_on_change:
+        return
+    old = upgrade_parts(spec, rec.get("key_parts", {}), parts)
+    changes = describe_changes(old, parts)
+    if changes and all(c.startswith("upstream.") for c in changes):
+        # Only the runner rewrites an upstream stage's record (a file edited under it fails that stage's own
+        # check first), so it was redone, here or in an earlier run (`--stages policy --target-step N`):
+        # its dependents follow.
+        return
+    if rec.get("status") != "complete" and not spec.training:
+        return  # killed before it completed, with nothing kept to continue from
+    hint = layers_hint(missing_layers([rec], opts.config_files))
+    if moves:
+        raise StageKeyChangedError(
+            f"stage {spec.name}: only the location of its datasets changed (same fingerprints, same everything "
+            "else): " + "; ".join(f"{a} -> {b}" for a, b in moves.items()),
+            stage=spec.name,
+            changes=changes,
+            hint=hint + "if the data at the new paths is the data it ran on, pass --inputs-moved to resume there "
+            "(a fingerprint pins a dataset's key columns, not every byte, so the move is yours to vouch for); "
+            f"or put the data back, or pass --restart-stage {spec.name} to redo it (and what follows)",
+        )
+    raise StageKeyChangedError(
+        f"stage {spec.name}: its inputs changed since it ran: "
+        + "; ".join(f"{w}: {_full(a)} -> {_full(b)}" for w, a, b in item_changes(old, parts)),
+        stage=spec.name,
+        changes=changes,
+        hint=hint + f"put the inputs back, or pass --restart-stage {spec.name} to redo it (and what follows)",
+    )
+
+
+def item_changes(old: Any, new: Any, where: str = "") -> list[tuple[str, Any, Any]]:
+    """(place, old value, new value) of each differing leaf of two key-part trees, a list of mappings or lists
+    compared item by item when both sides have the same length (`config.datasets[0].path`), sorted by key;
+    "<absent>" for a missing key."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new), key=str):
+            out += item_changes(old.get(k, "<absent>"), new.get(k, "<absent>"), f"{where}.{k}" if where else str(k))
+        return out
+    compound = any(isinstance(v, (dict, list)) for v in (*old, *new)) if isinstance(old, list) else False
+    if compound and isinstance(new, list) and len(old) == len(new):  # a list of scalars reads best whole
+        return [c for i, (a, b) in enumerate(zip(old, new)) for c in item_changes(a, b, f"{where}[{i}]")]
+    return [] if old == new else [(where, old, new)]
+
+
+def _full(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v, default=str, sort_keys=True)
+
+
+def moved_locations(
+    spec: StageSpec, recorded_parts: Any, parts: dict, free: Sequence[str] = ()
+) -> dict[str, str] | None:
+    """{old path: new path} when the only differences between a stage's recorded key parts and today's `parts` are
+    where its datasets are: config strings naming a dataset folder (the `path` of a list's entry, or a value that
+    names one of the stage's inputs) moved to a folder of the same name elsewhere, one-to-one, and the inputs named
+    by those paths renamed with them (an input keyed by a path no config subset of the stage holds: to the one new input
+    of the same folder name and fingerprint), every input's fingerprint equal; everything else (config, code,
+    upstream, files) equal. None otherwise (also when nothing moved). Two entries whose paths were swapped give
+    different folder names or fingerprints, so they are no move."""
+    if not isinstance(recorded_parts, dict) or not isinstance(recorded_parts.get("config"), dict):
+        return None
+    old = upgrade_parts(spec, recorded_parts, parts)
+    old["config"] = _exempt(spec, old["config"], free)
+    names = set(old.get("inputs") or {})
+    moves: dict[str, str] = {}
+    for where, a, b in item_changes(old["config"], parts.get("config", {})):
+        if not (isinstance(a, str) and isinstance(b, str) and a and b):
+            return None
+        # a dataset entry's `path` (an item of a list: `datasets[0].path`), or a value naming an input
+        if not (re.search(r"\]\.path$", where) or a in names or str(Path(a)) in names):
+            return None
+        if Path(a).name != Path(b).name or moves.setdefault(a, b) != b:
+            return None
+    before, now = old.get("inputs"), parts.get("inputs")
+    if isinstance(before, dict) and isinstance(now, dict):
+        # a stage that reads no dataset path from the config still keys the inputs by path: each input gone from
+        # its old name pairs with the one new name of the same folder name and fingerprint
+        known = {str(Path(a)) for a in moves}
+        for n in set(before) - set(now) - known:
+            found = [m for m in set(now) - set(before) if Path(m).name == Path(n).name and now[m] == before[n]]
+            if len(found) != 1:
+                return None
+            moves[n] = found[0]
+    if not moves or len(set(moves.values())) != len(moves):
+        return None
+    by_name = {str(Path(a)): str(Path(b)) for a, b in moves.items()} | moves
+    if isinstance(old.get("inputs"), dict):
+        old["inputs"] = {by_name.get(n, n): fp for n, fp in old["inputs"].items()}
+    old["config"] = _relocated(old["config"], moves)
+    return moves if json_sha256(old) == json_sha256(parts) else None
+
+
+def _relocated(tree: Any, moves: dict[str, str]) -> Any:
+    """`tree` with every string that is a key of `moves` replaced by its value (a copy)."""
+    if isinstance(tree, dict):
+        return {k: _relocated(v, moves) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_relocated(v, moves) for v in tree]
+    return moves.get(tree, tree) if isinstance(tree, str) else tree
 
 
 def refuse_fewer_steps(
