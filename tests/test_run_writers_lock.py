@@ -97,7 +97,7 @@ def test_a_holder_that_stays_past_the_bound_is_exit_7_naming_the_file(tmp_path, 
 
 
 def test_the_worker_side_holds_the_lock_shared_while_its_body_runs(tmp_path):
-    from reproduction.run.guards import hold_writers
+    from reproduction.writers_lock import hold_writers
 
     path = tmp_path / ".writers"
     with hold_writers(path):

@@ -24,14 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.errors import LockHeldError, PortableError, RunStateError, os_error
-from reproduction.writers_lock import (  # noqa: F401  (hold_writers: re-exported for callers of run/guards)
-    NO_FLOCK,
-    WRITERS_FILE,
-    WRITERS_WAIT_S,
-    hold_writers,
-    open_writers,
-    writers_file,
-)
+from reproduction.writers_lock import NO_FLOCK, WRITERS_WAIT_S, open_writers, writers_file
 
 RUN_JSON = "run.json"
 

@@ -49,14 +49,7 @@ from reproduction.errors import (
 from reproduction.fsio import atomic_write_text, make_output_folder, remove_orphaned_temps, remove_tree
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
 from reproduction.run.config import select, to_plain
-from reproduction.run.guards import (
-    LOCK_FILE,
-    WRITERS_FILE,
-    deferred_interrupts,
-    refuse_links,
-    run_lock,
-    sigterm_as_interrupt,
-)
+from reproduction.run.guards import LOCK_FILE, deferred_interrupts, refuse_links, run_lock, sigterm_as_interrupt
 from reproduction.run.secrets import redact, redact_argv
 from reproduction.run.stage_call import call_stage
 from reproduction.run.stage_decide import config_layers, decide, moved_locations, refuse_target_below_raised_count
@@ -80,6 +73,7 @@ from reproduction.run.stage_outputs import (
 )
 from reproduction.run.stale import outputs_digest, stale_stages
 from reproduction.train.ray_connect import RunRay
+from reproduction.writers_lock import WRITERS_FILE
 
 RUN_JSON = "run.json"
 LOCKS = (LOCK_FILE, WRITERS_FILE)

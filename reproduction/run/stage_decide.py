@@ -4,7 +4,6 @@ the options (`--resume`, `--restart-stage`, `--target-step`, a raised step count
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -14,11 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reproduction.digest_cache import DigestCache
-from reproduction.digests import json_sha256
+from reproduction.digests import json_sha256, sha256_file
 from reproduction.errors import StageKeyChangedError, UsageError
 from reproduction.recipe import StageSpec
 from reproduction.run.config import select
-from reproduction.run.stage_keys import _exempt, describe_changes, recorded_key_still_matches, upgrade_parts
+from reproduction.run.stage_keys import describe_changes, exempt, recorded_key_still_matches, upgrade_parts
 from reproduction.run.stage_outputs import verify_outputs
 
 if TYPE_CHECKING:
@@ -133,7 +132,7 @@ def moved_locations(
     if not isinstance(recorded_parts, dict) or not isinstance(recorded_parts.get("config"), dict):
         return None
     old = upgrade_parts(spec, recorded_parts, parts)
-    old["config"] = _exempt(spec, old["config"], free)
+    old["config"] = exempt(spec, old["config"], free)
     names = set(old.get("inputs") or {})
     moves: dict[str, str] = {}
     for where, a, b in item_changes(old["config"], parts.get("config", {})):
@@ -308,7 +307,7 @@ def _file_sha256(path: str | Path) -> str:
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return ""
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        return sha256_file(Path(path))
     except OSError:
         return ""
 

@@ -106,7 +106,7 @@ def key_parts(
     digest cache (code and input files)."""
     digests = digests or DigestCache()
     codes = code_modules(spec)
-    config = _exempt(spec, {k: json.loads(canonical(select(plain_config, k))) for k in spec.config}, free)
+    config = exempt(spec, {k: json.loads(canonical(select(plain_config, k))) for k in spec.config}, free)
     parts = {
         "config": config,
         "inputs": {n: _fingerprint(n, v) for n, v in sorted(inputs.items())} if spec.inputs else {},
@@ -404,7 +404,7 @@ def _has_key(plain: dict[str, Any], dotted: str) -> bool:
     return select(plain, dotted, _ABSENT) is not _ABSENT
 
 
-def _exempt(spec: StageSpec, config: dict[str, Any], free: Sequence[str] = ()) -> dict[str, Any]:
+def exempt(spec: StageSpec, config: dict[str, Any], free: Sequence[str] = ()) -> dict[str, Any]:
     """`config` (the stage's config subsets, {subset: value}) without the keys that do not change its outputs: each
     `free` key inside a subset (a subset that names the key itself reads it on purpose and keeps it), and the
     training step count (`--target-step` raises it); mutated and returned."""
@@ -434,7 +434,7 @@ def recorded_key_still_matches(
     if not isinstance(recorded_parts.get("config"), dict):
         return False
     parts = upgrade_parts(spec, recorded_parts, today or {})
-    parts["config"] = _exempt(spec, parts["config"], free)
+    parts["config"] = exempt(spec, parts["config"], free)
     return digest(parts) == key
 
 
