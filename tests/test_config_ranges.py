@@ -77,6 +77,41 @@ def test_recap_refuses_an_out_of_range_value_at_load_naming_it(override, key, wo
         assert words in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "key", "shown"),
+    [
+        (["value.model.augment=2"], "value.model.augment", "2"),
+        (["value.train.shuffle=0"], "value.train.shuffle", "0"),
+        (['advantages.hold_labels="false"'], "advantages.hold_labels", "'false'"),
+        (["policy.model.image_augment=0.5"], "policy.model.image_augment", "0.5"),
+        (["value={model: {balance_weights: 1}}"], "value.model.balance_weights", "1"),
+        (["datasets=[{path: /x, value: 3}]"], "datasets[0].value", "3"),
+        (["datasets=[{path: /x}]", "datasets[0].policy=2"], "datasets[0].policy", "2"),
+    ],
+)
+def test_a_bool_key_takes_only_true_or_false(overrides, key, shown):
+    """omegaconf loads 2, 0.5 and the string "false" into a bool field as their truth (`augment=2` ran with
+    augmentation on, `"false"` as true): the loader refuses them before the merge, naming the key (audit52 W)."""
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert err.value.exit_code == 4 and err.value.field == key
+    assert str(err.value) == f"command line: config key `{key}` is {shown}: it takes true or false"
+    assert err.value.hint == f"set {key}=true or {key}=false (docs/config.md)"
+
+
+def test_a_bool_key_in_a_config_file_is_refused_naming_the_file(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("value:\n  model:\n    augment: 1\n")
+    with pytest.raises(ConfigError, match=r": config key `value.model.augment` is 1: it takes true or false$") as err:
+        load_config([config])
+    assert str(err.value).startswith(f"{config}: ")
+    # true, false, YAML's other spellings of them and null (for an optional bool) load as before
+    ok = load_config(
+        None, ["value.model.augment=false", "advantages.hold_labels=yes", "policy.model.image_augment=null"]
+    )
+    assert (ok.value.model.augment, ok.advantages.hold_labels, ok.policy.model.image_augment) == (False, True, None)
+
+
 @pytest.mark.parametrize("weight", ["nan", "-1", "0", "inf"])
 def test_a_dataset_weight_must_be_a_finite_number_above_0(tmp_path, weight):
     config = tmp_path / "c.yaml"

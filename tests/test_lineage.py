@@ -374,6 +374,14 @@ def test_runtime_versions_names_torch_and_accelerator_stacks():
     assert "torch" not in sys.modules or versions["cuda"] == sys.modules["torch"].version.cuda
 
 
+def test_runtime_versions_record_the_omp_threads_each_invocation_saw(monkeypatch):
+    # audit52 T2: a run resumed under another OMP_NUM_THREADS ends with other bytes; its lineage must tell them apart.
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert runtime_versions()["omp_num_threads"] == "3"
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert runtime_versions()["omp_num_threads"] is None
+
+
 def _portable(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     code = (

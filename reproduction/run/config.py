@@ -310,10 +310,11 @@ def _merge(
 
     if not named and RECIPE_KEY in layer:  # it named the recipe that brought this schema
         layer.pop(RECIPE_KEY)
+    src = f"{where}: " if where != "placeholders" else ""
+    _refuse_non_bools(merged, OmegaConf.to_container(layer, resolve=False), "", src)
     try:
         return OmegaConf.merge(merged, layer)
     except Exception as exc:
-        src = f"{where}: " if where != "placeholders" else ""
         try:  # the diagnosis reads the layer unresolved: a file's ${BUNDLE} means nothing yet (audit52 W5)
             plain = OmegaConf.to_container(layer, resolve=False)
             found = _misfit(merged, plain, "", src)
@@ -326,6 +327,38 @@ def _merge(
         if found is not None:
             raise found from None
         raise _config_error(exc, merged, where=where) from None
+
+
+def _refuse_non_bools(node: Any, plain: Any, prefix: str, src: str) -> None:
+    """ConfigError (exit 4) naming the first key of `plain` (a layer as plain dicts) that gives a bool field of `node`
+    anything but true, false or null: omegaconf turns 2, 0.5 and the string "false" into a bool (2 and "false" alike
+    into what their truth says), so `value.model.augment=2` would load as true (audit52 W). An interpolation passes."""
+    from omegaconf import BooleanNode, DictConfig, ListConfig, OmegaConf
+
+    if not isinstance(node, DictConfig) or not isinstance(plain, dict):
+        return
+    for key, value in plain.items():
+        try:
+            child = node._get_node(key, throw_on_missing_key=False)
+        except Exception:
+            continue  # not the schema's key: the merge names it
+        dotted = f"{prefix}{key}"
+        if isinstance(child, BooleanNode):
+            if value is None or isinstance(value, bool) or (isinstance(value, str) and "${" in value):
+                continue
+            raise ConfigError(
+                f"{src}config key `{dotted}` is {_flow(value)}: it takes true or false",
+                field=dotted,
+                hint=f"set {dotted}=true or {dotted}=false (docs/config.md)",
+            )
+        if isinstance(child, DictConfig) and isinstance(value, dict):
+            _refuse_non_bools(child, value, f"{dotted}.", src)
+        elif isinstance(child, ListConfig) and isinstance(value, list):
+            item_type = child._metadata.element_type
+            if dataclasses.is_dataclass(item_type):
+                item_node = OmegaConf.structured(item_type)
+                for i, item in enumerate(value):
+                    _refuse_non_bools(item_node, item, f"{dotted}[{i}].", src)
 
 
 def _misfit(merged: Any, plain: Any, prefix: str, src: str) -> ConfigError | None:
@@ -452,6 +485,10 @@ def _set_list_item(merged: Any, item: str) -> Any:
         )
     value = OmegaConf.from_dotlist([f"v={text}"])._get_node("v")
     value = value if isinstance(value, (DictConfig, ListConfig)) else value._value()
+    *parents, last = _dotted(key).split(".")
+    parent = OmegaConf.select(merged, ".".join(parents), throw_on_missing=False) if parents else merged
+    plain = OmegaConf.to_container(value, resolve=False) if isinstance(value, (DictConfig, ListConfig)) else value
+    _refuse_non_bools(parent, {last: plain}, key.rpartition(".")[0] + "." if parents else "", "command line: ")
     try:
         OmegaConf.update(merged, _dotted(key), value, merge=True)
     except Exception as exc:
@@ -731,6 +768,8 @@ def reference(schema: type) -> str:
         "On the command line a whole list is `datasets='[{path: /x, type: sft}]'`; one field of an item the list",
         "already has is `datasets[0].path=/x` (or `datasets.0.path=/x`), applied in order with the other overrides.",
         "A float key takes finite numbers: nan and inf (`.nan`, `.inf`, `1e400`) are refused, exit 4.",
+        "A bool key takes true or false (YAML's yes/no too; null where the type says `| None`): 0, 1, 2, 0.5 and",
+        'the quoted string "false" are refused, exit 4.',
         "A row citing DEMO_LAB names the team's design notes, which are not in this repository (docs/architecture.md,",
         '"Notes outside this repository").',
         "",

@@ -168,7 +168,8 @@ class StageRun:
 
 
 def runtime_versions() -> dict[str, str | None]:
-    """Versions the results may depend on: python, recap-portable, torch and its CUDA, torch_npu, CANN, driver.
+    """Versions the results may depend on: python, recap-portable, torch and its CUDA, torch_npu, CANN, driver, the
+    CPU kernels and OMP_NUM_THREADS (None where unset).
 
     Imports neither torch (its CUDA version is read from torch/version.py unless torch is loaded already)
     nor torch_npu (it patches torch on import); the driver and CANN are read by `portable check`'s probes
@@ -184,6 +185,10 @@ def runtime_versions() -> dict[str, str | None]:
     out["cann"] = _cann_version()
     out["driver"] = _nvidia_driver()
     out["cpu_kernels"] = cpu_kernels()  # CPU results depend on the kernels' instruction set (reproduction.numerics)
+    # A trainer whose `cpu_threads` is 0 runs as many intra-op threads as OMP_NUM_THREADS says (torch's own default
+    # where it is unset), and a reduction split over another count of threads rounds otherwise: the same run resumed
+    # under another value ends with other bytes (audit52 T2), so the record names the value each invocation saw.
+    out["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")
     return out
 
 
