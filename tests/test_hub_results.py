@@ -13,7 +13,8 @@ from evidence_fixtures import PICK, make_evidence
 from hubserver import HubServer, make_bundle, portable_cmd, portable_env
 
 from reproduction.errors import InvalidInputError
-from reproduction.release.model_card import card_model_index, evidence_from_card
+from reproduction.release.model_card import card_model_index
+from reproduction.run.card_evidence import evidence_from_card
 
 TOKEN = "hf_portableHubResults_51c2"
 

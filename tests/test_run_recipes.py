@@ -167,6 +167,77 @@ def test_the_protocol_module_is_a_leaf():
     ]
 
 
+PIPELINE = ("run", "recipes", "recap", "train", "sim", "data")
+SHARED = ("errors", "settings", "fsio", "ui", "digests", "digest_cache", "config_fields", "value_export")
+SHARED += ("writers_lock", "numerics", "recipe")
+NEVER = {  # importer (a top-level module or package of reproduction/) -> what it never imports
+    "run": ("recipes", "recap"),
+    "release": PIPELINE,
+    "checks": PIPELINE,
+    "data": ("recap", "train", "sim", "run", "recipes"),
+    "train": ("recap", "run", "recipes"),
+    "recap": ("run", "recipes"),
+    "sim": ("recap", "train", "run", "recipes"),
+    **{name: ("release", "checks", *PIPELINE) for name in SHARED},
+}
+ALLOWED = {("numerics", "reproduction.checks.host")}  # the CPU flags its kernel report names (lazily)
+PORTABLE_TOP = {"reproduction.run.guards", "reproduction.train.heap"}  # stdlib only: no runtime for `verify`
+
+
+def _unit(module: str) -> str | None:
+    """The top-level module or package of reproduction/ a dotted name falls in (None outside reproduction/)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "reproduction" and len(parts) > 1 else None
+
+
+def test_the_never_rules_of_the_dependency_map_hold():
+    """docs/architecture.md's "Never" rules, over every import (module level and inside functions): release/ and
+    checks/ (the control plane) import no pipeline package, the shared modules import no package, and the
+    layering of data < sim, train < recap < recipes, with run/ importing no recipe."""
+    bad = []
+    for path in sorted((REPO / "reproduction").rglob("*.py")):
+        me = _unit(".".join(path.relative_to(REPO).with_suffix("").parts))
+        for line, name in _imports(path):
+            them = _unit(name)
+            if (
+                them != me
+                and them in NEVER.get(me, ())
+                and not any(me == a and (name == b or name.startswith(b + ".")) for a, b in ALLOWED)
+            ):
+                bad.append(f"{path.relative_to(REPO)}:{line}: {name}")
+    assert not bad, bad
+
+
+def test_portable_imports_no_pipeline_module_at_module_level_but_two_stdlib_ones():
+    """`portable.py` imports `run` and `train` lazily, but for run.guards and train.heap (stdlib only); recipes,
+    recap, sim, data and checks only inside the commands that need them."""
+    tree = ast.parse((REPO / "reproduction" / "portable.py").read_text(encoding="utf-8"))
+    top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    top += [
+        n
+        for s in tree.body
+        if isinstance(s, (ast.If, ast.Try))
+        for n in ast.walk(s)
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+    ]
+    names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module for n in top if isinstance(n, ast.ImportFrom) and n.module}
+    heavy = {n for n in names if _unit(n) in ("checks", *PIPELINE)}
+    assert heavy == PORTABLE_TOP
+
+
+def test_the_architecture_layout_names_every_module_it_lists_file_by_file():
+    """docs/architecture.md's layout lists the top-level modules, run/ and each recipe file by file (audit53 V9:
+    digests.py, ui.py, value_export.py, run/cli_args.py and run/secrets.py were missing); `lineage*.py` covers
+    lineage.py and lineage_check.py."""
+    layout = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8").split("## Layout", 1)[1]
+    layout = layout.split("## Dependency rules", 1)[0].replace("lineage*.py", "lineage.py lineage_check.py")
+    listed = [*(REPO / "reproduction").glob("*.py"), *(REPO / "reproduction" / "run").glob("*.py")]
+    listed += (REPO / "reproduction" / "recipes").glob("*/*.py")
+    missing = [str(p.relative_to(REPO)) for p in listed if p.name != "__init__.py" and p.name not in layout]
+    assert len(listed) > 60 and not missing, missing
+
+
 # -- the RECAP recipe by name -----------------------------------------------------------------------------------
 
 

@@ -50,7 +50,7 @@ def cmd_compare(args: Any) -> int:
 def load_source(text: str) -> dict[str, Any]:
     """Evidence from a file, a folder holding one eval_*.json, a model card (*.md: its model-index), or
     `hub:OWNER/NAME[@REVISION]` (the published card's model-index, read through the Hub)."""
-    from reproduction.release.model_card import evidence_from_card
+    from reproduction.run.card_evidence import evidence_from_card
     from reproduction.run.evidence import load_evidence
 
     if text.startswith("hub:"):
