@@ -44,10 +44,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         name=CACHE_DIR,
         default="~/.cache/recap-portable (LIBERO's files: <temp dir>/recap-portable-<uid>/libero)",
-        doc="Cache root: dataset fingerprints and content digests under fingerprints/, LIBERO's assets, config and "
-        "shader cache under libero/. Also read as RECAP_PORTABLE_CACHE (its old name). A file (or a path under one) "
-        "is exit 4.",
-        read_by="data/fingerprint.py, run/content.py, sim/libero/_runtime.py",
+        doc="Cache root: dataset fingerprints and content digests under fingerprints/, the CPU numerics probe's "
+        "answer (`portable check`) under numerics/, LIBERO's assets, config and shader cache under libero/. Also "
+        "read as RECAP_PORTABLE_CACHE (its old name). `~` is expanded (also when the shell did not); a blank value "
+        "is unset; a relative path is exit 4 (it would put the cache in whichever folder a command runs from, e.g. "
+        "inside a bundle), as is a file (or a path under one). A folder that cannot be written is no error (the "
+        "cache is skipped, work recomputed): `portable check`'s host.cache row warns. `portable check`'s "
+        "host.settings row warns about PORTABLE_* variables that nothing reads (a misspelled knob).",
+        read_by="settings.cache_root, used by data/fingerprint.py, run/content.py, checks/host.py, "
+        "sim/libero/_runtime.py",
     ),
     Setting(
         name=CPU_KERNELS,
@@ -83,7 +88,9 @@ SETTINGS: tuple[Setting, ...] = (
         doc="Hub transfer tunables, one variable per HubSettings field: PORTABLE_HUB_JOBS [8], _RETRIES [5], "
         "_BACKOFF_S [1], _BACKOFF_MAX_S [30], _STALL_TIMEOUT_S [60], _CONNECT_TIMEOUT_S [20], _BATCH_FILES [200], "
         "_BATCH_BYTES [17179869184, i.e. 16 GiB: a count of bytes, without a unit]. A value that is not a number is "
-        "exit 4.",
+        "exit 4, as is one out of range: _JOBS, _BATCH_FILES, _BATCH_BYTES whole numbers 1 or more; _RETRIES 0 or "
+        "more; _BACKOFF_S, _BACKOFF_MAX_S finite seconds, 0 or more; _STALL_TIMEOUT_S, _CONNECT_TIMEOUT_S finite "
+        "seconds above 0 (inf and nan are refused: every wait stays bounded).",
         read_by="release/hub_transfer.py",
     ),
 )
@@ -115,27 +122,62 @@ def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
     return value(name, environ) is not None
 
 
-def cache_root(environ: Mapping[str, str] | None = None) -> str | None:
-    """PORTABLE_CACHE_DIR (else its old name RECAP_PORTABLE_CACHE), None when neither is set."""
+def _cache_setting(env: Mapping[str, str]) -> tuple[str, str] | None:
+    """(variable, value) of the cache root's knob in effect, None when neither name is set. A blank value is unset
+    (an empty template substitution, `PORTABLE_CACHE_DIR=${X}`, means "no choice", not "a folder named blank")."""
+    for name in (CACHE_DIR, CACHE_DIR_OLD):
+        raw = env.get(name) or ""
+        if raw.strip():
+            return name, raw
+    return None
+
+
+def cache_root(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The cache root every writer uses: PORTABLE_CACHE_DIR (else its old name RECAP_PORTABLE_CACHE) with `~`
+    expanded and made absolute, None when neither is set or both are blank. Raises ConfigError (exit 4, naming the
+    variable) for a relative path: it would put the cache in whichever folder a command runs from (inside a bundle,
+    an extra file `verify` refuses; audit53 V13), so one is refused, not resolved against the current folder."""
     env = os.environ if environ is None else environ
-    return value(CACHE_DIR, env) or env.get(CACHE_DIR_OLD) or None
+    found = _cache_setting(env)
+    if found is None:
+        return None
+    name, raw = found
+    path = Path(raw.strip()).expanduser()
+    if not path.is_absolute():
+        from reproduction.errors import ConfigError
+
+        raise ConfigError(
+            f"{name}={raw!r} is not an absolute path: the cache would land in whichever folder a command runs from",
+            field=name,
+            hint=f"give an absolute path (e.g. {name}=$PWD/{raw.strip()} or {name}=$HOME/...), or unset it for "
+            f"{default_cache_root()}",
+        )
+    return Path(os.path.abspath(path))  # normalised (`..`, `//`), links kept: the folder the user named
+
+
+def cache_root_or_default(environ: Mapping[str, str] | None = None) -> Path:
+    """`cache_root()`, else `default_cache_root()`: the absolute folder fingerprints/ and numerics/ go under."""
+    return cache_root(environ) or default_cache_root()
 
 
 def check_cache_root(environ: Mapping[str, str] | None = None) -> None:
-    """ConfigError (exit 4, as any knob's bad value) when PORTABLE_CACHE_DIR (or its old name) is, or lies under, a
-    file: no cache could be written there, and every command went on without one and without a word."""
+    """ConfigError (exit 4, as any knob's bad value) when PORTABLE_CACHE_DIR (or its old name) is relative, or is,
+    or lies under, a file: no cache could be written there, and every command went on without one and without a
+    word. A folder that cannot be written is not refused here (a read-only cache only costs recomputation):
+    `portable check`'s host.cache row names it."""
     env = os.environ if environ is None else environ
-    raw = cache_root(env)
-    if raw is None:
+    root = cache_root(env)
+    found = _cache_setting(env)
+    if root is None or found is None:
         return
-    name = CACHE_DIR if value(CACHE_DIR, env) else CACHE_DIR_OLD
-    probe = Path(raw).expanduser().absolute()
+    name, raw = found
+    probe = root
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if probe.exists() and not probe.is_dir():
         from reproduction.errors import ConfigError
 
-        where = "is a file" if probe == Path(raw).expanduser().absolute() else f"lies under the file {probe}"
+        where = "is a file" if probe == root else f"lies under the file {probe}"
         raise ConfigError(
             f"{name}={raw!r} {where}, not a folder: no cache can be kept there",
             field=name,
@@ -152,6 +194,43 @@ def hub_values(fields: tuple[str, ...], environ: Mapping[str, str] | None = None
     """{field: raw value} of the PORTABLE_HUB_<FIELD> variables that are set and non-empty."""
     env = os.environ if environ is None else environ
     return {f: env[HUB + f.upper()] for f in fields if env.get(HUB + f.upper())}
+
+
+TEST_KNOBS = ("PORTABLE_FUZZ_EXAMPLES", "PORTABLE_PARENT_SITE")
+"""PORTABLE_* variables the tests read (not the tool's knobs, but not typos either)."""
+HUB_FIELDS = (
+    "jobs",
+    "retries",
+    "backoff_s",
+    "backoff_max_s",
+    "stall_timeout_s",
+    "connect_timeout_s",
+    "batch_files",
+    "batch_bytes",
+)
+"""The HubSettings fields read as PORTABLE_HUB_<FIELD> (release/hub_transfer.py reads exactly these)."""
+
+
+def known_names() -> tuple[str, ...]:
+    """Every PORTABLE_* variable something reads: the knobs, the Hub's fields, the test knobs."""
+    plain = tuple(s.name for s in SETTINGS if not s.name.endswith("<FIELD>"))
+    return (*plain, *(HUB + f.upper() for f in HUB_FIELDS), *TEST_KNOBS)
+
+
+def unknown_settings(environ: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """[(variable, the closest known name or None)] for every PORTABLE_* variable in the environment that nothing
+    reads, sorted: a misspelled knob (PORTABLE_HUB_STALL_TIMEOUT without _S) otherwise silently keeps the default
+    (audit53 V18)."""
+    import difflib
+
+    env = os.environ if environ is None else environ
+    known = known_names()
+    tails = {k[len(PREFIX) :]: k for k in known}  # compared without the shared PORTABLE_, which would match anything
+    out: list[tuple[str, str | None]] = []
+    for name in sorted(n for n in env if n.startswith(PREFIX) and n not in known):
+        near = difflib.get_close_matches(name[len(PREFIX) :], tails, n=1, cutoff=0.6)
+        out.append((name, tails[near[0]] if near else None))
+    return out
 
 
 def reference() -> str:

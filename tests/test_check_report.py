@@ -40,6 +40,8 @@ EXPECTED_ROWS = {
     "host.memory",
     "host.shm",
     "host.disk",
+    "host.cache",
+    "host.settings",
     "fs.triton_cache",
     "fs.home_cache",
     "hazard.tensorflow",

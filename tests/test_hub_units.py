@@ -42,9 +42,9 @@ def test_settings_from_env_and_their_errors() -> None:
     assert (s.jobs, s.stall_timeout_s, s.batch_bytes, s.retries) == (3, 0.5, 1000, 5)
     with pytest.raises(InvalidInputError, match=r"PORTABLE_HUB_RETRIES='many' is not a valid int"):
         HubSettings.from_env({"PORTABLE_HUB_RETRIES": "many"})
-    with pytest.raises(InvalidInputError, match=r"batch_files=0 must be at least 1"):
+    with pytest.raises(InvalidInputError, match=r"PORTABLE_HUB_BATCH_FILES=0 must be a whole number, 1 or more"):
         HubSettings.from_env({"PORTABLE_HUB_BATCH_FILES": "0"})
-    with pytest.raises(InvalidInputError, match=r"stall_timeout_s=0.0 must be positive"):
+    with pytest.raises(InvalidInputError, match=r"PORTABLE_HUB_STALL_TIMEOUT_S=0 must be a finite number of seconds"):
         HubSettings(stall_timeout_s=0.0)
 
 

@@ -34,7 +34,8 @@ def read_meminfo(path: Path) -> dict[str, int]:
 
 
 def probe_host(ctx: CheckContext) -> list[ProbeResult]:
-    """Rows host.cpu, host.cpu_kernels, host.memory, host.shm, host.disk; only warnings (slow is not broken)."""
+    """Rows host.cpu, host.cpu_kernels, host.memory, host.shm, host.disk, host.cache, host.settings; only warnings
+    (slow is not broken)."""
     results = []
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     results.append(ok("host.cpu", f"{cores} usable cores (of {os.cpu_count()})", cores=cores, total=os.cpu_count()))
@@ -76,7 +77,47 @@ def probe_host(ctx: CheckContext) -> list[ProbeResult]:
             path=str(ctx.work_dir),
         )
     )
+    results.append(cache_row(ctx.env))
+    results.append(settings_row(ctx.env))
     return results
+
+
+def cache_row(environ: Mapping[str, str]) -> ProbeResult:
+    """host.cache: the cache root every command writes (fingerprints/, numerics/, libero/) and whether a file can be
+    created there. Commands go on without a cache they cannot write (recomputing each time), so this row is the one
+    place that says so (audit53 V14). Nothing is created: a probe file is made and removed in the folder or, while
+    it is missing, in its nearest existing parent."""
+    from reproduction.errors import PortableError
+    from reproduction.fsio import refuse_unwritable
+    from reproduction.settings import CACHE_DIR, cache_root_or_default
+
+    try:
+        root = cache_root_or_default(environ)
+        refuse_unwritable(root, f"the cache root {root}", hint="")
+    except PortableError as exc:
+        return warn(
+            "host.cache",
+            f"no cache can be written: {exc.message}",
+            f"point {CACHE_DIR} at a writable absolute folder, or unset it for the default",
+        )
+    return ok("host.cache", f"cache at {root} (writable)", path=str(root))
+
+
+def settings_row(environ: Mapping[str, str]) -> ProbeResult:
+    """host.settings: warns, with the closest known name, about every PORTABLE_* variable set that nothing reads
+    (a misspelled knob otherwise silently keeps its default: audit53 V18)."""
+    from reproduction.settings import PREFIX, unknown_settings
+
+    unknown = unknown_settings(environ)
+    if not unknown:
+        return ok("host.settings", f"every {PREFIX}* variable set is one the tool reads")
+    said = ", ".join(f"{name} (did you mean {near}?)" if near else name for name, near in unknown)
+    return warn(
+        "host.settings",
+        f"{PREFIX}* variables that nothing reads, so they change nothing: {said}",
+        "fix the name or unset it (docs/settings.md lists every knob)",
+        unknown=[name for name, _ in unknown],
+    )
 
 
 def cpu_flags(path: Path) -> set[str]:
@@ -179,8 +220,9 @@ def _numerics_cache(ctx: CheckContext, env: Mapping[str, str]) -> Path | None:
     import hashlib
     import json
 
+    from reproduction.errors import PortableError
     from reproduction.numerics import PINNED, SETTING
-    from reproduction.settings import cache_root, default_cache_root
+    from reproduction.settings import cache_root_or_default
 
     torch = (ctx.facts.get("modules") or {}).get("torch")
     if not torch:
@@ -201,7 +243,10 @@ def _numerics_cache(ctx: CheckContext, env: Mapping[str, str]) -> Path | None:
         "cpu": cpu,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
-    return Path(cache_root(ctx.env) or default_cache_root()) / "numerics" / f"{digest}.json"
+    try:
+        return cache_root_or_default(ctx.env) / "numerics" / f"{digest}.json"
+    except PortableError:  # a relative PORTABLE_CACHE_DIR: refused at startup, and here no cache rather than ./
+        return None
 
 
 def _read_cached(path: Path | None) -> dict[str, str] | None:

@@ -37,10 +37,11 @@ FP_COLUMNS = ("episode_index", "frame_index", "index", "task_index", "is_success
 
 
 def cache_dir() -> Path:
-    """<cache root>/fingerprints (reproduction/settings.py: PORTABLE_CACHE_DIR, else ~/.cache/recap-portable)."""
-    from reproduction.settings import cache_root, default_cache_root
+    """<cache root>/fingerprints, absolute (settings.cache_root_or_default: PORTABLE_CACHE_DIR with `~` expanded,
+    else ~/.cache/recap-portable; a relative value is ConfigError, exit 4), never under the current folder."""
+    from reproduction.settings import cache_root_or_default
 
-    return Path(cache_root() or default_cache_root()) / "fingerprints"
+    return cache_root_or_default() / "fingerprints"
 
 
 DIGEST_ROWS = 1 << 20

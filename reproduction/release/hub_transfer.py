@@ -14,13 +14,14 @@ what marks the bundle complete, and `portable verify` checks the rest.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import random
 import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,11 +37,16 @@ from reproduction.errors import (
     os_error,
 )
 from reproduction.fsio import annotate
-from reproduction.settings import HUB, hub_values
+from reproduction.settings import HUB, HUB_FIELDS, hub_values
 from reproduction.ui import UiOptions, human_bytes, progress, say
 
 T = TypeVar("T")
 _ENV = HUB
+
+
+def _shown(got: float) -> str:
+    """A setting's value as the user wrote it: 0, -1, inf, nan (not 0.0 or -1.0)."""
+    return str(int(got)) if isinstance(got, float) and got.is_integer() else str(got)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -68,35 +74,35 @@ class HubSettings:
     """Most bytes per publish commit."""
 
     def __post_init__(self) -> None:
-        for name in ("jobs", "batch_files", "batch_bytes"):
-            if getattr(self, name) < 1:
+        # Errors name the variable a user sets (PORTABLE_HUB_<FIELD>), not the dataclass field (audit53 V3). inf and
+        # nan pass a plain `< 0` check, then surface far away as an "internal error" (OverflowError in the socket
+        # layer) or as "the Hub's answer is not JSON" (audit53 V1, V2): every wait must be finite to stay bounded.
+        defaults = {f.name: f.default for f in fields(self)}
+        for name in HUB_FIELDS:
+            got = getattr(self, name)
+            floor = 1 if name in ("jobs", "batch_files", "batch_bytes") else 0
+            if name in ("stall_timeout_s", "connect_timeout_s"):
+                allowed, fine = "a finite number of seconds above 0", math.isfinite(got) and got > 0
+            elif name.endswith("_s"):
+                allowed, fine = "a finite number of seconds, 0 or more", math.isfinite(got) and got >= 0
+            else:
+                allowed, fine = f"a whole number, {floor} or more", got >= floor
+            if not fine:
+                env = _ENV + name.upper()
                 raise InvalidInputError(
-                    f"hub setting {name}={getattr(self, name)} must be at least 1",
-                    field=name,
-                    hint=f"set {_ENV}{name.upper()} to a positive number",
+                    f"{env}={_shown(got)} must be {allowed}",
+                    field=env,
+                    hint=f"unset {env} for the default ({_shown(defaults[name])}) or set it to {allowed}",
                 )
-        for name in ("retries", "backoff_s", "backoff_max_s"):
-            if getattr(self, name) < 0:
-                raise InvalidInputError(f"hub setting {name}={getattr(self, name)} must not be negative", field=name)
-        for name in ("stall_timeout_s", "connect_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise InvalidInputError(f"hub setting {name}={getattr(self, name)} must be positive", field=name)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> HubSettings:
-        kinds = (
-            ("jobs", int),
-            ("retries", int),
-            ("backoff_s", float),
-            ("backoff_max_s", float),
-            ("stall_timeout_s", float),
-            ("connect_timeout_s", float),
-            ("batch_files", int),
-            ("batch_bytes", int),
-        )
-        raw_values = hub_values(tuple(name for name, _ in kinds), environ)
+        """The settings with every PORTABLE_HUB_<FIELD> that is set applied; InvalidInputError (exit 4, naming the
+        variable and the allowed range) for a value that is not a number, not finite, or out of range."""
+        kinds = {name: float if name.endswith("_s") else int for name in HUB_FIELDS}
+        raw_values = hub_values(HUB_FIELDS, environ)
         values: dict[str, Any] = {}
-        for name, kind in kinds:
+        for name, kind in kinds.items():
             if name not in raw_values:
                 continue
             raw = raw_values[name]

@@ -28,13 +28,15 @@ _imported: dict[str, Any] = {}
 
 
 def default_cache_dir() -> Path:
-    """`$PORTABLE_CACHE_DIR/libero` if set, else `<temp dir>/recap-portable-<uid>/libero`: never the home folder
-    (the issue's rule for LIBERO) and never the working directory (which may be a checkout)."""
-    from reproduction.settings import CACHE_DIR, value
+    """`<cache root>/libero` when PORTABLE_CACHE_DIR (or its old name RECAP_PORTABLE_CACHE) is set, `~` expanded and
+    absolute (settings.cache_root: a relative value is ConfigError, exit 4), else
+    `<temp dir>/recap-portable-<uid>/libero`: never the home folder (the issue's rule for LIBERO) and never the
+    working directory (which may be a checkout)."""
+    from reproduction.settings import cache_root
 
-    root = value(CACHE_DIR)
-    if root:
-        return Path(root) / "libero"
+    root = cache_root()
+    if root is not None:
+        return root / "libero"
     return Path(tempfile.gettempdir()) / f"recap-portable-{os.getuid() if hasattr(os, 'getuid') else 'user'}" / "libero"
 
 
