@@ -160,3 +160,19 @@ def test_jobs_has_a_help_text(command, text, capsys):
     with pytest.raises(SystemExit):
         portable([command, "--help"])
     assert f"--jobs JOBS {text}" in " ".join(capsys.readouterr().out.split())
+
+
+def test_readme_documents_the_flags_help_shows():
+    """V5, V6, V17: flags `--help` lists that no doc named, and `eval --plan`'s synopsis showing both as optional."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    for text in (
+        "`portable pack SPEC.toml --out DIR [--root SRC] [--jobs N]`",
+        "`portable verify [BUNDLE] [--jobs N]`",
+        "`portable restore [BUNDLE] [--deep] [--refresh-source] [--jobs N]`",
+        "`portable weights pin REPO\\|MANIFEST [--license ID]`",
+        "`portable eval --plan (--reference FILE \\| --rate P) [--margin M] [--alpha A] [--power 0.8] "
+        "[--difference D]`",
+        "`portable demo [--output DIR] [--quick] [key.path=value ...]`",
+        "`--workdir DIR` is the older name of `--output`",
+    ):
+        assert text in readme, text

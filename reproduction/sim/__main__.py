@@ -12,7 +12,9 @@ A LIBERO task id (one task with a scripted expert: libero_10/0, libero_spatial/0
 `python -m reproduction.sim.libero.generate`); `--cameras none` writes privileged state only, `agentview`,
 `wrist` or both upstream's two cameras (a LIBERO env renders both); another name is refused. Talk and
 progress go to stderr; `--json` prints the result on stdout. A bad task, camera or mix is one `error:` line
-with a `hint:` and the error's exit code; nothing is written.
+with a `hint:` and the error's exit code; nothing is written. An empty `--out` (an unset `$OUT`) is refused, exit 2,
+as by every `portable` command, never taken as the current folder; a negative `--sft/--rollouts/--eval` is
+refused while parsing, exit 2.
 """
 
 from __future__ import annotations
