@@ -47,6 +47,7 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import errno  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -58,6 +59,7 @@ if __package__ in (None, ""):
 
 from reproduction.errors import (  # noqa: E402
     DISK_FULL_ERRNOS,
+    ConfigError,
     InputNotFoundError,
     MissingDependencyError,
     PortableError,
@@ -471,11 +473,12 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     from reproduction.run.lineage_check import lineage_chain, verify_lineage  # stdlib only
 
     normalise_paths(args, "run_dir")
-    chain = lineage_chain(Path(args.run_dir))
     report = verify_lineage(Path(args.run_dir)) if args.verify else None
+    # no statement left to chain (every one gone from complete stages): the report names them, exit 11 (audit53 V4)
+    chain = lineage_chain(Path(args.run_dir)) if report is None or report.statements else None
     if args.json:
-        _print_json({"chain": chain.to_dict(), "verify": report.to_dict() if report else None})
-    else:
+        _print_json({"chain": chain.to_dict() if chain else None, "verify": report.to_dict() if report else None})
+    elif chain is not None:
         print(chain.render())
     if report is not None and report.problems:
         print(report.summary(), file=sys.stderr)  # what differs is the result: shown even with -q
@@ -493,6 +496,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from reproduction.run.cli import normalise_paths
 
+    workdir = getattr(args, "workdir", None)
+    if workdir is not None and args.output is not None and workdir != args.output:
+        raise UsageError(  # the alias shared --output's dest, so the last one silently won (audit53 V17)
+            f"--output {args.output} and --workdir {workdir} name the demo folder twice",
+            hint="give one of them (--workdir is the older name of --output)",
+        )
+    args.output = args.output or workdir
     recipe = getattr(args, "recipe", "recap")
     if recipe not in DEMOS:
         raise UsageError(f"--recipe {recipe!r} has no demo", hint=f"demos: {', '.join(DEMOS)}")
@@ -591,7 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command("verify", cmd_verify, "hash every file of a bundle against bundle.json")
     p.add_argument("bundle", nargs="?", metavar="BUNDLE", help="default: the folder holding reproduction/")
-    p.add_argument("--jobs", type=_positive_int, default=None)
+    p.add_argument("--jobs", type=_positive_int, default=None, help="hash threads (default: all cores)")
 
     p = _command("restore", cmd_restore, "verify, extract and relocate a bundle's layers in place")
     p.add_argument("bundle", nargs="?", metavar="BUNDLE", help="default: the folder holding reproduction/")
@@ -602,7 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
         "again, whole: files added inside it are removed)",
     )
     p.add_argument("--refresh-source", action="store_true", help="re-extract source layers over local edits")
-    p.add_argument("--jobs", type=_positive_int, default=None)
+    p.add_argument("--jobs", type=_positive_int, default=None, help="extraction/hash threads (default: all cores)")
 
     p = _command("check", cmd_check, "probe the accelerator, compile toolchain and known hazards", json_option=False)
     p.add_argument("bundle", nargs="?", metavar="BUNDLE")
@@ -727,7 +737,7 @@ def _from_os_error(exc: OSError) -> PortableError | None:
 
 
 PATH_ARGUMENTS = (
-    *("bundle", "spec", "out", "root", "dir", "manifest", "run_dir", "output", "config", "checkpoint"),
+    *("bundle", "spec", "out", "root", "dir", "manifest", "run_dir", "output", "workdir", "config", "checkpoint"),
     *("reference", "actual"),  # compare's evidence files (a `hub:OWNER/NAME` reference is no link: left alone)
     "json",  # check's `--json FILE` (the global --json is a flag, True/False: no path; `-` is stdout)
 )
@@ -755,6 +765,21 @@ def _not_a_path(name: str, item: str) -> bool:
     )
 
 
+def path_argument(flag: str, text: str) -> Path:
+    """The path the user gave as `flag`, normalised as every `portable` command's (fsio.user_path: `~` expanded,
+    absolute, resolved). Guarantees an empty `text` is never the current folder: UsageError (exit 2) naming
+    `flag`, as for an unset `--out "$OUT"` (audit47 F2); the data-generation CLIs call this too (audit53 V15), so
+    one rule holds wherever a path is typed. A link loop, a link to nothing or a name too long is exit 3."""
+    from reproduction.fsio import user_path
+
+    if text == "":
+        raise UsageError(
+            f"{flag} is empty: an empty path would mean the current folder",
+            hint=f"give {flag} a path (an unset shell variable expands to nothing; use . for this folder)",
+        )
+    return user_path(text, what=flag)
+
+
 def _check_paths(args: argparse.Namespace) -> None:
     """Normalise every path argument once, the same way, before any command reads or writes through it: `~`
     expanded, made absolute, resolved (fsio.user_path), and the normalised form stored back in `args`, so what
@@ -763,8 +788,6 @@ def _check_paths(args: argparse.Namespace) -> None:
     Refused, naming the argument: an empty path (UsageError, exit 2: `Path('')` is the current folder, so an
     unset `--output "$OUT"` wrote wherever the user stood; audit47 F2), a symbolic-link loop, a link to nothing
     and a name too long to look up (exit 3)."""
-    from reproduction.fsio import user_path
-
     for name in PATH_ARGUMENTS:
         value = getattr(args, name, None)
         items = value if isinstance(value, list) else [value]
@@ -773,12 +796,7 @@ def _check_paths(args: argparse.Namespace) -> None:
         flag = _path_flag(args, name)
         normalised = []
         for item in items:
-            if item == "":
-                raise UsageError(
-                    f"{flag} is empty: an empty path would mean the current folder",
-                    hint=f"give {flag} a path (an unset shell variable expands to nothing; use . for this folder)",
-                )
-            normalised.append(item if _not_a_path(name, item) else str(user_path(item, what=flag)))
+            normalised.append(item if item and _not_a_path(name, item) else str(path_argument(flag, item)))
             kind = FILE_ARGUMENTS.get((args.command, name))
             if kind and os.path.isdir(normalised[-1]):  # exit 3, as errors.py and README's --config say (F11)
                 raise InputNotFoundError(
@@ -872,6 +890,17 @@ def _to_devnull(stream: Any) -> None:
         pass
 
 
+_CONFIG_KEY = re.compile(r"[A-Za-z_]\w*(\[\d+\])*(\.[A-Za-z_]\w*(\[\d+\])*)+")
+"""A dotted config key (`eval.episodes_per_task`, `datasets[0].path`): at least one dot, no slash."""
+
+
+def _override_without_value(bundle: str | None) -> bool:
+    """Whether `run`'s first positional is an override that lost its `=value`, not a bundle: a dotted config key
+    naming nothing on disk. It was reported as "bundle ... does not exist" (exit 3) where an override missing
+    its value anywhere else is exit 4 (audit53 V12)."""
+    return bool(bundle) and "=" not in bundle and not os.path.lexists(bundle) and bool(_CONFIG_KEY.fullmatch(bundle))
+
+
 def _main(argv: list[str] | None = None) -> int:
     if "restore" in (sys.argv[1:] if argv is None else argv):
         from reproduction.release.noop import try_noop_restore
@@ -905,6 +934,12 @@ def _main(argv: list[str] | None = None) -> int:
         if args.command == "run" and args.bundle and "=" in args.bundle and not os.path.lexists(args.bundle):
             args.overrides.insert(0, args.bundle)  # `portable run --output D key=value`: no BUNDLE given
             args.bundle = None
+        if args.command == "run" and _override_without_value(args.bundle):
+            raise ConfigError(
+                f"{args.bundle!r} is no folder and reads as a config key: an override missing its =value",
+                field=args.bundle,
+                hint=f"write it as {args.bundle}=VALUE (a BUNDLE must be an existing folder)",
+            )
         _check_paths(args)
         pin_cpu_kernels()  # before any pipeline command imports torch: the same bits on every x86-64 CPU
         heap_choice()  # a bad PORTABLE_HEAP stops here, not inside a trainer after minutes of work

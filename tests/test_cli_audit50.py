@@ -329,9 +329,9 @@ def test_bundle_used_while_empty_is_refused_naming_the_key(tmp_path, cli):
     code, err = cli("run", "--output", str(tmp_path / "r"), recipe="WITH_BUNDLE", yaml="data: ${BUNDLE}/d\n")
     assert code == 4, err
     assert err[0].endswith("config key `data` uses ${BUNDLE}, which is empty here ('${BUNDLE}/d' would start at /)")
-    assert (
-        err[1]
-        == "hint: give the bundle folder: portable run BUNDLE ... (or set BUNDLE=PATH), or write data without ${BUNDLE}"
+    assert err[1] == (  # the override, not the environment variable (audit53 V11)
+        "hint: give the bundle folder: portable run BUNDLE ... (or the override BUNDLE=PATH after the command; "
+        "the environment variable BUNDLE is not read), or write data without ${BUNDLE}"
     )
     assert not (tmp_path / "r").exists()
     code, err = cli(

@@ -95,13 +95,9 @@ def add_compare_arguments(p: Any) -> None:
 def add_demo_arguments(p: Any) -> None:
     """The flags of `portable demo`."""
     p.add_argument(
-        "--output",
-        "--workdir",
-        dest="output",
-        default=None,
-        metavar="DIR",
-        help="where to build (default ./runs/demo; grpo: ./runs/demo-grpo)",
+        "--output", default=None, metavar="DIR", help="where to build (default ./runs/demo; grpo: ./runs/demo-grpo)"
     )
+    p.add_argument("--workdir", default=None, metavar="DIR", help="the same as --output (its older name)")
     p.add_argument(
         "--recipe",
         default="recap",

@@ -165,7 +165,8 @@ def _refuse_empty_placeholders(merged: Any, files: list[Path] | None, overrides:
                     f"{f'{where}: ' if where else ''}config key `{key}` uses ${{{name}}}, which is empty here "
                     f"({value!r} would start at /)",
                     field=key,
-                    hint=f"give {PLACEHOLDERS[name]} (or set {name}=PATH), or write {key} without ${{{name}}}",
+                    hint=f"give {PLACEHOLDERS[name]} (or the override {name}=PATH after the command; the "
+                    f"environment variable {name} is not read), or write {key} without ${{{name}}}",
                 )
 
 

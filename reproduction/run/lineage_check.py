@@ -121,7 +121,12 @@ def load_statements(run_dir: Path) -> list[LoadedStatement]:
             )
         out.append(loaded)
     if not out:
-        raise InputNotFoundError(f"no lineage statements (*{SUFFIX}) in {folder}", path=folder)
+        raise InputNotFoundError(
+            f"no lineage statements (*{SUFFIX}) in {folder}",
+            path=folder,
+            hint="a run writes one per stage as it completes: give the folder `portable run --output` wrote, "
+            "after a stage completed",
+        )
     return sorted(out, key=lambda s: (s.metadata["startedOn"], s.stage))
 
 
@@ -543,7 +548,15 @@ def verify_lineage(run_dir: Path) -> LineageReport:
     malformed (a path of root "run" outside the run folder included); ReadFailedError naming the path when one
     cannot be read; differences in the bytes are returned, not raised.
     """
-    statements = load_statements(run_dir)
+    state, why = _read_state(Path(run_dir))
+    try:
+        statements = load_statements(run_dir)
+    except InputNotFoundError:
+        # every statement (or lineage/ itself) gone from a run whose run.json records complete stages is those
+        # stages' statements missing, exit 11 as when one of several is gone (audit53 V4: it was exit 3, no hint)
+        if not _unstated(state or {"stages": {}}, set()):
+            raise
+        statements = []
     items: list[tuple[LoadedStatement, str, Mapping[str, Any]]] = []
     for st in statements:
         items += [(st, "subject", s) for s in st.subjects]
@@ -596,7 +609,6 @@ def verify_lineage(run_dir: Path) -> LineageReport:
                     files=changes,
                 )
             )
-    state, why = _read_state(Path(run_dir))
     notes = []
     if state is None:
         problems.append(
@@ -606,6 +618,8 @@ def verify_lineage(run_dir: Path) -> LineageReport:
         problems += _unstated(state, {st.file.name for st in statements})
         problems += _against_record(state, statements)
         notes += _stale_notes(state, statements, problems)
+    if any(p.what == "statement" for p in problems):
+        notes.append(f"hint: `portable run --resume` on {run_dir} writes a lost statement again from run.json")
     for bundle in sorted(bundles_missing):
         notes.append(
             f"hint: the bundle these statements read is not at {bundle} (or lacks those files); restore or copy "

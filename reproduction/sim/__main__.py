@@ -12,7 +12,9 @@ A LIBERO task id (one task with a scripted expert: libero_10/0, libero_spatial/0
 `python -m reproduction.sim.libero.generate`); `--cameras none` writes privileged state only, `agentview`,
 `wrist` or both upstream's two cameras (a LIBERO env renders both); another name is refused. Talk and
 progress go to stderr; `--json` prints the result on stdout. A bad task, camera or mix is one `error:` line
-with a `hint:` and the error's exit code; nothing is written.
+with a `hint:` and the error's exit code; nothing is written. An empty `--out` (an unset `$OUT`) is refused, exit 2,
+as by every `portable` command, never taken as the current folder; a negative `--sft/--rollouts/--eval` is
+refused while parsing, exit 2.
 """
 
 from __future__ import annotations
@@ -27,6 +29,19 @@ from pathlib import Path
 from reproduction.errors import PortableError, render_error
 from reproduction.sim.libero.tasks import is_libero_id
 from reproduction.ui import UiOptions, say
+
+
+def count(text: str) -> int:
+    """argparse type of generate's `--sft/--rollouts/--eval`: a whole number >= 0 (0 skips that set). A negative
+    one is refused at parse time, exit 2 naming the flag, for Fetch tasks too, which do not read the counts
+    (audit53 V16: `--tasks push --sft -1` was taken silently)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative: give 0 or more (0 skips that set)")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,9 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", parents=[common], help="write <out>/sft and <out>/rollout for a data mix")
     gen.add_argument("--out", required=True)
     gen.add_argument("--mix", default="mix1")
-    gen.add_argument("--sft", type=int, default=48, help="LIBERO: expert episodes run for sft (failures dropped)")
-    gen.add_argument("--rollouts", type=int, default=100, help="LIBERO: mixed episodes in rollouts_train")
-    gen.add_argument("--eval", type=int, default=20, help="LIBERO: mixed episodes in rollouts_eval")
+    gen.add_argument("--sft", type=count, default=48, help="LIBERO: expert episodes run for sft (failures dropped)")
+    gen.add_argument("--rollouts", type=count, default=100, help="LIBERO: mixed episodes in rollouts_train")
+    gen.add_argument("--eval", type=count, default=20, help="LIBERO: mixed episodes in rollouts_eval")
     gen.add_argument("--max-steps", type=int, default=None, help="LIBERO: step limit (default: the suite's)")
     ev = sub.add_parser("eval", parents=[common], help="evaluate the scripted expert or a random policy")
     ev.add_argument("--policy", choices=("expert", "random"), default="expert")
@@ -112,6 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     ui = UiOptions(progress=not args.no_progress)
     try:
+        if args.out is not None:  # `--out ""` (an unset $OUT) wrote into the current folder (audit53 V15)
+            from reproduction.portable import path_argument
+
+            args.out = str(path_argument("--out", args.out))
         if args.command == "generate" and any(is_libero_id(t) for t in args.tasks):
             doc = _generate_libero(args, ui)
         elif args.command == "generate":

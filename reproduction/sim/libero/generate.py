@@ -611,7 +611,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The command line: 0 when every set is written, the error's exit code (one line, nothing half-written) on
     bad input, 130 on Ctrl-C (an `--out` folder this call created and left empty is removed)."""
     args = _parser().parse_args(argv)
-    out = Path(args.out)
+    from reproduction.portable import path_argument
+
+    try:  # `--out ""` (an unset $OUT) wrote into the current folder (audit53 V15): the `portable` commands' rule
+        out = path_argument("--out", args.out)
+    except PortableError as exc:
+        return render_error(exc)
     existed = out.exists()
     for flag, n in (("--sft", args.sft), ("--rollouts", args.rollouts), ("--eval", args.eval)):
         if n < 0:
@@ -623,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     try:
         results = generate_libero_data(
-            Path(args.out),
+            out,
             task=args.task,
             sft=args.sft,
             rollouts=args.rollouts,
