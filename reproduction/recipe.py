@@ -212,7 +212,11 @@ class StageOutput:
     """For a training stage: the step it reached (an integer >= 0; None: not counted in steps, e.g. a pinned copy)."""
     resumed_from: int | None = None
     resumed_from_path: Path | None = None
-    """The checkpoint it continued from (a lineage material)."""
+    """The checkpoint it continued from (a lineage material): for a trainer stage the folder it loaded,
+    `<stage>/checkpoints/step_<resumed_from>` (or the model's equivalent)."""
+    resumed_from_sha256: str | None = None
+    """That checkpoint's tree digest taken when the trainer loaded it (TrainResult.resumed_from_sha256); the lineage
+    records it even after keep-last deleted the folder. None: hashed when the statement is written."""
     world_size: int = 1
     device: str = "cpu"
 

@@ -121,6 +121,9 @@ class Artifact:
     """For inputs, one of ROLES; ignored for outputs."""
     sha256: str | None = None
     """A digest already computed by the caller (file digest, or tree digest for a folder); hashed when None."""
+    kind: str | None = None
+    """"file" or "tree" for a pre-computed digest of a path that may be gone (a pruned checkpoint); None: told
+    from the path."""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -252,7 +255,7 @@ def _descriptor(item: Path | Artifact, run: StageRun, *, role: str | None) -> di
     path = Path(artifact.path)
     files = None
     if artifact.sha256 is not None:
-        digest, kind = artifact.sha256, "tree" if path.is_dir() else "file"
+        digest, kind = artifact.sha256, artifact.kind or ("tree" if path.is_dir() else "file")
     else:
         digest, kind, files = (run.cache or DigestCache()).path(path)
     root, rel = _locate(path, Path(run.run_dir), run.bundle_dir)
@@ -312,7 +315,8 @@ def build_statement(run: StageRun) -> dict[str, Any]:
         subjects.append({"name": d["name"], "digest": d["digest"], "annotations": d["annotations"]})
     inputs = list(run.inputs)
     if run.resumed_from is not None:
-        inputs.append(Artifact(path=run.resumed_from.path, role="checkpoint", sha256=run.resumed_from.sha256))
+        r = run.resumed_from
+        inputs.append(Artifact(path=r.path, role="checkpoint", sha256=r.sha256, kind=r.kind))
     dependencies = [_descriptor(a, run, role=a.role) for a in inputs]
     resumed = None
     if run.resumed_from is not None:

@@ -583,6 +583,8 @@ def verify_lineage(run_dir: Path) -> LineageReport:
                 )
             )  # fmt: skip
             continue
+        if now is None and what == "checkpoint":
+            continue  # the checkpoint a stage resumed from, digested at load: keep-last prunes it (audit53 U1)
         if now is None:
             bundled = ann.get("root") == "bundle" and st.bundle
             if bundled:

@@ -86,11 +86,17 @@ def _version_pairs(v: Any) -> bool:
 
 # (key, test, expected) for every key of a stage record's `lineage`, all required: --resume writes a lost statement
 # again from them (runner._rewrite_lost_statement), so a damaged one is refused here, not deep in the writer
+# (but those in _LINEAGE_OPTIONAL, which a run.json written before them lacks)
 _LINEAGE_FIELDS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("argv", lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v), "a list of strings (the command)"),
     ("world_size", lambda v: _int(v) and v >= 1, "an integer >= 1"),
     ("device", lambda v: v is None or isinstance(v, str), "a string or null"),
     ("resumed_from_path", lambda v: v is None or isinstance(v, str), "a string (a checkpoint's path) or null"),
+    (
+        "resumed_from_sha256",
+        lambda v: v is None or (isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)),
+        "a sha256 (64 lowercase hex digits) or null",
+    ),
     ("versions", lambda v: v is None or _version_pairs(v), "null or a list of [name, version] string pairs"),
     (
         "config_sha256",
@@ -100,8 +106,13 @@ _LINEAGE_FIELDS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
 )
 
 
+_LINEAGE_OPTIONAL = frozenset({"resumed_from_sha256"})
+
+
 def _lineage_problem(where: str, params: dict[str, Any]) -> str | None:
     for key, test, expected in _LINEAGE_FIELDS:
+        if key not in params and key in _LINEAGE_OPTIONAL:
+            continue
         if key not in params:
             return f"{where}.lineage.{key} is missing, expected {expected}"
         if not test(params[key]):
@@ -247,7 +258,11 @@ def make_recorder(bundle: Path | None) -> Callable[[Any], None] | None:
         for path in getattr(rec, "weight_files", []):  # the starting weights: manifest, then its files
             inputs.append(A(path=Path(path), role="weights"))
         resumed = None
-        if rec.resumed_from_path is not None and Path(rec.resumed_from_path).exists():
+        resumed_sha = getattr(rec, "resumed_from_sha256", None)
+        if rec.resumed_from_path is not None and resumed_sha is not None:
+            # The checkpoint as the trainer loaded it: keep-last has usually deleted it by now (audit53 U1)
+            resumed = A(path=Path(rec.resumed_from_path), role="checkpoint", sha256=resumed_sha, kind="tree")
+        elif rec.resumed_from_path is not None and Path(rec.resumed_from_path).exists():
             resumed = A(path=Path(rec.resumed_from_path), role="checkpoint")
         outputs = [A(path=rec.run_dir / rel, sha256=sha) for rel, sha in rec.subjects.items()]
         versions = getattr(rec, "versions", None)

@@ -114,6 +114,8 @@ class StageRecord:
     world_size: int = 1
     device: str = "cpu"
     resumed_from_path: Path | None = None
+    resumed_from_sha256: str | None = None
+    """The checkpoint's tree digest taken when the trainer loaded it (StageOutput.resumed_from_sha256)."""
     digests: DigestCache | None = None
     """The run's digest cache: the lineage writer hashes through it (a file the run hashed is not hashed again)."""
     versions: dict[str, Any] | None = None
@@ -769,6 +771,7 @@ def _record_lineage(
             world_size=output.world_size,
             device=output.device,
             resumed_from_path=output.resumed_from_path,
+            resumed_from_sha256=output.resumed_from_sha256,
             digests=walk.digests,
             versions=versions,
         )
@@ -787,6 +790,7 @@ def _statement_params(walk: _Walk, output: StageOutput, versions: Any) -> dict[s
         "world_size": output.world_size,
         "device": output.device,
         "resumed_from_path": str(resumed) if resumed is not None else None,
+        "resumed_from_sha256": output.resumed_from_sha256,
         "versions": [[k, v] for k, v in versions.items()] if isinstance(versions, dict) else None,
         "config_sha256": walk.config_sha256,
     }
@@ -798,7 +802,8 @@ def _rewrite_lost_statement(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -
     tool), and say so in one line. Rebuilt from the stage record and its `lineage` (`_statement_params`), so its
     bytes are those the run wrote, with three exceptions, read as they are now: the bundle (`--bundle` / the config's
     BUNDLE) and its manifest and layers, the opened inputs' folders (their fingerprints are in the key, not their
-    paths), and the starting weights and the checkpoint continued from (hashed again; one since deleted is left out).
+    paths), and the starting weights (hashed again). The checkpoint continued from keeps the digest the trainer took
+    when it loaded it; a record written before that digest was kept hashes it again (one since deleted is left out).
     Not written (one line says why) when the record has no `lineage` (written before run.json kept it) or the
     config differs from the one the statement recorded (a key declared not to change outputs was changed). A
     rewritten statement is as true as run.json: its `lineage` is checked for shape when run.json is loaded
@@ -827,6 +832,7 @@ def _rewrite_lost_statement(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -
         step=rec.get("step"),
         resumed_from=rec.get("resumed_from"),
         resumed_from_path=Path(resumed) if resumed is not None else None,
+        resumed_from_sha256=params.get("resumed_from_sha256"),
         world_size=params["world_size"],
         device=params["device"],
     )

@@ -7,6 +7,7 @@ ranks (metrics at log steps, eval, checkpoints, export), decided by the step num
 from __future__ import annotations
 
 import gc
+import hashlib
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from reproduction.digest_cache import tree_lines
+from reproduction.digests import sha256_file
 from reproduction.errors import CheckpointError
 from reproduction.train import checkpoint, data_order, dist, fsdp
 from reproduction.train.config import TrainConfig
@@ -40,6 +43,10 @@ class _State:
     accel: Any
     step: int = 0
     resumed_from: int | None = None
+    resumed_from_dir: Path | None = None
+    """The checkpoint folder `step_<resumed_from>` this invocation loaded (None: a fresh start)."""
+    resumed_from_sha256: str | None = None
+    """Its tree digest as loaded (`loaded_checkpoint_sha256`), taken before training saves or prunes anything."""
     trainer: dict[str, int] = field(default_factory=lambda: {"skipped_steps": 0, "samples_seen": 0})
     train_metrics: dict[str, float] = field(default_factory=dict)
     eval_metrics: dict[str, float] = field(default_factory=dict)
@@ -115,6 +122,8 @@ def run_worker(
     return TrainResult(
         step=st.step,
         resumed_from=st.resumed_from,
+        resumed_from_dir=st.resumed_from_dir,
+        resumed_from_sha256=st.resumed_from_sha256,
         train_metrics=st.train_metrics,
         eval_metrics=st.eval_metrics,
         skipped_steps=st.trainer["skipped_steps"],
@@ -282,9 +291,21 @@ def _resume(st: _State, root: Path, config: TrainConfig) -> None:
         _seed(config.seed, dist.rank(), manifest["step"])
     checkpoint.check_canary(manifest["canary_loss"], canary_loss(st), rtol=config.canary_rtol, folder=folder)
     st.step = st.resumed_from = manifest["step"]
+    st.resumed_from_dir = folder
+    # Taken now: keep-last prunes this folder once training saves newer steps (audit53 U1)
+    st.resumed_from_sha256 = loaded_checkpoint_sha256(folder, manifest) if dist.is_main() else None
     st.trainer = dict(manifest["trainer"])
     st.world_sizes = checkpoint.trained_world_sizes(manifest)
     st.load_seconds = time.perf_counter() - t0
+
+
+def loaded_checkpoint_sha256(folder: Path, manifest: dict[str, Any]) -> str:
+    """The tree digest (lineage's: "<path>\\0<sha256>\\n" per file, sorted) of checkpoint `folder` as `checkpoint.load`
+    verified it: its files' digests from `manifest` plus manifest.json's own bytes. Equals lineage's tree_sha256 of
+    the folder while it holds just those files, without reading the shards a second time."""
+    entries = {rel: entry["sha256"] for rel, entry in manifest["files"].items()}
+    entries[checkpoint.MANIFEST] = sha256_file(folder / checkpoint.MANIFEST)
+    return hashlib.sha256(tree_lines(entries)).hexdigest()
 
 
 def _check_finite_weights(st: _State) -> None:

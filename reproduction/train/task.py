@@ -152,3 +152,8 @@ class TrainResult:
     """The model-only export: model.safetensors, model_config.json, train_config.json, extras."""
     samples_per_s: float
     """Training throughput of this invocation (excludes startup, eval and saving)."""
+    resumed_from_dir: Path | None = None
+    """The checkpoint folder `checkpoints/step_<resumed_from>` it loaded (None for a fresh start)."""
+    resumed_from_sha256: str | None = None
+    """That folder's tree digest as loaded (lineage's tree digest: manifest.json, which lists every file's sha256, and
+    the files it lists), taken at load time: keep-last usually deletes the folder before the stage ends."""

@@ -45,6 +45,10 @@ class PolicyResult:
     step: int
     resumed_from: int | None
     train_metrics: dict[str, float]
+    resumed_from_dir: Path | None = None
+    """The checkpoint folder it loaded (TrainResult.resumed_from_dir)."""
+    resumed_from_sha256: str | None = None
+    """Its tree digest as loaded (TrainResult.resumed_from_sha256)."""
     samples_per_s: float
     summary: dict[str, Any]
     """Data summary: frames, episodes, successes and positive fractions per dataset."""
@@ -94,6 +98,8 @@ def train_policy(
         checkpoint_dir=result.checkpoint_dir,
         step=result.step,
         resumed_from=result.resumed_from,
+        resumed_from_dir=result.resumed_from_dir,
+        resumed_from_sha256=result.resumed_from_sha256,
         train_metrics=result.train_metrics,
         samples_per_s=result.samples_per_s,
         summary=setup["summary"],

@@ -105,7 +105,8 @@ def sft_stage(ctx: StageContext) -> StageOutput:
         summary=_jsonable({"step": result.step, "train_metrics": result.train_metrics, "data": result.summary}),
         step=result.step,
         resumed_from=result.resumed_from,
-        resumed_from_path=ctx.out_dir / "checkpoints" if result.resumed_from is not None else None,
+        resumed_from_path=result.resumed_from_dir,
+        resumed_from_sha256=result.resumed_from_sha256,
         world_size=train.world_size,
         device=train.device,
     )
@@ -145,7 +146,8 @@ def rl_stage(ctx: StageContext) -> StageOutput:
         summary=_jsonable(result["summary"]),
         step=result["step"],
         resumed_from=result["resumed_from"],
-        resumed_from_path=ctx.out_dir / "checkpoints" if result["resumed_from"] is not None else None,
+        resumed_from_path=result["resumed_from_dir"],
+        resumed_from_sha256=result["resumed_from_sha256"],
         world_size=cfg.rl.world_size,
         device=cfg.rl.device,
     )

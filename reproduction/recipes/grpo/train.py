@@ -99,6 +99,8 @@ def train_grpo(
         "files": files,
         "step": result.step,
         "resumed_from": result.resumed_from,
+        "resumed_from_dir": result.resumed_from_dir,
+        "resumed_from_sha256": result.resumed_from_sha256,
         "summary": {
             "step": result.step,
             "train_metrics": result.train_metrics,

@@ -78,7 +78,7 @@ def policy_stage(ctx: StageContext) -> StageOutput:
         files += list(result.files)
         steps.append(result.step)
         if result.resumed_from is not None:
-            resumed.append(result.resumed_from)
+            resumed.append(result)
         summary[mode] = {
             "step": result.step,
             "export": str(Path(result.export_dir).relative_to(ctx.run_dir)),
@@ -87,12 +87,15 @@ def policy_stage(ctx: StageContext) -> StageOutput:
             "data": result.summary,
         }
     train = ctx.config.policy.train
+    # One statement names one checkpoint: the one the stage's resumed_from step comes from (audit53 U1)
+    first = min(resumed, key=lambda r: r.resumed_from) if resumed else None
     return StageOutput(
         files=files,
         summary=_jsonable(summary),
         step=min(steps),
-        resumed_from=min(resumed) if resumed else None,
-        resumed_from_path=ctx.out_dir if resumed else None,
+        resumed_from=first.resumed_from if first is not None else None,
+        resumed_from_path=first.resumed_from_dir if first is not None else None,
+        resumed_from_sha256=first.resumed_from_sha256 if first is not None else None,
         world_size=train.world_size,
         device=train.device,
     )

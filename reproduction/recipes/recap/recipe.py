@@ -138,14 +138,16 @@ def value_stage(ctx: StageContext) -> StageOutput:
     files = [ctx.out_dir / "value_setup.json", ctx.out_dir / "crossfit.json"]
     for d in result.export_dirs:
         files += [p for p in Path(d).rglob("*") if p.is_file()]
-    resumed = [r.resumed_from for r in result.results if r.resumed_from is not None]
+    # One statement names one checkpoint: the one the stage's resumed_from step comes from (audit53 U1)
+    resumed = sorted((r for r in result.results if r.resumed_from is not None), key=lambda r: r.resumed_from)
     return StageOutput(
         files=files,
         summary=_jsonable(result.summary()),
         result=result,
         step=min(r.step for r in result.results),
-        resumed_from=min(resumed) if resumed else None,
-        resumed_from_path=ctx.out_dir / "model_0" / "checkpoints" if resumed else None,
+        resumed_from=resumed[0].resumed_from if resumed else None,
+        resumed_from_path=resumed[0].resumed_from_dir if resumed else None,
+        resumed_from_sha256=resumed[0].resumed_from_sha256 if resumed else None,
         world_size=train.world_size,
         device=train.device,
     )
