@@ -205,3 +205,32 @@ def test_a_stalled_upload_is_exit_33_with_no_library_log_line(hub: HubServer, tm
     assert got.returncode == 33, got.stderr
     assert re.search(r"error: upload \(.*\): transfer (stalled|failed)", got.stderr), got.stderr
     assert "thrown while requesting" not in got.stderr, got.stderr
+
+
+def test_sigterm_during_a_stalled_publish_upload_exits_at_once(hub: HubServer, tmp_path: Path) -> None:
+    hub.add_fault(Fault(method="PUT", path=r"/_lfs/upload/", kind="stall_upload", seconds=60))
+    bundle = make_bundle(tmp_path / "bundle", files())
+    env = portable_env(hub, tmp_path / "hfhome", token=TOKEN, PORTABLE_HUB_STALL_TIMEOUT_S="30")
+    proc = subprocess.Popen(
+        portable_cmd("publish", str(bundle), "--repo", "alice/r"),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert hub.stalled.wait(60), "the upload started"
+        time.sleep(0.5)
+        requests, start = len(hub.log), time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 130, err
+    assert err.splitlines()[-2:] == [
+        "error: interrupted",
+        "hint: run the same `portable publish` again: it uploads only what is missing",
+    ], err
+    assert elapsed < 3, f"exit 130 came {elapsed:.1f} s after SIGTERM (stall timeout 30 s)"
+    assert hub.log[requests:] == [], "nothing is sent after the signal"

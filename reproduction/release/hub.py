@@ -53,6 +53,7 @@ from reproduction.release.hub_transfer import (
     bound_hub_session,
     download_all,
     fetch_small,
+    stop_on_interrupt,
     with_retries,
 )
 from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, FileEntry, Manifest, load_manifest
@@ -416,10 +417,11 @@ def _commit(
     from huggingface_hub import CommitOperationAdd
 
     adds = [op for op in ops if isinstance(op, CommitOperationAdd)]
-    retried(
-        f"upload ({message})",
-        lambda: api.preupload_lfs_files(repo, additions=adds, repo_type=repo_type, revision=branch),
-    )
+    with stop_on_interrupt():  # huggingface_hub uploads in its own threads: an interrupt must end them too
+        retried(
+            f"upload ({message})",
+            lambda: api.preupload_lfs_files(repo, additions=adds, repo_type=repo_type, revision=branch),
+        )
     tries = 0
 
     def once() -> Any:

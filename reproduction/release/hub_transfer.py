@@ -13,6 +13,7 @@ what marks the bundle complete, and `portable verify` checks the rest.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -20,7 +21,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -360,6 +361,41 @@ def is_xet_failure(exc: BaseException) -> bool:
     if isinstance(exc, hf.HfHubHTTPError):
         return False
     return isinstance(exc, (OSError, RuntimeError, ValueError)) and "xet" in str(exc).lower()
+
+
+@contextlib.contextmanager
+def stop_on_interrupt() -> Iterator[None]:
+    """While inside, a SIGINT/SIGTERM first stops every transfer (`stop_transfers`), then goes to the handler
+    there was (the CLI's: KeyboardInterrupt). For transfers that huggingface_hub runs in its own threads (LFS
+    uploads): the interrupt reaches the main thread, but its pool waited for a stalled upload's stall timeout
+    before exit 130 came (audit53 X5). A no-op off the main thread."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def stopping(signum: int, frame: Any) -> None:
+        stop_transfers()
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, frame)
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt()
+
+    for signum, handler in previous.items():
+        if callable(handler):  # SIG_IGN / SIG_DFL stay as they are
+            if hasattr(handler, "stop"):  # how sigterm_as_interrupt finds the CLI's guard state
+                stopping.stop = handler.stop  # type: ignore[attr-defined]
+            signal.signal(signum, stopping)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            if callable(handler):
+                signal.signal(signum, handler)
+        _stopping.clear()
 
 
 # -- downloads ---------------------------------------------------------------------------------------
