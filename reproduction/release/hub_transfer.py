@@ -484,11 +484,14 @@ class _Guard:
 def _track_streams() -> None:
     """Note in the calling thread's guard which httpcore stream its request reads and writes, so the watchdog
     can shut that socket: httpx gives no handle on a connection before the reply's headers are in."""
-    from httpcore._backends import sync
+    try:  # httpcore's internals: another version without them keeps the per-read bounds, not the wall clock
+        from httpcore._backends import sync
 
-    if getattr(sync.SyncStream.read, "_portable_tracked", False):
+        read, write = sync.SyncStream.read, sync.SyncStream.write
+    except (ImportError, AttributeError):
         return
-    read, write = sync.SyncStream.read, sync.SyncStream.write
+    if getattr(read, "_portable_tracked", False):
+        return
 
     def tracked_read(self: Any, max_bytes: int, timeout: float | None = None) -> bytes:
         guard = getattr(_local, "guard", None)
