@@ -53,6 +53,7 @@ from reproduction.release.hub_transfer import (
     bound_hub_session,
     download_all,
     fetch_small,
+    stop_on_interrupt,
     with_retries,
 )
 from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, FileEntry, Manifest, load_manifest
@@ -157,6 +158,12 @@ def _client(settings: HubSettings, ui: UiOptions | None) -> Any:
         disable_progress_bars()
     else:
         enable_progress_bars()
+    # huggingface_hub logs its failed requests ("'timed out' thrown while requesting PUT ...") at WARNING on
+    # stderr, between our lines, though our error says it all (audit53 X5); HF_HUB_VERBOSITY still wins.
+    if not os.environ.get("HF_HUB_VERBOSITY"):
+        from huggingface_hub.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
     # The shared session has no timeout by default, and some calls pass timeout=None: bound them all.
     bound_hub_session(settings)
     return HfApi(endpoint=settings.resolved_endpoint())
@@ -410,21 +417,31 @@ def _commit(
     from huggingface_hub import CommitOperationAdd
 
     adds = [op for op in ops if isinstance(op, CommitOperationAdd)]
-    retried(
-        f"upload ({message})",
-        lambda: api.preupload_lfs_files(repo, additions=adds, repo_type=repo_type, revision=branch),
-    )
+    with stop_on_interrupt():  # huggingface_hub uploads in its own threads: an interrupt must end them too
+        retried(
+            f"upload ({message})",
+            lambda: api.preupload_lfs_files(repo, additions=adds, repo_type=repo_type, revision=branch),
+        )
     tries = 0
 
     def once() -> Any:
         nonlocal tries
         tries += 1
-        return api.create_commit(
-            repo, operations=ops, commit_message=message, repo_type=repo_type, revision=branch, parent_commit=parent
-        )
+        try:
+            return api.create_commit(
+                repo, operations=ops, commit_message=message, repo_type=repo_type, revision=branch, parent_commit=parent
+            ).oid
+        except (KeyError, TypeError, json.JSONDecodeError) as exc:  # a 2xx reply huggingface_hub cannot read
+            raise HubError(
+                f"commit ({message}): the Hub's answer is unusable: {type(exc).__name__}: {exc}",
+                hint="the Hub or a proxy in between answered something that is not a Hub reply; check HF_ENDPOINT, "
+                "then run the command again (what was committed stays; a rerun completes the rest)",
+            ) from None
 
     try:
-        return retried(f"commit ({message})", once).oid
+        # the next commit's parent and the SHA printed: a branch name or a short id there was an internal
+        # error or a false conflict (audit53 X1)
+        return check_commit_sha(retried(f"commit ({message})", once), what=f"commit ({message})")
     except HubConflictError as exc:
         if tries < 2 or exc.fields.get("status") != 412:
             raise

@@ -13,13 +13,16 @@ what marks the bundle complete, and `portable verify` checks the rest.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
 import random
 import re
+import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -176,12 +179,20 @@ def is_retryable(exc: BaseException) -> bool:
     host name that does not resolve, and never another 4xx (404, 401, 403, 409 ...)."""
     import httpx
 
-    if isinstance(exc, httpx.TransportError) and unresolved_host(exc):
+    if isinstance(exc, httpx.TransportError) and (unresolved_host(exc) or _unusable_request(exc)):
         return False
     if isinstance(exc, (DigestMismatch, TransferInterrupted, httpx.TransportError)):
         return True
     status = _status(exc)
     return status is not None and (status == 429 or status >= 500)
+
+
+def _unusable_request(exc: BaseException) -> bool:
+    """A request httpx cannot even send (a redirect to file://, a header it cannot encode): the Hub's answer
+    led somewhere no retry reaches, so it is an unusable answer (exit 30), not a network failure (audit53 X3)."""
+    import httpx
+
+    return isinstance(exc, (httpx.UnsupportedProtocol, httpx.LocalProtocolError))
 
 
 def hub_error(exc: BaseException, *, what: str) -> HubError:
@@ -207,7 +218,7 @@ def hub_error(exc: BaseException, *, what: str) -> HubError:
             f"{what}: cannot reach the Hub: its host name does not resolve ({exc or type(exc).__name__}); not retried",
             hint="check HF_ENDPOINT (unset it for huggingface.co) and this machine's DNS / network access",
         )
-    if isinstance(exc, (TransferInterrupted, httpx.TransportError)):
+    if isinstance(exc, TransferInterrupted) or (isinstance(exc, httpx.TransportError) and not _unusable_request(exc)):
         kind = "stalled (no data)" if isinstance(exc, httpx.TimeoutException) else "failed"
         return HubTransferError(
             f"{what}: transfer {kind}: {exc or type(exc).__name__}",
@@ -303,20 +314,39 @@ def with_retries(fn: Callable[[], T], *, what: str, settings: HubSettings, ui: U
     """Call `fn`, retrying retryable failures up to `settings.retries` times with backoff.
 
     Other failures (4xx but 429) stop at once. Raises a HubError subclass carrying the server's
-    message; exceptions that are not transfer errors (bugs) propagate unchanged.
+    message; exceptions that are not transfer errors (bugs) propagate unchanged. Once `stop_transfers()` ran,
+    raises TransferStopped instead of trying or retrying.
     """
+    import httpx
+
     for attempt in range(settings.retries + 1):
+        if _stopping.is_set():
+            raise TransferStopped()
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - sorted into retry / our error tree / bug below
+            if _stopping.is_set():
+                raise TransferStopped() from None
+            cause = exc.__cause__
+            if type(exc) is RuntimeError and cause is not None and _is_hub_exception(cause):
+                # huggingface_hub wraps a failed LFS upload ("Error while uploading 'x' to the Hub.") in a bare
+                # RuntimeError: a stalled upload was an internal error, never retried (audit53 X5)
+                exc = cause
             if not _is_hub_exception(exc):
                 raise
+            guard = getattr(_local, "guard", None)
+            if guard is not None and guard.cut_reason == "headers" and isinstance(exc, httpx.TransportError):
+                exc = httpx.ReadTimeout(  # the watchdog closed it: say why, as the stall it is (audit53 X2)
+                    f"the reply's headers were not complete {settings.stall_timeout_s:g} s after the request "
+                    f"({_ENV}STALL_TIMEOUT_S)"
+                )
             if not is_retryable(exc) or attempt == settings.retries:
                 raise hub_error(exc, what=what) from None
             delay = backoff_delay(attempt, settings, _retry_after(exc))
             reason = _status(exc) or type(exc).__name__
             say(f"retry {attempt + 1}/{settings.retries}: {what} ({reason}); waiting {delay:.1f} s", options=ui)
-            time.sleep(delay)
+            if _stopping.wait(delay):
+                raise TransferStopped() from None
     raise AssertionError("unreachable")
 
 
@@ -337,6 +367,41 @@ def is_xet_failure(exc: BaseException) -> bool:
     if isinstance(exc, hf.HfHubHTTPError):
         return False
     return isinstance(exc, (OSError, RuntimeError, ValueError)) and "xet" in str(exc).lower()
+
+
+@contextlib.contextmanager
+def stop_on_interrupt() -> Iterator[None]:
+    """While inside, a SIGINT/SIGTERM first stops every transfer (`stop_transfers`), then goes to the handler
+    there was (the CLI's: KeyboardInterrupt). For transfers that huggingface_hub runs in its own threads (LFS
+    uploads): the interrupt reaches the main thread, but its pool waited for a stalled upload's stall timeout
+    before exit 130 came (audit53 X5). A no-op off the main thread."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def stopping(signum: int, frame: Any) -> None:
+        stop_transfers()
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, frame)
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt()
+
+    for signum, handler in previous.items():
+        if callable(handler):  # SIG_IGN / SIG_DFL stay as they are
+            if hasattr(handler, "stop"):  # how sigterm_as_interrupt finds the CLI's guard state
+                stopping.stop = handler.stop  # type: ignore[attr-defined]
+            signal.signal(signum, stopping)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            if callable(handler):
+                signal.signal(signum, handler)
+        _stopping.clear()
 
 
 # -- downloads ---------------------------------------------------------------------------------------
@@ -374,6 +439,126 @@ def request_timeout(settings: HubSettings) -> Any:
     return httpx.Timeout(settings.stall_timeout_s, connect=settings.connect_timeout_s)
 
 
+# -- watchdog: a wall-clock bound on every reply's headers, and stopping transfers on an interrupt -------
+
+
+class TransferStopped(Exception):
+    """`stop_transfers()` ran (Ctrl-C, SIGTERM): a transfer thread ends at once instead of retrying."""
+
+
+_stopping = threading.Event()
+_local = threading.local()
+_live: set[_Guard] = set()
+_live_lock = threading.Lock()
+
+
+def _shut(stream: Any) -> None:
+    """Shut a network stream's socket down: a read blocked on it returns at once (close() alone would not wake
+    it), and httpx raises a transport error in the thread that reads."""
+    try:
+        stream.get_extra_info("socket").shutdown(socket.SHUT_RDWR)
+    except (AttributeError, OSError):
+        pass
+
+
+class _Guard:
+    """The request one thread sends now: the stream it uses, a timer on its reply's headers, why it was cut."""
+
+    __slots__ = ("stream", "timer", "cut_reason")
+
+    def __init__(self) -> None:
+        self.stream: Any = None
+        self.timer: threading.Timer | None = None
+        self.cut_reason: str | None = None
+
+    def attach(self, stream: Any) -> None:
+        self.stream = stream
+        if self.cut_reason is not None:  # cut before its first read or write: shut it now
+            _shut(stream)
+
+    def cut(self, reason: str) -> None:
+        self.cut_reason = self.cut_reason or reason
+        if self.stream is not None:
+            _shut(self.stream)
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
+def _track_streams() -> None:
+    """Note in the calling thread's guard which httpcore stream its request reads and writes, so the watchdog
+    can shut that socket: httpx gives no handle on a connection before the reply's headers are in."""
+    try:  # httpcore's internals: another version without them keeps the per-read bounds, not the wall clock
+        from httpcore._backends import sync
+
+        read, write = sync.SyncStream.read, sync.SyncStream.write
+    except (ImportError, AttributeError):
+        return
+    if getattr(read, "_portable_tracked", False):
+        return
+
+    def tracked_read(self: Any, max_bytes: int, timeout: float | None = None) -> bytes:
+        guard = getattr(_local, "guard", None)
+        if guard is not None and guard.stream is not self:
+            guard.attach(self)
+        return read(self, max_bytes, timeout)
+
+    def tracked_write(self: Any, buffer: bytes, timeout: float | None = None) -> None:
+        guard = getattr(_local, "guard", None)
+        if guard is not None and guard.stream is not self:
+            guard.attach(self)
+        return write(self, buffer, timeout)
+
+    tracked_read._portable_tracked = True  # type: ignore[attr-defined]
+    sync.SyncStream.read, sync.SyncStream.write = tracked_read, tracked_write  # type: ignore[method-assign]
+
+
+def guard_request(request: Any, settings: HubSettings) -> None:
+    """httpx request hook (every request of the shared session, redirects included): give the reply's headers
+    `stall_timeout_s` of wall clock from the moment the request is sent, however the server trickles them.
+
+    The stall timeout alone bounds each socket read, so a server sending one header line a second held a request
+    forever (audit53 X2); the timer shuts the socket at the deadline and `with_retries` reports the stall. The
+    clock starts once the request (and its body: an upload) is sent, through httpcore's trace events.
+    """
+    if _stopping.is_set():
+        raise TransferStopped()
+    old = getattr(_local, "guard", None)
+    guard = _Guard()
+    with _live_lock:
+        if old is not None:
+            old.disarm()
+            _live.discard(old)
+        _live.add(guard)
+    _local.guard = guard
+    outer = request.extensions.get("trace")
+
+    def trace(event: str, info: dict[str, Any]) -> None:
+        if event.endswith("receive_response_headers.started"):
+            guard.disarm()
+            guard.timer = threading.Timer(settings.stall_timeout_s, guard.cut, args=("headers",))
+            guard.timer.daemon = True
+            guard.timer.start()
+        elif event.endswith(("receive_response_headers.complete", "receive_response_headers.failed")):
+            guard.disarm()
+        if outer is not None:
+            outer(event, info)
+
+    request.extensions["trace"] = trace
+
+
+def stop_transfers() -> None:
+    """Make every transfer end now (an interrupt): no retry or new request starts, and the sockets of the
+    requests under way are shut so their blocked reads return at once. Partial files stay, resumable."""
+    _stopping.set()
+    with _live_lock:
+        guards = list(_live)
+    for guard in guards:
+        guard.cut("stopped")
+
+
 def bound_hub_session(settings: HubSettings) -> None:
     """Make every request huggingface_hub sends give up after `settings`' stall and connect timeouts, and
     leave the retrying to `with_retries` (PORTABLE_HUB_RETRIES).
@@ -384,11 +569,13 @@ def bound_hub_session(settings: HubSettings) -> None:
     timeout of every request (redirects included) from `settings`; the hook lives in the client factory, so
     a session huggingface_hub recreates (it closes it after a connection error) keeps it. huggingface_hub's
     own retries (5, up to 8 s apart, on preupload, the LFS batch and uploads) are turned off: they ran
-    under ours and ignored PORTABLE_HUB_RETRIES=0.
+    under ours and ignored PORTABLE_HUB_RETRIES=0. Every reply's headers get `stall_timeout_s` of wall clock
+    (`guard_request`), and `stop_transfers()` can end every request under way.
     """
     from huggingface_hub.utils import _http as hf_http
 
     bounds = request_timeout(settings).as_dict()
+    _track_streams()
 
     def fill_timeouts(request: Any) -> None:
         given = request.extensions.get("timeout") or {}
@@ -400,7 +587,10 @@ def bound_hub_session(settings: HubSettings) -> None:
         client = hf_http.default_client_factory()
         client.timeout = request_timeout(settings)
         hooks = client.event_hooks
-        client.event_hooks = {"request": [*hooks["request"], fill_timeouts], "response": hooks["response"]}
+        client.event_hooks = {
+            "request": [*hooks["request"], fill_timeouts, lambda request: guard_request(request, settings)],
+            "response": hooks["response"],
+        }
         return client
 
     hf_http.set_client_factory(factory)
@@ -507,6 +697,14 @@ def _get_into(job: Download, headers: dict[str, str], settings: HubSettings, on_
                 on_bytes(-have)
                 raise TransferInterrupted(f"{job.rel}: server refused the resume range; restarting the file")
             hf_raise_for_status(r)
+        # A Hub or proxy may compress though asked for identity: the body is decoded as fetch_small's is
+        # (httpx's decoders), so the pinned sha256 checks the file's bytes, not gzip's (audit53 X6). A compressed
+        # range covers the compressed bytes, which cannot continue the decoded partial: that file restarts.
+        encoded = r.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity")
+        if have and r.status_code == 206 and encoded:
+            job.partial.unlink(missing_ok=True)
+            on_bytes(-have)
+            raise TransferInterrupted(f"{job.rel}: server answered a compressed range; restarting the file")
         if have and r.status_code == 206:
             m = _CONTENT_RANGE.match(r.headers.get("Content-Range", ""))
             if not m or int(m.group(1)) != have:
@@ -522,7 +720,9 @@ def _get_into(job: Download, headers: dict[str, str], settings: HubSettings, on_
         got = have
         window_start, window_bytes = time.monotonic(), 0
         with open(job.partial, "ab" if have else "wb") as fh:
-            for chunk in r.iter_raw():
+            for chunk in r.iter_bytes() if encoded else r.iter_raw():
+                if _stopping.is_set():
+                    raise TransferStopped()
                 if got + len(chunk) > job.size:
                     break
                 got += len(chunk)
@@ -549,6 +749,14 @@ def _get_into(job: Download, headers: dict[str, str], settings: HubSettings, on_
             job.partial.unlink(missing_ok=True)  # a whole answer, not the file: nothing to resume after (F10)
             on_bytes(-got)
             raise DigestMismatch(job.rel, job.sha256, f"a Git LFS pointer of {got} bytes, not the file's content")
+        declared = r.headers.get("Content-Length")
+        if not encoded and declared is not None and declared.isdigit() and have + int(declared) == got:
+            # the whole reply came, as long as it said: a short answer, not a dropped connection; the bytes stay
+            # in the partial and the next try asks for the rest (audit53 X6)
+            raise TransferInterrupted(
+                f"{job.rel}: the Hub's reply ended after {got} of {job.size} bytes (it declared "
+                f"Content-Length {declared}); resuming from there"
+            )
         raise TransferInterrupted(f"{job.rel}: connection closed after {got} of {job.size} bytes")
     return h.hexdigest()
 
@@ -604,24 +812,37 @@ def download_all(
     """Download `jobs` in `settings.jobs` threads, largest first, with a byte progress bar (rate, ETA).
 
     Every job runs even if another fails; then one error names every failed file (the worst kind
-    wins: integrity, then auth, not found, transfer). Returns {rel: stat} of the files written.
+    wins: integrity, then auth, not found, transfer). Returns {rel: stat} of the files written. An interrupt
+    (KeyboardInterrupt) drops the queued jobs, ends the running ones within moments (no request after it) and
+    propagates; their partial files stay for the next run to resume.
     """
     headers = http_headers()
     done: dict[str, os.stat_result] = {}
     failed: list[tuple[Download, HubError]] = []
     order = sorted(jobs, key=lambda j: -j.size)
-    with progress(ui) as bars, ThreadPoolExecutor(max_workers=settings.jobs) as pool:
-        task = bars.task(f"fetch {len(jobs)} files", total=sum(j.size for j in jobs))
-        futures = {
-            pool.submit(download, job, settings=settings, headers=headers, on_bytes=task.advance, ui=ui): job
-            for job in order
-        }
-        for future in as_completed(futures):
-            job = futures[future]
-            try:
-                done[job.rel] = future.result()
-            except HubError as exc:
-                failed.append((job, exc))
+    _stopping.clear()
+    pool = ThreadPoolExecutor(max_workers=settings.jobs)
+    try:
+        with progress(ui) as bars:
+            task = bars.task(f"fetch {len(jobs)} files", total=sum(j.size for j in jobs))
+            futures = {
+                pool.submit(download, job, settings=settings, headers=headers, on_bytes=task.advance, ui=ui): job
+                for job in order
+            }
+            for future in as_completed(futures):
+                job = futures[future]
+                try:
+                    done[job.rel] = future.result()
+                except HubError as exc:
+                    failed.append((job, exc))
+    except BaseException:
+        # Ctrl-C / SIGTERM (or a bug): the pool's own exit waited for every queued file, retries included
+        # (audit53 X4); queued jobs are dropped and running ones end at once, their partials kept to resume.
+        stop_transfers()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        _stopping.clear()
     if failed:
         raise _combine(failed)
     return done
