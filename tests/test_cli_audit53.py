@@ -132,6 +132,11 @@ def test_an_override_missing_its_value_in_the_bundle_place_is_exit_4(tmp_path, c
         ]
     assert portable(["run", "--output", str(tmp_path / "r"), "nobundle"]) == 3  # no dot: a mistyped folder
     assert "does not exist" in capsys.readouterr().err
+    # a dotted bundle name whose first part is no config section stays a missing bundle (review R2)
+    assert portable(["run", "--output", str(tmp_path / "r"), "my_bundle.v2"]) == 3
+    assert (
+        capsys.readouterr().err.splitlines()[0] == f"error: bundle {tmp_path.resolve() / 'my_bundle.v2'} does not exist"
+    )
     assert not (tmp_path / "r").exists()
 
 
