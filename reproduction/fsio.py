@@ -114,6 +114,22 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def user_path_argument(flag: str, text: str) -> Path:
+    """The path the user gave as `flag`, normalised as every `portable` command's (`user_path`: `~` expanded,
+    absolute, resolved). Guarantees an empty `text` is never the current folder: UsageError (exit 2) naming
+    `flag`, as for an unset `--out "$OUT"` (audit47 F2); the data-generation CLIs call this too (audit53 V15), so
+    one rule holds wherever a path is typed. A link loop, a link to nothing or a name too long is exit 3. Here,
+    not in portable.py, so that `sim` reaches it without loading the CLI's imports (docs/architecture.md)."""
+    if text == "":
+        from reproduction.errors import UsageError
+
+        raise UsageError(
+            f"{flag} is empty: an empty path would mean the current folder",
+            hint=f"give {flag} a path (an unset shell variable expands to nothing; use . for this folder)",
+        )
+    return user_path(text, what=flag)
+
+
 def user_path(text: str | os.PathLike[str], *, what: str = "path") -> Path:
     """A path the user typed, made absolute and resolved once (`~` expanded, symlinks followed, `..` folded).
 

@@ -765,21 +765,6 @@ def _not_a_path(name: str, item: str) -> bool:
     )
 
 
-def path_argument(flag: str, text: str) -> Path:
-    """The path the user gave as `flag`, normalised as every `portable` command's (fsio.user_path: `~` expanded,
-    absolute, resolved). Guarantees an empty `text` is never the current folder: UsageError (exit 2) naming
-    `flag`, as for an unset `--out "$OUT"` (audit47 F2); the data-generation CLIs call this too (audit53 V15), so
-    one rule holds wherever a path is typed. A link loop, a link to nothing or a name too long is exit 3."""
-    from reproduction.fsio import user_path
-
-    if text == "":
-        raise UsageError(
-            f"{flag} is empty: an empty path would mean the current folder",
-            hint=f"give {flag} a path (an unset shell variable expands to nothing; use . for this folder)",
-        )
-    return user_path(text, what=flag)
-
-
 def _check_paths(args: argparse.Namespace) -> None:
     """Normalise every path argument once, the same way, before any command reads or writes through it: `~`
     expanded, made absolute, resolved (fsio.user_path), and the normalised form stored back in `args`, so what
@@ -788,6 +773,8 @@ def _check_paths(args: argparse.Namespace) -> None:
     Refused, naming the argument: an empty path (UsageError, exit 2: `Path('')` is the current folder, so an
     unset `--output "$OUT"` wrote wherever the user stood; audit47 F2), a symbolic-link loop, a link to nothing
     and a name too long to look up (exit 3)."""
+    from reproduction.fsio import user_path_argument
+
     for name in PATH_ARGUMENTS:
         value = getattr(args, name, None)
         items = value if isinstance(value, list) else [value]
@@ -796,7 +783,7 @@ def _check_paths(args: argparse.Namespace) -> None:
         flag = _path_flag(args, name)
         normalised = []
         for item in items:
-            normalised.append(item if item and _not_a_path(name, item) else str(path_argument(flag, item)))
+            normalised.append(item if item and _not_a_path(name, item) else str(user_path_argument(flag, item)))
             kind = FILE_ARGUMENTS.get((args.command, name))
             if kind and os.path.isdir(normalised[-1]):  # exit 3, as errors.py and README's --config say (F11)
                 raise InputNotFoundError(
@@ -897,8 +884,16 @@ _CONFIG_KEY = re.compile(r"[A-Za-z_]\w*(\[\d+\])*(\.[A-Za-z_]\w*(\[\d+\])*)+")
 def _override_without_value(bundle: str | None) -> bool:
     """Whether `run`'s first positional is an override that lost its `=value`, not a bundle: a dotted config key
     naming nothing on disk. It was reported as "bundle ... does not exist" (exit 3) where an override missing
-    its value anywhere else is exit 4 (audit53 V12)."""
-    return bool(bundle) and "=" not in bundle and not os.path.lexists(bundle) and bool(_CONFIG_KEY.fullmatch(bundle))
+    its value anywhere else is exit 4 (audit53 V12). Only a key whose first part is a section of a built-in
+    recipe's config counts: a missing bundle named `my_bundle.v2` stays exit 3 (audit53 review R2)."""
+    if not bundle or "=" in bundle or os.path.lexists(bundle) or not _CONFIG_KEY.fullmatch(bundle):
+        return False
+    import dataclasses
+
+    from reproduction.run.resolve import recipe_schema, resolve_recipe
+
+    sections = {f.name for name in ("recap", "grpo") for f in dataclasses.fields(recipe_schema(resolve_recipe(name)))}
+    return re.match(r"\w+", bundle).group() in sections  # `datasets[0].path`: datasets
 
 
 def _main(argv: list[str] | None = None) -> int:

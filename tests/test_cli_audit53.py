@@ -94,7 +94,7 @@ def test_lineage_verify_with_every_statement_gone_is_exit_11_with_the_hint(tmp_p
     assert report.notes == [f"hint: `portable run --resume` on {run} writes a lost statement again from run.json"]
     assert portable(["lineage", str(run), "--verify"]) == 11
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == "lineage differs: 5 of 0 subjects and materials" and err[-1] == report.notes[0]
+    assert err[0] == "lineage differs: 5 problems (no statement left to check)" and err[-1] == report.notes[0]
     assert portable(["--json", "lineage", str(run), "--verify"]) == 11
     doc = json.loads(capsys.readouterr().out)
     assert doc["chain"] is None and doc["verify"]["exit_code"] == 11
@@ -120,6 +120,16 @@ def test_lineage_with_no_statements_and_no_complete_stage_says_what_to_do(tmp_pa
     ]
 
 
+def test_plain_lineage_of_a_run_that_lost_every_statement_points_at_verify_and_resume(tmp_path, capsys):
+    """review R3: its hint said to give a folder "after a stage completed", though run.json records them complete."""
+    run = _gone(tmp_path, "every statement")
+    assert portable(["lineage", str(run)]) == 3
+    assert capsys.readouterr().err.splitlines()[1] == (
+        f"hint: `portable lineage {run} --verify` names the completed stages whose statements were lost, and "
+        "`portable run --resume` writes them again from run.json"
+    )
+
+
 def test_an_override_missing_its_value_in_the_bundle_place_is_exit_4(tmp_path, capsys, monkeypatch):
     """V12: `portable run --output D eval.episodes_per_task` said "bundle .../eval.episodes_per_task does not
     exist" (exit 3)."""
@@ -132,6 +142,11 @@ def test_an_override_missing_its_value_in_the_bundle_place_is_exit_4(tmp_path, c
         ]
     assert portable(["run", "--output", str(tmp_path / "r"), "nobundle"]) == 3  # no dot: a mistyped folder
     assert "does not exist" in capsys.readouterr().err
+    # a dotted bundle name whose first part is no config section stays a missing bundle (review R2)
+    assert portable(["run", "--output", str(tmp_path / "r"), "my_bundle.v2"]) == 3
+    assert (
+        capsys.readouterr().err.splitlines()[0] == f"error: bundle {tmp_path.resolve() / 'my_bundle.v2'} does not exist"
+    )
     assert not (tmp_path / "r").exists()
 
 

@@ -180,6 +180,7 @@ NEVER = {  # importer (a top-level module or package of reproduction/) -> what i
     "sim": ("recap", "train", "run", "recipes"),
     **{name: ("release", "checks", *PIPELINE) for name in SHARED},
 }
+NEVER = {me: (*them, "portable") for me, them in NEVER.items()}  # the CLI is the top: no module imports it (R4)
 ALLOWED = {("numerics", "reproduction.checks.host")}  # the CPU flags its kernel report names (lazily)
 PORTABLE_TOP = {"reproduction.run.guards", "reproduction.train.heap"}  # stdlib only: no runtime for `verify`
 

@@ -83,14 +83,16 @@ def test_libero_honours_the_old_name(clean_env, monkeypatch):
 @pytest.mark.parametrize(
     ("var", "raw", "shown", "allowed", "default"),
     [
-        ("CONNECT_TIMEOUT_S", "inf", "inf", "a finite number of seconds above 0", "20"),
-        ("STALL_TIMEOUT_S", "nan", "nan", "a finite number of seconds above 0", "60"),
-        ("STALL_TIMEOUT_S", "0", "0", "a finite number of seconds above 0", "60"),
-        ("BACKOFF_S", "nan", "nan", "a finite number of seconds, 0 or more", "1"),
-        ("BACKOFF_MAX_S", "-inf", "-inf", "a finite number of seconds, 0 or more", "30"),
-        ("BACKOFF_S", "-1", "-1", "a finite number of seconds, 0 or more", "1"),
-        ("RETRIES", "-1", "-1", "a whole number, 0 or more", "5"),
-        ("JOBS", "0", "0", "a whole number, 1 or more", "8"),
+        ("CONNECT_TIMEOUT_S", "inf", "inf", "a number of seconds above 0, at most 86400", "20"),
+        ("STALL_TIMEOUT_S", "nan", "nan", "a number of seconds above 0, at most 86400", "60"),
+        ("STALL_TIMEOUT_S", "0", "0", "a number of seconds above 0, at most 86400", "60"),
+        ("BACKOFF_S", "nan", "nan", "a number of seconds from 0 to 86400", "1"),
+        ("BACKOFF_MAX_S", "-inf", "-inf", "a number of seconds from 0 to 86400", "30"),
+        ("BACKOFF_S", "-1", "-1", "a number of seconds from 0 to 86400", "1"),
+        ("RETRIES", "-1", "-1", "a whole number from 0 to 1000", "5"),
+        ("RETRIES", "5000", "5000", "a whole number from 0 to 1000", "5"),
+        ("JOBS", "0", "0", "a whole number from 1 to 256", "8"),
+        ("CONNECT_TIMEOUT_S", "9999999999", "9999999999", "a number of seconds above 0, at most 86400", "20"),
     ],
 )
 def test_hub_values_out_of_range_are_exit_4_naming_the_variable(var, raw, shown, allowed, default):
@@ -123,7 +125,7 @@ def test_fetch_with_an_infinite_timeout_is_exit_4_not_an_internal_error(monkeypa
     monkeypatch.setenv("PORTABLE_HUB_CONNECT_TIMEOUT_S", "inf")
     assert portable.main(["fetch", "alice/x", str(tmp_path / "dest")]) == 4
     assert capsys.readouterr().err.splitlines()[0] == (
-        "error: PORTABLE_HUB_CONNECT_TIMEOUT_S=inf must be a finite number of seconds above 0"
+        "error: PORTABLE_HUB_CONNECT_TIMEOUT_S=inf must be a number of seconds above 0, at most 86400"
     )
 
 

@@ -52,6 +52,11 @@ def _shown(got: float) -> str:
     return str(int(got)) if isinstance(got, float) and got.is_integer() else str(got)
 
 
+MAX_WAIT_S = 86400
+"""The longest timeout or backoff a PORTABLE_HUB_*_S setting takes (one day), in seconds."""
+_COUNT_CAPS = {"jobs": 256, "retries": 1000}
+
+
 @dataclass(kw_only=True, slots=True)
 class HubSettings:
     """Transfer tunables; `from_env()` reads `PORTABLE_HUB_<FIELD>` (e.g. PORTABLE_HUB_STALL_TIMEOUT_S=2)."""
@@ -84,10 +89,15 @@ class HubSettings:
         for name in HUB_FIELDS:
             got = getattr(self, name)
             floor = 1 if name in ("jobs", "batch_files", "batch_bytes") else 0
+            # A wait past a day, 1e10 s say, overflowed the socket layer's timeout ("internal error", exit 1; review
+            # R1); thousands of threads or retries are a typo, not a plan.
+            cap = MAX_WAIT_S if name.endswith("_s") else _COUNT_CAPS.get(name)
             if name in ("stall_timeout_s", "connect_timeout_s"):
-                allowed, fine = "a finite number of seconds above 0", math.isfinite(got) and got > 0
+                allowed, fine = f"a number of seconds above 0, at most {cap}", math.isfinite(got) and 0 < got <= cap
             elif name.endswith("_s"):
-                allowed, fine = "a finite number of seconds, 0 or more", math.isfinite(got) and got >= 0
+                allowed, fine = f"a number of seconds from 0 to {cap}", math.isfinite(got) and 0 <= got <= cap
+            elif cap is not None:
+                allowed, fine = f"a whole number from {floor} to {cap}", floor <= got <= cap
             else:
                 allowed, fine = f"a whole number, {floor} or more", got >= floor
             if not fine:

@@ -124,7 +124,10 @@ def load_statements(run_dir: Path) -> list[LoadedStatement]:
         raise InputNotFoundError(
             f"no lineage statements (*{SUFFIX}) in {folder}",
             path=folder,
-            hint="a run writes one per stage as it completes: give the folder `portable run --output` wrote, "
+            hint=f"`portable lineage {folder.parent} --verify` names the completed stages whose statements were "
+            "lost, and `portable run --resume` writes them again from run.json"
+            if (folder.parent / "run.json").is_file()  # a run that lost them, not a folder that never had any (R3)
+            else "a run writes one per stage as it completes: give the folder `portable run --output` wrote, "
             "after a stage completed",
         )
     return sorted(out, key=lambda s: (s.metadata["startedOn"], s.stage))
@@ -522,7 +525,12 @@ class LineageReport:
     def summary(self) -> str:
         if not self.problems:
             return f"lineage verified: {self.checked} subjects and materials of {self.statements} statements match"
-        head = f"lineage differs: {len(self.problems)} of {self.checked} subjects and materials"
+        n = len(self.problems)
+        head = (
+            f"lineage differs: {n} of {self.checked} subjects and materials"
+            if self.checked
+            else f"lineage differs: {n} problem{'s' if n != 1 else ''} (no statement left to check)"  # review R3
+        )
         return "\n".join([head, *(f"  {p}" for p in self.problems), *self.notes])
 
     def to_dict(self) -> dict[str, Any]:

@@ -128,9 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ui = UiOptions(progress=not args.no_progress)
     try:
         if args.out is not None:  # `--out ""` (an unset $OUT) wrote into the current folder (audit53 V15)
-            from reproduction.portable import path_argument
+            from reproduction.fsio import user_path_argument
 
-            args.out = str(path_argument("--out", args.out))
+            args.out = str(user_path_argument("--out", args.out))
         if args.command == "generate" and any(is_libero_id(t) for t in args.tasks):
             doc = _generate_libero(args, ui)
         elif args.command == "generate":

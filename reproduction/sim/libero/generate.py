@@ -611,10 +611,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The command line: 0 when every set is written, the error's exit code (one line, nothing half-written) on
     bad input, 130 on Ctrl-C (an `--out` folder this call created and left empty is removed)."""
     args = _parser().parse_args(argv)
-    from reproduction.portable import path_argument
+    from reproduction.fsio import user_path_argument
 
     try:  # `--out ""` (an unset $OUT) wrote into the current folder (audit53 V15): the `portable` commands' rule
-        out = path_argument("--out", args.out)
+        out = user_path_argument("--out", args.out)
     except PortableError as exc:
         return render_error(exc)
     existed = out.exists()
