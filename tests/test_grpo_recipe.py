@@ -108,10 +108,22 @@ def test_a_short_run_through_the_runner_with_target_step(tmp_path):
     seeds = doc["tasks"]["FetchPush-v4"]["outcomes"]["reset_seeds"]
     assert len(seeds) == 3 and all(s % 2 == 1 for s in seeds)  # held-out: odd evaluation seeds
     assert doc["baselines"][0]["tasks"]["FetchPush-v4"]["outcomes"]["reset_seeds"] == seeds
-    report = run_recipe(GRPO, cfg, run, RunOptions(resume=True, target_step=4))
+    from reproduction.run.lineage import tree_sha256
+
+    loaded = tree_sha256(run / "rl" / "checkpoints" / "step_2")  # what the continued trainer loads
+    report = run_recipe(GRPO, cfg, run, RunOptions(resume=True, target_step=4, recorder=make_recorder(None)))
     actions = {s.name: s.action for s in report.stages}
     assert actions["sft"] == "skipped" and actions["rl"] == "continued"
-    assert json.loads((run / "run.json").read_text())["stages"]["rl"]["step"] == 4
+    rl = json.loads((run / "run.json").read_text())["stages"]["rl"]
+    assert rl["step"] == 4 and rl["resumed_from"] == 2
+    # audit53 R7: the rl stage's statement names the checkpoint it continued from, digested as it was loaded
+    build = json.loads((run / "lineage" / "rl.intoto.json").read_text())["predicate"]["buildDefinition"]
+    deps = [d for d in build["resolvedDependencies"] if d["annotations"].get("role") == "checkpoint"]
+    assert [(d["name"], d["digest"], d["annotations"]["kind"]) for d in deps] == [
+        ("rl/checkpoints/step_2", {"sha256": loaded}, "tree")
+    ]
+    assert build["internalParameters"]["resumed_from"]["digest"] == {"sha256": loaded}
+    assert rl["lineage"]["resumed_from_sha256"] == loaded
     assert (run / "evidence" / "eval_grpo_4.json").is_file()
     live = json.loads((run / "rl" / "evidence" / "eval_rl_4.json").read_text())
     assert live["policy"]["checkpoint"]["step"] == 4 and live["tasks"]["FetchPush-v4"]["episodes"] == 1

@@ -132,3 +132,68 @@ def test_two_identical_resumes_record_the_same_digest_only_from_the_same_checkpo
     assert first["name"] == second["name"] == f"rl/checkpoints/step_{KILLED_AT}"
     created = json.loads((copy / "rl" / "checkpoints" / "step_8" / "manifest.json").read_text())["created"]
     assert created.endswith("Z")  # the timestamp the digest covers
+
+
+GOOD = "a" * 64
+BAD_CHECKPOINTS = {  # mode: (resumed_from_path relative to the stage folder, or an absolute one, sha256, words)
+    "upper": ("checkpoints/step_1", "A" * 64, "resumed_from_sha256 is str 'AAAA"),
+    "prefixed": ("checkpoints/step_1", "sha256:" + GOOD, "resumed_from_sha256 is str 'sha256:aaaa"),
+    "short": ("checkpoints/step_1", "NOTHEX", "resumed_from_sha256 is str 'NOTHEX', expected a sha256"),
+    "bytes": ("checkpoints/step_1", bytes.fromhex(GOOD), "resumed_from_sha256 is bytes b'"),
+    "number": ("checkpoints/step_1", 5, "resumed_from_sha256 is int 5, expected a sha256 (64 lowercase hex digits)"),
+    "no_path": (None, GOOD, f"resumed_from_sha256 is str '{GOOD}', but its resumed_from_path is None"),
+    "outside": ("/", GOOD, "resumed_from_path is str '/', not inside the run folder"),
+    "not_a_path": (7, None, "resumed_from_path is int 7, expected a path or None"),
+}
+
+
+@dataclass(kw_only=True, slots=True)
+class ModeCfg:
+    steps: int = 2
+    mode: str = "ok"
+    """Not in the stage's key (config=("steps",)): the good answer then resumes the refused stage."""
+
+
+def claims_a_checkpoint(ctx: StageContext) -> StageOutput:
+    """A stage that names the checkpoint it continued from as BAD_CHECKPOINTS[mode] says (mode ok: a good one)."""
+    ck = ctx.out_dir / "checkpoints" / "step_1"
+    ck.mkdir(parents=True, exist_ok=True)
+    (ck / "w").write_text("w")
+    (ctx.out_dir / "w.txt").write_text("x")
+    path, sha, _ = BAD_CHECKPOINTS.get(ctx.config.mode, ("checkpoints/step_1", GOOD, ""))
+    if isinstance(path, str):
+        path = ctx.out_dir / path
+    return StageOutput(
+        files=[ctx.out_dir / "w.txt"], step=2, resumed_from=1, resumed_from_path=path, resumed_from_sha256=sha
+    )
+
+
+CLAIMING = Recipe(
+    name="tiny",
+    stages=(
+        StageSpec(name="rl", fn=f"{__name__}:claims_a_checkpoint", config=("steps",), inputs=False, training="steps"),
+    ),
+)
+
+
+@pytest.mark.parametrize("mode", list(BAD_CHECKPOINTS))
+def test_a_resumed_checkpoint_digest_that_is_no_sha256_is_exit_54_and_the_run_still_reads(tmp_path, mode):
+    """audit53 R3: a resumed_from_sha256 that was no 64 lowercase hex ran to `complete`, the statement recorded it,
+    and every later read of run.json refused the folder (exit 55): the run could be neither resumed nor reported."""
+    from reproduction.errors import StageProtocolError
+
+    run = tmp_path / "run"
+    with pytest.raises(StageProtocolError) as err:
+        run_recipe(CLAIMING, ModeCfg(mode=mode), run, RunOptions(recorder=make_recorder(None)))
+    message = str(err.value)
+    assert err.value.exit_code == 54 and "\n" not in message
+    assert message.startswith(f"recipe tiny: stage rl ({__name__}:claims_a_checkpoint) returned a StageOutput whose ")
+    assert BAD_CHECKPOINTS[mode][2] in message, message
+    assert "resumed_from" in err.value.hint
+    assert not (run / "lineage" / "rl.intoto.json").exists()
+    assert read_state(run)["stages"]["rl"]["status"] == "failed"
+    # the folder still reads, and a good answer completes it
+    run_recipe(CLAIMING, ModeCfg(mode="ok"), run, RunOptions(recorder=make_recorder(None), resume=True))
+    rec = read_state(run)["stages"]["rl"]
+    assert (rec["status"], rec["lineage"]["resumed_from_sha256"]) == ("complete", GOOD)
+    assert rec["lineage"]["resumed_from_path"] == str(run / "rl" / "checkpoints" / "step_1")

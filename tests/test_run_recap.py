@@ -134,14 +134,29 @@ def test_changed_inputs_after_completion_are_named(done_run, tmp_path):
 @pytest.mark.slow
 def test_target_step_continues_the_finished_value_stage(done_run, tmp_path):
     bundle, run, _ = done_run
+    from reproduction.run.lineage import tree_sha256
+
     runcopy = tmp_path / "run"
     shutil.copytree(run, runcopy)
+    # what each fold's continued trainer loads
+    loaded = {f"value/{p.parent.parent.name}": tree_sha256(p) for p in runcopy.glob("value/*/checkpoints/step_4")}
+    assert sorted(loaded) == ["value/model_0", "value/model_1"]
     proc = portable("run", str(bundle), "--output", str(runcopy), "--target-step", "6", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     table = {s["stage"]: s["action"] for s in json.loads(proc.stdout)["stages"]}
     assert table == {"returns": "skipped", "value": "continued", "advantages": "ran"}
     stages = json.loads((runcopy / "run.json").read_text())["stages"]
     assert stages["value"]["step"] == 6 and stages["value"]["resumed_from"] == 4
+    # audit53 R7: the value stage's statement names one fold's step_4 (the step it continued from), with the digest
+    # that checkpoint had when it was loaded
+    build = json.loads((runcopy / "lineage" / "value.intoto.json").read_text())["predicate"]["buildDefinition"]
+    deps = [d for d in build["resolvedDependencies"] if d["annotations"].get("role") == "checkpoint"]
+    assert len(deps) == 1 and deps[0]["annotations"]["kind"] == "tree", deps
+    model, _, rest = deps[0]["name"].rpartition("/checkpoints/")
+    assert model in loaded and rest == "step_4", deps[0]["name"]
+    assert deps[0]["digest"] == {"sha256": loaded[model]}
+    assert build["internalParameters"]["resumed_from"]["digest"] == {"sha256": loaded[model]}
+    assert stages["value"]["lineage"]["resumed_from_sha256"] == loaded[model]
 
 
 def _copy_run(run: Path, tmp_path: Path) -> Path:

@@ -1,6 +1,7 @@
 """Calling a stage's function and holding what it returns to the stage protocol (reproduction/recipe.py): a
 StageOutput whose summary run.json can hold, whose step, resumed_from and world_size are integers of the right
-range, and no sys.exit. Every refusal is a StageProtocolError (exit 54) naming the stage and its function."""
+range, a resumed_from_path inside the run with a resumed_from_sha256 of 64 lowercase hex (or None), and no
+sys.exit. Every refusal is a StageProtocolError (exit 54) naming the stage and its function."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import inspect
 import json
 import math
 import numbers
+import os
 import types
+from pathlib import Path
 from typing import Any
 
 from reproduction.errors import StageProtocolError
@@ -18,10 +21,11 @@ from reproduction.recipe import StageContext, StageOutput, StageSpec, resolve_fn
 def call_stage(spec: StageSpec, ctx: StageContext, *, recipe: str | None = None) -> StageOutput:
     """spec.fn(ctx), held to the stage protocol: StageProtocolError (exit 54) when it returns anything but a
     StageOutput whose summary is a JSON-able dict (numpy scalars in it become Python numbers), whose world_size is an
-    integer >= 1 and whose step and resumed_from are integers >= 0 or None (numpy integers become ints), or calls
-    sys.exit (which would otherwise end `portable run` with
-    the stage's chosen exit code, 0 included, and the stage half-recorded). `recipe`: its name, which the step and
-    world-size refusals name first (a recipe's stage name alone may be any recipe's `train`)."""
+    integer >= 1, whose step and resumed_from are integers >= 0 or None (numpy integers become ints), whose
+    resumed_from_path is None or a path inside the run (recorded as a Path) and resumed_from_sha256 None or 64
+    lowercase hex given with that path, or calls sys.exit (which would otherwise end `portable run` with the stage's
+    chosen exit code, 0 included, and the stage half-recorded). `recipe`: its name, which the step and world-size
+    refusals name first (a recipe's stage name alone may be any recipe's `train`)."""
     fn = resolve_fn(
         spec.fn,
         what=f"stage {spec.name}'s function",
@@ -67,6 +71,7 @@ def call_stage(spec: StageSpec, ctx: StageContext, *, recipe: str | None = None)
     who = f"recipe {recipe}: " if recipe else ""
     output.world_size, output.device = _placement(spec, output, who)
     output.step, output.resumed_from = _step(spec, output, "step", who), _step(spec, output, "resumed_from", who)
+    output.resumed_from_path, output.resumed_from_sha256 = _resumed_checkpoint(spec, output, ctx.run_dir, who)
     return output
 
 
@@ -152,6 +157,52 @@ def _step(spec: StageSpec, output: StageOutput, name: str, who: str = "") -> int
         stage=spec.name,
         hint=f"{name}: {what}, as an int (e.g. int({name}))",
     )
+
+
+def _resumed_checkpoint(
+    spec: StageSpec, output: StageOutput, run_dir: Path, who: str = ""
+) -> tuple[Path | None, str | None]:
+    """StageOutput's `resumed_from_path` (None, or a path, str or os.PathLike, inside the run folder: the checkpoint
+    the stage loaded, `<stage>/checkpoints/step_N`) and `resumed_from_sha256` (None, or a sha256 as 64 lowercase hex
+    digits, given only with a path) as run.json and the statement record them; StageProtocolError (exit 54) naming
+    the field and the value otherwise. Unchecked, a digest such as "SHA256:..." completed the stage, went into the
+    statement, and every later read of run.json refused it (exit 55): the run could not be resumed (audit53 R3)."""
+    path, sha = output.resumed_from_path, output.resumed_from_sha256
+
+    def refuse(field: str, value: Any, why: str, hint: str) -> StageProtocolError:
+        return StageProtocolError(
+            f"{who}stage {spec.name} ({spec.fn}) returned a StageOutput whose {field} is {type(value).__name__} "
+            f"{value!r:.80}, {why}",
+            stage=spec.name,
+            hint=hint,
+        )
+
+    path_hint = "resumed_from_path: the checkpoint folder the stage loaded (<stage>/checkpoints/step_N), or None"
+    if path is not None:
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+            raise refuse("resumed_from_path", path, "expected a path or None", path_hint)
+        path = Path(os.fspath(path))
+        absolute, base = Path(os.path.abspath(path)), Path(os.path.abspath(run_dir))
+        if base not in absolute.parents:
+            raise refuse("resumed_from_path", str(path), f"not inside the run folder {base}", path_hint)
+    if sha is None:
+        return path, None
+    if not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+        raise refuse(
+            "resumed_from_sha256",
+            sha,
+            "expected a sha256 (64 lowercase hex digits) or None",
+            "resumed_from_sha256: the checkpoint's tree digest as the trainer loaded it "
+            "(reproduction.run.lineage.tree_sha256(folder)), or None to have it hashed when the statement is written",
+        )
+    if path is None:
+        raise refuse(
+            "resumed_from_sha256",
+            sha,
+            "but its resumed_from_path is None: a digest needs the checkpoint it is of",
+            "give resumed_from_path too (the folder the digest is of), or leave resumed_from_sha256 None",
+        )
+    return path, sha
 
 
 def _placement(spec: StageSpec, output: StageOutput, who: str = "") -> tuple[int, str | None]:
