@@ -234,3 +234,148 @@ def test_sigterm_during_a_stalled_publish_upload_exits_at_once(hub: HubServer, t
     ], err
     assert elapsed < 3, f"exit 130 came {elapsed:.1f} s after SIGTERM (stall timeout 30 s)"
     assert hub.log[requests:] == [], "nothing is sent after the signal"
+
+
+# -- audit53 review2: the watchdog's guard, stop_on_interrupt, huggingface_hub's log level, the commit reply ------
+
+
+@pytest.fixture
+def hub_env(hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> HubServer:
+    """`hub` for in-process calls: this process's environment pointed at it (restored after the test)."""
+    for key, value in portable_env(hub, tmp_path / "hfhome", token=TOKEN, PORTABLE_HUB_RETRIES="0").items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("HF_HUB_VERBOSITY", raising=False)
+    from huggingface_hub import constants
+
+    # read once, when huggingface_hub was first imported
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+    return hub
+
+
+def plain_get(hub: HubServer) -> Any:
+    """A request through a plain httpx client (not the Hub session), in the calling thread."""
+    import httpx
+
+    try:
+        return httpx.get(hub.url + "/api/models/alice/r", timeout=5).status_code
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def test_a_header_stall_leaves_no_guard_that_cuts_a_later_plain_httpx_request(
+    hub_env: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reproduction.errors import HubTransferError
+    from reproduction.release import hub as H
+    from reproduction.release import hub_transfer as T
+
+    published(hub_env, tmp_path)
+    on(hub_env, "GET", r"/resolve/[0-9a-f]{40}/bundle\.json$", drip_headers(hub_env))
+    monkeypatch.setenv("PORTABLE_HUB_STALL_TIMEOUT_S", "1")
+    with pytest.raises(HubTransferError, match=r"the reply's headers were not complete 1 s after the request"):
+        H.fetch_bundle("alice/r", tmp_path / "out")
+    hub_env.hook = None
+    assert plain_get(hub_env) == 200, "the header stall's guard shut another client's request (review2 R1)"
+    assert len(T._live) == 0
+
+
+def test_an_interrupted_fetch_leaves_no_guard_that_cuts_a_later_plain_httpx_request(
+    hub_env: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reproduction.release import hub as H
+    from reproduction.release import hub_transfer as T
+
+    published(hub_env, tmp_path)
+    assert plain_get(hub_env) == 200
+    hub_env.add_fault(Fault(method="GET", path=r"/weights/shard-0\.bin$", kind="stall", after_bytes=50_000, seconds=60))
+    monkeypatch.setenv("PORTABLE_HUB_STALL_TIMEOUT_S", "30")
+    stopper = threading.Thread(target=lambda: (hub_env.stalled.wait(30), time.sleep(0.3), T.stop_transfers()))
+    stopper.start()
+    start = time.monotonic()
+    with pytest.raises(T.TransferStopped):  # what stop_transfers (an interrupt) leaves in the download threads
+        H.fetch_bundle("alice/r", tmp_path / "out")
+    stopper.join()
+    assert time.monotonic() - start < 10
+    # the main thread's resolve / bundle.json requests were over: their guards were cut with the others
+    assert plain_get(hub_env) == 200, "a finished request's guard shut another client's request (review2 R1)"
+    assert len(T._live) == 0, "finished requests' guards are dropped"
+
+
+def test_stop_on_interrupt_stops_transfers_only_when_the_handler_before_interrupts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
+    from reproduction.release import hub_transfer as T
+
+    stops: list[int] = []
+    monkeypatch.setattr(T, "stop_transfers", lambda: stops.append(1))
+    noted: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: noted.append(signum))
+    try:
+        with T.stop_on_interrupt():  # a host application's handler that only notes the signal
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)
+        assert noted == [signal.SIGTERM]
+        assert stops == [], "a handler that does not interrupt must leave the transfers running (review2 R2)"
+
+        def interrupt(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt()
+
+        signal.signal(signal.SIGTERM, interrupt)
+        with pytest.raises(KeyboardInterrupt), T.stop_on_interrupt():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        assert stops == [1]
+        assert signal.getsignal(signal.SIGTERM) is interrupt
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_huggingface_hub_verbosity_is_restored_after_a_transfer(
+    hub_env: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub.utils import logging as hf_logging
+
+    from reproduction.errors import HubNotFoundError
+    from reproduction.release import hub as H
+
+    seen: list[int] = []
+    resolve = H.resolve_commit
+
+    def noting(*args: Any, **kwargs: Any) -> Any:
+        seen.append(hf_logging.get_verbosity())
+        return resolve(*args, **kwargs)
+
+    monkeypatch.setattr(H, "resolve_commit", noting)
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_info()
+    try:
+        with pytest.raises(HubNotFoundError):
+            H.fetch_bundle("alice/missing", tmp_path / "out")
+        assert seen == [hf_logging.ERROR], "quiet while the command transfers"
+        assert hf_logging.get_verbosity() == hf_logging.INFO, "and back after it (review2 R5)"
+        monkeypatch.setenv("HF_HUB_VERBOSITY", "info")
+        with pytest.raises(HubNotFoundError):
+            H.fetch_bundle("alice/missing", tmp_path / "out")
+        assert seen[1] == hf_logging.INFO, "HF_HUB_VERBOSITY wins"
+    finally:
+        hf_logging.set_verbosity(before)
+
+
+def test_a_type_error_calling_create_commit_is_not_called_an_unusable_hub_answer(
+    hub_env: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import HfApi
+
+    from reproduction.release import hub as H
+
+    def renamed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("create_commit() got an unexpected keyword argument 'parent_commit'")
+
+    monkeypatch.setattr(HfApi, "create_commit", renamed)
+    bundle = make_bundle(tmp_path / "bundle", files())
+    # an API change or our bug stays an internal error, not exit 30 with a hint about HF_ENDPOINT (review2 R6)
+    with pytest.raises(TypeError, match="parent_commit"):
+        H.publish_bundle(bundle, "alice/r")

@@ -53,6 +53,7 @@ from reproduction.release.hub_transfer import (
     bound_hub_session,
     download_all,
     fetch_small,
+    quiet_hub_logs,
     stop_on_interrupt,
     with_retries,
 )
@@ -158,12 +159,8 @@ def _client(settings: HubSettings, ui: UiOptions | None) -> Any:
         disable_progress_bars()
     else:
         enable_progress_bars()
-    # huggingface_hub logs its failed requests ("'timed out' thrown while requesting PUT ...") at WARNING on
-    # stderr, between our lines, though our error says it all (audit53 X5); HF_HUB_VERBOSITY still wins.
-    if not os.environ.get("HF_HUB_VERBOSITY"):
-        from huggingface_hub.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
+    # huggingface_hub's own log lines are quieted by the callers, for the command's transfer only
+    # (quiet_hub_logs)
     # The shared session has no timeout by default, and some calls pass timeout=None: bound them all.
     bound_hub_session(settings)
     return HfApi(endpoint=settings.resolved_endpoint())
@@ -223,6 +220,7 @@ def _add(path_in_repo: str, source: Path | bytes, sha256: str | None = None) -> 
     return op
 
 
+@quiet_hub_logs()
 def publish_bundle(
     bundle: Path,
     repo: str,
@@ -431,7 +429,9 @@ def _commit(
             return api.create_commit(
                 repo, operations=ops, commit_message=message, repo_type=repo_type, revision=branch, parent_commit=parent
             ).oid
-        except (KeyError, TypeError, json.JSONDecodeError) as exc:  # a 2xx reply huggingface_hub cannot read
+        except (KeyError, TypeError, json.JSONDecodeError) as exc:
+            if not _reading_commit_reply(exc):  # our bug or a huggingface_hub API change: an internal error
+                raise
             raise HubError(
                 f"commit ({message}): the Hub's answer is unusable: {type(exc).__name__}: {exc}",
                 hint="the Hub or a proxy in between answered something that is not a Hub reply; check HF_ENDPOINT, "
@@ -456,6 +456,30 @@ def _commit(
                 "did not land as sent); run the command again",
             ) from None
         return head
+
+
+def _reading_commit_reply(exc: BaseException) -> bool:
+    """Whether `exc` came from reading the commit endpoint's 2xx reply (a body that is no JSON, or JSON without
+    the commit's fields), not from building the request or calling huggingface_hub (audit53 review2 R6).
+
+    True when the traceback reaches huggingface_hub's `_send_commit` after its reply arrived (`response` is
+    set there) and every frame below it is that function's own, httpx's `Response.json` or the json module.
+    """
+    tb = exc.__traceback__
+    while tb is not None and not (
+        tb.tb_frame.f_code.co_name == "_send_commit"
+        and tb.tb_frame.f_globals.get("__name__", "").startswith("huggingface_hub")
+    ):
+        tb = tb.tb_next
+    if tb is None or tb.tb_frame.f_locals.get("response") is None:
+        return False
+    tb = tb.tb_next
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__", "")
+        if module.split(".")[0] not in ("json", "httpx"):
+            return False
+        tb = tb.tb_next
+    return True
 
 
 def _landed(
@@ -522,6 +546,7 @@ def _tag(
 # -- fetch --------------------------------------------------------------------------------------------
 
 
+@quiet_hub_logs()
 def fetch_bundle(
     repo: str,
     dest: Path,

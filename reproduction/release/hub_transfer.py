@@ -22,6 +22,7 @@ import re
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, fields
@@ -381,8 +382,9 @@ def is_xet_failure(exc: BaseException) -> bool:
 
 @contextlib.contextmanager
 def stop_on_interrupt() -> Iterator[None]:
-    """While inside, a SIGINT/SIGTERM first stops every transfer (`stop_transfers`), then goes to the handler
-    there was (the CLI's: KeyboardInterrupt). For transfers that huggingface_hub runs in its own threads (LFS
+    """While inside, a SIGINT/SIGTERM goes to the handler there was (the CLI's: KeyboardInterrupt); when that
+    handler raises, every transfer is stopped too (`stop_transfers`) before the exception goes on; one that
+    returns leaves the transfers running. For transfers that huggingface_hub runs in its own threads (LFS
     uploads): the interrupt reaches the main thread, but its pool waited for a stalled upload's stall timeout
     before exit 130 came (audit53 X5). A no-op off the main thread."""
     import signal
@@ -393,12 +395,18 @@ def stop_on_interrupt() -> Iterator[None]:
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
 
     def stopping(signum: int, frame: Any) -> None:
-        stop_transfers()
+        # only a handler that interrupts (raises) ends the transfers: one that just notes the signal (a host
+        # application's graceful shutdown, the CLI holding a signal) left every upload cut and publish raising
+        # a bare TransferStopped (audit53 review2 R2)
         handler = previous[signum]
-        if callable(handler):
-            handler(signum, frame)
-        elif signum == signal.SIGINT:
-            raise KeyboardInterrupt()
+        try:
+            if callable(handler):
+                handler(signum, frame)
+            elif signum == signal.SIGINT:
+                raise KeyboardInterrupt()
+        except BaseException:
+            stop_transfers()
+            raise
 
     for signum, handler in previous.items():
         if callable(handler):  # SIG_IGN / SIG_DFL stay as they are
@@ -412,6 +420,26 @@ def stop_on_interrupt() -> Iterator[None]:
             if callable(handler):
                 signal.signal(signum, handler)
         _stopping.clear()
+
+
+@contextlib.contextmanager
+def quiet_hub_logs() -> Iterator[None]:
+    """While inside (a command's Hub transfer), huggingface_hub logs errors only, unless HF_HUB_VERBOSITY is set;
+    its verbosity before is back on exit, so an in-process caller keeps its warnings afterwards (audit53
+    review2 R5). Also a function decorator."""
+    if os.environ.get("HF_HUB_VERBOSITY"):
+        yield
+        return
+    from huggingface_hub.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    # huggingface_hub logs its failed requests ("'timed out' thrown while requesting PUT ...") at WARNING on
+    # stderr, between our lines, though our error says it all (audit53 X5)
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
 
 
 # -- downloads ---------------------------------------------------------------------------------------
@@ -458,7 +486,7 @@ class TransferStopped(Exception):
 
 _stopping = threading.Event()
 _local = threading.local()
-_live: set[_Guard] = set()
+_live: weakref.WeakSet[_Guard] = weakref.WeakSet()  # weak: a dead thread's guard goes with its thread-local
 _live_lock = threading.Lock()
 
 
@@ -472,29 +500,49 @@ def _shut(stream: Any) -> None:
 
 
 class _Guard:
-    """The request one thread sends now: the stream it uses, a timer on its reply's headers, why it was cut."""
+    """The request one thread sends now: the stream it uses, a timer on its reply's headers, why it was cut.
 
-    __slots__ = ("stream", "timer", "cut_reason")
+    Live from the request hook until its request ends (`finish`); a finished guard takes no stream and shuts
+    none, so a later request of that thread through any httpx client is never cut by it (audit53 review2 R1).
+    """
+
+    __slots__ = ("stream", "timer", "cut_reason", "done", "__weakref__")
 
     def __init__(self) -> None:
         self.stream: Any = None
         self.timer: threading.Timer | None = None
         self.cut_reason: str | None = None
+        self.done = False
 
     def attach(self, stream: Any) -> None:
-        self.stream = stream
-        if self.cut_reason is not None:  # cut before its first read or write: shut it now
-            _shut(stream)
+        with _live_lock:
+            if self.done:
+                return
+            self.stream = stream
+            if self.cut_reason is not None:  # cut before its first read or write: shut it now
+                _shut(stream)
 
     def cut(self, reason: str) -> None:
-        self.cut_reason = self.cut_reason or reason
-        if self.stream is not None:
-            _shut(self.stream)
+        with _live_lock:
+            if self.done:  # its request is over: the stream may serve another request now
+                return
+            self.cut_reason = self.cut_reason or reason
+            if self.stream is not None:
+                _shut(self.stream)
 
     def disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        timer, self.timer = self.timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def finish(self) -> None:
+        """End this guard: its timer stops, it leaves `_live`, and it never attaches or shuts a stream again
+        (`cut_reason` stays, for `with_retries` to say why its request failed)."""
+        self.disarm()
+        with _live_lock:
+            self.done = True
+            self.stream = None
+            _live.discard(self)
 
 
 def _track_streams() -> None:
@@ -511,13 +559,13 @@ def _track_streams() -> None:
 
     def tracked_read(self: Any, max_bytes: int, timeout: float | None = None) -> bytes:
         guard = getattr(_local, "guard", None)
-        if guard is not None and guard.stream is not self:
+        if guard is not None and not guard.done and guard.stream is not self:
             guard.attach(self)
         return read(self, max_bytes, timeout)
 
     def tracked_write(self: Any, buffer: bytes, timeout: float | None = None) -> None:
         guard = getattr(_local, "guard", None)
-        if guard is not None and guard.stream is not self:
+        if guard is not None and not guard.done and guard.stream is not self:
             guard.attach(self)
         return write(self, buffer, timeout)
 
@@ -536,11 +584,10 @@ def guard_request(request: Any, settings: HubSettings) -> None:
     if _stopping.is_set():
         raise TransferStopped()
     old = getattr(_local, "guard", None)
+    if old is not None:
+        old.finish()
     guard = _Guard()
     with _live_lock:
-        if old is not None:
-            old.disarm()
-            _live.discard(old)
         _live.add(guard)
     _local.guard = guard
     outer = request.extensions.get("trace")
@@ -553,10 +600,19 @@ def guard_request(request: Any, settings: HubSettings) -> None:
             guard.timer.start()
         elif event.endswith(("receive_response_headers.complete", "receive_response_headers.failed")):
             guard.disarm()
+        elif event.endswith(("response_closed.complete", "response_closed.failed")):
+            guard.finish()  # its reply is read or dropped: the request is over (see _Guard)
         if outer is not None:
             outer(event, info)
 
     request.extensions["trace"] = trace
+
+
+def end_guard() -> None:
+    """End the calling thread's request guard, if any (`_Guard.finish`): its request is over."""
+    guard = getattr(_local, "guard", None)
+    if guard is not None:
+        guard.finish()
 
 
 def stop_transfers() -> None:
@@ -601,6 +657,18 @@ def bound_hub_session(settings: HubSettings) -> None:
             "request": [*hooks["request"], fill_timeouts, lambda request: guard_request(request, settings)],
             "response": hooks["response"],
         }
+        send = client.send
+
+        def guarded_send(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return send(*args, **kwargs)
+            except BaseException:
+                # a request that failed before it had a reply (no connection, a hook, an interrupt) ends its
+                # guard here; one with a reply ends it when that reply closes (guard_request)
+                end_guard()
+                raise
+
+        client.send = guarded_send
         return client
 
     hf_http.set_client_factory(factory)

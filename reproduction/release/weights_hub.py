@@ -30,6 +30,7 @@ from reproduction.release.hub_transfer import (
     HubSettings,
     download_all,
     fetch_small,
+    quiet_hub_logs,
     request_timeout,
     with_retries,
 )
@@ -133,6 +134,7 @@ def _file_digest(api_url: str, entry: Any, settings: HubSettings, ui: UiOptions 
     return hashlib.sha256(data).hexdigest()
 
 
+@quiet_hub_logs()
 def pin_hub(
     repo: str,
     *,
