@@ -15,6 +15,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 CHUNK = 1 << 20
+_HEX = frozenset("0123456789abcdef")
+
+
+def is_sha256(value: object) -> bool:
+    """Whether `value` is a hex SHA-256 as this project writes it: a str of 64 lowercase hex digits."""
+    return isinstance(value, str) and len(value) == 64 and _HEX.issuperset(value)
 
 
 def sha256_file(path: Path, *, on_bytes: Callable[[int], None] | None = None) -> str:

@@ -166,12 +166,11 @@ def check_cache_root(environ: Mapping[str, str] | None = None) -> None:
     word. A folder that cannot be written is not refused here (a read-only cache only costs recomputation):
     `portable check`'s host.cache row names it."""
     env = os.environ if environ is None else environ
-    root = cache_root(env)
     found = _cache_setting(env)
-    if root is None or found is None:
+    if found is None:
         return
     name, raw = found
-    probe = root
+    probe = root = cache_root(env)
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if probe.exists() and not probe.is_dir():

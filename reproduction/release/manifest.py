@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from reproduction.digests import is_sha256
 from reproduction.errors import (
     InputNotFoundError,
     InvalidInputError,
@@ -240,7 +241,7 @@ class FileEntry:
                 field=f"{where}.size",
                 hint="the manifest is damaged or hostile; fetch or pack the bundle again",
             )
-        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        if not is_sha256(digest):
             raise InvalidInputError(  # audit48 F5: named neither the field, the value nor the rule
                 f"{where}.sha256: {digest[:70]!r}{'...' if len(digest) > 70 else ''} for {rel!r} is not 64 "
                 f"lower-case hex digits ({len(digest)} characters{', upper-case' if digest != digest.lower() else ''})",

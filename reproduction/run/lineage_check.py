@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from reproduction.digests import canonical_json, json_sha256, sha256_file
+from reproduction.digests import canonical_json, is_sha256, json_sha256, sha256_file
 from reproduction.errors import InputNotFoundError, InvalidInputError, os_error
 from reproduction.run.lineage import (
     LINEAGE_DIR,
@@ -133,9 +133,6 @@ def load_statements(run_dir: Path) -> list[LoadedStatement]:
     return sorted(out, key=lambda s: (s.metadata["startedOn"], s.stage))
 
 
-_SHA256_HEX = frozenset("0123456789abcdef")
-
-
 def _kind(value: Any) -> str:
     text = json.dumps(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -189,7 +186,7 @@ def _shape_problem(data: Mapping[str, Any]) -> str | None:
             if not isinstance(desc.get("digest"), dict):
                 return f"{where}.digest is {_kind(desc.get('digest'))}, not an object"
             sha = desc["digest"].get("sha256")
-            if not (isinstance(sha, str) and len(sha) == 64 and set(sha) <= _SHA256_HEX):
+            if not is_sha256(sha):
                 return f"{where}.digest.sha256 is {_kind(sha)}, not 64 lowercase hex digits"
             for key in ("name", "uri"):
                 if not isinstance(desc.get(key, ""), str):

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from reproduction.digests import is_sha256
 from reproduction.errors import RunStateError
 
 STATUSES = ("running", "complete", "failed", "interrupted")
@@ -94,13 +95,13 @@ _LINEAGE_FIELDS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("resumed_from_path", lambda v: v is None or isinstance(v, str), "a string (a checkpoint's path) or null"),
     (
         "resumed_from_sha256",
-        lambda v: v is None or (isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)),
+        lambda v: v is None or is_sha256(v),
         "a sha256 (64 lowercase hex digits) or null",
     ),
     ("versions", lambda v: v is None or _version_pairs(v), "null or a list of [name, version] string pairs"),
     (
         "config_sha256",
-        lambda v: isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v),
+        is_sha256,
         "a sha256 (64 lowercase hex digits)",
     ),
 )

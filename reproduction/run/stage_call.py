@@ -14,6 +14,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+from reproduction.digests import is_sha256
 from reproduction.errors import StageProtocolError
 from reproduction.recipe import StageContext, StageOutput, StageSpec, resolve_fn
 
@@ -187,7 +188,7 @@ def _resumed_checkpoint(
             raise refuse("resumed_from_path", str(path), f"not inside the run folder {base}", path_hint)
     if sha is None:
         return path, None
-    if not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+    if not is_sha256(sha):
         raise refuse(
             "resumed_from_sha256",
             sha,
