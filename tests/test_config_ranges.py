@@ -112,6 +112,34 @@ def test_a_bool_key_in_a_config_file_is_refused_naming_the_file(tmp_path):
     assert (ok.value.model.augment, ok.advantages.hold_labels, ok.policy.model.image_augment) == (False, True, None)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "key", "shown"),
+    [
+        (["value.model.augment=${eval.seed}"], "value.model.augment", "${eval.seed}, which is 1000"),
+        (
+            ["eval.seed=0", "policy.model.image_augment=${eval.seed}"],
+            "policy.model.image_augment",
+            "${eval.seed}, which is 0",
+        ),
+        (
+            ["datasets=[{path: /x}]", "datasets[0].value=${value.train.lr}"],
+            "datasets[0].value",
+            "${value.train.lr}, which is 5.0e-05",
+        ),
+    ],
+)
+def test_a_bool_key_refuses_an_interpolation_that_resolves_to_a_non_bool(overrides, key, shown):
+    """omegaconf converts a ${...}'s result into a bool field as it converts a literal: `augment=${eval.seed}` loaded as
+    true (stop 53's left-over). The loader reads what the interpolation gives before any bool node converts it."""
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert err.value.exit_code == 4 and err.value.field == key
+    assert str(err.value) == f"command line: config key `{key}` is {shown}: it takes true or false"
+    # an interpolation of a bool (or of the words true/false) loads as before
+    ok = load_config(None, ["value.model.augment=false", "advantages.hold_labels=${value.model.augment}"])
+    assert ok.advantages.hold_labels is False
+
+
 @pytest.mark.parametrize("weight", ["nan", "-1", "0", "inf"])
 def test_a_dataset_weight_must_be_a_finite_number_above_0(tmp_path, weight):
     config = tmp_path / "c.yaml"
