@@ -161,7 +161,9 @@ GRPO = [
     ("rl.lr=inf", "rl.lr", "rl.lr=inf must be a finite number > 0"),
     ("rl.grad_clip=inf", "rl.grad_clip", "rl.grad_clip=inf must be a finite number >= 0"),
     ("rl.kl_coef=nan", "rl.kl_coef", "rl.kl_coef=nan must be a finite number >= 0"),
-    ("rl.noise_level=inf", "rl.noise_level", "rl.noise_level=inf must be a finite number > 0"),
+    ("rl.noise_level=inf", "rl.noise_level", "rl.noise_level=inf must be a finite number >= 1e-06"),
+    # its float32 step noise is 0: every rl step's loss was NaN and skipped, and the run exited 0 (audit54 C2)
+    ("rl.noise_level=1e-46", "rl.noise_level", "rl.noise_level=1e-46 must be >= 1e-06"),
     (f"sft.model.width={BIG}", "sft.model.width", f"sft.model.width={BIG} must be a whole number within"),
     ("sft.model.model_seed=-1", "sft.model.model_seed", "sft.model.model_seed=-1 must be >= 0"),
     ("sft.train.lr=inf", "sft.train.lr", "sft.train.lr=inf must be a finite number > 0"),
