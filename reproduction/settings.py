@@ -146,11 +146,19 @@ def cache_root(environ: Mapping[str, str] | None = None) -> Path | None:
     if not path.is_absolute():
         from reproduction.errors import ConfigError
 
+        # a `$HOME/x` that reached us unexpanded (quoted in a unit file, a .env) is not meant relative to $PWD
+        unexpanded = raw.strip().startswith("$")
         raise ConfigError(
-            f"{name}={raw!r} is not an absolute path: the cache would land in whichever folder a command runs from",
+            f"{name}={raw!r} is not an absolute path"
+            + (" (no shell expanded its variable)" if unexpanded else "")
+            + ": the cache would land in whichever folder a command runs from",
             field=name,
-            hint=f"give an absolute path (e.g. {name}=$PWD/{raw.strip()} or {name}=$HOME/...), or unset it for "
-            f"{default_cache_root()}",
+            hint=(
+                f"write the folder out (e.g. {name}=/home/me/.cache/recap-portable), or unset it for "
+                if unexpanded
+                else f"give an absolute path (e.g. {name}=$PWD/{raw.strip()} or {name}=$HOME/...), or unset it for "
+            )
+            + f"{default_cache_root()}",
         )
     return Path(os.path.abspath(path))  # normalised (`..`, `//`), links kept: the folder the user named
 

@@ -112,6 +112,34 @@ def test_a_bool_key_in_a_config_file_is_refused_naming_the_file(tmp_path):
     assert (ok.value.model.augment, ok.advantages.hold_labels, ok.policy.model.image_augment) == (False, True, None)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "key", "shown"),
+    [
+        (["value.model.augment=${eval.seed}"], "value.model.augment", "${eval.seed}, which is 1000"),
+        (
+            ["eval.seed=0", "policy.model.image_augment=${eval.seed}"],
+            "policy.model.image_augment",
+            "${eval.seed}, which is 0",
+        ),
+        (
+            ["datasets=[{path: /x}]", "datasets[0].value=${value.train.lr}"],
+            "datasets[0].value",
+            "${value.train.lr}, which is 5.0e-05",
+        ),
+    ],
+)
+def test_a_bool_key_refuses_an_interpolation_that_resolves_to_a_non_bool(overrides, key, shown):
+    """omegaconf converts a ${...}'s result into a bool field as it converts a literal: `augment=${eval.seed}` loaded as
+    true (stop 53's left-over). The loader reads what the interpolation gives before any bool node converts it."""
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert err.value.exit_code == 4 and err.value.field == key
+    assert str(err.value) == f"command line: config key `{key}` is {shown}: it takes true or false"
+    # an interpolation of a bool (or of the words true/false) loads as before
+    ok = load_config(None, ["value.model.augment=false", "advantages.hold_labels=${value.model.augment}"])
+    assert ok.advantages.hold_labels is False
+
+
 @pytest.mark.parametrize("weight", ["nan", "-1", "0", "inf"])
 def test_a_dataset_weight_must_be_a_finite_number_above_0(tmp_path, weight):
     config = tmp_path / "c.yaml"
@@ -133,7 +161,9 @@ GRPO = [
     ("rl.lr=inf", "rl.lr", "rl.lr=inf must be a finite number > 0"),
     ("rl.grad_clip=inf", "rl.grad_clip", "rl.grad_clip=inf must be a finite number >= 0"),
     ("rl.kl_coef=nan", "rl.kl_coef", "rl.kl_coef=nan must be a finite number >= 0"),
-    ("rl.noise_level=inf", "rl.noise_level", "rl.noise_level=inf must be a finite number > 0"),
+    ("rl.noise_level=inf", "rl.noise_level", "rl.noise_level=inf must be a finite number >= 1e-06"),
+    # its float32 step noise is 0: every rl step's loss was NaN and skipped, and the run exited 0 (audit54 C2)
+    ("rl.noise_level=1e-46", "rl.noise_level", "rl.noise_level=1e-46 must be >= 1e-06"),
     (f"sft.model.width={BIG}", "sft.model.width", f"sft.model.width={BIG} must be a whole number within"),
     ("sft.model.model_seed=-1", "sft.model.model_seed", "sft.model.model_seed=-1 must be >= 0"),
     ("sft.train.lr=inf", "sft.train.lr", "sft.train.lr=inf must be a finite number > 0"),

@@ -73,6 +73,18 @@ def test_blank_is_unset_and_relative_is_exit_4_naming_the_variable(clean_env, mo
     assert list((clean_env / "cwd").iterdir()) == []
 
 
+def test_an_unexpanded_variable_is_not_told_to_go_under_the_current_folder():
+    """A `$HOME/c` that reached the tool unexpanded was told to become `$PWD/$HOME/c` (stop 53's left-over)."""
+    with pytest.raises(ConfigError) as bad:
+        settings.cache_root({"PORTABLE_CACHE_DIR": "$HOME/c"})
+    assert str(bad.value) == (
+        "PORTABLE_CACHE_DIR='$HOME/c' is not an absolute path (no shell expanded its variable): the cache would land "
+        "in whichever folder a command runs from"
+    )
+    assert bad.value.hint.startswith("write the folder out (e.g. PORTABLE_CACHE_DIR=/home/me/.cache/recap-portable)")
+    assert "$PWD" not in bad.value.hint
+
+
 def test_libero_honours_the_old_name(clean_env, monkeypatch):
     """V7: with only RECAP_PORTABLE_CACHE set, fingerprints went there but LIBERO's files to the temp folder."""
     monkeypatch.setenv("RECAP_PORTABLE_CACHE", str(clean_env / "old"))

@@ -86,6 +86,7 @@ def load_config(
 
     merged = merged_config(files, overrides, bundle=bundle, run_dir=run_dir, schema=schema)
     _refuse_empty_placeholders(merged, files, overrides)
+    _refuse_interpolated_non_bools(merged, files, overrides)
     checks = schema.component_checks() if hasattr(schema, "component_checks") else {}
     try:
         OmegaConf.resolve(merged)
@@ -360,6 +361,72 @@ def _refuse_non_bools(node: Any, plain: Any, prefix: str, src: str) -> None:
                 item_node = OmegaConf.structured(item_type)
                 for i, item in enumerate(value):
                     _refuse_non_bools(item_node, item, f"{dotted}[{i}].", src)
+
+
+def _refuse_interpolated_non_bools(merged: Any, files: list[Path] | None, overrides: list[str] | None) -> None:
+    """ConfigError (exit 4) naming the first bool field whose ${...} resolves to anything but a bool, null or the
+    words true/false: omegaconf converts the result as it converts a literal, so `value.model.augment=${eval.seed}`
+    loaded as true (stop 53's left-over; a literal is refused by _refuse_non_bools). The results are read from an
+    untyped copy, where no bool node converts them; an interpolation that fails to resolve is left to the loader."""
+    from omegaconf import OmegaConf
+
+    keys = _interpolated_bool_keys(merged, "")
+    if not keys:
+        return
+    untyped = OmegaConf.create(OmegaConf.to_container(merged, resolve=False))
+    for key in keys:
+        try:
+            value = OmegaConf.select(untyped, key, throw_on_missing=False)
+        except Exception:
+            continue  # a broken interpolation: the loader's resolve names it
+        if value is None or isinstance(value, bool) or (isinstance(value, str) and value.lower() in ("true", "false")):
+            continue
+        where = _source_of(key, files, overrides)
+        raw = _raw_value(merged, key)
+        raise ConfigError(
+            f"{f'{where}: ' if where else ''}config key `{key}` is {raw}, which is {_flow(value)}: it takes true or "
+            "false",
+            field=key,
+            hint=f"point {key} at a true/false value or set {key}=true or {key}=false (docs/config.md)",
+        )
+
+
+def _interpolated_bool_keys(node: Any, prefix: str) -> list[str]:
+    """Dotted keys (list items as key[i]) of the bool nodes under `node` whose value is a ${...} interpolation."""
+    from omegaconf import BooleanNode, DictConfig, ListConfig
+
+    out: list[str] = []
+    if isinstance(node, DictConfig):
+        if node._is_none() or node._is_missing() or node._is_interpolation():
+            return out
+        for key in node.keys():
+            child = node._get_node(key)
+            dotted = f"{prefix}.{key}" if prefix else str(key)
+            if isinstance(child, BooleanNode):
+                if child._is_interpolation():
+                    out.append(dotted)
+            else:
+                out += _interpolated_bool_keys(child, dotted)
+    elif isinstance(node, ListConfig):
+        if node._is_none() or node._is_missing() or node._is_interpolation():
+            return out
+        for i in range(len(node)):
+            child = node._get_node(i)
+            dotted = f"{prefix}[{i}]"
+            if isinstance(child, BooleanNode):
+                if child._is_interpolation():
+                    out.append(dotted)
+            else:
+                out += _interpolated_bool_keys(child, dotted)
+    return out
+
+
+def _raw_value(merged: Any, key: str) -> str:
+    """The unresolved text of `key`'s node (its ${...})."""
+    node: Any = merged
+    for part in key.replace("[", ".").replace("]", "").split("."):
+        node = node._get_node(int(part) if part.isdigit() and not hasattr(node, "keys") else part)
+    return str(node._value())
 
 
 def _misfit(merged: Any, plain: Any, prefix: str, src: str) -> ConfigError | None:
@@ -770,7 +837,7 @@ def reference(schema: type) -> str:
         "already has is `datasets[0].path=/x` (or `datasets.0.path=/x`), applied in order with the other overrides.",
         "A float key takes finite numbers: nan and inf (`.nan`, `.inf`, `1e400`) are refused, exit 4.",
         "A bool key takes true or false (YAML's yes/no too; null where the type says `| None`): 0, 1, 2, 0.5 and",
-        'the quoted string "false" are refused, exit 4.',
+        'the quoted string "false" are refused, exit 4, and so is a `${...}` that resolves to one of them.',
         "A row citing DEMO_LAB names the team's design notes, which are not in this repository (docs/architecture.md,",
         '"Notes outside this repository").',
         "",

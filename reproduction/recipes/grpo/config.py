@@ -23,6 +23,10 @@ from reproduction.sim.cameras import CAMERA_NAMES, IMAGE_PREFIX, camera_names  #
 from reproduction.train.config import TrainConfig
 
 ADVANTAGE_SCALES = ("group", "batch", "none")
+NOISE_LEVEL_MIN = 1e-6
+"""rl.noise_level's floor: below ~1e-44 the float32 step noise is 0 and every step's log-probability NaN (the run
+skipped every step and exited 0: audit54 C2); long before that an update's shift of the mean, divided by the noise,
+overflows the ratio. RLinf's default is 0.5."""
 """What `rl.advantage_scale` may name (objective.group_advantages)."""
 
 
@@ -184,7 +188,8 @@ class RlSection:
     """beta: weight of the KL to the reference (SFT) policy, per denoising step. RLinf's embodied GRPO has no such
     term (docs/upstream.md, "GRPO"): 0 gives its objective, and no reference policy is loaded."""
     noise_level: float = 0.5
-    """a: the flow-SDE noise level of rollouts (RLinf's flow_sde default); evaluation stays on the ODE."""
+    """a: the flow-SDE noise level of rollouts (RLinf's flow_sde default); evaluation stays on the ODE. At least
+    1e-6 (NOISE_LEVEL_MIN)."""
     logprob_steps: int = 2
     """Denoising steps of each decision the loss trains on, drawn per (rollout, decision) from its seed (RLinf
     trains on one random step per sampling call, shared by the whole batch, and samples the others on the ODE:
@@ -245,7 +250,7 @@ class RlSection:
             check_number(getattr(self, name), k + name, low=0, integer=True)
         # finite: inf passed `> 0`/`>= 0` and trained a non-finite policy (audit52 W4)
         check_number(self.lr, k + "lr", low=0, low_open=True)
-        check_number(self.noise_level, k + "noise_level", low=0, low_open=True)
+        check_number(self.noise_level, k + "noise_level", low=NOISE_LEVEL_MIN)
         for name in ("grad_clip", "kl_coef", "cotrain_weight"):
             check_number(getattr(self, name), k + name, low=0)
         if self.eval_every and self.save_every and self.save_every % self.eval_every:

@@ -7,7 +7,7 @@ An ODE sample has no likelihood a policy gradient can use. Flow-GRPO (Liu et al.
 Flow Matching Models via Online RL", arXiv:2505.05470, eq. 9-12) turns the ODE into the reverse-time SDE with
 the same marginals and discretises it, so each step is a Gaussian; RLinf's openpi policy implements that step as
 `noise_method: flow_sde` (RLinf/RLinf at a3816b5, rlinf/models/embodiment/openpi/openpi_action_model.py:
-`sample_mean_var_val`'s flow_sde branch, lines 1176-1183, and `get_logprob_norm`, 1287-1303), which this module's
+`sample_mean_var_val`'s flow_sde branch, lines 1176-1183, and `get_logprob_norm`, 1287-1300), which this module's
 step follows in our time convention (mean, std and log-prob within 5e-6 of RLinf's: docs/upstream.md, "GRPO"):
 
     x0_hat = x_k - t_k * v              (the action the velocity points to)
