@@ -562,13 +562,22 @@ def _clear_stage(
     run_dir: Path, state: dict[str, Any], stage: str, rec: dict[str, Any] | None, *, restarted: bool
 ) -> None:
     """Clear a stage the runner redoes afresh, before its `running` record (which must never see another key's files):
-    its folder, and when it is restarted its files in evidence/ (`_remove_recorded_elsewhere`: a redo replaces, an
-    eval of a new step adds). Its record goes first, written: a kill while a --restart-stage cleared the stage used to
-    leave its `complete` record naming removed files, which every --resume then refused (audit50 A F1); with no record
-    the next --resume redoes it afresh, whatever the kill left."""
+    its lineage statement, its folder, and when it is restarted its files in evidence/ (`_remove_recorded_elsewhere`:
+    a redo replaces, an eval of a new step adds). The statement goes first: a redo that then failed kept the earlier
+    run's `succeeded` statement, which `portable lineage` showed as the stage's and `--verify` reported as lost
+    files (exit 11, audit54 A2); a kill just after it leaves a complete stage without its statement, which the next
+    --resume writes again from run.json (`_rewrite_lost_statement`). Its record goes next, written: a kill while a
+    --restart-stage cleared the stage used to leave its `complete` record naming removed files, which every --resume
+    then refused (audit50 A F1); with no record the next --resume redoes it afresh, whatever the kill left."""
+    from reproduction.run.lineage import statement_path
+
     stage_dir = run_dir / stage
-    if not os.path.lexists(stage_dir) and not (restarted and rec):
+    statement = statement_path(run_dir, stage)
+    if not os.path.lexists(stage_dir) and not (restarted and rec) and not os.path.lexists(statement):
         return
+    if not statement.is_dir():  # a folder there is refused where lineage is read; not ours to remove
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(statement)
     if state["stages"].pop(stage, None) is not None:
         _write_state(run_dir, state)
     if restarted:
