@@ -40,7 +40,6 @@ from typing import Any
 from reproduction.config_fields import output_free_keys
 from reproduction.digest_cache import DigestCache
 from reproduction.errors import (
-    CheckpointError,
     InputNotFoundError,
     RunStateError,
     StageKeyChangedError,
@@ -685,7 +684,17 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         try:
             outputs = collect_outputs(spec, stage_dir, output.files, walk.digests)
             if not outputs:
-                raise CheckpointError(f"stage {spec.name} wrote no outputs into {stage_dir}", path=stage_dir)
+                raise StageProtocolError(  # the protocol broken, no checkpoint at fault (exit 54, audit54 A4)
+                    f"stage {spec.name} ({spec.fn}) wrote no outputs: it returned no files, and "
+                    + (
+                        f"nothing in {stage_dir} matches its StageSpec.outputs {list(spec.outputs)}"
+                        if spec.outputs
+                        else "its StageSpec declares no outputs"
+                    ),
+                    stage=spec.name,
+                    hint="write the stage's outputs into ctx.out_dir and return them in StageOutput(files=[...]), "
+                    "or fix StageSpec.outputs to name the files it writes",
+                )
             refuse_others_files(state, run_dir, spec, outputs)
             taken = watch.refuse_changed(spec, stage_dir, outputs, walk.digests)  # ... and those changed unreturned
         except StageProtocolError:
