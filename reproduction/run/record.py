@@ -66,6 +66,11 @@ _STAGE_FIELDS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("ended", _number, "a number (seconds since the epoch)"),
     ("seconds", _number, "a number"),
     ("error", lambda v: isinstance(v, str), "a string"),
+    (
+        "target_step",  # since stop 54 (audit54 A6), on a stage stopped while training to --target-step; else none
+        lambda v: _int(v) and v >= 1,
+        "a step number >= 1 (the --target-step the stopped stage was training to)",
+    ),
     ("lineage", lambda v: isinstance(v, dict), "a mapping (what the stage's lineage statement recorded)"),
     (
         "config_files",  # since stop 52 (audit51 I4); older records have none

@@ -14,7 +14,8 @@ fingerprints of the opened inputs, the output digests of the stages it needs, th
 of its code modules (the stage function's module and those StageSpec.code names) and its function's reference
 (StageSpec.fn).
 With `resume`: a complete stage whose key and outputs match is skipped; one the
-run was killed in continues (training stages from their newest complete checkpoint, others redone), and so does a
+run was killed in continues (training stages from their newest complete checkpoint, to the --target-step the
+killed invocation was given when no other is: its record's `target_step`; others redone), and so does a
 complete training stage asked for more steps (`--target-step N`, or its step count raised in the config);
 one whose key changed is refused with the differing parts named, unless the change is only in the digests of
 upstream stages (redone in this invocation or an earlier one: then it is redone). `restart` redoes the named
@@ -40,7 +41,6 @@ from typing import Any
 from reproduction.config_fields import output_free_keys
 from reproduction.digest_cache import DigestCache
 from reproduction.errors import (
-    CheckpointError,
     InputNotFoundError,
     RunStateError,
     StageKeyChangedError,
@@ -562,13 +562,22 @@ def _clear_stage(
     run_dir: Path, state: dict[str, Any], stage: str, rec: dict[str, Any] | None, *, restarted: bool
 ) -> None:
     """Clear a stage the runner redoes afresh, before its `running` record (which must never see another key's files):
-    its folder, and when it is restarted its files in evidence/ (`_remove_recorded_elsewhere`: a redo replaces, an
-    eval of a new step adds). Its record goes first, written: a kill while a --restart-stage cleared the stage used to
-    leave its `complete` record naming removed files, which every --resume then refused (audit50 A F1); with no record
-    the next --resume redoes it afresh, whatever the kill left."""
+    its lineage statement, its folder, and when it is restarted its files in evidence/ (`_remove_recorded_elsewhere`:
+    a redo replaces, an eval of a new step adds). The statement goes first: a redo that then failed kept the earlier
+    run's `succeeded` statement, which `portable lineage` showed as the stage's and `--verify` reported as lost
+    files (exit 11, audit54 A2); a kill just after it leaves a complete stage without its statement, which the next
+    --resume writes again from run.json (`_rewrite_lost_statement`). Its record goes next, written: a kill while a
+    --restart-stage cleared the stage used to leave its `complete` record naming removed files, which every --resume
+    then refused (audit50 A F1); with no record the next --resume redoes it afresh, whatever the kill left."""
+    from reproduction.run.lineage import statement_path
+
     stage_dir = run_dir / stage
-    if not os.path.lexists(stage_dir) and not (restarted and rec):
+    statement = statement_path(run_dir, stage)
+    if not os.path.lexists(stage_dir) and not (restarted and rec) and not os.path.lexists(statement):
         return
+    if not statement.is_dir():  # a folder there is refused where lineage is read; not ours to remove
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(statement)
     if state["stages"].pop(stage, None) is not None:
         _write_state(run_dir, state)
     if restarted:
@@ -648,9 +657,13 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         )
     if action == "fresh":
         _clear_stage(run_dir, state, spec.name, rec, restarted=spec.name in opts.restart or spec.name in walk.restarted)
+    target = _target_step(walk, spec, action, rec)
     started = time.time()
     running = {"status": "running", "key": key, "key_parts": parts, "started": started}
     state["stages"][spec.name] = {**(rec or {}), **running}
+    state["stages"][spec.name].pop("target_step", None)
+    if target is not None:  # kept so that a plain --resume of a kill continues to it, not to the checkpoint's step
+        state["stages"][spec.name]["target_step"] = target
     _write_state(run_dir, state)  # before the stage folder: a kill from here on leaves a run to --resume
     if walk.recipe.report and not walk.redone:  # the first stage this invocation runs: the report is out of date
         _remove_report(run_dir)
@@ -663,7 +676,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         inputs=walk.inputs,
         upstream={n: walk.done[n] for n in spec.needs},
         resume=action == "continue",
-        target_step=opts.target_step if spec.training else None,
+        target_step=target,
         ray_address=opts.ray_address,
         ui=opts.ui,
         ray=walk.ray.address if walk.ray is not None else None,
@@ -676,7 +689,17 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         try:
             outputs = collect_outputs(spec, stage_dir, output.files, walk.digests)
             if not outputs:
-                raise CheckpointError(f"stage {spec.name} wrote no outputs into {stage_dir}", path=stage_dir)
+                raise StageProtocolError(  # the protocol broken, no checkpoint at fault (exit 54, audit54 A4)
+                    f"stage {spec.name} ({spec.fn}) wrote no outputs: it returned no files, and "
+                    + (
+                        f"nothing in {stage_dir} matches its StageSpec.outputs {list(spec.outputs)}"
+                        if spec.outputs
+                        else "its StageSpec declares no outputs"
+                    ),
+                    stage=spec.name,
+                    hint="write the stage's outputs into ctx.out_dir and return them in StageOutput(files=[...]), "
+                    "or fix StageSpec.outputs to name the files it writes",
+                )
             refuse_others_files(state, run_dir, spec, outputs)
             taken = watch.refuse_changed(spec, stage_dir, outputs, walk.digests)  # ... and those changed unreturned
         except StageProtocolError:
@@ -715,6 +738,26 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     return StageReport(
         name=spec.name, action="continued" if action == "continue" else "ran", seconds=seconds, output=output
     )
+
+
+def _target_step(walk: _Walk, spec: StageSpec, action: str, rec: dict[str, Any] | None) -> int | None:
+    """The step a training stage trains to in this invocation, as ctx.target_step: this invocation's `--target-step`,
+    else, for a stage continued after a stop (its record `running`, `interrupted` or `failed`), the `--target-step`
+    the stopped invocation was started with (its record's `target_step`), said in one line; else None (the config's
+    step count). A plain --resume used to hand None, so a killed `--target-step 20` finished at whatever step its
+    checkpoint had and was recorded complete there (audit54 A6)."""
+    if not spec.training:
+        return None
+    if walk.opts.target_step is not None:
+        return walk.opts.target_step
+    if action != "continue" or rec is None or rec.get("status") == "complete" or rec.get("target_step") is None:
+        return None
+    from reproduction.ui import say
+
+    target = int(rec["target_step"])  # its shape: record.check_state
+    stopped = "failed" if rec.get("status") == "failed" else "killed"
+    say(f"{spec.name}: continuing to --target-step {target}, as the {stopped} run asked", options=walk.opts.ui)
+    return target
 
 
 def _note_move(rec: dict[str, Any], spec: StageSpec, parts: dict, free: Sequence[str]) -> None:

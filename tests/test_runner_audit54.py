@@ -1,0 +1,233 @@
+"""audit54 A2, A4, A6 on a toy recipe, in process.
+
+A2: a stage redone (`--restart-stage`) that then fails kept its earlier `succeeded` lineage statement, so `portable
+lineage` showed it succeeded and `--verify` reported its files lost (exit 11). A4: a stage that wrote none of its
+declared outputs was exit 50 (checkpoint incomplete) with no hint. A6: a `--target-step` killed partway was finished
+by a plain `--resume` at whatever step its checkpoint had."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from reproduction.errors import RunStateError, StageProtocolError
+from reproduction.fsio import atomic_write_text
+from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
+from reproduction.run import runner
+from reproduction.run.lineage_check import verify_lineage
+from reproduction.run.record import make_recorder
+from reproduction.run.runner import RunOptions, read_state, run_recipe
+
+
+@dataclass(kw_only=True)
+class Train:
+    steps: int = 3
+
+
+@dataclass(kw_only=True)
+class Cfg:
+    train: Train = field(default_factory=Train)
+
+
+def train(ctx: StageContext) -> StageOutput:
+    """One checkpoint per step; stops with an error after the step <run>/../die_at names (removed as it stops)."""
+    die = ctx.run_dir.parent / "die_at"
+    step, w = 0, 1.0
+    if ctx.resume:
+        done = sorted(int(p.stem.split("_")[1]) for p in ctx.out_dir.glob("ckpt_*.json"))
+        if done:
+            step, w = done[-1], json.loads((ctx.out_dir / f"ckpt_{done[-1]}.json").read_text())["w"]
+    target = ctx.target_step or ctx.config.train.steps
+    while step < target:
+        w, step = w * 1.1 + 0.01 * step, step + 1
+        atomic_write_text(ctx.out_dir / f"ckpt_{step}.json", json.dumps({"w": w}))
+        if die.is_file() and int(die.read_text()) == step:
+            die.unlink()
+            raise RuntimeError(f"stopped after step {step}")
+    weights = ctx.out_dir / "weights.json"
+    atomic_write_text(weights, json.dumps({"w": w, "step": step}))
+    return StageOutput(files=[weights], summary={"w": w}, step=step)
+
+
+def evalx(ctx: StageContext) -> StageOutput:
+    if (ctx.run_dir.parent / "fail_eval").is_file():
+        raise RuntimeError("evalx failed")
+    w = json.loads((ctx.run_dir / "train" / "weights.json").read_text())["w"]
+    out = ctx.out_dir / "eval.json"
+    atomic_write_text(out, json.dumps({"score": round(w, 6)}))
+    return StageOutput(files=[out], summary={"score": round(w, 6)})
+
+
+def nothing(ctx: StageContext) -> StageOutput:
+    return StageOutput(files=[])
+
+
+RECIPE = Recipe(
+    name="audit54",
+    stages=(
+        StageSpec(
+            name="train",
+            fn=f"{__name__}:train",
+            config=("train",),
+            training="train.steps",
+            outputs=("weights.json",),
+            inputs=False,
+        ),
+        StageSpec(name="evalx", fn=f"{__name__}:evalx", needs=("train",), outputs=("eval.json",), inputs=False),
+    ),
+)
+NO_OUTPUT = Recipe(
+    name="nooutput",
+    stages=(StageSpec(name="g", fn=f"{__name__}:nothing", outputs=("weights.json",), inputs=False),),
+)
+
+
+def _opts(**kw) -> RunOptions:
+    return RunOptions(recorder=make_recorder(None), **kw)
+
+
+def _statement(run: Path, stage: str) -> Path:
+    return run / "lineage" / f"{stage}.intoto.json"
+
+
+# -- A2 -------------------------------------------------------------------------------------------------------------
+
+
+def test_a_restarted_stage_that_fails_has_no_statement_and_resume_writes_it_again(tmp_path):
+    run = tmp_path / "run"
+    run_recipe(RECIPE, Cfg(), run, _opts())
+    assert _statement(run, "evalx").is_file()
+    (tmp_path / "fail_eval").write_text("")
+    with pytest.raises(RuntimeError, match="evalx failed"):
+        run_recipe(RECIPE, Cfg(), run, _opts(restart=["evalx"]))
+    assert read_state(run)["stages"]["evalx"]["status"] == "failed"
+    assert not _statement(run, "evalx").exists()  # as a fresh run whose evalx failed
+    assert _statement(run, "train").is_file()  # the stage not redone keeps its own
+    report = verify_lineage(run)
+    assert (report.exit_code, report.problems) == (0, [])
+    (tmp_path / "fail_eval").unlink()
+    run_recipe(RECIPE, Cfg(), run, _opts(resume=True))
+    assert read_state(run)["stages"]["evalx"]["status"] == "complete"
+    assert json.loads(_statement(run, "evalx").read_text())["subject"][0]["name"] == "evalx/eval.json"
+    report = verify_lineage(run)
+    assert (report.exit_code, report.problems) == (0, [])
+
+
+def test_a_kill_after_the_statement_is_cleared_leaves_a_run_resume_mends(tmp_path, monkeypatch):
+    """Killed between removing the statement and writing the record without the stage: the stage is still
+    `complete` with its files, so --resume skips it and writes its statement again from run.json."""
+    run = tmp_path / "run"
+    run_recipe(RECIPE, Cfg(), run, _opts())
+    before = _statement(run, "evalx").read_bytes()
+    write = runner._write_state
+
+    def killed(run_dir, state):
+        if "evalx" not in state["stages"]:  # the record popped by _clear_stage, about to be written
+            raise KeyboardInterrupt
+        write(run_dir, state)
+
+    monkeypatch.setattr(runner, "_write_state", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_recipe(RECIPE, Cfg(), run, _opts(restart=["evalx"]))
+    monkeypatch.setattr(runner, "_write_state", write)
+    assert not _statement(run, "evalx").exists()
+    assert read_state(run)["stages"]["evalx"]["status"] == "complete"
+    report = run_recipe(RECIPE, Cfg(), run, _opts(resume=True))
+    assert {s.name: s.action for s in report.stages} == {"train": "skipped", "evalx": "skipped"}
+    assert json.loads(_statement(run, "evalx").read_bytes())["subject"] == json.loads(before)["subject"]
+    assert verify_lineage(run).exit_code == 0
+
+
+# -- A4 -------------------------------------------------------------------------------------------------------------
+
+
+def test_a_stage_that_writes_none_of_its_outputs_is_a_protocol_error(tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(StageProtocolError) as err:
+        run_recipe(NO_OUTPUT, Cfg(), run, _opts())
+    assert err.value.exit_code == 54
+    assert str(err.value) == (
+        f"stage g ({__name__}:nothing) wrote no outputs: it returned no files, and nothing in {run / 'g'} "
+        "matches its StageSpec.outputs ['weights.json']"
+    )
+    assert err.value.hint == (
+        "write the stage's outputs into ctx.out_dir and return them in StageOutput(files=[...]), "
+        "or fix StageSpec.outputs to name the files it writes"
+    )
+    rec = read_state(run)["stages"]["g"]
+    assert rec["status"] == "failed" and rec["error"].startswith("StageProtocolError: stage g (")
+
+
+# -- A6 -------------------------------------------------------------------------------------------------------------
+
+
+def _uninterrupted(root: Path, target: int) -> Path:
+    """steps=3 complete, then --target-step `target`, not stopped."""
+    run = root / "whole"
+    run_recipe(RECIPE, Cfg(), run, _opts())
+    run_recipe(RECIPE, Cfg(), run, _opts(target_step=target))
+    return run
+
+
+def _killed(root: Path, monkeypatch, target: int, at: int) -> Path:
+    """steps=3 complete, then --target-step `target` killed -9 after step `at` (no record of the stop written)."""
+    run = root / "run"
+    run_recipe(RECIPE, Cfg(), run, _opts())
+    (root / "die_at").write_text(str(at))
+    monkeypatch.setattr(runner, "_record_stop", lambda *a, **k: None)  # kill -9: the `running` record stays
+    with pytest.raises(RuntimeError, match=f"stopped after step {at}"):
+        run_recipe(RECIPE, Cfg(), run, _opts(target_step=target))
+    monkeypatch.undo()
+    assert read_state(run)["stages"]["train"]["status"] == "running"
+    return run
+
+
+def test_a_plain_resume_of_a_killed_target_step_continues_to_that_target(tmp_path, monkeypatch, capsys):
+    run = _killed(tmp_path, monkeypatch, target=6, at=4)
+    assert read_state(run)["stages"]["train"].get("target_step") == 6
+    capsys.readouterr()
+    report = run_recipe(RECIPE, Cfg(), run, _opts(resume=True))
+    rec = read_state(run)["stages"]["train"]
+    assert (rec["status"], rec["step"]) == ("complete", 6) and "target_step" not in rec
+    assert "train: continuing to --target-step 6, as the killed run asked\n" in capsys.readouterr().err
+    assert {s.name: s.action for s in report.stages} == {"train": "continued", "evalx": "ran"}
+    whole = _uninterrupted(tmp_path, 6)
+    for rel in ("train/weights.json", "evalx/eval.json"):
+        assert (run / rel).read_bytes() == (whole / rel).read_bytes(), rel
+    assert verify_lineage(run).exit_code == 0
+
+
+def test_a_failed_target_step_is_continued_to_it_and_an_explicit_target_wins(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    (tmp_path / "die_at").write_text("2")
+    with pytest.raises(RuntimeError, match="stopped after step 2"):
+        run_recipe(RECIPE, Cfg(), run, _opts(target_step=5))
+    rec = read_state(run)["stages"]["train"]
+    assert (rec["status"], rec.get("target_step")) == ("failed", 5)
+    (tmp_path / "die_at").write_text("4")  # stopped again on the way: the target is kept across stops
+    with pytest.raises(RuntimeError, match="stopped after step 4"):
+        run_recipe(RECIPE, Cfg(), run, _opts(resume=True))
+    assert "train: continuing to --target-step 5, as the failed run asked" in capsys.readouterr().err
+    assert read_state(run)["stages"]["train"]["target_step"] == 5
+    run_recipe(RECIPE, Cfg(), run, _opts(resume=True, target_step=7))  # this invocation's --target-step wins
+    assert "as the" not in capsys.readouterr().err
+    rec = read_state(run)["stages"]["train"]
+    assert (rec["status"], rec["step"]) == ("complete", 7)
+
+
+def test_a_running_record_written_before_target_step_was_kept_still_reads(tmp_path, monkeypatch):
+    """run.json of a stage killed before the runner kept `target_step`: read as before (the config's count)."""
+    run = _killed(tmp_path, monkeypatch, target=6, at=4)
+    doc = json.loads((run / "run.json").read_text())
+    doc["stages"]["train"].pop("target_step", None)
+    (run / "run.json").write_text(json.dumps(doc))
+    run_recipe(RECIPE, Cfg(), run, _opts(resume=True))
+    assert read_state(run)["stages"]["train"]["step"] == 4  # the checkpoint's step, as the record asked for nothing
+    doc = json.loads((run / "run.json").read_text())
+    doc["stages"]["train"]["target_step"] = "6"
+    (run / "run.json").write_text(json.dumps(doc))
+    with pytest.raises(RunStateError, match=r"stages\.train\.target_step is a string, expected a step number >= 1"):
+        read_state(run)
