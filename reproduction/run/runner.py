@@ -674,7 +674,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     try:
         output = call_stage(spec, ctx, recipe=walk.recipe.name)
         try:
-            outputs = collect_outputs(spec, stage_dir, output.files, walk.digests)
+            outputs = collect_outputs(spec, stage_dir, output.files, walk.digests, before=watch)
             if not outputs:
                 raise CheckpointError(f"stage {spec.name} wrote no outputs into {stage_dir}", path=stage_dir)
             refuse_others_files(state, run_dir, spec, outputs)
