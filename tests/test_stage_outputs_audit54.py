@@ -126,3 +126,19 @@ def test_a_glob_into_another_stages_folder_is_still_refused(tmp_path):
     )
     with pytest.raises(StageProtocolError, match="outside its folder"):
         run_recipe(bad, Cfg(), tmp_path / "run", RunOptions())
+
+
+def test_without_a_before_listing_only_returned_evidence_is_taken(tmp_path):
+    from reproduction.run.stage_outputs import OutputsWatch, collect_outputs
+
+    stage, evidence = tmp_path / "evalx", tmp_path / "evidence"
+    stage.mkdir()
+    evidence.mkdir()
+    (evidence / "old.json").write_text("{}")
+    watch = OutputsWatch.watch(tmp_path, {"stages": {}}, "evalx")
+    (evidence / "new.json").write_text("[]")
+    (evidence / "mine.json").write_text("1")
+    spec = RECIPE.stages[1]
+    assert sorted(collect_outputs(spec, stage, [evidence / "mine.json"])) == ["../evidence/mine.json"]
+    got = collect_outputs(spec, stage, [evidence / "mine.json"], before=watch)
+    assert sorted(got) == ["../evidence/mine.json", "../evidence/new.json"]

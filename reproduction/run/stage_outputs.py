@@ -38,7 +38,7 @@ def collect_outputs(
     homes = (stage_real, run_dir / "evidence")
     files: set[Path] = set()
     returned = {Path(p).resolve() for p in written}
-    shared_before = before.evidence_stats if before is not None else {}
+    shared_before = before.evidence_stats if before is not None else None
 
     def add(path: Path, real: Path) -> None:
         if not any(home in real.parents for home in homes):
@@ -56,7 +56,7 @@ def collect_outputs(
                 real = p.resolve()
                 if stage_real not in real.parents and real not in returned:
                     add(p, real)  # refuses one outside the homes first: a glob into another stage's folder
-                    if _shared_stat(str(real)) == shared_before.get(str(real), ()):
+                    if shared_before is None or _shared_stat(str(real)) == shared_before.get(str(real), ()):
                         files.discard(real)  # there before the stage ran, untouched: history or a leftover
                     continue
                 add(p, real)
