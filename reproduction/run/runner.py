@@ -687,7 +687,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     try:
         output = call_stage(spec, ctx, recipe=walk.recipe.name)
         try:
-            outputs = collect_outputs(spec, stage_dir, output.files, walk.digests)
+            outputs = collect_outputs(spec, stage_dir, output.files, walk.digests, before=watch)
             if not outputs:
                 raise StageProtocolError(  # the protocol broken, no checkpoint at fault (exit 54, audit54 A4)
                     f"stage {spec.name} ({spec.fn}) wrote no outputs: it returned no files, and "

@@ -18,16 +18,27 @@ from reproduction.recipe import StageSpec
 
 
 def collect_outputs(
-    spec: StageSpec, stage_dir: Path, written: Sequence[Path], digests: DigestCache | None = None
+    spec: StageSpec,
+    stage_dir: Path,
+    written: Sequence[Path],
+    digests: DigestCache | None = None,
+    before: OutputsWatch | None = None,
 ) -> dict[str, list]:
     """{path relative to the stage folder: [size, mtime_ns, sha256]} of the stage's outputs: files it
     returned plus files matching its globs (hashed through the run's `digests`). Each must be a file in the stage's
     folder or in the run's shared `evidence/` (where eval stages write): StageProtocolError (exit 54) names a
-    returned path that is no file, or one elsewhere (another stage's folder, outside the run, a link out)."""
+    returned path that is no file, or one elsewhere (another stage's folder, outside the run, a link out).
+    A glob match outside the stage's folder (`../evidence/*.json`) is taken only when the stage returned it or
+    wrote it during this call: absent from, or of another (inode, size, mtime_ns) than, `before`'s listing of
+    evidence/ taken before the stage ran (without `before`: only when returned). evidence/ is shared and keeps an
+    earlier step's file as history, and a failed attempt's leftovers: recorded, they became this stage's pinned
+    outputs, and a --restart-stage then deleted them (audit54 A5)."""
     stage_real = stage_dir.resolve()  # each path is resolved once: a resolve is a stat per path component
     run_dir = stage_real.parent
     homes = (stage_real, run_dir / "evidence")
     files: set[Path] = set()
+    returned = {Path(p).resolve() for p in written}
+    shared_before = before.evidence_stats if before is not None else None
 
     def add(path: Path, real: Path) -> None:
         if not any(home in real.parents for home in homes):
@@ -42,7 +53,13 @@ def collect_outputs(
     for pattern in spec.outputs:
         for p in stage_dir.glob(pattern):
             if p.is_file():
-                add(p, p.resolve())
+                real = p.resolve()
+                if stage_real not in real.parents and real not in returned:
+                    add(p, real)  # refuses one outside the homes first: a glob into another stage's folder
+                    if shared_before is None or _shared_stat(str(real)) == shared_before.get(str(real), ()):
+                        files.discard(real)  # there before the stage ran, untouched: history or a leftover
+                    continue
+                add(p, real)
     for p in written:
         p = Path(p)
         if not p.is_file():
@@ -162,6 +179,9 @@ class OutputsWatch:
     """Path -> the sha256 its owner recorded (a rewrite with the same bytes is no change)."""
     evidence_before: frozenset[str] | None = None
     """The names evidence/ held before the stage ran (None: it did not exist)."""
+    evidence_stats: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    """Real path -> (inode, size, mtime_ns) of each file under evidence/ before the stage ran: a glob match there
+    unchanged since is not the stage's output (`collect_outputs`)."""
 
     @classmethod
     def watch(cls, run_dir: Path, state: dict[str, Any], stage: str) -> OutputsWatch:
@@ -175,6 +195,8 @@ class OutputsWatch:
             watch.evidence_before = frozenset(os.listdir(run_dir / "evidence"))
         except OSError:
             watch.evidence_before = None
+        else:
+            watch.evidence_stats = _shared_stats(str((run_dir / "evidence").resolve()))
         return watch
 
     def refuse_changed(
@@ -240,6 +262,37 @@ class OutputsWatch:
                 continue
             removed.append(os.path.relpath(path, self.run_dir))
         return removed
+
+
+def _shared_stat(path: str) -> tuple[int, int, int] | tuple[()]:
+    """(inode, size, mtime_ns) of the file at `path` (followed), () if none: the inode tells an atomic rewrite
+    (os.replace) within one mtime tick from the file it replaced."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ()
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _shared_stats(folder: str) -> dict[str, tuple[int, int, int]]:
+    """`_shared_stat` of every file under `folder` (real path, links not descended), a stat per entry: evidence/
+    holds a few files per evaluation."""
+    out: dict[str, tuple[int, int, int]] = {}
+    stack = [folder]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+            elif entry.is_file():  # a link to a file: its target, as collect_outputs resolves a match
+                real = os.path.realpath(entry.path) if entry.is_symlink() else entry.path
+                st = _shared_stat(real)
+                if st:
+                    out[real] = st
+    return out
 
 
 def _stat(path: str) -> tuple[int, int] | None:
