@@ -166,7 +166,8 @@ def _new_run(run_dir: Path) -> bool:
 def cmd_run(args: Any) -> int:
     """`portable run [BUNDLE] --output DIR [--config FILE] [--stages ...] [--resume] [key=value ...]`: the recipe
     the config names (`recipe:`, absent = recap; run/resolve.py) with its config."""
-    from reproduction.run.config import to_json, to_yaml
+    from reproduction.run.config import given_recipe, to_json, to_yaml
+    from reproduction.run.recipe_source import check_recipe_source
     from reproduction.run.resolve import load_run_config
     from reproduction.run.stage_decide import config_layers
 
@@ -219,6 +220,8 @@ def cmd_run(args: Any) -> int:
     # hashed here, as the config is read: a layer edited while a stage trains, or a pipe read once, would be
     # recorded wrongly (or block) if each stage's record re-read it when the stage completes (audit52 review R8)
     layers = config_layers(files)
+    # the file the recipe will be imported from, checked against the bundle's source layer before it is imported
+    ran_from = check_recipe_source(given_recipe(files, overrides), bundle)  # audit54 A1
     name, recipe, config = load_run_config(files, overrides, bundle=bundle, run_dir=run_dir)
     if not args.ray_address and getattr(config, "ray_address", None) is not None:
         _check_ray_address(config.ray_address, "ray_address")
@@ -237,7 +240,7 @@ def cmd_run(args: Any) -> int:
     named = bundle or (Path(config.BUNDLE) if getattr(config, "BUNDLE", None) else None)
     if named is not None and named.is_dir():  # BUNDLE= in a --config file or an override: checked alike
         refuse_no_manifest(named)
-    report = execute(recipe, config, run_dir, args, recipe_ref=name, config_files=layers)
+    report = execute(recipe, config, run_dir, args, recipe_ref=name, config_files=layers, recipe_module=ran_from)
     print_report(report, ui=_ui(args), as_json=getattr(args, "json", False))
     if not getattr(args, "json", False) and report.stale:  # their results are of what came before: not shown
         say(stale_line(report.stale), options=_ui(args))
@@ -317,10 +320,13 @@ def execute(
     *,
     recipe_ref: str | None = None,
     config_files: list[list[str]] | None = None,
+    recipe_module: dict[str, str] | None = None,
 ) -> Any:
     """Run `recipe` with the parsed options (`recipe_ref`: the name the config gave it, recorded in run.json;
     `config_files`: the --config layers as [path, sha256] pairs taken when they were read, recorded as they are in
-    each stage's record)."""
+    each stage's record; `recipe_module`: the out-of-tree recipe file imported (run/recipe_source.py), recorded in
+    run.json and as a material of every stage)."""
+    from reproduction.run.recipe_source import recipe_material
     from reproduction.run.record import make_recorder
     from reproduction.run.runner import RunOptions, run_recipe
 
@@ -334,8 +340,9 @@ def execute(
         argv=list(sys.argv),
         ray_address=args.ray_address or getattr(config, "ray_address", None),
         ui=_ui(args),
-        recorder=make_recorder(Path(bundle) if bundle else None),
+        recorder=make_recorder(Path(bundle) if bundle else None, recipe_material(recipe_module)),
         recipe_ref=recipe_ref,
+        recipe_module=recipe_module,
         config_files=config_files,
     )
     return run_recipe(recipe, config, run_dir, opts)

@@ -157,6 +157,9 @@ class RunOptions:
     recipe_ref: str | None = None
     """The name the run config gave the recipe (`recap`, `package.module:RECIPE`), recorded as run.json's
     `recipe_ref` so commands reading the run folder (`portable eval`) find the recipe; None: the recipe's name."""
+    recipe_module: dict[str, str] | None = None
+    """The out-of-tree recipe module this invocation imported ({"module", "path", "sha256"}: run/recipe_source.py),
+    recorded as run.json's `recipe_module` (audit54 A1); None: not recorded (a built-in recipe, an API caller)."""
 
 
 @dataclass(kw_only=True)
@@ -326,6 +329,8 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         }
         if opts.recipe_ref:  # the recipe may be found by another name now (a module moved): the config's wins
             state["recipe_ref"] = opts.recipe_ref
+        if opts.recipe_module:  # the file that runs now, for a reader of run.json (optional: older runs lack it)
+            state["recipe_module"] = dict(opts.recipe_module)
         recorded_config = state.get("config") if isinstance(state.get("config"), dict) else {}
         config_changed = state.get("config") != plain
         state["config"] = plain
