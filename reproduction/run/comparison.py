@@ -22,6 +22,7 @@ from reproduction.run.evidence (its historical home).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -40,6 +41,11 @@ NO_EPISODES = "this run evaluated 0 episodes for this row: nothing was measured,
 TOO_LARGE = (
     "level not calibrated: the design is past stats.CALIBRATION_LIMIT (the uncalibrated size was measured <= 0.0515 "
     "at margin 0.05 with 700-1,500 episodes a side, evidence/README.md)"
+)
+UNEVEN = (
+    "inconclusive: the tasks' episode counts are not in the same proportion on both sides, so this overall rate "
+    "weights the tasks differently on each (a difference can come from the mix of tasks alone); the per-task rows "
+    "decide"
 )
 DIFFERS_ALONE = "differs alone, not after Holm"
 """How a table shows a rate row whose test differs at alpha but not after Holm's step-down over the rate rows: the
@@ -592,6 +598,94 @@ def _like_with_like(entry: Mapping[str, Any], ref_entry: Mapping[str, Any]) -> t
     return {**entry, "metrics": metrics, "tasks": kept}, extra
 
 
+def _task_episodes(row: Any, metric: str) -> int | None:
+    """A task's episode count of `metric`, None when the row has no such count."""
+    count = row.get(metric) if isinstance(row, Mapping) else None
+    return int(count["episodes"]) if isinstance(count, Mapping) and "episodes" in count else None
+
+
+def _same_mixture(
+    ref_entry: Mapping[str, Any], act_entry: Mapping[str, Any]
+) -> tuple[Mapping[str, Any], Mapping[str, Any], list[str], dict[str, list[tuple[str, int, int]]]]:
+    """The two policies as their overall rate rows compare them, the tasks left out, and per count metric the
+    tasks whose episode counts are out of proportion between the sides.
+
+    A pooled rate is the tasks' rates weighted by the tasks' episode counts: two sides that weight the tasks
+    differently have different pooled rates although every task's rate is the same (Simpson's paradox; audit54 B4:
+    reference A 90/100 + B 10/100 against the run's A 90/100 + B 0/0 was 50.0% vs 90.0%, `differs`, exit 60). So a
+    reference task this run evaluated 0 episodes of (or not at all) is left out of both sides' overall counts and
+    outcomes, and where the kept tasks' counts are still not proportional (n_run[t] / n_ref[t] not the same for
+    every t) the caller marks that metric's overall row `inconclusive` (`UNEVEN`) rather than test two different
+    mixtures. Both entries are returned unchanged when the counts are proportional on every task (the project's
+    own evaluations: the same episodes_per_task everywhere), when the run lists no tasks, or when it has no
+    episode at all (then the overall row says so itself)."""
+    from reproduction.run.evidence import count_metric
+
+    theirs, ours = ref_entry.get("tasks", {}) or {}, act_entry.get("tasks", {}) or {}
+    if not theirs or not ours:
+        return ref_entry, act_entry, [], {}
+
+    def episodes(row: Any) -> int:
+        return max((_task_episodes(row, m) or 0 for m in COUNT_METRICS), default=0)
+
+    dropped = [t for t in theirs if episodes(ours.get(t)) == 0]
+    kept = [t for t in theirs if t not in dropped]
+    if not kept:
+        dropped = []
+        kept = list(theirs)
+    elif dropped:
+        sides = []
+        for entry, tasks in ((ref_entry, theirs), (act_entry, ours)):
+            rows = {t: tasks[t] for t in kept if t in tasks}
+            metrics = dict(entry.get("metrics", {}))
+            for m in COUNT_METRICS:
+                if m in metrics and all(m in row for row in rows.values()):
+                    metrics[m] = count_metric(
+                        sum(row[m]["successes"] for row in rows.values()),
+                        sum(row[m]["episodes"] for row in rows.values()),
+                    )
+            sides.append({**entry, "metrics": metrics, "tasks": rows})
+        ref_entry, act_entry = sides
+    uneven: dict[str, list[tuple[str, int, int]]] = {}
+    for m in COUNT_METRICS:
+        counts = [(t, _task_episodes(theirs[t], m), _task_episodes(ours.get(t), m)) for t in kept]
+        if any(n_ref is None or n_act is None for _, n_ref, n_act in counts):
+            continue  # a task without this count: the row is no pooled rate of these tasks to begin with
+        total_ref, total_act = sum(c[1] for c in counts), sum(c[2] for c in counts)
+        off = [(t, n_ref, n_act) for t, n_ref, n_act in counts if n_act * total_ref != n_ref * total_act]
+        if off:
+            uneven[m] = off
+    return ref_entry, act_entry, dropped, uneven
+
+
+def _mixture_notes(dropped: Mapping[str, Sequence[str]], uneven: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Per policy: the tasks left out of its overall rows (0 episodes in this run) and the tasks whose counts
+    made its overall rate rows inconclusive (`_same_mixture`)."""
+    notes = []
+    for label, tasks in dropped.items():
+        if not tasks:
+            continue
+        more = f" and {len(tasks) - 3} more" if len(tasks) > 3 else ""
+        notes.append(
+            f"{label}: this run evaluated 0 episodes of {', '.join(repr(t) for t in tasks[:3])}{more}, so "
+            f"{'that task is' if len(tasks) == 1 else 'those tasks are'} left out of {label}'s overall rates on "
+            "both sides (like with like: the reference's overall counts here are over the other tasks)"
+        )
+    for label, by_metric in uneven.items():
+        if not by_metric:
+            continue
+        off = next(iter(by_metric.values()))
+        parts = [f"{t!r} reference {n_ref}, this run {n_act}" for t, n_ref, n_act in off[:3]]
+        more = f" and {len(off) - 3} more" if len(off) > 3 else ""
+        notes.append(
+            f"{label}: the tasks' episode counts are not in the same proportion on both sides ({'; '.join(parts)}"
+            f"{more}), so {label}'s overall {' and '.join(by_metric)} rows would weight the tasks differently "
+            "and are inconclusive; the per-task rows decide (evaluate the same episodes per task as the reference "
+            "for overall rows that compare)"
+        )
+    return notes
+
+
 def _extra_task_notes(extra: Mapping[str, Sequence[str]]) -> list[str]:
     """The tasks this run evaluated that the reference does not have, per policy: left out of the overall rows."""
     notes = []
@@ -796,23 +890,29 @@ def compare_evidence(
             )
         return found
 
-    rows, extra = [], {}
+    rows, extra, dropped, uneven = [], {}, {}, {}
     for label, ref_entry in _entries(reference).items():
         act_entry, extra[label] = _like_with_like(mine.get(label, {}), ref_entry)
+        ref_over, act_over, dropped[label], uneven[label] = _same_mixture(ref_entry, act_entry)
         for metric, ref_value in ref_entry["metrics"].items():
             act_value = act_entry.get("metrics", {}).get(metric)
             name = f"{label}/{metric}"
             if "rate" in ref_value:
                 ref_side = _Side(
-                    metric=ref_value, outcomes=_all_outcomes(ref_entry, metric), repeats=_repeats(ref_entry)
+                    metric=ref_over["metrics"].get(metric, ref_value),
+                    outcomes=_all_outcomes(ref_over, metric),
+                    repeats=_repeats(ref_over),
                 )
                 act_side = _Side(
-                    metric=act_value,
-                    outcomes=_all_outcomes(act_entry, metric) if act_entry else None,
-                    repeats=bool(act_entry) and _repeats(act_entry),
+                    metric=act_over.get("metrics", {}).get(metric),
+                    outcomes=_all_outcomes(act_over, metric) if act_over else None,
+                    repeats=bool(act_over) and _repeats(act_over),
                 )
                 m = margin_of(label, metric)
-                rows.append(_rate_row(name, ref_side, act_side, DEFAULT_MARGIN if m is None else m, alpha))
+                row = _rate_row(name, ref_side, act_side, DEFAULT_MARGIN if m is None else m, alpha)
+                if metric in uneven[label] and row.actual_counts is not None and row.actual_counts[1]:
+                    row = dataclasses.replace(row, verdict="inconclusive", p_differs=None, note=UNEVEN)
+                rows.append(row)
             else:
                 tol = _declared(mine_declared, label, metric)  # the caller's rate `margin` is no value tolerance
                 tol = tol if tol is not None else _declared(ref_declared, label, metric)
@@ -838,7 +938,8 @@ def compare_evidence(
                         )
                     )
     settings = _setting_notes(actual, reference)
-    notes = seq_notes + _extra_task_notes(extra) + settings + _pairing_notes(actual, reference, settings)
+    notes = seq_notes + _extra_task_notes(extra) + _mixture_notes(dropped, uneven) + settings
+    notes += _pairing_notes(actual, reference, settings)
     notes += _empty_note(rows)
     notes += _power_note(rows, alpha)
     notes += _calibration_note(rows, alpha)

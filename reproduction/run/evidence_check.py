@@ -63,7 +63,20 @@ def _count(value: Any, where: str, problems: list[tuple[str, str]], *, reference
         problems.append(
             (f"{where}.display", f"{where}.display is {value.get('display')!r}, not a text such as '90.0% (90/100)'")
         )
+    _wilson(value, where, problems)
     return (k, n) if len(problems) == bad else None
+
+
+def _wilson(value: Mapping[str, Any], where: str, problems: list[tuple[str, str]]) -> None:
+    """A count's `wilson95` (optional) is an interval of rates, [low, high] within [0, 1]: a text or a reversed or
+    NaN interval was accepted and carried on as the schema's "Wilson 95% score interval" (audit54 B3)."""
+    if "wilson95" not in value:
+        return
+    w = value["wilson95"]
+    if not (isinstance(w, list) and len(w) == 2 and all(_is_number(x) and 0 <= x <= 1 for x in w) and w[0] <= w[1]):
+        problems.append(
+            (f"{where}.wilson95", f"{where}.wilson95 is {w!r}, not an interval [low, high] with 0 <= low <= high <= 1")
+        )
 
 
 def _metric(
@@ -137,6 +150,10 @@ def _entry(entry: Any, where: str, problems: list[tuple[str, str]], *, reference
             problems.append((at, f"{at} is not an object"))
             continue
         counts = {}
+        own = row.get("episodes")
+        if "episodes" in row and (not _is_int(own) or not 0 <= own <= MAX_COUNT):
+            # a text, list, null, bool or 100.0 skipped the cross-check below and was accepted (audit54 B3)
+            problems.append((f"{at}.episodes", f"{at}.episodes is {own!r}, not a whole number >= 0"))
         for m in COUNT_METRICS:
             if m in row:
                 got = _count(row[m], f"{at}.{m}", problems, reference=reference)
@@ -258,6 +275,18 @@ def _unique_labels(doc: Mapping[str, Any], baselines: Sequence[Any], problems: l
             first[label] = where or "the primary policy"
 
 
+def _seeds_and_settings(doc: Mapping[str, Any], problems: list[tuple[str, str]]) -> None:
+    """`seeds` and `settings` are objects (or null) and `settings.tasks` a list of texts: a comparison reads them
+    key by key, so a text, list or number there was an internal error, exit 1 (audit54 B1)."""
+    for key in ("seeds", "settings"):
+        if doc.get(key) is not None and not isinstance(doc[key], Mapping):
+            problems.append((key, f"{key} is {doc[key]!r}, not an object of name -> value"))
+    settings = doc.get("settings")
+    tasks = settings.get("tasks") if isinstance(settings, Mapping) else None
+    if tasks is not None and not (isinstance(tasks, list) and all(isinstance(t, str) for t in tasks)):
+        problems.append(("settings.tasks", f"settings.tasks is {tasks!r}, not a list of task names"))
+
+
 def check_evidence(doc: Mapping[str, Any], *, where: str | Path, reference: bool = False) -> None:
     """Raise InvalidInputError (exit 4) listing every malformed field of an evidence document; `reference`: also
     refuse a count of 0 episodes (nothing to compare with). Returns None and changes nothing when all is well."""
@@ -270,6 +299,7 @@ def check_evidence(doc: Mapping[str, Any], *, where: str | Path, reference: bool
     for i, b in enumerate(baselines):
         _entry(b, f"baselines[{i}]", problems, reference=reference)
     _unique_labels(doc, baselines, problems)
+    _seeds_and_settings(doc, problems)
     _levels(doc, problems)
     if problems:
         texts = [text for _, text in problems]
