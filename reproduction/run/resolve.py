@@ -12,7 +12,7 @@ import pkgutil
 import re
 from typing import Any
 
-from reproduction.errors import ConfigError, MissingDependencyError
+from reproduction.errors import ConfigError, MissingDependencyError, PortableError
 from reproduction.recipe import Recipe, resolve_fn
 
 BUILTIN_PACKAGE = "reproduction.recipes"
@@ -45,23 +45,22 @@ def resolve_recipe(name: str) -> Recipe:
     try:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as exc:
-        unknown = not sep and exc.name in (module, BUILTIN_PACKAGE)
-        parents = {".".join(module.split(".")[: i + 1]) for i in range(module.count(".") + 1)}
-        parent = _importable_parent(exc.name)
-        if parent and exc.name not in parents:  # a misspelt submodule of a package that is there: not a pip install
+        problem = import_problem(module, exc, f"recipe: {name!r}", field="recipe")
+        builtin = (exc.name or "").startswith(BUILTIN_PACKAGE)
+        if problem is not None and not (builtin and isinstance(problem, MissingDependencyError)):
+            raise problem from None
+        if not sep and (exc.name == BUILTIN_PACKAGE or module.startswith(f"{exc.name}.") or exc.name == module):
+            # `aud.r` (the colon forgotten) was looked up as reproduction.recipes.aud: naming that internal module
+            # said nothing of what to write (audit54 A8)
+            example = f" (e.g. {name}:RECIPE)" if "." in name else ""
             raise ConfigError(
-                f"recipe: {name!r} imports {exc.name!r}, which the package {parent[0]!r} ({parent[1]}) does not have",
+                f"recipe: {name!r} is not a built-in recipe (built-in recipes: {known})",
                 field="recipe",
-                hint=f"fix the spelling of the import (the modules {parent[0]!r} has are in {parent[1]})",
+                hint=f"name a built-in recipe, or an out-of-tree one as package.module:ATTRIBUTE{example}, its "
+                "package importable (PYTHONPATH)",
             ) from None
-        if exc.name and exc.name not in parents and not exc.name.startswith(BUILTIN_PACKAGE):
-            raise MissingDependencyError(  # the recipe module was found; a package it imports was not
-                f"recipe: {name!r} imports {exc.name!r}, which is not installed in this environment",
-                hint=f"install the package that provides {exc.name!r} (pip install ...) and run again",
-            ) from None
-        what = "is not a built-in recipe" if unknown else f"cannot be imported: {_line(exc)}"
         raise ConfigError(
-            f"recipe: {name!r} {what}",
+            f"recipe: {name!r} cannot be imported: {_line(exc)}",
             field="recipe",
             hint=f"built-in recipes: {known}; an out-of-tree recipe's package must be importable (PYTHONPATH)",
         ) from None
@@ -84,9 +83,39 @@ def resolve_recipe(name: str) -> Recipe:
         raise ConfigError(
             f"recipe: {name!r} names {got}, not a Recipe (reproduction.recipe.Recipe)",
             field="recipe",
-            hint=f"point recipe at a module attribute holding a Recipe, e.g. {module}:RECIPE",
+            hint=_recipe_attributes_hint(mod, module),
         )
     return obj
+
+
+def _recipe_attributes_hint(mod: Any, module: str) -> str:
+    """What to write instead of a reference that names no Recipe: the module's attributes holding one (the hint
+    repeated the failing value, audit54 A8)."""
+    found = sorted(k for k, v in vars(mod).items() if isinstance(v, Recipe) and not k.startswith("_"))
+    if found:
+        return f"point recipe at one of the module's Recipes: {', '.join(f'{module}:{k}' for k in found)}"
+    return f"module {module!r} holds no Recipe: point recipe at package.module:ATTRIBUTE where ATTRIBUTE is a Recipe"
+
+
+def import_problem(module: str, exc: ModuleNotFoundError, who: str, *, field: str) -> PortableError | None:
+    """The error for importing `module` failing with `exc` where a module it imports is the one not found (`who`
+    names what imported it): MissingDependencyError (exit 10) naming the package with an install hint, or a
+    ConfigError (exit 4) when that is a misspelt submodule of a package that can be imported. None when `module`
+    itself (or a package it is in) is the one not found: a spelling of the reference, which the caller names."""
+    parents = {".".join(module.split(".")[: i + 1]) for i in range(module.count(".") + 1)}
+    if not exc.name or exc.name in parents:
+        return None
+    parent = _importable_parent(exc.name)
+    if parent:  # a misspelt submodule of a package that is there: not a pip install
+        return ConfigError(
+            f"{who} imports {exc.name!r}, which the package {parent[0]!r} ({parent[1]}) does not have",
+            field=field,
+            hint=f"fix the spelling of the import (the modules {parent[0]!r} has are in {parent[1]})",
+        )
+    return MissingDependencyError(
+        f"{who} imports {exc.name!r}, which is not installed in this environment",
+        hint=f"install the package that provides {exc.name!r} (pip install ...) and run again",
+    )
 
 
 def recipe_schema(recipe: Recipe) -> type:

@@ -60,6 +60,7 @@ from reproduction.run.stage_keys import (
     headline_problems,
     input_files,
     key_parts,
+    missing_file_problems,
     recorded_key_still_matches,
     weight_files,
 )
@@ -284,8 +285,16 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         # the recipe's own spelling (config keys, stage functions, its headline), before any input
         names = [s.name for s in selected]
         refs = headline_problems(recipe, open_inputs=opts.inputs is None)
-        raise_problems(declaration_problems(recipe, plain) + fn_problems(recipe, names, digests) + refs)
+        recorded = state.get("stages") if isinstance(state, dict) else None
+        done = {n for n, r in (recorded if isinstance(recorded, dict) else {}).items() if _complete(r)}
         redone = downstream(recipe, opts.restart)  # trained afresh to --target-step: no clash with the count
+        unfinished = [n for n in names if n not in done or n in redone]
+        raise_problems(
+            declaration_problems(recipe, plain)
+            + fn_problems(recipe, names, digests, unfinished=unfinished)
+            + missing_file_problems(recipe, names, plain)
+            + refs
+        )
         refuse_target_below_raised_count(
             [s for s in selected if s.name not in redone], state, plain, opts.target_step, opts.config_files
         )
@@ -453,6 +462,10 @@ def write_report(recipe: Recipe, run_dir: Path, *, changed: bool = True) -> Path
             flush=True,
         )
         return None
+
+
+def _complete(record: Any) -> bool:
+    return isinstance(record, dict) and record.get("status") == "complete"
 
 
 def run_recipe_redoing_changed(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions) -> RunReport:

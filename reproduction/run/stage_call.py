@@ -5,6 +5,7 @@ sys.exit. Every refusal is a StageProtocolError (exit 54) naming the stage and i
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import math
@@ -27,6 +28,7 @@ def call_stage(spec: StageSpec, ctx: StageContext, *, recipe: str | None = None)
     lowercase hex given with that path, or calls sys.exit (which would otherwise end `portable run` with the stage's
     chosen exit code, 0 included, and the stage half-recorded). `recipe`: its name, which the step and world-size
     refusals name first (a recipe's stage name alone may be any recipe's `train`)."""
+    module_dependency(spec, recipe)
     fn = resolve_fn(
         spec.fn,
         what=f"stage {spec.name}'s function",
@@ -74,6 +76,26 @@ def call_stage(spec: StageSpec, ctx: StageContext, *, recipe: str | None = None)
     output.step, output.resumed_from = _step(spec, output, "step", who), _step(spec, output, "resumed_from", who)
     output.resumed_from_path, output.resumed_from_sha256 = _resumed_checkpoint(spec, output, ctx.run_dir, who)
     return output
+
+
+def module_dependency(spec: StageSpec, recipe: str | None = None) -> None:
+    """Import the module of a stage's function; MissingDependencyError (exit 10, the package named, an install hint)
+    when a module it imports is not installed, or a ConfigError for a misspelt submodule of a package that is there,
+    as for a recipe module (run/resolve.py). Returns quietly when the import succeeds or the module named in fn is
+    itself the one not found (the caller's spelling hint then applies). Until audit54 A7 a missing dependency was
+    exit 4 "fix the spelling of the StageSpec's fn"."""
+    from reproduction.run.resolve import import_problem
+
+    module = spec.fn.partition(":")[0]
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        who = (f"recipe {recipe}: " if recipe else "") + f"stage {spec.name}'s module {module!r}"
+        problem = import_problem(module, exc, who, field=f"stages.{spec.name}.fn")
+        if problem is not None:
+            raise problem from None
+    except (ImportError, ValueError):  # an empty or relative name: resolve_fn names it, with the spelling hint
+        pass
 
 
 ASYNC_STAGE = "it is an async def, which the runner would call without awaiting"

@@ -21,10 +21,10 @@ from typing import Any
 from reproduction.digest_cache import DigestCache
 from reproduction.digests import canonical_json as canonical
 from reproduction.digests import json_sha256 as digest
-from reproduction.errors import ConfigError, PortableError
+from reproduction.errors import ConfigError, InputNotFoundError, PortableError
 from reproduction.recipe import Recipe, StageSpec
 from reproduction.run.config import select
-from reproduction.run.stage_call import ASYNC_STAGE, signature_problem, uncallable_error
+from reproduction.run.stage_call import ASYNC_STAGE, module_dependency, signature_problem, uncallable_error
 
 _LOCATED: weakref.WeakKeyDictionary[DigestCache, dict[str, tuple[Any, Any] | None]] = weakref.WeakKeyDictionary()
 """Per run (its digest cache): module name -> where `_locate` found it."""
@@ -173,7 +173,9 @@ def _init_digest(package: str) -> str | None:
     return module_digest(package, whole_package=False)
 
 
-def fn_problems(recipe: Recipe, names: Sequence[str], digests: DigestCache | None = None) -> list[PortableError]:
+def fn_problems(
+    recipe: Recipe, names: Sequence[str], digests: DigestCache | None = None, *, unfinished: Sequence[str] = ()
+) -> list[PortableError]:
     """For each stage of `names`: a ConfigError (exit 4) when its function (StageSpec.fn) cannot be found (its module
     not importable-by-name, or no top-level name of that spelling in its source, checked by reading the source and
     importing the module only when the name is not there: a finished --resume of a torch recipe imports no torch) or
@@ -181,13 +183,23 @@ def fn_problems(recipe: Recipe, names: Sequence[str], digests: DigestCache | Non
     from its signature, or from its `def` when the module is not imported: `stage_call.signature_problem`), or is an
     async def. Checked before anything runs: a misspelt last stage was found only after the earlier stages had run,
     and a function of another signature was "internal error: TypeError" (audit50_B F4). `digests`: the run's digest
-    cache (a code module is then looked up once per run)."""
+    cache (a code module is then looked up once per run). For the stages of `unfinished` (those the run will call,
+    not complete in the run folder), a MissingDependencyError (exit 10) when the function's module imports at its top
+    level a package that is not installed (`_dependency_problem`); a complete stage's is not asked for, so a finished
+    --resume needs none of its stages' packages."""
     problems: list[PortableError] = []
     for spec in recipe.stages:
         if spec.name not in names:
             continue
         why = _unloadable(spec.fn)
-        if why:
+        dependency = (
+            _dependency_problem(spec, recipe.name, suspect=bool(why), digests=digests)
+            if why or spec.name in unfinished  # one that cannot be loaded is refused anyway: with the right code
+            else None
+        )
+        if dependency is not None:
+            problems.append(dependency)
+        elif why:
             problems.append(
                 ConfigError(
                     f"recipe {recipe.name}: stage {spec.name}'s function {spec.fn!r} cannot be loaded: {why}",
@@ -208,6 +220,41 @@ def fn_problems(recipe: Recipe, names: Sequence[str], digests: DigestCache | Non
             if _locate(m, digests) is None
         ]
     return problems
+
+
+def _dependency_problem(
+    spec: StageSpec, recipe: str, *, suspect: bool = False, digests: DigestCache | None = None
+) -> PortableError | None:
+    """The MissingDependencyError (exit 10) for a stage whose function's module imports, at its top level, a package
+    that is not installed (a misspelt submodule: a ConfigError), found before any stage runs; None otherwise. The
+    module is imported only when it could not be loaded (`suspect`) or its source imports a top-level package the
+    import system cannot find (it may extend sys.path first: the import decides), so a --resume of a torch recipe
+    still imports no torch. Until audit54 A7 this was exit 4 "fix the spelling", after the stages before it ran."""
+    module = fn_module(spec)
+    if module in sys.modules or not (suspect or _imports_missing(module, digests)):
+        return None
+    try:
+        module_dependency(spec, recipe)
+    except PortableError as exc:
+        return exc
+    except Exception:  # noqa: BLE001 - the module's own failure: the stage's call reports it, with its traceback
+        return None
+    return None
+
+
+def _imports_missing(module: str, digests: DigestCache | None) -> bool:
+    """True when a top-level `import X` / `from X import ...` of `module`'s source (read, not imported) names a
+    top-level package the import system cannot find; imports inside a try, an if or a function are not read."""
+    for node in _source_body(module):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        if any(_locate(n.partition(".")[0], digests) is None for n in names):
+            return True
+    return False
 
 
 def _uncallable(ref: str) -> str | None:
@@ -286,19 +333,8 @@ def _definition(module: str, attr: str) -> ast.stmt | None:
     """The last top-level statement of `module`'s source (found without importing it) that defines or imports `attr`
     (a def rebound below, `f = wrap(f)`, is what the name holds: its signature is not the def's); None when there
     seems to be none or the source cannot be read."""
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.origin or not os.path.isfile(spec.origin) or not spec.origin.endswith(".py"):
-        return None
-    try:
-        st = os.stat(spec.origin)
-        body = _top_level(spec.origin, st.st_size, st.st_mtime_ns)
-    except (OSError, SyntaxError, ValueError):
-        return None
     found = None
-    for node in body:
+    for node in _source_body(module):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == attr:
             found = node
         targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
@@ -311,6 +347,21 @@ def _definition(module: str, attr: str) -> ast.stmt | None:
         ):
             found = node
     return found
+
+
+def _source_body(module: str) -> tuple[ast.stmt, ...]:
+    """The top-level statements of `module`'s .py source, found without importing it; () when it cannot be read."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return ()
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin) or not spec.origin.endswith(".py"):
+        return ()
+    try:
+        st = os.stat(spec.origin)
+        return _top_level(spec.origin, st.st_size, st.st_mtime_ns)
+    except (OSError, SyntaxError, ValueError):
+        return ()
 
 
 @functools.lru_cache(maxsize=64)
@@ -474,9 +525,41 @@ def weight_files(spec: StageSpec, plain_config: dict[str, Any]) -> list[str]:
 
 
 def _file_digest(path: str | None, digests: DigestCache) -> str | None:
+    """A `files` value's digest: a file's sha256 (the bytes keyed since files were), a folder's tree digest (as
+    lineage records it; until audit54 A3 a folder was "absent" and a change to it never seen), None when unset;
+    "absent" for a path that does not exist (`missing_file_problems` refuses that before a selected stage runs)."""
     if path is None:
         return None
-    return digests.file(Path(path)) if Path(path).is_file() else "absent"
+    if Path(path).is_file():
+        return digests.file(Path(path))
+    return digests.tree(Path(path))[0] if Path(path).is_dir() else "absent"
+
+
+def missing_file_problems(recipe: Recipe, names: Sequence[str], plain: Any) -> list[InputNotFoundError]:
+    """An InputNotFoundError (exit 3) for each path a stage of `names` reads by config key (StageSpec.files, and
+    files_if whose condition holds) that is neither a file nor a folder; an unset (None or "") value is the stage's
+    to handle, a `/path/to/` placeholder the generic preflight's. Checked before anything runs: such a path was keyed
+    "absent", and its run accepted (audit54 A3)."""
+    from reproduction.run.preflight import PLACEHOLDER  # a `/path/to/` value: the generic preflight names it
+
+    if not isinstance(plain, dict):
+        return []
+    problems = []
+    for spec in recipe.stages:
+        if spec.name not in names:
+            continue
+        for key, path in input_files(spec, plain).items():
+            if path is not None and PLACEHOLDER not in path and not os.path.exists(path):
+                problems.append(
+                    InputNotFoundError(
+                        f"recipe {recipe.name}: stage {spec.name} reads {key}={path!r}, which does not exist",
+                        path=path,
+                        field=key,
+                        hint=f"set {key} to the file or folder the stage reads (a path relative to the current "
+                        "directory, or absolute)",
+                    )
+                )
+    return problems
 
 
 def describe_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
