@@ -125,12 +125,7 @@ def info_from_dict(raw: dict[str, Any], *, path: Path | None = None) -> DatasetI
         )
     version = raw.get("codebase_version")
     if version not in SUPPORTED_VERSIONS:
-        raise UnsupportedFormatError(
-            f"{where}: codebase_version {version!r} is not supported (supported: {', '.join(SUPPORTED_VERSIONS)})",
-            path=path,
-            field="codebase_version",
-            hint="convert the dataset with lerobot's converter to v3.0",
-        )
+        raise _version_error(where, raw, path)
     for key in ("fps", "features"):
         if key not in raw:
             raise DatasetError(f"{where}: missing field {key!r}", path=path, field=key, hint=_INFO_HINT)
@@ -192,6 +187,53 @@ def info_from_dict(raw: dict[str, Any], *, path: Path | None = None) -> DatasetI
         video_path=(raw.get("video_path") or default_video) if has_video else raw.get("video_path"),
         raw=raw,
     )
+
+
+def _version_error(where: Path | str, raw: dict[str, Any], path: Path | None) -> UnsupportedFormatError:
+    """The refusal of a codebase_version this build does not read, with advice that fits the case: lerobot ships
+    converters only forward (v2.0 -> v2.1 -> v3.0), so a newer version cannot be converted back (audit54 D2)."""
+    supported = ", ".join(SUPPORTED_VERSIONS)
+    if "codebase_version" not in raw:
+        return UnsupportedFormatError(
+            f"{where}: the codebase_version field is missing, so the layout is unknown (this tool reads {supported})",
+            path=path,
+            field="codebase_version",
+            hint='add the "codebase_version" lerobot wrote the dataset with, or export the dataset again with lerobot',
+        )
+    version = raw["codebase_version"]
+    parsed = _parse_version(version)
+    newest = max(_parse_version(v) or (0, 0) for v in SUPPORTED_VERSIONS)
+    if parsed is not None and parsed > newest:
+        return UnsupportedFormatError(
+            f"{where}: codebase_version {version!r} was written by a newer lerobot than this tool reads "
+            f"(it reads {supported})",
+            path=path,
+            field="codebase_version",
+            hint="write or export the dataset as v3.0 (or v2.1) with the lerobot version that made it, "
+            "or upgrade recap-portable",
+        )
+    if parsed is not None and parsed in {_parse_version(v) for v in SUPPORTED_VERSIONS}:
+        hint = f'lerobot spells it "v{parsed[0]}.{parsed[1]}": set codebase_version to that'
+    elif parsed is not None:  # older: lerobot's own converters bring it forward
+        hint = "convert the dataset to v3.0 with lerobot's converters (v2.0 -> v2.1 -> v3.0)"
+    else:
+        hint = 'set "codebase_version" to the version lerobot wrote the dataset with, e.g. "v3.0"'
+    return UnsupportedFormatError(
+        f"{where}: codebase_version {version!r} is not supported (supported: {supported})",
+        path=path,
+        field="codebase_version",
+        hint=hint,
+    )
+
+
+def _parse_version(value: Any) -> tuple[int, int] | None:
+    """(major, minor) of "v3.1" or "3.1" ("v4" is (4, 0)); None for anything else."""
+    if not isinstance(value, str):
+        return None
+    parts = value.strip().removeprefix("v").split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() and p.isascii() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
 
 
 _INFO_HINT = "meta/info.json is the header lerobot writes: fix the field, or export or convert the dataset again"

@@ -26,6 +26,9 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
             ConfigError("sft: neither sft.datasets nor sft.export is set", field="sft", hint="add sft.datasets")
         )
     paths = [] if sft.export else [(f"sft.datasets[{i}].path", d.path) for i, d in enumerate(sft.datasets)]
+    from reproduction.data.duplicates import duplicate_dataset_problems  # audit54 D6: by resolved folder only
+
+    problems += duplicate_dataset_problems([] if sft.export else sft.datasets, {}, key="sft.datasets")
     if config.rl.cotrain_dataset:
         paths.append(("rl.cotrain_dataset", config.rl.cotrain_dataset))
     for key, path in paths:

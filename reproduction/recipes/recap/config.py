@@ -35,7 +35,10 @@ class DatasetConfig:
 
     path: str = "???"
     """Dataset root (usually ${BUNDLE}/data/<name>); its folder name names it in sidecars, fold plans and
-    metrics, so folder names must be unique within a run."""
+    metrics, so folder names must be unique within a run, and one dataset may be listed once (not again through
+    a link or as a copy: refused, exit 4). A relative path is read from the current folder (where `portable`
+    runs), not the config file's folder, and run.json keeps it as written: give an absolute path or
+    ${BUNDLE}/... when the run may be resumed or read from elsewhere."""
     type: str = "rollout"
     """sft (every episode a success) or rollout (is_success decides: bool or 0/1, the last frame's is the outcome;
     missing values, NaN and others are refused); RLinf's compute_returns defaults to sft."""

@@ -326,6 +326,9 @@ def preflight(
             problems.append(DatasetError(f"{key}.path: dataset {path} is unreadable ({exc.strerror or exc})"))
     if config.datasets and not any(e.value for e in config.datasets):
         problems.append(ConfigError("datasets: no dataset has value: true; the value model would train on nothing"))
+    from reproduction.data.duplicates import duplicate_dataset_problems  # audit54 D6: one dataset listed twice
+
+    problems += duplicate_dataset_problems(config.datasets, opened)
     for section, model in (("value", config.value.model), ("policy", config.policy.model)):
         for name in ("tokenizer", "pretrained_manifest", "weights_dir", "norm_stats"):
             value = getattr(model, name, None)
