@@ -272,6 +272,7 @@ def preflight(
             ConfigError("datasets: the run names no dataset", field="datasets", hint="add datasets: [{path: ...}]")
         )
     names: dict[str, str] = {}
+    read: list[tuple[str, Any, Any]] = []  # (datasets[i].path, entry, opened dataset): what feature_problems reads
     for i, entry in enumerate(config.datasets):
         key = f"datasets[{i}]"
         if entry.type not in ("sft", "rollout"):
@@ -293,6 +294,7 @@ def preflight(
             ds = open_dataset(path)
             if ds.num_frames == 0:
                 problems.append(DatasetError(f"{key}.path: dataset {path} holds no frames", path=path))
+            read.append((f"{key}.path", entry, ds))
             opened[ds.name] = RunDataset(
                 dataset=ds,
                 type=entry.type,
@@ -324,6 +326,7 @@ def preflight(
             problems.append(type(exc)(f"{key}.path: {exc.message}", hint=exc.hint))
         except OSError as exc:
             problems.append(DatasetError(f"{key}.path: dataset {path} is unreadable ({exc.strerror or exc})"))
+    problems += feature_problems(config, read, stages)
     if config.datasets and not any(e.value for e in config.datasets):
         problems.append(ConfigError("datasets: no dataset has value: true; the value model would train on nothing"))
     from reproduction.data.duplicates import duplicate_dataset_problems  # audit54 D6: one dataset listed twice
@@ -355,6 +358,129 @@ def preflight(
         problems += libero_problems(config.eval.tasks)
     problems += [ConfigError(p, field="min_free_gb") for p in disk_problems(run_dir, config.min_free_gb)]
     return problems
+
+
+NO_CAMERA_KEY = "observation.images.none"
+"""The documented way to give the value model no image (value.model.cameras cannot be empty): a key no dataset has
+on purpose (the demo's configs), so the unknown-camera check lets it through."""
+
+
+def _numeric(dtype: str) -> bool:
+    return dtype == "bool" or dtype.startswith(("float", "int", "uint"))
+
+
+def _width(shape: Any) -> int | None:
+    """Components of a feature of info.json shape `shape`; None for a shape that is no list of whole numbers (the
+    reader names that one; this check only compares widths it can read)."""
+    if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
+        return None
+    width = 1
+    for n in shape:
+        width *= n
+    return width
+
+
+def feature_problems(config: Any, read: list[tuple[str, Any, Any]], stages: list[str] | None) -> list[Any]:
+    """ConfigErrors (exit 4) for state and camera settings the datasets' meta/info.json features cannot serve,
+    found before any stage runs (audit54 D1, D3, D4; no frame is read): a state feature that is not numeric
+    (dtype string, image, video); state features of different widths in two datasets one model reads (value:
+    every dataset, as stage 3 scores them all; policy: the `policy` datasets, their action too); a camera map
+    none of whose keys any dataset has while the datasets do have image/video features (a typo, or the default
+    observation.images.image on a dataset whose camera is named otherwise, would train an image-less model
+    without a word). Datasets without any image feature keep the absent-camera rule (state-only data: no image
+    either way), and NO_CAMERA_KEY (the no-image idiom) is always accepted. A feature a dataset lacks is left to
+    the missing-feature checks."""
+    from reproduction.errors import ConfigError
+
+    problems: list[Any] = []
+    runs = set(stages) if stages is not None else {"value", "advantages"}
+    value_model, policy_model = config.value.model, config.policy.model
+    groups: list[tuple[str, list[tuple[str, Any, Any]], Any, Any]] = []
+    if runs & {"value", "advantages"} and value_model.state_keys:
+        keys = list(value_model.state_keys)
+        groups.append(("value.model.state_keys", read, lambda ds, keys=keys: keys, value_model.state_dims))
+    if "policy" in runs:
+        pol = [r for r in read if r[1].policy]
+
+        def policy_keys(ds: Any) -> list[str]:
+            goal = ["observation.goal"] if "observation.goal" in ds.info.features else []
+            return list(policy_model.state_keys) or ["observation.state", *goal]
+
+        field = "policy.model.state_keys" if policy_model.state_keys else "the policy's default state"
+        groups.append((field, pol, policy_keys, policy_model.state_dims))
+        groups.append(("the policy's action", pol, lambda ds: ["action"], None))
+    for field, group, keys_of, dims in groups:
+        first: tuple[str, list[tuple[str, list[int]]]] | None = None
+        for where, _entry, ds in group:
+            feats = ds.info.features
+            keys = [k for k in keys_of(ds) if k in feats]
+            bad = [k for k in keys if not _numeric(str(feats[k].get("dtype")))]
+            if bad:
+                problems.append(
+                    ConfigError(
+                        f"{where}: dataset {ds.root}: feature {bad[0]!r} is dtype {feats[bad[0]].get('dtype')!r}; "
+                        f"{field} takes numeric features (float, int, bool)",
+                        field=field,
+                        hint=f"drop {bad[0]} from {field}",
+                    )
+                )
+                continue
+            shapes = [(k, feats[k].get("shape") or [1]) for k in keys]
+            if dims is not None or len(keys) < len(keys_of(ds)) or any(_width(sh) is None for _k, sh in shapes):
+                continue  # state_dims picks components by index; a missing feature is reported on its own
+            named = f"{where} ({ds.name})"
+            if first is None:
+                first = (named, shapes)
+            elif [(k, _width(sh)) for k, sh in shapes] != [(k, _width(sh)) for k, sh in first[1]]:
+                problems.append(_width_problem(field, first, (named, shapes)))
+                break
+    cams = [("value.model.cameras", value_model.cameras, read, "value" in runs)]
+    cams.append(("policy.model.cameras", policy_model.cameras, [r for r in read if r[1].policy], "policy" in runs))
+    for field, cameras, group, on in cams:
+        have = sorted({k for _w, _e, ds in group for k in ds.info.camera_keys})
+        named = {slot: key for slot, key in dict(cameras).items() if key != NO_CAMERA_KEY}
+        # Only a map none of whose keys any dataset has: a slot absent everywhere beside one that is read (e.g.
+        # upstream's wrist slot on one-camera data) is the documented absent camera and keeps working.
+        if not on or not have or not named or any(key in have for key in named.values()):
+            continue
+        slots = ", ".join(f"{slot} = {key}" for slot, key in named.items())
+        first = next(iter(named))
+        none = f"{{{first}: {NO_CAMERA_KEY}}}" if field.startswith("value") else "{}"
+        problems.append(
+            ConfigError(
+                f"{field}: no dataset has {slots} (the datasets' image/video features: {', '.join(have)}), so the "
+                "model would train without any image",
+                field=field,
+                hint=f"set {field}={{{first}: {have[0]}}} (a feature the datasets have), "
+                f"or {field}={none} for no image",
+            )
+        )
+    return problems
+
+
+def _width_problem(field: str, a: tuple[str, list[tuple[str, Any]]], b: tuple[str, list[tuple[str, Any]]]) -> Any:
+    """The ConfigError naming the first feature whose shape differs between datasets a and b (where, shapes)."""
+    from reproduction.errors import ConfigError
+
+    sa, sb = dict(a[1]), dict(b[1])
+    k = ([k for k in sa if k not in sb or _width(sa[k]) != _width(sb[k])] + [k for k in sb if k not in sa])[0]
+    shown = {w: f"shape {d[k]}" if k in d else "absent" for w, d in ((a[0], sa), (b[0], sb))}
+    if field.startswith("value"):
+        hint = "name features of one width in every dataset in value.model.state_keys, or drop the odd dataset " + (
+            "(a dataset with value: false is still scored by the value model)"
+        )
+    elif k == "action":
+        hint = "set policy: false on the odd dataset: the policy predicts one action width"
+    else:
+        hint = "set policy: false on the odd dataset, or name features of one width in every dataset in " + (
+            "policy.model.state_keys"
+        )
+    return ConfigError(
+        f"{field}: {k} is {shown[a[0]]} in {a[0]} but {shown[b[0]]} in {b[0]}; one model reads both datasets, "
+        "so its inputs must have one width",
+        field=field,
+        hint=hint,
+    )
 
 
 def libero_problems(tasks: list[str]) -> list[Any]:
