@@ -31,7 +31,9 @@ class ValueConfig:
     preset: str = "tiny"
     """Model preset: tiny or recap."""
     cameras: dict[str, str] = field(default_factory=lambda: {"base_0_rgb": "observation.images.image"})
-    """Model camera slot -> dataset feature key; a key a dataset lacks is an absent camera."""
+    """Model camera slot -> dataset feature key; a key a dataset lacks is an absent camera, but a map none of whose
+    keys any dataset has, while they have image features, is refused at preflight (exit 4; `observation.images.none`
+    asks for no image)."""
     tokenizer: str | None = field(default=None, metadata=same_outputs(on_resume=True))
     """Folder with tokenizer.json (required for recap); None with tiny = train one in-process."""
     pretrained_manifest: str | None = field(default=None, metadata=same_outputs(on_resume=True))
