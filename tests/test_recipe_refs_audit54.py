@@ -91,8 +91,36 @@ def test_a_files_path_that_does_not_exist_is_refused_before_anything_runs(tmp_pa
         run_recipe(_recipe(files=("data",)), Cfg(data=str(missing)), run)
     assert err.value.exit_code == 3
     assert str(err.value) == f"recipe a54: stage second reads data={str(missing)!r}, which does not exist"
-    assert err.value.hint.startswith("set data to the file or folder the stage reads")
+    assert err.value.hint.startswith("set data to the path the stage reads")
     assert ARE_RUN == [] and not run.exists()
+
+
+def preflight_other(config, run_dir, opened, stages):
+    return ["tokenizer: /nowhere/tok is not a folder"]
+
+
+def preflight_same(config, run_dir, opened, stages):
+    return [f"data: {config.data} is not a file"]
+
+
+@pytest.mark.parametrize(("check", "listed"), [("preflight_other", 2), ("preflight_same", 1)])
+def test_a_missing_files_path_is_listed_with_the_recipes_own_preflight_problems(tmp_path, check, listed):
+    """Review R6: a missing path was raised alone, before the recipe's preflight, hiding the problems it lists
+    beside it (exit 3 instead of 56 listing both); a key the recipe's preflight names itself is listed once."""
+    import dataclasses
+
+    from reproduction.errors import PreflightError
+
+    missing = tmp_path / "nonexistent"
+    recipe = dataclasses.replace(_recipe(files=("data",)), preflight=f"{__name__}:{check}")
+    with pytest.raises((PreflightError, ConfigError)) as err:
+        run_recipe(recipe, Cfg(data=str(missing)), tmp_path / "run")
+    if listed == 2:
+        assert err.value.exit_code == 56 and "preflight found 2 problems" in str(err.value)
+        assert "tokenizer: /nowhere/tok" in str(err.value) and "which does not exist" in str(err.value)
+    else:
+        assert err.value.exit_code == 4 and str(err.value) == f"preflight: data: {missing} is not a file"
+    assert ARE_RUN == []
 
 
 def test_a_files_placeholder_is_left_to_the_generic_preflight(tmp_path):

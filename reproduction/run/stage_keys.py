@@ -555,8 +555,8 @@ def missing_file_problems(recipe: Recipe, names: Sequence[str], plain: Any) -> l
                         f"recipe {recipe.name}: stage {spec.name} reads {key}={path!r}, which does not exist",
                         path=path,
                         field=key,
-                        hint=f"set {key} to the file or folder the stage reads (a path relative to the current "
-                        "directory, or absolute)",
+                        hint=f"set {key} to the path the stage reads (a path relative to the current directory, "
+                        "or absolute)",
                     )
                 )
     return problems

@@ -23,11 +23,11 @@ from reproduction.sim.cameras import CAMERA_NAMES, IMAGE_PREFIX, camera_names  #
 from reproduction.train.config import TrainConfig
 
 ADVANTAGE_SCALES = ("group", "batch", "none")
+"""What `rl.advantage_scale` may name (objective.group_advantages)."""
 NOISE_LEVEL_MIN = 1e-6
 """rl.noise_level's floor: below ~1e-44 the float32 step noise is 0 and every step's log-probability NaN (the run
 skipped every step and exited 0: audit54 C2); long before that an update's shift of the mean, divided by the noise,
 overflows the ratio. RLinf's default is 0.5."""
-"""What `rl.advantage_scale` may name (objective.group_advantages)."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -331,7 +331,8 @@ def preflight(
         problems.append(ConfigError("datasets: no dataset has value: true; the value model would train on nothing"))
     from reproduction.data.duplicates import duplicate_dataset_problems  # audit54 D6: one dataset listed twice
 
-    problems += duplicate_dataset_problems(config.datasets, opened)
+    told = " ".join(str(p) for p in problems)  # one folder listed twice is told once, by its name clash above
+    problems += [p for p in duplicate_dataset_problems(config.datasets, opened) if f"{p.field}:" not in told]
     for section, model in (("value", config.value.model), ("policy", config.policy.model)):
         for name in ("tokenizer", "pretrained_manifest", "weights_dir", "norm_stats"):
             value = getattr(model, name, None)
