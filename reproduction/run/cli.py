@@ -240,6 +240,8 @@ def cmd_run(args: Any) -> int:
     named = bundle or (Path(config.BUNDLE) if getattr(config, "BUNDLE", None) else None)
     if named is not None and named.is_dir():  # BUNDLE= in a --config file or an override: checked alike
         refuse_no_manifest(named)
+        if bundle is None:  # its source layer is a material too: the same check, after the import (audit54 R4)
+            ran_from = check_recipe_source(given_recipe(files, overrides), named.resolve()) or ran_from
     report = execute(recipe, config, run_dir, args, recipe_ref=name, config_files=layers, recipe_module=ran_from)
     print_report(report, ui=_ui(args), as_json=getattr(args, "json", False))
     if not getattr(args, "json", False) and report.stale:  # their results are of what came before: not shown
@@ -325,8 +327,7 @@ def execute(
     """Run `recipe` with the parsed options (`recipe_ref`: the name the config gave it, recorded in run.json;
     `config_files`: the --config layers as [path, sha256] pairs taken when they were read, recorded as they are in
     each stage's record; `recipe_module`: the out-of-tree recipe file imported (run/recipe_source.py), recorded in
-    run.json and as a material of every stage)."""
-    from reproduction.run.recipe_source import recipe_material
+    run.json only: the bundle's source layer, a material of every stage, is that code when it ships it)."""
     from reproduction.run.record import make_recorder
     from reproduction.run.runner import RunOptions, run_recipe
 
@@ -340,7 +341,7 @@ def execute(
         argv=list(sys.argv),
         ray_address=args.ray_address or getattr(config, "ray_address", None),
         ui=_ui(args),
-        recorder=make_recorder(Path(bundle) if bundle else None, recipe_material(recipe_module)),
+        recorder=make_recorder(Path(bundle) if bundle else None),
         recipe_ref=recipe_ref,
         recipe_module=recipe_module,
         config_files=config_files,
