@@ -164,6 +164,9 @@ def test_a_stage_that_writes_none_of_its_outputs_is_a_protocol_error(tmp_path):
 # -- A6 -------------------------------------------------------------------------------------------------------------
 
 
+KILLED = "--resume: training {} to --target-step {}, as the killed run asked (pass --target-step to ask for another)\n"
+
+
 def _uninterrupted(root: Path, target: int) -> Path:
     """steps=3 complete, then --target-step `target`, not stopped."""
     run = root / "whole"
@@ -187,12 +190,16 @@ def _killed(root: Path, monkeypatch, target: int, at: int) -> Path:
 
 def test_a_plain_resume_of_a_killed_target_step_continues_to_that_target(tmp_path, monkeypatch, capsys):
     run = _killed(tmp_path, monkeypatch, target=6, at=4)
-    assert read_state(run)["stages"]["train"].get("target_step") == 6
+    state = read_state(run)
+    assert state["target_step"] == {"step": 6, "stages": ["train", "evalx"]}
+    assert "target_step" not in state["stages"]["train"]  # run-level since R2
     capsys.readouterr()
     report = run_recipe(RECIPE, Cfg(), run, _opts(resume=True))
-    rec = read_state(run)["stages"]["train"]
+    state = read_state(run)
+    rec = state["stages"]["train"]
     assert (rec["status"], rec["step"]) == ("complete", 6) and "target_step" not in rec
-    assert "train: continuing to --target-step 6, as the killed run asked\n" in capsys.readouterr().err
+    assert "target_step" not in state  # completed: a later plain --resume asks for nothing
+    assert capsys.readouterr().err.count(KILLED.format("train", 6)) == 1
     assert {s.name: s.action for s in report.stages} == {"train": "continued", "evalx": "ran"}
     whole = _uninterrupted(tmp_path, 6)
     for rel in ("train/weights.json", "evalx/eval.json"):
@@ -205,29 +212,155 @@ def test_a_failed_target_step_is_continued_to_it_and_an_explicit_target_wins(tmp
     (tmp_path / "die_at").write_text("2")
     with pytest.raises(RuntimeError, match="stopped after step 2"):
         run_recipe(RECIPE, Cfg(), run, _opts(target_step=5))
-    rec = read_state(run)["stages"]["train"]
-    assert (rec["status"], rec.get("target_step")) == ("failed", 5)
+    state = read_state(run)
+    assert (state["stages"]["train"]["status"], state["target_step"]["step"]) == ("failed", 5)
     (tmp_path / "die_at").write_text("4")  # stopped again on the way: the target is kept across stops
     with pytest.raises(RuntimeError, match="stopped after step 4"):
         run_recipe(RECIPE, Cfg(), run, _opts(resume=True))
-    assert "train: continuing to --target-step 5, as the failed run asked" in capsys.readouterr().err
-    assert read_state(run)["stages"]["train"]["target_step"] == 5
+    assert "--resume: training train to --target-step 5, as the failed run asked" in capsys.readouterr().err
+    assert read_state(run)["target_step"] == {"step": 5, "stages": ["train", "evalx"]}
     run_recipe(RECIPE, Cfg(), run, _opts(resume=True, target_step=7))  # this invocation's --target-step wins
     assert "as the" not in capsys.readouterr().err
-    rec = read_state(run)["stages"]["train"]
-    assert (rec["status"], rec["step"]) == ("complete", 7)
+    state = read_state(run)
+    assert (state["stages"]["train"]["status"], state["stages"]["train"]["step"]) == ("complete", 7)
+    assert "target_step" not in state
 
 
 def test_a_running_record_written_before_target_step_was_kept_still_reads(tmp_path, monkeypatch):
-    """run.json of a stage killed before the runner kept `target_step`: read as before (the config's count)."""
+    """run.json of a stage killed before the runner kept any `target_step`: read as before (the config's count);
+    one from A6's runner (the stage record's `target_step`, no run-level one) is continued to it."""
     run = _killed(tmp_path, monkeypatch, target=6, at=4)
     doc = json.loads((run / "run.json").read_text())
-    doc["stages"]["train"].pop("target_step", None)
+    doc.pop("target_step")
     (run / "run.json").write_text(json.dumps(doc))
     run_recipe(RECIPE, Cfg(), run, _opts(resume=True))
     assert read_state(run)["stages"]["train"]["step"] == 4  # the checkpoint's step, as the record asked for nothing
+    a6 = _killed(tmp_path / "a6", monkeypatch, target=6, at=4)
+    doc = json.loads((a6 / "run.json").read_text())
+    doc["stages"]["train"]["target_step"] = doc.pop("target_step")["step"]
+    (a6 / "run.json").write_text(json.dumps(doc))
+    run_recipe(RECIPE, Cfg(), a6, _opts(resume=True))
+    assert read_state(a6)["stages"]["train"]["step"] == 6
     doc = json.loads((run / "run.json").read_text())
     doc["stages"]["train"]["target_step"] = "6"
     (run / "run.json").write_text(json.dumps(doc))
     with pytest.raises(RunStateError, match=r"stages\.train\.target_step is a string, expected a step number >= 1"):
         read_state(run)
+    for bad in (6, {"step": 0, "stages": ["train"]}, {"step": 6, "stages": "train"}, {"step": 6}):
+        doc["stages"]["train"].pop("target_step", None)
+        doc["target_step"] = bad
+        (run / "run.json").write_text(json.dumps(doc))
+        with pytest.raises(RunStateError, match=r"run\.json: target_step is .*, expected \{\"step\": a step number"):
+            read_state(run)
+
+
+# -- R2: the later training stages of a plain --resume ----------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class Cfg2:
+    train: Train = field(default_factory=Train)
+    train2: Train = field(default_factory=Train)
+
+
+def train2(ctx: StageContext) -> StageOutput:
+    """Trains on from train's weights, one checkpoint per step (its bytes depend on both stages' step counts)."""
+    step, w = 0, json.loads((ctx.run_dir / "train" / "weights.json").read_text())["w"]
+    if ctx.resume:
+        done = sorted(int(p.stem.split("_")[1]) for p in ctx.out_dir.glob("ckpt_*.json"))
+        if done:
+            step, w = done[-1], json.loads((ctx.out_dir / f"ckpt_{done[-1]}.json").read_text())["w"]
+    while step < (ctx.target_step or ctx.config.train2.steps):
+        w, step = w * 0.9 + 0.1 * step, step + 1
+        atomic_write_text(ctx.out_dir / f"ckpt_{step}.json", json.dumps({"w": w}))
+    weights = ctx.out_dir / "weights.json"
+    atomic_write_text(weights, json.dumps({"w": w, "step": step}))
+    return StageOutput(files=[weights], summary={"w": w}, step=step)
+
+
+TWO = Recipe(
+    name="audit54two",
+    stages=(
+        RECIPE.stages[0],
+        StageSpec(
+            name="train2",
+            fn=f"{__name__}:train2",
+            needs=("train",),
+            config=("train2",),
+            training="train2.steps",
+            outputs=("weights.json",),
+            inputs=False,
+        ),
+    ),
+)
+
+
+def _same_as_uninterrupted(root: Path, run: Path, **kw) -> None:
+    whole = root / "whole"
+    run_recipe(TWO, Cfg2(), whole, _opts(target_step=6, **kw))
+    assert "target_step" not in read_state(whole)  # an invocation that completed leaves none
+    for rel in ("train/weights.json", "train2/weights.json"):
+        assert (run / rel).read_bytes() == (whole / rel).read_bytes(), rel
+    steps = {n: r["step"] for n, r in read_state(run)["stages"].items()}
+    assert steps == {n: r["step"] for n, r in read_state(whole)["stages"].items()}
+    return steps
+
+
+def test_a_plain_resume_trains_every_stage_the_killed_target_step_selected_to_it(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    (tmp_path / "die_at").write_text("4")
+    monkeypatch.setattr(runner, "_record_stop", lambda *a, **k: None)  # kill -9 inside train
+    with pytest.raises(RuntimeError, match="stopped after step 4"):
+        run_recipe(TWO, Cfg2(), run, _opts(target_step=6))
+    monkeypatch.undo()
+    assert read_state(run)["target_step"] == {"step": 6, "stages": ["train", "train2"]}
+    capsys.readouterr()
+    report = run_recipe(TWO, Cfg2(), run, _opts(resume=True))
+    assert {s.name: s.action for s in report.stages} == {"train": "continued", "train2": "ran"}
+    err = capsys.readouterr().err
+    assert err.count("as the killed run asked") == 1 and KILLED.format("train, train2", 6) in err  # once, both named
+    assert _same_as_uninterrupted(tmp_path, run) == {"train": 6, "train2": 6}
+    assert "target_step" not in read_state(run)
+    run_recipe(TWO, Cfg2(), run, _opts(resume=True))  # completed: nothing resurrected, both skipped
+    assert {n: r["step"] for n, r in read_state(run)["stages"].items()} == {"train": 6, "train2": 6}
+
+
+def test_a_kill_between_the_stages_resumes_the_second_to_the_target(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    real = runner.decide
+
+    def killed_before_train2(spec, *a, **k):
+        if spec.name == "train2":
+            raise RuntimeError("killed before train2 started")
+        return real(spec, *a, **k)
+
+    monkeypatch.setattr(runner, "decide", killed_before_train2)
+    with pytest.raises(RuntimeError, match="killed before train2"):
+        run_recipe(TWO, Cfg2(), run, _opts(target_step=6))
+    monkeypatch.undo()
+    state = read_state(run)
+    assert "train2" not in state["stages"] and state["stages"]["train"]["step"] == 6
+    capsys.readouterr()
+    run_recipe(TWO, Cfg2(), run, _opts(resume=True))
+    assert KILLED.format("train, train2", 6) in capsys.readouterr().err
+    assert _same_as_uninterrupted(tmp_path, run) == {"train": 6, "train2": 6}
+
+
+def test_only_the_stages_the_killed_invocation_selected_inherit_its_target(tmp_path, monkeypatch):
+    """`--stages train --target-step 6` killed, then a plain --resume of every stage: train to 6, train2 (which the
+    killed invocation did not select) to its config count, as the uninterrupted invocation then a --resume do."""
+    run = tmp_path / "run"
+    (tmp_path / "die_at").write_text("4")
+    monkeypatch.setattr(runner, "_record_stop", lambda *a, **k: None)
+    with pytest.raises(RuntimeError):
+        run_recipe(TWO, Cfg2(), run, _opts(target_step=6, stages=["train"]))
+    monkeypatch.undo()
+    assert read_state(run)["target_step"] == {"step": 6, "stages": ["train"]}
+    run_recipe(TWO, Cfg2(), run, _opts(resume=True))
+    whole = tmp_path / "whole"
+    run_recipe(TWO, Cfg2(), whole, _opts(target_step=6, stages=["train"]))
+    run_recipe(TWO, Cfg2(), whole, _opts(resume=True))
+    for rel in ("train/weights.json", "train2/weights.json"):
+        assert (run / rel).read_bytes() == (whole / rel).read_bytes(), rel
+    assert {n: r["step"] for n, r in read_state(run)["stages"].items()} == {"train": 6, "train2": 3}
+    assert "target_step" not in read_state(run)

@@ -67,7 +67,7 @@ _STAGE_FIELDS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("seconds", _number, "a number"),
     ("error", lambda v: isinstance(v, str), "a string"),
     (
-        "target_step",  # since stop 54 (audit54 A6), on a stage stopped while training to --target-step; else none
+        "target_step",  # written during stop 54 (audit54 A6) on a stopped stage; read, no longer written (R2)
         lambda v: _int(v) and v >= 1,
         "a step number >= 1 (the --target-step the stopped stage was training to)",
     ),
@@ -155,6 +155,17 @@ def _stage_problem(name: str, rec: Any) -> str | None:
     return None
 
 
+def _run_target(v: Any) -> bool:
+    return (
+        isinstance(v, dict)
+        and set(v) == {"step", "stages"}
+        and _int(v["step"])
+        and v["step"] >= 1
+        and isinstance(v["stages"], list)
+        and all(isinstance(n, str) and n for n in v["stages"])
+    )
+
+
 def state_problem(doc: Any, format_version: int) -> str | None:
     """The first field of a parsed run.json that does not fit schema `format_version` (1), or None."""
     if not isinstance(doc, dict):
@@ -175,6 +186,12 @@ def state_problem(doc: Any, format_version: int) -> str | None:
         return f"config is {_kind(doc['config'])}, expected a mapping (the resolved config)"
     if not isinstance(doc.get("stages"), dict):
         return f"stages is {_kind(doc.get('stages'))}, expected a mapping of stage name -> record"
+    if "target_step" in doc and not _run_target(doc["target_step"]):  # since stop 54 (audit54 R2); older: none
+        return (
+            f"target_step is {_kind(doc['target_step'])} {doc['target_step']!r:.60}, expected "
+            '{"step": a step number >= 1, "stages": a list of stage names} (the --target-step of an invocation '
+            "that has not completed)"
+        )
     for name, rec in doc["stages"].items():
         problem = _stage_problem(name, rec)
         if problem:

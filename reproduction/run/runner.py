@@ -14,18 +14,20 @@ fingerprints of the opened inputs, the output digests of the stages it needs, th
 of its code modules (the stage function's module and those StageSpec.code names) and its function's reference
 (StageSpec.fn).
 With `resume`: a complete stage whose key and outputs match is skipped; one the
-run was killed in continues (training stages from their newest complete checkpoint, to the --target-step the
-killed invocation was given when no other is: its record's `target_step`; others redone), and so does a
+run was killed in continues (training stages from their newest complete checkpoint; others redone), and so does a
 complete training stage asked for more steps (`--target-step N`, or its step count raised in the config);
 one whose key changed is refused with the differing parts named, unless the change is only in the digests of
 upstream stages (redone in this invocation or an earlier one: then it is redone). `restart` redoes the named
-stages and every stage downstream of them.
+stages and every stage downstream of them. An invocation given `--target-step N` records run.json's
+`target_step` ({"step": N, "stages": the stages it selected}) with its first `running` record and drops it when it
+completes: a plain `--resume` of one that stopped trains each of those stages to N, as it would have.
 run.json is written atomically after every state change, so a kill leaves a consistent record.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import json
@@ -357,9 +359,11 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         walk.free = tuple(output_free_keys(config))
         walk.restarted = downstream(recipe, opts.restart)
         guard.enter_context(sigterm_as_interrupt())
+        walk.inherited = _inherited_target(state, opts)
         with RunRay(opts.ray_address) as walk.ray:  # started when a stage first asks, stopped when the walk ends
             _walk(walk, {s.name for s in selected})
-        if config_changed and not walk.redone:  # every stage ran or skipped; record the config it was asked with
+        target_done = _finish_target(state, {s.name for s in selected})
+        if (config_changed and not walk.redone) or target_done:  # every stage ran or skipped: record what it asked
             _write_state(run_dir, state)
         report = write_report(recipe, run_dir, changed=bool(walk.redone))  # under the lock: one writer at a time
     stale = stale_stages(state)
@@ -519,6 +523,13 @@ class _Walk:
     restarted: set[str] = field(default_factory=set)
     """The stages --restart-stage names and those downstream of them: redone whatever changed in their keys."""
     reports: list[StageReport] = field(default_factory=list)
+    inherited: dict[str, Any] | None = None
+    """run.json's `target_step` ({"step", "stages"}) a plain --resume trains the listed stages to (`_inherited_target`),
+    None when this invocation has its own --target-step or there is none."""
+    announced: bool = False
+    """Whether the inherited --target-step was said (once per invocation)."""
+    chosen: set[str] = field(default_factory=set)
+    """The stages this invocation selected (run.json's `target_step.stages` when it has --target-step)."""
 
     @functools.cached_property
     def config_sha256(self) -> str:
@@ -528,6 +539,7 @@ class _Walk:
 
 def _walk(walk: _Walk, chosen: set[str]) -> None:
     run_dir, state = walk.run_dir, walk.state
+    walk.chosen = set(chosen)
     for spec in walk.recipe.stages:
         if spec.name not in chosen:
             rec = state["stages"].get(spec.name)
@@ -679,13 +691,22 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         )
     if action == "fresh":
         _clear_stage(run_dir, state, spec.name, rec, restarted=spec.name in opts.restart or spec.name in walk.restarted)
-    target = _target_step(walk, spec, action, rec)
+    inherited = _target_step(walk, spec, rec)
+    if rec is not None and rec.get("status") == "complete" and action != "fresh":
+        inherited = None  # a complete stage is trained on only by a count raised (a stopped --target-step keeps it)
+    if inherited is not None:
+        opts = dataclasses.replace(opts, target_step=inherited)
+    target = opts.target_step if spec.training else None
+    if inherited is not None and not walk.announced:
+        _announce_inherited(walk, spec, inherited)
     started = time.time()
     running = {"status": "running", "key": key, "key_parts": parts, "started": started}
     state["stages"][spec.name] = {**(rec or {}), **running}
-    state["stages"][spec.name].pop("target_step", None)
-    if target is not None:  # kept so that a plain --resume of a kill continues to it, not to the checkpoint's step
-        state["stages"][spec.name]["target_step"] = target
+    state["stages"][spec.name].pop("target_step", None)  # run.json's top-level `target_step` holds it now
+    if walk.opts.target_step is not None:  # kept so that a plain --resume of a kill trains every stage this
+        # invocation selected to it, not the running one only to its checkpoint's step (audit54 A6, R2)
+        order = [s.name for s in walk.recipe.stages if s.name in walk.chosen]
+        state["target_step"] = {"step": walk.opts.target_step, "stages": order}
     _write_state(run_dir, state)  # before the stage folder: a kill from here on leaves a run to --resume
     if walk.recipe.report and not walk.redone:  # the first stage this invocation runs: the report is out of date
         _remove_report(run_dir)
@@ -762,24 +783,65 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     )
 
 
-def _target_step(walk: _Walk, spec: StageSpec, action: str, rec: dict[str, Any] | None) -> int | None:
-    """The step a training stage trains to in this invocation, as ctx.target_step: this invocation's `--target-step`,
-    else, for a stage continued after a stop (its record `running`, `interrupted` or `failed`), the `--target-step`
-    the stopped invocation was started with (its record's `target_step`), said in one line; else None (the config's
-    step count). A plain --resume used to hand None, so a killed `--target-step 20` finished at whatever step its
-    checkpoint had and was recorded complete there (audit54 A6)."""
-    if not spec.training:
+def _inherited_target(state: dict[str, Any], opts: RunOptions) -> dict[str, Any] | None:
+    """run.json's `target_step` ({"step": N, "stages": [...]}: the --target-step of an invocation that stopped before it
+    completed, and the stages it selected) when this invocation is a --resume without a --target-step of its own,
+    else None: an explicit --target-step wins, and a run without --resume asks for nothing it did not say."""
+    if not opts.resume or opts.target_step is not None:
         return None
-    if walk.opts.target_step is not None:
-        return walk.opts.target_step
-    if action != "continue" or rec is None or rec.get("status") == "complete" or rec.get("target_step") is None:
+    found = state.get("target_step")
+    return dict(found) if isinstance(found, dict) else None  # its shape: record.check_state
+
+
+def _target_step(walk: _Walk, spec: StageSpec, rec: dict[str, Any] | None) -> int | None:
+    """The --target-step a plain --resume inherits for training stage `spec` (used when it is not complete or is redone
+    afresh: a complete stage whose continuation stopped keeps its record and is skipped, as before): run.json's
+    `target_step.step` when the stopped invocation selected the stage, else, for a run.json written before that field
+    (stop 54, audit54 A6), the stage record's own `target_step` when it stopped unfinished; None otherwise (this
+    invocation's own --target-step, or the config's step count). Without it a plain --resume of a killed
+    `--target-step 20` finished the running stage at its checkpoint's step (A6) and every later training stage at
+    its config count (R2)."""
+    if not spec.training or walk.opts.target_step is not None or not walk.opts.resume:
         return None
+    if walk.inherited is not None:
+        return int(walk.inherited["step"]) if spec.name in walk.inherited["stages"] else None
+    if rec is None or rec.get("status") == "complete" or rec.get("target_step") is None:
+        return None
+    return int(rec["target_step"])  # its shape: record.check_state
+
+
+def _announce_inherited(walk: _Walk, spec: StageSpec, step: int) -> None:
+    """One line, once per invocation, before the first stage it trains to an inherited --target-step `step`: the
+    training stages the stopped invocation selected (or, from an older run.json, `spec` alone)."""
     from reproduction.ui import say
 
-    target = int(rec["target_step"])  # its shape: record.check_state
-    stopped = "failed" if rec.get("status") == "failed" else "killed"
-    say(f"{spec.name}: continuing to --target-step {target}, as the {stopped} run asked", options=walk.opts.ui)
-    return target
+    walk.announced = True
+    names = walk.inherited["stages"] if walk.inherited is not None else [spec.name]
+    training = [s.name for s in walk.recipe.stages if s.name in names and s.training]
+    recorded = walk.state["stages"]
+    failed = any(isinstance(recorded.get(n), dict) and recorded[n].get("status") == "failed" for n in training)
+    say(
+        f"--resume: training {', '.join(training)} to --target-step {step}, as the "
+        f"{'failed' if failed else 'killed'} run asked (pass --target-step to ask for another)",
+        options=walk.opts.ui,
+    )
+
+
+def _finish_target(state: dict[str, Any], walked: set[str]) -> bool:
+    """After a walk that completed: drop the stages it walked from run.json's `target_step` (they are complete), and
+    the field with its last stage, so a later plain --resume does not train on to a target an invocation already
+    reached. Stages the stopped invocation selected that this one did not keep it. Returns whether it changed."""
+    found = state.get("target_step")
+    if not isinstance(found, dict):
+        return False
+    left = [n for n in found.get("stages", []) if n not in walked]
+    if left == list(found.get("stages", [])):
+        return False
+    if left:
+        state["target_step"] = {**found, "stages": left}
+    else:
+        state.pop("target_step")
+    return True
 
 
 def _note_move(rec: dict[str, Any], spec: StageSpec, parts: dict, free: Sequence[str]) -> None:
