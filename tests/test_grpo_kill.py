@@ -208,9 +208,9 @@ def test_kill_nine_during_rl_then_resume_gives_the_same_evidence_and_weights(wor
 @pytest.mark.timeout(900)
 def test_plain_resume_after_a_killed_target_step_drops_the_killed_attempts_live_evaluation(world, tmp_path):
     """audit50 F5: `--target-step 10 --stages rl` killed in its step-10 checkpoint save (step 10's live evaluation
-    written, its checkpoint not), then `--resume` without `--target-step`: rl ends at its configured step 8 and
-    records neither as output nor in lineage the killed attempt's evaluation of step-10 weights the run never kept;
-    everything else is the uninterrupted run's."""
+    written, its checkpoint not), then `--resume --target-step 8` (a plain --resume continues to 10 since audit54
+    A6): rl ends at step 8 and records neither as output nor in lineage the killed attempt's evaluation of step-10
+    weights the run never kept; everything else is the uninterrupted run's."""
     bundle, clean, _, _ = world
     run = tmp_path / "run"
     first = subprocess.run(_cmd(bundle, run), env=_env(), capture_output=True, text=True, timeout=600)
@@ -227,10 +227,17 @@ def test_plain_resume_after_a_killed_target_step_drops_the_killed_attempts_live_
     stray = run / "rl" / "evidence" / f"eval_rl_{STEPS + 2}.json"
     assert stray.is_file() and _newest_checkpoint(run) == STEPS  # what the kill left: an evaluation of step 10
 
-    done = subprocess.run(_cmd(bundle, run, "--resume"), env=_env(), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        _cmd(bundle, run, "--resume", "--target-step", str(STEPS)),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rl = _state(run)["stages"]["rl"]
     assert rl["status"] == "complete" and rl["step"] == STEPS
+    assert "target_step" not in _state(run)  # the killed invocation's target, superseded and cleared
     assert not stray.exists()
     assert sorted(p for p in rl["outputs"] if p.startswith("evidence/")) == [
         f"evidence/eval_rl_{s}.json" for s in (2, 4, 6, 8)

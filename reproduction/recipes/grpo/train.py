@@ -114,8 +114,8 @@ def drop_live_evaluations_after(out_dir: Path, step: int) -> list[Path]:
     """Remove `out_dir`/evidence/eval_rl_<n>.json for every n > `step` (the step the stage ends at); returns them.
 
     Only an earlier attempt of this stage writes them: a `--target-step 10` continuation killed after its step-10
-    live evaluation but before its step-10 checkpoint, then a plain `--resume` that ends the stage at its configured
-    step 8 (README: only `--resume` with the same `--target-step` continues to 10). Left in place they would be
+    live evaluation but before its step-10 checkpoint, then a `--resume --target-step 8` that ends the stage at
+    step 8 (a plain `--resume` continues to 10, as the killed run asked: audit54 A6). Left in place they would be
     collected as the stage's outputs (the recipe's `evidence/eval_rl_*.json`): evaluations of weights the run does
     not hold (audit50 F5). A name whose step is not an integer is left alone (not the trainer's)."""
     dropped = []
