@@ -13,7 +13,7 @@ from evidence_fixtures import control_plane_cli as portable
 from evidence_fixtures import write_json as _write
 
 from reproduction.errors import InvalidInputError
-from reproduction.run.comparison import UNEVEN, compare_evidence
+from reproduction.run.comparison import NOT_COUNTED, UNEVEN, compare_evidence
 from reproduction.run.evidence import EvalRecord, build_evidence
 from reproduction.run.evidence_check import check_evidence
 
@@ -51,19 +51,24 @@ def test_a_task_of_0_episodes_is_left_out_of_both_overall_rows_not_differs(tmp_p
 
 
 @pytest.mark.parametrize("act", [{"A": (90, 100), "B": (2, 20)}, {"A": (18, 20), "B": (10, 100)}])
-def test_uneven_task_counts_make_the_overall_rows_inconclusive_with_a_note(tmp_path, act):
-    """B at 2/20 (the reference's 10%, fewer episodes) read 50.0% vs 76.7% `differs`, exit 60."""
+def test_uneven_task_counts_make_the_overall_rows_not_counted_with_a_note(tmp_path, act):
+    """B at 2/20 (the reference's 10%, fewer episodes) read 50.0% vs 76.7% `differs`, exit 60. Now the overall rows
+    are shown but not counted, and the per-task rows (inconclusive at these counts) decide: exit 61."""
     ref, doc = _evidence(REF, "ref"), _evidence(act, "act", seed=2)
     c = compare_evidence(doc, ref)
     overall = [r for r in c.rows if r.metric.count("/") == 1]
     assert [(r.verdict, r.note, r.p_differs) for r in overall] == [("inconclusive", UNEVEN, None)] * 2
+    assert c.shown_verdicts()[:2] == [NOT_COUNTED] * 2
     assert c.verdict == "inconclusive"
+    assert c.counts()["inconclusive"] == sum(r.verdict == "inconclusive" for r in c.rows) - 2
+    assert ", 2 shown but not counted of 6 metrics)" in c.verdict_text()
     (note,) = [n for n in c.notes if "same proportion" in n]
     (a_ref, a_act), (b_ref, b_act) = (REF["A"][1], act["A"][1]), (REF["B"][1], act["B"][1])
     assert note.startswith(
         f"recap: the tasks' episode counts are not in the same proportion on both sides ('A' reference {a_ref}, this "
         f"run {a_act}; 'B' reference {b_ref}, this run {b_act}), so recap's overall success_once and success_at_end "
-        "rows would weight the tasks differently and are inconclusive"
+        "rows would weight the tasks differently (by more than 0.1 of the margin at the reference's task rates) and "
+        "are shown but not counted: the verdict follows the per-task rows"
     )
     out = portable("compare", _write(tmp_path / "ref.json", ref), _write(tmp_path / "act.json", doc))
     assert out.returncode == 61, out.stdout + out.stderr
@@ -77,6 +82,57 @@ def test_proportional_task_counts_keep_the_pooled_overall_test():
         ((100, 200), (50, 100), "newcombe-10", "")
     ] * 2
     assert not any("same proportion" in n or "left out of" in n for n in c.notes)
+
+
+def test_one_episode_short_on_one_task_is_still_tested_pooled_and_reproduced(tmp_path):
+    """Review R1: 100/999 against 100/1000 on B, every task reproduced, was `inconclusive` (exit 61) under the exact
+    proportionality test; the mixture bias is 0.0002, under a tenth of the margin 0.05, so the pooled test stands."""
+    ref = _evidence({"A": (900, 1000), "B": (100, 1000)}, "ref")
+    act = _evidence({"A": (900, 1000), "B": (100, 999)}, "act", seed=2)
+    c = compare_evidence(act, ref)
+    overall = [r for r in c.rows if r.metric.count("/") == 1]
+    assert [(r.reference_counts, r.actual_counts, r.verdict, r.note) for r in overall] == [
+        ((1000, 2000), (1000, 1999), "reproduced", "")
+    ] * 2
+    assert c.verdict == "reproduced" and not any("same proportion" in n for n in c.notes)
+    out = portable("compare", _write(tmp_path / "ref.json", ref), _write(tmp_path / "act.json", act))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# a reference of unequal per-task counts (A 1,000, B 500): the run's 1,000 a task weights them 1/2, 1/2, not 2/3, 1/3
+UNEQUAL_REF = {"A": (900, 1000), "B": (50, 500)}
+
+
+def test_uneven_counts_with_every_task_reproduced_is_reproduced(tmp_path):
+    """Review R1: such a reference could never give `reproduced` (the overall rows were inconclusive whatever the
+    tasks); every task within the margin puts any mix of them within it, so the per-task rows decide: exit 0."""
+    ref = _evidence(UNEQUAL_REF, "ref")
+    act = _evidence({"A": (900, 1000), "B": (100, 1000)}, "act", seed=2)
+    c = compare_evidence(act, ref)
+    assert [(r.metric, r.verdict, r.note) for r in c.rows[:2]] == [
+        ("recap/success_once", "inconclusive", UNEVEN),
+        ("recap/success_at_end", "inconclusive", UNEVEN),
+    ]
+    assert [r.verdict for r in c.rows[2:]] == ["reproduced"] * 4
+    assert c.verdict == "reproduced" and c.to_dict()["verdict"] == "reproduced"
+    out = portable("compare", _write(tmp_path / "ref.json", ref), _write(tmp_path / "act.json", act))
+    assert out.returncode == 0, out.stdout + out.stderr
+    # the pooled rows read 63.3% vs 50.0%, -0.133: `differs` from the mix alone, so shown but not counted
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("recap/success_once ")]
+    assert "63.3% (950/1500)  50.0% (1000/2000)  -0.133 [-0.161, -0.106]" in line and line.endswith(NOT_COUNTED)
+
+
+def test_uneven_counts_with_one_task_differing_differs(tmp_path):
+    """B at 30% against the reference's 10%: that per-task row differs (and survives Holm over the counted rows)."""
+    ref = _evidence(UNEQUAL_REF, "ref")
+    act = _evidence({"A": (900, 1000), "B": (300, 1000)}, "act", seed=2)
+    c = compare_evidence(act, ref)
+    assert [r.note for r in c.rows[:2]] == [UNEVEN] * 2
+    assert [r.verdict for r in c.rows[2:]] == ["reproduced", "reproduced", "differs", "differs"]
+    assert c.verdict == "differs" and c.held_differs() == {"recap/B/success_once", "recap/B/success_at_end"}
+    assert c.verdict_text() == "differs (2 differ, 0 inconclusive, 2 shown but not counted of 6 metrics)"
+    out = portable("compare", _write(tmp_path / "ref.json", ref), _write(tmp_path / "act.json", act))
+    assert out.returncode == 60, out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("b_episodes", [0, 20])
@@ -163,3 +219,35 @@ def test_the_wilson95_evidence_writes_is_accepted():
         check_evidence(json.loads(json.dumps(doc)), where="x")
         del doc["metrics"]["success_once"]["wilson95"]
         check_evidence(doc, where="x")
+
+
+def test_a_sequential_evaluation_does_not_wait_on_an_uneven_overall_row(tmp_path, monkeypatch):
+    """Review R1: against a reference of unequal per-task counts (A 1,000, B 500) the run's equal looks are never
+    in proportion, so the overall rows were `inconclusive` at every look and the evaluation never stopped early.
+    At look 1 (50 of 100 episodes a task, margin 0.3) both tasks reproduce: it stops there."""
+    from types import SimpleNamespace
+
+    from reproduction.recipes.recap.policy import evaluate_sequentially
+
+    ref = _evidence(UNEQUAL_REF, "ref")
+    ref["margins"] = {"success_once": 0.3, "success_at_end": 0.3}
+    path = _write(tmp_path / "ref.json", ref)
+    config = SimpleNamespace(episodes_per_task=100, batch_size=25, tasks=("A", "B"))
+    asked = []
+
+    def looks_of(jobs, ui=None, looks=None, go_on=None):
+        for k, n in enumerate(looks):
+            outcome = [SimpleNamespace(tasks={t: SimpleNamespace(episodes=n) for t in config.tasks})]
+            asked.append(n)
+            if not go_on(k, outcome):
+                break
+        return outcome
+
+    def evidence_of(outcome):
+        n = outcome[0].tasks["A"].episodes
+        return _evidence({"A": (n * 9 // 10, n), "B": (n // 10, n)}, "act", seed=2)
+
+    monkeypatch.setattr("reproduction.sim.evaluate.evaluate_many", looks_of)
+    _, record = evaluate_sequentially([SimpleNamespace(config=config)], evidence_of, path, looks=2, rho=3.0)
+    assert asked == [50] and record["stopped_at_look"] == 1 and record["stopped_early"] is True, record
+    assert record["verdict"] == "reproduced" and record["rates"] == {"reproduced": 4, "differs": 0, "inconclusive": 0}

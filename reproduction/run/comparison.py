@@ -12,7 +12,8 @@ On disk (schema: evidence/comparison.schema.json)::
 
 The overall verdict: `reproduced` when every row is; `differs` when a non-test row differs (missing metric,
 plain value) or a rate row's differs survives Holm's step-down over the rate rows (`holm_differs`); else
-`inconclusive`.
+`inconclusive`. An overall rate row whose two sides mix the tasks too differently (`UNEVEN`) is shown but not
+counted (`counts_toward_verdict`): its policy's per-task rows decide.
 
 Rates get the equivalence test of reproduction.run.stats (Newcombe, or Tango paired by reset seed or LIBERO
 init state);
@@ -43,10 +44,23 @@ TOO_LARGE = (
     "at margin 0.05 with 700-1,500 episodes a side, evidence/README.md)"
 )
 UNEVEN = (
-    "inconclusive: the tasks' episode counts are not in the same proportion on both sides, so this overall rate "
-    "weights the tasks differently on each (a difference can come from the mix of tasks alone); the per-task rows "
-    "decide"
+    "not counted: the tasks' episode counts are not in the same proportion on both sides, and at the reference's "
+    "task rates that different weighting alone moves this overall rate by more than a tenth of its margin; the "
+    "verdict follows the per-task rows"
 )
+"""The note of an overall rate row that is shown but does not count toward the verdict (`counts_toward_verdict`):
+its two pooled rates weight the tasks too differently to compare (audit54 B4, review R1)."""
+NOT_COUNTED = "not counted (uneven task mix)"
+"""How a table shows an `UNEVEN` row: its verdict is `inconclusive`, but the overall verdict does not wait on it."""
+MIXTURE_SHARE = 0.1
+"""The largest mixture bias, as a share of a row's margin, at which an overall rate row is still tested pooled.
+
+Two sides that weight the tasks differently (w_run[t] != w_ref[t], each side's per-task episode share) have pooled
+rates that differ by |sum_t (w_run[t] - w_ref[t]) p[t]| even when every task's rate p[t] is the same on both. Up
+to a tenth of the margin that shift is small next to the margin the test allows (a run one episode short on one
+task of 1,000: 0.0002 at margin 0.05), so the pooled test stands; beyond it the pooled row could read `differs`
+(or `reproduced`) from the mix alone, so it is shown but not counted (`UNEVEN`) and the per-task rows decide.
+Exactly proportional counts (the project's own evaluations) never reach this test."""
 DIFFERS_ALONE = "differs alone, not after Holm"
 """How a table shows a rate row whose test differs at alpha but not after Holm's step-down over the rate rows: the
 overall verdict does not hold it to differ (audit51 G6: it showed `differs` under an `inconclusive` verdict)."""
@@ -164,6 +178,13 @@ class MetricComparison:
         )
 
 
+def counts_toward_verdict(row: MetricComparison) -> bool:
+    """Whether `row` counts toward the overall verdict: every row but an `UNEVEN` overall rate row, which is shown
+    (its pooled rates would weight the tasks differently) while its policy's per-task rows decide. A sequential
+    evaluation waits only on the rows that count."""
+    return row.note != UNEVEN
+
+
 def overall_verdict(verdicts: Sequence[str]) -> str:
     """`reproduced` only when every row is; `differs` when any row differs; else `inconclusive` (the union rule:
     rows whose `differs` is a test at alpha each need `holm_differs` for the family-wise error of `differs`)."""
@@ -203,7 +224,9 @@ def holm_differs(rows: Sequence[MetricComparison], alpha: float) -> dict[str, fl
     R alpha. A per-task row that is the same test as its overall row (`same_as_overall`) is counted once: it shares
     the overall row's decision and level (counting it twice made the family of a one-task run 16, not 8)."""
     dup = same_as_overall(rows)
-    tested = [r for r in rows if r.kind == "rate" and r.low is not None and r.metric not in dup]
+    tested = [
+        r for r in rows if r.kind == "rate" and r.low is not None and r.metric not in dup and counts_toward_verdict(r)
+    ]
     ranked = sorted((r for r in tested if r.p_differs is not None), key=lambda r: r.p_differs)
     out = {}
     for i, r in enumerate(ranked):
@@ -242,20 +265,29 @@ class Comparison:
     def shown_verdicts(self) -> list[str]:
         """Each row's verdict as the tables show it, in row order: its own, except a row that differs alone but is
         not held to differ by the overall rule (`held_differs`), shown as DIFFERS_ALONE, so the table agrees with the
-        verdict. One Holm pass for all rows (per row, a 728-row report took 0.39 s: audit51 review R3)."""
+        verdict; a row that does not count toward the verdict (`counts_toward_verdict`) shows NOT_COUNTED. One Holm
+        pass for all rows (per row, a 728-row report took 0.39 s: audit51 review R3)."""
         held = self.held_differs()
-        return [DIFFERS_ALONE if r.verdict == "differs" and r.metric not in held else r.verdict for r in self.rows]
+        return [
+            NOT_COUNTED
+            if not counts_toward_verdict(r)
+            else DIFFERS_ALONE
+            if r.verdict == "differs" and r.metric not in held
+            else r.verdict
+            for r in self.rows
+        ]
 
     def counts(self) -> dict[str, int]:
         """{"differs": rows held to differ (`held_differs`), "differs_alone": rows that differ alone but not after
         Holm, "inconclusive", "reproduced", "metrics": all rows}: the counts every summary of this comparison
-        states (the closing line, the run's compare summary, report.html's banner), so they agree with `verdict`."""
+        states (the closing line, the run's compare summary, report.html's banner), so they agree with `verdict`.
+        A row that does not count toward the verdict (`counts_toward_verdict`) is among "metrics" only."""
         held = self.held_differs()
         differs = sum(r.verdict == "differs" for r in self.rows)
         return {
             "differs": len(held),
             "differs_alone": differs - len(held),
-            "inconclusive": sum(r.verdict == "inconclusive" for r in self.rows),
+            "inconclusive": sum(r.verdict == "inconclusive" and counts_toward_verdict(r) for r in self.rows),
             "reproduced": sum(r.verdict == "reproduced" for r in self.rows),
             "metrics": len(self.rows),
         }
@@ -269,11 +301,21 @@ class Comparison:
             return verdict
         c = self.counts()
         alone = f"{c['differs_alone']} differ alone but not after Holm, " if c["differs_alone"] else ""
-        return f"{verdict} ({c['differs']} differ, {alone}{c['inconclusive']} inconclusive of {c['metrics']} metrics)"
+        shown = sum(not counts_toward_verdict(r) for r in self.rows)
+        aside = f", {shown} shown but not counted" if shown else ""
+        return (
+            f"{verdict} ({c['differs']} differ, {alone}{c['inconclusive']} inconclusive{aside} of {c['metrics']} "
+            "metrics)"
+        )
 
     @property
     def verdict(self) -> str:
-        if self.rows and all(r.verdict == "reproduced" for r in self.rows):
+        """`reproduced` when every row that counts toward it (`counts_toward_verdict`) is; `differs` when a row is
+        held to differ (`held_differs`) or there is no row; else `inconclusive`. A row shown but not counted (an
+        `UNEVEN` overall row) leaves the verdict to its policy's per-task rows: every task within the margin puts
+        any weighted mean of the tasks within it too."""
+        counted = [r for r in self.rows if counts_toward_verdict(r)]
+        if counted and all(r.verdict == "reproduced" for r in counted):
             return "reproduced"
         # no row at all: nothing the reference holds was found (the union rule's answer, kept)
         return "differs" if not self.rows or self.held_differs() else "inconclusive"
@@ -606,17 +648,20 @@ def _task_episodes(row: Any, metric: str) -> int | None:
 
 def _same_mixture(
     ref_entry: Mapping[str, Any], act_entry: Mapping[str, Any]
-) -> tuple[Mapping[str, Any], Mapping[str, Any], list[str], dict[str, list[tuple[str, int, int]]]]:
-    """The two policies as their overall rate rows compare them, the tasks left out, and per count metric the
-    tasks whose episode counts are out of proportion between the sides.
+) -> tuple[Mapping[str, Any], Mapping[str, Any], list[str], dict[str, tuple[list[tuple[str, int, int]], float]]]:
+    """The two policies as their overall rate rows compare them, the tasks left out, and per count metric whose
+    kept tasks' episode counts are out of proportion between the sides: (those tasks, the mixture bias).
 
     A pooled rate is the tasks' rates weighted by the tasks' episode counts: two sides that weight the tasks
     differently have different pooled rates although every task's rate is the same (Simpson's paradox; audit54 B4:
     reference A 90/100 + B 10/100 against the run's A 90/100 + B 0/0 was 50.0% vs 90.0%, `differs`, exit 60). So a
     reference task this run evaluated 0 episodes of (or not at all) is left out of both sides' overall counts and
     outcomes, and where the kept tasks' counts are still not proportional (n_run[t] / n_ref[t] not the same for
-    every t) the caller marks that metric's overall row `inconclusive` (`UNEVEN`) rather than test two different
-    mixtures. Both entries are returned unchanged when the counts are proportional on every task (the project's
+    every t) the mixture bias |sum_t (w_run[t] - w_ref[t]) p_ref[t]| (w: each side's share of the kept tasks'
+    episodes, p_ref: the reference's task rate) is what the different weighting alone moves the pooled rate by;
+    the caller marks that metric's overall row `UNEVEN` (shown, not counted) only where the bias exceeds
+    MIXTURE_SHARE of the row's margin (review R1: one episode short on one task of 1,000 made it inconclusive).
+    Both entries are returned unchanged when the counts are proportional on every task (the project's
     own evaluations: the same episodes_per_task everywhere), when the run lists no tasks, or when it has no
     episode at all (then the overall row says so itself)."""
     from reproduction.run.evidence import count_metric
@@ -646,7 +691,7 @@ def _same_mixture(
                     )
             sides.append({**entry, "metrics": metrics, "tasks": rows})
         ref_entry, act_entry = sides
-    uneven: dict[str, list[tuple[str, int, int]]] = {}
+    uneven: dict[str, tuple[list[tuple[str, int, int]], float]] = {}
     for m in COUNT_METRICS:
         counts = [(t, _task_episodes(theirs[t], m), _task_episodes(ours.get(t), m)) for t in kept]
         if any(n_ref is None or n_act is None for _, n_ref, n_act in counts):
@@ -654,13 +699,17 @@ def _same_mixture(
         total_ref, total_act = sum(c[1] for c in counts), sum(c[2] for c in counts)
         off = [(t, n_ref, n_act) for t, n_ref, n_act in counts if n_act * total_ref != n_ref * total_act]
         if off:
-            uneven[m] = off
+            bias = sum(
+                (n_act / total_act - n_ref / total_ref) * (theirs[t][m]["successes"] / n_ref if n_ref else 0.0)
+                for t, n_ref, n_act in counts
+            )
+            uneven[m] = (off, abs(bias))
     return ref_entry, act_entry, dropped, uneven
 
 
 def _mixture_notes(dropped: Mapping[str, Sequence[str]], uneven: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Per policy: the tasks left out of its overall rows (0 episodes in this run) and the tasks whose counts
-    made its overall rate rows inconclusive (`_same_mixture`)."""
+    made its overall rate rows shown but not counted (`_same_mixture`, `UNEVEN`)."""
     notes = []
     for label, tasks in dropped.items():
         if not tasks:
@@ -680,8 +729,9 @@ def _mixture_notes(dropped: Mapping[str, Sequence[str]], uneven: Mapping[str, Ma
         notes.append(
             f"{label}: the tasks' episode counts are not in the same proportion on both sides ({'; '.join(parts)}"
             f"{more}), so {label}'s overall {' and '.join(by_metric)} rows would weight the tasks differently "
-            "and are inconclusive; the per-task rows decide (evaluate the same episodes per task as the reference "
-            "for overall rows that compare)"
+            f"(by more than {MIXTURE_SHARE:g} of the margin at the reference's task rates) and are shown but not "
+            "counted: the verdict follows the per-task rows (evaluate the same episodes per task as the reference "
+            "for overall rows that count)"
         )
     return notes
 
@@ -891,7 +941,9 @@ def compare_evidence(
         return found
 
     rows, extra, dropped, uneven = [], {}, {}, {}
+    shown: dict[str, dict[str, list[tuple[str, int, int]]]] = {}  # the UNEVEN rows' out-of-proportion tasks
     for label, ref_entry in _entries(reference).items():
+        shown[label] = {}
         act_entry, extra[label] = _like_with_like(mine.get(label, {}), ref_entry)
         ref_over, act_over, dropped[label], uneven[label] = _same_mixture(ref_entry, act_entry)
         for metric, ref_value in ref_entry["metrics"].items():
@@ -910,8 +962,15 @@ def compare_evidence(
                 )
                 m = margin_of(label, metric)
                 row = _rate_row(name, ref_side, act_side, DEFAULT_MARGIN if m is None else m, alpha)
-                if metric in uneven[label] and row.actual_counts is not None and row.actual_counts[1]:
+                mixed = uneven[label].get(metric)
+                if (
+                    mixed is not None
+                    and mixed[1] > MIXTURE_SHARE * row.margin
+                    and row.actual_counts is not None
+                    and row.actual_counts[1]
+                ):
                     row = dataclasses.replace(row, verdict="inconclusive", p_differs=None, note=UNEVEN)
+                    shown[label][metric] = mixed[0]
                 rows.append(row)
             else:
                 tol = _declared(mine_declared, label, metric)  # the caller's rate `margin` is no value tolerance
@@ -938,7 +997,7 @@ def compare_evidence(
                         )
                     )
     settings = _setting_notes(actual, reference)
-    notes = seq_notes + _extra_task_notes(extra) + _mixture_notes(dropped, uneven) + settings
+    notes = seq_notes + _extra_task_notes(extra) + _mixture_notes(dropped, shown) + settings
     notes += _pairing_notes(actual, reference, settings)
     notes += _empty_note(rows)
     notes += _power_note(rows, alpha)

@@ -23,7 +23,8 @@ runs, which is all error spending asks. `simulate_sequential` measures the rule:
 episodes against the fixed design at n_max. A run uses it with eval.sequential.enabled
 (reproduction.recipes.recap.policy.evaluate_sequentially): each look compares every rate with the reference
 evidence at its a_k through compare, which calibrates each reproduced row the same way, and the evaluation stops
-once none is inconclusive; its record keeps the level each look's reproduced rows used (`reproduced_levels`).
+once none that counts toward the verdict is inconclusive (`comparison.counts_toward_verdict`); its record keeps
+the level each look's reproduced rows used (`reproduced_levels`).
 `record_level` is the one place that says what level a recorded stop is compared at: the record's rule recomputed
 from its looks and spend (a `level` it does not give is refused), the stopping look's share of the comparison's
 alpha.

@@ -297,15 +297,16 @@ def evaluate_sequentially(
     Look k evaluates the next whole batches of every task of every job (reproduction.sim.evaluate's
     `looks`: the very episodes a fixed evaluation runs, in its order), then compares `evidence_of(results so
     far)` with the reference evidence exactly as the compare stage does, at the look's error-spending level
-    a_k (reproduction.run.sequential; alpha is the reference's, else 0.05): it stops when no rate row is
-    inconclusive, or at the last look. A row reproduced at a_k is judged again at its design's calibrated level
+    a_k (reproduction.run.sequential; alpha is the reference's, else 0.05): it stops when no rate row that counts
+    toward the verdict (`comparison.counts_toward_verdict`: not an uneven overall row) is inconclusive, or at the
+    last look. A row reproduced at a_k is judged again at its design's calibrated level
     a_k* <= a_k (compare's `alpha_calibrated`), whose exact size is <= a_k. Returns the results of the looks run
     and the evidence's "sequential" record (the looks, where and why it stopped, and per look run the level each
     row reproduced at a_k was judged at, `reproduced_levels`); deterministic, so a rerun gives the same bytes."""
     import hashlib
 
     from reproduction.errors import ConfigError
-    from reproduction.run.comparison import Comparison, compare_evidence
+    from reproduction.run.comparison import Comparison, compare_evidence, counts_toward_verdict
     from reproduction.run.evidence import load_evidence
     from reproduction.run.sequential import SequentialRule
     from reproduction.run.stats import DEFAULT_ALPHA, MIN_ALPHA
@@ -331,7 +332,7 @@ def evaluate_sequentially(
     def rate_rows(outcome: list[Any], look: int) -> list[Any]:
         # compare calibrates every row reproduced at a_k (stats.calibrated_alpha, cached per design and level)
         comparison = compare_evidence(evidence_of(outcome), reference, alpha=spend[look])
-        rows = [r for r in comparison.rows if r.kind == "rate"]
+        rows = [r for r in comparison.rows if r.kind == "rate" and counts_toward_verdict(r)]
         used[look] = {
             r.metric: r.alpha_calibrated if r.alpha_calibrated is not None else spend[look]
             for r in rows
