@@ -163,3 +163,79 @@ def test_portable_run_stops_before_any_stage_with_exit_4(tmp_path):
         "datasets[1].path (b30); one model reads both datasets, so its inputs must have one width"
     )
     assert not (out / "returns").exists()
+
+
+def _extra(root: Path, *, state: int, extra: int) -> Path:
+    """A dataset with observation.state of width `state` and a float feature `extra` of width `extra`."""
+    n = 4
+    frames = {
+        "observation.state": np.zeros((n, state), np.float32),
+        "extra": np.zeros((n, extra), np.float32),
+        "action": np.zeros((n, 2), np.float32),
+        "is_success": np.zeros(n, bool),
+    }
+    feats = {k: {"dtype": str(v.dtype), "shape": list(v.shape[1:]) or [1]} for k, v in frames.items()}
+    eps = [EpisodeData(episode_index=e, task="pick", frames=frames) for e in range(2)]
+    return write_dataset(root, eps, fps=10, features=feats)
+
+
+def test_a_state_dims_index_past_the_state_width_is_refused_for_value_and_policy(tmp_path):
+    # audit54 RV4: used to pass preflight and stop the value/policy stage only after the stages before it ran
+    a, b = _dataset(tmp_path / "a10", state=8), _dataset(tmp_path / "b30", state=3)
+    sets = f"[{{path: {a}, type: rollout}}, {{path: {b}, type: rollout}}]"
+    dims = [f"{s}.model.state_keys=[observation.state]" for s in ("value", "policy")]
+    dims += [f"{s}.model.state_dims=[0,7]" for s in ("value", "policy")]
+    msgs = _messages(_problems(tmp_path, sets, *dims))
+    assert msgs == [
+        (
+            f"{s}.model.state_dims: index 7 of [0, 7] is past the 3 components of observation.state (shape [3], "
+            "width 3) in datasets[1].path (b30)",
+            f"keep {s}.model.state_dims below 3, or add the feature holding component 7 to {s}.model.state_keys",
+        )
+        for s in ("value", "policy")
+    ]
+    # indices within every dataset's width: accepted although the widths differ past the picked components
+    ok = [d.replace("[0,7]", "[0,2]") for d in dims]
+    assert _problems(tmp_path, sets, *ok) == []
+    # the value stage not run, the policy's dataset in range: nothing to refuse
+    sets_off = f"[{{path: {a}, type: rollout}}, {{path: {b}, type: rollout, policy: false}}]"
+    assert _problems(tmp_path, sets_off, *dims, stages=["returns", "policy"]) == []
+
+
+def test_state_dims_landing_on_different_features_across_datasets_are_refused(tmp_path):
+    # index 3 is extra[0] where observation.state has width 3 but observation.state[3] where it has width 5
+    a, b = _extra(tmp_path / "a10", state=3, extra=4), _extra(tmp_path / "b30", state=5, extra=2)
+    sets = f"[{{path: {a}, type: rollout}}, {{path: {b}, type: rollout}}]"
+    keys = "value.model.state_keys=[observation.state, extra]"
+    (msg,) = _messages(_problems(tmp_path, sets, keys, "value.model.state_dims=[0,3]", stages=["value"]))
+    assert msg[0] == (
+        "value.model.state_keys: observation.state is shape [3] in datasets[0].path (a10) but shape [5] in "
+        "datasets[1].path (b30); one model reads both datasets, so its inputs must have one width"
+    )
+    # picks inside the first feature of both: the same components, accepted
+    assert _problems(tmp_path, sets, keys, "value.model.state_dims=[0,2]", stages=["value"]) == []
+    # the picks' features of one width, the last feature's width differing: accepted
+    c = _extra(tmp_path / "c20", state=3, extra=6)
+    sets_c = f"[{{path: {a}, type: rollout}}, {{path: {c}, type: rollout}}]"
+    assert _problems(tmp_path, sets_c, keys, "value.model.state_dims=[0,3,6]", stages=["value"]) == []
+
+
+def test_portable_run_refuses_an_out_of_range_state_dims_with_exit_4(tmp_path):
+    a = _dataset(tmp_path / "a10", state=3)
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "reproduction.portable", "run", "--output", str(out), "--stages", "returns,value"]
+        + [f"datasets=[{{path: {a}, type: rollout}}]", "value.model.state_keys=[observation.state]"]
+        + ["value.model.state_dims=[0,7]", "value.model.cameras={base_0_rgb: observation.images.none}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)},
+    )
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr.splitlines()[:2] == [
+        "error: value.model.state_dims: index 7 of [0, 7] is past the 3 components of observation.state (shape [3], "
+        "width 3) in datasets[0].path (a10)",
+        "hint: keep value.model.state_dims below 3, or add the feature holding component 7 to value.model.state_keys",
+    ]
+    assert not (out / "returns").exists()

@@ -390,7 +390,9 @@ def feature_problems(config: Any, read: list[tuple[str, Any, Any]], stages: list
     observation.images.image on a dataset whose camera is named otherwise, would train an image-less model
     without a word). Datasets without any image feature keep the absent-camera rule (state-only data: no image
     either way), and NO_CAMERA_KEY (the no-image idiom) is always accepted. A feature a dataset lacks is left to
-    the missing-feature checks."""
+    the missing-feature checks. With state_dims set (audit54 RV4): an index past a dataset's state width, and
+    datasets where the picked indices land on different features (widths differing up to the last feature a pick
+    lies in); widths after that may differ. Negative and repeated indices are refused when the config loads."""
     from reproduction.errors import ConfigError
 
     problems: list[Any] = []
@@ -427,9 +429,23 @@ def feature_problems(config: Any, read: list[tuple[str, Any, Any]], stages: list
                 )
                 continue
             shapes = [(k, feats[k].get("shape") or [1]) for k in keys]
-            if dims is not None or len(keys) < len(keys_of(ds)) or any(_width(sh) is None for _k, sh in shapes):
-                continue  # state_dims picks components by index; a missing feature is reported on its own
+            if len(keys) < len(keys_of(ds)) or any(_width(sh) is None for _k, sh in shapes):
+                continue  # a missing feature is reported on its own, an unreadable shape by the reader
             named = f"{where} ({ds.name})"
+            if dims is not None:  # audit54 RV4: each index must pick the same component in every dataset
+                widths = [_width(sh) or 0 for _k, sh in shapes]
+                if max(dims) >= sum(widths):
+                    problems.append(_dims_problem(field, list(dims), named, shapes))
+                    break
+                if first is None:
+                    first = (named, shapes)
+                    continue
+                other = [_width(sh) or 0 for _k, sh in first[1]]
+                if [_picked(widths, d) for d in dims] != [_picked(other, d) for d in dims]:
+                    upto = max(_picked(widths, max(dims))[0], _picked(other, max(dims))[0]) + 1
+                    problems.append(_width_problem(field, (first[0], first[1][:upto]), (named, shapes[:upto])))
+                    break
+                continue
             if first is None:
                 first = (named, shapes)
             elif [(k, _width(sh)) for k, sh in shapes] != [(k, _width(sh)) for k, sh in first[1]]:
@@ -457,6 +473,32 @@ def feature_problems(config: Any, read: list[tuple[str, Any, Any]], stages: list
             )
         )
     return problems
+
+
+def _picked(widths: list[int], index: int) -> tuple[int, int]:
+    """(feature position, component within it) of component `index` of a state of features of `widths`
+    concatenated (index < sum(widths))."""
+    start = 0
+    for i, w in enumerate(widths):
+        if index < start + w:
+            return i, index - start
+        start += w
+    return len(widths) - 1, index - start
+
+
+def _dims_problem(field: str, dims: list[int], named: str, shapes: list[tuple[str, Any]]) -> Any:
+    """The ConfigError for a state_dims index past the components the state_keys features of dataset `named` have
+    (the stage would only find it after the stages before it ran)."""
+    from reproduction.errors import ConfigError
+
+    key = field.replace("state_keys", "state_dims")
+    total = sum(_width(sh) or 0 for _k, sh in shapes)
+    feats = " + ".join(f"{k} (shape {sh}, width {_width(sh)})" for k, sh in shapes)
+    return ConfigError(
+        f"{key}: index {max(dims)} of {dims} is past the {total} components of {feats} in {named}",
+        field=key,
+        hint=f"keep {key} below {total}, or add the feature holding component {max(dims)} to {field}",
+    )
 
 
 def _width_problem(field: str, a: tuple[str, list[tuple[str, Any]]], b: tuple[str, list[tuple[str, Any]]]) -> Any:
