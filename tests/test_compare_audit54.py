@@ -13,7 +13,7 @@ from evidence_fixtures import control_plane_cli as portable
 from evidence_fixtures import write_json as _write
 
 from reproduction.errors import InvalidInputError
-from reproduction.run.comparison import NOT_COUNTED, UNEVEN, compare_evidence
+from reproduction.run.comparison import NOT_COUNTED, UNEVEN, Comparison, compare_evidence
 from reproduction.run.evidence import EvalRecord, build_evidence
 from reproduction.run.evidence_check import check_evidence
 
@@ -61,7 +61,7 @@ def test_uneven_task_counts_make_the_overall_rows_not_counted_with_a_note(tmp_pa
     assert c.shown_verdicts()[:2] == [NOT_COUNTED] * 2
     assert c.verdict == "inconclusive"
     assert c.counts()["inconclusive"] == sum(r.verdict == "inconclusive" for r in c.rows) - 2
-    assert ", 2 shown but not counted of 6 metrics)" in c.verdict_text()
+    assert " of 6 metrics; 2 shown but not counted (uneven task mix))" in c.verdict_text()
     (note,) = [n for n in c.notes if "same proportion" in n]
     (a_ref, a_act), (b_ref, b_act) = (REF["A"][1], act["A"][1]), (REF["B"][1], act["B"][1])
     assert note.startswith(
@@ -130,9 +130,83 @@ def test_uneven_counts_with_one_task_differing_differs(tmp_path):
     assert [r.note for r in c.rows[:2]] == [UNEVEN] * 2
     assert [r.verdict for r in c.rows[2:]] == ["reproduced", "reproduced", "differs", "differs"]
     assert c.verdict == "differs" and c.held_differs() == {"recap/B/success_once", "recap/B/success_at_end"}
-    assert c.verdict_text() == "differs (2 differ, 0 inconclusive, 2 shown but not counted of 6 metrics)"
+    assert (
+        c.verdict_text() == "differs (2 differ, 0 inconclusive of 6 metrics; 2 shown but not counted (uneven task mix))"
+    )
     out = portable("compare", _write(tmp_path / "ref.json", ref), _write(tmp_path / "act.json", act))
     assert out.returncode == 60, out.stdout + out.stderr
+    assert out.stdout.rstrip().endswith(": " + c.verdict_text())
+    banner = _banner(c)
+    assert banner == (
+        "Differs: 2 of 6 metrics differ from the reference evidence <code>ref</code> by more than their margins; "
+        "2 shown but not counted (uneven task mix)."
+    )
+
+
+def _banner(c) -> str:
+    """report.html's verdict banner for comparison `c`, whitespace folded."""
+    import re
+
+    from reproduction.run.report import render_report_html
+
+    html = render_report_html(title="t", run_id="r", comparison=c)
+    (div,) = re.findall(r'<div id="verdict"[^>]*>(.*?)</div>', html, re.S)
+    return " ".join(div.split())
+
+
+def test_every_summary_of_a_reproduced_uneven_comparison_names_the_rows_not_counted(tmp_path):
+    """Review RV1: report.html said "all 6 metrics equivalent" and the closing line a bare `reproduced` while 2 of
+    the 6 rows (63.3% vs 50.0%, beyond the margin) were shown but not counted."""
+    ref = _evidence(UNEQUAL_REF, "ref")
+    act = _evidence({"A": (900, 1000), "B": (100, 1000)}, "act", seed=2)
+    c = compare_evidence(act, ref)
+    assert c.counts() == {"differs": 0, "differs_alone": 0, "inconclusive": 0, "reproduced": 4, "metrics": 6}
+    text = "reproduced (4 metrics equivalent; 2 shown but not counted (uneven task mix))"
+    assert c.verdict_text() == text
+    assert _banner(c) == (
+        "Reproduced: 4 metrics equivalent to the reference evidence <code>ref</code> within their margins; 2 shown "
+        "but not counted (uneven task mix)."
+    )
+    out = portable("compare", _write(tmp_path / "ref.json", ref), _write(tmp_path / "act.json", act))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.rstrip().splitlines()[-1] == (
+        f"every policy vs the reference's of the same label (this run's primary: act; the reference's: ref): {text}"
+    )
+
+
+def test_a_comparison_with_every_row_counted_keeps_its_summaries():
+    """Equal or proportional counts: no row is marked, the closing line and banner read as before RV1."""
+    c = compare_evidence(_evidence({"A": (45, 50), "B": (5, 50)}, "act", seed=2), _evidence(REF, "ref"))
+    assert c.not_counted_aside() == ""
+    assert all("counted" not in row for row in c.to_dict()["rows"])
+    if c.verdict == "reproduced":
+        assert c.verdict_text() == "reproduced"
+        assert _banner(c).startswith(f"Reproduced: all {len(c.rows)} metrics equivalent")
+    else:
+        assert "shown but not counted" not in c.verdict_text() + _banner(c)
+
+
+def test_rows_not_counted_carry_an_explicit_field_read_back_before_the_note(tmp_path):
+    """Review RV5: such a row was known only by its note's exact wording. It now writes `"counted": false` (only
+    on such rows), `--json` carries it, and the verdict read back from comparison.json follows the field."""
+    ref = _evidence(UNEQUAL_REF, "ref")
+    act = _evidence({"A": (900, 1000), "B": (100, 1000)}, "act", seed=2)
+    doc = compare_evidence(act, ref).to_dict()
+    assert [row.get("counted", "absent") for row in doc["rows"]] == [False, False] + ["absent"] * 4
+    out = portable("compare", _write(tmp_path / "ref.json", ref), _write(tmp_path / "act.json", act), "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert [row.get("counted", "absent") for row in json.loads(out.stdout)["rows"]][:3] == [False, False, "absent"]
+    reworded = json.loads(json.dumps(doc))
+    for row in reworded["rows"][:2]:
+        row["note"] = "not counted: worded otherwise"
+    back = Comparison.from_dict(reworded)
+    assert back.verdict == "reproduced" and [r.counted for r in back.rows[:3]] == [False, False, True]
+    # comparison.json of this stop's earlier code (no field): the note still tells
+    old = json.loads(json.dumps(doc))
+    for row in old["rows"]:
+        row.pop("counted", None)
+    assert Comparison.from_dict(old).verdict == "reproduced"
+    assert Comparison.from_dict(old).to_dict() == doc
 
 
 @pytest.mark.parametrize("b_episodes", [0, 20])

@@ -52,6 +52,9 @@ UNEVEN = (
 its two pooled rates weight the tasks too differently to compare (audit54 B4, review R1)."""
 NOT_COUNTED = "not counted (uneven task mix)"
 """How a table shows an `UNEVEN` row: its verdict is `inconclusive`, but the overall verdict does not wait on it."""
+NOT_COUNTED_ASIDE = "; {n} shown but not counted (uneven task mix)"
+"""What every summary (the closing line, the run's compare summary, report.html's banner) appends when rows are
+shown but not counted, so none of them reads as if all metrics were counted (audit54 review RV1)."""
 MIXTURE_SHARE = 0.1
 """The largest mixture bias, as a share of a row's margin, at which an overall rate row is still tested pooled.
 
@@ -104,6 +107,10 @@ class MetricComparison:
     """Rates reproduced at alpha: the calibrated level alpha* <= alpha at which the verdict and the interval shown are
     computed (`stats.calibrated_alpha`: the largest level whose exact size at this row's design is <= alpha); None on
     other rows, whose interval is at alpha."""
+    counted: bool = True
+    """False on an `UNEVEN` overall rate row, shown but not counted toward the verdict (`counts_toward_verdict`).
+    Written to comparison.json as `"counted": false` on such rows only (absent means counted), so readers need not
+    match the note's wording and every other file keeps its bytes (audit54 review RV5)."""
 
     @property
     def difference(self) -> float | None:
@@ -120,7 +127,7 @@ class MetricComparison:
         return f"[{self.low:+.3f}, {self.high:+.3f}]"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        row = {
             "metric": self.metric,
             "kind": self.kind,
             "reference": self.reference,
@@ -139,6 +146,9 @@ class MetricComparison:
             "p_differs": self.p_differs,
             "alpha_calibrated": self.alpha_calibrated,
         }
+        if not self.counted:
+            row["counted"] = False
+        return row
 
     @classmethod
     def from_dict(cls, row: Mapping[str, Any]) -> MetricComparison:
@@ -175,14 +185,16 @@ class MetricComparison:
             note=row.get("note", ""),
             p_differs=row.get("p_differs"),
             alpha_calibrated=row.get("alpha_calibrated"),
+            # files written before the field (this stop's earlier code) are known by the note alone
+            counted=bool(row.get("counted", row.get("note", "") != UNEVEN)),
         )
 
 
 def counts_toward_verdict(row: MetricComparison) -> bool:
     """Whether `row` counts toward the overall verdict: every row but an `UNEVEN` overall rate row, which is shown
     (its pooled rates would weight the tasks differently) while its policy's per-task rows decide. A sequential
-    evaluation waits only on the rows that count."""
-    return row.note != UNEVEN
+    evaluation waits only on the rows that count. Read from the row's `counted` field, not its note's wording."""
+    return row.counted
 
 
 def overall_verdict(verdicts: Sequence[str]) -> str:
@@ -281,7 +293,8 @@ class Comparison:
         """{"differs": rows held to differ (`held_differs`), "differs_alone": rows that differ alone but not after
         Holm, "inconclusive", "reproduced", "metrics": all rows}: the counts every summary of this comparison
         states (the closing line, the run's compare summary, report.html's banner), so they agree with `verdict`.
-        A row that does not count toward the verdict (`counts_toward_verdict`) is among "metrics" only."""
+        A row that does not count toward the verdict (`counts_toward_verdict`) is among "metrics" only; each
+        summary names those rows with `not_counted_aside()`."""
         held = self.held_differs()
         differs = sum(r.verdict == "differs" for r in self.rows)
         return {
@@ -292,21 +305,25 @@ class Comparison:
             "metrics": len(self.rows),
         }
 
+    def not_counted_aside(self) -> str:
+        """`NOT_COUNTED_ASIDE` for this comparison's rows shown but not counted, or "" when every row counts."""
+        n = sum(not counts_toward_verdict(r) for r in self.rows)
+        return NOT_COUNTED_ASIDE.format(n=n) if n else ""
+
     def verdict_text(self) -> str:
         """The verdict with its counts: "reproduced", or e.g. "differs (4 differ, 0 inconclusive of 32 metrics)";
         rows that differ alone but not after Holm are counted apart ("..., 4 differ alone but not after Holm, ...")
-        and never among those that differ."""
+        and never among those that differ. Rows shown but not counted are always named, with `NOT_COUNTED_ASIDE`:
+        "reproduced (4 metrics equivalent; 2 shown but not counted (uneven task mix))", "differs (2 differ,
+        0 inconclusive of 6 metrics; 2 shown but not counted (uneven task mix))" (audit54 review RV1)."""
         verdict = self.verdict
-        if verdict == "reproduced":
-            return verdict
         c = self.counts()
+        aside = self.not_counted_aside()
+        if verdict == "reproduced":
+            return f"{verdict} ({c['reproduced']} metrics equivalent{aside})" if aside else verdict
         alone = f"{c['differs_alone']} differ alone but not after Holm, " if c["differs_alone"] else ""
-        shown = sum(not counts_toward_verdict(r) for r in self.rows)
-        aside = f", {shown} shown but not counted" if shown else ""
-        return (
-            f"{verdict} ({c['differs']} differ, {alone}{c['inconclusive']} inconclusive{aside} of {c['metrics']} "
-            "metrics)"
-        )
+        counted = f"{c['inconclusive']} inconclusive of {c['metrics']} metrics"
+        return f"{verdict} ({c['differs']} differ, {alone}{counted}{aside})"
 
     @property
     def verdict(self) -> str:
@@ -969,7 +986,7 @@ def compare_evidence(
                     and row.actual_counts is not None
                     and row.actual_counts[1]
                 ):
-                    row = dataclasses.replace(row, verdict="inconclusive", p_differs=None, note=UNEVEN)
+                    row = dataclasses.replace(row, verdict="inconclusive", p_differs=None, note=UNEVEN, counted=False)
                     shown[label][metric] = mixed[0]
                 rows.append(row)
             else:
