@@ -119,7 +119,10 @@ def test_an_interrupted_continuation_that_changed_nothing_keeps_the_complete_rec
     code, err = cli(run, "--resume", "--target-step", "6")
     assert code == 130, err
     assert _record(run) == before
-    assert cli(run, "--resume")[0] == 0  # skipped as complete; --target-step 6 would train on
+    monkeypatch.undo()
+    code, err = cli(run, "--resume")  # the stopped --target-step 6 is continued to 6 (audit54 review RV2)
+    assert code == 0, err
+    assert _record(run)["status"] == "complete" and _record(run)["step"] == 6
 
 
 def test_a_signal_inside_the_write_that_completes_a_stage_is_answered_after_it(tmp_path, cli, monkeypatch):

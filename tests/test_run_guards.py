@@ -240,7 +240,11 @@ def test_a_failed_target_step_leaves_the_complete_record_as_it_was(tmp_path):
     with pytest.raises(PortableError, match="damaged"):
         _run(run, ToyConfig(count=ToySection(repeat=4)), recipe=TRAINED, target_step=99)
     assert read_state(run)["stages"]["count"] == before
-    assert _run(run, ToyConfig(count=ToySection(repeat=4)), recipe=TRAINED, resume=True) == [("count", "skipped")]
+    with pytest.raises(PortableError, match="damaged"):  # a plain --resume asks for 99 again (audit54 review RV2)
+        _run(run, ToyConfig(count=ToySection(repeat=4)), recipe=TRAINED, resume=True)
+    assert read_state(run)["stages"]["count"] == before and read_state(run)["target_step"]["step"] == 99
+    got = _run(run, ToyConfig(count=ToySection(repeat=4)), recipe=TRAINED, resume=True, target_step=4)
+    assert got == [("count", "skipped")] and "target_step" not in read_state(run)  # an explicit target drops it
 
 
 def test_a_target_step_at_or_below_the_steps_trained_says_so_and_trains_nothing(tmp_path, capsys):

@@ -342,7 +342,7 @@ def test_a_kill_between_the_stages_resumes_the_second_to_the_target(tmp_path, mo
     assert "train2" not in state["stages"] and state["stages"]["train"]["step"] == 6
     capsys.readouterr()
     run_recipe(TWO, Cfg2(), run, _opts(resume=True))
-    assert KILLED.format("train, train2", 6) in capsys.readouterr().err
+    assert KILLED.format("train2", 6) in capsys.readouterr().err  # train, at 6 already, is skipped (RV2 b)
     assert _same_as_uninterrupted(tmp_path, run) == {"train": 6, "train2": 6}
 
 
@@ -363,4 +363,83 @@ def test_only_the_stages_the_killed_invocation_selected_inherit_its_target(tmp_p
     for rel in ("train/weights.json", "train2/weights.json"):
         assert (run / rel).read_bytes() == (whole / rel).read_bytes(), rel
     assert {n: r["step"] for n, r in read_state(run)["stages"].items()} == {"train": 6, "train2": 3}
+    assert "target_step" not in read_state(run)
+
+
+# -- review RV2, RV3: complete stages below an inherited target; the line names what this invocation trains -----------
+
+
+def test_a_failed_continuation_of_a_complete_stage_is_continued_to_its_target(tmp_path, capsys):
+    """`--resume --target-step 6` on a run complete at 3 fails at step 4 before its outputs change (the record stays
+    `complete`): a plain --resume trains it on to 6, bytes as the uninterrupted invocation's, then clears the field."""
+    run = tmp_path / "run"
+    run_recipe(RECIPE, Cfg(), run, _opts())
+    (tmp_path / "die_at").write_text("4")
+    with pytest.raises(RuntimeError, match="stopped after step 4"):
+        run_recipe(RECIPE, Cfg(), run, _opts(target_step=6, resume=True))
+    state = read_state(run)
+    assert (state["stages"]["train"]["status"], state["stages"]["train"]["step"]) == ("complete", 3)
+    assert state["target_step"] == {"step": 6, "stages": ["train", "evalx"]}
+    capsys.readouterr()
+    report = run_recipe(RECIPE, Cfg(), run, _opts(resume=True))
+    assert {s.name: s.action for s in report.stages} == {"train": "continued", "evalx": "ran"}
+    assert capsys.readouterr().err == KILLED.format("train", 6).replace("killed", "stopped")
+    state = read_state(run)
+    assert state["stages"]["train"]["step"] == 6 and "target_step" not in state
+    whole = _uninterrupted(tmp_path, 6)
+    for rel in ("train/weights.json", "evalx/eval.json"):
+        assert (run / rel).read_bytes() == (whole / rel).read_bytes(), rel
+    assert verify_lineage(run).exit_code == 0
+
+
+def _independent() -> Recipe:
+    other = StageSpec(
+        name="other",
+        fn=f"{__name__}:train",
+        config=("train2",),
+        training="train2.steps",
+        outputs=("weights.json",),
+        inputs=False,
+    )
+    return Recipe(name="indep", stages=(RECIPE.stages[0], other))
+
+
+def test_a_complete_stage_not_downstream_of_the_killed_one_is_trained_to_the_target(tmp_path, monkeypatch, capsys):
+    """Two independent training stages complete at 3; `--resume --target-step 6` killed in the first: the plain
+    --resume trains both to 6 (the second was skipped at 3 and the target dropped), as the uninterrupted one does."""
+    recipe, run, whole = _independent(), tmp_path / "run", tmp_path / "whole"
+    run_recipe(recipe, Cfg2(), run, _opts())
+    (tmp_path / "die_at").write_text("4")
+    monkeypatch.setattr(runner, "_record_stop", lambda *a, **k: None)
+    with pytest.raises(RuntimeError, match="stopped after step 4"):
+        run_recipe(recipe, Cfg2(), run, _opts(target_step=6, resume=True))
+    monkeypatch.undo()
+    capsys.readouterr()
+    report = run_recipe(recipe, Cfg2(), run, _opts(resume=True))
+    assert {s.name: s.action for s in report.stages} == {"train": "continued", "other": "continued"}
+    assert capsys.readouterr().err == KILLED.format("train, other", 6)
+    run_recipe(recipe, Cfg2(), whole, _opts())
+    run_recipe(recipe, Cfg2(), whole, _opts(target_step=6, resume=True))
+    for rel in ("train/weights.json", "other/weights.json"):
+        assert (run / rel).read_bytes() == (whole / rel).read_bytes(), rel
+    assert {n: r["step"] for n, r in read_state(run)["stages"].items()} == {"train": 6, "other": 6}
+    assert "target_step" not in read_state(run)
+
+
+def test_the_inherited_target_line_names_only_the_stages_this_resume_trains(tmp_path, monkeypatch, capsys):
+    """`--target-step 6` killed in train, then `--resume --stages train`: the line names train alone (train2 is not
+    selected now and keeps the target in run.json for a later --resume)."""
+    run = tmp_path / "run"
+    (tmp_path / "die_at").write_text("4")
+    monkeypatch.setattr(runner, "_record_stop", lambda *a, **k: None)
+    with pytest.raises(RuntimeError):
+        run_recipe(TWO, Cfg2(), run, _opts(target_step=6))
+    monkeypatch.undo()
+    capsys.readouterr()
+    run_recipe(TWO, Cfg2(), run, _opts(resume=True, stages=["train"]))
+    assert capsys.readouterr().err == KILLED.format("train", 6)
+    assert read_state(run)["target_step"] == {"step": 6, "stages": ["train2"]}
+    run_recipe(TWO, Cfg2(), run, _opts(resume=True))
+    assert capsys.readouterr().err == KILLED.format("train2", 6)
+    assert _same_as_uninterrupted(tmp_path, run) == {"train": 6, "train2": 6}
     assert "target_step" not in read_state(run)

@@ -20,7 +20,8 @@ one whose key changed is refused with the differing parts named, unless the chan
 upstream stages (redone in this invocation or an earlier one: then it is redone). `restart` redoes the named
 stages and every stage downstream of them. An invocation given `--target-step N` records run.json's
 `target_step` ({"step": N, "stages": the stages it selected}) with its first `running` record and drops it when it
-completes: a plain `--resume` of one that stopped trains each of those stages to N, as it would have.
+completes: a plain `--resume` of one that stopped trains each of those stages it runs to N (complete ones below
+N too), as it would have.
 run.json is written atomically after every state change, so a kill leaves a consistent record.
 """
 
@@ -652,13 +653,17 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests, walk.free, walk.digests)
     key = digest(parts)
     rec = state["stages"].get(spec.name)
+    inherited = _target_step(walk, spec, rec)
+    # a complete stage below the inherited target is continued to it, as the stopped --target-step would have
+    # (a continuation that failed before its outputs changed keeps the record `complete`: audit54 review RV2)
+    decide_opts = opts if inherited is None else dataclasses.replace(opts, target_step=_decide_target(rec, inherited))
     action = decide(
         spec,
         rec,
         key,
         parts,
         stage_dir,
-        opts,
+        decide_opts,
         walk.plain,
         walk.recorded_config,
         walk.free,
@@ -681,7 +686,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
             )
         _rewrite_lost_statement(walk, spec, rec)
         return StageReport(name=spec.name, action="skipped", seconds=0.0, output=_output_from_record(stage_dir, rec))
-    if action == "continue" and rec.get("status") == "complete" and opts.target_step is None:
+    if action == "continue" and rec.get("status") == "complete" and decide_opts.target_step is None:
         from reproduction.ui import say
 
         say(
@@ -691,9 +696,8 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         )
     if action == "fresh":
         _clear_stage(run_dir, state, spec.name, rec, restarted=spec.name in opts.restart or spec.name in walk.restarted)
-    inherited = _target_step(walk, spec, rec)
-    if rec is not None and rec.get("status") == "complete" and action != "fresh":
-        inherited = None  # a complete stage is trained on only by a count raised (a stopped --target-step keeps it)
+    if rec is not None and rec.get("status") == "complete" and action != "fresh" and decide_opts.target_step is None:
+        inherited = None  # at or above the target: trained on only by a count raised
     if inherited is not None:
         opts = dataclasses.replace(opts, target_step=inherited)
     target = opts.target_step if spec.training else None
@@ -794,8 +798,8 @@ def _inherited_target(state: dict[str, Any], opts: RunOptions) -> dict[str, Any]
 
 
 def _target_step(walk: _Walk, spec: StageSpec, rec: dict[str, Any] | None) -> int | None:
-    """The --target-step a plain --resume inherits for training stage `spec` (used when it is not complete or is redone
-    afresh: a complete stage whose continuation stopped keeps its record and is skipped, as before): run.json's
+    """The --target-step a plain --resume inherits for training stage `spec` (a complete stage below it is continued
+    to it, `_decide_target`: a continuation that stopped before its outputs changed left it complete, RV2): run.json's
     `target_step.step` when the stopped invocation selected the stage, else, for a run.json written before that field
     (stop 54, audit54 A6), the stage record's own `target_step` when it stopped unfinished; None otherwise (this
     invocation's own --target-step, or the config's step count). Without it a plain --resume of a killed
@@ -810,6 +814,14 @@ def _target_step(walk: _Walk, spec: StageSpec, rec: dict[str, Any] | None) -> in
     return int(rec["target_step"])  # its shape: record.check_state
 
 
+def _decide_target(rec: dict[str, Any] | None, inherited: int) -> int | None:
+    """The --target-step `decide` weighs for a stage with an inherited target: the target while the stage's record is
+    below it (a complete one is then continued to it), None once it reached it, so a complete stage at or above it
+    is skipped or trained on by a raised count as a plain --resume always did, not refused or cut back."""
+    step = rec.get("step") if isinstance(rec, dict) else None
+    return inherited if not (isinstance(step, int) and step >= inherited) else None
+
+
 def _announce_inherited(walk: _Walk, spec: StageSpec, step: int) -> None:
     """One line, once per invocation, before the first stage it trains to an inherited --target-step `step`: the
     training stages the stopped invocation selected (or, from an older run.json, `spec` alone)."""
@@ -817,12 +829,20 @@ def _announce_inherited(walk: _Walk, spec: StageSpec, step: int) -> None:
 
     walk.announced = True
     names = walk.inherited["stages"] if walk.inherited is not None else [spec.name]
-    training = [s.name for s in walk.recipe.stages if s.name in names and s.training]
     recorded = walk.state["stages"]
-    failed = any(isinstance(recorded.get(n), dict) and recorded[n].get("status") == "failed" for n in training)
+
+    def trains(name: str) -> bool:  # selected now, and not complete at or above the target (skipped then)
+        rec = recorded.get(name)
+        done = isinstance(rec, dict) and rec.get("status") == "complete" and _decide_target(rec, step) is None
+        return name == spec.name or (name in walk.chosen and not done)
+
+    training = [s.name for s in walk.recipe.stages if s.name in names and s.training and trains(s.name)]
+    status = {recorded[n].get("status") for n in training if isinstance(recorded.get(n), dict)}
+    # a continuation of a complete stage that failed before its outputs changed leaves it `complete`: "stopped"
+    how = "failed" if "failed" in status else "killed" if status - {"complete"} or not status else "stopped"
     say(
-        f"--resume: training {', '.join(training)} to --target-step {step}, as the "
-        f"{'failed' if failed else 'killed'} run asked (pass --target-step to ask for another)",
+        f"--resume: training {', '.join(training)} to --target-step {step}, as the {how} run asked "
+        "(pass --target-step to ask for another)",
         options=walk.opts.ui,
     )
 
