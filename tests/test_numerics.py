@@ -241,3 +241,31 @@ def test_check_keeps_the_probe_answer_per_interpreter_torch_kernels_and_cpu(tmp_
     assert check(MKL_CBWR="COMPATIBLE").details["cached"] is False  # other kernels: measured again
     assert run.keys().count("probe:cpu-numerics") == 2
     assert len(list((tmp_path / "cache" / "numerics").glob("*.json"))) == 2
+
+
+@pytest.mark.parametrize(
+    ("verdict", "blamed"),
+    [
+        ("reproduced", False),
+        ("reproduced (4 metrics equivalent; 2 shown but not counted (uneven task mix))", False),
+        ("differs (2 differ, 0 inconclusive of 6 metrics)", True),
+    ],
+)
+def test_the_demo_reads_a_reproduced_verdict_that_carries_its_counts_as_reproduced(tmp_path, verdict, blamed):
+    """audit54 review3 RW3: a compare summary "reproduced (4 metrics equivalent; 2 shown but not counted ...)" was
+    taken for a difference, and the demo printed its CPU-bits note under a reproduced result."""
+    import json
+
+    from reproduction.recipes.recap import demo
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (tmp_path / "check.json").write_text(
+        json.dumps({"results": [{"name": "host.cpu_numerics", "details": {"digest": "1" * 16, "reference": "0" * 16}}]})
+    )
+    state = {"stages": {"compare": {"summary": {"verdict": verdict}}}}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("reproduction.run.compare_cmd.run_results_lines", lambda run_dir, table=True: ["rates"])
+        mp.setattr("reproduction.run.runner.read_state", lambda run_dir: state)
+        lines = demo._results_lines(run)
+    assert any("computes other bits" in line for line in lines) is blamed

@@ -406,7 +406,8 @@ def _results_lines(run_dir: Path) -> list[str]:
 
     lines = run_results_lines(run_dir, table=True)
     verdict = ((read_state(run_dir) or {}).get("stages", {}).get("compare", {}).get("summary") or {}).get("verdict")
-    differs = verdict and verdict != "reproduced"
+    # the summary's verdict is the closing line's text: "reproduced" may carry its counts (rows shown but not counted)
+    differs = isinstance(verdict, str) and verdict.split(" ", 1)[0] != "reproduced"
     return lines + (numerics_lines(run_dir.parent / "check.json") if differs else [])
 
 
