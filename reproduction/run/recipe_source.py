@@ -51,6 +51,11 @@ def _layer_copy(module: str, layers: list[Path], *, package: bool | None) -> Pat
     return None
 
 
+def _layer_root(shipped: Path, module: str) -> Path:
+    """The source layer folder holding `shipped`, the layer's file of `module`: the folder to put on PYTHONPATH."""
+    return shipped.parents[module.count(".") + (shipped.name == "__init__.py")]
+
+
 def _find(fullname: str, path: list[str] | None) -> Any:
     """The spec sys.meta_path's finders give `fullname` searched in `path` (a parent's search locations), as an
     import would find it, but without importing (executing) any parent package; None when none finds it."""
@@ -117,7 +122,7 @@ def check_recipe_source(name: str | None, bundle: Path | None) -> dict[str, str]
         shipped = _layer_copy(module, layers, package=None)
         if shipped is None:
             return None
-        folder = shipped.parents[module.count(".") + (shipped.name == "__init__.py")]
+        folder = _layer_root(shipped, module)
         raise ConfigError(
             f"recipe: {name!r} cannot be imported, but the bundle ships it in its source layer ({shipped})",
             field="recipe",
@@ -128,11 +133,8 @@ def check_recipe_source(name: str | None, bundle: Path | None) -> dict[str, str]
         return None
     shipped = _layer_copy(module, layers, package=origin.name == "__init__.py")
     if shipped is not None:
-        folder = shipped.parents[module.count(".") + (shipped.name == "__init__.py")]
-        _compare(name, origin, shipped, folder, unit)
-    origin = origin.resolve()
-    sha = sha256_file(origin)
-    return {"module": module, "path": str(origin), "sha256": sha}
+        _compare(name, origin, shipped, _layer_root(shipped, module), unit)
+    return {"module": module, "path": str(origin.resolve()), "sha256": sha256_file(origin)}
 
 
 def _compare(name: str, origin: Path, shipped: Path, folder: Path, unit: tuple[str, ...]) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import posixpath
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -254,9 +254,8 @@ def check_state(doc: Any, path: Path, format_version: int) -> dict[str, Any]:
     return doc
 
 
-def make_recorder(bundle: Path | None, extra_inputs: Sequence[Any] = ()) -> Callable[[Any], None] | None:
-    """A recorder writing <run>/lineage/<stage>.intoto.json per stage, or None without the lineage module;
-    `extra_inputs` (lineage Artifacts: the recipe module the run imported) are materials of every stage."""
+def make_recorder(bundle: Path | None) -> Callable[[Any], None] | None:
+    """A recorder writing <run>/lineage/<stage>.intoto.json per stage, or None without the lineage module."""
     try:
         from reproduction.run import lineage
     except ImportError:
@@ -271,7 +270,6 @@ def make_recorder(bundle: Path | None, extra_inputs: Sequence[Any] = ()) -> Call
         # The bundle manifest and its runtime/source layer archives (digests from bundle.json, which restore
         # verified): every stage ran that code on that runtime.
         inputs = list(lineage.bundle_inputs(Path(bundle))) if bundle is not None else []
-        inputs += list(extra_inputs)
         for item in rec.inputs.values():  # an opened input's folder (.root) or file (.path): what it was read from
             root = getattr(item, "root", None) or getattr(item, "path", None)
             if root is not None and Path(root).exists():

@@ -12,6 +12,7 @@ calls the stage's library function; none parses arguments or renders errors.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -272,6 +273,7 @@ def preflight(
             ConfigError("datasets: the run names no dataset", field="datasets", hint="add datasets: [{path: ...}]")
         )
     names: dict[str, str] = {}
+    clashed: set[str] = set()  # datasets[i] whose folder name an earlier one has: told once, here
     read: list[tuple[str, Any, Any]] = []  # (datasets[i].path, entry, opened dataset): what feature_problems reads
     for i, entry in enumerate(config.datasets):
         key = f"datasets[{i}]"
@@ -284,6 +286,7 @@ def preflight(
             problems.append(
                 ConfigError(f"{key}.path: folder name {path.name!r} is also {names[path.name]}'s", field=key)
             )
+            clashed.add(key)
         names[path.name] = key
         if not path.exists():
             problems.append(
@@ -331,8 +334,8 @@ def preflight(
         problems.append(ConfigError("datasets: no dataset has value: true; the value model would train on nothing"))
     from reproduction.data.duplicates import duplicate_dataset_problems  # audit54 D6: one dataset listed twice
 
-    told = " ".join(str(p) for p in problems)  # one folder listed twice is told once, by its name clash above
-    problems += [p for p in duplicate_dataset_problems(config.datasets, opened) if f"{p.field}:" not in told]
+    twice = duplicate_dataset_problems(config.datasets, opened)
+    problems += [p for p in twice if p.field.removesuffix(".path") not in clashed]  # a name clash told it
     for section, model in (("value", config.value.model), ("policy", config.policy.model)):
         for name in ("tokenizer", "pretrained_manifest", "weights_dir", "norm_stats"):
             value = getattr(model, name, None)
@@ -375,10 +378,7 @@ def _width(shape: Any) -> int | None:
     reader names that one; this check only compares widths it can read)."""
     if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
         return None
-    width = 1
-    for n in shape:
-        width *= n
-    return width
+    return math.prod(shape)
 
 
 def feature_problems(config: Any, read: list[tuple[str, Any, Any]], stages: list[str] | None) -> list[Any]:
