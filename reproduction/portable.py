@@ -554,8 +554,11 @@ def build_parser() -> argparse.ArgumentParser:
     """The CLI. A new subcommand is one `_command(...)` call plus its own arguments: it inherits the
     global options, the exit-code epilog and error rendering; `json_output=False` makes --json a usage
     error for it, and `json_option=False` lets the command declare its own --json."""
+    # allow_abbrev=False everywhere: a prefix such as --input silently meant --inputs-moved, the opt-in that
+    # vouches for data at new paths (audit55 H1); a flag is spelt in full or refused (exit 2)
     parser = argparse.ArgumentParser(
         prog="portable",
+        allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Pack, move, restore, check and run RECAP release bundles on any Linux server.",
         epilog=EXIT_CODES,
@@ -573,6 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
     ) -> argparse.ArgumentParser:
         p = sub.add_parser(
             name,
+            allow_abbrev=False,
             help=help_text,
             description=help_text,
             formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -652,6 +656,7 @@ def build_parser() -> argparse.ArgumentParser:
     def _action(name: str, help_text: str, description: str | None = None) -> argparse.ArgumentParser:
         w = wsub.add_parser(
             name,
+            allow_abbrev=False,
             help=help_text,
             description=description or help_text,
             formatter_class=argparse.RawDescriptionHelpFormatter,
