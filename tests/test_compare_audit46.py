@@ -351,7 +351,7 @@ def test_partly_overlapping_reset_seeds_say_why_the_rows_are_unpaired(tmp_path):
 # -- audit54 B2: a run that evaluated the reference's initial states and more (or a part of them) --------------------
 
 
-def _seeded(name: str, tasks: dict[str, list[tuple[int, str]]]) -> dict:
+def _seeded(name: str, tasks: dict[str, list[tuple[int, str]]], settings: dict | None = None) -> dict:
     """Evidence of policy recap from {task: [(reset seed, "1"/"0"), ...]}; success_at_end = success_once."""
     episodes = {
         task: [
@@ -362,7 +362,7 @@ def _seeded(name: str, tasks: dict[str, list[tuple[int, str]]]) -> dict:
     }
     counts = {task: (sum(b == "1" for _, b in eps), len(eps)) for task, eps in tasks.items()}
     record = EvalRecord(result=eval_result(counts) | {"per_episode": episodes}, label="recap", mode="recap")
-    return build_evidence(record, name=name, run_id="r", seeds={"eval": 1000}, settings={})
+    return build_evidence(record, name=name, run_id="r", seeds={"eval": 1000}, settings=settings or {})
 
 
 def test_nested_reset_seeds_pair_on_the_shared_states(tmp_path):
@@ -409,6 +409,25 @@ def test_nested_reset_seeds_pair_on_the_shared_states(tmp_path):
         "unpaired: this run evaluated more initial states than the reference in pick and fewer in push, so recap's "
         "overall rows are compared unpaired (its tasks' rows are paired on the states both sides evaluated)"
     ) in doc["notes"]
+
+
+def test_one_task_spelt_two_ways_in_settings_is_no_setting_difference(tmp_path):
+    """audit55 E5: a LIBERO task named by its instruction in one config and by its id in the other; the evidence
+    keys both by id, so the sides evaluated the same tasks and no "setting 'tasks' differs" note is due."""
+    rng = np.random.default_rng(5)
+    shared = {"libero_spatial/0": list(zip(range(50), _bits(rng, 50, 0.5)))}
+    ref = _write(tmp_path / "ref.json", _seeded("ref", shared, {"tasks": ["libero_spatial/0"]}))
+    spelt = {
+        "tasks": ["libero_spatial/pick up the black bowl between the plate and the ramekin and place it on the plate"]
+    }
+    act = _write(tmp_path / "act.json", _seeded("act", shared, spelt))
+    doc = json.loads(portable("compare", ref, act, "--json").stdout)
+    assert not any(n.startswith("setting 'tasks'") for n in doc["notes"])
+    # another task set is still said (here as a task this run evaluated beyond the reference's, and the setting)
+    more = {**shared, "libero_spatial/1": list(zip(range(50), _bits(rng, 50, 0.5)))}
+    other = _write(tmp_path / "other.json", _seeded("other", more, {"tasks": ["libero_spatial/0", "libero_spatial/1"]}))
+    doc = json.loads(portable("compare", ref, other, "--json").stdout)
+    assert any(n.startswith("setting 'tasks' differs") for n in doc["notes"])
 
 
 # -- F9: success at the end above success at any step ---------------------------------------------------------------

@@ -796,6 +796,8 @@ def _setting_notes(actual: Mapping[str, Any], reference: Mapping[str, Any]) -> l
     for what in ("seeds", "settings"):
         mine, theirs = actual.get(what, {}) or {}, reference.get(what, {}) or {}
         for key in sorted(set(mine) | set(theirs)):
+            if what == "settings" and key == "tasks" and _same_tasks(actual, reference):
+                continue  # one task spelt two ways (libero_spatial/0 and its instruction): evaluations key by id
             if mine.get(key) != theirs.get(key):
                 notes.append(f"{what[:-1]} {key!r} differs: reference {theirs.get(key)!r}, this run {mine.get(key)!r}")
     libero = all((doc.get("settings") or {}).get("simulator") == "libero" for doc in (actual, reference))
@@ -805,6 +807,15 @@ def _setting_notes(actual: Mapping[str, Any], reference: Mapping[str, Any]) -> l
             "compared unpaired and differ by sampling noise alone (see each row's interval)"
         )
     return notes
+
+
+def _same_tasks(actual: Mapping[str, Any], reference: Mapping[str, Any]) -> bool:
+    """Whether every policy of both files evaluated the same tasks, by the ids the evidence keys them by (a config
+    may name a LIBERO task by its language instruction, which settings.tasks records as written: audit55 E5)."""
+    mine, theirs = _entries(actual), _entries(reference)
+    return set(mine) == set(theirs) and all(
+        set(mine[k].get("tasks", {})) == set(theirs[k].get("tasks", {})) for k in mine
+    )
 
 
 def _pairing_notes(actual: Mapping[str, Any], reference: Mapping[str, Any], settings: Sequence[str]) -> list[str]:
