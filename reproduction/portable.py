@@ -193,6 +193,24 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _warn_unknown_settings(args: argparse.Namespace) -> None:
+    """One warning line (stderr, not with -q) naming every PORTABLE_* variable set that nothing reads, with the
+    closest known name: a misspelled knob (PORTABLE_CPU_KERNEL for PORTABLE_CPU_KERNELS) otherwise silently kept
+    its default in every command but `check` (audit55 H2). A warning, not an error: a variable meant for another
+    version of the tool must not stop this one."""
+    from reproduction.settings import unknown_settings
+    from reproduction.ui import say
+
+    unknown = unknown_settings()
+    if unknown:
+        said = ", ".join(f"{name} (did you mean {near}?)" if near else name for name, near in unknown)
+        say(
+            f"warning: set but read by nothing, so they change nothing: {said}; fix the name or unset it "
+            "(docs/settings.md lists every knob)",
+            options=_ui(args),
+        )
+
+
 def _ui(args: argparse.Namespace) -> UiOptions:
     return UiOptions(quiet=args.quiet, progress=not args.no_progress)
 
@@ -554,8 +572,11 @@ def build_parser() -> argparse.ArgumentParser:
     """The CLI. A new subcommand is one `_command(...)` call plus its own arguments: it inherits the
     global options, the exit-code epilog and error rendering; `json_output=False` makes --json a usage
     error for it, and `json_option=False` lets the command declare its own --json."""
+    # allow_abbrev=False everywhere: a prefix such as --input silently meant --inputs-moved, the opt-in that
+    # vouches for data at new paths (audit55 H1); a flag is spelt in full or refused (exit 2)
     parser = argparse.ArgumentParser(
         prog="portable",
+        allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Pack, move, restore, check and run RECAP release bundles on any Linux server.",
         epilog=EXIT_CODES,
@@ -573,6 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
     ) -> argparse.ArgumentParser:
         p = sub.add_parser(
             name,
+            allow_abbrev=False,
             help=help_text,
             description=help_text,
             formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -652,6 +674,7 @@ def build_parser() -> argparse.ArgumentParser:
     def _action(name: str, help_text: str, description: str | None = None) -> argparse.ArgumentParser:
         w = wsub.add_parser(
             name,
+            allow_abbrev=False,
             help=help_text,
             description=description or help_text,
             formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -939,6 +962,8 @@ def _main(argv: list[str] | None = None) -> int:
         pin_cpu_kernels()  # before any pipeline command imports torch: the same bits on every x86-64 CPU
         heap_choice()  # a bad PORTABLE_HEAP stops here, not inside a trainer after minutes of work
         check_cache_root()  # a PORTABLE_CACHE_DIR that is a file: said here, not silently run without a cache
+        if args.command != "check":  # check says it in its host.settings row
+            _warn_unknown_settings(args)
         # SIGTERM is Ctrl-C in every command (exit 130), not only run/restore. Run as the program (no argv), a
         # second Ctrl-C stays held through the exit that follows the first (audit51 K3); a caller passing argv
         # gets its handlers back.

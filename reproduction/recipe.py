@@ -53,6 +53,11 @@ class StageSpec:
     training: str | None = None
     """For a training stage: the dotted key of its integer step count, e.g. "train.steps", never a section
     (`--target-step` raises it; a killed run continues from the newest complete checkpoint). Exempt from the key."""
+    target: bool = True
+    """For a training stage: whether a `--target-step N` that names no `--stages` trains it to N. False for a stage
+    that only initialises a later one (GRPO's sft: "resume from step 60, train to 80" means rl's steps, and sft
+    continued to N would retrain it and redo rl from step 0, audit55 H3); it then runs as a plain --resume would.
+    Named in `--stages`, it is trained to N like any other."""
     code: tuple[str, ...] = ()
     """Modules whose source is part of its key (a code change is a changed input), beside the module of `fn`, which
     always is; a package named here keys every .py file under its folder."""
@@ -189,7 +194,7 @@ def _check_fields(recipe: str, st: StageSpec) -> None:
     for name, value in (("fn", st.fn), ("training", st.training)):
         if not (isinstance(value, str) and value) and not (name == "training" and value is None):
             refuse(name, value, "not a non-empty str", "see reproduction/recipe.py: StageSpec")
-    for name in ("inputs", "redo_on_change"):
+    for name in ("inputs", "redo_on_change", "target"):
         if not isinstance(getattr(st, name), bool):
             refuse(name, getattr(st, name), "not a bool", f"write {name}=True or {name}=False")
     for glob in st.outputs:

@@ -50,7 +50,8 @@ SETTINGS: tuple[Setting, ...] = (
         "is unset; a relative path is exit 4 (it would put the cache in whichever folder a command runs from, e.g. "
         "inside a bundle), as is a file (or a path under one). A folder that cannot be written is no error (the "
         "cache is skipped, work recomputed): `portable check`'s host.cache row warns. `portable check`'s "
-        "host.settings row warns about PORTABLE_* variables that nothing reads (a misspelled knob).",
+        "host.settings row warns about PORTABLE_* variables that nothing reads (a misspelled knob); every other "
+        "command says so in one warning line on stderr.",
         read_by="settings.cache_root, used by data/fingerprint.py, run/content.py, checks/host.py, "
         "sim/libero/_runtime.py",
     ),

@@ -322,8 +322,8 @@ def test_partly_overlapping_reset_seeds_say_why_the_rows_are_unpaired(tmp_path):
     refp, actp = _write(tmp_path / "ref.json", ref), _write(tmp_path / "act.json", act)
     note = (
         "unpaired: recap's reset seeds differ between the files in pick (1 of the reference's 100 not among this "
-        "run's 100), so the rows of that task and recap's overall rows are compared unpaired (pairing needs exactly "
-        "the same initial states on both sides)"
+        "run's 100), so the rows of that task and recap's overall rows are compared unpaired (pairing needs one side's "
+        "initial states to include the other's)"
     )
     out = portable("compare", refp, actp)
     assert out.returncode == 61 and f"note: {note}" in out.stdout.splitlines()
@@ -338,7 +338,7 @@ def test_partly_overlapping_reset_seeds_say_why_the_rows_are_unpaired(tmp_path):
     assert (
         "note: unpaired: recap's reset seeds differ between the files in pick (50 of the reference's 100 not among "
         "this run's 100), push (50 of the reference's 100 not among this run's 100), so the rows of those tasks and "
-        "recap's overall rows are compared unpaired (pairing needs exactly the same initial states on both sides)"
+        "recap's overall rows are compared unpaired (pairing needs one side's initial states to include the other's)"
     ) in lines
     # the same seeds: no such note; another eval seed: the note that says so already, not this one
     assert not any("unpaired:" in x for x in portable("compare", refp, refp).stdout.splitlines())
@@ -346,6 +346,88 @@ def test_partly_overlapping_reset_seeds_say_why_the_rows_are_unpaired(tmp_path):
     lines = portable("compare", refp, other).stdout.splitlines()
     assert any(x.startswith("note: the evaluation seeds differ") for x in lines)
     assert not any("unpaired:" in x for x in lines)
+
+
+# -- audit54 B2: a run that evaluated the reference's initial states and more (or a part of them) --------------------
+
+
+def _seeded(name: str, tasks: dict[str, list[tuple[int, str]]], settings: dict | None = None) -> dict:
+    """Evidence of policy recap from {task: [(reset seed, "1"/"0"), ...]}; success_at_end = success_once."""
+    episodes = {
+        task: [
+            {"episode": i, "reset_seed": s, "success_once": b == "1", "success_at_end": b == "1"}
+            for i, (s, b) in enumerate(eps)
+        ]
+        for task, eps in tasks.items()
+    }
+    counts = {task: (sum(b == "1" for _, b in eps), len(eps)) for task, eps in tasks.items()}
+    record = EvalRecord(result=eval_result(counts) | {"per_episode": episodes}, label="recap", mode="recap")
+    return build_evidence(record, name=name, run_id="r", seeds={"eval": 1000}, settings=settings or {})
+
+
+def test_nested_reset_seeds_pair_on_the_shared_states(tmp_path):
+    rng = np.random.default_rng(54)
+    shared = {
+        t: list(zip(range(1000 * j, 1000 * j + 100), _bits(rng, 100, 0.7))) for j, t in enumerate(("pick", "push"))
+    }
+    # the same eval seed with 200 episodes per task: the reference's 100 states and 100 more, the shared ones
+    # solved alike and the others far less often, so only the shared states can make the rows reproduced
+    extra = {
+        t: list(zip(range(10**6 + 1000 * j, 10**6 + 1000 * j + 100), _bits(rng, 100, 0.2)))
+        for j, t in enumerate(shared)
+    }
+    refp = _write(tmp_path / "ref.json", _seeded("ref", shared))
+    morep = _write(tmp_path / "more.json", _seeded("more", {t: shared[t] + extra[t] for t in shared}))
+    out = portable("compare", refp, morep, "--json")
+    doc = json.loads(out.stdout)
+    rows = {r["metric"]: r for r in doc["rows"]}
+    for name in ("recap/pick/success_once", "recap/push/success_at_end", "recap/success_once"):
+        assert rows[name]["method"] == "tango-paired", name
+        assert rows[name]["verdict"] == "reproduced", name
+    assert rows["recap/pick/success_once"]["note"].startswith(
+        "paired by reset seed: 100 episodes, 0 succeeded only in the reference, 0 only here (the initial states "
+        "both sides evaluated; this run's 100 other episodes are not in the test)"
+    )
+    assert rows["recap/success_once"]["note"].startswith("paired by reset seed: 200 episodes")
+    assert not any(n.startswith("unpaired:") for n in doc["notes"])
+    assert out.returncode == 0 and doc["verdict"] == "reproduced"
+    # the other way round: the run evaluated a part of the reference's states
+    back = json.loads(portable("compare", morep, refp, "--json").stdout)
+    row = {r["metric"]: r for r in back["rows"]}["recap/pick/success_once"]
+    assert row["method"] == "tango-paired" and row["note"].endswith(
+        "(the initial states both sides evaluated; the reference's 100 other episodes are not in the test)"
+    )
+    # nested in opposite directions: the tasks pair, the overall rows cannot, and a note says so
+    mixed = _write(
+        tmp_path / "mixed.json", _seeded("mixed", {"pick": shared["pick"] + extra["pick"], "push": shared["push"][:50]})
+    )
+    doc = json.loads(portable("compare", refp, mixed, "--json").stdout)
+    rows = {r["metric"]: r for r in doc["rows"]}
+    assert rows["recap/push/success_once"]["method"] == rows["recap/pick/success_once"]["method"] == "tango-paired"
+    assert rows["recap/success_once"]["method"] == "newcombe-10"
+    assert (
+        "unpaired: this run evaluated more initial states than the reference in pick and fewer in push, so recap's "
+        "overall rows are compared unpaired (its tasks' rows are paired on the states both sides evaluated)"
+    ) in doc["notes"]
+
+
+def test_one_task_spelt_two_ways_in_settings_is_no_setting_difference(tmp_path):
+    """audit55 E5: a LIBERO task named by its instruction in one config and by its id in the other; the evidence
+    keys both by id, so the sides evaluated the same tasks and no "setting 'tasks' differs" note is due."""
+    rng = np.random.default_rng(5)
+    shared = {"libero_spatial/0": list(zip(range(50), _bits(rng, 50, 0.5)))}
+    ref = _write(tmp_path / "ref.json", _seeded("ref", shared, {"tasks": ["libero_spatial/0"]}))
+    spelt = {
+        "tasks": ["libero_spatial/pick up the black bowl between the plate and the ramekin and place it on the plate"]
+    }
+    act = _write(tmp_path / "act.json", _seeded("act", shared, spelt))
+    doc = json.loads(portable("compare", ref, act, "--json").stdout)
+    assert not any(n.startswith("setting 'tasks'") for n in doc["notes"])
+    # another task set is still said (here as a task this run evaluated beyond the reference's, and the setting)
+    more = {**shared, "libero_spatial/1": list(zip(range(50), _bits(rng, 50, 0.5)))}
+    other = _write(tmp_path / "other.json", _seeded("other", more, {"tasks": ["libero_spatial/0", "libero_spatial/1"]}))
+    doc = json.loads(portable("compare", ref, other, "--json").stdout)
+    assert any(n.startswith("setting 'tasks' differs") for n in doc["notes"])
 
 
 # -- F9: success at the end above success at any step ---------------------------------------------------------------

@@ -186,6 +186,18 @@ def test_a_nearly_flat_bounded_panel_keeps_a_least_span(tmp_path):
     assert hi - lo == pytest.approx(0.2) and lo < 0.42 < 0.423 < hi
 
 
+@pytest.mark.parametrize("family,span", [("success_at_end", 0.2), ("rollout_success", 0.2), ("loss", 1.0)])
+def test_a_constant_zero_panel_gets_a_readable_axis(family, span):
+    """audit55 I3: a GRPO quick demo's all-zero success was drawn on a +-2.5e-14 axis labelled "1e-14"."""
+    records = [{"step": s, "split": "train", "metrics": {family: 0.0}} for s in (1, 2, 3)]
+    fig = plots.training_curves_figure({"rl": records}, metrics=[family])
+    ax = fig.axes[0]
+    lo, hi = ax.get_ylim()
+    assert hi - lo == pytest.approx(span) and lo < 0 < hi
+    fig.canvas.draw()
+    assert ax.yaxis.get_offset_text().get_text() == ""  # no "1e-14" multiplier above the axis
+
+
 def test_success_bars_carry_wilson_intervals(tmp_path):
     from matplotlib.image import imread  # noqa: F401 (matplotlib is needed to draw)
 

@@ -440,12 +440,27 @@ class _Side:
     """Some initial state occurs twice in one task: episodes cannot be matched one to one, so the row is unpaired."""
 
 
-def _paired(ref: _Side, act: _Side) -> tuple[list[bool], list[bool]] | None:
-    """Both sides' outcomes in one order when both evaluated exactly the same initial states, else None."""
-    if ref.outcomes is None or act.outcomes is None or set(ref.outcomes) != set(act.outcomes):
+def _paired(ref: _Side, act: _Side) -> tuple[list[bool], list[bool], int, int] | None:
+    """Both sides' outcomes on their shared initial states, in one order, and how many episodes each side has
+    beyond them, when one side's states contain the other's (the same states, or a run that evaluated every
+    state of the reference and more, or only some of them: reset seeds depend on the seed, task and episode
+    index alone, so a run with more episodes per task evaluates a superset). Else None: partly overlapping
+    states are compared unpaired. Which states are shared does not depend on any outcome, so testing the
+    shared episodes alone is unbiased; it gives up the extra episodes for the pairing (audit54 B2: 100 shared
+    of 200 was `inconclusive` unpaired where the 100 pairs alone decided)."""
+    if ref.outcomes is None or act.outcomes is None:
         return None
-    keys = sorted(ref.outcomes)
-    return [ref.outcomes[k] for k in keys], [act.outcomes[k] for k in keys]
+    theirs, ours = set(ref.outcomes), set(act.outcomes)
+    shared = theirs & ours
+    if not shared or shared not in (theirs, ours):
+        return None
+    keys = sorted(shared)
+    return (
+        [ref.outcomes[k] for k in keys],
+        [act.outcomes[k] for k in keys],
+        len(theirs) - len(keys),
+        len(ours) - len(keys),
+    )
 
 
 def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) -> MetricComparison:
@@ -482,12 +497,19 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
     pairs = None if ref.repeats or act.repeats else _paired(ref, act)
     design: tuple[int, int, bool]
     if pairs is not None:
-        at = lambda level: equivalence_paired(*pairs, margin=margin, alpha=level)  # noqa: E731
+        ref_pairs, act_pairs, ref_extra, act_extra = pairs
+        at = lambda level: equivalence_paired(ref_pairs, act_pairs, margin=margin, alpha=level)  # noqa: E731
         test = at(alpha)
-        design = (len(pairs[0]), len(pairs[0]), True)
+        design = (len(ref_pairs), len(ref_pairs), True)
         b, c = test.discordant or (0, 0)
         by = "init state" if any(k[1] == "init_states" for k in ref.outcomes) else "reset seed"
         note = f"paired by {by}: {test.pairs} episodes, {b} succeeded only in the reference, {c} only here"
+        if act_extra or ref_extra:
+            whose = "this run's" if act_extra else "the reference's"
+            note += (
+                f" (the initial states both sides evaluated; {whose} {act_extra or ref_extra} other episodes are "
+                "not in the test)"
+            )
     else:
         counts = (int(r["successes"]), int(r["episodes"]), int(a["successes"]), int(a["episodes"]))
         at = lambda level: equivalence_independent(*counts, margin=margin, alpha=level)  # noqa: E731
@@ -774,6 +796,8 @@ def _setting_notes(actual: Mapping[str, Any], reference: Mapping[str, Any]) -> l
     for what in ("seeds", "settings"):
         mine, theirs = actual.get(what, {}) or {}, reference.get(what, {}) or {}
         for key in sorted(set(mine) | set(theirs)):
+            if what == "settings" and key == "tasks" and _same_tasks(actual, reference):
+                continue  # one task spelt two ways (libero_spatial/0 and its instruction): evaluations key by id
             if mine.get(key) != theirs.get(key):
                 notes.append(f"{what[:-1]} {key!r} differs: reference {theirs.get(key)!r}, this run {mine.get(key)!r}")
     libero = all((doc.get("settings") or {}).get("simulator") == "libero" for doc in (actual, reference))
@@ -785,33 +809,56 @@ def _setting_notes(actual: Mapping[str, Any], reference: Mapping[str, Any]) -> l
     return notes
 
 
+def _same_tasks(actual: Mapping[str, Any], reference: Mapping[str, Any]) -> bool:
+    """Whether every policy of both files evaluated the same tasks, by the ids the evidence keys them by (a config
+    may name a LIBERO task by its language instruction, which settings.tasks records as written: audit55 E5)."""
+    mine, theirs = _entries(actual), _entries(reference)
+    return set(mine) == set(theirs) and all(
+        set(mine[k].get("tasks", {})) == set(theirs[k].get("tasks", {})) for k in mine
+    )
+
+
 def _pairing_notes(actual: Mapping[str, Any], reference: Mapping[str, Any], settings: Sequence[str]) -> list[str]:
-    """Why rows are unpaired although both sides carry outcomes: a task whose initial states differ between the
-    files, even by one (a row is paired only on exactly the same states), makes its rows and its policy's overall
-    rows unpaired, which the table did not say (audit46 stats F8). Not repeated where the evaluation seeds differ
-    (that note says it), nor for repeated states (the row's own note says it)."""
+    """Why rows are unpaired although both sides carry outcomes, which the table did not say (audit46 stats F8):
+    a task whose initial states overlap only in part between the files (rows pair on the shared states only when
+    one side's include the other's, `_paired`) makes its rows and its policy's overall rows unpaired; tasks
+    nested in opposite directions (more states than the reference in one, fewer in another) leave the tasks'
+    rows paired but not the overall ones. Not repeated where the evaluation seeds differ (that note says it),
+    nor for repeated states (the row's own note says it)."""
     if any(n.startswith("the evaluation seeds differ") for n in settings):
         return []
     notes = []
     mine = _entries(actual)
     for label, ref_entry in _entries(reference).items():
         act_tasks = mine.get(label, {}).get("tasks", {})
-        found = []
+        found, more_here, fewer_here = [], [], []
         for task, ref_task in ref_entry.get("tasks", {}).items():
             o_ref, o_act = ref_task.get("outcomes"), act_tasks.get(task, {}).get("outcomes")
             if not o_ref or not o_act or _repeats(ref_entry, task) or _repeats(mine[label], task):
                 continue
             kind = "init_states" if "init_states" in o_ref else "reset_seeds"
+            if kind not in o_act:
+                continue
             theirs, ours = set(o_ref.get(kind, [])), set(o_act.get(kind, []))
-            if kind in o_act and theirs != ours:
+            if not (theirs <= ours or ours <= theirs):
                 found.append((task, len(theirs - ours), len(theirs), len(ours), kind.replace("_", " ")))
+            elif theirs < ours:
+                more_here.append(task)
+            elif ours < theirs:
+                fewer_here.append(task)
         if found:
             parts = [f"{t} ({d} of the reference's {n} not among this run's {m})" for t, d, n, m, _ in found[:3]]
             more = f" and {len(found) - 3} more tasks" if len(found) > 3 else ""
             notes.append(
                 f"unpaired: {label}'s {found[0][4]} differ between the files in {', '.join(parts)}{more}, so the "
                 f"rows of {'that task' if len(found) == 1 else 'those tasks'} and {label}'s overall rows are "
-                "compared unpaired (pairing needs exactly the same initial states on both sides)"
+                "compared unpaired (pairing needs one side's initial states to include the other's)"
+            )
+        elif more_here and fewer_here:
+            notes.append(
+                f"unpaired: this run evaluated more initial states than the reference in {more_here[0]} and fewer "
+                f"in {fewer_here[0]}, so {label}'s overall rows are compared unpaired (its tasks' rows are paired "
+                "on the states both sides evaluated)"
             )
     return notes
 

@@ -152,11 +152,15 @@ BOUNDED_FAMILIES = {"value_spearman": 0.2, "positive_label_fraction": 0.2, "cat_
 
 def _min_span(ax: Any, ys: list[float], family: str) -> None:
     """Widen a panel whose values barely move (two Spearman points 0.003 apart) to a least span, so a tiny
-    difference does not fill the axis and look large; other families get 5% of their magnitude."""
+    difference does not fill the axis and look large: a bounded family (also any rate: a family naming
+    success, `*_rate`, `*_fraction`) by its BOUNDED_FAMILIES span (0.2 for a rate), others by 5% of their magnitude,
+    and an all-zero series by 1 (5% of nothing drew a GRPO demo's 0.0 success on a "1e-14" axis: audit55 I3)."""
     if not ys:
         return
     lo, hi = min(ys), max(ys)
-    span = BOUNDED_FAMILIES.get(family, 0.05 * max(abs(lo), abs(hi), 1e-12))
+    rate = "success" in family or family.endswith(("_rate", "_fraction"))
+    magnitude = max(abs(lo), abs(hi))
+    span = BOUNDED_FAMILIES.get(family, 0.2 if rate else 0.05 * magnitude if magnitude > 0 else 1.0)
     if hi - lo < span:
         mid = (lo + hi) / 2
         ax.set_ylim(mid - span / 2, mid + span / 2)

@@ -300,7 +300,11 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         # missing tokenizer that 341a8f6 listed beside it (audit54 review R6); a key the recipe names itself once
         missing = missing_file_problems(recipe, names, plain)
         refuse_target_below_raised_count(
-            [s for s in selected if s.name not in redone], state, plain, opts.target_step, opts.config_files
+            [s for s in selected if s.name not in redone and s.name not in untargeted(recipe, opts)],
+            state,
+            plain,
+            opts.target_step,
+            opts.config_files,
         )
         opened: dict[str, Any] = {}
         if opts.preflight:
@@ -361,6 +365,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         walk.restarted = downstream(recipe, opts.restart)
         guard.enter_context(sigterm_as_interrupt())
         walk.inherited = _inherited_target(state, opts)
+        walk.untargeted = untargeted(recipe, opts)
         with RunRay(opts.ray_address) as walk.ray:  # started when a stage first asks, stopped when the walk ends
             _walk(walk, {s.name for s in selected})
         target_done = _finish_target(state, {s.name for s in selected})
@@ -531,6 +536,8 @@ class _Walk:
     """Whether the inherited --target-step was said (once per invocation)."""
     chosen: set[str] = field(default_factory=set)
     """The stages this invocation selected (run.json's `target_step.stages` when it has --target-step)."""
+    untargeted: frozenset[str] = frozenset()
+    """The training stages this invocation's --target-step leaves to their step count (`untargeted`)."""
 
     @functools.cached_property
     def config_sha256(self) -> str:
@@ -648,6 +655,8 @@ def _remove_recorded_elsewhere(run_dir: Path, state: dict[str, Any], stage: str,
 
 def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     run_dir, state, opts = walk.run_dir, walk.state, walk.opts
+    if spec.name in walk.untargeted:
+        opts = dataclasses.replace(opts, target_step=None)  # as a plain --resume would run it
     stage_dir = run_dir / spec.name
     upstream_digests = {n: outputs_digest(state["stages"][n]["outputs"]) for n in spec.needs}
     parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests, walk.free, walk.digests)
@@ -709,7 +718,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     state["stages"][spec.name].pop("target_step", None)  # run.json's top-level `target_step` holds it now
     if walk.opts.target_step is not None:  # kept so that a plain --resume of a kill trains every stage this
         # invocation selected to it, not the running one only to its checkpoint's step (audit54 A6, R2)
-        order = [s.name for s in walk.recipe.stages if s.name in walk.chosen]
+        order = [s.name for s in walk.recipe.stages if s.name in walk.chosen and s.name not in walk.untargeted]
         state["target_step"] = {"step": walk.opts.target_step, "stages": order}
     _write_state(run_dir, state)  # before the stage folder: a kill from here on leaves a run to --resume
     if walk.recipe.report and not walk.redone:  # the first stage this invocation runs: the report is out of date
@@ -785,6 +794,18 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     return StageReport(
         name=spec.name, action="continued" if action == "continue" else "ran", seconds=seconds, output=output
     )
+
+
+def untargeted(recipe: Recipe, opts: RunOptions) -> frozenset[str]:
+    """The training stages this invocation's `--target-step` does not train to N: those declared
+    `StageSpec.target=False` (a stage that only initialises a later one), unless `--stages` names them; empty
+    without --target-step. They run as a plain --resume would (skipped when complete, continued to their step count
+    when killed), and run.json's `target_step.stages` leaves them out, so a plain --resume of a killed invocation
+    does not train them to N either."""
+    if opts.target_step is None:
+        return frozenset()
+    named = set(opts.stages or ())
+    return frozenset(s.name for s in recipe.stages if s.training and not s.target and s.name not in named)
 
 
 def _inherited_target(state: dict[str, Any], opts: RunOptions) -> dict[str, Any] | None:

@@ -733,9 +733,11 @@ def _ints(text: str) -> tuple[int, ...]:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m reproduction.run.stats", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m reproduction.run.stats", description=__doc__.splitlines()[0], allow_abbrev=False
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sim = sub.add_parser("simulate", help="the verdict-rate table of the equivalence test")
+    sim = sub.add_parser("simulate", allow_abbrev=False, help="the verdict-rate table of the equivalence test")
     sim.add_argument("--pairs", type=int, default=10_000)
     sim.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
     sim.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)

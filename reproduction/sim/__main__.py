@@ -45,9 +45,11 @@ def count(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m reproduction.sim", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m reproduction.sim", description=__doc__.splitlines()[0], allow_abbrev=False
+    )
     sub = ap.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
+    common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     common.add_argument(
         "--tasks",
         nargs="+",
@@ -60,14 +62,18 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--workers", type=int, default=1)
     common.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     common.add_argument("--no-progress", action="store_true")
-    gen = sub.add_parser("generate", parents=[common], help="write <out>/sft and <out>/rollout for a data mix")
+    gen = sub.add_parser(
+        "generate", parents=[common], allow_abbrev=False, help="write <out>/sft and <out>/rollout for a data mix"
+    )
     gen.add_argument("--out", required=True)
     gen.add_argument("--mix", default="mix1")
     gen.add_argument("--sft", type=count, default=48, help="LIBERO: expert episodes run for sft (failures dropped)")
     gen.add_argument("--rollouts", type=count, default=100, help="LIBERO: mixed episodes in rollouts_train")
     gen.add_argument("--eval", type=count, default=20, help="LIBERO: mixed episodes in rollouts_eval")
     gen.add_argument("--max-steps", type=int, default=None, help="LIBERO: step limit (default: the suite's)")
-    ev = sub.add_parser("eval", parents=[common], help="evaluate the scripted expert or a random policy")
+    ev = sub.add_parser(
+        "eval", parents=[common], allow_abbrev=False, help="evaluate the scripted expert or a random policy"
+    )
     ev.add_argument("--policy", choices=("expert", "random"), default="expert")
     ev.add_argument("--episodes", type=int, default=50, help="episodes per task")
     ev.add_argument("--execute-steps", type=int, default=1)

@@ -27,6 +27,7 @@ GRPO = Recipe(
             config=("sft",),
             outputs=("policy_setup.json", "export/**/*"),
             training="sft.train.max_steps",
+            target=False,  # --target-step N is rl's step ("resume from 60, train to 80"); --stages sft names it
             weights=("sft.model",),
             code=TRAINING_MODULES,
         ),
