@@ -187,13 +187,15 @@ class LiberoEvalSection:
     """Render upstream's two 180-degree-rotated views; false = no cameras, LIBERO's privileged object state
     instead (CPU tiers only: the evidence says so)."""
     image_size: int = 256
-    """Camera images are image_size x image_size (RLinf's 256)."""
+    """Camera images are image_size x image_size (RLinf's 256); 8..512, the generator's range."""
     max_steps: int | None = None
     """Policy steps per episode; None = the suite's limit (spatial 240, object 280, goal 320, 10 520). A lower
     value is for reduced runs and tests, and the evidence records it."""
 
     def __post_init__(self) -> None:
-        _check_ranges("eval.libero", (("chunk", self.chunk, 1), ("image_size", self.image_size, 8)))
+        _check_ranges("eval.libero", (("chunk", self.chunk, 1),))
+        # the generator's --image-size range: a typo such as 25600 would ask for ~2 GB a frame (audit55 E6)
+        check_number(self.image_size, "eval.libero.image_size", low=8, high=512, integer=True)
         check_bool(self.cameras, "eval.libero.cameras")
         if self.max_steps is not None:
             _check_ranges("eval.libero", (("max_steps", self.max_steps, 1),))

@@ -388,11 +388,14 @@ def feature_problems(config: Any, read: list[tuple[str, Any, Any]], stages: list
     every dataset, as stage 3 scores them all; policy: the `policy` datasets, their action too); a camera map
     none of whose keys any dataset has while the datasets do have image/video features (a typo, or the default
     observation.images.image on a dataset whose camera is named otherwise, would train an image-less model
-    without a word). Datasets without any image feature keep the absent-camera rule (state-only data: no image
-    either way), and NO_CAMERA_KEY (the no-image idiom) is always accepted. A feature a dataset lacks is left to
-    the missing-feature checks. With state_dims set (audit54 RV4): an index past a dataset's state width, and
-    datasets where the picked indices land on different features (widths differing up to the last feature a pick
-    lies in); widths after that may differ. Negative and repeated indices are refused when the config loads."""
+    without a word). On datasets none of which has any image feature, a camera map the user wrote is refused too
+    (audit55 E3: --no-cameras data under the release config trained on placeholders and claimed two cameras);
+    value.model.cameras' default there keeps the absent-camera rule, and NO_CAMERA_KEY (the no-image idiom) is
+    always accepted. A policy.model.state_keys feature a policy dataset lacks is refused (audit55 E4); other
+    missing features are left to the missing-feature checks. With state_dims set (audit54 RV4): an index past a
+    dataset's state width, and datasets where the picked indices land on different features (widths differing up
+    to the last feature a pick lies in); widths after that may differ. Negative and repeated indices are refused
+    when the config loads."""
     from reproduction.errors import ConfigError
 
     problems: list[Any] = []
@@ -428,6 +431,20 @@ def feature_problems(config: Any, read: list[tuple[str, Any, Any]], stages: list
                     )
                 )
                 continue
+            absent = [k for k in keys_of(ds) if k not in feats and k != "observation.state"]
+            if field == "policy.model.state_keys" and absent:  # audit55 E4: found now, not after value trained
+                have = ", ".join(
+                    k for k in sorted(feats) if k not in _BOOKKEEPING and _numeric(str(feats[k].get("dtype")))
+                )
+                problems.append(
+                    ConfigError(
+                        f"{field}: {where}: dataset {ds.root} has no {absent[0]!r} (its numeric features: {have})",
+                        field=field,
+                        hint=f"name features every policy: true dataset has in {field}, or set "
+                        f"{where.removesuffix('.path')}.policy=false",
+                    )
+                )
+                continue
             shapes = [(k, feats[k].get("shape") or [1]) for k in keys]
             if len(keys) < len(keys_of(ds)) or any(_width(sh) is None for _k, sh in shapes):
                 continue  # a missing feature is reported on its own, an unreadable shape by the reader
@@ -456,6 +473,9 @@ def feature_problems(config: Any, read: list[tuple[str, Any, Any]], stages: list
     for field, cameras, group, on in cams:
         have = sorted({k for _w, _e, ds in group for k in ds.info.camera_keys})
         named = {slot: key for slot, key in dict(cameras).items() if key != NO_CAMERA_KEY}
+        if on and group and not have and named and dict(cameras) != _DEFAULT_VALUE_CAMERAS:
+            problems.append(_no_camera_problem(config, field, named, group))
+            continue
         # Only a map none of whose keys any dataset has: a slot absent everywhere beside one that is read (e.g.
         # upstream's wrist slot on one-camera data) is the documented absent camera and keeps working.
         if not on or not have or not named or any(key in have for key in named.values()):
@@ -473,6 +493,34 @@ def feature_problems(config: Any, read: list[tuple[str, Any, Any]], stages: list
             )
         )
     return problems
+
+
+_BOOKKEEPING = frozenset({"timestamp", "frame_index", "episode_index", "index", "task_index"})
+"""LeRobot's per-frame bookkeeping columns: numeric, but never a state a model could read."""
+
+_DEFAULT_VALUE_CAMERAS = {"base_0_rgb": "observation.images.image"}
+"""value.model.cameras' default: on data without any camera it is the documented absent camera (no image), not a
+request for one; a map the user wrote (any other) on such data is refused (audit55 E3)."""
+
+
+def _no_camera_problem(config: Any, field: str, named: dict[str, str], group: list[tuple[str, Any, Any]]) -> Any:
+    """The ConfigError for a camera map the user wrote while none of the datasets the model reads has any image or
+    video feature (e.g. --no-cameras data under the release config): the model would train on placeholders only,
+    yet its export would claim the cameras and the evaluation render them."""
+    from reproduction.errors import ConfigError
+
+    slots = ", ".join(f"{slot} = {key}" for slot, key in named.items())
+    sets = ", ".join(f"{where} ({ds.name})" for where, _e, ds in group)
+    first = next(iter(named))
+    off = f"{field}={{{first}: {NO_CAMERA_KEY}}}" if field.startswith("value") else f"{field}={{}}"
+    if not field.startswith("value") and any("/" in task for task in config.eval.tasks):
+        off += " and eval.libero.cameras=false"
+    return ConfigError(
+        f"{field}: names {slots}, but no dataset it reads has any image or video feature ({sets}), so the model "
+        "would train without any image",
+        field=field,
+        hint=f"generate the data with cameras (the LIBERO generator without --no-cameras), or set {off} for no image",
+    )
 
 
 def _picked(widths: list[int], index: int) -> tuple[int, int]:
