@@ -84,19 +84,43 @@ def _hub_card(spec: str) -> str:
 
 def _evidence_path(path: Path) -> Path:
     """A file as given, or the one evidence JSON of a folder (a fetched bundle's evidence/ or the bundle itself,
-    whose model card's results `fetch` keeps as evidence/*.json)."""
+    whose model card's results `fetch` keeps as evidence/*.json); of a run folder (or its evidence/) holding several,
+    the one its run.json's eval record lists (_recorded_one)."""
     if path.is_dir():
         for folder in (path, path / "evidence"):
             found = sorted(p for p in folder.glob("eval_*.json")) if folder.is_dir() else []
             if len(found) == 1:
                 return found[0]
             if len(found) > 1:
+                chosen = _recorded_one(folder, found)
+                if chosen is not None:
+                    return chosen
                 names = ", ".join(p.name for p in found)
                 raise UsageError(f"{folder} holds several evidence files ({names})", hint="name one of them")
         from reproduction.errors import InputNotFoundError  # not found (exit 3), as a missing evidence file is
 
         raise InputNotFoundError(f"{path} holds no eval_*.json evidence", path=path, hint="pass an evidence file")
     return path
+
+
+def _recorded_one(folder: Path, found: list[Path]) -> Path | None:
+    """The one of `found` (folder's eval_*.json) that run.json's eval record lists, when `folder` is a run folder's
+    evidence/ (run.json beside or above it) and the record lists exactly one of them; the choice is said on one
+    stderr line (stdout stays the table or --json). None otherwise: without run.json nothing tells them apart."""
+    from reproduction.run.report import recorded_evidence
+
+    run_dir = folder.parent
+    if folder.name != "evidence" or not (run_dir / "run.json").is_file():
+        return None
+    recorded = {p.resolve() for p in recorded_evidence(run_dir) or []}
+    mine = [p for p in found if p.resolve() in recorded]
+    if len(mine) != 1:
+        return None
+    rest = ", ".join(p.name for p in found if p is not mine[0])
+    print(
+        f"compare: using {mine[0]}, the evaluation {run_dir / 'run.json'} records (also there: {rest})", file=sys.stderr
+    )
+    return mine[0]
 
 
 def _check_level(name: str, value: float | None, low: float, high: float, example: str = "0.05") -> None:

@@ -88,6 +88,68 @@ def stale_banner(stale: Mapping[str, str], steps: Mapping[str, Any] | None = Non
     )
 
 
+def evidence_step(path: Path) -> int | None:
+    """The step in an evidence file's name (eval_<policy>_<step>.json), None when the name ends in no number."""
+    tail = Path(path).stem.rpartition("_")[2]
+    return int(tail) if tail.isdigit() else None
+
+
+def _by_step(paths: Sequence[Path]) -> list[Path]:
+    # numeric, not lexicographic: eval_policy_30 comes before eval_policy_100
+    return sorted(paths, key=lambda p: (evidence_step(p) if evidence_step(p) is not None else -1, p.name))
+
+
+def recorded_evidence(run_dir: Path) -> list[Path] | None:
+    """The evaluation evidence files (evidence/eval_*.json, existing) that run.json's eval stage record lists as
+    its outputs, by numeric step; None when run.json is missing or unreadable or has no eval record with outputs."""
+    run_dir = Path(run_dir)
+    try:
+        state = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        outputs = state["stages"]["eval"]["outputs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(outputs, Mapping):
+        return None
+    evidence = (run_dir / "evidence").resolve()
+    found = []
+    for rel in outputs:  # relative to the stage's folder (<run>/eval), as stage_outputs records them
+        p = (run_dir / "eval" / str(rel)).resolve()
+        if p.parent == evidence and p.name.startswith("eval_") and p.suffix == ".json" and p.is_file():
+            found.append(run_dir / "evidence" / p.name)
+    return _by_step(found) if found else None
+
+
+def current_evidence(run_dir: Path) -> tuple[list[Path], list[Path]]:
+    """(current, others) of <run>/evidence/eval_*.json, each by numeric step. Current: the files run.json's eval
+    record lists (recorded_evidence); without such a record, those of the highest step in their names (all when no
+    name has a step). Others: every other eval_*.json there (an earlier step's evaluation kept by
+    `--resume --target-step N`, or one `portable eval --checkpoint` added), never mixed into the current ones."""
+    everything = _by_step(list(Path(run_dir, "evidence").glob("eval_*.json")))
+    current = recorded_evidence(run_dir)
+    if current is None:
+        steps = [evidence_step(p) for p in everything]
+        top = max((s for s in steps if s is not None), default=None)
+        current = [p for p, s in zip(everything, steps) if top is None or s == top]
+    names = {p.name for p in current}
+    return current, [p for p in everything if p.name not in names]
+
+
+def other_evaluation(path: Path) -> dict[str, Any]:
+    """One row of the report's "Earlier evaluations" list: file name, evidence name, policy labels, step, episodes
+    (per policy); an unreadable file keeps only its name and why, so the report still renders."""
+    row: dict[str, Any] = {"file": Path(path).name, "name": "", "policies": "", "step": None, "episodes": None}
+    try:
+        doc = load_evidence(path)
+        policy = doc["policy"]
+        row["name"] = str(doc.get("name", ""))
+        row["policies"] = ", ".join(str(e["policy"]["label"]) for e in (doc, *doc.get("baselines", [])))
+        row["step"] = (policy.get("checkpoint") or {}).get("step", evidence_step(path))
+        row["episodes"] = doc["metrics"]["success_at_end"]["episodes"]
+    except Exception as exc:  # a hand-edited or foreign file: listed, not fatal to the report
+        row["name"] = f"not readable as evidence ({type(exc).__name__})"
+    return row
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class _Plot:
     caption: str
@@ -144,6 +206,7 @@ def render_report_html(
     steps: Mapping[str, Any] | None = None,
     reference_note: str | None = None,
     paired: Sequence[str] = (),
+    others: Sequence[Path] = (),
 ) -> str:
     """The report's HTML text. `evidence`: one evaluation evidence document or several (primaries and baselines
     all appear in the summary); `plots`: caption -> PNG path, in display order; `chain`: `lineage_chain(run)`.
@@ -151,7 +214,8 @@ def render_report_html(
     banner (stale_banner), and the results of a stale `eval` / `compare` stage are marked as of the earlier
     upstream, not shown as the run's. `reference_note`: what the comparison section says when there is no
     comparison (the compare stage had no reference); `paired`: a heading line, then one line per task, of a
-    within-run paired difference (GRPO's grpo - sft)."""
+    within-run paired difference (GRPO's grpo - sft). `others`: evidence files beside `evidence` that are not the
+    run's current result (current_evidence), listed apart under "Earlier evaluations", never in the tables."""
     docs = [evidence] if isinstance(evidence, Mapping) else list(evidence)
     evaluations = [e for d in docs for e in (d, *d.get("baselines", []))]
     per_task = sorted({t for e in evaluations for t in e["tasks"]})
@@ -178,6 +242,7 @@ def render_report_html(
             reference_note=reference_note,
             paired_title=paired[0].rstrip(":") if paired else None,
             paired_rows=[line.strip() for line in paired[1:]],
+            others=[other_evaluation(p) for p in others],
         )
     )
 
@@ -207,12 +272,14 @@ def write_run_report(
     stale: Mapping[str, str] | None = None,
     steps: Mapping[str, Any] | None = None,
 ) -> Path:
-    """The report of a run folder from what it holds: evidence/eval_*.json, evidence/comparison.json,
+    """The report of a run folder from what it holds: its current evidence/eval_*.json (current_evidence; the
+    others listed apart), evidence/comparison.json,
     plots/*.png (known plots first, in PLOT_CAPTIONS order) and lineage/. Writes <run>/report.html
     (or `out`) and returns its path; a part the run lacks is shown as absent, not an error. `stale`, `steps`: as
     render_report_html's."""
     run_dir = Path(run_dir)
-    evidence = [load_evidence(p) for p in sorted((run_dir / "evidence").glob("eval_*.json"))]
+    current, others = current_evidence(run_dir)
+    evidence = [load_evidence(p) for p in current]
     comparison_file = run_dir / "evidence" / "comparison.json"
     comparison = None
     if comparison_file.is_file():
@@ -233,4 +300,5 @@ def write_run_report(
         chain=chain,
         stale=stale,
         steps=steps,
+        others=others,
     )

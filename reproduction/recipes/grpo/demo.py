@@ -223,11 +223,10 @@ def _summary(
     steps: list[tuple[str, str, float]], run_dir: Path, *, ui: UiOptions | None, resume: str, bundle: Path
 ) -> None:
     from reproduction.recipes.grpo.report import improvement_lines, newest_evidence
+    from reproduction.recipes.recap.demo import step_table
     from reproduction.run.compare_cmd import run_results_lines
 
-    width = max(len(s[0]) for s in steps)
-    lines = ["", f"{'step':<{width}}  {'result':<40}  seconds"]
-    lines += [f"{name:<{width}}  {what[:40]:<40}  {sec:7.1f}" for name, what, sec in steps]
+    lines = step_table(steps)
     lines.append("")
     lines += run_results_lines(run_dir, table=True)
     newest = newest_evidence(run_dir)

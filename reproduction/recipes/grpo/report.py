@@ -27,9 +27,15 @@ CAPTIONS = {
 
 
 def newest_evidence(run_dir: Path) -> Path | None:
-    """evidence/eval_grpo_<step>.json of the highest step (a run trained on with --target-step keeps the earlier
-    ones), None before the eval stage."""
-    found = sorted(Path(run_dir, "evidence").glob("eval_grpo_*.json"), key=lambda p: int(p.stem.rpartition("_")[2]))
+    """The run's current evidence/eval_grpo_<step>.json: the one run.json's eval record lists, else the highest step
+    (a run trained on with --target-step keeps the earlier ones); None before the eval stage."""
+    from reproduction.run.report import recorded_evidence
+
+    recorded = [p for p in recorded_evidence(run_dir) or [] if p.name.startswith("eval_grpo_")]
+    found = recorded or sorted(
+        (p for p in Path(run_dir, "evidence").glob("eval_grpo_*.json") if p.stem.rpartition("_")[2].isdigit()),
+        key=lambda p: int(p.stem.rpartition("_")[2]),
+    )
     return found[-1] if found else None
 
 
@@ -119,6 +125,7 @@ def write_run_report(run_dir: Path) -> Path:
         if (rec := state.get("stages", {}).get(s.name)) is not None
     ]
     newest = newest_evidence(run_dir)
+    others = [p for p in sorted(Path(run_dir, "evidence").glob("eval_*.json")) if p != newest]  # listed apart
     compared = run_dir / "evidence" / "comparison.json"  # the compare stage's, against eval.reference
     comparison = None
     if compared.is_file():
@@ -140,6 +147,7 @@ def write_run_report(run_dir: Path) -> Path:
         steps={name: rec.get("step") for name, rec in records.items() if isinstance(rec, dict)},
         reference_note=None if comparison is not None else no_reference_note(records.get("compare")),
         paired=improvement_lines(doc) if doc is not None else [],
+        others=sorted(others, key=lambda p: (report.evidence_step(p) or -1, p.name)),  # numeric step order
     )
 
 

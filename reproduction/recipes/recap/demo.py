@@ -379,12 +379,19 @@ def first_run_lines(costs: dict[str, float | None], *, workers: dict[str, int], 
     return lines
 
 
+def step_table(steps: list[tuple[str, str, float]]) -> list[str]:
+    """The demo's closing table (a blank line, then step, result, seconds): the result column is as wide as its
+    longest entry (at least 40), never cut, since a result is often a path a reader copies (audit55 I4)."""
+    width = max(len(s[0]) for s in steps)
+    result = max([40, *(len(s[1]) for s in steps)])
+    lines = ["", f"{'step':<{width}}  {'result':<{result}}  seconds"]
+    return lines + [f"{name:<{width}}  {what:<{result}}  {sec:7.1f}" for name, what, sec in steps]
+
+
 def _summary(report: DemoReport, run_dir: Path, *, ui: UiOptions | None) -> None:
     from reproduction.train.ray_connect import START_SECONDS
 
-    width = max(len(s[0]) for s in report.steps)
-    lines = ["", f"{'step':<{width}}  {'result':<40}  seconds"]
-    lines += [f"{name:<{width}}  {what[:40]:<40}  {sec:7.1f}" for name, what, sec in report.steps]
+    lines = step_table(report.steps)
     lines += first_run_lines(report.first_run, workers=report.workers, ray_starts=list(START_SECONDS))
     lines.append("")
     lines += _results_lines(run_dir)

@@ -51,7 +51,9 @@ def write_plots(run_dir: Path) -> dict[str, Path]:
     }
     if logs:
         written["training_curves"] = plots.plot_training_curves(logs, out_dir / "training_curves.png")
-    evidence = sorted((run_dir / "evidence").glob("eval_*.json"))
+    from reproduction.run.report import current_evidence
+
+    evidence = current_evidence(run_dir)[0]  # the run's own, by numeric step (not eval_policy_100 < eval_policy_30)
     if evidence:
         doc = json.loads(evidence[-1].read_text())
         written["success_rates"] = plots.plot_success_rates(doc, out_dir / "success_rates.png", metric="success_at_end")
@@ -77,7 +79,9 @@ PIPELINE = ("returns", "value", "advantages", "policy", "eval", "compare")
 def write_run_report(run_dir: Path, *, bundle: Path | None = None) -> Path:
     """Plots, then <run>/report.html (summary, stages table, plots inline, the lineage chain). Stages run.json
     records as resumed say so in the stages table; while eval/compare are stale (runner.stale_stages) a stale
-    banner replaces the verdict and their results are marked as of the earlier policy."""
+    banner replaces the verdict and their results are marked as of the earlier policy. The Summary and per-task
+    tables hold the run's current evaluation only (report.current_evidence: what run.json's eval record lists);
+    other evidence/eval_*.json are listed apart under "Earlier evaluations"."""
     from reproduction.run import report
     from reproduction.run.evidence import Comparison, compare_evidence, load_evidence
     from reproduction.run.runner import stale_stages
@@ -96,8 +100,8 @@ def write_run_report(run_dir: Path, *, bundle: Path | None = None) -> Path:
         )
         for name, rec in sorted(state["stages"].items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
     ]
-    evidence_files = sorted((run_dir / "evidence").glob("eval_*.json"))
-    docs = [load_evidence(p) for p in evidence_files]
+    current, others = report.current_evidence(run_dir)  # others: listed apart, never in the Summary (audit55 I1)
+    docs = [load_evidence(p) for p in current]
     comparison = None
     compared = run_dir / "evidence" / "comparison.json"  # the compare stage's, against eval.reference
     refs = sorted((Path(bundle) / "evidence").glob("*.json")) if bundle is not None else []
@@ -128,4 +132,5 @@ def write_run_report(run_dir: Path, *, bundle: Path | None = None) -> Path:
         chain=chain,
         stale={name: stale[name] for name in sorted(stale, key=lambda n: (order.get(n, len(order)), n))},
         steps={name: rec.get("step") for name, rec in state["stages"].items() if isinstance(rec, dict)},
+        others=others,
     )
