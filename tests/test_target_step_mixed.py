@@ -5,6 +5,9 @@ lineage (audit55 G1)."""
 from __future__ import annotations
 
 import functools
+import json
+import signal
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,6 +16,7 @@ import torch
 import train_tiny
 
 from reproduction.errors import CheckpointError
+from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
 from reproduction.recipes.recap import policy
 from reproduction.run.lineage import tree_sha256
 from reproduction.train import checkpoint
@@ -98,3 +102,91 @@ def test_policy_stage_refuses_modes_that_ended_at_different_steps(tmp_path, monk
         f"{tmp_path / 'policy'}: the policy modes ended at different steps (recap 30, bc 25, filtered_bc 25); the "
         "stage is not recorded complete over mixed step counts"
     )
+
+
+# -- G1: the --target-step a stage trained to is in its lineage ---------------------------------------------------
+
+STOP = {"after_write": False}
+
+
+@dataclass(kw_only=True)
+class Policy:
+    steps: int = 4
+
+
+@dataclass(kw_only=True)
+class ToyConfig:
+    RUN: str = ""
+    policy: Policy = field(default_factory=Policy)
+
+
+def toy_policy_stage(ctx: StageContext) -> StageOutput:
+    model = ctx.out_dir / "model.json"
+    start = json.loads(model.read_text())["step"] if ctx.resume and model.is_file() else 0
+    step = ctx.target_step or ctx.config.policy.steps
+    model.write_text(json.dumps({"step": step, "from": start}))
+    if STOP["after_write"]:
+        raise KeyboardInterrupt("SIGTERM")
+    return StageOutput(files=[model], summary={}, step=step, resumed_from=start or None)
+
+
+def toy_evaluate(args, run_dir, state, ui) -> int:
+    return 0
+
+
+RECIPE = Recipe(
+    name="toy",
+    config_schema=f"{__name__}:ToyConfig",
+    evaluate=f"{__name__}:toy_evaluate",
+    stages=(StageSpec(name="policy", fn=f"{__name__}:toy_policy_stage", config=("policy",), training="policy.steps"),),
+)
+
+
+@pytest.fixture
+def cli(tmp_path, capsys):
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    (tmp_path / "run.yaml").write_text(f"recipe: {__name__}:RECIPE\n")
+
+    def portable(run: Path, *args: str) -> tuple[int, str]:
+        from reproduction.portable import main
+
+        capsys.readouterr()
+        code = main(["run", "--config", str(tmp_path / "run.yaml"), "--output", str(run), "--no-progress", *args])
+        return code, capsys.readouterr().err
+
+    yield portable
+    signal.signal(signal.SIGINT, before)
+    STOP["after_write"] = False
+
+
+def _external(run: Path) -> dict:
+    statement = json.loads((run / "lineage" / "policy.intoto.json").read_text())
+    return statement["predicate"]["buildDefinition"]["externalParameters"]
+
+
+def _lineage_record(run: Path) -> dict:
+    return json.loads((run / "run.json").read_text())["stages"]["policy"]["lineage"]
+
+
+def test_a_stage_trained_to_an_inherited_target_step_records_it(tmp_path, cli):
+    run = tmp_path / "run"
+    assert cli(run)[0] == 0
+    assert "target_step" not in _external(run) and "target_step" not in _lineage_record(run)  # bytes kept
+    STOP["after_write"] = True
+    assert cli(run, "--resume", "--target-step", "6")[0] == 130
+    STOP["after_write"] = False
+    code, err = cli(run, "--resume")  # trains to the killed run's --target-step 6, which its argv does not say
+    assert code == 0, err
+    assert json.loads((run / "policy" / "model.json").read_text()) == {"step": 6, "from": 6}
+    external = _external(run)
+    assert external["target_step"] == 6 and "--target-step" not in external["argv"]
+    assert _lineage_record(run)["target_step"] == 6
+    # a lost statement written again from run.json keeps it
+    statement = run / "lineage" / "policy.intoto.json"
+    written = statement.read_bytes()
+    statement.unlink()
+    assert cli(run, "--resume")[0] == 0
+    assert statement.read_bytes() == written
+    # an explicit --target-step is recorded too
+    assert cli(run, "--resume", "--target-step", "8")[0] == 0
+    assert _external(run)["target_step"] == 8 and _lineage_record(run)["target_step"] == 8
