@@ -168,6 +168,9 @@ class StageRun:
     """The environment whose credential-named variables are redacted (default: os.environ)."""
     cache: DigestCache | None = field(default=None, repr=False)
     """The run's digest cache (reproduction/digest_cache.py): a file the run hashed already is not hashed again."""
+    target_step: int | None = None
+    """The --target-step the stage trained to (`externalParameters.target_step`), explicit or inherited by a plain
+    --resume whose argv does not say it (audit55 G1); None: no such key is written."""
 
 
 def runtime_versions() -> dict[str, str | None]:
@@ -322,6 +325,14 @@ def build_statement(run: StageRun) -> dict[str, Any]:
     if run.resumed_from is not None:
         resumed = {k: dependencies[-1][k] for k in ("name", "uri", "digest")}
     secrets = secret_values(run.environ)
+    external = {
+        "stage": run.stage,
+        "argv": redact_argv(list(run.argv), secrets=secrets),
+        "config": redact(dict(run.config), secrets=secrets),
+        "bundle": str(Path(os.path.abspath(run.bundle_dir))) if run.bundle_dir else None,
+    }
+    if run.target_step is not None:  # absent otherwise: statements of runs without a target keep their bytes
+        external["target_step"] = int(run.target_step)
     # Redacted as run.json's copy is (a version string is environment-derived): a statement written again from run.json
     # (runner._rewrite_lost_statement) then has the same bytes.
     versions = redact(dict(run.versions) if run.versions is not None else runtime_versions(), secrets=secrets)
@@ -332,12 +343,7 @@ def build_statement(run: StageRun) -> dict[str, Any]:
         "predicate": {
             "buildDefinition": {
                 "buildType": BUILD_TYPE,
-                "externalParameters": {
-                    "stage": run.stage,
-                    "argv": redact_argv(list(run.argv), secrets=secrets),
-                    "config": redact(dict(run.config), secrets=secrets),
-                    "bundle": str(Path(os.path.abspath(run.bundle_dir))) if run.bundle_dir else None,
-                },
+                "externalParameters": external,
                 "internalParameters": {
                     "world_size": int(run.world_size),
                     "device": redact_text(str(run.device), secrets=secrets) if run.device is not None else None,

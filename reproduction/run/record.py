@@ -109,10 +109,12 @@ _LINEAGE_FIELDS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
         is_sha256,
         "a sha256 (64 lowercase hex digits)",
     ),
+    ("target_step", lambda v: _int(v) and v >= 1, "an integer >= 1 (the --target-step the stage trained to)"),
 )
 
 
-_LINEAGE_OPTIONAL = frozenset({"resumed_from_sha256"})
+# target_step: present only where a --target-step applied (audit55 G1)
+_LINEAGE_OPTIONAL = frozenset({"resumed_from_sha256", "target_step"})
 
 
 def _lineage_problem(where: str, params: dict[str, Any]) -> str | None:
@@ -308,6 +310,7 @@ def make_recorder(bundle: Path | None) -> Callable[[Any], None] | None:
                 bundle_dir=Path(bundle) if bundle is not None else None,
                 versions=versions,
                 cache=getattr(rec, "digests", None) or own,
+                target_step=getattr(rec, "target_step", None),
             )
         )
         return versions

@@ -123,6 +123,9 @@ class StageRecord:
     """The checkpoint's tree digest taken when the trainer loaded it (StageOutput.resumed_from_sha256)."""
     digests: DigestCache | None = None
     """The run's digest cache: the lineage writer hashes through it (a file the run hashed is not hashed again)."""
+    target_step: int | None = None
+    """The --target-step the stage trained to, explicit or inherited by a plain --resume from run.json (the argv
+    of the latter does not say it: audit55 G1); None where none applied."""
     versions: dict[str, Any] | None = None
     """The versions the statement records (a statement written again: those of the run that wrote it); None: the
     recorder collects today's."""
@@ -783,8 +786,8 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
             complete["config_files"] = config_layers(opts.config_files)
         if opts.recorder is not None:  # the statement before the record: a kill between them leaves a stage to
             # redo, not a complete stage without its statement that no --resume would write again
-            versions = _record_lineage(walk, spec, action, output, outputs, parts, started, ended)
-            complete["lineage"] = _statement_params(walk, output, versions)
+            versions = _record_lineage(walk, spec, action, output, outputs, parts, started, ended, target_step=target)
+            complete["lineage"] = _statement_params(walk, output, versions, target)
     except BaseException as exc:
         _record_stop(run_dir, state, spec.name, rec if action == "continue" else None, exc, walk.digests)
         raise
@@ -908,6 +911,7 @@ def _record_lineage(
     *,
     argv: Sequence[str] | None = None,
     versions: dict[str, Any] | None = None,
+    target_step: int | None = None,
 ) -> Any:
     """The stage's lineage statement, through the run's recorder (RunOptions.recorder); returns what it returns."""
     run_dir, state, opts = walk.run_dir, walk.state, walk.opts
@@ -942,18 +946,19 @@ def _record_lineage(
             resumed_from_sha256=output.resumed_from_sha256,
             digests=walk.digests,
             versions=versions,
+            target_step=target_step,
         )
     )
 
 
-def _statement_params(walk: _Walk, output: StageOutput, versions: Any) -> dict[str, Any]:
+def _statement_params(walk: _Walk, output: StageOutput, versions: Any, target_step: int | None) -> dict[str, Any]:
     """What a stage's statement records that run.json's stage record does not hold otherwise, kept as its `lineage`
     so `--resume` can write a lost statement again (`_rewrite_lost_statement`): the command line (redacted as the
     statement has it), world size, device, the checkpoint it continued from, the versions the recorder returned (as
-    [name, value] pairs: run.json sorts a mapping's keys, the statement keeps their order) and the config's digest
-    (run.json's `config` is the latest invocation's)."""
+    [name, value] pairs: run.json sorts a mapping's keys, the statement keeps their order), the config's digest
+    (run.json's `config` is the latest invocation's) and, only where one applied, the --target-step it trained to."""
     resumed = output.resumed_from_path
-    return {
+    params = {
         "argv": redact_argv(list(walk.opts.argv)),
         "world_size": output.world_size,
         "device": output.device,
@@ -962,6 +967,9 @@ def _statement_params(walk: _Walk, output: StageOutput, versions: Any) -> dict[s
         "versions": [[k, v] for k, v in versions.items()] if isinstance(versions, dict) else None,
         "config_sha256": walk.config_sha256,
     }
+    if target_step is not None:  # absent otherwise: records of runs without a target keep their bytes
+        params["target_step"] = target_step
+    return params
 
 
 def _rewrite_lost_statement(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -> None:
@@ -1007,7 +1015,7 @@ def _rewrite_lost_statement(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -
     versions = dict(params["versions"]) if params["versions"] is not None else None
     _record_lineage(
         walk, spec, "skipped", output, rec["outputs"], rec["key_parts"], rec["started"], rec["ended"],
-        argv=params["argv"], versions=versions,
+        argv=params["argv"], versions=versions, target_step=params.get("target_step"),
     )  # fmt: skip
     say(f"{spec.name}: its lineage statement {rel} was missing; written again from run.json", options=walk.opts.ui)
 

@@ -1,5 +1,8 @@
 """The explicit training loop one worker runs: resume, steps with accumulation, eval, save, export.
 
+A resume starts from the newest checkpoint at or below `max_steps` and ends exactly at `max_steps`; checkpoints
+above it are left untouched (`_resume`, audit55 G2).
+
 Every rank runs `run_worker` with the same arguments; collectives happen at the same points on all
 ranks (metrics at log steps, eval, checkpoints, export), decided by the step number alone.
 """
@@ -274,10 +277,29 @@ def _canary_batch(task: TrainTask, config: TrainConfig) -> Any:
 
 
 def _resume(st: _State, root: Path, config: TrainConfig) -> None:
+    """Load the newest complete checkpoint AT OR BELOW `config.max_steps`, so a resume ends exactly at max_steps.
+
+    Checkpoints above it (a killed longer run's, e.g. `--target-step 30` killed, then `--target-step 25`) are left on
+    disk untouched: they are later points of the same deterministic trajectory. Loading the newest one whatever
+    max_steps said ran no step and returned a step above the target, so a multi-mode stage (RECAP's policy: recap,
+    bc, filtered_bc) ended with mixed step counts (audit55 G2). Every trainer resumes through here (RECAP's value
+    and policy stages, GRPO's rl stage), so the rule holds for all of them. CheckpointError where no complete
+    checkpoint at or below max_steps is left (keep_last pruned them: keeping the newest keep_last steps, all above
+    max_steps, the step_<max_steps> this run would save could not be kept either)."""
     steps = dist.broadcast_object(checkpoint.tidy(root, config.keep_last) if dist.is_main() else None)
     if not steps:
         return
-    folder = checkpoint.step_dir(root, steps[-1])
+    usable = [s for s in steps if s <= config.max_steps]
+    if not usable:  # tidy keeps the newest keep_last: all above max_steps, or training to it could not keep step N
+        newer = ", ".join(checkpoint.step_dir(root, s).name for s in steps)
+        raise CheckpointError(
+            f"{root} holds only {newer}, above this run's max_steps {config.max_steps} (keep_last "
+            f"{config.keep_last}); no complete checkpoint at or below it is left to resume from",
+            path=checkpoint.step_dir(root, steps[0]),
+            hint=f"train to step {steps[-1]} or more (--target-step {steps[-1]}, or a plain --resume), "
+            "or retrain the stage from scratch (--restart-stage)",
+        )
+    folder = checkpoint.step_dir(root, usable[-1])
     t0 = time.perf_counter()
     manifest = checkpoint.load(
         folder,

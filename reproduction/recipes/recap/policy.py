@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from reproduction.errors import CheckpointError
 from reproduction.recipe import StageContext, StageOutput
 
 
@@ -56,6 +57,22 @@ def policy_config(ctx: StageContext, mode: str) -> tuple[list[Any], Any, Any]:
     return inputs, stage, train
 
 
+def _refuse_mixed_steps(ctx: StageContext, summary: dict[str, dict[str, Any]]) -> None:
+    """CheckpointError naming each mode's step unless every mode ended at the same step: the stage records one
+    step, and the RECAP-vs-BC comparison it exists for is only fair between policies trained equally long. The
+    loop resumes every mode to exactly its max_steps (audit55 G2), so this guards an internal invariant."""
+    ended = {mode: entry["step"] for mode, entry in summary.items()}
+    if len(set(ended.values())) > 1:
+        named = ", ".join(f"{mode} {step}" for mode, step in ended.items())
+        raise CheckpointError(
+            f"{ctx.out_dir}: the policy modes ended at different steps ({named}); the stage is not recorded "
+            "complete over mixed step counts",
+            path=ctx.out_dir,
+            hint="rerun with --resume (or --target-step at least the highest step named) so every mode reaches "
+            "the same step, or retrain the stage with --restart-stage policy",
+        )
+
+
 def policy_stage(ctx: StageContext) -> StageOutput:
     """Stage 4: one policy per `policy.modes` into policy/<mode>/ (each continues from its checkpoints)."""
     from reproduction.recap.policy.task import train_policy
@@ -86,6 +103,7 @@ def policy_stage(ctx: StageContext) -> StageOutput:
             "samples_per_s": result.samples_per_s,
             "data": result.summary,
         }
+    _refuse_mixed_steps(ctx, summary)
     train = ctx.config.policy.train
     # One statement names one checkpoint: the one the stage's resumed_from step comes from (audit53 U1)
     first = min(resumed, key=lambda r: r.resumed_from) if resumed else None
