@@ -325,6 +325,26 @@ def test_a_plain_resume_trains_every_stage_the_killed_target_step_selected_to_it
     assert {n: r["step"] for n, r in read_state(run)["stages"].items()} == {"train": 6, "train2": 6}
 
 
+def test_the_line_names_a_stage_at_or_above_the_target_that_is_redone_after_one_that_trains(
+    tmp_path, monkeypatch, capsys
+):
+    """audit54 review3 RW1: train2 at 10 steps (its count), --target-step 6 killed in train; the plain --resume
+    redoes train2 afresh to 6 (its upstream changed), as the uninterrupted invocation would, and the line names it."""
+    run = tmp_path / "run"
+    cfg = Cfg2(train2=Train(steps=10))
+    run_recipe(TWO, cfg, run, _opts())
+    (tmp_path / "die_at").write_text("4")
+    monkeypatch.setattr(runner, "_record_stop", lambda *a, **k: None)  # kill -9 inside train
+    with pytest.raises(RuntimeError, match="stopped after step 4"):
+        run_recipe(TWO, cfg, run, _opts(target_step=6, resume=True))
+    monkeypatch.undo()
+    capsys.readouterr()
+    report = run_recipe(TWO, cfg, run, _opts(resume=True))
+    assert {s.name: s.action for s in report.stages} == {"train": "continued", "train2": "ran"}
+    assert KILLED.format("train, train2", 6) in capsys.readouterr().err
+    assert {n: r["step"] for n, r in read_state(run)["stages"].items()} == {"train": 6, "train2": 6}
+
+
 def test_a_kill_between_the_stages_resumes_the_second_to_the_target(tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
     real = runner.decide

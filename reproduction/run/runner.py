@@ -855,12 +855,19 @@ def _announce_inherited(walk: _Walk, spec: StageSpec, step: int) -> None:
     names = walk.inherited["stages"] if walk.inherited is not None else [spec.name]
     recorded = walk.state["stages"]
 
-    def trains(name: str) -> bool:  # selected now, and not complete at or above the target (skipped then)
-        rec = recorded.get(name)
+    # A stage this walk changes: one it trains, and every stage after one (its key changes: it is redone afresh).
+    # A complete stage at or above the target is skipped unless it is restarted or follows one that changes: it is
+    # then redone, to the target too (audit54 review3 RW1: the line left such a stage out).
+    changed: set[str] = set()
+    training = []
+    for s in walk.recipe.stages:
+        rec = recorded.get(s.name)
         done = isinstance(rec, dict) and rec.get("status") == "complete" and _decide_target(rec, step) is None
-        return name == spec.name or (name in walk.chosen and not done)
-
-    training = [s.name for s in walk.recipe.stages if s.name in names and s.training and trains(s.name)]
+        redone = s.name in walk.restarted or bool(changed.intersection(s.needs))
+        if s.name == spec.name or (s.name in walk.chosen and (not done or redone)):
+            changed.add(s.name)
+            if s.name in names and s.training:
+                training.append(s.name)
     status = {recorded[n].get("status") for n in training if isinstance(recorded.get(n), dict)}
     # a continuation of a complete stage that failed before its outputs changed leaves it `complete`: "stopped"
     how = "failed" if "failed" in status else "killed" if status - {"complete"} or not status else "stopped"
