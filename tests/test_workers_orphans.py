@@ -229,3 +229,33 @@ def test_a_pool_stopped_early_does_not_wait_for_its_running_units() -> None:
     start = time.monotonic()
     units.close()  # what an interrupt in the caller's loop does: the running 60 s unit is not waited for
     assert time.monotonic() - start < 15
+
+
+FETCH_STUB = """
+import sys, time
+import reproduction.sim.generate as fetch_gen
+from reproduction.sim.__main__ import main
+
+def stand_in(*args, **kw):
+    print("generating", flush=True)
+    time.sleep(300)
+
+fetch_gen.generate_mix = stand_in
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_fetch_generator_sigterm_is_an_interrupt(tmp_path: Path) -> None:
+    args = ["generate", "--out", str(tmp_path / "out"), "--tasks", "FetchPickAndPlace-v4", "--no-progress"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FETCH_STUB, *args], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert proc.stdout.readline() == b"generating\n", proc.stderr.read().decode()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, err) == (130, b"error: interrupted\n")

@@ -57,7 +57,7 @@ import numpy as np
 from reproduction.errors import ConfigError, InvalidInputError, PortableError, SimError, render_error
 from reproduction.sim.libero.env import FPS, SETTLE_STEPS, STATE_NAMES
 from reproduction.sim.libero.tasks import INIT_STATES_PER_TASK, SUITES, parse_task_id
-from reproduction.sim.workers import Runner, run_units
+from reproduction.sim.workers import Runner, run_units, sigterm_as_interrupt
 from reproduction.ui import UiOptions, progress, say
 
 KINDS = ("sft", "rollout", "eval")
@@ -638,29 +638,6 @@ def _modes(text: str | None) -> dict[str, float]:
     return out
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt inside (as `portable` does; run/guards.py is out of sim's reach), so
-    `timeout`'s or a scheduler's kill cleans up like Ctrl-C: the pool's workers are shut down and the set being
-    written leaves no staging folder (audit55 E1, E2). The previous handler is put back after; off the main thread
-    nothing is installed."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt("SIGTERM")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: 0 when every set is written, the error's exit code (one line, nothing half-written) on
     bad input, 130 on Ctrl-C or SIGTERM (the set being written is dropped whole and an `--out` folder this call
@@ -682,7 +659,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ConfigError(f"--seed {args.seed} is outside 0..{SEED_MAX} (2**32-1)", hint="choose a seed in that range")
         )
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             results = generate_libero_data(
                 out,
                 task=args.task,
