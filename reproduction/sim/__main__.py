@@ -130,6 +130,19 @@ def _generate_libero(args: argparse.Namespace, ui: UiOptions) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: 0 when done, the error's exit code (one line) on bad input, 130 on Ctrl-C or SIGTERM
+    (`timeout`'s kill ended the process without shutting down its spawn pool; audit55 E1)."""
+    from reproduction.sim.workers import sigterm_as_interrupt
+
+    try:
+        with sigterm_as_interrupt():
+            return _main(argv)
+    except KeyboardInterrupt:  # the sets are written whole (write_dataset's staging folder): none is half there
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     ui = UiOptions(progress=not args.no_progress)
     try:

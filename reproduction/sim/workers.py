@@ -6,10 +6,15 @@ a `Runner`: any callable `(fn, payloads) -> results in payload order`, e.g.
 process (workers=1) or in a `spawn` multiprocessing pool (a fresh interpreter per worker: no EGL
 context crosses a fork), each worker with OMP_NUM_THREADS=1. This module imports nothing heavy at
 the top so that a spawned worker sets its environment before numpy or mujoco load.
+
+A spawned worker ends when the process that started it is gone (`watch_parent`): a SIGTERM'd or SIGKILL'd driver
+skipped the pool's shutdown, and its workers then waited forever on the pool's queue, re-parented to PID 1 with
+1-2 GB each (audit55 E1).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -20,9 +25,73 @@ Runner = Callable[[Callable[[Any], Any], Sequence[Any]], list[Any]]
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
-def _init_worker() -> None:
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal the kernel sends this process when the thread that created it exits."""
+PARENT_POLL_S = 1.0
+"""How often a worker without prctl (not Linux) checks that its parent is still there."""
+
+
+def watch_parent(parent: int) -> None:
+    """Guarantee this process ends (exit 1, or SIGKILL from the kernel on Linux) once process `parent` is gone.
+
+    On Linux the kernel sends SIGKILL at the parent's death (PR_SET_PDEATHSIG); the parent may already have died
+    before that was set, so the parent pid is checked after it. Elsewhere a daemon thread polls os.getppid() every
+    PARENT_POLL_S. Call it first thing in a worker, with the pid of the process that started it (taken there)."""
+    import sys
+
+    armed = False
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            import signal
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            armed = libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
+    if os.getppid() != parent:  # died before the watch was set: no signal will come
+        os._exit(1)
+    if armed:
+        return
+    import threading
+    import time
+
+    def poll() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=poll, name="watch-parent", daemon=True).start()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Inside, SIGTERM raises KeyboardInterrupt (as in `portable`; run/guards.py is out of sim's reach), so the
+    generators' command lines clean up after `timeout`'s or a scheduler's kill as after Ctrl-C: the pool is shut
+    down and the set being written leaves no staging folder (audit55 E1, E2). The previous handler is put back
+    after; off the main thread nothing is installed."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _init_worker(parent: int | None = None) -> None:
     for key, value in WORKER_ENV.items():
         os.environ[key] = value
+    if parent is not None:
+        watch_parent(parent)
 
 
 def _groups(payloads: list[Any], workers: int) -> list[list[Any]]:
@@ -63,7 +132,12 @@ def run_units(
     from reproduction.errors import WorkerFailedError
 
     ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(payloads)), mp_context=ctx, initializer=_init_worker)
+    # PR_SET_PDEATHSIG fires when the creating *thread* exits: the pool starts its workers from this thread (submit)
+    # and they are shut down before this generator returns, so the thread outlives them.
+    pool = ProcessPoolExecutor(
+        max_workers=min(workers, len(payloads)), mp_context=ctx, initializer=_init_worker, initargs=(os.getpid(),)
+    )
+    finished = False
     try:
         futures = [pool.submit(fn, payload) for payload in payloads]
         for i, future in enumerate(futures):
@@ -75,5 +149,11 @@ def run_units(
                     rank=i,
                     hint="rerun with workers=1 to see the failure in this process",
                 ) from None
+        finished = True
     finally:
+        if not finished:
+            # Stopped early (an interrupt, SIGTERM, an error, the caller's break): the results are not wanted, and
+            # waiting for the running units kept a killed job alive for minutes of rendering (audit55 E1).
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                proc.terminate()
         pool.shutdown(wait=True, cancel_futures=True)

@@ -57,7 +57,7 @@ import numpy as np
 from reproduction.errors import ConfigError, InvalidInputError, PortableError, SimError, render_error
 from reproduction.sim.libero.env import FPS, SETTLE_STEPS, STATE_NAMES
 from reproduction.sim.libero.tasks import INIT_STATES_PER_TASK, SUITES, parse_task_id
-from reproduction.sim.workers import Runner, run_units
+from reproduction.sim.workers import Runner, run_units, sigterm_as_interrupt
 from reproduction.ui import UiOptions, progress, say
 
 KINDS = ("sft", "rollout", "eval")
@@ -545,6 +545,14 @@ def generate_libero_data(
             raise ConfigError(f"{name} {n} must be >= 0 (0 skips that set)", field=name)
     if common.get("modes") is not None:
         check_modes(common["modes"])  # even when no rollout set reads them, so a bad flag is never ignored
+    if parse_task_id(task).name is not None:
+        # A name or language string is its suite/index id here, as in `portable eval`: the experts are keyed by
+        # id, so libero_spatial/<its language> was refused as having none (audit55 E5).
+        from reproduction.sim.libero import tasks as libero_tasks
+
+        with contextlib.redirect_stdout(sys.stderr):  # LIBERO's "[info] ..." lines: keep stdout for --json
+            (resolved,) = libero_tasks.resolve_tasks([task], cache_dir=cache_dir)
+        task = resolved.task_id
     configs = [
         LiberoGenConfig(kind=kind, task=task, episodes=n, seed=seed, **common)
         for kind, n in (("sft", sft), ("rollout", rollouts), ("eval", eval_rollouts))
@@ -555,7 +563,7 @@ def generate_libero_data(
     for cfg in configs:
         if (root / FOLDERS[cfg.kind]).exists():
             path = root / FOLDERS[cfg.kind]
-            raise InvalidInputError(f"{path}: already exists", path=path, hint="choose a new folder")
+            raise InvalidInputError(f"{path}: already exists", path=path, hint=_exists_hint(root, configs))
     check_render_backend()  # a MUJOCO_GL mujoco cannot load: exit 46 before any env or folder (audit51 H5)
     try:
         return {
@@ -566,6 +574,29 @@ def generate_libero_data(
         }
     finally:
         close_envs()
+
+
+def _exists_hint(root: Path, configs: list[LiberoGenConfig]) -> str:
+    """The hint of a rerun into an --out that holds some of the sets: how to write only the missing ones, and the
+    staging folders a killed run left there (a SIGKILL skips their removal; audit55 E2)."""
+    import glob
+
+    from reproduction.data.writer import PARTIAL_NAME
+    from reproduction.fsio import _alive
+
+    flags = {"sft": "--sft", "rollout": "--rollouts", "eval": "--eval"}
+    done = [cfg.kind for cfg in configs if (root / FOLDERS[cfg.kind]).exists()]
+    hint = "choose a new folder, or set " + ", ".join(f"{flags[k]} 0" for k in done) + " to write only the others"
+    leftovers = []
+    for cfg in configs:
+        prefix = PARTIAL_NAME.format(stem=FOLDERS[cfg.kind], pid="")
+        for path in sorted(root.glob(glob.escape(prefix) + "*")):
+            pid = path.name[len(prefix) :]
+            if pid.isdigit() and not _alive(int(pid)):
+                leftovers.append(str(path))
+    if leftovers:
+        hint += "; a killed run left " + ", ".join(leftovers) + ": it can be removed"
+    return hint
 
 
 # -- command line -------------------------------------------------------------------------------------------
@@ -609,7 +640,8 @@ def _modes(text: str | None) -> dict[str, float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: 0 when every set is written, the error's exit code (one line, nothing half-written) on
-    bad input, 130 on Ctrl-C (an `--out` folder this call created and left empty is removed)."""
+    bad input, 130 on Ctrl-C or SIGTERM (the set being written is dropped whole and an `--out` folder this call
+    created and left empty is removed)."""
     args = _parser().parse_args(argv)
     from reproduction.fsio import user_path_argument
 
@@ -627,22 +659,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             ConfigError(f"--seed {args.seed} is outside 0..{SEED_MAX} (2**32-1)", hint="choose a seed in that range")
         )
     try:
-        results = generate_libero_data(
-            out,
-            task=args.task,
-            sft=args.sft,
-            rollouts=args.rollouts,
-            eval_rollouts=args.eval,
-            seed=args.seed,
-            workers=args.workers,
-            ui=UiOptions(progress=not args.no_progress),
-            modes=_modes(args.modes),
-            cameras=not args.no_cameras,
-            image_size=args.image_size,
-            image_storage="video" if args.video else "png",
-            max_steps=args.max_steps,
-            stop_on_success=not args.run_to_limit,
-        )
+        with sigterm_as_interrupt():
+            results = generate_libero_data(
+                out,
+                task=args.task,
+                sft=args.sft,
+                rollouts=args.rollouts,
+                eval_rollouts=args.eval,
+                seed=args.seed,
+                workers=args.workers,
+                ui=UiOptions(progress=not args.no_progress),
+                modes=_modes(args.modes),
+                cameras=not args.no_cameras,
+                image_size=args.image_size,
+                image_storage="video" if args.video else "png",
+                max_steps=args.max_steps,
+                stop_on_success=not args.run_to_limit,
+            )
     except PortableError as exc:
         return render_error(exc)
     except KeyboardInterrupt:  # sets are written whole (write_dataset's temp folder), so only a stub can remain
