@@ -42,14 +42,17 @@ def test_an_abbreviated_flag_is_refused_and_nothing_is_written(tmp_path, args, f
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_sim_cli_refuses_an_abbreviated_flag_too(tmp_path):
+@pytest.mark.parametrize(
+    "module", [["reproduction.sim", "generate"], ["reproduction.sim.libero.generate", "--task", "libero_10/0"]]
+)
+def test_the_sim_clis_refuse_an_abbreviated_flag_too(tmp_path, module):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
-        [sys.executable, "-m", "reproduction.sim", "generate", "--ou", str(tmp_path / "x")],
+        [sys.executable, "-m", *module, "--out", str(tmp_path / "x"), "--work", "2"],
         capture_output=True,
         text=True,
         env=env,
         timeout=120,
     )
-    assert out.returncode == 2 and "--ou" in out.stderr.splitlines()[-1]
+    assert out.returncode == 2 and "unrecognized arguments: --work" in out.stderr.splitlines()[-1]
     assert not (tmp_path / "x").exists()

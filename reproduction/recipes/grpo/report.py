@@ -175,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     from reproduction.run.runner import read_state
 
     parser = argparse.ArgumentParser(
-        prog="python -m reproduction.recipes.grpo.report", description="Rewrite a GRPO run's plots/ and report.html."
+        prog="python -m reproduction.recipes.grpo.report",
+        description="Rewrite a GRPO run's plots/ and report.html.",
+        allow_abbrev=False,
     )
     parser.add_argument("run_dir", type=Path, help="the run folder (`portable run --output`) of a grpo run")
     args = parser.parse_args(argv)

@@ -606,6 +606,7 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m reproduction.sim.libero.generate",
         description="Generate LIBERO sft / rollouts_train / rollouts_eval datasets from the scripted expert.",
+        allow_abbrev=False,  # a prefix is refused, as in `portable` (audit55 H1)
     )
     ap.add_argument("--out", required=True, help="folder for sft/, rollouts_train/, rollouts_eval/")
     ap.add_argument("--task", default="libero_10/0", help="libero_10/0 or libero_spatial/0")
