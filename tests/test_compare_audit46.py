@@ -384,18 +384,29 @@ def test_nested_reset_seeds_pair_on_the_shared_states(tmp_path):
     for name in ("recap/pick/success_once", "recap/push/success_at_end", "recap/success_once"):
         assert rows[name]["method"] == "tango-paired", name
         assert rows[name]["verdict"] == "reproduced", name
-    assert rows["recap/pick/success_once"]["note"].startswith(
-        "paired by reset seed: 100 episodes, 0 succeeded only in the reference, 0 only here (the initial states "
-        "both sides evaluated; this run's 100 other episodes are not in the test)"
+    pick = rows["recap/pick/success_once"]
+    rest = sum(b == "1" for _, b in extra["pick"])
+    assert pick["note"] == (
+        "paired by reset seed: 100 episodes, 0 succeeded only in the reference, 0 only here; both rates are on the "
+        f"initial states both sides evaluated: this run's 100 other episodes ({rest:.1f}% success) are not in the test"
     )
+    # the row's rates, counts and difference are the tested ones (the shared states), inside their own interval
+    k = sum(b == "1" for _, b in shared["pick"])
+    assert pick["reference_counts"] == pick["actual_counts"] == [k, 100] and pick["difference"] == 0.0
+    assert pick["interval"][0] <= pick["difference"] <= pick["interval"][1]
     assert rows["recap/success_once"]["note"].startswith("paired by reset seed: 200 episodes")
     assert not any(n.startswith("unpaired:") for n in doc["notes"])
+    assert (
+        "paired on the shared initial states: this run evaluated more initial states of recap than the other side "
+        "in pick, push; those rows show and test both sides on the states both evaluated (each row's note gives the "
+        "rest's success rate, which is not in the test)"
+    ) in doc["notes"]
     assert out.returncode == 0 and doc["verdict"] == "reproduced"
     # the other way round: the run evaluated a part of the reference's states
     back = json.loads(portable("compare", morep, refp, "--json").stdout)
     row = {r["metric"]: r for r in back["rows"]}["recap/pick/success_once"]
     assert row["method"] == "tango-paired" and row["note"].endswith(
-        "(the initial states both sides evaluated; the reference's 100 other episodes are not in the test)"
+        f"the reference's 100 other episodes ({rest:.1f}% success) are not in the test"
     )
     # nested in opposite directions: the tasks pair, the overall rows cannot, and a note says so
     mixed = _write(

@@ -69,6 +69,21 @@ def test_without_a_record_the_highest_step_numerically_is_current(tmp_path):
     assert "95.0% (38/40)" in _text(html, "summary") and "(10/40)" not in _text(html, "summary")
 
 
+def test_without_a_record_a_checkpoint_evaluation_of_the_same_step_is_not_current(tmp_path):
+    """audit55 review: `portable eval --checkpoint 100` beside the run's eval_policy_100, no run.json: the run's own
+    evaluation is current, the checkpoint one is listed apart; alone, a checkpoint evaluation is still shown."""
+    from reproduction.run.report import current_evidence
+
+    run = _run(tmp_path, None, names=("eval_policy_100", "eval_checkpoint_100"))
+    current, others = current_evidence(run)
+    assert ([p.name for p in current], [p.name for p in others]) == (
+        ["eval_policy_100.json"],
+        ["eval_checkpoint_100.json"],
+    )
+    (run / "evidence" / "eval_policy_100.json").unlink()
+    assert [p.name for p in current_evidence(run)[0]] == ["eval_checkpoint_100.json"]
+
+
 def test_one_evaluation_lists_no_earlier_section(tmp_path):
     run = tmp_path / "run"
     _evidence(run, "eval_policy_4", recap=(38, 40), sha="1" * 64)

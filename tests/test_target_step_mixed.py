@@ -18,7 +18,6 @@ import train_tiny
 from reproduction.errors import CheckpointError
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
 from reproduction.recipes.recap import policy
-from reproduction.run.lineage import tree_sha256
 from reproduction.train import checkpoint
 from reproduction.train.api import train
 from reproduction.train.metrics import read_records
@@ -32,25 +31,27 @@ def _train_steps(out: Path) -> list[int]:
     return [r["step"] for r in read_records(out / "metrics.jsonl") if r["split"] == "train"]
 
 
-def test_a_resume_below_newer_checkpoints_ends_at_max_steps_and_leaves_them(tmp_path):
+def test_a_resume_below_newer_checkpoints_ends_at_max_steps_and_cuts_them_back(tmp_path):
     task = functools.partial(train_tiny.make_task, dropout=0.2)  # dropout: the torch RNG must carry over
     train(task, _inproc(max_steps=25, save_interval=10), out_dir=tmp_path / "straight", resume=False)
     cut = tmp_path / "cut"
     train(task, _inproc(max_steps=30, save_interval=10, log_interval=1), out_dir=cut, resume=False)
     root = cut / "checkpoints"
     assert checkpoint.complete_steps(root) == [10, 20, 30]
-    before = tree_sha256(root / "step_30")
     result = train(task, _inproc(max_steps=25, save_interval=10, log_interval=1), out_dir=cut, resume=True)
     assert (result.resumed_from, result.step) == (20, 25)
     assert result.checkpoint_dir == root / "step_25"
     assert _train_steps(cut) == list(range(1, 26))  # trained 21..25, the log cut back from 30
     a, b = checkpoint.load_export(tmp_path / "straight" / "export"), checkpoint.load_export(cut / "export")
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert checkpoint.complete_steps(root) == [10, 20, 25, 30]
-    assert tree_sha256(root / "step_30") == before  # a later point of the same trajectory: left untouched
-    # resuming to 25 again trains nothing and reports step 25, not 30
+    # step_30 went with the steps of the log it stood for (audit55 review): a later resume to 30 trains 26..30
+    assert checkpoint.complete_steps(root) == [10, 20, 25]
+    assert (root / "LATEST").read_text() == "step_25\n" and not list(root.glob("*.pruned"))
+    # resuming to 25 again trains nothing and reports step 25
     again = train(task, _inproc(max_steps=25, save_interval=10), out_dir=cut, resume=True)
     assert (again.resumed_from, again.step, again.checkpoint_dir) == (25, 25, root / "step_25")
+    on = train(task, _inproc(max_steps=30, save_interval=10, log_interval=1), out_dir=cut, resume=True)
+    assert (on.resumed_from, on.step) == (25, 30) and _train_steps(cut) == list(range(1, 31))
 
 
 def test_a_resume_with_only_checkpoints_above_max_steps_is_refused(tmp_path):
@@ -62,7 +63,9 @@ def test_a_resume_with_only_checkpoints_above_max_steps_is_refused(tmp_path):
         f"{tmp_path / 'checkpoints'} holds only step_6, above this run's max_steps 4 (keep_last 1); no complete "
         "checkpoint at or below it is left to resume from"
     )
-    assert "--target-step 6" in err.value.hint
+    assert err.value.hint == (
+        "train to step 6 or more (--target-step 6), or retrain the stage from scratch (--restart-stage)"
+    )
     assert checkpoint.complete_steps(tmp_path / "checkpoints") == [6]
 
 

@@ -440,14 +440,14 @@ class _Side:
     """Some initial state occurs twice in one task: episodes cannot be matched one to one, so the row is unpaired."""
 
 
-def _paired(ref: _Side, act: _Side) -> tuple[list[bool], list[bool], int, int] | None:
-    """Both sides' outcomes on their shared initial states, in one order, and how many episodes each side has
-    beyond them, when one side's states contain the other's (the same states, or a run that evaluated every
-    state of the reference and more, or only some of them: reset seeds depend on the seed, task and episode
-    index alone, so a run with more episodes per task evaluates a superset). Else None: partly overlapping
-    states are compared unpaired. Which states are shared does not depend on any outcome, so testing the
-    shared episodes alone is unbiased; it gives up the extra episodes for the pairing (audit54 B2: 100 shared
-    of 200 was `inconclusive` unpaired where the 100 pairs alone decided)."""
+def _paired(ref: _Side, act: _Side) -> tuple[list[bool], list[bool], list[bool], list[bool]] | None:
+    """Both sides' outcomes on their shared initial states, in one order, and each side's outcomes beyond them, when
+    one side's states contain the other's (the same states, or a run that evaluated every state of the reference
+    and more, or only some of them: reset seeds depend on the seed, task and episode index alone, so a run with
+    more episodes per task evaluates a superset). Else None: partly overlapping states are compared unpaired.
+    Which states are shared does not depend on any outcome, so testing the shared episodes alone is unbiased; it
+    gives up the extra episodes for the pairing (audit54 B2: 100 shared of 200 was `inconclusive` unpaired where
+    the 100 pairs alone decided)."""
     if ref.outcomes is None or act.outcomes is None:
         return None
     theirs, ours = set(ref.outcomes), set(act.outcomes)
@@ -455,12 +455,9 @@ def _paired(ref: _Side, act: _Side) -> tuple[list[bool], list[bool], int, int] |
     if not shared or shared not in (theirs, ours):
         return None
     keys = sorted(shared)
-    return (
-        [ref.outcomes[k] for k in keys],
-        [act.outcomes[k] for k in keys],
-        len(theirs) - len(keys),
-        len(ours) - len(keys),
-    )
+    ref_rest = [ref.outcomes[k] for k in sorted(theirs - shared)]
+    act_rest = [act.outcomes[k] for k in sorted(ours - shared)]
+    return [ref.outcomes[k] for k in keys], [act.outcomes[k] for k in keys], ref_rest, act_rest
 
 
 def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) -> MetricComparison:
@@ -497,18 +494,27 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
     pairs = None if ref.repeats or act.repeats else _paired(ref, act)
     design: tuple[int, int, bool]
     if pairs is not None:
-        ref_pairs, act_pairs, ref_extra, act_extra = pairs
+        ref_pairs, act_pairs, ref_rest, act_rest = pairs
         at = lambda level: equivalence_paired(ref_pairs, act_pairs, margin=margin, alpha=level)  # noqa: E731
         test = at(alpha)
         design = (len(ref_pairs), len(ref_pairs), True)
         b, c = test.discordant or (0, 0)
         by = "init state" if any(k[1] == "init_states" for k in ref.outcomes) else "reset seed"
         note = f"paired by {by}: {test.pairs} episodes, {b} succeeded only in the reference, {c} only here"
-        if act_extra or ref_extra:
-            whose = "this run's" if act_extra else "the reference's"
+        if ref_rest or act_rest:
+            # the row then shows both sides on the shared states, so its rates, difference and interval agree
+            # (audit55 review: the whole run's rate beside the pairs' interval read -0.265 [-0.013, +0.013])
+            from reproduction.run.evidence import count_metric
+
+            r = count_metric(sum(ref_pairs), len(ref_pairs))
+            a = count_metric(sum(act_pairs), len(act_pairs))
+            common |= {"reference": r["rate"], "reference_display": r["display"]}
+            common["reference_counts"] = (r["successes"], r["episodes"])
+            rest, whose = (act_rest, "this run's") if act_rest else (ref_rest, "the reference's")
+            shown = count_metric(sum(rest), len(rest))["display"].split(" ")[0]
             note += (
-                f" (the initial states both sides evaluated; {whose} {act_extra or ref_extra} other episodes are "
-                "not in the test)"
+                f"; both rates are on the initial states both sides evaluated: {whose} {len(rest)} other episodes "
+                f"({shown} success) are not in the test"
             )
     else:
         counts = (int(r["successes"]), int(r["episodes"]), int(a["successes"]), int(a["episodes"]))
@@ -859,6 +865,15 @@ def _pairing_notes(actual: Mapping[str, Any], reference: Mapping[str, Any], sett
                 f"unpaired: this run evaluated more initial states than the reference in {more_here[0]} and fewer "
                 f"in {fewer_here[0]}, so {label}'s overall rows are compared unpaired (its tasks' rows are paired "
                 "on the states both sides evaluated)"
+            )
+        elif more_here or fewer_here:
+            tasks = more_here or fewer_here
+            whose = "this run" if more_here else "the reference"
+            notes.append(
+                f"paired on the shared initial states: {whose} evaluated more initial states of {label} than the "
+                f"other side in {', '.join(tasks[:3])}{f' and {len(tasks) - 3} more tasks' if len(tasks) > 3 else ''}"
+                f"; those rows show and test both sides on the states both evaluated (each row's note gives the "
+                "rest's success rate, which is not in the test)"
             )
     return notes
 

@@ -163,7 +163,10 @@ def _min_span(ax: Any, ys: list[float], family: str) -> None:
     span = BOUNDED_FAMILIES.get(family, 0.2 if rate else 0.05 * magnitude if magnitude > 0 else 1.0)
     if hi - lo < span:
         mid = (lo + hi) / 2
-        ax.set_ylim(mid - span / 2, mid + span / 2)
+        bottom = mid - span / 2
+        if rate:  # a rate's window stays within [0, 1] (but for a sliver, so a line at 0 or 1 shows)
+            bottom = min(max(bottom, -0.02), 1.02 - span)
+        ax.set_ylim(bottom, bottom + span)
 
 
 def short(task: str, width: int = 28) -> str:

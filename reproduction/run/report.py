@@ -122,14 +122,16 @@ def recorded_evidence(run_dir: Path) -> list[Path] | None:
 def current_evidence(run_dir: Path) -> tuple[list[Path], list[Path]]:
     """(current, others) of <run>/evidence/eval_*.json, each by numeric step. Current: the files run.json's eval
     record lists (recorded_evidence); without such a record, those of the highest step in their names (all when no
-    name has a step). Others: every other eval_*.json there (an earlier step's evaluation kept by
+    name has a step) among the run's own evaluations, `portable eval --checkpoint`'s eval_checkpoint_* only when
+    there is nothing else. Others: every other eval_*.json there (an earlier step's evaluation kept by
     `--resume --target-step N`, or one `portable eval --checkpoint` added), never mixed into the current ones."""
     everything = _by_step(list(Path(run_dir, "evidence").glob("eval_*.json")))
     current = recorded_evidence(run_dir)
     if current is None:
-        steps = [evidence_step(p) for p in everything]
+        own = [p for p in everything if not p.name.startswith("eval_checkpoint_")] or everything
+        steps = [evidence_step(p) for p in own]
         top = max((s for s in steps if s is not None), default=None)
-        current = [p for p, s in zip(everything, steps) if top is None or s == top]
+        current = [p for p, s in zip(own, steps) if top is None or s == top]
     names = {p.name for p in current}
     return current, [p for p in everything if p.name not in names]
 

@@ -107,6 +107,21 @@ def tidy(root: Path, keep_last: int) -> list[int]:
     return steps
 
 
+def cut_back(root: Path, max_step: int) -> list[int]:
+    """Rank 0, before a resume that trains to `max_step`: remove every complete step above it (each as `_remove_step`
+    does) and point LATEST at the newest left; returns the steps left, ascending. A killed longer attempt's later
+    checkpoints would otherwise outlive the metrics and live evaluations the shorter run cuts back, and a later
+    resume to their step would load one and train nothing, logging no step of it (audit55 review)."""
+    steps = complete_steps(root)
+    for step in steps:
+        if step > max_step:
+            _remove_step(step_dir(root, step))
+    kept = [s for s in steps if s <= max_step]
+    if kept:
+        atomic_write_text(Path(root) / "LATEST", f"{step_dir(root, kept[-1]).name}\n")
+    return kept
+
+
 def _prune(root: Path, keep_last: int) -> list[int]:
     """Keep-last-k: remove all but the newest `keep_last` complete steps (0 keeps every one); returns those kept."""
     steps = complete_steps(root)

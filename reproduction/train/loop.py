@@ -279,13 +279,15 @@ def _canary_batch(task: TrainTask, config: TrainConfig) -> Any:
 def _resume(st: _State, root: Path, config: TrainConfig) -> None:
     """Load the newest complete checkpoint AT OR BELOW `config.max_steps`, so a resume ends exactly at max_steps.
 
-    Checkpoints above it (a killed longer run's, e.g. `--target-step 30` killed, then `--target-step 25`) are left on
-    disk untouched: they are later points of the same deterministic trajectory. Loading the newest one whatever
-    max_steps said ran no step and returned a step above the target, so a multi-mode stage (RECAP's policy: recap,
-    bc, filtered_bc) ended with mixed step counts (audit55 G2). Every trainer resumes through here (RECAP's value
-    and policy stages, GRPO's rl stage), so the rule holds for all of them. CheckpointError where no complete
-    checkpoint at or below max_steps is left (keep_last pruned them: keeping the newest keep_last steps, all above
-    max_steps, the step_<max_steps> this run would save could not be kept either)."""
+    Checkpoints above it (a killed longer run's, e.g. `--target-step 30` killed, then `--target-step 25`) are
+    removed first (`checkpoint.cut_back`): the run is cut back to max_steps, as its metrics and GRPO's live
+    evaluations are, so a later `--target-step 30` trains steps 26-30 again instead of loading a step_30 whose
+    steps no log holds (audit55 review). Loading the newest one whatever max_steps said ran no step and returned a
+    step above the target, so a multi-mode stage (RECAP's policy: recap, bc, filtered_bc) ended with mixed step
+    counts (audit55 G2). Every trainer resumes through here (RECAP's value and policy stages, GRPO's rl stage), so
+    the rule holds for all of them. CheckpointError where no complete checkpoint at or below max_steps is left
+    (keep_last pruned them: keeping the newest keep_last steps, all above max_steps, the step_<max_steps> this run
+    would save could not be kept either); nothing is removed then."""
     steps = dist.broadcast_object(checkpoint.tidy(root, config.keep_last) if dist.is_main() else None)
     if not steps:
         return
@@ -296,9 +298,11 @@ def _resume(st: _State, root: Path, config: TrainConfig) -> None:
             f"{root} holds only {newer}, above this run's max_steps {config.max_steps} (keep_last "
             f"{config.keep_last}); no complete checkpoint at or below it is left to resume from",
             path=checkpoint.step_dir(root, steps[0]),
-            hint=f"train to step {steps[-1]} or more (--target-step {steps[-1]}, or a plain --resume), "
+            hint=f"train to step {steps[-1]} or more (--target-step {steps[-1]}), "
             "or retrain the stage from scratch (--restart-stage)",
         )
+    if usable != steps and dist.is_main():
+        checkpoint.cut_back(root, config.max_steps)
     folder = checkpoint.step_dir(root, usable[-1])
     t0 = time.perf_counter()
     manifest = checkpoint.load(
