@@ -1,7 +1,9 @@
 """A group-sequential equivalence rule: look after each batch of episodes, stop once the verdict is settled.
 
 The reference's counts are fixed; this run's episodes arrive in K looks up to `n_max`. At look k the
-rule computes the Newcombe interval (reproduction.run.stats) at confidence 1 - 2 a_k and stops with
+rule computes the Newcombe interval (reproduction.run.stats) at confidence 1 - 2 a_k (a run evaluated through
+compare pairs a look with the reference on the initial states both evaluated, Tango's interval, where its
+episodes are a part of the reference's; the union bound below holds alike) and stops with
 `reproduced` when it lies inside (-m, +m) or `differs` when it lies wholly beyond; at the last look it
 gives the ordinary verdict (`inconclusive` included). The a_k are increments of the power-family
 error-spending function a(t) = alpha * t^rho (Kim & DeMets 1987; Jennison & Turnbull 2000, ch. 7),
