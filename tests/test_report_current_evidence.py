@@ -136,6 +136,27 @@ def test_compare_of_a_run_folder_uses_the_recorded_evaluation(tmp_path, capsys, 
     assert rc == 61 and "25.0% (10/40)" in out and "95.0%" not in out
 
 
+@pytest.mark.parametrize("status", ["running", "failed"])
+def test_compare_of_a_run_whose_eval_did_not_complete_says_so(tmp_path, capsys, status):
+    """audit55 K2: a run killed in its eval stage was compared silently, on the evaluation of an earlier policy."""
+    run = _run(tmp_path, "eval_policy_30")
+    state = json.loads((run / "run.json").read_text())
+    state["stages"]["eval"]["status"] = status
+    (run / "run.json").write_text(json.dumps(state))
+    (run / "evidence" / "eval_policy_100.json").unlink()  # the one file there: no choice to announce
+    ref = tmp_path / REF
+    ref.write_text(json.dumps(make_evidence(name="reference", recap=(10, 40))))
+    rc, out, err = _compare(capsys, ref, run)
+    assert err == (
+        f"warning: {run}: its eval stage is {status}, not complete, so this evidence is of an earlier policy; "
+        "`portable run ... --resume` evaluates the current one\n"
+    )
+    assert rc == 61 and "25.0% (10/40)" in out  # compare still answers
+    state["stages"]["eval"]["status"] = "complete"
+    (run / "run.json").write_text(json.dumps(state))
+    assert _compare(capsys, ref, run)[2] == ""  # complete and current: nothing to say
+
+
 def test_compare_without_run_json_stays_ambiguous(tmp_path, capsys):
     run = _run(tmp_path, None)
     ref = tmp_path / REF

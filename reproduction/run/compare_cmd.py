@@ -90,10 +90,12 @@ def _evidence_path(path: Path) -> Path:
         for folder in (path, path / "evidence"):
             found = sorted(p for p in folder.glob("eval_*.json")) if folder.is_dir() else []
             if len(found) == 1:
+                _warn_not_current(folder)
                 return found[0]
             if len(found) > 1:
                 chosen = _recorded_one(folder, found)
                 if chosen is not None:
+                    _warn_not_current(folder)
                     return chosen
                 names = ", ".join(p.name for p in found)
                 raise UsageError(f"{folder} holds several evidence files ({names})", hint="name one of them")
@@ -101,6 +103,35 @@ def _evidence_path(path: Path) -> Path:
 
         raise InputNotFoundError(f"{path} holds no eval_*.json evidence", path=path, hint="pass an evidence file")
     return path
+
+
+def _warn_not_current(folder: Path) -> None:
+    """One stderr line when `folder` is a run folder's evidence/ whose run.json says the evaluation there is not the
+    run's current result: its eval stage did not complete (killed, failed: the file is an earlier evaluation) or
+    predates an upstream stage's outputs (after `--target-step N --stages rl`). Compare still answers; the
+    verdict is then about that earlier policy (audit55 K2: a run killed in its eval stage was compared silently)."""
+    from reproduction.run.stale import stale_stages
+
+    run_json = folder.parent / "run.json"
+    if folder.name != "evidence" or not run_json.is_file():
+        return
+    try:
+        state = json.loads(run_json.read_text(encoding="utf-8"))
+        rec = state["stages"]["eval"]
+        status = rec["status"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if status != "complete":
+        why = f"its eval stage is {status}, not complete"
+    elif "eval" in stale_stages(state):
+        why = f"its eval stage ran before stage {stale_stages(state)['eval']}'s outputs changed"
+    else:
+        return
+    print(
+        f"warning: {folder.parent}: {why}, so this evidence is of an earlier policy; `portable run ... --resume` "
+        "evaluates the current one",
+        file=sys.stderr,
+    )
 
 
 def _recorded_one(folder: Path, found: list[Path]) -> Path | None:
