@@ -282,13 +282,13 @@ def _resume(st: _State, root: Path, config: TrainConfig) -> None:
     Checkpoints above it (a killed longer run's, e.g. `--target-step 30` killed, then `--target-step 25`) are
     removed once the one below is loaded and checked (`checkpoint.cut_back`; a resume refused there, e.g. for a
     changed config, removes nothing: audit55 review2 C1): the run is cut back to max_steps, as its metrics and
-    GRPO's live evaluations are, so a later `--target-step 30` trains steps 26-30 again instead of loading a
-    step_30 whose steps no log holds (audit55 review). Loading the newest one whatever max_steps said ran no step and returned a
-    step above the target, so a multi-mode stage (RECAP's policy: recap, bc, filtered_bc) ended with mixed step
-    counts (audit55 G2). Every trainer resumes through here (RECAP's value and policy stages, GRPO's rl stage), so
-    the rule holds for all of them. CheckpointError where no complete checkpoint at or below max_steps is left
-    (keep_last pruned them: keeping the newest keep_last steps, all above max_steps, the step_<max_steps> this run
-    would save could not be kept either); nothing is removed then."""
+    GRPO's live evaluations are, so a later `--target-step 30` trains steps 26-30 again instead of loading a step_30
+    whose steps no log holds (audit55 review). Loading the newest one whatever max_steps said ran no step and
+    returned a step above the target, so a multi-mode stage (RECAP's policy: recap, bc, filtered_bc) ended with
+    mixed step counts (audit55 G2). Every trainer resumes through here (RECAP's value and policy stages, GRPO's rl
+    stage), so the rule holds for all of them. CheckpointError where no complete checkpoint at or below max_steps is
+    left (keep_last pruned them: keeping the newest keep_last steps, all above max_steps, the step_<max_steps> this
+    run would save could not be kept either); nothing is removed then."""
     steps = dist.broadcast_object(checkpoint.tidy(root, config.keep_last) if dist.is_main() else None)
     if not steps:
         return
