@@ -398,8 +398,8 @@ def test_nested_reset_seeds_pair_on_the_shared_states(tmp_path):
     assert not any(n.startswith("unpaired:") for n in doc["notes"])
     assert (
         "paired on the shared initial states: this run evaluated more initial states of recap than the other side "
-        "in pick, push; those rows show and test both sides on the states both evaluated (each row's note gives the "
-        "rest's success rate, which is not in the test)"
+        "in pick, push; those rows show and test both sides on the states both evaluated (each row's note, in "
+        "comparison.json and --json, gives the rest's success rate, which is not in the test)"
     ) in doc["notes"]
     assert out.returncode == 0 and doc["verdict"] == "reproduced"
     # the other way round: the run evaluated a part of the reference's states
@@ -420,6 +420,25 @@ def test_nested_reset_seeds_pair_on_the_shared_states(tmp_path):
         "unpaired: this run evaluated more initial states than the reference in pick and fewer in push, so recap's "
         "overall rows are compared unpaired (its tasks' rows are paired on the states both sides evaluated)"
     ) in doc["notes"]
+
+
+def test_an_overall_row_paired_on_the_shared_states_is_counted_whatever_the_task_counts():
+    """audit55 review2 P1: more states in pick only made the overall counts out of proportion (200 + 100 against
+    100 + 100), so the overall row was shown `not counted (uneven task mix)` although its pairs, on the shared
+    states, have one task mix on both sides."""
+    from reproduction.run.comparison import compare_evidence
+
+    rng = np.random.default_rng(54)
+    shared = {
+        t: list(zip(range(1000 * j, 1000 * j + 100), _bits(rng, 100, 0.7 if t == "pick" else 0.2)))
+        for j, t in enumerate(("pick", "push"))
+    }
+    extra = list(zip(range(10**6, 10**6 + 100), _bits(rng, 100, 0.2)))
+    ref = _seeded("ref", shared)
+    act = _seeded("act", {"pick": shared["pick"] + extra, "push": shared["push"]})
+    row = {r.metric: r for r in compare_evidence(act, ref).rows}["recap/success_once"]
+    assert (row.method, row.counted, row.verdict) == ("tango-paired", True, "reproduced")
+    assert row.reference_counts == row.actual_counts == (sum(b == "1" for t in shared for _, b in shared[t]), 200)
 
 
 def test_one_task_spelt_two_ways_in_settings_is_no_setting_difference(tmp_path):

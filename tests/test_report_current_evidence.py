@@ -148,7 +148,7 @@ def test_compare_of_a_run_whose_eval_did_not_complete_says_so(tmp_path, capsys, 
     ref.write_text(json.dumps(make_evidence(name="reference", recap=(10, 40))))
     rc, out, err = _compare(capsys, ref, run)
     assert err == (
-        f"warning: {run}: its eval stage is {status}, not complete, so this evidence is of an earlier policy; "
+        f"warning: {run}: its eval stage is {status}, not complete, so this is the evaluation it last completed; "
         "`portable run ... --resume` evaluates the current one\n"
     )
     assert rc == 61 and "25.0% (10/40)" in out  # compare still answers

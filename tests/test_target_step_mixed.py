@@ -54,6 +54,16 @@ def test_a_resume_below_newer_checkpoints_ends_at_max_steps_and_cuts_them_back(t
     assert (on.resumed_from, on.step) == (25, 30) and _train_steps(cut) == list(range(1, 31))
 
 
+def test_a_refused_resume_below_newer_checkpoints_removes_none(tmp_path):
+    """audit55 review2 C1: the cut-back ran before the load's checks, so a resume refused for a changed config had
+    already removed step_30 for good."""
+    task = functools.partial(train_tiny.make_task, dropout=0.0)
+    train(task, _inproc(max_steps=30, save_interval=10), out_dir=tmp_path, resume=False)
+    with pytest.raises(CheckpointError, match="config changed"):
+        train(task, _inproc(max_steps=25, save_interval=10, lr=0.5), out_dir=tmp_path, resume=True)
+    assert checkpoint.complete_steps(tmp_path / "checkpoints") == [10, 20, 30]
+
+
 def test_a_resume_with_only_checkpoints_above_max_steps_is_refused(tmp_path):
     task = functools.partial(train_tiny.make_task, dropout=0.0)
     train(task, _inproc(max_steps=6, save_interval=3, keep_last=1), out_dir=tmp_path, resume=False)

@@ -122,16 +122,13 @@ def _warn_not_current(folder: Path) -> None:
     except (OSError, ValueError, KeyError, TypeError):
         return
     if status != "complete":
-        why = f"its eval stage is {status}, not complete"
+        why = f"its eval stage is {status}, not complete, so this is the evaluation it last completed"
     elif "eval" in stale_stages(state):
-        why = f"its eval stage ran before stage {stale_stages(state)['eval']}'s outputs changed"
+        up = stale_stages(state)["eval"]
+        why = f"its eval stage ran before stage {up}'s outputs changed, so this evidence is of the earlier {up}"
     else:
         return
-    print(
-        f"warning: {folder.parent}: {why}, so this evidence is of an earlier policy; `portable run ... --resume` "
-        "evaluates the current one",
-        file=sys.stderr,
-    )
+    print(f"warning: {folder.parent}: {why}; `portable run ... --resume` evaluates the current one", file=sys.stderr)
 
 
 def _recorded_one(folder: Path, found: list[Path]) -> Path | None:

@@ -280,14 +280,15 @@ def _resume(st: _State, root: Path, config: TrainConfig) -> None:
     """Load the newest complete checkpoint AT OR BELOW `config.max_steps`, so a resume ends exactly at max_steps.
 
     Checkpoints above it (a killed longer run's, e.g. `--target-step 30` killed, then `--target-step 25`) are
-    removed first (`checkpoint.cut_back`): the run is cut back to max_steps, as its metrics and GRPO's live
-    evaluations are, so a later `--target-step 30` trains steps 26-30 again instead of loading a step_30 whose
-    steps no log holds (audit55 review). Loading the newest one whatever max_steps said ran no step and returned a
-    step above the target, so a multi-mode stage (RECAP's policy: recap, bc, filtered_bc) ended with mixed step
-    counts (audit55 G2). Every trainer resumes through here (RECAP's value and policy stages, GRPO's rl stage), so
-    the rule holds for all of them. CheckpointError where no complete checkpoint at or below max_steps is left
-    (keep_last pruned them: keeping the newest keep_last steps, all above max_steps, the step_<max_steps> this run
-    would save could not be kept either); nothing is removed then."""
+    removed once the one below is loaded and checked (`checkpoint.cut_back`; a resume refused there, e.g. for a
+    changed config, removes nothing: audit55 review2 C1): the run is cut back to max_steps, as its metrics and
+    GRPO's live evaluations are, so a later `--target-step 30` trains steps 26-30 again instead of loading a step_30
+    whose steps no log holds (audit55 review). Loading the newest one whatever max_steps said ran no step and
+    returned a step above the target, so a multi-mode stage (RECAP's policy: recap, bc, filtered_bc) ended with
+    mixed step counts (audit55 G2). Every trainer resumes through here (RECAP's value and policy stages, GRPO's rl
+    stage), so the rule holds for all of them. CheckpointError where no complete checkpoint at or below max_steps is
+    left (keep_last pruned them: keeping the newest keep_last steps, all above max_steps, the step_<max_steps> this
+    run would save could not be kept either); nothing is removed then."""
     steps = dist.broadcast_object(checkpoint.tidy(root, config.keep_last) if dist.is_main() else None)
     if not steps:
         return
@@ -301,8 +302,6 @@ def _resume(st: _State, root: Path, config: TrainConfig) -> None:
             hint=f"train to step {steps[-1]} or more (--target-step {steps[-1]}), "
             "or retrain the stage from scratch (--restart-stage)",
         )
-    if usable != steps and dist.is_main():
-        checkpoint.cut_back(root, config.max_steps)
     folder = checkpoint.step_dir(root, usable[-1])
     t0 = time.perf_counter()
     manifest = checkpoint.load(
@@ -316,6 +315,8 @@ def _resume(st: _State, root: Path, config: TrainConfig) -> None:
     if manifest["world_size"] != dist.world_size():  # per-rank streams cannot carry over: derive new ones
         _seed(config.seed, dist.rank(), manifest["step"])
     checkpoint.check_canary(manifest["canary_loss"], canary_loss(st), rtol=config.canary_rtol, folder=folder)
+    if usable != steps and dist.is_main():  # only once the resume is accepted: a refused one removes nothing
+        checkpoint.cut_back(root, config.max_steps)
     st.step = st.resumed_from = manifest["step"]
     st.resumed_from_dir = folder
     # Taken now: keep-last prunes this folder once training saves newer steps (audit53 U1)
