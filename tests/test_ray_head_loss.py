@@ -135,9 +135,14 @@ def sleeping_stage(ctx: StageContext) -> StageOutput:
 
 
 def _started() -> None:
+    """Between the poll loop's waits: once the head is stopped, a GCS call here blocks inside Ray (as removing the
+    placement group did when the head stopped as a stage ended, audit55 J1), so the main thread never gets back."""
+    import ray
+
     if not SEEN.get("told"):
         SEEN["told"] = True
         print("POLLING", flush=True)
+    ray.nodes()
 
 
 def _driver(run_dir: str) -> None:
