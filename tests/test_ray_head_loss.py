@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -216,3 +217,4 @@ def test_a_real_head_stopped_mid_stage_is_exit_58_with_the_error_and_the_stage_f
                 break
             time.sleep(1)
         head.wait(timeout=10)
+        shutil.rmtree(temp, ignore_errors=True)
