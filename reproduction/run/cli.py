@@ -214,7 +214,7 @@ def cmd_run(args: Any) -> int:
             hint="pass the optimizer step to train on to, e.g. --target-step 3000",
         )
     if args.ray_address is not None:
-        _check_ray_address(args.ray_address, "--ray-address")
+        _check_ray_address(args.ray_address, "--ray-address", probe=not args.print_config)
     run_dir = Path(args.output)
     files = _config_files(args, bundle)
     # hashed here, as the config is read: a layer edited while a stage trains, or a pipe read once, would be
@@ -224,7 +224,7 @@ def cmd_run(args: Any) -> int:
     ran_from = check_recipe_source(given_recipe(files, overrides), bundle)  # audit54 A1
     name, recipe, config = load_run_config(files, overrides, bundle=bundle, run_dir=run_dir)
     if not args.ray_address and getattr(config, "ray_address", None) is not None:
-        _check_ray_address(config.ray_address, "ray_address")
+        _check_ray_address(config.ray_address, "ray_address", probe=not args.print_config)
     if bundle is None and not files and not overrides and not args.print_config and _new_run(run_dir):
         raise UsageError(  # the built-in defaults name no dataset: the run would stop at a config never written
             "no BUNDLE and no --config: a new run has nothing to run",
@@ -291,11 +291,13 @@ def stale_line(stale: dict[str, str]) -> str:
     )
 
 
-def _check_ray_address(address: Any, where: str) -> None:
+def _check_ray_address(address: Any, where: str, *, probe: bool = False) -> None:
     """Refuse a Ray address that cannot name a cluster before the run folder or any stage output is written: an empty
     one (an unset shell variable silently meant a private local Ray, audit51 F5) and one that is not host:port (it
-    failed only inside the first Ray stage, after that stage was recorded failed). `where` is the flag or config key."""
-    from reproduction.train.ray_connect import parse_address, shown
+    failed only inside the first Ray stage, after that stage was recorded failed). `where` is the flag or config key.
+    With `probe`, also one where nothing listens or whose host does not resolve (RayUnavailableError, exit 58): found
+    otherwise only when the first Ray stage starts, after earlier stages trained for hours (audit55 J2)."""
+    from reproduction.train.ray_connect import _reachable, parse_address, shown
 
     if where.startswith("--") and not str(address).strip():
         raise UsageError(
@@ -312,6 +314,8 @@ def _check_ray_address(address: Any, where: str) -> None:
             field="ray_address",
             hint="pass HOST:PORT (e.g. 10.0.0.5:6379, the address `ray status` prints on the head node) or `auto`",
         ) from None
+    if probe:
+        _reachable(str(address))
 
 
 def execute(

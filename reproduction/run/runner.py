@@ -77,7 +77,7 @@ from reproduction.run.stage_outputs import (
     verify_outputs,
 )
 from reproduction.run.stale import outputs_digest, stale_stages
-from reproduction.train.ray_connect import RunRay
+from reproduction.train.ray_connect import RunRay, on_cluster_lost
 from reproduction.writers_lock import WRITERS_FILE
 
 RUN_JSON = "run.json"
@@ -743,8 +743,12 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     )
     watch = OutputsWatch.watch(run_dir, state, spec.name)  # other stages' recorded files, stat'ed before the call
     t0 = time.perf_counter()
+    before = rec if action == "continue" else None
     try:
-        output = call_stage(spec, ctx, recipe=walk.recipe.name)
+        # a Ray cluster lost while the stage's workers run can end the process from a watchdog thread (the main
+        # thread stuck inside Ray, audit55 J1): the stage is then recorded failed here, as the except below would
+        with on_cluster_lost(lambda exc: _record_stop(run_dir, state, spec.name, before, exc, walk.digests)):
+            output = call_stage(spec, ctx, recipe=walk.recipe.name)
         try:
             outputs = collect_outputs(spec, stage_dir, output.files, walk.digests, before=watch)
             if not outputs:
@@ -789,7 +793,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
             versions = _record_lineage(walk, spec, action, output, outputs, parts, started, ended, target_step=target)
             complete["lineage"] = _statement_params(walk, output, versions, target)
     except BaseException as exc:
-        _record_stop(run_dir, state, spec.name, rec if action == "continue" else None, exc, walk.digests)
+        _record_stop(run_dir, state, spec.name, before, exc, walk.digests)
         raise
     with deferred_interrupts():  # a Ctrl-C here comes after the record: the stage is complete, the run stops
         state["stages"][spec.name] = complete

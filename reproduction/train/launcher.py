@@ -16,6 +16,7 @@ import os
 import re
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -24,8 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reproduction.errors import DISK_FULL_ERRNOS, PortableError, RayUnavailableError, WorkerFailedError, os_error
+from reproduction.errors import (
+    DISK_FULL_ERRNOS,
+    PortableError,
+    RayUnavailableError,
+    WorkerFailedError,
+    os_error,
+    render_error,
+)
 from reproduction.settings import PREFIX as SETTINGS_PREFIX
+from reproduction.train import ray_connect
 from reproduction.train.config import TrainConfig
 from reproduction.train.device import DeviceSpec
 from reproduction.train.dist import free_port
@@ -39,6 +48,9 @@ GCS_LOST_AFTER_S = 10.0
 """A GCS that refused or ignored every probe for this long is lost. Ray's own driver ends the process with exit 1 and
 only a C++ log line once the GCS has been gone for `RAY_gcs_rpc_server_reconnect_timeout_s` (60 s by default), so
 this must stay well below that (audit51 F1)."""
+LOST_GRACE_S = 2.0
+"""After the watchdog thread found the cluster lost, how long the main thread gets to notice it itself (a poll loop
+that is not stuck in Ray) before the watchdog ends the process (audit55 J1)."""
 
 
 class ClusterWatch:
@@ -71,9 +83,22 @@ class ClusterWatch:
         self._failing_since: float | None = None
         self._why = ""
         self.lost = False
+        self.error: RayUnavailableError | None = None
+        self.claimed = False  # someone (the main thread's poll loop or the watchdog) reports the loss: only one may
+        self._lock = threading.Lock()
 
     def check(self) -> None:
-        """Probe when one is due; raises RayUnavailableError once the GCS is lost (see the class docstring)."""
+        """Probe when one is due; raises RayUnavailableError once the GCS is lost (see the class docstring), also when
+        the watchdog thread found it lost first; the raise claims the loss, so the watchdog leaves it to the caller."""
+        with self._lock:
+            self._probe()
+            if self.error is not None:
+                self.claimed = True
+                raise self.error
+
+    def _probe(self) -> None:
+        if self.error is not None:
+            return
         now = self._clock()
         if now < self._next:
             return
@@ -89,7 +114,7 @@ class ClusterWatch:
         self._next = now + self.every_s
         if self._failing_since is not None and now - self._failing_since >= self.lost_after_s:
             self.lost = True
-            raise RayUnavailableError(
+            self.error = RayUnavailableError(
                 f"lost the Ray cluster at {self.address} while {self.what} ran: its GCS at {self.host}:{self.port} "
                 f"did not answer for {now - self._failing_since:.0f} s ({self._why})",
                 address=self.address,
@@ -101,6 +126,63 @@ class ClusterWatch:
 def _tcp_connect(host: str, port: int, timeout: float) -> None:
     with socket.create_connection((host, port), timeout=timeout):
         pass
+
+
+def _end_process(error: RayUnavailableError) -> None:
+    """The run's end when its cluster is lost and the main thread does not come back from Ray: Ray's core worker
+    blocks a pending `ray.wait` while it retries the GCS, then kills the driver after 60 s with only its own log line
+    (exit 1, the stage left `running`, audit55 J1). Records through the `ray_connect.on_cluster_lost` hooks, prints the
+    one-line error and exits with its code without unwinding (the main thread cannot be unwound)."""
+    for record in ray_connect.cluster_lost_hooks():
+        try:
+            record(error)
+        except BaseException:  # noqa: BLE001 - the exit below must happen whatever a record does
+            pass
+    try:
+        render_error(error)
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001 - a stderr that cannot be written does not change the exit code
+        pass
+    os._exit(error.exit_code)
+
+
+@contextmanager
+def _watchdog(
+    watch: ClusterWatch | None,
+    *,
+    grace_s: float = LOST_GRACE_S,
+    end: Callable[[RayUnavailableError], None] = _end_process,
+) -> Iterator[None]:
+    """While the block runs, a daemon thread probes `watch` (each probe bounded, ClusterWatch) so a lost cluster is
+    found even when the main thread is blocked inside Ray. Once lost, the main thread gets `grace_s` to claim the
+    error itself (its poll loop's `watch.check()`); unclaimed, `end(error)` is called (by default it ends the
+    process with exit 58). Leaving the block stops the thread. `end` is a seam for tests."""
+    if watch is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(min(watch.every_s, 1.0) / 2):
+            with watch._lock:
+                watch._probe()
+            if watch.error is None:
+                continue
+            if stop.wait(grace_s):
+                return
+            with watch._lock:
+                if watch.claimed:
+                    return
+                watch.claimed = True
+            end(watch.error)
+            return
+
+    thread = threading.Thread(target=run, name="portable-ray-watchdog", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
 
 
 def _watch(ray_address: str | None, what: str) -> ClusterWatch | None:
@@ -412,23 +494,26 @@ def _placed(
     started = _connect(ray_address, cpus=max(int(workers * cpus_per_worker + 0.999), 1), timeout_s=start_timeout_s)
     pg = None
     watch = _watch(ray_address, what)
-    try:
-        pg = _placement_group(spec, workers=workers, cpus_per_worker=cpus_per_worker, start_timeout_s=start_timeout_s)
-        yield pg, sum(1 for node in ray.nodes() if node.get("Alive")) == 1, watch
-    finally:
-        lost = watch is not None and watch.lost
-        if pg is not None and not lost:
-            ray.util.remove_placement_group(pg)
-        if started and not lost:
-            ray.shutdown()
+    # every Ray call below, not only the poll loop's wait, blocks once the GCS is gone (audit55 J1: the head stopped
+    # as the group was removed): the watchdog thread finds the loss wherever the main thread is stuck
+    with _watchdog(watch):
+        try:
+            pg = _placement_group(
+                spec, workers=workers, cpus_per_worker=cpus_per_worker, start_timeout_s=start_timeout_s
+            )
+            yield pg, sum(1 for node in ray.nodes() if node.get("Alive")) == 1, watch
+        finally:
+            lost = watch is not None and watch.lost
+            if pg is not None and not lost:
+                ray.util.remove_placement_group(pg)
+            if started and not lost:
+                ray.shutdown()
 
 
 def _connect(ray_address: str | None, *, cpus: int, timeout_s: float) -> bool:
     """Make sure Ray is initialised (a local one gets `cpus` CPUs), bounded (train/ray_connect.py); True
     when this call started it (and must shut it down)."""
     import ray
-
-    from reproduction.train import ray_connect
 
     if ray.is_initialized():
         return False

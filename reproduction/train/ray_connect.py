@@ -238,6 +238,26 @@ def _reachable(address: str) -> None:
         pass
 
 
+_ON_CLUSTER_LOST: list[Callable[[RayUnavailableError], None]] = []
+
+
+@contextlib.contextmanager
+def on_cluster_lost(record: Callable[[RayUnavailableError], None]) -> Iterator[None]:
+    """While the block runs, `record(error)` is called if a watchdog ends the process because the Ray cluster was
+    lost (the runner records its stage `failed` with it). It runs on the watchdog thread while the main thread may be
+    stuck in Ray, so it must only write its own record; whatever it raises is ignored."""
+    _ON_CLUSTER_LOST.append(record)
+    try:
+        yield
+    finally:
+        _ON_CLUSTER_LOST.remove(record)
+
+
+def cluster_lost_hooks() -> list[Callable[[RayUnavailableError], None]]:
+    """The `on_cluster_lost` records now registered, oldest first."""
+    return list(_ON_CLUSTER_LOST)
+
+
 class RunRay:
     """The Ray cluster one run shares, as a context manager the runner holds for the whole run.
 
