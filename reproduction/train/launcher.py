@@ -51,6 +51,9 @@ this must stay well below that (audit51 F1)."""
 LOST_GRACE_S = 2.0
 """After the watchdog thread found the cluster lost, how long the main thread gets to notice it itself (a poll loop
 that is not stuck in Ray) before the watchdog ends the process (audit55 J1)."""
+LOST_FALLBACK_S = 20.0
+"""After the main thread claimed a loss, how long its way out (the stage's record, the error line, Ray calls that
+may block until Ray's own 60 s) gets before the watchdog ends the process anyway (audit55 review3 R1)."""
 
 
 class ClusterWatch:
@@ -151,12 +154,16 @@ def _watchdog(
     watch: ClusterWatch | None,
     *,
     grace_s: float = LOST_GRACE_S,
+    fallback_s: float = LOST_FALLBACK_S,
     end: Callable[[RayUnavailableError], None] = _end_process,
 ) -> Iterator[None]:
     """While the block runs, a daemon thread probes `watch` (each probe bounded, ClusterWatch) so a lost cluster is
     found even when the main thread is blocked inside Ray. Once lost, the main thread gets `grace_s` to claim the
     error itself (its poll loop's `watch.check()`); unclaimed, `end(error)` is called (by default it ends the
-    process with exit 58). Leaving the block stops the thread. `end` is a seam for tests."""
+    process with exit 58). Claimed, the thread outlives the block: a Ray call on the main thread's way out (the
+    driver's shutdown) can block until Ray's own 60 s and exit 1 (audit55 review3 R1), so `end(error)` still comes
+    after `fallback_s` unless the process has exited by then. Without a loss, leaving the block stops the thread.
+    `end` is a seam for tests."""
     if watch is None:
         yield
         return
@@ -168,14 +175,17 @@ def _watchdog(
                 watch._probe()
             if watch.error is None:
                 continue
-            if stop.wait(grace_s):
-                return
-            with watch._lock:
-                if watch.claimed:
+            if not stop.wait(grace_s):
+                with watch._lock:
+                    mine = not watch.claimed
+                    watch.claimed = True
+                if mine:
+                    end(watch.error)
                     return
-                watch.claimed = True
+            break
+        if watch.lost:  # the main thread claimed it and is on its way out
+            time.sleep(fallback_s)
             end(watch.error)
-            return
 
     thread = threading.Thread(target=run, name="portable-ray-watchdog", daemon=True)
     thread.start()
