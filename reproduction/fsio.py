@@ -286,7 +286,7 @@ def remove_orphaned_temps(root: Path, keep: Iterable[Path] = ()) -> list[Path]:
         for name in files:
             found = TEMP_NAME.fullmatch(name)
             path = os.path.join(top, name)
-            if found and not _alive(int(found.group(1))) and os.path.normpath(os.path.abspath(path)) not in kept:
+            if found and not pid_alive(int(found.group(1))) and os.path.normpath(os.path.abspath(path)) not in kept:
                 os.unlink(path)
                 removed.append(Path(path))
     return removed
@@ -303,7 +303,7 @@ def remove_orphaned_staging(folder: Path, stem: str, *, name: str = "{stem}.{pid
     removed = []
     for path in Path(folder).glob(glob.escape(head) + "*" + glob.escape(tail)):
         pid = path.name[len(head) : len(path.name) - len(tail)]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             try:
                 remove_tree(path)
             except OSError:
@@ -312,7 +312,7 @@ def remove_orphaned_staging(folder: Path, stem: str, *, name: str = "{stem}.{pid
     return removed
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether `pid` is a running process. A zombie is not: a process killed with its parent (a SIGKILL to a run's
     process group) stays one until init reaps it, which took longer than a `--resume` right after the kill. A number no
     pid can be (a name that only looks like a temp file's or a staging folder's) counts as alive: left alone."""

@@ -110,11 +110,11 @@ def test_a_zombie_writer_is_gone_and_its_temp_removed(tmp_path):
     import sys
     import time
 
-    from reproduction.fsio import _alive, remove_orphaned_temps
+    from reproduction.fsio import pid_alive, remove_orphaned_temps
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        assert _alive(child.pid)
+        assert pid_alive(child.pid)
         os.kill(child.pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while open(f"/proc/{child.pid}/stat").read().rpartition(")")[2].split()[0] != "Z":  # not reaped: a zombie
@@ -122,11 +122,11 @@ def test_a_zombie_writer_is_gone_and_its_temp_removed(tmp_path):
             time.sleep(0.01)
         temp = tmp_path / f".run.json.{child.pid}.abcdefgh.portable-tmp"
         temp.write_text("half")
-        assert not _alive(child.pid) and remove_orphaned_temps(tmp_path) == [temp]
+        assert not pid_alive(child.pid) and remove_orphaned_temps(tmp_path) == [temp]
     finally:
         child.kill()
         child.wait()
-    assert not _alive(child.pid)
+    assert not pid_alive(child.pid)
 
 
 def test_errors_name_one_file_and_print_no_second_name(tmp_path, monkeypatch):

@@ -297,7 +297,7 @@ def _check_ray_address(address: Any, where: str, *, probe: bool = False) -> None
     failed only inside the first Ray stage, after that stage was recorded failed). `where` is the flag or config key.
     With `probe`, also one where nothing listens or whose host does not resolve (RayUnavailableError, exit 58): found
     otherwise only when the first Ray stage starts, after earlier stages trained for hours (audit55 J2)."""
-    from reproduction.train.ray_connect import _reachable, parse_address, shown
+    from reproduction.train.ray_connect import parse_address, reachable, shown
 
     if where.startswith("--") and not str(address).strip():
         raise UsageError(
@@ -315,7 +315,7 @@ def _check_ray_address(address: Any, where: str, *, probe: bool = False) -> None
             hint="pass HOST:PORT (e.g. 10.0.0.5:6379, the address `ray status` prints on the head node) or `auto`",
         ) from None
     if probe:
-        _reachable(str(address))
+        reachable(str(address))
 
 
 def execute(

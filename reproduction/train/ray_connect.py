@@ -156,7 +156,7 @@ def connect(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S, init: Callabl
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    _reachable(address)
+    reachable(address)
     loopback = address.startswith(_LOOPBACK)
     fix = (
         "Ray rewrites a loopback address to this host's IP, where a cluster started on 127.0.0.1 may not answer: "
@@ -203,7 +203,7 @@ def shown(address: str) -> str:
     return re.sub(r"^(ray://)[^@/]*@", r"\1<redacted>@", address)
 
 
-def _reachable(address: str) -> None:
+def reachable(address: str) -> None:
     """Fail at once, with the cause, for an address that cannot be a cluster: malformed, a host that does not resolve,
     or a port that refuses a TCP connect (nothing listens). A connect that times out or fails otherwise is left to
     the bounded Ray probe (a firewall, a slow network)."""

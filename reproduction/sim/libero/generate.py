@@ -582,7 +582,7 @@ def _exists_hint(root: Path, configs: list[LiberoGenConfig]) -> str:
     import glob
 
     from reproduction.data.writer import PARTIAL_NAME
-    from reproduction.fsio import _alive
+    from reproduction.fsio import pid_alive
 
     flags = {"sft": "--sft", "rollout": "--rollouts", "eval": "--eval"}
     done = [cfg.kind for cfg in configs if (root / FOLDERS[cfg.kind]).exists()]
@@ -592,7 +592,7 @@ def _exists_hint(root: Path, configs: list[LiberoGenConfig]) -> str:
         prefix = PARTIAL_NAME.format(stem=FOLDERS[cfg.kind], pid="")
         for path in sorted(root.glob(glob.escape(prefix) + "*")):
             pid = path.name[len(prefix) :]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 leftovers.append(str(path))
     if leftovers:
         hint += "; a killed run left " + ", ".join(leftovers) + ": it can be removed"
