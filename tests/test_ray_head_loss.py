@@ -124,6 +124,28 @@ def test_run_refuses_a_ray_address_where_nothing_listens_before_writing_anything
     assert "Traceback" not in err
 
 
+def test_a_config_ray_address_is_not_probed_before_a_stage_joins_it(tmp_path, capsys):
+    """A config (a bundle's) may carry an address the selected stages never use: `--stages returns` with a
+    `ray_address` nothing answers at went on to the run's own checks, not exit 58 (test_run_demo's token case)."""
+    from reproduction.portable import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        rc = main(
+            [
+                "run",
+                "--config",
+                str(_toy_config(tmp_path)),
+                "--output",
+                str(tmp_path / "run"),
+                f"ray_address=127.0.0.1:{port}",
+            ]
+        )
+    err = capsys.readouterr().err
+    assert rc != 58 and "cannot join the Ray cluster" not in err
+
+
 def _toy_config(tmp_path: Path) -> Path:
     path = tmp_path / "run.yaml"
     path.write_text("recipe: recap\n")

@@ -224,7 +224,8 @@ def cmd_run(args: Any) -> int:
     ran_from = check_recipe_source(given_recipe(files, overrides), bundle)  # audit54 A1
     name, recipe, config = load_run_config(files, overrides, bundle=bundle, run_dir=run_dir)
     if not args.ray_address and getattr(config, "ray_address", None) is not None:
-        _check_ray_address(config.ray_address, "ray_address", probe=not args.print_config)
+        # parsed now, joined lazily: a config (a bundle's) may carry an address the selected stages never use
+        _check_ray_address(config.ray_address, "ray_address")
     if bundle is None and not files and not overrides and not args.print_config and _new_run(run_dir):
         raise UsageError(  # the built-in defaults name no dataset: the run would stop at a config never written
             "no BUNDLE and no --config: a new run has nothing to run",
