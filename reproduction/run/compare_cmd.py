@@ -89,14 +89,11 @@ def _evidence_path(path: Path) -> Path:
     if path.is_dir():
         for folder in (path, path / "evidence"):
             found = sorted(p for p in folder.glob("eval_*.json")) if folder.is_dir() else []
-            if len(found) == 1:
+            chosen = found[0] if len(found) == 1 else _recorded_one(folder, found) if found else None
+            if chosen is not None:
                 _warn_not_current(folder)
-                return found[0]
-            if len(found) > 1:
-                chosen = _recorded_one(folder, found)
-                if chosen is not None:
-                    _warn_not_current(folder)
-                    return chosen
+                return chosen
+            if found:
                 names = ", ".join(p.name for p in found)
                 raise UsageError(f"{folder} holds several evidence files ({names})", hint="name one of them")
         from reproduction.errors import InputNotFoundError  # not found (exit 3), as a missing evidence file is
@@ -121,10 +118,10 @@ def _warn_not_current(folder: Path) -> None:
         status = rec["status"]
     except (OSError, ValueError, KeyError, TypeError):
         return
+    up = stale_stages(state).get("eval")
     if status != "complete":
         why = f"its eval stage is {status}, not complete, so this is the evaluation it last completed"
-    elif "eval" in stale_stages(state):
-        up = stale_stages(state)["eval"]
+    elif up is not None:
         why = f"its eval stage ran before stage {up}'s outputs changed, so this evidence is of the earlier {up}"
     else:
         return

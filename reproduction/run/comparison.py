@@ -511,10 +511,9 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
             common |= {"reference": r["rate"], "reference_display": r["display"]}
             common["reference_counts"] = (r["successes"], r["episodes"])
             rest, whose = (act_rest, "this run's") if act_rest else (ref_rest, "the reference's")
-            shown = count_metric(sum(rest), len(rest))["display"].split(" ")[0]
             note += (
                 f"; both rates are on the initial states both sides evaluated: {whose} {len(rest)} other episodes "
-                f"({shown} success) are not in the test"
+                f"({100 * sum(rest) / len(rest):.1f}% success) are not in the test"
             )
     else:
         counts = (int(r["successes"]), int(r["episodes"]), int(a["successes"]), int(a["episodes"]))

@@ -302,8 +302,9 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         # listed with the preflight's problems, not before them: a missing eval.reference alone used to hide a
         # missing tokenizer that 341a8f6 listed beside it (audit54 review R6); a key the recipe names itself once
         missing = missing_file_problems(recipe, names, plain)
+        left = untargeted(recipe, opts)  # training stages this --target-step leaves to their step count
         refuse_target_below_raised_count(
-            [s for s in selected if s.name not in redone and s.name not in untargeted(recipe, opts)],
+            [s for s in selected if s.name not in redone and s.name not in left],
             state,
             plain,
             opts.target_step,
@@ -368,7 +369,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         walk.restarted = downstream(recipe, opts.restart)
         guard.enter_context(sigterm_as_interrupt())
         walk.inherited = _inherited_target(state, opts)
-        walk.untargeted = untargeted(recipe, opts)
+        walk.untargeted = left
         with RunRay(opts.ray_address) as walk.ray:  # started when a stage first asks, stopped when the walk ends
             _walk(walk, {s.name for s in selected})
         target_done = _finish_target(state, {s.name for s in selected})

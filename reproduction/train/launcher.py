@@ -99,6 +99,17 @@ class ClusterWatch:
                 self.claimed = True
                 raise self.error
 
+    def probe(self) -> None:
+        """Probe when one is due (the watchdog thread's call): sets `lost` and `error`, raises nothing."""
+        with self._lock:
+            self._probe()
+
+    def claim(self) -> bool:
+        """Take the report of the loss; True for the first caller only (check()'s raise claims it too)."""
+        with self._lock:
+            mine, self.claimed = not self.claimed, True
+            return mine
+
     def _probe(self) -> None:
         if self.error is not None:
             return
@@ -171,17 +182,12 @@ def _watchdog(
 
     def run() -> None:
         while not stop.wait(min(watch.every_s, 1.0) / 2):
-            with watch._lock:
-                watch._probe()
+            watch.probe()
             if watch.error is None:
                 continue
-            if not stop.wait(grace_s):
-                with watch._lock:
-                    mine = not watch.claimed
-                    watch.claimed = True
-                if mine:
-                    end(watch.error)
-                    return
+            if not stop.wait(grace_s) and watch.claim():
+                end(watch.error)
+                return
             break
         if watch.lost:  # the main thread claimed it and is on its way out
             time.sleep(fallback_s)
