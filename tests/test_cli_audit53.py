@@ -55,17 +55,15 @@ def test_sim_generate_hands_on_the_normalised_out(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("flag", ["--sft", "--rollouts", "--eval"])
-def test_sim_generate_refuses_a_negative_count_at_parse_time_naming_the_flag(tmp_path, capsys, monkeypatch, flag):
-    """V16: `--tasks push --sft -1` was taken silently (the counts are LIBERO's; Fetch does not read them)."""
+def test_sim_generate_refuses_a_negative_count_naming_the_flag(tmp_path, capsys, monkeypatch, flag):
+    """V16: `--tasks push --sft -1` was taken silently (the counts are LIBERO's; Fetch does not read them). Exit 4
+    with the LIBERO generator's line since audit56 (was argparse's exit 2)."""
     from reproduction.sim import generate
     from reproduction.sim.__main__ import main
 
     monkeypatch.setattr(generate, "generate_mix", lambda *a, **k: pytest.fail("generation started"))
-    with pytest.raises(SystemExit) as stop:
-        main(["generate", "--tasks", "push", "--out", str(tmp_path / "o"), flag, "-3"])
-    assert stop.value.code == 2
-    last = capsys.readouterr().err.splitlines()[-1]
-    assert last.endswith(f"error: argument {flag}: -3 is negative: give 0 or more (0 skips that set)")
+    assert main(["generate", "--tasks", "push", "--out", str(tmp_path / "o"), flag, "-3"]) == 4
+    assert capsys.readouterr().err.splitlines()[0] == f"error: {flag} -3 must be >= 0 (0 skips that set)"
     assert not (tmp_path / "o").exists()
 
 

@@ -14,7 +14,7 @@ A LIBERO task id (one task with a scripted expert: libero_10/0, libero_spatial/0
 progress go to stderr; `--json` prints the result on stdout. A bad task, camera or mix is one `error:` line
 with a `hint:` and the error's exit code; nothing is written. An empty `--out` (an unset `$OUT`) is refused, exit 2,
 as by every `portable` command, never taken as the current folder; a negative `--sft/--rollouts/--eval` is
-refused while parsing, exit 2.
+refused before anything runs, exit 4 (a bad value, as by the LIBERO generator), for Fetch tasks too.
 """
 
 from __future__ import annotations
@@ -32,16 +32,14 @@ from reproduction.ui import UiOptions, say
 
 
 def count(text: str) -> int:
-    """argparse type of generate's `--sft/--rollouts/--eval`: a whole number >= 0 (0 skips that set). A negative
-    one is refused at parse time, exit 2 naming the flag, for Fetch tasks too, which do not read the counts
-    (audit53 V16: `--tasks push --sft -1` was taken silently)."""
+    """argparse type of generate's `--sft/--rollouts/--eval`: a whole number (not one: exit 2, usage). A negative
+    one is refused before anything runs by `check_counts`, exit 4 naming the flag, as the LIBERO generator's own
+    command line does, for Fetch tasks too, which do not read the counts (audit53 V16: `--tasks push --sft -1` was
+    taken silently; audit56: exit 2 here and 4 there for the same value)."""
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative: give 0 or more (0 skips that set)")
-    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -134,12 +132,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     (`timeout`'s kill ended the process without shutting down its spawn pool; audit55 E1)."""
     from reproduction.sim.workers import sigterm_as_interrupt
 
-    try:
-        with sigterm_as_interrupt():
+    with sigterm_as_interrupt():  # around the except too: a later signal is held while this answers the first
+        try:
             return _main(argv)
-    except KeyboardInterrupt:  # the sets are written whole (write_dataset's staging folder): none is half there
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        except KeyboardInterrupt:  # the sets are written whole (write_dataset's staging folder): none is half there
+            print("error: interrupted", file=sys.stderr)
+            return 130
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -150,6 +148,10 @@ def _main(argv: Sequence[str] | None) -> int:
             from reproduction.fsio import user_path_argument
 
             args.out = str(user_path_argument("--out", args.out))
+        if args.command == "generate":
+            from reproduction.sim.libero.generate import check_counts
+
+            check_counts(sft=args.sft, rollouts=args.rollouts, eval_rollouts=args.eval)
         if args.command == "generate" and any(is_libero_id(t) for t in args.tasks):
             doc = _generate_libero(args, ui)
         elif args.command == "generate":

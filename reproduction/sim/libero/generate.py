@@ -577,8 +577,9 @@ def generate_libero_data(
 
 
 def _exists_hint(root: Path, configs: list[LiberoGenConfig]) -> str:
-    """The hint of a rerun into an --out that holds some of the sets: how to write only the missing ones, and the
-    staging folders a killed run left there (a SIGKILL skips their removal; audit55 E2)."""
+    """The hint of a rerun into an --out that holds some of the sets: how to write only the missing ones (or, when
+    it holds every set asked for, how to write them again), and the staging folders a killed run left there (a
+    SIGKILL skips their removal; audit55 E2)."""
     import glob
 
     from reproduction.data.writer import PARTIAL_NAME
@@ -586,7 +587,11 @@ def _exists_hint(root: Path, configs: list[LiberoGenConfig]) -> str:
 
     flags = {"sft": "--sft", "rollout": "--rollouts", "eval": "--eval"}
     done = [cfg.kind for cfg in configs if (root / FOLDERS[cfg.kind]).exists()]
-    hint = "choose a new folder, or set " + ", ".join(f"{flags[k]} 0" for k in done) + " to write only the others"
+    if len(done) == len(configs):  # setting every count to 0 is "nothing to generate": no way forward (audit56)
+        folders = " ".join(str(root / FOLDERS[k]) for k in done)
+        hint = f"every set asked for is already written: choose a new --out, or delete {folders} to write it again"
+    else:
+        hint = "choose a new folder, or set " + ", ".join(f"{flags[k]} 0" for k in done) + " to write only the others"
     leftovers = []
     for cfg in configs:
         prefix = PARTIAL_NAME.format(stem=FOLDERS[cfg.kind], pid="")
@@ -626,6 +631,17 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def check_counts(*, sft: int, rollouts: int, eval_rollouts: int) -> None:
+    """The generators' command lines' rule for `--sft/--rollouts/--eval` (this one's and `python -m reproduction.sim
+    generate`'s, Fetch tasks included): each >= 0, else a ConfigError (exit 4, a bad value) naming the flag, so the
+    two answer the same input alike (they differed, exit 2 and 4: audit56)."""
+    for flag, n in (("--sft", sft), ("--rollouts", rollouts), ("--eval", eval_rollouts)):
+        if n < 0:
+            raise ConfigError(
+                f"{flag} {n} must be >= 0 (0 skips that set)", field=flag.lstrip("-"), hint=f"set {flag} 0 or more"
+            )
+
+
 def _modes(text: str | None) -> dict[str, float]:
     if not text:
         return dict(ROLLOUT_MODES)
@@ -651,16 +667,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PortableError as exc:
         return render_error(exc)
     existed = out.exists()
-    for flag, n in (("--sft", args.sft), ("--rollouts", args.rollouts), ("--eval", args.eval)):
-        if n < 0:
-            hint = f"set {flag} 0 or more"
-            return render_error(ConfigError(f"{flag} {n} must be >= 0 (0 skips that set)", hint=hint))
+    try:
+        check_counts(sft=args.sft, rollouts=args.rollouts, eval_rollouts=args.eval)
+    except PortableError as exc:
+        return render_error(exc)
     if not 0 <= args.seed <= SEED_MAX:
         return render_error(
             ConfigError(f"--seed {args.seed} is outside 0..{SEED_MAX} (2**32-1)", hint="choose a seed in that range")
         )
-    try:
-        with sigterm_as_interrupt():
+    with sigterm_as_interrupt():  # around the except too: a later signal is held while this answers the first
+        try:
             results = generate_libero_data(
                 out,
                 task=args.task,
@@ -677,14 +693,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 max_steps=args.max_steps,
                 stop_on_success=not args.run_to_limit,
             )
-    except PortableError as exc:
-        return render_error(exc)
-    except KeyboardInterrupt:  # sets are written whole (write_dataset's temp folder), so only a stub can remain
-        if not existed:
-            with contextlib.suppress(OSError):
-                out.rmdir()  # only when empty
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        except PortableError as exc:
+            return render_error(exc)
+        except KeyboardInterrupt:  # sets are written whole (write_dataset's temp folder), so only a stub can remain
+            if not existed:
+                with contextlib.suppress(OSError):
+                    out.rmdir()  # only when empty
+            print("error: interrupted", file=sys.stderr)
+            return 130
     for kind, r in results.items():
         say(
             f"{kind}: {r.episodes_written}/{r.episodes_run} episodes written, success {r.success_rate:.2f}, "
