@@ -408,6 +408,12 @@ class CheckpointError(PortableError, RuntimeError):
     exit_code = 50
 
 
+class ResumeRefusedError(CheckpointError):
+    """A resume refused before it loaded, trained or removed anything: no complete checkpoint at or below the steps
+    asked for is left (keep_last kept only newer ones). `portable run` then puts run.json back as it was, so a
+    refused `--target-step M` is not stored for a later plain `--resume` to inherit and fail on again (audit56 K1)."""
+
+
 class CheckpointKernelsChangedError(CheckpointError):
     """A resume under other CPU kernels than the checkpoint's steps were computed with (its manifest's
     `versions.cpu_kernels`): refused like a stage whose inputs changed since it ran (exit 52), since continuing

@@ -21,7 +21,8 @@ upstream stages (redone in this invocation or an earlier one: then it is redone)
 stages and every stage downstream of them. An invocation given `--target-step N` records run.json's
 `target_step` ({"step": N, "stages": the stages it selected}) with its first `running` record and drops it when it
 completes: a plain `--resume` of one that stopped trains each of those stages it runs to N (complete ones below
-N too), as it would have.
+N too), as it would have. A resume a stage refuses before it trains (ResumeRefusedError: only checkpoints above N
+are left) puts run.json back as it was before that stage, N not kept.
 run.json is written atomically after every state change, so a kill leaves a consistent record.
 """
 
@@ -46,11 +47,18 @@ from reproduction.digest_cache import DigestCache
 from reproduction.errors import (
     InputNotFoundError,
     PortableError,
+    ResumeRefusedError,
     RunStateError,
     StageKeyChangedError,
     StageProtocolError,
 )
-from reproduction.fsio import atomic_write_text, make_output_folder, remove_orphaned_temps, remove_tree
+from reproduction.fsio import (
+    atomic_write_bytes,
+    atomic_write_text,
+    make_output_folder,
+    remove_orphaned_temps,
+    remove_tree,
+)
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
 from reproduction.run.config import select, to_plain
 from reproduction.run.guards import LOCK_FILE, deferred_interrupts, refuse_links, run_lock, sigterm_as_interrupt
@@ -254,7 +262,8 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
     the steps it trained), UsageError (exit 2: --target-step at or below a stage's trained steps while its step
     count is raised above them), PreflightError (every problem found before anything ran), and whatever a stage
     raises: the stage is then recorded `failed` (or `interrupted` on Ctrl-C / SIGTERM) in run.json, so
-    `--resume` continues it; a complete stage that `--target-step` failed to train on keeps its record.
+    `--resume` continues it; a complete stage that `--target-step` failed to train on keeps its record; a resume
+    refused before it trained (ResumeRefusedError) leaves run.json's bytes as they were before the stage.
     """
     opts = options or RunOptions()
     digests = opts.digests or DigestCache()  # one per run: keys, outputs, datasets, weights and lineage share it
@@ -724,6 +733,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         # invocation selected to it, not the running one only to its checkpoint's step (audit54 A6, R2)
         order = [s.name for s in walk.recipe.stages if s.name in walk.chosen and s.name not in walk.untargeted]
         state["target_step"] = {"step": walk.opts.target_step, "stages": order}
+    prior = _state_bytes(run_dir)  # what a refused resume puts back (ResumeRefusedError, audit56 K1)
     _write_state(run_dir, state)  # before the stage folder: a kill from here on leaves a run to --resume
     if walk.recipe.report and not walk.redone:  # the first stage this invocation runs: the report is out of date
         _remove_report(run_dir)
@@ -794,7 +804,8 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
             versions = _record_lineage(walk, spec, action, output, outputs, parts, started, ended, target_step=target)
             complete["lineage"] = _statement_params(walk, output, versions, target)
     except BaseException as exc:
-        _record_stop(run_dir, state, spec.name, before, exc, walk.digests)
+        if not (isinstance(exc, ResumeRefusedError) and _put_back(run_dir, prior, spec.name, before, walk.digests)):
+            _record_stop(run_dir, state, spec.name, before, exc, walk.digests)
         raise
     with deferred_interrupts():  # a Ctrl-C here comes after the record: the stage is complete, the run stops
         state["stages"][spec.name] = complete
@@ -1066,6 +1077,35 @@ def downstream(recipe: Recipe, names: Sequence[str]) -> set[str]:
         if closure.intersection(spec.needs):
             closure.add(spec.name)
     return closure
+
+
+def _state_bytes(run_dir: Path) -> bytes | None:
+    """run.json's bytes as they are now, None when there is none (or it cannot be read)."""
+    try:
+        return (run_dir / RUN_JSON).read_bytes()
+    except OSError:
+        return None
+
+
+def _put_back(run_dir: Path, prior: bytes | None, stage: str, before: dict | None, digests: DigestCache) -> bool:
+    """After a resume the stage refused before it loaded, trained or removed anything (ResumeRefusedError: only
+    checkpoints above the steps asked for are left): write back run.json's bytes from before the stage's `running`
+    record, so the refused `--target-step M` is not left in run.json's `target_step` for a later plain --resume to
+    inherit and be refused on again (audit56 K1), and the stage's record is as it was. False (nothing written: the
+    caller records the stop) without earlier bytes, or when a complete record's outputs changed since (a multi-mode
+    stage that trained one mode before another's resume was refused): its record must not be put back over new
+    files (audit47 kill F1)."""
+    if prior is None:
+        return False
+    if before is not None and before.get("status") == "complete":
+        with contextlib.suppress(OSError):
+            if verify_outputs(run_dir / stage, before.get("outputs", {}), digests):
+                return False
+    try:
+        atomic_write_bytes(run_dir / RUN_JSON, prior)
+    except OSError:  # not written: the caller records the stop, and the refusal is raised as it is
+        return False
+    return True
 
 
 def _record_stop(

@@ -24,7 +24,7 @@ import torch
 
 from reproduction.digest_cache import tree_lines
 from reproduction.digests import sha256_file
-from reproduction.errors import CheckpointError
+from reproduction.errors import CheckpointError, ResumeRefusedError
 from reproduction.train import checkpoint, data_order, dist, fsdp
 from reproduction.train.config import TrainConfig
 from reproduction.train.device import DeviceSpec, rng_module
@@ -286,16 +286,17 @@ def _resume(st: _State, root: Path, config: TrainConfig) -> None:
     whose steps no log holds (audit55 review). Loading the newest one whatever max_steps said ran no step and
     returned a step above the target, so a multi-mode stage (RECAP's policy: recap, bc, filtered_bc) ended with
     mixed step counts (audit55 G2). Every trainer resumes through here (RECAP's value and policy stages, GRPO's rl
-    stage), so the rule holds for all of them. CheckpointError where no complete checkpoint at or below max_steps is
-    left (keep_last pruned them: keeping the newest keep_last steps, all above max_steps, the step_<max_steps> this
-    run would save could not be kept either); nothing is removed then."""
+    stage), so the rule holds for all of them. ResumeRefusedError (a CheckpointError, exit 50) where no complete
+    checkpoint at or below max_steps is left (keep_last pruned them: keeping the newest keep_last steps, all above
+    max_steps, the step_<max_steps> this run would save could not be kept either); nothing is removed then, and
+    `portable run` leaves run.json as it was (audit56 K1)."""
     steps = dist.broadcast_object(checkpoint.tidy(root, config.keep_last) if dist.is_main() else None)
     if not steps:
         return
     usable = [s for s in steps if s <= config.max_steps]
     if not usable:  # tidy keeps the newest keep_last: all above max_steps, or training to it could not keep step N
         newer = ", ".join(checkpoint.step_dir(root, s).name for s in steps)
-        raise CheckpointError(
+        raise ResumeRefusedError(
             f"{root} holds only {newer}, above this run's max_steps {config.max_steps} (keep_last "
             f"{config.keep_last}); no complete checkpoint at or below it is left to resume from",
             path=checkpoint.step_dir(root, steps[0]),
