@@ -4,6 +4,7 @@ watchdog's record and error line are bounded, so it exits 58 whatever they do.""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -14,7 +15,7 @@ import pytest
 
 from reproduction.errors import RayUnavailableError
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
-from reproduction.train import ray_connect
+from reproduction.train import launcher, ray_connect
 
 
 @dataclass
@@ -116,3 +117,65 @@ def test_the_probe_is_bounded_when_the_host_resolves_slowly(monkeypatch):
 def test_a_host_that_does_not_resolve_still_fails_at_once():
     with pytest.raises(RayUnavailableError, match="host 'no-such-host.invalid' does not resolve"):
         ray_connect.reachable("no-such-host.invalid:6379")
+
+
+def _lost_watch() -> launcher.ClusterWatch:
+    def refusing(host: str, port: int, timeout: float) -> None:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    watch = launcher.ClusterWatch(
+        "127.0.0.1:6379", address="127.0.0.1:6379", what="w", every_s=0.01, lost_after_s=0.0, connect=refusing
+    )
+    time.sleep(0.02)
+    watch.probe()
+    assert watch.lost
+    return watch
+
+
+def test_the_main_thread_does_not_report_a_loss_the_watchdog_claimed():
+    """Both claiming at once: the watchdog won, so the main thread's check() waits for the process to end instead of
+    raising the error a second time (two `error:` lines and two records)."""
+    watch = _lost_watch()
+    assert watch.claim()  # the watchdog's
+    raised: list[BaseException] = []
+
+    def main_thread() -> None:
+        try:
+            watch.check()
+        except RayUnavailableError as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=main_thread, daemon=True)
+    thread.start()
+    thread.join(0.5)
+    assert raised == [] and thread.is_alive()  # not reported here
+    watch.ended.set()  # the real end exits the process; a test's returns
+    thread.join(5)
+    assert raised == [watch.error]
+    assert not watch.claim()  # claimed once
+
+
+def test_the_main_threads_claim_is_its_own_and_the_watchdog_then_does_not_claim():
+    watch = _lost_watch()
+    with pytest.raises(RayUnavailableError):
+        watch.check()
+    with pytest.raises(RayUnavailableError):  # again, at once: its own claim
+        watch.check()
+    assert watch.claimed_by == "main" and not watch.claim()
+
+
+def test_the_watchdogs_record_and_line_are_bounded_and_it_exits_58_anyway(monkeypatch):
+    """A record stuck on a hung disk or a held lock kept a process whose cluster was gone alive."""
+    monkeypatch.setattr(launcher, "END_BOUND_S", 0.3, raising=False)
+    stuck = threading.Event()
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    error = RayUnavailableError("lost the Ray cluster at 127.0.0.1:1 while w ran", address="127.0.0.1:1")
+    t0 = time.monotonic()
+    try:
+        with ray_connect.on_cluster_lost(lambda exc: stuck.wait(5)):
+            launcher._end_process(error)
+        took = time.monotonic() - t0
+    finally:
+        stuck.set()
+    assert exits == [58] and took < 2
