@@ -214,7 +214,7 @@ def cmd_run(args: Any) -> int:
             hint="pass the optimizer step to train on to, e.g. --target-step 3000",
         )
     if args.ray_address is not None:
-        _check_ray_address(args.ray_address, "--ray-address", probe=not args.print_config)
+        _check_ray_address(args.ray_address, "--ray-address")  # its form now; whether it answers once all is checked
     run_dir = Path(args.output)
     files = _config_files(args, bundle)
     # hashed here, as the config is read: a layer edited while a stage trains, or a pipe read once, would be
@@ -292,13 +292,13 @@ def stale_line(stale: dict[str, str]) -> str:
     )
 
 
-def _check_ray_address(address: Any, where: str, *, probe: bool = False) -> None:
+def _check_ray_address(address: Any, where: str) -> None:
     """Refuse a Ray address that cannot name a cluster before the run folder or any stage output is written: an empty
     one (an unset shell variable silently meant a private local Ray, audit51 F5) and one that is not host:port (it
     failed only inside the first Ray stage, after that stage was recorded failed). `where` is the flag or config key.
-    With `probe`, also one where nothing listens or whose host does not resolve (RayUnavailableError, exit 58): found
-    otherwise only when the first Ray stage starts, after earlier stages trained for hours (audit55 J2)."""
-    from reproduction.train.ray_connect import parse_address, reachable, shown
+    Whether it answers is checked by the runner (RunOptions.probe_ray), after the config and preflight checks and only
+    when a stage to run may use Ray workers (audit55 J2, audit56 F2)."""
+    from reproduction.train.ray_connect import parse_address, shown
 
     if where.startswith("--") and not str(address).strip():
         raise UsageError(
@@ -315,8 +315,6 @@ def _check_ray_address(address: Any, where: str, *, probe: bool = False) -> None
             field="ray_address",
             hint="pass HOST:PORT (e.g. 10.0.0.5:6379, the address `ray status` prints on the head node) or `auto`",
         ) from None
-    if probe:
-        reachable(str(address))
 
 
 def execute(
@@ -345,6 +343,7 @@ def execute(
         target_step=args.target_step,
         argv=list(sys.argv),
         ray_address=args.ray_address or getattr(config, "ray_address", None),
+        probe_ray=args.ray_address is not None,  # a config's address is joined lazily, never probed (5de543f)
         ui=_ui(args),
         recorder=make_recorder(Path(bundle) if bundle else None),
         recipe_ref=recipe_ref,

@@ -85,7 +85,7 @@ from reproduction.run.stage_outputs import (
     verify_outputs,
 )
 from reproduction.run.stale import outputs_digest, stale_stages
-from reproduction.train.ray_connect import RunRay, on_cluster_lost
+from reproduction.train.ray_connect import RunRay, may_use_ray, on_cluster_lost, reachable
 from reproduction.writers_lock import WRITERS_FILE
 
 RUN_JSON = "run.json"
@@ -153,6 +153,9 @@ class RunOptions:
     target_step: int | None = None
     argv: list[str] = field(default_factory=list)
     ray_address: str | None = None
+    probe_ray: bool = False
+    """Whether `ray_address` (a --ray-address) must answer a TCP connect before anything runs, when a stage to run may
+    use Ray workers (ray_connect.may_use_ray); a config's address is only joined when a stage asks."""
     ui: Any = None
     recorder: Recorder | None = None
     """Called after each completed stage (the lineage writer, run/record.py); None: no lineage."""
@@ -336,6 +339,8 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
             raise_problems(problems + [m for m in missing if f"{m.field}" not in named])
         else:
             raise_problems(missing)
+        if opts.probe_ray and opts.ray_address and may_use_ray([s for s in selected if s.name in unfinished], plain):
+            reachable(opts.ray_address)  # a dead head found now, not after earlier stages trained (audit55 J2, 56 F2)
         if state is None and run_dir.is_dir() and any(p.name not in LOCKS for p in run_dir.iterdir()):
             raise RunStateError(
                 f"{run_dir} is not empty and holds no run.json", path=run_dir, hint="choose a new or empty --output"

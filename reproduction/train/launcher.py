@@ -54,6 +54,9 @@ that is not stuck in Ray) before the watchdog ends the process (audit55 J1)."""
 LOST_FALLBACK_S = 20.0
 """After the main thread claimed a loss, how long its way out (the stage's record, the error line, Ray calls that
 may block until Ray's own 60 s) gets before the watchdog ends the process anyway (audit55 review3 R1)."""
+END_BOUND_S = 10.0
+"""How long the watchdog's record of a lost cluster (run.json's `failed` record) and its error line may take before it
+exits 58 anyway: a hung disk or a held lock must not keep a process whose cluster is gone alive (audit56 F2)."""
 
 
 class ClusterWatch:
@@ -87,17 +90,31 @@ class ClusterWatch:
         self._why = ""
         self.lost = False
         self.error: RayUnavailableError | None = None
-        self.claimed = False  # someone (the main thread's poll loop or the watchdog) reports the loss: only one may
+        self.claimed_by: str | None = None  # "main" (check()'s raise) or "watchdog" (claim()): the one that reports
+        self.ended = threading.Event()  # set when the watchdog's end(error) returned (a test's: the real one exits)
         self._lock = threading.Lock()
+
+    @property
+    def claimed(self) -> bool:
+        """Whether someone (the main thread's poll loop or the watchdog) took the report of the loss."""
+        return self.claimed_by is not None
 
     def check(self) -> None:
         """Probe when one is due; raises RayUnavailableError once the GCS is lost (see the class docstring), also when
-        the watchdog thread found it lost first; the raise claims the loss, so the watchdog leaves it to the caller."""
+        the watchdog thread found it lost first; the raise claims the loss, so the watchdog leaves it to the caller.
+        When the watchdog claimed it first, it records and prints it and ends the process: this waits for that
+        (END_BOUND_S and a margin) instead of raising, so the loss is reported once (audit56 F2), and raises only if
+        the process is still alive then."""
         with self._lock:
             self._probe()
-            if self.error is not None:
-                self.claimed = True
-                raise self.error
+            if self.error is None:
+                return
+            if self.claimed_by is None:
+                self.claimed_by = "main"
+            mine = self.claimed_by == "main"
+        if not mine:
+            self.ended.wait(END_BOUND_S + 5.0)
+        raise self.error
 
     def probe(self) -> None:
         """Probe when one is due (the watchdog thread's call): sets `lost` and `error`, raises nothing."""
@@ -107,7 +124,9 @@ class ClusterWatch:
     def claim(self) -> bool:
         """Take the report of the loss; True for the first caller only (check()'s raise claims it too)."""
         with self._lock:
-            mine, self.claimed = not self.claimed, True
+            mine = self.claimed_by is None
+            if mine:
+                self.claimed_by = "watchdog"
             return mine
 
     def _probe(self) -> None:
@@ -142,22 +161,30 @@ def _tcp_connect(host: str, port: int, timeout: float) -> None:
         pass
 
 
-def _end_process(error: RayUnavailableError) -> None:
+def _end_process(error: RayUnavailableError, *, exit: Callable[[int], Any] | None = None) -> None:
     """The run's end when its cluster is lost and the main thread does not come back from Ray: Ray's core worker
     blocks a pending `ray.wait` while it retries the GCS, then kills the driver after 60 s with only its own log line
     (exit 1, the stage left `running`, audit55 J1). Records through the `ray_connect.on_cluster_lost` hooks, prints the
-    one-line error and exits with its code without unwinding (the main thread cannot be unwound)."""
-    for record in ray_connect.cluster_lost_hooks():
+    one-line error and exits with its code without unwinding (the main thread cannot be unwound). The record and the
+    line get END_BOUND_S together: a hung disk, lock or stderr does not keep the process alive (audit56 F2). `exit` is
+    a seam for tests (None: os._exit)."""
+
+    def report() -> None:
+        for record in ray_connect.cluster_lost_hooks():
+            try:
+                record(error)
+            except BaseException:  # noqa: BLE001 - the exit below must happen whatever a record does
+                pass
         try:
-            record(error)
-        except BaseException:  # noqa: BLE001 - the exit below must happen whatever a record does
+            render_error(error)
+            sys.stderr.flush()
+        except BaseException:  # noqa: BLE001 - a stderr that cannot be written does not change the exit code
             pass
-    try:
-        render_error(error)
-        sys.stderr.flush()
-    except BaseException:  # noqa: BLE001 - a stderr that cannot be written does not change the exit code
-        pass
-    os._exit(error.exit_code)
+
+    thread = threading.Thread(target=report, name="portable-ray-lost-report", daemon=True)
+    thread.start()
+    thread.join(END_BOUND_S)
+    (exit or os._exit)(error.exit_code)
 
 
 @contextmanager
@@ -186,7 +213,10 @@ def _watchdog(
             if watch.error is None:
                 continue
             if not stop.wait(grace_s) and watch.claim():
-                end(watch.error)
+                try:
+                    end(watch.error)
+                finally:
+                    watch.ended.set()
                 return
             break
         if watch.lost:  # the main thread claimed it and is on its way out

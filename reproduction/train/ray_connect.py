@@ -21,7 +21,9 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from reproduction.errors import RayUnavailableError
@@ -206,7 +208,8 @@ def shown(address: str) -> str:
 def reachable(address: str) -> None:
     """Fail at once, with the cause, for an address that cannot be a cluster: malformed, a host that does not resolve,
     or a port that refuses a TCP connect (nothing listens). A connect that times out or fails otherwise is left to
-    the bounded Ray probe (a firewall, a slow network)."""
+    the bounded Ray probe (a firewall, a slow network). The whole check, the host's resolution included, takes at
+    most REACH_S."""
     try:
         where = parse_address(address)
     except ValueError as exc:
@@ -218,16 +221,11 @@ def reachable(address: str) -> None:
     if where is None:
         return
     host, port = where
-    try:
-        with socket.create_connection((host, port), timeout=REACH_S):
-            pass
-    except ConnectionRefusedError:
-        raise RayUnavailableError(
-            f"cannot join the Ray cluster at {shown(address)}: nothing listens there (connection refused)",
-            address=address,
-            hint="is the Ray head running, on that port? `ray status` on the head node prints its address; "
-            "or leave --ray-address out to let run start a private local Ray",
-        ) from None
+    deadline = time.monotonic() + REACH_S
+    try:  # the name's resolution is inside the bound too: getaddrinfo has no timeout of its own (audit56 F2)
+        infos = _within(REACH_S, lambda: socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+    except TimeoutError:
+        return  # a name that resolves slowly: left to the bounded Ray probe, as a slow connect is
     except socket.gaierror as exc:
         raise RayUnavailableError(
             f"cannot join the Ray cluster at {shown(address)}: host {host!r} does not resolve ({exc.strerror})",
@@ -235,7 +233,69 @@ def reachable(address: str) -> None:
             hint="check the host name, or pass the head node's IP address",
         ) from None
     except OSError:
+        return
+    family, kind, proto, _, sockaddr = infos[0]
+    try:
+        with socket.socket(family, kind, proto) as sock:
+            sock.settimeout(max(deadline - time.monotonic(), 0.05))
+            sock.connect(sockaddr)
+    except ConnectionRefusedError:
+        raise RayUnavailableError(
+            f"cannot join the Ray cluster at {shown(address)}: nothing listens there (connection refused)",
+            address=address,
+            hint="is the Ray head running, on that port? `ray status` on the head node prints its address; "
+            "or leave --ray-address out to let run start a private local Ray",
+        ) from None
+    except OSError:
         pass
+
+
+def _within(seconds: float, fn: Callable[[], Any]) -> Any:
+    """`fn()` run on a daemon thread, waited for at most `seconds` (TimeoutError after that; the thread is left to
+    finish on its own): for a blocking call that takes no timeout. What `fn` raises is raised here."""
+    done: list[Any] = []
+
+    def run() -> None:
+        try:
+            done.append((True, fn()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            done.append((False, exc))
+
+    thread = threading.Thread(target=run, name="portable-bounded-call", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not done:
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    ok, value = done[0]
+    if not ok:
+        raise value
+    return value
+
+
+def may_use_ray(stages: Iterable[Any], plain: dict[str, Any]) -> bool:
+    """Whether one of `stages` (StageSpecs) may run its workers on Ray under the plain config `plain`: a config key it
+    reads (StageSpec.config) holds, at any depth, `launcher: ray` or `workers` above 1 (the rules the recap and grpo
+    stages hand ctx.ray_for). What a joined --ray-address is probed for before anything runs (audit56 F2: a dead head
+    stopped `--stages compare`, which joins no cluster); a Ray use this misses fails at the join, exit 58 alike."""
+
+    def rayish(value: Any) -> bool:
+        if not isinstance(value, dict):
+            return False
+        if value.get("launcher") == "ray":
+            return True
+        workers = value.get("workers")
+        if isinstance(workers, int) and not isinstance(workers, bool) and workers > 1:
+            return True
+        return any(rayish(v) for v in value.values())
+
+    for stage in stages:
+        for key in stage.config:
+            value: Any = plain
+            for part in key.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            if rayish(value):
+                return True
+    return False
 
 
 _ON_CLUSTER_LOST: list[Callable[[RayUnavailableError], None]] = []

@@ -1,0 +1,181 @@
+"""audit56 F2: a dead --ray-address is refused only when a stage to run may use Ray workers, after the config and
+preflight checks, within REACH_S even for a name that resolves slowly; a lost cluster is reported once; the
+watchdog's record and error line are bounded, so it exits 58 whatever they do."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from reproduction.errors import RayUnavailableError
+from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
+from reproduction.train import launcher, ray_connect
+
+
+@dataclass
+class TrainSection:
+    launcher: str = "ray"
+    steps: int = 1
+
+
+@dataclass
+class RayToyConfig:
+    train: TrainSection = field(default_factory=TrainSection)
+    label: str = "x"
+
+
+def write_stage(ctx: StageContext) -> StageOutput:
+    out = ctx.out_dir / "done.txt"
+    out.write_text("done\n")
+    return StageOutput(files=[out])
+
+
+RECIPE = Recipe(
+    name="raytoy",
+    config_schema=f"{__name__}:RayToyConfig",
+    stages=(
+        StageSpec(name="train", fn=f"{__name__}:write_stage", config=("train",)),
+        StageSpec(name="compare", fn=f"{__name__}:write_stage", config=("label",)),
+    ),
+)
+
+
+def _dead_address() -> tuple[socket.socket, str]:
+    s = socket.socket()  # bound, never listening: a connect is refused
+    s.bind(("127.0.0.1", 0))
+    return s, f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def _portable(capsys, tmp_path: Path, *args: str) -> tuple[int, str]:
+    from reproduction.portable import main
+
+    (tmp_path / "run.yaml").write_text(f"recipe: {__name__}:RECIPE\n")
+    capsys.readouterr()
+    code = main(["-q", "run", "--config", str(tmp_path / "run.yaml"), "--output", str(tmp_path / "run"), *args])
+    return code, capsys.readouterr().err
+
+
+def test_a_dead_ray_address_does_not_stop_stages_that_use_no_ray(tmp_path, capsys):
+    """`--stages compare` joins no cluster: it ran (exit 0), not exit 58 (audit56 F2, J2 follow-up)."""
+    sock, address = _dead_address()
+    with sock:
+        code, err = _portable(capsys, tmp_path, "--stages", "compare", "--ray-address", address)
+    assert (code, "cannot join" in err) == (0, False)
+    assert (tmp_path / "run" / "compare" / "done.txt").read_text() == "done\n"
+
+
+def test_a_dead_ray_address_is_refused_before_anything_runs_when_a_stage_uses_ray(tmp_path, capsys):
+    sock, address = _dead_address()
+    with sock:
+        code, err = _portable(capsys, tmp_path, "--ray-address", address)
+    assert code == 58 and not (tmp_path / "run").exists()
+    assert f"error: cannot join the Ray cluster at {address}: nothing listens there (connection refused)" in err
+    with sock:  # the train stage run in-process: no Ray stage left, nothing probed
+        code, err = _portable(capsys, tmp_path, "--ray-address", address, "train.launcher=inprocess")
+    assert (code, "cannot join" in err) == (0, False)
+
+
+def test_a_bad_config_is_reported_before_the_dead_ray_address(tmp_path, capsys):
+    sock, address = _dead_address()
+    with sock:
+        code, err = _portable(capsys, tmp_path, "--ray-address", address, "train.steps=many")
+    assert code == 4 and "cannot join" not in err and "train.steps" in err
+
+
+def test_which_stages_may_use_ray():
+    plain = {"train": {"launcher": "ray"}, "eval": {"workers": 2, "reference": "r"}, "label": "x"}
+    specs = {key: StageSpec(name="s", fn="m:f", config=(key,)) for key in ("train", "eval", "eval.reference", "label")}
+    assert [k for k, s in specs.items() if ray_connect.may_use_ray([s], plain)] == ["train", "eval"]
+    assert not ray_connect.may_use_ray([specs["train"]], {"train": {"launcher": "inprocess", "workers": 1}})
+
+
+def test_the_probe_is_bounded_when_the_host_resolves_slowly(monkeypatch):
+    """getaddrinfo has no timeout: a name whose resolution hangs held the probe past REACH_S."""
+    release = threading.Event()
+
+    def slow(*args, **kwargs):
+        release.wait(10)
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    monkeypatch.setattr(ray_connect, "REACH_S", 0.3)
+    t0 = time.monotonic()
+    try:
+        ray_connect.reachable("slow.example:6379")  # left to the bounded Ray probe, as a slow connect is
+        took = time.monotonic() - t0
+    finally:
+        release.set()
+    assert took < 1.5
+
+
+def test_a_host_that_does_not_resolve_still_fails_at_once():
+    with pytest.raises(RayUnavailableError, match="host 'no-such-host.invalid' does not resolve"):
+        ray_connect.reachable("no-such-host.invalid:6379")
+
+
+def _lost_watch() -> launcher.ClusterWatch:
+    def refusing(host: str, port: int, timeout: float) -> None:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    watch = launcher.ClusterWatch(
+        "127.0.0.1:6379", address="127.0.0.1:6379", what="w", every_s=0.01, lost_after_s=0.0, connect=refusing
+    )
+    time.sleep(0.02)
+    watch.probe()
+    assert watch.lost
+    return watch
+
+
+def test_the_main_thread_does_not_report_a_loss_the_watchdog_claimed():
+    """Both claiming at once: the watchdog won, so the main thread's check() waits for the process to end instead of
+    raising the error a second time (two `error:` lines and two records)."""
+    watch = _lost_watch()
+    assert watch.claim()  # the watchdog's
+    raised: list[BaseException] = []
+
+    def main_thread() -> None:
+        try:
+            watch.check()
+        except RayUnavailableError as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=main_thread, daemon=True)
+    thread.start()
+    thread.join(0.5)
+    assert raised == [] and thread.is_alive()  # not reported here
+    watch.ended.set()  # the real end exits the process; a test's returns
+    thread.join(5)
+    assert raised == [watch.error]
+    assert not watch.claim()  # claimed once
+
+
+def test_the_main_threads_claim_is_its_own_and_the_watchdog_then_does_not_claim():
+    watch = _lost_watch()
+    with pytest.raises(RayUnavailableError):
+        watch.check()
+    with pytest.raises(RayUnavailableError):  # again, at once: its own claim
+        watch.check()
+    assert watch.claimed_by == "main" and not watch.claim()
+
+
+def test_the_watchdogs_record_and_line_are_bounded_and_it_exits_58_anyway(monkeypatch):
+    """A record stuck on a hung disk or a held lock kept a process whose cluster was gone alive."""
+    monkeypatch.setattr(launcher, "END_BOUND_S", 0.3, raising=False)
+    stuck = threading.Event()
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    error = RayUnavailableError("lost the Ray cluster at 127.0.0.1:1 while w ran", address="127.0.0.1:1")
+    t0 = time.monotonic()
+    try:
+        with ray_connect.on_cluster_lost(lambda exc: stuck.wait(5)):
+            launcher._end_process(error)
+        took = time.monotonic() - t0
+    finally:
+        stuck.set()
+    assert exits == [58] and took < 2
