@@ -200,7 +200,7 @@ def test_a_stage_returning_another_stages_file_is_refused(tmp_path):
     wrote first's output)."""
     thief = StageSpec(name="second", fn=f"{__name__}:steal", needs=("first",), inputs=False)
     run = tmp_path / "run"
-    with pytest.raises(StageProtocolError, match=r"output .*first/out.txt is outside its folder"):
+    with pytest.raises(StageProtocolError, match=r"output .*first/out.txt is stage first's file, outside its folder"):
         run_recipe(recipe(spec(), thief), Cfg(), run)
     assert list(_status(run)["outputs"]) == ["out.txt"]
 

@@ -63,7 +63,18 @@ def _find(fullname: str, path: list[str] | None) -> Any:
         find = getattr(finder, "find_spec", None)
         if find is None:
             continue
-        spec = find(fullname, path)
+        try:
+            spec = find(fullname, path)
+        except KeyError:
+            # PathFinder wraps a namespace package's locations in a _NamespacePath, which looks its parent up in
+            # sys.modules: a namespace inside a namespace (myns.sub, never imported here) raised KeyError 'myns'
+            # and went unrecorded (audit56 B2). The same search, without the wrapper: a plain list of folders.
+            search = getattr(finder, "_get_spec", None)
+            if search is None:
+                raise
+            spec = search(fullname, path)
+            if spec is not None and spec.loader is None:
+                spec = spec if spec.submodule_search_locations else None  # a namespace portion, as find_spec
         if spec is not None:
             return spec
     return None

@@ -245,6 +245,29 @@ def recipe_ref(state: dict[str, Any]) -> str:
     return str(state.get("recipe_ref") or state.get("recipe"))
 
 
+def _ref_kind(ref: str) -> str | None:
+    """The kind of recipe reference `ref`: "built-in" for a built-in recipe's name or an in-tree module's
+    reference, "out-of-tree" for another package.module:NAME, None for a bare name that is no built-in's (an API
+    caller's recipe.name: unknown)."""
+    module, sep, _ = ref.partition(":")
+    if sep:
+        return "built-in" if module.split(".")[0] == "reproduction" else "out-of-tree"
+    from reproduction.run.resolve import builtin_names
+
+    return "built-in" if ref in builtin_names() else None
+
+
+def _other_kind(state: dict[str, Any], ref: str | None) -> bool:
+    """Whether run.json's recipe and this invocation's (`ref`: the config's reference; None: an API caller, which
+    gives only the name) are of different kinds, one built-in and one out-of-tree, though named alike: an
+    out-of-tree Recipe(name="recap") is not RECAP (audit56 B3). Two out-of-tree references may differ (a module
+    moved: the config's is recorded then)."""
+    if ref is None:
+        return False
+    kinds = {_ref_kind(recipe_ref(state)), _ref_kind(ref)}
+    return kinds == {"built-in", "out-of-tree"}
+
+
 def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
     """run.json with secrets redacted (a token in the config or the environment never reaches the file;
     keys are digests of the unredacted parts, so a resume still matches them)."""
@@ -286,6 +309,14 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
                 f"{run_dir} already holds a run",
                 path=run_dir,
                 hint="pass --resume to continue it (or --restart-stage NAME), or choose a new --output",
+            )
+        if state is not None and state.get("recipe") == recipe.name and _other_kind(state, opts.recipe_ref):
+            raise RunStateError(  # same name, another recipe: RECAP's schema on its folder failed unrelatedly
+                f"{run_dir} holds a run of recipe {recipe_ref(state)!r} (named {recipe.name!r}), not of "
+                f"{opts.recipe_ref!r}",
+                path=run_dir,
+                hint=f"choose a new --output for the {opts.recipe_ref!r} run (a run folder keeps one recipe), or "
+                f"resume this one with a config whose recipe is {recipe_ref(state)!r}",
             )
         if state is not None and state.get("recipe") != recipe.name:
             raise RunStateError(

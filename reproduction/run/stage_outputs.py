@@ -43,8 +43,12 @@ def collect_outputs(
     def add(path: Path, real: Path) -> None:
         if not any(home in real.parents for home in homes):
             where = f"{path} (a link to {real})" if real != Path(os.path.abspath(path)) else str(path)
+            watched = before.files if before is not None else {}
+            owner = watched.get(os.path.abspath(path)) or watched.get(str(real))
+            # another stage's recorded file: said so, with its owner (audit56 B5: "outside its folder" hid whose)
+            whose = f"stage {owner[0]}'s file, " if owner is not None else ""
             raise StageProtocolError(
-                f"stage {spec.name}: output {where} is outside its folder {stage_real}",
+                f"stage {spec.name}: output {where} is {whose}outside its folder {stage_real}",
                 stage=spec.name,
                 hint=f"write a stage's outputs into its folder (ctx.out_dir) or {run_dir / 'evidence'}, as files",
             )
