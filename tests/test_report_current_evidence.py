@@ -97,7 +97,7 @@ def test_recap_success_plot_reads_the_recorded_evaluation(tmp_path, monkeypatch)
 
     run = _run(tmp_path, "eval_policy_100")  # eval_policy_30 sorts last by name
     seen = []
-    monkeypatch.setattr(plots, "plot_success_rates", lambda doc, out, metric: seen.append(doc["name"]) or out)
+    monkeypatch.setattr(plots, "plot_success_rates", lambda doc, out, metric, **_: seen.append(doc["name"]) or out)
     recap_report.write_plots(run)
     assert seen == ["eval_policy_100"]
 

@@ -27,9 +27,10 @@ def cmd_compare(args: Any) -> int:
     _check_level("alpha", args.alpha, 0, 0.5)
     from reproduction.run.evidence_check import check_evidence
 
-    reference = load_source(args.reference)  # the reference's own errors first, named as such
+    quiet = bool(getattr(args, "quiet", False))
+    reference = load_source(args.reference, quiet=quiet)  # the reference's own errors first, named as such
     check_evidence(reference, where=args.reference, reference=True)  # a count of 0 episodes, named by its path
-    actual = load_source(args.actual)
+    actual = load_source(args.actual, quiet=quiet)
     comparison = compare_evidence(
         actual,
         reference,
@@ -47,15 +48,16 @@ def cmd_compare(args: Any) -> int:
     return EXIT_OF[comparison.verdict]
 
 
-def load_source(text: str) -> dict[str, Any]:
+def load_source(text: str, *, quiet: bool = False) -> dict[str, Any]:
     """Evidence from a file, a folder holding one eval_*.json, a model card (*.md: its model-index), or
-    `hub:OWNER/NAME[@REVISION]` (the published card's model-index, read through the Hub)."""
+    `hub:OWNER/NAME[@REVISION]` (the published card's model-index, read through the Hub). `quiet` (-q): no line
+    saying which of a run folder's evaluations was chosen; the warning that it is not the run's current one stays."""
     from reproduction.run.card_evidence import evidence_from_card
     from reproduction.run.evidence import load_evidence
 
     if text.startswith("hub:"):
         return evidence_from_card(_hub_card(text[4:]), where=text)
-    path = _evidence_path(Path(text))
+    path = _evidence_path(Path(text), quiet=quiet)
     if path.suffix.lower() == ".md":
         from reproduction.errors import os_error
 
@@ -82,16 +84,20 @@ def _hub_card(spec: str) -> str:
     )
 
 
-def _evidence_path(path: Path) -> Path:
+def _evidence_path(path: Path, *, quiet: bool = False, who: str = "compare") -> Path:
     """A file as given, or the one evidence JSON of a folder (a fetched bundle's evidence/ or the bundle itself,
     whose model card's results `fetch` keeps as evidence/*.json); of a run folder (or its evidence/) holding several,
-    the one its run.json's eval record lists (_recorded_one)."""
+    the one its run.json's eval record lists (_recorded_one, whose stderr line starts with `who` and is left out when
+    `quiet`). For `compare` (who == "compare"), a warning when that evaluation is not the run's current result
+    (_warn_not_current, said even when quiet: it changes what the verdict means); `eval --plan` only reads the
+    reference's rates and episode counts, and says nothing of a verdict it does not give."""
     if path.is_dir():
         for folder in (path, path / "evidence"):
             found = sorted(p for p in folder.glob("eval_*.json")) if folder.is_dir() else []
-            chosen = found[0] if len(found) == 1 else _recorded_one(folder, found) if found else None
+            chosen = found[0] if len(found) == 1 else _recorded_one(folder, found, quiet, who) if found else None
             if chosen is not None:
-                _warn_not_current(folder)
+                if who == "compare":
+                    _warn_not_current(folder)
                 return chosen
             if found:
                 names = ", ".join(p.name for p in found)
@@ -128,10 +134,11 @@ def _warn_not_current(folder: Path) -> None:
     print(f"warning: {folder.parent}: {why}; `portable run ... --resume` evaluates the current one", file=sys.stderr)
 
 
-def _recorded_one(folder: Path, found: list[Path]) -> Path | None:
+def _recorded_one(folder: Path, found: list[Path], quiet: bool, who: str) -> Path | None:
     """The one of `found` (folder's eval_*.json) that run.json's eval record lists, when `folder` is a run folder's
     evidence/ (run.json beside or above it) and the record lists exactly one of them; the choice is said on one
-    stderr line (stdout stays the table or --json). None otherwise: without run.json nothing tells them apart."""
+    stderr line starting with `who` unless `quiet` (stdout stays the table or --json). None otherwise: without
+    run.json nothing tells them apart."""
     from reproduction.run.report import recorded_evidence
 
     run_dir = folder.parent
@@ -142,9 +149,11 @@ def _recorded_one(folder: Path, found: list[Path]) -> Path | None:
     if len(mine) != 1:
         return None
     rest = ", ".join(p.name for p in found if p is not mine[0])
-    print(
-        f"compare: using {mine[0]}, the evaluation {run_dir / 'run.json'} records (also there: {rest})", file=sys.stderr
-    )
+    if not quiet:
+        print(
+            f"{who}: using {mine[0]}, the evaluation {run_dir / 'run.json'} records (also there: {rest})",
+            file=sys.stderr,
+        )
     return mine[0]
 
 
@@ -258,7 +267,10 @@ def cmd_plan(args: Any) -> int:
         raise UsageError(f"--difference {args.difference:g} is not a number", hint="e.g. --difference 0")
     rows = plan_rows(
         # a folder holding one eval_*.json is that file, as in `compare` (audit47 F11: a folder was exit 4, Errno 21)
-        reference=_evidence_path(Path(args.reference)) if args.reference else None,
+        # no warning that a run's evaluation is an earlier one: the plan gives no verdict (audit56 F3)
+        reference=_evidence_path(Path(args.reference), quiet=bool(getattr(args, "quiet", False)), who="eval --plan")
+        if args.reference
+        else None,
         rates=list(args.rate or []),
         margin=args.margin,
         alpha=args.alpha,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,15 @@ from reproduction.fsio import atomic_write_bytes
 SUCCESS = "#1a7f37"
 FAILURE = "#cf222e"
 PALETTE = ("#0969da", "#8250df", "#bf8700", "#1a7f37", "#cf222e", "#57606a", "#e16f24", "#1b7c83")
+_HATCHES = ("", "//", "..", "xx", "\\\\", "++")
+
+
+def policy_colours(names: Iterable[str]) -> dict[str, str]:
+    """The one colour of each policy (by name: "recap", "bc", "grpo", "sft") in every plot of a run's report: PALETTE
+    in the names' sorted order. A recipe's report calls it once with all its policies and hands the mapping to each
+    plot (`colours=`), so a policy drawn in the training curves and in the success rates has the same colour there
+    (each plot once numbered its own lines and bars, audit56 F3)."""
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(sorted(set(names)))}
 
 
 def figure(width: float, height: float):
@@ -79,6 +88,7 @@ def plot_training_curves(
     out: Path,
     *,
     metrics: Sequence[str] | None = None,
+    colours: Mapping[str, str] | None = None,
 ) -> Path:
     """One row per training stage, one panel per metric family (loss, value error, ...), one line per run of
     the stage (fold model, policy mode; the colour) and split (train solid, eval dashed); each row's legend
@@ -87,13 +97,17 @@ def plot_training_curves(
     `logs` maps "stage" or "stage/run" (e.g. "value/model_0", "policy/recap") to its metrics.jsonl
     (reproduction/train/metrics.py) or to the records themselves. `metrics`: the families to draw (default
     CURVE_METRICS that the stage logged, else its first MAX_PANELS families). A stage with no records is
-    drawn as a panel saying so.
+    drawn as a panel saying so. `colours`: the colour of a `logs` key's lines (a policy's, from `policy_colours`);
+    the runs of a stage it does not name take PALETTE in their order.
     """
-    return save(training_curves_figure(logs, metrics=metrics), out)
+    return save(training_curves_figure(logs, metrics=metrics, colours=colours), out)
 
 
 def training_curves_figure(
-    logs: Mapping[str, Path | Sequence[Mapping[str, Any]]], *, metrics: Sequence[str] | None = None
+    logs: Mapping[str, Path | Sequence[Mapping[str, Any]]],
+    *,
+    metrics: Sequence[str] | None = None,
+    colours: Mapping[str, str] | None = None,
 ) -> Any:
     """The matplotlib Figure `plot_training_curves` saves (same arguments); ValueError without logs."""
     if not logs:
@@ -115,7 +129,10 @@ def training_curves_figure(
     grid = fig.subplots(len(rows), ncols + 1, squeeze=False, gridspec_kw={"width_ratios": [1.0] * ncols + [0.5]})
     axes = grid[:, :ncols]
     for r, (stage, runs, families) in enumerate(rows):
-        colours = {run: PALETTE[i % len(PALETTE)] for i, run in enumerate(runs)}
+        given = colours or {}
+        hue = {
+            run: given.get(f"{stage}/{run}" if run else stage, PALETTE[i % len(PALETTE)]) for i, run in enumerate(runs)
+        }
         splits: set[str] = set()
         grid[r, ncols].set_axis_off()
         for c, ax in enumerate(axes[r]):
@@ -131,7 +148,7 @@ def training_curves_figure(
                 for label, (xs, ys) in sorted(curves.get(family, {}).items()):
                     split = label.split()[0]
                     splits.add(split)
-                    ax.plot(xs, ys, _SPLIT_STYLE[split], marker="o" if len(xs) < 30 else None, ms=3, color=colours[run])
+                    ax.plot(xs, ys, _SPLIT_STYLE[split], marker="o" if len(xs) < 30 else None, ms=3, color=hue[run])
             _min_span(
                 ax, [y for curves in runs.values() for _, ys in curves.get(family, {}).values() for y in ys], family
             )
@@ -139,7 +156,7 @@ def training_curves_figure(
             ax.set_xlabel("step", fontsize=9)
             ax.tick_params(labelsize=8)
             ax.grid(alpha=0.3)
-        handles = [Line2D([], [], color=colours[run], lw=2, label=run or stage) for run in runs if len(runs) > 1]
+        handles = [Line2D([], [], color=hue[run], lw=2, label=run or stage) for run in runs if len(runs) > 1]
         handles += [Line2D([], [], color="#57606a", ls=_SPLIT_STYLE[s], label=s) for s in sorted(splits)]
         if families and handles:
             grid[r, ncols].legend(handles=handles, loc="upper left", fontsize=9, frameon=False, borderaxespad=0.0)
@@ -190,12 +207,15 @@ def plot_success_rates(
     *,
     metric: str = "success_once",
     title: str = "Success rate per task",
+    colours: Mapping[str, str] | None = None,
 ) -> Path:
     """Grouped bars: per task (and overall), one bar per evaluated policy / guidance scale, labelled k/n.
 
     `evidence` is one evaluation evidence document (its primary and baselines are drawn) or several
     (e.g. one per guidance scale). Error bars are the Wilson 95% interval (reproduction.run.stats.wilson),
-    which stays inside [0, 1] at 0/n and n/n, where a standard error collapses to zero.
+    which stays inside [0, 1] at 0/n and n/n, where a standard error collapses to zero. `colours`: the colour of
+    an entry's bars by its policy label (from `policy_colours`; a label it does not name takes PALETTE in the
+    entries' order); entries of one colour (a policy at several guidance scales) are told apart by hatching.
     """
     from reproduction.run.stats import wilson
 
@@ -208,14 +228,25 @@ def plot_success_rates(
     fig = figure(max(7.5, 2.2 * len(groups) + 1), 4.4)
     ax = fig.add_subplot()
     width = 0.8 / len(entries)
+    given = colours or {}
+    bar_colours = [given.get(e["policy"]["label"], PALETTE[i % len(PALETTE)]) for i, e in enumerate(entries)]
     for i, entry in enumerate(entries):
         counts = [entry["tasks"].get(t, {}).get(metric) for t in tasks] + [entry["metrics"].get(metric)]
         xs = [g + (i - (len(entries) - 1) / 2) * width for g in range(len(groups))]
         rates = [c["rate"] if c else 0.0 for c in counts]
         cis = [wilson(c["successes"], c["episodes"]) if c and c["episodes"] else (r, r) for c, r in zip(counts, rates)]
         errs = [[r - lo for r, (lo, _) in zip(rates, cis)], [hi - r for r, (_, hi) in zip(rates, cis)]]
+        hatch = _HATCHES[bar_colours[:i].count(bar_colours[i]) % len(_HATCHES)]
         bars = ax.bar(
-            xs, rates, width * 0.92, yerr=errs, capsize=3, color=PALETTE[i % len(PALETTE)], label=_entry_name(entry)
+            xs,
+            rates,
+            width * 0.92,
+            yerr=errs,
+            capsize=3,
+            color=bar_colours[i],
+            hatch=hatch or None,
+            edgecolor="white" if hatch else None,
+            label=_entry_name(entry),
         )
         for bar, c, err in zip(bars, counts, errs[1]):
             text = f"{c['successes']}/{c['episodes']}" if c else "n/a"

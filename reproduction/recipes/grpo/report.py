@@ -18,6 +18,8 @@ from pathlib import Path
 CURVES = ("loss", "kl", "rollout_success", "success_at_end")
 """Metric families drawn per training stage (those it logged): sft logs loss; rl all four (success_at_end from the
 live evaluation every rl.eval_every steps)."""
+POLICY_OF_STAGE = {"sft": "sft", "rl": "grpo"}
+"""The policy (its evidence label) each training stage trains: the key of its colour in every plot."""
 CAPTIONS = {
     "training_curves": "Training curves: sft (BC) loss; rl loss, KL to the sft policy, training rollouts' success, "
     "and the live evaluation every rl.eval_every steps (dashed)",
@@ -86,13 +88,25 @@ def write_plots(run_dir: Path) -> dict[str, Path]:
     written: dict[str, Path] = {}
     logs = {stage: run_dir / stage / "metrics.jsonl" for stage in ("sft", "rl")}
     logs = {k: v for k, v in logs.items() if v.is_file()}
-    if logs:
-        written["training_curves"] = plots.plot_training_curves(logs, out_dir / "training_curves.png", metrics=CURVES)
     newest = newest_evidence(run_dir)
-    if newest is not None:
-        doc = json.loads(newest.read_text(encoding="utf-8"))
+    doc = json.loads(newest.read_text(encoding="utf-8")) if newest is not None else None
+    labels = [e["policy"]["label"] for e in ([doc, *doc.get("baselines", [])] if doc else [])]
+    # one colour per policy in both plots: the sft stage trains `sft`, the rl stage `grpo` (evidence labels)
+    colours = plots.policy_colours([*POLICY_OF_STAGE.values(), *labels])
+    if logs:
+        written["training_curves"] = plots.plot_training_curves(
+            logs,
+            out_dir / "training_curves.png",
+            metrics=CURVES,
+            colours={stage: colours[POLICY_OF_STAGE[stage]] for stage in logs},
+        )
+    if doc is not None:
         written["success_rates"] = plots.plot_success_rates(
-            doc, out_dir / "success_rates.png", metric="success_at_end", title="Held-out success: grpo vs sft"
+            doc,
+            out_dir / "success_rates.png",
+            metric="success_at_end",
+            title="Held-out success: grpo vs sft",
+            colours={label: colours[label] for label in labels},
         )
     return written
 

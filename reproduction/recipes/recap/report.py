@@ -49,14 +49,27 @@ def write_plots(run_dir: Path) -> dict[str, Path]:
         for stage in ("value", "policy")
         for p in sorted((run_dir / stage).glob("*/metrics.jsonl"))
     }
-    if logs:
-        written["training_curves"] = plots.plot_training_curves(logs, out_dir / "training_curves.png")
     from reproduction.run.report import current_evidence
 
     evidence = current_evidence(run_dir)[0]  # the run's own, by numeric step (not eval_policy_100 < eval_policy_30)
-    if evidence:
-        doc = json.loads(evidence[-1].read_text())
-        written["success_rates"] = plots.plot_success_rates(doc, out_dir / "success_rates.png", metric="success_at_end")
+    doc = json.loads(evidence[-1].read_text()) if evidence else None
+    # a policy is its mode: policy/<mode>/ trains it, its evidence entries (one per guidance scale) carry the mode
+    entries = [doc, *doc.get("baselines", [])] if doc else []
+    modes = {e["policy"]["label"]: e["policy"].get("mode") or e["policy"]["label"] for e in entries}
+    trained = [key.partition("/")[2] for key in logs if key.startswith("policy/")]
+    colours = plots.policy_colours([*trained, *modes.values()])
+    if logs:
+        curve_colours = {f"policy/{mode}": colours[mode] for mode in trained}
+        written["training_curves"] = plots.plot_training_curves(
+            logs, out_dir / "training_curves.png", colours=curve_colours
+        )
+    if doc:
+        written["success_rates"] = plots.plot_success_rates(
+            doc,
+            out_dir / "success_rates.png",
+            metric="success_at_end",
+            colours={label: colours[mode] for label, mode in modes.items()},
+        )
     return written
 
 
