@@ -1,0 +1,96 @@
+"""Audit 56 / A: unreadable files in a restored tree (A1, A2) and a build-prefix string that ends its file (A3).
+
+Permission cases need an ordinary user's permission checks: as root they run the CLI without capabilities
+(`setpriv --inh-caps=-all --bounding-set=-all`), or are skipped when setpriv cannot do that here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from bundlekit import QUIET, SCRIPT, forge_bundle, member, write_tree
+
+from reproduction.release.pack import pack_bundle
+
+NO_CAPS = ["setpriv", "--inh-caps=-all", "--bounding-set=-all"]
+
+
+def _as_user() -> list[str]:
+    """The command prefix that runs the CLI with an ordinary user's permission checks (skips when none)."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root and setpriv is not installed: permission bits would not apply")
+    if subprocess.run([*NO_CAPS, "true"], capture_output=True, timeout=30).returncode != 0:
+        pytest.skip("running as root and setpriv cannot drop capabilities here: permission bits would not apply")
+    return NO_CAPS
+
+
+def _restore(*args: str | os.PathLike) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PORTABLE_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [*_as_user(), sys.executable, str(SCRIPT), "restore", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_a_mode_000_member_restores_again_and_an_unreadable_file_is_a_permission_error(tmp_path):
+    """A1: restore reads back what it wrote (this forged layer has no member index, so every restore compares the
+    tree with a fresh extraction): a file is written readable by its owner, so the second restore works too; a
+    file made unreadable afterwards is exit 3 naming it and `chmod u+r`, not exit 8 "free some space"."""
+    bundle = forge_bundle(
+        tmp_path / "b", [("source/app.tar.zst", "source/app", "source", [member("secret", data=b"s", mode=0o000)])]
+    )
+    secret = bundle / "source" / "app" / "secret"
+    for _ in range(2):
+        done = _restore(bundle)
+        assert done.returncode == 0, done.stderr
+        assert "extracted source/app" in done.stderr
+        assert secret.read_bytes() == b"s"
+        assert secret.stat().st_mode & 0o777 == 0o400  # the archive's 000 plus u+r, nothing else
+
+    secret.chmod(0)
+    done = _restore(bundle)
+    assert done.returncode == 3, done.stderr
+    assert f"error: cannot read {secret} to compare it with the bundle's copy: permission denied" in done.stderr
+    assert f"chmod u+r {secret}" in done.stderr
+    assert "free some space" not in done.stderr
+    secret.chmod(0o400)
+    assert _restore(bundle).returncode == 0  # nothing was changed: fixing the permission is enough
+
+
+def test_deep_restore_reports_an_unreadable_file_instead_of_calling_it_locally_edited(tmp_path):
+    """A2, decided: `--deep` rehashes a source tree; a file it cannot open for lack of permission is its own
+    one-line error (exit 3, naming the file and `chmod u+r`), never "locally edited" (no one edited it, and
+    unread it is not known to be the same either). A plain restore looks at stat only and still succeeds."""
+    write_tree(tmp_path / "src" / "app", {"ok.py": b"hi\n", "noread.txt": b"secret\n"})
+    (tmp_path / "s.toml").write_text(
+        'name = "p"\nroot = "src"\n[[layer]]\nsource = "app"\nkind = "source"\nname = "app"\n', encoding="utf-8"
+    )
+    bundle = tmp_path / "B"
+    pack_bundle(tmp_path / "s.toml", bundle, ui=QUIET)
+    assert _restore(bundle).returncode == 0
+    noread = bundle / "source" / "app" / "noread.txt"
+    noread.chmod(0)
+
+    done = _restore("--deep", bundle)
+    assert done.returncode == 3, done.stderr
+    assert f"error: cannot read {noread} to check its contents: permission denied" in done.stderr
+    assert f"chmod u+r {noread}" in done.stderr
+    assert "locally edited" not in done.stderr
+    assert noread.stat().st_mode & 0o777 == 0
+    done = _restore(bundle)
+    assert done.returncode == 0, done.stderr
+    assert "unchanged source/app" in done.stderr
+
+    noread.chmod(0o644)
+    done = _restore("--deep", bundle)
+    assert done.returncode == 0, done.stderr
+    assert "locally edited" not in done.stderr
