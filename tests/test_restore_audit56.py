@@ -15,6 +15,7 @@ import pytest
 from bundlekit import QUIET, SCRIPT, forge_bundle, member, write_tree
 
 from reproduction.release.pack import pack_bundle
+from reproduction.release.restore import restore_bundle
 
 NO_CAPS = ["setpriv", "--inh-caps=-all", "--bounding-set=-all"]
 
@@ -94,3 +95,40 @@ def test_deep_restore_reports_an_unreadable_file_instead_of_calling_it_locally_e
     done = _restore("--deep", bundle)
     assert done.returncode == 0, done.stderr
     assert "locally edited" not in done.stderr
+
+
+def test_a_prefix_string_that_ends_the_file_keeps_its_room_across_relocations(tmp_path):
+    """A3: the second copy of the build prefix ends the file (no NUL after it). The first relocation pads it with
+    NULs up to the end of the file; the next relocation must count that padding as room (it needed one NUL more,
+    so the room shrank to the string's length and a move to a longer path, far under the prefix, was exit 9)."""
+    build = "/opt/" + "p" * 195  # longer than any path the bundle gets here
+    data = b"\0\1" + build.encode() + b"/lib\0\0\0\0" + build.encode()
+    write_tree(tmp_path / "src" / "rt", {"lib/eof.bin": data})
+    (tmp_path / "s.toml").write_text(
+        'name = "rel"\nroot = "src"\n[[layer]]\nsource = "rt"\nkind = "runtime"\nname = "rt"\n'
+        f'relocatable = true\nbuild_prefix = "{build}"\n',
+        encoding="utf-8",
+    )
+    first = tmp_path / "L1" / "B"
+    pack_bundle(tmp_path / "s.toml", first, ui=QUIET)
+
+    def expected(bundle):
+        new = str(bundle / "runtime" / "rt").encode()
+        pad = b"\0" * (len(build) - len(new))
+        return b"\0\1" + new + b"/lib" + pad + b"\0\0\0\0" + new + pad
+
+    assert restore_bundle(first, ui=QUIET).extracted == ["runtime/rt"]
+    assert (first / "runtime" / "rt" / "lib" / "eof.bin").read_bytes() == expected(first)
+
+    moved = tmp_path / "L22" / "B"  # one character longer
+    moved.parent.mkdir()
+    first.rename(moved)
+    report = restore_bundle(moved, ui=QUIET)
+    assert report.relocated == ["runtime/rt"] and report.extracted == []
+    assert (moved / "runtime" / "rt" / "lib" / "eof.bin").read_bytes() == expected(moved)
+    assert len(expected(moved)) == len(data)
+
+    back = tmp_path / "B"  # and shorter again: the room is still the build prefix's
+    moved.rename(back)
+    assert restore_bundle(back, ui=QUIET).relocated == ["runtime/rt"]
+    assert (back / "runtime" / "rt" / "lib" / "eof.bin").read_bytes() == expected(back)
