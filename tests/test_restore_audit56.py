@@ -132,3 +132,59 @@ def test_a_prefix_string_that_ends_the_file_keeps_its_room_across_relocations(tm
     moved.rename(back)
     assert restore_bundle(back, ui=QUIET).relocated == ["runtime/rt"]
     assert (back / "runtime" / "rt" / "lib" / "eof.bin").read_bytes() == expected(back)
+
+
+def _restored_bundle(tmp_path):
+    write_tree(tmp_path / "src" / "rt", {"lib/a.bin": b"a" * 1000, "lib/b.bin": b"b" * 1000})
+    (tmp_path / "s.toml").write_text(
+        'name = "ro"\nroot = "src"\n[[layer]]\nsource = "rt"\nkind = "runtime"\nname = "rt"\n', encoding="utf-8"
+    )
+    pack_bundle(tmp_path / "s.toml", tmp_path / "B", ui=QUIET)
+    restore_bundle(tmp_path / "B", ui=QUIET)
+    return tmp_path / "B"
+
+
+def test_an_unchanged_restored_bundle_on_a_read_only_filesystem_restores_as_unchanged(tmp_path, monkeypatch, capsys):
+    """A4 (through a seam: the lock file's filesystem refuses writes): nothing can change the bundle there, so the
+    no-change check runs without the holder line and answers exit 0; anything else still goes the full way."""
+    from reproduction.release import noop
+
+    bundle = _restored_bundle(tmp_path)
+    lock = str(bundle / ".portable" / "lock")
+    real_open = os.open
+
+    def read_only_open(path, flags, *args, **kwargs):
+        if str(path) == lock and flags & (os.O_RDWR | os.O_WRONLY):
+            raise OSError(30, "Read-only file system", str(path))  # EROFS
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only_open)
+    assert noop.try_noop_restore(["restore", str(bundle)], "") == 0
+    assert "unchanged runtime/rt" in capsys.readouterr().err
+    (bundle / "runtime" / "rt" / "lib" / "a.bin").write_bytes(b"edited")
+    assert noop.try_noop_restore(["restore", str(bundle)], "") is None  # the full path reports (its lock: exit 8)
+
+
+def test_restore_on_a_read_only_mount_of_a_restored_bundle(tmp_path):
+    """A4 for real (root only: a tmpfs remounted read-only): plain restore 0, `--deep` (which may write) 8."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    bundle = _restored_bundle(tmp_path)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        shutil.copytree(bundle, mnt / "b", symlinks=True)
+        env = {**os.environ, "PORTABLE_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1"}
+        cli = [sys.executable, str(SCRIPT), "restore"]
+        assert subprocess.run([*cli, str(mnt / "b")], env=env, capture_output=True, timeout=120).returncode == 0
+        assert subprocess.run(["mount", "-o", "remount,ro", str(mnt)], capture_output=True).returncode == 0
+        done = subprocess.run([*cli, str(mnt / "b")], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "unchanged runtime/rt" in done.stderr
+        done = subprocess.run([*cli, "--deep", str(mnt / "b")], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 8, done.stderr
+        assert "the filesystem is read-only" in done.stderr
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
