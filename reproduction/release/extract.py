@@ -11,8 +11,11 @@ Modes: as tar does for a user other than root, every mode restore sets is the ar
 process umask applied: a file gets `mode & 0o777 & ~umask`, a folder `mode & 0o1777 & ~umask` (the
 sticky bit kept, so a shared 0o1777 folder never becomes a plain world-writable one), so an archive
 cannot make a world-writable file or folder under umask 022 (audit45 F7), and exec bits the umask
-allows stay. Setuid/setgid members never get here (safety.py refuses them). Nothing compares these
-modes later: the receipt and the no-change check look at size, mtime and the setuid/setgid bits.
+allows stay. One bit is added: a file is always readable by its owner (u+r), because restore reads back
+what it wrote (relocation, the source-tree comparison, `--deep`); a mode-000 member made every later
+restore of its bundle fail (audit56 A1). Setuid/setgid members never get here (safety.py refuses
+them). Nothing compares these modes later: the receipt and the no-change check look at size, mtime
+and the setuid/setgid bits.
 """
 
 from __future__ import annotations
@@ -129,8 +132,8 @@ def _open_new(dirs: DirFds, rel: str, mode: int) -> int:
 
 def _write_file(dirs: DirFds, m: Member, source: StreamSource, umask: int, hasher=None) -> None:
     """Write one file straight from the decompressor's window (no copy), then its mtime; created with
-    the archive's mode less the umask (the module doc), never chmod-ed past it."""
-    fd = _open_new(dirs, m.name, m.mode & 0o777 & ~umask)
+    the archive's mode less the umask, plus u+r (the module doc), never chmod-ed past it."""
+    fd = _open_new(dirs, m.name, m.mode & 0o777 & ~umask | 0o400)
     try:
         while source.left:  # read_data hands out what the window holds, up to the member's end
             view = source.read_data(1 << 30)

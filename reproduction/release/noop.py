@@ -2,11 +2,12 @@
 
 A second `portable restore` of an unchanged bundle is bounded by interpreter start and a stat
 pass; argparse, dataclasses and the restore machinery cost more than the stat pass itself. This
-module uses only os/json/hashlib/fcntl and answers one question: would `restore_bundle` do nothing
+module uses only os/errno/json/hashlib/fcntl and answers one question: would `restore_bundle` do nothing
 at all (every target kept, nothing to hash, no receipt to rewrite, no warning to print)? It says
 yes only when every condition the full path checks holds, under the bundle's lock; at the first
 doubt (any difference, a flag it does not know, an error of any kind) it says no and the full
-path runs and reports. It never writes anything but the lock file's holder line.
+path runs and reports. It never writes anything but the lock file's holder line, and not that on a
+read-only filesystem, where an unchanged restored bundle is reported restored (exit 0) without it.
 
 Conditions (mirroring restore_plan.py's `plan` and restore.py's `_verify_and_extract` and `_finish`, by design:
 a condition added to one is added to the other, in the same terms): bundle.json
@@ -21,6 +22,7 @@ above a listed entry) that is there is a real folder, not a symlink or a file (a
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -203,8 +205,16 @@ def try_noop_restore(argv: list[str], default_bundle: str) -> int | None:
         if not stat.S_ISDIR(os.lstat(os.path.join(bundle, STATE_DIR)).st_mode):
             return None  # a symlinked state folder: the full path refuses it
         # O_NOFOLLOW: a lock that is a symlink must not be truncated through (the full path refuses it).
-        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        fd = os.open(os.path.join(bundle, STATE_DIR, LOCK_NAME), flags)
+        flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        lock = os.path.join(bundle, STATE_DIR, LOCK_NAME)
+        try:
+            fd, writable = os.open(lock, os.O_RDWR | flags), True
+        except OSError as exc:
+            if exc.errno != errno.EROFS:
+                raise
+            # A read-only filesystem (a shared image of a restored bundle): no restore can change the bundle
+            # there, so the check runs on a read-only lock without the holder line (audit56 A4).
+            fd, writable = os.open(lock, os.O_RDONLY | flags), False
     except (OSError, ValueError):
         return None
     try:
@@ -213,12 +223,14 @@ def try_noop_restore(argv: list[str], default_bundle: str) -> int | None:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}: restore".encode(), 0)
+        if writable:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()}: restore".encode(), 0)
         try:
             found = _check(bundle)
         finally:
-            os.ftruncate(fd, 0)
+            if writable:
+                os.ftruncate(fd, 0)
     except Exception:  # any doubt at all: the full path decides and reports
         return None
     finally:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reproduction.errors import ReadFailedError
 from reproduction.fsio import atomic_write_text, open_regular
 from reproduction.release.manifest import STATE_DIR
 
@@ -115,7 +116,9 @@ class LayerReceipt:
         `skip` (paths `changed_files` or `changed_folders` already named) are not opened, nor is
         anything below them. Each file is opened without following a link and without blocking, and
         read only when it is a regular file: a FIFO, a device or a link put in its place (to
-        /dev/zero, say) counts as changed instead of hanging restore (audit45 F4).
+        /dev/zero, say) counts as changed instead of hanging restore (audit45 F4). A file that cannot
+        be opened for lack of permission raises ReadFailedError (exit 3) naming it: unread, it is not
+        known to be edited, and calling it "locally edited" would be a guess (audit56 A2).
         """
         skipped = set(skip)
         changed = []
@@ -125,6 +128,12 @@ class LayerReceipt:
             try:
                 if _sha256_regular(f"{root}/{rel}") != digest:
                     changed.append(rel)
+            except PermissionError:
+                raise ReadFailedError(
+                    f"cannot read {root}/{rel} to check its contents: permission denied",
+                    path=f"{root}/{rel}",
+                    hint=f"make it readable (`chmod u+r {root}/{rel}`) and run the command again; nothing was changed",
+                ) from None
             except (OSError, TypeError, ValueError):
                 changed.append(rel)
         return sorted(changed)

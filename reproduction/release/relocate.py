@@ -246,7 +246,10 @@ def _rewrite_cstrings(
         nul = len(data) if nul < 0 else nul
         segment = bytes(data[start:nul])
         count = len(pattern.findall(segment))
-        pad = count * grow if grow > 0 and data[nul : nul + count * grow + 1].count(0) == count * grow + 1 else 0
+        # The padding an earlier relocation left: count*grow NULs after the terminator, or, for a string that
+        # ran to the end of the file (no terminator), count*grow NULs up to the end (audit56 A3).
+        tail = data[nul : nul + count * grow + 1]
+        pad = count * grow if grow > 0 and len(tail) >= count * grow and tail.count(0) == len(tail) else 0
         replaced = pattern.sub(lambda _m: new_b, segment)
         room = len(segment) + pad
         harmless = ""

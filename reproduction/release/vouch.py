@@ -14,6 +14,7 @@ import stat
 from pathlib import Path
 
 from reproduction.digests import sha256_file
+from reproduction.errors import ReadFailedError
 from reproduction.release import layers as layer_io
 from reproduction.release.manifest import LayerEntry, Manifest
 from reproduction.release.receipt import LayerReceipt, Receipt
@@ -66,7 +67,8 @@ def lost_files(root: Path, staged: Path, *, known: set[str], compare: bool, rewr
     records, when it vouches for the tree); with `compare` (a source target the receipt does not
     vouch for: lost or damaged, F9) also those whose bytes or link text differ from the new tree,
     except `rewritten` (paths holding a build prefix, which relocation rewrote). `__pycache__` is
-    ignored. [] when there is no folder at `root`.
+    ignored. [] when there is no folder at `root`. A file at `root` that `compare` cannot read raises
+    ReadFailedError (exit 3) naming it: unread, it is neither "the same" nor "edited" (audit56 A1).
     """
     if not os.path.isdir(root) or os.path.islink(root):
         return []
@@ -81,4 +83,14 @@ def _same_entry(a: Path, b: Path) -> bool:
     sa, sb = os.lstat(a), os.lstat(b)
     if stat.S_ISLNK(sa.st_mode) or stat.S_ISLNK(sb.st_mode):
         return stat.S_ISLNK(sa.st_mode) == stat.S_ISLNK(sb.st_mode) and os.readlink(a) == os.readlink(b)
-    return stat.S_ISREG(sa.st_mode) == stat.S_ISREG(sb.st_mode) and filecmp.cmp(a, b, shallow=False)
+    if stat.S_ISREG(sa.st_mode) != stat.S_ISREG(sb.st_mode):
+        return False
+    try:
+        return filecmp.cmp(a, b, shallow=False)
+    except PermissionError as exc:
+        raise ReadFailedError(
+            f"cannot read {exc.filename or a} to compare it with the bundle's copy: permission denied",
+            path=exc.filename or a,
+            hint=f"make it readable (`chmod u+r {exc.filename or a}`) and run `portable restore` again; "
+            "nothing was changed",
+        ) from None
