@@ -110,9 +110,12 @@ def _evidence_path(path: Path, *, quiet: bool = False, who: str = "compare") -> 
 
 def _warn_not_current(folder: Path) -> None:
     """One stderr line when `folder` is a run folder's evidence/ whose run.json says the evaluation there is not the
-    run's current result: its eval stage did not complete (killed, failed: the file is an earlier evaluation) or
-    predates an upstream stage's outputs (after `--target-step N --stages rl`). Compare still answers; the
-    verdict is then about that earlier policy (audit55 K2: a run killed in its eval stage was compared silently)."""
+    run's current result: an evaluating stage (report.evidence_stages: the one whose record lists the evidence,
+    whatever its name) did not complete (killed, failed: the file is an earlier evaluation) or predates an upstream
+    stage's outputs (after `--target-step N --stages rl`); of several, the first by name that is not current. Compare
+    still answers; the verdict is then about that earlier policy (audit55 K2: a run killed in its eval stage was
+    compared silently; audit56 B1: said only of a stage named `eval`)."""
+    from reproduction.run.report import evidence_stages
     from reproduction.run.stale import stale_stages
 
     run_json = folder.parent / "run.json"
@@ -120,25 +123,29 @@ def _warn_not_current(folder: Path) -> None:
         return
     try:
         state = json.loads(run_json.read_text(encoding="utf-8"))
-        rec = state["stages"]["eval"]
-        status = rec["status"]
-    except (OSError, ValueError, KeyError, TypeError):
+        stale = stale_stages(state)
+        records = {name: state["stages"][name] for name in evidence_stages(folder.parent, state)}
+        statuses = {name: rec["status"] for name, rec in records.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return
-    up = stale_stages(state).get("eval")
-    if status != "complete":
-        why = f"its eval stage is {status}, not complete, so this is the evaluation it last completed"
-    elif up is not None:
-        why = f"its eval stage ran before stage {up}'s outputs changed, so this evidence is of the earlier {up}"
-    else:
+    for name, status in statuses.items():
+        up = stale.get(name)
+        if status != "complete":
+            why = f"its {name} stage is {status}, not complete, so this is the evaluation it last completed"
+        elif up is not None:
+            why = f"its {name} stage ran before stage {up}'s outputs changed, so this evidence is of the earlier {up}"
+        else:
+            continue
+        tail = "`portable run ... --resume` evaluates the current one"
+        print(f"warning: {folder.parent}: {why}; {tail}", file=sys.stderr)
         return
-    print(f"warning: {folder.parent}: {why}; `portable run ... --resume` evaluates the current one", file=sys.stderr)
 
 
 def _recorded_one(folder: Path, found: list[Path], quiet: bool, who: str) -> Path | None:
-    """The one of `found` (folder's eval_*.json) that run.json's eval record lists, when `folder` is a run folder's
-    evidence/ (run.json beside or above it) and the record lists exactly one of them; the choice is said on one
-    stderr line starting with `who` unless `quiet` (stdout stays the table or --json). None otherwise: without
-    run.json nothing tells them apart."""
+    """The one of `found` (folder's eval_*.json) that run.json's evaluating stages list (report.recorded_evidence),
+    when `folder` is a run folder's evidence/ (run.json beside or above it) and they list exactly one of them; the
+    choice is said on one stderr line starting with `who` unless `quiet` (stdout stays the table or --json). None
+    otherwise: without run.json nothing tells them apart."""
     from reproduction.run.report import recorded_evidence
 
     run_dir = folder.parent
@@ -335,6 +342,7 @@ def run_results_lines(run_dir: Path, *, table: bool = False) -> list[str]:
     except (OSError, ValueError):
         return []
     stages = _mapping(_mapping(state).get("stages"))
+    # by name on purpose: this headline is RECAP's and GRPO's own, of their `eval` stage's summary shape
     ev = _mapping(_mapping(stages.get("eval")).get("summary"))
     compare = _mapping(stages.get("compare"))
     compared = _mapping(compare.get("summary"))

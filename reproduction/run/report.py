@@ -22,6 +22,7 @@ from reproduction.fsio import atomic_write_text
 from reproduction.run.evidence import Comparison, load_evidence
 from reproduction.run.lineage import LINEAGE_DIR
 from reproduction.run.lineage_check import Chain, lineage_chain
+from reproduction.run.stale import stale_stages
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 TEMPLATE = "report.html.j2"
@@ -99,31 +100,74 @@ def _by_step(paths: Sequence[Path]) -> list[Path]:
     return sorted(paths, key=lambda p: (evidence_step(p) if evidence_step(p) is not None else -1, p.name))
 
 
-def recorded_evidence(run_dir: Path) -> list[Path] | None:
-    """The evaluation evidence files (evidence/eval_*.json, existing) that run.json's eval stage record lists as
-    its outputs, by numeric step; None when run.json is missing or unreadable or has no eval record with outputs."""
-    run_dir = Path(run_dir)
+# Which stage evaluated is read from what run.json recorded, never from a stage's name: an out-of-tree recipe may
+# call it `evaluate` (audit56 B1: with any name but `eval` the report showed an earlier evaluation as the run's,
+# compare refused the folder and no stale warning was said).
+FALLBACK_EVAL_STAGE = "eval"
+
+
+def _read_state(run_dir: Path) -> Mapping[str, Any] | None:
     try:
-        state = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-        outputs = state["stages"]["eval"]["outputs"]
-    except (OSError, ValueError, KeyError, TypeError):
+        state = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return None
+    return state if isinstance(state, Mapping) else None
+
+
+def _evidence_paths(run_dir: Path, stage: str, outputs: Any) -> list[Path]:
+    """The <run>/evidence/eval_*.json paths (existing or not) among a stage record's `outputs`, which are recorded
+    relative to the stage's folder (<run>/<stage>), so the run's evidence files read ../evidence/eval_*.json."""
     if not isinstance(outputs, Mapping):
-        return None
+        return []
     evidence = (run_dir / "evidence").resolve()
     found = []
-    for rel in outputs:  # relative to the stage's folder (<run>/eval), as stage_outputs records them
-        p = (run_dir / "eval" / str(rel)).resolve()
-        if p.parent == evidence and p.name.startswith("eval_") and p.suffix == ".json" and p.is_file():
+    for rel in outputs:
+        p = (run_dir / stage / str(rel)).resolve()
+        if p.parent == evidence and p.name.startswith("eval_") and p.suffix == ".json":
             found.append(run_dir / "evidence" / p.name)
-    return _by_step(found) if found else None
+    return found
+
+
+def evidence_stages(run_dir: Path, state: Mapping[str, Any] | None = None) -> list[str]:
+    """The stages that evaluated the run: those whose run.json record (`state`, else read from <run>/run.json) lists
+    evidence/eval_*.json among its outputs, whatever they are named, sorted by name. Several (a recipe with two
+    evaluating stages) all count: the run's current evidence is every file they list, and any of them being stale
+    or not complete makes it not current. When no record lists any (no evaluation recorded yet, or run.json
+    missing), [FALLBACK_EVAL_STAGE], the built-in recipes' name, so their reports and warnings read as before.
+    GRPO's rl stage records its live evaluations in rl/evidence/, not the run's evidence/, so it is not one."""
+    run_dir = Path(run_dir)
+    state = _read_state(run_dir) if state is None else state
+    stages = (state or {}).get("stages")
+    found = [
+        name
+        for name, rec in (stages.items() if isinstance(stages, Mapping) else ())
+        if isinstance(rec, Mapping) and _evidence_paths(run_dir, str(name), rec.get("outputs"))
+    ]
+    return sorted(found) or [FALLBACK_EVAL_STAGE]
+
+
+def recorded_evidence(run_dir: Path) -> list[Path] | None:
+    """The evaluation evidence files (evidence/eval_*.json, existing) that run.json's evaluating stages
+    (evidence_stages) list as their outputs, by numeric step; None when run.json is missing or unreadable or no
+    stage record lists an existing one."""
+    run_dir = Path(run_dir)
+    state = _read_state(run_dir)
+    if state is None or not isinstance(state.get("stages"), Mapping):
+        return None
+    found: dict[str, Path] = {}
+    for name in evidence_stages(run_dir, state):
+        rec = state["stages"].get(name)
+        for p in _evidence_paths(run_dir, name, rec.get("outputs") if isinstance(rec, Mapping) else None):
+            if p.is_file():
+                found[p.name] = p
+    return _by_step(list(found.values())) if found else None
 
 
 def current_evidence(run_dir: Path) -> tuple[list[Path], list[Path]]:
-    """(current, others) of <run>/evidence/eval_*.json, each by numeric step. Current: the files run.json's eval
-    record lists (recorded_evidence); without such a record, those of the highest step in their names (all when no
-    name has a step) among the run's own evaluations, `portable eval --checkpoint`'s eval_checkpoint_* only when
-    there is nothing else. Others: every other eval_*.json there (an earlier step's evaluation kept by
+    """(current, others) of <run>/evidence/eval_*.json, each by numeric step. Current: the files run.json's
+    evaluating stages list (recorded_evidence); without such a record, those of the highest step in their names
+    (all when no name has a step) among the run's own evaluations, `portable eval --checkpoint`'s eval_checkpoint_*
+    only when there is nothing else. Others: every other eval_*.json there (an earlier step's evaluation kept by
     `--resume --target-step N`, or one `portable eval --checkpoint` added), never mixed into the current ones."""
     everything = _by_step(list(Path(run_dir, "evidence").glob("eval_*.json")))
     current = recorded_evidence(run_dir)
@@ -213,7 +257,8 @@ def render_report_html(
     """The report's HTML text. `evidence`: one evaluation evidence document or several (primaries and baselines
     all appear in the summary); `plots`: caption -> PNG path, in display order; `chain`: `lineage_chain(run)`.
     `stale` (runner.stale_stages) and `steps` (run.json's step per stage): a stale banner replaces the verdict
-    banner (stale_banner), and the results of a stale `eval` / `compare` stage are marked as of the earlier
+    banner (stale_banner), and the results of a stale evaluating stage (evidence_stages of `run_dir`'s run.json,
+    else `eval`) / `compare` stage are marked as of the earlier
     upstream, not shown as the run's. `reference_note`: what the comparison section says when there is no
     comparison (the compare stage had no reference); `paired`: a heading line, then one line per task, of a
     within-run paired difference (GRPO's grpo - sft). `others`: evidence files beside `evidence` that are not the
@@ -222,6 +267,7 @@ def render_report_html(
     evaluations = [e for d in docs for e in (d, *d.get("baselines", []))]
     per_task = sorted({t for e in evaluations for t in e["tasks"]})
     version = _version()
+    evaluating = evidence_stages(run_dir) if run_dir is not None else [FALLBACK_EVAL_STAGE]
     when = (generated or datetime.now(timezone.utc)).astimezone(timezone.utc)
     return (
         _environment()
@@ -239,7 +285,8 @@ def render_report_html(
             plots=[_png(path, caption) for caption, path in (plots or {}).items()],
             chain=chain.lines() if chain is not None else None,
             stale_banner=stale_banner(stale or {}, steps),
-            stale_eval=(stale or {}).get("eval"),
+            stale_eval=next((stale[n] for n in evaluating if n in (stale or {})), None),
+            eval_stages=f"{_and(evaluating)} stage{'s list' if len(evaluating) > 1 else ' lists'}",
             stale_compare=(stale or {}).get("compare"),
             reference_note=reference_note,
             paired_title=paired[0].rstrip(":") if paired else None,
@@ -278,8 +325,14 @@ def write_run_report(
     others listed apart), evidence/comparison.json,
     plots/*.png (known plots first, in PLOT_CAPTIONS order) and lineage/. Writes <run>/report.html
     (or `out`) and returns its path; a part the run lacks is shown as absent, not an error. `stale`, `steps`: as
-    render_report_html's."""
+    render_report_html's; `stale` None (not given) reads both from run.json (stale.stale_stages), so a recipe's
+    report shows the stale banner without passing them, and {} shows none."""
     run_dir = Path(run_dir)
+    if stale is None:
+        state = _read_state(run_dir) or {}
+        stale = stale_stages(state)
+        recs = state.get("stages") if isinstance(state.get("stages"), Mapping) else {}
+        steps = {n: r.get("step") for n, r in recs.items() if isinstance(r, Mapping)} if steps is None else steps
     current, others = current_evidence(run_dir)
     evidence = [load_evidence(p) for p in current]
     comparison_file = run_dir / "evidence" / "comparison.json"
