@@ -264,3 +264,69 @@ def test_we_read_a_dataset_lerobot_wrote_frame_for_frame(tmp_path):
     np.testing.assert_array_equal(table.column("episode_index").to_numpy(), src["episode"])
     assert [ds.tasks[i] for i in table.column("task_index").to_pylist()] == list(src["task"])
     assert len(ds.fingerprint) == 64
+
+
+STATE_2D_READ_DRIVER = (
+    SHIM
+    + """
+import sys, numpy as np
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+ds = LeRobotDataset("local/ours", root=sys.argv[1])
+np.save(sys.argv[2], np.stack([ds[i]["observation.state"].numpy() for i in range(len(ds))]))
+"""
+)
+
+STATE_2D_WRITE_DRIVER = (
+    SHIM
+    + """
+import sys, numpy as np
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+state = np.load(sys.argv[2])
+features = {"observation.state": {"dtype": "float32", "shape": (2, 3), "names": None},
+            "is_success": {"dtype": "bool", "shape": (1,), "names": None}}
+ds = LeRobotDataset.create("local/theirs", fps=10, root=sys.argv[1], features=features, use_videos=False)
+for s, e in [(0, 4), (4, 7)]:
+    for i in range(s, e):
+        ds.add_frame({"observation.state": state[i], "is_success": np.array([i == e - 1]), "task": "stack"})
+    ds.save_episode()
+ds.finalize()
+"""
+)
+
+FEATURES_2D = {
+    "observation.state": {"dtype": "float32", "shape": [2, 3]},
+    "is_success": {"dtype": "bool", "shape": [1]},
+}
+
+
+def test_lerobot_loads_our_2d_feature_with_the_same_values(tmp_path):
+    # audit 56 E2: a flat list of 6 values under info.json's shape [2, 3] failed lerobot's cast to Array2D
+    python = _venv()
+    state = np.random.default_rng(2).normal(size=(7, 2, 3)).astype(np.float32)
+    eps = [
+        EpisodeData(
+            episode_index=i,
+            task="stack",
+            frames={"observation.state": state[s:e], "is_success": np.arange(e - s) == e - s - 1},
+        )
+        for i, (s, e) in enumerate([(0, 4), (4, 7)])
+    ]
+    root = write_dataset(tmp_path / "ours", eps, fps=10, features=FEATURES_2D)
+    _run(python, STATE_2D_READ_DRIVER, str(root), str(tmp_path / "seen.npy"), home=tmp_path / "hf")
+    seen = np.load(tmp_path / "seen.npy")
+    assert seen.shape == (7, 2, 3)
+    np.testing.assert_array_equal(seen, state)
+
+
+def test_we_read_lerobots_2d_feature_frame_for_frame(tmp_path):
+    # audit 56 E1: lerobot stores shape [2, 3] as list<list<float>>, which the value stage failed to reshape
+    from reproduction.recap.value.data import read_state
+
+    python = _venv()
+    state = np.random.default_rng(3).normal(size=(7, 2, 3)).astype(np.float32)
+    np.save(tmp_path / "src.npy", state)
+    _run(python, STATE_2D_WRITE_DRIVER, str(tmp_path / "theirs"), str(tmp_path / "src.npy"), home=tmp_path / "hf")
+    ds = open_dataset(tmp_path / "theirs")
+    rows = np.arange(7)[::-1]
+    np.testing.assert_array_equal(ds.read_frames(rows, ["observation.state"])["observation.state"], state[rows])
+    np.testing.assert_array_equal(read_state(ds, ["observation.state"], None), state.reshape(7, 6))

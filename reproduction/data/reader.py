@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from reproduction.data.info import (
     KEY_COLUMNS,
@@ -332,16 +333,16 @@ class Dataset:
             sel = order[file_ids[order] == fid]
             table = self._file_table(int(fid), tuple(keys)).take(pa.array(rows[sel] - self._file_offsets[fid]))
             for key in keys:
-                parts[key].append(self._to_numpy(table.column(key), key))
+                parts[key].append(self._to_numpy(table.column(key), key, self.data_files[fid]))
         inverse = np.empty_like(order)
         inverse[order] = np.arange(order.size)
         return {k: (np.concatenate(v)[inverse] if v else np.empty((0,))) for k, v in parts.items()}
 
-    def _to_numpy(self, column: pa.ChunkedArray, key: str) -> np.ndarray:
+    def _to_numpy(self, column: pa.ChunkedArray, key: str, path: Path) -> np.ndarray:
         feature = self.info.features[key]
         if feature.get("dtype") == "image":
             return _decode_images(column.combine_chunks(), self.root)
-        return column_to_numpy(column, feature)
+        return column_to_numpy(column, feature, name=key, file_of_row=lambda _row: path)
 
     def _locate(self) -> dict[str, np.ndarray]:
         """Each row's episode and video frame, once every row's timestamp was checked against frame_index / fps
@@ -422,17 +423,67 @@ class Dataset:
         return self.root / rel, float(ep[f"videos/{key}/from_timestamp"]), length
 
 
-def column_to_numpy(column: pa.ChunkedArray | pa.Array, feature: dict | None = None) -> np.ndarray:
-    """A parquet column as numpy: list columns become (n, *shape) arrays, scalars (n,)."""
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_large_list(t)
+
+
+def column_to_numpy(
+    column: pa.ChunkedArray | pa.Array,
+    feature: dict | None = None,
+    *,
+    name: str = "",
+    file_of_row: Callable[[int], Path] | None = None,
+) -> np.ndarray:
+    """A parquet column as numpy: list columns become (n, *shape) arrays, scalars (n,).
+
+    A feature of shape (d1, d2, ...) may be stored nested, one list level per dimension (lerobot
+    0.4.4 writes list<list<float>> for shape [2, 3]), or flat, one list of d1*d2*... values (our
+    writer before audit 56). Each level is flattened by pyarrow (no per-row Python) and its list
+    lengths are checked against info.json's `shape`; DatasetError names the data file (through
+    `file_of_row`, which maps a position in `column` to its file), the column `name` and the shape
+    when they differ. Without a shape the lengths must be the same on every row."""
     arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if pa.types.is_list(arr.type) or pa.types.is_fixed_size_list(arr.type) or pa.types.is_large_list(arr.type):
-        flat = arr.flatten()
-        values = flat.to_numpy(zero_copy_only=False)
-        shape = tuple(feature["shape"]) if feature and feature.get("shape") else (-1,)
-        return values.reshape((len(arr), *shape)) if len(arr) else values.reshape((0, *shape))
-    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
-        return np.asarray(arr.to_pylist(), dtype=object)
-    return arr.to_numpy(zero_copy_only=False)
+    if not _is_list(arr.type):
+        if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+            return np.asarray(arr.to_pylist(), dtype=object)
+        return arr.to_numpy(zero_copy_only=False)
+    n = len(arr)
+    shape = tuple(int(d) for d in feature["shape"]) if feature and feature.get("shape") else None
+    depth, t = 0, arr.type
+    while _is_list(t):
+        depth, t = depth + 1, t.value_type
+    flat_layout = shape is not None and depth == 1 and len(shape) > 1
+    if shape is not None and depth != len(shape) and not flat_layout:
+        _bad_inner(name, shape, f"lists {depth} levels deep", 0, file_of_row)
+    want = (int(np.prod(shape)),) if flat_layout else shape
+    values, seen, per_row = arr, [], 1
+    for level in range(depth):
+        # a null list counts as length 0, so it is refused like any short list
+        lengths = pc.fill_null(pc.list_value_length(values), 0).to_numpy(zero_copy_only=False)
+        expect = want[level] if want is not None else (int(lengths[0]) if lengths.size else 0)
+        bad = np.flatnonzero(lengths != expect)
+        if bad.size:
+            got = f"a list of {int(lengths[bad[0]])} values at level {level + 1}"
+            _bad_inner(name, shape, got, int(bad[0]) // per_row, file_of_row)
+        seen.append(expect)
+        per_row *= expect
+        values = values.flatten()
+    out = values.to_numpy(zero_copy_only=False)
+    return out.reshape((n, *(shape if shape is not None else seen)))
+
+
+def _bad_inner(
+    name: str, shape: tuple[int, ...] | None, got: str, row: int, file_of_row: Callable[[int], Path] | None
+) -> None:
+    path = file_of_row(row) if file_of_row is not None else None
+    wants = f"info.json's shape is {list(shape)}" if shape is not None else "every row needs the same lengths"
+    raise DatasetError(
+        f"{f'{path}: ' if path else ''}column {name!r} holds {got} where {wants}",
+        path=path,
+        field=name or None,
+        hint="a feature of shape [d1, d2, ...] is stored as lists nested one level per dimension, or as one flat "
+        "list of d1*d2*... values; fix the shape in meta/info.json or rewrite the column",
+    )
 
 
 def _decode_images(arr: pa.Array, root: Path) -> np.ndarray:

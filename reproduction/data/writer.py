@@ -39,6 +39,7 @@ from reproduction.data.info import (
     V30_TASKS_PATH,
     V30_VIDEO_PATH,
 )
+from reproduction.data.reader import column_to_numpy
 from reproduction.errors import DatasetError, InvalidInputError
 from reproduction.fsio import remove_orphaned_staging
 
@@ -104,6 +105,16 @@ def _arrow_type(dtype: str) -> pa.DataType:
     return {"bool": pa.bool_(), "string": pa.string()}.get(dtype) or pa.from_numpy_dtype(np.dtype(dtype))
 
 
+def _nested_lists(values: np.ndarray, ft: dict) -> pa.Array:
+    """A feature of shape (d1, d2, ...) as list<list<...>>, one level per dimension: lerobot 0.4.4
+    stores it so (datasets' Array2D/3D types) and fails to cast one flat list of d1*d2*... values
+    ("Unsupported cast from float to list")."""
+    out: pa.Array = pa.array(values.reshape(-1), _arrow_type(ft["dtype"]))
+    for d in reversed([int(d) for d in ft["shape"]]):
+        out = pa.ListArray.from_arrays(pa.array(np.arange(0, len(out) + 1, d, dtype=np.int32)), out)
+    return out
+
+
 def _png(img: np.ndarray) -> bytes:
     from PIL import Image
 
@@ -151,9 +162,11 @@ def _episode_table(
             )
         elif list(ft["shape"]) == [1]:
             cols[key] = pa.array(values.reshape(n), _arrow_type(ft["dtype"]))
-        else:
+        elif len(ft["shape"]) == 1:
             flat = pa.array(values.reshape(-1), _arrow_type(ft["dtype"]))
-            cols[key] = pa.FixedSizeListArray.from_arrays(flat, int(np.prod(ft["shape"])))
+            cols[key] = pa.FixedSizeListArray.from_arrays(flat, int(ft["shape"][0]))
+        else:
+            cols[key] = _nested_lists(values, ft)
     ts = ep.timestamps if ep.timestamps is not None else np.arange(n) / fps
     cols["timestamp"] = pa.array(np.asarray(ts, dtype=np.float32))
     cols["frame_index"] = pa.array(np.arange(n, dtype=np.int64))
@@ -220,7 +233,7 @@ class _Common:
             if ft["dtype"] not in ("image", "video", "string"):
                 self.stats.add(
                     key,
-                    table.column(key).combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(len(table), -1)
+                    column_to_numpy(table.column(key), ft, name=key).reshape(len(table), -1)
                     if list(ft["shape"]) != [1]
                     else table.column(key).to_numpy(),
                 )

@@ -74,7 +74,9 @@ def read_state(ds: Any, keys: Sequence[str], dims: Sequence[int] | None, rows: n
         )
     if rows is None:
         table = ds.frame_table(list(keys))
-        cols = [column_to_numpy(table.column(k), ds.info.features.get(k)) for k in keys]
+        cols = [
+            column_to_numpy(table.column(k), ds.info.features.get(k), name=k, file_of_row=ds.file_of_row) for k in keys
+        ]
     else:
         got = ds.read_frames(rows, list(keys))
         cols = [got[k] for k in keys]
