@@ -151,7 +151,9 @@ def test_resume_refuses_a_changed_setup_and_allows_free_fields(tmp_path):
 
     path = tmp_path / "grpo_setup.json"
     path.write_text(json.dumps(setup()))
-    _refuse_changed(path, setup(steps=80, eval_every=20, save_every=20, cpu_threads=2, micro_init_states=4))
+    _refuse_changed(path, setup(steps=80, eval_every=20, save_every=20, cpu_threads=2))
+    with pytest.raises(CheckpointError, match=r"rl.micro_init_states: 8 -> 4"):  # changes outputs (audit56 D1)
+        _refuse_changed(path, setup(micro_init_states=4))
     with pytest.raises(CheckpointError, match=r"rl.lr: 0.0001 -> 0.0003; rl.noise_level: 0.5 -> 0.7") as err:
         _refuse_changed(path, setup(lr=3e-4, noise_level=0.7))
     assert "train into a new folder" in err.value.hint
@@ -198,7 +200,7 @@ def test_fields_that_do_not_change_outputs_are_declared_once():
     rl_free = sorted(k[len("rl.") :] for k in free if k.startswith("rl."))
     # rl.advantage_scale, added after runs were recorded, is left out of the key at its default only
     assert rl_free == sorted([*(k for k in FREE_ON_RESUME if k != "steps"), "advantage_scale"])
-    assert {"rollout_workers", "eval_every", "micro_init_states"} <= set(rl_free) and "lr" not in rl_free
+    assert {"rollout_workers", "eval_every"} <= set(rl_free) and not {"lr", "micro_init_states"} & set(rl_free)
     # sft.model's input options, added after runs were recorded, are left out of the key at their defaults only
     added = [f"sft.model.{k}" for k in ("discrete_state_input", "norm", "norm_stats", "image_augment")]
     assert sorted(k for k in free if k.startswith("sft.")) == sorted(

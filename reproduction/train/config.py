@@ -21,15 +21,17 @@ PRECISIONS = ("fp32", "bf16")
 class TrainConfig:
     """How to train; the task (model, data, loss) comes separately as a `TrainTask`.
 
-    Fields declared with `same_outputs()` (world size, micro batch, devices, intervals, timeouts) may change across a
-    resume and are no part of a stage's key; every other field but max_steps is in the checkpoint's resume key."""
+    Fields declared with `same_outputs()` (world size, devices, intervals, timeouts) may change across a resume and
+    are no part of a stage's key; every other field but max_steps is in the checkpoint's resume key."""
 
     max_steps: int
     """Optimizer steps to run in total (a resumed run continues up to this)."""
     global_batch: int = 8
     """Samples per optimizer step over all workers; gradient accumulation = global/(micro x world)."""
-    micro_batch: int = field(default=2, metadata=same_outputs())
-    """Samples per forward/backward on one worker."""
+    # not same_outputs(): a loss draws its randomness per forward from torch's RNG (flow matching's noise and time,
+    # openpi's image augmentation), so another split trains on other draws (audit56 D1: step-4 loss 1.62 vs 1.80)
+    micro_batch: int = 2
+    """Samples per forward/backward on one worker (changes the outputs: in the stage and resume keys)."""
     world_size: int = field(default=1, metadata=same_outputs())
     """Number of workers (one per device: a GPU, an NPU or a CPU slot)."""
     device: str = field(default="auto", metadata=same_outputs())

@@ -176,8 +176,10 @@ class RlSection:
     """Optimizer steps in total (`--target-step` raises it)."""
     init_states: int = 8
     """B: initial states (reset seeds) per rollout round, each with a group of `group_size` rollouts."""
-    micro_init_states: int = field(default=8, metadata=same_outputs())
-    """Init states per forward/backward (gradient accumulation = init_states / micro_init_states)."""
+    micro_init_states: int = 8
+    """Init states per forward/backward (gradient accumulation = init_states / micro_init_states). Changes outputs:
+    advantage_scale batch divides by the std of a micro batch's groups, cotrain draws its frames and noise per micro
+    batch, and tasks with other episode lengths weigh their rows per micro batch (audit56 D1)."""
     group_size: int = 8
     """G: rollouts per initial state; advantages are standardised within the group."""
     updates_per_rollout: int = 1

@@ -15,8 +15,9 @@ from reproduction.recipes.grpo.task import LIVE_EVAL_PREFIX, SETUP_NAME, file_sh
 
 FREE_ON_RESUME = ("steps", *output_free_keys(RlSection))
 """rl fields a resume may change: the step count (`--target-step` raises it) and the fields declared `same_outputs()`
-(config.py): they shape neither the rollouts nor the updates (micro_init_states only splits a step's init states into
-micro batches: the same rollouts, the same summed gradient). The rl stage's key leaves out the same fields."""
+(config.py): they shape neither the rollouts nor the updates. micro_init_states is not one of them: the batch
+advantage scale, the co-training draws and the per-micro-batch loss mean depend on the split (audit56 D1). The rl
+stage's key leaves out the same fields."""
 
 
 def train_grpo(
