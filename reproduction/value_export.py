@@ -37,11 +37,25 @@ class ReturnRange:
     """Largest raw return over the training datasets (0 whenever a success exists)."""
 
     def __post_init__(self) -> None:
+        # an infinite bound (a float32 return that overflowed) would map every target to NaN (audit56 G1)
+        for name in ("return_min", "return_max"):
+            value = getattr(self, name)
+            if not math.isfinite(value):
+                raise ConfigError(
+                    f"return range: {name}={value} is not a finite number",
+                    field=name,
+                    hint="recompute the returns with a finite returns.failure_reward, or set both bounds explicitly",
+                )
         if not (self.return_max > self.return_min):
+            # All-equal returns (only 1-frame episodes of one outcome): RLinf trains on targets G/1 and labels with
+            # a constant advantage; refusing says why instead (docs/upstream.md, audit56 G4).
+            same = self.return_max == self.return_min
             raise ConfigError(
-                f"return range [{self.return_min}, {self.return_max}] is empty: return_max must exceed return_min",
+                f"return range [{self.return_min}, {self.return_max}] is empty: return_max must exceed return_min"
+                + (f" (every training return is {self.return_min})" if same else ""),
                 field="return_min/return_max",
-                hint="compute returns first, or set both explicitly in the config",
+                hint="train on episodes of several lengths or outcomes (equal returns leave the value model nothing to "
+                "tell apart), or set value.model.return_min < value.model.return_max explicitly",
             )
 
     @property
@@ -64,11 +78,20 @@ class ReturnRange:
         return {"return_min": float(self.return_min), "return_max": float(self.return_max)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ReturnRange:
+    def from_dict(cls, data: dict[str, Any], source: Path | str | None = None) -> ReturnRange:
+        """The range stored in `data`; ConfigError on a missing, non-numeric, non-finite or empty range,
+        its message led by `source` (the file `data` was read from) when given."""
+        where = f"{source}: " if source is not None else ""
         try:
             return cls(return_min=float(data["return_min"]), return_max=float(data["return_max"]))
         except KeyError as exc:
-            raise ConfigError(f"return range: missing field {exc.args[0]!r}", field=str(exc.args[0])) from None
+            raise ConfigError(f"{where}return range: missing field {exc.args[0]!r}", field=str(exc.args[0])) from None
+        except ConfigError as exc:  # before ValueError: ConfigError is one
+            if source is None:
+                raise
+            raise ConfigError(f"{where}{exc.message}", hint=exc.hint, **exc.fields) from None
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}return range: {exc}", field="return_min/return_max") from None
 
 
 HEAD_NAME = "value_head.json"

@@ -64,6 +64,25 @@ def check_returns_values(cfg: Any, key: str = "") -> None:
         raise ConfigError(
             f"{k('failure_reward')}={cfg.failure_reward} is not a finite number", field=k("failure_reward")
         )
+    # The sidecar's return/reward columns are float32: a reward finite in float64 but beyond float32's range
+    # (-1e39) would be written as -inf and train the value model on NaN targets (audit56 G1).
+    if not _finite32(cfg.failure_reward):
+        raise ConfigError(
+            f"{k('failure_reward')}={cfg.failure_reward} is not a finite number in float32, the returns sidecar's "
+            f"dtype (its range is +-{FLOAT32_MAX_TEXT})",
+            field=k("failure_reward"),
+            hint=f"set {k('failure_reward')} within +-{FLOAT32_MAX_TEXT} (RLinf's default: -300)",
+        )
+
+
+FLOAT32_MAX_TEXT = str(np.finfo(np.float32).max)
+"""3.4028235e+38: the largest magnitude the float32 return/reward columns hold."""
+
+
+def _finite32(x: float) -> bool:
+    """x is finite once rounded to float32 (the sidecar's dtype); nan and inf are not."""
+    with np.errstate(over="ignore"):
+        return bool(np.isfinite(np.float32(x)))
 
 
 # -- vectorised math ------------------------------------------------------------------------------
@@ -182,14 +201,30 @@ def episode_returns(
         dtype = np.float32 if exact32 else np.float64
         returns = np.repeat(first.astype(dtype), lengths)
         returns += np.arange(n, dtype=dtype)
-        return returns.astype(np.float32, copy=False), rewards
+        return _float32_returns(returns, failure_reward), rewards
     pos = np.arange(n, dtype=np.float64)
     m = np.repeat((ends - 1).astype(np.float64), lengths)
     m -= pos
     gm = np.power(gamma, m, out=m)
     returns = gm * np.repeat(last + 1.0 / (1.0 - gamma), lengths)
     returns -= 1.0 / (1.0 - gamma)
-    return returns.astype(np.float32), rewards
+    return _float32_returns(returns, failure_reward), rewards
+
+
+def _float32_returns(returns: np.ndarray, failure_reward: float) -> np.ndarray:
+    """`returns` as float32, or ConfigError when one does not fit (it would be written as -inf): a return is
+    failure_reward less one per frame left, so only a failure_reward near float32's limit can get there."""
+    with np.errstate(over="ignore"):
+        out = returns.astype(np.float32, copy=False)
+    if out.size and not (np.isfinite(out.min()) and np.isfinite(out.max())):
+        lo = float(np.min(returns))
+        raise ConfigError(
+            f"returns.failure_reward={failure_reward}: the smallest return, {lo:.7g}, is beyond float32's range "
+            f"(+-{FLOAT32_MAX_TEXT}), the returns sidecar's dtype",
+            field="returns.failure_reward",
+            hint="set returns.failure_reward closer to 0 (RLinf's default: -300)",
+        )
+    return out
 
 
 def compute_returns_table(
@@ -419,9 +454,20 @@ def repeat_strings(names: list[str], codes: np.ndarray) -> pa.DictionaryArray:
 
 
 def column_stats(values: np.ndarray) -> dict[str, float]:
-    """RLinf's stats.json entry: mean, std (population, float64), min, max."""
+    """RLinf's stats.json entry: mean, std (population, float64), min, max. ConfigError on a non-finite
+    entry (stats.json must stay strict JSON, and stage 2 would train on it): a sum of finite float32 returns
+    can still overflow float64 only in theory, so this is the last guard, naming the entry."""
     v = np.asarray(values, dtype=np.float64)
-    return {"mean": float(v.mean()), "std": float(v.std()), "min": float(v.min()), "max": float(v.max())}
+    with np.errstate(invalid="ignore", over="ignore"):  # refused below, by name
+        stats = {"mean": float(v.mean()), "std": float(v.std()), "min": float(v.min()), "max": float(v.max())}
+    bad = [k for k, x in stats.items() if not np.isfinite(x)]
+    if bad:
+        raise ConfigError(
+            f"returns: stats.json entry {bad[0]} would be {stats[bad[0]]}, not a finite number",
+            field="returns.failure_reward",
+            hint="set returns.failure_reward closer to 0 (RLinf's default: -300)",
+        )
+    return stats
 
 
 # -- the stage --------------------------------------------------------------------------------------
