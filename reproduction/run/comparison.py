@@ -24,8 +24,10 @@ from reproduction.run.evidence (its historical home).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +52,7 @@ UNEVEN = (
 )
 """The note of an overall rate row that is shown but does not count toward the verdict (`counts_toward_verdict`):
 its two pooled rates weight the tasks too differently to compare (audit54 B4, review R1)."""
+REPEATS_NOTE = "compared unpaired: an initial state repeats within a task"
 NOT_COUNTED = "not counted (uneven task mix)"
 """How a table shows an `UNEVEN` row: its verdict is `inconclusive`, but the overall verdict does not wait on it."""
 NOT_COUNTED_ASIDE = "; {n} shown but not counted (uneven task mix)"
@@ -450,14 +453,18 @@ def _paired(ref: _Side, act: _Side) -> tuple[list[bool], list[bool], list[bool],
     the 100 pairs alone decided)."""
     if ref.outcomes is None or act.outcomes is None:
         return None
-    theirs, ours = set(ref.outcomes), set(act.outcomes)
-    shared = theirs & ours
-    if not shared or shared not in (theirs, ours):
+    # one pass over dicts, no sort of the keys (audit56 C2: sorting 1e6 tuple keys per row took minutes): pairs are
+    # taken in the smaller side's own order, and the test depends on the pairs' counts alone, not their order
+    mine, other = (
+        (ref.outcomes, act.outcomes) if len(ref.outcomes) <= len(act.outcomes) else (act.outcomes, ref.outcomes)
+    )
+    if not mine or not mine.keys() <= other.keys():
         return None
-    keys = sorted(shared)
-    ref_rest = [ref.outcomes[k] for k in sorted(theirs - shared)]
-    act_rest = [act.outcomes[k] for k in sorted(ours - shared)]
-    return [ref.outcomes[k] for k in keys], [act.outcomes[k] for k in keys], ref_rest, act_rest
+    inner = list(map(other.__getitem__, mine))
+    rest = [v for k, v in other.items() if k not in mine] if len(other) > len(mine) else []
+    if mine is ref.outcomes:
+        return list(mine.values()), inner, [], rest
+    return inner, list(mine.values()), rest, []
 
 
 def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) -> MetricComparison:
@@ -499,7 +506,7 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
         test = at(alpha)
         design = (len(ref_pairs), len(ref_pairs), True)
         b, c = test.discordant or (0, 0)
-        by = "init state" if any(k[1] == "init_states" for k in ref.outcomes) else "reset seed"
+        by = "init state" if "init_states" in map(operator.itemgetter(1), ref.outcomes) else "reset seed"
         note = f"paired by {by}: {test.pairs} episodes, {b} succeeded only in the reference, {c} only here"
         if ref_rest or act_rest:
             # the row then shows both sides on the shared states, so its rates, difference and interval agree
@@ -520,11 +527,7 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
         at = lambda level: equivalence_independent(*counts, margin=margin, alpha=level)  # noqa: E731
         test = at(alpha)
         design = (counts[1], counts[3], False)
-        note = (
-            "compared unpaired: an initial state repeats within a task, so episodes cannot be matched one to one"
-            if ref.repeats or act.repeats
-            else ""
-        )
+        note = f"{REPEATS_NOTE}, so episodes cannot be matched one to one" if ref.repeats or act.repeats else ""
     test, calibrated, why = _judged(at, test, design, margin, alpha)
     note = f"{note}; {why}" if note and why else note or why
     return MetricComparison(
@@ -541,6 +544,25 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
         p_differs=_p_differs(at, alpha) if test.verdict == "differs" else None,
         alpha_calibrated=calibrated,
     )
+
+
+def rate_row(
+    reference: Sequence[bool], actual: Sequence[bool], *, paired: bool, margin: float, alpha: float
+) -> MetricComparison:
+    """compare's row for one task's rate from both sides' per-episode outcomes (`_rate_row`, calibration included):
+    paired, episode i of both sides started from the same initial state (sides of unequal length are nested: the
+    shorter one's states are the first of the longer one's); else no state is shared and the row is unpaired.
+    The one place that answers "what does compare decide" for `stats.simulate` (audit56 C1); a comparison of one
+    rate row has this row's verdict overall (Holm over one test is that test)."""
+    from reproduction.run.evidence import count_metric
+
+    def side(outcomes: Sequence[bool], start: int) -> _Side:
+        outcomes = [bool(o) for o in outcomes]
+        keys = (("t", "reset_seeds", start + i) for i in range(len(outcomes)))
+        return _Side(metric=count_metric(sum(outcomes), len(outcomes)), outcomes=dict(zip(keys, outcomes)))
+
+    ref = side(reference, 0)
+    return _rate_row("t/rate", ref, side(actual, 0 if paired else len(reference)), margin, alpha)
 
 
 def _judged(
@@ -631,7 +653,8 @@ def _task_outcomes(entry: Mapping[str, Any], task: str, metric: str) -> dict[tup
     kind = "init_states" if o and "init_states" in o else "reset_seeds"
     if not o or len(o.get(kind, [])) != len(o.get(metric, "")) or _repeats(entry, task):
         return None
-    return {(task, kind, int(s)): ch == "1" for s, ch in zip(o[kind], o[metric])}
+    keys = zip(itertools.repeat(task), itertools.repeat(kind), map(int, o[kind]))
+    return dict(zip(keys, map("1".__eq__, o[metric])))  # C-level loops: 1e6 episodes a side (audit56 C2)
 
 
 def _repeats(entry: Mapping[str, Any], task: str | None = None) -> bool:
@@ -903,8 +926,11 @@ def _calibration_note(rows: Sequence[MetricComparison], alpha: float) -> list[st
     ]
 
 
-def _power_note(rows: Sequence[MetricComparison], alpha: float) -> list[str]:
-    """A warning when the reference's own episodes cannot support its margin in an unpaired comparison."""
+def _power_note(rows: Sequence[MetricComparison], alpha: float, pairing: Sequence[str] = ()) -> list[str]:
+    """A warning when the reference's own episodes cannot support its margin in an unpaired comparison, and what
+    would let a paired test decide: the reference's initial states evaluated, unless the run did and the rows are
+    unpaired for another reason (audit56 C3): states repeat within a task, or neither side's contain the other's
+    (`pairing`: the `_pairing_notes`)."""
     short = []
     for r in rows:
         if r.kind != "rate" or r.method != "newcombe-10" or r.reference_counts is None or r.actual is None:
@@ -916,10 +942,20 @@ def _power_note(rows: Sequence[MetricComparison], alpha: float) -> list[str]:
     if not short:
         return []
     _, metric, n, need = max(short)
+    row = next(r for r in rows if r.metric == metric)
+    if row.note.startswith(REPEATS_NOTE):
+        fix = "an initial state repeats within a task here, so no pairing: evaluating each state once lets"
+    elif any(p.startswith("unpaired:") for p in pairing):
+        fix = (
+            "the two files' initial states are not nested (see the unpaired note): a run that evaluates all the "
+            "reference's initial states (and more, if it likes) lets"
+        )
+    else:
+        fix = "evaluating the reference's reset seeds lets"
     return [
         f"the reference is too small for its margins on {len(short)} of {len(rows)} rows: e.g. {metric} has "
         f"{n} episodes, and 80% power at alpha {alpha:g} needs {need} per side unpaired "
-        "(`portable eval --plan`); evaluating the reference's reset seeds lets a paired test decide with fewer"
+        f"(`portable eval --plan`); {fix} a paired test decide with fewer"
     ]
 
 
@@ -1077,9 +1113,10 @@ def compare_evidence(
                     )
     settings = _setting_notes(actual, reference)
     notes = seq_notes + _extra_task_notes(extra) + _mixture_notes(dropped, shown) + settings
-    notes += _pairing_notes(actual, reference, settings)
+    pairing = _pairing_notes(actual, reference, settings)
+    notes += pairing
     notes += _empty_note(rows)
-    notes += _power_note(rows, alpha)
+    notes += _power_note(rows, alpha, pairing)
     notes += _calibration_note(rows, alpha)
     return Comparison(
         actual_name=str(actual.get("name")),

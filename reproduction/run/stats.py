@@ -675,6 +675,38 @@ def exact_size(
 # -- simulation -----------------------------------------------------------------------------------
 
 
+def draw_outcomes(rng: Any, n: int, p: float, q: float, rho: float, pairs: int) -> Any:
+    """`pairs` draws of one design's four counts, an int array (pairs, 4): both succeeded, only the reference, only
+    the actual, neither, over n episodes a side from shared initial states. With probability rho an episode's
+    actual outcome is the reference's uniform drawn again (the same state decides), else an independent one; rho 0
+    gives two independent binomials (the unpaired design's counts are the column sums)."""
+    import numpy as np
+
+    both = rho * min(p, q) + (1 - rho) * p * q
+    probs = np.clip([both, p - both, q - both, 1 - p - q + both], 0.0, 1.0)
+    return rng.multinomial(n, probs / probs.sum(), size=pairs)
+
+
+def outcomes_of(counts: Any) -> tuple[list[bool], list[bool]]:
+    """Paired outcome lists (reference, actual) with the four counts of `draw_outcomes` (order does not matter to
+    any test here)."""
+    n11, n10, n01, n00 = (int(x) for x in counts)
+    return [True] * (n11 + n10) + [False] * (n01 + n00), [True] * n11 + [False] * n10 + [True] * n01 + [False] * n00
+
+
+def decide(counts: Any, n: int, *, paired: bool, margin: float, alpha: float) -> str:
+    """compare's verdict (`comparison.rate_row`) on one draw: paired, the four counts of `draw_outcomes`; else
+    (k_ref, k_act) of n episodes a side."""
+    from reproduction.run.comparison import rate_row
+
+    if paired:
+        ref, act = outcomes_of(counts)
+    else:
+        k_ref, k_act = (int(x) for x in counts)
+        ref, act = [True] * k_ref + [False] * (n - k_ref), [True] * k_act + [False] * (n - k_act)
+    return rate_row(ref, act, paired=paired, margin=margin, alpha=alpha).verdict
+
+
 def simulate(
     *,
     rates: tuple[float, ...] = (0.1, 0.5, 0.9),
@@ -684,11 +716,17 @@ def simulate(
     alpha: float = DEFAULT_ALPHA,
     pairs: int = 10_000,
     seed: int = 0,
+    paired: bool = False,
+    rho: float = 0.0,
 ) -> list[dict[str, Any]]:
-    """Verdict rates of the independent test over `pairs` simulated (reference, actual) count pairs per cell.
+    """Verdict rates of compare's own rate-row decision (`comparison.rate_row`: the test, pairing and calibration
+    compare uses; a one-row comparison's overall verdict) over `pairs` simulated (reference, actual) draws per cell.
 
     A cell: reference rate p, n episodes each side, true difference shift * margin (the actual's rate is
-    p + d, or p - d when p + d would pass 1). Returns one dict per cell with the three verdicts' rates."""
+    p + d, or p - d when p + d would pass 1). `paired`: both sides evaluated the same initial states, outcomes
+    correlated by `rho` (`draw_outcomes`); else independent sides with no state shared (unpaired). The decision
+    depends on the draw's counts alone, so each distinct count is decided once. Returns one dict per cell with the
+    three verdicts' rates."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -698,13 +736,15 @@ def simulate(
             for s in shifts:
                 d = s * margin
                 q = p + d if p + d <= 1 else p - d
-                k_ref = rng.binomial(n, p, size=pairs).astype(float)
-                k_act = rng.binomial(n, q, size=pairs).astype(float)
-                nn = np.full(pairs, float(n))
-                lo, hi = newcombe_difference(k_ref, nn, k_act, nn, 1 - 2 * alpha)
-                v = verdict_of(lo, hi, margin)
+                counts = draw_outcomes(rng, n, p, q, rho if paired else 0.0, pairs)
+                if not paired:  # the sides share no state: their two counts (k_ref, k_act) decide
+                    counts = np.stack([counts[:, 0] + counts[:, 1], counts[:, 0] + counts[:, 2]], axis=1)
+                keys, inverse = np.unique(counts, axis=0, return_inverse=True)
+                decided = np.array([decide(k, n, paired=paired, margin=margin, alpha=alpha) for k in keys])
+                v = decided[np.asarray(inverse).reshape(-1)]
                 out.append(
                     {"rate": p, "n": n, "true_difference": round(q - p, 6), "shift": s, "pairs": pairs}
+                    | {"paired": paired, "rho": rho if paired else 0.0}
                     | {name: float(np.mean(v == name)) for name in VERDICTS}
                 )
     return out
@@ -712,7 +752,11 @@ def simulate(
 
 def render_simulation(rows: list[dict[str, Any]], *, margin: float, alpha: float) -> str:
     head = f"{'rate':>5} {'n':>5} {'true d':>8}  {'reproduced':>10} {'differs':>8} {'inconclusive':>12}  expected"
-    lines = [f"margin {margin}, alpha {alpha}, {rows[0]['pairs']} pairs per cell", head]
+    design = f"paired, rho {rows[0]['rho']:g}" if rows[0].get("paired") else "unpaired"
+    lines = [
+        f"compare's rate-row decision ({design}), margin {margin}, alpha {alpha}, {rows[0]['pairs']} pairs per cell",
+        head,
+    ]
     for r in rows:
         note = {0.0: "differs <= alpha", 1.0: "reproduced <= alpha", 2.0: "reproduced <= alpha"}.get(r["shift"], "")
         lines.append(
@@ -746,6 +790,12 @@ def main(argv: list[str] | None = None) -> int:
         "--sequential", action="store_true", help="the group-sequential rule (reproduction.run.sequential)"
     )
     sim.add_argument("--looks", type=int, default=4)
+    sim.add_argument(
+        "--paired", action="store_true", help="both sides evaluate the same initial states (compare's Tango row)"
+    )
+    sim.add_argument(
+        "--rho", type=float, default=0.0, help="with --paired: P(an episode's outcome is decided by its state alone)"
+    )
     sim.add_argument("--rates", type=_floats, help="reference rates, comma-separated (default 0.1,0.5,0.9)")
     sim.add_argument(
         "--n",
@@ -760,13 +810,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     grid = {k: v for k, v in (("rates", args.rates), ("ns", args.n), ("shifts", args.shifts)) if v is not None}
+    if args.sequential and (args.paired or args.rho):
+        parser.error("--sequential simulates the unpaired rule only; drop --paired/--rho")
+    if args.rho and not args.paired:
+        parser.error(f"--rho {args.rho:g} needs --paired (unpaired sides share no state to correlate)")
+    if not 0 <= args.rho <= 1:
+        parser.error(f"--rho {args.rho:g}: a probability, 0 to 1")
     if args.sequential:
         from reproduction.run.sequential import SequentialRule, render_sequential, simulate_sequential
 
         rule = SequentialRule(looks=args.looks, alpha=args.alpha, margin=args.margin)
         print(render_sequential(simulate_sequential(rule=rule, pairs=args.pairs, seed=args.seed, **grid), rule))
         return 0
-    rows = simulate(margin=args.margin, alpha=args.alpha, pairs=args.pairs, seed=args.seed, **grid)
+    rows = simulate(
+        margin=args.margin, alpha=args.alpha, pairs=args.pairs, seed=args.seed, paired=args.paired, rho=args.rho, **grid
+    )
     print(render_simulation(rows, margin=args.margin, alpha=args.alpha))
     return 0
 
