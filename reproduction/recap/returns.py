@@ -62,7 +62,9 @@ def check_returns_values(cfg: Any, key: str = "") -> None:
         )
     if not np.isfinite(cfg.failure_reward):
         raise ConfigError(
-            f"{k('failure_reward')}={cfg.failure_reward} is not a finite number", field=k("failure_reward")
+            f"{k('failure_reward')}={cfg.failure_reward} is not a finite number",
+            field=k("failure_reward"),
+            hint=f"set {k('failure_reward')} to a finite number (docs/config.md)",
         )
 
 
