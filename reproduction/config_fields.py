@@ -97,6 +97,9 @@ NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 NAME_MAX = 100
 INT_MAX = 2**63 - 1
 """Largest whole number a config field takes: numpy and torch keep seeds and counts in int64."""
+TIMEOUT_MAX_S = 7 * 24 * 3600.0
+"""Longest timeout (seconds) a config field takes, one week: Ray and torch turn a timeout into C integers of
+milliseconds, and 1e300 crashed with OverflowError after Ray had started (audit56 D2)."""
 
 
 def is_safe_name(value: object) -> bool:

@@ -1004,7 +1004,9 @@ def _interrupted(args: argparse.Namespace, *, as_program: bool) -> int:
 
     forget_unhandled_interrupt()
     print("error: interrupted", file=sys.stderr)
-    if args.command in INTERRUPT_HINTS:
+    if args.command == "run" and getattr(args, "print_config", False):  # it starts no run: none to resume (audit56 D5)
+        print("hint: run the same command again: --print-config writes nothing", file=sys.stderr)
+    elif args.command in INTERRUPT_HINTS:
         print(f"hint: {INTERRUPT_HINTS[args.command]}", file=sys.stderr)
     if as_program:
         shutdown_for_exit()

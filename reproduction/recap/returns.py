@@ -62,7 +62,9 @@ def check_returns_values(cfg: Any, key: str = "") -> None:
         )
     if not np.isfinite(cfg.failure_reward):
         raise ConfigError(
-            f"{k('failure_reward')}={cfg.failure_reward} is not a finite number", field=k("failure_reward")
+            f"{k('failure_reward')}={cfg.failure_reward} is not a finite number",
+            field=k("failure_reward"),
+            hint=f"set {k('failure_reward')} to a finite number (docs/config.md)",
         )
     # The sidecar's return/reward columns are float32: a reward finite in float64 but beyond float32's range
     # (-1e39) would be written as -inf and train the value model on NaN targets (audit56 G1).

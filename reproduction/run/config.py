@@ -95,7 +95,8 @@ def load_config(
         # to_object does not re-check the items of a dict[str, X] / list[X] a whole container was merged into
         # (`cameras={a: [1]}`); rebuilding does, as --print-config and run.json do later (audit52 W1)
         OmegaConf.structured(config)
-    except ConfigError:
+    except ConfigError as exc:  # a section's rule: name where its value came from, as the loader's errors do
+        _name_source(exc, files, overrides)
         raise
     except Exception as exc:  # omegaconf's errors: one mapping, here
         key = getattr(exc, "full_key", None)
@@ -103,6 +104,19 @@ def load_config(
         raise _config_error(exc, merged, where=where) from None
     _refuse_nonfinite(config, schema, files, overrides)
     return config
+
+
+def _name_source(exc: ConfigError, files: list[Path] | None, overrides: list[str] | None) -> None:
+    """Prefix `exc`'s message with the --config file its field's value came from, when the loader can tell and the
+    message does not say already (audit56 D8: with several files the user could not tell which). An override's
+    value is the one the user just typed: its message stays as it was (as does a rule on the schema's default)."""
+    key = exc.fields.get("field")
+    if not isinstance(key, str) or exc.fields.get("path"):
+        return
+    where = _source_of(key, files, overrides)
+    if where and where != "command line" and not exc.message.startswith(where):
+        exc.message = f"{where}: {exc.message}"
+        exc.args = (exc.message,)
 
 
 ALLOWS_NONFINITE = "allows_nonfinite"
@@ -269,6 +283,12 @@ def merged_config(
             raise ConfigError(
                 f"override {item!r} is not key.path=value", field=item, hint="write overrides as key.path=value"
             )
+        if key != key.strip():  # ' rl.steps=4' (a quoted shell word): omegaconf read the key ` rl` (audit56 D4)
+            raise ConfigError(
+                f"override {item!r} has spaces around its key {key!r}",
+                field=key.strip(),
+                hint=f"write it without them: {key.strip()}={item.partition('=')[2]}",
+            )
     for item in overrides or []:  # each value parses, before anything is merged (one by one: `datasets[0].path=`
         try:  # and `datasets=[...]` are two shapes of one key, which a single dotlist cannot hold)
             OmegaConf.from_dotlist([item])
@@ -280,6 +300,14 @@ def merged_config(
         places["BUNDLE"] = str(Path(bundle).resolve())
     if run_dir is not None and "RUN" in fields:
         places["RUN"] = str(Path(run_dir).resolve())
+    for item in overrides or []:  # `RUN=/tmp/x` was silently replaced by --output's folder (audit56 D8)
+        key = item.partition("=")[0].strip()
+        if key in places:
+            raise ConfigError(
+                f"override {item!r}: {key} is {PLACEHOLDERS[key].partition(':')[0]}, set by the command itself",
+                field=key,
+                hint=f"remove the override and give {PLACEHOLDERS[key].partition(': ')[2]}",
+            )
     named = RECIPE_KEY in fields
     merged = base
     for where, layer in layers:
@@ -290,11 +318,15 @@ def merged_config(
             plain.append(item)
             continue
         if plain:
-            merged = _merge(merged, OmegaConf.from_dotlist(plain), "command line", named=named, overrides=overrides)
+            merged = _merge(
+                merged, OmegaConf.from_dotlist(plain), "command line", named=named, files=files, overrides=overrides
+            )
             plain = []
         merged = _set_list_item(merged, item)
     if plain:
-        merged = _merge(merged, OmegaConf.from_dotlist(plain), "command line", named=named, overrides=overrides)
+        merged = _merge(
+            merged, OmegaConf.from_dotlist(plain), "command line", named=named, files=files, overrides=overrides
+        )
     return _merge(merged, OmegaConf.create(places), "placeholders", named=named)
 
 
@@ -458,6 +490,15 @@ def _misfit(merged: Any, plain: Any, prefix: str, src: str) -> ConfigError | Non
                 hint=f"write the whole list as {dotted}={whole}, or set one item as {dotted}{item}=... "
                 "(docs/config.md)",
             )
+        if isinstance(mine, ListConfig) and theirs is not None and not isinstance(theirs, (list, dict)):
+            # omegaconf's own line was "AnyNode is not a ListConfig, TupleConfig, list, or tuple" (audit56 D6)
+            sections = dataclasses.is_dataclass(getattr(mine._metadata, "element_type", None))
+            example = "[{NAME: ...}, ...]" if sections else f"[{_flow(theirs)}]"
+            return ConfigError(
+                f"{src}config key `{dotted}` must be a list, e.g. {example}, not {_flow(theirs)}",
+                field=dotted,
+                hint=f"write {dotted}={example} (a YAML list: [a, b]; docs/config.md)",
+            )
         if type(mine).__name__ == "TupleConfig" and isinstance(theirs, list) and len(theirs) != len(mine):
             return ConfigError(
                 f"{src}config key `{dotted}` takes {len(mine)} values, got {len(theirs)}: {_flow(theirs)}",
@@ -607,6 +648,7 @@ def _load_yaml(path: Path) -> Any:
         raise InputNotFoundError(f"config file {path} is a folder, not a file", path=path, hint="pass a --config FILE")
     if not path.is_file():
         raise InputNotFoundError(f"config file {path} does not exist", path=path, hint="pass an existing --config FILE")
+    _refuse_big_or_not_utf8(path)
     try:
         node = OmegaConf.load(path)
     except Exception as exc:
@@ -642,6 +684,38 @@ def _load_yaml(path: Path) -> Any:
             hint="a run config is `key: value` lines (docs/config.md), e.g. `recipe: recap`",
         )
     return node
+
+
+CONFIG_FILE_MAX_BYTES = 1_000_000
+"""Largest --config file read (1 MB; a run config is a few kB): checked before YAML parses it, as a 50 MB file kept
+the parser busy for minutes and a 39 MB list took 1.3 GB before the node limit refused it (audit56 D5)."""
+
+
+def _refuse_big_or_not_utf8(path: Path) -> None:
+    """ConfigError (exit 4) naming `path` when it is over CONFIG_FILE_MAX_BYTES or is not UTF-8 text (with the line
+    and byte offset of the first bad byte); a UTF-8 byte-order mark is fine. Read at most the limit plus one byte,
+    so a pipe or a huge file is not read whole."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            data = fh.read(CONFIG_FILE_MAX_BYTES + 1)
+    except OSError:
+        return  # the loader's own open reports it
+    if size > CONFIG_FILE_MAX_BYTES or len(data) > CONFIG_FILE_MAX_BYTES:
+        raise ConfigError(
+            f"{path}: {max(size, len(data)):,} bytes, over the {CONFIG_FILE_MAX_BYTES:,}-byte limit of a run config",
+            path=path,
+            hint="a run config is small: keep only the keys you change (docs/config.md)",
+        )
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"{path}:{line}: not UTF-8 text: byte 0x{data[exc.start]:02x} at byte offset {exc.start}",
+            path=path,
+            hint=f"save the file as UTF-8 (line {line}, byte offset {exc.start} holds 0x{data[exc.start]:02x})",
+        ) from None
 
 
 def _holds_a_scalar(path: Path) -> bool:
@@ -835,6 +909,8 @@ def reference(schema: type) -> str:
         "or on the command line as `key.path=value`; `${BUNDLE}` and `${RUN}` are the bundle and run folders.",
         "On the command line a whole list is `datasets='[{path: /x, type: sft}]'`; one field of an item the list",
         "already has is `datasets[0].path=/x` (or `datasets.0.path=/x`), applied in order with the other overrides.",
+        "A --config file is UTF-8 text of at most 1 MB (CONFIG_FILE_MAX_BYTES); a larger one is refused, exit 4.",
+        "BUNDLE and RUN come from the command (the bundle argument, --output): an override of one it sets is refused.",
         "A float key takes finite numbers: nan and inf (`.nan`, `.inf`, `1e400`) are refused, exit 4.",
         "A bool key takes true or false (YAML's yes/no too; null where the type says `| None`): 0, 1, 2, 0.5 and",
         'the quoted string "false" are refused, exit 4, and so is a `${...}` that resolves to one of them.',

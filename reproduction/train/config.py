@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from reproduction.config_fields import changes_outputs, check_bool, check_number, same_outputs
+from reproduction.config_fields import TIMEOUT_MAX_S, changes_outputs, check_bool, check_number, same_outputs
 from reproduction.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda", "npu")
@@ -81,10 +81,11 @@ class TrainConfig:
     is faster still, on an idle one it doubles the step."""
     start_timeout_s: float = field(default=120.0, metadata=same_outputs())
     """Bound on waiting for Ray to place the workers (placement group) and, on a cluster, for rank 0's
-    node to report the rendezvous address. Joining the process group is bounded by collective_timeout_s."""
+    node to report the rendezvous address. Joining the process group is bounded by collective_timeout_s. At most
+    604800 (one week)."""
     collective_timeout_s: float = field(default=300.0, metadata=same_outputs())
     """torch.distributed timeout (init_process_group's one timeout): bounds the rendezvous (all ranks
-    joining) and every collective; a rank whose peer is dead errors after this."""
+    joining) and every collective; a rank whose peer is dead errors after this. At most 604800 (one week)."""
 
     def __post_init__(self) -> None:
         check_train_values(self)
@@ -178,8 +179,10 @@ def _check_positive(cfg: Any, k: Callable[[str], str]) -> None:
         check_number(getattr(cfg, name), k(name), low=1, integer=True)
     for name in ("warmup_steps", "eval_interval", "save_interval", "canary_samples", "cpu_threads", "seed"):
         check_number(getattr(cfg, name), k(name), low=0, integer=True)
-    for name in ("lr", "cpus_per_worker", "start_timeout_s", "collective_timeout_s"):
+    for name in ("lr", "cpus_per_worker"):
         check_number(getattr(cfg, name), k(name), low=0, low_open=True)
+    for name in ("start_timeout_s", "collective_timeout_s"):  # bounded: Ray/torch overflow on 1e300 (audit56 D2)
+        check_number(getattr(cfg, name), k(name), low=0, low_open=True, high=TIMEOUT_MAX_S)
     for name in ("grad_clip", "weight_decay", "canary_rtol", "eps"):
         check_number(getattr(cfg, name), k(name), low=0)
     check_bool(cfg.shuffle, k("shuffle"))

@@ -23,6 +23,12 @@ from reproduction.sim.cameras import CAMERA_NAMES, IMAGE_PREFIX, camera_names  #
 from reproduction.train.config import TrainConfig
 
 ADVANTAGE_SCALES = ("group", "batch", "none")
+REWARDS = ("success_at_end", "success_once", "progress")
+"""rl.reward's choices."""
+GROUP_SIZE_MAX = 4096
+"""rl.group_size's bound: a group's rollouts are held and scored together (audit56 D3: 10**30 passed the config)."""
+ROLLOUTS_MAX = 2**20
+"""Bound on rl.init_states x rl.group_size, the episodes one rollout round simulates and holds (audit56 D3)."""
 """What `rl.advantage_scale` may name (objective.group_advantages)."""
 NOISE_LEVEL_MIN = 1e-6
 """rl.noise_level's floor: below ~1e-44 the float32 step noise is 0 and every step's log-probability NaN (the run
@@ -181,7 +187,8 @@ class RlSection:
     advantage_scale batch divides by the std of a micro batch's groups, cotrain draws its frames and noise per micro
     batch, and tasks with other episode lengths weigh their rows per micro batch (audit56 D1)."""
     group_size: int = 8
-    """G: rollouts per initial state; advantages are standardised within the group."""
+    """G: rollouts per initial state; advantages are standardised within the group. 2..4096, and init_states x
+    group_size at most 2**20 (the episodes of one round)."""
     updates_per_rollout: int = 1
     """PPO updates on each round's rollouts (mu); > 1 makes the clip bite. Divides steps and save_every."""
     clip_eps: float = 0.2
@@ -263,9 +270,14 @@ class RlSection:
                 hint=f"every checkpoint should carry an evaluation: make {k}save_every a multiple",
             )
         _check_seed(k + "seed", self.seed, SEED_MAX)
-        if self.group_size < 2:
+        # a group is group_size rollouts per init state held at once: bounded like init_states x group_size below
+        check_number(self.group_size, k + "group_size", low=2, high=GROUP_SIZE_MAX, integer=True)
+        if self.init_states * self.group_size > ROLLOUTS_MAX:
             raise ConfigError(
-                f"{k}group_size={self.group_size} must be >= 2 (a group of one has no spread)", field=k + "group_size"
+                f"{k}init_states x {k}group_size = {self.init_states} x {self.group_size} rollouts per round is over "
+                f"{ROLLOUTS_MAX}",
+                field=k + "group_size",
+                hint=f"lower {k}init_states or {k}group_size (their product is the episodes simulated per round)",
             )
         if self.world_size > 1 and self.launcher != "ray":
             raise ConfigError(
@@ -282,15 +294,22 @@ class RlSection:
                 hint=f"pick {k}init_states as a multiple of {per_pass}, or lower {k}micro_init_states",
             )
         if not 0.0 < self.clip_eps < 1.0:
-            raise ConfigError(f"{k}clip_eps={self.clip_eps} is outside (0, 1)", field=k + "clip_eps")
-        if self.reward not in ("success_at_end", "success_once", "progress"):
             raise ConfigError(
-                f"{k}reward={self.reward!r} is not success_at_end, success_once or progress", field=k + "reward"
+                f"{k}clip_eps={self.clip_eps} is outside (0, 1)",
+                field=k + "clip_eps",
+                hint=f"set {k}clip_eps to a number in (0, 1), e.g. 0.2 (PPO's usual)",
+            )
+        if self.reward not in REWARDS:
+            raise ConfigError(
+                f"{k}reward={self.reward!r} is not success_at_end, success_once or progress",
+                field=k + "reward",
+                hint=f"set {k}reward to one of: {', '.join(REWARDS)}",
             )
         if self.advantage_scale not in ADVANTAGE_SCALES:
             raise ConfigError(
                 f"{k}advantage_scale={self.advantage_scale!r} is not {', '.join(ADVANTAGE_SCALES)}",
                 field=k + "advantage_scale",
+                hint=f"set {k}advantage_scale to one of: {', '.join(ADVANTAGE_SCALES)}",
             )
         mu = self.updates_per_rollout
         for name in ("steps", "save_every"):
@@ -316,7 +335,10 @@ class RlSection:
             )
         if self.cotrain_weight > 0 and not self.cotrain_dataset:
             raise ConfigError(
-                f"{k}cotrain_weight={self.cotrain_weight} names no {k}cotrain_dataset", field=k + "cotrain_dataset"
+                f"{k}cotrain_weight={self.cotrain_weight} names no {k}cotrain_dataset",
+                field=k + "cotrain_dataset",
+                hint=f"set {k}cotrain_dataset to an SFT dataset folder (e.g. ${{BUNDLE}}/data/sft), or "
+                f"{k}cotrain_weight=0",
             )
         self.train_config()  # the trainer's own rules, named
 
@@ -421,7 +443,7 @@ def check_tasks(key: str, tasks: list[str], max_steps: int | None, *, field_max:
     from reproduction.errors import PortableError
 
     if not tasks:
-        raise ConfigError(f"{key} is empty; name at least one task", field=key)
+        raise ConfigError(f"{key} is empty; name at least one task", field=key, hint=f"e.g. {key}=[FetchPush-v4]")
     libero = [t for t in tasks if _is_libero(t)]
     if libero and len(libero) != len(tasks):
         other = [t for t in tasks if t not in libero]
@@ -446,7 +468,11 @@ def check_tasks(key: str, tasks: list[str], max_steps: int | None, *, field_max:
             hint=f"set {field_max}=null",
         )
     if max_steps is not None and max_steps < 1:
-        raise ConfigError(f"{field_max}={max_steps} must be >= 1", field=field_max)
+        raise ConfigError(
+            f"{field_max}={max_steps} must be >= 1", field=field_max, hint=f"set {field_max}=null (the suite's limit)"
+        )
+    if max_steps is not None:
+        check_number(max_steps, field_max, low=1, integer=True)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -239,7 +239,11 @@ class EvalSection:
             ),
         )
         if not self.tasks:
-            raise ConfigError("eval.tasks is empty; name at least one simulator task", field="eval.tasks")
+            raise ConfigError(
+                "eval.tasks is empty; name at least one simulator task",
+                field="eval.tasks",
+                hint="e.g. eval.tasks=[FetchPush-v4]",
+            )
         libero = [t for t in self.tasks if is_libero_task(t)]
         if libero:
             _check_libero_tasks(self, libero)
