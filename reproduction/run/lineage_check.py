@@ -625,14 +625,42 @@ def verify_lineage(run_dir: Path) -> LineageReport:
         problems += _unstated(state, {st.file.name for st in statements})
         problems += _against_record(state, statements)
         notes += _stale_notes(state, statements, problems)
-    if any(p.what == "statement" for p in problems):
-        notes.append(f"hint: `portable run --resume` on {run_dir} writes a lost statement again from run.json")
+    notes += _statement_hints(problems, state, Path(run_dir))
     for bundle in sorted(bundles_missing):
         notes.append(
             f"hint: the bundle these statements read is not at {bundle} (or lacks those files); restore or copy "
             "the bundle back to that folder and verify again"
         )
     return LineageReport(statements=len(statements), checked=len(items), problems=problems, notes=notes)
+
+
+def _statement_hints(problems: list[LineageProblem], state: Mapping[str, Any] | None, run_dir: Path) -> list[str]:
+    """One hint per kind of statement problem, each naming what makes `--verify` pass (audit56 H1: every kind got the
+    lost statement's `--resume` hint, which leaves an extra or edited statement as it is). A statement deleted, the
+    stage's record still there, is what `--resume` writes again from run.json (`runner._rewrite_lost_statement`)."""
+    stages = (state or {}).get("stages") or {}
+    lost = [p for p in problems if p.what == "statement" and p.kind == "missing"]
+    extra = [p.path for p in problems if p.kind == "unrecorded" and p.statement[: -len(SUFFIX)] not in stages]
+    swapped = [p.path for p in problems if p.kind == "unrecorded" and p.statement[: -len(SUFFIX)] in stages]
+    edited = list(dict.fromkeys(p.path for p in problems if p.kind == "record"))
+    resume = f"`portable run --resume` on {run_dir} (with the config it ran with)"
+    lines = []
+    if lost:
+        lines.append(f"hint: `portable run --resume` on {run_dir} writes a lost statement again from run.json")
+    if extra:
+        lines.append(f"hint: no stage of run.json wrote {', '.join(extra)}: delete it from {run_dir} and verify again")
+    if swapped:
+        lines.append(
+            f"hint: {', '.join(swapped)} holds another stage's statement: delete it, then {resume} writes the "
+            "stage's own again from run.json"
+        )
+    if edited:
+        restart = " ".join(f"--restart-stage {Path(rel).name[: -len(SUFFIX)]}" for rel in edited)
+        lines.append(
+            f"hint: {', '.join(edited)} is not the statement written with run.json's record of its stage: delete it, "
+            f"then {resume} writes it again from run.json (or `{restart}` redoes the stage)"
+        )
+    return lines
 
 
 def _read_state(run_dir: Path) -> tuple[dict[str, Any] | None, str]:
