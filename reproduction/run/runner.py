@@ -22,7 +22,8 @@ stages and every stage downstream of them. An invocation given `--target-step N`
 `target_step` ({"step": N, "stages": the stages it selected}) with its first `running` record and drops it when it
 completes: a plain `--resume` of one that stopped trains each of those stages it runs to N (complete ones below
 N too), as it would have. A resume a stage refuses before it trains (ResumeRefusedError: only checkpoints above N
-are left) puts run.json back as it was before that stage, N not kept.
+are left) puts back that stage's record and run.json's `target_step` as the invocation found them (what earlier
+stages of it completed is kept), N not kept, and report.html if that stage removed it.
 run.json is written atomically after every state change, so a kill leaves a consistent record.
 """
 
@@ -289,7 +290,9 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
     count is raised above them), PreflightError (every problem found before anything ran), and whatever a stage
     raises: the stage is then recorded `failed` (or `interrupted` on Ctrl-C / SIGTERM) in run.json, so
     `--resume` continues it; a complete stage that `--target-step` failed to train on keeps its record; a resume
-    refused before it trained (ResumeRefusedError) leaves run.json's bytes as they were before the stage.
+    refused before it trained (ResumeRefusedError) leaves the stage's record, run.json's `target_step` (as the
+    invocation found it) and report.html as they were; when it is the first stage the invocation runs, run.json's
+    bytes are those it found.
     """
     opts = options or RunOptions()
     digests = opts.digests or DigestCache()  # one per run: keys, outputs, datasets, weights and lineage share it
@@ -414,6 +417,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         walk.restarted = downstream(recipe, opts.restart)
         guard.enter_context(sigterm_as_interrupt())
         walk.inherited = _inherited_target(state, opts)
+        walk.start_target = state.get("target_step")
         walk.untargeted = left
         with RunRay(opts.ray_address) as walk.ray:  # started when a stage first asks, stopped when the walk ends
             _walk(walk, {s.name for s in selected})
@@ -587,6 +591,9 @@ class _Walk:
     """The stages this invocation selected (run.json's `target_step.stages` when it has --target-step)."""
     untargeted: frozenset[str] = frozenset()
     """The training stages this invocation's --target-step leaves to their step count (`untargeted`)."""
+    start_target: dict[str, Any] | None = None
+    """run.json's `target_step` when this invocation started (None: none): what a refused resume puts back, not the
+    --target-step an earlier stage of this invocation stored (audit56 review R2)."""
 
     @functools.cached_property
     def config_sha256(self) -> str:
@@ -676,12 +683,20 @@ def _clear_stage(
     remove_tree(stage_dir)
 
 
-def _remove_report(run_dir: Path) -> None:
+def _remove_report(run_dir: Path) -> bytes | None:
     """Remove <run>/report.html before the first stage this invocation runs: the stage changes what it reports, and a
     kill or Ctrl-C before the new one is written must not leave the old one standing for every later --resume, which
-    rewrites a report only when it ran a stage or the report is missing (audit50 A F3)."""
+    rewrites a report only when it ran a stage or the report is missing (audit50 A F3). Returns its bytes (None when
+    there was none, or it could not be read), held in memory so that a resume the stage refuses before it trains
+    puts it back (audit56 review R5) while a kill still leaves none."""
+    path = run_dir / REPORT_HTML
+    try:
+        kept: bytes | None = path.read_bytes()
+    except OSError:
+        kept = None
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(run_dir / REPORT_HTML)
+        os.unlink(path)
+    return kept
 
 
 def _remove_recorded_elsewhere(run_dir: Path, state: dict[str, Any], stage: str, rec: dict[str, Any] | None) -> None:
@@ -771,8 +786,9 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         state["target_step"] = {"step": walk.opts.target_step, "stages": order}
     prior = _state_bytes(run_dir)  # what a refused resume puts back (ResumeRefusedError, audit56 K1)
     _write_state(run_dir, state)  # before the stage folder: a kill from here on leaves a run to --resume
+    report = None
     if walk.recipe.report and not walk.redone:  # the first stage this invocation runs: the report is out of date
-        _remove_report(run_dir)
+        report = _remove_report(run_dir)
     stage_dir.mkdir(parents=True, exist_ok=True)
     ctx = StageContext(
         name=spec.name,
@@ -840,7 +856,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
             versions = _record_lineage(walk, spec, action, output, outputs, parts, started, ended, target_step=target)
             complete["lineage"] = _statement_params(walk, output, versions, target)
     except BaseException as exc:
-        if not (isinstance(exc, ResumeRefusedError) and _put_back(run_dir, prior, spec.name, before, walk.digests)):
+        if not (isinstance(exc, ResumeRefusedError) and _put_back(run_dir, prior, spec.name, before, walk, report)):
             _record_stop(run_dir, state, spec.name, before, exc, walk.digests)
         raise
     with deferred_interrupts():  # a Ctrl-C here comes after the record: the stage is complete, the run stops
@@ -1123,24 +1139,45 @@ def _state_bytes(run_dir: Path) -> bytes | None:
         return None
 
 
-def _put_back(run_dir: Path, prior: bytes | None, stage: str, before: dict | None, digests: DigestCache) -> bool:
+def _put_back(
+    run_dir: Path, prior: bytes | None, stage: str, before: dict | None, walk: _Walk, report: bytes | None
+) -> bool:
     """After a resume the stage refused before it loaded, trained or removed anything (ResumeRefusedError: only
-    checkpoints above the steps asked for are left): write back run.json's bytes from before the stage's `running`
-    record, so the refused `--target-step M` is not left in run.json's `target_step` for a later plain --resume to
-    inherit and be refused on again (audit56 K1), and the stage's record is as it was. False (nothing written: the
-    caller records the stop) without earlier bytes, or when a complete record's outputs changed since (a multi-mode
-    stage that trained one mode before another's resume was refused): its record must not be put back over new
-    files (audit47 kill F1)."""
+    checkpoints above the steps asked for are left): write back run.json as it was before the stage's `running`
+    record (`prior`), with its `target_step` as the invocation found it (`walk.start_target`), so the refused
+    `--target-step M` is not left for a later plain --resume to inherit and be refused on again (audit56 K1), not
+    even when an earlier stage of this invocation trained and stored M (audit56 review R2); what earlier stages
+    completed stays recorded, and the stage's record is as it was. When the stage is the first this invocation
+    wrote for, run.json's bytes are those it found. `report` (the report.html this stage removed) is written back
+    too (audit56 review R5). False (nothing written: the caller records the stop) without earlier bytes readable as
+    JSON, or when a complete record's outputs changed since (a multi-mode stage that trained one mode before
+    another's resume was refused): its record must not be put back over new files (audit47 kill F1)."""
     if prior is None:
         return False
     if before is not None and before.get("status") == "complete":
         with contextlib.suppress(OSError):
-            if verify_outputs(run_dir / stage, before.get("outputs", {}), digests):
+            if verify_outputs(run_dir / stage, before.get("outputs", {}), walk.digests):
                 return False
     try:
-        atomic_write_bytes(run_dir / RUN_JSON, prior)
+        found = json.loads(prior)
+    except ValueError:
+        return False
+    if not isinstance(found, dict):
+        return False
+    try:
+        if found.get("target_step") == walk.start_target:
+            atomic_write_bytes(run_dir / RUN_JSON, prior)
+        else:  # an earlier stage's `running` record stored this invocation's --target-step: not kept
+            if walk.start_target is None:
+                found.pop("target_step", None)
+            else:
+                found["target_step"] = walk.start_target
+            _write_state(run_dir, found)
     except OSError:  # not written: the caller records the stop, and the refusal is raised as it is
         return False
+    if report is not None:
+        with contextlib.suppress(OSError):  # a report not put back is rewritten by the next --resume
+            atomic_write_bytes(run_dir / REPORT_HTML, report)
     return True
 
 
