@@ -179,3 +179,50 @@ def test_the_watchdogs_record_and_line_are_bounded_and_it_exits_58_anyway(monkey
     finally:
         stuck.set()
     assert exits == [58] and took < 2
+
+
+def _dual_stack(monkeypatch, port: int) -> None:
+    """getaddrinfo answering ::1 then 127.0.0.1 for `localhost`, as on hosts whose /etc/hosts maps `::1 localhost`
+    (or a head name with AAAA and A records)."""
+
+    def dual(host, port_, *args, **kwargs):
+        assert (host, port_) == ("localhost", port)
+        return [
+            (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
+        ]
+
+    monkeypatch.setattr(socket, "getaddrinfo", dual)
+
+
+def test_every_resolved_address_is_tried_before_nothing_listens(monkeypatch):
+    """audit56 R3: only the first address (::1) was tried; a head listening on IPv4 only was refused, exit 58."""
+    with socket.socket(socket.AF_INET) as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        _dual_stack(monkeypatch, port)
+        ray_connect.reachable(f"localhost:{port}")  # the IPv4 address answers: no error
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback on this host: ::1 cannot refuse")
+def test_nothing_listens_only_when_every_resolved_address_refuses(monkeypatch):
+    sock, _ = _dead_address()
+    with sock:
+        port = sock.getsockname()[1]
+        _dual_stack(monkeypatch, port)
+        with pytest.raises(RayUnavailableError) as caught:
+            ray_connect.reachable(f"localhost:{port}")
+    assert (
+        caught.value.message
+        == f"cannot join the Ray cluster at localhost:{port}: nothing listens there (connection refused)"
+    )

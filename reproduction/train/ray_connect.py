@@ -207,9 +207,10 @@ def shown(address: str) -> str:
 
 def reachable(address: str) -> None:
     """Fail at once, with the cause, for an address that cannot be a cluster: malformed, a host that does not resolve,
-    or a port that refuses a TCP connect (nothing listens). A connect that times out or fails otherwise is left to
-    the bounded Ray probe (a firewall, a slow network). The whole check, the host's resolution included, takes at
-    most REACH_S."""
+    or a port that refuses a TCP connect on every address the host resolves to (nothing listens), each tried in turn
+    as socket.create_connection does. A connect that times out or fails otherwise, on any address, is left to the
+    bounded Ray probe (a firewall, a slow network). The whole check, the host's resolution included, takes at most
+    REACH_S."""
     try:
         where = parse_address(address)
     except ValueError as exc:
@@ -234,20 +235,29 @@ def reachable(address: str) -> None:
         ) from None
     except OSError:
         return
-    family, kind, proto, _, sockaddr = infos[0]
-    try:
-        with socket.socket(family, kind, proto) as sock:
-            sock.settimeout(max(deadline - time.monotonic(), 0.05))
-            sock.connect(sockaddr)
-    except ConnectionRefusedError:
+    # Each address in turn, as socket.create_connection does: a name with AAAA and A records (or `localhost`, ::1
+    # first on hosts whose /etc/hosts says so) whose head listens on IPv4 only is refused on the first (audit56 R3).
+    all_refused = bool(infos)
+    for family, kind, proto, _, sockaddr in infos:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return  # the bound spent before every address was tried: left to the bounded Ray probe
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.settimeout(max(left, 0.05))
+                sock.connect(sockaddr)
+            return
+        except ConnectionRefusedError:
+            pass
+        except OSError:  # a timeout, no route, IPv6 off on this host: not "nothing listens"; the next one is tried
+            all_refused = False
+    if all_refused:
         raise RayUnavailableError(
             f"cannot join the Ray cluster at {shown(address)}: nothing listens there (connection refused)",
             address=address,
             hint="is the Ray head running, on that port? `ray status` on the head node prints its address; "
             "or leave --ray-address out to let run start a private local Ray",
-        ) from None
-    except OSError:
-        pass
+        )
 
 
 def _within(seconds: float, fn: Callable[[], Any]) -> Any:
