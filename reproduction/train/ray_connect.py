@@ -282,11 +282,15 @@ def _within(seconds: float, fn: Callable[[], Any]) -> Any:
     return value
 
 
-def may_use_ray(stages: Iterable[Any], plain: dict[str, Any]) -> bool:
-    """Whether one of `stages` (StageSpecs) may run its workers on Ray under the plain config `plain`: a config key it
-    reads (StageSpec.config) holds, at any depth, `launcher: ray` or `workers` above 1 (the rules the recap and grpo
-    stages hand ctx.ray_for). What a joined --ray-address is probed for before anything runs (audit56 F2: a dead head
-    stopped `--stages compare`, which joins no cluster); a Ray use this misses fails at the join, exit 58 alike."""
+def may_use_ray(stages: Iterable[Any], plain: dict[str, Any], config: Any = None) -> bool:
+    """Whether one of `stages` (StageSpecs) may run its workers on Ray under the run's config (`config` typed,
+    `plain` its plain dict). A stage that declares `uses_ray` is asked, with `config`: the predicate its function hands
+    ctx.ray_for, so probe and stage agree (audit56 R4: the advantages stage joins Ray for value.infer.workers > 1, a
+    key it does not declare, and eval's workers are a process pool); one whose predicate raises counts as using Ray.
+    For one that does not (an out-of-tree recipe), or without `config`: a config key it reads (StageSpec.config)
+    holds, at any depth, `launcher: ray` or `workers` above 1. What a joined --ray-address is probed for before
+    anything runs (audit56 F2: a dead head stopped `--stages compare`, which joins no cluster); a Ray use this misses
+    fails at the join, exit 58 alike."""
 
     def rayish(value: Any) -> bool:
         if not isinstance(value, dict):
@@ -299,6 +303,14 @@ def may_use_ray(stages: Iterable[Any], plain: dict[str, Any]) -> bool:
         return any(rayish(v) for v in value.values())
 
     for stage in stages:
+        predicate = getattr(stage, "uses_ray", None)
+        if predicate is not None and config is not None:
+            try:
+                if predicate(config):
+                    return True
+            except Exception:  # noqa: BLE001 - the stage raises it when it runs; a probe now costs at most REACH_S
+                return True
+            continue
         for key in stage.config:
             value: Any = plain
             for part in key.split("."):
