@@ -76,6 +76,11 @@ class StageSpec:
     redo_on_change: bool = False
     """A changed key redoes it instead of refusing: for a cheap stage whose outputs only derive from its
     inputs (a comparison), so there is nothing worth protecting from a rerun."""
+    uses_ray: Callable[[Any], bool] | None = None
+    """(the run's typed config) -> whether the stage runs workers on Ray: the predicate its function hands
+    `ctx.ray_for`, so that a `--ray-address` is probed before anything runs only when a stage to run will join it.
+    None (a recipe that does not say): the probe guesses from the config sections in `config` (a `launcher: ray` or
+    `workers` above 1 at any depth, reproduction/train/ray_connect.py may_use_ray)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -197,6 +202,8 @@ def _check_fields(recipe: str, st: StageSpec) -> None:
     for name in ("inputs", "redo_on_change", "target"):
         if not isinstance(getattr(st, name), bool):
             refuse(name, getattr(st, name), "not a bool", f"write {name}=True or {name}=False")
+    if st.uses_ray is not None and not callable(st.uses_ray):
+        refuse("uses_ray", st.uses_ray, "not callable", "write uses_ray=a function (config) -> bool, or leave it out")
     for glob in st.outputs:
         try:  # pathlib's own rules, those the runner's glob applies after the stage ran (nothing is read: no folder)
             next(Path("/nonexistent-portable-glob-check").glob(glob), None)

@@ -179,3 +179,131 @@ def test_the_watchdogs_record_and_line_are_bounded_and_it_exits_58_anyway(monkey
     finally:
         stuck.set()
     assert exits == [58] and took < 2
+
+
+def _dual_stack(monkeypatch, port: int) -> None:
+    """getaddrinfo answering ::1 then 127.0.0.1 for `localhost`, as on hosts whose /etc/hosts maps `::1 localhost`
+    (or a head name with AAAA and A records)."""
+
+    def dual(host, port_, *args, **kwargs):
+        assert (host, port_) == ("localhost", port)
+        return [
+            (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
+        ]
+
+    monkeypatch.setattr(socket, "getaddrinfo", dual)
+
+
+def test_every_resolved_address_is_tried_before_nothing_listens(monkeypatch):
+    """audit56 R3: only the first address (::1) was tried; a head listening on IPv4 only was refused, exit 58."""
+    with socket.socket(socket.AF_INET) as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        _dual_stack(monkeypatch, port)
+        ray_connect.reachable(f"localhost:{port}")  # the IPv4 address answers: no error
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback on this host: ::1 cannot refuse")
+def test_nothing_listens_only_when_every_resolved_address_refuses(monkeypatch):
+    sock, _ = _dead_address()
+    with sock:
+        port = sock.getsockname()[1]
+        _dual_stack(monkeypatch, port)
+        with pytest.raises(RayUnavailableError) as caught:
+            ray_connect.reachable(f"localhost:{port}")
+    assert (
+        caught.value.message
+        == f"cannot join the Ray cluster at localhost:{port}: nothing listens there (connection refused)"
+    )
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _uses_ray(config_file: str, recipe: Recipe, stages: tuple[str, ...], overrides: list[str]) -> bool:
+    from reproduction.run.config import to_plain
+    from reproduction.run.resolve import load_run_config
+
+    config = load_run_config([REPO / "bundle" / config_file], overrides, bundle=Path("/b"), run_dir=None)[2]
+    return ray_connect.may_use_ray([recipe.stage(n) for n in stages], to_plain(config), config)
+
+
+def test_the_probe_asks_recaps_stages_what_their_code_hands_ray_for():
+    """audit56 R4: the advantages stage joins Ray for value.infer.workers > 1, a key it does not declare (missed: a
+    dead head was found after value trained); eval's workers are a process pool (probed: a dead head stopped it)."""
+    from reproduction.recipes.recap import recipe as recap
+
+    off = ["value.train.launcher=inprocess", "policy.train.launcher=inprocess", "value.infer.workers=1"]
+    cases = {
+        ("advantages",): ["value.infer.workers=8"],
+        ("value", "advantages", "policy"): ["value.infer.workers=8"],
+        ("eval", "compare"): ["eval.workers=4"],
+        ("returns", "value", "advantages", "policy", "eval", "compare"): ["eval.workers=4"],
+        ("value",): ["value.train.launcher=ray"],
+        ("policy",): ["policy.train.launcher=ray"],
+    }
+    found = [_uses_ray("demo/run.yaml", recap.RECAP, names, off + more) for names, more in cases.items()]
+    assert found == [True, True, False, False, True, True]
+    # the one predicate: what the StageSpec declares is what the stage function hands ctx.ray_for
+    declared = {s.name: s.uses_ray for s in recap.RECAP.stages}
+    assert declared == {
+        "returns": recap.no_ray,
+        "value": recap.value_uses_ray,
+        "advantages": recap.advantages_uses_ray,
+        "policy": recap.policy_uses_ray,
+        "eval": recap.no_ray,
+        "compare": recap.no_ray,
+    }
+
+
+def test_the_probe_asks_grpos_stages_what_their_code_hands_ray_for():
+    from reproduction.recipes.grpo import recipe as grpo
+
+    assert _uses_ray("grpo/config.yaml", grpo.GRPO, ("sft",), ["sft.train.launcher=ray"])
+    assert not _uses_ray("grpo/config.yaml", grpo.GRPO, ("sft",), ["sft.train.launcher=ray", "sft.export=/x"])
+    assert _uses_ray("grpo/config.yaml", grpo.GRPO, ("rl",), ["rl.launcher=ray"])
+    assert not _uses_ray("grpo/config.yaml", grpo.GRPO, ("eval", "compare"), ["eval.workers=4"])
+    assert [s.uses_ray for s in grpo.GRPO.stages] == [grpo.sft_uses_ray, grpo.rl_uses_ray, grpo.no_ray, grpo.no_ray]
+
+
+def _label_is_ray(config: RayToyConfig) -> bool:
+    return config.label == "ray"
+
+
+DECLARED = Recipe(
+    name="raytoy-declared",
+    config_schema=f"{__name__}:RayToyConfig",
+    stages=(StageSpec(name="train", fn=f"{__name__}:write_stage", config=("train",), uses_ray=_label_is_ray),),
+)
+
+
+def test_the_runner_probes_by_the_stages_predicate_not_its_config_keys(tmp_path, capsys):
+    """train.launcher is ray but the stage's predicate says no Ray: it runs with the head down; and the reverse."""
+    from reproduction.portable import main
+
+    sock, address = _dead_address()
+    (tmp_path / "run.yaml").write_text(f"recipe: {__name__}:DECLARED\n")
+    argv = ["-q", "run", "--config", str(tmp_path / "run.yaml"), "--ray-address", address]
+    with sock:
+        assert main([*argv, "--output", str(tmp_path / "a")]) == 0
+        assert main([*argv, "--output", str(tmp_path / "b"), "label=ray", "train.launcher=inprocess"]) == 58
+    assert "nothing listens there" in capsys.readouterr().err and not (tmp_path / "b").exists()
+
+
+def test_a_uses_ray_that_is_not_callable_is_refused():
+    from reproduction.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="stage s's uses_ray is 'yes', not callable") as caught:
+        Recipe(name="r", stages=(StageSpec(name="s", fn="m:f", uses_ray="yes"),))
+    assert (caught.value.exit_code, caught.value.field) == (4, "stages.s.uses_ray")

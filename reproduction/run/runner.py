@@ -373,7 +373,8 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
             raise_problems(problems + [m for m in missing if f"{m.field}" not in named])
         else:
             raise_problems(missing)
-        if opts.probe_ray and opts.ray_address and may_use_ray([s for s in selected if s.name in unfinished], plain):
+        to_run = [s for s in selected if s.name in unfinished]
+        if opts.probe_ray and opts.ray_address and may_use_ray(to_run, plain, config):  # the stages' own predicates
             reachable(opts.ray_address)  # a dead head found now, not after earlier stages trained (audit55 J2, 56 F2)
         if state is None and run_dir.is_dir() and any(p.name not in LOCKS for p in run_dir.iterdir()):
             raise RunStateError(

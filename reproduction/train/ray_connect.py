@@ -207,9 +207,10 @@ def shown(address: str) -> str:
 
 def reachable(address: str) -> None:
     """Fail at once, with the cause, for an address that cannot be a cluster: malformed, a host that does not resolve,
-    or a port that refuses a TCP connect (nothing listens). A connect that times out or fails otherwise is left to
-    the bounded Ray probe (a firewall, a slow network). The whole check, the host's resolution included, takes at
-    most REACH_S."""
+    or a port that refuses a TCP connect on every address the host resolves to (nothing listens), each tried in turn
+    as socket.create_connection does. A connect that times out or fails otherwise, on any address, is left to the
+    bounded Ray probe (a firewall, a slow network). The whole check, the host's resolution included, takes at most
+    REACH_S."""
     try:
         where = parse_address(address)
     except ValueError as exc:
@@ -234,20 +235,29 @@ def reachable(address: str) -> None:
         ) from None
     except OSError:
         return
-    family, kind, proto, _, sockaddr = infos[0]
-    try:
-        with socket.socket(family, kind, proto) as sock:
-            sock.settimeout(max(deadline - time.monotonic(), 0.05))
-            sock.connect(sockaddr)
-    except ConnectionRefusedError:
+    # Each address in turn, as socket.create_connection does: a name with AAAA and A records (or `localhost`, ::1
+    # first on hosts whose /etc/hosts says so) whose head listens on IPv4 only is refused on the first (audit56 R3).
+    all_refused = bool(infos)
+    for family, kind, proto, _, sockaddr in infos:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return  # the bound spent before every address was tried: left to the bounded Ray probe
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.settimeout(max(left, 0.05))
+                sock.connect(sockaddr)
+            return
+        except ConnectionRefusedError:
+            pass
+        except OSError:  # a timeout, no route, IPv6 off on this host: not "nothing listens"; the next one is tried
+            all_refused = False
+    if all_refused:
         raise RayUnavailableError(
             f"cannot join the Ray cluster at {shown(address)}: nothing listens there (connection refused)",
             address=address,
             hint="is the Ray head running, on that port? `ray status` on the head node prints its address; "
             "or leave --ray-address out to let run start a private local Ray",
-        ) from None
-    except OSError:
-        pass
+        )
 
 
 def _within(seconds: float, fn: Callable[[], Any]) -> Any:
@@ -272,11 +282,15 @@ def _within(seconds: float, fn: Callable[[], Any]) -> Any:
     return value
 
 
-def may_use_ray(stages: Iterable[Any], plain: dict[str, Any]) -> bool:
-    """Whether one of `stages` (StageSpecs) may run its workers on Ray under the plain config `plain`: a config key it
-    reads (StageSpec.config) holds, at any depth, `launcher: ray` or `workers` above 1 (the rules the recap and grpo
-    stages hand ctx.ray_for). What a joined --ray-address is probed for before anything runs (audit56 F2: a dead head
-    stopped `--stages compare`, which joins no cluster); a Ray use this misses fails at the join, exit 58 alike."""
+def may_use_ray(stages: Iterable[Any], plain: dict[str, Any], config: Any = None) -> bool:
+    """Whether one of `stages` (StageSpecs) may run its workers on Ray under the run's config (`config` typed,
+    `plain` its plain dict). A stage that declares `uses_ray` is asked, with `config`: the predicate its function hands
+    ctx.ray_for, so probe and stage agree (audit56 R4: the advantages stage joins Ray for value.infer.workers > 1, a
+    key it does not declare, and eval's workers are a process pool); one whose predicate raises counts as using Ray.
+    For one that does not (an out-of-tree recipe), or without `config`: a config key it reads (StageSpec.config)
+    holds, at any depth, `launcher: ray` or `workers` above 1. What a joined --ray-address is probed for before
+    anything runs (audit56 F2: a dead head stopped `--stages compare`, which joins no cluster); a Ray use this misses
+    fails at the join, exit 58 alike."""
 
     def rayish(value: Any) -> bool:
         if not isinstance(value, dict):
@@ -289,6 +303,14 @@ def may_use_ray(stages: Iterable[Any], plain: dict[str, Any]) -> bool:
         return any(rayish(v) for v in value.values())
 
     for stage in stages:
+        predicate = getattr(stage, "uses_ray", None)
+        if predicate is not None and config is not None:
+            try:
+                if predicate(config):
+                    return True
+            except Exception:  # noqa: BLE001 - the stage raises it when it runs; a probe now costs at most REACH_S
+                return True
+            continue
         for key in stage.config:
             value: Any = plain
             for part in key.split("."):

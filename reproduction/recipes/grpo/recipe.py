@@ -7,10 +7,30 @@ fields (`same_outputs()`, config.py and reproduction/train/config.py), not here.
 
 from __future__ import annotations
 
+from typing import Any
+
 from reproduction.recap.policy import TRAINING_MODULES
 from reproduction.recipe import Recipe, StageSpec
 
 _STAGES = "reproduction.recipes.grpo.stages"
+
+
+def no_ray(config: Any) -> bool:
+    """StageSpec.uses_ray of a stage that never runs workers on Ray (eval: its workers are a process pool;
+    compare), so a dead --ray-address does not stop it."""
+    return False
+
+
+def sft_uses_ray(config: Any) -> bool:
+    """Whether the sft stage trains on Ray: BC with `sft.train.launcher: ray` (a pinned sft.export is only copied).
+    Its StageSpec.uses_ray and what stages.py's sft_stage hands ctx.ray_for."""
+    return not config.sft.export and config.sft.train.launcher == "ray"
+
+
+def rl_uses_ray(config: Any) -> bool:
+    """Whether the rl stage trains on Ray (its StageSpec.uses_ray and what stages.py's rl_stage hands ctx.ray_for)."""
+    return config.rl.launcher == "ray"
+
 
 GRPO = Recipe(
     name="grpo",
@@ -30,6 +50,7 @@ GRPO = Recipe(
             target=False,  # --target-step N is rl's step ("resume from 60, train to 80"); --stages sft names it
             weights=("sft.model",),
             code=TRAINING_MODULES,
+            uses_ray=sft_uses_ray,
         ),
         StageSpec(
             name="rl",
@@ -46,6 +67,7 @@ GRPO = Recipe(
                 "reproduction.recipes.grpo.sde",
                 "reproduction.recipes.grpo.objective",
             ),
+            uses_ray=rl_uses_ray,
         ),
         StageSpec(
             name="eval",
@@ -55,6 +77,7 @@ GRPO = Recipe(
             inputs=False,
             outputs=("**/*.json",),
             code=("reproduction.sim.evaluate", "reproduction.recap.policy.export", "reproduction.recipes.grpo.stages"),
+            uses_ray=no_ray,
         ),
         StageSpec(
             name="compare",
@@ -66,6 +89,7 @@ GRPO = Recipe(
             outputs=("compare.json",),
             code=("reproduction.run.evidence", "reproduction.run.comparison", "reproduction.run.stats"),
             redo_on_change=True,  # a new reference recompares (a second), never re-evaluates
+            uses_ray=no_ray,
         ),
     ),
 )

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.recipe import StageContext, StageOutput
+from reproduction.recipes.grpo.recipe import rl_uses_ray, sft_uses_ray
 
 
 class OpenedDataset:
@@ -88,7 +89,7 @@ def sft_stage(ctx: StageContext) -> StageOutput:
                 source, need_labels=False, dataset=opened, state_keys=stage.state_keys, state_dims=stage.state_dims
             )
         )
-    ray_address = ctx.ray_for(train.launcher == "ray")
+    ray_address = ctx.ray_for(sft_uses_ray(ctx.config))  # train.launcher is the config's (max_steps aside)
     result = train_policy(
         inputs,
         stage,
@@ -137,7 +138,7 @@ def rl_stage(ctx: StageContext) -> StageOutput:
         resume=ctx.resume,
         target_step=ctx.target_step,
         cotrain=cotrain.dataset if cotrain is not None else None,
-        ray_address=ctx.ray_for(cfg.rl.launcher == "ray"),
+        ray_address=ctx.ray_for(rl_uses_ray(cfg)),
         ui=ctx.ui,
         writers_lock=ctx.writers_lock,
     )

@@ -20,6 +20,7 @@ from typing import Any
 
 from reproduction.errors import CheckpointError
 from reproduction.recipe import StageContext, StageOutput
+from reproduction.recipes.recap.recipe import policy_uses_ray
 
 
 def policy_config(ctx: StageContext, mode: str) -> tuple[list[Any], Any, Any]:
@@ -78,7 +79,7 @@ def policy_stage(ctx: StageContext) -> StageOutput:
     from reproduction.recap.policy.task import train_policy
 
     files, summary, steps, resumed = [], {}, [], []
-    ray_address = ctx.ray_for(ctx.config.policy.train.launcher == "ray")
+    ray_address = ctx.ray_for(policy_uses_ray(ctx.config))
     for mode in ctx.config.policy.modes:
         inputs, stage, train = policy_config(ctx, mode)
         result = train_policy(

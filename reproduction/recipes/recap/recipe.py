@@ -118,13 +118,36 @@ def value_config(ctx: StageContext) -> tuple[Any, Any, list[Any]]:
     return cfg.value.model, train, sources
 
 
+def no_ray(config: Any) -> bool:
+    """StageSpec.uses_ray of a stage that never runs workers on Ray (returns, eval, compare: eval's workers are a
+    process pool), so a dead --ray-address does not stop it."""
+    return False
+
+
+def value_uses_ray(config: Any) -> bool:
+    """Whether the value stage trains on Ray (its StageSpec.uses_ray and what value_stage hands ctx.ray_for)."""
+    return config.value.train.launcher == "ray"
+
+
+def advantages_uses_ray(config: Any) -> bool:
+    """Whether the advantages stage infers on Ray: several value.infer.workers (infer_values then runs them as Ray
+    tasks). Its StageSpec.uses_ray and what advantages_stage hands ctx.ray_for (audit56 R4)."""
+    return config.value.infer.workers > 1
+
+
+def policy_uses_ray(config: Any) -> bool:
+    """Whether the policy stage trains on Ray (its StageSpec.uses_ray and what policy.py's policy_stage hands
+    ctx.ray_for)."""
+    return config.policy.train.launcher == "ray"
+
+
 def value_stage(ctx: StageContext) -> StageOutput:
     """Stage 2: one value model per cross-fitting fold into value/model_<k>/ (continues from checkpoints)."""
     from reproduction.recap.value.stage import train_value
 
     model, train, sources = value_config(ctx)
     opened = {d.name: d.dataset for d in ctx.inputs.values() if d.value}  # the run opened them once
-    ray_address = ctx.ray_for(train.launcher == "ray")
+    ray_address = ctx.ray_for(value_uses_ray(ctx.config))  # train.launcher is the config's (max_steps aside)
     result = train_value(
         model,
         train,
@@ -172,7 +195,7 @@ def advantages_stage(ctx: StageContext) -> StageOutput:
     adv = replace(cfg.advantages, returns_tag=cfg.returns.tag)
     values_dir = ctx.out_dir / "values"
     inputs, files, inferred, flags = [], [], {}, {}
-    ray_address = ctx.ray_for(inf.workers > 1)
+    ray_address = ctx.ray_for(advantages_uses_ray(cfg))
     for d in ctx.inputs.values():
         out = values_dir / f"{d.name}.parquet"
         inferred[d.name] = infer_values(
@@ -628,6 +651,7 @@ POLICY_STAGES = (
         training="policy.train.max_steps",
         weights=("policy.model",),
         code=TRAINING_MODULES,
+        uses_ray=policy_uses_ray,
     ),
     StageSpec(
         name="eval",
@@ -645,6 +669,7 @@ POLICY_STAGES = (
             "reproduction.recap.policy.export",
             "reproduction.run.sequential",
         ),
+        uses_ray=no_ray,
     ),
     StageSpec(
         name="compare",
@@ -656,6 +681,7 @@ POLICY_STAGES = (
         outputs=("compare.json",),
         code=("reproduction.run.evidence", "reproduction.run.comparison", "reproduction.run.stats"),
         redo_on_change=True,  # a new reference recompares (a second), never re-evaluates
+        uses_ray=no_ray,
     ),
 )
 """Stages 4 to 6, present where the policy stage and the simulator are installed."""
@@ -675,6 +701,7 @@ RECAP = Recipe(
             config=("datasets", "returns"),
             outputs=("*/returns*.parquet", "*/stats.json"),
             code=("reproduction.recap.returns", "reproduction.recap.sidecars"),
+            uses_ray=no_ray,
         ),
         StageSpec(
             name="value",
@@ -690,6 +717,7 @@ RECAP = Recipe(
                 "reproduction.recap.value.data",
                 "reproduction.recap.value.loss",
             ),
+            uses_ray=value_uses_ray,
         ),
         StageSpec(
             name="advantages",
@@ -698,6 +726,7 @@ RECAP = Recipe(
             config=("datasets", "returns.tag", "advantages", "value.infer.batch_size"),
             outputs=("values/*.parquet", "*/advantages*.parquet", "*/mixture_config.yaml"),
             code=("reproduction.recap.advantages", "reproduction.recap.value.infer"),
+            uses_ray=advantages_uses_ray,  # value.infer.workers: same_outputs(), so not among its config keys
         ),
     )
     + (POLICY_STAGES if _has("reproduction.recap.policy.task") and _has("reproduction.sim.evaluate") else ()),
