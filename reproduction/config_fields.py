@@ -60,6 +60,19 @@ def added_defaults(cls: Any) -> dict[str, Any]:
     return {f.name: f.default for f in dataclasses.fields(cls) if f.metadata.get(ADDED)}
 
 
+def unrecorded_filled(cls: Any, recorded: Mapping[str, Any], today: Mapping[str, Any]) -> dict[str, Any]:
+    """`recorded` (a resume key a checkpoint recorded: {field of dataclass `cls`: value}) with each key of `today`
+    it lacks filled in (a copy): an `added_field()` with its default (the field did not exist: the run did what its
+    default does, so another value today is a change), any other field with today's value: it entered the key after
+    the record was written (declared `same_outputs()` then: audit56 D1 keyed `micro_batch`), so the record holds no
+    value of it to compare, and the run was made when it did not change outputs. Accepting it keeps an old run folder
+    resumable (audit56 R1) without claiming more than the record pinned: a setup guard that recorded the field's
+    value (policy_setup.json's `stage.train`, the rl setup's `rl`) still compares it; a key the record holds
+    compares as before."""
+    added = added_defaults(cls)
+    return {**{k: added.get(k, v) for k, v in today.items() if k not in recorded}, **recorded}
+
+
 def changes_outputs(f: dataclasses.Field) -> bool:
     """False when field `f` was declared with `same_outputs()`."""
     return bool(f.metadata.get(OUTPUTS, True))

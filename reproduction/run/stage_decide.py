@@ -17,7 +17,13 @@ from reproduction.digests import json_sha256, sha256_file
 from reproduction.errors import StageKeyChangedError, UsageError
 from reproduction.recipe import StageSpec
 from reproduction.run.config import select
-from reproduction.run.stage_keys import describe_changes, exempt, recorded_key_still_matches, upgrade_parts
+from reproduction.run.stage_keys import (
+    NO_CONFIG,
+    describe_changes,
+    exempt,
+    recorded_key_still_matches,
+    upgrade_parts,
+)
 from reproduction.run.stage_outputs import verify_outputs
 
 if TYPE_CHECKING:
@@ -42,10 +48,12 @@ def decide(
     if spec.name in opts.restart or spec.name in restarted or rec is None:
         return "fresh"  # restarted, or after a restarted stage: redone whatever else changed in its key
     recorded = rec.get("key_parts", {})
-    if rec.get("key") != key and not recorded_key_still_matches(spec, recorded, key, free, parts):
-        moves = moved_locations(spec, recorded, parts, free)
+    # a config key the record lacks reads as the run config recorded it (stage_keys.unkeyed_filled: audit56 R1)
+    ran_with = recorded_config or NO_CONFIG
+    if rec.get("key") != key and not recorded_key_still_matches(spec, recorded, key, free, parts, ran_with):
+        moves = moved_locations(spec, recorded, parts, free, ran_with)
         if moves is None or not opts.inputs_moved:
-            _refuse_changed(spec, rec, parts, opts, moves)
+            _refuse_changed(spec, rec, parts, opts, moves, ran_with)
             return "fresh"
         # --inputs-moved: the user says the data at the new paths is the data the stage ran on; the runner records
         # today's key (and the move) so a later --resume needs no flag
@@ -64,14 +72,19 @@ def decide(
 
 
 def _refuse_changed(
-    spec: StageSpec, rec: dict[str, Any], parts: dict, opts: RunOptions, moves: dict[str, str] | None
+    spec: StageSpec,
+    rec: dict[str, Any],
+    parts: dict,
+    opts: RunOptions,
+    moves: dict[str, str] | None,
+    ran_with: Any = None,
 ) -> None:
     """Return (the stage is redone afresh) or raise StageKeyChangedError (exit 52) for a stage whose key differs from
     its record's, as decided before --inputs-moved existed; the message names each differing item in full, and a
     difference only of where its datasets are (`moves`) in one line naming the opt-in."""
     if spec.redo_on_change:
         return
-    old = upgrade_parts(spec, rec.get("key_parts", {}), parts)
+    old = upgrade_parts(spec, rec.get("key_parts", {}), parts, ran_with)
     changes = describe_changes(old, parts)
     if changes and all(c.startswith("upstream.") for c in changes):
         # Only the runner rewrites an upstream stage's record (a file edited under it fails that stage's own
@@ -120,7 +133,7 @@ def _full(v: Any) -> str:
 
 
 def moved_locations(
-    spec: StageSpec, recorded_parts: Any, parts: dict, free: Sequence[str] = ()
+    spec: StageSpec, recorded_parts: Any, parts: dict, free: Sequence[str] = (), ran_with: Any = None
 ) -> dict[str, str] | None:
     """{old path: new path} when the only differences between a stage's recorded key parts and today's `parts` are
     where its datasets are: config strings naming a dataset folder (the `path` of a list's entry, or a value that
@@ -131,7 +144,7 @@ def moved_locations(
     different folder names or fingerprints, so they are no move."""
     if not isinstance(recorded_parts, dict) or not isinstance(recorded_parts.get("config"), dict):
         return None
-    old = upgrade_parts(spec, recorded_parts, parts)
+    old = upgrade_parts(spec, recorded_parts, parts, ran_with)
     old["config"] = exempt(spec, old["config"], free)
     names = set(old.get("inputs") or {})
     moves: dict[str, str] = {}

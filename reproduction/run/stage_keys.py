@@ -140,15 +140,20 @@ def _code_digest(module: str, digests: DigestCache) -> str:
         return "absent"
 
 
-def upgrade_parts(spec: StageSpec, recorded: dict[str, Any], today: dict[str, Any]) -> dict[str, Any]:
+def upgrade_parts(
+    spec: StageSpec, recorded: dict[str, Any], today: dict[str, Any], ran_with: Any = None
+) -> dict[str, Any]:
     """Recorded key parts brought to today's fields (a copy), so a run folder written before a field was keyed still
     resumes without redoing its stages, and from its next record on the field is keyed: a record without the stage
     function's reference (no `fn` part, and `code` empty when the stage names no code modules) is taken as made by
     today's function and its module's source; a record of a stage naming `code` whose `code` part holds exactly
     those modules (written before the function's own module was always keyed, `code_modules`) is taken as made by
     today's source of the function's module; a package `code` names recorded by its `__init__.py` alone (before a
-    package was keyed whole), where that file is unchanged, is taken as made by today's package."""
+    package was keyed whole), where that file is unchanged, is taken as made by today's package; a config key today's
+    parts hold and the record lacks is filled in from `ran_with` (`unkeyed_filled`)."""
     parts = json.loads(canonical(recorded))
+    if isinstance(parts.get("config"), dict) and isinstance(today.get("config"), dict):
+        parts["config"] = unkeyed_filled(parts["config"], today["config"], ran_with)
     if "fn" not in parts and "fn" in today:
         parts["fn"] = today["fn"]
         if not spec.code and parts.get("code") == {}:
@@ -162,6 +167,35 @@ def upgrade_parts(spec: StageSpec, recorded: dict[str, Any], today: dict[str, An
             if m in code and m in now and code[m] != now[m] and code[m] == _init_digest(m):
                 code[m] = now[m]
     return parts
+
+
+NO_CONFIG: Any = object()
+"""`ran_with` of a run whose run.json recorded no config (`unkeyed_filled`)."""
+
+
+def unkeyed_filled(recorded: dict[str, Any], today: dict[str, Any], ran_with: Any, prefix: str = "") -> dict[str, Any]:
+    """The recorded config key parts `recorded` with each key that today's (`today`) hold and they lack filled in
+    (mutated and returned): a field that entered the key after the record was written (declared `same_outputs()`
+    then, as `train.micro_batch` until audit56 D1) was left out of it, so the record does not say which value the
+    stage ran with (audit56 R1: every run folder of the day before was refused, `<absent> -> 8`). `ran_with` is the
+    run config run.json recorded (the latest invocation's: what a --resume of the same config finds): a key it holds
+    is filled with its value there, so the same value resumes and another is still refused naming both (exit 52);
+    a key it lacks is left absent: the field did not exist then and the run did what its default does
+    (`added_field()`: at its default it is exempt, so today's other value is a change); with NO_CONFIG (run.json
+    recorded none) the key is filled with today's value: nothing pins it and the stage was run when it did not change
+    outputs, so it is not recorded, not changed. None fills nothing (as before). The next record keys it."""
+    if ran_with is None:
+        return recorded
+    for k, now in today.items():
+        dotted = prefix + str(k)
+        if k not in recorded:
+            if ran_with is NO_CONFIG:
+                recorded[k] = now
+            elif (then := select(ran_with, dotted, _ABSENT)) is not _ABSENT:
+                recorded[k] = json.loads(canonical(then))
+        elif isinstance(recorded[k], dict) and isinstance(now, dict):
+            unkeyed_filled(recorded[k], now, ran_with, dotted + ".")
+    return recorded
 
 
 def _init_digest(package: str) -> str | None:
@@ -478,13 +512,15 @@ def recorded_key_still_matches(
     key: str,
     free: Sequence[str] = (),
     today: dict[str, Any] | None = None,
+    ran_with: Any = None,
 ) -> bool:
     """True when key parts recorded before a config key became exempt (e.g. eval.reference, now the compare
     stage's input), or before the stage function was keyed (`upgrade_parts`, given today's parts `today`), give
-    `key` once today's exemptions apply: such a stage is reused, not refused."""
+    `key` once today's exemptions apply, or before a config key was keyed (`unkeyed_filled`, from `ran_with`): such a
+    stage is reused, not refused."""
     if not isinstance(recorded_parts.get("config"), dict):
         return False
-    parts = upgrade_parts(spec, recorded_parts, today or {})
+    parts = upgrade_parts(spec, recorded_parts, today or {}, ran_with)
     parts["config"] = exempt(spec, parts["config"], free)
     return digest(parts) == key
 

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from reproduction import __version__
+from reproduction.config_fields import unrecorded_filled
 from reproduction.digests import sha256_files
 from reproduction.errors import (
     DISK_FULL_ERRNOS,
@@ -552,7 +553,11 @@ def load(
             problems=problems,
             hint="delete this step_N/ to resume from an older one",
         )
-    saved_key = manifest.get("resume_key", {})
+    from reproduction.train.config import TrainConfig  # here: config.py is the caller's, checkpoint.py the format's
+
+    # a field the key gained after this checkpoint was written is "not recorded", not a change (unrecorded_filled)
+    saved_key = manifest.get("resume_key") or {}  # none at all stays a change of every field
+    saved_key = unrecorded_filled(TrainConfig, saved_key, resume_key) if saved_key else saved_key
     changed = sorted(k for k in set(saved_key) | set(resume_key) if saved_key.get(k) != resume_key.get(k))
     if changed:
         diff = ", ".join(f"{k}: {saved_key.get(k)!r} -> {resume_key.get(k)!r}" for k in changed)
