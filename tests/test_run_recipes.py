@@ -257,6 +257,11 @@ def test_a_config_without_recipe_is_recap_and_recap_is_found_by_name():
 ADDED_SINCE = (("policy", "state_keys"), ("policy", "state_dims"))
 """Config fields added after bf2a15e (section, model field): unset ([] or None) they read what the code read then."""
 
+KEYED_SINCE = (("value.train", "micro_batch"), ("policy", "train", "micro_batch"))
+"""Fields bf2a15e left out of stage keys that were found to change outputs (audit56 D1: the flow-matching noise and
+augmentation are drawn per micro batch) and keyed since, as paths in the key parts' config (the value stage keys its
+subset `value.train`, the policy stage the whole `policy` section): taken out here, the rest must match bf2a15e's."""
+
 
 def test_the_recap_demo_stage_keys_are_those_of_the_code_before_recipes_had_names():
     """Stage keys of the demo configs (fixed stand-ins for the datasets' fingerprints and upstream digests) as the
@@ -287,6 +292,11 @@ def test_the_recap_demo_stage_keys_are_those_of_the_code_before_recipes_had_name
             assert parts.pop("fn") == spec.fn  # keyed since audit47; records without it: stage_keys.upgrade_parts
             if spec.fn.partition(":")[0] not in spec.code:  # the function's module, keyed since audit50_B: likewise
                 del parts["code"][spec.fn.partition(":")[0]]
+            for *path, key in KEYED_SINCE:
+                section = parts["config"]
+                for part in path:
+                    section = section.get(part, {})
+                section.pop(key, None)
             for section, key in ADDED_SINCE:  # unset, a field added since bf2a15e computes what the code did then
                 model = parts["config"].get(section, {}).get("model", {})
                 if key in model and model[key] in (None, []):
@@ -557,7 +567,8 @@ def test_fields_declare_whether_they_change_outputs_once():
     from reproduction.train.config import RESUME_KEY_FIELDS, TrainConfig
 
     before = ("seed", "global_batch", "lr", "betas", "eps", "weight_decay", "warmup_steps", "grad_clip")
-    assert sorted(RESUME_KEY_FIELDS) == sorted((*before, "mixed_precision", "shuffle", "canary_samples"))
+    keyed_since = ("micro_batch",)  # audit56 D1: KEYED_SINCE
+    assert sorted(RESUME_KEY_FIELDS) == sorted((*before, "mixed_precision", "shuffle", "canary_samples", *keyed_since))
     train_free = sorted(output_free_keys(TrainConfig))
     assert "max_steps" not in train_free and not set(train_free) & set(RESUME_KEY_FIELDS)
     free = output_free_keys(RunConfig())

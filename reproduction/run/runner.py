@@ -745,7 +745,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         walk.restarted,
     )
     if rec is not None and action in ("skip", "continue") and rec.get("key") != key and opts.inputs_moved:
-        _note_move(rec, spec, parts, walk.free)
+        _note_move(rec, spec, parts, walk.free, walk.recorded_config)
     if action == "skip":
         if rec.get("key") != key:  # recorded before a key became exempt: record today's key
             rec.update(key=key, key_parts=parts)
@@ -964,11 +964,11 @@ def _finish_target(state: dict[str, Any], walked: set[str]) -> bool:
     return True
 
 
-def _note_move(rec: dict[str, Any], spec: StageSpec, parts: dict, free: Sequence[str]) -> None:
+def _note_move(rec: dict[str, Any], spec: StageSpec, parts: dict, free: Sequence[str], ran_with: Any = None) -> None:
     """Add to a stage record the dataset moves `--inputs-moved` accepted (`moved`: [old path, new path] pairs, an
     earlier move's kept, chained): its lineage statement keeps the paths it ran with, and `lineage --verify` reads
     the record's key_parts through these pairs. Nothing for a key that differs otherwise (then decide refused)."""
-    moves = moved_locations(spec, rec.get("key_parts", {}), parts, free)
+    moves = moved_locations(spec, rec.get("key_parts", {}), parts, free, ran_with)
     if not moves:
         return
     pairs = [[a, moves.get(b, b)] for a, b in rec.get("moved") or []]
@@ -1110,7 +1110,9 @@ def _restate_unselected(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -> No
     upstream = {n: outputs_digest(walk.state["stages"][n]["outputs"]) for n in spec.needs}
     parts = key_parts(spec, walk.plain, walk.inputs, upstream, walk.free, walk.digests)
     key = digest(parts)
-    still = rec.get("key") == key or recorded_key_still_matches(spec, rec.get("key_parts", {}), key, walk.free, parts)
+    still = rec.get("key") == key or recorded_key_still_matches(
+        spec, rec.get("key_parts", {}), key, walk.free, parts, walk.recorded_config
+    )
     problems = verify_outputs(stage_dir, rec.get("outputs", {}), walk.digests) if still else []
     if still and not problems:
         _rewrite_lost_statement(walk, spec, rec)
