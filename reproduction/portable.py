@@ -354,11 +354,12 @@ def _repo_argument(repo: str, flag: str) -> str:
     is a usage error like any other (audit47 F12), where the same mistake inside a manifest stays exit 4."""
     from reproduction.errors import InvalidInputError
     from reproduction.release.hub import check_repo_id
+    from reproduction.release.hub_transfer import redact_shown
 
     try:
         return check_repo_id(repo)
-    except InvalidInputError as exc:
-        raise UsageError(f"{flag} {repo!r} is not OWNER/NAME", hint=exc.hint) from None
+    except InvalidInputError as exc:  # a pasted clone URL may carry a token: shown redacted (audit56 I3)
+        raise UsageError(f"{flag} {redact_shown(repo)!r} is not OWNER/NAME", hint=exc.hint) from None
 
 
 def cmd_publish(args: argparse.Namespace) -> int:

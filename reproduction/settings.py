@@ -90,8 +90,9 @@ SETTINGS: tuple[Setting, ...] = (
         "_BACKOFF_S [1], _BACKOFF_MAX_S [30], _STALL_TIMEOUT_S [60], _CONNECT_TIMEOUT_S [20], _BATCH_FILES [200], "
         "_BATCH_BYTES [17179869184, i.e. 16 GiB: a count of bytes, without a unit]. A value that is not a number is "
         "exit 4, as is one out of range: _JOBS 1-256, _RETRIES 0-1000, _BATCH_FILES, _BATCH_BYTES whole numbers 1 or "
-        "more; _BACKOFF_S, _BACKOFF_MAX_S seconds from 0 to 86400; _STALL_TIMEOUT_S, _CONNECT_TIMEOUT_S seconds "
-        "above 0, at most 86400 (inf and nan are refused: every wait stays bounded).",
+        "more; _BACKOFF_S, _BACKOFF_MAX_S seconds from 0 to 86400, _BACKOFF_S at most _BACKOFF_MAX_S; "
+        "_STALL_TIMEOUT_S, _CONNECT_TIMEOUT_S seconds above 0, at most 86400 (inf and nan are refused: every wait "
+        "stays bounded).",
         read_by="release/hub_transfer.py",
     ),
 )

@@ -45,15 +45,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from reproduction.digests import sha256_files
-from reproduction.errors import HubConflictError, HubError, HubNotFoundError, InvalidInputError
+from reproduction.errors import HubConflictError, HubError, HubNotFoundError, HubTransferError, InvalidInputError
 from reproduction.fsio import atomic_write_bytes, refuse_file_for_folder, refuse_unwritable
 from reproduction.release.hub_transfer import (
     Download,
     HubSettings,
     bound_hub_session,
+    check_hub_environment,
     download_all,
     fetch_small,
     quiet_hub_logs,
+    redact_shown,
+    redacted,
     stop_on_interrupt,
     with_retries,
 )
@@ -100,7 +103,7 @@ def check_repo_id(repo: str) -> str:
     """Return `repo` if it looks like OWNER/NAME, else raise InvalidInputError naming it."""
     if not _REPO_ID.fullmatch(repo or "") or ".." in repo or repo.endswith((".git", ".")):
         raise InvalidInputError(
-            f"repo {repo!r} is not OWNER/NAME",
+            f"repo {redact_shown(repo or '')!r} is not OWNER/NAME",
             field="repo",
             hint="name the Hub repo as owner/name, e.g. my-lab/recap-libero10",
         )
@@ -116,9 +119,11 @@ def check_commit_sha(value: Any, *, what: str) -> str:
     if isinstance(value, str) and _COMMIT_SHA.fullmatch(value):
         return value
     shown = repr(value)[:80] if value is not None else "no sha at all"
-    raise HubError(
-        f"{what}: the Hub answered {shown} where a commit id (40 hex digits) belongs",
-        hint="the Hub or a proxy in between answered something that is not a Hub revision; check HF_ENDPOINT",
+    raise redacted(
+        HubError(
+            f"{what}: the Hub answered {shown} where a commit id (40 hex digits) belongs",
+            hint="the Hub or a proxy in between answered something that is not a Hub revision; check HF_ENDPOINT",
+        )
     )
 
 
@@ -147,7 +152,9 @@ def repo_web_url(endpoint: str, repo: str, repo_type: str, revision: str | None 
 
 
 def _client(settings: HubSettings, ui: UiOptions | None) -> Any:
-    """An HfApi on `settings`' endpoint; huggingface_hub's upload bars follow -q / --no-progress."""
+    """An HfApi on `settings`' endpoint; huggingface_hub's upload bars follow -q / --no-progress. InvalidInputError
+    (exit 4) for an HF_* variable huggingface_hub cannot use (`check_hub_environment`), before it is imported."""
+    check_hub_environment()
     from huggingface_hub import HfApi
     from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
 
@@ -582,8 +589,12 @@ def fetch_bundle(
         "the fetched bundle",
         hint=f"make {dest} writable (its permissions, `chattr -i`, a read-write mount) or fetch into another folder",
     )
-    _fetched_here(dest, repo, repo_type)  # likewise: a folder fetch may not touch is refused here (exit 4)
+    _, done = _fetched_here(dest, repo, repo_type)  # likewise: a folder fetch may not touch is refused (exit 4)
     api = _client(settings, ui)
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return _fetch_offline(dest, repo, repo_type, rev, done, ui)
     endpoint = settings.resolved_endpoint()
     commit = resolve_commit(api, repo, repo_type, rev, settings=settings, ui=ui)
 
@@ -637,6 +648,29 @@ def fetch_bundle(
         downloaded=len(jobs),
         bytes_downloaded=sum(j.size for j in jobs),
     )
+
+
+def _fetch_offline(
+    dest: Path, repo: str, repo_type: str, rev: str, done: Manifest | None, ui: UiOptions | None
+) -> FetchResult:
+    """HF_HUB_OFFLINE=1: `dest` counts as fetched when it holds a complete fetch of `repo` whose receipt names `rev`
+    (the revision asked for then, or its commit) and it verifies now; else HubTransferError (exit 33, the Hub
+    unavailable as with no network) naming the folder. Nothing is written (audit56 I6)."""
+    from reproduction.release.receipt import load_receipt
+    from reproduction.release.verify import raise_for_report, verify_bundle
+
+    record = load_receipt(dest).fetch if done is not None else {}
+    commit = record.get("commit")
+    if done is None or not isinstance(commit, str) or rev not in (record.get("revision"), commit):
+        had = f" (it holds {repo}@{record.get('revision')}, commit {commit})" if done is not None else ""
+        raise HubTransferError(
+            f"HF_HUB_OFFLINE=1 is set and {dest} holds no complete fetch of {repo}@{rev}{had}; the Hub is not asked",
+            hint="unset HF_HUB_OFFLINE to download it"
+            + (f", or pass --revision {record.get('revision')} to use what is there" if done is not None else ""),
+        )
+    raise_for_report(verify_bundle(dest, manifest=done, ui=ui))
+    say(f"offline: already complete: {repo}@{commit[:12]} ({rev}) in {dest}", options=ui)
+    return FetchResult(repo=repo, commit_sha=commit, path=dest, files=len(done.files), downloaded=0, bytes_downloaded=0)
 
 
 def _remote_manifest(

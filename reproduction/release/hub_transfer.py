@@ -108,6 +108,14 @@ class HubSettings:
                     field=env,
                     hint=f"unset {env} for the default ({_shown(defaults[name])}) or set it to {allowed}",
                 )
+        if self.backoff_s > self.backoff_max_s:  # the max caps every wait: the first delay asked for never happens
+            first, most = f"{_ENV}BACKOFF_S", f"{_ENV}BACKOFF_MAX_S"
+            raise InvalidInputError(
+                f"{first}={_shown(self.backoff_s)} is more than {most}={_shown(self.backoff_max_s)}, which caps every "
+                "retry delay",
+                field=first,
+                hint=f"set {first} at most {most} (or raise {most}); unset both for the defaults (1 and 30)",
+            )
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> HubSettings:
@@ -206,8 +214,115 @@ def _unusable_request(exc: BaseException) -> bool:
     return isinstance(exc, (httpx.UnsupportedProtocol, httpx.LocalProtocolError))
 
 
+# -- what Hub errors may show ----------------------------------------------------------------------
+
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#@\s]*@")
+
+
+def known_secrets() -> tuple[str, ...]:
+    """The token values a message must not show: the environment's credentials (HF_TOKEN, ...) and, once
+    huggingface_hub is loaded, the token it sends (the stored `hf auth login` one included)."""
+    import sys
+    from urllib.parse import parse_qsl, urlsplit
+
+    from reproduction.run.secrets import MIN_SECRET_LEN, secret_values
+
+    found = list(secret_values())
+    try:  # a token put in HF_ENDPOINT (userinfo or query) is repeated by a server's "no route for ..." (audit56 I1)
+        parts = urlsplit(os.environ.get("HF_ENDPOINT", ""))
+        found += [v for v in (parts.username, parts.password) if v and len(v) >= MIN_SECRET_LEN]
+        found += [v for _, v in parse_qsl(parts.query) if len(v) >= MIN_SECRET_LEN]
+    except ValueError:
+        pass
+    if "huggingface_hub" in sys.modules:
+        try:
+            from huggingface_hub import get_token
+
+            token = get_token()
+        except Exception:  # noqa: BLE001 - an unreadable token file: nothing more to hide
+            token = None
+        if token and len(token) >= MIN_SECRET_LEN:
+            found.append(token)
+    return tuple(sorted(set(found), key=len, reverse=True))
+
+
+def redact_shown(text: str) -> str:
+    """`text` fit for the terminal: URL userinfo (`https://user:TOKEN@host`) and every known token replaced by
+    `<redacted>`. A server's message, a redirect URL or a repo argument may repeat the token (audit56 I1-I3)."""
+    from reproduction.run.secrets import REDACTED, redact_text
+
+    return redact_text(_USERINFO.sub(rf"\1{REDACTED}@", text), secrets=known_secrets())
+
+
+def redacted(err: PortableError) -> PortableError:
+    """`err` with its message and hint passed through `redact_shown` (in place, returned for `raise`): every Hub
+    error the CLI shows goes through here, so no message built from a server's answer or a URL shows a token."""
+    err.message = redact_shown(err.message)
+    err.args = (err.message,)
+    if err.hint:
+        err.hint = redact_shown(err.hint)
+    return err
+
+
+def _shown_url(url: Any) -> str:
+    """A request URL without its query (a signed CDN URL's signature, a `?token=`); userinfo goes in `redact_shown`."""
+    text = str(url)
+    base, sep, _ = text.partition("?")
+    return base + ("?<redacted>" if sep else "")
+
+
+# -- the environment huggingface_hub reads -------------------------------------------------------------
+
+_HF_INT_VARS = ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT")
+
+
+def check_hub_environment(environ: dict[str, str] | None = None) -> None:
+    """InvalidInputError (exit 4, naming the variable) for an HF_* variable that huggingface_hub parses when it is
+    imported (an int() that raises: "internal error", audit56 I4) or that makes no request possible (an HF_ENDPOINT
+    that is no http(s) URL was reported as an unusable answer, exit 30, though nothing was asked: audit56 I5).
+    Called before huggingface_hub is first imported for a transfer."""
+    from urllib.parse import urlsplit
+
+    env = os.environ if environ is None else environ
+    for name in _HF_INT_VARS:
+        raw = env.get(name)
+        if raw is None:
+            continue
+        try:
+            int(raw)
+        except ValueError:
+            raise InvalidInputError(
+                f"{name}={raw!r} is not a whole number of seconds (huggingface_hub reads it as one)",
+                field=name,
+                hint=f"unset {name} for huggingface_hub's default or set it to whole seconds, e.g. {name}=10",
+            ) from None
+    raw = env.get("HF_ENDPOINT")
+    if raw is not None:
+        try:
+            parts = urlsplit(raw.strip())
+            fine = parts.scheme in ("http", "https") and bool(parts.hostname) and raw == raw.strip()
+        except ValueError:  # an invalid port or IPv6 literal
+            fine = False
+        if not fine:
+            raise redacted(
+                InvalidInputError(
+                    f"HF_ENDPOINT={raw!r} is not an http:// or https:// URL; no request was sent",
+                    field="HF_ENDPOINT",
+                    hint="unset HF_ENDPOINT for https://huggingface.co, or set it to the Hub's full URL, e.g. "
+                    "HF_ENDPOINT=https://hub.example.org",
+                )
+            )
+
+
 def hub_error(exc: BaseException, *, what: str) -> HubError:
-    """Translate a huggingface_hub / httpx exception into our error tree (the server's message kept)."""
+    """Translate a huggingface_hub / httpx exception into our error tree (the server's message kept, any token
+    in it or in a URL redacted: `redacted`)."""
+    err = _classify(exc, what=what)
+    redacted(err)
+    return err
+
+
+def _classify(exc: BaseException, *, what: str) -> HubError:
     import httpx
     from huggingface_hub import errors as hf
 
@@ -241,9 +356,9 @@ def hub_error(exc: BaseException, *, what: str) -> HubError:
             hint="publish through LFS instead: set HF_HUB_DISABLE_XET=1 and run the same command again (files "
             "already uploaded are not sent twice)",
         )
-    if isinstance(exc, hf.OfflineModeIsEnabled):
-        return HubError(
-            f"{what}: offline mode is enabled (HF_HUB_OFFLINE)", hint="unset HF_HUB_OFFLINE to reach the Hub"
+    if isinstance(exc, hf.OfflineModeIsEnabled):  # the Hub is unavailable, as with no network (exit 33: audit56 I6)
+        return HubTransferError(
+            f"{what}: HF_HUB_OFFLINE is set, so the Hub is not asked", hint="unset HF_HUB_OFFLINE to reach the Hub"
         )
     status = _status(exc)
     server = getattr(exc, "server_message", None) or ""
@@ -294,7 +409,7 @@ def hub_error(exc: BaseException, *, what: str) -> HubError:
     # invalid URL or header: the Hub's answer is unusable; exit 30 naming the request, not an internal error
     # (audit46 hub F5).
     try:
-        url = f" ({exc.request.url})" if isinstance(exc, httpx.RequestError) else ""
+        url = f" ({_shown_url(exc.request.url)})" if isinstance(exc, httpx.RequestError) else ""
     except RuntimeError:  # an httpx error raised without its request
         url = ""
     return HubError(
@@ -335,6 +450,9 @@ def with_retries(fn: Callable[[], T], *, what: str, settings: HubSettings, ui: U
             raise TransferStopped()
         try:
             return fn()
+        except HubError as exc:  # one `fn` raised itself (an answer that is not JSON, ...): may repeat the answer
+            redacted(exc)
+            raise
         except Exception as exc:  # noqa: BLE001 - sorted into retry / our error tree / bug below
             if _stopping.is_set():
                 raise TransferStopped() from None
@@ -427,6 +545,7 @@ def quiet_hub_logs() -> Iterator[None]:
     """While inside (a command's Hub transfer), huggingface_hub logs errors only, unless HF_HUB_VERBOSITY is set;
     its verbosity before is back on exit, so an in-process caller keeps its warnings afterwards (audit53
     review2 R5). Also a function decorator."""
+    check_hub_environment()  # before the import that parses them (audit56 I4)
     if os.environ.get("HF_HUB_VERBOSITY"):
         yield
         return
