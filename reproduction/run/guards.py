@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.errors import LockHeldError, PortableError, RunStateError, os_error
+from reproduction.interrupts import answer_held, held_note
 from reproduction.writers_lock import NO_FLOCK, WRITERS_WAIT_S, open_writers, writers_file
 
 RUN_JSON = "run.json"
@@ -201,11 +202,6 @@ def deferred_interrupts() -> Any:
         previous[arrived[0]](arrived[0], None)
 
 
-HELD_SIGNALS = 2
-"""Further Ctrl-C / SIGTERM a command holds while it stops after an interrupt (interrupts_noted); the next one
-quits at once, exit 130, leaving the cleanup undone (a cleanup that hangs can still be stopped)."""
-
-
 @dataclasses.dataclass
 class StopState:
     """One interrupts_noted call's signal state: the interrupts raised so far and how many signals were held since.
@@ -225,32 +221,16 @@ class StopState:
     def hold(self, signum: int, frame: Any) -> None:
         """A SIGINT or SIGTERM that arrived while the command stops: not raised (a second KeyboardInterrupt landed in
         Ray's teardown or the interpreter's exit and the process died of SIGSEGV or SIGINT, not 130: audit51 K3). The
-        first one held prints one line; the one after HELD_SIGNALS quits at once with exit 130."""
+        first one held prints one line; the one after interrupts.HELD_SIGNALS quits at once with exit 130 (the rule
+        sim/workers.py shares)."""
         self.held += 1
-        if self.held > HELD_SIGNALS:
-            _say("error: interrupted again: quitting without finishing the cleanup")
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
-            os._exit(130)
-        if self.held == 1:
-            _say(
-                f"note: already stopping (cleaning up after the interrupt); interrupt {HELD_SIGNALS} more times to "
-                "quit at once, leaving the cleanup undone"
-            )
+        answer_held(self.held, held_note("cleaning up after the interrupt", "leaving the cleanup undone"))
 
 
 def _stop_of(handler: Any) -> StopState | None:
     """The interrupts_noted state behind an installed signal handler, or None (another handler)."""
     stop = getattr(handler, "stop", None)
     return stop if isinstance(stop, StopState) else None
-
-
-def _say(line: str) -> None:
-    try:  # a handler may run inside a write to stderr (a reentrant call raises): the line is then dropped
-        print(line, file=sys.stderr, flush=True)
-    except Exception:
-        pass
 
 
 def hold_interrupts(stop: StopState) -> None:
@@ -298,7 +278,7 @@ def interrupts_noted(arrived: list[KeyboardInterrupt], *, hold_after: bool = Fal
     the CLI still call that an interrupt. While the command stops after one of its interrupts (the interrupt
     propagates or is being handled: StopState.stopping), later SIGINT/SIGTERM (here and in sigterm_as_interrupt) are
     held, not raised, so the cleanup it started (the stage's record, Ray's shutdown) runs whole (audit51 K3); the
-    third held one quits at once (HELD_SIGNALS). A SIGINT handler that is no Python function (SIG_IGN in a
+    third held one quits at once (interrupts.HELD_SIGNALS). A SIGINT handler that is no Python function (SIG_IGN in a
     background job) is left as it is; the handlers installed before are put back after, except with `hold_after`
     when the command ends by an interrupt (a KeyboardInterrupt, or another error after one: what portable.main
     answers with exit 130): then they stay held (hold_interrupts) for the exit that follows. A no-op off the main

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -337,6 +338,22 @@ def _export_of(descriptor: Mapping[str, Any]) -> str | None:
     return "/".join(parts[: parts.index("export") + 1])
 
 
+def _headline(used: list[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The subject a stage's line shows (its other files counted as "+N more"): the first outside a trainer's
+    checkpoint folders (`checkpoints/step_<n>/...`, train/checkpoint.py), which a stage keeps to resume from, not as
+    its result; the first when all are. Subjects are listed by path, so a checkpointing stage showed
+    `checkpoints/step_1/state.json`, not the weights it returned (audit56 B6)."""
+    for subject in used:
+        path = str(subject.get("annotations", {}).get("path", subject.get("name", "")))
+        if not _CHECKPOINT_RE.search(path):
+            return subject
+    return used[0]
+
+
+_CHECKPOINT_RE = re.compile(r"(^|/)checkpoints/step_\d+(\.partial)?(/|$)")
+"""A path inside a trainer's checkpoint folder: train/checkpoint.py's `step_N/` (`step_N.partial/` while written)."""
+
+
 def _exports(used: list[Mapping[str, Any]]) -> tuple[list[ChainNode], int]:
     """The model exports among a stage's used subjects, each as one node (its tree digest computed from the
     recorded file digests, as `lineage.tree_sha256` would from the files), and how many subjects lie outside
@@ -408,7 +425,8 @@ def lineage_chain(run_dir: Path) -> Chain:
             node = ChainNode(label=st.stage, name=exports[0].name, sha256=exports[0].sha256)
             extra = others
         else:
-            node = ChainNode(label=st.stage, name=used[0]["name"], sha256=used[0]["digest"]["sha256"])
+            head = _headline(used)
+            node = ChainNode(label=st.stage, name=head["name"], sha256=head["digest"]["sha256"])
             extra = len(used) - 1
         more = f"+{extra} more file{'s' if extra > 1 else ''}" if extra else ""
         if st.file in shown:  # its exports were listed where it was first shown

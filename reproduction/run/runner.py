@@ -769,6 +769,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
             options=opts.ui,
         )
     if action == "fresh":
+        _note_cut_back(walk, spec, rec, opts.target_step if inherited is None else inherited)
         _clear_stage(run_dir, state, spec.name, rec, restarted=spec.name in opts.restart or spec.name in walk.restarted)
     if rec is not None and rec.get("status") == "complete" and action != "fresh" and decide_opts.target_step is None:
         inherited = None  # at or above the target: trained on only by a count raised
@@ -878,6 +879,23 @@ def untargeted(recipe: Recipe, opts: RunOptions) -> frozenset[str]:
         return frozenset()
     named = set(opts.stages or ())
     return frozenset(s.name for s in recipe.stages if s.training and not s.target and s.name not in named)
+
+
+def _note_cut_back(walk: _Walk, spec: StageSpec, rec: dict[str, Any] | None, target: int | None) -> None:
+    """One `note:` line when a training stage redone afresh (its upstream or config changed, or restarted) trains to
+    its step count, below the steps its complete record reached (an earlier --target-step): the step count the
+    redo trains to is otherwise said nowhere (audit56 B4)."""
+    count = select(walk.plain, spec.training) if spec.training else None
+    step = rec.get("step") if isinstance(rec, dict) and rec.get("status") == "complete" else None
+    if target is not None or not isinstance(count, int) or not isinstance(step, int) or step <= count:
+        return
+    from reproduction.ui import say
+
+    say(
+        f"note: {spec.name} is redone from the start to {spec.training} = {count} steps, not the {step} it had "
+        f"trained (an earlier --target-step); pass --target-step {step} to train it that far again",
+        options=walk.opts.ui,
+    )
 
 
 def _inherited_target(state: dict[str, Any], opts: RunOptions) -> dict[str, Any] | None:

@@ -64,23 +64,19 @@ def watch_parent(parent: int) -> None:
     threading.Thread(target=poll, name="watch-parent", daemon=True).start()
 
 
-HELD_SIGNALS = 2
-"""Further Ctrl-C / SIGTERM held while a generator cleans up after its first interrupt; the next one quits at once
-(exit 130, the cleanup undone), so a cleanup that hangs can still be stopped: `portable`'s rule (run/guards.py)."""
-
-
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Inside, SIGTERM raises KeyboardInterrupt (as in `portable`; run/guards.py is out of sim's reach), so the
+    """Inside, SIGTERM raises KeyboardInterrupt (as in `portable`, whose run/guards.py is out of sim's reach), so the
     generators' command lines clean up after `timeout`'s or a scheduler's kill as after Ctrl-C: the pool is shut
     down and the set being written leaves no staging folder (audit55 E1, E2). After that first interrupt, later
     SIGINT/SIGTERM are held, not raised, so the staging folder's removal runs whole (a second SIGTERM landed in
     write_dataset's rmtree and left the folder: audit56); the first held prints one line, the one after
-    HELD_SIGNALS quits at once with exit 130. The previous handlers are put back after; off the main thread
-    nothing is installed."""
+    HELD_SIGNALS quits at once with exit 130: `portable`'s rule, one copy in reproduction/interrupts.py. The previous
+    handlers are put back after; off the main thread nothing is installed."""
     import signal
-    import sys
     import threading
+
+    from reproduction.interrupts import answer_held, held_note
 
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -92,18 +88,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
             state["stopping"] = True
             raise KeyboardInterrupt("SIGTERM" if signum == signal.SIGTERM else "SIGINT")
         state["held"] += 1
-        if state["held"] > HELD_SIGNALS:
-            with contextlib.suppress(Exception):  # a handler may run inside a write to stderr
-                print("error: interrupted again: quitting without finishing the cleanup", file=sys.stderr, flush=True)
-            os._exit(130)
-        if state["held"] == 1:
-            with contextlib.suppress(Exception):
-                print(
-                    f"note: already stopping (removing what this run was writing); interrupt {HELD_SIGNALS} more "
-                    "times to quit at once, leaving it behind",
-                    file=sys.stderr,
-                    flush=True,
-                )
+        answer_held(state["held"], held_note("removing what this run was writing", "leaving it behind"))
 
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     signal.signal(signal.SIGTERM, interrupt)
