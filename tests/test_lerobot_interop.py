@@ -93,14 +93,15 @@ np.savez(sys.argv[2],
 WRITE_DRIVER = (
     SHIM
     + """
-import sys, numpy as np
+import json, sys, numpy as np
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 src = np.load(sys.argv[2])
+fps = json.loads(sys.argv[3]) if len(sys.argv) > 3 else 10
 features = {"observation.state": {"dtype": "float32", "shape": (3,), "names": None},
             "observation.images.front": {"dtype": "image", "shape": (32, 48, 3),
                                          "names": ["height", "width", "channel"]},
             "is_success": {"dtype": "bool", "shape": (1,), "names": None}}
-ds = LeRobotDataset.create("local/theirs", fps=10, root=sys.argv[1], features=features, use_videos=False)
+ds = LeRobotDataset.create("local/theirs", fps=fps, root=sys.argv[1], features=features, use_videos=False)
 starts = np.flatnonzero(np.r_[True, src["episode"][1:] != src["episode"][:-1]])
 for s, e in zip(starts, list(starts[1:]) + [len(src["episode"])]):
     for i in range(s, e):
@@ -264,6 +265,31 @@ def test_we_read_a_dataset_lerobot_wrote_frame_for_frame(tmp_path):
     np.testing.assert_array_equal(table.column("episode_index").to_numpy(), src["episode"])
     assert [ds.tasks[i] for i in table.column("task_index").to_pylist()] == list(src["task"])
     assert len(ds.fingerprint) == 64
+
+
+def test_we_read_a_29_97_fps_dataset_lerobot_wrote_frame_for_frame(tmp_path):
+    # audit56 E3: lerobot's create() takes and writes fps 29.97 (an NTSC camera's rate); we refused it (exit 40).
+    # PNG images: lerobot 0.4.4 cannot encode a video at 29.97 (PyAV 15's add_stream refuses a float rate).
+    python = _venv()
+    eps = _source(4)
+    src = {
+        "state": np.concatenate([e.frames["observation.state"] for e in eps]),
+        "image": np.concatenate([e.frames["observation.images.front"] for e in eps]),
+        "success": np.concatenate([e.frames["is_success"] for e in eps]),
+        "episode": np.repeat([e.episode_index for e in eps], [e.length for e in eps]),
+        "task": np.repeat([e.task for e in eps], [e.length for e in eps]),
+    }
+    np.savez(tmp_path / "src.npz", **src)
+    _run(python, WRITE_DRIVER, str(tmp_path / "theirs"), str(tmp_path / "src.npz"), "29.97", home=tmp_path / "hf")
+    ds = open_dataset(tmp_path / "theirs")
+    assert ds.info.fps == 29.97 and ds.num_frames == 15 and ds.num_episodes == 3
+    rows = np.arange(ds.num_frames)[::-1]
+    got = ds.read_frames(rows, ["observation.state", "observation.images.front", "frame_index", "timestamp"])
+    np.testing.assert_array_equal(got["observation.state"], src["state"][rows])
+    np.testing.assert_array_equal(got["observation.images.front"], src["image"][rows])
+    frame = np.concatenate([np.arange(e.length) for e in eps])[rows]
+    np.testing.assert_array_equal(got["frame_index"], frame)
+    np.testing.assert_array_equal(got["timestamp"], (frame / 29.97).astype(np.float32))  # lerobot's frame_index/fps
 
 
 STATE_2D_READ_DRIVER = (

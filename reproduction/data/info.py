@@ -31,6 +31,7 @@ columns holding PNG bytes; video features (`dtype: video`) live only in the mp4 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,8 +67,9 @@ class DatasetInfo:
 
     codebase_version: str
     """"v2.1" or "v3.0"."""
-    fps: int
-    """Frames per second of every episode."""
+    fps: int | float
+    """Frames per second of every episode: an int when whole (30, or 30.0 in the file), else a float (29.97, the
+    NTSC camera rate lerobot 0.4.4's create() writes as is)."""
     features: dict[str, dict[str, Any]]
     """Feature name -> {"dtype", "shape", "names", ...} as LeRobot writes it."""
     robot_type: str | None = None
@@ -115,7 +117,7 @@ def info_from_dict(raw: dict[str, Any], *, path: Path | None = None) -> DatasetI
 
     Raises UnsupportedFormatError (exit 4) for another codebase_version and DatasetError (exit 40) naming the
     field for a document of another shape: no mapping, `features` not a mapping of mappings with a dtype, `fps`
-    not a positive whole number, a count or `chunks_size` not a whole number."""
+    not a positive finite number (int or float; not a bool or a string), a count or `chunks_size` not a whole number."""
     where = path or "info.json"
     if not isinstance(raw, dict):
         raise DatasetError(
@@ -146,10 +148,10 @@ def info_from_dict(raw: dict[str, Any], *, path: Path | None = None) -> DatasetI
                 hint=_INFO_HINT,
             )
     features = {k: dict(v) for k, v in raw["features"].items()}
-    fps = _whole(raw, "fps")
-    if fps is None or fps < 1:
+    fps = _rate(raw, "fps")
+    if fps is None:
         raise DatasetError(
-            f"{where}: fps is {_shown(raw['fps'])}, not a positive whole number of frames per second",
+            f"{where}: fps is {_shown(raw['fps'])}, not a positive finite number of frames per second",
             path=path,
             field="fps",
             hint=_INFO_HINT,
@@ -248,6 +250,19 @@ def _whole(raw: dict[str, Any], key: str) -> int | None:
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
+    return None
+
+
+def _rate(raw: dict[str, Any], key: str) -> int | float | None:
+    """raw[key] as a positive rate: an int when whole (30 or 30.0), a float otherwise (29.97); None for 0, a negative,
+    NaN, inf, a bool, a string or absent. Every use of fps works on the number (round(t * fps) finds a frame), so a
+    fractional rate is read as exactly as a whole one (audit56 E3)."""
+    whole = _whole(raw, key)
+    if whole is not None:
+        return whole if whole > 0 else None
+    value = raw.get(key)
+    if isinstance(value, float) and math.isfinite(value) and value > 0:
+        return value
     return None
 
 

@@ -16,14 +16,25 @@ import numpy as np
 from reproduction.errors import DatasetError, InputNotFoundError, InvalidInputError
 
 
+def frame_rate(fps: int | float) -> Fraction:
+    """`fps` as the exact fraction a stream's rate and time base need: 30 -> 30, 29.97 -> 2997/100 (the decimal
+    written in info.json, so a frame's time i * 100/2997 is the timestamp i / 29.97 lerobot computes; the binary
+    float's own fraction has a 2**-k denominator no mp4 time base holds). PyAV 15 refuses a float rate."""
+    if isinstance(fps, int):
+        return Fraction(fps)
+    return Fraction(repr(float(fps))).limit_denominator(1_000_000)
+
+
 def decode_episode(
-    path: Path, *, from_timestamp: float, num_frames: int, fps: int, episode: int | None = None
+    path: Path, *, from_timestamp: float, num_frames: int, fps: int | float, episode: int | None = None
 ) -> np.ndarray:
     """Frames [from_timestamp, from_timestamp + num_frames/fps) of `path` as uint8 (num_frames, H, W, 3).
 
     Raises InputNotFoundError when the file is missing and DatasetError (exit 40) when FFmpeg cannot read
     it (a truncated or corrupt file: PyAV's FFmpegError, which is no PortableError) or it holds fewer frames
     than the episode needs (a truncated or mismatched video); the message names `episode` when given.
+    A frame goes to slot round((time - from_timestamp) * fps), the frame nearest the slot's timestamp, which is the
+    one lerobot's decoder picks (nearest loaded frame to the query timestamp), for a whole or fractional fps alike.
     """
     import av
 
@@ -53,7 +64,7 @@ def decode_episode(
 
 
 def _decode(
-    av: Any, path: Path, from_timestamp: float, num_frames: int, fps: int
+    av: Any, path: Path, from_timestamp: float, num_frames: int, fps: int | float
 ) -> tuple[np.ndarray | None, np.ndarray]:
     """(frames or None if none decoded, which of the num_frames were found): decode_episode's read."""
     out: np.ndarray | None = None
@@ -62,6 +73,8 @@ def _decode(
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         if from_timestamp > 0:
+            # int() floors the pts: with backward=True the seek lands on a keyframe at or before the first frame even
+            # when from_timestamp (frames / fps, a float) lies a hair below it; frames before it are skipped below
             container.seek(int(from_timestamp / stream.time_base), stream=stream, backward=True, any_frame=False)
         for frame in container.decode(stream):
             if frame.time is None:
@@ -110,7 +123,7 @@ class VideoEncoder:
         self,
         path: Path,
         *,
-        fps: int,
+        fps: int | float,
         width: int,
         height: int,
         codec: str = "libx264",
@@ -126,10 +139,11 @@ class VideoEncoder:
         options = {"crf": str(crf)}
         if codec == "libx264":
             options.update({"preset": "veryfast", "g": "16"})
-        self._stream = self._container.add_stream(codec, rate=fps, options=options)
+        rate = frame_rate(fps)
+        self._stream = self._container.add_stream(codec, rate=rate, options=options)
         self._stream.width, self._stream.height, self._stream.pix_fmt = width, height, pix_fmt
-        self._stream.codec_context.time_base = Fraction(1, fps)
-        self._fps = fps
+        self._stream.codec_context.time_base = 1 / rate
+        self._time_base = 1 / rate
         self.frames_written = 0
 
     def write(self, frames: np.ndarray) -> None:
@@ -139,7 +153,7 @@ class VideoEncoder:
         for rgb in frames:
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb, dtype=np.uint8), format="rgb24")
             frame.pts = self.frames_written
-            frame.time_base = Fraction(1, self._fps)
+            frame.time_base = self._time_base
             for packet in self._stream.encode(frame):
                 self._container.mux(packet)
             self.frames_written += 1

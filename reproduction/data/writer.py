@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import shutil
 from collections.abc import Iterable
@@ -141,7 +142,7 @@ def _check_features(features: dict[str, dict], image_storage: str) -> dict[str, 
 
 
 def _episode_table(
-    ep: EpisodeData, features: dict[str, dict], *, fps: int, task_index: int, start_index: int
+    ep: EpisodeData, features: dict[str, dict], *, fps: int | float, task_index: int, start_index: int
 ) -> pa.Table:
     n = ep.length
     cols: dict[str, pa.Array] = {}
@@ -176,7 +177,25 @@ def _episode_table(
     return pa.table(cols)
 
 
-def _video_info(ft: dict, fps: int, codec: str) -> dict:
+def _check_fps(fps: Any) -> int | float:
+    """`fps` as the int or float info.json will hold (numpy scalars become Python ones, a float32 by its shortest
+    decimal: np.float32(29.97) -> 29.97); InvalidInputError (exit 4) for a bool, a string, 0, a negative, NaN or inf."""
+    if isinstance(fps, (int, np.integer)) and not isinstance(fps, (bool, np.bool_)):
+        value: int | float = int(fps)
+    elif isinstance(fps, (float, np.floating)):
+        value = float(str(fps)) if isinstance(fps, np.floating) else float(fps)
+    else:
+        value = -1
+    if not (math.isfinite(value) and value > 0):
+        raise InvalidInputError(
+            f"fps is {fps!r}, not a positive finite number of frames per second",
+            field="fps",
+            hint="pass the recording rate, e.g. fps=30 or fps=29.97",
+        )
+    return value
+
+
+def _video_info(ft: dict, fps: int | float, codec: str) -> dict:
     h, w, c = ft["shape"]
     return {
         "video.height": h,
@@ -197,7 +216,7 @@ class _Common:
         self,
         tmp: Path,
         *,
-        fps: int,
+        fps: int | float,
         features: dict[str, dict],
         tasks: list[str] | None,
         codec: str,
@@ -460,7 +479,7 @@ def write_dataset(
     root: Path | str,
     episodes: Iterable[EpisodeData],
     *,
-    fps: int,
+    fps: int | float,
     features: dict[str, dict],
     version: str = "v3.0",
     image_storage: str = "png",
@@ -483,13 +502,16 @@ def write_dataset(
     adds keys to meta/info.json (how the data was made, e.g. a generator's settings); it cannot
     replace the layout's own keys. Episode ids must be 0..N-1 in the order written, as lerobot needs
     them; `allow_id_gaps` accepts any distinct non-negative ids (a dataset lerobot cannot load: for
-    tests of readers that must cope with one).
-    Raises InvalidInputError if `root` exists (unless `overwrite`) and DatasetError for inconsistent
-    episodes or ids; on any failure `root` is untouched.
+    tests of readers that must cope with one). `fps` is written to info.json as given: an int stays an
+    int (30), a float keeps its decimal (29.97, as lerobot writes an NTSC camera's rate); videos and
+    timestamps use it exactly.
+    Raises InvalidInputError for an fps that is not a positive finite number or if `root` exists (unless
+    `overwrite`), and DatasetError for inconsistent episodes or ids; on any failure `root` is untouched.
     """
     root = Path(root)
     if version not in ("v3.0", "v2.1"):
         raise InvalidInputError(f"version {version!r} is not 'v3.0' or 'v2.1'", field="version")
+    fps = _check_fps(fps)
     if root.exists() and not overwrite:
         raise InvalidInputError(f"{root}: already exists", path=root, hint="choose a new folder or pass overwrite=True")
     feats = _check_features(features, image_storage)
