@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reproduction.run.secrets import (
+from reproduction.redaction import (
     REDACTED,
     find_secret,
     is_secret_name,
@@ -112,7 +112,7 @@ def test_find_secret_sees_plain_and_utf16_copies_and_nothing_else(tmp_path):
 def test_log_records_are_redacted_before_they_are_written(tmp_path):
     import logging
 
-    from reproduction.run.secrets import RedactingFilter
+    from reproduction.redaction import RedactingFilter
 
     log_file = tmp_path / "run.log"
     handler = logging.FileHandler(log_file)

@@ -13,6 +13,7 @@ import pytest
 from evidence_fixtures import VERSIONS, make_bundle, make_run, schema_errors, validate_run_folder
 
 from reproduction.errors import InputNotFoundError, InvalidInputError
+from reproduction.redaction import find_secret
 from reproduction.run.lineage import (
     Artifact,
     StageRun,
@@ -25,7 +26,6 @@ from reproduction.run.lineage import (
     write_stage_statement,
 )
 from reproduction.run.lineage_check import EXIT_DIGEST, EXIT_MISSING, lineage_chain, load_statements, verify_lineage
-from reproduction.run.secrets import find_secret
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from evidence_fixtures import validate_run_folder
 
+from reproduction.redaction import find_secret
 from reproduction.run.lineage import path_sha256
-from reproduction.run.secrets import find_secret
 
 REPO = Path(__file__).resolve().parent.parent
 HF = "hf_PlantedFakeTokenAbCdEf0123456789xyz"

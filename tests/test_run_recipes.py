@@ -169,7 +169,7 @@ def test_the_protocol_module_is_a_leaf():
 
 PIPELINE = ("run", "recipes", "recap", "train", "sim", "data")
 SHARED = ("errors", "settings", "fsio", "ui", "digests", "digest_cache", "config_fields", "value_export")
-SHARED += ("writers_lock", "numerics", "recipe")
+SHARED += ("writers_lock", "numerics", "recipe", "redaction")
 NEVER = {  # importer (a top-level module or package of reproduction/) -> what it never imports
     "run": ("recipes", "recap"),
     "release": PIPELINE,
@@ -229,8 +229,8 @@ def test_portable_imports_no_pipeline_module_at_module_level_but_two_stdlib_ones
 
 def test_the_architecture_layout_names_every_module_it_lists_file_by_file():
     """docs/architecture.md's layout lists the top-level modules, run/ and each recipe file by file (audit53 V9:
-    digests.py, ui.py, value_export.py, run/cli_args.py and run/secrets.py were missing); `lineage*.py` covers
-    lineage.py and lineage_check.py."""
+    digests.py, ui.py, value_export.py, run/cli_args.py and run/secrets.py, now redaction.py, were missing);
+    `lineage*.py` covers lineage.py and lineage_check.py."""
     layout = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8").split("## Layout", 1)[1]
     layout = layout.split("## Dependency rules", 1)[0].replace("lineage*.py", "lineage.py lineage_check.py")
     listed = [*(REPO / "reproduction").glob("*.py"), *(REPO / "reproduction" / "run").glob("*.py")]

@@ -225,7 +225,7 @@ def known_secrets() -> tuple[str, ...]:
     import sys
     from urllib.parse import parse_qsl, urlsplit
 
-    from reproduction.run.secrets import MIN_SECRET_LEN, secret_values
+    from reproduction.redaction import MIN_SECRET_LEN, secret_values
 
     found = list(secret_values())
     try:  # a token put in HF_ENDPOINT (userinfo or query) is repeated by a server's "no route for ..." (audit56 I1)
@@ -249,7 +249,7 @@ def known_secrets() -> tuple[str, ...]:
 def redact_shown(text: str) -> str:
     """`text` fit for the terminal: URL userinfo (`https://user:TOKEN@host`) and every known token replaced by
     `<redacted>`. A server's message, a redirect URL or a repo argument may repeat the token (audit56 I1-I3)."""
-    from reproduction.run.secrets import REDACTED, redact_text
+    from reproduction.redaction import REDACTED, redact_text
 
     return redact_text(_USERINFO.sub(rf"\1{REDACTED}@", text), secrets=known_secrets())
 

@@ -41,8 +41,8 @@ from typing import Any
 
 from reproduction.errors import InputNotFoundError, InvalidInputError, UnsupportedFormatError
 from reproduction.fsio import atomic_write_text
+from reproduction.redaction import redact
 from reproduction.run.evidence_check import COUNT_METRICS, check_evidence
-from reproduction.run.secrets import redact
 from reproduction.run.stats import wilson
 
 FORMAT = "recap-portable-evaluation"

@@ -37,7 +37,7 @@ from reproduction.digests import sha256_file, sha256_files
 from reproduction.errors import InvalidInputError
 from reproduction.fsio import atomic_write_text
 from reproduction.numerics import cpu_kernels
-from reproduction.run.secrets import redact, redact_argv, redact_text, secret_values
+from reproduction.redaction import redact, redact_argv, redact_text, secret_values
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"

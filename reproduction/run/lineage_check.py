@@ -22,6 +22,7 @@ from typing import Any
 
 from reproduction.digests import canonical_json, is_sha256, json_sha256, sha256_file
 from reproduction.errors import InputNotFoundError, InvalidInputError, os_error
+from reproduction.redaction import REDACTED
 from reproduction.run.lineage import (
     LINEAGE_DIR,
     PREDICATE_TYPE,
@@ -33,7 +34,6 @@ from reproduction.run.lineage import (
     tree_lines,
     tree_sha256,
 )
-from reproduction.run.secrets import REDACTED
 from reproduction.run.stale import stale_stages
 
 EXIT_MISSING = 11

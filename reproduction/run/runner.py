@@ -61,9 +61,9 @@ from reproduction.fsio import (
     remove_tree,
 )
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
+from reproduction.redaction import redact, redact_argv
 from reproduction.run.config import select, to_plain
 from reproduction.run.guards import LOCK_FILE, deferred_interrupts, refuse_links, run_lock, sigterm_as_interrupt
-from reproduction.run.secrets import redact, redact_argv
 from reproduction.run.stage_call import call_stage
 from reproduction.run.stage_decide import config_layers, decide, moved_locations, refuse_target_below_raised_count
 from reproduction.run.stage_keys import (
