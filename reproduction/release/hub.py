@@ -147,8 +147,10 @@ def resolve_commit(
 
 
 def repo_web_url(endpoint: str, repo: str, repo_type: str, revision: str | None = None) -> str:
+    """The repo's web address as shown (stderr, --json): through `redact_shown`, so a token in HF_ENDPOINT's
+    userinfo or query is `<redacted>` (audit56 review2 S3: a publish printed it)."""
     prefix = "" if repo_type == "model" else f"{repo_type}s/"
-    return f"{endpoint}/{prefix}{repo}" + (f"/tree/{revision}" if revision and revision != "main" else "")
+    return redact_shown(f"{endpoint}/{prefix}{repo}" + (f"/tree/{revision}" if revision and revision != "main" else ""))
 
 
 def _client(settings: HubSettings, ui: UiOptions | None) -> Any:
