@@ -51,9 +51,9 @@ from reproduction.release.hub_transfer import (
     Download,
     HubSettings,
     bound_hub_session,
-    check_hub_environment,
     download_all,
     fetch_small,
+    hub_import,
     quiet_hub_logs,
     redact_shown,
     redacted,
@@ -147,16 +147,19 @@ def resolve_commit(
 
 
 def repo_web_url(endpoint: str, repo: str, repo_type: str, revision: str | None = None) -> str:
+    """The repo's web address as shown (stderr, --json): through `redact_shown`, so a token in HF_ENDPOINT's
+    userinfo or query is `<redacted>` (audit56 review2 S3: a publish printed it)."""
     prefix = "" if repo_type == "model" else f"{repo_type}s/"
-    return f"{endpoint}/{prefix}{repo}" + (f"/tree/{revision}" if revision and revision != "main" else "")
+    return redact_shown(f"{endpoint}/{prefix}{repo}" + (f"/tree/{revision}" if revision and revision != "main" else ""))
 
 
 def _client(settings: HubSettings, ui: UiOptions | None) -> Any:
     """An HfApi on `settings`' endpoint; huggingface_hub's upload bars follow -q / --no-progress. InvalidInputError
-    (exit 4) for an HF_* variable huggingface_hub cannot use (`check_hub_environment`), before it is imported."""
-    check_hub_environment()
-    from huggingface_hub import HfApi
-    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+    (exit 4) for an HF_* variable huggingface_hub cannot use (`hub_import` checks), before it is imported."""
+    HfApi = hub_import("huggingface_hub").HfApi
+    hub_utils = hub_import("huggingface_hub.utils")
+    disable_progress_bars = hub_utils.disable_progress_bars
+    enable_progress_bars = hub_utils.enable_progress_bars
 
     # A bundle carries its datasets (parquet) even in a model repo: that is intended, not a mistake.
     warnings.filterwarnings("ignore", message="It seems that you are about to commit a data file")
@@ -217,7 +220,7 @@ def plan_batches(entries: list[FileEntry], *, max_files: int, max_bytes: int) ->
 
 
 def _add(path_in_repo: str, source: Path | bytes, sha256: str | None = None) -> Any:
-    from huggingface_hub import CommitOperationAdd
+    CommitOperationAdd = hub_import("huggingface_hub").CommitOperationAdd
 
     op = CommitOperationAdd(
         path_in_repo=path_in_repo, path_or_fileobj=source if isinstance(source, bytes) else str(source)
@@ -307,7 +310,7 @@ def xet_supported(settings: HubSettings, repo: str, repo_type: str, branch: str)
     and the Hub answers `GET /api/{type}s/{repo}/xet-write-token/{branch}` with a token. Otherwise the
     deliberate choice is the LFS path, which every Hub (and Xet-backed repos on the real one) accepts;
     huggingface_hub would try Xet whenever hf_xet is installed and fail on a server without it."""
-    from huggingface_hub.utils._runtime import is_xet_available
+    is_xet_available = hub_import("huggingface_hub.utils._runtime").is_xet_available
 
     if not is_xet_available():
         return False
@@ -328,7 +331,7 @@ def xet_supported(settings: HubSettings, repo: str, repo_type: str, branch: str)
 def _xet_enabled(enabled: bool) -> Iterator[None]:
     """huggingface_hub uploads through Xet whenever hf_xet is importable unless HF_HUB_DISABLE_XET, which
     it reads from `constants` at call time; set for this publish only (the env var's runtime form)."""
-    from huggingface_hub import constants
+    constants = hub_import("huggingface_hub.constants")
 
     before = constants.HF_HUB_DISABLE_XET
     constants.HF_HUB_DISABLE_XET = before or not enabled
@@ -403,7 +406,7 @@ def _publish_commits(
 
 
 def _delete(path: str) -> Any:
-    from huggingface_hub import CommitOperationDelete
+    CommitOperationDelete = hub_import("huggingface_hub").CommitOperationDelete
 
     return CommitOperationDelete(path_in_repo=path)
 
@@ -419,7 +422,7 @@ def _commit(
     retried: Callable[[str, Callable[[], Any]], Any],
 ) -> str:
     """Upload the LFS content of `ops`, then commit them on top of `parent`; returns the new head."""
-    from huggingface_hub import CommitOperationAdd
+    CommitOperationAdd = hub_import("huggingface_hub").CommitOperationAdd
 
     adds = [op for op in ops if isinstance(op, CommitOperationAdd)]
     with stop_on_interrupt():  # huggingface_hub uploads in its own threads: an interrupt must end them too
@@ -500,7 +503,7 @@ def _landed(
 ) -> str | None:
     """The branch head when it moved on from `parent` and holds every file of `ops` with the bytes they add
     (LFS oid = sha256, or the git blob sha1) and none they delete; else None."""
-    from huggingface_hub import CommitOperationAdd
+    CommitOperationAdd = hub_import("huggingface_hub").CommitOperationAdd
 
     head = check_commit_sha(
         retried(f"resolve {repo}@{branch}", lambda: api.repo_info(repo, repo_type=repo_type, revision=branch).sha),
@@ -574,7 +577,7 @@ def fetch_bundle(
     HubTransferError, HubError, InvalidInputError (a bad remote manifest or a non-empty `dest`),
     IntegrityError (the finished folder does not verify), LockHeldError.
     """
-    from huggingface_hub import hf_hub_url
+    hf_hub_url = hub_import("huggingface_hub").hf_hub_url
 
     from reproduction.release.lock import bundle_lock
     from reproduction.release.receipt import record_fetch
@@ -591,7 +594,7 @@ def fetch_bundle(
     )
     _, done = _fetched_here(dest, repo, repo_type)  # likewise: a folder fetch may not touch is refused (exit 4)
     api = _client(settings, ui)
-    from huggingface_hub import constants
+    constants = hub_import("huggingface_hub.constants")
 
     if constants.HF_HUB_OFFLINE:
         return _fetch_offline(dest, repo, repo_type, rev, done, ui)

@@ -8,13 +8,15 @@ stopped, and the finished file must match the sha256 the manifest pins (not just
 renamed into place. Files are renamed, not fsynced one by one: `bundle.json`, written last with an fsync, is
 what marks the bundle complete, and `portable verify` checks the rest.
 
-`huggingface_hub` is imported inside functions so the control plane's `--help` stays fast.
+`huggingface_hub` is imported inside functions, only through `hub_import` (which checks the HF_* variables it
+reads first), so the control plane's `--help` stays fast.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import math
 import os
 import random
@@ -140,7 +142,7 @@ class HubSettings:
         return cls(**values)
 
     def resolved_endpoint(self) -> str:
-        from huggingface_hub import constants
+        constants = hub_import("huggingface_hub.constants")
 
         return (self.endpoint or constants.ENDPOINT).rstrip("/")
 
@@ -234,11 +236,10 @@ def known_secrets() -> tuple[str, ...]:
         found += [v for _, v in parse_qsl(parts.query) if len(v) >= MIN_SECRET_LEN]
     except ValueError:
         pass
-    if "huggingface_hub" in sys.modules:
+    hub = sys.modules.get("huggingface_hub")  # not hub_import: its check redacts through here
+    if hub is not None:
         try:
-            from huggingface_hub import get_token
-
-            token = get_token()
+            token = hub.get_token()
         except Exception:  # noqa: BLE001 - an unreadable token file: nothing more to hide
             token = None
         if token and len(token) >= MIN_SECRET_LEN:
@@ -280,7 +281,7 @@ def check_hub_environment(environ: dict[str, str] | None = None) -> None:
     """InvalidInputError (exit 4, naming the variable) for an HF_* variable that huggingface_hub parses when it is
     imported (an int() that raises: "internal error", audit56 I4) or that makes no request possible (an HF_ENDPOINT
     that is no http(s) URL was reported as an unusable answer, exit 30, though nothing was asked: audit56 I5).
-    Called before huggingface_hub is first imported for a transfer."""
+    Called by `hub_import`, before every import of huggingface_hub."""
     from urllib.parse import urlsplit
 
     env = os.environ if environ is None else environ
@@ -314,6 +315,15 @@ def check_hub_environment(environ: dict[str, str] | None = None) -> None:
             )
 
 
+def hub_import(module: str) -> Any:
+    """`module` (huggingface_hub or one of its submodules), imported after `check_hub_environment`. The one way
+    reproduction/ imports huggingface_hub (tests/test_hub_audit56_review.py greps for any other), so no command
+    reaches its import-time int() of HF_HUB_ETAG_TIMEOUT, or a request to a non-http HF_ENDPOINT, unchecked
+    (audit56 review2 S2: `compare ... hub:` and `weights fetch` imported it directly)."""
+    check_hub_environment()
+    return importlib.import_module(module)
+
+
 def hub_error(exc: BaseException, *, what: str) -> HubError:
     """Translate a huggingface_hub / httpx exception into our error tree (the server's message kept, any token
     in it or in a URL redacted: `redacted`)."""
@@ -324,7 +334,8 @@ def hub_error(exc: BaseException, *, what: str) -> HubError:
 
 def _classify(exc: BaseException, *, what: str) -> HubError:
     import httpx
-    from huggingface_hub import errors as hf
+
+    hf = hub_import("huggingface_hub.errors")
 
     if isinstance(exc, DigestMismatch):
         pointer = exc.actual.startswith("a Git LFS pointer")
@@ -481,7 +492,8 @@ def with_retries(fn: Callable[[], T], *, what: str, settings: HubSettings, ui: U
 
 def _is_hub_exception(exc: BaseException) -> bool:
     import httpx
-    from huggingface_hub import errors as hf
+
+    hf = hub_import("huggingface_hub.errors")
 
     return is_xet_failure(exc) or isinstance(
         exc, (DigestMismatch, TransferInterrupted, httpx.HTTPError, hf.HfHubHTTPError, hf.OfflineModeIsEnabled)
@@ -491,7 +503,7 @@ def _is_hub_exception(exc: BaseException) -> bool:
 def is_xet_failure(exc: BaseException) -> bool:
     """An error from an upload through Xet (hf_xet raises plain OSError/RuntimeError, e.g. "Network error ...
     404 ... xet-write-token"): a Hub failure, not a local write failure, whatever builtin it is."""
-    from huggingface_hub import errors as hf
+    hf = hub_import("huggingface_hub.errors")
 
     if isinstance(exc, hf.HfHubHTTPError):
         return False
@@ -549,7 +561,7 @@ def quiet_hub_logs() -> Iterator[None]:
     if os.environ.get("HF_HUB_VERBOSITY"):
         yield
         return
-    from huggingface_hub.utils import logging as hf_logging
+    hf_logging = hub_import("huggingface_hub.utils.logging")
 
     before = hf_logging.get_verbosity()
     # huggingface_hub logs its failed requests ("'timed out' thrown while requesting PUT ...") at WARNING on
@@ -582,7 +594,7 @@ class Download:
 
 def http_headers() -> dict[str, str]:
     """huggingface_hub's headers (user agent, token from HF_TOKEN or the stored login), identity encoding."""
-    from huggingface_hub.utils import build_hf_headers
+    build_hf_headers = hub_import("huggingface_hub.utils").build_hf_headers
 
     headers = build_hf_headers()
     headers["Accept-Encoding"] = "identity"
@@ -757,7 +769,7 @@ def bound_hub_session(settings: HubSettings) -> None:
     under ours and ignored PORTABLE_HUB_RETRIES=0. Every reply's headers get `stall_timeout_s` of wall clock
     (`guard_request`), and `stop_transfers()` can end every request under way.
     """
-    from huggingface_hub.utils import _http as hf_http
+    hf_http = hub_import("huggingface_hub.utils._http")
 
     bounds = request_timeout(settings).as_dict()
     _track_streams()
@@ -817,7 +829,10 @@ def fetch_small(
     `stall_timeout_s` seconds, else it is aborted as too slow and retried (audit46 hub F7).
     """
     import httpx
-    from huggingface_hub.utils import get_session, hf_raise_for_status
+
+    hub_utils = hub_import("huggingface_hub.utils")
+    get_session = hub_utils.get_session
+    hf_raise_for_status = hub_utils.hf_raise_for_status
 
     def once() -> bytes:
         start = time.monotonic()
@@ -873,7 +888,9 @@ _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
 def _get_into(job: Download, headers: dict[str, str], settings: HubSettings, on_bytes: Callable[[int], None]) -> str:
     """One GET attempt: append to `job.partial` from where it stopped; returns the whole file's sha256."""
-    from huggingface_hub.utils import get_session, hf_raise_for_status
+    hub_utils = hub_import("huggingface_hub.utils")
+    get_session = hub_utils.get_session
+    hf_raise_for_status = hub_utils.hf_raise_for_status
 
     have, h = _hash_existing(job.partial, job.size)
     if have == job.size:

@@ -30,6 +30,7 @@ from reproduction.release.hub_transfer import (
     HubSettings,
     download_all,
     fetch_small,
+    hub_import,
     quiet_hub_logs,
     request_timeout,
     with_retries,
@@ -153,7 +154,7 @@ def pin_hub(
     are re-pinned unless `globs` choose others. Raises InvalidInputError (a glob matching nothing, an
     unknown or missing license), HubNotFoundError, HubAuthError (gated or private), HubTransferError.
     """
-    from huggingface_hub import hf_hub_url
+    hf_hub_url = hub_import("huggingface_hub").hf_hub_url
 
     from reproduction.release.hub import _client, check_repo_id
 
@@ -279,8 +280,11 @@ def _list_tree(repo: str, rtype: str, commit: str, settings: HubSettings) -> dic
     """
     from urllib.parse import quote
 
-    from huggingface_hub.hf_api import RepoFile
-    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+    RepoFile = hub_import("huggingface_hub.hf_api").RepoFile
+    hub_utils = hub_import("huggingface_hub.utils")
+    build_hf_headers = hub_utils.build_hf_headers
+    get_session = hub_utils.get_session
+    hf_raise_for_status = hub_utils.hf_raise_for_status
 
     label = _answer_label(repo, commit)
     url: str | None = f"{settings.resolved_endpoint()}/api/{rtype}s/{repo}/tree/{quote(commit, safe='')}"
@@ -314,7 +318,7 @@ def _card_license(
     info: Any, tree: dict[str, Any], repo: str, rtype: str, commit: str, settings: HubSettings, ui: UiOptions | None
 ) -> str | None:
     """The `license:` of the repo's card: the Hub's parsed card data, else the README's YAML header."""
-    from huggingface_hub import hf_hub_url
+    hf_hub_url = hub_import("huggingface_hub").hf_hub_url
 
     card = getattr(info, "card_data", None)
     if card is not None and hasattr(card, "get") and card.get("license"):
@@ -427,7 +431,7 @@ def fetch_and_verify_weights(
 def _fetch_weights_locked(
     manifest: WeightsManifest, dest: Path, *, settings: HubSettings, ui: UiOptions | None
 ) -> WeightsFetchResult:
-    from huggingface_hub import hf_hub_url
+    hf_hub_url = hub_import("huggingface_hub").hf_hub_url
 
     from reproduction.release.weights_build import build_component
 

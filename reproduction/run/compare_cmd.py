@@ -70,9 +70,9 @@ def load_source(text: str, *, quiet: bool = False) -> dict[str, Any]:
 
 def _hub_card(spec: str) -> str:
     """The README.md (model card) of a Hub model repo at a revision (default main)."""
-    from huggingface_hub import hf_hub_url
+    from reproduction.release.hub_transfer import HubSettings, fetch_small, hub_import
 
-    from reproduction.release.hub_transfer import HubSettings, fetch_small
+    hf_hub_url = hub_import("huggingface_hub").hf_hub_url
 
     repo, _, revision = spec.partition("@")
     if repo.count("/") != 1:

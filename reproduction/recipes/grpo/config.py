@@ -23,13 +23,13 @@ from reproduction.sim.cameras import CAMERA_NAMES, IMAGE_PREFIX, camera_names  #
 from reproduction.train.config import TrainConfig
 
 ADVANTAGE_SCALES = ("group", "batch", "none")
+"""What `rl.advantage_scale` may name (objective.group_advantages)."""
 REWARDS = ("success_at_end", "success_once", "progress")
 """rl.reward's choices."""
 GROUP_SIZE_MAX = 4096
 """rl.group_size's bound: a group's rollouts are held and scored together (audit56 D3: 10**30 passed the config)."""
 ROLLOUTS_MAX = 2**20
 """Bound on rl.init_states x rl.group_size, the episodes one rollout round simulates and holds (audit56 D3)."""
-"""What `rl.advantage_scale` may name (objective.group_advantages)."""
 NOISE_LEVEL_MIN = 1e-6
 """rl.noise_level's floor: below ~1e-44 the float32 step noise is 0 and every step's log-probability NaN (the run
 skipped every step and exited 0: audit54 C2); long before that an update's shift of the mean, divided by the noise,
