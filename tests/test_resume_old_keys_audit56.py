@@ -75,6 +75,9 @@ def test_a_checkpoint_reads_the_train_config_its_stage_setup_recorded(tmp_path):
     step = tmp_path / "checkpoints" / "step_2"
     step.mkdir(parents=True)
     assert setup_train(step) is None
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "train_config.json").write_text(json.dumps({"micro_batch": 4}))
+    assert setup_train(step) == {"micro_batch": 4}
     (tmp_path / "policy_setup.json").write_text(json.dumps({"stage": {"train": {"micro_batch": 8}}}))
     assert setup_train(step) == {"micro_batch": 8}
 

@@ -524,19 +524,26 @@ def verify_files(folder: Path, manifest: dict[str, Any]) -> list[str]:
 
 
 def setup_train(folder: Path) -> dict[str, Any] | None:
-    """The train config the stage setup beside checkpoint `folder` records (`<out_dir>/*_setup.json`'s
-    `stage.train`, as policy_setup.json keeps it; <out_dir>/checkpoints/step_N is `folder`): the stage's own record
-    of what it trained with, which its setup guard compares on resume before any checkpoint is loaded. None when no
-    single one records it."""
+    """The train config the stage beside checkpoint `folder` (<out_dir>/checkpoints/step_N) records it trained with:
+    its setup's (`<out_dir>/*_setup.json`'s `stage.train`, as policy_setup.json keeps it and its setup guard compares
+    on resume before any checkpoint is loaded), else its export's (`<out_dir>/export/train_config.json`, written by
+    the invocation that trained there last). None when neither says."""
+    out_dir = Path(folder).parent.parent
     found = []
-    for path in sorted(Path(folder).parent.parent.glob("*_setup.json")):
+    for path in sorted(out_dir.glob("*_setup.json")):
         try:
             train = json.loads(path.read_text())["stage"]["train"]
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if isinstance(train, dict):
             found.append(train)
-    return found[0] if len(found) == 1 else None
+    if len(found) == 1:
+        return found[0]
+    try:
+        train = json.loads((out_dir / "export" / "train_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return train if isinstance(train, dict) else None
 
 
 def load(
@@ -585,7 +592,7 @@ def load(
         if untold:
             raise CheckpointError(
                 f"cannot resume {folder}: it was saved before {untold[0]} entered the resume key, and the value it "
-                "was trained with cannot be told (no setup file beside checkpoints/ records it)",
+                "was trained with cannot be told (no setup or export beside checkpoints/ records it)",
                 path=folder,
                 fields_changed=untold,
                 hint="train it again from scratch: `portable run --restart-stage <stage>`, or resume=False",
