@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import numbers
 from collections.abc import Mapping
@@ -60,17 +61,51 @@ def added_defaults(cls: Any) -> dict[str, Any]:
     return {f.name: f.default for f in dataclasses.fields(cls) if f.metadata.get(ADDED)}
 
 
-def unrecorded_filled(cls: Any, recorded: Mapping[str, Any], today: Mapping[str, Any]) -> dict[str, Any]:
-    """`recorded` (a resume key a checkpoint recorded: {field of dataclass `cls`: value}) with each key of `today`
-    it lacks filled in (a copy): an `added_field()` with its default (the field did not exist: the run did what its
-    default does, so another value today is a change), any other field with today's value: it entered the key after
-    the record was written (declared `same_outputs()` then: audit56 D1 keyed `micro_batch`), so the record holds no
-    value of it to compare, and the run was made when it did not change outputs. Accepting it keeps an old run folder
-    resumable (audit56 R1) without claiming more than the record pinned: a setup guard that recorded the field's
-    value (policy_setup.json's `stage.train`, the rl setup's `rl`) still compares it; a key the record holds
-    compares as before."""
-    added = added_defaults(cls)
-    return {**{k: added.get(k, v) for k, v in today.items() if k not in recorded}, **recorded}
+def unrecorded_filled(
+    recorded: Mapping[str, Any],
+    today: Mapping[str, Any],
+    ran_with: Mapping[str, Any] | None,
+    *,
+    added: Mapping[str, Any] | None = None,
+    prefix: str = "",
+) -> tuple[dict[str, Any], list[str]]:
+    """The one rule for a key recorded before a field entered it (stage keys: run/stage_keys.unkeyed_filled;
+    checkpoint resume keys: train/checkpoint.load; audit56 review2 S5): (a copy of `recorded` with each key of `today`
+    it lacks filled in, nested mappings too; the dotted names, after `prefix`, of those whose value cannot be told).
+    A field of `added` (dotted name: default, `added_defaults`) reads as its default: at its default it was never
+    keyed, and before it existed the run did what its default does. Any other field (keyed later: declared
+    `same_outputs()` then, as `train.micro_batch` until audit56 D1) takes its value in `ran_with`, the config the
+    record provably ran with (its digest is the record's); a field `ran_with` lacks did not exist then and is left
+    absent, so today's value reads as a change. With `ran_with` None the value cannot be told: filling today's
+    value, or the latest invocation's, accepted a resume with another value and recorded the wrong one (audit56
+    review2 S1), so the caller refuses naming the field."""
+    out = json.loads(json.dumps(dict(recorded)))
+    untold: list[str] = []
+    for k, now in today.items():
+        dotted = prefix + str(k)
+        if k in out:
+            if isinstance(out[k], dict) and isinstance(now, Mapping):
+                out[k], more = unrecorded_filled(out[k], now, ran_with, added=added, prefix=dotted + ".")
+                untold += more
+        elif added is not None and dotted in added:
+            out[k] = json.loads(json.dumps(added[dotted]))
+        elif ran_with is None:
+            untold.append(dotted)
+        elif (then := _dotted(ran_with, dotted)) is not _ABSENT:
+            out[k] = json.loads(json.dumps(then))
+    return out, untold
+
+
+_ABSENT = object()
+
+
+def _dotted(tree: Mapping[str, Any], dotted: str) -> Any:
+    """The value at `dotted` (`sft.train.micro_batch`) of nested mappings `tree`, _ABSENT where there is none."""
+    for part in dotted.split("."):
+        if not isinstance(tree, Mapping) or part not in tree:
+            return _ABSENT
+        tree = tree[part]
+    return tree
 
 
 def changes_outputs(f: dataclasses.Field) -> bool:

@@ -1,6 +1,8 @@
 """audit56 R1: a run folder recorded before a field entered the keys (`train.micro_batch`, audit56 D1) resumes: a
-stage key or checkpoint resume key without the field reads as "not recorded" (the stage key takes the value the run
-config recorded), while a value that differs from the recorded one is still refused (exit 52) naming both."""
+stage key or checkpoint resume key without the field takes the value the stage provably ran with (audit56 review2
+S1: run.json's config only where its digest is the record's, else the lineage statement's; a checkpoint's from its
+stage setup), by one rule for both (S5); a value that differs is still refused (exit 52) naming both, and one that
+cannot be told is refused naming the field and --restart-stage."""
 
 from __future__ import annotations
 
@@ -10,10 +12,13 @@ from dataclasses import dataclass, field
 import pytest
 from test_grpo_cli import CONFIG, portable
 
-from reproduction.config_fields import added_field, unrecorded_filled
+from reproduction.config_fields import added_defaults, added_field, unrecorded_filled
 from reproduction.digests import json_sha256
+from reproduction.errors import StageKeyChangedError
 from reproduction.recipe import StageSpec
-from reproduction.run.stage_keys import NO_CONFIG, unkeyed_filled, upgrade_parts
+from reproduction.run.stage_decide import ran_with_config
+from reproduction.run.stage_keys import UNTOLD, unkeyed_filled, upgrade_parts
+from reproduction.train.checkpoint import setup_train
 
 
 @dataclass
@@ -23,22 +28,58 @@ class _Old:
     new: str = field(default="off", metadata=added_field())
 
 
-def test_a_resume_key_without_a_field_reads_it_as_not_recorded_and_an_added_one_as_its_default():
+def test_a_resume_key_without_a_field_takes_the_value_it_ran_with_and_an_added_one_its_default():
     today = {"lr": 0.1, "micro": 8, "new": "on"}
-    assert unrecorded_filled(_Old, {"lr": 0.1}, today) == {"lr": 0.1, "micro": 8, "new": "off"}
-    assert unrecorded_filled(_Old, {"lr": 0.1, "micro": 4}, today)["micro"] == 4  # recorded: compared as before
+    added = added_defaults(_Old)
+    assert unrecorded_filled({"lr": 0.1}, today, {"micro": 4}, added=added) == (
+        {"lr": 0.1, "micro": 4, "new": "off"},
+        [],
+    )
+    assert unrecorded_filled({"lr": 0.1, "micro": 4}, today, None, added=added)[0]["micro"] == 4  # compared as before
+    # nothing says what it ran with: not today's value (which accepted any), but "cannot be told"
+    assert unrecorded_filled({"lr": 0.1}, today, None, added=added) == ({"lr": 0.1, "new": "off"}, ["micro"])
+    assert unrecorded_filled({"lr": 0.1}, today, {}, added=added)[0] == {"lr": 0.1, "new": "off"}  # did not exist
 
 
-def test_a_stage_key_without_a_config_key_takes_the_recorded_configs_value():
+def test_a_stage_key_without_a_config_key_takes_the_value_the_stage_ran_with():
     today = {"sft": {"train": {"lr": 1, "micro_batch": 8, "added": "on"}}}
     ran = {"sft": {"train": {"lr": 1, "micro_batch": 4}}}
     filled = unkeyed_filled(json.loads(json.dumps({"sft": {"train": {"lr": 1}}})), today, ran)
     assert filled == {"sft": {"train": {"lr": 1, "micro_batch": 4}}}  # the field that did not exist stays absent
-    assert unkeyed_filled({"sft": {"train": {}}}, today, NO_CONFIG) == today
     assert unkeyed_filled({"sft": {"train": {}}}, today, None) == {"sft": {"train": {}}}
+    with pytest.raises(StageKeyChangedError) as e:
+        unkeyed_filled({"sft": {"train": {"lr": 1}}}, today, UNTOLD, stage="sft")
+    assert e.value.exit_code == 52
+    assert "recorded before config sft.train.micro_batch was keyed" in str(e.value)
+    assert e.value.hint.startswith("pass --restart-stage sft ")
     spec = StageSpec(name="sft", fn="m:f", config=("sft",))
     old = upgrade_parts(spec, {"config": {"sft": {"train": {"lr": 1}}}}, {"config": today}, ran)
     assert old["config"]["sft"]["train"]["micro_batch"] == 4
+
+
+def test_the_config_a_stage_ran_with_is_runs_only_where_its_digest_is_the_records(tmp_path):
+    ran = {"sft": {"train": {"micro_batch": 8}}}
+    latest = {"sft": {"train": {"micro_batch": 4}}}  # a later invocation's
+    rec = {"lineage": {"config_sha256": json_sha256(ran)}}
+    statement = tmp_path / "sft.intoto.json"
+    assert ran_with_config(rec, ran, statement) == ran
+    assert ran_with_config(rec, latest, statement) is UNTOLD  # no statement: cannot be told
+    body = {"predicate": {"buildDefinition": {"externalParameters": {"config": ran}}}}
+    statement.write_text(json.dumps(body))
+    assert ran_with_config(rec, latest, statement) == ran
+    assert ran_with_config({"lineage": {"config_sha256": json_sha256(latest)}}, {}, statement) is UNTOLD
+    assert ran_with_config({}, ran, statement) is UNTOLD  # a record without its config's digest
+
+
+def test_a_checkpoint_reads_the_train_config_its_stage_setup_recorded(tmp_path):
+    step = tmp_path / "checkpoints" / "step_2"
+    step.mkdir(parents=True)
+    assert setup_train(step) is None
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "train_config.json").write_text(json.dumps({"micro_batch": 4}))
+    assert setup_train(step) == {"micro_batch": 4}
+    (tmp_path / "policy_setup.json").write_text(json.dumps({"stage": {"train": {"micro_batch": 8}}}))
+    assert setup_train(step) == {"micro_batch": 8}
 
 
 def _strip_micro_batch(run):
@@ -82,3 +123,37 @@ def test_a_run_recorded_before_micro_batch_was_keyed_resumes_and_a_changed_one_i
     state = json.loads((tmp_path / "run/run.json").read_text())
     assert state["stages"]["sft"]["step"] == 3
     assert state["stages"]["sft"]["key_parts"]["config"]["sft"]["train"]["micro_batch"] == 8
+
+
+@pytest.mark.slow
+def test_a_later_invocations_config_is_not_taken_for_the_one_an_old_record_ran_with(tmp_path):
+    """audit56 review2 S1 (its stale_config.sh): sft trained with micro_batch 8; the record lacks it and run.json's
+    config says 4 (a later old-code invocation's). A resume with 4 was skipped and recorded 4; now the statement's
+    config (8, its digest the record's) is what it ran with; with the statement gone, nothing says: refused."""
+    from reproduction.sim.generate import GenConfig, generate_dataset
+
+    bundle = tmp_path / "bundle"
+    generate_dataset(
+        GenConfig(kind="sft", tasks=("FetchPush-v4",), episodes_per_task=3, cameras=()), bundle / "data" / "sft"
+    )
+    common = ("run", str(bundle), "--config", str(CONFIG), "--output", "run", "--stages", "sft")
+    tiny = ("sft.train.max_steps=2", "sft.train.global_batch=8", "sft.train.log_interval=1")
+    made = portable(*common, *tiny, "sft.train.micro_batch=8", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    run = tmp_path / "run"
+    _strip_micro_batch(run)
+    state = json.loads((run / "run.json").read_text())
+    state["config"]["sft"]["train"]["micro_batch"] = 4
+    (run / "run.json").write_text(json.dumps(state))
+    wrong = portable(*common, "--resume", *tiny, "sft.train.micro_batch=4", cwd=tmp_path)
+    assert wrong.returncode == 52, wrong.stderr
+    assert "config.sft.train.micro_batch: 8 -> 4" in wrong.stderr
+    assert (
+        "micro_batch"
+        not in json.loads((run / "run.json").read_text())["stages"]["sft"]["key_parts"]["config"]["sft"]["train"]
+    )
+    (run / "lineage" / "sft.intoto.json").unlink()
+    untold = portable(*common, "--resume", *tiny, "sft.train.micro_batch=8", cwd=tmp_path)
+    assert untold.returncode == 52, untold.stderr
+    assert "recorded before config sft.train.micro_batch was keyed" in untold.stderr
+    assert "--restart-stage sft" in untold.stderr

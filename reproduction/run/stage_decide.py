@@ -17,8 +17,9 @@ from reproduction.digests import json_sha256, sha256_file
 from reproduction.errors import StageKeyChangedError, UsageError
 from reproduction.recipe import StageSpec
 from reproduction.run.config import select
+from reproduction.run.lineage import LINEAGE_DIR, SUFFIX
 from reproduction.run.stage_keys import (
-    NO_CONFIG,
+    UNTOLD,
     describe_changes,
     exempt,
     recorded_key_still_matches,
@@ -48,8 +49,8 @@ def decide(
     if spec.name in opts.restart or spec.name in restarted or rec is None:
         return "fresh"  # restarted, or after a restarted stage: redone whatever else changed in its key
     recorded = rec.get("key_parts", {})
-    # a config key the record lacks reads as the run config recorded it (stage_keys.unkeyed_filled: audit56 R1)
-    ran_with = recorded_config or NO_CONFIG
+    # a config key the record lacks reads as the config the stage ran with (stage_keys.unkeyed_filled: audit56 R1)
+    ran_with = ran_with_config(rec, recorded_config, stage_dir.parent / LINEAGE_DIR / f"{spec.name}{SUFFIX}")
     if rec.get("key") != key and not recorded_key_still_matches(spec, recorded, key, free, parts, ran_with):
         moves = moved_locations(spec, recorded, parts, free, ran_with)
         if moves is None or not opts.inputs_moved:
@@ -69,6 +70,25 @@ def decide(
             )
         return "continue" if trains_on(spec, rec, plain, opts) is not None else "skip"
     return "continue" if spec.training else "fresh"
+
+
+def ran_with_config(rec: dict[str, Any], recorded_config: dict[str, Any], statement: Path) -> Any:
+    """The config stage record `rec` provably ran with, UNTOLD when nothing says: run.json's `config`
+    (`recorded_config`, the latest invocation's) where its digest is the record's `lineage.config_sha256`, else the
+    config of the stage's lineage statement (`statement`, written by the invocation that ran it) where its digest
+    is. Only a field keyed after the record was written is read from it (`stage_keys.unkeyed_filled`); taking
+    run.json's config whatever its digest resumed a stage trained with micro_batch 8 under 4 and recorded 4
+    (audit56 review2 S1)."""
+    sha = (rec.get("lineage") or {}).get("config_sha256") if isinstance(rec.get("lineage"), dict) else None
+    if not isinstance(sha, str):
+        return UNTOLD
+    if recorded_config and json_sha256(recorded_config) == sha:
+        return recorded_config
+    try:
+        config = json.loads(statement.read_text())["predicate"]["buildDefinition"]["externalParameters"]["config"]
+    except (OSError, ValueError, KeyError, TypeError):  # missing or unreadable: lineage --verify names it
+        return UNTOLD
+    return config if isinstance(config, dict) and json_sha256(config) == sha else UNTOLD
 
 
 def _refuse_changed(

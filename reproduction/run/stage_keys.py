@@ -18,10 +18,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from reproduction.config_fields import unrecorded_filled
 from reproduction.digest_cache import DigestCache
 from reproduction.digests import canonical_json as canonical
 from reproduction.digests import json_sha256 as digest
-from reproduction.errors import ConfigError, InputNotFoundError, PortableError
+from reproduction.errors import ConfigError, InputNotFoundError, PortableError, StageKeyChangedError
 from reproduction.recipe import Recipe, StageSpec
 from reproduction.run.config import select
 from reproduction.run.stage_call import ASYNC_STAGE, module_dependency, signature_problem, uncallable_error
@@ -153,7 +154,7 @@ def upgrade_parts(
     parts hold and the record lacks is filled in from `ran_with` (`unkeyed_filled`)."""
     parts = json.loads(canonical(recorded))
     if isinstance(parts.get("config"), dict) and isinstance(today.get("config"), dict):
-        parts["config"] = unkeyed_filled(parts["config"], today["config"], ran_with)
+        parts["config"] = unkeyed_filled(parts["config"], today["config"], ran_with, stage=spec.name)
     if "fn" not in parts and "fn" in today:
         parts["fn"] = today["fn"]
         if not spec.code and parts.get("code") == {}:
@@ -169,33 +170,36 @@ def upgrade_parts(
     return parts
 
 
-NO_CONFIG: Any = object()
-"""`ran_with` of a run whose run.json recorded no config (`unkeyed_filled`)."""
+UNTOLD: Any = object()
+"""`ran_with` of a stage whose record does not say which config it ran with: run.json's `config` is another
+invocation's and its statement is gone or another config's (`stage_decide.ran_with_config`)."""
+NO_CONFIG = UNTOLD  # its name until audit56 review2 S1: run.json recorded no config
 
 
-def unkeyed_filled(recorded: dict[str, Any], today: dict[str, Any], ran_with: Any, prefix: str = "") -> dict[str, Any]:
+def unkeyed_filled(
+    recorded: dict[str, Any], today: dict[str, Any], ran_with: Any, prefix: str = "", *, stage: str = ""
+) -> dict[str, Any]:
     """The recorded config key parts `recorded` with each key that today's (`today`) hold and they lack filled in
-    (mutated and returned): a field that entered the key after the record was written (declared `same_outputs()`
-    then, as `train.micro_batch` until audit56 D1) was left out of it, so the record does not say which value the
-    stage ran with (audit56 R1: every run folder of the day before was refused, `<absent> -> 8`). `ran_with` is the
-    run config run.json recorded (the latest invocation's: what a --resume of the same config finds): a key it holds
-    is filled with its value there, so the same value resumes and another is still refused naming both (exit 52);
-    a key it lacks is left absent: the field did not exist then and the run did what its default does
-    (`added_field()`: at its default it is exempt, so today's other value is a change); with NO_CONFIG (run.json
-    recorded none) the key is filled with today's value: nothing pins it and the stage was run when it did not change
-    outputs, so it is not recorded, not changed. None fills nothing (as before). The next record keys it."""
+    (a copy) by the one rule for a field keyed after the record was written (`config_fields.unrecorded_filled`): a
+    field that entered the key later (`train.micro_batch`, audit56 D1) takes its value in `ran_with`, the config
+    the stage provably ran with (`stage_decide.ran_with_config`), so the same value resumes and another is still
+    refused naming both (exit 52, audit56 R1); a key it lacks is left absent (the field did not exist then). With
+    UNTOLD the value cannot be told: StageKeyChangedError (exit 52) naming the field and `--restart-stage`; run.json's
+    `config` is the latest invocation's, and filling from it accepted another value and recorded it (audit56 review2
+    S1). None fills nothing (as before)."""
     if ran_with is None:
         return recorded
-    for k, now in today.items():
-        dotted = prefix + str(k)
-        if k not in recorded:
-            if ran_with is NO_CONFIG:
-                recorded[k] = now
-            elif (then := select(ran_with, dotted, _ABSENT)) is not _ABSENT:
-                recorded[k] = json.loads(canonical(then))
-        elif isinstance(recorded[k], dict) and isinstance(now, dict):
-            unkeyed_filled(recorded[k], now, ran_with, dotted + ".")
-    return recorded
+    filled, untold = unrecorded_filled(recorded, today, None if ran_with is UNTOLD else ran_with, prefix=prefix)
+    if untold:
+        raise StageKeyChangedError(
+            f"stage {stage}: it was recorded before config {untold[0]} was keyed, and the value it ran with cannot "
+            "be told (run.json's config is a later invocation's, and its lineage statement is missing or another "
+            "config's)",
+            stage=stage,
+            changes=[f"config.{k}: <not recorded>" for k in untold],
+            hint=f"pass --restart-stage {stage} to redo it (and what follows)",
+        )
+    return filled
 
 
 def _init_digest(package: str) -> str | None:

@@ -26,7 +26,7 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from reproduction import __version__
-from reproduction.config_fields import unrecorded_filled
+from reproduction.config_fields import added_defaults, unrecorded_filled
 from reproduction.digests import sha256_files
 from reproduction.errors import (
     DISK_FULL_ERRNOS,
@@ -523,6 +523,29 @@ def verify_files(folder: Path, manifest: dict[str, Any]) -> list[str]:
     return problems
 
 
+def setup_train(folder: Path) -> dict[str, Any] | None:
+    """The train config the stage beside checkpoint `folder` (<out_dir>/checkpoints/step_N) records it trained with:
+    its setup's (`<out_dir>/*_setup.json`'s `stage.train`, as policy_setup.json keeps it and its setup guard compares
+    on resume before any checkpoint is loaded), else its export's (`<out_dir>/export/train_config.json`, written by
+    the invocation that trained there last). None when neither says."""
+    out_dir = Path(folder).parent.parent
+    found = []
+    for path in sorted(out_dir.glob("*_setup.json")):
+        try:
+            train = json.loads(path.read_text())["stage"]["train"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(train, dict):
+            found.append(train)
+    if len(found) == 1:
+        return found[0]
+    try:
+        train = json.loads((out_dir / "export" / "train_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return train if isinstance(train, dict) else None
+
+
 def load(
     folder: Path,
     model: torch.nn.Module,
@@ -531,8 +554,12 @@ def load(
     resume_key: dict,
     accel=None,
     kernels: str | None = None,
+    ran_with: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Load a checkpoint into the sharded `model` and `optim` (collective); returns its manifest.
+
+    `ran_with`: the train config the checkpoint was saved under, where the caller knows it (else `setup_train`'s),
+    read only for a field its manifest's resume key lacks (saved before the field was keyed).
 
     Raises CheckpointError when the files do not match the manifest or the config's resume key
     differs (naming the fields), CheckpointKernelsChangedError (exit 52) when `kernels` (this run's CPU
@@ -555,9 +582,21 @@ def load(
         )
     from reproduction.train.config import TrainConfig  # here: config.py is the caller's, checkpoint.py the format's
 
-    # a field the key gained after this checkpoint was written is "not recorded", not a change (unrecorded_filled)
-    saved_key = manifest.get("resume_key") or {}  # none at all stays a change of every field
-    saved_key = unrecorded_filled(TrainConfig, saved_key, resume_key) if saved_key else saved_key
+    # a field the key gained after this checkpoint was written takes the value the stage's setup recorded, by the
+    # one rule stage keys use too (config_fields.unrecorded_filled: audit56 review2 S1/S5); none at all stays a
+    # change of every field
+    saved_key = manifest.get("resume_key") or {}
+    if saved_key:
+        known = ran_with if ran_with is not None else setup_train(folder)
+        saved_key, untold = unrecorded_filled(saved_key, resume_key, known, added=added_defaults(TrainConfig))
+        if untold:
+            raise CheckpointError(
+                f"cannot resume {folder}: it was saved before {untold[0]} entered the resume key, and the value it "
+                "was trained with cannot be told (no setup or export beside checkpoints/ records it)",
+                path=folder,
+                fields_changed=untold,
+                hint="train it again from scratch: `portable run --restart-stage <stage>`, or resume=False",
+            )
     changed = sorted(k for k in set(saved_key) | set(resume_key) if saved_key.get(k) != resume_key.get(k))
     if changed:
         diff = ", ".join(f"{k}: {saved_key.get(k)!r} -> {resume_key.get(k)!r}" for k in changed)
