@@ -142,3 +142,18 @@ def test_too_small_note_names_the_real_reason():
     )
     assert note(partial) == note(disjoint) == nested
     assert comparison.REPEATS_NOTE in compare_evidence(dup, ref).rows[0].note
+
+
+def test_newcombe_over_counts_gives_the_floats_of_newcombe_per_cell():
+    """The planner's and calibration's grids take Wilson's limits once per count (stats.newcombe_counts): the very
+    floats newcombe_difference computes cell by cell, so every plan and calibrated level is unchanged."""
+    from reproduction.run.stats import newcombe_counts, newcombe_difference
+
+    rng = np.random.default_rng(56)
+    for n1, n2 in [(1, 1), (5, 7), (100, 100), (2644, 2644), (50, 3000)]:
+        for conf in (0.5, 0.9, 0.95, 0.9999):
+            k1 = rng.integers(0, n1 + 1, size=(40, 30)).astype(float)
+            k2 = rng.integers(0, n2 + 1, size=(40, 30)).astype(float)
+            want = newcombe_difference(k1, np.full(k1.shape, float(n1)), k2, np.full(k2.shape, float(n2)), conf)
+            got = newcombe_counts(k1, n1, k2, n2, conf)
+            assert np.array_equal(want[0], got[0]) and np.array_equal(want[1], got[1]), (n1, n2, conf)
