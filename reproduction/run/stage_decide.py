@@ -48,6 +48,8 @@ def decide(
     `--restart-stage` names and those downstream of them (`downstream`)."""
     if spec.name in opts.restart or spec.name in restarted or rec is None:
         return "fresh"  # restarted, or after a restarted stage: redone whatever else changed in its key
+    if rec.get("status") != "complete" and not spec.training:
+        return "fresh"  # killed before it completed, with nothing kept to continue from: its key decides nothing
     recorded = rec.get("key_parts", {})
     # a config key the record lacks reads as the config the stage ran with (stage_keys.unkeyed_filled: audit56 R1)
     ran_with = ran_with_config(rec, recorded_config, stage_dir.parent / LINEAGE_DIR / f"{spec.name}{SUFFIX}")
