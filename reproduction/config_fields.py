@@ -7,6 +7,7 @@ import json
 import math
 import numbers
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from reproduction.errors import ConfigError
@@ -94,6 +95,31 @@ def unrecorded_filled(
         elif (then := _dotted(ran_with, dotted)) is not _ABSENT:
             out[k] = json.loads(json.dumps(then))
     return out, untold
+
+
+def recorded_train(out_dir: Path) -> dict[str, Any] | None:
+    """The train config a training stage's folder `out_dir` records it trained with: its setup's
+    (`<out_dir>/*_setup.json`'s `stage.train`, as policy_setup.json keeps it and its setup guard compares on resume
+    before any checkpoint is loaded), else its export's (`<out_dir>/export/train_config.json`, written by the
+    invocation that trained there last). None when neither says. Here, torch-free, because both a checkpoint's
+    resume (`train.checkpoint.setup_train`) and the stage decision of a killed stage (`run.stage_decide`, where a
+    finished --resume loads no torch) read it: one rule (audit56 review3 T1)."""
+    out_dir = Path(out_dir)
+    found = []
+    for path in sorted(out_dir.glob("*_setup.json")):
+        try:
+            train = json.loads(path.read_text())["stage"]["train"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(train, dict):
+            found.append(train)
+    if len(found) == 1:
+        return found[0]
+    try:
+        train = json.loads((out_dir / "export" / "train_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return train if isinstance(train, dict) else None
 
 
 _ABSENT = object()

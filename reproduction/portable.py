@@ -513,8 +513,9 @@ DEMOS = {"recap": "reproduction.recipes.recap.demo", "grpo": "reproduction.recip
 def cmd_demo(args: argparse.Namespace) -> int:
     import importlib
 
-    from reproduction.run.cli import normalise_paths
+    from reproduction.run.cli import check_hub_environment, normalise_paths
 
+    check_hub_environment()
     workdir = getattr(args, "workdir", None)
     if workdir is not None and args.output is not None and workdir != args.output:
         raise UsageError(  # the alias shared --output's dest, so the last one silently won (audit53 V17)

@@ -115,7 +115,7 @@ def test_a_second_sigint_and_a_sigterm_during_the_cleanup_are_held_and_the_exit_
 @pytest.mark.parametrize("mode", ["cleanup", "hang"])
 def test_the_third_held_signal_quits_at_once_with_130(tmp_path, mode):
     """A cleanup that hangs can still be stopped, also in an atexit hook (`hang`: 30 s; audit52 R2, where every
-    signal was ignored from the first hook on): after two held signals (guards.HELD_SIGNALS), the third ends the
+    signal was ignored from the first hook on): after two held signals (interrupts.HELD_SIGNALS), the third ends the
     process at once (os._exit), with one line and exit 130; the cleanup is left undone."""
     what = {"cleanup": "cleanup", "hang": "exit hook"}[mode]
     t0 = time.monotonic()

@@ -319,7 +319,8 @@ def hub_import(module: str) -> Any:
     """`module` (huggingface_hub or one of its submodules), imported after `check_hub_environment`. The one way
     reproduction/ imports huggingface_hub (tests/test_hub_audit56_review.py greps for any other), so no command
     reaches its import-time int() of HF_HUB_ETAG_TIMEOUT, or a request to a non-http HF_ENDPOINT, unchecked
-    (audit56 review2 S2: `compare ... hub:` and `weights fetch` imported it directly)."""
+    (audit56 review2 S2: `compare ... hub:` and `weights fetch` imported it directly). transformers imports it on
+    its own: `portable run` / `eval` / `demo` check first for their stages (run/cli.check_hub_environment)."""
     check_hub_environment()
     return importlib.import_module(module)
 

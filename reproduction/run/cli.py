@@ -28,6 +28,16 @@ POSITIONAL = ("bundle", "run_dir", "spec", "dir", "manifest", "reference", "actu
 """Path arguments named by their metavar (BUNDLE, RUN_DIR, ...) in errors, not as a --flag."""
 
 
+def check_hub_environment() -> None:
+    """InvalidInputError (exit 4, naming the variable) for an HF_* variable huggingface_hub cannot parse when it is
+    imported (`release.hub_transfer.check_hub_environment`), checked where `portable run` / `eval` / `demo` start:
+    their stages import it through transformers (a tokenizer, pi05), not through `hub_import`, and an
+    HF_HUB_ETAG_TIMEOUT=abc there was an unexplained ValueError mid-run (audit56 review3 T4)."""
+    from reproduction.release.hub_transfer import check_hub_environment as check
+
+    check()
+
+
 def normalise_paths(args: Any, *names: str) -> None:
     """Make each named path argument of `args` absolute and resolved, once, at the CLI boundary (fsio.user_path);
     a list argument (`--config` repeated) item by item, None left as None. Everything the command derives
@@ -171,6 +181,7 @@ def cmd_run(args: Any) -> int:
     from reproduction.run.resolve import load_run_config
     from reproduction.run.stage_decide import config_layers
 
+    check_hub_environment()
     overrides = list(args.overrides or [])
     if args.bundle and "=" in args.bundle and not Path(args.bundle).exists():
         overrides.insert(0, args.bundle)  # `portable run --output D key=value`: no bundle given
@@ -382,6 +393,7 @@ def cmd_eval(args: Any) -> int:
     from reproduction.run.resolve import resolve_recipe
     from reproduction.run.runner import read_state, recipe_ref, remove_orphaned_temps_of_run
 
+    check_hub_environment()
     normalise_paths(args, "output", "config")
     if not args.checkpoint.isdigit():
         normalise_paths(args, "checkpoint")

@@ -65,7 +65,13 @@ from reproduction.redaction import redact, redact_argv
 from reproduction.run.config import select, to_plain
 from reproduction.run.guards import LOCK_FILE, deferred_interrupts, refuse_links, run_lock, sigterm_as_interrupt
 from reproduction.run.stage_call import call_stage
-from reproduction.run.stage_decide import config_layers, decide, moved_locations, refuse_target_below_raised_count
+from reproduction.run.stage_decide import (
+    config_layers,
+    decide,
+    moved_locations,
+    refuse_target_below_raised_count,
+    stage_ran_with,
+)
 from reproduction.run.stage_keys import (
     declaration_problems,
     digest,
@@ -731,6 +737,8 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     # a complete stage below the inherited target is continued to it, as the stopped --target-step would have
     # (a continuation that failed before its outputs changed keeps the record `complete`: audit54 review RV2)
     decide_opts = opts if inherited is None else dataclasses.replace(opts, target_step=_decide_target(rec, inherited))
+    # the config its record ran with, read once: decide and the move it accepted fill a key the record lacks alike
+    ran_with = stage_ran_with(spec, rec, stage_dir, walk.recorded_config) if rec is not None else None
     action = decide(
         spec,
         rec,
@@ -743,9 +751,10 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         walk.free,
         walk.digests,
         walk.restarted,
+        ran_with,
     )
     if rec is not None and action in ("skip", "continue") and rec.get("key") != key and opts.inputs_moved:
-        _note_move(rec, spec, parts, walk.free, walk.recorded_config)
+        _note_move(rec, spec, parts, walk.free, ran_with)
     if action == "skip":
         if rec.get("key") != key:  # recorded before a key became exempt: record today's key
             rec.update(key=key, key_parts=parts)
@@ -779,7 +788,15 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     if inherited is not None and not walk.announced:
         _announce_inherited(walk, spec, inherited)
     started = time.time()
-    running = {"status": "running", "key": key, "key_parts": parts, "started": started}
+    # config_sha256: which config it runs with, so a kill before it completes still tells what a key field keyed
+    # later was (stage_decide.ran_with_config: audit56 review3 T1)
+    running = {
+        "status": "running",
+        "key": key,
+        "key_parts": parts,
+        "started": started,
+        "config_sha256": walk.config_sha256,
+    }
     state["stages"][spec.name] = {**(rec or {}), **running}
     state["stages"][spec.name].pop("target_step", None)  # run.json's top-level `target_step` holds it now
     if walk.opts.target_step is not None:  # kept so that a plain --resume of a kill trains every stage this
@@ -1128,14 +1145,22 @@ def _restate_unselected(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -> No
     upstream = {n: outputs_digest(walk.state["stages"][n]["outputs"]) for n in spec.needs}
     parts = key_parts(spec, walk.plain, walk.inputs, upstream, walk.free, walk.digests)
     key = digest(parts)
-    still = rec.get("key") == key or recorded_key_still_matches(
-        spec, rec.get("key_parts", {}), key, walk.free, parts, walk.recorded_config
-    )
+    try:
+        still = rec.get("key") == key or recorded_key_still_matches(
+            spec,
+            rec.get("key_parts", {}),
+            key,
+            walk.free,
+            parts,
+            stage_ran_with(spec, rec, stage_dir, walk.recorded_config),
+        )
+        why = "its inputs changed since it ran" if not still else "its outputs changed after it completed"
+    except StageKeyChangedError:  # recorded before a field was keyed, and nothing says the value it ran with
+        still, why = False, "which config it ran with cannot be told"
     problems = verify_outputs(stage_dir, rec.get("outputs", {}), walk.digests) if still else []
     if still and not problems:
         _rewrite_lost_statement(walk, spec, rec)
         return
-    why = "its inputs changed since it ran" if not still else "its outputs changed after it completed"
     say(
         f"{spec.name}: its lineage statement {path.relative_to(walk.run_dir).as_posix()} is missing and cannot be "
         f"written again ({why}); --restart-stage {spec.name} redoes the stage and writes it",

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reproduction.config_fields import recorded_train
 from reproduction.digest_cache import DigestCache
 from reproduction.digests import json_sha256, sha256_file
 from reproduction.errors import StageKeyChangedError, UsageError
@@ -20,6 +21,7 @@ from reproduction.run.config import select
 from reproduction.run.lineage import LINEAGE_DIR, SUFFIX
 from reproduction.run.stage_keys import (
     UNTOLD,
+    Untold,
     describe_changes,
     exempt,
     recorded_key_still_matches,
@@ -43,16 +45,19 @@ def decide(
     free: Sequence[str] = (),
     digests: DigestCache | None = None,
     restarted: set[str] | frozenset[str] = frozenset(),
+    ran_with: Any = None,
 ) -> str:
     """fresh, skip, continue (from checkpoints), or raise naming the difference. `restarted`: the stages
-    `--restart-stage` names and those downstream of them (`downstream`)."""
+    `--restart-stage` names and those downstream of them (`downstream`). `ran_with`: the record's `stage_ran_with`
+    where the caller has it (None: read here)."""
     if spec.name in opts.restart or spec.name in restarted or rec is None:
         return "fresh"  # restarted, or after a restarted stage: redone whatever else changed in its key
     if rec.get("status") != "complete" and not spec.training:
         return "fresh"  # killed before it completed, with nothing kept to continue from: its key decides nothing
     recorded = rec.get("key_parts", {})
     # a config key the record lacks reads as the config the stage ran with (stage_keys.unkeyed_filled: audit56 R1)
-    ran_with = ran_with_config(rec, recorded_config, stage_dir.parent / LINEAGE_DIR / f"{spec.name}{SUFFIX}")
+    if ran_with is None:
+        ran_with = stage_ran_with(spec, rec, stage_dir, recorded_config)
     if rec.get("key") != key and not recorded_key_still_matches(spec, recorded, key, free, parts, ran_with):
         moves = moved_locations(spec, recorded, parts, free, ran_with)
         if moves is None or not opts.inputs_moved:
@@ -74,16 +79,32 @@ def decide(
     return "continue" if spec.training else "fresh"
 
 
-def ran_with_config(rec: dict[str, Any], recorded_config: dict[str, Any], statement: Path) -> Any:
-    """The config stage record `rec` provably ran with, UNTOLD when nothing says: run.json's `config`
-    (`recorded_config`, the latest invocation's) where its digest is the record's `lineage.config_sha256`, else the
-    config of the stage's lineage statement (`statement`, written by the invocation that ran it) where its digest
-    is. Only a field keyed after the record was written is read from it (`stage_keys.unkeyed_filled`); taking
-    run.json's config whatever its digest resumed a stage trained with micro_batch 8 under 4 and recorded 4
-    (audit56 review2 S1)."""
-    sha = (rec.get("lineage") or {}).get("config_sha256") if isinstance(rec.get("lineage"), dict) else None
+def ran_with_config(
+    rec: dict[str, Any],
+    recorded_config: dict[str, Any],
+    statement: Path,
+    spec: StageSpec | None = None,
+    stage_dir: Path | None = None,
+) -> Any:
+    """The config stage record `rec` provably ran with, an `Untold` (saying why) when nothing says: run.json's
+    `config` (`recorded_config`, the latest invocation's) where its digest is the one the record names, else the
+    config of the stage's lineage statement (`statement`, written by the invocation that completed it) where its
+    digest is. The digest a record names: a complete one's `lineage.config_sha256` (its statement's); an unfinished
+    one's `config_sha256` (written with `running` by the invocation that started it: audit56 review3 T1), never the
+    `lineage` a previous completion left in it (another invocation's config: T2). An unfinished training record
+    written before either (`spec`'s, killed mid-run) reads the train config its setup files in `stage_dir` record
+    (`config_fields.recorded_train`, the rule its checkpoints are resumed by) into the config section holding
+    `spec.training`; a field outside that section stays absent (a change). Only a field keyed after the record was
+    written is read from it (`stage_keys.unkeyed_filled`); taking run.json's config whatever its digest resumed a
+    stage trained with micro_batch 8 under 4 and recorded 4 (audit56 review2 S1)."""
+    if rec.get("status") == "complete":
+        sha = (rec.get("lineage") or {}).get("config_sha256") if isinstance(rec.get("lineage"), dict) else None
+    else:
+        sha = rec.get("config_sha256")
     if not isinstance(sha, str):
-        return UNTOLD
+        if rec.get("status") != "complete" and spec is not None and spec.training and stage_dir is not None:
+            return _setup_config(spec, stage_dir)
+        return Untold("its record holds no digest of the config it ran with (it was written before records kept one)")
     if recorded_config and json_sha256(recorded_config) == sha:
         return recorded_config
     try:
@@ -91,6 +112,26 @@ def ran_with_config(rec: dict[str, Any], recorded_config: dict[str, Any], statem
     except (OSError, ValueError, KeyError, TypeError):  # missing or unreadable: lineage --verify names it
         return UNTOLD
     return config if isinstance(config, dict) and json_sha256(config) == sha else UNTOLD
+
+
+def _setup_config(spec: StageSpec, stage_dir: Path) -> Any:
+    """The config an unfinished training stage ran with as far as its setup files in `stage_dir` tell it: their train
+    config under the section of `spec.training` (`sft.train`), else an Untold naming what is missing."""
+    train = recorded_train(stage_dir)
+    if train is None:
+        return Untold("neither its record nor its setup files say which value it ran with")
+    config: dict[str, Any] = train
+    for part in reversed(str(spec.training).split(".")[:-1]):
+        config = {part: config}
+    return config
+
+
+def stage_ran_with(spec: StageSpec, rec: dict[str, Any], stage_dir: Path, recorded_config: dict[str, Any]) -> Any:
+    """`ran_with_config` of stage `spec`'s record `rec` (its statement beside the run's other statements, its setup
+    files in `stage_dir`): what decide, the move it accepted and a restated statement all read (audit56 review3 T3)."""
+    return ran_with_config(
+        rec, recorded_config, stage_dir.parent / LINEAGE_DIR / f"{spec.name}{SUFFIX}", spec, stage_dir
+    )
 
 
 def _refuse_changed(

@@ -15,6 +15,7 @@ import os
 import sys
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -170,9 +171,19 @@ def upgrade_parts(
     return parts
 
 
-UNTOLD: Any = object()
-"""`ran_with` of a stage whose record does not say which config it ran with: run.json's `config` is another
-invocation's and its statement is gone or another config's (`stage_decide.ran_with_config`)."""
+@dataclass(frozen=True)
+class Untold:
+    """`ran_with` of a stage whose record does not say which config it ran with (`stage_decide.ran_with_config`);
+    `why`: what a refusal says of it, after "it was recorded before config <field> was keyed, and "."""
+
+    why: str
+
+
+UNTOLD: Any = Untold(
+    "the value it ran with cannot be told (run.json's config is a later invocation's, and its lineage statement is "
+    "missing or another config's)"
+)
+"""run.json's `config` is another invocation's and the stage's statement is gone or another config's."""
 NO_CONFIG = UNTOLD  # its name until audit56 review2 S1: run.json recorded no config
 
 
@@ -189,12 +200,12 @@ def unkeyed_filled(
     S1). None fills nothing (as before)."""
     if ran_with is None:
         return recorded
-    filled, untold = unrecorded_filled(recorded, today, None if ran_with is UNTOLD else ran_with, prefix=prefix)
+    filled, untold = unrecorded_filled(
+        recorded, today, None if isinstance(ran_with, Untold) else ran_with, prefix=prefix
+    )
     if untold:
         raise StageKeyChangedError(
-            f"stage {stage}: it was recorded before config {untold[0]} was keyed, and the value it ran with cannot "
-            "be told (run.json's config is a later invocation's, and its lineage statement is missing or another "
-            "config's)",
+            f"stage {stage}: it was recorded before config {untold[0]} was keyed, and {ran_with.why}",
             stage=stage,
             changes=[f"config.{k}: <not recorded>" for k in untold],
             hint=f"pass --restart-stage {stage} to redo it (and what follows)",

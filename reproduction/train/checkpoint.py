@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from reproduction import __version__
-from reproduction.config_fields import added_defaults, unrecorded_filled
+from reproduction.config_fields import added_defaults, recorded_train, unrecorded_filled
 from reproduction.digests import sha256_files
 from reproduction.errors import (
     DISK_FULL_ERRNOS,
@@ -524,26 +524,10 @@ def verify_files(folder: Path, manifest: dict[str, Any]) -> list[str]:
 
 
 def setup_train(folder: Path) -> dict[str, Any] | None:
-    """The train config the stage beside checkpoint `folder` (<out_dir>/checkpoints/step_N) records it trained with:
-    its setup's (`<out_dir>/*_setup.json`'s `stage.train`, as policy_setup.json keeps it and its setup guard compares
-    on resume before any checkpoint is loaded), else its export's (`<out_dir>/export/train_config.json`, written by
-    the invocation that trained there last). None when neither says."""
-    out_dir = Path(folder).parent.parent
-    found = []
-    for path in sorted(out_dir.glob("*_setup.json")):
-        try:
-            train = json.loads(path.read_text())["stage"]["train"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if isinstance(train, dict):
-            found.append(train)
-    if len(found) == 1:
-        return found[0]
-    try:
-        train = json.loads((out_dir / "export" / "train_config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return train if isinstance(train, dict) else None
+    """The train config the stage beside checkpoint `folder` (<out_dir>/checkpoints/step_N) records it trained with
+    (`config_fields.recorded_train` of its out_dir: its setup's `stage.train`, else its export's train_config.json).
+    None when neither says."""
+    return recorded_train(Path(folder).parent.parent)
 
 
 def load(
