@@ -277,11 +277,12 @@ def _shown_url(url: Any) -> str:
 _HF_INT_VARS = ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT")
 
 
-def check_hub_environment(environ: dict[str, str] | None = None) -> None:
+def check_hub_environment(environ: dict[str, str] | None = None, *, endpoint: bool = True) -> None:
     """InvalidInputError (exit 4, naming the variable) for an HF_* variable that huggingface_hub parses when it is
     imported (an int() that raises: "internal error", audit56 I4) or that makes no request possible (an HF_ENDPOINT
     that is no http(s) URL was reported as an unusable answer, exit 30, though nothing was asked: audit56 I5).
-    Called by `hub_import`, before every import of huggingface_hub."""
+    Called by `hub_import`, before every import of huggingface_hub. endpoint=False leaves HF_ENDPOINT alone: the
+    pipeline commands check only what breaks the import, since a run that never asks the Hub needs no endpoint."""
     from urllib.parse import urlsplit
 
     env = os.environ if environ is None else environ
@@ -297,7 +298,7 @@ def check_hub_environment(environ: dict[str, str] | None = None) -> None:
                 field=name,
                 hint=f"unset {name} for huggingface_hub's default or set it to whole seconds, e.g. {name}=10",
             ) from None
-    raw = env.get("HF_ENDPOINT")
+    raw = env.get("HF_ENDPOINT") if endpoint else None
     if raw is not None:
         try:
             parts = urlsplit(raw.strip())
