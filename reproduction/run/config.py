@@ -206,6 +206,7 @@ def _source_of(key: str | None, files: list[Path] | None, overrides: list[str] |
     if not key:
         return None
     given = [item.partition("=")[0].strip() for item in overrides or []]
+    given += [re.sub(r"\[\d+\]", "[]", k) for k in given]  # a rule names a list item's field `datasets[].path`
     if any(key == k or key.startswith((k + ".", k + "[")) or _dotted(key) == _dotted(k) for k in given):
         return "command line"  # the key itself, or an item of the container the override set
     key = key.split("[")[0]  # a list item's file: the list's
