@@ -184,7 +184,6 @@ UNTOLD: Any = Untold(
     "missing or another config's)"
 )
 """run.json's `config` is another invocation's and the stage's statement is gone or another config's."""
-NO_CONFIG = UNTOLD  # its name until audit56 review2 S1: run.json recorded no config
 
 
 def unkeyed_filled(
