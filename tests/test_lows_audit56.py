@@ -156,8 +156,8 @@ def test_a_training_stage_redone_afresh_says_it_drops_back_to_its_step_count(tmp
     assert read_state(run)["stages"]["train"]["step"] == 8
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: train")]
     assert notes == [
-        "note: train is redone from the start to train.steps = 8 steps, not the 10 it had trained (an earlier "
-        "--target-step); pass --target-step 10 to train it that far again"
+        "note: train is redone from the start to train.steps = 8 steps, not the 10 it had trained before; pass "
+        "--target-step 10 to train it that far again"
     ]
     for n, target in ((3, None), (4, 12)):  # 8 -> 8: nothing dropped; its own --target-step: said by the command
         run_recipe(RECIPE, Cfg(prep=Prep(n=n)), run, _opts(stages=["prep"], restart=["prep"]))

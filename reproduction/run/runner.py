@@ -900,8 +900,9 @@ def untargeted(recipe: Recipe, opts: RunOptions) -> frozenset[str]:
 
 def _note_cut_back(walk: _Walk, spec: StageSpec, rec: dict[str, Any] | None, target: int | None) -> None:
     """One `note:` line when a training stage redone afresh (its upstream or config changed, or restarted) trains to
-    its step count, below the steps its complete record reached (an earlier --target-step): the step count the
-    redo trains to is otherwise said nowhere (audit56 B4)."""
+    its step count, below the steps its complete record reached (an earlier --target-step, or an earlier, higher
+    step count in the config): the step count the redo trains to is otherwise said nowhere (audit56 B4). The line
+    names no cause: the record does not tell which it was (audit56 review3 T6)."""
     count = select(walk.plain, spec.training) if spec.training else None
     step = rec.get("step") if isinstance(rec, dict) and rec.get("status") == "complete" else None
     if target is not None or not isinstance(count, int) or not isinstance(step, int) or step <= count:
@@ -910,7 +911,7 @@ def _note_cut_back(walk: _Walk, spec: StageSpec, rec: dict[str, Any] | None, tar
 
     say(
         f"note: {spec.name} is redone from the start to {spec.training} = {count} steps, not the {step} it had "
-        f"trained (an earlier --target-step); pass --target-step {step} to train it that far again",
+        f"trained before; pass --target-step {step} to train it that far again",
         options=walk.opts.ui,
     )
 
