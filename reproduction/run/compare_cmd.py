@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from reproduction.errors import UsageError
+from reproduction.ui import UiOptions, progress
 
 EXIT_DIFFERS = 60
 EXIT_INCONCLUSIVE = 61
@@ -217,10 +220,12 @@ def plan_rows(
     alpha: float | None,
     power: float,
     difference: float,
+    ui: UiOptions | None = None,
 ) -> list[dict[str, Any]]:
     """One row per rate to plan for (`_plan_targets`), each with the episodes per side its own test needs for
     `power` (exact, unpaired); with a reference, a last row "every rate row" with the episodes per task at which
-    the whole verdict (every row reproduced) has at least that power (Bonferroni over the rows' exact powers)."""
+    the whole verdict (every row reproduced) has at least that power (Bonferroni over the rows' exact powers).
+    A bar on stderr counts the searches (seconds each: `ui`, none when quiet or not a terminal)."""
     from reproduction.run.evidence import load_evidence
     from reproduction.run.evidence_check import check_evidence
     from reproduction.run.stats import DEFAULT_ALPHA, DEFAULT_MARGIN, episodes_exact
@@ -233,29 +238,67 @@ def plan_rows(
     if not targets:
         raise UsageError("--plan needs --reference FILE or --rate P", hint="e.g. portable eval --plan --rate 0.8")
     alpha = float(alpha if alpha is not None else doc.get("alpha", DEFAULT_ALPHA))
-    rows, joint = [], []
-    for t in targets:
-        m = float(margin if margin is not None else t["own"] if t["own"] is not None else DEFAULT_MARGIN)
+    margins = [
+        float(margin if margin is not None else t["own"] if t["own"] is not None else DEFAULT_MARGIN) for t in targets
+    ]
+    for m in margins:
         if abs(difference) >= m:
             raise UsageError(
                 f"--difference {difference:g} must be smaller than the margin {m:g}", hint="e.g. --difference 0"
             )
-        need = episodes_exact([(t["rate"], 1)], margin=m, alpha=alpha, power=power, difference=difference)
+    searches = {(t["rate"], m) for t, m in zip(targets, margins)}
+    joint = [
+        (t["rate"], t["tasks"], m)
+        for t, m in zip(targets, margins)
+        if t["reference_episodes"] is not None and not t.get("same_as_overall")
+    ]
+    with progress(ui) as bars:
+        bar, started, done = bars.task("planning episodes", total=len(searches) + bool(joint)), time.monotonic(), [0]
+        bar.show(rate="")  # the bar's own rate column says bytes/s
+
+        def tick() -> None:
+            done[0] += 1
+            bar.advance()
+            bar.show(rate=f"{(time.monotonic() - started) / done[0]:.1f} s/search")
+
+        rows = _plan_row_searches(targets, margins, alpha, power, difference, tick)
+        if joint:
+            # one n for every row, whatever its margin: the shortfalls of all rows share the one 1 - power (planning
+            # each margin's rows alone and taking the largest n let each spend all of it, audit46 stats F2)
+            per_task = episodes_exact(joint, margin=joint[0][2], alpha=alpha, power=power, difference=difference)
+            tick()
+            rows.append(
+                {"metric": "every rate row", "rate": None, "margin": margin, "alpha": alpha, "power": power}
+                | {"difference": difference, "episodes_per_side": None, "reference_episodes": None}
+                | {"basis": "bonferroni", "rows": len(joint), "episodes_per_task": per_task}
+            )
+    return rows
+
+
+def _plan_row_searches(
+    targets: list[dict[str, Any]],
+    margins: list[float],
+    alpha: float,
+    power: float,
+    difference: float,
+    tick: Callable[[], None],
+) -> list[dict[str, Any]]:
+    """`plan_rows`' rows alone, one search per distinct (rate, margin): rows share rates (a one-task reference's
+    task rows are its overall rows), and a search is seconds of exact power and size calibration."""
+    from reproduction.run.stats import episodes_exact
+
+    rows, found = [], {}
+    for t, m in zip(targets, margins):
+        if (t["rate"], m) not in found:
+            found[t["rate"], m] = episodes_exact(
+                [(t["rate"], 1)], margin=m, alpha=alpha, power=power, difference=difference
+            )
+            tick()
+        need = found[t["rate"], m]
         rows.append(
             {"metric": t["metric"], "rate": t["rate"], "margin": m, "alpha": alpha, "power": power}
             | {"difference": difference, "episodes_per_side": need, "reference_episodes": t["reference_episodes"]}
             | {"basis": "exact"}
-        )
-        if t["reference_episodes"] is not None and not t.get("same_as_overall"):
-            joint.append((t["rate"], t["tasks"], m))
-    if joint:
-        # one n for every row, whatever its margin: the shortfalls of all rows share the one 1 - power (planning
-        # each margin's rows alone and taking the largest n let each spend all of it, audit46 stats F2)
-        per_task = episodes_exact(joint, margin=joint[0][2], alpha=alpha, power=power, difference=difference)
-        rows.append(
-            {"metric": "every rate row", "rate": None, "margin": margin, "alpha": alpha, "power": power}
-            | {"difference": difference, "episodes_per_side": None, "reference_episodes": None, "basis": "bonferroni"}
-            | {"rows": len(joint), "episodes_per_task": per_task}
         )
     return rows
 
@@ -283,6 +326,7 @@ def cmd_plan(args: Any) -> int:
         alpha=args.alpha,
         power=args.power,
         difference=args.difference,
+        ui=UiOptions(quiet=bool(getattr(args, "quiet", False)), progress=not getattr(args, "no_progress", False)),
     )
     if args.json:
         sys.stdout.write(json.dumps(rows, indent=1) + "\n")

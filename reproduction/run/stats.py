@@ -357,15 +357,31 @@ def episodes_exact(
     counts = {row: full.count(row) for row in full}
     cache: dict[tuple[float, int, float, bool], float] = {}
 
+    def power_of(row: tuple[float, int, float], n: int, calibrated: bool) -> float:
+        p, tasks, m = row
+        key = (p, n * tasks, m, calibrated)
+        if key not in cache:
+            q = p + difference if 0 <= p + difference <= 1 else p - difference
+            cache[key] = exact_power(p, q, n * tasks, n * tasks, margin=m, alpha=alpha, calibrated=calibrated)
+        return cache[key]
+
     def shortfall(n: int, calibrated: bool = True) -> float:
         total = 0.0
-        for (p, tasks, m), times in counts.items():
-            q = p + difference if 0 <= p + difference <= 1 else p - difference
-            key = (p, n * tasks, m, calibrated)
-            if key not in cache:
-                cache[key] = exact_power(p, q, n * tasks, n * tasks, margin=m, alpha=alpha, calibrated=calibrated)
-            total += (1 - cache[key]) * times
+        for row, times in counts.items():
+            total += (1 - power_of(row, n, calibrated)) * times
         return total
+
+    def fits(n: int) -> bool:
+        """shortfall(n) <= budget, calibrating the designs (the costly part) smallest first and stopping once the
+        rows' shortfall is sure to pass the budget: a row's calibrated shortfall is no smaller than its uncalibrated
+        one (alpha* <= alpha, nested regions), so known calibrated terms plus the other rows' uncalibrated ones bound
+        it from below (1e-9 of slack for the summation order). The answer is the full sum's, as before."""
+        low = {row: 1 - power_of(row, n, False) for row in counts}
+        for row in sorted(counts, key=lambda r: r[1]):
+            if sum(low[r] * t for r, t in counts.items()) > budget + 1e-9:
+                return False
+            low[row] = 1 - power_of(row, n, True)
+        return shortfall(n) <= budget
 
     def search(lo: int, hi: int, calibrated: bool) -> int:
         """Doubling from hi, then bisection: an n whose shortfall fits the budget (lo: one known not to)."""
@@ -385,7 +401,7 @@ def episodes_exact(
     # of 1/64 (each step calibrates the designs of one n) and the first n that fits is returned: at most 1/64 above
     # the smallest such n past the start, and it itself satisfies the bound.
     hi = search(0, 1, False)
-    while shortfall(hi) > budget:
+    while not fits(hi):
         if hi >= limit:
             shown = ", ".join(f"{m:g}" for m in margins)
             raise ValueError(f"no n up to {limit} episodes per task gives power {power} at margin {shown}")
@@ -404,6 +420,8 @@ _TAIL = 1e-15
 """Added to every evaluated probability: a bound of the binomial mass left outside the window each point enumerates
 (+-sqrt(20 n) + 2 around the mean: Hoeffding's 2 exp(-40) = 8.5e-18 a side per binomial)."""
 _LG: list[float] = [0.0]
+_LG_ARRAY: list[Any] = [()]
+"""_LG as one numpy array (a list to hold it: rebuilt by `_lgamma_table` when _LG grows)."""
 
 
 def _lgamma_table(n: int) -> Any:
@@ -412,7 +430,12 @@ def _lgamma_table(n: int) -> Any:
 
     while len(_LG) <= n:
         _LG.append(_LG[-1] + math.log(len(_LG)))
-    return np.array(_LG[: n + 1])
+    # the array is rebuilt only when the table grew: a calibration asks for it ~1,000 times (np.array of the list
+    # each time was 7% of `eval --plan`); read-only, so no caller can change the shared values
+    if len(_LG_ARRAY[0]) < len(_LG):
+        _LG_ARRAY[0] = np.array(_LG)
+        _LG_ARRAY[0].flags.writeable = False
+    return _LG_ARRAY[0][: n + 1]
 
 
 def _window(n: int, p_lo: float, p_hi: float) -> tuple[int, int]:
