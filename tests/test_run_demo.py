@@ -200,11 +200,22 @@ def _evidence_without_run_fields(run: Path) -> dict:
 def _relative_run_gives_the_same_evidence(tmp_path: Path, restored: Path, demo_run: Path) -> None:
     """The README's `portable run BUNDLE --output runs/x --config FILE` on the quick demo's restored bundle, every
     path relative to another working directory whose name holds a space and a non-ASCII letter. It used to train
-    and then fail (exit 1: "... is not in the subpath of ..."); now it gives the demo run's evidence."""
+    the policy and then fail (exit 1: "... is not in the subpath of ..."); now it gives the demo run's evidence.
+
+    The run folder starts as a copy of the demo run's: its returns and value records name this bundle and this
+    config and no run folder, so they are recognised and skipped (~50 s of Ray training not redone), and
+    `--restart-stage advantages` runs the value inference on 2 Ray workers, trains the policy (where the crash
+    was), evaluates and compares afresh in the relative folder. tests/test_run_paths.py runs every stage fresh
+    from a relative --output on a smaller, Ray-free pipeline."""
     elsewhere = tmp_path / "another dir ü"
     elsewhere.mkdir()
     shutil.copy(restored / "config" / "run.yaml", elsewhere / "my run ü.yaml")
     reference = sorted((restored / "evidence").glob("*.json"))[0]
+    run = elsewhere / "runs" / "quick run ü"
+    shutil.copytree(demo_run, run)
+    # written again by this run (or not there)
+    for redone in ("advantages", "policy", "eval", "compare", "evidence", "plots", "report.html"):
+        (shutil.rmtree if (run / redone).is_dir() else Path.unlink)(run / redone)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled"}
     argv = [
         sys.executable,
@@ -216,10 +227,18 @@ def _relative_run_gives_the_same_evidence(tmp_path: Path, restored: Path, demo_r
         "--config",
         "my run ü.yaml",
         f"eval.reference={reference}",
+        "--restart-stage",
+        "advantages",
     ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200, env=env, cwd=elsewhere)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run = elsewhere / "runs" / "quick run ü"
+    lines = proc.stderr.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.split()[:2] == ["stage", "action"])  # print_report's table
+    table = [ln.split()[:2] for ln in lines[at + 1 : at + 7]]
+    assert table == [
+        *([name, "skipped"] for name in ("returns", "value")),
+        *([name, "ran"] for name in ("advantages", "policy", "eval", "compare")),
+    ], proc.stderr[-3000:]
     assert json.loads((run / "run.json").read_text())["stages"]["eval"]["status"] == "complete"
     assert _evidence_without_run_fields(run) == _evidence_without_run_fields(demo_run)
     html = (run / "report.html").read_text()  # `portable run` writes the recipe's report (Recipe.report)
