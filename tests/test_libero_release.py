@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from reproduction.sim.libero._runtime import available
+from reproduction.ui import UiOptions
 
 pytestmark = [
     pytest.mark.slow,
@@ -77,19 +78,19 @@ def test_release_config_runs_every_stage_and_evaluates_in_libero(tmp_path):
     data = bundle / "data" / "libero10_task0"
     t0 = time.perf_counter()
     # The expert needs ~290-333 steps for its first success on libero_10/0 (the sft set keeps successes only);
-    # the rollouts and eval rollouts only need to exist, so they are cut at 30 steps (two env builds, ~15 s each).
+    # the rollouts and eval rollouts only need to exist, so they are cut at 30 steps. Generated in this process
+    # (the data are this test's input, not what it checks): the three sets share one env build, as
+    # generate_libero_data does with one worker, instead of two `generate` interpreters building one each.
+    from reproduction.sim.libero.generate import FOLDERS, LiberoGenConfig, close_envs, generate_libero_dataset
+
     data.mkdir(parents=True)
-    for name, counts, max_steps in (("sft", ("1", "0", "0"), 340), ("rest", ("0", "2", "1"), 30)):
-        out = tmp_path / f"gen_{name}"
-        gen = _python(
-            *("-m", "reproduction.sim.libero.generate", "--out", str(out), "--task", "libero_10/0"),
-            *("--sft", counts[0], "--rollouts", counts[1], "--eval", counts[2], "--modes", "expert=0.5,drop=0.5"),
-            *("--image-size", str(IMAGE), "--max-steps", str(max_steps), "--no-progress"),
-            timeout=300,
-        )
-        assert gen.returncode == 0, gen.stderr[-3000:]
-        for folder in out.iterdir():
-            folder.rename(data / folder.name)
+    modes = {"expert": 0.5, "drop": 0.5}
+    try:
+        for kind, episodes, max_steps in (("sft", 1, 340), ("rollout", 2, 30), ("eval", 1, 30)):
+            cfg = LiberoGenConfig(kind=kind, episodes=episodes, modes=modes, image_size=IMAGE, max_steps=max_steps)
+            generate_libero_dataset(cfg, data / FOLDERS[kind], ui=UiOptions(progress=False), keep_env=True)
+    finally:
+        close_envs()
     assert sorted(p.name for p in data.iterdir()) == ["rollouts_eval", "rollouts_train", "sft"]
     t_gen = time.perf_counter() - t0
 
