@@ -33,7 +33,9 @@ pin_cpu_kernels()
 
 def pytest_collection_modifyitems(config, items):
     """Files that hold a slow test first, in their order, then the rest: the two xdist workers take whole files in this
-    order (pyproject's --dist loadfile), and a long file taken last would run alone while the other worker idles."""
+    order (pyproject's --dist loadfile), and a long file taken last would run alone while the other worker idles.
+    pyproject also passes --no-loadscope-reorder: xdist 3.8 otherwise re-sorts the files by their number of tests,
+    which put the two-test demo file last (it ran alone for the suite's last ~3 minutes)."""
     slow = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow)  # stable: each file's tests keep their order
 
