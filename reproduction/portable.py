@@ -73,7 +73,7 @@ from reproduction.numerics import pin_cpu_kernels  # noqa: E402
 from reproduction.run.guards import forget_unhandled_interrupt, interrupt_in_chain, interrupts_noted  # noqa: E402
 from reproduction.settings import check_cache_root  # noqa: E402
 from reproduction.train.heap import choice as heap_choice  # noqa: E402
-from reproduction.ui import UiOptions, say  # noqa: E402
+from reproduction.ui import options_from_args, say  # noqa: E402
 
 EXIT_CODES = """exit codes:
   0 ok    1 bug (or a recipe's own exception: the hint names its file and line)
@@ -207,12 +207,8 @@ def _warn_unknown_settings(args: argparse.Namespace) -> None:
         say(
             f"warning: set but read by nothing, so they change nothing: {said}; fix the name or unset it "
             "(docs/settings.md lists every knob)",
-            options=_ui(args),
+            options=options_from_args(args),
         )
-
-
-def _ui(args: argparse.Namespace) -> UiOptions:
-    return UiOptions(quiet=args.quiet, progress=not args.no_progress)
 
 
 def _jsonable(value: object) -> object:
@@ -253,7 +249,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
         else:
             print(plan.summary())
         return plan.exit_code
-    manifest = pack_bundle(Path(args.spec), Path(args.out), jobs=args.jobs, ui=_ui(args), root=root)
+    manifest = pack_bundle(Path(args.spec), Path(args.out), jobs=args.jobs, ui=options_from_args(args), root=root)
     if args.json:
         _print_json(
             {
@@ -266,7 +262,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
         )
     say(
         f"packed {manifest.name}: {len(manifest.files)} files, {len(manifest.layers)} layers -> {args.out}",
-        options=_ui(args),
+        options=options_from_args(args),
     )
     return 0
 
@@ -274,11 +270,11 @@ def cmd_pack(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from reproduction.release.verify import verify_bundle
 
-    report = verify_bundle(_bundle(args, default=_default_bundle_of(args)), jobs=args.jobs, ui=_ui(args))
+    report = verify_bundle(_bundle(args, default=_default_bundle_of(args)), jobs=args.jobs, ui=options_from_args(args))
     if args.json:
         _print_json(report.to_dict())
     else:
-        say(report.summary() + ("" if report.ok else f"\nhint: {report.hint()}"), options=_ui(args))
+        say(report.summary() + ("" if report.ok else f"\nhint: {report.hint()}"), options=options_from_args(args))
     return report.exit_code
 
 
@@ -292,11 +288,11 @@ def cmd_restore(args: argparse.Namespace) -> int:
         deep=args.deep,
         refresh_source=args.refresh_source,
         jobs=args.jobs,
-        ui=_ui(args),
+        ui=options_from_args(args),
     )
     if args.json:
         _print_json(report)
-    say(report.summary(), options=_ui(args))
+    say(report.summary(), options=options_from_args(args))
     return 0
 
 
@@ -328,7 +324,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         jit_smoke=args.jit_smoke,
         json_path=json_path,
         device=args.device,
-        ui=_ui(args),
+        ui=options_from_args(args),
     )
 
 
@@ -373,13 +369,13 @@ def cmd_publish(args: argparse.Namespace) -> int:
         revision=args.revision,
         private=args.private,
         tag=args.tag,
-        ui=_ui(args),
+        ui=options_from_args(args),
     )
     if args.json:
         _print_json(result)
     else:
         print(result.commit_sha, flush=True)
-    say(result.url, options=_ui(args))
+    say(result.url, options=options_from_args(args))
     return 0
 
 
@@ -387,10 +383,12 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     from reproduction.release.hub import fetch_bundle
 
     _repo_argument(args.repo, "repo")
-    result = fetch_bundle(args.repo, Path(args.dir), revision=args.revision, repo_type=args.repo_type, ui=_ui(args))
+    result = fetch_bundle(
+        args.repo, Path(args.dir), revision=args.revision, repo_type=args.repo_type, ui=options_from_args(args)
+    )
     if args.json:
         _print_json(result)
-    say(f"fetched {args.repo}@{result.commit_sha} -> {args.dir}", options=_ui(args))
+    say(f"fetched {args.repo}@{result.commit_sha} -> {args.dir}", options=options_from_args(args))
     return 0
 
 
@@ -400,10 +398,10 @@ def cmd_weights(args: argparse.Namespace) -> int:
 
     if args.weights_command == "pin":
         if args.target.endswith(".json"):  # a manifest (a Hub repo id never ends in .json here)
-            manifest = weights_hub.pin_manifest(Path(args.target), ui=_ui(args))
+            manifest = weights_hub.pin_manifest(Path(args.target), ui=options_from_args(args))
             if args.json:
                 _print_json(manifest.to_dict())
-            say(f"pinned {len(manifest.components)} component(s) -> {args.target}", options=_ui(args))
+            say(f"pinned {len(manifest.components)} component(s) -> {args.target}", options=options_from_args(args))
             return 0
         _repo_argument(args.target, "REPO")
         manifest_path = Path(args.manifest) if args.manifest else None
@@ -414,23 +412,23 @@ def cmd_weights(args: argparse.Namespace) -> int:
             globs=args.files,
             license_arg=args.license,
             existing=weights_hub.existing_component(manifest_path, args.target),
-            ui=_ui(args),
+            ui=options_from_args(args),
         )
         if manifest_path is not None:
             weights_hub.pin_into(manifest_path, comp)
-            say(f"updated {manifest_path}", options=_ui(args))
+            say(f"updated {manifest_path}", options=options_from_args(args))
         if manifest_path is None or args.json:
             _print_json(comp.to_dict())  # the result: a component to place into a manifest
         return 0
     manifest = load_weights_manifest(Path(args.manifest))
     if args.weights_command == "fetch":
         # verified under the folder's lock: the files on disk, as they stay once the lock is released
-        result, report = weights_hub.fetch_and_verify_weights(manifest, Path(args.dir), ui=_ui(args))
+        result, report = weights_hub.fetch_and_verify_weights(manifest, Path(args.dir), ui=options_from_args(args))
         if args.json:
             _print_json({"fetch": result, "verify": report.to_dict()})
         say(
             f"fetched {manifest.name}: {result.downloaded} downloaded, {result.built} built; {report.summary()}",
-            options=_ui(args),
+            options=options_from_args(args),
         )
         return 0
     weights_dir = Path(args.dir)
@@ -502,7 +500,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     if report is not None and report.problems:
         print(report.summary(), file=sys.stderr)  # what differs is the result: shown even with -q
     elif report is not None and not args.json:
-        say(report.summary(), options=_ui(args))
+        say(report.summary(), options=options_from_args(args))
     return report.exit_code if report is not None else 0
 
 
@@ -534,11 +532,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
             raise UsageError(f"--world libero is a tier of the recap demo, not of {recipe!r}", hint="drop --recipe")
         from reproduction.recipes.recap.demo_libero import run_libero_demo
 
-        return run_libero_demo(output, quick=args.quick, seed=args.seed, overrides=args.overrides, ui=_ui(args))
+        return run_libero_demo(
+            output, quick=args.quick, seed=args.seed, overrides=args.overrides, ui=options_from_args(args)
+        )
     if getattr(args, "seed", None) is not None:  # an option another one needs: a usage error (audit47 F12)
         raise UsageError("--seed is an option of the LIBERO tier only", hint="add --world libero, or drop --seed")
     run_demo = importlib.import_module(DEMOS[recipe]).run_demo
-    return run_demo(output, quick=args.quick, overrides=args.overrides, ui=_ui(args))
+    return run_demo(output, quick=args.quick, overrides=args.overrides, ui=options_from_args(args))
 
 
 # -- parser -------------------------------------------------------------------------------------

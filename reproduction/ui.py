@@ -27,6 +27,13 @@ class UiOptions:
     """Show progress bars (off with --no-progress, or when stderr is not a terminal and rich is absent)."""
 
 
+def options_from_args(args: object) -> UiOptions:
+    """The UiOptions of parsed CLI arguments: `-q` / `--quiet` and `--no-progress` (absent flags count as not given).
+
+    The one place that reads the global flags, for `portable.py` and every command module."""
+    return UiOptions(quiet=bool(getattr(args, "quiet", False)), progress=not getattr(args, "no_progress", False))
+
+
 class Task(Protocol):
     """One progress line: `advance(n)` by units done; `total` may be updated later.
 

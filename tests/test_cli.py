@@ -15,6 +15,7 @@ import pytest
 from bundlekit import run_cli, small_bundle
 
 from reproduction import portable
+from reproduction.ui import options_from_args
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "reproduction" / "portable.py"
@@ -122,9 +123,9 @@ def test_global_options_parse_the_same_before_and_after_the_command(flag):
 
 def test_no_progress_before_the_command_turns_bars_off():
     args = portable.build_parser().parse_args(["--no-progress", "restore", "B"])
-    assert portable._ui(args).progress is False
+    assert options_from_args(args).progress is False
     args = portable.build_parser().parse_args(["-q", "restore", "B"])
-    assert portable._ui(args).quiet is True
+    assert options_from_args(args).quiet is True
 
 
 @pytest.mark.parametrize("order", ["before", "after"])

@@ -14,14 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.errors import ConfigError, InputNotFoundError, UsageError
-from reproduction.ui import UiOptions, say
+from reproduction.ui import UiOptions, options_from_args, say
 
 DEFAULT_CONFIG = "config/run.yaml"
 """A bundle's run config, used when --config is not given."""
-
-
-def _ui(args: Any) -> UiOptions:
-    return UiOptions(quiet=getattr(args, "quiet", False), progress=not getattr(args, "no_progress", False))
 
 
 POSITIONAL = ("bundle", "run_dir", "spec", "dir", "manifest", "reference", "actual")
@@ -191,7 +187,10 @@ def cmd_run(args: Any) -> int:
     refuse_output_under_file(args.output)
     if not args.bundle and not args.config and _cwd_bundle() is not None:
         args.bundle = str(_cwd_bundle())  # standing in a restored bundle, its config is meant, not the defaults
-        say(f"note: no BUNDLE given: running the bundle in the current folder ({args.bundle})", options=_ui(args))
+        say(
+            f"note: no BUNDLE given: running the bundle in the current folder ({args.bundle})",
+            options=options_from_args(args),
+        )
     bundle = Path(args.bundle).resolve() if args.bundle else None
     if bundle is not None and not bundle.is_dir():
         raise InputNotFoundError(
@@ -256,13 +255,13 @@ def cmd_run(args: Any) -> int:
         if bundle is None:  # its source layer is a material too: the same check, after the import (audit54 R4)
             ran_from = check_recipe_source(given_recipe(files, overrides), named.resolve()) or ran_from
     report = execute(recipe, config, run_dir, args, recipe_ref=name, config_files=layers, recipe_module=ran_from)
-    print_report(report, ui=_ui(args), as_json=getattr(args, "json", False))
+    print_report(report, ui=options_from_args(args), as_json=getattr(args, "json", False))
     if not getattr(args, "json", False) and report.stale:  # their results are of what came before: not shown
-        say(stale_line(report.stale), options=_ui(args))
+        say(stale_line(report.stale), options=options_from_args(args))
     elif not getattr(args, "json", False):  # the headline numbers and the verdict, last
         lines = headline_lines(recipe, run_dir)
         if lines:
-            say("\n".join(lines).rstrip(), options=_ui(args))
+            say("\n".join(lines).rstrip(), options=options_from_args(args))
     return 0
 
 
@@ -356,7 +355,7 @@ def execute(
         argv=list(sys.argv),
         ray_address=args.ray_address or getattr(config, "ray_address", None),
         probe_ray=args.ray_address is not None,  # a config's address is joined lazily, never probed (5de543f)
-        ui=_ui(args),
+        ui=options_from_args(args),
         recorder=make_recorder(Path(bundle) if bundle else None),
         recipe_ref=recipe_ref,
         recipe_module=recipe_module,
@@ -417,7 +416,7 @@ def cmd_eval(args: Any) -> int:
             refuse_links(run_dir, [s.name for s in recipe.stages])
         fn = resolve_fn(recipe.evaluate, what=f"recipe {name!r}: evaluate", key="evaluate")
         _check_evaluate_signature(fn, recipe.evaluate, name)
-        code = fn(args, run_dir, state, _ui(args))
+        code = fn(args, run_dir, state, options_from_args(args))
         if code is not None and (isinstance(code, bool) or not isinstance(code, int)):
             raise StageProtocolError(
                 f"recipe {name!r}: evaluate {recipe.evaluate!r} returned {code!r}, not an exit code",
@@ -427,10 +426,12 @@ def cmd_eval(args: Any) -> int:
 
     if not (run_dir / "run.json").is_file():
         return evaluate(None)
-    with run_lock(run_dir, what="eval", ui=_ui(args)):  # one writer in a run folder: not beside a `portable run`
+    with run_lock(
+        run_dir, what="eval", ui=options_from_args(args)
+    ):  # one writer in a run folder: not beside a `portable run`
         state = read_state(run_dir)
         if state is not None:  # a killed eval's temp file went only at the next `portable run` (audit47 kill F4)
-            remove_orphaned_temps_of_run(run_dir, state, _ui(args))
+            remove_orphaned_temps_of_run(run_dir, state, options_from_args(args))
         return evaluate(state)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.errors import UsageError
-from reproduction.ui import UiOptions, progress
+from reproduction.ui import UiOptions, options_from_args, progress
 
 EXIT_DIFFERS = 60
 EXIT_INCONCLUSIVE = 61
@@ -326,7 +326,7 @@ def cmd_plan(args: Any) -> int:
         alpha=args.alpha,
         power=args.power,
         difference=args.difference,
-        ui=UiOptions(quiet=bool(getattr(args, "quiet", False)), progress=not getattr(args, "no_progress", False)),
+        ui=options_from_args(args),
     )
     if args.json:
         sys.stdout.write(json.dumps(rows, indent=1) + "\n")
