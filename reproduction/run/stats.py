@@ -419,23 +419,27 @@ _BUDGET = 20_000
 _TAIL = 1e-15
 """Added to every evaluated probability: a bound of the binomial mass left outside the window each point enumerates
 (+-sqrt(20 n) + 2 around the mean: Hoeffding's 2 exp(-40) = 8.5e-18 a side per binomial)."""
-_LG: list[float] = [0.0]
-_LG_ARRAY: list[Any] = [()]
-"""_LG as one numpy array (a list to hold it: rebuilt by `_lgamma_table` when _LG grows)."""
+_LG_TABLE: list[Any] = []
+"""[one read-only numpy array of log k!, k = 0..len-1]: replaced whole when it grows, never changed in place."""
 
 
 def _lgamma_table(n: int) -> Any:
-    """log k! for k = 0..n (numpy), grown once and shared."""
+    """log k! for k = 0..n (numpy), grown once and shared.
+
+    The array is built only when the table grows (a calibration asks for it ~1,000 times: np.array of a list each
+    time was 7% of `eval --plan`). A grown table is summed in a local list and swapped in whole, so two threads
+    growing it at once each return a correct table (the later swap may keep the shorter one: only a rebuild)."""
     import numpy as np
 
-    while len(_LG) <= n:
-        _LG.append(_LG[-1] + math.log(len(_LG)))
-    # the array is rebuilt only when the table grew: a calibration asks for it ~1,000 times (np.array of the list
-    # each time was 7% of `eval --plan`); read-only, so no caller can change the shared values
-    if len(_LG_ARRAY[0]) < len(_LG):
-        _LG_ARRAY[0] = np.array(_LG)
-        _LG_ARRAY[0].flags.writeable = False
-    return _LG_ARRAY[0][: n + 1]
+    table = _LG_TABLE[0] if _LG_TABLE else None
+    if table is None or len(table) <= n:
+        values = table.tolist() if table is not None else [0.0]
+        while len(values) <= n:
+            values.append(values[-1] + math.log(len(values)))
+        table = np.array(values)
+        table.flags.writeable = False
+        _LG_TABLE[:] = [table]
+    return table[: n + 1]
 
 
 def _window(n: int, p_lo: float, p_hi: float) -> tuple[int, int]:
@@ -688,7 +692,7 @@ def calibrated_alpha(n_ref: int, n_act: int, margin: float, alpha: float, paired
     while design.size(lo, target) is None:
         hi, lo = lo, lo / 2
         if lo < MIN_ALPHA:
-            return MIN_ALPHA
+            return min(MIN_ALPHA, alpha)  # a floor, but never above the level asked for
     seen = {int(design.region(lo).sum()): True, int(design.region(hi).sum()): False}
     while hi / lo > 1.005:
         mid = math.sqrt(lo * hi)
