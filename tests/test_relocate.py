@@ -52,6 +52,30 @@ def test_prefix_matches_whole_paths_only(tmp_path: Path) -> None:
     assert scan_tree(root, "/opt/py") == [PrefixOccurrence(path="b.txt", mode="text")]
 
 
+def test_a_longer_path_ending_in_the_prefix_is_left_alone(tmp_path: Path) -> None:
+    """audit58 A3: `/srv/opt/py/lib` is another path; it was scanned as the prefix and rewritten, text and binary."""
+    prefix = "/opt/" + "p" * 60
+    root = tmp_path / "t"
+    root.mkdir()
+    (root / "only-longer.txt").write_text(f"c=/srv{prefix}/lib\nd=/home/u{prefix}\ne=x{prefix}\n")
+    (root / "only-longer.bin").write_bytes(b"\x7fELF\0" + f"/srv{prefix}/lib\0".encode())
+    text = f"a={prefix}/lib\nc=/srv{prefix}/lib\nu=file://{prefix}/lib\nq='{prefix}'\np=/a:{prefix}/bin\n"
+    (root / "cfg.txt").write_text(text)
+    (root / "b.bin").write_bytes(b"\x7fELF\0" + f"{prefix}/lib\0/srv{prefix}/lib\0".encode())
+    found = scan_tree(root, prefix)
+    assert found == [PrefixOccurrence(path="b.bin", mode="binary"), PrefixOccurrence(path="cfg.txt", mode="text")]
+    new = "/new/place"  # shorter than the build prefix: the binary slot fits it
+    assert relocate_tree(root, found, prefix, new, fsync=False) == ["b.bin", "cfg.txt"]
+    assert (root / "cfg.txt").read_text() == (
+        f"a={new}/lib\nc=/srv{prefix}/lib\nu=file://{new}/lib\nq='{new}'\np=/a:{new}/bin\n"
+    )
+    slot = len(f"{prefix}/lib")
+    assert (root / "b.bin").read_bytes() == (
+        b"\x7fELF\0" + f"{new}/lib".encode().ljust(slot, b"\0") + b"\0" + f"/srv{prefix}/lib\0".encode()
+    )
+    assert (root / "only-longer.txt").read_text() == f"c=/srv{prefix}/lib\nd=/home/u{prefix}\ne=x{prefix}\n"
+
+
 def test_text_any_length_keeps_mode_and_other_paths(tmp_path: Path) -> None:
     old = str(tmp_path / "build")
     _tree(tmp_path / "build", old)

@@ -18,10 +18,11 @@ Three kinds of occurrence (`PrefixOccurrence.mode`):
   prefix in it and leave it alone), or the new absolute path when only that fits the string slot.
   Other C strings of the same file are handled as ``binary``.
 
-A prefix matches only as a whole path: `/opt/py` matches `/opt/py`, `/opt/py/lib` and `/opt/py"`
-but not `/opt/python` or `/opt/py-old`. Files are rewritten atomically (temp file + rename, mode
-kept, new mtime), each read and renamed through its folder's fd, every folder opened from the tree's
-root without following a link: a folder swapped for a symlink is refused, never written through.
+A prefix matches only as a whole path: `/opt/py` matches `/opt/py`, `/opt/py/lib`, `/opt/py"` and
+`file:///opt/py/lib`, but not `/opt/python`, `/opt/py-old` or `/srv/opt/py` (a longer path ending in it).
+Files are rewritten atomically (temp file + rename, mode kept, new mtime), each read and renamed
+through its folder's fd, every folder opened from the tree's root without following a link: a
+folder swapped for a symlink is refused, never written through.
 Relocation is repeatable: the caller records one value per layer, where the tree
 now lives, and passes it next time as `old_prefix`, with the layer's original `build_prefix`
 (which sizes binary slots and finds kept strings). Files that no longer hold `old_prefix` (already
@@ -75,8 +76,10 @@ def normalize_prefix(prefix: str, *, what: str = "prefix") -> str:
 
 
 def prefix_pattern(prefix: str) -> re.Pattern[bytes]:
-    """Bytes regex matching `prefix` as a whole path (not followed by another path-name character)."""
-    return re.compile(re.escape(os.fsencode(prefix)) + rb"(?![" + _PATH_CHAR + rb"])")
+    """Bytes regex matching `prefix` as a whole path: not followed by another path-name character, and not preceded
+    by one either (`/srv/opt/py` is another path that ends with `/opt/py`; audit58 A3). A `/` before it is allowed, so
+    `file:///opt/py` URLs (pip's direct_url.json) still match."""
+    return re.compile(rb"(?<![" + _PATH_CHAR + rb"])" + re.escape(os.fsencode(prefix)) + rb"(?![" + _PATH_CHAR + rb"])")
 
 
 # -- scanning ---------------------------------------------------------------------------------------
