@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from reproduction import strict_json
 from reproduction.digests import sha256_file
 from reproduction.errors import InvalidInputError, UnsafeArchiveError, WriteFailedError
 from reproduction.release.extract import Written, extract_stream, member_count_error
@@ -93,7 +94,7 @@ def _row(row: list) -> Member:
 def read_index(path: Path, *, rel: str) -> list[Member]:
     """Members from an index the caller has verified by digest. InvalidInputError (exit 4) names a bad row."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = strict_json.loads(path.read_text(encoding="utf-8"))  # a repeated key: ValueError (audit58 A1)
         if data.get("format") != INDEX_FORMAT or str(data.get("format_version", "")).split(".")[0] != "1":
             raise ValueError(f"format {data.get('format')!r:.40} {data.get('format_version')!r:.40}")
         rows = data["members"]

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from reproduction import strict_json
 from reproduction.digests import is_sha256
 from reproduction.errors import (
     InputNotFoundError,
@@ -543,7 +544,15 @@ def load_manifest(bundle: Path) -> Manifest:
             hint="the manifest is damaged; fetch or pack the bundle again",
         ) from None
     try:
-        data = json.loads(text)
+        data = strict_json.loads(text)
+    except strict_json.RepeatedKeyError as exc:  # the last value silently won: a second "layers" dropped them (A1)
+        raise InvalidInputError(
+            f"{path}: the key {exc.key!r} occurs {exc.times} times in {exc.where or 'the top level'}; "
+            "a manifest that JSON readers would read differently is damaged or hostile",
+            path=path,
+            field=f"{exc.where}.{exc.key}" if exc.where else exc.key,
+            hint="fetch or pack the bundle again",
+        ) from None
     except json.JSONDecodeError as exc:
         raise InvalidInputError(
             f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",

@@ -2,7 +2,8 @@
 
 A second `portable restore` of an unchanged bundle is bounded by interpreter start and a stat
 pass; argparse, dataclasses and the restore machinery cost more than the stat pass itself. This
-module uses only os/errno/json/hashlib/fcntl and answers one question: would `restore_bundle` do nothing
+module uses only os/errno/json/hashlib/fcntl and the stdlib-only reproduction.strict_json (a repeated key in
+a JSON file it reads is a doubt), and answers one question: would `restore_bundle` do nothing
 at all (every target kept, nothing to hash, no receipt to rewrite, no warning to print)? It says
 yes only when every condition the full path checks holds, under the bundle's lock; at the first
 doubt (any difference, a flag it does not know, an error of any kind) it says no and the full
@@ -24,11 +25,12 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 import stat
 import sys
 import time
+
+from reproduction import strict_json
 
 # Duplicated from receipt.py / manifest.py / lock.py so this module imports none of them;
 # tests/test_restore.py checks that they agree.
@@ -82,7 +84,7 @@ def _covers(bundle: str, group: list[dict], files: dict, recs: dict) -> bool:
             raw = fh.read()
         if hashlib.sha256(raw).hexdigest() != files[index]["sha256"]:
             return False
-        for name, kind, _mode, _size, link in json.loads(raw)["members"]:
+        for name, kind, _mode, _size, link in strict_json.loads(raw)["members"]:
             if kind in ("file", "symlink"):
                 expected[name] = link if kind == "symlink" else None
             head = name if kind == "dir" else name.rpartition("/")[0]
@@ -146,7 +148,7 @@ def _check(bundle: str) -> tuple[int, list[str]] | None:
     """(files verified, targets in restore order) when a restore of `bundle` would change nothing."""
     raw = _read_regular(os.path.join(bundle, MANIFEST_NAME), follow=True)
     state = os.path.join(bundle, STATE_DIR)
-    receipt = json.loads(_read_regular(os.path.join(state, RECEIPT_NAME), follow=False))
+    receipt = strict_json.loads(_read_regular(os.path.join(state, RECEIPT_NAME), follow=False))
     if (
         receipt.get("format") != RECEIPT_FORMAT
         or str(receipt.get("format_version", "")).split(".")[0] != RECEIPT_MAJOR
@@ -156,7 +158,7 @@ def _check(bundle: str) -> tuple[int, list[str]] | None:
         return None
     if any(os.path.lexists(os.path.join(state, name)) for name in ("staging", "trash", "reloc")):
         return None
-    manifest = json.loads(raw)
+    manifest = strict_json.loads(raw)  # a repeated key raises: the full path reports it (audit58 A1)
     files = {e["path"]: e for e in manifest["files"]}
     plain = receipt.get("plain", {})
     if set(plain) != set(files):

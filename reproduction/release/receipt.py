@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reproduction import strict_json
 from reproduction.errors import ReadFailedError
 from reproduction.fsio import atomic_write_text, open_regular
 from reproduction.release.manifest import STATE_DIR
@@ -245,7 +246,7 @@ def load_receipt(bundle: Path) -> Receipt:
         if fh is None:
             return Receipt()
         with fh:
-            data = json.loads(fh.read().decode("utf-8"))
+            data = strict_json.loads(fh.read().decode("utf-8"))  # a repeated key: not one restore wrote (A1)
         return Receipt.from_dict(data)
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
         return Receipt()

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reproduction import strict_json
 from reproduction.errors import InputNotFoundError, InvalidInputError, UnsupportedFormatError
 from reproduction.fsio import atomic_write_text
 from reproduction.release.manifest import STATE_DIR, check_relative_path
@@ -354,7 +355,11 @@ def load_weights_manifest(path: Path, *, licenses: LicenseIndex | None = None, r
             f"weights manifest {path} does not exist", path=path, hint="name a file under weights_manifest/"
         ) from None
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = strict_json.loads(raw.decode("utf-8"))
+    except strict_json.RepeatedKeyError as exc:  # json would keep the last value silently (audit58 A1)
+        raise InvalidInputError(
+            f"{path}: {exc}", path=path, field=exc.key, hint="fix the manifest (see weights_manifest/schema.json)"
+        ) from None
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError included; nesting too deep (audit F14)
         raise InvalidInputError(
             f"{path}: not valid JSON ({str(exc)[:80] or type(exc).__name__})",
@@ -453,12 +458,19 @@ def load_license_index(root: Path | None = None) -> LicenseIndex:
     """Read `root`/index.json (default: the LICENSES/ beside `reproduction/`)."""
     root = Path(root) if root is not None else project_root() / "LICENSES"
     try:
-        data = json.loads((root / "index.json").read_text(encoding="utf-8"))
+        data = strict_json.loads((root / "index.json").read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputNotFoundError(
             f"{root / 'index.json'} does not exist: the license registry is missing",
             path=root / "index.json",
             hint="run from a recap-portable checkout or a bundle (both carry LICENSES/index.json)",
+        ) from None
+    except strict_json.RepeatedKeyError as exc:  # json would keep the last value silently (audit58 A1)
+        raise InvalidInputError(
+            f"{root / 'index.json'}: {exc}",
+            path=root / "index.json",
+            field=exc.key,
+            hint="the license registry is damaged; fetch or pack the bundle again",
         ) from None
     except (ValueError, RecursionError) as exc:
         raise InvalidInputError(

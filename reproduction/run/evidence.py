@@ -39,6 +39,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from reproduction import strict_json
 from reproduction.errors import InputNotFoundError, InvalidInputError, UnsupportedFormatError
 from reproduction.fsio import atomic_write_text
 from reproduction.redaction import redact
@@ -377,8 +378,7 @@ def load_evidence(path: Path) -> dict[str, Any]:
     InputNotFoundError, exit 3)."""
     path = Path(path)
     try:
-        repeats: list[_Repeats] = []
-        doc = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=lambda pairs: _object(pairs, repeats))
+        doc, repeats = strict_json.loads_noting_repeats(path.read_text(encoding="utf-8"), named=_NAMED)
     except FileNotFoundError as exc:
         raise InputNotFoundError(
             f"evidence file {path} does not exist",
@@ -405,7 +405,7 @@ def load_evidence(path: Path) -> dict[str, Any]:
             field="format_version",
             hint="use the recap-portable release that wrote it, or upgrade this one",
         )
-    for where, key, times in _repeated_keys(doc) if repeats else ():
+    for where, key, times in repeats:
         raise InvalidInputError(
             f"{path} is malformed evidence: the key {key!r} occurs {times} times in {where or 'the top level'}; "
             "JSON keeps only the last, so the others would be silently dropped",
@@ -415,40 +415,6 @@ def load_evidence(path: Path) -> dict[str, Any]:
         )
     check_evidence(doc, where=path)
     return doc
-
-
-class _Repeats(dict):
-    """A JSON object in which a key occurs more than once (`repeated`: key -> times); only load_evidence sees one."""
-
-    repeated: dict[str, int]
-
-
-def _object(pairs: list[tuple[str, Any]], repeats: list[_Repeats]) -> dict[str, Any]:
-    """json's object_pairs_hook: a dict as json makes, or a _Repeats (also appended to `repeats`) saying which keys
-    came twice (json keeps the last value of a repeated key, so a task named twice silently lost its first counts:
-    audit46 stats F4)."""
-    out = dict(pairs)
-    if len(out) == len(pairs):
-        return out
-    keys = [k for k, _ in pairs]
-    twice = _Repeats(out)
-    twice.repeated = {k: keys.count(k) for k in dict.fromkeys(keys) if keys.count(k) > 1}
-    repeats.append(twice)
-    return twice
-
-
-def _repeated_keys(value: Any, where: str = "") -> list[tuple[str, str, int]]:
-    """(where, key, times) of every repeated key under `value`, `where` named as check_evidence names fields."""
-    found = []
-    if isinstance(value, dict):
-        found += [(where, k, n) for k, n in getattr(value, "repeated", {}).items()]
-        for k, v in value.items():
-            named = f"{where}[{k!r}]" if where.rsplit(".", 1)[-1] in _NAMED else f"{where}.{k}" if where else k
-            found += _repeated_keys(v, named)
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            found += _repeated_keys(v, f"{where}[{i}]")
-    return found
 
 
 _NAMED = frozenset({"tasks", "margins", "tolerances"})
