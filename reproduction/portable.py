@@ -744,21 +744,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _from_os_error(exc: OSError) -> PortableError | None:
+def _from_os_error(exc: OSError, folder: str | None = None) -> PortableError | None:
     """A raw OSError that reached the CLI (the library should have wrapped it), through the one mapping
     (errors.os_error, op 'access': what happened decides read or write, never a guess), so the user gets one line and
     a usage-class code, not a bug. None where it is no such failure, for `main` to show as an unexpected exception
     (exit 1): one raised without an errno that names no missing file, a permission or the like (`OSError("...")`),
     and one a recipe's or other user code raised itself (docs/recipes.md: exit 1 naming its file and line; audit50
-    F6), except a full disk, which is exit 8 whoever hit it."""
+    F6), except a full disk, which is exit 8 whoever hit it. A full disk hit by a write on an open file (os.write,
+    os.pwrite, os.ftruncate name no file) is said at `folder`, the folder the command writes to (_written_folder),
+    with what was free there: README's exit-8 row promises the path, not "(a file)" (audit58 A4)."""
     origin = _origin(exc)
     code = errno_of(exc)
+    if code in DISK_FULL_ERRNOS and exc.filename is None and folder is not None:
+        named = OSError(code, exc.strerror or os.strerror(code), folder)
+        where = f"{origin.hint_head()}; " if origin else ""
+        hint = f"{where}free some space at {folder}, then run the command again (--debug shows which write it was)"
+        return os_error(named, "a file", op="write", hint=hint)
     if code in DISK_FULL_ERRNOS and exc.filename is not None:  # where it happened is already named
         return os_error(exc, "a file", op="write")
     if code is None or (origin is not None and origin.via is None and code not in DISK_FULL_ERRNOS):
         return None
     where = f"{origin.hint_head()}; " if origin else ""
     return os_error(exc, "a file", op="access", hint=f"{where}rerun with --debug to see where it happened")
+
+
+WRITTEN_ARGUMENTS = ("out", "output", "run_dir", "dir", "workdir", "bundle")
+"""The path arguments a command writes under, the first one given naming where a nameless full disk was hit."""
+
+
+def _written_folder(args: argparse.Namespace) -> str | None:
+    """The first of WRITTEN_ARGUMENTS that `args` holds a path for (`restore BUNDLE`, `pack --out B`); None when the
+    command was given none (a default bundle: the error then names no folder rather than a guessed one)."""
+    for name in WRITTEN_ARGUMENTS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 PATH_ARGUMENTS = (
@@ -978,7 +999,7 @@ def _main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return _interrupted(args, as_program=argv is None)
     except Exception as exc:
-        mapped = _from_os_error(exc) if isinstance(exc, OSError) else None
+        mapped = _from_os_error(exc, _written_folder(args)) if isinstance(exc, OSError) else None
         if mapped is not None:
             _traceback_if(args.debug)
             return render_error(mapped)

@@ -1,7 +1,8 @@
 """One writer per bundle: an exclusive `fcntl.flock` on `<bundle>/.portable/lock`.
 
 flock locks die with their process (kill -9 included), so a stale lock never needs cleaning up.
-The holder writes its pid and command into the lock file so a refused process can name it.
+The holder writes its pid and command into the lock file so a refused process can name it; that note is
+informational only: where it cannot be written (a full disk, a quota, a read-only file) the lock still holds.
 """
 
 from __future__ import annotations
@@ -60,6 +61,22 @@ def _holder(fd: int) -> str:
     except OSError:
         return ""
     return f" ({text})" if text else ""
+
+
+def _note(fd: int, text: str) -> None:
+    """Replace the lock file's holder note with `text` ("" clears it), best effort.
+
+    The flock is what excludes other writers; the note only lets a refused process name the holder (`_holder`
+    reads it, and an empty or short note just names no one). A note that cannot be written (ENOSPC, EDQUOT,
+    EROFS, ...) must not fail the command: on a full disk every restore, even of an unchanged bundle, failed
+    with exit 8 here (audit58 A4).
+    """
+    try:
+        os.ftruncate(fd, 0)
+        if text:
+            os.pwrite(fd, text.encode(), 0)
+    except OSError:
+        pass
 
 
 def lock_file_error(exc: OSError, path: Path, *, what: str, folder: Path) -> Exception:
@@ -125,11 +142,10 @@ def folder_lock(
                         hint="wait for it to finish and run the command again",
                     ) from None
                 time.sleep(0.05)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}: {what}".encode(), 0)
+        _note(fd, f"pid {os.getpid()}: {what}")
         try:
             yield
         finally:
-            os.ftruncate(fd, 0)
+            _note(fd, "")
     finally:
         os.close(fd)  # closing releases the flock

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -142,6 +143,24 @@ def has_control(text: str) -> bool:
     return _CONTROL.search(text) is not None
 
 
+def has_format(text: str) -> bool:
+    """True when `text` holds a Unicode format character (category Cf: the bidi overrides and isolates U+202A..U+202E
+    and U+2066..U+2069, U+200B ZERO WIDTH SPACE, U+FEFF, a soft hyphen...): each is invisible or reorders the text
+    after it, so a name holding one shows as another one (`evil\u202eyp.txt`, `a\u200b.py` next to `a.py`: Trojan
+    Source, CVE-2021-42574). Refused where has_control is, in archive members and bundle paths (a bundle is untrusted
+    input, so as with a control character the name is refused rather than written and shown; audit58 A5)."""
+    return not text.isascii() and any(unicodedata.category(c) == "Cf" for c in text)
+
+
+def shown_name(text: str) -> str:
+    """`text` for a message line, every character that is not printable (a control character, a format character
+    such as U+202E or U+200B, an undecodable byte's surrogate) escaped as repr writes it (`\n`, `\u202e`,
+    `\udcff`), the rest as is (no quotes, `é` stays `é`)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def check_relative_path(rel: str, *, where: str, path: Path | None = None) -> str:
     """Return `rel` if it is a clean relative POSIX path inside its root, else raise InvalidInputError."""
     p = PurePosixPath(rel) if isinstance(rel, str) and "\0" not in rel else PurePosixPath("/")
@@ -180,6 +199,13 @@ def check_relative_path(rel: str, *, where: str, path: Path | None = None) -> st
     if has_control(rel):
         raise InvalidInputError(  # a newline would split a path across lines of every listing and error
             f"{where}: path {rel!r} holds a control character",
+            path=path,
+            field=where,
+            hint="the manifest is damaged or hostile; do not use this bundle",
+        )
+    if has_format(rel):
+        raise InvalidInputError(  # an invisible or reordering character shows the path as another (audit58 A5)
+            f"{where}: path {rel!r} holds a Unicode format character (invisible or text-reordering)",
             path=path,
             field=where,
             hint="the manifest is damaged or hostile; do not use this bundle",

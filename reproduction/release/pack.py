@@ -29,7 +29,15 @@ from reproduction.errors import (
 from reproduction.fsio import fsync_dir, make_output_folder, refuse_file_for_folder
 from reproduction.release.archive import LayerContents, walk_tree, write_layer
 from reproduction.release.layers import index_path, write_index
-from reproduction.release.manifest import FileEntry, LayerEntry, Manifest, PrefixOccurrence, write_manifest
+from reproduction.release.manifest import (
+    FileEntry,
+    LayerEntry,
+    Manifest,
+    PrefixOccurrence,
+    has_control,
+    has_format,
+    write_manifest,
+)
 from reproduction.release.safety import check_targets, validate_layers
 from reproduction.release.spec import BundleSpec, FileSpec, LayerSpec, excluded, load_spec
 from reproduction.release.weights import check_bundle_weights, place_weights
@@ -111,6 +119,13 @@ def _copy_plain(stage: Path, items: list[tuple[Path, str, FileSpec]], mapping: d
                 f"two spec entries both write {rel!r}", field="file.dest", hint="give each a different dest"
             )
         seen.add(rel)
+        if has_control(rel) or has_format(rel):  # bundle.json would hold a path every load refuses (audit58 A5)
+            raise InvalidInputError(
+                f"file path {rel!r} holds a control or Unicode format character (invisible or text-reordering), "
+                "which bundle.json refuses, so nothing was packed",
+                field="file.source",
+                hint="exclude it in the spec (exclude = [...]) or rename it in the source, then pack again",
+            )
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         return max(pool.map(copy, items), default=0.0)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reproduction.errors import InvalidInputError
-from reproduction.release.manifest import STATE_DIR, LayerEntry, Manifest
+from reproduction.release.manifest import STATE_DIR, LayerEntry, Manifest, shown_name
 from reproduction.release.receipt import LayerReceipt, Receipt, changed_folders, layer_folders
 from reproduction.release.swap import check_target_path
 from reproduction.release.tarscan import Member
@@ -19,8 +19,8 @@ from reproduction.release.vouch import lost_files, vouched
 
 
 def few(items: list[str], n: int = 8) -> str:
-    """The first `n` of `items` for a one-line message ('a, b and 3 more')."""
-    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+    """The first `n` of `items` for a one-line message ('a, b and 3 more'), each escaped as shown_name does."""
+    return ", ".join(map(shown_name, items[:n])) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -17,7 +17,16 @@ import posixpath
 from dataclasses import dataclass, field
 
 from reproduction.errors import InvalidInputError, UnsafeArchiveError
-from reproduction.release.manifest import MANIFEST_NAME, NAME_MAX, PATH_MAX, RUNS_DIR, STATE_DIR, Manifest, has_control
+from reproduction.release.manifest import (
+    MANIFEST_NAME,
+    NAME_MAX,
+    PATH_MAX,
+    RUNS_DIR,
+    STATE_DIR,
+    Manifest,
+    has_control,
+    has_format,
+)
 from reproduction.release.tarscan import Member
 
 _MAX_LISTED = 10
@@ -81,6 +90,11 @@ def _member_problem(m: Member, path: str, view: UnionView) -> str | None:
         return "has a NUL byte in its name or link text"
     if has_control(path) or has_control(m.linkname):  # a newline splits every listing and error (audit48 F1)
         return "has a control character (newline, carriage return, escape...) in its name or link text"
+    if has_format(path) or has_format(m.linkname):  # it would show as another name (audit58 A5)
+        return (
+            "has a Unicode format character (invisible or text-reordering, such as U+202E or U+200B) in its name or "
+            "link text"
+        )
     if path.count("/") > MAX_DEPTH:
         return f"lies {path.count('/')} folders deep, more than the {MAX_DEPTH} restore allows"
     encoded = path.encode("utf-8", "surrogateescape")

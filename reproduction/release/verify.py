@@ -17,7 +17,15 @@ from typing import Any
 
 from reproduction.digests import default_jobs, sha256_file
 from reproduction.errors import IntegrityError, os_error
-from reproduction.release.manifest import MANIFEST_NAME, RUNS_DIR, STATE_DIR, FileEntry, Manifest, load_manifest
+from reproduction.release.manifest import (
+    MANIFEST_NAME,
+    RUNS_DIR,
+    STATE_DIR,
+    FileEntry,
+    Manifest,
+    load_manifest,
+    shown_name,
+)
 from reproduction.ui import UiOptions, human_bytes, progress
 
 PROBLEM_KINDS = ("missing", "extra", "size", "digest")
@@ -44,13 +52,16 @@ class Problem:
     """What is on disk; None for missing files."""
 
     def describe(self) -> str:
+        """One line naming the problem, the path escaped as manifest.shown_name does (an extra file is the user's,
+        so its name may hold a newline or U+202E: audit58 A5)."""
+        path = shown_name(self.path)
         if self.kind == "missing":
-            return f"missing  {self.path}" + (f" ({self.actual})" if isinstance(self.actual, str) else "")
+            return f"missing  {path}" + (f" ({self.actual})" if isinstance(self.actual, str) else "")
         if self.kind == "extra":
-            return f"extra    {self.path}"
+            return f"extra    {path}"
         if self.kind == "size":
-            return f"size     {self.path}: expected {self.expected} bytes, found {self.actual}"
-        return f"digest   {self.path}: expected sha256 {str(self.expected)[:16]}..., found {str(self.actual)[:16]}..."
+            return f"size     {path}: expected {self.expected} bytes, found {self.actual}"
+        return f"digest   {path}: expected sha256 {str(self.expected)[:16]}..., found {str(self.actual)[:16]}..."
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "path": self.path, "expected": self.expected, "actual": self.actual}
