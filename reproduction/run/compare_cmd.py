@@ -28,12 +28,14 @@ def cmd_compare(args: Any) -> int:
 
     _check_level("margin", args.margin, 0, 1)
     _check_level("alpha", args.alpha, 0, 0.5)
+    from reproduction.run.comparison import evidence_labels_and_tasks
     from reproduction.run.evidence_check import check_evidence
 
     quiet = bool(getattr(args, "quiet", False))
     reference = load_source(args.reference, quiet=quiet)  # the reference's own errors first, named as such
     check_evidence(reference, where=args.reference, reference=True)  # a count of 0 episodes, named by its path
-    actual = load_source(args.actual, quiet=quiet)
+    # the reference's policy labels pick among a run's several current evaluations (one per evaluating stage)
+    actual = load_source(args.actual, quiet=quiet, labels=evidence_labels_and_tasks(reference)[0])
     comparison = compare_evidence(
         actual,
         reference,
@@ -51,16 +53,17 @@ def cmd_compare(args: Any) -> int:
     return EXIT_OF[comparison.verdict]
 
 
-def load_source(text: str, *, quiet: bool = False) -> dict[str, Any]:
+def load_source(text: str, *, quiet: bool = False, labels: set[str] | None = None) -> dict[str, Any]:
     """Evidence from a file, a folder holding one eval_*.json, a model card (*.md: its model-index), or
     `hub:OWNER/NAME[@REVISION]` (the published card's model-index, read through the Hub). `quiet` (-q): no line
-    saying which of a run folder's evaluations was chosen; the warning that it is not the run's current one stays."""
+    saying which of a run folder's evaluations was chosen; the warning that it is not the run's current one stays.
+    `labels` (the other side's policy labels) choose among a run's several current evaluations (_by_labels)."""
     from reproduction.run.card_evidence import evidence_from_card
     from reproduction.run.evidence import load_evidence
 
     if text.startswith("hub:"):
         return evidence_from_card(_hub_card(text[4:]), where=text)
-    path = _evidence_path(Path(text), quiet=quiet)
+    path = _evidence_path(Path(text), quiet=quiet, labels=labels)
     if path.suffix.lower() == ".md":
         from reproduction.errors import os_error
 
@@ -87,20 +90,23 @@ def _hub_card(spec: str) -> str:
     )
 
 
-def _evidence_path(path: Path, *, quiet: bool = False, who: str = "compare") -> Path:
+def _evidence_path(path: Path, *, quiet: bool = False, who: str = "compare", labels: set[str] | None = None) -> Path:
     """A file as given, or the one evidence JSON of a folder (a fetched bundle's evidence/ or the bundle itself,
     whose model card's results `fetch` keeps as evidence/*.json); of a run folder (or its evidence/) holding several,
     the one its run.json's eval record lists (_recorded_one, whose stderr line starts with `who` and is left out when
-    `quiet`). For `compare` (who == "compare"), a warning when that evaluation is not the run's current result
+    `quiet`); of several current ones (two evaluating stages), the one sharing a policy label with `labels`
+    (_by_labels). For `compare` (who == "compare"), a warning when that evaluation is not the run's current result
     (_warn_not_current, said even when quiet: it changes what the verdict means); `eval --plan` only reads the
     reference's rates and episode counts, and says nothing of a verdict it does not give."""
     if path.is_dir():
         for folder in (path, path / "evidence"):
             found = sorted(p for p in folder.glob("eval_*.json")) if folder.is_dir() else []
-            chosen = found[0] if len(found) == 1 else _recorded_one(folder, found, quiet, who) if found else None
+            chosen = (
+                found[0] if len(found) == 1 else _recorded_one(folder, found, quiet, who, labels) if found else None
+            )
             if chosen is not None:
                 if who == "compare":
-                    _warn_not_current(folder)
+                    _warn_not_current(folder, chosen)
                 return chosen
             if found:
                 names = ", ".join(p.name for p in found)
@@ -111,14 +117,15 @@ def _evidence_path(path: Path, *, quiet: bool = False, who: str = "compare") -> 
     return path
 
 
-def _warn_not_current(folder: Path) -> None:
-    """One stderr line when `folder` is a run folder's evidence/ whose run.json says the evaluation there is not the
-    run's current result: an evaluating stage (report.evidence_stages: the one whose record lists the evidence,
-    whatever its name) did not complete (killed, failed: the file is an earlier evaluation) or predates an upstream
-    stage's outputs (after `--target-step N --stages rl`); of several, the first by name that is not current. Compare
-    still answers; the verdict is then about that earlier policy (audit55 K2: a run killed in its eval stage was
-    compared silently; audit56 B1: said only of a stage named `eval`)."""
-    from reproduction.run.report import evidence_stages
+def _warn_not_current(folder: Path, chosen: Path) -> None:
+    """One stderr line when `folder` is a run folder's evidence/ whose run.json says `chosen`, the evaluation there
+    compared, is not the run's current result: the evaluating stage whose record lists it (report.evidence_stages:
+    whatever its name; every evaluating stage when none lists it) did not complete (killed, failed: the file is an
+    earlier evaluation) or predates an upstream stage's outputs (after `--target-step N --stages rl`); of several,
+    the first by name that is not current. Compare still answers; the verdict is then about that earlier policy
+    (audit55 K2: a run killed in its eval stage was compared silently; audit56 B1: said only of a stage named `eval`;
+    audit58 B4: with two evaluating stages, another stage's state says nothing of the file compared)."""
+    from reproduction.run.report import _evidence_paths, evidence_stages
     from reproduction.run.stale import stale_stages
 
     run_json = folder.parent / "run.json"
@@ -127,7 +134,14 @@ def _warn_not_current(folder: Path) -> None:
     try:
         state = json.loads(run_json.read_text(encoding="utf-8"))
         stale = stale_stages(state)
-        records = {name: state["stages"][name] for name in evidence_stages(folder.parent, state)}
+        names = evidence_stages(folder.parent, state)
+        listing = [
+            name
+            for name in names
+            if chosen.name
+            in {p.name for p in _evidence_paths(folder.parent, name, state["stages"][name].get("outputs"))}
+        ]
+        records = {name: state["stages"][name] for name in listing or names}
         statuses = {name: rec["status"] for name, rec in records.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return
@@ -144,11 +158,14 @@ def _warn_not_current(folder: Path) -> None:
         return
 
 
-def _recorded_one(folder: Path, found: list[Path], quiet: bool, who: str) -> Path | None:
+def _recorded_one(
+    folder: Path, found: list[Path], quiet: bool, who: str, labels: set[str] | None = None
+) -> Path | None:
     """The one of `found` (folder's eval_*.json) that run.json's evaluating stages list (report.recorded_evidence),
     when `folder` is a run folder's evidence/ (run.json beside or above it) and they list exactly one of them; the
-    choice is said on one stderr line starting with `who` unless `quiet` (stdout stays the table or --json). None
-    otherwise: without run.json nothing tells them apart."""
+    choice is said on one stderr line starting with `who` unless `quiet` (stdout stays the table or --json). When
+    they list several (two evaluating stages), the one `labels` picks (_by_labels, exit 2 when none or several do).
+    None otherwise: without run.json nothing tells them apart."""
     from reproduction.run.report import recorded_evidence
 
     run_dir = folder.parent
@@ -156,6 +173,8 @@ def _recorded_one(folder: Path, found: list[Path], quiet: bool, who: str) -> Pat
         return None
     recorded = {p.resolve() for p in recorded_evidence(run_dir) or []}
     mine = [p for p in found if p.resolve() in recorded]
+    if len(mine) > 1:
+        return _by_labels(run_dir, found, mine, quiet, who, labels)
     if len(mine) != 1:
         return None
     rest = ", ".join(p.name for p in found if p is not mine[0])
@@ -165,6 +184,66 @@ def _recorded_one(folder: Path, found: list[Path], quiet: bool, who: str) -> Pat
             file=sys.stderr,
         )
     return mine[0]
+
+
+def _by_labels(
+    run_dir: Path, found: list[Path], current: list[Path], quiet: bool, who: str, labels: set[str] | None
+) -> Path:
+    """Of a run's several current evaluations (`current`, the files run.json's evaluating stages list, e.g. evala's
+    eval_alpha_10.json and evalb's eval_beta_10.json), the one sharing a policy label with `labels` (the reference's,
+    for compare's run side), said on one stderr line naming it and its stage unless `quiet`. Raises UsageError (exit
+    2) naming the stages and their current files only (not the earlier ones kept beside them) when `labels` is None
+    (the reference side, `eval --plan`) or none or several of them share one (audit58 B4: refused with the message
+    for a folder without run.json, listing earlier files too)."""
+    from reproduction.run.comparison import evidence_labels_and_tasks
+    from reproduction.run.evidence import load_evidence
+
+    stage_of = _listing_stages(run_dir, current)
+    listed = "; ".join(f"{stage_of[p]}: {p.name}" for p in current)
+    stages = sorted({name for names in stage_of.values() for name in names.split(", ")})
+    several = f"{run_dir / 'run.json'}'s stages {', '.join(stages)} list several current evidence files ({listed})"
+    hint = f"name one of them, e.g. {current[0]}"
+    if labels is None:
+        raise UsageError(several, hint=hint)
+    shared = {p: sorted(evidence_labels_and_tasks(load_evidence(p))[0] & labels) for p in current}
+    match = [p for p in current if shared[p]]
+    if len(match) != 1:
+        theirs = ", ".join(sorted(labels))
+        why = (
+            f"none has a policy label of the reference ({theirs})"
+            if not match
+            else "more than one shares a policy label with the reference ("
+            + "; ".join(f"{p.name}: {', '.join(shared[p])}" for p in match)
+            + ")"
+        )
+        raise UsageError(f"{several}, and {why}", hint=hint)
+    chosen = match[0]
+    if not quiet:
+        rest = ", ".join(p.name for p in found if p is not chosen)
+        print(
+            f"{who}: using {chosen}, the evaluation stage {stage_of[chosen]} of {run_dir / 'run.json'} records, the "
+            f"current one sharing policy labels ({', '.join(shared[chosen])}) with the reference (also there: {rest})",
+            file=sys.stderr,
+        )
+    return chosen
+
+
+def _listing_stages(run_dir: Path, current: list[Path]) -> dict[Path, str]:
+    """Each of `current` with the evaluating stage(s) whose run.json record lists it ("evala", or "evala, evalb" for a
+    file two records list)."""
+    from reproduction.run.report import _evidence_paths, evidence_stages
+
+    try:
+        state = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        stages = state["stages"]
+        lists = {
+            name: {p.name for p in _evidence_paths(run_dir, name, stages[name].get("outputs"))}
+            for name in evidence_stages(run_dir, state)
+            if name in stages
+        }
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        lists = {}  # read a moment ago by recorded_evidence; a change since leaves the stage unnamed
+    return {p: ", ".join(n for n, names in lists.items() if p.name in names) or "?" for p in current}
 
 
 def _check_level(name: str, value: float | None, low: float, high: float, example: str = "0.05") -> None:
