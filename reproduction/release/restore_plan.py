@@ -15,7 +15,7 @@ from reproduction.release.manifest import STATE_DIR, LayerEntry, Manifest, shown
 from reproduction.release.receipt import LayerReceipt, Receipt, changed_folders, layer_folders
 from reproduction.release.swap import check_target_path
 from reproduction.release.tarscan import Member
-from reproduction.release.vouch import lost_files, vouched
+from reproduction.release.vouch import lost_files, own_files, vouched
 
 
 def few(items: list[str], n: int = 8) -> str:
@@ -100,21 +100,29 @@ def refuse_losing_files(
     A layer target over a folder of the user's own (audit F4), or a source target whose receipt was
     lost while it held local edits (F9), is refused with InvalidInputError (4) naming the files;
     `--refresh-source` lets a source target's files go, named in `overwritten` (the restore report's) as for edits
-    the receipt saw. A target the receipt vouches for keeps today's rules: a runtime tree is replaced
-    whole, a source tree's edits are caught by `plan`.
+    the receipt saw. Files the receipt records for the target and still unchanged count as restore's own even
+    when it does not vouch for the tree (an older bundle's restore: audit58 A2). A target the receipt vouches
+    for keeps today's rules: a runtime tree is replaced whole, a source tree's edits are caught by `plan`.
     """
     todo = [g for g in groups if g.action == "extract"]
     for i, g in enumerate(todo):
         source = g.layers[0].kind == "source"
         if g.vouched and not source:
             continue
-        recs = [receipt.layers[x.archive] for x in g.layers] if g.vouched else []
+        if g.vouched:
+            known = {
+                p
+                for x in g.layers
+                for p in receipt.layers[x.archive].files.keys() | receipt.layers[x.archive].links.keys()
+            }
+        else:  # what an older restore wrote here and nobody touched since is still restore's own (audit58 A2)
+            known = own_files(bundle / g.target, receipt, g.target, source=source)
         rewritten = {o.path for x in g.layers for o in x.prefix_files}  # own and foreign prefixes, in this target
         rewritten |= {o.path for x in g.layers for occ in x.foreign_prefix_files.values() for o in occ}
         lost = lost_files(
             bundle / g.target,
             bundle / STATE_DIR / "staging" / f"{i}",
-            known={p for r in recs for p in r.files.keys() | r.links.keys()},
+            known=known,
             compare=not g.vouched and source,
             rewritten=rewritten,
         )

@@ -13,11 +13,12 @@ import os
 import stat
 from pathlib import Path
 
-from reproduction.digests import sha256_file
+from reproduction.digests import sha256_file, sha256_open
 from reproduction.errors import ReadFailedError
+from reproduction.fsio import open_regular
 from reproduction.release import layers as layer_io
 from reproduction.release.manifest import LayerEntry, Manifest
-from reproduction.release.receipt import LayerReceipt, Receipt
+from reproduction.release.receipt import LayerReceipt, Receipt, changed_folders, layer_folders
 from reproduction.release.tarscan import Member
 
 
@@ -60,13 +61,59 @@ def vouched(
     return (recs, members) if recorded == expected else None
 
 
+def own_files(root: Path, receipt: Receipt, target: str, *, source: bool) -> set[str]:
+    """Files and links under `root` that the receipt records for `target` and that are still as restore
+    wrote them, for a target the receipt does not vouch for as the new layers' tree (the bundle's file
+    list changed: a newer bundle fetched into the same folder, audit58 A2).
+
+    Records that name another target count for nothing (F5). A file counts when its size and mtime
+    are as recorded and, in a `source` target, its bytes hash to the recorded digest (a file with no
+    digest recorded, or one it cannot read, does not count); a link when its text is. Nothing below a
+    recorded folder that is no longer a real folder counts (audit45 F1). These may be replaced or removed
+    like any file restore wrote; anything else at `root` is still named by `lost_files`.
+    """
+    recs = [r for r in receipt.layers.values() if r.target == target and r.prefix.endswith("/" + target)]
+    recorded = {p for r in recs for p in r.files.keys() | r.links.keys()}
+    if not recorded or not os.path.isdir(root) or os.path.islink(root):
+        return set()
+    bad = set(changed_folders(root, layer_folders((p, "file") for p in recorded)))
+    bad |= {p for r in recs for p in r.changed_files(root)}
+    if source:
+        bad |= {p for r in recs for p in r.files if p not in r.digests}
+        for r in recs:
+            bad |= {p for p, digest in r.digests.items() if not _at_or_below(p, bad) and _digest(root, p) != digest}
+    return {p for p in recorded if not _at_or_below(p, bad)}
+
+
+def _digest(root: Path, rel: str) -> str | None:
+    """sha256 of the regular file `root/rel`, opened without following a link or blocking; None for anything
+    else, or one it cannot read (not known to be unchanged: `lost_files` then names it, or fails on it, as before)."""
+    try:
+        fh = open_regular(f"{root}/{rel}")
+        if fh is None:
+            return None
+        with fh:
+            return sha256_open(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def _at_or_below(rel: str, paths: set[str]) -> bool:
+    while rel:
+        if rel in paths:
+            return True
+        rel = rel.rpartition("/")[0]
+    return False
+
+
 def lost_files(root: Path, staged: Path, *, known: set[str], compare: bool, rewritten: set[str]) -> list[str]:
     """Files under the existing target `root` that swapping in `staged` would discard unnamed.
 
     Those the new tree lacks and restore did not write (`known`: the files and links the receipt
-    records, when it vouches for the tree); with `compare` (a source target the receipt does not
-    vouch for: lost or damaged, F9) also those whose bytes or link text differ from the new tree,
-    except `rewritten` (paths holding a build prefix, which relocation rewrote). `__pycache__` is
+    records, when it vouches for the tree, else those `own_files` finds unchanged); with `compare` (a
+    source target the receipt does not vouch for: lost, damaged or from an older bundle, F9) also
+    those whose bytes or link text differ from the new tree, except `rewritten` (paths holding a build
+    prefix, which relocation rewrote) and `known` ones. `__pycache__` is
     ignored. [] when there is no folder at `root`. A file at `root` that `compare` cannot read raises
     ReadFailedError (exit 3) naming it: unread, it is neither "the same" nor "edited" (audit56 A1).
     """
@@ -75,7 +122,7 @@ def lost_files(root: Path, staged: Path, *, known: set[str], compare: bool, rewr
     existing, new = layer_io.tree_files(root), layer_io.tree_files(staged)
     lost = existing - new - known
     if compare:
-        lost |= {p for p in (existing & new) - rewritten if not _same_entry(root / p, staged / p)}
+        lost |= {p for p in (existing & new) - rewritten - known if not _same_entry(root / p, staged / p)}
     return sorted(lost)
 
 
