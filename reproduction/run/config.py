@@ -316,6 +316,18 @@ def merged_config(
     plain: list[str] = []
     for item in overrides or []:  # in order: a later override wins over an earlier one, as a dotlist merge does
         if _list_index_key(merged, item.partition("=")[0].strip()) is None:
+            if _gives_a_mapping(item):  # it replaces the mapping, so the earlier overrides go in first (a dotlist
+                if plain:  # merges `a.b={x: 1}` into an earlier `a.b.y=2`)
+                    merged = _merge(
+                        merged,
+                        OmegaConf.from_dotlist(plain),
+                        "command line",
+                        named=named,
+                        files=files,
+                        overrides=overrides,
+                    )
+                    plain = []
+                _clear_mappings(merged, item)
             plain.append(item)
             continue
         if plain:
@@ -329,6 +341,57 @@ def merged_config(
             merged, OmegaConf.from_dotlist(plain), "command line", named=named, files=files, overrides=overrides
         )
     return _merge(merged, OmegaConf.create(places), "placeholders", named=named)
+
+
+def _gives_a_mapping(item: str) -> bool:
+    """Whether override `item`'s value is a mapping (`policy.model.cameras={}`, `value.model={cameras: {}}`)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    return isinstance(OmegaConf.from_dotlist([f"v={item.partition('=')[2]}"])._get_node("v"), DictConfig)
+
+
+def _clear_mappings(merged: Any, item: str) -> None:
+    """Empty, in place, each mapping of `merged` (a dict field, not a section) that override `item` gives whole,
+    so that the merge after it leaves the override's entries only: an OmegaConf merge adds a mapping's entries to
+    the file's and the schema's, and `policy.model.cameras={}` did nothing (audit58 E1). A whole list is replaced
+    by the merge itself; a section given as a mapping (`value.model={cameras: {}}`) keeps its other fields, its
+    mappings named in the value are replaced. A key the schema lacks is left to the merge, which names it."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    key, _, text = item.partition("=")
+    node: Any = merged
+    for part in _dotted(key.strip()).split("."):
+        if isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
+            node = node._get_node(int(part))
+        elif isinstance(node, DictConfig) and not (node._is_none() or node._is_missing() or node._is_interpolation()):
+            try:
+                node = node._get_node(part, throw_on_missing_key=False)
+            except Exception:
+                return  # not the schema's key: the merge names it
+        else:
+            return
+    value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={text}"]), resolve=False)["v"]
+    _clear_into(node, value)
+
+
+def _clear_into(node: Any, value: Any) -> None:
+    """`_clear_mappings` below one node: empty it when it is a mapping `value` replaces, else recurse into the
+    section's keys `value` gives as mappings."""
+    from omegaconf import DictConfig
+
+    if not isinstance(node, DictConfig) or not isinstance(value, dict) or node._is_none():
+        return
+    if not dataclasses.is_dataclass(node._metadata.object_type or node._metadata.ref_type):
+        node._set_value({})  # keeps the node's declared type (dict[str, str]): the merge still checks each item
+        return
+    if node._is_missing() or node._is_interpolation():
+        return  # a section the merge fills whole
+    for name, given in value.items():
+        try:
+            child = node._get_node(name, throw_on_missing_key=False)
+        except Exception:
+            continue  # not the section's key: the merge names it
+        _clear_into(child, given)
 
 
 def _merge(
@@ -599,6 +662,8 @@ def _set_list_item(merged: Any, item: str) -> Any:
     parent = OmegaConf.select(merged, ".".join(parents), throw_on_missing=False) if parents else merged
     plain = OmegaConf.to_container(value, resolve=False) if isinstance(value, (DictConfig, ListConfig)) else value
     _refuse_non_bools(parent, {last: plain}, key.rpartition(".")[0] + "." if parents else "", "command line: ")
+    if isinstance(value, DictConfig):  # a mapping given whole replaces the item's, as at the top level (audit58 E1)
+        _clear_mappings(merged, item)
     try:
         OmegaConf.update(merged, _dotted(key), value, merge=True)
     except Exception as exc:
@@ -910,6 +975,9 @@ def reference(schema: type) -> str:
         "or on the command line as `key.path=value`; `${BUNDLE}` and `${RUN}` are the bundle and run folders.",
         "On the command line a whole list is `datasets='[{path: /x, type: sft}]'`; one field of an item the list",
         "already has is `datasets[0].path=/x` (or `datasets.0.path=/x`), applied in order with the other overrides.",
+        "A whole mapping on the command line replaces the mapping too, default and --config file's alike:",
+        "`policy.model.cameras={}` leaves no camera, `policy.model.cameras.base_0_rgb=KEY` sets one entry, and a",
+        "section given as a mapping (`policy.model={preset: tiny}`) keeps the fields it does not name.",
         "A --config file is UTF-8 text of at most 1 MB (CONFIG_FILE_MAX_BYTES); a larger one is refused, exit 4.",
         "BUNDLE and RUN come from the command (the bundle argument, --output): an override of one it sets is refused.",
         "A float key takes finite numbers: nan and inf (`.nan`, `.inf`, `1e400`) are refused, exit 4.",
