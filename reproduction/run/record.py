@@ -72,6 +72,8 @@ _STAGE_FIELDS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
         "a step number >= 1 (the --target-step the stopped stage was training to)",
     ),
     ("lineage", lambda v: isinstance(v, dict), "a mapping (what the stage's lineage statement recorded)"),
+    # since stop 58 (audit58 B3): the StageSpec declarations it ran under, compared on --resume; older records lack it
+    ("declaration", lambda v: isinstance(v, dict), "a mapping (the stage's declarations in the recipe)"),
     (
         "config_files",  # since stop 52 (audit51 I4); older records have none
         lambda v: (

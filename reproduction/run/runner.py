@@ -68,6 +68,8 @@ from reproduction.run.stage_call import call_stage
 from reproduction.run.stage_decide import (
     config_layers,
     decide,
+    declaration,
+    declaration_changes,
     moved_locations,
     refuse_target_below_raised_count,
     stage_ran_with,
@@ -409,6 +411,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         if opts.recipe_ref:  # the recipe may be found by another name now (a module moved): the config's wins
             state["recipe_ref"] = opts.recipe_ref
         if opts.recipe_module:  # the file that runs now, for a reader of run.json (optional: older runs lack it)
+            _note_recipe_module_changed(recipe, state, opts)
             state["recipe_module"] = dict(opts.recipe_module)
         recorded_config = state.get("config") if isinstance(state.get("config"), dict) else {}
         config_changed = state.get("config") != plain
@@ -435,6 +438,31 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
     stale = stale_stages(state)
     stale = {s.name: stale[s.name] for s in recipe.stages if s.name in stale}  # in recipe order
     return RunReport(run_dir=run_dir, run_id=state["run_id"], stages=walk.reports, report=report, stale=stale)
+
+
+def _note_recipe_module_changed(recipe: Recipe, state: dict[str, Any], opts: RunOptions) -> None:
+    """One `note:` line when the recipe module run.json records (`recipe_module`) has other bytes now and no stage's
+    declaration changed with it (a changed one is refused, exit 52, when its stage is reached: decide): an edit
+    that keeps every stage's needs, outputs, ... (a comment, a docstring) resumes, but not without a word (audit58
+    B3). A `recipe_module` without a sha256, or a stage record without a declaration (older run folders), says
+    nothing."""
+    before, now = state.get("recipe_module"), opts.recipe_module or {}
+    old, new = (before or {}).get("sha256") if isinstance(before, dict) else None, now.get("sha256")
+    if not isinstance(old, str) or not new or old == new:
+        return
+    records = state.get("stages") or {}
+    if any(isinstance(r, dict) and "declaration" not in r for r in records.values()):
+        return  # a record written before stop 58 cannot tell what it was made under: resumed as before, silently
+    if any(declaration_changes(s, records.get(s.name)) for s in recipe.stages):
+        return
+    from reproduction.ui import say
+
+    say(
+        f"note: recipe module {now.get('module')} ({now.get('path')}) changed since this run recorded it "
+        f"(sha256 {old[:12]}... -> {new[:12]}...); no stage's declaration (needs, outputs, training, ...) changed, "
+        "so its stages are decided by their keys as before",
+        options=opts.ui,
+    )
 
 
 def _note_stages_gone(recipe: Recipe, state: dict[str, Any], run_dir: Path, ui: Any) -> None:
@@ -796,6 +824,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         "key_parts": parts,
         "started": started,
         "config_sha256": walk.config_sha256,
+        "declaration": declaration(spec),  # compared on --resume (stage_decide.declaration_changes: audit58 B3)
     }
     state["stages"][spec.name] = {**(rec or {}), **running}
     state["stages"][spec.name].pop("target_step", None)  # run.json's top-level `target_step` holds it now
@@ -867,6 +896,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
             "started": started,
             "ended": ended,
             "seconds": seconds,
+            "declaration": declaration(spec),
         }
         if opts.config_files is not None:
             complete["config_files"] = config_layers(opts.config_files)

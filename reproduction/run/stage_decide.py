@@ -54,6 +54,9 @@ def decide(
         return "fresh"  # restarted, or after a restarted stage: redone whatever else changed in its key
     if rec.get("status") != "complete" and not spec.training:
         return "fresh"  # killed before it completed, with nothing kept to continue from: its key decides nothing
+    if declaration_changes(spec, rec):  # the recipe's own edit, which no key sees (audit58 B3)
+        refuse_changed_declaration(spec, rec)
+        return "fresh"  # redo_on_change
     recorded = rec.get("key_parts", {})
     # a config key the record lacks reads as the config the stage ran with (stage_keys.unkeyed_filled: audit56 R1)
     if ran_with is None:
@@ -77,6 +80,55 @@ def decide(
             )
         return "continue" if trains_on(spec, rec, plain, opts) is not None else "skip"
     return "continue" if spec.training else "fresh"
+
+
+def declaration(spec: StageSpec) -> dict[str, Any]:
+    """What stage `spec` declares of what it reads and writes, as its run.json record keeps it (`declaration`):
+    `needs`, `config`, `inputs`, `outputs`, `training`, `target`, `code`, `files`, `files_if`, `weights` and
+    `uses_ray` (its "module:qualname", None when unset). Not in its key (a run folder written before stop 58 keeps
+    its keys): a Recipe defined apart from its stage functions is edited without any keyed code changing (audit58
+    B3). Tuples whose order means nothing are sorted, so reordering `needs` changes nothing."""
+    ray = spec.uses_ray
+    return {
+        "needs": sorted(spec.needs),
+        "config": sorted(spec.config),
+        "inputs": spec.inputs,
+        "outputs": sorted(spec.outputs),
+        "training": spec.training,
+        "target": spec.target,
+        "code": sorted(spec.code),
+        "files": sorted(spec.files),
+        "files_if": sorted([list(p) for p in spec.files_if]),
+        "weights": sorted(spec.weights),
+        "uses_ray": None if ray is None else f"{getattr(ray, '__module__', '?')}:{getattr(ray, '__qualname__', '?')}",
+    }
+
+
+def declaration_changes(spec: StageSpec, rec: dict[str, Any] | None) -> list[tuple[str, Any, Any]]:
+    """(field, recorded, today) of each declaration of `spec` that differs from the one its record `rec` was made
+    under; [] when they agree, and for a record without one (written before stop 58: accepted as it is)."""
+    old = rec.get("declaration") if isinstance(rec, dict) else None
+    if not isinstance(old, dict):
+        return []
+    now = declaration(spec)
+    return [(k, old.get(k, "<absent>"), v) for k, v in now.items() if old.get(k, "<absent>") != v]
+
+
+def refuse_changed_declaration(spec: StageSpec, rec: dict[str, Any]) -> None:
+    """StageKeyChangedError (exit 52) when stage `spec`'s declaration (`declaration`: its needs, outputs, training
+    key, ...) differs from the one its record was made under: the record says what the stage read and wrote under
+    the old one, so skipping it would mix two recipes in one run ("refuse or redo, never silently mix"). A stage
+    with `redo_on_change` is redone instead (the caller returns "fresh")."""
+    changes = declaration_changes(spec, rec)
+    if not changes or spec.redo_on_change:
+        return
+    raise StageKeyChangedError(
+        f"stage {spec.name}: its declaration in the recipe changed since it ran: "
+        + "; ".join(f"{k}: {_full(a)} -> {_full(b)}" for k, a, b in changes),
+        stage=spec.name,
+        changes=[f"declaration.{k}" for k, _, _ in changes],
+        hint=f"put the recipe back, or pass --restart-stage {spec.name} to redo it (and what follows)",
+    )
 
 
 def ran_with_config(
