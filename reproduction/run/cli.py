@@ -128,6 +128,23 @@ def _refuse_no_stages(args: Any, recipe: Any) -> None:
         )
 
 
+def _refuse_restart_outside_stages(args: Any, recipe: Any) -> None:
+    """UsageError (exit 2) for a --restart-stage that --stages leaves out: the named stage was not redone, only what
+    --stages ran of those after it, and nothing said so (`--restart-stage right --stages prep` redid nothing, exit 0;
+    audit58 B5). An unknown name is left to the runner, which lists the recipe's stages (exit 4)."""
+    chosen = _split_stages(args.stages)
+    if not chosen or not args.restart_stage:
+        return
+    known = {s.name for s in recipe.stages}
+    outside = [n for n in args.restart_stage if n in known and n not in chosen]
+    if outside:
+        raise UsageError(
+            f"--restart-stage {', '.join(outside)} names a stage that --stages {args.stages!r} leaves out: "
+            "it would not be redone",
+            hint=f"add {', '.join(outside)} to --stages, or leave --stages out to run every stage",
+        )
+
+
 def refuse_no_manifest(bundle: Path) -> None:
     """InputNotFoundError (exit 3, as `verify` and `restore` say it of the same folder) when the BUNDLE folder's
     bundle.json is there but no readable file (a folder, a link to nothing), or is missing from a folder that fetch or
@@ -249,6 +266,7 @@ def cmd_run(args: Any) -> int:
         sys.stdout.write(to_json(config) if getattr(args, "json", False) else to_yaml(config))
         return 0
     _refuse_no_stages(args, recipe)
+    _refuse_restart_outside_stages(args, recipe)
     named = bundle or (Path(config.BUNDLE) if getattr(config, "BUNDLE", None) else None)
     if named is not None and named.is_dir():  # BUNDLE= in a --config file or an override: checked alike
         refuse_no_manifest(named)
