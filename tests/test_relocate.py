@@ -60,6 +60,7 @@ def test_a_longer_path_ending_in_the_prefix_is_left_alone(tmp_path: Path) -> Non
     (root / "only-longer.txt").write_text(f"c=/srv{prefix}/lib\nd=/home/u{prefix}\ne=x{prefix}\n")
     (root / "only-longer.bin").write_bytes(b"\x7fELF\0" + f"/srv{prefix}/lib\0".encode())
     text = f"a={prefix}/lib\nc=/srv{prefix}/lib\nu=file://{prefix}/lib\nq='{prefix}'\np=/a:{prefix}/bin\n"
+    text += f"f='-L{prefix}/lib -I{prefix}/include a-L{prefix}'\nw='.{prefix}' x.{prefix}\n"  # review58 R1
     (root / "cfg.txt").write_text(text)
     (root / "b.bin").write_bytes(b"\x7fELF\0" + f"{prefix}/lib\0/srv{prefix}/lib\0".encode())
     found = scan_tree(root, prefix)
@@ -68,6 +69,7 @@ def test_a_longer_path_ending_in_the_prefix_is_left_alone(tmp_path: Path) -> Non
     assert relocate_tree(root, found, prefix, new, fsync=False) == ["b.bin", "cfg.txt"]
     assert (root / "cfg.txt").read_text() == (
         f"a={new}/lib\nc=/srv{prefix}/lib\nu=file://{new}/lib\nq='{new}'\np=/a:{new}/bin\n"
+        f"f='-L{new}/lib -I{new}/include a-L{prefix}'\nw='.{new}' x.{prefix}\n"
     )
     slot = len(f"{prefix}/lib")
     assert (root / "b.bin").read_bytes() == (

@@ -19,7 +19,8 @@ Three kinds of occurrence (`PrefixOccurrence.mode`):
   Other C strings of the same file are handled as ``binary``.
 
 A prefix matches only as a whole path: `/opt/py` matches `/opt/py`, `/opt/py/lib`, `/opt/py"` and
-`file:///opt/py/lib`, but not `/opt/python`, `/opt/py-old` or `/srv/opt/py` (a longer path ending in it).
+`file:///opt/py/lib` and `-L/opt/py/lib` (a compiler flag), but not `/opt/python`, `/opt/py-old` or
+`/srv/opt/py` (a longer path ending in it).
 Files are rewritten atomically (temp file + rename, mode kept, new mtime), each read and renamed
 through its folder's fd, every folder opened from the tree's root without following a link: a
 folder swapped for a symlink is refused, never written through.
@@ -77,9 +78,15 @@ def normalize_prefix(prefix: str, *, what: str = "prefix") -> str:
 
 def prefix_pattern(prefix: str) -> re.Pattern[bytes]:
     """Bytes regex matching `prefix` as a whole path: not followed by another path-name character, and not preceded
-    by one either (`/srv/opt/py` is another path that ends with `/opt/py`; audit58 A3). A `/` before it is allowed, so
-    `file:///opt/py` URLs (pip's direct_url.json) still match."""
-    return re.compile(rb"(?<![" + _PATH_CHAR + rb"])" + re.escape(os.fsencode(prefix)) + rb"(?![" + _PATH_CHAR + rb"])")
+    by one either (`/srv/opt/py` is another path that ends with `/opt/py`; audit58 A3), except where that character
+    starts a word as the letter of a one-letter compiler or linker flag (`-I/opt/py/include`, `-L`, `-R`, `-F`:
+    sysconfigdata's CFLAGS/LDFLAGS, Makefiles, *.pc; review58 R1) or as a `.` (`./opt/py`, as sysconfigdata
+    writes some). A `/` before it is allowed, so `file:///opt/py` URLs (pip's direct_url.json) still match."""
+    word = rb"(?<![" + _PATH_CHAR + rb"/]"  # + the characters between it and the prefix: `a-L/opt/py` is no flag
+    flag = rb"(?<=-[ILRF])" + word + rb"..)"
+    dot = rb"(?<=\.)" + word + rb".)"
+    before = rb"(?:(?<![" + _PATH_CHAR + rb"])|" + flag + rb"|" + dot + rb")"
+    return re.compile(before + re.escape(os.fsencode(prefix)) + rb"(?![" + _PATH_CHAR + rb"])")
 
 
 # -- scanning ---------------------------------------------------------------------------------------
