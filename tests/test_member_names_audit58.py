@@ -17,7 +17,8 @@ from reproduction.release.manifest import check_relative_path, has_format, shown
 from reproduction.release.pack import pack_bundle
 from reproduction.release.restore import restore_bundle
 
-FORMAT_CHARACTERS = ["\u202e", "\u200b", "\u2066", "\u2069", "\ufeff", "\u200d"]
+FORMAT_CHARACTERS = ["\u202e", "\u200b", "\u2066", "\u2069", "\ufeff", "\u200e"]
+JOINERS = ["\u200d", "\u200c", "\U000e0067"]  # ZWJ, ZWNJ, a tag character: names need them (review58 R3)
 SPEC = 'name = "names"\nroot = "src"\n[[layer]]\nsource = "app"\nkind = "source"\nname = "app"\n'
 
 
@@ -26,6 +27,10 @@ def test_has_format_and_shown_name():
         assert has_format(f"a{ch}.py")
         assert shown_name(f"a{ch}.py") == f"a\\u{ord(ch):04x}.py"
     assert not has_format("café/naïve.py") and not has_format("plain.py")
+    for ch in JOINERS:
+        assert not has_format(f"a{ch}b.py")
+        assert shown_name(f"a{ch}b.py") == f"a{repr(ch)[1:-1]}b.py"  # accepted, but printed escaped
+    assert check_relative_path("\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645.md", where="files[0]")
     assert shown_name("café.py") == "café.py"  # printable non-ASCII stays as is
     assert shown_name("a\nb\x9b\udcff") == "a\\nb\\x9b\\udcff"  # control characters and undecodable bytes too
 

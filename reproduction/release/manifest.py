@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -143,13 +142,23 @@ def has_control(text: str) -> bool:
     return _CONTROL.search(text) is not None
 
 
+DECEPTIVE_FORMAT = frozenset(
+    [*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C]  # bidi embeddings, overrides, isolates
+    + [0x200B, 0x2060, 0x2061, 0x2062, 0x2063, 0x2064, 0xFEFF, 0x00AD, 0x180E]  # invisible: no glyph, no joining
+)
+"""The Unicode format characters (category Cf) a name may not hold: each reorders the text after it or shows as
+nothing. The other Cf characters are left to names that need them: U+200C/U+200D (ZWNJ/ZWJ: Persian and Indic
+words, emoji sequences), the tag characters of subdivision flags (review58 R3); messages print every one escaped."""
+
+
 def has_format(text: str) -> bool:
-    """True when `text` holds a Unicode format character (category Cf: the bidi overrides and isolates U+202A..U+202E
-    and U+2066..U+2069, U+200B ZERO WIDTH SPACE, U+FEFF, a soft hyphen...): each is invisible or reorders the text
-    after it, so a name holding one shows as another one (`evil\u202eyp.txt`, `a\u200b.py` next to `a.py`: Trojan
-    Source, CVE-2021-42574). Refused where has_control is, in archive members and bundle paths (a bundle is untrusted
-    input, so as with a control character the name is refused rather than written and shown; audit58 A5)."""
-    return not text.isascii() and any(unicodedata.category(c) == "Cf" for c in text)
+    """True when `text` holds a deceptive Unicode format character (DECEPTIVE_FORMAT: the bidi overrides and isolates
+    U+202A..U+202E and U+2066..U+2069, U+200B ZERO WIDTH SPACE, U+FEFF, a soft hyphen...): each is invisible or
+    reorders the text after it, so a name holding one shows as another one (`evil\u202eyp.txt`, `a\u200b.py` next to
+    `a.py`: Trojan Source, CVE-2021-42574). Refused where has_control is, in archive members and bundle paths (a
+    bundle is untrusted input, so as with a control character the name is refused rather than written and shown;
+    audit58 A5)."""
+    return not text.isascii() and any(ord(c) in DECEPTIVE_FORMAT for c in text)
 
 
 def shown_name(text: str) -> str:
