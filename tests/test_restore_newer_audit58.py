@@ -131,3 +131,44 @@ def test_a_runtime_target_holding_a_file_restore_did_not_write_is_still_refused(
             f"wrote there ({rel})"
         )
         assert tree_snapshot(restored_v1 / "runtime/rt") == before
+
+
+RELOC_SPEC = """name = "sw"
+root = "src{v}"
+[[layer]]
+source = "rt"
+kind = "runtime"
+name = "rt"
+relocatable = true
+build_prefix = "/build/rt"
+[[layer]]
+source = "app"
+kind = "source"
+name = "app"
+relocatable = true
+build_prefix = "/build/app"
+"""
+
+
+@pytest.mark.parametrize("moved", [False, True])
+def test_a_source_file_the_older_restore_relocated_is_restores_own(tmp_path, moved):
+    """review58 R2: the receipt kept a relocated source file's digest as extracted, so once a newer bundle dropped
+    it (v1's env.sh names the runtime's build prefix) it was "not one restore wrote there", exit 4; also after the
+    bundle folder moved between the restores (its prefix rewritten again)."""
+    for v, extra in (("1", {"app/env.sh": b"RT=/build/rt/bin/tool\n"}), ("2", {})):
+        write_tree(tmp_path / f"src{v}", {"app/common.py": f"common {v}\n".encode(), "rt/bin/tool": b"/build/rt/lib\n"})
+        write_tree(tmp_path / f"src{v}", extra)
+        (tmp_path / f"v{v}.toml").write_text(RELOC_SPEC.format(v=v), encoding="utf-8")
+        pack_bundle(tmp_path / f"v{v}.toml", tmp_path / f"B{v}", ui=QUIET)
+    d = tmp_path / "D"
+    shutil.copytree(tmp_path / "B1", d, symlinks=True)
+    assert run_cli("restore", d).returncode == 0
+    assert (d / "source/app/env.sh").read_text() == f"RT={d}/runtime/rt/bin/tool\n"
+    if moved:
+        d = d.rename(tmp_path / "moved")
+    _bring_v2(d, {"2": tmp_path / "B2"})
+    done = run_cli("restore", d)
+    assert done.returncode == 0, done.stderr
+    assert not (d / "source/app/env.sh").exists()
+    assert (d / "source/app/common.py").read_text() == "common 2\n"
+    assert (d / "runtime/rt/bin/tool").read_text() == f"{d}/runtime/rt/lib\n"

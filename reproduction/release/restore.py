@@ -188,9 +188,14 @@ def _old_bundle(rec: LayerReceipt) -> Path:
 
 
 def _restat(root: Path, rec: LayerReceipt, paths: list[str]) -> None:
+    """Record the files relocation rewrote as they are now: stat, and the digest of each the receipt hashes (a source
+    layer's), so a later restore knows them as restore's own (review58 R2: a relocated source file that a newer
+    bundle dropped was refused as "not one restore wrote"; `--deep` rehashed it against the extracted bytes)."""
     for rel in paths:
         st = os.lstat(root / rel)
         rec.files[rel] = [st.st_size, st.st_mtime_ns]
+        if rel in rec.digests:
+            rec.digests[rel] = sha256_file(root / rel)
 
 
 def _member_lists(
