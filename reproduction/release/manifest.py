@@ -154,7 +154,7 @@ words, emoji sequences), the tag characters of subdivision flags (review58 R3); 
 def has_format(text: str) -> bool:
     """True when `text` holds a deceptive Unicode format character (DECEPTIVE_FORMAT: the bidi overrides and isolates
     U+202A..U+202E and U+2066..U+2069, U+200B ZERO WIDTH SPACE, U+FEFF, a soft hyphen...): each is invisible or
-    reorders the text after it, so a name holding one shows as another one (`evil\u202eyp.txt`, `a\u200b.py` next to
+    reorders the text after it, so a name holding one shows as another one (`evil\\u202eyp.txt`, `a\\u200b.py` next to
     `a.py`: Trojan Source, CVE-2021-42574). Refused where has_control is, in archive members and bundle paths (a
     bundle is untrusted input, so as with a control character the name is refused rather than written and shown;
     audit58 A5)."""
@@ -163,8 +163,8 @@ def has_format(text: str) -> bool:
 
 def shown_name(text: str) -> str:
     """`text` for a message line, every character that is not printable (a control character, a format character
-    such as U+202E or U+200B, an undecodable byte's surrogate) escaped as repr writes it (`\n`, `\u202e`,
-    `\udcff`), the rest as is (no quotes, `é` stays `é`)."""
+    such as U+202E or U+200B, an undecodable byte's surrogate) escaped as repr writes it (`\\n`, `\\u202e`,
+    `\\udcff`), the rest as is (no quotes, `é` stays `é`)."""
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
