@@ -858,7 +858,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     try:
         # a Ray cluster lost while the stage's workers run can end the process from a watchdog thread (the main
         # thread stuck inside Ray, audit55 J1): the stage is then recorded failed here, as the except below would
-        with on_cluster_lost(lambda exc: _record_stop(run_dir, state, spec.name, before, exc, walk.digests)):
+        with on_cluster_lost(lambda exc: _record_stop(run_dir, state, spec, before, exc, walk.digests)):
             output = call_stage(spec, ctx, recipe=walk.recipe.name)
         try:
             outputs = collect_outputs(spec, stage_dir, output.files, walk.digests, before=watch)
@@ -905,8 +905,8 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
             versions = _record_lineage(walk, spec, action, output, outputs, parts, started, ended, target_step=target)
             complete["lineage"] = _statement_params(walk, output, versions, target)
     except BaseException as exc:
-        if not (isinstance(exc, ResumeRefusedError) and _put_back(run_dir, prior, spec.name, before, walk, report)):
-            _record_stop(run_dir, state, spec.name, before, exc, walk.digests)
+        if not (isinstance(exc, ResumeRefusedError) and _put_back(run_dir, prior, spec, before, walk, report)):
+            _record_stop(run_dir, state, spec, before, exc, walk.digests)
         raise
     with deferred_interrupts():  # a Ctrl-C here comes after the record: the stage is complete, the run stops
         state["stages"][spec.name] = complete
@@ -1217,7 +1217,7 @@ def _state_bytes(run_dir: Path) -> bytes | None:
 
 
 def _put_back(
-    run_dir: Path, prior: bytes | None, stage: str, before: dict | None, walk: _Walk, report: bytes | None
+    run_dir: Path, prior: bytes | None, spec: StageSpec, before: dict | None, walk: _Walk, report: bytes | None
 ) -> bool:
     """After a resume the stage refused before it loaded, trained or removed anything (ResumeRefusedError: only
     checkpoints above the steps asked for are left): write back run.json as it was before the stage's `running`
@@ -1233,7 +1233,7 @@ def _put_back(
         return False
     if before is not None and before.get("status") == "complete":
         with contextlib.suppress(OSError):
-            if verify_outputs(run_dir / stage, before.get("outputs", {}), walk.digests):
+            if verify_outputs(run_dir / spec.name, before.get("outputs", {}), walk.digests, spec):
                 return False
     try:
         found = json.loads(prior)
@@ -1261,21 +1261,23 @@ def _put_back(
 def _record_stop(
     run_dir: Path,
     state: dict[str, Any],
-    stage: str,
+    spec: StageSpec,
     before: dict | None,
     exc: BaseException,
     digests: DigestCache | None = None,
 ) -> None:
     """Record how a stage stopped: `interrupted` (Ctrl-C, SIGTERM) or `failed` with the error's first line. A stage
     that was complete before this continuation (`--target-step`, a raised step count) keeps its complete record while
-    the outputs it records are still there unchanged; once the continuation rewrote one (its export), the record is
+    the outputs it records are still there unchanged and its globs match no file more; once the continuation rewrote
+    one (its export) or added one (a checkpoint its globs match: audit58 B2, --resume would refuse it), the record is
     `interrupted` / `failed` like any other, so `--resume` continues from the newest checkpoint: putting the old record
     back over new files left a run every --resume refused (exit 52, audit47 kill F1). A write that fails here does
     not hide `exc`."""
     intact = before is not None and before.get("status") == "complete"
     if intact:
         with contextlib.suppress(OSError):
-            intact = not verify_outputs(run_dir / stage, before.get("outputs", {}), digests)
+            intact = not verify_outputs(run_dir / spec.name, before.get("outputs", {}), digests, spec)
+    stage = spec.name
     if intact:
         state["stages"][stage] = before
     else:

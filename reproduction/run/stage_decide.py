@@ -70,7 +70,7 @@ def decide(
         # today's key (and the move) so a later --resume needs no flag
     if rec.get("status") == "complete":
         refuse_fewer_steps(spec, rec, plain, recorded_config, layers_hint(missing_layers([rec], opts.config_files)))
-        problems = verify_outputs(stage_dir, rec.get("outputs", {}), digests)
+        problems = verify_outputs(stage_dir, rec.get("outputs", {}), digests, spec)
         if problems:
             raise StageKeyChangedError(
                 f"stage {spec.name}: its outputs changed after it completed: " + "; ".join(problems),

@@ -7,7 +7,7 @@ files watched while a stage runs (`OutputsWatch`).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,16 +54,13 @@ def collect_outputs(
             )
         files.add(real)
 
-    for pattern in spec.outputs:
-        for p in stage_dir.glob(pattern):
-            if p.is_file():
-                real = p.resolve()
-                if stage_real not in real.parents and real not in returned:
-                    add(p, real)  # refuses one outside the homes first: a glob into another stage's folder
-                    if shared_before is None or _shared_stat(str(real)) == shared_before.get(str(real), ()):
-                        files.discard(real)  # there before the stage ran, untouched: history or a leftover
-                    continue
-                add(p, real)
+    for p, real in glob_outputs(spec, stage_dir):
+        if stage_real not in real.parents and real not in returned:
+            add(p, real)  # refuses one outside the homes first: a glob into another stage's folder
+            if shared_before is None or _shared_stat(str(real)) == shared_before.get(str(real), ()):
+                files.discard(real)  # there before the stage ran, untouched: history or a leftover
+            continue
+        add(p, real)
     for p in written:
         p = Path(p)
         if not p.is_file():
@@ -79,9 +76,24 @@ def collect_outputs(
     return {os.path.relpath(p, stage_real): [stats[p].st_size, stats[p].st_mtime_ns, shas[p]] for p in paths}
 
 
-def verify_outputs(stage_dir: Path, recorded: dict[str, list], digests: DigestCache | None = None) -> list[str]:
-    """Problems with a completed stage's recorded outputs (missing, changed); a stat match is trusted, and its
-    recorded digest is handed to the run's `digests` (lineage then pins it without hashing)."""
+def glob_outputs(spec: StageSpec, stage_dir: Path) -> Iterator[tuple[Path, Path]]:
+    """(match, its real path) of each file `spec`'s `outputs` globs match from `stage_dir`: what `collect_outputs`
+    records when the stage returns and what `verify_outputs` looks for files added since (one walk, one rule)."""
+    for pattern in spec.outputs:
+        for p in stage_dir.glob(pattern):
+            if p.is_file():
+                yield p, p.resolve()
+
+
+def verify_outputs(
+    stage_dir: Path, recorded: dict[str, list], digests: DigestCache | None = None, spec: StageSpec | None = None
+) -> list[str]:
+    """Problems with a completed stage's recorded outputs (missing, changed), and with `spec`, files its `outputs`
+    globs now match in its folder that the record lacks (added: a stage downstream that reads its folder by glob
+    would read it, audit58 B2). A file is checked by its stat: a size that differs is a change, an mtime_ns that
+    differs is rehashed, and a size and mtime_ns match is trusted without reading the bytes (`lineage --verify`
+    rehashes); its recorded digest is then handed to the run's `digests` (lineage pins it without hashing). A glob
+    match outside the folder (the run's shared evidence/, which keeps earlier steps' files) is not an addition."""
     digests = digests or DigestCache()
     problems = []
     for rel, (size, mtime, sha) in recorded.items():
@@ -95,6 +107,14 @@ def verify_outputs(stage_dir: Path, recorded: dict[str, list], digests: DigestCa
             problems.append(f"{rel} was modified")
         elif st.st_mtime_ns == mtime:
             digests.remember(p, size, mtime, sha)
+    if spec is not None:
+        stage_real = stage_dir.resolve()
+        added = set()  # two globs may match one file
+        for _, real in glob_outputs(spec, stage_dir):
+            rel = os.path.relpath(real, stage_real)  # as collect_outputs keys the record
+            if stage_real in real.parents and rel not in recorded:
+                added.add(rel)
+        problems += [f"{rel} was added" for rel in sorted(added)]
     return problems
 
 
