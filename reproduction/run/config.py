@@ -311,7 +311,8 @@ def merged_config(
             )
     named = RECIPE_KEY in fields
     merged = base
-    for where, layer in layers:
+    for where, layer in layers:  # a mapping a file gives replaces the default's and an earlier file's, as a list
+        _clear_into(merged, OmegaConf.to_container(layer, resolve=False))  # does (audit58 E2); sections still merge
         merged = _merge(merged, layer, where, named=named, files=files, overrides=overrides)
     plain: list[str] = []
     for item in overrides or []:  # in order: a later override wins over an earlier one, as a dotlist merge does
@@ -376,7 +377,8 @@ def _clear_mappings(merged: Any, item: str) -> None:
 
 def _clear_into(node: Any, value: Any) -> None:
     """`_clear_mappings` below one node: empty it when it is a mapping `value` replaces, else recurse into the
-    section's keys `value` gives as mappings."""
+    section's keys `value` gives as mappings. Also a --config file's layer (`value` its plain dicts) before it is
+    merged: a file's `cameras: {left_wrist_0_rgb: ...}` kept the default's `base_0_rgb` too (audit58 E2)."""
     from omegaconf import DictConfig
 
     if not isinstance(node, DictConfig) or not isinstance(value, dict) or node._is_none():
@@ -978,6 +980,8 @@ def reference(schema: type) -> str:
         "A whole mapping on the command line replaces the mapping too, default and --config file's alike:",
         "`policy.model.cameras={}` leaves no camera, `policy.model.cameras.base_0_rgb=KEY` sets one entry, and a",
         "section given as a mapping (`policy.model={preset: tiny}`) keeps the fields it does not name.",
+        "A mapping a --config file gives replaces the default's and an earlier file's the same way (a file's",
+        "`cameras: {left_wrist_0_rgb: KEY}` is that one camera); a section in a file merges field by field.",
         "A --config file is UTF-8 text of at most 1 MB (CONFIG_FILE_MAX_BYTES); a larger one is refused, exit 4.",
         "BUNDLE and RUN come from the command (the bundle argument, --output): an override of one it sets is refused.",
         "A float key takes finite numbers: nan and inf (`.nan`, `.inf`, `1e400`) are refused, exit 4.",
