@@ -311,7 +311,8 @@ def merged_config(
             )
     named = RECIPE_KEY in fields
     merged = base
-    for where, layer in layers:
+    for where, layer in layers:  # a mapping a file gives replaces the default's and an earlier file's, as a list
+        _clear_into(merged, OmegaConf.to_container(layer, resolve=False))  # does (audit58 E2); sections still merge
         merged = _merge(merged, layer, where, named=named, files=files, overrides=overrides)
     plain: list[str] = []
     for item in overrides or []:  # in order: a later override wins over an earlier one, as a dotlist merge does
@@ -376,7 +377,8 @@ def _clear_mappings(merged: Any, item: str) -> None:
 
 def _clear_into(node: Any, value: Any) -> None:
     """`_clear_mappings` below one node: empty it when it is a mapping `value` replaces, else recurse into the
-    section's keys `value` gives as mappings."""
+    section's keys `value` gives as mappings. Also a --config file's layer (`value` its plain dicts) before it is
+    merged: a file's `cameras: {left_wrist_0_rgb: ...}` kept the default's `base_0_rgb` too (audit58 E2)."""
     from omegaconf import DictConfig
 
     if not isinstance(node, DictConfig) or not isinstance(value, dict) or node._is_none():
@@ -900,11 +902,26 @@ def _keys_at(node: Any, dotted: str) -> list[str]:
     return sorted(str(k) for k in sub.keys()) if isinstance(sub, DictConfig) else []
 
 
-def to_yaml(config: Any) -> str:
-    """The resolved config as YAML (what --print-config shows)."""
+def to_yaml(config: Any, recipe: str | None = None) -> str:
+    """The resolved config as YAML (what --print-config shows) that `--config` reads back to the same config: plain
+    YAML, which yaml.safe_load reads (a Path as its string, an Enum by its name, which the loader takes), starting
+    with `recipe: NAME` (the config's own `recipe` field, else `recipe` when given). audit58 B6: an out-of-tree
+    recipe's printed config named no recipe (read back as RECAP's: exit 4) and a Path was a python/object tag."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_yaml(OmegaConf.structured(config))
+    plain = _plain_scalars(OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True))
+    if RECIPE_KEY in plain or recipe is not None:  # first: given_recipe reads it before the schema is known
+        plain = {RECIPE_KEY: plain.pop(RECIPE_KEY, recipe), **plain}
+    return OmegaConf.to_yaml(OmegaConf.create(plain))
+
+
+def _plain_scalars(node: Any) -> Any:
+    """`node` (plain dicts and lists) with each Path as its string: a YAML safe loader reads no Python object."""
+    if isinstance(node, dict):
+        return {key: _plain_scalars(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_plain_scalars(value) for value in node]
+    return str(node) if isinstance(node, Path) else node
 
 
 def to_json(config: Any) -> str:
@@ -978,6 +995,10 @@ def reference(schema: type) -> str:
         "A whole mapping on the command line replaces the mapping too, default and --config file's alike:",
         "`policy.model.cameras={}` leaves no camera, `policy.model.cameras.base_0_rgb=KEY` sets one entry, and a",
         "section given as a mapping (`policy.model={preset: tiny}`) keeps the fields it does not name.",
+        "A mapping a --config file gives replaces the default's and an earlier file's the same way (a file's",
+        "`cameras: {left_wrist_0_rgb: KEY}` is that one camera); a section in a file merges field by field.",
+        "`portable run --print-config` writes plain YAML (paths as strings, enums by name) starting with",
+        "`recipe: NAME`: `portable run --config` reads it back to the same config.",
         "A --config file is UTF-8 text of at most 1 MB (CONFIG_FILE_MAX_BYTES); a larger one is refused, exit 4.",
         "BUNDLE and RUN come from the command (the bundle argument, --output): an override of one it sets is refused.",
         "A float key takes finite numbers: nan and inf (`.nan`, `.inf`, `1e400`) are refused, exit 4.",
