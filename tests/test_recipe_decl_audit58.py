@@ -150,3 +150,16 @@ def test_a_record_without_a_declaration_resumes_as_before_even_after_an_edit(tmp
     assert done.returncode == 0, done.stderr
     assert _actions(done) == {"prep": "skipped", "left": "skipped", "train": "skipped"}
     assert done.stderr == ""  # no refusal, and no note: the records cannot tell what they were made under
+
+
+def test_a_config_key_named_by_a_newer_recipe_is_left_to_the_key(tmp_path):
+    """review58 S1: a newer recipe version that names a config key (its value unchanged) must resume a run folder
+    this one wrote: the key decides (a config key the record lacks reads as the config the stage ran with), not the
+    declaration, which keeps only what no key covers (needs, inputs, outputs, training, target)."""
+    recipe = _setup(tmp_path)
+    _edit(recipe, 'fn="declb3.stages:prep", inputs=False', 'fn="declb3.stages:prep", config=("n",), inputs=False')
+    done = _resume(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert _actions(done) == {"prep": "skipped", "left": "skipped", "train": "skipped"}
+    state = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert sorted(state["stages"]["prep"]["declaration"]) == ["inputs", "needs", "outputs", "target", "training"]

@@ -83,24 +83,19 @@ def decide(
 
 
 def declaration(spec: StageSpec) -> dict[str, Any]:
-    """What stage `spec` declares of what it reads and writes, as its run.json record keeps it (`declaration`):
-    `needs`, `config`, `inputs`, `outputs`, `training`, `target`, `code`, `files`, `files_if`, `weights` and
-    `uses_ray` (its "module:qualname", None when unset). Not in its key (a run folder written before stop 58 keeps
-    its keys): a Recipe defined apart from its stage functions is edited without any keyed code changing (audit58
-    B3). Tuples whose order means nothing are sorted, so reordering `needs` changes nothing."""
-    ray = spec.uses_ray
+    """What stage `spec` declares of its place in the pipeline that no part of its key covers, as its run.json record
+    keeps it (`declaration`): `needs`, `inputs`, `outputs`, `training` and `target`. A Recipe defined apart from its
+    stage functions is edited without any keyed code changing (audit58 B3). Its `config`, `code`, `files`, `weights`
+    are left out: the key already holds what they name (a config key added with its value unchanged, a module added
+    to `code`, must not refuse a run folder a newer recipe version resumes; review58 S1), as is `uses_ray` (where
+    workers run, not what they compute). Tuples whose order means nothing are sorted: reordering `needs` is no
+    change."""
     return {
         "needs": sorted(spec.needs),
-        "config": sorted(spec.config),
         "inputs": spec.inputs,
         "outputs": sorted(spec.outputs),
         "training": spec.training,
         "target": spec.target,
-        "code": sorted(spec.code),
-        "files": sorted(spec.files),
-        "files_if": sorted([list(p) for p in spec.files_if]),
-        "weights": sorted(spec.weights),
-        "uses_ray": None if ray is None else f"{getattr(ray, '__module__', '?')}:{getattr(ray, '__qualname__', '?')}",
     }
 
 
