@@ -106,7 +106,9 @@ def declaration_changes(spec: StageSpec, rec: dict[str, Any] | None) -> list[tup
     if not isinstance(old, dict):
         return []
     now = declaration(spec)
-    return [(k, old.get(k, "<absent>"), v) for k, v in now.items() if old.get(k, "<absent>") != v]
+    # a field only one side has is not compared: a record made when `declaration` held more (or fewer) fields still
+    # resumes (review58 S1: config, code, ... left the declaration once the key was seen to cover them)
+    return [(k, old[k], v) for k, v in now.items() if k in old and old[k] != v]
 
 
 def refuse_changed_declaration(spec: StageSpec, rec: dict[str, Any]) -> None:
