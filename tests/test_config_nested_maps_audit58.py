@@ -1,9 +1,11 @@
 """The one rule for mappings, where it did not hold (audit58 D1, D2, D4): a mapping (a dict field) given whole replaces
 the default's inside a list item too (`items: [{meta: {z: 1}}]` kept the item default's `meta.k`) and under an
-Optional section that defaults to None (`maybe_inner={tags: {}}` kept `tags`' default entries)."""
+Optional section that defaults to None (`maybe_inner={tags: {}}` kept `tags`' default entries); and
+`--print-config --json` names an out-of-tree recipe as the YAML does, so either reads back to the same config."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,23 @@ def test_a_mapping_under_a_none_section_replaces_its_default(rec, capsys):
     }
     one = _file(rec, "m.yaml", "recipe: nm58rec:RECIPE\nmaybe_inner: {tags: {c: d}}\n")
     assert _config(rec, capsys, "--config", str(one))["maybe_inner"]["tags"] == {"c": "d"}  # was {x, y, c}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (),
+        ("items=[{path: /a, meta: {z: 1}}, {meta: {}}]",),
+        ("maybe_inner={tags: {c: d}}", "inner.tags={}"),
+    ],
+)
+def test_print_config_yaml_and_json_read_back_to_the_same_config(rec, capsys, args):
+    printed = _print(rec, capsys, RECIPE, *args)
+    assert printed.startswith("recipe: nm58rec:RECIPE\n")
+    as_json = _print(rec, capsys, "--json", RECIPE, *args)
+    assert json.loads(as_json) == yaml.safe_load(printed)  # the JSON had no "recipe" key
+    assert next(iter(json.loads(as_json))) == "recipe"
+    for name, text in (("p.yaml", printed), ("p.json", as_json)):
+        again = _file(rec, name, text)
+        assert _print(rec, capsys, "--config", str(again)) == printed  # the JSON read back as RECAP's: exit 4
+        assert _print(rec, capsys, "--json", "--config", str(again)) == as_json

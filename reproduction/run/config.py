@@ -974,13 +974,18 @@ def _plain_scalars(node: Any) -> Any:
     return str(node) if isinstance(node, Path) else node
 
 
-def to_json(config: Any) -> str:
-    """The resolved config as one JSON document (what --print-config --json shows; the same values as to_yaml)."""
+def to_json(config: Any, recipe: str | None = None) -> str:
+    """The resolved config as one JSON document (what --print-config --json shows; the same values as to_yaml),
+    which `--config` reads back: `recipe` (the recipe's name) comes first when the config has no `recipe` field of
+    its own; an out-of-tree recipe's JSON named none and read back as RECAP's, exit 4 (audit58 D4). A config with
+    the field keeps its key order."""
     import json
 
     from omegaconf import OmegaConf
 
     plain = OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True)
+    if RECIPE_KEY not in plain and recipe is not None:
+        plain = {RECIPE_KEY: recipe, **plain}
     return json.dumps(plain, indent=1, default=str) + "\n"
 
 
@@ -1050,7 +1055,8 @@ def reference(schema: type) -> str:
         "Both hold inside a list's items (`items: [{meta: {}}]` is an empty `meta`) and under a section whose",
         "default is null, which takes its defaults for the fields the value does not name.",
         "`portable run --print-config` writes plain YAML (paths as strings, enums by name) starting with",
-        "`recipe: NAME`: `portable run --config` reads it back to the same config.",
+        "`recipe: NAME` (with --json the same as one JSON document): `portable run --config` reads either back to",
+        "the same config.",
         "A --config file is UTF-8 text of at most 1 MB (CONFIG_FILE_MAX_BYTES); a larger one is refused, exit 4.",
         "BUNDLE and RUN come from the command (the bundle argument, --output): an override of one it sets is refused.",
         "A float key takes finite numbers: nan and inf (`.nan`, `.inf`, `1e400`) are refused, exit 4.",
