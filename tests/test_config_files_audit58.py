@@ -140,4 +140,4 @@ def test_an_out_of_tree_recipes_printed_config_names_it_and_reruns_to_the_same_k
     assert resumed.returncode == 0, resumed.stderr
     assert [s["action"] for s in json.loads(resumed.stdout)["stages"]] == ["skipped"]  # the same stage key
     as_json = run_portable(tmp_path, "run", "--config", "c.yaml", "--output", "run", "--print-config", "--json")
-    assert json.loads(as_json.stdout) == {"extra": "/data/x", "speed": "SLOW", "names": {"b": "y"}}  # unchanged
+    assert json.loads(as_json.stdout) == yaml.safe_load(done.stdout)  # names the recipe too (audit58 D4)

@@ -263,7 +263,8 @@ def cmd_run(args: Any) -> int:
     if bundle is None and getattr(config, "BUNDLE", None) == "":
         _warn_empty_bundle(files, overrides)
     if args.print_config:  # with --json as JSON: stdout is one JSON document then (audit47 F15)
-        sys.stdout.write(to_json(config) if getattr(args, "json", False) else to_yaml(config, recipe=name))
+        json_out = getattr(args, "json", False)  # both name the recipe, so --config reads either back (audit58 D4)
+        sys.stdout.write(to_json(config, recipe=name) if json_out else to_yaml(config, recipe=name))
         return 0
     _refuse_no_stages(args, recipe)
     _refuse_restart_outside_stages(args, recipe)

@@ -364,7 +364,9 @@ def _clear_mappings(merged: Any, item: str) -> None:
     for part in _dotted(key.strip()).split("."):
         if isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
             node = node._get_node(int(part))
-        elif isinstance(node, DictConfig) and not (node._is_none() or node._is_missing() or node._is_interpolation()):
+            continue
+        _fill_none_section(node)  # `maybe_inner.tags={}` under a None section: the merge fills it with its defaults
+        if isinstance(node, DictConfig) and not (node._is_none() or node._is_missing() or node._is_interpolation()):
             try:
                 node = node._get_node(part, throw_on_missing_key=False)
             except Exception:
@@ -381,7 +383,10 @@ def _clear_into(node: Any, value: Any) -> None:
     merged: a file's `cameras: {left_wrist_0_rgb: ...}` kept the default's `base_0_rgb` too (audit58 E2)."""
     from omegaconf import DictConfig
 
-    if not isinstance(node, DictConfig) or not isinstance(value, dict) or node._is_none():
+    if not isinstance(node, DictConfig) or not isinstance(value, dict):
+        return
+    _fill_none_section(node)  # a None section given a mapping: its mappings are replaced too (audit58 D2)
+    if node._is_none():
         return
     if not dataclasses.is_dataclass(node._metadata.object_type or node._metadata.ref_type):
         node._set_value({})  # keeps the node's declared type (dict[str, str]): the merge still checks each item
@@ -394,6 +399,45 @@ def _clear_into(node: Any, value: Any) -> None:
         except Exception:
             continue  # not the section's key: the merge names it
         _clear_into(child, given)
+
+
+def _fill_none_section(node: Any) -> None:
+    """Set, in place, a section (a dataclass field) that is None to its dataclass's defaults, as the merge of a
+    mapping under it does, so that `_clear_into` empties the mappings the mapping gives: `maybe_inner={tags: {}}`
+    kept `tags`' default entries when `maybe_inner` defaulted to None (audit58 D2)."""
+    from omegaconf import DictConfig
+
+    if isinstance(node, DictConfig) and node._is_none() and dataclasses.is_dataclass(node._metadata.ref_type):
+        node._set_value(node._metadata.ref_type)
+
+
+def _replace_in_lists(node: Any, value: Any, whole: bool = False) -> None:
+    """After a merge of `value` (plain dicts and lists) into `node`: in each list `value` gives whole, each mapping
+    (a dict field, not a section) keeps only the entries `value` gives. The merge builds each item of such a list from
+    its element dataclass's defaults, so a file's `items: [{meta: {z: 1}}]` kept the default's `meta.k` too, and a
+    printed `meta: {}` read back as the default (audit58 D1); `_clear_into` cannot empty an item not built yet."""
+    from omegaconf import DictConfig, ListConfig
+
+    if not isinstance(node, (DictConfig, ListConfig)) or node._is_none() or node._is_missing():
+        return
+    if node._is_interpolation():
+        return  # its target is another key's: not this value's to change
+    if isinstance(node, ListConfig):
+        if isinstance(value, list):
+            for index, given in enumerate(value[: len(node)]):
+                _replace_in_lists(node._get_node(index), given, whole=True)
+        return
+    if not isinstance(value, dict):
+        return
+    if whole and not dataclasses.is_dataclass(node._metadata.object_type or node._metadata.ref_type):
+        for key in [key for key in node.keys() if key not in value]:
+            del node[key]
+    for name, given in value.items():
+        try:
+            child = node._get_node(name, throw_on_missing_key=False)
+        except Exception:
+            continue  # not the section's key: the merge named it already
+        _replace_in_lists(child, given, whole)
 
 
 def _merge(
@@ -413,7 +457,7 @@ def _merge(
     src = f"{where}: " if where != "placeholders" else ""
     _refuse_non_bools(merged, OmegaConf.to_container(layer, resolve=False), "", src)
     try:
-        return OmegaConf.merge(merged, layer)
+        result = OmegaConf.merge(merged, layer)
     except Exception as exc:
         try:  # the diagnosis reads the layer unresolved: a file's ${BUNDLE} means nothing yet (audit52 W5)
             plain = OmegaConf.to_container(layer, resolve=False)
@@ -427,6 +471,8 @@ def _merge(
         if found is not None:
             raise found from None
         raise _config_error(exc, merged, where=where) from None
+    _replace_in_lists(result, OmegaConf.to_container(layer, resolve=False))
+    return result
 
 
 def _refuse_non_bools(node: Any, plain: Any, prefix: str, src: str) -> None:
@@ -670,6 +716,10 @@ def _set_list_item(merged: Any, item: str) -> Any:
         OmegaConf.update(merged, _dotted(key), value, merge=True)
     except Exception as exc:
         raise _config_error(exc, merged, where="command line") from None
+    node: Any = merged  # a list the value gives (`items.0.subs=[...]`) is built from defaults too (audit58 D1)
+    for part in _dotted(key).split("."):
+        node = node._get_node(int(part) if isinstance(node, ListConfig) else part)
+    _replace_in_lists(node, plain)
     return merged
 
 
@@ -924,13 +974,18 @@ def _plain_scalars(node: Any) -> Any:
     return str(node) if isinstance(node, Path) else node
 
 
-def to_json(config: Any) -> str:
-    """The resolved config as one JSON document (what --print-config --json shows; the same values as to_yaml)."""
+def to_json(config: Any, recipe: str | None = None) -> str:
+    """The resolved config as one JSON document (what --print-config --json shows; the same values as to_yaml),
+    which `--config` reads back: `recipe` (the recipe's name) comes first when the config has no `recipe` field of
+    its own; an out-of-tree recipe's JSON named none and read back as RECAP's, exit 4 (audit58 D4). A config with
+    the field keeps its key order."""
     import json
 
     from omegaconf import OmegaConf
 
     plain = OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True)
+    if RECIPE_KEY not in plain and recipe is not None:
+        plain = {RECIPE_KEY: recipe, **plain}
     return json.dumps(plain, indent=1, default=str) + "\n"
 
 
@@ -997,8 +1052,11 @@ def reference(schema: type) -> str:
         "section given as a mapping (`policy.model={preset: tiny}`) keeps the fields it does not name.",
         "A mapping a --config file gives replaces the default's and an earlier file's the same way (a file's",
         "`cameras: {left_wrist_0_rgb: KEY}` is that one camera); a section in a file merges field by field.",
+        "Both hold inside a list's items (`items: [{meta: {}}]` is an empty `meta`) and under a section whose",
+        "default is null, which takes its defaults for the fields the value does not name.",
         "`portable run --print-config` writes plain YAML (paths as strings, enums by name) starting with",
-        "`recipe: NAME`: `portable run --config` reads it back to the same config.",
+        "`recipe: NAME` (with --json the same as one JSON document): `portable run --config` reads either back to",
+        "the same config.",
         "A --config file is UTF-8 text of at most 1 MB (CONFIG_FILE_MAX_BYTES); a larger one is refused, exit 4.",
         "BUNDLE and RUN come from the command (the bundle argument, --output): an override of one it sets is refused.",
         "A float key takes finite numbers: nan and inf (`.nan`, `.inf`, `1e400`) are refused, exit 4.",
