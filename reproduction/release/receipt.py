@@ -124,10 +124,10 @@ class LayerReceipt:
         skipped = set(skip)
         changed = []
         for rel, digest in self.digests.items():
-            if _at_or_below(rel, skipped):
+            if at_or_below(rel, skipped):
                 continue
             try:
-                if _sha256_regular(f"{root}/{rel}") != digest:
+                if sha256_regular(f"{root}/{rel}") != digest:
                     changed.append(rel)
             except PermissionError:
                 raise ReadFailedError(
@@ -140,7 +140,7 @@ class LayerReceipt:
         return sorted(changed)
 
 
-def _sha256_regular(path: str) -> str | None:
+def sha256_regular(path: str) -> str | None:
     """Hex SHA-256 of the regular file at `path`; None when it is anything else (a link, a FIFO, a device)."""
     from reproduction.digests import sha256_open
     from reproduction.fsio import open_regular
@@ -152,7 +152,8 @@ def _sha256_regular(path: str) -> str | None:
         return sha256_open(fh)
 
 
-def _at_or_below(rel: str, paths: set[str]) -> bool:
+def at_or_below(rel: str, paths: set[str]) -> bool:
+    """Whether `rel` or a folder above it is in `paths`."""
     while rel:
         if rel in paths:
             return True

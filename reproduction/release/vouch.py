@@ -13,12 +13,18 @@ import os
 import stat
 from pathlib import Path
 
-from reproduction.digests import sha256_file, sha256_open
+from reproduction.digests import sha256_file
 from reproduction.errors import ReadFailedError
-from reproduction.fsio import open_regular
 from reproduction.release import layers as layer_io
 from reproduction.release.manifest import LayerEntry, Manifest
-from reproduction.release.receipt import LayerReceipt, Receipt, changed_folders, layer_folders
+from reproduction.release.receipt import (
+    LayerReceipt,
+    Receipt,
+    at_or_below,
+    changed_folders,
+    layer_folders,
+    sha256_regular,
+)
 from reproduction.release.tarscan import Member
 
 
@@ -81,29 +87,17 @@ def own_files(root: Path, receipt: Receipt, target: str, *, source: bool) -> set
     if source:
         bad |= {p for r in recs for p in r.files if p not in r.digests}
         for r in recs:
-            bad |= {p for p, digest in r.digests.items() if not _at_or_below(p, bad) and _digest(root, p) != digest}
-    return {p for p in recorded if not _at_or_below(p, bad)}
+            bad |= {p for p, digest in r.digests.items() if not at_or_below(p, bad) and _digest(root, p) != digest}
+    return {p for p in recorded if not at_or_below(p, bad)}
 
 
 def _digest(root: Path, rel: str) -> str | None:
-    """sha256 of the regular file `root/rel`, opened without following a link or blocking; None for anything
-    else, or one it cannot read (not known to be unchanged: `lost_files` then names it, or fails on it, as before)."""
+    """sha256 of the regular file `root/rel` (receipt.sha256_regular: no link followed, no blocking); None for
+    anything else, or one it cannot read (not known to be unchanged: `lost_files` then names it, or fails on it)."""
     try:
-        fh = open_regular(f"{root}/{rel}")
-        if fh is None:
-            return None
-        with fh:
-            return sha256_open(fh)
+        return sha256_regular(f"{root}/{rel}")
     except (OSError, ValueError):
         return None
-
-
-def _at_or_below(rel: str, paths: set[str]) -> bool:
-    while rel:
-        if rel in paths:
-            return True
-        rel = rel.rpartition("/")[0]
-    return False
 
 
 def lost_files(root: Path, staged: Path, *, known: set[str], compare: bool, rewritten: set[str]) -> list[str]:
