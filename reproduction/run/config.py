@@ -108,14 +108,15 @@ def load_config(
 
 
 def _name_source(exc: ConfigError, files: list[Path] | None, overrides: list[str] | None) -> None:
-    """Prefix `exc`'s message with the --config file its field's value came from, when the loader can tell and the
-    message does not say already (audit56 D8: with several files the user could not tell which). An override's
-    value is the one the user just typed: its message stays as it was (as does a rule on the schema's default)."""
+    """Prefix `exc`'s message with where its field's value came from (the --config file, or `command line` for an
+    override), when the loader can tell and the message does not say already (audit56 D8: with several files the
+    user could not tell which; audit58 D6: an override's line named no source while a file's did). A rule on the
+    schema's default stays as it was."""
     key = exc.fields.get("field")
     if not isinstance(key, str) or exc.fields.get("path"):
         return
     where = _source_of(key, files, overrides)
-    if where and where != "command line" and not exc.message.startswith(where):
+    if where and not exc.message.startswith(where):
         exc.message = f"{where}: {exc.message}"
         exc.args = (exc.message,)
 
