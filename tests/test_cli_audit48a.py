@@ -44,7 +44,7 @@ def test_a_run_json_that_is_a_folder_is_exit_3_naming_it(tmp_path):
 def test_a_negative_step_count_is_refused_with_the_values_allowed():
     proc = _cli("run", "--output", "/nonexistent/run", "--print-config", "value.train.max_steps=-5")
     assert proc.returncode == 4, proc.stderr
-    assert _one_error(proc) == "error: value.train.max_steps=-5 must be >= 1"
+    assert _one_error(proc) == "error: command line: value.train.max_steps=-5 must be >= 1"  # audit58 D6
     assert (
         proc.stderr.splitlines()[1] == "hint: set value.train.max_steps to a whole number of 1 or more (docs/config.md)"
     )

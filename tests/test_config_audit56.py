@@ -28,7 +28,7 @@ def _refused(overrides: list[str], files: list[Path] | None = None, *, run_dir: 
 def test_a_huge_timeout_is_refused_at_load(key):
     """D2: 1e300 passed the config and crashed in Ray with OverflowError (exit 1) after a run folder was made."""
     err = _refused([f"{key}=1e300"])
-    assert err.message == f"{key}=1e+300 must be > 0 and <= 604800"
+    assert err.message == f"command line: {key}=1e+300 must be > 0 and <= 604800"
     assert err.hint == f"set {key} to a finite number in (0, 604800] (docs/config.md)"
     assert err.field == key
     # one week is allowed
@@ -37,7 +37,7 @@ def test_a_huge_timeout_is_refused_at_load(key):
 
 def test_a_huge_recap_timeout_is_refused_too():
     err = _refused(["policy.train.start_timeout_s=1e300"], [RECAP])
-    assert err.message == "policy.train.start_timeout_s=1e+300 must be > 0 and <= 604800"
+    assert err.message == "command line: policy.train.start_timeout_s=1e+300 must be > 0 and <= 604800"
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ def test_a_huge_recap_timeout_is_refused_too():
 def test_loop_and_memory_sizes_are_bounded(overrides, message):
     """D3: rl.group_size=10**30 passed the config (only < 2 was checked) and sft ran before anything noticed."""
     err = _refused(overrides)
-    assert err.message == message
+    assert err.message == f"command line: {message}"  # audit58 D6: an override's rule names its source
     assert err.hint
 
 

@@ -124,7 +124,7 @@ def test_an_override_error_still_names_the_key_and_the_file(cfg, tmp_path):
     assert err.value.message.startswith("command line: unknown config key `policy.model.camras`")
     with pytest.raises(ConfigError) as err:  # the map the rule refuses is the command line's, not the file's
         _cameras([cfg], ["value.model.cameras={}"])
-    assert err.value.message.startswith("value.model.cameras={} maps no model slot")
+    assert err.value.message.startswith("command line: value.model.cameras={} maps no model slot")
     bad = _config(tmp_path, "policy:\n  model: {cameras: {b: {c: 1}}}\n")
     with pytest.raises(ConfigError) as err:  # a file's bad map still names the file
         _cameras([bad], ["value.model.cameras={a: observation.images.wrist}"])

@@ -88,7 +88,7 @@ def test_grpo_seeds_out_of_range_are_refused_at_config_load(tmp_path, override, 
     configs = [REPO / "bundle" / "grpo" / "config.yaml", REPO / "bundle" / "grpo" / "libero.yaml"]
     with pytest.raises(ConfigError) as err:
         load_config(configs, [override], bundle=tmp_path, run_dir=tmp_path / "run", schema=GrpoRunConfig)
-    assert err.value.exit_code == 4 and err.value.message == message
+    assert err.value.exit_code == 4 and err.value.message == f"command line: {message}"  # audit58 D6
     assert err.value.field == override.split("=")[0]
 
 

@@ -444,7 +444,7 @@ def test_a_value_no_stage_could_finish_with_is_refused_at_load(tmp_path, capsys,
     from reproduction.portable import main
 
     assert main(["-q", "run", "--output", str(tmp_path / "run"), override]) == 4
-    assert capsys.readouterr().err.splitlines()[0].startswith(f"error: {words}")
+    assert capsys.readouterr().err.splitlines()[0].startswith(f"error: command line: {words}")  # audit58 D6
     assert not (tmp_path / "run").exists()
 
 

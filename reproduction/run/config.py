@@ -86,6 +86,7 @@ def load_config(
 
     merged = merged_config(files, overrides, bundle=bundle, run_dir=run_dir, schema=schema)
     _refuse_empty_placeholders(merged, files, overrides)
+    _refuse_misfit_section_interpolations(merged, files, overrides)
     _refuse_interpolated_non_bools(merged, files, overrides)
     checks = schema.component_checks() if hasattr(schema, "component_checks") else {}
     try:
@@ -107,14 +108,15 @@ def load_config(
 
 
 def _name_source(exc: ConfigError, files: list[Path] | None, overrides: list[str] | None) -> None:
-    """Prefix `exc`'s message with the --config file its field's value came from, when the loader can tell and the
-    message does not say already (audit56 D8: with several files the user could not tell which). An override's
-    value is the one the user just typed: its message stays as it was (as does a rule on the schema's default)."""
+    """Prefix `exc`'s message with where its field's value came from (the --config file, or `command line` for an
+    override), when the loader can tell and the message does not say already (audit56 D8: with several files the
+    user could not tell which; audit58 D6: an override's line named no source while a file's did). A rule on the
+    schema's default stays as it was."""
     key = exc.fields.get("field")
     if not isinstance(key, str) or exc.fields.get("path"):
         return
     where = _source_of(key, files, overrides)
-    if where and where != "command line" and not exc.message.startswith(where):
+    if where and not exc.message.startswith(where):
         exc.message = f"{where}: {exc.message}"
         exc.args = (exc.message,)
 
@@ -138,6 +140,62 @@ def _refuse_nonfinite(config: Any, schema: type, files: list[Path] | None, overr
                 field=key,
                 hint=f"set {key} to a finite number (docs/config.md)",
             )
+
+
+def _refuse_misfit_section_interpolations(merged: Any, files: list[Path] | None, overrides: list[str] | None) -> None:
+    """ConfigError (exit 4) naming the first section (a field typed by a config dataclass) whose value is a ${...}
+    that does not give a section of its type (`value.model=${policy.model}`, a PolicyConfig; `inner=${maybe_inner}`,
+    null), and where that value came from. OmegaConf's own error names no key (audit58 D3: `config: field '' is not
+    Optional`). A ${...} giving a section of the section's own type is left alone: it works."""
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import InterpolationValidationError
+
+    for key, parent, name in _interpolated_sections(merged, ""):
+        try:
+            parent[name]
+        except InterpolationValidationError:
+            node = parent._get_node(name)
+            text = str(node._value())
+            kind = _type_name(node._metadata.ref_type)
+            target = re.fullmatch(r"\$\{([\w.]+)\}", text)
+            given = OmegaConf.select(merged, target.group(1), default=None) if target else None
+            what = "null" if target and given is None else ""
+            if given is not None:  # the type it gives (a PolicyConfig for a ValueConfig section)
+                name_of = _type_name(OmegaConf.get_type(given))
+                what = f"{'an' if name_of[:1] in 'AEIOU' else 'a'} {name_of}"
+            where = _source_of(key, files, overrides)
+            first = next(iter(node._metadata.ref_type.__dataclass_fields__), "")
+            example = f"${{{target.group(1)}.{first}}}" if isinstance(given, DictConfig) and first in given else "..."
+            raise ConfigError(
+                f"{where + ': ' if where else ''}config key `{key}` (a section of type {kind}) is {text}"
+                f"{', which is ' + what if what else ''}: a section cannot be set from another section's "
+                "interpolation; set its fields",
+                field=key,
+                hint=f"set each field, e.g. {key}.{first}={example}",
+            ) from None
+        except Exception:
+            continue  # another error of the ${...} (a missing key): the resolve below names it
+
+
+def _interpolated_sections(node: Any, prefix: str) -> list[tuple[str, Any, Any]]:
+    """(dotted key, parent, name) of each section under `node` whose value is a ${...}, outermost first."""
+    import dataclasses as dc
+
+    from omegaconf import DictConfig, ListConfig
+
+    out: list[tuple[str, Any, Any]] = []
+    names = node.keys() if isinstance(node, DictConfig) else range(len(node))
+    for name in names:
+        child = node._get_node(name)
+        key = f"{prefix}[{name}]" if isinstance(node, ListConfig) else f"{prefix}.{name}" if prefix else str(name)
+        if not isinstance(child, (DictConfig, ListConfig)) or child._is_none() or child._is_missing():
+            continue
+        if child._is_interpolation():  # a list's or a mapping's ${...} works (or its resolve names the key)
+            if isinstance(child, DictConfig) and dc.is_dataclass(child._metadata.ref_type):
+                out.append((key, node, name))
+        else:
+            out += _interpolated_sections(child, key)
+    return out
 
 
 def _floats(node: Any, prefix: str) -> list[tuple[str, float]]:
