@@ -44,8 +44,8 @@ def test_portable_run_refuses_a_failure_reward_beyond_float32_before_writing(tmp
     proc = _run(out, "returns", f"datasets=[{{path: {root}, type: rollout}}]", "returns.failure_reward=-1e39")
     assert proc.returncode == 4, proc.stderr
     assert proc.stderr.splitlines() == [
-        "error: returns.failure_reward=-1e+39 is not a finite number in float32, the returns sidecar's dtype "
-        "(its range is +-3.4028235e+38)",
+        "error: command line: returns.failure_reward=-1e+39 is not a finite number in float32, the returns sidecar's "
+        "dtype (its range is +-3.4028235e+38)",
         "hint: set returns.failure_reward within +-3.4028235e+38 (RLinf's default: -300)",
     ]
     assert not out.exists()
