@@ -1188,7 +1188,7 @@ def _restate_unselected(walk: _Walk, spec: StageSpec, rec: dict[str, Any]) -> No
         why = "its inputs changed since it ran" if not still else "its outputs changed after it completed"
     except StageKeyChangedError:  # recorded before a field was keyed, and nothing says the value it ran with
         still, why = False, "which config it ran with cannot be told"
-    problems = verify_outputs(stage_dir, rec.get("outputs", {}), walk.digests) if still else []
+    problems = verify_outputs(stage_dir, rec.get("outputs", {}), walk.digests, spec) if still else []
     if still and not problems:
         _rewrite_lost_statement(walk, spec, rec)
         return
