@@ -438,6 +438,12 @@ def test_a_refused_link_planted_in_evidence_is_removed_and_a_file_planted_in_ano
     with pytest.raises(StageProtocolError, match="planted.txt is outside its folder"):
         run_recipe(MEDDLING, Cfg(summary="plant"), run, RunOptions(resume=True))
     assert (run / "good" / "planted.txt").exists()  # left: see OutputsWatch.remove_planted
+    # and named by the next --resume: good's folder holds a file its outputs globs match that no record lists
+    with pytest.raises(
+        StageKeyChangedError, match="stage good: its outputs changed after it completed: planted.txt was added"
+    ):
+        run_recipe(MEDDLING, Cfg(), run, RunOptions(resume=True))
+    (run / "good" / "planted.txt").unlink()
     assert [s.action for s in run_recipe(MEDDLING, Cfg(), run, RunOptions(resume=True)).stages] == ["skipped", "ran"]
 
 

@@ -266,8 +266,9 @@ class OutputsWatch:
         """After a refusal: remove each path the stage returned that lies directly in evidence/, was not there before
         it ran, and is no stage's recorded output (a file or a link it planted there: the link itself, never its
         target), so `portable compare` does not read it as the run's evidence. Returns them, relative to the run.
-        A file it planted in another stage's folder is left (named in the error): telling it from that stage's
-        unrecorded files (a checkpoint) would take listing every stage folder before each stage."""
+        A file it planted in another stage's folder is left (named in the error, and by the next `--resume` as a file
+        added to that stage's outputs when its globs match it): telling it from that stage's unrecorded files would
+        take listing every stage folder before each stage."""
         if self.evidence_before is None and not (self.run_dir / "evidence").is_dir():
             return []
         evidence = os.path.normpath(self.run_dir / "evidence")
