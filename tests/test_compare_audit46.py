@@ -250,9 +250,9 @@ def test_a_sequential_rho_whose_looks_test_below_the_smallest_level_is_a_config_
         load_config(None, [*base, "eval.sequential.rho=100"])
     assert err.value.exit_code == 4 and err.value.field == "eval.sequential.rho"
     assert str(err.value).splitlines()[0] == (
-        "eval.sequential.rho=100.0 with eval.sequential.looks=4 leaves look 1 of 2 (25 of 50 episodes per task) a "
-        "share 7.89e-31 of alpha: its test level would be below 1e-12, the smallest recap-portable computes, "
-        "whatever the reference's alpha"
+        "command line: eval.sequential.rho=100.0 with eval.sequential.looks=4 leaves look 1 of 2 (25 of 50 episodes "
+        "per task) a share 7.89e-31 of alpha: its test level would be below 1e-12, the smallest recap-portable "
+        "computes, whatever the reference's alpha"
     )
     with pytest.raises(ConfigError, match="leaves look 2 of 2 .* a share 0 of alpha"):  # rho near 0: the last look
         load_config(None, [*base, "eval.sequential.rho=1e-20"])

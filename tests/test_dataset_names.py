@@ -40,4 +40,6 @@ def test_the_run_config_refuses_a_dataset_path_ending_in_dotdot():
     with pytest.raises(ConfigError) as info:
         load_run_config([DEMO], ["datasets[0].path=/b/data/sft/.."], bundle=Path("/b"), run_dir=None)
     assert info.value.exit_code == 4
-    assert info.value.message == "datasets[].path='/b/data/sft/..' does not end in a dataset folder's name"
+    assert info.value.message == (
+        "command line: datasets[].path='/b/data/sft/..' does not end in a dataset folder's name"
+    )
