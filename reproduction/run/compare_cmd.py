@@ -125,7 +125,7 @@ def _warn_not_current(folder: Path, chosen: Path) -> None:
     the first by name that is not current. Compare still answers; the verdict is then about that earlier policy
     (audit55 K2: a run killed in its eval stage was compared silently; audit56 B1: said only of a stage named `eval`;
     audit58 B4: with two evaluating stages, another stage's state says nothing of the file compared)."""
-    from reproduction.run.report import _evidence_paths, evidence_stages
+    from reproduction.run.report import evidence_paths, evidence_stages
     from reproduction.run.stale import stale_stages
 
     run_json = folder.parent / "run.json"
@@ -139,7 +139,7 @@ def _warn_not_current(folder: Path, chosen: Path) -> None:
             name
             for name in names
             if chosen.name
-            in {p.name for p in _evidence_paths(folder.parent, name, state["stages"][name].get("outputs"))}
+            in {p.name for p in evidence_paths(folder.parent, name, state["stages"][name].get("outputs"))}
         ]
         records = {name: state["stages"][name] for name in listing or names}
         statuses = {name: rec["status"] for name, rec in records.items()}
@@ -231,13 +231,13 @@ def _by_labels(
 def _listing_stages(run_dir: Path, current: list[Path]) -> dict[Path, str]:
     """Each of `current` with the evaluating stage(s) whose run.json record lists it ("evala", or "evala, evalb" for a
     file two records list)."""
-    from reproduction.run.report import _evidence_paths, evidence_stages
+    from reproduction.run.report import evidence_paths, evidence_stages
 
     try:
         state = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
         stages = state["stages"]
         lists = {
-            name: {p.name for p in _evidence_paths(run_dir, name, stages[name].get("outputs"))}
+            name: {p.name for p in evidence_paths(run_dir, name, stages[name].get("outputs"))}
             for name in evidence_stages(run_dir, state)
             if name in stages
         }

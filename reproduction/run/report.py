@@ -114,7 +114,7 @@ def _read_state(run_dir: Path) -> Mapping[str, Any] | None:
     return state if isinstance(state, Mapping) else None
 
 
-def _evidence_paths(run_dir: Path, stage: str, outputs: Any) -> list[Path]:
+def evidence_paths(run_dir: Path, stage: str, outputs: Any) -> list[Path]:
     """The <run>/evidence/eval_*.json paths (existing or not) among a stage record's `outputs`, which are recorded
     relative to the stage's folder (<run>/<stage>), so the run's evidence files read ../evidence/eval_*.json."""
     if not isinstance(outputs, Mapping):
@@ -141,7 +141,7 @@ def evidence_stages(run_dir: Path, state: Mapping[str, Any] | None = None) -> li
     found = [
         name
         for name, rec in (stages.items() if isinstance(stages, Mapping) else ())
-        if isinstance(rec, Mapping) and _evidence_paths(run_dir, str(name), rec.get("outputs"))
+        if isinstance(rec, Mapping) and evidence_paths(run_dir, str(name), rec.get("outputs"))
     ]
     return sorted(found) or [FALLBACK_EVAL_STAGE]
 
@@ -157,7 +157,7 @@ def recorded_evidence(run_dir: Path) -> list[Path] | None:
     found: dict[str, Path] = {}
     for name in evidence_stages(run_dir, state):
         rec = state["stages"].get(name)
-        for p in _evidence_paths(run_dir, name, rec.get("outputs") if isinstance(rec, Mapping) else None):
+        for p in evidence_paths(run_dir, name, rec.get("outputs") if isinstance(rec, Mapping) else None):
             if p.is_file():
                 found[p.name] = p
     return _by_step(list(found.values())) if found else None
