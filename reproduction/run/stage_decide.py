@@ -70,7 +70,13 @@ def decide(
         # today's key (and the move) so a later --resume needs no flag
     if rec.get("status") == "complete":
         refuse_fewer_steps(spec, rec, plain, recorded_config, layers_hint(missing_layers([rec], opts.config_files)))
-        problems = verify_outputs(stage_dir, rec.get("outputs", {}), digests, spec)
+        target = trains_on(spec, rec, plain, opts)
+        # a record without `declaration` was written before additions were checked (stop 58), by code that put a
+        # complete record back over a continuation stopped after it wrote files its globs match (a live evaluation,
+        # a checkpoint): continuing rewrites and re-records them, so only a stage that is not continued is refused
+        # for an addition (review58 S2)
+        added_checked = target is None or "declaration" in rec
+        problems = verify_outputs(stage_dir, rec.get("outputs", {}), digests, spec if added_checked else None)
         if problems:
             raise StageKeyChangedError(
                 f"stage {spec.name}: its outputs changed after it completed: " + "; ".join(problems),
@@ -78,7 +84,7 @@ def decide(
                 changes=problems,
                 hint=f"pass --restart-stage {spec.name} to redo it",
             )
-        return "continue" if trains_on(spec, rec, plain, opts) is not None else "skip"
+        return "continue" if target is not None else "skip"
     return "continue" if spec.training else "fresh"
 
 
