@@ -1,13 +1,18 @@
-"""A run-config loader rule (audit58 D5).
+"""Two run-config loader rules (audit58 D5, audit58 review S3).
 
 An escaped `\\${...}` (OmegaConf's escape for a literal `${...}`) loads as that literal string, and --print-config
 (YAML and --json) prints it escaped again, so --config reads the printed config back to the same config. It was
 resolved anyway: OmegaConf.resolve turned `\\${a}` into `${a}`, which to_object then resolved.
+
+An untyped (Any) field holding a ${...} is replaced by a mapping given whole (`interp={}`), as a typed mapping is; the
+merge resolved the ${...} and added the mapping's entries to its target's.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
@@ -75,3 +80,40 @@ def test_escape_interpolations_reads_back_as_itself(literal):
 
 def test_a_string_without_interpolation_prints_as_before():
     assert escape_interpolations("C:\\dir\\x $a") == "C:\\dir\\x $a"
+
+
+@dataclass
+class Inner:
+    interp: Any = "${ref}"
+
+
+@dataclass
+class AnyCfg:
+    ref: dict[str, str] = field(default_factory=lambda: {"r": "s"})
+    interp: Any = "${ref}"
+    inner: Inner = field(default_factory=Inner)
+    scalar: Any = "${ref.r}"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "interp"),
+    [
+        (["interp={}"], {}),
+        (["interp={x: y}"], {"x": "y"}),
+        (["interp={}", "interp.x=y"], {"x": "y"}),
+        (["interp=${ref}"], {"r": "s"}),  # a plain override is not a mapping given whole: it still resolves
+        ([], {"r": "s"}),
+    ],
+)
+def test_a_mapping_given_whole_replaces_an_interpolated_any_field(overrides, interp):
+    config = load_config(None, overrides, schema=AnyCfg)
+    assert config.interp == interp
+    assert config.ref == {"r": "s"}  # the ${...}'s target is not touched
+
+
+def test_a_mapping_given_whole_replaces_an_interpolated_any_field_in_a_section_and_a_file(tmp_path):
+    assert load_config(None, ["inner.interp={x: y}"], schema=AnyCfg).inner.interp == {"x": "y"}
+    assert load_config(None, ["inner={interp: {}}"], schema=AnyCfg).inner.interp == {}
+    assert load_config(None, ["scalar={x: y}"], schema=AnyCfg).scalar == {"x": "y"}
+    config = load_config([_write(tmp_path, "a.yaml", "interp: {x: y}\ninner: {interp: {}}\n")], schema=AnyCfg)
+    assert (config.interp, config.inner.interp, config.ref) == ({"x": "y"}, {}, {"r": "s"})

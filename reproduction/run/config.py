@@ -462,19 +462,23 @@ def _clear_mappings(merged: Any, item: str) -> None:
 
     key, _, text = item.partition("=")
     node: Any = merged
+    parent: Any = None
+    name: Any = None
     for part in _dotted(key.strip()).split("."):
         if isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
-            node = node._get_node(int(part))
+            parent, name, node = node, int(part), node._get_node(int(part))
             continue
         _fill_none_section(node)  # `maybe_inner.tags={}` under a None section: the merge fills it with its defaults
         if isinstance(node, DictConfig) and not (node._is_none() or node._is_missing() or node._is_interpolation()):
             try:
-                node = node._get_node(part, throw_on_missing_key=False)
+                parent, name, node = node, part, node._get_node(part, throw_on_missing_key=False)
             except Exception:
                 return  # not the schema's key: the merge names it
         else:
             return
     value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={text}"]), resolve=False)["v"]
+    if parent is not None and _empty_interpolated_any(parent, name, value):
+        return
     _clear_into(node, value)
 
 
@@ -499,7 +503,22 @@ def _clear_into(node: Any, value: Any) -> None:
             child = node._get_node(name, throw_on_missing_key=False)
         except Exception:
             continue  # not the section's key: the merge names it
-        _clear_into(child, given)
+        if not _empty_interpolated_any(node, name, given):
+            _clear_into(child, given)
+
+
+def _empty_interpolated_any(parent: Any, name: Any, value: Any) -> bool:
+    """Set `parent[name]` to {} when it is an untyped (Any) field holding a ${...} and `value` is a mapping, and say
+    so: the merge resolved the ${...} and added `value`'s entries to its target's, so an out-of-tree schema's
+    `interp: Any = "${ref}"` given `interp={}` kept `ref`'s entries (audit58 review S3). A typed field's ${...} is
+    left to `_clear_into` (a dict) or to the merge, which names a mapping given to a scalar."""
+    from omegaconf import AnyNode
+
+    child = parent._get_node(name)
+    if not isinstance(child, AnyNode) or not isinstance(value, dict) or not child._is_interpolation():
+        return False
+    parent[name] = {}
+    return True
 
 
 def _fill_none_section(node: Any) -> None:
@@ -1162,6 +1181,7 @@ def reference(schema: type) -> str:
         "the same config.",
         "`\\${a.b}` is the literal text `${a.b}` (OmegaConf's escape), not the value of a.b; --print-config prints",
         "such a literal escaped again (`\\${a.b}`, in the JSON too), so that it reads back as the literal.",
+        "An untyped (Any) field of a recipe's own schema holding a `${...}` is replaced by a mapping given whole too.",
         "A --config file is UTF-8 text of at most 1 MB (CONFIG_FILE_MAX_BYTES); a larger one is refused, exit 4.",
         "BUNDLE and RUN come from the command (the bundle argument, --output): an override of one it sets is refused.",
         "A float key takes finite numbers: nan and inf (`.nan`, `.inf`, `1e400`) are refused, exit 4.",
