@@ -90,7 +90,7 @@ def load_config(
     _refuse_interpolated_non_bools(merged, files, overrides)
     checks = schema.component_checks() if hasattr(schema, "component_checks") else {}
     try:
-        OmegaConf.resolve(merged)
+        _resolve_keeping_escapes(merged)
         _check_component_sections(merged, checks=checks)
         config = OmegaConf.to_object(merged)
         # to_object does not re-check the items of a dict[str, X] / list[X] a whole container was merged into
@@ -105,6 +105,47 @@ def load_config(
         raise _config_error(exc, merged, where=where) from None
     _refuse_nonfinite(config, schema, files, overrides)
     return config
+
+
+def _resolve_keeping_escapes(merged: Any) -> None:
+    """OmegaConf.resolve(merged) in place, keeping an escaped `\\${...}` (OmegaConf's escape for a literal `${...}`)
+    a literal string: resolve sets each value to its result, so `\\${a}` became `${a}`, which the to_object after it
+    resolved again (audit58 D5: `tag: '\\${advantages.lookahead}'` loaded as 10). A value whose result holds `${` is
+    escaped once more after the resolve, so to_object gives the literal. Raises what resolve raises."""
+    from omegaconf import OmegaConf
+
+    try:
+        results = OmegaConf.to_container(merged, resolve=True)
+    except Exception:
+        results = None  # a ${...} that fails: the resolve below raises it (no value is left to keep)
+    OmegaConf.resolve(merged)
+    if results is not None:
+        _escape_literals(merged, results)
+
+
+def _escape_literals(node: Any, results: Any) -> None:
+    """Set each string value of `node` (resolved) whose result in `results` (the same tree, plain) holds `${` to that
+    result escaped (`escape_interpolations`)."""
+    from omegaconf import DictConfig, ListConfig
+
+    if isinstance(node, DictConfig) and isinstance(results, dict) and not node._is_none():
+        names: Any = [name for name in node.keys() if name in results]
+    elif isinstance(node, ListConfig) and isinstance(results, list) and not node._is_none():
+        names = range(min(len(node), len(results)))
+    else:
+        return
+    for name in names:
+        child, result = node._get_node(name), results[name]
+        if isinstance(child, (DictConfig, ListConfig)):
+            _escape_literals(child, result)
+        elif isinstance(result, str) and "${" in result:
+            child._set_value(escape_interpolations(result))
+
+
+def escape_interpolations(text: str) -> str:
+    """`text` as OmegaConf reads back to `text` itself: each `${` escaped as `\\${`, and the backslashes before it
+    doubled (`\\\\` is one backslash there). A string without `${` is returned as it is."""
+    return re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", text)
 
 
 def _name_source(exc: ConfigError, files: list[Path] | None, overrides: list[str] | None) -> None:
@@ -232,7 +273,8 @@ def _refuse_empty_placeholders(merged: Any, files: list[Path] | None, overrides:
     plain = OmegaConf.to_container(merged, resolve=False)
     for key, value in _strings(plain, ""):
         for name in empty:
-            if key != name and re.search(r"\$\{\s*" + name + r"\s*\}", value):
+            # after an even run of backslashes (or none) only: `\${RUN}` is the literal text, not the placeholder
+            if key != name and re.search(r"(?<!\\)(?:\\\\)*\$\{\s*" + name + r"\s*\}", value):
                 where = _source_of(key.split("[")[0], files, overrides)  # a list's file: the list's
                 raise ConfigError(
                     f"{f'{where}: ' if where else ''}config key `{key}` uses ${{{name}}}, which is empty here "
@@ -308,7 +350,8 @@ def _check_component_sections(node: Any, prefix: str = "", checks: dict[type, An
         check = checks.get(OmegaConf.get_type(child))
         if check is not None:
             try:
-                values = OmegaConf.to_container(child, throw_on_missing=True)
+                # resolved already; resolve=True gives a kept `\${...}` as the literal the config loads
+                values = OmegaConf.to_container(child, resolve=True, throw_on_missing=True)
             except Exception:
                 continue
             check(SimpleNamespace(**values), key=key)
@@ -419,19 +462,23 @@ def _clear_mappings(merged: Any, item: str) -> None:
 
     key, _, text = item.partition("=")
     node: Any = merged
+    parent: Any = None
+    name: Any = None
     for part in _dotted(key.strip()).split("."):
         if isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
-            node = node._get_node(int(part))
+            parent, name, node = node, int(part), node._get_node(int(part))
             continue
         _fill_none_section(node)  # `maybe_inner.tags={}` under a None section: the merge fills it with its defaults
         if isinstance(node, DictConfig) and not (node._is_none() or node._is_missing() or node._is_interpolation()):
             try:
-                node = node._get_node(part, throw_on_missing_key=False)
+                parent, name, node = node, part, node._get_node(part, throw_on_missing_key=False)
             except Exception:
                 return  # not the schema's key: the merge names it
         else:
             return
     value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={text}"]), resolve=False)["v"]
+    if parent is not None and _empty_interpolated_any(parent, name, value):
+        return
     _clear_into(node, value)
 
 
@@ -456,7 +503,22 @@ def _clear_into(node: Any, value: Any) -> None:
             child = node._get_node(name, throw_on_missing_key=False)
         except Exception:
             continue  # not the section's key: the merge names it
-        _clear_into(child, given)
+        if not _empty_interpolated_any(node, name, given):
+            _clear_into(child, given)
+
+
+def _empty_interpolated_any(parent: Any, name: Any, value: Any) -> bool:
+    """Set `parent[name]` to {} when it is an untyped (Any) field holding a ${...} and `value` is a mapping, and say
+    so: the merge resolved the ${...} and added `value`'s entries to its target's, so an out-of-tree schema's
+    `interp: Any = "${ref}"` given `interp={}` kept `ref`'s entries (audit58 review S3). A typed field's ${...} is
+    left to `_clear_into` (a dict) or to the merge, which names a mapping given to a scalar."""
+    from omegaconf import AnyNode
+
+    child = parent._get_node(name)
+    if not isinstance(child, AnyNode) or not isinstance(value, dict) or not child._is_interpolation():
+        return False
+    parent[name] = {}
+    return True
 
 
 def _fill_none_section(node: Any) -> None:
@@ -1014,7 +1076,8 @@ def to_yaml(config: Any, recipe: str | None = None) -> str:
     """The resolved config as YAML (what --print-config shows) that `--config` reads back to the same config: plain
     YAML, which yaml.safe_load reads (a Path as its string, an Enum by its name, which the loader takes), starting
     with `recipe: NAME` (the config's own `recipe` field, else `recipe` when given). audit58 B6: an out-of-tree
-    recipe's printed config named no recipe (read back as RECAP's: exit 4) and a Path was a python/object tag."""
+    recipe's printed config named no recipe (read back as RECAP's: exit 4) and a Path was a python/object tag. A
+    string holding `${` (a literal a `\\${...}` gave) is printed escaped, so it reads back as that literal."""
     from omegaconf import OmegaConf
 
     plain = _plain_scalars(OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True))
@@ -1024,24 +1087,25 @@ def to_yaml(config: Any, recipe: str | None = None) -> str:
 
 
 def _plain_scalars(node: Any) -> Any:
-    """`node` (plain dicts and lists) with each Path as its string: a YAML safe loader reads no Python object."""
+    """`node` (plain dicts and lists) with each Path as its string (a YAML safe loader reads no Python object) and each
+    string holding `${` escaped (`escape_interpolations`: --config would resolve it, audit58 D5)."""
     if isinstance(node, dict):
         return {key: _plain_scalars(value) for key, value in node.items()}
     if isinstance(node, list):
         return [_plain_scalars(value) for value in node]
-    return str(node) if isinstance(node, Path) else node
+    return escape_interpolations(str(node)) if isinstance(node, (str, Path)) else node
 
 
 def to_json(config: Any, recipe: str | None = None) -> str:
     """The resolved config as one JSON document (what --print-config --json shows; the same values as to_yaml),
     which `--config` reads back: `recipe` (the recipe's name) comes first when the config has no `recipe` field of
     its own; an out-of-tree recipe's JSON named none and read back as RECAP's, exit 4 (audit58 D4). A config with
-    the field keeps its key order."""
+    the field keeps its key order. A string holding `${` is escaped as in to_yaml (`\\${`), which --config needs."""
     import json
 
     from omegaconf import OmegaConf
 
-    plain = OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True)
+    plain = _plain_scalars(OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True))
     if RECIPE_KEY not in plain and recipe is not None:
         plain = {RECIPE_KEY: recipe, **plain}
     return json.dumps(plain, indent=1, default=str) + "\n"
@@ -1115,6 +1179,9 @@ def reference(schema: type) -> str:
         "`portable run --print-config` writes plain YAML (paths as strings, enums by name) starting with",
         "`recipe: NAME` (with --json the same as one JSON document): `portable run --config` reads either back to",
         "the same config.",
+        "`\\${a.b}` is the literal text `${a.b}` (OmegaConf's escape), not the value of a.b; --print-config prints",
+        "such a literal escaped again (`\\${a.b}`, in the JSON too), so that it reads back as the literal.",
+        "An untyped (Any) field of a recipe's own schema holding a `${...}` is replaced by a mapping given whole too.",
         "A --config file is UTF-8 text of at most 1 MB (CONFIG_FILE_MAX_BYTES); a larger one is refused, exit 4.",
         "BUNDLE and RUN come from the command (the bundle argument, --output): an override of one it sets is refused.",
         "A float key takes finite numbers: nan and inf (`.nan`, `.inf`, `1e400`) are refused, exit 4.",
