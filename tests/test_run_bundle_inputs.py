@@ -247,9 +247,31 @@ def test_a_bundle_named_by_bundle_key_is_checked_for_its_manifest_as_the_positio
 
 
 def test_a_folder_no_tool_made_a_bundle_of_runs_as_before(bundle, tmp_path, capsys):
-    """A BUNDLE folder of configs and data written by hand (no bundle.json, no .portable/: no fetch or restore worked
-    in it) runs as before: there is no manifest to check it against."""
+    """A BUNDLE folder of configs and data written by hand (no bundle.json, no .portable/, no runner copy: no fetch,
+    restore or pack worked in it) runs as before: there is no manifest to check it against."""
     (bundle / "bundle.json").unlink()
     shutil.rmtree(bundle / ".portable", ignore_errors=True)
+    shutil.rmtree(bundle / "reproduction")
     rc = main(["-q", "run", str(bundle), "--output", str(tmp_path / "out"), "--stages", "returns"])
     assert rc == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("layer", [False, True])
+def test_a_packed_bundle_whose_manifest_was_deleted_is_refused_before_any_restore(tmp_path, capsys, layer):
+    """audit59 H10: a bundle as `pack` (or a fetch) left it, never restored, so with no .portable/, ran unchecked
+    (exit 0, the run folder written) once its bundle.json was deleted, where README's table says exit 3. What pack
+    writes into every bundle (the runner's copy, a layer's member index) now marks it as one."""
+    bundle = _pack(tmp_path, "packed", layer=layer)
+    assert not (bundle / ".portable").exists()
+    if layer:  # the layer's member index alone marks it
+        shutil.rmtree(bundle / "reproduction")
+        assert sorted(p.name for p in bundle.glob("*/*.members.json")) == ["rt.members.json"]
+    manifest = bundle / "bundle.json"
+    manifest.unlink()
+    rc, err = _run(bundle, tmp_path / "out", capsys)
+    assert rc == 3, err
+    assert err.splitlines()[0] == (
+        f"error: bundle {bundle} has no readable manifest: {manifest} does not exist, "
+        "so nothing it holds can be checked"
+    )
+    assert not (tmp_path / "out").exists()

@@ -157,7 +157,7 @@ def refuse_no_manifest(bundle: Path) -> None:
     manifest = bundle / MANIFEST_NAME
     if manifest.is_file():
         return
-    if not os.path.lexists(manifest) and not (bundle / STATE_DIR).is_dir():
+    if not os.path.lexists(manifest) and not (bundle / STATE_DIR).is_dir() and not _packed(bundle):
         return  # a folder of configs and data, not a packed or restored bundle: nothing to check it against
     state = "is a folder, not a file" if manifest.is_dir() else "does not exist"
     if os.path.islink(manifest) and not manifest.exists():
@@ -168,6 +168,14 @@ def refuse_no_manifest(bundle: Path) -> None:
         hint="an interrupted `portable fetch` leaves a folder like this: run the same fetch again, then "
         f"`portable restore {bundle}`; or run with --config alone, without BUNDLE",
     )
+
+
+def _packed(bundle: Path) -> bool:
+    """Whether `bundle` holds what `pack` writes into every bundle besides bundle.json: the runner's own copy
+    (reproduction/portable.py) or a layer's member index (`<layer>.members.json`). A packed or fetched bundle that
+    no restore worked in has no `.portable/`, so with its bundle.json deleted it would otherwise run unchecked
+    (audit59 H10)."""
+    return (bundle / "reproduction" / "portable.py").is_file() or any(bundle.glob("*/*.members.json"))
 
 
 def _cwd_bundle() -> Path | None:
