@@ -38,6 +38,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -592,12 +593,14 @@ def fetch_bundle(
         "the fetched bundle",
         hint=f"make {dest} writable (its permissions, `chattr -i`, a read-write mount) or fetch into another folder",
     )
-    _, done = _fetched_here(dest, repo, repo_type)  # likewise: a folder fetch may not touch is refused (exit 4)
+    owned, done = _fetched_here(dest, repo, repo_type)  # likewise: a folder fetch may not touch is refused (exit 4)
     api = _client(settings, ui)
     constants = hub_import("huggingface_hub.constants")
 
     if constants.HF_HUB_OFFLINE:
         return _fetch_offline(dest, repo, repo_type, rev, done, ui)
+    if done is not None:  # likewise: files no fetch wrote (audit59 F1); an interrupted fetch: _prepare_dest only
+        _refuse_foreign(dest, _foreign_files(dest, owned, done))
     endpoint = settings.resolved_endpoint()
     commit = resolve_commit(api, repo, repo_type, rev, settings=settings, ui=ui)
 
@@ -613,8 +616,10 @@ def fetch_bundle(
     dest.mkdir(parents=True, exist_ok=True)
     with bundle_lock(dest, what="fetch", wait_s=0.0):  # the receipt and bundle.json too: audit46 hub F2
         partial = dest / STATE_DIR / PARTIAL_DIR
-        _prepare_dest(dest, manifest, repo=repo, repo_type=repo_type, commit=commit)
+        old = _prepare_dest(dest, manifest, repo=repo, repo_type=repo_type, commit=commit)
         present = _already_present(dest, manifest)
+        if old is not None:
+            _say_edited(dest, manifest, old, set(present), ui)
         _refuse_linked_folders(dest, [e.path for e in manifest.files])
         jobs = [
             Download(
@@ -712,7 +717,6 @@ def _clean_partial(partial: Path) -> None:
     """Remove from `.portable/partial` anything a download would write through: the folder itself as a
     symlink or file, or an entry in it that is not a regular file (a `.part` symlink would have the next
     download append to whatever it points to: audit F1). The tool's own state, so removed, never followed."""
-    import stat
 
     from reproduction.fsio import remove_tree
 
@@ -823,18 +827,32 @@ def _fetched_here(dest: Path, repo: str, repo_type: str) -> tuple[set[str], Mani
     return owned, old
 
 
-def _prepare_dest(dest: Path, manifest: Manifest, *, repo: str, repo_type: str, commit: str) -> None:
-    """Under the fetch lock: accept `dest` (`_fetched_here`, checked again), refuse it when it holds files
-    fetch did not write (exit 4, naming them, before anything is changed: audit46 hub F3), record the fetch
-    marker, then drop the files an earlier fetch wrote that the new manifest does not list, and bundle.json."""
-    from reproduction.release.verify import find_extras
+def _foreign_files(dest: Path, owned: set[str], ignore: Manifest, listed: set[str] = frozenset()) -> list[str]:
+    """Files in `dest` that no fetch wrote, sorted: every file not in `owned`, less what the bundle `ignore` (the
+    complete fetch's old manifest, else the new one) does not list by design (bundle.json, the state folder, its
+    layer targets: restored files) and `runs/` (the user's; fetch leaves it alone), plus every `listed` path (the new
+    manifest's) that is there and not in `owned`: a user's file at a path the new revision lists was overwritten
+    (audit59 F1), whatever folder it is in."""
+    from reproduction.release.verify import RUNS_DIR, ignored_paths
 
-    owned, old = _fetched_here(dest, repo, repo_type)
-    listed = {e.path for e in manifest.files}
-    _refuse_linked_folders(dest, sorted(owned | listed))  # exit 6 first: a linked folder is no user file
-    foreign = [p for p in find_extras(dest, manifest) if p not in owned]
-    if old is not None:  # what the old bundle ignores (its layer targets: restored files) is not foreign
-        foreign = sorted(set(foreign) & set(find_extras(dest, old)))
+    skip_files, skip_dirs = ignored_paths(ignore)
+    found = [p for p in listed if os.path.lexists(dest / p) and not os.path.isdir(dest / p)]
+    for root, dirs, names in os.walk(dest):
+        rel_root = os.path.relpath(root, dest)
+        rel_root = "" if rel_root == "." else rel_root + "/"
+        keep = []
+        for d in dirs:
+            rel = rel_root + d
+            if rel in skip_dirs or rel == RUNS_DIR or os.path.islink(os.path.join(root, d)):
+                continue  # a linked folder is refused by _refuse_linked_folders when fetch writes through it
+            keep.append(d)
+        dirs[:] = keep
+        found += [rel_root + n for n in names if rel_root + n not in skip_files]
+    return sorted({p for p in found if p not in owned})
+
+
+def _refuse_foreign(dest: Path, foreign: list[str]) -> None:
+    """InvalidInputError (exit 4) naming the files of `foreign`, when there are any."""
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise InvalidInputError(
@@ -844,6 +862,17 @@ def _prepare_dest(dest: Path, manifest: Manifest, *, repo: str, repo_type: str, 
             files=foreign,
             hint=f"move them out of {dest} and run fetch again, or {_NEW_FOLDER_HINT}",
         )
+
+
+def _prepare_dest(dest: Path, manifest: Manifest, *, repo: str, repo_type: str, commit: str) -> Manifest | None:
+    """Under the fetch lock: accept `dest` (`_fetched_here`, checked again), refuse it when it holds files
+    fetch did not write (exit 4, naming them, before anything is changed: audit46 hub F3, audit59 F1), record the
+    fetch marker, then drop the files an earlier fetch wrote that the new manifest does not list (and the folders
+    that dropping emptied), and bundle.json. Returns the complete earlier fetch's manifest, or None."""
+    owned, old = _fetched_here(dest, repo, repo_type)
+    listed = {e.path for e in manifest.files}
+    _refuse_linked_folders(dest, sorted(owned | listed))  # exit 6 first: a linked folder is no user file
+    _refuse_foreign(dest, _foreign_files(dest, owned, old or manifest, listed))
     partial = dest / STATE_DIR / PARTIAL_DIR
     _clean_partial(partial)
     marker = {"repo": repo, "repo_type": repo_type, "commit": commit, "files": sorted(owned | listed)}
@@ -856,6 +885,37 @@ def _prepare_dest(dest: Path, manifest: Manifest, *, repo: str, repo_type: str, 
         path = dest / rel
         if path.is_symlink() or not path.is_dir():
             path.unlink(missing_ok=True)
+    _remove_emptied_folders(dest, drop, listed)
+    return old
+
+
+def _say_edited(dest: Path, manifest: Manifest, old: Manifest, present: set[str], ui: UiOptions | None) -> None:
+    """One line naming the files fetch wrote that were changed since and that this fetch replaces (audit59 F1,
+    "bedit"): not `present` (`_already_present`) though the old pin is the new one, or their size is not the old
+    pin's. No file is read for it: one with the old pin's size and a new pin goes unnamed."""
+    pinned = {e.path: e for e in old.files}
+    edited = []
+    for entry in manifest.files:
+        was = pinned.get(entry.path)
+        if was is None or entry.path in present:
+            continue
+        with contextlib.suppress(OSError):
+            st = os.lstat(dest / entry.path)
+            if stat.S_ISREG(st.st_mode) and (st.st_size != was.size or was.sha256 == entry.sha256):
+                edited.append(entry.path)
+    if edited:
+        shown = ", ".join(edited[:5]) + (f" and {len(edited) - 5} more" if len(edited) > 5 else "")
+        say(f"replacing {len(edited)} file(s) changed since fetch wrote them: {shown}", options=ui)
+
+
+def _remove_emptied_folders(dest: Path, dropped: list[str], listed: set[str]) -> None:
+    """Remove the folders that dropping `dropped` left empty, from the deepest up (audit59 F6); a folder that still
+    holds anything, or that a `listed` file goes into, stays (os.rmdir removes only empty folders)."""
+    needed = {p.rsplit("/", i)[0] for p in listed for i in range(1, p.count("/") + 1)}
+    folders = {p.rsplit("/", i)[0] for p in dropped for i in range(1, p.count("/") + 1)}
+    for rel in sorted(folders - needed, key=lambda f: -f.count("/")):
+        with contextlib.suppress(OSError):
+            os.rmdir(dest / rel)
 
 
 def _refuse_no_room(dest: Path, repo: str, jobs: list[Download]) -> None:

@@ -1,0 +1,71 @@
+"""`portable fetch` of another revision into an earlier fetch (audit59 F1, F6): a user's file at a path the new
+revision lists is refused like any file no fetch wrote (exit 4, named, before the Hub is asked, bytes kept), a
+fetched file the user edited is named when it is replaced, and the folders a revision switch emptied go."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hubserver import HubServer, make_bundle
+from test_hub_hostile import TOKEN, files, published, run, snapshot
+
+
+@pytest.fixture
+def hub(tmp_path: Path):
+    server = HubServer(tmp_path / "hub", tokens={TOKEN: ("alice", "write")}).start()
+    yield server
+    server.stop()
+
+
+def publish(hub: HubServer, tmp_path: Path, name: str, content: dict[str, bytes]) -> None:
+    got = run(hub, tmp_path, "publish", str(make_bundle(tmp_path / name, content)), "--repo", "alice/r")
+    assert got.returncode == 0, got.stderr
+
+
+def test_a_users_file_at_a_path_the_new_revision_lists_is_refused_and_kept(hub: HubServer, tmp_path: Path) -> None:
+    published(hub, tmp_path)
+    dest = tmp_path / "dest"
+    assert run(hub, tmp_path, "fetch", "alice/r", str(dest)).returncode == 0
+    publish(hub, tmp_path, "v2", {**files(), "weights/new.bin": b"N" * 5000})
+    (dest / "weights/new.bin").write_bytes(b"user's own file\n")
+    before, requests = snapshot(dest), len(hub.log)
+    got = run(hub, tmp_path, "fetch", "alice/r", str(dest), timeout=60)
+    assert got.returncode == 4, got.stderr
+    assert f"error: {dest} holds 1 file(s) that no fetch wrote: weights/new.bin;" in got.stderr, got.stderr
+    assert (dest / "weights/new.bin").read_bytes() == b"user's own file\n"
+    assert snapshot(dest) == before, "nothing changed"
+    assert len(hub.log) == requests, "refused before the Hub is asked anything"
+    (dest / "weights/new.bin").unlink()
+    again = run(hub, tmp_path, "fetch", "alice/r", str(dest), timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert (dest / "weights/new.bin").read_bytes() == b"N" * 5000
+
+
+def test_a_refetch_names_the_fetched_file_it_replaces_after_an_edit(hub: HubServer, tmp_path: Path) -> None:
+    published(hub, tmp_path)
+    dest = tmp_path / "dest"
+    assert run(hub, tmp_path, "fetch", "alice/r", str(dest)).returncode == 0
+    (dest / "configs/run.yaml").write_bytes(b"seed: 999  # my edit\n")
+    got = run(hub, tmp_path, "fetch", "alice/r", str(dest), timeout=60)
+    assert got.returncode == 0, got.stderr
+    assert "replacing 1 file(s) changed since fetch wrote them: configs/run.yaml\n" in got.stderr, got.stderr
+    assert (dest / "configs/run.yaml").read_bytes() == b"seed: 0\n"
+    quiet = run(hub, tmp_path, "-q", "fetch", "alice/r", str(dest), timeout=60)
+    assert quiet.returncode == 0 and "replacing" not in quiet.stderr, quiet.stderr
+    untouched = run(hub, tmp_path, "fetch", "alice/r", str(dest), timeout=60)
+    assert untouched.returncode == 0 and "replacing" not in untouched.stderr, untouched.stderr
+
+
+def test_a_revision_switch_removes_the_folders_it_emptied_and_no_other(hub: HubServer, tmp_path: Path) -> None:
+    publish(hub, tmp_path, "v1", {**files(), "data/deep/only_v1.txt": b"v1\n", "keep/only_v1.txt": b"v1\n"})
+    dest = tmp_path / "dest"
+    assert run(hub, tmp_path, "fetch", "alice/r", str(dest)).returncode == 0
+    (dest / "mine").mkdir()  # an empty folder of the user's: fetch did not empty it
+    (dest / "runs").mkdir()
+    publish(hub, tmp_path, "v2", {**files(), "keep/other.txt": b"v2\n"})
+    got = run(hub, tmp_path, "fetch", "alice/r", str(dest), timeout=60)
+    assert got.returncode == 0, got.stderr
+    assert not (dest / "data").exists(), "data/deep/ and data/ held only v1's file"
+    assert sorted(p.name for p in (dest / "keep").iterdir()) == ["other.txt"]
+    assert (dest / "mine").is_dir() and (dest / "runs").is_dir()
