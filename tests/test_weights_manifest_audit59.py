@@ -107,6 +107,35 @@ def test_paths_that_cannot_all_be_written_are_refused_when_the_manifest_is_read(
     assert len(hub.requests("GET", r"/resolve/")) == before  # and the Hub never asked for a file
 
 
+@pytest.mark.parametrize(
+    ("delta", "retries"),
+    # one byte more (the audit's case): the Hub's whole answer, a byte short of the pin, may be a short answer
+    # (audit53 X6), resumed once; the 416's `bytes */N` then says the file has N. One byte less: the whole answer
+    # declares more than the pin, refused at once.
+    [(1, 1), (-1, 0)],
+)
+def test_a_pinned_size_the_hubs_file_does_not_have_is_a_wrong_pin_not_a_network_failure(
+    hub: HubServer, tmp_path: Path, delta: int, retries: int
+) -> None:
+    manifest, data = pinned_manifest(hub, tmp_path)
+    real = len(UP["config.json"])
+    data["components"][0]["files"][1]["size"] = real + delta
+    manifest.write_text(json.dumps(data))
+    proc = run(hub, tmp_path, "fetch", str(manifest), str(tmp_path / "w"))
+    assert proc.returncode == 34, proc.stderr
+    assert (
+        f"  download upstream/config.json: the Hub serves {real} bytes, but {real + delta} are pinned: the pinned "
+        "size is not this file's\n" in proc.stderr
+    ), proc.stderr
+    assert "hint: pin the weights manifest again (`portable weights pin MANIFEST`) or fix the size it lists" in (
+        proc.stderr
+    )
+    assert proc.stderr.count("retry ") == retries, proc.stderr
+    assert "check the network" not in proc.stderr
+    assert not (tmp_path / "w/upstream/config.json").exists()
+    assert list((tmp_path / "w/.portable/partial").glob("*config*")) == []
+
+
 def test_path_clash_finds_each_kind_and_accepts_distinct_paths() -> None:
     assert path_clash(["a/b", "a/c", "b"]) is None
     assert path_clash(["x", "y", "x"]) == (0, 2, "twice")
