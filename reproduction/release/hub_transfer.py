@@ -888,6 +888,23 @@ def _hash_existing(path: Path, size: int) -> tuple[int, Any]:
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
 
+def _check_served_length(job: Download, served: int) -> None:
+    """HubIntegrityError, not retried, when the Hub's whole file (a Content-Range total, a 200's Content-Length) is
+    not the pinned size: it is the pin that disagrees, and no retry changes that (a pin one byte too large was
+    retried as a refused range until exit 33, "check the network": audit59 F3)."""
+    if served == job.size:
+        return
+    raise HubIntegrityError(
+        f"download {job.rel}: the Hub serves {served} bytes, but {job.size} are pinned: the pinned size is not "
+        "this file's",
+        path=job.rel,
+        expected=job.size,
+        actual=served,
+        hint="pin the weights manifest again (`portable weights pin MANIFEST`) or fix the size it lists; a "
+        "bundle.json pinning another size is damaged: publish it again",
+    )
+
+
 def _get_into(job: Download, headers: dict[str, str], settings: HubSettings, on_bytes: Callable[[int], None]) -> str:
     """One GET attempt: append to `job.partial` from where it stopped; returns the whole file's sha256."""
     hub_utils = hub_import("huggingface_hub.utils")
@@ -911,6 +928,9 @@ def _get_into(job: Download, headers: dict[str, str], settings: HubSettings, on_
             if r.status_code == 416:
                 job.partial.unlink(missing_ok=True)
                 on_bytes(-have)
+                total = re.fullmatch(r"bytes \*/(\d+)", r.headers.get("Content-Range", "").strip())
+                if total:
+                    _check_served_length(job, int(total.group(1)))
                 raise TransferInterrupted(f"{job.rel}: server refused the resume range; restarting the file")
             hf_raise_for_status(r)
         # A Hub or proxy may compress though asked for identity: the body is decoded as fetch_small's is
@@ -921,6 +941,15 @@ def _get_into(job: Download, headers: dict[str, str], settings: HubSettings, on_
             job.partial.unlink(missing_ok=True)
             on_bytes(-have)
             raise TransferInterrupted(f"{job.rel}: server answered a compressed range; restarting the file")
+        total = _CONTENT_RANGE.match(r.headers.get("Content-Range", "")) if r.status_code == 206 else None
+        served = int(total.group(3)) if total and total.group(3).isdigit() else None
+        declared = r.headers.get("Content-Length", "")
+        if r.status_code == 200 and not encoded and declared.isdigit() and int(declared) > job.size:
+            served = int(declared)  # shorter may be a short answer, resumed (audit53 X6) until a range's total tells
+        if served is not None and served != job.size:
+            job.partial.unlink(missing_ok=True)
+            on_bytes(-have)
+            _check_served_length(job, served)
         if have and r.status_code == 206:
             m = _CONTENT_RANGE.match(r.headers.get("Content-Range", ""))
             if not m or int(m.group(1)) != have:

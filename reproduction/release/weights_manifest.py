@@ -26,7 +26,7 @@ from typing import Any
 from reproduction import strict_json
 from reproduction.errors import InputNotFoundError, InvalidInputError, UnsupportedFormatError
 from reproduction.fsio import atomic_write_text
-from reproduction.release.manifest import STATE_DIR, check_relative_path
+from reproduction.release.manifest import STATE_DIR, check_relative_path, clash_message, path_clash
 
 FORMAT = "recap-portable-weights"
 FORMAT_VERSION = 2
@@ -231,14 +231,33 @@ class WeightsManifest:
         comps = r.get(data, "components", list, "(root)")
         if not comps:
             raise r.fail("components", "must list at least one component")
+        components = [_component(r, c, f"components[{i}]") for i, c in enumerate(comps)]
+        _check_distinct(r, components)
         return cls(
             name=r.get(data, "name", str, "(root)"),
             model=model,
             presets=r.strings(data, "presets", "(root)"),
-            components=[_component(r, c, f"components[{i}]") for i, c in enumerate(comps)],
+            components=components,
             fresh_prefixes=r.strings(data, "fresh_prefixes", "(root)", []),
             note=r.get(data, "note", str, "(root)", None),
             path=path,
+        )
+
+
+def _check_distinct(r: _Reader, components: list[Component]) -> None:
+    """Every file of every component goes to its own path of one weights folder: a path listed twice, a file
+    that is another's folder, or two paths only case or Unicode normalisation tells apart cannot all be
+    written (fetch downloaded both into one path, or failed at exit 8 half-written: audit59 F2, F4, F5)."""
+    where = [f"components[{i}].files[{k}].path" for i, c in enumerate(components) for k in range(len(c.files))]
+    files = [f for c in components for f in c.files]
+    clash = path_clash([f.path for f in files])
+    if clash is not None:
+        i, j, why = clash
+        folded = "" if why == "twice" else " (macOS and Windows tell no paths apart by case or Unicode normalisation)"
+        raise r.fail(
+            where[j] if why == "twice" else f"{where[i]} and {where[j]}",
+            clash_message(files[i].path, files[j].path, why) + (f" (also {where[i]})" if why == "twice" else ""),
+            hint=f"each file needs a path of its own under the weights folder{folded}; fix the manifest",
         )
 
 
