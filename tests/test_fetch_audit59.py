@@ -69,3 +69,38 @@ def test_a_revision_switch_removes_the_folders_it_emptied_and_no_other(hub: HubS
     assert not (dest / "data").exists(), "data/deep/ and data/ held only v1's file"
     assert sorted(p.name for p in (dest / "keep").iterdir()) == ["other.txt"]
     assert (dest / "mine").is_dir() and (dest / "runs").is_dir()
+
+
+def test_the_bundles_own_bytecode_is_no_users_file(hub: HubServer, tmp_path: Path) -> None:
+    """review59 R1: running the fetched bundle's own reproduction/ copy leaves __pycache__ there, which verify has
+    always ignored; the new foreign-file walk counted it, so every later fetch (the same revision too) was exit 4."""
+    publish(hub, tmp_path, "v1", {**files(), "reproduction/mod.py": b"X = 1\n"})
+    dest = tmp_path / "dest"
+    assert run(hub, tmp_path, "fetch", "alice/r", str(dest)).returncode == 0
+    (dest / "reproduction/__pycache__").mkdir()
+    (dest / "reproduction/__pycache__/mod.cpython-311.pyc").write_bytes(b"\x00bytecode")
+    again = run(hub, tmp_path, "fetch", "alice/r", str(dest), timeout=60)
+    assert again.returncode == 0, again.stderr
+    publish(hub, tmp_path, "v2", {**files(1), "reproduction/mod.py": b"X = 2\n"})
+    got = run(hub, tmp_path, "fetch", "alice/r", str(dest), timeout=60)
+    assert got.returncode == 0, got.stderr
+    assert (dest / "reproduction/mod.py").read_bytes() == b"X = 2\n"
+
+
+def test_a_linked_folder_of_the_users_is_refused_before_anything_changes(hub: HubServer, tmp_path: Path) -> None:
+    """review59 R2: a user's symlinked folder was skipped by the new walk, so fetch of a new revision dropped the old
+    files and bundle.json, downloaded, then failed its own verify (exit 5, "1 extra") and left no bundle.json. It is
+    refused up front again (exit 4, named), as before audit59 F1's change, with nothing changed."""
+    published(hub, tmp_path)
+    dest = tmp_path / "dest"
+    assert run(hub, tmp_path, "fetch", "alice/r", str(dest)).returncode == 0
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere/big.bin").write_bytes(b"x")
+    (dest / "scratch").symlink_to(tmp_path / "elsewhere")
+    publish(hub, tmp_path, "v2", files(1))
+    before, requests = snapshot(dest), len(hub.log)
+    got = run(hub, tmp_path, "fetch", "alice/r", str(dest), timeout=60)
+    assert got.returncode == 4, got.stderr
+    assert f"error: {dest} holds 1 file(s) that no fetch wrote: scratch;" in got.stderr, got.stderr
+    assert snapshot(dest) == before and (dest / "bundle.json").is_file()
+    assert len(hub.log) == requests, "refused before the Hub is asked anything"

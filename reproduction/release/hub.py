@@ -828,27 +828,16 @@ def _fetched_here(dest: Path, repo: str, repo_type: str) -> tuple[set[str], Mani
 
 
 def _foreign_files(dest: Path, owned: set[str], ignore: Manifest, listed: set[str] = frozenset()) -> list[str]:
-    """Files in `dest` that no fetch wrote, sorted: every file not in `owned`, less what the bundle `ignore` (the
-    complete fetch's old manifest, else the new one) does not list by design (bundle.json, the state folder, its
-    layer targets: restored files) and `runs/` (the user's; fetch leaves it alone), plus every `listed` path (the new
-    manifest's) that is there and not in `owned`: a user's file at a path the new revision lists was overwritten
-    (audit59 F1), whatever folder it is in."""
-    from reproduction.release.verify import RUNS_DIR, ignored_paths
+    """Files in `dest` that no fetch wrote, sorted: what `verify` calls extra against the bundle `ignore` (the complete
+    fetch's old manifest, else the new one: so its layer targets, the state folder, `runs/`, the bundle's own
+    reproduction/__pycache__ and a linked folder are judged as verify judges them; review59 R1, R2), plus every
+    `listed` path (the new manifest's) that is there: a user's file at a path the new revision lists was overwritten
+    (audit59 F1), whatever folder it is in; less what an earlier fetch wrote (`owned`)."""
+    from reproduction.release.verify import find_extras
 
-    skip_files, skip_dirs = ignored_paths(ignore)
-    found = [p for p in listed if os.path.lexists(dest / p) and not os.path.isdir(dest / p)]
-    for root, dirs, names in os.walk(dest):
-        rel_root = os.path.relpath(root, dest)
-        rel_root = "" if rel_root == "." else rel_root + "/"
-        keep = []
-        for d in dirs:
-            rel = rel_root + d
-            if rel in skip_dirs or rel == RUNS_DIR or os.path.islink(os.path.join(root, d)):
-                continue  # a linked folder is refused by _refuse_linked_folders when fetch writes through it
-            keep.append(d)
-        dirs[:] = keep
-        found += [rel_root + n for n in names if rel_root + n not in skip_files]
-    return sorted({p for p in found if p not in owned})
+    found = set(find_extras(dest, ignore))
+    found.update(p for p in listed if os.path.lexists(dest / p) and not os.path.isdir(dest / p))
+    return sorted(p for p in found if p not in owned)
 
 
 def _refuse_foreign(dest: Path, foreign: list[str]) -> None:
