@@ -14,15 +14,22 @@ from reproduction.run.evidence import EvalRecord, build_evidence
 from reproduction.run.report import render_report_html
 
 
-def _one_task(recap: int, bc: int | None = None, *, seed: int = 1) -> dict:
-    """Evidence of one task (PICK, 100 episodes a policy): recap at `recap` successes, bc (if given) at `bc`."""
+def _one_task(recap: int, bc: int | None = None, *, seed: int = 1, at_end: tuple[int, ...] = ()) -> dict:
+    """Evidence of one task (PICK, 100 episodes a policy): recap at `recap` successes, bc (if given) at `bc`;
+    success_at_end `at_end` (recap's, bc's), else success_once's counts (then one Holm test with it, audit59 C3)."""
 
-    def record(label: str, k: int) -> EvalRecord:
-        return EvalRecord(result=eval_result({PICK: (k, 100)}), label=label, mode=label)
+    def record(label: str, k: int, end: int) -> EvalRecord:
+        return EvalRecord(result=eval_result({PICK: (k, 100)}, {PICK: end}), label=label, mode=label)
 
-    baselines = [record("bc", bc)] if bc is not None else []
+    ends = (at_end + (recap, bc)[len(at_end) :])[:2]
+    baselines = [record("bc", bc, ends[1])] if bc is not None else []
     return build_evidence(
-        record("recap", recap), baselines=baselines, name=f"k{recap}", run_id="r", seeds={"eval": seed}, settings={}
+        record("recap", recap, ends[0]),
+        baselines=baselines,
+        name=f"k{recap}",
+        run_id="r",
+        seeds={"eval": seed},
+        settings={},
     )
 
 
@@ -44,8 +51,9 @@ def _banner(comparison: Comparison, evidence: dict) -> str:
 
 
 def test_rows_that_differ_alone_but_not_after_holm_are_counted_apart_g6():
-    # 63/100 against 80/100: each of the 4 rate rows differs alone (p 0.030), none after Holm (0.030 > 0.05 / 2)
-    actual = _one_task(63)
+    # 64/100 (at end 63/100) against 80/100: each of the 4 rate rows differs alone (p 0.042, 0.030), none after
+    # Holm (0.030 > 0.05 / 2); success_at_end apart from success_once, or the two are one test (audit59 C3)
+    actual = _one_task(64, at_end=(63,))
     weak = compare_evidence(actual, _one_task(80, seed=0))
     assert weak.verdict == "inconclusive" and {r.verdict for r in weak.rows} == {"differs"}
     assert weak.counts() == {"differs": 0, "differs_alone": 4, "inconclusive": 0, "reproduced": 0, "metrics": 4}
@@ -65,8 +73,9 @@ def test_rows_that_differ_alone_but_not_after_holm_are_counted_apart_g6():
 
 
 def test_a_differs_verdict_counts_only_the_rows_holm_holds_g6():
-    # recap 58/100 (p 0.0047) survives Holm over the 4 distinct tests; bc 64/100 (p 0.042 > 0.05 / 2) does not
-    actual = _one_task(58, 64)
+    # recap 58/100, at end 57 (p 0.0047, 0.0031) survives Holm over the 4 distinct tests; bc 64/100, at end 63
+    # (p 0.042, 0.030 > 0.05 / 2) does not (success_at_end apart, or each policy's two are one test: audit59 C3)
+    actual = _one_task(58, 64, at_end=(57, 63))
     mixed = compare_evidence(actual, _one_task(80, 80, seed=0))
     assert mixed.verdict == "differs"
     assert mixed.held_differs() == {f"recap/{m}" for m in ("success_once", "success_at_end")} | {
@@ -98,18 +107,19 @@ def test_without_rows_that_differ_alone_the_summaries_read_as_before_g6():
 
 
 def test_holm_counts_a_one_task_rows_per_task_test_once_g10():
-    # 62/100 against 80/100 (p 0.021): one task, so 2 distinct tests (success_once, success_at_end), not 4;
-    # at 0.05 / 2 = 0.025 both survive, and the per-task rows share their overall row's decision and level
-    comparison = compare_evidence(_one_task(62), _one_task(80, seed=0))
+    # 62/100 (at end 61/100) against 80/100 (p 0.021): one task, so 2 distinct tests (success_once,
+    # success_at_end), not 4; at 0.05 / 2 = 0.025 both survive, and the per-task rows share their overall row's
+    # decision and level (success_at_end apart from success_once, or the two are one test: audit59 C3)
+    comparison = compare_evidence(_one_task(62, at_end=(61,)), _one_task(80, seed=0))
     assert same_as_overall(comparison.rows) == {
         f"recap/{PICK}/success_once": "recap/success_once",
         f"recap/{PICK}/success_at_end": "recap/success_at_end",
     }
     assert holm_differs(comparison.rows, 0.05) == {
-        "recap/success_once": 0.025,
-        "recap/success_at_end": 0.05,
-        f"recap/{PICK}/success_once": 0.025,
-        f"recap/{PICK}/success_at_end": 0.05,
+        "recap/success_once": 0.05,
+        "recap/success_at_end": 0.025,  # at end 61: the smaller p
+        f"recap/{PICK}/success_once": 0.05,
+        f"recap/{PICK}/success_at_end": 0.025,
     }
     assert comparison.verdict == "differs"  # over 4 tests (0.0125 < 0.021) it was inconclusive
     assert "over the 2 distinct rate tests (4 rate rows; 2 per-task rows are the same test" in comparison.render()

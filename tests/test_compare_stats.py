@@ -317,14 +317,15 @@ def test_a_row_that_differs_alone_needs_holm_for_the_overall_verdict():
     from reproduction.run.comparison import Comparison, compare_evidence
     from reproduction.run.evidence import EvalRecord, build_evidence
 
-    def one(k: int, seed: int) -> dict:
-        rec = EvalRecord(result=eval_result({PICK: (k, 100)}), label="recap", mode="recap")
+    def one(k: int, seed: int, at_end: int | None = None) -> dict:
+        rec = EvalRecord(result=eval_result({PICK: (k, 100)}, {PICK: at_end or k}), label="recap", mode="recap")
         return build_evidence(rec, name=f"k{k}", run_id="r", seeds={"eval": seed}, settings={})
 
     reference = one(80, 0)
-    # 63/100 against 80/100: each of the 4 rate rows differs at alpha 0.05 alone (p 0.030), not at 0.05 / 2: one
-    # task, so its rows are the same 2 tests as the overall rows (audit51 G10; 62/100, p 0.021, now survives).
-    weak = compare_evidence(one(63, 1), reference)
+    # 64/100, at end 63/100, against 80/100: each of the 4 rate rows differs at alpha 0.05 alone (p 0.042, 0.030),
+    # not at 0.05 / 2: one task, so its rows are the same 2 tests as the overall rows (audit51 G10; 62/100, p 0.021,
+    # now survives); success_at_end apart from success_once, or the two are one test (audit59 C3)
+    weak = compare_evidence(one(64, 1, at_end=63), reference)
     assert {r.verdict for r in weak.rows} == {"differs"} and weak.verdict == "inconclusive"
     assert all(0.025 < r.p_differs < 0.05 for r in weak.rows)
     doc = weak.to_dict()

@@ -62,7 +62,12 @@ def add_eval_arguments(p: Any) -> None:
     add_test_arguments(plan)
     plan.add_argument("--power", type=float, default=0.8, metavar="P", help="probability of `reproduced` (default 0.8)")
     plan.add_argument(
-        "--difference", type=float, default=0.0, metavar="D", help="true difference to plan for (default 0)"
+        "--difference",
+        type=float,
+        default=0.0,
+        metavar="D",
+        help="true difference to plan for, signed: this run's rate minus the reference's (default 0); the other "
+        "sign can need more episodes, and the plan prints its size too",
     )
 
 

@@ -415,7 +415,8 @@ def cmd_plan(args: Any) -> int:
     r0 = rows[0]
     print(
         f"episodes per side for {100 * r0['power']:g}% power to say `reproduced` (two one-sided tests at alpha "
-        f"{r0['alpha']:g}, unpaired, true difference {r0['difference']:g}; exact binomial power), each row alone:"
+        f"{r0['alpha']:g}, unpaired, true difference {r0['difference']:g}{_sign_text(r0['difference'])}; exact "
+        "binomial power), each row alone:"
     )
     for r in single:
         ref = r["reference_episodes"]
@@ -425,6 +426,8 @@ def cmd_plan(args: Any) -> int:
         print(
             f"  {r['metric']:<{width}}  p={r['rate']:.3f}  margin ±{r['margin']:g}  {r['episodes_per_side']:>6}{short}"
         )
+    if r0["difference"]:
+        print(_other_sign_line(r0))
     for r in rows[len(single) :]:
         print(
             f"the whole verdict (all {r['rows']} rate rows reproduced, each policy's overall and per-task rows) needs "
@@ -433,6 +436,28 @@ def cmd_plan(args: Any) -> int:
         )
     print(_paired_hint(r0["margin"], r0["alpha"]))
     return 0
+
+
+def _sign_text(difference: float) -> str:
+    """What the sign of --difference means: it is run minus reference, and a plan holds for that sign only (0.03
+    planned 212 episodes at rate 0.9, margin 0.1, which gave 71% power when the run was 0.03 worse: audit59 C2)."""
+    if not difference:
+        return ""
+    return f" (this run's rate minus the reference's: the run {'better' if difference > 0 else 'worse'})"
+
+
+def _other_sign_line(row: dict[str, Any]) -> str:
+    """One line: the episodes per side the first row needs at the other sign of --difference (one more search)."""
+    from reproduction.run.stats import episodes_exact
+
+    other = -row["difference"]
+    need = episodes_exact(
+        [(row["rate"], 1)], margin=row["margin"], alpha=row["alpha"], power=row["power"], difference=other
+    )
+    return (
+        f"the other sign, --difference {other:g} (the run {'better' if other > 0 else 'worse'} by as much), needs "
+        f"{need} per side for {row['metric']} (p={row['rate']:.3f}): plan for the larger if either sign may hold"
+    )
 
 
 def _paired_hint(margin: float, alpha: float) -> str:

@@ -28,7 +28,7 @@ import itertools
 import json
 import math
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,14 +231,36 @@ def same_as_overall(rows: Sequence[MetricComparison]) -> dict[str, str]:
     return out
 
 
+def same_test(rows: Sequence[MetricComparison]) -> dict[str, str]:
+    """{rate row: the row whose test it is}: `same_as_overall`'s per-task rows, and a row of the same policy and
+    task as an earlier one alike in all of `_test_of` (success_at_end beside success_once with the same counts on
+    both sides: as success_at_end implies success_once, those are the same per-episode outcomes, so one test;
+    audit59 C3). Rows of different tasks or policies are never merged, however alike their counts."""
+    out = same_as_overall(rows)
+    first: dict[tuple[Any, ...], str] = {}
+    for r in rows:
+        if r.kind != "rate" or r.low is None or r.metric in out:
+            continue
+        key = (r.metric.rpartition("/")[0], _test_of(r))
+        if key in first:
+            out[r.metric] = first[key]
+        else:
+            first[key] = r.metric
+    return out
+
+
 def holm_differs(rows: Sequence[MetricComparison], alpha: float) -> dict[str, float]:
     """{metric: Holm level} of the rate rows whose `differs` survives Holm's (1979) step-down over the R distinct
     tests among the rate rows: sorted by p_differs, the i-th smallest (i = 0, 1, ...) is rejected at alpha / (R - i)
     while every smaller one was. Valid under any dependence between rows (overall vs per-task, success_once vs
-    at_end), so P(overall differs | every true |d| <= m) <= alpha, where the union of R tests at alpha each reached
-    R alpha. A per-task row that is the same test as its overall row (`same_as_overall`) is counted once: it shares
-    the overall row's decision and level (counting it twice made the family of a one-task run 16, not 8)."""
-    dup = same_as_overall(rows)
+    at_end): given that each row's own test of `differs` has size <= alpha, P(overall differs | every true
+    |d| <= m) <= alpha, where the union of R tests at alpha each reached R alpha. It is no better than the rows'
+    tests: a row's test exceeds alpha when a side is tiny or the sides very unequal (evidence/README.md, "Where one
+    row's test exceeds alpha": 0.11 overall at 1 run episode against 200, audit59 C1; `_run_size_note` says so).
+    A row that is the same test as another (`same_test`: a per-task row equal to its policy's overall row, or
+    success_at_end equal to success_once) is counted once and shares that row's decision and level (counting it
+    twice made the family of a one-task run 16, not 8)."""
+    dup = same_test(rows)
     tested = [
         r for r in rows if r.kind == "rate" and r.low is not None and r.metric not in dup and counts_toward_verdict(r)
     ]
@@ -249,7 +271,12 @@ def holm_differs(rows: Sequence[MetricComparison], alpha: float) -> dict[str, fl
         if r.p_differs > level:
             break
         out[r.metric] = level
-    out |= {metric: out[overall] for metric, overall in dup.items() if overall in out}
+    for metric in dup:
+        first = metric
+        while first in dup:  # a task's success_at_end -> the overall success_at_end -> the overall success_once
+            first = dup[first]
+        if first in out:
+            out[metric] = out[first]
     return out
 
 
@@ -356,6 +383,8 @@ class Comparison:
         held_set = self.held_differs()
         for r, shown in zip(self.rows, self.shown_verdicts(), strict=True):
             diff = "-" if r.difference is None else f"{r.difference:+.3f} {r.interval_text()}".rstrip()
+            if r.kind == "value" and r.difference and f"{abs(r.difference):.3f}" == "0.000":
+                diff = f"{r.difference:+.2g}"  # a value row differs beyond 1e-9: show how far (audit59 C6)
             kind = f"±{r.margin:.3f} ({r.method})" if r.kind == "rate" else f"±{r.margin:.3g} (value, {r.method})"
             body.append((r.metric, r.reference_display, r.actual_display, diff, kind, shown))
         widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
@@ -366,14 +395,18 @@ class Comparison:
         )
         lines += [f"note: {n}" for n in self.notes]
         if self.differs_rule == "holm" and any(r.verdict == "differs" and r.p_differs is not None for r in self.rows):
-            dup = same_as_overall(self.rows)
+            dup = same_test(self.rows)
+            task_dup = same_as_overall(self.rows)
             rates = sum(r.kind == "rate" and r.low is not None for r in self.rows)
             tested = f"{rates} rate rows"
             if dup:
-                tested = (
-                    f"{rates - len(dup)} distinct rate tests ({rates} rate rows; {len(dup)} per-task rows are the same "
-                    "test as their policy's overall row and counted once)"
-                )
+                why = [f"{len(task_dup)} per-task rows are the same test as their policy's overall row"]
+                why = why if task_dup else []
+                if len(dup) > len(task_dup):  # success_at_end with success_once's counts (audit59 C3)
+                    k = len(dup) - len(task_dup)
+                    why.append(f"{k} {'row' if k == 1 else 'rows'} the same test as another metric's of their task")
+                tested = f"{rates - len(dup)} distinct rate tests ({rates} rate rows; {' and '.join(why)}"
+                tested += " and counted once)"
             alone = sum(r.p_differs is not None for r in self.rows)
             held = sum(r.p_differs is not None and r.metric in held_set for r in self.rows)
             lines.append(
@@ -492,10 +525,11 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
     if not a["episodes"]:  # nothing measured is no evidence of a difference (it was `differs`, audit46 stats F7)
         return MetricComparison(
             **common,
-            actual=float(a["rate"]),
+            actual=None,  # no rate: 0/0 read as 0.0 gave a "difference" of -1.0 (audit59 C4)
             method="newcombe-10",
             verdict="inconclusive",
-            actual_display=a["display"],
+            actual_display=a["display"],  # the counts, 0/0; the difference column shows "-"
+            actual_counts=(0, 0),
             note=NO_EPISODES,
         )
     pairs = None if ref.repeats or act.repeats else _paired(ref, act)
@@ -633,10 +667,20 @@ def _value_row(name: str, ref: Mapping[str, Any], act: Mapping[str, Any] | None,
         margin=tol if method == "declared" else 0.0,
         method=method,
         verdict="reproduced" if ok else "differs",
-        reference_display=f"{reference:.4g}",
-        actual_display="missing" if actual is None else f"{actual:.4g}",
+        reference_display=_value_text(reference, actual),
+        actual_display="missing" if actual is None else _value_text(actual, reference),
         note="this run has no such metric" if actual is None else "",
     )
+
+
+def _value_text(value: float, other: float | None) -> str:
+    """`value` to 4 significant digits, or to as many more as tell it from `other` (2e-9 off showed 0.5 beside 0.5,
+    `differs`, with no visible reason: audit59 C6)."""
+    for digits in range(4, 18):
+        text = f"{value:.{digits}g}"
+        if other is None or value == other or math.isnan(other) or text != f"{other:.{digits}g}":
+            return text
+    return repr(value)
 
 
 def _entries(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -774,19 +818,30 @@ def _same_mixture(
     return ref_entry, act_entry, dropped, uneven
 
 
-def _mixture_notes(dropped: Mapping[str, Sequence[str]], uneven: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Per policy: the tasks left out of its overall rows (0 episodes in this run) and the tasks whose counts
-    made its overall rate rows shown but not counted (`_same_mixture`, `UNEVEN`)."""
+def _mixture_notes(
+    dropped: Mapping[str, Sequence[str]],
+    uneven: Mapping[str, Mapping[str, Any]],
+    absent: Mapping[str, Set[str]] | None = None,
+) -> list[str]:
+    """Per policy: the tasks left out of its overall rows (0 episodes in this run, or `absent` from it: those rows
+    differ, as the README says of a task the run lacks, so the note says so rather than "0 episodes", whose rows are
+    inconclusive: audit59 C5) and the tasks whose counts made its overall rate rows shown but not counted
+    (`_same_mixture`, `UNEVEN`)."""
     notes = []
     for label, tasks in dropped.items():
-        if not tasks:
-            continue
-        more = f" and {len(tasks) - 3} more" if len(tasks) > 3 else ""
-        notes.append(
-            f"{label}: this run evaluated 0 episodes of {', '.join(repr(t) for t in tasks[:3])}{more}, so "
-            f"{'that task is' if len(tasks) == 1 else 'those tasks are'} left out of {label}'s overall rates on "
-            "both sides (like with like: the reference's overall counts here are over the other tasks)"
-        )
+        lacks = [t for t in tasks if t in (absent or {}).get(label, set())]
+        for group, what, why in (
+            ([t for t in tasks if t not in lacks], "this run evaluated 0 episodes of", ""),
+            (lacks, "this run lacks", " (a task the run lacks differs: its rows say `missing`)"),
+        ):
+            if not group:
+                continue
+            more = f" and {len(group) - 3} more" if len(group) > 3 else ""
+            notes.append(
+                f"{label}: {what} {', '.join(repr(t) for t in group[:3])}{more}{why}, so "
+                f"{'that task is' if len(group) == 1 else 'those tasks are'} left out of {label}'s overall rates on "
+                "both sides (like with like: the reference's overall counts here are over the other tasks)"
+            )
     for label, by_metric in uneven.items():
         if not by_metric:
             continue
@@ -933,7 +988,9 @@ def _power_note(rows: Sequence[MetricComparison], alpha: float, pairing: Sequenc
     (`pairing`: the `_pairing_notes`)."""
     short = []
     for r in rows:
-        if r.kind != "rate" or r.method != "newcombe-10" or r.reference_counts is None or r.actual is None:
+        if r.kind != "rate" or r.method != "newcombe-10" or r.reference_counts is None:
+            continue
+        if r.actual is None and r.note != NO_EPISODES:  # a 0-episode row has no rate (audit59 C4), still a margin
             continue
         k, n = r.reference_counts
         need = episodes_needed(k / n if n else 0.5, margin=r.margin, alpha=alpha)
@@ -956,6 +1013,36 @@ def _power_note(rows: Sequence[MetricComparison], alpha: float, pairing: Sequenc
         f"the reference is too small for its margins on {len(short)} of {len(rows)} rows: e.g. {metric} has "
         f"{n} episodes, and 80% power at alpha {alpha:g} needs {need} per side unpaired "
         f"(`portable eval --plan`); {fix} a paired test decide with fewer"
+    ]
+
+
+RUN_FEW = 15
+"""Fewer run episodes than this in a row, or a reference RUN_RATIO times as large, and the row's unpaired `differs`
+test exceeds alpha (evidence/README.md, "Where one row's test exceeds alpha"): `_run_size_note` says so."""
+RUN_RATIO = 10
+
+
+def _run_size_note(rows: Sequence[MetricComparison]) -> list[str]:
+    """A warning, beside `_power_note`'s on the reference, when a rate row that differs unpaired has a run side too
+    small or too unequal for its test's alpha: 1 run episode against 200 at equal true rates was `differs` (exit 60)
+    about 11% of the time at alpha 0.05, with no word on the run's size (audit59 C1). The verdict stands."""
+    short = []
+    for r in rows:
+        if r.kind != "rate" or r.method != "newcombe-10" or r.verdict != "differs" or r.p_differs is None:
+            continue
+        if r.actual_counts is None or r.reference_counts is None:
+            continue
+        n, n_ref = r.actual_counts[1], r.reference_counts[1]
+        if n < RUN_FEW or n_ref > RUN_RATIO * n:
+            short.append((n, r.metric, n_ref))
+    if not short:
+        return []
+    n, metric, n_ref = min(short)
+    return [
+        f"this run is too small for a `differs` at alpha on {len(short)} of {len(rows)} rows: e.g. {metric} has "
+        f"{n} episodes against the reference's {n_ref}, and an unpaired row's test of `differs` exceeds alpha with "
+        f"fewer than about {RUN_FEW} episodes a side or sides more than {RUN_RATIO} times apart (evidence/README.md); "
+        "evaluating more episodes, or the reference's reset seeds (paired), lets the verdict keep alpha"
     ]
 
 
@@ -1054,12 +1141,13 @@ def compare_evidence(
             )
         return found
 
-    rows, extra, dropped, uneven = [], {}, {}, {}
+    rows, extra, dropped, uneven, absent = [], {}, {}, {}, {}
     shown: dict[str, dict[str, list[tuple[str, int, int]]]] = {}  # the UNEVEN rows' out-of-proportion tasks
     for label, ref_entry in _entries(reference).items():
         shown[label] = {}
         act_entry, extra[label] = _like_with_like(mine.get(label, {}), ref_entry)
         ref_over, act_over, dropped[label], uneven[label] = _same_mixture(ref_entry, act_entry)
+        absent[label] = {t for t in dropped[label] if t not in act_entry.get("tasks", {})}
         for metric, ref_value in ref_entry["metrics"].items():
             act_value = act_entry.get("metrics", {}).get(metric)
             name = f"{label}/{metric}"
@@ -1112,11 +1200,12 @@ def compare_evidence(
                         )
                     )
     settings = _setting_notes(actual, reference)
-    notes = seq_notes + _extra_task_notes(extra) + _mixture_notes(dropped, shown) + settings
+    notes = seq_notes + _extra_task_notes(extra) + _mixture_notes(dropped, shown, absent) + settings
     pairing = _pairing_notes(actual, reference, settings)
     notes += pairing
     notes += _empty_note(rows)
     notes += _power_note(rows, alpha, pairing)
+    notes += _run_size_note(rows)
     notes += _calibration_note(rows, alpha)
     return Comparison(
         actual_name=str(actual.get("name")),

@@ -123,13 +123,40 @@ def _episodes(value: Any, where: str) -> int:
     return value
 
 
-def _task_details(row: Mapping[str, Any]) -> dict[str, float | None]:
-    """The per-task numbers besides the counts (detours per episode, mean first-success step, ...)."""
-    return {
+def _task_details(row: Mapping[str, Any], where: str = "evaluation result") -> dict[str, float | None]:
+    """The per-task numbers besides the counts (detours per episode, mean first-success step, ...); a NaN or an
+    infinity is refused (InvalidInputError, exit 4, naming the field), as every other number evidence holds: it was
+    written as a bare `NaN`, which is not JSON (audit59 C7)."""
+    out = {
         str(k): (None if v is None else float(v))
         for k, v in sorted(row.items())
         if k not in COUNT_KEYS and (v is None or isinstance(v, (int, float)) and not isinstance(v, bool))
     }
+    _check_details(out, where)
+    return out
+
+
+def _check_details(details: Any, where: str, hint: str = BAD_VALUE_HINT) -> None:
+    """InvalidInputError (exit 4) unless `details` maps names to finite numbers or null (the schema's rule)."""
+    if not isinstance(details, Mapping):
+        raise InvalidInputError(f"{where}: details is {details!r}, not an object", field="details", hint=hint)
+    for key, value in details.items():
+        ok = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
+        if not ok:
+            raise InvalidInputError(
+                f"{where}: details[{key!r}] is {value!r}, not a finite number or null",
+                field=f"details[{key!r}]",
+                hint=hint,
+            )
+
+
+def _check_task_details(doc: Mapping[str, Any], path: Path) -> None:
+    """Each policy's per-task details read back finite (`_check_details`): evidence_check does not look at them."""
+    for entry in [doc, *(doc.get("baselines") or [])]:
+        tasks = entry.get("tasks") if isinstance(entry, Mapping) else None
+        for task, row in (tasks or {}).items() if isinstance(tasks, Mapping) else ():
+            if isinstance(row, Mapping) and "details" in row:
+                _check_details(row["details"], f"{path}: tasks[{task!r}]", f"fix or regenerate {path}")
 
 
 def _task_counts(result: Mapping[str, Any], who: str = "evaluation result") -> dict[str, dict[str, Any]]:
@@ -157,7 +184,7 @@ def _task_counts(result: Mapping[str, Any], who: str = "evaluation result") -> d
             "success_at_end": _successes(
                 row.get("success_at_end", once), episodes, f"{who}: tasks[{task!r}].success_at_end"
             ),
-            "details": _task_details(row),
+            "details": _task_details(row, f"{who}: tasks[{task!r}]"),
         }
     for task, episodes in dict(result.get("per_episode") or {}).items():
         if str(task) in out and episodes:
@@ -414,6 +441,7 @@ def load_evidence(path: Path) -> dict[str, Any]:
             hint=f"keep one {key!r} in {where or 'the top level'} of {path} (merge or rename the others)",
         )
     check_evidence(doc, where=path)
+    _check_task_details(doc, path)
     return doc
 
 
