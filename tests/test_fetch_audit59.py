@@ -104,3 +104,24 @@ def test_a_linked_folder_of_the_users_is_refused_before_anything_changes(hub: Hu
     assert f"error: {dest} holds 1 file(s) that no fetch wrote: scratch;" in got.stderr, got.stderr
     assert snapshot(dest) == before and (dest / "bundle.json").is_file()
     assert len(hub.log) == requests, "refused before the Hub is asked anything"
+
+
+def test_a_users_folder_where_the_new_revision_lists_a_file_is_refused_up_front(hub: HubServer, tmp_path: Path) -> None:
+    """audit59 A3: an empty folder of the user's at a path the new revision lists as a file was not counted (only
+    files were): fetch replaced v1's files, dropped bundle.json, then failed writing there (exit 8, "free some
+    space"), every time. It is refused like a file no fetch wrote: exit 4, named, nothing changed (once the new
+    revision's file list is read: an empty folder is no file, so the check before the Hub is asked passes it)."""
+    published(hub, tmp_path)
+    dest = tmp_path / "dest"
+    assert run(hub, tmp_path, "fetch", "alice/r", str(dest)).returncode == 0
+    (dest / "notes").mkdir()
+    publish(hub, tmp_path, "v2", {**files(1), "notes": b"v2 notes\n"})
+    before = snapshot(dest)
+    got = run(hub, tmp_path, "fetch", "alice/r", str(dest), timeout=60)
+    assert got.returncode == 4, got.stderr
+    assert f"error: {dest} holds 1 file(s) that no fetch wrote: notes;" in got.stderr, got.stderr
+    assert snapshot(dest) == before and (dest / "bundle.json").is_file() and (dest / "notes").is_dir()
+    (dest / "notes").rmdir()
+    again = run(hub, tmp_path, "fetch", "alice/r", str(dest), timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert (dest / "notes").read_bytes() == b"v2 notes\n"

@@ -600,6 +600,7 @@ def fetch_bundle(
     if constants.HF_HUB_OFFLINE:
         return _fetch_offline(dest, repo, repo_type, rev, done, ui)
     if done is not None:  # likewise: files no fetch wrote (audit59 F1); an interrupted fetch: _prepare_dest only
+        _refuse_linked_folders(dest, sorted(owned))  # exit 6 first, as _prepare_dest: a linked folder is no user file
         _refuse_foreign(dest, _foreign_files(dest, owned, done))
     endpoint = settings.resolved_endpoint()
     commit = resolve_commit(api, repo, repo_type, rev, settings=settings, ui=ui)
@@ -830,13 +831,13 @@ def _fetched_here(dest: Path, repo: str, repo_type: str) -> tuple[set[str], Mani
 def _foreign_files(dest: Path, owned: set[str], ignore: Manifest, listed: set[str] = frozenset()) -> list[str]:
     """Files in `dest` that no fetch wrote, sorted: what `verify` calls extra against the bundle `ignore` (the complete
     fetch's old manifest, else the new one: so its layer targets, the state folder, `runs/`, the bundle's own
-    reproduction/__pycache__ and a linked folder are judged as verify judges them; review59 R1, R2), plus every
-    `listed` path (the new manifest's) that is there: a user's file at a path the new revision lists was overwritten
-    (audit59 F1), whatever folder it is in; less what an earlier fetch wrote (`owned`)."""
+    reproduction/__pycache__ and a linked folder are judged as verify judges them; review59 R1, R2), plus every `listed`
+    path (the new manifest's) that is there, a folder included (audit59 A3): a user's file at a path the new revision
+    lists was overwritten (audit59 F1), whatever folder it is in; less what an earlier fetch wrote (`owned`)."""
     from reproduction.release.verify import find_extras
 
     found = set(find_extras(dest, ignore))
-    found.update(p for p in listed if os.path.lexists(dest / p) and not os.path.isdir(dest / p))
+    found.update(p for p in listed if os.path.lexists(dest / p))  # a folder too: the file cannot go there (A3)
     return sorted(p for p in found if p not in owned)
 
 

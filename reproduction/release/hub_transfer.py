@@ -901,7 +901,8 @@ def _check_served_length(job: Download, served: int) -> None:
         expected=job.size,
         actual=served,
         hint="pin the weights manifest again (`portable weights pin MANIFEST`) or fix the size it lists; a "
-        "bundle.json pinning another size is damaged: publish it again",
+        "bundle.json pinning another size is damaged: publish it again (a proxy or captive portal answering for the "
+        "Hub serves another size too: check HF_ENDPOINT and the network)",
     )
 
 

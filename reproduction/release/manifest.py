@@ -17,9 +17,8 @@ reader accepts any minor of its major and refuses other majors with the fix name
 as "extra" any file not listed, except bundle.json, `.portable/`, the layers' targets, `runs/` (a
 user's run outputs) and `reproduction/**/__pycache__/`; `restore` leaves extra files alone unless one
 sits on a layer target's path. A manifest is refused (InvalidInputError, exit 4) when it lists a
-file under `.portable/` or `runs/`, or bundle.json itself, a file that is another's folder (`x` and `x/y`), two
-paths that differ only by case or Unicode normalisation (`path_clash`), an archive in two layers, a path
-that is not clean and relative (`.`, `..`, absolute, NUL, a control
+file under `.portable/` or `runs/`, or bundle.json itself, a file that is another's folder (`x` and `x/y`), an
+archive in two layers, a path that is not clean and relative (`.`, `..`, absolute, NUL, a control
 character, a component over 255 bytes or 4095 in all), an entry_config that is not one of its files,
 or an integer beyond 2**63-1.
 """
@@ -29,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -172,31 +170,22 @@ def shown_name(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _folded(rel: str) -> str:
-    """`rel` as a case- and normalisation-insensitive filesystem (APFS, HFS+, NTFS) sees it."""
-    return unicodedata.normalize("NFD", unicodedata.normalize("NFD", rel).casefold())
-
-
 def path_clash(paths: list[str]) -> tuple[int, int, str] | None:
     """The first two of `paths` that cannot both be files of one folder, as (i, j, why): "twice" (the same
-    path, i < j), "folder" (paths[i] is a file and, maybe only once case and normalisation are folded, the
-    folder of paths[j]) or "twin" (they differ only by case or Unicode normalisation, i < j: on macOS and
-    Windows one overwrites the other, audit59 F5); None when every path can be written. `clash_message`
-    words it."""
+    path, i < j) or "folder" (paths[i] is a file and the folder of paths[j]); None when every path can be written.
+    Paths that differ only by case or Unicode normalisation are two files here, as on the case-sensitive Linux
+    filesystems restore and fetch write (a runtime layer's Linux headers hold such pairs: xt_MARK.h, xt_mark.h),
+    so they are accepted. `clash_message` words the answer."""
     exact: dict[str, int] = {}
-    folded: dict[str, int] = {}
     for j, rel in enumerate(paths):
         if rel in exact:
             return exact[rel], j, "twice"
-        key = _folded(rel)
-        if key in folded:
-            return folded[key], j, "twin"
-        exact[rel], folded[key] = j, j
+        exact[rel] = j
     for j, rel in enumerate(paths):
-        head = _folded(rel).rpartition("/")[0]
+        head = rel.rpartition("/")[0]
         while head:
-            if head in folded:
-                return folded[head], j, "folder"
+            if head in exact:
+                return exact[head], j, "folder"
             head = head.rpartition("/")[0]
     return None
 
@@ -205,12 +194,7 @@ def clash_message(first: str, second: str, why: str) -> str:
     """One line for a `path_clash` answer (`first`, `second`: the two paths)."""
     if why == "twice":
         return f"{first!r} is listed twice"
-    if why == "folder":
-        folded = "" if second.startswith(first + "/") else " once case and Unicode normalisation are ignored"
-        return f"{first!r} is listed as a file and as the folder of {second!r}{folded}"
-    if unicodedata.normalize("NFC", first) == unicodedata.normalize("NFC", second):  # they look the same: escaped
-        return f"{ascii(first)} and {ascii(second)} differ only by Unicode normalisation (NFC/NFD)"
-    return f"{first!r} and {second!r} differ only by case or Unicode normalisation"
+    return f"{first!r} is listed as a file and as the folder of {second!r}"
 
 
 def check_relative_path(rel: str, *, where: str, path: Path | None = None) -> str:
@@ -467,14 +451,6 @@ class Manifest:
                         hint="the manifest is damaged or hostile; do not use this bundle",
                     )
                 head = head.rpartition("/")[0]
-        clash = path_clash([entry.path for entry in self.files])  # left: paths only case or NFC/NFD tells apart
-        if clash is not None:
-            i, j, why = clash
-            raise InvalidInputError(
-                f"files: {clash_message(self.files[i].path, self.files[j].path, why)}",
-                field="files",
-                hint="on macOS and Windows one would overwrite the other; the manifest is damaged or hostile",
-            )
         archives = {layer.archive for layer in self.layers}
         if len(archives) != len(self.layers):
             twice = sorted({x.archive for x in self.layers if sum(y.archive == x.archive for y in self.layers) > 1})
