@@ -189,11 +189,30 @@ BARE_HINT = (
 def render_error(exc: PortableError, *, raised_at: str | None = None) -> int:
     """Print `exc` as every command-line entry point shows it (`error: ...`, then `hint: ...` when it has one) on
     stderr; returns its exit code for the caller to exit with. The base class raised as itself without a hint (a
-    recipe's `raise PortableError(...)`) gets BARE_HINT, after `raised at RAISED_AT` when the caller knows it."""
-    print(f"error: {exc.message}", file=sys.stderr)
-    hint = exc.hint
+    recipe's `raise PortableError(...)`) gets BARE_HINT, after `raised at RAISED_AT` when the caller knows it.
+
+    An error a stage function raised (`raised_in_stage`, set by run.stage_call.call_stage) keeps its first line
+    (many are asserted exactly) but is held to the two-line form: its message and hint with newlines folded as
+    run.json folds them, its `path` added when the message does not name it, and, without a hint of its own, one
+    saying the stage is recorded failed and what reruns it (audit59 B4). A RayUnavailableError keeps its own form."""
+    stage = getattr(exc, "raised_in_stage", None)
+    if isinstance(exc, RayUnavailableError):
+        stage = None
+    message, hint = exc.message, exc.hint
+    if stage is not None:
+        message = " ".join(str(message).split())
+        path = exc.fields.get("path")
+        if path is not None and str(path) and str(path) not in message:
+            message = f"{message} ({path})"
+        hint = " ".join(hint.split()) if hint else None
+    print(f"error: {message}", file=sys.stderr)
     if hint is None and type(exc) is PortableError and exc.exit_code == PortableError.exit_code:
         hint = f"raised at {raised_at}; {BARE_HINT}" if raised_at else BARE_HINT
+    if not hint and stage is not None:
+        hint = (
+            f"stage {stage} raised it and is recorded failed in run.json (stages already complete are kept); "
+            f"fix the cause, then --resume reruns it (or --restart-stage {stage})"
+        )
     if hint:
         print(f"hint: {hint}", file=sys.stderr)
     return exc.exit_code

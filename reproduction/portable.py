@@ -1012,7 +1012,8 @@ def _main(argv: list[str] | None = None) -> int:
             if not exc.name.startswith("reproduction"):  # a package our code imports is not installed: not a bug
                 return render_error(missing_runtime(exc.name, args.command))
         label = "" if origin else "internal error: "  # not ours: no "internal error" over the user's exception
-        print(f"error: {label}{type(exc).__name__}: {exc}", file=sys.stderr)
+        words = " ".join(str(exc).split())  # one line, as run.json records it (audit59 B4)
+        print(f"error: {label}{type(exc).__name__}: {words}", file=sys.stderr)
         print(f"hint: {_blame(origin)}", file=sys.stderr)
         return 1
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.digests import is_sha256
-from reproduction.errors import StageProtocolError
+from reproduction.errors import PortableError, StageProtocolError
 from reproduction.recipe import StageContext, StageOutput, StageSpec, resolve_fn
 
 
@@ -46,6 +46,9 @@ def call_stage(spec: StageSpec, ctx: StageContext, *, recipe: str | None = None)
             stage=spec.name,
             hint="a stage reports a failure by raising an exception; the run is recorded failed, --resume reruns it",
         ) from None
+    except PortableError as exc:  # raised by the stage itself, not by this check: the CLI's hint names the stage
+        exc.raised_in_stage = spec.name  # (errors.render_error, audit59 B4)
+        raise
     if not isinstance(output, StageOutput):
         raise StageProtocolError(
             f"stage {spec.name} ({spec.fn}) returned {type(output).__name__}, not a StageOutput",
