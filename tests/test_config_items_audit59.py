@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +32,7 @@ class Prep:
     items: list[Item] = field(default_factory=lambda: [Item()])
     models: dict[str, Model] = field(default_factory=lambda: {"a": Model()})
     pair: tuple[int, int] = (1, 2)
+    anything: Any = None
 
 
 @dataclass(kw_only=True)
@@ -124,3 +126,22 @@ def test_recap_betas_item_is_set(tmp_path, capsys):
     rc, out, err = _recap(tmp_path, capsys, "value.train.betas[0]=0.8")
     assert rc == 0, err
     assert json.loads(out)["value"]["train"]["betas"] == [0.8, 0.95]
+
+
+@pytest.mark.parametrize(
+    ("held", "given", "expected"),
+    [
+        ("{z: 1}", "[1, 2]", [1, 2]),  # was "is a section, not a value"
+        ("[1, 2]", "{a: 1}", {"a": 1}),  # was "Cannot merge incompatible container types", no key
+        ("'${prep.models}'", "7", 7),  # was "Cannot assign int to Dict[str, Model]"
+        ("'${prep.models}'", "[1, 2]", [1, 2]),  # was "Cannot merge incompatible container types", no key
+        ("{z: 1}", "7", 7),
+    ],
+)
+def test_an_untyped_field_takes_any_value_given_whole_on_the_command_line_or_in_a_file(tmp_path, held, given, expected):
+    base = tmp_path / "base.yaml"
+    base.write_text(f"prep:\n  anything: {held}\n")
+    assert load_config([base], [f"prep.anything={given}"], schema=Schema).prep.anything == expected
+    layer = tmp_path / "layer.yaml"
+    layer.write_text(f"prep:\n  anything: {given}\n")
+    assert load_config([base, layer], [], schema=Schema).prep.anything == expected

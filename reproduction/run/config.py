@@ -521,6 +521,38 @@ def _empty_interpolated_any(parent: Any, name: Any, value: Any) -> bool:
     return True
 
 
+def _clear_any(node: Any, value: Any) -> None:
+    """Set to null, in place, each untyped (Any) field of `node` that `value` (a layer as plain dicts) gives a value
+    the merge cannot put over the one it holds: a list over a mapping ("is a section, not a value"), anything but a
+    mapping over a ${...} (the merge resolved it and typed the field as its target: `Cannot assign int to Dict[str,
+    Model]`), a mapping over a list. An Any field takes any value, given whole (audit59 B2)."""
+    from omegaconf import AnyNode, DictConfig, ListConfig
+
+    if not isinstance(node, DictConfig) or not isinstance(value, dict):
+        return
+    if node._is_none() or node._is_missing() or node._is_interpolation():
+        return
+    for name, given in value.items():
+        try:
+            child = node._get_node(name, throw_on_missing_key=False)
+        except Exception:
+            continue  # not the section's key: the merge names it
+        if child is None or given is None:
+            continue
+        untyped = isinstance(child, AnyNode) or (
+            isinstance(child, (DictConfig, ListConfig)) and child._metadata.ref_type is Any
+        )
+        if untyped and not child._is_none():
+            if child._is_interpolation() and not isinstance(given, dict):
+                node[name] = None
+            elif isinstance(child, DictConfig) and not isinstance(given, dict):
+                node[name] = None
+            elif isinstance(child, ListConfig) and isinstance(given, dict):
+                node[name] = None
+            continue
+        _clear_any(child, given)
+
+
 def _fill_none_section(node: Any) -> None:
     """Set, in place, a section (a dataclass field) that is None to its dataclass's defaults, as the merge of a
     mapping under it does, so that `_clear_into` empties the mappings the mapping gives: `maybe_inner={tags: {}}`
@@ -576,6 +608,7 @@ def _merge(
         layer.pop(RECIPE_KEY)
     src = f"{where}: " if where != "placeholders" else ""
     _refuse_non_bools(merged, OmegaConf.to_container(layer, resolve=False), "", src)
+    _clear_any(merged, OmegaConf.to_container(layer, resolve=False))
     try:
         result = OmegaConf.merge(merged, layer)
     except Exception as exc:
@@ -1259,7 +1292,8 @@ def reference(schema: type) -> str:
         "the same config.",
         "`\\${a.b}` is the literal text `${a.b}` (OmegaConf's escape), not the value of a.b; --print-config prints",
         "such a literal escaped again (`\\${a.b}`, in the JSON too), so that it reads back as the literal.",
-        "An untyped (Any) field of a recipe's own schema holding a `${...}` is replaced by a mapping given whole too.",
+        "An untyped (Any) field of a recipe's own schema takes any value given whole (a mapping, a list, a scalar),",
+        "which replaces what it held, a `${...}` included.",
         "A --config file is UTF-8 text of at most 1 MB (CONFIG_FILE_MAX_BYTES); a larger one is refused, exit 4.",
         "BUNDLE and RUN come from the command (the bundle argument, --output): an override of one it sets is refused.",
         "A float key takes finite numbers: nan and inf (`.nan`, `.inf`, `1e400`) are refused, exit 4.",
