@@ -521,6 +521,38 @@ def _empty_interpolated_any(parent: Any, name: Any, value: Any) -> bool:
     return True
 
 
+def _clear_any(node: Any, value: Any) -> None:
+    """Set to null, in place, each untyped (Any) field of `node` that `value` (a layer as plain dicts) gives a value
+    the merge cannot put over the one it holds: a list over a mapping ("is a section, not a value"), anything but a
+    mapping over a ${...} (the merge resolved it and typed the field as its target: `Cannot assign int to Dict[str,
+    Model]`), a mapping over a list. An Any field takes any value, given whole (audit59 B2)."""
+    from omegaconf import AnyNode, DictConfig, ListConfig
+
+    if not isinstance(node, DictConfig) or not isinstance(value, dict):
+        return
+    if node._is_none() or node._is_missing() or node._is_interpolation():
+        return
+    for name, given in value.items():
+        try:
+            child = node._get_node(name, throw_on_missing_key=False)
+        except Exception:
+            continue  # not the section's key: the merge names it
+        if child is None or given is None:
+            continue
+        untyped = isinstance(child, AnyNode) or (
+            isinstance(child, (DictConfig, ListConfig)) and child._metadata.ref_type is Any
+        )
+        if untyped and not child._is_none():
+            if child._is_interpolation() and not isinstance(given, dict):
+                node[name] = None
+            elif isinstance(child, DictConfig) and not isinstance(given, dict):
+                node[name] = None
+            elif isinstance(child, ListConfig) and isinstance(given, dict):
+                node[name] = None
+            continue
+        _clear_any(child, given)
+
+
 def _fill_none_section(node: Any) -> None:
     """Set, in place, a section (a dataclass field) that is None to its dataclass's defaults, as the merge of a
     mapping under it does, so that `_clear_into` empties the mappings the mapping gives: `maybe_inner={tags: {}}`
@@ -576,6 +608,7 @@ def _merge(
         layer.pop(RECIPE_KEY)
     src = f"{where}: " if where != "placeholders" else ""
     _refuse_non_bools(merged, OmegaConf.to_container(layer, resolve=False), "", src)
+    _clear_any(merged, OmegaConf.to_container(layer, resolve=False))
     try:
         result = OmegaConf.merge(merged, layer)
     except Exception as exc:
@@ -741,6 +774,43 @@ def _misfit(merged: Any, plain: Any, prefix: str, src: str) -> ConfigError | Non
             found = _misfit(mine, theirs, f"{dotted}.", src)
             if found is not None:
                 return found
+        if isinstance(mine, ListConfig) and isinstance(theirs, list):
+            found = _misfit_items(getattr(mine._metadata, "element_type", None), enumerate(theirs), dotted, src, "[{}]")
+            if found is not None:
+                return found
+        if isinstance(mine, DictConfig) and isinstance(theirs, dict) and not _is_section(mine):
+            entries = [(k, v) for k, v in theirs.items()]  # a dict[str, Section]'s entries, new ones included
+            found = _misfit_items(getattr(mine._metadata, "element_type", None), entries, dotted, src, ".{}")
+            if found is not None:
+                return found
+    return None
+
+
+def _is_section(node: Any) -> bool:
+    return dataclasses.is_dataclass(node._metadata.object_type or node._metadata.ref_type)
+
+
+def _misfit_items(element: Any, items: Any, dotted: str, src: str, form: str) -> ConfigError | None:
+    """The first field of an item of a list (or mapping) of sections, given whole, that does not fit the section:
+    omegaconf's merge error names only the field's leaf (`bad`, not `prep.items[0].bad`), and the unknown-key hint
+    listed the top-level keys (audit59 B1). Each item is merged alone into its section's defaults and the error
+    named with the item's full key (`form` makes `[0]` or `.NAME`)."""
+    from omegaconf import OmegaConf
+
+    if not dataclasses.is_dataclass(element):
+        return None
+    for index, item in items:
+        if not isinstance(item, dict):
+            continue
+        key = f"{dotted}{form.format(index)}"
+        section = OmegaConf.structured(element)
+        found = _misfit(section, item, f"{key}.", src)
+        if found is not None:
+            return found
+        try:
+            OmegaConf.merge(section, item)
+        except Exception as exc:
+            return _config_error(exc, section, where=src.removesuffix(": ") or None, prefix=f"{key}.")
     return None
 
 
@@ -789,7 +859,7 @@ def _list_index_key(merged: Any, key: str) -> tuple[str, int, int] | None:
     node = merged
     parts = _dotted(key).split(".")
     for i, part in enumerate(parts):
-        if isinstance(node, ListConfig):
+        if isinstance(node, ListConfig) or _is_tuple(node):
             try:
                 index = int(part)
             except ValueError:
@@ -826,6 +896,9 @@ def _set_list_item(merged: Any, item: str) -> Any:
         )
     value = OmegaConf.from_dotlist([f"v={text}"])._get_node("v")
     value = value if isinstance(value, (DictConfig, ListConfig)) else value._value()
+    tuple_node = OmegaConf.select(merged, listed, throw_on_missing=False)
+    if _is_tuple(tuple_node):
+        return _set_tuple_item(merged, key, listed, index, tuple_node, value)
     *parents, last = _dotted(key).split(".")
     parent = OmegaConf.select(merged, ".".join(parents), throw_on_missing=False) if parents else merged
     plain = OmegaConf.to_container(value, resolve=False) if isinstance(value, (DictConfig, ListConfig)) else value
@@ -840,6 +913,40 @@ def _set_list_item(merged: Any, item: str) -> Any:
     for part in _dotted(key).split("."):
         node = node._get_node(int(part) if isinstance(node, ListConfig) else part)
     _replace_in_lists(node, plain)
+    return merged
+
+
+def _is_tuple(node: Any) -> bool:
+    """Whether `node` is a fixed-length tuple field (omegaconf's TupleConfig: immutable, set only whole)."""
+    return type(node).__name__ == "TupleConfig"
+
+
+def _set_tuple_item(merged: Any, key: str, listed: str, index: int, node: Any, value: Any) -> Any:
+    """merged with item `index` of tuple `listed` set to `value` (`value.train.betas[0]=0.8`), by setting the whole
+    tuple with its other items kept: omegaconf's tuple is immutable and its error named no key ("Cannot merge
+    incompatible container types", audit59 B3). A ConfigError naming `key` when the key goes below the item or the
+    value does not fit the tuple's type."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    items = list(OmegaConf.to_container(node, resolve=False))
+    whole = f"{listed}=[{', '.join(_flow(v) for v in items)}]"
+    if _dotted(key) != f"{listed}.{index}":
+        raise ConfigError(
+            f"command line: config key `{key}`: {listed} is a tuple of values, its items have no fields",
+            field=key,
+            hint=f"set an item ({listed}[{index}]=...) or the whole tuple: {whole} with your values",
+        )
+    plain = OmegaConf.to_container(value, resolve=False) if isinstance(value, (DictConfig, ListConfig)) else value
+    items[index] = plain
+    try:
+        OmegaConf.update(merged, listed, items, merge=True)
+    except Exception:
+        raise ConfigError(
+            f"command line: config key `{key}`: {_flow(plain)} does not fit {listed}'s type "
+            f"{_annotation_name(node._metadata.ref_type)}",
+            field=key,
+            hint=f"give a value of that type, or the whole tuple: {whole} with your values",
+        ) from None
     return merged
 
 
@@ -1033,19 +1140,22 @@ def _override_error(overrides: list[str], exc: BaseException) -> ConfigError:
     )
 
 
-def _config_error(exc: BaseException, merged: Any, *, where: str | None = None) -> ConfigError:
-    """An omegaconf error as a one-line ConfigError naming the key (nearest valid name when unknown)."""
+def _config_error(exc: BaseException, merged: Any, *, where: str | None = None, prefix: str = "") -> ConfigError:
+    """An omegaconf error as a one-line ConfigError naming the key (nearest valid name when unknown). `prefix` is the
+    key of `merged` when it is one item of a larger config (`prep.items[0].`), put before the key the error names."""
     from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
 
-    key = getattr(exc, "full_key", None) or ""
+    relative = getattr(exc, "full_key", None) or ""
+    key = f"{prefix}{relative}" if relative else prefix.removesuffix(".")
     src = f"{where}: " if where and where != "placeholders" else ""
     msg = _first_line(exc)
     if isinstance(exc, ConfigKeyError) or "not in" in msg:
-        parent, _, leaf = key.rpartition(".")
+        parent, _, leaf = relative.rpartition(".")
         leaf = leaf.split("[")[0]
         valid = _keys_at(merged, parent)
         near = difflib.get_close_matches(leaf, valid, n=1, cutoff=0.5)
-        hint = f"did you mean `{(parent + '.' if parent else '') + near[0]}`?" if near else None
+        shown = f"{prefix}{parent}." if parent else prefix
+        hint = f"did you mean `{shown + near[0]}`?" if near else None
         hint = hint or (f"valid keys here: {', '.join(valid)}" if valid else None)
         return ConfigError(f"{src}unknown config key `{key}`", field=key, hint=hint)
     if isinstance(exc, MissingMandatoryValue):
@@ -1168,7 +1278,8 @@ def reference(schema: type) -> str:
         "a test fails when this file is out of date. Set keys in a YAML file (`portable run --config FILE`)",
         "or on the command line as `key.path=value`; `${BUNDLE}` and `${RUN}` are the bundle and run folders.",
         "On the command line a whole list is `datasets='[{path: /x, type: sft}]'`; one field of an item the list",
-        "already has is `datasets[0].path=/x` (or `datasets.0.path=/x`), applied in order with the other overrides.",
+        "already has is `datasets[0].path=/x` (or `datasets.0.path=/x`), applied in order with the other overrides;",
+        "one item of a tuple is set the same way (`value.train.betas[0]=0.8` keeps the other item).",
         "A whole mapping on the command line replaces the mapping too, default and --config file's alike:",
         "`policy.model.cameras={}` leaves no camera, `policy.model.cameras.base_0_rgb=KEY` sets one entry, and a",
         "section given as a mapping (`policy.model={preset: tiny}`) keeps the fields it does not name.",
@@ -1181,7 +1292,8 @@ def reference(schema: type) -> str:
         "the same config.",
         "`\\${a.b}` is the literal text `${a.b}` (OmegaConf's escape), not the value of a.b; --print-config prints",
         "such a literal escaped again (`\\${a.b}`, in the JSON too), so that it reads back as the literal.",
-        "An untyped (Any) field of a recipe's own schema holding a `${...}` is replaced by a mapping given whole too.",
+        "An untyped (Any) field of a recipe's own schema takes any value given whole (a mapping, a list, a scalar),",
+        "which replaces what it held, a `${...}` included.",
         "A --config file is UTF-8 text of at most 1 MB (CONFIG_FILE_MAX_BYTES); a larger one is refused, exit 4.",
         "BUNDLE and RUN come from the command (the bundle argument, --output): an override of one it sets is refused.",
         "A float key takes finite numbers: nan and inf (`.nan`, `.inf`, `1e400`) are refused, exit 4.",

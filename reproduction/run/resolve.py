@@ -176,7 +176,9 @@ def load_run_config(files: list[Any], overrides: list[str], *, bundle: Any, run_
     try:
         config = load_config(files, overrides, bundle=bundle, run_dir=run_dir, schema=recipe_schema(recipe))
     except ConfigError as exc:
-        if given is None and "unknown config key" in exc.message:  # a config without `recipe:` is read as RECAP's
+        # a config without `recipe:` is read as RECAP's; not said of a field of an item of RECAP's own list
+        # (`datasets[0].bogus`): the list was RECAP's, so the config was (audit59 B1)
+        if given is None and "unknown config key" in exc.message and "[" not in str(exc.field or ""):
             exc.hint = (f"{exc.hint}; " if exc.hint else "") + (
                 "the config names no `recipe:`, so it was read as RECAP's: add `recipe: NAME` for another recipe"
             )
