@@ -34,6 +34,14 @@ from reproduction.release.tarscan import Member, StreamSource, iter_members, str
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+DISAGREE_HINT = (
+    "run restore again; if it fails the same way, the bundle's member index does not describe its archive (a "
+    "publisher's tool wrote it wrong, or it was tampered with): do not use this bundle, ask its publisher to re-pack it"
+)
+"""The hint when the streamed archive is not what its member index lists: a restore cannot tell a concurrent change
+from an index that never matched (audit59 A2: "run restore again" alone looped for ever)."""
+
+
 def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
@@ -227,11 +235,13 @@ def extract_stream(
             if seen >= most or m.key() != expected[seen].key():
                 if members and seen == members:
                     raise member_count_error(archive, members, m.raw_name)
+                listed = repr(expected[seen].raw_name) if seen < len(expected) else "no further member"
                 raise UnsafeArchiveError(
-                    f"{archive}: member {m.raw_name!r} changed since it was validated",
+                    f"{archive}: member {m.raw_name!r} is not what its member index lists next ({listed}): the "
+                    "index and the archive disagree, or the archive changed since it was validated",
                     archive=archive,
                     member=m.raw_name,
-                    hint="the archive changed during restore; run restore again",
+                    hint=DISAGREE_HINT,
                 )
             seen += 1
             if m.kind == "file":
@@ -245,9 +255,9 @@ def extract_stream(
         source.drain()
         if seen != len(expected):
             raise UnsafeArchiveError(
-                f"{archive}: ended after {seen} of {len(expected)} members",
+                f"{archive}: ended after {seen} of the {len(expected)} members its member index lists",
                 archive=archive,
-                hint="the archive changed during restore; run restore again",
+                hint=DISAGREE_HINT,
             )
         _finish(dirs, expected, written, umask)
     except OSError as exc:

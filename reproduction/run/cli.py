@@ -162,6 +162,8 @@ def refuse_no_manifest(bundle: Path) -> None:
     state = "is a folder, not a file" if manifest.is_dir() else "does not exist"
     if os.path.islink(manifest) and not manifest.exists():
         state = "is a link to nothing"
+    elif manifest.exists() and not manifest.is_dir():
+        state = "is not a regular file (a FIFO, a socket or a device)"  # audit59 A6: it said "does not exist"
     raise InputNotFoundError(
         f"bundle {bundle} has no readable manifest: {manifest} {state}, so nothing it holds can be checked",
         path=manifest,
