@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import pkgutil
 import re
+import sys
+from pathlib import Path
 from typing import Any
 
 from reproduction.errors import ConfigError, MissingDependencyError, PortableError
@@ -59,10 +62,16 @@ def resolve_recipe(name: str) -> Recipe:
                 hint=f"name a built-in recipe, or an out-of-tree one as package.module:ATTRIBUTE{example}, its "
                 "package importable (PYTHONPATH)",
             ) from None
+        top = (exc.name or module).split(".")[0]
+        here = [Path.cwd() / top, Path.cwd() / f"{top}.py"]
+        where = ""
+        if any(p.exists() for p in here) and not {"", os.getcwd()} & set(sys.path):
+            # `portable` is a console script: the current folder is not on sys.path, as it is for `python -m`
+            where = f"; {top} is in the current folder, which is not searched: run with PYTHONPATH={os.getcwd()}"
         raise ConfigError(
             f"recipe: {name!r} cannot be imported: {_line(exc)}",
             field="recipe",
-            hint=f"built-in recipes: {known}; an out-of-tree recipe's package must be importable (PYTHONPATH)",
+            hint=f"built-in recipes: {known}; an out-of-tree recipe's package must be importable (PYTHONPATH){where}",
         ) from None
     except ConfigError as exc:  # a Recipe built wrong (a str for a tuple, a duplicate stage): its own hint
         raise ConfigError(
