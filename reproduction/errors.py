@@ -202,8 +202,9 @@ def render_error(exc: PortableError, *, raised_at: str | None = None) -> int:
     if stage is not None:
         message = " ".join(str(message).split())
         path = exc.fields.get("path")
-        if path is not None and str(path) and str(path) not in message:
-            message = f"{message} ({path})"
+        shown = " ".join(str(path).split()) if path is not None else ""
+        if shown and str(path) not in message and shown not in message:
+            message = f"{message} ({shown})"  # folded too: a newline in a path made three lines (review59 T3)
         hint = " ".join(hint.split()) if hint else None
     print(f"error: {message}", file=sys.stderr)
     if hint is None and type(exc) is PortableError and exc.exit_code == PortableError.exit_code:
@@ -211,7 +212,7 @@ def render_error(exc: PortableError, *, raised_at: str | None = None) -> int:
     if not hint and stage is not None:
         hint = (
             f"stage {stage} raised it and is recorded failed in run.json (stages already complete are kept); "
-            f"fix the cause, then --resume reruns it (or --restart-stage {stage})"
+            f"fix the cause, then `portable run` with --resume reruns it (or --restart-stage {stage})"
         )
     if hint:
         print(f"hint: {hint}", file=sys.stderr)

@@ -125,3 +125,16 @@ def test_a_users_folder_where_the_new_revision_lists_a_file_is_refused_up_front(
     again = run(hub, tmp_path, "fetch", "alice/r", str(dest), timeout=60)
     assert again.returncode == 0, again.stderr
     assert (dest / "notes").read_bytes() == b"v2 notes\n"
+
+
+def test_a_fetched_folder_the_new_revision_lists_as_a_file_is_replaced(hub: HubServer, tmp_path: Path) -> None:
+    """review59 T1: after audit59 A3's rule (a folder at a listed path is refused), a folder an earlier fetch filled
+    (v1's notes/a.txt) that v2 lists as a file was refused as one "no fetch wrote". Dropping v1's file empties it, so
+    the switch goes through as before."""
+    publish(hub, tmp_path, "v1", {**files(), "notes/a.txt": b"v1 a\n"})
+    dest = tmp_path / "dest"
+    assert run(hub, tmp_path, "fetch", "alice/r", str(dest)).returncode == 0
+    publish(hub, tmp_path, "v2", {**files(1), "notes": b"v2 notes\n"})
+    got = run(hub, tmp_path, "fetch", "alice/r", str(dest), timeout=60)
+    assert got.returncode == 0, got.stderr
+    assert (dest / "notes").read_bytes() == b"v2 notes\n"

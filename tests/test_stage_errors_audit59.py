@@ -60,7 +60,7 @@ RECIPE = Recipe(
 
 RERUN = (
     "hint: stage par raised it and is recorded failed in run.json (stages already complete are kept); fix the cause, "
-    "then --resume reruns it (or --restart-stage par)"
+    "then `portable run` with --resume reruns it (or --restart-stage par)"
 )
 
 
@@ -116,3 +116,15 @@ def test_an_error_the_runner_raises_is_unchanged(cli):
     rc, err, _ = cli("--restart-stage", "nope")
     assert rc == 4 and len(err) <= 2 and err[0] == "error: no stage 'nope' in recipe toy59b4", err
     assert not any("recorded failed" in line for line in err)
+
+
+def test_a_path_with_a_newline_is_folded_into_the_one_line(capsys):
+    """review59 T3: the path added to a stage error's line was not folded: a newline in it made three lines."""
+    from reproduction.errors import InputNotFoundError, render_error
+
+    exc = InputNotFoundError("the thing is missing", path="/tmp/a\nb")
+    exc.raised_in_stage = "par"
+    assert render_error(exc) == 3
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "error: the thing is missing (/tmp/a b)"
+    assert len(lines) == 2 and lines[1].startswith("hint: stage par raised it")

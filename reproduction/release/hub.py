@@ -837,7 +837,12 @@ def _foreign_files(dest: Path, owned: set[str], ignore: Manifest, listed: set[st
     from reproduction.release.verify import find_extras
 
     found = set(find_extras(dest, ignore))
-    found.update(p for p in listed if os.path.lexists(dest / p))  # a folder too: the file cannot go there (A3)
+    for p in listed:  # a folder too: the file cannot go there (audit59 A3)
+        if not os.path.lexists(dest / p):
+            continue
+        if os.path.isdir(dest / p) and not os.path.islink(dest / p) and any(o.startswith(p + "/") for o in owned):
+            continue  # a folder an earlier fetch filled: dropping its files empties and removes it (review59 T1)
+        found.add(p)
     return sorted(p for p in found if p not in owned)
 
 
