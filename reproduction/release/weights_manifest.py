@@ -245,19 +245,18 @@ class WeightsManifest:
 
 
 def _check_distinct(r: _Reader, components: list[Component]) -> None:
-    """Every file of every component goes to its own path of one weights folder: a path listed twice, a file
-    that is another's folder, or two paths only case or Unicode normalisation tells apart cannot all be
-    written (fetch downloaded both into one path, or failed at exit 8 half-written: audit59 F2, F4, F5)."""
+    """Every file of every component goes to its own path of one weights folder: a path listed twice or a file
+    that is another's folder cannot both be written (fetch downloaded both into one path, or failed at exit 8
+    half-written: audit59 F2, F4). Paths only case or Unicode normalisation tells apart are two files (`path_clash`)."""
     where = [f"components[{i}].files[{k}].path" for i, c in enumerate(components) for k in range(len(c.files))]
     files = [f for c in components for f in c.files]
     clash = path_clash([f.path for f in files])
     if clash is not None:
         i, j, why = clash
-        folded = "" if why == "twice" else " (macOS and Windows tell no paths apart by case or Unicode normalisation)"
         raise r.fail(
             where[j] if why == "twice" else f"{where[i]} and {where[j]}",
             clash_message(files[i].path, files[j].path, why) + (f" (also {where[i]})" if why == "twice" else ""),
-            hint=f"each file needs a path of its own under the weights folder{folded}; fix the manifest",
+            hint="each file needs a path of its own under the weights folder; fix the manifest",
         )
 
 
