@@ -462,23 +462,19 @@ def _clear_mappings(merged: Any, item: str) -> None:
 
     key, _, text = item.partition("=")
     node: Any = merged
-    parent: Any = None
-    name: Any = None
     for part in _dotted(key.strip()).split("."):
         if isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
-            parent, name, node = node, int(part), node._get_node(int(part))
+            node = node._get_node(int(part))
             continue
         _fill_none_section(node)  # `maybe_inner.tags={}` under a None section: the merge fills it with its defaults
         if isinstance(node, DictConfig) and not (node._is_none() or node._is_missing() or node._is_interpolation()):
             try:
-                parent, name, node = node, part, node._get_node(part, throw_on_missing_key=False)
+                node = node._get_node(part, throw_on_missing_key=False)
             except Exception:
                 return  # not the schema's key: the merge names it
         else:
             return
     value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={text}"]), resolve=False)["v"]
-    if parent is not None and _empty_interpolated_any(parent, name, value):
-        return
     _clear_into(node, value)
 
 
@@ -503,29 +499,15 @@ def _clear_into(node: Any, value: Any) -> None:
             child = node._get_node(name, throw_on_missing_key=False)
         except Exception:
             continue  # not the section's key: the merge names it
-        if not _empty_interpolated_any(node, name, given):
-            _clear_into(child, given)
-
-
-def _empty_interpolated_any(parent: Any, name: Any, value: Any) -> bool:
-    """Set `parent[name]` to {} when it is an untyped (Any) field holding a ${...} and `value` is a mapping, and say
-    so: the merge resolved the ${...} and added `value`'s entries to its target's, so an out-of-tree schema's
-    `interp: Any = "${ref}"` given `interp={}` kept `ref`'s entries (audit58 review S3). A typed field's ${...} is
-    left to `_clear_into` (a dict) or to the merge, which names a mapping given to a scalar."""
-    from omegaconf import AnyNode
-
-    child = parent._get_node(name)
-    if not isinstance(child, AnyNode) or not isinstance(value, dict) or not child._is_interpolation():
-        return False
-    parent[name] = {}
-    return True
+        _clear_into(child, given)
 
 
 def _clear_any(node: Any, value: Any) -> None:
     """Set to null, in place, each untyped (Any) field of `node` that `value` (a layer as plain dicts) gives a value
-    the merge cannot put over the one it holds: a list over a mapping ("is a section, not a value"), anything but a
-    mapping over a ${...} (the merge resolved it and typed the field as its target: `Cannot assign int to Dict[str,
-    Model]`), a mapping over a list. An Any field takes any value, given whole (audit59 B2)."""
+    the merge cannot put over the one it holds: a list over a mapping ("is a section, not a value"), anything over a
+    ${...} (the merge resolved it and typed the field as its target: `Cannot assign int to Dict[str, Model]`, and
+    merged a mapping into the target's entries: audit58 review S3), a mapping over a list. An Any field takes any
+    value, given whole (audit59 B2)."""
     from omegaconf import AnyNode, DictConfig, ListConfig
 
     if not isinstance(node, DictConfig) or not isinstance(value, dict):
@@ -543,7 +525,7 @@ def _clear_any(node: Any, value: Any) -> None:
             isinstance(child, (DictConfig, ListConfig)) and child._metadata.ref_type is Any
         )
         if untyped and not child._is_none():
-            if child._is_interpolation() and not isinstance(given, dict):
+            if child._is_interpolation():
                 node[name] = None
             elif isinstance(child, DictConfig) and not isinstance(given, dict):
                 node[name] = None
@@ -905,6 +887,7 @@ def _set_list_item(merged: Any, item: str) -> Any:
     _refuse_non_bools(parent, {last: plain}, key.rpartition(".")[0] + "." if parents else "", "command line: ")
     if isinstance(value, DictConfig):  # a mapping given whole replaces the item's, as at the top level (audit58 E1)
         _clear_mappings(merged, item)
+        _clear_any(parent, {last: plain})
     try:
         OmegaConf.update(merged, _dotted(key), value, merge=True)
     except Exception as exc:
