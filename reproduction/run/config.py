@@ -307,8 +307,9 @@ def _source_of(key: str | None, files: list[Path] | None, overrides: list[str] |
         return None
     given = [item.partition("=")[0].strip() for item in overrides or []]
     given += [re.sub(r"\[\d+\]", "[]", k) for k in given]  # a rule names a list item's field `datasets[].path`
-    if any(key == k or key.startswith((k + ".", k + "[")) or _dotted(key) == _dotted(k) for k in given):
-        return "command line"  # the key itself, or an item of the container the override set
+    dotted = _dotted(key)
+    if any(key.startswith((k + ".", k + "[")) or _dotted(k) == dotted or _item_of(_dotted(k), dotted) for k in given):
+        return "command line"  # the key itself, an item of the container the override set, or an item of this key
     key = key.split("[")[0]  # a list item's file: the list's
     for path in reversed(files or []):
         try:
@@ -323,6 +324,13 @@ def _source_of(key: str | None, files: list[Path] | None, overrides: list[str] |
 
 
 _ABSENT = object()
+
+
+def _item_of(dotted: str, container: str) -> bool:
+    """`value.train.betas.0` (or an item's field, `datasets.1.path`) sets an item of `value.train.betas` / `datasets`:
+    a rule on the whole list or tuple then names the command line (review59 T4). A field of a section is not an item."""
+    rest = dotted.removeprefix(container + ".")
+    return rest != dotted and rest.split(".")[0].isdigit()
 
 
 def _dotted(key: str) -> str:
