@@ -449,8 +449,9 @@ def _note_recipe_module_changed(recipe: Recipe, state: dict[str, Any], opts: Run
     before, now = state.get("recipe_module"), opts.recipe_module or {}
     old, new = (before or {}).get("sha256") if isinstance(before, dict) else None, now.get("sha256")
     # another module (the config now names another Recipe): its bytes against the recorded one's said the NEW
-    # module "changed" (audit60_B B4); name both instead, also when their bytes are alike
-    moved = isinstance(before, dict) and any(before.get(k) != now.get(k) for k in ("module", "path"))
+    # module "changed" (audit60_B B4); name both instead, also when their bytes are alike. The same module at another
+    # path (a moved or reinstalled package) is no switch: only its bytes count, as before
+    moved = isinstance(before, dict) and before.get("module") != now.get("module")
     if not isinstance(old, str) or not new or (old == new and not moved):
         return
     records = state.get("stages") or {}
