@@ -99,9 +99,10 @@ class Recipe:
     anything runs, after the runner's checks of every run (run/preflight.py's run_problems: placeholders, the bundle's
     weights and files; not called when those found the bundle's files damaged); inputs it opens go into the dict
     `opened` and are used instead of open_inputs'. Takes `digests` like open_inputs."""
-    config_schema: str | None = None
-    """"module:Class": the config dataclass `portable run` loads the run config into (None: the recipe is run by
-    code only, with a config object it builds itself)."""
+    config_schema: str | type | None = None
+    """"module:Class", or the dataclass itself: the config dataclass `portable run` loads the run config into (None:
+    the recipe is run by code only, with a config object it builds itself). Anything else is a ConfigError (exit 4)
+    when `portable run` loads a config for the recipe (run/resolve.py recipe_schema)."""
     evaluate: str | None = None
     """"module:function" (args, run_dir, state, ui) -> exit code behind `portable eval --checkpoint` for this recipe's
     runs: `args` the parsed command line (`checkpoint`, `output`, `config`, `overrides`), `run_dir` the --output
@@ -123,10 +124,24 @@ class Recipe:
     """Free-form recipe data its stage functions may read."""
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.name, str) and self.name.strip()):
+            # an empty name was recorded in run.json, and that run folder then refused every --resume (audit60_B B7)
+            raise ConfigError(
+                f"recipe name {self.name!r} is not a non-empty str",
+                field="name",
+                hint="give the Recipe a name, e.g. Recipe(name='myrecipe', ...) (it is stored in run.json)",
+            )
         if not self.stages:
             raise ConfigError(f"recipe {self.name}: it declares no stages", field="stages", hint="give it a StageSpec")
         seen: set[str] = set()
-        for st in self.stages:
+        for i, st in enumerate(self.stages):
+            if not isinstance(st, StageSpec):  # a dict there was a raw AttributeError on `.name` (audit60_B B7)
+                raise ConfigError(
+                    f"recipe {self.name}: stage {i} is {_a(type(st).__name__)}, not a StageSpec ({st!r:.80})",
+                    field="stages",
+                    hint="write each stage as StageSpec(name=..., fn='module:function', ...) "
+                    "(from reproduction.recipe import StageSpec)",
+                )
             if not isinstance(st.name, str) or not STAGE_NAME.fullmatch(st.name):
                 raise ConfigError(
                     f"recipe {self.name}: stage name {st.name!r} is not a plain folder name",
@@ -166,6 +181,10 @@ class Recipe:
             return list(self.stages)
         wanted = {self.stage(n).name for n in names}
         return [st for st in self.stages if st.name in wanted]
+
+
+def _a(kind: str) -> str:
+    return f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
 
 
 _STR_TUPLES = ("needs", "config", "outputs", "code", "files", "weights")

@@ -130,7 +130,8 @@ def import_problem(module: str, exc: ModuleNotFoundError, who: str, *, field: st
 def recipe_schema(recipe: Recipe) -> type:
     """The config dataclass `portable run` loads for `recipe`; ConfigError (exit 4, naming the recipe and the value)
     when it declares none, names nothing importable, or names something that is not a dataclass (audit47 F7: a
-    function there was an internal error from OmegaConf)."""
+    function there was an internal error from OmegaConf), or is neither a str nor a class. A class given itself is
+    used as is (nothing records the schema: run.json keeps the recipe's reference and the resolved config)."""
     import dataclasses
 
     if not recipe.config_schema:
@@ -140,17 +141,33 @@ def recipe_schema(recipe: Recipe) -> type:
             hint="set Recipe(config_schema='module:ConfigClass') in the recipe",
         )
     hint = "point the recipe's config_schema at an importable 'module:Class' (a dataclass)"
-    schema = resolve_fn(
-        recipe.config_schema, what=f"recipe {recipe.name!r}: config_schema", key="config_schema", hint=hint
-    )
+    given = recipe.config_schema
+    if isinstance(given, type):  # the dataclass itself, as a recipe module that imports it may write it
+        schema: Any = given
+        shown = f"{given.__module__}:{given.__qualname__}"
+    elif isinstance(given, str):
+        schema = resolve_fn(given, what=f"recipe {recipe.name!r}: config_schema", key="config_schema", hint=hint)
+        shown = repr(given)
+    else:  # a Recipe, a function, an instance: `.partition` of it was an internal error, exit 1 (audit60_B B2)
+        raise ConfigError(
+            f"recipe {recipe.name!r}: config_schema is {_a(type(given).__name__)} ({given!r:.80}), not a "
+            "'module:Class' str or a dataclass",
+            field="config_schema",
+            hint="write config_schema='module:ConfigClass' (or the @dataclass class itself) in the recipe",
+        )
     if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
         kind = "a class" if isinstance(schema, type) else f"a {type(schema).__name__}"
         raise ConfigError(
-            f"recipe {recipe.name!r}: config_schema {recipe.config_schema!r} names {kind}, not a dataclass",
+            f"recipe {recipe.name!r}: config_schema {shown} {'is' if schema is given else 'names'} {kind}, not a "
+            "dataclass",
             field="config_schema",
             hint="point the recipe's config_schema at a 'module:Class' whose class is a @dataclass (docs/recipes.md)",
         )
     return schema
+
+
+def _a(kind: str) -> str:
+    return f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
 
 
 def _importable_parent(missing: str | None) -> tuple[str, str] | None:

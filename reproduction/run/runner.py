@@ -448,7 +448,11 @@ def _note_recipe_module_changed(recipe: Recipe, state: dict[str, Any], opts: Run
     nothing."""
     before, now = state.get("recipe_module"), opts.recipe_module or {}
     old, new = (before or {}).get("sha256") if isinstance(before, dict) else None, now.get("sha256")
-    if not isinstance(old, str) or not new or old == new:
+    # another module (the config now names another Recipe): its bytes against the recorded one's said the NEW
+    # module "changed" (audit60_B B4); name both instead, also when their bytes are alike. The same module at another
+    # path (a moved or reinstalled package) is no switch: only its bytes count, as before
+    moved = isinstance(before, dict) and before.get("module") != now.get("module")
+    if not isinstance(old, str) or not new or (old == new and not moved):
         return
     records = state.get("stages") or {}
     if any(isinstance(r, dict) and "declaration" not in r for r in records.values()):
@@ -457,10 +461,17 @@ def _note_recipe_module_changed(recipe: Recipe, state: dict[str, Any], opts: Run
         return
     from reproduction.ui import say
 
+    what = (
+        f"this run was recorded with recipe module {before.get('module')} ({before.get('path')}, sha256 {old[:12]}...) "
+        f"and the config now names {opts.recipe_ref or recipe.name}, module {now.get('module')} ({now.get('path')}, "
+        f"sha256 {new[:12]}...)"
+        if moved
+        else f"recipe module {now.get('module')} ({now.get('path')}) changed since this run recorded it "
+        f"(sha256 {old[:12]}... -> {new[:12]}...)"
+    )
     say(
-        f"note: recipe module {now.get('module')} ({now.get('path')}) changed since this run recorded it "
-        f"(sha256 {old[:12]}... -> {new[:12]}...); no stage's declaration (needs, outputs, training, ...) changed, "
-        "so its stages are decided by their keys as before",
+        f"note: {what}; no stage's declaration (needs, outputs, training, ...) changed, so its stages are decided by "
+        "their keys as before",
         options=opts.ui,
     )
 
