@@ -4,6 +4,8 @@ layer targets that verify called "all match" while restore refused them; each re
 from __future__ import annotations
 
 import json
+import os
+import shutil
 
 import pytest
 from bundlekit import forge_bundle, member, pax_record, raw_bundle, raw_member, run_cli, tree_snapshot
@@ -128,3 +130,25 @@ def test_verify_refuses_the_layer_targets_restore_refuses(tmp_path, target, line
     for command in ("verify", "restore"):
         _one_error(run_cli(command, bundle), 4, line, HOSTILE)
     assert tree_snapshot(bundle) == before
+
+
+# -- A3: the relocation room is in bytes, and the refusal says so ------------------------------------------------
+
+
+def test_the_relocation_refusal_counts_the_build_prefix_in_bytes(tmp_path):
+    build = tmp_path / "sé" / "rt"  # one character more in bytes than in characters
+    (build / "lib").mkdir(parents=True)
+    (build / "lib" / "b.bin").write_bytes(b"prefix=" + os.fsencode(build) + b"\0")
+    spec = 'name = "m"\nroot = "sé"\n[[layer]]\nsource = "rt"\nkind = "runtime"\nname = "rt"\nrelocatable = true\n'
+    (tmp_path / "spec.toml").write_text(spec)
+    assert run_cli("-q", "pack", tmp_path / "spec.toml", "--out", tmp_path / "B").returncode == 0
+    dest = tmp_path / "ééé" / "B"
+    dest.parent.mkdir()
+    shutil.copytree(tmp_path / "B", dest, symlinks=True)
+    done = run_cli("restore", dest)
+    room = len(os.fsencode(build))
+    assert room == len(str(build)) + 1
+    assert done.returncode == 9, done.stderr
+    line, hint = done.stderr.splitlines()
+    assert f"(room {room}: 1 x the {room}-byte build prefix {str(build)!r})" in line, line
+    assert hint.startswith(f"hint: restore to a folder whose layer path is at most {room} bytes long (UTF-8) "), hint
