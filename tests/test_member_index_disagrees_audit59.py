@@ -13,7 +13,7 @@ import pytest
 from bundlekit import QUIET
 from test_archive_safety import _packed_with_index, _repin
 
-from reproduction.errors import UnsafeArchiveError
+from reproduction.errors import InvalidInputError, UnsafeArchiveError
 from reproduction.release.extract import DISAGREE_HINT
 from reproduction.release.restore import restore_bundle
 
@@ -31,6 +31,11 @@ def test_an_index_that_does_not_describe_its_archive_is_named_as_such(tmp_path, 
         del data["members"][second]
     index.write_text(json.dumps(data))
     _repin(bundle, "runtime/rt.members.json")
+    if edit == "twice":  # audit60 A5: a path listed twice is refused when the index is read, as in bundle.json
+        with pytest.raises(InvalidInputError, match=f"^runtime/rt.members.json: '{data['members'][first][0]}' is l"):
+            restore_bundle(bundle, ui=QUIET)
+        assert not (bundle / "runtime" / "rt").exists()
+        return
     for _ in range(2):  # the same answer every time: no concurrent change to blame
         with pytest.raises(UnsafeArchiveError) as info:
             restore_bundle(bundle, ui=QUIET)

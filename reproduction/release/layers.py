@@ -26,7 +26,7 @@ from reproduction import strict_json
 from reproduction.digests import sha256_file
 from reproduction.errors import InvalidInputError, UnsafeArchiveError, WriteFailedError
 from reproduction.release.extract import Written, extract_stream, member_count_error
-from reproduction.release.manifest import LayerEntry
+from reproduction.release.manifest import LayerEntry, clash_message
 from reproduction.release.tarscan import KINDS, Member, StreamSource, iter_members, normalise, stream_bound
 from reproduction.release.zstdio import open_decompressed, zstd_error
 from reproduction.ui import human_bytes
@@ -106,9 +106,20 @@ def read_index(path: Path, *, rel: str) -> list[Member]:
 def members_from_rows(rows: list, *, rel: str) -> list[Member]:
     """Members from index rows `[name, kind, mode, size, linkname]`; InvalidInputError (exit 4) names a bad row."""
     try:
-        return [_row(row) for row in rows]
+        members = [_row(row) for row in rows]
     except (ValueError, TypeError) as exc:
         raise _bad_index(rel, exc) from None
+    seen: set[str] = set()
+    for m in members:  # the last member won, and a reader of the index could not tell which (audit60 A5)
+        if m.name in seen:
+            raise InvalidInputError(
+                f"{rel}: {clash_message(m.name, m.name, 'twice')}",
+                path=rel,
+                field=rel,
+                hint="the bundle is damaged or hostile; do not use this bundle; ask its publisher to re-pack it",
+            )
+        seen.add(m.name)
+    return members
 
 
 def _bad_index(rel: str, exc: Exception) -> InvalidInputError:
@@ -125,6 +136,18 @@ def unpacked_size_error(entry: LayerEntry, size: int) -> UnsafeArchiveError:
     return UnsafeArchiveError(
         f"{entry.archive}: its files add up to at least {human_bytes(size)} ({size} bytes), more than the "
         f"{entry.unpacked_size} bytes bundle.json declares as its unpacked_size; nothing was extracted",
+        archive=entry.archive,
+        hint="do not use this bundle; ask its publisher to re-pack it with `portable pack`",
+    )
+
+
+def tar_size_error(entry: LayerEntry, name: str, size: int, total: int) -> UnsafeArchiveError:
+    """The one refusal of a member whose size cannot fit in the layer's declared tar_size (audit60 A2: a pax
+    size of 2**63 in a 3 KB archive asked the user to free 8 EiB)."""
+    return UnsafeArchiveError(
+        f"{entry.archive}: member {name!r} declares a size of {size} bytes, so its files add up to at least "
+        f"{total} bytes, more than the {entry.tar_size}-byte tar stream bundle.json declares (tar_size) can hold; "
+        f"nothing was extracted",
         archive=entry.archive,
         hint="do not use this bundle; ask its publisher to re-pack it with `portable pack`",
     )
@@ -186,6 +209,8 @@ def load_layer(bundle: Path, entry: LayerEntry, expected_sha: str) -> LoadedLaye
             for m in iter_members(source, archive=entry.archive):  # m's data is not read yet
                 members.append(m)
                 files += m.size  # 0 for anything but a file
+                if entry.tar_size and files > entry.tar_size:  # impossible, not a space shortage (audit60 A2)
+                    raise tar_size_error(entry, m.raw_name, m.size, files)
                 if entry.unpacked_size and files > entry.unpacked_size:
                     raise unpacked_size_error(entry, files)
                 if not entry.unpacked_size and files > free:  # undeclared: what the disk holds bounds the listing

@@ -75,9 +75,14 @@ def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], wher
         )
     value = data[key]
     if not isinstance(value, kind) or isinstance(value, bool) and kind is int or kind is int and abs(value) > MAX_INT:
+        # an int past the limit got "should be int, got int 9223372036854775808" (audit60 A1): name the limit
+        wanted = (
+            f"an integer from -{MAX_INT} to {MAX_INT} (2**63-1)"
+            if type(value) is int
+            else getattr(kind, "__name__", kind)
+        )
         raise InvalidInputError(
-            f"{where}: field '{key}' should be {getattr(kind, '__name__', kind)}, got "
-            f"{type(value).__name__} {value!r:.60}",
+            f"{where}: field '{key}' should be {wanted}, got {type(value).__name__} {value!r:.60}",
             path=path,
             field=f"{where}.{key}",
             hint="the manifest is damaged; fetch or pack the bundle again",
@@ -90,7 +95,8 @@ def _count(data: dict[str, Any], key: str, where: str, path: Path | None) -> int
     value = data.get(key, 0)
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_INT:
         raise InvalidInputError(
-            f"{where}: field '{key}' should be a non-negative integer, got {value!r:.60}",
+            f"{where}: field '{key}' should be a non-negative integer of at most {MAX_INT} (2**63-1), "
+            f"got {value!r:.60}",
             path=path,
             field=f"{where}.{key}",
             hint="the manifest is damaged; fetch or pack the bundle again",
@@ -397,6 +403,17 @@ class LayerEntry:
         occurrences = data.get("prefix_files", [])
         if not isinstance(occurrences, list):
             raise InvalidInputError(f"{where}: prefix_files must be a list", path=path, field=f"{where}.prefix_files")
+        unpacked, tar_size = _count(data, "unpacked_size", where, path), _count(data, "tar_size", where, path)
+        if (
+            tar_size and unpacked > tar_size
+        ):  # a tar stream holds its files' bytes: restore asked for 8 EiB (audit60 A2)
+            raise InvalidInputError(
+                f"{where}: field 'unpacked_size' is {unpacked}, more than its tar_size of {tar_size} bytes, "
+                f"which holds every byte of the layer's files",
+                path=path,
+                field=f"{where}.unpacked_size",
+                hint="the manifest is damaged or hostile; do not use this bundle; ask its publisher to re-pack it",
+            )
         return cls(
             archive=check_relative_path(
                 _require(data, "archive", str, where, path), where=f"{where}.archive", path=path
@@ -411,8 +428,8 @@ class LayerEntry:
             ),
             foreign_prefix_files=_foreign(data, where, path),
             members=_count(data, "members", where, path),
-            unpacked_size=_count(data, "unpacked_size", where, path),
-            tar_size=_count(data, "tar_size", where, path),
+            unpacked_size=unpacked,
+            tar_size=tar_size,
             members_index=_optional_path(data, "members_index", where, path),
         )
 

@@ -315,7 +315,7 @@ def pack_bundle(
                 **placed,
             },
         )
-        check_targets(manifest)
+        check_targets(manifest, packing=True)
         check_bundle_weights(stage, manifest)
         os.chmod(write_manifest(stage, manifest), 0o644)  # mkstemp made it 0600; a bundle is for sharing
         fsync_dir(stage)

@@ -280,7 +280,7 @@ def _rewrite_cstrings(
         if len(replaced) > room:
             problems.append(
                 f"{rel}: a {len(segment)}-byte C string at offset {start} needs {len(replaced)} bytes "
-                f"for {new!r} (room {room}: {count} x the {len(build)}-character build prefix {build!r})"
+                f"for {new!r} (room {room}: {count} x the {len(os.fsencode(build))}-byte build prefix {build!r})"
             )
             pos = nul + 1
             continue
@@ -551,7 +551,8 @@ def relocate_tree(
     if problems:
         shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
         hint = (
-            f"restore to a folder whose layer path is at most {len(build)} characters long "
+            # the room is in bytes: a non-ASCII prefix or path counted in characters misstated it (audit60 A3)
+            f"restore to a folder whose layer path is at most {len(os.fsencode(build))} bytes long (UTF-8) "
             f"(the build prefix {build!r}), or pack from a tree built at a longer prefix"
         )
         if any("recorded as holding the prefix but missing" in p for p in problems):

@@ -374,7 +374,11 @@ def _check_sizes(bundle: Path, loaded: list[layer_io.LoadedLayer]) -> None:
     """
     actual = 0
     for x in loaded:  # a layer listed from its archive was bounded while listing (layers.load_layer)
-        size = sum(m.size for m in x.members if m.kind == "file")
+        size = 0
+        for m in x.members:
+            size += m.size if m.kind == "file" else 0
+            if x.entry.tar_size and size > x.entry.tar_size:  # an index's impossible size (audit60 A2)
+                raise layer_io.tar_size_error(x.entry, m.raw_name, m.size, size)
         if x.entry.unpacked_size and size > x.entry.unpacked_size:
             raise layer_io.unpacked_size_error(x.entry, size)
         actual += size

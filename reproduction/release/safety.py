@@ -47,11 +47,14 @@ class UnionView:
         return any(rel == t or rel.startswith(t + "/") for t in self.targets)
 
 
-def check_targets(manifest: Manifest) -> None:
+def check_targets(manifest: Manifest, *, packing: bool = False) -> None:
     """Layer targets are equal (an overlay) or disjoint, and never hold a plain file, the runner or `runs/`.
 
-    Raises InvalidInputError naming the layer field at fault.
+    Raises InvalidInputError naming the layer field at fault. pack, restore and verify all ask here, so verify never
+    calls "all match" what restore refuses (audit60 A6); `packing` words the hint for the one who chose the targets,
+    otherwise for a user of a received bundle, who cannot choose them.
     """
+    received = "the manifest is damaged or hostile; do not use this bundle; ask its publisher to re-pack it"
     plain = [e.path for e in manifest.files]
     reserved = (MANIFEST_NAME, STATE_DIR, "reproduction", RUNS_DIR)  # runs/: the user's run outputs (audit F4)
     targets = sorted({layer.target for layer in manifest.layers})
@@ -61,21 +64,23 @@ def check_targets(manifest: Manifest) -> None:
             raise InvalidInputError(
                 f"layers[{i}].target {t!r} would overwrite {t.split('/')[0]}",
                 field=f"layers[{i}].target",
-                hint="choose a target folder such as runtime/<name> or source/<name>",
+                hint="choose a target folder such as runtime/<name> or source/<name>" if packing else received,
             )
         for other in targets:
             if other != t and (other.startswith(t + "/") or t.startswith(other + "/")):
                 raise InvalidInputError(
                     f"layers[{i}].target {t!r} nests with layer target {other!r}",
                     field=f"layers[{i}].target",
-                    hint="layer targets must be the same folder (an overlay) or disjoint folders",
+                    hint="layer targets must be the same folder (an overlay) or disjoint folders"
+                    if packing
+                    else received,
                 )
         for rel in plain:
             if rel == t or rel.startswith(t + "/") or t.startswith(rel + "/"):
                 raise InvalidInputError(
                     f"layers[{i}].target {t!r} overlaps the bundle file {rel!r}",
                     field=f"layers[{i}].target",
-                    hint="keep plain files outside the layers' target folders",
+                    hint="keep plain files outside the layers' target folders" if packing else received,
                 )
 
 
