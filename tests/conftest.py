@@ -107,6 +107,7 @@ def session_build(tmp_path_factory):
     import hashlib
     import json
     import shutil
+    import time
 
     root = _session_cache_root(tmp_path_factory)
 
@@ -114,7 +115,15 @@ def session_build(tmp_path_factory):
         name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
         done = root / name
         with open(root / f"{name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (a crashed maker leaves no lock held)
+            deadline = time.monotonic() + 1200  # bounded: a maker stuck past 20 min fails the waiter, not the suite
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the file closes (a crash too)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        pytest.fail(f"session_build: {name} still being built by another worker after 1200 s")
+                    time.sleep(0.5)
             if not done.is_dir():
                 partial = root / f"{name}.partial"
                 shutil.rmtree(partial, ignore_errors=True)
