@@ -87,3 +87,74 @@ def recorded_progress(monkeypatch):
         return seen
 
     return install
+
+
+def _session_cache_root(tmp_path_factory) -> Path:
+    """A folder this session's test processes share: under xdist the workers' base temp folders sit side by side in
+    one per-session folder; without xdist the session's own base temp (its parent holds earlier sessions)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "session-cache"
+    root.mkdir(exist_ok=True)
+    return root
+
+
+@pytest.fixture(scope="session")
+def session_build(tmp_path_factory):
+    """`build(key, make)`: the folder `make(folder)` fills for `key` (a JSON-able value naming every input), made
+    once per test session and shared by every test and xdist worker that asks with an equal key; the others wait on
+    a lock and get the finished folder. Callers copy it before changing anything in it."""
+    import fcntl
+    import hashlib
+    import json
+    import shutil
+    import time
+
+    root = _session_cache_root(tmp_path_factory)
+
+    def build(key, make) -> Path:
+        name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        done = root / name
+        with open(root / f"{name}.lock", "w") as lock:
+            deadline = time.monotonic() + 1200  # bounded: a maker stuck past 20 min fails the waiter, not the suite
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the file closes (a crash too)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        pytest.fail(f"session_build: {name} still being built by another worker after 1200 s")
+                    time.sleep(0.5)
+            if not done.is_dir():
+                partial = root / f"{name}.partial"
+                shutil.rmtree(partial, ignore_errors=True)
+                make(partial)
+                partial.rename(done)  # complete or absent: a failed make is retried by the next caller
+        return done
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def libero_sft_32(session_build):
+    """`copy_to(folder)`: one scripted-expert LIBERO-10 task-0 demonstration rendered with upstream's two cameras at
+    32 px (LiberoGenConfig(kind="sft", episodes=1, image_size=32, max_steps=340): ~300 rendered steps), generated
+    once per session and copied into `folder`. tests/test_grpo_libero.py (GRPO with a camera) and
+    tests/test_libero_release.py (the release config) both start from it."""
+    import shutil
+
+    from reproduction.sim.libero.generate import LiberoGenConfig, close_envs, generate_libero_dataset
+    from reproduction.ui import UiOptions
+
+    config = LiberoGenConfig(kind="sft", episodes=1, image_size=32, max_steps=340)  # sft: every episode the expert's
+
+    def make(out: Path) -> None:
+        try:
+            generate_libero_dataset(config, out, ui=UiOptions(progress=False))
+        finally:
+            close_envs()
+
+    def copy_to(folder: Path) -> Path:
+        shutil.copytree(session_build(["libero_sft", config.to_dict()], make), folder)
+        return folder
+
+    return copy_to

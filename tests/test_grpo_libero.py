@@ -169,7 +169,7 @@ def test_liberos_cameras_load_and_other_cameras_or_object_state_beside_them_are_
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_tiny_grpo_run_on_libero_with_a_camera_through_portable_run(tmp_path):
+def test_a_tiny_grpo_run_on_libero_with_a_camera_through_portable_run(tmp_path, request):
     """LIBERO-10 task 0 with tiny reading agentview at 32 px: a scripted demonstration rendered at 32 px, sft, 2 rl
     steps (B = 2 x G = 2, 12-step episodes) whose rollouts render the camera, the live and the final evaluation
     rendering it too; the evidence says which camera at which size."""
@@ -177,14 +177,11 @@ def test_a_tiny_grpo_run_on_libero_with_a_camera_through_portable_run(tmp_path):
 
     if not available():
         pytest.skip(f"LIBERO is not installed (the libero extra: {INSTALL_HINT})")
-    from reproduction.sim.libero.generate import LiberoGenConfig, close_envs, generate_libero_dataset
-
     bundle = tmp_path / "bundle"
     data = bundle / "data" / "libero10_task0" / "sft"
-    try:  # one scripted-expert demonstration, rendered at 32 px
-        generate_libero_dataset(LiberoGenConfig(kind="sft", episodes=1, image_size=32, max_steps=340), data)
-    finally:
-        close_envs()
+    # one scripted-expert demonstration rendered at 32 px (conftest's libero_sft_32: generated once a session and
+    # shared with tests/test_libero_release.py, ~300 rendered steps each file used to render alone)
+    request.getfixturevalue("libero_sft_32")(data)
     info = json.loads((data / "meta" / "info.json").read_text())
     assert info["features"]["observation.images.image"]["shape"][:2] == [32, 32]
     run = tmp_path / "run"

@@ -71,22 +71,24 @@ def _python(*args: str, timeout: float) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(600)
-def test_release_config_runs_every_stage_and_evaluates_in_libero(tmp_path):
+def test_release_config_runs_every_stage_and_evaluates_in_libero(tmp_path, libero_sft_32):
     import jsonschema
 
     bundle = tmp_path / "bundle"
     data = bundle / "data" / "libero10_task0"
     t0 = time.perf_counter()
-    # The expert needs ~290-333 steps for its first success on libero_10/0 (the sft set keeps successes only);
-    # the rollouts and eval rollouts only need to exist, so they are cut at 30 steps. Generated in this process
-    # (the data are this test's input, not what it checks): the three sets share one env build, as
-    # generate_libero_data does with one worker, instead of two `generate` interpreters building one each.
+    # The expert needs ~290-333 steps for its first success on libero_10/0 (the sft set keeps successes only):
+    # that set (1 episode, 32 px, max_steps 340) is conftest's libero_sft_32, rendered once a session and shared
+    # with tests/test_grpo_libero.py. The rollouts and eval rollouts only need to exist, so they are cut at 30
+    # steps. Generated in this process (the data are this test's input, not what it checks): the two sets share
+    # one env build, as generate_libero_data does with one worker, instead of two `generate` interpreters.
     from reproduction.sim.libero.generate import FOLDERS, LiberoGenConfig, close_envs, generate_libero_dataset
 
     data.mkdir(parents=True)
+    libero_sft_32(data / FOLDERS["sft"])
     modes = {"expert": 0.5, "drop": 0.5}
     try:
-        for kind, episodes, max_steps in (("sft", 1, 340), ("rollout", 2, 30), ("eval", 1, 30)):
+        for kind, episodes, max_steps in (("rollout", 2, 30), ("eval", 1, 30)):
             cfg = LiberoGenConfig(kind=kind, episodes=episodes, modes=modes, image_size=IMAGE, max_steps=max_steps)
             generate_libero_dataset(cfg, data / FOLDERS[kind], ui=UiOptions(progress=False), keep_env=True)
     finally:
