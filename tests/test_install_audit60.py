@@ -138,3 +138,18 @@ def test_a_built_weight_pack_cannot_build_says_how_to_get_it(monkeypatch, capsys
         "weights/value-tiny/model.safetensors: not found (the spec names no source folder); get it with torch and "
         "safetensors installed (pack then builds it from its manifest's config and seed)"
     ) in out.out + out.err
+
+
+def test_the_numerics_probe_failing_for_want_of_numpy_names_numpy(tmp_path):
+    """N3: on a base install (torch, no numpy) the fix said "run python -c 'import torch' to see why" (torch works)."""
+    from reproduction.checks.host import probe_cpu_numerics
+    from reproduction.checks.probe import CommandResult
+    from tests.fixtures.checks.fakes import FakeRun, make_context
+
+    answer = "Traceback (most recent call last):\nRuntimeError: Numpy is not available"
+    run = FakeRun({"probe:cpu-numerics": CommandResult(argv=("python",), returncode=1, stdout=answer)})
+    ctx = make_context(tmp_path, run=run)
+    ctx.facts = {"modules": {"torch": "/site/torch/__init__.py", "numpy": None}}
+    (row,) = probe_cpu_numerics(ctx)
+    assert row.status == "warn"
+    assert row.fix == f"install numpy into {ctx.python} (it comes with the `sim` extra: pip install -e '.[sim]')"
