@@ -120,18 +120,42 @@ INTERRUPT_HINTS = {
 """The hint under `error: interrupted` (exit 130): how each command continues."""
 
 
-def missing_runtime(module: str, command: str) -> MissingDependencyError:
-    """The one error for a pipeline command on an interpreter without the package `module` (exit 10, not "a bug")."""
+BASE_PACKAGES = ("huggingface_hub",)
+"""Base dependencies (no extra): a missing one needs the plain install, not the multi-GB runtime."""
+
+
+def _install_command(extra: str | None) -> str:
+    """RUNTIME_INSTALL for `extra` (None: the base install), run from anywhere: names the checkout holding this
+    `reproduction/` when there is one, else says to run it from the checkout (a wheel has no checkout beside it)."""
+    root = Path(__file__).resolve().parent.parent
+    command = RUNTIME_INSTALL.replace("'.[sim]'", f"'.[{extra}]'" if extra else ".")
+    if extra is None:
+        command = command.replace(" -c constraints.txt torch==2.13.0", "")
+    if (root / "pyproject.toml").is_file() and root != Path.cwd().resolve():
+        return f"cd {root} && {command}"
+    return command if (root / "pyproject.toml").is_file() else f"{command} (from the recap-portable checkout)"
+
+
+def missing_runtime(module: str, command: str, extra: str | None = None) -> MissingDependencyError:
+    """The one error for a pipeline command on an interpreter without the package `module` (exit 10, not "a bug").
+    `extra`: the extra the command needs (default: `libero` for a libero module, else `sim`); a base dependency
+    (BASE_PACKAGES) names the base install instead (audit60 N4)."""
     top = module.partition(".")[0]
-    extra = "libero" if top.startswith("libero") else "sim"
-    install = RUNTIME_INSTALL.replace("'.[sim]'", f"'.[{extra}]'")
+    python = sys.executable
+    message = f"`portable {command}` needs the Python package {top!r}, which this Python ({python}) does not have"
+    if top in BASE_PACKAGES:
+        return MissingDependencyError(
+            message, hint=f"install it with `pip install {top}`, or install recap-portable: {_install_command(None)}"
+        )
+    extra = extra or ("libero" if top.startswith("libero") else "sim")
     return MissingDependencyError(
-        f"`portable {command}` needs the Python package {top!r}, which this Python ({sys.executable}) does not have",
-        hint=f"install the runtime (README's quick start): {install}; a Python without it runs only {CONTROL_PLANE}",
+        message,
+        hint=f"install the runtime (README's quick start): {_install_command(extra)}; "
+        f"a Python without it runs only {CONTROL_PLANE}",
     )
 
 
-def _require(modules: tuple[str, ...], command: str) -> None:
+def _require(modules: tuple[str, ...], command: str, extra: str | None = None) -> None:
     """MissingDependencyError (exit 10) naming the first of `modules` this interpreter cannot import (looked up,
     not imported), before the command writes anything."""
     import importlib.util
@@ -142,7 +166,7 @@ def _require(modules: tuple[str, ...], command: str) -> None:
         except (ImportError, ValueError):
             found = False
         if not found:
-            raise missing_runtime(name, command)
+            raise missing_runtime(name, command, extra)
 
 
 def _default_bundle() -> Path:
@@ -524,12 +548,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     recipe = getattr(args, "recipe", "recap")
     if recipe not in DEMOS:
         raise UsageError(f"--recipe {recipe!r} has no demo", hint=f"demos: {', '.join(DEMOS)}")
-    _require(DEMO_MODULES, "demo")  # before the demo folder and its demo.json are made
+    libero = getattr(args, "world", "fetch") == "libero"
+    if libero and recipe != "recap":
+        raise UsageError(f"--world libero is a tier of the recap demo, not of {recipe!r}", hint="drop --recipe")
+    # before the demo folder and its demo.json are made; the LIBERO tier's extra includes sim's (audit60 N4)
+    _require(DEMO_MODULES, "demo", "libero" if libero else None)
+    # the checkout's bundle/ and evidence/ (a non-editable install has none), before any work (audit60 N1)
+    importlib.import_module("reproduction.recipes.recap.demo_libero" if libero else DEMOS[recipe]).check_checkout()
     normalise_paths(args, "output")
     output = Path(args.output) if args.output else None
-    if getattr(args, "world", "fetch") == "libero":
-        if recipe != "recap":
-            raise UsageError(f"--world libero is a tier of the recap demo, not of {recipe!r}", hint="drop --recipe")
+    if libero:
         from reproduction.recipes.recap.demo_libero import run_libero_demo
 
         return run_libero_demo(

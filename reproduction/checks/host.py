@@ -187,6 +187,9 @@ def probe_cpu_numerics(ctx: CheckContext) -> list[ProbeResult]:
             got = parse_probe(result.stdout)
         except ValueError as exc:
             fix = f"run `{ctx.python} -c 'import torch'` to see why"
+            if ctx.facts and not (ctx.facts.get("modules") or {}).get("numpy"):
+                # the probe reads its digest through numpy, which the base install lacks (audit60 N3)
+                fix = f"install numpy into {ctx.python} (it comes with the `sim` extra: pip install -e '.[sim]')"
             return [warn(name, f"the numerics probe did not run ({exc})", fix)]
         _write_cached(cache, got)
     digest, kernels = got["digest"], " ".join(f"{k}={env[k]}" for k in PINNED if k in env)

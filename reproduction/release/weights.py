@@ -164,7 +164,7 @@ class WeightsPlan:
 
 def plan_weights(spec: Any, *, licenses: LicenseIndex | None = None) -> list[WeightsPlan]:
     """Look for every file of every [[weights]] entry of `spec` (a BundleSpec); hashes what it finds."""
-    index = licenses or load_license_index()
+    index = licenses or load_license_index(near=spec.path, needed_by=f"pack {spec.path}")
     plans = []
     can_build = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("safetensors") is not None
     for ws in spec.weights:
@@ -191,7 +191,7 @@ def plan_weights(spec: Any, *, licenses: LicenseIndex | None = None) -> list[Wei
                     how = (
                         f"portable weights fetch {ws.manifest} DIR"
                         if comp.kind == "hub"
-                        else "install torch to build it, or portable weights fetch"
+                        else "torch and safetensors installed (pack then builds it from its manifest's config and seed)"
                     )
                     plan.missing.append(f"{ws.dest}/{f.path}: not found{where}; get it with {how}")
         for path, digest in (sha256_files(candidates) if candidates else {}).items():
@@ -243,11 +243,11 @@ def place_weights(spec: Any, stage: Path, *, ui: UiOptions | None = None) -> dic
     """
     from reproduction.release.weights_build import build_component
 
-    if not spec.weights and not spec.licenses and not (project_root() / "LICENSES" / "index.json").is_file():
+    if not spec.weights and not spec.licenses and not (project_root(spec.path) / "LICENSES" / "index.json").is_file():
         # A runner installed without its checkout (a wheel) has no LICENSES/; nothing here needs one.
         say("  no LICENSES/ beside this runner: the bundle carries no license files", options=ui)
         return {}
-    index = load_license_index()
+    index = load_license_index(near=spec.path, needed_by=f"pack {spec.path}")
     plans = plan_weights(spec, licenses=index)
     differ = [m for p in plans for m in p.differ]
     if differ:

@@ -473,7 +473,7 @@ def _fetch_weights_locked(
         gated = [c for c in manifest.components if c.license.get("gated") and c.kind == "hub"]
         if not gated:
             raise
-        index = load_license_index()
+        index = load_license_index(near=manifest.path)
         accept = index.files.get(gated[0].license["file"].removeprefix("LICENSES/"), {}).get("accept", "")
         raise HubAuthError(
             exc.message + f"\n  gated: {', '.join(c.source['repo'] for c in gated)} ({gated[0].license['id']})",

@@ -42,9 +42,50 @@ def canonical_sha256(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def project_root() -> Path:
-    """The folder holding `reproduction/`: the repo checkout, or a bundle (both have LICENSES/ there)."""
-    return Path(__file__).resolve().parent.parent.parent
+DATA_FOLDERS = ("bundle", "evidence", "LICENSES", "weights_manifest")
+"""The project's data folders: in the checkout and an editable install, not in a wheel (`pip install .`)."""
+
+
+def _is_checkout(folder: Path) -> bool:
+    return (folder / "LICENSES" / "index.json").is_file() and (folder / "pyproject.toml").is_file()
+
+
+def project_root(near: Path | None = None) -> Path:
+    """The folder holding the project's data folders: the one holding `reproduction/` (a checkout, an
+    editable install, a bundle: each has LICENSES/ there), else the checkout `near` (a spec or manifest
+    file, or a folder) lies in, found walking up to a folder with LICENSES/index.json and pyproject.toml.
+    A non-editable install leaves these folders in the checkout. When neither has them, the folder
+    holding `reproduction/`: `project_path` turns that into the one-line error."""
+    beside = Path(__file__).resolve().parent.parent.parent
+    if (beside / "LICENSES" / "index.json").is_file() or near is None:
+        return beside
+    start = Path(near).resolve()
+    for folder in (start, *start.parents):
+        if _is_checkout(folder):
+            return folder
+    return beside
+
+
+def project_path(rel: str, *, needed_by: str, near: Path | None = None) -> Path:
+    """`rel` (e.g. "bundle/demo.toml") under `project_root(near)`; InputNotFoundError (exit 3) when it is
+    not there, naming the missing data folder and why a non-editable install lacks it. Called before
+    any work, so a command fails at once rather than after generating data (audit60 N1)."""
+    root = project_root(near)
+    path = root / rel
+    if path.exists():
+        return path
+    top = rel.split("/")[0]
+    if (root / top).is_dir():
+        raise InputNotFoundError(f"{needed_by} needs {path}, which does not exist", path=path, hint=CHECKOUT_HINT)
+    raise InputNotFoundError(
+        f"{needed_by} needs the checkout's {top}/ folder, and {root} has none: "
+        "a non-editable install (pip install .) does not carry bundle/, evidence/, LICENSES/ or weights_manifest/",
+        path=path,
+        hint=CHECKOUT_HINT,
+    )
+
+
+CHECKOUT_HINT = "install from the recap-portable checkout with `pip install -e .` (as README shows)"
 
 
 class _Reader:
@@ -391,7 +432,7 @@ def load_weights_manifest(path: Path, *, licenses: LicenseIndex | None = None, r
             if built == "built" and isinstance(comp.get("model_config"), dict):
                 comp["model_config"]["sha256"] = UNPINNED
     manifest = WeightsManifest.from_dict(data, path=path)
-    (licenses or load_license_index()).check(manifest)
+    (licenses or load_license_index(near=path, needed_by=f"weights manifest {path}")).check(manifest)
     return manifest
 
 
@@ -472,9 +513,14 @@ class LicenseIndex:
         return text
 
 
-def load_license_index(root: Path | None = None) -> LicenseIndex:
-    """Read `root`/index.json (default: the LICENSES/ beside `reproduction/`)."""
-    root = Path(root) if root is not None else project_root() / "LICENSES"
+def load_license_index(
+    root: Path | None = None, *, near: Path | None = None, needed_by: str = "this command"
+) -> LicenseIndex:
+    """Read `root`/index.json (default: the LICENSES/ of `project_root(near)`; a missing one is
+    `project_path`'s error)."""
+    if root is None:
+        root = project_path("LICENSES/index.json", needed_by=needed_by, near=near).parent
+    root = Path(root)
     try:
         data = strict_json.loads((root / "index.json").read_text(encoding="utf-8"))
     except FileNotFoundError:

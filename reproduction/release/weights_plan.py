@@ -81,7 +81,7 @@ def plan_pack(spec_path: Path, *, root: Path | None = None) -> PackPlan:
             n, size = _tree_size(f.source, f.exclude)
             what = "config" if f.config else "file"
             plan.include.append(f"{what} {f.dest} <- {f.source}: {n} files, {human_bytes(size)}")
-    index = load_license_index()
+    index = load_license_index(near=spec.path, needed_by=f"pack {spec.path}")
     plans = plan_weights(spec, licenses=index)
     for wp in plans:
         plan.include.append(f"weights_manifest/{wp.manifest.path.name if wp.manifest.path else wp.manifest.name}")

@@ -33,11 +33,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from reproduction.recipes.recap.demo import check_checkout as _check_checkout
+from reproduction.release.weights_manifest import project_root
 from reproduction.ui import UiOptions, say
 
-REPO = Path(__file__).resolve().parents[3]
-SPEC = REPO / "bundle" / "grpo.toml"
-CONFIGS = REPO / "bundle" / "grpo"
+DATA = project_root()
+"""The folder holding the checkout's data folders (bundle/); a non-editable install has none."""
+SPEC = DATA / "bundle" / "grpo.toml"
+CONFIGS = DATA / "bundle" / "grpo"
+NEEDS = ("bundle/grpo.toml", "bundle/grpo/config.yaml", "bundle/grpo/quick.yaml")
+"""What the GRPO demo reads from the checkout's data folders."""
+
+
+def check_checkout() -> None:
+    """InputNotFoundError (exit 3) naming the first of NEEDS missing, before any work (audit60 N1)."""
+    _check_checkout(NEEDS)
+
+
 MARKER = "demo.json"
 RESTORED = "grpo-demo"
 """The restored bundle's folder name under <output>/restored/ (the spec's name)."""

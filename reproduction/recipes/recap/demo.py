@@ -27,15 +27,29 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reproduction.release.weights_manifest import project_path, project_root
 from reproduction.ui import UiOptions, say
 
 REPO = Path(__file__).resolve().parents[3]
-SPEC = REPO / "bundle" / "demo.toml"
-CONFIGS = REPO / "bundle" / "demo"
+"""The folder holding `reproduction/`: the source snapshot the demo bundle carries comes from there."""
+DATA = project_root()
+"""The folder holding the checkout's data folders (bundle/, evidence/); a non-editable install has none."""
+SPEC = DATA / "bundle" / "demo.toml"
+CONFIGS = DATA / "bundle" / "demo"
 MARKER = "demo.json"
 """Marks a folder `portable demo` built (a rerun may reuse it; another non-empty folder is refused)."""
-REFERENCE = REPO / "evidence" / "demo"
+REFERENCE = DATA / "evidence" / "demo"
 """The demo's reference evidence (a published demo run's eval JSON), packed into the bundle's evidence/."""
+NEEDS = ("bundle/demo.toml", "bundle/demo", "evidence/demo")
+"""What the demo reads from the checkout's data folders (SPEC, CONFIGS, REFERENCE)."""
+
+
+def check_checkout(needs: tuple[str, ...] = NEEDS) -> None:
+    """InputNotFoundError (exit 3) naming the first of `needs` missing, before the demo generates anything: a
+    non-editable install carries no bundle/ or evidence/, and the demo used to fail only after generating
+    for a minute (audit60 N1)."""
+    for rel in needs:
+        project_path(rel, needed_by="portable demo")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.recipes.recap.demo import (
+    DATA,
     MARKER,
-    REPO,
     DemoReport,
     _check,
     _pack,
@@ -50,12 +50,22 @@ from reproduction.recipes.recap.demo import (
     demo_folder,
 )
 from reproduction.recipes.recap.demo import _write_sources as write_sources
+from reproduction.recipes.recap.demo import check_checkout as _check_checkout
 from reproduction.ui import UiOptions, say
 
-SPEC = REPO / "bundle" / "demo_libero.toml"
-CONFIGS = REPO / "bundle" / "demo_libero"
-REFERENCE = REPO / "evidence" / "demo_libero"
+SPEC = DATA / "bundle" / "demo_libero.toml"
+CONFIGS = DATA / "bundle" / "demo_libero"
+REFERENCE = DATA / "evidence" / "demo_libero"
 """The tier's reference evidence (its own full run's eval JSON; README there says how it was made)."""
+NEEDS = ("bundle/demo_libero.toml", "bundle/demo_libero", "evidence/demo_libero")
+"""What the LIBERO tier reads from the checkout's data folders."""
+
+
+def check_checkout() -> None:
+    """InputNotFoundError (exit 3) naming the first of NEEDS missing, before any work (audit60 N1)."""
+    _check_checkout(NEEDS)
+
+
 REFERENCE_FILE = {False: "eval_policy_1500.json", True: "eval_policy_10.json"}
 """The reference each tier compares with (full, quick): its own evaluation at its policy step count."""
 TASK = "libero_10/0"
