@@ -38,7 +38,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ from reproduction.digest_cache import DigestCache
 from reproduction.errors import (
     InputNotFoundError,
     PortableError,
+    ReadFailedError,
     ResumeRefusedError,
     RunStateError,
     StageKeyChangedError,
@@ -769,9 +770,13 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         opts = dataclasses.replace(opts, target_step=None)  # as a plain --resume would run it
     stage_dir = run_dir / spec.name
     upstream_digests = {n: outputs_digest(state["stages"][n]["outputs"]) for n in spec.needs}
-    parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests, walk.free, walk.digests)
-    key = digest(parts)
     rec = state["stages"].get(spec.name)
+    try:
+        parts = key_parts(spec, walk.plain, walk.inputs, upstream_digests, walk.free, walk.digests)
+    except (InputNotFoundError, ReadFailedError) as exc:  # an input's fingerprint could not read its path (exit 3)
+        _record_unkeyed(walk, spec, rec, exc)
+        raise
+    key = digest(parts)
     inherited = _target_step(walk, spec, rec)
     # a complete stage below the inherited target is continued to it, as the stopped --target-step would have
     # (a continuation that failed before its outputs changed keeps the record `complete`: audit54 review RV2)
@@ -870,7 +875,9 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         # a Ray cluster lost while the stage's workers run can end the process from a watchdog thread (the main
         # thread stuck inside Ray, audit55 J1): the stage is then recorded failed here, as the except below would
         with on_cluster_lost(lambda exc: _record_stop(run_dir, state, spec, before, exc, walk.digests)):
-            output = call_stage(spec, ctx, recipe=walk.recipe.name)
+            with stage_process_state():
+                output = call_stage(spec, ctx, recipe=walk.recipe.name)
+                output.files = _absolute_files(output.files)  # a relative one is the stage's cwd's, restored next
         try:
             outputs = collect_outputs(spec, stage_dir, output.files, walk.digests, before=watch)
             if not outputs:
@@ -925,6 +932,51 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     return StageReport(
         name=spec.name, action="continued" if action == "continue" else "ran", seconds=seconds, output=output
     )
+
+
+@contextlib.contextmanager
+def stage_process_state() -> Iterator[None]:
+    """Run a stage with this process's cwd and os.environ as they are now, and put both back when it ends (also when
+    it raises): a stage's os.chdir or environment change ends with it, so every stage starts with the process state
+    the run started with, as a --resume that runs it alone does. Until audit60_B B1 a stage's chdir and env reached
+    every later stage and the input fingerprints keyed after it (a relative input path read from the stage's cwd).
+    The env a stage sets for its own subprocesses reaches them as before; a cwd that was removed is not restored."""
+    try:
+        cwd: str | None = os.getcwd()
+    except OSError:  # the run's cwd is gone already: nothing to return to
+        cwd = None
+    env = dict(os.environ)
+    try:
+        yield
+    finally:
+        if cwd is not None:
+            with contextlib.suppress(OSError):
+                os.chdir(cwd)
+        for name in [n for n in os.environ if n not in env]:
+            del os.environ[name]
+        for name, value in env.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
+
+
+def _absolute_files(files: Any) -> Any:
+    """A stage's returned files with each relative path made absolute against the cwd it returned in (a stage that
+    chdir'ed into ctx.out_dir and returned "out.json" keeps meaning that file after stage_process_state restores)."""
+    if not isinstance(files, (list, tuple)) or all(os.path.isabs(f) for f in files if isinstance(f, (str, Path))):
+        return files
+    made = [Path(os.path.abspath(f)) if isinstance(f, (str, Path)) and not os.path.isabs(f) else f for f in files]
+    return type(files)(made)
+
+
+def _record_unkeyed(walk: _Walk, spec: StageSpec, rec: dict[str, Any] | None, exc: BaseException) -> None:
+    """Record a stage whose key could not be made (an input's fingerprint failed to read its path) as `failed` with the
+    error's line, as a stage that raised is; a complete record whose outputs are intact is kept (_record_stop).
+    Until audit60_B B3 the stage got no record at all. A stage with no record gets a key no real key equals (a digest
+    of the error), so `--resume` runs it afresh; one with a record keeps its key (a killed training stage continues)."""
+    before = rec if rec is not None and rec.get("status") == "complete" else None
+    if rec is None or not isinstance(rec.get("key"), str):
+        walk.state["stages"][spec.name] = {**(rec or {}), "key": digest({"unkeyed": str(exc)})}
+    _record_stop(walk.run_dir, walk.state, spec, before, exc, walk.digests)
 
 
 def untargeted(recipe: Recipe, opts: RunOptions) -> frozenset[str]:

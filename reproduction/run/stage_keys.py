@@ -23,7 +23,15 @@ from reproduction.config_fields import unrecorded_filled
 from reproduction.digest_cache import DigestCache
 from reproduction.digests import canonical_json as canonical
 from reproduction.digests import json_sha256 as digest
-from reproduction.errors import ConfigError, InputNotFoundError, PortableError, StageKeyChangedError
+from reproduction.errors import (
+    MISSING_ERRNOS,
+    ConfigError,
+    InputNotFoundError,
+    PortableError,
+    ReadFailedError,
+    StageKeyChangedError,
+    errno_of,
+)
 from reproduction.recipe import Recipe, StageSpec
 from reproduction.run.config import select
 from reproduction.run.stage_call import ASYNC_STAGE, module_dependency, signature_problem, uncallable_error
@@ -111,7 +119,7 @@ def key_parts(
     config = exempt(spec, {k: json.loads(canonical(select(plain_config, k))) for k in spec.config}, free)
     parts = {
         "config": config,
-        "inputs": {n: _fingerprint(n, v) for n, v in sorted(inputs.items())} if spec.inputs else {},
+        "inputs": {n: _fingerprint(n, v, spec, plain_config) for n, v in sorted(inputs.items())} if spec.inputs else {},
         "upstream": {n: upstream[n] for n in spec.needs},
         "code": {m: module_digest(m, digests) if m in spec.code else _code_digest(m, digests) for m in codes},
         "fn": spec.fn,
@@ -419,15 +427,20 @@ def _top_level(origin: str, size: int, mtime_ns: int) -> tuple[ast.stmt, ...]:
     return tuple(ast.parse(Path(origin).read_bytes()).body)
 
 
-def _fingerprint(name: str, opened: Any) -> str:
+def _fingerprint(name: str, opened: Any, spec: StageSpec | None = None, plain: Any = None) -> str:
     """An opened input's `.fingerprint` (what the stage keys pin of it). ConfigError when the object has none or it is
-    no non-empty str; an AttributeError raised inside a fingerprint property propagates as the recipe's own bug."""
+    no non-empty str; an AttributeError raised inside a fingerprint property propagates as the recipe's own bug; an
+    OSError raised by it (docs/recipes.md's DataFile reading a path that is not there) is InputNotFoundError /
+    ReadFailedError (exit 3) naming the stage `spec` being keyed, the input, the config key of `plain` that holds the
+    path (when one does) and the path: it was exit 1 "code of yours", with the stage unrecorded (audit60_B B3)."""
     hint = (
         "give every input the recipe's open_inputs returns a .fingerprint (a str digest of its content); "
         "docs/recipes.md shows one"
     )
     try:
         value = opened.fingerprint
+    except OSError as exc:
+        raise _unreadable_input(name, exc, spec, plain) from None
     except AttributeError:
         if hasattr(type(opened), "fingerprint"):
             raise
@@ -444,6 +457,35 @@ def _fingerprint(name: str, opened: Any) -> str:
             hint=hint,
         )
     return value
+
+
+def _unreadable_input(name: str, exc: OSError, spec: StageSpec | None, plain: Any) -> PortableError:
+    """The exit-3 error for input `name` whose fingerprint raised `exc` (see _fingerprint)."""
+    path = exc.filename if exc.filename is not None else None
+    key = _key_holding(plain, str(path)) if path is not None else None
+    who = f"stage {spec.name}: " if spec is not None else ""
+    where = f" {str(path)!r}" + (f" (config key {key})" if key else "") if path is not None else ""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    missing = errno_of(exc) in MISSING_ERRNOS
+    fix = f"set {key} to an existing path" if key else "fix the path the recipe's open_inputs opens"
+    then = f"then `portable run ... --resume` runs stage {spec.name}" if spec is not None else "then run again"
+    message = f"{who}opened input {name!r} cannot be fingerprinted: {reason}:{where}"
+    cls = InputNotFoundError if missing else ReadFailedError
+    return cls(message, path=path, field=key or "open_inputs", stage=spec.name if spec else None, hint=f"{fix}, {then}")
+
+
+def _key_holding(plain: Any, path: str, prefix: str = "") -> str | None:
+    """The first dotted key of the plain config whose str value is `path` (or resolves to it), else None."""
+    if not isinstance(plain, dict):
+        return None
+    for k, v in plain.items():
+        dotted = f"{prefix}{k}"
+        if isinstance(v, str) and v and (v == path or os.path.abspath(v) == os.path.abspath(path)):
+            return dotted
+        found = _key_holding(v, path, f"{dotted}.")
+        if found:
+            return found
+    return None
 
 
 def declaration_problems(recipe: Recipe, plain: Any) -> list[ConfigError]:
