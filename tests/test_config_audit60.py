@@ -137,3 +137,21 @@ def test_a_newline_in_an_overrides_key_stays_on_one_line(cli, tmp_path):
     assert code == 4
     assert err[0] == "error: command line: unknown config key `returns. tag`"
     assert err[1].startswith("hint: did you mean `returns.tag`?")
+
+
+def test_a_value_under_a_str_key_names_the_command_line(cli, tmp_path):
+    code, err = cli("--output", str(tmp_path / "r"), "value.model.cameras.a.b=x")
+    assert code == 4
+    assert err[0].startswith("error: command line: config key `value.model.cameras.a`: ")
+
+
+def test_an_interpolated_recipe_names_its_source_and_why(cli, tmp_path):
+    code, err = cli("--output", str(tmp_path / "r"), "recipe=${returns.tag}")
+    assert code == 4
+    assert err[0] == (
+        "error: command line: recipe: '${returns.tag}' is an interpolation; the recipe is read before the config "
+        "resolves"
+    )
+    (tmp_path / "r.yaml").write_text("recipe: 3\n")
+    code, err = cli("--output", str(tmp_path / "r"), "--config", str(tmp_path / "r.yaml"))
+    assert (code, err[0]) == (4, f"error: {tmp_path / 'r.yaml'}: recipe: 3 is not a recipe name")

@@ -42,19 +42,26 @@ def given_recipe(files: list[Path] | None, overrides: list[str] | None) -> str |
     none does. Read before the schema is known (the recipe brings its schema); ConfigError naming `recipe` when
     the value is not a non-empty string."""
     value: Any = _UNNAMED  # not None: `recipe: null` is a bad name, not an absent one
+    where = ""  # the source of the last one, for the errors about it (audit60 D3)
     for path in files or []:
         node = _load_yaml(Path(path))
         if RECIPE_KEY in node:
-            value = node[RECIPE_KEY]
+            value, where = node[RECIPE_KEY], f"{path}: "
     for item in overrides or []:
         key, sep, text = item.partition("=")
         if sep and key.strip() == RECIPE_KEY:
-            value = text.strip()
+            value, where = text.strip(), "command line: "
     if value is _UNNAMED:
         return None
+    if isinstance(value, str) and "${" in value:  # read before anything resolves: an interpolation names no recipe
+        raise ConfigError(
+            f"{where}recipe: {value!r} is an interpolation; the recipe is read before the config resolves",
+            field=RECIPE_KEY,
+            hint="write the recipe's name: recipe=recap, or recipe=package.module:RECIPE",
+        )
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(
-            f"recipe: {value!r} is not a recipe name",
+            f"{where}recipe: {value!r} is not a recipe name",
             field=RECIPE_KEY,
             hint="write recipe: recap, or recipe: package.module:RECIPE for a recipe of your own",
         )
@@ -321,8 +328,14 @@ def _source_of(key: str | None, files: list[Path] | None, overrides: list[str] |
     given = [item.partition("=")[0].strip() for item in overrides or []]
     given += [re.sub(r"\[\d+\]", "[]", k) for k in given]  # a rule names a list item's field `datasets[].path`
     dotted = _dotted(key)
-    if any(key.startswith((k + ".", k + "[")) or _dotted(k) == dotted or _item_of(_dotted(k), dotted) for k in given):
-        return "command line"  # the key itself, an item of the container the override set, or an item of this key
+    if any(
+        key.startswith((k + ".", k + "["))
+        or _dotted(k) == dotted
+        or _item_of(_dotted(k), dotted)
+        or _dotted(k).startswith(dotted + ".")  # a key under this one (`cameras.a.b=x` into str `cameras.a`: D3)
+        for k in given
+    ):
+        return "command line"  # the key itself, an item of the container the override set, or a key under it
     key = key.split("[")[0]  # a list item's file: the list's
     for path in reversed(files or []):
         try:
