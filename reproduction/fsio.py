@@ -143,7 +143,10 @@ def user_path(text: str | os.PathLike[str], *, what: str = "path") -> Path:
     from reproduction.errors import InputNotFoundError
 
     raw = os.fspath(text)
-    path = Path(raw).expanduser()
+    try:
+        path = Path(raw).expanduser()
+    except RuntimeError:  # `~name` for a user this machine does not know (audit60 D1: it was exit 1 "internal error")
+        raise _unknown_home(raw, what) from None
     try:
         resolved = path.resolve()
         dangling = path.is_symlink() and not path.exists()
@@ -169,6 +172,24 @@ def user_path(text: str | os.PathLike[str], *, what: str = "path") -> Path:
             hint=f"point the link at a real file or folder, or pass another {what}",
         )
     return resolved
+
+
+def _unknown_home(raw: str, what: str) -> Exception:
+    """user_path's error for a path argument starting with `~name` where no user `name` exists (exit 3). A bare
+    `~key.path` or `~key` (no `/`) is most likely Hydra's deletion syntax typed as a config override, so the hint
+    says that form is not supported and what to write instead (docs/config.md)."""
+    from reproduction.errors import InputNotFoundError
+
+    user = raw[1:].split("/", 1)[0]
+    hint = f"write {what} without ~{user} (~/ is your home folder), or as an absolute path"
+    if "/" not in raw:
+        hint = (
+            f"Hydra's ~key (delete) and +key=value (add) overrides are not supported: leave a key out for its default, "
+            f"or write {raw[1:]}=null where the key may be null (docs/config.md); for a path, {hint}"
+        )
+    return InputNotFoundError(
+        f"{what} {raw}: no user {user!r} on this machine for ~{user} to expand to", path=raw, hint=hint
+    )
 
 
 def _link_loop(raw: str, what: str) -> Exception:

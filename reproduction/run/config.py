@@ -42,19 +42,26 @@ def given_recipe(files: list[Path] | None, overrides: list[str] | None) -> str |
     none does. Read before the schema is known (the recipe brings its schema); ConfigError naming `recipe` when
     the value is not a non-empty string."""
     value: Any = _UNNAMED  # not None: `recipe: null` is a bad name, not an absent one
+    where = ""  # the source of the last one, for the errors about it (audit60 D3)
     for path in files or []:
         node = _load_yaml(Path(path))
         if RECIPE_KEY in node:
-            value = node[RECIPE_KEY]
+            value, where = node[RECIPE_KEY], f"{path}: "
     for item in overrides or []:
         key, sep, text = item.partition("=")
         if sep and key.strip() == RECIPE_KEY:
-            value = text.strip()
+            value, where = text.strip(), "command line: "
     if value is _UNNAMED:
         return None
+    if isinstance(value, str) and "${" in value:  # read before anything resolves: an interpolation names no recipe
+        raise ConfigError(
+            f"{where}recipe: {value!r} is an interpolation; the recipe is read before the config resolves",
+            field=RECIPE_KEY,
+            hint="write the recipe's name: recipe=recap, or recipe=package.module:RECIPE",
+        )
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(
-            f"recipe: {value!r} is not a recipe name",
+            f"{where}recipe: {value!r} is not a recipe name",
             field=RECIPE_KEY,
             hint="write recipe: recap, or recipe: package.module:RECIPE for a recipe of your own",
         )
@@ -153,6 +160,8 @@ def _name_source(exc: ConfigError, files: list[Path] | None, overrides: list[str
     override), when the loader can tell and the message does not say already (audit56 D8: with several files the
     user could not tell which; audit58 D6: an override's line named no source while a file's did). A rule on the
     schema's default stays as it was."""
+    exc.message = shorten_values(exc.message)
+    exc.args = (exc.message,)
     key = exc.fields.get("field")
     if not isinstance(key, str) or exc.fields.get("path"):
         return
@@ -160,6 +169,17 @@ def _name_source(exc: ConfigError, files: list[Path] | None, overrides: list[str
     if where and not exc.message.startswith(where):
         exc.message = f"{where}: {exc.message}"
         exc.args = (exc.message,)
+
+
+SHOWN_VALUE_CHARS = 200
+"""How much of a quoted value an error shows: a rule quoting a 900 KB value made a 900 KB error line (audit60 D8)."""
+_QUOTED = re.compile(r"""'((?:[^'\\]|\\.){""" + str(SHOWN_VALUE_CHARS) + r"""})((?:[^'\\]|\\.)+)'""")
+
+
+def shorten_values(message: str) -> str:
+    """`message` with each quoted value ('...', as !r writes it) longer than SHOWN_VALUE_CHARS cut to its start,
+    then `...' (N chars)`: the key and the rule stay readable on one line."""
+    return _QUOTED.sub(lambda m: f"'{m.group(1)}...' ({len(m.group(1)) + len(m.group(2))} chars)", message)
 
 
 ALLOWS_NONFINITE = "allows_nonfinite"
@@ -308,8 +328,14 @@ def _source_of(key: str | None, files: list[Path] | None, overrides: list[str] |
     given = [item.partition("=")[0].strip() for item in overrides or []]
     given += [re.sub(r"\[\d+\]", "[]", k) for k in given]  # a rule names a list item's field `datasets[].path`
     dotted = _dotted(key)
-    if any(key.startswith((k + ".", k + "[")) or _dotted(k) == dotted or _item_of(_dotted(k), dotted) for k in given):
-        return "command line"  # the key itself, an item of the container the override set, or an item of this key
+    if any(
+        key.startswith((k + ".", k + "["))
+        or _dotted(k) == dotted
+        or _item_of(_dotted(k), dotted)
+        or _dotted(k).startswith(dotted + ".")  # a key under this one (`cameras.a.b=x` into str `cameras.a`: D3)
+        for k in given
+    ):
+        return "command line"  # the key itself, an item of the container the override set, or a key under it
     key = key.split("[")[0]  # a list item's file: the list's
     for path in reversed(files or []):
         try:
@@ -380,6 +406,7 @@ def merged_config(
     recipe the config names, the field and its type (audit50 F5: it was "internal error", exit 1)."""
     from omegaconf import OmegaConf
 
+    _refuse_tuples_of_sections(schema, files, overrides)
     try:
         base = OmegaConf.structured(schema)
     except Exception as exc:  # omegaconf's ValidationError: the schema (a recipe's), not the user's config
@@ -810,7 +837,7 @@ def _unknown_roots(
     """When a layer's top-level keys are not the schema's: one error naming them all and the recipe (a config
     written for another recipe: `recipe=grpo` with RECAP's file, audit52 W5)."""
     valid = _keys_at(merged, "")
-    unknown = [str(k) for k in plain if str(k) not in valid] if isinstance(plain, dict) else []
+    unknown = [" ".join(str(k).split()) for k in plain if str(k) not in valid] if isinstance(plain, dict) else []
     if not unknown:
         return None
     try:
@@ -825,10 +852,17 @@ def _unknown_roots(
     )
     near = difflib.get_close_matches(unknown[0], valid, n=1, cutoff=0.5)
     hint = hint or (f"did you mean `{near[0]}`?" if near else f"valid keys here: {', '.join(valid)}")
+    hint = HYDRA_HINT if unknown[0].startswith("+") else hint
     who = f" for recipe {recipe!r}" if recipe else ""
     return ConfigError(
         f"{src}unknown config key{'s' if len(unknown) > 1 else ''} {names}{who}", field=unknown[0], hint=hint
     )
+
+
+HYDRA_HINT = (
+    "Hydra's +key=value (add) and ~key (delete) overrides are not supported: every key exists already, so write "
+    "key=value; leave a key out for its default, or write key=null where it may be null (docs/config.md)"
+)
 
 
 def _flow(value: Any) -> str:
@@ -948,6 +982,33 @@ SCHEMA_TYPES = (
 """The field types a recipe's config schema may use (what OmegaConf's structured configs hold)."""
 
 
+def _refuse_tuples_of_sections(schema: type, files: list[Path] | None, overrides: list[str] | None) -> None:
+    """ConfigError (exit 4) for a schema field typed `tuple[SomeDataclass, ...]`: OmegaConf builds its default but
+    refuses any value given for it ("dict is not a subclass of Pt", naming no key), so every --print-config output
+    of such a recipe could not be read back (audit60 D2). `list[SomeDataclass]` works; the error says so."""
+    import typing
+
+    def walk(cls: type, prefix: str, seen: tuple[type, ...]) -> None:
+        for name, tp in _resolved_types(cls).items():
+            key = f"{prefix}{name}"
+            args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+            if typing.get_origin(tp) is tuple and any(dataclasses.is_dataclass(a) for a in args):
+                recipe = given_recipe(files, overrides)
+                ref = f"{schema.__module__}:{schema.__qualname__}"
+                item = next(a for a in args if dataclasses.is_dataclass(a)).__qualname__
+                raise ConfigError(
+                    f"{f'recipe {recipe!r}: ' if recipe else ''}config_schema {ref}: field `{key}` is of type "
+                    f"{_annotation_name(tp)}, a tuple of sections, which a run config cannot set or read back",
+                    field=key,
+                    hint=f"type `{key}` as list[{item}] (a list of sections works like any list)",
+                )
+            for inner in [tp, *typing.get_args(tp)]:  # sections nested directly, in Optional/list/dict
+                if isinstance(inner, type) and dataclasses.is_dataclass(inner) and inner not in seen:
+                    walk(inner, f"{key}.", (*seen, inner))
+
+    walk(schema, "", (schema,))
+
+
 def _schema_error(exc: BaseException, schema: type, recipe: str | None) -> ConfigError:
     """The one-line ConfigError for a config schema OmegaConf cannot build: the recipe (as the config names it), the
     field's dotted key and its type annotation, and the types allowed."""
@@ -982,12 +1043,24 @@ def _load_yaml(path: Path) -> Any:
 
     if path.is_dir():
         raise InputNotFoundError(f"config file {path} is a folder, not a file", path=path, hint="pass a --config FILE")
+    if path.exists() and not path.is_file():  # /dev/null, a FIFO: it exists, so "does not exist" misled (audit60 D5)
+        raise InputNotFoundError(
+            f"config file {path} is not a regular file (a FIFO, a socket or a device)",
+            path=path,
+            hint="pass a --config FILE (a YAML file; an empty file changes nothing)",
+        )
     if not path.is_file():
         raise InputNotFoundError(f"config file {path} does not exist", path=path, hint="pass an existing --config FILE")
     _refuse_big_or_not_utf8(path)
     try:
         node = OmegaConf.load(path)
     except Exception as exc:
+        if "Invalid loaded object type" in str(exc):  # valid YAML holding a number or bool (audit60 D5)
+            raise ConfigError(
+                f"{path}: the top level is not a mapping of keys",
+                path=path,
+                hint="a run config is `key: value` lines (docs/config.md), e.g. `recipe: recap`",
+            ) from None
         where, what = _yaml_problem(exc)
         limit = re.search(r"expansion exceeds the configured limit of (\d+)", str(exc))
         if limit:  # valid YAML, too big: omegaconf's advice to lift its limit is not the user's fix (audit52 W8)
@@ -1136,7 +1209,7 @@ def _config_error(exc: BaseException, merged: Any, *, where: str | None = None, 
     key of `merged` when it is one item of a larger config (`prep.items[0].`), put before the key the error names."""
     from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
 
-    relative = getattr(exc, "full_key", None) or ""
+    relative = " ".join(str(getattr(exc, "full_key", None) or "").split())  # a newline in a key: one line (D9)
     key = f"{prefix}{relative}" if relative else prefix.removesuffix(".")
     src = f"{where}: " if where and where != "placeholders" else ""
     msg = _first_line(exc)
@@ -1148,6 +1221,7 @@ def _config_error(exc: BaseException, merged: Any, *, where: str | None = None, 
         shown = f"{prefix}{parent}." if parent else prefix
         hint = f"did you mean `{shown + near[0]}`?" if near else None
         hint = hint or (f"valid keys here: {', '.join(valid)}" if valid else None)
+        hint = HYDRA_HINT if key.startswith("+") else hint
         return ConfigError(f"{src}unknown config key `{key}`", field=key, hint=hint)
     if isinstance(exc, MissingMandatoryValue):
         return ConfigError(f"{src}config key `{key}` has no value", field=key, hint=f"set {key}=... ")
@@ -1290,6 +1364,15 @@ def reference(schema: type) -> str:
         "A float key takes finite numbers: nan and inf (`.nan`, `.inf`, `1e400`) are refused, exit 4.",
         "A bool key takes true or false (YAML's yes/no too; null where the type says `| None`): 0, 1, 2, 0.5 and",
         'the quoted string "false" are refused, exit 4, and so is a `${...}` that resolves to one of them.',
+        "`key=` with nothing after the `=` (and `key:` with no value in a file) is null, not an empty string: a key",
+        "whose type says `| None` is then null, and any other key (a str included) refuses it, exit 4; an empty string",
+        'is `key=""` (in single quotes for the shell). Hydra\'s `+key=value` (add) and `~key` (delete) are not',
+        "supported: every key exists already, so write `key=value`, or leave a key out for its default.",
+        "OmegaConf's resolvers resolve too (`${oc.env:NAME}`, `${oc.env:NAME,default}`, `${oc.decode:...}`,",
+        "`${oc.create:...}`, `${oc.select:...}`), once, when the config loads: --print-config and the run's record",
+        "keep the resolved value, so a --resume under another environment finds that key's value changed and refuses",
+        "the stages it feeds like any changed key. They work but are discouraged: write the value itself, so that the",
+        "config file says what ran. An unknown resolver or a missing variable is refused, exit 4, naming the key.",
         "A row citing DEMO_LAB names the team's design notes, which are not in this repository (docs/architecture.md,",
         '"Notes outside this repository").',
         "",
