@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from reproduction.errors import DatasetError
+from reproduction.recap.finite import refuse_non_finite
 from reproduction.recap.sources import DATASET_TYPES, DatasetSource  # noqa: F401 (DATASET_TYPES re-exported)
 
 STATE_KEY, GOAL_KEY, ACTION_KEY = "observation.state", "observation.goal", "action"
@@ -82,7 +83,8 @@ def open_policy_input(
     concatenated, then the components `state_dims` (e.g. LIBERO's privileged observation.object_state on CPU).
 
     Raises DatasetError (exit 40) when a rollout set has no `is_success`, a needed column is
-    missing, or a frame has no advantage label; FingerprintMismatchError (41) when the sidecar was
+    missing, a state component it reads or the action is NaN or inf (naming the feature and the first episode and
+    frame), or a frame has no advantage label; FingerprintMismatchError (41) when the sidecar was
     computed from another version of the dataset; InputNotFoundError when the sidecar is missing.
     """
     from reproduction.data.reader import column_to_numpy, open_dataset
@@ -112,7 +114,9 @@ def open_policy_input(
     table = ds.frame_table(cols)
     feats = ds.info.features
     parts = [column_to_numpy(table.column(k), feats.get(k)).astype(np.float32) for k in keys]
-    state = np.concatenate([p.reshape(len(p), -1) for p in parts], axis=1)
+    parts = [p.reshape(len(p), -1) for p in parts]
+    state = np.concatenate(parts, axis=1)
+    owner = np.repeat(np.arange(len(parts)), [p.shape[1] for p in parts])  # the feature of each component
     if state_dims is not None:
         if max(state_dims) >= state.shape[1]:
             raise DatasetError(
@@ -120,8 +124,28 @@ def open_policy_input(
                 path=source.path,
                 field="state_dims",
             )
-        state = np.ascontiguousarray(state[:, list(state_dims)])
+        state, owner = np.ascontiguousarray(state[:, list(state_dims)]), owner[list(state_dims)]
     action = column_to_numpy(table.column(ACTION_KEY), feats.get(ACTION_KEY)).astype(np.float32)
+    action = action.reshape(len(action), -1)
+    # Every frame is checked, kept or not (filtered_bc's dropped frames still give chunk targets): one NaN or inf
+    # made the stats NaN, every loss NaN and every step skipped, with exit 0 (audit60_E E1).
+    refuse_non_finite(
+        ds,
+        state,
+        owner,
+        keys,
+        what="the policy's state feature",
+        hint="fix or drop those frames in the dataset, or read other components with the policy model's "
+        "state_keys / state_dims",
+    )
+    refuse_non_finite(
+        ds,
+        action,
+        np.zeros(action.shape[1], np.int64),
+        [ACTION_KEY],
+        what="the policy's action feature",
+        hint="fix or drop those frames in the dataset: the policy learns every frame's action",
+    )
     episode = table.column("episode_index").to_numpy().astype(np.int64)
     frame = table.column("frame_index").to_numpy().astype(np.int64)
     out = PolicyInput(
@@ -131,7 +155,7 @@ def open_policy_input(
         frame=frame,
         task_index=table.column("task_index").to_numpy().astype(np.int64),
         state=state,
-        action=action.reshape(len(action), -1),
+        action=action,
         is_success=success_flags(table.column("is_success"), episode, frame, str(source.path))
         if "is_success" in cols
         else None,

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from reproduction.errors import DatasetError
+from reproduction.recap.finite import refuse_non_finite
 from reproduction.recap.normalize import ReturnRange
 from reproduction.recap.tokenizer import MAX_TOKEN_LEN, encode_prompts, format_prompt
 from reproduction.recap.value.config import DATASET_TYPES, ValueSource  # noqa: F401 (re-exported)
@@ -91,35 +92,27 @@ def read_state(ds: Any, keys: Sequence[str], dims: Sequence[int] | None, rows: n
                 field="state_dims",
             )
         state, owner = state[:, list(dims)], owner[list(dims)]
-    _refuse_non_finite_state(ds, state, owner, list(keys), rows)
-    return np.ascontiguousarray(state)
-
-
-def _refuse_non_finite_state(
-    ds: Any, state: np.ndarray, owner: np.ndarray, keys: list[str], rows: np.ndarray | None
-) -> None:
-    """DatasetError (exit 40) naming the dataset, the feature and the first frame (episode, frame) of a NaN or inf
-    among the state components the model reads: it would make the state statistics NaN (a ConfigError
-    "state_std entries must be > 0" that named no data, audit50_D F7) or the model's output NaN. One
-    np.isfinite pass; the frame is looked up only on failure."""
-    finite = np.isfinite(state)
-    if finite.all():
-        return
-    bad_rows = np.flatnonzero(~finite.all(axis=1))
-    at = rows[bad_rows] if rows is not None else bad_rows  # dataset rows
-    keys_table = ds.frame_table(["episode_index", "frame_index"])
-    ep = keys_table.column("episode_index").to_numpy()[at]
-    fr = keys_table.column("frame_index").to_numpy()[at]
-    k = int(np.lexsort((fr, ep))[0])
-    feature = keys[int(owner[np.flatnonzero(~finite[bad_rows[k]])[0]])]
-    raise DatasetError(
-        f"{ds.root}: the value model's state feature {feature!r} is NaN or inf at {bad_rows.size} frame(s), the "
-        f"first at episode {int(ep[k])} frame {int(fr[k])}",
-        path=ds.root,
-        field=feature,
+    refuse_non_finite(
+        ds,
+        state,
+        owner,
+        list(keys),
+        rows=rows,
+        what="the value model's state feature",
         hint="fix or drop those frames in the dataset, or leave the feature out of value.model.state_keys "
         "(state_dims picks components)",
     )
+    return np.ascontiguousarray(state)
+
+
+def check_state_finite(datasets: Sequence[Any], state_keys: Sequence[str], state_dims: Sequence[int] | None) -> None:
+    """read_state over every frame of each opened dataset, kept for its checks only (DatasetError on a missing feature
+    or a NaN or inf): the value stage runs it on the datasets it does not train on but the advantages stage scores
+    (`value: false`), so bad data is refused before training, not after (audit60_E E2)."""
+    if not state_keys:
+        return
+    for ds in datasets:
+        read_state(ds, state_keys, state_dims)
 
 
 def load_source(

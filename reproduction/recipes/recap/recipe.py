@@ -143,10 +143,13 @@ def policy_uses_ray(config: Any) -> bool:
 
 def value_stage(ctx: StageContext) -> StageOutput:
     """Stage 2: one value model per cross-fitting fold into value/model_<k>/ (continues from checkpoints)."""
+    from reproduction.recap.value.data import check_state_finite
     from reproduction.recap.value.stage import train_value
 
     model, train, sources = value_config(ctx)
     opened = {d.name: d.dataset for d in ctx.inputs.values() if d.value}  # the run opened them once
+    # Stage 3 scores the `value: false` datasets too: refuse their bad state now, not after training (audit60_E E2)
+    check_state_finite([d.dataset for d in ctx.inputs.values() if not d.value], model.state_keys, model.state_dims)
     ray_address = ctx.ray_for(value_uses_ray(ctx.config))  # train.launcher is the config's (max_steps aside)
     result = train_value(
         model,
