@@ -1,5 +1,5 @@
-"""review60 S1, S2: `~name` in a setting and in path arguments (one expansion rule, fsio.expand_home; a file
-literally named `~foo` is usable as in bash)."""
+"""review60 S1, S2, S4: `~name` in a setting and in path arguments (one expansion rule, fsio.expand_home; a file
+literally named `~foo` is usable as in bash), and the demo's message when it runs from a bundle's own runner."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from reproduction import portable
-from reproduction.errors import ConfigError
+from reproduction.errors import ConfigError, InputNotFoundError
 
 NOUSER = "~nouser_review60_zz"
 
@@ -94,3 +94,19 @@ def test_no_hydra_hint_where_no_override_can_stand(cli, tmp_path, monkeypatch):
         f"~returns.tag in {tmp_path} either",
         "hint: write BUNDLE without ~returns.tag (~/ is your home folder), or as an absolute path",
     ]
+
+
+def test_the_demo_from_a_bundles_runner_says_the_bundle_lacks_the_folder(tmp_path, monkeypatch):
+    """S4: it said "a non-editable install (pip install .)" and suggested `pip install -e .`."""
+    from reproduction.release import weights_manifest
+
+    (tmp_path / "bundle.json").write_text("{}")
+    monkeypatch.setattr(weights_manifest, "project_root", lambda near=None: tmp_path)
+    with pytest.raises(InputNotFoundError) as caught:
+        weights_manifest.project_path("bundle/demo/run.yaml", needed_by="portable demo")
+    assert caught.value.exit_code == 3
+    assert caught.value.message == (
+        f"portable demo needs the checkout's bundle/ folder, and the bundle {tmp_path} has none: a bundle carries "
+        "only what its spec packs, not the checkout's data folders"
+    )
+    assert caught.value.hint == "run `portable demo` from a recap-portable checkout, not with the bundle's own runner"
