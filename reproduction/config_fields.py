@@ -189,6 +189,21 @@ def is_safe_name(value: object) -> bool:
     )
 
 
+SHOWN_VALUE_CHARS = 200
+"""How much of a value an error shows: a rule quoting a 900 KB value made a 900 KB error line (audit60 D8)."""
+
+
+def shown(value: object) -> str:
+    """`value` as an error message quotes it (repr), a string longer than SHOWN_VALUE_CHARS cut to its start then
+    `...' (N chars)`, so the key and the rule stay readable on one line. The value is cut before it is quoted, not
+    the finished message (audit60 review S3: a regex over the message missed "it's ..." and cut prose)."""
+    if isinstance(value, str) and len(value) > SHOWN_VALUE_CHARS:
+        head = repr(value[:SHOWN_VALUE_CHARS])
+        return f"{head[:-1]}...{head[-1]} ({len(value)} chars)"
+    text = repr(value)
+    return text if len(text) <= SHOWN_VALUE_CHARS else f"{text[:SHOWN_VALUE_CHARS]}... ({len(text)} chars)"
+
+
 def check_name(value: object, name: str, *, optional: bool = True) -> None:
     """ConfigError naming field `name` unless `value` is a safe single path component (is_safe_name), or None
     where `optional`. Tags and labels become file names: a `/` or `..` would write outside the run folder."""
@@ -196,7 +211,7 @@ def check_name(value: object, name: str, *, optional: bool = True) -> None:
         return
     if not is_safe_name(value):
         raise ConfigError(
-            f"{name}={value!r} must be a plain name (letters, digits, - _ .; at most {NAME_MAX} characters, "
+            f"{name}={shown(value)} must be a plain name (letters, digits, - _ .; at most {NAME_MAX} characters, "
             "not starting with -)",
             field=name,
             hint=f"set {name} to a name such as run1" + (", or leave it unset" if optional else ""),
@@ -254,4 +269,4 @@ def check_number(
 def check_bool(value: object, name: str) -> None:
     """ConfigError naming field `name` unless `value` is true or false (not 0/1/2 or a string)."""
     if not isinstance(value, bool):
-        raise ConfigError(f"{name}={value!r} must be true or false", field=name, hint=f"set {name}=true or false")
+        raise ConfigError(f"{name}={shown(value)} must be true or false", field=name, hint=f"set {name}=true or false")

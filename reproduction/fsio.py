@@ -114,7 +114,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def user_path_argument(flag: str, text: str) -> Path:
+def user_path_argument(flag: str, text: str, *, hydra_hint: bool = False) -> Path:
     """The path the user gave as `flag`, normalised as every `portable` command's (`user_path`: `~` expanded,
     absolute, resolved). Guarantees an empty `text` is never the current folder: UsageError (exit 2) naming
     `flag`, as for an unset `--out "$OUT"` (audit47 F2); the data-generation CLIs call this too (audit53 V15), so
@@ -127,10 +127,24 @@ def user_path_argument(flag: str, text: str) -> Path:
             f"{flag} is empty: an empty path would mean the current folder",
             hint=f"give {flag} a path (an unset shell variable expands to nothing; use . for this folder)",
         )
-    return user_path(text, what=flag)
+    return user_path(text, what=flag, hydra_hint=hydra_hint)
 
 
-def user_path(text: str | os.PathLike[str], *, what: str = "path") -> Path:
+def expand_home(raw: str) -> tuple[str, str | None]:
+    """`raw` with a leading `~` or `~name` expanded as the shell expands it, and the user `~name` names when this
+    machine knows no such user (None otherwise). The one place a user-given path or setting has `~` expanded
+    (audit60 review S1: PORTABLE_CACHE_DIR=~nosuch/x was exit 1 "internal error" from pathlib's expanduser).
+
+    os.path.expanduser, not Path.expanduser: it leaves `~name` for an unknown user as it was, as bash does, so a file
+    literally named `~foo` can be meant (review S2), and it never expands `./~foo` (pathlib drops the `./` first).
+    Raises nothing; what an unknown user means (a literal name, an error) is the caller's to decide."""
+    expanded = os.path.expanduser(raw)
+    if raw.startswith("~") and expanded == raw:
+        return raw, raw[1:].split("/", 1)[0]
+    return expanded, None
+
+
+def user_path(text: str | os.PathLike[str], *, what: str = "path", hydra_hint: bool = False) -> Path:
     """A path the user typed, made absolute and resolved once (`~` expanded, symlinks followed, `..` folded).
 
     The CLI calls this for every path argument before anything uses it, so every path derived from it
@@ -139,14 +153,17 @@ def user_path(text: str | os.PathLike[str], *, what: str = "path") -> Path:
     Raises InputNotFoundError (exit 3), naming `what` and the path, for a symbolic-link loop, for a
     symbolic link to nothing (a dangling link is a mistyped path more often than a place to create) and for a
     name too long to look up (ENAMETOOLONG: the argument is wrong, nothing failed to write).
+    `~name` for a user this machine does not know stays literal, as in bash, when `~name` exists in the current
+    folder; otherwise it is exit 3 saying neither exists (audit60 D1, review S2); `hydra_hint` adds the hint for
+    Hydra's `~key` deletion syntax (only where an override may stand: `run`'s BUNDLE).
     """
     from reproduction.errors import InputNotFoundError
 
     raw = os.fspath(text)
-    try:
-        path = Path(raw).expanduser()
-    except RuntimeError:  # `~name` for a user this machine does not know (audit60 D1: it was exit 1 "internal error")
-        raise _unknown_home(raw, what) from None
+    expanded, unknown_user = expand_home(raw)
+    path = Path(expanded)
+    if unknown_user is not None and not os.path.lexists("~" + unknown_user):
+        raise _unknown_home(raw, unknown_user, what, hydra_hint=hydra_hint)
     try:
         resolved = path.resolve()
         dangling = path.is_symlink() and not path.exists()
@@ -174,21 +191,24 @@ def user_path(text: str | os.PathLike[str], *, what: str = "path") -> Path:
     return resolved
 
 
-def _unknown_home(raw: str, what: str) -> Exception:
-    """user_path's error for a path argument starting with `~name` where no user `name` exists (exit 3). A bare
-    `~key.path` or `~key` (no `/`) is most likely Hydra's deletion syntax typed as a config override, so the hint
-    says that form is not supported and what to write instead (docs/config.md)."""
+def _unknown_home(raw: str, user: str, what: str, *, hydra_hint: bool) -> Exception:
+    """user_path's error for a path argument starting with `~name` where no user `name` exists and no file `~name`
+    either (exit 3). With `hydra_hint`, a bare `~key.path` or `~key` (no `/`) is most likely Hydra's deletion syntax
+    typed as a config override, so the hint says that form is not supported and what to write instead
+    (docs/config.md)."""
     from reproduction.errors import InputNotFoundError
 
-    user = raw[1:].split("/", 1)[0]
     hint = f"write {what} without ~{user} (~/ is your home folder), or as an absolute path"
-    if "/" not in raw:
+    if hydra_hint and "/" not in raw:
         hint = (
             f"Hydra's ~key (delete) and +key=value (add) overrides are not supported: leave a key out for its default, "
             f"or write {raw[1:]}=null where the key may be null (docs/config.md); for a path, {hint}"
         )
     return InputNotFoundError(
-        f"{what} {raw}: no user {user!r} on this machine for ~{user} to expand to", path=raw, hint=hint
+        f"{what} {raw}: no user {user!r} on this machine for ~{user} to expand to, and no ~{user} in "
+        f"{os.getcwd()} either",
+        path=raw,
+        hint=hint,
     )
 
 

@@ -857,7 +857,11 @@ def _check_paths(args: argparse.Namespace) -> None:
         flag = _path_flag(args, name)
         normalised = []
         for item in items:
-            normalised.append(item if item and _not_a_path(name, item) else str(user_path_argument(flag, item)))
+            # `run ~key.sub` may be Hydra's delete override in BUNDLE's place: only there is the hint apt
+            hydra = (args.command, name) == ("run", "bundle")
+            normalised.append(
+                item if item and _not_a_path(name, item) else str(user_path_argument(flag, item, hydra_hint=hydra))
+            )
             kind = FILE_ARGUMENTS.get((args.command, name))
             if kind and os.path.isdir(normalised[-1]):  # exit 3, as errors.py and README's --config say (F11)
                 raise InputNotFoundError(

@@ -45,13 +45,14 @@ SETTINGS: tuple[Setting, ...] = (
         name=CACHE_DIR,
         default="~/.cache/recap-portable (LIBERO's files: <temp dir>/recap-portable-<uid>/libero)",
         doc="Cache root: dataset fingerprints and content digests under fingerprints/, the CPU numerics probe's "
-        "answer (`portable check`) under numerics/, LIBERO's assets, config and shader cache under libero/. Also "
-        "read as RECAP_PORTABLE_CACHE (its old name). `~` is expanded (also when the shell did not); a blank value "
-        "is unset; a relative path is exit 4 (it would put the cache in whichever folder a command runs from, e.g. "
-        "inside a bundle), as is a file (or a path under one). A folder that cannot be written is no error (the "
-        "cache is skipped, work recomputed): `portable check`'s host.cache row warns. `portable check`'s "
-        "host.settings row warns about PORTABLE_* variables that nothing reads (a misspelled knob); every other "
-        "command says so in one warning line on stderr.",
+        "answer (`portable check`) under numerics/, LIBERO's assets, config and shader cache under libero/. "
+        "Also read as RECAP_PORTABLE_CACHE (its old name). `~` is expanded (also when the shell did not; "
+        "`~name` for a user this machine does not know is exit 4); a blank value is unset; a relative path is"
+        " exit 4 (it would put the cache in whichever folder a command runs from, e.g. inside a bundle), as "
+        "is a file (or a path under one). A folder that cannot be written is no error (the cache is skipped, "
+        "work recomputed): `portable check`'s host.cache row warns. `portable check`'s host.settings row "
+        "warns about PORTABLE_* variables that nothing reads (a misspelled knob); every other command says so"
+        " in one warning line on stderr.",
         read_by="settings.cache_root, used by data/fingerprint.py, run/content.py, checks/host.py, "
         "sim/libero/_runtime.py",
     ),
@@ -144,7 +145,19 @@ def cache_root(environ: Mapping[str, str] | None = None) -> Path | None:
     if found is None:
         return None
     name, raw = found
-    path = Path(raw.strip()).expanduser()
+    from reproduction.fsio import expand_home
+
+    expanded, unknown_user = expand_home(raw.strip())
+    if unknown_user is not None:  # was exit 1 "internal error" from pathlib (audit60 review S1)
+        from reproduction.errors import ConfigError
+
+        raise ConfigError(
+            f"{name}={raw!r}: no user {unknown_user!r} on this machine for ~{unknown_user} to expand to",
+            field=name,
+            hint=f"give an absolute path (e.g. {name}=$HOME/.cache/recap-portable), or unset it for "
+            f"{default_cache_root()}",
+        )
+    path = Path(expanded)
     if not path.is_absolute():
         from reproduction.errors import ConfigError
 

@@ -54,20 +54,26 @@ NOUSER = "~nouser_audit60_zz"
         ([f"{NOUSER}/bundle", "--output", "R"], "BUNDLE"),
     ],
 )
-def test_a_path_naming_an_unknown_users_home_is_exit_3_naming_the_argument(cli, tmp_path, args, flag):
+def test_a_path_naming_an_unknown_users_home_is_exit_3_naming_the_argument(cli, tmp_path, monkeypatch, args, flag):
+    monkeypatch.chdir(tmp_path)  # no file `~nouser_audit60_zz` here either (review60 S2: one would be meant)
     args = [str(tmp_path / "r") if a == "R" else a for a in args]
     code, err = cli(*args)
     assert code == 3
     assert err[0] == f"error: {flag} {next(a for a in args if a.startswith(NOUSER))}: no user " + (
-        "'nouser_audit60_zz' on this machine for ~nouser_audit60_zz to expand to"
+        f"'nouser_audit60_zz' on this machine for ~nouser_audit60_zz to expand to, and no ~nouser_audit60_zz in "
+        f"{tmp_path} either"
     )
     assert "Hydra" not in err[1]
 
 
-def test_hydras_deletion_syntax_taken_as_the_bundle_gets_a_hint(cli, tmp_path):
+def test_hydras_deletion_syntax_taken_as_the_bundle_gets_a_hint(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     code, err = cli("--output", str(tmp_path / "r"), "~returns.tag")
     assert code == 3
-    assert err[0] == "error: BUNDLE ~returns.tag: no user 'returns.tag' on this machine for ~returns.tag to expand to"
+    assert err[0] == (
+        "error: BUNDLE ~returns.tag: no user 'returns.tag' on this machine for ~returns.tag to expand to, "
+        f"and no ~returns.tag in {tmp_path} either"
+    )
     assert "Hydra's ~key (delete) and +key=value (add) overrides are not supported" in err[1]
     assert "returns.tag=null" in err[1]
 

@@ -77,6 +77,13 @@ def project_path(rel: str, *, needed_by: str, near: Path | None = None) -> Path:
     top = rel.split("/")[0]
     if (root / top).is_dir():
         raise InputNotFoundError(f"{needed_by} needs {path}, which does not exist", path=path, hint=CHECKOUT_HINT)
+    if (root / "bundle.json").is_file():  # a restored bundle's own runner, not an install (audit60 review S4)
+        raise InputNotFoundError(
+            f"{needed_by} needs the checkout's {top}/ folder, and the bundle {root} has none: "
+            "a bundle carries only what its spec packs, not the checkout's data folders",
+            path=path,
+            hint=f"run `{needed_by}` from a recap-portable checkout, not with the bundle's own runner",
+        )
     raise InputNotFoundError(
         f"{needed_by} needs the checkout's {top}/ folder, and {root} has none: "
         "a non-editable install (pip install .) does not carry bundle/, evidence/, LICENSES/ or weights_manifest/",

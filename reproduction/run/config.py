@@ -21,6 +21,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from reproduction.config_fields import shown
 from reproduction.errors import ConfigError, InputNotFoundError
 
 RECIPE_KEY = "recipe"
@@ -55,13 +56,13 @@ def given_recipe(files: list[Path] | None, overrides: list[str] | None) -> str |
         return None
     if isinstance(value, str) and "${" in value:  # read before anything resolves: an interpolation names no recipe
         raise ConfigError(
-            f"{where}recipe: {value!r} is an interpolation; the recipe is read before the config resolves",
+            f"{where}recipe: {shown(value)} is an interpolation; the recipe is read before the config resolves",
             field=RECIPE_KEY,
             hint="write the recipe's name: recipe=recap, or recipe=package.module:RECIPE",
         )
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(
-            f"{where}recipe: {value!r} is not a recipe name",
+            f"{where}recipe: {shown(value)} is not a recipe name",
             field=RECIPE_KEY,
             hint="write recipe: recap, or recipe: package.module:RECIPE for a recipe of your own",
         )
@@ -104,7 +105,7 @@ def load_config(
         # (`cameras={a: [1]}`); rebuilding does, as --print-config and run.json do later (audit52 W1)
         OmegaConf.structured(config)
     except ConfigError as exc:  # a section's rule: name where its value came from, as the loader's errors do
-        _name_source(exc, files, overrides)
+        _name_source(exc, files, overrides, merged)
         raise
     except Exception as exc:  # omegaconf's errors: one mapping, here
         key = getattr(exc, "full_key", None)
@@ -155,14 +156,22 @@ def escape_interpolations(text: str) -> str:
     return re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", text)
 
 
-def _name_source(exc: ConfigError, files: list[Path] | None, overrides: list[str] | None) -> None:
+def _name_source(exc: ConfigError, files: list[Path] | None, overrides: list[str] | None, merged: Any) -> None:
     """Prefix `exc`'s message with where its field's value came from (the --config file, or `command line` for an
     override), when the loader can tell and the message does not say already (audit56 D8: with several files the
     user could not tell which; audit58 D6: an override's line named no source while a file's did). A rule on the
-    schema's default stays as it was."""
-    exc.message = shorten_values(exc.message)
-    exc.args = (exc.message,)
+    schema's default stays as it was. A long string value the message quotes whole is cut (_shorten_value)."""
+    from omegaconf import OmegaConf
+
     key = exc.fields.get("field")
+    if isinstance(key, str):
+        try:
+            value = OmegaConf.select(merged, key, throw_on_resolution_failure=False)
+        except Exception:  # a key the config cannot look up (a rule's own name): nothing to cut
+            value = None
+        if isinstance(value, str):
+            exc.message = _shorten_value(exc.message, value)
+            exc.args = (exc.message,)
     if not isinstance(key, str) or exc.fields.get("path"):
         return
     where = _source_of(key, files, overrides)
@@ -171,15 +180,13 @@ def _name_source(exc: ConfigError, files: list[Path] | None, overrides: list[str
         exc.args = (exc.message,)
 
 
-SHOWN_VALUE_CHARS = 200
-"""How much of a quoted value an error shows: a rule quoting a 900 KB value made a 900 KB error line (audit60 D8)."""
-_QUOTED = re.compile(r"""'((?:[^'\\]|\\.){""" + str(SHOWN_VALUE_CHARS) + r"""})((?:[^'\\]|\\.)+)'""")
-
-
-def shorten_values(message: str) -> str:
-    """`message` with each quoted value ('...', as !r writes it) longer than SHOWN_VALUE_CHARS cut to its start,
-    then `...' (N chars)`: the key and the rule stay readable on one line."""
-    return _QUOTED.sub(lambda m: f"'{m.group(1)}...' ({len(m.group(1)) + len(m.group(2))} chars)", message)
+def _shorten_value(message: str, value: object) -> str:
+    """`message` with the field's own value, where the rule quoted it whole (repr), cut as config_fields.shown
+    cuts it: a section's rule (`__post_init__`) formats its value itself (audit60 D8). Only that value's exact
+    text is replaced, so prose and other quotes stay as written (review S3)."""
+    whole = repr(value)
+    short = shown(value)
+    return message.replace(whole, short) if short != whole else message
 
 
 ALLOWS_NONFINITE = "allows_nonfinite"
@@ -418,11 +425,11 @@ def merged_config(
         key = item.partition("=")[0]
         if "=" not in item or not key or "" in key.split("."):  # `=3`, `.value=3`: no key to name (audit47 F14)
             raise ConfigError(
-                f"override {item!r} is not key.path=value", field=item, hint="write overrides as key.path=value"
+                f"override {shown(item)} is not key.path=value", field=item, hint="write overrides as key.path=value"
             )
         if key != key.strip():  # ' rl.steps=4' (a quoted shell word): omegaconf read the key ` rl` (audit56 D4)
             raise ConfigError(
-                f"override {item!r} has spaces around its key {key!r}",
+                f"override {shown(item)} has spaces around its key {shown(key)}",
                 field=key.strip(),
                 hint=f"write it without them: {key.strip()}={item.partition('=')[2]}",
             )
@@ -441,7 +448,7 @@ def merged_config(
         key = item.partition("=")[0].strip()
         if key in places:
             raise ConfigError(
-                f"override {item!r}: {key} is {PLACEHOLDERS[key].partition(':')[0]}, set by the command itself",
+                f"override {shown(item)}: {key} is {PLACEHOLDERS[key].partition(':')[0]}, set by the command itself",
                 field=key,
                 hint=f"remove the override and give {PLACEHOLDERS[key].partition(': ')[2]}",
             )
@@ -988,21 +995,29 @@ def _refuse_tuples_of_sections(schema: type, files: list[Path] | None, overrides
     of such a recipe could not be read back (audit60 D2). `list[SomeDataclass]` works; the error says so."""
     import typing
 
+    def members(tp: Any) -> list[Any]:
+        """`tp` and every type inside it, at any depth (Optional/Union, list, dict, tuple arguments)."""
+        return [tp, *(m for a in typing.get_args(tp) if a is not Ellipsis for m in members(a))]
+
     def walk(cls: type, prefix: str, seen: tuple[type, ...]) -> None:
         for name, tp in _resolved_types(cls).items():
             key = f"{prefix}{name}"
-            args = [a for a in typing.get_args(tp) if a is not Ellipsis]
-            if typing.get_origin(tp) is tuple and any(dataclasses.is_dataclass(a) for a in args):
-                recipe = given_recipe(files, overrides)
-                ref = f"{schema.__module__}:{schema.__qualname__}"
-                item = next(a for a in args if dataclasses.is_dataclass(a)).__qualname__
-                raise ConfigError(
-                    f"{f'recipe {recipe!r}: ' if recipe else ''}config_schema {ref}: field `{key}` is of type "
-                    f"{_annotation_name(tp)}, a tuple of sections, which a run config cannot set or read back",
-                    field=key,
-                    hint=f"type `{key}` as list[{item}] (a list of sections works like any list)",
-                )
-            for inner in [tp, *typing.get_args(tp)]:  # sections nested directly, in Optional/list/dict
+            # also inside Optional/list/dict: `tuple[Pt, ...] | None` failed the same way (audit60 review S6)
+            for inner in members(tp):
+                args = [a for a in typing.get_args(inner) if a is not Ellipsis]
+                if typing.get_origin(inner) is tuple and any(dataclasses.is_dataclass(a) for a in args):
+                    recipe = given_recipe(files, overrides)
+                    ref = f"{schema.__module__}:{schema.__qualname__}"
+                    item = next(a for a in args if dataclasses.is_dataclass(a)).__qualname__
+                    raise ConfigError(
+                        f"{f'recipe {recipe!r}: ' if recipe else ''}config_schema {ref}: field `{key}` is of type "
+                        f"{_annotation_name(tp)}, a tuple of sections, which a run config cannot set or read back",
+                        field=key,
+                        hint=f"type the tuple in `{key}` as list[{item}] (a list of sections works like any list)"
+                        if inner is not tp
+                        else f"type `{key}` as list[{item}] (a list of sections works like any list)",
+                    )
+            for inner in members(tp):  # sections nested directly, in Optional/list/dict, at any depth
                 if isinstance(inner, type) and dataclasses.is_dataclass(inner) and inner not in seen:
                     walk(inner, f"{key}.", (*seen, inner))
 
@@ -1191,7 +1206,9 @@ def _override_error(overrides: list[str], exc: BaseException) -> ConfigError:
     value = item.partition("=")[2]
     where, what = _yaml_problem(exc, value=value)
     if not where and _INTERPOLATION in type(exc).__name__:
-        return ConfigError(f"override {item!r}: bad interpolation: {what}", field="overrides", hint=INTERPOLATION_HINT)
+        return ConfigError(
+            f"override {shown(item)}: bad interpolation: {what}", field="overrides", hint=INTERPOLATION_HINT
+        )
     if "${" in value and any(c in value for c in "[{"):
         hint = (
             'inside [...] or {...} a value holding ${...} must be quoted: path: "/data/${RUN}" (and the whole '
@@ -1200,7 +1217,7 @@ def _override_error(overrides: list[str], exc: BaseException) -> ConfigError:
     else:
         hint = "the value after = is YAML: check its brackets and quotes (quote a string holding `: ` or `,`)"
     return ConfigError(
-        f"override {item!r}: not valid YAML{' at ' + where if where else ''}: {what}", field="overrides", hint=hint
+        f"override {shown(item)}: not valid YAML{' at ' + where if where else ''}: {what}", field="overrides", hint=hint
     )
 
 
