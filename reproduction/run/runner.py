@@ -934,13 +934,34 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     )
 
 
+PROCESS_ENV = (
+    "MUJOCO_GL",  # sim/__init__.py and sim/libero/_runtime.py, at their first import
+    "PYOPENGL_PLATFORM",  # checks/render.py, sim/libero/_runtime.py
+    "NUMBA_CACHE_DIR",  # sim/libero/_runtime.py's caches, at the first import of LIBERO
+    "MPLCONFIGDIR",
+    "MESA_SHADER_CACHE_DIR",
+    "LIBERO_CONFIG_PATH",
+    "RAY_AUTH_MODE",  # train/ray_connect.py, when the run's local Ray starts
+    "OMP_NUM_THREADS",  # ray_connect.WORKER_ENV (and portable.py's at start)
+    "MKL_NUM_THREADS",
+    "TOKENIZERS_PARALLELISM",
+    "TORCH_DEVICE_BACKEND_AUTOLOAD",  # checks/accelerator_cuda.py
+    "GOMP_SPINCOUNT",  # portable.py
+)
+"""The variables the project's own modules set once per process, when first imported or used (setdefault: never over
+a value already there). One a stage added stays after it: the module that set it stays imported, so a later stage of
+the same run would lack it where the same stage run alone (which imports the module itself) has it (review60 R1).
+tests/test_stage_env_review60.py keeps this list equal to what reproduction/ sets."""
+
+
 @contextlib.contextmanager
 def stage_process_state() -> Iterator[None]:
     """Run a stage with this process's cwd and os.environ as they are now, and put both back when it ends (also when
     it raises): a stage's os.chdir or environment change ends with it, so every stage starts with the process state
     the run started with, as a --resume that runs it alone does. Until audit60_B B1 a stage's chdir and env reached
     every later stage and the input fingerprints keyed after it (a relative input path read from the stage's cwd).
-    The env a stage sets for its own subprocesses reaches them as before; a cwd that was removed is not restored."""
+    The env a stage sets for its own subprocesses reaches them as before; a cwd that was removed is not restored; a
+    PROCESS_ENV variable the stage added (a project module's once-per-process default) is kept."""
     try:
         cwd: str | None = os.getcwd()
     except OSError:  # the run's cwd is gone already: nothing to return to
@@ -952,7 +973,7 @@ def stage_process_state() -> Iterator[None]:
         if cwd is not None:
             with contextlib.suppress(OSError):
                 os.chdir(cwd)
-        for name in [n for n in os.environ if n not in env]:
+        for name in [n for n in os.environ if n not in env and n not in PROCESS_ENV]:
             del os.environ[name]
         for name, value in env.items():
             if os.environ.get(name) != value:
