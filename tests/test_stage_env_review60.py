@@ -38,3 +38,15 @@ def test_a_project_default_a_stage_added_stays_and_everything_else_is_put_back(m
     assert "LAB60_VAR" not in os.environ
     assert os.environ["OMP_NUM_THREADS"] == "1"
     assert os.getcwd() == cwd
+
+
+def test_an_oserror_without_a_filename_ends_its_line_with_the_reason_not_a_colon():
+    from reproduction.run.stage_keys import _unreadable_input
+
+    exc = _unreadable_input("data", OSError(5, "Input/output error"), None, {})
+    assert exc.message == "opened input 'data' cannot be fingerprinted: Input/output error"
+    named = _unreadable_input("data", FileNotFoundError(2, "No such file or directory", "/x/y"), None, {"data": "/x/y"})
+    assert (
+        named.message
+        == "opened input 'data' cannot be fingerprinted: No such file or directory: '/x/y' (config key data)"
+    )

@@ -469,7 +469,7 @@ def _unreadable_input(name: str, exc: OSError, spec: StageSpec | None, plain: An
     missing = errno_of(exc) in MISSING_ERRNOS
     fix = f"set {key} to an existing path" if key else "fix the path the recipe's open_inputs opens"
     then = f"then `portable run ... --resume` runs stage {spec.name}" if spec is not None else "then run again"
-    message = f"{who}opened input {name!r} cannot be fingerprinted: {reason}:{where}"
+    message = f"{who}opened input {name!r} cannot be fingerprinted: {reason}" + (f":{where}" if where else "")
     cls = InputNotFoundError if missing else ReadFailedError
     return cls(message, path=path, field=key or "open_inputs", stage=spec.name if spec else None, hint=f"{fix}, {then}")
 
