@@ -1248,6 +1248,10 @@ def _config_error(exc: BaseException, merged: Any, *, where: str | None = None, 
         offered = [f"${{{n}}}" for n in PLACEHOLDERS if n in _keys_at(merged, "")]  # only those the schema has
         names = ", ".join(["a config key (${eval.seed})", *offered[:-1]]) + (f" or {offered[-1]}" if offered else "")
         hint = f"an interpolation names {names}: check the name and braces"
+        if "Environment variable" in msg:  # ${oc.env:NAME} with NAME unset (audit60 H19)
+            hint = "set that environment variable, give a default (${oc.env:NAME,default}), or write the value itself"
+        elif "Unsupported interpolation type" in msg:
+            hint = "the resolvers are oc.env, oc.decode, oc.create and oc.select (docs/config.md), or write the value"
         return ConfigError(f"{src}config key `{key}`: {msg}", field=key, hint=hint)
     return ConfigError(  # omegaconf named no key (a shape _misfit does not know): at least say where to look
         f"{src}config: {msg}", field=key or None, hint="docs/config.md lists every key with its type"
