@@ -320,14 +320,16 @@ def may_use_ray(stages: Iterable[Any], plain: dict[str, Any], config: Any = None
     return False
 
 
-_ON_CLUSTER_LOST: list[Callable[[RayUnavailableError], None]] = []
+_ON_CLUSTER_LOST: list[Callable[[BaseException], None]] = []
 
 
 @contextlib.contextmanager
-def on_cluster_lost(record: Callable[[RayUnavailableError], None]) -> Iterator[None]:
+def on_cluster_lost(record: Callable[[BaseException], None]) -> Iterator[None]:
     """While the block runs, `record(error)` is called if a watchdog ends the process because the Ray cluster was
-    lost (the runner records its stage `failed` with it). It runs on the watchdog thread while the main thread may be
-    stuck in Ray, so it must only write its own record; whatever it raises is ignored."""
+    lost (the runner records its stage `failed` with it): a RayUnavailableError, or the KeyboardInterrupt the main
+    thread was unwinding when a group SIGTERM stopped the local Ray too (recorded `interrupted`, audit60 L7). It runs
+    on the watchdog thread while the main thread may be stuck in Ray, so it must only write its own record; whatever it
+    raises is ignored."""
     _ON_CLUSTER_LOST.append(record)
     try:
         yield
@@ -335,7 +337,7 @@ def on_cluster_lost(record: Callable[[RayUnavailableError], None]) -> Iterator[N
         _ON_CLUSTER_LOST.remove(record)
 
 
-def cluster_lost_hooks() -> list[Callable[[RayUnavailableError], None]]:
+def cluster_lost_hooks() -> list[Callable[[BaseException], None]]:
     """The `on_cluster_lost` records now registered, oldest first."""
     return list(_ON_CLUSTER_LOST)
 
