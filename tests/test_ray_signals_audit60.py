@@ -6,6 +6,7 @@ line in ANSI colour when its output is no terminal."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -57,6 +58,42 @@ def test_the_end_of_an_interrupted_run_records_the_interrupt_and_exits_130(capsy
     error = RayUnavailableError("lost the Ray cluster at 127.0.0.1:1 while w ran", address="127.0.0.1:1")
     launcher._end_process(error, exit=codes.append)
     assert codes == [130, 58]
+
+
+def test_the_local_ray_logs_no_info_line_and_no_colour_on_a_pipe(monkeypatch):
+    calls: list[dict] = []
+    monkeypatch.delenv("RAY_COLOR_PREFIX", raising=False)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    ray_connect.start_local(cpus=1, init=lambda **kw: calls.append(kw))  # pytest's streams are no terminal
+    assert calls[0]["logging_level"] == logging.WARNING
+    assert os.environ["RAY_COLOR_PREFIX"] == "0"
+
+
+class _Tty:
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("env", "tty", "expected"),
+    [
+        ({}, True, None),
+        ({"NO_COLOR": "1"}, True, "0"),
+        ({"TERM": "dumb"}, True, "0"),
+        ({}, False, "0"),
+        ({"RAY_COLOR_PREFIX": "1"}, False, "1"),  # the user's choice is kept
+    ],
+)
+def test_ray_colours_worker_prefixes_only_on_a_terminal(monkeypatch, env, tty, expected):
+    for key in ("RAY_COLOR_PREFIX", "NO_COLOR", "TERM"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    if tty:
+        monkeypatch.setattr(sys, "stdout", _Tty())
+        monkeypatch.setattr(sys, "stderr", _Tty())
+    ray_connect.plain_log_prefix()
+    assert os.environ.get("RAY_COLOR_PREFIX") == expected
 
 
 # --- a real group SIGTERM against a local Ray ---------------------------------------------------------------------
