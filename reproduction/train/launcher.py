@@ -54,6 +54,15 @@ that is not stuck in Ray) before the watchdog ends the process (audit55 J1)."""
 LOST_FALLBACK_S = 20.0
 """After the main thread claimed a loss, how long its way out (the stage's record, the error line, Ray calls that
 may block until Ray's own 60 s) gets before the watchdog ends the process anyway (audit55 review3 R1)."""
+INTERRUPTED_HINT = (
+    "rerun it with --resume: completed stages are kept, an interrupted one continues from its last checkpoint"
+)
+"""The hint under the watchdog's `error: interrupted` (portable.py's INTERRUPT_HINTS["run"]: train/ cannot import
+it)."""
+INTERRUPTED_LOST_AFTER_S = 2.0
+"""The bound of GCS_LOST_AFTER_S while the main thread unwinds an interrupt: a SIGTERM to the whole process group
+(`timeout`, `kill -- -PGID`, Slurm) stops the local Ray's GCS and raylet too, and the main thread's cleanup then blocks
+in Ray (audit60 L7)."""
 END_BOUND_S = 10.0
 """How long the watchdog's record of a lost cluster (run.json's `failed` record) and its error line may take before it
 exits 58 anyway: a hung disk or a held lock must not keep a process whose cluster is gone alive (audit56 F2)."""
@@ -90,6 +99,9 @@ class ClusterWatch:
         self._why = ""
         self.lost = False
         self.error: RayUnavailableError | None = None
+        self.interrupt: KeyboardInterrupt | None = None
+        """The interrupt the main thread unwinds with (set by `_placed`): a loss found then is reported as it, exit 130
+        and the stage `interrupted`, not as exit 58 (audit60 L7: a group SIGTERM stopped the local Ray with the run)."""
         self.claimed_by: str | None = None  # "main" (check()'s raise) or "watchdog" (claim()): the one that reports
         self.ended = threading.Event()  # set when the watchdog's end(error) returned (a test's: the real one exits)
         self._lock = threading.Lock()
@@ -145,7 +157,8 @@ class ClusterWatch:
             self._failing_since = None
         now = self._clock()
         self._next = now + self.every_s
-        if self._failing_since is not None and now - self._failing_since >= self.lost_after_s:
+        lost_after = min(self.lost_after_s, INTERRUPTED_LOST_AFTER_S) if self.interrupt else self.lost_after_s
+        if self._failing_since is not None and now - self._failing_since >= lost_after:
             self.lost = True
             self.error = RayUnavailableError(
                 f"lost the Ray cluster at {self.address} while {self.what} ran: its GCS at {self.host}:{self.port} "
@@ -161,13 +174,16 @@ def _tcp_connect(host: str, port: int, timeout: float) -> None:
         pass
 
 
-def _end_process(error: RayUnavailableError, *, exit: Callable[[int], Any] | None = None) -> None:
+def _end_process(error: RayUnavailableError | KeyboardInterrupt, *, exit: Callable[[int], Any] | None = None) -> None:
     """The run's end when its cluster is lost and the main thread does not come back from Ray: Ray's core worker
     blocks a pending `ray.wait` while it retries the GCS, then kills the driver after 60 s with only its own log line
     (exit 1, the stage left `running`, audit55 J1). Records through the `ray_connect.on_cluster_lost` hooks, prints the
     one-line error and exits with its code without unwinding (the main thread cannot be unwound). The record and the
     line get END_BOUND_S together: a hung disk, lock or stderr does not keep the process alive (audit56 F2). `exit` is
-    a seam for tests (None: os._exit)."""
+    a seam for tests (None: os._exit). A KeyboardInterrupt (ClusterWatch.interrupt: the cluster went down with the
+    process group's SIGTERM) is recorded through the same hooks (the runner then records the stage `interrupted`) and
+    ends the process as portable.main answers an interrupt: `error: interrupted` and exit 130 (audit60 L7)."""
+    interrupted = isinstance(error, KeyboardInterrupt)
 
     def report() -> None:
         for record in ray_connect.cluster_lost_hooks():
@@ -176,7 +192,10 @@ def _end_process(error: RayUnavailableError, *, exit: Callable[[int], Any] | Non
             except BaseException:  # noqa: BLE001 - the exit below must happen whatever a record does
                 pass
         try:
-            render_error(error)
+            if interrupted:
+                print(f"error: interrupted\nhint: {INTERRUPTED_HINT}", file=sys.stderr)
+            else:
+                render_error(error)
             sys.stderr.flush()
         except BaseException:  # noqa: BLE001 - a stderr that cannot be written does not change the exit code
             pass
@@ -184,7 +203,7 @@ def _end_process(error: RayUnavailableError, *, exit: Callable[[int], Any] | Non
     thread = threading.Thread(target=report, name="portable-ray-lost-report", daemon=True)
     thread.start()
     thread.join(END_BOUND_S)
-    (exit or os._exit)(error.exit_code)
+    (exit or os._exit)(130 if interrupted else error.exit_code)
 
 
 @contextmanager
@@ -214,7 +233,7 @@ def _watchdog(
                 continue
             if not stop.wait(grace_s) and watch.claim():
                 try:
-                    end(watch.error)
+                    end(watch.interrupt or watch.error)
                 finally:
                     watch.ended.set()
                 return
@@ -548,6 +567,10 @@ def _placed(
                 spec, workers=workers, cpus_per_worker=cpus_per_worker, start_timeout_s=start_timeout_s
             )
             yield pg, sum(1 for node in ray.nodes() if node.get("Alive")) == 1, watch
+        except KeyboardInterrupt as exc:
+            if watch is not None:  # the Ray calls below may block on a cluster the same SIGTERM stopped (audit60 L7)
+                watch.interrupt = exc
+            raise
         finally:
             lost = watch is not None and watch.lost
             if pg is not None and not lost:

@@ -15,6 +15,7 @@ naming the address and the fix (RayUnavailableError, exit 58), never an internal
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -34,6 +35,9 @@ CONNECT_TIMEOUT_S = 60.0
 """Default bound of a connect when the caller has no configured one (a stage's `start_timeout_s`)."""
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 """Set in the driver before a local start: the raylet's env is inherited by every worker it starts."""
+RAY_LOGGING_LEVEL = logging.WARNING
+"""The driver's `ray` logger level (ray.init's `logging_level`, INFO by default): its INFO lines ("Started a local Ray
+instance.") are no talk of `portable`, and reached stderr even under -q (audit60 L2); Ray's warnings and errors stay."""
 _PROBE = "import os, sys, ray; ray.init(address=sys.argv[1], log_to_driver=False); os._exit(0)"
 _LOOPBACK = ("127.", "localhost", "[::1]", "::1")
 KEYWORDS = ("auto", "local")
@@ -64,6 +68,24 @@ def parse_address(address: str) -> tuple[str, int] | None:
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"its port {port!r} is not a number from 1 to 65535")
     return host, int(port)
+
+
+def plain_log_prefix() -> None:
+    """RAY_COLOR_PREFIX=0 in this process (the driver, which prints its workers' lines) when stdout or stderr is no
+    terminal, NO_COLOR is set or TERM is dumb: Ray wraps each worker line's `(pid=...)` prefix in ANSI colour codes
+    otherwise, whatever the stream is (audit60 L6). A RAY_COLOR_PREFIX the user set is kept."""
+    if "RAY_COLOR_PREFIX" in os.environ:
+        return
+    plain = os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb"
+    if plain or not all(_is_tty(stream) for stream in (sys.stdout, sys.stderr)):
+        os.environ["RAY_COLOR_PREFIX"] = "0"
+
+
+def _is_tty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, OSError, ValueError):  # None (pythonw), a closed or replaced stream
+        return False
 
 
 def _one_line(exc: BaseException) -> str:
@@ -119,6 +141,7 @@ def start_local(*, cpus: int, init: Callable[..., Any] | None = None) -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 token auth: off for a private local cluster
     for key, value in WORKER_ENV.items():
         os.environ.setdefault(key, value)
+    plain_log_prefix()
     last: BaseException | None = None
     for _ in range(START_TRIES):
         try:
@@ -130,6 +153,7 @@ def start_local(*, cpus: int, init: Callable[..., Any] | None = None) -> None:
                     include_dashboard=False,
                     object_store_memory=200 * 1024 * 1024,
                     log_to_driver=True,
+                    logging_level=RAY_LOGGING_LEVEL,
                     _node_ip_address="127.0.0.1",
                 )
             START_SECONDS.append(time.perf_counter() - t0)
@@ -196,8 +220,9 @@ def connect(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S, init: Callabl
         raise RayUnavailableError(
             f"cannot join the Ray cluster at {address}: {' '.join(last[0].split())[:300]}", address=address, hint=fix
         )
+    plain_log_prefix()
     with _sigterm_kept():
-        (init or ray.init)(address=address, log_to_driver=True)
+        (init or ray.init)(address=address, log_to_driver=True, logging_level=RAY_LOGGING_LEVEL)
 
 
 def shown(address: str) -> str:
@@ -320,14 +345,16 @@ def may_use_ray(stages: Iterable[Any], plain: dict[str, Any], config: Any = None
     return False
 
 
-_ON_CLUSTER_LOST: list[Callable[[RayUnavailableError], None]] = []
+_ON_CLUSTER_LOST: list[Callable[[BaseException], None]] = []
 
 
 @contextlib.contextmanager
-def on_cluster_lost(record: Callable[[RayUnavailableError], None]) -> Iterator[None]:
+def on_cluster_lost(record: Callable[[BaseException], None]) -> Iterator[None]:
     """While the block runs, `record(error)` is called if a watchdog ends the process because the Ray cluster was
-    lost (the runner records its stage `failed` with it). It runs on the watchdog thread while the main thread may be
-    stuck in Ray, so it must only write its own record; whatever it raises is ignored."""
+    lost (the runner records its stage `failed` with it): a RayUnavailableError, or the KeyboardInterrupt the main
+    thread was unwinding when a group SIGTERM stopped the local Ray too (recorded `interrupted`, audit60 L7). It runs
+    on the watchdog thread while the main thread may be stuck in Ray, so it must only write its own record; whatever it
+    raises is ignored."""
     _ON_CLUSTER_LOST.append(record)
     try:
         yield
@@ -335,7 +362,7 @@ def on_cluster_lost(record: Callable[[RayUnavailableError], None]) -> Iterator[N
         _ON_CLUSTER_LOST.remove(record)
 
 
-def cluster_lost_hooks() -> list[Callable[[RayUnavailableError], None]]:
+def cluster_lost_hooks() -> list[Callable[[BaseException], None]]:
     """The `on_cluster_lost` records now registered, oldest first."""
     return list(_ON_CLUSTER_LOST)
 
