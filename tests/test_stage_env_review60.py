@@ -18,9 +18,16 @@ def test_process_env_lists_every_variable_the_project_sets_once_per_process():
     for path in ROOT.rglob("*.py"):
         text = path.read_text(encoding="utf-8")
         named |= set(re.findall(r'os\.environ\.setdefault\(\s*"([A-Z_]+)"', text))
+        named |= set(re.findall(r'os\.environ\["([A-Z_]+)"\]\s*=(?!=)', text))
         if "os.environ.setdefault(var," in text:  # sim/libero/_runtime.py's cache folders, set in a loop
             named |= set(re.findall(r'\(\s*"([A-Z_]+)",\s*"[a-z_]+"\s*\)', text))
-    assert {"MUJOCO_GL", "RAY_AUTH_MODE", "LIBERO_CONFIG_PATH", "NUMBA_CACHE_DIR"} <= named  # the scan finds them
+    assert {
+        "MUJOCO_GL",
+        "RAY_AUTH_MODE",
+        "LIBERO_CONFIG_PATH",
+        "NUMBA_CACHE_DIR",
+        "RAY_COLOR_PREFIX",
+    } <= named  # the scan finds them
     assert named <= set(PROCESS_ENV), sorted(named - set(PROCESS_ENV))
 
 

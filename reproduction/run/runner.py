@@ -947,6 +947,8 @@ PROCESS_ENV = (
     "TOKENIZERS_PARALLELISM",
     "TORCH_DEVICE_BACKEND_AUTOLOAD",  # checks/accelerator_cuda.py
     "GOMP_SPINCOUNT",  # portable.py
+    "PYTHONPYCACHEPREFIX",
+    "RAY_COLOR_PREFIX",  # train/ray_connect.py plain_log_prefix, when the run's local Ray starts off a terminal
 )
 """The variables the project's own modules set once per process, when first imported or used (setdefault: never over
 a value already there). One a stage added stays after it: the module that set it stays imported, so a later stage of
