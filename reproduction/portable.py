@@ -50,7 +50,7 @@ import json  # noqa: E402
 import re  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import Any, NoReturn  # noqa: E402
 
 if __package__ in (None, ""):
     # Run as a script (`python3 reproduction/portable.py`): make the package importable.
@@ -320,10 +320,31 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_json_target(args: argparse.Namespace) -> bool | str:
+    """Where check's report goes: False (nowhere), True (stdout) or a FILE. Every --json counts, before the command
+    (the global flag, in args.json) and after it (check's own, collected in args.check_json): a FILE given with any
+    other --json is a UsageError (exit 2) rather than one silently dropped (audit60 L3: `check --json F --json`
+    left F unwritten, `portable --json check --json F` printed nothing on stdout). A FOLDER given with no BUNDLE is
+    the bundle (`cmd_check`), its report on stdout, so it goes with a plain --json."""
+    given = ([True] if args.json is True else []) + [g if g != "-" else True for g in getattr(args, "check_json", [])]
+    files = [
+        g for g in given if g is not True and not (args.bundle is None and g and os.path.isdir(os.path.expanduser(g)))
+    ]
+    folders = [g for g in given if g is not True]
+    if (files and len(given) > 1) or len(folders) > 1:
+        shown = " ".join("--json" if g is True else f"--json {g}" for g in given)
+        raise UsageError(
+            f"`{shown}` asks for the check report in more than one place: --json FILE writes it to FILE instead "
+            "of stdout",
+            hint=f"give --json {folders[0]} alone to write that file, or --json alone for stdout",
+        )
+    return folders[0] if folders else bool(given)
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from reproduction.checks.report import run_checks
 
-    target = args.json
+    target = args.json  # True, False or a FILE: `_check_json_target` combined every --json given
     if isinstance(target, str) and target != "-" and Path(target).is_dir():
         if args.bundle is not None:  # refused before the check runs, not exit 8 after it
             raise InputNotFoundError(
@@ -598,13 +619,22 @@ def _add_global_options(
         group.add_argument(*flags, **shown, default=False if top else argparse.SUPPRESS)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's error shape: a usage error is `error: MESSAGE` and `hint: see PROG --help` on
+    stderr, exit 2, as every other error (README "Errors"); it was argparse's usage block and `PROG: error:`
+    with no hint (audit60 L4). Subcommand parsers inherit it (add_subparsers' parser_class is the parent's type)."""
+
+    def error(self, message: str, *, prog: str | None = None) -> NoReturn:
+        self.exit(2, f"error: {message}\nhint: see `{prog or self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The CLI. A new subcommand is one `_command(...)` call plus its own arguments: it inherits the
     global options, the exit-code epilog and error rendering; `json_output=False` makes --json a usage
     error for it, and `json_option=False` lets the command declare its own --json."""
     # allow_abbrev=False everywhere: a prefix such as --input silently meant --inputs-moved, the opt-in that
     # vouches for data at new paths (audit55 H1); a flag is spelt in full or refused (exit 2)
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="portable",
         allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -675,9 +705,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--json",
         nargs="?",
         const=True,
+        action="append",
+        dest="check_json",
         default=argparse.SUPPRESS,
         metavar="FILE",
-        help="the report as JSON on stdout; `--json FILE` writes it to FILE instead (kept for compatibility)",
+        help="the report as JSON on stdout; `--json FILE` writes it to FILE instead (kept for compatibility); "
+        "given once (a FILE with another --json, before or after the command, is exit 2)",
     )
     p.add_argument("--device", choices=("auto", "cuda", "npu", "cpu"), default="auto")
     from reproduction.checks.probe import EXIT_HELP as CHECK_EXIT_HELP  # stdlib-only, keeps --help fast
@@ -985,7 +1018,9 @@ def _main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # `run` takes key.path=value overrides anywhere after the command; nothing else is unknown
         if getattr(args, "overrides", None) is None or any(e.startswith("-") for e in extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            named = (args.command, getattr(args, "weights_command", None))  # the hint names the command's own help
+            prog = " ".join(["portable", *(n for n in named if n)])
+            parser.error(f"unrecognized arguments: {' '.join(extra)}", prog=prog)
         args.overrides += extra  # one without `=` is refused by the command as in any other place (exit 4)
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
@@ -1002,6 +1037,8 @@ def _main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("GOMP_SPINCOUNT", "1000")
     arrived: list[KeyboardInterrupt] = []  # the interrupts SIGINT/SIGTERM raised while the command ran
     try:
+        if args.command == "check":
+            args.json = _check_json_target(args)
         if args.json and not args.json_output:
             raise UsageError(f"`portable {args.command}` has no JSON output", hint="drop --json")
         if args.command == "run" and args.bundle and "=" in args.bundle and not os.path.lexists(args.bundle):

@@ -96,11 +96,28 @@ def _rich_available() -> bool:
     return True
 
 
+def bars_wanted(options: UiOptions | None) -> bool:
+    """True when progress bars may be drawn: not -q / --no-progress / PORTABLE_NO_PROGRESS, and stderr is a
+    terminal. The one decision, also applied to huggingface_hub's own tqdm bars (`release.hub._client`), so no
+    command writes `\\r` rewrites or cursor codes into a log that captures stderr (audit60 L1)."""
+    options = options or UiOptions()
+    if options.quiet or not options.progress or flag(NO_PROGRESS):
+        return False
+    if _rich_available():  # rich's test also honours FORCE_TERMINAL / TTY_COMPATIBLE, as the rich bars do
+        from rich.console import Console
+
+        return Console(stderr=True).is_terminal
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # a replaced or closed stderr: no terminal to draw on
+        return False
+
+
 @contextmanager
 def progress(options: UiOptions | None = None, *, transient: bool = True) -> Iterator[Progress]:
     """Yield a `Progress`; bars render on stderr with rate and ETA when rich is present."""
     options = options or UiOptions()
-    if options.quiet or not options.progress or not _rich_available() or flag(NO_PROGRESS):
+    if not bars_wanted(options) or not _rich_available():
         yield Progress()
         return
     from rich.console import Console

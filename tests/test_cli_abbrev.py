@@ -38,7 +38,9 @@ def _portable(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_an_abbreviated_flag_is_refused_and_nothing_is_written(tmp_path, args, flag):
     out = _portable(*args, cwd=tmp_path)
     assert out.returncode == 2, out.stderr
-    assert f"unrecognized arguments: {flag}" in out.stderr.splitlines()[-1]
+    # the CLI's error shape (audit60 L4): `error: ...` then `hint: see \`portable COMMAND --help\``
+    error, hint = out.stderr.splitlines()[-2:]
+    assert f"error: unrecognized arguments: {flag}" in error and hint.startswith(f"hint: see `portable {args[0]}")
     assert list(tmp_path.iterdir()) == []
 
 

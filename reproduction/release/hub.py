@@ -155,7 +155,8 @@ def repo_web_url(endpoint: str, repo: str, repo_type: str, revision: str | None 
 
 
 def _client(settings: HubSettings, ui: UiOptions | None) -> Any:
-    """An HfApi on `settings`' endpoint; huggingface_hub's upload bars follow -q / --no-progress. InvalidInputError
+    """An HfApi on `settings`' endpoint; huggingface_hub's upload bars show only where the project's own do
+    (`ui.bars_wanted`: not -q / --no-progress, stderr a terminal). InvalidInputError
     (exit 4) for an HF_* variable huggingface_hub cannot use (`hub_import` checks), before it is imported."""
     HfApi = hub_import("huggingface_hub").HfApi
     hub_utils = hub_import("huggingface_hub.utils")
@@ -164,9 +165,10 @@ def _client(settings: HubSettings, ui: UiOptions | None) -> Any:
 
     # A bundle carries its datasets (parquet) even in a model repo: that is intended, not a mistake.
     warnings.filterwarnings("ignore", message="It seems that you are about to commit a data file")
-    from reproduction.settings import NO_PROGRESS, flag
+    from reproduction.ui import bars_wanted
 
-    if ui is None or ui.quiet or not ui.progress or flag(NO_PROGRESS):
+    # ui None (a library call) draws no bars, as before; a pipe gets none either (audit60 L1)
+    if ui is None or not bars_wanted(ui):
         disable_progress_bars()
     else:
         enable_progress_bars()

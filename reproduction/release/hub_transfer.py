@@ -153,7 +153,9 @@ class HubSettings:
 class DigestMismatch(Exception):
     """A downloaded file's bytes do not hash to the pinned sha256 (retryable: the next copy may be fine)."""
 
-    def __init__(self, path: str, expected: str, actual: str, *, resumed_from: int = 0) -> None:
+    def __init__(
+        self, path: str, expected: str, actual: str, *, resumed_from: int = 0, pinned_in: str = "bundle.json"
+    ) -> None:
         got = f"sha256 {actual[:16]}..." if re.fullmatch(r"[0-9a-f]{64}", actual) else actual
         resumed = (
             f"; it was resumed after {resumed_from} bytes kept on disk by an earlier run, which may be the damaged "
@@ -162,7 +164,7 @@ class DigestMismatch(Exception):
             else ""
         )
         expect = f"expected sha256 {expected[:16]}..."
-        super().__init__(f"{path}: downloaded bytes do not match bundle.json ({expect}, got {got}){resumed}")
+        super().__init__(f"{path}: downloaded bytes do not match {pinned_in} ({expect}, got {got}){resumed}")
         self.path, self.expected, self.actual, self.resumed_from = path, expected, actual, resumed_from
 
 
@@ -592,6 +594,8 @@ class Download:
     """Where the bytes accumulate until then (kept across runs for resume)."""
     size: int
     sha256: str
+    pinned_in: str = "bundle.json"
+    """The file that pins `sha256`, named in a mismatch (a weights manifest for `weights fetch`; audit60 L10)."""
 
 
 def http_headers() -> dict[str, str]:
@@ -989,12 +993,19 @@ def _get_into(job: Download, headers: dict[str, str], settings: HubSettings, on_
         if chunk:
             job.partial.unlink(missing_ok=True)
             on_bytes(-got)
-            raise DigestMismatch(job.rel, job.sha256, f"more than the {job.size} bytes it pins")
+            raise DigestMismatch(
+                job.rel, job.sha256, f"more than the {job.size} bytes it pins", pinned_in=job.pinned_in
+            )
     if got != job.size:
         if not have and got < 1024 and job.partial.read_bytes().startswith(LFS_POINTER):
             job.partial.unlink(missing_ok=True)  # a whole answer, not the file: nothing to resume after (F10)
             on_bytes(-got)
-            raise DigestMismatch(job.rel, job.sha256, f"a Git LFS pointer of {got} bytes, not the file's content")
+            raise DigestMismatch(
+                job.rel,
+                job.sha256,
+                f"a Git LFS pointer of {got} bytes, not the file's content",
+                pinned_in=job.pinned_in,
+            )
         declared = r.headers.get("Content-Length")
         if not encoded and declared is not None and declared.isdigit() and have + int(declared) == got:
             # the whole reply came, as long as it said: a short answer, not a dropped connection; the bytes stay
@@ -1035,7 +1046,7 @@ def download(
         if digest != job.sha256:
             job.partial.unlink(missing_ok=True)
             on_bytes(-job.size)
-            raise DigestMismatch(job.rel, job.sha256, digest, resumed_from=kept)
+            raise DigestMismatch(job.rel, job.sha256, digest, resumed_from=kept, pinned_in=job.pinned_in)
 
     try:
         with_retries(attempt, what=f"download {job.rel}", settings=settings, ui=ui)

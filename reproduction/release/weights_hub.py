@@ -463,6 +463,7 @@ def _fetch_weights_locked(
                 / f"{hashlib.sha256(f.path.encode()).hexdigest()[:20]}.{f.sha256[:20]}.part",
                 size=int(f.size),
                 sha256=f.sha256,
+                pinned_in=str(manifest.path) if manifest.path else f"weights manifest {manifest.name}",
             )
             for f in todo
         ]

@@ -99,9 +99,12 @@ def load_statements(run_dir: Path) -> list[LoadedStatement]:
             data = json.loads(raw.decode("utf-8"))
             loaded = LoadedStatement(file=path, data=data)
             ok = data.get("_type") == STATEMENT_TYPE and data.get("predicateType") == PREDICATE_TYPE
-            _ = (loaded.stage, loaded.subjects, loaded.dependencies, loaded.internal, loaded.metadata["startedOn"])
-            ok = ok and all("sha256" in d.get("digest", {}) for d in loaded.subjects + loaded.dependencies)
+            # the field types first, so a wrong one is named (file and field), not a TypeError of the reads below
+            # (audit60 L9: "subject": 5 surfaced as "unsupported operand type(s) for +")
             wrong = _shape_problem(data) if ok else None
+            if ok and wrong is None:
+                _ = (loaded.stage, loaded.subjects, loaded.dependencies, loaded.internal, loaded.metadata["startedOn"])
+                ok = all("sha256" in d.get("digest", {}) for d in loaded.subjects + loaded.dependencies)
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise InvalidInputError(
                 f"{path} is not a readable lineage statement ({type(exc).__name__}: {exc})",
@@ -690,6 +693,36 @@ def _statement_hints(problems: list[LineageProblem], state: Mapping[str, Any] | 
             f"hint: {', '.join(edited)} is not the statement written with run.json's record of its stage: delete it, "
             f"then {resume} writes it again from run.json (or `{restart}` redoes the stage)"
         )
+    stale = stale_stages(state) if state is not None else {}
+    # a stale stage's differing upstream output has its `note:` (`_stale_notes`): the run says so, nothing to put back
+    unexplained = [p for p in problems if not (p.what == "upstream_output" and p.statement[: -len(SUFFIX)] in stale)]
+    lines += _material_hints(unexplained, run_dir)
+    return lines
+
+
+def _material_hints(problems: list[LineageProblem], run_dir: Path) -> list[str]:
+    """The hints for bytes that changed or became links after a stage recorded them (exit 14 had none: audit60 L8).
+    A changed subject is redone by restarting the stage that wrote it; a changed input is put back."""
+    changed = list(dict.fromkeys(p.path for p in problems if p.kind == "digest"))
+    writers = list(
+        dict.fromkeys(p.statement[: -len(SUFFIX)] for p in problems if p.kind == "digest" and p.what == "subject")
+    )
+    links = list(dict.fromkeys(p.path for p in problems if p.kind == "link"))
+    lines = []
+    if changed and writers:
+        restart = " ".join(f"--restart-stage {name}" for name in writers)
+        lines.append(
+            f"hint: {', '.join(changed)} changed after the run recorded it: put the recorded bytes back (a copy "
+            f"of the run folder), or `portable run --resume {restart}` on {run_dir} redoes the stage and writes "
+            "its statement again"
+        )
+    elif changed:
+        lines.append(
+            f"hint: {', '.join(changed)} is not what the stages read: put the recorded bytes back (restore the "
+            "bundle or copy the files again) and verify again"
+        )
+    if links:
+        lines.append(f"hint: replace the link(s) {', '.join(links)} with the files themselves and verify again")
     return lines
 
 
