@@ -76,7 +76,7 @@ SETTINGS: tuple[Setting, ...] = (
         name=NO_PROGRESS,
         default="unset: progress bars on a terminal",
         doc="Any non-empty value turns progress bars off, like --no-progress.",
-        read_by="ui.py, release/hub.py",
+        read_by="ui.py (bars_wanted: its own bars and the Hub client's)",
     ),
     Setting(
         name=PLAIN,
