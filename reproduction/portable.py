@@ -326,10 +326,10 @@ def _check_json_target(args: argparse.Namespace) -> bool | str:
     other --json is a UsageError (exit 2) rather than one silently dropped (audit60 L3: `check --json F --json`
     left F unwritten, `portable --json check --json F` printed nothing on stdout). A FOLDER given with no BUNDLE is
     the bundle (`cmd_check`), its report on stdout, so it goes with a plain --json."""
+    from reproduction.fsio import expand_home
+
     given = ([True] if args.json is True else []) + [g if g != "-" else True for g in getattr(args, "check_json", [])]
-    files = [
-        g for g in given if g is not True and not (args.bundle is None and g and os.path.isdir(os.path.expanduser(g)))
-    ]
+    files = [g for g in given if g is not True and not (args.bundle is None and g and os.path.isdir(expand_home(g)[0]))]
     folders = [g for g in given if g is not True]
     if (files and len(given) > 1) or len(folders) > 1:
         shown = " ".join("--json" if g is True else f"--json {g}" for g in given)

@@ -21,7 +21,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from reproduction.config_fields import shown
+from reproduction.config_fields import SHOWN_VALUE_CHARS, shown
 from reproduction.errors import ConfigError, InputNotFoundError
 
 RECIPE_KEY = "recipe"
@@ -873,13 +873,15 @@ HYDRA_HINT = (
 
 
 def _flow(value: Any) -> str:
-    """A plain value as one line of YAML flow style ({a: 1}, [0.9])."""
+    """A plain value as one line of YAML flow style ({a: 1}, [0.9]) for a message: past SHOWN_VALUE_CHARS, its start
+    and `... (N chars)` (review60 T3: a 100 KB bool given made a 100 KB error line)."""
     import yaml
 
     try:
-        return " ".join(yaml.safe_dump(value, default_flow_style=True, width=10**6).split()).removesuffix(" ...")
+        text = " ".join(yaml.safe_dump(value, default_flow_style=True, width=10**6).split()).removesuffix(" ...")
     except Exception:
-        return repr(value)
+        text = repr(value)
+    return text if len(text) <= SHOWN_VALUE_CHARS else f"{text[:SHOWN_VALUE_CHARS]}... ({len(text)} chars)"
 
 
 def _list_index_key(merged: Any, key: str) -> tuple[str, int, int] | None:
@@ -1154,7 +1156,13 @@ def _holds_a_scalar(path: Path) -> bool:
 
 
 def _first_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split("\n")[0].split())
+    """omegaconf's message on one line; one that quotes a long value (`Value '<100 KB>' could not be converted to
+    Float`) keeps its start and its end around `... (N chars) ...` (review60 T3: the type errors printed the whole
+    value, which `shown` cuts only where this package quotes it)."""
+    line = " ".join(str(exc).split("\n")[0].split())
+    if len(line) <= 3 * SHOWN_VALUE_CHARS:
+        return line
+    return f"{line[:SHOWN_VALUE_CHARS]}... ({len(line)} chars) ...{line[-SHOWN_VALUE_CHARS // 2 :]}"
 
 
 _INTERPOLATION = "GrammarParseError"

@@ -55,10 +55,12 @@ LOST_FALLBACK_S = 20.0
 """After the main thread claimed a loss, how long its way out (the stage's record, the error line, Ray calls that
 may block until Ray's own 60 s) gets before the watchdog ends the process anyway (audit55 review3 R1)."""
 INTERRUPTED_HINT = (
-    "rerun it with --resume: completed stages are kept, an interrupted one continues from its last checkpoint"
+    "run the same command again (`portable run` with --resume): completed stages are kept, an interrupted one "
+    "continues from its last checkpoint"
 )
-"""The hint under the watchdog's `error: interrupted` (portable.py's INTERRUPT_HINTS["run"]: train/ cannot import
-it)."""
+"""The hint under the watchdog's `error: interrupted`. The watchdog ends `portable run`, `demo` and `eval` alike and
+does not know which one it ends (portable.py's INTERRUPT_HINTS, per command, is not importable from train/): `demo`
+has no --resume (review60 T1), so the hint names the one command that needs the flag."""
 INTERRUPTED_LOST_AFTER_S = 2.0
 """The bound of GCS_LOST_AFTER_S while the main thread unwinds an interrupt: a SIGTERM to the whole process group
 (`timeout`, `kill -- -PGID`, Slurm) stops the local Ray's GCS and raylet too, and the main thread's cleanup then blocks
@@ -240,7 +242,7 @@ def _watchdog(
             break
         if watch.lost:  # the main thread claimed it and is on its way out
             time.sleep(fallback_s)
-            end(watch.error)
+            end(watch.interrupt or watch.error)  # an interrupt's way out that hung too is still exit 130 (review60 T2)
 
     thread = threading.Thread(target=run, name="portable-ray-watchdog", daemon=True)
     thread.start()
