@@ -1022,8 +1022,10 @@ def _main(argv: list[str] | None = None) -> int:
             prog = " ".join(["portable", *(n for n in named if n)])
             parser.error(f"unrecognized arguments: {' '.join(extra)}", prog=prog)
         args.overrides += extra  # one without `=` is refused by the command as in any other place (exit 4)
-    if not getattr(args, "handler", None):
+    if not getattr(args, "handler", None):  # the help, then the error and hint every usage error ends with (review T4)
         parser.print_help(sys.stderr)
+        hint = "hint: name one of the commands above (`portable COMMAND --help`)"
+        print("error: no command given", hint, sep="\n", file=sys.stderr)
         return 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # Idle OpenMP threads spin 1000 rounds, not libgomp's 300000, before they sleep (issue 25). With

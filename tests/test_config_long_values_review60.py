@@ -23,3 +23,14 @@ def test_a_long_value_of_the_wrong_type_is_cut_in_the_error_line(tmp_path, capsy
     assert rc == 4 and len(lines) == 2
     assert lines[0].startswith(f"error: command line: config key `{key}`")
     assert lines[0].endswith(end) and len(lines[0]) < 700
+
+
+def test_portable_with_no_command_ends_its_help_with_an_error_and_a_hint(capsys):
+    """review60 T4: the one usage error left in argparse's old shape."""
+    rc = portable.main([])
+    captured = capsys.readouterr()
+    assert rc == 2 and captured.out == ""
+    assert captured.err.splitlines()[-2:] == [
+        "error: no command given",
+        "hint: name one of the commands above (`portable COMMAND --help`)",
+    ]
