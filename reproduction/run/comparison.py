@@ -23,6 +23,7 @@ from reproduction.run.evidence (its historical home).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import json
@@ -53,6 +54,11 @@ UNEVEN = (
 """The note of an overall rate row that is shown but does not count toward the verdict (`counts_toward_verdict`):
 its two pooled rates weight the tasks too differently to compare (audit54 B4, review R1)."""
 REPEATS_NOTE = "compared unpaired: an initial state repeats within a task"
+NOT_NESTED = (
+    "compared unpaired on all episodes: one side's initial states are among the other's but, in some task, not its "
+    "first ones (a nested run shares the first k), so which states are shared may depend on the outcomes"
+)
+"""The note of a rate row whose sides' states are nested but not as a prefix (`_prefix`, audit60 C2)."""
 NOT_COUNTED = "not counted (uneven task mix)"
 """How a table shows an `UNEVEN` row: its verdict is `inconclusive`, but the overall verdict does not wait on it."""
 NOT_COUNTED_ASIDE = "; {n} shown but not counted (uneven task mix)"
@@ -73,6 +79,11 @@ overall verdict does not hold it to differ (audit51 G6: it showed `differs` unde
 NOT_CALIBRATED = (
     "level not calibrated: this Python has no numpy, so this row's test may exceed its alpha (up to 0.086 on small "
     "designs, evidence/README.md)"
+)
+
+DIFFERS_APPROXIMATE = (
+    "p_differs approximate: past stats.DIFFERS_LIMIT pairs (or without numpy) Tango's approximate p is used, which "
+    "can be about twice its level when discordance is rare (evidence/README.md)"
 )
 
 
@@ -451,14 +462,31 @@ class _Side:
     """Some initial state occurs twice in one task: episodes cannot be matched one to one, so the row is unpaired."""
 
 
-def _paired(ref: _Side, act: _Side) -> tuple[list[bool], list[bool], list[bool], list[bool]] | None:
+def _prefix(mine: Mapping[tuple[str, str, int], bool], other: Mapping[tuple[str, str, int], bool]) -> bool:
+    """Whether, per task, the states of `mine` (a subset of `other`'s) are the first ones of `other`'s in its
+    episode order, as in a nested run (fewer episodes per task evaluate the first k of the longer run's states).
+    C-level passes (groupby, islice): 1e6 episodes a side."""
+    need = collections.Counter(map(operator.itemgetter(0), mine))
+    for task, group in itertools.groupby(other, key=operator.itemgetter(0)):
+        k = need.get(task, 0)
+        if k:
+            head = list(itertools.islice(group, k))
+            if not all(map(mine.__contains__, head)):
+                return False
+            need[task] = k - len(head)
+    return True
+
+
+def _paired(ref: _Side, act: _Side) -> tuple[list[bool], list[bool], list[bool], list[bool]] | str | None:
     """Both sides' outcomes on their shared initial states, in one order, and each side's outcomes beyond them, when
     one side's states contain the other's (the same states, or a run that evaluated every state of the reference
     and more, or only some of them: reset seeds depend on the seed, task and episode index alone, so a run with
     more episodes per task evaluates a superset). Else None: partly overlapping states are compared unpaired.
-    Which states are shared does not depend on any outcome, so testing the shared episodes alone is unbiased; it
-    gives up the extra episodes for the pairing (audit54 B2: 100 shared of 200 was `inconclusive` unpaired where
-    the 100 pairs alone decided)."""
+    Testing the shared episodes alone is unbiased only when which states are shared does not depend on any outcome:
+    so a strict subset is paired only when, per task, it is the first states of the other side's episode order
+    (`_prefix`, a nested run); else NOT_NESTED, and the full sides are compared unpaired (audit60 C2: a run of only
+    the reference's 90 successful seeds was `reproduced`, 100% vs 100%). Pairing gives up the extra episodes
+    (audit54 B2: 100 shared of 200 was `inconclusive` unpaired where the 100 pairs alone decided)."""
     if ref.outcomes is None or act.outcomes is None:
         return None
     # one pass over dicts, no sort of the keys (audit56 C2: sorting 1e6 tuple keys per row took minutes): pairs are
@@ -468,6 +496,8 @@ def _paired(ref: _Side, act: _Side) -> tuple[list[bool], list[bool], list[bool],
     )
     if not mine or not mine.keys() <= other.keys():
         return None
+    if len(mine) < len(other) and not _prefix(mine, other):
+        return NOT_NESTED
     inner = list(map(other.__getitem__, mine))
     rest = [v for k, v in other.items() if k not in mine] if len(other) > len(mine) else []
     if mine is ref.outcomes:
@@ -508,6 +538,9 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
             note=NO_EPISODES,
         )
     pairs = None if ref.repeats or act.repeats else _paired(ref, act)
+    nested_note = ""
+    if isinstance(pairs, str):
+        nested_note, pairs = pairs, None
     design: tuple[int, int, bool]
     if pairs is not None:
         ref_pairs, act_pairs, ref_rest, act_rest = pairs
@@ -536,8 +569,14 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
         at = lambda level: equivalence_independent(*counts, margin=margin, alpha=level)  # noqa: E731
         test = at(alpha)
         design = (counts[1], counts[3], False)
-        note = f"{REPEATS_NOTE}, so episodes cannot be matched one to one" if ref.repeats or act.repeats else ""
+        note = (
+            f"{REPEATS_NOTE}, so episodes cannot be matched one to one" if ref.repeats or act.repeats else nested_note
+        )
     test, calibrated, why = _judged(at, test, design, margin, alpha)
+    p_differs = None
+    if test.verdict == "differs":
+        p_differs, why_p = _row_p_differs(at, test, margin, alpha)
+        why = f"{why}; {why_p}" if why and why_p else why or why_p
     note = f"{note}; {why}" if note and why else note or why
     return MetricComparison(
         **common,
@@ -550,7 +589,7 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
         high=float(test.high),
         confidence=test.confidence,
         note=note,
-        p_differs=_p_differs(at, alpha) if test.verdict == "differs" else None,
+        p_differs=p_differs,
         alpha_calibrated=calibrated,
     )
 
@@ -612,6 +651,24 @@ def identical_paired_episodes(margin: float, alpha: float) -> int:
         if test.verdict == "reproduced":
             return n
         n += 1
+
+
+def _row_p_differs(at: Any, test: Any, margin: float, alpha: float) -> tuple[float, str]:
+    """(p_differs, a note or "") of a row that differs at alpha. A paired (Tango) row takes the exact p-value
+    (`stats.paired_differs_p`): Tango's approximate one is about twice its level at the small levels Holm uses when
+    discordance is rare, which took the overall `differs` to 0.10 at |d| = margin with 10 tasks of 200 pairs
+    (audit60 C1). Past stats.DIFFERS_LIMIT pairs, or without numpy, the approximate one, with a note."""
+    if test.method != "tango-paired":
+        return _p_differs(at, alpha), ""
+    from reproduction.run.stats import DIFFERS_LIMIT, paired_differs_p
+
+    b, c = test.discordant
+    if test.pairs > DIFFERS_LIMIT:
+        return _p_differs(at, alpha), DIFFERS_APPROXIMATE
+    try:
+        return paired_differs_p(b, c, test.pairs, margin), ""
+    except ImportError:
+        return _p_differs(at, alpha), DIFFERS_APPROXIMATE
 
 
 def _p_differs(at: Any, alpha: float) -> float:
@@ -876,6 +933,12 @@ def _same_tasks(actual: Mapping[str, Any], reference: Mapping[str, Any]) -> bool
     )
 
 
+def _first_of(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """Whether the shorter of two state lists is the longer one's first states (in any order): `_prefix` per task."""
+    short, long = (a, b) if len(a) <= len(b) else (b, a)
+    return set(short) == set(long[: len(short)])
+
+
 def _pairing_notes(actual: Mapping[str, Any], reference: Mapping[str, Any], settings: Sequence[str]) -> list[str]:
     """Why rows are unpaired although both sides carry outcomes, which the table did not say (audit46 stats F8):
     a task whose initial states overlap only in part between the files (rows pair on the shared states only when
@@ -889,7 +952,7 @@ def _pairing_notes(actual: Mapping[str, Any], reference: Mapping[str, Any], sett
     mine = _entries(actual)
     for label, ref_entry in _entries(reference).items():
         act_tasks = mine.get(label, {}).get("tasks", {})
-        found, more_here, fewer_here = [], [], []
+        found, more_here, fewer_here, unnested = [], [], [], []
         for task, ref_task in ref_entry.get("tasks", {}).items():
             o_ref, o_act = ref_task.get("outcomes"), act_tasks.get(task, {}).get("outcomes")
             if not o_ref or not o_act or _repeats(ref_entry, task) or _repeats(mine[label], task):
@@ -900,6 +963,8 @@ def _pairing_notes(actual: Mapping[str, Any], reference: Mapping[str, Any], sett
             theirs, ours = set(o_ref.get(kind, [])), set(o_act.get(kind, []))
             if not (theirs <= ours or ours <= theirs):
                 found.append((task, len(theirs - ours), len(theirs), len(ours), kind.replace("_", " ")))
+            elif theirs != ours and not _first_of(o_ref[kind], o_act[kind]):
+                unnested.append(task)
             elif theirs < ours:
                 more_here.append(task)
             elif ours < theirs:
@@ -911,6 +976,14 @@ def _pairing_notes(actual: Mapping[str, Any], reference: Mapping[str, Any], sett
                 f"unpaired: {label}'s {found[0][4]} differ between the files in {', '.join(parts)}{more}, so the "
                 f"rows of {'that task' if len(found) == 1 else 'those tasks'} and {label}'s overall rows are "
                 "compared unpaired (pairing needs one side's initial states to include the other's)"
+            )
+        elif unnested:
+            notes.append(
+                f"unpaired: in {', '.join(unnested[:3])}"
+                f"{f' and {len(unnested) - 3} more tasks' if len(unnested) > 3 else ''}"
+                f" one side evaluated only some of {label}'s initial states of the other, not its first ones (a nested "
+                "run shares the first k), so which states are shared may depend on the outcomes: those rows and the "
+                "overall rows are compared unpaired on all episodes"
             )
         elif more_here and fewer_here:
             notes.append(

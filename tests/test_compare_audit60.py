@@ -1,0 +1,98 @@
+"""audit60 C1/C2: a paired row's `differs` holds its level near rates 0 and 1; a subset is paired only as a prefix."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from reproduction.run.comparison import NOT_NESTED, compare_evidence, rate_row
+from reproduction.run.evidence import EvalRecord, build_evidence
+
+np = pytest.importorskip("numpy")
+
+
+def _size(n: int, margin: float, pvalue: dict[tuple[int, int], float], level: float) -> float:
+    """max over the discordance t (grid) of P(p <= level | q10 = t, q01 = t + margin), enumerating (b, c)."""
+    cells = [(b, c) for (b, c), p in pvalue.items() if p <= level]
+    lg = [math.lgamma(i + 1) for i in range(n + 1)]
+    worst = 0.0
+    for t in np.concatenate([np.linspace(0, 0.05, 101), np.linspace(0.05, (1 - margin) / 2, 60)]):
+        probs = (t, t + margin, 1 - 2 * t - margin)
+        total = 0.0
+        for b, c in cells:
+            r = n - b - c
+            if (probs[0] == 0 and b) or (probs[2] <= 0 and r):
+                continue
+            total += math.exp(
+                lg[n]
+                - lg[b]
+                - lg[c]
+                - lg[r]
+                + (b * math.log(probs[0]) if b else 0.0)
+                + c * math.log(probs[1])
+                + (r * math.log(probs[2]) if r else 0.0)
+            )
+        worst = max(worst, total)
+    return worst
+
+
+def test_paired_row_p_differs_holds_its_level_exactly():
+    """Every outcome of 60 pairs through compare's own row: the size of `p_differs <= level` at d = +margin is at most
+    the level at Holm's alpha / 2 and alpha / 8 (Tango's approximate p gave 0.037 at 0.025 here, audit60 C1)."""
+    n, margin = 60, 0.1
+    pvalue = {}
+    for b in range(n + 1):
+        for c in range(b + int(margin * n), n + 1 - b):
+            ref = [True] * b + [False] * c + [True] * (n - b - c)
+            act = [False] * b + [True] * c + [True] * (n - b - c)
+            row = rate_row(ref, act, paired=True, margin=margin, alpha=0.05)
+            if row.p_differs is not None:
+                pvalue[(b, c)] = row.p_differs
+    for level in (0.05, 0.025, 0.00625):
+        assert _size(n, margin, pvalue, level) <= level
+
+
+def _evidence(outcomes: list[int], seeds: list[int], name: str) -> dict:
+    n = len(outcomes)
+    result = {
+        "tasks": {"t": {"episodes": n, "success_once": sum(outcomes), "success_at_end": sum(outcomes)}},
+        "per_episode": {
+            "t": [
+                {"episode": j, "reset_seed": s, "success_once": bool(o), "success_at_end": bool(o)}
+                for j, (s, o) in enumerate(zip(seeds, outcomes))
+            ]
+        },
+    }
+    record = EvalRecord(result=result, label="recap", mode="recap")
+    return build_evidence(record, name=name, run_id="r", seeds={"eval": 1}, settings={})
+
+
+def test_a_run_of_only_the_references_successes_is_not_paired():
+    """The reference fails on seeds 5, 15, ..., 95; a run of its 90 other seeds, all successes, was `reproduced`
+    100% (90/90) vs 100% (90/90) paired on them (audit60 C2). Not a prefix: compared unpaired on all episodes."""
+    ref_out = [0 if s % 10 == 5 else 1 for s in range(100)]
+    ref = _evidence(ref_out, list(range(100)), "ref")
+    seeds = [s for s in range(100) if s % 10 != 5]
+    cmp = compare_evidence(_evidence([1] * 90, seeds, "act"), ref, margin=0.05, alpha=0.05)
+    assert cmp.verdict != "reproduced"
+    row = next(r for r in cmp.rows if r.metric == "recap/t/success_once")
+    assert row.method == "newcombe-10"
+    assert row.reference_counts == (90, 100)
+    assert row.reference_display == "90.0% (90/100)"
+    assert row.actual_counts == (90, 90)
+    assert row.verdict == "differs"
+    assert NOT_NESTED in row.note
+    assert any(n.startswith("unpaired: in t one side evaluated only some of recap's") for n in cmp.notes)
+
+
+def test_a_nested_run_of_the_first_states_stays_paired():
+    """A run of the reference's first 90 seeds (a nested run) is still paired on them (audit54 B2)."""
+    ref_out = [1] * 90 + [0] * 10
+    ref = _evidence(ref_out, list(range(100)), "ref")
+    cmp = compare_evidence(_evidence([1] * 90, list(range(90)), "act"), ref, margin=0.05, alpha=0.05)
+    row = next(r for r in cmp.rows if r.metric == "recap/t/success_once")
+    assert row.method == "tango-paired"
+    assert row.reference_counts == (90, 90)
+    assert NOT_NESTED not in row.note
+    assert not any(n.startswith("unpaired:") for n in cmp.notes)
