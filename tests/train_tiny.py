@@ -268,7 +268,10 @@ def main() -> None:
         resume=True,
         ray_address=args.ray_address,
     )
-    print(json.dumps({"step": result.step, "resumed_from": result.resumed_from}))
+    from reproduction.train.ray_connect import START_SECONDS
+
+    # how many local Rays this process started: Ray's own "Started a local Ray instance" line is off (audit60 L2)
+    print(json.dumps({"step": result.step, "resumed_from": result.resumed_from, "local_rays": len(START_SECONDS)}))
 
 
 if __name__ == "__main__":
