@@ -381,10 +381,6 @@ def check_bundle_weights(bundle: Path, manifest: Manifest) -> int:
     return checked
 
 
-def default_manifest_dir() -> Path:
-    return project_root() / MANIFEST_DIR
-
-
 def verify_bundle_weights(bundle: Path, *, digests: DigestCache | None = None) -> int:
     """For `run`'s preflight: rehash the weights a bundle's manifests name, on disk now; returns the files.
 

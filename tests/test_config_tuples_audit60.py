@@ -1,0 +1,77 @@
+"""audit60 D3 (rest): a fixed-length tuple field given a mapping, a scalar or a ${...} that is no list of its length
+was refused naming no key ("Cannot merge incompatible container types", "TupleConfig length 3 does not match type
+hint length 2"): omegaconf 2.4's TupleConfig is no ListConfig, so the list checks passed it by."""
+
+from __future__ import annotations
+
+import pytest
+
+from reproduction import portable
+
+
+@pytest.fixture
+def cli(tmp_path, capsys):
+    """portable run --print-config ARGS -> (exit code, stdout, stderr lines), in-process."""
+
+    def run(*args: str) -> tuple[int, str, list[str]]:
+        capsys.readouterr()
+        code = portable.main(["run", "--print-config", "--output", str(tmp_path / "r"), *args])
+        out = capsys.readouterr()
+        return code, out.out, out.err.splitlines()
+
+    return run
+
+
+@pytest.mark.parametrize(
+    "given, shown",
+    [("{0: 0.8}", "{0: 0.8}"), ("2", "2"), ("abc", "abc")],
+)
+def test_a_tuple_given_no_list_names_the_key_on_the_command_line(cli, given, shown):
+    code, _, err = cli(f"value.train.betas={given}")
+    assert code == 4, err
+    assert err == [
+        f"error: command line: config key `value.train.betas` takes 2 values as a list, e.g. [0.9, 0.95], not {shown}",
+        "hint: write it as value.train.betas=[0.9, 0.95] with your values, or set one item as value.train.betas[0]=... "
+        "(docs/config.md)",
+    ]
+
+
+def test_a_tuple_given_a_mapping_in_a_file_names_the_file(cli, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("policy:\n  train:\n    betas: {0: 0.8}\n")
+    code, _, err = cli("--config", str(path))
+    assert code == 4, err
+    assert err[0] == (
+        f"error: {path}: config key `policy.train.betas` takes 2 values as a list, e.g. [0.9, 0.95], not {{0: 0.8}}"
+    )
+
+
+@pytest.mark.parametrize(
+    "target, what",
+    [("${policy.modes}", "a list of 3 values"), ("${eval.seed}", "7"), ("${returns.tag}", "t")],
+)
+def test_a_tuple_interpolation_of_another_shape_names_the_key_and_what_it_gives(cli, target, what):
+    given = ("policy.modes=[bc, filtered_bc, recap]", "eval.seed=7", "returns.tag=t")
+    code, _, err = cli(*given, f"value.train.betas={target}")
+    assert code == 4, err
+    assert err == [
+        f"error: command line: config key `value.train.betas` is {target}, which is {what}: it takes 2 values",
+        "hint: point value.train.betas at a list of 2 values, or write them: value.train.betas=[a, b] (docs/config.md)",
+    ]
+
+
+def test_a_tuple_interpolation_in_a_file_names_the_file(cli, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("value:\n  train:\n    betas: ${policy.modes}\n")
+    code, _, err = cli("--config", str(path))
+    assert code == 4, err
+    assert err[0] == (
+        f"error: {path}: config key `value.train.betas` is ${{policy.modes}}, which is a list of 1 value: "
+        "it takes 2 values"
+    )
+
+
+def test_a_tuple_interpolation_that_fits_and_a_list_still_load(cli):
+    code, out, err = cli("value.train.betas=${policy.train.betas}", "policy.train.betas=[0.8, 0.99]")
+    assert code == 0, err
+    assert out.count("betas:\n    - 0.8\n    - 0.99\n") == 2
