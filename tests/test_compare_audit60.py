@@ -39,7 +39,8 @@ def _size(n: int, margin: float, pvalue: dict[tuple[int, int], float], level: fl
 
 def test_paired_row_p_differs_holds_its_level_exactly():
     """Every outcome of 60 pairs through compare's own row: the size of `p_differs <= level` at d = +margin is at most
-    the level at Holm's alpha / 2 and alpha / 8 (Tango's approximate p gave 0.037 at 0.025 here, audit60 C1)."""
+    the level at alpha and Holm's alpha / 2 and alpha / 8 (Tango's approximate p gave 0.037 at 0.025 here, audit60
+    C1), and a row differs exactly when it carries a p, so its own verdict keeps alpha too."""
     n, margin = 60, 0.1
     pvalue = {}
     for b in range(n + 1):
@@ -47,10 +48,36 @@ def test_paired_row_p_differs_holds_its_level_exactly():
             ref = [True] * b + [False] * c + [True] * (n - b - c)
             act = [False] * b + [True] * c + [True] * (n - b - c)
             row = rate_row(ref, act, paired=True, margin=margin, alpha=0.05)
+            assert (row.verdict == "differs") == (row.p_differs is not None), (b, c, row)
             if row.p_differs is not None:
                 pvalue[(b, c)] = row.p_differs
     for level in (0.05, 0.025, 0.00625):
         assert _size(n, margin, pvalue, level) <= level
+
+
+@pytest.mark.parametrize(
+    "b, c, verdict, p",
+    [
+        (0, 8, "inconclusive", 0.0549),
+        (0, 9, "differs", 0.0267),
+        (1, 11, "inconclusive", 0.0567),
+        (1, 12, "differs", 0.0284),
+    ],
+)
+def test_a_paired_rows_own_verdict_follows_its_exact_p(b, c, verdict, p):
+    """200 pairs, margin 0.02: the 90% interval lies above the margin in all four, but at (0, 8) and (1, 11) the
+    exact p is above alpha, so the row is `inconclusive` and says why (its own `differs` had size 0.063 at 0.05)."""
+    n = 200
+    ref = [True] * b + [False] * c + [True] * (n - b - c)
+    act = [False] * b + [True] * c + [True] * (n - b - c)
+    row = rate_row(ref, act, paired=True, margin=0.02, alpha=0.05)
+    assert row.method == "tango-paired" and row.low > 0.02
+    assert row.verdict == verdict
+    if verdict == "differs":
+        assert row.p_differs == pytest.approx(p, abs=5e-5)
+    else:
+        assert row.p_differs is None
+        assert f"the exact p of a difference is {p:.3g} > alpha 0.05: inconclusive" in row.note
 
 
 def _evidence(outcomes: list[int], seeds: list[int], name: str) -> dict:

@@ -81,6 +81,12 @@ NOT_CALIBRATED = (
     "designs, evidence/README.md)"
 )
 
+EXACT_NOT_DIFFERS = (
+    "the interval lies beyond the margin, but the exact p of a difference is {p:.3g} > alpha {alpha:g}: "
+    "inconclusive (Tango's interval is about twice its level when discordance is rare, evidence/README.md)"
+)
+"""The note of a paired row whose approximate interval differs but whose exact p-value does not (audit60 C1)."""
+
 DIFFERS_APPROXIMATE = (
     "p_differs approximate: past stats.DIFFERS_LIMIT pairs (or without numpy) Tango's approximate p is used, which "
     "can be about twice its level when discordance is rare (evidence/README.md)"
@@ -573,16 +579,21 @@ def _rate_row(name: str, ref: _Side, act: _Side, margin: float, alpha: float) ->
             f"{REPEATS_NOTE}, so episodes cannot be matched one to one" if ref.repeats or act.repeats else nested_note
         )
     test, calibrated, why = _judged(at, test, design, margin, alpha)
-    p_differs = None
+    p_differs, verdict = None, test.verdict
     if test.verdict == "differs":
         p_differs, why_p = _row_p_differs(at, test, margin, alpha)
+        if p_differs > alpha:  # only an exact p is ever above alpha here: the approximate one is <= alpha by design
+            # the row's own verdict agrees with its exact test, so one row's `differs` keeps alpha too and a
+            # one-row comparison decides as the row does (audit60 C1: Tango's interval alone was 0.063 at 0.05)
+            verdict, why_p = "inconclusive", EXACT_NOT_DIFFERS.format(p=p_differs, alpha=alpha)
+            p_differs = None
         why = f"{why}; {why_p}" if why and why_p else why or why_p
     note = f"{note}; {why}" if note and why else note or why
     return MetricComparison(
         **common,
         actual=float(a["rate"]),
         method=test.method,
-        verdict=test.verdict,
+        verdict=verdict,
         actual_display=a["display"],
         actual_counts=(int(a["successes"]), int(a["episodes"])),
         low=float(test.low),
