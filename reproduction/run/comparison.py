@@ -121,8 +121,9 @@ class MetricComparison:
     confidence: float | None = None
     note: str = ""
     p_differs: float | None = None
-    """Rates that differ at alpha: the smallest level at which the row's interval still lies wholly beyond the
-    margin (the one-sided p-value of "differs"), which the overall verdict's Holm step-down uses. None otherwise."""
+    """Rates that differ at alpha: the one-sided p-value of "differs", which the overall verdict's Holm step-down
+    uses: for a paired row of up to 500 pairs the exact test's (`stats.paired_differs_p`), else the smallest level at
+    which the row's interval still lies wholly beyond the margin. None otherwise."""
     alpha_calibrated: float | None = None
     """Rates reproduced at alpha: the calibrated level alpha* <= alpha at which the verdict and the interval shown are
     computed (`stats.calibrated_alpha`: the largest level whose exact size at this row's design is <= alpha); None on
@@ -387,7 +388,8 @@ class Comparison:
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *body]]
         lines.append(
             f"rates: two one-sided tests at alpha {self.alpha:g} ({level} interval inside ±margin: reproduced; "
-            "wholly beyond it: differs; else inconclusive). values: not binomial, so a declared tolerance or exact."
+            "wholly beyond it: differs, a paired row's exact p at most alpha too; else inconclusive). values: not "
+            "binomial, so a declared tolerance or exact."
         )
         lines += [f"note: {n}" for n in self.notes]
         if self.differs_rule == "holm" and any(r.verdict == "differs" and r.p_differs is not None for r in self.rows):
@@ -668,18 +670,23 @@ def _row_p_differs(at: Any, test: Any, margin: float, alpha: float) -> tuple[flo
     """(p_differs, a note or "") of a row that differs at alpha. A paired (Tango) row takes the exact p-value
     (`stats.paired_differs_p`): Tango's approximate one is about twice its level at the small levels Holm uses when
     discordance is rare, which took the overall `differs` to 0.10 at |d| = margin with 10 tasks of 200 pairs
-    (audit60 C1). Past stats.DIFFERS_LIMIT pairs, or without numpy, the approximate one, with a note."""
+    (audit60 C1). Past stats.DIFFERS_LIMIT pairs, or without numpy, the approximate one, with a note. Below
+    2 x stats.DIFFERS_FLOOR the smaller of the two: the exact bound is certified no further down, and the size of that
+    rule at any level is below 2e-6 still (review61 1: a paired row could not differ at alpha 5e-7)."""
     if test.method != "tango-paired":
         return _p_differs(at, alpha), ""
-    from reproduction.run.stats import DIFFERS_LIMIT, paired_differs_p
+    from reproduction.run.stats import DIFFERS_FLOOR, DIFFERS_LIMIT, paired_differs_p
 
     b, c = test.discordant
     if test.pairs > DIFFERS_LIMIT:
         return _p_differs(at, alpha), DIFFERS_APPROXIMATE
     try:
-        return paired_differs_p(b, c, test.pairs, margin), ""
+        exact = paired_differs_p(b, c, test.pairs, margin)
     except ImportError:
         return _p_differs(at, alpha), DIFFERS_APPROXIMATE
+    if exact < 2 * DIFFERS_FLOOR:  # certified only that far down: below it Tango's p, whose size is then < 2e-6 too
+        return min(exact, _p_differs(at, alpha)), ""  # (a level of 5e-8, an early sequential look, still decides)
+    return exact, ""
 
 
 def _p_differs(at: Any, alpha: float) -> float:

@@ -16,8 +16,9 @@ exceed a_k: 0.0076 at a_2 = 0.0055 for 100 reference episodes, 50 at the look, m
 reproduced) <= a_k exactly, and by the union bound P(some look does) <= sum_k a_k = alpha whatever the looks'
 correlation. That is conservative (it ignores the looks' positive correlation) but needs no numerical boundary.
 A design past stats.CALIBRATION_LIMIT, or a Python without numpy, is judged at a_k (its guarantee the measured
-one, as a fixed row's). `differs` is still approximate: the plain interval at a_k (compare keeps it for fixed rows
-too), so its union bound holds only as far as each look's approximate size is <= a_k (measured, evidence/README.md).
+one, as a fixed row's). `differs` is still approximate for an unpaired look: the plain interval at a_k (compare keeps
+it for fixed rows too), so its union bound holds only as far as each look's approximate size is <= a_k (measured,
+evidence/README.md); a paired look of up to 500 pairs also needs its exact p <= a_k, as a fixed paired row does.
 
 Looks need not be equally spaced: a run looks at whole batches of episodes (`sizes(n_max, step)`), and
 `spend(fractions)` spends alpha * t^rho at each look's own fraction t of n_max, fixed before any episode

@@ -31,7 +31,9 @@ d = p_actual - p_reference and a margin m (absolute, e.g. 0.05 = five percentage
                   18 a side; 0.065 at 44 a side), 0.074 at m = 0.1 (0.45 vs 0.55, 15 a side), and 0.071 at
                   equal rates (m = 0.05, p = 0.5, 16 vs 15); with fewer, more (0.109 at 5 vs 5 episodes, 0.25
                   at 1 vs 2, up to 0.18 with one side of 1 episode): evidence/README.md. The overall verdict
-                  over many rows adjusts this by Holm (reproduction.run.comparison). The
+                  over many rows adjusts this by Holm (reproduction.run.comparison). A paired (Tango) row
+                  of up to DIFFERS_LIMIT pairs also needs its exact p (`paired_differs_p`) <= alpha, so its
+                  `differs` keeps alpha; an interval beyond the margin with a larger p is inconclusive. The
                   (1 - 2 alpha) interval, not (1 - alpha),
                   because each claim is one-sided, exactly as in TOST: it keeps both verdicts at the one
                   stated alpha and leaves the smallest band of "inconclusive".
@@ -698,6 +700,11 @@ def _sup_relative(
         flo, fhi = np.concatenate([flo, fm]), np.concatenate([fm, fhi])
 
 
+DIFFERS_FLOOR = 1e-6
+"""How far down `paired_differs_p` certifies a p-value: a smaller one comes back as about this (the branch and bound
+would need far more points to certify a bound relative to a p of 1e-9). `comparison` then uses Tango's approximate p,
+whose size is still at most about this, since the exact p is below it (review61 1)."""
+
 DIFFERS_LIMIT = 500
 """The most matched episodes at which `paired_differs_p` enumerates: its cells, half the (n + 1)^2 grid, cost
 about 0.3 s there (3 s at 1,000). Past it a paired row's p_differs is Tango's approximate one (a note says so)."""
@@ -707,7 +714,9 @@ about 0.3 s there (3 s at 1,000). Past it a paired row's p_differs is Tango's ap
 def paired_differs_p(b: int, c: int, n: int, margin: float) -> float:
     """The exact p-value of a paired (Tango) row's `differs` for its side (c > b: H0 d <= +margin; else d >= -margin):
     sup over the nuisance discordance of P(Tango's statistic at the margin is at least the one observed | d = the
-    margin), a certified upper bound (branch and bound in the nuisance as for `calibrated_alpha`), 1e-15 at least.
+    margin), a certified upper bound within 0.5% of the supremum (branch and bound in the nuisance as for
+    `calibrated_alpha`), certified down to DIFFERS_FLOOR: a smaller p comes back as about DIFFERS_FLOOR. For a row
+    that differs (Tango's statistic at the margin above 0); 1.0 for a cell at or below 0, which is no evidence.
 
     Tango's approximate p (the level at which the interval just leaves the margin) is about twice its level when
     discordance is rare (rates near 0 or 1): exactly 0.0523 at 0.025 with 200 pairs, margin 0.02, so Holm's overall
@@ -721,18 +730,20 @@ def paired_differs_p(b: int, c: int, n: int, margin: float) -> float:
         raise ValueError(f"paired_differs_p takes 1..{DIFFERS_LIMIT} pairs, got {n}")
     if c - b < 0:  # the lower side: the mirror image (swap who succeeded alone)
         b, c = c, b
+    z_seen = float(_tango_z(np.array([float(b)]), np.array([float(c)]), np.array([float(n)]), np.array([margin]))[0])
+    if not z_seen > 0:  # not beyond the margin on either side: the region below would leave out cells as extreme
+        return 1.0
     bb, cc = np.meshgrid(np.arange(n + 1.0), np.arange(n + 1.0), indexing="ij")
     keep = (bb + cc <= n) & (cc - bb > margin * n - 1)  # only these can have lo > m (Z > 0 needs c - b > n m)
     bb, cc = bb[keep], cc[keep]
     nn = np.full(bb.shape, float(n))
     z = _tango_z(bb, cc, nn, margin + 0 * bb)
-    seen = float(_tango_z(np.array([float(b)]), np.array([float(c)]), np.array([float(n)]), np.array([margin]))[0])
-    mask = z >= seen - 1e-9 * max(1.0, abs(seen))  # a superset of the cells at least as extreme: conservative
+    mask = z >= z_seen - 1e-9 * max(1.0, abs(z_seen))  # a superset of the cells at least as extreme: conservative
     lg = _lgamma_table(n)
     bb, cc = bb[mask], cc[mask]
     lcoef = lg[n] - lg[bb.astype(int)] - lg[cc.astype(int)] - lg[(n - bb - cc).astype(int)]
     f, bounds, lo, hi = _trinomial(n, margin, bb, cc, lcoef)
-    got = _sup_relative(f, bounds, lo, hi, int(48 + 2 * math.sqrt(2 * n)))
+    got = _sup_relative(f, bounds, lo, hi, int(48 + 2 * math.sqrt(2 * n)), rel=0.005, floor=DIFFERS_FLOOR)
     return 1.0 if got is None else max(1e-15, min(1.0, got))
 
 
