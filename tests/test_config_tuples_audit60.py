@@ -4,9 +4,30 @@ hint length 2"): omegaconf 2.4's TupleConfig is no ListConfig, so the list check
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Optional
+
 import pytest
 
 from reproduction import portable
+from reproduction.recipe import Recipe, StageSpec
+
+
+@dataclass(kw_only=True)
+class Odd:
+    n: int = 3
+    lst: list[int] = field(default_factory=lambda: [4, 5])
+    pair: tuple[int, int] = (1, 2)
+    var: tuple[int, ...] = (1, 2, 3)
+    opt: Optional[tuple[int, int]] = None  # noqa: UP045 (the form review61 used)
+
+
+def _stage() -> None:
+    pass
+
+
+R_ODD = Recipe(name="t60odd", config_schema=f"{__name__}:Odd", stages=(StageSpec(name="a", fn=f"{__name__}:_stage"),))
+ODD = f"recipe={__name__}:R_ODD"
 
 
 @pytest.fixture
@@ -75,3 +96,32 @@ def test_a_tuple_interpolation_that_fits_and_a_list_still_load(cli):
     code, out, err = cli("value.train.betas=${policy.train.betas}", "policy.train.betas=[0.8, 0.99]")
     assert code == 0, err
     assert out.count("betas:\n    - 0.8\n    - 0.99\n") == 2
+
+
+@pytest.mark.parametrize(
+    "given, line",
+    [
+        # a null Optional tuple: its len() raised inside the diagnosis, so omegaconf's keyless line came out
+        ("opt={a: 1}", "config key `opt` takes 2 values as a list, e.g. [a, b], not {a: 1}"),
+        ("opt=[1, 2, 3]", "config key `opt` takes 2 values, got 3: [1, 2, 3]"),
+        ("opt=5", "config key `opt` takes 2 values as a list, e.g. [a, b], not 5"),
+        # an item of another type: "config: Value '$VALUE' of type '$VALUE_TYPE' could not be converted to Integer"
+        ("pair=[a, b]", "config key `pair[0]` is a: it takes int"),
+        ("pair=[1, 2.5]", "config key `pair[1]` is 2.5: it takes int"),
+        ("pair=[1, null]", "config key `pair[1]` is null: it takes int"),
+        ("var=[1, x]", "config key `var[1]` is x: it takes int"),
+        # a scalar ${...} for a variable tuple: "config: Invalid value assigned: int is not a TupleConfig, ..."
+        ("var=${n}", "config key `var` is ${n}, which is 3: it takes a list"),
+    ],
+)
+def test_odd_tuple_values_name_their_key(cli, given, line):
+    """review61 2-4: the forms audit60 D3's fix did not reach (unchanged from before it, not regressions)."""
+    code, _, err = cli(ODD, given)
+    assert code == 4, err
+    assert err[0] == f"error: command line: {line}"
+
+
+@pytest.mark.parametrize("given", ["opt=[1, 2]", 'pair=[1, "2"]', "var=[4]", "var=${lst}", "pair=${lst}"])
+def test_tuple_values_that_loaded_before_still_load(cli, given):
+    code, out, err = cli(ODD, given)
+    assert code == 0, err
