@@ -4,6 +4,7 @@ hint length 2"): omegaconf 2.4's TupleConfig is no ListConfig, so the list check
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -13,10 +14,17 @@ from reproduction import portable
 from reproduction.recipe import Recipe, StageSpec
 
 
+class Color(enum.Enum):
+    RED = 1
+    GREEN = 2
+
+
 @dataclass(kw_only=True)
 class Odd:
     n: int = 3
     lst: list[int] = field(default_factory=lambda: [4, 5])
+    strs: list[str] = field(default_factory=lambda: ["a", "b"])
+    en: tuple[Color, Color] = (Color.RED, Color.GREEN)
     pair: tuple[int, int] = (1, 2)
     var: tuple[int, ...] = (1, 2, 3)
     opt: Optional[tuple[int, int]] = None  # noqa: UP045 (the form review61 used)
@@ -125,3 +133,38 @@ def test_odd_tuple_values_name_their_key(cli, given, line):
 def test_tuple_values_that_loaded_before_still_load(cli, given):
     code, out, err = cli(ODD, given)
     assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    "given, lines",
+    [
+        # a null tuple has no item to set: its hint offers only the whole form (review61b 1)
+        (
+            "opt=5",
+            [
+                "config key `opt` takes 2 values as a list, e.g. [a, b], not 5",
+                "write it as opt=[a, b] with your values (docs/config.md)",
+            ],
+        ),
+        # an Enum default is shown by name, as a file writes it, not as <Color.RED: 1> (review61b 2)
+        (
+            "en=[BLUE, RED]",
+            [
+                "config key `en[0]` is BLUE: it takes Color",
+                "write it as en=[RED, GREEN] with your values (docs/config.md)",
+            ],
+        ),
+        # the right length, an item of another type: no "it takes a list" of a list (review61b 3)
+        (
+            "var=${strs}",
+            [
+                "config key `var` is ${strs}, which is a list whose item 0 is a: it takes int items",
+                "point var at a list of int items, or write them: var=[a, b] (docs/config.md)",
+            ],
+        ),
+    ],
+)
+def test_tuple_hints_can_be_followed(cli, given, lines):
+    code, _, err = cli(ODD, given)
+    assert code == 4, err
+    assert err == [f"error: command line: {lines[0]}", f"hint: {lines[1]}"]

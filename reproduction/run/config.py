@@ -18,7 +18,7 @@ import difflib
 import inspect
 import re
 import textwrap
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from reproduction.config_fields import SHOWN_VALUE_CHARS, shown
@@ -271,14 +271,17 @@ def _misfit_tuple_interpolation(
         bad = None if items is None else _bad_item(types, items)
         if items is not None and (length is None or len(items) == length) and bad is None:
             continue
+        takes = f"{length} values" if length else "a list"
+        wanted = f"a list of {length} values" if length else "a list"
         if items is None:
             what = _flow(OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
         elif bad is None or (length is not None and len(items) != length):
             what = f"a list of {len(items)} value{'s' * (len(items) != 1)}"
-        else:
-            what = f"a list whose item {bad[0]} is {_flow(bad[1])}, not {bad[2]}"
-        takes = f"{length} values" if length else "a list"
-        wanted = f"a list of {length} values" if length else "a list"
+        else:  # the right shape, an item of another type (review61b 3: "it takes 2 values" of a 2-item list)
+            what = f"a list whose item {bad[0]} is {_flow(bad[1])}"
+            one = len(set(types)) == 1
+            takes = f"{bad[2]} items" if one else f"{bad[2]} as item {bad[0]}"
+            wanted = f"a list {'of' if one else 'with'} {takes}"
         letters = ", ".join("abcdefgh"[: length or 2])
         where = _source_of(key, files, overrides)
         return ConfigError(
@@ -299,8 +302,26 @@ def _tuple_form(node: Any) -> tuple[int | None, tuple[Any, ...], str]:
     length = None if variable else len(args)
     types = tuple(a for a in args if a is not Ellipsis)
     own = not (node._is_none() or node._is_missing() or node._is_interpolation())
-    values = [_flow(v) for v in node] if own else list("abcdefgh"[: length or 2])
+    values = [_example(v) for v in node] if own else list("abcdefgh"[: length or 2])
     return length, types, f"[{', '.join(values)}]"
+
+
+def _example(value: Any) -> str:
+    """A tuple item as a config file writes it: an Enum by name, a path as text, a tuple as a list (review61b 2: the
+    hints showed `<Color.RED: 1>`, `PosixPath('/a')`, `(1, 2)`, which do not paste)."""
+    import enum
+
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(value):  # a nested tuple's own node
+        value = OmegaConf.to_container(value)
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, (tuple, list)):
+        return f"[{', '.join(map(_example, value))}]"
+    return _flow(value)
 
 
 def _bad_item(types: tuple[Any, ...], items: list[Any]) -> tuple[int, Any, str] | None:
@@ -878,12 +899,12 @@ def _misfit(merged: Any, plain: Any, prefix: str, src: str) -> ConfigError | Non
             # omegaconf 2.4's TupleConfig is no ListConfig: its merge said "Cannot merge incompatible container
             # types" naming no key, or "int is not a TupleConfig, ..." (audit60 D3)
             length, _, shown = _tuple_form(mine)
+            item = "" if mine._is_none() else f", or set one item as {dotted}[0]=..."  # a null one has no items
             return ConfigError(
                 f"{src}config key `{dotted}` takes {f'{length} values' if length else 'values'} as a list, e.g. "
                 f"{shown}, not {_flow(theirs)}",
                 field=dotted,
-                hint=f"write it as {dotted}={shown} with your values, or set one item as {dotted}[0]=... "
-                "(docs/config.md)",
+                hint=f"write it as {dotted}={shown} with your values{item} (docs/config.md)",
             )
         if isinstance(mine, ListConfig) and isinstance(theirs, dict):
             sections = dataclasses.is_dataclass(getattr(mine._metadata, "element_type", None))
