@@ -137,7 +137,7 @@ class Recipe:
         for i, st in enumerate(self.stages):
             if not isinstance(st, StageSpec):  # a dict there was a raw AttributeError on `.name` (audit60_B B7)
                 raise ConfigError(
-                    f"recipe {self.name}: stage {i} is {_a(type(st).__name__)}, not a StageSpec ({st!r:.80})",
+                    f"recipe {self.name}: stage {i} is {a_kind(type(st).__name__)}, not a StageSpec ({st!r:.80})",
                     field="stages",
                     hint="write each stage as StageSpec(name=..., fn='module:function', ...) "
                     "(from reproduction.recipe import StageSpec)",
@@ -183,7 +183,8 @@ class Recipe:
         return [st for st in self.stages if st.name in wanted]
 
 
-def _a(kind: str) -> str:
+def a_kind(kind: str) -> str:
+    """`kind` (a type's name) with its article, for messages: "a dict", "an int"."""
     return f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
 
 

@@ -272,7 +272,7 @@ def _misfit_tuple_interpolation(
         if items is not None and (length is None or len(items) == length) and bad is None:
             continue
         takes = f"{length} values" if length else "a list"
-        wanted = f"a list of {length} values" if length else "a list"
+        wanted = f"a list of {takes}" if length else takes
         if items is None:
             what = _flow(OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
         elif bad is None or (length is not None and len(items) != length):
@@ -898,13 +898,13 @@ def _misfit(merged: Any, plain: Any, prefix: str, src: str) -> ConfigError | Non
         if _is_tuple(mine) and theirs is not None and not isinstance(theirs, list) and "${" not in str(theirs):
             # omegaconf 2.4's TupleConfig is no ListConfig: its merge said "Cannot merge incompatible container
             # types" naming no key, or "int is not a TupleConfig, ..." (audit60 D3)
-            length, _, shown = _tuple_form(mine)
+            length, _, example = _tuple_form(mine)
             item = "" if mine._is_none() else f", or set one item as {dotted}[0]=..."  # a null one has no items
             return ConfigError(
                 f"{src}config key `{dotted}` takes {f'{length} values' if length else 'values'} as a list, e.g. "
-                f"{shown}, not {_flow(theirs)}",
+                f"{example}, not {_flow(theirs)}",
                 field=dotted,
-                hint=f"write it as {dotted}={shown} with your values{item} (docs/config.md)",
+                hint=f"write it as {dotted}={example} with your values{item} (docs/config.md)",
             )
         if isinstance(mine, ListConfig) and isinstance(theirs, dict):
             sections = dataclasses.is_dataclass(getattr(mine._metadata, "element_type", None))
@@ -925,12 +925,12 @@ def _misfit(merged: Any, plain: Any, prefix: str, src: str) -> ConfigError | Non
                 hint=f"write {dotted}={example} (a YAML list: [a, b]; docs/config.md)",
             )
         if _is_tuple(mine) and isinstance(theirs, list):
-            length, types, shown = _tuple_form(mine)  # a null Optional tuple too (review61 2: its len() raised)
+            length, types, example = _tuple_form(mine)  # a null Optional tuple too (review61 2: its len() raised)
             if length is not None and len(theirs) != length:
                 return ConfigError(
                     f"{src}config key `{dotted}` takes {length} values, got {len(theirs)}: {_flow(theirs)}",
                     field=dotted,
-                    hint=f"write it as {dotted}={shown} with your values",
+                    hint=f"write it as {dotted}={example} with your values",
                 )
             bad = _bad_item(types, theirs)
             if bad is not None:  # omegaconf's own line named no key and showed its template: '$VALUE' (review61 3)
@@ -938,7 +938,7 @@ def _misfit(merged: Any, plain: Any, prefix: str, src: str) -> ConfigError | Non
                 return ConfigError(
                     f"{src}config key `{dotted}[{index}]` is {_flow(item)}: it takes {kind}",
                     field=f"{dotted}[{index}]",
-                    hint=f"write it as {dotted}={shown} with your values (docs/config.md)",
+                    hint=f"write it as {dotted}={example} with your values (docs/config.md)",
                 )
         if isinstance(mine, DictConfig) and isinstance(theirs, dict):
             found = _misfit(mine, theirs, f"{dotted}.", src)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.errors import ConfigError, MissingDependencyError, PortableError
-from reproduction.recipe import Recipe, resolve_fn
+from reproduction.recipe import Recipe, a_kind, resolve_fn
 
 BUILTIN_PACKAGE = "reproduction.recipes"
 """Built-in recipes: reproduction/recipes/<name>/ exporting RECIPE."""
@@ -87,8 +87,7 @@ def resolve_recipe(name: str) -> Recipe:
         ) from None
     obj = getattr(mod, attr, None)
     if not isinstance(obj, Recipe):
-        kind = type(obj).__name__
-        got = "nothing" if obj is None else f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
+        got = "nothing" if obj is None else a_kind(type(obj).__name__)
         raise ConfigError(
             f"recipe: {name!r} names {got}, not a Recipe (reproduction.recipe.Recipe)",
             field="recipe",
@@ -150,7 +149,7 @@ def recipe_schema(recipe: Recipe) -> type:
         shown = repr(given)
     else:  # a Recipe, a function, an instance: `.partition` of it was an internal error, exit 1 (audit60_B B2)
         raise ConfigError(
-            f"recipe {recipe.name!r}: config_schema is {_a(type(given).__name__)} ({given!r:.80}), not a "
+            f"recipe {recipe.name!r}: config_schema is {a_kind(type(given).__name__)} ({given!r:.80}), not a "
             "'module:Class' str or a dataclass",
             field="config_schema",
             hint="write config_schema='module:ConfigClass' (or the @dataclass class itself) in the recipe",
@@ -164,10 +163,6 @@ def recipe_schema(recipe: Recipe) -> type:
             hint="point the recipe's config_schema at a 'module:Class' whose class is a @dataclass (docs/recipes.md)",
         )
     return schema
-
-
-def _a(kind: str) -> str:
-    return f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
 
 
 def _importable_parent(missing: str | None) -> tuple[str, str] | None:

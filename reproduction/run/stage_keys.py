@@ -461,7 +461,7 @@ def _fingerprint(name: str, opened: Any, spec: StageSpec | None = None, plain: A
 
 def _unreadable_input(name: str, exc: OSError, spec: StageSpec | None, plain: Any) -> PortableError:
     """The exit-3 error for input `name` whose fingerprint raised `exc` (see _fingerprint)."""
-    path = exc.filename if exc.filename is not None else None
+    path = exc.filename
     key = _key_holding(plain, str(path)) if path is not None else None
     who = f"stage {spec.name}: " if spec is not None else ""
     where = f" {str(path)!r}" + (f" (config key {key})" if key else "") if path is not None else ""

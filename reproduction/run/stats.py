@@ -662,12 +662,10 @@ def _trinomial(n: int, m: float, b: Any, c: Any, lcoef: Any) -> Any:
     return f, bounds, 0.0, (1 - m) / 2
 
 
-def _sup_relative(
-    f: Any, bounds: Any, a: float, b: float, start: int, rel: float = 0.05, floor: float = 1e-6
-) -> float | None:
+def _sup_relative(f: Any, bounds: Any, a: float, b: float, start: int, *, rel: float, floor: float) -> float | None:
     """A certified upper bound of sup f over [a, b] within a share `rel` of the largest value met (or within `floor`
-    of it, for tinier values: no Holm level comes near them), or None past
-    _BUDGET evaluations. f a probability P(R) in a parameter of Fisher information I: besides `bounds`' |f'| <= L,
+    of it, for tinier values: `paired_differs_p`'s DIFFERS_FLOOR), or None past 5 x _BUDGET evaluations. f a
+    probability P(R) in a parameter of Fisher information I: besides `bounds`' |f'| <= L,
     |d sqrt(f) / dt| = |E[S 1_R]| / (2 sqrt f) <= sqrt(I) / 2 (Cauchy-Schwarz, E S = 0), so on an interval of
     length h, sqrt f <= (sqrt f(a) + sqrt f(b)) / 2 + sqrt(I) h / 4: a bound relative to f itself, which a tiny
     p-value needs (`_certify`'s absolute bounds would need ~1e9 points for a p of 1e-8)."""
