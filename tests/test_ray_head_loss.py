@@ -190,8 +190,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-RAY_LOG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,]+ [EFW] \d+ \d+\] \S+:\d+:")
-"""A line of Ray's own C++ log on stderr (`[2026-12-07 08:20:37,696 E 9824 10208] rpc_client.h:204: ...`)."""
+RAY_LOG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,]+ [CEFW] \d+ \d+\] \S+:\d+:")
+"""A line of Ray's own C++ log on stderr (`[2026-12-07 08:20:37,696 E 9824 10208] rpc_client.h:204: ...`; C is the
+level of a RAY_CHECK failure: the README check of 2026-12-07 showed its stack trace with no line matched)."""
 
 
 def _why(rc: int, took: float, err: str) -> str:
@@ -199,7 +200,10 @@ def _why(rc: int, took: float, err: str) -> str:
     ended the driver; a fatal's C++ stack trace after it had pushed them out of the tail alone, audit59 R), and the
     tail of stderr."""
     ray_lines = [line[:500] for line in err.splitlines() if RAY_LOG_LINE.match(line)]
-    return f"exit {rc} {took:.1f} s after the head stopped; Ray's log lines: {ray_lines[:8]}; stderr: {err[-1500:]}"
+    head = f"stderr starts: {err[:1500]}; " if len(err) > 1500 else ""
+    return (
+        f"exit {rc} {took:.1f} s after the head stopped; Ray's log lines: {ray_lines[:8]}; {head}stderr: {err[-1500:]}"
+    )
 
 
 @pytest.mark.slow
