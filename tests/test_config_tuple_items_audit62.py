@@ -203,3 +203,19 @@ def test_fitting_items_still_load(cli, given, printed):
     code, out, err = cli(ITEMS, given)
     assert code == 0, err
     assert printed is None or printed in out
+
+
+def test_a_tuple_of_paths_prints_as_plain_yaml_that_reads_back(cli, tmp_path):
+    # a tuple field's Paths were printed as `!!python/object/apply:pathlib.PosixPath`, which yaml.safe_load refuses
+    import yaml
+
+    code, out, err = cli(ITEMS, "paths=[/x,'1']", "ppair=[/y,z]")
+    assert code == 0, err
+    assert "!!python" not in out
+    printed = yaml.safe_load(out)
+    assert printed["paths"] == ["/x", "1"] and printed["ppair"] == ["/y", "z"]
+    again = tmp_path / "printed.yaml"
+    again.write_text(out)
+    code, out2, err = cli("--config", str(again))
+    assert code == 0, err
+    assert out2 == out

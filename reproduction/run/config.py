@@ -1525,11 +1525,12 @@ def to_yaml(config: Any, recipe: str | None = None) -> str:
 
 
 def _plain_scalars(node: Any) -> Any:
-    """`node` (plain dicts and lists) with each Path as its string (a YAML safe loader reads no Python object) and each
-    string holding `${` escaped (`escape_interpolations`: --config would resolve it, audit58 D5)."""
+    """`node` (plain dicts, lists and tuples) with each Path as its string (a YAML safe loader reads no Python object)
+    and each string holding `${` escaped (`escape_interpolations`: --config would resolve it, audit58 D5). A tuple is
+    a list: a tuple field's Paths were printed as `!!python/object/apply:pathlib.PosixPath` (audit62)."""
     if isinstance(node, dict):
         return {key: _plain_scalars(value) for key, value in node.items()}
-    if isinstance(node, list):
+    if isinstance(node, (list, tuple)):
         return [_plain_scalars(value) for value in node]
     return escape_interpolations(str(node)) if isinstance(node, (str, Path)) else node
 
