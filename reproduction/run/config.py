@@ -109,7 +109,14 @@ def load_config(
         raise
     except Exception as exc:  # omegaconf's errors: one mapping, here
         key = getattr(exc, "full_key", None)
+        # omegaconf names an item of a nested tuple by its index alone (an int): no key (_source_of raised: exit 1)
+        key = key if isinstance(key, str) else None
         found = None if key else _misfit_tuple_interpolation(merged, files, overrides)
+        if found is None:  # an item the merge kept as it was given (a list or a mapping for a float: review61b 4, 6)
+            try:
+                found = _misfit_tuple_items(merged, OmegaConf.structured(schema), files, overrides, key)
+            except Exception:
+                found = None  # the diagnosis failed: omegaconf's own line, below
         if found is not None:
             raise found from None
         where = _source_of(key, files, overrides) if _is_interpolation(exc) or key else None
@@ -278,9 +285,11 @@ def _misfit_tuple_interpolation(
         elif bad is None or (length is not None and len(items) != length):
             what = f"a list of {len(items)} value{'s' * (len(items) != 1)}"
         else:  # the right shape, an item of another type (review61b 3: "it takes 2 values" of a 2-item list)
-            what = f"a list whose item {bad[0]} is {_flow(bad[1])}"
+            suffix, item, name, kind = bad
+            label = suffix[1:-1] if suffix.count("[") == 1 else suffix  # `1`, or `[0][1]` in a nested tuple
+            what = f"a list whose item {label} is {_flow(item)}"
             one = len(set(types)) == 1
-            takes = f"{bad[2]} items" if one else f"{bad[2]} as item {bad[0]}"
+            takes = f"{name} items" if one else f"{kind} as item {label}"
             wanted = f"a list {'of' if one else 'with'} {takes}"
         letters = ", ".join("abcdefgh"[: length or 2])
         where = _source_of(key, files, overrides)
@@ -289,6 +298,60 @@ def _misfit_tuple_interpolation(
             field=key,
             hint=f"point {key} at {wanted}, or write them: {key}=[{letters}] (docs/config.md)",
         )
+    return None
+
+
+def _tuple_item_error(src: str, key: str, bad: tuple[str, Any, str, str], example: str) -> ConfigError:
+    """The ConfigError for tuple `key`'s item that does not fit (`bad`, from `_bad_item`): `src` (`FILE: `,
+    `command line: ` or ''), the item's key (`betas[1]`, `nest[0][1]`), its value and what it takes."""
+    suffix, item, name, takes = bad
+    quote = ""
+    if name == "Path" and isinstance(item, (bool, int, float)):  # YAML read it as a number or true/false
+        quote = f"; quote a path that reads as a number or true/false: '{_flow(item)}'"
+    return ConfigError(
+        f"{src}config key `{key}{suffix}` is {_flow(item)}: it takes {takes}",
+        field=f"{key}{suffix}",
+        hint=f"write it as {key}={example} with your values{quote} (docs/config.md)",
+    )
+
+
+def _misfit_tuple_items(
+    merged: Any, base: Any, files: list[Path] | None, overrides: list[str] | None, within: str | None
+) -> ConfigError | None:
+    """The first item of a tuple field of `merged` (not a ${...}) that does not fit its type, as a ConfigError naming
+    the item's key (`value.train.betas[1]`, `nest[0][1]`) and where it was set; `within` (a key omegaconf's error
+    named) limits the search to the tuples at, above or under it. omegaconf's merge keeps a list or a mapping given
+    as an item (`betas=[0.9, {a: 1}]`, `nest=[[1, x], 3]`), and the load then failed naming no key or the item
+    (review61b 4, 6: `'<=' not supported between instances of 'int' and 'dict'`, `TupleConfig length 3 does not
+    match type hint length 2`). Only called when the load has failed: it changes the message, not what loads.
+    `base` (the schema's defaults) gives the hint's example. None when every item fits (the error was another)."""
+    from omegaconf import OmegaConf
+
+    for key, node in _tuple_nodes(merged, ""):
+        if node._is_interpolation() or node._is_none() or node._is_missing():
+            continue
+        mine, theirs = _dotted(key), _dotted(within or key)
+        # the tuple, one under the key, the key under it, or the key relative to a list's item (`pair` for
+        # `inners[0].pair`: a rebuilt item's error names its own key)
+        if not (mine == theirs or mine.startswith(theirs + ".") or theirs.startswith(mine + ".")):
+            if not mine.endswith("." + theirs):
+                continue
+        length, types, _ = _tuple_form(node)
+        try:
+            items = list(OmegaConf.to_container(node, resolve=False))
+        except Exception:
+            continue
+        bad = _bad_item(types, items) if length is None or len(items) == length else None
+        if bad is None:
+            continue
+        try:
+            default = OmegaConf.select(base, key, throw_on_missing=False)
+        except Exception:
+            default = None
+        own = _is_tuple(default) and not (default._is_none() or default._is_missing() or default._is_interpolation())
+        example = _tuple_form(default)[2] if own else f"[{', '.join('abcdefgh'[: length or 2])}]"
+        where = _source_of(f"{key}{bad[0]}", files, overrides)
+        return _tuple_item_error(f"{where}: " if where else "", key, bad, example)
     return None
 
 
@@ -324,36 +387,67 @@ def _example(value: Any) -> str:
     return _flow(value)
 
 
-def _bad_item(types: tuple[Any, ...], items: list[Any]) -> tuple[int, Any, str] | None:
-    """(index, item, the type's name) of the first item omegaconf would not convert to its tuple item type (int,
-    float, str, bool or an Enum, none of which takes null; other types and ${...} items are left to omegaconf),
-    else None."""
-    import enum
-
-    from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, StringNode
-    from omegaconf.errors import ValidationError
-
-    nodes = {int: IntegerNode, float: FloatNode, str: StringNode, bool: BooleanNode}
+def _bad_item(types: tuple[Any, ...], items: list[Any]) -> tuple[str, Any, str, str] | None:
+    """(key suffix of the first item omegaconf would not convert to its tuple item type: `[1]`, or `[0][1]` inside a
+    nested tuple; the item; the type's name; what the item takes, in words) else None. The types looked at are int,
+    float, str, bool, an Enum and a Path (none of which takes null), and a nested tuple (a list of its length whose
+    items are looked at the same way); other types (Any, an Optional item) and ${...} items are left to omegaconf."""
     for index, item in enumerate(items):
         kind = types[index] if len(types) > 1 and index < len(types) else types[0] if types else None
-        if kind is None or (isinstance(item, str) and "${" in item):
-            continue
-        if item is None:  # an Optional item type is a Union, which is not looked at here
-            if kind in nodes or (isinstance(kind, type) and issubclass(kind, enum.Enum)):
-                return index, item, _type_name(kind)
-            continue
-        try:
-            if isinstance(kind, type) and issubclass(kind, enum.Enum):
-                EnumNode(enum_type=kind, value=item)
-            elif kind in nodes:
-                nodes[kind](value=item)
-        except ValidationError:
-            return index, item, _type_name(kind)
+        found = _item_misfit(kind, item)
+        if found is not None:
+            suffix, value, name, takes = found
+            return f"[{index}]{suffix}", value, name, takes
+    return None
+
+
+def _item_misfit(kind: Any, item: Any) -> tuple[str, Any, str, str] | None:
+    """`_bad_item` for one item of type `kind`: (key suffix below the item, the value, the type's name, what it takes)
+    when omegaconf refuses `item` for `kind`, else None (also for a type it does not look at). A container given
+    for a value omegaconf's merge keeps as it is, and refuses when the config loads (review61b 4, 6)."""
+    import enum
+    import typing
+
+    from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, PathNode, StringNode
+    from omegaconf.errors import ValidationError
+
+    if kind is None or (isinstance(item, str) and "${" in item):
+        return None
+    if typing.get_origin(kind) is tuple:  # a nested tuple: a list of its length, each item of its type
+        args = typing.get_args(kind)
+        length = None if not args or Ellipsis in args else len(args)
+        takes = f"a list of {length} values" if length else "a list"
+        if not isinstance(item, (list, tuple)) or (length is not None and len(item) != length):
+            return "", item, _type_name(kind), takes
+        return _bad_item(tuple(a for a in args if a is not Ellipsis), list(item))
+    nodes = {int: IntegerNode, float: FloatNode, str: StringNode, bool: BooleanNode}
+    is_enum = isinstance(kind, type) and issubclass(kind, enum.Enum)
+    is_path = isinstance(kind, type) and issubclass(kind, Path)
+    if not (kind in nodes or is_enum or is_path):
+        return None  # an Optional item type is a Union, which is not looked at here
+    name = _type_name(kind)
+    takes = "a path (a string)" if is_path else name
+    if item is None:
+        return "", item, name, takes
+    try:
+        if is_enum:
+            EnumNode(enum_type=kind, value=item)
+        elif is_path:
+            PathNode(value=item)
+        else:
+            nodes[kind](value=item)
+    except ValidationError:
+        return "", item, name, takes
     return None
 
 
 def _interpolated_tuples(node: Any, prefix: str) -> list[tuple[str, Any]]:
-    """(dotted key, node) of each fixed-length tuple field under `node` whose value is a ${...}."""
+    """(dotted key, node) of each tuple field under `node` whose value is a ${...}."""
+    return [(key, child) for key, child in _tuple_nodes(node, prefix) if child._is_interpolation()]
+
+
+def _tuple_nodes(node: Any, prefix: str) -> list[tuple[str, Any]]:
+    """(dotted key, node) of each tuple field under `node` (list items as key[i]), not below a ${...}."""
     from omegaconf import DictConfig, ListConfig
 
     out: list[tuple[str, Any]] = []
@@ -362,11 +456,10 @@ def _interpolated_tuples(node: Any, prefix: str) -> list[tuple[str, Any]]:
         child = node._get_node(name)
         key = f"{prefix}[{name}]" if isinstance(node, ListConfig) else f"{prefix}.{name}" if prefix else str(name)
         if _is_tuple(child):
-            if child._is_interpolation():
-                out.append((key, child))
+            out.append((key, child))
         elif isinstance(child, (DictConfig, ListConfig)) and not child._is_none() and not child._is_missing():
             if not child._is_interpolation():
-                out += _interpolated_tuples(child, key)
+                out += _tuple_nodes(child, key)
     return out
 
 
@@ -934,12 +1027,7 @@ def _misfit(merged: Any, plain: Any, prefix: str, src: str) -> ConfigError | Non
                 )
             bad = _bad_item(types, theirs)
             if bad is not None:  # omegaconf's own line named no key and showed its template: '$VALUE' (review61 3)
-                index, item, kind = bad
-                return ConfigError(
-                    f"{src}config key `{dotted}[{index}]` is {_flow(item)}: it takes {kind}",
-                    field=f"{dotted}[{index}]",
-                    hint=f"write it as {dotted}={example} with your values (docs/config.md)",
-                )
+                return _tuple_item_error(src, dotted, bad, example)
         if isinstance(mine, DictConfig) and isinstance(theirs, dict):
             found = _misfit(mine, theirs, f"{dotted}.", src)
             if found is not None:
@@ -1437,11 +1525,12 @@ def to_yaml(config: Any, recipe: str | None = None) -> str:
 
 
 def _plain_scalars(node: Any) -> Any:
-    """`node` (plain dicts and lists) with each Path as its string (a YAML safe loader reads no Python object) and each
-    string holding `${` escaped (`escape_interpolations`: --config would resolve it, audit58 D5)."""
+    """`node` (plain dicts, lists and tuples) with each Path as its string (a YAML safe loader reads no Python object)
+    and each string holding `${` escaped (`escape_interpolations`: --config would resolve it, audit58 D5). A tuple is
+    a list: a tuple field's Paths were printed as `!!python/object/apply:pathlib.PosixPath` (audit62)."""
     if isinstance(node, dict):
         return {key: _plain_scalars(value) for key, value in node.items()}
-    if isinstance(node, list):
+    if isinstance(node, (list, tuple)):
         return [_plain_scalars(value) for value in node]
     return escape_interpolations(str(node)) if isinstance(node, (str, Path)) else node
 
