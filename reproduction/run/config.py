@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import enum
 import inspect
 import re
 import textwrap
@@ -372,7 +373,6 @@ def _tuple_form(node: Any) -> tuple[int | None, tuple[Any, ...], str]:
 def _example(value: Any) -> str:
     """A tuple item as a config file writes it: an Enum by name, a path as text, a tuple as a list (review61b 2: the
     hints showed `<Color.RED: 1>`, `PosixPath('/a')`, `(1, 2)`, which do not paste)."""
-    import enum
 
     from omegaconf import OmegaConf
 
@@ -405,7 +405,6 @@ def _item_misfit(kind: Any, item: Any) -> tuple[str, Any, str, str] | None:
     """`_bad_item` for one item of type `kind`: (key suffix below the item, the value, the type's name, what it takes)
     when omegaconf refuses `item` for `kind`, else None (also for a type it does not look at). A container given
     for a value omegaconf's merge keeps as it is, and refuses when the config loads (review61b 4, 6)."""
-    import enum
     import typing
 
     from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, PathNode, StringNode
@@ -1559,6 +1558,23 @@ def to_plain(config: Any) -> Any:
     if isinstance(config, dict):
         return {str(k): to_plain(v) for k, v in config.items()}
     return config
+
+
+def as_recorded(plain: Any) -> Any:
+    """`plain` (to_plain's) as a config file writes it, so that run.json's `config` reads back through `--config` to
+    the same config: a plain Enum by its name (JSON wrote `Color.BLUE`, which the loader refuses; an int or str Enum
+    is written as its value, which it reads, and is left so) and a string or Path holding `${` escaped
+    (`escape_interpolations`: recorded as the literal, it was read back as an interpolation). Every other value is
+    returned as it is, so a config holding neither records, and keys, the same bytes as before (audit62 B7)."""
+    if isinstance(plain, dict):
+        return {key: as_recorded(value) for key, value in plain.items()}
+    if isinstance(plain, list):
+        return [as_recorded(value) for value in plain]
+    if isinstance(plain, enum.Enum):
+        return plain if isinstance(plain, (int, float, str)) else plain.name
+    if isinstance(plain, (str, Path)) and "${" in str(plain):
+        return escape_interpolations(str(plain))
+    return plain
 
 
 def select(plain: dict[str, Any], dotted: str, default: Any = None) -> Any:

@@ -63,7 +63,7 @@ from reproduction.fsio import (
 )
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
 from reproduction.redaction import redact, redact_argv
-from reproduction.run.config import select, to_plain
+from reproduction.run.config import as_recorded, select, to_plain
 from reproduction.run.guards import LOCK_FILE, deferred_interrupts, refuse_links, run_lock, sigterm_as_interrupt
 from reproduction.run.stage_call import call_stage
 from reproduction.run.stage_decide import (
@@ -341,7 +341,9 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         for name in opts.restart:
             recipe.stage(name)
         _refuse_missing_needs(recipe, selected, state, run_dir)  # before anything runs, every missing stage named
-        plain = to_plain(config)
+        # as a config file writes it (an Enum by name, a literal `${` escaped): what run.json records, keys and
+        # statements hold the same, and it reads back through --config (audit62 B7)
+        plain = as_recorded(to_plain(config))
         from reproduction.run.preflight import raise_problems, run_problems
 
         # the recipe's own spelling (config keys, stage functions, its headline), before any input
