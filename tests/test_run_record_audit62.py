@@ -25,6 +25,7 @@ RECIPE = textwrap.dedent(
     class Cfg:
         color: Color = Color.RED
         text: str = "plain"
+        data: str = ""
 
     def one(ctx):
         (ctx.out_dir / "x.txt").write_text(f"{ctx.config.color.name} {ctx.config.text}")
@@ -32,7 +33,7 @@ RECIPE = textwrap.dedent(
 
     RECIPE = Recipe(
         name="enumrec",
-        stages=(StageSpec(name="one", fn="enumrec:one", config=("color", "text")),),
+        stages=(StageSpec(name="one", fn="enumrec:one", config=("color", "text"), files=("data",)),),
         config_schema=Cfg,
     )
     """
@@ -41,12 +42,15 @@ RECIPE = textwrap.dedent(
 
 def test_the_recorded_config_reads_back_as_the_config(tmp_path: Path):
     (tmp_path / "enumrec.py").write_text(RECIPE)
-    (tmp_path / "run.yaml").write_text("recipe: enumrec:RECIPE\ncolor: BLUE\ntext: a \\${x} b\n")
+    (tmp_path / "d${x}.txt").write_text("data")  # a file the stage reads by path: read as named, not escaped
+    (tmp_path / "run.yaml").write_text("recipe: enumrec:RECIPE\ncolor: BLUE\ntext: a \\${x} b\ndata: d\\${x}.txt\n")
     done = run_portable(tmp_path, "-q", "run", "--config", "run.yaml", "--output", "out")
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "out" / "one" / "x.txt").read_text() == "BLUE a ${x} b"  # the stage got the literal
     recorded = json.loads((tmp_path / "out" / "run.json").read_text())["config"]
-    assert recorded == {"color": "BLUE", "text": "a \\${x} b"}
+    assert recorded == {"color": "BLUE", "text": "a \\${x} b", "data": "d\\${x}.txt"}
+    again = run_portable(tmp_path, "run", "--config", "run.yaml", "--output", "out", "--resume")
+    assert again.returncode == 0 and "skipped" in again.stderr, again.stderr  # the same key: nothing redone
     (tmp_path / "back.json").write_text(json.dumps({"recipe": "enumrec:RECIPE", **recorded}))
     shown = [
         run_portable(tmp_path, "run", "--config", name, "--output", "o2", "--print-config", "--json")

@@ -341,9 +341,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         for name in opts.restart:
             recipe.stage(name)
         _refuse_missing_needs(recipe, selected, state, run_dir)  # before anything runs, every missing stage named
-        # as a config file writes it (an Enum by name, a literal `${` escaped): what run.json records, keys and
-        # statements hold the same, and it reads back through --config (audit62 B7)
-        plain = as_recorded(to_plain(config))
+        plain = to_plain(config)  # its values as the stages read them (a path is the path); recorded: _Walk.recorded
         from reproduction.run.preflight import raise_problems, run_problems
 
         # the recipe's own spelling (config keys, stage functions, its headline), before any input
@@ -417,8 +415,8 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
             _note_recipe_module_changed(recipe, state, opts)
             state["recipe_module"] = dict(opts.recipe_module)
         recorded_config = state.get("config") if isinstance(state.get("config"), dict) else {}
-        config_changed = state.get("config") != plain
-        state["config"] = plain
+        config_changed = state.get("config") != as_recorded(plain)
+        state["config"] = as_recorded(plain)
         if opts.inputs is not None:
             inputs = opts.inputs
         else:
@@ -647,7 +645,13 @@ class _Walk:
     @functools.cached_property
     def config_sha256(self) -> str:
         """The digest of this invocation's config, as a stage's `lineage` record keeps it."""
-        return digest(self.plain)
+        return digest(self.recorded)
+
+    @functools.cached_property
+    def recorded(self) -> dict[str, Any]:
+        """The config as run.json, the lineage statements and the keys record it (`as_recorded`: a plain Enum by its
+        name, a literal `${` escaped), so that it reads back through --config (audit62 B7); `plain` as it is read."""
+        return as_recorded(self.plain)
 
 
 def _walk(walk: _Walk, chosen: set[str]) -> None:
@@ -1154,7 +1158,7 @@ def _record_lineage(
             action=action,
             subjects={os.path.normpath(f"{spec.name}/{rel}"): v[2] for rel, v in outputs.items()},
             materials=parts,
-            config=walk.plain,
+            config=walk.recorded,
             argv=list(opts.argv if argv is None else argv),
             started=started,
             ended=ended,

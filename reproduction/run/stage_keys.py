@@ -33,7 +33,7 @@ from reproduction.errors import (
     errno_of,
 )
 from reproduction.recipe import Recipe, StageSpec
-from reproduction.run.config import select
+from reproduction.run.config import as_recorded, select
 from reproduction.run.stage_call import ASYNC_STAGE, module_dependency, signature_problem, uncallable_error
 
 _LOCATED: weakref.WeakKeyDictionary[DigestCache, dict[str, tuple[Any, Any] | None]] = weakref.WeakKeyDictionary()
@@ -116,7 +116,8 @@ def key_parts(
     digest cache (code and input files)."""
     digests = digests or DigestCache()
     codes = code_modules(spec)
-    config = exempt(spec, {k: json.loads(canonical(select(plain_config, k))) for k in spec.config}, free)
+    # the subsets as run.json records the config (an Enum by name, a literal `${` escaped: audit62 B7)
+    config = exempt(spec, {k: json.loads(canonical(as_recorded(select(plain_config, k)))) for k in spec.config}, free)
     parts = {
         "config": config,
         "inputs": {n: _fingerprint(n, v, spec, plain_config) for n, v in sorted(inputs.items())} if spec.inputs else {},
