@@ -667,7 +667,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler, json_output=json_output)
         return p
 
-    p = _command("pack", cmd_pack, "build a release bundle from a spec (TOML; bundle/demo.toml shows the format)")
+    p = _command(
+        "pack",
+        cmd_pack,
+        "build a release bundle from a spec (TOML; bundle/demo.toml in the repository checkout shows the format)",
+    )
     p.add_argument("spec", metavar="SPEC.toml")
     p.add_argument("--out", required=True, metavar="DIR", help="bundle folder to create (new or empty)")
     p.add_argument(
@@ -731,7 +735,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--revision", default=None, metavar="REV")
     p.add_argument("--repo-type", choices=("model", "dataset"), default="model")
 
-    p = _command("weights", cmd_weights, "pin, fetch and verify third-party weights (weights_manifest/*.json)")
+    p = _command(
+        "weights",
+        cmd_weights,
+        "pin, fetch and verify third-party weights (the repository checkout's weights_manifest/*.json)",
+    )
     wsub = p.add_subparsers(dest="weights_command", metavar="ACTION", required=True)
 
     def _action(name: str, help_text: str, description: str | None = None) -> argparse.ArgumentParser:
@@ -776,7 +784,8 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         cmd_run,
         "run a recipe's stages from a bundle (the config's `recipe`: recap by default, grpo, or "
-        "package.module:NAME; resumable; keys: docs/config.md, docs/grpo.md)",
+        "package.module:NAME; resumable; --print-config shows every key, docs/config.md and docs/grpo.md in the "
+        "repository checkout explain them)",
     )
     add_run_arguments(p)
     p = _command("eval", cmd_eval, "evaluate a policy checkpoint in the simulator and write its evidence")
@@ -798,7 +807,8 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         cmd_demo,
         "the whole pipeline end to end on CPU, with no download: simulator data, bundle, restore, check, "
-        "four stages, evaluation, evidence (a rerun reuses what is valid); --recipe grpo: GRPO on Fetch push",
+        "four stages, evaluation, evidence (a rerun reuses what is valid); --recipe grpo: GRPO on Fetch push; "
+        "runs in the repository checkout (it reads the checkout's bundle/ and evidence/)",
         json_output=False,
     )
     add_demo_arguments(p)

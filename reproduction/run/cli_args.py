@@ -35,7 +35,12 @@ def add_run_arguments(p: Any) -> None:
         "--print-config", action="store_true", help="print the resolved config as YAML (with --json: JSON) and exit"
     )
     p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
-    p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides (docs/config.md)")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key.path=value",
+        help="config overrides (keys: --print-config; docs/config.md in the repository checkout)",
+    )
 
 
 def add_eval_arguments(p: Any) -> None:
