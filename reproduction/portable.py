@@ -22,6 +22,7 @@ Conventions every command follows (and a new one inherits by being added with `_
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 if __name__ == "__main__" and __package__ in (None, "") and not sys.pycache_prefix:
@@ -504,7 +505,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _refuse_json_file(args: argparse.Namespace) -> None:
+    """UsageError (exit 2) for `eval ... --json FILE`: eval's --json is the global flag (the result on stdout), so
+    FILE was read as a key.path=value override, refused as one (exit 4, or --plan's exit 2) and written nowhere,
+    where `portable check --json FILE` writes FILE relative to the current folder (audit62 L5). The hint redirects
+    stdout to the path FILE names from the current folder, made absolute."""
+    stray = next((o for o in args.overrides or [] if "=" not in o), None) if args.json else None
+    if stray is not None:
+        raise UsageError(
+            f"`portable eval` writes no --json FILE: {stray!r} is no key.path=value override (eval's --json prints "
+            "the result on stdout; only `portable check --json FILE` writes one)",
+            hint=f"redirect stdout to write it: portable eval ... --json > "
+            f"{shlex.quote(os.path.abspath(os.path.expanduser(stray)))}",
+        )
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
+    _refuse_json_file(args)
     if args.plan:
         from reproduction.run.compare_cmd import cmd_plan
 
