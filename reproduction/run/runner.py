@@ -415,14 +415,16 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
             _note_recipe_module_changed(recipe, state, opts)
             state["recipe_module"] = dict(opts.recipe_module)
         recorded_config = state.get("config") if isinstance(state.get("config"), dict) else {}
-        config_changed = state.get("config") != as_recorded(plain)
-        state["config"] = as_recorded(plain)
+        recorded = as_recorded(plain)
+        config_changed = state.get("config") != recorded
+        state["config"] = recorded
         if opts.inputs is not None:
             inputs = opts.inputs
         else:
             inputs = opened if opened else _open_inputs(recipe, config, digests)
         walk = _Walk(recipe=recipe, config=config, plain=plain, run_dir=run_dir, state=state, inputs=inputs, opts=opts)
         walk.digests = digests
+        walk.recorded = recorded  # the cached property, made once
         walk.recorded_config = recorded_config
         walk.free = tuple(output_free_keys(config))
         walk.restarted = downstream(recipe, opts.restart)
@@ -770,6 +772,18 @@ def _remove_recorded_elsewhere(run_dir: Path, state: dict[str, Any], stage: str,
             os.unlink(path)
 
 
+def _announce_start(spec: StageSpec, action: str, ui: Any) -> None:
+    """`stage NAME: running` on a terminal as a stage starts, for every recipe's stages (an out-of-tree recipe's showed
+    nothing until the closing table, audit62 B6). Only where progress bars are drawn (`ui.bars_wanted`): on a pipe
+    or in a log, a run's stderr stays what it was (its errors, its table)."""
+    from reproduction.ui import bars_wanted, say
+
+    if bars_wanted(ui):
+        say(
+            f"stage {spec.name}: {'continuing from its checkpoints' if action == 'continue' else 'running'}", options=ui
+        )
+
+
 def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
     run_dir, state, opts = walk.run_dir, walk.state, walk.opts
     if spec.name in walk.untargeted:
@@ -875,6 +889,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         digests=walk.digests,
     )
     watch = OutputsWatch.watch(run_dir, state, spec.name)  # other stages' recorded files, stat'ed before the call
+    _announce_start(spec, action, opts.ui)
     t0 = time.perf_counter()
     before = rec if action == "continue" else None
     try:
