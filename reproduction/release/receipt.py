@@ -12,6 +12,7 @@ On disk (local state, never published)::
                             "prefix": "/abs/bundle/runtime/python",   # where it now lives
                             "files": {"bin/python3.11": [size, mtime_ns], ...},
                             "links": {"bin/python3": "python3.11", ...}}},
+                        "replacing": {"runtime/python.tar.zst": {...}},   # only while a restore swaps targets
                         "fetch": {"repo": ..., "repo_type": ..., "revision": ..., "commit": ..., "time": ...,
                                   "manifest_sha256": "<sha256 of the bundle.json fetch wrote>"}}
       lock             see reproduction/release/lock.py
@@ -208,9 +209,14 @@ class Receipt:
     """Restored layers by archive path."""
     fetch: dict[str, str] = field(default_factory=dict)
     """Provenance recorded by `portable fetch`: repo, repo_type, revision, commit, time."""
+    replacing: dict[str, LayerReceipt] = field(default_factory=dict)
+    """Records of the layers a restore was replacing when it stopped (a kill between its receipt save and its
+    last swap): they vouch for nothing, but the files they record that are still as written count as restore's
+    own (release/vouch.py's `own_files`), so the next restore finishes the job (audit62 M1). Empty after a
+    restore that completed."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "bundle_path": self.bundle_path,
@@ -219,6 +225,9 @@ class Receipt:
             "layers": {k: v.to_dict() for k, v in sorted(self.layers.items())},
             "fetch": self.fetch,
         }
+        if self.replacing:  # older versions ignore the key (and, as before, count those files as nobody's)
+            out["replacing"] = {k: v.to_dict() for k, v in sorted(self.replacing.items())}
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Receipt:
@@ -233,6 +242,7 @@ class Receipt:
             plain={str(k): [int(v[0]), int(v[1])] for k, v in data.get("plain", {}).items()},
             layers={str(k): LayerReceipt.from_dict(v) for k, v in data.get("layers", {}).items()},
             fetch={str(k): str(v) for k, v in data.get("fetch", {}).items()},
+            replacing={str(k): LayerReceipt.from_dict(v) for k, v in data.get("replacing", {}).items()},
         )
 
 

@@ -400,12 +400,14 @@ def _finish(
 ) -> None:
     """Swap extracted targets into place, relocate, and record everything in the receipt.
 
-    Before the first swap the receipt stops vouching for the targets being replaced (saved to disk);
-    a failure after that (a swap, RelocationError, a full disk at the final receipt write) swaps the
-    old trees back and re-saves the old receipt, so the previous state is kept. The one exception is
-    a `relocate`-only target (the bundle moved): its files are rewritten in place, so after a failure
-    the receipt no longer matches their stat and the next restore sees them as changed (a runtime
-    target is extracted again; a source target reports them as locally edited, never overwritten).
+    Before the first swap the receipt stops vouching for the targets being replaced (saved to disk, their
+    records moved to `replacing`, so that after a kill before every swap is done the next restore still knows
+    the old trees' files as its own and finishes the job: audit62 M1); a failure after that (a swap,
+    RelocationError, a full disk at the final receipt write) swaps the old trees back and re-saves the old
+    receipt, so the previous state is kept. The one exception is a `relocate`-only target (the bundle moved):
+    its files are rewritten in place, so after a failure the receipt no longer matches their stat and the next
+    restore sees them as changed (a runtime target is extracted again; a source target reports them as locally
+    edited, never overwritten).
     """
     state = bundle / STATE_DIR
     trash = state / "trash"
@@ -416,7 +418,11 @@ def _finish(
     if staged:
         for g in staged:
             for layer in g.layers:
-                receipt.layers.pop(layer.archive, None)  # until swapped and recorded, vouch for nothing there
+                # Until swapped and recorded, vouch for nothing there; but a kill before the swap leaves the old tree,
+                # whose files are still restore's own: kept as `replacing`, the next restore finishes (audit62 M1).
+                rec = receipt.layers.pop(layer.archive, None)
+                if rec is not None:
+                    receipt.replacing[layer.archive] = rec
         save_receipt(bundle, receipt)
     swapped: list[int] = []
     try:
@@ -445,9 +451,11 @@ def _finish(
         if (
             report.extracted
             or report.relocated
+            or receipt.replacing
             or (receipt.bundle_path, receipt.manifest_sha256, receipt.plain) != (str(bundle), manifest_sha, plain)
         ):
             receipt.bundle_path, receipt.manifest_sha256, receipt.plain = str(bundle), manifest_sha, plain
+            receipt.replacing = {}  # every target is now recorded in `layers` (or was never the bundle's)
             save_receipt(bundle, receipt)
     except BaseException:
         stuck = [

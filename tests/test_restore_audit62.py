@@ -1,0 +1,126 @@
+"""Audit62: restores killed part-way through an update, and relocation of binary files it cannot rewrite safely.
+
+M1: an update restore killed (SIGKILL) after it saved the receipt but before every target was swapped left
+targets with no record in the receipt, so every later restore refused the old tree's files as "not ones restore
+wrote there" (exit 4). The next restore must finish the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from bundlekit import QUIET, REPO, run_cli, tree_snapshot, write_tree
+
+from reproduction.release.pack import pack_bundle
+
+SPEC = """name = "up"
+root = "src{v}"
+[[layer]]
+source = "app"
+kind = "source"
+name = "app"
+[[layer]]
+source = "rt"
+kind = "runtime"
+name = "rt"
+"""
+V1 = {"app/common.py": b"a1\n", "app/onlyA.py": b"onlyA\n", "rt/lib/r.txt": b"ra\n", "rt/lib/onlyA.so": b"rA\n"}
+V2 = {"app/common.py": b"b1\n", "app/onlyB.py": b"onlyB\n", "rt/lib/r.txt": b"rb\n"}
+TARGETS = ("source/app", "runtime/rt")
+
+# SIGKILL itself at the Nth call of restore's swap_into_place, before or after the swap (argv: bundle, N, when).
+KILL_AT_SWAP = """
+import os, signal, sys
+import reproduction.release.restore as R
+nth, when, calls, real = int(sys.argv[2]), sys.argv[3], [], R.swap_into_place
+def swap(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == nth and when == "before":
+        os.kill(os.getpid(), signal.SIGKILL)
+    out = real(*args, **kwargs)
+    if len(calls) == nth and when == "after":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return out
+R.swap_into_place = swap
+from reproduction.portable import main
+sys.exit(main(["restore", sys.argv[1]]))
+"""
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("upd")
+    out = {}
+    for v, files in (("1", V1), ("2", V2)):
+        write_tree(root / f"src{v}", files)
+        (root / f"v{v}.toml").write_text(SPEC.format(v=v), encoding="utf-8")
+        pack_bundle(root / f"v{v}.toml", root / f"B{v}", ui=QUIET)
+        out[v] = root / f"B{v}"
+    fresh = root / "fresh2"
+    shutil.copytree(out["2"], fresh, symlinks=True)
+    assert run_cli("restore", fresh).returncode == 0
+    out["fresh"] = {t: tree_snapshot(fresh / t) for t in TARGETS}
+    return out
+
+
+def _bring_v2(d, packed) -> None:
+    """Swap v1's bundle files for v2's, leaving the restored trees and .portable (as a fetch would)."""
+    shutil.rmtree(d / "reproduction")
+    shutil.rmtree(d / "LICENSES", ignore_errors=True)
+    (d / "bundle.json").unlink()
+    for folder in ("source", "runtime"):
+        for p in (d / folder).iterdir():
+            if p.is_file():
+                p.unlink()
+    shutil.copytree(packed["2"], d, symlinks=True, dirs_exist_ok=True)
+
+
+@pytest.mark.parametrize("nth,when", [(1, "before"), (1, "after"), (2, "after")])
+def test_an_update_killed_between_its_swaps_is_finished_by_the_next_restore(packed, tmp_path, nth, when):
+    d = tmp_path / "D"
+    shutil.copytree(packed["1"], d, symlinks=True)
+    assert run_cli("restore", d).returncode == 0
+    _bring_v2(d, packed)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PORTABLE_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1"}
+    killed = subprocess.run(
+        [sys.executable, "-c", KILL_AT_SWAP, str(d), str(nth), when], env=env, capture_output=True, timeout=120
+    )
+    assert killed.returncode == -9, killed.stderr
+    receipt = json.loads((d / ".portable/receipt.json").read_text())
+    assert run_cli("verify", d).returncode == 0  # the bundle's own files are intact; restore agrees below
+
+    done = run_cli("restore", d)
+    assert done.returncode == 0, done.stderr  # was 4: "... not ones restore wrote there (common.py, onlyA.py)"
+    assert not receipt["layers"]  # the killed restore's receipt vouched for nothing being replaced ...
+    assert sorted(receipt["replacing"]) == ["runtime/rt.tar.zst", "source/app.tar.zst"]  # ... but knew the files
+    assert "overwrote" not in done.stderr and "kept" not in done.stderr, done.stderr
+    assert {t: tree_snapshot(d / t) for t in TARGETS} == packed["fresh"]
+    assert "replacing" not in json.loads((d / ".portable/receipt.json").read_text())
+    again = run_cli("restore", d)  # and the receipt now vouches for v2's trees
+    assert again.returncode == 0 and "extracted" not in again.stderr, again.stderr
+
+
+def test_a_file_edited_after_the_kill_is_still_refused(packed, tmp_path):
+    """The killed restore's old records count a file as restore's own only while it is as restore wrote it."""
+    d = tmp_path / "D"
+    shutil.copytree(packed["1"], d, symlinks=True)
+    assert run_cli("restore", d).returncode == 0
+    _bring_v2(d, packed)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PORTABLE_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1"}
+    killed = subprocess.run(
+        [sys.executable, "-c", KILL_AT_SWAP, str(d), "1", "before"], env=env, capture_output=True, timeout=120
+    )
+    assert killed.returncode == -9, killed.stderr
+    (d / "source/app/onlyA.py").write_bytes(b"mine\n")
+    done = run_cli("restore", d)
+    assert done.returncode == 4, done.stderr
+    assert done.stderr.splitlines()[0] == (
+        "error: source/app: restore would replace this layer target, and 1 file(s) in it are not ones restore "
+        "wrote there (onlyA.py)"
+    )
+    assert (d / "source/app/onlyA.py").read_bytes() == b"mine\n"
