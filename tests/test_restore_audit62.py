@@ -124,3 +124,75 @@ def test_a_file_edited_after_the_kill_is_still_refused(packed, tmp_path):
         "wrote there (onlyA.py)"
     )
     assert (d / "source/app/onlyA.py").read_bytes() == b"mine\n"
+
+
+# -- M3: relocation rewrites a build prefix in place only in a format made of C strings --------------------
+
+
+@pytest.mark.parametrize("where", ["shorter", "longer"])
+def test_a_pickle_holding_the_build_prefix_is_left_intact_and_named(tmp_path, where):
+    """The pickle's string was shifted and NUL-padded as if a C string (exit 0, no note, pickle.load failed);
+    a longer bundle path was refused (exit 9) for a "C string" that is none. Now it is kept, and named."""
+    import pickle
+
+    src = tmp_path / ("build" + "x" * 40) / "src" / "rt"
+    value = {"path": f"home={src}/lib/data", "n": [0, 1, 2, 3, 4]}  # "home=": a length byte that is a letter hides it
+    files = {"lib/cache.pkl": pickle.dumps(value, protocol=4), "lib/cfg.txt": f"home = {src}\n".encode()}
+    if where == "shorter":  # a longer path than the build prefix would not fit an ELF file's C string (exit 9)
+        files["lib/libx.so"] = b"\x7fELF\x02\x01\x01\0" + f"{src}/lib\0".encode() + b"tail\0"
+    write_tree(src, files)
+    (src.parent.parent / "r.toml").write_text(
+        'name = "r"\nroot = "src"\n[[layer]]\nsource = "rt"\nkind = "runtime"\nrelocatable = true\n'
+    )
+    pack_bundle(src.parent.parent / "r.toml", src.parent.parent / "bundle", ui=QUIET)
+    bundle = tmp_path / ("b" if where == "shorter" else "b" * 80) / "bundle"
+    shutil.copytree(src.parent.parent / "bundle", bundle, symlinks=True)
+    shutil.rmtree(src.parent.parent)  # the build folder is gone, as on another machine
+
+    done = run_cli("restore", bundle)
+    assert done.returncode == 0, done.stderr
+    tree = bundle / "runtime" / "rt"
+    assert pickle.loads((tree / "lib/cache.pkl").read_bytes()) == value  # was: UnicodeDecodeError
+    lines = done.stderr.splitlines()
+    assert (
+        "warning: relocation left 1 binary file(s) as they were, still naming the folder they were built in: "
+        "runtime/rt/lib/cache.pkl (neither ELF nor a static library, so the path in them cannot be rewritten in "
+        "place without corrupting them; rebuild them where they now are, or pack the layer without them)"
+    ) in lines, done.stderr
+    assert (tree / "lib/cfg.txt").read_text() == f"home = {tree}\n"  # text relocation as before
+    if where == "shorter":  # an ELF file's C strings still are rewritten in place
+        assert f"{tree}/lib\0".encode() in (tree / "lib/libx.so").read_bytes()
+    assert run_cli("verify", bundle).returncode == 0
+
+    moved = bundle.rename(bundle.parent / "m")  # relocating again names it again, and still keeps it intact
+    again = run_cli("restore", moved)
+    assert again.returncode == 0, again.stderr
+    assert "runtime/rt/lib/cache.pkl (neither ELF" in again.stderr
+    assert pickle.loads((moved / "runtime/rt/lib/cache.pkl").read_bytes()) == value
+
+
+def test_pack_names_the_binary_files_relocation_will_leave(tmp_path, capsys):
+    import pickle
+
+    from reproduction.ui import UiOptions
+
+    src = tmp_path / "src" / "rt"
+    write_tree(
+        src,
+        {
+            "lib/cache.pkl": pickle.dumps({"p": f"home={src}/x"}),
+            "lib/libx.so": b"\x7fELF\x02\x01\x01\0" + f"{src}/lib\0".encode(),
+            "lib/libx.a": b"!<arch>\n" + f"{src}/lib\0".encode(),
+            "lib/cfg.txt": f"{src}\n".encode(),
+        },
+    )
+    (tmp_path / "r.toml").write_text(
+        'name = "r"\nroot = "src"\n[[layer]]\nsource = "rt"\nkind = "runtime"\nrelocatable = true\n'
+    )
+    capsys.readouterr()
+    pack_bundle(tmp_path / "r.toml", tmp_path / "bundle", ui=UiOptions(progress=False))
+    err = capsys.readouterr().err
+    assert (
+        "warning: layer runtime/rt.tar.zst: 1 binary file(s) hold a build prefix that restore cannot rewrite "
+        "(neither ELF nor a static library), so they will keep naming the build folder: lib/cache.pkl\n"
+    ) in err, err
