@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import stat as stat_mod
 import time
 from collections.abc import Iterable
@@ -248,6 +249,26 @@ class Receipt:
 
 def receipt_path(bundle: Path) -> Path:
     return Path(bundle) / STATE_DIR / RECEIPT_NAME
+
+
+def refuse_receipt_folder(bundle: Path, *, what: str) -> None:
+    """UnsafeArchiveError (exit 6) when `.portable/receipt.json` is a folder: `save_receipt`'s rename cannot replace
+    one, so `what` (a restore) would do all its work and then fail at its last write, every time (audit62 L5). Any
+    other non-file there (a link, a FIFO) is no receipt and is simply replaced."""
+    from reproduction.errors import UnsafeArchiveError
+
+    path = receipt_path(bundle)
+    try:
+        folder = stat_mod.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return
+    if folder:
+        raise UnsafeArchiveError(
+            f"{path} is a folder, where the restore receipt (a file) goes: refusing to {what}",
+            member=str(path),
+            hint=f"remove it (`rm -r {shlex.quote(str(path))}`: the receipt is the tool's own file) and run the "
+            "command again",
+        )
 
 
 def load_receipt(bundle: Path) -> Receipt:

@@ -25,7 +25,7 @@ from reproduction.release import extract_child
 from reproduction.release import layers as layer_io
 from reproduction.release.lock import bundle_lock
 from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, LayerEntry, Manifest, has_control, load_manifest
-from reproduction.release.receipt import LayerReceipt, Receipt, load_receipt, save_receipt
+from reproduction.release.receipt import LayerReceipt, Receipt, load_receipt, refuse_receipt_folder, save_receipt
 from reproduction.release.restore_plan import Group, few, has_prefixes, plan, refuse_losing_files
 from reproduction.release.safety import check_targets, validate_layers
 from reproduction.release.swap import preflight, swap_back, swap_into_place
@@ -539,6 +539,7 @@ def restore_bundle(
     report = RestoreReport(bundle=bundle)
     with bundle_lock(bundle, what="restore", wait_s=wait_s):
         _cleanup_state(bundle, strict=True)
+        refuse_receipt_folder(bundle, what="restore")  # before any work, not at the last write (audit62 L5)
         receipt = load_receipt(bundle)
         manifest_sha = sha256_file(bundle / MANIFEST_NAME)
         groups = plan(bundle, manifest, receipt, deep=deep, refresh_source=refresh_source)
