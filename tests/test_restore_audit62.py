@@ -196,3 +196,71 @@ def test_pack_names_the_binary_files_relocation_will_leave(tmp_path, capsys):
         "warning: layer runtime/rt.tar.zst: 1 binary file(s) hold a build prefix that restore cannot rewrite "
         "(neither ELF nor a static library), so they will keep naming the build folder: lib/cache.pkl\n"
     ) in err, err
+
+
+# -- L5, L6, L7 -------------------------------------------------------------------------------------------
+
+
+def test_a_receipt_that_is_a_folder_is_refused_up_front_with_remove_it(packed, tmp_path):
+    """L5: restore extracted everything, then failed at its last write (exit 8, "free some space"), every time."""
+    d = tmp_path / "D"
+    shutil.copytree(packed["1"], d, symlinks=True)
+    (d / ".portable" / "receipt.json").mkdir(parents=True)
+    done = run_cli("restore", d)
+    assert done.returncode == 6, done.stderr
+    receipt = d / ".portable" / "receipt.json"
+    assert done.stderr.splitlines() == [
+        f"error: {receipt} is a folder, where the restore receipt (a file) goes: refusing to restore",
+        f"hint: remove it (`rm -r {receipt}`: the receipt is the tool's own file) and run the command again",
+    ]
+    assert not any((d / t).exists() for t in TARGETS)
+    receipt.rmdir()
+    assert run_cli("restore", d).returncode == 0
+
+
+@pytest.mark.parametrize("field", ["mode", "size"])
+def test_an_index_differing_in_mode_or_size_names_the_field_and_both_values(tmp_path, field):
+    """L6: "member 'd/b' is not what its member index lists next ('d/b')" named the same member twice."""
+    from test_archive_safety import _packed_with_index, _repin
+
+    from reproduction.errors import UnsafeArchiveError
+    from reproduction.release.restore import restore_bundle
+
+    bundle = _packed_with_index(tmp_path)
+    index = bundle / "runtime" / "rt.members.json"
+    data = json.loads(index.read_text())
+    row = next(m for m in data["members"] if m[1] == "file" and m[3] > 0)
+    mode, size = row[2], row[3]
+    if field == "mode":
+        row[2] = 0o600 if mode != 0o600 else 0o640
+        says = f"its mode is {row[2]:o} in the index and {mode:o} in the archive"
+    else:  # smaller: a larger size is refused before extraction (more than the layer's unpacked_size)
+        row[3] = size - 1
+        says = f"its size is {size - 1} bytes in the index and {size} bytes in the archive"
+    index.write_text(json.dumps(data))
+    _repin(bundle, "runtime/rt.members.json")
+    with pytest.raises(UnsafeArchiveError) as info:
+        restore_bundle(bundle, ui=QUIET)
+    assert str(info.value).startswith(
+        f"runtime/rt.tar.zst: member {row[0]!r} is not what its member index lists next (the same name, but {says}): "
+    ), str(info.value)
+
+
+@pytest.mark.parametrize("own", [True, False])
+def test_a_member_index_that_is_a_layer_archive_is_refused_by_verify_and_restore_alike(packed, tmp_path, own):
+    """L7: verify said "all match" (exit 0) where restore refused the index as unreadable (exit 4)."""
+    d = tmp_path / "D"
+    shutil.copytree(packed["1"], d, symlinks=True)
+    data = json.loads((d / "bundle.json").read_text())
+    i = next(i for i, x in enumerate(data["layers"]) if x["target"] == "runtime/rt")
+    other = next(x["archive"] for x in data["layers"] if x["target"] != "runtime/rt")
+    index = data["layers"][i]["archive"] if own else other
+    data["layers"][i]["members_index"] = index
+    (d / "bundle.json").write_text(json.dumps(data))
+    for command in ("verify", "restore"):
+        done = run_cli(command, d)
+        assert done.returncode == 4, (command, done.stderr)
+        assert done.stderr.splitlines()[0] == (
+            f"error: layers[{i}].members_index {index!r} is a layer archive, not a member index"
+        ), (command, done.stderr)
+    assert not any((d / t).exists() for t in TARGETS)
