@@ -27,7 +27,8 @@ def _tree(root: Path, prefix: str) -> None:
     (root / "bin" / "tool").write_text(f"#!{prefix}/bin/python3\nimport sys\nHOME = '{prefix}'\n")
     (root / "bin" / "tool").chmod(0o755)
     (root / "lib" / "conf.pc").write_text(f"prefix={prefix}\nlibdir={prefix}/lib\nother={prefix}x/lib\n")
-    (root / "lib" / "data.bin").write_bytes(b"\x01\x02\0" + f"{prefix}/lib/python3.11\0".encode() + b"\xffTAIL\0")
+    # ELF-like (its magic): only a format made of C strings is rewritten in place (audit62 M3)
+    (root / "lib" / "data.bin").write_bytes(b"\x7fELF\0" + f"{prefix}/lib/python3.11\0".encode() + b"\xffTAIL\0")
     (root / "lib" / "plain.txt").write_text("nothing to see\n")
     (root / "lib" / "mod.cpython-311.pyc").write_bytes(b"\x00\x01" + prefix.encode() + b"\0")
     os.symlink("tool", root / "bin" / "tool-link")
@@ -110,7 +111,7 @@ def test_binary_shorter_is_nul_padded_and_longer_is_refused_untouched(tmp_path: 
     data = (root / "lib" / "data.bin").read_bytes()
     assert len(data) == len(before["lib/data.bin"])
     pad = len(old) - len(short)
-    assert data == b"\x01\x02\0" + b"/s/lib/python3.11" + b"\0" * (pad + 1) + b"\xffTAIL\0"
+    assert data == b"\x7fELF\0" + b"/s/lib/python3.11" + b"\0" * (pad + 1) + b"\xffTAIL\0"
 
 
 def test_repeated_relocation_matches_direct_and_uses_the_build_slot(tmp_path: Path) -> None:

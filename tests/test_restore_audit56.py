@@ -102,7 +102,7 @@ def test_a_prefix_string_that_ends_the_file_keeps_its_room_across_relocations(tm
     NULs up to the end of the file; the next relocation must count that padding as room (it needed one NUL more,
     so the room shrank to the string's length and a move to a longer path, far under the prefix, was exit 9)."""
     build = "/opt/" + "p" * 195  # longer than any path the bundle gets here
-    data = b"\0\1" + build.encode() + b"/lib\0\0\0\0" + build.encode()
+    data = b"\x7fELF\0\1" + build.encode() + b"/lib\0\0\0\0" + build.encode()  # ELF: C strings (audit62 M3)
     write_tree(tmp_path / "src" / "rt", {"lib/eof.bin": data})
     (tmp_path / "s.toml").write_text(
         'name = "rel"\nroot = "src"\n[[layer]]\nsource = "rt"\nkind = "runtime"\nname = "rt"\n'
@@ -115,7 +115,7 @@ def test_a_prefix_string_that_ends_the_file_keeps_its_room_across_relocations(tm
     def expected(bundle):
         new = str(bundle / "runtime" / "rt").encode()
         pad = b"\0" * (len(build) - len(new))
-        return b"\0\1" + new + b"/lib" + pad + b"\0\0\0\0" + new + pad
+        return b"\x7fELF\0\1" + new + b"/lib" + pad + b"\0\0\0\0" + new + pad
 
     assert restore_bundle(first, ui=QUIET).extracted == ["runtime/rt"]
     assert (first / "runtime" / "rt" / "lib" / "eof.bin").read_bytes() == expected(first)

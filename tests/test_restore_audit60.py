@@ -138,7 +138,7 @@ def test_verify_refuses_the_layer_targets_restore_refuses(tmp_path, target, line
 def test_the_relocation_refusal_counts_the_build_prefix_in_bytes(tmp_path):
     build = tmp_path / "sé" / "rt"  # one character more in bytes than in characters
     (build / "lib").mkdir(parents=True)
-    (build / "lib" / "b.bin").write_bytes(b"prefix=" + os.fsencode(build) + b"\0")
+    (build / "lib" / "b.bin").write_bytes(b"\x7fELF prefix=" + os.fsencode(build) + b"\0")  # ELF: C strings (M3)
     spec = 'name = "m"\nroot = "sé"\n[[layer]]\nsource = "rt"\nkind = "runtime"\nname = "rt"\nrelocatable = true\n'
     (tmp_path / "spec.toml").write_text(spec)
     assert run_cli("-q", "pack", tmp_path / "spec.toml", "--out", tmp_path / "B").returncode == 0

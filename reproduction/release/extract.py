@@ -200,6 +200,26 @@ def member_count_error(archive: str, declared: int, name: str) -> UnsafeArchiveE
     )
 
 
+def _differs(listed: Member | None, got: Member) -> str:
+    """What the member index lists where the archive holds `got`: its name, or, for the same name, the field that
+    differs with both values (audit62 L6: the same name printed twice did not say what to look at)."""
+    if listed is None:
+        return "no further member"
+    if listed.name != got.name:
+        return repr(listed.raw_name)
+    for name, show in (
+        ("kind", str),
+        ("mode", lambda v: f"{v:o}"),
+        ("size", lambda v: f"{v} bytes"),
+        ("linkname", repr),
+    ):
+        a, b = getattr(listed, name), getattr(got, name)
+        if a != b:
+            label = "link text" if name == "linkname" else name
+            return f"the same name, but its {label} is {show(a)} in the index and {show(b)} in the archive"
+    return repr(listed.raw_name)
+
+
 def extract_stream(
     stream: IO[bytes],
     expected: list[Member],
@@ -235,9 +255,9 @@ def extract_stream(
             if seen >= most or m.key() != expected[seen].key():
                 if members and seen == members:
                     raise member_count_error(archive, members, m.raw_name)
-                listed = repr(expected[seen].raw_name) if seen < len(expected) else "no further member"
                 raise UnsafeArchiveError(
-                    f"{archive}: member {m.raw_name!r} is not what its member index lists next ({listed}): the "
+                    f"{archive}: member {m.raw_name!r} is not what its member index lists next "
+                    f"({_differs(expected[seen] if seen < len(expected) else None, m)}): the "
                     "index and the archive disagree, or the archive changed since it was validated",
                     archive=archive,
                     member=m.raw_name,

@@ -604,7 +604,7 @@ def load_manifest(bundle: Path) -> Manifest:
                 hint="put the bundle's own bundle.json there: fetch or pack the bundle again",
             )
         with fh:
-            text = fh.read().decode("utf-8")
+            data = fh.read()
     except FileNotFoundError:
         raise InputNotFoundError(
             f"{path}: no bundle manifest (bundle.json)",
@@ -615,41 +615,48 @@ def load_manifest(bundle: Path) -> Manifest:
         raise
     except OSError as exc:
         raise os_error(exc, "the bundle manifest", op="read") from None
+    return parse_manifest(data, path=path)
+
+
+def parse_manifest(data: bytes, *, path: Path, hint: str = "fetch or pack the bundle again") -> Manifest:
+    """The manifest in `data` (the bytes of a bundle.json read from `path`), read strictly: UTF-8 without a BOM,
+    no key repeated in one object. Raises InvalidInputError naming `path` (or UnsupportedFormatError) with `hint`
+    as the fix; load_manifest (verify, restore) and fetch (the Hub's copy, before it writes anything: audit62
+    M2) read a manifest the same way, so what one accepts the other never refuses."""
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidInputError(
-            f"{path}: not UTF-8 text",
-            path=path,
-            field="(root)",
-            hint="the manifest is damaged; fetch or pack the bundle again",
+            f"{path}: not UTF-8 text", path=path, field="(root)", hint=f"the manifest is damaged; {hint}"
         ) from None
     try:
-        data = strict_json.loads(text)
+        parsed = strict_json.loads(text)
     except strict_json.RepeatedKeyError as exc:  # the last value silently won: a second "layers" dropped them (A1)
         raise InvalidInputError(
             f"{path}: the key {exc.key!r} occurs {exc.times} times in {exc.where or 'the top level'}; "
             "a manifest that JSON readers would read differently is damaged or hostile",
             path=path,
             field=f"{exc.where}.{exc.key}" if exc.where else exc.key,
-            hint="fetch or pack the bundle again",
+            hint=hint,
         ) from None
     except json.JSONDecodeError as exc:
         raise InvalidInputError(
             f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
             path=path,
             field="(root)",
-            hint="the manifest is damaged; fetch or pack the bundle again",
+            hint=f"the manifest is damaged; {hint}",
         ) from None
     except (ValueError, RecursionError) as exc:  # an integer of more than 4,300 digits; nesting too deep
         raise InvalidInputError(
             f"{path}: not a manifest this portable reads ({str(exc)[:80] or type(exc).__name__})",
             path=path,
             field="(root)",
-            hint="the manifest is damaged or hostile; fetch or pack the bundle again",
+            hint=f"the manifest is damaged or hostile; {hint}",
         ) from None
     try:
-        return Manifest.from_dict(data, path=path)
+        return Manifest.from_dict(parsed, path=path)
     except InvalidInputError as exc:
-        exc.hint = exc.hint or "the manifest is damaged or hostile; fetch or pack the bundle again"
+        exc.hint = exc.hint or f"the manifest is damaged or hostile; {hint}"
         raise
 
 

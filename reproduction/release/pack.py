@@ -36,6 +36,7 @@ from reproduction.release.manifest import (
     PrefixOccurrence,
     has_control,
     has_format,
+    shown_name,
     write_manifest,
 )
 from reproduction.release.safety import check_targets, validate_layers
@@ -154,6 +155,35 @@ def _scan_prefixes(
     return keep(layer), {k: v for k, v in foreign.items() if v}
 
 
+def _warn_unrelocatable(
+    layer: LayerSpec,
+    own: tuple[PrefixOccurrence, ...],
+    foreign: dict[str, tuple[PrefixOccurrence, ...]],
+    ui: UiOptions | None,
+) -> None:
+    """Name the binary files holding a build prefix that restore's relocation will leave as they are (neither ELF
+    nor a static library: a pickle, a zip; release/relocate.py's `cstring_format`, audit62 M3)."""
+    from reproduction.release.relocate import cstring_format
+
+    binary = sorted({o.path for o in (*own, *(o for occ in foreign.values() for o in occ)) if o.mode == "binary"})
+    kept = []
+    for rel in binary:
+        try:
+            with open(layer.source / rel, "rb") as fh:
+                head = fh.read(8)
+        except OSError:
+            continue  # write_layer read it a moment ago; restore names it if it holds the prefix
+        if not cstring_format(head):
+            kept.append(rel)
+    if kept:
+        shown = ", ".join(map(shown_name, kept[:8])) + (f" and {len(kept) - 8} more" if len(kept) > 8 else "")
+        say(
+            f"warning: layer {layer.archive}: {len(kept)} binary file(s) hold a build prefix that restore cannot "
+            f"rewrite (neither ELF nor a static library), so they will keep naming the build folder: {shown}",
+            options=ui,
+        )
+
+
 def created_stamp(newest_mtime: float) -> str:
     """`created` for bundle.json: SOURCE_DATE_EPOCH if set, else `newest_mtime` (ISO-8601 UTC)."""
     epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
@@ -185,6 +215,7 @@ def _pack_layers(spec: BundleSpec, stage: Path, jobs: int, ui: UiOptions | None)
         )
         contents.append((layer.archive, layer.target, content))
         own, foreign = _scan_prefixes(layer, spec)
+        _warn_unrelocatable(layer, own, foreign, ui)
         index = index_path(layer.target)
         write_index(stage / index, content.members)
         entries.append(

@@ -12,6 +12,7 @@ On disk (local state, never published)::
                             "prefix": "/abs/bundle/runtime/python",   # where it now lives
                             "files": {"bin/python3.11": [size, mtime_ns], ...},
                             "links": {"bin/python3": "python3.11", ...}}},
+                        "replacing": {"runtime/python.tar.zst": {...}},   # only while a restore swaps targets
                         "fetch": {"repo": ..., "repo_type": ..., "revision": ..., "commit": ..., "time": ...,
                                   "manifest_sha256": "<sha256 of the bundle.json fetch wrote>"}}
       lock             see reproduction/release/lock.py
@@ -25,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import stat as stat_mod
 import time
 from collections.abc import Iterable
@@ -208,9 +210,14 @@ class Receipt:
     """Restored layers by archive path."""
     fetch: dict[str, str] = field(default_factory=dict)
     """Provenance recorded by `portable fetch`: repo, repo_type, revision, commit, time."""
+    replacing: dict[str, LayerReceipt] = field(default_factory=dict)
+    """Records of the layers a restore was replacing when it stopped (a kill between its receipt save and its
+    last swap): they vouch for nothing, but the files they record that are still as written count as restore's
+    own (release/vouch.py's `own_files`), so the next restore finishes the job (audit62 M1). Empty after a
+    restore that completed."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "bundle_path": self.bundle_path,
@@ -219,6 +226,9 @@ class Receipt:
             "layers": {k: v.to_dict() for k, v in sorted(self.layers.items())},
             "fetch": self.fetch,
         }
+        if self.replacing:  # older versions ignore the key (and, as before, count those files as nobody's)
+            out["replacing"] = {k: v.to_dict() for k, v in sorted(self.replacing.items())}
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Receipt:
@@ -233,11 +243,32 @@ class Receipt:
             plain={str(k): [int(v[0]), int(v[1])] for k, v in data.get("plain", {}).items()},
             layers={str(k): LayerReceipt.from_dict(v) for k, v in data.get("layers", {}).items()},
             fetch={str(k): str(v) for k, v in data.get("fetch", {}).items()},
+            replacing={str(k): LayerReceipt.from_dict(v) for k, v in data.get("replacing", {}).items()},
         )
 
 
 def receipt_path(bundle: Path) -> Path:
     return Path(bundle) / STATE_DIR / RECEIPT_NAME
+
+
+def refuse_receipt_folder(bundle: Path, *, what: str) -> None:
+    """UnsafeArchiveError (exit 6) when `.portable/receipt.json` is a folder: `save_receipt`'s rename cannot replace
+    one, so `what` (a restore) would do all its work and then fail at its last write, every time (audit62 L5). Any
+    other non-file there (a link, a FIFO) is no receipt and is simply replaced."""
+    from reproduction.errors import UnsafeArchiveError
+
+    path = receipt_path(bundle)
+    try:
+        folder = stat_mod.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return
+    if folder:
+        raise UnsafeArchiveError(
+            f"{path} is a folder, where the restore receipt (a file) goes: refusing to {what}",
+            member=str(path),
+            hint=f"remove it (`rm -r {shlex.quote(str(path))}`: the receipt is the tool's own file) and run the "
+            "command again",
+        )
 
 
 def load_receipt(bundle: Path) -> Receipt:

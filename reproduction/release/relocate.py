@@ -13,6 +13,11 @@ Three kinds of occurrence (`PrefixOccurrence.mode`):
   bytes the loader never maps (ELF debug info, .symtab), and, in `FALLBACK_GLOBS` files, a C
   string that is exactly the prefix: CPython's compiled-in PREFIX/EXEC_PREFIX, which getpath only
   uses when it finds no lib/pythonX.Y/os.py above the executable (a relocated tree always has it).
+  Only a file whose format is made of C strings is rewritten so: an ELF file, or an `ar` archive of
+  them (a static library). Any other file holding a NUL byte (a pickle, a zip, a database) may store
+  the prefix's length beside it, which the shift and padding would silently corrupt (audit62 M3): it is
+  never rewritten, keeps the prefix it was built with, and its path goes to `skipped` for the caller to
+  name.
 - ``elf-runpath``: an ELF file whose DT_RUNPATH/DT_RPATH names the prefix. The search path becomes
   `$ORIGIN/<relative>` (right wherever the bundle moves as a whole, so later relocations find no
   prefix in it and leave it alone), or the new absolute path when only that fits the string slot.
@@ -107,6 +112,16 @@ def _iter_files(root: Path, skip: Callable[[str], bool] | None) -> Iterable[tupl
                 continue
             if stat.S_ISREG(os.lstat(full).st_mode):
                 yield base + name, full
+
+
+AR_MAGIC = b"!<arch>\n"
+"""An `ar` archive (a static library `.a`): ELF object files one after the other, each with its size in a header."""
+
+
+def cstring_format(data: bytes | bytearray | mmap.mmap) -> bool:
+    """Whether a file's bytes are a format whose build prefixes live in NUL-terminated C strings that may be
+    rewritten in place (slot kept, NUL-padded): ELF, or an `ar` archive (of ELF objects). See the module doc."""
+    return elf.is_elf(data[:4]) or data[: len(AR_MAGIC)] == AR_MAGIC
 
 
 def _classify(data: bytes | mmap.mmap, prefix: str, pattern: re.Pattern[bytes]) -> str | None:
@@ -345,11 +360,14 @@ def rewrite_bytes(
     problems: list[str],
     notes: list[str],
     fallback: bool = False,
+    skipped: list[str] | None = None,
 ) -> bytes:
     """The relocated bytes of one file (unchanged bytes when it no longer holds `old`).
 
     Appends a message to `problems` for each part that cannot be rewritten, and to `notes` for each
-    part kept as it is because it is harmless (see `_rewrite_cstrings`); pure otherwise.
+    part kept as it is because it is harmless (see `_rewrite_cstrings`); a binary file whose format is
+    not made of C strings (`cstring_format`) is returned unchanged, `rel` appended to `skipped`. Pure
+    otherwise.
     """
     pattern = prefix_pattern(old)
     # Strings kept at an earlier relocation (fallback, debug info) still name the build prefix.
@@ -363,6 +381,10 @@ def rewrite_bytes(
         except RelocationError as exc:
             problems.append(str(exc))
             return data
+    if not cstring_format(data):  # a pickle, a zip: rewriting would shift length-prefixed data (audit62 M3)
+        if skipped is not None:
+            skipped.append(rel)
+        return data
     buf = bytearray(data)
     ctx = _FileCtx(rel=rel, old=old, new=new, build=build, fallback=fallback)
     if elf.is_elf(buf):
@@ -490,6 +512,7 @@ def relocate_tree(
     fallback_globs: Sequence[str] = FALLBACK_GLOBS,
     notes: list[str] | None = None,
     tmp_dir: Path | None = None,
+    skipped: list[str] | None = None,
 ) -> list[str]:
     """Rewrite the listed files below `root` from `old_prefix` to `new_prefix`; returns the paths changed.
 
@@ -504,6 +527,9 @@ def relocate_tree(
     Files matching `fallback_globs` may keep a compiled-in fallback prefix that does not fit; each
     such case is appended to `notes` (when given) for the caller to show. `tmp_dir` (same filesystem as
     `root`, outside it) holds the temp files, so a kill mid-rewrite leaves no stray file in the tree.
+    A listed binary file that is not ELF nor an `ar` archive is left as it is, still holding its prefix,
+    and its path appended to `skipped` (when given) for the caller to name: its strings cannot be
+    rewritten in place without corrupting it (audit62 M3).
     """
     root = Path(root)
     old, new = normalize_prefix(old_prefix, what="old prefix"), normalize_prefix(new_prefix, what="new prefix")
@@ -543,6 +569,7 @@ def relocate_tree(
                 problems=problems,
                 notes=kept,
                 fallback=fallback,
+                skipped=skipped,
             )
             if new_data != data:
                 planned.append((rel, new_data, st))

@@ -25,7 +25,7 @@ from reproduction.release import extract_child
 from reproduction.release import layers as layer_io
 from reproduction.release.lock import bundle_lock
 from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, LayerEntry, Manifest, has_control, load_manifest
-from reproduction.release.receipt import LayerReceipt, Receipt, load_receipt, save_receipt
+from reproduction.release.receipt import LayerReceipt, Receipt, load_receipt, refuse_receipt_folder, save_receipt
 from reproduction.release.restore_plan import Group, few, has_prefixes, plan, refuse_losing_files
 from reproduction.release.safety import check_targets, validate_layers
 from reproduction.release.swap import preflight, swap_back, swap_into_place
@@ -62,6 +62,9 @@ class RestoreReport:
     """Source target -> locally edited files kept (no --refresh-source)."""
     relocation_notes: list[str] = field(default_factory=list)
     """Strings relocation left at the build prefix because the new one is longer (harmless ones only)."""
+    relocation_skipped: list[str] = field(default_factory=list)
+    """Files (target/path) holding a build prefix that relocation left as they are: binary, but not ELF nor an `ar`
+    archive (a pickle, a zip), so the prefix cannot be rewritten in place without corrupting them (audit62 M3)."""
     extras: list[str] = field(default_factory=list)
     """Files the bundle does not list, outside every layer target: left alone, named in the summary."""
     seconds: float = 0.0
@@ -87,6 +90,13 @@ class RestoreReport:
             lines.append(
                 f"warning: left alone {len(self.extras)} file(s) bundle.json does not list: {few(self.extras)} "
                 f"(`portable verify` reports them as extra; keep runs outside the bundle or under its runs/ folder)"
+            )
+        if self.relocation_skipped:
+            lines.append(
+                f"warning: relocation left {len(self.relocation_skipped)} binary file(s) as they were, still naming "
+                f"the folder they were built in: {few(self.relocation_skipped)} (neither ELF nor a static library, so "
+                "the path in them cannot be rewritten in place without corrupting them; rebuild them where they now "
+                "are, or pack the layer without them)"
             )
         if self.relocation_notes:
             lines.append(
@@ -124,7 +134,12 @@ kill between the two leaves nothing inside a restored tree that bundle.json and 
 
 
 def _relocate(
-    bundle: Path, manifest: Manifest, layer: LayerEntry, old_bundle: Path | None, notes: list[str], known: set[str]
+    bundle: Path,
+    manifest: Manifest,
+    layer: LayerEntry,
+    old_bundle: Path | None,
+    report: RestoreReport,
+    known: set[str],
 ) -> list[str]:
     """Rewrite `layer`'s own and foreign prefix occurrences for where the bundle now is.
 
@@ -132,8 +147,9 @@ def _relocate(
     build prefixes are what the files hold). `known` is the regular files the target's layers
     wrote (from the extraction or the receipt): an occurrence naming anything else (a symlink, a
     path through one, a file restore never wrote) is refused, InvalidInputError (4), before any
-    file is touched. Returns the changed paths (relative to the target); appends to `notes` the
-    harmless strings that kept a build prefix because the new one is longer.
+    file is touched. Returns the changed paths (relative to the target); appends to the report's
+    `relocation_notes` the harmless strings that kept a build prefix because the new one is longer, and to
+    its `relocation_skipped` the binary files relocation cannot rewrite safely (left as they are).
     """
     if not has_prefixes(layer):
         return []
@@ -142,6 +158,7 @@ def _relocate(
     root = bundle / layer.target
     by_archive = {x.archive: x for x in manifest.layers}
     changed: list[str] = []
+    skipped: list[str] = []
     jobs = [(layer, layer.prefix_files)] if layer.prefix_files and layer.build_prefix else []
     jobs += [
         (by_archive[a], occ) for a, occ in sorted(layer.foreign_prefix_files.items()) if by_archive[a].build_prefix
@@ -162,9 +179,13 @@ def _relocate(
             old,
             str(bundle / owner.target),
             build_prefix=owner.build_prefix,
-            notes=notes,
+            notes=report.relocation_notes,
             tmp_dir=bundle / STATE_DIR / RELOC_TMP,  # a kill mid-rewrite leaves its temp here, not in the tree
+            skipped=skipped,
         )
+    for rel in dict.fromkeys(skipped):  # a file holding the layer's own and a foreign prefix is named once
+        if f"{layer.target}/{rel}" not in report.relocation_skipped:
+            report.relocation_skipped.append(f"{layer.target}/{rel}")
     return sorted(set(changed))
 
 
@@ -400,12 +421,14 @@ def _finish(
 ) -> None:
     """Swap extracted targets into place, relocate, and record everything in the receipt.
 
-    Before the first swap the receipt stops vouching for the targets being replaced (saved to disk);
-    a failure after that (a swap, RelocationError, a full disk at the final receipt write) swaps the
-    old trees back and re-saves the old receipt, so the previous state is kept. The one exception is
-    a `relocate`-only target (the bundle moved): its files are rewritten in place, so after a failure
-    the receipt no longer matches their stat and the next restore sees them as changed (a runtime
-    target is extracted again; a source target reports them as locally edited, never overwritten).
+    Before the first swap the receipt stops vouching for the targets being replaced (saved to disk, their
+    records moved to `replacing`, so that after a kill before every swap is done the next restore still knows
+    the old trees' files as its own and finishes the job: audit62 M1); a failure after that (a swap,
+    RelocationError, a full disk at the final receipt write) swaps the old trees back and re-saves the old
+    receipt, so the previous state is kept. The one exception is a `relocate`-only target (the bundle moved):
+    its files are rewritten in place, so after a failure the receipt no longer matches their stat and the next
+    restore sees them as changed (a runtime target is extracted again; a source target reports them as locally
+    edited, never overwritten).
     """
     state = bundle / STATE_DIR
     trash = state / "trash"
@@ -416,7 +439,11 @@ def _finish(
     if staged:
         for g in staged:
             for layer in g.layers:
-                receipt.layers.pop(layer.archive, None)  # until swapped and recorded, vouch for nothing there
+                # Until swapped and recorded, vouch for nothing there; but a kill before the swap leaves the old tree,
+                # whose files are still restore's own: kept as `replacing`, the next restore finishes (audit62 M1).
+                rec = receipt.layers.pop(layer.archive, None)
+                if rec is not None:
+                    receipt.replacing[layer.archive] = rec
         save_receipt(bundle, receipt)
     swapped: list[int] = []
     try:
@@ -429,12 +456,12 @@ def _finish(
                 if g.action == "extract":
                     rec = recs[g.target][layer.archive]
                     known = {p for r in recs[g.target].values() for p in r.files}
-                    _restat(root, rec, _relocate(bundle, manifest, layer, None, report.relocation_notes, known))
+                    _restat(root, rec, _relocate(bundle, manifest, layer, None, report, known))
                 else:
                     rec = receipt.layers[layer.archive]
                     if g.action == "relocate":
                         known = {p for x in g.layers for p in receipt.layers[x.archive].files}
-                        changed = _relocate(bundle, manifest, layer, _old_bundle(rec), report.relocation_notes, known)
+                        changed = _relocate(bundle, manifest, layer, _old_bundle(rec), report, known)
                         _restat(root, rec, changed)
                     rec.prefix = str(root)
                 receipt.layers[layer.archive] = rec
@@ -445,9 +472,11 @@ def _finish(
         if (
             report.extracted
             or report.relocated
+            or receipt.replacing
             or (receipt.bundle_path, receipt.manifest_sha256, receipt.plain) != (str(bundle), manifest_sha, plain)
         ):
             receipt.bundle_path, receipt.manifest_sha256, receipt.plain = str(bundle), manifest_sha, plain
+            receipt.replacing = {}  # every target is now recorded in `layers` (or was never the bundle's)
             save_receipt(bundle, receipt)
     except BaseException:
         stuck = [
@@ -510,6 +539,7 @@ def restore_bundle(
     report = RestoreReport(bundle=bundle)
     with bundle_lock(bundle, what="restore", wait_s=wait_s):
         _cleanup_state(bundle, strict=True)
+        refuse_receipt_folder(bundle, what="restore")  # before any work, not at the last write (audit62 L5)
         receipt = load_receipt(bundle)
         manifest_sha = sha256_file(bundle / MANIFEST_NAME)
         groups = plan(bundle, manifest, receipt, deep=deep, refresh_source=refresh_source)

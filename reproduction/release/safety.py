@@ -48,7 +48,8 @@ class UnionView:
 
 
 def check_targets(manifest: Manifest, *, packing: bool = False) -> None:
-    """Layer targets are equal (an overlay) or disjoint, and never hold a plain file, the runner or `runs/`.
+    """Layer targets are equal (an overlay) or disjoint, and never hold a plain file, the runner or `runs/`; a member
+    index is never a layer archive.
 
     Raises InvalidInputError naming the layer field at fault. pack, restore and verify all ask here, so verify never
     calls "all match" what restore refuses (audit60 A6); `packing` words the hint for the one who chose the targets,
@@ -58,8 +59,15 @@ def check_targets(manifest: Manifest, *, packing: bool = False) -> None:
     plain = [e.path for e in manifest.files]
     reserved = (MANIFEST_NAME, STATE_DIR, "reproduction", RUNS_DIR)  # runs/: the user's run outputs (audit F4)
     targets = sorted({layer.target for layer in manifest.layers})
+    archives = {layer.archive for layer in manifest.layers}
     for i, layer in enumerate(manifest.layers):
         t = layer.target
+        if layer.members_index and layer.members_index in archives:  # restore cannot read it (audit62 L7)
+            raise InvalidInputError(
+                f"layers[{i}].members_index {layer.members_index!r} is a layer archive, not a member index",
+                field=f"layers[{i}].members_index",
+                hint="the manifest is damaged; pack the bundle again" if packing else received,
+            )
         if t.split("/")[0] in reserved:
             raise InvalidInputError(
                 f"layers[{i}].target {t!r} would overwrite {t.split('/')[0]}",

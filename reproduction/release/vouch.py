@@ -72,13 +72,15 @@ def own_files(root: Path, receipt: Receipt, target: str, *, source: bool) -> set
     wrote them, for a target the receipt does not vouch for as the new layers' tree (the bundle's file
     list changed: a newer bundle fetched into the same folder, audit58 A2).
 
-    Records that name another target count for nothing (F5). A file counts when its size and mtime
+    Records that name another target count for nothing (F5); those a killed restore left `replacing` count
+    like the others (the target may still hold their tree: audit62 M1). A file counts when its size and mtime
     are as recorded and, in a `source` target, its bytes hash to the recorded digest (a file with no
     digest recorded, or one it cannot read, does not count); a link when its text is. Nothing below a
     recorded folder that is no longer a real folder counts (audit45 F1). These may be replaced or removed
     like any file restore wrote; anything else at `root` is still named by `lost_files`.
     """
-    recs = [r for r in receipt.layers.values() if r.target == target and r.prefix.endswith("/" + target)]
+    every = [*receipt.layers.values(), *receipt.replacing.values()]  # a killed restore's old records too (audit62 M1)
+    recs = [r for r in every if r.target == target and r.prefix.endswith("/" + target)]
     recorded = {p for r in recs for p in r.files.keys() | r.links.keys()}
     if not recorded or not os.path.isdir(root) or os.path.islink(root):
         return set()
