@@ -385,7 +385,10 @@ def preflight(
         problem = reference_overlap_problem(reference, list(config.eval.tasks), labels)
         problems += [problem] if problem is not None else []
     if "eval" in (stages or []):
+        from reproduction.recipes.recap.eval_world import eval_world_problems
+
         problems += libero_problems(config.eval.tasks)
+        problems += eval_world_problems(config, read, stages)  # audit62 H1: found now, not after training
     problems += [ConfigError(p, field="min_free_gb") for p in disk_problems(run_dir, config.min_free_gb)]
     return problems
 
