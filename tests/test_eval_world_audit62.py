@@ -61,7 +61,7 @@ def test_a_state_fetch_does_not_give_is_refused_in_preflight_naming_dataset_widt
         "where Fetch gives 14 (observation.state 11 + observation.goal 3), so the Fetch tasks of eval.tasks "
         "(FetchPickAndPlace-v4) could not run it"
     )
-    assert p.hint.startswith("evaluate in a world whose state and action the data match, or " + ONLY_TRAIN)
+    assert p.hint.startswith("use tasks of a world whose state and action the data match, or " + ONLY_TRAIN)
     # not refused when the run leaves eval out, as the hint says
     assert _problems(tmp_path, d, stages=["returns", "value", "advantages", "policy"]) == []
 
@@ -80,7 +80,7 @@ def test_data_of_the_other_world_names_it_in_the_hint(tmp_path):
     lib = _dataset(tmp_path / "lib", state=8, action=7)
     (p,) = _problems(tmp_path, lib)
     assert "a 7-dim action where Fetch takes 4" in p.message
-    assert p.hint.startswith("evaluate it in LIBERO, whose widths the data have (eval.tasks=[libero_10/0]")
+    assert p.hint.startswith("use LIBERO tasks, whose widths the data have (eval.tasks=[libero_10/0]")
     fetch = _dataset(tmp_path / "fetch", state=11, action=4, goal=3)
     assert _problems(tmp_path, fetch) == []  # the simulator's own widths: fine
     (q,) = [p for p in _problems(tmp_path, fetch, "eval.tasks=[libero_10/0]")]
@@ -89,7 +89,7 @@ def test_data_of_the_other_world_names_it_in_the_hint(tmp_path):
         "+ observation.goal 3) where LIBERO gives 8 (observation.state 8); and on a 4-dim action where LIBERO takes "
         "7, so the LIBERO tasks of eval.tasks (libero_10/0) could not run it"
     )
-    assert q.hint.startswith("evaluate it in Fetch, whose widths the data have (eval.tasks=[FetchPickAndPlace-v4])")
+    assert q.hint.startswith("use Fetch tasks, whose widths the data have (eval.tasks=[FetchPickAndPlace-v4])")
 
 
 def test_a_dataset_the_policy_does_not_read_is_not_asked(tmp_path):
@@ -115,7 +115,7 @@ def test_portable_run_refuses_it_with_exit_4_before_anything_is_written(tmp_path
     assert proc.returncode == 4, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert lines[0].startswith("error: eval.tasks: datasets[0].path (robot) would train the policy on a state of 5")
-    assert lines[1].startswith("hint: evaluate in a world") and "--stages returns,value,advantages,policy" in lines[1]
+    assert lines[1].startswith("hint: use tasks of a world") and "--stages returns,value,advantages,policy" in lines[1]
     assert "Traceback" not in proc.stderr and not out.exists()
 
 
@@ -187,3 +187,31 @@ def test_the_policy_call_itself_raises_a_sim_error_not_a_bare_value_error():
     policy.meta = {"state_keys": ["observation.state"], "state_dims": [0, 20]}
     with pytest.raises(SimError, match="picks state index 20"):
         GuidedPolicy._state(policy, obs)
+
+
+# -- GRPO: the SFT demonstrations against the worlds of rl.tasks and eval.tasks --------------------------------
+
+
+def test_grpo_preflight_refuses_sft_data_the_rollout_world_cannot_serve(tmp_path):
+    from reproduction.recipes.grpo.config import GrpoRunConfig
+    from reproduction.recipes.grpo.preflight import preflight
+    from reproduction.run.config import load_config as load_run_config
+
+    config = REPO / "bundle" / "grpo" / "config.yaml"
+    d = _dataset(tmp_path / "robot", state=5, action=4)
+    cfg = load_run_config(
+        [config], [f"sft.datasets=[{{path: {d}}}]"], bundle=tmp_path, run_dir=tmp_path / "run", schema=GrpoRunConfig
+    )
+
+    def found(stages):
+        return [p for p in preflight(cfg, tmp_path / "run", {}, stages) if "tasks" in str(p.field)]
+
+    (p,) = found(["sft", "rl", "eval", "compare"])  # one problem per dataset: the rollouts' world first
+    assert (type(p), p.exit_code, p.field) == (ConfigError, 4, "rl.tasks")
+    assert [q.field for q in found(["sft", "eval"])] == ["eval.tasks"]
+    assert found(["sft"]) == []
+    assert p.message.startswith(
+        "rl.tasks: sft.datasets[0].path (robot) would train the policy on a state of 5 values (observation.state 5) "
+        "where Fetch gives 14 (observation.state 11 + observation.goal 3), so the Fetch tasks of rl.tasks ("
+    )
+    assert "give SFT demonstrations with the state and action of that world" in p.hint

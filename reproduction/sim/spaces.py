@@ -2,7 +2,9 @@
 
     fetch_world()                  the Fetch simulator: observation.state (STATE_NAMES) + observation.goal, 4-dim action
     libero_world(cameras=...)      LIBERO: observation.state (8), observation.object_state without cameras, 7-dim action
+    dataset_shape(info features)   the PolicyShape a policy trained on a dataset has (its meta/info.json alone)
     misfits(world, PolicyShape)    what a policy's state and action need that the world does not give, one phrase each
+    world_problem(...)             the preflights' ConfigError for a dataset a world cannot serve
 
 A policy's state is built at evaluation as the export builds it (recap/policy/export.py `_state`): its state_keys
 concatenated, or observation.state ++ observation.goal where the observation has a goal, then its state_dims
@@ -12,8 +14,10 @@ the Fetch eval stage from an export's policy.json (audit62 H1, M1).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 STATE_NAMES = [
     "grip_x",
@@ -88,6 +92,36 @@ class PolicyShape:
         return f"{self.state_width} values" + (f" ({parts}{picked})" if parts else "")
 
 
+def _width(shape: Any) -> int | None:
+    """Components of a feature of meta/info.json shape `shape` (None: no list of whole numbers)."""
+    if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
+        return None
+    return math.prod(shape)
+
+
+def dataset_shape(
+    features: dict[str, Any], *, state_keys: Sequence[str] = (), state_dims: Sequence[int] | None = None
+) -> PolicyShape | None:
+    """The PolicyShape a policy trained on a dataset of meta/info.json `features` has (its state_keys, or
+    observation.state ++ observation.goal where the dataset has a goal; state_dims picked), None when a feature it
+    reads is missing or of an unreadable shape (other checks name those)."""
+    keys = list(state_keys) or [STATE_KEY] + ([GOAL_KEY] if GOAL_KEY in features else [])
+    if any(k not in features for k in [*keys, "action"]):
+        return None
+    widths = {k: _width(features[k].get("shape") or [1]) for k in keys}
+    action = _width(features["action"].get("shape") or [1])
+    if None in widths.values() or action is None:
+        return None
+    dims = tuple(state_dims) if state_dims is not None else None
+    return PolicyShape(
+        state_width=len(dims) if dims is not None else sum(w or 0 for w in widths.values()),
+        action_dim=action,
+        state_keys=tuple(state_keys),
+        state_dims=dims,
+        built_from={k: w or 0 for k, w in widths.items()},
+    )
+
+
 def misfits(world: World, policy: PolicyShape) -> list[str]:
     """One phrase per way `policy` cannot run in `world` (empty: it can, as far as widths tell): a state feature
     the world does not observe, a state width other than the world's, a state_dims index past the world's state,
@@ -114,3 +148,27 @@ def misfits(world: World, policy: PolicyShape) -> list[str]:
     if policy.action_dim is not None and policy.action_dim != world.action_dim:
         out.append(f"a {policy.action_dim}-dim action where {world.name} takes {world.action_dim}")
     return out
+
+
+def world_problem(
+    shape: PolicyShape | None, world: World, other: World, *, where: str, key: str, tasks: list[str]
+) -> Any:
+    """The ConfigError (exit 4, field `key`) for a dataset (`where`) of PolicyShape `shape` whose state or action
+    `world` (the world of `key`'s `tasks`) cannot give the policy, or None; its hint names `other` world where the
+    data fit it, and ends in "or" for the caller's way out. RECAP's and GRPO's preflights use it."""
+    from reproduction.errors import ConfigError
+
+    wrong = misfits(world, shape) if shape is not None else []
+    if not wrong:
+        return None
+    if not misfits(other, shape):
+        instead = f"{key}=[FetchPickAndPlace-v4]" if other.name == "Fetch" else f"{key}=[libero_10/0]; docs/libero.md"
+        way = f"use {other.name} tasks, whose widths the data have ({instead}), or"
+    else:
+        way = "use tasks of a world whose state and action the data match, or"
+    return ConfigError(
+        f"{key}: {where} would train the policy on {'; and on '.join(wrong)}, so the {world.name} tasks of {key} "
+        f"({', '.join(tasks)}) could not run it",
+        field=key,
+        hint=way,
+    )
