@@ -309,8 +309,14 @@ def preflight(
             continue
         path = Path(entry.path)
         if path.name in names:
-            problems.append(
-                ConfigError(f"{key}.path: folder name {path.name!r} is also {names[path.name]}'s", field=key)
+            problems.append(  # audit62 L3: the generic "fix it" hint said neither why nor how
+                ConfigError(
+                    f"{key}.path: folder name {path.name!r} is also {names[path.name]}'s; the run keys each dataset's "
+                    "sidecars, values and metrics by its folder name",
+                    field=key,
+                    hint=f"rename or copy one of the two dataset folders (e.g. {path.parent.name}_{path.name}) and "
+                    "point its path at the new name",
+                )
             )
             clashed.add(key)
         names[path.name] = key
