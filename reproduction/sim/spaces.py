@@ -14,7 +14,6 @@ the Fetch eval stage from an export's policy.json (audit62 H1, M1).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,24 +91,19 @@ class PolicyShape:
         return f"{self.state_width} values" + (f" ({parts}{picked})" if parts else "")
 
 
-def _width(shape: Any) -> int | None:
-    """Components of a feature of meta/info.json shape `shape` (None: no list of whole numbers)."""
-    if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
-        return None
-    return math.prod(shape)
-
-
 def dataset_shape(
     features: dict[str, Any], *, state_keys: Sequence[str] = (), state_dims: Sequence[int] | None = None
 ) -> PolicyShape | None:
     """The PolicyShape a policy trained on a dataset of meta/info.json `features` has (its state_keys, or
     observation.state ++ observation.goal where the dataset has a goal; state_dims picked), None when a feature it
     reads is missing or of an unreadable shape (other checks name those)."""
+    from reproduction.data.info import feature_width
+
     keys = list(state_keys) or [STATE_KEY] + ([GOAL_KEY] if GOAL_KEY in features else [])
     if any(k not in features for k in [*keys, "action"]):
         return None
-    widths = {k: _width(features[k].get("shape") or [1]) for k in keys}
-    action = _width(features["action"].get("shape") or [1])
+    widths = {k: feature_width(features[k].get("shape") or [1]) for k in keys}
+    action = feature_width(features["action"].get("shape") or [1])
     if None in widths.values() or action is None:
         return None
     dims = tuple(state_dims) if state_dims is not None else None

@@ -12,11 +12,11 @@ calls the stage's library function; none parses arguments or renders errors.
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reproduction.data.info import feature_width
 from reproduction.recap.policy import TRAINING_MODULES
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
 
@@ -404,16 +404,13 @@ NO_CAMERA_KEY = "observation.images.none"
 on purpose (the demo's configs), so the unknown-camera check lets it through."""
 
 
+_width = feature_width
+"""Components of a feature of info.json shape `shape`; None for a shape that is no list of whole numbers (the
+reader names that one; these checks only compare widths they can read)."""
+
+
 def _numeric(dtype: str) -> bool:
     return dtype == "bool" or dtype.startswith(("float", "int", "uint"))
-
-
-def _width(shape: Any) -> int | None:
-    """Components of a feature of info.json shape `shape`; None for a shape that is no list of whole numbers (the
-    reader names that one; this check only compares widths it can read)."""
-    if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
-        return None
-    return math.prod(shape)
 
 
 def feature_problems(config: Any, read: list[tuple[str, Any, Any]], stages: list[str] | None) -> list[Any]:
