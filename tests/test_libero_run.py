@@ -378,7 +378,7 @@ def test_fetch_ids_still_go_to_the_fetch_simulator(tmp_path, monkeypatch):
 
     monkeypatch.setattr(fetch_eval, "evaluate_many", fake_many)
     run = tmp_path / "run"
-    exports = {"bc": (_export(run / "policy" / "bc" / "export", state=13, action=4), 7)}
+    exports = {"bc": (_export(run / "policy" / "bc" / "export", state=14, action=4), 7)}  # Fetch: 11 + goal 3
     cfg = load_config(overrides=["eval.tasks=[FetchPush-v4]", "eval.episodes_per_task=2", "policy.modes=[bc]"])
     never = _FakeProtocol([])
     out = evaluate_exports(cfg, exports, run / "eval", run, evaluate_libero=never)

@@ -96,6 +96,14 @@ class DatasetInfo:
         return dict(self.raw)
 
 
+def feature_width(shape: Any) -> int | None:
+    """Components of a feature of meta/info.json shape `shape`: [11] -> 11, [2, 3] -> 6; None for a shape that is no
+    list of whole numbers (the reader names that one; width checks compare only widths they can read)."""
+    if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
+        return None
+    return math.prod(shape)
+
+
 def load_info(root: Path) -> DatasetInfo:
     """Read and check `<root>/meta/info.json`; raises InputNotFoundError / UnsupportedFormatError."""
     path = Path(root) / INFO_PATH

@@ -10,6 +10,7 @@ Public API (stable; other stages build on it)::
     ds.episodes                             # pyarrow.Table: episode_index, length (+ v3.0 file pointers)
     ds.frame_table(columns=None)            # pyarrow.Table of per-frame key columns, all files, in row order
     ds.file_of_row(row)                     # the data file holding a row (to name it in an error)
+    ds.check_key_column(column)             # a key column only some data files have: the first lacking one named
     ds.iter_file_batches(columns=None)      # the same in batches of whole files, ~1M rows each (bounded
                                             # memory; each file read once, in parallel, and digested for
                                             # the fingerprint on the way), with each file's row count
@@ -137,6 +138,27 @@ class Dataset:
     def name(self) -> str:
         return self.root.name
 
+    def check_key_column(self, column: str) -> None:
+        """DatasetError (exit 40) naming the first data file without `column` when another data file has it:
+        key_columns are read off the first file's schema, so a column missing from that file alone read as "the
+        dataset has none" (audit62 L4). Reads the other files' schemas (footers) only when the first lacks it."""
+        if column in self._schema_names or len(self.data_files) < 2:
+            return
+        having = [
+            f for f, names in zip(self.data_files, ordered_map(read_schema_names, self.data_files)) if column in names
+        ]
+        if having:
+            lacking = [f for f in self.data_files if f not in set(having)]
+            verb = "lacks" if len(lacking) == 1 else "lack"
+            raise DatasetError(
+                f"{lacking[0]}: no column {column}, which {len(having)} of the dataset's {len(self.data_files)} data "
+                f"files have (e.g. {having[0].relative_to(self.root)}); {len(lacking)} {verb} it",
+                path=lacking[0],
+                field=column,
+                hint="every data file of a dataset has the same columns: export or convert the dataset again, or add "
+                f"{column} to the files that lack it",
+            )
+
     def check_counts(self, episode_ids: np.ndarray, frames_per_episode: np.ndarray) -> None:
         """DatasetError (exit 40) when the frames the data files hold (each episode's id and frame count, as a
         full read found them) disagree with the dataset's own header: meta/info.json's total_frames and
@@ -163,9 +185,16 @@ class Dataset:
             shown = ", ".join(str(int(e)) for e in missing[:5]) + (" ..." if missing.size > 5 else "")
             problems.append(f"the data files hold {missing.size} episode(s) the episode table lacks ({shown})")
         absent = np.setdiff1d(table_ids, episode_ids)
+        empty = absent[lengths[np.searchsorted(table_ids, absent)] == 0]  # the header says so too (audit62 L5)
+        absent = np.setdiff1d(absent, empty)
         if absent.size:
             shown = ", ".join(str(int(e)) for e in absent[:5]) + (" ..." if absent.size > 5 else "")
             problems.append(f"the episode table lists {absent.size} episode(s) with no frames in the data ({shown})")
+        zero = ""
+        if empty.size:
+            shown = ", ".join(str(int(e)) for e in empty[:5]) + (" ..." if empty.size > 5 else "")
+            zero = f"the episode table lists {empty.size} episode(s) of length 0 ({shown})"
+            problems.append(zero)
         common, at_data, at_table = np.intersect1d(episode_ids, table_ids, return_indices=True)
         wrong = frames_per_episode[at_data] != lengths[at_table]
         if wrong.any():
@@ -174,6 +203,13 @@ class Dataset:
                 f"{int(wrong.sum())} episode(s) of another length in the data than in the episode table (episode "
                 f"{int(common[k])}: {int(frames_per_episode[at_data][k])} frames, the table says "
                 f"{int(lengths[at_table][k])})"
+            )
+        if problems == [zero]:  # header and data agree (no frames either side): a converter's or a hand-made dataset
+            raise DatasetError(
+                f"{where}: {zero}: an episode needs at least one frame (lerobot does not write an empty one)",
+                path=where,
+                hint="remove those episodes from the episode table (and count them out of info.json's "
+                "total_episodes), or convert the dataset again without them",
             )
         if problems:
             raise DatasetError(

@@ -521,6 +521,8 @@ def compute_returns(
     results = []
     for i, ds in enumerate(opened):
         cfg = ReturnsConfig(**{**asdict(config), "dataset_type": types[i] if types else config.dataset_type})
+        if cfg.dataset_type == "rollout" and hasattr(ds, "check_key_column"):
+            ds.check_key_column("is_success")  # missing from some files only: they are named (audit62 L4)
         cols = [c for c in ("episode_index", "frame_index", "task_index", "is_success") if c in ds.key_columns]
         kept: dict[str, list[np.ndarray]] = {"return": [], "reward": []}
         episodes: list[tuple[np.ndarray, np.ndarray]] = []  # (ids, frames) per chunk: no episode spans two

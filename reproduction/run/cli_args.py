@@ -105,7 +105,11 @@ def add_compare_arguments(p: Any) -> None:
 def add_demo_arguments(p: Any) -> None:
     """The flags of `portable demo`."""
     p.add_argument(
-        "--output", default=None, metavar="DIR", help="where to build (default ./runs/demo; grpo: ./runs/demo-grpo)"
+        "--output",
+        default=None,
+        metavar="DIR",
+        help="where to build (default ./runs/demo, --quick ./runs/demo-quick; --recipe grpo: ./runs/demo-grpo, "
+        "./runs/demo-grpo-quick; --world libero: ./runs/demo-libero, ./runs/demo-libero-quick)",
     )
     p.add_argument("--workdir", default=None, metavar="DIR", help="the same as --output (its older name)")
     p.add_argument(

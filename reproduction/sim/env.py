@@ -23,27 +23,13 @@ import mujoco
 import numpy as np
 
 from reproduction.errors import SimError
+from reproduction.sim.spaces import ACTION_DIM, STATE_NAMES
 from reproduction.sim.tasks import TaskSpec, get_task
 
 CAMERAS = ("agentview", "wrist")
 """The cameras the simulator can render, in feature order."""
-STATE_NAMES = [
-    "grip_x",
-    "grip_y",
-    "grip_z",
-    "finger_r",
-    "finger_l",
-    "cube_x",
-    "cube_y",
-    "cube_z",
-    "cube_rel_x",
-    "cube_rel_y",
-    "cube_rel_z",
-]
-"""The named entries of `observation.state`."""
 STATE_DIM = len(STATE_NAMES)
-ACTION_DIM = 4
-"""(dx, dy, dz, gripper), each in [-1, 1]; dx..dz move the gripper target by up to 5 cm."""
+"""The width of `observation.state` (STATE_NAMES, kept in spaces.py, which preflights import without mujoco)."""
 STEP_SECONDS = 0.04
 """Simulated time per step (20 substeps of 2 ms): datasets are written at 25 fps."""
 FPS = 25

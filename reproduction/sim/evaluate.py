@@ -140,37 +140,73 @@ class EvalResult:
         }
 
 
+def export_shape(meta: dict[str, Any]) -> Any:
+    """The PolicyShape (sim/spaces.py) of a policy export from its policy.json (`meta`): state and action widths from
+    its normalisation stats (None where it records none: a hand-made export says nothing of them), its state_keys
+    and state_dims."""
+    from reproduction.sim.spaces import PolicyShape
+
+    stats = meta.get("stats") or {}
+    dims = meta.get("state_dims")
+    return PolicyShape(
+        state_width=len(stats["state_mean"]) if stats.get("state_mean") else None,
+        action_dim=len(stats["action_mean"]) if stats.get("action_mean") else None,
+        state_keys=tuple(meta.get("state_keys") or ()),
+        state_dims=tuple(dims) if dims is not None else None,
+    )
+
+
 def check_export_for_fetch(meta: dict[str, Any], *, name: str, tasks: Sequence[str]) -> None:
     """Return when a policy export (its policy.json, `meta`) can run on the Fetch `tasks`; else a one-line
-    ConfigError (exit 4, field eval.tasks) that says first that the policy was trained for LIBERO: a 7-dim
-    action, LIBERO's camera keys or its object state, with the tasks it was trained on. Without this the camera
-    check spoke first, naming camera keys where the mistake is the task list (audit51 H7). A 4-dim export
-    passes (its cameras are then camera_names' to check)."""
+    ConfigError (exit 4, field eval.tasks) before any env is built. An export that fits LIBERO (its widths,
+    LIBERO's camera keys or its object state) is named as trained for LIBERO, with the tasks it was trained on:
+    without this the camera check spoke first, naming camera keys where the mistake is the task list (audit51 H7).
+    Any other misfit (a state or action width neither world has, e.g. real-robot data) is stated as it is, with
+    what Fetch and LIBERO take, not as LIBERO's (audit62 M1); its state width was first found inside the policy
+    call, a bare ValueError, exit 1 (audit62 H1). A fitting export passes (its cameras are then camera_names'
+    to check)."""
     from reproduction.sim.cameras import LIBERO_IMAGE_KEYS
-    from reproduction.sim.env import ACTION_DIM as fetch_action_dim
     from reproduction.sim.libero.protocol import OBJECT_STATE_KEY
+    from reproduction.sim.spaces import fetch_world, libero_world, misfits
 
-    # an export that records no action statistics says nothing of its action size (a hand-made one): only a
-    # recorded size other than Fetch's is a sign
-    action_dim = len((meta.get("stats") or {}).get("action_mean") or ())
-    signs = (
-        [f"{action_dim}-dim action (Fetch takes {fetch_action_dim})"] if action_dim not in (0, fetch_action_dim) else []
-    )
+    shape = export_shape(meta)
+    wrong = misfits(fetch_world(), shape)
     cams = [k for k in dict(meta.get("cameras") or {}).values() if k in LIBERO_IMAGE_KEYS]
-    if cams:
-        signs.append(f"LIBERO's cameras {', '.join(cams)}")
-    if OBJECT_STATE_KEY in (meta.get("state_keys") or ()):
-        signs.append(f"LIBERO's {OBJECT_STATE_KEY}")
-    if not signs:
+    libero_signs = ([f"LIBERO's cameras {', '.join(cams)}"] if cams else []) + (
+        [f"LIBERO's {OBJECT_STATE_KEY}"] if OBJECT_STATE_KEY in shape.state_keys else []
+    )
+    if not wrong and not libero_signs:
         return
-    trained = meta.get("tasks") or []
-    on = f" on {', '.join(map(repr, trained[:3]))}{' ...' if len(trained) > 3 else ''}" if trained else ""
+    fits_libero = not misfits(libero_world(cameras=not shape.state_keys or bool(cams)), shape)
+    if fits_libero and (libero_signs or shape.action_dim is not None):
+        fetch_action = fetch_world().action_dim
+        signs = (
+            [f"{shape.action_dim}-dim action (Fetch takes {fetch_action})"]
+            if shape.action_dim
+            not in (
+                None,
+                fetch_action,
+            )
+            else []
+        )
+        trained = meta.get("tasks") or []
+        on = f" on {', '.join(map(repr, trained[:3]))}{' ...' if len(trained) > 3 else ''}" if trained else ""
+        raise ConfigError(
+            f"{name} was trained for LIBERO{on} ({'; '.join(signs + libero_signs)}), but eval.tasks names Fetch "
+            f"tasks ({', '.join(tasks)})",
+            field="eval.tasks",
+            hint="evaluate it on the LIBERO task it was trained on (e.g. eval.tasks=[libero_10/0]; docs/libero.md), "
+            "or give a Fetch-trained export for Fetch tasks",
+        )
+    libero = libero_world()
+    also = f" (LIBERO takes a {libero.action_dim}-dim action and observes {libero.describe()})"
     raise ConfigError(
-        f"{name} was trained for LIBERO{on} ({'; '.join(signs)}), but eval.tasks names Fetch tasks "
-        f"({', '.join(tasks)})",
+        f"{name} cannot run on the Fetch tasks of eval.tasks ({', '.join(tasks)}): it was trained on "
+        f"{'; '.join(wrong + libero_signs)}{also}",
         field="eval.tasks",
-        hint="evaluate it on the LIBERO task it was trained on (e.g. eval.tasks=[libero_10/0]; docs/libero.md), "
-        "or give a Fetch-trained export for Fetch tasks",
+        hint="evaluate it in a world whose state and action match its training data; a policy trained on data "
+        "neither simulator gives trains without eval and compare (portable run --stages "
+        "returns,value,advantages,policy)",
     )
 
 

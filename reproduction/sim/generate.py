@@ -244,11 +244,11 @@ def generate_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
 
 def features(config: GenConfig) -> dict[str, dict[str, Any]]:
     """The dataset's non-default features (names included so readers can label the state)."""
-    from reproduction.sim.env import STATE_NAMES
+    from reproduction.sim.spaces import GOAL_NAMES, STATE_NAMES
 
     feats: dict[str, dict[str, Any]] = {
         "observation.state": {"dtype": "float32", "shape": [len(STATE_NAMES)], "names": list(STATE_NAMES)},
-        "observation.goal": {"dtype": "float32", "shape": [3], "names": ["goal_x", "goal_y", "goal_z"]},
+        "observation.goal": {"dtype": "float32", "shape": [len(GOAL_NAMES)], "names": list(GOAL_NAMES)},
     }
     for cam in config.cameras:
         feats[f"observation.images.{cam}"] = {

@@ -29,6 +29,7 @@ from reproduction.errors import (
     ConfigError,
     GuidanceScaleError,
     InputNotFoundError,
+    SimError,
     UnsupportedFormatError,
 )
 from reproduction.recap.policy.conditioning import PLAIN, POSITIVE
@@ -204,14 +205,25 @@ class GuidedPolicy:
         """Nothing to reset: actions depend only on the observation (and the seed)."""
 
     def _state(self, obs: dict[str, Any]) -> np.ndarray:
+        """(B, S) the policy's raw state of `obs`: its state_keys (or observation.state ++ observation.goal where the
+        observation has a goal) concatenated, its state_dims picked. SimError (exit 45) when the observation does not
+        give the width the policy was trained on: a bare ValueError here was exit 1, "a bug" (audit62 H1)."""
         n = len(obs["task"])
         keys = self.meta.get("state_keys") or [STATE_KEY] + ([GOAL_KEY] if GOAL_KEY in obs else [])
         state = np.concatenate([np.asarray(obs[k], np.float32).reshape(n, -1) for k in keys], axis=1)
-        if self.meta.get("state_dims") is not None:
-            state = state[:, list(self.meta["state_dims"])]
-        if state.shape[1] != self.s_mean.size:
-            raise ValueError(f"policy expects state+goal of {self.s_mean.size} values, got {state.shape[1]}")
-        return state
+        dims = self.meta.get("state_dims")
+        given = f"{' + '.join(keys)}: {state.shape[1]} values"
+        if dims is not None and max(dims) >= state.shape[1]:
+            wrong = f"the policy picks state index {max(dims)} (state_dims), but the observations give {given}"
+        elif (len(dims) if dims is not None else state.shape[1]) != self.s_mean.size:
+            wrong = f"the policy reads a state of {self.s_mean.size} values, but the observations give {given}"
+        else:
+            return state[:, list(dims)] if dims is not None else state
+        raise SimError(
+            wrong,
+            field="state",
+            hint="evaluate the policy in a world whose observation matches its training data's state",
+        )
 
     def noise(self, state: np.ndarray) -> Any:
         """(B, H, A) standard normal noise, each row seeded by (seed, its state bytes)."""

@@ -42,6 +42,8 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
         except PortableError as exc:
             problems.append(type(exc)(f"{key}: {exc.message}", hint=exc.hint))
             continue
+        if key.startswith("sft.datasets"):  # audit62 H1: a state or action the RL or eval world cannot give
+            problems += _world_problems(config, key, opened[str(Path(path))].dataset, stages)[:1]
         lacking = [c for c in sft.model.cameras.values() if c not in opened[str(Path(path))].dataset.camera_keys]
         if lacking:  # stage 4 (or the co-training loss) would train those slots blank, the rollouts render them
             problems.append(
@@ -65,6 +67,32 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
         problems += [problem] if problem is not None else []
     problems += [ConfigError(p, field="min_free_gb") for p in disk_problems(run_dir, config.min_free_gb)]
     return problems
+
+
+def _world_problems(config: Any, where: str, dataset: Any, stages: list[str] | None) -> list[Any]:
+    """ConfigErrors (exit 4) for an SFT dataset whose state or action (as sft.model reads them) the world of rl.tasks
+    (the rollouts) or eval.tasks cannot give the policy, found before SFT trains: the rollouts died on the first
+    batch after SFT had trained (audit62 H1)."""
+    from reproduction.recipes.grpo.envs import is_libero
+    from reproduction.sim.spaces import dataset_shape, fetch_world, libero_world, world_problem
+
+    model = config.sft.model
+    shape = dataset_shape(dataset.info.features, state_keys=model.state_keys, state_dims=model.state_dims)
+    out = []
+    for stage, key in (("rl", "rl.tasks"), ("eval", "eval.tasks")):
+        tasks = list(getattr(config, stage).tasks)
+        if stage not in (stages or [stage]) or not tasks:
+            continue
+        libero = any(is_libero(t) for t in tasks)
+        world = libero_world(cameras=bool(model.cameras)) if libero else fetch_world()
+        other = fetch_world() if libero else libero_world(cameras=not model.cameras)
+        problem = world_problem(shape, world, other, where=f"{where} ({dataset.name})", key=key, tasks=tasks)
+        if problem is not None:
+            problem.hint += (
+                " give SFT demonstrations with the state and action of that world (nothing was started or written)"
+            )
+            out.append(problem)
+    return out
 
 
 def _tasks_problems(keyed: tuple[tuple[str, list[str]], ...]) -> list[Any]:

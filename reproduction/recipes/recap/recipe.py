@@ -12,11 +12,11 @@ calls the stage's library function; none parses arguments or renders errors.
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reproduction.data.info import feature_width
 from reproduction.recap.policy import TRAINING_MODULES
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec
 
@@ -309,8 +309,14 @@ def preflight(
             continue
         path = Path(entry.path)
         if path.name in names:
-            problems.append(
-                ConfigError(f"{key}.path: folder name {path.name!r} is also {names[path.name]}'s", field=key)
+            problems.append(  # audit62 L3: the generic "fix it" hint said neither why nor how
+                ConfigError(
+                    f"{key}.path: folder name {path.name!r} is also {names[path.name]}'s; the run keys each dataset's "
+                    "sidecars, values and metrics by its folder name",
+                    field=key,
+                    hint=f"rename or copy one of the two dataset folders (e.g. {path.parent.name}_{path.name}) and "
+                    "point its path at the new name",
+                )
             )
             clashed.add(key)
         names[path.name] = key
@@ -385,7 +391,10 @@ def preflight(
         problem = reference_overlap_problem(reference, list(config.eval.tasks), labels)
         problems += [problem] if problem is not None else []
     if "eval" in (stages or []):
+        from reproduction.recipes.recap.eval_world import eval_world_problems
+
         problems += libero_problems(config.eval.tasks)
+        problems += eval_world_problems(config, read, stages)  # audit62 H1: found now, not after training
     problems += [ConfigError(p, field="min_free_gb") for p in disk_problems(run_dir, config.min_free_gb)]
     return problems
 
@@ -395,16 +404,13 @@ NO_CAMERA_KEY = "observation.images.none"
 on purpose (the demo's configs), so the unknown-camera check lets it through."""
 
 
+_width = feature_width
+"""Components of a feature of info.json shape `shape`; None for a shape that is no list of whole numbers (the
+reader names that one; these checks only compare widths they can read)."""
+
+
 def _numeric(dtype: str) -> bool:
     return dtype == "bool" or dtype.startswith(("float", "int", "uint"))
-
-
-def _width(shape: Any) -> int | None:
-    """Components of a feature of info.json shape `shape`; None for a shape that is no list of whole numbers (the
-    reader names that one; this check only compares widths it can read)."""
-    if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
-        return None
-    return math.prod(shape)
 
 
 def feature_problems(config: Any, read: list[tuple[str, Any, Any]], stages: list[str] | None) -> list[Any]:
