@@ -37,6 +37,9 @@ class Group:
     """The receipt vouches for the tree at the target (see release/vouch.py)."""
     members: dict[str, list[Member]] = field(default_factory=dict)
     """Archive -> its verified member index, for layers kept on the receipt's word (validated with the rest)."""
+    recheck: bool = False
+    """`--deep` on a vouched runtime target whose stat pass found nothing: it is extracted to staging only to
+    compare with the tree in place, and kept (files added inside it too) when every file matches (audit62 L2)."""
 
 
 def groups_of(manifest: Manifest) -> list[Group]:
@@ -72,6 +75,7 @@ def plan(bundle: Path, manifest: Manifest, receipt: Receipt, *, deep: bool, refr
                 )
         elif g.layers[0].kind == "runtime" and (deep or g.changed):
             g.action = "extract"
+            g.recheck = not g.changed  # `--deep` only: replaced whole if its extraction differs (audit62 L2)
         elif g.layers[0].kind == "source" and refresh_source:
             g.action = "extract"
         elif any(r.prefix != str(root) for r in recs) and any(has_prefixes(layer) for layer in g.layers):

@@ -1,0 +1,110 @@
+"""Audit62 A, Lows: `restore --deep` over unchanged runtime targets (L2), a lost receipt over edited runtime files
+(L3), and a copy that reset every mtime (L8)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from bundlekit import QUIET, flip_bit, run_cli, tree_snapshot, write_tree
+
+from reproduction.release.pack import pack_bundle
+
+SPEC = """name = "lows"
+root = "src"
+[[layer]]
+source = "proj"
+kind = "source"
+name = "proj"
+[[layer]]
+source = "rtA"
+kind = "runtime"
+name = "a"
+relocatable = true
+[[layer]]
+source = "rtB"
+kind = "runtime"
+name = "b"
+"""
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """Three targets: source/proj, runtime/a (relocatable: two files hold the build prefix), runtime/b."""
+    root = tmp_path_factory.mktemp("lows") / ("build" + "x" * 30)
+    src = root / "src"
+    rt_a = src / "rtA"
+    files_a = {f"lib/f{i}.txt": f"a {i}\n".encode() * 20 for i in range(5)}
+    files_a["bin/tool"] = f"#!{rt_a}/bin/python3\nprint('hi')\n".encode()
+    files_a["lib/cfg.txt"] = f"home = {rt_a}\n".encode()
+    files_a["lib/libx.so"] = b"\x7fELF\x02\x01\x01\0" + f"{rt_a}/lib\0".encode() + b"tail\0"
+    write_tree(rt_a, files_a)
+    write_tree(src / "rtB", {f"share/f{i}.txt": f"b {i}\n".encode() * 20 for i in range(5)})
+    write_tree(src / "proj", {"a.py": b"v = 1\n", "b.py": b"w = 2\n"})
+    (root / "s.toml").write_text(SPEC, encoding="utf-8")
+    pack_bundle(root / "s.toml", root / "bundle", ui=QUIET)
+    data = json.loads((root / "bundle" / "bundle.json").read_text())
+    assert {o["path"] for x in data["layers"] for o in x.get("prefix_files", [])} >= {"lib/cfg.txt", "lib/libx.so"}
+    return root / "bundle"
+
+
+@pytest.fixture
+def restored(packed, tmp_path):
+    bundle = tmp_path / "b"
+    shutil.copytree(packed, bundle, symlinks=True)
+    done = run_cli("restore", bundle)
+    assert done.returncode == 0, done.stderr
+    return bundle
+
+
+def _same_stat(path, change) -> None:
+    st = os.stat(path)
+    change(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size and mtime: only --deep's check can tell
+
+
+# -- L2: `--deep` extracts again only a runtime target found changed, as --help and the README say ----------------
+
+
+def test_deep_keeps_unchanged_runtime_targets_and_the_files_added_inside(restored):
+    """It extracted every runtime target again and removed a file added inside, though nothing had changed."""
+    added = restored / "runtime" / "a" / "lib" / "pip-installed.txt"
+    added.write_text("mine\n")
+    before = tree_snapshot(restored / "runtime")
+    done = run_cli("restore", "--deep", restored)
+    assert done.returncode == 0, done.stderr
+    assert "unchanged source/proj, runtime/a, runtime/b" in done.stderr
+    assert "extracted" not in done.stderr
+    assert added.read_text() == "mine\n"
+    assert tree_snapshot(restored / "runtime") == before
+    assert not (restored / ".portable" / "staging").exists()
+
+
+@pytest.mark.parametrize("victim", ["runtime/a/lib/f1.txt", "runtime/a/lib/cfg.txt", "runtime/b/share/f2.txt"])
+def test_deep_extracts_again_a_runtime_target_found_changed_and_keeps_the_others(restored, victim):
+    """A change the stat pass cannot see (same size and mtime), in a plain file or in one relocation rewrote."""
+    path = restored / victim
+    good = path.read_bytes()
+    _same_stat(path, lambda p: flip_bit(p, 2, 0))
+    other = "runtime/b" if victim.startswith("runtime/a") else "runtime/a"
+    (restored / other / "mine.txt").write_text("mine\n")
+    assert run_cli("restore", restored).returncode == 0 and path.read_bytes() != good  # stat pass: unchanged
+    done = run_cli("restore", "--deep", restored)
+    assert done.returncode == 0, done.stderr
+    target = "/".join(victim.split("/")[:2])
+    assert f"; extracted {target}; unchanged" in done.stderr, done.stderr
+    assert f"unchanged source/proj, {other}" in done.stderr
+    assert path.read_bytes() == good
+    assert (restored / other / "mine.txt").read_text() == "mine\n"
+
+
+def test_deep_after_a_move_relocates_an_unchanged_runtime_target(restored, tmp_path):
+    """A moved bundle: the prefix files no longer match a fresh relocation for the old folder; extracted again."""
+    moved = restored.rename(tmp_path / "moved")
+    assert run_cli("restore", moved).returncode == 0
+    done = run_cli("restore", "--deep", moved)
+    assert done.returncode == 0, done.stderr
+    assert (moved / "runtime/a/lib/cfg.txt").read_text() == f"home = {moved / 'runtime/a'}\n"
+    assert run_cli("verify", moved).returncode == 0
