@@ -12,7 +12,6 @@ restore finishes the job.
 
 from __future__ import annotations
 
-import filecmp
 import fnmatch
 import os
 import stat
@@ -42,6 +41,7 @@ from reproduction.release.verify import (
     stat_pass,
     verify_bundle,
 )
+from reproduction.release.vouch import same_bytes
 from reproduction.release.weights import check_bundle_weights
 from reproduction.ui import UiOptions, progress
 
@@ -241,7 +241,7 @@ def _same_as_staged(bundle: Path, manifest: Manifest, g: Group, staged: Path) ->
             if not (stat.S_ISREG(a.st_mode) and stat.S_ISREG(b.st_mode)):
                 return False
             if not any(rel in modes for _, modes in jobs):
-                if a.st_size != b.st_size or not filecmp.cmp(staged / rel, root / rel, shallow=False):
+                if a.st_size != b.st_size or not same_bytes(staged / rel, root / rel):
                     return False
                 continue
             data = (staged / rel).read_bytes()

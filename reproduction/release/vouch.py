@@ -8,7 +8,6 @@ without being named (audit F3b, F4, F5, F9).
 
 from __future__ import annotations
 
-import filecmp
 import os
 import stat
 from pathlib import Path
@@ -107,7 +106,7 @@ def lost_files(root: Path, staged: Path, *, known: set[str], compare: bool, rewr
 
     Those the new tree lacks and restore did not write (`known`: the files and links the receipt
     records, when it vouches for the tree, else those `own_files` finds unchanged); with `compare` (a
-    source target the receipt does not vouch for: lost, damaged or from an older bundle, F9) also
+    target the receipt does not vouch for: lost, damaged or from an older bundle, F9, audit62 L3) also
     those whose bytes or link text differ from the new tree, except `rewritten` (paths holding a build
     prefix, which relocation rewrote) and `known` ones. `__pycache__` is
     ignored. [] when there is no folder at `root`. A file at `root` that `compare` cannot read raises
@@ -129,7 +128,7 @@ def _same_entry(a: Path, b: Path) -> bool:
     if stat.S_ISREG(sa.st_mode) != stat.S_ISREG(sb.st_mode):
         return False
     try:
-        return filecmp.cmp(a, b, shallow=False)
+        return same_bytes(a, b)
     except PermissionError as exc:
         raise ReadFailedError(
             f"cannot read {exc.filename or a} to compare it with the bundle's copy: permission denied",
@@ -137,3 +136,17 @@ def _same_entry(a: Path, b: Path) -> bool:
             hint=f"make it readable (`chmod u+r {exc.filename or a}`) and run `portable restore` again; "
             "nothing was changed",
         ) from None
+
+
+def same_bytes(a: Path, b: Path) -> bool:
+    """Whether the regular files `a` and `b` hold the same bytes, read now. Not filecmp.cmp: it keeps an answer per
+    (size, mtime) pair, so a file changed with its stat put back compared equal in the same process (audit62 L2)."""
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        if os.fstat(fa.fileno()).st_size != os.fstat(fb.fileno()).st_size:
+            return False
+        while True:
+            x, y = fa.read(1 << 20), fb.read(1 << 20)
+            if x != y:
+                return False
+            if not x:
+                return True
