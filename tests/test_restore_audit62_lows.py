@@ -108,3 +108,49 @@ def test_deep_after_a_move_relocates_an_unchanged_runtime_target(restored, tmp_p
     assert done.returncode == 0, done.stderr
     assert (moved / "runtime/a/lib/cfg.txt").read_text() == f"home = {moved / 'runtime/a'}\n"
     assert run_cli("verify", moved).returncode == 0
+
+
+# -- L3: with the receipt lost, a runtime target's local edits are refused and named, as the README says -----------
+
+
+def test_a_lost_receipt_and_an_edited_runtime_file_is_refused_naming_it(restored):
+    """It was overwritten without a word (exit 0)."""
+    (restored / ".portable" / "receipt.json").unlink()
+    edited = restored / "runtime" / "b" / "share" / "f1.txt"
+    edited.write_text("MY EDIT\n")
+    done = run_cli("restore", restored)
+    assert done.returncode == 4, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0] == (
+        "error: runtime/b: restore would replace this layer target, and 1 file(s) in it are not ones restore "
+        "wrote there (share/f1.txt)"
+    )
+    assert lines[1].startswith(f"hint: save your edits elsewhere, move your files out of {restored / 'runtime/b'} ")
+    assert edited.read_text() == "MY EDIT\n"
+    assert not (restored / ".portable" / "staging").exists()
+    edited.unlink()  # the way out the hint gives: the file goes, restore puts the bundle's back
+    done = run_cli("restore", restored)
+    assert done.returncode == 0, done.stderr
+    assert edited.read_bytes() == b"b 1\n" * 20
+
+
+def test_a_lost_receipt_over_unedited_targets_restores_them_again(restored):
+    """No edit: every file matches the bundle's (those relocation rewrote are not compared), exit 0."""
+    (restored / ".portable" / "receipt.json").unlink()
+    before = tree_snapshot(restored / "runtime")
+    done = run_cli("restore", restored)
+    assert done.returncode == 0, done.stderr
+    assert "extracted source/proj, runtime/a, runtime/b" in done.stderr
+    assert tree_snapshot(restored / "runtime") == before
+
+
+def test_a_folder_of_ones_own_at_a_runtime_target_with_the_layers_file_names_is_refused(packed, tmp_path):
+    """Same names as the layer's files, other bytes: it was replaced silently."""
+    bundle = tmp_path / "b"
+    shutil.copytree(packed, bundle, symlinks=True)
+    write_tree(bundle / "runtime" / "b", {"share/f0.txt": b"mine\n"})
+    done = run_cli("restore", bundle)
+    assert done.returncode == 4, done.stderr
+    assert "error: runtime/b: restore would replace this layer target, and 1 file(s) in it are not ones " in done.stderr
+    assert "(share/f0.txt)" in done.stderr
+    assert (bundle / "runtime" / "b" / "share" / "f0.txt").read_bytes() == b"mine\n"

@@ -7,6 +7,7 @@ is refused naming them before anything is swapped. Used by release/restore.py.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,8 +102,8 @@ def refuse_losing_files(
 ) -> None:
     """Before any swap: never discard files in a target that restore did not write, without saying so.
 
-    A layer target over a folder of the user's own (audit F4), or a source target whose receipt was
-    lost while it held local edits (F9), is refused with InvalidInputError (4) naming the files;
+    A layer target over a folder of the user's own (audit F4), or a target whose receipt was lost while it
+    held local edits (F9; a runtime target's too: audit62 L3), is refused with InvalidInputError (4) naming the files;
     `--refresh-source` lets a source target's files go, named in `overwritten` (the restore report's) as for edits
     the receipt saw. Files the receipt records for the target and still unchanged count as restore's own even
     when it does not vouch for the tree (an older bundle's restore: audit58 A2). A target the receipt vouches
@@ -123,11 +124,12 @@ def refuse_losing_files(
             known = own_files(bundle / g.target, receipt, g.target, source=source)
         rewritten = {o.path for x in g.layers for o in x.prefix_files}  # own and foreign prefixes, in this target
         rewritten |= {o.path for x in g.layers for occ in x.foreign_prefix_files.values() for o in occ}
+        staged = bundle / STATE_DIR / "staging" / f"{i}"
         lost = lost_files(
             bundle / g.target,
-            bundle / STATE_DIR / "staging" / f"{i}",
+            staged,
             known=known,
-            compare=not g.vouched and source,
+            compare=not g.vouched,  # a runtime target's edits too, once the receipt is lost (audit62 L3)
             rewritten=rewritten,
         )
         if not lost:
@@ -135,13 +137,14 @@ def refuse_losing_files(
         if source and refresh:
             overwritten[g.target] = sorted(set(overwritten.get(g.target, [])) | set(lost))
             continue
+        edits = "save your edits elsewhere, " if any(os.path.lexists(staged / p) for p in lost) else ""
         raise InvalidInputError(
             f"{g.target}: restore would replace this layer target, and {len(lost)} file(s) in it are not ones "
             f"restore wrote there ({few(lost, 3)})",
             field="--refresh-source" if source else f"layers.target {g.target}",
             hint="save your edits elsewhere, then run `portable restore --refresh-source` (it overwrites them)"
             if source
-            else f"move your files out of {bundle / g.target} (a layer target is replaced whole; remove the "
+            else f"{edits}move your files out of {bundle / g.target} (a layer target is replaced whole; remove the "
             "folder if it holds an earlier restore) and run `portable restore` again; nothing was changed",
         )
 
