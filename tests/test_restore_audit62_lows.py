@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 
 import pytest
 from bundlekit import QUIET, flip_bit, run_cli, tree_snapshot, write_tree
@@ -125,7 +126,7 @@ def test_a_lost_receipt_and_an_edited_runtime_file_is_refused_naming_it(restored
         "error: runtime/b: restore would replace this layer target, and 1 file(s) in it are not ones restore "
         "wrote there (share/f1.txt)"
     )
-    assert lines[1].startswith(f"hint: save your edits elsewhere, move your files out of {restored / 'runtime/b'} ")
+    assert lines[1].startswith(f"hint: save any edits of yours elsewhere, move your files out of {restored / 'runtime/b'} ")
     assert edited.read_text() == "MY EDIT\n"
     assert not (restored / ".portable" / "staging").exists()
     edited.unlink()  # the way out the hint gives: the file goes, restore puts the bundle's back
@@ -154,3 +155,65 @@ def test_a_folder_of_ones_own_at_a_runtime_target_with_the_layers_file_names_is_
     assert "error: runtime/b: restore would replace this layer target, and 1 file(s) in it are not ones " in done.stderr
     assert "(share/f0.txt)" in done.stderr
     assert (bundle / "runtime" / "b" / "share" / "f0.txt").read_bytes() == b"mine\n"
+
+
+# -- L8: a copy that resets every mtime (`cp -r`) is no local edit: the recorded digest decides -------------------
+
+
+def _copy_resetting_mtimes(restored, tmp_path):
+    """`cp -r`: every file gets a new mtime; .portable/receipt.json travels with the tree."""
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(restored), str(copy)], check=True, timeout=60)
+    for path in copy.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.utime(path, ns=(1_000_000_000, 1_000_000_000))  # unmistakably another time than the receipt's
+    return copy
+
+
+@pytest.mark.parametrize("deep", [False, True])
+def test_byte_identical_source_files_after_a_copy_are_not_locally_edited(restored, tmp_path, deep):
+    """`restore` (and `--deep`, which rehashed them) said "kept 2 locally edited file(s) in source/proj" for ever."""
+    copy = _copy_resetting_mtimes(restored, tmp_path)
+    done = run_cli("restore", *(["--deep"] if deep else []), copy)
+    assert done.returncode == 0, done.stderr
+    assert "locally edited" not in done.stderr
+    assert "unchanged source/proj" in done.stderr
+    receipt = json.loads((copy / ".portable" / "receipt.json").read_text())
+    files = receipt["layers"]["source/proj.tar.zst"]["files"]
+    assert files["a.py"] == [6, os.stat(copy / "source/proj/a.py").st_mtime_ns]  # the stat refreshed, saved
+    again = run_cli("restore", copy)
+    assert again.returncode == 0 and "unchanged source/proj, runtime/a, runtime/b" in again.stderr, again.stderr
+
+
+def test_an_edit_after_a_copy_is_still_an_edit(restored, tmp_path):
+    copy = _copy_resetting_mtimes(restored, tmp_path)
+    (copy / "source/proj/b.py").write_text("w = 3\n")
+    done = run_cli("restore", copy)
+    assert done.returncode == 0, done.stderr
+    assert "kept 1 locally edited file(s) in source/proj: b.py" in done.stderr
+    assert (copy / "source/proj/b.py").read_text() == "w = 3\n"
+
+
+def test_an_update_after_a_copy_is_not_refused_for_byte_identical_source_files(restored, packed, tmp_path):
+    """A newer bundle brought into the copy: 'restore would replace this layer target, and 2 file(s) in it are not
+    ones restore wrote there (a.py, b.py)', exit 4."""
+    copy = _copy_resetting_mtimes(restored, tmp_path)
+    data = json.loads((copy / "bundle.json").read_text())
+    layers = {x["target"]: x for x in data["layers"]}
+    src = tmp_path / "v2" / "src"
+    write_tree(src / "proj", {"a.py": b"v = 2\n"})  # b.py dropped, a.py changed
+    shutil.copytree(restored / "runtime/a", src / "rtA", symlinks=True)
+    shutil.copytree(restored / "runtime/b", src / "rtB", symlinks=True)
+    (tmp_path / "v2" / "s.toml").write_text(SPEC.replace("relocatable = true\n", ""), encoding="utf-8")
+    pack_bundle(tmp_path / "v2" / "s.toml", tmp_path / "v2" / "B", ui=QUIET)
+    assert layers["source/proj"]["archive"] == "source/proj.tar.zst"
+    (copy / "bundle.json").unlink()
+    for folder in ("source", "runtime"):
+        for p in (copy / folder).iterdir():
+            if p.is_file():
+                p.unlink()
+    shutil.copytree(tmp_path / "v2" / "B", copy, symlinks=True, dirs_exist_ok=True)
+    done = run_cli("restore", copy)
+    assert done.returncode == 0, done.stderr
+    assert (copy / "source/proj/a.py").read_text() == "v = 2\n"
+    assert not (copy / "source/proj/b.py").exists()

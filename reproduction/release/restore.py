@@ -555,6 +555,7 @@ def _finish(
             report.extracted
             or report.relocated
             or receipt.replacing
+            or any(g.restat for g in groups)  # files a copy gave new mtimes, found unchanged (audit62 L8)
             or (receipt.bundle_path, receipt.manifest_sha256, receipt.plain) != (str(bundle), manifest_sha, plain)
         ):
             receipt.bundle_path, receipt.manifest_sha256, receipt.plain = str(bundle), manifest_sha, plain

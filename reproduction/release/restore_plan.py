@@ -13,7 +13,7 @@ from pathlib import Path
 
 from reproduction.errors import InvalidInputError
 from reproduction.release.manifest import STATE_DIR, LayerEntry, Manifest, shown_name
-from reproduction.release.receipt import LayerReceipt, Receipt, changed_folders, layer_folders
+from reproduction.release.receipt import LayerReceipt, Receipt, at_or_below, changed_folders, layer_folders
 from reproduction.release.swap import check_target_path
 from reproduction.release.tarscan import Member
 from reproduction.release.vouch import lost_files, own_files, vouched
@@ -38,6 +38,9 @@ class Group:
     """The receipt vouches for the tree at the target (see release/vouch.py)."""
     members: dict[str, list[Member]] = field(default_factory=dict)
     """Archive -> its verified member index, for layers kept on the receipt's word (validated with the rest)."""
+    restat: list[str] = field(default_factory=list)
+    """Files whose stat differed from the receipt but whose bytes hash to its digest (a `cp -r` reset their mtime):
+    not edits; their records were updated in place, for `_finish` to save (audit62 L8)."""
     recheck: bool = False
     """`--deep` on a vouched runtime target whose stat pass found nothing: it is extracted to staging only to
     compare with the tree in place, and kept (files added inside it too) when every file matches (audit62 L2)."""
@@ -91,7 +94,12 @@ def _changed(root: Path, g: Group, recs: list[LayerReceipt], *, deep: bool) -> l
     release/noop.py's `_covers` checks the same folders: keep the two in step.
     """
     folders = changed_folders(root, layer_folders((m.name, m.kind) for ms in g.members.values() for m in ms))
-    changed = set(folders) | {p for r in recs for p in r.changed_files(root)}
+    changed = set(folders)
+    for r in recs:  # a file whose stat changed but whose bytes hash as recorded is no edit (audit62 L8)
+        stale = [p for p in r.changed_files(root) if not at_or_below(p, changed)]
+        same = set(r.restat_unchanged(root, stale))
+        g.restat += sorted(same)
+        changed |= set(stale) - same
     if deep and g.layers[0].kind == "source":  # rehash: catches edits that kept size and mtime
         changed |= {p for r in recs for p in r.changed_contents(root, skip=changed)}
     return sorted(changed)
@@ -137,7 +145,7 @@ def refuse_losing_files(
         if source and refresh:
             overwritten[g.target] = sorted(set(overwritten.get(g.target, [])) | set(lost))
             continue
-        edits = "save your edits elsewhere, " if any(os.path.lexists(staged / p) for p in lost) else ""
+        edits = "save any edits of yours elsewhere, " if any(os.path.lexists(staged / p) for p in lost) else ""
         raise InvalidInputError(
             f"{g.target}: restore would replace this layer target, and {len(lost)} file(s) in it are not ones "
             f"restore wrote there ({few(lost, 3)})",

@@ -84,7 +84,9 @@ def own_files(root: Path, receipt: Receipt, target: str, *, source: bool) -> set
     if not recorded or not os.path.isdir(root) or os.path.islink(root):
         return set()
     bad = set(changed_folders(root, layer_folders((p, "file") for p in recorded)))
-    bad |= {p for r in recs for p in r.changed_files(root)}
+    for r in recs:  # a file whose stat changed but whose bytes hash as recorded is still its own (audit62 L8)
+        stale = [p for p in r.changed_files(root) if not at_or_below(p, bad)]
+        bad |= set(stale) - set(r.restat_unchanged(root, stale))
     if source:
         bad |= {p for r in recs for p in r.files if p not in r.digests}
         for r in recs:
