@@ -126,7 +126,8 @@ def test_a_lost_receipt_and_an_edited_runtime_file_is_refused_naming_it(restored
         "error: runtime/b: restore would replace this layer target, and 1 file(s) in it are not ones restore "
         "wrote there (share/f1.txt)"
     )
-    assert lines[1].startswith(f"hint: save any edits of yours elsewhere, move your files out of {restored / 'runtime/b'} ")
+    hint = f"hint: save any edits of yours elsewhere, move your files out of {restored / 'runtime/b'} "
+    assert lines[1].startswith(hint)
     assert edited.read_text() == "MY EDIT\n"
     assert not (restored / ".portable" / "staging").exists()
     edited.unlink()  # the way out the hint gives: the file goes, restore puts the bundle's back
