@@ -42,6 +42,7 @@ def packed(tmp_path_factory):
     files_a["lib/cfg.txt"] = f"home = {rt_a}\n".encode()
     files_a["lib/libx.so"] = b"\x7fELF\x02\x01\x01\0" + f"{rt_a}/lib\0".encode() + b"tail\0"
     write_tree(rt_a, files_a)
+    (rt_a / "bin" / "tool").chmod(0o755)
     write_tree(src / "rtB", {f"share/f{i}.txt": f"b {i}\n".encode() * 20 for i in range(5)})
     write_tree(src / "proj", {"a.py": b"v = 1\n", "b.py": b"w = 2\n"})
     (root / "s.toml").write_text(SPEC, encoding="utf-8")
@@ -99,6 +100,17 @@ def test_deep_extracts_again_a_runtime_target_found_changed_and_keeps_the_others
     assert f"unchanged source/proj, {other}" in done.stderr
     assert path.read_bytes() == good
     assert (restored / other / "mine.txt").read_text() == "mine\n"
+
+
+def test_deep_extracts_again_a_runtime_target_whose_file_lost_its_exec_bit(restored):
+    tool = restored / "runtime" / "a" / "bin" / "tool"
+    mode = tool.stat().st_mode & 0o777
+    assert mode & 0o100
+    tool.chmod(mode & ~0o111)
+    done = run_cli("restore", "--deep", restored)
+    assert done.returncode == 0, done.stderr
+    assert "; extracted runtime/a; unchanged source/proj, runtime/b" in done.stderr, done.stderr
+    assert tool.stat().st_mode & 0o777 == mode
 
 
 def test_deep_after_a_move_relocates_an_unchanged_runtime_target(restored, tmp_path):

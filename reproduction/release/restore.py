@@ -238,8 +238,8 @@ def _same_as_staged(bundle: Path, manifest: Manifest, g: Group, staged: Path) ->
                 ):
                     return False
                 continue
-            if not (stat.S_ISREG(a.st_mode) and stat.S_ISREG(b.st_mode)):
-                return False
+            if not (stat.S_ISREG(a.st_mode) and stat.S_ISREG(b.st_mode)) or a.st_mode != b.st_mode:
+                return False  # a lost exec bit is a change too (modes as extracted: archive's less the umask)
             if not any(rel in modes for _, modes in jobs):
                 if a.st_size != b.st_size or not same_bytes(staged / rel, root / rel):
                     return False
