@@ -375,7 +375,8 @@ class HubTransferError(HubError):
 
 
 class HubIntegrityError(HubError):
-    """Downloaded bytes kept disagreeing with the sha256 the remote bundle.json pins."""
+    """Downloaded bytes kept disagreeing with the sha256 the remote bundle.json pins (or the bundle.json served is not
+    the one the resolved commit holds)."""
 
     exit_code = 34
 

@@ -105,6 +105,25 @@ def test_malformed_manifest_names_the_field(tmp_path, mutate, field, text):
     assert text in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "mutate, field, where",
+    [
+        (lambda d: d.update(format_version=1), "format_version", "manifest"),
+        (lambda d: d.update(name=7), "name", "manifest"),
+        (lambda d: d["files"][0].update(path=5), "files[0].path", "files[0]"),
+    ],
+)
+def test_a_string_field_given_an_integer_asks_for_a_string(tmp_path, mutate, field, where):
+    """audit62 L1: these said "should be an integer from -9223372036854775807 to ..., got int 1"."""
+    _write(tmp_path, mutate)
+    with pytest.raises(InvalidInputError) as info:
+        load_manifest(tmp_path)
+    key = field.rsplit(".", 1)[-1]
+    assert info.value.exit_code == 4
+    assert f"{where}: field '{key}' should be str, got int " in str(info.value)
+    assert "integer" not in str(info.value)
+
+
 def test_newer_major_is_an_unsupported_format_with_the_fix(tmp_path):
     _write(tmp_path, lambda d: d.update(format_version="2.0"))
     with pytest.raises(UnsupportedFormatError) as info:

@@ -106,10 +106,17 @@ def test_deep_rehashes_what_the_stat_pass_trusts(bundle):
     assert "digest   weights/model.safetensors" in deep.stderr
 
 
-def test_deep_re_extracts_runtime_layers(bundle):
+def test_deep_re_extracts_only_runtime_layers_found_changed(bundle):
     restore_bundle(bundle, ui=QUIET)
+    report = restore_bundle(bundle, deep=True, ui=QUIET)  # audit62 L2: it re-extracted every runtime target
+    assert report.extracted == [] and report.unchanged == ["source/project", "runtime/rt"]
+    lib = bundle / "runtime" / "rt" / "lib" / "libthing.so"
+    st = os.stat(lib)
+    flip_bit(lib, 3, 1)
+    os.utime(lib, ns=(st.st_atime_ns, st.st_mtime_ns))
     report = restore_bundle(bundle, deep=True, ui=QUIET)
     assert report.extracted == ["runtime/rt"] and report.unchanged == ["source/project"]
+    assert lib.read_bytes() == RUNTIME_FILES["lib/libthing.so"]
 
 
 def test_restore_after_moving_the_bundle(bundle, tmp_path):

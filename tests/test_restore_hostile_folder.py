@@ -14,7 +14,7 @@ import shutil
 import pytest
 from bundlekit import QUIET, REPO, forge_bundle, member, repin, run_cli, small_bundle, tree_snapshot
 
-from reproduction.errors import UnsafeArchiveError
+from reproduction.errors import InvalidInputError, UnsafeArchiveError
 from reproduction.release.restore import restore_bundle
 from reproduction.release.verify import verify_bundle
 
@@ -224,6 +224,11 @@ def test_a_shipped_receipt_with_empty_lists_does_not_vouch_for_a_hand_made_tree(
     (rt / "bin").mkdir(parents=True)
     os.symlink("/etc/shadow", rt / "bin" / "tool")  # member paths of the layer, made by hand
     os.symlink("../../../../../..", rt / "bin" / "tool-link")
+    # not vouched, so compared with the layer's tree: a folder of one's own, refused naming them (audit62 L3)
+    with pytest.raises(InvalidInputError, match=r"runtime/rt: .* 2 file\(s\) .* \(bin/tool, bin/tool-link\)"):
+        restore_bundle(bundle, ui=QUIET)
+    assert os.readlink(rt / "bin" / "tool") == "/etc/shadow"  # nothing changed, nothing followed
+    shutil.rmtree(rt)  # the way out the hint gives
     report = restore_bundle(bundle, ui=QUIET)
     assert report.extracted == ["source/project", "runtime/rt"] and report.unchanged == []
     assert (rt / "bin" / "tool").read_bytes() == b"#!/bin/sh\necho tool\n"

@@ -19,7 +19,8 @@ an interruption uploads only what is missing. Files the bundle no longer lists a
 (fetch ignores them).
 
 fetch: resolve the revision to a commit SHA and pin every request to it; read the remote
-bundle.json; download exactly the files it lists (see release/hub_transfer.py: resumable, hashed
+bundle.json and check it against the commit's file list (git blob id, size); download exactly the files
+it lists (see release/hub_transfer.py: resumable, hashed
 while written, stalls aborted and retried); `verify_bundle` with the just-hashed files trusted by
 stat; record repo/commit/time in the receipt; write bundle.json last. fetch writes only into a new or
 empty DIR or its own earlier fetch of the same repo (the receipt's fetch record, or the marker
@@ -46,7 +47,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from reproduction.digests import sha256_files
-from reproduction.errors import HubConflictError, HubError, HubNotFoundError, HubTransferError, InvalidInputError
+from reproduction.errors import (
+    HubConflictError,
+    HubError,
+    HubIntegrityError,
+    HubNotFoundError,
+    HubTransferError,
+    InvalidInputError,
+)
 from reproduction.fsio import atomic_write_bytes, refuse_file_for_folder, refuse_unwritable
 from reproduction.release.hub_transfer import (
     Download,
@@ -617,7 +625,7 @@ def fetch_bundle(
     def url(rel: str) -> str:
         return hf_hub_url(repo, rel, repo_type=repo_type, revision=commit, endpoint=endpoint)
 
-    manifest_bytes, manifest = _remote_manifest(url(MANIFEST_NAME), repo, commit, settings, ui)
+    manifest_bytes, manifest = _remote_manifest(url(MANIFEST_NAME), repo, commit, settings, ui, api, repo_type)
     say(
         f"fetch {repo}@{commit[:12]} ({rev}): {len(manifest.files)} files, {human_bytes(manifest.total_size)}",
         options=ui,
@@ -692,7 +700,7 @@ def _fetch_offline(
 
 
 def _remote_manifest(
-    url: str, repo: str, commit: str, settings: HubSettings, ui: UiOptions | None
+    url: str, repo: str, commit: str, settings: HubSettings, ui: UiOptions | None, api: Any, repo_type: str
 ) -> tuple[bytes, Manifest]:
     where = f"{repo}@{commit[:12]}/{MANIFEST_NAME}"
     try:
@@ -702,6 +710,7 @@ def _remote_manifest(
             f"{repo}@{commit} has no {MANIFEST_NAME}: it is not a published bundle, or its publish did not finish",
             hint="publish it (again) with `portable publish`, or pass the --revision of a complete publish",
         ) from None
+    _check_manifest_pinned(api, repo, repo_type, commit, data, settings, ui)  # the commit's bytes (audit62 L10)
     # verify and restore's strict reader (no BOM, UTF-16 or repeated key), before anything is written: fetch
     # never reports "fetched" for a folder its own verify refuses (audit62 M2; json.loads took all three)
     manifest = parse_manifest(data, path=Path(where), hint="publish the bundle again (a fetch gets the same bytes)")
@@ -714,6 +723,42 @@ def _remote_manifest(
                 hint="the published manifest is damaged or hostile; do not use it",
             )
     return data, manifest
+
+
+def _check_manifest_pinned(
+    api: Any, repo: str, repo_type: str, commit: str, data: bytes, settings: HubSettings, ui: UiOptions | None
+) -> None:
+    """HubIntegrityError (34), before anything is written, when the bundle.json bytes served are not the file the
+    resolved commit holds: its git blob id (or LFS sha256) and size from the commit's file list, as publish checks
+    what landed. Every other file is trusted through bundle.json's sha256, so the commit pins them only through
+    this check (audit62 L10: a bundle.json changed on the server, or by a cache in between, was accepted)."""
+    where = f"{repo}@{commit[:12]}/{MANIFEST_NAME}"
+    what = f"check {where}"
+
+    def once() -> Any:
+        infos = api.get_paths_info(repo, [MANIFEST_NAME], repo_type=repo_type, revision=commit)
+        return next((f for f in infos if getattr(f, "path", None) == MANIFEST_NAME and hasattr(f, "size")), None)
+
+    remote = with_retries(once, what=what, settings=settings, ui=ui)
+    if _bytes_match(remote, data):
+        return
+    pinned = (
+        "no such file"
+        if remote is None
+        else f"{remote.size} bytes, "
+        + (f"sha256 {remote.lfs.sha256}" if remote.lfs is not None else f"git blob {remote.blob_id}")
+    )
+    served = f"{len(data)} bytes, " + (
+        f"sha256 {hashlib.sha256(data).hexdigest()}"
+        if remote is not None and remote.lfs is not None
+        else f"git blob {_git_sha1(data)}"
+    )
+    raise HubIntegrityError(
+        f"{where}: the bytes served ({served}) are not the file commit {commit[:12]} holds ({pinned})",
+        path=MANIFEST_NAME,
+        hint="a proxy or cache between you and the Hub (HF_ENDPOINT), or the Hub itself, serves another bundle.json "
+        "for this commit: check HF_ENDPOINT and the network, then fetch again; nothing was written",
+    )
 
 
 def _clean_partial(partial: Path) -> None:

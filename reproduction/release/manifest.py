@@ -76,9 +76,10 @@ def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], wher
     value = data[key]
     if not isinstance(value, kind) or isinstance(value, bool) and kind is int or kind is int and abs(value) > MAX_INT:
         # an int past the limit got "should be int, got int 9223372036854775808" (audit60 A1): name the limit
+        # ... only for an int field: a str field given 1 said "should be an integer ..., got int 1" (audit62 L1)
         wanted = (
             f"an integer from -{MAX_INT} to {MAX_INT} (2**63-1)"
-            if type(value) is int
+            if kind is int and type(value) is int
             else getattr(kind, "__name__", kind)
         )
         raise InvalidInputError(

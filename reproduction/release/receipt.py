@@ -141,6 +141,36 @@ class LayerReceipt:
                 changed.append(rel)
         return sorted(changed)
 
+    def restat_unchanged(self, root: Path, paths: Iterable[str]) -> list[str]:
+        """Of `paths` (files `changed_files` named by their stat), those whose bytes still hash to the recorded
+        digest: a copy that reset every mtime (`cp -r`, `scp -r`) is no edit (audit62 L8). Their recorded stat is
+        set to what they have now, so the next stat pass trusts them again (the caller saves the receipt). A path
+        with no digest recorded (a link, a runtime layer's file), not a regular file, setuid/setgid, unreadable or
+        changing while read is left out: still changed."""
+        from reproduction.digests import sha256_open
+
+        refreshed = []
+        for rel in paths:
+            digest = self.digests.get(rel)
+            if digest is None or rel not in self.files:
+                continue
+            try:
+                fh = open_regular(f"{root}/{rel}")
+                if fh is None:
+                    continue
+                with fh:
+                    st = os.fstat(fh.fileno())
+                    if st.st_mode & 0o6000 or sha256_open(fh) != digest:
+                        continue
+                    after = os.fstat(fh.fileno())
+            except (OSError, TypeError, ValueError):
+                continue
+            if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
+                continue
+            self.files[rel] = [st.st_size, st.st_mtime_ns]
+            refreshed.append(rel)
+        return refreshed
+
 
 def sha256_regular(path: str) -> str | None:
     """Hex SHA-256 of the regular file at `path`; None when it is anything else (a link, a FIFO, a device)."""

@@ -12,7 +12,9 @@ restore finishes the job.
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,6 +41,7 @@ from reproduction.release.verify import (
     stat_pass,
     verify_bundle,
 )
+from reproduction.release.vouch import same_bytes
 from reproduction.release.weights import check_bundle_weights
 from reproduction.ui import UiOptions, progress
 
@@ -187,6 +190,85 @@ def _relocate(
         if f"{layer.target}/{rel}" not in report.relocation_skipped:
             report.relocation_skipped.append(f"{layer.target}/{rel}")
     return sorted(set(changed))
+
+
+def _keep_rechecked(bundle: Path, manifest: Manifest, groups: list[Group]) -> None:
+    """`--deep` over a vouched runtime target whose stat pass found nothing changed (`Group.recheck`): its layers
+    were extracted to staging like any other; when every file and link there is what the target holds (a file
+    holding a build prefix compared as relocation would rewrite it for this folder), the target is kept (action
+    'keep', staging removed, the other groups' staging folders renumbered) and files added inside it stay, as
+    `--help` and the README promise: only a target found changed is extracted again, whole (audit62 L2)."""
+    staging = bundle / STATE_DIR / "staging"
+    todo = [g for g in groups if g.action == "extract"]
+    kept = [i for i, g in enumerate(todo) if g.recheck and _same_as_staged(bundle, manifest, g, staging / f"{i}")]
+    if not kept:
+        return
+    for i in kept:
+        todo[i].action = "keep"
+        remove_tree(staging / f"{i}")
+    for new, old in enumerate(i for i in range(len(todo)) if i not in kept):  # _finish numbers them 0, 1, ...
+        if new != old:
+            os.rename(staging / f"{old}", staging / f"{new}")
+
+
+def _same_as_staged(bundle: Path, manifest: Manifest, g: Group, staged: Path) -> bool:
+    """Whether every file and link extracted at `staged` is in place at `g`'s target, byte for byte (a file
+    relocation rewrites: as it would be rewritten for the target where it is). Anything it cannot read: False."""
+    from reproduction.release.relocate import _MODE_RANK, FALLBACK_GLOBS, normalize_prefix, rewrite_bytes
+
+    root = bundle / g.target
+    by_archive = {x.archive: x for x in manifest.layers}
+    jobs = []  # (owner layer, {path: mode}) in the order `_relocate` applies them after an extraction
+    for layer in g.layers:
+        pairs = [(layer, layer.prefix_files)] if layer.prefix_files and layer.build_prefix else []
+        foreign = sorted(layer.foreign_prefix_files.items())
+        pairs += [(by_archive[a], o) for a, o in foreign if by_archive[a].build_prefix]
+        for owner, occurrences in pairs:
+            modes: dict[str, str] = {}
+            for occ in occurrences:
+                if _MODE_RANK[occ.mode] >= _MODE_RANK.get(modes.get(occ.path, "text"), 0):
+                    modes[occ.path] = occ.mode
+            jobs.append((owner, modes))
+    try:
+        for rel in layer_io.tree_files(staged):
+            a, b = os.lstat(staged / rel), os.lstat(root / rel)
+            if stat.S_ISLNK(a.st_mode) or stat.S_ISLNK(b.st_mode):
+                if not (stat.S_ISLNK(a.st_mode) and stat.S_ISLNK(b.st_mode)) or os.readlink(staged / rel) != (
+                    os.readlink(root / rel)
+                ):
+                    return False
+                continue
+            if not (stat.S_ISREG(a.st_mode) and stat.S_ISREG(b.st_mode)) or a.st_mode != b.st_mode:
+                return False  # a lost exec bit is a change too (modes as extracted: archive's less the umask)
+            if not any(rel in modes for _, modes in jobs):
+                if a.st_size != b.st_size or not same_bytes(staged / rel, root / rel):
+                    return False
+                continue
+            data = (staged / rel).read_bytes()
+            for owner, modes in jobs:
+                build, new = normalize_prefix(owner.build_prefix), normalize_prefix(str(bundle / owner.target))
+                if rel in modes and build != new:
+                    problems: list[str] = []
+                    data = rewrite_bytes(
+                        data,
+                        modes[rel],
+                        rel=rel,
+                        root=root,
+                        old=build,
+                        new=new,
+                        build=build,
+                        problems=problems,
+                        notes=[],
+                        fallback=any(fnmatch.fnmatchcase(rel, glob) for glob in FALLBACK_GLOBS),
+                        skipped=[],
+                    )
+                    if problems:
+                        return False
+            if data != (root / rel).read_bytes():
+                return False
+    except OSError:
+        return False
+    return True
 
 
 def _check_relocatable_path(bundle: Path, manifest: Manifest) -> None:
@@ -473,6 +555,7 @@ def _finish(
             report.extracted
             or report.relocated
             or receipt.replacing
+            or any(g.restat for g in groups)  # files a copy gave new mtimes, found unchanged (audit62 L8)
             or (receipt.bundle_path, receipt.manifest_sha256, receipt.plain) != (str(bundle), manifest_sha, plain)
         ):
             receipt.bundle_path, receipt.manifest_sha256, receipt.plain = str(bundle), manifest_sha, plain
@@ -575,6 +658,7 @@ def restore_bundle(
                 ui=ui,
             )
             report.files = verified.files
+            _keep_rechecked(bundle, manifest, groups)
             refuse_losing_files(bundle, receipt, groups, report.overwritten, refresh_source)
             _finish(bundle, manifest, receipt, groups, recs, report, manifest_sha)
         except OSError as exc:

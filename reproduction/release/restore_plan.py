@@ -7,12 +7,13 @@ is refused naming them before anything is swapped. Used by release/restore.py.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from reproduction.errors import InvalidInputError
 from reproduction.release.manifest import STATE_DIR, LayerEntry, Manifest, shown_name
-from reproduction.release.receipt import LayerReceipt, Receipt, changed_folders, layer_folders
+from reproduction.release.receipt import LayerReceipt, Receipt, at_or_below, changed_folders, layer_folders
 from reproduction.release.swap import check_target_path
 from reproduction.release.tarscan import Member
 from reproduction.release.vouch import lost_files, own_files, vouched
@@ -37,6 +38,12 @@ class Group:
     """The receipt vouches for the tree at the target (see release/vouch.py)."""
     members: dict[str, list[Member]] = field(default_factory=dict)
     """Archive -> its verified member index, for layers kept on the receipt's word (validated with the rest)."""
+    restat: list[str] = field(default_factory=list)
+    """Files whose stat differed from the receipt but whose bytes hash to its digest (a `cp -r` reset their mtime):
+    not edits; their records were updated in place, for `_finish` to save (audit62 L8)."""
+    recheck: bool = False
+    """`--deep` on a vouched runtime target whose stat pass found nothing: it is extracted to staging only to
+    compare with the tree in place, and kept (files added inside it too) when every file matches (audit62 L2)."""
 
 
 def groups_of(manifest: Manifest) -> list[Group]:
@@ -72,6 +79,7 @@ def plan(bundle: Path, manifest: Manifest, receipt: Receipt, *, deep: bool, refr
                 )
         elif g.layers[0].kind == "runtime" and (deep or g.changed):
             g.action = "extract"
+            g.recheck = not g.changed  # `--deep` only: replaced whole if its extraction differs (audit62 L2)
         elif g.layers[0].kind == "source" and refresh_source:
             g.action = "extract"
         elif any(r.prefix != str(root) for r in recs) and any(has_prefixes(layer) for layer in g.layers):
@@ -86,7 +94,12 @@ def _changed(root: Path, g: Group, recs: list[LayerReceipt], *, deep: bool) -> l
     release/noop.py's `_covers` checks the same folders: keep the two in step.
     """
     folders = changed_folders(root, layer_folders((m.name, m.kind) for ms in g.members.values() for m in ms))
-    changed = set(folders) | {p for r in recs for p in r.changed_files(root)}
+    changed = set(folders)
+    for r in recs:  # a file whose stat changed but whose bytes hash as recorded is no edit (audit62 L8)
+        stale = [p for p in r.changed_files(root) if not at_or_below(p, changed)]
+        same = set(r.restat_unchanged(root, stale))
+        g.restat += sorted(same)
+        changed |= set(stale) - same
     if deep and g.layers[0].kind == "source":  # rehash: catches edits that kept size and mtime
         changed |= {p for r in recs for p in r.changed_contents(root, skip=changed)}
     return sorted(changed)
@@ -97,8 +110,8 @@ def refuse_losing_files(
 ) -> None:
     """Before any swap: never discard files in a target that restore did not write, without saying so.
 
-    A layer target over a folder of the user's own (audit F4), or a source target whose receipt was
-    lost while it held local edits (F9), is refused with InvalidInputError (4) naming the files;
+    A layer target over a folder of the user's own (audit F4), or a target whose receipt was lost while it
+    held local edits (F9; a runtime target's too: audit62 L3), is refused with InvalidInputError (4) naming the files;
     `--refresh-source` lets a source target's files go, named in `overwritten` (the restore report's) as for edits
     the receipt saw. Files the receipt records for the target and still unchanged count as restore's own even
     when it does not vouch for the tree (an older bundle's restore: audit58 A2). A target the receipt vouches
@@ -119,11 +132,12 @@ def refuse_losing_files(
             known = own_files(bundle / g.target, receipt, g.target, source=source)
         rewritten = {o.path for x in g.layers for o in x.prefix_files}  # own and foreign prefixes, in this target
         rewritten |= {o.path for x in g.layers for occ in x.foreign_prefix_files.values() for o in occ}
+        staged = bundle / STATE_DIR / "staging" / f"{i}"
         lost = lost_files(
             bundle / g.target,
-            bundle / STATE_DIR / "staging" / f"{i}",
+            staged,
             known=known,
-            compare=not g.vouched and source,
+            compare=not g.vouched,  # a runtime target's edits too, once the receipt is lost (audit62 L3)
             rewritten=rewritten,
         )
         if not lost:
@@ -131,13 +145,14 @@ def refuse_losing_files(
         if source and refresh:
             overwritten[g.target] = sorted(set(overwritten.get(g.target, [])) | set(lost))
             continue
+        edits = "save any edits of yours elsewhere, " if any(os.path.lexists(staged / p) for p in lost) else ""
         raise InvalidInputError(
             f"{g.target}: restore would replace this layer target, and {len(lost)} file(s) in it are not ones "
             f"restore wrote there ({few(lost, 3)})",
             field="--refresh-source" if source else f"layers.target {g.target}",
             hint="save your edits elsewhere, then run `portable restore --refresh-source` (it overwrites them)"
             if source
-            else f"move your files out of {bundle / g.target} (a layer target is replaced whole; remove the "
+            else f"{edits}move your files out of {bundle / g.target} (a layer target is replaced whole; remove the "
             "folder if it holds an earlier restore) and run `portable restore` again; nothing was changed",
         )
 

@@ -8,7 +8,6 @@ without being named (audit F3b, F4, F5, F9).
 
 from __future__ import annotations
 
-import filecmp
 import os
 import stat
 from pathlib import Path
@@ -85,7 +84,9 @@ def own_files(root: Path, receipt: Receipt, target: str, *, source: bool) -> set
     if not recorded or not os.path.isdir(root) or os.path.islink(root):
         return set()
     bad = set(changed_folders(root, layer_folders((p, "file") for p in recorded)))
-    bad |= {p for r in recs for p in r.changed_files(root)}
+    for r in recs:  # a file whose stat changed but whose bytes hash as recorded is still its own (audit62 L8)
+        stale = [p for p in r.changed_files(root) if not at_or_below(p, bad)]
+        bad |= set(stale) - set(r.restat_unchanged(root, stale))
     if source:
         bad |= {p for r in recs for p in r.files if p not in r.digests}
         for r in recs:
@@ -107,7 +108,7 @@ def lost_files(root: Path, staged: Path, *, known: set[str], compare: bool, rewr
 
     Those the new tree lacks and restore did not write (`known`: the files and links the receipt
     records, when it vouches for the tree, else those `own_files` finds unchanged); with `compare` (a
-    source target the receipt does not vouch for: lost, damaged or from an older bundle, F9) also
+    target the receipt does not vouch for: lost, damaged or from an older bundle, F9, audit62 L3) also
     those whose bytes or link text differ from the new tree, except `rewritten` (paths holding a build
     prefix, which relocation rewrote) and `known` ones. `__pycache__` is
     ignored. [] when there is no folder at `root`. A file at `root` that `compare` cannot read raises
@@ -129,7 +130,7 @@ def _same_entry(a: Path, b: Path) -> bool:
     if stat.S_ISREG(sa.st_mode) != stat.S_ISREG(sb.st_mode):
         return False
     try:
-        return filecmp.cmp(a, b, shallow=False)
+        return same_bytes(a, b)
     except PermissionError as exc:
         raise ReadFailedError(
             f"cannot read {exc.filename or a} to compare it with the bundle's copy: permission denied",
@@ -137,3 +138,17 @@ def _same_entry(a: Path, b: Path) -> bool:
             hint=f"make it readable (`chmod u+r {exc.filename or a}`) and run `portable restore` again; "
             "nothing was changed",
         ) from None
+
+
+def same_bytes(a: Path, b: Path) -> bool:
+    """Whether the regular files `a` and `b` hold the same bytes, read now. Not filecmp.cmp: it keeps an answer per
+    (size, mtime) pair, so a file changed with its stat put back compared equal in the same process (audit62 L2)."""
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        if os.fstat(fa.fileno()).st_size != os.fstat(fb.fileno()).st_size:
+            return False
+        while True:
+            x, y = fa.read(1 << 20), fb.read(1 << 20)
+            if x != y:
+                return False
+            if not x:
+                return True
