@@ -250,3 +250,45 @@ def test_plain_resume_after_a_killed_target_step_drops_the_killed_attempts_live_
     assert sorted(got) == sorted(want)
     for name in want:
         assert got[name] == want[name], name
+
+
+def _refused(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_resume_refuses_a_changed_live_evaluation_setting(world, tmp_path):
+    """audit62 K M1: rl.eval_every / rl.eval_episodes decide the rl stage's live evaluations
+    (rl/evidence/eval_rl_*.json, outputs of the stage), so they key it: a `--resume` of a complete rl stage or of
+    one killed mid-continuation that changes one is refused (exit 52, one line naming the field and both values),
+    where before it was accepted and the run ended with eval_rl files of two settings, its lineage naming only the
+    new one."""
+    bundle, clean, _, _ = world
+    run = tmp_path / "run"
+    shutil.copytree(clean, run)
+    outputs = sorted((run / "rl" / "evidence").glob("*.json"))
+    # complete: the changed field names the stage as any output-changing field does (--restart-stage redoes it)
+    proc = _refused([*_cmd(bundle, run, "--resume"), "rl.eval_every=1"])
+    assert proc.returncode == 52, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "stage rl" in errors[0] and "config.rl.eval_every: 2 -> 1" in errors[0], errors
+    assert "--restart-stage rl" in proc.stderr
+    # killed inside a continuation's checkpoint save (its step-10 live evaluation written, the checkpoint not)
+    killed = subprocess.run(
+        _cmd(bundle, run, "--target-step", "10", "--stages", "rl", point="rl_first_dcp_save"),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        start_new_session=True,
+    )
+    assert killed.returncode == -signal.SIGKILL, f"the step-10 save was never reached: {killed.stderr[-3000:]}"
+    assert _state(run)["stages"]["rl"]["status"] != "complete"
+    before = {p: p.read_bytes() for p in (run / "rl" / "evidence").glob("*.json")}
+    proc = _refused([*_cmd(bundle, run, "--resume"), "rl.eval_episodes=2"])
+    assert proc.returncode == 52, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "config.rl.eval_episodes: 1 -> 2" in errors[0], errors
+    assert {p: p.read_bytes() for p in (run / "rl" / "evidence").glob("*.json")} == before  # nothing rewritten
+    assert sorted(before) == sorted([*outputs, run / "rl" / "evidence" / "eval_rl_10.json"])
