@@ -250,3 +250,91 @@ def test_plain_resume_after_a_killed_target_step_drops_the_killed_attempts_live_
     assert sorted(got) == sorted(want)
     for name in want:
         assert got[name] == want[name], name
+
+
+def _refused(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_resume_refuses_a_changed_live_evaluation_setting(world, tmp_path):
+    """audit62 K M1: rl.eval_every / rl.eval_episodes decide the rl stage's live evaluations
+    (rl/evidence/eval_rl_*.json, outputs of the stage), so they key it: a `--resume` of a complete rl stage or of
+    one killed mid-continuation that changes one is refused (exit 52, one line naming the field and both values),
+    where before it was accepted and the run ended with eval_rl files of two settings, its lineage naming only the
+    new one."""
+    bundle, clean, _, _ = world
+    run = tmp_path / "run"
+    shutil.copytree(clean, run)
+    outputs = sorted((run / "rl" / "evidence").glob("*.json"))
+    # complete: the changed field names the stage as any output-changing field does (--restart-stage redoes it)
+    proc = _refused([*_cmd(bundle, run, "--resume"), "rl.eval_every=1"])
+    assert proc.returncode == 52, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "stage rl" in errors[0] and "config.rl.eval_every: 2 -> 1" in errors[0], errors
+    assert "--restart-stage rl" in proc.stderr
+    # killed inside a continuation's checkpoint save (its step-10 live evaluation written, the checkpoint not)
+    killed = subprocess.run(
+        _cmd(bundle, run, "--target-step", "10", "--stages", "rl", point="rl_first_dcp_save"),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        start_new_session=True,
+    )
+    assert killed.returncode == -signal.SIGKILL, f"the step-10 save was never reached: {killed.stderr[-3000:]}"
+    assert _state(run)["stages"]["rl"]["status"] != "complete"
+    before = {p: p.read_bytes() for p in (run / "rl" / "evidence").glob("*.json")}
+    proc = _refused([*_cmd(bundle, run, "--resume"), "rl.eval_episodes=2"])
+    assert proc.returncode == 52, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "config.rl.eval_episodes: 1 -> 2" in errors[0], errors
+    assert {p: p.read_bytes() for p in (run / "rl" / "evidence").glob("*.json")} == before  # nothing rewritten
+    assert sorted(before) == sorted([*outputs, run / "rl" / "evidence" / "eval_rl_10.json"])
+
+
+FREE = [
+    "rl.rollout_workers=2",
+    "rl.save_every=4",
+    "eval.workers=2",
+    "sft.train.log_interval=5",
+    "sft.train.keep_last=3",
+    "sft.train.eval_interval=10",
+]
+"""Fields declared same_outputs() (rl, eval and the sft trainer's), each away from the world's run's value."""
+
+
+def _outputs(run: Path) -> dict[str, bytes]:
+    """Every file run.json records as a stage's output, its text with the run folder's path put as RUN and an
+    evidence file's run id (the folder's name) left out."""
+    out: dict[str, bytes] = {}
+    for name, rec in _state(run)["stages"].items():
+        for rel in rec["outputs"]:
+            path = (run / name / rel).resolve()
+            data = path.read_bytes()
+            if path.suffix == ".json":
+                doc = json.loads(data.decode().replace(str(run), "RUN"))
+                if isinstance(doc, dict) and "run_id" in doc:
+                    doc.pop("run_id")
+                data = json.dumps(doc, sort_keys=True).encode()
+            out[str(path.relative_to(run.resolve()))] = data
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_fields_declared_free_change_no_output_byte(world, tmp_path):
+    """audit62 K (fixer): a field declared same_outputs() is out of its stages' keys, so two runs that differ only in
+    such fields must record the same outputs. They did not: grpo_setup.json held rl.rollout_workers and the whole
+    eval section (eval.workers), the exports' train_config.json and policy_setup.json the trainers' intervals, and
+    the evaluation evidence the digests of those exports."""
+    bundle, clean, _, _ = world
+    run = tmp_path / "run"
+    proc = subprocess.run([*_cmd(bundle, run), *FREE], env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got, want = _outputs(run), _outputs(clean)
+    assert sorted(got) == sorted(want)
+    assert [name for name in want if got[name] != want[name]] == []
+    setup = json.loads((run / "rl" / "grpo_setup.json").read_text())
+    assert "rollout_workers" not in setup["rl"] and list(setup["eval"]) == ["seed"]

@@ -151,7 +151,10 @@ def test_resume_refuses_a_changed_setup_and_allows_free_fields(tmp_path):
 
     path = tmp_path / "grpo_setup.json"
     path.write_text(json.dumps(setup()))
-    _refuse_changed(path, setup(steps=80, eval_every=20, save_every=20, cpu_threads=2))
+    _refuse_changed(path, setup(steps=80, save_every=20, rollout_workers=3, cpu_threads=2))
+    # the live evaluations (evidence/eval_rl_*.json) are the stage's outputs: their interval and size change them
+    with pytest.raises(CheckpointError, match=r"rl.eval_episodes: 20 -> 3; rl.eval_every: 10 -> 5"):
+        _refuse_changed(path, setup(eval_every=5, eval_episodes=3))
     with pytest.raises(CheckpointError, match=r"rl.micro_init_states: 8 -> 4"):  # changes outputs (audit56 D1)
         _refuse_changed(path, setup(micro_init_states=4))
     with pytest.raises(CheckpointError, match=r"rl.lr: 0.0001 -> 0.0003; rl.noise_level: 0.5 -> 0.7") as err:
@@ -200,7 +203,8 @@ def test_fields_that_do_not_change_outputs_are_declared_once():
     rl_free = sorted(k[len("rl.") :] for k in free if k.startswith("rl."))
     # rl.advantage_scale, added after runs were recorded, is left out of the key at its default only
     assert rl_free == sorted([*(k for k in FREE_ON_RESUME if k != "steps"), "advantage_scale"])
-    assert {"rollout_workers", "eval_every"} <= set(rl_free) and not {"lr", "micro_init_states"} & set(rl_free)
+    assert "rollout_workers" in rl_free
+    assert not {"lr", "micro_init_states", "eval_every", "eval_episodes"} & set(rl_free)  # audit62 K M1
     # sft.model's input options, added after runs were recorded, are left out of the key at their defaults only
     added = [f"sft.model.{k}" for k in ("discrete_state_input", "norm", "norm_stats", "image_augment")]
     assert sorted(k for k in free if k.startswith("sft.")) == sorted(
@@ -214,7 +218,8 @@ def test_fields_that_do_not_change_outputs_are_declared_once():
             plain[section][name] = value
         return digest(key_parts(GRPO.stage(stage), plain, {}, {n: "u" for n in GRPO.stage(stage).needs}, free))
 
-    assert key("rl") == key("rl", rl__rollout_workers=4, rl__eval_every=5, rl__steps=80) != key("rl", rl__lr=1.0)
+    assert key("rl") == key("rl", rl__rollout_workers=4, rl__save_every=5, rl__steps=80) != key("rl", rl__lr=1.0)
+    assert key("rl") != key("rl", rl__eval_every=5) and key("rl") != key("rl", rl__eval_episodes=3)
     before = to_plain(GrpoRunConfig())
     del before["rl"]["advantage_scale"]  # the config of a run recorded before the field existed keys the same
     assert digest(key_parts(GRPO.stage("rl"), before, {}, {"sft": "u"}, free)) == key("rl")

@@ -211,3 +211,32 @@ def test_a_camera_policy_is_evaluated_on_fetch_with_its_cameras_and_refuses_blin
     out = evaluate_exports(config, {"bc": (res.export_dir, 2)}, run / "eval", run)
     assert [(c.cameras, c.image_size) for c in seen] == [(("agentview",), 32)]
     assert out.summary["results"]["bc"]["tasks"]["FetchPush-v4"]["episodes"] == 2
+
+
+def test_the_eval_stage_executes_the_configs_execute_steps_not_the_exports(tmp_path, monkeypatch):
+    """audit62 K (fixer): policy.model.execute_steps keys the eval stage (same_outputs() for the policy stage), so
+    the evaluation runs the config's value; it ran the export's policy.json value, the one the policy stage trained
+    with, so `--restart-stage eval policy.model.execute_steps=1` recorded 1 and executed 2."""
+    import reproduction.sim.evaluate as sim_evaluate
+    from reproduction.recipes.recap.config import load_config
+    from reproduction.recipes.recap.policy import evaluate_exports
+    from reproduction.sim.generate import GenConfig, generate_dataset
+
+    ds = tmp_path / "fetch"
+    generate_dataset(GenConfig(kind="sft", tasks=("FetchPush-v4",), episodes_per_task=2, cameras=()), ds)
+    inp = open_policy_input(PolicySource(path=str(ds), type="sft"), need_labels=False)
+    run = tmp_path / "run"
+    res = train_policy([inp], out_dir=run / "policy" / "bc", **_config(1, mode="bc", execute_steps=2))
+    assert json.loads((res.export_dir / "policy.json").read_text())["execute_steps"] == 2
+    seen = []
+    real_many = sim_evaluate.evaluate_many
+
+    def evaluate_many(jobs, ui=None):
+        seen.extend(job.config.execute_steps for job in jobs)
+        return real_many(jobs, ui=ui)
+
+    monkeypatch.setattr(sim_evaluate, "evaluate_many", evaluate_many)
+    over = ["eval.tasks=[FetchPush-v4]", "eval.episodes_per_task=1", "eval.videos=0", "policy.modes=[bc]"]
+    config = load_config(overrides=[*over, "policy.model.execute_steps=1"])
+    evaluate_exports(config, {"bc": (res.export_dir, 1)}, run / "eval", run)
+    assert seen == [1]

@@ -130,6 +130,14 @@ RESUME_KEY_FIELDS = tuple(
 run continues up to it): a resume whose config differs in any of these is refused (naming them)."""
 
 
+def trained_with(cfg: TrainConfig) -> dict[str, Any]:
+    """`cfg`'s fields that change what is trained (RESUME_KEY_FIELDS) and max_steps, as a dict: what a stage's
+    outputs record of its trainer (the export's train_config.json, policy_setup.json's `stage.train`). A field
+    declared `same_outputs()` (intervals, workers, devices, timeouts) is left out: in an output it made the bytes,
+    and the digests evidence records of an export, follow a value declared not to change outputs (audit62 K)."""
+    return {k: v for k, v in cfg.to_dict().items() if k == "max_steps" or k in RESUME_KEY_FIELDS}
+
+
 def check_train_values(cfg: Any, key: str = "") -> None:
     """TrainConfig's rules on `cfg` (a TrainConfig, or anything with its fields as attributes); the ConfigError
     names each field as `key.field` (`policy.train.max_steps` when a run config's section is checked), so two

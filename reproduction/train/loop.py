@@ -26,7 +26,7 @@ from reproduction.digest_cache import tree_lines
 from reproduction.digests import sha256_file
 from reproduction.errors import CheckpointError, ResumeRefusedError
 from reproduction.train import checkpoint, data_order, dist, fsdp
-from reproduction.train.config import TrainConfig
+from reproduction.train.config import TrainConfig, trained_with
 from reproduction.train.device import DeviceSpec, rng_module
 from reproduction.train.metrics import MetricsLog, read_records
 from reproduction.train.task import BatchKeys, EvalContext, TrainResult, TrainTask
@@ -111,7 +111,7 @@ def run_worker(
             st.model,
             export_dir,
             model_config=task.model_config,
-            train_config=config.to_dict(),
+            train_config=trained_with(config),  # no same_outputs() field: the export's bytes do not follow one
             extras=task.export_extras,
         )
     finally:

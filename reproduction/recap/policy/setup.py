@@ -21,7 +21,7 @@ from reproduction.config_fields import added_defaults, resume_free_fields
 from reproduction.errors import CheckpointError
 from reproduction.fsio import atomic_write_text, remove_orphaned_staging
 from reproduction.recap.policy.config import ARRAYS_NAME, EXPORT_FORMAT, SETUP_NAME, PolicyConfig, check_mode
-from reproduction.train.config import RESUME_KEY_FIELDS
+from reproduction.train.config import RESUME_KEY_FIELDS, trained_with
 
 
 def prepare_policy_setup(
@@ -79,7 +79,9 @@ def prepare_policy_setup(
         setup = {
             "format_version": EXPORT_FORMAT,
             # JSON's own types (TrainConfig's betas a list), as the resume check reads them back
-            "stage": json.loads(json.dumps({"mode": mode, **config.to_dict(), "train": train.to_dict()})),
+            # of the trainer only what changes what is trained (its resume key, and max_steps): a same_outputs() one
+            # (intervals, workers, device) made this output's bytes follow it (audit62 K); the guard reads no other
+            "stage": json.loads(json.dumps({"mode": mode, **config.to_dict(), "train": trained_with(train)})),
             "model_config": mcfg.to_dict(),
             "stats": stats,
             "tasks": list(arrays.tasks),

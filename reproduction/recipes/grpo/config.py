@@ -213,10 +213,13 @@ class RlSection:
     advantage_scale: str = field(default="group", metadata=added_field())
     """What a group's centred rewards are divided by: group (its own std, GRPO), batch (the std over all groups
     collected together) or none (objective.group_advantages)."""
-    eval_every: int = field(default=10, metadata=same_outputs())
-    """Evaluate the live policy every N steps (and at the last) on `eval_episodes` held-out episodes; 0 = last only."""
-    eval_episodes: int = field(default=20, metadata=same_outputs())
-    """Episodes per task of the in-training evaluation (the eval stage runs the full one)."""
+    eval_every: int = 10
+    """Evaluate the live policy every N steps (and at the last) on `eval_episodes` held-out episodes; 0 = last only.
+    Keys the rl stage and is refused changed on resume: its live evaluations (evidence/eval_rl_<step>.json) are
+    the stage's outputs (audit62 K M1)."""
+    eval_episodes: int = 20
+    """Episodes per task of the in-training evaluation (the eval stage runs the full one). Keys the rl stage and is
+    refused changed on resume, as eval_every is."""
     save_every: int = field(default=10, metadata=same_outputs())
     """DCP checkpoint every N steps (and at the last); a multiple of eval_every and of updates_per_rollout."""
     seed: int = 0

@@ -1,6 +1,7 @@
 """The `rl` stage's training job: GRPO as a `TrainTask` for the project's trainer (FSDP2, DCP, exact resume).
 
-    <out>/grpo_setup.json     the RL config, the SFT export it starts from (path, sha256 of its weights), tasks
+    <out>/grpo_setup.json     the RL config (fields not declared same_outputs()), eval.seed, the SFT export it
+                              starts from (path, sha256 of its weights), tasks
     <out>/checkpoints/ metrics.jsonl    the trainer's (reproduction/train): DCP step_N/ every rl.save_every
     <out>/evidence/eval_rl_<step>.json  the live policy's evaluation every rl.eval_every steps (evidence format;
                               those above the step the stage ends at are removed: train.drop_live_evaluations_after)
@@ -353,15 +354,16 @@ def canary_batch(head: Any, num_steps: int, dims: tuple[int, int], with_ref: boo
     return batch
 
 
-def make_grpo_task(rank: int, world_size: int, *, setup_path: str) -> Any:
-    """The trainer's factory (bind with functools.partial): the GRPO TrainTask of the setup at `setup_path`."""
+def make_grpo_task(rank: int, world_size: int, *, setup_path: str, rollout_workers: int = 1) -> Any:
+    """The trainer's factory (bind with functools.partial): the GRPO TrainTask of the setup at `setup_path`, its
+    rollouts' envs over `rollout_workers` simulator processes (a same_outputs() field, so not in the setup)."""
     from reproduction.recap.policy.model import PolicyModelConfig, build_policy_model
     from reproduction.recap.policy.task import policy_blocks
     from reproduction.recipes.grpo.rollout import RolloutSpec, load_head
     from reproduction.train.task import TrainTask
 
     setup = json.loads(Path(setup_path).read_text(encoding="utf-8"))
-    rl, sft = setup["rl"], Path(setup["sft_export"])
+    rl, sft = {**setup["rl"], "rollout_workers": int(rollout_workers)}, Path(setup["sft_export"])
     meta = json.loads((sft / "policy.json").read_text(encoding="utf-8"))
     mcfg = PolicyModelConfig.from_dict(setup["model_config"])
     head = load_head(sft, model=build_policy_model(mcfg, seed=0))

@@ -13,7 +13,10 @@ from reproduction.fsio import atomic_write_text
 from reproduction.recipes.grpo.config import RlSection
 from reproduction.recipes.grpo.task import LIVE_EVAL_PREFIX, SETUP_NAME, file_sha256, make_grpo_task
 
-FREE_ON_RESUME = ("steps", *output_free_keys(RlSection))
+OUTPUT_FREE = output_free_keys(RlSection)
+"""rl fields declared `same_outputs()` (config.py): left out of the stage's key and of grpo_setup.json, one of its
+outputs (audit62 K: rl.rollout_workers there made the setup's bytes follow the worker count)."""
+FREE_ON_RESUME = ("steps", *OUTPUT_FREE)
 """rl fields a resume may change: the step count (`--target-step` raises it) and the fields declared `same_outputs()`
 (config.py): they shape neither the rollouts nor the updates. micro_init_states is not one of them: the batch
 advantage scale, the co-training draws and the per-micro-batch loss mean depend on the split (audit56 D1). The rl
@@ -71,10 +74,14 @@ def train_grpo(
             path=out_dir / "checkpoints",
             hint="pass --resume to continue, or train into a new folder",
         )
+    plain_rl = to_plain(rl)
     setup = {
         "format_version": 1,
-        "rl": to_plain(rl),
-        "eval": to_plain(config.eval),
+        # what the stage computes from: rl's fields but those declared same_outputs() (and so out of its key), and
+        # of eval only the seed (its live evaluations' episodes); a worker count in this output made two runs of one
+        # key differ in its bytes, and eval.workers or eval.episodes_per_task, which rl never reads, did too
+        "rl": {k: v for k, v in plain_rl.items() if k not in OUTPUT_FREE},
+        "eval": {"seed": config.eval.seed},
         "sft_export": str(sft_export.resolve()),
         "sft_weights_sha256": file_sha256(sft_export / "model.safetensors"),
         "model_config": json.loads((sft_export / "model_config.json").read_text(encoding="utf-8")),
@@ -86,7 +93,9 @@ def train_grpo(
         _refuse_changed(out_dir / SETUP_NAME, setup)
     atomic_write_text(out_dir / SETUP_NAME, json.dumps(setup, indent=1, sort_keys=True))
     result = train(
-        functools.partial(make_grpo_task, setup_path=str((out_dir / SETUP_NAME).resolve())),
+        functools.partial(
+            make_grpo_task, setup_path=str((out_dir / SETUP_NAME).resolve()), rollout_workers=rl.rollout_workers
+        ),
         train_cfg,
         out_dir=out_dir,
         resume=resume,

@@ -194,7 +194,9 @@ def evaluate_exports(
             tasks=tuple(ev.tasks),
             episodes_per_task=ev.episodes_per_task,
             seed=ev.seed,
-            execute_steps=int(meta.get("execute_steps", config.policy.model.execute_steps)),
+            # the config's, which keys this stage (its export's was the policy stage's value when it trained: the
+            # field is same_outputs() there, so a changed one redid eval with the old value under the new record)
+            execute_steps=int(config.policy.model.execute_steps),
             videos=ev.videos,
             workers=ev.workers,
             cameras=camera_names(cameras, key=f"the {mode} policy export {export} (policy.json cameras)"),
