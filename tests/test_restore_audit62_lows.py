@@ -230,3 +230,27 @@ def test_an_update_after_a_copy_is_not_refused_for_byte_identical_source_files(r
     assert done.returncode == 0, done.stderr
     assert (copy / "source/proj/a.py").read_text() == "v = 2\n"
     assert not (copy / "source/proj/b.py").exists()
+
+
+def test_an_update_after_a_copy_replaces_runtime_files_the_new_bundle_changed(restored, tmp_path):
+    """review62 R1: after `cp -r` (every mtime new, the receipt intact), an update whose runtime layer changed was
+    refused, "runtime/b: restore would replace this layer target, and 5 file(s) in it are not ones restore wrote
+    there", exit 4, even under --refresh-source: runtime files carry no digests, and L3's comparison (meant for a
+    lost receipt) ran under a receipt that records the target. At fc528c2 and now: the update goes through."""
+    copy = _copy_resetting_mtimes(restored, tmp_path)
+    src = tmp_path / "v2" / "src"
+    write_tree(src / "proj", {"a.py": b"v = 1\n", "b.py": b"w = 2\n"})
+    shutil.copytree(restored / "runtime/a", src / "rtA", symlinks=True)
+    write_tree(src / "rtB", {f"share/f{i}.txt": f"b {i} v2\n".encode() * 20 for i in range(6)})  # changed, + f5
+    (tmp_path / "v2" / "s.toml").write_text(SPEC.replace("relocatable = true\n", ""), encoding="utf-8")
+    pack_bundle(tmp_path / "v2" / "s.toml", tmp_path / "v2" / "B", ui=QUIET)
+    (copy / "bundle.json").unlink()
+    for folder in ("source", "runtime"):
+        for p in (copy / folder).iterdir():
+            if p.is_file():
+                p.unlink()
+    shutil.copytree(tmp_path / "v2" / "B", copy, symlinks=True, dirs_exist_ok=True)
+    done = run_cli("restore", copy)
+    assert done.returncode == 0, done.stderr
+    assert (copy / "runtime/b/share/f0.txt").read_bytes() == b"b 0 v2\n" * 20
+    assert (copy / "runtime/b/share/f5.txt").exists()

@@ -111,7 +111,8 @@ def refuse_losing_files(
     """Before any swap: never discard files in a target that restore did not write, without saying so.
 
     A layer target over a folder of the user's own (audit F4), or a target whose receipt was lost while it
-    held local edits (F9; a runtime target's too: audit62 L3), is refused with InvalidInputError (4) naming the files;
+    held local edits (F9; a runtime target's too, when no record names it: audit62 L3), is refused with
+    InvalidInputError (4) naming the files;
     `--refresh-source` lets a source target's files go, named in `overwritten` (the restore report's) as for edits
     the receipt saw. Files the receipt records for the target and still unchanged count as restore's own even
     when it does not vouch for the tree (an older bundle's restore: audit58 A2). A target the receipt vouches
@@ -133,11 +134,18 @@ def refuse_losing_files(
         rewritten = {o.path for x in g.layers for o in x.prefix_files}  # own and foreign prefixes, in this target
         rewritten |= {o.path for x in g.layers for occ in x.foreign_prefix_files.values() for o in occ}
         staged = bundle / STATE_DIR / "staging" / f"{i}"
+        # a runtime target's files are compared with the new tree only when no receipt record names the target
+        # (the receipt lost, audit62 L3): they carry no digests, so under a receipt a file merely touched or copied
+        # (new mtime, same bytes) would be named as an edit, and an update refused (review62 R1)
+        recorded = any(
+            r.target == g.target and (r.files or r.links)
+            for r in [*receipt.layers.values(), *receipt.replacing.values()]
+        )
         lost = lost_files(
             bundle / g.target,
             staged,
             known=known,
-            compare=not g.vouched,  # a runtime target's edits too, once the receipt is lost (audit62 L3)
+            compare=not g.vouched and (source or not recorded),
             rewritten=rewritten,
         )
         if not lost:
