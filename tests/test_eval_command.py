@@ -22,7 +22,9 @@ from reproduction.portable import main
 def calls(monkeypatch):
     seen = []
 
-    def evaluate_exports(config, exports, out_dir, run_dir, *, name="policy", ui=None, labels=None):
+    def evaluate_exports(
+        config, exports, out_dir, run_dir, *, name="policy", ui=None, labels=None, export_execute_steps=False
+    ):
         step = next(iter(exports.values()))[1] or 0
         rel = f"evidence/eval_{name}_{step}.json"
         (Path(run_dir) / rel).parent.mkdir(parents=True, exist_ok=True)

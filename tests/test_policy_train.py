@@ -240,3 +240,7 @@ def test_the_eval_stage_executes_the_configs_execute_steps_not_the_exports(tmp_p
     config = load_config(overrides=[*over, "policy.model.execute_steps=1"])
     evaluate_exports(config, {"bc": (res.export_dir, 1)}, run / "eval", run)
     assert seen == [1]
+    # `portable eval --checkpoint` (eval_cmd) runs an export as its policy.json says, as at fc528c2 (review62 S M1:
+    # an export trained with 4 was evaluated with the run config's default 2, and the override was refused)
+    evaluate_exports(config, {"bc": (res.export_dir, 1)}, run / "eval2", run, export_execute_steps=True)
+    assert seen == [1, 2]

@@ -46,7 +46,9 @@ def cmd_eval(args: Any, run_dir: Path, state: dict[str, Any] | None, ui: UiOptio
     out_dir = run_dir / "eval_checkpoint" / name
     refuse_unwritable_outputs(run_dir, out_dir)
     say(f"evaluating {len(exports)} policy export(s): {shown}", options=ui)
-    output = evaluate_exports(config, exports, out_dir, run_dir, name=name, ui=ui, labels=labels)
+    output = evaluate_exports(
+        config, exports, out_dir, run_dir, name=name, ui=ui, labels=labels, export_execute_steps=True
+    )
     say(f"evidence: {run_dir / output.summary['evidence']}", options=ui)
     if config.eval.reference:
         from reproduction.recipes.recap.policy import compare_with_reference

@@ -152,10 +152,15 @@ def evaluate_exports(
     evaluate_libero: Any = None,
     libero_factory: Any = None,
     labels: dict[str, str] | None = None,
+    export_execute_steps: bool = False,
 ) -> StageOutput:
     """Evaluate the policy exports ({mode: (export folder, step)}) in the simulator into `out_dir`, and
     write `run_dir`/evidence/eval_<name>_<step>.json (compare it with `compare_with_reference`). `labels`: the
     evidence label of a baseline mode's export when it is not the mode's name (`evaluations`).
+
+    Each chunk executes `policy.model.execute_steps` actions, the value the eval stage is keyed on; with
+    `export_execute_steps` (`portable eval --checkpoint`: an export of this run or of another) the value the
+    export's policy.json recorded, as the policy it is was meant to run (review62 S M1).
 
     LIBERO task ids in eval.tasks go to `evaluate_libero` (default reproduction.sim.libero.evaluate_libero), the
     rest to the Fetch simulator. `libero_factory(export_dir, guidance_scale)` -> a picklable zero-argument policy
@@ -194,9 +199,13 @@ def evaluate_exports(
             tasks=tuple(ev.tasks),
             episodes_per_task=ev.episodes_per_task,
             seed=ev.seed,
-            # the config's, which keys this stage (its export's was the policy stage's value when it trained: the
-            # field is same_outputs() there, so a changed one redid eval with the old value under the new record)
-            execute_steps=int(config.policy.model.execute_steps),
+            # the eval stage: the config's, which keys it (its export's was the policy stage's value when it trained:
+            # the field is same_outputs() there, so a changed one redid eval with the old value under the new record)
+            execute_steps=int(
+                meta.get("execute_steps", config.policy.model.execute_steps)
+                if export_execute_steps
+                else config.policy.model.execute_steps
+            ),
             videos=ev.videos,
             workers=ev.workers,
             cameras=camera_names(cameras, key=f"the {mode} policy export {export} (policy.json cameras)"),
