@@ -505,12 +505,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _file_like(word: str) -> bool:
+    """Whether a word given where an override goes reads as a file path: a folder in it, or a .json name."""
+    return "/" in word or word.lower().endswith(".json")
+
+
 def _refuse_json_file(args: argparse.Namespace) -> None:
     """UsageError (exit 2) for `eval ... --json FILE`: eval's --json is the global flag (the result on stdout), so
     FILE was read as a key.path=value override, refused as one (exit 4, or --plan's exit 2) and written nowhere,
     where `portable check --json FILE` writes FILE relative to the current folder (audit62 L5). The hint redirects
     stdout to the path FILE names from the current folder, made absolute."""
-    stray = next((o for o in args.overrides or [] if "=" not in o), None) if args.json else None
+    # a FILE-like word only (`e.json`, `out/e`): `eval.episodes_per_task` missing its `=value` gets the override's
+    # own error (review62 S L1: it was sent to stdout redirected into a file of that name)
+    stray = next((o for o in args.overrides or [] if "=" not in o and _file_like(o)), None) if args.json else None
     if stray is not None:
         raise UsageError(
             f"`portable eval` writes no --json FILE: {stray!r} is no key.path=value override (eval's --json prints "

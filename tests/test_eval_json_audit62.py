@@ -34,3 +34,12 @@ def test_a_word_without_json_is_still_the_overrides_error(tmp_path, monkeypatch,
     monkeypatch.chdir(tmp_path)
     assert main(["eval", "--checkpoint", "1", "--output", "run", "e.json"]) == 4
     assert capsys.readouterr().err.startswith("error: override 'e.json' is not key.path=value")
+
+
+def test_with_json_an_override_missing_its_value_is_still_the_overrides_error(tmp_path, monkeypatch, capsys):
+    """review62 S L1: `--json` anywhere made `eval.episodes_per_task` (its `=value` forgotten) a --json FILE, with a
+    hint to redirect stdout into a file of that name."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["--json", "eval", "--checkpoint", "1", "--output", "run", "eval.episodes_per_task"]
+    assert main(argv) == 4
+    assert capsys.readouterr().err.startswith("error: override 'eval.episodes_per_task' is not key.path=value")
