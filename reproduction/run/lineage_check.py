@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -225,7 +226,10 @@ def resolve(descriptor: Mapping[str, Any], run_dir: Path, statement: LoadedState
     if root == "bundle" and statement.bundle:
         return Path(statement.bundle) / rel
     uri = descriptor.get("uri", "")
-    return Path(uri[len("file://") :]) if uri.startswith("file://") else Path(rel)
+    if not uri.startswith("file://"):
+        return Path(rel)
+    # lineage.py writes Path.as_uri(): percent-encoded bytes (a space, `%`, `${` in a dataset's path: review62 S M3)
+    return Path(os.fsdecode(urllib.parse.unquote_to_bytes(uri[len("file://") :])))
 
 
 # -- the chain ----------------------------------------------------------------------------------
