@@ -215,3 +215,25 @@ def test_grpo_preflight_refuses_sft_data_the_rollout_world_cannot_serve(tmp_path
         "where Fetch gives 14 (observation.state 11 + observation.goal 3), so the Fetch tasks of rl.tasks ("
     )
     assert "give SFT demonstrations with the state and action of that world" in p.hint
+
+
+def test_grpo_hint_for_libero_data_names_the_config_layer_that_switches_the_world(tmp_path):
+    """review62 S L2: the hint said `rl.tasks=[libero_10/0]`, which was refused twice more when followed (rl.reward,
+    then rl and eval in different simulators); bundle/grpo/libero.yaml switches them all."""
+    from reproduction.recipes.grpo.config import GrpoRunConfig
+    from reproduction.recipes.grpo.preflight import preflight
+    from reproduction.run.config import load_config as load_run_config
+
+    d = _dataset(tmp_path / "robot", state=8, action=7)
+    cfg = load_run_config(
+        [REPO / "bundle" / "grpo" / "config.yaml"],
+        [f"sft.datasets=[{{path: {d}}}]"],
+        bundle=tmp_path,
+        run_dir=tmp_path / "run",
+        schema=GrpoRunConfig,
+    )
+    (p,) = [p for p in preflight(cfg, tmp_path / "run", {}, ["sft", "rl", "eval"]) if "tasks" in str(p.field)]
+    assert p.hint.startswith(
+        "use LIBERO tasks, whose widths the data have (--config bundle/grpo/libero.yaml over config.yaml; docs/grpo.md"
+    ), p.hint
+    assert "rl.tasks=[libero_10/0]" not in p.hint

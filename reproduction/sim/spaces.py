@@ -145,18 +145,29 @@ def misfits(world: World, policy: PolicyShape) -> list[str]:
 
 
 def world_problem(
-    shape: PolicyShape | None, world: World, other: World, *, where: str, key: str, tasks: list[str]
+    shape: PolicyShape | None,
+    world: World,
+    other: World,
+    *,
+    where: str,
+    key: str,
+    tasks: list[str],
+    instead: str | None = None,
 ) -> Any:
     """The ConfigError (exit 4, field `key`) for a dataset (`where`) of PolicyShape `shape` whose state or action
     `world` (the world of `key`'s `tasks`) cannot give the policy, or None; its hint names `other` world where the
-    data fit it, and ends in "or" for the caller's way out. RECAP's and GRPO's preflights use it."""
+    data fit it (`instead`: how to switch to it, when setting `key` alone is not enough), and ends in "or" for the
+    caller's way out. RECAP's and GRPO's preflights use it."""
     from reproduction.errors import ConfigError
 
     wrong = misfits(world, shape) if shape is not None else []
     if not wrong:
         return None
     if not misfits(other, shape):
-        instead = f"{key}=[FetchPickAndPlace-v4]" if other.name == "Fetch" else f"{key}=[libero_10/0]; docs/libero.md"
+        if instead is None:
+            instead = (
+                f"{key}=[FetchPickAndPlace-v4]" if other.name == "Fetch" else f"{key}=[libero_10/0]; docs/libero.md"
+            )
         way = f"use {other.name} tasks, whose widths the data have ({instead}), or"
     else:
         way = "use tasks of a world whose state and action the data match, or"

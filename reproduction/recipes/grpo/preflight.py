@@ -86,7 +86,19 @@ def _world_problems(config: Any, where: str, dataset: Any, stages: list[str] | N
         libero = any(is_libero(t) for t in tasks)
         world = libero_world(cameras=bool(model.cameras)) if libero else fetch_world()
         other = fetch_world() if libero else libero_world(cameras=not model.cameras)
-        problem = world_problem(shape, world, other, where=f"{where} ({dataset.name})", key=key, tasks=tasks)
+        # rl and eval run in one world, with that world's reward and limits: one config layer switches them all
+        # (review62 S L2: `rl.tasks=[libero_10/0]` alone was refused twice more)
+        switch = "--config bundle/grpo/libero.yaml over config.yaml" if other.name == "LIBERO" else "rl.tasks and "
+        switch += "" if other.name == "LIBERO" else "eval.tasks of Fetch, e.g. [FetchPush-v4]"
+        problem = world_problem(
+            shape,
+            world,
+            other,
+            where=f"{where} ({dataset.name})",
+            key=key,
+            tasks=tasks,
+            instead=f"{switch}; docs/grpo.md in the repository checkout",
+        )
         if problem is not None:
             problem.hint += (
                 " give SFT demonstrations with the state and action of that world (nothing was started or written)"
