@@ -113,6 +113,18 @@ def test_deep_extracts_again_a_runtime_target_whose_file_lost_its_exec_bit(resto
     assert tool.stat().st_mode & 0o777 == mode
 
 
+def test_deep_extracts_again_a_runtime_target_whose_folder_mode_changed(restored):
+    """review62 R2: `chmod 700 runtime/a/lib` was put back by --deep at fc528c2 (it re-extracted every runtime
+    target), and kept after L2 (only files and links were compared)."""
+    lib = restored / "runtime" / "a" / "lib"
+    mode = lib.stat().st_mode & 0o7777
+    lib.chmod(0o700)
+    done = run_cli("restore", "--deep", restored)
+    assert done.returncode == 0, done.stderr
+    assert "; extracted runtime/a; unchanged source/proj, runtime/b" in done.stderr, done.stderr
+    assert lib.stat().st_mode & 0o7777 == mode
+
+
 def test_deep_after_a_move_relocates_an_unchanged_runtime_target(restored, tmp_path):
     """A moved bundle: the prefix files no longer match a fresh relocation for the old folder; extracted again."""
     moved = restored.rename(tmp_path / "moved")

@@ -213,7 +213,8 @@ def _keep_rechecked(bundle: Path, manifest: Manifest, groups: list[Group]) -> No
 
 def _same_as_staged(bundle: Path, manifest: Manifest, g: Group, staged: Path) -> bool:
     """Whether every file and link extracted at `staged` is in place at `g`'s target, byte for byte (a file
-    relocation rewrites: as it would be rewritten for the target where it is). Anything it cannot read: False."""
+    relocation rewrites: as it would be rewritten for the target where it is), and every folder with its mode.
+    Anything it cannot read: False."""
     from reproduction.release.relocate import _MODE_RANK, FALLBACK_GLOBS, normalize_prefix, rewrite_bytes
 
     root = bundle / g.target
@@ -266,6 +267,13 @@ def _same_as_staged(bundle: Path, manifest: Manifest, g: Group, staged: Path) ->
                         return False
             if data != (root / rel).read_bytes():
                 return False
+        for dirpath, dirs, _ in os.walk(staged):  # a folder's mode too, as a fresh extraction sets it (review62 R2)
+            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(dirpath, d))]
+            for d in dirs:
+                rel = os.path.relpath(os.path.join(dirpath, d), staged)
+                a, b = os.lstat(staged / rel), os.lstat(root / rel)
+                if not stat.S_ISDIR(b.st_mode) or stat.S_IMODE(a.st_mode) != stat.S_IMODE(b.st_mode):
+                    return False
     except OSError:
         return False
     return True
