@@ -148,7 +148,8 @@ class Dataset:
             f for f, names in zip(self.data_files, ordered_map(read_schema_names, self.data_files)) if column in names
         ]
         if having:
-            lacking = [f for f in self.data_files if f not in set(having)]
+            have = set(having)
+            lacking = [f for f in self.data_files if f not in have]
             verb = "lacks" if len(lacking) == 1 else "lack"
             raise DatasetError(
                 f"{lacking[0]}: no column {column}, which {len(having)} of the dataset's {len(self.data_files)} data "

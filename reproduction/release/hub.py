@@ -217,7 +217,7 @@ def _bytes_match(remote: Any, data: bytes) -> bool:
         return False
     if remote.lfs is not None:
         return remote.lfs.sha256 == hashlib.sha256(data).hexdigest()
-    return remote.blob_id == hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    return remote.blob_id == _git_sha1(data)
 
 
 def plan_batches(entries: list[FileEntry], *, max_files: int, max_bytes: int) -> list[list[FileEntry]]:

@@ -70,6 +70,21 @@ _MODE_RANK = {"text": 0, "binary": 1, "elf-runpath": 2}
 _PATH_CHAR = rb"A-Za-z0-9_.+\-"
 
 
+def strongest_modes(occurrences: Sequence[PrefixOccurrence]) -> dict[str, str]:
+    """Path -> the mode relocation rewrites it in: of a path listed several times, the strongest (elf-runpath over
+    binary over text)."""
+    modes: dict[str, str] = {}
+    for occ in occurrences:
+        if _MODE_RANK[occ.mode] >= _MODE_RANK.get(modes.get(occ.path, "text"), 0):
+            modes[occ.path] = occ.mode
+    return modes
+
+
+def is_fallback(rel: str, globs: Sequence[str] = FALLBACK_GLOBS) -> bool:
+    """Whether `rel` may keep a compiled-in fallback prefix that does not fit (FALLBACK_GLOBS)."""
+    return any(fnmatch.fnmatchcase(rel, g) for g in globs)
+
+
 def normalize_prefix(prefix: str, *, what: str = "prefix") -> str:
     """`prefix` without trailing slashes; raises RelocationError unless it is an absolute path below /."""
     value = str(prefix).rstrip("/")
@@ -536,10 +551,7 @@ def relocate_tree(
     build = normalize_prefix(build_prefix, what="build prefix") if build_prefix else old
     if old == new:
         return []
-    modes: dict[str, str] = {}
-    for occ in occurrences:
-        if _MODE_RANK[occ.mode] >= _MODE_RANK.get(modes.get(occ.path, "text"), 0):
-            modes[occ.path] = occ.mode
+    modes = strongest_modes(occurrences)
     problems: list[str] = []
     kept: list[str] = []
     planned: list[tuple[str, bytes, os.stat_result]] = []
@@ -557,7 +569,7 @@ def relocate_tree(
                 )
                 continue
             data, st = read
-            fallback = any(fnmatch.fnmatchcase(rel, g) for g in fallback_globs)
+            fallback = is_fallback(rel, fallback_globs)
             new_data = rewrite_bytes(
                 data,
                 mode,

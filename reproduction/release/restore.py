@@ -12,7 +12,6 @@ restore finishes the job.
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import stat
 import time
@@ -26,7 +25,15 @@ from reproduction.fsio import remove_tree
 from reproduction.release import extract_child
 from reproduction.release import layers as layer_io
 from reproduction.release.lock import bundle_lock
-from reproduction.release.manifest import MANIFEST_NAME, STATE_DIR, LayerEntry, Manifest, has_control, load_manifest
+from reproduction.release.manifest import (
+    MANIFEST_NAME,
+    STATE_DIR,
+    LayerEntry,
+    Manifest,
+    PrefixOccurrence,
+    has_control,
+    load_manifest,
+)
 from reproduction.release.receipt import LayerReceipt, Receipt, load_receipt, refuse_receipt_folder, save_receipt
 from reproduction.release.restore_plan import Group, few, has_prefixes, plan, refuse_losing_files
 from reproduction.release.safety import check_targets, validate_layers
@@ -159,14 +166,9 @@ def _relocate(
     from reproduction.release.relocate import relocate_tree
 
     root = bundle / layer.target
-    by_archive = {x.archive: x for x in manifest.layers}
     changed: list[str] = []
     skipped: list[str] = []
-    jobs = [(layer, layer.prefix_files)] if layer.prefix_files and layer.build_prefix else []
-    jobs += [
-        (by_archive[a], occ) for a, occ in sorted(layer.foreign_prefix_files.items()) if by_archive[a].build_prefix
-    ]
-    for owner, occurrences in jobs:
+    for owner, occurrences in _prefix_jobs(manifest, layer):
         strays = sorted({o.path for o in occurrences} - known)
         if strays:
             raise InvalidInputError(
@@ -192,6 +194,17 @@ def _relocate(
     return sorted(set(changed))
 
 
+def _prefix_jobs(manifest: Manifest, layer: LayerEntry) -> list[tuple[LayerEntry, tuple[PrefixOccurrence, ...]]]:
+    """(the layer whose build prefix it is, the occurrences) of `layer`'s files, in the order relocation applies
+    them: its own prefix, then each foreign layer's by archive (those with no build prefix recorded skipped)."""
+    by_archive = {x.archive: x for x in manifest.layers}
+    jobs = [(layer, layer.prefix_files)] if layer.prefix_files and layer.build_prefix else []
+    jobs += [
+        (by_archive[a], occ) for a, occ in sorted(layer.foreign_prefix_files.items()) if by_archive[a].build_prefix
+    ]
+    return jobs
+
+
 def _keep_rechecked(bundle: Path, manifest: Manifest, groups: list[Group]) -> None:
     """`--deep` over a vouched runtime target whose stat pass found nothing changed (`Group.recheck`): its layers
     were extracted to staging like any other; when every file and link there is what the target holds (a file
@@ -215,21 +228,11 @@ def _same_as_staged(bundle: Path, manifest: Manifest, g: Group, staged: Path) ->
     """Whether every file and link extracted at `staged` is in place at `g`'s target, byte for byte (a file
     relocation rewrites: as it would be rewritten for the target where it is), and every folder with its mode.
     Anything it cannot read: False."""
-    from reproduction.release.relocate import _MODE_RANK, FALLBACK_GLOBS, normalize_prefix, rewrite_bytes
+    from reproduction.release.relocate import is_fallback, normalize_prefix, rewrite_bytes, strongest_modes
 
     root = bundle / g.target
-    by_archive = {x.archive: x for x in manifest.layers}
-    jobs = []  # (owner layer, {path: mode}) in the order `_relocate` applies them after an extraction
-    for layer in g.layers:
-        pairs = [(layer, layer.prefix_files)] if layer.prefix_files and layer.build_prefix else []
-        foreign = sorted(layer.foreign_prefix_files.items())
-        pairs += [(by_archive[a], o) for a, o in foreign if by_archive[a].build_prefix]
-        for owner, occurrences in pairs:
-            modes: dict[str, str] = {}
-            for occ in occurrences:
-                if _MODE_RANK[occ.mode] >= _MODE_RANK.get(modes.get(occ.path, "text"), 0):
-                    modes[occ.path] = occ.mode
-            jobs.append((owner, modes))
+    # (owner layer, {path: mode}) in the order `_relocate` applies them after an extraction
+    jobs = [(owner, strongest_modes(occ)) for layer in g.layers for owner, occ in _prefix_jobs(manifest, layer)]
     try:
         for rel in layer_io.tree_files(staged):
             a, b = os.lstat(staged / rel), os.lstat(root / rel)
@@ -260,7 +263,7 @@ def _same_as_staged(bundle: Path, manifest: Manifest, g: Group, staged: Path) ->
                         build=build,
                         problems=problems,
                         notes=[],
-                        fallback=any(fnmatch.fnmatchcase(rel, glob) for glob in FALLBACK_GLOBS),
+                        fallback=is_fallback(rel),
                         skipped=[],
                     )
                     if problems:

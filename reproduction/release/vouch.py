@@ -84,13 +84,19 @@ def own_files(root: Path, receipt: Receipt, target: str, *, source: bool) -> set
     if not recorded or not os.path.isdir(root) or os.path.islink(root):
         return set()
     bad = set(changed_folders(root, layer_folders((p, "file") for p in recorded)))
+    hashed: list[set[str]] = []  # per record, the files just found unchanged by their digest: not hashed again
     for r in recs:  # a file whose stat changed but whose bytes hash as recorded is still its own (audit62 L8)
         stale = [p for p in r.changed_files(root) if not at_or_below(p, bad)]
-        bad |= set(stale) - set(r.restat_unchanged(root, stale))
+        hashed.append(set(r.restat_unchanged(root, stale)))
+        bad |= set(stale) - hashed[-1]
     if source:
         bad |= {p for r in recs for p in r.files if p not in r.digests}
-        for r in recs:
-            bad |= {p for p, digest in r.digests.items() if not at_or_below(p, bad) and _digest(root, p) != digest}
+        for r, done in zip(recs, hashed):
+            bad |= {
+                p
+                for p, digest in r.digests.items()
+                if p not in done and not at_or_below(p, bad) and _digest(root, p) != digest
+            }
     return {p for p in recorded if not at_or_below(p, bad)}
 
 

@@ -180,15 +180,8 @@ def check_export_for_fetch(meta: dict[str, Any], *, name: str, tasks: Sequence[s
     fits_libero = not misfits(libero_world(cameras=not shape.state_keys or bool(cams)), shape)
     if fits_libero and (libero_signs or shape.action_dim is not None):
         fetch_action = fetch_world().action_dim
-        signs = (
-            [f"{shape.action_dim}-dim action (Fetch takes {fetch_action})"]
-            if shape.action_dim
-            not in (
-                None,
-                fetch_action,
-            )
-            else []
-        )
+        odd_action = shape.action_dim not in (None, fetch_action)
+        signs = [f"{shape.action_dim}-dim action (Fetch takes {fetch_action})"] if odd_action else []
         trained = meta.get("tasks") or []
         on = f" on {', '.join(map(repr, trained[:3]))}{' ...' if len(trained) > 3 else ''}" if trained else ""
         raise ConfigError(

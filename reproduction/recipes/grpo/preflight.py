@@ -88,8 +88,11 @@ def _world_problems(config: Any, where: str, dataset: Any, stages: list[str] | N
         other = fetch_world() if libero else libero_world(cameras=not model.cameras)
         # rl and eval run in one world, with that world's reward and limits: one config layer switches them all
         # (review62 S L2: `rl.tasks=[libero_10/0]` alone was refused twice more)
-        switch = "--config bundle/grpo/libero.yaml over config.yaml" if other.name == "LIBERO" else "rl.tasks and "
-        switch += "" if other.name == "LIBERO" else "eval.tasks of Fetch, e.g. [FetchPush-v4]"
+        switch = (
+            "--config bundle/grpo/libero.yaml over config.yaml"
+            if other.name == "LIBERO"
+            else "rl.tasks and eval.tasks of Fetch, e.g. [FetchPush-v4]"
+        )
         problem = world_problem(
             shape,
             world,

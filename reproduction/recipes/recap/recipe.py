@@ -404,11 +404,6 @@ NO_CAMERA_KEY = "observation.images.none"
 on purpose (the demo's configs), so the unknown-camera check lets it through."""
 
 
-_width = feature_width
-"""Components of a feature of info.json shape `shape`; None for a shape that is no list of whole numbers (the
-reader names that one; these checks only compare widths they can read)."""
-
-
 def _numeric(dtype: str) -> bool:
     return dtype == "bool" or dtype.startswith(("float", "int", "uint"))
 
@@ -478,18 +473,18 @@ def feature_problems(config: Any, read: list[tuple[str, Any, Any]], stages: list
                 )
                 continue
             shapes = [(k, feats[k].get("shape") or [1]) for k in keys]
-            if len(keys) < len(keys_of(ds)) or any(_width(sh) is None for _k, sh in shapes):
+            if len(keys) < len(keys_of(ds)) or any(feature_width(sh) is None for _k, sh in shapes):
                 continue  # a missing feature is reported on its own, an unreadable shape by the reader
             named = f"{where} ({ds.name})"
             if dims is not None:  # audit54 RV4: each index must pick the same component in every dataset
-                widths = [_width(sh) or 0 for _k, sh in shapes]
+                widths = [feature_width(sh) or 0 for _k, sh in shapes]
                 if max(dims) >= sum(widths):
                     problems.append(_dims_problem(field, list(dims), named, shapes))
                     break
                 if first is None:
                     first = (named, shapes)
                     continue
-                other = [_width(sh) or 0 for _k, sh in first[1]]
+                other = [feature_width(sh) or 0 for _k, sh in first[1]]
                 if [_picked(widths, d) for d in dims] != [_picked(other, d) for d in dims]:
                     upto = max(_picked(widths, max(dims))[0], _picked(other, max(dims))[0]) + 1
                     problems.append(_width_problem(field, (first[0], first[1][:upto]), (named, shapes[:upto])))
@@ -497,7 +492,7 @@ def feature_problems(config: Any, read: list[tuple[str, Any, Any]], stages: list
                 continue
             if first is None:
                 first = (named, shapes)
-            elif [(k, _width(sh)) for k, sh in shapes] != [(k, _width(sh)) for k, sh in first[1]]:
+            elif [(k, feature_width(sh)) for k, sh in shapes] != [(k, feature_width(sh)) for k, sh in first[1]]:
                 problems.append(_width_problem(field, first, (named, shapes)))
                 break
     cams = [("value.model.cameras", value_model.cameras, read, "value" in runs)]
@@ -572,8 +567,8 @@ def _dims_problem(field: str, dims: list[int], named: str, shapes: list[tuple[st
     from reproduction.errors import ConfigError
 
     key = field.replace("state_keys", "state_dims")
-    total = sum(_width(sh) or 0 for _k, sh in shapes)
-    feats = " + ".join(f"{k} (shape {sh}, width {_width(sh)})" for k, sh in shapes)
+    total = sum(feature_width(sh) or 0 for _k, sh in shapes)
+    feats = " + ".join(f"{k} (shape {sh}, width {feature_width(sh)})" for k, sh in shapes)
     return ConfigError(
         f"{key}: index {max(dims)} of {dims} is past the {total} components of {feats} in {named}",
         field=key,
@@ -586,7 +581,9 @@ def _width_problem(field: str, a: tuple[str, list[tuple[str, Any]]], b: tuple[st
     from reproduction.errors import ConfigError
 
     sa, sb = dict(a[1]), dict(b[1])
-    k = ([k for k in sa if k not in sb or _width(sa[k]) != _width(sb[k])] + [k for k in sb if k not in sa])[0]
+    k = (
+        [k for k in sa if k not in sb or feature_width(sa[k]) != feature_width(sb[k])] + [k for k in sb if k not in sa]
+    )[0]
     shown = {w: f"shape {d[k]}" if k in d else "absent" for w, d in ((a[0], sa), (b[0], sb))}
     if field.startswith("value"):
         hint = "name features of one width in every dataset in value.model.state_keys, or drop the odd dataset " + (
