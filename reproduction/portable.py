@@ -1050,6 +1050,10 @@ def _main(argv: list[str] | None = None) -> int:
             return code
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    from reproduction.run.cli_args import missing_run_output  # stdlib only
+
+    if missing_run_output(args):  # before the extras, as argparse did
+        parser.error("the following arguments are required: --output", prog="portable run")
     if extra:  # `run` takes key.path=value overrides anywhere after the command; nothing else is unknown
         if getattr(args, "overrides", None) is None or any(e.startswith("-") for e in extra):
             named = (args.command, getattr(args, "weights_command", None))  # the hint names the command's own help
