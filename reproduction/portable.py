@@ -694,8 +694,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(
         "pack",
         cmd_pack,
-        "build a release bundle from a spec (TOML; bundle/demo.toml in the repository checkout shows the format)",
+        "build a release bundle from a spec (TOML: its format is at the end of `portable pack --help`)",
     )
+    from reproduction.release.spec_format import FORMAT  # stdlib only
+
+    p.epilog = f"{FORMAT}\n\n{EXIT_CODES}"  # every install has the format; the checkout's bundle/ only the checkout
     p.add_argument("spec", metavar="SPEC.toml")
     p.add_argument("--out", required=True, metavar="DIR", help="bundle folder to create (new or empty)")
     p.add_argument(
