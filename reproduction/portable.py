@@ -694,8 +694,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(
         "pack",
         cmd_pack,
-        "build a release bundle from a spec (TOML; bundle/demo.toml in the repository checkout shows the format)",
+        "build a release bundle from a spec (TOML: its format is at the end of `portable pack --help`)",
     )
+    from reproduction.release.spec_format import FORMAT  # stdlib only
+
+    p.epilog = f"{FORMAT}\n\n{EXIT_CODES}"  # every install has the format; the checkout's bundle/ only the checkout
     p.add_argument("spec", metavar="SPEC.toml")
     p.add_argument("--out", required=True, metavar="DIR", help="bundle folder to create (new or empty)")
     p.add_argument(
@@ -1050,6 +1053,10 @@ def _main(argv: list[str] | None = None) -> int:
             return code
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    from reproduction.run.cli_args import missing_run_output  # stdlib only
+
+    if missing_run_output(args):  # before the extras, as argparse did
+        parser.error("the following arguments are required: --output", prog="portable run")
     if extra:  # `run` takes key.path=value overrides anywhere after the command; nothing else is unknown
         if getattr(args, "overrides", None) is None or any(e.startswith("-") for e in extra):
             named = (args.command, getattr(args, "weights_command", None))  # the hint names the command's own help

@@ -300,7 +300,7 @@ def test_errors_that_had_no_hint_have_one(monkeypatch, capsys, tmp_path):
     spec.write_text("name = [\n")
     assert lines(["pack", str(spec), "--out", str(tmp_path / "b")], 4) == [
         f"error: {spec}: not valid TOML (Invalid value (at end of document))",
-        "hint: fix the TOML syntax there (bundle/demo.toml shows the format)",
+        "hint: fix the TOML syntax there (`portable pack --help` shows the format)",
     ]
     assert not (tmp_path / "run").exists() and not (tmp_path / "b").exists()
 

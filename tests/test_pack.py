@@ -228,15 +228,15 @@ def test_pack_whose_staging_folder_holds_a_source_is_refused_and_the_source_kept
             [
                 "unknown key 'bogus' in the top level",
                 "hint: the keys of the top level are name, description, root, entry_config, layer, file, config, "
-                "paths, weights, licenses (bundle/demo.toml shows the format)",
+                "paths, weights, licenses (`portable pack --help` shows the format)",
             ],
         ),
         (
             'name = "n"\n[[file]]\nsource = "data"\nexclud = ["*.txt"]\n',
             [
                 "unknown key 'exclud' in file[0]",
-                "hint: did you mean 'exclude'? the keys of file[0] are source, dest, exclude, origin (bundle/demo.toml "
-                "shows the format)",
+                "hint: did you mean 'exclude'? the keys of file[0] are source, dest, exclude, origin (`portable pack "
+                "--help` shows the format)",
             ],
         ),
         (
@@ -244,7 +244,7 @@ def test_pack_whose_staging_folder_holds_a_source_is_refused_and_the_source_kept
             [
                 "unknown key 'relocateable' in layer[0]",
                 "hint: did you mean 'relocatable'? the keys of layer[0] are source, kind, name, target, exclude, "
-                "relocatable, build_prefix, order, origin (bundle/demo.toml shows the format)",
+                "relocatable, build_prefix, order, origin (`portable pack --help` shows the format)",
             ],
         ),
         (

@@ -1,9 +1,10 @@
 """Write a folder as a reproducible `.tar.zst` layer: same tree in, same bytes out.
 
 Members are sorted, every mtime is FIXED_MTIME, owners are 0/0 with empty names, modes keep only
-permission bits, hard-linked files are stored as plain copies (restore refuses hard links), and
-absolute symlinks into a packed layer become relative ones (restore refuses absolute links). The
-tar is PAX, compressed by zstd with several threads (its output does not depend on the count).
+permission bits (and a folder's sticky bit), hard-linked files are stored as plain copies (restore
+refuses hard links), and absolute symlinks into a packed layer become relative ones (restore refuses
+absolute links). The tar is PAX, compressed by zstd with several threads (its output does not depend
+on the count).
 """
 
 from __future__ import annotations
@@ -90,7 +91,10 @@ def relink(link: str, member_path: str, link_roots: dict[str, str], *, layer: st
 def _tarinfo(rel: str, st: os.stat_result, *, kind: bytes, size: int = 0, linkname: str = "") -> tarfile.TarInfo:
     info = tarfile.TarInfo(rel)
     info.type, info.size, info.linkname = kind, size, linkname
-    info.mode = st.st_mode & 0o777  # drop setuid/setgid/sticky: restore refuses them
+    # Permission bits, and a folder's sticky bit: restore keeps it (extract.py), so a shared 0o1777 folder comes back
+    # one, not a plain world-writable folder (audit63). Setuid/setgid are dropped, from folders as from files: restore
+    # refuses a member that has them (safety.py), and a file's sticky bit means nothing on Linux (extract drops it).
+    info.mode = st.st_mode & (0o1777 if kind == tarfile.DIRTYPE else 0o777)
     info.mtime, info.uid, info.gid, info.uname, info.gname = FIXED_MTIME, 0, 0, "", ""
     return info
 

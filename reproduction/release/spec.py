@@ -1,42 +1,9 @@
-"""Bundle specs: the TOML file `portable pack` reads (see bundle/demo.toml), as typed values.
+"""Bundle specs: the TOML file `portable pack` reads, as typed values.
 
-name = "demo"                      # bundle name
-description = "..."                # optional, copied into bundle.json metadata
-root = "."                         # folder that relative `source` paths start from (default: the spec's folder)
-entry_config = "config/run.json"   # optional: the config `portable run` uses, relative to the bundle
-
-[[layer]]                          # a folder packed as <target>.tar.zst, extracted by restore
-source = "src/recap"               # the folder to pack
-kind = "source"                    # "source" or "runtime"
-name = "recap"                     # default: the source folder's name
-target = "source/recap"            # default: "<kind>/<name>"
-exclude = ["__pycache__", "*.pyc"] # globs; without '/' they match any name, with '/' the relative path
-relocatable = false                # runtime layers built at an absolute prefix: record where it occurs
-build_prefix = "/opt/py"           # default: the source folder's absolute path
-
-[[file]]                           # plain files (weights, data, evidence): a file or a whole folder
-source = "weights"
-dest = "weights"
-exclude = []
-
-[[config]]                         # like [[file]], but absolute paths inside become ${BUNDLE}/...
-source = "configs/run.json"
-dest = "config/run.json"
-
-[paths]                            # extra absolute prefixes to write as ${BUNDLE}/<value> in configs
-"/home/me/recap" = "source/recap"
-
-[[weights]]                        # pinned weights (release/weights.py): files land in <dest>/<file path>
-manifest = "../weights_manifest/value_tiny.json"   # relative to the spec's folder
-source = "weights-cache"           # optional: a folder holding the files (else: built ones are built)
-dest = "weights"                   # default "weights"
-
-licenses = ["libero", "mujoco"]    # components (LICENSES/index.json) whose licenses the bundle carries
-                                   # besides its weights' and this runner's
-
-A [[file]] / [[config]] / [[layer]] may say `origin = "..."`: where to get a missing source (shown by
-`portable pack --dry-run`). A key not shown here is refused (exit 4, naming it), as are a name that is not one
-path component and a target or dest under bundle.json, .portable/, reproduction/ or runs/.
+The format, every key with an example, is spec_format.FORMAT, which `portable pack --help` shows (every install
+has it; the repository checkout's bundle/demo.toml is a real spec). A key not listed there is refused (exit 4,
+naming it), as are a name that is not one path component and a target or dest under bundle.json, .portable/,
+reproduction/ or runs/.
 """
 
 from __future__ import annotations
@@ -154,7 +121,7 @@ def _load_toml(path: Path) -> dict[str, Any]:
         raise InputNotFoundError(
             f"{path}: spec not found",
             path=path,
-            hint="name a bundle spec (TOML); bundle/demo.toml shows the format (see the README's `portable pack`)",
+            hint=f"name a bundle spec (TOML); {FORMAT_HELP}",
         ) from None
     except IsADirectoryError:
         raise InvalidInputError(
@@ -170,7 +137,9 @@ def _load_toml(path: Path) -> dict[str, Any]:
         raise InvalidInputError(f"{path}: not valid TOML ({exc})", path=path, field="(root)", hint=TOML_HINT) from None
 
 
-TOML_HINT = "fix the TOML syntax there (bundle/demo.toml shows the format)"
+FORMAT_HELP = "`portable pack --help` shows the format"
+"""Where the hints send a user for the spec format: every install has it (bundle/demo.toml only the checkout)."""
+TOML_HINT = f"fix the TOML syntax there ({FORMAT_HELP})"
 
 
 def _get(data: dict[str, Any], key: str, kind: type, where: str, path: Path, default: Any = ...) -> Any:
@@ -213,7 +182,7 @@ def _table(data: Any, keys: tuple[str, ...], where: str, path: Path) -> dict[str
             path=path,
             field=f"{where}.{key}",
             hint=(f"did you mean {close[0]!r}? " if close else "")
-            + f"the keys of {table} are {', '.join(keys)} (bundle/demo.toml shows the format)",
+            + f"the keys of {table} are {', '.join(keys)} ({FORMAT_HELP})",
         )
     return data
 
@@ -237,7 +206,7 @@ def _name(value: str, where: str, path: Path) -> str:
     return value
 
 
-SPEC_HINT = "fix the spec (bundle/demo.toml shows the format)"
+SPEC_HINT = f"fix the spec ({FORMAT_HELP})"
 
 
 def _source(root: Path, value: str, where: str, path: Path, missing: list[str] | None = None) -> Path:

@@ -211,7 +211,8 @@ def cmd_run(args: Any) -> int:
         overrides.insert(0, args.bundle)  # `portable run --output D key=value`: no bundle given
         args.bundle = None
     normalise_paths(args, "output", "config", "bundle")
-    refuse_output_under_file(args.output)
+    if args.output is not None:  # None only with --print-config (portable.py refuses it elsewhere): no run folder
+        refuse_output_under_file(args.output)
     if not args.bundle and not args.config and _cwd_bundle() is not None:
         args.bundle = str(_cwd_bundle())  # standing in a restored bundle, its config is meant, not the defaults
         say(
@@ -232,7 +233,8 @@ def cmd_run(args: Any) -> int:
             field=bad[0],
             hint="write config overrides as key.path=value (see docs/config.md)",
         )
-    if bundle is not None and (Path(args.output) == bundle or bundle in Path(args.output).parents):
+    output = Path(args.output) if args.output is not None else None
+    if bundle is not None and output is not None and (output == bundle or bundle in output.parents):
         from reproduction.release.verify import RUNS_DIR
 
         runs = bundle / RUNS_DIR
@@ -253,7 +255,7 @@ def cmd_run(args: Any) -> int:
         )
     if args.ray_address is not None:
         _check_ray_address(args.ray_address, "--ray-address")  # its form now; whether it answers once all is checked
-    run_dir = Path(args.output)
+    run_dir = output  # None: --print-config alone, which leaves ${RUN} empty (a key using it is refused, exit 4)
     files = _config_files(args, bundle)
     # hashed here, as the config is read: a layer edited while a stage trains, or a pipe read once, would be
     # recorded wrongly (or block) if each stage's record re-read it when the stage completes (audit52 review R8)

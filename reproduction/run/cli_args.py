@@ -8,7 +8,11 @@ from typing import Any
 def add_run_arguments(p: Any) -> None:
     """The flags of `portable run` (declared once, here)."""
     p.add_argument("bundle", nargs="?", metavar="BUNDLE", help="restored bundle (its config/run.yaml is the default)")
-    p.add_argument("--output", required=True, metavar="DIR", help="the run folder (created; ${RUN})")
+    # not required=True: --print-config runs nothing, so it needs no run folder (`portable run --print-config` is how
+    # --help says to list the keys); portable.py refuses a missing --output otherwise, with argparse's words (exit 2)
+    p.add_argument(
+        "--output", default=None, metavar="DIR", help="the run folder (created; ${RUN}; required unless --print-config)"
+    )
     p.add_argument("--config", action="append", metavar="FILE", help="YAML run config (repeatable, later wins)")
     p.add_argument("--stages", default=None, metavar="A,B", help="run only these stages (comma-separated)")
     p.add_argument("--resume", action="store_true", help="skip completed stages, continue killed ones")
@@ -41,6 +45,11 @@ def add_run_arguments(p: Any) -> None:
         metavar="key.path=value",
         help="config overrides (keys: --print-config; docs/config.md in the repository checkout)",
     )
+
+
+def missing_run_output(args: Any) -> bool:
+    """Whether `portable run` was given no --output where it needs one: every run but --print-config."""
+    return args.command == "run" and args.output is None and not args.print_config
 
 
 def add_eval_arguments(p: Any) -> None:

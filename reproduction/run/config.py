@@ -273,7 +273,9 @@ def _misfit_tuple_interpolation(
         length, types, _ = _tuple_form(node)
         try:
             value = OmegaConf.select(untyped, key, throw_on_missing=False)
-            items = OmegaConf.to_container(value, resolve=True) if isinstance(value, ListConfig) else None
+            # another tuple's ${...} is a tuple node there (not a ListConfig): "which is [a]: it takes a list" (audit63)
+            listed = isinstance(value, ListConfig) or _is_tuple(value)
+            items = list(OmegaConf.to_container(value, resolve=True)) if listed else None
         except Exception:
             continue  # a broken ${...}: the error the caller has names it
         bad = None if items is None else _bad_item(types, items)
@@ -390,8 +392,9 @@ def _example(value: Any) -> str:
 def _bad_item(types: tuple[Any, ...], items: list[Any]) -> tuple[str, Any, str, str] | None:
     """(key suffix of the first item omegaconf would not convert to its tuple item type: `[1]`, or `[0][1]` inside a
     nested tuple; the item; the type's name; what the item takes, in words) else None. The types looked at are int,
-    float, str, bool, an Enum and a Path (none of which takes null), and a nested tuple (a list of its length whose
-    items are looked at the same way); other types (Any, an Optional item) and ${...} items are left to omegaconf."""
+    float, str, bool, an Enum and a Path (none of which takes null), a nested tuple (a list of its length whose
+    items are looked at the same way) and an Optional[...] of one of them (null, or an item of that type); other
+    types (Any, a Union of several) and ${...} items are left to omegaconf."""
     for index, item in enumerate(items):
         kind = types[index] if len(types) > 1 and index < len(types) else types[0] if types else None
         found = _item_misfit(kind, item)
@@ -412,6 +415,13 @@ def _item_misfit(kind: Any, item: Any) -> tuple[str, Any, str, str] | None:
 
     if kind is None or (isinstance(item, str) and "${" in item):
         return None
+    inner = _optional_of(kind)
+    if inner is not None:  # Optional[X]: null fits; anything else is X's (audit63: omegaconf's keyless line)
+        found = None if item is None else _item_misfit(inner, item)
+        if found is None:
+            return None
+        suffix, value, name, takes = found
+        return suffix, value, name, f"{takes} or null" if not suffix else takes  # null fits the item, not below it
     if typing.get_origin(kind) is tuple:  # a nested tuple: a list of its length, each item of its type
         args = typing.get_args(kind)
         length = None if not args or Ellipsis in args else len(args)
@@ -423,7 +433,7 @@ def _item_misfit(kind: Any, item: Any) -> tuple[str, Any, str, str] | None:
     is_enum = isinstance(kind, type) and issubclass(kind, enum.Enum)
     is_path = isinstance(kind, type) and issubclass(kind, Path)
     if not (kind in nodes or is_enum or is_path):
-        return None  # an Optional item type is a Union, which is not looked at here
+        return None  # Any, a Union of several types, a list or a mapping: left to omegaconf
     name = _type_name(kind)
     takes = "a path (a string)" if is_path else name
     if item is None:
@@ -438,6 +448,18 @@ def _item_misfit(kind: Any, item: Any) -> tuple[str, Any, str, str] | None:
     except ValidationError:
         return "", item, name, takes
     return None
+
+
+def _optional_of(kind: Any) -> Any:
+    """X for `Optional[X]` (`X | None`), else None."""
+    import types
+    import typing
+
+    if typing.get_origin(kind) not in (typing.Union, types.UnionType):
+        return None
+    args = typing.get_args(kind)
+    rest = [a for a in args if a is not type(None)]
+    return rest[0] if len(args) == 2 and len(rest) == 1 else None
 
 
 def _interpolated_tuples(node: Any, prefix: str) -> list[tuple[str, Any]]:
