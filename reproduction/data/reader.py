@@ -89,7 +89,7 @@ class Dataset:
             )
         self._file_offsets_cache: np.ndarray | None = None  # from the footers, or from a scan
         self.tasks: dict[int, str] = _load_tasks(self.root, self.info.codebase_version)
-        self.episodes: pa.Table = _load_episodes(self.root, self.info.codebase_version)
+        self.episodes: pa.Table = _load_episodes(self.root, self.info.codebase_version, self.info.video_keys)
         self._episode_pos = {int(e): i for i, e in enumerate(self.episodes.column("episode_index").to_pylist())}
         self._video_cache: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
         self._video_cache_size = max(1, video_cache_episodes)
@@ -437,10 +437,28 @@ class Dataset:
         frames = decode_episode(
             path, from_timestamp=from_ts, num_frames=length, fps=self.info.fps, episode=episode_index
         )
+        self._check_frame_size(key, path, episode_index, frames.shape[1:3])
         self._video_cache[cache_key] = frames
         while len(self._video_cache) > self._video_cache_size:
             self._video_cache.popitem(last=False)
         return frames
+
+    def _check_frame_size(self, key: str, path: Path, episode_index: int, size: tuple[int, ...]) -> None:
+        """DatasetError (exit 40) naming the mp4, the episode, `key` and both sizes when the frames decoded from
+        `path` are not the (height, width) info.json declares for `key`: a video re-encoded at another size was
+        read without a word, until a batch mixing it with the others failed with a ValueError (audit63 V L1)."""
+        declared = declared_frame_size(self.info.features[key])
+        if declared is None or tuple(size) == declared:
+            return
+        (h, w), (dh, dw) = size, declared
+        raise DatasetError(
+            f"{path}: episode {episode_index}: {key} frames are {h}x{w} (height x width), where meta/info.json "
+            f"declares {dh}x{dw} for {key}",
+            path=path,
+            field=key,
+            hint=f"every video of a camera has the frame size info.json declares for it: re-encode this file at "
+            f"{dh}x{dw} (height x width), or convert the dataset again",
+        )
 
     def video_location(self, key: str, episode_index: int) -> tuple[Path, float, int]:
         """(mp4 path, start time in it, number of frames) of one episode's camera `key`."""
@@ -458,6 +476,28 @@ class Dataset:
             video_key=key, chunk_index=ep[f"videos/{key}/chunk_index"], file_index=ep[f"videos/{key}/file_index"]
         )
         return self.root / rel, float(ep[f"videos/{key}/from_timestamp"]), length
+
+
+def declared_frame_size(feature: dict) -> tuple[int, int] | None:
+    """(height, width) of a camera feature of meta/info.json: its `shape` read through its `names` (lerobot writes
+    [height, width, channels]; a channels-first [3, H, W] without names is read so too), else its `info`
+    video.height and video.width; None when neither says (the frames are then not checked)."""
+
+    def whole(n: object) -> bool:
+        return isinstance(n, int) and not isinstance(n, bool) and n > 0
+
+    shape, names = feature.get("shape"), feature.get("names")
+    if isinstance(shape, list) and len(shape) == 3 and all(whole(n) for n in shape):
+        if isinstance(names, list) and len(names) == 3 and "height" in names and "width" in names:
+            return shape[names.index("height")], shape[names.index("width")]
+        if shape[2] in (1, 3, 4):
+            return shape[0], shape[1]
+        if shape[0] in (1, 3, 4):
+            return shape[1], shape[2]
+    info = feature.get("info")
+    if isinstance(info, dict) and whole(info.get("video.height")) and whole(info.get("video.width")):
+        return info["video.height"], info["video.width"]
+    return None
 
 
 def _is_list(t: pa.DataType) -> bool:
@@ -601,7 +641,10 @@ def _load_tasks(root: Path, version: str) -> dict[int, str]:
     return dict(zip(table.column("task_index").to_pylist(), table.column(col).to_pylist()))
 
 
-def _load_episodes(root: Path, version: str) -> pa.Table:
+def _load_episodes(root: Path, version: str, video_keys: Sequence[str] = ()) -> pa.Table:
+    """The episode table (episode_index, length; v3.0 with each video key's file pointers): DatasetError (exit 40)
+    naming the file and column for one of another type, and for v3.0 one without the `videos/<key>/...` columns
+    `video_location` reads for a video key of info.json, or with a null or negative one (naming the episode)."""
     if version == "v2.1":
         path = root / V21_EPISODES_PATH
         if not path.is_file():
@@ -643,6 +686,8 @@ def _load_episodes(root: Path, version: str) -> pa.Table:
                     field=key,
                     hint=_EPISODES_HINT,
                 )
+        for key in video_keys:
+            _check_video_columns(f, table, key)
         tables.append(table)
     try:
         return pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
@@ -655,6 +700,45 @@ def _load_episodes(root: Path, version: str) -> pa.Table:
 
 
 _EPISODES_HINT = "the episode table is damaged or from another dataset: copy or export the dataset's meta/ again"
+
+
+def _check_video_columns(path: Path, table: pa.Table, key: str) -> None:
+    """DatasetError (exit 40) naming `path` and the column when the v3.0 episode table `table` lacks one of the
+    columns that place video `key`'s episodes in their mp4 (integer chunk_index and file_index, a number
+    from_timestamp), or holds a null, negative or non-finite one (naming the first such episode): read unchecked,
+    they ended in a KeyError or TypeError (audit63 V M1)."""
+    for name, integer in (("chunk_index", True), ("file_index", True), ("from_timestamp", False)):
+        col = f"videos/{key}/{name}"
+        kind = "whole number" if integer else "time"
+        dtype = table.schema.field(col).type if col in table.column_names else None
+        usable = dtype is not None and (
+            pa.types.is_null(dtype) or pa.types.is_integer(dtype) or (not integer and pa.types.is_floating(dtype))
+        )
+        if not usable:
+            what = "no column" if dtype is None else f"a {dtype} column"
+            raise DatasetError(
+                f"{path}: {what} {col} (info.json lists the video {key}: an episode table has its integer "
+                "chunk_index and file_index and its from_timestamp in seconds)",
+                path=path,
+                field=col,
+                hint=_EPISODES_HINT,
+            )
+        column = table.column(col)
+        values = column.to_numpy(zero_copy_only=False).astype(np.float64) if not pa.types.is_null(dtype) else None
+        bad = np.ones(len(column), bool) if values is None else ~(np.isfinite(values) & (values >= 0))
+        if column.null_count:
+            bad |= column.is_null().to_numpy(zero_copy_only=False)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            value = column[row].as_py()
+            shown = "null" if value is None else repr(value)
+            raise DatasetError(
+                f"{path}: episode {table.column('episode_index')[row].as_py()} has {col} {shown}, not a {kind} >= 0"
+                + ("" if integer else " in seconds"),
+                path=path,
+                field=col,
+                hint=_EPISODES_HINT,
+            )
 
 
 def _read_jsonl(path: Path) -> Iterator[dict]:

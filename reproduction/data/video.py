@@ -46,9 +46,10 @@ def decode_episode(
     what = f"episode {episode}: " if episode is not None else ""
     try:
         out, filled = _decode(av, path, from_timestamp, num_frames, fps)
-    except av.error.FFmpegError as exc:
+    except (av.error.FFmpegError, _NoVideoStream) as exc:
+        why = str(exc) if isinstance(exc, _NoVideoStream) else f"{type(exc).__name__}: {exc.strerror or exc}"
         raise DatasetError(
-            f"{path}: {what}not a readable video ({type(exc).__name__}: {exc.strerror or exc})",
+            f"{path}: {what}not a readable video ({why})",
             path=path,
             hint="the file is truncated or corrupt (an interrupted copy or download?): copy or fetch the dataset's "
             "videos/ again, or restore this file from its source",
@@ -70,6 +71,8 @@ def _decode(
     out: np.ndarray | None = None
     filled = np.zeros(num_frames, dtype=bool)
     with av.open(str(path)) as container:
+        if not container.streams.video:  # a file cut short in its header, or one holding audio only (audit63 V M1)
+            raise _NoVideoStream("it holds no video stream")
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         if from_timestamp > 0:
@@ -90,6 +93,11 @@ def _decode(
             out[k] = rgb
             filled[k] = True
     return out, filled
+
+
+class _NoVideoStream(Exception):
+    """_decode's file opened but has no video stream: decode_episode makes it the DatasetError of an unreadable
+    video (FFmpeg opens a 100-byte cut of an mp4, or an audio-only one, without an error)."""
 
 
 SMALLEST_FRAME = {"libsvtav1": 32}
