@@ -19,10 +19,14 @@ LIBERO_IMAGE_KEYS = ("observation.images.image", "observation.images.wrist_image
 """The camera features a rendering LIBERO env provides: agentview and robot0_eye_in_hand, in RLinf/openpi's names."""
 
 
-def camera_names(cameras: Any, key: str = "sft.model.cameras", *, libero: bool = False) -> tuple[str, ...]:
+def camera_names(
+    cameras: Any, key: str = "sft.model.cameras", *, libero: bool = False, hint: str | None = None
+) -> tuple[str, ...]:
     """The simulator cameras a camera map {slot: observation.images.<camera>} reads, in the simulator's order
     (Fetch: CAMERA_NAMES; `libero`: "image", "wrist_image" of LIBERO_IMAGE_KEYS); a one-line ConfigError naming
-    `key`, the bad value and the valid ones for a key the simulator does not render."""
+    `key`, the bad value and the valid ones for a key the simulator does not render. Its hint is to map each slot
+    to a valid key (right for a config's map), or `hint` ({valid}: the valid keys) where the map is a trained
+    policy's, which remapping cannot fix."""
     names = tuple(k[len(IMAGE_PREFIX) :] for k in LIBERO_IMAGE_KEYS) if libero else CAMERA_NAMES
     valid = [IMAGE_PREFIX + c for c in names]
     bad = [v for v in dict(cameras).values() if v not in valid]
@@ -30,7 +34,7 @@ def camera_names(cameras: Any, key: str = "sft.model.cameras", *, libero: bool =
         raise ConfigError(
             f"{key}: {', '.join(map(repr, bad))} is not a camera the simulator renders (valid: {', '.join(valid)})",
             field=key,
-            hint=f"map each slot to one of {', '.join(valid)}",
+            hint=(hint or "map each slot to one of {valid}").format(valid=", ".join(valid)),
         )
     wanted = set(dict(cameras).values())
     return tuple(c for c in names if IMAGE_PREFIX + c in wanted)

@@ -141,6 +141,16 @@ def eval_stage(ctx: StageContext) -> StageOutput:
     return evaluate_exports(ctx.config, exports, ctx.out_dir, ctx.run_dir, ui=ctx.ui)
 
 
+EXPORT_CAMERA_HINT = (
+    "a policy reads the cameras it was trained on: train it on data that hold one of {valid}, with "
+    "policy.model.cameras mapping its slots to them, or leave eval out (portable run ... "
+    "--stages returns,value,advantages,policy)"
+)
+"""The eval stage's hint for an export reading a camera the simulator does not render: remapping a trained policy's
+cameras cannot fix it, and a new run's preflight refuses a map the dataset lacks (audit63 M2: the two hints sent the
+user in a circle); its data must hold the camera."""
+
+
 def evaluate_exports(
     config: Any,
     exports: dict[str, tuple[Path, int | None]],
@@ -208,7 +218,9 @@ def evaluate_exports(
             ),
             videos=ev.videos,
             workers=ev.workers,
-            cameras=camera_names(cameras, key=f"the {mode} policy export {export} (policy.json cameras)"),
+            cameras=camera_names(
+                cameras, key=f"the {mode} policy export {export} (policy.json cameras)", hint=EXPORT_CAMERA_HINT
+            ),
             image_size=export_image_size(export) if cameras else 64,
         )
         out = Path(out_dir) / label.replace(" ", "_").replace("=", "")

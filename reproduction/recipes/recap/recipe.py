@@ -510,13 +510,25 @@ def feature_problems(config: Any, read: list[tuple[str, Any, Any]], stages: list
         slots = ", ".join(f"{slot} = {key}" for slot, key in named.items())
         first = next(iter(named))
         none = f"{{{first}: {NO_CAMERA_KEY}}}" if field.startswith("value") else "{}"
+        hint = f"set {field}={{{first}: {have[0]}}} (a feature the datasets have), or {field}={none} for no image"
+        if field.startswith("policy") and "eval" in runs:  # audit63 M2: a camera the eval world renders, too
+            from reproduction.recipes.recap.eval_world import WITHOUT_EVAL, eval_renders
+
+            world, renders = eval_renders(config)
+            fit = [k for k in have if k in renders]
+            hint = (
+                f"set {field}={{{first}: {fit[0]}}} (a feature the datasets have and {world} renders), or "
+                f"{field}={none} for no image"
+                if fit
+                else f"set {field}={none} for no image (the eval stage's {world} renders none of the datasets' "
+                f"cameras), or map {first} to {have[0]} and {WITHOUT_EVAL}"
+            )
         problems.append(
             ConfigError(
                 f"{field}: no dataset has {slots} (the datasets' image/video features: {', '.join(have)}), so the "
                 "model would train without any image",
                 field=field,
-                hint=f"set {field}={{{first}: {have[0]}}} (a feature the datasets have), "
-                f"or {field}={none} for no image",
+                hint=hint,
             )
         )
     return problems
