@@ -41,6 +41,13 @@ runner-minus-direct difference from 4.03 / 4.81 ms to 3.78 / 4.09 ms (300 altern
 the noise, since a journal commit in a thread delays the stage's own fsync behind it. It was not kept. The goal
 (<= 3 ms at this stage size) is not met on this disk without writing run.json's records less durably.
 
+Re-measured on 2026-12-07 at 340bfc1, quiet (load 0.5): ratio 1.12, CPU ratio 1.11 (52 -> 58 ms wall, 58 -> 65 ms
+CPU): the overhead is CPU time, not waiting. Process-time medians of the pieces over 40 alternated runs (each
+piece's function wrapped with a timer in a scratch script, not kept): run.json's two writes 1.6 ms (the two fsyncs
+0.4 of it), the stage key 0.9, hashing the outputs 0.8, RECAP's preflight beyond opening the dataset 0.45, the rest
+(config walks, lock, watch, announce) about 1.7; the stage itself costs inside the runner what it costs called
+directly (47.2 against 47.6 ms). Even with every Python piece halved the ratio would stay near 1.07 at this size.
+
 ROUNDS was 15 until 2026-12-06: three runs of the same code then printed 1.02, 1.15 and 1.10; with 40 rounds
 1.07, 1.09, 1.07 (one fsync-heavy side's best of few rounds is luck).
 
