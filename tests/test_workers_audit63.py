@@ -64,3 +64,85 @@ def test_rollout_worker_killed_in_a_ray_rank_is_the_same_line(monkeypatch):
     with pytest.raises(WorkerFailedError) as caught:
         outcome.unwrap()
     _assert_rollout_death(caught.value)
+
+
+def test_killed_eval_pool_worker_hint_names_resume_and_the_callers_key():
+    """A pool worker SIGKILLed while running a unit: exit 51, and the hint is what the caller passed (the eval stage:
+    --resume and eval.workers=1, not the unknown key `workers`); without one a plain rerun, with no key."""
+    from reproduction.errors import killed_worker_hint
+    from reproduction.sim.workers import run_units
+
+    hint = killed_worker_hint("eval.workers")
+    with pytest.raises(WorkerFailedError) as caught:
+        list(run_units(signal.raise_signal, [signal.SIGKILL, signal.SIGKILL], workers=2, killed_hint=hint))
+    err = caught.value
+    assert err.exit_code == 51 and str(err).startswith("simulator worker died while running unit 0")
+    assert err.hint == hint
+    assert "rerun the same `portable run` with --resume" in hint and "add eval.workers=1 --resume" in hint
+    assert "rerun with workers=1" not in hint
+    plain = killed_worker_hint(resume=False)
+    assert plain.endswith("rerun the same command") and "workers" not in plain
+    assert killed_worker_hint("eval.workers", resume=False).endswith(
+        "add eval.workers=1 (one process, where a failure shows)"
+    )
+
+
+def test_killed_value_inference_worker_hint_names_resume_and_value_infer_workers(monkeypatch):
+    """value inference's killed Ray worker (run_tasks' label form): the hint continues the run with --resume (a plain
+    rerun is refused: the folder holds a run) and names value.infer.workers=1, passed in by the advantages stage."""
+    from reproduction.recap.value import infer, stage
+    from reproduction.train.launcher import WorkerFailure
+
+    died = WorkerFailure(rank=1, died=True, summary="WorkerCrashedError: gone", traceback="gone")
+    seen = {}
+
+    def fake_ray(*args, killed_hint=None, **kw):
+        seen["hint"] = killed_hint
+        raise died.error(infer.LABEL, killed_hint)
+
+    monkeypatch.setattr(infer, "infer_dataset_ray", fake_ray)
+    fake_stage = SimpleNamespace(plan=None)
+    fake_data = SimpleNamespace(fingerprint="f", name="d")
+    with pytest.raises(WorkerFailedError) as caught:
+        stage.infer_values(fake_stage, fake_data, "out.parquet", workers=2)
+    err = caught.value
+    assert err.exit_code == 51 and str(err) == "value inference shard 1 died: WorkerCrashedError: gone"
+    assert err.hint == seen["hint"]
+    assert "rerun the same `portable run` with --resume" in err.hint
+    assert "add value.infer.workers=1 --resume" in err.hint
+    assert not err.hint.endswith("; rerun")
+    # without a caller's hint: a plain rerun, naming no key
+    assert died.error(infer.LABEL).hint.endswith("rerun the same command")
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_eval_stages_pass_eval_workers_and_resume_only_for_a_run(monkeypatch, tmp_path):
+    """GRPO's and RECAP's evaluation hand their own key (eval.workers) to the pool, with --resume for the run's eval
+    stage and a plain rerun for `portable eval` (resume=False)."""
+    import reproduction.sim.evaluate as sim_eval
+    from reproduction.recipes.grpo import stages as grpo
+    from reproduction.recipes.recap import policy as recap
+
+    seen = []
+
+    def fake(*args, killed_hint=None, **kw):
+        seen.append(killed_hint)
+        raise _Stop
+
+    monkeypatch.setattr(grpo, "_run_fetch", lambda config, exports, out, ui, killed: fake(killed_hint=killed))
+    monkeypatch.setattr(sim_eval, "evaluate_many", fake)
+    grpo_cfg = SimpleNamespace(eval=SimpleNamespace(tasks=["FetchPush-v4"]))
+    recap_cfg = SimpleNamespace(
+        eval=SimpleNamespace(tasks=["FetchPush-v4"], sequential=SimpleNamespace(enabled=False)),
+        policy=SimpleNamespace(modes=[]),
+    )
+    for resume in (True, False):
+        for evaluate_exports, cfg in ((grpo.evaluate_exports, grpo_cfg), (recap.evaluate_exports, recap_cfg)):
+            with pytest.raises(_Stop):
+                evaluate_exports(cfg, {}, tmp_path / "eval", tmp_path, resume=resume)
+    run_grpo, run_recap, cmd_grpo, cmd_recap = seen
+    assert run_grpo == run_recap and "--resume" in run_grpo and "add eval.workers=1 --resume" in run_grpo
+    assert cmd_grpo == cmd_recap and "--resume" not in cmd_grpo and "add eval.workers=1 " in cmd_grpo
