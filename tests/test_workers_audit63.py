@@ -146,3 +146,27 @@ def test_eval_stages_pass_eval_workers_and_resume_only_for_a_run(monkeypatch, tm
     run_grpo, run_recap, cmd_grpo, cmd_recap = seen
     assert run_grpo == run_recap and "--resume" in run_grpo and "add eval.workers=1 --resume" in run_grpo
     assert cmd_grpo == cmd_recap and "--resume" not in cmd_grpo and "add eval.workers=1 " in cmd_grpo
+
+
+def test_a_peer_lost_error_gives_way_to_the_ranks_own_portable_error(monkeypatch):
+    """Rank 0's collective failed because rank 1 returned its WorkerFailedError (a killed simulator worker) and
+    exited; even when the driver sees rank 0 first, the report is rank 1's one line, not rank 0's gloo traceback."""
+    import ray
+
+    from reproduction.train import launcher
+
+    peer = launcher._WorkerFailed(
+        launcher.WorkerFailure(
+            rank=0, died=False, summary="RuntimeError: gloo", traceback="RuntimeError: Connection closed by peer"
+        )
+    )
+    own = WorkerFailedError("simulator worker 0 of the rollout died during 'step'", rank=0, hint="h")
+
+    def outcome(ref, rank):
+        raise own
+
+    monkeypatch.setattr(ray, "wait", lambda refs, num_returns, timeout: (list(refs), []))
+    monkeypatch.setattr(launcher, "_outcome", outcome)
+    with pytest.raises(WorkerFailedError) as caught:
+        launcher._root_cause(peer, ["ref1"], {"ref1": 1})
+    assert caught.value is own

@@ -726,7 +726,9 @@ PEER_WAIT_S = 10.0
 def _root_cause(failed: _WorkerFailed, pending: list, rank_of: dict) -> _WorkerFailed:
     """The failure to report: `failed`, unless it is a collective's error about a lost peer (PEER_LOST) and a pending
     rank turns out to have died within PEER_WAIT_S: when a worker's process dies, its peers' collectives can fail
-    before Ray reports the death, and naming the peer that merely noticed hid the rank that crashed."""
+    before Ray reports the death, and naming the peer that merely noticed hid the rank that crashed. A pending rank's
+    own PortableError (a rank whose simulator worker was killed, a bad checkpoint) is raised as itself: that rank
+    returned it and exited, which is what the peer noticed (audit63 K M1)."""
     import ray
 
     if failed.failure.died or not pending or not PEER_LOST.search(failed.failure.traceback):
@@ -738,6 +740,8 @@ def _root_cause(failed: _WorkerFailed, pending: list, rank_of: dict) -> _WorkerF
         except _WorkerFailed as other:
             if other.failure.died:
                 return other
+        except PortableError:
+            raise
         except Exception:  # noqa: BLE001 - another rank's own error: `failed` came first, it stays the report
             pass
     return failed
