@@ -449,6 +449,18 @@ class WorkerFailedError(PortableError, RuntimeError):
     exit_code = 51
 
 
+def killed_worker_hint(workers_key: str | None = None, *, resume: bool = True) -> str:
+    """The hint under a worker process that was killed (exit 51): what continues the work, and, when workers keep
+    dying, the caller's own key (`eval.workers`, `value.infer.workers`, `rl.rollout_workers`) for one worker.
+    `resume`: the work is a `portable run` stage (recorded failed, which `--resume` redoes)."""
+    again = "rerun the same `portable run` with --resume to continue this stage" if resume else "rerun the same command"
+    text = f"a worker process was killed (out of memory? kill -9?): {again}"
+    if workers_key:
+        more = f"{workers_key}=1 --resume" if resume else f"{workers_key}=1"
+        text += f"; if workers keep dying, add {more} (one process, where a failure shows)"
+    return text
+
+
 class GuidanceScaleError(InvalidInputError):
     """A policy's guidance scale (or sampling setting) is invalid: w < 0, or w != 1 for a policy
     trained without advantage conditioning."""

@@ -309,7 +309,7 @@ def test_a_sequential_evaluation_does_not_wait_on_an_uneven_overall_row(tmp_path
     config = SimpleNamespace(episodes_per_task=100, batch_size=25, tasks=("A", "B"))
     asked = []
 
-    def looks_of(jobs, ui=None, looks=None, go_on=None):
+    def looks_of(jobs, ui=None, looks=None, go_on=None, killed_hint=None):
         for k, n in enumerate(looks):
             outcome = [SimpleNamespace(tasks={t: SimpleNamespace(episodes=n) for t in config.tasks})]
             asked.append(n)

@@ -23,8 +23,18 @@ def calls(monkeypatch):
     seen = []
 
     def evaluate_exports(
-        config, exports, out_dir, run_dir, *, name="policy", ui=None, labels=None, export_execute_steps=False
+        config,
+        exports,
+        out_dir,
+        run_dir,
+        *,
+        name="policy",
+        ui=None,
+        labels=None,
+        export_execute_steps=False,
+        resume=True,
     ):
+        assert resume is False  # `portable eval`: a killed worker's hint is a plain rerun, not --resume
         step = next(iter(exports.values()))[1] or 0
         rel = f"evidence/eval_{name}_{step}.json"
         (Path(run_dir) / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -147,7 +157,8 @@ def test_eval_into_a_run_folder_whose_evidence_links_out_is_exit_55_and_writes_n
 def grpo_calls(monkeypatch):
     seen = []
 
-    def evaluate_exports(config, exports, out_dir, run_dir, *, name="policy", ui=None):
+    def evaluate_exports(config, exports, out_dir, run_dir, *, name="policy", ui=None, resume=True):
+        assert resume is False  # `portable eval`: a killed worker's hint is a plain rerun, not --resume
         seen.append({"exports": dict(exports), "name": name})
         rel = f"evidence/eval_{name}_0.json"
         (Path(run_dir) / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -358,7 +358,7 @@ def test_fetch_ids_still_go_to_the_fetch_simulator(tmp_path, monkeypatch):
     from reproduction.recipes.recap.policy import evaluate_exports
     from reproduction.sim import evaluate as fetch_eval
 
-    def fake_many(jobs, ui=None):
+    def fake_many(jobs, ui=None, killed_hint=None):
         out = []
         for job in jobs:
             eps = [

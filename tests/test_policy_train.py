@@ -200,9 +200,9 @@ def test_a_camera_policy_is_evaluated_on_fetch_with_its_cameras_and_refuses_blin
     seen: list[EvalConfig] = []
     real_many = sim_evaluate.evaluate_many
 
-    def evaluate_many(jobs, ui=None):
+    def evaluate_many(jobs, ui=None, killed_hint=None):
         seen.extend(job.config for job in jobs)
-        return real_many(jobs, ui=ui)
+        return real_many(jobs, ui=ui, killed_hint=killed_hint)
 
     config = load_config(
         overrides=["eval.tasks=[FetchPush-v4]", "eval.episodes_per_task=2", "eval.videos=0", "policy.modes=[bc]"]
@@ -231,9 +231,9 @@ def test_the_eval_stage_executes_the_configs_execute_steps_not_the_exports(tmp_p
     seen = []
     real_many = sim_evaluate.evaluate_many
 
-    def evaluate_many(jobs, ui=None):
+    def evaluate_many(jobs, ui=None, killed_hint=None):
         seen.extend(job.config.execute_steps for job in jobs)
-        return real_many(jobs, ui=ui)
+        return real_many(jobs, ui=ui, killed_hint=killed_hint)
 
     monkeypatch.setattr(sim_evaluate, "evaluate_many", evaluate_many)
     over = ["eval.tasks=[FetchPush-v4]", "eval.episodes_per_task=1", "eval.videos=0", "policy.modes=[bc]"]

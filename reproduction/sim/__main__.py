@@ -174,6 +174,7 @@ def _main(argv: Sequence[str] | None) -> int:
                     f"{r.seconds:.1f} s ({r.episodes_per_s:.1f} episodes/s) -> {r.path}"
                 )
         else:
+            from reproduction.errors import killed_worker_hint
             from reproduction.sim.evaluate import EvalConfig, evaluate
             from reproduction.sim.policies import ExpertPolicy, RandomPolicy
 
@@ -188,7 +189,9 @@ def _main(argv: Sequence[str] | None) -> int:
                 cameras=_cameras(args.cameras),
                 image_size=args.image_size,
             )
-            result = evaluate(factory, config, args.out, ui=ui)
+            result = evaluate(
+                factory, config, args.out, ui=ui, killed_hint=killed_worker_hint("--workers", resume=False)
+            )
             doc = result.to_dict()
             doc.pop("per_episode")
             for task, summary in doc["tasks"].items():

@@ -409,7 +409,9 @@ def run_batch(payload: dict[str, Any], pool: EnvPool, policies: PolicyCache | No
     return out
 
 
-def _run(payloads: list[dict[str, Any]], workers: int, runner: Runner | None) -> Iterator[list[dict[str, Any]]]:
+def _run(
+    payloads: list[dict[str, Any]], workers: int, runner: Runner | None, killed_hint: str | None = None
+) -> Iterator[list[dict[str, Any]]]:
     """Each batch's episodes, in batch order: in this process with one EnvPool, or in one group of
     consecutive batches per worker (each with its own EnvPool) in a spawn pool or through `runner`."""
     if workers <= 1 and runner is None:
@@ -423,7 +425,7 @@ def _run(payloads: list[dict[str, Any]], workers: int, runner: Runner | None) ->
     k = max(1, min(workers, len(payloads)))
     bounds = [round(i * len(payloads) / k) for i in range(k + 1)]
     groups = [{"batches": payloads[a:b]} for a, b in zip(bounds, bounds[1:])]
-    for results in run_units(eval_group, groups, workers=workers, runner=runner):
+    for results in run_units(eval_group, groups, workers=workers, runner=runner, killed_hint=killed_hint):
         yield from results
 
 
@@ -443,13 +445,16 @@ def evaluate(
     *,
     ui: UiOptions | None = None,
     runner: Runner | None = None,
+    killed_hint: str | None = None,
 ) -> EvalResult:
     """Evaluate the policy `policy_factory()` builds; videos go to `out_dir/videos/` (none without out_dir).
 
     Raises ConfigError for a bad config and SimError when the policy returns a wrong-shaped or
-    non-finite batch. The result is identical for any `config.workers` and any `runner`.
+    non-finite batch. The result is identical for any `config.workers` and any `runner`. `killed_hint`: the
+    hint under a killed worker (run_units).
     """
-    return evaluate_many([EvalJob(factory=policy_factory, config=config, out_dir=out_dir)], ui=ui, runner=runner)[0]
+    job = EvalJob(factory=policy_factory, config=config, out_dir=out_dir)
+    return evaluate_many([job], ui=ui, runner=runner, killed_hint=killed_hint)[0]
 
 
 def evaluate_many(
@@ -459,6 +464,7 @@ def evaluate_many(
     runner: Runner | None = None,
     looks: Sequence[int] | None = None,
     go_on: Callable[[int, list[EvalResult]], bool] | None = None,
+    killed_hint: str | None = None,
 ) -> list[EvalResult]:
     """Several evaluations through ONE set of workers (`jobs[0].config.workers` of them): their
     batches are concatenated and cut into one contiguous group per worker, so worker start-up
@@ -472,7 +478,8 @@ def evaluate_many(
     very batches (indices, reset seeds, batch seeds) the evaluation without looks runs, so the first n
     episodes of a stopped evaluation are exactly the first n of the full one. After each look but the
     last, `go_on(look, results so far)` (look 0-based) says whether to go on; the results returned are
-    those of the last look run. Each look starts its own workers when `workers` > 1."""
+    those of the last look run. Each look starts its own workers when `workers` > 1. `killed_hint`: the hint under
+    a killed worker (run_units: the caller's command and its key for the worker count)."""
     if not jobs:
         return []
     ends = _check_looks(jobs, looks)
@@ -487,7 +494,7 @@ def evaluate_many(
             span = [[p for p in batches if lo <= p["indices"][0] < hi] for batches in per_job]
             payloads = [p for batch in span for p in batch]
             owner = [j for j, batch in enumerate(span) for _ in batch]
-            for j, payload, episodes in zip(owner, payloads, _run(payloads, workers, runner)):
+            for j, payload, episodes in zip(owner, payloads, _run(payloads, workers, runner, killed_hint)):
                 states[j].add(payload, episodes, jobs[j].out_dir)
                 task_bar.advance(len(episodes))
                 if states[j].done() and not states[j].seconds:  # wall time until its last batch came back

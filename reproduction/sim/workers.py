@@ -122,13 +122,20 @@ def run_group(group: dict[str, Any]) -> list[Any]:
 
 
 def run_units(
-    fn: Callable[[Any], Any], payloads: Sequence[Any], *, workers: int, runner: Runner | None = None
+    fn: Callable[[Any], Any],
+    payloads: Sequence[Any],
+    *,
+    workers: int,
+    runner: Runner | None = None,
+    killed_hint: str | None = None,
 ) -> Iterator[Any]:
     """Yield fn(payload) for each payload, in payload order, as soon as each is ready.
 
     With `runner`, the payloads are cut into `workers` contiguous groups, one runner task each (so a
     Ray launcher places exactly `workers` workers), and the results come back when all are done;
-    otherwise workers=1 runs here and workers>1 in a spawn pool, streaming results in order.
+    otherwise workers=1 runs here and workers>1 in a spawn pool, streaming results in order. A pool worker that
+    dies is a WorkerFailedError (exit 51) with `killed_hint`, which the caller builds (errors.killed_worker_hint)
+    naming how its command continues and the key it reads the worker count from; None: a plain rerun.
     """
     if runner is not None:
         groups = _groups(list(payloads), workers)
@@ -143,7 +150,7 @@ def run_units(
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    from reproduction.errors import WorkerFailedError
+    from reproduction.errors import WorkerFailedError, killed_worker_hint
 
     ctx = multiprocessing.get_context("spawn")
     # PR_SET_PDEATHSIG fires when the creating *thread* exits: the pool starts its workers from this thread (submit)
@@ -161,7 +168,7 @@ def run_units(
                 raise WorkerFailedError(
                     f"simulator worker died while running unit {i} ({exc})",
                     rank=i,
-                    hint="rerun with workers=1 to see the failure in this process",
+                    hint=killed_hint or killed_worker_hint(resume=False),
                 ) from None
         finished = True
     finally:

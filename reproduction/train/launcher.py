@@ -30,6 +30,7 @@ from reproduction.errors import (
     PortableError,
     RayUnavailableError,
     WorkerFailedError,
+    killed_worker_hint,
     os_error,
     render_error,
 )
@@ -395,13 +396,15 @@ class WorkerFailure:
     traceback: str
     """The worker's traceback (ANSI colours removed) or Ray's account of the death."""
 
-    def error(self, label: str | None = None) -> WorkerFailedError:
+    def error(self, label: str | None = None, killed_hint: str | None = None) -> WorkerFailedError:
         """As a WorkerFailedError: with `label` one line naming `label` and the index (run_tasks),
-        without it the training form naming `worker rank N` with the worker's traceback in the message."""
+        without it the training form naming `worker rank N` with the worker's traceback in the message.
+        `killed_hint` (the label form): the hint when the process died, from the caller, which knows how its command
+        continues and the key it reads the worker count from (errors.killed_worker_hint); None: a plain rerun."""
         if label is not None:
             verb = "died:" if self.died else "raised"
             hint = (
-                "a worker process was killed (out of memory? kill -9?); rerun"
+                (killed_hint or killed_worker_hint(resume=False))
                 if self.died
                 else "a bug in the worker (its traceback is the error's `traceback`); "
                 "rerun with one worker to see it in this process"
@@ -499,6 +502,7 @@ def run_tasks(
     on_poll: Callable[[], None] | None = None,
     label: str = "task",
     writers_lock: Path | None = None,
+    killed_hint: str | None = None,
 ) -> list[Any]:
     """`fn(payload)` for each payload, each as its own Ray task on one device; results in payload order.
 
@@ -512,7 +516,8 @@ def run_tasks(
     is re-raised as itself. `on_poll()` runs between bounded waits; whatever it raises cancels every
     task and propagates (the caller's way to abort the run). Each task holds `writers_lock` shared while it runs
     (the caller passes the run's, StageContext.writers_lock; None: nothing held), so the next invocation on the run
-    waits for tasks a killed driver left running.
+    waits for tasks a killed driver left running. `killed_hint`: the hint when a task's process died
+    (WorkerFailure.error).
     """
     import ray
 
@@ -538,7 +543,7 @@ def run_tasks(
         try:
             results = _wait_all(refs, on_poll, on_done, watch=watch)
         except _WorkerFailed as failed:
-            raise failed.failure.error(label) from None
+            raise failed.failure.error(label, killed_hint) from None
         return [results[i] for i in range(len(payloads))]
 
 
@@ -721,7 +726,9 @@ PEER_WAIT_S = 10.0
 def _root_cause(failed: _WorkerFailed, pending: list, rank_of: dict) -> _WorkerFailed:
     """The failure to report: `failed`, unless it is a collective's error about a lost peer (PEER_LOST) and a pending
     rank turns out to have died within PEER_WAIT_S: when a worker's process dies, its peers' collectives can fail
-    before Ray reports the death, and naming the peer that merely noticed hid the rank that crashed."""
+    before Ray reports the death, and naming the peer that merely noticed hid the rank that crashed. A pending rank's
+    own PortableError (a rank whose simulator worker was killed, a bad checkpoint) is raised as itself: that rank
+    returned it and exited, which is what the peer noticed (audit63 K M1)."""
     import ray
 
     if failed.failure.died or not pending or not PEER_LOST.search(failed.failure.traceback):
@@ -733,6 +740,8 @@ def _root_cause(failed: _WorkerFailed, pending: list, rank_of: dict) -> _WorkerF
         except _WorkerFailed as other:
             if other.failure.died:
                 return other
+        except PortableError:
+            raise
         except Exception:  # noqa: BLE001 - another rank's own error: `failed` came first, it stays the report
             pass
     return failed

@@ -440,6 +440,7 @@ def infer_dataset_ray(
     on_done: Callable[[int], None] | None = None,
     task: Callable[[ShardJob], pa.Table] | None = None,
     writers_lock: Path | None = None,
+    killed_hint: str | None = None,
 ) -> pa.Table:
     """What `infer_dataset` returns, with the plan's `world_size` shards run concurrently on Ray
     workers, one device (the stage's `spec`: cpu slot, GPU or NPU) each; `on_done(rank)` as each
@@ -448,6 +449,7 @@ def infer_dataset_ray(
     it already opened, and the workers share the rows as chunks claimed as they are free
     (`_infer_beside_ray`). `task` replaces the worker body (default `infer_job`); it must be picklable
     by reference. Each worker holds `writers_lock` (StageContext.writers_lock) while it runs (run_tasks).
+    `killed_hint`: the hint under a killed worker (run_tasks; the caller's command and key for the worker count).
 
     Ray is started locally and stopped unless `ray_address` (or an initialised Ray) is given. A
     worker that raises or dies is a one-line WorkerFailedError (exit 51, its traceback in
@@ -475,7 +477,13 @@ def infer_dataset_ray(
             _row_ends(ep), min(CHUNKS_PER_WORKER * world_size, -(-ep.size // batch_size) or 1), 0, align=batch_size
         )
         parts = _infer_beside_ray(
-            jobs, chunks, spec=spec, on_done=on_done, opened=(stage, dataset), writers_lock=writers_lock
+            jobs,
+            chunks,
+            spec=spec,
+            on_done=on_done,
+            opened=(stage, dataset),
+            writers_lock=writers_lock,
+            killed_hint=killed_hint,
         )
     else:
         parts = run_tasks(
@@ -486,6 +494,7 @@ def infer_dataset_ray(
             on_done=on_done,
             label=LABEL,
             writers_lock=writers_lock,
+            killed_hint=killed_hint,
         )
     return merge_values(parts)
 
@@ -517,6 +526,7 @@ def _infer_beside_ray(
     on_done: Callable[[int], None] | None,
     opened: tuple[ValueStage, Any],
     writers_lock: Path | None = None,
+    killed_hint: str | None = None,
 ) -> list[pa.Table]:
     """Every chunk's values, inferred by this process and Ray workers for the other jobs, each
     claiming the next chunk as it is free (`ShardJob.claims`, in a temporary folder: a Ray this call
@@ -570,6 +580,7 @@ def _infer_beside_ray(
                     on_poll=driver_failed,
                     label=LABEL,
                     writers_lock=writers_lock,
+                    killed_hint=killed_hint,
                 )
             except BaseException:
                 stop.set()

@@ -127,6 +127,7 @@ def infer_values(
     import pyarrow.parquet as pq
 
     from reproduction import ui as ui_mod
+    from reproduction.errors import killed_worker_hint
     from reproduction.fsio import atomic_write_bytes
     from reproduction.recap.value.infer import infer_dataset, infer_dataset_ray
 
@@ -155,6 +156,7 @@ def infer_values(
                 ray_address=ray_address,
                 on_done=lambda _: shards.advance(1),
                 writers_lock=writers_lock,
+                killed_hint=killed_worker_hint("value.infer.workers"),  # the advantages stage of a run
             )
     which = plan.models_for(dataset.name, table.column("episode_index").to_numpy())
     table = table.replace_schema_metadata(

@@ -239,21 +239,28 @@ class EnvWorkers:
         return self.n
 
     def _ask(self, cmd: str, args: list[Any]) -> list[Any]:
-        from reproduction.errors import WorkerFailedError
-
-        for conn, arg in zip(self.conns, args):
-            conn.send((cmd, arg))
-        out = []
-        for rank, conn in enumerate(self.conns):
-            try:
+        """Each worker's answer to `cmd`; a worker found dead, whether by the send (the usual case: it died while
+        the trainer was busy) or by the receive, is the one-line WorkerFailedError (exit 51)."""
+        rank = 0
+        try:
+            for rank, (conn, arg) in enumerate(zip(self.conns, args)):
+                conn.send((cmd, arg))
+            out = []
+            for rank, conn in enumerate(self.conns):
                 out.append(conn.recv())
-            except (EOFError, OSError):
-                raise WorkerFailedError(
-                    f"simulator worker {rank} of the rollout died during {cmd!r}",
-                    rank=rank,
-                    hint="rerun with rl.rollout_workers=1 to see the failure in the trainer's process",
-                ) from None
+        except (EOFError, OSError):  # BrokenPipeError, ConnectionResetError: the worker's end of the pipe is gone
+            raise self._died(rank, cmd) from None
         return out
+
+    @staticmethod
+    def _died(rank: int, cmd: str) -> Exception:
+        from reproduction.errors import WorkerFailedError, killed_worker_hint
+
+        return WorkerFailedError(
+            f"simulator worker {rank} of the rollout died during {cmd!r}",
+            rank=rank,
+            hint=killed_worker_hint("rl.rollout_workers"),
+        )
 
     def _slices(self, values: Any) -> list[Any]:
         return [values[a:b] for a, b in zip(self.bounds, self.bounds[1:])]

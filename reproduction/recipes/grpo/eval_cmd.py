@@ -39,7 +39,7 @@ def cmd_eval(args: Any, run_dir: Path, state: dict[str, Any] | None, ui: UiOptio
     out_dir = run_dir / "eval_checkpoint" / name
     refuse_unwritable_outputs(run_dir, out_dir)  # before the first rollout, not after them all (audit47 F17)
     say(f"evaluating {len(exports)} policy export(s): {shown}", options=ui)
-    output = evaluate_exports(config, exports, out_dir, run_dir, name=name, ui=ui)
+    output = evaluate_exports(config, exports, out_dir, run_dir, name=name, ui=ui, resume=False)
     evidence = run_dir / output.summary["evidence"]
     say(f"evidence: {evidence}", options=ui)
     if config.eval.reference:

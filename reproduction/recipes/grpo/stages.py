@@ -174,20 +174,24 @@ def evaluate_exports(
     *,
     name: str = "grpo",
     ui: Any = None,
+    resume: bool = True,
 ) -> StageOutput:
     """Evaluate {label: (export, step)} and write the evidence (reproduction/run/evidence.py) to
     <run>/evidence/eval_<name>_<step>.json: the first label is the primary, the rest baselines. Fetch tasks run in
     reproduction/sim/evaluate.py (one worker pool for all; episodes keyed by reset seed; the cameras each policy
     reads rendered), LIBERO tasks by LIBERO's protocol (sim/libero/protocol.py: the first N init states in order,
     rendering LIBERO's cameras for a policy that reads them, else privileged state; episodes keyed by init state),
-    each export's features checked against LIBERO's before any env is built."""
+    each export's features checked against LIBERO's before any env is built. `resume`: the caller is the run's eval
+    stage (a killed worker's hint continues it with --resume), not `portable eval` (a plain rerun)."""
+    from reproduction.errors import killed_worker_hint
     from reproduction.recipes.grpo.envs import is_libero
     from reproduction.run import evidence
     from reproduction.run.lineage import path_sha256
 
     ev = config.eval
     libero = any(is_libero(t) for t in ev.tasks)
-    outcome = (_run_libero if libero else _run_fetch)(config, exports, Path(out_dir), ui)
+    killed = killed_worker_hint("eval.workers", resume=resume)
+    outcome = (_run_libero if libero else _run_fetch)(config, exports, Path(out_dir), ui, killed)
     records, results = [], {}
     for (label, (export, step)), (counts, seconds) in zip(exports.items(), outcome):
         inside = Path(export).resolve().is_relative_to(Path(run_dir).resolve())
@@ -226,7 +230,9 @@ def evaluate_exports(
     return StageOutput(files=[path], summary=_jsonable(summary), world_size=ev.workers)
 
 
-def _run_fetch(config: Any, exports: dict[str, tuple[Path, int | None]], out_dir: Path, ui: Any) -> list[Any]:
+def _run_fetch(
+    config: Any, exports: dict[str, tuple[Path, int | None]], out_dir: Path, ui: Any, killed_hint: str | None = None
+) -> list[Any]:
     """[(counts, seconds)] per export from the Fetch simulator (one worker pool for all), each export's episodes
     rendering the cameras it reads (envs.export_cameras)."""
     from reproduction.recap.policy.export import PolicyFactory, read_export
@@ -248,10 +254,12 @@ def _run_fetch(config: Any, exports: dict[str, tuple[Path, int | None]], out_dir
             image_size=size,
         )
         jobs.append(EvalJob(factory=PolicyFactory(export_dir=str(export)), config=sim_cfg, out_dir=out_dir / label))
-    return [(_counts(result), result.seconds) for result in evaluate_many(jobs, ui=ui)]
+    return [(_counts(result), result.seconds) for result in evaluate_many(jobs, ui=ui, killed_hint=killed_hint)]
 
 
-def _run_libero(config: Any, exports: dict[str, tuple[Path, int | None]], out_dir: Path, ui: Any) -> list[Any]:
+def _run_libero(
+    config: Any, exports: dict[str, tuple[Path, int | None]], out_dir: Path, ui: Any, killed_hint: str | None = None
+) -> list[Any]:
     """[(counts, seconds)] per export by LIBERO's protocol, observed as the rollouts are (LIBERO's cameras at the
     export's size for a policy that reads them, else privileged state), executing each export's execute_steps
     actions per call; every export's features are checked before the first env."""
@@ -278,6 +286,7 @@ def _run_libero(config: Any, exports: dict[str, tuple[Path, int | None]], out_di
             workers=ev.workers,
             seed=ev.seed,
             ui=ui,
+            killed_hint=killed_hint,
         )
         out.append((result.evidence_counts(), result.seconds))
     return out

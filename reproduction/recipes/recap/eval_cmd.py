@@ -47,7 +47,7 @@ def cmd_eval(args: Any, run_dir: Path, state: dict[str, Any] | None, ui: UiOptio
     refuse_unwritable_outputs(run_dir, out_dir)
     say(f"evaluating {len(exports)} policy export(s): {shown}", options=ui)
     output = evaluate_exports(
-        config, exports, out_dir, run_dir, name=name, ui=ui, labels=labels, export_execute_steps=True
+        config, exports, out_dir, run_dir, name=name, ui=ui, labels=labels, export_execute_steps=True, resume=False
     )
     say(f"evidence: {run_dir / output.summary['evidence']}", options=ui)
     if config.eval.reference:

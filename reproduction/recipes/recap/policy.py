@@ -163,6 +163,7 @@ def evaluate_exports(
     libero_factory: Any = None,
     labels: dict[str, str] | None = None,
     export_execute_steps: bool = False,
+    resume: bool = True,
 ) -> StageOutput:
     """Evaluate the policy exports ({mode: (export folder, step)}) in the simulator into `out_dir`, and
     write `run_dir`/evidence/eval_<name>_<step>.json (compare it with `compare_with_reference`). `labels`: the
@@ -174,9 +175,13 @@ def evaluate_exports(
 
     LIBERO task ids in eval.tasks go to `evaluate_libero` (default reproduction.sim.libero.evaluate_libero), the
     rest to the Fetch simulator. `libero_factory(export_dir, guidance_scale)` -> a picklable zero-argument policy
-    factory (default the export's PolicyFactory); both are seams tests swap (a fake protocol, a scripted expert)."""
+    factory (default the export's PolicyFactory); both are seams tests swap (a fake protocol, a scripted expert).
+    `resume`: the caller is the run's eval stage (a killed worker's hint continues it with --resume), not
+    `portable eval` (a plain rerun)."""
+    from reproduction.errors import killed_worker_hint
     from reproduction.recipes.recap.config import is_libero_task
 
+    killed = killed_worker_hint("eval.workers", resume=resume)
     if any(is_libero_task(t) for t in config.eval.tasks):
         return _evaluate_libero_exports(
             config,
@@ -187,6 +192,7 @@ def evaluate_exports(
             evaluate_fn=evaluate_libero,
             make_factory=libero_factory,
             labels=labels,
+            killed_hint=killed,
         )
     from reproduction.recap.policy.export import PolicyFactory, export_image_size, read_export
     from reproduction.run.lineage import path_sha256
@@ -237,9 +243,10 @@ def evaluate_exports(
             looks=ev.sequential.looks,
             rho=ev.sequential.rho,
             ui=ui,
+            killed_hint=killed,
         )
     else:
-        outcome, sequential = evaluate_many(jobs, ui=ui), None
+        outcome, sequential = evaluate_many(jobs, ui=ui, killed_hint=killed), None
     for (label, *_), result in zip(todo, outcome):
         results[label] = {
             "tasks": _counts(result)["tasks"],
@@ -333,6 +340,7 @@ def evaluate_sequentially(
     looks: int,
     rho: float,
     ui: Any = None,
+    killed_hint: str | None = None,
 ) -> tuple[list[Any], dict[str, Any]]:
     """Evaluate `jobs` in looks and stop once every rate the comparison with the reference tests is settled.
 
@@ -386,7 +394,11 @@ def evaluate_sequentially(
         return [r.verdict for r in rate_rows(outcome, look)]
 
     outcome = evaluate_many(
-        jobs, ui=ui, looks=sizes, go_on=lambda look, partial: "inconclusive" in rates(partial, look)
+        jobs,
+        ui=ui,
+        looks=sizes,
+        go_on=lambda look, partial: "inconclusive" in rates(partial, look),
+        killed_hint=killed_hint,
     )
     look = sizes.index(max(t.episodes for t in outcome[0].tasks.values()))
     final = rate_rows(outcome, look)
@@ -430,6 +442,7 @@ def _evaluate_libero_exports(
     evaluate_fn: Any = None,
     make_factory: Any = None,
     labels: dict[str, str] | None = None,
+    killed_hint: str | None = None,
 ) -> StageOutput:
     """`evaluate_exports` for LIBERO task ids: every export's features are checked against LIBERO's before any
     env is built (a Fetch policy is refused by name), then each policy runs upstream's protocol (the tasks'
@@ -464,6 +477,7 @@ def _evaluate_libero_exports(
             workers=ev.workers,
             seed=ev.seed,
             ui=ui,
+            killed_hint=killed_hint,
         )
         doc, settle = result.evidence_counts(), result.settle_steps
         results[label] = {

@@ -324,6 +324,7 @@ def evaluate_libero(
     make_sim: Callable[..., LiberoSim] = LiberoSim,
     seed: int = 0,
     ui: UiOptions | None = None,
+    killed_hint: str | None = None,
 ) -> LiberoEvalResult:
     """Run the protocol; every argument is checked before any env is built.
 
@@ -332,7 +333,8 @@ def evaluate_libero(
     pickle (a bound expert or a lambda does not). Episodes come back in (task, init state) order whatever the
     worker count, and an episode's numbers do not depend on it (its seed is `seed + init index`).
     `max_steps` overrides the suite's limit (tests and reduced runs only). `make_sim` is the seam a test swaps.
-    `ui` styles the progress bar (episodes, steps/s, ETA; none when quiet or not a terminal).
+    `ui` styles the progress bar (episodes, steps/s, ETA; none when quiet or not a terminal). `killed_hint`: the
+    hint under a killed worker (run_units: the caller's command and its key for the worker count).
     Raises SimError for a bad task id, episodes_per_task outside 1..the task's init-state count, a bad chunk or
     worker count, an unpicklable policy with workers > 1, or a policy output of the wrong shape.
     """
@@ -392,7 +394,7 @@ def evaluate_libero(
         if workers == 1:  # in this process: the bar moves per episode (env creation shows as a slow first one)
             _run_unit(units[0], on_episode=lambda e: advance([e]))
         else:  # spawn workers report a whole share at once
-            for eps in run_units(_run_unit, units, workers=workers):
+            for eps in run_units(_run_unit, units, workers=workers, killed_hint=killed_hint):
                 advance(eps)
     order = {t.task_id: k for k, t in enumerate(tasks)}
     episodes.sort(key=lambda e: (order[e.task_id], e.init_index))
