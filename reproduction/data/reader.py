@@ -72,8 +72,8 @@ dataset: video frames are found by timestamp, and from half a frame on the neigh
 
 def open_dataset(root: Path | str, *, video_cache_episodes: int = 4) -> Dataset:
     """Open the LeRobot dataset at `root` (metadata only; frames are read on demand). `video_cache_episodes`
-    bounds the video files kept open and the whole episodes kept decoded for files read sequentially
-    (video.VideoReader; those also by bytes)."""
+    bounds the video files kept open (per camera) and the whole episodes kept decoded for files that must be read
+    sequentially (video.VideoReader; those also by bytes)."""
     return Dataset(Path(root), video_cache_episodes=video_cache_episodes)
 
 
@@ -94,7 +94,10 @@ class Dataset:
         self.tasks: dict[int, str] = _load_tasks(self.root, self.info.codebase_version)
         self.episodes: pa.Table = _load_episodes(self.root, self.info.codebase_version, self.info.video_keys)
         self._episode_pos = {int(e): i for i, e in enumerate(self.episodes.column("episode_index").to_pylist())}
-        self._video = VideoReader(max_open=video_cache_episodes, cache_episodes=video_cache_episodes)
+        self._video = VideoReader(  # per camera: the cameras' files read side by side stay open
+            max_open=max(1, video_cache_episodes) * max(1, len(self.info.video_keys)),
+            cache_episodes=video_cache_episodes,
+        )
         self._table_cache: tuple[int, tuple[str, ...], pa.Table] | None = None
         self._locator: dict[str, np.ndarray] | None = None
         self._fingerprint: str | None = None

@@ -304,12 +304,13 @@ class VideoReader:
     def _check_packets(self, av: Any, path: Path, from_timestamp: float, num_frames: int, fps: int | float) -> None:
         """_SeekMissed unless every slot of the episode has a packet of `path` (packets only: nothing is decoded),
         so a video shorter than its episode, or one missing a frame, is refused on any read of the episode, as
-        decode_episode refuses it. Seeks as decode_episode does."""
+        decode_episode refuses it. Seeks a second before the episode: mp4 seeks by decode time, and a keyframe
+        presented after the episode's first frame may be decoded before it (B-frames)."""
         seen = np.zeros(num_frames, dtype=bool)
         with av.open(str(path)) as container:
             stream = container.streams.video[0]
-            if from_timestamp > 0:
-                container.seek(int(from_timestamp / stream.time_base), stream=stream, backward=True, any_frame=False)
+            if from_timestamp > 1:
+                container.seek(int((from_timestamp - 1) / stream.time_base), stream=stream, backward=True)
             tb, rate = float(stream.time_base), float(fps)
             for packet in container.demux(stream):
                 pts, dts = packet.pts, packet.dts
