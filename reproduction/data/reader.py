@@ -22,7 +22,7 @@ A *row* is a position in `frame_table()`: data files in path order, rows in file
 written by lerobot or by `write_dataset` it equals the `index` column). `read_frames` groups rows by
 data file and video frames by episode, and decodes only the frames asked for (video.VideoReader): a few
 files stay open where the last read left them, so iterating rows in dataset order decodes each frame once,
-and a single row costs at most a GOP's decoding, not its episode's. A
+and a single row costs about a GOP's decoding, not its episode's. A
 row's video frame is the one its timestamp names; the first video read checks every row's timestamp
 against frame_index / fps and refuses the dataset (DatasetError, naming the first frame) when one is
 more than TIMESTAMP_TOLERANCE_FRAMES off, before any frame could be read from the wrong position.

@@ -4,7 +4,7 @@
 forward. `VideoReader` reads the frames a read asks for: it keeps a few files open, each positioned after the last
 frame it decoded, and reads on from there when the next wanted frame lies within a GOP ahead (a sorted sweep decodes
 each frame once), else seeks to the keyframe at or before that frame, as lerobot's decoders do (a single frame costs
-at most a GOP, whatever the episode's length). Frames are placed by their presentation time, so a file holding many
+about a GOP, whatever the episode's length). Frames are placed by their presentation time, so a file holding many
 episodes (LeRobot v3.0) and a file per episode (v2.1) read the same way.
 """
 
