@@ -20,8 +20,9 @@ Public API (stable; other stages build on it)::
 
 A *row* is a position in `frame_table()`: data files in path order, rows in file order (for datasets
 written by lerobot or by `write_dataset` it equals the `index` column). `read_frames` groups rows by
-data file and video episodes by episode: each episode's video is decoded once, sequentially, and the
-last few decoded episodes are cached, so iterating rows in dataset order decodes each frame once. A
+data file and video frames by episode, and decodes only the frames asked for (video.VideoReader): a few
+files stay open where the last read left them, so iterating rows in dataset order decodes each frame once,
+and a single row costs about a GOP's decoding, not its episode's. A
 row's video frame is the one its timestamp names; the first video read checks every row's timestamp
 against frame_index / fps and refuses the dataset (DatasetError, naming the first frame) when one is
 more than TIMESTAMP_TOLERANCE_FRAMES off, before any frame could be read from the wrong position.
@@ -32,7 +33,6 @@ from __future__ import annotations
 import functools
 import io
 import json
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -58,6 +58,7 @@ from reproduction.data.scan import (
     refuse_null_keys,
     same_schema,
 )
+from reproduction.data.video import VideoReader
 from reproduction.errors import DatasetError, InputNotFoundError
 
 OPTIONAL_KEY_COLUMNS = ("is_success",)
@@ -70,7 +71,9 @@ dataset: video frames are found by timestamp, and from half a frame on the neigh
 
 
 def open_dataset(root: Path | str, *, video_cache_episodes: int = 4) -> Dataset:
-    """Open the LeRobot dataset at `root` (metadata only; frames are read on demand)."""
+    """Open the LeRobot dataset at `root` (metadata only; frames are read on demand). `video_cache_episodes`
+    bounds the video files kept open (per camera) and the whole episodes kept decoded for files that must be read
+    sequentially (video.VideoReader; those also by bytes)."""
     return Dataset(Path(root), video_cache_episodes=video_cache_episodes)
 
 
@@ -91,8 +94,10 @@ class Dataset:
         self.tasks: dict[int, str] = _load_tasks(self.root, self.info.codebase_version)
         self.episodes: pa.Table = _load_episodes(self.root, self.info.codebase_version, self.info.video_keys)
         self._episode_pos = {int(e): i for i, e in enumerate(self.episodes.column("episode_index").to_pylist())}
-        self._video_cache: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
-        self._video_cache_size = max(1, video_cache_episodes)
+        self._video = VideoReader(  # per camera: the cameras' files read side by side stay open
+            max_open=max(1, video_cache_episodes) * max(1, len(self.info.video_keys)),
+            cache_episodes=video_cache_episodes,
+        )
         self._table_cache: tuple[int, tuple[str, ...], pa.Table] | None = None
         self._locator: dict[str, np.ndarray] | None = None
         self._fingerprint: str | None = None
@@ -411,37 +416,40 @@ class Dataset:
         episodes = loc["episode_index"][rows]
         frame_pos = loc["frame_index"][rows].astype(np.int64)  # = rint(timestamp * fps): _locate checked it
         out: np.ndarray | None = None
-        for ep in dict.fromkeys(episodes.tolist()):  # first-seen order keeps the cache warm
+        for ep in dict.fromkeys(episodes.tolist()):  # first-seen order: an open file reads on
             sel = np.nonzero(episodes == ep)[0]
-            frames = self._episode_video(key, int(ep))
-            if frame_pos[sel].max() >= len(frames) or frame_pos[sel].min() < 0:
-                far = frame_pos[sel].max() if frame_pos[sel].max() >= len(frames) else frame_pos[sel].min()
+            path, from_ts, length = self.video_location(key, int(ep))
+            if frame_pos[sel].max() >= length or frame_pos[sel].min() < 0:
+                far = frame_pos[sel].max() if frame_pos[sel].max() >= length else frame_pos[sel].min()
                 raise DatasetError(
-                    f"{self.root}: episode {ep} frame {int(far)} beyond its video ({len(frames)} frames) for {key}",
+                    f"{self.root}: episode {ep} frame {int(far)} beyond its video ({length} frames) for {key}",
                     path=self.root,
                     field=key,
                 )
+            slots, at = np.unique(frame_pos[sel], return_inverse=True)
+            frames = self._video.frames(
+                path,
+                slots,
+                from_timestamp=from_ts,
+                num_frames=length,
+                fps=self.info.fps,
+                episode=int(ep),
+                to_timestamp=self._video_end(key, int(ep)),
+            )
+            self._check_frame_size(key, path, int(ep), frames.shape[1:3])
             if out is None:
                 out = np.empty((rows.size, *frames.shape[1:]), dtype=np.uint8)
-            out[sel] = frames[frame_pos[sel]]
+            out[sel] = frames[at.reshape(-1)]
         return out if out is not None else np.empty((0, 0, 0, 3), dtype=np.uint8)
 
-    def _episode_video(self, key: str, episode_index: int) -> np.ndarray:
-        from reproduction.data.video import decode_episode
-
-        cache_key = (key, episode_index)
-        if cache_key in self._video_cache:
-            self._video_cache.move_to_end(cache_key)
-            return self._video_cache[cache_key]
-        path, from_ts, length = self.video_location(key, episode_index)
-        frames = decode_episode(
-            path, from_timestamp=from_ts, num_frames=length, fps=self.info.fps, episode=episode_index
-        )
-        self._check_frame_size(key, path, episode_index, frames.shape[1:3])
-        self._video_cache[cache_key] = frames
-        while len(self._video_cache) > self._video_cache_size:
-            self._video_cache.popitem(last=False)
-        return frames
+    def _video_end(self, key: str, episode_index: int) -> float | None:
+        """The episode's `videos/<key>/to_timestamp` in a v3.0 file, where the next episode's frames begin; None
+        where the episode table has none (v2.1, older writers): the file's end bounds the episode then."""
+        column = f"videos/{key}/to_timestamp"
+        if self.info.codebase_version == "v2.1" or column not in self.episodes.column_names:
+            return None
+        value = self.episodes.column(column)[self._episode_pos[episode_index]].as_py()
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
     def _check_frame_size(self, key: str, path: Path, episode_index: int, size: tuple[int, ...]) -> None:
         """DatasetError (exit 40) naming the mp4, the episode, `key` and both sizes when the frames decoded from
