@@ -747,6 +747,42 @@ def _check_video_columns(path: Path, table: pa.Table, key: str) -> None:
                 field=col,
                 hint=_EPISODES_HINT,
             )
+    _check_video_end(path, table, key)
+
+
+def _check_video_end(path: Path, table: pa.Table, key: str) -> None:
+    """DatasetError (exit 40) naming `path`, the column and the first such episode when the episode table's optional
+    `videos/<key>/to_timestamp` (where the next episode of the file begins: Dataset._video_end) is not a number, or
+    holds one that is not finite or lies before the episode's from_timestamp: a NaN or inf ended in an internal
+    ValueError, a negative one blamed the video (review63 V L1). A null is an older writer's: the file's end bounds
+    the episode."""
+    col = f"videos/{key}/to_timestamp"
+    if col not in table.column_names:
+        return
+    dtype = table.schema.field(col).type
+    if pa.types.is_null(dtype):
+        return
+    if not (pa.types.is_integer(dtype) or pa.types.is_floating(dtype)):
+        raise DatasetError(
+            f"{path}: a {dtype} column {col} (the time in seconds where the episode's video segment ends)",
+            path=path,
+            field=col,
+            hint=_EPISODES_HINT,
+        )
+    end = table.column(col).to_numpy(zero_copy_only=False).astype(np.float64)
+    start = table.column(f"videos/{key}/from_timestamp").to_numpy(zero_copy_only=False).astype(np.float64)
+    given = ~table.column(col).is_null().to_numpy(zero_copy_only=False)
+    bad = given & ~(np.isfinite(end) & (end >= start))
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        episode, value, begins = table.column("episode_index")[row].as_py(), float(end[row]), float(start[row])
+        raise DatasetError(
+            f"{path}: episode {episode} has {col} {value!r}, not a time in seconds at or after its from_timestamp "
+            f"{begins!r}",
+            path=path,
+            field=col,
+            hint=_EPISODES_HINT,
+        )
 
 
 def _read_jsonl(path: Path) -> Iterator[dict]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from fractions import Fraction
@@ -69,7 +70,14 @@ def decode_episode(
     what = f"episode {episode}: " if episode is not None else ""
     held = segment_frames(from_timestamp, to_timestamp, num_frames, fps)
     try:
-        out, filled = _decode(av, path, from_timestamp, held, fps)
+        back = 0.0
+        while True:
+            out, filled, first = _decode(av, path, from_timestamp, held, fps, seek_to=from_timestamp - back)
+            # the seek's keyframe is shown after the episode's first frames (an open GOP, whose leading frames need
+            # the GOP before: review63 V M1): seek a keyframe further back, as far as the file's start
+            if first is None or first <= 0 or from_timestamp - back <= 0:
+                break
+            back = max(1.0, 2 * back)
     except (av.error.FFmpegError, _NoVideoStream) as exc:
         why = str(exc) if isinstance(exc, _NoVideoStream) else f"{type(exc).__name__}: {exc.strerror or exc}"
         raise DatasetError(
@@ -90,24 +98,28 @@ def decode_episode(
 
 
 def _decode(
-    av: Any, path: Path, from_timestamp: float, num_frames: int, fps: int | float
-) -> tuple[np.ndarray | None, np.ndarray]:
-    """(frames or None if none decoded, which of the num_frames were found): decode_episode's read."""
+    av: Any, path: Path, from_timestamp: float, num_frames: int, fps: int | float, *, seek_to: float
+) -> tuple[np.ndarray | None, np.ndarray, int | None]:
+    """(frames or None if none decoded, which of the num_frames were found, the slot of the first frame decoded after
+    the seek to `seek_to` seconds, None if none): decode_episode's read."""
     out: np.ndarray | None = None
     filled = np.zeros(num_frames, dtype=bool)
+    first: int | None = None
     with av.open(str(path)) as container:
         if not container.streams.video:  # a file cut short in its header, or one holding audio only (audit63 V M1)
             raise _NoVideoStream("it holds no video stream")
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
-        if from_timestamp > 0:
+        if seek_to > 0:
             # int() floors the pts: with backward=True the seek lands on a keyframe at or before the first frame even
             # when from_timestamp (frames / fps, a float) lies a hair below it; frames before it are skipped below
-            container.seek(int(from_timestamp / stream.time_base), stream=stream, backward=True, any_frame=False)
+            container.seek(int(seek_to / stream.time_base), stream=stream, backward=True, any_frame=False)
         for frame in container.decode(stream):
             if frame.time is None:
                 continue
             k = int(round((frame.time - from_timestamp) * fps))
+            if first is None:
+                first = k
             if k < 0:
                 continue
             if k >= num_frames:
@@ -117,7 +129,7 @@ def _decode(
                 out = np.empty((num_frames, *rgb.shape), dtype=np.uint8)
             out[k] = rgb
             filled[k] = True
-    return out, filled
+    return out, filled, first
 
 
 class _NoVideoStream(Exception):
@@ -207,6 +219,7 @@ class VideoReader:
         self._max_open, self._cache_episodes, self._cache_bytes = max(1, max_open), max(1, cache_episodes), cache_bytes
         self._lock = threading.Lock()
         self._reset()
+        _READERS.add(self)
 
     def _reset(self) -> None:
         self._pid = os.getpid()
@@ -222,6 +235,24 @@ class VideoReader:
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self._reset()
+        _READERS.add(self)
+
+    def _before_fork(self) -> None:
+        """Held across a fork (os.register_at_fork, below): waits for a read in another thread, then closes the
+        open files here, in the parent. A child that inherited an open decoder hung for ever freeing it
+        (avcodec_free_context waits on the parent's decoding threads, which the child lacks), and one forked while
+        another thread held the lock waited on it for ever (review63 V H1: a torch DataLoader with workers)."""
+        self._lock.acquire()
+        for video in self._open.values():
+            video.close()
+        self._open.clear()
+
+    def _after_fork_in_parent(self) -> None:
+        self._lock.release()
+
+    def _after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()  # the parent's is held by the forking thread's hook
+        self._pid = os.getpid()
 
     def close(self) -> None:
         with self._lock:
@@ -249,9 +280,11 @@ class VideoReader:
         path = Path(path)
         slots = np.asarray(slots, dtype=np.int64)
         whole = (path, float(from_timestamp), int(num_frames))
+        if self._pid != os.getpid():  # forked without the hooks (a C-level fork): leave the parent's decoders be
+            _ABANDONED.append(self._open)  # freeing one here hangs (see _before_fork); kept from the collector
+            self._lock = threading.Lock()
+            self._reset()
         with self._lock:
-            if self._pid != os.getpid():
-                self._reset()
             if whole in self._episodes:
                 self._episodes.move_to_end(whole)
                 return self._episodes[whole][slots]
@@ -370,6 +403,25 @@ class VideoReader:
                     break  # the next wanted frame is more than a GOP ahead: seek to it
         assert out is not None  # slots is not empty
         return out
+
+
+_READERS: weakref.WeakSet[VideoReader] = weakref.WeakSet()
+"""Every live VideoReader of this process, for the fork hooks below: a fork must find no open decoder and no held lock
+in any of them. (Module state, as logging keeps for its locks: a fork hook cannot be told which objects exist.)"""
+_ABANDONED: list[Any] = []
+"""Open files a child found from its parent when the fork hooks did not run: never freed (see _before_fork)."""
+
+
+def _each_reader(method: str) -> None:
+    for reader in list(_READERS):
+        getattr(reader, method)()
+
+
+os.register_at_fork(
+    before=lambda: _each_reader("_before_fork"),
+    after_in_parent=lambda: _each_reader("_after_fork_in_parent"),
+    after_in_child=lambda: _each_reader("_after_fork_in_child"),
+)
 
 
 SMALLEST_FRAME = {"libsvtav1": 32}
