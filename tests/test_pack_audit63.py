@@ -77,3 +77,24 @@ def test_a_file_beside_the_layer_archive_still_packs(tmp_path, capsys):
     code, err = _pack(spec, tmp_path, capsys)
     assert code == 0, err
     assert (tmp_path / "out" / "runtime" / "a.txt").read_text() == "MY FILE\n"
+
+
+def test_a_file_folder_holding_a_backslash_name_is_refused(tmp_path, capsys):
+    spec = _spec(tmp_path, '[[file]]\nsource = "data"\ndest = "data"\n')
+    (tmp_path / "src" / "data").mkdir()
+    (tmp_path / "src" / "data" / "win\\path.txt").write_text("1\n")
+    code, err = _pack(spec, tmp_path, capsys)
+    assert code == 4, err
+    assert err[0].startswith("error: file path 'data/win\\\\path.txt' (from ")
+    assert "holds a backslash ('\\'), which bundle.json refuses" in err[0] and "nothing was packed" in err[0]
+    assert err[1] == "hint: exclude it in the spec (exclude = [...]) or rename it in the source, then pack again"
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
+def test_a_layer_member_with_a_backslash_still_packs_and_restores(tmp_path, capsys):
+    spec = _spec(tmp_path, LAYER)
+    (tmp_path / "src" / "a" / "win\\path.txt").write_text("1\n")
+    code, err = _pack(spec, tmp_path, capsys)
+    assert code == 0, err
+    assert main(["restore", str(tmp_path / "out"), "-q"]) == 0
+    assert (tmp_path / "out" / "runtime" / "a" / "win\\path.txt").read_text() == "1\n"

@@ -34,6 +34,7 @@ from reproduction.release.manifest import (
     LayerEntry,
     Manifest,
     PrefixOccurrence,
+    check_relative_path,
     has_control,
     has_format,
     shown_name,
@@ -141,8 +142,28 @@ def _copy_plain(
                 field="file.source",
                 hint="exclude it in the spec (exclude = [...]) or rename it in the source, then pack again",
             )
+        _check_bundle_path(rel, src)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         return max(pool.map(copy, items), default=0.0)
+
+
+def _check_bundle_path(rel: str, src: Path) -> None:
+    """InvalidInputError (exit 4) when bundle.json could not list `rel`: the rule every load of it applies
+    (manifest.check_relative_path). A `\\` in a source file's name (systemd's `\\x2d` escapes) gave a bundle, exit 0,
+    that verify, restore and publish all refused as damaged (audit63 A M2). Layer members are not bundle.json paths:
+    safety.validate_layers vets them with restore's own member rule, which allows a backslash."""
+    try:
+        check_relative_path(rel, where="file")
+    except InvalidInputError as exc:
+        if "\\" in rel:
+            problem = f"file path {rel!r} (from {src}) holds a backslash ('\\'), which bundle.json refuses"
+        else:  # a path longer than filesystems allow, a lone surrogate: the rule's own words
+            problem = f"file {src}: bundle.json refuses its bundle {exc.message.removeprefix('file: ')}"
+        raise InvalidInputError(
+            f"{problem} (every verify and restore applies that rule), so nothing was packed",
+            field="file.source",
+            hint="exclude it in the spec (exclude = [...]) or rename it in the source, then pack again",
+        ) from None
 
 
 def _scan_prefixes(
