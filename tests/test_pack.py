@@ -38,6 +38,7 @@ def test_layer_members_are_sorted_with_fixed_owner_and_time(tmp_path):
     names = [m[0] for m in members]
     assert names == sorted(names, key=lambda n: n.encode())
     assert names == [
+        ".",  # the layer's own folder, for its mode (audit63 A L9)
         "README.md",
         "recap",
         "recap/__init__.py",
@@ -69,8 +70,8 @@ def test_manifest_lists_every_file_and_is_written_last(tmp_path):
     } <= {e.path for e in manifest.files}
     assert not any("__pycache__" in e.path for e in manifest.files)
     assert [(x.archive, x.target, x.kind, x.members) for x in manifest.layers] == [
-        ("source/project.tar.zst", "source/project", "source", 7),
-        ("runtime/rt.tar.zst", "runtime/rt", "runtime", 9),
+        ("source/project.tar.zst", "source/project", "source", 8),  # each with its own folder `./` (audit63 A L9)
+        ("runtime/rt.tar.zst", "runtime/rt", "runtime", 10),
     ]
     assert manifest.layers[1].unpacked_size == sum(len(v) for v in __import__("bundlekit").RUNTIME_FILES.values())
     assert manifest.entry_config == "config/run.json"

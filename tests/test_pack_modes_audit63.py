@@ -59,3 +59,43 @@ def test_restore_brings_back_the_sticky_bit_of_a_packed_folder(tmp_path):
     assert got == {rel: mode & ~umask for rel, mode in KEPT.items()}
     assert got["share"] & 0o1000 and got["lib/python"] & 0o1000
     assert os.stat(root / "bin" / "tool").st_mode & 0o7777 == 0o755 & ~umask
+
+
+def _root_packed(tmp_path, mode: int):
+    small_sources(tmp_path)
+    (tmp_path / "small.toml").write_text(SMALL_SPEC, encoding="utf-8")
+    os.chmod(tmp_path / "src" / "runtime", mode)
+    return small_bundle(tmp_path)
+
+
+def test_pack_records_the_layers_own_folder_and_restore_gives_it_its_mode(tmp_path):
+    """audit63 A L9: the layer's own folder was never packed, so restore made it 0o777 less the umask: a shared
+    0o1777 root lost its sticky bit. Pack writes it first as `./`; restore sets its mode, as for any folder."""
+    bundle = _root_packed(tmp_path, 0o1777)
+    with open(bundle / "runtime" / "rt.tar.zst", "rb") as fh:
+        stream = zstandard.ZstdDecompressor().stream_reader(fh)
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
+            first = next(iter(tar))
+            assert (first.name, first.isdir(), first.mode) == (".", True, 0o1777)
+    index = json.loads((bundle / "runtime" / "rt.members.json").read_text())
+    assert index["members"][0] == ["", "dir", 0o1777, 0, ""]
+    restore_bundle(bundle, ui=QUIET)
+    assert os.stat(bundle / "runtime" / "rt").st_mode & 0o7777 == 0o1777 & ~_umask()
+    restore_bundle(bundle, ui=QUIET)  # unchanged: the second restore keeps it
+    assert os.stat(bundle / "runtime" / "rt").st_mode & 0o7777 == 0o1777 & ~_umask()
+
+
+def test_a_read_only_layer_root_comes_back_with_owner_rwx(tmp_path):
+    """The swap renames the target's folder across folders and trash removes it: both need u+rwx on it."""
+    bundle = _root_packed(tmp_path, 0o555)
+    restore_bundle(bundle, ui=QUIET)
+    assert os.stat(bundle / "runtime" / "rt").st_mode & 0o7777 == 0o755 & ~_umask()
+
+
+def test_a_bundle_without_a_root_member_restores_its_root_as_before(tmp_path):
+    """Bundles packed before L9 list no `./`: the target is made as it always was (0o777 less the umask)."""
+    from bundlekit import raw_bundle, raw_member
+
+    bundle = raw_bundle(tmp_path / "b", raw_member("f", b"abc"), index=[["f", "file", 0o644, 3, ""]])
+    restore_bundle(bundle, ui=QUIET)
+    assert os.stat(bundle / "source" / "app").st_mode & 0o7777 == 0o777 & ~_umask()

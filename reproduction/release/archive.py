@@ -1,10 +1,10 @@
 """Write a folder as a reproducible `.tar.zst` layer: same tree in, same bytes out.
 
-Members are sorted, every mtime is FIXED_MTIME, owners are 0/0 with empty names, modes keep only
-permission bits (and a folder's sticky bit), hard-linked files are stored as plain copies (restore
-refuses hard links), and absolute symlinks into a packed layer become relative ones (restore refuses
-absolute links). The tar is PAX, compressed by zstd with several threads (its output does not depend
-on the count).
+Members are sorted (after the layer's own folder, `./`, which carries its mode), every mtime is
+FIXED_MTIME, owners are 0/0 with empty names, modes keep only permission bits (and a folder's sticky
+bit), hard-linked files are stored as plain copies (restore refuses hard links), and absolute symlinks
+into a packed layer become relative ones (restore refuses absolute links). The tar is PAX, compressed
+by zstd with several threads (its output does not depend on the count).
 """
 
 from __future__ import annotations
@@ -112,6 +112,15 @@ def write_layer(layer: LayerSpec, out: Path, *, link_roots: dict[str, str], thre
         with tarfile.open(
             fileobj=counter, mode="w|", format=tarfile.PAX_FORMAT, encoding="utf-8", errors="surrogateescape"
         ) as tar:
+            # The layer's own folder first, as `./`, so its mode travels too (a shared 0o1777 root came back 0o777 or
+            # 0o755: audit63 A L9). Every restore since the first accepts a `./` folder member (safety.validate_layers)
+            # and the index row '' (layers._row); one without extract._finish's root chmod ignores its mode, as it did
+            # when pack wrote none, and a bundle without one restores as before.
+            root = _tarinfo(".", os.stat(layer.source), kind=tarfile.DIRTYPE)
+            tar.addfile(root)
+            contents.members.append(
+                Member(name="", raw_name=root.name, kind="dir", mode=root.mode, size=0, mtime=FIXED_MTIME)
+            )
             for rel, st in entries:
                 contents.newest_mtime = max(contents.newest_mtime, st.st_mtime)
                 info = _member_info(layer, rel, st, link_roots)
@@ -138,7 +147,8 @@ def write_layer(layer: LayerSpec, out: Path, *, link_roots: dict[str, str], thre
 
 
 def _member_info(layer: LayerSpec, rel: str, st: os.stat_result, link_roots: dict[str, str]) -> tarfile.TarInfo:
-    if stat_mod.S_ISREG(st.st_mode):
+    if stat_mod.S_ISREG(st.st_mode):  # a plain member even for a sparse file: tarfile writes no sparse members (its
+        # holes are read as zeros), and restore refuses GNU tar's (tarscan.SPARSE, audit63 A M3)
         return _tarinfo(rel, st, kind=tarfile.REGTYPE, size=st.st_size)
     if stat_mod.S_ISDIR(st.st_mode):
         return _tarinfo(rel, st, kind=tarfile.DIRTYPE)

@@ -187,6 +187,9 @@ def _finish(dirs: DirFds, members: list[Member], written: Written, umask: int) -
     modes = [m for m in members if m.kind == "dir" and m.name and (m.mode & 0o1777 & ~umask) != made]
     for m in sorted(modes, key=lambda m: -m.name.count("/")):
         os.fchmod(dirs.fd(m.name), m.mode & 0o1777 & ~umask)
+    for m in members:  # the target itself, when the archive lists it as `./` (pack does since audit63 A L9), last;
+        if m.name == "" and m.kind == "dir":  # always u+rwx: the swap renames it across folders, trash removes it
+            os.fchmod(dirs.fd(""), (m.mode | 0o700) & 0o1777 & ~umask)
 
 
 def member_count_error(archive: str, declared: int, name: str) -> UnsafeArchiveError:

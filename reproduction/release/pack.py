@@ -34,13 +34,14 @@ from reproduction.release.manifest import (
     LayerEntry,
     Manifest,
     PrefixOccurrence,
+    check_relative_path,
     has_control,
     has_format,
     shown_name,
     write_manifest,
 )
 from reproduction.release.safety import check_targets, validate_layers
-from reproduction.release.spec import BundleSpec, FileSpec, LayerSpec, excluded, load_spec
+from reproduction.release.spec import BundleSpec, FileSpec, LayerSpec, excluded, layer_outputs, load_spec
 from reproduction.release.weights import check_bundle_weights, place_weights
 from reproduction.release.zstdio import backend
 from reproduction.ui import UiOptions, human_bytes, say
@@ -89,8 +90,16 @@ def _plain_sources(spec: BundleSpec) -> list[tuple[Path, str, FileSpec]]:
     return out
 
 
-def _copy_plain(stage: Path, items: list[tuple[Path, str, FileSpec]], mapping: dict[str, str], jobs: int) -> float:
-    """Copy the plain files into `stage`; returns the newest source mtime."""
+def _copy_plain(
+    stage: Path,
+    items: list[tuple[Path, str, FileSpec]],
+    mapping: dict[str, str],
+    jobs: int,
+    taken: dict[str, str] | None = None,
+) -> float:
+    """Copy the plain files into `stage`; returns the newest source mtime. InvalidInputError (exit 4), before any
+    copy, for a path two entries write, one in `taken` (bundle path -> what pack writes there: spec.layer_outputs),
+    or one bundle.json would refuse."""
 
     def copy(item: tuple[Path, str, FileSpec]) -> float:
         src, rel, fspec = item
@@ -114,12 +123,18 @@ def _copy_plain(stage: Path, items: list[tuple[Path, str, FileSpec]], mapping: d
         return st.st_mtime
 
     seen: set[str] = set()
-    for _, rel, _ in items:
+    for src, rel, _ in items:
         if rel in seen:
             raise InvalidInputError(
                 f"two spec entries both write {rel!r}", field="file.dest", hint="give each a different dest"
             )
         seen.add(rel)
+        if taken and rel in taken:  # a file of a [[file]] folder; spec.load_spec refused a dest there (audit63 A M1)
+            raise InvalidInputError(
+                f"file {rel!r} (from {src}) is {taken[rel]}, which pack writes there, so nothing was packed",
+                field="file.source",
+                hint="exclude it in the spec (exclude = [...]) or give that [[file]] entry another dest",
+            )
         if has_control(rel) or has_format(rel):  # bundle.json would hold a path every load refuses (audit58 A5)
             raise InvalidInputError(
                 f"file path {rel!r} holds a control or Unicode format character (invisible or text-reordering), "
@@ -127,8 +142,28 @@ def _copy_plain(stage: Path, items: list[tuple[Path, str, FileSpec]], mapping: d
                 field="file.source",
                 hint="exclude it in the spec (exclude = [...]) or rename it in the source, then pack again",
             )
+        _check_bundle_path(rel, src)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         return max(pool.map(copy, items), default=0.0)
+
+
+def _check_bundle_path(rel: str, src: Path) -> None:
+    """InvalidInputError (exit 4) when bundle.json could not list `rel`: the rule every load of it applies
+    (manifest.check_relative_path). A `\\` in a source file's name (systemd's `\\x2d` escapes) gave a bundle, exit 0,
+    that verify, restore and publish all refused as damaged (audit63 A M2). Layer members are not bundle.json paths:
+    safety.validate_layers vets them with restore's own member rule, which allows a backslash."""
+    try:
+        check_relative_path(rel, where="file")
+    except InvalidInputError as exc:
+        if "\\" in rel:
+            problem = f"file path {rel!r} (from {src}) holds a backslash ('\\'), which bundle.json refuses"
+        else:  # a path longer than filesystems allow, a lone surrogate: the rule's own words
+            problem = f"file {src}: bundle.json refuses its bundle {exc.message.removeprefix('file: ')}"
+        raise InvalidInputError(
+            f"{problem} (every verify and restore applies that rule), so nothing was packed",
+            field="file.source",
+            hint="exclude it in the spec (exclude = [...]) or rename it in the source, then pack again",
+        ) from None
 
 
 def _scan_prefixes(
@@ -323,7 +358,7 @@ def pack_bundle(
     shutil.rmtree(stage, ignore_errors=True)
     make_output_folder(stage, command="pack", flag="--out", exist_ok=False, shown=out)
     try:
-        newest = _copy_plain(stage, _plain_sources(spec), placeholder_map(spec), jobs)
+        newest = _copy_plain(stage, _plain_sources(spec), placeholder_map(spec), jobs, layer_outputs(spec))
         placed = place_weights(spec, stage, ui=ui)  # weights named by manifests, checked; their licenses
         layers, newest_layer = _pack_layers(spec, stage, jobs, ui)
         files = _hash_all(stage, jobs)

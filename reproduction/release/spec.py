@@ -44,6 +44,11 @@ class LayerSpec:
     def archive(self) -> str:
         return f"{self.target}.tar.zst"
 
+    @property
+    def members_index(self) -> str:
+        """Where pack writes the layer's member index (layers.index_path, which would import restore's code)."""
+        return f"{self.target}.members.json"
+
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class FileSpec:
@@ -338,6 +343,8 @@ def load_spec(path: Path, *, root: Path | None = None, missing: list[str] | None
 
 
 def _check_unique(spec: BundleSpec) -> None:
+    """InvalidInputError (exit 4) for a target or dest that is reserved, used twice, or is a path pack writes itself
+    (a layer's archive or member index: pack wrote it over the [[file]] copied there, exit 0, audit63 A M1)."""
     seen: dict[str, str] = {}
     for what, rel in [("weights dest", w.dest) for w in spec.weights]:
         _refuse_reserved(spec, what, rel)
@@ -348,6 +355,37 @@ def _check_unique(spec: BundleSpec) -> None:
         if rel in seen and not (what == "layer target" and seen[rel] == what):
             raise InvalidInputError(f"{spec.path}: {what} {rel!r} is used twice", path=spec.path, field=what)
         seen[rel] = what
+    written = layer_outputs(spec)
+    entries = [(f"{'config' if f.config else 'file'}[{i}].dest", f.dest) for i, f in _numbered(spec.files)]
+    entries += [(f"weights[{i}].dest", w.dest) for i, w in enumerate(spec.weights)]
+    for where, rel in entries:
+        if rel in written:
+            raise InvalidInputError(
+                f"{spec.path}: {where} {rel!r} is {written[rel]}, which pack writes there",
+                path=spec.path,
+                field=where,
+                hint=f"choose another dest for {where.split('.')[0]} (none may be <target>.tar.zst or "
+                "<target>.members.json of a layer)",
+            )
+
+
+def layer_outputs(spec: BundleSpec) -> dict[str, str]:
+    """Bundle path -> what it is, for each file pack derives from a layer: its archive and its member index."""
+    out: dict[str, str] = {}
+    for i, layer in enumerate(spec.layers):
+        out.setdefault(layer.archive, f"the archive of layer[{i}] (target {layer.target!r})")
+        out.setdefault(layer.members_index, f"the member index of layer[{i}] (target {layer.target!r})")
+    return out
+
+
+def _numbered(files: list[FileSpec]) -> list[tuple[int, FileSpec]]:
+    """(index among its kind, entry): spec.files holds [[file]] then [[config]] entries, each numbered from 0."""
+    counts = {False: 0, True: 0}
+    out = []
+    for f in files:
+        out.append((counts[f.config], f))
+        counts[f.config] += 1
+    return out
 
 
 def _refuse_reserved(spec: BundleSpec, what: str, rel: str) -> None:

@@ -279,8 +279,7 @@ def place_weights(spec: Any, stage: Path, *, ui: UiOptions | None = None) -> dic
         rel_manifest = (
             f"{MANIFEST_DIR}/{plan.manifest.path.name if plan.manifest.path else plan.manifest.name + '.json'}"
         )
-        (stage / MANIFEST_DIR).mkdir(exist_ok=True)
-        (stage / rel_manifest).write_text(plan.manifest.dumps(), encoding="utf-8")
+        _write_own(stage, rel_manifest, plan.manifest.dumps().encode("utf-8"), "the copy of a weights manifest")
         meta.append({"name": plan.manifest.name, "manifest": rel_manifest, "dest": plan.dest})
         size = sum(int(f.size) for _, f in plan.manifest.files())
         say(f"  weights {plan.manifest.name}: {len(plan.manifest.files())} files, {human_bytes(size)}", options=ui)
@@ -300,16 +299,34 @@ def _same_or_raise(dst: Path, src: Path, rel: str) -> None:
 
 
 def copy_licenses(dest: Path, names: set[str], index: LicenseIndex) -> None:
-    """Copy the named license files and an index.json limited to them into `dest`."""
-    dest.mkdir(parents=True, exist_ok=True)
+    """Copy the named license files and an index.json limited to them into `dest` (the stage's LICENSES/); refuses
+    (exit 4) to replace a different file a [[file]] entry put there (`_write_own`)."""
     for name in sorted(names):
-        shutil.copyfile(index.root / name, dest / name)
+        _write_own(dest.parent, f"{dest.name}/{name}", (index.root / name).read_bytes(), "a license text")
     sub = {
         "format_version": 1,
         "licenses": {n: index.files[n] for n in sorted(names)},
         "components": {k: v for k, v in sorted(index.components.items()) if v["file"] in names},
     }
-    (dest / "index.json").write_text(json.dumps(sub, indent=2) + "\n", encoding="utf-8")
+    index_text = (json.dumps(sub, indent=2) + "\n").encode("utf-8")
+    _write_own(dest.parent, f"{dest.name}/index.json", index_text, "the license index")
+
+
+def _write_own(stage: Path, rel: str, data: bytes, what: str) -> None:
+    """Write a file pack itself adds at `stage`/`rel`. The plain files are copied first, so a file already there came
+    from a [[file]] or [[config]] entry: InvalidInputError (exit 4) when its bytes differ, rather than replacing the
+    user's file without a word (audit63 A M1)."""
+    path = stage / rel
+    clash = path.parent if path.parent.exists() and not path.parent.is_dir() else path
+    if clash.exists() and not (clash.is_file() and clash == path and path.read_bytes() == data):
+        raise InvalidInputError(
+            f"{clash.relative_to(stage)}: a [[file]] or [[config]] entry put a file there, where pack writes "
+            f"{what} ({rel}), so nothing was packed",
+            field="file.dest",
+            hint="give that entry another dest (or exclude the file from its folder)",
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
 
 
 # -- restore and run ------------------------------------------------------------------------------------
