@@ -265,6 +265,7 @@ def _check_level(name: str, value: float | None, low: float, high: float, exampl
 def _plan_targets(doc: dict[str, Any], rates: list[float]) -> list[dict[str, Any]]:
     """The rate rows to plan for: the rates given (one row each), then every rate row the comparison with the
     reference tests: each policy's overall metric (pooling its T tasks) and each of its tasks' metrics."""
+    from reproduction.run.comparison import declared_margin
     from reproduction.run.evidence import COUNT_METRICS
 
     targets = [{"metric": f"rate {p:g}", "rate": p, "reference_episodes": None, "tasks": 1, "own": None} for p in rates]
@@ -275,14 +276,14 @@ def _plan_targets(doc: dict[str, Any], rates: list[float]) -> list[dict[str, Any
             count = entry["metrics"].get(m)
             if count is None:
                 continue
-            own = declared.get(f"{label}/{m}", declared.get(m))
+            own = declared_margin(declared, label, m)
             targets.append(
                 {"metric": f"{label}/{m}", "rate": float(count["rate"]), "reference_episodes": int(count["episodes"])}
                 | {"tasks": max(len(tasks), 1), "own": own}
             )
             for task, row in tasks.items():
                 if m in row:
-                    own_t = declared.get(f"{label}/{task}/{m}", declared.get(f"{task}/{m}", own))
+                    own_t = declared_margin(declared, label, f"{task}/{m}")
                     targets.append(
                         {"metric": f"{label}/{task}/{m}", "rate": float(row[m]["rate"])}
                         | {"reference_episodes": int(row[m]["episodes"]), "tasks": 1, "own": own_t}

@@ -452,9 +452,13 @@ class Comparison:
         }
 
 
-def _declared(margins: Mapping[str, float], label: str, key: str) -> float | None:
-    """The most specific declared margin: "<label>/<key>", then "<key>", then the metric name alone."""
-    for candidate in (f"{label}/{key}", key, key.rsplit("/", 1)[-1]):
+def declared_margin(margins: Mapping[str, float], label: str, key: str) -> float | None:
+    """The most specific margin `margins` declares for policy `label`'s row `key` ("<metric>", or "<task>/<metric>"
+    for a task's row): "<label>/<key>", "<key>", then for a task's row its policy's "<label>/<metric>", then the
+    metric alone. The one rule for `compare` and `eval --plan` (a "<label>/<metric>" margin covered the plan's task
+    rows but not compare's, which judged them at the default: audit63 C F1)."""
+    metric = key.rsplit("/", 1)[-1]
+    for candidate in dict.fromkeys((f"{label}/{key}", key, f"{label}/{metric}", metric)):
         if candidate in margins:
             return float(margins[candidate])
     return None
@@ -1195,10 +1199,10 @@ def compare_evidence(
     mine = _entries(actual)
 
     def margin_of(label: str, key: str) -> float | None:
-        found = _declared(mine_declared, label, key)
+        found = declared_margin(mine_declared, label, key)
         if found is None and margin is not None:
             return float(margin)
-        found = found if found is not None else _declared(ref_declared, label, key)
+        found = found if found is not None else declared_margin(ref_declared, label, key)
         if found is not None and not 0 < found < 1:
             raise InvalidInputError(
                 f"the margin of {label}/{key} is {found:g}; a rate's margin must lie strictly between 0 and 1",
@@ -1242,8 +1246,8 @@ def compare_evidence(
                     shown[label][metric] = mixed[0]
                 rows.append(row)
             else:
-                tol = _declared(mine_declared, label, metric)  # the caller's rate `margin` is no value tolerance
-                tol = tol if tol is not None else _declared(ref_declared, label, metric)
+                tol = declared_margin(mine_declared, label, metric)  # the caller's rate `margin` is no value tolerance
+                tol = tol if tol is not None else declared_margin(ref_declared, label, metric)
                 rows.append(_value_row(name, ref_value, act_value, tol))
         for task, ref_task in ref_entry.get("tasks", {}).items():
             act_task = act_entry.get("tasks", {}).get(task, {})
