@@ -70,3 +70,16 @@ def test_compare_and_the_plan_take_the_same_margin_for_every_row():
 )
 def test_the_most_specific_declared_margin_wins(declared, key, want):
     assert comparison.declared_margin(declared, "recap", key) == want
+
+
+def test_a_reproduced_row_past_the_calibration_limit_is_named_in_a_note_not_only_in_its_json_row():
+    """audit63 C F3: 10,000 episodes a side: the rows are judged at alpha itself (no calibration past
+    stats.CALIBRATION_LIMIT), which only each row's JSON note said; the table's notes now say it too."""
+    c = compare_evidence(_evidence({"t0": (7719, 10000)}, "act"), _evidence({"t0": (8004, 10000)}, "ref"))
+    assert {r.verdict for r in c.rows} == {"reproduced"}
+    said = [n for n in c.notes if "judged at alpha itself" in n]
+    assert said == [
+        "4 rate rows reproduced at alpha 0.05 (e.g. recap/success_once) are judged at alpha itself: the design is past "
+        "stats.CALIBRATION_LIMIT (the uncalibrated size was measured <= 0.0515 at margin 0.05 with 700-1,500 "
+        "episodes a side, evidence/README.md)"
+    ]

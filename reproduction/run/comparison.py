@@ -1038,17 +1038,27 @@ def _empty_note(rows: Sequence[MetricComparison]) -> list[str]:
 
 
 def _calibration_note(rows: Sequence[MetricComparison], alpha: float) -> list[str]:
-    """Which rows reproduced at alpha were judged at a lower calibrated level (stats.calibrated_alpha)."""
+    """Which rows reproduced at alpha were judged at a lower calibrated level (stats.calibrated_alpha), and which
+    reproduced rows could not be calibrated (their row note says why; the table shows no row notes, so a reader of
+    the table alone was not told: audit63 C F3)."""
+    notes = []
     lower = [r for r in rows if r.alpha_calibrated is not None and r.alpha_calibrated < alpha]
-    if not lower:
-        return []
-    kept = sum(r.verdict == "reproduced" for r in lower)
-    levels = sorted(r.alpha_calibrated for r in lower if r.alpha_calibrated is not None)
-    return [
-        f"{len(lower)} rate rows reproduced at alpha {alpha:g} were judged again at their design's calibrated level "
-        f"({levels[0]:.4g}-{levels[-1]:.4g}: the largest at which the test's exact size is <= alpha), and their "
-        f"intervals are at that level; {kept} stayed reproduced"
-    ]
+    if lower:
+        kept = sum(r.verdict == "reproduced" for r in lower)
+        levels = sorted(r.alpha_calibrated for r in lower if r.alpha_calibrated is not None)
+        notes.append(
+            f"{len(lower)} rate rows reproduced at alpha {alpha:g} were judged again at their design's calibrated "
+            f"level ({levels[0]:.4g}-{levels[-1]:.4g}: the largest at which the test's exact size is <= alpha), and "
+            f"their intervals are at that level; {kept} stayed reproduced"
+        )
+    for why in (TOO_LARGE, NOT_CALIBRATED):
+        left = [r.metric for r in rows if r.verdict == "reproduced" and why in r.note]
+        if left:
+            notes.append(
+                f"{len(left)} rate rows reproduced at alpha {alpha:g} (e.g. {left[0]}) are judged at alpha itself: "
+                f"{why.removeprefix('level not calibrated: ')}"
+            )
+    return notes
 
 
 def _power_note(rows: Sequence[MetricComparison], alpha: float, pairing: Sequence[str] = ()) -> list[str]:
