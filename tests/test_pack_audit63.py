@@ -98,3 +98,67 @@ def test_a_layer_member_with_a_backslash_still_packs_and_restores(tmp_path, caps
     assert code == 0, err
     assert main(["restore", str(tmp_path / "out"), "-q"]) == 0
     assert (tmp_path / "out" / "runtime" / "a" / "win\\path.txt").read_text() == "1\n"
+
+
+def test_two_layers_at_one_target_are_refused_naming_both_not_as_a_damaged_bundle(tmp_path, capsys):
+    """audit63 A L4: pack names a layer's archive by its target, so the second overwrote the first and the bundle.json
+    check then called the bundle "damaged or hostile"; now the spec's own error, before anything is written."""
+    (tmp_path / "src" / "b").mkdir(parents=True)
+    (tmp_path / "src" / "b" / "y.txt").write_text("ho\n")
+    second = LAYER.replace('source = "a"', 'source = "b"').replace('name = "a"', 'name = "b"')
+    spec = _spec(tmp_path, LAYER + second)
+    code, err = _pack(spec, tmp_path, capsys)
+    assert code == 4, err
+    assert err[0] == (
+        f"error: {spec}: layer[1].target 'runtime/a' is layer[0]'s too, and pack writes one archive per target "
+        "(runtime/a.tar.zst)"
+    )
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
+@pytest.mark.parametrize(
+    ("source", "dest"), [("f.bin", "runtime"), ("f.bin", "runtime/a/f.bin"), ("stuff", "runtime/a/more")]
+)
+def test_a_file_dest_and_a_layer_target_one_inside_the_other_are_refused(tmp_path, capsys, source, dest):
+    """audit63 A L4: a layer target under a [[file]] that is one file stopped pack with "File exists" and a free-space
+    hint (exit 8); a [[file]] inside a layer target made a bundle verify refuses. Both: exit 4 naming the two."""
+    spec = _spec(tmp_path, f'{LAYER}[[file]]\nsource = "{source}"\ndest = "{dest}"\n')
+    (tmp_path / "src" / "stuff").mkdir()
+    (tmp_path / "src" / "stuff" / "z.txt").write_text("z\n")
+    code, err = _pack(spec, tmp_path, capsys)
+    assert code == 4, err
+    assert err[0] == f"error: {spec}: file[0].dest {dest!r} and layer[0].target 'runtime/a' lie one inside the other"
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
+def test_a_file_folder_beside_a_layer_target_under_the_same_parent_still_packs(tmp_path, capsys):
+    spec = _spec(tmp_path, f'{LAYER}[[file]]\nsource = "stuff"\ndest = "runtime"\n')
+    (tmp_path / "src" / "stuff").mkdir()
+    (tmp_path / "src" / "stuff" / "z.txt").write_text("z\n")
+    code, err = _pack(spec, tmp_path, capsys)
+    assert code == 0, err
+    assert (tmp_path / "out" / "runtime" / "z.txt").read_text() == "z\n"
+
+
+@pytest.mark.parametrize("dest", ["runtime/a.tar.zst/x", "runtime/a.members.json/y/z"])
+def test_a_dest_inside_a_layers_archive_path_is_refused_not_a_disk_error(tmp_path, capsys, dest):
+    """review63 R M1: only the exact archive/index path was caught; a dest inside one stopped pack with "File exists"
+    and a free-space hint (exit 8)."""
+    spec = _spec(tmp_path, f'{LAYER}[[file]]\nsource = "f.bin"\ndest = "{dest}"\n')
+    code, err = _pack(spec, tmp_path, capsys)
+    assert code == 4, err
+    assert err[0].startswith(f"error: {spec}: file[0].dest {dest!r} and 'runtime/a.") and "lie one inside" in err[0]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
+def test_two_weights_manifests_of_one_file_name_are_refused_naming_both(tmp_path, capsys):
+    """review63 R M2: pack copies each manifest to weights_manifest/<its name>: the second replaced the first (exit 0
+    at 340bfc1), then was refused blaming a [[file]] entry the spec did not have."""
+    for sub in ("m1", "m2"):
+        (tmp_path / "src" / sub).mkdir(parents=True)
+        (tmp_path / "src" / sub / "tiny.json").write_text("{}\n")
+    body = "".join(f'[[weights]]\nmanifest = "src/{sub}/tiny.json"\ndest = "weights/{sub}"\n' for sub in ("m1", "m2"))
+    spec = _spec(tmp_path, body)
+    code, err = _pack(spec, tmp_path, capsys)
+    assert code == 4, err
+    assert err[0].startswith(f"error: {spec}: weights[1].manifest ") and "weights_manifest/tiny.json" in err[0]

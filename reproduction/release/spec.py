@@ -343,22 +343,69 @@ def load_spec(path: Path, *, root: Path | None = None, missing: list[str] | None
 
 
 def _check_unique(spec: BundleSpec) -> None:
-    """InvalidInputError (exit 4) for a target or dest that is reserved, used twice, or is a path pack writes itself
-    (a layer's archive or member index: pack wrote it over the [[file]] copied there, exit 0, audit63 A M1)."""
+    """InvalidInputError (exit 4), before anything is written, for a target or dest that is reserved or used twice,
+    two layers at one target (pack names an archive by its target), two weights manifests of one file name (each is
+    copied to weights_manifest/<name>), a plain file inside a layer target or a layer under a one-file dest, and a
+    dest at, inside or holding a path pack writes itself (a layer's archive or member index: pack wrote it over the
+    [[file]] copied there, exit 0, audit63 A M1; inside one, exit 8 with a free-space hint)."""
     seen: dict[str, str] = {}
     for what, rel in [("weights dest", w.dest) for w in spec.weights]:
         _refuse_reserved(spec, what, rel)
+    named: dict[str, int] = {}
+    for i, w in enumerate(spec.weights):  # pack copies each manifest to weights_manifest/<its file name>
+        j = named.setdefault(w.manifest.name, i)
+        if j != i and spec.weights[j].manifest != w.manifest:
+            raise InvalidInputError(
+                f"{spec.path}: weights[{i}].manifest {str(w.manifest)!r} has the file name of weights[{j}]'s "
+                f"({str(spec.weights[j].manifest)!r}), and pack copies each to weights_manifest/{w.manifest.name}",
+                path=spec.path,
+                field=f"weights[{i}].manifest",
+                hint="give the two manifests different file names (the second replaced the first: review63 R M2)",
+            )
+    first: dict[str, int] = {}
+    for i, layer in enumerate(spec.layers):  # pack names a layer's archive by its target: a second would overwrite it
+        if layer.target in first:  # (restore takes overlays in a bundle.json made otherwise; pack makes none: A L4)
+            raise InvalidInputError(
+                f"{spec.path}: layer[{i}].target {layer.target!r} is layer[{first[layer.target]}]'s too, and pack "
+                f"writes one archive per target ({layer.archive})",
+                path=spec.path,
+                field=f"layer[{i}].target",
+                hint="give each [[layer]] its own target, or pack the two source folders as one layer",
+            )
+        first[layer.target] = i
     for what, rel in [("layer target", layer.target) for layer in spec.layers] + [
         ("file dest", f.dest) for f in spec.files
     ]:
         _refuse_reserved(spec, what, rel)
-        if rel in seen and not (what == "layer target" and seen[rel] == what):
+        if rel in seen:
             raise InvalidInputError(f"{spec.path}: {what} {rel!r} is used twice", path=spec.path, field=what)
         seen[rel] = what
     written = layer_outputs(spec)
     entries = [(f"{'config' if f.config else 'file'}[{i}].dest", f.dest) for i, f in _numbered(spec.files)]
     entries += [(f"weights[{i}].dest", w.dest) for i, w in enumerate(spec.weights)]
+    single = {f.dest for f in spec.files if f.source.is_file()}  # a [[file]] of one file: its dest is that file
+    for where, rel in entries:  # bundle.json keeps plain files out of layer targets (verify refused the bundle pack
+        for i, layer in enumerate(spec.layers):  # wrote), and a layer under a file stopped pack (exit 8: audit63 A L4)
+            inside = rel != layer.target and PurePosixPath(rel).is_relative_to(layer.target)
+            if inside or (rel in single and PurePosixPath(layer.target).is_relative_to(rel)):
+                raise InvalidInputError(
+                    f"{spec.path}: {where} {rel!r} and layer[{i}].target {layer.target!r} lie one inside the other",
+                    path=spec.path,
+                    field=where,
+                    hint="keep plain files outside the layers' target folders, and no layer under a file's dest",
+                )
     for where, rel in entries:
+        below = next((w for w in written if PurePosixPath(rel).is_relative_to(w)), None)  # inside a file pack writes
+        above = next((w for w in written if rel in single and PurePosixPath(w).is_relative_to(rel)), None)
+        if rel not in written and (below or above):  # ("File exists", exit 8 with a free-space hint: review63 R M1)
+            w = below or above
+            raise InvalidInputError(
+                f"{spec.path}: {where} {rel!r} and {w!r}, {written[w]}, lie one inside the other",
+                path=spec.path,
+                field=where,
+                hint=f"choose another dest for {where.split('.')[0]} (none may hold or lie inside a layer's "
+                "<target>.tar.zst or <target>.members.json)",
+            )
         if rel in written:
             raise InvalidInputError(
                 f"{spec.path}: {where} {rel!r} is {written[rel]}, which pack writes there",
