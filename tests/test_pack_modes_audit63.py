@@ -99,3 +99,33 @@ def test_a_bundle_without_a_root_member_restores_its_root_as_before(tmp_path):
     bundle = raw_bundle(tmp_path / "b", raw_member("f", b"abc"), index=[["f", "file", 0o644, 3, ""]])
     restore_bundle(bundle, ui=QUIET)
     assert os.stat(bundle / "source" / "app").st_mode & 0o7777 == 0o777 & ~_umask()
+
+
+def test_restore_deep_puts_back_the_mode_of_a_targets_own_folder(tmp_path):
+    """review63 R L1: `--deep` compared the modes of a runtime target's subfolders with a fresh extraction's, not the
+    target folder's own, which a fresh extraction now sets from `./`: a chmod of it was called unchanged."""
+    bundle = _root_packed(tmp_path, 0o1777)
+    restore_bundle(bundle, ui=QUIET)
+    target = bundle / "runtime" / "rt"
+    os.chmod(target, 0o700)
+    report = restore_bundle(bundle, deep=True, ui=QUIET)
+    assert os.stat(target).st_mode & 0o7777 == 0o1777 & ~_umask()
+    assert "runtime/rt" in report.extracted
+
+
+def test_a_root_member_with_setuid_or_setgid_is_refused_as_any_folder_is(tmp_path):
+    """review63 R L2: `./` at 0o4755 restored (the bit masked off) where a subfolder at 0o4755 is exit 6."""
+    import pytest
+    from bundlekit import raw_bundle, raw_member
+
+    from reproduction.errors import UnsafeArchiveError
+
+    root = tarfile.TarInfo(".")
+    root.type, root.mode, root.mtime = tarfile.DIRTYPE, 0o4755, 1577836800
+    tar = root.tobuf(tarfile.USTAR_FORMAT) + raw_member("f", b"abc")
+    bundle = raw_bundle(tmp_path / "b", tar, index=[["", "dir", 0o4755, 0, ""], ["f", "file", 0o644, 3, ""]])
+    with pytest.raises(UnsafeArchiveError) as info:
+        restore_bundle(bundle, ui=QUIET)
+    assert info.value.exit_code == 6
+    assert "has the setuid/setgid bit set (mode 4755)" in str(info.value)
+    assert not (bundle / "source" / "app").exists()

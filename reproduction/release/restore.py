@@ -270,6 +270,8 @@ def _same_as_staged(bundle: Path, manifest: Manifest, g: Group, staged: Path) ->
                         return False
             if data != (root / rel).read_bytes():
                 return False
+        if stat.S_IMODE(os.lstat(staged).st_mode) != stat.S_IMODE(os.lstat(root).st_mode):
+            return False  # the target's own mode, which a fresh extraction sets from the layer's `./` (review63 R L1)
         for dirpath, dirs, _ in os.walk(staged):  # a folder's mode too, as a fresh extraction sets it (review62 R2)
             dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(dirpath, d))]
             for d in dirs:

@@ -201,6 +201,8 @@ def validate_layers(layers: list[tuple[str, str, list[Member]]]) -> UnionView:
             if m.name == "" and not m.raw_name.startswith("/"):
                 if m.kind != "dir":
                     problems.append((archive, m.raw_name, "is the archive root but not a folder"))
+                elif m.mode & 0o6000:  # its mode is applied to the target since pack writes it (audit63 A L9)
+                    problems.append((archive, m.raw_name, f"has the setuid/setgid bit set (mode {m.mode:o})"))
                 continue
             path = posixpath.join(target, m.name)
             why = _member_problem(m, path, view)
