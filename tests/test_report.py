@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from evidence_fixtures import PICK, make_evidence, make_run
+from evidence_fixtures import PICK, PUSH, make_evidence, make_run
 
 from reproduction.recipes.recap import plots as recap_plots
 from reproduction.run import plots
@@ -62,8 +62,11 @@ def report(tmp_path) -> Path:
     reference = make_evidence(name="reference", recap=(38, 40), bc=(39, 40))
     reference["tasks"][EVIL_TASK] = reference["tasks"].pop(PICK)
     # A declared margin wide enough for 40 episodes on RECAP's overall rates only, so the page shows all
-    # three verdicts: 2 rows reproduced, RECAP's 4 per-task rows inconclusive (default margin), BC's 6 differ.
-    reference["margins"] = {"recap/success_once": 0.2, "recap/success_at_end": 0.2}
+    # three verdicts: 2 rows reproduced, RECAP's 4 per-task rows inconclusive (their own margin 0.05: a
+    # "recap/<metric>" margin covers the policy's task rows too since audit63 C F1), BC's 6 differ.
+    reference["margins"] = {"recap/success_once": 0.2, "recap/success_at_end": 0.2} | {
+        f"recap/{task}/{metric}": 0.05 for task in (EVIL_TASK, PUSH) for metric in ("success_once", "success_at_end")
+    }
     comparison = compare_evidence(evidence, reference)
     assert [r.verdict for r in comparison.rows].count("reproduced") == 2
     assert [r.verdict for r in comparison.rows].count("inconclusive") == 4
