@@ -162,3 +162,14 @@ def test_two_weights_manifests_of_one_file_name_are_refused_naming_both(tmp_path
     code, err = _pack(spec, tmp_path, capsys)
     assert code == 4, err
     assert err[0].startswith(f"error: {spec}: weights[1].manifest ") and "weights_manifest/tiny.json" in err[0]
+
+
+@pytest.mark.parametrize("dest", ["./data", "data/", "data//x", "../data", "a\\\\b"])
+def test_a_spec_dest_that_is_no_clean_bundle_path_gets_the_specs_error_not_a_damaged_bundles(tmp_path, capsys, dest):
+    """review63 R L3: the error did not name the spec, and its hint said "the manifest is damaged or hostile; do not
+    use this bundle" of a bundle not packed yet."""
+    spec = _spec(tmp_path, f'[[file]]\nsource = "f.bin"\ndest = "{dest}"\n')
+    code, err = _pack(spec, tmp_path, capsys)
+    assert code == 4, err
+    assert err[0].startswith(f"error: {spec}: file[0].dest: path ")
+    assert err[1].startswith("hint: write it as a plain relative path inside the bundle") and "damaged" not in err[1]

@@ -252,9 +252,7 @@ def _layer(data: dict[str, Any], i: int, root: Path, path: Path, missing: list[s
             f"{path}: {where}.kind {kind!r} is not one of {', '.join(LAYER_KINDS)}", path=path, field=f"{where}.kind"
         )
     name = _name(_get(data, "name", str, where, path, src.name), where, path)
-    target = check_relative_path(
-        _get(data, "target", str, where, path, f"{kind}/{name}"), where=f"{where}.target", path=path
-    )
+    target = _bundle_path(_get(data, "target", str, where, path, f"{kind}/{name}"), f"{where}.target", path)
     relocatable = _get(data, "relocatable", bool, where, path, False)
     prefix = _get(data, "build_prefix", str, where, path, str(src) if relocatable else None) if relocatable else None
     if prefix is not None and not prefix.startswith("/"):
@@ -279,9 +277,25 @@ def _file(
     where = f"{'config' if config else 'file'}[{i}]"
     _table(data, FILE_KEYS, where, path)
     src = _source(root, _get(data, "source", str, where, path), where, path, missing)
-    dest = check_relative_path(_get(data, "dest", str, where, path, src.name), where=f"{where}.dest", path=path)
+    dest = _bundle_path(_get(data, "dest", str, where, path, src.name), f"{where}.dest", path)
     origin = _get(data, "origin", str, where, path, None)
     return FileSpec(source=src, dest=dest, exclude=_exclude(data, where, path), config=config, origin=origin)
+
+
+def _bundle_path(rel: str, where: str, path: Path) -> str:
+    """`rel` when it is a clean path inside the bundle (bundle.json's rule, manifest.check_relative_path), else the
+    spec's own InvalidInputError (exit 4) naming the spec file: the manifest's said "the manifest is damaged or
+    hostile; do not use this bundle" of a bundle not yet packed (review63 R L3)."""
+    try:
+        return check_relative_path(rel, where=where, path=path)
+    except InvalidInputError as exc:
+        raise InvalidInputError(
+            f"{path}: {exc.message}",
+            path=path,
+            field=where,
+            hint="write it as a plain relative path inside the bundle, such as 'data' or 'config/run.yaml' (no "
+            "leading ./ or /, no trailing / or //, no .., ~ or backslash)",
+        ) from None
 
 
 def _weights(data: dict[str, Any], i: int, root: Path, path: Path) -> WeightsSpec:
@@ -290,7 +304,7 @@ def _weights(data: dict[str, Any], i: int, root: Path, path: Path) -> WeightsSpe
     manifest = Path(_get(data, "manifest", str, where, path))
     manifest = manifest if manifest.is_absolute() else (path.parent / manifest).resolve()
     source = _get(data, "source", str, where, path, None)
-    dest = check_relative_path(_get(data, "dest", str, where, path, "weights"), where=f"{where}.dest", path=path)
+    dest = _bundle_path(_get(data, "dest", str, where, path, "weights"), f"{where}.dest", path)
     src = None if source is None else (Path(source) if Path(source).is_absolute() else (root / source).resolve())
     return WeightsSpec(manifest=manifest, source=src, dest=dest)
 
