@@ -220,7 +220,7 @@ def test_the_plans_paired_hint_is_the_first_n_compare_reproduces_identical_paire
     out = portable("eval", "--plan", "--rate", "0.8")
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == (
-        "paired by reset seed (evaluating the reference's own initial states) needs fewer: identical reruns (no "
+        "paired by reset seed (evaluating the reference's own initial states): identical reruns (no "
         "discordant episode) are first `reproduced` at 59 episodes at margin 0.05, alpha 0.05 (compare's calibrated "
         "paired test)"
     )

@@ -142,7 +142,7 @@ def test_too_small_note_names_the_real_reason():
         "test decide with fewer"
     )
     nested = (
-        "the two files' initial states are not nested (see the unpaired note): a run that evaluates all the "
+        "the two files were compared unpaired (see the unpaired note): a run that evaluates all the "
         "reference's initial states (and more, if it likes) lets a paired test decide with fewer"
     )
     assert note(partial) == note(disjoint) == nested

@@ -469,7 +469,7 @@ def _paired_hint(margin: float, alpha: float) -> str:
 
     n = identical_paired_episodes(margin, alpha)
     return (
-        "paired by reset seed (evaluating the reference's own initial states) needs fewer: identical reruns (no "
+        "paired by reset seed (evaluating the reference's own initial states): identical reruns (no "
         f"discordant episode) are first `reproduced` at {n} episodes at margin {margin:g}, alpha {alpha:g} (compare's "
         "calibrated paired test)"
     )

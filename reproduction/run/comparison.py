@@ -1084,7 +1084,7 @@ def _power_note(rows: Sequence[MetricComparison], alpha: float, pairing: Sequenc
         fix = "an initial state repeats within a task here, so no pairing: evaluating each state once lets"
     elif any(p.startswith("unpaired:") for p in pairing):
         fix = (
-            "the two files' initial states are not nested (see the unpaired note): a run that evaluates all the "
+            "the two files were compared unpaired (see the unpaired note): a run that evaluates all the "
             "reference's initial states (and more, if it likes) lets"
         )
     else:
