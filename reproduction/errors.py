@@ -260,13 +260,17 @@ def os_error(exc: OSError, what: str, *, op: str = "write", hint: str | None = N
             ),
         )
     if code in DISK_FULL_ERRNOS and code != errno.EFBIG and exc.filename is not None:
-        from reproduction.fsio import free_bytes
+        from reproduction.fsio import free_bytes, out_of_inodes
 
-        try:
-            free = free_bytes(Path(str(where)))
-        except OSError:
-            free = None
-        return disk_full_error(what, where, need=getattr(exc, "need_bytes", None), free=free, hint=hint)
+        free, inodes = None, False
+        if Path(str(where)).is_absolute():  # a bare name (a write by dir_fd) is no path: the cwd's disk is not its
+            try:  # (audit63 A L6: "55.7 GiB were free" of the wrong disk)
+                free, inodes = free_bytes(Path(str(where))), out_of_inodes(Path(str(where)))
+            except OSError:
+                pass
+        return disk_full_error(
+            what, where, need=getattr(exc, "need_bytes", None), free=free, hint=hint, out_of_inodes=inodes
+        )
     reason = _WRITE_REASONS.get(code, exc.strerror or str(exc))
     return WriteFailedError(
         f"cannot write {what}: {reason} ({where})",
@@ -323,19 +327,30 @@ def is_disk_full(exc: BaseException) -> bool:
 
 
 def disk_full_error(
-    what: str, path: Path | str, *, need: int | None = None, free: int | None = None, hint: str | None = None
+    what: str,
+    path: Path | str,
+    *,
+    need: int | None = None,
+    free: int | None = None,
+    hint: str | None = None,
+    out_of_inodes: bool = False,
 ) -> WriteFailedError:
     """The one-line WriteFailedError (exit 8) for `what` at `path` not fitting: names the path, the
-    space it needs (`need` bytes, when known) and what was free, and what to do."""
+    space it needs (`need` bytes, when known) and what was free (or that no file slot was: `out_of_inodes`), and
+    what to do."""
     from reproduction.ui import human_bytes
 
     sizes = []
     if need is not None:
         sizes.append(f"it needs about {human_bytes(need)}")
+    if out_of_inodes:
+        sizes.append("no free inodes: the filesystem holds as many files as it can")
     if free is not None:
         sizes.append(f"{human_bytes(free)} were free")
     detail = f" ({', '.join(sizes)})" if sizes else ""
     more = f"free at least {human_bytes(need)} there" if need else "free some space there"
+    if out_of_inodes:
+        more = "remove files there (or use a filesystem with more inodes)"
     return WriteFailedError(
         f"cannot write {what}: the disk is full at {path}{detail}",
         path=str(path),

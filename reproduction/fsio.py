@@ -94,10 +94,21 @@ def free_bytes(path: Path) -> int:
     """Bytes free to this user on the filesystem that holds `path` (or its nearest existing parent)."""
     import shutil
 
+    return shutil.disk_usage(_existing(path)).free
+
+
+def out_of_inodes(path: Path) -> bool:
+    """Whether the filesystem that holds `path` (or its nearest existing parent) has no file slot (inode) left for
+    this user: a full disk with bytes still free (tmpfs nr_inodes, an ext4 of many small files)."""
+    st = os.statvfs(_existing(path))
+    return st.f_files > 0 and st.f_favail == 0
+
+
+def _existing(path: Path) -> Path:
     probe = Path(path).absolute()
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    return shutil.disk_usage(probe).free
+    return probe
 
 
 def fsync_dir(path: Path) -> None:

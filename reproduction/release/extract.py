@@ -249,12 +249,14 @@ def extract_stream(
     limit = tar_size or stream_bound(sum(m.size for m in expected), len(expected))
     source = StreamSource(stream, archive=archive, limit=limit, bound=bound)
     dirs: DirFds | None = None
+    current: str | None = None  # the member being written: an OSError of a write by dir_fd names its bare name
     try:
         os.makedirs(dest, exist_ok=True)
         dirs = DirFds(str(dest))
         _make_dirs(dirs, expected)
         seen, most = 0, min(len(expected), members or len(expected))
         for m in iter_members(source, archive=archive):
+            current = m.name
             if seen >= most or m.key() != expected[seen].key():
                 if members and seen == members:
                     raise member_count_error(archive, members, m.raw_name)
@@ -284,6 +286,8 @@ def extract_stream(
             )
         _finish(dirs, expected, written, umask)
     except OSError as exc:
+        if current and exc.filename is not None and not os.path.isabs(os.fsdecode(exc.filename)):
+            exc.filename = str(Path(dest) / current)  # the member's path, on the disk that is full (audit63 A L6)
         raise write_failed(exc, f"the staging folder {dest}") from None
     finally:
         if dirs is not None:
