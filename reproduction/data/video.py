@@ -243,9 +243,7 @@ class VideoReader:
         (avcodec_free_context waits on the parent's decoding threads, which the child lacks), and one forked while
         another thread held the lock waited on it for ever (review63 V H1: a torch DataLoader with workers)."""
         self._lock.acquire()
-        for video in self._open.values():
-            video.close()
-        self._open.clear()
+        self._close_open()
 
     def _after_fork_in_parent(self) -> None:
         self._lock.release()
@@ -256,9 +254,13 @@ class VideoReader:
 
     def close(self) -> None:
         with self._lock:
-            for video in self._open.values():
-                video.close()
-            self._open.clear()
+            self._close_open()
+
+    def _close_open(self) -> None:
+        """Close the open files (the caller holds the lock)."""
+        for video in self._open.values():
+            video.close()
+        self._open.clear()
 
     def frames(
         self,
