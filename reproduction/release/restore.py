@@ -543,7 +543,7 @@ def _finish(
     swapped: list[int] = []
     try:
         for i, g in enumerate(staged):
-            swap_into_place(state / "staging" / f"{i}", bundle / g.target, trash / f"{i}")
+            swap_into_place(state / "staging" / f"{i}", bundle / g.target, trash / f"{i}", root=bundle)
             swapped.append(i)
         for g in groups:
             root = bundle / g.target
@@ -578,7 +578,7 @@ def _finish(
         stuck = [
             x.archive
             for i in reversed(swapped)
-            if not swap_back(bundle / staged[i].target, trash / f"{i}", trash / f"{i}.new")
+            if not swap_back(bundle / staged[i].target, trash / f"{i}", trash / f"{i}.new", root=bundle)
             for x in staged[i].layers
         ]
         if staged or report.relocated:
