@@ -5,12 +5,20 @@ differ only by Unicode normalisation (L8). In-process through `portable.main` wh
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
-from bundlekit import forge_bundle, member
+from bundlekit import QUIET, SCRIPT, forge_bundle, member, write_tree
 
 import reproduction.release.restore as restore_mod
 from reproduction.portable import main
+from reproduction.release.pack import pack_bundle
 
 # -- L3: a symlink planted in a target's parent folder between preflight and the swap ------------------------------
 
@@ -57,3 +65,101 @@ def test_a_symlink_planted_in_a_targets_parent_after_preflight_is_refused(tmp_pa
     os.rename(f"{bundle / 'runtime'}.moved", bundle / "runtime")
     assert main(["restore", str(bundle), "-q"]) == 0
     assert (bundle / "runtime" / "a" / "x.txt").read_bytes() == b"bundle file\n"
+
+
+# -- L1: a folder packed without owner r/x -------------------------------------------------------------------------
+
+MODES_SPEC = """\
+name = "modes"
+root = "src"
+
+[[layer]]
+source = "rt"
+kind = "runtime"
+name = "rt"
+
+[[layer]]
+source = "app"
+kind = "source"
+name = "app"
+"""
+
+
+def _modes_bundle(root: Path, mode: int, out: str = "bundle", version: bytes = b"v1") -> Path:
+    """Pack a runtime and a source layer (as root may: it reads any folder), each holding a folder `d` of `mode`
+    with a file in it."""
+    shutil.rmtree(root / "src", ignore_errors=True)
+    write_tree(root / "src", {"rt/d/x.txt": b"x\n", "app/d/x.py": version, "app/top.py": version})
+    (root / "modes.toml").write_text(MODES_SPEC, encoding="utf-8")
+    for folder in ("rt/d", "app/d"):
+        os.chmod(root / "src" / folder, mode)
+    try:
+        pack_bundle(root / "modes.toml", root / out, ui=QUIET)
+    finally:
+        for folder in ("rt/d", "app/d"):
+            os.chmod(root / "src" / folder, 0o755)
+    return root / out
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.parametrize("mode", [0o000, 0o644, 0o555, 0o1777])
+def test_a_restored_folder_is_always_owner_rwx(tmp_path, capsys, mode):
+    if mode in (0o000, 0o644) and os.geteuid() != 0:
+        pytest.skip("only root packs a folder it cannot read")
+    bundle = _modes_bundle(tmp_path, mode)
+    assert main(["restore", str(bundle), "-q"]) == 0, capsys.readouterr().err
+    want = mode & 0o1777 & ~_umask() | 0o700
+    for target in ("runtime/rt", "source/app"):
+        assert f"{stat.S_IMODE(os.lstat(bundle / target / 'd').st_mode):o}" == f"{want:o}", target
+
+
+def _as_nobody() -> list[str] | None:
+    """The command prefix that runs the CLI as the user nobody (a Python it may run, with zstandard or the zstd CLI),
+    or None where that cannot be done (not root, no setpriv, no such Python)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return None
+    try:
+        uid = pwd.getpwnam("nobody").pw_uid
+    except KeyError:
+        return None
+    prefix = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "env", "PORTABLE_NO_PROGRESS=1"]
+    for python in (sys.executable, "/usr/bin/python3"):
+        probe = "import zstandard" if shutil.which("zstd") is None else "pass"
+        done = subprocess.run([*prefix, python, "-c", probe], capture_output=True, timeout=60)
+        help_ok = subprocess.run([*prefix, python, str(SCRIPT), "--help"], capture_output=True, timeout=60)
+        if done.returncode == 0 and help_ok.returncode == 0:
+            return [*prefix, python, str(SCRIPT)]
+    return None
+
+
+@pytest.mark.parametrize("mode", [0o000, 0o644])
+def test_a_user_other_than_root_restores_such_a_folder_unchanged_and_updates_it(mode):
+    cli = _as_nobody()
+    if cli is None:
+        pytest.skip("needs root, setpriv and a Python the user nobody can run")
+    work = Path(tempfile.mkdtemp(dir="/tmp"))  # not under pytest's tmp_path: nobody cannot reach it
+    try:
+        os.chmod(work, 0o755)
+        bundle = _modes_bundle(work, mode)
+
+        def restore() -> tuple[int, str]:
+            subprocess.run(["chown", "-R", "nobody:", str(work)], check=True, timeout=60)
+            done = subprocess.run([*cli, "restore", str(bundle)], capture_output=True, text=True, timeout=120)
+            return done.returncode, done.stderr
+
+        code, err = restore()
+        assert code == 0 and err.endswith("files verified; extracted runtime/rt, source/app\n"), err
+        code, err = restore()
+        assert code == 0 and err.endswith("files verified; unchanged runtime/rt, source/app\n"), err
+        shutil.copytree(_modes_bundle(work, mode, out="bundle2", version=b"v2"), bundle, dirs_exist_ok=True)
+        code, err = restore()
+        assert code == 0 and err.endswith("files verified; extracted source/app; unchanged runtime/rt\n"), err
+        assert (bundle / "source" / "app" / "d" / "x.py").read_bytes() == b"v2"
+    finally:
+        subprocess.run(["chmod", "-R", "u+rwx", str(work)], timeout=60)
+        shutil.rmtree(work, ignore_errors=True)
