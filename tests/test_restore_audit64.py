@@ -4,21 +4,25 @@ differ only by Unicode normalisation (L8). In-process through `portable.main` wh
 
 from __future__ import annotations
 
+import io
 import os
 import pwd
 import shutil
 import stat
 import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
 import pytest
-from bundlekit import QUIET, SCRIPT, forge_bundle, member, write_tree
+from bundlekit import QUIET, SCRIPT, forge_bundle, member, raw_bundle, write_tree
 
 import reproduction.release.restore as restore_mod
 from reproduction.portable import main
+from reproduction.release.manifest import PATH_MAX
 from reproduction.release.pack import pack_bundle
+from reproduction.release.tarscan import StreamSource, iter_members
 
 # -- L3: a symlink planted in a target's parent folder between preflight and the swap ------------------------------
 
@@ -163,3 +167,78 @@ def test_a_user_other_than_root_restores_such_a_folder_unchanged_and_updates_it(
     finally:
         subprocess.run(["chmod", "-R", "u+rwx", str(work)], timeout=60)
         shutil.rmtree(work, ignore_errors=True)
+
+
+# -- L2: a member whose path under the bundle's folder passes PATH_MAX ---------------------------------------------
+
+DEEP = "/".join(["c" * 250] * 15)
+"""15 folders of 250 bytes: 3764 bytes, so `source/app/<DEEP>/f.txt` fits the bundle-relative limit, and the path of
+a bundle in pytest's tmp_path too, but not in a folder some 300 bytes deeper."""
+
+
+def _pax_tar(members: list[tuple[str, bytes | None]]) -> bytes:
+    """Tar bytes (pax, no end blocks) of folders (data None) and files, in order."""
+    out = b""
+    for name, data in members:
+        info = tarfile.TarInfo(name)
+        info.mtime = 1577836800
+        if data is None:
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            out += info.tobuf(tarfile.PAX_FORMAT)
+        else:
+            info.size, info.mode = len(data), 0o644
+            out += info.tobuf(tarfile.PAX_FORMAT) + data + b"\0" * (-len(data) % 512)
+    return out
+
+
+def _deep_bundle(root: Path, version: bytes = b"v1\n") -> Path:
+    """A source layer (with a member index, so a restore can keep it on the receipt's word) holding DEEP/f.txt."""
+    parts = DEEP.split("/")
+    tar = _pax_tar([*(("/".join(parts[: i + 1]), None) for i in range(len(parts))), ("top.py", b"top\n")])
+    tar += _pax_tar([(f"{DEEP}/f.txt", version)])
+    index = [[m.name, m.kind, m.mode, m.size, m.linkname] for m in iter_members(StreamSource(io.BytesIO(tar)))]
+    return raw_bundle(root, tar, index=index)
+
+
+def _long_home(tmp_path: Path) -> Path:
+    """A folder whose path makes `<it>/bundle/source/app/<DEEP>/f.txt` pass PATH_MAX (4095 bytes)."""
+    pad = PATH_MAX + 20 - len(f"{tmp_path}/bundle/source/app/{DEEP}/f.txt")
+    assert pad > 20, "pytest's tmp_path is too long for this test"
+    return tmp_path.joinpath(*["p" * 199] * (pad // 200), "p" * (pad % 200))
+
+
+def _length_refusal(bundle: Path, err: list[str]) -> None:
+    size = len(f"{bundle}/source/app/{DEEP}/f.txt")
+    assert len(err) == 2, err
+    assert err[0].startswith(f"error: source/app.tar.zst: member '{DEEP[:60]}...") and err[0].endswith(
+        f"/f.txt' would lie at a path of {size} bytes in {bundle}/source/app, longer than the 4095 bytes a path may "
+        "have; nothing was changed"
+    ), err[0][:200]
+    assert err[1] == (
+        f"hint: move the bundle to a folder whose path is at least {size - PATH_MAX} bytes shorter (it is "
+        f"{len(str(bundle))} bytes now), then run `portable restore` there"
+    )
+
+
+def test_a_member_too_long_for_the_bundles_path_is_refused_before_extracting(tmp_path, capsys):
+    bundle = _deep_bundle(_long_home(tmp_path) / "bundle")
+    code = main(["restore", str(bundle), "-q"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 9, err
+    _length_refusal(bundle, err)
+    assert not (bundle / "source" / "app").exists()
+
+
+def test_a_restored_bundle_moved_where_a_member_is_too_long_is_refused(tmp_path, capsys):
+    bundle = _deep_bundle(tmp_path / "bundle")
+    assert main(["restore", str(bundle), "-q"]) == 0, capsys.readouterr().err
+    moved = _long_home(tmp_path) / "bundle"
+    moved.parent.mkdir(parents=True)
+    os.rename(bundle, moved)
+    _deep_bundle(moved, version=b"v2\n")  # an update too: it was refused as a source edit (exit 4)
+    capsys.readouterr()
+    for _ in range(2):  # it would have been named as locally edited by every later restore
+        code = main(["restore", str(moved), "-q"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 9, err
+        _length_refusal(moved, err)

@@ -13,10 +13,13 @@ symlinks) and every later hop lands on a path this same rule vetted.
 
 from __future__ import annotations
 
+import os
 import posixpath
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from reproduction.errors import InvalidInputError, UnsafeArchiveError
+from reproduction.errors import InvalidInputError, RelocationError, UnsafeArchiveError
 from reproduction.release.manifest import (
     MANIFEST_NAME,
     NAME_MAX,
@@ -228,3 +231,33 @@ def validate_layers(layers: list[tuple[str, str, list[Member]]]) -> UnionView:
             hint="do not use this bundle; ask its publisher to re-pack it with `portable pack`",
         )
     return view
+
+
+def check_path_lengths(bundle: Path, layers: Iterable[tuple[str, str, Iterable[str]]]) -> None:
+    """Refuse, before anything is written, a layer member whose absolute path under `bundle` would pass PATH_MAX.
+
+    `layers` is [(archive, target, member names)]. The members are written through folder fds, so extraction
+    worked, but every later restore stats them by path, got ENAMETOOLONG and counted them changed for ever (a
+    runtime target re-extracted each time, a source file called locally edited: audit63 A L2). The bundle-relative
+    path is bounded by `_member_problem`; this bounds the bundle's path plus it, for the bundle where it lies now.
+    Raises RelocationError (9), as for a bundle path that relocation cannot fit, naming the longest member.
+    """
+    base = len(os.fsencode(str(bundle)))
+    worst: tuple[int, str, str, str] | None = None
+    for archive, target, names in layers:
+        start = base + 1 + len(target.encode("utf-8", "surrogateescape"))
+        for name in names:
+            size = start + (1 + len(name.encode("utf-8", "surrogateescape")) if name else 0)
+            if size > PATH_MAX and (worst is None or size > worst[0]):
+                worst = (size, archive, target, name)
+    if worst is None:
+        return
+    size, archive, target, name = worst
+    shown = repr(name) if len(name) <= 120 else f"'{name[:60]}...{name[-50:]}'"
+    raise RelocationError(
+        f"{archive}: member {shown} would lie at a path of {size} bytes in {bundle / target}, longer than the "
+        f"{PATH_MAX} bytes a path may have; nothing was changed",
+        path=bundle,
+        hint=f"move the bundle to a folder whose path is at least {size - PATH_MAX} bytes shorter (it is {base} "
+        "bytes now), then run `portable restore` there",
+    )
