@@ -16,10 +16,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from bundlekit import QUIET, SCRIPT, forge_bundle, member, raw_bundle, write_tree
+import zstandard
+from bundlekit import QUIET, SCRIPT, forge_bundle, member, raw_bundle, repin, write_tree
 
 import reproduction.release.restore as restore_mod
 from reproduction.portable import main
+from reproduction.release import zstdio
 from reproduction.release.manifest import PATH_MAX
 from reproduction.release.pack import pack_bundle
 from reproduction.release.tarscan import StreamSource, iter_members
@@ -242,3 +244,36 @@ def test_a_restored_bundle_moved_where_a_member_is_too_long_is_refused(tmp_path,
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 9, err
         _length_refusal(moved, err)
+
+
+# -- L7: a frame the zstd CLI refuses ------------------------------------------------------------------------------
+
+
+def _wide_window_bundle(root: Path, *, index: bool) -> Path:
+    """A source layer whose archive is one zstd frame with a 2 GiB window: its digest matches, the CLI refuses it."""
+    tar = _pax_tar([("a.py", b"hello\n" * 1000)])
+    params = zstandard.ZstdCompressionParameters(window_log=31, compression_level=3)
+    stream = zstandard.ZstdCompressor(compression_params=params).compressobj()  # no content size: the window counts
+    blob = stream.compress(tar + b"\0" * 1024) + stream.flush()
+    rows = [["a.py", "file", 0o644, 6000, ""]] if index else None
+    bundle = raw_bundle(root, tar, index=rows)
+    (bundle / "source" / "app.tar.zst").write_bytes(blob)
+    repin(bundle, "source/app.tar.zst")
+    return bundle
+
+
+@pytest.mark.skipif(shutil.which("zstd") is None, reason="needs the zstd command")
+@pytest.mark.parametrize("index", [True, False], ids=["member index", "no index"])
+def test_the_zstd_commands_own_refusal_is_reported(tmp_path, capsys, monkeypatch, index):
+    monkeypatch.setattr(zstdio, "_module", lambda: None)  # as on a Python without zstandard: `zstd -dc`
+    assert zstdio.backend() == "cli"
+    bundle = _wide_window_bundle(tmp_path / "bundle", index=index)
+    code = main(["restore", str(bundle), "-q"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 6, err
+    assert len(err) == 2 and err[0].startswith(
+        "error: source/app.tar.zst: cannot be read although its digest matches bundle.json (zstd -d failed (exit 1): "
+    ), err
+    assert "Window size larger than maximum" in err[0] and err[0].endswith(")"), err
+    assert err[1] == "hint: the publisher packed a broken archive; ask for a re-pack"
+    assert not (bundle / "source" / "app").exists()
