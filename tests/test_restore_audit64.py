@@ -277,3 +277,20 @@ def test_the_zstd_commands_own_refusal_is_reported(tmp_path, capsys, monkeypatch
     assert "Window size larger than maximum" in err[0] and err[0].endswith(")"), err
     assert err[1] == "hint: the publisher packed a broken archive; ask for a re-pack"
     assert not (bundle / "source" / "app").exists()
+
+
+# -- L8: index and archive names that differ only by Unicode normalisation -----------------------------------------
+
+
+def test_names_differing_only_by_normalisation_are_told_apart(tmp_path, capsys):
+    nfc, nfd = "caf\u00e9.py", "cafe\u0301.py"  # the index lists NFC; the archive, made on macOS, holds NFD
+    bundle = raw_bundle(tmp_path / "bundle", _pax_tar([(nfd, b"x\n")]), index=[[nfc, "file", 0o644, 2, ""]])
+    code = main(["restore", str(bundle), "-q"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 6, err
+    assert err[0] == (
+        f"error: source/app.tar.zst: member {nfd!r} is not what its member index lists next ({nfc!r}, the same name "
+        "in another Unicode normalisation: 'caf\\xe9.py' (NFC) in the index, 'cafe\\u0301.py' (NFD) in the archive): "
+        "the index and the archive disagree, or the archive changed since it was validated"
+    )
+    assert not (bundle / "source" / "app").exists()

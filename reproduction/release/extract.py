@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,7 +220,13 @@ def _differs(listed: Member | None, got: Member) -> str:
     if listed is None:
         return "no further member"
     if listed.name != got.name:
-        return repr(listed.raw_name)
+        a, b = listed.raw_name, got.raw_name
+        if unicodedata.normalize("NFC", a) == unicodedata.normalize("NFC", b):  # repr shows both alike (audit63 A L8)
+            return (
+                f"{a!r}, the same name in another Unicode normalisation: {ascii(a)} ({_form(a)}) in the index, "
+                f"{ascii(b)} ({_form(b)}) in the archive"
+            )
+        return repr(a)
     for name, show in (
         ("kind", str),
         ("mode", lambda v: f"{v:o}"),
@@ -231,6 +238,13 @@ def _differs(listed: Member | None, got: Member) -> str:
             label = "link text" if name == "linkname" else name
             return f"the same name, but its {label} is {show(a)} in the index and {show(b)} in the archive"
     return repr(listed.raw_name)
+
+
+def _form(name: str) -> str:
+    for form in ("NFC", "NFD"):
+        if unicodedata.is_normalized(form, name):
+            return form
+    return "neither NFC nor NFD"
 
 
 def extract_stream(
