@@ -294,3 +294,27 @@ def test_names_differing_only_by_normalisation_are_told_apart(tmp_path, capsys):
         "the index and the archive disagree, or the archive changed since it was validated"
     )
     assert not (bundle / "source" / "app").exists()
+
+
+# -- L5: layers of different kinds at one target -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kinds", [("runtime", "source"), ("source", "runtime")], ids=["runtime first", "source first"])
+@pytest.mark.parametrize("command", ["restore", "verify"])
+def test_layers_of_two_kinds_at_one_target_are_refused(tmp_path, capsys, kinds, command):
+    bundle = forge_bundle(
+        tmp_path / "bundle",
+        [
+            ("a1.tar.zst", "t", kinds[0], [member("one.txt", data=b"1\n")]),
+            ("a2.tar.zst", "t", kinds[1], [member("two.txt", data=b"2\n")]),
+        ],
+    )
+    code = main([command, str(bundle), "-q"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 4, err
+    assert err == [
+        f"error: layers[1] (a2.tar.zst, a {kinds[1]} layer) and layers[0] (a1.tar.zst, a {kinds[0]} layer) share the "
+        "target 't': the layers of one target are all of one kind",
+        "hint: the manifest is damaged or hostile; do not use this bundle; ask its publisher to re-pack it",
+    ]
+    assert not (bundle / "t").exists()

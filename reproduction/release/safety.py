@@ -51,8 +51,8 @@ class UnionView:
 
 
 def check_targets(manifest: Manifest, *, packing: bool = False) -> None:
-    """Layer targets are equal (an overlay) or disjoint, and never hold a plain file, the runner or `runs/`; a member
-    index is never a layer archive.
+    """Layer targets are equal (an overlay, of layers of one kind) or disjoint, and never hold a plain file, the runner
+    or `runs/`; a member index is never a layer archive.
 
     Raises InvalidInputError naming the layer field at fault. pack, restore and verify all ask here, so verify never
     calls "all match" what restore refuses (audit60 A6); `packing` words the hint for the one who chose the targets,
@@ -63,8 +63,18 @@ def check_targets(manifest: Manifest, *, packing: bool = False) -> None:
     reserved = (MANIFEST_NAME, STATE_DIR, "reproduction", RUNS_DIR)  # runs/: the user's run outputs (audit F4)
     targets = sorted({layer.target for layer in manifest.layers})
     archives = {layer.archive for layer in manifest.layers}
+    first: dict[str, int] = {}  # target -> the first layer there
     for i, layer in enumerate(manifest.layers):
         t = layer.target
+        j = first.setdefault(t, i)
+        if layer.kind != manifest.layers[j].kind:  # restore keeps or replaces a target by its first layer's kind, so
+            raise InvalidInputError(  # a source edit was overwritten, or a runtime update refused (audit63 A L5)
+                f"layers[{i}] ({layer.archive}, a {layer.kind} layer) and layers[{j}] ({manifest.layers[j].archive}, "
+                f"a {manifest.layers[j].kind} layer) share the target {t!r}: the layers of one target are all of "
+                "one kind",
+                field=f"layers[{i}].kind",
+                hint="give each kind of layer its own target" if packing else received,
+            )
         if layer.members_index and layer.members_index in archives:  # restore cannot read it (audit62 L7)
             raise InvalidInputError(
                 f"layers[{i}].members_index {layer.members_index!r} is a layer archive, not a member index",
