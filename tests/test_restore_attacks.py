@@ -328,11 +328,11 @@ def test_a_swap_failing_half_way_swaps_back_and_keeps_the_receipt(bundle, monkey
     before = _restored_then_damaged(bundle)
     real, calls = restore_mod.swap_into_place, []
 
-    def swap(staging, final, trash):
+    def swap(staging, final, trash, **kwargs):
         calls.append(final)
         if len(calls) == 2:
             raise OSError(err, os.strerror(err), str(final))
-        real(staging, final, trash)
+        real(staging, final, trash, **kwargs)
 
     monkeypatch.setattr(restore_mod, "swap_into_place", swap)
     with pytest.raises(WriteFailedError) as info:

@@ -11,11 +11,15 @@ Modes: as tar does for a user other than root, every mode restore sets is the ar
 process umask applied: a file gets `mode & 0o777 & ~umask`, a folder `mode & 0o1777 & ~umask` (the
 sticky bit kept, so a shared 0o1777 folder never becomes a plain world-writable one), so an archive
 cannot make a world-writable file or folder under umask 022 (audit45 F7), and exec bits the umask
-allows stay. One bit is added: a file is always readable by its owner (u+r), because restore reads back
-what it wrote (relocation, the source-tree comparison, `--deep`); a mode-000 member made every later
-restore of its bundle fail (audit56 A1). Setuid/setgid members never get here (safety.py refuses
-them). Nothing compares these modes later: the receipt and the no-change check look at size, mtime
-and the setuid/setgid bits.
+allows stay. Owner bits are added: a file is always readable by its owner (u+r), because restore reads
+back what it wrote (relocation, the source-tree comparison, `--deep`); a mode-000 member made every
+later restore of its bundle fail (audit56 A1). A folder, the target's own included, always gets u+rwx
+(`folder_mode`), because restore stats and reads what lies below it, renames relocated files into it
+and swaps and removes old trees: a folder packed without owner r/x (mode 0000 or 0644) made every
+later restore by a user other than root re-extract its runtime target or call its files locally
+edited (audit63 A L1). Setuid/setgid members never get here (safety.py refuses them). The receipt and
+the no-change check look at size, mtime and the setuid/setgid bits; `--deep` compares folder modes
+with a fresh extraction's, made by the same rules.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,12 +189,18 @@ def _finish(dirs: DirFds, members: list[Member], written: Written, umask: int) -
             os.symlink(m.linkname, base, dir_fd=dir_fd)
             written.links[m.name] = m.linkname
     made = 0o755 & ~umask
-    modes = [m for m in members if m.kind == "dir" and m.name and (m.mode & 0o1777 & ~umask) != made]
+    modes = [m for m in members if m.kind == "dir" and m.name and folder_mode(m.mode, umask) != made]
     for m in sorted(modes, key=lambda m: -m.name.count("/")):
-        os.fchmod(dirs.fd(m.name), m.mode & 0o1777 & ~umask)
-    for m in members:  # the target itself, when the archive lists it as `./` (pack does since audit63 A L9), last;
-        if m.name == "" and m.kind == "dir":  # always u+rwx: the swap renames it across folders, trash removes it
-            os.fchmod(dirs.fd(""), (m.mode | 0o700) & 0o1777 & ~umask)
+        os.fchmod(dirs.fd(m.name), folder_mode(m.mode, umask))
+    for m in members:  # the target itself, when the archive lists it as `./` (pack does since audit63 A L9), last
+        if m.name == "" and m.kind == "dir":
+            os.fchmod(dirs.fd(""), folder_mode(m.mode, umask))
+
+
+def folder_mode(mode: int, umask: int) -> int:
+    """The mode restore gives a folder member: the archive's less the umask, sticky bit kept, plus u+rwx (the module
+    doc: restore stats, reads, relocates and removes what lies below its folders)."""
+    return mode & 0o1777 & ~umask | 0o700
 
 
 def member_count_error(archive: str, declared: int, name: str) -> UnsafeArchiveError:
@@ -209,7 +220,13 @@ def _differs(listed: Member | None, got: Member) -> str:
     if listed is None:
         return "no further member"
     if listed.name != got.name:
-        return repr(listed.raw_name)
+        a, b = listed.raw_name, got.raw_name
+        if unicodedata.normalize("NFC", a) == unicodedata.normalize("NFC", b):  # repr shows both alike (audit63 A L8)
+            return (
+                f"{a!r}, the same name in another Unicode normalisation: {ascii(a)} ({_form(a)}) in the index, "
+                f"{ascii(b)} ({_form(b)}) in the archive"
+            )
+        return repr(a)
     for name, show in (
         ("kind", str),
         ("mode", lambda v: f"{v:o}"),
@@ -221,6 +238,13 @@ def _differs(listed: Member | None, got: Member) -> str:
             label = "link text" if name == "linkname" else name
             return f"the same name, but its {label} is {show(a)} in the index and {show(b)} in the archive"
     return repr(listed.raw_name)
+
+
+def _form(name: str) -> str:
+    for form in ("NFC", "NFD"):
+        if unicodedata.is_normalized(form, name):
+            return form
+    return "neither NFC nor NFD"
 
 
 def extract_stream(

@@ -36,7 +36,7 @@ from reproduction.release.manifest import (
 )
 from reproduction.release.receipt import LayerReceipt, Receipt, load_receipt, refuse_receipt_folder, save_receipt
 from reproduction.release.restore_plan import Group, few, has_prefixes, plan, refuse_losing_files
-from reproduction.release.safety import check_targets, validate_layers
+from reproduction.release.safety import check_path_lengths, check_targets, validate_layers
 from reproduction.release.swap import preflight, swap_back, swap_into_place
 from reproduction.release.tarscan import Member
 from reproduction.release.verify import (
@@ -439,7 +439,9 @@ def _verify_and_extract(
             extras = _split_extras(report, manifest)
             report.problems = sort_problems(report.problems + problems)
             raise_for_report(report)
-        validate_layers(_union(manifest, groups, loaded))
+        union = _union(manifest, groups, loaded)
+        validate_layers(union)
+        check_path_lengths(bundle, [(a, t, (m.name for m in ms)) for a, t, ms in union])
         _check_sizes(bundle, loaded)
         recs, problems = (
             _extract_groups(bundle, groups, {x.entry.archive: x for x in loaded}, jobs=jobs, ui=ui)
@@ -543,7 +545,7 @@ def _finish(
     swapped: list[int] = []
     try:
         for i, g in enumerate(staged):
-            swap_into_place(state / "staging" / f"{i}", bundle / g.target, trash / f"{i}")
+            swap_into_place(state / "staging" / f"{i}", bundle / g.target, trash / f"{i}", root=bundle)
             swapped.append(i)
         for g in groups:
             root = bundle / g.target
@@ -578,7 +580,7 @@ def _finish(
         stuck = [
             x.archive
             for i in reversed(swapped)
-            if not swap_back(bundle / staged[i].target, trash / f"{i}", trash / f"{i}.new")
+            if not swap_back(bundle / staged[i].target, trash / f"{i}", trash / f"{i}.new", root=bundle)
             for x in staged[i].layers
         ]
         if staged or report.relocated:
@@ -619,11 +621,12 @@ def restore_bundle(
     `wait_s`). Raises InputNotFoundError (3) for a missing bundle or a file given as one,
     InvalidInputError (4) for a malformed or hostile manifest or member index, IntegrityError (5)
     listing every bad file, UnsafeArchiveError (6) naming the member, WriteFailedError (8) when the
-    disk fills or a target's folder is read-only or on another filesystem, RelocationError (9),
-    MissingDependencyError (10) without zstd. In every case the targets hold what they held before
-    and the receipt vouches only for complete targets (see `_finish` for the one in-place case); a
-    kill may also leave a target complete but not recorded, which the next restore redoes. Extra
-    files outside every layer target do not stop a restore: they are listed in `report.extras`.
+    disk fills or a target's folder is read-only or on another filesystem, RelocationError (9) (or
+    a member whose path in the bundle's folder would pass PATH_MAX), MissingDependencyError (10)
+    without zstd. In every case the targets hold what they held before and the receipt vouches only
+    for complete targets (see `_finish` for the one in-place case); a kill may also leave a target
+    complete but not recorded, which the next restore redoes. Extra files outside every layer target
+    do not stop a restore: they are listed in `report.extras`.
     """
     started = time.perf_counter()
     bundle = Path(bundle).resolve()
@@ -637,6 +640,10 @@ def restore_bundle(
         _cleanup_state(bundle, strict=True)
         refuse_receipt_folder(bundle, what="restore")  # before any work, not at the last write (audit62 L5)
         receipt = load_receipt(bundle)
+        targets = {x.target for x in manifest.layers}
+        # files an earlier restore wrote, when the bundle was moved deeper since (else named as edits: audit63 A L2)
+        recorded = [*receipt.replacing.items(), *receipt.layers.items()]
+        check_path_lengths(bundle, [(a, r.target, [*r.files, *r.links]) for a, r in recorded if r.target in targets])
         manifest_sha = sha256_file(bundle / MANIFEST_NAME)
         groups = plan(bundle, manifest, receipt, deep=deep, refresh_source=refresh_source)
         _free_space_check(bundle, groups)

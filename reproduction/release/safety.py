@@ -13,10 +13,13 @@ symlinks) and every later hop lands on a path this same rule vetted.
 
 from __future__ import annotations
 
+import os
 import posixpath
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from reproduction.errors import InvalidInputError, UnsafeArchiveError
+from reproduction.errors import InvalidInputError, RelocationError, UnsafeArchiveError
 from reproduction.release.manifest import (
     MANIFEST_NAME,
     NAME_MAX,
@@ -48,8 +51,8 @@ class UnionView:
 
 
 def check_targets(manifest: Manifest, *, packing: bool = False) -> None:
-    """Layer targets are equal (an overlay) or disjoint, and never hold a plain file, the runner or `runs/`; a member
-    index is never a layer archive.
+    """Layer targets are equal (an overlay, of layers of one kind) or disjoint, and never hold a plain file, the runner
+    or `runs/`; a member index is never a layer archive.
 
     Raises InvalidInputError naming the layer field at fault. pack, restore and verify all ask here, so verify never
     calls "all match" what restore refuses (audit60 A6); `packing` words the hint for the one who chose the targets,
@@ -60,8 +63,18 @@ def check_targets(manifest: Manifest, *, packing: bool = False) -> None:
     reserved = (MANIFEST_NAME, STATE_DIR, "reproduction", RUNS_DIR)  # runs/: the user's run outputs (audit F4)
     targets = sorted({layer.target for layer in manifest.layers})
     archives = {layer.archive for layer in manifest.layers}
+    first: dict[str, int] = {}  # target -> the first layer there
     for i, layer in enumerate(manifest.layers):
         t = layer.target
+        j = first.setdefault(t, i)
+        if layer.kind != manifest.layers[j].kind:  # restore keeps or replaces a target by its first layer's kind, so
+            raise InvalidInputError(  # a source edit was overwritten, or a runtime update refused (audit63 A L5)
+                f"layers[{i}] ({layer.archive}, a {layer.kind} layer) and layers[{j}] ({manifest.layers[j].archive}, "
+                f"a {manifest.layers[j].kind} layer) share the target {t!r}: the layers of one target are all of "
+                "one kind",
+                field=f"layers[{i}].kind",
+                hint="give each kind of layer its own target" if packing else received,
+            )
         if layer.members_index and layer.members_index in archives:  # restore cannot read it (audit62 L7)
             raise InvalidInputError(
                 f"layers[{i}].members_index {layer.members_index!r} is a layer archive, not a member index",
@@ -228,3 +241,33 @@ def validate_layers(layers: list[tuple[str, str, list[Member]]]) -> UnionView:
             hint="do not use this bundle; ask its publisher to re-pack it with `portable pack`",
         )
     return view
+
+
+def check_path_lengths(bundle: Path, layers: Iterable[tuple[str, str, Iterable[str]]]) -> None:
+    """Refuse, before anything is written, a layer member whose absolute path under `bundle` would pass PATH_MAX.
+
+    `layers` is [(archive, target, member names)]. The members are written through folder fds, so extraction
+    worked, but every later restore stats them by path, got ENAMETOOLONG and counted them changed for ever (a
+    runtime target re-extracted each time, a source file called locally edited: audit63 A L2). The bundle-relative
+    path is bounded by `_member_problem`; this bounds the bundle's path plus it, for the bundle where it lies now.
+    Raises RelocationError (9), as for a bundle path that relocation cannot fit, naming the longest member.
+    """
+    base = len(os.fsencode(str(bundle)))
+    worst: tuple[int, str, str, str] | None = None
+    for archive, target, names in layers:
+        start = base + 1 + len(target.encode("utf-8", "surrogateescape"))
+        for name in names:
+            size = start + (1 + len(name.encode("utf-8", "surrogateescape")) if name else 0)
+            if size > PATH_MAX and (worst is None or size > worst[0]):
+                worst = (size, archive, target, name)
+    if worst is None:
+        return
+    size, archive, target, name = worst
+    shown = repr(name) if len(name) <= 120 else f"'{name[:60]}...{name[-50:]}'"
+    raise RelocationError(
+        f"{archive}: member {shown} would lie at a path of {size} bytes in {bundle / target}, longer than the "
+        f"{PATH_MAX} bytes a path may have; nothing was changed",
+        path=bundle,
+        hint=f"move the bundle to a folder whose path is at least {size - PATH_MAX} bytes shorter (it is {base} "
+        "bytes now), then run `portable restore` there",
+    )

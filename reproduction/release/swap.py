@@ -2,7 +2,8 @@
 
 A target is built in `<bundle>/.portable/staging/<i>` and swapped in with one rename (renameat2
 RENAME_EXCHANGE where the kernel has it, else two renames that undo themselves on failure); the old
-tree goes to `.portable/trash/<i>`, so `swap_back` can put it back until restore has finished.
+tree goes to `.portable/trash/<i>`, so `swap_back` can put it back until restore has finished. Every
+rename is made in folder fds opened from the bundle root without following links (audit63 A L3).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import stat
 from pathlib import Path
 
 from reproduction.errors import UnsafeArchiveError, os_error
-from reproduction.fsio import fsync_dir
+from reproduction.release.extract import DirFds
 from reproduction.release.manifest import STATE_DIR
 
 
-def exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths (renameat2 RENAME_EXCHANGE); False where the kernel or libc lacks it."""
+def exchange(a_fd: int, a: str, b_fd: int, b: str) -> bool:
+    """Atomically swap two names, each in its folder's fd (renameat2 RENAME_EXCHANGE); False where the kernel or
+    libc lacks it."""
     try:
         import ctypes
 
@@ -26,44 +28,120 @@ def exchange(a: Path, b: Path) -> bool:
         fn = libc.renameat2
     except (OSError, AttributeError):
         return False
-    at_fdcwd, rename_exchange = -100, 2
-    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+    rename_exchange = 2
+    if fn(a_fd, os.fsencode(a), b_fd, os.fsencode(b), rename_exchange) == 0:
         return True
     err = ctypes.get_errno()
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # fall back to two renames
         return False
-    raise OSError(err, os.strerror(err), str(b))
+    raise OSError(err, os.strerror(err), b)
 
 
-def swap_into_place(staging: Path, final: Path, trash: Path) -> None:
-    """Put `staging` at `final`; an existing `final` goes to `trash`. Readers see old or new, whole.
+class _Folders:
+    """The folders holding paths below the bundle root, each reached from the root one component at a time with
+    O_NOFOLLOW (extract.DirFds), so a rename never resolves a name through a symlink.
 
-    On failure `final` holds what it held before (the two-rename fallback puts it back).
+    preflight checks every target's path, but a user who can write into the bundle could swap a target's parent
+    folder for a symlink before the swap, which then renamed by path and moved (and, with the trash, deleted) a
+    folder outside the bundle (audit63 A L3). `at` refuses such a path: UnsafeArchiveError (6) naming the link.
     """
-    if not os.path.lexists(final):
-        os.rename(staging, final)
-    elif exchange(staging, final):
-        os.rename(staging, trash)  # staging now holds the old tree
-    else:
-        os.rename(final, trash)
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.dirs = DirFds(str(root))
+
+    def at(self, path: Path, label: str) -> tuple[int, str]:
+        """(fd of the folder holding `path`, its last component); `label` names `path` in a refusal."""
+        rel = path.relative_to(self.root).as_posix()
         try:
-            os.rename(staging, final)
-        except OSError:
-            os.rename(trash, final)
+            return self.dirs.parent(rel)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise _through_link(self.root, rel, label) from None
             raise
-    fsync_dir(final.parent)
+
+    def close(self) -> None:
+        self.dirs.close()
 
 
-def swap_back(final: Path, trash: Path, spare: Path) -> bool:
-    """Undo `swap_into_place`: the old tree from `trash` back at `final`, or no `final`. False if it failed."""
+def _through_link(root: Path, rel: str, label: str) -> UnsafeArchiveError:
+    """The refusal of a rename whose folder is not reached without a link (what lies there now, if it is still
+    there: a symlink or a file planted after preflight)."""
+    here, where, what = root, rel.rpartition("/")[0], "a symlink or a file"
+    for part in Path(rel).parts[:-1]:
+        here = here / part
+        try:
+            st = os.lstat(here)
+        except OSError:
+            break
+        if not stat.S_ISDIR(st.st_mode):
+            where = str(here.relative_to(root))
+            what = "the symlink" if stat.S_ISLNK(st.st_mode) else "the file"
+            break
+    return UnsafeArchiveError(
+        f"{label} {rel} lies under {what} {where}, which appeared while restore ran: refusing to restore through it",
+        member=where,
+        hint=f"remove {root / where} (a bundle holds no symlinked folders), put its folder back, and restore again; "
+        "nothing outside the bundle was changed",
+    )
+
+
+def swap_into_place(staging: Path, final: Path, trash: Path, *, root: Path) -> None:
+    """Put `staging` at `final`; an existing `final` goes to `trash` (all three below the bundle `root`, each renamed
+    in its folder's fd reached without following a link: `_Folders`). Readers see old or new, whole.
+
+    On failure `final` holds what it held before (the two-rename fallback puts it back); a symlink or file in place
+    of a folder on any of the three paths is UnsafeArchiveError (6) before anything is renamed.
+    """
+    folders = _Folders(root)
     try:
-        if os.path.lexists(trash):
-            if not exchange(trash, final):
-                os.rename(final, spare)
-                os.rename(trash, final)
-        elif os.path.lexists(final):
-            os.rename(final, spare)
-    except OSError:
+        s_fd, s = folders.at(staging, "the staging folder")
+        f_fd, f = folders.at(final, "layer target")
+        t_fd, t = folders.at(trash, "the trash folder")
+        if not _lexists(f_fd, f):
+            os.rename(s, f, src_dir_fd=s_fd, dst_dir_fd=f_fd)
+        elif exchange(s_fd, s, f_fd, f):
+            os.rename(s, t, src_dir_fd=s_fd, dst_dir_fd=t_fd)  # staging now holds the old tree
+        else:
+            os.rename(f, t, src_dir_fd=f_fd, dst_dir_fd=t_fd)
+            try:
+                os.rename(s, f, src_dir_fd=s_fd, dst_dir_fd=f_fd)
+            except OSError:
+                os.rename(t, f, src_dir_fd=t_fd, dst_dir_fd=f_fd)
+                raise
+        try:
+            os.fsync(f_fd)
+        except OSError:
+            pass  # best effort, as fsio.fsync_dir: some filesystems refuse a folder's fsync
+    finally:
+        folders.close()
+
+
+def swap_back(final: Path, trash: Path, spare: Path, *, root: Path) -> bool:
+    """Undo `swap_into_place`: the old tree from `trash` back at `final`, or no `final` (renamed in folder fds, as
+    there). False if it failed (a symlink planted on a path too)."""
+    folders = _Folders(root)
+    try:
+        f_fd, f = folders.at(final, "layer target")
+        t_fd, t = folders.at(trash, "the trash folder")
+        p_fd, p = folders.at(spare, "the trash folder")
+        if _lexists(t_fd, t):
+            if not exchange(t_fd, t, f_fd, f):
+                os.rename(f, p, src_dir_fd=f_fd, dst_dir_fd=p_fd)
+                os.rename(t, f, src_dir_fd=t_fd, dst_dir_fd=f_fd)
+        elif _lexists(f_fd, f):
+            os.rename(f, p, src_dir_fd=f_fd, dst_dir_fd=p_fd)
+    except (OSError, UnsafeArchiveError):
+        return False
+    finally:
+        folders.close()
+    return True
+
+
+def _lexists(dir_fd: int, name: str) -> bool:
+    try:
+        os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
         return False
     return True
 

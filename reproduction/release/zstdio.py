@@ -144,18 +144,37 @@ def _cli_decompress(reader: _HashingReader) -> Iterator[IO[bytes]]:
     feeder.start()
     try:
         yield _CliStream(proc)
-    finally:
-        proc.stdout.close()
-        feeder.join(timeout=600)
-        try:
-            err = proc.stderr.read().decode("utf-8", "replace").strip()
-        finally:
-            proc.stderr.close()
-        code = proc.wait(timeout=60)
+    except Exception:
+        code, err = _end(proc, feeder)
+        if errors:  # the file could not be read: zstd saw a short input
+            raise errors[0] from None
+        # zstd refused the input itself (not our closing its output: SIGPIPE, or EPIPE where that is ignored): its
+        # words, not what the reader made of the short stream it got (audit63 A L7: a frame it would not decode, a
+        # 2 GiB window, was reported as the member index and the archive disagreeing)
+        if code > 0 and "Broken pipe" not in err:
+            raise zstd_error()(f"zstd -d failed (exit {code}): {err}") from None
+        raise
+    except BaseException:
+        _end(proc, feeder)
+        raise
+    code, err = _end(proc, feeder)
     if errors:
         raise errors[0]
     if code != 0:
-        raise zstd_error()(f"zstd -d failed (exit {code}): {err[:200]}")
+        raise zstd_error()(f"zstd -d failed (exit {code}): {err}")
+
+
+def _end(proc: subprocess.Popen, feeder: threading.Thread) -> tuple[int, str]:
+    """Close zstd's output, wait for it and the feeder; (its exit code, its stderr on one line, at most 300 chars)."""
+    proc.stdout.close()
+    feeder.join(timeout=600)
+    try:
+        err = proc.stderr.read().decode("utf-8", "replace")
+    finally:
+        proc.stderr.close()
+    code = proc.wait(timeout=60)
+    lines = [line.removeprefix("/*stdin*\\ :").removeprefix("zstd:").strip() for line in err.splitlines()]
+    return code, "; ".join(line for line in lines if line)[:300]
 
 
 class _CliStream(io.RawIOBase):
