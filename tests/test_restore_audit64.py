@@ -4,6 +4,7 @@ differ only by Unicode normalisation (L8). In-process through `portable.main` wh
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import pwd
@@ -318,3 +319,86 @@ def test_layers_of_two_kinds_at_one_target_are_refused(tmp_path, capsys, kinds, 
         "hint: the manifest is damaged or hostile; do not use this bundle; ask its publisher to re-pack it",
     ]
     assert not (bundle / "t").exists()
+
+
+# -- review64 R M1: a layer target deeper than the swap's old fd cache; an OSError in the swap names its full path ---
+
+
+@pytest.mark.parametrize("depth", [63, 70])
+def test_a_layer_target_many_folders_deep_is_restored_and_updated(tmp_path, capsys, depth):
+    target = "/".join(["d"] * (depth - 1) + ["t"])
+    bundle = forge_bundle(tmp_path / "bundle", [("t.tar.zst", target, "runtime", [member("x.txt", data=b"v1\n")])])
+    for damage in (False, True):  # a first restore, then an update that swaps the old tree out to the trash
+        if damage:
+            (bundle / target / "x.txt").write_bytes(b"damaged\n")
+        capsys.readouterr()
+        code = main(["restore", str(bundle)])
+        err = capsys.readouterr().err.strip()
+        assert code == 0 and err.endswith(f"1 files verified; extracted {target}"), err[-300:]
+        assert (bundle / target / "x.txt").read_bytes() == b"v1\n"
+    assert sorted(os.listdir(bundle / ".portable")) == ["lock", "receipt.json"]
+
+
+@pytest.mark.parametrize("again", [False, True], ids=["first restore", "update"])
+def test_a_rename_failing_in_the_swap_names_the_full_path(tmp_path, capsys, monkeypatch, again):
+    from reproduction.release import swap as swap_mod
+
+    bundle = forge_bundle(
+        tmp_path / "bundle", [("layers/a.tar.zst", "runtime/a", "runtime", [member("x.txt", data=b"bundle file\n")])]
+    )
+    if again:
+        assert main(["restore", str(bundle), "-q"]) == 0
+        (bundle / "runtime" / "a" / "x.txt").write_text("damaged\n")
+    real = os.rename
+
+    def rename(src, dst, **kwargs):  # the swap's renames (in folder fds) are refused
+        if kwargs.get("dst_dir_fd") is not None:
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES), src, None, dst)
+        return real(src, dst, **kwargs)
+
+    monkeypatch.setattr(swap_mod, "exchange", lambda *a: False)  # the two-rename path
+    monkeypatch.setattr(os, "rename", rename)
+    capsys.readouterr()
+    code = main(["restore", str(bundle), "-q"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 8, err
+    where = bundle / ".portable" / "trash" / "0" if again else bundle / "runtime" / "a"
+    assert err[0] == f"error: cannot write the restored bundle at {bundle}: permission denied ({where})", err
+    monkeypatch.undo()
+    if again:  # the previous state is kept
+        assert (bundle / "runtime" / "a" / "x.txt").read_bytes() == b"damaged\n"
+    else:
+        assert not (bundle / "runtime" / "a").exists()
+
+
+# -- review64 R L1: a folder above a target that its user may write and search but not read (0300) ------------------
+
+
+@pytest.mark.parametrize("folder", ["runtime", ""], ids=["the target's parent", "the bundle folder"])
+def test_a_target_under_a_folder_without_read_permission_is_swapped(folder):
+    cli = _as_nobody()
+    if cli is None:
+        pytest.skip("needs root, setpriv and a Python the user nobody can run")
+    work = Path(tempfile.mkdtemp(dir="/tmp"))  # not under pytest's tmp_path: nobody cannot reach it
+    try:
+        os.chmod(work, 0o755)
+        bundle = _modes_bundle(work, 0o755)
+
+        def restore() -> tuple[int, str]:
+            done = subprocess.run([*cli, "restore", str(bundle)], capture_output=True, text=True, timeout=120)
+            return done.returncode, done.stderr
+
+        subprocess.run(["chown", "-R", "nobody:", str(work)], check=True, timeout=60)
+        code, err = restore()
+        assert code == 0 and err.endswith("files verified; extracted runtime/rt, source/app\n"), err
+        (bundle / "runtime" / "rt" / "d" / "x.txt").write_bytes(b"damaged\n")
+        os.chmod(bundle / folder, 0o300)  # its owner, nobody, may write and search it, not list it
+        try:
+            code, err = restore()
+        finally:
+            os.chmod(bundle / folder, 0o755)
+        assert code == 0 and err.endswith("files verified; extracted runtime/rt; unchanged source/app\n"), err
+        assert (bundle / "runtime" / "rt" / "d" / "x.txt").read_bytes() == b"x\n"
+    finally:
+        subprocess.run(["chmod", "-R", "u+rwx", str(work)], timeout=60)
+        shutil.rmtree(work, ignore_errors=True)
