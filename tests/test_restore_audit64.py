@@ -533,3 +533,14 @@ def test_a_receipt_entry_no_bundle_folder_could_hold_counts_as_changed(tmp_path,
         err = capsys.readouterr().err.strip()
         assert code == 0 and err.endswith(f"files verified; {want}"), err[-300:]
 
+
+# -- review64 R L4: the README names both refusals -----------------------------------------------------------------
+
+
+def test_the_readme_names_the_path_length_and_mixed_kind_refusals():
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    rows = {line.split("`")[1].split()[1]: line for line in text.splitlines() if line.startswith("| `portable ")}
+    assert "would pass the 4095 bytes a path may have" in rows["restore"] and "exit 9" in rows["restore"]
+    assert "layers of two kinds at one target are refused, exit 4" in rows["restore"]
+    assert "layers of two kinds (runtime and source) at one target is refused, exit 4" in rows["verify"]
+    assert "| 9 | relocation impossible (`restore`: " in text and "would pass 4095 bytes)" in text
