@@ -4,7 +4,9 @@ differ only by Unicode normalisation (L8). In-process through `portable.main` wh
 
 from __future__ import annotations
 
+import errno
 import io
+import json
 import os
 import pwd
 import shutil
@@ -209,13 +211,22 @@ def _long_home(tmp_path: Path) -> Path:
     return tmp_path.joinpath(*["p" * 199] * (pad // 200), "p" * (pad % 200))
 
 
-def _length_refusal(bundle: Path, err: list[str]) -> None:
-    size = len(f"{bundle}/source/app/{DEEP}/f.txt")
+def _length_refusal(bundle: Path, err: list[str], *, recorded: bool = False) -> None:
+    """The exit 9 refusal of DEEP/f.txt: as an archive member (where the staging copy, `.portable/staging/0`, is 9
+    bytes longer than the target `source/app`: review64 R L2), or as a file an earlier restore wrote (`recorded`)."""
+    final = len(f"{bundle}/source/app/{DEEP}/f.txt")
+    size = final if recorded else final + len(".portable/staging/0") - len("source/app")
     assert len(err) == 2, err
-    assert err[0].startswith(f"error: source/app.tar.zst: member '{DEEP[:60]}...") and err[0].endswith(
-        f"/f.txt' would lie at a path of {size} bytes in {bundle}/source/app, longer than the 4095 bytes a path may "
-        "have; nothing was changed"
-    ), err[0][:200]
+    if recorded:
+        assert err[0].startswith(f"error: {bundle}/source/app: the file '{DEEP[:60]}...") and err[0].endswith(
+            f"/f.txt', which an earlier restore wrote there, now lies at a path of {size} bytes, longer than the 4095 "
+            "bytes a path may have; nothing was changed"
+        ), err[0][:200]
+    else:
+        assert err[0].startswith(f"error: source/app.tar.zst: member '{DEEP[:60]}...") and err[0].endswith(
+            f"/f.txt' would lie at a path of {size} bytes in {bundle}/.portable/staging while restore extracts it "
+            f"({final} bytes in {bundle}/source/app), longer than the 4095 bytes a path may have; nothing was changed"
+        ), err[0][:200]
     assert err[1] == (
         f"hint: move the bundle to a folder whose path is at least {size - PATH_MAX} bytes shorter (it is "
         f"{len(str(bundle))} bytes now), then run `portable restore` there"
@@ -243,7 +254,7 @@ def test_a_restored_bundle_moved_where_a_member_is_too_long_is_refused(tmp_path,
         code = main(["restore", str(moved), "-q"])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 9, err
-        _length_refusal(moved, err)
+        _length_refusal(moved, err, recorded=True)
 
 
 # -- L7: a frame the zstd CLI refuses ------------------------------------------------------------------------------
@@ -318,3 +329,218 @@ def test_layers_of_two_kinds_at_one_target_are_refused(tmp_path, capsys, kinds, 
         "hint: the manifest is damaged or hostile; do not use this bundle; ask its publisher to re-pack it",
     ]
     assert not (bundle / "t").exists()
+
+
+# -- review64 R M1: a layer target deeper than the swap's old fd cache; an OSError in the swap names its full path ---
+
+
+@pytest.mark.parametrize("depth", [63, 70])
+def test_a_layer_target_many_folders_deep_is_restored_and_updated(tmp_path, capsys, depth):
+    target = "/".join(["d"] * (depth - 1) + ["t"])
+    bundle = forge_bundle(tmp_path / "bundle", [("t.tar.zst", target, "runtime", [member("x.txt", data=b"v1\n")])])
+    for damage in (False, True):  # a first restore, then an update that swaps the old tree out to the trash
+        if damage:
+            (bundle / target / "x.txt").write_bytes(b"damaged\n")
+        capsys.readouterr()
+        code = main(["restore", str(bundle)])
+        err = capsys.readouterr().err.strip()
+        assert code == 0 and err.endswith(f"1 files verified; extracted {target}"), err[-300:]
+        assert (bundle / target / "x.txt").read_bytes() == b"v1\n"
+    assert sorted(os.listdir(bundle / ".portable")) == ["lock", "receipt.json"]
+
+
+@pytest.mark.parametrize("again", [False, True], ids=["first restore", "update"])
+def test_a_rename_failing_in_the_swap_names_the_full_path(tmp_path, capsys, monkeypatch, again):
+    from reproduction.release import swap as swap_mod
+
+    bundle = forge_bundle(
+        tmp_path / "bundle", [("layers/a.tar.zst", "runtime/a", "runtime", [member("x.txt", data=b"bundle file\n")])]
+    )
+    if again:
+        assert main(["restore", str(bundle), "-q"]) == 0
+        (bundle / "runtime" / "a" / "x.txt").write_text("damaged\n")
+    real = os.rename
+
+    def rename(src, dst, **kwargs):  # the swap's renames (in folder fds) are refused
+        if kwargs.get("dst_dir_fd") is not None:
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES), src, None, dst)
+        return real(src, dst, **kwargs)
+
+    monkeypatch.setattr(swap_mod, "exchange", lambda *a: False)  # the two-rename path
+    monkeypatch.setattr(os, "rename", rename)
+    capsys.readouterr()
+    code = main(["restore", str(bundle), "-q"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 8, err
+    where = bundle / ".portable" / "trash" / "0" if again else bundle / "runtime" / "a"
+    assert err[0] == f"error: cannot write the restored bundle at {bundle}: permission denied ({where})", err
+    monkeypatch.undo()
+    if again:  # the previous state is kept
+        assert (bundle / "runtime" / "a" / "x.txt").read_bytes() == b"damaged\n"
+    else:
+        assert not (bundle / "runtime" / "a").exists()
+
+
+# -- review64 R L1: a folder above a target that its user may write and search but not read (0300) ------------------
+
+
+@pytest.mark.parametrize("folder", ["runtime", ""], ids=["the target's parent", "the bundle folder"])
+def test_a_target_under_a_folder_without_read_permission_is_swapped(folder):
+    cli = _as_nobody()
+    if cli is None:
+        pytest.skip("needs root, setpriv and a Python the user nobody can run")
+    work = Path(tempfile.mkdtemp(dir="/tmp"))  # not under pytest's tmp_path: nobody cannot reach it
+    try:
+        os.chmod(work, 0o755)
+        bundle = _modes_bundle(work, 0o755)
+
+        def restore() -> tuple[int, str]:
+            done = subprocess.run([*cli, "restore", str(bundle)], capture_output=True, text=True, timeout=120)
+            return done.returncode, done.stderr
+
+        subprocess.run(["chown", "-R", "nobody:", str(work)], check=True, timeout=60)
+        code, err = restore()
+        assert code == 0 and err.endswith("files verified; extracted runtime/rt, source/app\n"), err
+        (bundle / "runtime" / "rt" / "d" / "x.txt").write_bytes(b"damaged\n")
+        os.chmod(bundle / folder, 0o300)  # its owner, nobody, may write and search it, not list it
+        try:
+            code, err = restore()
+        finally:
+            os.chmod(bundle / folder, 0o755)
+        assert code == 0 and err.endswith("files verified; extracted runtime/rt; unchanged source/app\n"), err
+        assert (bundle / "runtime" / "rt" / "d" / "x.txt").read_bytes() == b"x\n"
+    finally:
+        subprocess.run(["chmod", "-R", "u+rwx", str(work)], timeout=60)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# -- review64 R L2: the staging copy of a member is longer than its path at a short target -------------------------
+
+
+def _sized_bundle(tmp_path: Path, length: int, *, target: str = "t", kind: str = "runtime") -> tuple[Path, str]:
+    """A one-layer bundle (with a member index) whose member DEEP/<f...> lies at an absolute path of exactly `length`
+    bytes at `target`; (bundle, the member's name)."""
+    pad = length - len(f"{tmp_path}/x/b/{target}/{DEEP}/") - 100 + 1
+    assert pad > 0, "pytest's tmp_path is too long for this test"
+    bundle = tmp_path / ("p" * pad) / "b"
+    name = f"{DEEP}/" + "f" * (length - len(f"{bundle}/{target}/{DEEP}/"))
+    assert len(f"{bundle}/{target}/{name}".encode()) == length
+    parts = DEEP.split("/")
+    tar = _pax_tar([*(("/".join(parts[: i + 1]), None) for i in range(len(parts))), ("top.py", b"top\n")])
+    tar += _pax_tar([(name, b"v1\n")])
+    index = [[m.name, m.kind, m.mode, m.size, m.linkname] for m in iter_members(StreamSource(io.BytesIO(tar)))]
+    raw_bundle(bundle, tar, index=index, target=target)
+    data = json.loads((bundle / "bundle.json").read_text())
+    data["layers"][0]["kind"] = kind
+    (bundle / "bundle.json").write_text(json.dumps(data, indent=1))
+    return bundle, name
+
+
+def test_a_member_that_fits_its_target_and_its_staging_copy_is_kept_by_restore_deep(tmp_path, capsys):
+    bundle, _ = _sized_bundle(tmp_path, PATH_MAX - len(".portable/staging/0") + len("t"))  # staged: 4095 bytes
+    assert main(["restore", str(bundle), "-q"]) == 0, capsys.readouterr().err
+    (bundle / "t" / "mine.txt").write_text("a file of the user's\n")
+    for _ in range(2):  # `--deep` compared the staged tree by path: ENAMETOOLONG, so every `--deep` re-extracted
+        capsys.readouterr()
+        assert main(["restore", "--deep", str(bundle)]) == 0
+        assert capsys.readouterr().err.strip().endswith("2 files verified; unchanged t")
+    assert (bundle / "t" / "mine.txt").read_text() == "a file of the user's\n"
+
+
+@pytest.mark.parametrize("length", [PATH_MAX - len(".portable/staging/0") + len("t") + 1, PATH_MAX])
+def test_a_member_whose_staging_copy_passes_path_max_is_refused(tmp_path, capsys, length):
+    bundle, name = _sized_bundle(tmp_path, length)
+    code = main(["restore", str(bundle), "-q"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 9, err
+    size = length + len(".portable/staging/0") - len("t")
+    assert err[0] == (
+        f"error: t.tar.zst: member '{name[:60]}...{name[-50:]}' would lie at a path of {size} bytes in "
+        f"{bundle}/.portable/staging while restore extracts it ({length} bytes in {bundle}/t), longer than the 4095 "
+        "bytes a path may have; nothing was changed"
+    )
+    need = size - PATH_MAX
+    assert err[1] == (
+        f"hint: move the bundle to a folder whose path is at least {need} {'byte' if need == 1 else 'bytes'} shorter "
+        f"(it is {len(str(bundle))} bytes now), then run `portable restore` there"
+    )
+    assert not (bundle / "t").exists()
+
+
+def test_a_member_too_long_for_a_bundle_in_any_folder_says_so(tmp_path, capsys):
+    # `t/<name>` is 4090 bytes: within the 4095 a bundle-relative path may have, but `/.portable/staging/0/<name>`
+    # passes 4095 bytes below any bundle folder, so moving the bundle cannot help
+    name = "/".join(["c" * 250] * 16) + "/" + "f" * (4090 - 2 - 16 * 251)
+    tar = _pax_tar([(name, b"x\n")])
+    index = [[m.name, m.kind, m.mode, m.size, m.linkname] for m in iter_members(StreamSource(io.BytesIO(tar)))]
+    bundle = raw_bundle(tmp_path / "bundle", tar, index=index, target="t")
+    code = main(["restore", str(bundle), "-q"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 9, err
+    inside = len(f"/.portable/staging/0/{name}")
+    assert err[0].startswith("error: t.tar.zst: member ") and "while restore extracts it" in err[0], err
+    assert err[1] == (
+        f"hint: its path inside the bundle alone is {inside - 1} bytes, too long for a bundle in any folder: do not "
+        "use this bundle; ask its publisher to re-pack it with shorter names"
+    )
+
+
+# -- review64 R L3: the receipt's files bounded as what they are, a damaged entry as a damaged receipt ---------------
+
+
+def test_a_recorded_file_the_new_version_drops_is_named_as_the_earlier_restores(tmp_path, capsys):
+    first, name = _sized_bundle(tmp_path / "one", PATH_MAX - 10, target="source/app", kind="source")
+    assert main(["restore", str(first), "-q"]) == 0, capsys.readouterr().err
+    moved = tmp_path / ("q" * 20) / first.relative_to(tmp_path)  # 21 bytes deeper
+    moved.parent.mkdir(parents=True)
+    os.rename(first, moved)
+    for rel in ("bundle.json", "source/app.tar.zst", "source/app.members.json"):
+        (moved / rel).unlink()
+    tar = _pax_tar([("top.py", b"v2\n")])  # version 2: without the long member
+    raw_bundle(
+        moved,
+        tar,
+        index=[[m.name, m.kind, m.mode, m.size, m.linkname] for m in iter_members(StreamSource(io.BytesIO(tar)))],
+    )
+    capsys.readouterr()
+    code = main(["restore", str(moved), "-q"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 9, err
+    assert err[0] == (
+        f"error: {moved}/source/app: the file '{name[:60]}...{name[-50:]}', which an earlier restore wrote there, now "
+        f"lies at a path of {PATH_MAX + 11} bytes, longer than the 4095 bytes a path may have; nothing was changed"
+    )
+    assert err[1] == (
+        f"hint: move the bundle to a folder whose path is at least 11 bytes shorter (it is {len(str(moved))} bytes "
+        "now), then run `portable restore` there"
+    )
+
+
+@pytest.mark.parametrize(
+    "entry", ["/".join(["z" * 200] * 21), "/".join(["z" * 200] * 20) + "/" + "z" * 65], ids=["4220 bytes", "4085 bytes"]
+)
+def test_a_receipt_entry_no_bundle_folder_could_hold_counts_as_changed(tmp_path, capsys, entry):
+    bundle = _modes_bundle(tmp_path, 0o755)
+    assert main(["restore", str(bundle), "-q"]) == 0, capsys.readouterr().err
+    receipt = bundle / ".portable" / "receipt.json"
+    data = json.loads(receipt.read_text())
+    [rt] = [r for r in data["layers"].values() if r["target"] == "runtime/rt"]
+    rt["files"][entry] = [1, 1]  # damaged (or edited by hand): restore never writes it
+    receipt.write_text(json.dumps(data))
+    for want in ("extracted runtime/rt; unchanged source/app", "unchanged runtime/rt, source/app"):
+        capsys.readouterr()  # as any damaged entry: the target is extracted again, and recorded anew
+        code = main(["restore", str(bundle)])
+        err = capsys.readouterr().err.strip()
+        assert code == 0 and err.endswith(f"files verified; {want}"), err[-300:]
+
+
+# -- review64 R L4: the README names both refusals -----------------------------------------------------------------
+
+
+def test_the_readme_names_the_path_length_and_mixed_kind_refusals():
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    rows = {line.split("`")[1].split()[1]: line for line in text.splitlines() if line.startswith("| `portable ")}
+    assert "would pass the 4095 bytes a path may have" in rows["restore"] and "exit 9" in rows["restore"]
+    assert "layers of two kinds at one target are refused, exit 4" in rows["restore"]
+    assert "layers of two kinds (runtime and source) at one target is refused, exit 4" in rows["verify"]
+    assert "| 9 | relocation impossible (`restore`: " in text and "would pass 4095 bytes)" in text

@@ -36,7 +36,7 @@ from reproduction.release.manifest import (
 )
 from reproduction.release.receipt import LayerReceipt, Receipt, load_receipt, refuse_receipt_folder, save_receipt
 from reproduction.release.restore_plan import Group, few, has_prefixes, plan, refuse_losing_files
-from reproduction.release.safety import check_path_lengths, check_targets, validate_layers
+from reproduction.release.safety import check_path_lengths, check_recorded_lengths, check_targets, validate_layers
 from reproduction.release.swap import preflight, swap_back, swap_into_place
 from reproduction.release.tarscan import Member
 from reproduction.release.verify import (
@@ -441,7 +441,7 @@ def _verify_and_extract(
             raise_for_report(report)
         union = _union(manifest, groups, loaded)
         validate_layers(union)
-        check_path_lengths(bundle, [(a, t, (m.name for m in ms)) for a, t, ms in union])
+        check_path_lengths(bundle, [(a, t, (m.name for m in ms)) for a, t, ms in union], targets=len(groups))
         _check_sizes(bundle, loaded)
         recs, problems = (
             _extract_groups(bundle, groups, {x.entry.archive: x for x in loaded}, jobs=jobs, ui=ui)
@@ -642,8 +642,8 @@ def restore_bundle(
         receipt = load_receipt(bundle)
         targets = {x.target for x in manifest.layers}
         # files an earlier restore wrote, when the bundle was moved deeper since (else named as edits: audit63 A L2)
-        recorded = [*receipt.replacing.items(), *receipt.layers.items()]
-        check_path_lengths(bundle, [(a, r.target, [*r.files, *r.links]) for a, r in recorded if r.target in targets])
+        recorded = [*receipt.replacing.values(), *receipt.layers.values()]
+        check_recorded_lengths(bundle, [(r.target, [*r.files, *r.links]) for r in recorded if r.target in targets])
         manifest_sha = sha256_file(bundle / MANIFEST_NAME)
         groups = plan(bundle, manifest, receipt, deep=deep, refresh_source=refresh_source)
         _free_space_check(bundle, groups)

@@ -243,31 +243,123 @@ def validate_layers(layers: list[tuple[str, str, list[Member]]]) -> UnionView:
     return view
 
 
-def check_path_lengths(bundle: Path, layers: Iterable[tuple[str, str, Iterable[str]]]) -> None:
+def _bytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogateescape"))
+
+
+def _shown(name: str) -> str:
+    return repr(name) if len(name) <= 120 else f"'{name[:60]}...{name[-50:]}'"
+
+
+_SHORTEST_BUNDLE = 2
+"""Bytes of the shortest path a bundle folder can have (`/b`): a path whose part inside the bundle leaves less than
+this of PATH_MAX fits no folder, and a hint to move the bundle could not be followed (review64 R L3)."""
+
+
+def _move_hint(base: int, size: int, inside: int, too_long: str) -> str:
+    """The hint for a path of `size` bytes under a bundle path of `base` bytes, `inside` of them within the bundle."""
+    if inside + _SHORTEST_BUNDLE > PATH_MAX:
+        return too_long
+    return (
+        f"move the bundle to a folder whose path is at least {size - PATH_MAX} "
+        f"{'byte' if size - PATH_MAX == 1 else 'bytes'} shorter (it is {base} bytes now), then run `portable restore` "
+        "there"
+    )
+
+
+def check_path_lengths(bundle: Path, layers: Iterable[tuple[str, str, Iterable[str]]], *, targets: int) -> None:
     """Refuse, before anything is written, a layer member whose absolute path under `bundle` would pass PATH_MAX.
 
-    `layers` is [(archive, target, member names)]. The members are written through folder fds, so extraction
-    worked, but every later restore stats them by path, got ENAMETOOLONG and counted them changed for ever (a
-    runtime target re-extracted each time, a source file called locally edited: audit63 A L2). The bundle-relative
-    path is bounded by `_member_problem`; this bounds the bundle's path plus it, for the bundle where it lies now.
-    Raises RelocationError (9), as for a bundle path that relocation cannot fit, naming the longest member.
+    `layers` is [(archive, target, member names)], `targets` how many layer targets the manifest has. The members
+    are written through folder fds, so extraction worked, but every later restore stats them by path, got
+    ENAMETOOLONG and counted them changed for ever (a runtime target re-extracted each time, a source file called
+    locally edited: audit63 A L2). The bundle-relative path is bounded by `_member_problem`; this bounds the
+    bundle's path plus the longest path restore gives a member: at its target, or in `.portable/staging/<i>` (where
+    it is extracted and `restore --deep` compares it by path) and `.portable/trash/<i>`, which are longer than a
+    short target (review64 R L2), <i> taken as the highest a target can get, so the bound does not depend on which
+    targets a restore extracts. Raises RelocationError (9), as for a bundle path that relocation cannot fit, naming
+    the longest member.
     """
     base = len(os.fsencode(str(bundle)))
-    worst: tuple[int, str, str, str] | None = None
+    state = max((f"{STATE_DIR}/staging/{max(0, targets - 1)}", f"{STATE_DIR}/trash/{max(0, targets - 1)}"), key=_bytes)
+    worst: tuple[int, int, str, str, str] | None = None
     for archive, target, names in layers:
-        start = base + 1 + len(target.encode("utf-8", "surrogateescape"))
+        at_target, longest = _bytes(target), max(_bytes(target), _bytes(state))
         for name in names:
-            size = start + (1 + len(name.encode("utf-8", "surrogateescape")) if name else 0)
+            tail = 1 + _bytes(name) if name else 0
+            size = base + 1 + longest + tail
             if size > PATH_MAX and (worst is None or size > worst[0]):
-                worst = (size, archive, target, name)
+                worst = (size, base + 1 + at_target + tail, archive, target, name)
     if worst is None:
         return
-    size, archive, target, name = worst
-    shown = repr(name) if len(name) <= 120 else f"'{name[:60]}...{name[-50:]}'"
+    size, final, archive, target, name = worst
+    where = f"in {bundle / target}"
+    if size > final:
+        where = f"in {bundle / STATE_DIR}/staging while restore extracts it ({final} bytes in {bundle / target})"
     raise RelocationError(
-        f"{archive}: member {shown} would lie at a path of {size} bytes in {bundle / target}, longer than the "
-        f"{PATH_MAX} bytes a path may have; nothing was changed",
+        f"{archive}: member {_shown(name)} would lie at a path of {size} bytes {where}, longer than the {PATH_MAX} "
+        "bytes a path may have; nothing was changed",
         path=bundle,
-        hint=f"move the bundle to a folder whose path is at least {size - PATH_MAX} bytes shorter (it is {base} "
-        "bytes now), then run `portable restore` there",
+        hint=_move_hint(
+            base,
+            size,
+            size - base,
+            f"its path inside the bundle alone is {size - base - 1} bytes, too long for a bundle in any folder: do not "
+            "use this bundle; ask its publisher to re-pack it with shorter names",
+        ),
     )
+
+
+def check_recorded_lengths(bundle: Path, recorded: Iterable[tuple[str, Iterable[str]]]) -> None:
+    """Refuse, before planning, a file an earlier restore wrote (and that is still there) whose absolute path under
+    `bundle` now passes PATH_MAX: the bundle was moved to a longer path since, and `plan` would stat it by path, get
+    ENAMETOOLONG and name it locally edited (audit63 A L2).
+
+    `recorded` is [(target, file names the receipt records there)], for the targets the manifest still has. A name
+    that fits no bundle path at all, or that is no relative path below the target, is no file restore wrote: the
+    receipt is damaged there, and it is left to `LayerReceipt.changed_files`, which counts it changed as it does any
+    malformed entry (review64 R L3). A recorded file no longer there is left to it too (a deleted file is changed).
+    Raises RelocationError (9) naming the longest file that is there.
+    """
+    base = len(os.fsencode(str(bundle)))
+    found: list[tuple[int, str, str]] = []
+    for target, names in recorded:
+        for name in names:
+            if not isinstance(name, str) or not name or name.startswith("/") or "\0" in name:
+                continue
+            parts = name.split("/")
+            if any(part in ("", ".", "..") or _bytes(part) > NAME_MAX for part in parts):
+                continue
+            inside = 1 + _bytes(target) + 1 + _bytes(name)
+            if base + inside > PATH_MAX and inside + _SHORTEST_BUNDLE <= PATH_MAX:
+                found.append((base + inside, target, name))
+    for size, target, name in sorted(found, key=lambda x: -x[0]):
+        if _lexists_below(bundle, f"{target}/{name}"):
+            raise RelocationError(
+                f"{bundle / target}: the file {_shown(name)}, which an earlier restore wrote there, now lies at a path "
+                f"of {size} bytes, longer than the {PATH_MAX} bytes a path may have; nothing was changed",
+                path=bundle,
+                hint=_move_hint(base, size, size - base, ""),
+            )
+
+
+def _lexists_below(root: Path, rel: str) -> bool:
+    """Whether `rel` exists below `root`, reached one folder at a time without following a link (any path length;
+    O_PATH: search permission suffices). A symlink or file in place of a folder on the way is False."""
+    flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    head, _, base = rel.rpartition("/")
+    try:
+        fd = os.open(root, flags)
+    except OSError:
+        return False
+    try:
+        for part in head.split("/") if head else ():
+            inner = os.open(part, flags, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        os.lstat(base, dir_fd=fd)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True

@@ -14,7 +14,6 @@ import stat
 from pathlib import Path
 
 from reproduction.errors import UnsafeArchiveError, os_error
-from reproduction.release.extract import DirFds
 from reproduction.release.manifest import STATE_DIR
 
 
@@ -37,31 +36,93 @@ def exchange(a_fd: int, a: str, b_fd: int, b: str) -> bool:
     raise OSError(err, os.strerror(err), b)
 
 
+_PATH_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 class _Folders:
     """The folders holding paths below the bundle root, each reached from the root one component at a time with
-    O_NOFOLLOW (extract.DirFds), so a rename never resolves a name through a symlink.
+    O_NOFOLLOW, so a rename never resolves a name through a symlink.
 
     preflight checks every target's path, but a user who can write into the bundle could swap a target's parent
     folder for a symlink before the swap, which then renamed by path and moved (and, with the trash, deleted) a
     folder outside the bundle (audit63 A L3). `at` refuses such a path: UnsafeArchiveError (6) naming the link.
+
+    Each `at` walks on its own and keeps only the fd it returns (every folder above it is closed as the walk goes
+    on), so a swap holds exactly the fds its renames use, however deep the target: a shared, trimmed fd cache closed
+    them under a target 63 folders deep (review64 R M1). The fds are O_PATH, which renameat/renameat2 and fstatat
+    take as folders and which need only search permission on the way, as a rename by path did: a folder its user
+    may write and search but not read (0300) no longer stops a swap (review64 R L1).
     """
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.dirs = DirFds(str(root))
+        self.held: list[int] = []
 
     def at(self, path: Path, label: str) -> tuple[int, str]:
         """(fd of the folder holding `path`, its last component); `label` names `path` in a refusal."""
         rel = path.relative_to(self.root).as_posix()
+        head, _, base = rel.rpartition("/")
+        here = self.root
         try:
-            return self.dirs.parent(rel)
+            fd = os.open(here, _PATH_FLAGS)
         except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise _through_link(self.root, rel, label) from None
+            raise _named(exc, here) from None
+        try:
+            for part in head.split("/") if head else ():
+                here = here / part
+                try:
+                    inner = os.open(part, _PATH_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise _through_link(self.root, rel, label) from None
+                    raise _named(exc, here) from None
+                os.close(fd)
+                fd = inner
+        except BaseException:
+            os.close(fd)
             raise
+        self.held.append(fd)
+        return fd, base
 
     def close(self) -> None:
-        self.dirs.close()
+        for fd in self.held:
+            os.close(fd)
+        self.held = []
+
+
+def _named(exc: OSError, path: Path) -> OSError:
+    """`exc` naming the full `path` (an *at call names only the bare name it was given, `t`: review64 R M1)."""
+    return OSError(exc.errno, exc.strerror, str(path))
+
+
+def _rename(src_fd: int, src: str, dst_fd: int, dst: str, where: Path) -> None:
+    """Rename `src` (in folder fd `src_fd`) to `dst` (in `dst_fd`); an OSError names `where`, the full path written."""
+    try:
+        os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+    except OSError as exc:
+        raise _named(exc, where) from None
+
+
+def _exchange(a_fd: int, a: str, b_fd: int, b: str, where: Path) -> bool:
+    try:
+        return exchange(a_fd, a, b_fd, b)
+    except OSError as exc:
+        raise _named(exc, where) from None
+
+
+def _fsync_folder(dir_fd: int) -> None:
+    """fsync the folder of O_PATH fd `dir_fd` (reopened for reading: an O_PATH fd cannot be synced); best effort, as
+    fsio.fsync_dir: some filesystems refuse a folder's fsync, and a folder without read permission cannot be opened."""
+    try:
+        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _through_link(root: Path, rel: str, label: str) -> UnsafeArchiveError:
@@ -98,21 +159,18 @@ def swap_into_place(staging: Path, final: Path, trash: Path, *, root: Path) -> N
         s_fd, s = folders.at(staging, "the staging folder")
         f_fd, f = folders.at(final, "layer target")
         t_fd, t = folders.at(trash, "the trash folder")
-        if not _lexists(f_fd, f):
-            os.rename(s, f, src_dir_fd=s_fd, dst_dir_fd=f_fd)
-        elif exchange(s_fd, s, f_fd, f):
-            os.rename(s, t, src_dir_fd=s_fd, dst_dir_fd=t_fd)  # staging now holds the old tree
+        if not _lexists(f_fd, f, final):
+            _rename(s_fd, s, f_fd, f, final)
+        elif _exchange(s_fd, s, f_fd, f, final):
+            _rename(s_fd, s, t_fd, t, trash)  # staging now holds the old tree
         else:
-            os.rename(f, t, src_dir_fd=f_fd, dst_dir_fd=t_fd)
+            _rename(f_fd, f, t_fd, t, trash)
             try:
-                os.rename(s, f, src_dir_fd=s_fd, dst_dir_fd=f_fd)
+                _rename(s_fd, s, f_fd, f, final)
             except OSError:
-                os.rename(t, f, src_dir_fd=t_fd, dst_dir_fd=f_fd)
+                _rename(t_fd, t, f_fd, f, final)
                 raise
-        try:
-            os.fsync(f_fd)
-        except OSError:
-            pass  # best effort, as fsio.fsync_dir: some filesystems refuse a folder's fsync
+        _fsync_folder(f_fd)
     finally:
         folders.close()
 
@@ -125,12 +183,12 @@ def swap_back(final: Path, trash: Path, spare: Path, *, root: Path) -> bool:
         f_fd, f = folders.at(final, "layer target")
         t_fd, t = folders.at(trash, "the trash folder")
         p_fd, p = folders.at(spare, "the trash folder")
-        if _lexists(t_fd, t):
-            if not exchange(t_fd, t, f_fd, f):
-                os.rename(f, p, src_dir_fd=f_fd, dst_dir_fd=p_fd)
-                os.rename(t, f, src_dir_fd=t_fd, dst_dir_fd=f_fd)
-        elif _lexists(f_fd, f):
-            os.rename(f, p, src_dir_fd=f_fd, dst_dir_fd=p_fd)
+        if _lexists(t_fd, t, trash):
+            if not _exchange(t_fd, t, f_fd, f, final):
+                _rename(f_fd, f, p_fd, p, spare)
+                _rename(t_fd, t, f_fd, f, final)
+        elif _lexists(f_fd, f, final):
+            _rename(f_fd, f, p_fd, p, spare)
     except (OSError, UnsafeArchiveError):
         return False
     finally:
@@ -138,11 +196,13 @@ def swap_back(final: Path, trash: Path, spare: Path, *, root: Path) -> bool:
     return True
 
 
-def _lexists(dir_fd: int, name: str) -> bool:
+def _lexists(dir_fd: int, name: str, where: Path) -> bool:
     try:
         os.lstat(name, dir_fd=dir_fd)
     except FileNotFoundError:
         return False
+    except OSError as exc:
+        raise _named(exc, where) from None
     return True
 
 
