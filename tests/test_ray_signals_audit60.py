@@ -145,11 +145,23 @@ def _session(sid: int) -> list[str]:
     return left
 
 
+def _hung(driver: subprocess.Popen) -> str:
+    """What a driver that did not exit in time was doing (a rare hang in a full CI run left nothing to read): its
+    threads' Python stacks (faulthandler on SIGUSR1) and the processes left in its session; the driver is killed."""
+    left = _session(driver.pid)
+    os.kill(driver.pid, signal.SIGUSR1)
+    time.sleep(2)
+    driver.kill()
+    _, err = driver.communicate()
+    return f"the driver did not exit within 45 s; its session: {left}\n{err[-6000:]}"
+
+
 @pytest.mark.slow
 def test_a_group_sigterm_during_a_local_ray_stage_is_exit_130_and_the_stage_interrupted(tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{TESTS}", "OMP_NUM_THREADS": "1"}
-    code = f"import sys; sys.path[:0] = {[str(REPO), str(TESTS)]!r}; import test_ray_signals_audit60 as t; "
+    code = "import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True); "  # see _hung
+    code += f"import sys; sys.path[:0] = {[str(REPO), str(TESTS)]!r}; import test_ray_signals_audit60 as t; "
     code += f"t._driver({str(run)!r})"
     driver = subprocess.Popen(
         [sys.executable, "-c", code],
@@ -165,7 +177,10 @@ def test_a_group_sigterm_during_a_local_ray_stage_is_exit_130_and_the_stage_inte
         time.sleep(1)
         os.killpg(driver.pid, signal.SIGTERM)
         t0 = time.monotonic()
-        _, err = driver.communicate(timeout=45)
+        try:
+            _, err = driver.communicate(timeout=45)
+        except subprocess.TimeoutExpired:
+            pytest.fail(_hung(driver))
         took = time.monotonic() - t0
         assert driver.returncode == 130, f"exit {driver.returncode} after {took:.1f} s: {err[-1500:]}"
         assert "error: interrupted" in err and "lost the Ray cluster" not in err

@@ -66,6 +66,12 @@ INTERRUPTED_LOST_AFTER_S = 2.0
 """The bound of GCS_LOST_AFTER_S while the main thread unwinds an interrupt: a SIGTERM to the whole process group
 (`timeout`, `kill -- -PGID`, Slurm) stops the local Ray's GCS and raylet too, and the main thread's cleanup then blocks
 in Ray (audit60 L7)."""
+INTERRUPTED_CLEANUP_S = 10.0
+"""How long the Ray calls on the way out of a block an interrupt unwinds (the placement group's removal, the local Ray's
+shutdown: about 2 s on a busy machine) may take before the watchdog ends the process as that interrupt, exit 130, even
+while the GCS still accepts a connection: a GCS that accepts but no longer answers (stopped, starved, stuck in its own
+SIGTERM shutdown) passes every probe, and the removal then blocked until Ray's own timeout, whose GetTimeoutError
+replaced the interrupt (audit64 sig)."""
 END_BOUND_S = 10.0
 """How long the watchdog's record of a lost cluster (run.json's `failed` record) and its error line may take before it
 exits 58 anyway: a hung disk or a held lock must not keep a process whose cluster is gone alive (audit56 F2)."""
@@ -215,24 +221,36 @@ def _watchdog(
     *,
     grace_s: float = LOST_GRACE_S,
     fallback_s: float = LOST_FALLBACK_S,
-    end: Callable[[RayUnavailableError], None] = _end_process,
+    cleanup_s: float = INTERRUPTED_CLEANUP_S,
+    end: Callable[[RayUnavailableError | KeyboardInterrupt], None] = _end_process,
 ) -> Iterator[None]:
     """While the block runs, a daemon thread probes `watch` (each probe bounded, ClusterWatch) so a lost cluster is
     found even when the main thread is blocked inside Ray. Once lost, the main thread gets `grace_s` to claim the
     error itself (its poll loop's `watch.check()`); unclaimed, `end(error)` is called (by default it ends the
     process with exit 58). Claimed, the thread outlives the block: a Ray call on the main thread's way out (the
     driver's shutdown) can block until Ray's own 60 s and exit 1 (audit55 review3 R1), so `end(error)` still comes
-    after `fallback_s` unless the process has exited by then. Without a loss, leaving the block stops the thread.
-    `end` is a seam for tests."""
+    after `fallback_s` unless the process has exited by then. Once `watch.interrupt` is set (the main thread unwinds
+    an interrupt), the block gets `cleanup_s` more, lost cluster or not, before `end(watch.interrupt)` (exit 130):
+    a GCS that accepts connections but answers nothing is never found lost (INTERRUPTED_CLEANUP_S). Without a loss,
+    leaving the block stops the thread. `end` is a seam for tests."""
     if watch is None:
         yield
         return
     stop = threading.Event()
 
     def run() -> None:
+        interrupted_at: float | None = None  # when this thread first saw watch.interrupt
         while not stop.wait(min(watch.every_s, 1.0) / 2):
             watch.probe()
+            if watch.interrupt is not None and interrupted_at is None:
+                interrupted_at = time.monotonic()
             if watch.error is None:
+                if interrupted_at is not None and time.monotonic() - interrupted_at >= cleanup_s and watch.claim():
+                    try:
+                        end(watch.interrupt)
+                    finally:
+                        watch.ended.set()
+                    return
                 continue
             if not stop.wait(grace_s) and watch.claim():
                 try:
@@ -568,6 +586,7 @@ def _placed(
     watch = _watch(ray_address, what)
     # every Ray call below, not only the poll loop's wait, blocks once the GCS is gone (audit55 J1: the head stopped
     # as the group was removed): the watchdog thread finds the loss wherever the main thread is stuck
+    interrupt: KeyboardInterrupt | None = None
     with _watchdog(watch):
         try:
             pg = _placement_group(
@@ -575,15 +594,27 @@ def _placed(
             )
             yield pg, sum(1 for node in ray.nodes() if node.get("Alive")) == 1, watch
         except KeyboardInterrupt as exc:
+            interrupt = exc
             if watch is not None:  # the Ray calls below may block on a cluster the same SIGTERM stopped (audit60 L7)
                 watch.interrupt = exc
             raise
         finally:
             lost = watch is not None and watch.lost
             if pg is not None and not lost:
-                ray.util.remove_placement_group(pg)
+                _cleanup(lambda: ray.util.remove_placement_group(pg), interrupt)
             if started and not lost:
-                ray.shutdown()
+                _cleanup(ray.shutdown, interrupt)
+
+
+def _cleanup(step: Callable[[], Any], interrupt: KeyboardInterrupt | None) -> None:
+    """`step()`, a Ray call on `_placed`'s way out. While `interrupt` unwinds, an Exception it raises is dropped, so the
+    interrupt stays what ends the run: Ray's GetTimeoutError from a GCS that no longer answered replaced it, and the
+    stage was recorded `failed` and the run did not exit 130 (audit64 sig). Otherwise it propagates."""
+    try:
+        step()
+    except Exception:
+        if interrupt is None:
+            raise
 
 
 def _connect(ray_address: str | None, *, cpus: int, timeout_s: float) -> bool:
