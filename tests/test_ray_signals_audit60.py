@@ -186,7 +186,9 @@ def test_a_group_sigterm_during_a_local_ray_stage_is_exit_130_and_the_stage_inte
         assert "error: interrupted" in err and "lost the Ray cluster" not in err
         rec = json.loads((run / "run.json").read_text())["stages"]["ray"]
         assert rec["status"] == "interrupted" and rec["error"].startswith("KeyboardInterrupt")
-        deadline = time.monotonic() + 15
+        # a Ray worker still starting when the group's SIGTERM came is in its own process group, so the signal
+        # missed it; it exits when it finds its raylet gone, which took over 15 s under a loaded suite (audit64 sig)
+        deadline = time.monotonic() + 60
         while _session(driver.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _session(driver.pid) == []  # no Ray process outlives the run
