@@ -89,7 +89,7 @@ def _cameras(text: str) -> tuple[str, ...]:
 
 
 def _generate_libero(args: argparse.Namespace, ui: UiOptions) -> dict:
-    from reproduction.errors import ConfigError
+    from reproduction.errors import ConfigError, killed_worker_hint
     from reproduction.sim.libero.generate import generate_libero_data
 
     if len(args.tasks) != 1 or not is_libero_id(args.tasks[0]):
@@ -118,6 +118,7 @@ def _generate_libero(args: argparse.Namespace, ui: UiOptions) -> dict:
         cameras=bool(cameras),
         image_size=args.image_size,
         max_steps=args.max_steps,
+        killed_hint=killed_worker_hint("--workers", resume=False),
     )
     for kind, r in results.items():
         say(
@@ -155,6 +156,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.command == "generate" and any(is_libero_id(t) for t in args.tasks):
             doc = _generate_libero(args, ui)
         elif args.command == "generate":
+            from reproduction.errors import killed_worker_hint
             from reproduction.sim.generate import generate_mix
 
             results = generate_mix(
@@ -166,6 +168,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 ui=ui,
                 cameras=_cameras(args.cameras),
                 image_size=args.image_size,
+                killed_hint=killed_worker_hint("--workers", resume=False),
             )
             doc = {kind: r.to_dict() for kind, r in results.items()}
             for kind, r in results.items():
