@@ -50,6 +50,36 @@ def test_fetch_generate_killed_worker_names_workers_flag(killing_pool, tmp_path,
     assert not (tmp_path / "d" / "sft").exists()  # nothing half-written
 
 
+def test_fetch_mix_killed_in_the_rollout_set_says_to_delete_the_sft_set_first(monkeypatch, tmp_path, capsys):
+    """The sft set was written whole when the rollout set's worker died: the same command would be refused (`sft:
+    already exists`), so the hint names the set to delete before the rerun."""
+    from reproduction.sim.__main__ import main
+
+    calls = []
+
+    def run_units(fn, payloads, *, workers=1, runner=None, killed_hint=None):
+        calls.append(killed_hint)
+        if len(calls) == 1:  # the sft set: generated in this process
+            return real(fn, payloads, workers=1)
+        return real(signal.raise_signal, [signal.SIGKILL, signal.SIGKILL], workers=2, killed_hint=killed_hint)
+
+    real = workers.run_units
+    monkeypatch.setattr(fetch_gen, "run_units", run_units)
+    monkeypatch.setitem(fetch_gen.MIXES, "tiny", fetch_gen.DataMix(sft_episodes=2, rollout_episodes=2))
+    args = ["generate", "--out", str(tmp_path / "d"), "--mix", "tiny", "--workers", "2", "--no-progress"]
+    code = main(args)
+    err = capsys.readouterr().err
+    sft = tmp_path / "d" / "sft"
+    assert code == 51, err
+    assert err.strip().splitlines()[-1] == (
+        f"hint: a worker process was killed (out of memory? kill -9?): delete {sft} (written whole before the worker "
+        "died; a rerun refuses a set that exists), then rerun the same command; if workers keep dying, add "
+        "--workers=1 (one process, where a failure shows)"
+    )
+    assert sft.is_dir() and not (tmp_path / "d" / "rollout").exists()
+    assert main(args) == 4 and f"{sft}: already exists" in capsys.readouterr().err  # why the hint says so
+
+
 @pytest.fixture
 def fake_libero(monkeypatch):
     from tests.test_libero_generate_unit import _FakeExpert, _FakeSim

@@ -128,6 +128,34 @@ def _generate_libero(args: argparse.Namespace, ui: UiOptions) -> dict:
     return {kind: r.to_dict() for kind, r in results.items()}
 
 
+def _generate_mix(args: argparse.Namespace, ui: UiOptions) -> dict:
+    """The Fetch mix: <out>/sft, then <out>/rollout. A killed pool worker's hint names --workers=1, and, when the sft
+    set was written whole before the rollout set's worker died, says to delete it first: a rerun refuses a set that
+    exists (the same command would fail on it)."""
+    from reproduction.errors import WorkerFailedError, killed_worker_hint
+    from reproduction.sim.generate import generate_mix
+
+    sft = Path(args.out) / "sft"
+    existed = sft.exists()
+    try:
+        return generate_mix(
+            args.mix,
+            Path(args.out),
+            tasks=tuple(args.tasks),
+            seed=args.seed,
+            workers=args.workers,
+            ui=ui,
+            cameras=_cameras(args.cameras),
+            image_size=args.image_size,
+            killed_hint=killed_worker_hint("--workers", resume=False),
+        )
+    except WorkerFailedError as exc:
+        if not existed and sft.is_dir():
+            first = f"delete {sft} (written whole before the worker died; a rerun refuses a set that exists)"
+            exc.hint = killed_worker_hint("--workers", resume=False, first=first)
+        raise
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: 0 when done, the error's exit code (one line) on bad input, 130 on Ctrl-C or SIGTERM
     (`timeout`'s kill ended the process without shutting down its spawn pool; audit55 E1)."""
@@ -156,20 +184,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.command == "generate" and any(is_libero_id(t) for t in args.tasks):
             doc = _generate_libero(args, ui)
         elif args.command == "generate":
-            from reproduction.errors import killed_worker_hint
-            from reproduction.sim.generate import generate_mix
-
-            results = generate_mix(
-                args.mix,
-                Path(args.out),
-                tasks=tuple(args.tasks),
-                seed=args.seed,
-                workers=args.workers,
-                ui=ui,
-                cameras=_cameras(args.cameras),
-                image_size=args.image_size,
-                killed_hint=killed_worker_hint("--workers", resume=False),
-            )
+            results = _generate_mix(args, ui)
             doc = {kind: r.to_dict() for kind, r in results.items()}
             for kind, r in results.items():
                 say(
