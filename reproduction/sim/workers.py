@@ -115,10 +115,13 @@ def _watch_every_worker(pool: Any) -> None:
     unseen until some other worker returned a result. With one unit per worker (the evaluation's groups) a `kill -9`
     of that worker was reported only when the other worker had finished its whole share: 17 s after the kill in a
     small `portable eval`, the whole evaluation in a long one (audit64 kev). One more wake-up, after every submit,
-    makes the manager take the sentinels afresh. The attribute is CPython's; without it nothing is done."""
+    makes the manager take the sentinels afresh; under the pool's shutdown lock, as submit sends its own (the manager
+    closes the wake-up pipe under it). The attributes are CPython's; without them nothing is done."""
     wakeup = getattr(pool, "_executor_manager_thread_wakeup", None)
-    if wakeup is not None:
-        wakeup.wakeup()
+    lock = getattr(pool, "_shutdown_lock", None)
+    if wakeup is not None and lock is not None:
+        with lock:
+            wakeup.wakeup()
 
 
 def _groups(payloads: list[Any], workers: int) -> list[list[Any]]:
