@@ -124,6 +124,25 @@ def _watch_every_worker(pool: Any) -> None:
             wakeup.wakeup()
 
 
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """SIGINT blocked in this thread inside: a process started here inherits the blocked mask across exec, so a
+    spawn worker never takes the SIGINT that Ctrl-C sends the whole process group. Its interpreter raised
+    KeyboardInterrupt wherever it was, and one still importing (spawn_main) or waiting for its next unit printed a
+    traceback under the driver's one-line `error: interrupted` (audit64 kev). The driver stops its workers itself
+    (run_units' finally), and a SIGINT that came while blocked is delivered here when the block ends, not lost."""
+    import signal
+
+    if not hasattr(signal, "pthread_sigmask"):  # not POSIX
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _groups(payloads: list[Any], workers: int) -> list[list[Any]]:
     """Contiguous, near-equal groups: one per worker (a Ray task each), order kept when flattened."""
     n = max(1, min(workers, len(payloads)))
@@ -171,12 +190,14 @@ def run_units(
     ctx = multiprocessing.get_context("spawn")
     # PR_SET_PDEATHSIG fires when the creating *thread* exits: the pool starts its workers from this thread (submit)
     # and they are shut down before this generator returns, so the thread outlives them.
+    # A resource tracker it starts blocks SIGINT for its own start, and unblocks it after: so not inside the block.
     pool = ProcessPoolExecutor(
         max_workers=min(workers, len(payloads)), mp_context=ctx, initializer=_init_worker, initargs=(os.getpid(),)
     )
     finished = False
     try:
-        futures = [pool.submit(fn, payload) for payload in payloads]
+        with _sigint_blocked():  # the workers start (in submit) with it blocked, and keep it so
+            futures = [pool.submit(fn, payload) for payload in payloads]
         _watch_every_worker(pool)
         for i, future in enumerate(futures):
             try:
