@@ -464,11 +464,14 @@ class WorkerFailedError(PortableError, RuntimeError):
     exit_code = 51
 
 
-def killed_worker_hint(workers_key: str | None = None, *, resume: bool = True) -> str:
+def killed_worker_hint(workers_key: str | None = None, *, resume: bool = True, first: str | None = None) -> str:
     """The hint under a worker process that was killed (exit 51): what continues the work, and, when workers keep
     dying, the caller's own key (`eval.workers`, `value.infer.workers`, `rl.rollout_workers`) for one worker.
-    `resume`: the work is a `portable run` stage (recorded failed, which `--resume` redoes)."""
+    `resume`: the work is a `portable run` stage (recorded failed, which `--resume` redoes). `first`: what to do
+    before the rerun (delete a set the command wrote, which its rerun would refuse)."""
     again = "rerun the same `portable run` with --resume to continue this stage" if resume else "rerun the same command"
+    if first:
+        again = f"{first}, then {again}"
     text = f"a worker process was killed (out of memory? kill -9?): {again}"
     if workers_key:
         more = f"{workers_key}=1 --resume" if resume else f"{workers_key}=1"

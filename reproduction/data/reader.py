@@ -30,7 +30,6 @@ more than TIMESTAMP_TOLERANCE_FRAMES off, before any frame could be read from th
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -68,6 +67,9 @@ TIMESTAMP_TOLERANCE_FRAMES = 0.4
 """How far a row's timestamp may lie from frame_index / fps, in frames, before a video frame read refuses the
 dataset: video frames are found by timestamp, and from half a frame on the neighbouring frame would be read.
 (lerobot checks 1e-4 s; a real clock's jitter of a third of a frame still finds the right frame here.)"""
+BatchDigests = tuple[list[tuple[Path, int, int]], "Future[list[str]] | list[str]"]
+"""One batch of `iter_file_batches`: its files (path, size, mtime_ns) and their key-column digests (a Future while
+the digest thread runs, the list once a Dataset is pickled)."""
 
 
 def open_dataset(root: Path | str, *, video_cache_episodes: int = 4) -> Dataset:
@@ -101,7 +103,7 @@ class Dataset:
         self._table_cache: tuple[int, tuple[str, ...], pa.Table] | None = None
         self._locator: dict[str, np.ndarray] | None = None
         self._fingerprint: str | None = None
-        self._fingerprint_pending: Callable[[], str] | None = None  # set by a finished iter_file_batches
+        self._fingerprint_pending: list[BatchDigests] | None = None  # set by a finished iter_file_batches
         self._schema_names: list[str] = read_schema_names(self.data_files[0])
         names = set(self._schema_names)
         self.key_columns: tuple[str, ...] = tuple(c for c in KEY_COLUMNS + OPTIONAL_KEY_COLUMNS if c in names)
@@ -237,8 +239,31 @@ class Dataset:
             from reproduction.data.fingerprint import dataset_fingerprint
 
             pending, self._fingerprint_pending = self._fingerprint_pending, None
-            self._fingerprint = pending() if pending is not None else dataset_fingerprint(self)
+            self._fingerprint = _finish_fingerprint(self, pending) if pending is not None else dataset_fingerprint(self)
         return self._fingerprint
+
+    # -- pickling (a torch DataLoader's spawn or forkserver workers, a process pool) ------------------------------
+
+    def __getstate__(self) -> dict:
+        """The dataset without what belongs to this process: the video reader's open files and lock (VideoReader
+        drops them itself), the last data file's cached table, and the digest thread's futures of a finished
+        `iter_file_batches`, which are resolved here (their digests travel; a digest that failed is dropped, so the
+        copy digests the files afresh and meets the error there). A Dataset that had read anything did not pickle:
+        `cannot pickle '_thread.RLock' object` (review63 V L2)."""
+        state = self.__dict__.copy()
+        state["_table_cache"] = None
+        pending = state.get("_fingerprint_pending")
+        if pending is not None:
+            try:
+                state["_fingerprint_pending"] = [
+                    (stamps, got.result() if isinstance(got, Future) else got) for stamps, got in pending
+                ]
+            except Exception:  # the copy digests afresh and meets the error where the fingerprint is read
+                state["_fingerprint_pending"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
 
     # -- per-frame key columns ------------------------------------------------------------------
 
@@ -312,7 +337,7 @@ class Dataset:
         if self._file_offsets_cache is None:
             self._file_offsets_cache = np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64))])
         if fp_cols and self._fingerprint is None:
-            self._fingerprint_pending = functools.partial(_finish_fingerprint, self, digests)
+            self._fingerprint_pending = list(digests)
 
     def iter_frame_tables(self, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
         """Yield one table per data file (in row order) with `columns` (default: the key columns);
@@ -585,14 +610,15 @@ def _decode_images(arr: pa.Array, root: Path) -> np.ndarray:
     return np.stack(images) if images else np.empty((0, 0, 0, 3), dtype=np.uint8)
 
 
-def _finish_fingerprint(ds: Dataset, digests: list[tuple[list[tuple[Path, int, int]], Future[list[str]]]]) -> str:
-    """The fingerprint from the per-file digests `iter_file_batches` computed on its way."""
+def _finish_fingerprint(ds: Dataset, digests: list[BatchDigests]) -> str:
+    """The fingerprint from the per-file digests `iter_file_batches` computed on its way (Futures, or their results
+    in a Dataset that was pickled)."""
     from reproduction.data.fingerprint import dataset_fingerprint
 
     known = {
         path: (size, mtime_ns, digest)
-        for stamps, future in digests
-        for (path, size, mtime_ns), digest in zip(stamps, future.result())
+        for stamps, got in digests
+        for (path, size, mtime_ns), digest in zip(stamps, got.result() if isinstance(got, Future) else got)
     }
     return dataset_fingerprint(ds, known)
 

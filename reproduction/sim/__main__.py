@@ -89,7 +89,7 @@ def _cameras(text: str) -> tuple[str, ...]:
 
 
 def _generate_libero(args: argparse.Namespace, ui: UiOptions) -> dict:
-    from reproduction.errors import ConfigError
+    from reproduction.errors import ConfigError, killed_worker_hint
     from reproduction.sim.libero.generate import generate_libero_data
 
     if len(args.tasks) != 1 or not is_libero_id(args.tasks[0]):
@@ -118,6 +118,7 @@ def _generate_libero(args: argparse.Namespace, ui: UiOptions) -> dict:
         cameras=bool(cameras),
         image_size=args.image_size,
         max_steps=args.max_steps,
+        killed_hint=killed_worker_hint("--workers", resume=False),
     )
     for kind, r in results.items():
         say(
@@ -125,6 +126,34 @@ def _generate_libero(args: argparse.Namespace, ui: UiOptions) -> dict:
             f"{r.seconds:.1f} s ({r.episodes_per_s:.2f} episodes/s, {r.steps_per_s:.1f} steps/s) -> {r.path}"
         )
     return {kind: r.to_dict() for kind, r in results.items()}
+
+
+def _generate_mix(args: argparse.Namespace, ui: UiOptions) -> dict:
+    """The Fetch mix: <out>/sft, then <out>/rollout. A killed pool worker's hint names --workers=1, and, when the sft
+    set was written whole before the rollout set's worker died, says to delete it first: a rerun refuses a set that
+    exists (the same command would fail on it)."""
+    from reproduction.errors import WorkerFailedError, killed_worker_hint
+    from reproduction.sim.generate import generate_mix
+
+    sft = Path(args.out) / "sft"
+    existed = sft.exists()
+    try:
+        return generate_mix(
+            args.mix,
+            Path(args.out),
+            tasks=tuple(args.tasks),
+            seed=args.seed,
+            workers=args.workers,
+            ui=ui,
+            cameras=_cameras(args.cameras),
+            image_size=args.image_size,
+            killed_hint=killed_worker_hint("--workers", resume=False),
+        )
+    except WorkerFailedError as exc:
+        if not existed and sft.is_dir():
+            first = f"delete {sft} (written whole before the worker died; a rerun refuses a set that exists)"
+            exc.hint = killed_worker_hint("--workers", resume=False, first=first)
+        raise
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -155,18 +184,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.command == "generate" and any(is_libero_id(t) for t in args.tasks):
             doc = _generate_libero(args, ui)
         elif args.command == "generate":
-            from reproduction.sim.generate import generate_mix
-
-            results = generate_mix(
-                args.mix,
-                Path(args.out),
-                tasks=tuple(args.tasks),
-                seed=args.seed,
-                workers=args.workers,
-                ui=ui,
-                cameras=_cameras(args.cameras),
-                image_size=args.image_size,
-            )
+            results = _generate_mix(args, ui)
             doc = {kind: r.to_dict() for kind, r in results.items()}
             for kind, r in results.items():
                 say(

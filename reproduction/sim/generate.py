@@ -277,12 +277,15 @@ def generate_dataset(
     ui: UiOptions | None = None,
     runner: Runner | None = None,
     overwrite: bool = False,
+    killed_hint: str | None = None,
 ) -> GenResult:
     """Generate `config`'s episodes and write them as a LeRobot v3.0 dataset at `out_dir`.
 
     `workers` > 1 runs units in a spawn pool (or through `runner`, e.g. Ray's run_tasks). The result is
     the same for any `workers`. Raises ConfigError/SimError for bad config (nothing written) and
-    InvalidInputError if `out_dir` exists (unless `overwrite`); on failure `out_dir` is untouched.
+    InvalidInputError if `out_dir` exists (unless `overwrite`); on failure `out_dir` is untouched. A pool worker
+    that dies is a WorkerFailedError (exit 51) with `killed_hint` (errors.killed_worker_hint: the caller's command
+    and the flag or key it reads the worker count from; None: a plain rerun).
     """
     from reproduction.data.writer import EpisodeData, write_dataset
     from reproduction.sim.env import FPS
@@ -302,7 +305,7 @@ def generate_dataset(
     def stream(bar: Progress) -> Any:
         nonlocal harm
         task = bar.task(f"generate {config.kind}", total=total)
-        for episodes in run_units(generate_unit, units, workers=workers, runner=runner):
+        for episodes in run_units(generate_unit, units, workers=workers, runner=runner, killed_hint=killed_hint):
             for ep in episodes:
                 outcome = ep["outcome"]
                 for table, key in ((per_task, ep["env_id"]), (per_mode, ep["mode"])):
@@ -353,9 +356,11 @@ def generate_mix(
     workers: int = 1,
     ui: UiOptions | None = None,
     runner: Runner | None = None,
+    killed_hint: str | None = None,
     **common: Any,
 ) -> dict[str, GenResult]:
-    """Write `root/sft` and `root/rollout` for a mix (a DataMix or a name in MIXES); returns both results."""
+    """Write `root/sft` and `root/rollout` for a mix (a DataMix or a name in MIXES); returns both results.
+    `killed_hint`: the hint under a killed pool worker (generate_dataset)."""
     if isinstance(mix, str):
         if mix not in MIXES:
             raise ConfigError(f"unknown data mix {mix!r}; known: {', '.join(MIXES)}", field="mix")
@@ -368,6 +373,6 @@ def generate_mix(
                 f"{root / cfg.kind}: already exists", path=root / cfg.kind, hint="choose a new folder"
             )
     return {
-        cfg.kind: generate_dataset(cfg, root / cfg.kind, workers=workers, ui=ui, runner=runner)
+        cfg.kind: generate_dataset(cfg, root / cfg.kind, workers=workers, ui=ui, runner=runner, killed_hint=killed_hint)
         for cfg in (sft, rollout)
     }

@@ -108,6 +108,41 @@ def _init_worker(parent: int | None = None) -> None:
         watch_parent(parent)
 
 
+def _watch_every_worker(pool: Any) -> None:
+    """Make a ProcessPoolExecutor's manager thread watch every worker it started, so the death of any one breaks the
+    pool at once. From Python 3.11 a spawn pool starts a worker per submit *after* waking its manager thread, which
+    may already be waiting again on the sentinels of the workers started before: the last worker's death then went
+    unseen until some other worker returned a result. With one unit per worker (the evaluation's groups) a `kill -9`
+    of that worker was reported only when the other worker had finished its whole share: 17 s after the kill in a
+    small `portable eval`, the whole evaluation in a long one (audit64 kev). One more wake-up, after every submit,
+    makes the manager take the sentinels afresh; under the pool's shutdown lock, as submit sends its own (the manager
+    closes the wake-up pipe under it). The attributes are CPython's; without them nothing is done."""
+    wakeup = getattr(pool, "_executor_manager_thread_wakeup", None)
+    lock = getattr(pool, "_shutdown_lock", None)
+    if wakeup is not None and lock is not None:
+        with lock:
+            wakeup.wakeup()
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """SIGINT blocked in this thread inside: a process started here inherits the blocked mask across exec, so a
+    spawn worker never takes the SIGINT that Ctrl-C sends the whole process group. Its interpreter raised
+    KeyboardInterrupt wherever it was, and one still importing (spawn_main) or waiting for its next unit printed a
+    traceback under the driver's one-line `error: interrupted` (audit64 kev). The driver stops its workers itself
+    (run_units' finally), and a SIGINT that came while blocked is delivered here when the block ends, not lost."""
+    import signal
+
+    if not hasattr(signal, "pthread_sigmask"):  # not POSIX
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _groups(payloads: list[Any], workers: int) -> list[list[Any]]:
     """Contiguous, near-equal groups: one per worker (a Ray task each), order kept when flattened."""
     n = max(1, min(workers, len(payloads)))
@@ -155,12 +190,15 @@ def run_units(
     ctx = multiprocessing.get_context("spawn")
     # PR_SET_PDEATHSIG fires when the creating *thread* exits: the pool starts its workers from this thread (submit)
     # and they are shut down before this generator returns, so the thread outlives them.
+    # A resource tracker it starts blocks SIGINT for its own start, and unblocks it after: so not inside the block.
     pool = ProcessPoolExecutor(
         max_workers=min(workers, len(payloads)), mp_context=ctx, initializer=_init_worker, initargs=(os.getpid(),)
     )
     finished = False
     try:
-        futures = [pool.submit(fn, payload) for payload in payloads]
+        with _sigint_blocked():  # the workers start (in submit) with it blocked, and keep it so
+            futures = [pool.submit(fn, payload) for payload in payloads]
+        _watch_every_worker(pool)
         for i, future in enumerate(futures):
             try:
                 yield future.result()

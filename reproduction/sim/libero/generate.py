@@ -54,7 +54,14 @@ from typing import Any
 
 import numpy as np
 
-from reproduction.errors import ConfigError, InvalidInputError, PortableError, SimError, render_error
+from reproduction.errors import (
+    ConfigError,
+    InvalidInputError,
+    PortableError,
+    SimError,
+    killed_worker_hint,
+    render_error,
+)
 from reproduction.sim.libero.env import FPS, SETTLE_STEPS, STATE_NAMES
 from reproduction.sim.libero.tasks import INIT_STATES_PER_TASK, SUITES, parse_task_id
 from reproduction.sim.workers import Runner, run_units, sigterm_as_interrupt
@@ -411,6 +418,7 @@ def generate_libero_dataset(
     cache_dir: Path | None = None,
     overwrite: bool = False,
     keep_env: bool = False,
+    killed_hint: str | None = None,
 ) -> LiberoGenResult:
     """Generate `config`'s episodes and write them as a LeRobot v2.1 dataset at `out_dir`.
 
@@ -419,7 +427,9 @@ def generate_libero_dataset(
     worker the env is built in this process and closed at the end unless `keep_env` (the next set of the
     same task and settings then reuses it; `close_envs()` frees it). Raises
     ConfigError/SimError for a bad config (nothing written), InvalidInputError if `out_dir` exists (unless
-    `overwrite`), SimError if an sft set ends with no successful episode; on failure `out_dir` is untouched.
+    `overwrite`), SimError if an sft set ends with no successful episode; on failure `out_dir` is untouched. A pool
+    worker that dies is a WorkerFailedError (exit 51) with `killed_hint` (errors.killed_worker_hint: the caller's
+    command and its flag for the worker count; None: a plain rerun).
     """
     from reproduction.data.writer import EpisodeData, write_dataset
 
@@ -465,7 +475,7 @@ def generate_libero_dataset(
                     if not keep_env:
                         close_envs()
             else:  # pool workers (or the runner's): one env per worker process, units back in order
-                for eps in run_units(generate_unit, units, workers=workers, runner=runner):
+                for eps in run_units(generate_unit, units, workers=workers, runner=runner, killed_hint=killed_hint):
                     for ep in eps:
                         seen(ep)
                         yield ep
@@ -532,11 +542,13 @@ def generate_libero_data(
     ui: UiOptions | None = None,
     runner: Runner | None = None,
     cache_dir: Path | None = None,
+    killed_hint: str | None = None,
     **common: Any,
 ) -> dict[str, LiberoGenResult]:
     """Write root/sft, root/rollouts_train and root/rollouts_eval (a count of 0 skips that set); every config
     is checked and no folder may exist before anything runs. With one worker the three sets share one env.
-    `common` sets cameras, image_size, max_steps, modes..."""
+    `common` sets cameras, image_size, max_steps, modes...; `killed_hint`: the hint under a killed pool worker
+    (generate_libero_dataset)."""
     from reproduction.sim.libero._runtime import check_render_backend
 
     root = Path(root)
@@ -568,7 +580,14 @@ def generate_libero_data(
     try:
         return {
             cfg.kind: generate_libero_dataset(
-                cfg, root / FOLDERS[cfg.kind], workers=workers, ui=ui, runner=runner, cache_dir=cache_dir, keep_env=True
+                cfg,
+                root / FOLDERS[cfg.kind],
+                workers=workers,
+                ui=ui,
+                runner=runner,
+                cache_dir=cache_dir,
+                keep_env=True,
+                killed_hint=killed_hint,
             )
             for cfg in configs
         }
@@ -692,6 +711,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 image_storage="video" if args.video else "png",
                 max_steps=args.max_steps,
                 stop_on_success=not args.run_to_limit,
+                killed_hint=killed_worker_hint("--workers", resume=False),
             )
         except PortableError as exc:
             return render_error(exc)

@@ -1,0 +1,112 @@
+"""audit64 kev: a `kill -9` of one worker of a spawn pool (run_units: the eval stage's and `portable eval`'s
+evaluation, the data generators) was reported only once another worker returned a result. From Python 3.11 the pool
+starts a worker per submit after waking its manager thread, which may already wait again on the workers started
+before, without the new one's sentinel; with one unit per worker (the evaluation's groups) the death went unseen
+until the other worker had finished its whole share (17 s in a small `portable eval --checkpoint` on a loaded
+machine, the whole evaluation in a long one), and the error then named the wrong unit. run_units now wakes the
+manager after its last submit. A slow worker start (as on a loaded machine) makes the race certain here."""
+
+from __future__ import annotations
+
+import multiprocessing.context
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from reproduction.errors import WorkerFailedError
+from reproduction.sim.workers import run_units
+
+SLOW = "__import__('time').sleep(20)"
+DIE = "__import__('os').kill(__import__('os').getpid(), 9)"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_a_killed_worker_is_reported_at_once_when_the_other_works_on(monkeypatch):
+    start = multiprocessing.context.SpawnProcess.start
+
+    def slow_start(self):  # the pool registers the worker this much later, as under load
+        start(self)
+        time.sleep(0.5)
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", slow_start)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerFailedError) as caught:
+        list(run_units(eval, [SLOW, DIE], workers=2, killed_hint="continue"))
+    took = time.monotonic() - t0
+    err = caught.value
+    assert err.exit_code == 51 and str(err).startswith("simulator worker died while running unit 0"), str(err)
+    assert err.hint == "continue"
+    assert took < 10, f"the death was seen after {took:.1f} s (the other worker's unit takes 20 s)"
+
+
+MASKS = """
+import signal
+from reproduction.sim.workers import run_units
+SIGBLK = "[l for l in open('/proc/self/status') if l.startswith('SigBlk:')][0].split()[1]"
+mask = lambda: signal.pthread_sigmask(signal.SIG_BLOCK, set())
+before = mask()
+print(*run_units(eval, [SIGBLK] * 3, workers=2), signal.SIGINT in before, before == mask())
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads /proc")
+def test_pool_workers_start_with_sigint_blocked_and_the_driver_gets_it_back():
+    """Ctrl-C reaches the whole process group: a worker still starting (or waiting for its next unit) raised
+    KeyboardInterrupt and printed a traceback under the driver's one-line `error: interrupted`. The workers now start
+    with SIGINT blocked (the driver stops them); the driver's own mask is as before once the pool is up. In a fresh
+    interpreter, where the pool also starts multiprocessing's resource tracker (which unblocks SIGINT after its own
+    start)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", MASKS], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    *masks, blocked_before, same_after = out.stdout.split()
+    assert len(masks) == 3 and all(int(m, 16) & (1 << (signal.SIGINT - 1)) for m in masks), masks
+    assert (blocked_before, same_after) == ("False", "True")
+
+
+DRIVER = """
+import sys, time
+from reproduction.sim.workers import run_units
+try:
+    list(run_units(eval, ["__import__('time').sleep(30)"] * 4, workers=2))
+except KeyboardInterrupt:
+    print("error: interrupted", file=sys.stderr)
+    sys.exit(130)
+"""
+
+
+def _spawned(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the workers in /proc")
+def test_ctrl_c_to_the_group_while_the_workers_start_is_one_line():
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER], env=env, cwd=REPO, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(_spawned(proc.pid)) < 3 and time.monotonic() < deadline:  # the tracker and two workers
+            time.sleep(0.01)
+        time.sleep(0.05)  # the workers' interpreters are starting (spawn_main imports)
+        os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C: to every process of the group, the starting workers too
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 130, err
+    assert err.strip() == "error: interrupted", err
