@@ -136,6 +136,12 @@ def _sigint_blocked() -> Iterator[None]:
     if not hasattr(signal, "pthread_sigmask"):  # not POSIX
         yield
         return
+    # The first spawn starts multiprocessing's resource tracker, which blocks SIGINT for its own start and then
+    # *unblocks* it (not restores it): inside the block, every process started after it took SIGINT again. So the
+    # tracker is started first, out of the block (a rollout's EnvWorkers start no pool that would have started it).
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
@@ -190,7 +196,6 @@ def run_units(
     ctx = multiprocessing.get_context("spawn")
     # PR_SET_PDEATHSIG fires when the creating *thread* exits: the pool starts its workers from this thread (submit)
     # and they are shut down before this generator returns, so the thread outlives them.
-    # A resource tracker it starts blocks SIGINT for its own start, and unblocks it after: so not inside the block.
     pool = ProcessPoolExecutor(
         max_workers=min(workers, len(payloads)), mp_context=ctx, initializer=_init_worker, initargs=(os.getpid(),)
     )
