@@ -39,7 +39,7 @@ def test_a_killed_worker_is_reported_at_once_when_the_other_works_on(monkeypatch
         list(run_units(eval, [SLOW, DIE], workers=2, killed_hint="continue"))
     took = time.monotonic() - t0
     err = caught.value
-    assert err.exit_code == 51 and str(err).startswith("simulator worker died while running unit 0"), str(err)
+    assert err.exit_code == 51 and str(err).startswith("simulator worker died while running unit 1 "), str(err)
     assert err.hint == "continue"
     assert took < 10, f"the death was seen after {took:.1f} s (the other worker's unit takes 20 s)"
 
@@ -110,3 +110,40 @@ def test_ctrl_c_to_the_group_while_the_workers_start_is_one_line():
             proc.wait(10)
     assert proc.returncode == 130, err
     assert err.strip() == "error: interrupted", err
+
+
+def test_a_worker_killed_while_the_units_are_handed_out_is_the_one_line_error(monkeypatch, tmp_path):
+    """audit64 k2: a pool that broke during run_units' submits (its first worker killed before the second submit)
+    raised the pool's raw BrokenProcessPool, a traceback; it is the same WorkerFailedError (exit 51, the caller's
+    hint) as a death seen while waiting for a result, naming the unit the dead worker held."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    began = tmp_path / "began"
+    unit = f"open({str(began)!r}, 'w').close() or __import__('time').sleep(20)"
+    submit = ProcessPoolExecutor.submit
+
+    def kill_first_worker_then_submit(self, *args, **kwargs):
+        if self._processes:  # the second submit: the first worker is running unit 0
+            deadline = time.monotonic() + 60
+            while not began.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            os.kill(next(iter(self._processes)), signal.SIGKILL)
+            while not self._broken and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", kill_first_worker_then_submit)
+    with pytest.raises(WorkerFailedError) as caught:
+        list(run_units(eval, [unit] * 3, workers=2, killed_hint="continue"))
+    err = caught.value
+    assert err.exit_code == 51 and err.hint == "continue"
+    assert str(err).startswith("simulator worker died while running unit 0 "), str(err)
+
+
+def test_the_error_names_the_unit_the_dead_worker_held_not_the_first_unfinished():
+    """audit64 k2: the error named the first unit whose result was missing ("unit 0" while unit 0's worker worked on
+    and unit 1's was killed); it names the unit the dead worker held: it writes its pid at a unit's start."""
+    with pytest.raises(WorkerFailedError) as caught:
+        list(run_units(eval, ["__import__('time').sleep(3)", "0", DIE, "1"], workers=2, killed_hint="continue"))
+    err = caught.value
+    assert err.exit_code == 51 and str(err).startswith("simulator worker died while running unit 2 "), str(err)

@@ -101,11 +101,24 @@ def sigterm_as_interrupt() -> Iterator[None]:
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
-def _init_worker(parent: int | None = None) -> None:
+def _init_worker(parent: int | None = None, started: Any = None) -> None:
+    global _STARTED
     for key, value in WORKER_ENV.items():
         os.environ[key] = value
+    _STARTED = started
     if parent is not None:
         watch_parent(parent)
+
+
+_STARTED: Any = None
+"""In a pool worker of run_units: the shared array in which the worker that starts unit i writes its pid at i."""
+
+
+def _run_unit(fn: Callable[[Any], Any], i: int, payload: Any) -> Any:
+    """A pool worker's body for unit i: notes which process holds it (so a worker's death names its unit), runs it."""
+    if _STARTED is not None:
+        _STARTED[i] = os.getpid()
+    return fn(payload)
 
 
 def _watch_every_worker(pool: Any) -> None:
@@ -124,6 +137,24 @@ def _watch_every_worker(pool: Any) -> None:
             wakeup.wakeup()
 
 
+def _units_of_the_dead(pool: Any, futures: list[Any], started: Any) -> list[int]:
+    """The units a broken pool's dead worker held: started by a process that exited on its own (not by the SIGTERM
+    the pool's manager sends the others once it sees the death) and not finished. After the manager thread ends (it
+    joins every worker), so the exit codes are final. [] when unknown (CPython's attributes missing, a slow manager)."""
+    import signal
+
+    manager = getattr(pool, "_executor_manager_thread", None)
+    if manager is not None:
+        manager.join(timeout=10)
+    processes = dict(getattr(pool, "_processes", None) or {})
+    dead = {pid for pid, proc in processes.items() if proc.exitcode not in (None, -signal.SIGTERM)}
+    return [
+        i
+        for i, future in enumerate(futures)
+        if started[i] in dead and (not future.done() or future.cancelled() or future.exception() is not None)
+    ]
+
+
 @contextlib.contextmanager
 def _sigint_blocked() -> Iterator[None]:
     """SIGINT blocked in this thread inside: a process started here inherits the blocked mask across exec, so a
@@ -136,6 +167,12 @@ def _sigint_blocked() -> Iterator[None]:
     if not hasattr(signal, "pthread_sigmask"):  # not POSIX
         yield
         return
+    # The first spawn starts multiprocessing's resource tracker, which blocks SIGINT for its own start and then
+    # *unblocks* it (not restores it): inside the block, every process started after it took SIGINT again. So the
+    # tracker is started first, out of the block (a rollout's EnvWorkers start no pool that would have started it).
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
@@ -188,26 +225,47 @@ def run_units(
     from reproduction.errors import WorkerFailedError, killed_worker_hint
 
     ctx = multiprocessing.get_context("spawn")
+    started = ctx.Array("q", len(payloads), lock=False)  # unit i -> the pid of the worker that started it (0: none)
     # PR_SET_PDEATHSIG fires when the creating *thread* exits: the pool starts its workers from this thread (submit)
     # and they are shut down before this generator returns, so the thread outlives them.
-    # A resource tracker it starts blocks SIGINT for its own start, and unblocks it after: so not inside the block.
     pool = ProcessPoolExecutor(
-        max_workers=min(workers, len(payloads)), mp_context=ctx, initializer=_init_worker, initargs=(os.getpid(),)
+        max_workers=min(workers, len(payloads)),
+        mp_context=ctx,
+        initializer=_init_worker,
+        initargs=(os.getpid(), started),
     )
+    futures: list[Any] = []
     finished = False
+
+    def died(exc: BaseException, unfinished: int) -> WorkerFailedError:
+        held = _units_of_the_dead(pool, futures, started)
+        # The unit the dead worker held when that is known (it wrote its pid at the unit's start); else the first
+        # unit whose result is missing (every unfinished unit fails with the pool, whichever worker held it).
+        if len(held) == 1:
+            what = f"simulator worker died while running unit {held[0]}"
+        elif held:  # several killed at once (a group kill -9, the OOM killer)
+            what = f"simulator workers died while running units {', '.join(map(str, held))}"
+        else:
+            what = f"simulator worker died before unit {unfinished} finished"
+        return WorkerFailedError(
+            f"{what} ({exc})",
+            rank=held[0] if len(held) == 1 else unfinished,
+            hint=killed_hint or killed_worker_hint(resume=False),
+        )
+
     try:
         with _sigint_blocked():  # the workers start (in submit) with it blocked, and keep it so
-            futures = [pool.submit(fn, payload) for payload in payloads]
+            for i, payload in enumerate(payloads):
+                try:
+                    futures.append(pool.submit(_run_unit, fn, i, payload))
+                except BrokenProcessPool as exc:  # a worker died while the units were being handed out
+                    raise died(exc, len(futures)) from None
         _watch_every_worker(pool)
         for i, future in enumerate(futures):
             try:
                 yield future.result()
             except BrokenProcessPool as exc:
-                raise WorkerFailedError(
-                    f"simulator worker died while running unit {i} ({exc})",
-                    rank=i,
-                    hint=killed_hint or killed_worker_hint(resume=False),
-                ) from None
+                raise died(exc, i) from None
         finished = True
     finally:
         if not finished:

@@ -221,19 +221,31 @@ class EnvWorkers:
     def __init__(self, task: str, n: int, workers: int, *, cameras: tuple[str, ...] = (), image_size: int = 64) -> None:
         import multiprocessing
 
+        from reproduction.sim.workers import _sigint_blocked
+
         ctx = multiprocessing.get_context("spawn")
         k = max(1, min(workers, n))
         self.bounds = [round(i * n / k) for i in range(k + 1)]
         self.conns, self.procs = [], []
-        for a, b in zip(self.bounds, self.bounds[1:]):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(child, task, b - a, tuple(cameras), image_size), daemon=True)
-            proc.start()
-            child.close()
-            self.conns.append(parent)
-            self.procs.append(proc)
         self.n = n
-        self._finalizer = weakref.finalize(self, _shutdown, self.conns, self.procs)
+        self._asking = [True]
+        """True while the workers start and from a command's sends to its last answer: a close then finds them busy
+        (an interrupt, an error) and terminates them."""
+        # Registered first: whatever stops the starts (an interrupt), the workers started so far are ended.
+        self._finalizer = weakref.finalize(self, _shutdown, self.conns, self.procs, self._asking)
+        # The workers start with SIGINT blocked and keep it so (as run_units' pool workers): Ctrl-C reaches the whole
+        # process group, and a worker still importing or waiting for its next command printed a KeyboardInterrupt
+        # traceback (or 'Fatal Python error: init_import_site') under the driver's one-line `error: interrupted`
+        # (audit64 k2). The driver ends them itself (_shutdown); a SIGINT that came during the starts is raised here.
+        with _sigint_blocked():
+            for a, b in zip(self.bounds, self.bounds[1:]):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_serve, args=(child, task, b - a, tuple(cameras), image_size), daemon=True)
+                proc.start()
+                self.procs.append(proc)
+                self.conns.append(parent)
+                child.close()
+        self._asking[0] = False
 
     def __len__(self) -> int:
         return self.n
@@ -242,6 +254,7 @@ class EnvWorkers:
         """Each worker's answer to `cmd`; a worker found dead, whether by the send (the usual case: it died while
         the trainer was busy) or by the receive, is the one-line WorkerFailedError (exit 51)."""
         rank = 0
+        self._asking[0] = True
         try:
             for rank, (conn, arg) in enumerate(zip(self.conns, args)):
                 conn.send((cmd, arg))
@@ -250,6 +263,7 @@ class EnvWorkers:
                 out.append(conn.recv())
         except (EOFError, OSError):  # BrokenPipeError, ConnectionResetError: the worker's end of the pipe is gone
             raise self._died(rank, cmd) from None
+        self._asking[0] = False
         return out
 
     @staticmethod
@@ -291,7 +305,14 @@ class EnvWorkers:
         self.conns, self.procs = [], []
 
 
-def _shutdown(conns: list[Any], procs: list[Any]) -> None:
+def _shutdown(conns: list[Any], procs: list[Any], asking: list[bool] | None = None) -> None:
+    """End the workers: each is told to close (its sims closed) and given 10 s. Workers stopped in the middle of a
+    command (`asking`: an interrupt or an error came while the driver waited for their answers) are terminated at
+    once instead: their answers are not wanted, and one may block for ever sending an answer no one reads (their
+    SIGINT is blocked, so Ctrl-C does not end them)."""
+    if asking and asking[0]:
+        for proc in procs:
+            proc.terminate()
     for conn in conns:
         try:
             conn.send(("close", None))
