@@ -962,9 +962,38 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stdout.flush()
         except PortableError as exc:  # the command's data did not all reach stdout
             code = code or render_error(exc)
-        return code
     finally:
         sys.stdout, sys.stderr = out, err
+    if argv is None and _RAY_DRIVER_ENDED:
+        _exit_before_native_teardown(code)
+    return code
+
+
+_RAY_DRIVER_ENDED = False
+"""Set by `_interrupted` run as the program when it shut down a Ray driver this process had (or was starting)."""
+
+
+def _exit_before_native_teardown(code: int) -> NoReturn:
+    """End the program with `code` after what Python's own exit does (join the non-daemon threads, run the atexit
+    hooks: Ray's, multiprocessing's, logging's, the CLI's; flush stdout and stderr) but before the C++ exit handlers
+    run. Ray's core worker registers one (CoreWorkerProcess::HandleAtExit) that tears a core worker down which an
+    interrupt inside `ray.init` left unreachable from Python (ray_connect.shutdown_for_exit); its raylet and GCS died
+    of the same Ctrl-C, and its IO thread then crashed in the teardown: the process died of SIGSEGV (-11) about 5 s
+    after `error: interrupted`, in 5 of 5 group SIGINTs as the value inference's Ray workers started (audit64 segv)."""
+    import atexit
+    import threading
+
+    shutdown = getattr(threading, "_shutdown", None)  # what the interpreter's exit does first
+    if shutdown is not None:
+        shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 class _Stream:
@@ -1144,8 +1173,9 @@ def _interrupted(args: argparse.Namespace, *, as_program: bool) -> int:
         print("hint: run the same command again: --print-config writes nothing", file=sys.stderr)
     elif args.command in INTERRUPT_HINTS:
         print(f"hint: {INTERRUPT_HINTS[args.command]}", file=sys.stderr)
-    if as_program:
-        shutdown_for_exit()
+    if as_program and shutdown_for_exit():
+        global _RAY_DRIVER_ENDED
+        _RAY_DRIVER_ENDED = True  # main ends the process before Ray's C++ teardown (audit64 segv)
     return 130
 
 

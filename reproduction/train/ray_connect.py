@@ -430,15 +430,24 @@ def _shutdown() -> None:
     ray.shutdown()
 
 
-def shutdown_for_exit() -> None:
+def shutdown_for_exit() -> bool:
     """Shut this process's Ray driver down now, if Ray was imported (a start that an interrupt cut short leaves Ray's
     processes up with `ray.is_initialized()` False): what Ray's atexit hook would do at the interpreter's exit, where
     a KeyboardInterrupt left its C++ teardown half done (audit51 K3). Bounded by Ray's own waits (about 1 s per Ray
-    process it started: terminate, then kill); a joined cluster is only left. Never raises an Exception."""
+    process it started: terminate, then kill); a joined cluster is only left. Never raises an Exception.
+
+    Returns whether this process had a Ray driver, or was starting one (`ray.init` sets the worker's mode before it
+    creates the core worker), whose native core worker may outlive this: an interrupt inside `ray.init` can come after
+    the core worker started and before Python holds it, so `ray.shutdown` cannot stop it, and its C++ teardown at the
+    process's exit (a libc atexit handler, after Python's own) then crashes on its dead raylet: SIGSEGV, not exit 130
+    (audit64 segv). True when Ray was imported but its state cannot be read (another Ray version)."""
     ray = sys.modules.get("ray")
     if ray is None:
-        return
+        return False
+    worker = getattr(getattr(getattr(ray, "_private", None), "worker", None), "global_worker", None)
+    driver = worker is None or getattr(worker, "mode", None) is not None
     try:
         ray.shutdown()
     except Exception:
         pass
+    return driver
