@@ -138,3 +138,66 @@ def test_rollout_workers_start_with_sigint_blocked_in_a_fresh_interpreter():
     masks, driver = out.stdout.splitlines()
     assert [bool(int(m, 16) & (1 << (signal.SIGINT - 1))) for m in masks.split()] == [True, True], masks
     assert driver == "False"
+
+
+STARTS = """
+import multiprocessing.util, sys, threading, time
+from reproduction.recipes.grpo.envs import EnvWorkers
+
+threading.Thread(target=time.sleep, args=(300,), daemon=True).start()  # as rich's refresh thread: SIGINT unblocked
+spawnv = multiprocessing.util.spawnv_passfds
+
+
+def slow(*args):  # a worker forked, its preparation data not yet written (as under load)
+    pid = spawnv(*args)
+    time.sleep(0.5)
+    return pid
+
+
+multiprocessing.util.spawnv_passfds = slow
+try:
+    EnvWorkers("FetchPush-v4", 2, 2)
+    time.sleep(60)
+except KeyboardInterrupt:
+    print("error: interrupted", file=sys.stderr)
+    sys.exit(130)
+"""
+
+
+def _session(sid: int) -> list[str]:
+    left = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and os.getsid(int(d.name)) == sid:
+                left.append((d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:100])
+        except OSError:
+            continue
+    return left
+
+
+def test_ctrl_c_another_thread_takes_while_the_rollout_workers_start_is_one_line():
+    """review64 K M1: the rollout workers' SIGINT block held only in the starting thread; rich's refresh thread took
+    the group's Ctrl-C and Python raised it in the main thread between a worker's fork and the write of its
+    preparation data: that worker (SIGINT blocked) lived on and printed an EOFError traceback. The interrupt now
+    waits for the starts, and the driver ends the workers."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STARTS], env=env, cwd=REPO, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(_session(proc.pid)) < 3 and time.monotonic() < deadline:  # the driver, the tracker, a worker
+            time.sleep(0.01)
+        time.sleep(0.1)  # inside the slowed start
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 130, err
+    assert err.strip() == "error: interrupted", err
+    deadline = time.monotonic() + 15
+    while _session(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _session(proc.pid) == []

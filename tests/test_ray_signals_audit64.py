@@ -21,7 +21,7 @@ ray = pytest.importorskip("ray")
 
 from test_ray_signals_audit60 import _session  # noqa: E402
 
-from reproduction.train import launcher  # noqa: E402
+from reproduction.train import launcher, ray_connect  # noqa: E402
 from reproduction.train.device import resolve  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
@@ -150,3 +150,93 @@ def test_a_group_sigterm_while_the_local_gcs_accepts_but_never_answers_is_exit_1
         if driver.poll() is None:
             driver.kill()
             driver.wait()
+
+
+SLOW_SHUTDOWN = """
+import sys, time
+sys.path[:0] = {paths!r}
+import ray
+real = ray.shutdown
+
+
+def slow_shutdown(*args, **kwargs):  # a loaded machine with many actors: a healthy shutdown that takes 15 s
+    print("SHUTDOWN-START", file=sys.stderr, flush=True)
+    time.sleep(15)
+    real(*args, **kwargs)
+
+
+ray.shutdown = slow_shutdown
+import test_ray_signals_audit60 as t
+t._driver({run!r})
+"""
+
+
+@pytest.mark.slow
+def test_an_interrupt_whose_ray_shutdown_outlasts_the_bound_leaves_no_ray_process(tmp_path):
+    """review64 K L1: after an interrupt, a local Ray's shutdown still running at INTERRUPTED_CLEANUP_S was cut off by
+    the watchdog's os._exit(130) before ray.shutdown ran, and the raylet's dashboard and runtime-env agents outlived
+    the run by about 90 s. The watchdog now kills the processes of the local Ray this process started before it
+    exits."""
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{TESTS}", "OMP_NUM_THREADS": "1"}
+    code = SLOW_SHUTDOWN.format(paths=[str(REPO), str(TESTS)], run=str(run))
+    driver = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        line = driver.stdout.readline()
+        assert line.strip() == "POLLING", driver.stderr.read()
+        time.sleep(1)
+        os.kill(driver.pid, signal.SIGINT)  # Ctrl-C to the driver alone: its local Ray is healthy, only slow to stop
+        t0 = time.monotonic()
+        try:
+            _, err = driver.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"no exit within 60 s: {_session(driver.pid)}")
+        took = time.monotonic() - t0
+        assert driver.returncode == 130, f"exit {driver.returncode} after {took:.1f} s: {err[-1500:]}"
+        assert took < launcher.INTERRUPTED_CLEANUP_S + 5, took
+        assert "SHUTDOWN-START" in err and "error: interrupted" in err, err[-1500:]
+        rec = json.loads((run / "run.json").read_text())["stages"]["ray"]
+        assert rec["status"] == "interrupted" and rec["error"].startswith("KeyboardInterrupt"), rec
+        deadline = time.monotonic() + 5
+        while _session(driver.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _session(driver.pid) == []  # the agents were still there 40 s later
+    finally:
+        _kill_session(driver.pid)
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+
+
+def test_kill_local_leaves_a_joined_cluster_alone(monkeypatch):
+    """Only a head this process started: a driver that joined a cluster has a connect-only node (head False)."""
+    killed: list[int] = []
+
+    class Process:
+        pid = 4242
+
+        def poll(self) -> None:
+            return None
+
+    class Info:
+        process = Process()
+
+    class Node:
+        head = False
+        all_processes = {"raylet": [Info()]}
+
+    monkeypatch.setattr(ray._private.worker, "_global_node", Node())
+    monkeypatch.setattr(os, "kill", lambda pid, sig: killed.append(pid))
+    ray_connect.kill_local()
+    assert killed == []
+    Node.head = True
+    monkeypatch.setattr(ray_connect, "_descendants", lambda roots: {4243})
+    ray_connect.kill_local()
+    assert sorted(killed) == [4242, 4243]

@@ -147,3 +147,128 @@ def test_the_error_names_the_unit_the_dead_worker_held_not_the_first_unfinished(
         list(run_units(eval, ["__import__('time').sleep(3)", "0", DIE, "1"], workers=2, killed_hint="continue"))
     err = caught.value
     assert err.exit_code == 51 and str(err).startswith("simulator worker died while running unit 2 "), str(err)
+
+
+RACE = """
+import multiprocessing.context, multiprocessing.util, sys, threading, time
+from reproduction.sim.workers import run_units, sigterm_as_interrupt
+
+threading.Thread(target=time.sleep, args=(300,), daemon=True).start()  # as rich's refresh thread: SIGINT unblocked
+if sys.argv[1] == "registered":  # a worker started, not yet in the pool's _processes (as under load)
+    start = multiprocessing.context.SpawnProcess.start
+
+    def slow(self):
+        start(self)
+        time.sleep(0.5)
+
+    multiprocessing.context.SpawnProcess.start = slow
+else:  # a worker forked, its preparation data not yet written
+    spawnv = multiprocessing.util.spawnv_passfds
+
+    def slow(*args):
+        pid = spawnv(*args)
+        time.sleep(0.5)
+        return pid
+
+    multiprocessing.util.spawnv_passfds = slow
+try:
+    with sigterm_as_interrupt():
+        list(run_units(eval, ["__import__('time').sleep(60)"] * 2, workers=2))
+except KeyboardInterrupt:
+    print("error: interrupted", file=sys.stderr)
+    sys.exit(130)
+"""
+
+
+def _session(sid: int) -> list[str]:
+    left = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and os.getsid(int(d.name)) == sid:
+                left.append((d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:100])
+        except OSError:
+            continue
+    return left
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the workers in /proc")
+@pytest.mark.parametrize(
+    ("where", "how"),
+    [("launching", "group-SIGINT"), ("registered", "group-SIGINT"), ("registered", "driver-SIGTERM")],
+)
+def test_an_interrupt_another_thread_takes_while_the_workers_start_is_one_line_and_leaves_nothing(where, how):
+    """review64 K M1, M2: SIGINT was blocked only in the thread that starts the workers. In a terminal rich's refresh
+    thread takes the group's Ctrl-C, and Python ran the handler in the main thread in the middle of a start: a worker
+    forked but not yet sent its preparation data lived on (SIGINT blocked) and printed an EOFError traceback; one
+    started but not yet registered by the pool was never stopped and the driver hung for ever at exit, joining it
+    (a SIGTERM to the driver alone, raised as KeyboardInterrupt, too). The interrupt now waits for the starts."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RACE, where],
+        env=env,
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    hung = False
+    try:
+        deadline = time.monotonic() + 60
+        while len(_spawned(proc.pid)) < 2 and time.monotonic() < deadline:  # the tracker and the first worker
+            time.sleep(0.01)
+        time.sleep(0.1)  # inside the slowed start
+        if how == "group-SIGINT":
+            os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C: every process of the group
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            hung = True
+            os.killpg(proc.pid, signal.SIGKILL)
+            _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert not hung, f"the driver did not exit within 30 s of the interrupt: {err}"
+    assert proc.returncode == 130, err
+    assert err.strip() == "error: interrupted", err
+    deadline = time.monotonic() + 10
+    while _session(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _session(proc.pid) == []
+
+
+BLOCK = """
+import os, signal, threading, time
+from reproduction.run.guards import interrupts_noted
+from reproduction.sim.workers import _sigint_blocked
+
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # takes the SIGINT the main thread blocks
+arrived = []
+reached = "nothing"
+with interrupts_noted(arrived):
+    try:
+        with _sigint_blocked():
+            os.kill(os.getpid(), signal.SIG{sig})
+            for _ in range(50):
+                time.sleep(0.01)  # Python runs a pending handler between these
+            reached = "the block's end"
+    except KeyboardInterrupt as exc:
+        handlers = [signal.getsignal(s).__name__ for s in (signal.SIGINT, signal.SIGTERM)]
+        blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+        print(reached, repr(exc), len(arrived), *handlers, blocked)
+"""
+
+
+@pytest.mark.parametrize("sig", ["INT", "TERM"])
+def test_an_interrupt_inside_the_block_is_raised_at_its_end_through_the_previous_handler(sig):
+    """The interrupt is neither raised mid-block nor lost: the handlers before the block (portable's guard, which
+    notes each interrupt) get it at the block's end, and are back in place with the mask."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    script = BLOCK.replace("{sig}", sig)
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    raised = "KeyboardInterrupt('SIGTERM')" if sig == "TERM" else "KeyboardInterrupt()"
+    assert out.stdout.split("\n")[0] == f"the block's end {raised} 1 sigint sigterm False", out.stdout

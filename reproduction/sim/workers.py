@@ -161,8 +161,19 @@ def _sigint_blocked() -> Iterator[None]:
     spawn worker never takes the SIGINT that Ctrl-C sends the whole process group. Its interpreter raised
     KeyboardInterrupt wherever it was, and one still importing (spawn_main) or waiting for its next unit printed a
     traceback under the driver's one-line `error: interrupted` (audit64 kev). The driver stops its workers itself
-    (run_units' finally), and a SIGINT that came while blocked is delivered here when the block ends, not lost."""
+    (run_units' finally), and a SIGINT that came while blocked is delivered here when the block ends, not lost.
+
+    The mask is this thread's only: another thread that does not block SIGINT (rich's progress refresh thread, in a
+    terminal) takes the signal, and Python then ran its handler in the main thread in the middle of a start. A
+    worker forked but not yet sent its preparation data lived on (SIGINT blocked) and printed an EOFError traceback;
+    one started but not yet registered by the pool was never stopped, and the driver hung for ever at exit joining
+    it (review64 K M1, M2). So in the main thread the Python handlers of SIGINT and SIGTERM (a SIGTERM raises
+    KeyboardInterrupt under `portable`: run/guards.interrupts_noted, sigterm_as_interrupt) only note the signal
+    inside; at the end the previous handlers (and mask) are put back and called with what was noted, as Python
+    would have, once every start is done and its process known to the caller. Off the main thread (no Python
+    handler runs there) only the mask is set."""
     import signal
+    import threading
 
     if not hasattr(signal, "pthread_sigmask"):  # not POSIX
         yield
@@ -173,11 +184,46 @@ def _sigint_blocked() -> Iterator[None]:
     from multiprocessing import resource_tracker
 
     resource_tracker.ensure_running()
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    noted: list[tuple[int, Any]] = []
+    handlers: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+
+        def note(signum: int, frame: Any) -> None:
+            noted.append((signum, frame))
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(signum)
+            if callable(handler):  # SIG_DFL and SIG_IGN (a background job's SIGINT) act in C: left as they are
+                handlers[signum] = handler
+                signal.signal(signum, note)
     try:
-        yield
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            yield
+        finally:
+            # A SIGINT pending while blocked in every thread is taken as the mask returns: still by `note`.
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        _deliver(noted, handlers)
+
+
+def _deliver(noted: list[tuple[int, Any]], handlers: dict[int, Any]) -> None:
+    """Call each signal's handler with what `_sigint_blocked` noted, in arrival order. The first that raises (the
+    KeyboardInterrupt of an interrupt) propagates; the later ones are still handed over while it is being handled,
+    as they would have come during the caller's cleanup (under `portable` they are held and counted), and what they
+    raise is dropped: the first interrupt already stops the command."""
+    for k, (signum, frame) in enumerate(noted):
+        try:
+            handlers[signum](signum, frame)
+        except BaseException:
+            for later, later_frame in noted[k + 1 :]:
+                try:
+                    handlers[later](later, later_frame)
+                except BaseException:  # noqa: BLE001 - a second interrupt adds nothing to the first
+                    pass
+            raise
 
 
 def _groups(payloads: list[Any], workers: int) -> list[list[Any]]:

@@ -191,7 +191,9 @@ def _end_process(error: RayUnavailableError | KeyboardInterrupt, *, exit: Callab
     line get END_BOUND_S together: a hung disk, lock or stderr does not keep the process alive (audit56 F2). `exit` is
     a seam for tests (None: os._exit). A KeyboardInterrupt (ClusterWatch.interrupt: the cluster went down with the
     process group's SIGTERM) is recorded through the same hooks (the runner then records the stage `interrupted`) and
-    ends the process as portable.main answers an interrupt: `error: interrupted` and exit 130 (audit60 L7)."""
+    ends the process as portable.main answers an interrupt: `error: interrupted` and exit 130 (audit60 L7). Before the
+    exit, the processes of the local Ray this process started are killed (ray_connect.kill_local): the main thread
+    may still be in, or before, its ray.shutdown (review64 K L1)."""
     interrupted = isinstance(error, KeyboardInterrupt)
 
     def report() -> None:
@@ -212,6 +214,8 @@ def _end_process(error: RayUnavailableError | KeyboardInterrupt, *, exit: Callab
     thread = threading.Thread(target=report, name="portable-ray-lost-report", daemon=True)
     thread.start()
     thread.join(END_BOUND_S)
+    if exit is None:  # no ray.shutdown comes: the local Ray this process started goes with it (review64 K L1)
+        ray_connect.kill_local()
     (exit or os._exit)(130 if interrupted else error.exit_code)
 
 
