@@ -158,3 +158,19 @@ def libero_sft_32(session_build):
         return folder
 
     return copy_to
+
+
+@pytest.fixture
+def terminal_sigint():
+    """SIGINT handled as in a terminal, for a test that sends it to a child: a shell that starts the suite as a
+    background job (`cmd &` in a script, some CI runners) starts it with SIGINT ignored, every child inherits that
+    across exec, and a Ctrl-C sent to a child then does nothing. A Python handler here is reset to the default in an
+    exec'd child, which then installs Python's own. The test process's handler is put back after."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -22,7 +22,10 @@ REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "bundle" / "grpo" / "config.yaml"
 pytest.importorskip("reproduction.sim.generate")
 pytest.importorskip("reproduction.recipes.grpo.task")
-pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds the workers in /proc")
+pytestmark = [
+    pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds the workers in /proc"),
+    pytest.mark.usefixtures("terminal_sigint"),  # the Ctrl-C it sends must not be ignored (conftest)
+]
 
 TINY = [
     "sft.train.max_steps=2",

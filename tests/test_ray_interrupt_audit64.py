@@ -22,7 +22,11 @@ from reproduction.data.writer import EpisodeData, write_dataset
 from reproduction.portable import INTERRUPT_HINTS
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+    pytest.mark.usefixtures("terminal_sigint"),  # the Ctrl-C it sends must not be ignored (conftest)
+]
 FEATURES = {
     "observation.state": {"dtype": "float32", "shape": [3]},
     "observation.goal": {"dtype": "float32", "shape": [2]},

@@ -26,6 +26,7 @@ from reproduction.train.device import resolve  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
+pytestmark = pytest.mark.usefixtures("terminal_sigint")  # the Ctrl-C its tests send must not be ignored
 
 
 def _answering(host: str, port: int, timeout: float) -> None:

@@ -24,6 +24,7 @@ from reproduction.sim.workers import run_units
 SLOW = "__import__('time').sleep(20)"
 DIE = "__import__('os').kill(__import__('os').getpid(), 9)"
 REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.usefixtures("terminal_sigint")  # the Ctrl-C its tests send must not be ignored
 
 
 def test_a_killed_worker_is_reported_at_once_when_the_other_works_on(monkeypatch):
