@@ -89,6 +89,35 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_OPEN_DIRS = 64  # per extracting thread; several layers extract at once under one fd limit
 
 
+_PATH_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_parent(root: Path, rel: str) -> tuple[int, str]:
+    """(O_PATH fd of the folder holding `rel` below `root`, the last component of `rel`), reached from `root` one
+    folder at a time without following a link, each folder on the way closed: any depth, and search permission is
+    all a folder needs (review64 R M1, L1). The caller closes the fd. Raises OSError naming the full path of the
+    folder that failed (ELOOP or ENOTDIR below `root`: a symlink or a file in place of a folder)."""
+    head, _, base = rel.rpartition("/")
+    here = root
+    try:
+        fd = os.open(here, _PATH_FLAGS)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(here)) from None
+    try:
+        for part in head.split("/") if head else ():
+            here = here / part
+            try:
+                inner = os.open(part, _PATH_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, str(here)) from None
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, base
+
+
 class DirFds:
     """Folder fds below one root, each opened from its parent's fd with O_NOFOLLOW (openat-style).
 

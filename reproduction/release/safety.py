@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reproduction.errors import InvalidInputError, RelocationError, UnsafeArchiveError
+from reproduction.release.extract import open_parent
 from reproduction.release.manifest import (
     MANIFEST_NAME,
     NAME_MAX,
@@ -344,19 +345,13 @@ def check_recorded_lengths(bundle: Path, recorded: Iterable[tuple[str, Iterable[
 
 
 def _lexists_below(root: Path, rel: str) -> bool:
-    """Whether `rel` exists below `root`, reached one folder at a time without following a link (any path length;
-    O_PATH: search permission suffices). A symlink or file in place of a folder on the way is False."""
-    flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    head, _, base = rel.rpartition("/")
+    """Whether `rel` exists below `root`, reached without following a link (extract.open_parent: any path length,
+    search permission suffices). A symlink or file in place of a folder on the way is False."""
     try:
-        fd = os.open(root, flags)
+        fd, base = open_parent(root, rel)
     except OSError:
         return False
     try:
-        for part in head.split("/") if head else ():
-            inner = os.open(part, flags, dir_fd=fd)
-            os.close(fd)
-            fd = inner
         os.lstat(base, dir_fd=fd)
     except OSError:
         return False

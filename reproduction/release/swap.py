@@ -14,6 +14,7 @@ import stat
 from pathlib import Path
 
 from reproduction.errors import UnsafeArchiveError, os_error
+from reproduction.release.extract import open_parent
 from reproduction.release.manifest import STATE_DIR
 
 
@@ -34,9 +35,6 @@ def exchange(a_fd: int, a: str, b_fd: int, b: str) -> bool:
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # fall back to two renames
         return False
     raise OSError(err, os.strerror(err), b)
-
-
-_PATH_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class _Folders:
@@ -61,25 +59,11 @@ class _Folders:
     def at(self, path: Path, label: str) -> tuple[int, str]:
         """(fd of the folder holding `path`, its last component); `label` names `path` in a refusal."""
         rel = path.relative_to(self.root).as_posix()
-        head, _, base = rel.rpartition("/")
-        here = self.root
         try:
-            fd = os.open(here, _PATH_FLAGS)
+            fd, base = open_parent(self.root, rel)
         except OSError as exc:
-            raise _named(exc, here) from None
-        try:
-            for part in head.split("/") if head else ():
-                here = here / part
-                try:
-                    inner = os.open(part, _PATH_FLAGS, dir_fd=fd)
-                except OSError as exc:
-                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                        raise _through_link(self.root, rel, label) from None
-                    raise _named(exc, here) from None
-                os.close(fd)
-                fd = inner
-        except BaseException:
-            os.close(fd)
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR) and exc.filename != str(self.root):
+                raise _through_link(self.root, rel, label) from None
             raise
         self.held.append(fd)
         return fd, base
