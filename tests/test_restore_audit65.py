@@ -6,6 +6,7 @@ just before the moment of the race."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
@@ -166,3 +167,57 @@ def test_the_receipts_restat_never_reads_through_a_symlink_planted_after_relocat
     monkeypatch.undo()
     _put_back(bundle, "source/a/bin")
     assert main(["restore", str(bundle), "-q"]) == 0
+
+
+# -- 2: a recorded file the receipt check cannot reach -------------------------------------------------------------
+
+
+def _deny(monkeypatch, folder: Path) -> None:
+    """Make everything below `folder` unreachable, as `chmod 000 folder` does for a user other than root: for root
+    (who bypasses permission checks) emulated, os.lstat/os.stat/os.open of a path below it raising PermissionError."""
+    if os.geteuid() != 0:
+        os.chmod(folder, 0)
+        return
+    below = f"{folder}/"
+
+    def guard(real):
+        def call(path, *args, **kwargs):
+            if kwargs.get("dir_fd") is None and isinstance(path, (str, os.PathLike)):
+                if os.fspath(path).startswith(below):
+                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+            return real(path, *args, **kwargs)
+
+        return call
+
+    for name in ("lstat", "stat", "open", "readlink"):
+        monkeypatch.setattr(os, name, guard(getattr(os, name)))
+
+
+@pytest.mark.parametrize("kind", ["source", "runtime"])
+def test_a_recorded_file_restore_cannot_reach_is_a_permission_error_not_an_edit(tmp_path, monkeypatch, capsys, kind):
+    bundle = _pack(tmp_path, {"lib/x.txt": b"restored\n", "top.txt": b"t"}, kind, relocatable=False)
+    assert main(["restore", str(bundle), "-q"]) == 0
+    before = (bundle / ".portable" / "receipt.json").read_bytes()
+    folder = bundle / kind / "a" / "lib"
+    inode = os.lstat(bundle / kind / "a").st_ino
+    capsys.readouterr()
+    try:
+        _deny(monkeypatch, folder)
+        code = main(["restore", str(bundle), "-q"])
+    finally:
+        monkeypatch.undo()
+        os.chmod(folder, 0o755)
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    # main: counted as changed (a source target: "kept 1 locally edited file(s)"; a runtime one: extracted again)
+    assert "locally edited" not in out + err, out + err
+    assert os.lstat(bundle / kind / "a").st_ino == inode  # not replaced
+    assert code == 3, out + err
+    assert lines == [
+        f"error: cannot access {folder}/x.txt to check it against the restore receipt: permission denied",
+        f"hint: fix the permissions of {folder} (e.g. `chmod u+rwx {folder}`) and of the folders above it, then run "
+        "the command again; nothing was changed",
+    ]
+    assert (bundle / ".portable" / "receipt.json").read_bytes() == before
+    assert (folder / "x.txt").read_bytes() == b"restored\n"
+    assert main(["restore", str(bundle), "-q"]) == 0  # permissions back: nothing to do
