@@ -118,16 +118,31 @@ def open_parent(root: Path, rel: str) -> tuple[int, str]:
     return fd, base
 
 
+def open_below(root: Path, rel: str, *, flags: int = _DIR_FLAGS) -> int:
+    """An fd of the folder `rel` below `root` (opened with `flags`, O_NOFOLLOW and O_DIRECTORY added), every folder on
+    the way reached from `root` without following a link (`open_parent`); `rel` itself a symlink or a file is ELOOP or
+    ENOTDIR too. The caller closes it. Raises OSError naming the full path that failed."""
+    parent, base = open_parent(root, rel)
+    try:
+        return os.open(base, flags | os.O_NOFOLLOW | os.O_DIRECTORY, dir_fd=parent)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(Path(root) / rel)) from None
+    finally:
+        os.close(parent)
+
+
 class DirFds:
     """Folder fds below one root, each opened from its parent's fd with O_NOFOLLOW (openat-style).
 
     Every member is created relative to its folder's fd, and every folder is reached component by
     component without following a link, so no name in an archive is ever resolved through a
     symlink: a validation gap cannot become a write outside the root (ELOOP/ENOTDIR instead).
+    `root_fd` (owned from then on) is the root's fd already opened, e.g. by `open_below` from a folder above it:
+    `root` as a path would follow a link in a folder above it.
     """
 
-    def __init__(self, root: str) -> None:
-        self.fds: dict[str, int] = {"": os.open(root, _DIR_FLAGS)}
+    def __init__(self, root: str, *, root_fd: int | None = None) -> None:
+        self.fds: dict[str, int] = {"": os.open(root, _DIR_FLAGS) if root_fd is None else root_fd}
 
     def fd(self, rel: str) -> int:
         """The fd of folder `rel` ('' is the root), opening missing components without following links."""

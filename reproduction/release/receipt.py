@@ -90,12 +90,16 @@ class LayerReceipt:
         """Recorded paths under `root` whose lstat (size, mtime) or link text no longer matches.
 
         lstat follows links in the folders above each path: callers check those folders once with
-        `changed_folders` (release/restore_plan.py's `plan`)."""
+        `changed_folders` (release/restore_plan.py's `plan`). A path it cannot reach for lack of permission (a folder
+        above it chmod 000) raises ReadFailedError (exit 3) naming it: unseen, it is not known to be edited, and a
+        runtime target replaced or a source file called "locally edited" on that guess would be wrong (audit65)."""
         changed = []
         base = f"{root}/"
         for rel, recorded in self.files.items():
             try:
                 st = os.lstat(base + rel)
+            except PermissionError:
+                raise unreachable(root, rel) from None
             except (OSError, TypeError, ValueError):
                 changed.append(rel)
                 continue
@@ -109,6 +113,8 @@ class LayerReceipt:
             try:
                 if os.readlink(os.path.join(root, rel)) != text:
                     changed.append(rel)
+            except PermissionError:
+                raise unreachable(root, rel) from None
             except OSError:
                 changed.append(rel)
         return sorted(changed)
@@ -184,6 +190,25 @@ def sha256_regular(path: str) -> str | None:
         return sha256_open(fh)
 
 
+def unreachable(root: Path, rel: str) -> ReadFailedError:
+    """The one-line error (exit 3) for a recorded path `rel` under `root` that the receipt check cannot stat for lack of
+    permission; the hint names the first folder on the way this user cannot search (else the path's own folder)."""
+    path = f"{root}/{rel}"
+    folder = os.path.dirname(path)
+    here = str(root)
+    for part in ["", *rel.split("/")[:-1]]:
+        here = os.path.join(here, part) if part else here
+        if not os.access(here, os.X_OK):
+            folder = here
+            break
+    return ReadFailedError(
+        f"cannot access {path} to check it against the restore receipt: permission denied",
+        path=path,
+        hint=f"fix the permissions of {folder} (e.g. `chmod u+rwx {shlex.quote(folder)}`) and of the folders above "
+        "it, then run the command again; nothing was changed",
+    )
+
+
 def at_or_below(rel: str, paths: set[str]) -> bool:
     """Whether `rel` or a folder above it is in `paths`."""
     while rel:
@@ -221,6 +246,8 @@ def changed_folders(root: Path, folders: Iterable[str]) -> list[str]:
         try:
             if not stat_mod.S_ISDIR(os.lstat(base + rel).st_mode):
                 bad.append(rel)
+        except PermissionError:  # not known to be changed: named, as `LayerReceipt.changed_files` does (audit65)
+            raise unreachable(root, rel) from None
         except (OSError, ValueError):
             bad.append(rel)
     return sorted(bad)

@@ -55,7 +55,7 @@ from pathlib import Path
 from reproduction.errors import RelocationError, UnsafeArchiveError, os_error
 from reproduction.fsio import open_regular
 from reproduction.release import elf
-from reproduction.release.extract import DirFds
+from reproduction.release.extract import DirFds, open_below, open_parent
 from reproduction.release.manifest import PrefixOccurrence
 
 SHEBANG_MAX = 127
@@ -463,13 +463,23 @@ def _read_regular(dir_fd: int, base: str) -> tuple[bytes, os.stat_result] | None
 
 
 def _write_keeping_mode(
-    dir_fd: int, base: str, shown: Path, data: bytes, st: os.stat_result, fsync: bool, tmp_dir: Path | None
+    dir_fd: int,
+    base: str,
+    shown: Path,
+    data: bytes,
+    st: os.stat_result,
+    fsync: bool,
+    tmp_dir: Path | None,
+    tmp_fd: int | None = None,
 ) -> None:
     """Replace `base` in the folder `dir_fd` atomically with `data`, keeping its permission bits; the temp
-    file is made in `tmp_dir` (same filesystem, outside the tree) when given, else beside the file. The
-    rename names the folder by fd, so it never goes through a link put in a folder's place."""
+    file is made in the folder fd `tmp_fd`, else in `tmp_dir` (same filesystem, outside the tree) when given, else
+    beside the file. The rename names the folders by fd, so it never goes through a link put in a folder's place."""
     src_fd: int | None = None
-    if tmp_dir is not None:
+    if tmp_fd is not None:
+        src_fd, tmp = tmp_fd, f".{base}.{secrets.token_hex(6)}.reloc"
+        fd = os.open(tmp, _TMP_FLAGS, 0o600, dir_fd=tmp_fd)
+    elif tmp_dir is not None:
         Path(tmp_dir).mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".reloc", dir=tmp_dir)
     else:
@@ -499,10 +509,19 @@ def _write_keeping_mode(
                 pass
 
 
-def _open_root(root: Path) -> DirFds:
+def _open_root(root: Path, base: Path | None) -> DirFds:
+    """The folder fds of the tree at `root`, its own fd opened from `base` (a folder above it) without following a link
+    when given: a symlink planted in a folder between them is refused (`swap.through_link`, exit 6), never followed."""
     try:
-        return DirFds(str(root))
+        if base is None:
+            return DirFds(str(root))
+        return DirFds(str(root), root_fd=open_below(base, root.relative_to(base).as_posix()))
     except OSError as exc:
+        linked = exc.errno in (errno.ELOOP, errno.ENOTDIR)
+        if base is not None and linked and exc.filename not in (str(base), str(root)):  # a folder above `root`
+            from reproduction.release.swap import through_link
+
+            raise through_link(base, root.relative_to(base).as_posix(), "layer target") from None
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise UnsafeArchiveError(
                 f"cannot relocate {root}: it is a symlink or not a folder; relocation never writes through it",
@@ -513,6 +532,35 @@ def _open_root(root: Path) -> DirFds:
             f"cannot relocate {root}: {exc.strerror or exc}, nothing was changed",
             path=str(root),
             hint="the tree no longer matches the bundle: run `portable restore --deep` to re-extract it",
+        ) from None
+
+
+def _open_tmp(base: Path, tmp_dir: Path) -> int:
+    """An O_PATH fd of `tmp_dir` (made if missing), reached from `base` without following a link: a symlink planted
+    there (or above it) is UnsafeArchiveError (6), never a temp file written outside the bundle (audit65)."""
+    rel = tmp_dir.relative_to(base).as_posix()
+    try:
+        parent, name = open_parent(base, rel)
+        try:
+            try:
+                os.mkdir(name, dir_fd=parent)
+            except FileExistsError:
+                pass
+            return os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        finally:
+            os.close(parent)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise os_error(
+                exc, f"relocation's temp folder {tmp_dir}", hint="free space or fix permissions, then run restore again"
+            ) from None
+        raise UnsafeArchiveError(
+            f"relocation's temp folder {rel} is a symlink or not a folder, which appeared while restore ran: refusing "
+            "to restore through it",
+            member=rel,
+            path=str(tmp_dir),
+            hint=f"remove {tmp_dir} (restore's own temporary state) and restore again; nothing outside the bundle was "
+            "changed",
         ) from None
 
 
@@ -528,6 +576,7 @@ def relocate_tree(
     notes: list[str] | None = None,
     tmp_dir: Path | None = None,
     skipped: list[str] | None = None,
+    base: Path | None = None,
 ) -> list[str]:
     """Rewrite the listed files below `root` from `old_prefix` to `new_prefix`; returns the paths changed.
 
@@ -545,6 +594,9 @@ def relocate_tree(
     A listed binary file that is not ELF nor an `ar` archive is left as it is, still holding its prefix,
     and its path appended to `skipped` (when given) for the caller to name: its strings cannot be
     rewritten in place without corrupting it (audit62 M3).
+    `base` (a folder above `root` and `tmp_dir`: restore's bundle) is where `root` and `tmp_dir` are reached from,
+    one folder at a time without following a link, so a symlink planted in a folder between them after the swap is
+    UnsafeArchiveError (6), never written through (audit65); without it they are opened by path.
     """
     root = Path(root)
     old, new = normalize_prefix(old_prefix, what="old prefix"), normalize_prefix(new_prefix, what="new prefix")
@@ -555,7 +607,7 @@ def relocate_tree(
     problems: list[str] = []
     kept: list[str] = []
     planned: list[tuple[str, bytes, os.stat_result]] = []
-    dirs = _open_root(root)
+    dirs = _open_root(root, base)
     try:
         for rel, mode in sorted(modes.items()):
             found = _parent_fd(dirs, root, rel)
@@ -604,8 +656,11 @@ def relocate_tree(
             problems=problems,
             hint=hint,
         )
-    dirs = _open_root(root)  # afresh: every folder is walked again, without following a link, as it is written
+    dirs = _open_root(root, base)  # afresh: every folder is walked again, without following a link, as it is written
+    tmp_fd = None
     try:
+        if base is not None and tmp_dir is not None and planned:
+            tmp_fd = _open_tmp(base, Path(tmp_dir))
         for rel, new_data, st in planned:
             found = _parent_fd(dirs, root, rel)
             if found is None:  # it was there a moment ago: something else is changing the tree
@@ -614,9 +669,11 @@ def relocate_tree(
                     path=str(root / rel),
                     hint="run `portable restore` again (it finishes the job)",
                 )
-            _write_keeping_mode(*found, root / rel, new_data, st, fsync, tmp_dir)
+            _write_keeping_mode(*found, root / rel, new_data, st, fsync, tmp_dir, tmp_fd)
     finally:
         dirs.close()
+        if tmp_fd is not None:
+            os.close(tmp_fd)
     if notes is not None:
         notes.extend(dict.fromkeys(kept))  # a string may be noted by both passes
     return [rel for rel, _, _ in planned]

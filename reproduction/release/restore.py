@@ -12,6 +12,7 @@ restore finishes the job.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import time
@@ -19,11 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reproduction.digests import default_jobs, sha256_file
-from reproduction.errors import InvalidInputError, RelocationError, os_error
-from reproduction.fsio import remove_tree
+from reproduction.digests import default_jobs, sha256_file, sha256_open
+from reproduction.errors import InvalidInputError, RelocationError, UnsafeArchiveError, os_error
+from reproduction.fsio import open_regular, remove_tree
 from reproduction.release import extract_child
 from reproduction.release import layers as layer_io
+from reproduction.release.extract import open_parent
 from reproduction.release.lock import bundle_lock
 from reproduction.release.manifest import (
     MANIFEST_NAME,
@@ -37,7 +39,7 @@ from reproduction.release.manifest import (
 from reproduction.release.receipt import LayerReceipt, Receipt, load_receipt, refuse_receipt_folder, save_receipt
 from reproduction.release.restore_plan import Group, few, has_prefixes, plan, refuse_losing_files
 from reproduction.release.safety import check_path_lengths, check_recorded_lengths, check_targets, validate_layers
-from reproduction.release.swap import preflight, swap_back, swap_into_place
+from reproduction.release.swap import preflight, swap_back, swap_into_place, through_link
 from reproduction.release.tarscan import Member
 from reproduction.release.verify import (
     Problem,
@@ -187,6 +189,7 @@ def _relocate(
             notes=report.relocation_notes,
             tmp_dir=bundle / STATE_DIR / RELOC_TMP,  # a kill mid-rewrite leaves its temp here, not in the tree
             skipped=skipped,
+            base=bundle,  # the target and the temp folder reached from the bundle without following a link (audit65)
         )
     for rel in dict.fromkeys(skipped):  # a file holding the layer's own and a foreign prefix is named once
         if f"{layer.target}/{rel}" not in report.relocation_skipped:
@@ -303,15 +306,47 @@ def _old_bundle(rec: LayerReceipt) -> Path:
     return Path(prefix[: len(prefix) - len(rec.target)].rstrip("/") or "/")
 
 
-def _restat(root: Path, rec: LayerReceipt, paths: list[str]) -> None:
+def _restat(bundle: Path, target: str, rec: LayerReceipt, paths: list[str]) -> None:
     """Record the files relocation rewrote as they are now: stat, and the digest of each the receipt hashes (a source
     layer's), so a later restore knows them as restore's own (review58 R2: a relocated source file that a newer
-    bundle dropped was refused as "not one restore wrote"; `--deep` rehashed it against the extracted bytes)."""
+    bundle dropped was refused as "not one restore wrote"; `--deep` rehashed it against the extracted bytes).
+
+    Each file is reached from the bundle one folder at a time without following a link (extract.open_parent) and
+    read without following one: a symlink planted in a folder of `target` (or above it) after the swap is
+    UnsafeArchiveError (6) naming it, never a stat or digest of a file outside the bundle recorded (audit65)."""
     for rel in paths:
-        st = os.lstat(root / rel)
-        rec.files[rel] = [st.st_size, st.st_mtime_ns]
-        if rel in rec.digests:
-            rec.digests[rel] = sha256_file(root / rel)
+        where = f"{target}/{rel}"
+        try:
+            fd, name = open_parent(bundle, where)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR) and exc.filename != str(bundle):
+                raise through_link(bundle, where, "the restored file") from None
+            raise
+        try:
+            st = os.lstat(name, dir_fd=fd)
+            if rel in rec.digests:
+                fh = open_regular(name, dir_fd=fd) if stat.S_ISREG(st.st_mode) else None
+                if fh is None:  # relocation wrote a regular file there a moment ago
+                    raise _replaced(bundle, where)
+                with fh:
+                    rec.digests[rel] = sha256_open(fh)
+            rec.files[rel] = [st.st_size, st.st_mtime_ns]
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # open_regular: a symlink put in its place
+                raise _replaced(bundle, where) from None
+            raise OSError(exc.errno, exc.strerror, str(bundle / where)) from None
+        finally:
+            os.close(fd)
+
+
+def _replaced(bundle: Path, where: str) -> UnsafeArchiveError:
+    """The refusal of a relocated file found no longer a regular file when the receipt re-stats it (audit65)."""
+    return UnsafeArchiveError(
+        f"the restored file {where} is no longer a regular file (a symlink?), which appeared while restore ran: "
+        "refusing to restore through it",
+        member=where,
+        hint=f"remove {bundle / where} and restore again; nothing outside the bundle was changed",
+    )
 
 
 def _member_lists(
@@ -553,13 +588,13 @@ def _finish(
                 if g.action == "extract":
                     rec = recs[g.target][layer.archive]
                     known = {p for r in recs[g.target].values() for p in r.files}
-                    _restat(root, rec, _relocate(bundle, manifest, layer, None, report, known))
+                    _restat(bundle, g.target, rec, _relocate(bundle, manifest, layer, None, report, known))
                 else:
                     rec = receipt.layers[layer.archive]
                     if g.action == "relocate":
                         known = {p for x in g.layers for p in receipt.layers[x.archive].files}
                         changed = _relocate(bundle, manifest, layer, _old_bundle(rec), report, known)
-                        _restat(root, rec, changed)
+                        _restat(bundle, g.target, rec, changed)
                     rec.prefix = str(root)
                 receipt.layers[layer.archive] = rec
             {"extract": report.extracted, "relocate": report.relocated, "keep": report.unchanged}[g.action].append(

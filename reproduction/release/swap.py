@@ -63,7 +63,7 @@ class _Folders:
             fd, base = open_parent(self.root, rel)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR) and exc.filename != str(self.root):
-                raise _through_link(self.root, rel, label) from None
+                raise through_link(self.root, rel, label) from None
             raise
         self.held.append(fd)
         return fd, base
@@ -109,9 +109,10 @@ def _fsync_folder(dir_fd: int) -> None:
         os.close(fd)
 
 
-def _through_link(root: Path, rel: str, label: str) -> UnsafeArchiveError:
-    """The refusal of a rename whose folder is not reached without a link (what lies there now, if it is still
-    there: a symlink or a file planted after preflight)."""
+def through_link(root: Path, rel: str, label: str) -> UnsafeArchiveError:
+    """The refusal of a rename (or, after the swap, a relocation or the receipt's re-stat: audit65) whose folder is not
+    reached from the bundle `root` without a link (what lies there now, if it is still there: a symlink or a file
+    planted after preflight); `rel` is the path below `root`, `label` names it."""
     here, where, what = root, rel.rpartition("/")[0], "a symlink or a file"
     for part in Path(rel).parts[:-1]:
         here = here / part
