@@ -15,10 +15,9 @@ import time
 import uuid
 from pathlib import Path
 
-import numpy as np
 import pytest
+from policy_synth import tiny_value, write_small_rollout
 
-from reproduction.data.writer import EpisodeData, write_dataset
 from reproduction.portable import INTERRUPT_HINTS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -27,43 +26,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
     pytest.mark.usefixtures("terminal_sigint"),  # the Ctrl-C it sends must not be ignored (conftest)
 ]
-FEATURES = {
-    "observation.state": {"dtype": "float32", "shape": [3]},
-    "observation.goal": {"dtype": "float32", "shape": [2]},
-    "action": {"dtype": "float32", "shape": [2]},
-    "is_success": {"dtype": "bool", "shape": [1]},
-}
-TINY = [  # a tiny value model on CPU, two steps, inferred by two Ray workers
-    "value.model.preset=tiny",
-    "value.model.folds=1",
-    "value.model.augment=false",
-    "value.model.cameras={base_0_rgb: observation.images.none}",
-    "value.train.max_steps=2",
-    "value.train.global_batch=4",
-    "value.train.micro_batch=4",
-    "value.train.launcher=inprocess",
-    "value.train.device=cpu",
-    "value.infer.workers=2",
-    "value.infer.device=cpu",
-    "advantages.lookahead=2",
-]
-
-
-def _dataset(root: Path) -> Path:
-    eps = [
-        EpisodeData(
-            episode_index=e,
-            task="pick",
-            frames={
-                "observation.state": np.full((n, 3), e, np.float32),
-                "observation.goal": np.ones((n, 2), np.float32),
-                "action": np.full((n, 2), 0.5 * e, np.float32),
-                "is_success": np.arange(n) == n - 1,
-            },
-        )
-        for e, n in enumerate([3, 5, 4])
-    ]
-    return write_dataset(root, eps, fps=10, features=FEATURES)
+TINY = tiny_value(workers=2)  # a tiny value model on CPU, two steps, inferred by two Ray workers
 
 
 def _marked(mark: str) -> list[tuple[int, str]]:
@@ -98,7 +61,7 @@ def _advantages(run: Path) -> str | None:
 
 
 def test_ctrl_c_as_the_value_inference_ray_workers_start_exits_130_not_sigsegv(tmp_path):
-    data, run, mark = _dataset(tmp_path / "ds"), tmp_path / "run", uuid.uuid4().hex
+    data, run, mark = write_small_rollout(tmp_path / "ds"), tmp_path / "run", uuid.uuid4().hex
     cmd = [sys.executable, "-m", "reproduction.portable", "-q", "run", "--output", str(run)]
     cmd += ["--stages", "returns,value,advantages", f"datasets=[{{path: {data}, type: rollout}}]", *TINY]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "AUDIT64_SEGV": mark}
