@@ -44,6 +44,11 @@ def own_session(argv: list[str], **popen) -> Iterator[subprocess.Popen]:
             proc.wait(10)
 
 
+def own_session_script(code: str, *args: str, **popen) -> Iterator[subprocess.Popen]:
+    """own_session for `python -c CODE ARGS` in the repository with child_env(TESTS): CODE may import this module."""
+    return own_session([sys.executable, "-c", code, *args], env=child_env(TESTS), cwd=REPO, **popen)
+
+
 def _processes(keep: Callable[[int, Path], bool], width: int | None = None) -> list[tuple[int, str]]:
     """(pid, command line cut to `width`) of every process for which keep(pid, its /proc folder) holds; one that ends
     meanwhile is passed over."""

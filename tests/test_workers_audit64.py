@@ -12,12 +12,11 @@ import multiprocessing.context
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from interruptkit import REPO, TESTS, child_env, children, in_session, own_session, poll_until, run_python, slowed
+from interruptkit import children, in_session, own_session_script, poll_until, run_python, slowed
 
 from reproduction.errors import WorkerFailedError
 from reproduction.sim.workers import run_units
@@ -72,15 +71,9 @@ with one_line_interrupt():
 """
 
 
-def _script(code: str, *args: str):
-    """own_session for `python -c CODE ARGS` (which may import interruptkit), its stderr piped."""
-    argv = [sys.executable, "-c", code, *args]
-    return own_session(argv, env=child_env(TESTS), cwd=REPO, stderr=subprocess.PIPE)
-
-
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the workers in /proc")
 def test_ctrl_c_to_the_group_while_the_workers_start_is_one_line():
-    with _script(DRIVER) as proc:
+    with own_session_script(DRIVER, stderr=subprocess.PIPE) as proc:
         poll_until(lambda: len(children(proc.pid)) >= 3, 60)  # the tracker and two workers
         time.sleep(0.05)  # the workers' interpreters are starting (spawn_main imports)
         os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C: to every process of the group, the starting workers too
@@ -153,7 +146,7 @@ def test_an_interrupt_another_thread_takes_while_the_workers_start_is_one_line_a
     started but not yet registered by the pool was never stopped and the driver hung for ever at exit, joining it
     (a SIGTERM to the driver alone, raised as KeyboardInterrupt, too). The interrupt now waits for the starts."""
     hung = False
-    with _script(RACE, where) as proc:
+    with own_session_script(RACE, where, stderr=subprocess.PIPE) as proc:
         poll_until(lambda: len(children(proc.pid)) >= 2, 60)  # the tracker and the first worker
         time.sleep(0.1)  # inside the slowed start
         if how == "group-SIGINT":
