@@ -64,10 +64,10 @@ def _processes(keep: Callable[[int, Path], bool], width: int | None = None) -> l
     return found
 
 
-def in_session(sid: int) -> list[tuple[int, str]]:
+def in_session(sid: int, width: int | None = 120) -> list[tuple[int, str]]:
     """The processes in session `sid` (a child started by own_session, and all it started there), command lines cut
-    to 120 characters for a failure's message."""
-    return _processes(lambda pid, _: os.getsid(pid) == sid, width=120)
+    to `width` characters (by default short enough for a failure's message)."""
+    return _processes(lambda pid, _: os.getsid(pid) == sid, width)
 
 
 def marked(mark: str) -> list[tuple[int, str]]:
