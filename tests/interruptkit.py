@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
@@ -44,7 +44,7 @@ def own_session(argv: list[str], **popen) -> Iterator[subprocess.Popen]:
             proc.wait(10)
 
 
-def own_session_script(code: str, *args: str, **popen) -> Iterator[subprocess.Popen]:
+def own_session_script(code: str, *args: str, **popen) -> AbstractContextManager[subprocess.Popen]:
     """own_session for `python -c CODE ARGS` in the repository with child_env(TESTS): CODE may import this module."""
     return own_session([sys.executable, "-c", code, *args], env=child_env(TESTS), cwd=REPO, **popen)
 
