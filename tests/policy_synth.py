@@ -1,9 +1,10 @@
-"""Small Fetch-shaped LeRobot datasets for the policy tests: state, goal, 4-D actions, is_success, labels.
+"""Small Fetch-shaped LeRobot datasets for the policy tests: state, goal, 4-D actions, is_success, labels; and a
+smaller rollout with the overrides that run the value stages on it in seconds (write_small_rollout, tiny_value).
 
-A point moves in 3-D toward a goal. "Good" episodes step toward the goal (action = clipped goal -
-position, gripper +1) and succeed; "bad" ones push a fixed wrong direction and fail. Advantage
-labels (written as a stage-3 sidecar with the dataset's fingerprint) are True on good episodes'
-frames. Episode ids are non-contiguous (3*i + 2) to keep joins by id honest.
+In write_policy_dataset a point moves in 3-D toward a goal. "Good" episodes step toward the goal (action =
+clipped goal - position, gripper +1) and succeed; "bad" ones push a fixed wrong direction and fail. Advantage labels
+(written as a stage-3 sidecar with the dataset's fingerprint) are True on good episodes' frames. Episode ids are
+non-contiguous (3*i + 2) to keep joins by id honest.
 """
 
 from __future__ import annotations
@@ -91,3 +92,49 @@ def write_labels(root: Path, out: Path, *, tag: str = "t", drop: int = 0) -> Pat
     meta = {"kind": "advantages", "tag": tag, "dataset": ds.name, "dataset_fingerprint": ds.fingerprint}
     write_sidecar(Path(out) / ds.name / sidecar_name("advantages", tag), t, meta)
     return Path(out)
+
+
+SMALL_FEATURES = {
+    "observation.state": {"dtype": "float32", "shape": [3]},
+    "observation.goal": {"dtype": "float32", "shape": [2]},
+    "action": {"dtype": "float32", "shape": [2]},
+    "is_success": {"dtype": "bool", "shape": [1]},
+}
+
+
+def write_small_rollout(root: Path, *, bad: str | None = None, value=np.nan) -> Path:
+    """Three episodes of 3, 5 and 4 frames (task "pick", each a success at its last frame) at `root`; `bad` (a
+    feature) holds `value` at episode 1 frames 3 and 1 (component 1) when given."""
+    from reproduction.data.writer import EpisodeData, write_dataset
+
+    eps = []
+    for e, n in enumerate([3, 5, 4]):
+        frames = {
+            "observation.state": np.full((n, 3), e, np.float32),
+            "observation.goal": np.ones((n, 2), np.float32),
+            "action": np.full((n, 2), 0.5 * e, np.float32),
+            "is_success": np.arange(n) == n - 1,
+        }
+        if bad and e == 1:
+            frames[bad][[3, 1], 1] = value
+        eps.append(EpisodeData(episode_index=e, task="pick", frames=frames))
+    return write_dataset(root, eps, fps=10, features=SMALL_FEATURES)
+
+
+def tiny_value(workers: int) -> list[str]:
+    """`portable run` overrides for write_small_rollout's datasets: a tiny value model trained in process on CPU for
+    two steps, inferred by `workers` (Ray workers when more than one), advantages with lookahead 2."""
+    return [
+        "value.model.preset=tiny",
+        "value.model.folds=1",
+        "value.model.augment=false",
+        "value.model.cameras={base_0_rgb: observation.images.none}",
+        "value.train.max_steps=2",
+        "value.train.global_batch=4",
+        "value.train.micro_batch=4",
+        "value.train.launcher=inprocess",
+        "value.train.device=cpu",
+        f"value.infer.workers={workers}",
+        "value.infer.device=cpu",
+        "advantages.lookahead=2",
+    ]

@@ -17,8 +17,18 @@ import uuid
 from pathlib import Path
 
 import pytest
+from interruptkit import (
+    REPO,
+    child_env,
+    in_session,
+    kill_all,
+    marked,
+    own_session,
+    own_session_script,
+    poll_until,
+    run_python,
+)
 
-REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "bundle" / "grpo" / "config.yaml"
 pytest.importorskip("reproduction.sim.generate")
 pytest.importorskip("reproduction.recipes.grpo.task")
@@ -44,18 +54,6 @@ TINY = [
 ]
 
 
-def _marked(mark: str) -> list[tuple[int, str]]:
-    """(pid, command line) of every process whose environment holds `mark`."""
-    out = []
-    for d in Path("/proc").iterdir():
-        try:
-            if d.name.isdigit() and mark.encode() in (d / "environ").read_bytes():
-                out.append((int(d.name), (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")))
-        except OSError:
-            continue
-    return out
-
-
 def _train_records(run: Path) -> int:
     path = run / "rl" / "metrics.jsonl"
     return sum('"train"' in line for line in path.read_text().splitlines()) if path.is_file() else 0
@@ -78,21 +76,13 @@ def bundle(tmp_path_factory):
 def test_ctrl_c_while_the_rollout_workers_start_or_run_is_one_line(bundle, tmp_path, moment):
     mark = uuid.uuid4().hex
     run = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "K2_AUDIT64": mark}
     cmd = [sys.executable, "-m", "reproduction.portable", "-q", "run", str(bundle), "--config", str(CONFIG)]
-    proc = subprocess.Popen(
-        [*cmd, "--output", str(run), "--stages", "sft,rl", *TINY],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
+    cmd += ["--output", str(run), "--stages", "sft,rl", *TINY]
+    env = child_env(K2_AUDIT64=mark)
+    with own_session(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
         deadline = time.monotonic() + 240
         if moment == "starting":  # a rollout worker's interpreter is starting (spawn_main importing)
-            while not any("spawn_main" in c for _, c in _marked(mark)) and time.monotonic() < deadline:
+            while not any("spawn_main" in c for _, c in marked(mark)) and time.monotonic() < deadline:
                 assert proc.poll() is None, proc.communicate()[1]
                 time.sleep(0.005)
             time.sleep(0.05)
@@ -103,20 +93,13 @@ def test_ctrl_c_while_the_rollout_workers_start_or_run_is_one_line(bundle, tmp_p
         assert proc.poll() is None, "the run ended before the interrupt"
         os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C: to every process of the group, the rollout workers too
         _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
     assert proc.returncode == 130, err
     lines = err.strip().splitlines()
     assert lines[0] == "error: interrupted" and len(lines) == 2 and lines[1].startswith("hint: "), err
     assert json.loads((run / "run.json").read_text())["stages"]["rl"]["status"] == "interrupted"
-    deadline = time.monotonic() + 10
-    while _marked(mark) and time.monotonic() < deadline:  # the resource tracker ends once the driver is gone
-        time.sleep(0.1)
-    left = _marked(mark)
-    for pid, _ in left:
-        os.kill(pid, signal.SIGKILL)
+    poll_until(lambda: not marked(mark), 10, every_s=0.1)  # the resource tracker ends once the driver is gone
+    left = marked(mark)
+    kill_all(left)
     assert left == []
 
 
@@ -135,8 +118,7 @@ group.close()
 def test_rollout_workers_start_with_sigint_blocked_in_a_fresh_interpreter():
     """Both workers, the first too: it starts multiprocessing's resource tracker, whose start unblocks SIGINT (it does
     not restore the mask), so the tracker is started before the block. The driver's own mask is as before."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", MASKS], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = run_python(MASKS)
     assert out.returncode == 0, out.stderr
     masks, driver = out.stdout.splitlines()
     assert [bool(int(m, 16) & (1 << (signal.SIGINT - 1))) for m in masks.split()] == [True, True], masks
@@ -144,38 +126,17 @@ def test_rollout_workers_start_with_sigint_blocked_in_a_fresh_interpreter():
 
 
 STARTS = """
-import multiprocessing.util, sys, threading, time
+import multiprocessing.util, time
+from interruptkit import one_line_interrupt, sigint_taking_thread, slowed
 from reproduction.recipes.grpo.envs import EnvWorkers
 
-threading.Thread(target=time.sleep, args=(300,), daemon=True).start()  # as rich's refresh thread: SIGINT unblocked
-spawnv = multiprocessing.util.spawnv_passfds
-
-
-def slow(*args):  # a worker forked, its preparation data not yet written (as under load)
-    pid = spawnv(*args)
-    time.sleep(0.5)
-    return pid
-
-
-multiprocessing.util.spawnv_passfds = slow
-try:
+sigint_taking_thread()  # as rich's refresh thread: SIGINT unblocked
+# a worker forked, its preparation data not yet written (as under load)
+multiprocessing.util.spawnv_passfds = slowed(multiprocessing.util.spawnv_passfds)
+with one_line_interrupt():
     EnvWorkers("FetchPush-v4", 2, 2)
     time.sleep(60)
-except KeyboardInterrupt:
-    print("error: interrupted", file=sys.stderr)
-    sys.exit(130)
 """
-
-
-def _session(sid: int) -> list[str]:
-    left = []
-    for d in Path("/proc").iterdir():
-        try:
-            if d.name.isdigit() and os.getsid(int(d.name)) == sid:
-                left.append((d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:100])
-        except OSError:
-            continue
-    return left
 
 
 def test_ctrl_c_another_thread_takes_while_the_rollout_workers_start_is_one_line():
@@ -183,24 +144,12 @@ def test_ctrl_c_another_thread_takes_while_the_rollout_workers_start_is_one_line
     the group's Ctrl-C and Python raised it in the main thread between a worker's fork and the write of its
     preparation data: that worker (SIGINT blocked) lived on and printed an EOFError traceback. The interrupt now
     waits for the starts, and the driver ends the workers."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", STARTS], env=env, cwd=REPO, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while len(_session(proc.pid)) < 3 and time.monotonic() < deadline:  # the driver, the tracker, a worker
-            time.sleep(0.01)
+    with own_session_script(STARTS, stderr=subprocess.PIPE) as proc:
+        poll_until(lambda: len(in_session(proc.pid)) >= 3, 60)  # the driver, the tracker, a worker
         time.sleep(0.1)  # inside the slowed start
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
     assert proc.returncode == 130, err
     assert err.strip() == "error: interrupted", err
-    deadline = time.monotonic() + 15
-    while _session(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _session(proc.pid) == []
+    poll_until(lambda: not in_session(proc.pid), 15, every_s=0.1)
+    assert in_session(proc.pid) == []

@@ -2,7 +2,7 @@
 DatasetError (exit 40) naming the dataset, the feature and the first episode and frame, as the value model's state is
 (audit60_E E1: before, the policy trained with every loss NaN, every step skipped, exit 0, and policy.json held bare
 NaN/Infinity). A `value: false` dataset's bad value state is refused by the value stage before it trains, not by the
-advantages stage after (E2). Tiny datasets from the project's writer."""
+advantages stage after (E2). Tiny datasets from the project's writer (policy_synth.write_small_rollout)."""
 
 from __future__ import annotations
 
@@ -12,36 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from policy_synth import tiny_value, write_small_rollout
 
-from reproduction.data.writer import EpisodeData, write_dataset
 from reproduction.errors import DatasetError
 from reproduction.recap.policy.data import PolicySource, open_policy_input
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the writer's stats
-LENGTHS = [3, 5, 4]
-FEATURES = {
-    "observation.state": {"dtype": "float32", "shape": [3]},
-    "observation.goal": {"dtype": "float32", "shape": [2]},
-    "action": {"dtype": "float32", "shape": [2]},
-    "is_success": {"dtype": "bool", "shape": [1]},
-}
-
-
-def _dataset(root: Path, *, bad: str | None = None, value=np.nan) -> Path:
-    """Three episodes; `bad` (a feature) holds `value` at episode 1 frames 3 and 1 (component 1) when given."""
-    eps = []
-    for e, n in enumerate(LENGTHS):
-        frames = {
-            "observation.state": np.full((n, 3), e, np.float32),
-            "observation.goal": np.ones((n, 2), np.float32),
-            "action": np.full((n, 2), 0.5 * e, np.float32),
-            "is_success": np.arange(n) == n - 1,
-        }
-        if bad and e == 1:
-            frames[bad][[3, 1], 1] = value
-        eps.append(EpisodeData(episode_index=e, task="pick", frames=frames))
-    return write_dataset(root, eps, fps=10, features=FEATURES)
 
 
 def _open(root: Path, **kw):
@@ -53,7 +30,7 @@ def _open(root: Path, **kw):
     [("observation.state", np.nan), ("observation.goal", np.inf), ("action", np.inf), ("action", -np.inf)],
 )
 def test_a_non_finite_policy_input_is_refused_naming_dataset_feature_and_frame(tmp_path, feature, value):
-    root = _dataset(tmp_path / "ds", bad=feature, value=value)
+    root = write_small_rollout(tmp_path / "ds", bad=feature, value=value)
     with pytest.raises(DatasetError) as err:
         _open(root)
     assert err.value.exit_code == 40
@@ -65,26 +42,15 @@ def test_a_non_finite_policy_input_is_refused_naming_dataset_feature_and_frame(t
 
 
 def test_components_the_policy_does_not_read_may_be_non_finite(tmp_path):
-    root = _dataset(tmp_path / "ds", bad="observation.state")
+    root = write_small_rollout(tmp_path / "ds", bad="observation.state")
     inp = _open(root, state_keys=["observation.state"], state_dims=[0, 2])  # component 1 is not read
     assert inp.state.shape == (12, 2) and np.isfinite(inp.state).all()
-    inp = _open(_dataset(tmp_path / "ok"))
+    inp = _open(write_small_rollout(tmp_path / "ok"))
     assert inp.state.shape == (12, 5) and inp.action.shape == (12, 2)
 
 
 TINY = [  # the auditor's cfg_pol.yaml: a tiny value model on CPU, two steps, then the policy
-    "value.model.preset=tiny",
-    "value.model.folds=1",
-    "value.model.augment=false",
-    "value.model.cameras={base_0_rgb: observation.images.none}",
-    "value.train.max_steps=2",
-    "value.train.global_batch=4",
-    "value.train.micro_batch=4",
-    "value.train.launcher=inprocess",
-    "value.train.device=cpu",
-    "value.infer.workers=1",
-    "value.infer.device=cpu",
-    "advantages.lookahead=2",
+    *tiny_value(workers=1),
     "policy.model.preset=tiny",
     "policy.model.cameras={}",
     "policy.train.max_steps=2",
@@ -105,7 +71,7 @@ def _run(tmp_path: Path, stages: str, datasets: str, *overrides: str) -> subproc
 
 
 def test_portable_run_policy_stage_exits_40_on_an_inf_action(tmp_path):
-    root = _dataset(tmp_path / "inf_action", bad="action", value=np.inf)
+    root = write_small_rollout(tmp_path / "inf_action", bad="action", value=np.inf)
     proc = _run(tmp_path, "returns,value,advantages,policy", f"[{{path: {root}, type: rollout}}]", *TINY)
     assert proc.returncode == 40, proc.stderr
     assert (
@@ -115,7 +81,8 @@ def test_portable_run_policy_stage_exits_40_on_an_inf_action(tmp_path):
 
 
 def test_value_stage_refuses_a_value_false_dataset_with_nan_state_before_training(tmp_path):
-    good, bad = _dataset(tmp_path / "good"), _dataset(tmp_path / "nan_state", bad="observation.state")
+    good = write_small_rollout(tmp_path / "good")
+    bad = write_small_rollout(tmp_path / "nan_state", bad="observation.state")
     proc = _run(
         tmp_path,
         "returns,value,advantages",

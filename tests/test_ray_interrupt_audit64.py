@@ -15,68 +15,18 @@ import time
 import uuid
 from pathlib import Path
 
-import numpy as np
 import pytest
+from interruptkit import child_env, kill_all, marked, own_session, poll_until
+from policy_synth import tiny_value, write_small_rollout
 
-from reproduction.data.writer import EpisodeData, write_dataset
 from reproduction.portable import INTERRUPT_HINTS
 
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
     pytest.mark.usefixtures("terminal_sigint"),  # the Ctrl-C it sends must not be ignored (conftest)
 ]
-FEATURES = {
-    "observation.state": {"dtype": "float32", "shape": [3]},
-    "observation.goal": {"dtype": "float32", "shape": [2]},
-    "action": {"dtype": "float32", "shape": [2]},
-    "is_success": {"dtype": "bool", "shape": [1]},
-}
-TINY = [  # a tiny value model on CPU, two steps, inferred by two Ray workers
-    "value.model.preset=tiny",
-    "value.model.folds=1",
-    "value.model.augment=false",
-    "value.model.cameras={base_0_rgb: observation.images.none}",
-    "value.train.max_steps=2",
-    "value.train.global_batch=4",
-    "value.train.micro_batch=4",
-    "value.train.launcher=inprocess",
-    "value.train.device=cpu",
-    "value.infer.workers=2",
-    "value.infer.device=cpu",
-    "advantages.lookahead=2",
-]
-
-
-def _dataset(root: Path) -> Path:
-    eps = [
-        EpisodeData(
-            episode_index=e,
-            task="pick",
-            frames={
-                "observation.state": np.full((n, 3), e, np.float32),
-                "observation.goal": np.ones((n, 2), np.float32),
-                "action": np.full((n, 2), 0.5 * e, np.float32),
-                "is_success": np.arange(n) == n - 1,
-            },
-        )
-        for e, n in enumerate([3, 5, 4])
-    ]
-    return write_dataset(root, eps, fps=10, features=FEATURES)
-
-
-def _marked(mark: str) -> list[tuple[int, str]]:
-    """The processes whose environment holds `mark` (the run's, and the Ray head and workers it started)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if mark.encode() in (entry / "environ").read_bytes():
-                    found.append((int(entry.name), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
-            except OSError:
-                pass
-    return found
+TINY = tiny_value(workers=2)  # a tiny value model on CPU, two steps, inferred by two Ray workers
 
 
 def _threads(pid: int) -> set[str]:
@@ -98,35 +48,24 @@ def _advantages(run: Path) -> str | None:
 
 
 def test_ctrl_c_as_the_value_inference_ray_workers_start_exits_130_not_sigsegv(tmp_path):
-    data, run, mark = _dataset(tmp_path / "ds"), tmp_path / "run", uuid.uuid4().hex
+    data, run, mark = write_small_rollout(tmp_path / "ds"), tmp_path / "run", uuid.uuid4().hex
     cmd = [sys.executable, "-m", "reproduction.portable", "-q", "run", "--output", str(run)]
     cmd += ["--stages", "returns,value,advantages", f"datasets=[{{path: {data}, type: rollout}}]", *TINY]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "AUDIT64_SEGV": mark}
-    child = subprocess.Popen(
-        cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        deadline = time.monotonic() + 240
-        while child.poll() is None and time.monotonic() < deadline:
-            if _advantages(run) == "running" and "worker.io" in _threads(child.pid):
-                break
-            time.sleep(0.01)
-        assert child.poll() is None and time.monotonic() < deadline, "the Ray workers never started"
-        os.killpg(child.pid, signal.SIGINT)  # Ctrl-C: the whole group, Ray's head and workers too
-        _, err = child.communicate(timeout=120)
-        deadline = time.monotonic() + 60
-        while _marked(mark) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        left = _marked(mark)
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-        for pid, _ in _marked(mark):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+    env = child_env(AUDIT64_SEGV=mark)  # the mark: the run's processes, and the Ray head and workers it starts
+    with own_session(cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as child:
+        try:
+            deadline = time.monotonic() + 240
+            while child.poll() is None and time.monotonic() < deadline:
+                if _advantages(run) == "running" and "worker.io" in _threads(child.pid):
+                    break
+                time.sleep(0.01)
+            assert child.poll() is None and time.monotonic() < deadline, "the Ray workers never started"
+            os.killpg(child.pid, signal.SIGINT)  # Ctrl-C: the whole group, Ray's head and workers too
+            _, err = child.communicate(timeout=120)
+            poll_until(lambda: not marked(mark), 60, every_s=0.5)
+            left = marked(mark)
+        finally:
+            kill_all(marked(mark))
     assert child.returncode == 130, err  # -11 (SIGSEGV) in Ray's C++ teardown before
     lines = err.splitlines()
     assert lines[-2:] == ["error: interrupted", f"hint: {INTERRUPT_HINTS['run']}"], err

@@ -12,21 +12,21 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("ray")
 
+from interruptkit import REPO, TESTS, child_env, in_session, kill_all, own_session, poll_until  # noqa: E402
 from test_run_runner import ToyConfig  # noqa: E402
 
 from reproduction.errors import PortableError, RayUnavailableError, render_error  # noqa: E402
 from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec  # noqa: E402
 from reproduction.run.runner import RunOptions, run_recipe  # noqa: E402
 from reproduction.train import launcher, ray_connect  # noqa: E402
-
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
 
 
 def _refusing(host: str, port: int, timeout: float) -> None:
@@ -132,23 +132,28 @@ def _driver(run_dir: str) -> None:
         sys.exit(render_error(exc))
 
 
-def _session(sid: int) -> list[str]:
-    """The processes still in session `sid` (the driver's, Ray's head and workers it started)."""
-    left = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.getsid(int(entry.name)) == sid:
-                    left.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
-            except (OSError, ProcessLookupError):
-                pass
-    return left
+@contextmanager
+def driving(run: Path, *, before: str = "") -> Iterator[subprocess.Popen]:
+    """_driver(run) in a fresh Python after the code `before`, in a session (and process group) of its own, its output
+    piped; entered a second after its Ray task polls. On the way out every process left in that session (the driver's,
+    the Ray head's and workers it started, stopped ones too) is killed."""
+    code = before + f"import sys; sys.path[:0] = {[str(REPO), str(TESTS)]!r}; import test_ray_signals_audit60 as t; "
+    code += f"t._driver({str(run)!r})"
+    argv = [sys.executable, "-c", code]
+    with own_session(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(TESTS)) as driver:
+        try:
+            line = driver.stdout.readline()
+            assert line.strip() == "POLLING", driver.stderr.read()
+            time.sleep(1)
+            yield driver
+        finally:
+            kill_all(in_session(driver.pid))
 
 
 def _hung(driver: subprocess.Popen) -> str:
     """What a driver that did not exit in time was doing (a rare hang in a full CI run left nothing to read): its
     threads' Python stacks (faulthandler on SIGUSR1) and the processes left in its session; the driver is killed."""
-    left = _session(driver.pid)
+    left = in_session(driver.pid)
     os.kill(driver.pid, signal.SIGUSR1)
     time.sleep(2)
     driver.kill()
@@ -159,22 +164,8 @@ def _hung(driver: subprocess.Popen) -> str:
 @pytest.mark.slow
 def test_a_group_sigterm_during_a_local_ray_stage_is_exit_130_and_the_stage_interrupted(tmp_path):
     run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{TESTS}", "OMP_NUM_THREADS": "1"}
-    code = "import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True); "  # see _hung
-    code += f"import sys; sys.path[:0] = {[str(REPO), str(TESTS)]!r}; import test_ray_signals_audit60 as t; "
-    code += f"t._driver({str(run)!r})"
-    driver = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,  # its own group, signalled whole as `timeout`, `kill -- -PGID` or Slurm do
-    )
-    try:
-        line = driver.stdout.readline()
-        assert line.strip() == "POLLING", driver.stderr.read()
-        time.sleep(1)
+    faults = "import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True); "  # see _hung
+    with driving(run, before=faults) as driver:  # its own group, signalled whole as `timeout`, `kill -- -PGID`, Slurm
         os.killpg(driver.pid, signal.SIGTERM)
         t0 = time.monotonic()
         try:
@@ -188,15 +179,5 @@ def test_a_group_sigterm_during_a_local_ray_stage_is_exit_130_and_the_stage_inte
         assert rec["status"] == "interrupted" and rec["error"].startswith("KeyboardInterrupt")
         # a Ray worker still starting when the group's SIGTERM came is in its own process group, so the signal
         # missed it; it exits when it finds its raylet gone, which took over 15 s under a loaded suite (audit64 sig)
-        deadline = time.monotonic() + 60
-        while _session(driver.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _session(driver.pid) == []  # no Ray process outlives the run
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
-        try:
-            os.killpg(driver.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        poll_until(lambda: not in_session(driver.pid), 60, every_s=0.2)
+        assert in_session(driver.pid) == []  # no Ray process outlives the run

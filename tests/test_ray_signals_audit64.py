@@ -10,22 +10,19 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 ray = pytest.importorskip("ray")
 
-from test_ray_signals_audit60 import _session  # noqa: E402
+from interruptkit import in_session, poll_until  # noqa: E402
+from test_ray_signals_audit60 import driving  # noqa: E402
 
 from reproduction.train import launcher, ray_connect  # noqa: E402
 from reproduction.train.device import resolve  # noqa: E402
 
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
 pytestmark = pytest.mark.usefixtures("terminal_sigint")  # the Ctrl-C its tests send must not be ignored
 
 
@@ -89,48 +86,15 @@ def test_a_ray_error_on_the_way_out_of_a_normal_end_is_still_raised(monkeypatch)
 
 
 def _gcs_of(sid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.getsid(int(entry.name)) == sid and b"gcs_server" in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                pass
-    return pids
-
-
-def _kill_session(sid: int) -> None:
-    """SIGKILL every process left in session `sid` (the driver and the Ray processes it started), stopped ones too."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.getsid(int(entry.name)) == sid:
-                    os.kill(int(entry.name), signal.SIGKILL)
-            except OSError:
-                pass
+    return [pid for pid, cmdline in in_session(sid, width=None) if "gcs_server" in cmdline]
 
 
 @pytest.mark.slow
 def test_a_group_sigterm_while_the_local_gcs_accepts_but_never_answers_is_exit_130_in_bound(tmp_path):
     run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{TESTS}", "OMP_NUM_THREADS": "1"}
-    code = f"import sys; sys.path[:0] = {[str(REPO), str(TESTS)]!r}; import test_ray_signals_audit60 as t; "
-    code += f"t._driver({str(run)!r})"
-    driver = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    try:
-        line = driver.stdout.readline()
-        assert line.strip() == "POLLING", driver.stderr.read()
-        time.sleep(1)
+    with driving(run) as driver:
         gcs = _gcs_of(driver.pid)
-        assert len(gcs) == 1, _session(driver.pid)
+        assert len(gcs) == 1, in_session(driver.pid)
         os.kill(gcs[0], signal.SIGSTOP)  # its port still accepts; no request gets an answer (the SIGTERM waits)
         os.killpg(driver.pid, signal.SIGTERM)
         t0 = time.monotonic()
@@ -146,16 +110,10 @@ def test_a_group_sigterm_while_the_local_gcs_accepts_but_never_answers_is_exit_1
         assert "error: interrupted" in err and "lost the Ray cluster" not in err
         rec = json.loads((run / "run.json").read_text())["stages"]["ray"]
         assert rec["status"] == "interrupted" and rec["error"].startswith("KeyboardInterrupt"), rec
-    finally:
-        _kill_session(driver.pid)
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
 
 
 SLOW_SHUTDOWN = """
 import sys, time
-sys.path[:0] = {paths!r}
 import ray
 real = ray.shutdown
 
@@ -167,8 +125,6 @@ def slow_shutdown(*args, **kwargs):  # a loaded machine with many actors: a heal
 
 
 ray.shutdown = slow_shutdown
-import test_ray_signals_audit60 as t
-t._driver({run!r})
 """
 
 
@@ -179,41 +135,21 @@ def test_an_interrupt_whose_ray_shutdown_outlasts_the_bound_leaves_no_ray_proces
     the run by about 90 s. The watchdog now kills the processes of the local Ray this process started before it
     exits."""
     run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{TESTS}", "OMP_NUM_THREADS": "1"}
-    code = SLOW_SHUTDOWN.format(paths=[str(REPO), str(TESTS)], run=str(run))
-    driver = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    try:
-        line = driver.stdout.readline()
-        assert line.strip() == "POLLING", driver.stderr.read()
-        time.sleep(1)
+    with driving(run, before=SLOW_SHUTDOWN) as driver:
         os.kill(driver.pid, signal.SIGINT)  # Ctrl-C to the driver alone: its local Ray is healthy, only slow to stop
         t0 = time.monotonic()
         try:
             _, err = driver.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"no exit within 60 s: {_session(driver.pid)}")
+            pytest.fail(f"no exit within 60 s: {in_session(driver.pid)}")
         took = time.monotonic() - t0
         assert driver.returncode == 130, f"exit {driver.returncode} after {took:.1f} s: {err[-1500:]}"
         assert took < launcher.INTERRUPTED_CLEANUP_S + 5, took
         assert "SHUTDOWN-START" in err and "error: interrupted" in err, err[-1500:]
         rec = json.loads((run / "run.json").read_text())["stages"]["ray"]
         assert rec["status"] == "interrupted" and rec["error"].startswith("KeyboardInterrupt"), rec
-        deadline = time.monotonic() + 5
-        while _session(driver.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _session(driver.pid) == []  # the agents were still there 40 s later
-    finally:
-        _kill_session(driver.pid)
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
+        poll_until(lambda: not in_session(driver.pid), 5, every_s=0.2)
+        assert in_session(driver.pid) == []  # the agents were still there 40 s later
 
 
 def test_kill_local_leaves_a_joined_cluster_alone(monkeypatch):

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -145,32 +146,49 @@ def _as_nobody() -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("mode", [0o000, 0o644])
-def test_a_user_other_than_root_restores_such_a_folder_unchanged_and_updates_it(mode):
+@pytest.fixture
+def nobody() -> Iterator[tuple[list[str], Path]]:
+    """(the CLI run as the user nobody, a fresh folder of mode 0755 under /tmp: pytest's tmp_path nobody cannot
+    reach); the folder is removed after. Skips where the CLI cannot run as nobody (_as_nobody)."""
     cli = _as_nobody()
     if cli is None:
         pytest.skip("needs root, setpriv and a Python the user nobody can run")
-    work = Path(tempfile.mkdtemp(dir="/tmp"))  # not under pytest's tmp_path: nobody cannot reach it
+    work = Path(tempfile.mkdtemp(dir="/tmp"))
     try:
         os.chmod(work, 0o755)
-        bundle = _modes_bundle(work, mode)
-
-        def restore() -> tuple[int, str]:
-            subprocess.run(["chown", "-R", "nobody:", str(work)], check=True, timeout=60)
-            done = subprocess.run([*cli, "restore", str(bundle)], capture_output=True, text=True, timeout=120)
-            return done.returncode, done.stderr
-
-        code, err = restore()
-        assert code == 0 and err.endswith("files verified; extracted runtime/rt, source/app\n"), err
-        code, err = restore()
-        assert code == 0 and err.endswith("files verified; unchanged runtime/rt, source/app\n"), err
-        shutil.copytree(_modes_bundle(work, mode, out="bundle2", version=b"v2"), bundle, dirs_exist_ok=True)
-        code, err = restore()
-        assert code == 0 and err.endswith("files verified; extracted source/app; unchanged runtime/rt\n"), err
-        assert (bundle / "source" / "app" / "d" / "x.py").read_bytes() == b"v2"
+        yield cli, work
     finally:
         subprocess.run(["chmod", "-R", "u+rwx", str(work)], timeout=60)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _give_to_nobody(work: Path) -> None:
+    subprocess.run(["chown", "-R", "nobody:", str(work)], check=True, timeout=60)
+
+
+def _restore_as(cli: list[str], bundle: Path) -> tuple[int, str]:
+    """`portable restore BUNDLE` run by `cli`: its exit code and stderr."""
+    done = subprocess.run([*cli, "restore", str(bundle)], capture_output=True, text=True, timeout=120)
+    return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize("mode", [0o000, 0o644])
+def test_a_user_other_than_root_restores_such_a_folder_unchanged_and_updates_it(nobody, mode):
+    cli, work = nobody
+    bundle = _modes_bundle(work, mode)
+
+    def restore() -> tuple[int, str]:
+        _give_to_nobody(work)
+        return _restore_as(cli, bundle)
+
+    code, err = restore()
+    assert code == 0 and err.endswith("files verified; extracted runtime/rt, source/app\n"), err
+    code, err = restore()
+    assert code == 0 and err.endswith("files verified; unchanged runtime/rt, source/app\n"), err
+    shutil.copytree(_modes_bundle(work, mode, out="bundle2", version=b"v2"), bundle, dirs_exist_ok=True)
+    code, err = restore()
+    assert code == 0 and err.endswith("files verified; extracted source/app; unchanged runtime/rt\n"), err
+    assert (bundle / "source" / "app" / "d" / "x.py").read_bytes() == b"v2"
 
 
 # -- L2: a member whose path under the bundle's folder passes PATH_MAX ---------------------------------------------
@@ -385,33 +403,20 @@ def test_a_rename_failing_in_the_swap_names_the_full_path(tmp_path, capsys, monk
 
 
 @pytest.mark.parametrize("folder", ["runtime", ""], ids=["the target's parent", "the bundle folder"])
-def test_a_target_under_a_folder_without_read_permission_is_swapped(folder):
-    cli = _as_nobody()
-    if cli is None:
-        pytest.skip("needs root, setpriv and a Python the user nobody can run")
-    work = Path(tempfile.mkdtemp(dir="/tmp"))  # not under pytest's tmp_path: nobody cannot reach it
+def test_a_target_under_a_folder_without_read_permission_is_swapped(nobody, folder):
+    cli, work = nobody
+    bundle = _modes_bundle(work, 0o755)
+    _give_to_nobody(work)
+    code, err = _restore_as(cli, bundle)
+    assert code == 0 and err.endswith("files verified; extracted runtime/rt, source/app\n"), err
+    (bundle / "runtime" / "rt" / "d" / "x.txt").write_bytes(b"damaged\n")
+    os.chmod(bundle / folder, 0o300)  # its owner, nobody, may write and search it, not list it
     try:
-        os.chmod(work, 0o755)
-        bundle = _modes_bundle(work, 0o755)
-
-        def restore() -> tuple[int, str]:
-            done = subprocess.run([*cli, "restore", str(bundle)], capture_output=True, text=True, timeout=120)
-            return done.returncode, done.stderr
-
-        subprocess.run(["chown", "-R", "nobody:", str(work)], check=True, timeout=60)
-        code, err = restore()
-        assert code == 0 and err.endswith("files verified; extracted runtime/rt, source/app\n"), err
-        (bundle / "runtime" / "rt" / "d" / "x.txt").write_bytes(b"damaged\n")
-        os.chmod(bundle / folder, 0o300)  # its owner, nobody, may write and search it, not list it
-        try:
-            code, err = restore()
-        finally:
-            os.chmod(bundle / folder, 0o755)
-        assert code == 0 and err.endswith("files verified; extracted runtime/rt; unchanged source/app\n"), err
-        assert (bundle / "runtime" / "rt" / "d" / "x.txt").read_bytes() == b"x\n"
+        code, err = _restore_as(cli, bundle)
     finally:
-        subprocess.run(["chmod", "-R", "u+rwx", str(work)], timeout=60)
-        shutil.rmtree(work, ignore_errors=True)
+        os.chmod(bundle / folder, 0o755)
+    assert code == 0 and err.endswith("files verified; extracted runtime/rt; unchanged source/app\n"), err
+    assert (bundle / "runtime" / "rt" / "d" / "x.txt").read_bytes() == b"x\n"
 
 
 # -- review64 R L2: the staging copy of a member is longer than its path at a short target -------------------------

@@ -12,29 +12,23 @@ import multiprocessing.context
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from interruptkit import children, in_session, own_session_script, poll_until, run_python, slowed
 
 from reproduction.errors import WorkerFailedError
 from reproduction.sim.workers import run_units
 
 SLOW = "__import__('time').sleep(20)"
 DIE = "__import__('os').kill(__import__('os').getpid(), 9)"
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.usefixtures("terminal_sigint")  # the Ctrl-C its tests send must not be ignored
 
 
 def test_a_killed_worker_is_reported_at_once_when_the_other_works_on(monkeypatch):
     start = multiprocessing.context.SpawnProcess.start
-
-    def slow_start(self):  # the pool registers the worker this much later, as under load
-        start(self)
-        time.sleep(0.5)
-
-    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", slow_start)
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", slowed(start))  # registered later, as under load
     t0 = time.monotonic()
     with pytest.raises(WorkerFailedError) as caught:
         list(run_units(eval, [SLOW, DIE], workers=2, killed_hint="continue"))
@@ -62,8 +56,7 @@ def test_pool_workers_start_with_sigint_blocked_and_the_driver_gets_it_back():
     with SIGINT blocked (the driver stops them); the driver's own mask is as before once the pool is up. In a fresh
     interpreter, where the pool also starts multiprocessing's resource tracker (which unblocks SIGINT after its own
     start)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", MASKS], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = run_python(MASKS)
     assert out.returncode == 0, out.stderr
     *masks, blocked_before, same_after = out.stdout.split()
     assert len(masks) == 3 and all(int(m, 16) & (1 << (signal.SIGINT - 1)) for m in masks), masks
@@ -71,44 +64,20 @@ def test_pool_workers_start_with_sigint_blocked_and_the_driver_gets_it_back():
 
 
 DRIVER = """
-import sys, time
+from interruptkit import one_line_interrupt
 from reproduction.sim.workers import run_units
-try:
+with one_line_interrupt():
     list(run_units(eval, ["__import__('time').sleep(30)"] * 4, workers=2))
-except KeyboardInterrupt:
-    print("error: interrupted", file=sys.stderr)
-    sys.exit(130)
 """
-
-
-def _spawned(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        try:
-            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(d.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the workers in /proc")
 def test_ctrl_c_to_the_group_while_the_workers_start_is_one_line():
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", DRIVER], env=env, cwd=REPO, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while len(_spawned(proc.pid)) < 3 and time.monotonic() < deadline:  # the tracker and two workers
-            time.sleep(0.01)
+    with own_session_script(DRIVER, stderr=subprocess.PIPE) as proc:
+        poll_until(lambda: len(children(proc.pid)) >= 3, 60)  # the tracker and two workers
         time.sleep(0.05)  # the workers' interpreters are starting (spawn_main imports)
         os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C: to every process of the group, the starting workers too
         _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
     assert proc.returncode == 130, err
     assert err.strip() == "error: interrupted", err
 
@@ -151,45 +120,18 @@ def test_the_error_names_the_unit_the_dead_worker_held_not_the_first_unfinished(
 
 
 RACE = """
-import multiprocessing.context, multiprocessing.util, sys, threading, time
+import multiprocessing.context, multiprocessing.util, sys
+from interruptkit import one_line_interrupt, sigint_taking_thread, slowed
 from reproduction.sim.workers import run_units, sigterm_as_interrupt
 
-threading.Thread(target=time.sleep, args=(300,), daemon=True).start()  # as rich's refresh thread: SIGINT unblocked
+sigint_taking_thread()  # as rich's refresh thread: SIGINT unblocked
 if sys.argv[1] == "registered":  # a worker started, not yet in the pool's _processes (as under load)
-    start = multiprocessing.context.SpawnProcess.start
-
-    def slow(self):
-        start(self)
-        time.sleep(0.5)
-
-    multiprocessing.context.SpawnProcess.start = slow
+    multiprocessing.context.SpawnProcess.start = slowed(multiprocessing.context.SpawnProcess.start)
 else:  # a worker forked, its preparation data not yet written
-    spawnv = multiprocessing.util.spawnv_passfds
-
-    def slow(*args):
-        pid = spawnv(*args)
-        time.sleep(0.5)
-        return pid
-
-    multiprocessing.util.spawnv_passfds = slow
-try:
-    with sigterm_as_interrupt():
-        list(run_units(eval, ["__import__('time').sleep(60)"] * 2, workers=2))
-except KeyboardInterrupt:
-    print("error: interrupted", file=sys.stderr)
-    sys.exit(130)
+    multiprocessing.util.spawnv_passfds = slowed(multiprocessing.util.spawnv_passfds)
+with one_line_interrupt(), sigterm_as_interrupt():
+    list(run_units(eval, ["__import__('time').sleep(60)"] * 2, workers=2))
 """
-
-
-def _session(sid: int) -> list[str]:
-    left = []
-    for d in Path("/proc").iterdir():
-        try:
-            if d.name.isdigit() and os.getsid(int(d.name)) == sid:
-                left.append((d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:100])
-        except OSError:
-            continue
-    return left
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the workers in /proc")
@@ -203,20 +145,9 @@ def test_an_interrupt_another_thread_takes_while_the_workers_start_is_one_line_a
     forked but not yet sent its preparation data lived on (SIGINT blocked) and printed an EOFError traceback; one
     started but not yet registered by the pool was never stopped and the driver hung for ever at exit, joining it
     (a SIGTERM to the driver alone, raised as KeyboardInterrupt, too). The interrupt now waits for the starts."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", RACE, where],
-        env=env,
-        cwd=REPO,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
     hung = False
-    try:
-        deadline = time.monotonic() + 60
-        while len(_spawned(proc.pid)) < 2 and time.monotonic() < deadline:  # the tracker and the first worker
-            time.sleep(0.01)
+    with own_session_script(RACE, where, stderr=subprocess.PIPE) as proc:
+        poll_until(lambda: len(children(proc.pid)) >= 2, 60)  # the tracker and the first worker
         time.sleep(0.1)  # inside the slowed start
         if how == "group-SIGINT":
             os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C: every process of the group
@@ -228,17 +159,11 @@ def test_an_interrupt_another_thread_takes_while_the_workers_start_is_one_line_a
             hung = True
             os.killpg(proc.pid, signal.SIGKILL)
             _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
     assert not hung, f"the driver did not exit within 30 s of the interrupt: {err}"
     assert proc.returncode == 130, err
     assert err.strip() == "error: interrupted", err
-    deadline = time.monotonic() + 10
-    while _session(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _session(proc.pid) == []
+    poll_until(lambda: not in_session(proc.pid), 10, every_s=0.1)
+    assert in_session(proc.pid) == []
 
 
 BLOCK = """
@@ -267,9 +192,7 @@ with interrupts_noted(arrived):
 def test_an_interrupt_inside_the_block_is_raised_at_its_end_through_the_previous_handler(sig):
     """The interrupt is neither raised mid-block nor lost: the handlers before the block (portable's guard, which
     notes each interrupt) get it at the block's end, and are back in place with the mask."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    script = BLOCK.replace("{sig}", sig)
-    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    out = run_python(BLOCK.replace("{sig}", sig), timeout=60)
     assert out.returncode == 0, out.stderr
     raised = "KeyboardInterrupt('SIGTERM')" if sig == "TERM" else "KeyboardInterrupt()"
     assert out.stdout.split("\n")[0] == f"the block's end {raised} 1 sigint sigterm False", out.stdout
