@@ -187,8 +187,9 @@ def _step(sims: list[Any], actions: Any) -> tuple[list[dict[str, Any]], Any]:
 
 
 def _serve(conn: Any, task: str, n: int, cameras: tuple[str, ...] = (), image_size: int = 64) -> None:
-    """A worker's loop: own n envs of `task` (make_sims, rendering `cameras`), answer commands until "close" or
-    EOF."""
+    """A worker's loop: own n envs of `task` (make_sims, rendering `cameras`), answer commands until "close", EOF or
+    a pipe the driver no longer holds (a driver killed by SIGKILL or the OOM killer: the worker ends quietly, no
+    traceback of ConnectionResetError or BrokenPipeError on the terminal, audit65 K)."""
     from reproduction.sim.workers import WORKER_ENV
 
     os.environ.update(WORKER_ENV)  # before numpy / mujoco load
@@ -197,17 +198,21 @@ def _serve(conn: Any, task: str, n: int, cameras: tuple[str, ...] = (), image_si
         while True:
             try:
                 cmd, arg = conn.recv()
-            except EOFError:
+            except (EOFError, OSError):  # closed, or reset by a driver that died
                 return
             if cmd == "reset":
-                conn.send([sim.reset(k) for sim, k in zip(sims, arg)])
+                answer = [sim.reset(k) for sim, k in zip(sims, arg)]
             elif cmd == "step":
-                conn.send(_step(sims, arg))
+                answer = _step(sims, arg)
             elif cmd == "success":
-                conn.send([sim.is_success() for sim in sims])
+                answer = [sim.is_success() for sim in sims]
             elif cmd == "goal_distance":
-                conn.send([sim.goal_distance() for sim in sims])
+                answer = [sim.goal_distance() for sim in sims]
             else:
+                return
+            try:
+                conn.send(answer)
+            except OSError:  # the driver is gone: nobody reads the answer
                 return
     finally:
         for sim in sims:
