@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.errors import ConfigError, MissingDependencyError, PortableError
-from reproduction.recipe import Recipe, a_kind, resolve_fn
+from reproduction.recipe import Recipe, a_kind, import_failure, resolve_fn
 
 BUILTIN_PACKAGE = "reproduction.recipes"
 """Built-in recipes: reproduction/recipes/<name>/ exporting RECIPE."""
@@ -79,7 +79,9 @@ def resolve_recipe(name: str) -> Recipe:
             field=exc.fields.get("field") or "recipe",
             hint=exc.hint or "fix the recipe module",
         ) from None
-    except (Exception, SystemExit) as exc:  # the recipe module itself failed (or exited): one line, the recipe named
+    except Exception as exc:  # the recipe module's own code failed: one line, the recipe, the file and line named
+        raise import_failure(module, exc, f"recipe: {name!r}", field="recipe") from None  # audit65_B L5: no line was
+    except SystemExit as exc:  # named, and the hint said python -c 'import ...' with the module left out
         raise ConfigError(
             f"recipe: {name!r} cannot be imported: {type(exc).__name__}: {_line(exc)}",
             field="recipe",

@@ -346,13 +346,16 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
 
         # the recipe's own spelling (config keys, stage functions, its headline), before any input
         names = [s.name for s in selected]
-        refs = headline_problems(recipe, open_inputs=opts.inputs is None)
+        failed: set[str] = set()  # modules that failed to import: one problem each (audit65_B L1)
+        refs = headline_problems(recipe, open_inputs=opts.inputs is None, failed=failed)
         recorded = state.get("stages") if isinstance(state, dict) else None
         done = {n for n, r in (recorded if isinstance(recorded, dict) else {}).items() if _complete(r)}
         redone = downstream(recipe, opts.restart)  # trained afresh to --target-step: no clash with the count
         unfinished = [n for n in names if n not in done or n in redone]
         raise_problems(
-            declaration_problems(recipe, plain) + fn_problems(recipe, names, digests, unfinished=unfinished) + refs
+            declaration_problems(recipe, plain)
+            + fn_problems(recipe, names, digests, unfinished=unfinished, failed=failed)
+            + refs
         )
         # listed with the preflight's problems, not before them: a missing eval.reference alone used to hide a
         # missing tokenizer that 341a8f6 listed beside it (audit54 review R6); a key the recipe names itself once

@@ -1,0 +1,182 @@
+"""audit65_B: an out-of-tree recipe package through `portable run` as a first-time user writes it: a SyntaxError in
+a stage's or the config schema's module is the user's file and line, exit 4, not "internal error" (H1); one problem
+per module that cannot be imported (L1); the recipe module's own exception names its line (L5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recipe_cli import run_portable
+
+CONFIG = """\
+from dataclasses import dataclass, field
+
+
+@dataclass(kw_only=True)
+class Train:
+    steps: int = 3
+
+
+@dataclass(kw_only=True)
+class Cfg:
+    train: Train = field(default_factory=Train)
+"""
+
+STAGES = """\
+import json
+
+from reproduction.fsio import atomic_write_text
+from reproduction.recipe import StageOutput
+
+
+def train(ctx):
+    checkpoint = ctx.out_dir / "state.json"
+    step = json.loads(checkpoint.read_text())["step"] if ctx.resume and checkpoint.is_file() else 0
+    started = step
+    target = ctx.target_step or ctx.config.train.steps
+    while step < target:
+        step += 1
+        atomic_write_text(checkpoint, json.dumps({"step": step}))
+    return StageOutput(files=[checkpoint], step=step, resumed_from=started or None)
+
+
+def score(ctx):
+    out = ctx.out_dir / "score.json"
+    atomic_write_text(out, (ctx.run_dir / "train" / "state.json").read_text())
+    return StageOutput(files=[out])
+"""
+
+RECIPE = """\
+from reproduction.recipe import Recipe, StageSpec
+
+RECIPE = Recipe(
+    name="r65",
+    config_schema="r65.config:Cfg",
+    stages=(
+        StageSpec(name="train", fn="r65.stages:train", config=("train",), training="train.steps", inputs=False,
+                  outputs=("state.json",), code=("r65",)),
+        StageSpec(name="score", fn="r65.stages:score", needs=("train",), inputs=False, code=("r65",)),
+    ),
+)
+"""
+
+
+def _package(folder: Path, **edits: tuple[str, str]) -> Path:
+    """The r65 package (config.py, stages.py, recipe.py) and c.yaml in `folder`; `edits`: {module: (old, new)}, one
+    replacement each, asserted to apply."""
+    (folder / "r65").mkdir(parents=True)
+    (folder / "r65" / "__init__.py").write_text("")
+    for name, text in {"config": CONFIG, "stages": STAGES, "recipe": RECIPE}.items():
+        if name in edits:
+            old, new = edits[name]
+            assert old in text, old
+            text = text.replace(old, new, 1)
+        (folder / "r65" / f"{name}.py").write_text(text)
+    (folder / "c.yaml").write_text("recipe: r65.recipe:RECIPE\n")
+    return folder
+
+
+def _run(folder: Path, *args: str):
+    return run_portable(folder, "run", "--config", "c.yaml", "--output", "run", *args)
+
+
+def _lines(proc) -> list[str]:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.stderr.strip().splitlines()
+
+
+def test_the_package_runs(tmp_path):
+    done = _run(_package(tmp_path))
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_syntax_error_in_a_stage_module_names_the_file_and_line_exit_4(tmp_path):
+    """H1: was `error: internal error: SyntaxError: expected ':' (stages.py, line 7)`, `hint: this is a bug in
+    recap-portable`, exit 1."""
+    folder = _package(tmp_path, stages=("def train(ctx):", "def train(ctx)"))
+    proc = _run(folder)
+    path = folder / "r65" / "stages.py"
+    assert proc.returncode == 4, proc.stderr
+    assert _lines(proc) == [
+        f"error: recipe r65: stage train's module 'r65.stages' cannot be imported: SyntaxError: expected ':' "
+        f"(at {path}:7)",
+        f"hint: fix {path}:7, then run again; python -c 'import r65.stages' (with the same PYTHONPATH) shows the "
+        "traceback",
+    ]  # one problem for the module both stages' functions live in (audit65_B L1)
+    assert not (folder / "run").exists()
+
+
+def test_a_syntax_error_in_the_config_schema_module_names_the_file_and_line_exit_4(tmp_path):
+    folder = _package(tmp_path, config=("class Train:", "class Train"))
+    proc = _run(folder)
+    assert proc.returncode == 4, proc.stderr
+    assert _lines(proc)[0] == (
+        "error: recipe 'r65': config_schema 'r65.config:Cfg' cannot be imported: SyntaxError: expected ':' "
+        f"(at {folder / 'r65' / 'config.py'}:5)"
+    )
+
+
+def test_an_exception_at_a_stage_modules_top_level_names_the_file_and_line(tmp_path):
+    """open_inputs in the stages' module imports it before anything runs: exit 4 naming the line, as for the recipe
+    module."""
+    folder = _package(
+        tmp_path,
+        stages=(
+            "def train(ctx):",
+            "X = undefined_name\n\n\ndef open_inputs(config):\n    return {}\n\n\ndef train(ctx):",
+        ),
+        recipe=('    name="r65",', '    name="r65",\n    open_inputs="r65.stages:open_inputs",'),
+    )
+    proc = _run(folder)
+    assert proc.returncode == 4, proc.stderr
+    assert _lines(proc)[0] == (
+        "error: recipe r65: open_inputs module 'r65.stages' cannot be imported: NameError: name 'undefined_name' is "
+        f"not defined (at {folder / 'r65' / 'stages.py'}:7)"
+    )
+
+
+def test_a_syntax_error_in_a_module_a_stage_imports_when_it_runs_is_the_users_line(tmp_path):
+    """A helper the stage imports inside its function: the stage raised it (exit 1, recorded failed), named by the
+    SyntaxError's own file and line, not "internal error"."""
+    folder = _package(tmp_path, stages=("    checkpoint = ", "    import r65.helper  # noqa\n    checkpoint = "))
+    (folder / "r65" / "helper.py").write_text("x = (\n")
+    proc = _run(folder)
+    assert proc.returncode == 1, proc.stderr
+    lines = _lines(proc)
+    assert lines[0].startswith("error: SyntaxError: '(' was never closed"), lines
+    assert lines[1].startswith(f"hint: raised at {folder / 'r65' / 'helper.py'}:1, outside recap-portable"), lines
+
+
+def test_a_missing_package_in_the_stages_module_is_one_problem_with_its_install_hint(tmp_path):
+    """L1: was exit 56, the same problem once per stage and once for open_inputs, no install hint."""
+    folder = _package(tmp_path, stages=("import json\n", "import json\nimport sklearn_nonexistent65\n"))
+    proc = _run(folder)
+    assert proc.returncode == 10, proc.stderr
+    assert _lines(proc) == [
+        "error: recipe r65: stage train's module 'r65.stages' imports 'sklearn_nonexistent65', which is not "
+        "installed in this environment",
+        "hint: install the package that provides 'sklearn_nonexistent65' (pip install ...) and run again",
+    ]
+
+
+def test_a_misspelt_code_module_shared_by_stages_is_one_problem(tmp_path):
+    folder = _package(tmp_path)
+    folder_recipe = (folder / "r65" / "recipe.py").read_text().replace('code=("r65",)', 'code=("r65x",)')
+    (folder / "r65" / "recipe.py").write_text(folder_recipe)
+    proc = _run(folder)
+    assert proc.returncode == 4, proc.stderr
+    assert _lines(proc)[0] == "error: recipe r65: stages train, score declare code module 'r65x', which cannot be found"
+
+
+def test_an_exception_at_the_top_of_the_recipe_module_names_its_line(tmp_path):
+    """L5: was `... NameError: name 'undefined_name' is not defined`, hint `python -c 'import ...'`."""
+    folder = _package(tmp_path, recipe=("RECIPE = Recipe(", "X = undefined_name\nRECIPE = Recipe("))
+    proc = _run(folder)
+    path = folder / "r65" / "recipe.py"
+    assert proc.returncode == 4, proc.stderr
+    assert _lines(proc) == [
+        f"error: recipe: 'r65.recipe:RECIPE' cannot be imported: NameError: name 'undefined_name' is not defined "
+        f"(at {path}:3)",
+        f"hint: fix {path}:3, then run again; python -c 'import r65.recipe' (with the same PYTHONPATH) shows the "
+        "traceback",
+    ]
