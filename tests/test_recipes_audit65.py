@@ -4,6 +4,7 @@ per module that cannot be imported (L1); the recipe module's own exception names
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from recipe_cli import run_portable
@@ -180,3 +181,35 @@ def test_an_exception_at_the_top_of_the_recipe_module_names_its_line(tmp_path):
         f"hint: fix {path}:3, then run again; python -c 'import r65.recipe' (with the same PYTHONPATH) shows the "
         "traceback",
     ]
+
+
+def test_a_target_step_no_selected_stage_trains_to_is_refused_before_anything_runs(tmp_path):
+    """M2 (a): `training=` forgotten, `--target-step 7` trained to the step count (3) without a word, exit 0."""
+    folder = _package(tmp_path, recipe=(' training="train.steps",', ""))
+    proc = _run(folder, "--target-step", "7")
+    assert proc.returncode == 2, proc.stderr
+    assert _lines(proc) == [
+        "error: --target-step 7: none of the selected stages (train, score) of recipe r65 declares "
+        "StageSpec.training, so it would train nothing",
+        "hint: declare the step-count key of the stage that trains (StageSpec(training='SECTION.steps'), "
+        "docs/recipes.md), or leave --target-step out",
+    ]
+    assert not (folder / "run").exists()
+
+
+def test_a_target_step_with_stages_selecting_no_training_stage_is_refused_with_a_hint_that_works(tmp_path):
+    """M2 (b): `--resume --target-step 5 --stages score` said `score skipped`, exit 0; the hint's --stages works."""
+    folder = _package(tmp_path)
+    assert _run(folder).returncode == 0
+    before = (folder / "run" / "run.json").read_bytes()
+    proc = _run(folder, "--resume", "--target-step", "5", "--stages", "score")
+    assert proc.returncode == 2, proc.stderr
+    assert _lines(proc) == [
+        "error: --target-step 5: none of the selected stages (score) of recipe r65 declares StageSpec.training, so "
+        "it would train nothing",
+        "hint: select a training stage of it (train), e.g. --stages train,score, or leave --target-step out",
+    ]
+    assert (folder / "run" / "run.json").read_bytes() == before
+    done = _run(folder, "--resume", "--target-step", "5", "--stages", "train,score")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((folder / "run" / "score" / "score.json").read_text()) == {"step": 5}

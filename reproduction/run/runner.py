@@ -53,6 +53,7 @@ from reproduction.errors import (
     RunStateError,
     StageKeyChangedError,
     StageProtocolError,
+    UsageError,
 )
 from reproduction.fsio import (
     atomic_write_bytes,
@@ -361,6 +362,7 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
         # missing tokenizer that 341a8f6 listed beside it (audit54 review R6); a key the recipe names itself once
         missing = missing_file_problems(recipe, names, plain)
         left = untargeted(recipe, opts)  # training stages this --target-step leaves to their step count
+        _refuse_target_untrained(recipe, selected, left, opts.target_step)
         refuse_target_below_raised_count(
             [s for s in selected if s.name not in redone and s.name not in left],
             state,
@@ -1036,6 +1038,29 @@ def untargeted(recipe: Recipe, opts: RunOptions) -> frozenset[str]:
         return frozenset()
     named = set(opts.stages or ())
     return frozenset(s.name for s in recipe.stages if s.training and not s.target and s.name not in named)
+
+
+def _refuse_target_untrained(
+    recipe: Recipe, selected: Sequence[StageSpec], left: frozenset[str], target: int | None
+) -> None:
+    """UsageError (exit 2) when `--target-step` reaches none of the selected stages (none declares
+    StageSpec.training, or only ones it leaves to their step count: `untargeted`): it was ignored without a word, a
+    recipe whose `training=` was forgotten trained to its step count (audit65_B M2)."""
+    if target is None or any(s.training and s.name not in left for s in selected):
+        return
+    trainable = [s.name for s in recipe.stages if s.training]
+    chosen = {s.name for s in selected} | set(trainable[-1:])
+    example = ",".join(s.name for s in recipe.stages if s.name in chosen)
+    raise UsageError(
+        f"--target-step {target}: none of the selected stages ({', '.join(s.name for s in selected)}) of recipe "
+        f"{recipe.name} declares StageSpec.training, so it would train nothing",
+        field="target_step",
+        hint=f"select a training stage of it ({', '.join(trainable)}), e.g. --stages {example}, or leave "
+        "--target-step out"
+        if trainable
+        else "declare the step-count key of the stage that trains (StageSpec(training='SECTION.steps'), "
+        "docs/recipes.md), or leave --target-step out",
+    )
 
 
 def _note_cut_back(walk: _Walk, spec: StageSpec, rec: dict[str, Any] | None, target: int | None) -> None:
