@@ -213,3 +213,55 @@ def test_a_target_step_with_stages_selecting_no_training_stage_is_refused_with_a
     done = _run(folder, "--resume", "--target-step", "5", "--stages", "train,score")
     assert done.returncode == 0, done.stderr
     assert json.loads((folder / "run" / "score" / "score.json").read_text()) == {"step": 5}
+
+
+def _printing(tmp_path: Path) -> Path:
+    """The package whose recipe module prints when imported and whose train stage prints three ways: print(), a
+    write to fd 1, and a child process writing to its inherited stdout."""
+    return _package(
+        tmp_path,
+        recipe=("RECIPE = Recipe(", 'print("recipe imported")\nRECIPE = Recipe('),
+        stages=(
+            "    started = step\n",
+            "    started = step\n"
+            '    print("training from", step)\n'
+            '    __import__("os").write(1, b"fd one\\n")\n'
+            '    __import__("subprocess").run(["echo", "from a child"], check=True)\n'
+            "    if ctx.config.train.steps == 2:\n"
+            '        raise ValueError("stage failed")\n',
+        ),
+    )
+
+
+def test_a_stage_printing_to_stdout_leaves_json_one_document(tmp_path):
+    """M3: stdout was `training from 0` then the JSON (json.loads failed)."""
+    folder = _printing(tmp_path)
+    proc = _run(folder, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert [s["action"] for s in json.loads(proc.stdout)["stages"]] == ["ran", "ran"]
+    for line in ("recipe imported", "training from 0", "fd one", "from a child"):
+        assert line in proc.stderr.splitlines(), proc.stderr
+    printed = run_portable(folder, "run", "--config", "c.yaml", "--print-config", "--json")
+    assert printed.returncode == 0 and json.loads(printed.stdout)["train"] == {"steps": 3}, printed.stdout
+    failed = run_portable(folder, "run", "--config", "c.yaml", "--output", "r2", "--json", "train.steps=2")  # raises
+    assert failed.returncode == 1, failed.stderr
+    assert failed.stdout == "" and "training from 0" in failed.stderr and "fd one" in failed.stderr
+
+
+def test_stdout_to_stderr_puts_fd_1_back_when_the_code_inside_raises(capfd):
+    import os
+    import sys
+
+    import pytest
+
+    from reproduction.ui import stdout_to_stderr
+
+    with pytest.raises(KeyboardInterrupt), stdout_to_stderr():
+        print("talk")
+        os.write(1, b"fd talk\n")
+        raise KeyboardInterrupt
+    print("data", flush=True)
+    os.write(1, b"fd data\n")
+    out, err = capfd.readouterr()
+    assert (out, err) == ("data\nfd data\n", "talk\nfd talk\n")
+    assert sys.stdout is sys.__stdout__ or sys.stdout is not sys.stderr
