@@ -265,3 +265,24 @@ def test_stdout_to_stderr_puts_fd_1_back_when_the_code_inside_raises(capfd):
     out, err = capfd.readouterr()
     assert (out, err) == ("data\nfd data\n", "talk\nfd talk\n")
     assert sys.stdout is sys.__stdout__ or sys.stdout is not sys.stderr
+
+
+def test_a_training_stage_ignoring_its_target_step_is_refused_not_recorded_at_the_target(tmp_path):
+    """M1: a loop that trains to its step count only said `train continued` to --target-step 5, run.json recording
+    step 3 with lineage.target_step 5, and `lineage --verify` passed."""
+    folder = _package(tmp_path, stages=("ctx.target_step or ctx.config.train.steps", "ctx.config.train.steps"))
+    assert _run(folder).returncode == 0
+    proc = _run(folder, "--resume", "--target-step", "5")
+    assert proc.returncode == 54, proc.stderr
+    assert _lines(proc) == [
+        "error: recipe r65: stage train was asked to train to step 5 (ctx.target_step) but returned step 3",
+        "hint: a training stage trains to ctx.target_step when it is set, else to its step count (train.steps), and "
+        "returns the step it reached (docs/recipes.md); fix it, then `portable run` with --resume continues it",
+    ]
+    train = json.loads((folder / "run" / "run.json").read_text())["stages"]["train"]
+    assert (train["status"], train["step"], "target_step" in train["lineage"]) == ("complete", 3, False)
+    statement = json.loads((folder / "run" / "lineage" / "train.intoto.json").read_text())
+    assert "target_step" not in statement["predicate"]["buildDefinition"]["externalParameters"]
+    fresh = run_portable(folder, "run", "--config", "c.yaml", "--output", "r2", "--target-step", "5")
+    assert fresh.returncode == 54, fresh.stderr  # a fresh run to a target alike: recorded failed, not complete
+    assert json.loads((folder / "r2" / "run.json").read_text())["stages"]["train"]["status"] == "failed"

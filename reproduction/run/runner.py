@@ -918,6 +918,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
                     hint="write the stage's outputs into ctx.out_dir and return them in StageOutput(files=[...]), "
                     "or fix StageSpec.outputs to name the files it writes",
                 )
+            _refuse_missed_target(walk.recipe.name, spec, output, target)
             refuse_others_files(state, run_dir, spec, outputs)
             taken = watch.refuse_changed(spec, stage_dir, outputs, walk.digests)  # ... and those changed unreturned
         except StageProtocolError:
@@ -957,6 +958,23 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         _write_state(run_dir, state)
     return StageReport(
         name=spec.name, action="continued" if action == "continue" else "ran", seconds=seconds, output=output
+    )
+
+
+def _refuse_missed_target(recipe: str, spec: StageSpec, output: StageOutput, target: int | None) -> None:
+    """StageProtocolError (exit 54) when a training stage handed a target (ctx.target_step: --target-step, or the one
+    a plain --resume inherits) returned another step: one that trains to its step count regardless was recorded
+    `continued` with the target in its lineage while its checkpoints stayed at the old step (audit65_B M1). A stage
+    returning step=None decides what a target means to it (docs/recipes.md) and is not checked."""
+    if target is None or output.step is None or output.step == target:
+        return
+    raise StageProtocolError(
+        f"recipe {recipe}: stage {spec.name} was asked to train to step {target} (ctx.target_step) but returned "
+        f"step {output.step}",
+        stage=spec.name,
+        hint="a training stage trains to ctx.target_step when it is set, else to its step count "
+        f"({spec.training}), and returns the step it reached (docs/recipes.md); fix it, then `portable run` with "
+        "--resume continues it",
     )
 
 
