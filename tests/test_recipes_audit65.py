@@ -286,3 +286,14 @@ def test_a_training_stage_ignoring_its_target_step_is_refused_not_recorded_at_th
     fresh = run_portable(folder, "run", "--config", "c.yaml", "--output", "r2", "--target-step", "5")
     assert fresh.returncode == 54, fresh.stderr  # a fresh run to a target alike: recorded failed, not complete
     assert json.loads((folder / "r2" / "run.json").read_text())["stages"]["train"]["status"] == "failed"
+
+
+def test_a_dot_for_the_colon_in_recipe_suggests_the_reference_that_works(tmp_path):
+    """L2: `recipe: r65.recipe.RECIPE` suggested `r65.recipe.RECIPE:RECIPE`, which fails."""
+    folder = _package(tmp_path)
+    proc = _run(folder, "recipe=r65.recipe.RECIPE")
+    assert proc.returncode == 4, proc.stderr
+    assert "(e.g. r65.recipe:RECIPE)" in _lines(proc)[1], proc.stderr
+    assert _run(folder, "recipe=r65.recipe:RECIPE").returncode == 0
+    other = _run(folder, "recipe=r65.nosuch")  # no Recipe found that way: the form, as before
+    assert other.returncode == 4 and "(e.g. r65.nosuch:RECIPE)" in other.stderr, other.stderr

@@ -55,7 +55,7 @@ def resolve_recipe(name: str) -> Recipe:
         if not sep and (exc.name == BUILTIN_PACKAGE or module.startswith(f"{exc.name}.") or exc.name == module):
             # `aud.r` (the colon forgotten) was looked up as reproduction.recipes.aud: naming that internal module
             # said nothing of what to write (audit54 A8)
-            example = f" (e.g. {name}:RECIPE)" if "." in name else ""
+            example = f" (e.g. {_colon_for_dot(name)})" if "." in name else ""
             raise ConfigError(
                 f"recipe: {name!r} is not a built-in recipe (built-in recipes: {known})",
                 field="recipe",
@@ -96,6 +96,18 @@ def resolve_recipe(name: str) -> Recipe:
             hint=_recipe_attributes_hint(mod, module),
         )
     return obj
+
+
+def _colon_for_dot(name: str) -> str:
+    """The reference to suggest for a `recipe:` written without its colon: `pkg.mod:ATTR` when `pkg.mod` imports and
+    its ATTR holds a Recipe (a dot for the colon: `pkg.mod.ATTR`, whose suggested `pkg.mod.ATTR:RECIPE` failed,
+    audit65_B L2), else `NAME:RECIPE`."""
+    module, _, attr = name.rpartition(".")
+    try:
+        found = isinstance(getattr(importlib.import_module(module), attr, None), Recipe)
+    except Exception:  # noqa: BLE001 - only a suggestion: the module's own failure is named when it is referenced
+        found = False
+    return f"{module}:{attr}" if found else f"{name}:RECIPE"
 
 
 def _recipe_attributes_hint(mod: Any, module: str) -> str:
