@@ -297,3 +297,16 @@ def test_a_dot_for_the_colon_in_recipe_suggests_the_reference_that_works(tmp_pat
     assert _run(folder, "recipe=r65.recipe:RECIPE").returncode == 0
     other = _run(folder, "recipe=r65.nosuch")  # no Recipe found that way: the form, as before
     assert other.returncode == 4 and "(e.g. r65.nosuch:RECIPE)" in other.stderr, other.stderr
+
+
+def test_a_negative_training_count_is_refused_naming_the_key(tmp_path):
+    """L7: `train.steps=-3` ran and recorded train complete at step 0."""
+    folder = _package(tmp_path)
+    proc = _run(folder, "train.steps=-3")
+    assert proc.returncode == 4, proc.stderr
+    assert _lines(proc) == [
+        "error: config key `train.steps` is -3: it is stage train's step count (StageSpec.training of recipe r65), "
+        "which cannot be negative",
+        "hint: set train.steps to the number of steps to train (>= 0)",
+    ]
+    assert not (folder / "run").exists()

@@ -580,9 +580,19 @@ def declaration_problems(recipe: Recipe, plain: Any) -> list[ConfigError]:
 
 
 def _training_problem(recipe: Recipe, spec: StageSpec, value: Any) -> list[ConfigError]:
-    """A ConfigError when the stage's `training` key holds no integer step count: the key is left out of the stage's
+    """A ConfigError when the stage's `training` key holds no integer step count (or a negative one: audit65_B L7,
+    recorded complete at step 0): the key is left out of the stage's
     key (`--target-step` raises it), so one naming a section left the whole section out, and a changed learning rate
     was skipped on --resume (audit50_B F1); one naming a str field made a raised count mean nothing."""
+    if isinstance(value, int) and not isinstance(value, bool) and value < 0:  # recorded complete at step 0 (L7)
+        return [
+            ConfigError(
+                f"config key `{spec.training}` is {value}: it is stage {spec.name}'s step count (StageSpec.training "
+                f"of recipe {recipe.name}), which cannot be negative",
+                field=spec.training,
+                hint=f"set {spec.training} to the number of steps to train (>= 0)",
+            )
+        ]
     if isinstance(value, int) and not isinstance(value, bool):
         return []
     what = "a section" if isinstance(value, dict) else f"{type(value).__name__} {value!r:.40}"
