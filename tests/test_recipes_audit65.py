@@ -310,3 +310,16 @@ def test_a_negative_training_count_is_refused_naming_the_key(tmp_path):
         "hint: set train.steps to the number of steps to train (>= 0)",
     ]
     assert not (folder / "run").exists()
+
+
+def test_a_misspelt_report_is_refused_before_anything_runs(tmp_path):
+    """L3: found only after every stage had run, as a warning that every --resume repeated."""
+    folder = _package(tmp_path, recipe=('    name="r65",', '    name="r65",\n    report="r65.stages:write_reprt",'))
+    proc = _run(folder)
+    assert proc.returncode == 4, proc.stderr
+    assert _lines(proc) == [
+        "error: recipe r65: its report 'r65.stages:write_reprt' cannot be loaded: module 'r65.stages' has no "
+        "attribute 'write_reprt'",
+        "hint: fix the spelling of the Recipe's report ('module:function' taking the run folder)",
+    ]
+    assert not (folder / "run").exists()

@@ -383,15 +383,20 @@ def headline_problems(
     (the run calls it: no inputs were given), names no function that can be found, checked as fn_problems checks a
     stage's function, before anything runs: a misspelt headline was found only after every stage had run, as a warning
     line, and the run printed no headline; a misspelt open_inputs left a run folder holding only its lock. (One that
-    raises when called stays a warning: the run is complete by then.) A module that fails to import for its own fault
+    raises when called stays a warning: the run is complete by then.) An out-of-tree recipe's report likewise, read
+    from its module's source (a misspelt one was a warning after every stage had run, each --resume again: audit65_B
+    L3). A module that fails to import for its own fault
     is `_module_problem`'s error, once per module (`failed`, as fn_problems)."""
     # imported, not read from source: the run calls them anyway, and a module in sys.modules is a dict lookup on
     # every later run in this process (parsing compare_cmd's source was ~2 ms a run: bench/run_overhead)
     refs = [("headline", recipe.headline, "the run folder"), ("open_inputs", recipe.open_inputs, "the run config")]
     problems: list[PortableError] = []
     failed = set() if failed is None else failed
-    for what, ref, takes in refs if open_inputs else refs[:1]:
-        why = _unloadable(ref, read_source=False) if ref else None
+    chosen = refs if open_inputs else refs[:1]
+    if isinstance(recipe.report, str) and not recipe.report.startswith("reproduction."):  # read, not imported
+        chosen = [*chosen, ("report", recipe.report, "the run folder")]  # (built-ins' are tested: no parse a run)
+    for what, ref, takes in chosen:
+        why = _unloadable(ref, read_source=what == "report") if ref else None
         if isinstance(why, BaseException):
             module = ref.partition(":")[0]
             if module not in failed:
