@@ -323,3 +323,15 @@ def test_a_misspelt_report_is_refused_before_anything_runs(tmp_path):
         "hint: fix the spelling of the Recipe's report ('module:function' taking the run folder)",
     ]
     assert not (folder / "run").exists()
+
+
+def test_an_out_of_tree_recipes_config_error_names_its_schema_not_docs_config_md(tmp_path):
+    """L4: `hint: see docs/config.md for its type`, a page of the built-in recipes' keys."""
+    folder = _package(tmp_path)
+    proc = _run(folder, "train.steps=2.5")
+    assert proc.returncode == 4, proc.stderr
+    assert _lines(proc)[1] == "hint: see its schema r65.config:Cfg for its type"
+    (folder / "c.yaml").write_text("recipe: r65.recipe:RECIPE\ntrain: 20\n")
+    proc = _run(folder)
+    assert proc.returncode == 4, proc.stderr
+    assert _lines(proc)[1] == "hint: set its fields (train.NAME=...; its schema r65.config:Cfg lists them)"

@@ -208,9 +208,13 @@ def load_run_config(files: list[Any], overrides: list[str], *, bundle: Any, run_
     given = given_recipe(files, overrides)
     name = given or DEFAULT_RECIPE
     recipe = resolve_recipe(name)
+    schema = recipe_schema(recipe)
     try:
-        config = load_config(files, overrides, bundle=bundle, run_dir=run_dir, schema=recipe_schema(recipe))
+        config = load_config(files, overrides, bundle=bundle, run_dir=run_dir, schema=schema)
     except ConfigError as exc:
+        if exc.hint and "docs/config.md" in exc.hint and not schema.__module__.startswith("reproduction."):
+            # docs/config.md lists the built-in recipes' keys, not an out-of-tree one's (audit65_B L4)
+            exc.hint = exc.hint.replace("docs/config.md", f"its schema {schema.__module__}:{schema.__qualname__}")
         # a config without `recipe:` is read as RECAP's; not said of a field of an item of RECAP's own list
         # (`datasets[0].bogus`): the list was RECAP's, so the config was (audit59 B1)
         if given is None and "unknown config key" in exc.message and "[" not in str(exc.field or ""):
