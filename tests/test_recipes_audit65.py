@@ -335,3 +335,26 @@ def test_an_out_of_tree_recipes_config_error_names_its_schema_not_docs_config_md
     proc = _run(folder)
     assert proc.returncode == 4, proc.stderr
     assert _lines(proc)[1] == "hint: set its fields (train.NAME=...; its schema r65.config:Cfg lists them)"
+
+
+def test_an_eval_record_without_counts_names_the_result_shape_for_any_recipe(tmp_path):
+    """L6: the hint sent a recipe with its own evaluation to the simulator's EvalResult.to_dict() (no tasks), or
+    was the generic stage hint (rates instead of counts)."""
+    import pytest
+
+    from reproduction.errors import InvalidInputError
+    from reproduction.run.evidence import EvalRecord, write_eval_evidence
+
+    for result in ({"taskz": {"g": {}}}, {"tasks": {"g": {"episodes": 5, "success_once_rate": 0.2}}}):
+        with pytest.raises(InvalidInputError) as err:
+            write_eval_evidence(
+                tmp_path / "e.json",
+                EvalRecord(result=result, label="mine", mode="mine"),
+                name="e",
+                run_id="x",
+                seeds={},
+                settings={},
+            )
+        assert err.value.exit_code == 4
+        assert "{'episodes': N, 'success_once': K, 'success_at_end': K}" in err.value.hint, err.value.hint
+    assert not (tmp_path / "e.json").exists()
