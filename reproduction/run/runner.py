@@ -62,7 +62,7 @@ from reproduction.fsio import (
     remove_orphaned_temps,
     remove_tree,
 )
-from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
+from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, raised_where, resolve_fn
 from reproduction.redaction import redact, redact_argv
 from reproduction.run.config import as_recorded, select, to_plain
 from reproduction.run.guards import LOCK_FILE, deferred_interrupts, refuse_links, run_lock, sigterm_as_interrupt
@@ -576,9 +576,11 @@ def write_report(recipe: Recipe, run_dir: Path, *, changed: bool = True) -> Path
         line = " ".join(str(exc).split())[:300]
         with contextlib.suppress(OSError):
             existing.unlink(missing_ok=True)
+        where = raised_where(exc)  # the recipe's own code: say where, and that a rerun alone repeats it (audit65_B L3)
         print(
-            f"warning: the run is complete, but its report was not written ({type(exc).__name__}: {line}); "
-            f"`portable run ... --resume` tries again",
+            f"warning: the run is complete, but its report was not written ({type(exc).__name__}: {line}"
+            + (f", raised at {where}); fix it, then `portable run ... --resume` writes it" if where else "); ")
+            + ("" if where else "`portable run ... --resume` tries again"),
             file=sys.stderr,
             flush=True,
         )
