@@ -1231,6 +1231,10 @@ def _origin(exc: BaseException) -> _Origin | None:
             return "ours"
         return "library" if any(real.startswith(lib + os.sep) for lib in libraries) else "user"
 
+    if isinstance(exc, SyntaxError) and exc.filename and not exc.filename.startswith("<") and exc.lineno:
+        if kind(exc.filename) == "user":  # its file is in the exception, not in the traceback (importlib's frames)
+            return _Origin(f"{exc.filename}:{exc.lineno}")  # was "internal error" (audit65_B H1)
+
     frames = [
         (frame, line, kind(frame.f_code.co_filename))
         for frame, line in traceback.walk_tb(exc.__traceback__)

@@ -310,6 +310,55 @@ def resolve_fn(
     cannot."""
     module, _, name = ref.partition(":")
     try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
+        loaded = importlib.import_module(module)
+    except ImportError as exc:
         raise ConfigError(f"{what} {ref!r} cannot be loaded: {exc}", field=key, hint=hint) from None
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the module's own failure (a SyntaxError): the user's file and line
+        raise import_failure(module, exc, f"{what} {ref!r}", field=key) from None
+    try:
+        return getattr(loaded, name)
+    except AttributeError as exc:
+        raise ConfigError(f"{what} {ref!r} cannot be loaded: {exc}", field=key, hint=hint) from None
+
+
+def import_failure(module: str, exc: BaseException, who: str, *, field: str) -> ConfigError:
+    """The ConfigError (exit 4) for importing `module` (what `who` names: a recipe, a stage's function) failing with
+    `exc`, raised by the module's own code (a SyntaxError, a NameError at its top level): the exception and the file
+    and line of the user's code it came from (`raised_where`). A SyntaxError in a stage's or the config schema's
+    module was "internal error ... a bug in recap-portable", exit 1 (audit65_B H1): its file is in the exception,
+    not in the traceback, whose last frames are importlib's."""
+    where = raised_where(exc)
+    words = " ".join((exc.msg if isinstance(exc, SyntaxError) and exc.msg else str(exc)).split())[:200]
+    return ConfigError(
+        f"{who} cannot be imported: {type(exc).__name__}: {words}" + (f" (at {where})" if where else ""),
+        field=field,
+        hint=(f"fix {where}, then run again; " if where else "fix the module, then run again; ")
+        + f"python -c 'import {module}' (with the same PYTHONPATH) shows the traceback",
+    )
+
+
+def raised_where(exc: BaseException) -> str | None:
+    """'FILE:LINE' of the user's code where `exc` arose: a SyntaxError's own file and line, else the innermost
+    traceback frame outside the interpreter's libraries and recap-portable; None when there is none (a SyntaxError
+    of a string compiled at run time, recap-portable's own code)."""
+    import sysconfig
+    import traceback
+
+    if isinstance(exc, SyntaxError):
+        name = exc.filename or ""
+        return f"{name}:{exc.lineno}" if name and not name.startswith("<") and exc.lineno else None
+    libraries = tuple(
+        os.path.realpath(p) + os.sep
+        for p in {sysconfig.get_path("stdlib"), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+        if p
+    )
+    ours = os.path.dirname(os.path.realpath(__file__)) + os.sep
+    frames = [
+        (os.path.realpath(f.f_code.co_filename), line)
+        for f, line in traceback.walk_tb(exc.__traceback__)
+        if f.f_code.co_filename and not f.f_code.co_filename.startswith("<")
+    ]
+    users = [(f, line) for f, line in frames if not f.startswith(libraries) and not f.startswith(ours)]
+    return f"{users[-1][0]}:{users[-1][1]}" if users else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -164,6 +164,51 @@ def say(message: str, *, options: UiOptions | None = None) -> None:
     if options is not None and options.quiet:
         return
     print(message, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def stdout_to_stderr(active: bool = True) -> Iterator[None]:
+    """While user code runs under `--json` (a recipe's module, its stages, its report): what it writes to stdout goes
+    to stderr, at the file-descriptor level too (a subprocess or C code writes to fd 1), so stdout holds only the
+    command's JSON document, written after this ends (a stage's print() broke `portable run --json`: audit65_B M3).
+    fd 1 and sys.stdout are put back on every way out (an error, Ctrl-C), after flushing what was written meanwhile
+    (Python's buffer of the real stdout, C's stdio buffers) to stderr. Without `active`, nothing is changed."""
+    if not active:
+        yield
+        return
+    for stream in (sys.stdout, sys.stderr):  # what was written before goes where it was meant to
+        _flush(stream)
+    try:
+        saved: int | None = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no fd 1 (closed): sys.stdout alone is redirected
+        saved = None
+    try:
+        with redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _flush(sys.stdout)  # a reference to the real stdout kept from before (a logging handler): fd 1 is stderr yet
+        _flush_c_stdio()
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def _flush(stream: object) -> None:
+    try:
+        stream.flush()  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):  # closed, or no stream at all
+        pass
+
+
+def _flush_c_stdio() -> None:
+    """fflush(NULL): C code's buffered stdout (fully buffered on a pipe) is written while fd 1 is still stderr."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError, TypeError):  # no C library to ask (not a POSIX build)
+        pass
 
 
 def human_bytes(n: float) -> str:

@@ -460,6 +460,9 @@ def test_the_runner_writes_the_recipes_report_after_stages_that_ran_and_leaves_i
     assert calls() == 3 and (run / "report.html").read_text() == "<p>total 10</p>\n"
 
 
+RAISES = '    raise RuntimeError("the report broke")'
+
+
 def test_a_report_that_raises_is_a_warning_and_the_run_stays_complete(toy, tmp_path):
     lib, config = toy
     run = tmp_path / "run"
@@ -468,9 +471,10 @@ def test_a_report_that_raises_is_a_warning_and_the_run_stays_complete(toy, tmp_p
     assert proc.returncode == 0, proc.stderr
     assert [s["action"] for s in json.loads(proc.stdout)["stages"]] == ["ran", "ran"]  # stdout: the data only
     warning = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
-    assert warning == [
-        "warning: the run is complete, but its report was not written (RuntimeError: the report broke); "
-        "`portable run ... --resume` tries again"
+    assert warning == [  # the recipe's own code raised it: where, and that a rerun alone repeats it (audit65_B L3)
+        "warning: the run is complete, but its report was not written (RuntimeError: the report broke, raised at "
+        f"{(lib / 'toyrecipe.py').resolve()}:{TOY_MODULE.splitlines().index(RAISES) + 1}); fix it, then `portable "
+        "run ... --resume` writes it"
     ], proc.stderr
     state = json.loads((run / "run.json").read_text())
     assert [s["status"] for s in state["stages"].values()] == ["complete", "complete"]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.errors import ConfigError, InputNotFoundError, UsageError
-from reproduction.ui import UiOptions, options_from_args, say
+from reproduction.ui import UiOptions, options_from_args, say, stdout_to_stderr
 
 DEFAULT_CONFIG = "config/run.yaml"
 """A bundle's run config, used when --config is not given."""
@@ -262,7 +262,9 @@ def cmd_run(args: Any) -> int:
     layers = config_layers(files)
     # the file the recipe will be imported from, checked against the bundle's source layer before it is imported
     ran_from = check_recipe_source(given_recipe(files, overrides), bundle)  # audit54 A1
-    name, recipe, config = load_run_config(files, overrides, bundle=bundle, run_dir=run_dir)
+    json_out = getattr(args, "json", False)
+    with stdout_to_stderr(json_out or args.print_config):  # the recipe is imported: user code, its print() talk
+        name, recipe, config = load_run_config(files, overrides, bundle=bundle, run_dir=run_dir)
     if not args.ray_address and getattr(config, "ray_address", None) is not None:
         # parsed now, joined lazily: a config (a bundle's) may carry an address the selected stages never use
         _check_ray_address(config.ray_address, "ray_address")
@@ -275,7 +277,7 @@ def cmd_run(args: Any) -> int:
     if bundle is None and getattr(config, "BUNDLE", None) == "":
         _warn_empty_bundle(files, overrides)
     if args.print_config:  # with --json as JSON: stdout is one JSON document then (audit47 F15)
-        json_out = getattr(args, "json", False)  # both name the recipe, so --config reads either back (audit58 D4)
+        # both name the recipe, so --config reads either back (audit58 D4)
         sys.stdout.write(to_json(config, recipe=name) if json_out else to_yaml(config, recipe=name))
         return 0
     _refuse_no_stages(args, recipe)
@@ -285,7 +287,8 @@ def cmd_run(args: Any) -> int:
         refuse_no_manifest(named)
         if bundle is None:  # its source layer is a material too: the same check, after the import (audit54 R4)
             ran_from = check_recipe_source(given_recipe(files, overrides), named.resolve()) or ran_from
-    report = execute(recipe, config, run_dir, args, recipe_ref=name, config_files=layers, recipe_module=ran_from)
+    with stdout_to_stderr(json_out):  # stages and the report are user code: stdout keeps the one JSON document
+        report = execute(recipe, config, run_dir, args, recipe_ref=name, config_files=layers, recipe_module=ran_from)
     print_report(report, ui=options_from_args(args), as_json=getattr(args, "json", False))
     if not getattr(args, "json", False) and report.stale:  # their results are of what came before: not shown
         say(stale_line(report.stale), options=options_from_args(args))

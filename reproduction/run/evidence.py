@@ -159,6 +159,14 @@ def _check_task_details(doc: Mapping[str, Any], path: Path) -> None:
                 _check_details(row["details"], f"{path}: tasks[{task!r}]", f"fix or regenerate {path}")
 
 
+RESULT_HINT = (
+    "give EvalRecord(result={'tasks': {TASK: {'episodes': N, 'success_once': K, 'success_at_end': K}}}): counts, "
+    "ints or 'K/N' texts, not rates (a simulator evaluation's EvalResult.to_dict() is one; docs/recipes.md)"
+)
+"""The fix for an EvalRecord.result without per-task counts: its shape, for a recipe with its own evaluation too (the
+hint named only the simulator's EvalResult, audit65_B L6)."""
+
+
 def _task_counts(result: Mapping[str, Any], who: str = "evaluation result") -> dict[str, dict[str, Any]]:
     """{task: {"episodes", "success_once", "success_at_end", "details"}} from an EvalResult.to_dict().
 
@@ -175,7 +183,9 @@ def _task_counts(result: Mapping[str, Any], who: str = "evaluation result") -> d
             continue
         once = row.get("success_once", row.get("successes"))
         if once is None:
-            raise InvalidInputError(f"{who} for task {task!r} has no success_once count", field=str(task))
+            raise InvalidInputError(
+                f"{who} for task {task!r} has no success_once count", field=str(task), hint=RESULT_HINT
+            )
         episodes = _episodes(row["episodes"], f"{who}: tasks[{task!r}]")
         once = _successes(once, episodes, f"{who}: tasks[{task!r}].success_once")
         out[str(task)] = {
@@ -192,7 +202,7 @@ def _task_counts(result: Mapping[str, Any], who: str = "evaluation result") -> d
     if not out:
         raise InvalidInputError(
             f"{who} holds no per-task counts (expected tasks: {{task: {{episodes, success_once, ...}}}})",
-            hint="pass EvalResult.to_dict() from reproduction.sim.evaluate",
+            hint=RESULT_HINT,
         )
     return out
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.errors import ConfigError, MissingDependencyError, PortableError
-from reproduction.recipe import Recipe, a_kind, resolve_fn
+from reproduction.recipe import Recipe, a_kind, import_failure, resolve_fn
 
 BUILTIN_PACKAGE = "reproduction.recipes"
 """Built-in recipes: reproduction/recipes/<name>/ exporting RECIPE."""
@@ -55,7 +55,7 @@ def resolve_recipe(name: str) -> Recipe:
         if not sep and (exc.name == BUILTIN_PACKAGE or module.startswith(f"{exc.name}.") or exc.name == module):
             # `aud.r` (the colon forgotten) was looked up as reproduction.recipes.aud: naming that internal module
             # said nothing of what to write (audit54 A8)
-            example = f" (e.g. {name}:RECIPE)" if "." in name else ""
+            example = f" (e.g. {_colon_for_dot(name)})" if "." in name else ""
             raise ConfigError(
                 f"recipe: {name!r} is not a built-in recipe (built-in recipes: {known})",
                 field="recipe",
@@ -79,7 +79,9 @@ def resolve_recipe(name: str) -> Recipe:
             field=exc.fields.get("field") or "recipe",
             hint=exc.hint or "fix the recipe module",
         ) from None
-    except (Exception, SystemExit) as exc:  # the recipe module itself failed (or exited): one line, the recipe named
+    except Exception as exc:  # the recipe module's own code failed: one line, the recipe, the file and line named
+        raise import_failure(module, exc, f"recipe: {name!r}", field="recipe") from None  # audit65_B L5: no line was
+    except SystemExit as exc:  # named, and the hint said python -c 'import ...' with the module left out
         raise ConfigError(
             f"recipe: {name!r} cannot be imported: {type(exc).__name__}: {_line(exc)}",
             field="recipe",
@@ -94,6 +96,18 @@ def resolve_recipe(name: str) -> Recipe:
             hint=_recipe_attributes_hint(mod, module),
         )
     return obj
+
+
+def _colon_for_dot(name: str) -> str:
+    """The reference to suggest for a `recipe:` written without its colon: `pkg.mod:ATTR` when `pkg.mod` imports and
+    its ATTR holds a Recipe (a dot for the colon: `pkg.mod.ATTR`, whose suggested `pkg.mod.ATTR:RECIPE` failed,
+    audit65_B L2), else `NAME:RECIPE`."""
+    module, _, attr = name.rpartition(".")
+    try:
+        found = isinstance(getattr(importlib.import_module(module), attr, None), Recipe)
+    except Exception:  # noqa: BLE001 - only a suggestion: the module's own failure is named when it is referenced
+        found = False
+    return f"{module}:{attr}" if found else f"{name}:RECIPE"
 
 
 def _recipe_attributes_hint(mod: Any, module: str) -> str:
@@ -194,9 +208,13 @@ def load_run_config(files: list[Any], overrides: list[str], *, bundle: Any, run_
     given = given_recipe(files, overrides)
     name = given or DEFAULT_RECIPE
     recipe = resolve_recipe(name)
+    schema = recipe_schema(recipe)
     try:
-        config = load_config(files, overrides, bundle=bundle, run_dir=run_dir, schema=recipe_schema(recipe))
+        config = load_config(files, overrides, bundle=bundle, run_dir=run_dir, schema=schema)
     except ConfigError as exc:
+        if exc.hint and "docs/config.md" in exc.hint and not schema.__module__.startswith("reproduction."):
+            # docs/config.md lists the built-in recipes' keys, not an out-of-tree one's (audit65_B L4)
+            exc.hint = exc.hint.replace("docs/config.md", f"its schema {schema.__module__}:{schema.__qualname__}")
         # a config without `recipe:` is read as RECAP's; not said of a field of an item of RECAP's own list
         # (`datasets[0].bogus`): the list was RECAP's, so the config was (audit59 B1)
         if given is None and "unknown config key" in exc.message and "[" not in str(exc.field or ""):

@@ -53,6 +53,7 @@ from reproduction.errors import (
     RunStateError,
     StageKeyChangedError,
     StageProtocolError,
+    UsageError,
 )
 from reproduction.fsio import (
     atomic_write_bytes,
@@ -61,7 +62,7 @@ from reproduction.fsio import (
     remove_orphaned_temps,
     remove_tree,
 )
-from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, resolve_fn
+from reproduction.recipe import Recipe, StageContext, StageOutput, StageSpec, raised_where, resolve_fn
 from reproduction.redaction import redact, redact_argv
 from reproduction.run.config import as_recorded, select, to_plain
 from reproduction.run.guards import LOCK_FILE, deferred_interrupts, refuse_links, run_lock, sigterm_as_interrupt
@@ -346,18 +347,22 @@ def run_recipe(recipe: Recipe, config: Any, run_dir: Path, options: RunOptions |
 
         # the recipe's own spelling (config keys, stage functions, its headline), before any input
         names = [s.name for s in selected]
-        refs = headline_problems(recipe, open_inputs=opts.inputs is None)
+        failed: set[str] = set()  # modules that failed to import: one problem each (audit65_B L1)
+        refs = headline_problems(recipe, open_inputs=opts.inputs is None, failed=failed)
         recorded = state.get("stages") if isinstance(state, dict) else None
         done = {n for n, r in (recorded if isinstance(recorded, dict) else {}).items() if _complete(r)}
         redone = downstream(recipe, opts.restart)  # trained afresh to --target-step: no clash with the count
         unfinished = [n for n in names if n not in done or n in redone]
         raise_problems(
-            declaration_problems(recipe, plain) + fn_problems(recipe, names, digests, unfinished=unfinished) + refs
+            declaration_problems(recipe, plain)
+            + fn_problems(recipe, names, digests, unfinished=unfinished, failed=failed)
+            + refs
         )
         # listed with the preflight's problems, not before them: a missing eval.reference alone used to hide a
         # missing tokenizer that 341a8f6 listed beside it (audit54 review R6); a key the recipe names itself once
         missing = missing_file_problems(recipe, names, plain)
         left = untargeted(recipe, opts)  # training stages this --target-step leaves to their step count
+        _refuse_target_untrained(recipe, selected, left, opts.target_step)
         refuse_target_below_raised_count(
             [s for s in selected if s.name not in redone and s.name not in left],
             state,
@@ -571,9 +576,11 @@ def write_report(recipe: Recipe, run_dir: Path, *, changed: bool = True) -> Path
         line = " ".join(str(exc).split())[:300]
         with contextlib.suppress(OSError):
             existing.unlink(missing_ok=True)
+        where = raised_where(exc)  # the recipe's own code: say where, and that a rerun alone repeats it (audit65_B L3)
         print(
-            f"warning: the run is complete, but its report was not written ({type(exc).__name__}: {line}); "
-            f"`portable run ... --resume` tries again",
+            f"warning: the run is complete, but its report was not written ({type(exc).__name__}: {line}"
+            + (f", raised at {where}); fix it, then `portable run ... --resume` writes it" if where else "); ")
+            + ("" if where else "`portable run ... --resume` tries again"),
             file=sys.stderr,
             flush=True,
         )
@@ -913,6 +920,7 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
                     hint="write the stage's outputs into ctx.out_dir and return them in StageOutput(files=[...]), "
                     "or fix StageSpec.outputs to name the files it writes",
                 )
+            _refuse_missed_target(walk.recipe.name, spec, output, target)
             refuse_others_files(state, run_dir, spec, outputs)
             taken = watch.refuse_changed(spec, stage_dir, outputs, walk.digests)  # ... and those changed unreturned
         except StageProtocolError:
@@ -952,6 +960,23 @@ def _run_stage(walk: _Walk, spec: StageSpec) -> StageReport:
         _write_state(run_dir, state)
     return StageReport(
         name=spec.name, action="continued" if action == "continue" else "ran", seconds=seconds, output=output
+    )
+
+
+def _refuse_missed_target(recipe: str, spec: StageSpec, output: StageOutput, target: int | None) -> None:
+    """StageProtocolError (exit 54) when a training stage handed a target (ctx.target_step: --target-step, or the one
+    a plain --resume inherits) returned another step: one that trains to its step count regardless was recorded
+    `continued` with the target in its lineage while its checkpoints stayed at the old step (audit65_B M1). A stage
+    returning step=None decides what a target means to it (docs/recipes.md) and is not checked."""
+    if target is None or output.step is None or output.step == target:
+        return
+    raise StageProtocolError(
+        f"recipe {recipe}: stage {spec.name} was asked to train to step {target} (ctx.target_step) but returned "
+        f"step {output.step}",
+        stage=spec.name,
+        hint="a training stage trains to ctx.target_step when it is set, else to its step count "
+        f"({spec.training}), and returns the step it reached (docs/recipes.md); fix it, then `portable run` with "
+        "--resume continues it",
     )
 
 
@@ -1033,6 +1058,29 @@ def untargeted(recipe: Recipe, opts: RunOptions) -> frozenset[str]:
         return frozenset()
     named = set(opts.stages or ())
     return frozenset(s.name for s in recipe.stages if s.training and not s.target and s.name not in named)
+
+
+def _refuse_target_untrained(
+    recipe: Recipe, selected: Sequence[StageSpec], left: frozenset[str], target: int | None
+) -> None:
+    """UsageError (exit 2) when `--target-step` reaches none of the selected stages (none declares
+    StageSpec.training, or only ones it leaves to their step count: `untargeted`): it was ignored without a word, a
+    recipe whose `training=` was forgotten trained to its step count (audit65_B M2)."""
+    if target is None or any(s.training and s.name not in left for s in selected):
+        return
+    trainable = [s.name for s in recipe.stages if s.training]
+    chosen = {s.name for s in selected} | set(trainable[-1:])
+    example = ",".join(s.name for s in recipe.stages if s.name in chosen)
+    raise UsageError(
+        f"--target-step {target}: none of the selected stages ({', '.join(s.name for s in selected)}) of recipe "
+        f"{recipe.name} declares StageSpec.training, so it would train nothing",
+        field="target_step",
+        hint=f"select a training stage of it ({', '.join(trainable)}), e.g. --stages {example}, or leave "
+        "--target-step out"
+        if trainable
+        else "declare the step-count key of the stage that trains (StageSpec(training='SECTION.steps'), "
+        "docs/recipes.md), or leave --target-step out",
+    )
 
 
 def _note_cut_back(walk: _Walk, spec: StageSpec, rec: dict[str, Any] | None, target: int | None) -> None:

@@ -32,8 +32,9 @@ from reproduction.errors import (
     StageKeyChangedError,
     errno_of,
 )
-from reproduction.recipe import Recipe, StageSpec
+from reproduction.recipe import Recipe, StageSpec, import_failure
 from reproduction.run.config import as_recorded, select
+from reproduction.run.resolve import import_problem
 from reproduction.run.stage_call import ASYNC_STAGE, module_dependency, signature_problem, uncallable_error
 
 _LOCATED: weakref.WeakKeyDictionary[DigestCache, dict[str, tuple[Any, Any] | None]] = weakref.WeakKeyDictionary()
@@ -231,7 +232,12 @@ def _init_digest(package: str) -> str | None:
 
 
 def fn_problems(
-    recipe: Recipe, names: Sequence[str], digests: DigestCache | None = None, *, unfinished: Sequence[str] = ()
+    recipe: Recipe,
+    names: Sequence[str],
+    digests: DigestCache | None = None,
+    *,
+    unfinished: Sequence[str] = (),
+    failed: set[str] | None = None,
 ) -> list[PortableError]:
     """For each stage of `names`: a ConfigError (exit 4) when its function (StageSpec.fn) cannot be found (its module
     not importable-by-name, or no top-level name of that spelling in its source, checked by reading the source and
@@ -243,18 +249,33 @@ def fn_problems(
     cache (a code module is then looked up once per run). For the stages of `unfinished` (those the run will call,
     not complete in the run folder), a MissingDependencyError (exit 10) when the function's module imports at its top
     level a package that is not installed (`_dependency_problem`); a complete stage's is not asked for, so a finished
-    --resume needs none of its stages' packages."""
+    --resume needs none of its stages' packages. A module that cannot be imported for its own fault (a SyntaxError,
+    an exception at its top level: `import_failure`, exit 4 naming the file and line) or for a package it imports is
+    one problem however many stages (and the recipe's open_inputs) it holds: `failed` collects the modules reported
+    (shared with headline_problems); the same problem five times was exit 56 without the install hint (audit65_B L1)."""
     problems: list[PortableError] = []
+    code: list[tuple[str, str]] = []  # (a `code` module, the stage declaring it)
+    failed = set() if failed is None else failed
     for spec in recipe.stages:
         if spec.name not in names:
             continue
         why = _unloadable(spec.fn)
+        if isinstance(why, BaseException) or fn_module(spec) in failed:
+            module = fn_module(spec)
+            if module not in failed and isinstance(why, BaseException):
+                failed.add(module)
+                problems.append(
+                    _module_problem(module, why, f"recipe {recipe.name}: stage {spec.name}'s module {module!r}", spec)
+                )
+            code += [(m, spec.name) for m in spec.code]
+            continue
         dependency = (
             _dependency_problem(spec, recipe.name, suspect=bool(why), digests=digests)
             if why or spec.name in unfinished  # one that cannot be loaded is refused anyway: with the right code
             else None
         )
         if dependency is not None:
+            failed.add(fn_module(spec))
             problems.append(dependency)
         elif why:
             problems.append(
@@ -267,16 +288,36 @@ def fn_problems(
             )
         elif why := _uncallable(spec.fn):
             problems.append(uncallable_error(recipe.name, spec, why))
-        problems += [
-            ConfigError(
-                f"recipe {recipe.name}: stage {spec.name} declares code module {m!r}, which cannot be found",
-                field=f"stages.{spec.name}.code",
-                hint="name importable modules whose source the stage's outputs depend on, or fix the spelling",
-            )
-            for m in spec.code
-            if _locate(m, digests) is None
-        ]
+        code += [(m, spec.name) for m in spec.code]
+    declared: dict[str, list[str]] = {}
+    for m, stage in code:
+        declared.setdefault(m, []).append(stage)
+    problems += [  # one per module, naming every stage declaring it (a recipe's shared CODE tuple misspelt)
+        ConfigError(
+            f"recipe {recipe.name}: stage{'s' if len(stages) > 1 else ''} {', '.join(stages)} "
+            f"declare{'' if len(stages) > 1 else 's'} code module {m!r}, which cannot be found",
+            field=f"stages.{stages[0]}.code",
+            hint="name importable modules whose source the stage's outputs depend on, or fix the spelling",
+        )
+        for m, stages in declared.items()
+        if _locate(m, digests) is None
+    ]
     return problems
+
+
+def _module_problem(module: str, exc: BaseException, who: str, spec: StageSpec | None = None) -> PortableError:
+    """The error for importing `module` (`who` names it) failing with `exc`, its own failure (`_unloadable`): a
+    package it imports not installed (exit 10) or a misspelt submodule (exit 4), as for a recipe module; an error of
+    ours raised there as it is; anything else its code raised, a SyntaxError included, exit 4 naming the file and
+    line (`import_failure`)."""
+    field = f"stages.{spec.name}.fn" if spec is not None else who
+    if isinstance(exc, PortableError):
+        return exc
+    if isinstance(exc, ModuleNotFoundError):
+        problem = import_problem(module, exc, who, field=field)
+        if problem is not None:
+            return problem
+    return import_failure(module, exc, who, field=field)
 
 
 def _dependency_problem(
@@ -335,19 +376,33 @@ def _uncallable(ref: str) -> str | None:
     return f"missing a required argument: {required[0]!r}" if required else None
 
 
-def headline_problems(recipe: Recipe, *, open_inputs: bool = False) -> list[ConfigError]:
+def headline_problems(
+    recipe: Recipe, *, open_inputs: bool = False, failed: set[str] | None = None
+) -> list[PortableError]:
     """A ConfigError (exit 4) when the recipe's headline (Recipe.headline), or with `open_inputs` its open_inputs
     (the run calls it: no inputs were given), names no function that can be found, checked as fn_problems checks a
     stage's function, before anything runs: a misspelt headline was found only after every stage had run, as a warning
     line, and the run printed no headline; a misspelt open_inputs left a run folder holding only its lock. (One that
-    raises when called stays a warning: the run is complete by then.)"""
+    raises when called stays a warning: the run is complete by then.) An out-of-tree recipe's report likewise, read
+    from its module's source (a misspelt one was a warning after every stage had run, each --resume again: audit65_B
+    L3). A module that fails to import for its own fault
+    is `_module_problem`'s error, once per module (`failed`, as fn_problems)."""
     # imported, not read from source: the run calls them anyway, and a module in sys.modules is a dict lookup on
     # every later run in this process (parsing compare_cmd's source was ~2 ms a run: bench/run_overhead)
     refs = [("headline", recipe.headline, "the run folder"), ("open_inputs", recipe.open_inputs, "the run config")]
-    problems = []
-    for what, ref, takes in refs if open_inputs else refs[:1]:
-        why = _unloadable(ref, read_source=False) if ref else None
-        if why:
+    problems: list[PortableError] = []
+    failed = set() if failed is None else failed
+    chosen = refs if open_inputs else refs[:1]
+    if isinstance(recipe.report, str) and not recipe.report.startswith("reproduction."):  # read, not imported
+        chosen = [*chosen, ("report", recipe.report, "the run folder")]  # (built-ins' are tested: no parse a run)
+    for what, ref, takes in chosen:
+        why = _unloadable(ref, read_source=what == "report") if ref else None
+        if isinstance(why, BaseException):
+            module = ref.partition(":")[0]
+            if module not in failed:
+                failed.add(module)
+                problems.append(_module_problem(module, why, f"recipe {recipe.name}: {what} module {module!r}"))
+        elif why:
             problems.append(
                 ConfigError(
                     f"recipe {recipe.name}: its {what} {ref!r} cannot be loaded: {why}",
@@ -359,19 +414,27 @@ def headline_problems(recipe: Recipe, *, open_inputs: bool = False) -> list[Conf
     return problems
 
 
-def _unloadable(ref: Any, *, read_source: bool = True) -> str | None:
+def _unloadable(ref: Any, *, read_source: bool = True) -> str | BaseException | None:
     """Why the "module:function" reference `ref` names no function (None when it does): a module not imported yet is
     read from its source when that defines the name (no import: a finished --resume of a torch recipe imports no
-    torch; `read_source=False` imports it at once), else imported and the name looked up."""
+    torch; `read_source=False` imports it at once), else imported and the name looked up. A str is a spelling (no
+    such module or name); the exception the import raised when the module is there but its own code failed (a
+    SyntaxError, which its source could not be read past, a package it imports not installed, a NameError at its top
+    level): `_module_problem` words it. A SyntaxError escaped as "internal error", exit 1 (audit65_B H1)."""
     module, _, attr = ref.partition(":") if isinstance(ref, str) else ("", "", "")
     if not module or not attr:
         return "it is not a 'module:function' reference"
     if read_source and module not in sys.modules and _defines(module, attr):
         return None
     try:
-        fn = getattr(importlib.import_module(module), attr)
-    except ImportError as exc:
-        return f"module {module!r} cannot be imported ({exc})"
+        loaded = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        parents = {".".join(module.split(".")[: i + 1]) for i in range(module.count(".") + 1)}
+        return exc if exc.name and exc.name not in parents else f"module {module!r} cannot be imported ({exc})"
+    except Exception as exc:  # noqa: BLE001 - the module's own code failed: named with its file and line
+        return exc
+    try:
+        fn = getattr(loaded, attr)
     except AttributeError:
         return f"module {module!r} has no attribute {attr!r}"
     return None if callable(fn) else f"{module}.{attr} is a {type(fn).__name__}, not a function"
@@ -522,9 +585,19 @@ def declaration_problems(recipe: Recipe, plain: Any) -> list[ConfigError]:
 
 
 def _training_problem(recipe: Recipe, spec: StageSpec, value: Any) -> list[ConfigError]:
-    """A ConfigError when the stage's `training` key holds no integer step count: the key is left out of the stage's
+    """A ConfigError when the stage's `training` key holds no integer step count (or a negative one: audit65_B L7,
+    recorded complete at step 0): the key is left out of the stage's
     key (`--target-step` raises it), so one naming a section left the whole section out, and a changed learning rate
     was skipped on --resume (audit50_B F1); one naming a str field made a raised count mean nothing."""
+    if isinstance(value, int) and not isinstance(value, bool) and value < 0:  # recorded complete at step 0 (L7)
+        return [
+            ConfigError(
+                f"config key `{spec.training}` is {value}: it is stage {spec.name}'s step count (StageSpec.training "
+                f"of recipe {recipe.name}), which cannot be negative",
+                field=spec.training,
+                hint=f"set {spec.training} to the number of steps to train (>= 0)",
+            )
+        ]
     if isinstance(value, int) and not isinstance(value, bool):
         return []
     what = "a section" if isinstance(value, dict) else f"{type(value).__name__} {value!r:.40}"
