@@ -951,10 +951,13 @@ def main(argv: list[str] | None = None) -> int:
     """`portable ARGV`: the command's exit code. While it runs, stderr (talk) drops what it cannot write and stdout
     drops what a reader that went away (`| head`) no longer reads, so neither changes the code (audit50 F9: a run
     with `2>/dev/full`, or its stderr piped to `head`, ended 1, "a bug", after it had done its work); Python's own
-    flush at exit then finds nothing left to write. Data stdout cannot take (a full disk) is exit 8 naming stdout."""
+    flush at exit then finds nothing left to write. Data stdout cannot take (a full disk) is exit 8 naming stdout.
+    A standard stream the command was started without (`>&-`, `2>&-`) is /dev/null for it (`_occupy_closed_fds`)."""
+    _occupy_closed_fds()
     out, err = sys.stdout, sys.stderr
-    sys.stdout = _Stream(out, data=True) if out is not None else None
-    sys.stderr = _Stream(err, data=False) if err is not None else None
+    null = open(os.devnull, "w") if out is None or err is None else None  # noqa: SIM115 - closed in the finally
+    sys.stdout = _Stream(out if out is not None else null, data=True)
+    sys.stderr = _Stream(err if err is not None else null, data=False)
     try:
         code = _main(argv)
         try:
@@ -964,6 +967,8 @@ def main(argv: list[str] | None = None) -> int:
             code = code or render_error(exc)
     finally:
         sys.stdout, sys.stderr = out, err
+        if null is not None:
+            null.close()
     if argv is None and _RAY_DRIVER_ENDED:
         _exit_before_native_teardown(code)
     return code
@@ -994,6 +999,20 @@ def _exit_before_native_teardown(code: int) -> NoReturn:
         except (OSError, ValueError):
             pass
     os._exit(code)
+
+
+def _occupy_closed_fds() -> None:
+    """Point a closed fd 0, 1 or 2 at /dev/null before the command opens any file: the lowest free fd goes to the next
+    file opened (a run's `.lock`), which a stage's write to stdout, or a child's, then overwrote, and a stage's output
+    under `--json 2>&-` reached stdout ahead of the JSON (review65 O L2)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free fd: this one, unless a lower one was closed too
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
 
 
 class _Stream:

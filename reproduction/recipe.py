@@ -328,8 +328,13 @@ def import_failure(module: str, exc: BaseException, who: str, *, field: str) -> 
     `exc`, raised by the module's own code (a SyntaxError, a NameError at its top level): the exception and the file
     and line of the user's code it came from (`raised_where`). A SyntaxError in a stage's or the config schema's
     module was "internal error ... a bug in recap-portable", exit 1 (audit65_B H1): its file is in the exception,
-    not in the traceback, whose last frames are importlib's."""
+    not in the traceback, whose last frames are importlib's. A module of recap-portable's own (`reproduction.*`: a
+    built-in recipe's stage, headline or preflight module) that fails with no code of the user's involved
+    (`raised_where` finds none) raises `exc` again, as the bug it is (`internal error`, exit 1), not blamed on the
+    user with exit 4 (review65 O M1); a user's module installed in site-packages is still the user's."""
     where = raised_where(exc)
+    if where is None and (module == "reproduction" or module.startswith("reproduction.")):
+        raise exc
     words = " ".join((exc.msg if isinstance(exc, SyntaxError) and exc.msg else str(exc)).split())[:200]
     return ConfigError(
         f"{who} cannot be imported: {type(exc).__name__}: {words}" + (f" (at {where})" if where else ""),
@@ -340,25 +345,29 @@ def import_failure(module: str, exc: BaseException, who: str, *, field: str) -> 
 
 
 def raised_where(exc: BaseException) -> str | None:
-    """'FILE:LINE' of the user's code where `exc` arose: a SyntaxError's own file and line, else the innermost
-    traceback frame outside the interpreter's libraries and recap-portable; None when there is none (a SyntaxError
-    of a string compiled at run time, recap-portable's own code)."""
+    """'FILE:LINE' of the user's code where `exc` arose: a SyntaxError's own file and line when that file is the
+    user's, else the innermost traceback frame outside the interpreter's libraries and recap-portable (for a
+    SyntaxError in an installed library: the user's line importing it, review65 O L1); None when there is none
+    (only recap-portable's own code and libraries: a bug of ours)."""
     import sysconfig
     import traceback
 
-    if isinstance(exc, SyntaxError):
-        name = exc.filename or ""
-        return f"{name}:{exc.lineno}" if name and not name.startswith("<") and exc.lineno else None
     libraries = tuple(
         os.path.realpath(p) + os.sep
         for p in {sysconfig.get_path("stdlib"), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
         if p
     )
     ours = os.path.dirname(os.path.realpath(__file__)) + os.sep
+
+    def users(name: str) -> bool:
+        return bool(name) and not name.startswith("<") and not name.startswith(libraries) and not name.startswith(ours)
+
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno and users(os.path.realpath(exc.filename)):
+        return f"{exc.filename}:{exc.lineno}"
     frames = [
         (os.path.realpath(f.f_code.co_filename), line)
         for f, line in traceback.walk_tb(exc.__traceback__)
         if f.f_code.co_filename and not f.f_code.co_filename.startswith("<")
     ]
-    users = [(f, line) for f, line in frames if not f.startswith(libraries) and not f.startswith(ours)]
-    return f"{users[-1][0]}:{users[-1][1]}" if users else None
+    mine = [(f, line) for f, line in frames if users(f)]
+    return f"{mine[-1][0]}:{mine[-1][1]}" if mine else None
