@@ -535,12 +535,13 @@ def _open_root(root: Path, base: Path | None) -> DirFds:
         ) from None
 
 
-def _open_tmp(base: Path, tmp_dir: Path) -> int:
-    """An O_PATH fd of `tmp_dir` (made if missing), reached from `base` without following a link: a symlink planted
-    there (or above it) is UnsafeArchiveError (6), never a temp file written outside the bundle (audit65)."""
+def _open_tmp(base: Path, tmp_dir: Path, parent_fd: int | None = None) -> int:
+    """An O_PATH fd of `tmp_dir` (made if missing), reached from `base` without following a link (or, with `parent_fd`,
+    by its name in that folder fd: restore's state folder, opened once): a symlink planted there (or above it) is
+    UnsafeArchiveError (6), never a temp file written outside the bundle (audit65)."""
     rel = tmp_dir.relative_to(base).as_posix()
     try:
-        parent, name = open_parent(base, rel)
+        parent, name = (os.dup(parent_fd), tmp_dir.name) if parent_fd is not None else open_parent(base, rel)
         try:
             try:
                 os.mkdir(name, dir_fd=parent)
@@ -554,6 +555,11 @@ def _open_tmp(base: Path, tmp_dir: Path) -> int:
             raise os_error(
                 exc, f"relocation's temp folder {tmp_dir}", hint="free space or fix permissions, then run restore again"
             ) from None
+        above = exc.filename is not None and os.path.isabs(os.fsdecode(exc.filename))  # open_parent names a folder
+        if above and os.fsdecode(exc.filename) not in (str(base), str(tmp_dir)):  # above it (`.portable`): named
+            from reproduction.release.swap import through_link
+
+            raise through_link(base, rel, "relocation's temp folder") from None
         raise UnsafeArchiveError(
             f"relocation's temp folder {rel} is a symlink or not a folder, which appeared while restore ran: refusing "
             "to restore through it",
@@ -577,6 +583,7 @@ def relocate_tree(
     tmp_dir: Path | None = None,
     skipped: list[str] | None = None,
     base: Path | None = None,
+    tmp_parent_fd: int | None = None,
 ) -> list[str]:
     """Rewrite the listed files below `root` from `old_prefix` to `new_prefix`; returns the paths changed.
 
@@ -596,7 +603,8 @@ def relocate_tree(
     rewritten in place without corrupting it (audit62 M3).
     `base` (a folder above `root` and `tmp_dir`: restore's bundle) is where `root` and `tmp_dir` are reached from,
     one folder at a time without following a link, so a symlink planted in a folder between them after the swap is
-    UnsafeArchiveError (6), never written through (audit65); without it they are opened by path.
+    UnsafeArchiveError (6), never written through (audit65); without it they are opened by path. `tmp_parent_fd` (with
+    `base`): the fd of `tmp_dir`'s folder (restore's `.portable`, opened once), `tmp_dir` made and opened in it.
     """
     root = Path(root)
     old, new = normalize_prefix(old_prefix, what="old prefix"), normalize_prefix(new_prefix, what="new prefix")
@@ -660,7 +668,7 @@ def relocate_tree(
     tmp_fd = None
     try:
         if base is not None and tmp_dir is not None and planned:
-            tmp_fd = _open_tmp(base, Path(tmp_dir))
+            tmp_fd = _open_tmp(base, Path(tmp_dir), tmp_parent_fd)
         for rel, new_data, st in planned:
             found = _parent_fd(dirs, root, rel)
             if found is None:  # it was there a moment ago: something else is changing the tree

@@ -215,11 +215,13 @@ def check_target_path(bundle: Path, target: str) -> None:
             )
 
 
-def preflight(bundle: Path, targets: list[str]) -> None:
+def preflight(bundle: Path, targets: list[str], *, state_dev: int | None = None) -> None:
     """Before anything is swapped: every target's parent exists, is reached without a symlink, is
     writable and on the state folder's filesystem (else a rename half-way through would fail with
-    EACCES or EXDEV). Raises WriteFailedError (8) or UnsafeArchiveError (6); changes nothing else."""
-    state_dev = os.stat(bundle / STATE_DIR).st_dev
+    EACCES or EXDEV). Raises WriteFailedError (8) or UnsafeArchiveError (6); changes nothing else.
+    `state_dev`: the state folder's device, from the fd restore opened it with (default: stat by path)."""
+    if state_dev is None:
+        state_dev = os.stat(bundle / STATE_DIR).st_dev
     for target in targets:
         final = bundle / target
         check_target_path(bundle, target)
