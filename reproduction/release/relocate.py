@@ -244,6 +244,37 @@ def _shebang_fix(data: bytes, new_prefix: str, rel: str) -> bytes:
     return tramp.encode() + data[end:]
 
 
+_TRAMP_HEAD = b"#!/bin/sh\n'''exec' "
+_TRAMP_TAIL = b' "$0" "$@"'
+_TRAMP_END = b"\n' '''"
+
+
+def _untrampoline(data: bytes, pattern: re.Pattern[bytes]) -> bytes:
+    """`data` with the sh + exec trampoline `_shebang_fix` wrote turned back into the plain shebang it stands for
+    (`#!<interpreter> <args>`), when its interpreter names the prefix `pattern` matches; else `data` unchanged.
+
+    The trampoline holds the interpreter shell-quoted (`shlex.quote`): a path with a `'` is stored as `'"'"'`, which
+    the raw prefix never matches, and a new path written raw inside the old quotes is broken shell (review65 M1).
+    Rewritten as a plain line, the prefix is replaced like any other, and `_shebang_fix` quotes the new path again
+    (or leaves the plain shebang, when it now fits)."""
+    if not data.startswith(_TRAMP_HEAD):
+        return data
+    end = data.find(_TRAMP_END, len(_TRAMP_HEAD))
+    if end < 0 or end != data.find(b"\n", len(_TRAMP_HEAD)) or not data[:end].endswith(_TRAMP_TAIL):
+        return data
+    words = os.fsdecode(data[len(_TRAMP_HEAD) : end - len(_TRAMP_TAIL)])
+    try:
+        parts = shlex.split(words)
+    except ValueError:
+        return data
+    if not parts or " ".join(shlex.quote(w) for w in parts) != words:  # not one `_shebang_fix` wrote
+        return data
+    interp = os.fsencode(parts[0])
+    if pattern.match(interp) is None:
+        return data
+    return b"#!" + b" ".join([interp, *map(os.fsencode, parts[1:])]) + data[end + len(_TRAMP_END) :]
+
+
 @dataclass(kw_only=True, slots=True)
 class _FileCtx:
     """What rewriting one file's C strings needs to know besides its bytes."""
@@ -385,6 +416,8 @@ def rewrite_bytes(
     otherwise.
     """
     pattern = prefix_pattern(old)
+    if mode == "text":
+        data = _untrampoline(data, pattern)
     # Strings kept at an earlier relocation (fallback, debug info) still name the build prefix.
     stale = mode != "text" and build != old and prefix_pattern(build).search(data) is not None
     if pattern.search(data) is None and not stale:
