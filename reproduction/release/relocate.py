@@ -46,7 +46,6 @@ import re
 import secrets
 import shlex
 import stat
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -509,14 +508,18 @@ def _write_keeping_mode(
     file is made in the folder fd `tmp_fd`, else in `tmp_dir` (same filesystem, outside the tree) when given, else
     beside the file. The rename names the folders by fd, so it never goes through a link put in a folder's place."""
     src_fd: int | None = None
+    # A fixed-length temp name, not derived from `base`: any name the filesystem allows (up to NAME_MAX) gets its
+    # temp, where `.{base}.<12 hex>.reloc` failed for names over NAME_MAX - 20 bytes (review65 L1).
+    tmp = f".{secrets.token_hex(8)}.reloc"
     if tmp_fd is not None:
-        src_fd, tmp = tmp_fd, f".{base}.{secrets.token_hex(6)}.reloc"
+        src_fd = tmp_fd
         fd = os.open(tmp, _TMP_FLAGS, 0o600, dir_fd=tmp_fd)
     elif tmp_dir is not None:
         Path(tmp_dir).mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".reloc", dir=tmp_dir)
+        tmp = os.path.join(tmp_dir, tmp)
+        fd = os.open(tmp, _TMP_FLAGS, 0o600)
     else:
-        src_fd, tmp = dir_fd, f".{base}.{secrets.token_hex(6)}.reloc"
+        src_fd = dir_fd
         fd = os.open(tmp, _TMP_FLAGS, 0o600, dir_fd=dir_fd)
     done = False
     try:
