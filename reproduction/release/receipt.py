@@ -190,9 +190,10 @@ def sha256_regular(path: str) -> str | None:
         return sha256_open(fh)
 
 
-def unreachable(root: Path, rel: str) -> ReadFailedError:
-    """The one-line error (exit 3) for a recorded path `rel` under `root` that the receipt check cannot stat for lack of
-    permission; the hint names the first folder on the way this user cannot search (else the path's own folder)."""
+def unreachable(root: Path, rel: str, *, purpose: str = "to check it against the restore receipt") -> ReadFailedError:
+    """The one-line error (exit 3) for a recorded path `rel` under `root` that the receipt check (or what `purpose`
+    says) cannot stat for lack of permission; the hint names the first folder on the way this user cannot search (else
+    the path's own folder)."""
     path = f"{root}/{rel}"
     folder = os.path.dirname(path)
     here = str(root)
@@ -202,7 +203,7 @@ def unreachable(root: Path, rel: str) -> ReadFailedError:
             folder = here
             break
     return ReadFailedError(
-        f"cannot access {path} to check it against the restore receipt: permission denied",
+        f"cannot access {path} {purpose}: permission denied",
         path=path,
         hint=f"fix the permissions of {folder} (e.g. `chmod u+rwx {shlex.quote(folder)}`) and of the folders above "
         "it, then run the command again; nothing was changed",
