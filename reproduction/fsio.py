@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import secrets
 import stat
 import tempfile
 from collections.abc import Iterable
@@ -43,6 +44,42 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def atomic_write_at(dir_fd: int, name: str, data: bytes, *, shown: Path) -> None:
+    """`atomic_write_bytes` of the file `name` in the folder fd `dir_fd` (O_PATH is enough): the temp file is created,
+    and renamed over `name`, in that folder by fd, never through a link put in the folder's place (or at `name`'s
+    temp). `shown` is the file's path in errors (OSError naming it; the temp file is removed, the old file kept)."""
+    tmp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}"  # TEMP_NAME: remove_orphaned_temps knows it
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    except OSError as exc:
+        raise type(exc)(exc.errno, exc.strerror, str(shown)) from None
+    done = False
+    try:
+        try:
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+            mode = stat.S_IMODE(mode) if stat.S_ISREG(mode) else 0o666 & ~_umask()
+        except FileNotFoundError:
+            mode = 0o666 & ~_umask()
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as fh:
+            fd = -1
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        done = True
+    except OSError as exc:
+        raise annotate(type(exc)(exc.errno, exc.strerror, str(shown)), shown, need=len(data)) from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        if not done:
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except OSError:
+                pass
 
 
 def _as_target(exc: OSError, path: Path, tmp: str | None) -> OSError:
@@ -386,7 +423,7 @@ def pid_alive(pid: int) -> bool:
     return state != [b"Z"]
 
 
-def remove_tree(path: str | os.PathLike[str]) -> None:
+def remove_tree(path: str | os.PathLike[str], *, dir_fd: int | None = None, shown: str | None = None) -> None:
     """Remove `path` whatever it is, never following a link: a symlink or file is unlinked, a folder
     removed with everything below it. A read-only folder inside (a layer may ship one, mode 0555) would
     make a plain rmtree fail forever, so a failed removal adds write permission to the folder holding
@@ -397,16 +434,34 @@ def remove_tree(path: str | os.PathLike[str]) -> None:
     ~1000-deep staging leftover, which then failed every later restore (audit48 F9). Each folder is opened
     relative to its parent (O_NOFOLLOW: a link swapped in for a folder is unlinked, never entered), and at most
     `_OPEN_FOLDERS` are held open: a deeper parent is closed and reopened through its child's `..`, checked to
-    be the same folder by device and inode (OSError when something moved it meanwhile)."""
+    be the same folder by device and inode (OSError when something moved it meanwhile).
+
+    With `dir_fd` (a folder fd, O_PATH is enough), `path` is one name in that folder, reached by fd: a link put in
+    place of the folder holding it (or of a folder above) is never followed (audit65 H1); `shown` is its path in
+    errors (default `path`)."""
     path = os.fspath(path)
+    if dir_fd is None:
+        _remove_tree(path, None, path)
+        return
     try:
-        st = os.lstat(path)
+        _remove_tree(path, dir_fd, shown or path)
+    except OSError as exc:
+        if exc.filename is None or not os.path.isabs(os.fsdecode(exc.filename)):  # the top named by its bare name
+            raise type(exc)(exc.errno, exc.strerror, shown or path) from None
+        raise
+
+
+def _remove_tree(path: str, dir_fd: int | None, shown: str) -> None:
+    try:
+        st = os.lstat(path, dir_fd=dir_fd)
     except FileNotFoundError:
         return
     if not stat.S_ISDIR(st.st_mode):
-        os.unlink(path)
+        os.unlink(path, dir_fd=dir_fd)
         return
-    top = _Folder(_retry_chmod(lambda: os.open(path, _DIR_FLAGS), lambda: _chmod_folder(path)), path)
+    top = _Folder(
+        _retry_chmod(lambda: os.open(path, _DIR_FLAGS, dir_fd=dir_fd), lambda: _chmod_folder(path, dir_fd)), shown
+    )
     stack = [top]
     try:
         _empty_files(stack)
@@ -426,7 +481,8 @@ def remove_tree(path: str | os.PathLike[str]) -> None:
         for folder in stack:
             if folder.fd is not None:
                 os.close(folder.fd)
-    _retry_chmod(lambda: os.rmdir(path), lambda: _chmod_folder(os.path.dirname(path) or "."))
+    parent = "." if dir_fd is not None else os.path.dirname(path) or "."
+    _retry_chmod(lambda: os.rmdir(path, dir_fd=dir_fd), lambda: _chmod_folder(parent, dir_fd))
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -550,11 +606,12 @@ def _ensure_writable(folder: _Folder) -> None:
         os.fchmod(folder.fd, os.fstat(folder.fd).st_mode | _OWNER_RWX)
 
 
-def _chmod_folder(path: str) -> None:
-    """Give folder `path` read, write and search permission for its owner; a link there is left alone."""
-    st = os.lstat(path)
+def _chmod_folder(path: str, dir_fd: int | None = None) -> None:
+    """Give folder `path` (in `dir_fd` when given) read, write and search permission for its owner; a link there is
+    left alone."""
+    st = os.lstat(path, dir_fd=dir_fd)
     if stat.S_ISDIR(st.st_mode):
-        os.chmod(path, st.st_mode | _OWNER_RWX)
+        os.chmod(path, st.st_mode | _OWNER_RWX, dir_fd=dir_fd)
 
 
 def _retry_chmod(op, chmod):

@@ -359,11 +359,11 @@ def test_disk_full_at_the_final_receipt_write_keeps_the_previous_state(bundle, m
     before = _restored_then_damaged(bundle)
     real, calls = restore_mod.save_receipt, []
 
-    def save(b, receipt):
+    def save(b, receipt, **kwargs):  # restore passes the state folder's fd (dir_fd=)
         calls.append(1)
         if len(calls) == 2:  # 1: the receipt that stops vouching for the targets; 2: the final one
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(receipt_path(b)))
-        real(b, receipt)
+        real(b, receipt, **kwargs)
 
     monkeypatch.setattr(restore_mod, "save_receipt", save)
     with pytest.raises(WriteFailedError, match="the disk is full") as info:

@@ -301,6 +301,7 @@ def extract_stream(
     members: int = 0,
     digests: bool = False,
     on_bytes: Callable[[int], None] | None = None,
+    dest_fd: int | None = None,
 ) -> Written:
     """Stream the tar in `stream` into `dest`, refusing any member that differs from `expected`.
 
@@ -310,7 +311,8 @@ def extract_stream(
     `tar_size` bounds the decompressed stream (not declared, 0: tarscan.stream_bound of `expected`),
     a declared `members` (0: not declared) and `expected` bound the member count, and at most
     MAX_TRAILER bytes may follow the end-of-archive block: past any is UnsafeArchiveError, raised
-    while streaming.
+    while streaming. `dest_fd` (the caller's, left open): `dest` already made and opened (restore's staging folder,
+    reached from the state folder's fd: audit65 H1), written through it, never looked up by path.
     """
     umask, written = _UMASK, Written()
     bound = "that its listed members allow (bundle.json declares no tar_size)" if not tar_size else ""
@@ -319,8 +321,11 @@ def extract_stream(
     dirs: DirFds | None = None
     current: str | None = None  # the member being written: an OSError of a write by dir_fd names its bare name
     try:
-        os.makedirs(dest, exist_ok=True)
-        dirs = DirFds(str(dest))
+        if dest_fd is None:
+            os.makedirs(dest, exist_ok=True)
+            dirs = DirFds(str(dest))
+        else:
+            dirs = DirFds(str(dest), root_fd=os.dup(dest_fd))
         _make_dirs(dirs, expected)
         seen, most = 0, min(len(expected), members or len(expected))
         for m in iter_members(source, archive=archive):

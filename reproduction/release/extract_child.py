@@ -47,8 +47,10 @@ def extract_layer_in_child(
     *,
     digests: bool = False,
     on_bytes: Callable[[int], None] | None = None,
+    dest_fd: int | None = None,
 ) -> Written:
-    """`extract_layer` run in a child process: the same result, the same exceptions.
+    """`extract_layer` run in a child process: the same result, the same exceptions (`dest_fd` passed down to it,
+    the child inheriting that fd).
 
     Raises what `extract_layer` raises (DigestMismatch, UnsafeArchiveError, WriteFailedError, ...),
     rebuilt from the child's report; WriteFailedError (exit 8) if the child ends without a report
@@ -62,13 +64,18 @@ def extract_layer_in_child(
         "digest": layer.digest,
         "members": [[m.name, m.kind, m.mode, m.size, m.linkname] for m in layer.members],
         "dest": str(dest),
+        "dest_fd": dest_fd,
         "digests": digests,
         "sys_path": sys.path,  # zstandard may be where only the parent looks (PYTHONPATH set in code, a vendored dir)
     }
     report: tuple[bytes, Any] | None = None
     with tempfile.TemporaryFile() as stderr:  # a file, not a pipe: a chatty child can never block on it
         proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOT, _ROOT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr
+            [sys.executable, "-c", _BOOT, _ROOT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            pass_fds=() if dest_fd is None else (dest_fd,),
         )
         try:
             try:
@@ -161,7 +168,12 @@ def main() -> None:
             entry=entry, digest=job["digest"], members=members_from_rows(job["members"], rel=entry.archive)
         )
         written = extract_layer(
-            Path(job["bundle"]), layer, Path(job["dest"]), digests=job["digests"], on_bytes=progress
+            Path(job["bundle"]),
+            layer,
+            Path(job["dest"]),
+            digests=job["digests"],
+            on_bytes=progress,
+            dest_fd=job.get("dest_fd"),
         )
         tag, body = b"r", {"files": written.files, "links": written.links, "digests": written.digests}
     except KeyboardInterrupt:

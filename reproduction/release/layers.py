@@ -247,8 +247,10 @@ def extract_layer(
     *,
     digests: bool = False,
     on_bytes: Callable[[int], None] | None = None,
+    dest_fd: int | None = None,
 ) -> Written:
-    """Write a validated layer into `dest` in one pass over its archive, hashing it as it goes.
+    """Write a validated layer into `dest` (through `dest_fd` when given: extract_stream) in one pass over its archive,
+    hashing it as it goes.
 
     `layer.digest` is the digest the bytes must have (the manifest's). Raises DigestMismatch when
     they do not (corrupt, truncated, or replaced since it was listed: the caller discards `dest`);
@@ -267,6 +269,7 @@ def extract_layer(
                 members=layer.entry.members,
                 digests=digests,
                 on_bytes=on_bytes,
+                dest_fd=dest_fd,
             )
     except (zstd_error(), UnsafeArchiveError, EOFError, ValueError) as exc:
         actual = sha256_file(path)

@@ -14,6 +14,7 @@ import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from reproduction.errors import LockHeldError, UnsafeArchiveError, os_error
@@ -53,6 +54,73 @@ def state_dir(bundle: Path, *, what: str) -> Path:
             hint=f"{state}: {STATE_HINT}",
         )
     return state
+
+
+_STATE_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(slots=True)
+class StateFolder:
+    """The bundle's `.portable`, opened once without following a link (`open_state`): every later write and removal
+    in it goes through `fd` (an O_PATH folder fd), so a `.portable` swapped for a symlink while a command runs is never
+    followed out of the bundle (audit65 H1); `check` tells whether the bundle's `.portable` is still this folder."""
+
+    bundle: Path
+    fd: int
+    ident: tuple[int, int]
+    """(st_dev, st_ino) of the folder opened."""
+
+    @property
+    def path(self) -> Path:
+        return Path(self.bundle) / STATE_DIR
+
+    def check(self, *, what: str = "restore") -> None:
+        """UnsafeArchiveError (exit 6) naming `.portable` when the bundle's `.portable` is no longer the folder opened
+        (a symlink, a file or another folder put in its place, or gone)."""
+        try:
+            st = os.lstat(self.path)
+        except OSError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) == self.ident:
+            return
+        now = (
+            "is gone"
+            if st is None
+            else "is now a symlink"
+            if stat.S_ISLNK(st.st_mode)
+            else "is now another folder"
+            if stat.S_ISDIR(st.st_mode)
+            else "is now not a folder"
+        )
+        raise UnsafeArchiveError(
+            f"the bundle's state folder {STATE_DIR} was replaced while {what} ran ({self.path} {now}): refusing to "
+            f"{what} through it",
+            member=STATE_DIR,
+            hint=f"remove {self.path} (the bundle's state folder is the tool's own, never a link; the next {what} "
+            f"makes it afresh) and run the command again; nothing outside the bundle was changed",
+        )
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def open_state(bundle: Path, *, what: str) -> StateFolder:
+    """`state_dir`, then its fd opened without following a link (a link put there between the two is exit 6 too)."""
+    state = state_dir(bundle, what=what)
+    try:
+        fd = os.open(state, _STATE_FLAGS)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeArchiveError(
+                f"{state} is a symlink or not a folder: refusing to {what} through it",
+                member=STATE_DIR,
+                hint=f"{state}: {STATE_HINT}",
+            ) from None
+        raise os_error(exc, f"the bundle's state folder {state}", op="read") from None
+    st = os.fstat(fd)
+    return StateFolder(bundle=Path(bundle), fd=fd, ident=(st.st_dev, st.st_ino))
 
 
 def _holder(fd: int) -> str:
@@ -97,31 +165,47 @@ def lock_file_error(exc: OSError, path: Path, *, what: str, folder: Path) -> Exc
 
 
 @contextmanager
-def bundle_lock(bundle: Path, *, what: str, wait_s: float = 0.0) -> Iterator[None]:
-    """Hold the bundle's lock for the `with` body.
+def bundle_lock(bundle: Path, *, what: str, wait_s: float = 0.0) -> Iterator[StateFolder]:
+    """Hold the bundle's lock for the `with` body, which gets the state folder opened (`StateFolder`: the one whose
+    lock file is held; use its fd for every write in it).
 
     Waits up to `wait_s` seconds for another holder (polling every 50 ms), then raises
     LockHeldError (exit 7) naming the holder. Creates `<bundle>/.portable/` if needed
-    (WriteFailedError, exit 8, when the bundle folder is not writable).
+    (WriteFailedError, exit 8, when the bundle folder is not writable). The lock file is opened in the state folder's
+    fd, so a `.portable` swapped for a link after its check never has a file outside the bundle locked or truncated.
     """
-    state = state_dir(bundle, what=what)
-    with folder_lock(bundle, state / LOCK_NAME, what=what, subject="this bundle", wait_s=wait_s):
-        yield
+    state = open_state(bundle, what=what)
+    try:
+        with folder_lock(
+            bundle, state.path / LOCK_NAME, what=what, subject="this bundle", wait_s=wait_s, dir_fd=state.fd
+        ):
+            yield state
+    finally:
+        state.close()
 
 
 @contextmanager
 def folder_lock(
-    folder: Path, path: Path, *, what: str, subject: str, wait_s: float = 0.0, lead: str = ""
+    folder: Path,
+    path: Path,
+    *,
+    what: str,
+    subject: str,
+    wait_s: float = 0.0,
+    lead: str = "",
+    dir_fd: int | None = None,
 ) -> Iterator[None]:
     """Hold an exclusive flock on the file `path` (created, in an existing folder) for the `with` body.
 
     LockHeldError (exit 7) names `folder`, the holder's pid and command, and `subject` ("this bundle",
     "this run folder"), after `lead`, once `wait_s` seconds passed; WriteFailedError (exit 8) when the file
     cannot be created; UnsafeArchiveError (exit 6) when it is a symlink or not a regular file (O_CREAT
-    alone would follow a link and truncate whatever it points to: audit F2).
+    alone would follow a link and truncate whatever it points to: audit F2). With `dir_fd` (the fd of `path`'s folder)
+    the file is opened by its name in that folder, never through a link put in the folder's place.
     """
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(path if dir_fd is None else path.name, flags, 0o644, dir_fd=dir_fd)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise OSError(errno.ELOOP, "not a regular file", str(path))

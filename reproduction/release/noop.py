@@ -204,19 +204,22 @@ def try_noop_restore(argv: list[str], default_bundle: str) -> int | None:
     given, quiet = parsed
     try:
         bundle = os.path.realpath(given if given is not None else default_bundle)
-        if not stat.S_ISDIR(os.lstat(os.path.join(bundle, STATE_DIR)).st_mode):
-            return None  # a symlinked state folder: the full path refuses it
+        # The state folder opened without following a link, the lock opened in it: a symlinked state folder (even one
+        # swapped in after a check) is never followed to a lock file outside the bundle (review65 H1); the full path
+        # refuses it.
+        state = os.open(os.path.join(bundle, STATE_DIR), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         # O_NOFOLLOW: a lock that is a symlink must not be truncated through (the full path refuses it).
         flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        lock = os.path.join(bundle, STATE_DIR, LOCK_NAME)
         try:
-            fd, writable = os.open(lock, os.O_RDWR | flags), True
+            fd, writable = os.open(LOCK_NAME, os.O_RDWR | flags, dir_fd=state), True
         except OSError as exc:
             if exc.errno != errno.EROFS:
                 raise
             # A read-only filesystem (a shared image of a restored bundle): no restore can change the bundle
             # there, so the check runs on a read-only lock without the holder line (audit56 A4).
-            fd, writable = os.open(lock, os.O_RDONLY | flags), False
+            fd, writable = os.open(LOCK_NAME, os.O_RDONLY | flags, dir_fd=state), False
+        finally:
+            os.close(state)
     except (OSError, ValueError):
         return None
     try:

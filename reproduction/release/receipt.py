@@ -36,7 +36,7 @@ from typing import Any
 
 from reproduction import strict_json
 from reproduction.errors import ReadFailedError
-from reproduction.fsio import atomic_write_text, open_regular
+from reproduction.fsio import atomic_write_at, atomic_write_text, open_regular
 from reproduction.release.manifest import STATE_DIR
 
 RECEIPT_NAME = "receipt.json"
@@ -190,9 +190,10 @@ def sha256_regular(path: str) -> str | None:
         return sha256_open(fh)
 
 
-def unreachable(root: Path, rel: str) -> ReadFailedError:
-    """The one-line error (exit 3) for a recorded path `rel` under `root` that the receipt check cannot stat for lack of
-    permission; the hint names the first folder on the way this user cannot search (else the path's own folder)."""
+def unreachable(root: Path, rel: str, *, purpose: str = "to check it against the restore receipt") -> ReadFailedError:
+    """The one-line error (exit 3) for a recorded path `rel` under `root` that the receipt check (or what `purpose`
+    says) cannot stat for lack of permission; the hint names the first folder on the way this user cannot search (else
+    the path's own folder)."""
     path = f"{root}/{rel}"
     folder = os.path.dirname(path)
     here = str(root)
@@ -202,7 +203,7 @@ def unreachable(root: Path, rel: str) -> ReadFailedError:
             folder = here
             break
     return ReadFailedError(
-        f"cannot access {path} to check it against the restore receipt: permission denied",
+        f"cannot access {path} {purpose}: permission denied",
         path=path,
         hint=f"fix the permissions of {folder} (e.g. `chmod u+rwx {shlex.quote(folder)}`) and of the folders above "
         "it, then run the command again; nothing was changed",
@@ -308,15 +309,16 @@ def receipt_path(bundle: Path) -> Path:
     return Path(bundle) / STATE_DIR / RECEIPT_NAME
 
 
-def refuse_receipt_folder(bundle: Path, *, what: str) -> None:
+def refuse_receipt_folder(bundle: Path, *, what: str, dir_fd: int | None = None) -> None:
     """UnsafeArchiveError (exit 6) when `.portable/receipt.json` is a folder: `save_receipt`'s rename cannot replace
     one, so `what` (a restore) would do all its work and then fail at its last write, every time (audit62 L5). Any
-    other non-file there (a link, a FIFO) is no receipt and is simply replaced."""
+    other non-file there (a link, a FIFO) is no receipt and is simply replaced. `dir_fd`: the state folder's fd
+    (lock.StateFolder), the receipt looked up in it."""
     from reproduction.errors import UnsafeArchiveError
 
     path = receipt_path(bundle)
     try:
-        folder = stat_mod.S_ISDIR(os.lstat(path).st_mode)
+        folder = stat_mod.S_ISDIR((os.lstat(path) if dir_fd is None else os.lstat(RECEIPT_NAME, dir_fd=dir_fd)).st_mode)
     except OSError:
         return
     if folder:
@@ -328,10 +330,11 @@ def refuse_receipt_folder(bundle: Path, *, what: str) -> None:
         )
 
 
-def load_receipt(bundle: Path) -> Receipt:
-    """The bundle's receipt, or an empty one when absent, unreadable or of another format."""
+def load_receipt(bundle: Path, *, dir_fd: int | None = None) -> Receipt:
+    """The bundle's receipt, or an empty one when absent, unreadable or of another format; `dir_fd`: the state
+    folder's fd (lock.StateFolder), the receipt read from it."""
     try:  # a FIFO (or a folder, a link) is no receipt, and is never waited on (audit48 F2: restore hung on one)
-        fh = open_regular(receipt_path(bundle))
+        fh = open_regular(receipt_path(bundle)) if dir_fd is None else open_regular(RECEIPT_NAME, dir_fd=dir_fd)
         if fh is None:
             return Receipt()
         with fh:
@@ -341,9 +344,15 @@ def load_receipt(bundle: Path) -> Receipt:
         return Receipt()
 
 
-def save_receipt(bundle: Path, receipt: Receipt) -> None:
-    """Atomically replace the bundle's receipt (the old one stays if this fails)."""
-    atomic_write_text(receipt_path(bundle), json.dumps(receipt.to_dict(), separators=(",", ":")) + "\n")
+def save_receipt(bundle: Path, receipt: Receipt, *, dir_fd: int | None = None) -> None:
+    """Atomically replace the bundle's receipt (the old one stays if this fails). `dir_fd`: the state folder's fd
+    (lock.StateFolder), the receipt written and renamed in it, never through a `.portable` swapped for a link since
+    it was opened (audit65 H1)."""
+    text = json.dumps(receipt.to_dict(), separators=(",", ":")) + "\n"
+    if dir_fd is None:
+        atomic_write_text(receipt_path(bundle), text)
+    else:
+        atomic_write_at(dir_fd, RECEIPT_NAME, text.encode("utf-8"), shown=receipt_path(bundle))
 
 
 def record_fetch(
@@ -374,7 +383,8 @@ def record_fetch(
     }
     if manifest_sha256:
         record["manifest_sha256"] = manifest_sha256
-    with contextlib.nullcontext() if locked else bundle_lock(bundle, what="record the fetch", wait_s=30.0):
-        receipt = load_receipt(bundle)
+    with contextlib.nullcontext() if locked else bundle_lock(bundle, what="record the fetch", wait_s=30.0) as state:
+        dir_fd = None if state is None else state.fd
+        receipt = load_receipt(bundle, dir_fd=dir_fd)
         receipt.fetch = record
-        save_receipt(bundle, receipt)
+        save_receipt(bundle, receipt, dir_fd=dir_fd)

@@ -46,7 +46,6 @@ import re
 import secrets
 import shlex
 import stat
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -244,6 +243,37 @@ def _shebang_fix(data: bytes, new_prefix: str, rel: str) -> bytes:
     return tramp.encode() + data[end:]
 
 
+_TRAMP_HEAD = b"#!/bin/sh\n'''exec' "
+_TRAMP_TAIL = b' "$0" "$@"'
+_TRAMP_END = b"\n' '''"
+
+
+def _untrampoline(data: bytes, pattern: re.Pattern[bytes]) -> bytes:
+    """`data` with the sh + exec trampoline `_shebang_fix` wrote turned back into the plain shebang it stands for
+    (`#!<interpreter> <args>`), when its interpreter names the prefix `pattern` matches; else `data` unchanged.
+
+    The trampoline holds the interpreter shell-quoted (`shlex.quote`): a path with a `'` is stored as `'"'"'`, which
+    the raw prefix never matches, and a new path written raw inside the old quotes is broken shell (review65 M1).
+    Rewritten as a plain line, the prefix is replaced like any other, and `_shebang_fix` quotes the new path again
+    (or leaves the plain shebang, when it now fits)."""
+    if not data.startswith(_TRAMP_HEAD):
+        return data
+    end = data.find(_TRAMP_END, len(_TRAMP_HEAD))
+    if end < 0 or end != data.find(b"\n", len(_TRAMP_HEAD)) or not data[:end].endswith(_TRAMP_TAIL):
+        return data
+    words = os.fsdecode(data[len(_TRAMP_HEAD) : end - len(_TRAMP_TAIL)])
+    try:
+        parts = shlex.split(words)
+    except ValueError:
+        return data
+    if not parts or " ".join(shlex.quote(w) for w in parts) != words:  # not one `_shebang_fix` wrote
+        return data
+    interp = os.fsencode(parts[0])
+    if pattern.match(interp) is None:
+        return data
+    return b"#!" + b" ".join([interp, *map(os.fsencode, parts[1:])]) + data[end + len(_TRAMP_END) :]
+
+
 @dataclass(kw_only=True, slots=True)
 class _FileCtx:
     """What rewriting one file's C strings needs to know besides its bytes."""
@@ -385,6 +415,8 @@ def rewrite_bytes(
     otherwise.
     """
     pattern = prefix_pattern(old)
+    if mode == "text":
+        data = _untrampoline(data, pattern)
     # Strings kept at an earlier relocation (fallback, debug info) still name the build prefix.
     stale = mode != "text" and build != old and prefix_pattern(build).search(data) is not None
     if pattern.search(data) is None and not stale:
@@ -476,14 +508,18 @@ def _write_keeping_mode(
     file is made in the folder fd `tmp_fd`, else in `tmp_dir` (same filesystem, outside the tree) when given, else
     beside the file. The rename names the folders by fd, so it never goes through a link put in a folder's place."""
     src_fd: int | None = None
+    # A fixed-length temp name, not derived from `base`: any name the filesystem allows (up to NAME_MAX) gets its
+    # temp, where `.{base}.<12 hex>.reloc` failed for names over NAME_MAX - 20 bytes (review65 L1).
+    tmp = f".{secrets.token_hex(8)}.reloc"
     if tmp_fd is not None:
-        src_fd, tmp = tmp_fd, f".{base}.{secrets.token_hex(6)}.reloc"
+        src_fd = tmp_fd
         fd = os.open(tmp, _TMP_FLAGS, 0o600, dir_fd=tmp_fd)
     elif tmp_dir is not None:
         Path(tmp_dir).mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".reloc", dir=tmp_dir)
+        tmp = os.path.join(tmp_dir, tmp)
+        fd = os.open(tmp, _TMP_FLAGS, 0o600)
     else:
-        src_fd, tmp = dir_fd, f".{base}.{secrets.token_hex(6)}.reloc"
+        src_fd = dir_fd
         fd = os.open(tmp, _TMP_FLAGS, 0o600, dir_fd=dir_fd)
     done = False
     try:
@@ -535,12 +571,13 @@ def _open_root(root: Path, base: Path | None) -> DirFds:
         ) from None
 
 
-def _open_tmp(base: Path, tmp_dir: Path) -> int:
-    """An O_PATH fd of `tmp_dir` (made if missing), reached from `base` without following a link: a symlink planted
-    there (or above it) is UnsafeArchiveError (6), never a temp file written outside the bundle (audit65)."""
+def _open_tmp(base: Path, tmp_dir: Path, parent_fd: int | None = None) -> int:
+    """An O_PATH fd of `tmp_dir` (made if missing), reached from `base` without following a link (or, with `parent_fd`,
+    by its name in that folder fd: restore's state folder, opened once): a symlink planted there (or above it) is
+    UnsafeArchiveError (6), never a temp file written outside the bundle (audit65)."""
     rel = tmp_dir.relative_to(base).as_posix()
     try:
-        parent, name = open_parent(base, rel)
+        parent, name = (os.dup(parent_fd), tmp_dir.name) if parent_fd is not None else open_parent(base, rel)
         try:
             try:
                 os.mkdir(name, dir_fd=parent)
@@ -554,6 +591,11 @@ def _open_tmp(base: Path, tmp_dir: Path) -> int:
             raise os_error(
                 exc, f"relocation's temp folder {tmp_dir}", hint="free space or fix permissions, then run restore again"
             ) from None
+        above = exc.filename is not None and os.path.isabs(os.fsdecode(exc.filename))  # open_parent names a folder
+        if above and os.fsdecode(exc.filename) not in (str(base), str(tmp_dir)):  # above it (`.portable`): named
+            from reproduction.release.swap import through_link
+
+            raise through_link(base, rel, "relocation's temp folder") from None
         raise UnsafeArchiveError(
             f"relocation's temp folder {rel} is a symlink or not a folder, which appeared while restore ran: refusing "
             "to restore through it",
@@ -577,6 +619,7 @@ def relocate_tree(
     tmp_dir: Path | None = None,
     skipped: list[str] | None = None,
     base: Path | None = None,
+    tmp_parent_fd: int | None = None,
 ) -> list[str]:
     """Rewrite the listed files below `root` from `old_prefix` to `new_prefix`; returns the paths changed.
 
@@ -596,7 +639,8 @@ def relocate_tree(
     rewritten in place without corrupting it (audit62 M3).
     `base` (a folder above `root` and `tmp_dir`: restore's bundle) is where `root` and `tmp_dir` are reached from,
     one folder at a time without following a link, so a symlink planted in a folder between them after the swap is
-    UnsafeArchiveError (6), never written through (audit65); without it they are opened by path.
+    UnsafeArchiveError (6), never written through (audit65); without it they are opened by path. `tmp_parent_fd` (with
+    `base`): the fd of `tmp_dir`'s folder (restore's `.portable`, opened once), `tmp_dir` made and opened in it.
     """
     root = Path(root)
     old, new = normalize_prefix(old_prefix, what="old prefix"), normalize_prefix(new_prefix, what="new prefix")
@@ -660,7 +704,7 @@ def relocate_tree(
     tmp_fd = None
     try:
         if base is not None and tmp_dir is not None and planned:
-            tmp_fd = _open_tmp(base, Path(tmp_dir))
+            tmp_fd = _open_tmp(base, Path(tmp_dir), tmp_parent_fd)
         for rel, new_data, st in planned:
             found = _parent_fd(dirs, root, rel)
             if found is None:  # it was there a moment ago: something else is changing the tree

@@ -26,7 +26,7 @@ from reproduction.fsio import open_regular, remove_tree
 from reproduction.release import extract_child
 from reproduction.release import layers as layer_io
 from reproduction.release.extract import open_parent
-from reproduction.release.lock import bundle_lock
+from reproduction.release.lock import StateFolder, bundle_lock
 from reproduction.release.manifest import (
     MANIFEST_NAME,
     STATE_DIR,
@@ -118,18 +118,20 @@ class RestoreReport:
         return "\n".join(lines)
 
 
-def _cleanup_state(bundle: Path, *, strict: bool) -> None:
+def _cleanup_state(state: StateFolder, *, strict: bool) -> None:
     """Remove what a killed restore left in `.portable/` (never anything at a final path).
 
     A leftover that is a symlink or a plain file (a hostile or damaged bundle folder) is unlinked
     itself, never what it points to: staging, trash and reloc are the tool's own (audit F2, F16).
+    Each is reached through the state folder's fd, so a `.portable` swapped for a link while restore ran is
+    never followed (audit65 H1).
     `strict` (before restoring) raises WriteFailedError (8) naming a leftover that cannot be removed;
     otherwise (after) what cannot be removed stays for the next restore.
     """
     for name in ("staging", "trash", RELOC_TMP):
-        path = bundle / STATE_DIR / name
+        path = state.path / name
         try:
-            remove_tree(path)
+            remove_tree(name, dir_fd=state.fd, shown=str(path))
         except OSError as exc:
             if strict:
                 raise os_error(
@@ -152,6 +154,7 @@ def _relocate(
     old_bundle: Path | None,
     report: RestoreReport,
     known: set[str],
+    state: StateFolder,
 ) -> list[str]:
     """Rewrite `layer`'s own and foreign prefix occurrences for where the bundle now is.
 
@@ -170,6 +173,7 @@ def _relocate(
     root = bundle / layer.target
     changed: list[str] = []
     skipped: list[str] = []
+    state.check()  # the temp folder is made in the state folder's fd: a `.portable` swapped for a link is named first
     for owner, occurrences in _prefix_jobs(manifest, layer):
         strays = sorted({o.path for o in occurrences} - known)
         if strays:
@@ -187,7 +191,8 @@ def _relocate(
             str(bundle / owner.target),
             build_prefix=owner.build_prefix,
             notes=report.relocation_notes,
-            tmp_dir=bundle / STATE_DIR / RELOC_TMP,  # a kill mid-rewrite leaves its temp here, not in the tree
+            tmp_dir=state.path / RELOC_TMP,  # a kill mid-rewrite leaves its temp here, not in the tree
+            tmp_parent_fd=state.fd,  # made and opened in the state folder's fd, never through a link (audit65 H1)
             skipped=skipped,
             base=bundle,  # the target and the temp folder reached from the bundle without following a link (audit65)
         )
@@ -208,7 +213,7 @@ def _prefix_jobs(manifest: Manifest, layer: LayerEntry) -> list[tuple[LayerEntry
     return jobs
 
 
-def _keep_rechecked(bundle: Path, manifest: Manifest, groups: list[Group]) -> None:
+def _keep_rechecked(bundle: Path, manifest: Manifest, groups: list[Group], state: StateFolder) -> None:
     """`--deep` over a vouched runtime target whose stat pass found nothing changed (`Group.recheck`): its layers
     were extracted to staging like any other; when every file and link there is what the target holds (a file
     holding a build prefix compared as relocation would rewrite it for this folder), the target is kept (action
@@ -219,12 +224,17 @@ def _keep_rechecked(bundle: Path, manifest: Manifest, groups: list[Group]) -> No
     kept = [i for i, g in enumerate(todo) if g.recheck and _same_as_staged(bundle, manifest, g, staging / f"{i}")]
     if not kept:
         return
-    for i in kept:
-        todo[i].action = "keep"
-        remove_tree(staging / f"{i}")
-    for new, old in enumerate(i for i in range(len(todo)) if i not in kept):  # _finish numbers them 0, 1, ...
-        if new != old:
-            os.rename(staging / f"{old}", staging / f"{new}")
+    # staging/ reached through the state folder's fd, never through a link put at `.portable` (audit65 H1)
+    fd = os.open("staging", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=state.fd)
+    try:
+        for i in kept:
+            todo[i].action = "keep"
+            remove_tree(f"{i}", dir_fd=fd, shown=str(staging / f"{i}"))
+        for new, old in enumerate(i for i in range(len(todo)) if i not in kept):  # _finish numbers them 0, 1, ...
+            if new != old:
+                os.rename(f"{old}", f"{new}", src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def _same_as_staged(bundle: Path, manifest: Manifest, g: Group, staged: Path) -> bool:
@@ -383,25 +393,51 @@ def _member_lists(
     return loaded, problems, {f.path for f in indexes}
 
 
+_DIR_NOFOLLOW = os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def _extract_groups(
-    bundle: Path, groups: list[Group], loaded: dict[str, layer_io.LoadedLayer], *, jobs: int, ui: UiOptions | None
+    bundle: Path,
+    groups: list[Group],
+    loaded: dict[str, layer_io.LoadedLayer],
+    *,
+    jobs: int,
+    ui: UiOptions | None,
+    state: StateFolder,
 ) -> tuple[dict[str, dict[str, LayerReceipt]], list[Problem]]:
-    """Extract every 'extract' group into `.portable/staging/`, up to `jobs` groups at once.
+    """Extract every 'extract' group into `.portable/staging/`, up to `jobs` groups at once; each staging folder made
+    and opened from the state folder's fd (never through a `.portable` swapped for a link: audit65 H1).
 
     Returns (receipts by target, digest problems found while extracting)."""
-    staging = bundle / STATE_DIR / "staging"
+    staging = state.path / "staging"
+    state.check()
+    try:
+        os.mkdir("staging", 0o755, dir_fd=state.fd)
+    except FileExistsError:
+        pass
+    staging_fd = os.open("staging", os.O_PATH | _DIR_NOFOLLOW, dir_fd=state.fd)
     todo = [g for g in groups if g.action == "extract"]
     total = sum(x.entry.unpacked_size for x in loaded.values())
     workers = max(1, min(len(todo), jobs))  # a bundle of many targets never starts more extractions than cores
 
     def one(i: int, g: Group, on_bytes) -> dict[str, LayerReceipt]:
         dest = staging / f"{i}"
+        os.mkdir(f"{i}", 0o755, dir_fd=staging_fd)  # _cleanup_state emptied staging/: a fresh folder, never a link
+        dest_fd = os.open(f"{i}", os.O_RDONLY | _DIR_NOFOLLOW, dir_fd=staging_fd)
+        try:
+            return _extract_group(g, dest, dest_fd, on_bytes)
+        finally:
+            os.close(dest_fd)
+
+    def _extract_group(g: Group, dest: Path, dest_fd: int, on_bytes) -> dict[str, LayerReceipt]:
         recs: dict[str, LayerReceipt] = {}
         for layer in g.layers:
             # Beside another group, a large layer extracts in a child: threads would take turns on the GIL.
             alone = workers == 1 or layer.members < extract_child.MIN_MEMBERS
             extract = layer_io.extract_layer if alone else extract_child.extract_layer_in_child
-            written = extract(bundle, loaded[layer.archive], dest, digests=layer.kind == "source", on_bytes=on_bytes)
+            written = extract(
+                bundle, loaded[layer.archive], dest, digests=layer.kind == "source", on_bytes=on_bytes, dest_fd=dest_fd
+            )
             for earlier in recs.values():  # an overlay's later file supersedes the earlier record
                 for rel in written.files.keys() | written.links.keys():
                     earlier.files.pop(rel, None)
@@ -419,17 +455,22 @@ def _extract_groups(
 
     recs: dict[str, dict[str, LayerReceipt]] = {}
     problems: list[Problem] = []
-    with progress(ui) as bars:
-        task = bars.task("extract", total=total)
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(one, i, g, task.advance) for i, g in enumerate(todo)]
-            for g, f in zip(todo, futures):
-                try:
-                    recs[g.target] = f.result()
-                except layer_io.DigestMismatch as exc:
-                    problems.append(
-                        Problem(kind="digest", path=exc.archive, expected=loaded[exc.archive].digest, actual=exc.actual)
-                    )
+    try:
+        with progress(ui) as bars:
+            task = bars.task("extract", total=total)
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                futures = [pool.submit(one, i, g, task.advance) for i, g in enumerate(todo)]
+                for g, f in zip(todo, futures):
+                    try:
+                        recs[g.target] = f.result()
+                    except layer_io.DigestMismatch as exc:
+                        problems.append(
+                            Problem(
+                                kind="digest", path=exc.archive, expected=loaded[exc.archive].digest, actual=exc.actual
+                            )
+                        )
+    finally:
+        os.close(staging_fd)
     return recs, problems
 
 
@@ -443,6 +484,7 @@ def _verify_and_extract(
     same_manifest: bool,
     jobs: int,
     ui: UiOptions | None,
+    state: StateFolder,
 ) -> tuple[VerifyReport, dict[str, dict[str, LayerReceipt]], list[str]]:
     """Hash plain files while layers are validated and extracted; raise once with every problem.
 
@@ -479,7 +521,7 @@ def _verify_and_extract(
         check_path_lengths(bundle, [(a, t, (m.name for m in ms)) for a, t, ms in union], targets=len(groups))
         _check_sizes(bundle, loaded)
         recs, problems = (
-            _extract_groups(bundle, groups, {x.entry.archive: x for x in loaded}, jobs=jobs, ui=ui)
+            _extract_groups(bundle, groups, {x.entry.archive: x for x in loaded}, jobs=jobs, ui=ui, state=state)
             if loaded
             else ({}, [])
         )
@@ -550,6 +592,7 @@ def _finish(
     recs: dict[str, dict[str, LayerReceipt]],
     report: RestoreReport,
     manifest_sha: str,
+    state: StateFolder,
 ) -> None:
     """Swap extracted targets into place, relocate, and record everything in the receipt.
 
@@ -561,12 +604,15 @@ def _finish(
     its files are rewritten in place, so after a failure the receipt no longer matches their stat and the next
     restore sees them as changed (a runtime target is extracted again; a source target reports them as locally
     edited, never overwritten).
+    Every write in `.portable` (trash/, the receipt) goes through `state`'s fd, and a `.portable` found replaced
+    (a symlink put there while restore ran) is UnsafeArchiveError (6) naming it, before the receipt is saved
+    (audit65 H1).
     """
-    state = bundle / STATE_DIR
-    trash = state / "trash"
-    os.mkdir(trash)  # _cleanup_state removed any leftover (a symlink here would send old trees elsewhere)
+    trash = state.path / "trash"
+    state.check()
+    os.mkdir("trash", dir_fd=state.fd)  # _cleanup_state removed any leftover (a symlink would send old trees away)
     staged = [g for g in groups if g.action == "extract"]
-    preflight(bundle, [g.target for g in staged])
+    preflight(bundle, [g.target for g in staged], state_dev=os.fstat(state.fd).st_dev)
     before = receipt.to_dict()
     if staged:
         for g in staged:
@@ -576,11 +622,12 @@ def _finish(
                 rec = receipt.layers.pop(layer.archive, None)
                 if rec is not None:
                     receipt.replacing[layer.archive] = rec
-        save_receipt(bundle, receipt)
+        state.check()
+        save_receipt(bundle, receipt, dir_fd=state.fd)
     swapped: list[int] = []
     try:
         for i, g in enumerate(staged):
-            swap_into_place(state / "staging" / f"{i}", bundle / g.target, trash / f"{i}", root=bundle)
+            swap_into_place(state.path / "staging" / f"{i}", bundle / g.target, trash / f"{i}", root=bundle)
             swapped.append(i)
         for g in groups:
             root = bundle / g.target
@@ -588,12 +635,12 @@ def _finish(
                 if g.action == "extract":
                     rec = recs[g.target][layer.archive]
                     known = {p for r in recs[g.target].values() for p in r.files}
-                    _restat(bundle, g.target, rec, _relocate(bundle, manifest, layer, None, report, known))
+                    _restat(bundle, g.target, rec, _relocate(bundle, manifest, layer, None, report, known, state))
                 else:
                     rec = receipt.layers[layer.archive]
                     if g.action == "relocate":
                         known = {p for x in g.layers for p in receipt.layers[x.archive].files}
-                        changed = _relocate(bundle, manifest, layer, _old_bundle(rec), report, known)
+                        changed = _relocate(bundle, manifest, layer, _old_bundle(rec), report, known, state)
                         _restat(bundle, g.target, rec, changed)
                     rec.prefix = str(root)
                 receipt.layers[layer.archive] = rec
@@ -610,7 +657,8 @@ def _finish(
         ):
             receipt.bundle_path, receipt.manifest_sha256, receipt.plain = str(bundle), manifest_sha, plain
             receipt.replacing = {}  # every target is now recorded in `layers` (or was never the bundle's)
-            save_receipt(bundle, receipt)
+            state.check()
+            save_receipt(bundle, receipt, dir_fd=state.fd)
     except BaseException:
         stuck = [
             x.archive
@@ -623,12 +671,12 @@ def _finish(
             for archive in stuck:  # a target that could not be swapped back holds the new tree: vouch for nothing
                 old.layers.pop(archive, None)
             try:
-                save_receipt(bundle, old)
+                save_receipt(bundle, old, dir_fd=state.fd)  # in the folder opened, whatever is at `.portable` now
             except OSError:
                 pass  # the receipt on disk vouches for nothing that was being replaced: still consistent
         raise
     try:
-        remove_tree(trash)
+        remove_tree("trash", dir_fd=state.fd, shown=str(trash))
     except OSError:
         pass  # the next restore removes it first (or names it)
 
@@ -671,10 +719,12 @@ def restore_bundle(
     check_bundle_weights(bundle, manifest)  # weights must be the bytes their weight manifests pin
     jobs = jobs or default_jobs()
     report = RestoreReport(bundle=bundle)
-    with bundle_lock(bundle, what="restore", wait_s=wait_s):
-        _cleanup_state(bundle, strict=True)
-        refuse_receipt_folder(bundle, what="restore")  # before any work, not at the last write (audit62 L5)
-        receipt = load_receipt(bundle)
+    with bundle_lock(bundle, what="restore", wait_s=wait_s) as state:
+        # `.portable` opened once, without following a link, with the lock: every later write and removal in it goes
+        # through `state.fd`, so a `.portable` swapped for a symlink while restore runs is never followed (audit65 H1)
+        _cleanup_state(state, strict=True)
+        refuse_receipt_folder(bundle, what="restore", dir_fd=state.fd)  # before any work, not at the last write (L5)
+        receipt = load_receipt(bundle, dir_fd=state.fd)
         targets = {x.target for x in manifest.layers}
         # files an earlier restore wrote, when the bundle was moved deeper since (else named as edits: audit63 A L2)
         recorded = [*receipt.replacing.values(), *receipt.layers.values()]
@@ -711,11 +761,12 @@ def restore_bundle(
                 same_manifest=receipt.manifest_sha256 == manifest_sha,
                 jobs=jobs,
                 ui=ui,
+                state=state,
             )
             report.files = verified.files
-            _keep_rechecked(bundle, manifest, groups)
+            _keep_rechecked(bundle, manifest, groups, state)
             refuse_losing_files(bundle, receipt, groups, report.overwritten, refresh_source)
-            _finish(bundle, manifest, receipt, groups, recs, report, manifest_sha)
+            _finish(bundle, manifest, receipt, groups, recs, report, manifest_sha, state)
         except OSError as exc:
             raise os_error(
                 exc,
@@ -724,6 +775,7 @@ def restore_bundle(
                 "the previous state is kept",
             ) from None
         finally:
-            _cleanup_state(bundle, strict=False)
+            _cleanup_state(state, strict=False)
+        state.check()  # restored, but a `.portable` replaced meanwhile holds no receipt of it: named (audit65 H1)
     report.seconds = time.perf_counter() - started
     return report

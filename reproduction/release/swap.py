@@ -196,7 +196,9 @@ def check_target_path(bundle: Path, target: str) -> None:
 
     Relocation rewrites files in a kept target in place and a swap renames over it, so a target that
     is a link (or under one) would have restore write outside the bundle (audit F3). Raises
-    UnsafeArchiveError (6) naming the link; a missing component ends the walk (nothing to follow).
+    UnsafeArchiveError (6) naming the link; a missing component ends the walk (nothing to follow). A folder on the way
+    this user cannot search (chmod 000) is ReadFailedError (3) naming the folder to fix, as the receipt check's
+    (receipt.unreachable: review65 L2).
     """
     here = bundle
     for part in Path(target).parts:
@@ -205,6 +207,10 @@ def check_target_path(bundle: Path, target: str) -> None:
             st = os.lstat(here)
         except (FileNotFoundError, NotADirectoryError):
             return
+        except PermissionError:
+            from reproduction.release.receipt import unreachable
+
+            raise unreachable(bundle, target, purpose="to check the layer target's path") from None
         if stat.S_ISLNK(st.st_mode):
             where = here.relative_to(bundle)
             what = "is a symlink" if str(where) == target else f"lies under the symlink {where}"
@@ -215,11 +221,13 @@ def check_target_path(bundle: Path, target: str) -> None:
             )
 
 
-def preflight(bundle: Path, targets: list[str]) -> None:
+def preflight(bundle: Path, targets: list[str], *, state_dev: int | None = None) -> None:
     """Before anything is swapped: every target's parent exists, is reached without a symlink, is
     writable and on the state folder's filesystem (else a rename half-way through would fail with
-    EACCES or EXDEV). Raises WriteFailedError (8) or UnsafeArchiveError (6); changes nothing else."""
-    state_dev = os.stat(bundle / STATE_DIR).st_dev
+    EACCES or EXDEV). Raises WriteFailedError (8) or UnsafeArchiveError (6); changes nothing else.
+    `state_dev`: the state folder's device, from the fd restore opened it with (default: stat by path)."""
+    if state_dev is None:
+        state_dev = os.stat(bundle / STATE_DIR).st_dev
     for target in targets:
         final = bundle / target
         check_target_path(bundle, target)
