@@ -216,17 +216,25 @@ def return_range_of(frames: Sequence[SourceFrames]) -> ReturnRange:
     return ReturnRange(return_min=float(min(v.min() for v in values)), return_max=float(max(v.max() for v in values)))
 
 
-def mixture_table(
-    sizes: Sequence[int], weights: Sequence[float], *, balance_weights: bool = True, seed: int = 0
-) -> tuple[np.ndarray, np.ndarray]:
-    """(dataset id, index within it) per mixture sample; see the module docstring for the rule."""
+def mixture_counts(sizes: Sequence[int], weights: Sequence[float], *, balance_weights: bool = True) -> np.ndarray:
+    """Samples of each dataset in the mixture `mixture_table` draws (its length is their sum), from the datasets'
+    sizes alone: what RECAP's preflight compares with a global batch before any stage runs. DatasetError when a
+    dataset has no frames."""
     sizes = np.asarray(sizes, dtype=np.int64)
     if (sizes <= 0).any():
         raise DatasetError(f"mixture: a dataset has no frames (sizes {sizes.tolist()})")
     share = np.asarray(weights, dtype=np.float64) * (sizes if balance_weights else 1.0)
     share = share / share.sum()
     length = int(max(math.ceil(n / p - 1e-9) for n, p in zip(sizes, share)))
-    counts = np.maximum(np.floor(share * length).astype(np.int64), sizes)
+    return np.maximum(np.floor(share * length).astype(np.int64), sizes)
+
+
+def mixture_table(
+    sizes: Sequence[int], weights: Sequence[float], *, balance_weights: bool = True, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """(dataset id, index within it) per mixture sample; see the module docstring for the rule."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    counts = mixture_counts(sizes, weights, balance_weights=balance_weights)
     ids, idx = [], []
     for d, (n, c) in enumerate(zip(sizes.tolist(), counts.tolist())):
         rng = np.random.default_rng([seed, d, 0x31C])
