@@ -93,7 +93,10 @@ def test_value_batch_alone_is_exit_4_naming_the_key_in_message_and_hint(tmp_path
     assert lines[0] == (
         "error: value.train.global_batch=8: the value model's training set has 5 samples, fewer than one global batch"
     )
-    assert lines[1].startswith("hint: lower value.train.global_batch to at most 5")
+    assert lines[1] == (
+        "hint: lower value.train.global_batch to at most 5 (a multiple of value.train.micro_batch x world_size), or "
+        "add data"
+    )
     assert not out.exists()
 
 

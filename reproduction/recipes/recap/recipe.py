@@ -409,7 +409,7 @@ def training_set_problems(
     cross-fitting model's: the episodes outside its fold, mixed as recap/value/data.py's mixture_counts mixes them)
     smaller than `value.train.global_batch`, and the `policy: true` datasets' frames fewer than
     `policy.train.global_batch` (every frame is a sample for recap and bc; filtered_bc keeps the successful episodes'
-    frames, fewer still: policy/setup.py refuses those by the same key when the stage reads is_success). `read`:
+    frames, fewer still: policy/task.py train_policy refuses those by the same key once it read is_success). `read`:
     (datasets[i].path, entry, opened dataset) of the datasets that opened; `complete`: all of them did (else a
     training set's size is unknown and only the per-dataset fold check runs: the unopened one is a problem already).
     """
@@ -453,14 +453,14 @@ def training_set_problems(
             k = int(np.argmin(counts))
             if counts[k] < gb:
                 which = f" (model {k} of {plan.folds} trains without fold {k}'s episodes)" if plan.folds > 1 else ""
-                fewer = ", or lower value.model.folds" if plan.folds > 1 else ""
+                fewer = ", add data, or lower value.model.folds" if plan.folds > 1 else ", or add data"
                 out.append(
                     ConfigError(
                         f"value.train.global_batch={gb}: the value model's training set has {counts[k]} samples"
                         f"{which}, fewer than one global batch",
                         field="value.train.global_batch",
                         hint=f"lower value.train.global_batch to at most {counts[k]} (a multiple of "
-                        f"value.train.micro_batch x world_size), add data{fewer}",
+                        f"value.train.micro_batch x world_size){fewer}",
                     )
                 )
     if stages is None or "policy" in stages:
