@@ -33,6 +33,7 @@ from reproduction.recap.finite import refuse_non_finite
 from reproduction.recap.normalize import ReturnRange
 from reproduction.recap.tokenizer import MAX_TOKEN_LEN, encode_prompts, format_prompt
 from reproduction.recap.value.config import DATASET_TYPES, ValueSource  # noqa: F401 (re-exported)
+from reproduction.recap.value.mixture import mixture_counts
 
 
 @dataclass(kw_only=True, slots=True)
@@ -214,19 +215,6 @@ def return_range_of(frames: Sequence[SourceFrames]) -> ReturnRange:
             "value stage: the training datasets hold no frames", hint="check the dataset paths and folds"
         )
     return ReturnRange(return_min=float(min(v.min() for v in values)), return_max=float(max(v.max() for v in values)))
-
-
-def mixture_counts(sizes: Sequence[int], weights: Sequence[float], *, balance_weights: bool = True) -> np.ndarray:
-    """Samples of each dataset in the mixture `mixture_table` draws (its length is their sum), from the datasets'
-    sizes alone: what RECAP's preflight compares with a global batch before any stage runs. DatasetError when a
-    dataset has no frames."""
-    sizes = np.asarray(sizes, dtype=np.int64)
-    if (sizes <= 0).any():
-        raise DatasetError(f"mixture: a dataset has no frames (sizes {sizes.tolist()})")
-    share = np.asarray(weights, dtype=np.float64) * (sizes if balance_weights else 1.0)
-    share = share / share.sum()
-    length = int(max(math.ceil(n / p - 1e-9) for n, p in zip(sizes, share)))
-    return np.maximum(np.floor(share * length).astype(np.int64), sizes)
 
 
 def mixture_table(

@@ -406,7 +406,7 @@ def training_set_problems(
     """ConfigErrors (exit 4) for a training stage that could not take one optimizer step, found from the opened
     datasets' headers (frame counts, the episode table) before any stage runs (audit65_E M1, L1): `value.model.folds`
     above a `value: true` dataset's episode count (a fold would be empty), a value model's training set (each
-    cross-fitting model's: the episodes outside its fold, mixed as recap/value/data.py's mixture_counts mixes them)
+    cross-fitting model's: the episodes outside its fold, mixed by recap/value/mixture.py's rule)
     smaller than `value.train.global_batch`, and the `policy: true` datasets' frames fewer than
     `policy.train.global_batch` (every frame is a sample for recap and bc; filtered_bc keeps the successful episodes'
     frames, fewer still: policy/task.py train_policy refuses those by the same key once it read is_success). `read`:
@@ -417,7 +417,7 @@ def training_set_problems(
 
     from reproduction.errors import ConfigError
     from reproduction.recap.value.crossfit import split_folds
-    from reproduction.recap.value.data import mixture_counts
+    from reproduction.recap.value.mixture import mixture_counts
 
     out: list[Any] = []
     if stages is None or "value" in stages:
