@@ -106,7 +106,8 @@ def test_portable_run_refuses_it_with_exit_4_before_anything_is_written(tmp_path
     d = _dataset(tmp_path / "robot", state=5, action=4)
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "reproduction.portable", "run", "--output", str(out), f"datasets=[{{path: {d}}}]"],
+        [sys.executable, "-m", "reproduction.portable", "run", "--output", str(out), f"datasets=[{{path: {d}}}]"]
+        + [f"{s}.train.{k}=4" for s in ("value", "policy") for k in ("global_batch", "micro_batch")],  # 8 frames
         cwd=REPO,
         capture_output=True,
         text=True,

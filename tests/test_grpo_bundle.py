@@ -56,14 +56,15 @@ def test_pack_restore_and_run_the_quick_grpo_config_from_the_restored_bundle(tmp
     assert {"config/run.yaml", "config/quick.yaml", "evidence/README.md"} <= files
     assert any(p.startswith("data/sft/data/") for p in files) and manifest["entry_config"] == "config/run.yaml"
     # without the restore, the run is refused: the source layer is not extracted (exit 57, as RECAP's)
-    early = portable("run", str(bundle), "--output", str(tmp_path / "early"), cwd=tmp_path)
+    configs = ("--config", str(bundle / "config" / "run.yaml"), "--config", str(bundle / "config" / "quick.yaml"))
+    # (quick.yaml's batch: these 150 SFT frames fill no run.yaml batch of 256, refused beside it: audit65_E M1)
+    early = portable("run", str(bundle), *configs, "--output", str(tmp_path / "early"), cwd=tmp_path)
     assert early.returncode == 57, early.stderr
 
     restored = portable("restore", str(bundle), cwd=tmp_path)
     assert restored.returncode == 0, restored.stderr
     assert (bundle / "source" / "grpo-demo" / "reproduction" / "recipes" / "grpo" / "rollout.py").is_file()
 
-    configs = ("--config", str(bundle / "config" / "run.yaml"), "--config", str(bundle / "config" / "quick.yaml"))
     ran = portable("run", str(bundle), *configs, "--output", str(run), "--json", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
     assert {s["stage"]: s["action"] for s in json.loads(ran.stdout)["stages"]} == dict.fromkeys(

@@ -46,6 +46,8 @@ def test_portable_run_refuses_a_reference_of_other_tasks_before_anything_runs(tm
         "datasets=[{path: data/rollouts, type: rollout, policy: false}]",
         "eval.tasks=[FetchPush-v4]",
         f"eval.reference={REFERENCE}",
+        "value.train.global_batch=8",  # the fixture's 15 frames fill no default batch of 32 (audit65_E M1)
+        "value.train.micro_batch=8",
     )
     assert proc.returncode == 4, proc.stderr
     assert proc.stderr.splitlines() == [

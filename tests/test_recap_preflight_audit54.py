@@ -18,6 +18,8 @@ from reproduction.recipes.recap.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
 STAGES = ["returns", "value", "advantages", "policy"]
+FIT = [f"{s}.train.{k}=4" for s in ("value", "policy") for k in ("global_batch", "micro_batch")]
+"""Batches the 8-frame datasets below can fill (the defaults, 32 and 64, are refused in preflight: audit65_E M1)."""
 
 
 def _dataset(root: Path, *, state: int = 3, action: int = 2, camera: str | None = None, note: bool = False) -> Path:
@@ -45,7 +47,7 @@ def _dataset(root: Path, *, state: int = 3, action: int = 2, camera: str | None 
 def _problems(tmp_path: Path, datasets: str, *overrides: str, stages=STAGES) -> list:
     from reproduction.recipes.recap.recipe import preflight
 
-    config = load_config(None, [f"datasets={datasets}", *overrides])
+    config = load_config(None, [f"datasets={datasets}", *FIT, *overrides])
     return [p for p in preflight(config, tmp_path / "run", {}, stages) if "min_free_gb" not in str(p.field or "")]
 
 
@@ -151,7 +153,8 @@ def test_portable_run_stops_before_any_stage_with_exit_4(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "reproduction.portable", "run", "--output", str(out), "--stages", "returns,value"]
         + [f"datasets=[{{path: {a}, type: rollout}}, {{path: {b}, type: rollout}}]"]
-        + ["value.model.state_keys=[observation.state]", "value.model.cameras={base_0_rgb: observation.images.none}"],
+        + ["value.model.state_keys=[observation.state]", "value.model.cameras={base_0_rgb: observation.images.none}"]
+        + FIT,
         capture_output=True,
         text=True,
         timeout=120,
@@ -226,7 +229,8 @@ def test_portable_run_refuses_an_out_of_range_state_dims_with_exit_4(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "reproduction.portable", "run", "--output", str(out), "--stages", "returns,value"]
         + [f"datasets=[{{path: {a}, type: rollout}}]", "value.model.state_keys=[observation.state]"]
-        + ["value.model.state_dims=[0,7]", "value.model.cameras={base_0_rgb: observation.images.none}"],
+        + ["value.model.state_dims=[0,7]", "value.model.cameras={base_0_rgb: observation.images.none}"]
+        + FIT,
         capture_output=True,
         text=True,
         timeout=120,

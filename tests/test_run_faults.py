@@ -40,7 +40,9 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
     ds = _dataset(root / "data" / "roll")
     cfg = root / "run.yaml"
-    cfg.write_text(f"datasets:\n  - {{path: {ds}, type: rollout}}\n")
+    # batches the 12 frames fill (the defaults, 32 and 64, are refused in preflight: audit65_E M1)
+    fit = "train: {global_batch: 4, micro_batch: 4}"
+    cfg.write_text(f"datasets:\n  - {{path: {ds}, type: rollout}}\nvalue: {{{fit}}}\npolicy: {{{fit}}}\n")
     done = root / "done"
     assert main(["-q", "run", "--config", str(cfg), "--output", str(done), "--stages", "returns"]) == 0
     return root, ds, cfg, done

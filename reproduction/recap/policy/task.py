@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reproduction.errors import ConfigError
 from reproduction.fsio import atomic_write_text
 from reproduction.recap.policy.batches import PolicyBatcher, PolicyCollator, PolicySamples, RouteAugment
 from reproduction.recap.policy.config import (  # noqa: F401 (re-exported: callers outside the tree import them here)
@@ -67,6 +68,7 @@ def train_policy(
     ray_address: str | None = None,
     ui: Any = None,
     writers_lock: Path | None = None,
+    batch_key: str = "global_batch",
 ) -> PolicyResult:
     """Train the `mode` policy (recap, bc or filtered_bc) of `config` with the trainer's `train` (a TrainConfig) on
     the opened `inputs` (data.open_policy_input) into `out_dir`.
@@ -75,12 +77,24 @@ def train_policy(
     preset, model, data, labels, normalisation, training knobs) is refused with CheckpointError
     (exit 50) naming what changed, before anything is written. `resume=False` over existing
     checkpoints is refused the same way. Raises DatasetError (40) for inputs without what the mode
-    needs, and what the trainer raises (ConfigError, CheckpointError, WorkerFailedError).
+    needs, and what the trainer raises (ConfigError, CheckpointError, WorkerFailedError). A training set smaller than
+    one global batch (filtered_bc keeps only the successful episodes' frames) is a ConfigError naming the mode and
+    `batch_key`, the run config's key of train.global_batch (RECAP's `policy.train.global_batch`), before training.
     """
     from reproduction.train.api import train as run_trainer
 
     out_dir = Path(out_dir)
     setup = prepare_policy_setup(inputs, config, out_dir, mode=mode, train=train, resume=resume)
+    samples = int(setup["summary"]["frames"])
+    if samples < train.global_batch:  # the trainer's own refusal names no stage and no section (audit65_E M1)
+        kept = " (the frames of successful episodes)" if mode == "filtered_bc" else ""
+        stage = batch_key.split(".")[0] if "." in batch_key else "policy"  # GRPO's sft stage trains it too
+        raise ConfigError(
+            f"{stage} stage ({mode}): the training set has {samples} samples{kept}, fewer than "
+            f"{batch_key}={train.global_batch}",
+            field=batch_key,
+            hint=f"lower {batch_key} to at most {samples} (a multiple of the micro batch x world_size), or add data",
+        )
     result = run_trainer(
         functools.partial(make_policy_task, setup_path=str((out_dir / SETUP_NAME).resolve())),
         train,

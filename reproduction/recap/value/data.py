@@ -33,6 +33,7 @@ from reproduction.recap.finite import refuse_non_finite
 from reproduction.recap.normalize import ReturnRange
 from reproduction.recap.tokenizer import MAX_TOKEN_LEN, encode_prompts, format_prompt
 from reproduction.recap.value.config import DATASET_TYPES, ValueSource  # noqa: F401 (re-exported)
+from reproduction.recap.value.mixture import mixture_counts
 
 
 @dataclass(kw_only=True, slots=True)
@@ -221,12 +222,7 @@ def mixture_table(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(dataset id, index within it) per mixture sample; see the module docstring for the rule."""
     sizes = np.asarray(sizes, dtype=np.int64)
-    if (sizes <= 0).any():
-        raise DatasetError(f"mixture: a dataset has no frames (sizes {sizes.tolist()})")
-    share = np.asarray(weights, dtype=np.float64) * (sizes if balance_weights else 1.0)
-    share = share / share.sum()
-    length = int(max(math.ceil(n / p - 1e-9) for n, p in zip(sizes, share)))
-    counts = np.maximum(np.floor(share * length).astype(np.int64), sizes)
+    counts = mixture_counts(sizes, weights, balance_weights=balance_weights)
     ids, idx = [], []
     for d, (n, c) in enumerate(zip(sizes.tolist(), counts.tolist())):
         rng = np.random.default_rng([seed, d, 0x31C])

@@ -9,7 +9,8 @@ from typing import Any
 def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[str] | None = None) -> list[Any]:
     """Problems (errors) beyond the runner's checks of every run (run/preflight.py's run_problems: placeholders, a
     restored bundle's weights and files, its layers restored): the sft inputs (each sft dataset, and the
-    co-training dataset, must hold the cameras sft.model.cameras reads), the tasks, the reference and the disk;
+    co-training dataset, must hold the cameras sft.model.cameras reads; the sft datasets' frames, one
+    sft.train.global_batch at least), the tasks, the reference and the disk;
     datasets it opens go into `opened` (keyed like stages.open_inputs) so the run opens each once. Writes nothing."""
     from reproduction.data.reader import open_dataset
     from reproduction.errors import ConfigError, DatasetError, InputNotFoundError, PortableError
@@ -50,6 +51,20 @@ def preflight(config: Any, run_dir: Path, opened: dict[str, Any], stages: list[s
                 DatasetError(
                     f"{key}: dataset {path} has no {', '.join(lacking)}, which sft.model.cameras reads",
                     hint="generate the demonstrations with those cameras, or drop them from sft.model.cameras",
+                )
+            )
+    sft_sets = [key for key, path in paths if key.startswith("sft.datasets") and str(Path(path)) in opened]
+    if sft_sets and len(sft_sets) == len(sft.datasets) and "sft" in (stages or ["sft"]):
+        # BC trains on every frame: a set smaller than one global batch is refused now, not when sft starts
+        frames = sum(opened[str(Path(d.path))].dataset.num_frames for d in sft.datasets)
+        if frames < sft.train.global_batch:
+            problems.append(
+                ConfigError(
+                    f"sft.train.global_batch={sft.train.global_batch}: the SFT training set has {frames} samples (the "
+                    "frames of sft.datasets), fewer than one global batch",
+                    field="sft.train.global_batch",
+                    hint=f"lower sft.train.global_batch to at most {frames} (a multiple of sft.train.micro_batch x "
+                    "world_size), or add demonstrations",
                 )
             )
     for name in ("tokenizer", "pretrained_manifest", "weights_dir", "norm_stats"):  # as RECAP's policy.model's

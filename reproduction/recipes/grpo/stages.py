@@ -100,6 +100,7 @@ def sft_stage(ctx: StageContext) -> StageOutput:
         ray_address=ray_address,
         ui=ctx.ui,
         writers_lock=ctx.writers_lock,
+        batch_key="sft.train.global_batch",
     )
     return StageOutput(
         files=list(result.files),

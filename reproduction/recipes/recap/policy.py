@@ -92,6 +92,7 @@ def policy_stage(ctx: StageContext) -> StageOutput:
             ray_address=ray_address,
             ui=ctx.ui,
             writers_lock=ctx.writers_lock,
+            batch_key="policy.train.global_batch",
         )
         files += list(result.files)
         steps.append(result.step)

@@ -362,6 +362,7 @@ def preflight(
         except OSError as exc:
             problems.append(DatasetError(f"{key}.path: dataset {path} is unreadable ({exc.strerror or exc})"))
     problems += feature_problems(config, read, stages)
+    problems += training_set_problems(config, read, stages, complete=len(read) == len(config.datasets))
     if config.datasets and not any(e.value for e in config.datasets):
         problems.append(ConfigError("datasets: no dataset has value: true; the value model would train on nothing"))
     from reproduction.data.duplicates import duplicate_dataset_problems  # audit54 D6: one dataset listed twice
@@ -397,6 +398,86 @@ def preflight(
         problems += eval_world_problems(config, read, stages)  # audit62 H1: found now, not after training
     problems += [ConfigError(p, field="min_free_gb") for p in disk_problems(run_dir, config.min_free_gb)]
     return problems
+
+
+def training_set_problems(
+    config: Any, read: list[tuple[str, Any, Any]], stages: list[str] | None, *, complete: bool = True
+) -> list[Any]:
+    """ConfigErrors (exit 4) for a training stage that could not take one optimizer step, found from the opened
+    datasets' headers (frame counts, the episode table) before any stage runs (audit65_E M1, L1): `value.model.folds`
+    above a `value: true` dataset's episode count (a fold would be empty), a value model's training set (each
+    cross-fitting model's: the episodes outside its fold, mixed by recap/value/mixture.py's rule)
+    smaller than `value.train.global_batch`, and the `policy: true` datasets' frames fewer than
+    `policy.train.global_batch` (every frame is a sample for recap and bc; filtered_bc keeps the successful episodes'
+    frames, fewer still: policy/task.py train_policy refuses those by the same key once it read is_success). `read`:
+    (datasets[i].path, entry, opened dataset) of the datasets that opened; `complete`: all of them did (else a
+    training set's size is unknown and only the per-dataset fold check runs: the unopened one is a problem already).
+    """
+    import numpy as np
+
+    from reproduction.errors import ConfigError
+    from reproduction.recap.value.crossfit import split_folds
+    from reproduction.recap.value.mixture import mixture_counts
+
+    out: list[Any] = []
+    if stages is None or "value" in stages:
+        model, gb = config.value.model, config.value.train.global_batch
+        group = [(key, entry, ds) for key, entry, ds in read if entry.value]
+        lengths: dict[str, dict[int, int]] = {}
+        short: list[tuple[str, str, int]] = []  # (datasets[i], name, episodes) of those with fewer than the folds
+        for key, _, ds in group:
+            ids = ds.episodes.column("episode_index").to_numpy().astype(np.int64)
+            size = ds.episodes.column("length").to_numpy().astype(np.int64)
+            lengths[ds.name] = dict(zip(ids[size > 0].tolist(), size[size > 0].tolist()))
+            if model.folds > 1 and len(lengths[ds.name]) < model.folds:
+                short.append((key.removesuffix(".path"), ds.name, len(lengths[ds.name])))
+        if short:
+            told = "; ".join(f"{key} ({name}) has {have} episode(s)" for key, name, have in short)
+            out.append(
+                ConfigError(
+                    f"value.model.folds={model.folds}: {told}, fewer than the folds (cross-fitting holds out at least "
+                    "one episode of every `value: true` dataset per fold)",
+                    field="value.model.folds",
+                    hint=f"lower value.model.folds to at most {max(1, min(h for *_, h in short))} (1 = no "
+                    f"cross-fitting), add episodes, or set {short[0][0]}.value=false",
+                )
+            )
+        names = [ds.name for _, _, ds in group]
+        if group and complete and not out and len(set(names)) == len(names) and all(lengths.values()):
+            plan = split_folds({n: list(lengths[n]) for n in names}, folds=model.folds, seed=model.fold_seed)
+            weights = [entry.weight for _, entry, _ in group]
+            counts = []
+            for k in range(plan.folds):
+                sizes = [sum(lengths[n][int(e)] for e in plan.train_episodes(k, n)) for n in names]
+                counts.append(int(mixture_counts(sizes, weights, balance_weights=model.balance_weights).sum()))
+            k = int(np.argmin(counts))
+            if counts[k] < gb:
+                which = f" (model {k} of {plan.folds} trains without fold {k}'s episodes)" if plan.folds > 1 else ""
+                fewer = ", add data, or lower value.model.folds" if plan.folds > 1 else ", or add data"
+                out.append(
+                    ConfigError(
+                        f"value.train.global_batch={gb}: the value model's training set has {counts[k]} samples"
+                        f"{which}, fewer than one global batch",
+                        field="value.train.global_batch",
+                        hint=f"lower value.train.global_batch to at most {counts[k]} (a multiple of "
+                        f"value.train.micro_batch x world_size){fewer}",
+                    )
+                )
+    if stages is None or "policy" in stages:
+        gb = config.policy.train.global_batch
+        group = [(key, entry, ds) for key, entry, ds in read if entry.policy]
+        frames = sum(ds.num_frames for _, _, ds in group)
+        if group and complete and frames < gb:
+            out.append(
+                ConfigError(
+                    f"policy.train.global_batch={gb}: the policy's training set has {frames} samples (the frames of "
+                    "the `policy: true` datasets), fewer than one global batch",
+                    field="policy.train.global_batch",
+                    hint=f"lower policy.train.global_batch to at most {frames} (a multiple of "
+                    "policy.train.micro_batch x world_size), or add data",
+                )
+            )
+    return out
 
 
 NO_CAMERA_KEY = "observation.images.none"
