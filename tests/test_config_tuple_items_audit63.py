@@ -68,7 +68,7 @@ def test_an_optional_tuple_item_that_does_not_fit_names_its_key(cli, given, key,
     name = given.partition("=")[0]
     assert err == [
         f"error: command line: config key `{key}` is {shown}: it takes {takes}",
-        f"hint: write it as {name}={example} with your values (docs/config.md)",
+        f"hint: write it as {name}={example} with your values (its schema {__name__}:Items)",  # audit65_B L4
     ]
     assert out == ""
 

@@ -141,9 +141,9 @@ def test_tuple_values_that_loaded_before_still_load(cli, given):
         # a null tuple has no item to set: its hint offers only the whole form (review61b 1)
         (
             "opt=5",
-            [
+            [  # an out-of-tree schema: its hint names it, not docs/config.md (audit65_B L4)
                 "config key `opt` takes 2 values as a list, e.g. [a, b], not 5",
-                "write it as opt=[a, b] with your values (docs/config.md)",
+                f"write it as opt=[a, b] with your values (its schema {__name__}:Odd)",
             ],
         ),
         # an Enum default is shown by name, as a file writes it, not as <Color.RED: 1> (review61b 2)
@@ -151,7 +151,7 @@ def test_tuple_values_that_loaded_before_still_load(cli, given):
             "en=[BLUE, RED]",
             [
                 "config key `en[0]` is BLUE: it takes Color",
-                "write it as en=[RED, GREEN] with your values (docs/config.md)",
+                f"write it as en=[RED, GREEN] with your values (its schema {__name__}:Odd)",
             ],
         ),
         # the right length, an item of another type: no "it takes a list" of a list (review61b 3)
@@ -159,7 +159,7 @@ def test_tuple_values_that_loaded_before_still_load(cli, given):
             "var=${strs}",
             [
                 "config key `var` is ${strs}, which is a list whose item 0 is a: it takes int items",
-                "point var at a list of int items, or write them: var=[a, b] (docs/config.md)",
+                f"point var at a list of int items, or write them: var=[a, b] (its schema {__name__}:Odd)",
             ],
         ),
     ],
