@@ -1,0 +1,98 @@
+"""Restore and fetch, review65 S: an error of a write done by the state folder's fd names the full path and keeps
+the free-space note (M2); `portable fetch` writes and removes in `.portable` through the fd bundle_lock opened (a
+`.portable` swapped for a link after verification is exit 6, nothing outside touched: M1); a receipt temp left by a
+kill is removed by the next restore (L2). In-process through `portable.main`."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+from bundlekit import QUIET, write_tree
+
+from reproduction.portable import main
+from reproduction.release.pack import pack_bundle
+
+
+def _pack(root: Path) -> Path:
+    files = {"bin/tool": b"#!/bin/sh\necho tool\n", "share/data.txt": b"x" * 100}
+    write_tree(root / "src" / "a", files, modes=dict.fromkeys(files, 0o755))
+    (root / "r.toml").write_text('name = "r"\nroot = "src"\n[[layer]]\nsource = "a"\nkind = "runtime"\n')
+    pack_bundle(root / "r.toml", root / "bundle", ui=QUIET)
+    return root / "bundle"
+
+
+def _refuse(monkeypatch, name: str, func: str, code: int) -> None:
+    """os.<func> (mkdir or open) of the bare `name` by a folder fd fails with `code` (a full or read-only disk)."""
+    real = getattr(os, func)
+
+    def refused(path, *args, **kwargs):
+        if path == name and kwargs.get("dir_fd") is not None:
+            raise OSError(code, os.strerror(code), path)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, func, refused)
+
+
+# -- M2: errors of writes by the state folder's fd name the full path ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "func", "shown"),
+    [
+        ("staging", "mkdir", ".portable/staging"),
+        ("staging", "open", ".portable/staging"),
+        ("0", "mkdir", ".portable/staging/0"),
+        ("0", "open", ".portable/staging/0"),
+        ("trash", "mkdir", ".portable/trash"),
+    ],
+)
+def test_a_full_disk_in_the_state_folder_names_the_full_path(tmp_path, monkeypatch, capsys, name, func, shown):
+    bundle = _pack(tmp_path)
+    _refuse(monkeypatch, name, func, errno.ENOSPC)
+    assert main(["restore", str(bundle), "-q"]) == 8
+    err = capsys.readouterr().err
+    assert f"the disk is full at {bundle / shown} (" in err, err
+    assert "were free" in err, err  # the free-space note of the right filesystem
+
+
+def test_a_read_only_lock_file_names_its_full_path(tmp_path, monkeypatch, capsys):
+    bundle = _pack(tmp_path)
+    _refuse(monkeypatch, "lock", "open", errno.EROFS)
+    assert main(["restore", str(bundle), "-q", "--deep"]) == 8
+    err = capsys.readouterr().err
+    assert f"cannot write the lock file {bundle / '.portable' / 'lock'}: " in err, err
+    assert f"read-only ({bundle / '.portable' / 'lock'})" in err, err
+
+
+def test_a_full_disk_at_the_staging_folder_on_a_tmpfs_without_inodes_says_so(tmp_path, capsys):
+    """The reproducer itself where a tmpfs can be mounted (root, `unshare -m`): the inode note is kept."""
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare -m to mount a tmpfs")
+    bundle = _pack(tmp_path)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    script = (
+        f"mount -t tmpfs -o size=20m,nr_inodes=400 tmpfs {mnt} || exit 99; cp -a {bundle} {mnt}/b; "
+        f"{sys.executable} -m reproduction.portable restore {mnt}/b -q || exit 98; rm -rf {mnt}/b/runtime/a; "
+        f"mkdir {mnt}/fill; "
+        f"i=0; while touch {mnt}/fill/$i 2>/dev/null; do i=$((i+1)); done; "
+        f"{sys.executable} -m reproduction.portable restore {mnt}/b -q; echo rc=$?"
+    )
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parent.parent,
+    )
+    if "rc=" not in proc.stdout:
+        pytest.skip(f"no tmpfs here: {proc.stderr.strip()[:200]}")
+    assert "rc=8" in proc.stdout, proc.stdout + proc.stderr
+    assert f"the disk is full at {mnt}/b/.portable/staging (no free inodes" in proc.stderr, proc.stderr
