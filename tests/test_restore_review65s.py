@@ -96,3 +96,56 @@ def test_a_full_disk_at_the_staging_folder_on_a_tmpfs_without_inodes_says_so(tmp
         pytest.skip(f"no tmpfs here: {proc.stderr.strip()[:200]}")
     assert "rc=8" in proc.stdout, proc.stdout + proc.stderr
     assert f"the disk is full at {mnt}/b/.portable/staging (no free inodes" in proc.stderr, proc.stderr
+
+
+# -- M1: `portable fetch` writes and removes in `.portable` through the fd its lock opened ----------------------------
+
+_FETCH_RACE = """
+import os, sys
+from pathlib import Path
+import reproduction.release.verify as vmod
+from reproduction.portable import main
+dest, victim = Path(sys.argv[1]), sys.argv[2]
+real = vmod.raise_for_report
+def swapped(*a, **k):  # right after fetch's verification passed: `.portable` swapped for a link to `victim`
+    out = real(*a, **k)
+    os.rename(dest / ".portable", dest / ".portable.moved")
+    os.symlink(victim, dest / ".portable")
+    return out
+vmod.raise_for_report = swapped
+sys.exit(main(["fetch", "alice/r", str(dest)]))
+"""
+
+
+def test_fetch_never_writes_through_a_state_folder_swapped_for_a_link(tmp_path):
+    import subprocess
+    import sys
+
+    from hubserver import HubServer, make_bundle, portable_env
+
+    token = "hf_x_secret_1234"
+    hub = HubServer(tmp_path / "hub", tokens={token: ("alice", "write")}).start()
+    try:
+        bundle = make_bundle(tmp_path / "src", {"a.txt": b"a" * 1000, "w/b.bin": os.urandom(5000)})
+        hub.seed_repo("model/alice/r", bundle, owner="alice")
+        victim = tmp_path / "victim"
+        (victim / "partial").mkdir(parents=True)
+        (victim / "partial" / "precious.txt").write_text("the victim's\n")
+        (victim / "receipt.json").write_text("the victim's receipt\n")
+        dest = tmp_path / "dest"
+        proc = subprocess.run(
+            [sys.executable, "-c", _FETCH_RACE, str(dest), str(victim)],
+            env=portable_env(hub, tmp_path / "hfhome", token=token),
+            cwd=Path(__file__).resolve().parent.parent,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        hub.stop()
+    assert proc.returncode == 6, proc.stdout + proc.stderr
+    assert "state folder .portable was replaced while fetch ran" in proc.stderr, proc.stderr
+    assert f"{dest / '.portable'} is now a symlink" in proc.stderr, proc.stderr
+    assert (victim / "receipt.json").read_text() == "the victim's receipt\n"
+    assert (victim / "partial" / "precious.txt").read_text() == "the victim's\n"
+    assert not (dest / "bundle.json").exists()  # never reported or left as a complete fetch
