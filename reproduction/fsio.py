@@ -399,6 +399,28 @@ def remove_orphaned_temps(root: Path, keep: Iterable[Path] = ()) -> list[Path]:
     return removed
 
 
+def remove_orphaned_temps_at(dir_fd: int) -> list[str]:
+    """`remove_orphaned_temps` of the one folder `dir_fd` (a folder fd, O_PATH is enough; not its subfolders): the
+    temp files atomic_write_bytes and atomic_write_at left there whose writer is gone, unlinked by name in that folder
+    (never through a link put in its place), and returned. One that cannot be removed is left for the next call."""
+    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        with os.scandir(fd) as it:
+            names = [e.name for e in it if e.is_file(follow_symlinks=False)]
+    finally:
+        os.close(fd)
+    removed = []
+    for name in names:
+        found = TEMP_NAME.fullmatch(name)
+        if found and not pid_alive(int(found.group(1))):
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except OSError:
+                continue
+            removed.append(name)
+    return removed
+
+
 def remove_orphaned_staging(folder: Path, stem: str, *, name: str = "{stem}.{pid}.partial") -> list[Path]:
     """Remove the `folder/<stem>.<pid>.partial` staging folders (or those `name` spells with `{stem}` and `{pid}`)
     whose process is gone (a SIGKILL skips the `finally` that removes its own) and return them; a live process's

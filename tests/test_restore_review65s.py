@@ -149,3 +149,29 @@ def test_fetch_never_writes_through_a_state_folder_swapped_for_a_link(tmp_path):
     assert (victim / "receipt.json").read_text() == "the victim's receipt\n"
     assert (victim / "partial" / "precious.txt").read_text() == "the victim's\n"
     assert not (dest / "bundle.json").exists()  # never reported or left as a complete fetch
+
+
+# -- L2: a receipt temp left by a kill is removed by the next restore ------------------------------------------------
+
+
+def test_restore_removes_a_receipt_temp_a_killed_writer_left(tmp_path, capsys):
+    import shutil
+
+    bundle = _pack(tmp_path)
+    assert main(["restore", str(bundle), "-q"]) == 0
+    state = bundle / ".portable"
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait(timeout=30)  # a writer that is gone
+    orphan = state / f".receipt.json.{gone.pid}.abcd1234.portable-tmp"  # what a kill -9 inside atomic_write_at leaves
+    orphan.write_text("{}")
+    live = state / f".receipt.json.{os.getpid()}.abcd1234.portable-tmp"  # a running writer's: left alone
+    live.write_text("{}")
+    other = state / "notes.portable-tmp"  # not a temp file's name: left alone
+    other.write_text("mine")
+    shutil.rmtree(bundle / "runtime" / "a")
+    assert main(["restore", str(bundle), "-q"]) == 0, capsys.readouterr().err
+    assert not orphan.exists()
+    assert live.exists() and other.exists()
+    assert (bundle / "runtime" / "a" / "bin" / "tool").is_file()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from reproduction.digests import default_jobs, sha256_file, sha256_open
 from reproduction.errors import InvalidInputError, RelocationError, UnsafeArchiveError, os_error
-from reproduction.fsio import naming, open_regular, remove_tree
+from reproduction.fsio import naming, open_regular, remove_orphaned_temps_at, remove_tree
 from reproduction.release import extract_child
 from reproduction.release import layers as layer_io
 from reproduction.release.extract import open_parent, write_failed
@@ -126,8 +126,13 @@ def _cleanup_state(state: StateFolder, *, strict: bool) -> None:
     Each is reached through the state folder's fd, so a `.portable` swapped for a link while restore ran is
     never followed (audit65 H1).
     `strict` (before restoring) raises WriteFailedError (8) naming a leftover that cannot be removed;
-    otherwise (after) what cannot be removed stays for the next restore.
+    otherwise (after) what cannot be removed stays for the next restore. The temp file of a receipt write a kill
+    interrupted (`.receipt.json.<pid>.<hex>.portable-tmp`, its writer gone) is removed too (review65 S L2).
     """
+    try:
+        remove_orphaned_temps_at(state.fd)
+    except OSError:
+        pass  # a state folder that cannot be listed: the writes below name what fails
     for name in ("staging", "trash", RELOC_TMP):
         path = state.path / name
         try:
