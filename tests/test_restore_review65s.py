@@ -175,3 +175,31 @@ def test_restore_removes_a_receipt_temp_a_killed_writer_left(tmp_path, capsys):
     assert not orphan.exists()
     assert live.exists() and other.exists()
     assert (bundle / "runtime" / "a" / "bin" / "tool").is_file()
+
+
+# -- L1: a trampoline whose interpreter is outside the bundle, with an argument naming it ----------------------------
+
+
+def test_a_trampoline_whose_argument_names_the_bundle_relocates_through_a_quote(tmp_path, capsys):
+    import shutil
+    import subprocess
+    import sys
+
+    build = tmp_path / "src" / "a"
+    tool = f"#!{sys.executable} -Xpycache_prefix={build}/cache\nimport sys; print('ok', sys.pycache_prefix)\n"
+    write_tree(build, {"bin/tool": tool.encode()}, modes={"bin/tool": 0o755})
+    (tmp_path / "r.toml").write_text(
+        'name = "r"\nroot = "src"\n[[layer]]\nsource = "a"\nkind = "runtime"\nrelocatable = true\n'
+    )
+    bundle = tmp_path / "b0"
+    pack_bundle(tmp_path / "r.toml", bundle, ui=QUIET)
+    for place in ["L" * 120, "Bob's " + "L" * 120]:  # a line over 127 bytes (the trampoline), then a `'` in it
+        (tmp_path / place).mkdir()
+        bundle = Path(shutil.move(bundle, tmp_path / place / "b"))
+        assert main(["restore", str(bundle), "-q"]) == 0, capsys.readouterr().err
+        script = bundle / "runtime" / "a" / "bin" / "tool"
+        assert script.read_bytes().startswith(b"#!/bin/sh\n")
+        for how in (["sh", str(script)], [str(script)]):
+            run = subprocess.run(how, capture_output=True, text=True, timeout=60)
+            assert run.returncode == 0, run.stderr
+            assert run.stdout.strip() == f"ok {bundle}/runtime/a/cache"

@@ -237,7 +237,14 @@ def _shebang_fix(data: bytes, new_prefix: str, rel: str) -> bytes:
             new_prefix=new_prefix,
             hint="restore the bundle to a shorter path",
         )
-    words = [shlex.quote(os.fsdecode(interp))] + [shlex.quote(a) for a in os.fsdecode(args).split()]
+    # Split on spaces, but never inside the new prefix: an argument naming it (`-Xpycache_prefix=<prefix>/cache`)
+    # stays one word when the bundle's path holds a space (review65 S L1).
+    text, hold = os.fsdecode(args), "\0"
+    if hold in text:
+        split = text.split()
+    else:
+        split = [a.replace(hold, new_prefix) for a in text.replace(new_prefix, hold).split()]
+    words = [shlex.quote(os.fsdecode(interp))] + [shlex.quote(a) for a in split]
     # Valid as sh (exec re-runs the file under Python) and as Python (a string statement); distlib's form.
     tramp = "#!/bin/sh\n'''exec' " + " ".join(words) + ' "$0" "$@"\n' + "' '''"
     return tramp.encode() + data[end:]
@@ -250,7 +257,8 @@ _TRAMP_END = b"\n' '''"
 
 def _untrampoline(data: bytes, pattern: re.Pattern[bytes]) -> bytes:
     """`data` with the sh + exec trampoline `_shebang_fix` wrote turned back into the plain shebang it stands for
-    (`#!<interpreter> <args>`), when its interpreter names the prefix `pattern` matches; else `data` unchanged.
+    (`#!<interpreter> <args>`), when its interpreter or one of its arguments names the prefix `pattern` matches (an
+    interpreter outside the bundle given an argument inside it: review65 S L1); else `data` unchanged.
 
     The trampoline holds the interpreter shell-quoted (`shlex.quote`): a path with a `'` is stored as `'"'"'`, which
     the raw prefix never matches, and a new path written raw inside the old quotes is broken shell (review65 M1).
@@ -269,7 +277,7 @@ def _untrampoline(data: bytes, pattern: re.Pattern[bytes]) -> bytes:
     if not parts or " ".join(shlex.quote(w) for w in parts) != words:  # not one `_shebang_fix` wrote
         return data
     interp = os.fsencode(parts[0])
-    if pattern.match(interp) is None:
+    if not any(pattern.search(os.fsencode(w)) for w in parts):  # an argument naming it too (review65 S L1)
         return data
     return b"#!" + b" ".join([interp, *map(os.fsencode, parts[1:])]) + data[end + len(_TRAMP_END) :]
 
