@@ -47,6 +47,7 @@ def _refuse(monkeypatch, name: str, func: str, code: int) -> None:
         ("0", "mkdir", ".portable/staging/0"),
         ("0", "open", ".portable/staging/0"),
         ("trash", "mkdir", ".portable/trash"),
+        ("bin", "mkdir", ".portable/staging/0/bin"),  # a layer's folder (extract._make_dirs), named in full too
     ],
 )
 def test_a_full_disk_in_the_state_folder_names_the_full_path(tmp_path, monkeypatch, capsys, name, func, shown):
