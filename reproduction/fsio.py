@@ -8,7 +8,8 @@ import re
 import secrets
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -114,6 +115,23 @@ def annotate(exc: OSError, path: Path | str, *, need: int | None = None) -> OSEr
     if need is not None and getattr(exc, "need_bytes", None) is None:
         exc.need_bytes = need
     return exc
+
+
+@contextmanager
+def naming(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Re-raise an OSError of the `with` body that names no file, or only a bare name (an *at call by `dir_fd`: "the
+    disk is full at staging"), as one naming the full `path` (the entry the body makes or opens), so that
+    `errors.os_error` names a path the user can find and adds the free-space note of its filesystem (the inode note
+    of a full tmpfs included: review65 S M2). An error already naming an absolute path is left as it is."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno is not None and (exc.filename is None or not os.path.isabs(os.fsdecode(exc.filename))):
+            named = type(exc)(exc.errno, exc.strerror, os.fspath(path))
+            if getattr(exc, "need_bytes", None) is not None:
+                named.need_bytes = exc.need_bytes
+            raise named from None
+        raise
 
 
 def _umask() -> int:
@@ -378,6 +396,28 @@ def remove_orphaned_temps(root: Path, keep: Iterable[Path] = ()) -> list[Path]:
             if found and not pid_alive(int(found.group(1))) and os.path.normpath(os.path.abspath(path)) not in kept:
                 os.unlink(path)
                 removed.append(Path(path))
+    return removed
+
+
+def remove_orphaned_temps_at(dir_fd: int) -> list[str]:
+    """`remove_orphaned_temps` of the one folder `dir_fd` (a folder fd, O_PATH is enough; not its subfolders): the
+    temp files atomic_write_bytes and atomic_write_at left there whose writer is gone, unlinked by name in that folder
+    (never through a link put in its place), and returned. One that cannot be removed is left for the next call."""
+    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        with os.scandir(fd) as it:
+            names = [e.name for e in it if e.is_file(follow_symlinks=False)]
+    finally:
+        os.close(fd)
+    removed = []
+    for name in names:
+        found = TEMP_NAME.fullmatch(name)
+        if found and not pid_alive(int(found.group(1))):
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except OSError:
+                continue
+            removed.append(name)
     return removed
 
 

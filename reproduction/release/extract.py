@@ -204,8 +204,9 @@ def _write_file(dirs: DirFds, m: Member, source: StreamSource, umask: int, hashe
         os.close(fd)
 
 
-def _make_dirs(dirs: DirFds, members: list[Member]) -> None:
-    """Every folder the members need, each created once, parents first (never through a link)."""
+def _make_dirs(dirs: DirFds, members: list[Member], root: Path | None = None) -> None:
+    """Every folder the members need, each created once, parents first (never through a link). An error names the
+    folder's path below `root` (the *at call named only its last component: "the disk is full at lib", review65 S)."""
     needed: set[str] = set()
     for m in members:
         head = m.name if m.kind == "dir" else m.name.rpartition("/")[0]
@@ -213,11 +214,16 @@ def _make_dirs(dirs: DirFds, members: list[Member]) -> None:
             needed.add(head)
             head = head.rpartition("/")[0]
     for rel in sorted(needed, key=lambda d: (d.count("/"), d)):
-        dir_fd, base = dirs.parent(rel)
         try:
-            os.mkdir(base, 0o755, dir_fd=dir_fd)
-        except FileExistsError:
-            pass
+            dir_fd, base = dirs.parent(rel)
+            try:
+                os.mkdir(base, 0o755, dir_fd=dir_fd)
+            except FileExistsError:
+                pass
+        except OSError as exc:
+            if root is not None and exc.errno is not None and not os.path.isabs(os.fsdecode(exc.filename or "")):
+                raise type(exc)(exc.errno, exc.strerror, str(Path(root) / rel)) from None
+            raise
 
 
 def _finish(dirs: DirFds, members: list[Member], written: Written, umask: int) -> None:
@@ -326,7 +332,7 @@ def extract_stream(
             dirs = DirFds(str(dest))
         else:
             dirs = DirFds(str(dest), root_fd=os.dup(dest_fd))
-        _make_dirs(dirs, expected)
+        _make_dirs(dirs, expected, Path(dest))
         seen, most = 0, min(len(expected), members or len(expected))
         for m in iter_members(source, archive=archive):
             current = m.name

@@ -38,13 +38,12 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import stat
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from reproduction.digests import sha256_files
 from reproduction.errors import (
@@ -55,7 +54,7 @@ from reproduction.errors import (
     HubTransferError,
     InvalidInputError,
 )
-from reproduction.fsio import atomic_write_bytes, refuse_file_for_folder, refuse_unwritable
+from reproduction.fsio import atomic_write_bytes, refuse_file_for_folder, refuse_unwritable, remove_tree
 from reproduction.release.hub_transfer import (
     Download,
     HubSettings,
@@ -78,6 +77,9 @@ from reproduction.release.manifest import (
     parse_manifest,
 )
 from reproduction.ui import UiOptions, human_bytes, say
+
+if TYPE_CHECKING:
+    from reproduction.release.lock import StateFolder
 
 T = TypeVar("T")
 README = "README.md"
@@ -632,9 +634,11 @@ def fetch_bundle(
     )
     refuse_file_for_folder(dest, hint="fetch into a new or empty folder")
     dest.mkdir(parents=True, exist_ok=True)
-    with bundle_lock(dest, what="fetch", wait_s=0.0):  # the receipt and bundle.json too: audit46 hub F2
+    # the receipt and bundle.json too: audit46 hub F2; every write and removal in `.portable` through `state`'s fd,
+    # never through a `.portable` swapped for a link (review65 S M1, as restore: audit65 H1)
+    with bundle_lock(dest, what="fetch", wait_s=0.0) as state:
         partial = dest / STATE_DIR / PARTIAL_DIR
-        old = _prepare_dest(dest, manifest, repo=repo, repo_type=repo_type, commit=commit)
+        old = _prepare_dest(dest, manifest, repo=repo, repo_type=repo_type, commit=commit, state=state)
         present = _already_present(dest, manifest)
         if old is not None:
             _say_edited(dest, manifest, old, set(present), ui)
@@ -652,9 +656,11 @@ def fetch_bundle(
             if e.path not in present
         ]
         _refuse_no_room(dest, repo, jobs)
+        state.check(what="fetch")
         stats = {**present, **download_all(jobs, settings=settings, ui=ui)}
         report = verify_bundle(dest, manifest=manifest, ui=ui, trusted=lambda e, st: _same_stat(stats.get(e.path), st))
         raise_for_report(report)
+        state.check(what="fetch")  # a `.portable` replaced meanwhile: exit 6, its link target never written
         record_fetch(
             dest,
             repo=repo,
@@ -663,9 +669,13 @@ def fetch_bundle(
             commit=commit,
             manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
             locked=True,
+            state=state,
         )
         atomic_write_bytes(dest / MANIFEST_NAME, manifest_bytes)
-        shutil.rmtree(partial, ignore_errors=True)  # the fetch marker last: until here a rerun may resume
+        try:  # the fetch marker last: until here a rerun may resume
+            remove_tree(PARTIAL_DIR, dir_fd=state.fd, shown=str(partial))
+        except OSError:
+            pass  # as rmtree(ignore_errors=True): the next fetch's _clean_partial takes what is left
     return FetchResult(
         repo=repo,
         commit_sha=commit,
@@ -778,19 +788,31 @@ def _check_manifest_pinned(
     )
 
 
-def _clean_partial(partial: Path) -> None:
+def _clean_partial(partial: Path, state: StateFolder) -> None:
     """Remove from `.portable/partial` anything a download would write through: the folder itself as a
     symlink or file, or an entry in it that is not a regular file (a `.part` symlink would have the next
-    download append to whatever it points to: audit F1). The tool's own state, so removed, never followed."""
+    download append to whatever it points to: audit F1). The tool's own state, so removed, never followed; reached
+    through the state folder's fd (`state`), never through a `.portable` swapped for a link (review65 S M1)."""
 
-    from reproduction.fsio import remove_tree
+    from reproduction.fsio import naming, remove_tree
 
-    if os.path.lexists(partial) and not stat.S_ISDIR(os.lstat(partial).st_mode):
-        remove_tree(partial)
-        return
-    for entry in os.scandir(partial) if os.path.isdir(partial) else ():
-        if not entry.is_file(follow_symlinks=False):
-            remove_tree(Path(entry.path))
+    with naming(partial):
+        try:
+            st = os.lstat(PARTIAL_DIR, dir_fd=state.fd)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            remove_tree(PARTIAL_DIR, dir_fd=state.fd, shown=str(partial))
+            return
+        fd = os.open(PARTIAL_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=state.fd)
+    try:
+        with os.scandir(fd) as it:
+            entries = list(it)
+        for entry in entries:
+            if not entry.is_file(follow_symlinks=False):
+                remove_tree(entry.name, dir_fd=fd, shown=str(partial / entry.name))
+    finally:
+        os.close(fd)
 
 
 def _refuse_linked_folders(dest: Path, paths: list[str]) -> None:
@@ -923,20 +945,34 @@ def _refuse_foreign(dest: Path, foreign: list[str]) -> None:
         )
 
 
-def _prepare_dest(dest: Path, manifest: Manifest, *, repo: str, repo_type: str, commit: str) -> Manifest | None:
+def _prepare_dest(
+    dest: Path, manifest: Manifest, *, repo: str, repo_type: str, commit: str, state: StateFolder
+) -> Manifest | None:
     """Under the fetch lock: accept `dest` (`_fetched_here`, checked again), refuse it when it holds files
     fetch did not write (exit 4, naming them, before anything is changed: audit46 hub F3, audit59 F1), record the
     fetch marker, then drop the files an earlier fetch wrote that the new manifest does not list (and the folders
-    that dropping emptied), and bundle.json. Returns the complete earlier fetch's manifest, or None."""
+    that dropping emptied), and bundle.json. Returns the complete earlier fetch's manifest, or None. `.portable/partial`
+    and the marker are reached through the state folder's fd (`state`, checked first: review65 S M1)."""
+    from reproduction.fsio import atomic_write_at, naming
+
     owned, old = _fetched_here(dest, repo, repo_type)
     listed = {e.path for e in manifest.files}
     _refuse_linked_folders(dest, sorted(owned | listed))  # exit 6 first: a linked folder is no user file
     _refuse_foreign(dest, _foreign_files(dest, owned, old or manifest, listed))
     partial = dest / STATE_DIR / PARTIAL_DIR
-    _clean_partial(partial)
+    state.check(what="fetch")
+    _clean_partial(partial, state)
     marker = {"repo": repo, "repo_type": repo_type, "commit": commit, "files": sorted(owned | listed)}
-    partial.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(partial / FETCH_MARKER, json.dumps(marker).encode())
+    with naming(partial):
+        try:
+            os.mkdir(PARTIAL_DIR, 0o755, dir_fd=state.fd)
+        except FileExistsError:
+            pass
+        fd = os.open(PARTIAL_DIR, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=state.fd)
+    try:
+        atomic_write_at(fd, FETCH_MARKER, json.dumps(marker).encode(), shown=partial / FETCH_MARKER)
+    finally:
+        os.close(fd)
     (dest / MANIFEST_NAME).unlink(missing_ok=True)  # incomplete from here until the end
     drop = sorted(p for p in owned - listed if os.path.lexists(dest / p))
     _refuse_linked_folders(dest, drop)

@@ -210,6 +210,8 @@ def folder_lock(
             os.close(fd)
             raise OSError(errno.ELOOP, "not a regular file", str(path))
     except OSError as exc:
+        if dir_fd is not None and exc.errno is not None and exc.filename == path.name:  # the *at call's bare name
+            exc = type(exc)(exc.errno, exc.strerror, str(path))  # named in full, as by path (review65 S M2)
         raise lock_file_error(exc, path, what=what, folder=folder) from None
     try:
         deadline = time.monotonic() + max(0.0, wait_s)

@@ -32,12 +32,15 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reproduction import strict_json
 from reproduction.errors import ReadFailedError
 from reproduction.fsio import atomic_write_at, atomic_write_text, open_regular
 from reproduction.release.manifest import STATE_DIR
+
+if TYPE_CHECKING:
+    from reproduction.release.lock import StateFolder
 
 RECEIPT_NAME = "receipt.json"
 FORMAT = "recap-portable-receipt"
@@ -364,13 +367,16 @@ def record_fetch(
     commit: str,
     manifest_sha256: str = "",
     locked: bool = False,
+    state: StateFolder | None = None,
 ) -> None:
     """Record where `bundle` was fetched from in its receipt (keeps everything else in it), with the sha256
     of the bundle.json that fetch writes (how a later fetch knows the folder's bundle is its own).
 
     Takes the bundle's lock (waiting up to 30 s for a running restore) unless the caller holds it
-    (`locked`: fetch records under its own lock). Raises LockHeldError if it cannot get it, OSError if the
-    state folder cannot be written.
+    (`locked`: fetch records under its own lock, and passes the `state` folder that lock opened: the receipt is then
+    read and written through its fd, after its `check`, never through a `.portable` swapped for a link: review65 S
+    M1). Raises LockHeldError if it cannot get it, OSError if the state folder cannot be written, UnsafeArchiveError
+    (exit 6) when `.portable` was replaced.
     """
     from reproduction.release.lock import bundle_lock
 
@@ -383,8 +389,13 @@ def record_fetch(
     }
     if manifest_sha256:
         record["manifest_sha256"] = manifest_sha256
-    with contextlib.nullcontext() if locked else bundle_lock(bundle, what="record the fetch", wait_s=30.0) as state:
-        dir_fd = None if state is None else state.fd
+    held = contextlib.nullcontext(state) if locked else bundle_lock(bundle, what="record the fetch", wait_s=30.0)
+    with held as folder:
+        dir_fd = None if folder is None else folder.fd
+        if folder is not None:
+            folder.check(what="fetch" if locked else "record the fetch")
         receipt = load_receipt(bundle, dir_fd=dir_fd)
         receipt.fetch = record
+        if folder is not None:
+            folder.check(what="fetch" if locked else "record the fetch")
         save_receipt(bundle, receipt, dir_fd=dir_fd)

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reproduction.errors import RelocationError, UnsafeArchiveError, os_error
-from reproduction.fsio import open_regular
+from reproduction.fsio import naming, open_regular
 from reproduction.release import elf
 from reproduction.release.extract import DirFds, open_below, open_parent
 from reproduction.release.manifest import PrefixOccurrence
@@ -237,7 +237,14 @@ def _shebang_fix(data: bytes, new_prefix: str, rel: str) -> bytes:
             new_prefix=new_prefix,
             hint="restore the bundle to a shorter path",
         )
-    words = [shlex.quote(os.fsdecode(interp))] + [shlex.quote(a) for a in os.fsdecode(args).split()]
+    # Split on spaces, but never inside the new prefix: an argument naming it (`-Xpycache_prefix=<prefix>/cache`)
+    # stays one word when the bundle's path holds a space (review65 S L1).
+    text, hold = os.fsdecode(args), "\0"
+    if hold in text:
+        split = text.split()
+    else:
+        split = [a.replace(hold, new_prefix) for a in text.replace(new_prefix, hold).split()]
+    words = [shlex.quote(os.fsdecode(interp))] + [shlex.quote(a) for a in split]
     # Valid as sh (exec re-runs the file under Python) and as Python (a string statement); distlib's form.
     tramp = "#!/bin/sh\n'''exec' " + " ".join(words) + ' "$0" "$@"\n' + "' '''"
     return tramp.encode() + data[end:]
@@ -250,7 +257,8 @@ _TRAMP_END = b"\n' '''"
 
 def _untrampoline(data: bytes, pattern: re.Pattern[bytes]) -> bytes:
     """`data` with the sh + exec trampoline `_shebang_fix` wrote turned back into the plain shebang it stands for
-    (`#!<interpreter> <args>`), when its interpreter names the prefix `pattern` matches; else `data` unchanged.
+    (`#!<interpreter> <args>`), when its interpreter or one of its arguments names the prefix `pattern` matches (an
+    interpreter outside the bundle given an argument inside it: review65 S L1); else `data` unchanged.
 
     The trampoline holds the interpreter shell-quoted (`shlex.quote`): a path with a `'` is stored as `'"'"'`, which
     the raw prefix never matches, and a new path written raw inside the old quotes is broken shell (review65 M1).
@@ -269,7 +277,7 @@ def _untrampoline(data: bytes, pattern: re.Pattern[bytes]) -> bytes:
     if not parts or " ".join(shlex.quote(w) for w in parts) != words:  # not one `_shebang_fix` wrote
         return data
     interp = os.fsencode(parts[0])
-    if pattern.match(interp) is None:
+    if not any(pattern.search(os.fsencode(w)) for w in parts):  # an argument naming it too (review65 S L1)
         return data
     return b"#!" + b" ".join([interp, *map(os.fsencode, parts[1:])]) + data[end + len(_TRAMP_END) :]
 
@@ -511,26 +519,30 @@ def _write_keeping_mode(
     # A fixed-length temp name, not derived from `base`: any name the filesystem allows (up to NAME_MAX) gets its
     # temp, where `.{base}.<12 hex>.reloc` failed for names over NAME_MAX - 20 bytes (review65 L1).
     tmp = f".{secrets.token_hex(8)}.reloc"
-    if tmp_fd is not None:
-        src_fd = tmp_fd
-        fd = os.open(tmp, _TMP_FLAGS, 0o600, dir_fd=tmp_fd)
-    elif tmp_dir is not None:
-        Path(tmp_dir).mkdir(parents=True, exist_ok=True)
-        tmp = os.path.join(tmp_dir, tmp)
-        fd = os.open(tmp, _TMP_FLAGS, 0o600)
-    else:
-        src_fd = dir_fd
-        fd = os.open(tmp, _TMP_FLAGS, 0o600, dir_fd=dir_fd)
-    done = False
+    done = made = False
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            os.fchmod(fh.fileno(), stat.S_IMODE(st.st_mode))
-            if fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, base, src_dir_fd=src_fd, dst_dir_fd=dir_fd)
-        done = True
+        # An *at call's error names the bare temp name (".<hex>.reloc"): named as the file rewritten, so the message
+        # says where and gets its filesystem's free-space note (review65 S M2).
+        with naming(shown):
+            if tmp_fd is not None:
+                src_fd = tmp_fd
+                fd = os.open(tmp, _TMP_FLAGS, 0o600, dir_fd=tmp_fd)
+            elif tmp_dir is not None:
+                Path(tmp_dir).mkdir(parents=True, exist_ok=True)
+                tmp = os.path.join(tmp_dir, tmp)
+                fd = os.open(tmp, _TMP_FLAGS, 0o600)
+            else:
+                src_fd = dir_fd
+                fd = os.open(tmp, _TMP_FLAGS, 0o600, dir_fd=dir_fd)
+            made = True  # only a temp made here is removed below (never another's of the same name: O_EXCL)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                os.fchmod(fh.fileno(), stat.S_IMODE(st.st_mode))
+                if fsync:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            os.replace(tmp, base, src_dir_fd=src_fd, dst_dir_fd=dir_fd)
+            done = True
     except OSError as exc:
         raise os_error(
             exc,
@@ -538,7 +550,7 @@ def _write_keeping_mode(
             hint="free space or fix permissions, then run restore again (it resumes)",
         ) from None
     finally:
-        if not done:
+        if made and not done:
             try:
                 os.unlink(tmp, dir_fd=src_fd)
             except OSError:
@@ -579,11 +591,12 @@ def _open_tmp(base: Path, tmp_dir: Path, parent_fd: int | None = None) -> int:
     try:
         parent, name = (os.dup(parent_fd), tmp_dir.name) if parent_fd is not None else open_parent(base, rel)
         try:
-            try:
-                os.mkdir(name, dir_fd=parent)
-            except FileExistsError:
-                pass
-            return os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+            with naming(tmp_dir):  # an *at call's error names the bare name: named in full (review65 S M2)
+                try:
+                    os.mkdir(name, dir_fd=parent)
+                except FileExistsError:
+                    pass
+                return os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
         finally:
             os.close(parent)
     except OSError as exc:

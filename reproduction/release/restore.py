@@ -22,10 +22,10 @@ from pathlib import Path
 
 from reproduction.digests import default_jobs, sha256_file, sha256_open
 from reproduction.errors import InvalidInputError, RelocationError, UnsafeArchiveError, os_error
-from reproduction.fsio import open_regular, remove_tree
+from reproduction.fsio import naming, open_regular, remove_orphaned_temps_at, remove_tree
 from reproduction.release import extract_child
 from reproduction.release import layers as layer_io
-from reproduction.release.extract import open_parent
+from reproduction.release.extract import open_parent, write_failed
 from reproduction.release.lock import StateFolder, bundle_lock
 from reproduction.release.manifest import (
     MANIFEST_NAME,
@@ -126,8 +126,13 @@ def _cleanup_state(state: StateFolder, *, strict: bool) -> None:
     Each is reached through the state folder's fd, so a `.portable` swapped for a link while restore ran is
     never followed (audit65 H1).
     `strict` (before restoring) raises WriteFailedError (8) naming a leftover that cannot be removed;
-    otherwise (after) what cannot be removed stays for the next restore.
+    otherwise (after) what cannot be removed stays for the next restore. The temp file of a receipt write a kill
+    interrupted (`.receipt.json.<pid>.<hex>.portable-tmp`, its writer gone) is removed too (review65 S L2).
     """
+    try:
+        remove_orphaned_temps_at(state.fd)
+    except OSError:
+        pass  # a state folder that cannot be listed: the writes below name what fails
     for name in ("staging", "trash", RELOC_TMP):
         path = state.path / name
         try:
@@ -225,14 +230,16 @@ def _keep_rechecked(bundle: Path, manifest: Manifest, groups: list[Group], state
     if not kept:
         return
     # staging/ reached through the state folder's fd, never through a link put at `.portable` (audit65 H1)
-    fd = os.open("staging", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=state.fd)
+    with naming(staging):
+        fd = os.open("staging", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=state.fd)
     try:
         for i in kept:
             todo[i].action = "keep"
             remove_tree(f"{i}", dir_fd=fd, shown=str(staging / f"{i}"))
         for new, old in enumerate(i for i in range(len(todo)) if i not in kept):  # _finish numbers them 0, 1, ...
             if new != old:
-                os.rename(f"{old}", f"{new}", src_dir_fd=fd, dst_dir_fd=fd)
+                with naming(staging / f"{new}"):
+                    os.rename(f"{old}", f"{new}", src_dir_fd=fd, dst_dir_fd=fd)
     finally:
         os.close(fd)
 
@@ -411,19 +418,27 @@ def _extract_groups(
     Returns (receipts by target, digest problems found while extracting)."""
     staging = state.path / "staging"
     state.check()
-    try:
-        os.mkdir("staging", 0o755, dir_fd=state.fd)
-    except FileExistsError:
-        pass
-    staging_fd = os.open("staging", os.O_PATH | _DIR_NOFOLLOW, dir_fd=state.fd)
+    try:  # errors name the full path, not the bare name the *at call got (review65 S M2)
+        with naming(staging):
+            try:
+                os.mkdir("staging", 0o755, dir_fd=state.fd)
+            except FileExistsError:
+                pass
+            staging_fd = os.open("staging", os.O_PATH | _DIR_NOFOLLOW, dir_fd=state.fd)
+    except OSError as exc:
+        raise write_failed(exc, f"the staging folder {staging}") from None
     todo = [g for g in groups if g.action == "extract"]
     total = sum(x.entry.unpacked_size for x in loaded.values())
     workers = max(1, min(len(todo), jobs))  # a bundle of many targets never starts more extractions than cores
 
     def one(i: int, g: Group, on_bytes) -> dict[str, LayerReceipt]:
         dest = staging / f"{i}"
-        os.mkdir(f"{i}", 0o755, dir_fd=staging_fd)  # _cleanup_state emptied staging/: a fresh folder, never a link
-        dest_fd = os.open(f"{i}", os.O_RDONLY | _DIR_NOFOLLOW, dir_fd=staging_fd)
+        try:
+            with naming(dest):
+                os.mkdir(f"{i}", 0o755, dir_fd=staging_fd)  # _cleanup_state emptied staging/: fresh, never a link
+                dest_fd = os.open(f"{i}", os.O_RDONLY | _DIR_NOFOLLOW, dir_fd=staging_fd)
+        except OSError as exc:
+            raise write_failed(exc, f"the staging folder {dest}") from None
         try:
             return _extract_group(g, dest, dest_fd, on_bytes)
         finally:
@@ -610,7 +625,8 @@ def _finish(
     """
     trash = state.path / "trash"
     state.check()
-    os.mkdir("trash", dir_fd=state.fd)  # _cleanup_state removed any leftover (a symlink would send old trees away)
+    with naming(trash):  # an error names the full path (review65 S M2)
+        os.mkdir("trash", dir_fd=state.fd)  # _cleanup_state removed any leftover (a symlink would send old trees away)
     staged = [g for g in groups if g.action == "extract"]
     preflight(bundle, [g.target for g in staged], state_dev=os.fstat(state.fd).st_dev)
     before = receipt.to_dict()
