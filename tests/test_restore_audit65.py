@@ -66,16 +66,21 @@ def _put_back(bundle: Path, rel: str = "runtime") -> None:
         os.rename(bundle / f"{rel}.moved", bundle / rel)
 
 
-def _after(monkeypatch, name: str, then) -> None:
-    """Wrap restore's `name` (a step of `_finish`): `then()` runs right after it returns."""
-    real = getattr(restore_mod, name)
+def after_call(monkeypatch, module, name: str, then) -> None:
+    """Wrap `module.name`: `then()` runs right after it returns."""
+    real = getattr(module, name)
 
     def wrapped(*args, **kwargs):
         out = real(*args, **kwargs)
         then()
         return out
 
-    monkeypatch.setattr(restore_mod, name, wrapped)
+    monkeypatch.setattr(module, name, wrapped)
+
+
+def _after(monkeypatch, name: str, then) -> None:
+    """Wrap restore's `name` (a step of `_finish`): `then()` runs right after it returns."""
+    after_call(monkeypatch, restore_mod, name, then)
 
 
 # -- 1: relocation after the swap -----------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ is relocated (L1); a folder above a layer target this user cannot search is exit
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import shlex
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import pytest
 from bundlekit import QUIET, write_tree
+from test_restore_audit65 import _deny  # as `chmod 000` (emulated for root)
+from test_restore_audit65 import after_call as _after
 
 import reproduction.release.lock as lock_mod
 import reproduction.release.restore as restore_mod
@@ -35,18 +36,6 @@ def _pack(root: Path, files: dict[str, bytes], kind: str = "runtime", *, out: Pa
     out = out or root / "bundle"
     pack_bundle(root / "r.toml", out, ui=QUIET)
     return out
-
-
-def _after(monkeypatch, module, name: str, then) -> None:
-    """Wrap `module.name`: `then()` runs right after it returns."""
-    real = getattr(module, name)
-
-    def wrapped(*args, **kwargs):
-        out = real(*args, **kwargs)
-        then()
-        return out
-
-    monkeypatch.setattr(module, name, wrapped)
 
 
 def _snap(folder: Path) -> dict[str, str]:
@@ -197,27 +186,6 @@ def test_a_file_whose_name_is_up_to_name_max_bytes_is_relocated(tmp_path, capsys
 
 
 # -- L2: a folder above a layer target this user cannot search ---------------------------------------------------------
-
-
-def _deny(monkeypatch, folder: Path) -> None:
-    """As `chmod 000 folder` for a user other than root; for root (who bypasses permission checks) emulated:
-    os.lstat/os.stat/os.open/os.readlink of a path below it raise PermissionError (test_restore_audit65's)."""
-    if os.geteuid() != 0:
-        os.chmod(folder, 0)
-        return
-    below = f"{folder}/"
-
-    def guard(real):
-        def call(path, *args, **kwargs):
-            if kwargs.get("dir_fd") is None and isinstance(path, (str, os.PathLike)):
-                if os.fspath(path).startswith(below):
-                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-            return real(path, *args, **kwargs)
-
-        return call
-
-    for name in ("lstat", "stat", "open", "readlink"):
-        monkeypatch.setattr(os, name, guard(getattr(os, name)))
 
 
 @pytest.mark.parametrize("kind", ["runtime", "source"])
