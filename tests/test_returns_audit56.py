@@ -100,7 +100,13 @@ def test_portable_run_refuses_all_equal_returns_in_one_line(tmp_path):
     constant advantage, the project stops at the value stage (exit 4) saying what to do."""
     root = _dataset(tmp_path, [1, 1, 1])
     proc = _run(
-        tmp_path / "out", "returns,value", f"datasets=[{{path: {root}, type: rollout}}]", "value.train.max_steps=2"
+        tmp_path / "out",
+        "returns,value",
+        f"datasets=[{{path: {root}, type: rollout}}]",
+        "value.train.max_steps=2",
+        # a batch the 3 frames can fill, or the preflight refuses the batch first (audit65 E)
+        "value.train.global_batch=3",
+        "value.train.micro_batch=1",
     )
     assert proc.returncode == 4, proc.stderr
     assert proc.stderr.splitlines() == [
