@@ -1234,21 +1234,9 @@ def _origin(exc: BaseException) -> _Origin | None:
     of the user's) when there is one anywhere below the command, even above a frame of ours that raised (a recipe
     handing a recap-portable helper a wrong argument); a TypeError raised by our call of a user function that cannot
     take the protocol's arguments names that function; None when only our code is involved (a bug of ours)."""
-    import sysconfig
     import traceback
 
-    libraries = {
-        os.path.realpath(p)
-        for p in {sysconfig.get_path("stdlib"), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
-        if p
-    }
-    ours = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
-
-    def kind(filename: str) -> str:
-        real = os.path.realpath(filename)
-        if real == ours or real.startswith(ours + os.sep):
-            return "ours"
-        return "library" if any(real.startswith(lib + os.sep) for lib in libraries) else "user"
+    from reproduction.recipe import code_owner as kind
 
     if isinstance(exc, SyntaxError) and exc.filename and not exc.filename.startswith("<") and exc.lineno:
         if kind(exc.filename) == "user":  # its file is in the exception, not in the traceback (importlib's frames)

@@ -344,30 +344,38 @@ def import_failure(module: str, exc: BaseException, who: str, *, field: str) -> 
     )
 
 
+def code_owner(filename: str) -> str:
+    """Whose source file `filename` is: "ours" (recap-portable's package), "library" (the interpreter's stdlib or
+    site-packages) or "user" (anything else: an out-of-tree recipe, other code of the user's)."""
+    import sysconfig
+
+    real = os.path.realpath(filename)
+    ours = os.path.dirname(os.path.realpath(__file__))
+    if real == ours or real.startswith(ours + os.sep):
+        return "ours"
+    libraries = {
+        os.path.realpath(p)
+        for p in {sysconfig.get_path("stdlib"), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+        if p
+    }
+    return "library" if any(real.startswith(lib + os.sep) for lib in libraries) else "user"
+
+
 def raised_where(exc: BaseException) -> str | None:
     """'FILE:LINE' of the user's code where `exc` arose: a SyntaxError's own file and line when that file is the
     user's, else the innermost traceback frame outside the interpreter's libraries and recap-portable (for a
     SyntaxError in an installed library: the user's line importing it, review65 O L1); None when there is none
     (only recap-portable's own code and libraries: a bug of ours)."""
-    import sysconfig
     import traceback
 
-    libraries = tuple(
-        os.path.realpath(p) + os.sep
-        for p in {sysconfig.get_path("stdlib"), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
-        if p
-    )
-    ours = os.path.dirname(os.path.realpath(__file__)) + os.sep
-
     def users(name: str) -> bool:
-        return bool(name) and not name.startswith("<") and not name.startswith(libraries) and not name.startswith(ours)
+        return bool(name) and not name.startswith("<") and code_owner(name) == "user"
 
-    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno and users(os.path.realpath(exc.filename)):
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno and users(exc.filename):
         return f"{exc.filename}:{exc.lineno}"
-    frames = [
+    mine = [
         (os.path.realpath(f.f_code.co_filename), line)
         for f, line in traceback.walk_tb(exc.__traceback__)
-        if f.f_code.co_filename and not f.f_code.co_filename.startswith("<")
+        if users(f.f_code.co_filename)
     ]
-    mine = [(f, line) for f, line in frames if users(f)]
     return f"{mine[-1][0]}:{mine[-1][1]}" if mine else None
